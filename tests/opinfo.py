@@ -1,0 +1,199 @@
+"""The operator test table: sample inputs per operator, and the one helper that checks tilewise against torch.
+
+An ``OpInfo`` names an operator (as called: ``tw.<name>`` / ``torch.<name>``, or a method, or an
+``F.<name>``), and a ``samples`` function returning ``Sample``s whose arguments may hold ``T(...)``
+placeholders. ``check_op`` materialises each placeholder as the same random numpy array for both
+frameworks (optionally non-contiguous), runs forward on both, compares, then backpropagates the same
+random output gradient and compares every input gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class T:
+    """A tensor placeholder: shape, kind ('float', 'int', 'bool', 'index' in [0, high), 'prob' in (0,1))."""
+
+    shape: tuple
+    kind: str = "float"
+    low: float = -2.0
+    high: float = 2.0
+    grad: bool = True
+    dtype: str | None = None  # overrides the sample dtype (e.g. 'int64' for indices)
+
+    def make(self, rng: np.random.Generator, dtype: str) -> np.ndarray:
+        shape = tuple(self.shape)
+        if self.kind == "float":
+            return rng.uniform(self.low, self.high, size=shape).astype(self.dtype or dtype)
+        if self.kind == "positive":
+            return rng.uniform(max(self.low, 0.1), max(self.high, 0.2), size=shape).astype(self.dtype or dtype)
+        if self.kind == "prob":
+            return rng.uniform(0.05, 0.95, size=shape).astype(self.dtype or dtype)
+        if self.kind == "int":
+            return rng.integers(int(self.low), int(self.high) + 1, size=shape).astype(self.dtype or "int64")
+        if self.kind == "index":
+            return rng.integers(0, int(self.high), size=shape).astype(self.dtype or "int64")
+        if self.kind == "bool":
+            return rng.random(size=shape) < 0.5
+        if self.kind == "distinct":  # floats without ties (for sort/max tie-breaking)
+            n = int(np.prod(shape)) if shape else 1
+            return (rng.permutation(n).reshape(shape) / max(n, 1) * 4 - 2).astype(self.dtype or dtype)
+        raise ValueError(self.kind)
+
+
+@dataclass
+class Sample:
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    name: str = ""
+
+
+@dataclass
+class OpInfo:
+    name: str
+    samples: Callable[[], list[Sample]]
+    call: str = "function"  # "function" (tw.name / torch.name), "method", or "F" (nn.functional)
+    torch_name: str | None = None
+    grad: bool = True
+    dtypes: tuple[str, ...] = ("float32", "float64")
+    rtol: float | None = None
+    atol: float | None = None
+    noncontiguous: bool = True
+    covers: tuple[str, ...] = ()  # further declared operators this entry exercises
+    output_index: int | None = None  # compare only this output of a tuple result (e.g. values of max.dim)
+
+    def resolve(self, module, functional):
+        name = self.torch_name if (self.torch_name and module.__name__ == "torch") else self.name
+        if self.call == "method":
+            return lambda x, *a, **k: getattr(x, name)(*a, **k)
+        if self.call == "F":
+            return getattr(functional, name)
+        return getattr(module, name)
+
+
+def _materialise(value, rng, dtype, made: list):
+    if isinstance(value, T):
+        arr = value.make(rng, dtype)
+        made.append((arr, value))
+        return ("__tensor__", len(made) - 1)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, T) for v in value):
+        return type(value)(_materialise(v, rng, dtype, made) for v in value)
+    return value
+
+
+def _build(value, arrays, make_tensor):
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "__tensor__":
+        return make_tensor(value[1])
+    if isinstance(value, (list, tuple)) and any(isinstance(v, tuple) and v and v[0] == "__tensor__" for v in value):
+        return type(value)(_build(v, arrays, make_tensor) for v in value)
+    return value
+
+
+def tolerances(dtype: str, info: OpInfo) -> tuple[float, float]:
+    base = {"float32": (1e-4, 1e-5), "float64": (1e-7, 1e-9), "bfloat16": (2e-2, 2e-2),
+            "float16": (2e-3, 2e-3)}.get(dtype, (1e-5, 1e-6))
+    return info.rtol or base[0], info.atol or base[1]
+
+
+def to_numpy(x):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        x = x.detach()
+        if x.dtype == torch.bfloat16:
+            x = x.float()
+        return x.numpy()
+    return np.asarray(x.detach().float().numpy() if x.dtype.name == "bfloat16" else x.detach().numpy())
+
+
+def _flatten_outputs(out):
+    if isinstance(out, (tuple, list)):
+        return [o for o in out]
+    return [out]
+
+
+def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous: bool, device: str = "cpu"):
+    import torch
+    import torch.nn.functional as TF
+
+    import tilewise as tw
+    import tilewise.nn.functional as F
+
+    rng = np.random.default_rng(seed)
+    made: list = []
+    args = _materialise(sample.args, rng, dtype, made)
+    kwargs = {k: _materialise(v, rng, dtype, made) for k, v in sample.kwargs.items()}
+    arrays = [m[0] for m in made]
+
+    def grad_wanted(k):
+        arr, spec = made[k]
+        return info.grad and spec.grad and arr.dtype.kind == "f"
+
+    def tw_tensor(k):
+        a = arrays[k]
+        t = tw.from_numpy(a.copy())
+        if noncontiguous and a.ndim:
+            big = tw.zeros(*a.shape[:-1], a.shape[-1] * 2, dtype=t.dtype)
+            big[..., ::2] = t
+            t = big[..., ::2]
+            assert not t.is_contiguous() or a.shape[-1] <= 1
+        t = t.to(device)
+        if grad_wanted(k):
+            t = t.detach().requires_grad_(True)
+        return t
+
+    def torch_tensor(k):
+        a = arrays[k]
+        t = torch.from_numpy(a.copy()).to(device)
+        if grad_wanted(k):
+            t.requires_grad_(True)
+        return t
+
+    tw_made, torch_made = {}, {}
+    tw_args = _build(args, arrays, lambda k: tw_made.setdefault(k, tw_tensor(k)))
+    tw_kwargs = {k: _build(v, arrays, lambda i: tw_made.setdefault(i, tw_tensor(i))) for k, v in kwargs.items()}
+    th_args = _build(args, arrays, lambda k: torch_made.setdefault(k, torch_tensor(k)))
+    th_kwargs = {k: _build(v, arrays, lambda i: torch_made.setdefault(i, torch_tensor(i))) for k, v in kwargs.items()}
+
+    expected = info.resolve(torch, TF)(*th_args, **th_kwargs)
+    actual = info.resolve(tw, F)(*tw_args, **tw_kwargs)
+    exp_list, act_list = _flatten_outputs(expected), _flatten_outputs(actual)
+    if info.output_index is not None:
+        exp_list, act_list = [exp_list[info.output_index]], [act_list[info.output_index]]
+    assert len(exp_list) == len(act_list), f"{info.name}: {len(act_list)} outputs, torch gives {len(exp_list)}"
+    rtol, atol = tolerances(dtype, info)
+    where = f"{info.name}[{sample.name or sample.args}] dtype={dtype} seed={seed} noncontig={noncontiguous}"
+    for e, a in zip(exp_list, act_list):
+        if not isinstance(e, torch.Tensor):
+            assert e == a, f"{where}: {a} != {e}"
+            continue
+        assert tuple(a.shape) == tuple(e.shape), f"{where}: shape {tuple(a.shape)} != torch {tuple(e.shape)}"
+        assert a.dtype.name == str(e.dtype).removeprefix("torch."), f"{where}: dtype {a.dtype} != torch {e.dtype}"
+        np.testing.assert_allclose(to_numpy(a.cpu()), to_numpy(e.cpu()), rtol=rtol, atol=atol, equal_nan=True,
+                                   err_msg=f"{where}: forward mismatch")
+
+    grad_inputs = [k for k in range(len(arrays)) if grad_wanted(k) and k in tw_made]
+    diff_outs = [(e, a) for e, a in zip(exp_list, act_list)
+                 if isinstance(e, torch.Tensor) and e.requires_grad and e.dtype.is_floating_point]
+    if not (info.grad and grad_inputs and diff_outs):
+        return
+    gouts = [rng.standard_normal(tuple(e.shape)).astype(dtype) for e, _ in diff_outs]
+    th_inputs = [torch_made[k] for k in grad_inputs]
+    th_grads = torch.autograd.grad([e for e, _ in diff_outs], th_inputs,
+                                   [torch.from_numpy(g).to(device) for g in gouts], allow_unused=True)
+    tw_inputs = [tw_made[k] for k in grad_inputs]
+    tw_grads = tw.autograd.grad([a for _, a in diff_outs], tw_inputs,
+                                [tw.from_numpy(g.copy()).to(device) for g in gouts], allow_unused=True)
+    for k, eg, ag in zip(grad_inputs, th_grads, tw_grads):
+        if eg is None:
+            assert ag is None or np.allclose(to_numpy(ag.cpu()), 0), f"{where}: input {k} grad should be None/0"
+            continue
+        assert ag is not None, f"{where}: input {k} got no gradient (torch has one)"
+        assert tuple(ag.shape) == tuple(eg.shape), f"{where}: grad shape {tuple(ag.shape)} != {tuple(eg.shape)}"
+        np.testing.assert_allclose(to_numpy(ag.cpu()), to_numpy(eg.cpu()), rtol=rtol * 10, atol=atol * 10,
+                                   equal_nan=True, err_msg=f"{where}: gradient mismatch for input {k}")

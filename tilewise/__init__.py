@@ -1,0 +1,99 @@
+"""tilewise: a deep-learning framework and compiler with PyTorch's API, built to be seen through.
+
+>>> import tilewise as tw
+>>> x = tw.arange(6.0).view(2, 3)
+>>> (x.exp() * 2).sum(1).shape
+tilewise.Size([2])
+"""
+
+from __future__ import annotations
+
+from tilewise import dtypes as _dtypes
+from tilewise.device import Device
+from tilewise.device import Device as device  # noqa: N813 — torch spells the constructor tilewise.device
+from tilewise.dtypes import (
+    DType,
+    bfloat16,
+    bool_,
+    double,
+    finfo,
+    float,
+    float8_e4m3fn,
+    float8_e5m2,
+    float16,
+    float32,
+    float64,
+    get_default_dtype,
+    half,
+    iinfo,
+    int,
+    int8,
+    int16,
+    int32,
+    int64,
+    long,
+    promote_types,
+    set_default_dtype,
+    short,
+    uint8,
+)
+from tilewise.tensor import Size, Tensor, as_tensor, from_numpy, is_tensor, tensor
+
+bool = bool_  # noqa: A001 — tilewise.bool, like torch.bool
+dtype = DType
+
+from tilewise import backends as _backends  # noqa: E402
+
+_backends.load()
+
+from tilewise import ops as _ops  # noqa: E402
+from tilewise.ops.creation import (  # noqa: E402
+    Generator,
+    arange,
+    default_generator,
+    empty,
+    empty_like,
+    eye,
+    full,
+    full_like,
+    get_rng_state,
+    initial_seed,
+    linspace,
+    manual_seed,
+    normal,
+    ones,
+    ones_like,
+    rand,
+    rand_like,
+    randint,
+    randint_like,
+    randn,
+    randn_like,
+    randperm,
+    scalar_tensor,
+    seed,
+    set_rng_state,
+    zeros,
+    zeros_like,
+)
+
+globals().update({k: v for k, v in _ops.build_api().items() if k not in globals() or k in ("max", "min", "abs", "round", "all", "any", "pow")})
+
+from tilewise import autograd  # noqa: E402
+from tilewise.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
+from tilewise.backends import get_default_device, set_default_device  # noqa: E402
+
+
+def result_type(*operands) -> DType:
+    return _dtypes.result_type(*operands)
+
+
+def numel(t: Tensor) -> int:
+    return t.numel()
+
+
+def is_floating_point(t: Tensor) -> bool:
+    return t.is_floating_point()
+
+
+__version__ = "0.1.0"

@@ -1,0 +1,49 @@
+"""Printing tensors the way torch does (values, then dtype/device/grad_fn when they are not defaults)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilewise.dtypes import get_default_dtype
+
+
+def _format_values(t) -> str:
+    a = t.detach().cpu()._np()
+    if a.dtype.kind == "f" and a.dtype.itemsize < 4 or a.dtype.kind == "V" or str(a.dtype).startswith(("bfloat", "float8")):
+        a = a.astype(np.float32)
+    if a.size == 0:
+        return "[]"
+    opts = dict(separator=", ", threshold=1000, edgeitems=3, prefix="tensor(", max_line_width=80)
+    if a.dtype.kind == "f":
+        finite = a[np.isfinite(a)]
+        integral = finite.size == 0 or np.all(finite == np.round(finite))
+        big = finite.size and (np.abs(finite).max() >= 1e8 or (np.abs(finite[finite != 0]).min(initial=1) < 1e-4))
+        if integral and not big:
+            opts["formatter"] = {"float_kind": lambda v: f"{v:.0f}." if np.isfinite(v) else str(v)}
+        elif big:
+            opts["formatter"] = {"float_kind": lambda v: f"{v:.4e}"}
+        else:
+            opts["formatter"] = {"float_kind": lambda v: f"{v:.4f}"}
+    elif a.dtype == np.bool_:
+        opts["formatter"] = {"bool": lambda v: "True" if v else "False"}
+    return np.array2string(a, **opts)
+
+
+def tensor_repr(t) -> str:
+    if t._trace is not None:
+        return f"TraceTensor({t._trace}, shape={list(t.shape)}, dtype={t.dtype.name}, device={t.device})"
+    suffix = []
+    if t.numel() == 0 and t.ndim != 1:
+        suffix.append(f"size={tuple(t.shape)}")
+    if t.device.type != "cpu":
+        suffix.append(f"device='{t.device}'")
+    if t.dtype is not get_default_dtype() and t.dtype.name not in ("int64", "bool"):
+        suffix.append(f"dtype=tilewise.{t.dtype.name}")
+    elif t.dtype.name in ("int64", "bool") and t.numel() == 0:
+        suffix.append(f"dtype=tilewise.{t.dtype.name}")
+    if t.grad_fn is not None:
+        suffix.append(f"grad_fn=<{t.grad_fn.name()}>")
+    elif t.requires_grad:
+        suffix.append("requires_grad=True")
+    body = _format_values(t)
+    return "tensor(" + body + "".join(", " + s for s in suffix) + ")"

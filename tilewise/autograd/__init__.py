@@ -1,0 +1,84 @@
+"""Reverse-mode automatic differentiation with torch's interface.
+
+>>> import tilewise as tw
+>>> x = tw.tensor([1.0, 2.0], requires_grad=True)
+>>> (x * x).sum().backward()
+>>> x.grad.tolist()
+[2.0, 4.0]
+"""
+
+from __future__ import annotations
+
+from tilewise.autograd.engine import run_backward
+from tilewise.autograd.function import Function, FunctionCtx
+from tilewise.autograd.grad_mode import (
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
+from tilewise.autograd.graph import Node
+from tilewise.tensor import Tensor
+
+__all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad", "set_grad_enabled",
+           "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "Node"]
+
+
+def _as_tuple(x) -> tuple:
+    if x is None:
+        return ()
+    return (x,) if isinstance(x, Tensor) else tuple(x)
+
+
+def _default_grads(tensors: tuple, grad_tensors) -> list:
+    from tilewise.ops.creation import ones_like
+
+    grads = list(_as_tuple(grad_tensors)) if grad_tensors is not None else [None] * len(tensors)
+    if len(grads) != len(tensors):
+        raise RuntimeError(f"got {len(grads)} gradients for {len(tensors)} tensors")
+    out = []
+    for t, g in zip(tensors, grads):
+        if g is None:
+            if t.numel() != 1:
+                raise RuntimeError(f"grad can be implicitly created only for scalar outputs; got a tensor of shape "
+                                   f"{list(t.shape)}: pass gradient= with that shape")
+            g = ones_like(t)
+        elif not isinstance(g, Tensor):
+            from tilewise.tensor import tensor
+
+            g = tensor(g, dtype=t.dtype, device=t.device)
+        elif g.shape != t.shape:
+            raise RuntimeError(f"Mismatch in shape: grad_output has a shape of {list(g.shape)} and output has a "
+                               f"shape of {list(t.shape)}")
+        out.append(g)
+    return out
+
+
+def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, create_graph: bool = False,
+             inputs=None) -> None:
+    tensors = _as_tuple(tensors)
+    grads = _default_grads(tensors, grad_tensors)
+    if retain_graph is None:
+        retain_graph = create_graph
+    run_backward(tensors, grads, retain_graph=retain_graph, create_graph=create_graph,
+                 inputs=_as_tuple(inputs) if inputs is not None else None, accumulate=True)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, create_graph: bool = False,
+         allow_unused: bool | None = None, materialize_grads: bool = False) -> tuple:
+    """Gradients of outputs with respect to inputs, returned rather than accumulated into ``.grad``."""
+    outputs = _as_tuple(outputs)
+    inputs_t = _as_tuple(inputs)
+    grads = _default_grads(outputs, grad_outputs)
+    if retain_graph is None:
+        retain_graph = create_graph
+    result = run_backward(outputs, grads, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs_t,
+                          allow_unused=bool(allow_unused) or materialize_grads, accumulate=False)
+    if materialize_grads:
+        from tilewise.ops.creation import zeros_like
+
+        result = [g if g is not None else zeros_like(x) for g, x in zip(result, inputs_t)]
+    return tuple(result)
+

@@ -1,0 +1,148 @@
+"""The backward engine: dependency-counted traversal of the graph from the roots.
+
+[Note: engine] Gradients for a node are buffered per output until every edge into it has delivered, so
+each node runs exactly once with its complete gradient (the same contract as torch's engine). Tensor
+hooks and ``retain_grad`` fire on that complete gradient. ``autograd.grad`` captures the gradient that
+reaches each requested input instead of accumulating into ``.grad``, and runs only the nodes from which
+a requested input can be reached. With ``create_graph=True`` the formulas run in grad mode, so the
+gradients carry their own graph (higher-order derivatives); otherwise saved tensors are freed as each
+node finishes unless ``retain_graph`` is set.
+"""
+
+from __future__ import annotations
+
+from tilewise.autograd.graph import AccumulateGrad, Node, edge
+from tilewise.dispatch import STATE
+from tilewise.tensor import Tensor
+
+
+def _dependencies(roots: list[Node]) -> dict[Node, int]:
+    deps: dict[Node, int] = {}
+    seen = set()
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for nxt, _ in node.next_functions:
+            if nxt is not None:
+                deps[nxt] = deps.get(nxt, 0) + 1
+                stack.append(nxt)
+    return deps
+
+
+def _reaching(roots: list[Node], targets: set[Node]) -> set[Node]:
+    """Nodes from which some target node is reachable (targets included)."""
+    memo: dict[Node, bool] = {}
+    order, stack, seen = [], list(roots), set()
+    while stack:  # iterative post-order
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        order.append(node)
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+    for node in reversed(order):
+        memo[node] = node in targets or any(memo.get(n, False) for n, _ in node.next_functions if n is not None)
+    return {n for n, ok in memo.items() if ok}
+
+
+def _run_hooks(node: Node, grads: list) -> list:
+    for nr, hooks in node.pre_hooks.items():
+        for hook in list(hooks):
+            if grads[nr] is None:
+                continue
+            new = hook(grads[nr])
+            if new is not None:
+                grads[nr] = new
+    for nr, ref in node.retained.items():
+        t = ref()
+        if t is not None and grads[nr] is not None:
+            g = grads[nr].detach()
+            t._grad = g.clone() if t._grad is None else t._grad + g
+    return grads
+
+
+def _leaf_hooks(t: Tensor, grad):
+    for hook in list(t._hooks or ()):
+        new = hook(grad)
+        if new is not None:
+            grad = new
+    return grad
+
+
+def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: bool, inputs=None,
+                 allow_unused: bool = False, accumulate: bool = True):
+    root_edges = []
+    for k, t in enumerate(tensors):
+        e = edge(t)
+        if e[0] is None:
+            raise RuntimeError(f"element {k} of tensors does not require grad and does not have a grad_fn")
+        root_edges.append(e)
+    captures: dict[tuple, list[int]] = {}
+    input_edges = []
+    for k, x in enumerate(inputs or ()):
+        e = edge(x)
+        if e[0] is None:
+            raise RuntimeError(f"One of the differentiated Tensors (input {k}) does not require grad")
+        input_edges.append(e)
+        captures.setdefault((e[0], e[1]), []).append(k)
+    captured: list = [None] * len(input_edges)
+
+    roots = [e[0] for e in root_edges]
+    deps = _dependencies(roots)
+    needed = _reaching(roots, {e[0] for e in input_edges}) if inputs is not None else None
+    buffers: dict[Node, list] = {}
+    for (node, nr), g in zip(root_edges, grad_tensors):
+        buf = buffers.setdefault(node, [None] * node.n_outputs)
+        buf[nr] = g if buf[nr] is None else buf[nr] + g
+    ready = [n for n in dict.fromkeys(roots) if deps.get(n, 0) == 0]
+
+    prev_mode = STATE.grad_enabled
+    STATE.grad_enabled = create_graph
+    try:
+        while ready:
+            node = ready.pop()
+            grads = buffers.pop(node, None) or [None] * node.n_outputs
+            grads = _run_hooks(node, grads)
+            for nr, g in enumerate(grads):
+                for k in captures.get((node, nr), ()):
+                    captured[k] = g if captured[k] is None or g is None else captured[k] + g
+            if isinstance(node, AccumulateGrad):
+                if accumulate and (inputs is None or (node, 0) in captures):
+                    g = grads[0]
+                    if g is not None:
+                        g = _leaf_hooks(node.variable, g)
+                        if (node, 0) in captures:
+                            for k in captures[(node, 0)]:
+                                captured[k] = g
+                    node.accumulate(g, create_graph)
+                elif grads[0] is not None and node.variable._hooks:
+                    g = _leaf_hooks(node.variable, grads[0])
+                    for k in captures.get((node, 0), ()):
+                        captured[k] = g
+                continue
+            run_it = needed is None or node in needed
+            in_grads = node.apply(grads) if run_it else [None] * len(node.next_functions)
+            for hook in node.__dict__.get("post_hooks", ()):
+                hook(in_grads, grads)
+            if not retain_graph and run_it:
+                node.release()
+            for (nxt, nr), g in zip(node.next_functions, in_grads):
+                if nxt is None:
+                    continue
+                if g is not None:
+                    buf = buffers.setdefault(nxt, [None] * nxt.n_outputs)
+                    buf[nr] = g if buf[nr] is None else buf[nr] + g
+                deps[nxt] -= 1
+                if deps[nxt] == 0:
+                    ready.append(nxt)
+    finally:
+        STATE.grad_enabled = prev_mode
+    if inputs is not None and not allow_unused:
+        for k, g in enumerate(captured):
+            if g is None and accumulate is False:
+                raise RuntimeError(f"One of the differentiated Tensors (input {k}) appears to not have been used in "
+                                   "the graph. Set allow_unused=True if this is the desired behavior.")
+    return captured

@@ -1,0 +1,118 @@
+"""User-defined differentiable functions: ``class F(autograd.Function)`` with static forward/backward."""
+
+from __future__ import annotations
+
+from tilewise.autograd.graph import Node, SavedTensor, edge
+from tilewise.dispatch import STATE
+from tilewise.tensor import Tensor
+
+
+class FunctionCtx:
+    def __init__(self):
+        self._saved: tuple = ()
+        self.needs_input_grad: tuple = ()
+        self.non_differentiable: set[int] = set()
+        self.materialize_grads = True
+        self.dirty: tuple = ()
+
+    def save_for_backward(self, *tensors) -> None:
+        self._saved = tuple(SavedTensor(t) if isinstance(t, Tensor) else t for t in tensors)
+
+    @property
+    def saved_tensors(self) -> tuple:
+        return tuple(s.unpack() if isinstance(s, SavedTensor) else s for s in self._saved)
+
+    def mark_non_differentiable(self, *tensors) -> None:
+        self.non_differentiable.update(id(t) for t in tensors)
+
+    def mark_dirty(self, *tensors) -> None:
+        self.dirty = tensors
+
+    def set_materialize_grads(self, value: bool) -> None:
+        self.materialize_grads = value
+
+
+class FunctionNode(Node):
+    def __init__(self, cls, ctx: FunctionCtx, arg_tensors: list, outputs: tuple):
+        super().__init__()
+        self.cls, self.ctx = cls, ctx
+        self.next_functions = tuple(edge(a) if isinstance(a, Tensor) and a.requires_grad else (None, 0)
+                                    for a in arg_tensors)
+        self.arg_meta = [(a.shape, a.dtype, a.device) if isinstance(a, Tensor) else None for a in arg_tensors]
+        self.output_meta = [(o.shape, o.dtype, o.device) if isinstance(o, Tensor) else None for o in outputs]
+
+    def name(self) -> str:
+        return f"{self.cls.__name__}Backward"
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.output_meta)
+
+    def apply(self, grads: list):
+        from tilewise.ops.creation import zeros
+
+        if self.ctx.materialize_grads:
+            grads = [zeros(m[0], dtype=m[1], device=m[2]) if g is None and m is not None else g
+                     for g, m in zip(grads, self.output_meta)]
+        out = self.cls.backward(self.ctx, *grads)
+        out = out if isinstance(out, tuple) else (out,)
+        if len(out) < len(self.next_functions):
+            raise RuntimeError(f"function {self.cls.__name__}.backward returned {len(out)} gradients, but forward "
+                               f"took {len(self.next_functions)} inputs")
+        return list(out[: len(self.next_functions)])
+
+    def release(self) -> None:
+        for s in self.ctx._saved:
+            if isinstance(s, SavedTensor):
+                s.release()
+
+
+class Function:
+    """Subclass with ``forward(ctx, *args)`` and ``backward(ctx, *grad_outputs)`` static methods.
+
+    >>> import tilewise as tw
+    >>> class Square(tw.autograd.Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x):
+    ...         ctx.save_for_backward(x)
+    ...         return x * x
+    ...     @staticmethod
+    ...     def backward(ctx, g):
+    ...         (x,) = ctx.saved_tensors
+    ...         return 2 * x * g
+    >>> x = tw.tensor([3.0], requires_grad=True)
+    >>> Square.apply(x).backward()
+    >>> x.grad.tolist()
+    [6.0]
+    """
+
+    @staticmethod
+    def forward(ctx, *args, **kwargs):
+        raise NotImplementedError("autograd.Function subclasses must implement forward(ctx, ...)")
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        raise NotImplementedError("autograd.Function subclasses must implement backward(ctx, ...)")
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        ctx = FunctionCtx()
+        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        prev = STATE.grad_enabled
+        STATE.grad_enabled = False
+        try:
+            out = cls.forward(ctx, *args, **kwargs)
+        finally:
+            STATE.grad_enabled = prev
+        if not (prev and any(ctx.needs_input_grad)):
+            return out
+        outputs = out if isinstance(out, tuple) else (out,)
+        node = FunctionNode(cls, ctx, list(args), outputs)
+        fixed = []
+        for i, o in enumerate(outputs):
+            if isinstance(o, Tensor) and id(o) not in ctx.non_differentiable and o.dtype.is_floating_point:
+                if any(o is a for a in args) and o not in ctx.dirty:
+                    o = o.view_as(o)
+                o.grad_fn, o._output_nr, o._requires_grad = node, i, True
+            fixed.append(o)
+        return tuple(fixed) if isinstance(out, tuple) else fixed[0]

@@ -1,0 +1,338 @@
+"""The autograd graph: nodes, edges, saved tensors, hooks, and recording an operator call.
+
+[Note: autograd graph] As in torch, a tensor that requires grad points at the node that produced it
+(``grad_fn``, ``_output_nr``); a leaf points at nothing and is reached through its ``AccumulateGrad``
+node. A node's ``next_functions`` are edges ``(node, output_nr)`` to the producers of its inputs.
+``OpNode`` is the only node type operators need: it evaluates the operator's declared derivative
+formulas, saving just the arguments those formulas read (and the result, when they read ``result``).
+Saved tensors remember the storage version at save time; if an in-place op bumped it before backward,
+unpacking raises torch's error instead of returning silently wrong gradients.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+
+from tilewise.dispatch import STATE, run
+from tilewise.tensor import Tensor
+
+
+class Node:
+    """Base class of graph nodes; ``apply(grads)`` maps output gradients to input gradients."""
+
+    next_functions: tuple = ()
+    n_outputs: int = 1
+
+    def __init__(self):
+        self.pre_hooks: dict[int, list] = {}
+        self.retained: dict[int, weakref.ref] = {}
+
+    def name(self) -> str:
+        return type(self).__name__
+
+    def apply(self, grads: list):
+        raise NotImplementedError
+
+    def release(self) -> None:
+        pass
+
+    def register_hook(self, hook):
+        hooks = self.__dict__.setdefault("post_hooks", [])
+        hooks.append(hook)
+        return _Handle(hooks, hook)
+
+    def __repr__(self) -> str:
+        return f"<{self.name()} object at {id(self):#x}>"
+
+    def __call__(self, *grads):
+        return self.apply(list(grads))
+
+
+class _Handle:
+    def __init__(self, hooks: list, hook):
+        self._hooks, self._hook = hooks, hook
+
+    def remove(self) -> None:
+        if self._hook in self._hooks:
+            self._hooks.remove(self._hook)
+
+
+class AccumulateGrad(Node):
+    """The sink for a leaf tensor: adds the incoming gradient to ``variable.grad``."""
+
+    def __init__(self, variable: Tensor):
+        super().__init__()
+        self.variable = variable
+
+    def apply(self, grads: list):
+        return []
+
+    def accumulate(self, grad: Tensor, create_graph: bool) -> None:
+        t = self.variable
+        if grad is None:
+            return
+        if grad._shape != t._shape:
+            grad = grad.sum_to_size(t._shape)
+        if t._grad is None:
+            t._grad = grad if create_graph else grad.detach().clone()
+        elif create_graph:
+            t._grad = t._grad + grad
+        else:
+            from tilewise.autograd.grad_mode import no_grad
+
+            with no_grad():
+                t._grad = t._grad + grad
+
+
+class SavedTensor:
+    """A tensor saved for backward, with the storage version it had when saved."""
+
+    __slots__ = ("tensor", "version", "is_output", "node_ref", "output_nr", "op_name")
+
+    def __init__(self, t: Tensor, is_output: bool = False, node=None, output_nr: int = 0, op_name: str = ""):
+        self.version = t._version
+        self.is_output = is_output
+        self.output_nr = output_nr
+        self.op_name = op_name
+        if is_output:
+            # keep the data, not the Python object: an output saved by its own grad_fn would be a cycle
+            self.tensor = t.detach()
+            self.node_ref = weakref.ref(node)
+        else:
+            self.tensor = t
+            self.node_ref = None
+
+    def unpack(self) -> Tensor:
+        t = self.tensor
+        if t is None:
+            raise RuntimeError("Trying to backward through the graph a second time (or directly access saved tensors "
+                               "after they have already been freed). Saved intermediate values of the graph are "
+                               "freed when you call .backward() or autograd.grad(). Specify retain_graph=True if you "
+                               "need to backward through the graph a second time.")
+        if t._version != self.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{t.dtype.name} tensor of shape {list(t.shape)}]"
+                + (f", which is output {self.output_nr} of {self.op_name}," if self.is_output else ",")
+                + f" is at version {t._version}; expected version {self.version} instead. Hint: the operation that "
+                "modified it ran after it was saved; use an out-of-place operation or .clone() before modifying.")
+        if self.is_output:
+            node = self.node_ref()
+            if node is not None and STATE.grad_enabled:
+                out = t.detach()
+                out.grad_fn, out._output_nr, out._requires_grad = node, self.output_nr, True
+                return out
+        return t
+
+    def release(self) -> None:
+        self.tensor = None
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in re.split(r"_+", name.strip("_")) if part)
+
+
+class OpNode(Node):
+    """Backward of one operator call, driven by the operator's derivative formulas."""
+
+    def __init__(self, op, args: tuple):
+        super().__init__()
+        self.op = op
+        self.args = args
+        self.saved: dict = {}
+        self.slots: list[tuple[int, int | None]] = []  # (param index, list position) per differentiable input
+        self.input_meta: list[tuple] = []
+        self.output_meta: list[tuple] = []
+        self.shapes: dict[str, tuple] = {}  # input shapes, for formulas that read `<input>_shape`
+
+    def name(self) -> str:
+        return f"{_camel(self.op.name)}Backward0"
+
+    @property
+    def n_outputs(self) -> int:
+        return max(len(self.output_meta), 1)
+
+    def _env(self, grads: list) -> dict:
+        env = {f"{name}_shape": shape for name, shape in self.shapes.items()}
+        for key, value in self.saved.items():
+            if isinstance(value, SavedTensor):
+                value = value.unpack()
+            elif isinstance(value, tuple) and value and isinstance(value[0], SavedTensor):
+                value = tuple(v.unpack() if isinstance(v, SavedTensor) else v for v in value)
+            env[key] = value
+        filled = []
+        for k, g in enumerate(grads):
+            if g is None and k < len(self.output_meta) and self.output_meta[k] is not None:
+                shape, dtype, device = self.output_meta[k]
+                from tilewise.ops.creation import zeros
+
+                g = zeros(shape, dtype=dtype, device=device)
+            filled.append(g)
+        env["grads"] = tuple(filled)
+        env["grad"] = filled[0] if filled else None
+        return env
+
+    def apply(self, grads: list):
+        if all(g is None for g in grads):
+            return [None] * len(self.slots)
+        env = self._env(grads)
+        schema = self.op.schema
+        results: list = []
+        cache: dict[str, object] = {}
+        for (pk, pos), meta in zip(self.slots, self.input_meta):
+            if meta is None:
+                results.append(None)
+                continue
+            name = schema.params[pk].name
+            if name not in cache:
+                formula = self.op.derivatives.get(name)
+                if formula is None:
+                    raise RuntimeError(f"the derivative of {self.op.name} with respect to '{name}' is not implemented")
+                cache[name] = formula(env)
+            g = cache[name]
+            if pos is not None:
+                g = g[pos] if g is not None else None
+            results.append(_fit_grad(g, meta, self.op.name, name))
+        return results
+
+    def release(self) -> None:
+        for value in self.saved.values():
+            if isinstance(value, SavedTensor):
+                value.release()
+            elif isinstance(value, tuple):
+                for v in value:
+                    if isinstance(v, SavedTensor):
+                        v.release()
+        self.args = None
+
+
+def _fit_grad(g, meta, op_name: str, input_name: str):
+    """Reduce a broadcast gradient to the input's shape and dtype."""
+    if g is None:
+        return None
+    shape, dtype = meta
+    if g._shape != shape:
+        try:
+            g = g.sum_to_size(shape)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{op_name} backward: gradient for '{input_name}' has shape {list(g._shape)}, which "
+                               f"does not reduce to the input's shape {list(shape)}") from exc
+    if g._dtype is not dtype:
+        g = g.to(dtype)
+    return g
+
+
+# ---------------------------------------------------------------------------- edges and recording
+
+def accumulate_node(t: Tensor) -> AccumulateGrad:
+    ref = t.__dict__.get("_acc")
+    node = ref() if ref is not None else None
+    if node is None:
+        node = AccumulateGrad(t)
+        t.__dict__["_acc"] = weakref.ref(node)
+    return node
+
+
+def edge(t) -> tuple:
+    if type(t) is not Tensor:
+        return (None, 0)
+    if t.grad_fn is not None:
+        return (t.grad_fn, t._output_nr)
+    if t._requires_grad:
+        return (accumulate_node(t), 0)
+    return (None, 0)
+
+
+def _needs_grad(t) -> bool:
+    return type(t) is Tensor and t._requires_grad
+
+
+def record(op, args: tuple):
+    """Run ``op`` below autograd and attach a backward node to its outputs."""
+    if op.kind == "composite" and not op.derivatives:
+        return op.decomposition(*args)  # autograd flows through the primitives it calls
+    STATE.grad_enabled = False
+    try:
+        out = run(op, args)
+    finally:
+        STATE.grad_enabled = True
+    node = OpNode(op, args)
+    edges, metas = [], []
+    params = op.schema.params
+    for k, p in enumerate(params):
+        if p.type != "Tensor":
+            continue
+        if type(args[k]) is Tensor:
+            node.shapes[p.name] = args[k]._shape
+        diff = op.derivatives.get(p.name) is not None
+        items = [(args[k], None)] if not p.is_list else [(a, i) for i, a in enumerate(args[k])]
+        for a, pos in items:
+            node.slots.append((k, pos))
+            if diff and _needs_grad(a):
+                edges.append(edge(a))
+                metas.append((a._shape, a._dtype))
+            else:
+                edges.append((None, 0))
+                metas.append(None)
+    if all(e[0] is None for e in edges):
+        return out
+    node.next_functions = tuple(edges)
+    node.input_meta = metas
+    outputs = out if isinstance(out, tuple) else (out,)
+    for i, o in enumerate(outputs):
+        differentiable = i not in op.nondiff_outputs and type(o) is Tensor and o._dtype.is_floating_point
+        node.output_meta.append((o._shape, o._dtype, o._device) if differentiable else None)
+        if differentiable:
+            o.grad_fn, o._output_nr, o._requires_grad = node, i, True
+    _save(node, op, args, out)
+    return out
+
+
+def _save(node: OpNode, op, args: tuple, out) -> None:
+    saved = node.saved
+    for name in op.saved_params:
+        value = args[op.schema.index(name)]
+        if type(value) is Tensor:
+            value = SavedTensor(value)
+        elif isinstance(value, tuple) and value and type(value[0]) is Tensor:
+            value = tuple(SavedTensor(v) if type(v) is Tensor else v for v in value)
+        saved[name] = value
+    for name in op.param_names():
+        if name not in saved and name not in ("self",) and not _is_tensorish(args[op.schema.index(name)]):
+            saved[name] = args[op.schema.index(name)]
+    if op.saves_result:
+        name = node.name()
+        if isinstance(out, tuple):
+            saved["result"] = tuple(SavedTensor(o, True, node, i, name) if type(o) is Tensor else o
+                                    for i, o in enumerate(out))
+        else:
+            saved["result"] = SavedTensor(out, True, node, 0, name)
+
+
+def _is_tensorish(value) -> bool:
+    return type(value) is Tensor or (isinstance(value, tuple) and bool(value) and type(value[0]) is Tensor)
+
+
+# ---------------------------------------------------------------------------- tensor hooks
+
+def register_tensor_hook(t: Tensor, hook):
+    if not t._requires_grad:
+        raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+    if t.grad_fn is None:
+        if t._hooks is None:
+            t._hooks = []
+        hooks = t._hooks
+    else:
+        hooks = t.grad_fn.pre_hooks.setdefault(t._output_nr, [])
+    hooks.append(hook)
+    return _Handle(hooks, hook)
+
+
+def retain_grad(t: Tensor) -> None:
+    if not t._requires_grad:
+        raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+    if t.grad_fn is None:
+        return
+    t.grad_fn.retained[t._output_nr] = weakref.ref(t)
+    t._retains_grad = True

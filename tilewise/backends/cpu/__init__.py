@@ -1,0 +1,147 @@
+"""The CPU backend: numpy arrays, with kernels derived from operator declarations where possible.
+
+[Note: CPU kernels] Pointwise operators run their declared ``Expr`` rendered to numpy (one cached function
+per operator and argument variant); reductions run the declared combiner through numpy's reduce.
+Operators that are not expressions (sort, gather, matmul, random, ...) have a hand-written numpy kernel in
+``kernels.py``, registered under the operator's name; ``tests/test_op_rules.py`` checks that every
+operator has one or is a composite or view. Inputs are cast to the operator's compute dtype first, so
+half-precision arithmetic rounds once, at the end, like torch's CPU kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilewise.backends.cpu.render import render_numpy
+from tilewise.ops.expr import inputs_of
+from tilewise.tensor import Tensor, from_array
+
+KERNELS: dict[str, object] = {}  # operator full name -> numpy implementation taking bound arguments
+
+
+def kernel(*names: str):
+    def register(fn):
+        for name in names:
+            if name in KERNELS:
+                raise ValueError(f"CPU kernel for {name} registered twice")
+            KERNELS[name] = fn
+        return fn
+
+    return register
+
+
+def run(op, args: tuple, device):
+    kind = op.kind
+    if kind == "pointwise":
+        return run_pointwise(op, args)
+    if kind == "reduction" and op.reduce is not None:
+        return run_reduction(op, args)
+    impl = KERNELS.get(op.full_name)
+    if impl is not None:
+        return impl(*args)
+    if op.decomposition is not None:
+        return op.decomposition(*args)
+    raise NotImplementedError(f"{op.full_name}: no CPU kernel and no decomposition")
+
+
+# ---------------------------------------------------------------------------- pointwise
+
+_compiled: dict[tuple, object] = {}
+
+
+def pointwise_fn(op, args: tuple, compute_dtype):
+    """The numpy function for this operator (and argument variant, for operators with expression builders)."""
+    builder = op.attrs.get("expr_builder")
+    if builder is None:
+        key = (op,)
+        fn = _compiled.get(key)
+        if fn is None:
+            scalars = tuple(p.name for p in op.schema.params if p.type != "Tensor")
+            fn = render_numpy(op.expr, len(op.tensor_idx), scalars, op.name)
+            _compiled[key] = fn
+        return fn, True
+    variant = tuple(a for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
+    present = tuple(args[k] is not None for k in op.tensor_idx)
+    key = (op, variant, present, compute_dtype)
+    fn = _compiled.get(key)
+    if fn is None:
+        expr = builder(args, compute_dtype)
+        fn = render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_variant")
+        _compiled[key] = fn
+    return fn, False
+
+
+def _as_compute(value, np_dtype):
+    if type(value) is Tensor:
+        a = value._np()
+        return a if a.dtype == np_dtype else a.astype(np_dtype)
+    if value is None:
+        return None
+    return np.asarray(value, dtype=np_dtype)[()] if np_dtype.kind != "b" else bool(value)
+
+
+def run_pointwise(op, args: tuple):
+    out_dtype, compute = op.dtype_rule(op, args)
+    cnp = compute.np
+    fn, static = pointwise_fn(op, args, compute)
+    values = [_as_compute(args[k], cnp) for k in op.tensor_idx]
+    if static:
+        values += [args[k] for k in range(len(args)) if k not in op.tensor_idx]
+    with np.errstate(all="ignore"):
+        res = fn(*values)
+    if type(res) is not np.ndarray:
+        res = np.asarray(res)
+    shape = _broadcast_shape(op, args)
+    if res.shape != shape:
+        res = np.broadcast_to(res, shape).copy()
+    if res.dtype != out_dtype.np:
+        res = res.astype(out_dtype.np)
+    return from_array(res, out_dtype)
+
+
+def _broadcast_shape(op, args: tuple) -> tuple:
+    from tilewise._strides import broadcast_shapes
+
+    shapes = [args[k]._shape for k in op.tensor_idx if type(args[k]) is Tensor]
+    if len(shapes) == 1:
+        return shapes[0]
+    return broadcast_shapes(*shapes, op=op.name)
+
+
+# ---------------------------------------------------------------------------- reductions
+
+_REDUCERS = {
+    "add": np.add.reduce, "mul": np.multiply.reduce, "max": np.maximum.reduce, "min": np.minimum.reduce,
+    "or": np.logical_or.reduce, "and": np.logical_and.reduce,
+}
+
+
+def run_reduction(op, args: tuple):
+    from tilewise._strides import normalize_dims
+
+    x = args[0]
+    names = op.param_names()
+    dims = normalize_dims(args[1] if len(args) > 1 and names[1] == "dim" else None, x.ndim, op.name)
+    if len(args) > 1 and names[1] == "dim" and args[1] is not None and len(args[1]) == 0 and op.reduce == "add":
+        dims = tuple(range(x.ndim))  # torch: sum(dim=[]) reduces everything
+    keepdim = args[names.index("keepdim")] if "keepdim" in names else False
+    out_dtype, compute = op.dtype_rule(op, args)
+    a = x._np()
+    if a.dtype != compute.np:
+        a = a.astype(compute.np)
+    if op.reduce in ("max", "min") and any(x._shape[d] == 0 for d in dims):
+        raise IndexError(f"{op.name}(): Expected reduction dim {dims[0]} to have non-zero size; the input has shape "
+                         f"{list(x._shape)}. Specify an identity or reduce over a non-empty dim.")
+    res = _REDUCERS[op.reduce](a, axis=dims, keepdims=keepdim) if x.ndim else a
+    res = np.asarray(res)
+    if res.dtype != out_dtype.np:
+        res = res.astype(out_dtype.np)
+    return from_array(res, out_dtype)
+
+
+def _load_kernels() -> None:
+    from tilewise.backends.cpu import kernels  # noqa: F401 — registers the hand-written kernels
+
+
+def inputs_used(op) -> int:
+    return len(inputs_of(op.expr)) if op.expr is not None else 0

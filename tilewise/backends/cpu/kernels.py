@@ -1,0 +1,382 @@
+"""numpy kernels for primitives that are not scalar expressions or plain reductions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilewise import _philox
+from tilewise.backends.cpu import kernel
+from tilewise.device import cpu
+from tilewise.tensor import Tensor, from_array
+
+
+def _out(array, dtype) -> Tensor:
+    array = np.asarray(array)
+    return from_array(array if array.dtype == dtype.np else array.astype(dtype.np), dtype)
+
+
+def _check_cpu(device, op: str) -> None:
+    if device is not None and device is not cpu:
+        raise RuntimeError(f"{op}: the CPU backend cannot create a tensor on {device}")
+
+
+# ---------------------------------------------------------------- creation and copies
+
+@kernel("full")
+def full(size, fill_value, dtype=None, device=None):
+    return _out(np.full(size, fill_value, dtype=dtype.np), dtype)
+
+
+@kernel("empty")
+def empty(size, dtype=None, device=None):
+    return _out(np.empty(size, dtype=dtype.np), dtype)
+
+
+@kernel("arange")
+def arange(start, end, step=1, dtype=None, device=None):
+    length = max(int(np.ceil((end - start) / step)), 0)
+    if dtype.is_floating_point:
+        values = start + np.arange(length, dtype=np.float64) * step
+    else:
+        values = start + np.arange(length, dtype=np.int64) * int(step)
+    return _out(values, dtype)
+
+
+@kernel("linspace")
+def linspace(start, end, steps, dtype=None, device=None):
+    return _out(np.linspace(start, end, steps, dtype=np.float64), dtype)
+
+
+@kernel("eye")
+def eye(n, m=None, dtype=None, device=None):
+    return _out(np.eye(n, m if m is not None else n), dtype)
+
+
+@kernel("_to_copy")
+def to_copy(self, dtype=None, device=None, non_blocking=False):
+    dtype = dtype or self.dtype
+    a = self._np()
+    out = _out(a.astype(dtype.np, copy=True) if a.dtype != dtype.np else a.copy(), dtype)
+    if device is not None and device is not cpu:
+        from tilewise.backends import backend_for
+
+        return backend_for(device).upload(out, device, non_blocking)
+    return out
+
+
+@kernel("clone")
+def clone(self, memory_format=None):
+    return _out(self._np().copy(order="K"), self.dtype)
+
+
+@kernel("_write_")
+def write(self, src):
+    dst = self._np()
+    dst[...] = src._np()
+    return self
+
+
+# ---------------------------------------------------------------- random
+
+def _generator(g):
+    from tilewise.ops.creation import generator_or_default
+
+    return generator_or_default(g)
+
+
+def _draw(g, n: int, np_dtype, fn, *extra):
+    seed, offset = _generator(g).claim(_philox.counters_needed(n, np_dtype))
+    return fn(seed, offset, n, *extra)
+
+
+@kernel("uniform")
+def uniform(size, low=0.0, high=1.0, dtype=None, device=None, generator=None):
+    n = int(np.prod(size))
+    work = np.float64 if dtype.itemsize == 8 else np.float32
+    u = _draw(generator, n, work, lambda s, o, k: _philox.uniform(s, o, k, work)).reshape(size)
+    if low != 0.0 or high != 1.0:
+        u = u * (high - low) + low
+    return _out(u, dtype)
+
+
+@kernel("normal_sample")
+def normal_sample(size, dtype=None, device=None, generator=None):
+    n = int(np.prod(size))
+    work = np.float64 if dtype.itemsize == 8 else np.float32
+    return _out(_draw(generator, n, work, lambda s, o, k: _philox.normal(s, o, k, work)).reshape(size), dtype)
+
+
+@kernel("randint")
+def randint(low, high, size, dtype=None, device=None, generator=None):
+    n = int(np.prod(size))
+    draw_dtype = _philox.randint_draw_dtype(low, high)
+    values = _draw(generator, n, draw_dtype, lambda s, o, k: _philox.randint(s, o, k, low, high)).reshape(size)
+    return _out(values, dtype)
+
+
+@kernel("bernoulli")
+def bernoulli(self, generator=None):
+    p = self._np()
+    if p.size and (np.nanmin(p) < 0 or np.nanmax(p) > 1):
+        raise RuntimeError("bernoulli: expected all probabilities to be in [0, 1]")
+    u = _draw(generator, p.size, np.float32, lambda s, o, k: _philox.uniform(s, o, k, np.float32)).reshape(p.shape)
+    return _out(u < p, self.dtype)
+
+
+@kernel("randperm")
+def randperm(n, dtype=None, device=None, generator=None):
+    bits = _draw(generator, n, np.uint32, _philox.random_bits)
+    return _out(np.argsort(bits, kind="stable"), dtype)
+
+
+@kernel("multinomial")
+def multinomial(self, num_samples, replacement=False, generator=None):
+    probs = self._np().astype(np.float64)
+    rows = probs.reshape(-1, probs.shape[-1])
+    if (rows < 0).any() or not np.isfinite(rows).all():
+        raise RuntimeError("multinomial: probability tensor contains either `inf`, `nan` or element < 0")
+    if (rows.sum(-1) <= 0).any():
+        raise RuntimeError("multinomial: invalid multinomial distribution (sum of probabilities <= 0)")
+    if not replacement and num_samples > rows.shape[-1]:
+        raise RuntimeError(f"multinomial: cannot sample n_sample={num_samples} > prob_dist.size(-1)="
+                           f"{rows.shape[-1]} samples without replacement")
+    u = _draw(generator, rows.shape[0] * num_samples, np.float64,
+              lambda s, o, k: _philox.uniform(s, o, k, np.float64)).reshape(rows.shape[0], num_samples)
+    out = np.empty((rows.shape[0], num_samples), dtype=np.int64)
+    for r, row in enumerate(rows):
+        weights = row.copy()
+        for j in range(num_samples):
+            cdf = np.cumsum(weights)
+            pick = int(np.searchsorted(cdf, u[r, j] * cdf[-1], side="right"))
+            pick = min(pick, len(weights) - 1)
+            while weights[pick] == 0 and pick > 0:
+                pick -= 1
+            out[r, j] = pick
+            if not replacement:
+                weights[pick] = 0.0
+    from tilewise import dtypes
+
+    return _out(out.reshape(probs.shape[:-1] + (num_samples,)), dtypes.int64)
+
+
+# ---------------------------------------------------------------- arg-reductions
+
+def _arg(self, dim, keepdim, fn, name):
+    from tilewise import _strides as S
+    from tilewise import dtypes
+
+    a = self._np()
+    if a.size == 0:
+        raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0, or the reduced "
+                           "dim to be non-empty")
+    if dim is None:
+        res = fn(a.reshape(-1), axis=0)
+        return _out(np.reshape(res, (1,) * a.ndim) if keepdim else res, dtypes.int64)
+    d = S.normalize_dim(dim, max(a.ndim, 1), name)
+    if a.ndim == 0:
+        return _out(np.asarray(0), dtypes.int64)
+    return _out(fn(a, axis=d, keepdims=keepdim), dtypes.int64)
+
+
+def _nan_first(fn):
+    """argmax/argmin that, like torch, treat NaN as the extremum."""
+    def arg(a, axis=None, keepdims=False):
+        if a.dtype.kind == "f" and np.isnan(a).any():
+            return np.argmax(np.isnan(a), axis=axis, keepdims=keepdims)
+        return fn(a, axis=axis, keepdims=keepdims)
+
+    return arg
+
+
+@kernel("argmax")
+def argmax(self, dim=None, keepdim=False):
+    return _arg(self, dim, keepdim, _nan_first(np.argmax), "argmax")
+
+
+@kernel("argmin")
+def argmin(self, dim=None, keepdim=False):
+    return _arg(self, dim, keepdim, _nan_first(np.argmin), "argmin")
+
+
+def _value_index(self, dim, keepdim, fn, name):
+    idx = _arg(self, dim, True, fn, name)
+    from tilewise import _strides as S
+
+    a = self._np()
+    if a.ndim == 0:
+        return _out(a.copy(), self.dtype), _out(np.asarray(0), idx.dtype)
+    d = S.normalize_dim(dim, a.ndim, name)
+    values = np.take_along_axis(a, idx._np(), axis=d)
+    if not keepdim:
+        values, ind = np.squeeze(values, d), np.squeeze(idx._np(), d)
+    else:
+        ind = idx._np()
+    return _out(values, self.dtype), _out(ind, idx.dtype)
+
+
+@kernel("max.dim")
+def max_dim(self, dim, keepdim=False):
+    return _value_index(self, dim, keepdim, _nan_first(np.argmax), "max")
+
+
+@kernel("min.dim")
+def min_dim(self, dim, keepdim=False):
+    return _value_index(self, dim, keepdim, _nan_first(np.argmin), "min")
+
+
+# ---------------------------------------------------------------- matmul
+
+def _matmul_dtype_work(dtype):
+    return np.float32 if dtype.is_floating_point and dtype.itemsize < 4 else None
+
+
+@kernel("mm", "bmm")
+def matmul(self, mat2):
+    a, b = self._np(), mat2._np()
+    _check_mm(self, mat2)
+    work = _matmul_dtype_work(self.dtype)
+    if work is not None:
+        a, b = a.astype(work), b.astype(work)
+    return _out(np.matmul(a, b), self.dtype)
+
+
+def _check_mm(a, b):
+    expect = 2 if a.ndim == 2 else 3
+    name = "mm" if expect == 2 else "bmm"
+    if a.ndim != expect or b.ndim != expect:
+        raise RuntimeError(f"{name}: expected {expect}D tensors, got {a.ndim}D and {b.ndim}D")
+    if expect == 3 and a.shape[0] != b.shape[0]:
+        raise RuntimeError(f"bmm: batch sizes differ: {a.shape[0]} and {b.shape[0]}")
+    if a.shape[-1] != b.shape[-2]:
+        raise RuntimeError(f"{name}: mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, a.shape))} and "
+                           f"{'x'.join(map(str, b.shape))})")
+
+
+# ---------------------------------------------------------------- indexing
+
+@kernel("view_scatter_add")
+def view_scatter_add(grad, input_shape, view_shape, view_strides, view_offset):
+    from tilewise import _strides as S
+
+    out = np.zeros(S.numel(input_shape), dtype=grad.dtype.np)
+    positions = _view_positions(view_shape, view_strides, view_offset)
+    np.add.at(out, positions, np.broadcast_to(grad._np(), tuple(view_shape)).reshape(-1))
+    return _out(out.reshape(input_shape), grad.dtype)
+
+
+def _view_positions(view_shape, view_strides, view_offset) -> np.ndarray:
+    positions = view_offset + sum(np.arange(n).reshape((-1,) + (1,) * (len(view_shape) - k - 1)) * s
+                                  for k, (n, s) in enumerate(zip(view_shape, view_strides)))
+    return np.broadcast_to(np.asarray(positions), tuple(view_shape)).reshape(-1)
+
+
+@kernel("view_scatter")
+def view_scatter(self, src, view_shape, view_strides, view_offset):
+    out = np.ascontiguousarray(self._np()).copy().reshape(-1)
+    out[_view_positions(view_shape, view_strides, view_offset)] = np.broadcast_to(
+        src._np(), tuple(view_shape)).reshape(-1)
+    return _out(out.reshape(self.shape), self.dtype)
+
+
+def _np_indices(self: Tensor, indices, op: str) -> tuple:
+    out = []
+    for dim, idx in enumerate(indices):
+        if idx is None:
+            out.append(slice(None))
+            continue
+        a = idx._np()
+        if a.dtype == np.bool_:
+            raise RuntimeError(f"{op}: bool index tensors must be converted to positions first")
+        size = self.shape[dim] if dim < self.ndim else 0
+        if a.size and (a.max() >= size or a.min() < -size):
+            bad = int(a.max()) if a.max() >= size else int(a.min())
+            raise IndexError(f"{op}: index {bad} is out of bounds for dimension {dim} with size {size}")
+        out.append(a)
+    if len(out) > self.ndim:
+        raise IndexError(f"{op}: too many indices for tensor of dimension {self.ndim}")
+    return tuple(out)
+
+
+@kernel("index.Tensor")
+def index(self, indices):
+    return _out(self._np()[_np_indices(self, indices, "index")], self.dtype)
+
+
+@kernel("index_put")
+def index_put(self, indices, values, accumulate=False):
+    out = self._np().copy()
+    idx = _np_indices(self, indices, "index_put")
+    v = values._np() if isinstance(values, Tensor) else values
+    v = np.asarray(v).astype(out.dtype)
+    target_shape = out[idx].shape
+    try:
+        v = np.broadcast_to(v, target_shape)
+    except ValueError:
+        raise RuntimeError(f"index_put: shape mismatch: value tensor of shape {list(np.shape(v))} cannot be "
+                           f"broadcast to indexing result of shape {list(target_shape)}") from None
+    if accumulate:
+        np.add.at(out, idx, v)
+    else:
+        out[idx] = v
+    return _out(out, self.dtype)
+
+
+def _check_gather_index(self, dim, index, op):
+    from tilewise import _strides as S
+
+    d = S.normalize_dim(dim, max(self.ndim, 1), op)
+    if index.dtype.name != "int64":
+        raise RuntimeError(f"{op}(): Expected dtype int64 for index, got {index.dtype}")
+    if index.ndim != self.ndim:
+        raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as input tensor "
+                           f"({index.ndim} vs {self.ndim})")
+    a = index._np()
+    if a.size and (a.min() < 0 or a.max() >= self.shape[d]):
+        bad = int(a.min()) if a.min() < 0 else int(a.max())
+        raise IndexError(f"{op}(): index {bad} is out of bounds for dimension {d} with size {self.shape[d]}")
+    return d, a
+
+
+@kernel("gather")
+def gather(self, dim, index, sparse_grad=False):
+    d, idx = _check_gather_index(self, dim, index, "gather")
+    src = self._np()
+    slices = tuple(slice(0, n) for n in idx.shape)
+    src = src[tuple(slices[k] if k != d else slice(None) for k in range(src.ndim))]
+    return _out(np.take_along_axis(src, idx, axis=d), self.dtype)
+
+
+def _scatter(self, dim, index, src, accumulate, op):
+    d, idx = _check_gather_index(self, dim, index, op)
+    out = self._np().copy()
+    values = src._np() if isinstance(src, Tensor) else np.asarray(src, dtype=out.dtype)
+    values = np.broadcast_to(values, idx.shape) if values.ndim == 0 else values[tuple(slice(0, n) for n in idx.shape)]
+    grids = list(np.indices(idx.shape, sparse=True))
+    grids[d] = idx
+    if accumulate:
+        np.add.at(out, tuple(grids), values.astype(out.dtype))
+    else:
+        out[tuple(grids)] = values.astype(out.dtype)
+    return _out(out, self.dtype)
+
+
+@kernel("scatter.src")
+def scatter_src(self, dim, index, src):
+    return _scatter(self, dim, index, src, False, "scatter")
+
+
+@kernel("scatter.value")
+def scatter_value(self, dim, index, value):
+    return _scatter(self, dim, index, value, False, "scatter")
+
+
+@kernel("scatter_add")
+def scatter_add(self, dim, index, src):
+    return _scatter(self, dim, index, src, True, "scatter_add")
+
+
+@kernel("nonzero")
+def nonzero(self):
+    from tilewise import dtypes
+
+    return _out(np.argwhere(self._np()).reshape(-1, self.ndim), dtypes.int64)

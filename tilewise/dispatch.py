@@ -1,0 +1,121 @@
+"""The dispatcher: every operator call walks Autocast → Autograd → backend.
+
+[Note: dispatch] ``call(op, args)`` receives arguments already bound by the operator's schema binder.
+Keys are consulted in a fixed order, each cheap to skip:
+  Autocast  — inside ``tilewise.autocast``, casts floating inputs of listed ops (``op.autocast``);
+  Autograd  — when grad mode is on and a tensor input requires grad, runs the op below this key and
+              records a node holding exactly the values its derivative formulas read;
+  backend   — picks the device of the tensor inputs (CPU, CUDA, or Trace for the compiler's trace tensors)
+              and runs the kernel; views never reach a kernel, they are stride arithmetic on any device.
+The compiler's Trace backend sits *below* autograd on purpose: tracing a function that calls
+``loss.backward()`` then records forward, backward and optimizer ops into one graph.
+Composite operators without their own kernel run their decomposition, so each primitive they call goes
+through this same path (and autograd sees primitives unless the composite declared its own derivative).
+"""
+
+from __future__ import annotations
+
+from tilewise.device import Device
+from tilewise.tensor import Tensor
+
+
+class _State:
+    __slots__ = ("grad_enabled", "autocast", "trace_depth")
+
+    def __init__(self):
+        self.grad_enabled = True
+        self.autocast = None  # the active AutocastState, or None
+        self.trace_depth = 0
+
+
+STATE = _State()
+BACKENDS: dict[str, object] = {}  # device type -> module with run(op, args)
+
+
+def register_backend(device_type: str, module) -> None:
+    BACKENDS[device_type] = module
+
+
+def call(op, args: tuple):
+    state = STATE
+    if state.autocast is not None and op.autocast is not None:
+        args = state.autocast.cast_args(op, args)
+    if state.grad_enabled and op.differentiable and _requires_grad(op, args):
+        from tilewise.autograd.graph import record
+
+        return record(op, args)
+    return run(op, args)
+
+
+def _requires_grad(op, args: tuple) -> bool:
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is Tensor and a._requires_grad:
+            return True
+    for k in op.list_idx:
+        for a in args[k]:
+            if type(a) is Tensor and a._requires_grad:
+                return True
+    return False
+
+
+def run(op, args: tuple):
+    """Below autograd: run the operator on the backend of its inputs' device."""
+    if op.kind == "view":
+        from tilewise.ops.views import apply_view
+
+        return apply_view(op, args)
+    device = device_of(op, args)
+    backend = BACKENDS.get("trace" if STATE.trace_depth and _any_traced(op, args) else device.type)
+    if backend is None:
+        raise RuntimeError(f"{op.name}: no backend for device {device}; is the CUDA extra installed? "
+                           "(pip install -e '.[cuda]')")
+    return backend.run(op, args, device)
+
+
+def _any_traced(op, args) -> bool:
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is Tensor and a._trace is not None:
+            return True
+    for k in op.list_idx:
+        for a in args[k]:
+            if type(a) is Tensor and a._trace is not None:
+                return True
+    return op.kind in ("creation", "random") and STATE.trace_depth > 0
+
+
+def device_of(op, args: tuple) -> Device:
+    """The device an op runs on: its tensors' common device (0-dim CPU tensors may join any device)."""
+    found = None
+    scalar_cpu = None
+    for k in op.tensor_idx:
+        found, scalar_cpu = _merge_device(op, args[k], found, scalar_cpu)
+    for k in op.list_idx:
+        for a in args[k]:
+            found, scalar_cpu = _merge_device(op, a, found, scalar_cpu)
+    if found is not None:
+        return found
+    if scalar_cpu is not None:
+        return scalar_cpu
+    names = op.param_names()
+    if "device" in names:
+        dev = args[names.index("device")]
+        if dev is not None:
+            return dev
+    from tilewise.device import cpu
+    from tilewise.backends import default_device
+
+    return default_device() if op.kind in ("creation", "random") else cpu
+
+
+def _merge_device(op, a, found, scalar_cpu):
+    if type(a) is not Tensor:
+        return found, scalar_cpu
+    dev = a._device
+    if a.ndim == 0 and dev.type == "cpu":
+        return found, scalar_cpu or dev
+    if found is None or found is dev:
+        return dev, scalar_cpu
+    raise RuntimeError(f"{op.name}: expected all tensors to be on the same device, but found at least two devices, "
+                       f"{found} and {dev}! Move them with .to(device) first.")

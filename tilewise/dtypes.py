@@ -1,0 +1,246 @@
+"""Data types and type promotion.
+
+[Note: dtypes] A ``DType`` is an interned description of an element type: its torch-style name, the numpy
+dtype that stores it on the CPU (ml_dtypes supplies bfloat16 and the float8 formats), its width and its
+category (bool < integer < floating). Promotion follows torch exactly, because ported code depends on it:
+``promote_types`` is the pairwise lattice, and ``result_type`` ranks operands in three priority groups —
+tensors with dimensions, zero-dim tensors, Python scalars — where a lower group only raises the category,
+never the width. Every operator's dtype rule is built from these two functions.
+"""
+
+from __future__ import annotations
+
+import builtins
+from dataclasses import dataclass
+from numbers import Number
+
+import ml_dtypes
+import numpy as np
+
+BOOL, INT, FLOAT = 0, 1, 2
+
+
+@dataclass(frozen=True, eq=False)
+class DType:
+    name: str
+    np: np.dtype
+    category: int
+    is_signed: bool
+    c_name: str
+
+    @property
+    def itemsize(self) -> int:
+        return self.np.itemsize
+
+    @property
+    def is_floating_point(self) -> bool:
+        return self.category == FLOAT
+
+    @property
+    def is_complex(self) -> bool:
+        return False
+
+    @property
+    def is_float8(self) -> bool:
+        return self.name.startswith("float8")
+
+    @property
+    def bits(self) -> int:
+        return self.itemsize * 8
+
+    def __repr__(self) -> str:
+        return f"tilewise.{self.name}"
+
+    def __reduce__(self):
+        return (from_name, (self.name,))
+
+
+def _make(name: str, np_type, category: int, signed: bool, c_name: str) -> DType:
+    return DType(name, np.dtype(np_type), category, signed, c_name)
+
+
+bool_ = _make("bool", np.bool_, BOOL, False, "bool")
+uint8 = _make("uint8", np.uint8, INT, False, "unsigned char")
+int8 = _make("int8", np.int8, INT, True, "signed char")
+int16 = _make("int16", np.int16, INT, True, "short")
+int32 = _make("int32", np.int32, INT, True, "int")
+int64 = _make("int64", np.int64, INT, True, "long long")
+float16 = _make("float16", np.float16, FLOAT, True, "half")
+bfloat16 = _make("bfloat16", ml_dtypes.bfloat16, FLOAT, True, "bf16")
+float32 = _make("float32", np.float32, FLOAT, True, "float")
+float64 = _make("float64", np.float64, FLOAT, True, "double")
+float8_e4m3fn = _make("float8_e4m3fn", ml_dtypes.float8_e4m3fn, FLOAT, True, "fp8e4m3")
+float8_e5m2 = _make("float8_e5m2", ml_dtypes.float8_e5m2, FLOAT, True, "fp8e5m2")
+
+ALL = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2)
+_BY_NAME = {d.name: d for d in ALL}
+_ALIASES = {"half": float16, "float": float32, "double": float64, "long": int64, "int": int32, "short": int16}
+_BY_NP = {d.np: d for d in ALL}
+
+# torch names the plain Python types too: tilewise.bool is bool_
+half, float, double, long, int, short = float16, float32, float64, int64, int32, int16  # noqa: A001
+bool = bool_  # noqa: A001
+
+
+def from_name(name: str) -> DType:
+    found = _BY_NAME.get(name) or _ALIASES.get(name)
+    if found is None:
+        raise TypeError(f"unknown dtype {name!r}; valid dtypes: {', '.join(_BY_NAME)}")
+    return found
+
+
+def from_numpy(np_dtype) -> DType:
+    found = _BY_NP.get(np.dtype(np_dtype))
+    if found is None:
+        raise TypeError(f"numpy dtype {np.dtype(np_dtype)} has no tilewise equivalent; valid: {', '.join(_BY_NAME)}")
+    return found
+
+
+def as_dtype(value) -> DType:
+    """Accepts a DType, a numpy dtype, a name ("float32", "torch.float32"), a torch dtype, or bool/int/float."""
+    if isinstance(value, DType):
+        return value
+    if value is builtins.bool:
+        return bool_
+    if value is builtins.int:
+        return int64
+    if value is builtins.float:
+        return get_default_dtype()
+    if isinstance(value, str) or type(value).__module__ == "torch":
+        return from_name(str(value).removeprefix("torch.").removeprefix("tilewise."))
+    return from_numpy(value)
+
+
+# ---------------------------------------------------------------- default dtype
+
+_default = float32
+
+
+def get_default_dtype() -> DType:
+    return _default
+
+
+def set_default_dtype(dtype: DType) -> None:
+    global _default
+    dtype = as_dtype(dtype)
+    if not dtype.is_floating_point or dtype.is_float8:
+        raise TypeError(f"set_default_dtype: only float16/bfloat16/float32/float64 are valid defaults, got {dtype}")
+    _default = dtype
+
+
+# ---------------------------------------------------------------- promotion
+
+_INT_ORDER = (uint8, int8, int16, int32, int64)
+_FLOAT_ORDER = (float16, bfloat16, float32, float64)
+
+
+def promote_types(a: DType, b: DType) -> DType:
+    """torch.promote_types: the smallest dtype both values fit into."""
+    if a is b:
+        return a
+    if a.is_float8 or b.is_float8:
+        raise TypeError(f"Promotion for Float8 Types is not supported, attempted to promote {a} and {b}")
+    if a.category != b.category:
+        hi, lo = (a, b) if a.category > b.category else (b, a)
+        return hi
+    if a.category == INT:
+        if uint8 in (a, b):
+            other = b if a is uint8 else a
+            return int16 if other is int8 else other
+        return a if _INT_ORDER.index(a) > _INT_ORDER.index(b) else b
+    if {a, b} == {float16, bfloat16}:
+        return float32
+    return a if _FLOAT_ORDER.index(a) > _FLOAT_ORDER.index(b) else b
+
+
+def scalar_dtype(value) -> DType:
+    """The dtype torch gives a Python scalar that appears as an operand."""
+    if isinstance(value, builtins.bool) or isinstance(value, np.bool_):
+        return bool_
+    if isinstance(value, (builtins.int, np.integer)):
+        return int64
+    if isinstance(value, (builtins.float, np.floating)):
+        return float64
+    raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
+def _combine_categories(higher: DType | None, lower: DType | None) -> DType | None:
+    if higher is None:
+        return lower
+    if lower is None or higher.is_floating_point:
+        return higher
+    if higher is bool_ or lower.is_floating_point:
+        return promote_types(higher, lower)
+    return higher
+
+
+def result_type(*operands) -> DType:
+    """torch.result_type over tensors and Python scalars (tensors: anything with .dtype and .ndim)."""
+    dim_result = zero_result = wrapped_result = None
+    for x in operands:
+        if x is None:
+            continue
+        if isinstance(x, Number) or isinstance(x, np.generic):
+            d = scalar_dtype(x)
+            if d.is_floating_point:
+                d = _default
+            wrapped_result = d if wrapped_result is None else promote_types(wrapped_result, d)
+        elif x.ndim == 0:
+            zero_result = x.dtype if zero_result is None else promote_types(zero_result, x.dtype)
+        else:
+            dim_result = x.dtype if dim_result is None else promote_types(dim_result, x.dtype)
+    out = _combine_categories(dim_result, _combine_categories(zero_result, wrapped_result))
+    if out is None:
+        raise TypeError("result_type needs at least one operand")
+    return out
+
+
+def to_float(d: DType) -> DType:
+    """Integer and bool results of a floating operation become the default float dtype (torch's rule)."""
+    return d if d.is_floating_point else _default
+
+
+def compute_dtype(d: DType) -> DType:
+    """Arithmetic precision for a storage dtype ('opmath'): half and float8 types compute in float32."""
+    if d.is_floating_point and d.itemsize < 4:
+        return float32
+    return d
+
+
+def can_cast(src: DType, dst: DType) -> bool:
+    """torch.can_cast: whether an in-place op may write a src result into a dst tensor."""
+    return src.category <= dst.category
+
+
+# ---------------------------------------------------------------- finfo / iinfo
+
+
+class finfo:  # noqa: N801 — torch's name
+    def __init__(self, dtype: DType | None = None):
+        dtype = as_dtype(dtype) if dtype is not None else _default
+        if not dtype.is_floating_point:
+            raise TypeError(f"finfo: {dtype} is not a floating point dtype; use iinfo for integers")
+        info = ml_dtypes.finfo(dtype.np)
+        self.dtype = dtype
+        self.bits = dtype.bits
+        self.eps = builtins.float(info.eps)
+        self.max = builtins.float(info.max)
+        self.min = builtins.float(info.min)
+        self.tiny = self.smallest_normal = builtins.float(info.tiny)
+        self.resolution = builtins.float(info.resolution)
+
+    def __repr__(self) -> str:
+        return (f"finfo(resolution={self.resolution}, min={self.min}, max={self.max}, eps={self.eps}, "
+                f"smallest_normal={self.smallest_normal}, tiny={self.tiny}, dtype={self.dtype.name})")
+
+
+class iinfo:  # noqa: N801 — torch's name
+    def __init__(self, dtype: DType):
+        dtype = as_dtype(dtype)
+        if dtype.category != INT:
+            raise TypeError(f"iinfo: {dtype} is not an integer dtype; use finfo for floating point")
+        info = np.iinfo(dtype.np)
+        self.dtype, self.bits, self.min, self.max = dtype, dtype.bits, builtins.int(info.min), builtins.int(info.max)
+
+    def __repr__(self) -> str:
+        return f"iinfo(min={self.min}, max={self.max}, dtype={self.dtype.name})"

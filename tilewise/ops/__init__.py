@@ -1,0 +1,123 @@
+"""The operator library. Importing it loads every declaration and derives the Python surface from them.
+
+From each ``OpDef`` come: the public function (``tilewise.exp``), the Tensor method (``x.exp()``), the
+in-place method (``x.exp_()``) for pointwise and other operators that allow it, operator dunders
+(``x + y``), and aliases (``tilewise.clip`` for clamp). The derivative formulas are then given their
+namespace, the same public functions.
+"""
+
+from __future__ import annotations
+
+from numbers import Number
+
+from tilewise.ops import (  # noqa: F401 — each module declares its operators on import
+    creation,
+    indexing,
+    linalg,
+    nn,
+    pointwise,
+    reductions,
+    shape,
+    views,
+)
+from tilewise.ops.formulas import HELPERS
+from tilewise.ops.inplace import make_inplace
+from tilewise.ops.registry import OPS, OVERLOADS, public_function, set_formula_namespace
+from tilewise.tensor import Tensor
+
+_INPLACE_DUNDERS = {"add": "iadd", "sub": "isub", "mul": "imul", "div": "itruediv", "floor_divide": "ifloordiv",
+                    "remainder": "imod", "pow": "ipow", "bitwise_and": "iand", "bitwise_or": "ior",
+                    "bitwise_xor": "ixor", "bitwise_left_shift": "ilshift", "bitwise_right_shift": "irshift"}
+
+
+def _swapped(fn):
+    def reflected(self, other):
+        return fn(other, self)
+
+    reflected.__name__ = f"r{fn.__name__}"
+    return reflected
+
+
+def _binary_dunder(fn):
+    """Python operators return NotImplemented for operands no schema accepts (so ``x == None`` is False)."""
+    def dunder(self, other):
+        if not isinstance(other, (Tensor, Number)):
+            return NotImplemented
+        return fn(self, other)
+
+    dunder.__name__ = fn.__name__
+    return dunder
+
+
+def _inplace_allowed(overloads) -> bool:
+    first = overloads[0]
+    default = first.kind == "pointwise" and first.differentiable is not None
+    return first.attrs.get("inplace", default) and first.attrs.get("method", True)
+
+
+def build_api() -> dict:
+    """Attach methods to Tensor and return the public functions by name."""
+    functions: dict = {}
+    for name, overloads in OVERLOADS.items():
+        attrs = overloads[0].attrs
+        if not attrs.get("public", True):
+            continue
+        fn = public_function(name)
+        names = (name, *attrs.get("aliases", ()))
+        if attrs.get("function", True):
+            for n in names:
+                functions[n] = fn
+        if attrs.get("method", True):
+            for n in names:
+                if not hasattr(Tensor, n):
+                    setattr(Tensor, n, fn)
+        if _inplace_allowed(overloads):
+            method = make_inplace(fn, name)
+            for n in names:
+                setattr(Tensor, f"{n}_", method)
+            if name in _INPLACE_DUNDERS:
+                setattr(Tensor, f"__{_INPLACE_DUNDERS[name]}__", method)
+    for op in OPS.values():
+        for dunder in op.attrs.get("dunder", ()):
+            fn = public_function(op.name)
+            reflected = dunder.startswith("r") and not op.name.startswith("r") and dunder not in ("rshift",)
+            method = _swapped(fn) if reflected else fn
+            setattr(Tensor, f"__{dunder}__", _binary_dunder(method) if len(op.tensor_idx) >= 2 else method)
+    _attach_special_methods(functions)
+    factories = {name: getattr(creation, name) for name in creation.__all__}
+    set_formula_namespace({**functions, **factories, **HELPERS, "OPS": OPS})
+    return functions
+
+
+def _attach_special_methods(functions: dict) -> None:
+    from tilewise.ops.indexing import getitem, setitem
+
+    Tensor.__getitem__ = getitem
+    Tensor.__setitem__ = setitem
+    where = functions["where"]
+    Tensor.where = lambda self, condition, other: where(condition, self, other)
+    Tensor.T = property(lambda self: self.permute(tuple(range(self.ndim - 1, -1, -1))))
+    Tensor.mT = property(lambda self: self.transpose(-2, -1))
+    Tensor.mH = Tensor.mT
+    Tensor.H = property(lambda self: self.t())
+    Tensor.copy_ = make_copy_()
+
+
+def make_copy_():
+    from tilewise.ops.inplace import commit
+
+    def copy_(self, src, non_blocking: bool = False):
+        from tilewise.tensor import tensor
+
+        if not isinstance(src, Tensor):
+            src = tensor(src, dtype=self.dtype, device=self.device)
+        value = src
+        if value.device != self.device:
+            value = value.to(self.device, non_blocking=non_blocking)
+        if value.dtype is not self.dtype:
+            value = value.to(self.dtype)
+        if value.shape != self.shape:
+            value = value.expand(self.shape)
+        return commit(self, value, "copy_", allow_any_cast=True)
+
+    return copy_

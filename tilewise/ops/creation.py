@@ -1,0 +1,284 @@
+"""Creation, copy and random operators, and the torch-style factory functions over them.
+
+Factories accept sizes as varargs or one sequence (``zeros(2, 3)`` and ``zeros((2, 3))``) like torch; the
+declared operators take one ``int[] size`` so every backend sees a single form. Random operators draw from
+a ``Generator`` whose state is ``(seed, offset)`` into the Philox4x32-10 stream (``tilewise._philox``):
+a draw consumes counters and advances the offset, and the CUDA kernels compute the same counters, so a
+seed gives bit-identical tensors on CPU and GPU.
+"""
+
+from __future__ import annotations
+
+from numbers import Number
+
+from tilewise.device import Device, as_device
+from tilewise.dtypes import DType, as_dtype, get_default_dtype, scalar_dtype
+from tilewise.ops import dtype_rules as R
+from tilewise.ops.registry import declare
+from tilewise.tensor import Tensor
+
+# ---------------------------------------------------------------- declarations
+declare("full(int[] size, Scalar fill_value, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
+        "creation", differentiable=False, public=False)
+declare("empty(int[] size, *, ScalarType? dtype=None, Device? device=None) -> Tensor", "creation",
+        differentiable=False, public=False)
+declare("arange(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
+        "creation", differentiable=False, public=False)
+declare("linspace(Scalar start, Scalar end, int steps, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
+        "creation", differentiable=False, public=False)
+declare("eye(int n, int? m=None, *, ScalarType? dtype=None, Device? device=None) -> Tensor", "creation",
+        differentiable=False, public=False)
+declare("_to_copy(Tensor self, ScalarType? dtype=None, Device? device=None, bool non_blocking=False) -> Tensor",
+        "copy", grad={"self": "grad"}, public=False)
+declare("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", "copy", grad={"self": "grad"})
+declare("_write_(Tensor(a!) self, Tensor src) -> Tensor(a!)", "copy", differentiable=False, public=False,
+        doc="Copy src (already of self's shape, dtype and device) into self's memory; no autograd.")
+declare("uniform(int[] size, float low=0.0, float high=1.0, *, ScalarType? dtype=None, Device? device=None, "
+        "Generator? generator=None) -> Tensor", "random", differentiable=False, public=False)
+declare("normal_sample(int[] size, *, ScalarType? dtype=None, Device? device=None, Generator? generator=None) "
+        "-> Tensor", "random", differentiable=False, public=False)
+declare("randint(int low, int high, int[] size, *, ScalarType? dtype=None, Device? device=None, "
+        "Generator? generator=None) -> Tensor", "random", differentiable=False, public=False)
+declare("bernoulli(Tensor self, *, Generator? generator=None) -> Tensor", "random", dtype=R.first_input,
+        differentiable=False)
+declare("randperm(int n, *, ScalarType? dtype=None, Device? device=None, Generator? generator=None) -> Tensor",
+        "random", differentiable=False, public=False)
+declare("multinomial(Tensor self, int num_samples, bool replacement=False, *, Generator? generator=None) -> Tensor",
+        "random", differentiable=False)
+
+
+# ---------------------------------------------------------------- generators
+
+class Generator:
+    """Philox stream state ``(seed, offset)``; ``offset`` counts 128-bit counters already used."""
+
+    def __init__(self, device="cpu"):
+        self.device = as_device(device)
+        self._seed = 67280421310721
+        self._offset = 0
+
+    def manual_seed(self, seed: int) -> "Generator":
+        self._seed = int(seed) % (1 << 64)
+        self._offset = 0
+        return self
+
+    def seed(self) -> int:
+        import secrets
+
+        self.manual_seed(secrets.randbits(63))
+        return self._seed
+
+    def initial_seed(self) -> int:
+        return self._seed
+
+    def get_state(self) -> Tensor:
+        from tilewise.tensor import tensor
+
+        return tensor([self._seed & 0xFFFFFFFF, self._seed >> 32, self._offset & 0xFFFFFFFF, self._offset >> 32])
+
+    def set_state(self, state: Tensor) -> None:
+        a, b, c, d = (int(v) for v in state.tolist())
+        self._seed, self._offset = a | (b << 32), c | (d << 32)
+
+    def claim(self, counters: int) -> tuple[int, int]:
+        """Reserve ``counters`` Philox counters; return the (seed, offset) the draw must use."""
+        offset = self._offset
+        self._offset += counters
+        return self._seed, offset
+
+
+default_generator = Generator("cpu")
+
+
+def manual_seed(seed: int) -> Generator:
+    """Seed the default generator (shared by CPU and CUDA, so one seed gives the same numbers on both)."""
+    default_generator.manual_seed(seed)
+    return default_generator
+
+
+def seed() -> int:
+    return default_generator.seed()
+
+
+def initial_seed() -> int:
+    return default_generator.initial_seed()
+
+
+def get_rng_state() -> Tensor:
+    return default_generator.get_state()
+
+
+def set_rng_state(state: Tensor) -> None:
+    default_generator.set_state(state)
+
+
+def generator_or_default(g: Generator | None) -> Generator:
+    return default_generator if g is None else g
+
+
+# ---------------------------------------------------------------- factory functions
+
+def _size(size: tuple, name: str) -> tuple[int, ...]:
+    if len(size) == 1 and isinstance(size[0], (tuple, list)) or (len(size) == 1 and type(size[0]).__name__ == "Size"):
+        size = tuple(size[0])
+    for s in size:
+        if not isinstance(s, int) or isinstance(s, bool):
+            raise TypeError(f"{name}(): size must be a sequence of ints, got {list(size)}")
+        if s < 0:
+            raise RuntimeError(f"{name}(): trying to create tensor with negative dimension {s}: {list(size)}")
+    return tuple(size)
+
+
+def _finish(t: Tensor, requires_grad: bool) -> Tensor:
+    return t.requires_grad_(True) if requires_grad else t
+
+
+def _call(name: str, *args, **kwargs) -> Tensor:
+    from tilewise.ops.registry import OVERLOADS
+
+    return OVERLOADS[name][0](*args, **kwargs)
+
+
+def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    if dtype is None:
+        d = scalar_dtype(fill_value)
+        dtype = get_default_dtype() if d.is_floating_point else d
+    return _finish(_call("full", tuple(size), fill_value, dtype=as_dtype(dtype), device=device), requires_grad)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad: bool = False, out=None) -> Tensor:
+    return full(_size(size, "zeros"), 0, dtype=dtype or get_default_dtype(), device=device, requires_grad=requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return full(_size(size, "ones"), 1, dtype=dtype or get_default_dtype(), device=device, requires_grad=requires_grad)
+
+
+def empty(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
+    out = _call("empty", _size(size, "empty"), dtype=as_dtype(dtype or get_default_dtype()), device=device)
+    return _finish(out, requires_grad)
+
+
+def _like(x: Tensor, dtype, device) -> tuple[DType, Device]:
+    return (as_dtype(dtype) if dtype is not None else x.dtype), (as_device(device) if device is not None else x.device)
+
+
+def zeros_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None) -> Tensor:
+    dt, dev = _like(x, dtype, device)
+    return full(x.shape, 0, dtype=dt, device=dev, requires_grad=requires_grad)
+
+
+def ones_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None) -> Tensor:
+    dt, dev = _like(x, dtype, device)
+    return full(x.shape, 1, dtype=dt, device=dev, requires_grad=requires_grad)
+
+
+def full_like(x: Tensor, fill_value, *, dtype=None, device=None, requires_grad: bool = False,
+              memory_format=None) -> Tensor:
+    dt, dev = _like(x, dtype, device)
+    return full(x.shape, fill_value, dtype=dt, device=dev, requires_grad=requires_grad)
+
+
+def empty_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None) -> Tensor:
+    dt, dev = _like(x, dtype, device)
+    return empty(x.shape, dtype=dt, device=dev, requires_grad=requires_grad)
+
+
+def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise RuntimeError("arange(): step must be nonzero")
+    if (end - start) * step < 0:
+        raise RuntimeError(f"arange(): upper bound and larger bound inconsistent with step sign: start={start}, "
+                           f"end={end}, step={step}")
+    if dtype is None:
+        is_float = any(isinstance(v, float) or (isinstance(v, Tensor) and v.dtype.is_floating_point)
+                       for v in (start, end, step))
+        from tilewise import dtypes
+
+        dtype = get_default_dtype() if is_float else dtypes.int64
+    vals = [v.item() if isinstance(v, Tensor) else v for v in (start, end, step)]
+    return _finish(_call("arange", *vals, dtype=as_dtype(dtype), device=device), requires_grad)
+
+
+def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    if steps < 0:
+        raise RuntimeError(f"linspace(): number of steps must be non-negative, got {steps}")
+    return _finish(_call("linspace", start, end, steps, dtype=as_dtype(dtype or get_default_dtype()),
+                         device=device), requires_grad)
+
+
+def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _finish(_call("eye", n, m, dtype=as_dtype(dtype or get_default_dtype()), device=device), requires_grad)
+
+
+def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    out = _call("uniform", _size(size, "rand"), 0.0, 1.0, dtype=as_dtype(dtype or get_default_dtype()),
+                device=device, generator=generator)
+    return _finish(out, requires_grad)
+
+
+def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    out = _call("normal_sample", _size(size, "randn"), dtype=as_dtype(dtype or get_default_dtype()), device=device,
+                generator=generator)
+    return _finish(out, requires_grad)
+
+
+def rand_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    dt, dev = _like(x, dtype, device)
+    return rand(x.shape, dtype=dt, device=dev, requires_grad=requires_grad)
+
+
+def randn_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    dt, dev = _like(x, dtype, device)
+    return randn(x.shape, dtype=dt, device=dev, requires_grad=requires_grad)
+
+
+def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None,
+            requires_grad: bool = False) -> Tensor:
+    if size is None:  # randint(high, size)
+        low, high, size = 0, low, high
+    if high is None or size is None:
+        raise TypeError("randint(): expected randint(high, size) or randint(low, high, size)")
+    if low >= high:
+        raise RuntimeError(f"randint(): random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+    from tilewise import dtypes
+
+    return _call("randint", int(low), int(high), _size((size,), "randint"), dtype=as_dtype(dtype or dtypes.int64),
+                 device=device, generator=generator)
+
+
+def randint_like(x: Tensor, low, high=None, *, dtype=None, device=None) -> Tensor:
+    dt, dev = _like(x, dtype, device)
+    return randint(low, high, x.shape, dtype=dt, device=dev)
+
+
+def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    from tilewise import dtypes
+
+    return _call("randperm", n, dtype=as_dtype(dtype or dtypes.int64), device=device, generator=generator)
+
+
+def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None) -> Tensor:
+    if isinstance(mean, Tensor) or isinstance(std, Tensor):
+        ref = mean if isinstance(mean, Tensor) else std
+        shape = size if size is not None else ref.shape
+        return randn(shape, generator=generator, dtype=ref.dtype, device=ref.device) * std + mean
+    if size is None:
+        raise TypeError("normal(): with scalar mean and std, size= is required")
+    return randn(size, generator=generator, dtype=dtype, device=device) * std + mean
+
+
+def to_device(x: Tensor, device: Device, non_blocking: bool = False) -> Tensor:
+    return _call("_to_copy", x, None, device, non_blocking)
+
+
+def scalar_tensor(value: Number, *, dtype=None, device=None) -> Tensor:
+    return full((), value, dtype=dtype or get_default_dtype(), device=device)
+
+
+__all__ = ["Generator", "default_generator", "manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state",
+           "full", "zeros", "ones", "empty", "zeros_like", "ones_like", "full_like", "empty_like", "arange",
+           "linspace", "eye", "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm",
+           "normal", "scalar_tensor"]

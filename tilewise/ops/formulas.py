@@ -1,0 +1,109 @@
+"""Helpers that derivative formulas call, besides the public operators themselves.
+
+Each helper is written in terms of tilewise operators, so gradients stay differentiable and traceable.
+"""
+
+from __future__ import annotations
+
+from tilewise import _strides as S
+
+
+def inverse_permutation(dims) -> tuple[int, ...]:
+    dims = [d % len(dims) for d in dims]
+    inv = [0] * len(dims)
+    for k, d in enumerate(dims):
+        inv[d] = k
+    return tuple(inv)
+
+
+def grad_expanded(grad, input_shape, dim, keepdim):
+    """A reduction's gradient (or result) broadcast back to the input's shape."""
+    from tilewise.ops.reductions import reduced_count  # noqa: F401  (keeps dim semantics in one place)
+
+    dims = S.normalize_dims(dim if dim not in ((), []) else None, len(input_shape))
+    if not keepdim:
+        for d in dims:
+            grad = grad.unsqueeze(d)
+    return grad.expand(input_shape)
+
+
+def expand_reduced(grad, input_shape, dim, keepdim):
+    return grad_expanded(grad, input_shape, dim, keepdim)
+
+
+def minmax_backward(grad, self, result, dim, keepdim):
+    """amax/amin: the gradient is shared evenly among the elements that attain the extremum."""
+    mask = (self == grad_expanded(result, self.shape, dim, keepdim)).to(grad.dtype)
+    count = mask.sum(dim if dim not in ((), []) else None, keepdim=True)
+    return grad_expanded(grad, self.shape, dim, keepdim) * mask / count
+
+
+def prod_backward(grad, self, result, dim, keepdim):
+    """d prod / d x_i = product of the other elements; computed without dividing, so zeros are handled."""
+    if dim in (None, (), []):
+        flat = self.reshape(-1)
+        others = _exclusive_products(flat, 0).reshape(self.shape)
+        return grad_expanded(grad, self.shape, None, keepdim) * others
+    (d,) = S.normalize_dims(dim, self.ndim)
+    return grad_expanded(grad, self.shape, dim, keepdim) * _exclusive_products(self, d)
+
+
+def _exclusive_products(x, dim):
+    from tilewise.ops.creation import ones_like
+
+    n = x.shape[dim]
+    if n == 0:
+        return x
+    one = ones_like(x.narrow(dim, 0, 1))
+    from tilewise import cat
+
+    before = cat([one, x.narrow(dim, 0, n - 1)], dim).cumprod(dim)
+    flipped = x.flip([dim])
+    after = cat([one, flipped.narrow(dim, 0, n - 1)], dim).cumprod(dim).flip([dim])
+    return before * after
+
+
+def select_backward_indices(grad, input_shape, dim, indices, keepdim):
+    """max.dim/min.dim/sort-like ops: route each gradient to the index it came from."""
+    from tilewise.ops.creation import zeros
+
+    d = S.normalize_dim(dim, len(input_shape))
+    if not keepdim and len(input_shape) > 0:
+        grad, indices = grad.unsqueeze(d), indices.unsqueeze(d)
+    return zeros(input_shape, dtype=grad.dtype, device=grad.device).scatter(d, indices, grad)
+
+
+def view_backward(grad, op_name: str, input_shape, *args):
+    from tilewise.ops.registry import OPS
+    from tilewise.ops.views import view_geometry
+
+    shape, strides, offset = view_geometry(op_name, tuple(input_shape), *args)
+    return OPS["view_scatter_add"](grad, tuple(input_shape), tuple(shape), tuple(strides), offset)
+
+
+def clamp_mask(self, lo, hi):
+    mask = None
+    if lo is not None:
+        mask = self >= lo
+    if hi is not None:
+        upper = self <= hi
+        mask = upper if mask is None else mask & upper
+    return mask
+
+
+def gelu_second_derivative(x, approximate: str):
+    import math
+
+    if approximate == "tanh":
+        k = math.sqrt(2.0 / math.pi)
+        inner = k * (x + 0.044715 * x * x * x)
+        t = inner.tanh()
+        d_inner = k * (1 + 3 * 0.044715 * x * x)
+        sech2 = 1 - t * t
+        return sech2 * d_inner + 0.5 * x * (-2 * t * sech2 * d_inner * d_inner + sech2 * k * 6 * 0.044715 * x)
+    pdf = (-0.5 * x * x).exp() / math.sqrt(2.0 * math.pi)
+    return pdf * (2 - x * x)
+
+
+HELPERS = {name: obj for name, obj in globals().items() if callable(obj) and not name.startswith("_")
+           and getattr(obj, "__module__", "") == __name__}

@@ -1,0 +1,215 @@
+"""Indexing: ``x[...]`` reads and writes, gather/scatter, and the advanced-indexing primitives.
+
+Basic indexing (ints, slices, None, Ellipsis) is a chain of views. Any tensor or list index makes it
+advanced: the basic part is applied as views first, then one ``index`` primitive gathers with numpy's
+(= torch's) broadcasting rules. ``x[i] = v`` writes through ``index_put_``, so autograd sees one in-place
+operator on ``x`` whichever kind of index was used.
+"""
+
+from __future__ import annotations
+
+from numbers import Number
+
+from tilewise import _strides as S
+from tilewise.ops import dtype_rules as R
+from tilewise.ops.registry import declare
+from tilewise.tensor import Tensor
+
+declare("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", "index", dtype=R.first_input,
+        grad={"self": "index_put(zeros_like(self), indices, grad, True)"}, method=False)
+declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor", "index",
+        dtype=R.first_input,
+        grad={"self": "grad if accumulate else index_put(grad, indices, zeros((), dtype=grad.dtype, device=grad.device), "
+                      "False)",
+              "values": "grad[indices_tuple(indices)]"}, inplace=True)
+declare("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", "index",
+        dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)"})
+declare("scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
+        grad={"self": "grad.scatter(dim, index, zeros_like(src))", "src": "grad.gather(dim, index)"}, inplace=True)
+declare("scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor", "index", dtype=R.first_input,
+        grad={"self": "grad.scatter(dim, index, 0)"}, inplace=True)
+declare("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
+        grad={"self": "grad", "src": "grad.gather(dim, index)"}, inplace=True)
+declare("nonzero(Tensor self) -> Tensor", "index", differentiable=False,
+        doc="Positions of non-zero elements, one row of coordinates each (data-dependent shape).")
+declare("masked_fill(Tensor self, Tensor mask, Tensor value) -> Tensor", "composite",
+        decomposition=lambda self, mask, value: _masked_fill(self, mask, value), inplace=True)
+
+
+def _masked_fill(self, mask, value):
+    from tilewise.ops.registry import OVERLOADS
+
+    if type(mask) is not Tensor or mask.dtype.name != "bool":
+        raise RuntimeError(f"masked_fill: expected a bool mask tensor, got {getattr(mask, 'dtype', type(mask))}")
+    if isinstance(value, Tensor) and value.ndim != 0:
+        raise RuntimeError(f"masked_fill only supports a 0-dimensional value tensor, but got tensor with "
+                           f"{value.ndim} dimension(s)")
+    if isinstance(value, Tensor):
+        value = value.to(self.dtype)
+    elif isinstance(value, Number) and not self.dtype.is_floating_point and isinstance(value, float):
+        raise RuntimeError(f"masked_fill: value {value} cannot be converted to {self.dtype} without overflow")
+    where = OVERLOADS["where"][0]
+    out = where(mask, value, self)
+    return out if out.dtype is self.dtype else out.to(self.dtype)
+
+
+def indices_tuple(indices):
+    return tuple(slice(None) if i is None else i for i in indices)
+
+
+# ---------------------------------------------------------------------------- __getitem__ / __setitem__
+
+def _is_advanced(item) -> bool:
+    return isinstance(item, (Tensor, list)) or (hasattr(item, "__array__") and not isinstance(item, Number))
+
+
+def _expand_ellipsis(items: tuple, ndim: int) -> tuple:
+    consumed = sum(1 for it in items if it is not None and it is not Ellipsis and not isinstance(it, bool)
+                   and not (isinstance(it, Tensor) and it.dtype.name == "bool" and it.ndim > 1))
+    consumed += sum(it.ndim - 1 for it in items if isinstance(it, Tensor) and it.dtype.name == "bool" and it.ndim > 1)
+    if sum(it is Ellipsis for it in items) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if consumed > ndim:
+        raise IndexError(f"too many indices for tensor of dimension {ndim}")
+    out = []
+    for it in items:
+        if it is Ellipsis:
+            out.extend([slice(None)] * (ndim - consumed))
+        else:
+            out.append(it)
+    if not any(it is Ellipsis for it in items):
+        out.extend([slice(None)] * (ndim - consumed))
+    return tuple(out)
+
+
+def _to_index_tensor(item, device):
+    from tilewise.tensor import tensor
+
+    if isinstance(item, Tensor):
+        t = item
+    else:
+        t = tensor(item)
+        if t.dtype.is_floating_point:
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+    if t.dtype.is_floating_point:
+        raise IndexError(f"tensors used as indices must be long, int, byte or bool tensors, got {t.dtype}")
+    return t.to(device) if t.device != device and t.ndim > 0 else t
+
+
+def parse_index(x: Tensor, item):
+    """Apply the basic part of an index as views; return (view, per-dim advanced indices or None)."""
+    items = item if isinstance(item, tuple) else (item,)
+    items = _expand_ellipsis(items, x.ndim)
+    out = x
+    dim = 0
+    advanced: list = []
+    for it in items:
+        if it is None:
+            out = out.unsqueeze(dim)
+            advanced.append(None)
+            dim += 1
+        elif isinstance(it, bool):
+            out = out.unsqueeze(dim)
+            if not it:
+                out = _slice(out, dim, 0, 0)
+            advanced.append(None)
+            dim += 1
+        elif isinstance(it, slice):
+            if it.step is not None and it.step <= 0:
+                raise ValueError("step must be greater than zero")
+            if it != slice(None):
+                out = _slice(out, dim, _int(it.start), _int(it.stop), _int(it.step) or 1)
+            advanced.append(None)
+            dim += 1
+        elif isinstance(it, Tensor) and it.ndim == 0 and not it.dtype.is_floating_point and it.dtype.name != "bool":
+            out = out.select(dim, int(it.item()))
+        elif isinstance(it, int) or (hasattr(it, "__index__") and not _is_advanced(it)):
+            out = out.select(dim, it.__index__())
+        elif _is_advanced(it):
+            t = _to_index_tensor(it, x.device)
+            if t.dtype.name in ("bool", "uint8"):
+                if t.shape != out.shape[dim:dim + t.ndim]:
+                    raise IndexError(f"The shape of the mask {list(t.shape)} at index {dim} does not match the shape "
+                                     f"of the indexed tensor {list(out.shape)}")
+                for nz in t.nonzero().unbind(1) if t.ndim else (t.long().nonzero().reshape(-1),):
+                    advanced.append(nz)
+                dim += max(t.ndim, 1)
+                if t.ndim == 0:
+                    out = out.unsqueeze(dim - 1)
+            else:
+                advanced.append(t)
+                dim += 1
+        else:
+            raise IndexError(f"only integers, slices (`:`), ellipsis (`...`), None and long or bool tensors are "
+                             f"valid indices, got {type(it).__name__}")
+    if all(a is None for a in advanced):
+        return out, None
+    return out, advanced + [None] * (out.ndim - len(advanced))
+
+
+def _slice(x, dim, start, end, step=1):
+    from tilewise.ops.registry import OPS
+
+    return OPS["slice"](x, dim, start, end, step)
+
+
+def _int(v):
+    if v is None:
+        return None
+    return v.__index__()
+
+
+def getitem(x: Tensor, item):
+    from tilewise.ops.registry import OPS
+
+    view, advanced = parse_index(x, item)
+    if advanced is None:
+        return view
+    return OPS["index.Tensor"](view, _trim(advanced))
+
+
+def _trim(advanced: list) -> tuple:
+    while advanced and advanced[-1] is None:
+        advanced = advanced[:-1]
+    return tuple(advanced)
+
+
+def setitem(x: Tensor, item, value) -> None:
+    from tilewise.dispatch import STATE
+
+    needs_graph = STATE.grad_enabled and (x.requires_grad or (isinstance(value, Tensor) and value.requires_grad))
+    view, advanced = parse_index(x, item)
+    if advanced is None and _same_view(view, value):
+        return  # `x[i] += 1` already wrote through the view; Python's setitem afterwards has nothing to do
+    if advanced is None and not needs_graph and x._trace is None:
+        if isinstance(value, Tensor):
+            value = value.to(x.dtype, x.device) if value.dtype is not x.dtype or value.device != x.device else value
+        view.copy_(value)
+        return
+    x.index_put_(_full_indices(x, item), _as_value(value, x), False)
+
+
+def _same_view(view: Tensor, value) -> bool:
+    return (isinstance(value, Tensor) and value._storage is view._storage and value._shape == view._shape
+            and value._strides == view._strides and value._offset == view._offset and value._storage is not None)
+
+
+def _as_value(value, x: Tensor):
+    from tilewise.tensor import tensor
+
+    if isinstance(value, Tensor):
+        return value
+    return tensor(value, dtype=x.dtype, device=x.device)
+
+
+def _full_indices(x: Tensor, item) -> tuple:
+    """Rewrite any index as advanced indices over every dim of x, so one index_put_ covers basic indexing too:
+    index a tensor of element positions the same way, then split the positions into coordinates."""
+    from tilewise.ops.creation import arange
+
+    covered = getitem(arange(x.numel(), device=x.device).view(x.shape), item)
+    coords = []
+    for size in reversed(x.shape):
+        coords.append(covered % size)
+        covered = covered // size
+    return tuple(reversed(coords))

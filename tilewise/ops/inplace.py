@@ -1,0 +1,93 @@
+"""In-place operators, derived from their out-of-place form: compute, check, write back, rebase history.
+
+``x.add_(y)`` runs ``add(x, y)`` through the dispatcher (so autograd records an ordinary node), checks that
+the result fits ``x`` (shape and dtype, with torch's messages), writes it into ``x``'s memory, bumps the
+storage version, and makes the node the new ``grad_fn`` of ``x``. When the node will save ``x`` itself,
+the op is given a clone, because the write would otherwise invalidate the saved value.
+"""
+
+from __future__ import annotations
+
+from tilewise.dispatch import STATE
+from tilewise.dtypes import can_cast
+from tilewise.tensor import Tensor
+
+
+def _any_requires_grad(args, kwargs) -> bool:
+    for a in (*args, *kwargs.values()):
+        if type(a) is Tensor and a._requires_grad:
+            return True
+        if isinstance(a, (list, tuple)) and any(type(b) is Tensor and b._requires_grad for b in a):
+            return True
+    return False
+
+
+def check_inplace_allowed(self: Tensor, name: str) -> None:
+    if self.grad_fn is None and self._requires_grad and self._base is None:
+        raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an in-place operation; "
+                           "wrap it in `with tilewise.no_grad():` or use the out-of-place form")
+    base = self._base
+    if base is not None and base.grad_fn is None and base._requires_grad:
+        raise RuntimeError(f"{name}: a view of a leaf Variable that requires grad is being used in an in-place "
+                           "operation; wrap it in `with tilewise.no_grad():` or clone() the leaf first")
+    if base is not None and not (base.is_contiguous() and base._offset == 0):
+        raise RuntimeError(f"{name}: in-place writes through a view need a contiguous base to be recorded for "
+                           "autograd; call .contiguous() on the base tensor first")
+
+
+def _rebase_view_history(view: Tensor, result: Tensor) -> None:
+    """An in-place write through a view changes its base: record it as ``base = view_scatter(base, result)``
+    and make the view a fresh strided view of the new base (torch's CopySlices, in two ordinary ops)."""
+    from tilewise.ops.registry import OPS
+
+    base = view._base
+    geometry = (view._shape, view._strides, view._offset)
+    new_base = OPS["view_scatter"](base, result, *geometry)
+    base.grad_fn, base._output_nr, base._requires_grad = new_base.grad_fn, new_base._output_nr, True
+    new_view = OPS["as_strided"](base, *geometry)
+    view.grad_fn, view._output_nr, view._requires_grad = new_view.grad_fn, new_view._output_nr, True
+
+
+def make_inplace(fn, name: str):
+    from tilewise.ops.registry import OVERLOADS
+
+    saves_self = any("self" in op.saved_params for op in OVERLOADS[name])
+
+    def inplace(self, *args, **kwargs):
+        recording = STATE.grad_enabled and (self._requires_grad or _any_requires_grad(args, kwargs))
+        if recording:
+            check_inplace_allowed(self, f"{name}_")
+        source = self.clone() if recording and saves_self and self._requires_grad else self
+        return commit(self, fn(source, *args, **kwargs), f"{name}_")
+
+    inplace.__name__ = f"{name}_"
+    return inplace
+
+
+def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False) -> Tensor:
+    """Write ``result`` into ``self`` and hand it ``result``'s autograd identity."""
+    from tilewise.ops.registry import OPS
+
+    if result._shape != self._shape:
+        raise RuntimeError(f"{name}: output with shape {list(self._shape)} doesn't match the broadcast shape "
+                           f"{list(result._shape)}")
+    if result._dtype is not self._dtype:
+        if not allow_any_cast and not can_cast(result._dtype, self._dtype):
+            raise RuntimeError(f"{name}: result type {result._dtype.name} can't be cast to the desired output type "
+                               f"{self._dtype.name}")
+        result = result.to(self._dtype)
+    if STATE.grad_enabled and result._requires_grad:
+        check_inplace_allowed(self, name)
+    prev = STATE.grad_enabled
+    STATE.grad_enabled = False
+    try:
+        OPS["_write_"](self, result)
+    finally:
+        STATE.grad_enabled = prev
+    if prev and result._requires_grad:
+        if self._base is not None:
+            _rebase_view_history(self, result)
+        else:
+            self.grad_fn, self._output_nr, self._requires_grad = result.grad_fn, result._output_nr, True
+    self._bump_version()
+    return self

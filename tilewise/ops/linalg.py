@@ -1,0 +1,86 @@
+"""Matrix products. ``mm`` and ``bmm`` are the primitives (a library call on CUDA); everything else composes."""
+
+from __future__ import annotations
+
+from tilewise.dtypes import compute_dtype
+from tilewise.ops.registry import declare
+
+
+def same_dtype(op, args):
+    a, b = args[0], args[1]
+    if a.dtype is not b.dtype:
+        raise RuntimeError(f"{op.name}: expected both operands to have the same dtype, but got {a.dtype.name} for "
+                           f"self and {b.dtype.name} for mat2; convert one with .to()")
+    return a.dtype, compute_dtype(a.dtype)
+
+
+declare("mm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=same_dtype, autocast="lower",
+        grad={"self": "grad.mm(mat2.t())", "mat2": "self.t().mm(grad)"})
+declare("bmm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=same_dtype, autocast="lower",
+        grad={"self": "grad.bmm(mat2.transpose(1, 2))", "mat2": "self.transpose(1, 2).bmm(grad)"})
+
+
+def _check_matmul(a, b):
+    if a.ndim == 0 or b.ndim == 0:
+        raise RuntimeError(f"matmul: both arguments to matmul need to be at least 1D, but they are {a.ndim}D and "
+                           f"{b.ndim}D")
+    ka = a.shape[-1]
+    kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
+    if ka != kb:
+        left = "x".join(map(str, a.shape if a.ndim > 1 else (1,) + a.shape))
+        right = "x".join(map(str, b.shape if b.ndim > 1 else b.shape + (1,)))
+        raise RuntimeError(f"matmul: mat1 and mat2 shapes cannot be multiplied ({left} and {right}); the last dim of "
+                           "the first must equal the second-to-last dim of the second")
+
+
+def _matmul(a, b):
+    from tilewise import _strides as S
+
+    _check_matmul(a, b)
+    if a.ndim == 1 and b.ndim == 1:
+        return (a * b).sum()
+    if a.ndim == 2 and b.ndim == 2:
+        return a.mm(b)
+    if a.ndim == 1:
+        return _matmul(a.unsqueeze(0), b).squeeze(-2)
+    if b.ndim == 1:
+        return _matmul(a, b.unsqueeze(-1)).squeeze(-1)
+    if b.ndim == 2:  # fold the batch dims of a into rows: one GEMM
+        rows = a.reshape(-1, a.shape[-1])
+        return rows.mm(b).view(a.shape[:-1] + (b.shape[-1],))
+    batch = S.broadcast_shapes(a.shape[:-2], b.shape[:-2], op="matmul")
+    a3 = a.expand(batch + a.shape[-2:]).reshape(-1, *a.shape[-2:])
+    b3 = b.expand(batch + b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    return a3.bmm(b3).view(batch + (a.shape[-2], b.shape[-1]))
+
+
+declare("matmul(Tensor self, Tensor other) -> Tensor", "composite", decomposition=_matmul, dunder=("matmul",))
+declare("rmatmul(Tensor self, Tensor other) -> Tensor", "composite", decomposition=lambda a, b: _matmul(b, a),
+        method=False, dunder=("rmatmul",), public=False)
+
+
+def _linear(x, weight, bias=None):
+    out = x.matmul(weight.t())
+    return out + bias if bias is not None else out
+
+
+declare("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", "composite", decomposition=_linear,
+        method=False)
+declare("addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
+        decomposition=lambda s, m1, m2, beta=1, alpha=1: s * beta + m1.mm(m2) * alpha)
+declare("baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
+        decomposition=lambda s, b1, b2, beta=1, alpha=1: s * beta + b1.bmm(b2) * alpha)
+declare("outer(Tensor self, Tensor vec2) -> Tensor", "composite",
+        decomposition=lambda a, b: a.unsqueeze(1) * b.unsqueeze(0), aliases=("ger",))
+
+
+def _dot(a, b):
+    if a.ndim != 1 or b.ndim != 1:
+        raise RuntimeError(f"dot: 1D tensors expected, but got {a.ndim}D and {b.ndim}D tensors")
+    if a.shape != b.shape:
+        raise RuntimeError(f"dot: inconsistent tensor size, expected tensor [{a.shape[0]}] and src [{b.shape[0]}] to "
+                           "have the same number of elements")
+    return (a * b).sum()
+
+
+declare("dot(Tensor self, Tensor tensor) -> Tensor", "composite", decomposition=_dot, aliases=("inner",))

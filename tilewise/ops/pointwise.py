@@ -1,0 +1,264 @@
+"""Pointwise operators: meaning as a scalar expression, derivative as a formula, dtype rule.
+
+Each row is the whole definition of an operator; kernels (numpy, C, CUDA), methods, in-place forms and
+autograd all derive from it. Activations whose meaning is a short expression of primitives (gelu, silu,
+mish, ...) are pointwise operators too: their expression *is* their decomposition, and the compiler fuses
+it like any other pointwise chain; their derivatives are written out for numerical stability.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tilewise.ops import dtype_rules as R
+from tilewise.ops.expr import Expr, where
+from tilewise.ops.registry import declare
+
+
+def pointwise(schema: str, expr, grad: dict | None = None, dtype=R.promote, **attrs):
+    return declare(schema, "pointwise", expr=expr, grad=grad, dtype=dtype, **attrs)
+
+
+def unary(name: str, expr, grad: str | None, dtype=R.promote_float, **attrs):
+    return pointwise(f"{name}(Tensor self) -> Tensor", expr, {"self": grad} if grad else None, dtype, **attrs)
+
+
+SQRT_2 = math.sqrt(2.0)
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _in(k: int) -> Expr:
+    return Expr("input", (), k)
+
+
+def softplus_expr(x):
+    return where(x.gt(20), x, x.exp().log1p())
+
+
+def gelu_expr(x, approximate: str):
+    if approximate == "tanh":
+        return 0.5 * x * (1 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+    return 0.5 * x * (1 + (x / SQRT_2).erf())
+
+
+def gelu_backward_expr(g, x, approximate: str):
+    if approximate == "tanh":
+        inner = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+        t = inner.tanh()
+        d_inner = SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+        return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * d_inner)
+    cdf = 0.5 * (1 + (x / SQRT_2).erf())
+    pdf = INV_SQRT_2PI * (-0.5 * x * x).exp()
+    return g * (cdf + x * pdf)
+
+
+def clamp_expr(x, lo, hi):
+    out = x
+    if lo is not None:
+        out = out.maximum(lo)
+    if hi is not None:
+        out = out.minimum(hi)
+    return out
+
+
+def nan_to_num_expr(x, nan, posinf, neginf, dtype):
+    from tilewise.dtypes import finfo
+
+    if not dtype.is_floating_point:
+        return x
+    info = finfo(dtype)
+    hi = info.max if posinf is None else posinf
+    lo = info.min if neginf is None else neginf
+    return where(x.isnan(), nan if nan is not None else 0.0, where(x.isinf(), where(x.gt(0), hi, lo), x))
+
+
+
+# Builders for operators whose expression depends on a string or optional argument: called with the
+# bound arguments and the compute dtype, they return one Expr per distinct argument value.
+def _gelu(args, dtype):
+    return gelu_expr(_in(0), args[1])
+
+
+def _gelu_backward(args, dtype):
+    return gelu_backward_expr(_in(0), _in(1), args[2])
+
+
+def _clamp(args, dtype):
+    return clamp_expr(_in(0), None if args[1] is None else _in(1), None if args[2] is None else _in(2))
+
+
+def _nan_to_num(args, dtype):
+    return nan_to_num_expr(_in(0), args[1], args[2], args[3], dtype)
+
+
+# ---------------------------------------------------------------- arithmetic
+pointwise("add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+          lambda a, b, alpha: a + b * alpha, {"self": "grad", "other": "grad * alpha"}, dunder=("add", "radd"))
+pointwise("sub(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+          lambda a, b, alpha: a - b * alpha, {"self": "grad", "other": "-grad * alpha"}, dunder=("sub",),
+          aliases=("subtract",))
+pointwise("rsub(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+          lambda a, b, alpha: b - a * alpha, {"self": "-grad * alpha", "other": "grad"}, method=False,
+          dunder=("rsub",), inplace=False)
+pointwise("mul(Tensor self, Tensor other) -> Tensor",
+          lambda a, b: a * b, {"self": "grad * other", "other": "grad * self"}, dunder=("mul", "rmul"),
+          aliases=("multiply",))
+pointwise("div(Tensor self, Tensor other, *, str? rounding_mode=None) -> Tensor",
+          lambda a, b, mode: a / b, {"self": "grad / other", "other": "-grad * self / (other * other)"},
+          R.promote_float, dunder=("truediv",), aliases=("divide", "true_divide"))
+pointwise("rdiv(Tensor self, Tensor other) -> Tensor",
+          lambda a, b: b / a, {"self": "-grad * other / (self * self)", "other": "grad / self"}, R.promote_float,
+          method=False, dunder=("rtruediv",), inplace=False)
+pointwise("floor_divide(Tensor self, Tensor other) -> Tensor", lambda a, b: a.floordiv(b), None,
+          dunder=("floordiv",), differentiable=False)
+pointwise("remainder(Tensor self, Tensor other) -> Tensor", lambda a, b: a.mod(b),
+          {"self": "grad", "other": "-grad * floor_divide(self, other)"}, dunder=("mod",))
+pointwise("fmod(Tensor self, Tensor other) -> Tensor", lambda a, b: a.fmod(b),
+          {"self": "grad", "other": "-grad * trunc(self / other)"})
+pointwise("pow(Tensor self, Tensor exponent) -> Tensor", lambda a, b: a ** b,
+          {"self": "grad * exponent * where(exponent == 0, ones_like(self), self ** (exponent - 1))",
+           "exponent": "grad * where((self == 0) & (exponent >= 0), zeros_like(result), result * log(self))"},
+          dunder=("pow",))
+pointwise("rpow(Tensor self, Tensor other) -> Tensor", lambda a, b: b ** a,
+          {"self": "grad * result * log(other)", "other": "grad * self * other ** (self - 1)"},
+          method=False, inplace=False, dunder=("rpow",))
+pointwise("neg(Tensor self) -> Tensor", lambda x: -x, {"self": "-grad"}, dunder=("neg",), aliases=("negative",))
+pointwise("abs(Tensor self) -> Tensor", lambda x: x.abs(), {"self": "grad * sign(self)"}, dunder=("abs",),
+          aliases=("absolute",))
+pointwise("sign(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_like(grad)"})
+pointwise("sgn(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_like(grad)"})
+pointwise("lerp(Tensor self, Tensor end, Tensor weight) -> Tensor", lambda a, b, w: a + w * (b - a),
+          {"self": "grad * (1 - weight)", "end": "grad * weight", "weight": "grad * (end - self)"})
+pointwise("atan2(Tensor self, Tensor other) -> Tensor", lambda a, b: a.atan2(b),
+          {"self": "grad * other / (self * self + other * other)",
+           "other": "-grad * self / (self * self + other * other)"}, R.promote_float, aliases=("arctan2",))
+pointwise("maximum(Tensor self, Tensor other) -> Tensor", lambda a, b: a.maximum(b),
+          {"self": "grad * ((self > other) + 0.5 * (self == other))",
+           "other": "grad * ((other > self) + 0.5 * (self == other))"})
+pointwise("minimum(Tensor self, Tensor other) -> Tensor", lambda a, b: a.minimum(b),
+          {"self": "grad * ((self < other) + 0.5 * (self == other))",
+           "other": "grad * ((other < self) + 0.5 * (self == other))"})
+pointwise("clamp(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor", None,
+          {"self": "grad * clamp_mask(self, min, max)", "min": "grad * (self < min)", "max": "grad * (self > max)"},
+          aliases=("clip",), expr_builder=_clamp)
+pointwise("copysign(Tensor self, Tensor other) -> Tensor", lambda a, b: a.copysign(b),
+          {"self": "grad * sign(self) * where(signbit(other), -ones_like(grad), ones_like(grad))",
+           "other": "zeros_like(grad)"}, R.promote_float)
+
+# ---------------------------------------------------------------- exponentials, logs, powers
+unary("exp", lambda x: x.exp(), "grad * result")
+unary("exp2", lambda x: x.exp2(), f"grad * result * {math.log(2.0)}")
+unary("expm1", lambda x: x.expm1(), "grad * (result + 1)")
+unary("log", lambda x: x.log(), "grad / self")
+unary("log2", lambda x: x.log2(), f"grad / (self * {math.log(2.0)})")
+unary("log10", lambda x: x.log10(), f"grad / (self * {math.log(10.0)})")
+unary("log1p", lambda x: x.log1p(), "grad / (self + 1)")
+unary("sqrt", lambda x: x.sqrt(), "grad / (2 * result)")
+unary("rsqrt", lambda x: x.rsqrt(), "-0.5 * grad * result * result * result")
+unary("reciprocal", lambda x: x.reciprocal(), "-grad * result * result")
+unary("square", lambda x: x * x, "2 * grad * self", dtype=R.promote)
+
+# ---------------------------------------------------------------- trigonometric and hyperbolic
+unary("sin", lambda x: x.sin(), "grad * cos(self)")
+unary("cos", lambda x: x.cos(), "-grad * sin(self)")
+unary("tan", lambda x: x.tan(), "grad * (1 + result * result)")
+unary("asin", lambda x: x.asin(), "grad * rsqrt(1 - self * self)", aliases=("arcsin",))
+unary("acos", lambda x: x.acos(), "-grad * rsqrt(1 - self * self)", aliases=("arccos",))
+unary("atan", lambda x: x.atan(), "grad / (1 + self * self)", aliases=("arctan",))
+unary("sinh", lambda x: x.sinh(), "grad * cosh(self)")
+unary("cosh", lambda x: x.cosh(), "grad * sinh(self)")
+unary("tanh", lambda x: x.tanh(), "grad * (1 - result * result)")
+unary("sigmoid", lambda x: 1 / (1 + (-x).exp()), "grad * result * (1 - result)")
+unary("erf", lambda x: x.erf(), f"grad * {2 / math.sqrt(math.pi)} * exp(-self * self)")
+unary("erfinv", lambda x: x.erfinv(), f"grad * {math.sqrt(math.pi) / 2} * exp(result * result)")
+
+# ---------------------------------------------------------------- rounding (zero gradient, like torch)
+for _name in ("floor", "ceil", "round", "trunc"):
+    unary(_name, lambda x, _n=_name: getattr(x, _n)(), "zeros_like(grad)", dtype=R.promote)
+unary("fix", lambda x: x.trunc(), "zeros_like(grad)", dtype=R.promote)
+unary("frac", lambda x: x - x.trunc(), "grad", dtype=R.promote)
+
+# ---------------------------------------------------------------- comparisons and logic
+for _name, _dunder in (("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge")):
+    pointwise(f"{_name}(Tensor self, Tensor other) -> Tensor", lambda a, b, _n=_name: getattr(a, _n)(b), None,
+              R.compare, dunder=(_dunder,), differentiable=False)
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    pointwise(f"{_name}(Tensor self, Tensor other) -> Tensor", lambda a, b, _n=_name: getattr(a, _n)(b), None,
+              R.logical, differentiable=False)
+pointwise("logical_not(Tensor self) -> Tensor", lambda x: x.logical_not(), None, R.logical, differentiable=False)
+for _name, _dunder in (("bitwise_and", ("and", "rand")), ("bitwise_or", ("or", "ror")),
+                       ("bitwise_xor", ("xor", "rxor"))):
+    pointwise(f"{_name}(Tensor self, Tensor other) -> Tensor", lambda a, b, _n=_name: getattr(a, _n)(b), None,
+              R.integral, dunder=_dunder, differentiable=False)
+pointwise("bitwise_not(Tensor self) -> Tensor", lambda x: x.bitwise_not(), None, R.integral, dunder=("invert",),
+          differentiable=False)
+pointwise("bitwise_left_shift(Tensor self, Tensor other) -> Tensor", lambda a, b: a.lshift(b), None, R.integral,
+          dunder=("lshift",), differentiable=False)
+pointwise("bitwise_right_shift(Tensor self, Tensor other) -> Tensor", lambda a, b: a.rshift(b), None, R.integral,
+          dunder=("rshift",), differentiable=False)
+pointwise("isnan(Tensor self) -> Tensor", lambda x: x.isnan(), None, R.logical_from_input, differentiable=False)
+pointwise("isinf(Tensor self) -> Tensor", lambda x: x.isinf(), None, R.logical_from_input, differentiable=False)
+pointwise("isfinite(Tensor self) -> Tensor", lambda x: (x.isnan().logical_or(x.isinf())).logical_not(), None,
+          R.logical_from_input, differentiable=False)
+pointwise("isposinf(Tensor self) -> Tensor", lambda x: x.isinf().logical_and(x.gt(0)), None, R.logical_from_input,
+          differentiable=False)
+pointwise("isneginf(Tensor self) -> Tensor", lambda x: x.isinf().logical_and(x.lt(0)), None, R.logical_from_input,
+          differentiable=False)
+pointwise("signbit(Tensor self) -> Tensor", lambda x: x.signbit(), None, R.logical_from_input, differentiable=False)
+pointwise("where.self(Tensor condition, Tensor self, Tensor other) -> Tensor", lambda c, a, b: where(c, a, b),
+          {"self": "where(condition, grad, zeros_like(grad))", "other": "where(condition, zeros_like(grad), grad)"},
+          R.where_rule, method=False)
+pointwise("nan_to_num(Tensor self, float? nan=0.0, float? posinf=None, float? neginf=None) -> Tensor",
+          None, {"self": "grad * isfinite(self)"}, expr_builder=_nan_to_num)
+
+# ---------------------------------------------------------------- activations
+pointwise("relu(Tensor self) -> Tensor", lambda x: x.maximum(0), {"self": "grad * (result > 0)"})
+pointwise("relu6(Tensor self) -> Tensor", lambda x: x.maximum(0).minimum(6),
+          {"self": "grad * ((self > 0) & (self < 6))"}, method=False)
+pointwise("leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor",
+          lambda x, s: where(x.gt(0), x, x * s), {"self": "where(self > 0, grad, grad * negative_slope)"},
+          method=False)
+pointwise("threshold(Tensor self, Scalar threshold, Scalar value) -> Tensor",
+          lambda x, t, v: where(x.gt(t), x, v), {"self": "grad * (self > threshold)"}, method=False)
+pointwise("hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor",
+          lambda x, lo, hi: x.maximum(lo).minimum(hi), {"self": "grad * ((self > min_val) & (self < max_val))"},
+          method=False)
+pointwise("gelu(Tensor self, *, str approximate='none') -> Tensor", None,
+          {"self": "gelu_backward(grad, self, approximate)"}, R.floating_only, expr_builder=_gelu, method=False)
+pointwise("silu(Tensor self) -> Tensor", lambda x: x / (1 + (-x).exp()),
+          {"self": "grad * sigmoid(self) * (1 + self * (1 - sigmoid(self)))"}, R.floating_only, method=False)
+pointwise("mish(Tensor self) -> Tensor", lambda x: x * softplus_expr(x).tanh(),
+          {"self": "grad * (tanh(softplus(self)) + self * sigmoid(self) * (1 - tanh(softplus(self)) ** 2))"},
+          R.floating_only, method=False)
+pointwise("softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor",
+          lambda x, beta, threshold: where((x * beta).gt(threshold), x, ((x * beta).exp().log1p()) / beta),
+          {"self": "where(self * beta > threshold, grad, grad * sigmoid(self * beta))"}, R.floating_only,
+          method=False)
+pointwise("hardswish(Tensor self) -> Tensor", lambda x: x * (x + 3).maximum(0).minimum(6) / 6,
+          {"self": "where(self < -3, zeros_like(grad), where(self <= 3, grad * (self / 3 + 0.5), grad))"},
+          R.floating_only, method=False)
+pointwise("hardsigmoid(Tensor self) -> Tensor", lambda x: (x + 3).maximum(0).minimum(6) / 6,
+          {"self": "grad * ((self > -3) & (self < 3)) / 6"}, R.floating_only, method=False)
+pointwise("elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor",
+          lambda x, alpha, scale, iscale: where(x.gt(0), x * scale, ((x * iscale).expm1()) * (alpha * scale)),
+          {"self": "where(self > 0, grad * scale, grad * input_scale * alpha * scale * exp(self * input_scale))"},
+          R.floating_only, method=False)
+pointwise("selu(Tensor self) -> Tensor",
+          lambda x: where(x.gt(0), x * 1.0507009873554804934193349852946,
+                          x.expm1() * (1.6732632423543772848170429916717 * 1.0507009873554804934193349852946)),
+          {"self": "where(self > 0, grad * 1.0507009873554804934193349852946, "
+                   "grad * 1.7580993408473768599402175208123 * exp(self))"}, R.floating_only, method=False)
+pointwise("celu(Tensor self, Scalar alpha=1.0) -> Tensor",
+          lambda x, alpha: where(x.gt(0), x, (x / alpha).expm1() * alpha),
+          {"self": "where(self > 0, grad, grad * exp(self / alpha))"}, R.floating_only, method=False)
+pointwise("softsign(Tensor self) -> Tensor", lambda x: x / (1 + x.abs()),
+          {"self": "grad / ((1 + abs(self)) * (1 + abs(self)))"}, R.floating_only, method=False)
+pointwise("logsigmoid(Tensor self) -> Tensor", lambda x: x.minimum(0) - (-x.abs()).exp().log1p(),
+          {"self": "grad * sigmoid(-self)"}, R.floating_only, method=False)
+pointwise("gelu_backward(Tensor grad_output, Tensor self, str approximate='none') -> Tensor", None,
+          {"grad_output": "gelu_backward(grad, self, approximate)",
+           "self": "grad * grad_output * gelu_second_derivative(self, approximate)"},
+          R.floating_only, expr_builder=_gelu_backward, method=False)
+
+

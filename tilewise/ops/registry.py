@@ -1,0 +1,203 @@
+"""The operator table: one ``OpDef`` per operator, built from one declaration.
+
+[Note: operator declarations] ``declare(...)`` takes everything tilewise knows about an operator — schema,
+kind, meaning (a scalar ``Expr`` for pointwise primitives, a combiner for reductions, stride arithmetic
+for views), dtype rule, derivative formulas, decomposition — and derives the rest: the argument binder,
+the public function, the Tensor method, operator dunders and the in-place variant. Derivative formulas
+are strings in the style of PyTorch's derivatives.yaml (``"grad * result"``); they are compiled once into
+Python functions over tilewise operators, so backward is itself differentiable and traceable, and the
+names a formula reads tell autograd exactly which values to save. Backends look operators up here by
+name; nothing else keeps a list of operators.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tilewise.ops.expr import Expr
+from tilewise.ops.schema import Schema, make_binder, parse_schema
+
+KINDS = ("pointwise", "reduction", "view", "composite", "creation", "random", "index", "matmul", "scan", "sort",
+         "copy", "other")
+
+_FORMULA_NAMESPACE: dict = {}
+OPS: dict[str, "OpDef"] = {}  # full name (name or name.overload) -> OpDef
+OVERLOADS: dict[str, list["OpDef"]] = {}  # public name -> overloads in resolution order
+
+
+@dataclass(eq=False)
+class Formula:
+    """A derivative formula: an expression over ``grad``, ``grads``, ``result`` and the op's arguments."""
+
+    text: str
+    uses: frozenset[str]
+    fn: Callable
+
+    def __call__(self, env: dict):
+        return self.fn(env)
+
+
+def compile_formula(text: str, param_names: tuple[str, ...]) -> Formula:
+    code = compile(text, f"<derivative {text}>", "eval")
+    names = set(code.co_names)
+    env_names = ("grad", "grads", "result", *param_names, *(f"{p}_shape" for p in param_names))
+    uses = frozenset(n for n in names if n in env_names)
+    unpack = "".join(f"    {n} = env[{n!r}]\n" for n in sorted(uses))
+    src = f"def _formula(env):\n{unpack}    return {text}\n"
+    scope: dict = {}
+    exec(compile(src, f"<derivative {text}>", "exec"), _FORMULA_NAMESPACE, scope)
+    return Formula(text, uses, scope["_formula"])
+
+
+@dataclass(eq=False)
+class OpDef:
+    schema: Schema
+    kind: str
+    dtype_rule: Callable | None = None
+    expr: Expr | None = None
+    derivatives: dict[str, Formula | None] = field(default_factory=dict)
+    decomposition: Callable | None = None
+    view: Callable | None = None
+    reduce: str | None = None
+    differentiable: bool = True
+    nondiff_outputs: tuple[int, ...] = ()
+    autocast: str | None = None  # "lower" (run in the autocast dtype), "fp32" (run in float32), None
+    doc: str = ""
+    binder: Callable = None
+    tensor_idx: tuple[int, ...] = ()
+    list_idx: tuple[int, ...] = ()
+    saved_params: frozenset[str] = frozenset()
+    saves_result: bool = False
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.schema.name
+
+    @property
+    def full_name(self) -> str:
+        return self.schema.full_name
+
+    def __call__(self, *args, **kwargs):
+        from tilewise.dispatch import call
+
+        return call(self, self.binder(*args, **kwargs))
+
+    def __repr__(self) -> str:
+        return f"<op {self.schema.text}>"
+
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.schema.params)
+
+    def differentiable_inputs(self) -> tuple[str, ...]:
+        return tuple(name for name, f in self.derivatives.items() if f is not None)
+
+
+def _symbolic_expr(fn: Callable, schema: Schema) -> Expr:
+    """Call a pointwise meaning once on symbolic scalars named after the schema's parameters."""
+    args, k = [], 0
+    for p in schema.params:
+        if p.type == "Tensor":
+            args.append(Expr("input", (), k))
+            k += 1
+        else:
+            args.append(Expr("scalar", (), p.name))
+    return fn(*args)
+
+
+def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Callable | None = None,
+            grad: dict[str, str | None] | None = None, decomposition: Callable | None = None,
+            view: Callable | None = None, reduce: str | None = None, differentiable: bool | None = None,
+            nondiff_outputs: tuple[int, ...] = (), autocast: str | None = None, doc: str = "", **attrs) -> OpDef:
+    if kind not in KINDS:
+        raise ValueError(f"unknown operator kind {kind!r}; kinds: {KINDS}")
+    s = parse_schema(schema)
+    if s.full_name in OPS:
+        raise ValueError(f"operator {s.full_name} declared twice")
+    param_names = tuple(p.name for p in s.params)
+    derivatives = {}
+    for name, text in (grad or {}).items():
+        if name not in param_names:
+            raise ValueError(f"{s.full_name}: derivative given for unknown input {name!r}")
+        derivatives[name] = compile_formula(text, param_names) if text is not None else None
+    uses = frozenset().union(*(f.uses for f in derivatives.values() if f is not None)) if derivatives else frozenset()
+    op = OpDef(
+        schema=s, kind=kind, dtype_rule=dtype, derivatives=derivatives, decomposition=decomposition, view=view,
+        reduce=reduce, differentiable=(bool(grad) or kind == "composite") if differentiable is None else differentiable,
+        nondiff_outputs=nondiff_outputs, autocast=autocast, doc=doc, attrs=attrs,
+        saved_params=frozenset(n for n in uses if n in param_names), saves_result="result" in uses,
+    )
+    if expr is not None:
+        op.expr = _symbolic_expr(expr, s)
+    op.binder = make_binder(s, s.name)
+    op.tensor_idx = tuple(k for k, p in enumerate(s.params) if p.is_tensor)
+    op.list_idx = tuple(k for k, p in enumerate(s.params) if p.is_tensor_list)
+    OPS[s.full_name] = op
+    OVERLOADS.setdefault(s.name, []).append(op)
+    return op
+
+
+def get(name: str) -> OpDef:
+    op = OPS.get(name)
+    if op is None:
+        raise KeyError(f"no operator named {name!r}")
+    return op
+
+
+def call(name: str, *args, **kwargs):
+    """Call an operator by name (resolving overloads), as the public function would."""
+    return public_function(name)(*args, **kwargs)
+
+
+def resolve(name: str, args: tuple, kwargs: dict):
+    """Pick the overload whose schema accepts the call; return (op, bound arguments)."""
+    overloads = OVERLOADS[name]
+    if len(overloads) == 1:
+        op = overloads[0]
+        return op, op.binder(*args, **kwargs)
+    errors = []
+    for op in overloads:
+        try:
+            return op, op.binder(*args, **kwargs)
+        except TypeError as exc:
+            errors.append(f"  {op.schema.text}: {exc}")
+    raise TypeError(f"{name}() received an invalid combination of arguments. Valid signatures:\n" + "\n".join(errors))
+
+
+_PUBLIC: dict[str, Callable] = {}
+
+
+def public_function(name: str) -> Callable:
+    fn = _PUBLIC.get(name)
+    if fn is not None:
+        return fn
+    from tilewise.dispatch import call as dispatch_call
+
+    overloads = OVERLOADS[name]
+    if len(overloads) == 1:
+        op = overloads[0]
+        binder = op.binder
+
+        def fn(*args, **kwargs):
+            return dispatch_call(op, binder(*args, **kwargs))
+
+        fn.__signature__ = inspect.signature(binder)
+    else:
+
+        def fn(*args, **kwargs):
+            op, bound = resolve(name, args, kwargs)
+            return dispatch_call(op, bound)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = "\n".join(o.schema.text for o in overloads) + ("\n\n" + overloads[0].doc if overloads[0].doc else "")
+    fn.__module__ = "tilewise"
+    _PUBLIC[name] = fn
+    return fn
+
+
+def set_formula_namespace(namespace: dict) -> None:
+    """Names derivative formulas may use (the public operators plus autograd helpers)."""
+    _FORMULA_NAMESPACE.clear()
+    _FORMULA_NAMESPACE.update(namespace)

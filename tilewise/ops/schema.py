@@ -1,0 +1,391 @@
+"""Operator schemas in PyTorch's schema language, and argument binders generated from them.
+
+[Note: schemas] ``add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor`` is parsed once into
+a ``Schema``; from it we generate (with ``exec``) a binder: a plain Python function with the operator's
+own name and signature, whose body normalises each argument (int-or-list dims, dtype and device objects)
+and checks its type. Letting CPython parse positional/keyword/default arguments keeps the per-call cost
+near a plain function call, and a wrong call fails like a wrong call to any Python function
+("add() got an unexpected keyword argument 'beta'"). Tensor parameters also accept Python numbers,
+which travel unwrapped as "wrapped numbers" for type promotion, as in torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from numbers import Number
+
+_ARG_RE = re.compile(r"^(?P<type>[A-Za-z]+(?:\[\d*\])?(?:\([a-z]!?\))?\??(?:\[\])?\??)\s+(?P<name>\w+)(?:=(?P<default>.+))?$")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: str  # base type: Tensor, int, float, bool, Scalar, str, ScalarType, Device, Generator, Layout
+    is_list: bool
+    list_len: int | None
+    optional: bool
+    kwarg_only: bool
+    default: object
+    has_default: bool
+    alias: str | None  # "a" for Tensor(a), "a!" for Tensor(a!)
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.type == "Tensor" and not self.is_list
+
+    @property
+    def is_tensor_list(self) -> bool:
+        return self.type == "Tensor" and self.is_list
+
+    @property
+    def mutated(self) -> bool:
+        return bool(self.alias and self.alias.endswith("!"))
+
+
+@dataclass(frozen=True)
+class Return:
+    name: str | None
+    type: str
+    alias: str | None
+
+
+@dataclass(frozen=True)
+class Schema:
+    name: str
+    overload: str
+    params: tuple[Param, ...]
+    returns: tuple[Return, ...]
+    text: str
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.name}.{self.overload}" if self.overload else self.name
+
+    @property
+    def tensor_params(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.type == "Tensor")
+
+    @property
+    def is_view(self) -> bool:
+        return any(r.alias and not r.alias.endswith("!") for r in self.returns)
+
+    @property
+    def is_inplace(self) -> bool:
+        return any(p.mutated for p in self.params)
+
+    def index(self, name: str) -> int:
+        for k, p in enumerate(self.params):
+            if p.name == name:
+                return k
+        raise KeyError(f"{self.full_name} has no parameter {name!r}")
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        parts.append("".join(cur).strip())
+    return parts
+
+
+def _parse_default(text: str, type_name: str):
+    text = text.strip()
+    if text == "None":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    if text.startswith("[") and text.endswith("]"):
+        inner = text[1:-1].strip()
+        return tuple(_parse_default(x, type_name) for x in inner.split(",")) if inner else ()
+    if text.startswith(("'", '"')):
+        return text[1:-1]
+    if re.fullmatch(r"-?\d+", text):
+        value = int(text)
+        return float(value) if type_name == "float" else value
+    try:
+        return float(text)
+    except ValueError:
+        return text  # e.g. contiguous_format
+
+
+def _parse_type(text: str) -> tuple[str, bool, int | None, bool, str | None]:
+    alias = None
+    m = re.search(r"\(([a-z]!?)\)", text)
+    if m:
+        alias = m.group(1)
+        text = text[: m.start()] + text[m.end():]
+    elements_optional = "?[" in text
+    text = text.replace("?[", "[")
+    optional = text.endswith("?") or elements_optional
+    text = text.rstrip("?")
+    is_list, list_len = False, None
+    m = re.fullmatch(r"(\w+)\[(\d*)\]\??", text)
+    if m:
+        text, is_list = m.group(1), True
+        list_len = int(m.group(2)) if m.group(2) else None
+    if text == "SymInt":
+        text = "int"
+    return text, is_list, list_len, optional, alias
+
+
+def parse_schema(text: str) -> Schema:
+    m = re.fullmatch(r"\s*([\w.]+)\s*\((.*)\)\s*->\s*(.+?)\s*", text)
+    if not m:
+        raise ValueError(f"malformed schema: {text!r}")
+    full, args, rets = m.groups()
+    name, _, overload = full.partition(".")
+    params, kwarg_only = [], False
+    for part in _split_top(args):
+        if part == "*":
+            kwarg_only = True
+            continue
+        pm = _ARG_RE.match(part)
+        if not pm:
+            raise ValueError(f"malformed argument {part!r} in schema {text!r}")
+        type_name, is_list, list_len, optional, alias = _parse_type(pm.group("type"))
+        default_text = pm.group("default")
+        default = _parse_default(default_text, type_name) if default_text is not None else None
+        if is_list and isinstance(default, int) and list_len:
+            default = (default,) * list_len
+        params.append(Param(pm.group("name"), type_name, is_list, list_len, optional or default_text == "None",
+                            kwarg_only, default, default_text is not None, alias))
+    rets = rets.strip()
+    if rets.startswith("(") and rets.endswith(")"):
+        rets = rets[1:-1]
+    returns = []
+    for part in _split_top(rets):
+        if not part:
+            continue
+        bits = part.split()
+        type_name, _, _, _, alias = _parse_type(bits[0])
+        returns.append(Return(bits[1] if len(bits) > 1 else None, type_name, alias))
+    return Schema(name, overload, tuple(params), tuple(returns), text.strip())
+
+
+# ---------------------------------------------------------------------------- binders
+
+
+class ArgumentError(TypeError):
+    """A call whose arguments do not fit the operator's schema."""
+
+
+def _describe(value) -> str:
+    from tilewise.tensor import Tensor
+
+    if isinstance(value, Tensor):
+        return f"Tensor(shape={list(value.shape)}, dtype={value.dtype.name}, device={value.device})"
+    return f"{type(value).__name__} {value!r}"
+
+
+def bad_argument(op: str, param: str, expected: str, value) -> ArgumentError:
+    return ArgumentError(f"{op}(): argument '{param}' must be {expected}, but got {_describe(value)}")
+
+
+def _as_int_list(op: str, p: Param, value) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,) * p.list_len if p.list_len and p.list_len > 1 else (value,)
+    from tilewise.tensor import Tensor
+
+    if isinstance(value, Tensor):
+        if value.dtype.is_floating_point:
+            raise bad_argument(op, p.name, "a tuple of ints", value)
+        return tuple(int(v) for v in value.tolist()) if value.ndim else (int(value.item()),)
+    try:
+        out = tuple(value)
+    except TypeError:
+        raise bad_argument(op, p.name, "a tuple of ints", value) from None
+    for v in out:
+        if not (isinstance(v, int) and not isinstance(v, bool)) and not _is_int_like(v):
+            raise bad_argument(op, p.name, "a tuple of ints", value)
+    out = tuple(int(v) for v in out)
+    if p.list_len and len(out) == 1 and p.list_len > 1:
+        out = out * p.list_len
+    return out
+
+
+def _is_int_like(v) -> bool:
+    import numpy as np
+
+    return isinstance(v, np.integer) or (type(v).__name__ == "SymInt")
+
+
+def _check_int(op: str, p: Param, value):
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if _is_int_like(value):
+        return int(value)
+    from tilewise.tensor import Tensor
+
+    if isinstance(value, Tensor) and value.ndim == 0 and not value.dtype.is_floating_point:
+        return int(value.item())
+    raise bad_argument(op, p.name, "int", value)
+
+
+def _check_float(op: str, p: Param, value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    import numpy as np
+
+    if isinstance(value, (np.floating, np.integer)):
+        return float(value)
+    raise bad_argument(op, p.name, "float", value)
+
+
+def _check_scalar(op: str, p: Param, value):
+    if isinstance(value, Number):
+        return value
+    from tilewise.tensor import Tensor
+
+    if isinstance(value, Tensor) and value.ndim == 0:
+        return value.item()
+    raise bad_argument(op, p.name, "a number", value)
+
+
+def _check_bool(op: str, p: Param, value):
+    if isinstance(value, bool):
+        return value
+    import numpy as np
+
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise bad_argument(op, p.name, "bool", value)
+
+
+def _check_tensor(op: str, p: Param, value):
+    from tilewise.tensor import Tensor
+
+    if isinstance(value, (Tensor, Number)):
+        return value
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    raise bad_argument(op, p.name, "Tensor" if not p.optional else "Tensor or None", value)
+
+
+def _check_tensor_list(op: str, p: Param, value):
+    from tilewise.tensor import Tensor
+
+    if isinstance(value, Tensor) or not isinstance(value, (list, tuple)):
+        raise bad_argument(op, p.name, "a sequence of Tensors", value)
+    for v in value:
+        if not (isinstance(v, (Tensor, Number)) or (p.optional and v is None)):
+            raise bad_argument(op, p.name, "a sequence of Tensors", value)
+    return tuple(value)
+
+
+def _check_dtype(op: str, p: Param, value):
+    from tilewise.dtypes import as_dtype
+
+    try:
+        return as_dtype(value)
+    except TypeError:
+        raise bad_argument(op, p.name, "a dtype", value) from None
+
+
+def _check_device(op: str, p: Param, value):
+    from tilewise.device import as_device
+
+    try:
+        return as_device(value)
+    except (TypeError, ValueError) as exc:
+        raise ArgumentError(f"{op}(): argument '{p.name}': {exc}") from None
+
+
+def _check_str(op: str, p: Param, value):
+    if isinstance(value, str):
+        return value
+    raise bad_argument(op, p.name, "str", value)
+
+
+def _passthrough(op: str, p: Param, value):
+    return value
+
+
+_CHECKERS = {
+    "int": _check_int, "float": _check_float, "Scalar": _check_scalar, "bool": _check_bool,
+    "Tensor": _check_tensor, "ScalarType": _check_dtype, "Device": _check_device, "str": _check_str,
+    "Generator": _passthrough, "Layout": _passthrough, "MemoryFormat": _passthrough,
+}
+
+
+def _checker_for(p: Param):
+    if p.type == "Tensor" and p.is_list:
+        return _check_tensor_list
+    if p.type == "int" and p.is_list:
+        return _as_int_list
+    if p.is_list:
+        return _passthrough
+    return _CHECKERS[p.type]
+
+
+def _varargs_param(schema: Schema) -> int | None:
+    """torch lets a required size/dims list after a tensor be spelled as varargs: x.view(2, 3), x.permute(1, 0)."""
+    positional = [k for k, p in enumerate(schema.params) if not p.kwarg_only]
+    if len(positional) != 2 or not schema.params[0].is_tensor:
+        return None
+    p = schema.params[positional[1]]
+    if p.type == "int" and p.is_list and p.list_len is None and not p.has_default:
+        return positional[1]
+    return None
+
+
+def make_binder(schema: Schema, op_name: str | None = None):
+    """A function with the schema's signature that returns the normalised arguments as a tuple."""
+    op_name = op_name or schema.name
+    sig, body, ns = [], [], {}
+    star_done = False
+    varargs = _varargs_param(schema)
+    for k, p in enumerate(schema.params):
+        if k == varargs:
+            sig.append(f"*{p.name}")
+            star_done = True
+            body.append(f"    {p.name} = {p.name}[0] if len({p.name}) == 1 and not isinstance({p.name}[0], int) "
+                        f"else {p.name}")
+        elif p.kwarg_only and not star_done:
+            sig.append("*")
+            star_done = True
+        if k == varargs:
+            pass
+        elif p.has_default:
+            ns[f"_d{k}"] = p.default
+            sig.append(f"{p.name}=_d{k}")
+        else:
+            sig.append(p.name)
+        ns[f"_c{k}"], ns[f"_p{k}"] = _checker_for(p), p
+        fast = {"Tensor": "_Tensor", "int": "int", "bool": "bool", "str": "str"}.get(p.type) if not p.is_list else None
+        check = f"_c{k}({op_name!r}, _p{k}, {p.name})"
+        if fast == "int":
+            line = f"{p.name} if type({p.name}) is int else {check}"
+        elif fast:
+            line = f"{p.name} if type({p.name}) is {fast} else {check}"
+        else:
+            line = check
+        if p.optional or (p.has_default and p.default is None):
+            line = f"None if {p.name} is None else ({line})"
+        body.append(f"    {p.name} = {line}")
+    names = ", ".join(p.name for p in schema.params)
+    fn_name = op_name if op_name.isidentifier() else "op"
+    src = f"def {fn_name}({', '.join(sig)}):\n" + "\n".join(body) + f"\n    return ({names}{',' if len(schema.params) == 1 else ''})\n"
+    if not schema.params:
+        src = f"def {fn_name}():\n    return ()\n"
+    from tilewise.tensor import Tensor
+
+    ns["_Tensor"] = Tensor
+    exec(compile(src, f"<binder {schema.full_name}>", "exec"), ns)
+    binder = ns[fn_name]
+    binder.__source__ = src
+    return binder

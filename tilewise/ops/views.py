@@ -1,0 +1,174 @@
+"""View operators: declared by their stride arithmetic; they never run a kernel on any device.
+
+A view's ``view`` rule maps the input geometry ``(shape, strides, offset)`` and the op's arguments to the
+output geometry. Every strided view that selects a subset of elements (select, slice, diagonal, unfold,
+as_strided) shares one backward primitive, ``view_scatter_add``: replay the same geometry on a zero
+tensor of the input's shape and add the gradient into it.
+"""
+
+from __future__ import annotations
+
+from tilewise import _strides as S
+from tilewise.ops.registry import OPS, declare
+from tilewise.tensor import Tensor
+
+
+def apply_view(op, args: tuple) -> Tensor:
+    x = args[0]
+    shape, strides, offset = op.view(x._shape, x._strides, x._offset, *args[1:])
+    out = Tensor._make(x._storage, tuple(shape), tuple(strides), offset, x._dtype, x._device)
+    out._base = x._base if x._base is not None else x
+    out._trace = x._trace
+    return out
+
+
+def view_geometry(op_name: str, shape: tuple, *args) -> tuple:
+    """Geometry of a view applied to a contiguous tensor of ``shape`` (used by view backward formulas)."""
+    return OPS[op_name].view(tuple(shape), S.contiguous_strides(shape), 0, *args)
+
+
+def view(schema: str, rule, grad: str, **attrs):
+    return declare(schema, "view", view=rule, grad={"self": grad}, **attrs)
+
+
+# ---------------------------------------------------------------- geometry rules
+
+def _view(shape, strides, offset, size):
+    new_shape = S.infer_size(size, S.numel(shape), "view")
+    new_strides = S.view_strides(shape, strides, new_shape)
+    if new_strides is None:
+        raise RuntimeError(f"view size is not compatible with input tensor's size and stride (at least one dimension "
+                           f"spans across two contiguous subspaces): input shape {list(shape)}, strides "
+                           f"{list(strides)}, requested {list(size)}. Use .reshape(...) instead.")
+    return new_shape, new_strides, offset
+
+
+def _permute(shape, strides, offset, dims):
+    dims = S.check_permutation(dims, len(shape))
+    return S.permuted(shape, dims), S.permuted(strides, dims), offset
+
+
+def _transpose(shape, strides, offset, dim0, dim1):
+    n = len(shape)
+    d0, d1 = S.normalize_dim(dim0, n, "transpose"), S.normalize_dim(dim1, n, "transpose")
+    order = list(range(n))
+    order[d0], order[d1] = order[d1], order[d0]
+    return S.permuted(shape, order), S.permuted(strides, order), offset
+
+
+def _t(shape, strides, offset):
+    if len(shape) > 2:
+        raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {len(shape)}D; use transpose or mT")
+    return tuple(reversed(shape)), tuple(reversed(strides)), offset
+
+
+def _expand(shape, strides, offset, size, implicit=False):
+    target = S.expanded_shape(shape, size)
+    return target, S.expand_strides(shape, strides, size), offset
+
+
+def _squeeze(shape, strides, offset, dim=None):
+    dims = S.normalize_dims(dim, len(shape), "squeeze") if dim is not None else tuple(range(len(shape)))
+    keep = [k for k in range(len(shape)) if not (k in dims and shape[k] == 1)]
+    return tuple(shape[k] for k in keep), tuple(strides[k] for k in keep), offset
+
+
+def _unsqueeze(shape, strides, offset, dim):
+    d = S.normalize_dim(dim, len(shape) + 1, "unsqueeze")
+    inner = strides[d] * shape[d] if d < len(shape) else 1
+    return shape[:d] + (1,) + shape[d:], strides[:d] + (inner,) + strides[d:], offset
+
+
+def _select(shape, strides, offset, dim, index):
+    if not shape:
+        raise IndexError("select() cannot be applied to a 0-dim tensor")
+    d = S.normalize_dim(dim, len(shape), "select")
+    if not -shape[d] <= index < shape[d]:
+        raise IndexError(f"index {index} is out of bounds for dimension {d} with size {shape[d]}")
+    index += shape[d] if index < 0 else 0
+    return shape[:d] + shape[d + 1:], strides[:d] + strides[d + 1:], offset + index * strides[d]
+
+
+def _slice(shape, strides, offset, dim=0, start=None, end=None, step=1):
+    d = S.normalize_dim(dim, len(shape), "slice")
+    if step <= 0:
+        raise ValueError(f"slice step must be positive, got {step}")
+    n = shape[d]
+    start = 0 if start is None else (start + n if start < 0 else start)
+    end = n if end is None else (end + n if end < 0 else end)
+    start, end = min(max(start, 0), n), min(max(end, 0), n)
+    length = max(0, (end - start + step - 1) // step)
+    new_shape = shape[:d] + (length,) + shape[d + 1:]
+    new_strides = strides[:d] + (strides[d] * step,) + strides[d + 1:]
+    return new_shape, new_strides, offset + (start * strides[d] if length else 0)
+
+
+def _as_strided(shape, strides, offset, size, stride, storage_offset=None):
+    if len(size) != len(stride):
+        raise RuntimeError(f"as_strided: mismatch in length of strides ({len(stride)}) and shape ({len(size)})")
+    if any(s < 0 for s in stride):
+        raise RuntimeError(f"as_strided: negative strides are not supported, got {list(stride)}")
+    return tuple(size), tuple(stride), offset if storage_offset is None else storage_offset
+
+
+def _diagonal(shape, strides, offset, diag_offset=0, dim1=0, dim2=1):
+    n = len(shape)
+    d1, d2 = S.normalize_dim(dim1, n, "diagonal"), S.normalize_dim(dim2, n, "diagonal")
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    if diag_offset >= 0:
+        length = max(min(shape[d1], shape[d2] - diag_offset), 0)
+        start = offset + diag_offset * strides[d2] if length else offset
+    else:
+        length = max(min(shape[d1] + diag_offset, shape[d2]), 0)
+        start = offset - diag_offset * strides[d1] if length else offset
+    keep = [k for k in range(n) if k not in (d1, d2)]
+    return (tuple(shape[k] for k in keep) + (length,), tuple(strides[k] for k in keep) + (strides[d1] + strides[d2],),
+            start)
+
+
+def _unfold(shape, strides, offset, dimension, size, step):
+    d = S.normalize_dim(dimension, max(len(shape), 1), "unfold")
+    if not shape:
+        return (size,), (1,), offset
+    if size > shape[d]:
+        raise RuntimeError(f"unfold: maximum size for tensor at dimension {d} is {shape[d]} but size is {size}")
+    if step <= 0:
+        raise RuntimeError(f"unfold: step is {step} but must be > 0")
+    count = (shape[d] - size) // step + 1
+    return (shape[:d] + (count,) + shape[d + 1:] + (size,), strides[:d] + (strides[d] * step,) + strides[d + 1:] +
+            (strides[d],), offset)
+
+
+# ---------------------------------------------------------------- declarations
+
+view("view(Tensor(a) self, int[] size) -> Tensor(a)", _view, "grad.reshape(self_shape)")
+view("permute(Tensor(a) self, int[] dims) -> Tensor(a)", _permute, "grad.permute(inverse_permutation(dims))")
+view("transpose(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", _transpose, "grad.transpose(dim0, dim1)",
+     aliases=("swapaxes", "swapdims"))
+view("t(Tensor(a) self) -> Tensor(a)", _t, "grad.t()")
+view("expand(Tensor(a) self, int[] size, *, bool implicit=False) -> Tensor(a)", _expand,
+     "grad.sum_to_size(self_shape)")
+view("squeeze(Tensor(a) self, int[]? dim=None) -> Tensor(a)", _squeeze, "grad.reshape(self_shape)")
+view("unsqueeze(Tensor(a) self, int dim) -> Tensor(a)", _unsqueeze, "grad.squeeze(dim)")
+view("select(Tensor(a) self, int dim, int index) -> Tensor(a)", _select,
+     "view_backward(grad, 'select', self_shape, dim, index)")
+view("slice(Tensor(a) self, int dim=0, int? start=None, int? end=None, int step=1) -> Tensor(a)", _slice,
+     "view_backward(grad, 'slice', self_shape, dim, start, end, step)", method=False)
+view("as_strided(Tensor(a) self, int[] size, int[] stride, int? storage_offset=None) -> Tensor(a)", _as_strided,
+     "view_backward(grad, 'as_strided', self_shape, size, stride, storage_offset)")
+view("diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)", _diagonal,
+     "view_backward(grad, 'diagonal', self_shape, offset, dim1, dim2)")
+view("unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)", _unfold,
+     "view_backward(grad, 'unfold', self_shape, dimension, size, step)")
+
+declare("view_scatter_add(Tensor grad, int[] input_shape, int[] view_shape, int[] view_strides, int view_offset)"
+        " -> Tensor", "index",
+        grad={"grad": "grad.contiguous().as_strided(view_shape, view_strides, view_offset)"}, method=False,
+        doc="Zeros of input_shape, with ``grad`` added at the elements a (view_shape, view_strides, view_offset) "
+            "view of a contiguous tensor would read: the backward of every strided view.")
+declare("view_scatter(Tensor self, Tensor src, int[] view_shape, int[] view_strides, int view_offset) -> Tensor",
+        "index", grad={"self": "view_scatter(grad, zeros_like(src), view_shape, view_strides, view_offset)",
+                       "src": "grad.contiguous().as_strided(view_shape, view_strides, view_offset)"},
+        method=False, doc="A copy of contiguous ``self`` with the elements a strided view selects replaced by "
+                          "``src``: how an in-place write through a view is recorded on its base.")

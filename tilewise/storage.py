@@ -1,0 +1,45 @@
+"""Storage: a flat, typed buffer on one device, shared by every view of it.
+
+[Note: storage] On the CPU the buffer is a one-dimensional numpy array; on CUDA it is a device allocation
+from the caching allocator (``data`` is then an object with ``ptr`` and ``nbytes``). The storage also
+carries the version counter that in-place operators bump and autograd checks, so every view of one
+buffer sees the same version, as in torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilewise.device import Device, cpu
+from tilewise.dtypes import DType
+
+
+class Storage:
+    __slots__ = ("data", "device", "dtype", "size", "version", "__weakref__")
+
+    def __init__(self, data, device: Device, dtype: DType, size: int):
+        self.data = data
+        self.device = device
+        self.dtype = dtype
+        self.size = size  # in elements
+        self.version = 0
+
+    @classmethod
+    def from_numpy(cls, flat: np.ndarray, dtype: DType) -> "Storage":
+        return cls(flat, cpu, dtype, flat.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def data_ptr(self) -> int:
+        if self.device.type == "cpu":
+            return self.data.ctypes.data if self.size else 0
+        return int(self.data.ptr)
+
+    def __repr__(self) -> str:
+        return f"Storage(size={self.size}, dtype={self.dtype.name}, device={self.device})"
+
+
+def empty_cpu(numel: int, dtype: DType) -> Storage:
+    return Storage(np.empty(numel, dtype.np), cpu, dtype, numel)

@@ -1,0 +1,567 @@
+"""Tensor: a strided view on a Storage, plus its autograd identity.
+
+[Note: tensors] A Tensor owns no data: it is ``(storage, shape, strides, offset)`` with a dtype and a
+device, so every view operator is pure stride arithmetic (``_strides``) and shares the storage.
+Operator methods (``x.exp()``, ``x + y``, ``x.sum(1)``) are not written here: ``tilewise.ops`` attaches
+them from the operator declarations, so a method, its function form and its in-place form can never
+disagree. What stays here is identity and conversion: shape queries, ``item``/``numpy``/``tolist``,
+autograd attributes (``requires_grad``, ``grad``, ``grad_fn``, hooks) and ``backward``.
+"""
+
+from __future__ import annotations
+
+from numbers import Number
+
+import numpy as np
+
+from tilewise import _strides
+from tilewise.device import Device, as_device, cpu
+from tilewise.dtypes import DType, as_dtype, get_default_dtype
+from tilewise.dtypes import from_numpy as dtype_from_numpy
+from tilewise.storage import Storage
+
+
+class Size(tuple):
+    """torch.Size: a tuple of ints with a torch-like repr."""
+
+    def __repr__(self) -> str:
+        return f"tilewise.Size({list(self)})"
+
+    def numel(self) -> int:
+        return _strides.numel(self)
+
+
+class Tensor:
+    __slots__ = ("_storage", "_shape", "_strides", "_offset", "_dtype", "_device", "_array", "_requires_grad",
+                 "_grad", "grad_fn", "_output_nr", "_base", "_hooks", "_retains_grad", "_trace", "_wrapped",
+                 "__weakref__", "__dict__")
+
+    # ------------------------------------------------------------------ construction
+    def __new__(cls, *args, **kwargs):
+        if cls is Tensor and not args and not kwargs:
+            return _empty_tensor(Size((0,)))
+        if args and all(isinstance(a, int) for a in args):
+            from tilewise import empty
+
+            return empty(*args, dtype=kwargs.get("dtype", get_default_dtype()), device=kwargs.get("device"))
+        if len(args) == 1:
+            return tensor(args[0], dtype=kwargs.get("dtype", get_default_dtype()), device=kwargs.get("device"))
+        raise TypeError("Tensor(): expected sizes (ints) or data; use tilewise.tensor(data, dtype=...) instead")
+
+    @staticmethod
+    def _make(storage: Storage | None, shape: tuple, strides: tuple, offset: int, dtype: DType,
+              device: Device) -> "Tensor":
+        t = object.__new__(Tensor)
+        t._storage, t._shape, t._strides, t._offset = storage, shape, strides, offset
+        t._dtype, t._device = dtype, device
+        t._array = None
+        t._requires_grad = False
+        t._grad = t.grad_fn = t._base = t._hooks = t._trace = None
+        t._output_nr = 0
+        t._retains_grad = t._wrapped = False
+        return t
+
+    # ------------------------------------------------------------------ geometry
+    @property
+    def shape(self) -> Size:
+        return Size(self._shape)
+
+    def size(self, dim: int | None = None):
+        if dim is None:
+            return Size(self._shape)
+        return self._shape[_strides.normalize_dim(dim, len(self._shape), "size")]
+
+    def stride(self, dim: int | None = None):
+        if dim is None:
+            return self._strides
+        return self._strides[_strides.normalize_dim(dim, len(self._shape), "stride")]
+
+    def storage_offset(self) -> int:
+        return self._offset
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    def dim(self) -> int:
+        return len(self._shape)
+
+    ndimension = dim
+
+    def numel(self) -> int:
+        return _strides.numel(self._shape)
+
+    nelement = numel
+
+    @property
+    def dtype(self) -> DType:
+        return self._dtype
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self._device.type == "cuda"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self._device.type == "cpu"
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.grad_fn is None
+
+    def element_size(self) -> int:
+        return self._dtype.itemsize
+
+    itemsize = property(element_size)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self._dtype.itemsize
+
+    def is_floating_point(self) -> bool:
+        return self._dtype.is_floating_point
+
+    def is_complex(self) -> bool:
+        return False
+
+    def is_contiguous(self, memory_format=None) -> bool:
+        return _strides.is_contiguous(self._shape, self._strides)
+
+    def untyped_storage(self) -> Storage:
+        return self._storage
+
+    def data_ptr(self) -> int:
+        self._require_real("data_ptr")
+        return self._storage.data_ptr() + self._offset * self._dtype.itemsize
+
+    @property
+    def _version(self) -> int:
+        return self._storage.version if self._storage is not None else 0
+
+    def _bump_version(self) -> None:
+        if self._storage is not None:
+            self._storage.version += 1
+        self._array = None
+
+    # ------------------------------------------------------------------ host access
+    def _require_real(self, what: str) -> None:
+        if self._trace is not None:
+            from tilewise.compiler.capture import data_dependent_error
+
+            raise data_dependent_error(what)
+
+    def _np(self) -> np.ndarray:
+        """The CPU tensor as a numpy view on its storage (no copy)."""
+        a = self._array
+        if a is None:
+            if self._device.type != "cpu":
+                raise RuntimeError(
+                    f"expected a CPU tensor, got one on {self._device}; use .cpu() to copy it to the host")
+            size = self._dtype.itemsize
+            a = np.ndarray(self._shape, self._dtype.np, self._storage.data, self._offset * size,
+                           tuple(s * size for s in self._strides))
+            self._array = a
+        return a
+
+    def numpy(self, *, force: bool = False) -> np.ndarray:
+        self._require_real("numpy()")
+        if self.requires_grad and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
+        if self._device.type != "cpu":
+            if not force:
+                raise TypeError(f"can't convert {self._device} tensor to numpy. Use Tensor.cpu() to copy the "
+                                "tensor to host memory first.")
+            return self.cpu()._np()
+        return self._np()
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.detach().cpu()._np()
+        return a.astype(dtype) if dtype is not None else a
+
+    def item(self):
+        self._require_real("item()")
+        if self.numel() != 1:
+            raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar; item() "
+                               "needs exactly one element")
+        return self.detach().cpu()._np().reshape(()).item() if self._dtype.category else bool(
+            self.detach().cpu()._np().reshape(()))
+
+    def tolist(self):
+        self._require_real("tolist()")
+        a = self.detach().cpu()._np()
+        if self._dtype.is_floating_point and a.dtype.itemsize < 4:
+            a = a.astype(np.float32)
+        return a.tolist()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self._dtype.is_floating_point or self.numel() != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        self._require_real("bool()")
+        if self.numel() != 1:
+            raise RuntimeError(f"Boolean value of Tensor with {self.numel()} elements is ambiguous")
+        return bool(self.item())
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    def __iter__(self):
+        if not self._shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self._shape[0]))
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        from tilewise._tensor_str import tensor_repr
+
+        return tensor_repr(self)
+
+    def __format__(self, spec: str) -> str:
+        if self.ndim == 0 and self._trace is None:
+            return format(self.item(), spec)
+        return repr(self)
+
+    def __reduce_ex__(self, protocol):
+        return (_rebuild, (self.detach().cpu()._np().copy(), str(self._device), self.requires_grad))
+
+    def __deepcopy__(self, memo):
+        out = self.detach().clone()
+        out.requires_grad_(self.requires_grad)
+        if self._grad is not None:
+            out._grad = self._grad.clone()
+        memo[id(self)] = out
+        return out
+
+    # ------------------------------------------------------------------ autograd attributes
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        if self.grad_fn is not None and not requires_grad:
+            raise RuntimeError("you can only change requires_grad flags of leaf variables. If you want to use a "
+                               "computed variable in a subgraph that doesn't require differentiation use "
+                               "var_no_grad = var.detach().")
+        if requires_grad and not self._dtype.is_floating_point:
+            raise RuntimeError(f"only Tensors of floating point dtype can require gradients, got {self._dtype}")
+        self._requires_grad = requires_grad
+        return self
+
+    @property
+    def grad(self) -> "Tensor | None":
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: "Tensor | None") -> None:
+        if value is not None and (value._shape != self._shape or value._device is not self._device):
+            raise RuntimeError(f"assigned grad has shape {list(value._shape)} on {value._device}, but the tensor "
+                               f"has shape {list(self._shape)} on {self._device}")
+        self._grad = value
+
+    @property
+    def data(self) -> "Tensor":
+        return self.detach()
+
+    @data.setter
+    def data(self, value: "Tensor") -> None:
+        self._storage, self._shape, self._strides, self._offset = value._storage, value._shape, value._strides, value._offset
+        self._dtype, self._device, self._array, self._trace = value._dtype, value._device, None, value._trace
+
+    def detach(self) -> "Tensor":
+        out = Tensor._make(self._storage, self._shape, self._strides, self._offset, self._dtype, self._device)
+        out._trace = self._trace
+        return out
+
+    def detach_(self) -> "Tensor":
+        self.grad_fn = None
+        self._requires_grad = False
+        return self
+
+    def retain_grad(self) -> None:
+        from tilewise.autograd.graph import retain_grad
+
+        retain_grad(self)
+
+    @property
+    def retains_grad(self) -> bool:
+        return self._retains_grad
+
+    def register_hook(self, hook):
+        from tilewise.autograd.graph import register_tensor_hook
+
+        return register_tensor_hook(self, hook)
+
+    def backward(self, gradient: "Tensor | None" = None, retain_graph: bool | None = None,
+                 create_graph: bool = False, inputs=None) -> None:
+        from tilewise.autograd import backward
+
+        backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs)
+
+    # ------------------------------------------------------------------ device / dtype conversion
+    def to(self, *args, **kwargs) -> "Tensor":
+        device, dtype, non_blocking, copy = _parse_to(self, *args, **kwargs)
+        out = self
+        if dtype is not None and dtype is not out._dtype:
+            out = out._to_dtype(dtype)
+        if device is not None and device is not out._device:
+            from tilewise.ops.creation import to_device
+
+            out = to_device(out, device, non_blocking)
+        if copy and out is self:
+            out = self.clone()
+        return out
+
+    def _to_dtype(self, dtype: DType) -> "Tensor":
+        from tilewise.ops import registry
+
+        return registry.call("_to_copy", self, dtype)
+
+    def type(self, dtype=None):
+        if dtype is None:
+            return f"tilewise.{self._dtype.name}"
+        return self.to(as_dtype(dtype))
+
+    def cpu(self) -> "Tensor":
+        return self.to(cpu)
+
+    def cuda(self, device=None, non_blocking: bool = False) -> "Tensor":
+        return self.to(Device("cuda", device if isinstance(device, int) else None) if not isinstance(device, (str, Device)) else as_device(device), non_blocking=non_blocking)
+
+    def float(self) -> "Tensor":
+        from tilewise import dtypes
+
+        return self.to(dtypes.float32)
+
+    def double(self) -> "Tensor":
+        from tilewise import dtypes
+
+        return self.to(dtypes.float64)
+
+    def half(self) -> "Tensor":
+        from tilewise import dtypes
+
+        return self.to(dtypes.float16)
+
+    def bfloat16(self) -> "Tensor":
+        from tilewise import dtypes
+
+        return self.to(dtypes.bfloat16)
+
+    def long(self) -> "Tensor":
+        from tilewise import dtypes
+
+        return self.to(dtypes.int64)
+
+    def int(self) -> "Tensor":
+        from tilewise import dtypes
+
+        return self.to(dtypes.int32)
+
+    def short(self) -> "Tensor":
+        from tilewise import dtypes
+
+        return self.to(dtypes.int16)
+
+    def char(self) -> "Tensor":
+        from tilewise import dtypes
+
+        return self.to(dtypes.int8)
+
+    def byte(self) -> "Tensor":
+        from tilewise import dtypes
+
+        return self.to(dtypes.uint8)
+
+    def bool(self) -> "Tensor":
+        from tilewise import dtypes
+
+        return self.to(dtypes.bool_)
+
+    def type_as(self, other: "Tensor") -> "Tensor":
+        return self.to(other._dtype)
+
+    def pin_memory(self) -> "Tensor":
+        return self
+
+    def is_pinned(self) -> bool:
+        return False
+
+
+def _parse_to(t: Tensor, *args, **kwargs):
+    device = kwargs.pop("device", None)
+    dtype = kwargs.pop("dtype", None)
+    non_blocking = kwargs.pop("non_blocking", False)
+    copy = kwargs.pop("copy", False)
+    kwargs.pop("memory_format", None)
+    if kwargs:
+        raise TypeError(f"to(): unexpected keyword arguments {sorted(kwargs)}")
+    for a in args:
+        if isinstance(a, Tensor):
+            device, dtype = a._device, a._dtype
+        elif isinstance(a, DType) or a in (float, int, bool) or type(a).__name__ == "dtype":
+            dtype = as_dtype(a)
+        elif isinstance(a, (str, Device)) or type(a).__name__ == "device":
+            device = as_device(a)
+        elif isinstance(a, bool):
+            non_blocking = a
+        else:
+            raise TypeError(f"to(): expected a device, dtype or tensor, got {a!r}")
+    return (as_device(device) if device is not None else None, as_dtype(dtype) if dtype is not None else None,
+            non_blocking, copy)
+
+
+def _rebuild(array: np.ndarray, device: str, requires_grad: bool) -> Tensor:
+    out = from_array(array.copy()).to(device)
+    return out.requires_grad_(requires_grad) if requires_grad else out
+
+
+# ---------------------------------------------------------------------- numpy ⇄ tensor
+
+
+def from_array(a: np.ndarray, dtype: DType | None = None) -> Tensor:
+    """Wrap a numpy array as a CPU tensor without copying when its layout allows (non-negative strides)."""
+    dtype = dtype or dtype_from_numpy(a.dtype)
+    if a.dtype != dtype.np:
+        a = a.astype(dtype.np)
+    size = a.itemsize
+    if a.flags.c_contiguous:
+        flat = a.reshape(-1)
+        t = Tensor._make(Storage(flat, cpu, dtype, flat.shape[0]), a.shape, _strides.contiguous_strides(a.shape), 0,
+                         dtype, cpu)
+        t._array = a
+        return t
+    strides = a.strides
+    if all(s >= 0 and s % size == 0 for s in strides) and a.size:
+        base = a.base if isinstance(a.base, np.ndarray) else None
+        if base is not None and base.flags.c_contiguous and base.dtype == a.dtype:
+            flat = base.reshape(-1)
+            offset = (a.__array_interface__["data"][0] - flat.__array_interface__["data"][0]) // size
+            if 0 <= offset and _strides.storage_span(a.shape, [s // size for s in strides], offset) <= flat.shape[0]:
+                return Tensor._make(Storage(flat, cpu, dtype, flat.shape[0]), a.shape,
+                                    tuple(s // size for s in strides), offset, dtype, cpu)
+        if _strides.is_non_overlapping_and_dense(a.shape, [s // size for s in strides]):
+            flat = a.ravel(order="K")
+            if np.shares_memory(flat, a):
+                return Tensor._make(Storage(flat, cpu, dtype, flat.shape[0]), a.shape,
+                                    tuple(s // size for s in strides), 0, dtype, cpu)
+    return from_array(np.ascontiguousarray(a), dtype)
+
+
+def _empty_tensor(shape) -> Tensor:
+    dtype = get_default_dtype()
+    return from_array(np.empty(shape, dtype.np), dtype)
+
+
+def _infer_dtype(data) -> DType:
+    from tilewise import dtypes
+
+    flat = data
+    while isinstance(flat, (list, tuple)) and flat:
+        flat = flat[0]
+    if isinstance(flat, Tensor):
+        return flat.dtype
+    arr = np.asarray(data)
+    if arr.dtype == np.bool_:
+        return dtypes.bool_
+    if arr.dtype.kind in "iu":
+        return dtypes.int64
+    if arr.dtype.kind == "f":
+        return get_default_dtype()
+    if arr.dtype.kind == "O":
+        raise TypeError(f"tensor(): could not infer a dtype from {type(flat).__name__} elements")
+    return dtype_from_numpy(arr.dtype)
+
+
+def tensor(data, *, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
+    """Build a tensor by copying ``data`` (a number, nested sequence, numpy array or tensor).
+
+    >>> import tilewise as tw
+    >>> tw.tensor([[1, 2], [3, 4]]).dtype
+    tilewise.int64
+    """
+    if isinstance(data, Tensor):
+        out = data.detach().to(dtype=as_dtype(dtype) if dtype else data.dtype, device=device, copy=True)
+        return out.requires_grad_(requires_grad) if requires_grad else out
+    if isinstance(data, np.ndarray):
+        dt = as_dtype(dtype) if dtype is not None else dtype_from_numpy(data.dtype)
+        out = from_array(np.array(data, dtype=dt.np, copy=True), dt)
+    else:
+        if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flatten_first_level(data)):
+            data = _tensors_to_lists(data)
+        dt = as_dtype(dtype) if dtype is not None else _infer_dtype(data)
+        try:
+            arr = np.array(data, dtype=np.float64 if dt.is_floating_point and dt.itemsize < 4 else None)
+        except ValueError as exc:
+            raise ValueError(f"tensor(): data is not rectangular (nested sequences of unequal length): {exc}") from None
+        if arr.dtype.kind == "O":
+            raise TypeError(f"tensor(): could not build a tensor from {type(data).__name__} of non-numbers")
+        out = from_array(arr.astype(dt.np), dt)
+    if device is not None and as_device(device) is not cpu:
+        out = out.to(as_device(device))
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def _flatten_first_level(data):
+    for x in data:
+        if isinstance(x, (list, tuple)):
+            yield from _flatten_first_level(x)
+        else:
+            yield x
+
+
+def _tensors_to_lists(data):
+    if isinstance(data, Tensor):
+        return data.tolist()
+    if isinstance(data, (list, tuple)):
+        return [_tensors_to_lists(x) for x in data]
+    return data
+
+
+def as_tensor(data, dtype=None, device=None) -> Tensor:
+    if isinstance(data, Tensor):
+        return data.to(dtype=as_dtype(dtype) if dtype else data.dtype, device=device or data.device)
+    if isinstance(data, np.ndarray) and (dtype is None or as_dtype(dtype).np == data.dtype) and device in (None, "cpu", cpu):
+        return from_array(data)
+    return tensor(data, dtype=dtype, device=device)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"from_numpy(): expected np.ndarray, got {type(array).__name__}")
+    t = from_array(array)
+    if not np.shares_memory(t._np(), array) and array.size:
+        raise ValueError("from_numpy(): arrays with negative strides are not supported; use array.copy() first")
+    return t
+
+
+def is_tensor(obj) -> bool:
+    return isinstance(obj, Tensor)
+
+
+def wrap_scalar(value: Number, dtype: DType, device: Device) -> Tensor:
+    """A 0-dim tensor for a Python scalar (marked as a wrapped number for type promotion)."""
+    t = from_array(np.asarray(value, dtype=dtype.np), dtype)
+    if device is not cpu:
+        t = t.to(device)
+    t._wrapped = True
+    return t
