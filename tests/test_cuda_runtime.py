@@ -1,0 +1,619 @@
+"""Tests of the CUDA runtime layer: the caching allocator on a fake backend (CPU), availability without a
+GPU, the single error check, and (marked ``cuda``) devices, streams, events, pinned memory and the
+allocator on the real driver."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tilewise.backends.cuda.runtime.allocator import (
+    LARGE_BUFFER,
+    SMALL_BUFFER,
+    CachingAllocator,
+    OutOfMemoryError,
+    RawOutOfMemory,
+    round_size,
+)
+from tilewise.backends.cuda.runtime.driver import (
+    CudaError,
+    check,
+    device_count,
+    driver_version,
+    is_available,
+)
+
+MiB = 1 << 20
+
+
+# ---- fakes ---------------------------------------------------------------------------------------------
+
+
+class FakeBackend:
+    """Hands out addresses from a bump pointer, up to ``capacity`` bytes live at once."""
+
+    def __init__(self, capacity: int = 1 << 40) -> None:
+        self.capacity = capacity
+        self.live: dict[int, int] = {}
+        self.next_address = 0x7F00_0000_0000
+        self.malloc_calls = 0
+        self.free_calls = 0
+
+    @property
+    def used(self) -> int:
+        return sum(self.live.values())
+
+    def malloc(self, nbytes: int) -> int:
+        self.malloc_calls += 1
+        if self.used + nbytes > self.capacity:
+            raise RawOutOfMemory(f"fake device: {nbytes} requested, {self.capacity - self.used} free")
+        ptr = self.next_address
+        self.next_address += nbytes + 4096  # a gap, so that neighbouring segments never look contiguous
+        self.live[ptr] = nbytes
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        self.free_calls += 1
+        del self.live[ptr]
+
+
+class FakeEvent:
+    def __init__(self, stream: int) -> None:
+        self.stream = stream
+        self.done = False
+        self.synchronized = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.synchronized = True
+        self.done = True
+
+
+class FakeEvents:
+    """An event factory whose events complete only when the test says so."""
+
+    def __init__(self) -> None:
+        self.recorded: list[FakeEvent] = []
+
+    def __call__(self, stream: int) -> FakeEvent:
+        event = FakeEvent(stream)
+        self.recorded.append(event)
+        return event
+
+    def complete(self, stream: int | None = None) -> None:
+        for event in self.recorded:
+            if stream is None or event.stream == stream:
+                event.done = True
+
+
+def make_allocator(capacity: int = 1 << 40) -> tuple[CachingAllocator, FakeBackend, FakeEvents]:
+    backend, events = FakeBackend(capacity), FakeEvents()
+    return CachingAllocator(backend, events, name="fake"), backend, events
+
+
+def check_invariants(allocator: CachingAllocator, backend: FakeBackend) -> None:
+    segments = allocator.segments()
+    assert {s.ptr: s.size for s in segments} == backend.live
+    live_ranges = []
+    for segment in segments:
+        position = segment.ptr
+        previous_state = None
+        for block in segment.blocks:
+            assert block.ptr == position, "blocks must tile their segment"
+            assert block.size > 0 and block.size % 512 == 0
+            assert not (block.state == "free" and previous_state == "free"), "free neighbours must be merged"
+            previous_state = block.state
+            position += block.size
+            if block.state == "allocated":
+                live_ranges.append((block.ptr, block.ptr + block.size))
+        assert position == segment.ptr + segment.size
+    live_ranges.sort()
+    for (_, end), (start, _) in itertools.pairwise(live_ranges):
+        assert end <= start, "live blocks overlap"
+    stats = allocator.memory_stats()
+    assert allocator.memory_allocated() == sum(end - start for start, end in live_ranges)
+    assert allocator.memory_reserved() == sum(s.size for s in segments) == backend.used
+    assert allocator.memory_reserved() >= allocator.memory_allocated()
+    assert stats["allocated_bytes.peak"] >= stats["allocated_bytes.current"]
+    assert stats["reserved_bytes.peak"] >= stats["reserved_bytes.current"]
+    free_blocks = [b.size for s in segments for b in s.blocks if b.state == "free"]
+    assert stats["free_cached_bytes"] == sum(free_blocks)
+    assert stats["largest_free_block"] == max(free_blocks, default=0)
+
+
+# ---- size classes, splitting, coalescing, reuse -------------------------------------------------------
+
+
+def test_round_size_and_small_segment():
+    allocator, backend, _ = make_allocator()
+    assert round_size(0) == round_size(1) == 512 and round_size(513) == 1024
+    allocator.malloc(1)
+    assert allocator.memory_allocated() == 512
+    assert allocator.memory_reserved() == SMALL_BUFFER
+    assert backend.live == {allocator.segments()[0].ptr: SMALL_BUFFER}
+
+
+def test_small_blocks_are_split_from_one_segment():
+    allocator, backend, _ = make_allocator()
+    first = allocator.malloc(1000)
+    second = allocator.malloc(3000)
+    assert second == first + 1024
+    assert backend.malloc_calls == 1
+    (segment,) = allocator.segments()
+    assert [(b.size, b.state) for b in segment.blocks] == [
+        (1024, "allocated"),
+        (3072, "allocated"),
+        (SMALL_BUFFER - 4096, "free"),
+    ]
+    check_invariants(allocator, backend)
+
+
+def test_freed_neighbours_coalesce_and_empty_cache_returns_the_segment():
+    allocator, backend, _ = make_allocator()
+    a, b, c = (allocator.malloc(4096) for _ in range(3))
+    allocator.free(a)
+    allocator.free(c)
+    blocks = allocator.segments()[0].blocks
+    assert [b.state for b in blocks] == ["free", "allocated", "free"]
+    allocator.free(b)
+    (only,) = allocator.segments()[0].blocks
+    assert (only.size, only.state) == (SMALL_BUFFER, "free")
+    allocator.empty_cache()
+    assert allocator.segments() == [] and backend.live == {} and allocator.memory_reserved() == 0
+
+
+def test_freed_block_is_reused_without_new_segment():
+    allocator, backend, _ = make_allocator()
+    ptr = allocator.malloc(5000)
+    allocator.free(ptr)
+    assert allocator.malloc(5000) == ptr
+    assert backend.malloc_calls == 1
+    assert allocator.memory_stats()["num_segment_allocs"] == 1
+
+
+def test_best_fit_picks_the_smallest_block_that_fits():
+    allocator, backend, _ = make_allocator()
+    big = allocator.malloc(64 * 1024)
+    allocator.malloc(512)  # keeps big and small apart
+    small = allocator.malloc(8192)
+    allocator.malloc(512)
+    allocator.free(big)
+    allocator.free(small)
+    assert allocator.malloc(8000) == small
+    check_invariants(allocator, backend)
+
+
+def test_medium_requests_share_20_mib_segments_and_large_get_their_own():
+    allocator, backend, _ = make_allocator()
+    a = allocator.malloc(3 * MiB)
+    b = allocator.malloc(3 * MiB)
+    assert b == a + 3 * MiB and allocator.memory_reserved() == LARGE_BUFFER
+    allocator.malloc(11 * MiB)  # large, but the 14 MiB left in the segment fit it
+    assert allocator.memory_reserved() == LARGE_BUFFER
+    allocator.malloc(11 * MiB + 1)  # no cached block fits: a segment of its own, rounded up to 2 MiB
+    assert allocator.memory_reserved() == LARGE_BUFFER + 12 * MiB
+    assert len(allocator.segments()) == 2
+    check_invariants(allocator, backend)
+
+
+def test_large_remainders_of_one_mib_or_less_are_not_split():
+    allocator, backend, _ = make_allocator()
+    ptr = allocator.malloc(LARGE_BUFFER - 768 * 1024)  # 19.25 MiB: a segment of its own, rounded to 20 MiB
+    assert allocator.memory_reserved() == LARGE_BUFFER
+    assert allocator.memory_allocated() == LARGE_BUFFER  # the 0.75 MiB tail is not worth a block of its own
+    allocator.free(ptr)
+    again = allocator.malloc(19 * MiB + 512)  # fits the cached 20 MiB block with < 1 MiB left: not split
+    assert again == ptr and allocator.memory_allocated() == LARGE_BUFFER
+    check_invariants(allocator, backend)
+
+
+def test_medium_request_falls_back_to_a_segment_of_its_own_size():
+    allocator, backend, _ = make_allocator(capacity=8 * MiB)
+    allocator.malloc(3 * MiB)
+    assert allocator.memory_reserved() == 4 * MiB
+    check_invariants(allocator, backend)
+
+
+def test_free_of_unknown_or_freed_pointer_raises():
+    allocator, _, _ = make_allocator()
+    ptr = allocator.malloc(10)
+    allocator.free(ptr)
+    with pytest.raises(ValueError, match="not allocated by this allocator"):
+        allocator.free(ptr)
+    with pytest.raises(ValueError):
+        allocator.free(12345)
+    with pytest.raises(ValueError):
+        allocator.malloc(-1)
+
+
+# ---- streams ------------------------------------------------------------------------------------------
+
+
+def test_blocks_are_reused_only_on_their_own_stream():
+    allocator, backend, _ = make_allocator()
+    on_one = allocator.malloc(4096, stream=1)
+    allocator.free(on_one)
+    on_two = allocator.malloc(4096, stream=2)
+    assert on_two != on_one and backend.malloc_calls == 2
+    assert allocator.malloc(4096, stream=1) == on_one
+    assert {s.stream for s in allocator.segments()} == {1, 2}
+
+
+def test_record_stream_defers_reuse_until_the_event_completes():
+    allocator, backend, events = make_allocator()
+    ptr = allocator.malloc(4096, stream=1)
+    allocator.record_stream(ptr, 2)
+    allocator.record_stream(ptr, 1)  # its own stream: nothing to wait for
+    allocator.free(ptr)
+    assert [e.stream for e in events.recorded] == [2]
+    assert allocator.memory_allocated() == 0
+    assert allocator.memory_stats()["pending_free_bytes"] == 4096
+    other = allocator.malloc(4096, stream=1)
+    assert other != ptr, "a block still in use on stream 2 must not be handed out"
+    events.complete(stream=2)
+    assert allocator.malloc(4096, stream=1) == ptr
+    assert allocator.memory_stats()["pending_free_bytes"] == 0
+    check_invariants(allocator, backend)
+
+
+def test_record_stream_needs_an_event_factory():
+    allocator = CachingAllocator(FakeBackend())
+    ptr = allocator.malloc(100, stream=1)
+    with pytest.raises(RuntimeError, match="event_factory"):
+        allocator.record_stream(ptr, 2)
+
+
+def test_empty_cache_waits_for_pending_frees():
+    allocator, backend, events = make_allocator()
+    ptr = allocator.malloc(4096, stream=1)
+    allocator.record_stream(ptr, 7)
+    allocator.free(ptr)
+    allocator.empty_cache()
+    assert events.recorded[0].synchronized
+    assert backend.live == {} and allocator.memory_reserved() == 0
+
+
+# ---- statistics ---------------------------------------------------------------------------------------
+
+
+def test_stats_arithmetic_and_peaks():
+    allocator, backend, _ = make_allocator()
+    sizes = [1, 700, 4096, 12 * MiB, 2 * MiB]  # 12 MiB first: it would fit in the 2 MiB block's segment
+    pointers = [allocator.malloc(n) for n in sizes]
+    expected = sum(round_size(n) for n in sizes)
+    stats = allocator.memory_stats()
+    assert allocator.memory_allocated() == stats["allocated_bytes.current"] == expected
+    assert stats["requested_bytes.current"] == sum(sizes)
+    assert stats["num_allocs"] == 5 and stats["active_blocks"] == 5
+    assert allocator.memory_reserved() == SMALL_BUFFER + LARGE_BUFFER + 12 * MiB
+    for ptr in pointers[3:]:
+        allocator.free(ptr)
+    assert allocator.memory_allocated() == expected - round_size(2 * MiB) - round_size(12 * MiB)
+    assert allocator.max_memory_allocated() == expected
+    assert allocator.memory_stats()["num_frees"] == 2
+    allocator.reset_peak_memory_stats()
+    assert allocator.max_memory_allocated() == allocator.memory_allocated()
+    assert allocator.max_memory_reserved() == allocator.memory_reserved()
+    allocator.empty_cache()
+    assert allocator.memory_reserved() == SMALL_BUFFER
+    assert allocator.max_memory_reserved() == SMALL_BUFFER + LARGE_BUFFER + 12 * MiB
+    check_invariants(allocator, backend)
+
+
+def test_fragmentation_is_one_minus_largest_over_total_free():
+    allocator, backend, _ = make_allocator()
+    blocks = [allocator.malloc(512 * 1024) for _ in range(4)]  # fills one 2 MiB segment exactly
+    assert allocator.memory_stats()["fragmentation"] == 0.0
+    allocator.free(blocks[0])
+    allocator.free(blocks[2])
+    stats = allocator.memory_stats()
+    assert stats["free_cached_bytes"] == MiB and stats["largest_free_block"] == 512 * 1024
+    assert stats["fragmentation"] == pytest.approx(0.5)
+    allocator.free(blocks[1])
+    assert allocator.memory_stats()["fragmentation"] == 0.0  # merged into one 1.5 MiB block
+    assert "fragmentation" in allocator.memory_summary()
+    check_invariants(allocator, backend)
+
+
+# ---- out of memory ------------------------------------------------------------------------------------
+
+
+def test_oom_raises_a_report_and_the_allocator_recovers():
+    allocator, backend, _ = make_allocator(capacity=64 * MiB)
+    held = [allocator.malloc(20 * MiB) for _ in range(3)]
+    before = allocator.memory_stats()
+    with pytest.raises(OutOfMemoryError) as caught:
+        allocator.malloc(30 * MiB)
+    error = caught.value
+    message = str(error)
+    assert isinstance(error, RuntimeError)
+    for needle in (
+        "30.00 MiB",
+        str(30 * MiB),
+        "60.00 MiB allocated",
+        "60.00 MiB reserved",
+        "largest free",
+        "fragmented",
+        "empty_cache",
+        "batch size",
+    ):
+        assert needle in message, needle
+    assert (error.requested, error.allocated, error.reserved) == (30 * MiB, 60 * MiB, 60 * MiB)
+    after = allocator.memory_stats()
+    assert after["num_ooms"] == 1 and after["num_alloc_retries"] == 1
+    assert after["allocated_bytes.current"] == before["allocated_bytes.current"]
+    assert after["reserved_bytes.current"] == before["reserved_bytes.current"]
+    check_invariants(allocator, backend)
+    allocator.free(held[0])
+    allocator.free(held[1])
+    ptr = allocator.malloc(30 * MiB)  # needs the cached 20 MiB segments returned to the backend first
+    assert allocator.memory_allocated() == 20 * MiB + 30 * MiB
+    allocator.free(ptr)
+    check_invariants(allocator, backend)
+
+
+def test_oom_releases_cached_segments_of_other_streams_and_retries():
+    allocator, backend, _ = make_allocator(capacity=24 * MiB)
+    allocator.free(allocator.malloc(20 * MiB, stream=1))
+    ptr = allocator.malloc(20 * MiB, stream=2)  # the cached stream-1 segment is in the way
+    stats = allocator.memory_stats()
+    assert stats["num_alloc_retries"] == 1 and stats["num_ooms"] == 0 and stats["num_segment_frees"] == 1
+    assert allocator.segments()[0].stream == 2 and allocator.segments()[0].ptr == ptr
+    check_invariants(allocator, backend)
+
+
+def test_oom_path_waits_for_pending_cross_stream_frees():
+    allocator, backend, events = make_allocator(capacity=20 * MiB)
+    ptr = allocator.malloc(20 * MiB, stream=1)
+    allocator.record_stream(ptr, 3)
+    allocator.free(ptr)
+    assert allocator.malloc(20 * MiB, stream=1) == ptr  # reused after synchronising the event
+    assert events.recorded[0].synchronized
+    check_invariants(allocator, backend)
+
+
+def test_unexpected_backend_errors_propagate_and_leave_state_alone():
+    class Broken(FakeBackend):
+        def malloc(self, nbytes: int) -> int:
+            raise OSError("driver exploded")
+
+    allocator = CachingAllocator(Broken())
+    with pytest.raises(OSError):
+        allocator.malloc(100)
+    assert allocator.memory_reserved() == 0 and allocator.memory_stats()["num_ooms"] == 0
+
+
+# ---- property test ------------------------------------------------------------------------------------
+
+sizes = st.one_of(st.integers(0, 4096), st.integers(4096, 2 * MiB), st.integers(2 * MiB, 24 * MiB))
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("malloc"), sizes, st.sampled_from([0, 1, 2])),
+        st.tuples(st.just("free"), st.integers(0, 1000), st.just(0)),
+        st.tuples(st.just("record"), st.integers(0, 1000), st.sampled_from([0, 1, 2])),
+        st.tuples(st.just("complete"), st.just(0), st.just(0)),
+        st.tuples(st.just("empty_cache"), st.just(0), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations, st.sampled_from([48 * MiB, 128 * MiB, 1 << 40]))
+def test_random_sequences_keep_the_invariants(ops, capacity):
+    allocator, backend, events = make_allocator(capacity)
+    live: dict[int, int] = {}
+    for op, value, stream in ops:
+        if op == "malloc":
+            try:
+                ptr = allocator.malloc(value, stream=stream)
+            except OutOfMemoryError:
+                pass
+            else:
+                assert ptr not in live
+                live[ptr] = value
+        elif op == "free" and live:
+            ptr = sorted(live)[value % len(live)]
+            allocator.free(ptr)
+            del live[ptr]
+        elif op == "record" and live:
+            allocator.record_stream(sorted(live)[value % len(live)], stream)
+        elif op == "complete":
+            events.complete()
+        elif op == "empty_cache":
+            allocator.empty_cache()
+        check_invariants(allocator, backend)
+        check_block_sizes(allocator, live)
+        assert allocator.memory_stats()["requested_bytes.current"] == sum(live.values())
+    for ptr in list(live):
+        allocator.free(ptr)
+    allocator.empty_cache()
+    assert backend.live == {} and allocator.memory_allocated() == 0
+
+
+def check_block_sizes(allocator: CachingAllocator, live: dict[int, int]) -> None:
+    """Each live block is its rounded request plus at most an unsplittable tail."""
+    blocks = {b.ptr: b for s in allocator.segments() for b in s.blocks if b.state == "allocated"}
+    assert set(blocks) == set(live)
+    for ptr, requested in live.items():
+        tail = blocks[ptr].size - round_size(requested)
+        assert 0 <= tail < (512 if round_size(requested) <= MiB else MiB + 1)
+        assert blocks[ptr].requested == requested
+
+
+# ---- the driver layer without a GPU -------------------------------------------------------------------
+
+
+def test_availability_is_a_clean_false_without_a_gpu():
+    if is_available():
+        pytest.skip("this machine has a GPU")
+    assert is_available() is False
+    assert device_count() == 0
+    assert driver_version() is None
+
+
+def test_import_and_is_available_without_cuda_bindings():
+    script = textwrap.dedent("""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "cuda" or name.startswith("cuda."):
+                    raise ImportError("blocked for the test")
+        sys.meta_path.insert(0, Block())
+        import tilewise.backends.cuda.runtime as rt
+        import tilewise.compiler.toolchain as tc
+        assert rt.is_available() is False and rt.device_count() == 0
+        try:
+            rt.Stream()
+        except rt.CudaUnavailableError as exc:
+            print("unavailable:", exc)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=_repo_root(), check=False)
+    assert done.returncode == 0, done.stderr
+    assert "pip install" in done.stdout
+
+
+def _repo_root() -> str:
+    import pathlib
+
+    return str(pathlib.Path(__file__).resolve().parents[1])
+
+
+def test_check_returns_values_and_raises_with_the_call_name():
+    from cuda.bindings import nvrtc
+
+    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+    assert check((ok,), "x") is None
+    assert check((ok, 5), "x") == 5
+    assert check((ok, 1, 2), "x") == (1, 2)
+    with pytest.raises(CudaError) as caught:
+        check((nvrtc.nvrtcResult.NVRTC_ERROR_COMPILATION,), "nvrtcCompileProgram")
+    assert caught.value.call == "nvrtcCompileProgram"
+    assert "nvrtcCompileProgram failed: NVRTC_ERROR_COMPILATION (6)" in str(caught.value)
+
+
+def test_check_describes_driver_errors_even_without_a_driver():
+    from cuda.bindings import driver as cu
+
+    with pytest.raises(CudaError, match=r"cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY \(2\)"):
+        check((cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY,), "cuMemAlloc")
+
+
+# ---- on a GPU -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not is_available(), reason="needs a CUDA GPU and driver")
+def test_device_properties():
+    from tilewise.backends.cuda.runtime import (
+        current_device,
+        get_device_properties,
+        set_device,
+        synchronize,
+    )
+
+    props = get_device_properties(0)
+    assert props.name and props.multi_processor_count > 0 and props.total_memory > 1 << 30
+    assert props.compute_capability >= (7, 0) and props.arch.startswith("sm_")
+    assert props.warp_size == 32 and props.l2_cache_size > 0 and props.clock_rate_khz > 0
+    assert props.max_shared_memory_per_block_optin >= props.max_shared_memory_per_block > 0
+    set_device(0)
+    assert current_device() == 0
+    synchronize()
+    with pytest.raises(ValueError, match="does not exist"):
+        get_device_properties(device_count())
+    print(props)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not is_available(), reason="needs a CUDA GPU and driver")
+def test_streams_events_and_copies():
+    from tilewise.backends.cuda.runtime import (
+        Event,
+        Stream,
+        copy_dtod,
+        copy_dtoh,
+        copy_htod,
+        current_stream,
+        get_allocator,
+        pinned_empty,
+        stream,
+    )
+
+    allocator = get_allocator(0)
+    n = 64 * MiB
+    host = pinned_empty((n // 4,), np.float32)
+    host[:] = np.arange(n // 4, dtype=np.float32)
+    src, dst = allocator.malloc(n), allocator.malloc(n)
+    s = Stream()
+    assert int(current_stream()) == 0
+    with stream(s):
+        assert current_stream() == s
+        start, end = Event(enable_timing=True), Event(enable_timing=True)
+        start.record()
+        copy_htod(src, host.ctypes.data, n, s)
+        for _ in range(10):
+            copy_dtod(dst, src, n, s)
+        end.record()
+    assert int(current_stream()) == 0
+    end.synchronize()
+    assert end.query() and s.query()
+    ms = start.elapsed_time(end)
+    assert ms > 0
+    back = pinned_empty((n // 4,), np.float32)
+    other = Stream()
+    other.wait_stream(s)
+    copy_dtoh(back.ctypes.data, dst, n, other)
+    other.synchronize()
+    np.testing.assert_array_equal(back, host)
+    print(f"64 MiB H2D + 10 D2D copies: {ms:.3f} ms")
+    allocator.free(src)
+    allocator.free(dst)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not is_available(), reason="needs a CUDA GPU and driver")
+def test_driver_allocator_record_stream_and_oom_recovery():
+    from tilewise.backends.cuda.runtime import Stream, mem_get_info
+    from tilewise.backends.cuda.runtime.allocator import (
+        DriverBackend,
+        driver_event_factory,
+    )
+
+    allocator = CachingAllocator(DriverBackend(0), driver_event_factory(0), name="cuda:0")
+    s1, s2 = Stream(), Stream()
+    ptr = allocator.malloc(MiB, stream=int(s1))
+    allocator.record_stream(ptr, int(s2))
+    allocator.free(ptr)
+    s2.synchronize()
+    assert allocator.malloc(MiB, stream=int(s1)) == ptr
+    allocator.free(ptr)
+
+    _, total = mem_get_info(0)
+    chunk = max(1 << 30, total // 16)
+    held = []
+    with pytest.raises(OutOfMemoryError) as caught:
+        for _ in range(64):
+            held.append(allocator.malloc(chunk))
+    message = str(caught.value)
+    assert f"({chunk} bytes" in message and "reserved" in message and "empty_cache" in message
+    stats = allocator.memory_stats()
+    assert stats["num_ooms"] == 1 and held
+    # each chunk has a segment of its own, rounded to 2 MiB; the < 1 MiB tail is not split off, so it counts
+    assert stats["allocated_bytes.current"] == stats["reserved_bytes.current"] >= len(held) * chunk
+    for p in held:
+        allocator.free(p)
+    again = allocator.malloc(chunk)
+    allocator.free(again)
+    allocator.empty_cache()
+    assert allocator.memory_reserved() == 0
+    print(message)

@@ -1,0 +1,81 @@
+"""tilewise's CUDA runtime: the driver API through cuda-bindings, with one error check.
+
+[Note: CUDA runtime layer]
+This package is the only place that talks to the CUDA driver (besides the toolchain's NVRTC calls, which
+go through the same :func:`check`). It is deliberately thin, in the spirit of tinygrad's runtime:
+``driver`` (lazy bindings, ``check``, availability), ``device`` (primary contexts, properties),
+``stream`` and ``event``, ``allocator`` (the caching allocator), ``pinned`` (page-locked host memory and
+copies). Importing it never touches the driver, so it is safe on machines without a GPU.
+"""
+
+from tilewise.backends.cuda.runtime.allocator import (
+    CachingAllocator,
+    DriverBackend,
+    OutOfMemoryError,
+    RawOutOfMemory,
+    get_allocator,
+)
+from tilewise.backends.cuda.runtime.device import (
+    DeviceProperties,
+    current_device,
+    ensure_context,
+    get_device_properties,
+    mem_get_info,
+    set_device,
+    synchronize,
+)
+from tilewise.backends.cuda.runtime.driver import (
+    CudaError,
+    CudaUnavailableError,
+    check,
+    device_count,
+    driver_version,
+    is_available,
+)
+from tilewise.backends.cuda.runtime.event import Event
+from tilewise.backends.cuda.runtime.pinned import (
+    PinnedBuffer,
+    copy_dtod,
+    copy_dtoh,
+    copy_htod,
+    pinned_empty,
+)
+from tilewise.backends.cuda.runtime.stream import (
+    Stream,
+    current_stream,
+    default_stream,
+    set_current_stream,
+    stream,
+)
+
+__all__ = [
+    "CachingAllocator",
+    "CudaError",
+    "CudaUnavailableError",
+    "DeviceProperties",
+    "DriverBackend",
+    "Event",
+    "OutOfMemoryError",
+    "PinnedBuffer",
+    "RawOutOfMemory",
+    "Stream",
+    "check",
+    "copy_dtod",
+    "copy_dtoh",
+    "copy_htod",
+    "current_device",
+    "current_stream",
+    "default_stream",
+    "device_count",
+    "driver_version",
+    "ensure_context",
+    "get_allocator",
+    "get_device_properties",
+    "is_available",
+    "mem_get_info",
+    "pinned_empty",
+    "set_current_stream",
+    "set_device",
+    "stream",
+    "synchronize",
+]
