@@ -105,6 +105,8 @@ def to_numpy(x):
 
     if isinstance(x, torch.Tensor):
         x = x.detach()
+        if x._is_zerotensor():
+            x = torch.zeros(x.shape, dtype=x.dtype)
         if x.dtype == torch.bfloat16:
             x = x.float()
         return x.numpy()

@@ -5,11 +5,13 @@ from __future__ import annotations
 from opinfo import OpInfo, Sample, T
 
 
-def binary(shape_a=(3, 4), shape_b=(3, 4)):
-    return lambda: [Sample((T(shape_a), T(shape_b)), name="same"),
-                    Sample((T(shape_a), T(shape_b[-1:])), name="broadcast"),
-                    Sample((T((2, 1, 4)), T((3, 1))), name="broadcast-both"),
-                    Sample((T(shape_a), 1.5), name="scalar")]
+def binary(shape_a=(3, 4), shape_b=(3, 4), scalar=True):
+    samples = [Sample((T(shape_a), T(shape_b)), name="same"),
+               Sample((T(shape_a), T(shape_b[-1:])), name="broadcast"),
+               Sample((T((2, 1, 4)), T((3, 1))), name="broadcast-both")]
+    if scalar:
+        samples.append(Sample((T(shape_a), 1.5), name="scalar"))
+    return lambda: samples
 
 
 def unary(kind="float", low=-2.0, high=2.0):
@@ -39,13 +41,13 @@ OPINFOS += [OpInfo(n, s, grad=False) for n, s in NO_GRAD_UNARY.items()]
 OPINFOS += [OpInfo(n, s, call="F") for n, s in ACTIVATIONS.items()]
 OPINFOS += [
     OpInfo("add", binary()), OpInfo("sub", binary()), OpInfo("mul", binary()), OpInfo("div", binary()),
-    OpInfo("maximum", binary()), OpInfo("minimum", binary()), OpInfo("atan2", binary()),
+    OpInfo("maximum", binary(scalar=False)), OpInfo("minimum", binary(scalar=False)), OpInfo("atan2", binary(scalar=False)),
     OpInfo("remainder", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2)))]),
     OpInfo("fmod", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2)))]),
     OpInfo("pow", lambda: [Sample((T((3, 4), "positive", 0.5, 2), T((3, 4)))), Sample((T((3, 4)), 2)),
                            Sample((T((3, 4), "positive", 0.5, 2), 0.5))]),
     OpInfo("floor_divide", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2)))], grad=False),
-    OpInfo("copysign", binary()),
+    OpInfo("copysign", binary(scalar=False)),
     OpInfo("lerp", lambda: [Sample((T((3, 4)), T((3, 4)), T((3, 4), "prob"))), Sample((T((3, 4)), T((4,)), 0.3))]),
     OpInfo("where", lambda: [Sample((T((3, 4), "bool"), T((3, 4)), T((3, 4)))),
                              Sample((T((3, 1), "bool"), T((4,)), 0.5))]),
@@ -61,8 +63,8 @@ OPINFOS += [
     OpInfo("celu", lambda: [Sample((T((3, 4)), 0.7))], call="F"),
     OpInfo("eq", binary(), grad=False), OpInfo("ne", binary(), grad=False), OpInfo("lt", binary(), grad=False),
     OpInfo("le", binary(), grad=False), OpInfo("gt", binary(), grad=False), OpInfo("ge", binary(), grad=False),
-    OpInfo("logical_and", binary(), grad=False), OpInfo("logical_or", binary(), grad=False),
-    OpInfo("logical_xor", binary(), grad=False),
+    OpInfo("logical_and", binary(scalar=False), grad=False), OpInfo("logical_or", binary(scalar=False), grad=False),
+    OpInfo("logical_xor", binary(scalar=False), grad=False),
     OpInfo("bitwise_and", lambda: [Sample((T((3, 4), "int", 0, 9), T((3, 4), "int", 0, 9)))], grad=False),
     OpInfo("bitwise_or", lambda: [Sample((T((3, 4), "int", 0, 9), T((3, 4), "int", 0, 9)))], grad=False),
     OpInfo("bitwise_xor", lambda: [Sample((T((3, 4), "int", 0, 9), T((3, 4), "int", 0, 9)))], grad=False),

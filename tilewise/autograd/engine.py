@@ -33,19 +33,21 @@ def _dependencies(roots: list[Node]) -> dict[Node, int]:
 
 
 def _reaching(roots: list[Node], targets: set[Node]) -> set[Node]:
-    """Nodes from which some target node is reachable (targets included)."""
-    memo: dict[Node, bool] = {}
-    order, stack, seen = [], list(roots), set()
-    while stack:  # iterative post-order
-        node = stack.pop()
-        if node in seen:
+    """Nodes from which some target node is reachable (targets included), by iterative post-order DFS."""
+    reaches: dict[Node, bool] = {}
+    stack = [(n, False) for n in roots]
+    while stack:
+        node, children_done = stack.pop()
+        if children_done:
+            reaches[node] = node in targets or any(reaches.get(n, False) for n, _ in node.next_functions
+                                                   if n is not None)
             continue
-        seen.add(node)
-        order.append(node)
-        stack.extend(n for n, _ in node.next_functions if n is not None)
-    for node in reversed(order):
-        memo[node] = node in targets or any(memo.get(n, False) for n, _ in node.next_functions if n is not None)
-    return {n for n, ok in memo.items() if ok}
+        if node in reaches:
+            continue
+        reaches[node] = False  # provisional; the graph is acyclic, so this is never read before it is set
+        stack.append((node, True))
+        stack.extend((n, False) for n, _ in node.next_functions if n is not None and n not in reaches)
+    return {n for n, ok in reaches.items() if ok}
 
 
 def _run_hooks(node: Node, grads: list) -> list:

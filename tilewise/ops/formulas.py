@@ -81,6 +81,11 @@ def view_backward(grad, op_name: str, input_shape, *args):
     return OPS["view_scatter_add"](grad, tuple(input_shape), tuple(shape), tuple(strides), offset)
 
 
+def indices_tuple(indices):
+    """index_put's list of optional index tensors as a getitem key."""
+    return tuple(slice(None) if i is None else i for i in indices)
+
+
 def clamp_mask(self, lo, hi):
     mask = None
     if lo is not None:

@@ -53,10 +53,6 @@ def _masked_fill(self, mask, value):
     return out if out.dtype is self.dtype else out.to(self.dtype)
 
 
-def indices_tuple(indices):
-    return tuple(slice(None) if i is None else i for i in indices)
-
-
 # ---------------------------------------------------------------------------- __getitem__ / __setitem__
 
 def _is_advanced(item) -> bool:

@@ -74,7 +74,7 @@ def _var_correction(unbiased, correction) -> float:
     return 1.0 if unbiased is None or unbiased else 0.0
 
 
-def _var(self, dim=None, unbiased=None, keepdim=False, *, correction=None):
+def _var(self, dim=None, unbiased=None, keepdim=False, correction=None):
     R.reduction_float(_VAR, (self,))
     n = reduced_count(self.shape, dim)
     centered = self - self.mean(dim, keepdim=True)

@@ -15,11 +15,11 @@ def _reshape(self, shape):
     shape = S.infer_size(shape, self.numel(), "reshape")
     if S.view_strides(self._shape, self._strides, shape) is not None:
         return self.view(shape)
-    return self.clone().view(shape)
+    return self.clone(memory_format="contiguous_format").view(shape)
 
 
 def _contiguous(self, memory_format=None):
-    return self if self.is_contiguous() else self.clone()
+    return self if self.is_contiguous() else self.clone(memory_format="contiguous_format")
 
 
 def _flatten(self, start_dim=0, end_dim=-1):

@@ -66,7 +66,11 @@ def to_copy(self, dtype=None, device=None, non_blocking=False):
 
 @kernel("clone")
 def clone(self, memory_format=None):
-    return _out(self._np().copy(order="K"), self.dtype)
+    """torch's rule: preserve the layout of a dense tensor, otherwise (or when asked) make it contiguous."""
+    from tilewise import _strides as S
+
+    keep = memory_format in (None, "preserve_format") and S.is_non_overlapping_and_dense(self._shape, self._strides)
+    return _out(self._np().copy(order="K" if keep else "C"), self.dtype)
 
 
 @kernel("_write_")
