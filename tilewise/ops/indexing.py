@@ -16,20 +16,21 @@ from tilewise.ops.registry import declare
 from tilewise.tensor import Tensor
 
 declare("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "index_put(zeros_like(self), indices, grad, True)"}, method=False)
+        grad={"self": "index_put(zeros_like(self), indices, grad, True)", "indices": None}, method=False)
 declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor", "index",
         dtype=R.first_input,
         grad={"self": "grad if accumulate else index_put(grad, indices, zeros((), dtype=grad.dtype, device=grad.device), "
                       "False)",
-              "values": "grad[indices_tuple(indices)]"}, inplace=True)
+              "values": "grad[indices_tuple(indices)]", "indices": None}, inplace=True)
 declare("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", "index",
-        dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)"})
+        dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)", "index": None})
 declare("scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "grad.scatter(dim, index, zeros_like(src))", "src": "grad.gather(dim, index)"}, inplace=True)
+        grad={"self": "grad.scatter(dim, index, zeros_like(src))", "src": "grad.gather(dim, index)", "index": None},
+        inplace=True)
 declare("scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "grad.scatter(dim, index, 0)"}, inplace=True)
+        grad={"self": "grad.scatter(dim, index, 0)", "index": None}, inplace=True)
 declare("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "grad", "src": "grad.gather(dim, index)"}, inplace=True)
+        grad={"self": "grad", "src": "grad.gather(dim, index)", "index": None}, inplace=True)
 declare("nonzero(Tensor self) -> Tensor", "index", differentiable=False,
         doc="Positions of non-zero elements, one row of coordinates each (data-dependent shape).")
 declare("masked_fill(Tensor self, Tensor mask, Tensor value) -> Tensor", "composite",

@@ -207,7 +207,8 @@ pointwise("isneginf(Tensor self) -> Tensor", lambda x: x.isinf().logical_and(x.l
           differentiable=False)
 pointwise("signbit(Tensor self) -> Tensor", lambda x: x.signbit(), None, R.logical_from_input, differentiable=False)
 pointwise("where.self(Tensor condition, Tensor self, Tensor other) -> Tensor", lambda c, a, b: where(c, a, b),
-          {"self": "where(condition, grad, zeros_like(grad))", "other": "where(condition, zeros_like(grad), grad)"},
+          {"self": "where(condition, grad, zeros_like(grad))", "other": "where(condition, zeros_like(grad), grad)",
+           "condition": None},
           R.where_rule, method=False)
 pointwise("nan_to_num(Tensor self, float? nan=0.0, float? posinf=None, float? neginf=None) -> Tensor",
           None, {"self": "grad * isfinite(self)"}, expr_builder=_nan_to_num)

@@ -1,0 +1,74 @@
+"""Every declared operator has every rule its kind needs, and every public operator is in the test table."""
+
+from __future__ import annotations
+
+import dis
+
+import pytest
+from test_ops import OPINFOS
+
+import tilewise  # noqa: F401 — loads every declaration
+from tilewise.backends.cpu import KERNELS
+from tilewise.ops.registry import _FORMULA_NAMESPACE, OPS
+
+# operators whose behaviour is random or creates tensors from sizes: tested in test_creation_random.py
+NOT_IN_TABLE = {"full", "empty", "arange", "linspace", "eye", "_to_copy", "_write_", "uniform", "normal_sample",
+                "randint", "bernoulli", "randperm", "multinomial", "view_scatter_add", "view_scatter", "rsub", "rdiv",
+                "rpow", "rmatmul", "gelu_backward", "dropout", "index.Tensor"}
+
+
+def _ids(ops):
+    return [op.full_name for op in ops]
+
+
+ALL = list(OPS.values())
+
+
+@pytest.mark.parametrize("op", ALL, ids=_ids(ALL))
+def test_operator_has_rules_for_its_kind(op):
+    if op.kind == "pointwise":
+        assert op.expr is not None or "expr_builder" in op.attrs, "pointwise op without a scalar meaning"
+        assert op.dtype_rule is not None, "pointwise op without a dtype rule"
+    elif op.kind == "view":
+        assert op.view is not None, "view op without a stride rule"
+    elif op.kind == "composite":
+        assert op.decomposition is not None, "composite op without a decomposition"
+    elif op.kind == "reduction":
+        assert op.reduce is not None or op.full_name in KERNELS, "reduction without a combiner or CPU kernel"
+    else:
+        assert op.full_name in KERNELS or op.decomposition is not None, f"{op.kind} op without a CPU kernel"
+
+
+@pytest.mark.parametrize("op", ALL, ids=_ids(ALL))
+def test_differentiable_primitives_cover_every_tensor_input(op):
+    if not op.differentiable or (op.kind == "composite" and not op.derivatives):
+        return
+    missing = [p.name for p in op.schema.tensor_params if p.name not in op.derivatives]
+    assert not missing, f"no derivative entry (a formula, or None for non-differentiable) for inputs {missing}"
+
+
+@pytest.mark.parametrize("op", [o for o in ALL if o.derivatives], ids=_ids([o for o in ALL if o.derivatives]))
+def test_derivative_formulas_only_use_known_names(op):
+    env = {"grad", "grads", "result", *op.param_names(), *(f"{p}_shape" for p in op.param_names())}
+    for name, formula in op.derivatives.items():
+        if formula is None:
+            continue
+        names = {i.argval for i in dis.get_instructions(formula.fn) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+        unknown = {n for n in names if n not in env and n not in _FORMULA_NAMESPACE and n not in dir(__builtins__)}
+        assert not unknown, f"derivative of {name} uses unknown names {unknown}: {formula.text}"
+
+
+def test_every_public_operator_is_in_the_table():
+    covered = set()
+    for info in OPINFOS:
+        covered.add(info.name)
+        covered.update(info.covers)
+        if info.torch_name:
+            covered.add(info.torch_name)
+    missing = []
+    for op in ALL:
+        if not op.attrs.get("public", True) or op.full_name in NOT_IN_TABLE or op.name in NOT_IN_TABLE:
+            continue
+        if op.name not in covered and op.full_name not in covered:
+            missing.append(op.full_name)
+    assert not missing, f"operators without OpInfo samples: {sorted(missing)}"
