@@ -36,9 +36,11 @@ class FunctionNode(Node):
     def __init__(self, cls, ctx: FunctionCtx, arg_tensors: list, outputs: tuple):
         super().__init__()
         self.cls, self.ctx = cls, ctx
-        self.next_functions = tuple(edge(a) if isinstance(a, Tensor) and a.requires_grad else (None, 0)
-                                    for a in arg_tensors)
-        self.arg_meta = [(a.shape, a.dtype, a.device) if isinstance(a, Tensor) else None for a in arg_tensors]
+        self.n_args = len(arg_tensors)
+        self.tensor_positions = [k for k, a in enumerate(arg_tensors) if isinstance(a, Tensor)]
+        tensors = [arg_tensors[k] for k in self.tensor_positions]
+        self.next_functions = tuple(edge(a) if a.requires_grad else (None, 0) for a in tensors)  # like torch
+        self.arg_meta = [a.shape for a in tensors]
         self.output_meta = [(o.shape, o.dtype, o.device) if isinstance(o, Tensor) else None for o in outputs]
 
     def name(self) -> str:
@@ -56,10 +58,20 @@ class FunctionNode(Node):
                      for g, m in zip(grads, self.output_meta)]
         out = self.cls.backward(self.ctx, *grads)
         out = out if isinstance(out, tuple) else (out,)
-        if len(out) < len(self.next_functions):
-            raise RuntimeError(f"function {self.cls.__name__}.backward returned {len(out)} gradients, but forward "
-                               f"took {len(self.next_functions)} inputs")
-        return list(out[: len(self.next_functions)])
+        if len(out) != self.n_args:
+            raise RuntimeError(f"function {self.name()} returned an incorrect number of gradients (expected "
+                               f"{self.n_args}, got {len(out)}): backward returns one per forward input, None for "
+                               "non-tensors")
+        return [self._fit(k, out[k], shape) for k, shape in zip(self.tensor_positions, self.arg_meta)]
+
+    def _fit(self, k: int, grad, shape):
+        if grad is None or grad.shape == shape:
+            return grad
+        try:
+            return grad.sum_to_size(shape)
+        except RuntimeError:
+            raise RuntimeError(f"function {self.name()} returned an invalid gradient at index {k} - got "
+                               f"{list(grad.shape)} but expected shape compatible with {list(shape)}") from None
 
     def release(self) -> None:
         for s in self.ctx._saved:

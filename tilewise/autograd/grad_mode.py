@@ -63,7 +63,12 @@ class set_grad_enabled(_GradModeContext):  # noqa: N801
         STATE.grad_enabled = self.enabled  # takes effect as a plain function call too, like torch
 
     def __enter__(self):
+        STATE.grad_enabled = self.enabled
         return self
+
+    def __call__(self, fn):
+        STATE.grad_enabled = self._prev  # as a decorator it only applies inside fn, like torch
+        return super().__call__(fn)
 
 
 def is_grad_enabled() -> bool:

@@ -85,17 +85,41 @@ class AccumulateGrad(Node):
                 t._grad = t._grad + grad
 
 
+_SAVED_TENSOR_HOOKS: list[tuple] = []  # active (pack_hook, unpack_hook) pairs, innermost last
+
+
+class saved_tensors_hooks:  # noqa: N801 — torch's name
+    """While active, each tensor saved for backward is stored as ``pack_hook(tensor)`` and given back to its
+    formula as ``unpack_hook(packed)``, as in torch.autograd.graph; activation checkpointing is built on it."""
+
+    def __init__(self, pack_hook, unpack_hook):
+        self.hooks = (pack_hook, unpack_hook)
+
+    def __enter__(self):
+        _SAVED_TENSOR_HOOKS.append(self.hooks)
+        return self
+
+    def __exit__(self, *exc):
+        _SAVED_TENSOR_HOOKS.pop()
+        return False
+
+
 class SavedTensor:
     """A tensor saved for backward, with the storage version it had when saved."""
 
-    __slots__ = ("tensor", "version", "is_output", "node_ref", "output_nr", "op_name")
+    __slots__ = ("tensor", "version", "is_output", "node_ref", "output_nr", "op_name", "unpack_hook")
 
     def __init__(self, t: Tensor, is_output: bool = False, node=None, output_nr: int = 0, op_name: str = ""):
         self.version = t._version
         self.is_output = is_output
         self.output_nr = output_nr
         self.op_name = op_name
-        if is_output:
+        self.unpack_hook = None
+        if _SAVED_TENSOR_HOOKS:
+            pack_hook, self.unpack_hook = _SAVED_TENSOR_HOOKS[-1]
+            self.tensor = pack_hook(t)
+            self.node_ref = weakref.ref(node) if is_output else None
+        elif is_output:
             # keep the data, not the Python object: an output saved by its own grad_fn would be a cycle
             self.tensor = t.detach()
             self.node_ref = weakref.ref(node)
@@ -110,7 +134,9 @@ class SavedTensor:
                                "after they have already been freed). Saved intermediate values of the graph are "
                                "freed when you call .backward() or autograd.grad(). Specify retain_graph=True if you "
                                "need to backward through the graph a second time.")
-        if t._version != self.version:
+        if self.unpack_hook is not None:
+            t = self.unpack_hook(t)
+        elif t._version != self.version:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace operation: "
                 f"[{t.dtype.name} tensor of shape {list(t.shape)}]"
@@ -139,8 +165,7 @@ class OpNode(Node):
     def __init__(self, op, args: tuple):
         super().__init__()
         self.op = op
-        self.args = args
-        self.saved: dict = {}
+        self.saved: dict = {}  # only what the derivative formulas read: holding ``args`` would keep every input alive
         self.slots: list[tuple[int, int | None]] = []  # (param index, list position) per differentiable input
         self.input_meta: list[tuple] = []
         self.output_meta: list[tuple] = []
@@ -204,7 +229,6 @@ class OpNode(Node):
                 for v in value:
                     if isinstance(v, SavedTensor):
                         v.release()
-        self.args = None
 
 
 def _fit_grad(g, meta, op_name: str, input_name: str):
@@ -258,7 +282,7 @@ def record(op, args: tuple):
     finally:
         STATE.grad_enabled = True
     node = OpNode(op, args)
-    edges, metas = [], []
+    edges, metas, wanted = [], [], set()
     params = op.schema.params
     for k, p in enumerate(params):
         if p.type != "Tensor":
@@ -272,6 +296,7 @@ def record(op, args: tuple):
             if diff and _needs_grad(a):
                 edges.append(edge(a))
                 metas.append((a._shape, a._dtype))
+                wanted.add(p.name)
             else:
                 edges.append((None, 0))
                 metas.append(None)
@@ -285,13 +310,25 @@ def record(op, args: tuple):
         node.output_meta.append((o._shape, o._dtype, o._device) if differentiable else None)
         if differentiable:
             o.grad_fn, o._output_nr, o._requires_grad = node, i, True
-    _save(node, op, args, out)
+    _save(node, op, args, out, _formula_uses(op, frozenset(wanted)))
     return out
 
 
-def _save(node: OpNode, op, args: tuple, out) -> None:
+_USES: dict[tuple, frozenset[str]] = {}
+
+
+def _formula_uses(op, wanted: frozenset[str]) -> frozenset[str]:
+    """Names read by the derivative formulas of the inputs that need a gradient (torch saves no more)."""
+    key = (op, wanted)
+    uses = _USES.get(key)
+    if uses is None:
+        uses = _USES[key] = frozenset().union(*(op.derivatives[name].uses for name in wanted))
+    return uses
+
+
+def _save(node: OpNode, op, args: tuple, out, uses: frozenset[str]) -> None:
     saved = node.saved
-    for name in op.saved_params:
+    for name in op.saved_params & uses:
         value = args[op.schema.index(name)]
         if type(value) is Tensor:
             value = SavedTensor(value)
@@ -301,7 +338,7 @@ def _save(node: OpNode, op, args: tuple, out) -> None:
     for name in op.param_names():
         if name not in saved and name not in ("self",) and not _is_tensorish(args[op.schema.index(name)]):
             saved[name] = args[op.schema.index(name)]
-    if op.saves_result:
+    if "result" in uses:
         name = node.name()
         if isinstance(out, tuple):
             saved["result"] = tuple(SavedTensor(o, True, node, i, name) if type(o) is Tensor else o

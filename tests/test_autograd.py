@@ -1,0 +1,565 @@
+"""Autograd semantics against torch: graph structure, accumulation, higher order, grad modes, hooks,
+custom Functions, the version-counter guard, in-place writes through views, and checkpointing."""
+
+from __future__ import annotations
+
+import gc
+import re
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+import tilewise as tw
+from tilewise.utils.checkpoint import checkpoint
+
+
+def both(array, requires_grad=True):
+    """The same float64 data as a tilewise and a torch tensor."""
+    array = np.asarray(array, dtype=np.float64)
+    return (tw.tensor(array, requires_grad=requires_grad), torch.tensor(array, requires_grad=requires_grad))
+
+
+def close(a, b, **kw):
+    np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-10, atol=1e-12, **kw)
+
+
+# ---------------------------------------------------------------------------- leaves and graph structure
+
+def test_leaf_and_non_leaf():
+    x = tw.ones(2, requires_grad=True)
+    y = x * 2
+    assert x.is_leaf and x.grad_fn is None and x.requires_grad
+    assert not y.is_leaf and y.requires_grad
+    c = tw.ones(2)
+    assert c.is_leaf and not c.requires_grad and (c * 2).is_leaf
+    y.sum().backward()
+    assert x.grad is not None and y.grad is None  # non-leaf grads are not kept unless retain_grad()
+
+
+def test_grad_fn_names_and_next_functions_match_torch():
+    graphs = []
+    for lib in (tw, torch):
+        x = lib.ones(2, 2, requires_grad=True)
+        w = lib.ones(2, 2, requires_grad=True)
+        loss = ((x * 2) @ w).exp().sum()
+        graphs.append(_describe(loss.grad_fn))
+    assert graphs[0] == graphs[1]
+    assert graphs[0][0] == "SumBackward0"
+
+
+def _describe(node, depth=0):
+    """(name, children) of a graph, children as (description, output_nr) pairs."""
+    if node is None:
+        return None
+    name = node.name().removeprefix("torch::autograd::")
+    return (name, tuple((_describe(n, depth + 1), nr) for n, nr in node.next_functions))
+
+
+def test_mul_by_scalar_edge_is_none_and_leaf_is_accumulate_grad():
+    x = tw.ones(3, requires_grad=True)
+    nodes = (x * 2).grad_fn.next_functions
+    assert nodes[0][0].name() == "AccumulateGrad" and nodes[0][0].variable is x
+    assert nodes[1] == (None, 0)
+    assert (x * 3).grad_fn.next_functions[0][0] is nodes[0][0]  # one AccumulateGrad per leaf
+
+
+def test_grad_accumulates_across_backward_calls():
+    (x, tx) = both([1.0, 2.0, 3.0])
+    for t in (x, tx):
+        (t * t).sum().backward()
+        (t * 3).sum().backward()
+    close(x.grad, tx.grad)
+    np.testing.assert_allclose(x.grad.numpy(), [5.0, 7.0, 9.0])
+    x.grad = None
+    (x * 1).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [1.0, 1.0, 1.0])
+
+
+def test_backward_with_gradient_for_non_scalar():
+    x, tx = both([[1.0, 2.0], [3.0, 4.0]])
+    g = [[1.0, -1.0], [0.5, 2.0]]
+    (x.exp() * x).backward(gradient=tw.tensor(g, dtype=tw.float64))
+    (tx.exp() * tx).backward(gradient=torch.tensor(g, dtype=torch.float64))
+    close(x.grad, tx.grad)
+    with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar outputs"):
+        (x * 2).backward()
+    with pytest.raises(RuntimeError, match=r"Mismatch in shape.*\[3\].*\[2, 2\]"):
+        (x * 2).backward(tw.ones(3, dtype=tw.float64))
+
+
+def test_retain_graph():
+    x, tx = both([1.0, 2.0])
+    y = (x.exp() * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    ty = (tx.exp() * tx).sum()
+    ty.backward(retain_graph=True)
+    ty.backward()
+    close(x.grad, tx.grad)
+    for out in (y, ty):
+        with pytest.raises(RuntimeError, match="^Trying to backward through the graph a second time"):
+            out.backward()
+
+
+# ---------------------------------------------------------------------------- autograd.grad
+
+def test_autograd_grad_does_not_touch_dot_grad():
+    x = tw.tensor([1.0, 2.0], requires_grad=True)
+    (g,) = tw.autograd.grad((x * x).sum(), x)
+    assert x.grad is None
+    np.testing.assert_allclose(g.numpy(), [2.0, 4.0])
+
+
+def test_third_order_derivative_matches_torch():
+    results = []
+    for lib in (tw, torch):
+        x = lib.tensor([0.7, -1.3], dtype=lib.float64, requires_grad=True)
+        y = (x.sin() * x ** 3).sum()
+        (g1,) = lib.autograd.grad(y, x, create_graph=True)
+        (g2,) = lib.autograd.grad(g1.sum(), x, create_graph=True)
+        (g3,) = lib.autograd.grad(g2.sum(), x)
+        assert g1.requires_grad and g2.requires_grad and not g3.requires_grad
+        results.append([g.detach().numpy() for g in (g1, g2, g3)])
+    for ours, theirs in zip(*results):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-10)
+
+
+def test_create_graph_backward_gives_differentiable_grad():
+    x = tw.tensor([2.0], requires_grad=True)
+    (x ** 3).sum().backward(create_graph=True)
+    assert x.grad.requires_grad  # 3x^2 with its own graph
+    (g2,) = tw.autograd.grad(x.grad.sum(), x)
+    np.testing.assert_allclose(g2.numpy(), [12.0])
+
+
+def test_allow_unused():
+    x = tw.ones(2, requires_grad=True)
+    unused = tw.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="appears to not have been used in the graph.*allow_unused=True"):
+        tw.autograd.grad((x * 2).sum(), [x, unused])
+    gx, gu = tw.autograd.grad((x * 2).sum(), [x, unused], allow_unused=True)
+    assert gu is None
+    np.testing.assert_allclose(gx.numpy(), [2.0, 2.0])
+    _, gu = tw.autograd.grad((x * 2).sum(), [x, unused], materialize_grads=True)
+    np.testing.assert_allclose(gu.numpy(), np.zeros(3))
+
+
+def test_grad_of_input_that_does_not_require_grad():
+    x = tw.ones(2, requires_grad=True)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        tw.autograd.grad((x * 2).sum(), tw.ones(2))
+
+
+# ---------------------------------------------------------------------------- grad modes
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "set_grad_enabled"])
+def test_grad_disabling_modes_as_context_and_decorator(mode):
+    x = tw.ones(2, requires_grad=True)
+    ctx = {"no_grad": tw.no_grad, "inference_mode": tw.inference_mode,
+           "set_grad_enabled": lambda: tw.set_grad_enabled(False)}[mode]
+    with ctx():
+        assert not tw.is_grad_enabled()
+        assert not (x * 2).requires_grad
+    assert tw.is_grad_enabled()
+
+    @ctx()
+    def f(t):
+        return t * 2
+
+    assert not f(x).requires_grad
+    assert tw.is_grad_enabled()
+
+
+def test_enable_grad_inside_no_grad_and_as_decorator():
+    x = tw.ones(2, requires_grad=True)
+
+    @tw.enable_grad()
+    def f(t):
+        return t * 2
+
+    with tw.no_grad():
+        with tw.enable_grad():
+            assert (x * 2).requires_grad
+        assert not (x * 2).requires_grad
+        assert f(x).requires_grad
+    assert tw.is_grad_enabled()
+
+
+def test_set_grad_enabled_as_function_and_restores_on_error():
+    tw.set_grad_enabled(False)
+    try:
+        assert not tw.is_grad_enabled()
+    finally:
+        tw.set_grad_enabled(True)
+    assert tw.is_grad_enabled()
+    with pytest.raises(ValueError), tw.no_grad():
+        raise ValueError
+    assert tw.is_grad_enabled()
+
+
+def test_inference_mode_false_keeps_grad():
+    x = tw.ones(2, requires_grad=True)
+    with tw.inference_mode(False):
+        assert (x * 2).requires_grad
+
+
+def test_no_grad_results_are_leaves_without_history():
+    x = tw.ones(2, requires_grad=True)
+    with tw.no_grad():
+        y = x * 2
+    assert y.is_leaf and y.grad_fn is None and not y.requires_grad
+
+
+# ---------------------------------------------------------------------------- detach
+
+def test_detach_shares_storage_and_cuts_history():
+    x = tw.ones(3, requires_grad=True)
+    y = x * 2
+    d = y.detach()
+    assert not d.requires_grad and d.grad_fn is None and d.is_leaf
+    assert d.data_ptr() == y.data_ptr()
+    with tw.no_grad():
+        d[0] = 7.0
+    assert y[0].item() == 7.0
+    assert (d * x).grad_fn.next_functions[0] == (None, 0)
+
+
+def test_detach_in_place():
+    x = tw.ones(3, requires_grad=True)
+    y = x * 2
+    assert y.detach_() is y
+    assert y.grad_fn is None and not y.requires_grad and y.is_leaf
+
+
+# ---------------------------------------------------------------------------- hooks and retain_grad
+
+def test_tensor_hooks_match_torch():
+    results = []
+    for lib in (tw, torch):
+        x = lib.tensor([1.0, 2.0, 3.0], dtype=lib.float64, requires_grad=True)
+        seen = []
+        x.register_hook(lambda g: g * 2)
+        y = x * 3
+        y.register_hook(lambda g, seen=seen: seen.append(g.clone()))  # observing hook: returns None, grad unchanged
+        y.register_hook(lambda g: g + 1)
+        y.retain_grad()
+        (y * y).sum().backward()
+        results.append((x.grad.numpy(), y.grad.numpy(), seen[0].numpy()))
+    for ours, theirs in zip(*results):
+        np.testing.assert_allclose(ours, theirs)
+
+
+def test_hook_handle_remove():
+    x = tw.ones(2, requires_grad=True)
+    handle = x.register_hook(lambda g: g * 10)
+    (x * 1).sum().backward()
+    handle.remove()
+    x.grad = None
+    (x * 1).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [1.0, 1.0])
+
+
+def test_hook_on_tensor_without_grad_raises():
+    with pytest.raises(RuntimeError, match="doesn't require gradient"):
+        tw.ones(2).register_hook(lambda g: g)
+
+
+def test_retain_grad():
+    x = tw.ones(2, requires_grad=True)
+    y = x * 3
+    z = y * y
+    y.retain_grad()
+    assert y.retains_grad and not z.retains_grad
+    z.sum().backward()
+    np.testing.assert_allclose(y.grad.numpy(), [6.0, 6.0])
+    assert z.grad is None
+    x.retain_grad()  # a no-op on leaves, like torch
+    assert x.grad is not None
+
+
+# ---------------------------------------------------------------------------- custom Function
+
+class ScaledProduct(tw.autograd.Function):
+    """out = a * b * k, plus a non-differentiable argmax; k is a plain number."""
+
+    calls: list = []
+
+    @staticmethod
+    def forward(ctx, a, b, k):
+        ctx.save_for_backward(a, b)
+        ctx.k = k
+        index = a.argmax()
+        ctx.mark_non_differentiable(index)
+        return a * b * k, index
+
+    @staticmethod
+    def backward(ctx, grad, grad_index):
+        a, b = ctx.saved_tensors
+        ScaledProduct.calls.append(ctx.needs_input_grad)
+        ga = grad * b * ctx.k if ctx.needs_input_grad[0] else None
+        gb = grad * a * ctx.k if ctx.needs_input_grad[1] else None
+        return ga, gb, None
+
+
+def test_custom_function():
+    ScaledProduct.calls.clear()
+    a = tw.tensor([1.0, 5.0, 2.0], requires_grad=True)
+    b = tw.tensor([3.0, 4.0, 5.0])
+    out, index = ScaledProduct.apply(a, b, 2.0)
+    assert out.grad_fn.name() == "ScaledProductBackward"
+    assert out.requires_grad and not index.requires_grad and index.item() == 1
+    nexts = out.grad_fn.next_functions
+    assert len(nexts) == 2 and nexts[0][0].name() == "AccumulateGrad" and nexts[1] == (None, 0)  # tensors only
+    out.sum().backward()
+    assert ScaledProduct.calls == [(True, False, False)]
+    np.testing.assert_allclose(a.grad.numpy(), [6.0, 8.0, 10.0])
+    assert b.grad is None
+
+
+def test_custom_function_backward_contract_errors():
+    class TooFew(tw.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, scale):
+            return x * scale
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    class WrongShape(TooFew):
+        @staticmethod
+        def backward(ctx, grad):
+            return tw.ones(5), None
+
+    x = tw.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"TooFewBackward returned an incorrect number of gradients \(expected 2, "
+                                           r"got 1\)"):
+        TooFew.apply(x, 2.0).sum().backward()
+    with pytest.raises(RuntimeError, match=r"invalid gradient at index 0 - got \[5\] but expected shape compatible "
+                                           r"with \[3\]"):
+        WrongShape.apply(x, 2.0).sum().backward()
+
+
+def test_custom_function_without_grad_is_plain_call():
+    out, _ = ScaledProduct.apply(tw.ones(2), tw.ones(2), 3.0)
+    assert out.grad_fn is None and not out.requires_grad
+    x = tw.ones(2, requires_grad=True)
+    with tw.no_grad():
+        out, _ = ScaledProduct.apply(x, x, 3.0)
+    assert out.grad_fn is None
+
+
+def test_custom_function_saved_tensor_version_check():
+    a = tw.tensor([1.0, 2.0], requires_grad=True)
+    b = tw.tensor([3.0, 4.0])
+    out, _ = ScaledProduct.apply(a, b, 1.0)
+    b.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation.*version 1; expected version 0"):
+        out.sum().backward()
+
+
+def test_custom_function_composes_with_builtin_ops_and_higher_order():
+    class Cube(tw.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x ** 3
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return grad * 3 * x * x
+
+    x = tw.tensor([2.0], requires_grad=True)
+    y = Cube.apply(x.exp()).sum()
+    (g,) = tw.autograd.grad(y, x, create_graph=True)
+    np.testing.assert_allclose(g.item(), 3 * np.exp(6.0), rtol=1e-5)
+    (g2,) = tw.autograd.grad(g, x)  # backward formula ran with grad on: differentiable
+    np.testing.assert_allclose(g2.item(), 9 * np.exp(6.0), rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- in-place and versions
+
+def test_modified_saved_tensor_error_names_versions():
+    messages = []
+    for lib in (tw, torch):
+        a = lib.ones(3, requires_grad=True)
+        b = a.exp()
+        c = b.exp()  # saves b (as its result... and exp's result)
+        b.add_(1)
+        with pytest.raises(RuntimeError) as err:
+            c.sum().backward()
+        messages.append(str(err.value))
+    ours, theirs = messages
+    assert "modified by an inplace operation" in theirs
+    assert re.search(r"one of the variables needed for gradient computation has been modified by an inplace "
+                     r"operation: \[float32 tensor of shape \[3\]\], which is output 0 of ExpBackward0, is at "
+                     r"version 1; expected version 0 instead", ours), ours
+
+
+def test_version_counter_shared_by_views():
+    x = tw.zeros(4)
+    v = x[1:3]
+    assert x._version == v._version == 0
+    v.add_(1)
+    assert x._version == v._version == 1
+    x.mul_(2)
+    assert v._version == 2
+    assert x.detach()._version == 2
+
+
+def test_leaf_in_place_error():
+    x = tw.ones(2, requires_grad=True)
+    with pytest.raises(RuntimeError, match="add_: a leaf Variable that requires grad is being used in an in-place"):
+        x.add_(1)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        x[0] = 3.0
+    with tw.no_grad():
+        x.add_(1)  # allowed without grad recording, like torch
+    np.testing.assert_allclose(x.detach().numpy(), [2.0, 2.0])
+
+
+def test_in_place_on_non_leaf_records_history():
+    x, tx = both([1.0, 2.0, 3.0])
+    for t in (x, tx):
+        y = t * 2
+        y.mul_(3)
+        y.exp_()
+        y.sum().backward()
+    close(x.grad, tx.grad)
+
+
+def test_in_place_through_view_gradients_match_torch():
+    data = np.arange(9.0).reshape(3, 3) / 4
+    grads = []
+    for lib in (tw, torch):
+        x = lib.tensor(data, requires_grad=True)
+        y = x * 2
+        y[:, 1] += 1
+        y[0].mul_(y[2].detach().clone())
+        y[1:, ::2].exp_()
+        (y * y).sum().backward()
+        grads.append(x.grad)
+    close(*grads)
+
+
+def test_in_place_on_view_of_leaf_is_an_error():
+    x = tw.ones(3, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="view of a leaf Variable that requires grad"):
+        x[0].add_(1)
+
+
+def test_only_values_needed_for_required_grads_are_saved():
+    x, tx = both([0.5, 1.5])
+    for lib, t in ((tw, x), (torch, tx)):
+        y = t * 1
+        c = lib.tensor([2.0, 3.0], dtype=lib.float64)
+        z = y * c  # c needs no grad, so y is not saved and may change afterwards
+        y.add_(1)
+        (z * z).sum().backward()
+    close(x.grad, tx.grad)
+
+
+def test_in_place_on_saved_output_is_caught():
+    for lib in (tw, torch):
+        x = lib.tensor([0.5, 1.5], requires_grad=True)
+        y = x.exp()
+        z = y * 1
+        y.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            (z * y).sum().backward()
+
+
+# ---------------------------------------------------------------------------- checkpointing
+
+W_DATA = np.random.default_rng(0).standard_normal((4, 4))
+
+
+def _block(x, w, refs=None):
+    h = (x @ w).tanh()
+    if refs is not None:
+        refs.append(weakref.ref(h.untyped_storage()))
+    keep = (tw.rand_like(h) > 0.5).to(h.dtype)  # a dropout-style mask: must match on recomputation
+    return (h * keep * 2).exp().sum(1)
+
+
+def _run_block(mode):
+    w = tw.tensor(W_DATA, requires_grad=True)
+    x = tw.tensor(np.linspace(-1, 1, 12).reshape(3, 4), requires_grad=True)
+    tw.manual_seed(123)
+    if mode is None:
+        y = _block(x, w)
+    else:
+        y = checkpoint(_block, x, w, use_reentrant=mode)
+    tw.manual_seed(999)  # the RNG moves on before backward; recomputation must replay the forward's state
+    (y * tw.tensor([1.0, -2.0, 0.5], dtype=y.dtype)).sum().backward()
+    return y.detach().numpy(), x.grad.numpy(), w.grad.numpy()
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_checkpoint_matches_plain_gradients(use_reentrant):
+    expected = _run_block(None)
+    actual = _run_block(use_reentrant)
+    for a, e in zip(actual, expected):
+        np.testing.assert_allclose(a, e, rtol=1e-12)
+
+
+def test_checkpoint_captured_parameter_and_autograd_grad():
+    w = tw.tensor(W_DATA, requires_grad=True)
+    x = tw.tensor(np.ones((2, 4)), requires_grad=True)
+    fn = lambda t: (t @ w).sin()  # noqa: E731 — w is captured, not an argument
+    tw.manual_seed(0)
+    expected = tw.autograd.grad(fn(x).sum(), [x, w])
+    tw.manual_seed(0)
+    actual = tw.autograd.grad(checkpoint(fn, x).sum(), [x, w])
+    for a, e in zip(actual, expected):
+        np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_checkpoint_frees_activations(use_reentrant):
+    w = tw.tensor(W_DATA, requires_grad=True)
+    x = tw.tensor(np.ones((3, 4)), requires_grad=True)
+    plain_refs, ckpt_refs = [], []
+    plain = _block(x, w, plain_refs)
+    ckpt = checkpoint(_block, x, w, ckpt_refs, use_reentrant=use_reentrant)
+    gc.collect()
+    assert plain_refs[0]() is not None  # saved for backward by the plain graph
+    assert ckpt_refs[0]() is None  # the checkpointed segment kept nothing
+    (plain.sum() + ckpt.sum()).backward()
+    assert w.grad is not None
+
+
+def test_checkpoint_saves_only_handles():
+    from tilewise.autograd.graph import SavedTensor
+
+    x = tw.ones(3, 4, requires_grad=True)
+    w = tw.tensor(W_DATA, requires_grad=True)
+    y = checkpoint(lambda a: (a @ w).tanh().exp(), x)
+    saved = [v for v in y.grad_fn.saved.values() if isinstance(v, SavedTensor)]
+    assert saved and all(isinstance(s.tensor, int) for s in saved)
+
+
+def test_checkpoint_retain_graph_recomputes_twice():
+    x = tw.tensor([0.3, 0.6], requires_grad=True)
+    y = checkpoint(lambda t: (t.exp() * t).sum(), x)
+    y.backward(retain_graph=True)
+    y.backward()
+    e = np.exp([0.3, 0.6]) * (1 + np.array([0.3, 0.6]))
+    np.testing.assert_allclose(x.grad.numpy(), 2 * e, rtol=1e-6)
+
+
+def test_checkpoint_under_no_grad_is_plain_call():
+    x = tw.ones(2, requires_grad=True)
+    with tw.no_grad():
+        y = checkpoint(lambda t: t * 2, x)
+    assert not y.requires_grad
+
+
+def test_checkpoint_reentrant_rejects_kwargs():
+    with pytest.raises(ValueError, match="keyword arguments"):
+        checkpoint(lambda t, scale: t * scale, tw.ones(2, requires_grad=True), scale=2.0, use_reentrant=True)
+    y = checkpoint(lambda t, scale: t * scale, tw.ones(2, requires_grad=True), scale=2.0)
+    np.testing.assert_allclose(y.detach().numpy(), [2.0, 2.0])

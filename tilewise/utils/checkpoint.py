@@ -1,0 +1,138 @@
+"""Activation checkpointing: trade compute for memory by recomputing a segment's activations in backward.
+
+[Note: checkpointing] ``checkpoint(fn, *args)`` runs ``fn`` normally, except that every tensor its
+operators save for backward is replaced by a small integer handle (``saved_tensors_hooks``), so the
+segment's activations die as soon as the forward no longer needs them. The first time backward unpacks a
+handle, ``fn`` is run again on detached copies of its inputs, under the same RNG state (so dropout masks
+match), recording the tensors saved in the same order; each unpacked handle takes its tensor back out,
+and the recomputed activations are freed as backward consumes them. Because ``fn``'s own graph is the one
+backward walks, gradients reach everything ``fn`` reads, arguments and captured parameters alike, and
+``autograd.grad`` works as it does without checkpointing (torch's non-reentrant variant).
+
+``use_reentrant=True`` gives torch's older form instead: ``fn`` runs without grad inside an
+``autograd.Function`` whose backward recomputes it and calls ``backward`` on the recomputed outputs, so
+gradients flow to tensor arguments and accumulate into captured parameters' ``.grad``.
+
+>>> import tilewise as tw
+>>> from tilewise.utils.checkpoint import checkpoint
+>>> x = tw.tensor([1.0, 2.0], requires_grad=True)
+>>> checkpoint(lambda t: (t.exp() * t).sum(), x).backward()
+>>> [round(g, 4) for g in x.grad.tolist()]
+[5.4366, 22.1672]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tilewise.autograd.function import Function
+from tilewise.autograd.grad_mode import enable_grad
+from tilewise.autograd.graph import saved_tensors_hooks
+from tilewise.dispatch import STATE
+from tilewise.ops.creation import get_rng_state, set_rng_state
+from tilewise.tensor import Tensor
+
+__all__ = ["checkpoint"]
+
+
+def checkpoint(function: Callable, *args, use_reentrant: bool = False, preserve_rng_state: bool = True,
+               **kwargs):
+    """Run ``function(*args, **kwargs)`` without keeping its activations; recompute them during backward."""
+    if use_reentrant:
+        if kwargs:
+            raise ValueError(f"checkpoint(use_reentrant=True) does not take keyword arguments for the function, got "
+                             f"{sorted(kwargs)}; pass use_reentrant=False to use them")
+        return _ReentrantCheckpoint.apply(function, preserve_rng_state, *args)
+    if not STATE.grad_enabled:
+        return function(*args, **kwargs)
+    return _Segment(function, args, kwargs, preserve_rng_state).run()
+
+
+class _RngState:
+    """The default generator's state at one moment, replayable around a recomputation."""
+
+    def __init__(self, preserve: bool):
+        self.state = get_rng_state() if preserve else None
+
+    def replay(self, fn: Callable):
+        if self.state is None:
+            return fn()
+        now = get_rng_state()
+        set_rng_state(self.state)
+        try:
+            return fn()
+        finally:
+            set_rng_state(now)
+
+
+def _detached_like(value):
+    if isinstance(value, Tensor):
+        return value.detach().requires_grad_(value.requires_grad)
+    return value
+
+
+class _Segment:
+    """One checkpointed call: the forward's handles and, once backward needs them, the recomputed tensors."""
+
+    def __init__(self, function: Callable, args: tuple, kwargs: dict, preserve_rng_state: bool):
+        self.function, self.args, self.kwargs = function, args, kwargs
+        self.rng = _RngState(preserve_rng_state)
+        self.count = 0
+        self.recomputed: dict[int, Tensor] = {}
+
+    def run(self):
+        with saved_tensors_hooks(self._pack_handle, self._unpack_handle):
+            return self.function(*self.args, **self.kwargs)
+
+    def _pack_handle(self, t: Tensor) -> int:
+        self.count += 1
+        return self.count - 1
+
+    def _unpack_handle(self, handle: int) -> Tensor:
+        if handle not in self.recomputed:
+            self._recompute()
+        return self.recomputed.pop(handle)
+
+    def _recompute(self) -> None:
+        saved: list[Tensor] = []
+
+        def record(t: Tensor) -> int:
+            saved.append(t.detach())
+            return len(saved) - 1
+
+        args = tuple(_detached_like(a) for a in self.args)
+        kwargs = {k: _detached_like(v) for k, v in self.kwargs.items()}
+        with enable_grad(), saved_tensors_hooks(record, _never_unpacked):
+            self.rng.replay(lambda: self.function(*args, **kwargs))
+        if len(saved) != self.count:
+            raise RuntimeError(f"checkpoint: recomputing the function saved {len(saved)} tensors for backward, but "
+                               f"its forward saved {self.count}; the checkpointed function must do the same work "
+                               "each time it runs (no data- or state-dependent control flow)")
+        self.recomputed = dict(enumerate(saved))
+
+
+def _never_unpacked(handle: int):
+    raise RuntimeError("checkpoint: a tensor saved during recomputation was unpacked; recomputed graphs are not "
+                       "meant to be differentiated")
+
+
+class _ReentrantCheckpoint(Function):
+    @staticmethod
+    def forward(ctx, function, preserve_rng_state, *args):
+        ctx.function, ctx.rng = function, _RngState(preserve_rng_state)
+        ctx.save_for_backward(*args)
+        return function(*args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        from tilewise.autograd import backward
+
+        inputs = tuple(_detached_like(a) for a in ctx.saved_tensors)
+        with enable_grad():
+            outputs = ctx.rng.replay(lambda: ctx.function(*inputs))
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        pairs = [(o, g) for o, g in zip(outputs, grads)
+                 if isinstance(o, Tensor) and o.requires_grad and g is not None]
+        if pairs:
+            backward([o for o, _ in pairs], [g for _, g in pairs])
+        return (None, None, *(a.grad if isinstance(a, Tensor) else None for a in inputs))
