@@ -82,6 +82,9 @@ globals().update({k: v for k, v in _ops.build_api().items() if k not in globals(
 from tilewise import autograd  # noqa: E402
 from tilewise.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
 from tilewise.backends import get_default_device, set_default_device  # noqa: E402
+from tilewise._dlpack import from_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
+from tilewise.serialization import load, save  # noqa: E402
+from tilewise import nn, optim, utils  # noqa: E402
 
 
 def result_type(*operands) -> DType:

@@ -1,0 +1,18 @@
+"""tilewise.nn: layers, parameters, initialisation and losses with torch.nn's names and behaviour.
+
+>>> import tilewise as tw
+>>> model = tw.nn.Sequential(tw.nn.Linear(4, 8), tw.nn.GELU(), tw.nn.Linear(8, 2))
+>>> model
+Sequential(
+  (0): Linear(in_features=4, out_features=8, bias=True)
+  (1): GELU(approximate='none')
+  (2): Linear(in_features=8, out_features=2, bias=True)
+)
+"""
+
+from tilewise.nn import functional, init, utils
+from tilewise.nn.modules import *  # noqa: F403 — the layer classes, listed in modules.__all__
+from tilewise.nn.modules import __all__ as _modules_all
+from tilewise.nn.parameter import Parameter
+
+__all__ = ["Parameter", "functional", "init", "utils", *_modules_all]

@@ -1,0 +1,55 @@
+"""The layers of tilewise.nn, one module per family (as torch.nn.modules)."""
+
+from tilewise.nn.modules.activation import (
+    CELU,
+    ELU,
+    GELU,
+    SELU,
+    Hardsigmoid,
+    Hardswish,
+    Hardtanh,
+    LeakyReLU,
+    LogSigmoid,
+    LogSoftmax,
+    Mish,
+    PReLU,
+    ReLU,
+    ReLU6,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softplus,
+    Softsign,
+    Tanh,
+    Threshold,
+)
+from tilewise.nn.modules.container import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
+from tilewise.nn.modules.conv import Conv1d, Conv2d
+from tilewise.nn.modules.dropout import Dropout
+from tilewise.nn.modules.linear import Bilinear, Flatten, Identity, Linear, Unflatten
+from tilewise.nn.modules.loss import (
+    BCELoss,
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    L1Loss,
+    MSELoss,
+    NLLLoss,
+    SmoothL1Loss,
+)
+from tilewise.nn.modules.module import Module
+from tilewise.nn.modules.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
+from tilewise.nn.modules.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from tilewise.nn.modules.sparse import Embedding
+from tilewise.nn.modules.transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
+
+__all__ = [
+    "Module", "Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict",
+    "Identity", "Linear", "Bilinear", "Flatten", "Unflatten", "Embedding",
+    "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "Dropout",
+    "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
+    "MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder",
+    "ReLU", "ReLU6", "LeakyReLU", "PReLU", "GELU", "SiLU", "Mish", "Softplus", "Hardswish", "Hardsigmoid",
+    "Hardtanh", "ELU", "SELU", "CELU", "Softsign", "LogSigmoid", "Sigmoid", "Tanh", "Threshold", "Softmax",
+    "LogSoftmax",
+    "MSELoss", "L1Loss", "SmoothL1Loss", "NLLLoss", "CrossEntropyLoss", "BCELoss", "BCEWithLogitsLoss",
+]

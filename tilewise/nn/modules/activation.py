@@ -1,0 +1,187 @@
+"""Activation modules: thin wrappers that hold an activation's options and call ``tilewise.nn.functional``."""
+
+from __future__ import annotations
+
+from tilewise.nn import functional as F  # noqa: N812 — torch's spelling
+from tilewise.nn.modules.module import Module
+from tilewise.nn.parameter import Parameter
+from tilewise.ops.creation import full
+from tilewise.tensor import Tensor
+
+
+class _Elementwise(Module):
+    """An activation with no options: ``forward`` is ``F.<fn>(input)``."""
+
+    fn: str
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return getattr(F, self.fn)(input)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
+
+class ReLU(_Elementwise):
+    fn = "relu"
+
+
+class ReLU6(_Elementwise):
+    fn = "relu6"
+
+
+class SiLU(_Elementwise):
+    fn = "silu"
+
+
+class Mish(_Elementwise):
+    fn = "mish"
+
+
+class Hardswish(_Elementwise):
+    fn = "hardswish"
+
+
+class Hardsigmoid(_Elementwise):
+    fn = "hardsigmoid"
+
+
+class SELU(_Elementwise):
+    fn = "selu"
+
+
+class Sigmoid(_Elementwise):
+    fn = "sigmoid"
+
+
+class Tanh(_Elementwise):
+    fn = "tanh"
+
+
+class Softsign(_Elementwise):
+    fn = "softsign"
+
+
+class LogSigmoid(_Elementwise):
+    fn = "logsigmoid"
+
+
+class GELU(Module):
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.gelu(input, approximate=self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class LeakyReLU(Module):
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False) -> None:
+        super().__init__()
+        self.negative_slope, self.inplace = negative_slope, inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.leaky_relu(input, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
+
+
+class ELU(Module):
+    def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
+        super().__init__()
+        self.alpha, self.inplace = alpha, inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.elu(input, self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}" + (", inplace=True" if self.inplace else "")
+
+
+class CELU(ELU):
+    def forward(self, input: Tensor) -> Tensor:
+        return F.celu(input, self.alpha)
+
+
+class Softplus(Module):
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0) -> None:
+        super().__init__()
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.softplus(input, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class Hardtanh(Module):
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> None:
+        super().__init__()
+        self.min_val, self.max_val, self.inplace = min_val, max_val, inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.hardtanh(input, self.min_val, self.max_val)
+
+    def extra_repr(self) -> str:
+        return f"min_val={self.min_val}, max_val={self.max_val}" + (", inplace=True" if self.inplace else "")
+
+
+class Threshold(Module):
+    def __init__(self, threshold: float, value: float, inplace: bool = False) -> None:
+        super().__init__()
+        self.threshold, self.value, self.inplace = threshold, value, inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.threshold(input, self.threshold, self.value)
+
+    def extra_repr(self) -> str:
+        return f"threshold={self.threshold}, value={self.value}" + (", inplace=True" if self.inplace else "")
+
+
+class PReLU(Module):
+    """``max(0, x) + weight * min(0, x)``, with one learnable slope or one per channel (dim 1)."""
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, device=None, dtype=None) -> None:
+        super().__init__()
+        self.num_parameters = num_parameters
+        self.weight = Parameter(full((num_parameters,), init, device=device, dtype=dtype))
+
+    def forward(self, input: Tensor) -> Tensor:
+        weight = self.weight
+        if self.num_parameters > 1 and input.ndim > 1:
+            weight = weight.view((-1,) + (1,) * (input.ndim - 2))
+        return input.clamp(min=0) + weight * input.clamp(max=0)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
+
+
+class _WithDim(Module):
+    fn: str
+
+    def __init__(self, dim: int | None = None) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:
+        dim = self.dim if self.dim is not None else (0 if input.ndim in (0, 1, 3) else 1)
+        return getattr(F, self.fn)(input, dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Softmax(_WithDim):
+    fn = "softmax"
+
+
+class LogSoftmax(_WithDim):
+    fn = "log_softmax"

@@ -1,0 +1,220 @@
+"""Attention and the Transformer encoder: MultiheadAttention, TransformerEncoderLayer, TransformerEncoder.
+
+Parameter names, shapes, initialisation and mask conventions are torch's, so a state dict moves between
+the two frameworks unchanged. Boolean masks mean "True = may not attend"; float masks are added to the
+attention scores. When the caller does not ask for the attention weights the product runs through
+``F.scaled_dot_product_attention`` (the fused kernel on devices that have one); otherwise the weights are
+computed explicitly and returned.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+
+from tilewise.nn import functional as F  # noqa: N812 — torch's spelling
+from tilewise.nn import init
+from tilewise.nn.modules.container import ModuleList
+from tilewise.nn.modules.dropout import Dropout
+from tilewise.nn.modules.linear import Linear
+from tilewise.nn.modules.module import Module
+from tilewise.nn.modules.normalization import LayerNorm
+from tilewise.nn.parameter import Parameter
+from tilewise.ops.creation import arange, empty, zeros
+from tilewise.tensor import Tensor
+
+
+def _additive(mask: Tensor | None, dtype) -> Tensor | None:
+    """A boolean "may not attend" mask as 0 / -inf; float masks pass through."""
+    if mask is None or mask.dtype.is_floating_point:
+        return mask
+    return zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
+
+
+def causal_mask(size: int, device=None, dtype=None) -> Tensor:
+    """The float mask that stops position i attending to j > i: 0 on and below the diagonal, -inf above.
+
+    >>> causal_mask(3).tolist()[0]
+    [0.0, -inf, -inf]
+    """
+    rows = arange(size, device=device).unsqueeze(1)
+    cols = arange(size, device=device).unsqueeze(0)
+    return _additive(cols > rows, dtype or empty(0).dtype)
+
+
+class MultiheadAttention(Module):
+    """Multi-head attention with torch's parameters (``in_proj_weight``, ``in_proj_bias``, ``out_proj``)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 kdim: int | None = None, vdim: int | None = None, batch_first: bool = False, device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible by num_heads "
+                             f"({num_heads})")
+        self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
+        self.head_dim = embed_dim // num_heads
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        factory = {"device": device, "dtype": dtype}
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = Parameter(empty(3 * embed_dim, embed_dim, **factory))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        else:
+            self.q_proj_weight = Parameter(empty(embed_dim, embed_dim, **factory))
+            self.k_proj_weight = Parameter(empty(embed_dim, self.kdim, **factory))
+            self.v_proj_weight = Parameter(empty(embed_dim, self.vdim, **factory))
+            self.register_parameter("in_proj_weight", None)
+        if bias:
+            self.in_proj_bias = Parameter(empty(3 * embed_dim, **factory))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        if self._qkv_same_embed_dim:
+            init.xavier_uniform_(self.in_proj_weight)
+        else:
+            init.xavier_uniform_(self.q_proj_weight)
+            init.xavier_uniform_(self.k_proj_weight)
+            init.xavier_uniform_(self.v_proj_weight)
+        if self.in_proj_bias is not None:
+            init.zeros_(self.in_proj_bias)
+            init.zeros_(self.out_proj.bias)
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        e = self.embed_dim
+        b = self.in_proj_bias
+        bq, bk, bv = (None, None, None) if b is None else (b[:e], b[e:2 * e], b[2 * e:])
+        if self._qkv_same_embed_dim:
+            w = self.in_proj_weight
+            wq, wk, wv = w[:e], w[e:2 * e], w[2 * e:]
+        else:
+            wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        n, length, _ = x.shape
+        return x.view(n, length, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _merged_mask(self, attn_mask, key_padding_mask, is_causal: bool, n: int, tgt: int, src: int,
+                     dtype) -> Tensor | None:
+        if is_causal and attn_mask is None:
+            attn_mask = causal_mask(tgt, dtype=dtype)
+        mask = _additive(attn_mask, dtype)
+        if mask is not None and mask.dim() == 3:  # (N * heads, L, S)
+            mask = mask.view(n, self.num_heads, tgt, src)
+        padding = _additive(key_padding_mask, dtype)
+        if padding is not None:
+            padding = padding.view(n, 1, 1, src)
+            mask = padding if mask is None else mask + padding
+        return mask
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
+                need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
+        unbatched = query.dim() == 2
+        if unbatched:
+            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        if not self.batch_first or unbatched:
+            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        n, tgt, _ = query.shape
+        src = key.shape[1]
+        q, k, v = (self._split_heads(t) for t in self._project(query, key, value))
+        mask = self._merged_mask(attn_mask, key_padding_mask, is_causal, n, tgt, src, q.dtype)
+        dropout_p = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights:
+            scores = q.matmul(k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+            if mask is not None:
+                scores = scores + mask
+            weights = F.softmax(scores, -1)
+            heads = F.dropout(weights, dropout_p, self.training).matmul(v)
+            if average_attn_weights:
+                weights = weights.mean(1)
+        else:
+            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        out = self.out_proj(heads.transpose(1, 2).reshape(n, tgt, self.embed_dim))
+        if not self.batch_first or unbatched:
+            out = out.transpose(0, 1)
+        if unbatched:
+            out = out.squeeze(1)
+            weights = weights.squeeze(0) if weights is not None else None
+        return out, weights
+
+    def extra_repr(self) -> str:
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
+
+
+def _activation(activation: str | Callable) -> Callable:
+    if callable(activation):
+        return activation
+    if activation == "relu":
+        return F.relu
+    if activation == "gelu":
+        return F.gelu
+    raise RuntimeError(f"activation should be relu/gelu or a callable, not {activation!r}")
+
+
+class TransformerEncoderLayer(Module):
+    """Self-attention and a feed-forward block, each with a residual connection and LayerNorm (post-norm by
+    default, pre-norm with ``norm_first=True``), as torch.nn.TransformerEncoderLayer."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: str | Callable = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
+                                            **factory)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **factory)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **factory)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.activation = _activation(activation)
+
+    def _self_attention(self, x: Tensor, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
+        out, _ = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                need_weights=False, is_causal=is_causal)
+        return self.dropout1(out)
+
+    def _feed_forward(self, x: Tensor) -> Tensor:
+        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+                is_causal: bool = False) -> Tensor:
+        x = src
+        if self.norm_first:
+            x = x + self._self_attention(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            return x + self._feed_forward(self.norm2(x))
+        x = self.norm1(x + self._self_attention(x, src_mask, src_key_padding_mask, is_causal))
+        return self.norm2(x + self._feed_forward(x))
+
+
+class TransformerEncoder(Module):
+    """``num_layers`` independent copies of ``encoder_layer``, applied in order, then an optional norm."""
+
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: Module | None = None) -> None:
+        super().__init__()
+        self.layers = ModuleList([copy.deepcopy(encoder_layer) for _ in range(num_layers)])
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+                is_causal: bool = False) -> Tensor:
+        x = src
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=is_causal)
+        return self.norm(x) if self.norm is not None else x
+
