@@ -10,6 +10,7 @@ autograd attributes (``requires_grad``, ``grad``, ``grad_fn``, hooks) and ``back
 
 from __future__ import annotations
 
+import copy
 from numbers import Number
 
 import numpy as np
@@ -246,6 +247,8 @@ class Tensor:
         if self._grad is not None:
             out._grad = self._grad.clone()
         memo[id(self)] = out
+        extra = {k: v for k, v in self.__dict__.items() if k != "_acc"}  # _acc: this tensor's own autograd sink
+        out.__dict__.update(copy.deepcopy(extra, memo))
         return out
 
     # ------------------------------------------------------------------ autograd attributes

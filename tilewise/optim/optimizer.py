@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tilewise.autograd.grad_mode import enable_grad
+from tilewise.nn.init import zeros_
 from tilewise.tensor import Tensor
 
 
@@ -78,7 +79,7 @@ class Optimizer:
                     p.grad = None
                 else:
                     p.grad.detach_()
-                    p.grad.zero_()
+                    zeros_(p.grad)
 
     def step(self, closure: Callable[[], Any] | None = None):
         raise NotImplementedError(f"{type(self).__name__} does not implement step()")

@@ -15,9 +15,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tilewise.autograd.grad_mode import no_grad
+from tilewise.nn.init import zeros_
 from tilewise.nn.parameter import Parameter
 from tilewise.tensor import Tensor
 from tilewise.utils.hooks import RemovableHandle
+
 
 class IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
     def __repr__(self) -> str:
@@ -338,7 +340,7 @@ class Module:
                 p.grad = None
             else:
                 p.grad.detach_()
-                p.grad.zero_()
+                zeros_(p.grad)
 
     def apply(self, fn: Callable[[Module], None]) -> Module:
         for module in self.children():

@@ -1,0 +1,239 @@
+"""Optimizers and LR schedulers against torch: same weights, same data, same trajectory to float32 rounding."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+import tilewise as tw
+from tilewise.optim import lr_scheduler as tw_sched
+
+STEPS = 50
+
+OPTIMIZERS = [
+    ("SGD", dict(lr=0.05)),
+    ("SGD", dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
+    ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, maximize=False)),
+    ("Adam", dict(lr=0.01)),
+    ("Adam", dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1, amsgrad=True)),
+    ("AdamW", dict(lr=0.01)),
+    ("AdamW", dict(lr=0.01, weight_decay=0.3, amsgrad=True)),
+    ("RMSprop", dict(lr=0.01)),
+    ("RMSprop", dict(lr=0.01, alpha=0.9, momentum=0.5, centered=True, weight_decay=0.1)),
+    ("Adagrad", dict(lr=0.1)),
+    ("Adagrad", dict(lr=0.1, lr_decay=0.01, weight_decay=0.1, initial_accumulator_value=0.1)),
+]
+
+
+def _mlp(lib):
+    lib.manual_seed(0)
+    return lib.nn.Sequential(lib.nn.Linear(8, 16), lib.nn.Tanh(), lib.nn.Linear(16, 4))
+
+
+def _paired_models():
+    """A torch MLP and a tilewise MLP holding the same weights (copied through DLPack)."""
+    ref = _mlp(torch)
+    model = _mlp(tw)
+    model.load_state_dict({k: v.detach() for k, v in ref.state_dict().items()})
+    return model, ref
+
+
+def _data(steps: int = STEPS):
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((steps, 16, 8)).astype(np.float32),
+            rng.standard_normal((steps, 16, 4)).astype(np.float32))
+
+
+def _train(lib, model, optimizer, xs, ys, start=0, stop=STEPS, scheduler=None) -> list[float]:
+    losses = []
+    for i in range(start, stop):
+        loss = ((model(lib.tensor(xs[i])) - lib.tensor(ys[i])) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _assert_same_params(model, ref, atol=2e-6):
+    ours = dict(model.named_parameters())
+    for name, p in ref.named_parameters():
+        np.testing.assert_allclose(ours[name].detach().numpy(), p.detach().numpy(), rtol=1e-5, atol=atol,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("name,kwargs", OPTIMIZERS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(OPTIMIZERS)])
+def test_optimizer_matches_torch(name, kwargs):
+    model, ref = _paired_models()
+    xs, ys = _data()
+    ours = _train(tw, model, getattr(tw.optim, name)(model.parameters(), **kwargs), xs, ys)
+    theirs = _train(torch, ref, getattr(torch.optim, name)(ref.parameters(), **kwargs), xs, ys)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    _assert_same_params(model, ref)
+
+
+def test_param_groups_with_their_own_hyperparameters_match_torch():
+    model, ref = _paired_models()
+    xs, ys = _data()
+
+    def groups(m):
+        return [{"params": m[0].parameters(), "lr": 0.02}, {"params": m[2].parameters(), "weight_decay": 0.5}]
+
+    _train(tw, model, tw.optim.AdamW(groups(model), lr=0.01), xs, ys)
+    _train(torch, ref, torch.optim.AdamW(groups(ref), lr=0.01), xs, ys)
+    _assert_same_params(model, ref)
+
+
+@pytest.mark.parametrize("name,kwargs", [OPTIMIZERS[1], OPTIMIZERS[4], OPTIMIZERS[8], OPTIMIZERS[10]],
+                         ids=["SGD", "Adam", "RMSprop", "Adagrad"])
+def test_state_dict_resume_through_a_checkpoint_continues_the_same_trajectory(name, kwargs):
+    xs, ys = _data()
+    model, _ = _paired_models()
+    straight = _train(tw, model, getattr(tw.optim, name)(model.parameters(), **kwargs), xs, ys)
+
+    model, _ = _paired_models()
+    opt = getattr(tw.optim, name)(model.parameters(), **kwargs)
+    first = _train(tw, model, opt, xs, ys, stop=20)
+    buf = io.BytesIO()
+    tw.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, buf)
+    buf.seek(0)
+    saved = tw.load(buf)
+    resumed_model, _ = _paired_models()
+    resumed_model.load_state_dict(saved["model"])
+    resumed_opt = getattr(tw.optim, name)(resumed_model.parameters(), **kwargs)
+    resumed_opt.load_state_dict(saved["optimizer"])
+    rest = _train(tw, resumed_model, resumed_opt, xs, ys, start=20)
+    assert first + rest == straight
+
+
+def test_state_dict_layout_matches_torch():
+    model, ref = _paired_models()
+    xs, ys = _data(3)
+    opt = tw.optim.Adam(model.parameters(), lr=0.01)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+    _train(tw, model, opt, xs, ys, stop=3)
+    _train(torch, ref, ref_opt, xs, ys, stop=3)
+    ours, theirs = opt.state_dict(), ref_opt.state_dict()
+    assert ours["state"].keys() == theirs["state"].keys()
+    assert ours["state"][0].keys() == theirs["state"][0].keys()
+    assert ours["param_groups"][0]["params"] == theirs["param_groups"][0]["params"]
+    assert set(ours["param_groups"][0]) <= set(theirs["param_groups"][0])
+    assert ours["state"][0]["step"].item() == theirs["state"][0]["step"].item() == 3
+
+
+def test_optimizer_errors_are_clear():
+    p = tw.nn.Parameter(tw.zeros(2))
+    with pytest.raises(ValueError, match="empty parameter list"):
+        tw.optim.SGD([], lr=0.1)
+    with pytest.raises(ValueError, match="Invalid learning rate"):
+        tw.optim.Adam([p], lr=-1.0)
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        tw.optim.SGD([{"params": [p]}, {"params": [p]}], lr=0.1)
+    with pytest.raises(ValueError, match="non-leaf"):
+        tw.optim.SGD([p * 2], lr=0.1)
+    with pytest.raises(ValueError, match="Nesterov"):
+        tw.optim.SGD([p], lr=0.1, nesterov=True)
+    opt = tw.optim.SGD([p], lr=0.1)
+    with pytest.raises(ValueError, match="parameter groups"):
+        opt.load_state_dict({"state": {}, "param_groups": []})
+
+
+def test_zero_grad_sets_to_none_or_zeroes_in_place():
+    p = tw.nn.Parameter(tw.ones(3))
+    opt = tw.optim.SGD([p], lr=0.1)
+    (p * 2).sum().backward()
+    grad = p.grad
+    opt.zero_grad(set_to_none=False)
+    assert p.grad is grad and p.grad.tolist() == [0.0, 0.0, 0.0]
+    opt.zero_grad()
+    assert p.grad is None
+
+
+def test_step_with_closure_returns_the_loss():
+    p = tw.nn.Parameter(tw.tensor([1.0, 2.0]))
+    opt = tw.optim.SGD([p], lr=0.1)
+
+    def closure():
+        opt.zero_grad()
+        loss = (p * p).sum()
+        loss.backward()
+        return loss
+
+    assert opt.step(closure).item() == 5.0
+    np.testing.assert_allclose(p.detach().numpy(), [0.8, 1.6], rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------- schedulers
+
+def _lr_sequence(lib, make, steps=40, optimizer="SGD", **opt_kwargs):
+    p = lib.nn.Parameter(lib.zeros(1))
+    opt = getattr(lib.optim, optimizer)([p], lr=0.1, **opt_kwargs)
+    sched = make(opt, lib.optim.lr_scheduler)
+    lrs, momenta = [], []
+    for _ in range(steps):
+        lrs.append(sched.get_last_lr()[0])
+        group = opt.param_groups[0]
+        momenta.append(group["betas"][0] if "betas" in group else group.get("momentum"))
+        opt.step()
+        sched.step()
+    return lrs, momenta
+
+
+SCHEDULES = {
+    "StepLR": lambda o, s: s.StepLR(o, step_size=7, gamma=0.5),
+    "CosineAnnealingLR": lambda o, s: s.CosineAnnealingLR(o, T_max=10, eta_min=0.001),
+    "LambdaLR": lambda o, s: s.LambdaLR(o, lambda epoch: 0.95**epoch),
+    "LinearLR": lambda o, s: s.LinearLR(o, start_factor=0.2, end_factor=1.0, total_iters=8),
+    "OneCycleLR": lambda o, s: s.OneCycleLR(o, max_lr=1.0, total_steps=41),
+    "OneCycleLR-three-phase-linear": lambda o, s: s.OneCycleLR(o, max_lr=[0.5], total_steps=41, three_phase=True,
+                                                               anneal_strategy="linear"),
+    "SequentialLR": lambda o, s: s.SequentialLR(o, [s.LinearLR(o, 0.1, 1.0, 5), s.CosineAnnealingLR(o, 20)], [5]),
+    "SequentialLR-three": lambda o, s: s.SequentialLR(o, [s.StepLR(o, 3), s.LambdaLR(o, lambda e: 1 / (e + 1)),
+                                                          s.CosineAnnealingLR(o, 5)], [6, 12]),
+}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("optimizer,kwargs", [("SGD", {"momentum": 0.9}), ("Adam", {})], ids=["SGD", "Adam"])
+def test_scheduler_lr_sequence_matches_torch(name, optimizer, kwargs):
+    ours = _lr_sequence(tw, SCHEDULES[name], optimizer=optimizer, **kwargs)
+    theirs = _lr_sequence(torch, SCHEDULES[name], optimizer=optimizer, **kwargs)
+    assert ours == theirs
+
+
+def test_scheduler_state_dict_round_trip_continues_the_sequence():
+    p = tw.nn.Parameter(tw.zeros(1))
+    opt = tw.optim.SGD([p], lr=0.1)
+    sched = tw_sched.CosineAnnealingLR(opt, T_max=10)
+    for _ in range(4):
+        sched.step()
+    state = sched.state_dict()
+    expected = [sched.get_last_lr()[0]]
+    for _ in range(3):
+        sched.step()
+        expected.append(sched.get_last_lr()[0])
+
+    opt2 = tw.optim.SGD([tw.nn.Parameter(tw.zeros(1))], lr=0.1)
+    sched2 = tw_sched.CosineAnnealingLR(opt2, T_max=10)
+    sched2.load_state_dict(state)
+    opt2.param_groups[0]["lr"] = state["_last_lr"][0]
+    got = [sched2.get_last_lr()[0]]
+    for _ in range(3):
+        sched2.step()
+        got.append(sched2.get_last_lr()[0])
+    assert got == expected
+
+
+def test_one_cycle_rejects_stepping_past_total_steps():
+    opt = tw.optim.SGD([tw.nn.Parameter(tw.zeros(1))], lr=0.1, momentum=0.9)
+    sched = tw_sched.OneCycleLR(opt, max_lr=1.0, total_steps=3)
+    sched.step()
+    sched.step()
+    sched.step()
+    with pytest.raises(ValueError, match="Tried to step 4 times"):
+        sched.step()
