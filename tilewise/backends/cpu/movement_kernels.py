@@ -1,0 +1,176 @@
+"""numpy kernels for the scan, sort and data-movement primitives (``ops/scans.py``, ``ops/movement.py``).
+
+Half-precision inputs are scanned and sorted in float32 (numpy's float16/bfloat16 arithmetic would round at
+every step) and cast back once. Sorting is always stable; the descending order is computed by sorting the
+reversed slice, which keeps equal elements in their original order and NaN first, like torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilewise import _strides as S
+from tilewise import dtypes
+from tilewise.backends.cpu import kernel
+from tilewise.dtypes import compute_dtype
+from tilewise.tensor import Tensor, from_array
+
+
+def _out(array, dtype) -> Tensor:
+    array = np.asarray(array)
+    return from_array(array if array.dtype == dtype.np else array.astype(dtype.np), dtype)
+
+
+def _keys(t: Tensor) -> np.ndarray:
+    """The values to compare or accumulate: half precision widened to float32."""
+    a = t._np()
+    work = compute_dtype(t.dtype).np
+    return a if a.dtype == work else a.astype(work)
+
+
+# ---------------------------------------------------------------- scans
+
+def _accumulate(self, dim, dtype, fn, name):
+    from tilewise.ops.dtype_rules import reduction_sum
+    from tilewise.ops.registry import OPS
+
+    out_dtype, work = reduction_sum(OPS[name], (self, dim, dtype))
+    d = S.normalize_dim(dim, self.ndim, name)
+    a = self._np().astype(work.np, copy=False)
+    return _out(a.copy() if a.ndim == 0 else fn(a, axis=d), out_dtype)
+
+
+@kernel("cumsum")
+def cumsum(self, dim, dtype=None):
+    return _accumulate(self, dim, dtype, np.cumsum, "cumsum")
+
+
+@kernel("cumprod")
+def cumprod(self, dim, dtype=None):
+    return _accumulate(self, dim, dtype, np.cumprod, "cumprod")
+
+
+def _running_extreme(self, dim, ufunc, name):
+    """Running max/min and the latest position attaining it; a NaN takes over from where it appears."""
+    d = S.normalize_dim(dim, self.ndim, name)
+    a = _keys(self)
+    if a.ndim == 0:
+        return _out(a.copy(), self.dtype), _out(np.zeros((), np.int64), dtypes.int64)
+    values = ufunc.accumulate(a, axis=d) if a.shape[d] else a.copy()
+    attained = (a == values) | (np.isnan(a) if a.dtype.kind == "f" else False)
+    positions = np.arange(a.shape[d]).reshape((-1,) + (1,) * (a.ndim - d - 1))
+    candidates = np.where(attained, positions, 0)
+    indices = np.maximum.accumulate(candidates, axis=d) if a.shape[d] else candidates
+    return _out(values, self.dtype), _out(indices, dtypes.int64)
+
+
+@kernel("cummax")
+def cummax(self, dim):
+    return _running_extreme(self, dim, np.maximum, "cummax")
+
+
+@kernel("cummin")
+def cummin(self, dim):
+    return _running_extreme(self, dim, np.minimum, "cummin")
+
+
+# ---------------------------------------------------------------- sorting
+
+def stable_argsort(a: np.ndarray, axis: int, descending: bool) -> np.ndarray:
+    if not descending:
+        return np.argsort(a, axis=axis, kind="stable")
+    ascending_of_reversed = np.argsort(np.flip(a, axis), axis=axis, kind="stable")
+    return np.flip(a.shape[axis] - 1 - ascending_of_reversed, axis)
+
+
+@kernel("sort")
+def sort(self, dim=-1, descending=False, stable=False):
+    d = S.normalize_dim(dim, self.ndim, "sort")
+    a = self._np()
+    if a.ndim == 0:
+        return _out(a.copy(), self.dtype), _out(np.zeros((), np.int64), dtypes.int64)
+    order = stable_argsort(_keys(self), d, descending)
+    return _out(np.take_along_axis(a, order, d), self.dtype), _out(order, dtypes.int64)
+
+
+@kernel("topk")
+def topk(self, k, dim=-1, largest=True, sorted=True):
+    """Partition so the k wanted elements lead (O(n)), then sort only those; ties keep their input order."""
+    from tilewise.ops.scans import check_topk
+
+    d = check_topk(self, k, dim)
+    a = self._np()
+    if a.ndim == 0:
+        return _out(a.copy(), self.dtype), _out(np.zeros((), np.int64), dtypes.int64)
+    keys, n = _keys(self), a.shape[d]
+    if 0 < k < n:
+        chosen = np.argpartition(keys, n - k if largest else k - 1, axis=d)
+        chosen = np.sort(np.take(chosen, np.arange(n - k, n) if largest else np.arange(k), axis=d), axis=d)
+        order = np.take_along_axis(chosen, stable_argsort(np.take_along_axis(keys, chosen, d), d, largest), d)
+    else:
+        order = np.take(stable_argsort(keys, d, largest), np.arange(k), axis=d)
+    return _out(np.take_along_axis(a, order, d), self.dtype), _out(order, dtypes.int64)
+
+
+def _search_side(right: bool, side: str | None) -> str:
+    if side is not None and side not in ("left", "right"):
+        raise RuntimeError(f"searchsorted(): side must be 'left' or 'right', got {side!r}")
+    if side == "left" and right:
+        raise RuntimeError("searchsorted(): side='left' and right=True contradict each other; pass one of them")
+    return "right" if right or side == "right" else "left"
+
+
+@kernel("searchsorted")
+def searchsorted(sorted_sequence, self, out_int32=False, right=False, side=None, sorter=None):
+    side = _search_side(right, side)
+    seq = _keys(sorted_sequence)
+    values = _keys(self) if isinstance(self, Tensor) else np.asarray(self)
+    if sorter is not None:
+        if sorter.shape != sorted_sequence.shape:
+            raise RuntimeError(f"searchsorted(): sorter shape {list(sorter.shape)} must equal sorted_sequence shape "
+                               f"{list(sorted_sequence.shape)}")
+        seq = np.take_along_axis(seq, sorter._np(), -1)
+    if seq.ndim == 0:
+        raise RuntimeError("searchsorted(): sorted_sequence must have at least one dimension, got a 0-dim tensor")
+    if seq.ndim == 1:
+        found = np.searchsorted(seq, values, side)
+    else:
+        if values.shape[:-1] != seq.shape[:-1]:
+            raise RuntimeError(f"searchsorted(): boundaries shape {list(seq.shape)} and input shape "
+                               f"{list(values.shape)} must match in all but the last dimension")
+        rows, queries = seq.reshape(-1, seq.shape[-1]), values.reshape(-1, values.shape[-1])
+        found = np.stack([np.searchsorted(r, q, side) for r, q in zip(rows, queries)]).reshape(values.shape)
+    return _out(found, dtypes.int32 if out_int32 else dtypes.int64)
+
+
+# ---------------------------------------------------------------- movement
+
+@kernel("cat")
+def cat(tensors, dim=0):
+    from tilewise.ops.movement import check_cat
+
+    parts, d, dtype = check_cat(tensors, dim)
+    return _out(np.concatenate([t._np().astype(dtype.np, copy=False) for t in parts], axis=d), dtype)
+
+
+@kernel("flip")
+def flip(self, dims):
+    axes = S.normalize_dims(dims, self.ndim, "flip")
+    a = self._np()
+    return _out(np.flip(a, axes).copy() if a.ndim else a.copy(), self.dtype)
+
+
+@kernel("repeat_interleave.Tensor")
+def repeat_interleave_indices(repeats, output_size=None):
+    counts = repeats._np()
+    if repeats.ndim > 1 or repeats.dtype.is_floating_point or repeats.dtype is dtypes.bool_:
+        raise RuntimeError(f"repeat_interleave(): repeats must be a 0-dim or 1-dim integer tensor, got shape "
+                           f"{list(repeats.shape)} and dtype {repeats.dtype}")
+    counts = counts.reshape(-1)
+    if counts.size and counts.min() < 0:
+        raise RuntimeError(f"repeat_interleave(): repeats can not be negative, got {int(counts.min())}")
+    positions = np.repeat(np.arange(counts.size), counts)
+    if output_size is not None and output_size != positions.size:
+        raise RuntimeError(f"repeat_interleave(): output_size {output_size} does not match the sum of repeats "
+                           f"{positions.size}")
+    return _out(positions, dtypes.int64)

@@ -1,0 +1,795 @@
+"""Data movement: concatenation, flips, padding, repetition, index-based selection and updates, triangles,
+diagonals and einsum.
+
+[Note: movement ops] Only ``cat``, ``flip`` and the index expansion of ``repeat_interleave`` are primitives
+(each needs a kernel that moves whole blocks); everything else composes views, ``cat``, and the indexing
+primitives of ``ops/indexing.py`` (``index``, ``index_put``, ``gather``, ``scatter``, ``view_scatter``), so
+gradients, in-place variants and every backend come from those. The composites validate what the user passed
+and name themselves in errors; index bounds are checked by the indexing kernel and reported under the
+composite's name. ``einsum`` parses its equation into per-operand labels, takes repeated labels as
+diagonals, sums labels nobody needs any more as early as possible and contracts operands pairwise with
+``bmm``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from math import prod
+from numbers import Number
+
+from tilewise import _strides as S
+from tilewise.dtypes import result_type
+from tilewise.ops import dtype_rules as R
+from tilewise.ops.formulas import HELPERS
+from tilewise.ops.registry import OPS, declare
+from tilewise.tensor import Tensor
+
+
+def composite(schema: str, decomposition, **attrs):
+    return declare(schema, "composite", decomposition=decomposition, **attrs)
+
+
+def _check_tensors(tensors, op: str) -> tuple:
+    if not tensors:
+        raise RuntimeError(f"{op}(): expected a non-empty list of Tensors")
+    for k, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}(): expected a sequence of Tensors, but element {k} is {type(t).__name__} {t!r}")
+    return tuple(tensors)
+
+
+@contextmanager
+def _index_errors_named(op: str):
+    """Report a bounds error of the indexing primitive a composite runs under the composite's own name."""
+    try:
+        yield
+    except IndexError as exc:
+        raise IndexError(f"{op}(): {str(exc).partition(': ')[2] or exc}") from None
+
+
+# ---------------------------------------------------------------- cat, stack
+
+
+def check_cat(tensors, dim: int) -> tuple[tuple, int, object]:
+    """The tensors cat really joins, the normalised dim and the result dtype; raises for mismatched shapes.
+    torch's legacy rule: 1-D empty tensors are left out of any cat."""
+    tensors = _check_tensors(tensors, "cat")
+    joined = [(k, t) for k, t in enumerate(tensors) if t.shape != (0,)] or [(0, tensors[0])]
+    first, ref = joined[0]
+    d = S.normalize_dim(dim, ref.ndim, "cat")
+    for k, t in joined:
+        if t.ndim != ref.ndim:
+            raise RuntimeError(f"cat(): tensors must have the same number of dimensions, but tensor {first} has shape "
+                               f"{list(ref.shape)} and tensor {k} has shape {list(t.shape)}")
+        if t.shape[:d] != ref.shape[:d] or t.shape[d + 1:] != ref.shape[d + 1:]:
+            raise RuntimeError(f"cat(): expected all tensors to have the same shape except in dimension {d}, but "
+                               f"tensor {first} has shape {list(ref.shape)} and tensor {k} has shape {list(t.shape)}")
+    return tuple(t for _, t in joined), d, result_type(*tensors)
+
+
+def _cat_dtype(op, args):
+    from tilewise.dtypes import compute_dtype
+
+    out = result_type(*_check_tensors(args[0], "cat"))
+    return out, compute_dtype(out)
+
+
+def cat_backward(grad, tensors_shape, dim: int) -> tuple:
+    """Each input's slice of the gradient (an empty one for the 1-D empty inputs cat leaves out)."""
+    from tilewise.ops.creation import zeros
+
+    d = S.normalize_dim(dim, grad.ndim, "cat")
+    pieces, start = [], 0
+    for shape in tensors_shape:
+        if tuple(shape) == (0,):
+            pieces.append(zeros(shape, dtype=grad.dtype, device=grad.device))
+            continue
+        pieces.append(grad.narrow(d, start, shape[d]))
+        start += shape[d]
+    return tuple(pieces)
+
+
+HELPERS.update(cat_backward=cat_backward)
+
+
+def _stack(tensors, dim=0):
+    tensors = _check_tensors(tensors, "stack")
+    first = tensors[0].shape
+    for k, t in enumerate(tensors):
+        if t.shape != first:
+            raise RuntimeError(f"stack(): expects each tensor to be equal size, but got {list(first)} at entry 0 and "
+                               f"{list(t.shape)} at entry {k}")
+    d = S.normalize_dim(dim, len(first) + 1, "stack")
+    return OPS["cat"]([t.unsqueeze(d) for t in tensors], d)
+
+
+def _at_least(t: Tensor, ndim: int) -> Tensor:
+    return t.reshape((1,) * (ndim - t.ndim) + tuple(t.shape)) if t.ndim < ndim else t
+
+
+def _hstack(tensors):
+    tensors = [_at_least(t, 1) for t in _check_tensors(tensors, "hstack")]
+    return OPS["cat"](tensors, 0 if tensors[0].ndim == 1 else 1)
+
+
+def _vstack(tensors):
+    return OPS["cat"]([_at_least(t, 2) for t in _check_tensors(tensors, "vstack")], 0)
+
+
+declare("cat(Tensor[] tensors, int dim=0) -> Tensor", "copy", dtype=_cat_dtype,
+        grad={"tensors": "cat_backward(grad, tensors_shape, dim)"}, method=False, aliases=("concat", "concatenate"),
+        doc="Join tensors along an existing dim; dtypes promote.\n\n"
+            ">>> tw.cat([tw.zeros(1, 2), tw.ones(2, 2)]).shape\ntilewise.Size([3, 2])")
+composite("stack(Tensor[] tensors, int dim=0) -> Tensor", _stack, method=False,
+          doc="Join equal-shaped tensors along a new dim.\n\n"
+              ">>> tw.stack([tw.zeros(2), tw.ones(2)], 1).shape\ntilewise.Size([2, 2])")
+composite("hstack(Tensor[] tensors) -> Tensor", _hstack, method=False)
+composite("vstack(Tensor[] tensors) -> Tensor", _vstack, method=False)
+
+
+# ---------------------------------------------------------------- flips and rolls
+
+
+def _fliplr(self):
+    if self.ndim < 2:
+        raise RuntimeError(f"fliplr(): input must be at least 2-D, got shape {list(self.shape)}")
+    return self.flip([1])
+
+
+def _flipud(self):
+    if self.ndim < 1:
+        raise RuntimeError("flipud(): input must be at least 1-D, got a 0-dim tensor")
+    return self.flip([0])
+
+
+def _roll(self, shifts, dims=()):
+    if not dims:
+        if len(shifts) != 1:
+            raise RuntimeError(f"roll(): without dims, shifts must be a single int (the flattened tensor is rolled), "
+                               f"got shifts={list(shifts)}")
+        return _roll(self.reshape(-1), shifts, (0,)).view(self.shape)
+    if len(shifts) != len(dims):
+        raise RuntimeError(f"roll(): shifts and dims must have the same number of entries, got shifts={list(shifts)} "
+                           f"and dims={list(dims)}")
+    out = self
+    for shift, dim in zip(shifts, dims):
+        d = S.normalize_dim(dim, self.ndim, "roll")
+        n = out.shape[d] if out.ndim else 1
+        if n and shift % n:
+            k = shift % n
+            out = OPS["cat"]([out.narrow(d, n - k, k), out.narrow(d, 0, n - k)], d)
+    return self.clone() if out is self else out
+
+
+declare("flip(Tensor self, int[] dims) -> Tensor", "copy", dtype=R.first_input,
+        grad={"self": "grad.flip(dims)"},
+        doc="Reverse the order of elements along ``dims`` (a copy).\n\n>>> tw.arange(3).flip(0)\ntensor([2, 1, 0])")
+composite("fliplr(Tensor self) -> Tensor", _fliplr)
+composite("flipud(Tensor self) -> Tensor", _flipud)
+composite("roll(Tensor self, int[1] shifts, int[1] dims=[]) -> Tensor", _roll,
+          doc="Shift elements cyclically along ``dims`` (the flattened tensor when no dims are given).\n\n"
+              ">>> tw.arange(4).roll(1)\ntensor([3, 0, 1, 2])")
+
+
+# ---------------------------------------------------------------- pad
+
+_PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def _pad_pairs(pad, ndim: int) -> list[tuple[int, int, int]]:
+    """``(dim, before, after)`` per padded dim; ``pad`` lists pairs from the last dim backwards."""
+    if len(pad) % 2:
+        raise RuntimeError(f"pad(): padding length must be divisible by 2, got {len(pad)} values {list(pad)}")
+    if len(pad) // 2 > ndim:
+        raise RuntimeError(f"pad(): padding length {len(pad)} pads {len(pad) // 2} dims, but the input has only "
+                           f"{ndim}; it must be at most two times the input's number of dims")
+    return [(ndim - 1 - k, pad[2 * k], pad[2 * k + 1]) for k in range(len(pad) // 2)]
+
+
+def _check_nonconstant_pad(x: Tensor, pad, mode: str) -> None:
+    padded = len(pad) // 2
+    if padded not in (1, 2, 3) or x.ndim not in (padded + 1, padded + 2):
+        raise NotImplementedError(
+            f"pad(): mode {mode!r} with {len(pad)} padding values is not supported for a {x.ndim}-D input of shape "
+            f"{list(x.shape)}; supported: 2 values for 2-D or 3-D inputs, 4 for 3-D or 4-D, 6 for 4-D or 5-D")
+
+
+def _cropped(x: Tensor, d: int, before: int, after: int) -> Tensor:
+    """Apply the negative parts of a dim's padding: cut elements off."""
+    cut_before, cut_after = max(-before, 0), max(-after, 0)
+    n = x.shape[d]
+    if n - cut_before - cut_after < 0:
+        raise RuntimeError(f"pad(): the input size {n} plus negative padding ({before}, {after}) gives a negative "
+                           f"output size at dimension {d} of input {list(x.shape)}")
+    return x.narrow(d, cut_before, n - cut_before - cut_after) if cut_before or cut_after else x
+
+
+def _constant_pad(x: Tensor, pairs, value) -> Tensor:
+    """One write of the (cropped) input into a filled tensor of the output's shape."""
+    from tilewise.ops.creation import full
+
+    for d, before, after in pairs:
+        x = _cropped(x, d, before, after)
+    shape = list(x.shape)
+    for d, before, after in pairs:
+        shape[d] += max(before, 0) + max(after, 0)
+    strides = S.contiguous_strides(shape)
+    offset = sum(max(before, 0) * strides[d] for d, before, _ in pairs)
+    filled = full(shape, value, dtype=x.dtype, device=x.device)
+    return OPS["view_scatter"](filled, x, tuple(x.shape), strides, offset)
+
+
+def _reflect(x: Tensor, d: int, before: int, after: int) -> list[Tensor]:
+    n = x.shape[d]
+    if before >= n or after >= n:
+        raise RuntimeError(f"pad(): reflect padding must be less than the input size, but got padding "
+                           f"({before}, {after}) at dimension {d} of input {list(x.shape)}")
+    return [x.narrow(d, 1, before).flip([d]), x, x.narrow(d, n - 1 - after, after).flip([d])]
+
+
+def _replicate(x: Tensor, d: int, before: int, after: int) -> list[Tensor]:
+    n = x.shape[d]
+    if n == 0 and (before or after):
+        raise RuntimeError(f"pad(): replicate padding needs a non-empty dimension {d}, input shape {list(x.shape)}")
+
+    def edge(start, count):
+        shape = list(x.shape)
+        shape[d] = count
+        return x.narrow(d, start, 1).expand(shape)
+
+    return [edge(0, before), x, edge(n - 1, after)] if n else [x]
+
+
+def _circular(x: Tensor, d: int, before: int, after: int) -> list[Tensor]:
+    n = x.shape[d]
+    if before > n or after > n:
+        raise RuntimeError(f"pad(): circular padding ({before}, {after}) at dimension {d} wraps around more than "
+                           f"once: the input {list(x.shape)} has only {n} elements there")
+    return [x.narrow(d, n - before, before), x, x.narrow(d, 0, after)]
+
+
+_PADDERS = {"reflect": _reflect, "replicate": _replicate, "circular": _circular}
+
+
+def _pad(input, pad, mode="constant", value=None):
+    if mode not in _PAD_MODES:
+        raise NotImplementedError(f"pad(): unknown padding mode {mode!r}; expected one of {list(_PAD_MODES)}")
+    pairs = _pad_pairs(pad, input.ndim)
+    if mode == "constant":
+        return _constant_pad(input, pairs, 0 if value is None else value)
+    if value is not None and value != 0:
+        raise RuntimeError(f"pad(): padding mode {mode!r} doesn't take a value argument (got {value})")
+    _check_nonconstant_pad(input, pad, mode)
+    out = input
+    crop_first = mode == "circular"  # torch wraps around the cropped input, but reflects the whole one
+    for d, before, after in pairs:
+        if crop_first:
+            out = _cropped(out, d, before, after)
+        parts = _PADDERS[mode](out, d, max(before, 0), max(after, 0))
+        out = OPS["cat"](parts, d) if len(parts) > 1 else out
+        if not crop_first:
+            out = _cropped(out, d, before, after)
+    return input.clone() if out is input else out
+
+
+composite("pad(Tensor input, int[] pad, str mode=\"constant\", float? value=None) -> Tensor", _pad, functional=True,
+          function=False, method=False,
+          doc="torch.nn.functional.pad: ``pad`` lists (before, after) pairs starting from the last dim; modes "
+              "constant (negative values crop), reflect, replicate, circular.\n\n"
+              ">>> F.pad(tw.ones(2, 2), (1, 1)).shape\ntilewise.Size([2, 4])")
+
+
+# ---------------------------------------------------------------- repetition
+
+
+def _repeat(self, repeats):
+    if len(repeats) < self.ndim:
+        raise RuntimeError(f"repeat(): number of repeat dims ({len(repeats)}) can not be smaller than number of "
+                           f"tensor dims ({self.ndim}); got repeats {list(repeats)} for shape {list(self.shape)}")
+    if any(r < 0 for r in repeats):
+        raise RuntimeError(f"repeat(): repeats can not be negative, got {list(repeats)}")
+    shape = (1,) * (len(repeats) - self.ndim) + tuple(self.shape)
+    interleaved = [size for pair in zip((1,) * len(shape), shape) for size in pair]
+    expanded = [size for pair in zip(repeats, shape) for size in pair]
+    out = self.reshape(interleaved).expand(expanded).reshape([r * s for r, s in zip(repeats, shape)])
+    return self.clone().reshape(out.shape) if all(r == 1 for r in repeats) else out
+
+
+def _tile(self, dims):
+    return _repeat(self, (1,) * (self.ndim - len(dims)) + tuple(dims))
+
+
+def _interleave_input(self, dim):
+    if dim is None:
+        return self.reshape(-1), 0
+    x = self.reshape(1) if self.ndim == 0 else self
+    return x, S.normalize_dim(dim, x.ndim, "repeat_interleave")
+
+
+def _repeat_interleave_int(self, repeats, dim=None, output_size=None):
+    if repeats < 0:
+        raise RuntimeError(f"repeat_interleave(): repeats can not be negative, got {repeats}")
+    x, d = _interleave_input(self, dim)
+    shape = tuple(x.shape)
+    out = x.unsqueeze(d + 1).expand(shape[:d + 1] + (repeats,) + shape[d + 1:])
+    out = out.reshape(shape[:d] + (shape[d] * repeats,) + shape[d + 1:])
+    if output_size is not None and output_size != out.shape[d]:
+        raise RuntimeError(f"repeat_interleave(): output_size {output_size} does not match the result's size "
+                           f"{out.shape[d]} along dim {d}")
+    return out.clone() if repeats == 1 else out
+
+
+def _repeat_interleave_tensor(self, repeats, dim=None, output_size=None):
+    if isinstance(repeats, Number) or (repeats.numel() == 1 and repeats.ndim <= 1):
+        return _repeat_interleave_int(self, int(repeats if isinstance(repeats, Number) else repeats.item()), dim,
+                                      output_size)
+    x, d = _interleave_input(self, dim)
+    if repeats.ndim != 1 or repeats.shape[0] != x.shape[d]:
+        raise RuntimeError(f"repeat_interleave(): repeats must be 1-D with one entry per element along dim {d} "
+                           f"(size {x.shape[d]}), got repeats of shape {list(repeats.shape)}")
+    return OPS["index.Tensor"](x, (None,) * d + (OPS["repeat_interleave.Tensor"](repeats, output_size=output_size),))
+
+
+composite("repeat(Tensor self, int[] repeats) -> Tensor", _repeat, function=False,
+          doc="Tile the tensor ``repeats[k]`` times along each dim (new leading dims when ``repeats`` is longer).\n\n"
+              ">>> tw.tensor([1, 2]).repeat(2)\ntensor([1, 2, 1, 2])")
+composite("tile(Tensor self, int[] dims) -> Tensor", _tile)
+composite("repeat_interleave.self_int(Tensor self, int repeats, int? dim=None, *, int? output_size=None) -> Tensor",
+          _repeat_interleave_int,
+          doc="Repeat each element ``repeats`` times along ``dim`` (of the flattened tensor when dim is None).\n\n"
+              ">>> tw.tensor([1, 2]).repeat_interleave(2)\ntensor([1, 1, 2, 2])")
+composite("repeat_interleave.self_Tensor(Tensor self, Tensor repeats, int? dim=None, *, int? output_size=None) -> "
+          "Tensor", _repeat_interleave_tensor)
+declare("repeat_interleave.Tensor(Tensor repeats, *, int? output_size=None) -> Tensor", "index",
+        differentiable=False, doc="``arange(len(repeats))`` with element ``i`` repeated ``repeats[i]`` times.")
+
+
+# ---------------------------------------------------------------- selection and updates by index
+
+
+def _index_vector(index, op: str) -> Tensor:
+    if not isinstance(index, Tensor) or index.dtype.is_floating_point or index.dtype.name == "bool":
+        raise RuntimeError(f"{op}(): expected an integer index tensor, got "
+                           f"{getattr(index, 'dtype', type(index).__name__)}")
+    if index.ndim > 1:
+        raise IndexError(f"{op}(): index must be a vector (0-D or 1-D), got shape {list(index.shape)}")
+    return index.reshape(-1)
+
+
+def _along(self, dim, index, op: str) -> tuple[Tensor, int, tuple]:
+    """(self as at least 1-D, the normalised dim, the index key selecting ``index`` along it)."""
+    x = self.reshape(1) if self.ndim == 0 else self
+    d = S.normalize_dim(dim, x.ndim, op)
+    return x, d, (None,) * d + (_index_vector(index, op),)
+
+
+def _check_source(x: Tensor, d: int, index: Tensor, source, op: str) -> Tensor:
+    if not isinstance(source, Tensor):
+        raise TypeError(f"{op}(): source must be a Tensor, got {type(source).__name__}")
+    src = source.reshape(1) if source.ndim == 0 else source
+    expected = x.shape[:d] + (index.numel(),) + x.shape[d + 1:]
+    if tuple(src.shape) != expected:
+        raise RuntimeError(f"{op}(): source of shape {list(source.shape)} does not fit: selecting {index.numel()} "
+                           f"indices along dim {d} of self {list(x.shape)} needs a source of shape {list(expected)}")
+    if source.dtype is not x.dtype:
+        raise RuntimeError(f"{op}(): self ({x.dtype}) and source ({source.dtype}) must have the same dtype")
+    return src
+
+
+def _index_select(self, dim, index):
+    x, _, key = _along(self, dim, index, "index_select")
+    with _index_errors_named("index_select"):
+        out = OPS["index.Tensor"](x, key)
+    return out.reshape(()) if self.ndim == 0 else out
+
+
+def _index_update(self, dim, index, source, accumulate: bool, op: str):
+    x, d, key = _along(self, dim, index, op)
+    src = _check_source(x, d, key[-1], source, op)
+    with _index_errors_named(op):
+        return OPS["index_put"](x, key, src, accumulate).reshape(self.shape)
+
+
+def _index_add(self, dim, index, source, alpha=1):
+    return _index_update(self, dim, index, source if alpha == 1 else source * alpha, True, "index_add")
+
+
+def _index_copy(self, dim, index, source):
+    return _index_update(self, dim, index, source, False, "index_copy")
+
+
+def _index_fill(self, dim, index, value):
+    if isinstance(value, Tensor) and value.ndim != 0:
+        raise RuntimeError(f"index_fill(): only supports a 0-dimensional value tensor, but got a tensor of shape "
+                           f"{list(value.shape)}")
+    x, _, key = _along(self, dim, index, "index_fill")
+    fill = value.to(x.dtype) if isinstance(value, Tensor) else value
+    with _index_errors_named("index_fill"):
+        return OPS["index_put"](x, key, fill, False).reshape(self.shape)
+
+
+def _take(self, index):
+    if index.dtype.is_floating_point or index.dtype.name == "bool":
+        raise RuntimeError(f"take(): expected an integer index tensor, got {index.dtype}")
+    with _index_errors_named("take"):
+        return OPS["index.Tensor"](self.reshape(-1), (index,))
+
+
+def _take_along_dim(self, indices, dim=None):
+    if indices.dtype.is_floating_point or indices.dtype.name == "bool":
+        raise RuntimeError(f"take_along_dim(): expected an integer indices tensor, got {indices.dtype}")
+    indices = indices.long()
+    if dim is None:
+        with _index_errors_named("take_along_dim"):
+            return self.reshape(-1).gather(0, indices.reshape(-1))
+    d = S.normalize_dim(dim, self.ndim, "take_along_dim")
+    if self.ndim != indices.ndim:
+        raise RuntimeError(f"take_along_dim(): input and indices should have the same number of dimensions, but got "
+                           f"shapes {list(self.shape)} and {list(indices.shape)}")
+    other = S.broadcast_shapes(self.shape[:d] + (1,) + self.shape[d + 1:],
+                               indices.shape[:d] + (1,) + indices.shape[d + 1:], op="take_along_dim")
+    source = self.expand(other[:d] + (self.shape[d],) + other[d + 1:])
+    with _index_errors_named("take_along_dim"):
+        return source.gather(d, indices.expand(other[:d] + (indices.shape[d],) + other[d + 1:]))
+
+
+def _check_mask(mask, op: str) -> None:
+    if not isinstance(mask, Tensor) or mask.dtype.name != "bool":
+        raise RuntimeError(f"{op}(): expected a bool mask tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
+
+
+def _masked_select(self, mask):
+    _check_mask(mask, "masked_select")
+    shape = S.broadcast_shapes(self.shape, mask.shape, op="masked_select")
+    flat = (-1,) if not shape else shape
+    return self.expand(shape).reshape(flat)[mask.expand(shape).reshape(flat)]
+
+
+def _masked_scatter(self, mask, source):
+    _check_mask(mask, "masked_scatter")
+    if source.dtype is not self.dtype:
+        raise RuntimeError(f"masked_scatter(): self ({self.dtype}) and source ({source.dtype}) must have the same "
+                           "dtype")
+    shape = S.broadcast_shapes(self.shape, mask.shape, op="masked_scatter")
+    flat = (-1,) if not shape else shape
+    positions = mask.expand(shape).reshape(flat).nonzero().unbind(1)
+    count = positions[0].shape[0]
+    if source.numel() < count:
+        raise RuntimeError(f"masked_scatter(): the mask selects {count} elements but source has only "
+                           f"{source.numel()} (shape {list(source.shape)})")
+    values = source.reshape(-1).narrow(0, 0, count)
+    return OPS["index_put"](self.expand(shape).reshape(flat), positions, values, False).reshape(shape)
+
+
+composite("index_select(Tensor self, int dim, Tensor index) -> Tensor", _index_select,
+          doc="The slices ``index`` names along ``dim``.\n\n"
+              ">>> tw.arange(6).view(2, 3).index_select(1, tw.tensor([2, 0]))\ntensor([[2, 0],\n        [5, 3]])")
+composite("index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor", _index_add,
+          inplace=True, doc="``self`` with ``alpha * source`` added into the slices ``index`` names along ``dim``.")
+composite("index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor", _index_copy, inplace=True)
+composite("index_fill(Tensor self, int dim, Tensor index, Tensor value) -> Tensor", _index_fill, inplace=True)
+composite("take(Tensor self, Tensor index) -> Tensor", _take,
+          doc="Elements of the flattened tensor at ``index`` (negative indices count from the end).")
+composite("take_along_dim(Tensor self, Tensor indices, int? dim=None) -> Tensor", _take_along_dim)
+composite("masked_select(Tensor self, Tensor mask) -> Tensor", _masked_select,
+          doc="The elements where the (broadcast) mask is True, as a 1-D tensor.")
+composite("masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor", _masked_scatter, inplace=True,
+          doc="``self`` with the positions where ``mask`` is True filled from ``source`` in row-major order.")
+
+
+# ---------------------------------------------------------------- triangles, diagonals, one_hot, splits
+
+
+def _triangle_mask(x: Tensor, diagonal: int, op: str, upper: bool) -> Tensor:
+    from tilewise.ops.creation import arange
+
+    if x.ndim < 2:
+        raise RuntimeError(f"{op}(): input tensor must have at least 2 dimensions, got shape {list(x.shape)}")
+    rows, cols = x.shape[-2:]
+    offset = arange(cols, device=x.device) - arange(rows, device=x.device).unsqueeze(1)
+    return offset < diagonal if upper else offset > diagonal
+
+
+def _tril(self, diagonal=0):
+    return self.masked_fill(_triangle_mask(self, diagonal, "tril", upper=False), 0)
+
+
+def _triu(self, diagonal=0):
+    return self.masked_fill(_triangle_mask(self, diagonal, "triu", upper=True), 0)
+
+
+def _diag_embed(self, offset=0, dim1=-2, dim2=-1):
+    from tilewise.ops.creation import zeros
+    from tilewise.ops.views import view_geometry
+
+    if self.ndim == 0:
+        raise RuntimeError("diag_embed(): expected a tensor with at least 1 dimension, got a 0-dim tensor")
+    d1, d2 = S.normalize_dim(dim1, self.ndim + 1, "diag_embed"), S.normalize_dim(dim2, self.ndim + 1, "diag_embed")
+    if d1 == d2:
+        raise RuntimeError(f"diag_embed(): diagonal dimensions cannot be identical {dim1}, {dim2}")
+    n = self.shape[-1] + abs(offset)
+    shape = list(self.shape[:-1])
+    for d in sorted((d1, d2)):
+        shape.insert(d, n)
+    geometry = view_geometry("diagonal", tuple(shape), offset, d1, d2)
+    return OPS["view_scatter"](zeros(shape, dtype=self.dtype, device=self.device), self, *geometry)
+
+
+def _diag(self, diagonal=0):
+    if self.ndim == 1:
+        return _diag_embed(self, diagonal, 0, 1)
+    if self.ndim == 2:
+        return self.diagonal(diagonal).clone()
+    raise RuntimeError(f"diag(): expected a 1-D or 2-D tensor, got shape {list(self.shape)}")
+
+
+def _trace(self):
+    if self.ndim != 2:
+        raise RuntimeError(f"trace(): expected a matrix (2-D tensor), got shape {list(self.shape)}")
+    return self.diagonal().sum()
+
+
+def _one_hot(self, num_classes=-1):
+    from tilewise.ops.creation import arange
+
+    if self.dtype.name != "int64":
+        raise RuntimeError(f"one_hot(): expected an int64 (long) index tensor, got {self.dtype}")
+    if self.numel() == 0 and num_classes < 0:
+        raise RuntimeError("one_hot(): can not infer the number of classes from an empty tensor; pass num_classes")
+    if self.numel() and (num_classes < 0 or self._trace is None):
+        low, high = int(self.amin()), int(self.amax())
+        if low < 0:
+            raise RuntimeError(f"one_hot(): class values must be non-negative, got {low}")
+        if num_classes < 0:
+            num_classes = high + 1
+        elif high >= num_classes:
+            raise RuntimeError(f"one_hot(): class values must be smaller than num_classes ({num_classes}), got {high}")
+    return (self.unsqueeze(-1) == arange(num_classes, device=self.device)).long()
+
+
+def _split_at(self, d: int, bounds) -> tuple:
+    return tuple(OPS["slice"](self, d, start, end) for start, end in zip(bounds[:-1], bounds[1:]))
+
+
+def _tensor_split_dim(self, dim) -> int:
+    if self.ndim == 0:
+        raise RuntimeError("tensor_split(): expected at least a 1-dimensional tensor, got a 0-dim tensor")
+    return S.normalize_dim(dim, self.ndim, "tensor_split")
+
+
+def _tensor_split_sections(self, sections, dim=0):
+    d = _tensor_split_dim(self, dim)
+    if sections <= 0:
+        raise RuntimeError(f"tensor_split(): number of sections must be larger than 0, got {sections}")
+    size, extra = divmod(self.shape[d], sections)
+    bounds = [0]
+    for k in range(sections):
+        bounds.append(bounds[-1] + size + (k < extra))
+    return _split_at(self, d, bounds)
+
+
+def _tensor_split_indices(self, indices, dim=0):
+    d = _tensor_split_dim(self, dim)
+    return _split_at(self, d, [0, *indices, None])
+
+
+def _meshgrid(tensors, indexing=None):
+    tensors = _check_tensors(tensors, "meshgrid")
+    indexing = indexing or "ij"
+    if indexing not in ("ij", "xy"):
+        raise RuntimeError(f"meshgrid(): indexing must be 'ij' or 'xy', got {indexing!r}")
+    for k, t in enumerate(tensors):
+        if t.ndim > 1:
+            raise RuntimeError(f"meshgrid(): expects all tensors to have 0 or 1 dimensions, but tensor {k} has shape "
+                               f"{list(t.shape)}")
+        if t.dtype is not tensors[0].dtype:
+            raise RuntimeError(f"meshgrid(): expects all tensors to have the same dtype, got {tensors[0].dtype} and "
+                               f"{t.dtype}")
+    order = list(range(len(tensors)))
+    if indexing == "xy" and len(tensors) >= 2:
+        order[0], order[1] = 1, 0
+    shape = [tensors[k].numel() for k in order]
+    grids = []
+    for k, t in enumerate(tensors):
+        axis = order.index(k)
+        grids.append(t.reshape([-1 if a == axis else 1 for a in range(len(tensors))]).expand(shape))
+    return tuple(grids)
+
+
+def _cross(self, other, dim=None):
+    shape = S.broadcast_shapes(self.shape, other.shape, op="cross")
+    if dim is None:
+        d = next((k for k, n in enumerate(shape) if n == 3), None)
+        if d is None:
+            raise RuntimeError(f"cross(): no dimension of size 3 in the broadcast shape {list(shape)}")
+    else:
+        d = S.normalize_dim(dim, len(shape), "cross")
+        if shape[d] != 3:
+            raise RuntimeError(f"cross(): dimension {dim} must have length 3, got shapes {list(self.shape)} and "
+                               f"{list(other.shape)}")
+    a0, a1, a2 = self.expand(shape).unbind(d)
+    b0, b1, b2 = other.expand(shape).unbind(d)
+    return _stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], d)
+
+
+composite("tril(Tensor self, int diagonal=0) -> Tensor", _tril, inplace=True,
+          doc="Keep the elements on and below the ``diagonal``-th diagonal of the last two dims, zero the rest.")
+composite("triu(Tensor self, int diagonal=0) -> Tensor", _triu, inplace=True,
+          doc="Keep the elements on and above the ``diagonal``-th diagonal of the last two dims, zero the rest.")
+composite("diag_embed(Tensor self, int offset=0, int dim1=-2, int dim2=-1) -> Tensor", _diag_embed,
+          doc="Matrices (in dims ``dim1``, ``dim2``) whose ``offset``-th diagonal holds the last dim of ``self``.")
+composite("diag(Tensor self, int diagonal=0) -> Tensor", _diag,
+          doc="A 1-D tensor's diagonal matrix, or a copy of a matrix's diagonal.\n\n"
+              ">>> tw.diag(tw.tensor([1, 2]))\ntensor([[1, 0],\n        [0, 2]])")
+composite("trace(Tensor self) -> Tensor", _trace)
+composite("one_hot(Tensor self, int num_classes=-1) -> Tensor", _one_hot, functional=True, function=False,
+          method=False, differentiable=False,
+          doc="int64 one-hot encoding in a new last dim (``num_classes=-1``: one more than the largest value).")
+composite("tensor_split.sections(Tensor self, int sections, int dim=0) -> Tensor[]", _tensor_split_sections)
+composite("tensor_split.indices(Tensor self, int[] indices, int dim=0) -> Tensor[]", _tensor_split_indices)
+composite("meshgrid(Tensor[] tensors, *, str? indexing=None) -> Tensor[]", _meshgrid, method=False, varargs=True,
+          doc="Coordinate grids from 1-D tensors (``indexing='ij'``: matrix order, ``'xy'``: Cartesian).")
+composite("cross(Tensor self, Tensor other, int? dim=None) -> Tensor", _cross,
+          doc="Cross product of 3-vectors along ``dim`` (the first dim of size 3 when None).")
+
+
+# ---------------------------------------------------------------- einsum
+
+_ELLIPSIS = "..."
+
+
+def _einsum_error(message: str) -> RuntimeError:
+    return RuntimeError(f"einsum(): {message}")
+
+
+def _check_equation_characters(equation: str) -> None:
+    for k, ch in enumerate(equation):
+        if not (ch.isascii() and ch.isalpha()) and ch not in " ,.->":
+            raise _einsum_error(f"invalid subscript given at index {k} in the equation string, subscripts must be in "
+                                "[a-zA-Z]")
+    if equation.count("->") > 1 or equation.replace("->", "").count(">") or equation.replace("->", "").count("-"):
+        raise _einsum_error(f"the equation {equation!r} must contain '->' at most once, and '-' and '>' only there")
+
+
+def _split_term(term: str, what: str) -> list[str]:
+    """A term's subscripts, with one ``...`` entry where the ellipsis stands."""
+    if term.count(_ELLIPSIS) > 1 or term.replace(_ELLIPSIS, "").count("."):
+        raise _einsum_error(f"found '.' for {what} that is not part of any ellipsis ('...' may appear once)")
+    head, found, tail = term.partition(_ELLIPSIS)
+    return list(head) + ([_ELLIPSIS] if found else []) + list(tail)
+
+
+def _expand_ellipsis(subscripts: list[str], ndim: int, width: int) -> list:
+    """Replace ``...`` by integer labels for the trailing ellipsis dims, right-aligned to ``width`` dims."""
+    if _ELLIPSIS not in subscripts:
+        return subscripts
+    k = subscripts.index(_ELLIPSIS)
+    count = ndim - (len(subscripts) - 1)
+    return subscripts[:k] + list(range(width - count, width)) + subscripts[k + 1:]
+
+
+def _parse_einsum(equation: str, operands: tuple) -> tuple[list[list], list]:
+    """Per-operand labels and output labels; letters are labels, integers label the ellipsis dims."""
+    _check_equation_characters(equation)
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+    terms = [_split_term(t, f"operand {k}") for k, t in enumerate(lhs.split(","))]
+    if len(terms) > len(operands):
+        raise _einsum_error(f"fewer operands were provided than specified in the equation ({len(operands)} given, "
+                            f"{len(terms)} in {equation!r})")
+    if len(terms) < len(operands):
+        raise _einsum_error(f"more operands were provided than specified in the equation ({len(operands)} given, "
+                            f"{len(terms)} in {equation!r})")
+    width = 0
+    for k, (subs, t) in enumerate(zip(terms, operands)):
+        letters = len(subs) - (_ELLIPSIS in subs)
+        if _ELLIPSIS not in subs and letters != t.ndim:
+            raise _einsum_error(f"the number of subscripts in the equation ({letters}) does not match the number of "
+                                f"dimensions ({t.ndim}) for operand {k} and no ellipsis was given")
+        if letters > t.ndim:
+            raise _einsum_error(f"the number of subscripts in the equation ({letters}) is more than the number of "
+                                f"dimensions ({t.ndim}) for operand {k}")
+        width = max(width, t.ndim - letters if _ELLIPSIS in subs else 0)
+    inputs = [_expand_ellipsis(subs, t.ndim, width) for subs, t in zip(terms, operands)]
+    return inputs, _einsum_output(rhs if arrow else None, terms, width)
+
+
+def _einsum_output(rhs: str | None, terms: list[list[str]], width: int) -> list:
+    letters = [s for subs in terms for s in subs if s != _ELLIPSIS]
+    if rhs is None:
+        return list(range(width)) + sorted(s for s in set(letters) if letters.count(s) == 1)
+    output = _split_term(rhs, "the output")
+    for s in output:
+        if s != _ELLIPSIS and output.count(s) > 1:
+            raise _einsum_error(f"output subscript {s} appears more than once in the output")
+        if s != _ELLIPSIS and s not in letters:
+            raise _einsum_error(f"output subscript {s} does not appear in the equation for any input operand")
+    k = output.index(_ELLIPSIS) if _ELLIPSIS in output else None
+    return output if k is None else output[:k] + list(range(width)) + output[k + 1:]
+
+
+def _take_diagonals(t: Tensor, labels: list, k: int) -> tuple[Tensor, list]:
+    """A label repeated within one operand selects its diagonal (moved to the last dim)."""
+    while True:
+        repeated = next((label for label in labels if labels.count(label) > 1), None)
+        if repeated is None:
+            return t, labels
+        i = labels.index(repeated)
+        j = labels.index(repeated, i + 1)
+        if t.shape[i] != t.shape[j]:
+            raise _einsum_error(f"subscript {repeated} is repeated for operand {k} but the sizes don't match, "
+                                f"{t.shape[j]} != {t.shape[i]}")
+        t = t.diagonal(0, i, j)
+        labels = [label for m, label in enumerate(labels) if m not in (i, j)] + [repeated]
+
+
+def _check_label_sizes(operands: list[tuple[Tensor, list]]) -> None:
+    seen: dict = {}
+    for k, (t, labels) in enumerate(operands):
+        for label, size in zip(labels, t.shape):
+            known = seen.setdefault(label, size)
+            if size != known and 1 not in (size, known):
+                name = label if isinstance(label, str) else f"... (ellipsis dim {label})"
+                raise _einsum_error(f"subscript {name} has size {size} for operand {k} which does not broadcast with "
+                                    f"previously seen size {known}")
+            if known == 1:
+                seen[label] = size
+
+
+def _sum_out(t: Tensor, labels: list, keep: set) -> tuple[Tensor, list]:
+    dims = [k for k, label in enumerate(labels) if label not in keep]
+    if not dims:
+        return t, labels
+    return t.sum(dims), [label for label in labels if label in keep]
+
+
+def _contract(a: Tensor, la: list, b: Tensor, lb: list, later: set) -> tuple[Tensor, list]:
+    """Multiply two operands and sum the labels they share that nothing later needs, as one bmm."""
+    a, la = _sum_out(a, la, later | set(lb))
+    b, lb = _sum_out(b, lb, later | set(la))
+    summed = [label for label in la if label in lb and label not in later]
+    for label in summed:  # a broadcast (size-1) summed dim: sum the other side over it first
+        i, j = la.index(label), lb.index(label)
+        if a.shape[i] == 1 and b.shape[j] != 1:
+            b = b.sum(j, keepdim=True)
+        elif b.shape[j] == 1 and a.shape[i] != 1:
+            a = a.sum(i, keepdim=True)
+    batch = [label for label in la if label in lb and label in later]
+    a_only = [label for label in la if label not in lb]
+    b_only = [label for label in lb if label not in la]
+
+    def size(label):
+        return max(a.shape[la.index(label)] if label in la else 1, b.shape[lb.index(label)] if label in lb else 1)
+
+    def arrange(t, labels, order):
+        t = t.permute([labels.index(label) for label in order])
+        return t.expand([size(label) for label in order])
+
+    batch_sizes, m, n = [size(x) for x in batch], prod(map(size, a_only)), prod(map(size, b_only))
+    k = prod(map(size, summed))
+    left = arrange(a, la, batch + a_only + summed).reshape(prod(batch_sizes), m, k)
+    right = arrange(b, lb, batch + summed + b_only).reshape(prod(batch_sizes), k, n)
+    out = left.bmm(right).reshape(batch_sizes + [size(x) for x in a_only] + [size(x) for x in b_only])
+    return out, batch + a_only + b_only
+
+
+def _einsum(equation, tensors, path=None):
+    tensors = tuple(tensors)
+    for k, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"einsum(): operand {k} must be a Tensor, got {type(t).__name__}")
+    inputs, output = _parse_einsum(equation, tensors)
+    operands = [_take_diagonals(t, labels, k) for k, (t, labels) in enumerate(zip(tensors, inputs))]
+    _check_label_sizes(operands)
+    while len(operands) > 1:
+        (a, la), (b, lb) = operands[:2]
+        later = set(output).union(*(labels for _, labels in operands[2:]))
+        operands = [_contract(a, la, b, lb, later)] + operands[2:]
+    t, labels = _sum_out(*operands[0], set(output))
+    return t.permute([labels.index(label) for label in output])
+
+
+composite("einsum(str equation, Tensor[] tensors, *, int[]? path=None) -> Tensor", _einsum, method=False,
+          varargs=True,
+          doc="Einstein summation: ``einsum('bij,bjk->bik', a, b)``. Supports ``...``, repeated subscripts "
+              "(diagonals), implicit output and broadcasting of size-1 dims.\n\n"
+              ">>> tw.einsum('ij,j->i', tw.ones(2, 3), tw.ones(3))\ntensor([3., 3.])")

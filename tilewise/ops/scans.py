@@ -1,0 +1,173 @@
+"""Scans and sorting: cumulative sums and products, running extrema, sort and what is built on it.
+
+[Note: scans and sorting] Four scans (cumsum, cumprod, cummax, cummin), ``sort`` and ``searchsorted`` are
+primitives with a kernel per backend, and so is ``topk`` (selecting k of n elements is O(n), sorting them all
+is not); argsort, kthvalue and median compose ``sort``. Every value the sorting ops and cummax/cummin output is
+an input element, so one derivative serves them all: each gradient is added back at the position the
+``indices`` output names. The cumulative product's derivative never divides by zero: it divides only before
+the first zero of a slice and uses a product that skips that zero at its position (the idea of
+``prod_backward``); under ``create_graph`` it forms every product explicitly, so second derivatives at zeros
+are exact too.
+"""
+
+from __future__ import annotations
+
+from tilewise import _strides as S
+from tilewise.ops import dtype_rules as R
+from tilewise.ops.formulas import HELPERS
+from tilewise.ops.registry import OPS, declare
+
+# ---------------------------------------------------------------- derivative helpers
+
+
+def reverse_cumsum(x, dim: int):
+    """``out[i] = sum(x[j] for j >= i)`` along ``dim``."""
+    return x.flip([dim]).cumsum(dim).flip([dim])
+
+
+def picked_backward(grad, self_shape, dim: int, indices):
+    """Gradient of an op whose outputs are input elements picked along ``dim`` (sort, cummax): each gradient
+    is added back at the position ``indices`` names."""
+    from tilewise.ops.creation import zeros
+
+    if len(self_shape) == 0:
+        return grad
+    return zeros(self_shape, dtype=grad.dtype, device=grad.device).scatter_add(dim, indices, grad)
+
+
+def cumprod_backward(grad, self, result, dim: int):
+    """d out_i / d x_k = prod(x_j for j <= i, j != k) for i >= k, summed against ``grad``.
+
+    Without grad mode (a plain backward) this is O(n) and divides only where it is exact: before the first zero
+    of a slice, ``result_i / x_k``; at the first zero, a cumprod that skips it; after it, every product holds
+    the zero. Under grad mode (``create_graph=True``) the gradient must stay a polynomial in ``self`` so its own
+    derivative is right at zeros too, so every product is formed explicitly, in O(n^2), as torch does.
+    """
+    from tilewise.dispatch import STATE
+
+    if self.ndim == 0 or self.numel() == 0:
+        return grad
+    if STATE.grad_enabled:
+        return _cumprod_backward_by_products(grad, self, dim)
+    is_zero = self == 0
+    zeros_so_far = is_zero.cumsum(dim)
+    before_zero = zeros_so_far == 0
+    first_zero = is_zero & (zeros_so_far == 1)
+    before = reverse_cumsum(grad * result, dim) / self.where(before_zero, 1)
+    skipping = self.where(~first_zero, 1).cumprod(dim)
+    at_zero = reverse_cumsum((grad * skipping).where(~before_zero, 0), dim)
+    return before.where(before_zero, at_zero.where(first_zero, 0))
+
+
+def _cumprod_backward_by_products(grad, self, dim: int):
+    from tilewise.dtypes import bool_
+    from tilewise.ops.creation import arange, eye
+
+    x, g = self.movedim(dim, -1), grad.movedim(dim, -1)
+    n = x.shape[-1]
+    diagonal = eye(n, dtype=bool_, device=x.device)
+    rows = x.unsqueeze(-2).expand(*x.shape[:-1], n, n).where(~diagonal, 1)  # rows[..., k, j]: x_j, 1 at j == k
+    products = rows.cumprod(-1)  # products[..., k, i] = prod(x_j for j <= i, j != k)
+    later = arange(n, device=x.device).unsqueeze(1) <= arange(n, device=x.device)  # i >= k
+    return (products * g.unsqueeze(-2)).where(later, 0).sum(-1).movedim(-1, dim)
+
+
+HELPERS.update(reverse_cumsum=reverse_cumsum, picked_backward=picked_backward, cumprod_backward=cumprod_backward)
+
+# ---------------------------------------------------------------- primitives
+
+declare("cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", "scan", dtype=R.reduction_sum,
+        grad={"self": "reverse_cumsum(grad, dim)"}, inplace=True,
+        doc="Cumulative sum along ``dim``; integer and bool inputs accumulate in int64.\n\n"
+            ">>> tw.tensor([1, 2, 3]).cumsum(0)\ntensor([1, 3, 6])")
+declare("cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", "scan", dtype=R.reduction_sum,
+        grad={"self": "cumprod_backward(grad, self, result, dim)"}, inplace=True,
+        doc="Cumulative product along ``dim``.\n\n>>> tw.tensor([1., 2., 3.]).cumprod(0)\ntensor([1., 2., 6.])")
+declare("cummax(Tensor self, int dim) -> (Tensor values, Tensor indices)", "scan", dtype=R.first_input,
+        grad={"self": "picked_backward(grad, self_shape, dim, result[1])"}, nondiff_outputs=(1,),
+        doc="Running maximum along ``dim`` and where it was attained (the latest position among ties).")
+declare("cummin(Tensor self, int dim) -> (Tensor values, Tensor indices)", "scan", dtype=R.first_input,
+        grad={"self": "picked_backward(grad, self_shape, dim, result[1])"}, nondiff_outputs=(1,),
+        doc="Running minimum along ``dim`` and where it was attained (the latest position among ties).")
+declare("sort(Tensor self, int dim=-1, bool descending=False, *, bool? stable=False) -> "
+        "(Tensor values, Tensor indices)", "sort", dtype=R.first_input,
+        grad={"self": "picked_backward(grad, self_shape, dim, result[1])"}, nondiff_outputs=(1,),
+        doc="Sorted values along ``dim`` and their original positions. Always stable: equal elements keep their "
+            "order, also when descending. NaN sorts above every number.\n\n"
+            ">>> tw.tensor([3., 1., 2.]).sort()[1]\ntensor([1, 2, 0])")
+declare("topk(Tensor self, int k, int dim=-1, bool largest=True, bool sorted=True) -> "
+        "(Tensor values, Tensor indices)", "sort", dtype=R.first_input,
+        grad={"self": "picked_backward(grad, self_shape, dim, result[1])"}, nondiff_outputs=(1,),
+        doc="The ``k`` largest (or smallest) elements along ``dim``, always in sorted order. A primitive rather than "
+            "a slice of ``sort``: selecting k of n elements costs O(n), not O(n log n).\n\n"
+            ">>> tw.tensor([1., 5., 3.]).topk(2)[0]\ntensor([5., 3.])")
+declare("searchsorted(Tensor sorted_sequence, Tensor self, *, bool out_int32=False, bool right=False, "
+        "str? side=None, Tensor? sorter=None) -> Tensor", "sort", differentiable=False, method=False,
+        doc="Insertion positions of ``self``'s values in the innermost dim of ``sorted_sequence``.\n\n"
+            ">>> tw.searchsorted(tw.tensor([1, 3, 5]), tw.tensor([3, 6]))\ntensor([1, 3])")
+
+
+# ---------------------------------------------------------------- composites over sort
+
+def _argsort(self, dim=-1, descending=False, stable=False):
+    return self.sort(dim, descending, stable=stable)[1]
+
+
+def check_topk(self, k: int, dim: int) -> int:
+    """The normalised dim, after checking ``k`` fits it (shared by every backend's topk kernel)."""
+    d = S.normalize_dim(dim, self.ndim, "topk")
+    n = self.shape[d] if self.ndim else 1
+    if not 0 <= k <= n:
+        raise RuntimeError(f"topk(): k ({k}) is out of range for dimension {d} of size {n} (input shape "
+                           f"{list(self.shape)}); k must be in [0, {n}]")
+    return d
+
+
+def _kthvalue(self, k, dim=-1, keepdim=False):
+    d = S.normalize_dim(dim, self.ndim, "kthvalue")
+    n = self.shape[d] if self.ndim else 1
+    if not 1 <= k <= n:
+        raise RuntimeError(f"kthvalue(): k ({k}) is out of range for dimension {d} of size {n} (input shape "
+                           f"{list(self.shape)}); k must be in [1, {n}]")
+    values, indices = self.sort(d, stable=True)
+    if self.ndim == 0:
+        return values, indices
+    values, indices = values.select(d, k - 1), indices.select(d, k - 1)
+    if keepdim:
+        return values.unsqueeze(d), indices.unsqueeze(d)
+    return values, indices
+
+
+def _median_dim(self, dim, keepdim=False):
+    """The lower median; a slice holding NaN has median NaN, found at its first NaN (torch's rule)."""
+    d = S.normalize_dim(dim, self.ndim, "median")
+    n = self.shape[d] if self.ndim else 1
+    if n == 0:
+        raise IndexError(f"median(): expected reduction dim {d} to have non-zero size; the input has shape "
+                         f"{list(self.shape)}")
+    values, indices = _kthvalue(self, (n - 1) // 2 + 1, d, keepdim)
+    if not self.dtype.is_floating_point or self.ndim == 0:
+        return values, indices
+    nan = self.isnan()
+    has_nan = nan.any(d, keepdim)
+    first_nan = nan.to(self.dtype).argmax(d, keepdim)
+    return values.masked_fill(has_nan, float("nan")), indices.where(~has_nan, first_nan)
+
+
+def _median(self):
+    flat = self.reshape(-1)
+    if flat.numel() == 0:
+        return OPS["full"]((), float("nan"), dtype=self.dtype, device=self.device)
+    return _median_dim(flat, 0)[0]
+
+
+declare("argsort(Tensor self, int dim=-1, bool descending=False, *, bool stable=False) -> Tensor", "composite",
+        decomposition=_argsort, differentiable=False)
+declare("kthvalue(Tensor self, int k, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)",
+        "composite", decomposition=_kthvalue,
+        doc="The ``k``-th smallest element along ``dim`` (1-based) and its position.")
+declare("median(Tensor self) -> Tensor", "composite", decomposition=_median,
+        grad={"self": "minmax_backward(grad, self, result, None, False)"},
+        doc="The lower median of all elements; its gradient is shared evenly among the elements equal to it.")
+declare("median.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",
+        decomposition=_median_dim, doc="The lower median along ``dim`` and its position.")
