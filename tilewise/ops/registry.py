@@ -51,6 +51,18 @@ def compile_formula(text: str, param_names: tuple[str, ...]) -> Formula:
     return Formula(text, uses, scope["_formula"])
 
 
+def joint_formula_output(formula: Formula, k: int) -> Formula:
+    """Output ``k`` of a joint formula: ``grad={"input, weight, bias": "f(...)"}`` where ``f`` returns one
+    gradient per listed input, as in derivatives.yaml. The tuple is computed once per backward call and kept in
+    that call's environment, so inputs that share intermediate results do not recompute them."""
+    def output(env):
+        if formula not in env:
+            env[formula] = formula(env)
+        return env[formula][k]
+
+    return Formula(f"({formula.text})[{k}]", formula.uses, output)
+
+
 @dataclass(eq=False)
 class OpDef:
     schema: Schema
@@ -118,10 +130,13 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
         raise ValueError(f"operator {s.full_name} declared twice")
     param_names = tuple(p.name for p in s.params)
     derivatives = {}
-    for name, text in (grad or {}).items():
-        if name not in param_names:
-            raise ValueError(f"{s.full_name}: derivative given for unknown input {name!r}")
-        derivatives[name] = compile_formula(text, param_names) if text is not None else None
+    for names, text in (grad or {}).items():
+        formula = compile_formula(text, param_names) if text is not None else None
+        targets = [n.strip() for n in names.split(",")]
+        for k, name in enumerate(targets):
+            if name not in param_names:
+                raise ValueError(f"{s.full_name}: derivative given for unknown input {name!r}")
+            derivatives[name] = formula if formula is None or len(targets) == 1 else joint_formula_output(formula, k)
     uses = frozenset().union(*(f.uses for f in derivatives.values() if f is not None)) if derivatives else frozenset()
     op = OpDef(
         schema=s, kind=kind, dtype_rule=dtype, derivatives=derivatives, decomposition=decomposition, view=view,

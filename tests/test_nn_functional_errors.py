@@ -1,0 +1,124 @@
+"""tilewise.nn.functional rejects bad arguments with errors that name the op, the offending shapes or values,
+and what would be valid."""
+
+from __future__ import annotations
+
+import pytest
+
+import tilewise as tw
+import tilewise.nn.functional as F
+
+
+def test_layer_norm_normalized_shape_mismatch_names_both_shapes():
+    with pytest.raises(RuntimeError, match=r"layer_norm.*normalized_shape=\[5\].*\[\*, 5\].*\[2, 3, 4\]"):
+        F.layer_norm(tw.randn(2, 3, 4), (5,))
+
+
+def test_layer_norm_weight_shape_mismatch():
+    with pytest.raises(RuntimeError, match=r"weight of shape \[3\] and normalized_shape = \[4\]"):
+        F.layer_norm(tw.randn(2, 4), (4,), tw.ones(3))
+
+
+def test_cross_entropy_target_out_of_range_names_index_and_classes():
+    logits = tw.randn(3, 5)
+    with pytest.raises(IndexError, match=r"cross_entropy: target class index 7 .* C=5 classes"):
+        F.cross_entropy(logits, tw.tensor([1, 7, 2]))
+    with pytest.raises(IndexError, match=r"target class index -3 .* C=5"):
+        F.cross_entropy(logits, tw.tensor([1, -3, 2]))
+
+
+def test_cross_entropy_ignore_index_is_not_out_of_range():
+    loss = F.cross_entropy(tw.randn(3, 5), tw.tensor([1, -100, 2]))
+    assert loss.shape == ()
+
+
+def test_nll_loss_target_out_of_range_and_batch_mismatch():
+    with pytest.raises(IndexError, match=r"nll_loss: target class index 4 .* C=4"):
+        F.nll_loss(tw.randn(2, 4), tw.tensor([0, 4]))
+    with pytest.raises(ValueError, match=r"Expected input batch_size \(2\) to match target batch_size \(3\)"):
+        F.nll_loss(tw.randn(2, 4), tw.tensor([0, 1, 2]))
+
+
+def test_cross_entropy_bad_weight_and_target_dtype():
+    with pytest.raises(RuntimeError, match=r"all 5 classes .* shape: \[4\]"):
+        F.cross_entropy(tw.randn(3, 5), tw.tensor([0, 1, 2]), weight=tw.ones(4))
+    with pytest.raises(RuntimeError, match=r"integer dtype"):
+        F.cross_entropy(tw.randn(3, 5), tw.tensor([0.0, 1.0, 2.0]))
+    with pytest.raises(RuntimeError, match=r"ignore_index is not supported for floating point target"):
+        F.cross_entropy(tw.randn(3, 5), tw.rand(3, 5), ignore_index=1)
+
+
+def test_conv2d_channel_mismatch_names_in_channels_groups_and_weight():
+    with pytest.raises(RuntimeError, match=r"conv2d: Given groups=1, weight of size \[8, 4, 3, 3\], expected "
+                                           r"input\[2, 3, 5, 5\] to have 4 channels.*in_channels.*got 3 channels"):
+        F.conv2d(tw.randn(2, 3, 5, 5), tw.randn(8, 4, 3, 3))
+    with pytest.raises(RuntimeError, match=r"groups=2, .* expected input\[1, 6, 5, 5\] to have 4 channels"):
+        F.conv2d(tw.randn(1, 6, 5, 5), tw.randn(4, 2, 3, 3), groups=2)
+
+
+def test_conv_other_argument_errors():
+    with pytest.raises(RuntimeError, match=r"divisible by 2 at dimension 0"):
+        F.conv2d(tw.randn(1, 4, 5, 5), tw.randn(3, 2, 3, 3), groups=2)
+    with pytest.raises(RuntimeError, match=r"padding='same' is not supported for strided convolutions"):
+        F.conv2d(tw.randn(1, 3, 5, 5), tw.randn(2, 3, 3, 3), stride=2, padding="same")
+    with pytest.raises(ValueError, match=r"Invalid padding string 'full'"):
+        F.conv1d(tw.randn(1, 3, 5), tw.randn(2, 3, 3), padding="full")
+    with pytest.raises(RuntimeError, match=r"Kernel size can't be greater than actual input size"):
+        F.conv2d(tw.randn(1, 3, 2, 2), tw.randn(2, 3, 3, 3))
+    with pytest.raises(RuntimeError, match=r"expected bias to be 1-dimensional with 2 elements"):
+        F.conv2d(tw.randn(1, 3, 5, 5), tw.randn(2, 3, 3, 3), tw.zeros(3))
+
+
+def test_sdpa_head_dim_mismatch_names_shapes():
+    q, k = tw.randn(2, 4, 8), tw.randn(2, 5, 6)
+    with pytest.raises(RuntimeError, match=r"scaled_dot_product_attention: query and key must have the same head "
+                                           r"dimension.*\[2, 4, 8\] \(E=8\).*\[2, 5, 6\] \(E=6\)"):
+        F.scaled_dot_product_attention(q, k, tw.randn(2, 5, 6))
+
+
+def test_sdpa_other_argument_errors():
+    q = tw.randn(2, 4, 8)
+    with pytest.raises(RuntimeError, match=r"same sequence length"):
+        F.scaled_dot_product_attention(q, tw.randn(2, 5, 8), tw.randn(2, 6, 8))
+    with pytest.raises(RuntimeError, match=r"attn_mask should not be set when is_causal=True"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=tw.ones(4, 4, dtype=tw.bool), is_causal=True)
+    with pytest.raises(RuntimeError, match=r"enable_gqa"):
+        F.scaled_dot_product_attention(tw.randn(1, 3, 4, 8), tw.randn(1, 2, 4, 8), tw.randn(1, 2, 4, 8),
+                                       enable_gqa=True)
+
+
+def test_normalization_argument_errors():
+    with pytest.raises(RuntimeError, match=r"running_mean must be defined in evaluation mode"):
+        F.batch_norm(tw.randn(4, 3), None, None, training=False)
+    with pytest.raises(ValueError, match=r"Expected more than 1 value per channel when training"):
+        F.batch_norm(tw.randn(1, 3), None, None, training=True)
+    with pytest.raises(RuntimeError, match=r"divisible by num_groups.*\[2, 5, 4\] and num_groups=2"):
+        F.group_norm(tw.randn(2, 5, 4), 2)
+
+
+def test_dropout_probability_out_of_range():
+    with pytest.raises(ValueError, match=r"dropout probability has to be between 0 and 1, but got 1.5"):
+        F.dropout(tw.randn(3), 1.5)
+
+
+def test_pooling_and_resampling_argument_errors():
+    with pytest.raises(RuntimeError, match=r"pad should be at most half of effective kernel size, but got pad=2, "
+                                           r"kernel_size=3"):
+        F.max_pool2d(tw.randn(1, 1, 5, 5), 3, padding=2)
+    with pytest.raises(RuntimeError, match=r"Output size is too small"):
+        F.avg_pool2d(tw.randn(1, 1, 2, 2), 3)
+    with pytest.raises(NotImplementedError, match=r"mode='bilinear' is not implemented"):
+        F.interpolate(tw.randn(1, 1, 2, 2), scale_factor=2, mode="bilinear")
+    with pytest.raises(ValueError, match=r"exactly one of size or scale_factor"):
+        F.interpolate(tw.randn(1, 1, 2, 2))
+
+
+def test_embedding_and_loss_argument_errors():
+    with pytest.raises(RuntimeError, match=r"'indices'.*Long, Int; but got tilewise.float32"):
+        F.embedding(tw.randn(3), tw.randn(4, 2))
+    with pytest.raises(ValueError, match=r"padding_idx must be within num_embeddings \(4\)"):
+        F.embedding(tw.tensor([0, 1]), tw.randn(4, 2), padding_idx=4)
+    with pytest.raises(RuntimeError, match=r"binary_cross_entropy: all elements of input should be between 0 and 1"):
+        F.binary_cross_entropy(tw.tensor([0.5, 1.5]), tw.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"'avg' is not a valid value for reduction"):
+        F.mse_loss(tw.randn(3), tw.randn(3), reduction="avg")

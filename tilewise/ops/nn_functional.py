@@ -1,0 +1,548 @@
+"""torch.nn.functional's operators, part one: normalization, dropout, embedding, similarity and attention,
+plus the helpers shared with ``nn_losses`` (losses) and ``nn_spatial`` (convolution, pooling, resampling).
+
+[Note: nn.functional operators] Every operator is a composite over tilewise primitives (reductions,
+pointwise, gather/scatter, views, matmul, Philox random), so every backend and the compiler get it from one
+decomposition. Public operators keep torch.nn.functional's signatures and do the argument checking and shape
+normalisation; where the composed backward would be wasteful or unstable, a private operator carries an
+explicit derivative instead:
+  * normalizations (layer, RMS, batch; group and instance reuse them) save their mean and reciprocal std
+    and use the closed-form input gradient, one joint formula for input and weight;
+  * attention saves its output and the per-row log-sum-exp, and backward recomputes the probabilities (as
+    fused attention kernels do), so what is kept for backward stays linear in the sequence length;
+  * embedding routes no gradient to ``padding_idx`` and accumulates rows with one index_put.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tilewise import _strides as S
+from tilewise.dtypes import compute_dtype, finfo
+from tilewise.ops.registry import OPS, declare, public_function
+
+
+def functional(schema: str, decomposition, grad: dict | None = None, **attrs):
+    """A public operator of tilewise.nn.functional (a Tensor method only where torch has one)."""
+    attrs.setdefault("method", False)
+    return declare(schema, "composite", decomposition=decomposition, grad=grad, functional=True, **attrs)
+
+
+def private(schema: str, decomposition, grad: dict | None = None, **attrs):
+    """An internal operator: the part of a functional op that carries its derivative, or a backward."""
+    return declare(schema, "composite", decomposition=decomposition, grad=grad, public=False, method=False, **attrs)
+
+
+def call_public(name: str, *args, **kwargs):
+    return public_function(name)(*args, **kwargs)
+
+
+def where(condition, a, b):
+    return call_public("where", condition, a, b)
+
+
+def in_compute_dtype(x):
+    """x in the dtype its arithmetic runs in (float32 for half types)."""
+    return x.to(compute_dtype(x.dtype))
+
+
+def concrete_cpu(t) -> bool:
+    """Whether t's values can be inspected cheaply for argument checks (not traced, not on an accelerator)."""
+    return t._trace is None and t.device.type == "cpu"
+
+
+def int_tuple(value, n: int, name: str, op: str) -> tuple[int, ...]:
+    values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if len(values) == 1:
+        values = values * n
+    if len(values) != n:
+        raise RuntimeError(f"{op}: {name} must be an int or a tuple of {n} ints, got {list(values)}")
+    return tuple(int(v) for v in values)
+
+
+# ============================================================================ normalization
+
+def _check_normalized_shape(op: str, input, normalized_shape, weight, bias=None) -> None:
+    n = len(normalized_shape)
+    if n == 0 or input.ndim < n or tuple(input.shape[input.ndim - n:]) != tuple(normalized_shape):
+        raise RuntimeError(f"{op}: Given normalized_shape={list(normalized_shape)}, expected input with shape "
+                           f"[*, {', '.join(map(str, normalized_shape))}], but got input of size {list(input.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != tuple(normalized_shape):
+            raise RuntimeError(f"{op}: Expected {name} to be of same shape as normalized_shape, but got {name} of "
+                               f"shape {list(t.shape)} and normalized_shape = {list(normalized_shape)}")
+
+
+def _trailing_dims(x, count: int) -> tuple[int, ...]:
+    return tuple(range(x.ndim - count, x.ndim))
+
+
+def _affine(xhat, weight, bias, dtype):
+    out = xhat * weight if weight is not None else xhat
+    out = out + bias if bias is not None else out
+    return out.to(dtype)
+
+
+def _statistics(x, dims, eps, centered: bool):
+    """(mean, 1 / sqrt(var + eps)) over dims; RMS normalization (not centered) has no mean and var = mean(x^2)."""
+    mean = x.mean(dims, keepdim=True) if centered else None
+    deviation = x - mean if centered else x
+    return mean, ((deviation * deviation).mean(dims, keepdim=True) + eps).rsqrt()
+
+
+def _backward_statistics(x, dims, eps, mean, rstd):
+    """The saved statistics; or, when the backward is itself differentiated (create_graph), the statistics
+    recomputed from x, so the second derivative sees how they depend on x."""
+    from tilewise.autograd.grad_mode import is_grad_enabled
+
+    return _statistics(x, dims, eps, mean is not None) if is_grad_enabled() else (mean, rstd)
+
+
+def _native_layer_norm(input, normalized_shape, weight, bias, eps):
+    _check_normalized_shape("layer_norm", input, normalized_shape, weight, bias)
+    x = in_compute_dtype(input)
+    mean, rstd = _statistics(x, _trailing_dims(input, len(normalized_shape)), eps, True)
+    return _affine((x - mean) * rstd, weight, bias, input.dtype), mean, rstd
+
+
+def _fused_rms_norm(input, normalized_shape, weight, eps):
+    _check_normalized_shape("rms_norm", input, normalized_shape, weight)
+    x = in_compute_dtype(input)
+    _, rstd = _statistics(x, _trailing_dims(input, len(normalized_shape)), eps, False)
+    return _affine(x * rstd, weight, None, input.dtype), rstd
+
+
+def _normalized_input_grad(grad_xhat, xhat, rstd, dims, centered: bool):
+    """Gradient w.r.t. x of xhat = (x - mean(x)) * rstd (centered) or x * rstd (RMS), statistics over dims."""
+    projection = xhat * (grad_xhat * xhat).mean(dims, keepdim=True)
+    if centered:
+        return rstd * (grad_xhat - grad_xhat.mean(dims, keepdim=True) - projection)
+    return rstd * (grad_xhat - projection)
+
+
+def _layer_norm_backward(grad, input, mean, rstd, weight, normalized_ndim, eps):
+    dims = _trailing_dims(input, normalized_ndim)
+    x = in_compute_dtype(input)
+    mean, rstd = _backward_statistics(x, dims, eps, mean, rstd)
+    xhat = (x - mean) * rstd if mean is not None else x * rstd
+    g = grad.to(xhat.dtype)
+    grad_input = _normalized_input_grad(g * weight if weight is not None else g, xhat, rstd, dims, mean is not None)
+    return grad_input, (g * xhat if weight is not None else None)  # autograd sums the weight grad to its shape
+
+
+def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return OPS["native_layer_norm"](input, normalized_shape, weight, bias, eps)[0]
+
+
+def _rms_norm(input, normalized_shape, weight=None, eps=None):
+    eps = finfo(compute_dtype(input.dtype)).eps if eps is None else eps
+    return OPS["_fused_rms_norm"](input, normalized_shape, weight, eps)[0]
+
+
+private("native_layer_norm(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> "
+        "(Tensor, Tensor, Tensor)", _native_layer_norm,
+        {"input, weight": "OPS['_layer_norm_backward'](grad, input, result[1], result[2], weight, "
+                          "len(normalized_shape), eps)",
+         "bias": "grad"}, nondiff_outputs=(1, 2))
+private("_fused_rms_norm(Tensor input, int[] normalized_shape, Tensor? weight, float eps) -> (Tensor, Tensor)",
+        _fused_rms_norm,
+        {"input, weight": "OPS['_layer_norm_backward'](grad, input, None, result[1], weight, len(normalized_shape), "
+                          "eps)"},
+        nondiff_outputs=(1,))
+private("_layer_norm_backward(Tensor grad, Tensor input, Tensor? mean, Tensor rstd, Tensor? weight, "
+        "int normalized_ndim, float eps) -> (Tensor, Tensor)", _layer_norm_backward)
+functional("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
+           "float eps=1e-05) -> Tensor", _layer_norm, autocast="fp32")
+functional("rms_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor",
+           _rms_norm, autocast="fp32")
+
+
+def _channel_shape(input) -> tuple[int, ...]:
+    return (1, input.shape[1]) + (1,) * (input.ndim - 2)
+
+
+def _non_channel_dims(input) -> tuple[int, ...]:
+    return (0, *range(2, input.ndim))
+
+
+def _update_running_stats(running_mean, running_var, mean, var, momentum, count):
+    from tilewise.autograd.grad_mode import no_grad
+
+    with no_grad():
+        if running_mean is not None:
+            batch_mean = mean.reshape(-1).to(running_mean.dtype)
+            running_mean.copy_(batch_mean * momentum + running_mean * (1 - momentum))
+        if running_var is not None:
+            unbiased = (var.reshape(-1) * (count / max(count - 1, 1))).to(running_var.dtype)
+            running_var.copy_(unbiased * momentum + running_var * (1 - momentum))
+
+
+def _native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    x = in_compute_dtype(input)
+    stat_shape = _channel_shape(input)
+    if training:
+        dims = _non_channel_dims(input)
+        mean = x.mean(dims, keepdim=True)
+        centered = x - mean
+        var = (centered * centered).mean(dims, keepdim=True)
+        _update_running_stats(running_mean, running_var, mean, var, momentum, input.numel() // input.shape[1])
+    else:
+        mean = running_mean.to(x.dtype).reshape(stat_shape)
+        var = running_var.to(x.dtype).reshape(stat_shape)
+        centered = x - mean
+    invstd = (var + eps).rsqrt()
+    w = weight.reshape(stat_shape) if weight is not None else None
+    b = bias.reshape(stat_shape) if bias is not None else None
+    return _affine(centered * invstd, w, b, input.dtype), mean, invstd
+
+
+def _batch_norm_backward(grad, input, mean, invstd, weight, training, eps):
+    dims = _non_channel_dims(input)
+    x = in_compute_dtype(input)
+    if training:
+        mean, invstd = _backward_statistics(x, dims, eps, mean, invstd)
+    g = grad.to(x.dtype)
+    xhat = (x - mean) * invstd
+    grad_xhat = g * weight.reshape(mean.shape) if weight is not None else g
+    if training:
+        grad_input = _normalized_input_grad(grad_xhat, xhat, invstd, dims, True)
+    else:
+        grad_input = grad_xhat * invstd
+    return grad_input, (g * xhat).sum(dims) if weight is not None else None, g.sum(dims)
+
+
+def _check_batch_norm(input, running_mean, running_var, weight, bias, training):
+    if input.ndim < 2:
+        raise ValueError(f"batch_norm: expected an input of shape (N, C, *), got {list(input.shape)}")
+    channels = input.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                    ("bias", bias)):
+        if t is not None and tuple(t.shape) != (channels,):
+            raise RuntimeError(f"batch_norm: {name} should contain {channels} elements (one per channel of input "
+                               f"{list(input.shape)}), not {t.numel()} (shape {list(t.shape)})")
+    if not training and (running_mean is None or running_var is None):
+        raise RuntimeError("batch_norm: running_mean must be defined in evaluation mode (training=False): pass "
+                           "running_mean and running_var, or training=True to normalize with batch statistics")
+    if training and input.numel() // max(channels, 1) == 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(input.shape)}")
+
+
+def _batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    _check_batch_norm(input, running_mean, running_var, weight, bias, training)
+    return OPS["native_batch_norm"](input, weight, bias, running_mean, running_var, training, momentum, eps)[0]
+
+
+def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    if input.ndim < 2 or input.shape[1] % num_groups != 0:
+        raise RuntimeError(f"group_norm: Expected number of channels in input to be divisible by num_groups, but got "
+                           f"input of shape {list(input.shape)} and num_groups={num_groups}")
+    channels = input.shape[1]
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != (channels,):
+            raise RuntimeError(f"group_norm: Expected {name} to be a vector of size equal to the number of channels "
+                               f"in input ({channels}), but got {name} of shape {list(t.shape)}")
+    grouped = input.reshape(input.shape[0], num_groups, -1)
+    normalized = _layer_norm(grouped, (grouped.shape[-1],), None, None, eps).reshape(input.shape)
+    stat_shape = _channel_shape(input)
+    return _affine(normalized, None if weight is None else weight.reshape(stat_shape),
+                   None if bias is None else bias.reshape(stat_shape), input.dtype)
+
+
+def _per_instance(t, batch: int):
+    return None if t is None else t.unsqueeze(0).expand(batch, t.shape[0]).reshape(-1)
+
+
+def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                   momentum=0.1, eps=1e-5):
+    if input.ndim < 3:
+        raise ValueError(f"instance_norm: expected an input of shape (N, C, *spatial), got {list(input.shape)}")
+    if use_input_stats and S.numel(input.shape[2:]) == 1:
+        raise ValueError(f"Expected more than 1 spatial element when training, got input size {list(input.shape)}")
+    from tilewise.autograd.grad_mode import no_grad
+
+    batch, channels = input.shape[0], input.shape[1]
+    as_channels = input.reshape(1, batch * channels, *input.shape[2:])
+    mean, var = _per_instance(running_mean, batch), _per_instance(running_var, batch)
+    out = _batch_norm(as_channels, mean, var, _per_instance(weight, batch), _per_instance(bias, batch),
+                      use_input_stats, momentum, eps)
+    with no_grad():
+        for running, instances in ((running_mean, mean), (running_var, var)):
+            if running is not None:
+                running.copy_(instances.view(batch, channels).mean(0))
+    return out.reshape(input.shape)
+
+
+private("native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, "
+        "bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)", _native_batch_norm,
+        {"input, weight, bias": "OPS['_batch_norm_backward'](grad, input, result[1], result[2], weight, training, "
+                                "eps)",
+         "running_mean": None, "running_var": None}, nondiff_outputs=(1, 2))
+private("_batch_norm_backward(Tensor grad, Tensor input, Tensor mean, Tensor invstd, Tensor? weight, bool training, "
+        "float eps) -> (Tensor, Tensor, Tensor)", _batch_norm_backward)
+functional("batch_norm(Tensor input, Tensor? running_mean, Tensor? running_var, Tensor? weight=None, "
+           "Tensor? bias=None, bool training=False, float momentum=0.1, float eps=1e-05) -> Tensor", _batch_norm,
+           function=False)
+functional("group_norm(Tensor input, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) "
+           "-> Tensor", _group_norm, autocast="fp32")
+functional("instance_norm(Tensor input, Tensor? running_mean=None, Tensor? running_var=None, Tensor? weight=None, "
+           "Tensor? bias=None, bool use_input_stats=True, float momentum=0.1, float eps=1e-05) -> Tensor",
+           _instance_norm, function=False)
+
+
+def _normalize(input, p=2.0, dim=1, eps=1e-12):
+    return input / input.norm(p, dim, keepdim=True).clamp(min=eps)
+
+
+def _norm_clamped_without_grad(x, dim, eps):
+    """||x|| clamped below at eps, where the clamp is invisible to autograd (torch clamps in place, no_grad)."""
+    norm = x.norm(2, dim, keepdim=True)
+    detached = norm.detach()
+    return norm + (detached.clamp(min=eps) - detached)
+
+
+def _cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    shape = S.broadcast_shapes(x1.shape, x2.shape, op="cosine_similarity")
+    a, b = x1.expand(shape), x2.expand(shape)
+    if not a.dtype.is_floating_point:
+        a, b = a.float(), b.float()
+    d = S.normalize_dim(dim, len(shape), "cosine_similarity")
+    return ((a / _norm_clamped_without_grad(a, d, eps)) * (b / _norm_clamped_without_grad(b, d, eps))).sum(d)
+
+
+functional("normalize(Tensor input, float p=2.0, int dim=1, float eps=1e-12) -> Tensor", _normalize,
+           function=False)
+functional("cosine_similarity(Tensor x1, Tensor x2, int dim=1, float eps=1e-08) -> Tensor", _cosine_similarity,
+           autocast="fp32")
+
+
+# ============================================================================ dropout
+
+def check_dropout_p(p: float, op: str) -> None:
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{op}: dropout probability has to be between 0 and 1, but got {p}")
+
+
+def _apply_dropout(input, p, inplace, mask_shape):
+    """input * mask / (1 - p) with mask ~ Bernoulli(1 - p) of mask_shape (broadcast over input), like torch."""
+    from tilewise.ops.creation import full
+
+    if p == 1.0:
+        scale = full((), 0.0, dtype=input.dtype, device=input.device)
+    else:
+        keep = full(mask_shape, 1.0 - p, dtype=input.dtype, device=input.device).bernoulli()
+        scale = keep / (1.0 - p)
+    return input.mul_(scale) if inplace else input * scale
+
+
+def _dropout(input, p=0.5, training=True, inplace=False):
+    check_dropout_p(p, "dropout")
+    if not training or p == 0.0 or input.numel() == 0:
+        return input
+    return _apply_dropout(input, p, inplace, input.shape)
+
+
+def _feature_dropout(op: str, spatial_dims: int):
+    def dropout(input, p=0.5, training=True, inplace=False):
+        check_dropout_p(p, op)
+        if input.ndim not in (spatial_dims + 1, spatial_dims + 2):
+            raise RuntimeError(f"{op}: expected a {spatial_dims + 1}D (unbatched) or {spatial_dims + 2}D (batched) "
+                               f"input, got {list(input.shape)}")
+        if not training or p == 0.0 or input.numel() == 0:
+            return input
+        channel_dims = input.ndim - spatial_dims
+        return _apply_dropout(input, p, inplace, input.shape[:channel_dims] + (1,) * spatial_dims)
+
+    return dropout
+
+
+functional("dropout(Tensor input, float p=0.5, bool training=True, bool inplace=False) -> Tensor", _dropout)
+for _n in (1, 2, 3):
+    functional(f"dropout{_n}d(Tensor input, float p=0.5, bool training=True, bool inplace=False) -> Tensor",
+               _feature_dropout(f"dropout{_n}d", _n), function=False)
+
+
+# ============================================================================ embedding
+
+def _renorm_rows_(weight, indices, max_norm, norm_type):
+    """torch's embedding_renorm_: rows read by indices whose norm exceeds max_norm are scaled down in place."""
+    from tilewise.autograd.grad_mode import no_grad
+    from tilewise.ops.creation import zeros
+
+    with no_grad():
+        used = zeros((weight.shape[0],), dtype=weight.dtype, device=weight.device)
+        used = used.index_put((indices.reshape(-1),), _ones_like_indices(indices, weight), True) > 0
+        norms = weight.norm(norm_type, 1)
+        scale = where(used & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
+        weight.mul_(scale.unsqueeze(1).to(weight.dtype))
+
+
+def _ones_like_indices(indices, weight):
+    from tilewise.ops.creation import ones
+
+    return ones((indices.numel(),), dtype=weight.dtype, device=weight.device)
+
+
+def _embedding_padding_index(padding_idx, num_weights: int):
+    if padding_idx is None:
+        return None
+    if not -num_weights <= padding_idx < num_weights:
+        raise ValueError(f"embedding: padding_idx must be within num_embeddings ({num_weights}), got {padding_idx}")
+    return padding_idx % num_weights
+
+
+def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+               sparse=False):
+    if input.dtype.is_floating_point or input.dtype.name == "bool":
+        raise RuntimeError(f"embedding: Expected tensor for argument #1 'indices' to have one of the following "
+                           f"scalar types: Long, Int; but got {input.dtype} instead (convert with .long())")
+    if weight.ndim != 2:
+        raise RuntimeError(f"embedding: 'weight' must be 2-D (num_embeddings, embedding_dim), got {list(weight.shape)}")
+    if sparse:
+        raise NotImplementedError("embedding: sparse=True needs sparse gradients, which tilewise does not have; "
+                                  "use sparse=False")
+    _embedding_padding_index(padding_idx, weight.shape[0])
+    if max_norm is not None:
+        _renorm_rows_(weight, input, max_norm, norm_type)
+    return weight[input]
+
+
+def _embedding_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    from tilewise.ops.creation import zeros
+
+    flat = indices.reshape(-1)
+    rows = grad.reshape(flat.shape[0], grad.shape[-1])
+    padding_idx = _embedding_padding_index(padding_idx, num_weights)
+    if padding_idx is not None:
+        rows = where((flat != padding_idx).unsqueeze(1), rows, 0.0)
+    if scale_grad_by_freq:
+        counts = zeros((num_weights,), dtype=grad.dtype, device=grad.device)
+        counts = counts.index_put((flat,), _ones_like_indices(flat, grad), True)
+        rows = rows / counts[flat].unsqueeze(1)
+    out = zeros((num_weights, grad.shape[-1]), dtype=grad.dtype, device=grad.device)
+    return out.index_put((flat,), rows, True)
+
+
+functional("embedding(Tensor input, Tensor weight, int? padding_idx=None, float? max_norm=None, float norm_type=2.0, "
+           "bool scale_grad_by_freq=False, bool sparse=False) -> Tensor", _embedding,
+           {"weight": "OPS['_embedding_backward'](grad, input, weight_shape[0], padding_idx, scale_grad_by_freq)",
+            "input": None}, function=False)
+private("_embedding_backward(Tensor grad, Tensor indices, int num_weights, int? padding_idx, bool scale_grad_by_freq)"
+        " -> Tensor", _embedding_backward)
+
+
+# ============================================================================ attention
+
+def _check_attention(query, key, value, dropout_p, enable_gqa) -> None:
+    op = "scaled_dot_product_attention"
+    if min(query.ndim, key.ndim, value.ndim) < 2:
+        raise RuntimeError(f"{op}: query, key and value need at least 2 dims (..., L or S, E), got query "
+                           f"{list(query.shape)}, key {list(key.shape)}, value {list(value.shape)}")
+    if query.shape[-1] != key.shape[-1]:
+        raise RuntimeError(f"{op}: query and key must have the same head dimension (the last dim), but got query of "
+                           f"shape {list(query.shape)} (E={query.shape[-1]}) and key of shape {list(key.shape)} "
+                           f"(E={key.shape[-1]})")
+    if key.shape[-2] != value.shape[-2]:
+        raise RuntimeError(f"{op}: key and value must have the same sequence length (dim -2), but got key of shape "
+                           f"{list(key.shape)} and value of shape {list(value.shape)}")
+    if not (query.dtype is key.dtype is value.dtype):
+        raise RuntimeError(f"{op}: Expected query, key, and value to have the same dtype, but got query.dtype: "
+                           f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
+    check_dropout_p(dropout_p, op)
+    if enable_gqa:
+        if min(query.ndim, key.ndim, value.ndim) < 3 or key.shape[-3] != value.shape[-3] or \
+                query.shape[-3] % key.shape[-3]:
+            raise RuntimeError(f"{op}: enable_gqa needs the number of query heads (dim -3) to be a multiple of the "
+                               f"key/value heads, got query {list(query.shape)}, key {list(key.shape)}, value "
+                               f"{list(value.shape)}")
+
+
+def _attention_bias(attn_mask, is_causal, target_len, source_len, dtype, device):
+    """The additive float mask: 0 where attending is allowed, -inf where not, or the user's float mask."""
+    if is_causal:
+        if attn_mask is not None:
+            raise RuntimeError("scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
+        from tilewise.ops.creation import arange
+
+        attn_mask = arange(target_len, device=device).unsqueeze(1) >= arange(source_len, device=device).unsqueeze(0)
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype.name == "bool":
+        return where(attn_mask, 0.0, float("-inf")).to(dtype)
+    if not attn_mask.dtype.is_floating_point:
+        raise RuntimeError(f"scaled_dot_product_attention: attn_mask must be a bool or floating point tensor, got "
+                           f"{attn_mask.dtype}")
+    return attn_mask.to(dtype)
+
+
+def _repeat_heads(x, groups: int):
+    """(..., H, S, E) -> (..., H * groups, S, E), each head repeated ``groups`` times in a row."""
+    if groups == 1:
+        return x
+    lead, heads, tail = x.shape[:-3], x.shape[-3], x.shape[-2:]
+    return x.unsqueeze(-3).expand(*lead, heads, groups, *tail).reshape(*lead, heads * groups, *tail)
+
+
+def _attention_scores(query, key, bias, scale):
+    scores = query.matmul(key.transpose(-2, -1)) * scale
+    return scores + bias if bias is not None else scores
+
+
+def _softmax_with_logsumexp(scores):
+    """softmax over the last dim and its log-sum-exp; rows masked entirely get probabilities 0 (torch's
+    safe softmax) and log-sum-exp +inf, so ``exp(scores - lse)`` recomputes them as 0 too."""
+    peak = scores.detach().amax(-1, keepdim=True)
+    peak = where(peak == float("-inf"), 0.0, peak)
+    e = (scores - peak).exp()
+    total = e.sum(-1, keepdim=True)
+    empty = total == 0
+    return e / where(empty, 1.0, total), where(empty, float("inf"), peak + total.log())
+
+
+def _scaled_dot_product_attention_math(query, key, value, bias, scale):
+    probs, logsumexp = _softmax_with_logsumexp(_attention_scores(query, key, bias, scale))
+    return probs.matmul(value), logsumexp
+
+
+def _scaled_dot_product_attention_backward(grad, query, key, value, bias, scale, out, logsumexp):
+    from tilewise.autograd.grad_mode import is_grad_enabled
+
+    scores = _attention_scores(query, key, bias, scale)
+    if is_grad_enabled():  # differentiated again: the probabilities must depend on query and key
+        probs = _softmax_with_logsumexp(scores)[0]
+    else:
+        probs = (scores - logsumexp).exp()
+    grad_value = probs.transpose(-2, -1).matmul(grad)
+    grad_scores = probs * (grad.matmul(value.transpose(-2, -1)) - (grad * out).sum(-1, keepdim=True))
+    grad_query = grad_scores.matmul(key) * scale
+    grad_key = grad_scores.transpose(-2, -1).matmul(query) * scale
+    return grad_query, grad_key, grad_value, grad_scores if bias is not None else None
+
+
+def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                  enable_gqa=False):
+    _check_attention(query, key, value, dropout_p, enable_gqa)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    work = compute_dtype(query.dtype)
+    q, k, v = query.to(work), key.to(work), value.to(work)
+    if enable_gqa:
+        groups = q.shape[-3] // k.shape[-3]
+        k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
+    bias = _attention_bias(attn_mask, is_causal, q.shape[-2], k.shape[-2], work, query.device)
+    if dropout_p > 0:
+        probs, _ = _softmax_with_logsumexp(_attention_scores(q, k, bias, scale))
+        out = _dropout(probs, dropout_p, True).matmul(v)
+    else:
+        out = OPS["_scaled_dot_product_attention_math"](q, k, v, bias, scale)[0]
+    return out.to(query.dtype)
+
+
+private("_scaled_dot_product_attention_math(Tensor query, Tensor key, Tensor value, Tensor? bias, float scale) -> "
+        "(Tensor output, Tensor logsumexp)", _scaled_dot_product_attention_math,
+        {"query, key, value, bias": "OPS['_scaled_dot_product_attention_backward'](grad, query, key, value, bias, "
+                                    "scale, result[0], result[1])"}, nondiff_outputs=(1,))
+private("_scaled_dot_product_attention_backward(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor? bias, "
+        "float scale, Tensor out, Tensor logsumexp) -> (Tensor, Tensor, Tensor, Tensor)",
+        _scaled_dot_product_attention_backward)
+functional("scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+           "float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor",
+           _scaled_dot_product_attention, function=False, autocast="lower")

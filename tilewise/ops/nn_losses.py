@@ -1,0 +1,352 @@
+"""Losses of torch.nn.functional, with torch's definitions of reductions, class weights, ignore_index and
+label smoothing.
+
+Elementwise losses (mse, l1, smooth_l1, huber, kl_div, binary_cross_entropy_with_logits) and nll_loss
+compose pointwise primitives, a gather and a reduction, and differentiate through them. Two losses carry
+explicit derivatives, on private operators: cross_entropy, whose input gradient is
+``softmax(x) * sum(q) - q`` for the weighted, smoothed target distribution q (no log_softmax is kept for
+backward, and ``-inf`` logits stay finite; probability targets get their gradient too), and
+binary_cross_entropy, with torch's clamped closed form that stays finite at probabilities 0 and 1.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from tilewise import _strides as S
+from tilewise.ops.nn_functional import call_public, concrete_cpu, functional, in_compute_dtype, private, where
+from tilewise.ops.registry import OPS
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _reduction_mode(op: str, reduction: str, size_average=None, reduce=None) -> str:
+    if size_average is not None or reduce is not None:
+        reduction = "none" if reduce is False else ("sum" if size_average is False else "mean")
+        warnings.warn(f"{op}: size_average and reduce args will be deprecated, please use reduction='{reduction}' "
+                      "instead.", stacklevel=4)
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{op}: {reduction!r} is not a valid value for reduction; expected 'none', 'mean' or 'sum'")
+    return reduction
+
+
+def _reduce(loss, reduction: str):
+    if reduction == "mean":
+        return loss.mean()
+    return loss.sum() if reduction == "sum" else loss
+
+
+def _broadcast_pair(op: str, input, target):
+    if tuple(target.shape) != tuple(input.shape):
+        warnings.warn(f"{op}: Using a target size ({list(target.shape)}) that is different to the input size "
+                      f"({list(input.shape)}). This will likely lead to incorrect results due to broadcasting. "
+                      "Please ensure they have the same size.", stacklevel=4)
+    shape = S.broadcast_shapes(input.shape, target.shape, op=op)
+    return input.expand(shape), target.expand(shape)
+
+
+def _elementwise_loss(op: str, loss_of_difference, mean_over_weight: bool):
+    """A loss of (input - target) per element; an optional per-element weight divides 'mean' by its sum
+    (mse, l1) or, for huber, by the element count, as torch does."""
+    def loss_fn(input, target, reduction, weight):
+        a, b = _broadcast_pair(op, input, target)
+        loss = loss_of_difference(a - b)
+        if weight is None:
+            return _reduce(loss, reduction)
+        if tuple(weight.shape) != tuple(input.shape):
+            raise ValueError(f"{op}: Weights and input must have the same size, got weight {list(weight.shape)} and "
+                             f"input {list(input.shape)}")
+        loss = loss * weight
+        if reduction == "mean" and mean_over_weight:
+            return loss.sum() / weight.sum()
+        return _reduce(loss, reduction)
+
+    return loss_fn
+
+
+_mse = _elementwise_loss("mse_loss", lambda d: d * d, True)
+_l1 = _elementwise_loss("l1_loss", lambda d: d.abs(), True)
+
+
+def _mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    return _mse(input, target, _reduction_mode("mse_loss", reduction, size_average, reduce), weight)
+
+
+def _l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    return _l1(input, target, _reduction_mode("l1_loss", reduction, size_average, reduce), weight)
+
+
+def _smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    reduction = _reduction_mode("smooth_l1_loss", reduction, size_average, reduce)
+    if beta < 0:
+        raise RuntimeError(f"smooth_l1_loss does not support negative values for beta, got beta={beta}")
+    if beta == 0.0:
+        return _l1(input, target, reduction, None)
+
+    def smooth(d):
+        size = d.abs()
+        return where(size < beta, d * d * (0.5 / beta), size - 0.5 * beta)
+
+    return _elementwise_loss("smooth_l1_loss", smooth, True)(input, target, reduction, None)
+
+
+def _huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
+    reduction = _reduction_mode("huber_loss", reduction)
+    if delta <= 0:
+        raise RuntimeError(f"huber_loss does not support non-positive values for delta, got delta={delta}")
+
+    def huber(d):
+        size = d.abs()
+        return where(size < delta, d * d * 0.5, (size - 0.5 * delta) * delta)
+
+    return _elementwise_loss("huber_loss", huber, False)(input, target, reduction, weight)
+
+
+functional("mse_loss(Tensor input, Tensor target, bool? size_average=None, bool? reduce=None, str reduction='mean', "
+           "Tensor? weight=None) -> Tensor", _mse_loss, function=False, autocast="fp32")
+functional("l1_loss(Tensor input, Tensor target, bool? size_average=None, bool? reduce=None, str reduction='mean', "
+           "Tensor? weight=None) -> Tensor", _l1_loss, function=False, autocast="fp32")
+functional("smooth_l1_loss(Tensor input, Tensor target, bool? size_average=None, bool? reduce=None, "
+           "str reduction='mean', float beta=1.0) -> Tensor", _smooth_l1_loss, function=False, autocast="fp32")
+functional("huber_loss(Tensor input, Tensor target, str reduction='mean', float delta=1.0, Tensor? weight=None) "
+           "-> Tensor", _huber_loss, function=False, autocast="fp32")
+
+
+# ---------------------------------------------------------------------------- class losses
+
+def _class_layout(op: str, input, target):
+    """Class-index targets: (input with classes at dim 1 and a batch dim, int64 target, whether unbatched)."""
+    if target.dtype.is_floating_point or target.dtype.name == "bool":
+        raise RuntimeError(f"{op}: expected a target of class indices with an integer dtype (int64), got "
+                           f"{target.dtype}; class probabilities need a floating target of the input's shape "
+                           f"{list(input.shape)}")
+    if input.ndim == 0:
+        raise ValueError(f"{op}: input must have a class dimension, got a 0-dimensional input")
+    if input.ndim == 1:
+        if target.ndim != 0:
+            raise ValueError(f"{op}: a 1-dimensional (unbatched) input {list(input.shape)} needs a 0-dimensional "
+                             f"target (one class index), got target of shape {list(target.shape)}")
+        return input.unsqueeze(0), target.long().unsqueeze(0), True
+    expected = (input.shape[0],) + tuple(input.shape[2:])
+    if target.ndim == 0 or target.shape[0] != input.shape[0]:
+        got = target.shape[0] if target.ndim else "a 0-dimensional target"
+        raise ValueError(f"{op}: Expected input batch_size ({input.shape[0]}) to match target batch_size ({got}).")
+    if tuple(target.shape) != expected:
+        raise RuntimeError(f"{op}: expected target of shape {list(expected)} for input of shape {list(input.shape)} "
+                           f"(classes at dim 1), got target of shape {list(target.shape)}")
+    return input, target.long(), False
+
+
+def _check_class_weight(op: str, weight, classes: int) -> None:
+    if weight is not None and (weight.ndim != 1 or weight.shape[0] != classes):
+        raise RuntimeError(f"{op}: weight tensor should be defined either for all {classes} classes or no classes "
+                           f"but got weight tensor of shape: {list(weight.shape)}")
+
+
+def _check_class_range(op: str, target, classes: int, ignore_index: int) -> None:
+    if not concrete_cpu(target) or target.numel() == 0:
+        return
+    bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
+    if bad.any():
+        value = int(target[bad].reshape(-1)[0].item())
+        raise IndexError(f"{op}: target class index {value} is out of bounds for input with C={classes} classes "
+                         f"(valid class indices are 0..{classes - 1}, or ignore_index={ignore_index})")
+
+
+def _nll_terms(logp, target, weight, ignore_index):
+    """Per element: -weight[t] * logp[t] (0 where t == ignore_index), and the weight weight[t] it counts with."""
+    valid = target != ignore_index
+    safe = where(valid, target, 0)
+    picked = logp.gather(1, safe.unsqueeze(1)).squeeze(1)
+    w = where(valid, weight[safe], 0.0) if weight is not None else valid.to(logp.dtype)
+    return where(valid, -picked * w, 0.0), w
+
+
+def _class_loss_reduction(loss, w, reduction: str):
+    if reduction == "mean":
+        return loss.sum() / w.sum()
+    return loss.sum() if reduction == "sum" else loss
+
+
+def _nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    reduction = _reduction_mode("nll_loss", reduction, size_average, reduce)
+    input, target, unbatched = _class_layout("nll_loss", input, target)
+    _check_class_weight("nll_loss", weight, input.shape[1])
+    _check_class_range("nll_loss", target, input.shape[1], ignore_index)
+    loss = _class_loss_reduction(*_nll_terms(input, target, weight, ignore_index), reduction)
+    return loss.squeeze(0) if unbatched and reduction == "none" else loss
+
+
+def _class_weight_view(weight, like):
+    return None if weight is None else weight.reshape((-1,) + (1,) * (like.ndim - 2)).to(like.dtype)
+
+
+def _smoothed(target, label_smoothing: float, classes: int):
+    return target * (1 - label_smoothing) + label_smoothing / classes if label_smoothing > 0 else target
+
+
+def _cross_entropy_loss(input, target, weight, reduction, ignore_index, label_smoothing):
+    logp = input.log_softmax(1)
+    classes = input.shape[1]
+    w = _class_weight_view(weight, logp)
+    if target.dtype.is_floating_point:
+        q = _smoothed(target, label_smoothing, classes)
+        loss = -(logp * (q * w if w is not None else q)).sum(1)
+        return loss.sum() / (input.numel() / classes) if reduction == "mean" else _reduce(loss, reduction)
+    loss, counted = _nll_terms(logp, target, weight, ignore_index)
+    if label_smoothing > 0:
+        uniform = -(logp * w).sum(1) if w is not None else -logp.sum(1)
+        uniform = where(target != ignore_index, uniform, 0.0)
+        loss = loss * (1 - label_smoothing) + uniform * (label_smoothing / classes)
+    return _class_loss_reduction(loss, counted, reduction)
+
+
+def _target_distribution(x, target, weight, ignore_index, label_smoothing):
+    """q with per-element loss = -sum_k q_k log softmax(x)_k, and the divisor of the 'mean' reduction."""
+    from tilewise.ops.creation import zeros_like
+
+    classes = x.shape[1]
+    w = _class_weight_view(weight, x)
+    if target.dtype.is_floating_point:
+        q = _smoothed(target.to(x.dtype), label_smoothing, classes)
+        return (q * w if w is not None else q), x.numel() / classes
+    valid = (target != ignore_index).to(x.dtype)
+    safe = where(target != ignore_index, target, 0)
+    counted = weight[safe].to(x.dtype) * valid if weight is not None else valid
+    q = zeros_like(x).scatter(1, safe.unsqueeze(1), (counted * (1 - label_smoothing)).unsqueeze(1))
+    if label_smoothing > 0:
+        uniform = valid.unsqueeze(1) * (label_smoothing / classes)
+        q = q + (uniform * w if w is not None else uniform)
+    return q, counted.sum()
+
+
+def _scaled_loss_grad(grad, reduction: str, divisor, dtype):
+    g = grad.to(dtype)
+    if reduction == "none":
+        return g.unsqueeze(1)
+    return g / divisor if reduction == "mean" else g
+
+
+def _cross_entropy_backward(grad, input, target, weight, reduction, ignore_index, label_smoothing):
+    x = in_compute_dtype(input)
+    q, divisor = _target_distribution(x, target, weight, ignore_index, label_smoothing)
+    return _scaled_loss_grad(grad, reduction, divisor, x.dtype) * (x.softmax(1) * q.sum(1, keepdim=True) - q)
+
+
+def _cross_entropy_target_backward(grad, input, target, weight, reduction, label_smoothing):
+    x = in_compute_dtype(input)
+    w = _class_weight_view(weight, x)
+    d = x.log_softmax(1) * -(1 - label_smoothing)
+    g = _scaled_loss_grad(grad, reduction, x.numel() / x.shape[1], x.dtype)
+    return g * (d * w if w is not None else d)
+
+
+def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                   label_smoothing=0.0):
+    op = "cross_entropy"
+    reduction = _reduction_mode(op, reduction, size_average, reduce)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise RuntimeError(f"{op}: label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if tuple(target.shape) == tuple(input.shape) and input.ndim > 0:
+        if not target.dtype.is_floating_point:
+            raise RuntimeError(f"{op}: Expected floating point type for target with class probabilities, got "
+                               f"{target.dtype}")
+        if ignore_index >= 0:
+            raise RuntimeError(f"{op}: ignore_index is not supported for floating point target")
+        unbatched = input.ndim == 1
+        if unbatched:
+            input, target = input.unsqueeze(0), target.unsqueeze(0)
+    else:
+        input, target, unbatched = _class_layout(op, input, target)
+        _check_class_range(op, target, input.shape[1], ignore_index)
+    _check_class_weight(op, weight, input.shape[1])
+    loss = OPS["_cross_entropy_loss"](input, target, weight, reduction, ignore_index, label_smoothing)
+    return loss.squeeze(0) if unbatched and reduction == "none" else loss
+
+
+functional("nll_loss(Tensor input, Tensor target, Tensor? weight=None, bool? size_average=None, "
+           "int ignore_index=-100, bool? reduce=None, str reduction='mean') -> Tensor", _nll_loss, function=False,
+           autocast="fp32")
+functional("cross_entropy(Tensor input, Tensor target, Tensor? weight=None, bool? size_average=None, "
+           "int ignore_index=-100, bool? reduce=None, str reduction='mean', float label_smoothing=0.0) -> Tensor",
+           _cross_entropy, function=False, autocast="fp32")
+private("_cross_entropy_loss(Tensor input, Tensor target, Tensor? weight, str reduction, int ignore_index, "
+        "float label_smoothing) -> Tensor", _cross_entropy_loss,
+        {"input": "OPS['_cross_entropy_backward'](grad, input, target, weight, reduction, ignore_index, "
+                  "label_smoothing)",
+         "target": "OPS['_cross_entropy_target_backward'](grad, input, target, weight, reduction, label_smoothing)",
+         "weight": None})
+private("_cross_entropy_backward(Tensor grad, Tensor input, Tensor target, Tensor? weight, str reduction, "
+        "int ignore_index, float label_smoothing) -> Tensor", _cross_entropy_backward)
+private("_cross_entropy_target_backward(Tensor grad, Tensor input, Tensor target, Tensor? weight, str reduction, "
+        "float label_smoothing) -> Tensor", _cross_entropy_target_backward)
+
+
+# ---------------------------------------------------------------------------- binary and divergence losses
+
+def _binary_cross_entropy_loss(input, target, weight, reduction):
+    loss = (target - 1) * (-input).log1p().clamp(min=-100) - target * input.log().clamp(min=-100)
+    return _reduce(loss * weight if weight is not None else loss, reduction)
+
+
+def _binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    op = "binary_cross_entropy"
+    reduction = _reduction_mode(op, reduction, size_average, reduce)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(f"{op}: Using a target size ({list(target.shape)}) that is different to the input size "
+                         f"({list(input.shape)}) is deprecated. Please ensure they have the same size.")
+    if concrete_cpu(input) and input.numel() and not bool(((input >= 0) & (input <= 1)).all()):
+        raise RuntimeError(f"{op}: all elements of input should be between 0 and 1 (input holds probabilities; for "
+                           "logits use binary_cross_entropy_with_logits)")
+    if weight is not None:
+        weight = weight.expand(S.broadcast_shapes(target.shape, weight.shape, op=op))
+    return OPS["_binary_cross_entropy"](input, target, weight, reduction)
+
+
+_BCE_SCALE = "(1 if weight is None else weight) / (input.numel() if reduction == 'mean' else 1)"
+private("_binary_cross_entropy(Tensor input, Tensor target, Tensor? weight, str reduction) -> Tensor",
+        _binary_cross_entropy_loss,
+        {"input": f"grad * (input - target) / clamp((1 - input) * input, min=1e-12) * {_BCE_SCALE}",
+         "target": f"grad * (log1p(-input) - log(input)) * {_BCE_SCALE}", "weight": None})
+functional("binary_cross_entropy(Tensor input, Tensor target, Tensor? weight=None, bool? size_average=None, "
+           "bool? reduce=None, str reduction='mean') -> Tensor", _binary_cross_entropy, function=False)
+
+
+def _binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
+                                      pos_weight=None):
+    reduction = _reduction_mode("binary_cross_entropy_with_logits", reduction, size_average, reduce)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(f"binary_cross_entropy_with_logits: Target size ({list(target.shape)}) must be the same as "
+                         f"input size ({list(input.shape)})")
+    log_sigmoid = call_public("logsigmoid", input)
+    if pos_weight is not None:
+        log_sigmoid = log_sigmoid * ((pos_weight - 1) * target + 1)
+    loss = (1 - target) * input - log_sigmoid
+    return _reduce(loss * weight if weight is not None else loss, reduction)
+
+
+functional("binary_cross_entropy_with_logits(Tensor input, Tensor target, Tensor? weight=None, "
+           "bool? size_average=None, bool? reduce=None, str reduction='mean', Tensor? pos_weight=None) -> Tensor",
+           _binary_cross_entropy_with_logits, function=False, autocast="fp32")
+
+
+def _kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    if reduction == "batchmean" and size_average is None and reduce is None:
+        mode = "batchmean"
+    else:
+        mode = _reduction_mode("kl_div", reduction, size_average, reduce)
+    if mode == "mean":
+        warnings.warn("kl_div: reduction='mean' divides the total loss by both the batch size and the support size; "
+                      "'batchmean' divides only by the batch size, and aligns with the KL divergence's definition.",
+                      stacklevel=3)
+    if log_target:
+        loss = target.exp() * (target - input)
+    else:
+        loss = target * where(target == 0, 1.0, target).log() - target * input
+    if mode == "batchmean":
+        return loss.sum() / input.shape[0] if input.ndim else loss.sum()
+    return _reduce(loss, mode)
+
+
+functional("kl_div(Tensor input, Tensor target, bool? size_average=None, bool? reduce=None, str reduction='mean', "
+           "bool log_target=False) -> Tensor", _kl_div, function=False, autocast="fp32")

@@ -1,0 +1,364 @@
+"""torch.nn.functional's spatial operators: convolution, pooling, resampling and pixel shuffle.
+
+[Note: convolution as im2col] conv1d and conv2d pad the input (one ``view_scatter`` into a constant tensor),
+take every window as a strided view (two ``unfold`` views, plus a strided slice for dilation), lay the
+windows out as columns (one copy) and multiply them with the weight in one batched GEMM over the groups,
+so convolution reuses the matmul path of every backend. The gradient flows through those primitives: the
+adjoint of im2col is col2im, which is exactly what the views' backward (``view_scatter_add``) computes, and
+the input and weight gradients are the GEMM's own backward, so an explicit formula would do the same work.
+conv1d is conv2d over a height of 1. Pooling takes the same window views: max pooling reduces each
+flattened window with ``max.dim`` (the gradient goes to the first maximum, like torch), average pooling sums
+and divides by torch's per-window divisor, and adaptive average pooling is two small averaging matrices,
+one per spatial dim. Nearest-neighbour interpolation gathers with torch's float32 source-index rule.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tilewise import _strides as S
+from tilewise.dtypes import float32, iinfo
+from tilewise.ops.nn_functional import functional, int_tuple
+from tilewise.ops.registry import OPS
+
+
+def _constant_pad(x, pads, value):
+    """x with its last len(pads) dims padded by (before, after) each with a constant."""
+    from tilewise.ops.creation import full
+
+    lead = x.ndim - len(pads)
+    shape = tuple(x.shape[:lead]) + tuple(n + before + after for n, (before, after) in zip(x.shape[lead:], pads))
+    strides = S.contiguous_strides(shape)
+    offset = sum(before * strides[lead + k] for k, (before, _) in enumerate(pads))
+    base = full(shape, value, dtype=x.dtype, device=x.device)
+    return OPS["view_scatter"](base, x, tuple(x.shape), strides, offset)
+
+
+def _window_count(size: int, kernel: int, stride: int, dilation: int) -> int:
+    return (size - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _windows(x, kernel, stride, dilation):
+    """(N, C, H, W) -> the (N, C, OH, OW, KH, KW) view of every (dilated, strided) window."""
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    windows = x.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)
+    return windows[..., ::dh, ::dw] if dh > 1 or dw > 1 else windows
+
+
+# ============================================================================ convolution
+
+def _check_conv(op, input, weight, bias, stride, padding, dilation, groups, spatial: int) -> None:
+    if input.ndim not in (spatial + 1, spatial + 2):
+        raise RuntimeError(f"Expected {spatial + 1}D (unbatched) or {spatial + 2}D (batched) input to {op}, but got "
+                           f"input of size: {list(input.shape)}")
+    if weight.ndim != spatial + 2:
+        raise RuntimeError(f"{op}: Expected {spatial + 2}-dimensional weight (out_channels, in_channels / groups, "
+                           f"*kernel_size), but got weight of size {list(weight.shape)}")
+    if groups <= 0:
+        raise RuntimeError(f"{op}: non-positive groups is not supported, got groups={groups}")
+    if min(stride) <= 0:
+        raise RuntimeError(f"{op}: non-positive stride is not supported, got stride={list(stride)}")
+    if min(dilation) <= 0:
+        raise RuntimeError(f"{op}: dilation should be greater than zero, got dilation={list(dilation)}")
+    if not isinstance(padding, str) and min(padding) < 0:
+        raise RuntimeError(f"{op}: negative padding is not supported, got padding={list(padding)}")
+    channels = input.shape[-spatial - 1]
+    out_channels, group_channels = weight.shape[0], weight.shape[1]
+    if out_channels % groups:
+        raise RuntimeError(f"{op}: Given groups={groups}, expected weight to be divisible by {groups} at dimension 0 "
+                           f"(out_channels), but got weight of size {list(weight.shape)} instead")
+    if channels != group_channels * groups:
+        raise RuntimeError(f"{op}: Given groups={groups}, weight of size {list(weight.shape)}, expected "
+                           f"input{list(input.shape)} to have {group_channels * groups} channels (in_channels = "
+                           f"weight.shape[1] * groups = {group_channels} * {groups}), but got {channels} channels "
+                           "instead")
+    if bias is not None and tuple(bias.shape) != (out_channels,):
+        raise RuntimeError(f"{op}: Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
+                           f"{out_channels} elements, but got bias of size {list(bias.shape)} instead")
+    if input.dtype is not weight.dtype:
+        raise RuntimeError(f"{op}: Input type ({input.dtype}) and weight type ({weight.dtype}) should be the same")
+
+
+def _conv_pads(op, padding, kernel, stride, dilation) -> list[tuple[int, int]]:
+    if not isinstance(padding, str):
+        return [(p, p) for p in padding]
+    if padding == "valid":
+        return [(0, 0)] * len(kernel)
+    if padding != "same":
+        raise ValueError(f"{op}: Invalid padding string {padding!r}, should be one of 'valid', 'same'")
+    if max(stride) != 1:
+        raise RuntimeError(f"{op}: padding='same' is not supported for strided convolutions, got "
+                           f"stride={list(stride)}")
+    totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
+    return [(t // 2, t - t // 2) for t in totals]  # an odd total pads one more after, as torch does
+
+
+def _conv2d_im2col(op, x, weight, stride, pads, dilation, groups):
+    if any(before or after for before, after in pads):
+        x = _constant_pad(x, pads, 0)
+    batch, _, height, width = x.shape
+    out_channels, group_channels, kh, kw = weight.shape
+    out_h, out_w = _window_count(height, kh, stride[0], dilation[0]), _window_count(width, kw, stride[1], dilation[1])
+    if out_h <= 0 or out_w <= 0:
+        raise RuntimeError(f"{op}: Calculated padded input size per channel: ({height} x {width}). Kernel size: "
+                           f"({dilation[0] * (kh - 1) + 1} x {dilation[1] * (kw - 1) + 1}). Kernel size can't be "
+                           "greater than actual input size")
+    windows = _windows(x, (kh, kw), stride, dilation)
+    columns = (windows.reshape(batch, groups, group_channels, out_h, out_w, kh, kw).permute(1, 0, 3, 4, 2, 5, 6)
+               .reshape(groups, batch * out_h * out_w, group_channels * kh * kw))
+    per_group = out_channels // groups
+    out = columns.bmm(weight.reshape(groups, per_group, group_channels * kh * kw).transpose(1, 2))
+    out = out.reshape(groups, batch, out_h, out_w, per_group).permute(1, 0, 4, 2, 3)
+    return out.reshape(batch, out_channels, out_h, out_w).contiguous()
+
+
+def _convolution(op: str, spatial: int):
+    def conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        stride, dilation = int_tuple(stride, spatial, "stride", op), int_tuple(dilation, spatial, "dilation", op)
+        if not isinstance(padding, str):
+            padding = int_tuple(padding, spatial, "padding", op)
+        _check_conv(op, input, weight, bias, stride, padding, dilation, groups, spatial)
+        pads = _conv_pads(op, padding, weight.shape[2:], stride, dilation)
+        unbatched = input.ndim == spatial + 1
+        x = input.unsqueeze(0) if unbatched else input
+        w = weight
+        if spatial == 1:
+            x, w = x.unsqueeze(2), w.unsqueeze(2)
+            stride, dilation, pads = (1, *stride), (1, *dilation), [(0, 0), *pads]
+        out = _conv2d_im2col(op, x, w, stride, pads, dilation, groups)
+        if spatial == 1:
+            out = out.squeeze(2)
+        if bias is not None:
+            out = out + bias.reshape((-1,) + (1,) * spatial)
+        return out.squeeze(0) if unbatched else out
+
+    return conv
+
+
+for _spatial in (1, 2):
+    _name = f"conv{_spatial}d"
+    _conv = _convolution(_name, _spatial)
+    functional(f"{_name}(Tensor input, Tensor weight, Tensor? bias=None, int[{_spatial}] stride=1, "
+               f"int[{_spatial}] padding=0, int[{_spatial}] dilation=1, int groups=1) -> Tensor", _conv,
+               autocast="lower")
+    functional(f"{_name}.padding(Tensor input, Tensor weight, Tensor? bias=None, int[{_spatial}] stride=1, "
+               f"str padding='valid', int[{_spatial}] dilation=1, int groups=1) -> Tensor", _conv, autocast="lower")
+
+
+# ============================================================================ pooling
+
+def _pool_args(op, input, kernel_size, stride, padding, dilation):
+    if input.ndim not in (3, 4):
+        raise RuntimeError(f"{op}: Expected 3D (unbatched) or 4D (batched) input, but got input of size: "
+                           f"{list(input.shape)}")
+    kernel = int_tuple(kernel_size, 2, "kernel_size", op)
+    stride = kernel if not stride else int_tuple(stride, 2, "stride", op)
+    padding, dilation = int_tuple(padding, 2, "padding", op), int_tuple(dilation, 2, "dilation", op)
+    if min(kernel) <= 0 or min(stride) <= 0 or min(dilation) <= 0:
+        raise RuntimeError(f"{op}: kernel_size, stride and dilation must be greater than zero, got "
+                           f"kernel_size={list(kernel)}, stride={list(stride)}, dilation={list(dilation)}")
+    for k, p, d in zip(kernel, padding, dilation):
+        if p < 0 or p > (d * (k - 1) + 1) // 2:
+            raise RuntimeError(f"{op}: pad should be at most half of effective kernel size, but got pad={p}, "
+                               f"kernel_size={k} and dilation={d}")
+    return kernel, stride, padding, dilation
+
+
+def _pooled_size(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
+    span = dilation * (kernel - 1) + 1
+    out = (size + 2 * pad - span + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1  # the last window must start inside the input or its left padding
+    return out
+
+
+def _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, fill):
+    """The (N, C, OH, OW, KH, KW) windows of x padded with fill (on the right as far as ceil_mode reaches)."""
+    sizes = tuple(_pooled_size(n, k, s, p, d, ceil_mode)
+                  for n, k, s, p, d in zip(x.shape[-2:], kernel, stride, padding, dilation))
+    if min(sizes) < 1:
+        channels, height, width = x.shape[-3:]
+        raise RuntimeError(f"{op}: Given input size: ({channels}x{height}x{width}). Calculated output size: "
+                           f"({channels}x{sizes[0]}x{sizes[1]}). Output size is too small")
+    pads = [(p, max((o - 1) * s + d * (k - 1) + 1 - n - p, 0))
+            for n, o, k, s, p, d in zip(x.shape[-2:], sizes, kernel, stride, padding, dilation)]
+    padded = _constant_pad(x, pads, fill) if any(before or after for before, after in pads) else x
+    return _windows(padded, kernel, stride, dilation)[:, :, :sizes[0], :sizes[1]]
+
+
+def _lowest(dtype):
+    return float("-inf") if dtype.is_floating_point else iinfo(dtype).min
+
+
+def _window_argmax_to_input_index(position, kernel, stride, padding, dilation, width: int):
+    """Flat index (h * W + w) into the unpadded input plane of each window's maximum, as torch returns."""
+    from tilewise.ops.creation import arange
+
+    out_h, out_w = position.shape[-2:]
+    rows = (arange(out_h, device=position.device) * stride[0] - padding[0]).unsqueeze(1)
+    cols = arange(out_w, device=position.device) * stride[1] - padding[1]
+    h = rows + (position // kernel[1]) * dilation[0]
+    w = cols + (position % kernel[1]) * dilation[1]
+    return h * width + w
+
+
+def _max_pool2d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    op = "max_pool2d"
+    kernel, stride, padding, dilation = _pool_args(op, input, kernel_size, stride, padding, dilation)
+    x = input.unsqueeze(0) if input.ndim == 3 else input
+    windows = _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, _lowest(x.dtype))
+    values, position = OPS["max.dim"](windows.reshape(*windows.shape[:4], kernel[0] * kernel[1]), -1)
+    indices = _window_argmax_to_input_index(position, kernel, stride, padding, dilation, x.shape[-1])
+    return (values.squeeze(0), indices.squeeze(0)) if input.ndim == 3 else (values, indices)
+
+
+def _max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    values, indices = OPS["max_pool2d_with_indices"](input, kernel_size, stride, padding, dilation, ceil_mode)
+    return (values, indices) if return_indices else values
+
+
+def _average_divisor(size, out, kernel, stride, pad, count_include_pad, device):
+    """torch's per-window element count along one dim: windows are clipped to the padded input, and with
+    count_include_pad=False also to the input itself."""
+    from tilewise.ops.creation import arange
+
+    start = arange(out, device=device) * stride - pad
+    end = (start + kernel).clamp(max=size + pad)
+    if count_include_pad:
+        return end - start
+    return end.clamp(max=size) - start.clamp(min=0)
+
+
+def _avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    op = "avg_pool2d"
+    kernel, stride, padding, dilation = _pool_args(op, input, kernel_size, stride, padding, 1)
+    if divisor_override is not None and divisor_override == 0:
+        raise RuntimeError(f"{op}: divisor must be not zero")
+    x = input.unsqueeze(0) if input.ndim == 3 else input
+    total = _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, 0).sum((-2, -1))
+    if divisor_override is not None:
+        out = total / divisor_override
+    else:
+        rows, cols = (_average_divisor(n, o, k, s, p, count_include_pad, x.device)
+                      for n, o, k, s, p in zip(x.shape[-2:], total.shape[-2:], kernel, stride, padding))
+        out = total / (rows.unsqueeze(1) * cols).to(total.dtype)
+    return out.squeeze(0) if input.ndim == 3 else out
+
+
+def _adaptive_average_matrix(size: int, out: int, like):
+    """(out, size) matrix whose row i averages input positions floor(i*size/out) .. ceil((i+1)*size/out) - 1."""
+    from tilewise.ops.creation import arange
+
+    i = arange(out, device=like.device).unsqueeze(1)
+    j = arange(size, device=like.device)
+    start, end = (i * size) // out, ((i + 1) * size + out - 1) // out
+    return ((j >= start) & (j < end)).to(like.dtype) / (end - start).to(like.dtype)
+
+
+def _adaptive_avg_pool2d(input, output_size):
+    op = "adaptive_avg_pool2d"
+    if input.ndim not in (3, 4) or 0 in input.shape[-2:]:
+        raise RuntimeError(f"{op}: Expected 3D or 4D input with non-zero spatial sizes, but got {list(input.shape)}")
+    out_h, out_w = int_tuple(output_size, 2, "output_size", op)
+    height, width = input.shape[-2:]
+    rows = _adaptive_average_matrix(height, out_h, input)
+    cols = _adaptive_average_matrix(width, out_w, input)
+    return rows.matmul(input.matmul(cols.t())).contiguous()
+
+
+functional("max_pool2d_with_indices(Tensor input, int[2] kernel_size, int[2]? stride=None, int[2] padding=0, "
+           "int[2] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)", _max_pool2d_with_indices,
+           function=False, nondiff_outputs=(1,))
+functional("max_pool2d(Tensor input, int[2] kernel_size, int[2]? stride=None, int[2] padding=0, int[2] dilation=1, "
+           "bool ceil_mode=False, bool return_indices=False) -> Tensor", _max_pool2d)
+functional("avg_pool2d(Tensor input, int[2] kernel_size, int[2]? stride=None, int[2] padding=0, "
+           "bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor", _avg_pool2d,
+           function=False)
+functional("adaptive_avg_pool2d(Tensor input, int[2] output_size) -> Tensor", _adaptive_avg_pool2d, function=False)
+
+
+# ============================================================================ resampling
+
+def _nearest_source_index(size: int, out: int, scale, device):
+    """torch's nearest rule: src = min(floor(dst * s), size - 1), s = 1/scale_factor or size/out in float32."""
+    from tilewise.ops.creation import arange, full
+
+    dst = arange(out, device=device)
+    if out == size:
+        return dst
+    if out == 2 * size:
+        return dst // 2
+    if scale is not None and scale > 0:
+        step = full((), 1.0 / scale, dtype=float32, device=device)
+    else:
+        step = full((), float(size), dtype=float32, device=device) / out
+    return (dst.to(float32) * step).floor().long().clamp(max=size - 1)
+
+
+def _interpolate_sizes(op, input, size, scale_factor, recompute_scale_factor):
+    spatial = input.ndim - 2
+    if (size is None) == (scale_factor is None):
+        raise ValueError(f"{op}: exactly one of size or scale_factor should be defined, got size={size} and "
+                         f"scale_factor={scale_factor}")
+    if size is not None:
+        return int_tuple(size, spatial, "size", op), (None,) * spatial
+    factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * spatial
+    if len(factors) != spatial:
+        raise ValueError(f"{op}: scale_factor shape must match input shape: input is {spatial}D spatially, "
+                         f"scale_factor has {len(factors)} entries")
+    sizes = tuple(math.floor(float(n) * float(f)) for n, f in zip(input.shape[2:], factors))
+    return sizes, (None,) * spatial if recompute_scale_factor else tuple(float(f) for f in factors)
+
+
+def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                 recompute_scale_factor=None, antialias=False):
+    op = "interpolate"
+    if mode != "nearest":
+        raise NotImplementedError(f"{op}: mode={mode!r} is not implemented; tilewise supports mode='nearest'")
+    if align_corners is not None:
+        raise ValueError(f"{op}: align_corners option can only be set with the interpolating modes: linear | bilinear "
+                         "| bicubic | trilinear")
+    if antialias:
+        raise ValueError(f"{op}: Anti-alias option is restricted to bilinear and bicubic modes")
+    if input.ndim not in (3, 4, 5):
+        raise ValueError(f"{op}: expected a 3D, 4D or 5D input (N, C, *spatial), got {list(input.shape)}")
+    sizes, scales = _interpolate_sizes(op, input, size, scale_factor, recompute_scale_factor)
+    out = input
+    for k, (n, o, s) in enumerate(zip(input.shape[2:], sizes, scales)):
+        index = _nearest_source_index(n, o, s, input.device)
+        out = OPS["index.Tensor"](out, (None,) * (2 + k) + (index,))
+    return out
+
+
+functional("interpolate(Tensor input, int[]? size=None, float[]? scale_factor=None, str mode='nearest', "
+           "bool? align_corners=None, bool? recompute_scale_factor=None, bool antialias=False) -> Tensor",
+           _interpolate, function=False)
+
+
+def _pixel_shuffle(input, upscale_factor):
+    r = upscale_factor
+    if input.ndim < 3 or input.shape[-3] % (r * r):
+        raise RuntimeError(f"pixel_shuffle expects an input of shape (*, C * r^2, H, W) with C * r^2 divisible by "
+                           f"upscale_factor^2 = {r * r}, got input of shape {list(input.shape)}")
+    *lead, channels, height, width = input.shape
+    n = len(lead)
+    x = input.reshape(*lead, channels // (r * r), r, r, height, width)
+    return x.permute(*range(n), n, n + 3, n + 1, n + 4, n + 2).reshape(*lead, channels // (r * r), height * r,
+                                                                       width * r)
+
+
+def _pixel_unshuffle(input, downscale_factor):
+    r = downscale_factor
+    if input.ndim < 3 or input.shape[-2] % r or input.shape[-1] % r:
+        raise RuntimeError(f"pixel_unshuffle expects an input of shape (*, C, H, W) with H and W divisible by "
+                           f"downscale_factor = {r}, got input of shape {list(input.shape)}")
+    *lead, channels, height, width = input.shape
+    n = len(lead)
+    x = input.reshape(*lead, channels, height // r, r, width // r, r)
+    return x.permute(*range(n), n, n + 2, n + 4, n + 1, n + 3).reshape(*lead, channels * r * r, height // r,
+                                                                       width // r)
+
+
+functional("pixel_shuffle(Tensor input, int upscale_factor) -> Tensor", _pixel_shuffle)
+functional("pixel_unshuffle(Tensor input, int downscale_factor) -> Tensor", _pixel_unshuffle)
