@@ -85,6 +85,7 @@ from tilewise.backends import get_default_device, set_default_device  # noqa: E4
 from tilewise._dlpack import from_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
 from tilewise.serialization import load, save  # noqa: E402
 from tilewise import nn, optim, utils  # noqa: E402
+from tilewise.compiler import compile  # noqa: E402, A004 — tilewise.compile, like torch.compile
 
 
 def result_type(*operands) -> DType:

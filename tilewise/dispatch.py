@@ -5,8 +5,9 @@ Keys are consulted in a fixed order, each cheap to skip:
   Autocast  — inside ``tilewise.autocast``, casts floating inputs of listed ops (``op.autocast``);
   Autograd  — when grad mode is on and a tensor input requires grad, runs the op below this key and
               records a node holding exactly the values its derivative formulas read;
-  backend   — picks the device of the tensor inputs (CPU, CUDA, or Trace for the compiler's trace tensors)
-              and runs the kernel; views never reach a kernel, they are stride arithmetic on any device.
+  backend   — picks the device of the tensor inputs (CPU, CUDA) and runs the kernel; views never reach a
+              kernel, they are stride arithmetic on any device. While ``tilewise.compile`` captures a
+              function (``trace_depth > 0``) every operator goes to the Trace backend instead.
 The compiler's Trace backend sits *below* autograd on purpose: tracing a function that calls
 ``loss.backward()`` then records forward, backward and optimizer ops into one graph.
 Composite operators without their own kernel run their decomposition, so each primitive they call goes
@@ -61,28 +62,18 @@ def _requires_grad(op, args: tuple) -> bool:
 
 def run(op, args: tuple):
     """Below autograd: run the operator on the backend of its inputs' device."""
+    if STATE.trace_depth:  # capturing: every operator, views and reads of real tensors included, is recorded
+        return BACKENDS["trace"].run(op, args, device_of(op, args))
     if op.kind == "view":
         from tilewise.ops.views import apply_view
 
         return apply_view(op, args)
     device = device_of(op, args)
-    backend = BACKENDS.get("trace" if STATE.trace_depth and _any_traced(op, args) else device.type)
+    backend = BACKENDS.get(device.type)
     if backend is None:
         raise RuntimeError(f"{op.name}: no backend for device {device}; is the CUDA extra installed? "
                            "(pip install -e '.[cuda]')")
     return backend.run(op, args, device)
-
-
-def _any_traced(op, args) -> bool:
-    for k in op.tensor_idx:
-        a = args[k]
-        if type(a) is Tensor and a._trace is not None:
-            return True
-    for k in op.list_idx:
-        for a in args[k]:
-            if type(a) is Tensor and a._trace is not None:
-                return True
-    return op.kind in ("creation", "random") and STATE.trace_depth > 0
 
 
 def device_of(op, args: tuple) -> Device:

@@ -1,0 +1,538 @@
+"""Capture: run a Python function on trace tensors and record every operator it calls as a graph.
+
+[Note: capture] While ``STATE.trace_depth > 0`` the dispatcher hands every operator (views included) to
+this module's ``run``, the Trace backend. It sits below autograd, so a ``loss.backward()`` inside the
+traced function runs the ordinary autograd engine on trace tensors and its backward operators land in the
+same graph, followed by whatever optimizer update comes next. A trace tensor is a Tensor without storage
+whose ``_trace`` is its current graph value.
+
+Memory is modelled per storage, as torch's functionalization does. Every storage the function touches
+(an argument's, a captured parameter's, a gradient's) becomes one graph input holding its whole contents
+(``StorageEntry``); a tensor on it is a view of that input (``as_strided`` unless it covers the storage
+densely). In-place writes never mutate anything: ``_write_(dst, src)`` produces the new value of ``dst``,
+a write through a view becomes ``view_scatter`` on its root, and views taken before the write are
+regenerated from the root the next time they are read (the ``Alias`` records where a view came from).
+What an input's storage holds at the end becomes a write-back. Trace tensors that are views remember
+their root in ``_tw_alias``; everything else about them is an ordinary Tensor.
+
+Real tensors a function reads without receiving them as arguments (module parameters, closure
+variables, gradients) are lifted to inputs the first time an operator sees them, with a ``Source`` that
+says how to fetch them again on the next call. Python code that needs a traced value (``.item()``,
+``bool(t)``, ``.numpy()``) raises ``DataDependentError`` naming the user's line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+
+from tilewise import _strides as S
+from tilewise.compiler.ir import Graph, Node, Ref, TensorType
+from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer
+from tilewise.dispatch import STATE, register_backend
+from tilewise.tensor import Tensor
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_GENERATED = ("<binder", "<derivative", "<numpy kernel")
+
+
+class DataDependentError(RuntimeError):
+    """Python code asked for the value of a tensor while ``tilewise.compile`` was tracing it."""
+
+
+def user_frame() -> tuple[str, int, str]:
+    """(file, line, source text) of the innermost frame outside tilewise."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        inside = os.path.abspath(path).startswith(_PACKAGE_DIR + os.sep) or path.startswith(_GENERATED)
+        if not inside:
+            import linecache
+
+            return path, frame.f_lineno, linecache.getline(path, frame.f_lineno).strip()
+        frame = frame.f_back
+    return "<unknown>", 0, ""
+
+
+def data_dependent_error(what: str) -> DataDependentError:
+    path, line, text = user_frame()
+    return DataDependentError(
+        f"{what} needs the value of a tensor, but inside tilewise.compile tensors are traced and have no values "
+        f"yet.\n  at {path}:{line}: {text}\nKeep the computation in tensors (tilewise.where(cond, a, b) instead of "
+        "`if`, arithmetic masks instead of boolean indexing), or move this line out of the compiled function "
+        "and compile the code before and after it separately.")
+
+
+@contextlib.contextmanager
+def suspended():
+    """Run real kernels for a moment (used to learn result types from stand-in inputs)."""
+    depth, STATE.trace_depth = STATE.trace_depth, 0
+    try:
+        yield
+    finally:
+        STATE.trace_depth = depth
+
+
+# ---------------------------------------------------------------------------- where tensors come from
+
+@dataclass(eq=False)
+class Source:
+    """How to fetch a tensor the graph reads, on every call: argument leaf, held object, or an owner's grad."""
+
+    kind: str  # "arg" | "object" | "grad"
+    label: str
+    index: int = -1  # "arg": position among the flattened arguments
+    obj: Tensor | None = None  # "object"
+    owner: Source | None = None  # "grad"
+
+    def fetch(self, flat_args: list):
+        if self.kind == "arg":
+            return flat_args[self.index]
+        if self.kind == "object":
+            return self.obj
+        owner = self.owner.fetch(flat_args)
+        return owner._grad if type(owner) is Tensor else None
+
+
+def signature(t: Tensor) -> tuple:
+    """Everything about a tensor that a compiled program is specialised on."""
+    return (t._shape, t._strides, t._offset, t._dtype, t._device, t._requires_grad, t._storage.size)
+
+
+@dataclass(eq=False)
+class StorageEntry:
+    """One storage the graph reads or writes: its graph input and the value it holds now."""
+
+    storage: object
+    source: Source
+    input: Node
+    current: Node
+
+    @property
+    def root_shape(self) -> tuple[int, ...]:
+        return self.input.type.shape
+
+
+@dataclass(eq=False)
+class Alias:
+    """A view's root (a StorageEntry or a root trace tensor), its geometry on it, and the root value it saw."""
+
+    root: object
+    geometry: tuple
+    seen: Node
+
+
+@dataclass(eq=False)
+class TensorSource:
+    source: Source
+    signature: tuple
+    entry: int  # index of its storage entry
+
+
+@dataclass(eq=False)
+class GradEffect:
+    """After a call, ``owner.grad`` must be: output ``output`` (an index), None, or left unchanged."""
+
+    owner: Source
+    output: int | None
+    clear: bool = False
+
+
+@dataclass
+class Traced:
+    graph: Graph
+    tensor_sources: list[TensorSource]
+    grad_presence: list[tuple[Source, bool]]
+    grad_effects: list[GradEffect]
+    output_spec: object  # pytree spec of the function's result
+    output_leaves: list[tuple]  # per leaf: ("out", graph output index) or ("const", the value itself)
+    output_requires_grad: list[bool]
+    module_flags: tuple = ()
+
+
+# ---------------------------------------------------------------------------- pytrees
+
+def flatten(tree) -> tuple[list, object]:
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        leaves, specs = [], []
+        for item in tree:
+            sub, spec = flatten(item)
+            leaves += sub
+            specs.append((len(sub), spec))
+        return leaves, (type(tree), specs)
+    if isinstance(tree, dict):
+        leaves, spec = flatten(list(tree.values()))
+        return leaves, (dict, list(tree.keys()), spec)
+    return [tree], None
+
+
+def unflatten(spec, leaves: list):
+    if spec is None:
+        return leaves[0]
+    if spec[0] is dict:
+        return dict(zip(spec[1], unflatten(spec[2], leaves)))
+    kind, specs = spec
+    out, start = [], 0
+    for count, sub in specs:
+        out.append(unflatten(sub, leaves[start:start + count]))
+        start += count
+    return kind(out) if kind is not list else out
+
+
+# ---------------------------------------------------------------------------- the capture context
+
+_CAPTURES: list[Capture] = []
+
+
+def active() -> Capture:
+    return _CAPTURES[-1]
+
+
+def trace_tensor(node: Node, strides: tuple | None = None, offset: int = 0) -> Tensor:
+    ty = node.type
+    t = Tensor._make(None, ty.shape, strides if strides is not None else S.contiguous_strides(ty.shape), offset,
+                     ty.dtype, ty.device)
+    t._trace = node
+    return t
+
+
+def _contiguous_geometry(shape: tuple) -> tuple:
+    return (tuple(shape), S.contiguous_strides(shape), 0)
+
+
+class Capture:
+    def __init__(self, names: dict[int, str] | None = None, inline_composites: bool = False):
+        self.names = names or {}
+        self.inline_composites = inline_composites
+        self.body: list[Node] = []
+        self.defined: set[Node] = set()
+        self.entries: dict[int, StorageEntry] = {}
+        self.tensor_sources: list[TensorSource] = []
+        self.sourced: set[int] = set()  # ids of the real tensors already in tensor_sources
+        self.owners: list[tuple[Tensor, Source]] = []  # real tensors whose .grad may be read or set
+        self.saved_grads: dict[int, tuple[Tensor, object]] = {}
+        self.arg_traces: dict[int, Tensor] = {}
+        self.serial = 0
+
+    # ------------------------------------------------------------------ nodes
+    def emit(self, op: str, srcs: tuple, args: tuple, type, tag=None) -> Node:
+        node = Node(op, srcs, args, type, tag)
+        if node not in self.defined:
+            self.defined.add(node)
+            self.body.append(node)
+        return node
+
+    def wrap(self, node: Node):
+        if node.is_tuple:
+            return tuple(trace_tensor(self.emit("getitem", (node,), (k,), t)) for k, t in enumerate(node.type))
+        return trace_tensor(node)
+
+    def next_serial(self) -> int:
+        self.serial += 1
+        return self.serial
+
+    # ------------------------------------------------------------------ storages and lifting
+    def entry_for(self, t: Tensor, source: Source | None = None) -> StorageEntry:
+        """The storage entry of a real tensor, creating its graph input (and remembering its source)."""
+        key = id(t._storage)
+        entry = self.entries.get(key)
+        if entry is not None and source is None and id(t) in self.sourced:
+            return entry
+        if source is None:
+            source = self._source_for(t)
+        if entry is None:
+            st = t._storage
+            dense = t._offset == 0 and t.numel() == st.size and S.is_contiguous(t._shape, t._strides)
+            root = TensorType(t._shape if dense else (st.size,), t._dtype, t._device)
+            node = Node("input", (), (), root, tag=self._unique_label(source.label))
+            entry = StorageEntry(st, source, node, node)
+            self.entries[key] = entry
+        self.sourced.add(id(t))
+        self.tensor_sources.append(TensorSource(source, signature(t), list(self.entries).index(key)))
+        self.add_owner(t, source)
+        return entry
+
+    def add_owner(self, t: Tensor, source: Source) -> None:
+        if t._requires_grad and not any(o is t for o, _ in self.owners):
+            self.owners.append((t, source))
+            self.saved_grads.setdefault(id(t), (t, t._grad))
+
+    def _unique_label(self, label: str) -> str:
+        taken = {e.input.tag for e in self.entries.values()}
+        if label not in taken:
+            return label
+        k = 1
+        while f"{label}#{k}" in taken:
+            k += 1
+        return f"{label}#{k}"
+
+    def _source_for(self, t: Tensor) -> Source:
+        for owner, owner_source in self.owners:
+            if owner._grad is t:
+                return Source("grad", f"{owner_source.label}.grad", owner=owner_source)
+        label = self.names.get(id(t), f"captured{len(self.entries)}")
+        return Source("object", label, obj=t)
+
+    def argument(self, index: int, leaf: Tensor, label: str) -> Tensor:
+        """The trace tensor standing in for argument ``leaf``: a view of its storage's input."""
+        entry = self.entry_for(leaf, Source("arg", label, index=index))
+        geometry = (leaf._shape, leaf._strides, leaf._offset)
+        t = trace_tensor(self.read(entry, geometry), leaf._strides, leaf._offset)
+        t.__dict__["_tw_alias"] = Alias(entry, geometry, entry.current)
+        t._requires_grad = leaf._requires_grad
+        t._grad = leaf._grad
+        return t
+
+    # ------------------------------------------------------------------ reading and writing values
+    def root_value(self, root) -> Node:
+        return root.current if isinstance(root, StorageEntry) else root._trace
+
+    def read(self, root, geometry: tuple) -> Node:
+        value = self.root_value(root)
+        if geometry == _contiguous_geometry(value.type.shape):
+            return value
+        shape, strides, offset = geometry
+        return self.emit("as_strided", (value,), (Ref(0), tuple(shape), tuple(strides), offset),
+                         TensorType(tuple(shape), value.type.dtype, value.type.device))
+
+    def alias_of(self, t: Tensor) -> Alias | None:
+        """Where ``t`` lives: its own Alias, or for a real tensor its storage entry."""
+        if t._trace is None:
+            entry = self.entry_for(t)
+            return Alias(entry, (t._shape, t._strides, t._offset), None)
+        return t.__dict__.get("_tw_alias")
+
+    def value_of(self, t: Tensor) -> Node:
+        alias = self.alias_of(t)
+        if alias is None:
+            return t._trace
+        current = self.root_value(alias.root)
+        if t._trace is not None and alias.seen is current:
+            return t._trace
+        value = self.read(alias.root, alias.geometry)
+        if t._trace is not None:
+            t._trace, alias.seen = value, current
+        return value
+
+    def write(self, dst: Tensor, src: Tensor) -> Tensor:
+        """``_write_(dst, src)``: the new value of dst is src; its root (if it is a view) is updated too."""
+        old = self.value_of(dst)
+        new = self.emit("_write_", (old, self.value_of(src)), (Ref(0), Ref(1)), old.type)
+        alias = self.alias_of(dst)
+        if alias is None:
+            dst._trace = new
+            return dst
+        root_value = self.root_value(alias.root)
+        if alias.geometry == _contiguous_geometry(root_value.type.shape):
+            updated = new
+        else:
+            shape, strides, offset = alias.geometry
+            updated = self.emit("view_scatter", (root_value, new),
+                                (Ref(0), Ref(1), tuple(shape), tuple(strides), offset), root_value.type)
+        self._set_root(alias.root, updated)
+        if dst._trace is not None:
+            dst._trace = self.read(alias.root, alias.geometry)
+            alias.seen = updated
+        return dst
+
+    def _set_root(self, root, value: Node) -> None:
+        if isinstance(root, StorageEntry):
+            root.current = value
+        else:
+            root._trace = value
+
+    # ------------------------------------------------------------------ operators
+    def operands(self, op, args: tuple) -> tuple[tuple, tuple]:
+        srcs: list[Node] = []
+        frozen = []
+
+        def ref(t):
+            srcs.append(self.value_of(t))
+            return Ref(len(srcs) - 1)
+
+        for a in args:
+            if type(a) is Tensor:
+                frozen.append(ref(a))
+            elif isinstance(a, tuple) and any(type(x) is Tensor for x in a):
+                frozen.append(tuple(ref(x) if type(x) is Tensor else x for x in a))
+            else:
+                frozen.append(a)
+        return tuple(srcs), tuple(frozen)
+
+    def view(self, op, args: tuple, device) -> Tensor:
+        from tilewise.ops.views import apply_view
+
+        x = args[0]
+        alias = self.alias_of(x)
+        root = alias.root if alias is not None else x
+        out = apply_view(op, args)
+        out._storage = None
+        geometry = (out._shape, out._strides, out._offset)
+        if op.name == "as_strided":  # storage-relative: read straight from the root
+            out._trace = self.read(root, geometry)
+        else:
+            srcs, frozen = self.operands(op, args)
+            out._trace = self.emit(op.full_name, srcs, frozen, TensorType(out._shape, x._dtype, device))
+        out.__dict__["_tw_alias"] = Alias(root, geometry, self.root_value(root))
+        return out
+
+    def composite(self, op, args: tuple, device):
+        returns_list = op.schema.text.endswith("Tensor[]")
+        if self.inline_composites or op.schema.is_view or returns_list:
+            return op.decomposition(*args)
+        srcs, frozen = self.operands(op, args)
+        body, defined = self.body, self.defined
+        self.body, self.defined = [], set(defined)
+        try:
+            out = op.decomposition(*args)
+        finally:
+            self.body, self.defined = body, defined
+        if isinstance(out, (tuple, list)):
+            ty = tuple(TensorType(o._shape, o._dtype, o._device) for o in out)
+        else:
+            ty = TensorType(out._shape, out._dtype, out._device)
+        return self.wrap(self.emit(op.full_name, srcs, frozen, ty))
+
+    def primitive(self, op, args: tuple, device):
+        if op.full_name in DATA_DEPENDENT_OPS or op.attrs.get("data_dependent"):
+            raise data_dependent_error(f"{op.name}() (its result's shape depends on tensor values)")
+        ty = infer(op, args, device)
+        srcs, frozen = self.operands(op, args)
+        tag = self.next_serial() if op.kind == "random" else None
+        return self.wrap(self.emit(op.full_name, srcs, frozen, ty, tag))
+
+    # ------------------------------------------------------------------ the end of a trace
+    def finish(self, result, flat_args: list) -> Traced:
+        leaves, spec = flatten(result)
+        outputs: list[Node] = []
+        out_leaves, requires = [], []
+        for leaf in leaves:
+            if type(leaf) is Tensor and leaf._trace is not None:
+                out_leaves.append(("out", len(outputs)))
+                outputs.append(self.value_of(leaf))
+                requires.append(leaf._requires_grad)
+            else:
+                out_leaves.append(("const", leaf))
+        effects, presence = self._grad_effects(outputs, requires, flat_args)
+        writes = [(e.input, e.current) for e in self.entries.values() if e.current is not e.input]
+        graph = Graph([e.input for e in self.entries.values()], list(self.body), outputs, writes)
+        return Traced(graph, self.tensor_sources, presence, effects, spec, out_leaves, requires)
+
+    def _grad_effects(self, outputs: list, requires: list, flat_args: list):
+        effects, presence = [], []
+        for owner, source in self.owners:
+            holder = self.arg_traces.get(source.index, owner) if source.kind == "arg" else owner
+            original = self.saved_grads[id(owner)][1]
+            presence.append((source, original is not None))
+            final = holder._grad
+            if final is original:
+                continue
+            if final is None:
+                effects.append(GradEffect(source, None, clear=True))
+            elif type(final) is Tensor and final._trace is not None:
+                effects.append(GradEffect(source, len(outputs)))
+                outputs.append(self.value_of(final))
+                requires.append(False)
+        return effects, presence
+
+    def restore(self) -> None:
+        for t, grad in self.saved_grads.values():
+            t._grad = grad
+
+
+# ---------------------------------------------------------------------------- the Trace backend
+
+def run(op, args: tuple, device):
+    """The dispatcher's Trace key: record ``op`` into the active capture and return trace tensors."""
+    cap = active()
+    if op.kind == "view":
+        return cap.view(op, args, device)
+    if op.full_name == "_write_":
+        return cap.write(args[0], args[1])
+    if op.kind == "composite" and op.decomposition is not None:
+        return cap.composite(op, args, device)
+    return cap.primitive(op, args, device)
+
+
+register_backend("trace", sys.modules[__name__])
+
+
+@contextlib.contextmanager
+def capturing(cap: Capture):
+    _CAPTURES.append(cap)
+    STATE.trace_depth += 1
+    try:
+        yield cap
+    finally:
+        STATE.trace_depth -= 1
+        _CAPTURES.pop()
+
+
+def leaf_labels(fn, args: tuple, kwargs: dict) -> list[str]:
+    """A readable name for each flattened argument leaf: the parameter's name, indexed inside containers."""
+    try:
+        params = [p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    names = [params[k] if k < len(params) else f"arg{k}" for k in range(len(args))] + list(kwargs)
+    labels = []
+    for name, value in zip(names, [*args, *kwargs.values()]):
+        n = len(flatten(value)[0])
+        labels += [name] if n == 1 else [f"{name}[{k}]" for k in range(n)]
+    return labels
+
+
+def trace(fn, args: tuple, kwargs: dict, names: dict[int, str] | None = None,
+          known: list[Tensor] = ()) -> Traced:
+    """Run ``fn(*args, **kwargs)`` on trace tensors and return the recorded graph with its bindings.
+
+    ``names`` labels captured tensors (by id) in the printed graph; ``known`` lists tensors the function
+    may touch without an operator seeing them (module parameters: ``zero_grad`` only assigns ``.grad``).
+    """
+    flat, spec = flatten((list(args), kwargs))
+    labels = leaf_labels(fn, args, kwargs)
+    cap = Capture(names)
+    for t in known:
+        cap.add_owner(t, Source("object", cap.names.get(id(t), "captured"), obj=t))
+    traced_leaves = []
+    for i, leaf in enumerate(flat):
+        if type(leaf) is Tensor:
+            t = cap.argument(i, leaf, labels[i])
+            cap.arg_traces[i] = t
+            traced_leaves.append(t)
+        else:
+            traced_leaves.append(leaf)
+    t_args, t_kwargs = unflatten(spec, traced_leaves)
+    try:
+        with capturing(cap):
+            result = fn(*t_args, **t_kwargs)
+            return cap.finish(result, flat)
+    finally:
+        cap.restore()
+
+
+@dataclass
+class Expansion:
+    """The nodes a decomposition produced for one composite node, and its result(s)."""
+
+    body: list[Node] = field(default_factory=list)
+    results: tuple[Node, ...] = ()
+
+
+def trace_decomposition(node: Node) -> Expansion:
+    """Re-trace a composite node's decomposition over its (already graph-resident) operands."""
+    from tilewise.autograd.grad_mode import no_grad
+
+    op = node.opdef
+    cap = Capture(inline_composites=True)
+    operands = [trace_tensor(s) for s in node.srcs]
+    args = node.bound_args(operands)
+    with capturing(cap), no_grad():
+        out = op.decomposition(*args)
+        outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        results = tuple(cap.value_of(o) for o in outs)
+    return Expansion(cap.body, results)

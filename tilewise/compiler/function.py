@@ -1,0 +1,215 @@
+"""``tilewise.compile``: compiled callables with guards, variants, recompilation and side effects.
+
+[Note: compiled functions] A ``CompiledFunction`` keeps a list of *variants*, each a ``Program`` built
+for one specialisation of the function, with the ``Guards`` that say when it applies: the structure and
+the non-tensor values of the arguments, and for every tensor the function reads (arguments, captured
+parameters and buffers, gradients) its shape, strides, storage offset and size, dtype, device and
+``requires_grad``; which of them share storage; whether each parameter had a gradient; grad mode; the
+``training`` flags of a module. A call runs the first variant whose guards pass; on a miss the function
+is traced again and a new variant compiled, up to ``settings.recompile_limit`` variants, after which it
+runs eagerly (with one warning). ``TILEWISE_LOG=recompiles`` says which guard failed.
+
+Running a variant reproduces every effect the traced function had: outputs are fresh tensors, inputs
+written in place are updated in their own memory (their version counters bump, as eager in-place ops
+do), and ``.grad`` of parameters is set or cleared as the function did.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass
+
+from tilewise.compiler.capture import Source, Traced, flatten, signature, trace, unflatten
+from tilewise.compiler.passes import run_pipeline
+from tilewise.compiler.program import Program, build_program
+from tilewise.config import log, settings
+from tilewise.dispatch import STATE
+from tilewise.tensor import Tensor, from_array
+
+MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+# ---------------------------------------------------------------------------- guards
+
+def _describe_signature(sig) -> str:
+    if sig is None:
+        return "None"
+    shape, strides, offset, dtype, device, requires_grad, size = sig
+    return (f"shape {list(shape)}, strides {list(strides)}, offset {offset}, {dtype.name} on {device}, "
+            f"requires_grad={requires_grad}, storage of {size}")
+
+
+def _constant_key(value):
+    return (type(value), value) if isinstance(value, (int, float, bool, str, type(None))) else (type(value), id(value))
+
+
+@dataclass
+class Guards:
+    spec: object
+    constants: list[tuple[int, object]]
+    tensors: list[tuple[Source, tuple]]
+    aliasing: tuple
+    grad_presence: list[tuple[Source, bool]]
+    grad_enabled: bool
+    training: tuple
+
+    def failure(self, flat: list, spec, module) -> str | None:
+        """None when this variant applies to the call, else which guard failed."""
+        if spec != self.spec:
+            return "the arguments have a different structure (number, nesting or keyword names)"
+        for index, key in self.constants:
+            if _constant_key(flat[index]) != key:
+                return f"argument leaf {index} is {flat[index]!r}, compiled for {key[1]!r}"
+        if STATE.grad_enabled != self.grad_enabled:
+            return f"grad mode is {'on' if STATE.grad_enabled else 'off'}, compiled with it " \
+                   f"{'on' if self.grad_enabled else 'off'}"
+        if module is not None and _training_flags(module) != self.training:
+            return "a module's training flag changed (train()/eval())"
+        storages = []
+        for source, expected in self.tensors:
+            t = source.fetch(flat)
+            actual = signature(t) if type(t) is Tensor else None
+            if actual != expected:
+                return f"{source.label}: {_describe_signature(actual)}; compiled for {_describe_signature(expected)}"
+            storages.append(id(t._storage))
+        if _alias_pattern(storages) != self.aliasing:
+            return "tensors that shared storage when compiled no longer do (or the reverse)"
+        for source, had in self.grad_presence:
+            owner = source.fetch(flat)
+            if (owner._grad is not None) != had:
+                return f"{source.label}.grad is {'set' if owner._grad is not None else 'None'}; compiled with it " \
+                       f"{'set' if had else 'None'}"
+        return None
+
+
+def _alias_pattern(ids: list[int]) -> tuple:
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(i, k) for k, i in enumerate(ids))
+
+
+def _training_flags(module) -> tuple:
+    modules = module.modules() if hasattr(module, "modules") else [module]
+    return tuple(bool(getattr(m, "training", False)) for m in modules)
+
+
+def make_guards(traced: Traced, flat: list, spec, module) -> Guards:
+    constants = [(k, _constant_key(v)) for k, v in enumerate(flat) if type(v) is not Tensor]
+    tensors = [(ts.source, ts.signature) for ts in traced.tensor_sources]
+    storages = [id(ts.source.fetch(flat)._storage) for ts in traced.tensor_sources]
+    return Guards(spec, constants, tensors, _alias_pattern(storages), traced.grad_presence, STATE.grad_enabled,
+                  _training_flags(module) if module is not None else ())
+
+
+# ---------------------------------------------------------------------------- variants
+
+@dataclass
+class Variant:
+    guards: Guards
+    traced: Traced
+    program: Program
+
+    def run(self, flat: list):
+        traced, graph = self.traced, self.program.graph
+        entries = _entry_sources(traced)
+        tensors = [source.fetch(flat) for source in entries]
+        arrays = self.program.run([t._storage.data for t in tensors])
+        outputs = [from_array(a.reshape(node.type.shape), node.type.dtype) for a, node in zip(arrays, graph.outputs)]
+        written = {graph.inputs.index(i) for i, _ in graph.writes}
+        for k in written:
+            tensors[k]._bump_version()
+        for effect in traced.grad_effects:
+            owner = effect.owner.fetch(flat)
+            owner._grad = None if effect.clear else outputs[effect.output]
+        values = [outputs[k] if kind == "out" else k for kind, k in traced.output_leaves]
+        return unflatten(traced.output_spec, values)
+
+
+def _entry_sources(traced: Traced) -> list[Source]:
+    """The source of each graph input (one per storage), in input order."""
+    by_entry: dict[int, Source] = {}
+    for ts in traced.tensor_sources:
+        by_entry.setdefault(ts.entry, ts.source)
+    return [by_entry[k] for k in range(len(by_entry))]
+
+
+class CompiledFunction:
+    """A function compiled per specialisation; see [Note: compiled functions]."""
+
+    def __init__(self, fn, mode: str = "default", fullgraph: bool = True, dynamic: bool = False, module=None):
+        if mode not in MODES:
+            raise ValueError(f"tilewise.compile: unknown mode {mode!r}; modes: {', '.join(MODES)}")
+        if dynamic:
+            raise NotImplementedError("tilewise.compile(dynamic=True): shapes are specialised; compile with "
+                                      "dynamic=False (each new shape compiles a new variant)")
+        self.fn = fn
+        self.mode = mode
+        self.fullgraph = fullgraph
+        self.module = module
+        self.variants: list[Variant] = []
+        self._warned = False
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, *args, **kwargs):
+        if STATE.trace_depth:  # inside another capture: inline the original function
+            return self.fn(*args, **kwargs)
+        flat, spec = flatten((list(args), kwargs))
+        reasons = []
+        for variant in self.variants:
+            reason = variant.guards.failure(flat, spec, self.module)
+            if reason is None:
+                return variant.run(flat)
+            reasons.append(reason)
+        if len(self.variants) >= settings.recompile_limit:
+            if not self._warned:
+                warnings.warn(f"tilewise.compile: {self.__name__} reached the recompile limit "
+                              f"({settings.recompile_limit} variants, TILEWISE_RECOMPILES); running it eagerly. "
+                              f"Last guard failure: {reasons[-1]}", RuntimeWarning, stacklevel=2)
+                self._warned = True
+            return self.fn(*args, **kwargs)
+        if reasons:
+            log("recompiles", f"recompiling {self.__name__} (variant {len(self.variants) + 1}): {reasons[-1]}")
+        variant = self._compile(args, kwargs, flat, spec)
+        self.variants.append(variant)
+        return variant.run(flat)
+
+    def _compile(self, args: tuple, kwargs: dict, flat: list, spec) -> Variant:
+        names, known = _module_tensors(self.module)
+        traced = trace(self.fn, args, kwargs, names=names, known=known)
+        if any(traced.output_requires_grad):
+            raise NotImplementedError(
+                f"tilewise.compile: {self.__name__} returns a tensor that requires grad; differentiating through a "
+                "compiled function is not supported yet. Call backward() inside the compiled function (whole-step "
+                "capture), or compile the function under tilewise.no_grad().")
+        graph = run_pipeline(traced.graph)
+        program = build_program(graph)
+        return Variant(make_guards(traced, flat, spec, self.module), traced, program)
+
+    def programs(self) -> list[Program]:
+        return [v.program for v in self.variants]
+
+
+def _module_tensors(module) -> tuple[dict[int, str], list[Tensor]]:
+    if module is None:
+        return {}, []
+    named = list(module.named_parameters()) + (list(module.named_buffers()) if hasattr(module, "named_buffers") else [])
+    return {id(t): name for name, t in named}, [t for _, t in named if type(t) is Tensor]
+
+
+def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = True, dynamic: bool = False):  # noqa: A001
+    """Compile a function (or a module's forward) into fused kernels; returns a callable (a module stays one).
+
+    >>> import tilewise as tw
+    >>> f = tw.compile(lambda x: x.relu() * 0.5 + 1)
+    >>> f(tw.tensor([-1.0, 2.0])).tolist()
+    [1.0, 2.0]
+    """
+    if fn_or_module is None:
+        return lambda fn: compile(fn, mode=mode, fullgraph=fullgraph, dynamic=dynamic)
+    if hasattr(fn_or_module, "named_parameters") and hasattr(type(fn_or_module), "forward"):
+        module = copy.copy(fn_or_module)
+        forward = type(fn_or_module).forward.__get__(module)
+        object.__setattr__(module, "forward", CompiledFunction(forward, mode, fullgraph, dynamic, module=module))
+        return module
+    return CompiledFunction(fn_or_module, mode, fullgraph, dynamic)

@@ -1,0 +1,350 @@
+"""The compiler's graph IR: SSA values over logical tensors, hash-consed, printable, checkable.
+
+[Note: graph IR] A ``Node`` is one operator application: the operator's full name (``add``, ``sum``,
+``view``, ``mm``, or one of the IR's own ops ``input``, ``getitem``, ``fused``), its tensor operands
+(``srcs``, other Nodes), its remaining bound arguments (``args``, in schema order, with each tensor
+position replaced by a ``Ref`` into ``srcs``) and its result type (shape, dtype, device). Values are
+*logical* tensors: a view node such as ``permute`` or ``as_strided`` describes which elements it selects
+from its source's row-major layout; where a value lives in memory is decided much later, by memory
+planning and lowering. Nodes are hash-consed like tinygrad's UOps: building a node equal to an existing
+one returns that object, so common-subexpression elimination happens by construction, equality is
+identity and nodes serve as cache keys. Nodes that must stay distinct although they look alike (two
+inputs, two random draws) carry a distinguishing ``tag``.
+
+A ``Graph`` is a straight-line SSA program: its inputs (one per captured storage), a body in
+definition order, the values it returns, and write-backs (``writes``: an input whose memory must hold a
+new value once the program has run — how in-place updates of parameters and optimizer state survive
+functionalization). ``verify`` checks the invariants after every pass; ``format_graph`` prints the text
+form, e.g. ``%3 = add(%2, 1.0) : f32[4096,4096] cpu``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from numbers import Number
+
+from tilewise import _strides as S
+from tilewise.device import Device
+from tilewise.dtypes import DType
+
+SHORT_DTYPE = {"bool": "b8", "uint8": "u8", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+               "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+               "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
+IR_OPS = ("input", "getitem", "fused")
+
+
+class GraphError(RuntimeError):
+    """A graph that breaks an IR invariant (raised by ``verify``, naming the node and the pass)."""
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: DType
+    device: Device
+
+    @property
+    def numel(self) -> int:
+        return S.numel(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return f"{SHORT_DTYPE.get(self.dtype.name, self.dtype.name)}[{','.join(map(str, self.shape))}] {self.device}"
+
+
+class Ref:
+    """Marks a tensor operand inside ``Node.args``: the ``i``-th entry of ``Node.srcs``."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int):
+        self.i = i
+
+    def __eq__(self, other) -> bool:
+        return type(other) is Ref and other.i == self.i
+
+    def __hash__(self) -> int:
+        return hash(("Ref", self.i))
+
+    def __repr__(self) -> str:
+        return f"Ref({self.i})"
+
+
+def _freeze(value):
+    """A hashable key for an argument that tells apart values Python considers equal (1, 1.0, True, -0.0)."""
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(_freeze(v) for v in value))
+    if isinstance(value, float):
+        return ("float", repr(value))
+    if isinstance(value, (bool, int, str, type(None), Ref, Number)):
+        return (type(value).__name__, value)
+    if isinstance(value, (DType, Device)):
+        return (type(value).__name__, value)
+    return ("object", id(value), value)
+
+
+class Node:
+    """One immutable, hash-consed SSA value (see [Note: graph IR])."""
+
+    __slots__ = ("op", "srcs", "args", "type", "tag", "__weakref__")
+    _cache: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
+
+    def __new__(cls, op: str, srcs: tuple = (), args: tuple = (), type=None, tag=None):
+        key = (op, tuple(id(s) for s in srcs), _freeze(args), type, _freeze(tag))
+        node = cls._cache.get(key)
+        if node is None:
+            node = object.__new__(cls)
+            node.op, node.srcs, node.args, node.type, node.tag = op, tuple(srcs), tuple(args), type, tag
+            cls._cache[key] = node
+        return node
+
+    @property
+    def opdef(self):
+        from tilewise.ops.registry import OPS
+
+        return OPS.get(self.op)
+
+    @property
+    def kind(self) -> str:
+        if self.op in IR_OPS:
+            return self.op
+        opdef = self.opdef
+        return opdef.kind if opdef is not None else "unknown"
+
+    @property
+    def is_tuple(self) -> bool:
+        return isinstance(self.type, tuple)
+
+    def replace(self, srcs: tuple | None = None, args: tuple | None = None, type=None) -> Node:
+        return Node(self.op, self.srcs if srcs is None else srcs, self.args if args is None else args,
+                    self.type if type is None else type, self.tag)
+
+    def bound_args(self, values: list | tuple) -> tuple:
+        """``args`` with every ``Ref`` replaced by the corresponding entry of ``values``."""
+        return tuple(_substitute(a, values) for a in self.args)
+
+    def __repr__(self) -> str:
+        return f"<Node {self.op} : {format_type(self.type)}>"
+
+
+def _substitute(arg, values):
+    if type(arg) is Ref:
+        return values[arg.i]
+    if isinstance(arg, tuple) and any(type(a) is Ref for a in arg):
+        return tuple(values[a.i] if type(a) is Ref else a for a in arg)
+    return arg
+
+
+def format_type(t) -> str:
+    if isinstance(t, tuple):
+        return "(" + ", ".join(str(x) for x in t) + ")"
+    return str(t)
+
+
+# ---------------------------------------------------------------------------- graphs
+
+@dataclass
+class Graph:
+    inputs: list[Node] = field(default_factory=list)
+    body: list[Node] = field(default_factory=list)
+    outputs: list[Node] = field(default_factory=list)
+    writes: list[tuple[Node, Node]] = field(default_factory=list)  # (input, value it must hold afterwards)
+
+    def roots(self) -> list[Node]:
+        return list(self.outputs) + [v for _, v in self.writes]
+
+    def users(self) -> dict[Node, list[Node]]:
+        out: dict[Node, list[Node]] = {n: [] for n in (*self.inputs, *self.body)}
+        for n in self.body:
+            for s in n.srcs:
+                out[s].append(n)
+        return out
+
+    def __str__(self) -> str:
+        return format_graph(self)
+
+
+def toposort(roots: list[Node], stop: frozenset | set = frozenset()) -> list[Node]:
+    """Nodes reachable from ``roots`` (excluding ``stop``), each after its sources; roots keep their order."""
+    order, seen = [], set(stop)
+    for root in roots:
+        if root in seen:
+            continue
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            stack.extend((s, False) for s in reversed(node.srcs) if s not in seen)
+    return order
+
+
+def rewrite(graph: Graph, fn) -> Graph:
+    """Rebuild ``graph`` bottom-up: each node gets its rewritten sources, then ``fn(node)`` may replace it
+    (returning None keeps it). New nodes that ``fn`` builds join the body in dependency order."""
+    mapping: dict[Node, Node] = {n: n for n in graph.inputs}
+    for node in graph.body:
+        srcs = tuple(mapping[s] for s in node.srcs)
+        new = node.replace(srcs=srcs) if srcs != node.srcs else node
+        mapping[node] = fn(new) or new
+    out = Graph(list(graph.inputs), [], [mapping[o] for o in graph.outputs],
+                [(i, mapping[v]) for i, v in graph.writes])
+    out.body = toposort([mapping[n] for n in graph.body], stop=set(graph.inputs))
+    return out
+
+
+# ---------------------------------------------------------------------------- text form
+
+def node_names(graph: Graph) -> dict[Node, str]:
+    names = {}
+    for k, n in enumerate([*graph.inputs, *graph.body]):
+        names.setdefault(n, f"%{k}")
+    return names
+
+
+def _format_value(value, srcs, names) -> str:
+    if type(value) is Ref:
+        return names.get(srcs[value.i], "%?")
+    if isinstance(value, tuple):
+        inner = ", ".join(_format_value(v, srcs, names) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, DType):
+        return value.name
+    if isinstance(value, Device):
+        return f"'{value}'"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, (Number, type(None))):
+        return repr(value)
+    return type(value).__name__
+
+
+def format_args(node: Node, names: dict) -> str:
+    opdef = node.opdef
+    if opdef is None or len(opdef.schema.params) != len(node.args):
+        return ", ".join(_format_value(a, node.srcs, names) for a in node.args)
+    params = opdef.schema.params
+    last = len(params)
+    while last > 0 and params[last - 1].has_default and _is_default(node.args[last - 1], params[last - 1].default):
+        last -= 1
+    parts = []
+    for k in range(last):
+        p, a = params[k], node.args[k]
+        if p.kwarg_only:
+            if not (p.has_default and _is_default(a, p.default)):
+                parts.append(f"{p.name}={_format_value(a, node.srcs, names)}")
+        else:
+            parts.append(_format_value(a, node.srcs, names))
+    return ", ".join(parts)
+
+
+def _is_default(value, default) -> bool:
+    return type(value) is not Ref and _freeze(value) == _freeze(default) or (value is None and default is None)
+
+
+def format_node(node: Node, names: dict) -> str:
+    if node.op == "input":
+        label = node.tag if isinstance(node.tag, str) else node.tag[0] if isinstance(node.tag, tuple) else node.tag
+        return f"{names[node]} = input({label}) : {format_type(node.type)}"
+    if node.op == "getitem":
+        return f"{names[node]} = getitem({names.get(node.srcs[0], '%?')}, {node.args[0]}) : {format_type(node.type)}"
+    if node.op == "fused":
+        group = node.args[0]
+        srcs = ", ".join(names.get(s, "%?") for s in node.srcs)
+        return f"{names[node]} = {group.name}({srcs}) : {format_type(node.type)}"
+    return f"{names[node]} = {node.op}({format_args(node, names)}) : {format_type(node.type)}"
+
+
+def format_graph(graph: Graph, title: str = "graph") -> str:
+    names = node_names(graph)
+    lines = [f"{title}({', '.join(names[i] for i in graph.inputs)}):"]
+    lines += ["  " + format_node(n, names) for n in graph.inputs]
+    lines += ["  " + format_node(n, names) for n in graph.body]
+    lines.append("  return (" + ", ".join(names.get(o, "%?") for o in graph.outputs) + ")")
+    lines += [f"  write {names[i]} <- {names.get(v, '%?')}" for i, v in graph.writes]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- invariants
+
+def verify(graph: Graph, after: str = "") -> Graph:
+    """Check the IR invariants; raise ``GraphError`` naming the first offending node."""
+    where = f" after pass {after!r}" if after else ""
+    defined: set[Node] = set()
+    for n in graph.inputs:
+        if n.op != "input":
+            raise GraphError(f"graph input {n!r} is not an input node{where}")
+        defined.add(n)
+    names = node_names(graph)
+    for n in graph.body:
+        if n in defined:
+            raise GraphError(f"{format_node(n, names)} is defined twice{where}")
+        for s in n.srcs:
+            if s not in defined:
+                raise GraphError(f"{format_node(n, names)} uses a value that is not defined before it{where}")
+        problem = _check_node(n)
+        if problem:
+            raise GraphError(f"{format_node(n, names)}: {problem}{where}")
+        defined.add(n)
+    for o in graph.outputs:
+        if o not in defined:
+            raise GraphError(f"an output ({o!r}) is not defined in the graph{where}")
+    for i, v in graph.writes:
+        if i not in graph.inputs or v not in defined:
+            raise GraphError(f"write-back {i!r} <- {v!r} names a value outside the graph{where}")
+        if i.type != v.type:
+            raise GraphError(f"write-back into {names[i]} ({i.type}) has type {format_type(v.type)}{where}")
+    return graph
+
+
+def _check_node(n: Node) -> str | None:
+    if n.op == "input":
+        return "input nodes belong in graph.inputs"
+    if n.op == "getitem":
+        (k,) = n.args
+        if not n.srcs[0].is_tuple or not 0 <= k < len(n.srcs[0].type) or n.srcs[0].type[k] != n.type:
+            return f"getitem {k} does not match the tuple type {format_type(n.srcs[0].type)}"
+        return None
+    if n.op == "fused":
+        return None
+    opdef = n.opdef
+    if opdef is None:
+        return f"unknown operator {n.op!r}"
+    if len(n.args) != len(opdef.schema.params):
+        return f"{len(n.args)} arguments for a schema with {len(opdef.schema.params)}"
+    refs = _refs(n.args)
+    if sorted(refs) != list(range(len(n.srcs))):
+        return "srcs and the Refs in args disagree"
+    if opdef.kind == "pointwise":
+        shapes = [n.srcs[r].type.shape for r in refs]
+        try:
+            expected = S.broadcast_shapes(*shapes, op=n.op) if shapes else None
+        except RuntimeError as exc:
+            return str(exc)
+        if expected is not None and expected != n.type.shape:
+            return f"pointwise result shape {list(n.type.shape)} is not the broadcast shape {list(expected)}"
+    if opdef.kind == "view":
+        src = n.srcs[0].type
+        shape, _, _ = opdef.view(src.shape, S.contiguous_strides(src.shape), 0, *n.args[1:])
+        if tuple(shape) != n.type.shape:
+            return f"view result shape {list(n.type.shape)} differs from the view rule's {list(shape)}"
+    return None
+
+
+def _refs(args) -> list[int]:
+    out = []
+    for a in args:
+        if type(a) is Ref:
+            out.append(a.i)
+        elif isinstance(a, tuple):
+            out += [x.i for x in a if type(x) is Ref]
+    return out

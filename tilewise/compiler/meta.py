@@ -1,0 +1,167 @@
+"""Result types of operator calls, without running them: what capture needs to build a node.
+
+[Note: meta functions] Pointwise, reduction, view, matmul, creation, random and copy operators get their
+result shape and dtype from the same rules the eager kernels use (the operator's dtype rule, broadcasting,
+``reduction_dims``, view rules). Operators without such a rule (indexing, scans, sorts, anything new) are
+run once by the CPU backend on zero-filled stand-ins of their inputs' types; their result shapes do not
+depend on the values, and an operator whose shape does (``nonzero``) is refused by capture before this.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tilewise import _strides as S
+from tilewise.compiler.ir import TensorType
+from tilewise.device import cpu
+from tilewise.dtypes import get_default_dtype, int64
+from tilewise.tensor import Tensor, from_array
+
+DATA_DEPENDENT_OPS = frozenset({"nonzero"})
+
+
+class Stand:
+    """Shape and dtype of a graph value, in the attributes operator rules read from a Tensor argument."""
+
+    def __init__(self, ty: TensorType):
+        self._shape = self.shape = ty.shape
+        self._dtype = self.dtype = ty.dtype
+        self._device = self.device = ty.device
+        self.ndim = len(ty.shape)
+
+
+def reduction_dims(op, args: tuple) -> tuple[tuple[int, ...], bool]:
+    """The dims a reduction call reduces and its keepdim flag (the eager CPU backend's rule)."""
+    x = args[0]
+    names = op.param_names()
+    dim = args[1] if len(args) > 1 and names[1] == "dim" else None
+    keepdim = bool(args[names.index("keepdim")]) if "keepdim" in names else False
+    if x.ndim == 0:
+        return (), keepdim
+    if isinstance(dim, tuple) and len(dim) == 0 and op.reduce == "add":
+        return tuple(range(x.ndim)), keepdim
+    return S.normalize_dims(dim, x.ndim, op.name), keepdim
+
+
+def infer(op, args: tuple, device) -> TensorType | tuple:
+    """The result type(s) of ``op`` on ``args`` (tensors may be trace tensors; only metadata is read)."""
+    rule = _RULES.get(op.kind)
+    if rule is not None:
+        out = rule(op, args, device)
+        if out is not None:
+            return out
+    return run_on_zeros(op, args, device)
+
+
+def _pointwise(op, args, device):
+    out_dtype, _ = op.dtype_rule(op, args)
+    shapes = [args[k]._shape for k in op.tensor_idx if type(args[k]) is Tensor]
+    return TensorType(S.broadcast_shapes(*shapes, op=op.name) if shapes else (), out_dtype, device)
+
+
+def _reduction(op, args, device):
+    x = args[0]
+    dims, keepdim = reduction_dims(op, args)
+    shape = S.reduced_shape(x._shape, dims, keepdim) if x.ndim else x._shape
+    if op.reduce is not None:
+        return TensorType(shape, op.dtype_rule(op, args)[0], device)
+    if op.name in ("argmax", "argmin"):
+        if args[1] is None:
+            shape = (1,) * x.ndim if keepdim else ()
+        return TensorType(shape, int64, device)
+    if len(op.schema.returns) == 2:  # max.dim / min.dim: values and indices
+        return (TensorType(shape, x._dtype, device), TensorType(shape, int64, device))
+    return None
+
+
+def _view(op, args, device):
+    x = args[0]
+    shape, _, _ = op.view(x._shape, x._strides, x._offset, *args[1:])
+    return TensorType(tuple(shape), x._dtype, device)
+
+
+def _matmul(op, args, device):
+    a, b = args[0], args[1]
+    out_dtype, _ = op.dtype_rule(op, args)
+    if op.name == "mm" and a.ndim == 2 and b.ndim == 2 and a._shape[1] == b._shape[0]:
+        return TensorType((a._shape[0], b._shape[1]), out_dtype, device)
+    if op.name == "bmm" and a.ndim == 3 and b.ndim == 3 and a._shape[0] == b._shape[0] and a._shape[2] == b._shape[1]:
+        return TensorType((a._shape[0], a._shape[1], b._shape[2]), out_dtype, device)
+    return None  # malformed: let the CPU kernel raise its own error
+
+
+def _arg(op, args, name, default=None):
+    names = op.param_names()
+    return args[names.index(name)] if name in names else default
+
+
+def _created_shape(op, args) -> tuple[int, ...] | None:
+    name = op.name
+    if "size" in op.param_names():
+        return tuple(_arg(op, args, "size"))
+    if name == "arange":
+        start, end, step = args[0], args[1], args[2]
+        return (max(int(math.ceil((end - start) / step)), 0),)
+    if name == "linspace":
+        return (args[2],)
+    if name == "eye":
+        return (args[0], args[1] if args[1] is not None else args[0])
+    if name == "randperm":
+        return (args[0],)
+    return None
+
+
+def _creation(op, args, device):
+    shape = _created_shape(op, args)
+    if shape is None:
+        return None
+    dtype = _arg(op, args, "dtype") or (int64 if op.name in ("randint", "randperm") else get_default_dtype())
+    return TensorType(shape, dtype, device)
+
+
+def _random(op, args, device):
+    if op.name == "bernoulli":
+        return TensorType(args[0]._shape, args[0]._dtype, device)
+    if op.name == "multinomial":
+        return TensorType(args[0]._shape[:-1] + (args[1],), int64, device)
+    return _creation(op, args, device)
+
+
+def _copy(op, args, device):
+    x = args[0]
+    if op.name == "_to_copy":
+        return TensorType(x._shape, args[1] or x._dtype, args[2] or x._device)
+    if op.name in ("clone", "_write_"):
+        return TensorType(x._shape, x._dtype, x._device)
+    return None
+
+
+_RULES = {"pointwise": _pointwise, "reduction": _reduction, "view": _view, "matmul": _matmul,
+          "creation": _creation, "random": _random, "copy": _copy}
+
+
+# ---------------------------------------------------------------------------- the general fallback
+
+def _zeros_like_meta(t: Tensor) -> Tensor:
+    return from_array(np.zeros(t._shape, dtype=t._dtype.np), t._dtype)
+
+
+def run_on_zeros(op, args: tuple, device) -> TensorType | tuple:
+    """Run the CPU kernel on zero-filled stand-ins and read the result types."""
+    from tilewise.backends.cpu import run as cpu_run
+    from tilewise.compiler.capture import suspended
+
+    def stand_in(a):
+        if type(a) is Tensor:
+            return _zeros_like_meta(a)
+        if isinstance(a, tuple) and any(type(x) is Tensor for x in a):
+            return tuple(_zeros_like_meta(x) if type(x) is Tensor else x for x in a)
+        return a
+
+    with suspended():
+        out = cpu_run(op, tuple(stand_in(a) for a in args), cpu)
+    if isinstance(out, (tuple, list)):
+        return tuple(TensorType(o._shape, o._dtype, device) for o in out)
+    return TensorType(out._shape, out._dtype, device)

@@ -1,0 +1,34 @@
+"""The compiler's passes: named functions from Graph to Graph, run in order by ``run_pipeline``.
+
+[Note: passes] Like tinygrad's list of rewrites, every stage of the compiler is one named function that
+takes a graph and returns a new one, so each can be dumped (``TILEWISE_LOG=graph`` prints the graph after
+every pass), bisected (``run_pipeline(graph, PIPELINE[:k])``) and tested alone. The invariant checker
+runs after each pass, so a pass that breaks the IR fails where it ran, not three stages later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tilewise.compiler.ir import Graph, format_graph, verify
+from tilewise.compiler.passes.cleanup import cse, dce
+from tilewise.compiler.passes.decompose import decompose
+from tilewise.compiler.passes.functionalize import functionalize
+from tilewise.compiler.passes.simplify import simplify
+from tilewise.config import log
+
+Pass = Callable[[Graph], Graph]
+PIPELINE: tuple[Pass, ...] = (functionalize, decompose, simplify, cse, dce)
+
+
+def run_pipeline(graph: Graph, passes: tuple[Pass, ...] = PIPELINE) -> Graph:
+    log("graph", format_graph(graph, "captured"))
+    verify(graph, "capture")
+    for p in passes:
+        graph = p(graph)
+        verify(graph, p.__name__)
+        log("graph", format_graph(graph, f"after {p.__name__}"))
+    return graph
+
+
+__all__ = ["PIPELINE", "Pass", "cse", "dce", "decompose", "functionalize", "run_pipeline", "simplify"]

@@ -1,0 +1,524 @@
+"""fusion: partition the graph's computation into kernels; each kernel becomes one ``fused`` node.
+
+[Note: fusion] A *group* is one loop nest: a domain shape ``S`` and, optionally, a set of reduced domain
+dims ``D``. Every member is a value defined over some of the domain's dims; ``dims[member]`` says, for
+each of its own dims, which domain dim it runs along (None where it is constant, size 1 or broadcast).
+That one map covers the cases that matter: pointwise chains (every member over all of ``S``), reductions
+with a pointwise prologue (members over ``S``, reduced over ``D``) and epilogue (members over the kept
+dims only), several reductions in a row over the same dims (softmax, layer_norm: the lowering loops over
+``D`` once per dependent reduction), and values reached through broadcasting, ``unsqueeze``, ``expand``,
+reshapes that only add or drop size-1 dims, and permutations. Views of values outside the group are not
+members: they become the index expressions of the group's loads.
+
+Groups grow greedily in program order: a node joins the group of one of its operands when its dims map
+is derivable and the group stays convex (no path leaves the group and comes back, which would make the
+kernel depend on itself); operands from several compatible groups merge them. Then *sibling* groups with
+the same domain that read a common input merge into one nest (the input is loaded once), and independent
+groups of the same dependency level share one kernel as separate nests (horizontal fusion: an optimizer
+step over many parameters becomes a few kernels, not one per tensor). Operators no group can hold
+(matmul, indexing, random, sorts) stay nodes of their own: library calls and fallbacks at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tilewise.compiler.ir import Graph, Node, toposort
+from tilewise.config import log
+
+MAX_NESTS_PER_KERNEL = 32
+RESHAPES = ("view", "squeeze", "unsqueeze")
+PERMUTES = ("permute", "transpose", "t")
+
+
+def fusion_kind(node: Node) -> str:
+    """"elementwise", "reduction", "view", "constant" (a ``full``: inlined where read) or "extern"."""
+    kind = node.kind
+    if node.op == "full":
+        return "constant"
+    if kind == "pointwise" or node.op == "clone":
+        return "elementwise"
+    if node.op == "_to_copy":
+        return "elementwise" if node.type.device == node.srcs[0].type.device else "extern"
+    if kind == "reduction" and node.opdef.reduce is not None and not node.is_tuple:
+        return "reduction"
+    if kind == "view":
+        return "view"
+    return "extern"
+
+
+def is_inlined_constant(src: Node, group: Group) -> bool:
+    """A ``full`` read by a group is a literal in its kernel, not a load."""
+    base = view_chain(src)[0]
+    return fusion_kind(base) == "constant" and base not in group.dims
+
+
+def view_chain(node: Node) -> tuple[Node, list[Node]]:
+    """The first non-view ancestor of ``node`` and the views leading from it to ``node``."""
+    chain = []
+    while node.kind == "view":
+        chain.append(node)
+        node = node.srcs[0]
+    return node, chain[::-1]
+
+
+def view_dims(view: Node, dims: tuple) -> tuple | None:
+    """The dims map of a view of a value whose map is ``dims`` (None when the view reorders elements)."""
+    src, out = view.srcs[0].type.shape, view.type.shape
+    if view.op == "expand":
+        lead = len(out) - len(src)
+        return (None,) * lead + tuple(dims[k] if src[k] == out[k + lead] else None for k in range(len(src)))
+    if view.op in PERMUTES:
+        _, strides, _ = view.opdef.view(src, tuple(range(1, len(src) + 1)), 0, *view.args[1:])
+        return tuple(dims[s - 1] for s in strides)
+    if view.op in RESHAPES:
+        kept = [k for k, size in enumerate(src) if size != 1]
+        if [src[k] for k in kept] != [size for size in out if size != 1]:
+            return None
+        it = iter(dims[k] for k in kept)
+        return tuple(next(it) if size != 1 else None for size in out)
+    return None
+
+
+@dataclass(eq=False)
+class Group:
+    """One loop nest: domain ``shape``, reduced domain dims ``reduce``, members with their dims maps."""
+
+    shape: tuple[int, ...]
+    reduce: tuple[int, ...] = ()
+    members: list[Node] = field(default_factory=list)
+    dims: dict[Node, tuple] = field(default_factory=dict)
+    outputs: list[Node] = field(default_factory=list)
+
+    def edge_dims(self, src: Node) -> tuple | None:
+        """The dims map under which a member reads ``src`` inside this group, or None if it is external."""
+        base, chain = view_chain(src)
+        dims = self.dims.get(base)
+        for view in chain:
+            if dims is None:
+                return None
+            dims = view_dims(view, dims)
+        return dims
+
+    def owns_base(self, src: Node) -> bool:
+        return view_chain(src)[0] in self.dims
+
+
+@dataclass(eq=False)
+class FusedKernel:
+    """The groups one kernel runs (one nest each), the values it reads and the values it stores."""
+
+    name: str
+    groups: list[Group]
+    inputs: list[Node]
+    outputs: list[Node]
+    graph_values: dict[Node, Node] = field(default_factory=dict)  # value before fusion -> node after
+
+    def buffer_value(self, node: Node) -> Node:
+        """The node of the fused graph that stands for ``node`` (an input, a kernel output, a call result)."""
+        return self.graph_values.get(node, node)
+
+
+# ---------------------------------------------------------------------------- dims maps of new members
+
+def elementwise_dims(node: Node, group: Group) -> tuple | None:
+    shape, domain = node.type.shape, group.shape
+    dims: list = [None] * len(shape)
+    for src in node.srcs:
+        src_dims = group.edge_dims(src)
+        if src_dims is None:
+            if group.owns_base(src):
+                return None  # a view of a member that reorders elements: it must be stored first
+            continue
+        lead = len(shape) - len(src.type.shape)
+        for k, d in enumerate(src_dims):
+            if d is None or src.type.shape[k] == 1:
+                continue
+            if dims[k + lead] not in (None, d):
+                return None
+            dims[k + lead] = d
+    for j, size in enumerate(shape):
+        if size != 1 and dims[j] is None:
+            if len(shape) != len(domain) or domain[j] != size or j in dims:
+                return None
+            dims[j] = j
+    return _checked(tuple(dims), shape, domain)
+
+
+def _checked(dims: tuple, shape: tuple, domain: tuple) -> tuple | None:
+    used = [d for d in dims if d is not None]
+    if len(set(used)) != len(used) or any(d is not None and domain[d] != shape[j] for j, d in enumerate(dims)):
+        return None
+    return dims
+
+
+def reduction_dims_in(node: Node, group: Group) -> tuple[tuple, tuple] | None:
+    """(dims map of the result, reduced domain dims) for a reduction joining ``group``."""
+    from tilewise.compiler.meta import Stand, reduction_dims
+
+    (src,) = node.srcs
+    src_dims = group.edge_dims(src)
+    if src_dims is None:
+        if group.owns_base(src) or src.type.shape != group.shape:
+            return None
+        src_dims = tuple(range(len(group.shape)))
+    if _checked(src_dims, src.type.shape, group.shape) is None:
+        return None
+    reduced, keepdim = reduction_dims(node.opdef, node.bound_args([Stand(src.type)]))
+    domain_reduced = tuple(sorted(src_dims[d] for d in reduced))
+    if not reduced or None in domain_reduced or any(src.type.shape[d] == 1 for d in reduced):
+        return None
+    if group.reduce and domain_reduced != group.reduce:
+        return None
+    if keepdim:
+        out = tuple(None if k in reduced else d for k, d in enumerate(src_dims))
+    else:
+        out = tuple(d for k, d in enumerate(src_dims) if k not in reduced)
+    return out, domain_reduced
+
+
+def _try_join(node: Node, group: Group) -> bool:
+    if node.type.device != _device(group):
+        return False
+    if fusion_kind(node) == "reduction":
+        found = reduction_dims_in(node, group)
+        if found is None:
+            return False
+        group.dims[node], group.reduce = found
+    else:
+        dims = elementwise_dims(node, group)
+        if dims is None:
+            return False
+        group.dims[node] = dims
+    group.members.append(node)
+    return True
+
+
+def _device(group: Group):
+    return group.members[0].type.device
+
+
+def _new_group(node: Node) -> Group | None:
+    if fusion_kind(node) == "reduction":
+        group = Group(node.srcs[0].type.shape)
+        found = reduction_dims_in(node, group)
+        if found is None:
+            return None
+        group.dims[node], group.reduce = found
+    else:
+        group = Group(node.type.shape)
+        group.dims[node] = tuple(j if s != 1 else None for j, s in enumerate(node.type.shape))
+    group.members.append(node)
+    return group
+
+
+# ---------------------------------------------------------------------------- vertical fusion
+
+class _Partition:
+    """Greedy grouping with convexity bookkeeping (union-find over group ids, ancestor group sets)."""
+
+    def __init__(self, order: dict[Node, int]):
+        self.order = order
+        self.groups: dict[int, Group] = {}
+        self.parent: dict[int, int] = {}
+        self.group_of: dict[Node, int] = {}
+        self.ancestors: dict[Node, set[int]] = {}
+
+    def find(self, gid: int) -> int:
+        while self.parent[gid] != gid:
+            self.parent[gid] = self.parent[self.parent[gid]]
+            gid = self.parent[gid]
+        return gid
+
+    def reach(self, node: Node) -> set[int]:
+        found = {self.find(g) for g in self.ancestors.get(node, ())}
+        if node in self.group_of:
+            found.add(self.find(self.group_of[node]))
+        return found
+
+    def external_edges_reach(self, members, edges_of, gids: set[int]) -> bool:
+        for m in members:
+            for src in edges_of(m):
+                if self.reach(src) & gids:
+                    return True
+        return False
+
+    def add(self, node: Node) -> None:
+        kind = fusion_kind(node)
+        if kind in ("elementwise", "reduction"):
+            self._place(node)
+        self.ancestors[node] = set().union(*(self.reach(s) for s in node.srcs)) if node.srcs else set()
+
+    def _candidates(self, node: Node) -> list[int]:
+        out = []
+        for src in node.srcs:
+            base = view_chain(src)[0]
+            if base in self.group_of:
+                gid = self.find(self.group_of[base])
+                if gid not in out:
+                    out.append(gid)
+        return out
+
+    def _place(self, node: Node) -> None:
+        merged = self._merged_candidate(self._candidates(node))
+        options = ([merged] if merged is not None else []) + self._candidates(node)
+        for gid in dict.fromkeys(options):
+            group = self.groups[gid]
+            trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims))
+            if not _try_join(node, trial):
+                continue
+            if self._external_reach(node, trial, {gid}):
+                continue
+            self.groups[gid] = trial
+            self.group_of[node] = gid
+            return
+        group = _new_group(node)
+        if group is None:
+            return
+        gid = len(self.parent)
+        self.parent[gid] = gid
+        self.groups[gid] = group
+        self.group_of[node] = gid
+
+    def _external_reach(self, node: Node, group: Group, gids: set[int]) -> bool:
+        def external(m):
+            return [s for s in m.srcs if group.edge_dims(s) is None]
+
+        return self.external_edges_reach([node], external, gids)
+
+    def _merged_candidate(self, candidates: list[int]) -> int | None:
+        """Merge several operand groups with one domain into the first, when that keeps them convex."""
+        if len(candidates) < 2:
+            return None
+        first = self.groups[candidates[0]]
+        same = [g for g in candidates if self.groups[g].shape == first.shape and self.groups[g].reduce == first.reduce
+                and _device(self.groups[g]) == _device(first)]
+        if len(same) < 2:
+            return None
+        gids = set(same)
+        for gid in same:
+            group = self.groups[gid]
+            others = gids - {gid}
+
+            def external(m, group=group):
+                return [s for s in m.srcs if group.edge_dims(s) is None]
+
+            if self.external_edges_reach(group.members, external, others):
+                return None
+        target = self.groups[same[0]]
+        for gid in same[1:]:
+            other = self.groups.pop(gid)
+            target.members += other.members
+            target.dims.update(other.dims)
+            self.parent[gid] = same[0]
+        target.members.sort(key=self.order.__getitem__)
+        return same[0]
+
+    def materialize_constants(self, graph: Graph) -> None:
+        """A constant read by something other than a group (a library call, an output) needs a buffer."""
+        grouped = set(self.group_of)
+        for node in graph.body:
+            if node.kind == "view" or node in grouped:
+                continue
+            for src in node.srcs:
+                base = view_chain(src)[0]
+                if fusion_kind(base) == "constant" and base not in self.group_of:
+                    self._own_group(base)
+        for root in graph.roots():
+            base = view_chain(root)[0]
+            if fusion_kind(base) == "constant" and base not in self.group_of:
+                self._own_group(base)
+
+    def _own_group(self, node: Node) -> None:
+        gid = len(self.parent)
+        self.parent[gid] = gid
+        self.groups[gid] = Group(node.type.shape, (), [node], {node: tuple(
+            j if s != 1 else None for j, s in enumerate(node.type.shape))})
+        self.group_of[node] = gid
+
+
+def partition(graph: Graph) -> list[Group]:
+    part = _Partition({n: k for k, n in enumerate(graph.body)})
+    for node in graph.body:
+        part.add(node)
+    part.materialize_constants(graph)
+    groups = list(part.groups.values())
+    _mark_outputs(graph, groups)
+    return groups
+
+
+def _mark_outputs(graph: Graph, groups: list[Group]) -> None:
+    """A member is stored when something outside its group reads it (through views or not), or it is a root."""
+    owner = {m: g for g in groups for m in g.members}
+    needed = {view_chain(r)[0] for r in graph.roots()}
+    for node in graph.body:
+        if node.kind == "view":
+            continue
+        group = owner.get(node)
+        for src in node.srcs:
+            base = view_chain(src)[0]
+            if base in owner and (group is not owner[base] or group.edge_dims(src) is None):
+                needed.add(base)
+    for g in groups:
+        g.outputs = [m for m in g.members if m in needed]
+
+
+# ---------------------------------------------------------------------------- siblings and horizontal fusion
+
+def _levels(graph: Graph, groups: list[Group]) -> list[int]:
+    """Each group's dependency depth counted in kernels and library calls (so equal levels are independent)."""
+    owner = {m: k for k, g in enumerate(groups) for m in g.members}
+    level: dict[Node, int] = {}
+    group_level = [0] * len(groups)
+    changed = True
+    while changed:
+        changed = False
+        for node in graph.body:
+            k = owner.get(node)
+            if k is not None:
+                deps = [s for s in node.srcs if groups[k].edge_dims(s) is None]
+                here = max((level.get(s, 0) + 1 for s in deps), default=0)
+                if here > group_level[k]:
+                    group_level[k], changed = here, True
+                new = group_level[k]
+            else:
+                new = max((level.get(s, 0) for s in node.srcs), default=0) + (fusion_kind(node) == "extern")
+            if level.get(node) != new:
+                level[node], changed = new, True
+    return group_level
+
+
+def _external_bases(group: Group) -> set[Node]:
+    return {view_chain(s)[0] for m in group.members for s in m.srcs if group.edge_dims(s) is None}
+
+
+def _merge_siblings(batch: list[Group]) -> list[Group]:
+    out: list[Group] = []
+    for group in batch:
+        for other in out:
+            if (other.shape == group.shape and other.reduce == group.reduce and _device(other) == _device(group)
+                    and _external_bases(other) & _external_bases(group)):
+                other.members += group.members
+                other.dims.update(group.dims)
+                other.outputs += group.outputs
+                break
+        else:
+            out.append(group)
+    return out
+
+
+def plan_kernels(graph: Graph, groups: list[Group]) -> list[FusedKernel]:
+    levels = _levels(graph, groups)
+    by_level: dict[tuple, list[Group]] = {}
+    for k, group in enumerate(groups):
+        by_level.setdefault((levels[k], str(_device(group))), []).append(group)
+    kernels = []
+    for key in sorted(by_level, key=lambda k: k[0]):
+        batch = _merge_siblings(by_level[key])
+        for start in range(0, len(batch), MAX_NESTS_PER_KERNEL):
+            kernels.append(_kernel(f"k{len(kernels)}", batch[start:start + MAX_NESTS_PER_KERNEL]))
+    return kernels
+
+
+def _kernel(prefix: str, groups: list[Group]) -> FusedKernel:
+    inputs: list[Node] = []
+    for g in groups:
+        for m in g.members:
+            for s in m.srcs:
+                if g.edge_dims(s) is None and s not in inputs and not is_inlined_constant(s, g):
+                    inputs.append(s)
+    ops = []
+    for g in groups:
+        for m in g.members:
+            name = m.op.split(".")[0].lstrip("_")
+            if m.op != "full" and name not in ops:
+                ops.append(name)
+    name = "_".join([prefix, *ops[:6]]) + ("_etc" if len(ops) > 6 else "")
+    return FusedKernel(name, groups, inputs, [o for g in groups for o in g.outputs])
+
+
+# ---------------------------------------------------------------------------- the pass
+
+def fuse(graph: Graph) -> Graph:
+    """Replace each kernel's members by one ``fused`` node (plus ``getitem`` per output when several)."""
+    kernels = plan_kernels(graph, partition(graph))
+    member_of = {m: k for k in kernels for g in k.groups for m in g.members}
+    fused: dict[int, Node] = {}
+    mapping: dict[Node, Node] = {n: n for n in graph.inputs}
+
+    def fused_node(kernel: FusedKernel) -> Node:
+        node = fused.get(id(kernel))
+        if node is None:
+            types = tuple(o.type for o in kernel.outputs)
+            node = Node("fused", tuple(mapping[s] for s in kernel.inputs), (kernel,),
+                        types[0] if len(types) == 1 else types)
+            fused[id(kernel)] = node
+        return node
+
+    def mapped(node: Node) -> Node:
+        kernel = member_of.get(node)
+        if kernel is None:
+            return node.replace(srcs=tuple(mapping[s] for s in node.srcs))
+        f = fused_node(kernel)
+        if len(kernel.outputs) == 1:
+            return f
+        k = kernel.outputs.index(node)
+        return Node("getitem", (f,), (k,), node.type)
+
+    for node in _kernel_order(graph, kernels, member_of):
+        if node in mapping:
+            continue
+        kernel = member_of.get(node)
+        if kernel is not None and node not in kernel.outputs:
+            continue
+        mapping[node] = mapped(node)
+    out = Graph(list(graph.inputs), [], [mapping[o] for o in graph.outputs],
+                [(i, mapping[v]) for i, v in graph.writes])
+    out.body = toposort(out.roots(), stop=set(graph.inputs))
+    for kernel in kernels:
+        kernel.graph_values = mapping
+    _log_kernels(kernels)
+    return out
+
+
+def _kernel_order(graph: Graph, kernels: list[FusedKernel], member_of: dict) -> list[Node]:
+    """Graph nodes in an order where every kernel's inputs come before its first output is mapped."""
+    order: list[Node] = []
+    seen: set[Node] = set(graph.inputs)
+
+    def visit(root: Node) -> None:
+        stack = [(root, False)]
+        while stack:
+            node, ready = stack.pop()
+            if ready:
+                order.append(node)
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            kernel = member_of.get(node)
+            deps = list(kernel.inputs) if kernel is not None else list(node.srcs)
+            stack.append((node, True))
+            stack.extend((d, False) for d in reversed(deps) if d not in seen)
+
+    for root in graph.roots():
+        visit(root)
+    return order
+
+
+def _log_kernels(kernels: list[FusedKernel]) -> None:
+    from tilewise.config import settings
+
+    if "fusion" not in settings.log:
+        return
+    from tilewise.compiler.ir import format_type
+
+    lines = []
+    for k in kernels:
+        lines.append(f"{k.name}: {len(k.groups)} nest(s), reads {len(k.inputs)}, writes {len(k.outputs)}")
+        for g in k.groups:
+            lines.append(f"  nest over {list(g.shape)} reducing dims {list(g.reduce)}:")
+            for m in g.members:
+                mark = " -> stored" if m in g.outputs else ""
+                lines.append(f"    {m.op} : {format_type(m.type)} dims {g.dims[m]}{mark}")
+    log("fusion", "\n".join(lines))

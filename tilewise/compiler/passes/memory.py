@@ -1,0 +1,174 @@
+"""Memory planning: one static buffer for every value a step materialises, reused when lifetimes allow.
+
+[Note: memory planning] After fusion the graph is a sequence of steps (kernels and library calls); views
+and ``getitem`` only name parts of other buffers. Each step's results get a buffer:
+
+* a value the function returns gets a fresh *output* buffer on every call (the caller keeps it);
+* a value written back into an input (an updated parameter, optimizer state) is stored straight into
+  that input's memory when that is safe: every other reader of the input runs earlier, and inside the
+  producing kernel the input is read only at the element being written (the usual ``p = p - lr * g``);
+  otherwise it goes to a temporary and a copy at the end of the program writes it back;
+* everything else lives in one *arena*, allocated once per compiled program: a value occupies its
+  bytes from the step that writes it to the last step that reads it, and values whose lifetimes do not
+  overlap share bytes (greedy placement, largest first). ``peak_bytes`` is the arena's size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tilewise.compiler.ir import Graph, Node, format_type
+from tilewise.compiler.kernel_ir import Kernel, buffer_of
+from tilewise.compiler.passes.fusion import fusion_kind
+
+ALIGN = 64
+
+
+@dataclass
+class Buffer:
+    kind: str  # "input" | "output" | "arena"
+    ty: object  # TensorType of the buffer (contiguous)
+    slot: int  # input index, output index, or arena byte offset
+
+
+@dataclass
+class Copy:
+    """At the end of a call: copy ``value`` (read through its views) into buffer ``dst``."""
+
+    value: Node
+    dst: int
+
+
+@dataclass
+class MemoryPlan:
+    buffers: list[Buffer] = field(default_factory=list)
+    of: dict[Node, int] = field(default_factory=dict)  # materialised value -> buffer
+    copies: list[Copy] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)  # graph output k -> buffer
+    arena_bytes: int = 0
+    unshared_bytes: int = 0  # what the arena would need without reuse
+
+    def describe(self) -> str:
+        lines = [f"memory plan: arena {self.arena_bytes} bytes (without reuse {self.unshared_bytes}), "
+                 f"{sum(b.kind == 'output' for b in self.buffers)} output buffer(s), {len(self.copies)} copy(ies)"]
+        for k, b in enumerate(self.buffers):
+            lines.append(f"  buffer {k}: {b.kind} {b.slot} : {format_type(b.ty)}")
+        return "\n".join(lines)
+
+
+def steps_of(graph: Graph) -> list[Node]:
+    """The nodes that run: kernels and library calls, in program order."""
+    return [n for n in graph.body if n.op == "fused" or (n.op != "getitem" and fusion_kind(n) == "extern")]
+
+
+def plan_memory(graph: Graph, kernels: dict[Node, Kernel]) -> MemoryPlan:
+    plan = MemoryPlan()
+    steps = steps_of(graph)
+    position = {s: k for k, s in enumerate(steps)}
+    produced = _produced_values(graph, steps)
+    for k, node in enumerate(graph.inputs):
+        plan.of[node] = _add(plan, Buffer("input", node.type, k))
+    last_use = _last_uses(graph, steps, position)
+    _assign_outputs(graph, plan, produced)
+    _assign_writes(graph, plan, produced, position, kernels, steps)
+    _assign_arena(plan, produced, position, last_use)
+    return plan
+
+
+def _add(plan: MemoryPlan, buffer: Buffer) -> int:
+    plan.buffers.append(buffer)
+    return len(plan.buffers) - 1
+
+
+def _produced_values(graph: Graph, steps: list[Node]) -> dict[Node, Node]:
+    """Materialised value -> the step that writes it."""
+    produced: dict[Node, Node] = {}
+    step_set = set(steps)
+    for node in graph.body:
+        if node in step_set and not node.is_tuple:
+            produced[node] = node
+        elif node.op == "getitem" and node.srcs[0] in step_set:
+            produced[node] = node.srcs[0]
+    return produced
+
+
+def _reads(step: Node) -> list[Node]:
+    return [buffer_of(s) for s in step.srcs]
+
+
+def _last_uses(graph: Graph, steps: list[Node], position: dict) -> dict[Node, int]:
+    last: dict[Node, int] = {}
+    for step in steps:
+        for value in _reads(step):
+            last[value] = max(last.get(value, -1), position[step])
+    end = len(steps)
+    for root in graph.roots():
+        last[buffer_of(root)] = end
+    return last
+
+
+def _assign_outputs(graph: Graph, plan: MemoryPlan, produced: dict) -> None:
+    for k, out in enumerate(graph.outputs):
+        if out in produced and out not in plan.of:
+            plan.of[out] = _add(plan, Buffer("output", out.type, k))
+            plan.outputs.append(plan.of[out])
+        else:
+            dst = _add(plan, Buffer("output", out.type, k))
+            plan.copies.append(Copy(out, dst))
+            plan.outputs.append(dst)
+
+
+def _assign_writes(graph: Graph, plan: MemoryPlan, produced: dict, position: dict, kernels: dict,
+                   steps: list[Node]) -> None:
+    targets = [v for _, v in graph.writes]
+    for inp, value in graph.writes:
+        dst = plan.of[inp]
+        step = produced.get(value)
+        if (step is not None and value not in plan.of and targets.count(value) == 1
+                and _in_place_ok(inp, value, step, position, kernels, steps)):
+            plan.of[value] = dst
+        else:
+            plan.copies.append(Copy(value, dst))
+
+
+def _in_place_ok(inp: Node, value: Node, step: Node, position: dict, kernels: dict, steps: list[Node]) -> bool:
+    kernel = kernels.get(step)
+    if kernel is None:
+        return False
+    for other in steps:
+        if inp in _reads(other) and position[other] > position[step]:
+            return False
+    if inp not in kernel.values:
+        return True
+    read = kernel.values.index(inp)
+    written = kernel.values.index(value)
+    for nest in kernel.nests:
+        stores = [s for s in nest.stores if s.param == written]
+        loads = [ld for ld in nest.loads if ld.param == read]
+        if not loads:
+            continue
+        if not stores or nest.reduce or any(ld.index != stores[0].index for ld in loads):
+            return False
+    return True
+
+
+def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: dict) -> None:
+    intervals = []
+    for value, step in produced.items():
+        if value in plan.of:
+            continue
+        start = position[step]
+        end = max(last_use.get(value, start), start)
+        size = -(-value.type.nbytes // ALIGN) * ALIGN
+        intervals.append((size, start, end, value))
+    placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
+    for size, start, end, value in sorted(intervals, key=lambda t: (-t[0], t[1])):
+        offset = 0
+        for o, s, _, _ in sorted(p for p in placed if not (p[3] < start or end < p[2])):
+            if offset + size <= o:
+                break
+            offset = max(offset, o + s)
+        placed.append((offset, size, start, end))
+        plan.of[value] = _add(plan, Buffer("arena", value.type, offset))
+        plan.arena_bytes = max(plan.arena_bytes, offset + size)
+        plan.unshared_bytes += size

@@ -1,0 +1,184 @@
+"""Programs: a compiled graph as a list of steps over a static buffer plan, and the build that makes one.
+
+[Note: programs] ``build_program`` runs the back half of the compiler on an optimised graph: fusion,
+lowering of each fused kernel to kernel IR, scheduling and rendering for the target (all kernels of a
+program go into one C translation unit), the toolchain, and memory planning. The result is a
+``Program``: steps in order — a generated kernel (``KernelStep``: one ctypes call with buffer
+pointers), a library call or fallback operator (``ExternStep``: the CPU backend's kernel on tensors that
+view the planned buffers; ``mm``/``bmm`` write their result straight into its buffer), and end-of-call
+copies (write-backs that could not be done in place, outputs that are views of other values). Running
+it binds the inputs' storages, allocates the outputs, and walks the steps. The arena of intermediate
+buffers is allocated once, when the program is built.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tilewise.compiler.ir import Graph, Node, format_graph, verify
+from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry, lower
+from tilewise.compiler.passes.fusion import fuse
+from tilewise.compiler.passes.memory import MemoryPlan, plan_memory, steps_of
+from tilewise.compiler.render.c import C
+from tilewise.compiler.render.fused import render_program
+from tilewise.compiler.schedule import KernelSchedule, schedule
+from tilewise.compiler.toolchain.cc import default_c_cache
+from tilewise.config import log, settings
+from tilewise.device import cpu
+from tilewise.storage import Storage
+from tilewise.tensor import Tensor
+
+LANGUAGES = {"c": C}
+
+
+def strided_tensor(array: np.ndarray, value: Node, geom: tuple) -> Tensor:
+    """A tensor viewing a flat buffer with a value's geometry (how library calls see planned buffers)."""
+    dtype = value.type.dtype
+    shape, strides, offset = geom
+    return Tensor._make(Storage(array, cpu, dtype, array.shape[0]), tuple(shape), tuple(strides), offset, dtype, cpu)
+
+
+class KernelStep:
+    def __init__(self, kernel: Kernel, function, buffers: list[int]):
+        self.kernel = kernel
+        self.function = function
+        self.buffers = buffers
+        function.argtypes = [ctypes.c_void_p] * len(buffers)
+        function.restype = None
+
+    def run(self, arrays: list, pointers: list) -> None:
+        self.function(*[pointers[b] for b in self.buffers])
+
+    def describe(self) -> str:
+        return f"kernel {self.kernel.name}({', '.join(f'b{b}' for b in self.buffers)})"
+
+
+class ExternStep:
+    """An operator no kernel holds, run by the CPU backend on tensors viewing the planned buffers."""
+
+    def __init__(self, node: Node, plan: MemoryPlan, results: list[Node | None]):
+        self.node = node
+        self.op = node.opdef
+        self.inputs = [(plan.of[buffer_of(s)], s, geometry(s)) for s in node.srcs]
+        self.outputs = [(plan.of[r], r) if r is not None else None for r in results]
+        self.direct = self.op.kind == "matmul" and node.type.dtype.name in ("float32", "float64")
+
+    def run(self, arrays: list, pointers: list) -> None:
+        tensors = [strided_tensor(arrays[b], value, geom) for b, value, geom in self.inputs]
+        if self.direct:
+            buffer, value = self.outputs[0]
+            np.matmul(tensors[0]._np(), tensors[1]._np(), out=arrays[buffer].reshape(value.type.shape))
+            return
+        from tilewise.backends.cpu import run as cpu_run
+
+        result = cpu_run(self.op, self.node.bound_args(tensors), cpu)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        for out, produced in zip(self.outputs, results):
+            if out is not None:
+                buffer, value = out
+                np.copyto(arrays[buffer].reshape(value.type.shape), produced._np(), casting="unsafe")
+
+    def describe(self) -> str:
+        outs = ", ".join(f"b{o[0]}" for o in self.outputs if o is not None)
+        return f"call {self.node.op}({', '.join(f'b{b}' for b, _, _ in self.inputs)}) -> {outs}"
+
+
+class CopyStep:
+    def __init__(self, value: Node, src: int, dst: int):
+        self.value, self.src, self.dst = value, src, dst
+        self.geometry = geometry(value)
+
+    def run(self, arrays: list, pointers: list) -> None:
+        source = strided_tensor(arrays[self.src], self.value, self.geometry)._np()
+        np.copyto(arrays[self.dst].reshape(self.value.type.shape), source, casting="unsafe")
+
+    def describe(self) -> str:
+        return f"copy b{self.src} -> b{self.dst}"
+
+
+@dataclass
+class Program:
+    graph: Graph  # after fusion
+    plan: MemoryPlan
+    steps: list
+    kernels: list[Kernel]
+    schedules: list[KernelSchedule]
+    source: str
+    arrays: list = field(default_factory=list)  # per buffer: the arena view, or None (bound per call)
+    pointers: list = field(default_factory=list)
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Run on the inputs' flat storage arrays; return the flat output arrays."""
+        arrays, pointers = list(self.arrays), list(self.pointers)
+        for k, buf in enumerate(self.plan.buffers):
+            if buf.kind == "input":
+                array = inputs[buf.slot]
+            elif buf.kind == "output":
+                array = np.empty(buf.ty.numel, dtype=buf.ty.dtype.np)
+            else:
+                continue
+            arrays[k], pointers[k] = array, array.ctypes.data
+        for step in self.steps:
+            step.run(arrays, pointers)
+        return [arrays[b] for b in self.plan.outputs]
+
+    def describe(self) -> str:
+        lines = [self.plan.describe(), "steps:"]
+        lines += [f"  {k}: {step.describe()}" for k, step in enumerate(self.steps)]
+        return "\n".join(lines)
+
+    @property
+    def kernel_count(self) -> int:
+        return sum(isinstance(s, KernelStep) for s in self.steps)
+
+
+def build_program(graph: Graph, target: str = "c") -> Program:
+    """Fuse, lower, schedule, render, compile and plan memory for an optimised graph."""
+    fused = verify(fuse(graph), "fuse")
+    log("graph", format_graph(fused, "after fuse"))
+    kernels: dict[Node, Kernel] = {}
+    for node in fused.body:
+        if node.op == "fused":
+            kernels[node] = lower(node.args[0])
+    schedules = [schedule(k, target) for k in kernels.values()]
+    source = render_program(schedules, LANGUAGES[target]) if schedules else ""
+    library = default_c_cache().load(source) if schedules else None
+    plan = plan_memory(fused, kernels)
+    program = Program(fused, plan, _steps(fused, plan, kernels, library), list(kernels.values()), schedules, source)
+    _allocate_arena(program)
+    if "kernels" in settings.log:
+        log("kernels", "\n\n".join([*(str(k) for k in program.kernels), *(s.describe() for s in schedules),
+                                    program.describe(), source]))
+    return program
+
+
+def _steps(fused: Graph, plan: MemoryPlan, kernels: dict[Node, Kernel], library) -> list:
+    getitems: dict[Node, dict[int, Node]] = {}
+    for node in fused.body:
+        if node.op == "getitem":
+            getitems.setdefault(node.srcs[0], {})[node.args[0]] = node
+    steps: list = []
+    for node in steps_of(fused):
+        if node.op == "fused":
+            kernel = kernels[node]
+            steps.append(KernelStep(kernel, getattr(library, kernel.name), [plan.of[v] for v in kernel.values]))
+        else:
+            results = [node] if not node.is_tuple else [getitems.get(node, {}).get(k) for k in range(len(node.type))]
+            steps.append(ExternStep(node, plan, results))
+    for copy in plan.copies:
+        steps.append(CopyStep(copy.value, plan.of[buffer_of(copy.value)], copy.dst))
+    return steps
+
+
+def _allocate_arena(program: Program) -> None:
+    plan = program.plan
+    arena = np.empty(max(plan.arena_bytes, 1), dtype=np.uint8)
+    program.arrays = [None] * len(plan.buffers)
+    program.pointers = [0] * len(plan.buffers)
+    for k, buf in enumerate(plan.buffers):
+        if buf.kind == "arena":
+            view = arena[buf.slot:buf.slot + buf.ty.nbytes].view(buf.ty.dtype.np)
+            program.arrays[k], program.pointers[k] = view, view.ctypes.data

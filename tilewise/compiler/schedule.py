@@ -1,0 +1,135 @@
+"""Scheduling: how each nest of a kernel runs on a target — loop order, parallelism, vectorisation.
+
+[Note: scheduling] The kernel IR fixes *what* a nest computes; a schedule fixes *how*. First, for any
+target, ``coalesce`` merges neighbouring domain dims that every index walks as one (a contiguous
+[4096, 4096] pointwise nest becomes one loop of 16M) and drops size-1 dims. Then the target's scheduler
+picks a strategy and records why, so ``TILEWISE_LOG=kernels`` shows the choice next to the code:
+
+* C (OpenMP): loops over the kept dims outermost, one loop over the reduced dims per phase inside them.
+  Enough rows: the kept loops are shared among threads (``parallel for``). A whole-tensor reduction
+  (one row): the reduced loop is cut into fixed chunks, each chunk folded by one thread into a partial
+  result, the partials combined in chunk order afterwards — so the result does not depend on the thread
+  count. Small nests stay serial (forking threads costs more than they save). Reduction loops whose
+  combiner is ``add``/``mul`` and that store nothing get ``omp simd reduction``, which lets the C
+  compiler vectorise the accumulation (reassociating it, as numpy's pairwise sum does).
+
+The CUDA scheduler (grid/block mapping, 16-byte vector access, warp/block/split reductions) plugs in at
+``schedule`` beside the C one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tilewise import _strides as S
+from tilewise.compiler.kernel_ir import Index, Kernel, Nest, Store
+
+PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a nest runs on one thread
+PARALLEL_MIN_ROWS = 8  # fewer kept-dim iterations than this: split the reduction instead
+SPLIT_CHUNKS = 64
+SIMD_COMBINERS = ("add", "mul")
+
+
+# ---------------------------------------------------------------------------- coalescing
+
+def _stride(index: Index, dim: int) -> int:
+    return dict(index.terms).get(dim, 0)
+
+
+def coalesce(nest: Nest) -> Nest:
+    """Merge adjacent dims (both kept or both reduced) that every index walks contiguously; drop size 1."""
+    indices = [ld.index for ld in nest.loads] + [st.index for st in nest.stores]
+    groups: list[list[int]] = []
+    for d in range(len(nest.shape)):
+        if nest.shape[d] == 1:
+            continue
+        if groups:
+            prev = groups[-1][-1]
+            same_kind = (prev in nest.reduce) == (d in nest.reduce)
+            if same_kind and all(_stride(ix, prev) == _stride(ix, d) * nest.shape[d] for ix in indices):
+                groups[-1].append(d)
+                continue
+        groups.append([d])
+    new_of = {}
+    for k, g in enumerate(groups):
+        for d in g:
+            new_of[d] = k
+
+    def reindex(index: Index) -> Index:
+        terms = {}
+        for d, s in index.terms:
+            k = new_of[d]
+            if d == groups[k][-1]:
+                terms[k] = s
+        return Index(index.offset, tuple(sorted(terms.items())))
+
+    shape = tuple(S.numel([nest.shape[d] for d in g]) for g in groups)
+    reduce = tuple(k for k, g in enumerate(groups) if g[0] in nest.reduce)
+    out = Nest(shape, reduce, [type(ld)(ld.param, reindex(ld.index), ld.dtype) for ld in nest.loads],
+               list(nest.reductions),
+               [Store(st.param, reindex(st.index), st.value, st.dtype, st.phase) for st in nest.stores])
+    return out
+
+
+# ---------------------------------------------------------------------------- schedules
+
+@dataclass
+class NestSchedule:
+    nest: Nest
+    parallel: str  # "none" | "rows" (kept loops shared among threads) | "split" (reduction cut in chunks)
+    chunks: int = 0
+    simd_phases: tuple[int, ...] = ()  # phases whose reduction loop is `omp simd reduction`
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class KernelSchedule:
+    kernel: Kernel
+    target: str
+    nests: list[NestSchedule]
+
+    def describe(self) -> str:
+        lines = [f"schedule of {self.kernel.name} for {self.target}:"]
+        for k, ns in enumerate(self.nests):
+            lines.append(f"  nest {k}: domain {list(ns.nest.shape)} reducing {list(ns.nest.reduce)}: "
+                         f"{ns.parallel}" + (f" ({ns.chunks} chunks)" if ns.parallel == "split" else "")
+                         + "".join(f"; {n}" for n in ns.notes))
+        return "\n".join(lines)
+
+
+def schedule_c(nest: Nest) -> NestSchedule:
+    nest = coalesce(nest)
+    work = S.numel(nest.shape)
+    rows = S.numel([nest.shape[d] for d in nest.outer])
+    notes = [f"{work} elements, {rows} row(s)"]
+    if work < PARALLEL_MIN_ELEMENTS:
+        parallel = "none"
+        notes.append("too small to fork threads")
+    elif rows >= PARALLEL_MIN_ROWS:
+        parallel = "rows"
+    elif rows == 1 and nest.phases == 1 and all(st.phase is None for st in nest.stores) and nest.reductions:
+        parallel = "split"
+        notes.append("one row: reduction split into chunks")
+    else:
+        parallel = "rows" if rows > 1 else "none"
+    simd = tuple(p for p in range(nest.phases) if _simd_phase(nest, p))
+    if simd:
+        notes.append(f"simd reduction in phase(s) {list(simd)}")
+    return NestSchedule(nest, parallel, SPLIT_CHUNKS if parallel == "split" else 0, simd, notes)
+
+
+def _simd_phase(nest: Nest, phase: int) -> bool:
+    reds = [r for r in nest.reductions if r.phase == phase]
+    stores = [s for s in nest.stores if s.phase == phase]
+    return bool(reds) and not stores and all(r.combiner in SIMD_COMBINERS and r.dtype.name != "bool" for r in reds)
+
+
+SCHEDULERS = {"c": schedule_c}
+
+
+def schedule(kernel: Kernel, target: str) -> KernelSchedule:
+    try:
+        scheduler = SCHEDULERS[target]
+    except KeyError:
+        raise NotImplementedError(f"no scheduler for target {target!r}; targets: {sorted(SCHEDULERS)}") from None
+    return KernelSchedule(kernel, target, [scheduler(nest) for nest in kernel.nests])
