@@ -28,13 +28,13 @@ def contiguous_strides(shape: Sequence[int]) -> Shape:
 
 
 def is_contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """Row-major dense; size-1 dimensions may carry any stride (torch's rule)."""
+    """Row-major dense; size-1 dimensions may carry any stride, and empty tensors are contiguous (torch's rule)."""
+    if 0 in shape:
+        return True
     expected = 1
     for size, stride in zip(reversed(shape), reversed(strides)):
         if size == 1:
             continue
-        if size == 0:
-            return True
         if stride != expected:
             return False
         expected *= size
@@ -43,14 +43,26 @@ def is_contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
 
 def is_non_overlapping_and_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """Some permutation of the dimensions is contiguous: the tensor covers a dense block of memory once."""
+    if 0 in shape:
+        return True
     dims = sorted((stride, size) for size, stride in zip(shape, strides) if size != 1)
     expected = 1
     for stride, size in dims:
-        if size == 0:
-            return True
         if stride != expected:
             return False
         expected *= size
+    return True
+
+
+def is_non_overlapping(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """No two elements of the view share a storage position (dims sorted by stride must nest)."""
+    extent = 0
+    for stride, size in sorted((st, sz) for sz, st in zip(shape, strides) if sz != 1):
+        if size == 0:
+            return True
+        if stride <= extent:
+            return False
+        extent += (size - 1) * stride
     return True
 
 
@@ -114,6 +126,9 @@ def expand_strides(shape: Sequence[int], strides: Sequence[int], target: Sequenc
             raise RuntimeError(
                 f"{op}: the expanded size of the tensor ({want}) must match the existing size ({have}) at "
                 f"non-singleton dimension {k}. Target sizes: {list(target)}. Tensor sizes: {list(shape)}")
+    sizes = expanded_shape(shape, target)
+    for k in range(lead - 1, -1, -1):  # a new size-1 dim gets the stride it would have if contiguous, as in torch
+        out[k] = sizes[k + 1] * out[k + 1] if sizes[k] == 1 and k + 1 < len(target) else 0
     return tuple(out)
 
 
@@ -147,7 +162,9 @@ def view_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Sequen
     Same algorithm as torch's computeStride: split the old dims into contiguous chunks and require every
     chunk of the new shape to fall inside one old chunk.
     """
-    if numel(shape) == 0:
+    if numel(shape) == 0 and tuple(shape) == tuple(new_shape):
+        return tuple(strides)  # torch keeps an empty tensor's strides when the shape does not change
+    if numel(shape) == 0 or not shape:  # empty, or 0-dim: any view of it is contiguous
         return contiguous_strides(new_shape)
     new_strides = [0] * len(new_shape)
     view_d = len(new_shape) - 1
@@ -208,3 +225,25 @@ def sum_to_dims(shape: Sequence[int], target: Sequence[int]) -> tuple[Shape, Sha
     leading = tuple(range(lead))
     kept = tuple(k + lead for k, t in enumerate(target) if t == 1 and shape[k + lead] != 1)
     return leading, kept
+
+
+def coalesce(shape: Sequence[int], *strides: Sequence[int]) -> tuple[Shape, tuple[Shape, ...]]:
+    """Merge adjacent dims that every operand walks as one (``stride[k] == stride[k+1] * shape[k+1]``) and drop
+    size-1 dims, so a kernel indexes the fewest dims; a fully contiguous view becomes one dim.
+
+    >>> coalesce((2, 3, 4), (12, 4, 1), (0, 4, 1))
+    ((2, 12), ((12, 1), (0, 1)))
+    """
+    dims = [k for k, n in enumerate(shape) if n != 1]
+    out_shape: list[int] = []
+    out_strides: list[list[int]] = [[] for _ in strides]
+    for k in dims:
+        if out_shape and all(st[-1] == s[k] * shape[k] for st, s in zip(out_strides, strides)):
+            out_shape[-1] *= shape[k]
+            for st, s in zip(out_strides, strides):
+                st[-1] = s[k]
+            continue
+        out_shape.append(shape[k])
+        for st, s in zip(out_strides, strides):
+            st.append(s[k])
+    return tuple(out_shape), tuple(tuple(st) for st in out_strides)

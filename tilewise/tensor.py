@@ -137,6 +137,8 @@ class Tensor:
 
     def data_ptr(self) -> int:
         self._require_real("data_ptr")
+        if not self.numel():
+            return 0  # torch: an empty tensor points at nothing
         return self._storage.data_ptr() + self._offset * self._dtype.itemsize
 
     @property
@@ -163,8 +165,11 @@ class Tensor:
                 raise RuntimeError(
                     f"expected a CPU tensor, got one on {self._device}; use .cpu() to copy it to the host")
             size = self._dtype.itemsize
-            a = np.ndarray(self._shape, self._dtype.np, self._storage.data, self._offset * size,
-                           tuple(s * size for s in self._strides))
+            if 0 in self._shape:  # an empty view may point anywhere, even past the end of its storage
+                a = np.empty(self._shape, self._dtype.np)
+            else:
+                a = np.ndarray(self._shape, self._dtype.np, self._storage.data, self._offset * size,
+                               tuple(s * size for s in self._strides))
             self._array = a
         return a
 

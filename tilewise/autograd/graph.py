@@ -232,10 +232,12 @@ class OpNode(Node):
 
 
 def _fit_grad(g, meta, op_name: str, input_name: str):
-    """Reduce a broadcast gradient to the input's shape and dtype."""
+    """Reduce a broadcast gradient to the input's shape and dtype, on the input's device."""
     if g is None:
         return None
-    shape, dtype = meta
+    shape, dtype, device = meta
+    if g._device is not device:
+        g = g.to(device)
     if g._shape != shape:
         try:
             g = g.sum_to_size(shape)
@@ -289,13 +291,15 @@ def record(op, args: tuple):
             continue
         if type(args[k]) is Tensor:
             node.shapes[p.name] = args[k]._shape
+        elif p.is_list:  # a list's shapes, so a formula like cat's need not save the tensors themselves
+            node.shapes[p.name] = tuple(a._shape if type(a) is Tensor else () for a in args[k])
         diff = op.derivatives.get(p.name) is not None
         items = [(args[k], None)] if not p.is_list else [(a, i) for i, a in enumerate(args[k])]
         for a, pos in items:
             node.slots.append((k, pos))
             if diff and _needs_grad(a):
                 edges.append(edge(a))
-                metas.append((a._shape, a._dtype))
+                metas.append((a._shape, a._dtype, a._device))
                 wanted.add(p.name)
             else:
                 edges.append((None, 0))

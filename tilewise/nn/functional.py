@@ -5,7 +5,7 @@ Everything here is a declared operator (``tilewise/ops``); this module only gath
 
 from __future__ import annotations
 
-import tilewise as _tw
+import tilewise as _tw  # noqa: F401 — loads every declaration before the names are gathered
 from tilewise.ops.registry import OVERLOADS, public_function
 
 _NN_OPS = ("relu", "relu6", "leaky_relu", "threshold", "hardtanh", "gelu", "silu", "mish", "softplus", "hardswish",
@@ -21,5 +21,3 @@ def _export(names) -> None:
 
 _export(_NN_OPS)
 _export(name for name, ops in OVERLOADS.items() if ops[0].attrs.get("functional"))
-
-pad = getattr(_tw, "pad", None)

@@ -38,6 +38,23 @@ def minmax_backward(grad, self, result, dim, keepdim):
     return grad_expanded(grad, self.shape, dim, keepdim) * mask / count
 
 
+def norm_backward(grad, self, result, p, dim, keepdim):
+    """torch's norm_backward: finite (zero) gradient where the norm is zero, for every p."""
+    g = grad_expanded(grad, self.shape, dim, keepdim)
+    n = grad_expanded(result, self.shape, dim, keepdim)
+    zero = n == 0
+    if p is None or p == 2 or p == "fro":
+        return g * self / n.masked_fill(zero, 1.0) * ~zero
+    if p == 1:
+        return g * self.sign()
+    if p == 0:
+        return g * 0
+    if p in (float("inf"), float("-inf")):
+        return minmax_backward(grad, self.abs(), result, dim, keepdim) * self.sign()
+    scaled = self * self.abs() ** (p - 2) / n.masked_fill(zero, 1.0) ** (p - 1)
+    return g * scaled * ~zero
+
+
 def prod_backward(grad, self, result, dim, keepdim):
     """d prod / d x_i = product of the other elements; computed without dividing, so zeros are handled."""
     if dim in (None, (), []):

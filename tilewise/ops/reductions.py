@@ -129,6 +129,6 @@ def _norm(self, p=2, dim=None, keepdim=False, dtype=None):
 
 
 composite("norm(Tensor self, Scalar? p=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
-          _norm)
+          _norm, {"self": "norm_backward(grad, self, result, p, dim, keepdim)"})
 composite("count_nonzero(Tensor self, int[1]? dim=None) -> Tensor", lambda self, dim=None: (self != 0).sum(dim),
           differentiable=False)

@@ -13,6 +13,7 @@ name; nothing else keeps a list of operators.
 from __future__ import annotations
 
 import inspect
+from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -146,7 +147,7 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
     )
     if expr is not None:
         op.expr = _symbolic_expr(expr, s)
-    op.binder = make_binder(s, s.name)
+    op.binder = make_binder(s, s.name, tensor_varargs=attrs.get("varargs", False))
     op.tensor_idx = tuple(k for k, p in enumerate(s.params) if p.is_tensor)
     op.list_idx = tuple(k for k, p in enumerate(s.params) if p.is_tensor_list)
     OPS[s.full_name] = op
@@ -182,6 +183,20 @@ def resolve(name: str, args: tuple, kwargs: dict):
 
 
 _PUBLIC: dict[str, Callable] = {}
+_RETURN_TYPES: dict[str, type] = {}
+
+
+def return_type(op: "OpDef") -> type | None:
+    """torch.return_types-style named tuple for operators whose schema names several results."""
+    returns = op.schema.returns
+    if len(returns) < 2 or not all(r.name for r in returns):
+        return None
+    cls = _RETURN_TYPES.get(op.full_name)
+    if cls is None:
+        cls = namedtuple(op.name, [r.name for r in returns])
+        cls.__module__ = "tilewise.return_types"
+        _RETURN_TYPES[op.full_name] = cls
+    return cls
 
 
 def public_function(name: str) -> Callable:
@@ -191,7 +206,8 @@ def public_function(name: str) -> Callable:
     from tilewise.dispatch import call as dispatch_call
 
     overloads = OVERLOADS[name]
-    if len(overloads) == 1:
+    named = {op: return_type(op) for op in overloads if return_type(op) is not None}
+    if len(overloads) == 1 and not named:
         op = overloads[0]
         binder = op.binder
 
@@ -203,7 +219,9 @@ def public_function(name: str) -> Callable:
 
         def fn(*args, **kwargs):
             op, bound = resolve(name, args, kwargs)
-            return dispatch_call(op, bound)
+            out = dispatch_call(op, bound)
+            cls = named.get(op)
+            return cls(*out) if cls is not None else out
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = "\n".join(o.schema.text for o in overloads) + ("\n\n" + overloads[0].doc if overloads[0].doc else "")

@@ -332,9 +332,13 @@ def _checker_for(p: Param):
     return _CHECKERS[p.type]
 
 
-def _varargs_param(schema: Schema) -> int | None:
-    """torch lets a required size/dims list after a tensor be spelled as varargs: x.view(2, 3), x.permute(1, 0)."""
+def _varargs_param(schema: Schema, tensor_varargs: bool = False) -> int | None:
+    """torch lets a required size/dims list after a tensor be spelled as varargs: x.view(2, 3), x.permute(1, 0);
+    operators declared with ``varargs=True`` take their trailing tensor list so: meshgrid(x, y), einsum(eq, a, b)."""
     positional = [k for k, p in enumerate(schema.params) if not p.kwarg_only]
+    if tensor_varargs:
+        last = schema.params[positional[-1]]
+        return positional[-1] if last.is_tensor_list and not last.has_default else None
     if len(positional) != 2 or not schema.params[0].is_tensor:
         return None
     p = schema.params[positional[1]]
@@ -343,18 +347,19 @@ def _varargs_param(schema: Schema) -> int | None:
     return None
 
 
-def make_binder(schema: Schema, op_name: str | None = None):
+def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool = False):
     """A function with the schema's signature that returns the normalised arguments as a tuple."""
     op_name = op_name or schema.name
     sig, body, ns = [], [], {}
     star_done = False
-    varargs = _varargs_param(schema)
+    varargs = _varargs_param(schema, tensor_varargs)
     for k, p in enumerate(schema.params):
         if k == varargs:
             sig.append(f"*{p.name}")
             star_done = True
-            body.append(f"    {p.name} = {p.name}[0] if len({p.name}) == 1 and not isinstance({p.name}[0], int) "
-                        f"else {p.name}")
+            packed = f"isinstance({p.name}[0], (list, tuple))" if p.is_list and p.type == "Tensor" else \
+                f"not isinstance({p.name}[0], int)"
+            body.append(f"    {p.name} = {p.name}[0] if len({p.name}) == 1 and {packed} else {p.name}")
         elif p.kwarg_only and not star_done:
             sig.append("*")
             star_done = True

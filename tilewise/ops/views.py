@@ -16,10 +16,21 @@ from tilewise.tensor import Tensor
 def apply_view(op, args: tuple) -> Tensor:
     x = args[0]
     shape, strides, offset = op.view(x._shape, x._strides, x._offset, *args[1:])
+    if op.name == "as_strided" and x._storage is not None:
+        _check_in_storage(shape, strides, offset, x)
     out = Tensor._make(x._storage, tuple(shape), tuple(strides), offset, x._dtype, x._device)
     out._base = x._base if x._base is not None else x
     out._trace = x._trace
     return out
+
+
+def _check_in_storage(shape, strides, offset, x: Tensor) -> None:
+    """as_strided is the one view whose geometry is chosen by the caller: it must stay inside the storage."""
+    needed = S.storage_span(shape, strides, offset)
+    if needed > x._storage.size:
+        raise RuntimeError(f"as_strided: sizes {list(shape)}, strides {list(strides)}, storage offset {offset} need a "
+                           f"storage of {needed} elements, but the storage has {x._storage.size}; valid views stay "
+                           "inside the storage")
 
 
 def view_geometry(op_name: str, shape: tuple, *args) -> tuple:
@@ -100,7 +111,7 @@ def _slice(shape, strides, offset, dim=0, start=None, end=None, step=1):
     length = max(0, (end - start + step - 1) // step)
     new_shape = shape[:d] + (length,) + shape[d + 1:]
     new_strides = strides[:d] + (strides[d] * step,) + strides[d + 1:]
-    return new_shape, new_strides, offset + (start * strides[d] if length else 0)
+    return new_shape, new_strides, offset + start * strides[d]
 
 
 def _as_strided(shape, strides, offset, size, stride, storage_offset=None):

@@ -140,7 +140,7 @@ def run_reduction(op, args: tuple):
 
 
 def _load_kernels() -> None:
-    from tilewise.backends.cpu import kernels  # noqa: F401 — registers the hand-written kernels
+    from tilewise.backends.cpu import kernels, movement_kernels  # noqa: F401 — registers the hand-written kernels
 
 
 def inputs_used(op) -> int:

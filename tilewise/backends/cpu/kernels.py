@@ -264,7 +264,11 @@ def view_scatter_add(grad, input_shape, view_shape, view_strides, view_offset):
 
     out = np.zeros(S.numel(input_shape), dtype=grad.dtype.np)
     positions = _view_positions(view_shape, view_strides, view_offset)
-    np.add.at(out, positions, np.broadcast_to(grad._np(), tuple(view_shape)).reshape(-1))
+    values = np.broadcast_to(grad._np(), tuple(view_shape)).reshape(-1)
+    if S.is_non_overlapping(view_shape, view_strides):
+        out[positions] = values  # each position once: plain assignment, far cheaper than add.at
+    else:
+        np.add.at(out, positions, values)
     return _out(out.reshape(input_shape), grad.dtype)
 
 
