@@ -203,9 +203,14 @@ class TransformerEncoderLayer(Module):
 
 
 class TransformerEncoder(Module):
-    """``num_layers`` independent copies of ``encoder_layer``, applied in order, then an optional norm."""
+    """``num_layers`` independent copies of ``encoder_layer``, applied in order, then an optional norm.
 
-    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: Module | None = None) -> None:
+    ``enable_nested_tensor`` and ``mask_check`` are accepted so torch code runs unchanged; they select fast
+    paths of torch's and change no result.
+    """
+
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: Module | None = None,
+                 enable_nested_tensor: bool = True, mask_check: bool = True) -> None:
         super().__init__()
         self.layers = ModuleList([copy.deepcopy(encoder_layer) for _ in range(num_layers)])
         self.num_layers = num_layers

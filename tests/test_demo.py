@@ -1,0 +1,51 @@
+"""The main job, run as the README runs it: ``python -m tilewise demo`` in a subprocess."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import tilewise as tw
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tilewise(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tilewise", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_demo_trains_reports_samples_and_plots(tmp_path):
+    out = tmp_path / "demo"
+    run = _tilewise("demo", "--steps", "24", "--model-size", "tiny", "--seed", "3", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    text = run.stdout
+    baseline = float(re.search(r"unigram baseline on validation text: ([\d.]+) nats/char", text).group(1))
+    first, last = map(float, re.search(r"train loss: first step ([\d.]+) → last step ([\d.]+)", text).groups())
+    val = [float(v) for v in re.findall(r"validation loss ([\d.]+)\n", text)]
+    assert 2.5 < baseline < 3.5
+    assert last < first and len(val) >= 2 and val[-1] < val[0]
+    assert "tokens/s" in text and re.search(r"vs unigram baseline [\d.]+", text)
+    sample = text.split("sample (temperature 0.8):\n", 1)[1].split("\nloss curve:", 1)[0]
+    assert len(sample.replace("\n", "")) >= 250
+    png = Path(re.search(r"loss curve: (.+\.png)", text).group(1))
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    checkpoint = tw.load(out / "char_gpt.safetensors")
+    assert checkpoint["config"]["n_layer"] == 1 and len(checkpoint["chars"]) == checkpoint["config"]["vocab_size"]
+
+
+def test_help_lists_the_commands():
+    run = _tilewise("--help")
+    assert run.returncode == 0
+    for command in ("demo", "info", "explain", "bench"):
+        assert command in run.stdout
+
+
+def test_info_and_compiler_placeholders():
+    info = _tilewise("info")
+    assert info.returncode == 0 and "operators declared" in info.stdout and "best device" in info.stdout
+    for command in ("explain", "bench"):
+        run = _tilewise(command)
+        assert run.returncode == 2 and "needs tilewise's compiler" in run.stderr and run.stdout == ""

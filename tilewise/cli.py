@@ -1,0 +1,163 @@
+"""The ``tilewise`` command line (also ``python -m tilewise``): ``demo``, ``info``, ``explain``, ``bench``.
+
+``demo`` is the main job: it trains the character-level GPT of ``tilewise.models`` and reports as it goes.
+``explain`` and ``bench`` belong to the compiler and say so until it is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from pathlib import Path
+
+_DEMO_EXTRA = "pip install -e \".[demo]\""
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tilewise.models.demo import MODEL_SIZES, DemoSettings
+
+    defaults = DemoSettings()
+    parser = argparse.ArgumentParser(prog="tilewise", description="tilewise: a deep-learning framework and compiler "
+                                     "with PyTorch's API that shows every layer down to SASS.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    demo = commands.add_parser("demo", help="train a character-level GPT on the King James Bible and sample from it",
+                               description="Train a small GPT on a public-domain text shipped with tilewise, compare "
+                               "it with a unigram baseline, print a sample and write a loss-curve PNG.")
+    demo.add_argument("--steps", type=_positive, default=defaults.steps, help="training steps (default: %(default)s)")
+    demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available, else cpu)")
+    demo.add_argument("--model-size", choices=sorted(MODEL_SIZES, key=list(MODEL_SIZES).index),
+                      default=defaults.model_size, help="model preset (default: %(default)s)")
+    demo.add_argument("--seed", type=int, default=defaults.seed, help="random seed (default: %(default)s)")
+    demo.add_argument("--out", type=Path, default=defaults.out,
+                      help="folder for the loss curve and the checkpoint (default: ./%(default)s)")
+    demo.add_argument("--batch-size", type=_positive, default=defaults.batch_size,
+                      help="sequences per step (default: %(default)s)")
+    demo.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate (default: %(default)s)")
+    commands.add_parser("info", help="versions, devices and optional packages")
+    commands.add_parser("explain", help="show one call through every layer (needs the compiler; not available yet)")
+    commands.add_parser("bench", help="benchmarks against PyTorch (needs the compiler; not available yet)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        return run_demo(args)
+    if args.command == "info":
+        return run_info()
+    print(f"tilewise {args.command}: this command needs tilewise's compiler (tilewise.compile), which is not part of "
+          "this version yet. Nothing was run.", file=sys.stderr)
+    return 2
+
+
+# ---------------------------------------------------------------------------- demo
+
+def run_demo(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401
+        import rich  # noqa: F401
+    except ImportError as exc:
+        print(f"tilewise demo needs the demo extra ({exc.name} is missing): {_DEMO_EXTRA}", file=sys.stderr)
+        return 1
+    from tilewise.models.demo import DemoSettings, run
+
+    settings = DemoSettings(steps=args.steps, device=args.device, model_size=args.model_size, seed=args.seed,
+                            out=args.out, batch_size=args.batch_size, lr=args.lr)
+    settings.eval_every = max(1, min(settings.eval_every, settings.steps // 4 or 1))
+    run(settings, DemoReport())
+    return 0
+
+
+class DemoReport:
+    """Prints the demo's progress with rich: a header, a live progress bar, evaluation lines and a summary."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(highlight=False, soft_wrap=True)
+        self.progress = None
+
+    def start(self, settings, config, n_params: int, n_chars: int, vocab: int, result) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        c = self.console
+        c.print(f"[bold]tilewise demo[/bold] · character-level GPT on the King James Bible (Genesis, Exodus, Psalms, "
+                f"Proverbs, Ecclesiastes, Matthew: {n_chars / 1000:.0f} K characters, {vocab} distinct)")
+        shape = f"{_count(config.n_layer, 'layer')}, {_count(config.n_head, 'head')}"
+        c.print(f"device [bold]{result.device}[/bold] · model {settings.model_size}: {shape}, width {config.n_embd}, "
+                f"context {config.block_size} · {n_params / 1e6:.3f} M parameters · "
+                f"batch {settings.batch_size} × {config.block_size} tokens · seed {settings.seed}")
+        if result.cpu_tuning:
+            c.print(f"cpu process settings: {', '.join(result.cpu_tuning)} (see tilewise.models.demo.tune_cpu_process)")
+        c.print(f"unigram baseline on validation text: [bold]{result.unigram_baseline:.3f}[/bold] nats/char")
+        columns = (TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+                   TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:,.0f} tokens/s"),
+                   TimeElapsedColumn(), TimeRemainingColumn())
+        self.progress = Progress(*columns, console=c)
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=settings.steps, loss=float("nan"), tps=0.0)
+
+    def step(self, step: int, loss: float, tokens_per_second: float) -> None:
+        self.progress.update(self.task, completed=step, loss=loss, tps=tokens_per_second)
+
+    def evaluated(self, step: int, train_loss: float, val_loss: float) -> None:
+        self.progress.console.print(f"step {step:5d} · train loss {train_loss:.3f} · validation loss {val_loss:.3f}")
+
+    def finish(self, result) -> None:
+        self.progress.stop()
+        c = self.console
+        first, last = result.train_losses[0], result.final_val_loss
+        gap = result.unigram_baseline - last
+        verdict = "below" if gap > 0 else "NOT below"
+        c.print(f"trained {result.steps} steps in {result.seconds:.1f} s · {result.tokens_per_second:,.0f} tokens/s on "
+                f"{result.device}")
+        c.print(f"train loss: first step {first:.3f} → last step {result.train_losses[-1]:.3f}")
+        c.print(f"[bold]validation loss {last:.3f} nats/char vs unigram baseline {result.unigram_baseline:.3f}[/bold] "
+                f"({abs(gap):.3f} {verdict} the baseline)")
+        c.print("[bold]sample[/bold] (temperature 0.8):")
+        c.print(result.sample, markup=False)
+        c.print(f"loss curve: {result.plot_path}")
+        c.print(f"checkpoint: {result.checkpoint_path.resolve()}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+# ---------------------------------------------------------------------------- info
+
+def run_info() -> int:
+    import numpy as np
+
+    import tilewise as tw
+    from tilewise.models.demo import best_device
+    from tilewise.ops.registry import OPS
+
+    print(f"tilewise {tw.__version__} · Python {platform.python_version()} · numpy {np.__version__} · "
+          f"{platform.system()} {platform.machine()}")
+    print(f"operators declared: {len(OPS)} · default dtype: {tw.get_default_dtype().name}")
+    print(f"best device: {best_device()}")
+    for name in ("ml_dtypes", "safetensors", "rich", "matplotlib", "cuda-bindings", "nvmath-python"):
+        print(f"  {name:<14} {_version_of(name)}")
+    return 0
+
+
+def _version_of(distribution: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
