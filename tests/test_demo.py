@@ -49,3 +49,16 @@ def test_info_and_compiler_placeholders():
     for command in ("explain", "bench"):
         run = _tilewise(command)
         assert run.returncode == 2 and "needs tilewise's compiler" in run.stderr and run.stdout == ""
+
+
+def test_readme_opens_with_the_two_commands_and_its_example_runs(tmp_path, monkeypatch):
+    readme = (ROOT / "README.md").read_text()
+    assert readme.startswith('```bash\npip install -e ".[demo]" && python -m tilewise demo\n'
+                             'pip install -e ".[test]" && python -m pytest\n```\n')
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'pip install -q -e ".[test]" && python -m pytest' in ci
+    example = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert example == (ROOT / "examples" / "quickstart.py").read_text().split('"""\n\n', 1)[1]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README.md", "exec"), {})
+    assert (tmp_path / "quickstart.safetensors").exists()

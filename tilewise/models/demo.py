@@ -39,7 +39,7 @@ class DemoSettings:
     device: str | None = None
     model_size: str = "small"
     seed: int = 1337
-    out: Path = Path("tilewise-demo")
+    out: Path = Path("out") / "demo"
     batch_size: int = 32
     lr: float = 3e-3
     eval_every: int = 100
