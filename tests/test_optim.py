@@ -33,11 +33,15 @@ def _mlp(lib):
     return lib.nn.Sequential(lib.nn.Linear(8, 16), lib.nn.Tanh(), lib.nn.Linear(16, 4))
 
 
+def _copy_weights_from(model, ref) -> None:
+    model.load_state_dict({k: v.detach() for k, v in ref.state_dict().items()})
+
+
 def _paired_models():
     """A torch MLP and a tilewise MLP holding the same weights (copied through DLPack)."""
     ref = _mlp(torch)
     model = _mlp(tw)
-    model.load_state_dict({k: v.detach() for k, v in ref.state_dict().items()})
+    _copy_weights_from(model, ref)
     return model, ref
 
 
@@ -124,6 +128,20 @@ def test_state_dict_layout_matches_torch():
     assert ours["param_groups"][0]["params"] == theirs["param_groups"][0]["params"]
     assert set(ours["param_groups"][0]) <= set(theirs["param_groups"][0])
     assert ours["state"][0]["step"].item() == theirs["state"][0]["step"].item() == 3
+
+
+def test_a_torch_optimizer_state_dict_resumes_in_tilewise():
+    xs, ys = _data()
+    model, ref = _paired_models()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01, amsgrad=True)
+    _train(torch, ref, ref_opt, xs, ys, stop=10)
+    _copy_weights_from(model, ref)
+    opt = tw.optim.Adam(model.parameters(), lr=0.01, amsgrad=True)
+    opt.load_state_dict(ref_opt.state_dict())
+    ours = _train(tw, model, opt, xs, ys, start=10)
+    theirs = _train(torch, ref, ref_opt, xs, ys, start=10)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    _assert_same_params(model, ref)
 
 
 def test_optimizer_errors_are_clear():

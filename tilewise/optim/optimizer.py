@@ -137,7 +137,12 @@ class Optimizer:
 
 
 def _match(param: Tensor, key: str, value):
-    """State tensors follow their parameter's device, and its dtype when floating (``step`` stays as saved)."""
+    """State tensors follow their parameter's device, and its dtype when floating (``step`` stays as saved).
+    Tensors of another framework (a torch optimizer's state dict) come in through DLPack."""
+    if not isinstance(value, Tensor) and hasattr(value, "__dlpack__"):
+        from tilewise._dlpack import from_dlpack
+
+        value = from_dlpack(value.detach() if hasattr(value, "detach") else value).clone()
     if not isinstance(value, Tensor):
         return value
     if key == "step" or not value.is_floating_point():
