@@ -11,6 +11,7 @@ never the width. Every operator's dtype rule is built from these two functions.
 from __future__ import annotations
 
 import builtins
+import math
 from dataclasses import dataclass
 from numbers import Number
 
@@ -227,7 +228,7 @@ class finfo:  # noqa: N801 — torch's name
         self.max = builtins.float(info.max)
         self.min = builtins.float(info.min)
         self.tiny = self.smallest_normal = builtins.float(info.tiny)
-        self.resolution = builtins.float(info.resolution)
+        self.resolution = 10.0 ** -math.floor(-math.log10(self.eps))  # torch: 10**-digits10, an exact power of ten
 
     def __repr__(self) -> str:
         return (f"finfo(resolution={self.resolution}, min={self.min}, max={self.max}, eps={self.eps}, "

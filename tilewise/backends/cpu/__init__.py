@@ -77,7 +77,12 @@ def _as_compute(value, np_dtype):
         return a if a.dtype == np_dtype else a.astype(np_dtype)
     if value is None:
         return None
-    return np.asarray(value, dtype=np_dtype)[()] if np_dtype.kind != "b" else bool(value)
+    if np_dtype.kind == "b":
+        return bool(value)
+    try:
+        return np.asarray(value, dtype=np_dtype)[()]
+    except OverflowError:  # uint8_tensor + (-2): the scalar wraps to the tensor's width, as in torch
+        return np.asarray(value).astype(np_dtype)[()]
 
 
 def run_pointwise(op, args: tuple):
