@@ -40,3 +40,8 @@ def load() -> None:
     cpu_backend = importlib.import_module("tilewise.backends.cpu")
     cpu_backend._load_kernels()
     register_backend("cpu", cpu_backend)
+    cuda = importlib.import_module("tilewise.cuda")  # tilewise.cuda works (and says False) without a GPU
+    if cuda.is_available():
+        cuda_backend = importlib.import_module("tilewise.backends.cuda")
+        cuda_backend._load_kernels()
+        register_backend("cuda", cuda_backend)

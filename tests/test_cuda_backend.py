@@ -1,0 +1,296 @@
+"""The CUDA backend on a GPU: the operator table against torch on CUDA, transfers, casts, Philox bit-identity,
+large reductions, GEMM, autograd/nn/optim on the device, logging, and recovery from out-of-memory.
+
+Everything here is marked ``cuda`` and skipped where no GPU is found (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from opinfo import check_op
+from test_ops import OPINFOS
+
+import tilewise as tw
+
+pytestmark = pytest.mark.cuda
+
+CASES = [(info, dtype) for info in OPINFOS for dtype in info.dtypes]
+
+
+@pytest.fixture(autouse=True)
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("the torch oracle has no CUDA here")
+    yield
+
+
+# ---------------------------------------------------------------------------------------------- op table
+
+@pytest.mark.parametrize("info,dtype", CASES, ids=[f"{i.name}-{d}" for i, d in CASES])
+def test_op_matches_torch_on_cuda(info, dtype):
+    for sample in info.samples():
+        for seed in (0, 1):
+            check_op(info, sample, dtype, seed, noncontiguous=False, device="cuda")
+        if info.noncontiguous:
+            check_op(info, sample, dtype, 2, noncontiguous=True, device="cuda")
+
+
+def _rand(shape, dtype="float32", seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("name", ["add", "mul", "exp", "maximum", "where"])
+def test_pointwise_on_device_strided_views(name):
+    a, b = _rand((64, 48)), _rand((48, 64), seed=1)
+    x, y = tw.from_numpy(a).cuda(), tw.from_numpy(b).cuda()
+    xt, yt = x[::2, 1:], y.t()[::2, 1:]  # strided views, made on the device
+    an, bn = a[::2, 1:], b.T[::2, 1:]
+    fns = {"add": (lambda p, q: p + q, np.add), "mul": (lambda p, q: p * q, np.multiply),
+           "exp": (lambda p, q: p.exp(), lambda p, q: np.exp(p)), "maximum": (tw.maximum, np.maximum),
+           "where": (lambda p, q: tw.where(p > 0, p, q), lambda p, q: np.where(p > 0, p, q))}
+    ours, ref = fns[name]
+    np.testing.assert_allclose(ours(xt, yt).cpu().numpy(), ref(an, bn), rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- transfers and casts
+
+@pytest.mark.parametrize("dtype", [d.name for d in tw.dtypes.ALL])
+def test_round_trip_every_dtype(dtype):
+    base = _rand((3, 5, 7)) * 4
+    host = tw.from_numpy(base).to(tw.dtypes.from_name(dtype))
+    back = host.cuda().cpu()
+    assert back.dtype is host.dtype
+    np.testing.assert_array_equal(back.numpy().view(np.uint8), host.numpy().view(np.uint8))
+
+
+@pytest.mark.parametrize("src", ["float32", "float64", "float16", "bfloat16", "int64", "int32", "uint8", "bool",
+                                 "float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("dst", ["float32", "float64", "float16", "bfloat16", "int64", "int8", "bool",
+                                 "float8_e4m3fn", "float8_e5m2"])
+def test_casts_match_the_cpu(src, dst):
+    values = (_rand((257,)) * 30).clip(-100, 100)
+    host = tw.from_numpy(values).to(tw.dtypes.from_name(src))
+    if src in ("uint8",) or dst in ("int8",):
+        host = host.abs()
+    expected = host.to(tw.dtypes.from_name(dst)).numpy()
+    got = host.cuda().to(tw.dtypes.from_name(dst)).cpu().numpy()
+    np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
+
+
+def test_fp8_saturating_cast():
+    from tilewise.backends.cuda.kernels.copy import cast
+
+    x = tw.tensor([1000.0, -1000.0, 1.0, 500.0], device="cuda")
+    plain = x.to(tw.float8_e4m3fn).float().cpu().numpy()
+    saturated = cast(x, tw.float8_e4m3fn, saturate=True).float().cpu().numpy()
+    assert np.isnan(plain[0]) and np.isnan(plain[1])
+    np.testing.assert_array_equal(saturated, [448.0, -448.0, 1.0, 448.0])
+
+
+def test_non_contiguous_copies_stay_on_the_device():
+    a = _rand((32, 16, 8))
+    x = tw.from_numpy(a).cuda()
+    y = x.permute(2, 0, 1).contiguous()
+    assert y.is_cuda and y.is_contiguous()
+    np.testing.assert_array_equal(y.cpu().numpy(), a.transpose(2, 0, 1))
+    z = tw.zeros(16, 32, device="cuda")
+    z[:, ::2] = x[:, :, 0].t()[:, :16]
+    np.testing.assert_array_equal(z.cpu().numpy()[:, ::2], a[:, :, 0].T[:, :16])
+
+
+def test_non_blocking_from_pinned_memory():
+    from tilewise.backends.cuda import pin_memory
+
+    a = _rand((1024, 256))
+    pinned = pin_memory(tw.from_numpy(a))
+    x = pinned.to("cuda", non_blocking=True)
+    back = x.to("cpu", non_blocking=True)
+    tw.cuda.synchronize()
+    np.testing.assert_array_equal(back.numpy(), a)
+
+
+def test_clone_keeps_dense_layout():
+    x = tw.from_numpy(_rand((4, 6))).cuda().t()
+    y = x.clone()
+    assert y.stride() == x.stride()
+    np.testing.assert_array_equal(y.cpu().numpy(), x.cpu().numpy())
+
+
+# ---------------------------------------------------------------------------------------------- random
+
+@pytest.mark.parametrize("draw", ["rand32", "rand64", "randn32", "randn64", "randn16", "randint", "randint64",
+                                  "uniform", "bernoulli"])
+def test_philox_bit_identical_to_cpu(draw):
+    def make(device):
+        tw.manual_seed(1234)
+        if draw == "rand32":
+            return tw.rand(1001, device=device)
+        if draw == "rand64":
+            return tw.rand(1001, dtype=tw.float64, device=device)
+        if draw == "randn32":
+            return tw.randn(3, 333, device=device)
+        if draw == "randn64":
+            return tw.randn(1001, dtype=tw.float64, device=device)
+        if draw == "randn16":
+            return tw.randn(1001, dtype=tw.bfloat16, device=device)
+        if draw == "randint":
+            return tw.randint(-7, 90, (1001,), device=device)
+        if draw == "randint64":
+            return tw.randint(-(2**40), 2**41, (1001,), device=device)
+        if draw == "uniform":
+            from tilewise.ops.registry import OPS
+
+            return OPS["uniform"]((999,), -3.0, 5.0, dtype=tw.float32, device=tw.device(device))
+        return tw.bernoulli(tw.full((1001,), 0.3, device=device))
+
+    on_cpu, on_gpu = make("cpu"), make("cuda")
+    np.testing.assert_array_equal(on_gpu.cpu().numpy().view(np.uint8), on_cpu.numpy().view(np.uint8))
+
+
+# ---------------------------------------------------------------------------------------------- reductions
+
+@pytest.mark.parametrize("shape,dim", [((1 << 22,), None), ((4096, 3000), 1), ((3000, 4096), 0), ((64, 50000), 1),
+                                       ((50000, 3), 1), ((16, 32, 64), (0, 2)), ((8, 1 << 16), 0)])
+def test_large_reductions(shape, dim):
+    a = _rand(shape)
+    x = tw.from_numpy(a).cuda()
+    np.testing.assert_allclose(x.sum(dim).cpu().numpy(), a.astype(np.float64).sum(axis=dim), rtol=1e-4, atol=1e-2)
+    np.testing.assert_array_equal(x.amax(dim).cpu().numpy(), a.max(axis=dim))
+    if dim is None or isinstance(dim, int):
+        np.testing.assert_array_equal(x.argmax(dim).cpu().numpy(), a.argmax(axis=dim))
+
+
+def test_bf16_sum_accumulates_in_float():
+    x = tw.ones(1 << 20, dtype=tw.bfloat16, device="cuda")
+    assert float(x.sum(dtype=tw.float32).item()) == float(1 << 20)
+
+
+# ---------------------------------------------------------------------------------------------- GEMM
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("float16", 1e-2), ("bfloat16", 2e-2), ("float64", 1e-10)])
+@pytest.mark.parametrize("shape", [(64, 48, 80), (1, 128, 7), (257, 129, 65)])
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+def test_mm_layouts_match_torch(dtype, tol, shape, layout):
+    import torch
+
+    m, k, n = shape
+    a = _rand((m, k) if layout[0] == "n" else (k, m))
+    b = _rand((k, n) if layout[1] == "n" else (n, k), seed=1)
+    ta, tb = torch.from_numpy(a).cuda().to(getattr(torch, dtype)), torch.from_numpy(b).cuda().to(getattr(torch, dtype))
+    xa, xb = tw.from_numpy(a).cuda().to(tw.dtypes.from_name(dtype)), tw.from_numpy(b).cuda().to(tw.dtypes.from_name(dtype))
+    if layout[0] == "t":
+        ta, xa = ta.t(), xa.t()
+    if layout[1] == "t":
+        tb, xb = tb.t(), xb.t()
+    expected = (ta.double() @ tb.double()).cpu().numpy()
+    got = (xa @ xb).double().cpu().numpy()
+    assert np.linalg.norm(got - expected) / max(np.linalg.norm(expected), 1e-30) < tol
+
+
+def test_bmm_strided_and_broadcast_batches():
+    a, b = _rand((4, 33, 17)), _rand((17, 29), seed=1)
+    x, y = tw.from_numpy(a).cuda(), tw.from_numpy(b).cuda()
+    np.testing.assert_allclose((x @ y).cpu().numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    w = tw.from_numpy(_rand((4, 29, 17), seed=2)).cuda()
+    np.testing.assert_allclose(x.bmm(w.transpose(1, 2)).cpu().numpy(), a @ w.cpu().numpy().transpose(0, 2, 1),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
+def test_linear_epilogues(activation):
+    from tilewise.backends.cuda.matmul import linear_activation
+
+    x, w, bias = _rand((96, 64)), _rand((48, 64), seed=1), _rand((48,), seed=2)
+    got = linear_activation(tw.from_numpy(x).cuda(), tw.from_numpy(w).cuda(), tw.from_numpy(bias).cuda(), activation)
+    ref = x @ w.T + bias
+    if activation == "relu":
+        ref = np.maximum(ref, 0)
+    elif activation == "gelu":
+        ref = 0.5 * ref * (1 + np.tanh(np.sqrt(2 / np.pi) * (ref + 0.044715 * ref**3)))
+    np.testing.assert_allclose(got.cpu().numpy(), ref, rtol=1e-3, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------- autograd, nn, optim
+
+def test_training_step_matches_cpu():
+    def run(device):
+        tw.manual_seed(0)
+        model = tw.nn.Sequential(tw.nn.Linear(16, 32), tw.nn.GELU(), tw.nn.Linear(32, 4)).to(device)
+        opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x = tw.from_numpy(_rand((8, 16))).to(device)
+        target = tw.from_numpy(np.arange(8) % 4).to(device)
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = tw.nn.functional.cross_entropy(model(x), target)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.item()))
+        return losses, [p.detach().cpu().numpy() for p in model.parameters()]
+
+    cpu_losses, cpu_params = run("cpu")
+    gpu_losses, gpu_params = run("cuda")
+    np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=1e-4)
+    for p, q in zip(gpu_params, cpu_params):
+        np.testing.assert_allclose(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_of_device_transfer_lands_on_the_leaf_device():
+    x = tw.from_numpy(_rand((3, 4))).requires_grad_(True)
+    (x.cuda() * 2).sum().backward()
+    assert x.grad.device == tw.device("cpu")
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((3, 4), 2, np.float32))
+
+
+# ---------------------------------------------------------------------------------------------- runtime surface
+
+def test_memory_statistics_follow_tensors():
+    tw.cuda.synchronize()
+    before = tw.cuda.memory_allocated()
+    x = tw.empty(1 << 20, device="cuda")
+    assert tw.cuda.memory_allocated() - before >= 4 << 20
+    assert tw.cuda.max_memory_allocated() >= tw.cuda.memory_allocated()
+    del x
+    assert tw.cuda.memory_allocated() == before
+    assert tw.cuda.memory_reserved() >= tw.cuda.memory_allocated()
+    assert "allocated_bytes.current" in tw.cuda.memory_stats()
+
+
+def test_out_of_memory_is_recoverable():
+    total = tw.cuda.get_device_properties().total_memory
+    with pytest.raises(tw.cuda.OutOfMemoryError) as caught:
+        tw.empty(total // 2, dtype=tw.float64, device="cuda")  # 4x the device
+    err = caught.value
+    assert err.requested >= total and "reserved" in str(err) and "fragmented" in str(err)
+    held = []
+    with pytest.raises(tw.cuda.OutOfMemoryError):
+        for _ in range(4096):
+            held.append(tw.empty(1 << 30, dtype=tw.uint8, device="cuda"))
+    assert len(held) > 4
+    held.clear()
+    tw.cuda.empty_cache()
+    y = tw.ones(1 << 28, dtype=tw.uint8, device="cuda")
+    assert int(y.sum().item()) == 1 << 28
+
+
+def test_streams_order_work():
+    s = tw.cuda.Stream()
+    x = tw.ones(1 << 20, device="cuda")
+    with tw.cuda.stream(s):
+        y = x * 3
+    s.synchronize()
+    assert float(y.sum().item()) == 3.0 * (1 << 20)
+
+
+def test_kernel_log_shows_source_and_launch():
+    code = "import tilewise as tw; x = tw.ones(7, device='cuda'); (x * 3 + 1).cpu()"
+    env = {**os.environ, "TILEWISE_LOG": "kernels"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "[tilewise:kernels]" in out.stderr and "grid=" in out.stderr and "__global__" in out.stderr

@@ -1,0 +1,266 @@
+"""The CUDA backend: device tensors, host transfers, and ``run(op, args, device)`` for the dispatcher.
+
+[Note: CUDA backend]
+A CUDA tensor's storage holds a :class:`DeviceBuffer`, one block of the device's caching allocator, which
+goes back to the cache when the last tensor using it is collected. The allocator reuses a block on the
+stream it was allocated on, so freeing while kernels that read it are still queued is safe: later work on
+that stream runs after them. Every kernel runs on the thread's current stream (``tilewise.cuda.stream``).
+
+``run`` picks the kernel by operator kind, exactly like the CPU backend: pointwise and reduction kernels
+are generated from the declaration (``kernels/pointwise.py``, ``kernels/reduction.py``); other primitives
+have a registered kernel (``kernels/``, ``matmul.py``); composites run their decomposition, so each
+primitive inside reaches this backend again (fusing them into one kernel is the compiler's job). A
+primitive with no CUDA kernel yet runs its CPU kernel on host copies of its inputs and moves the results
+back (logged once per operator under ``TILEWISE_LOG=fallback``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from tilewise import _strides as S
+from tilewise.backends.cuda.runtime.stream import _current_streams
+from tilewise.device import Device, cpu
+from tilewise.dtypes import DType
+from tilewise.storage import Storage
+from tilewise.tensor import Tensor, from_array
+
+SMALL_BLOCK = 1 << 20  # blocks up to this size are recycled by the backend's own free lists
+SMALL_CACHE_LIMIT = 256 << 20  # most bytes those free lists hold per device
+
+
+class DeviceMemory:
+    """The backend's view of one device's memory: the caching allocator, a fast path in front of it, and
+    exact statistics.
+
+    [Note: small-block fast path]
+    An eager op allocates its output and frees its inputs' temporaries at Python speed, so the allocator's
+    general bookkeeping (best-fit search, splitting, merging) would dominate the cost of a small op. Freed
+    blocks of at most :data:`SMALL_BLOCK` bytes are therefore kept here on a free list per (stream, size)
+    and handed straight back to the next request of that size on that stream, which is as safe as the
+    allocator's own reuse (same stream, so stream order protects it). ``allocated`` counts what tensors
+    hold, so the figures of ``tilewise.cuda.memory_allocated`` stay exact; the free lists are returned to
+    the allocator by ``empty_cache`` and before an out-of-memory error is allowed to escape.
+    """
+
+    def __init__(self, device: int) -> None:
+        from tilewise.backends.cuda.runtime import get_allocator
+
+        self.device = device
+        self.allocator = get_allocator(device)
+        self.free_lists: dict[tuple[int, int], list[int]] = {}
+        self.cached = 0
+        self.allocated = 0
+        self.peak = 0
+
+    def malloc(self, size: int, stream: int) -> int:
+        """``size`` must be a multiple of 512 (see :func:`block_size`)."""
+        found = self.free_lists.get((stream, size))
+        if found:
+            ptr = found.pop()
+            self.cached -= size
+        else:
+            ptr = self._malloc_slow(size, stream)
+        self.allocated += size
+        if self.allocated > self.peak:
+            self.peak = self.allocated
+        return ptr
+
+    def _malloc_slow(self, size: int, stream: int) -> int:
+        from tilewise.backends.cuda.runtime import OutOfMemoryError
+
+        try:
+            return self.allocator.malloc(size, stream)
+        except OutOfMemoryError:
+            if not self.cached:
+                raise
+        self.release_free_lists()
+        return self.allocator.malloc(size, stream)
+
+    def free(self, ptr: int, size: int, stream: int) -> None:
+        self.allocated -= size
+        if size <= SMALL_BLOCK and self.cached + size <= SMALL_CACHE_LIMIT:
+            self.free_lists.setdefault((stream, size), []).append(ptr)
+            self.cached += size
+        else:
+            self.allocator.free(ptr)
+
+    def release_free_lists(self) -> None:
+        for ptrs in self.free_lists.values():
+            for ptr in ptrs:
+                self.allocator.free(ptr)
+        self.free_lists.clear()
+        self.cached = 0
+
+    def reset_peak(self) -> None:
+        self.peak = self.allocated
+        self.allocator.reset_peak_memory_stats()
+
+
+_memories: dict[int, DeviceMemory] = {}
+
+
+def memory(device: int) -> DeviceMemory:
+    found = _memories.get(device)
+    if found is None:
+        found = _memories[device] = DeviceMemory(device)
+    return found
+
+
+def block_size(nbytes: int) -> int:
+    """What a request occupies: a multiple of 512 bytes, at least 512 (the allocator's own rounding)."""
+    return ((nbytes + 511) >> 9 << 9) or 512
+
+
+class DeviceBuffer:
+    """``nbytes`` of device memory on ``device``, usable in stream order on ``stream``."""
+
+    __slots__ = ("_memory", "device", "nbytes", "ptr", "size", "stream")
+
+    def __init__(self, nbytes: int, device: int, stream: int) -> None:
+        mem = _memories.get(device) or memory(device)
+        self._memory = mem
+        self.device = device
+        self.nbytes = nbytes
+        self.size = size = ((nbytes + 511) >> 9 << 9) or 512
+        self.stream = stream
+        self.ptr = mem.malloc(size, stream)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter shutdown the allocator may be gone
+            self._memory.free(self.ptr, self.size, self.stream)
+
+    def __repr__(self) -> str:
+        return f"DeviceBuffer(ptr={self.ptr:#x}, nbytes={self.nbytes}, device=cuda:{self.device})"
+
+
+def stream_handle(device: int) -> int:
+    """The raw handle of this thread's current stream on ``device`` (0: the legacy default stream)."""
+    found = _current_streams().get(device)
+    return found.handle if found is not None else 0
+
+
+def empty(shape: tuple, dtype: DType, device: Device, strides: tuple | None = None) -> Tensor:
+    """An uninitialised CUDA tensor (contiguous unless ``strides`` are given, which must be dense)."""
+    shape = tuple(shape)
+    numel = S.numel(shape)
+    index = device.index
+    buffer = DeviceBuffer(numel * dtype.itemsize, index, stream_handle(index))
+    strides = S.contiguous_strides(shape) if strides is None else tuple(strides)
+    return Tensor._make(Storage(buffer, device, dtype, numel), shape, strides, 0, dtype, device)
+
+
+def empty_fast(shape: tuple, strides: tuple, numel: int, dtype: DType, device: Device, stream: int) -> Tensor:
+    """:func:`empty` for callers that already know the strides, element count and stream (the hot path)."""
+    buffer = DeviceBuffer(numel * dtype.itemsize, device.index, stream)
+    return Tensor._make(Storage(buffer, device, dtype, numel), shape, strides, 0, dtype, device)
+
+
+def data_ptr(t: Tensor) -> int:
+    """The device address of ``t``'s first element."""
+    return t._storage.data.ptr + t._offset * t._dtype.itemsize
+
+
+def run(op, args: tuple, device: Device):
+    from tilewise.backends.cuda.kernels import KERNELS
+
+    kind = op.kind
+    if kind == "pointwise":
+        from tilewise.backends.cuda.kernels.pointwise import run_pointwise
+
+        return run_pointwise(op, args, device)
+    impl = KERNELS.get(op.full_name)
+    if impl is not None:
+        return impl(device, *args)
+    if kind == "reduction" and op.reduce is not None:
+        from tilewise.backends.cuda.kernels.reduction import run_reduction
+
+        return run_reduction(op, args, device)
+    if op.decomposition is not None:
+        return op.decomposition(*args)
+    from tilewise.backends.cuda.kernels.fallback import run_on_host
+
+    return run_on_host(op, args, device)
+
+
+# ---------------------------------------------------------------------------------------------- transfers
+
+def upload(host: Tensor, device: Device, non_blocking: bool = False) -> Tensor:
+    """Copy a contiguous CPU tensor to ``device``. The host copy ``host`` is the caller's own (the CPU
+    ``_to_copy`` kernel made it), so it may be released as soon as the driver has consumed it."""
+    from tilewise.backends.cuda.runtime import copy_htod, ensure_context
+
+    ensure_context(device.index)
+    out = empty(host._shape, host._dtype, device)
+    nbytes = host.numel() * host._dtype.itemsize
+    if nbytes:
+        source = np.ascontiguousarray(host._np())
+        stream = stream_handle(device.index)
+        copy_htod(data_ptr(out), source.ctypes.data, nbytes, stream)
+        if _is_pinned(source):
+            _keep_until_done(source, stream, device.index)
+    return out
+
+
+def download(x: Tensor, non_blocking: bool = False) -> Tensor:
+    """Copy a CUDA tensor to a new contiguous CPU tensor; with ``non_blocking`` into pinned memory, returning
+    before the copy has finished (synchronise the stream before reading it, as in torch)."""
+    from tilewise.backends.cuda.kernels.copy import contiguous
+    from tilewise.backends.cuda.runtime import copy_dtoh, ensure_context, pinned_empty
+
+    index = x._device.index
+    ensure_context(index)
+    src = contiguous(x)
+    host = pinned_empty(src._shape, src._dtype.np) if non_blocking else np.empty(src._shape, src._dtype.np)
+    nbytes = src.numel() * src._dtype.itemsize
+    if nbytes:
+        stream = stream_handle(index)
+        copy_dtoh(host.ctypes.data, data_ptr(src), nbytes, stream)
+        if not non_blocking:
+            from tilewise.backends.cuda.runtime.driver import check, driver_api
+
+            check(driver_api().cuStreamSynchronize(stream), "cuStreamSynchronize")
+    return from_array(host, src._dtype)
+
+
+def pin_memory(x: Tensor) -> Tensor:
+    """A copy of CPU tensor ``x`` in page-locked memory (what makes ``non_blocking`` uploads asynchronous)."""
+    from tilewise.backends.cuda.runtime import pinned_empty
+
+    host = pinned_empty(x._shape, x._dtype.np)
+    host[...] = x._np()
+    return from_array(host, x._dtype)
+
+
+def _is_pinned(array: np.ndarray) -> bool:
+    from tilewise.backends.cuda.runtime import PinnedBuffer
+
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return isinstance(getattr(base, "_owner", None), PinnedBuffer)
+
+
+_in_flight: list[tuple[np.ndarray, object]] = []
+
+
+def _keep_until_done(array: np.ndarray, stream: int, device: int) -> None:
+    """Hold a pinned source until its asynchronous copy has completed."""
+    from tilewise.backends.cuda.runtime import Event
+
+    _in_flight[:] = [(a, e) for a, e in _in_flight if not e.query()]
+    event = Event()
+    event.record(stream)
+    _in_flight.append((array, event))
+
+
+def _load_kernels() -> None:
+    from tilewise.backends.cuda.kernels import _load_all
+    from tilewise.backends.cuda import matmul  # noqa: F401 — registers mm, bmm and linear
+
+    _load_all()
+
+
+__all__ = ["DeviceBuffer", "cpu", "data_ptr", "download", "empty", "pin_memory", "run", "stream_handle", "upload"]

@@ -1,0 +1,101 @@
+"""Eager CUDA kernels: the per-operator registry, and loading and launching generated kernels.
+
+[Note: eager CUDA kernels]
+Pointwise and reduction operators need no entry here: their kernels are rendered from the operator's
+declared ``Expr`` or combiner (``pointwise.py``, ``reduction.py``), specialised on dtypes, rank and
+contiguity, with sizes and strides as run-time arguments, so one compile serves every shape. Operators
+whose meaning is not an expression (copies, creation, random, indexing, matmul) register a function here
+with :func:`kernel`, taking ``(device, *bound_args)``. :func:`load` turns a kernel's source into a
+loaded function once per device (NVRTC, then the memory/disk cache of ``compiler.toolchain``), and
+:func:`launch` runs it on the current stream; ``TILEWISE_LOG=kernels`` prints each kernel's name, source
+and launch shape at its first launch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tilewise.backends.cuda.runtime.device import _thread_state, ensure_context
+from tilewise.backends.cuda.runtime.driver import check, driver_api
+from tilewise.compiler.toolchain.module import _pack
+from tilewise.config import log, settings
+
+KERNELS: dict[str, Callable] = {}  # operator full name -> fn(device, *bound_args)
+
+_functions: dict[tuple[str, str, int], Any] = {}
+_launched: set[int] = set()
+_lock = threading.Lock()
+
+
+def kernel(*names: str):
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            if name in KERNELS:
+                raise ValueError(f"CUDA kernel for {name} registered twice")
+            KERNELS[name] = fn
+        return fn
+
+    return register
+
+
+def load(source: str, name: str, device: int):
+    """The kernel ``name`` of ``source``, compiled for ``device``'s architecture and loaded there."""
+    key = (source, name, device)
+    fn = _functions.get(key)
+    if fn is not None:
+        return fn
+    from tilewise.backends.cuda.runtime import get_device_properties
+    from tilewise.compiler.toolchain import compile_cached, load_module
+
+    with _lock:
+        fn = _functions.get(key)
+        if fn is None:
+            compiled = compile_cached(source, name, get_device_properties(device).arch)
+            fn = load_module(compiled.cubin, device).get_function(name)
+            fn.source = source
+            _functions[key] = fn
+    return fn
+
+
+def launch(fn, grid, block, args: Sequence[Any], stream: int, shared_mem: int = 0) -> None:
+    """Launch on ``stream``; the first launch of each kernel is logged under ``TILEWISE_LOG=kernels``.
+
+    The arguments are packed by the toolchain's packer and handed to ``cuLaunchKernel`` directly: this is
+    the hot path of every eager op, so it skips re-validating what the kernel's plan already fixed."""
+    if "kernels" in settings.log and id(fn) not in _launched:
+        _launched.add(id(fn))
+        log("kernels", f"{fn.name}  grid={grid} block={block} shared={shared_mem}\n{fn.source}")
+    device = fn.module.device
+    if getattr(_thread_state, "context_device", None) != device:
+        ensure_context(device)
+    gx, gy = (grid, 1) if type(grid) is int else grid
+    bx, by = (block, 1) if type(block) is int else block
+    params = _pack(fn, args)
+    result = (_launch_kernel or _bind_launch())(fn._driver_handle, gx, gy, 1, bx, by, 1, shared_mem, stream, params, 0)
+    if int(result[0]):
+        check(result, f"cuLaunchKernel({fn.name})")
+
+
+_launch_kernel = None
+
+
+def _bind_launch():
+    global _launch_kernel
+    _launch_kernel = driver_api().cuLaunchKernel
+    return _launch_kernel
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _load_all() -> None:
+    from tilewise.backends.cuda.kernels import (  # noqa: F401 — each module registers its kernels
+        copy,
+        creation,
+        index,
+        random,
+        scan,
+    )

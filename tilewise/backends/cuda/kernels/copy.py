@@ -1,0 +1,124 @@
+"""Copies and casts on the device: ``_to_copy``, ``clone``, ``_write_``, and the helpers other kernels use.
+
+Every copy is the identity expression through the pointwise machinery, so a strided source, a strided
+destination, a broadcast and a dtype change are all one kernel, on the device, with no host round trip.
+A dense copy that keeps its layout is a single ``cuMemcpyDtoDAsync`` of the covered bytes. Casts into a
+float8 type follow torch (out-of-range values become NaN for e4m3fn, infinity for e5m2); ``cast(...,
+saturate=True)`` clamps to the largest finite value instead, as FP8 scaling recipes expect.
+"""
+
+from __future__ import annotations
+
+from tilewise import _strides as S
+from tilewise.backends.cuda import data_ptr, download, empty, stream_handle
+from tilewise.backends.cuda.kernels import kernel
+from tilewise.backends.cuda.kernels.pointwise import elementwise
+from tilewise.compiler.render.cstyle import compute_of
+from tilewise.device import Device
+from tilewise.dtypes import DType
+from tilewise.ops.expr import Expr
+from tilewise.tensor import Tensor
+
+_IDENTITY = Expr("input", (), 0)
+
+
+def cast(x: Tensor, dtype: DType, saturate: bool = False) -> Tensor:
+    """A new contiguous tensor holding ``x`` converted to ``dtype``."""
+    out = empty(x._shape, dtype, x._device)
+    return copy_into(out, x, saturate)
+
+
+def copy_into(out: Tensor, src: Tensor, saturate: bool = False) -> Tensor:
+    """Write ``src`` (same shape, or broadcastable to it) into ``out``, converting dtypes."""
+    return elementwise("copy", _IDENTITY, compute_of(src._dtype), [src], out, saturate)
+
+
+def contiguous(x: Tensor) -> Tensor:
+    return x if x.is_contiguous() else cast(x, x._dtype)
+
+
+def _dense_copy(x: Tensor) -> Tensor:
+    """A copy with the same strides, for a tensor that covers a dense block of memory exactly once."""
+    out = empty(x._shape, x._dtype, x._device, x._strides)
+    nbytes = x.numel() * x._dtype.itemsize
+    if nbytes:
+        from tilewise.backends.cuda.runtime import copy_dtod
+
+        copy_dtod(data_ptr(out), data_ptr(x), nbytes, stream_handle(x._device.index))
+    return out
+
+
+@kernel("_to_copy")
+def to_copy(device: Device, self: Tensor, dtype=None, target=None, non_blocking: bool = False) -> Tensor:
+    dtype = dtype or self._dtype
+    if target is not None and target.type == "cpu":
+        moved = self if dtype is self._dtype else cast(self, dtype)
+        return download(moved, non_blocking)
+    if target is not None and target != self._device:
+        return _peer_copy(cast(self, dtype) if dtype is not self._dtype else contiguous(self), target)
+    return cast(self, dtype)
+
+
+def _peer_copy(x: Tensor, target: Device) -> Tensor:
+    from tilewise.backends.cuda.runtime.driver import check, driver_api
+
+    out = empty(x._shape, x._dtype, target)
+    nbytes = x.numel() * x._dtype.itemsize
+    if nbytes:
+        check(driver_api().cuMemcpyAsync(data_ptr(out), data_ptr(x), nbytes, stream_handle(x._device.index)),
+              "cuMemcpyAsync")
+    return out
+
+
+@kernel("clone")
+def clone(device: Device, self: Tensor, memory_format=None) -> Tensor:
+    """torch's rule: keep the layout of a dense tensor, otherwise (or when asked) make it contiguous."""
+    keep = memory_format in (None, "preserve_format") and S.is_non_overlapping_and_dense(self._shape, self._strides)
+    if keep and not self.is_contiguous():
+        return _dense_copy(self)
+    return cast(self, self._dtype)
+
+
+@kernel("_write_")
+def write(device: Device, self: Tensor, src: Tensor) -> Tensor:
+    if src._device.type == "cpu":
+        src = src.to(self._device) if src.ndim else src
+    if src._storage is self._storage and (src._shape, src._strides, src._offset) != (self._shape, self._strides,
+                                                                                    self._offset):
+        src = cast(src, src._dtype)  # overlapping source and destination: read everything first
+    copy_into(self, src)
+    return self
+
+
+def _window(base: Tensor, dim: int, start: int, length: int) -> Tensor:
+    """``base.narrow(dim, start, length)`` as a plain strided view (no autograd, no dispatch)."""
+    shape = base._shape[:dim] + (length,) + base._shape[dim + 1:]
+    return Tensor._make(base._storage, shape, base._strides, base._offset + start * base._strides[dim], base._dtype,
+                        base._device)
+
+
+@kernel("cat")
+def cat(device: Device, tensors, dim: int = 0) -> Tensor:
+    from tilewise.ops.movement import check_cat
+
+    parts, d, dtype = check_cat(tensors, dim)
+    shape = list(parts[0]._shape)
+    shape[d] = sum(t._shape[d] for t in parts)
+    out = empty(tuple(shape), dtype, device)
+    start = 0
+    for t in parts:
+        copy_into(_window(out, d, start, t._shape[d]), t)
+        start += t._shape[d]
+    return out
+
+
+@kernel("flip")
+def flip(device: Device, self: Tensor, dims) -> Tensor:
+    """A copy reading ``self`` through negated strides: the copy kernel's strides are signed."""
+    axes = S.normalize_dims(dims, self.ndim, "flip") if self.ndim else ()
+    strides, offset = list(self._strides), self._offset
+    for d in axes:
+        offset += (self._shape[d] - 1) * strides[d] if self._shape[d] else 0
+        strides[d] = -strides[d]
+    reversed_view = Tensor._make(self._storage, self._shape, tuple(strides), offset, self._dtype, self._device)
+    return copy_into(empty(self._shape, self._dtype, device), reversed_view)

@@ -1,0 +1,94 @@
+"""Creation operators on CUDA: full (a fill kernel, or a memset for zeros), empty, arange, linspace, eye.
+
+arange and linspace compute each element from its index in float64 (int64 for integer arange), the same
+arithmetic as the CPU kernels, then convert once to the requested dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tilewise import dtypes
+from tilewise.backends.cuda import data_ptr, empty, stream_handle
+from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
+from tilewise.backends.cuda.kernels.pointwise import elementwise
+from tilewise.compiler.render import CUDA
+from tilewise.compiler.render.cstyle import SUFFIX, Source, compute_of, store_code
+from tilewise.device import Device
+from tilewise.dtypes import DType
+from tilewise.ops.expr import Expr
+from tilewise.tensor import Tensor
+
+_BLOCK = 256
+
+
+def fill(out: Tensor, value) -> Tensor:
+    """Set every element of ``out`` (any strides) to the Python number ``value``."""
+    numel = out.numel()
+    if numel and out.is_contiguous() and value == 0 and math.copysign(1.0, value) > 0:
+        from tilewise.backends.cuda.runtime.driver import check, driver_api
+
+        check(driver_api().cuMemsetD8Async(data_ptr(out), 0, numel * out._dtype.itemsize,
+                                           stream_handle(out._device.index)), "cuMemsetD8Async")
+        return out
+    return elementwise("fill", Expr("input", (), 0), compute_of(out._dtype), [value], out)
+
+
+@kernel("full")
+def full(device: Device, size, fill_value, dtype=None, target=None) -> Tensor:
+    return fill(empty(tuple(size), dtype, device), fill_value)
+
+
+@kernel("empty")
+def empty_op(device: Device, size, dtype=None, target=None) -> Tensor:
+    return empty(tuple(size), dtype, device)
+
+
+def _index_kernel(name: str, dtype: DType, formula: str, params: str, wide: DType, device: int):
+    """``out[i] = formula`` (a C expression of ``i`` in ``wide``), stored as ``dtype``."""
+    source = Source(CUDA)
+    source.need_storage(dtype)
+    c_out, c_wide = CUDA.ctype(dtype), CUDA.ctype(wide)
+    store = store_code(CUDA, dtype, "v", wide)
+    text = (f'extern "C" __global__ void {name}({c_out}* __restrict__ out, long long n{params}) {{\n'
+            f"    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+            f"    if (i >= n) return;\n    const {c_wide} v = {formula};\n    out[i] = {store};\n}}")
+    return load(source.text(text), name, device)
+
+
+def _launch_index_kernel(fn, out: Tensor, *args) -> Tensor:
+    n = out.numel()
+    if n:
+        launch(fn, ceil_div(n, _BLOCK), _BLOCK, [data_ptr(out), n, *args], stream_handle(out._device.index))
+    return out
+
+
+@kernel("arange")
+def arange(device: Device, start, end, step=1, dtype=None, target=None) -> Tensor:
+    length = max(int(math.ceil((end - start) / step)), 0)
+    out = empty((length,), dtype, device)
+    if dtype.is_floating_point:
+        fn = _index_kernel(f"tw_arange_{SUFFIX[dtype.name]}", dtype, "start + (double)i * step",
+                           ", double start, double step", dtypes.float64, device.index)
+        return _launch_index_kernel(fn, out, float(start), float(step))
+    fn = _index_kernel(f"tw_arange_{SUFFIX[dtype.name]}", dtype, "start + i * step", ", long long start, long long step",
+                       dtypes.int64, device.index)
+    return _launch_index_kernel(fn, out, int(start), int(step))
+
+
+@kernel("linspace")
+def linspace(device: Device, start, end, steps, dtype=None, target=None) -> Tensor:
+    out = empty((steps,), dtype, device)
+    step = (end - start) / (steps - 1) if steps > 1 else 0.0
+    fn = _index_kernel(f"tw_linspace_{SUFFIX[dtype.name]}", dtype, "i == n - 1 && n > 1 ? end : start + (double)i * step",
+                       ", double start, double step, double end", dtypes.float64, device.index)
+    return _launch_index_kernel(fn, out, float(start), float(step), float(end))
+
+
+@kernel("eye")
+def eye(device: Device, n, m=None, dtype=None, target=None) -> Tensor:
+    cols = n if m is None else m
+    out = empty((n, cols), dtype, device)
+    fn = _index_kernel(f"tw_eye_{SUFFIX[dtype.name]}", dtype, "(i / cols == i % cols) ? 1 : 0", ", long long cols",
+                       dtypes.int64, device.index)
+    return _launch_index_kernel(fn, out, max(cols, 1))

@@ -1,0 +1,244 @@
+"""Indexing on CUDA: gather, scatter, scatter_add, advanced indexing (index, index_put), view scatters.
+
+[Note: indexed kernels]
+All of these walk an iteration space of rank R (the result of ``x[indices]``, or the index tensor of
+gather/scatter) and address the indexed tensor at
+
+    off(c) = sum_d c[d] * a[d]  +  sum_k wrap_k(idx_k[sum_d c[d] * b_k[d]]) * s_k
+
+where ``a`` are the indexed tensor's strides for the dims that are not indexed (0 elsewhere), ``idx_k``
+the index tensors with their strides ``b_k`` broadcast over the iteration space, ``s_k`` the stride of the
+dim ``idx_k`` indexes and ``wrap_k`` adds that dim's size to a negative index. One kernel generator, with
+three modes, serves every operator: *take* (``out[i] = x[off]``: index, gather), *put* (``x[off] = v``:
+index_put, scatter) and *add* (``atomicAdd(x + off, v)``: accumulating index_put, scatter_add); the value
+``v`` is read with its own strides over the iteration space. Indices are not bounds-checked on the device.
+"""
+
+from __future__ import annotations
+
+from tilewise import _strides as S
+from tilewise import dtypes
+from tilewise.backends.cuda import data_ptr, empty, stream_handle
+from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
+from tilewise.backends.cuda.kernels.copy import cast, contiguous, copy_into
+from tilewise.backends.cuda.kernels.creation import fill
+from tilewise.compiler.render import CUDA
+from tilewise.compiler.render.cstyle import SUFFIX, Source
+from tilewise.device import Device
+from tilewise.dtypes import DType
+from tilewise.tensor import Tensor
+
+_BLOCK = 256
+TAKE, PUT, ADD = "take", "put", "add"
+_ATOMIC = {"float32", "float64", "float16", "bfloat16", "int32", "int64"}
+
+
+def _indexed_kernel(mode: str, dtype: DType, n_index: int, rank: int, device: int):
+    source = Source(CUDA)
+    source.need_storage(dtype)
+    c = CUDA.ctype(dtype)
+    name = f"tw_index_{mode}_{SUFFIX[dtype.name]}_k{n_index}_r{rank}"
+    params = [f"{c}* __restrict__ x", f"{'const ' if mode != TAKE else ''}{c}* __restrict__ v",
+              *(f"const long long* __restrict__ idx{k}" for k in range(n_index)), "long long n",
+              *(f"long long size{d}" for d in range(rank)), *(f"long long a{d}" for d in range(rank)),
+              *(f"long long v{d}" for d in range(rank)),
+              *(f"long long b{k}_{d}" for k in range(n_index) for d in range(rank)),
+              *(f"long long s{k}, long long dim{k}" for k in range(n_index))]
+    lines = ["const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;", "if (i >= n) return;",
+             "long long rem = i, off = 0, voff = 0;", *(f"long long ioff{k} = 0;" for k in range(n_index))]
+    for d in range(rank - 1, -1, -1):
+        coord = "rem" if d == 0 else f"rem % size{d}"
+        adds = "".join(f" ioff{k} += cd * b{k}_{d};" for k in range(n_index))
+        lines.append(f"{{ const long long cd = {coord}; off += cd * a{d}; voff += cd * v{d};{adds}"
+                     + (f" rem /= size{d}; }}" if d else " }"))
+    for k in range(n_index):
+        lines.append(f"{{ long long j = idx{k}[ioff{k}]; if (j < 0) j += dim{k}; off += j * s{k}; }}")
+    if mode == TAKE:
+        lines.append("v[i] = x[off];")
+    elif mode == PUT:
+        lines.append("x[off] = v[voff];")
+    else:
+        target = "(unsigned long long*)(x + off)" if dtype is dtypes.int64 else "x + off"
+        value = "(unsigned long long)v[voff]" if dtype is dtypes.int64 else "v[voff]"
+        lines.append(f"atomicAdd({target}, {value});")
+    text = (f'extern "C" __global__ void {name}({", ".join(params)}) {{\n'
+            + "\n".join("    " + ln for ln in lines) + "\n}")
+    return load(source.text(text), name, device)
+
+
+def indexed(mode: str, x: Tensor, v: Tensor, shape: tuple, a: tuple, v_strides: tuple,
+            indices: list[tuple[Tensor, tuple, int, int]]) -> None:
+    """Run one indexed kernel over ``shape``. ``indices``: (int64 index tensor, its strides over ``shape``,
+    stride of the indexed dim in ``x``, size of that dim)."""
+    n = S.numel(shape)
+    if n == 0:
+        return
+    rank = max(len(shape), 1)
+
+    def padded(strides) -> tuple:
+        return tuple(strides) if strides else (0,) * rank
+
+    fn = _indexed_kernel(mode, x._dtype, len(indices), rank, x._device.index)
+    args = [data_ptr(x), data_ptr(v), *(data_ptr(t) for t, _, _, _ in indices), n, *(tuple(shape) or (1,)),
+            *padded(a), *padded(v_strides)]
+    for _, strides, _, _ in indices:
+        args += padded(strides)
+    for _, _, stride, size in indices:
+        args += [stride, size]
+    launch(fn, ceil_div(n, _BLOCK), _BLOCK, args, stream_handle(x._device.index))
+
+
+def _long(index: Tensor) -> Tensor:
+    return index if index._dtype is dtypes.int64 else cast(index, dtypes.int64)
+
+
+def _check_atomic(dtype: DType, op: str) -> None:
+    if dtype.name not in _ATOMIC:
+        raise NotImplementedError(f"{op} with accumulation on CUDA supports {sorted(_ATOMIC)}, got {dtype.name}")
+
+
+# ---------------------------------------------------------------------------------------------- gather/scatter
+
+def _check_index(self: Tensor, dim: int, index: Tensor, op: str) -> int:
+    d = S.normalize_dim(dim, max(self.ndim, 1), op)
+    if index._dtype is not dtypes.int64:
+        raise RuntimeError(f"{op}(): Expected dtype int64 for index, got {index.dtype}")
+    if index.ndim != self.ndim:
+        raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as input tensor "
+                           f"({index.ndim} vs {self.ndim})")
+    return d
+
+
+def _along(self: Tensor, d: int) -> tuple[tuple, tuple]:
+    """Strides of ``self`` over an index-shaped space: 0 on the indexed dim, which the index supplies."""
+    a = tuple(0 if k == d else s for k, s in enumerate(self._strides))
+    return a, self._strides[d] if self.ndim else 0
+
+
+@kernel("gather")
+def gather(device: Device, self: Tensor, dim: int, index: Tensor, sparse_grad: bool = False) -> Tensor:
+    d = _check_index(self, dim, index, "gather")
+    out = empty(index._shape, self._dtype, device)
+    a, stride = _along(self, d)
+    indexed(TAKE, self, out, index._shape, a, (), [(index, index._strides, stride, self._shape[d] if self.ndim else 1)])
+    return out
+
+
+def _scatter(self: Tensor, dim: int, index: Tensor, src, mode: str, op: str) -> Tensor:
+    d = _check_index(self, dim, index, op)
+    out = cast(self, self._dtype)
+    if isinstance(src, Tensor):
+        values = src if src._dtype is self._dtype else cast(src, self._dtype)
+        v_strides = values._strides
+    else:
+        values = fill(empty((), self._dtype, self._device), src)
+        v_strides = (0,) * index.ndim
+    if mode == ADD:
+        _check_atomic(self._dtype, op)
+    a, stride = _along(out, d)
+    indexed(mode, out, values, index._shape, a, v_strides,
+            [(index, index._strides, stride, out._shape[d] if out.ndim else 1)])
+    return out
+
+
+@kernel("scatter.src")
+def scatter_src(device: Device, self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    return _scatter(self, dim, index, src, PUT, "scatter")
+
+
+@kernel("scatter.value")
+def scatter_value(device: Device, self: Tensor, dim: int, index: Tensor, value) -> Tensor:
+    return _scatter(self, dim, index, value, PUT, "scatter")
+
+
+@kernel("scatter_add")
+def scatter_add(device: Device, self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    return _scatter(self, dim, index, src, ADD, "scatter_add")
+
+
+# ---------------------------------------------------------------------------------------------- advanced indexing
+
+def _advanced_geometry(self: Tensor, indices) -> tuple[tuple, tuple, list[tuple[Tensor, tuple, int, int]]]:
+    """numpy's rules: (result shape, self strides over it, index tensors with strides over it)."""
+    if len(indices) > self.ndim:
+        raise IndexError(f"index: too many indices for tensor of dimension {self.ndim}")
+    tensors = [(d, _long(t)) for d, t in enumerate(indices) if t is not None]
+    for _, t in tensors:
+        if t._dtype is dtypes.bool_:
+            raise RuntimeError("index: bool index tensors must be converted to positions first")
+    bshape = S.broadcast_shapes(*(t._shape for _, t in tensors), op="index")
+    dims = [d for d, _ in tensors]
+    adjacent = dims == list(range(dims[0], dims[-1] + 1))
+    rest = [d for d in range(self.ndim) if d not in dims]
+    before = [d for d in rest if d < dims[0]] if adjacent else []
+    after = [d for d in rest if d not in before]
+    shape = tuple(self._shape[d] for d in before) + bshape + tuple(self._shape[d] for d in after)
+    zeros = (0,) * len(bshape)
+    a = tuple(self._strides[d] for d in before) + zeros + tuple(self._strides[d] for d in after)
+    lead, trail = (0,) * len(before), (0,) * len(after)
+    specs = [(t, lead + S.expand_strides(t._shape, t._strides, bshape) + trail, self._strides[d], self._shape[d])
+             for d, t in tensors]
+    return shape, a, specs
+
+
+@kernel("index.Tensor")
+def index(device: Device, self: Tensor, indices) -> Tensor:
+    shape, a, specs = _advanced_geometry(self, indices)
+    out = empty(shape, self._dtype, device)
+    indexed(TAKE, self, out, shape, a, (), specs)
+    return out
+
+
+@kernel("index_put")
+def index_put(device: Device, self: Tensor, indices, values, accumulate: bool = False) -> Tensor:
+    out = cast(self, self._dtype)
+    shape, a, specs = _advanced_geometry(out, indices)
+    if not isinstance(values, Tensor):
+        values = fill(empty((), self._dtype, device), values)
+    values = values if values._dtype is self._dtype else cast(values, self._dtype)
+    if values._device.type == "cpu":
+        values = values.to(device)
+    try:
+        v_strides = S.expand_strides(values._shape, values._strides, shape)
+    except RuntimeError:
+        raise RuntimeError(f"index_put: shape mismatch: value tensor of shape {list(values.shape)} cannot be "
+                           f"broadcast to indexing result of shape {list(shape)}") from None
+    if accumulate:
+        _check_atomic(self._dtype, "index_put")
+    indexed(ADD if accumulate else PUT, out, values, shape, a, v_strides, specs)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- view scatters
+
+def _strided_view(base: Tensor, shape, strides, offset) -> Tensor:
+    return Tensor._make(base._storage, tuple(shape), tuple(strides), base._offset + offset, base._dtype, base._device)
+
+
+def _non_overlapping(shape, strides) -> bool:
+    reach = 0
+    for stride, size in sorted((stride, size) for size, stride in zip(shape, strides) if size > 1):
+        if stride <= reach:
+            return False
+        reach += (size - 1) * stride
+    return True
+
+
+@kernel("view_scatter_add")
+def view_scatter_add(device: Device, grad: Tensor, input_shape, view_shape, view_strides, view_offset) -> Tensor:
+    out = fill(empty(tuple(input_shape), grad._dtype, device), 0)
+    view = _strided_view(out, view_shape, view_strides, view_offset)
+    if _non_overlapping(view_shape, view_strides):
+        copy_into(view, grad)
+        return out
+    _check_atomic(grad._dtype, "view_scatter_add")
+    src = contiguous(grad.expand(tuple(view_shape)) if grad._shape != tuple(view_shape) else grad)
+    indexed(ADD, view, src, tuple(view_shape), tuple(view_strides), src._strides, [])
+    return out
+
+
+@kernel("view_scatter")
+def view_scatter(device: Device, self: Tensor, src: Tensor, view_shape, view_strides, view_offset) -> Tensor:
+    out = cast(self, self._dtype)
+    copy_into(_strided_view(out, view_shape, view_strides, view_offset), src)
+    return out

@@ -1,0 +1,389 @@
+"""GEMM on CUDA through cuBLASLt (nvmath-python's raw bindings): mm, bmm, and linear with fused epilogues.
+
+[Note: cuBLASLt GEMM]
+cuBLASLt is column-major; tilewise is row-major. A row-major ``D[M,N] = A[M,K] @ B[K,N]`` is computed as
+the column-major ``D^T = B^T A^T``: cuBLASLt's first operand is ``B`` and its second ``A``. A row-major
+operand with strides ``(ld, 1)`` *is* its transpose in column-major with leading dimension ``ld``, and a
+transposed view with strides ``(1, ld)`` is the same matrix with ``TRANS=T``: so ``x @ w.t()`` and other
+transposed views need no copy; only an operand with neither stride 1 is copied first. Batches are strided
+(``bmm`` reads ``stride[0]``, 0 for a broadcast batch). Bias (per output column), bias+ReLU and bias+GELU
+(tanh) are cuBLASLt epilogues, used by ``linear`` when its backward is not being recorded.
+
+Per shape, the descriptors, the layouts and the algorithm are made once and cached: the few best
+heuristic candidates are timed once (``TILEWISE_GEMM_TUNE``) and the fastest kept. float32 GEMMs run in
+full float32 unless ``allow_tf32`` is set (torch.backends.cuda.matmul.allow_tf32). Enum values are those
+of ``library_types.h`` and ``cublas_api.h``, a stable ABI.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tilewise import dtypes
+from tilewise.backends.cuda import data_ptr, empty, empty_fast, stream_handle
+from tilewise.backends.cuda.kernels import kernel
+from tilewise.config import log, settings
+from tilewise.device import Device
+from tilewise.dtypes import DType
+from tilewise.tensor import Tensor
+
+allow_tf32 = False  # float32 GEMMs may use TF32 tensor cores (10-bit mantissa products)
+
+WORKSPACE_BYTES = 32 << 20
+_DATA_TYPE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}  # cudaDataType_t
+_COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70  # cublasComputeType_t
+_OP_N, _OP_T = 0, 1
+EPILOGUES = {"none": 1, "relu": 2, "bias": 4, "relu_bias": 6, "gelu": 32, "gelu_bias": 36}  # cublasLtEpilogue_t
+_TUNE_MIN_FLOPS = 1 << 25
+_CANDIDATES = 4
+
+
+_bindings: list = []
+
+
+def _lt():
+    """nvmath's cuBLASLt bindings, imported at first use (the GPU extra)."""
+    if not _bindings:
+        from nvmath.bindings import cublasLt
+
+        _bindings.append(cublasLt)
+    return _bindings[0]
+
+
+@dataclass
+class _Context:
+    handle: int
+    workspace: Tensor
+
+
+_contexts: dict[int, _Context] = {}
+
+
+def _context(device: Device) -> _Context:
+    ctx = _contexts.get(device.index)
+    if ctx is None:
+        from tilewise.backends.cuda.runtime import ensure_context
+
+        ensure_context(device.index)
+        ctx = _contexts[device.index] = _Context(_lt().create(), empty((WORKSPACE_BYTES,), dtypes.uint8, device))
+    return ctx
+
+
+def _set(setter, dtype_of, obj: int, attr, value) -> None:
+    buffer = np.array([value], dtype=dtype_of(int(attr)))
+    setter(obj, int(attr), buffer.ctypes.data, buffer.nbytes)
+
+
+# ---------------------------------------------------------------------------------------------- operands
+
+@dataclass(frozen=True)
+class Operand:
+    """How cuBLASLt reads a row-major logical matrix: transpose flag, rows/cols of the stored matrix, ld."""
+
+    trans: int
+    rows: int
+    cols: int
+    ld: int
+
+
+def column_major(rows: int, cols: int, row_stride: int, col_stride: int) -> Operand | None:
+    """A logical row-major (rows x cols) matrix as cuBLASLt's op(X), X column-major; None if it needs a copy.
+
+    op(X) is the (cols x rows) transpose, which is what the D^T = B^T A^T formulation consumes."""
+    if (col_stride == 1 or cols == 1) and (row_stride >= max(cols, 1) or rows == 1):
+        return Operand(_OP_N, cols, rows, max(row_stride if rows > 1 else cols, 1))
+    if (row_stride == 1 or rows == 1) and (col_stride >= max(rows, 1) or cols == 1):
+        return Operand(_OP_T, rows, cols, max(col_stride if cols > 1 else rows, 1))
+    return None
+
+
+def _operand(x: Tensor) -> tuple[Tensor, Operand]:
+    rows, cols = x._shape[-2:]
+    found = column_major(rows, cols, x._strides[-2], x._strides[-1])
+    if found is None:
+        from tilewise.backends.cuda.kernels.copy import cast
+
+        x = cast(x, x._dtype)
+        found = column_major(rows, cols, x._strides[-2], x._strides[-1])
+    return x, found
+
+
+def _alignment(ptr: int) -> int:
+    return min(ptr & -ptr, 256) if ptr else 256
+
+
+# ---------------------------------------------------------------------------------------------- plans
+
+@dataclass
+class _Plan:
+    desc: int
+    layouts: tuple[int, int, int]  # A (our B), B (our A), D
+    algo: int  # address of the chosen cublasLtMatmulAlgo_t
+    keep: list = field(default_factory=list)  # host objects whose memory the handles above point into
+    alpha: np.ndarray = None
+    beta: np.ndarray = None
+    scalars: tuple[int, int] = (0, 0)  # host addresses of alpha and beta
+    bias_ptr: int = 0
+
+
+_plans: dict[tuple, _Plan] = {}
+
+
+def _layout(dtype: DType, op: Operand, batch: int, batch_stride: int) -> int:
+    lt = _lt()
+    layout = lt.matrix_layout_create(_DATA_TYPE[dtype.name], op.rows, op.cols, op.ld)
+    if batch > 1:
+        _set(lt.matrix_layout_set_attribute, lt.get_matrix_layout_attribute_dtype, layout,
+             lt.MatrixLayoutAttribute.BATCH_COUNT, batch)
+        _set(lt.matrix_layout_set_attribute, lt.get_matrix_layout_attribute_dtype, layout,
+             lt.MatrixLayoutAttribute.STRIDED_BATCH_OFFSET, batch_stride)
+    return layout
+
+
+def _plan(key: tuple, dtype: DType, a_op: Operand, b_op: Operand, m: int, n: int, k: int, batch: int,
+          strides: tuple[int, int], epilogue: str, aligns: tuple[int, ...], args: tuple) -> _Plan:
+    lt = _lt()
+    wide = dtype is dtypes.float64
+    compute = _COMPUTE_64F if wide else (_COMPUTE_32F_FAST_TF32 if dtype is dtypes.float32 and allow_tf32
+                                         else _COMPUTE_32F)
+    scale = _DATA_TYPE["float64" if wide else "float32"]
+    desc = lt.matmul_desc_create(compute, scale)
+    setter, dtype_of = lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype
+    _set(setter, dtype_of, desc, lt.MatmulDescAttribute.TRANSA, b_op.trans)
+    _set(setter, dtype_of, desc, lt.MatmulDescAttribute.TRANSB, a_op.trans)
+    if epilogue != "none":
+        _set(setter, dtype_of, desc, lt.MatmulDescAttribute.EPILOGUE, EPILOGUES[epilogue])
+    b_stride, a_stride = strides
+    layouts = (_layout(dtype, b_op, batch, b_stride), _layout(dtype, a_op, batch, a_stride),
+               _layout(dtype, Operand(_OP_N, n, m, n), batch, m * n))
+    plan = _Plan(desc, layouts, 0)
+    plan.alpha = np.array([1.0], np.float64 if wide else np.float32)
+    plan.beta = np.array([0.0], np.float64 if wide else np.float32)
+    plan.scalars = (plan.alpha.ctypes.data, plan.beta.ctypes.data)
+    algos, results = _heuristics(args[0], desc, layouts, aligns)
+    plan.keep.append(results)
+    plan.algo = _choose(key, plan, algos, m * n * k * batch, args)
+    return plan
+
+
+def _heuristics(handle: int, desc: int, layouts, aligns) -> tuple[list[int], object]:
+    lt = _lt()
+    pref = lt.matmul_preference_create()
+    setter, dtype_of = lt.matmul_preference_set_attribute, lt.get_matmul_preference_attribute_dtype
+    attrs = lt.MatmulPreferenceAttribute
+    _set(setter, dtype_of, pref, attrs.MAX_WORKSPACE_BYTES, WORKSPACE_BYTES)
+    for attr, align in zip((attrs.MIN_ALIGNMENT_A_BYTES, attrs.MIN_ALIGNMENT_B_BYTES, attrs.MIN_ALIGNMENT_C_BYTES,
+                            attrs.MIN_ALIGNMENT_D_BYTES), aligns):
+        _set(setter, dtype_of, pref, attr, align)
+    results = lt.MatmulHeuristicResult(_CANDIDATES)
+    count = np.zeros(1, np.int32)
+    a, b, d = layouts
+    lt.matmul_algo_get_heuristic(handle, desc, a, b, d, d, pref, _CANDIDATES, results.ptr,
+                                 count.ctypes.data)
+    lt.matmul_preference_destroy(pref)
+    if count[0] == 0:
+        raise RuntimeError("cuBLASLt found no algorithm for this GEMM (dtype, layout or alignment unsupported)")
+    size = lt.matmul_heuristic_result_dtype.itemsize
+    raw = np.frombuffer((ctypes.c_char * (size * _CANDIDATES)).from_address(results.ptr),
+                        dtype=lt.matmul_heuristic_result_dtype)
+    algos = [results.ptr + i * size for i in range(int(count[0])) if int(raw[i]["state"]) == 0]
+    return algos, results
+
+
+def _choose(key: tuple, plan: _Plan, algos: list[int], work: int, args: tuple) -> int:
+    if len(algos) == 1 or not settings.gemm_tune or work * 2 < _TUNE_MIN_FLOPS:
+        return algos[0]
+    from tilewise.backends.cuda.runtime import Event
+
+    times = []
+    for algo in algos:
+        plan.algo = algo
+        _run(plan, *args)
+        start, end = Event(enable_timing=True), Event(enable_timing=True)
+        start.record(args[-1])
+        for _ in range(3):
+            _run(plan, *args)
+        end.record(args[-1])
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 3)
+    best = min(range(len(algos)), key=times.__getitem__)
+    log("matmul", f"GEMM {key[1:]}: candidate times (ms) {[round(t, 4) for t in times]}, chose #{best}")
+    return algos[best]
+
+
+def _run(plan: _Plan, handle: int, a_ptr: int, b_ptr: int, d_ptr: int, bias_ptr: int, workspace: int,
+         stream: int) -> None:
+    lt = _lt()
+    if bias_ptr and bias_ptr != plan.bias_ptr:
+        plan.bias_ptr = bias_ptr
+        _set(lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, plan.desc,
+             lt.MatmulDescAttribute.BIAS_POINTER, bias_ptr)
+    a_layout, b_layout, d_layout = plan.layouts
+    alpha, beta = plan.scalars
+    lt.matmul(handle, plan.desc, alpha, b_ptr, a_layout, a_ptr, b_layout, beta, d_ptr, d_layout, d_ptr, d_layout,
+              plan.algo, workspace, WORKSPACE_BYTES, stream)
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+
+SUPPORTED = ("float32", "float64", "float16", "bfloat16")
+
+
+@dataclass
+class _Call:
+    """What a GEMM call with given shapes, strides, dtype, epilogue and alignment needs besides its pointers."""
+
+    plan: _Plan | None
+    copy_a: bool
+    copy_b: bool
+    out_shape: tuple
+    out_strides: tuple
+    numel: int
+
+
+_calls: dict[tuple, _Call] = {}
+
+
+def gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, epilogue: str = "none") -> Tensor:
+    """``a @ b`` (+ ``bias`` per output column, then ``epilogue``) for 2-D or batched 3-D CUDA tensors.
+
+    ``epilogue``: "none", "bias", "relu_bias", "gelu_bias" (GELU with the tanh approximation), "relu", "gelu".
+    """
+    device = a._device
+    a_ptr, b_ptr = data_ptr(a), data_ptr(b)
+    key = (device.index, a._dtype, a._shape, a._strides, b._shape, b._strides, epilogue, _alignment(a_ptr),
+           _alignment(b_ptr), allow_tf32)
+    call = _calls.get(key)
+    stream = stream_handle(device.index)
+    if call is None:
+        call = _calls[key] = _call(a, b, bias, epilogue, stream)
+    out = empty_fast(call.out_shape, call.out_strides, call.numel, a._dtype, device, stream)
+    if call.plan is None:
+        return _degenerate(out, bias, epilogue)
+    if call.copy_a:
+        a = _copied(a)
+        a_ptr = data_ptr(a)
+    if call.copy_b:
+        b = _copied(b)
+        b_ptr = data_ptr(b)
+    ctx = _contexts[device.index]
+    _run(call.plan, ctx.handle, a_ptr, b_ptr, data_ptr(out), data_ptr(bias) if bias is not None else 0,
+         data_ptr(ctx.workspace), stream)
+    return out
+
+
+def _copied(x: Tensor) -> Tensor:
+    from tilewise.backends.cuda.kernels.copy import cast
+
+    return cast(x, x._dtype)
+
+
+def _degenerate(out: Tensor, bias: Tensor | None, epilogue: str) -> Tensor:
+    """An empty product, or K == 0 (the product is zeros)."""
+    if out.numel() == 0:
+        return out
+    from tilewise.backends.cuda.kernels.creation import fill
+
+    fill(out, 0)
+    return out if bias is None else _epilogue_by_hand(out + bias, epilogue)
+
+
+def _call(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, stream: int) -> _Call:
+    device = a._device
+    batched = a.ndim == 3
+    m, k = a._shape[-2:]
+    n = b._shape[-1]
+    batch = a._shape[0] if batched else 1
+    out_shape = ((batch,) if batched else ()) + (m, n)
+    from tilewise import _strides as S
+
+    call = _Call(None, False, False, out_shape, S.contiguous_strides(out_shape), S.numel(out_shape))
+    if m == 0 or n == 0 or batch == 0 or k == 0:
+        return call
+    call.copy_a = column_major(m, k, a._strides[-2], a._strides[-1]) is None
+    call.copy_b = column_major(k, n, b._strides[-2], b._strides[-1]) is None
+    a = _copied(a) if call.copy_a else a
+    b = _copied(b) if call.copy_b else b
+    a_op, b_op = _operand(a)[1], _operand(b)[1]
+    ctx = _context(device)
+    out = empty(out_shape, a._dtype, device)
+    ptrs = (data_ptr(a), data_ptr(b), data_ptr(out))
+    aligns = tuple(_alignment(p) for p in (ptrs[1], ptrs[0], ptrs[2], ptrs[2]))
+    strides = (b._strides[0] if batched else 0, a._strides[0] if batched else 0)
+    key = (device.index, a._dtype, a_op, b_op, m, n, k, batch, strides, epilogue, aligns, allow_tf32)
+    args = (ctx.handle, ptrs[0], ptrs[1], ptrs[2], data_ptr(bias) if bias is not None else 0,
+            data_ptr(ctx.workspace), stream)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _plan(key, a._dtype, a_op, b_op, m, n, k, batch, strides, epilogue, aligns, args)
+    call.plan = plan
+    return call
+
+
+def _epilogue_by_hand(x: Tensor, epilogue: str) -> Tensor:
+    if epilogue.startswith("relu"):
+        return x.relu()
+    if epilogue.startswith("gelu"):
+        from tilewise.ops.registry import OPS
+
+        return OPS["gelu"](x, approximate="tanh")
+    return x
+
+
+def _host(op_name: str, *args):
+    from tilewise.backends.cuda.kernels.fallback import run_on_host
+    from tilewise.ops.registry import OPS
+
+    return run_on_host(OPS[op_name], args, args[0]._device)
+
+
+@kernel("mm")
+def mm(device: Device, self: Tensor, mat2: Tensor) -> Tensor:
+    from tilewise.backends.cpu.kernels import _check_mm
+
+    _check_mm(self, mat2)
+    if self._dtype.name not in SUPPORTED:
+        return _host("mm", self, mat2)
+    return gemm(self, mat2)
+
+
+@kernel("bmm")
+def bmm(device: Device, self: Tensor, mat2: Tensor) -> Tensor:
+    from tilewise.backends.cpu.kernels import _check_mm
+
+    _check_mm(self, mat2)
+    if self._dtype.name not in SUPPORTED:
+        return _host("bmm", self, mat2)
+    return gemm(self, mat2)
+
+
+def linear_activation(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
+    """``activation(x @ weight.T + bias)`` in one cuBLASLt call; ``activation``: "none", "relu", "gelu" (tanh).
+
+    Not differentiable by itself: the autograd path of ``linear`` runs its decomposition."""
+    rows = x.reshape(-1, x._shape[-1]) if x.ndim != 2 else x
+    if bias is None:
+        epilogue = activation
+    else:
+        epilogue = "bias" if activation == "none" else f"{activation}_bias"
+        bias = bias if bias.is_contiguous() else bias.contiguous()
+    out = gemm(rows, weight.t(), bias, epilogue)
+    return out.view(x._shape[:-1] + (weight._shape[0],)) if x.ndim != 2 else out
+
+
+@kernel("linear")
+def linear(device: Device, input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    same = input._dtype is weight._dtype and (bias is None or bias._dtype is input._dtype)
+    if not same or input._dtype.name not in SUPPORTED or input.ndim == 0 or weight.ndim != 2 or (
+            bias is not None and (bias.ndim != 1 or bias._device is not device)):
+        from tilewise.ops.linalg import _linear
+
+        return _linear(input, weight, bias)
+    if input._shape[-1] != weight._shape[1]:
+        from tilewise.ops.linalg import _check_matmul
+
+        _check_matmul(input, weight.t())
+    return linear_activation(input, weight, bias)

@@ -1,0 +1,534 @@
+"""One C-style renderer for every C-like target: scalar expressions, storage conversions, pointwise kernels.
+
+[Note: C-style rendering]
+An operator's meaning is a scalar ``Expr`` (``tilewise.ops.expr``). This module turns such expressions, and
+the pointwise kernels built around them, into C-family source. It owns all of the control flow: the
+per-element loop, the index arithmetic over sizes and strides, loads with conversion to the compute dtype,
+type inference over the expression, the stores. A target is a :class:`Language`: pure data (type names,
+headers, how a storage type converts to and from ``float``, how a thread finds its element, the few math
+functions a target spells differently). ``render.cuda.CUDA`` and ``render.c.C`` are the two instances;
+their kernels differ only where that data differs (tinygrad's ``CStyleLanguage``, STYLE.md §2).
+
+Types follow numpy's rules, which is what the CPU backend computes with: every tensor input is converted to
+the operator's compute dtype on load; a Python constant adopts the dtype of what it meets (a float constant
+meeting an integer makes a float64, NEP 50); comparisons give ``bool``. Helper functions that several ops
+need (NaN-propagating maximum, numpy's floor division and remainder, integer power) are emitted once per
+type, each inside an include guard, so many kernels can share one translation unit.
+
+The fused kernels of the compiler use the same entry points: :class:`PointwiseKernel` takes several
+outputs, each an ``Expr`` over the same inputs, and the expression renderer shares common subexpressions
+between them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tilewise import dtypes
+from tilewise.dtypes import DType
+from tilewise.ops.expr import BINARY, UNARY, Expr, toposort
+
+CONTIGUOUS, STRIDED, BROADCAST, VALUE = "contiguous", "strided", "broadcast", "value"
+LAYOUTS = (CONTIGUOUS, STRIDED, BROADCAST, VALUE)
+
+SUFFIX = {"bool": "b", "uint8": "u8", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+          "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+          "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+class WeakType:
+    """The dtype of a Python constant before it meets a typed operand."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"weak {self.name}"
+
+
+WEAK_INT, WEAK_FLOAT = WeakType("int"), WeakType("float")
+
+
+@dataclass(frozen=True)
+class Language:
+    """What a C-like target spells its own way. Everything else is shared (see the module note)."""
+
+    name: str
+    kernel_prefix: str  # before a kernel's name
+    helper_prefix: str  # before a helper function
+    restrict: str
+    type_names: Mapping[str, str]  # storage dtype name -> C type
+    headers: Mapping[str, str]  # storage dtype name -> the #include it needs
+    loads: Mapping[str, str]  # half-width storage dtype -> format turning a stored value into float
+    stores: Mapping[tuple[str, str], str]  # (storage dtype, "float"|"double") -> format; "{sat}" for fp8
+    math: Mapping[str, str]  # float math ops the target spells differently from MATH_FLOAT
+    constants: Mapping[tuple[str, str], str]  # ("inf"|"nan", "float"|"double") -> literal
+    element_loop: tuple[str, str]  # how a thread finds element i of n, and what closes that scope
+    prelude: str = ""  # text every kernel source starts with
+    helpers: Mapping[str, str] = field(default_factory=dict)  # extra helper bodies for this target
+    max_vector: int = 1  # elements per thread on the contiguous vector path (1: none)
+
+    def ctype(self, dtype: DType) -> str:
+        try:
+            return self.type_names[dtype.name]
+        except KeyError:
+            raise NotImplementedError(f"the {self.name} target has no storage type for {dtype.name}") from None
+
+
+# ----------------------------------------------------------------------------------------------- operators
+
+MATH_FLOAT = {  # {0}, {1}: operands; {f}: "f" for float, "" for double; {T}: the C type; {S}: type suffix
+    "neg": "(-{0})", "abs": "fabs{f}({0})", "sign": "tw_sign_{S}({0})", "exp": "exp{f}({0})",
+    "exp2": "exp2{f}({0})", "expm1": "expm1{f}({0})", "log": "log{f}({0})", "log2": "log2{f}({0})",
+    "log10": "log10{f}({0})", "log1p": "log1p{f}({0})", "sqrt": "sqrt{f}({0})",
+    "rsqrt": "(({T})1 / sqrt{f}({0}))", "reciprocal": "(({T})1 / {0})", "sin": "sin{f}({0})",
+    "cos": "cos{f}({0})", "tan": "tan{f}({0})", "asin": "asin{f}({0})", "acos": "acos{f}({0})",
+    "atan": "atan{f}({0})", "sinh": "sinh{f}({0})", "cosh": "cosh{f}({0})", "tanh": "tanh{f}({0})",
+    "erf": "erf{f}({0})", "erfinv": "tw_erfinv_{S}({0})", "floor": "floor{f}({0})", "ceil": "ceil{f}({0})",
+    "round": "rint{f}({0})", "trunc": "trunc{f}({0})", "logical_not": "(!{0})", "isnan": "({0} != {0})",
+    "isinf": "(fabs{f}({0}) == tw_inf_{S}())", "signbit": "(signbit({0}) != 0)",
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
+    "floordiv": "tw_floordiv_{S}({0}, {1})", "mod": "tw_mod_{S}({0}, {1})", "fmod": "fmod{f}({0}, {1})",
+    "pow": "pow{f}({0}, {1})", "maximum": "tw_maximum_{S}({0}, {1})", "minimum": "tw_minimum_{S}({0}, {1})",
+    "atan2": "atan2{f}({0}, {1})", "copysign": "copysign{f}({0}, {1})",
+}
+MATH_INT = {
+    "neg": "(-{0})", "abs": "tw_abs_{S}({0})", "sign": "(({T})(({0} > 0) - ({0} < 0)))", "floor": "{0}",
+    "ceil": "{0}", "round": "{0}", "trunc": "{0}", "logical_not": "(!{0})", "bitwise_not": "(~{0})",
+    "isnan": "false", "isinf": "false", "signbit": "({0} < 0)",
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "floordiv": "tw_floordiv_{S}({0}, {1})",
+    "mod": "tw_mod_{S}({0}, {1})", "fmod": "tw_fmod_{S}({0}, {1})", "pow": "tw_pow_{S}({0}, {1})",
+    "maximum": "({0} > {1} ? {0} : {1})", "minimum": "({0} < {1} ? {0} : {1})", "bitwise_and": "({0} & {1})",
+    "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})", "lshift": "({0} << {1})",
+    "rshift": "({0} >> {1})",
+}
+MATH_BOOL = {
+    "logical_not": "(!{0})", "bitwise_not": "(!{0})", "isnan": "false", "isinf": "false", "signbit": "false",
+    "abs": "{0}", "floor": "{0}", "ceil": "{0}", "round": "{0}", "trunc": "{0}", "sign": "{0}",
+    "add": "({0} || {1})", "mul": "({0} && {1})", "maximum": "({0} || {1})", "minimum": "({0} && {1})",
+    "bitwise_and": "({0} && {1})", "bitwise_or": "({0} || {1})", "bitwise_xor": "({0} != {1})",
+    "lshift": "({0} << {1})", "rshift": "({0} >> {1})",
+}
+MATH_ANY = {
+    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+    "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "(({0} != 0) && ({1} != 0))",
+    "logical_or": "(({0} != 0) || ({1} != 0))", "logical_xor": "(({0} != 0) != ({1} != 0))",
+}
+BOOL_RESULT = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not",
+               "isnan", "isinf", "signbit"}
+
+# Helper bodies. {FN}: the target's helper prefix; {T}: C type; {S}: suffix; {f}: float function suffix.
+HELPERS = {
+    ("maximum", "float"): "{FN} {T} tw_maximum_{S}({T} a, {T} b) {{ return a != a ? a : (b != b ? b : (a > b ? a : b)); }}",
+    ("minimum", "float"): "{FN} {T} tw_minimum_{S}({T} a, {T} b) {{ return a != a ? a : (b != b ? b : (a < b ? a : b)); }}",
+    ("sign", "float"): "{FN} {T} tw_sign_{S}({T} a) {{ return a > 0 ? ({T})1 : (a < 0 ? ({T})-1 : a); }}",
+    ("floordiv", "float"): """{FN} {T} tw_floordiv_{S}({T} a, {T} b) {{
+    if (b == 0) return a / b;
+    {T} mod = fmod{f}(a, b);
+    {T} div = (a - mod) / b;
+    if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;
+    if (div == 0) return copysign{f}(({T})0, a / b);
+    {T} fl = floor{f}(div);
+    return (div - fl > ({T})0.5) ? fl + 1 : fl;
+}}""",
+    ("mod", "float"): """{FN} {T} tw_mod_{S}({T} a, {T} b) {{
+    {T} mod = fmod{f}(a, b);
+    if (b == 0) return mod;
+    if (mod != 0) return ((b < 0) != (mod < 0)) ? mod + b : mod;
+    return copysign{f}(({T})0, b);
+}}""",
+    ("abs", "int"): "{FN} {T} tw_abs_{S}({T} a) {{ return a < 0 ? ({T})-a : a; }}",
+    ("floordiv", "int"): """{FN} {T} tw_floordiv_{S}({T} a, {T} b) {{
+    if (b == 0) return 0;
+    {T} q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}}""",
+    ("mod", "int"): """{FN} {T} tw_mod_{S}({T} a, {T} b) {{
+    if (b == 0) return 0;
+    {T} r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}}""",
+    ("fmod", "int"): "{FN} {T} tw_fmod_{S}({T} a, {T} b) {{ return b == 0 ? 0 : a % b; }}",
+    ("pow", "int"): """{FN} {T} tw_pow_{S}({T} a, {T} b) {{
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    {T} r = 1;
+    while (b) {{ if (b & 1) r *= a; a *= a; b >>= 1; }}
+    return r;
+}}""",
+    ("inf", "float"): "{FN} {T} tw_inf_{S}(void) {{ return {INF}; }}",
+}
+
+
+# ----------------------------------------------------------------------------------------------- type rules
+
+def kind_of(dtype: DType) -> str:
+    if dtype is dtypes.bool_:
+        return "bool"
+    return "float" if dtype.is_floating_point else "int"
+
+
+def join(a, b):
+    """numpy's result dtype of a binary operation on two node types (constants are weak, NEP 50)."""
+    if isinstance(a, WeakType) and isinstance(b, WeakType):
+        return WEAK_FLOAT if WEAK_FLOAT in (a, b) else WEAK_INT
+    if isinstance(a, WeakType):
+        a, b = b, a
+    if isinstance(b, WeakType):
+        if b is WEAK_FLOAT and not a.is_floating_point:
+            return dtypes.float64
+        return dtypes.int64 if a is dtypes.bool_ else a
+    return dtypes.promote_types(a, b)
+
+
+def concrete(t) -> DType:
+    if t is WEAK_FLOAT:
+        return dtypes.float64
+    if t is WEAK_INT:
+        return dtypes.int64
+    return t
+
+
+def compute_of(storage: DType) -> DType:
+    """The type a stored value has once loaded: half-width floats widen to float32."""
+    return dtypes.float32 if storage.is_floating_point and storage.itemsize < 4 else storage
+
+
+# ----------------------------------------------------------------------------------------------- source
+
+class Source:
+    """Kernel text being built: headers, helpers (each once) and body lines."""
+
+    def __init__(self, lang: Language) -> None:
+        self.lang = lang
+        self.headers: list[str] = []
+        self.helpers: dict[str, str] = {}
+
+    def need_storage(self, dtype: DType) -> None:
+        header = self.lang.headers.get(dtype.name)
+        if header and header not in self.headers:
+            self.headers.append(header)
+
+    def need_helper(self, op: str, dtype: DType) -> None:
+        kind = kind_of(dtype)
+        name = f"tw_{op}_{SUFFIX[dtype.name]}"
+        if name in self.helpers:
+            return
+        body = self.lang.helpers.get(f"{op}:{kind}") or HELPERS.get((op, kind))
+        if body is None:
+            return
+        c = self.lang.ctype(dtype)
+        f = "f" if dtype is dtypes.float32 else ""
+        inf = self.lang.constants.get(("inf", c), "")
+        text = body.format(FN=self.lang.helper_prefix, T=c, S=SUFFIX[dtype.name], f=f, INF=inf)
+        guard = f"TW_HELPER_{name.upper()}"
+        self.helpers[name] = f"#ifndef {guard}\n#define {guard}\n{text}\n#endif"
+
+    def text(self, kernel: str) -> str:
+        parts = [*self.headers, self.lang.prelude, *self.helpers.values(), kernel]
+        return "\n".join(p for p in parts if p) + "\n"
+
+
+def literal(value, dtype: DType, lang: Language) -> str:
+    """A C literal of ``value`` typed as ``dtype``."""
+    if dtype is dtypes.bool_:
+        return "true" if value else "false"
+    if not dtype.is_floating_point:
+        text = str(int(value))
+        return f"{text}LL" if dtype.itemsize == 8 else text
+    c = lang.ctype(dtype)
+    value = float(value)
+    if math.isnan(value):
+        return lang.constants[("nan", c)]
+    if math.isinf(value):
+        inf = lang.constants[("inf", c)]
+        return inf if value > 0 else f"(-{inf})"
+    text = repr(value)
+    if "." not in text and "e" not in text:
+        text += ".0"
+    return text + ("f" if dtype is dtypes.float32 else "")
+
+
+def load_code(lang: Language, storage: DType, code: str) -> str:
+    """Convert a stored value to ``compute_of(storage)``."""
+    fmt = lang.loads.get(storage.name)
+    return fmt.format(code) if fmt else code
+
+
+def store_code(lang: Language, storage: DType, value: str, value_type: DType, saturate: bool = False) -> str:
+    """Convert a computed value of ``value_type`` to the storage type."""
+    if storage is dtypes.bool_:
+        return f"({value} != 0)"
+    wide = "double" if value_type is dtypes.float64 else "float"
+    fmt = lang.stores.get((storage.name, wide))
+    if fmt is not None:
+        if value_type is not dtypes.float64 and value_type is not dtypes.float32:
+            value = f"(float)({value})"
+        return fmt.format(value, sat="__NV_SATFINITE" if saturate else "__NV_NOSAT")
+    return f"({lang.ctype(storage)})({value})"
+
+
+class ExprRenderer:
+    """Renders ``Expr`` nodes into ``const T tK = ...;`` statements, sharing nodes across calls."""
+
+    def __init__(self, source: Source, leaves: Mapping[tuple, tuple[str, DType]], suffix: str = "") -> None:
+        self.source = source
+        self.lang = source.lang
+        self.leaves = leaves  # ("input", k) or ("scalar", name) -> (C name, dtype)
+        self.suffix = suffix
+        self.lines: list[str] = []
+        self.done: dict[int, tuple[str, object]] = {}
+
+    def render(self, expr: Expr) -> tuple[str, DType]:
+        """The C name (or literal) of ``expr``'s value and its concrete dtype."""
+        for node in toposort(expr):
+            if id(node) not in self.done:
+                self.done[id(node)] = self._node(node, len(self.done))
+        code, t = self.done[id(expr)]
+        if isinstance(t, WeakType):
+            t = concrete(t)
+            code = literal(expr.arg, t, self.lang)
+        return code, t
+
+    def _operand(self, node: Expr, as_type) -> str:
+        code, t = self.done[id(node)]
+        if isinstance(t, WeakType):
+            return literal(node.arg, concrete(as_type) if not isinstance(as_type, WeakType) else concrete(t), self.lang)
+        return code
+
+    def _node(self, node: Expr, k: int) -> tuple[str, object]:
+        op = node.op
+        if op in ("input", "scalar"):
+            return self.leaves[(op, node.arg)]
+        if op == "const":
+            return "", WEAK_FLOAT if isinstance(node.arg, float) else WEAK_INT
+        if op == "cast":
+            return self._emit(self._cast(node), node.arg if node.arg.itemsize >= 4 or not node.arg.is_floating_point
+                              else dtypes.float32, k)
+        if op == "where":
+            c, a, b = node.srcs
+            t = join(self.done[id(a)][1], self.done[id(b)][1])
+            if isinstance(t, WeakType):
+                t = concrete(t)
+            code = f"({self._operand(c, dtypes.bool_)} ? {self._operand(a, t)} : {self._operand(b, t)})"
+            return self._emit(code, t, k)
+        if op in UNARY:
+            (a,) = node.srcs
+            t = self.done[id(a)][1]
+            t = concrete(t) if isinstance(t, WeakType) else t
+            if t is dtypes.bool_ and op == "neg":
+                raise TypeError("neg: negation of a bool tensor is not supported; use logical_not() or ~ instead")
+            out = dtypes.bool_ if op in BOOL_RESULT else t
+            return self._emit(self._math(op, t, [self._operand(a, t)]), out, k)
+        if op in BINARY:
+            a, b = node.srcs
+            t = join(self.done[id(a)][1], self.done[id(b)][1])
+            t = concrete(t) if isinstance(t, WeakType) else t
+            if op == "div" and not t.is_floating_point:
+                t = dtypes.float64
+            if t is dtypes.bool_ and op not in MATH_BOOL and op not in MATH_ANY:
+                if op == "sub":
+                    raise TypeError("sub: subtraction of bool tensors is not supported; use logical_xor() or ^ instead")
+                t = dtypes.int8  # numpy computes the remaining arithmetic on bools in int8
+            out = dtypes.bool_ if op in BOOL_RESULT else t
+            return self._emit(self._math(op, t, [self._operand(a, t), self._operand(b, t)]), out, k)
+        raise NotImplementedError(f"{self.lang.name} renderer: no rule for scalar op {op!r}")
+
+    def _cast(self, node: Expr) -> str:
+        (a,) = node.srcs
+        src_code, src_t = self.done[id(a)]
+        target: DType = node.arg
+        if isinstance(src_t, WeakType):
+            return literal(a.arg, target if target.itemsize >= 4 else dtypes.float32, self.lang)
+        if target is dtypes.bool_:
+            return f"({src_code} != 0)"
+        if target.is_floating_point and target.itemsize < 4:
+            self.source.need_storage(target)
+            return load_code(self.lang, target, store_code(self.lang, target, src_code, src_t))
+        return f"(({self.lang.ctype(target)}){src_code})"
+
+    def _math(self, op: str, t: DType, args: list[str]) -> str:
+        kind = kind_of(t)
+        table = {"float": MATH_FLOAT, "int": MATH_INT, "bool": MATH_BOOL}[kind]
+        fmt = MATH_ANY.get(op) or (self.lang.math.get(op) if kind == "float" else None) or table.get(op)
+        if fmt is None:
+            raise NotImplementedError(f"{self.lang.name} renderer: {op} is not defined for {t.name}")
+        if "tw_" in fmt:
+            helper = fmt.split("tw_", 1)[1].split("_{S}", 1)[0]
+            self.source.need_helper(helper, t)
+            if "tw_inf_" in fmt:
+                self.source.need_helper("inf", t)
+        c = self.lang.ctype(t)
+        return fmt.format(*args, f="f" if t is dtypes.float32 else "", T=c, S=SUFFIX[t.name])
+
+    def _emit(self, code: str, t: DType, k: int) -> tuple[str, DType]:
+        name = f"t{k}{self.suffix}"
+        self.lines.append(f"const {self.lang.ctype(t)} {name} = {code};")
+        return name, t
+
+
+# ----------------------------------------------------------------------------------------------- pointwise
+
+@dataclass(frozen=True)
+class Operand:
+    """A kernel operand: its storage dtype and how it is addressed.
+
+    ``contiguous``: element i at ``p[i]``; ``strided``: at ``p[offset(i)]`` from the shared sizes and this
+    operand's strides; ``broadcast``: one element ``p[0]`` for every i; ``value``: a by-value argument
+    (a Python number), already in the compute dtype.
+    """
+
+    dtype: DType
+    layout: str
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown operand layout {self.layout!r}; layouts: {LAYOUTS}")
+
+
+@dataclass(frozen=True)
+class PointwiseKernel:
+    """An elementwise kernel over ``rank`` dims: outputs[j] = exprs[j](inputs, scalars), in ``compute``.
+
+    Parameters, in order: one pointer per output, one pointer (or value) per input, one value per scalar
+    name (compute dtype), ``n``, then, when any operand is strided, the ``rank`` sizes and each strided
+    operand's ``rank`` strides (outputs first). Index arithmetic is in ``index`` ("int32" or "int64").
+    ``vector`` > 1 renders the contiguous vector path (every tensor operand contiguous, pointers aligned to
+    ``vector`` elements): each thread then handles ``vector`` consecutive elements.
+    """
+
+    name: str
+    inputs: tuple[Operand, ...]
+    outputs: tuple[tuple[Operand, Expr], ...]
+    compute: DType
+    scalars: tuple[str, ...] = ()
+    rank: int = 1
+    index: str = "int64"
+    vector: int = 1
+    saturate: bool = False
+    block: int = 128
+
+    @property
+    def strided(self) -> tuple[str, ...]:
+        """C names of the strided operands, outputs first: their strides follow the sizes."""
+        names = [f"out{j}" for j, (o, _) in enumerate(self.outputs) if o.layout == STRIDED]
+        return tuple(names + [f"in{k}" for k, o in enumerate(self.inputs) if o.layout == STRIDED])
+
+
+def render_pointwise(kernel: PointwiseKernel, lang: Language) -> str:
+    """The full source (headers, helpers, the kernel) of ``kernel`` for ``lang``."""
+    source = Source(lang)
+    idx = "int" if kernel.index == "int32" else "long long"
+    for operand, _ in kernel.outputs:
+        source.need_storage(operand.dtype)
+    for operand in kernel.inputs:
+        source.need_storage(operand.dtype)
+    params = _pointwise_params(kernel, lang, idx)
+    body = _pointwise_body(kernel, source, idx)
+    head = lang.kernel_prefix.format(block=kernel.block)
+    return source.text(f"{head} {kernel.name}({', '.join(params)}) {{\n{body}}}")
+
+
+def _pointwise_params(kernel: PointwiseKernel, lang: Language, idx: str) -> list[str]:
+    compute = lang.ctype(kernel.compute)
+    params = [f"{lang.ctype(o.dtype)}* {lang.restrict} out{j}" for j, (o, _) in enumerate(kernel.outputs)]
+    for k, operand in enumerate(kernel.inputs):
+        if operand.layout == VALUE:
+            params.append(f"{compute} x{k}")
+        else:
+            params.append(f"const {lang.ctype(operand.dtype)}* {lang.restrict} in{k}")
+    params += [f"{compute} s_{name}" for name in kernel.scalars]
+    params.append(f"{idx} n")
+    if kernel.strided:
+        params += [f"{idx} size{d}" for d in range(kernel.rank)]
+        params += [f"{idx} st_{name}_{d}" for name in kernel.strided for d in range(kernel.rank)]
+    return params
+
+
+def _element_body(kernel: PointwiseKernel, source: Source, idx: str, indent: str) -> list[str]:
+    """Statements computing and storing element ``i`` (offsets of strided operands included)."""
+    lang = source.lang
+    lines: list[str] = []
+    if kernel.strided:
+        lines += _offsets(kernel, idx)
+    leaves = {("scalar", name): (f"s_{name}", kernel.compute) for name in kernel.scalars}
+    for k, operand in enumerate(kernel.inputs):
+        leaves[("input", k)] = _input_leaf(k, operand, kernel.compute, lang, lines)
+    renderer = ExprRenderer(source, leaves)
+    results = [renderer.render(expr) for _, expr in kernel.outputs]
+    lines += renderer.lines
+    for j, ((operand, _), (code, t)) in enumerate(zip(kernel.outputs, results)):
+        where = "i" if operand.layout == CONTIGUOUS else f"off_out{j}"
+        lines.append(f"out{j}[{where}] = {store_code(lang, operand.dtype, code, t, kernel.saturate)};")
+    return [indent + line for line in lines]
+
+
+def _input_leaf(k: int, operand: Operand, compute: DType, lang: Language, lines: list[str]) -> tuple[str, DType]:
+    if operand.layout == VALUE:
+        return f"x{k}", compute
+    where = {CONTIGUOUS: "i", STRIDED: f"off_in{k}", BROADCAST: "0"}[operand.layout]
+    value = load_code(lang, operand.dtype, f"in{k}[{where}]")
+    lines.append(f"const {lang.ctype(compute)} x{k} = ({lang.ctype(compute)})({value});")
+    return f"x{k}", compute
+
+
+def _offsets(kernel: PointwiseKernel, idx: str) -> list[str]:
+    names = kernel.strided
+    lines = [f"{idx} rem = i;"] + [f"{idx} off_{name} = 0;" for name in names]
+    for d in range(kernel.rank - 1, -1, -1):
+        coord = "rem" if d == 0 else f"(rem % size{d})"
+        lines.append(f"{{ const {idx} c = {coord};" + "".join(f" off_{n} += c * st_{n}_{d};" for n in names)
+                     + (f" rem /= size{d}; }}" if d else " }"))
+    return lines
+
+
+def _pointwise_body(kernel: PointwiseKernel, source: Source, idx: str) -> str:
+    lang = source.lang
+    begin, end = lang.element_loop
+    scalar = _element_body(kernel, source, idx, "        ")
+    if kernel.vector <= 1:
+        inner = "\n".join(scalar)
+        return f"    {begin.format(idx=idx, n='n', block=kernel.block)}\n{inner}\n    {end}\n"
+    vector = _vector_body(kernel, source, idx)
+    tail = "\n".join(scalar)
+    return (f"    const {idx} base = ({idx})(blockIdx.x * ({idx})blockDim.x + threadIdx.x) * {kernel.vector};\n"
+            f"    if (base >= n) return;\n"
+            f"    if (base + {kernel.vector} <= n) {{\n{vector}\n        return;\n    }}\n"
+            f"    for ({idx} i = base; i < n; ++i) {{\n{tail}\n    }}\n")
+
+
+def _vector_body(kernel: PointwiseKernel, source: Source, idx: str) -> str:
+    lang, v = source.lang, kernel.vector
+    compute = lang.ctype(kernel.compute)
+    lines: list[str] = []
+    lanes: list[dict] = [{("scalar", s): (f"s_{s}", kernel.compute) for s in kernel.scalars} for _ in range(v)]
+    for k, operand in enumerate(kernel.inputs):
+        if operand.layout == CONTIGUOUS:
+            vt = f"tw_vec<{lang.ctype(operand.dtype)}, {v}>"
+            lines.append(f"const {vt} v{k} = *reinterpret_cast<const {vt}*>(in{k} + base);")
+        for j in range(v):
+            if operand.layout == VALUE:
+                lanes[j][("input", k)] = (f"x{k}", kernel.compute)
+                continue
+            where = f"v{k}.v[{j}]" if operand.layout == CONTIGUOUS else f"in{k}[0]"
+            lines.append(f"const {compute} x{k}_{j} = ({compute})({load_code(lang, operand.dtype, where)});")
+            lanes[j][("input", k)] = (f"x{k}_{j}", kernel.compute)
+    for o, (operand, _) in enumerate(kernel.outputs):
+        lines.append(f"tw_vec<{lang.ctype(operand.dtype)}, {v}> r{o};")
+    for j in range(v):
+        renderer = ExprRenderer(source, lanes[j], suffix=f"_{j}")
+        results = [renderer.render(expr) for _, expr in kernel.outputs]
+        lines += renderer.lines
+        for o, ((operand, _), (code, t)) in enumerate(zip(kernel.outputs, results)):
+            lines.append(f"r{o}.v[{j}] = {store_code(lang, operand.dtype, code, t, kernel.saturate)};")
+    for o, (operand, _) in enumerate(kernel.outputs):
+        vt = f"tw_vec<{lang.ctype(operand.dtype)}, {v}>"
+        lines.append(f"*reinterpret_cast<{vt}*>(out{o} + base) = r{o};")
+    return "\n".join("        " + line for line in lines)
+
+
+def vector_width(dtype_list: Sequence[DType], max_vector: int) -> int:
+    """Elements per thread so the widest operand moves 16 bytes per access (at most ``max_vector``)."""
+    widest = max((d.itemsize for d in dtype_list), default=4)
+    return max(1, min(max_vector, 16 // widest))

@@ -1,0 +1,60 @@
+"""Every tilewise setting, in one place, each readable from a ``TILEWISE_*`` environment variable.
+
+[Note: settings] Settings are plain attributes of :data:`settings`, read once from the environment when
+tilewise is imported and changeable at run time (``tilewise.config.settings.log = {"kernels"}``). Code
+that needs a setting reads it here, never from ``os.environ``, so a reader can see every knob at once.
+
+========================  =====================================================================================
+variable                  meaning
+========================  =====================================================================================
+``TILEWISE_LOG``          comma-separated log channels printed to stderr: ``kernels`` (each generated kernel's
+                          name, source and launch shape, the first time it is launched), ``fallback`` (operators
+                          that run on the host because the device has no kernel for them), ``matmul`` (the
+                          cuBLASLt algorithm chosen for each GEMM shape), and for ``tilewise.compile``: ``graph``
+                          (the graph after capture and after every pass), ``fusion`` (the fused groups),
+                          ``recompiles`` (which guard failed when a compiled function is compiled again)
+``TILEWISE_RECOMPILES``   variants ``tilewise.compile`` keeps per function before running it eagerly (8)
+``TILEWISE_CC``           the C compiler for the compiler's CPU target (default ``cc``)
+``TILEWISE_CACHE_DIR``    where compiled kernels are kept on disk (default ``~/.cache/tilewise/kernels``);
+                          read by ``tilewise.compiler.toolchain.cache``
+``TILEWISE_GEMM_TUNE``    ``1`` (default) times the few best cuBLASLt heuristic candidates once per GEMM shape
+                          and keeps the fastest; ``0`` takes cuBLASLt's first choice
+========================  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+LOG_CHANNELS = ("kernels", "fallback", "matmul", "graph", "fusion", "recompiles")
+
+
+def _channels(text: str) -> set[str]:
+    names = {part.strip() for part in text.split(",") if part.strip()}
+    unknown = names - set(LOG_CHANNELS) - {"all"}
+    if unknown:
+        print(f"tilewise: ignoring unknown TILEWISE_LOG channel(s) {sorted(unknown)}; known: {LOG_CHANNELS}",
+              file=sys.stderr)
+    return set(LOG_CHANNELS) if "all" in names else names & set(LOG_CHANNELS)
+
+
+@dataclass
+class Settings:
+    log: set[str] = field(default_factory=lambda: _channels(os.environ.get("TILEWISE_LOG", "")))
+    gemm_tune: bool = field(default_factory=lambda: os.environ.get("TILEWISE_GEMM_TUNE", "1") != "0")
+    recompile_limit: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_RECOMPILES", "8")))
+    cc: str = field(default_factory=lambda: os.environ.get("TILEWISE_CC", "cc"))
+
+    def logs(self, channel: str) -> bool:
+        return channel in self.log
+
+
+settings = Settings()
+
+
+def log(channel: str, message: str) -> None:
+    """Print ``message`` to stderr when ``channel`` is enabled."""
+    if channel in settings.log:
+        print(f"[tilewise:{channel}] {message}", file=sys.stderr, flush=True)

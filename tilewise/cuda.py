@@ -1,0 +1,144 @@
+"""``tilewise.cuda``: devices, streams, events, memory statistics and seeding, with torch.cuda's names.
+
+Everything here works on a machine without a GPU as far as it can: ``is_available()`` is False and
+``device_count()`` is 0 there, and the rest raises a clear error.
+
+>>> import tilewise as tw
+>>> tw.cuda.is_available() in (True, False)
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tilewise.backends.cuda import runtime as _rt
+from tilewise.backends.cuda.runtime import (
+    CudaError,
+    DeviceProperties,
+    Event,
+    OutOfMemoryError,
+    Stream,
+    current_stream,
+    default_stream,
+    device_count,
+    is_available,
+    stream,
+)
+from tilewise.device import Device
+
+__all__ = [
+    "CudaError", "DeviceProperties", "Event", "OutOfMemoryError", "Stream", "current_device", "current_stream",
+    "default_stream", "device_count", "empty_cache", "get_device_name", "get_device_properties", "init",
+    "is_available", "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved",
+    "memory_allocated", "memory_reserved", "memory_stats", "memory_summary", "reset_peak_memory_stats",
+    "set_device", "stream", "synchronize",
+]
+
+
+def _index(device: Any) -> int:
+    """A device index from None (the current device), an int, 'cuda', 'cuda:1' or a Device."""
+    if device is None:
+        return _rt.current_device()
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    dev = Device(str(device)) if not isinstance(device, Device) else device
+    if dev.type != "cuda":
+        raise ValueError(f"expected a CUDA device, got {dev}")
+    return dev.index
+
+
+def init() -> None:
+    """Initialise the driver now rather than at first use (raises where CUDA cannot be used)."""
+    _rt.ensure_context(_rt.current_device())
+
+
+def get_device_properties(device: Any = None) -> DeviceProperties:
+    return _rt.get_device_properties(_index(device))
+
+
+def get_device_name(device: Any = None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    return get_device_properties(device).compute_capability
+
+
+def set_device(device: Any) -> None:
+    _rt.set_device(_index(device))
+
+
+def current_device() -> int:
+    return _rt.current_device()
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for all work queued on ``device`` (default: the current device)."""
+    _rt.synchronize(_index(device))
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+def _memory(device: Any):
+    from tilewise.backends.cuda import memory
+
+    return memory(_index(device))
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes held by live tensors on ``device`` (block sizes: requests rounded up to 512 bytes)."""
+    return _memory(device).allocated
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """The most :func:`memory_allocated` has been since the start or :func:`reset_peak_memory_stats`."""
+    return _memory(device).peak
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes the caching allocator holds from the driver on ``device``."""
+    return _memory(device).allocator.memory_reserved()
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return _memory(device).allocator.max_memory_reserved()
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    _memory(device).reset_peak()
+
+
+def memory_stats(device: Any = None) -> dict[str, Any]:
+    """The caching allocator's figures, with the allocated bytes as tensors hold them (see
+    [Note: small-block fast path] in ``tilewise.backends.cuda``)."""
+    mem = _memory(device)
+    stats = mem.allocator.memory_stats()
+    stats.update({"allocated_bytes.current": mem.allocated, "allocated_bytes.peak": mem.peak,
+                  "small_block_cache_bytes": mem.cached})
+    return stats
+
+
+def memory_summary(device: Any = None) -> str:
+    mem = _memory(device)
+    return (f"{mem.allocator.memory_summary()}\n  tensors hold {mem.allocated} bytes (peak {mem.peak}); "
+            f"small-block cache {mem.cached} bytes")
+
+
+def empty_cache() -> None:
+    """Return every cached, fully free segment of the current device to the driver."""
+    mem = _memory(None)
+    mem.release_free_lists()
+    mem.allocator.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------- random
+
+def manual_seed(seed: int) -> None:
+    """Seed the generator. tilewise has one Philox stream for CPU and GPU, so this is ``tilewise.manual_seed``."""
+    from tilewise.ops.creation import manual_seed as seed_all
+
+    seed_all(seed)
+
+
+manual_seed_all = manual_seed
