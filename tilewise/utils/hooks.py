@@ -8,15 +8,17 @@ _ids = itertools.count()
 
 
 class RemovableHandle:
-    """Removes one entry from the dict of hooks it was registered in (torch.utils.hooks.RemovableHandle)."""
+    """Removes one hook, by id, from the dict it was registered in and from any sets that mark it
+    (torch.utils.hooks.RemovableHandle)."""
 
-    def __init__(self, hooks: dict, *extra: dict):
+    def __init__(self, hooks: dict, *markers: set):
         self.id = next(_ids)
-        self._dicts = (hooks, *extra)
+        self._hooks, self._markers = hooks, markers
 
     def remove(self) -> None:
-        for hooks in self._dicts:
-            hooks.pop(self.id, None)
+        self._hooks.pop(self.id, None)
+        for marker in self._markers:
+            marker.discard(self.id)
 
     def __enter__(self) -> RemovableHandle:
         return self

@@ -52,7 +52,6 @@ class Module:
     """
 
     training: bool
-    _version: int = 1
 
     def __init__(self, *args, **kwargs) -> None:
         if args or kwargs:
@@ -105,7 +104,7 @@ class Module:
     def register_forward_pre_hook(self, hook: Callable, *, prepend: bool = False,
                                   with_kwargs: bool = False) -> RemovableHandle:
         """``hook(module, args)`` (or ``hook(module, args, kwargs)``) runs before forward and may replace args."""
-        handle = RemovableHandle(self._forward_pre_hooks)
+        handle = RemovableHandle(self._forward_pre_hooks, self._forward_pre_hooks_with_kwargs)
         self._forward_pre_hooks[handle.id] = hook
         if with_kwargs:
             self._forward_pre_hooks_with_kwargs.add(handle.id)
@@ -116,7 +115,7 @@ class Module:
     def register_forward_hook(self, hook: Callable, *, prepend: bool = False,
                               with_kwargs: bool = False) -> RemovableHandle:
         """``hook(module, args, output)`` runs after forward and may replace the output."""
-        handle = RemovableHandle(self._forward_hooks)
+        handle = RemovableHandle(self._forward_hooks, self._forward_hooks_with_kwargs)
         self._forward_hooks[handle.id] = hook
         if with_kwargs:
             self._forward_hooks_with_kwargs.add(handle.id)
@@ -134,7 +133,7 @@ class Module:
                             "(tilewise.nn.Parameter or None required)")
         if param is not None and param.grad_fn is not None:
             raise ValueError(f"Cannot assign non-leaf Tensor to parameter '{name}'. Model parameters must be created "
-                             "explicitly; to express '{name}' as a function of another Tensor, compute the value in "
+                             f"explicitly; to express '{name}' as a function of another Tensor, compute the value in "
                              "the forward() method.")
         self._parameters[name] = param
 
@@ -233,9 +232,6 @@ class Module:
         keys += list(self._parameters) + list(self._buffers) + list(self._modules)
         return sorted(set(k for k in keys if not k[0].isdigit()))
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
     # ------------------------------------------------------------------ traversal
     def named_modules(self, memo: set | None = None, prefix: str = "",
                       remove_duplicate: bool = True) -> Iterator[tuple[str, Module]]:
@@ -320,8 +316,9 @@ class Module:
     def train(self, mode: bool = True) -> Module:
         if not isinstance(mode, bool):
             raise ValueError("training mode is expected to be boolean")
-        for module in self.modules():
-            object.__setattr__(module, "training", mode)
+        self.training = mode
+        for module in self.children():
+            module.train(mode)
         return self
 
     def eval(self) -> Module:
