@@ -36,6 +36,13 @@ def test_demo_trains_reports_samples_and_plots(tmp_path):
     assert checkpoint["config"]["n_layer"] == 1 and len(checkpoint["chars"]) == checkpoint["config"]["vocab_size"]
 
 
+def test_demo_stops_at_its_time_limit_and_says_so(tmp_path):
+    run = _tilewise("demo", "--steps", "100000", "--model-size", "tiny", "--time-limit", "2", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"stopped after \d+ of 100000 steps: the time limit of 2 s was reached", run.stdout)
+    assert (tmp_path / "loss_curve.png").exists()
+
+
 def test_help_lists_the_commands():
     run = _tilewise("--help")
     assert run.returncode == 0

@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch-size", type=_positive, default=defaults.batch_size,
                       help="sequences per step (default: %(default)s)")
     demo.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate (default: %(default)s)")
+    demo.add_argument("--time-limit", type=float, default=defaults.time_limit,
+                      help="stop training early after this many seconds, 0 for no limit (default: %(default)s)")
     commands.add_parser("info", help="versions, devices and optional packages")
     commands.add_parser("explain", help="show one call through every layer (needs the compiler; not available yet)")
     commands.add_parser("bench", help="benchmarks against PyTorch (needs the compiler; not available yet)")
@@ -70,7 +72,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from tilewise.models.demo import DemoSettings, run
 
     settings = DemoSettings(steps=args.steps, device=args.device, model_size=args.model_size, seed=args.seed,
-                            out=args.out, batch_size=args.batch_size, lr=args.lr)
+                            out=args.out, batch_size=args.batch_size, lr=args.lr, time_limit=args.time_limit)
     settings.eval_every = max(1, min(settings.eval_every, settings.steps // 4 or 1))
     run(settings, DemoReport())
     return 0
@@ -104,6 +106,7 @@ class DemoReport:
         self.progress = Progress(*columns, console=c)
         self.progress.start()
         self.task = self.progress.add_task("train", total=settings.steps, loss=float("nan"), tps=0.0)
+        self.requested_steps, self.time_limit = settings.steps, settings.time_limit
 
     def step(self, step: int, loss: float, tokens_per_second: float) -> None:
         self.progress.update(self.task, completed=step, loss=loss, tps=tokens_per_second)
@@ -117,6 +120,9 @@ class DemoReport:
         first, last = result.train_losses[0], result.final_val_loss
         gap = result.unigram_baseline - last
         verdict = "below" if gap > 0 else "NOT below"
+        if result.steps < self.requested_steps:
+            c.print(f"stopped after {result.steps} of {self.requested_steps} steps: the time limit of "
+                    f"{self.time_limit:.0f} s was reached (--time-limit 0 trains every step)")
         c.print(f"trained {result.steps} steps in {result.seconds:.1f} s · {result.tokens_per_second:,.0f} tokens/s on "
                 f"{result.device}")
         c.print(f"train loss: first step {first:.3f} → last step {result.train_losses[-1]:.3f}")

@@ -42,6 +42,7 @@ class DemoSettings:
     out: Path = Path("out") / "demo"
     batch_size: int = 32
     lr: float = 3e-3
+    time_limit: float = 150.0  # seconds of training (evaluations included) before stopping early; 0: none
     eval_every: int = 100
     eval_batches: int = 8
     sample_chars: int = 300
@@ -50,7 +51,7 @@ class DemoSettings:
 @dataclass
 class DemoResult:
     device: str
-    steps: int
+    steps: int  # steps requested; after the run, steps taken
     train_losses: list[float] = field(default_factory=list)
     val_points: list[tuple[int, float]] = field(default_factory=list)
     unigram_baseline: float = math.nan
@@ -181,6 +182,7 @@ def run(settings: DemoSettings, report) -> DemoResult:
     optimizer, scheduler = _optimizer(model, settings.lr, settings.steps)
     tokens_per_step = settings.batch_size * config.block_size
     train_seconds = 0.0
+    run_started = time.perf_counter()
     for step in range(1, settings.steps + 1):
         started = time.perf_counter()
         x, y = train.next()
@@ -193,11 +195,15 @@ def run(settings: DemoSettings, report) -> DemoResult:
         result.train_losses.append(loss.item())
         train_seconds += time.perf_counter() - started
         report.step(step, result.train_losses[-1], step * tokens_per_step / train_seconds)
-        if step % settings.eval_every == 0 or step == settings.steps:
+        out_of_time = settings.time_limit > 0 and time.perf_counter() - run_started > settings.time_limit
+        if step % settings.eval_every == 0 or step == settings.steps or out_of_time:
             result.val_points.append((step, estimate_loss(model, val, settings.eval_batches)))
             report.evaluated(step, result.train_losses[-1], result.val_points[-1][1])
+        if out_of_time:
+            break
+    result.steps = len(result.train_losses)
     result.seconds = train_seconds
-    result.tokens_per_second = settings.steps * tokens_per_step / train_seconds
+    result.tokens_per_second = result.steps * tokens_per_step / train_seconds
     model.eval()
     prompt = tokenizer.encode_tensor("\n", device=device).view(1, 1)
     generated = model.generate(prompt, settings.sample_chars, temperature=0.8, top_k=None,
