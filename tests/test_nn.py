@@ -61,6 +61,15 @@ LAYERS = {
     "Threshold": (lambda nn: nn.Threshold(0.1, 20.0), [(3, 4)]),
     "Softmax": (lambda nn: nn.Softmax(dim=1), [(3, 4)]),
     "LogSoftmax": (lambda nn: nn.LogSoftmax(dim=-1), [(3, 4)]),
+    "Softmin": (lambda nn: nn.Softmin(dim=1), [(3, 4)]),
+    "Softmax2d": (lambda nn: nn.Softmax2d(), [(2, 3, 4, 5)]),
+    "Tanhshrink": (lambda nn: nn.Tanhshrink(), [(3, 4)]),
+    "Hardshrink": (lambda nn: nn.Hardshrink(0.7), [(3, 4)]),
+    "Softshrink": (lambda nn: nn.Softshrink(0.7), [(3, 4)]),
+    "GLU": (lambda nn: nn.GLU(dim=1), [(3, 6)]),
+    "CosineSimilarity": (lambda nn: nn.CosineSimilarity(dim=-1), [(3, 5), (3, 5)]),
+    "ZeroPad2d": (lambda nn: nn.ZeroPad2d((1, 2, 0, 3)), [(2, 3, 4, 4)]),
+    "Dropout2d-eval": (lambda nn: nn.Dropout2d(0.5).eval(), [(2, 3, 4, 4)]),
     "LayerNorm": (lambda nn: nn.LayerNorm(4), [(3, 4)]),
     "LayerNorm-2d-nobias": (lambda nn: nn.LayerNorm((3, 4), bias=False), [(2, 3, 4)]),
     "RMSNorm": (lambda nn: nn.RMSNorm(4, eps=1e-6), [(3, 4)]),
@@ -124,6 +133,8 @@ LOSSES = {
     "MSELoss": (lambda nn: nn.MSELoss(), "float"),
     "L1Loss-sum": (lambda nn: nn.L1Loss(reduction="sum"), "float"),
     "SmoothL1Loss": (lambda nn: nn.SmoothL1Loss(beta=0.5), "float"),
+    "HuberLoss": (lambda nn: nn.HuberLoss(delta=0.7), "float"),
+    "KLDivLoss-batchmean": (lambda nn: nn.KLDivLoss(reduction="batchmean"), "log_prob"),
     "CrossEntropyLoss": (lambda nn: nn.CrossEntropyLoss(), "class"),
     "CrossEntropyLoss-smoothing-ignore": (lambda nn: nn.CrossEntropyLoss(ignore_index=1, label_smoothing=0.1),
                                           "class"),
@@ -139,9 +150,12 @@ def test_loss_module_matches_torch(name):
     x = _float_input((6, 4))
     if kind == "prob":
         x = 1 / (1 + np.exp(-x))
+    if kind == "log_prob":
+        x = x - np.log(np.exp(x).sum(1, keepdims=True))
     target = {"float": _float_input((6, 4), seed=1), "class": _int_input((6,), 4, seed=1),
               "prob": _float_input((6, 4), seed=1, low=0, high=1),
-              "binary": _int_input((6, 4), 2, seed=1).astype(np.float32)}[kind]
+              "binary": _int_input((6, 4), 2, seed=1).astype(np.float32),
+              "log_prob": _float_input((6, 4), seed=1, low=0.05, high=1)}[kind]
     ours_x, theirs_x = tw.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
     out = make(tw.nn)(ours_x, tw.tensor(target))
     ref = make(torch.nn)(theirs_x, torch.tensor(target))
@@ -157,6 +171,8 @@ def test_dropout_in_training_zeroes_and_rescales():
     values = set(np.unique(out.numpy()).tolist())
     assert values <= {0.0, float(np.float32(1 / 0.75))}
     assert abs((out.numpy() == 0).mean() - 0.25) < 0.03
+    channels = tw.nn.Dropout2d(0.5)(tw.ones(8, 50, 3, 3)).numpy()
+    assert (channels.min(axis=(2, 3)) == channels.max(axis=(2, 3))).all()
 
 
 # ---------------------------------------------------------------------------- whole training runs

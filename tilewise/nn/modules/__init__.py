@@ -4,7 +4,9 @@ from tilewise.nn.modules.activation import (
     CELU,
     ELU,
     GELU,
+    GLU,
     SELU,
+    Hardshrink,
     Hardsigmoid,
     Hardswish,
     Hardtanh,
@@ -18,19 +20,26 @@ from tilewise.nn.modules.activation import (
     Sigmoid,
     SiLU,
     Softmax,
+    Softmax2d,
+    Softmin,
     Softplus,
+    Softshrink,
     Softsign,
     Tanh,
+    Tanhshrink,
     Threshold,
 )
 from tilewise.nn.modules.container import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from tilewise.nn.modules.conv import Conv1d, Conv2d
-from tilewise.nn.modules.dropout import Dropout
+from tilewise.nn.modules.distance import CosineSimilarity
+from tilewise.nn.modules.dropout import Dropout, Dropout1d, Dropout2d
 from tilewise.nn.modules.linear import Bilinear, Flatten, Identity, Linear, Unflatten
 from tilewise.nn.modules.loss import (
     BCELoss,
     BCEWithLogitsLoss,
     CrossEntropyLoss,
+    HuberLoss,
+    KLDivLoss,
     L1Loss,
     MSELoss,
     NLLLoss,
@@ -38,6 +47,7 @@ from tilewise.nn.modules.loss import (
 )
 from tilewise.nn.modules.module import Module
 from tilewise.nn.modules.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
+from tilewise.nn.modules.padding import ZeroPad2d
 from tilewise.nn.modules.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from tilewise.nn.modules.sparse import Embedding
 from tilewise.nn.modules.transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
@@ -45,11 +55,12 @@ from tilewise.nn.modules.transformer import MultiheadAttention, TransformerEncod
 __all__ = [
     "Module", "Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict",
     "Identity", "Linear", "Bilinear", "Flatten", "Unflatten", "Embedding",
-    "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "Dropout",
-    "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
+    "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "Dropout", "Dropout1d", "Dropout2d",
+    "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "ZeroPad2d", "CosineSimilarity",
     "MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder",
     "ReLU", "ReLU6", "LeakyReLU", "PReLU", "GELU", "SiLU", "Mish", "Softplus", "Hardswish", "Hardsigmoid",
     "Hardtanh", "ELU", "SELU", "CELU", "Softsign", "LogSigmoid", "Sigmoid", "Tanh", "Threshold", "Softmax",
-    "LogSoftmax",
-    "MSELoss", "L1Loss", "SmoothL1Loss", "NLLLoss", "CrossEntropyLoss", "BCELoss", "BCEWithLogitsLoss",
+    "LogSoftmax", "Softmin", "Softmax2d", "Tanhshrink", "Hardshrink", "Softshrink", "GLU",
+    "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "NLLLoss", "CrossEntropyLoss", "KLDivLoss", "BCELoss",
+    "BCEWithLogitsLoss",
 ]

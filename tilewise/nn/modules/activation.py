@@ -164,6 +164,44 @@ class PReLU(Module):
         return f"num_parameters={self.num_parameters}"
 
 
+class Tanhshrink(Module):
+    def forward(self, input: Tensor) -> Tensor:
+        return input - input.tanh()
+
+
+class Hardshrink(Module):
+    def __init__(self, lambd: float = 0.5) -> None:
+        super().__init__()
+        self.lambd = lambd
+
+    def forward(self, input: Tensor) -> Tensor:
+        return input.masked_fill(input.abs() <= self.lambd, 0.0)
+
+    def extra_repr(self) -> str:
+        return f"{self.lambd}"
+
+
+class Softshrink(Hardshrink):
+    def forward(self, input: Tensor) -> Tensor:
+        shrunk = input - input.sign() * self.lambd
+        return shrunk.masked_fill(input.abs() <= self.lambd, 0.0)
+
+
+class GLU(Module):
+    """Gated linear unit: the first half of ``dim`` times the sigmoid of the second half."""
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:
+        a, b = input.chunk(2, self.dim)
+        return a * b.sigmoid()
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
 class _WithDim(Module):
     fn: str
 
@@ -185,3 +223,17 @@ class Softmax(_WithDim):
 
 class LogSoftmax(_WithDim):
     fn = "log_softmax"
+
+
+class Softmin(Softmax):
+    def forward(self, input: Tensor) -> Tensor:
+        return super().forward(-input)
+
+
+class Softmax2d(Module):
+    """Softmax over the channels of a ``(N, C, H, W)`` or ``(C, H, W)`` input."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        if input.dim() not in (3, 4):
+            raise ValueError(f"Softmax2d: expected input of 3 or 4 dimensions, got shape {list(input.shape)}")
+        return F.softmax(input, -3)

@@ -8,6 +8,8 @@ from tilewise.tensor import Tensor
 
 
 class Dropout(Module):
+    _functional = "dropout"
+
     def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
         if not 0.0 <= p <= 1.0:
@@ -15,7 +17,19 @@ class Dropout(Module):
         self.p, self.inplace = p, inplace
 
     def forward(self, input: Tensor) -> Tensor:
-        return F.dropout(input, self.p, self.training)
+        return getattr(F, self._functional)(input, self.p, self.training)
 
     def extra_repr(self) -> str:
         return f"p={self.p}, inplace={self.inplace}"
+
+
+class Dropout1d(Dropout):
+    """Zero whole channels of ``(N, C, L)`` inputs."""
+
+    _functional = "dropout1d"
+
+
+class Dropout2d(Dropout):
+    """Zero whole channels of ``(N, C, H, W)`` inputs."""
+
+    _functional = "dropout2d"

@@ -42,6 +42,29 @@ class SmoothL1Loss(_Loss):
         return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
 
 
+class HuberLoss(_Loss):
+    def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
+        super().__init__(reduction)
+        self.delta = delta
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+
+
+class KLDivLoss(_Loss):
+    """KL divergence with ``input`` given as log-probabilities (and ``target`` too, with ``log_target``)."""
+
+    def __init__(self, reduction: str = "mean", log_target: bool = False) -> None:
+        if reduction not in (*_REDUCTIONS, "batchmean"):
+            raise ValueError(f"KLDivLoss: reduction={reduction!r} is not valid; use one of {_REDUCTIONS} or "
+                             "'batchmean'")
+        Module.__init__(self)
+        self.reduction, self.log_target = reduction, log_target
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+
 class NLLLoss(_WeightedLoss):
     def __init__(self, weight: Tensor | None = None, ignore_index: int = -100, reduction: str = "mean") -> None:
         super().__init__(weight, reduction)
