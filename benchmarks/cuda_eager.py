@@ -17,6 +17,7 @@ import argparse
 import json
 import statistics
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -101,17 +102,24 @@ def per_op_cost() -> None:
 
 def copy_bandwidth() -> float:
     n = 1 << 28  # 1 GiB of fp32
-    t = torch.empty(n, device="cuda")
-    t2 = torch.empty_like(t)
-    ms = torch_ms(lambda: t2.copy_(t), inner=3)
-    gbs = 2 * 4 * n / ms / 1e6
-    x = tw.empty(n, device="cuda")
-    x2 = tw.empty(n, device="cuda")
-    ours = tw_ms(lambda: x2.copy_(x), inner=3)
-    report("device copy 1 GiB fp32 (GB/s)", 2 * 4 * n / ours / 1e6, gbs, "GB/s", True)
-    del t, t2, x, x2
-    torch.cuda.empty_cache()
+    t, t2 = torch.empty(n, device="cuda"), torch.empty(n, device="cuda")
+    gbs = 2 * 4 * n / torch_ms(partial(t2.copy_, t), inner=3) / 1e6
+    x, x2 = tw.empty(n, device="cuda"), tw.empty(n, device="cuda")
+    ours = 2 * 4 * n / tw_ms(partial(x2.copy_, x), inner=3) / 1e6
+    report("device copy 1 GiB fp32 (GB/s)", ours, gbs, "GB/s", True)
     return gbs
+
+
+BANDWIDTH = [  # name, passes over the input's bytes, torch version, tilewise version (of inputs a, b)
+    ("add", 3, lambda a, b: a + b, lambda a, b: a + b),
+    ("exp", 2, lambda a, b: a.exp(), lambda a, b: a.exp()),
+    ("mul scalar", 2, lambda a, b: a * 0.5, lambda a, b: a * 0.5),
+    ("row sum", 1, lambda a, b: a.sum(-1), lambda a, b: a.sum(-1)),
+    ("row amax", 1, lambda a, b: a.amax(-1), lambda a, b: a.amax(-1)),
+    ("column sum", 1, lambda a, b: a.sum(0), lambda a, b: a.sum(0)),
+    ("softmax (eager decomposition)", 2, lambda a, b: torch.softmax(a, -1),
+     lambda a, b: tw.nn.functional.softmax(a, -1)),
+]
 
 
 def bandwidth_cases(copy_gbs: float, quick: bool) -> None:
@@ -121,22 +129,14 @@ def bandwidth_cases(copy_gbs: float, quick: bool) -> None:
         ta, xa = pair(a, dtype)
         tb, xb = pair(b, dtype)
         size = ta.element_size() * ta.numel()
-        cases = [("add", 3, lambda: ta + tb, lambda: xa + xb), ("exp", 2, lambda: ta.exp(), lambda: xa.exp()),
-                 ("mul scalar", 2, lambda: ta * 0.5, lambda: xa * 0.5),
-                 ("row sum", 1, lambda: ta.sum(-1), lambda: xa.sum(-1)),
-                 ("row amax", 1, lambda: ta.amax(-1), lambda: xa.amax(-1)),
-                 ("column sum", 1, lambda: ta.sum(0), lambda: xa.sum(0)),
-                 ("softmax (eager decomposition)", 2, lambda: torch.softmax(ta, -1),
-                  lambda: tw.nn.functional.softmax(xa, -1))]
-        for name, passes, tf, xf in cases:
-            theirs, ours = torch_ms(tf), tw_ms(xf)
+        for name, passes, tf, xf in BANDWIDTH:
+            theirs, ours = torch_ms(partial(tf, ta, tb)), tw_ms(partial(xf, xa, xb))
             gbs = passes * size / ours / 1e6
             report(f"{name} 8192x4096 {dtype} (ms)", ours, theirs, "ms", False,
                    f"{gbs:.0f} GB/s = {100 * gbs / copy_gbs:.0f}% of copy")
         cast_to = "bfloat16" if dtype == "float32" else "float32"
-        tcast = getattr(torch, cast_to)
-        xcast = tw.dtypes.from_name(cast_to)
-        theirs, ours = torch_ms(lambda: ta.to(tcast)), tw_ms(lambda: xa.to(xcast))
+        theirs = torch_ms(partial(ta.to, getattr(torch, cast_to)))
+        ours = tw_ms(partial(xa.to, tw.dtypes.from_name(cast_to)))
         moved = size + ta.numel() * (2 if cast_to == "bfloat16" else 4)
         report(f"cast {dtype}->{cast_to} 8192x4096 (ms)", ours, theirs, "ms", False,
                f"{moved / ours / 1e6:.0f} GB/s = {100 * moved / ours / 1e6 / copy_gbs:.0f}% of copy")
@@ -156,9 +156,8 @@ def gemm_cases(quick: bool) -> None:
             ta, xa = pair(rand((m, k)) * 0.1, dtype)
             tb, xb = pair(rand((k, n), 1) * 0.1, dtype)
             flops = 2 * m * n * k
-            theirs, ours = torch_ms(lambda: ta @ tb, inner=3), tw_ms(lambda: xa @ xb, inner=3)
+            theirs, ours = torch_ms(partial(torch.matmul, ta, tb), inner=3), tw_ms(partial(tw.matmul, xa, xb), inner=3)
             report(f"GEMM {m}x{n}x{k} {dtype} (TFLOP/s)", flops / ours / 1e9, flops / theirs / 1e9, "TFLOP/s", True)
-            del ta, tb, xa, xb
         torch.cuda.empty_cache()
     from tilewise.backends.cuda.matmul import linear_activation
 
@@ -166,8 +165,8 @@ def gemm_cases(quick: bool) -> None:
     tx, xx = pair(x, "bfloat16")
     tw_, xw = pair(w, "bfloat16")
     tbias, xbias = pair(bias, "bfloat16")
-    gelu = torch.nn.functional.gelu
-    theirs = torch_ms(lambda: gelu(torch.nn.functional.linear(tx, tw_, tbias), approximate="tanh"))
+    gelu, linear = torch.nn.functional.gelu, torch.nn.functional.linear
+    theirs = torch_ms(lambda: gelu(linear(tx, tw_, tbias), approximate="tanh"))
     ours = tw_ms(lambda: linear_activation(xx, xw, xbias, "gelu"))
     report("linear+bias+GELU 8192x768->3072 bf16 (ms)", ours, theirs, "ms", False, "cuBLASLt GELU_BIAS epilogue")
 

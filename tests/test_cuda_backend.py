@@ -166,6 +166,19 @@ def test_large_reductions(shape, dim):
         np.testing.assert_array_equal(x.argmax(dim).cpu().numpy(), a.argmax(axis=dim))
 
 
+@pytest.mark.parametrize("shape,dim", [((5000,), 0), ((7, 300), 1), ((300, 7), 0), ((3, 4, 100), 2)])
+def test_scans_match_numpy(shape, dim):
+    a = _rand(shape)
+    x = tw.from_numpy(a).cuda()
+    np.testing.assert_allclose(x.cumsum(dim).cpu().numpy(), np.cumsum(a.astype(np.float64), axis=dim), rtol=1e-4,
+                               atol=1e-3)
+    b = (a > 0).astype(np.int32)
+    np.testing.assert_array_equal(tw.from_numpy(b).cuda().cumsum(dim).cpu().numpy(), np.cumsum(b, axis=dim))
+    c = np.abs(a[..., :20] if dim == len(shape) - 1 else a).clip(0.5, 1.5)
+    np.testing.assert_allclose(tw.from_numpy(c).cuda().cumprod(dim).cpu().numpy(), np.cumprod(c, axis=dim),
+                               rtol=1e-4)
+
+
 def test_bf16_sum_accumulates_in_float():
     x = tw.ones(1 << 20, dtype=tw.bfloat16, device="cuda")
     assert float(x.sum(dtype=tw.float32).item()) == float(1 << 20)
@@ -183,7 +196,8 @@ def test_mm_layouts_match_torch(dtype, tol, shape, layout):
     a = _rand((m, k) if layout[0] == "n" else (k, m))
     b = _rand((k, n) if layout[1] == "n" else (n, k), seed=1)
     ta, tb = torch.from_numpy(a).cuda().to(getattr(torch, dtype)), torch.from_numpy(b).cuda().to(getattr(torch, dtype))
-    xa, xb = tw.from_numpy(a).cuda().to(tw.dtypes.from_name(dtype)), tw.from_numpy(b).cuda().to(tw.dtypes.from_name(dtype))
+    ours = tw.dtypes.from_name(dtype)
+    xa, xb = tw.from_numpy(a).cuda().to(ours), tw.from_numpy(b).cuda().to(ours)
     if layout[0] == "t":
         ta, xa = ta.t(), xa.t()
     if layout[1] == "t":
@@ -282,6 +296,7 @@ def test_out_of_memory_is_recoverable():
 def test_streams_order_work():
     s = tw.cuda.Stream()
     x = tw.ones(1 << 20, device="cuda")
+    s.wait_stream(tw.cuda.current_stream())  # s does not order with the default stream by itself
     with tw.cuda.stream(s):
         y = x * 3
     s.synchronize()

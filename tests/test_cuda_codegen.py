@@ -20,7 +20,7 @@ import tilewise as tw
 from tilewise import dtypes
 from tilewise.backends.cuda.kernels.pointwise import PTR, VALUE, kernel_prefix, kernel_specs, op_geometry
 from tilewise.backends.cuda.kernels.reduction import reduction_specs
-from tilewise.compiler.render import C, CUDA, Operand, PointwiseKernel, render_pointwise, render_reduction
+from tilewise.compiler.render import CUDA, C, Operand, PointwiseKernel, render_pointwise, render_reduction
 from tilewise.compiler.render.cstyle import CONTIGUOUS, STRIDED, compute_of
 from tilewise.compiler.render.cuda import accumulator
 from tilewise.ops.expr import Expr
@@ -160,11 +160,33 @@ def test_every_pointwise_kernel_compiles():
 
 
 def test_every_cast_compiles():
-    assert _compile_all(_cast_specs(), lambda s: render_pointwise(s, CUDA)) == len(ALL_DTYPES) ** 2 + 2 * len(ALL_DTYPES)
+    expected = len(ALL_DTYPES) ** 2 + 2 * len(ALL_DTYPES)  # every pair, and the saturating fp8 variants
+    assert _compile_all(_cast_specs(), lambda s: render_pointwise(s, CUDA)) == expected
 
 
 def test_every_reduction_kernel_compiles():
     assert _compile_all(_reduction_specs(), render_reduction) > 100
+
+
+def test_every_scan_kernel_compiles():
+    from tilewise.backends.cuda.kernels.scan import render_scan
+
+    sources = {}
+    for op_name, combiner in (("cumsum", "add"), ("cumprod", "mul")):
+        op = OPS[op_name]
+        for dtype in ALL_DTYPES:
+            try:
+                out_dtype, compute = op.dtype_rule(op, (_placeholder(dtype), 0, None))
+            except (TypeError, RuntimeError):
+                continue
+            for rank in (1, 3):
+                name = f"tw_{op_name}_{dtype.name}_r{rank}"
+                sources[name] = render_scan(name, combiner, dtype, compute, out_dtype, rank)
+    from tilewise.compiler.toolchain import compile_cuda
+
+    names = sorted(sources)
+    compiled = compile_cuda("\n".join(sources[n] for n in names), names, "sm_90")
+    assert all(f".entry {n}(" in compiled.ptx for n in names)
 
 
 def test_vector_path_uses_16_byte_accesses():
@@ -190,7 +212,8 @@ def _build_c(source: str, tmp_path, name: str):
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no host C compiler")
-@pytest.mark.parametrize("op_name", ["add", "mul", "sigmoid", "where.self", "remainder", "floor_divide", "maximum", "gelu"])
+@pytest.mark.parametrize("op_name", ["add", "mul", "sigmoid", "where.self", "remainder", "floor_divide", "maximum",
+                                     "gelu"])
 def test_c_target_matches_numpy(op_name, tmp_path):
     """The renderer's index arithmetic, broadcasting and type rules, run on the host through the C target."""
     op = OPS[op_name]

@@ -257,8 +257,8 @@ def _keep_until_done(array: np.ndarray, stream: int, device: int) -> None:
 
 
 def _load_kernels() -> None:
-    from tilewise.backends.cuda.kernels import _load_all
     from tilewise.backends.cuda import matmul  # noqa: F401 — registers mm, bmm and linear
+    from tilewise.backends.cuda.kernels import _load_all
 
     _load_all()
 

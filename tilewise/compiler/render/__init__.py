@@ -17,7 +17,7 @@ from tilewise.compiler.render.cstyle import (
     render_pointwise,
     vector_width,
 )
-from tilewise.compiler.render.cuda import CUDA, COLUMN, ROW, ReductionKernel, render_reduction
+from tilewise.compiler.render.cuda import COLUMN, CUDA, ROW, ReductionKernel, render_reduction
 
 __all__ = [
     "BROADCAST", "C", "COLUMN", "CONTIGUOUS", "CUDA", "ExprRenderer", "Language", "Operand", "PointwiseKernel",

@@ -14,7 +14,9 @@ _PRELUDE = """#include <math.h>
 #include <string.h>
 #ifndef TW_C_PRELUDE
 #define TW_C_PRELUDE
-static inline float tw_bf16_to_float(unsigned short b) { unsigned int u = (unsigned int)b << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline float tw_bf16_to_float(unsigned short b) {
+    unsigned int u = (unsigned int)b << 16; float f; memcpy(&f, &u, 4); return f;
+}
 static inline unsigned short tw_float_to_bf16(float f) {
     unsigned int u; memcpy(&u, &f, 4);
     if (f != f) return (unsigned short)((u >> 16) | 0x40);

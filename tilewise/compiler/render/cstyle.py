@@ -121,8 +121,10 @@ BOOL_RESULT = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", 
 
 # Helper bodies. {FN}: the target's helper prefix; {T}: C type; {S}: suffix; {f}: float function suffix.
 HELPERS = {
-    ("maximum", "float"): "{FN} {T} tw_maximum_{S}({T} a, {T} b) {{ return a != a ? a : (b != b ? b : (a > b ? a : b)); }}",
-    ("minimum", "float"): "{FN} {T} tw_minimum_{S}({T} a, {T} b) {{ return a != a ? a : (b != b ? b : (a < b ? a : b)); }}",
+    ("maximum", "float"): "{FN} {T} tw_maximum_{S}({T} a, {T} b) {{\n"
+                          "    return a != a ? a : (b != b ? b : (a > b ? a : b));\n}}",
+    ("minimum", "float"): "{FN} {T} tw_minimum_{S}({T} a, {T} b) {{\n"
+                          "    return a != a ? a : (b != b ? b : (a < b ? a : b));\n}}",
     ("sign", "float"): "{FN} {T} tw_sign_{S}({T} a) {{ return a > 0 ? ({T})1 : (a < 0 ? ({T})-1 : a); }}",
     ("floordiv", "float"): """{FN} {T} tw_floordiv_{S}({T} a, {T} b) {{
     if (b == 0) return a / b;

@@ -87,10 +87,11 @@ class ReductionKernel:
     The input is addressed as ``in[outer_offset(row) + inner_offset(j)]`` from ``outer_rank`` sizes and
     strides and ``inner_rank`` sizes and strides (run-time arguments); ``j`` is the row-major index over the
     reduced dims, which is what argmax/argmin report. Outputs are contiguous: element ``row * gridDim.y +
-    blockIdx.y``. ``vector`` > 1 (a ``ROW`` reduction of one contiguous inner dim whose rows start aligned,
-    with ``chunk`` a multiple of it) reads with 16-byte loads. ``output`` is the value dtype written (None: indices only); ``indices`` adds an int64
-    index output (argmax/argmin, max.dim/min.dim). Parameters: [value out], [index out], in, n_outer,
-    n_inner, chunk (elements per blockIdx.y), outer sizes, outer strides, inner sizes, inner strides.
+    blockIdx.y``. ``output`` is the value dtype written (None: indices only); ``indices`` adds an int64
+    index output (argmax/argmin, max.dim/min.dim). ``vector`` > 1 (a ``ROW`` reduction of one contiguous
+    inner dim whose rows start aligned, with ``chunk`` a multiple of it) reads with 16-byte loads.
+    Parameters: [value out], [index out], in, n_outer, n_inner, chunk (elements per blockIdx.y), outer
+    sizes, outer strides, inner sizes, inner strides.
     """
 
     name: str
@@ -299,8 +300,8 @@ def _row_body(plan: _Plan) -> list[str]:
     else:
         lines += plan.accumulate("begin + threadIdx.x", str(threads))
     lines += plan.shuffle()
-    lines += [f"__shared__ {plan.acc} warp_acc[{warps}];", "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
-              "if (lane == 0) warp_acc[warp] = acc;"]
+    lines += [f"__shared__ {plan.acc} warp_acc[{warps}];",
+              "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;", "if (lane == 0) warp_acc[warp] = acc;"]
     if plan.arg:
         lines += [f"__shared__ long long warp_i[{warps}];", "if (lane == 0) warp_i[warp] = acc_i;"]
     lines += ["__syncthreads();", "if (warp != 0) return;", f"acc = lane < {warps} ? warp_acc[lane] : {plan.ident};"]
@@ -324,7 +325,8 @@ def _column_body(plan: _Plan) -> list[str]:
     lines += ["__syncthreads();", f"for (int s = {by // 2}; s > 0; s >>= 1) {{", "    if (threadIdx.y < s) {",
               f"        {plan.acc} acc = sm[threadIdx.y][threadIdx.x], o = sm[threadIdx.y + s][threadIdx.x];"]
     if plan.arg:
-        lines.append("        long long acc_i = sm_i[threadIdx.y][threadIdx.x], o_i = sm_i[threadIdx.y + s][threadIdx.x];")
+        lines.append("        long long acc_i = sm_i[threadIdx.y][threadIdx.x];")
+        lines.append("        const long long o_i = sm_i[threadIdx.y + s][threadIdx.x];")
     lines += ["        " + plan.combine(("acc", "acc_i"), ("o", "o_i")), "        sm[threadIdx.y][threadIdx.x] = acc;"]
     if plan.arg:
         lines.append("        sm_i[threadIdx.y][threadIdx.x] = acc_i;")

@@ -71,8 +71,8 @@ def arange(device: Device, start, end, step=1, dtype=None, target=None) -> Tenso
         fn = _index_kernel(f"tw_arange_{SUFFIX[dtype.name]}", dtype, "start + (double)i * step",
                            ", double start, double step", dtypes.float64, device.index)
         return _launch_index_kernel(fn, out, float(start), float(step))
-    fn = _index_kernel(f"tw_arange_{SUFFIX[dtype.name]}", dtype, "start + i * step", ", long long start, long long step",
-                       dtypes.int64, device.index)
+    fn = _index_kernel(f"tw_arange_{SUFFIX[dtype.name]}", dtype, "start + i * step",
+                       ", long long start, long long step", dtypes.int64, device.index)
     return _launch_index_kernel(fn, out, int(start), int(step))
 
 
@@ -80,8 +80,9 @@ def arange(device: Device, start, end, step=1, dtype=None, target=None) -> Tenso
 def linspace(device: Device, start, end, steps, dtype=None, target=None) -> Tensor:
     out = empty((steps,), dtype, device)
     step = (end - start) / (steps - 1) if steps > 1 else 0.0
-    fn = _index_kernel(f"tw_linspace_{SUFFIX[dtype.name]}", dtype, "i == n - 1 && n > 1 ? end : start + (double)i * step",
-                       ", double start, double step, double end", dtypes.float64, device.index)
+    formula = "i == n - 1 && n > 1 ? end : start + (double)i * step"
+    fn = _index_kernel(f"tw_linspace_{SUFFIX[dtype.name]}", dtype, formula, ", double start, double step, double end",
+                       dtypes.float64, device.index)
     return _launch_index_kernel(fn, out, float(start), float(step), float(end))
 
 

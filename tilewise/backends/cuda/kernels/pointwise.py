@@ -60,7 +60,8 @@ def kernel_name(prefix: str, kernel_inputs, outputs, rank: int, index: str, vect
     codes = {CONTIGUOUS: "c", STRIDED: "s", BROADCAST: "b", VALUE: "v"}
     ins = "".join(SUFFIX[o.dtype.name] + codes[o.layout] for o in kernel_inputs)
     outs = "".join(SUFFIX[o.dtype.name] + codes[o.layout] for o in outputs)
-    return f"tw_{prefix}_{outs}_{ins}_r{rank}_{'i32' if index == 'int32' else 'i64'}" + (f"_v{vector}" if vector > 1 else "")
+    width = "i32" if index == "int32" else "i64"
+    return f"tw_{prefix}_{outs}_{ins}_r{rank}_{width}" + (f"_v{vector}" if vector > 1 else "")
 
 
 def python_type(dtype: DType) -> type:
@@ -121,7 +122,7 @@ def kernel_specs(name: str, exprs: tuple[Expr, ...], compute: DType, described: 
     in_dtypes = [d[1] if d[0] == PTR else compute for d in described]
     kernel_inputs = tuple(Operand(dt, layout) for dt, layout in zip(in_dtypes, layouts))
     output = Operand(out_dtype, out_layout)
-    spans = [S.storage_span(merged_shape, tuple(abs(x) for x in st), 0) for st in merged]  # strides may be negative (flip)
+    spans = [S.storage_span(merged_shape, tuple(abs(x) for x in st), 0) for st in merged]  # flip: negative strides
     index = "int32" if max([numel, *spans]) <= _INT32_LIMIT else "int64"
     strided = ([merged[0]] if out_layout == STRIDED else []) + [
         merged[1 + candidates.index(k)] for k, lay in enumerate(layouts) if lay == STRIDED]

@@ -27,7 +27,7 @@ _BLOCK = 256
 _VALUES = {
     "uniform_f32": (4, "float v[4] = {tw_uniform_float(w.x), tw_uniform_float(w.y), tw_uniform_float(w.z), "
                        "tw_uniform_float(w.w)};\n"
-                       "    for (int k = 0; k < 4; ++k) v[k] = __fadd_rn(__fmul_rn(v[k], (float)scale), (float)shift);"),
+                       "    for (int k = 0; k < 4; ++k) v[k] = __fadd_rn(__fmul_rn(v[k], scale), shift);"),
     "uniform_f64": (2, "double v[2] = {tw_uniform_double(w.x, w.y), tw_uniform_double(w.z, w.w)};\n"
                        "    for (int k = 0; k < 2; ++k) v[k] = __dadd_rn(__dmul_rn(v[k], scale), shift);"),
     "normal_f32": (4, "float v[4];\n    tw_normal_float2(w.x, w.y, &v[0], &v[1]);\n"
@@ -36,7 +36,8 @@ _VALUES = {
     "randint_32": (4, "long long v[4];\n    const tw_u32 words[4] = {w.x, w.y, w.z, w.w};\n"
                       "    for (int k = 0; k < 4; ++k) v[k] = (long long)((span ? (tw_u64)words[k] % span : "
                       "(tw_u64)words[k]) + low);"),
-    "randint_64": (2, "long long v[2];\n    const tw_u64 words[2] = {((tw_u64)w.x << 32) | w.y, ((tw_u64)w.z << 32) | w.w};\n"
+    "randint_64": (2, "long long v[2];\n"
+                      "    const tw_u64 words[2] = {((tw_u64)w.x << 32) | w.y, ((tw_u64)w.z << 32) | w.w};\n"
                       "    for (int k = 0; k < 2; ++k) v[k] = (long long)((span ? words[k] % span : words[k]) + low);"),
 }
 _PARAMS = {"uniform": ", {T} scale, {T} shift", "normal": "", "randint": ", tw_u64 span, tw_u64 low"}
@@ -58,7 +59,8 @@ def _draw_kernel(kind: str, dtype: DType, device: int):
             f"    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
             f"    if (t * {per_block} >= n) return;\n"
             f"    const tw_u32x4 w = tw_philox_block(seed, offset + (tw_u64)t);\n    {body}\n"
-            f"    for (int k = 0; k < {per_block}; ++k) if (t * {per_block} + k < n) out[t * {per_block} + k] = {store};\n}}")
+            f"    for (int k = 0; k < {per_block}; ++k)\n"
+            f"        if (t * {per_block} + k < n) out[t * {per_block} + k] = {store};\n}}")
     return load(source.text(_philox.PHILOX_CUDA_SOURCE + "\n" + text), name, device), per_block
 
 

@@ -20,8 +20,8 @@ from tilewise import dtypes
 from tilewise.backends.cuda import data_ptr, empty, empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
 from tilewise.compiler.render import COLUMN, ROW, ReductionKernel, render_reduction
-from tilewise.compiler.render.cuda import accumulator, identity
 from tilewise.compiler.render.cstyle import SUFFIX
+from tilewise.compiler.render.cuda import accumulator, identity
 from tilewise.device import Device
 from tilewise.dtypes import DType
 from tilewise.tensor import Tensor
@@ -125,9 +125,10 @@ def reduction_specs(name: str, combiner: str, dtype: DType, shape: tuple, stride
 
 def _spec(name, combiner, input_dtype, acc, output, indices, outer_rank, inner_rank, index, mode, block,
           vector: int = 1) -> ReductionKernel:
+    width = "i32" if index == "int32" else "i64"
     kernel_name = (f"tw_{name}_{SUFFIX[input_dtype.name]}_{SUFFIX[acc.name]}_"
                    f"{SUFFIX[output.name] if output is not None else 'idx'}_{mode}_o{outer_rank}_i{inner_rank}_"
-                   f"{'i32' if index == 'int32' else 'i64'}_{block[0]}x{block[1]}" + (f"_v{vector}" if vector > 1 else ""))
+                   f"{width}_{block[0]}x{block[1]}" + (f"_v{vector}" if vector > 1 else ""))
     return ReductionKernel(kernel_name, combiner, input_dtype, acc, output, indices, outer_rank, inner_rank, index,
                            mode, block, vector)
 
