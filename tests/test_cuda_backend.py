@@ -156,7 +156,8 @@ def test_philox_bit_identical_to_cpu(draw):
 # ---------------------------------------------------------------------------------------------- reductions
 
 @pytest.mark.parametrize("shape,dim", [((1 << 22,), None), ((4096, 3000), 1), ((3000, 4096), 0), ((64, 50000), 1),
-                                       ((50000, 3), 1), ((16, 32, 64), (0, 2)), ((8, 1 << 16), 0)])
+                                       ((50000, 3), 1), ((16, 32, 64), (0, 2)), ((8, 1 << 16), 0),
+                                       (((1 << 22) + 3,), None), ((100, 1001), 1)])
 def test_large_reductions(shape, dim):
     a = _rand(shape)
     x = tw.from_numpy(a).cuda()
@@ -177,6 +178,15 @@ def test_scans_match_numpy(shape, dim):
     c = np.abs(a[..., :20] if dim == len(shape) - 1 else a).clip(0.5, 1.5)
     np.testing.assert_allclose(tw.from_numpy(c).cuda().cumprod(dim).cpu().numpy(), np.cumprod(c, axis=dim),
                                rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_row_reductions(dtype):
+    a = _rand((512, 4096))
+    x = tw.from_numpy(a).cuda().to(tw.dtypes.from_name(dtype))
+    ref = x.float().cpu().numpy()
+    np.testing.assert_allclose(x.sum(1).float().cpu().numpy(), ref.astype(np.float64).sum(1), rtol=2e-2, atol=0.5)
+    np.testing.assert_array_equal(x.amax(1).float().cpu().numpy(), ref.max(1))
 
 
 def test_bf16_sum_accumulates_in_float():

@@ -120,17 +120,30 @@ class DeviceBuffer:
     __slots__ = ("_memory", "device", "nbytes", "ptr", "size", "stream")
 
     def __init__(self, nbytes: int, device: int, stream: int) -> None:
-        mem = _memories.get(device) or memory(device)
+        mem = _memories.get(device)
+        if mem is None:
+            mem = memory(device)
+        size = ((nbytes + 511) >> 9 << 9) or 512
+        found = mem.free_lists.get((stream, size))  # DeviceMemory.malloc, inlined: this runs once per op
+        if found:
+            self.ptr = found.pop()
+            mem.cached -= size
+        else:
+            self.ptr = mem._malloc_slow(size, stream)
+        mem.allocated += size
+        if mem.allocated > mem.peak:
+            mem.peak = mem.allocated
         self._memory = mem
         self.device = device
         self.nbytes = nbytes
-        self.size = size = ((nbytes + 511) >> 9 << 9) or 512
+        self.size = size
         self.stream = stream
-        self.ptr = mem.malloc(size, stream)
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter shutdown the allocator may be gone
+        try:
             self._memory.free(self.ptr, self.size, self.stream)
+        except Exception:  # noqa: S110 — at interpreter shutdown the allocator may already be gone
+            pass
 
     def __repr__(self) -> str:
         return f"DeviceBuffer(ptr={self.ptr:#x}, nbytes={self.nbytes}, device=cuda:{self.device})"
@@ -163,26 +176,22 @@ def data_ptr(t: Tensor) -> int:
     return t._storage.data.ptr + t._offset * t._dtype.itemsize
 
 
-def run(op, args: tuple, device: Device):
-    from tilewise.backends.cuda.kernels import KERNELS
+_kernels: dict = {}  # the kernel registry, bound by _load_kernels
+_pointwise = _reduction = _host = None  # the generated-kernel entry points, bound by _load_kernels
 
+
+def run(op, args: tuple, device: Device):
     kind = op.kind
     if kind == "pointwise":
-        from tilewise.backends.cuda.kernels.pointwise import run_pointwise
-
-        return run_pointwise(op, args, device)
-    impl = KERNELS.get(op.full_name)
+        return _pointwise(op, args, device)
+    impl = _kernels.get(op.full_name)
     if impl is not None:
         return impl(device, *args)
     if kind == "reduction" and op.reduce is not None:
-        from tilewise.backends.cuda.kernels.reduction import run_reduction
-
-        return run_reduction(op, args, device)
+        return _reduction(op, args, device)
     if op.decomposition is not None:
         return op.decomposition(*args)
-    from tilewise.backends.cuda.kernels.fallback import run_on_host
-
-    return run_on_host(op, args, device)
+    return _host(op, args, device)
 
 
 # ---------------------------------------------------------------------------------------------- transfers
@@ -257,10 +266,15 @@ def _keep_until_done(array: np.ndarray, stream: int, device: int) -> None:
 
 
 def _load_kernels() -> None:
+    global _kernels, _pointwise, _reduction, _host
     from tilewise.backends.cuda import matmul  # noqa: F401 — registers mm, bmm and linear
-    from tilewise.backends.cuda.kernels import _load_all
+    from tilewise.backends.cuda.kernels import KERNELS, _load_all
+    from tilewise.backends.cuda.kernels.fallback import run_on_host
+    from tilewise.backends.cuda.kernels.pointwise import run_pointwise
+    from tilewise.backends.cuda.kernels.reduction import run_reduction
 
     _load_all()
+    _kernels, _pointwise, _reduction, _host = KERNELS, run_pointwise, run_reduction, run_on_host
 
 
 __all__ = ["DeviceBuffer", "cpu", "data_ptr", "download", "empty", "pin_memory", "run", "stream_handle", "upload"]

@@ -164,10 +164,11 @@ def make_plan(name: str, exprs: tuple[Expr, ...], compute: DType, described: lis
 def execute(plan: Plan, args: tuple, out: Tensor, stream: int) -> None:
     """Launch ``plan`` writing ``out`` from the bound ``args``."""
     convert = plan.convert
-    argv = [data_ptr(out)]
+    argv = [out._storage.data.ptr + out._offset * out._dtype.itemsize]
     for kind, k in plan.inputs:
         if kind == PTR:
-            argv.append(data_ptr(args[k]))
+            t = args[k]
+            argv.append(t._storage.data.ptr + t._offset * t._dtype.itemsize)
         elif kind == NUMBER:
             argv.append(convert(args[k]))
         elif kind == HOST_SCALAR:
@@ -177,10 +178,14 @@ def execute(plan: Plan, args: tuple, out: Tensor, stream: int) -> None:
     for k in plan.scalars:
         argv.append(convert(args[k]))
     argv.extend(plan.tail)
-    if plan.vector_fn is not None and all(argv[k + 1] % a == 0 for k, a in plan.aligned):
-        launch(plan.vector_fn, plan.vector_grid, BLOCK, argv, stream)
-    else:
-        launch(plan.scalar_fn, plan.scalar_grid, BLOCK, argv, stream)
+    if plan.vector_fn is not None:
+        for k, alignment in plan.aligned:
+            if argv[k + 1] % alignment:
+                break
+        else:
+            launch(plan.vector_fn, plan.vector_grid, BLOCK, argv, stream)
+            return
+    launch(plan.scalar_fn, plan.scalar_grid, BLOCK, argv, stream)
 
 
 # ---------------------------------------------------------------------------------------------- operators
