@@ -16,8 +16,6 @@ back (logged once per operator under ``TILEWISE_LOG=fallback``).
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from tilewise import _strides as S
@@ -55,20 +53,8 @@ class DeviceMemory:
         self.allocated = 0
         self.peak = 0
 
-    def malloc(self, size: int, stream: int) -> int:
-        """``size`` must be a multiple of 512 (see :func:`block_size`)."""
-        found = self.free_lists.get((stream, size))
-        if found:
-            ptr = found.pop()
-            self.cached -= size
-        else:
-            ptr = self._malloc_slow(size, stream)
-        self.allocated += size
-        if self.allocated > self.peak:
-            self.peak = self.allocated
-        return ptr
-
-    def _malloc_slow(self, size: int, stream: int) -> int:
+    def malloc_uncached(self, size: int, stream: int) -> int:
+        """A block from the allocator; on out-of-memory, the free lists go back to it and it tries again."""
         from tilewise.backends.cuda.runtime import OutOfMemoryError
 
         try:
@@ -109,11 +95,6 @@ def memory(device: int) -> DeviceMemory:
     return found
 
 
-def block_size(nbytes: int) -> int:
-    """What a request occupies: a multiple of 512 bytes, at least 512 (the allocator's own rounding)."""
-    return ((nbytes + 511) >> 9 << 9) or 512
-
-
 class DeviceBuffer:
     """``nbytes`` of device memory on ``device``, usable in stream order on ``stream``."""
 
@@ -123,13 +104,13 @@ class DeviceBuffer:
         mem = _memories.get(device)
         if mem is None:
             mem = memory(device)
-        size = ((nbytes + 511) >> 9 << 9) or 512
-        found = mem.free_lists.get((stream, size))  # DeviceMemory.malloc, inlined: this runs once per op
+        size = ((nbytes + 511) >> 9 << 9) or 512  # the allocator's rounding: a multiple of 512, at least 512
+        found = mem.free_lists.get((stream, size))  # the fast path, inline: this runs once per op
         if found:
             self.ptr = found.pop()
             mem.cached -= size
         else:
-            self.ptr = mem._malloc_slow(size, stream)
+            self.ptr = mem.malloc_uncached(size, stream)
         mem.allocated += size
         if mem.allocated > mem.peak:
             mem.peak = mem.allocated

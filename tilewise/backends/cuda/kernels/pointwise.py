@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tilewise import _strides as S
-from tilewise.backends.cuda import data_ptr, empty_fast, stream_handle
+from tilewise.backends.cuda import empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, launch, load
 from tilewise.compiler.render import (
     BROADCAST,
