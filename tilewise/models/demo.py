@@ -1,7 +1,8 @@
 """The main job: train a character-level GPT on the shipped text, report against a unigram baseline, sample.
 
-[Note: the demo] Everything here is the public API a user would write (``tilewise.nn``, ``tilewise.optim``,
-``tilewise.save``); nothing reaches below it. The text is split 90/10 into training and validation
+[Note: the demo] The model and the training loop use only the public API a user would write
+(``tilewise.nn``, ``tilewise.optim``, ``tilewise.save``); only ``tune_cpu_process`` reaches below it, to the
+process's allocator and BLAS, and says so in the output. The text is split 90/10 into training and validation
 characters; batches are random windows drawn with tilewise's own generator, so ``--seed`` fixes the whole
 run. The baseline is the unigram model of the training characters (add-one smoothed), scored on the
 validation characters in nats per character — the cross-entropy a model gets by knowing letter frequencies
