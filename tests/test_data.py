@@ -47,6 +47,16 @@ def test_batches_match_torch_in_order(batch_size, drop_last):
     assert got == expected
 
 
+def test_tensor_dataset_batches_by_gather_equal_stacked_samples():
+    ds = TensorDataset(tw.randn(10, 3, 2), tw.arange(10))
+
+    def batches(collate):
+        loader = DataLoader(ds, batch_size=4, shuffle=True, generator=tw.Generator().manual_seed(1), collate_fn=collate)
+        return [(x.tolist(), y.tolist()) for x, y in loader]
+
+    assert batches(None) == batches(lambda samples: default_collate(samples))
+
+
 def test_shuffle_is_a_seeded_permutation_each_epoch():
     loader = DataLoader(_dataset(), batch_size=4, shuffle=True, generator=tw.Generator().manual_seed(0))
     first = [i for _, y in loader for i in y.tolist()]

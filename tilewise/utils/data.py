@@ -64,6 +64,12 @@ class TensorDataset(Dataset[tuple]):
     def __len__(self) -> int:
         return self.tensors[0].shape[0]
 
+    def batch(self, indices: list[int]) -> tuple:
+        """The collated batch of the samples at ``indices``: what ``default_collate`` would build, by one gather."""
+        from tilewise.tensor import tensor
+
+        return tuple(t[tensor(indices, device=t.device)] for t in self.tensors)
+
 
 class ConcatDataset(Dataset):
     """Several datasets, one after another."""
@@ -304,10 +310,15 @@ class DataLoader(Generic[T_co]):
             yield from self._iterate_stream()
         elif self.batch_sampler is not None:
             for indices in self.batch_sampler:
-                yield self.collate_fn([self.dataset[i] for i in indices])
+                yield self._fetch(indices)
         else:
             for index in self.sampler:
                 yield self.collate_fn(self.dataset[index])
+
+    def _fetch(self, indices: list[int]):
+        if isinstance(self.dataset, TensorDataset) and self.collate_fn is default_collate:
+            return self.dataset.batch(indices)  # one gather per tensor instead of len(indices) lookups and a stack
+        return self.collate_fn([self.dataset[i] for i in indices])
 
     def _iterate_stream(self) -> Iterator:
         if self.batch_size is None:
