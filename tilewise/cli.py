@@ -150,10 +150,17 @@ def run_info() -> int:
     print(f"tilewise {tw.__version__} · Python {platform.python_version()} · numpy {np.__version__} · "
           f"{platform.system()} {platform.machine()}")
     print(f"operators declared: {len(OPS)} · default dtype: {tw.get_default_dtype().name}")
-    print(f"best device: {best_device()}")
+    device = best_device()
+    print(f"best device: {device}" + (f" ({_gpu_name()})" if device == "cuda" else ""))
     for name in ("ml_dtypes", "safetensors", "rich", "matplotlib", "cuda-bindings", "nvmath-python"):
         print(f"  {name:<14} {_version_of(name)}")
     return 0
+
+
+def _gpu_name() -> str:
+    from tilewise import cuda
+
+    return f"{cuda.get_device_name()}, {cuda.device_count()} visible"
 
 
 def _version_of(distribution: str) -> str:
