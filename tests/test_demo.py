@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import tilewise as tw
+from tilewise.models import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,6 +35,9 @@ def test_demo_trains_reports_samples_and_plots(tmp_path):
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     checkpoint = tw.load(out / "char_gpt.safetensors")
     assert checkpoint["config"]["n_layer"] == 1 and len(checkpoint["chars"]) == checkpoint["config"]["vocab_size"]
+    model = GPT(GPTConfig(**checkpoint["config"]))
+    model.load_state_dict(checkpoint["model"])
+    assert model.head.weight is model.tok_emb.weight
 
 
 def test_demo_stops_at_its_time_limit_and_says_so(tmp_path):
