@@ -502,3 +502,19 @@ def test_parameters_to_vector_and_back():
     assert vec.shape == (8,)
     tw.nn.utils.vector_to_parameters(tw.arange(8.0), model.parameters())
     assert model.weight.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and model.bias.tolist() == [6.0, 7.0]
+
+
+DOCUMENTED = ["tilewise.nn", "tilewise.nn.parameter", "tilewise.nn.init", "tilewise.nn.utils.clip_grad",
+              "tilewise.nn.modules.module", "tilewise.nn.modules.linear", "tilewise.nn.modules.container",
+              "tilewise.nn.modules.conv", "tilewise.nn.modules.sparse", "tilewise.nn.modules.loss",
+              "tilewise.optim.sgd", "tilewise.optim.adam", "tilewise.utils.data", "tilewise.serialization",
+              "tilewise._dlpack", "tilewise.models.gpt", "tilewise.data"]
+
+
+@pytest.mark.parametrize("module", DOCUMENTED)
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
