@@ -535,7 +535,7 @@ def test_checkpoint_frees_activations(use_reentrant):
 def test_checkpoint_saves_only_handles():
     from tilewise.autograd.graph import SavedTensor
 
-    x = tw.ones(3, 4, requires_grad=True)
+    x = tw.ones(3, 4, dtype=tw.float64, requires_grad=True)
     w = tw.tensor(W_DATA, requires_grad=True)
     y = checkpoint(lambda a: (a @ w).tanh().exp(), x)
     saved = [v for v in y.grad_fn.saved.values() if isinstance(v, SavedTensor)]

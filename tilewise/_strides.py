@@ -18,12 +18,21 @@ def numel(shape: Sequence[int]) -> int:
     return prod(shape)
 
 
+_CONTIGUOUS: dict[Shape, Shape] = {}  # every eager result asks; a few hundred shapes cover a program
+
+
 def contiguous_strides(shape: Sequence[int]) -> Shape:
+    key = shape if type(shape) is tuple else tuple(shape)
+    found = _CONTIGUOUS.get(key)
+    if found is not None:
+        return found
     strides = [1] * len(shape)
     acc = 1
     for k in range(len(shape) - 1, -1, -1):
         strides[k] = acc
         acc *= max(shape[k], 1)
+    if len(_CONTIGUOUS) < 4096:
+        _CONTIGUOUS[key] = tuple(strides)
     return tuple(strides)
 
 
@@ -140,6 +149,8 @@ def expanded_shape(shape: Sequence[int], target: Sequence[int]) -> Shape:
 def infer_size(shape: Sequence[int], total: int, op: str = "view") -> Shape:
     """Resolve a single -1 in a requested shape."""
     shape = tuple(int(s) for s in shape)
+    if -1 not in shape and prod(shape) == total and (not shape or min(shape) >= 0):
+        return shape
     unknown = [k for k, s in enumerate(shape) if s == -1]
     if len(unknown) > 1:
         raise RuntimeError(f"{op}: only one dimension can be inferred, got shape {list(shape)}")

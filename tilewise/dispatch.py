@@ -42,10 +42,25 @@ def call(op, args: tuple):
     if state.autocast is not None and op.autocast is not None:
         args = state.autocast.cast_args(op, args)
     if state.grad_enabled and op.differentiable and _requires_grad(op, args):
-        from tilewise.autograd.graph import record
-
         return record(op, args)
     return run(op, args)
+
+
+# The layers above this one install their entry points here when they load (importing them from this module
+# would be circular, and an import statement per call costs as much as a small kernel).
+
+def record(op, args: tuple):
+    """Run below autograd and record a node: replaced by ``tilewise.autograd.graph.record`` when it loads."""
+    from tilewise.autograd.graph import record as autograd_record
+
+    return autograd_record(op, args)
+
+
+def apply_view(op, args: tuple):
+    """Stride arithmetic of a view op: replaced by ``tilewise.ops.views.apply_view`` when it loads."""
+    from tilewise.ops.views import apply_view as view_of
+
+    return view_of(op, args)
 
 
 def _requires_grad(op, args: tuple) -> bool:
@@ -65,9 +80,9 @@ def run(op, args: tuple):
     if STATE.trace_depth:  # capturing: every operator, views and reads of real tensors included, is recorded
         return BACKENDS["trace"].run(op, args, device_of(op, args))
     if op.kind == "view":
-        from tilewise.ops.views import apply_view
-
         return apply_view(op, args)
+    if op.kind == "matmul":
+        op.dtype_rule(op, args)  # library GEMMs take one dtype: refuse a mix on every device, before any kernel
     device = device_of(op, args)
     backend = BACKENDS.get(device.type)
     if backend is None:
@@ -81,7 +96,9 @@ def device_of(op, args: tuple) -> Device:
     found = None
     scalar_cpu = None
     for k in op.tensor_idx:
-        found, scalar_cpu = _merge_device(op, args[k], found, scalar_cpu)
+        a = args[k]
+        if type(a) is Tensor and a._device is not found:  # a tensor on the device already found always fits
+            found, scalar_cpu = _merge_device(op, a, found, scalar_cpu)
     for k in op.list_idx:
         for a in args[k]:
             found, scalar_cpu = _merge_device(op, a, found, scalar_cpu)
@@ -104,7 +121,7 @@ def _merge_device(op, a, found, scalar_cpu):
     if type(a) is not Tensor:
         return found, scalar_cpu
     dev = a._device
-    if a.ndim == 0 and dev.type == "cpu":
+    if not a._shape and dev.type == "cpu":
         return found, scalar_cpu or dev
     if found is None or found is dev:
         return dev, scalar_cpu

@@ -175,13 +175,24 @@ def _combine_categories(higher: DType | None, lower: DType | None) -> DType | No
     return higher
 
 
+_PYTHON_SCALARS = {builtins.bool: BOOL, builtins.int: INT, builtins.float: FLOAT}  # Python scalar -> category
+
+
 def result_type(*operands) -> DType:
     """torch.result_type over tensors and Python scalars (tensors: anything with .dtype and .ndim)."""
+    if len(operands) == 2:  # the eager hot paths: tensor op tensor of one dtype, tensor op no-wider scalar
+        a, b = operands
+        d = getattr(a, "_dtype", None)
+        if d is not None and a._shape:
+            if d is getattr(b, "_dtype", None) and b._shape:
+                return d
+            if _PYTHON_SCALARS.get(type(b), 3) <= d.category:
+                return d
     dim_result = zero_result = wrapped_result = None
     for x in operands:
         if x is None:
             continue
-        if isinstance(x, Number) or isinstance(x, np.generic):
+        if type(x) in _PYTHON_SCALARS or isinstance(x, Number) or isinstance(x, np.generic):
             d = scalar_dtype(x)
             if d.is_floating_point:
                 d = _default

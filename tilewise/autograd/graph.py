@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import weakref
 
+from tilewise import dispatch
 from tilewise.dispatch import STATE, run
 from tilewise.tensor import Tensor
 
@@ -159,6 +160,9 @@ def _camel(name: str) -> str:
     return "".join(part.capitalize() for part in re.split(r"_+", name.strip("_")) if part)
 
 
+_NODE_NAMES: dict = {}  # op -> torch-style node name, e.g. MulBackward0
+
+
 class OpNode(Node):
     """Backward of one operator call, driven by the operator's derivative formulas."""
 
@@ -172,7 +176,10 @@ class OpNode(Node):
         self.shapes: dict[str, tuple] = {}  # input shapes, for formulas that read `<input>_shape`
 
     def name(self) -> str:
-        return f"{_camel(self.op.name)}Backward0"
+        name = _NODE_NAMES.get(self.op)
+        if name is None:
+            name = _NODE_NAMES[self.op] = f"{_camel(self.op.name)}Backward0"
+        return name
 
     @property
     def n_outputs(self) -> int:
@@ -330,6 +337,16 @@ def _formula_uses(op, wanted: frozenset[str]) -> frozenset[str]:
     return uses
 
 
+_PLAIN_PARAMS: dict = {}  # op -> ((name, position), ...) of the parameters other than self
+
+
+def _plain_params(op) -> tuple:
+    found = _PLAIN_PARAMS.get(op)
+    if found is None:
+        found = _PLAIN_PARAMS[op] = tuple((p.name, k) for k, p in enumerate(op.schema.params) if p.name != "self")
+    return found
+
+
 def _save(node: OpNode, op, args: tuple, out, uses: frozenset[str]) -> None:
     saved = node.saved
     for name in op.saved_params & uses:
@@ -339,9 +356,9 @@ def _save(node: OpNode, op, args: tuple, out, uses: frozenset[str]) -> None:
         elif isinstance(value, tuple) and value and type(value[0]) is Tensor:
             value = tuple(SavedTensor(v) if type(v) is Tensor else v for v in value)
         saved[name] = value
-    for name in op.param_names():
-        if name not in saved and name not in ("self",) and not _is_tensorish(args[op.schema.index(name)]):
-            saved[name] = args[op.schema.index(name)]
+    for name, k in _plain_params(op):  # numbers and options the formulas read (tensors only when saved above)
+        if name not in saved and not _is_tensorish(args[k]):
+            saved[name] = args[k]
     if "result" in uses:
         name = node.name()
         if isinstance(out, tuple):
@@ -377,3 +394,6 @@ def retain_grad(t: Tensor) -> None:
         return
     t.grad_fn.retained[t._output_nr] = weakref.ref(t)
     t._retains_grad = True
+
+
+dispatch.record = record

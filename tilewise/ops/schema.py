@@ -195,6 +195,8 @@ def bad_argument(op: str, param: str, expected: str, value) -> ArgumentError:
 
 
 def _as_int_list(op: str, p: Param, value) -> tuple[int, ...]:
+    if type(value) is tuple and all(type(v) is int for v in value) and not (p.list_len and len(value) == 1):
+        return value  # the common case, already normalised
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,) * p.list_len if p.list_len and p.list_len > 1 else (value,)
     from tilewise.tensor import Tensor
@@ -265,6 +267,8 @@ def _check_bool(op: str, p: Param, value):
 
 
 def _check_tensor(op: str, p: Param, value):
+    if type(value) in _PYTHON_NUMBERS:
+        return value
     from tilewise.tensor import Tensor
 
     if isinstance(value, (Tensor, Number)):
@@ -314,6 +318,8 @@ def _check_str(op: str, p: Param, value):
 def _passthrough(op: str, p: Param, value):
     return value
 
+
+_PYTHON_NUMBERS = (int, float, bool)
 
 _CHECKERS = {
     "int": _check_int, "float": _check_float, "Scalar": _check_scalar, "bool": _check_bool,

@@ -9,6 +9,7 @@ tensor of the input's shape and add the gradient into it.
 from __future__ import annotations
 
 from tilewise import _strides as S
+from tilewise import dispatch
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
 
@@ -183,3 +184,5 @@ declare("view_scatter(Tensor self, Tensor src, int[] view_shape, int[] view_stri
                        "src": "grad.contiguous().as_strided(view_shape, view_strides, view_offset)"},
         method=False, doc="A copy of contiguous ``self`` with the elements a strided view selects replaced by "
                           "``src``: how an in-place write through a view is recorded on its base.")
+
+dispatch.apply_view = apply_view

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tilewise.backends.cpu.render import render_numpy
+from tilewise._strides import broadcast_shapes, normalize_dims
+from tilewise.backends.cpu.render import render_numpy, run_quietly
 from tilewise.ops.expr import inputs_of
 from tilewise.tensor import Tensor, from_array
 
@@ -46,29 +47,28 @@ def run(op, args: tuple, device):
 
 # ---------------------------------------------------------------------------- pointwise
 
-_compiled: dict[tuple, object] = {}
+_compiled: dict[tuple, tuple] = {}  # (op[, variant]) -> (numpy function, positions of its scalar arguments)
 
 
-def pointwise_fn(op, args: tuple, compute_dtype):
-    """The numpy function for this operator (and argument variant, for operators with expression builders)."""
+def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
+    """The numpy function for this operator (and argument variant, for operators with expression builders),
+    with the argument positions it takes after the tensors."""
     builder = op.attrs.get("expr_builder")
     if builder is None:
-        key = (op,)
-        fn = _compiled.get(key)
-        if fn is None:
+        entry = _compiled.get((op,))
+        if entry is None:
             scalars = tuple(p.name for p in op.schema.params if p.type != "Tensor")
             fn = render_numpy(op.expr, len(op.tensor_idx), scalars, op.name)
-            _compiled[key] = fn
-        return fn, True
+            entry = _compiled[(op,)] = (fn, tuple(k for k in range(len(op.schema.params)) if k not in op.tensor_idx))
+        return entry
     variant = tuple(a for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
     present = tuple(args[k] is not None for k in op.tensor_idx)
     key = (op, variant, present, compute_dtype)
-    fn = _compiled.get(key)
-    if fn is None:
+    entry = _compiled.get(key)
+    if entry is None:
         expr = builder(args, compute_dtype)
-        fn = render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_variant")
-        _compiled[key] = fn
-    return fn, False
+        entry = _compiled[key] = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_variant"), ())
+    return entry
 
 
 def _as_compute(value, np_dtype):
@@ -86,17 +86,16 @@ def _as_compute(value, np_dtype):
 
 
 def run_pointwise(op, args: tuple):
+    shape = _broadcast_shape(op, args)  # first, so a mismatch is reported with the operator's name
     out_dtype, compute = op.dtype_rule(op, args)
     cnp = compute.np
-    fn, static = pointwise_fn(op, args, compute)
+    fn, scalar_idx = pointwise_fn(op, args, compute)
     values = [_as_compute(args[k], cnp) for k in op.tensor_idx]
-    if static:
-        values += [args[k] for k in range(len(args)) if k not in op.tensor_idx]
-    with np.errstate(all="ignore"):
-        res = fn(*values)
+    for k in scalar_idx:
+        values.append(args[k])
+    res = run_quietly(fn, values)
     if type(res) is not np.ndarray:
         res = np.asarray(res)
-    shape = _broadcast_shape(op, args)
     if res.shape != shape:
         res = np.broadcast_to(res, shape).copy()
     if res.dtype != out_dtype.np:
@@ -105,12 +104,15 @@ def run_pointwise(op, args: tuple):
 
 
 def _broadcast_shape(op, args: tuple) -> tuple:
-    from tilewise._strides import broadcast_shapes
-
-    shapes = [args[k]._shape for k in op.tensor_idx if type(args[k]) is Tensor]
-    if len(shapes) == 1:
-        return shapes[0]
-    return broadcast_shapes(*shapes, op=op.name)
+    shape = None
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is Tensor and a._shape != shape:
+            if shape is not None:
+                shapes = [args[j]._shape for j in op.tensor_idx if type(args[j]) is Tensor]
+                return broadcast_shapes(*shapes, op=op.name)
+            shape = a._shape
+    return () if shape is None else shape
 
 
 # ---------------------------------------------------------------------------- reductions
@@ -122,8 +124,6 @@ _REDUCERS = {
 
 
 def run_reduction(op, args: tuple):
-    from tilewise._strides import normalize_dims
-
     x = args[0]
     names = op.param_names()
     dims = normalize_dims(args[1] if len(args) > 1 and names[1] == "dim" else None, x.ndim, op.name)
