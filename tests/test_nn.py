@@ -518,3 +518,46 @@ def test_docstring_examples_run(module):
 
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+@pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
+@pytest.mark.parametrize("variant", ["masks-weights", "masks-no-weights", "per-head-weights", "kdim-vdim",
+                                     "unbatched", "causal-encoder"])
+def test_multihead_attention_variants_match_torch(variant):
+    torch.manual_seed(0)
+    kwargs = {"kdim": 6, "vdim": 3} if variant == "kdim-vdim" else {}
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=True, **kwargs)
+    attn = tw.nn.MultiheadAttention(8, 2, batch_first=True, **kwargs)
+    _copy_weights(attn, ref)
+    q = _float_input((2, 4, 8) if variant != "unbatched" else (4, 8))
+    k = _float_input((2, 5, kwargs.get("kdim", 8)) if variant != "unbatched" else (5, 8), seed=1)
+    v = _float_input((2, 5, kwargs.get("vdim", 8)) if variant != "unbatched" else (5, 8), seed=2)
+    padding = np.array([[False, False, False, True, True], [False, False, False, False, True]])
+    additive = _float_input((4, 5), seed=3, low=-1, high=0)
+    call = {
+        "masks-weights": dict(key_padding_mask=padding, attn_mask=additive),
+        "masks-no-weights": dict(key_padding_mask=padding, attn_mask=additive, need_weights=False),
+        "per-head-weights": dict(attn_mask=additive > -0.2, average_attn_weights=False),
+        "kdim-vdim": dict(key_padding_mask=padding),
+        "unbatched": dict(attn_mask=additive),
+        "causal-encoder": dict(attn_mask=np.triu(np.ones((4, 5), dtype=bool), 1), need_weights=False),
+    }[variant]
+
+    def run(lib, module):
+        args = [lib.tensor(a, requires_grad=True) for a in (q, k, v)]
+        extra = {name: lib.tensor(value) if isinstance(value, np.ndarray) else value for name, value in call.items()}
+        out, weights = module(*args, **extra)
+        (out * lib.tensor(_float_input(tuple(out.shape), seed=9))).sum().backward()
+        return out, weights, args
+
+    out, weights, args = run(tw, attn)
+    ref_out, ref_weights, ref_args = run(torch, ref)
+    _close(out, ref_out, what="output")
+    assert (weights is None) == (ref_weights is None)
+    if weights is not None:
+        _close(weights, ref_weights, what="weights")
+    for a, b in zip(args, ref_args):
+        _close(a.grad, b.grad, rtol=1e-4, what="input grad")
+    ours = dict(attn.named_parameters())
+    for name, p in ref.named_parameters():
+        _close(ours[name].grad, p.grad, rtol=1e-4, what=name)
