@@ -488,7 +488,10 @@ def _infer_dtype(data) -> DType:
         flat = flat[0]
     if isinstance(flat, Tensor):
         return flat.dtype
-    arr = np.asarray(data)
+    try:
+        arr = np.asarray(data)
+    except ValueError as exc:
+        raise ValueError(f"tensor(): data is not rectangular (nested sequences of unequal length): {exc}") from None
     if arr.dtype == np.bool_:
         return dtypes.bool_
     if arr.dtype.kind in "iu":

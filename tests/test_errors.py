@@ -1,0 +1,236 @@
+"""Bad input: each class of mistake raises an error that names the operator, the values involved and what
+would be valid — never a crash, a silent wrap, or a message from a layer the user never called."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import tilewise as tw
+import tilewise.nn.functional as F  # noqa: N812 — torch's spelling
+from tilewise.device import Device
+from tilewise.tensor import Tensor
+
+
+def raises(exc_type, *fragments: str):
+    """pytest.raises that checks every fragment appears in the message (fragments are literal text)."""
+    return pytest.raises(exc_type, match="(?s)" + "".join(f"(?=.*{re.escape(f)})" for f in fragments))
+
+
+X = tw.ones(2, 3)
+
+
+# ---------------------------------------------------------------------------- shapes and broadcasting
+
+@pytest.mark.parametrize("op", ["add", "mul", "maximum", "atan2"])
+def test_broadcast_mismatch(op):
+    with raises(RuntimeError, f"{op}:", "[2, 3]", "[4]", "cannot be broadcast", "equal or 1"):
+        getattr(tw, op)(X, tw.ones(4))
+
+
+def test_broadcast_mismatch_with_autograd_and_operator_syntax():
+    with raises(RuntimeError, "mul:", "[2, 3]", "[3, 2]", "equal or 1"):
+        X.requires_grad_(False) * tw.ones(3, 2, requires_grad=True)
+    with raises(RuntimeError, "add_:", "[2]", "[3, 2]"):
+        tw.ones(2).add_(tw.ones(3, 2))
+
+
+def test_matmul_shape_mismatch():
+    with raises(RuntimeError, "mm", "2x3", "2x3", "cannot be multiplied"):
+        tw.mm(X, tw.ones(2, 3))
+    with raises(RuntimeError, "matmul", "2x3", "5x4", "last dim of the first must equal"):
+        X @ tw.ones(5, 4)
+    with raises(RuntimeError, "matmul", "0D", "at least 1D"):
+        tw.matmul(tw.tensor(1.0), X)
+
+
+@pytest.mark.parametrize("call,fragments", [
+    (lambda: X.view(4), ("view", "[4]", "size 6")),
+    (lambda: X.reshape(5), ("reshape", "[5]", "size 6")),
+    (lambda: X.view(-1, -1), ("view", "only one dimension can be inferred", "[-1, -1]")),
+    (lambda: X.t().view(6), ("view size is not compatible", "[3, 2]", "Use .reshape")),
+    (lambda: X.expand(4, 3, 3), ("expand", "(3)", "(2)", "[4, 3, 3]", "[2, 3]")),
+    (lambda: X.expand(-1, -1, 3), ("expand", "-1", "leading, non-existing dimension")),
+    (lambda: X.unfold(1, 4, 1), ("unfold", "dimension 1 is 3", "size is 4")),
+    (lambda: X.narrow(1, 2, 3), ("narrow()", "start (2)", "length (3)", "size (3)")),
+    (lambda: X.chunk(0), ("chunk", "greater than 0", "0")),
+    (lambda: X.split([1, 2], 0), ("split_with_sizes", "sum exactly to 2", "[1, 2]")),
+    (lambda: tw.cat([X, tw.ones(3, 3)], 1), ("cat()", "dimension 1", "[2, 3]", "[3, 3]")),
+    (lambda: X.as_strided((4, 4), (3, 1)), ("as_strided", "[4, 4]", "[3, 1]", "13 elements", "has 6")),
+])
+def test_bad_shapes(call, fragments):
+    with raises((RuntimeError, IndexError), *fragments):
+        call()
+
+
+# ---------------------------------------------------------------------------- dtypes
+
+def test_mm_dtype_mismatch():
+    with raises(RuntimeError, "mm", "same dtype", "float32", "float64", ".to()"):
+        tw.mm(X, tw.ones(3, 2, dtype=tw.float64))
+    with raises(RuntimeError, "same dtype", "float32", "float64"):
+        X @ tw.ones(3, 2, dtype=tw.float64)
+    with raises(RuntimeError, "bmm", "same dtype", "bfloat16", "float32"):
+        tw.bmm(tw.ones(1, 2, 3, dtype=tw.bfloat16), tw.ones(1, 3, 2))
+
+
+@pytest.mark.parametrize("call,fragments", [
+    (lambda: tw.bitwise_and(X, X), ("bitwise_and", "integer and bool", "float32")),
+    (lambda: tw.ones(2, dtype=tw.int64).mean(), ("mean()", "floating point", "int64", "dtype=")),
+    (lambda: tw.ones(2, dtype=tw.int64).add_(1.5), ("add_", "float32", "int64", "can't be cast")),
+    (lambda: tw.promote_types(tw.float8_e5m2, tw.float16), ("Float8", "float8_e5m2", "float16")),
+    (lambda: X.to(3.5), ("to()", "device, dtype or tensor", "3.5")),
+    (lambda: tw.tensor([1.0]).to("complex64"), ("complex64",)),
+    (lambda: tw.tensor([[1, 2], [3]]), ("tensor()", "not rectangular")),
+])
+def test_bad_dtypes(call, fragments):
+    with raises((RuntimeError, TypeError, ValueError), *fragments):
+        call()
+
+
+# ---------------------------------------------------------------------------- devices
+
+def fake_cuda(t: Tensor) -> Tensor:
+    """The same storage labelled as a CUDA tensor: enough to check the dispatcher without a GPU."""
+    return Tensor._make(t._storage, t._shape, t._strides, t._offset, t._dtype, Device("cuda"))
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: X + c,
+    lambda c: tw.mm(X, c.t()),
+    lambda c: tw.cat([X, c]),
+    lambda c: tw.where(X > 0, c, X),
+])
+def test_tensors_on_two_devices(call):
+    with raises(RuntimeError, "same device", "cpu", "cuda:0", ".to(device)"):
+        call(fake_cuda(X))
+
+
+def test_zero_dim_cpu_tensor_may_join_another_device():
+    from tilewise.dispatch import device_of
+    from tilewise.ops.registry import OPS
+
+    assert device_of(OPS["add"], (fake_cuda(X), tw.tensor(2.0), 1)) == Device("cuda")
+
+
+def test_device_without_backend_names_the_op_and_the_fix():
+    if "cuda" in __import__("tilewise.dispatch", fromlist=["BACKENDS"]).BACKENDS:
+        pytest.skip("a CUDA backend is registered here")
+    with raises(RuntimeError, "exp:", "cuda:0", "[cuda]"):
+        fake_cuda(X).exp()
+
+
+@pytest.mark.parametrize("spec,fragments", [
+    ("tpu", ("unknown device type 'tpu'", "cpu, cuda")),
+    ("cuda:x", ("invalid device string 'cuda:x'", "cuda:0")),
+])
+def test_bad_device_strings(spec, fragments):
+    with raises(ValueError, *fragments):
+        tw.device(spec)
+    with raises((ValueError, TypeError), *fragments):
+        tw.zeros(2, device=spec)
+
+
+# ---------------------------------------------------------------------------- dims
+
+@pytest.mark.parametrize("call,op,bad", [
+    (lambda: X.sum(5), "sum", "5"),
+    (lambda: X.transpose(0, 3), "transpose", "3"),
+    (lambda: X.squeeze(4), "squeeze", "4"),
+    (lambda: X.unsqueeze(5), "unsqueeze", "5"),
+    (lambda: X.softmax(3), "softmax", "3"),
+    (lambda: tw.cat([X, X], 2), "cat", "2"),
+    (lambda: X.movedim(0, 2), "movedim", "2"),
+    (lambda: X.size(-3), "size", "-3"),
+])
+def test_dim_out_of_range(call, op, bad):
+    with raises(IndexError, f"{op}", "Dimension out of range", "[-2, 1]" if op != "unsqueeze" else "[-3, 2]",
+                f"got {bad}"):
+        call()
+
+
+@pytest.mark.parametrize("call,fragments", [
+    (lambda: X.permute(0, 0), ("permute", "repeated dim", "[0, 0]")),
+    (lambda: X.permute(0), ("permute", "1 dims", "2-d tensor")),
+    (lambda: X.sum((0, 0)), ("sum", "(0, 0)", "multiple times")),
+    (lambda: X.diagonal(0, 1, 1), ("diagonal", "cannot be identical", "1, 1")),
+    (lambda: X.flatten(1, 0), ("flatten()", "start_dim 1", "end_dim 0")),
+])
+def test_bad_dim_combinations(call, fragments):
+    with raises(RuntimeError, *fragments):
+        call()
+
+
+# ---------------------------------------------------------------------------- indices
+
+@pytest.mark.parametrize("call,fragments", [
+    (lambda: X[5], ("index 5", "out of bounds", "dimension 0", "size 2")),
+    (lambda: X[-3], ("index -3", "out of bounds", "size 2")),
+    (lambda: X[0, 0, 0], ("too many indices", "dimension 2")),
+    (lambda: X[tw.tensor([0, 4])], ("index 4", "out of bounds", "dimension 0", "size 2")),
+    (lambda: X[tw.ones(3, dtype=tw.bool)], ("mask [3]", "[2, 3]")),
+    (lambda: X[1.5], ("valid indices", "float")),
+    (lambda: X.select(1, 3), ("index 3", "out of bounds", "dimension 1", "size 3")),
+    (lambda: X.gather(1, tw.tensor([[0, 5], [1, 2]])), ("gather()", "index 5", "dimension 1", "size 3")),
+    (lambda: X.gather(1, tw.tensor([[0, -5], [1, 2]])), ("gather()", "index -5", "size 3")),
+    (lambda: X.index_select(1, tw.tensor([0, 3])), ("index_select()", "index 3", "dimension 1", "size 3")),
+    (lambda: tw.zeros(2, 3).scatter(1, tw.tensor([[0, 9]]), 1.0), ("scatter()", "index 9", "size 3")),
+    (lambda: tw.zeros(2, 3).index_put_((tw.tensor([5]),), tw.tensor(1.0)), ("index_put", "index 5", "size 2")),
+    (lambda: F.cross_entropy(tw.ones(3, 4), tw.tensor([0, 1, 9])), ("cross_entropy", "9", "C=4", "0..3")),
+    (lambda: F.embedding(tw.tensor([0, 7]), tw.ones(5, 2)), ("index 7", "out of bounds", "size 5")),
+])
+def test_out_of_range_indices_are_checked(call, fragments):
+    with raises(IndexError, *fragments):
+        call()
+
+
+@pytest.mark.xfail(strict=True, reason="basic indexing selects one dim at a time, so the message counts dims of the "
+                                       "partly indexed view")
+def test_x_index_reports_the_indexed_dimension():
+    """x[0, 7] fails in dimension 1 of x, as torch reports it."""
+    with raises(IndexError, "index 7", "dimension 1", "size 3"):
+        X[0, 7]
+
+
+# ---------------------------------------------------------------------------- autograd misuse
+
+@pytest.mark.parametrize("call,fragments", [
+    (lambda: tw.ones(2).sum().backward(), ("element 0 of tensors does not require grad", "grad_fn")),
+    (lambda: tw.ones(2, dtype=tw.int64).requires_grad_(), ("floating point", "int64")),
+    (lambda: tw.tensor([1, 2], requires_grad=True), ("floating point", "int64")),
+    (lambda: tw.ones(2, requires_grad=True).numpy(), ("numpy()", "requires grad", "detach()")),
+    (lambda: (tw.ones(2, requires_grad=True) * 2).backward(), ("implicitly created only for scalar", "[2]")),
+    (lambda: tw.autograd.grad(tw.ones(2, requires_grad=True).sum(), tw.ones(2)), ("does not require grad",)),
+    (lambda: (tw.ones(2, requires_grad=True) * 2).requires_grad_(False), ("leaf variables", "detach()")),
+    (lambda: tw.ones(2).register_hook(lambda g: g), ("hook", "doesn't require gradient")),
+    (lambda: tw.ones(2).retain_grad(), ("retain_grad", "requires_grad=False")),
+])
+def test_non_differentiable_misuse(call, fragments):
+    with raises(RuntimeError, *fragments):
+        call()
+
+
+def test_assigning_grad_of_wrong_shape():
+    x = tw.ones(2, requires_grad=True)
+    with raises(RuntimeError, "[3]", "[2]", "shape"):
+        x.grad = tw.ones(3)
+
+
+# ---------------------------------------------------------------------------- argument types
+
+@pytest.mark.parametrize("call,fragments", [
+    (lambda: tw.add(X, "a"), ("add()", "argument 'other'", "Tensor", "str 'a'")),
+    (lambda: tw.exp([1, 2]), ("exp()", "argument 'self'", "Tensor", "list [1, 2]")),
+    (lambda: X.view("a"), ("view()", "argument 'size'", "tuple of ints", "str 'a'")),
+    (lambda: X.sum(dim=1.5), ("sum()", "argument 'dim'", "tuple of ints", "float 1.5")),
+    (lambda: X.sum(dim=0, keepdim=2), ("sum()", "argument 'keepdim'", "bool", "int 2")),
+    (lambda: X.transpose(0, "1"), ("transpose()", "argument 'dim1'", "int", "str '1'")),
+    (lambda: tw.cat(X), ("cat()", "argument 'tensors'", "sequence of Tensors")),
+    (lambda: tw.add(X, X, beta=2), ("add()", "unexpected keyword argument 'beta'")),
+    (lambda: tw.zeros(2, dtype="float99"), ("float99", "valid dtypes")),
+    (lambda: tw.clamp(X, "lo"), ("clamp", "'min'", "str 'lo'")),
+])
+def test_wrong_argument_types(call, fragments):
+    with raises(TypeError, *fragments):
+        call()
