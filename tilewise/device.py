@@ -15,6 +15,8 @@ class Device:
     def __new__(cls, type_or_str: "str | Device | int", index: int | None = None) -> "Device":
         if isinstance(type_or_str, Device):
             return type_or_str
+        if type(type_or_str).__module__ == "torch":  # torch.device("cuda:1") names the same device
+            type_or_str = str(type_or_str)
         if isinstance(type_or_str, int) and not isinstance(type_or_str, bool):
             type_or_str, index = "cuda", type_or_str
         if not isinstance(type_or_str, str):

@@ -488,6 +488,8 @@ def _infer_dtype(data) -> DType:
         flat = flat[0]
     if isinstance(flat, Tensor):
         return flat.dtype
+    if isinstance(flat, np.generic):  # numpy scalars keep their own dtype, as in torch
+        return dtype_from_numpy(np.asarray(data).dtype)
     try:
         arr = np.asarray(data)
     except ValueError as exc:
