@@ -106,6 +106,8 @@ def _attach_special_methods(functions: dict) -> None:
     Tensor.mH = Tensor.mT
     Tensor.H = property(lambda self: self.t())
     Tensor.copy_ = make_copy_()
+    for method in creation.INPLACE_FILLS:
+        setattr(Tensor, method.__name__, method)
 
 
 def make_copy_():

@@ -270,6 +270,51 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
     return randn(size, generator=generator, dtype=dtype, device=device) * std + mean
 
 
+# ---------------------------------------------------------------- in-place fills (Tensor methods)
+
+def _fill_from(self: Tensor, values: Tensor) -> Tensor:
+    from tilewise.autograd.grad_mode import no_grad
+
+    with no_grad():
+        return self.copy_(values)
+
+
+def fill_(self: Tensor, value) -> Tensor:
+    return self.copy_(value.expand(self.shape) if isinstance(value, Tensor) else full_like(self, value))
+
+
+def zero_(self: Tensor) -> Tensor:
+    return fill_(self, 0)
+
+
+def uniform_(self: Tensor, a: float = 0.0, b: float = 1.0, *, generator=None) -> Tensor:
+    return _fill_from(self, _call("uniform", self.shape, float(a), float(b), dtype=self.dtype, device=self.device,
+                                  generator=generator))
+
+
+def normal_(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator=None) -> Tensor:
+    return _fill_from(self, randn(self.shape, dtype=self.dtype, device=self.device, generator=generator) * std + mean)
+
+
+def bernoulli_(self: Tensor, p=0.5, *, generator=None) -> Tensor:
+    probs = p if isinstance(p, Tensor) else full_like(self, p, dtype=get_default_dtype())
+    return _fill_from(self, _call("bernoulli", probs.expand(self.shape), generator=generator))
+
+
+def exponential_(self: Tensor, lambd: float = 1.0, *, generator=None) -> Tensor:
+    u = rand(self.shape, dtype=self.dtype, device=self.device, generator=generator)
+    return _fill_from(self, -(1 - u).log() / lambd)
+
+
+def random_(self: Tensor, low: int = 0, high: int | None = None, *, generator=None) -> Tensor:
+    if high is None:
+        low, high = 0, (1 << 24 if self.dtype.is_floating_point else (1 << 63) - 1) if low == 0 else low
+    return _fill_from(self, randint(low, high, self.shape, dtype=self.dtype, device=self.device, generator=generator))
+
+
+INPLACE_FILLS = (fill_, zero_, uniform_, normal_, bernoulli_, exponential_, random_)
+
+
 def to_device(x: Tensor, device: Device, non_blocking: bool = False) -> Tensor:
     return _call("_to_copy", x, None, device, non_blocking)
 

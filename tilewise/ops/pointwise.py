@@ -128,8 +128,16 @@ pointwise("abs(Tensor self) -> Tensor", lambda x: x.abs(), {"self": "grad * sign
           aliases=("absolute",))
 pointwise("sign(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_like(grad)"})
 pointwise("sgn(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_like(grad)"})
-pointwise("lerp(Tensor self, Tensor end, Tensor weight) -> Tensor", lambda a, b, w: a + w * (b - a),
+pointwise("lerp(Tensor self, Tensor end, Tensor weight) -> Tensor",
+          lambda a, b, w: where(w.abs().lt(0.5), a + w * (b - a), b - (b - a) * (1 - w)),
           {"self": "grad * (1 - weight)", "end": "grad * weight", "weight": "grad * (end - self)"})
+pointwise("addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
+          lambda a, t1, t2, value: a + value * t1 * t2,
+          {"self": "grad", "tensor1": "grad * value * tensor2", "tensor2": "grad * value * tensor1"})
+pointwise("addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
+          lambda a, t1, t2, value: a + value * t1 / t2,
+          {"self": "grad", "tensor1": "grad * value / tensor2",
+           "tensor2": "-grad * value * tensor1 / (tensor2 * tensor2)"}, R.promote_float)
 pointwise("atan2(Tensor self, Tensor other) -> Tensor", lambda a, b: a.atan2(b),
           {"self": "grad * other / (self * self + other * other)",
            "other": "-grad * self / (self * self + other * other)"}, R.promote_float, aliases=("arctan2",))
