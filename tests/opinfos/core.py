@@ -41,6 +41,10 @@ OPINFOS += [OpInfo(n, s, grad=False) for n, s in NO_GRAD_UNARY.items()]
 OPINFOS += [OpInfo(n, s, call="F") for n, s in ACTIVATIONS.items()]
 OPINFOS += [
     OpInfo("add", binary()), OpInfo("sub", binary()), OpInfo("mul", binary()), OpInfo("div", binary()),
+    OpInfo("divide", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2)), {"rounding_mode": "floor"}),
+                              Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2)), {"rounding_mode": "trunc"}),
+                              Sample((T((3, 4), "int", -9, 9), T((3, 4), "int", 1, 4)), {"rounding_mode": "trunc"}),
+                              Sample((T((3, 4), "int", -9, 9), T((3, 4), "int", 1, 4)), {"rounding_mode": "floor"})]),
     OpInfo("maximum", binary(scalar=False)), OpInfo("minimum", binary(scalar=False)), OpInfo("atan2", binary(scalar=False)),
     OpInfo("remainder", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2)))]),
     OpInfo("fmod", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2)))]),

@@ -88,6 +88,29 @@ def _clamp(args, dtype):
     return clamp_expr(_in(0), None if args[1] is None else _in(1), None if args[2] is None else _in(2))
 
 
+def _div(args, dtype):
+    mode = args[2]
+    if mode not in (None, "trunc", "floor"):
+        raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{mode}'")
+    a, b = _in(0), _in(1)
+    if mode is None:
+        return a / b
+    if mode == "floor":
+        return a.floordiv(b)
+    return (a / b).trunc() if dtype.is_floating_point else _trunc_int_div(a, b)
+
+
+def _trunc_int_div(a, b):
+    """Integer division rounding toward zero, from floor division: add one where the signs differ and it is inexact."""
+    q = a.floordiv(b)
+    return where(q.lt(0).logical_and((q * b).ne(a)), q + 1, q)
+
+
+def _div_dtype(op, args):
+    """True division makes integers float; rounding division keeps the promoted type (torch's rule)."""
+    return R.promote_float(op, args) if args[2] is None else R.promote(op, args)
+
+
 def _nan_to_num(args, dtype):
     return nan_to_num_expr(_in(0), args[1], args[2], args[3], dtype)
 
@@ -104,9 +127,10 @@ pointwise("rsub(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
 pointwise("mul(Tensor self, Tensor other) -> Tensor",
           lambda a, b: a * b, {"self": "grad * other", "other": "grad * self"}, dunder=("mul", "rmul"),
           aliases=("multiply",))
-pointwise("div(Tensor self, Tensor other, *, str? rounding_mode=None) -> Tensor",
-          lambda a, b, mode: a / b, {"self": "grad / other", "other": "-grad * self / (other * other)"},
-          R.promote_float, dunder=("truediv",), aliases=("divide", "true_divide"))
+pointwise("div(Tensor self, Tensor other, *, str? rounding_mode=None) -> Tensor", None,
+          {"self": "grad / other if rounding_mode is None else zeros_like(grad)",
+           "other": "-grad * self / (other * other) if rounding_mode is None else zeros_like(grad)"},
+          _div_dtype, dunder=("truediv",), aliases=("divide", "true_divide"), expr_builder=_div)
 pointwise("rdiv(Tensor self, Tensor other) -> Tensor",
           lambda a, b: b / a, {"self": "-grad * other / (self * self)", "other": "grad / self"}, R.promote_float,
           method=False, dunder=("rtruediv",), inplace=False)
