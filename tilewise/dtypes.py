@@ -180,6 +180,8 @@ _PYTHON_SCALARS = {builtins.bool: BOOL, builtins.int: INT, builtins.float: FLOAT
 
 def result_type(*operands) -> DType:
     """torch.result_type over tensors and Python scalars (tensors: anything with .dtype and .ndim)."""
+    if len(operands) == 1 and getattr(operands[0], "_dtype", None) is not None:
+        return operands[0]._dtype
     if len(operands) == 2:  # the eager hot paths: tensor op tensor of one dtype, tensor op no-wider scalar
         a, b = operands
         d = getattr(a, "_dtype", None)
@@ -214,9 +216,10 @@ def to_float(d: DType) -> DType:
 
 def compute_dtype(d: DType) -> DType:
     """Arithmetic precision for a storage dtype ('opmath'): half and float8 types compute in float32."""
-    if d.is_floating_point and d.itemsize < 4:
-        return float32
-    return d
+    return _COMPUTE[d]
+
+
+_COMPUTE = {d: float32 if d.is_floating_point and d.itemsize < 4 else d for d in ALL}
 
 
 def can_cast(src: DType, dst: DType) -> bool:

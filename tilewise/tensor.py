@@ -451,13 +451,13 @@ def from_array(a: np.ndarray, dtype: DType | None = None) -> Tensor:
     dtype = dtype or dtype_from_numpy(a.dtype)
     if a.dtype != dtype.np:
         a = a.astype(dtype.np)
-    size = a.itemsize
     if a.flags.c_contiguous:
-        flat = a.reshape(-1)
-        t = Tensor._make(Storage(flat, cpu, dtype, flat.shape[0]), a.shape, _strides.contiguous_strides(a.shape), 0,
+        shape = a.shape
+        t = Tensor._make(Storage(a.reshape(-1), cpu, dtype, a.size), shape, _strides.contiguous_strides(shape), 0,
                          dtype, cpu)
         t._array = a
         return t
+    size = a.itemsize
     strides = a.strides
     if all(s >= 0 and s % size == 0 for s in strides) and a.size:
         base = a.base if isinstance(a.base, np.ndarray) else None

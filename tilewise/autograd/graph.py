@@ -277,8 +277,15 @@ def edge(t) -> tuple:
     return (None, 0)
 
 
-def _needs_grad(t) -> bool:
-    return type(t) is Tensor and t._requires_grad
+_TENSOR_PARAMS: dict = {}  # op -> ((position, name, is_list, differentiable), ...) of its Tensor parameters
+
+
+def _tensor_params(op) -> tuple:
+    found = _TENSOR_PARAMS.get(op)
+    if found is None:
+        found = _TENSOR_PARAMS[op] = tuple((k, p.name, p.is_list, op.derivatives.get(p.name) is not None)
+                                           for k, p in enumerate(op.schema.params) if p.type == "Tensor")
+    return found
 
 
 def record(op, args: tuple):
@@ -292,26 +299,22 @@ def record(op, args: tuple):
         STATE.grad_enabled = True
     node = OpNode(op, args)
     edges, metas, wanted = [], [], set()
-    params = op.schema.params
-    for k, p in enumerate(params):
-        if p.type != "Tensor":
-            continue
-        if type(args[k]) is Tensor:
-            node.shapes[p.name] = args[k]._shape
-        elif p.is_list:  # a list's shapes, so a formula like cat's need not save the tensors themselves
-            node.shapes[p.name] = tuple(a._shape if type(a) is Tensor else () for a in args[k])
-        diff = op.derivatives.get(p.name) is not None
-        items = [(args[k], None)] if not p.is_list else [(a, i) for i, a in enumerate(args[k])]
-        for a, pos in items:
+    for k, name, is_list, diff in _tensor_params(op):
+        value = args[k]
+        if type(value) is Tensor:
+            node.shapes[name] = value._shape
+        elif is_list:  # a list's shapes, so a formula like cat's need not save the tensors themselves
+            node.shapes[name] = tuple(a._shape if type(a) is Tensor else () for a in value)
+        for pos, a in enumerate(value) if is_list else ((None, value),):
             node.slots.append((k, pos))
-            if diff and _needs_grad(a):
+            if diff and type(a) is Tensor and a._requires_grad:
                 edges.append(edge(a))
                 metas.append((a._shape, a._dtype, a._device))
-                wanted.add(p.name)
+                wanted.add(name)
             else:
                 edges.append((None, 0))
                 metas.append(None)
-    if all(e[0] is None for e in edges):
+    if not wanted:  # no input that needs a gradient has a derivative here
         return out
     node.next_functions = tuple(edges)
     node.input_meta = metas

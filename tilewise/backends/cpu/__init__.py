@@ -14,7 +14,7 @@ import numpy as np
 
 from tilewise._strides import broadcast_shapes, normalize_dims
 from tilewise.backends.cpu.render import render_numpy, run_quietly
-from tilewise.ops.expr import inputs_of
+from tilewise.ops.expr import Expr, inputs_of
 from tilewise.tensor import Tensor, from_array
 
 KERNELS: dict[str, object] = {}  # operator full name -> numpy implementation taking bound arguments
@@ -57,10 +57,14 @@ def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
     if builder is None:
         entry = _compiled.get((op,))
         if entry is None:
-            scalars = tuple(p.name for p in op.schema.params if p.type != "Tensor")
-            fn = render_numpy(op.expr, len(op.tensor_idx), scalars, op.name)
-            entry = _compiled[(op,)] = (fn, tuple(k for k in range(len(op.schema.params)) if k not in op.tensor_idx))
-        return entry
+            entry = _compiled[(op,)] = _static_kernels(op)
+        fn, scalar_idx, defaults, at_defaults = entry
+        if at_defaults is None:
+            return fn, scalar_idx
+        for k, d in zip(scalar_idx, defaults):
+            if args[k] != d:
+                return fn, scalar_idx
+        return at_defaults
     variant = tuple(a for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
     present = tuple(args[k] is not None for k in op.tensor_idx)
     key = (op, variant, present, compute_dtype)
@@ -69,6 +73,32 @@ def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
         expr = builder(args, compute_dtype)
         entry = _compiled[key] = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_variant"), ())
     return entry
+
+
+def _static_kernels(op) -> tuple:
+    """The general kernel, its scalar positions and defaults, and a kernel specialised to those defaults
+    (``add``'s ``alpha=1`` then costs no multiply); the specialisation exists when every default is a number."""
+    params = op.schema.params
+    scalar_idx = tuple(k for k in range(len(params)) if k not in op.tensor_idx)
+    fn = render_numpy(op.expr, len(op.tensor_idx), tuple(params[k].name for k in scalar_idx), op.name)
+    defaults = tuple(params[k].default for k in scalar_idx)
+    at_defaults = None
+    if scalar_idx and all(type(d) in (int, float) for d in defaults):
+        expr = _with_constants(op.expr, {params[k].name: d for k, d in zip(scalar_idx, defaults)})
+        at_defaults = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_defaults"), ())
+    return fn, scalar_idx, defaults, at_defaults
+
+
+def _with_constants(expr: Expr, values: dict) -> Expr:
+    """``expr`` with its scalar parameters replaced by constants, and multiplications by 1 dropped (exact)."""
+    if expr.op == "scalar":
+        return Expr("const", (), values[expr.arg])
+    srcs = tuple(_with_constants(s, values) for s in expr.srcs)
+    if expr.op == "mul":
+        for k in (0, 1):
+            if srcs[k].op == "const" and srcs[k].arg == 1 and type(srcs[k].arg) is not bool:
+                return srcs[1 - k]
+    return Expr(expr.op, srcs, expr.arg)
 
 
 def _as_compute(value, np_dtype):
