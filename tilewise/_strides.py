@@ -177,6 +177,8 @@ def view_strides(shape: Sequence[int], strides: Sequence[int], new_shape: Sequen
         return tuple(strides)  # torch keeps an empty tensor's strides when the shape does not change
     if numel(shape) == 0 or not shape:  # empty, or 0-dim: any view of it is contiguous
         return contiguous_strides(new_shape)
+    if tuple(strides) == contiguous_strides(shape):  # the common case: the chunks below are one chunk
+        return contiguous_strides(new_shape)
     new_strides = [0] * len(new_shape)
     view_d = len(new_shape) - 1
     chunk_base_stride = strides[-1] if strides else 1

@@ -84,6 +84,7 @@ class OpDef:
     saved_params: frozenset[str] = frozenset()
     saves_result: bool = False
     attrs: dict = field(default_factory=dict)
+    _param_names: tuple[str, ...] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -102,7 +103,10 @@ class OpDef:
         return f"<op {self.schema.text}>"
 
     def param_names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.schema.params)
+        names = self._param_names
+        if names is None:
+            names = self._param_names = tuple(p.name for p in self.schema.params)
+        return names
 
     def differentiable_inputs(self) -> tuple[str, ...]:
         return tuple(name for name, f in self.derivatives.items() if f is not None)

@@ -155,10 +155,12 @@ _REDUCERS = {
 
 def run_reduction(op, args: tuple):
     x = args[0]
+    ndim = len(x._shape)
     names = op.param_names()
-    dims = normalize_dims(args[1] if len(args) > 1 and names[1] == "dim" else None, x.ndim, op.name)
-    if len(args) > 1 and names[1] == "dim" and args[1] is not None and len(args[1]) == 0 and op.reduce == "add":
-        dims = tuple(range(x.ndim))  # torch: sum(dim=[]) reduces everything
+    dim = args[1] if len(args) > 1 and names[1] == "dim" else None
+    dims = normalize_dims(dim, ndim, op.name)
+    if dim is not None and len(dim) == 0 and op.reduce == "add":
+        dims = tuple(range(ndim))  # torch: sum(dim=[]) reduces everything
     keepdim = args[names.index("keepdim")] if "keepdim" in names else False
     out_dtype, compute = op.dtype_rule(op, args)
     a = x._np()
@@ -167,7 +169,7 @@ def run_reduction(op, args: tuple):
     if op.reduce in ("max", "min") and any(x._shape[d] == 0 for d in dims):
         raise IndexError(f"{op.name}(): Expected reduction dim {dims[0]} to have non-zero size; the input has shape "
                          f"{list(x._shape)}. Specify an identity or reduce over a non-empty dim.")
-    res = _REDUCERS[op.reduce](a, axis=dims, keepdims=keepdim) if x.ndim else a
+    res = _REDUCERS[op.reduce](a, axis=dims, keepdims=keepdim) if ndim else a
     res = np.asarray(res)
     if res.dtype != out_dtype.np:
         res = res.astype(out_dtype.np)
