@@ -185,8 +185,6 @@ def test_out_of_range_indices_are_checked(call, fragments):
         call()
 
 
-@pytest.mark.xfail(strict=True, reason="basic indexing selects one dim at a time, so the message counts dims of the "
-                                       "partly indexed view")
 def test_x_index_reports_the_indexed_dimension():
     """x[0, 7] fails in dimension 1 of x, as torch reports it."""
     with raises(IndexError, "index 7", "dimension 1", "size 3"):

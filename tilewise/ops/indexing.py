@@ -98,9 +98,11 @@ def parse_index(x: Tensor, item):
     items = item if isinstance(item, tuple) else (item,)
     items = _expand_ellipsis(items, x.ndim)
     out = x
-    dim = 0
+    dim = 0  # position in the partly indexed view
+    src = 0  # the dimension of x that the current item indexes (for error messages)
     advanced: list = []
     for it in items:
+        src += 0 if it is None or isinstance(it, bool) else 1
         if it is None:
             out = out.unsqueeze(dim)
             advanced.append(None)
@@ -119,9 +121,9 @@ def parse_index(x: Tensor, item):
             advanced.append(None)
             dim += 1
         elif isinstance(it, Tensor) and it.ndim == 0 and not it.dtype.is_floating_point and it.dtype.name != "bool":
-            out = out.select(dim, int(it.item()))
+            out = _select(out, dim, int(it.item()), x, src - 1)
         elif isinstance(it, int) or (hasattr(it, "__index__") and not _is_advanced(it)):
-            out = out.select(dim, it.__index__())
+            out = _select(out, dim, it.__index__(), x, src - 1)
         elif _is_advanced(it):
             t = _to_index_tensor(it, x.device)
             if t.dtype.name in ("bool", "uint8"):
@@ -144,6 +146,13 @@ def parse_index(x: Tensor, item):
     return out, advanced + [None] * (out.ndim - len(advanced))
 
 
+def _select(view: Tensor, dim: int, index: int, x: Tensor, src_dim: int) -> Tensor:
+    size = view.shape[dim]
+    if not -size <= index < size:
+        raise IndexError(f"index {index} is out of bounds for dimension {src_dim} with size {x.shape[src_dim]}")
+    return view.select(dim, index)
+
+
 def _slice(x, dim, start, end, step=1):
     from tilewise.ops.registry import OPS
 
@@ -161,7 +170,7 @@ def getitem(x: Tensor, item):
 
     view, advanced = parse_index(x, item)
     if advanced is None:
-        return view
+        return view if view is not x else x.view(x.shape)  # x[...] is a new view, as in torch
     return OPS["index.Tensor"](view, _trim(advanced))
 
 

@@ -15,7 +15,9 @@ def _reshape(self, shape):
     shape = S.infer_size(shape, self.numel(), "reshape")
     if S.view_strides(self._shape, self._strides, shape) is not None:
         return self.view(shape)
-    return self.clone(memory_format="contiguous_format").view(shape)
+    out = self.clone(memory_format="contiguous_format").view(shape)
+    out._base = None  # the copy is private: like torch's _unsafe_view, the result is no view of anything
+    return out
 
 
 def _contiguous(self, memory_format=None):
@@ -28,6 +30,8 @@ def _flatten(self, start_dim=0, end_dim=-1):
     s, e = S.normalize_dim(start_dim, self.ndim, "flatten"), S.normalize_dim(end_dim, self.ndim, "flatten")
     if s > e:
         raise RuntimeError(f"flatten() has invalid args: start_dim {start_dim} cannot come after end_dim {end_dim}")
+    if s == e:
+        return self
     shape = self.shape
     return self.reshape(shape[:s] + (S.numel(shape[s:e + 1]),) + shape[e + 1:])
 
