@@ -353,57 +353,8 @@ class Tensor:
         return self.to(cpu)
 
     def cuda(self, device=None, non_blocking: bool = False) -> "Tensor":
-        return self.to(Device("cuda", device if isinstance(device, int) else None) if not isinstance(device, (str, Device)) else as_device(device), non_blocking=non_blocking)
-
-    def float(self) -> "Tensor":
-        from tilewise import dtypes
-
-        return self.to(dtypes.float32)
-
-    def double(self) -> "Tensor":
-        from tilewise import dtypes
-
-        return self.to(dtypes.float64)
-
-    def half(self) -> "Tensor":
-        from tilewise import dtypes
-
-        return self.to(dtypes.float16)
-
-    def bfloat16(self) -> "Tensor":
-        from tilewise import dtypes
-
-        return self.to(dtypes.bfloat16)
-
-    def long(self) -> "Tensor":
-        from tilewise import dtypes
-
-        return self.to(dtypes.int64)
-
-    def int(self) -> "Tensor":
-        from tilewise import dtypes
-
-        return self.to(dtypes.int32)
-
-    def short(self) -> "Tensor":
-        from tilewise import dtypes
-
-        return self.to(dtypes.int16)
-
-    def char(self) -> "Tensor":
-        from tilewise import dtypes
-
-        return self.to(dtypes.int8)
-
-    def byte(self) -> "Tensor":
-        from tilewise import dtypes
-
-        return self.to(dtypes.uint8)
-
-    def bool(self) -> "Tensor":
-        from tilewise import dtypes
-
-        return self.to(dtypes.bool_)
+        target = Device("cuda", device) if device is None or isinstance(device, int) else as_device(device)
+        return self.to(target, non_blocking=non_blocking)
 
     def type_as(self, other: "Tensor") -> "Tensor":
         return self.to(other._dtype)
@@ -413,6 +364,23 @@ class Tensor:
 
     def is_pinned(self) -> bool:
         return False
+
+
+_CONVERSIONS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16", "long": "int64",
+                "int": "int32", "short": "int16", "char": "int8", "byte": "uint8", "bool": "bool"}
+
+
+def _conversion(method: str, dtype: DType):
+    def convert(self: Tensor) -> Tensor:
+        return self.to(dtype)
+
+    convert.__name__ = convert.__qualname__ = method
+    convert.__doc__ = f"``self.to(tilewise.{dtype.name})``"
+    return convert
+
+
+for _method, _name in _CONVERSIONS.items():
+    setattr(Tensor, _method, _conversion(_method, as_dtype(_name)))
 
 
 def _parse_to(t: Tensor, *args, **kwargs):
