@@ -9,8 +9,8 @@ random output gradient and compares every input gradient.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

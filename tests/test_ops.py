@@ -5,10 +5,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+import opinfos
 import pytest
 from opinfo import check_op
-
-import opinfos  # noqa: E402
 
 
 def all_opinfos():

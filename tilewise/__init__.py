@@ -77,15 +77,23 @@ from tilewise.ops.creation import (  # noqa: E402
     zeros_like,
 )
 
-globals().update({k: v for k, v in _ops.build_api().items() if k not in globals() or k in ("max", "min", "abs", "round", "all", "any", "pow")})
+_api = _ops.build_api()  # every public operator function: tilewise.add, tilewise.exp, tilewise.max, ...
+_clashes = sorted(set(_api) & set(globals()))
+if _clashes:
+    raise ImportError(f"operator names shadow tilewise names defined above: {_clashes}")
+globals().update(_api)
 
-from tilewise import autograd  # noqa: E402
+from tilewise import (  # noqa: E402
+    autograd,  # noqa: E402
+    nn,
+    optim,
+    utils,
+)
+from tilewise._dlpack import from_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
 from tilewise.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
 from tilewise.backends import get_default_device, set_default_device  # noqa: E402
-from tilewise._dlpack import from_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
-from tilewise.serialization import load, save  # noqa: E402
-from tilewise import nn, optim, utils  # noqa: E402
 from tilewise.compiler import compile  # noqa: E402, A004 — tilewise.compile, like torch.compile
+from tilewise.serialization import load, save  # noqa: E402
 
 
 def result_type(*operands) -> DType:

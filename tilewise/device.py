@@ -6,13 +6,13 @@ Devices are interned, so identity comparison is cheap on the dispatch path.
 from __future__ import annotations
 
 _VALID_TYPES = ("cpu", "cuda", "meta")
-_interned: dict[tuple[str, int | None], "Device"] = {}
+_interned: dict[tuple[str, int | None], Device] = {}
 
 
 class Device:
     __slots__ = ("type", "index")
 
-    def __new__(cls, type_or_str: "str | Device | int", index: int | None = None) -> "Device":
+    def __new__(cls, type_or_str: str | Device | int, index: int | None = None) -> Device:
         if isinstance(type_or_str, Device):
             return type_or_str
         if type(type_or_str).__module__ == "torch":  # torch.device("cuda:1") names the same device

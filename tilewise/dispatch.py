@@ -111,8 +111,8 @@ def device_of(op, args: tuple) -> Device:
         dev = args[names.index("device")]
         if dev is not None:
             return dev
-    from tilewise.device import cpu
     from tilewise.backends import default_device
+    from tilewise.device import cpu
 
     return default_device() if op.kind in ("creation", "random") else cpu
 

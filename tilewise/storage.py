@@ -25,7 +25,7 @@ class Storage:
         self.version = 0
 
     @classmethod
-    def from_numpy(cls, flat: np.ndarray, dtype: DType) -> "Storage":
+    def from_numpy(cls, flat: np.ndarray, dtype: DType) -> Storage:
         return cls(flat, cpu, dtype, flat.shape[0])
 
     @property

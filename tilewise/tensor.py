@@ -51,7 +51,7 @@ class Tensor:
 
     @staticmethod
     def _make(storage: Storage | None, shape: tuple, strides: tuple, offset: int, dtype: DType,
-              device: Device) -> "Tensor":
+              device: Device) -> Tensor:
         t = object.__new__(Tensor)
         t._storage, t._shape, t._strides, t._offset = storage, shape, strides, offset
         t._dtype, t._device = dtype, device
@@ -265,7 +265,7 @@ class Tensor:
     def requires_grad(self, value: bool) -> None:
         self.requires_grad_(value)
 
-    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         if self.grad_fn is not None and not requires_grad:
             raise RuntimeError("you can only change requires_grad flags of leaf variables. If you want to use a "
                                "computed variable in a subgraph that doesn't require differentiation use "
@@ -276,31 +276,31 @@ class Tensor:
         return self
 
     @property
-    def grad(self) -> "Tensor | None":
+    def grad(self) -> Tensor | None:
         return self._grad
 
     @grad.setter
-    def grad(self, value: "Tensor | None") -> None:
+    def grad(self, value: Tensor | None) -> None:
         if value is not None and (value._shape != self._shape or value._device is not self._device):
             raise RuntimeError(f"assigned grad has shape {list(value._shape)} on {value._device}, but the tensor "
                                f"has shape {list(self._shape)} on {self._device}")
         self._grad = value
 
     @property
-    def data(self) -> "Tensor":
+    def data(self) -> Tensor:
         return self.detach()
 
     @data.setter
-    def data(self, value: "Tensor") -> None:
+    def data(self, value: Tensor) -> None:
         self._storage, self._shape, self._strides, self._offset = value._storage, value._shape, value._strides, value._offset
         self._dtype, self._device, self._array, self._trace = value._dtype, value._device, None, value._trace
 
-    def detach(self) -> "Tensor":
+    def detach(self) -> Tensor:
         out = Tensor._make(self._storage, self._shape, self._strides, self._offset, self._dtype, self._device)
         out._trace = self._trace
         return out
 
-    def detach_(self) -> "Tensor":
+    def detach_(self) -> Tensor:
         self.grad_fn = None
         self._requires_grad = False
         return self
@@ -319,14 +319,14 @@ class Tensor:
 
         return register_tensor_hook(self, hook)
 
-    def backward(self, gradient: "Tensor | None" = None, retain_graph: bool | None = None,
+    def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
                  create_graph: bool = False, inputs=None) -> None:
         from tilewise.autograd import backward
 
         backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs)
 
     # ------------------------------------------------------------------ device / dtype conversion
-    def to(self, *args, **kwargs) -> "Tensor":
+    def to(self, *args, **kwargs) -> Tensor:
         device, dtype, non_blocking, copy = _parse_to(self, *args, **kwargs)
         out = self
         if dtype is not None and dtype is not out._dtype:
@@ -339,7 +339,7 @@ class Tensor:
             out = self.clone()
         return out
 
-    def _to_dtype(self, dtype: DType) -> "Tensor":
+    def _to_dtype(self, dtype: DType) -> Tensor:
         from tilewise.ops import registry
 
         return registry.call("_to_copy", self, dtype)
@@ -349,17 +349,17 @@ class Tensor:
             return f"tilewise.{self._dtype.name}"
         return self.to(as_dtype(dtype))
 
-    def cpu(self) -> "Tensor":
+    def cpu(self) -> Tensor:
         return self.to(cpu)
 
-    def cuda(self, device=None, non_blocking: bool = False) -> "Tensor":
+    def cuda(self, device=None, non_blocking: bool = False) -> Tensor:
         target = Device("cuda", device) if device is None or isinstance(device, int) else as_device(device)
         return self.to(target, non_blocking=non_blocking)
 
-    def type_as(self, other: "Tensor") -> "Tensor":
+    def type_as(self, other: Tensor) -> Tensor:
         return self.to(other._dtype)
 
-    def pin_memory(self) -> "Tensor":
+    def pin_memory(self) -> Tensor:
         return self
 
     def is_pinned(self) -> bool:

@@ -57,7 +57,7 @@ class Generator:
         self._seed = 67280421310721
         self._offset = 0
 
-    def manual_seed(self, seed: int) -> "Generator":
+    def manual_seed(self, seed: int) -> Generator:
         self._seed = int(seed) % (1 << 64)
         self._offset = 0
         return self

@@ -36,9 +36,9 @@ class Expr:
     """
 
     __slots__ = ("op", "srcs", "arg", "__weakref__")
-    _cache: "weakref.WeakValueDictionary[tuple, Expr]" = weakref.WeakValueDictionary()
+    _cache: weakref.WeakValueDictionary[tuple, Expr] = weakref.WeakValueDictionary()
 
-    def __new__(cls, op: str, srcs: tuple["Expr", ...] = (), arg=None):
+    def __new__(cls, op: str, srcs: tuple[Expr, ...] = (), arg=None):
         key = (op, tuple(id(s) for s in srcs), type(arg), arg)
         node = cls._cache.get(key)
         if node is None:
@@ -48,10 +48,10 @@ class Expr:
         return node
 
     # ---- construction helpers (Python operators for readability; comparisons are methods)
-    def _bin(self, op: str, other) -> "Expr":
+    def _bin(self, op: str, other) -> Expr:
         return Expr(op, (self, lift(other)))
 
-    def _rbin(self, op: str, other) -> "Expr":
+    def _rbin(self, op: str, other) -> Expr:
         return Expr(op, (lift(other), self))
 
     def __add__(self, o): return self._bin("add", o)
@@ -76,7 +76,7 @@ class Expr:
             return lambda other: self._bin(name, other)
         raise AttributeError(name)
 
-    def cast(self, dtype) -> "Expr":
+    def cast(self, dtype) -> Expr:
         return Expr("cast", (self,), dtype)
 
     def __repr__(self) -> str:

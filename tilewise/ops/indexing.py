@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from numbers import Number
 
-from tilewise import _strides as S
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.registry import declare
 from tilewise.tensor import Tensor

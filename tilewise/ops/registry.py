@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import inspect
 from collections import namedtuple
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from tilewise.ops.expr import Expr
 from tilewise.ops.schema import Schema, make_binder, parse_schema
@@ -24,8 +24,8 @@ KINDS = ("pointwise", "reduction", "view", "composite", "creation", "random", "i
          "copy", "other")
 
 _FORMULA_NAMESPACE: dict = {}
-OPS: dict[str, "OpDef"] = {}  # full name (name or name.overload) -> OpDef
-OVERLOADS: dict[str, list["OpDef"]] = {}  # public name -> overloads in resolution order
+OPS: dict[str, OpDef] = {}  # full name (name or name.overload) -> OpDef
+OVERLOADS: dict[str, list[OpDef]] = {}  # public name -> overloads in resolution order
 
 
 @dataclass(eq=False)
@@ -190,7 +190,7 @@ _PUBLIC: dict[str, Callable] = {}
 _RETURN_TYPES: dict[str, type] = {}
 
 
-def return_type(op: "OpDef") -> type | None:
+def return_type(op: OpDef) -> type | None:
     """torch.return_types-style named tuple for operators whose schema names several results."""
     returns = op.schema.returns
     if len(returns) < 2 or not all(r.name for r in returns):

@@ -178,7 +178,3 @@ def run_reduction(op, args: tuple):
 
 def _load_kernels() -> None:
     from tilewise.backends.cpu import kernels, movement_kernels  # noqa: F401 — registers the hand-written kernels
-
-
-def inputs_used(op) -> int:
-    return len(inputs_of(op.expr)) if op.expr is not None else 0
