@@ -142,6 +142,17 @@ class GradEffect:
 
 
 @dataclass
+class BackwardSpec:
+    """How the traced function differentiates: graph inputs for the output gradients, graph outputs for the
+    input gradients. Outputs ``n_forward`` and later of the joint graph are the gradients, one per ``inputs``."""
+
+    tangents: list[Node]  # graph inputs: the gradient of each differentiable output
+    outputs: list[int]  # graph output index of each differentiable output (aligned with tangents)
+    inputs: list[Source]  # the tensors the gradients are for
+    n_forward: int
+
+
+@dataclass
 class Traced:
     graph: Graph
     tensor_sources: list[TensorSource]
@@ -150,7 +161,7 @@ class Traced:
     output_spec: object  # pytree spec of the function's result
     output_leaves: list[tuple]  # per leaf: ("out", graph output index) or ("const", the value itself)
     output_requires_grad: list[bool]
-    module_flags: tuple = ()
+    backward: BackwardSpec | None = None
 
 
 # ---------------------------------------------------------------------------- pytrees
@@ -227,7 +238,8 @@ class Capture:
 
     def wrap(self, node: Node):
         if node.is_tuple:
-            return tuple(trace_tensor(self.emit("getitem", (node,), (k,), t)) for k, t in enumerate(node.type))
+            return tuple(trace_tensor(self.emit("getitem", (node,), (k,), t)) if t is not None else None
+                         for k, t in enumerate(node.type))
         return trace_tensor(node)
 
     def next_serial(self) -> int:
@@ -384,17 +396,39 @@ class Capture:
         if self.inline_composites or op.schema.is_view or returns_list:
             return op.decomposition(*args)
         srcs, frozen = self.operands(op, args)
+        state = self._snapshot(args)
         body, defined = self.body, self.defined
         self.body, self.defined = [], set(defined)
         try:
             out = op.decomposition(*args)
         finally:
             self.body, self.defined = body, defined
+        if self._changed(state):  # the decomposition writes in place: record what it does, not the op
+            self._restore(args, state)
+            return op.decomposition(*args)
         if isinstance(out, (tuple, list)):
-            ty = tuple(TensorType(o._shape, o._dtype, o._device) for o in out)
+            ty = tuple(TensorType(o._shape, o._dtype, o._device) if o is not None else None for o in out)
         else:
             ty = TensorType(out._shape, out._dtype, out._device)
         return self.wrap(self.emit(op.full_name, srcs, frozen, ty))
+
+    def _snapshot(self, args: tuple) -> tuple:
+        tensors = [a for a in args if type(a) is Tensor] + [x for a in args if isinstance(a, tuple) for x in a
+                                                            if type(x) is Tensor]
+        roots = [alias.root for t in tensors if t._trace is not None and (alias := t.__dict__.get("_tw_alias"))
+                 and not isinstance(alias.root, StorageEntry)]
+        return ([(e, e.current) for e in self.entries.values()],
+                [(t, t._trace) for t in tensors + roots if t._trace is not None])
+
+    def _changed(self, state: tuple) -> bool:
+        entries, tensors = state
+        return any(e.current is not v for e, v in entries) or any(t._trace is not v for t, v in tensors)
+
+    def _restore(self, args: tuple, state: tuple) -> None:
+        for entry, value in state[0]:
+            entry.current = value
+        for t, value in state[1]:
+            t._trace = value
 
     def primitive(self, op, args: tuple, device):
         if op.full_name in DATA_DEPENDENT_OPS or op.attrs.get("data_dependent"):
@@ -408,18 +442,50 @@ class Capture:
     def finish(self, result, flat_args: list) -> Traced:
         leaves, spec = flatten(result)
         outputs: list[Node] = []
-        out_leaves, requires = [], []
+        out_leaves, traced = [], []
         for leaf in leaves:
             if type(leaf) is Tensor and leaf._trace is not None:
                 out_leaves.append(("out", len(outputs)))
                 outputs.append(self.value_of(leaf))
-                requires.append(leaf._requires_grad)
+                traced.append(leaf)
             else:
                 out_leaves.append(("const", leaf))
+        requires = [leaf._requires_grad for leaf in traced]
         effects, presence = self._grad_effects(outputs, requires, flat_args)
+        differentiable = [(k, leaf) for k, leaf in enumerate(traced)
+                          if leaf._requires_grad and leaf._dtype.is_floating_point]
+        backward = self._backward(differentiable, outputs)
+        if backward is None:
+            requires = [False] * len(requires)
         writes = [(e.input, e.current) for e in self.entries.values() if e.current is not e.input]
-        graph = Graph([e.input for e in self.entries.values()], list(self.body), outputs, writes)
-        return Traced(graph, self.tensor_sources, presence, effects, spec, out_leaves, requires)
+        inputs = [e.input for e in self.entries.values()] + (backward.tangents if backward else [])
+        graph = Graph(inputs, list(self.body), outputs, writes)
+        return Traced(graph, self.tensor_sources, presence, effects, spec, out_leaves, requires, backward)
+
+    def _backward(self, differentiable: list, outputs: list) -> BackwardSpec | None:
+        """Differentiate the outputs that require grad, by the autograd engine on trace tensors."""
+        from tilewise.autograd import grad
+
+        holders = [(self.arg_traces.get(src.index, owner) if src.kind == "arg" else owner, src)
+                   for owner, src in self.owners]
+        if not differentiable or not holders:
+            return None
+        tangents = [Node("input", (), (), self.value_of(leaf).type, tag=f"d_out{k}") for k, leaf in differentiable]
+        recorded = len(self.body)
+        try:
+            grads = grad([leaf for _, leaf in differentiable], [h for h, _ in holders],
+                         [trace_tensor(t) for t in tangents], retain_graph=True, allow_unused=True)
+        except RuntimeError:  # the function already ran backward through its outputs: they stay detached
+            self.defined.difference_update(self.body[recorded:])
+            del self.body[recorded:]
+            return None
+        n_forward = len(outputs)
+        sources = []
+        for g, (_, src) in zip(grads, holders):
+            if g is not None:
+                outputs.append(self.value_of(g))
+                sources.append(src)
+        return BackwardSpec(tangents, [k for k, _ in differentiable], sources, n_forward)
 
     def _grad_effects(self, outputs: list, requires: list, flat_args: list):
         effects, presence = [], []
@@ -534,5 +600,5 @@ def trace_decomposition(node: Node) -> Expansion:
     with capturing(cap), no_grad():
         out = op.decomposition(*args)
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-        results = tuple(cap.value_of(o) for o in outs)
+        results = tuple(cap.value_of(o) if o is not None else None for o in outs)
     return Expansion(cap.body, results)

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
+
+from tilewise.autograd.function import Function
 from tilewise.compiler.capture import Source, Traced, flatten, signature, trace, unflatten
-from tilewise.compiler.passes import run_pipeline
+from tilewise.compiler.passes import dce, run_pipeline
+from tilewise.compiler.passes.partition import partition
 from tilewise.compiler.program import Program, build_program
 from tilewise.config import log, settings
 from tilewise.dispatch import STATE
@@ -107,22 +111,62 @@ def make_guards(traced: Traced, flat: list, spec, module) -> Guards:
 class Variant:
     guards: Guards
     traced: Traced
-    program: Program
+    forward: Program
+    backward: Program | None = None
+    saved: list[tuple[str, int]] = field(default_factory=list)  # per saved value: ("input"|"output", index)
 
     def run(self, flat: list):
-        traced, graph = self.traced, self.program.graph
-        entries = _entry_sources(traced)
-        tensors = [source.fetch(flat) for source in entries]
-        arrays = self.program.run([t._storage.data for t in tensors])
+        traced = self.traced
+        if self.backward is not None and STATE.grad_enabled:
+            inputs = [source.fetch(flat) for source in traced.backward.inputs]
+            outputs = CompiledCall.apply(self, flat, *inputs)
+        else:
+            outputs, _ = self.run_forward(flat)
+        values = [outputs[k] if kind == "out" else k for kind, k in traced.output_leaves]
+        return unflatten(traced.output_spec, values)
+
+    def run_forward(self, flat: list) -> tuple[list[Tensor], tuple]:
+        """Run the forward program and apply its effects; return the function's outputs and what backward reads."""
+        traced, graph = self.traced, self.forward.graph
+        tensors = [source.fetch(flat) for source in _entry_sources(traced)]
+        inputs = [t._storage.data for t in tensors]
+        arrays = self.forward.run(inputs)
         outputs = [from_array(a.reshape(node.type.shape), node.type.dtype) for a, node in zip(arrays, graph.outputs)]
-        written = {graph.inputs.index(i) for i, _ in graph.writes}
-        for k in written:
+        for k in {graph.inputs.index(i) for i, _ in graph.writes}:
             tensors[k]._bump_version()
         for effect in traced.grad_effects:
             owner = effect.owner.fetch(flat)
             owner._grad = None if effect.clear else outputs[effect.output]
-        values = [outputs[k] if kind == "out" else k for kind, k in traced.output_leaves]
-        return unflatten(traced.output_spec, values)
+        return outputs[:len(traced.output_requires_grad)], (inputs, arrays)
+
+    def run_backward(self, residuals: tuple, grads: list) -> list[Tensor]:
+        inputs, arrays = residuals
+        spec = self.traced.backward
+        tangents = [_flat(grads[k]) for k in spec.outputs]
+        saved = [inputs[k] if kind == "input" else arrays[k] for kind, k in self.saved]
+        results = self.backward.run(tangents + saved)
+        return [from_array(a.reshape(node.type.shape), node.type.dtype)
+                for a, node in zip(results, self.backward.graph.outputs)]
+
+
+def _flat(t: Tensor):
+    return np.ascontiguousarray(t.detach()._np()).reshape(-1)
+
+
+class CompiledCall(Function):
+    """Autograd's view of a compiled call: the forward program, then the backward program on its residuals."""
+
+    @staticmethod
+    def forward(ctx, variant: Variant, flat: list, *inputs):
+        outputs, residuals = variant.run_forward(flat)
+        ctx.variant, ctx.residuals = variant, residuals
+        differentiable = set(variant.traced.backward.outputs)
+        ctx.mark_non_differentiable(*(o for k, o in enumerate(outputs) if k not in differentiable))
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *ctx.variant.run_backward(ctx.residuals, list(grads)))
 
 
 def _entry_sources(traced: Traced) -> list[Source]:
@@ -177,17 +221,20 @@ class CompiledFunction:
     def _compile(self, args: tuple, kwargs: dict, flat: list, spec) -> Variant:
         names, known = _module_tensors(self.module)
         traced = trace(self.fn, args, kwargs, names=names, known=known)
-        if any(traced.output_requires_grad):
-            raise NotImplementedError(
-                f"tilewise.compile: {self.__name__} returns a tensor that requires grad; differentiating through a "
-                "compiled function is not supported yet. Call backward() inside the compiled function (whole-step "
-                "capture), or compile the function under tilewise.no_grad().")
+        guards = make_guards(traced, flat, spec, self.module)
         graph = run_pipeline(traced.graph)
-        program = build_program(graph)
-        return Variant(make_guards(traced, flat, spec, self.module), traced, program)
+        if traced.backward is None:
+            return Variant(guards, traced, build_program(graph))
+        parts = partition(graph, traced.backward.n_forward, traced.backward.tangents)
+        forward, backward = build_program(dce(parts.forward)), build_program(dce(parts.backward))
+        inputs = parts.forward.inputs
+        saved = [("input", inputs.index(s)) if s not in parts.computed else
+                 ("output", traced.backward.n_forward + parts.computed.index(s)) for s in parts.saved]
+        return Variant(guards, traced, forward, backward, saved)
 
     def programs(self) -> list[Program]:
-        return [v.program for v in self.variants]
+        """Every compiled program, forward and backward, of every variant."""
+        return [p for v in self.variants for p in (v.forward, v.backward) if p is not None]
 
 
 def _module_tensors(module) -> tuple[dict[int, str], list[Tensor]]:

@@ -272,9 +272,10 @@ class _NestBuilder:
                 raise LoweringError(f"{member.op} is stored but does not vary along its dim {j}")
             terms.append((dims[j], stride))
         param = self.kernel.param(member, written=True)
-        full = self.varies_along_reduce(value)
+        index = Index(0, tuple(sorted(terms)))
+        full = self.varies_along_reduce(value) or bool(index.dims() & set(self.nest.reduce))
         phase = self._phase_of(value) if full else None
-        self.nest.stores.append(Store(param, Index(0, tuple(sorted(terms))), value, member.type.dtype, phase))
+        self.nest.stores.append(Store(param, index, value, member.type.dtype, phase))
 
 
 class _KernelBuilder:

@@ -3,8 +3,9 @@
 [Note: meta functions] Pointwise, reduction, view, matmul, creation, random and copy operators get their
 result shape and dtype from the same rules the eager kernels use (the operator's dtype rule, broadcasting,
 ``reduction_dims``, view rules). Operators without such a rule (indexing, scans, sorts, anything new) are
-run once by the CPU backend on zero-filled stand-ins of their inputs' types; their result shapes do not
-depend on the values, and an operator whose shape does (``nonzero``) is refused by capture before this.
+run by the CPU backend on stand-ins of their inputs' types, once filled with zeros and once with ones:
+when the two results' shapes differ, the shape depends on the values (``repeat_interleave`` by a tensor,
+``nonzero``) and capture refuses the operator with a ``DataDependentError``.
 """
 
 from __future__ import annotations
@@ -162,6 +163,32 @@ def run_on_zeros(op, args: tuple, device) -> TensorType | tuple:
 
     with suspended():
         out = cpu_run(op, tuple(stand_in(a) for a in args), cpu)
+        ones = _run_on_ones(op, args, cpu_run)
+        if ones is not None and _shapes(out) != _shapes(ones):
+            from tilewise.compiler.capture import data_dependent_error
+
+            raise data_dependent_error(f"{op.name}() (its result's shape depends on tensor values)")
     if isinstance(out, (tuple, list)):
-        return tuple(TensorType(o._shape, o._dtype, device) for o in out)
+        return tuple(TensorType(o._shape, o._dtype, device) if o is not None else None for o in out)
     return TensorType(out._shape, out._dtype, device)
+
+
+def _shapes(out) -> tuple | None:
+    if out is None:
+        return None
+    return tuple(o._shape if o is not None else None for o in out) if isinstance(out, (tuple, list)) else out._shape
+
+
+def _run_on_ones(op, args: tuple, cpu_run):
+    """The same call on one-filled stand-ins; None when they are not valid inputs (e.g. out-of-range indices)."""
+    def stand_in(a):
+        if type(a) is Tensor:
+            return from_array(np.ones(a._shape, dtype=a._dtype.np), a._dtype)
+        if isinstance(a, tuple) and any(type(x) is Tensor for x in a):
+            return tuple(stand_in(x) for x in a)
+        return a
+
+    try:
+        return cpu_run(op, tuple(stand_in(a) for a in args), cpu)
+    except (RuntimeError, IndexError, ValueError):
+        return None

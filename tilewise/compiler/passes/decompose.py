@@ -16,7 +16,7 @@ def decompose(graph: Graph, keep: frozenset[str] = frozenset()) -> Graph:
     expanded: dict[Node, tuple[Node, ...]] = {}
 
     def expand(node: Node) -> Node | None:
-        if node.op == "getitem" and node.srcs[0] in expanded:
+        if node.op == "getitem" and node.srcs[0] in expanded:  # (None results have no getitem)
             return expanded[node.srcs[0]][node.args[0]]
         if node.kind != "composite" or node.op in keep:
             return None

@@ -40,11 +40,20 @@ def fusion_kind(node: Node) -> str:
         return "elementwise"
     if node.op == "_to_copy":
         return "elementwise" if node.type.device == node.srcs[0].type.device else "extern"
-    if kind == "reduction" and node.opdef.reduce is not None and not node.is_tuple:
+    if kind == "reduction" and node.opdef.reduce is not None and not node.is_tuple and _reduces_something(node):
         return "reduction"
     if kind == "view":
         return "view"
     return "extern"
+
+
+def _reduces_something(node: Node) -> bool:
+    """A reduction over at least one dim longer than 1 (anything else is a copy, left to the CPU backend)."""
+    from tilewise.compiler.meta import Stand, reduction_dims
+
+    src = node.srcs[0].type
+    reduced, _ = reduction_dims(node.opdef, node.bound_args([Stand(src)]))
+    return any(src.shape[d] != 1 for d in reduced)
 
 
 def is_inlined_constant(src: Node, group: Group) -> bool:
@@ -165,8 +174,8 @@ def reduction_dims_in(node: Node, group: Group) -> tuple[tuple, tuple] | None:
     if _checked(src_dims, src.type.shape, group.shape) is None:
         return None
     reduced, keepdim = reduction_dims(node.opdef, node.bound_args([Stand(src.type)]))
-    domain_reduced = tuple(sorted(src_dims[d] for d in reduced))
-    if not reduced or None in domain_reduced or any(src.type.shape[d] == 1 for d in reduced):
+    domain_reduced = tuple(sorted(src_dims[d] for d in reduced if src.type.shape[d] != 1))
+    if not domain_reduced or None in domain_reduced:
         return None
     if group.reduce and domain_reduced != group.reduce:
         return None
@@ -215,12 +224,18 @@ def _new_group(node: Node) -> Group | None:
 # ---------------------------------------------------------------------------- vertical fusion
 
 class _Partition:
-    """Greedy grouping with convexity bookkeeping (union-find over group ids, ancestor group sets)."""
+    """Greedy grouping with convexity bookkeeping.
+
+    Group ids merge through union-find. ``ancestors[node]`` holds the groups a node depended on when it was
+    placed, ``deps[group]`` the groups its members' external operands depend on; a group's dependencies
+    grow as it gains members, so what a node reaches is the closure over ``deps`` taken when asked.
+    """
 
     def __init__(self, order: dict[Node, int]):
         self.order = order
         self.groups: dict[int, Group] = {}
         self.parent: dict[int, int] = {}
+        self.deps: dict[int, set[int]] = {}
         self.group_of: dict[Node, int] = {}
         self.ancestors: dict[Node, set[int]] = {}
 
@@ -231,21 +246,23 @@ class _Partition:
         return gid
 
     def reach(self, node: Node) -> set[int]:
-        found = {self.find(g) for g in self.ancestors.get(node, ())}
+        """Every group ``node`` depends on, directly or through other groups (its own included)."""
+        todo = {self.find(g) for g in self.ancestors.get(node, ())}
         if node in self.group_of:
-            found.add(self.find(self.group_of[node]))
+            todo.add(self.find(self.group_of[node]))
+        found: set[int] = set()
+        while todo:
+            gid = todo.pop()
+            if gid not in found:
+                found.add(gid)
+                todo |= {self.find(d) for d in self.deps[gid]} - found
         return found
 
-    def external_edges_reach(self, members, edges_of, gids: set[int]) -> bool:
-        for m in members:
-            for src in edges_of(m):
-                if self.reach(src) & gids:
-                    return True
-        return False
+    def _external(self, group: Group, member: Node) -> list[Node]:
+        return [s for s in member.srcs if group.edge_dims(s) is None]
 
     def add(self, node: Node) -> None:
-        kind = fusion_kind(node)
-        if kind in ("elementwise", "reduction"):
+        if fusion_kind(node) in ("elementwise", "reduction"):
             self._place(node)
         self.ancestors[node] = set().union(*(self.reach(s) for s in node.srcs)) if node.srcs else set()
 
@@ -267,27 +284,26 @@ class _Partition:
             trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims))
             if not _try_join(node, trial):
                 continue
-            if self._external_reach(node, trial, {gid}):
+            external = self._external(trial, node)
+            if any(gid in self.reach(src) for src in external):
                 continue
             self.groups[gid] = trial
-            self.group_of[node] = gid
+            self._join(node, gid, external)
             return
         group = _new_group(node)
         if group is None:
             return
         gid = len(self.parent)
-        self.parent[gid] = gid
-        self.groups[gid] = group
+        self.parent[gid], self.groups[gid], self.deps[gid] = gid, group, set()
+        self._join(node, gid, list(node.srcs))
+
+    def _join(self, node: Node, gid: int, external: list[Node]) -> None:
         self.group_of[node] = gid
-
-    def _external_reach(self, node: Node, group: Group, gids: set[int]) -> bool:
-        def external(m):
-            return [s for s in m.srcs if group.edge_dims(s) is None]
-
-        return self.external_edges_reach([node], external, gids)
+        for src in external:
+            self.deps[gid] |= self.reach(src) - {gid}
 
     def _merged_candidate(self, candidates: list[int]) -> int | None:
-        """Merge several operand groups with one domain into the first, when that keeps them convex."""
+        """Merge several operand groups with one domain into the first, when no path joins them outside."""
         if len(candidates) < 2:
             return None
         first = self.groups[candidates[0]]
@@ -297,22 +313,28 @@ class _Partition:
             return None
         gids = set(same)
         for gid in same:
-            group = self.groups[gid]
-            others = gids - {gid}
-
-            def external(m, group=group):
-                return [s for s in m.srcs if group.edge_dims(s) is None]
-
-            if self.external_edges_reach(group.members, external, others):
+            if self.deps_closure(gid) & (gids - {gid}):
                 return None
-        target = self.groups[same[0]]
+        target = same[0]
         for gid in same[1:]:
             other = self.groups.pop(gid)
-            target.members += other.members
-            target.dims.update(other.dims)
-            self.parent[gid] = same[0]
-        target.members.sort(key=self.order.__getitem__)
-        return same[0]
+            self.groups[target].members += other.members
+            self.groups[target].dims.update(other.dims)
+            self.deps[target] |= self.deps.pop(gid)
+            self.parent[gid] = target
+        self.deps[target] = {d for d in self.deps[target] if self.find(d) != target}
+        self.groups[target].members.sort(key=self.order.__getitem__)
+        return target
+
+    def deps_closure(self, gid: int) -> set[int]:
+        found: set[int] = set()
+        todo = {self.find(d) for d in self.deps[gid]}
+        while todo:
+            g = todo.pop()
+            if g not in found:
+                found.add(g)
+                todo |= {self.find(d) for d in self.deps[g]} - found
+        return found
 
     def materialize_constants(self, graph: Graph) -> None:
         """A constant read by something other than a group (a library call, an output) needs a buffer."""
@@ -331,7 +353,7 @@ class _Partition:
 
     def _own_group(self, node: Node) -> None:
         gid = len(self.parent)
-        self.parent[gid] = gid
+        self.parent[gid], self.deps[gid] = gid, set()
         self.groups[gid] = Group(node.type.shape, (), [node], {node: tuple(
             j if s != 1 else None for j, s in enumerate(node.type.shape))})
         self.group_of[node] = gid
@@ -366,26 +388,42 @@ def _mark_outputs(graph: Graph, groups: list[Group]) -> None:
 # ---------------------------------------------------------------------------- siblings and horizontal fusion
 
 def _levels(graph: Graph, groups: list[Group]) -> list[int]:
-    """Each group's dependency depth counted in kernels and library calls (so equal levels are independent)."""
+    """Each group's depth in the DAG of kernels and library calls (groups of equal depth are independent)."""
     owner = {m: k for k, g in enumerate(groups) for m in g.members}
-    level: dict[Node, int] = {}
-    group_level = [0] * len(groups)
-    changed = True
-    while changed:
-        changed = False
-        for node in graph.body:
-            k = owner.get(node)
-            if k is not None:
-                deps = [s for s in node.srcs if groups[k].edge_dims(s) is None]
-                here = max((level.get(s, 0) + 1 for s in deps), default=0)
-                if here > group_level[k]:
-                    group_level[k], changed = here, True
-                new = group_level[k]
-            else:
-                new = max((level.get(s, 0) for s in node.srcs), default=0) + (fusion_kind(node) == "extern")
-            if level.get(node) != new:
-                level[node], changed = new, True
-    return group_level
+    producers: dict[Node, frozenset] = {}
+    for node in graph.body:  # the units (groups, library calls) whose results each value needs
+        if node in owner:
+            producers[node] = frozenset({("group", owner[node])})
+        elif fusion_kind(node) == "extern" and node.kind != "getitem":
+            producers[node] = frozenset({("call", node)})
+        else:
+            producers[node] = frozenset().union(*(producers.get(s, frozenset()) for s in node.srcs))
+    deps: dict[tuple, set] = {("group", k): set() for k in range(len(groups))}
+    for k, g in enumerate(groups):
+        for m in g.members:
+            for src in m.srcs:
+                if g.edge_dims(src) is None:
+                    deps[("group", k)] |= producers.get(src, frozenset())
+    for node in graph.body:
+        if node not in owner and fusion_kind(node) == "extern" and node.kind != "getitem":
+            deps[("call", node)] = set().union(*(producers.get(s, frozenset()) for s in node.srcs))
+    level: dict[tuple, int] = {}
+    for unit in deps:
+        stack, visiting = [(unit, False)], set()
+        while stack:
+            u, ready = stack.pop()
+            if ready:
+                visiting.discard(u)
+                level[u] = max((level[d] + 1 for d in deps[u]), default=0)
+                continue
+            if u in level:
+                continue
+            if u in visiting:
+                raise RuntimeError("fusion produced kernels that depend on each other (a cycle); this is a bug")
+            visiting.add(u)
+            stack.append((u, True))
+            stack.extend((d, False) for d in deps[u] if d not in level)
+    return [level[("group", k)] for k in range(len(groups))]
 
 
 def _external_bases(group: Group) -> set[Node]:

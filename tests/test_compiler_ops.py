@@ -1,0 +1,147 @@
+"""Compiled versus eager for every operator in the op table, on the CPU (C target): outputs and gradients.
+
+Each sample of each ``OpInfo`` becomes one function that calls the operator and then
+``autograd.grad`` of its floating outputs with respect to its floating inputs; the function is run
+eagerly and through ``tilewise.compile`` (one compile covers forward and backward) and the results must
+agree. Operators whose result shape depends on values raise ``DataDependentError`` under compile; the
+test checks that they do so instead of comparing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from opinfo import _build, _materialise
+from test_ops import OPINFOS
+
+import tilewise as tw
+import tilewise.nn.functional as F
+from tilewise.compiler import DataDependentError
+
+# operators whose result shape (or, for one_hot without num_classes, an argument) depends on tensor values
+DATA_DEPENDENT = {"nonzero", "masked_select", "masked_scatter", "masked_scatter_", "unique", "argwhere",
+                  "repeat_interleave", "one_hot"}
+CASES = [(info, k) for info in OPINFOS for k in range(len(info.samples()))]
+
+
+def _inputs(info, sample, seed: int, noncontiguous: bool):
+    rng = np.random.default_rng(seed)
+    made: list = []
+    args = _materialise(sample.args, rng, "float32", made)
+    kwargs = {k: _materialise(v, rng, "float32", made) for k, v in sample.kwargs.items()}
+    tensors = []
+    for array, spec in made:
+        t = tw.from_numpy(array.copy())
+        if noncontiguous and array.ndim:
+            big = tw.zeros(*array.shape[:-1], array.shape[-1] * 2, dtype=t.dtype)
+            big[..., ::2] = t
+            t = big[..., ::2]
+        wants_grad = info.grad and spec.grad and array.dtype.kind == "f"
+        tensors.append(t.detach().requires_grad_(True) if wants_grad else t)
+    return args, kwargs, tensors
+
+
+def _program(info, args, kwargs, n: int, rng):
+    op = info.resolve(tw, F)
+
+    def run(*tensors):
+        a = _build(args, None, lambda k: tensors[k])
+        kw = {k: _build(v, None, lambda i: tensors[i]) for k, v in kwargs.items()}
+        out = op(*a, **kw)
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, tw.Tensor)]
+        if info.output_index is not None:
+            outs = [outs[info.output_index]]
+        diff = [o for o in outs if o.requires_grad and o.dtype.is_floating_point]
+        inputs = [t for t in tensors if t.requires_grad]
+        if not (info.grad and diff and inputs):
+            return outs, []
+        gouts = [tw.from_numpy(rng.standard_normal(tuple(o.shape)).astype(np.float32)).to(o.dtype) for o in diff]
+        grads = tw.autograd.grad(diff, inputs, gouts, allow_unused=True)
+        return outs, [g for g in grads if g is not None]
+
+    return run
+
+
+def _compare(actual, expected, what: str, info) -> None:
+    rtol, atol = (info.rtol or 1e-4) * 10, (info.atol or 1e-5) * 10
+    assert len(actual) == len(expected), f"{what}: {len(actual)} values, eager gives {len(expected)}"
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape and a.dtype == e.dtype, f"{what}: {a.shape}/{a.dtype} vs eager {e.shape}/{e.dtype}"
+        np.testing.assert_allclose(a.detach().float().numpy() if a.dtype.itemsize < 4 else a.detach().numpy(),
+                                   e.detach().float().numpy() if e.dtype.itemsize < 4 else e.detach().numpy(),
+                                   rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
+
+
+@pytest.mark.parametrize("info,k", CASES, ids=[f"{i.name}-{k}" for i, k in CASES])
+def test_compiled_matches_eager(info, k):
+    sample = info.samples()[k]
+    for noncontiguous in (False, True):
+        if noncontiguous and not info.noncontiguous:
+            continue
+        args, kwargs, tensors = _inputs(info, sample, seed=k, noncontiguous=noncontiguous)
+        eager = _program(info, args, kwargs, len(tensors), np.random.default_rng(7))
+        try:
+            tw.manual_seed(0)
+            expected = eager(*tensors)
+        except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+            pytest.skip(f"eager raises for this sample: {exc}")
+        compiled = tw.compile(_program(info, args, kwargs, len(tensors), np.random.default_rng(7)))
+        tw.manual_seed(0)
+        try:
+            actual = compiled(*tensors)
+        except DataDependentError:
+            if info.name in DATA_DEPENDENT:
+                return
+            raise
+        where = f"{info.name}[{sample.name or k}] noncontiguous={noncontiguous}"
+        _compare(actual[0], expected[0], f"{where}: outputs", info)
+        _compare(actual[1], expected[1], f"{where}: gradients", info)
+
+
+def _forward_only(info, args, kwargs):
+    op = info.resolve(tw, F)
+
+    def run(*tensors):
+        a = _build(args, None, lambda k: tensors[k])
+        kw = {k: _build(v, None, lambda i: tensors[i]) for k, v in kwargs.items()}
+        out = op(*a, **kw)
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, tw.Tensor)]
+        return outs if info.output_index is None else [outs[info.output_index]]
+
+    return run
+
+
+def _eager_grads(outs, tensors, info):
+    diff = [o for o in outs if o.requires_grad and o.dtype.is_floating_point]
+    inputs = [t for t in tensors if t.requires_grad]
+    if not (info.grad and diff and inputs):
+        return []
+    rng = np.random.default_rng(11)
+    gouts = [tw.from_numpy(rng.standard_normal(tuple(o.shape)).astype(np.float32)).to(o.dtype) for o in diff]
+    return [g for g in tw.autograd.grad(diff, inputs, gouts, allow_unused=True) if g is not None]
+
+
+@pytest.mark.parametrize("info,k", CASES, ids=[f"{i.name}-{k}" for i, k in CASES])
+def test_compiled_forward_is_differentiable(info, k):
+    """The compiled function's outputs carry autograd history: backward runs the compiled backward program."""
+    sample = info.samples()[k]
+    args, kwargs, tensors = _inputs(info, sample, seed=k, noncontiguous=False)
+    try:
+        tw.manual_seed(0)
+        expected = _forward_only(info, args, kwargs)(*tensors)
+        expected_grads = _eager_grads(expected, tensors, info)
+    except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+        pytest.skip(f"eager raises for this sample: {exc}")
+    compiled = tw.compile(_forward_only(info, args, kwargs))
+    tw.manual_seed(0)
+    try:
+        actual = compiled(*tensors)
+    except DataDependentError:
+        if info.name in DATA_DEPENDENT:
+            return
+        raise
+    where = f"{info.name}[{sample.name or k}]"
+    _compare(actual, expected, f"{where}: outputs", info)
+    for a, e in zip(actual, expected):
+        assert a.requires_grad == e.requires_grad, f"{where}: requires_grad {a.requires_grad}, eager {e.requires_grad}"
+    _compare(_eager_grads(actual, tensors, info), expected_grads, f"{where}: gradients", info)
