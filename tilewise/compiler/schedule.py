@@ -9,9 +9,10 @@ picks a strategy and records why, so ``TILEWISE_LOG=kernels`` shows the choice n
   Enough rows: the kept loops are shared among threads (``parallel for``). A whole-tensor reduction
   (one row): the reduced loop is cut into fixed chunks, each chunk folded by one thread into a partial
   result, the partials combined in chunk order afterwards — so the result does not depend on the thread
-  count. Small nests stay serial (forking threads costs more than they save). Reduction loops whose
-  combiner is ``add``/``mul`` and that store nothing get ``omp simd reduction``, which lets the C
-  compiler vectorise the accumulation (reassociating it, as numpy's pairwise sum does).
+  count. Small nests stay serial (forking threads costs more than they save). Every innermost loop is
+  ``omp simd`` with its reductions declared, so the C compiler vectorises the accumulation too
+  (reassociating it, as numpy's pairwise sum does; ``max``/``min`` keep propagating NaN). Iterations are
+  independent by construction: a kernel writes a buffer it also reads only at the element it reads.
 
 The CUDA scheduler (grid/block mapping, 16-byte vector access, warp/block/split reductions) plugs in at
 ``schedule`` beside the C one.
@@ -27,7 +28,6 @@ from tilewise.compiler.kernel_ir import Index, Kernel, Nest, Store
 PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a nest runs on one thread
 PARALLEL_MIN_ROWS = 8  # fewer kept-dim iterations than this: split the reduction instead
 SPLIT_CHUNKS = 64
-SIMD_COMBINERS = ("add", "mul")
 
 
 # ---------------------------------------------------------------------------- coalescing
@@ -78,7 +78,7 @@ class NestSchedule:
     nest: Nest
     parallel: str  # "none" | "rows" (kept loops shared among threads) | "split" (reduction cut in chunks)
     chunks: int = 0
-    simd_phases: tuple[int, ...] = ()  # phases whose reduction loop is `omp simd reduction`
+    simd: bool = False  # innermost loops vectorised
     notes: list[str] = field(default_factory=list)
 
 
@@ -112,16 +112,8 @@ def schedule_c(nest: Nest) -> NestSchedule:
         notes.append("one row: reduction split into chunks")
     else:
         parallel = "rows" if rows > 1 else "none"
-    simd = tuple(p for p in range(nest.phases) if _simd_phase(nest, p))
-    if simd:
-        notes.append(f"simd reduction in phase(s) {list(simd)}")
-    return NestSchedule(nest, parallel, SPLIT_CHUNKS if parallel == "split" else 0, simd, notes)
-
-
-def _simd_phase(nest: Nest, phase: int) -> bool:
-    reds = [r for r in nest.reductions if r.phase == phase]
-    stores = [s for s in nest.stores if s.phase == phase]
-    return bool(reds) and not stores and all(r.combiner in SIMD_COMBINERS and r.dtype.name != "bool" for r in reds)
+    notes.append("innermost loops vectorised")
+    return NestSchedule(nest, parallel, SPLIT_CHUNKS if parallel == "split" else 0, True, notes)
 
 
 SCHEDULERS = {"c": schedule_c}

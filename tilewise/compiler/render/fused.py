@@ -2,39 +2,72 @@
 
 Expressions, loads and stores go through ``cstyle`` exactly as the eager kernels' do (``ExprRenderer``,
 ``load_code``, ``store_code``, the per-type helpers); the control flow here is the kernel IR's: nests,
-loops over the kept dims, one loop over the reduced dims per phase, accumulators, per-row stores. What a
-target spells its own way about those loops — the parallel-loop and simd-reduction annotations — is the
-data in ``LOOPS``, keyed like the ``Language`` it completes.
+loops over the kept dims, one loop over the reduced dims per phase, accumulators, per-row stores. A
+reduction's combine step is the combiner's own scalar operator (``maximum`` for ``max``: NaN propagates
+as in eager), emitted once per type as a ``tw_fold_*`` helper. What a target spells its own way about
+the loops — parallel and vector annotations, how a combiner becomes a vector reduction, vector math
+declarations — is the data in ``LOOPS``, keyed like the ``Language`` it completes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tilewise.compiler.kernel_ir import COMBINER_OPS, Index, Kernel
-from tilewise.compiler.render.cstyle import ExprRenderer, Language, Source, compute_of, literal, load_code, store_code
+from tilewise.compiler.kernel_ir import COMBINER_OPS, Index, Kernel, Store
+from tilewise.compiler.render.cstyle import (
+    SUFFIX,
+    ExprRenderer,
+    Language,
+    Source,
+    compute_of,
+    literal,
+    load_code,
+    store_code,
+)
 from tilewise.compiler.render.cuda import identity
 from tilewise.compiler.schedule import KernelSchedule, NestSchedule
+from tilewise.dtypes import DType
 from tilewise.ops.expr import Expr, toposort
 
 INDEX = "long long"
+
+# glibc's libmvec has vector variants of these; declaring them `simd` lets the C compiler call them from
+# vectorised loops (what glibc's own math.h does under -ffast-math). The toolchain defines TW_LIBMVEC
+# when libmvec links.
+_VECTOR_MATH = ["exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
+                "atan", "sinh", "cosh", "tanh", "erf", "pow", "atan2"]
+_C_PRELUDE = "#ifdef TW_LIBMVEC\n#define TW_SIMD __attribute__((__simd__(\"notinbranch\")))\n" + "\n".join(
+    f"TW_SIMD float {f}f({'float, float' if f in ('pow', 'atan2') else 'float'}); "
+    f"TW_SIMD double {f}({'double, double' if f in ('pow', 'atan2') else 'double'});" for f in _VECTOR_MATH
+) + "\n#endif"
 
 
 @dataclass(frozen=True)
 class LoopStyle:
     """How a target annotates the loops of a schedule."""
 
-    parallel_rows: str  # before the outermost kept loop, "{collapse}" = number of kept loops
-    parallel_chunks: str  # before the chunk loop of a split reduction
-    simd_reduce: str  # before an inner reduction loop; "{op}" C operator, "{vars}" accumulators
+    parallel: str  # before the outermost thread-shared loop: "{collapse}" loops, "{simd}" when also innermost
+    parallel_simd: str  # what "{simd}" becomes
+    simd: str  # before an innermost loop: "{reductions}" clauses
+    reduction: str  # one reduction clause: "{op}" and "{vars}"
+    declare_reduction: str  # a combiner as a reduction: "{name}", "{T}", "{fold}", "{identity}"
+    builtin_reductions: Mapping[str, str]  # combiners the target reduces natively -> their clause operator
+    prelude: str
 
 
 LOOPS = {
-    "c": LoopStyle(parallel_rows="#pragma omp parallel for schedule(static) collapse({collapse})",
-                   parallel_chunks="#pragma omp parallel for schedule(static)",
-                   simd_reduce="#pragma omp simd reduction({op}:{vars})"),
+    "c": LoopStyle(
+        parallel="#pragma omp parallel for{simd} schedule(static) collapse({collapse})",
+        parallel_simd=" simd",
+        simd="#pragma omp simd{reductions}",
+        reduction=" reduction({op}:{vars})",
+        declare_reduction="#pragma omp declare reduction({name} : {T} : omp_out = {fold}(omp_out, omp_in)) "
+                          "initializer(omp_priv = {identity})",
+        builtin_reductions={"add": "+", "mul": "*"},
+        prelude=_C_PRELUDE,
+    ),
 }
-SIMD_OPERATORS = {"add": "+", "mul": "*"}
 
 
 def dim_name(d: int) -> str:
@@ -46,6 +79,26 @@ def index_code(index: Index) -> str:
     if index.offset or not parts:
         parts.append(f"{index.offset}LL")
     return " + ".join(parts)
+
+
+def fold_helper(source: Source, loops: LoopStyle, combiner: str, acc: DType) -> tuple[str, str]:
+    """(fold function, reduction identifier) for ``combiner`` over ``acc``, emitted once per source."""
+    lang = source.lang
+    suffix = SUFFIX[acc.name]
+    name = f"tw_fold_{combiner}_{suffix}"
+    if name not in source.helpers:
+        leaves = {("scalar", "a"): ("a", acc), ("scalar", "b"): ("b", acc)}
+        renderer = ExprRenderer(source, leaves)
+        code, t = renderer.render(Expr(COMBINER_OPS[combiner], (Expr("scalar", (), "a"), Expr("scalar", (), "b"))))
+        c = lang.ctype(acc)
+        body = "".join(f" {line}" for line in renderer.lines)
+        text = f"{lang.helper_prefix} {c} {name}({c} a, {c} b) {{{body} return ({c})({code}); }}"
+        if combiner not in loops.builtin_reductions:
+            text += "\n" + loops.declare_reduction.format(
+                name=f"tw_{combiner}_{suffix}", T=c, fold=name, identity=literal(identity(combiner, acc), acc, lang))
+        source.helpers[name] = text
+    clause = loops.builtin_reductions.get(combiner, f"tw_{combiner}_{suffix}")
+    return name, clause
 
 
 class _Writer:
@@ -69,22 +122,20 @@ class _NestRenderer:
     def __init__(self, kernel: Kernel, ns: NestSchedule, k: int, source: Source, loops: LoopStyle, w: _Writer):
         self.kernel, self.ns, self.nest, self.k = kernel, ns, ns.nest, k
         self.source, self.lang, self.loops, self.w = source, source.lang, loops, w
+        self.folds = [fold_helper(source, loops, r.combiner, r.dtype) for r in self.nest.reductions]
 
     # ------------------------------------------------------------------ pieces
-    def acc_type(self, j: int):
-        return self.nest.reductions[j].dtype
-
     def acc_leaves(self, upto_phase: int) -> dict:
         return {("scalar", f"acc{j}"): (f"acc{j}", r.dtype) for j, r in enumerate(self.nest.reductions)
                 if r.phase < upto_phase}
 
-    def declare_accs(self, reds: list[int], prefix: str = "") -> None:
+    def declare_accs(self, reds: list[int]) -> None:
         for j in reds:
             r = self.nest.reductions[j]
             value = literal(identity(r.combiner, r.dtype), r.dtype, self.lang)
-            self.w.line(f"{self.lang.ctype(r.dtype)} {prefix}acc{j} = {value};")
+            self.w.line(f"{self.lang.ctype(r.dtype)} acc{j} = {value};")
 
-    def emit(self, exprs: list[Expr], leaves: dict, suffix: str) -> tuple[ExprRenderer, list]:
+    def emit(self, exprs: list[Expr], leaves: dict, suffix: str) -> list:
         """Render ``exprs`` in the current scope: the loads they read, then their statements."""
         used = sorted({n.arg for e in exprs for n in toposort(e) if n.op == "input"})
         leaves = dict(leaves)
@@ -99,65 +150,54 @@ class _NestRenderer:
         results = [renderer.render(e) for e in exprs]
         for line in renderer.lines:
             self.w.line(line)
-        return renderer, results
+        return results
 
-    def store(self, st, code: str, t) -> None:
+    def store(self, st: Store, code: str, t) -> None:
         param = self.kernel.params[st.param].name
         self.w.line(f"{param}[{index_code(st.index)}] = {store_code(self.lang, st.dtype, code, t)};")
 
-    def fold(self, j: int, value_code: str, value_type, target: str = "") -> None:
-        """``acc_j = combine(acc_j, value)`` through the combiner's own scalar operator."""
-        r = self.nest.reductions[j]
-        acc = Expr("scalar", (), f"acc{j}")
-        other = Expr("scalar", (), "v")
-        leaves = {("scalar", f"acc{j}"): (f"{target}acc{j}", r.dtype), ("scalar", "v"): (value_code, value_type)}
-        renderer = ExprRenderer(self.source, leaves, f"_f{j}")
-        code, _ = renderer.render(Expr(COMBINER_OPS[r.combiner], (acc, other)))
-        for line in renderer.lines:
-            self.w.line(line)
-        self.w.line(f"{target}acc{j} = {code};")
+    def fold(self, j: int, value_code: str) -> None:
+        self.w.line(f"acc{j} = {self.folds[j][0]}(acc{j}, {value_code});")
 
-    def loops_over(self, dims: tuple[int, ...]) -> None:
-        for d in dims:
-            self.w.open(f"for ({INDEX} {dim_name(d)} = 0; {dim_name(d)} < {self.nest.shape[d]}LL; ++{dim_name(d)})")
+    def simd_line(self, reds: list[int]) -> str:
+        by_clause: dict[str, list[str]] = {}
+        for j in reds:
+            by_clause.setdefault(self.folds[j][1], []).append(f"acc{j}")
+        clauses = "".join(self.loops.reduction.format(op=op, vars=", ".join(v)) for op, v in by_clause.items())
+        return self.loops.simd.format(reductions=clauses)
+
+    def loop(self, d: int, lo: str = "0", hi: str | None = None) -> None:
+        hi = hi if hi is not None else f"{self.nest.shape[d]}LL"
+        self.w.open(f"for ({INDEX} {dim_name(d)} = {lo}; {dim_name(d)} < {hi}; ++{dim_name(d)})")
 
     # ------------------------------------------------------------------ phases and rows
-    def phase(self, p: int, reduced: tuple[int, ...], chunk: tuple[int, int] | None = None) -> None:
+    def phase(self, p: int, chunk: tuple[str, str] | None = None) -> None:
+        """One loop nest over the reduced dims: fold this phase's reductions, store this phase's values."""
+        reduced = self.nest.reduce
         reds = [j for j, r in enumerate(self.nest.reductions) if r.phase == p]
         stores = [s for s in self.nest.stores if s.phase == p]
-        if p in self.ns.simd_phases and reds:
-            ops = {SIMD_OPERATORS[self.nest.reductions[j].combiner] for j in reds}
-            if len(ops) == 1:
-                self.w.line(self.loops.simd_reduce.format(op=ops.pop(), vars=", ".join(f"acc{j}" for j in reds)))
-        if chunk is not None:
-            first, rest = reduced[0], reduced[1:]
-            lo, hi = chunk
-            self.w.open(f"for ({INDEX} {dim_name(first)} = {lo}; {dim_name(first)} < {hi}; ++{dim_name(first)})")
-            self.loops_over(rest)
-        else:
-            self.loops_over(reduced)
-        exprs = [self.nest.reductions[j].value for j in reds] + [s.value for s in stores]
-        _, results = self.emit(exprs, self.acc_leaves(p), f"_p{p}")
-        for j, (code, t) in zip(reds, results):
-            self.fold(j, code, t)
+        for k, d in enumerate(reduced):
+            if k == len(reduced) - 1 and self.ns.simd:
+                self.w.line(self.simd_line(reds))
+            if k == 0 and chunk is not None:
+                self.loop(d, *chunk)
+            else:
+                self.loop(d)
+        results = self.emit([self.nest.reductions[j].value for j in reds] + [s.value for s in stores],
+                            self.acc_leaves(p), f"_p{p}")
+        for j, (code, _) in zip(reds, results):
+            self.fold(j, code)
         for st, (code, t) in zip(stores, results[len(reds):]):
             self.store(st, code, t)
-        for _ in range(len(reduced)):
+        for _ in reduced:
             self.w.close()
 
     def row_stores(self) -> None:
         stores = [s for s in self.nest.stores if s.phase is None]
-        if not stores:
-            return
-        _, results = self.emit([s.value for s in stores], self.acc_leaves(self.nest.phases), "_r")
-        for st, (code, t) in zip(stores, results):
-            self.store(st, code, t)
-
-    def row_body(self) -> None:
-        self.declare_accs(list(range(len(self.nest.reductions))))
-        for p in range(self.nest.phases):
-            self.phase(p, self.nest.reduce)
-        self.row_stores()
+        if stores:
+            results = self.emit([s.value for s in stores], self.acc_leaves(self.nest.phases), "_r")
+            for st, (code, t) in zip(stores, results):
+                self.store(st, code, t)
 
     # ------------------------------------------------------------------ strategies
     def render(self) -> None:
@@ -165,57 +205,62 @@ class _NestRenderer:
         if self.ns.parallel == "split":
             self.split()
         else:
-            outer = self.nest.outer
-            if self.ns.parallel == "rows" and outer:
-                self.w.line(self.loops.parallel_rows.format(collapse=len(outer)))
-            self.loops_over(outer)
-            self.row_body()
-            for _ in outer:
-                self.w.close()
+            self.rows()
         self.w.close()
+
+    def rows(self) -> None:
+        outer = self.nest.outer
+        innermost = not self.nest.reduce
+        if self.ns.parallel == "rows" and outer:
+            simd = self.loops.parallel_simd if innermost and self.ns.simd else ""
+            self.w.line(self.loops.parallel.format(collapse=len(outer), simd=simd))
+        for k, d in enumerate(outer):
+            if innermost and self.ns.simd and k == len(outer) - 1 and self.ns.parallel != "rows":
+                self.w.line(self.simd_line([]))
+            self.loop(d)
+        self.declare_accs(list(range(len(self.nest.reductions))))
+        for p in range(self.nest.phases):
+            self.phase(p)
+        self.row_stores()
+        for _ in outer:
+            self.w.close()
 
     def split(self) -> None:
         """One row, one phase: each chunk of the outermost reduced dim folds into its own partial."""
         nest, chunks = self.nest, self.ns.chunks
-        first = nest.reduce[0]
-        extent = nest.shape[first]
+        extent = nest.shape[nest.reduce[0]]
         step = -(-extent // chunks)
         reds = list(range(len(nest.reductions)))
         for j in reds:
-            self.w.line(f"{self.lang.ctype(self.acc_type(j))} part{j}[{chunks}];")
-        self.w.line(self.loops.parallel_chunks)
+            self.w.line(f"{self.lang.ctype(nest.reductions[j].dtype)} part{j}[{chunks}];")
+        self.w.line(self.loops.parallel.format(collapse=1, simd=""))
         self.w.open(f"for ({INDEX} chunk = 0; chunk < {chunks}; ++chunk)")
         self.declare_accs(reds)
         lo = f"chunk * {step}LL"
-        hi = f"({lo} + {step}LL < {extent}LL ? {lo} + {step}LL : {extent}LL)"
-        self.phase(0, nest.reduce, (lo, hi))
+        self.phase(0, (lo, f"({lo} + {step}LL < {extent}LL ? {lo} + {step}LL : {extent}LL)"))
         for j in reds:
             self.w.line(f"part{j}[chunk] = acc{j};")
         self.w.close()
         self.declare_accs(reds)
         self.w.open(f"for ({INDEX} chunk = 0; chunk < {chunks}; ++chunk)")
         for j in reds:
-            self.fold(j, f"part{j}[chunk]", self.acc_type(j))
+            self.fold(j, f"part{j}[chunk]")
         self.w.close()
         self.row_stores()
 
 
-def render_kernel(sched: KernelSchedule, lang: Language, source: Source | None = None) -> str:
-    """C-family source of one scheduled kernel (appended to ``source`` when given, to share helpers)."""
+def render_kernel(sched: KernelSchedule, lang: Language, source: Source) -> str:
+    """The C-family text of one scheduled kernel; its helpers go into ``source``."""
     kernel = sched.kernel
-    own = source is None
-    source = source or Source(lang)
+    loops = LOOPS[lang.name]
+    source.helpers.setdefault("tw_fused_prelude", loops.prelude)
     for p in kernel.params:
         source.need_storage(p.dtype)
-    params = []
-    for p in kernel.params:
-        const = "" if p.written else "const "
-        params.append(f"{const}{lang.ctype(p.dtype)}* {p.name}")
+    params = [f"{'' if p.written else 'const '}{lang.ctype(p.dtype)}* {p.name}" for p in kernel.params]
     w = _Writer()
     for k, ns in enumerate(sched.nests):
-        _NestRenderer(kernel, ns, k, source, LOOPS[lang.name], w).render()
-    text = f"{lang.kernel_prefix.format(block=0)} {kernel.name}({', '.join(params)}) {{\n" + "\n".join(w.lines) + "\n}"
-    return source.text(text) if own else text
+        _NestRenderer(kernel, ns, k, source, loops, w).render()
+    return f"{lang.kernel_prefix.format(block=0)} {kernel.name}({', '.join(params)}) {{\n" + "\n".join(w.lines) + "\n}"
 
 
 def render_program(scheds: list[KernelSchedule], lang: Language) -> str:

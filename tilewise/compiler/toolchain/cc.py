@@ -2,7 +2,11 @@
 
 [Note: C toolchain] The CPU target's kernels are plain C with OpenMP, built as a shared library with
 ``cc -O3 -march=native -fopenmp -shared -fPIC -ffp-contract=off`` (no FMA contraction, so results stay
-those of the operators' expressions, as numpy computes them) and loaded with ``ctypes``. As for CUDA
+those of the operators' expressions, as numpy computes them) and loaded with ``ctypes``. Two more flags
+change no result but unlock vectorisation: ``-fno-trapping-math`` (comparisons such as the NaN checks of
+``maximum`` may become blends) and ``-fno-math-errno`` (``sqrt`` becomes an instruction). Where glibc's
+vector math library links, ``-DTW_LIBMVEC -lmvec`` lets loops call its vector ``exp``, ``log``, ``tanh``...
+(within a few ulp of the scalar functions). As for CUDA
 kernels (``cache.py``), the library is kept in memory and on disk, under ``$TILEWISE_CACHE_DIR`` or
 ``~/.cache/tilewise/kernels``, named by the sha256 of everything that changes the machine code: the
 source, the flags, the compiler's version, the host CPU (``-march=native`` targets it) and
@@ -30,7 +34,8 @@ from tilewise.compiler.toolchain.cache import default_cache_dir
 from tilewise.config import settings
 
 C_FORMAT_VERSION = 1
-C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off", "-std=gnu11", "-w")
+C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off", "-fno-trapping-math",
+           "-fno-math-errno", "-std=gnu11", "-w")
 
 
 class CCompileError(RuntimeError):
@@ -63,6 +68,21 @@ def host_cpu() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@cache
+def vector_math_flags(cc: str) -> tuple[str, ...]:
+    """``-DTW_LIBMVEC -lmvec`` when the compiler can link glibc's vector math library, else nothing."""
+    probe = "#include <math.h>\nfloat f(float x) { return expf(x); }\nint main(void) { return (int)f(0.f); }\n"
+    with tempfile.TemporaryDirectory(prefix="tilewise-cc-") as tmp:
+        src = Path(tmp) / "probe.c"
+        src.write_text(probe)
+        done = subprocess.run([cc, str(src), "-o", str(Path(tmp) / "probe"), "-lmvec", "-lm"], capture_output=True)
+    return ("-DTW_LIBMVEC", "-lmvec") if done.returncode == 0 else ()
+
+
+def c_flags(cc: str) -> tuple[str, ...]:
+    return C_FLAGS + vector_math_flags(cc)
+
+
 def c_cache_key(source: str, cc: str, flags: tuple[str, ...]) -> str:
     material = json.dumps({"format": C_FORMAT_VERSION, "source": source, "flags": list(flags),
                            "compiler": compiler_version(cc), "cpu": host_cpu()}, sort_keys=True)
@@ -91,7 +111,8 @@ class CLibraryCache:
 
     def load(self, source: str) -> ctypes.CDLL:
         cc = settings.cc
-        key = c_cache_key(source, cc, C_FLAGS)
+        flags = c_flags(cc)
+        key = c_cache_key(source, cc, flags)
         with self._lock:
             lib = self._memory.get(key)
             if lib is not None:
@@ -103,20 +124,20 @@ class CLibraryCache:
                 self.stats.disk_hits += 1
                 self.last_source = "disk"
             else:
-                self._compile(source, cc, path)
+                self._compile(source, cc, flags, path)
                 self.stats.compiles += 1
                 self.last_source = "cc"
             lib = ctypes.CDLL(str(path))
             self._memory[key] = lib
             return lib
 
-    def _compile(self, source: str, cc: str, path: Path) -> None:
+    def _compile(self, source: str, cc: str, flags: tuple[str, ...], path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="tilewise-cc-") as tmp:
             src = Path(tmp) / "kernels.c"
             src.write_text(source)
             out = Path(tmp) / "kernels.so"
-            done = subprocess.run([cc, *C_FLAGS, str(src), "-o", str(out), "-lm"], capture_output=True, text=True)
+            done = subprocess.run([cc, *flags, str(src), "-o", str(out), "-lm"], capture_output=True, text=True)
             if done.returncode != 0:
                 raise CCompileError(f"{cc} failed on generated kernels:\n{done.stderr}\n{_numbered(source)}")
             handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")

@@ -1,0 +1,265 @@
+"""tilewise.compile on the CPU: kernel counts, schedules, guards and recompiles, effects, modules, caching."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tilewise as tw
+import tilewise.nn.functional as F
+from tilewise.compiler import DataDependentError
+from tilewise.compiler.program import KernelStep
+from tilewise.config import settings
+
+
+def kernels(fn) -> int:
+    return sum(p.kernel_count for p in fn.programs())
+
+
+def schedules(fn) -> list[str]:
+    return [ns.parallel for p in fn.programs() for s in p.schedules for ns in s.nests]
+
+
+def close(a, b, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------------------- kernel counts
+
+def test_seed_chain_is_one_kernel():
+    f = tw.compile(lambda x: x.relu() * 0.5 + 1)
+    x = tw.randn(512, 512)
+    close(f(x), x.relu() * 0.5 + 1)
+    assert kernels(f) == 1
+    assert schedules(f) == ["rows"]
+
+
+def test_softmax_is_one_kernel():
+    f = tw.compile(lambda x: x.softmax(-1))
+    x = tw.randn(256, 1000)
+    close(f(x), x.softmax(-1))
+    assert kernels(f) == 1
+
+
+def test_residual_add_layer_norm_is_one_kernel():
+    w, b = tw.randn(384), tw.randn(384)
+
+    def block(x, r):
+        return F.layer_norm(x + r, (384,), w, b)
+
+    f = tw.compile(block)
+    x, r = tw.randn(64, 384), tw.randn(64, 384)
+    close(f(x, r), block(x, r), rtol=1e-4, atol=1e-5)
+    assert kernels(f) == 1
+
+
+def test_adamw_like_update_over_many_parameters_is_a_few_kernels():
+    shapes = [(64, 32), (32,), (32, 16), (16,), (128, 64), (64,), (7, 3, 5), (1,), (200,), (10, 10), (3,), (50, 2)]
+    params = [tw.randn(*s) for s in shapes]
+    grads = [tw.randn(*s) for s in shapes]
+    exp_avgs = [tw.zeros(*s) for s in shapes]
+    exp_avg_sqs = [tw.zeros(*s) for s in shapes]
+
+    def adamw(params, grads, exp_avgs, exp_avg_sqs, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, wd=0.01, step=3):
+        with tw.no_grad():
+            for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+                p.mul_(1 - lr * wd)
+                m.lerp_(g, 1 - beta1)
+                v.mul_(beta2).add_(g * g * (1 - beta2))
+                denom = (v.sqrt() / (1 - beta2 ** step) ** 0.5).add_(eps)
+                p.add_(m * (-lr / (1 - beta1 ** step)) / denom)
+
+    copies = [[t.clone() for t in ts] for ts in (params, grads, exp_avgs, exp_avg_sqs)]
+    f = tw.compile(adamw)
+    f(params, grads, exp_avgs, exp_avg_sqs)
+    adamw(*copies)
+    for actual, expected in zip(params + exp_avgs + exp_avg_sqs, copies[0] + copies[2] + copies[3]):
+        close(actual, expected)
+    assert kernels(f) <= 2, f"{kernels(f)} kernels for {len(shapes)} parameters"
+    steps = f.programs()[0].steps
+    assert all(isinstance(s, KernelStep) for s in steps), "the update writes straight into the parameters"
+
+
+def test_whole_tensor_reduction_is_split_across_threads():
+    f = tw.compile(lambda x: (x * x).sum())
+    x = tw.randn(1 << 20, dtype=tw.float64)
+    np.testing.assert_allclose(f(x).item(), float((x.numpy() ** 2).sum()), rtol=1e-12)
+    assert schedules(f) == ["split"]
+
+
+def test_reduction_over_a_leading_dim_and_transposed_reads():
+    f = tw.compile(lambda x, y: (x.t() * y).sum(0) + x.amax(1))
+    x, y = tw.randn(300, 200), tw.randn(200, 300)
+    close(f(x, y), (x.t() * y).sum(0) + x.amax(1), rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------- whole steps and modules
+
+def _mlp():
+    tw.manual_seed(0)
+    return tw.nn.Sequential(tw.nn.Linear(8, 16), tw.nn.ReLU(), tw.nn.Linear(16, 4))
+
+
+def test_training_step_is_one_graph_and_matches_eager_for_20_steps():
+    data = [(tw.randn(32, 8), tw.randn(32, 4)) for _ in range(20)]
+
+    def make_step(model, opt):
+        def step(x, y):
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+
+    eager_model, compiled_model = _mlp(), _mlp()
+    eager_step = make_step(eager_model, tw.optim.SGD(eager_model.parameters(), lr=0.05))
+    compiled_step = tw.compile(make_step(compiled_model, tw.optim.SGD(compiled_model.parameters(), lr=0.05)))
+    for x, y in data:
+        np.testing.assert_allclose(compiled_step(x, y).item(), eager_step(x, y).item(), rtol=1e-5)
+    assert len(compiled_step.variants) == 1
+    for a, b in zip(compiled_model.parameters(), eager_model.parameters()):
+        close(a, b, rtol=1e-4, atol=1e-5)
+        assert a.grad is None
+
+
+def test_compiled_module_stays_a_module_and_is_differentiable():
+    model = _mlp()
+    compiled = tw.compile(model)
+    assert isinstance(compiled, tw.nn.Module)
+    assert [id(p) for p in compiled.parameters()] == [id(p) for p in model.parameters()]
+    x = tw.randn(5, 8)
+    out = compiled(x)
+    assert out.requires_grad and out.grad_fn is not None
+    out.square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    model(x).square().sum().backward()
+    for g, p in zip(grads, model.parameters()):
+        close(g, p.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_in_place_update_of_an_argument_is_written_back():
+    def f(x):
+        x.mul_(2).add_(1)
+        return x.sum()
+
+    x = tw.arange(6.0).view(2, 3)
+    version = x._version
+    total = tw.compile(f)(x)
+    assert x.tolist() == [[1.0, 3.0, 5.0], [7.0, 9.0, 11.0]]
+    assert total.item() == 36.0
+    assert x._version > version
+
+
+def test_write_through_a_view_of_an_argument():
+    def f(x):
+        x[:, 1] = 0.0
+        x[0].add_(10)
+        return x * 1
+
+    x, ref = tw.randn(3, 4), None
+    ref = x.clone()
+    f(ref)
+    out = tw.compile(f)(x)
+    close(x, ref)
+    close(out, ref)
+
+
+# ---------------------------------------------------------------------------- guards
+
+def test_guard_miss_recompiles_and_says_why(capsys):
+    settings.log.add("recompiles")
+    try:
+        f = tw.compile(lambda x: x.exp() + 1)
+        f(tw.randn(4, 4))
+        f(tw.randn(4, 4))
+        f(tw.randn(4, 5))
+        f(tw.randn(4, 4, dtype=tw.float64))
+    finally:
+        settings.log.discard("recompiles")
+    assert len(f.variants) == 3
+    err = capsys.readouterr().err
+    assert "shape [4, 5]" in err and "compiled for shape [4, 4]" in err
+    assert "float64" in err
+
+
+def test_requires_grad_and_strides_are_guarded():
+    f = tw.compile(lambda x: x * 2)
+    x = tw.randn(3, 4)
+    f(x)
+    f(x.t().contiguous().t())
+    f(x.requires_grad_())
+    assert len(f.variants) == 3
+
+
+def test_recompile_limit_falls_back_to_eager():
+    limit = settings.recompile_limit
+    settings.recompile_limit = 2
+    try:
+        f = tw.compile(lambda x: x + 1)
+        f(tw.ones(1))
+        f(tw.ones(2))
+        with pytest.warns(RuntimeWarning, match="recompile limit"):
+            out = f(tw.ones(3))
+    finally:
+        settings.recompile_limit = limit
+    assert out.tolist() == [2.0, 2.0, 2.0]
+    assert len(f.variants) == 2
+
+
+def test_data_dependent_python_names_the_users_line():
+    def f(x):
+        if x.sum() > 0:  # the offending line
+            return x
+        return -x
+
+    with pytest.raises(DataDependentError) as info:
+        tw.compile(f)(tw.randn(3))
+    message = str(info.value)
+    assert "test_compiler_kernels.py" in message and "the offending line" in message and "bool()" in message
+
+
+def test_python_scalars_are_guarded():
+    f = tw.compile(lambda x, k: x * k)
+    assert f(tw.ones(2), 2.0).tolist() == [2.0, 2.0]
+    assert f(tw.ones(2), 3.0).tolist() == [3.0, 3.0]
+    assert len(f.variants) == 2
+
+
+# ---------------------------------------------------------------------------- memory and caching
+
+def test_memory_plan_reuses_buffers():
+    w = tw.randn(64, 64)
+
+    def f(x):
+        for _ in range(6):
+            x = (x @ w).tanh()
+        return x
+
+    cf = tw.compile(f)
+    close(cf(tw.ones(64, 64)), f(tw.ones(64, 64)), rtol=1e-4, atol=1e-5)
+    plan = cf.programs()[0].plan
+    assert plan.arena_bytes < plan.unshared_bytes
+
+
+def test_second_process_loads_compiled_kernels_from_disk(tmp_path):
+    script = textwrap.dedent("""
+        import tilewise as tw
+        from tilewise.compiler.toolchain.cc import default_c_cache
+        f = tw.compile(lambda x: (x.relu() * 0.5 + 1).softmax(-1))
+        print(f(tw.ones(8, 8)).sum().item(), default_c_cache().stats.compiles, default_c_cache().stats.disk_hits)
+    """)
+    env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.getcwd()}
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+            for _ in range(2)]
+    first, second = (r.stdout.split() for r in runs)
+    assert first[0] == second[0] == "8.0"
+    assert (first[1], first[2]) == ("1", "0")
+    assert (second[1], second[2]) == ("0", "1")
