@@ -45,6 +45,28 @@ def _identity_view(node: Node) -> Node | None:
     return src if same and node.type == src.type else None
 
 
+def _identity_chain(node: Node) -> Node | None:
+    """Views that together select every element in place (``x.t().t()``) are the value they view."""
+    if node.kind != "view" or node.srcs[0].kind != "view":
+        return None
+    chain = []
+    base = node
+    while base.kind == "view":
+        chain.append(base)
+        base = base.srcs[0]
+    shape = base.type.shape
+    geometry = (shape, S.contiguous_strides(shape), 0)
+    for view in reversed(chain):
+        if view.op == "as_strided":
+            return None
+        try:
+            geometry = view.opdef.view(tuple(geometry[0]), tuple(geometry[1]), geometry[2], *view.args[1:])
+        except RuntimeError:
+            return None
+    same = (tuple(geometry[0]), tuple(geometry[1]), geometry[2]) == (shape, S.contiguous_strides(shape), 0)
+    return base if same and node.type == base.type else None
+
+
 def _identity_as_strided(node: Node) -> Node | None:
     if node.op != "as_strided":
         return None
@@ -133,7 +155,7 @@ def _evaluate(node: Node):
     return array.astype(node.type.dtype.np).reshape(()).item()
 
 
-RULES = (_identity_view, _identity_as_strided, _identity_copy, _identity_arithmetic, _full_cover, _read_back,
+RULES = (_identity_view, _identity_chain, _identity_as_strided, _identity_copy, _identity_arithmetic, _full_cover, _read_back,
          _fold)
 
 
