@@ -155,8 +155,8 @@ def _evaluate(node: Node):
     return array.astype(node.type.dtype.np).reshape(()).item()
 
 
-RULES = (_identity_view, _identity_chain, _identity_as_strided, _identity_copy, _identity_arithmetic, _full_cover, _read_back,
-         _fold)
+RULES = (_identity_view, _identity_chain, _identity_as_strided, _identity_copy, _identity_arithmetic, _full_cover,
+         _read_back, _fold)
 
 
 def simplify_node(node: Node) -> Node | None:
