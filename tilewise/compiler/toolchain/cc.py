@@ -70,13 +70,27 @@ def host_cpu() -> str:
 
 @cache
 def vector_math_flags(cc: str) -> tuple[str, ...]:
-    """``-DTW_LIBMVEC -lmvec`` when the compiler can link glibc's vector math library, else nothing."""
+    """``-DTW_LIBMVEC -lmvec`` when the compiler can link glibc's vector math library, else nothing.
+
+    The answer is kept beside the compiled libraries, keyed by the compiler's version, so a process that
+    finds its kernels in the disk cache does not pay for the probe either."""
+    record = default_cache_dir() / "c" / f"libmvec-{hashlib.sha256(compiler_version(cc).encode()).hexdigest()[:16]}"
+    try:
+        return tuple(record.read_text().split())
+    except OSError:
+        pass
     probe = "#include <math.h>\nfloat f(float x) { return expf(x); }\nint main(void) { return (int)f(0.f); }\n"
     with tempfile.TemporaryDirectory(prefix="tilewise-cc-") as tmp:
         src = Path(tmp) / "probe.c"
         src.write_text(probe)
         done = subprocess.run([cc, str(src), "-o", str(Path(tmp) / "probe"), "-lmvec", "-lm"], capture_output=True)
-    return ("-DTW_LIBMVEC", "-lmvec") if done.returncode == 0 else ()
+    flags = ("-DTW_LIBMVEC", "-lmvec") if done.returncode == 0 else ()
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(" ".join(flags))
+    except OSError:
+        pass
+    return flags
 
 
 def c_flags(cc: str) -> tuple[str, ...]:
