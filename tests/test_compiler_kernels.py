@@ -128,6 +128,29 @@ def test_training_step_is_one_graph_and_matches_eager_for_20_steps():
         assert a.grad is None
 
 
+def test_training_step_that_creates_optimizer_state():
+    data = [(tw.randn(16, 8), tw.randn(16, 4)) for _ in range(6)]
+
+    def make_step(model, opt):
+        def step(x, y):
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        return step
+
+    eager_model, compiled_model = _mlp(), _mlp()
+    eager_opt = tw.optim.SGD(eager_model.parameters(), lr=0.05, momentum=0.9)
+    compiled_opt = tw.optim.SGD(compiled_model.parameters(), lr=0.05, momentum=0.9)
+    eager_step, compiled_step = make_step(eager_model, eager_opt), tw.compile(make_step(compiled_model, compiled_opt))
+    for x, y in data:
+        eager_step(x, y)
+        compiled_step(x, y)
+    assert len(compiled_step.variants) == 2  # the first step creates the momentum buffers, later steps update them
+    for a, b in zip(compiled_model.parameters(), eager_model.parameters()):
+        close(a, b, rtol=1e-4, atol=1e-5)
+        close(compiled_opt.state[a]["momentum_buffer"], eager_opt.state[b]["momentum_buffer"], rtol=1e-4, atol=1e-5)
+
+
 def test_compiled_module_stays_a_module_and_is_differentiable():
     model = _mlp()
     compiled = tw.compile(model)

@@ -141,6 +141,21 @@ class GradEffect:
     clear: bool = False
 
 
+@dataclass(eq=False)
+class StateEffect:
+    """After a call, ``state[owner][key]`` of an optimizer must hold graph output ``output``, or ``value``."""
+
+    state: dict
+    owner: object
+    key: object
+    output: int | None = None
+    value: object = None
+
+    def apply(self, outputs: list) -> None:
+        self.state.setdefault(self.owner, {})[self.key] = outputs[self.output] if self.output is not None \
+            else self.value
+
+
 @dataclass
 class BackwardSpec:
     """How the traced function differentiates: graph inputs for the output gradients, graph outputs for the
@@ -162,6 +177,7 @@ class Traced:
     output_leaves: list[tuple]  # per leaf: ("out", graph output index) or ("const", the value itself)
     output_requires_grad: list[bool]
     backward: BackwardSpec | None = None
+    state_effects: list[StateEffect] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- pytrees
@@ -226,6 +242,7 @@ class Capture:
         self.owners: list[tuple[Tensor, Source]] = []  # real tensors whose .grad may be read or set
         self.saved_grads: dict[int, tuple[Tensor, object]] = {}
         self.arg_traces: dict[int, Tensor] = {}
+        self.states: list[tuple[dict, dict]] = []  # optimizer state tables and what they held before the trace
         self.serial = 0
 
     # ------------------------------------------------------------------ nodes
@@ -452,6 +469,7 @@ class Capture:
                 out_leaves.append(("const", leaf))
         requires = [leaf._requires_grad for leaf in traced]
         effects, presence = self._grad_effects(outputs, requires, flat_args)
+        state_effects = self._state_effects(outputs, requires)
         differentiable = [(k, leaf) for k, leaf in enumerate(traced)
                           if leaf._requires_grad and leaf._dtype.is_floating_point]
         backward = self._backward(differentiable, outputs)
@@ -460,7 +478,28 @@ class Capture:
         writes = [(e.input, e.current) for e in self.entries.values() if e.current is not e.input]
         inputs = [e.input for e in self.entries.values()] + (backward.tangents if backward else [])
         graph = Graph(inputs, list(self.body), outputs, writes)
-        return Traced(graph, self.tensor_sources, presence, effects, spec, out_leaves, requires, backward)
+        return Traced(graph, self.tensor_sources, presence, effects, spec, out_leaves, requires, backward,
+                      state_effects)
+
+    def watch_state(self, state: dict) -> None:
+        self.states.append((state, {owner: dict(entry) for owner, entry in state.items()}))
+
+    def _state_effects(self, outputs: list, requires: list) -> list[StateEffect]:
+        """What the function stored into optimizer state (buffers created on a first step): outputs to assign."""
+        effects = []
+        for state, before in self.states:
+            for owner, entry in state.items():
+                old = before.get(owner, {})
+                for key, value in entry.items():
+                    if key in old and old[key] is value:
+                        continue
+                    if type(value) is Tensor and value._trace is not None:
+                        effects.append(StateEffect(state, owner, key, output=len(outputs)))
+                        outputs.append(self.value_of(value))
+                        requires.append(False)
+                    else:
+                        effects.append(StateEffect(state, owner, key, value=value))
+        return effects
 
     def _backward(self, differentiable: list, outputs: list) -> BackwardSpec | None:
         """Differentiate the outputs that require grad, by the autograd engine on trace tensors."""
@@ -505,8 +544,15 @@ class Capture:
         return effects, presence
 
     def restore(self) -> None:
+        """Undo what tracing did to Python state; running the program redoes it with real tensors."""
         for t, grad in self.saved_grads.values():
             t._grad = grad
+        for state, before in self.states:
+            for owner in [o for o in state if o not in before]:
+                del state[owner]
+            for owner, entry in before.items():
+                state[owner].clear()
+                state[owner].update(entry)
 
 
 # ---------------------------------------------------------------------------- the Trace backend
@@ -553,17 +599,20 @@ def leaf_labels(fn, args: tuple, kwargs: dict) -> list[str]:
 
 
 def trace(fn, args: tuple, kwargs: dict, names: dict[int, str] | None = None,
-          known: list[Tensor] = ()) -> Traced:
+          known: list[Tensor] = (), states: list[dict] = ()) -> Traced:
     """Run ``fn(*args, **kwargs)`` on trace tensors and return the recorded graph with its bindings.
 
     ``names`` labels captured tensors (by id) in the printed graph; ``known`` lists tensors the function
-    may touch without an operator seeing them (module parameters: ``zero_grad`` only assigns ``.grad``).
+    may touch without an operator seeing them (module parameters: ``zero_grad`` only assigns ``.grad``);
+    ``states`` are optimizer state tables the function may fill (a first step creates momentum buffers).
     """
     flat, spec = flatten((list(args), kwargs))
     labels = leaf_labels(fn, args, kwargs)
     cap = Capture(names)
     for t in known:
         cap.add_owner(t, Source("object", cap.names.get(id(t), "captured"), obj=t))
+    for state in states:
+        cap.watch_state(state)
     traced_leaves = []
     for i, leaf in enumerate(flat):
         if type(leaf) is Tensor:

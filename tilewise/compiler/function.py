@@ -5,18 +5,21 @@ for one specialisation of the function, with the ``Guards`` that say when it app
 the non-tensor values of the arguments, and for every tensor the function reads (arguments, captured
 parameters and buffers, gradients) its shape, strides, storage offset and size, dtype, device and
 ``requires_grad``; which of them share storage; whether each parameter had a gradient; grad mode; the
-``training`` flags of a module. A call runs the first variant whose guards pass; on a miss the function
+``training`` flags of a module; what the state tables of reachable optimizers hold. A call runs the first variant whose guards pass; on a miss the function
 is traced again and a new variant compiled, up to ``settings.recompile_limit`` variants, after which it
 runs eagerly (with one warning). ``TILEWISE_LOG=recompiles`` says which guard failed.
 
 Running a variant reproduces every effect the traced function had: outputs are fresh tensors, inputs
 written in place are updated in their own memory (their version counters bump, as eager in-place ops
-do), and ``.grad`` of parameters is set or cleared as the function did.
+do), ``.grad`` of parameters is set or cleared as the function did, and optimizer state the function
+created (momentum buffers on a first step) is stored; the next call sees that state changed and compiles
+the steady-state step, which updates the buffers in place.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import warnings
 from dataclasses import dataclass, field
 
@@ -57,6 +60,8 @@ class Guards:
     grad_presence: list[tuple[Source, bool]]
     grad_enabled: bool
     training: tuple
+    states: list[dict]
+    state_layout: tuple
 
     def failure(self, flat: list, spec, module) -> str | None:
         """None when this variant applies to the call, else which guard failed."""
@@ -70,6 +75,8 @@ class Guards:
                    f"{'on' if self.grad_enabled else 'off'}"
         if module is not None and _training_flags(module) != self.training:
             return "a module's training flag changed (train()/eval())"
+        if _state_layout(self.states) != self.state_layout:
+            return "an optimizer's state changed (buffers created or replaced)"
         storages = []
         for source, expected in self.tensors:
             t = source.fetch(flat)
@@ -97,12 +104,37 @@ def _training_flags(module) -> tuple:
     return tuple(bool(getattr(m, "training", False)) for m in modules)
 
 
-def make_guards(traced: Traced, flat: list, spec, module) -> Guards:
+def _state_layout(states: list[dict]) -> tuple:
+    """Which entries optimizer state tables hold: tensors by identity, other values by value."""
+    return tuple(tuple((id(owner), tuple((repr(k), id(v) if type(v) is Tensor else repr(v)) for k, v in entry.items()))
+                       for owner, entry in state.items()) for state in states)
+
+
+def optimizer_states(fn) -> list[dict]:
+    """The ``state`` tables of optimizers a function can reach: its closure, globals, or bound object."""
+    candidates = []
+    owner = getattr(fn, "__self__", None)
+    if owner is not None:
+        candidates += [owner, *getattr(owner, "__dict__", {}).values()]
+    try:
+        found = inspect.getclosurevars(getattr(fn, "__func__", fn))
+        candidates += [*found.nonlocals.values(), *found.globals.values()]
+    except (TypeError, ValueError):
+        pass
+    states = []
+    for c in candidates:
+        state = getattr(c, "state", None) if hasattr(c, "param_groups") else None
+        if isinstance(state, dict) and not any(state is s for s in states):
+            states.append(state)
+    return states
+
+
+def make_guards(traced: Traced, flat: list, spec, module, states: list[dict]) -> Guards:
     constants = [(k, _constant_key(v)) for k, v in enumerate(flat) if type(v) is not Tensor]
     tensors = [(ts.source, ts.signature) for ts in traced.tensor_sources]
     storages = [id(ts.source.fetch(flat)._storage) for ts in traced.tensor_sources]
     return Guards(spec, constants, tensors, _alias_pattern(storages), traced.grad_presence, STATE.grad_enabled,
-                  _training_flags(module) if module is not None else ())
+                  _training_flags(module) if module is not None else (), states, _state_layout(states))
 
 
 # ---------------------------------------------------------------------------- variants
@@ -137,6 +169,8 @@ class Variant:
         for effect in traced.grad_effects:
             owner = effect.owner.fetch(flat)
             owner._grad = None if effect.clear else outputs[effect.output]
+        for effect in traced.state_effects:
+            effect.apply(outputs)
         return outputs[:len(traced.output_requires_grad)], (inputs, arrays)
 
     def run_backward(self, residuals: tuple, grads: list) -> list[Tensor]:
@@ -220,8 +254,9 @@ class CompiledFunction:
 
     def _compile(self, args: tuple, kwargs: dict, flat: list, spec) -> Variant:
         names, known = _module_tensors(self.module)
-        traced = trace(self.fn, args, kwargs, names=names, known=known)
-        guards = make_guards(traced, flat, spec, self.module)
+        states = optimizer_states(self.fn)
+        traced = trace(self.fn, args, kwargs, names=names, known=known, states=states)
+        guards = make_guards(traced, flat, spec, self.module, states)
         graph = run_pipeline(traced.graph)
         if traced.backward is None:
             return Variant(guards, traced, build_program(graph))
