@@ -106,8 +106,10 @@ def _training_flags(module) -> tuple:
 
 def _state_layout(states: list[dict]) -> tuple:
     """Which entries optimizer state tables hold: tensors by identity, other values by value."""
-    return tuple(tuple((id(owner), tuple((repr(k), id(v) if type(v) is Tensor else repr(v)) for k, v in entry.items()))
-                       for owner, entry in state.items()) for state in states)
+    def entry_layout(entry: dict) -> tuple:
+        return tuple((repr(k), id(v) if type(v) is Tensor else repr(v)) for k, v in entry.items())
+
+    return tuple(tuple((id(owner), entry_layout(entry)) for owner, entry in state.items()) for state in states)
 
 
 def optimizer_states(fn) -> list[dict]:
