@@ -286,3 +286,53 @@ def test_second_process_loads_compiled_kernels_from_disk(tmp_path):
     assert first[0] == second[0] == "8.0"
     assert (first[1], first[2]) == ("1", "0")
     assert (second[1], second[2]) == ("0", "1")
+
+
+def _gpt():
+    from tilewise.models import GPT, GPTConfig
+
+    tw.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=20, n_layer=1, n_head=2, n_embd=32, block_size=16, dropout=0.0))
+
+
+def _batches(n: int):
+    rng = np.random.default_rng(0)
+    return [(tw.from_numpy(rng.integers(0, 20, (4, 16))), tw.from_numpy(rng.integers(0, 20, (4, 16))))
+            for _ in range(n)]
+
+
+def test_demo_model_compiled_in_an_eager_training_loop_matches_eager_for_20_steps():
+    def train(model, forward):
+        opt = tw.optim.AdamW(model.parameters(), lr=3e-3)
+        losses = []
+        for x, y in _batches(20):
+            _, loss = forward(x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    eager, compiled = _gpt(), _gpt()
+    compiled_forward = tw.compile(compiled)
+    np.testing.assert_allclose(train(compiled, compiled_forward), train(eager, eager), rtol=1e-5)
+    assert len(compiled_forward.forward.variants) == 1
+
+
+def test_demo_model_whole_training_step_matches_eager_for_20_steps():
+    def make_step(model):
+        opt = tw.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            _, loss = model(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        return step
+
+    eager_step, compiled_step = make_step(_gpt()), tw.compile(make_step(_gpt()))
+    losses = [(compiled_step(x, y).item(), eager_step(x, y).item()) for x, y in _batches(20)]
+    np.testing.assert_allclose(*zip(*losses), rtol=1e-5)
+    assert len(compiled_step.variants) == 1

@@ -527,14 +527,16 @@ class Capture:
         return BackwardSpec(tangents, [k for k, _ in differentiable], sources, n_forward)
 
     def _grad_effects(self, outputs: list, requires: list, flat_args: list):
+        """How ``.grad`` of each owner changed, and for those that did, whether it was set when traced (a
+        gradient that already exists is accumulated into, so the program depends on it)."""
         effects, presence = [], []
         for owner, source in self.owners:
             holder = self.arg_traces.get(source.index, owner) if source.kind == "arg" else owner
             original = self.saved_grads[id(owner)][1]
-            presence.append((source, original is not None))
             final = holder._grad
             if final is original:
                 continue
+            presence.append((source, original is not None))
             if final is None:
                 effects.append(GradEffect(source, None, clear=True))
             elif type(final) is Tensor and final._trace is not None:

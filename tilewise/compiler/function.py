@@ -4,10 +4,11 @@
 for one specialisation of the function, with the ``Guards`` that say when it applies: the structure and
 the non-tensor values of the arguments, and for every tensor the function reads (arguments, captured
 parameters and buffers, gradients) its shape, strides, storage offset and size, dtype, device and
-``requires_grad``; which of them share storage; whether each parameter had a gradient; grad mode; the
-``training`` flags of a module; what the state tables of reachable optimizers hold. A call runs the first variant whose guards pass; on a miss the function
-is traced again and a new variant compiled, up to ``settings.recompile_limit`` variants, after which it
-runs eagerly (with one warning). ``TILEWISE_LOG=recompiles`` says which guard failed.
+``requires_grad``; which of them share storage; whether a parameter whose gradient the function changed
+had one; grad mode; the ``training`` flags of a module; what the state tables of reachable optimizers
+hold. A call runs the first variant whose guards pass; on a miss the function is traced again and a new
+variant compiled, up to ``settings.recompile_limit`` variants, after which it runs eagerly (with one
+warning). ``TILEWISE_LOG=recompiles`` says which guard failed.
 
 Running a variant reproduces every effect the traced function had: outputs are fresh tensors, inputs
 written in place are updated in their own memory (their version counters bump, as eager in-place ops

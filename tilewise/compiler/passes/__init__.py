@@ -14,11 +14,12 @@ from tilewise.compiler.ir import Graph, format_graph, verify
 from tilewise.compiler.passes.cleanup import cse, dce
 from tilewise.compiler.passes.decompose import decompose
 from tilewise.compiler.passes.functionalize import functionalize
+from tilewise.compiler.passes.layout import legalize_views
 from tilewise.compiler.passes.simplify import simplify
 from tilewise.config import log
 
 Pass = Callable[[Graph], Graph]
-PIPELINE: tuple[Pass, ...] = (functionalize, decompose, simplify, cse, dce)
+PIPELINE: tuple[Pass, ...] = (functionalize, decompose, simplify, cse, dce, legalize_views)
 
 
 def run_pipeline(graph: Graph, passes: tuple[Pass, ...] = PIPELINE) -> Graph:
@@ -31,4 +32,5 @@ def run_pipeline(graph: Graph, passes: tuple[Pass, ...] = PIPELINE) -> Graph:
     return graph
 
 
-__all__ = ["PIPELINE", "Pass", "cse", "dce", "decompose", "functionalize", "run_pipeline", "simplify"]
+__all__ = ["PIPELINE", "Pass", "cse", "dce", "decompose", "functionalize", "legalize_views", "run_pipeline",
+           "simplify"]
