@@ -249,6 +249,17 @@ def test_data_dependent_python_names_the_users_line():
     assert "test_compiler_kernels.py" in message and "the offending line" in message and "bool()" in message
 
 
+def test_fullgraph_false_runs_data_dependent_functions_eagerly():
+    def f(x):
+        return x * 2 if x.sum() > 0 else -x
+
+    compiled = tw.compile(f, fullgraph=False)
+    with pytest.warns(RuntimeWarning, match="eagerly"):
+        assert compiled(tw.ones(2)).tolist() == [2.0, 2.0]
+    assert compiled(-tw.ones(2)).tolist() == [1.0, 1.0]
+    assert compiled.eager_reason is not None and not compiled.variants
+
+
 def test_python_scalars_are_guarded():
     f = tw.compile(lambda x, k: x * k)
     assert f(tw.ones(2), 2.0).tolist() == [2.0, 2.0]

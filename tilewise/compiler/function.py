@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tilewise.autograd.function import Function
-from tilewise.compiler.capture import Source, Traced, flatten, signature, trace, unflatten
+from tilewise.compiler.capture import DataDependentError, Source, Traced, flatten, signature, trace, unflatten
 from tilewise.compiler.passes import dce, run_pipeline
 from tilewise.compiler.passes.partition import partition
 from tilewise.compiler.program import Program, build_program
@@ -36,6 +36,10 @@ from tilewise.dispatch import STATE
 from tilewise.tensor import Tensor, from_array
 
 MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+class UnsupportedTarget(RuntimeError):
+    """The function runs on a device the compiler has no code generation for yet."""
 
 
 # ---------------------------------------------------------------------------- guards
@@ -228,12 +232,13 @@ class CompiledFunction:
         self.fullgraph = fullgraph
         self.module = module
         self.variants: list[Variant] = []
-        self._warned = False
+        self.eager_reason: str | None = None  # set when the function runs eagerly from now on, and why
+        self.limit_warned = False
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
-        if STATE.trace_depth:  # inside another capture: inline the original function
+        if STATE.trace_depth or self.eager_reason:  # inside another capture, or given up: the original function
             return self.fn(*args, **kwargs)
         flat, spec = flatten((list(args), kwargs))
         reasons = []
@@ -242,23 +247,41 @@ class CompiledFunction:
             if reason is None:
                 return variant.run(flat)
             reasons.append(reason)
-        if len(self.variants) >= settings.recompile_limit:
-            if not self._warned:
+        if len(self.variants) >= settings.recompile_limit:  # calls its variants fit still run compiled
+            if not self.limit_warned:
+                self.limit_warned = True
                 warnings.warn(f"tilewise.compile: {self.__name__} reached the recompile limit "
-                              f"({settings.recompile_limit} variants, TILEWISE_RECOMPILES); running it eagerly. "
-                              f"Last guard failure: {reasons[-1]}", RuntimeWarning, stacklevel=2)
-                self._warned = True
+                              f"({settings.recompile_limit} variants, TILEWISE_RECOMPILES); calls that fit none of "
+                              f"them run eagerly. Last guard failure: {reasons[-1]}", RuntimeWarning, stacklevel=2)
             return self.fn(*args, **kwargs)
         if reasons:
             log("recompiles", f"recompiling {self.__name__} (variant {len(self.variants) + 1}): {reasons[-1]}")
-        variant = self._compile(args, kwargs, flat, spec)
+        try:
+            variant = self._compile(args, kwargs, flat, spec)
+        except DataDependentError as exc:
+            if self.fullgraph:
+                raise
+            return self._give_up(f"it needs tensor values while tracing (fullgraph=False):\n{exc}", args, kwargs)
+        except UnsupportedTarget as exc:
+            return self._give_up(str(exc), args, kwargs)
         self.variants.append(variant)
         return variant.run(flat)
+
+    def _give_up(self, reason: str, args: tuple, kwargs: dict):
+        """Run eagerly, now and on every later call (the function cannot be compiled as it is)."""
+        self.eager_reason = reason
+        warnings.warn(f"tilewise.compile: running {self.__name__} eagerly from now on: {reason}", RuntimeWarning,
+                      stacklevel=3)
+        return self.fn(*args, **kwargs)
 
     def _compile(self, args: tuple, kwargs: dict, flat: list, spec) -> Variant:
         names, known = _module_tensors(self.module)
         states = optimizer_states(self.fn)
         traced = trace(self.fn, args, kwargs, names=names, known=known, states=states)
+        devices = {str(n.type.device) for n in traced.graph.inputs + traced.graph.body if not n.is_tuple}
+        if devices - {"cpu"}:
+            raise UnsupportedTarget(f"it runs on {', '.join(sorted(devices - {'cpu'}))}, and the compiler's CUDA "
+                                    "target is not built yet (the CPU target generates C)")
         guards = make_guards(traced, flat, spec, self.module, states)
         graph = run_pipeline(traced.graph)
         if traced.backward is None:
