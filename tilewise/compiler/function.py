@@ -38,7 +38,7 @@ from tilewise.tensor import Tensor, from_array
 MODES = ("default", "reduce-overhead", "max-autotune")
 
 
-class UnsupportedTarget(RuntimeError):
+class UnsupportedTargetError(RuntimeError):
     """The function runs on a device the compiler has no code generation for yet."""
 
 
@@ -262,7 +262,7 @@ class CompiledFunction:
             if self.fullgraph:
                 raise
             return self._give_up(f"it needs tensor values while tracing (fullgraph=False):\n{exc}", args, kwargs)
-        except UnsupportedTarget as exc:
+        except UnsupportedTargetError as exc:
             return self._give_up(str(exc), args, kwargs)
         self.variants.append(variant)
         return variant.run(flat)
@@ -280,7 +280,7 @@ class CompiledFunction:
         traced = trace(self.fn, args, kwargs, names=names, known=known, states=states)
         devices = {str(n.type.device) for n in traced.graph.inputs + traced.graph.body if not n.is_tuple}
         if devices - {"cpu"}:
-            raise UnsupportedTarget(f"it runs on {', '.join(sorted(devices - {'cpu'}))}, and the compiler's CUDA "
+            raise UnsupportedTargetError(f"it runs on {', '.join(sorted(devices - {'cpu'}))}, and the compiler's CUDA "
                                     "target is not built yet (the CPU target generates C)")
         guards = make_guards(traced, flat, spec, self.module, states)
         graph = run_pipeline(traced.graph)
