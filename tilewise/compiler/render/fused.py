@@ -26,7 +26,7 @@ from tilewise.compiler.render.cstyle import (
     store_code,
 )
 from tilewise.compiler.render.cuda import identity
-from tilewise.compiler.schedule import KernelSchedule, NestSchedule
+from tilewise.compiler.schedule import KernelSchedule, NestSchedule, cached_reads
 from tilewise.dtypes import DType
 from tilewise.ops.expr import Expr, toposort
 
@@ -135,7 +135,7 @@ class _NestRenderer:
             value = literal(identity(r.combiner, r.dtype), r.dtype, self.lang)
             self.w.line(f"{self.lang.ctype(r.dtype)} acc{j} = {value};")
 
-    def emit(self, exprs: list[Expr], leaves: dict, suffix: str) -> list:
+    def emit(self, exprs: list[Expr], leaves: dict, suffix: str) -> tuple[ExprRenderer, list]:
         """Render ``exprs`` in the current scope: the loads they read, then their statements."""
         used = sorted({n.arg for e in exprs for n in toposort(e) if n.op == "input"})
         leaves = dict(leaves)
@@ -150,7 +150,29 @@ class _NestRenderer:
         results = [renderer.render(e) for e in exprs]
         for line in renderer.lines:
             self.w.line(line)
-        return results
+        del renderer.lines[:]
+        return renderer, results
+
+    def row_index(self) -> str:
+        """The position of the current element within its row (row-major over the reduced dims)."""
+        parts, stride = [], 1
+        for d in reversed(self.nest.reduce):
+            parts.append(dim_name(d) if stride == 1 else f"{stride}LL * {dim_name(d)}")
+            stride *= self.nest.shape[d]
+        return " + ".join(reversed(parts)) or "0"
+
+    def cache_leaves(self, phase: int) -> dict:
+        return {("scalar", f"scr{k}"): (f"tw_scr{k}[{self.row_index()}]", c.dtype)
+                for k, c in enumerate(self.ns.cached) if c.phase < phase}
+
+    def keep_cached(self, phase: int, renderer: ExprRenderer) -> None:
+        for k, c in enumerate(self.ns.cached):
+            if c.phase == phase:
+                code, _ = renderer.render(cached_reads(c.value, self.ns.cached, phase))
+                for line in renderer.lines:
+                    self.w.line(line)
+                del renderer.lines[:]
+                self.w.line(f"tw_scr{k}[{self.row_index()}] = {code};")
 
     def store(self, st: Store, code: str, t) -> None:
         param = self.kernel.params[st.param].name
@@ -183,8 +205,9 @@ class _NestRenderer:
                 self.loop(d, *chunk)
             else:
                 self.loop(d)
-        results = self.emit([self.nest.reductions[j].value for j in reds] + [s.value for s in stores],
-                            self.acc_leaves(p), f"_p{p}")
+        renderer, results = self.emit([self.nest.reductions[j].value for j in reds] + [s.value for s in stores],
+                                      {**self.acc_leaves(p), **self.cache_leaves(p)}, f"_p{p}")
+        self.keep_cached(p, renderer)
         for j, (code, _) in zip(reds, results):
             self.fold(j, code)
         for st, (code, t) in zip(stores, results[len(reds):]):
@@ -195,7 +218,7 @@ class _NestRenderer:
     def row_stores(self) -> None:
         stores = [s for s in self.nest.stores if s.phase is None]
         if stores:
-            results = self.emit([s.value for s in stores], self.acc_leaves(self.nest.phases), "_r")
+            _, results = self.emit([s.value for s in stores], self.acc_leaves(self.nest.phases), "_r")
             for st, (code, t) in zip(stores, results):
                 self.store(st, code, t)
 
@@ -219,6 +242,11 @@ class _NestRenderer:
                 self.w.line(self.simd_line([]))
             self.loop(d)
         self.declare_accs(list(range(len(self.nest.reductions))))
+        row = 1
+        for d in self.nest.reduce:
+            row *= self.nest.shape[d]
+        for k, c in enumerate(self.ns.cached):
+            self.w.line(f"{self.lang.ctype(c.dtype)} tw_scr{k}[{row}];")
         for p in range(self.nest.phases):
             self.phase(p)
         self.row_stores()
