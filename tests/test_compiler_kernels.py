@@ -44,6 +44,8 @@ def test_softmax_is_one_kernel():
     x = tw.randn(256, 1000)
     close(f(x), x.softmax(-1))
     assert kernels(f) == 1
+    (nest,) = f.programs()[0].schedules[0].nests
+    assert len(nest.cached) == 1, "exp(x - max) is computed once and kept for the normalisation"
 
 
 def test_residual_add_layer_norm_is_one_kernel():
