@@ -154,6 +154,11 @@ class Variant:
     backward: Program | None = None
     saved: list[tuple[str, int]] = field(default_factory=list)  # per saved value: ("input"|"output", index)
 
+    def __post_init__(self) -> None:
+        self.entries = _entry_sources(self.traced)
+        graph = self.forward.graph
+        self.written = sorted({graph.inputs.index(i) for i, _ in graph.writes})
+
     def run(self, flat: list):
         traced = self.traced
         if self.backward is not None and STATE.grad_enabled:
@@ -167,11 +172,11 @@ class Variant:
     def run_forward(self, flat: list) -> tuple[list[Tensor], tuple]:
         """Run the forward program and apply its effects; return the function's outputs and what backward reads."""
         traced, graph = self.traced, self.forward.graph
-        tensors = [source.fetch(flat) for source in _entry_sources(traced)]
+        tensors = [source.fetch(flat) for source in self.entries]
         inputs = [t._storage.data for t in tensors]
         arrays = self.forward.run(inputs)
         outputs = [from_array(a.reshape(node.type.shape), node.type.dtype) for a, node in zip(arrays, graph.outputs)]
-        for k in {graph.inputs.index(i) for i, _ in graph.writes}:
+        for k in self.written:
             tensors[k]._bump_version()
         for effect in traced.grad_effects:
             owner = effect.owner.fetch(flat)
@@ -307,6 +312,9 @@ def _module_tensors(module) -> tuple[dict[int, str], list[Tensor]]:
 
 def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = True, dynamic: bool = False):  # noqa: A001
     """Compile a function (or a module's forward) into fused kernels; returns a callable (a module stays one).
+
+    On the CPU target the three modes build the same programs: "reduce-overhead" (CUDA graphs) and
+    "max-autotune" (timed schedule candidates) concern the CUDA target.
 
     >>> import tilewise as tw
     >>> f = tw.compile(lambda x: x.relu() * 0.5 + 1)
