@@ -161,6 +161,36 @@ def geometry(value: Node) -> tuple[tuple, tuple, int]:
 
 # ---------------------------------------------------------------------------- lowering
 
+def cast(expr: Expr, dtype: DType) -> Expr:
+    """``expr`` converted to ``dtype``; a value already cast to it is not cast again."""
+    if expr.op == "cast" and expr.arg is dtype:
+        return expr
+    return Expr("cast", (expr,), dtype)
+
+
+def _is_one(expr: Expr) -> bool:
+    return expr.op == "const" and not isinstance(expr.arg, bool) and expr.arg == 1
+
+
+def tidy(expr: Expr) -> Expr:
+    """Drop multiplications by a literal 1 of floating values (``alpha=1`` of add/sub), which change nothing."""
+    def floating(e: Expr) -> bool:
+        return e.op == "cast" and e.arg.is_floating_point
+
+    memo: dict[int, Expr] = {}
+
+    def go(node: Expr) -> Expr:
+        if id(node) in memo:
+            return memo[id(node)]
+        out = node if not node.srcs else Expr(node.op, tuple(go(s) for s in node.srcs), node.arg)
+        if out.op == "mul" and floating(out.srcs[0]) and _is_one(out.srcs[1]):
+            out = out.srcs[0]
+        memo[id(node)] = out
+        return out
+
+    return go(expr)
+
+
 class _NestBuilder:
     """Builds one Nest from one fusion group; parameters are shared across the kernel's nests."""
 
@@ -194,7 +224,7 @@ class _NestBuilder:
         if base in self.values and self.group.edge_dims(src) is not None:
             return self.values[base]
         if fusion_kind(base) == "constant":
-            return Expr("cast", (Expr("const", (), base.args[1]),), base.type.dtype)
+            return cast(Expr("const", (), base.args[1]), base.type.dtype)
         return self.load(src, self._src_dims(member, src))
 
     def _src_dims(self, member: Node, src: Node) -> tuple:
@@ -210,9 +240,9 @@ class _NestBuilder:
         if kind == "reduction":
             self.values[member] = self._reduction(member)
         elif member.op in ("clone", "_to_copy"):
-            self.values[member] = Expr("cast", (self.operand(member, member.srcs[0]),), member.type.dtype)
+            self.values[member] = cast(self.operand(member, member.srcs[0]), member.type.dtype)
         elif member.op == "full":
-            self.values[member] = Expr("cast", (Expr("const", (), member.args[1]),), member.type.dtype)
+            self.values[member] = cast(Expr("const", (), member.args[1]), member.type.dtype)
         else:
             self.values[member] = self._pointwise(member)
 
@@ -234,18 +264,18 @@ class _NestBuilder:
                 value = self.operand(member, member.srcs[a.i])
             else:
                 value = Expr("const", (), a)
-            mapping[id(leaf)] = Expr("cast", (value,), compute)
+            mapping[id(leaf)] = cast(value, compute)
         for k, p in enumerate(op.schema.params):
             if p.type != "Tensor":
                 mapping[id(Expr("scalar", (), p.name))] = Expr("const", (), member.args[k])
-        return Expr("cast", (substitute(template, mapping),), member.type.dtype)
+        return cast(tidy(substitute(template, mapping)), member.type.dtype)
 
     def _reduction(self, member: Node) -> Expr:
         op = member.opdef
         args = member.bound_args([Stand(member.srcs[0].type)])
         _, compute = op.dtype_rule(op, args)
         acc = compute if op.reduce not in ("or", "and") else bool_
-        value = Expr("cast", (self.operand(member, member.srcs[0]),), acc)
+        value = cast(self.operand(member, member.srcs[0]), acc)
         j = len(self.nest.reductions)
         phase = self._phase_of(value)
         self.nest.reductions.append(Reduce(op.reduce, value, acc, phase))
