@@ -632,16 +632,9 @@ def trace(fn, args: tuple, kwargs: dict, names: dict[int, str] | None = None,
         cap.restore()
 
 
-@dataclass
-class Expansion:
-    """The nodes a decomposition produced for one composite node, and its result(s)."""
-
-    body: list[Node] = field(default_factory=list)
-    results: tuple[Node, ...] = ()
-
-
-def trace_decomposition(node: Node) -> Expansion:
-    """Re-trace a composite node's decomposition over its (already graph-resident) operands."""
+def trace_decomposition(node: Node) -> tuple[Node | None, ...]:
+    """Re-trace a composite node's decomposition over its operands; return the node(s) it computes (the
+    new nodes reach the graph through them: the rewrite that uses them collects their dependencies)."""
     from tilewise.autograd.grad_mode import no_grad
 
     op = node.opdef
@@ -651,5 +644,4 @@ def trace_decomposition(node: Node) -> Expansion:
     with capturing(cap), no_grad():
         out = op.decomposition(*args)
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-        results = tuple(cap.value_of(o) if o is not None else None for o in outs)
-    return Expansion(cap.body, results)
+        return tuple(cap.value_of(o) if o is not None else None for o in outs)

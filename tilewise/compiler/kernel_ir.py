@@ -99,7 +99,6 @@ class Nest:
 class Param:
     name: str
     dtype: DType
-    numel: int
     read: bool
     written: bool
 
@@ -337,7 +336,7 @@ class _KernelBuilder:
         counts = {"in": 0, "out": 0, "io": 0}
         for value, (read, written) in zip(self.values, self.flags):
             role = "io" if read and written else "out" if written else "in"
-            params.append(Param(f"{role}{counts[role]}", value.type.dtype, value.type.numel, read, written))
+            params.append(Param(f"{role}{counts[role]}", value.type.dtype, read, written))
             counts[role] += 1
         return Kernel(self.fused.name, params, nests, list(self.values))
 

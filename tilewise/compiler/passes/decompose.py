@@ -20,7 +20,7 @@ def decompose(graph: Graph, keep: frozenset[str] = frozenset()) -> Graph:
             return expanded[node.srcs[0]][node.args[0]]
         if node.kind != "composite" or node.op in keep:
             return None
-        results = trace_decomposition(node).results
+        results = trace_decomposition(node)
         if node.is_tuple:
             expanded[node] = results
             return None
