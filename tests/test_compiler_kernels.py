@@ -292,7 +292,8 @@ def test_second_process_loads_compiled_kernels_from_disk(tmp_path):
         f = tw.compile(lambda x: (x.relu() * 0.5 + 1).softmax(-1))
         print(f(tw.ones(8, 8)).sum().item(), default_c_cache().stats.compiles, default_c_cache().stats.disk_hits)
     """)
-    env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.getcwd()}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path), "PYTHONPATH": root}
     runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
             for _ in range(2)]
     first, second = (r.stdout.split() for r in runs)
