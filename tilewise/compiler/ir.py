@@ -266,7 +266,8 @@ def format_node(node: Node, names: dict) -> str:
 
 def format_graph(graph: Graph, title: str = "graph") -> str:
     names = node_names(graph)
-    lines = [f"{title}({', '.join(names[i] for i in graph.inputs)}):"]
+    head = f"graph({', '.join(names[i] for i in graph.inputs)}):"
+    lines = [head if title == "graph" else f"{title}: {head}"]
     lines += ["  " + format_node(n, names) for n in graph.inputs]
     lines += ["  " + format_node(n, names) for n in graph.body]
     lines.append("  return (" + ", ".join(names.get(o, "%?") for o in graph.outputs) + ")")
