@@ -204,14 +204,18 @@ LOW_PRECISION = [("bfloat16", ml_dtypes.bfloat16), ("float16", np.float16),
 
 @pytest.mark.parametrize("name,np_type", LOW_PRECISION, ids=[n for n, _ in LOW_PRECISION])
 def test_low_precision_round_trip(name, np_type):
-    """float32 → low precision → float32 rounds to nearest even exactly as ml_dtypes and torch do."""
+    """float32 → low precision → float32 rounds to nearest even exactly as ml_dtypes and torch do. float8 bits
+    are torch's, NaN included (torch's float8_e5m2 NaN sets every mantissa bit, ml_dtypes' does not)."""
     ours = tw.from_numpy(IN_RANGE).to(getattr(tw, name))
     assert ours.dtype.name == name and ours.element_size() == np.dtype(np_type).itemsize
     back = ours.float().numpy()
     np.testing.assert_array_equal(back, IN_RANGE.astype(np_type).astype(np.float32))
-    np.testing.assert_array_equal(back, torch.from_numpy(IN_RANGE).to(getattr(torch, name)).float().numpy())
-    np.testing.assert_array_equal(ours.numpy().view(np.uint8 if ours.element_size() == 1 else np.uint16),
-                                  IN_RANGE.astype(np_type).view(np.uint8 if ours.element_size() == 1 else np.uint16))
+    theirs = torch.from_numpy(IN_RANGE).to(getattr(torch, name))
+    np.testing.assert_array_equal(back, theirs.float().numpy())
+    if ours.element_size() == 1:
+        np.testing.assert_array_equal(ours.numpy().view(np.uint8), theirs.view(torch.uint8).numpy())
+    else:
+        np.testing.assert_array_equal(ours.numpy().view(np.uint16), IN_RANGE.astype(np_type).view(np.uint16))
 
 
 def test_bfloat16_tensor_round_trips_through_numpy():
@@ -227,3 +231,27 @@ def test_half_arithmetic_rounds_once_like_torch():
         ours = (tw.from_numpy(a).to(getattr(tw, name)) * 3 + 1).float().numpy()
         theirs = (torch.from_numpy(a).to(getattr(torch, name)) * 3 + 1).float().numpy()
         np.testing.assert_array_equal(ours, theirs)
+
+
+OUT_OF_RANGE = [0.0, -0.0, 232.0, 448.0, 449.0, 464.0, 465.0, 1000.0, -1000.0, 57344.0, 60000.0, 61440.0, 1e6, -1e30,
+                np.inf, -np.inf, np.nan]
+
+
+@pytest.mark.parametrize("target", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("source", ["float32", "float64", "float16", "bfloat16", "int64"])
+def test_float8_casts_of_out_of_range_values_match_torch(source, target):
+    """torch saturates e4m3fn (no infinity: beyond ±448, infinities included, become ±448) and rounds e5m2 to
+    infinity; NaN stays NaN. Compared bit for bit."""
+    values = [v for v in OUT_OF_RANGE if abs(v) < 2**62] if source == "int64" else OUT_OF_RANGE
+    theirs = torch.tensor(values, dtype=torch.float64).to(getattr(torch, source)).to(getattr(torch, target))
+    ours = tw.tensor(values, dtype=tw.float64).to(getattr(tw, source)).to(getattr(tw, target))
+    np.testing.assert_array_equal(ours.numpy().view(np.uint8), theirs.view(torch.uint8).numpy())
+
+
+@pytest.mark.parametrize("target", ["float8_e4m3fn", "float8_e5m2"])
+def test_float8_from_data_and_fill_saturate_like_torch(target):
+    theirs = torch.tensor([1000.0, -np.inf, np.nan], dtype=getattr(torch, target)).view(torch.uint8).numpy()
+    np.testing.assert_array_equal(tw.tensor([1000.0, -np.inf, np.nan], dtype=getattr(tw, target)).numpy().view(np.uint8),
+                                  theirs)
+    assert tw.full((), 1000.0, dtype=getattr(tw, target)).float().item() == \
+        torch.full((), 1000.0, dtype=getattr(torch, target)).float().item()

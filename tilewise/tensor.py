@@ -17,7 +17,7 @@ import numpy as np
 
 from tilewise import _strides
 from tilewise.device import Device, as_device, cpu
-from tilewise.dtypes import DType, as_dtype, get_default_dtype
+from tilewise.dtypes import DType, as_dtype, float8_e4m3fn, float8_e5m2, get_default_dtype
 from tilewise.dtypes import from_numpy as dtype_from_numpy
 from tilewise.storage import Storage
 
@@ -413,12 +413,26 @@ def _rebuild(array: np.ndarray, device: str, requires_grad: bool) -> Tensor:
 
 # ---------------------------------------------------------------------- numpy ⇄ tensor
 
+_E4M3FN_MAX = 448.0
+
+
+def cast_array(a: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
+    """``a`` converted to ``np_dtype`` bit for bit as torch converts: float8_e4m3fn has no infinity, so finite
+    values beyond its range and infinities become ±448 rather than NaN; a float8_e5m2 NaN has every mantissa
+    bit set."""
+    if np_dtype == float8_e4m3fn.np and a.dtype != np_dtype and a.dtype.kind != "b":
+        a = np.clip(a if a.dtype.kind == "f" else a.astype(np.float32), -_E4M3FN_MAX, _E4M3FN_MAX)
+    out = a.astype(np_dtype)
+    if np_dtype == float8_e5m2.np:
+        out.view(np.uint8)[np.isnan(out)] |= 1
+    return out
+
 
 def from_array(a: np.ndarray, dtype: DType | None = None) -> Tensor:
     """Wrap a numpy array as a CPU tensor without copying when its layout allows (non-negative strides)."""
     dtype = dtype or dtype_from_numpy(a.dtype)
     if a.dtype != dtype.np:
-        a = a.astype(dtype.np)
+        a = cast_array(a, dtype.np)
     if a.flags.c_contiguous:
         shape = a.shape
         t = Tensor._make(Storage(a.reshape(-1), cpu, dtype, a.size), shape, _strides.contiguous_strides(shape), 0,
@@ -496,7 +510,7 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False, pin_me
             raise ValueError(f"tensor(): data is not rectangular (nested sequences of unequal length): {exc}") from None
         if arr.dtype.kind == "O":
             raise TypeError(f"tensor(): could not build a tensor from {type(data).__name__} of non-numbers")
-        out = from_array(arr.astype(dt.np), dt)
+        out = from_array(cast_array(arr, dt.np), dt)
     if device is not None and as_device(device) is not cpu:
         out = out.to(as_device(device))
     return out.requires_grad_(True) if requires_grad else out

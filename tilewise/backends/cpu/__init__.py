@@ -15,7 +15,7 @@ import numpy as np
 from tilewise._strides import broadcast_shapes, normalize_dims
 from tilewise.backends.cpu.render import render_numpy, run_quietly
 from tilewise.ops.expr import Expr, inputs_of
-from tilewise.tensor import Tensor, from_array
+from tilewise.tensor import Tensor, cast_array, from_array
 
 KERNELS: dict[str, object] = {}  # operator full name -> numpy implementation taking bound arguments
 
@@ -129,7 +129,7 @@ def run_pointwise(op, args: tuple):
     if res.shape != shape:
         res = np.broadcast_to(res, shape).copy()
     if res.dtype != out_dtype.np:
-        res = res.astype(out_dtype.np)
+        res = cast_array(res, out_dtype.np)
     return from_array(res, out_dtype)
 
 
@@ -172,7 +172,7 @@ def run_reduction(op, args: tuple):
     res = _REDUCERS[op.reduce](a, axis=dims, keepdims=keepdim) if ndim else a
     res = np.asarray(res)
     if res.dtype != out_dtype.np:
-        res = res.astype(out_dtype.np)
+        res = cast_array(res, out_dtype.np)
     return from_array(res, out_dtype)
 
 

@@ -7,12 +7,12 @@ import numpy as np
 from tilewise import _philox
 from tilewise.backends.cpu import kernel
 from tilewise.device import cpu
-from tilewise.tensor import Tensor, from_array
+from tilewise.tensor import Tensor, cast_array, from_array
 
 
 def _out(array, dtype) -> Tensor:
     array = np.asarray(array)
-    return from_array(array if array.dtype == dtype.np else array.astype(dtype.np), dtype)
+    return from_array(array, dtype)
 
 
 def _check_cpu(device, op: str) -> None:
@@ -24,6 +24,8 @@ def _check_cpu(device, op: str) -> None:
 
 @kernel("full")
 def full(size, fill_value, dtype=None, device=None):
+    if dtype.is_float8:
+        fill_value = cast_array(np.asarray(fill_value), dtype.np)
     return _out(np.full(size, fill_value, dtype=dtype.np), dtype)
 
 
@@ -56,7 +58,7 @@ def eye(n, m=None, dtype=None, device=None):
 def to_copy(self, dtype=None, device=None, non_blocking=False):
     dtype = dtype or self.dtype
     a = self._np()
-    out = _out(a.astype(dtype.np, copy=True) if a.dtype != dtype.np else a.copy(), dtype)
+    out = _out(cast_array(a, dtype.np) if a.dtype != dtype.np else a.copy(), dtype)
     if device is not None and device is not cpu:
         from tilewise.backends import backend_for
 

@@ -18,7 +18,7 @@ from tilewise.tensor import Tensor, from_array
 
 def _out(array, dtype) -> Tensor:
     array = np.asarray(array)
-    return from_array(array if array.dtype == dtype.np else array.astype(dtype.np), dtype)
+    return from_array(array, dtype)
 
 
 def _keys(t: Tensor) -> np.ndarray:
