@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tilewise import _strides as S
 from tilewise.autograd.function import Function
 from tilewise.compiler.capture import DataDependentError, Source, Traced, flatten, signature, trace, unflatten
 from tilewise.compiler.passes import dce, run_pipeline
@@ -33,6 +34,8 @@ from tilewise.compiler.passes.partition import partition
 from tilewise.compiler.program import Program, build_program
 from tilewise.config import log, settings
 from tilewise.dispatch import STATE
+from tilewise.device import Device, cpu
+from tilewise.storage import Storage
 from tilewise.tensor import Tensor, from_array
 
 MODES = ("default", "reduce-overhead", "max-autotune")
@@ -158,6 +161,8 @@ class Variant:
         self.entries = _entry_sources(self.traced)
         graph = self.forward.graph
         self.written = sorted({graph.inputs.index(i) for i, _ in graph.writes})
+        self.staged = frozenset(k for k, source in enumerate(self.entries)
+                                if source.kind == "arg" and k not in self.written)
 
     def run(self, flat: list):
         traced = self.traced
@@ -174,8 +179,8 @@ class Variant:
         traced, graph = self.traced, self.forward.graph
         tensors = [source.fetch(flat) for source in self.entries]
         inputs = [t._storage.data for t in tensors]
-        arrays = self.forward.run(inputs)
-        outputs = [from_array(a.reshape(node.type.shape), node.type.dtype) for a, node in zip(arrays, graph.outputs)]
+        arrays = self.forward.run(inputs, self.staged)
+        outputs = [_tensor(a, node) for a, node in zip(arrays, graph.outputs)]
         for k in self.written:
             tensors[k]._bump_version()
         for effect in traced.grad_effects:
@@ -191,12 +196,26 @@ class Variant:
         tangents = [_flat(grads[k]) for k in spec.outputs]
         saved = [inputs[k] if kind == "input" else arrays[k] for kind, k in self.saved]
         results = self.backward.run(tangents + saved)
-        return [from_array(a.reshape(node.type.shape), node.type.dtype)
-                for a, node in zip(results, self.backward.graph.outputs)]
+        return [_tensor(a, node) for a, node in zip(results, self.backward.graph.outputs)]
 
 
 def _flat(t: Tensor):
-    return np.ascontiguousarray(t.detach()._np()).reshape(-1)
+    """A tensor's elements as a program input: a flat array, or a device buffer holding them contiguously."""
+    if t._device.type == "cpu":
+        return np.ascontiguousarray(t.detach()._np()).reshape(-1)
+    if not (t.is_contiguous() and t._offset == 0):
+        t = t.detach().clone()
+    return t._storage.data
+
+
+def _tensor(data, node) -> Tensor:
+    """The tensor a program output is: a flat array on the CPU, a device buffer on CUDA."""
+    shape, dtype = node.type.shape, node.type.dtype
+    if isinstance(data, np.ndarray):
+        return from_array(data.reshape(shape), dtype)
+    device = node.type.device
+    storage = Storage(data, device, dtype, S.numel(shape))
+    return Tensor._make(storage, shape, S.contiguous_strides(shape), 0, dtype, device)
 
 
 class CompiledCall(Function):
@@ -283,16 +302,18 @@ class CompiledFunction:
         names, known = _module_tensors(self.module)
         states = optimizer_states(self.fn)
         traced = trace(self.fn, args, kwargs, names=names, known=known, states=states)
-        devices = {str(n.type.device) for n in traced.graph.inputs + traced.graph.body if not n.is_tuple}
-        if devices - {"cpu"}:
-            raise UnsupportedTargetError(f"it runs on {', '.join(sorted(devices - {'cpu'}))}, and the compiler's CUDA "
-                                    "target is not built yet (the CPU target generates C)")
+        target, device = _target(traced)
         guards = make_guards(traced, flat, spec, self.module, states)
         graph = run_pipeline(traced.graph)
+
+        def build(g, graphs: bool = True):
+            return build_program(g, target, device, graphs)
+
         if traced.backward is None:
-            return Variant(guards, traced, build_program(graph))
+            return Variant(guards, traced, build(graph))
+        # a differentiable call's programs exchange activations that are fresh on every call: no CUDA graphs
         parts = partition(graph, traced.backward.n_forward, traced.backward.tangents)
-        forward, backward = build_program(dce(parts.forward)), build_program(dce(parts.backward))
+        forward, backward = build(dce(parts.forward), False), build(dce(parts.backward), False)
         inputs = parts.forward.inputs
         saved = [("input", inputs.index(s)) if s not in parts.computed else
                  ("output", traced.backward.n_forward + parts.computed.index(s)) for s in parts.saved]
@@ -301,6 +322,20 @@ class CompiledFunction:
     def programs(self) -> list[Program]:
         """Every compiled program, forward and backward, of every variant."""
         return [p for v in self.variants for p in (v.forward, v.backward) if p is not None]
+
+
+def _target(traced: Traced) -> tuple[str, Device | None]:
+    """The code generation target of a traced function: "c" on the CPU, "cuda" on one CUDA device."""
+    devices = {n.type.device for n in traced.graph.inputs + traced.graph.body if not n.is_tuple}
+    if not devices or devices == {cpu}:
+        return "c", None
+    if len(devices) == 1:
+        (device,) = devices
+        if device.type == "cuda":
+            return "cuda", device
+    names = ", ".join(sorted(str(d) for d in devices))
+    raise UnsupportedTargetError(f"it uses tensors on {names}; a compiled function runs on the CPU or on one CUDA "
+                                 "device (move the tensors to one device, or leave the transfer outside it)")
 
 
 def _module_tensors(module) -> tuple[dict[int, str], list[Tensor]]:
@@ -313,8 +348,9 @@ def _module_tensors(module) -> tuple[dict[int, str], list[Tensor]]:
 def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = True, dynamic: bool = False):  # noqa: A001
     """Compile a function (or a module's forward) into fused kernels; returns a callable (a module stays one).
 
-    On the CPU target the three modes build the same programs: "reduce-overhead" (CUDA graphs) and
-    "max-autotune" (timed schedule candidates) concern the CUDA target.
+    Tensors on the CPU compile to C (OpenMP), tensors on one CUDA device to CUDA C (NVRTC), replayed as a
+    CUDA graph from the second call where every step can be captured. The three modes build the same
+    programs for now; "max-autotune" (timed schedule candidates) is not implemented yet.
 
     >>> import tilewise as tw
     >>> f = tw.compile(lambda x: x.relu() * 0.5 + 1)

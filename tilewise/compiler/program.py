@@ -107,11 +107,17 @@ class Program:
     kernels: list[Kernel]
     schedules: list[KernelSchedule]
     source: str
+    target: str = "c"
     arrays: list = field(default_factory=list)  # per buffer: the arena view, or None (bound per call)
     pointers: list = field(default_factory=list)
+    cuda: object = None  # the CUDA target's runtime (program_cuda.CudaRuntime)
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """Run on the inputs' flat storage arrays; return the flat output arrays."""
+    def run(self, inputs: list, staged: frozenset[int] = frozenset()) -> list:
+        """Run on the inputs' storage data (flat arrays; device buffers on CUDA); return the outputs' data.
+
+        ``staged``: input slots that are arguments of the compiled function (a CUDA graph copies them in)."""
+        if self.cuda is not None:
+            return self.cuda.run(inputs, staged)
         arrays, pointers = list(self.arrays), list(self.pointers)
         for k, buf in enumerate(self.plan.buffers):
             if buf.kind == "input":
@@ -132,41 +138,110 @@ class Program:
 
     @property
     def kernel_count(self) -> int:
-        return sum(isinstance(s, KernelStep) for s in self.steps)
+        return sum(getattr(s, "kernel", None) is not None for s in self.steps)
 
 
-def build_program(graph: Graph, target: str = "c") -> Program:
-    """Fuse, lower, schedule, render, compile and plan memory for an optimised graph."""
+@dataclass
+class Lowered:
+    """A program's generated code before anything is compiled or allocated."""
+
+    fused: Graph
+    kernels: dict[Node, Kernel]
+    schedules: list[KernelSchedule]
+    plan: MemoryPlan
+    source: str
+
+
+def lower_program(graph: Graph, target: str = "c") -> Lowered:
+    """Fuse, lower to kernel IR, plan memory, schedule and render for ``target`` ("c" or "cuda")."""
     fused = verify(fuse(graph), "fuse")
     log("graph", format_graph(fused, "after fuse"))
     kernels: dict[Node, Kernel] = {}
     for node in fused.body:
         if node.op == "fused":
             kernels[node] = lower(node.args[0])
-    schedules = [schedule(k, target) for k in kernels.values()]
-    source = render_program(schedules, LANGUAGES[target]) if schedules else ""
-    library = default_c_cache().load(source) if schedules else None
     plan = plan_memory(fused, kernels)
-    program = Program(fused, plan, _steps(fused, plan, kernels, library), list(kernels.values()), schedules, source)
-    _allocate_arena(program)
+    schedules = [schedule(k, target) for k in kernels.values()]
+    if not schedules:
+        source = ""
+    elif target == "cuda":
+        from tilewise.compiler.render.fused_cuda import render_program as render_cuda
+
+        source = render_cuda(schedules, _aliased_kernels(kernels, plan))
+    else:
+        source = render_program(schedules, LANGUAGES[target])
+    return Lowered(fused, kernels, schedules, plan, source)
+
+
+def _aliased_kernels(kernels: dict[Node, Kernel], plan: MemoryPlan) -> set[str]:
+    """Kernels two of whose parameters are one buffer (a value written in place of its input)."""
+    out = set()
+    for kernel in kernels.values():
+        buffers = [plan.of[v] for v in kernel.values]
+        if len(set(buffers)) != len(buffers):
+            out.add(kernel.name)
+    return out
+
+
+def build_program(graph: Graph, target: str = "c", device=None, graphs: bool = True) -> Program:
+    """Fuse, lower, schedule, render, compile and plan memory for an optimised graph."""
+    low = lower_program(graph, target)
+    fused, kernels, schedules, plan, source = low.fused, low.kernels, low.schedules, low.plan, low.source
+    if target == "cuda":
+        program = _cuda_program(low, device, graphs)
+    else:
+        library = default_c_cache().load(source) if schedules else None
+        program = Program(fused, plan, _steps(fused, plan, kernels, library), list(kernels.values()), schedules,
+                          source)
+        _allocate_arena(program)
     if "kernels" in settings.log:
         log("kernels", "\n\n".join([*(str(k) for k in program.kernels), *(s.describe() for s in schedules),
                                     program.describe(), source]))
     return program
 
 
-def _steps(fused: Graph, plan: MemoryPlan, kernels: dict[Node, Kernel], library) -> list:
+def _cuda_program(low: Lowered, device, graphs: bool) -> Program:
+    from tilewise.compiler import program_cuda as pc
+
+    fused, plan = low.fused, low.plan
+    functions = pc.compile_module(low.source, [k.name for k in low.kernels.values()], device) if low.kernels else {}
+    by_kernel = {s.kernel.name: s for s in low.schedules}
+    steps: list = []
+    for node, results in _step_nodes(fused):
+        if node.op == "fused":
+            kernel = low.kernels[node]
+            sched = by_kernel[kernel.name]
+            steps.append(pc.CudaKernelStep(kernel, functions[kernel.name], sched.grid, sched.block,
+                                           [plan.of[v] for v in kernel.values], sched.scratch_bytes, device))
+        else:
+            steps.append(pc.CudaExternStep(node, plan, results, device))
+    for copy in plan.copies:
+        steps.append(pc.CudaCopyStep(copy.value, plan.of[buffer_of(copy.value)], copy.dst, device))
+    program = Program(fused, plan, steps, list(low.kernels.values()), low.schedules, low.source, "cuda")
+    program.cuda = pc.CudaRuntime(program, device, graphs)
+    return program
+
+
+def _step_nodes(fused: Graph) -> list[tuple[Node, list]]:
+    """Each step node with the graph values its results are (getitems of a tuple-valued call)."""
     getitems: dict[Node, dict[int, Node]] = {}
     for node in fused.body:
         if node.op == "getitem":
             getitems.setdefault(node.srcs[0], {})[node.args[0]] = node
-    steps: list = []
+    out = []
     for node in steps_of(fused):
+        results = [node] if not node.is_tuple else [getitems.get(node, {}).get(k) for k in range(len(node.type))]
+        out.append((node, results))
+    return out
+
+
+def _steps(fused: Graph, plan: MemoryPlan, kernels: dict[Node, Kernel], library) -> list:
+    steps: list = []
+    for node, results in _step_nodes(fused):
         if node.op == "fused":
             kernel = kernels[node]
             steps.append(KernelStep(kernel, getattr(library, kernel.name), [plan.of[v] for v in kernel.values]))
         else:
-            results = [node] if not node.is_tuple else [getitems.get(node, {}).get(k) for k in range(len(node.type))]
             steps.append(ExternStep(node, plan, results))
     for copy in plan.copies:
         steps.append(CopyStep(copy.value, plan.of[buffer_of(copy.value)], copy.dst))

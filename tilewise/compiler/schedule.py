@@ -17,13 +17,32 @@ picks a strategy and records why, so ``TILEWISE_LOG=kernels`` shows the choice n
   sum and again in the normalisation), the earlier phase keeps it in a per-row buffer of at most
   ``SCRATCH_BYTES`` and the later one reads it back instead of recomputing it (``cache_across_phases``).
 
-The CUDA scheduler (grid/block mapping, 16-byte vector access, warp/block/split reductions) plugs in at
-``schedule`` beside the C one.
+* CUDA: every nest becomes a range of blocks of one launch (a kernel's nests are independent, so a
+  horizontally fused optimizer step is one launch), all with the kernel's block size. Each thread moves
+  ``vector`` adjacent elements along one domain dim with 16-byte loads and stores where every access that
+  walks that dim contiguously is aligned for it (other accesses load per lane, or once when they do not
+  vary along it). Three strategies:
+
+  - ``elements`` (no reduction): one vector of elements per thread over the flattened domain;
+  - ``rows``: a *team* of threads per output row folds the reduced elements (a warp, several rows per
+    block, for short rows; the whole block for long ones), combines partials with warp shuffles and one
+    shared-memory step, and every member holds the result for the next phase. When a row needs several
+    phases (softmax, layer_norm) and each thread's share is small, the row's loaded values stay in
+    registers from the first phase to the last: one pass over memory (``in_registers``);
+  - ``columns``: when the accesses are contiguous along the kept dims rather than the reduced ones (a sum
+    over the leading dim), 32 adjacent rows per block, one per lane, with the reduction spread over the
+    block's warps and combined through shared memory.
+
+  A few very long rows (a whole-tensor sum, a gradient norm) are *split*: several blocks fold a chunk of a
+  row each and write their partial result to the kernel's scratch memory; the last block to finish a row
+  (an atomic counter per row, which it resets for the next launch) combines the partials in chunk order
+  (the result does not depend on timing) and stores the row's results. Several phases over few very
+  long rows (a softmax over a million elements) stay one block per row; the dump says so.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tilewise import _strides as S
 from tilewise.compiler.kernel_ir import Index, Kernel, Nest, Reduce, Store
@@ -143,6 +162,24 @@ def _is_expensive(expr: Expr) -> bool:
     return any(n.op in EXPENSIVE for n in toposort(expr))
 
 
+@dataclass(frozen=True)
+class CudaPlan:
+    """How one nest maps onto CUDA blocks and threads (see the module note)."""
+
+    strategy: str  # "elements" | "rows" | "columns"
+    vector: int  # adjacent elements per thread access along ``vector_dim``
+    vector_dim: int | None
+    team: int  # threads sharing one row (1 for elements)
+    rows_per_block: int
+    blocks: int
+    steps: int  # per thread and row: trips over the reduced elements (vectors for rows)
+    in_registers: bool  # rows: loaded values kept in registers across phases
+    index: str  # C type of index arithmetic
+    split: int = 1  # rows: blocks sharing one row, each folding a chunk (see ``split_rows``)
+    chunk: int = 0  # elements of a row per block when split
+    scratch: int = 0  # byte offset of this nest's partial results and counters in the kernel's scratch
+
+
 @dataclass
 class NestSchedule:
     nest: Nest
@@ -151,6 +188,7 @@ class NestSchedule:
     simd: bool = False  # innermost loops vectorised
     notes: list[str] = field(default_factory=list)
     cached: list[Cached] = field(default_factory=list)  # values kept between phases, buffer scr<k> each
+    cuda: CudaPlan | None = None
 
 
 @dataclass
@@ -158,6 +196,12 @@ class KernelSchedule:
     kernel: Kernel
     target: str
     nests: list[NestSchedule]
+    block: int = 0  # CUDA: threads per block, shared by every nest of the kernel
+    scratch_bytes: int = 0  # CUDA: device memory for split reductions (zeroed once; kernels leave it zeroed)
+
+    @property
+    def grid(self) -> int:
+        return sum(ns.cuda.blocks for ns in self.nests)
 
     def describe(self) -> str:
         lines = [f"schedule of {self.kernel.name} for {self.target}:"]
@@ -165,6 +209,8 @@ class KernelSchedule:
             lines.append(f"  nest {k}: domain {list(ns.nest.shape)} reducing {list(ns.nest.reduce)}: "
                          f"{ns.parallel}" + (f" ({ns.chunks} chunks)" if ns.parallel == "split" else "")
                          + "".join(f"; {n}" for n in ns.notes))
+        if self.target == "cuda":
+            lines.append(f"  launch: {self.grid} block(s) of {self.block} threads")
         return "\n".join(lines)
 
 
@@ -189,12 +235,156 @@ def schedule_c(nest: Nest) -> NestSchedule:
     return NestSchedule(nest, parallel, SPLIT_CHUNKS if parallel == "split" else 0, True, notes, cached)
 
 
+# ---------------------------------------------------------------------------- CUDA
+
+POINTWISE_THREADS = 256
+MIN_ROW_BLOCK = 128  # a block of warp-per-row teams holds this many threads
+MAX_THREADS = 1024
+VECTORS_PER_THREAD = 4  # a row team is sized so each member folds about this many vectors
+REGISTER_ELEMENTS = 32  # per thread and load: what a row kept in registers may take
+VECTOR_BYTES = 16
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _accesses(nest: Nest) -> list[tuple[Index, DType]]:
+    return [(ld.index, ld.dtype) for ld in nest.loads] + [(st.index, st.dtype) for st in nest.stores]
+
+
+def vector_width(nest: Nest, dim: int | None) -> int:
+    """Elements per 16-byte access along ``dim``: every access walking it contiguously stays aligned."""
+    if dim is None:
+        return 1
+    contiguous = [(ix, dt) for ix, dt in _accesses(nest) if _stride(ix, dim) == 1]
+    if not contiguous:
+        return 1
+    width = VECTOR_BYTES // max(dt.itemsize for _, dt in contiguous)
+    while width > 1:
+        aligned = all(ix.offset % width == 0 and all(s % width == 0 for d, s in ix.terms if d != dim)
+                      for ix, _ in contiguous)
+        if nest.shape[dim] % width == 0 and aligned:
+            return width
+        width //= 2
+    return 1
+
+
+def _index_type(nest: Nest) -> str:
+    reach = max([S.numel(nest.shape)] + [ix.offset + sum(abs(s) * (nest.shape[d] - 1) for d, s in ix.terms)
+                                         for ix, _ in _accesses(nest)])
+    return "int" if reach < 2**31 - 1024 else "long long"
+
+
+def _prefer_columns(nest: Nest) -> bool:
+    """Accesses walk the innermost kept dim contiguously and never the innermost reduced one."""
+    outer = nest.outer
+    if not outer:
+        return False
+    last_reduced, last_kept = nest.reduce[-1], outer[-1]
+    accesses = _accesses(nest)
+    return (not any(_stride(ix, last_reduced) == 1 for ix, _ in accesses)
+            and any(_stride(ix, last_kept) == 1 for ix, _ in accesses))
+
+
+def _cuda_strategy(nest: Nest) -> tuple[str, int, int | None, int]:
+    """(strategy, vector, vector dim, preferred team or block size) of a coalesced nest."""
+    if not nest.reduce:
+        dim = nest.outer[-1] if nest.outer else None
+        return "elements", vector_width(nest, dim), dim, POINTWISE_THREADS
+    row = S.numel([nest.shape[d] for d in nest.reduce])
+    if _prefer_columns(nest):
+        return "columns", 1, None, 32 * min(32, _pow2_at_least(-(-row // 8)))
+    dim = nest.reduce[-1]
+    vector = vector_width(nest, dim)
+    team = min(MAX_THREADS, max(32, _pow2_at_least(-(-row // (vector * VECTORS_PER_THREAD)))))
+    return "rows", vector, dim, team
+
+
+SPLIT_MAX_ROWS = 64
+SPLIT_TARGET_BLOCKS = 512
+SPLIT_MIN_VECTORS = 8  # per thread and block: below this a row is not worth another block
+
+
+def split_rows(nest: Nest, plan: CudaPlan, block: int) -> CudaPlan:
+    """Share each of a few long rows among blocks when one phase folds it and only per-row values are stored."""
+    rows = S.numel([nest.shape[d] for d in nest.outer])
+    row = S.numel([nest.shape[d] for d in nest.reduce])
+    per_block = block * plan.vector * SPLIT_MIN_VECTORS
+    if (plan.strategy != "rows" or plan.rows_per_block != 1 or rows > SPLIT_MAX_ROWS or nest.phases != 1
+            or any(st.phase is not None for st in nest.stores) or row < 2 * per_block):
+        return plan
+    split = min(-(-row // per_block), max(2, SPLIT_TARGET_BLOCKS // rows))
+    chunk = -(-(-(-row // split)) // plan.vector) * plan.vector
+    split = -(-row // chunk)
+    return replace(plan, split=split, chunk=chunk, blocks=rows * split, steps=-(-chunk // (block * plan.vector)))
+
+
+def scratch_layout(nest: Nest, plan: CudaPlan, offset: int) -> tuple[CudaPlan, int]:
+    """Place a split nest's partials (per reduction, rows x split) and row counters at ``offset``."""
+    if plan.split == 1:
+        return plan, offset
+    rows = S.numel([nest.shape[d] for d in nest.outer])
+    start = offset
+    for r in nest.reductions:
+        offset += -(-rows * plan.split * r.dtype.itemsize // 16) * 16
+    offset += -(-rows * 4 // 16) * 16
+    return replace(plan, scratch=start), offset
+
+
+def _cuda_plan(nest: Nest, strategy: str, vector: int, dim: int | None, team: int, block: int) -> CudaPlan:
+    rows = S.numel([nest.shape[d] for d in nest.outer])
+    row = S.numel([nest.shape[d] for d in nest.reduce])
+    index = _index_type(nest)
+    if strategy == "elements":
+        blocks = -(-rows // (vector * block))
+        return CudaPlan(strategy, vector, dim, 1, 1, blocks, 1, False, index)
+    if strategy == "columns":
+        team = block // 32
+        return CudaPlan(strategy, 1, None, team, 32, -(-rows // 32), -(-row // team), False, index)
+    team = 32 if team <= 32 else block
+    per_block = block // team
+    steps = -(-row // (team * vector))
+    in_registers = nest.phases > 1 and steps * vector <= REGISTER_ELEMENTS
+    return CudaPlan(strategy, vector, dim, team, per_block, -(-rows // per_block), steps, in_registers, index)
+
+
+def schedule_cuda(kernel: Kernel) -> KernelSchedule:
+    nests = [coalesce(n) for n in kernel.nests]
+    strategies = [_cuda_strategy(n) for n in nests]
+    block = max(max(MIN_ROW_BLOCK, t) if s == "rows" else t for s, _, _, t in strategies)
+    out = []
+    scratch = 0
+    for nest, (strategy, vector, dim, team) in zip(nests, strategies):
+        plan = split_rows(nest, _cuda_plan(nest, strategy, vector, dim, team, block), block)
+        plan, scratch = scratch_layout(nest, plan, scratch)
+        notes = [f"{plan.blocks} block(s)", f"{plan.vector} element(s) per access" + (
+            f" along d{dim}" if plan.vector > 1 else "")]
+        if strategy != "elements":
+            rows = S.numel([nest.shape[d] for d in nest.outer])
+            notes.insert(0, f"{rows} row(s) of {S.numel([nest.shape[d] for d in nest.reduce])}")
+            notes.append(f"{plan.team} thread(s) per row, {plan.rows_per_block} row(s) per block, "
+                         f"{plan.steps} trip(s) each")
+            if plan.in_registers:
+                notes.append("row kept in registers across phases")
+            if plan.split > 1:
+                notes.append(f"each row split over {plan.split} blocks of {plan.chunk} elements")
+            elif strategy == "rows" and rows < SPLIT_MAX_ROWS and plan.steps > 64:
+                notes.append("few long rows over several phases: one block each")
+        if plan.index != "int":
+            notes.append("64-bit indexing")
+        out.append(NestSchedule(nest, strategy, 0, plan.vector > 1, notes, [], plan))
+    return KernelSchedule(kernel, "cuda", out, block, scratch)
+
+
 SCHEDULERS = {"c": schedule_c}
 
 
 def schedule(kernel: Kernel, target: str) -> KernelSchedule:
+    if target == "cuda":
+        return schedule_cuda(kernel)
     try:
         scheduler = SCHEDULERS[target]
     except KeyError:
-        raise NotImplementedError(f"no scheduler for target {target!r}; targets: {sorted(SCHEDULERS)}") from None
+        raise NotImplementedError(f"no scheduler for target {target!r}; targets: {sorted(SCHEDULERS)} and cuda") from None
     return KernelSchedule(kernel, target, [scheduler(nest) for nest in kernel.nests])

@@ -252,6 +252,16 @@ def gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, epilogue: str = "none
 
     ``epilogue``: "none", "bias", "relu_bias", "gelu_bias" (GELU with the tanh approximation), "relu", "gelu".
     """
+    return _gemm(a, b, bias, epilogue, None)[0]
+
+
+def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None, epilogue: str = "none") -> bool:
+    """:func:`gemm` writing into ``out`` (contiguous, of the product's shape and dtype); whether it had to
+    copy an operand first (a layout cuBLASLt cannot read), which allocates memory."""
+    return _gemm(a, b, bias, epilogue, out)[1]
+
+
+def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor | None) -> tuple[Tensor, bool]:
     device = a._device
     a_ptr, b_ptr = data_ptr(a), data_ptr(b)
     key = (device.index, a._dtype, a._shape, a._strides, b._shape, b._strides, epilogue, _alignment(a_ptr),
@@ -260,9 +270,16 @@ def gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, epilogue: str = "none
     stream = stream_handle(device.index)
     if call is None:
         call = _calls[key] = _call(a, b, bias, epilogue, stream)
-    out = empty_fast(call.out_shape, call.out_strides, call.numel, a._dtype, device, stream)
+    if into is None:
+        out = empty_fast(call.out_shape, call.out_strides, call.numel, a._dtype, device, stream)
+    elif into._shape != call.out_shape or into._strides != call.out_strides or into._dtype is not a._dtype:
+        raise ValueError(f"gemm_into: out is {list(into._shape)} strides {list(into._strides)} {into._dtype.name}; "
+                         f"the product needs a contiguous {list(call.out_shape)} {a._dtype.name}")
+    else:
+        out = into
     if call.plan is None:
-        return _degenerate(out, bias, epilogue)
+        return _degenerate(out, bias, epilogue), False
+    copied = call.copy_a or call.copy_b
     if call.copy_a:
         a = _copied(a)
         a_ptr = data_ptr(a)
@@ -272,7 +289,7 @@ def gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, epilogue: str = "none
     ctx = _contexts[device.index]
     _run(call.plan, ctx.handle, a_ptr, b_ptr, data_ptr(out), data_ptr(bias) if bias is not None else 0,
          data_ptr(ctx.workspace), stream)
-    return out
+    return out, copied
 
 
 def _copied(x: Tensor) -> Tensor:

@@ -1,0 +1,162 @@
+"""tilewise.compile's CUDA target: schedules (checked anywhere) and programs, graphs and numerics (on a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilewise as tw
+import tilewise.nn.functional as F
+from tilewise.compiler.capture import trace
+from tilewise.compiler.passes import run_pipeline
+from tilewise.compiler.program import lower_program
+
+
+def cuda_plans(fn, *args):
+    low = lower_program(run_pipeline(trace(fn, args, {}).graph), "cuda")
+    return low, [ns.cuda for s in low.schedules for ns in s.nests]
+
+
+# ---------------------------------------------------------------------------- schedules (no GPU needed)
+
+def test_seed_chain_is_one_vectorised_elementwise_kernel():
+    low, plans = cuda_plans(lambda x: x.relu() * 0.5 + 1, tw.randn(4096, 4096))
+    (plan,) = plans
+    assert len(low.kernels) == 1 and plan.strategy == "elements" and plan.vector == 4
+    assert "tw_vec<float, 4>" in low.source
+
+
+def test_bf16_softmax_keeps_its_row_in_registers():
+    low, plans = cuda_plans(lambda x: x.float().softmax(-1).bfloat16(), tw.randn(64, 4096).bfloat16())
+    (plan,) = plans
+    assert len(low.kernels) == 1
+    assert (plan.strategy, plan.vector, plan.in_registers) == ("rows", 8, True)
+    assert plan.team * plan.vector * plan.steps >= 4096
+
+
+def test_residual_layer_norm_is_one_kernel():
+    w, b = tw.randn(768), tw.randn(768)
+    low, plans = cuda_plans(lambda x, r: F.layer_norm(x + r, (768,), w, b), tw.randn(64, 768), tw.randn(64, 768))
+    assert len(low.kernels) == 1 and plans[0].strategy == "rows" and plans[0].in_registers
+
+
+def test_sum_over_the_leading_dim_reads_columns():
+    _, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(8192, 768))
+    assert plan.strategy == "columns" and plan.rows_per_block == 32
+
+
+def test_a_whole_tensor_sum_is_split_across_blocks():
+    low, (plan,) = cuda_plans(lambda x: (x * x).sum(), tw.randn(1 << 22))
+    assert plan.split > 1 and plan.blocks == plan.split
+    assert low.schedules[0].scratch_bytes > 0 and "atomicAdd" in low.source
+
+
+def test_a_kernel_writing_in_place_of_its_input_drops_restrict():
+    def step(p, g):
+        p.sub_(g * 0.1)
+
+    low, _ = cuda_plans(step, tw.randn(1024), tw.randn(1024))
+    (kernel,) = low.kernels.values()
+    signature = low.source.split(f" {kernel.name}(", 1)[1].split(")", 1)[0]
+    assert len({low.plan.of[v] for v in kernel.values}) < len(kernel.values), "p is written in place"
+    assert "__restrict__" not in signature
+
+
+# ---------------------------------------------------------------------------- programs on the GPU
+
+def _close(a, b, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(a.detach().cpu().float().numpy(), b.detach().cpu().float().numpy(), rtol=rtol,
+                               atol=atol)
+
+
+def _runtime(f):
+    (program,) = f.programs()
+    return program.cuda
+
+
+@pytest.mark.cuda
+def test_seed_chain_on_cuda_replays_a_graph_with_fresh_arguments():
+    f = tw.compile(lambda x: x.relu() * 0.5 + 1)
+    for _ in range(3):
+        x = tw.randn(1024, 1024, device="cuda")
+        _close(f(x), x.relu() * 0.5 + 1)
+    runtime = _runtime(f)
+    assert len(runtime.graphs) == 1 and not runtime.why_not
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(64, 4096), (1000, 100), (3, 70000)])
+def test_softmax_on_cuda(shape):
+    f = tw.compile(lambda x: x.softmax(-1))
+    x = tw.randn(*shape, device="cuda")
+    _close(f(x), x.softmax(-1), 1e-5, 1e-7)
+
+
+@pytest.mark.cuda
+def test_bf16_softmax_and_layer_norm_on_cuda():
+    x = tw.randn(256, 4096, device="cuda").bfloat16()
+    f = tw.compile(lambda x: x.float().softmax(-1).bfloat16())
+    _close(f(x), x.float().softmax(-1).bfloat16(), 1e-2, 1e-3)
+    w, b = tw.randn(4096, device="cuda"), tw.randn(4096, device="cuda")
+    g = tw.compile(lambda x, r: F.layer_norm(x.float() + r.float(), (4096,), w, b).bfloat16())
+    r = tw.randn(256, 4096, device="cuda").bfloat16()
+    _close(g(x, r), F.layer_norm(x.float() + r.float(), (4096,), w, b).bfloat16(), 2e-2, 2e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [1000, 1 << 22, 12345679])
+def test_split_whole_tensor_sum_on_cuda(n):
+    f = tw.compile(lambda x: (x * x).sum())
+    x = tw.randn(n, device="cuda", dtype=tw.float64)
+    for _ in range(3):  # the counters are left zeroed for the next launch and the next replay
+        _close(f(x), (x * x).sum(), 1e-10, 0)
+
+
+@pytest.mark.cuda
+def test_column_and_middle_reductions_on_cuda():
+    x = tw.randn(8192, 768, device="cuda")
+    _close(tw.compile(lambda x: x.sum(0))(x), x.sum(0), 1e-4, 1e-4)
+    y = tw.randn(10, 20, 30, device="cuda")
+    _close(tw.compile(lambda y: y.amax(1) - y.amin(1))(y), y.amax(1) - y.amin(1))
+    _close(tw.compile(lambda y: y.var(-1))(y), y.var(-1), 1e-5, 1e-6)
+
+
+@pytest.mark.cuda
+def test_matmul_inside_a_compiled_function_is_captured():
+    w = tw.randn(512, 256, device="cuda")
+
+    def f(x):
+        return (x @ w).relu().sum(-1)
+
+    compiled = tw.compile(f)
+    for _ in range(3):
+        x = tw.randn(128, 512, device="cuda")
+        _close(compiled(x), f(x), 1e-4, 1e-3)
+    assert len(_runtime(compiled).graphs) == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_whole_training_step_on_cuda_matches_eager(optimizer):
+    def make():
+        tw.manual_seed(0)
+        model = tw.nn.Sequential(tw.nn.Linear(64, 128), tw.nn.GELU(), tw.nn.Linear(128, 10)).to("cuda")
+        opt = (tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd"
+               else tw.optim.AdamW(model.parameters(), lr=1e-2))
+        return model, opt
+
+    data = [(tw.randn(32, 64, device="cuda"), tw.randint(0, 10, (32,), device="cuda")) for _ in range(6)]
+    losses = {}
+    for mode in ("eager", "compiled"):
+        model, opt = make()
+
+        def step(x, y, model=model, opt=opt):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        run = tw.compile(step) if mode == "compiled" else step
+        losses[mode] = [float(run(x, y).item()) for x, y in data]
+    np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-4, atol=1e-5)

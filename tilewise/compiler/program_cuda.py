@@ -1,0 +1,269 @@
+"""Programs on the CUDA target: planned device buffers, kernel launches, library calls, CUDA graphs.
+
+[Note: CUDA programs] A CUDA ``Program`` has the same steps as a CPU one over the same memory plan, with
+device memory: the arena is one device allocation made when the program is built; output buffers come
+from the caching allocator on every call; inputs are the callers' storages. A generated kernel is one
+``cuLaunchKernel`` of the program's module; ``mm``/``bmm`` call cuBLASLt writing straight into their
+planned buffer; other library operators run through the eager CUDA backend on tensors viewing the
+planned buffers, their results copied in.
+
+CUDA graphs: from the second call on, a program whose steps are all capturable (generated kernels,
+GEMMs that need no operand copy, end-of-call copies) is captured once into a CUDA graph and replayed,
+so a call costs one ``cuGraphLaunch`` instead of a launch per step. A graph bakes in addresses, so:
+arguments of the compiled function are copied into static staging buffers the graph reads (one
+device-to-device copy each, as torch's CUDA graphs do); the other inputs (parameters, gradients,
+optimizer state: what a training step updates in place) are read where they live, and a graph is kept
+per set of their addresses (a few; beyond that the program stops capturing); outputs are written to the
+graph's own buffers and copied to fresh ones for the caller. ``TILEWISE_LOG=graphs`` reports captures
+and why a program is not captured.
+"""
+
+from __future__ import annotations
+
+from tilewise.backends.cuda import DeviceBuffer, stream_handle
+from tilewise.backends.cuda.runtime import Stream, check, copy_dtod, get_device_properties
+from tilewise.backends.cuda.runtime.driver import driver_api
+from tilewise.compiler.ir import Node
+from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry
+from tilewise.compiler.passes.memory import MemoryPlan
+from tilewise.config import log
+from tilewise.device import Device
+from tilewise.storage import Storage
+from tilewise.tensor import Tensor
+
+MAX_GRAPHS = 4
+
+
+class Borrowed:
+    """Device memory a tensor views without owning it (a planned buffer)."""
+
+    __slots__ = ("nbytes", "ptr")
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.ptr, self.nbytes = ptr, nbytes
+
+
+def device_tensor(ptr: int, value: Node, geom: tuple, device: Device) -> Tensor:
+    """A CUDA tensor viewing planned buffer memory at ``ptr`` with a value's geometry."""
+    dtype = value.type.dtype
+    shape, strides, offset = geom
+    size = max((offset + sum((n - 1) * s for n, s in zip(shape, strides) if n)) + 1, 0) if all(shape) else 0
+    storage = Storage(Borrowed(ptr, size * dtype.itemsize), device, dtype, size)
+    return Tensor._make(storage, tuple(shape), tuple(strides), offset, dtype, device)
+
+
+class CudaKernelStep:
+    capturable = True
+
+    def __init__(self, kernel: Kernel, function, grid: int, block: int, buffers: list[int], scratch_bytes: int,
+                 device: Device):
+        self.kernel, self.function, self.grid, self.block, self.buffers = kernel, function, grid, block, buffers
+        self.scratch = None
+        if scratch_bytes:  # split reductions' partials and counters: zero once, each launch leaves it zeroed
+            stream = stream_handle(device.index)
+            self.scratch = DeviceBuffer(scratch_bytes, device.index, stream)
+            check(driver_api().cuMemsetD8Async(self.scratch.ptr, 0, scratch_bytes, stream), "cuMemsetD8Async")
+        self.extra = [self.scratch.ptr] if self.scratch is not None else []
+
+    def run(self, pointers: list, stream: int) -> None:
+        from tilewise.backends.cuda.kernels import launch
+
+        launch(self.function, self.grid, self.block, [pointers[b] for b in self.buffers] + self.extra, stream)
+
+    def describe(self) -> str:
+        return f"launch {self.kernel.name}<<<{self.grid}, {self.block}>>>({', '.join(f'b{b}' for b in self.buffers)})"
+
+
+class CudaExternStep:
+    """A library operator: cuBLASLt for mm/bmm into the planned buffer, else the eager CUDA backend."""
+
+    def __init__(self, node: Node, plan: MemoryPlan, results: list[Node | None], device: Device):
+        self.node, self.op, self.device = node, node.opdef, device
+        self.inputs = [(plan.of[buffer_of(s)], s, geometry(s)) for s in node.srcs]
+        self.outputs = [(plan.of[r], r) if r is not None else None for r in results]
+        from tilewise.backends.cuda.matmul import SUPPORTED
+
+        self.gemm = node.op in ("mm", "bmm") and node.type.dtype.name in SUPPORTED
+        self.capturable = False  # a GEMM becomes capturable once a run showed it needs no operand copies
+
+    def run(self, pointers: list, stream: int) -> None:
+        tensors = [device_tensor(pointers[b], value, geom, self.device) for b, value, geom in self.inputs]
+        if self.gemm:
+            from tilewise.backends.cuda.matmul import gemm_into
+
+            buffer, value = self.outputs[0]
+            out = device_tensor(pointers[buffer], value, geometry(value), self.device)
+            self.capturable = not gemm_into(out, tensors[0], tensors[1])
+            return
+        from tilewise.backends.cuda import run as cuda_run
+        from tilewise.backends.cuda.kernels.copy import copy_into
+
+        result = cuda_run(self.op, self.node.bound_args(tensors), self.device)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        for out, produced in zip(self.outputs, results):
+            if out is not None:
+                buffer, value = out
+                copy_into(device_tensor(pointers[buffer], value, geometry(value), self.device), produced)
+
+    def describe(self) -> str:
+        outs = ", ".join(f"b{o[0]}" for o in self.outputs if o is not None)
+        what = "cuBLASLt" if self.gemm else "eager"
+        return f"call {self.node.op} [{what}]({', '.join(f'b{b}' for b, _, _ in self.inputs)}) -> {outs}"
+
+
+class CudaCopyStep:
+    capturable = True
+
+    def __init__(self, value: Node, src: int, dst: int, device: Device):
+        self.value, self.src, self.dst, self.device = value, src, dst, device
+        self.geometry = geometry(value)
+
+    def run(self, pointers: list, stream: int) -> None:
+        from tilewise import _strides as S
+        from tilewise.backends.cuda.kernels.copy import copy_into
+
+        shape = self.value.type.shape
+        dst = device_tensor(pointers[self.dst], self.value, (shape, S.contiguous_strides(shape), 0), self.device)
+        copy_into(dst, device_tensor(pointers[self.src], self.value, self.geometry, self.device))
+
+    def describe(self) -> str:
+        return f"copy b{self.src} -> b{self.dst}"
+
+
+class _Graph:
+    """One captured CUDA graph: its executable and the static output buffers it writes."""
+
+    def __init__(self, exec_handle, graph_handle, outputs: list[DeviceBuffer]):
+        self.exec, self.graph, self.outputs = exec_handle, graph_handle, outputs
+
+    def __del__(self) -> None:
+        try:
+            cu = driver_api()
+            cu.cuGraphExecDestroy(self.exec)
+            cu.cuGraphDestroy(self.graph)
+        except Exception:  # noqa: S110 — at interpreter shutdown the driver may already be gone
+            pass
+
+
+class CudaRuntime:
+    """The CUDA half of a ``Program``: the module, the device arena, running the steps, graphs."""
+
+    def __init__(self, program, device: Device, use_graphs: bool):
+        self.program, self.device = program, device
+        self.use_graphs = use_graphs
+        self.graphs: dict[tuple, _Graph] = {}
+        self.staging: dict[int, DeviceBuffer] = {}
+        self.calls = 0
+        self.why_not = "" if use_graphs else "CUDA graphs off"
+        plan = program.plan
+        stream = stream_handle(device.index)
+        self.arena = DeviceBuffer(max(plan.arena_bytes, 1), device.index, stream)
+        self.base_pointers = [self.arena.ptr + b.slot if b.kind == "arena" else 0 for b in plan.buffers]
+
+    # ------------------------------------------------------------------ eager walk
+    def _bind(self, inputs: list, stream: int) -> tuple[list, list]:
+        plan = self.program.plan
+        pointers = list(self.base_pointers)
+        outputs = []
+        for k, buf in enumerate(plan.buffers):
+            if buf.kind == "input":
+                pointers[k] = inputs[buf.slot].ptr
+            elif buf.kind == "output":
+                out = DeviceBuffer(buf.ty.nbytes, self.device.index, stream)
+                outputs.append(out)
+                pointers[k] = out.ptr
+        return pointers, outputs
+
+    def _walk(self, pointers: list, stream: int) -> None:
+        for step in self.program.steps:
+            step.run(pointers, stream)
+
+    def run(self, inputs: list, staged: frozenset[int]) -> list:
+        stream = stream_handle(self.device.index)
+        self.calls += 1
+        if self.use_graphs and self.calls > 1 and not self.why_not:
+            replayed = self._replay(inputs, staged, stream)
+            if replayed is not None:
+                return replayed
+        pointers, outputs = self._bind(inputs, stream)
+        self._walk(pointers, stream)
+        if self.use_graphs and not self.why_not:
+            blockers = [s for s in self.program.steps if not s.capturable]
+            if blockers:
+                self.why_not = f"{blockers[0].describe()} cannot be captured"
+                log("graphs", f"program not captured into a CUDA graph: {self.why_not}")
+        return outputs
+
+    # ------------------------------------------------------------------ graphs
+    def _replay(self, inputs: list, staged: frozenset[int], stream: int) -> list | None:
+        plan = self.program.plan
+        input_slots = [(k, b.slot) for k, b in enumerate(plan.buffers) if b.kind == "input"]
+        key = tuple(inputs[slot].ptr for _, slot in input_slots if slot not in staged)
+        graph = self.graphs.get(key)
+        if graph is None:
+            if len(self.graphs) >= MAX_GRAPHS:
+                self.why_not = f"more than {MAX_GRAPHS} sets of input addresses"
+                log("graphs", f"program stops using CUDA graphs: {self.why_not}")
+                return None
+            graph = self._capture(inputs, staged, input_slots, stream)
+            self.graphs[key] = graph
+        for k, slot in input_slots:
+            if slot in staged:
+                copy_dtod(self.staging[slot].ptr, inputs[slot].ptr, plan.buffers[k].ty.nbytes, stream)
+        check(driver_api().cuGraphLaunch(graph.exec, stream), "cuGraphLaunch")
+        results = []
+        for buf, static in zip(self._output_buffers(), graph.outputs):
+            out = DeviceBuffer(buf.ty.nbytes, self.device.index, stream)
+            if buf.ty.nbytes:
+                copy_dtod(out.ptr, static.ptr, buf.ty.nbytes, stream)
+            results.append(out)
+        return results
+
+    def _output_buffers(self) -> list:
+        return [b for b in self.program.plan.buffers if b.kind == "output"]
+
+    def _capture(self, inputs: list, staged: frozenset[int], input_slots: list, stream: int) -> _Graph:
+        from tilewise.backends.cuda.runtime.stream import stream as using
+
+        plan = self.program.plan
+        index = self.device.index
+        for k, slot in input_slots:
+            if slot in staged and slot not in self.staging:
+                self.staging[slot] = DeviceBuffer(plan.buffers[k].ty.nbytes, index, stream)
+        pointers = list(self.base_pointers)
+        for k, slot in input_slots:
+            pointers[k] = self.staging[slot].ptr if slot in staged else inputs[slot].ptr
+        outputs = []
+        for k, buf in enumerate(plan.buffers):
+            if buf.kind == "output":
+                out = DeviceBuffer(buf.ty.nbytes, index, stream)
+                outputs.append(out)
+                pointers[k] = out.ptr
+        cu = driver_api()
+        capture = Stream(index)
+        check(cu.cuStreamBeginCapture(capture.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED),
+              "cuStreamBeginCapture")
+        try:
+            with using(capture):
+                self._walk(pointers, capture.handle)
+        finally:
+            graph = check(cu.cuStreamEndCapture(capture.handle), "cuStreamEndCapture")
+        executable = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        log("graphs", f"captured a CUDA graph of {len(self.program.steps)} step(s) "
+                      f"({len(self.graphs) + 1} graph(s) for this program)")
+        return _Graph(executable, graph, outputs)
+
+
+def compile_module(source: str, names: list[str], device: Device) -> dict:
+    """Compile a program's CUDA source for ``device`` (through the kernel cache) and load its kernels."""
+    from tilewise.compiler.toolchain import compile_cached, load_module
+
+    arch = get_device_properties(device.index).arch
+    compiled = compile_cached(source, names, arch)
+    module = load_module(compiled.cubin, device.index)
+    functions = {}
+    for name in names:
+        fn = module.get_function(name)
+        fn.source = source
+        functions[name] = fn
+    return functions

@@ -1,0 +1,419 @@
+"""Rendering the compiler's fused kernels as CUDA C, following the CUDA schedule.
+
+[Note: fused CUDA kernels] One ``__global__`` function per kernel; its nests own consecutive ranges of
+``blockIdx.x`` (``tw_block`` counts blocks within the nest). Expressions, loads, stores, literals and
+per-type helpers come from ``cstyle`` exactly as for the eager kernels and the C target; the combine step
+of a reduction is the combiner's own scalar operator (``fold_helper``), so NaN propagates as in eager.
+What is CUDA's own is the thread mapping (``CudaPlan``): per thread, ``vector`` lanes along one dim (one
+16-byte access for each buffer walked contiguously, one load for a buffer constant along that dim, one
+access per lane otherwise), the lanes rendered one after another with their own statement names; and
+for reductions, teams of threads folding a row, combined by shuffles (``__shfl_xor_sync``, so every
+member ends with the total) and shared memory. All sizes and strides are literals: a kernel is compiled
+for one set of shapes, like the program it belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tilewise import _strides as S
+from tilewise.compiler.kernel_ir import Index, Kernel, Load
+from tilewise.compiler.render.cstyle import ExprRenderer, Source, compute_of, literal, load_code, store_code
+from tilewise.compiler.render.cuda import CUDA, identity
+from tilewise.compiler.render.fused import LoopStyle, fold_helper
+from tilewise.compiler.schedule import KernelSchedule, NestSchedule
+from tilewise.dtypes import DType
+from tilewise.ops.expr import Expr, toposort
+
+_FOLDS = LoopStyle(parallel="", parallel_simd="", simd="", reduction="", declare_reduction="",
+                   builtin_reductions={}, prelude="")
+
+_SHUFFLE_XOR = """#ifndef TW_SHUFFLE_XOR_DEFINED
+#define TW_SHUFFLE_XOR_DEFINED
+template <typename T> static __device__ __forceinline__ T tw_shfl_xor(T v, int s) {
+    return __shfl_xor_sync(0xffffffffu, v, s);
+}
+template <> __device__ __forceinline__ bool tw_shfl_xor<bool>(bool v, int s) {
+    return __shfl_xor_sync(0xffffffffu, (int)v, s) != 0;
+}
+#endif"""
+
+
+class _Writer:
+    def __init__(self, depth: int = 1):
+        self.lines: list[str] = []
+        self.depth = depth
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def open(self, text: str) -> None:
+        self.line(text + " {")
+        self.depth += 1
+
+    def close(self, tail: str = "") -> None:
+        self.depth -= 1
+        self.line("}" + tail)
+
+
+def _stride(index: Index, dim: int | None) -> int:
+    return dict(index.terms).get(dim, 0) if dim is not None else 0
+
+
+def _index_code(index: Index, idx: str) -> str:
+    parts = [f"d{d}" if s == 1 else f"({idx}){s} * d{d}" for d, s in index.terms]
+    if index.offset or not parts:
+        parts.append(f"({idx}){index.offset}")
+    return " + ".join(parts)
+
+
+@dataclass
+class _Access:
+    """How one buffer access is made per thread: one vector, one scalar for all lanes, or per lane."""
+
+    how: str  # "vector" | "shared" | "lanes"
+    stride: int  # along the vector dim
+
+
+class _Nest:
+    def __init__(self, kernel: Kernel, ns: NestSchedule, k: int, source: Source, block: int, w: _Writer):
+        self.kernel, self.ns, self.nest, self.k = kernel, ns, ns.nest, k
+        self.plan = ns.cuda
+        self.source, self.block, self.w = source, block, w
+        self.idx = self.plan.index
+        self.folds = [fold_helper(source, _FOLDS, r.combiner, r.dtype)[0] for r in self.nest.reductions]
+
+    # ------------------------------------------------------------------ accesses
+    def access(self, index: Index) -> _Access:
+        s = _stride(index, self.plan.vector_dim)
+        if self.plan.vector == 1 or s == 0:
+            return _Access("shared", s)
+        return _Access("vector" if s == 1 else "lanes", s)
+
+    def param(self, k: int) -> str:
+        return self.kernel.params[k].name
+
+    def vec_type(self, dtype: DType) -> str:
+        return f"tw_vec<{CUDA.ctype(dtype)}, {self.plan.vector}>"
+
+    def load_lanes(self, j: int, load: Load, suffix: str, lanes: int) -> list[str]:
+        """Emit the load ``j`` for ``lanes`` lanes; return each lane's C name."""
+        ctype = CUDA.ctype(compute_of(load.dtype))
+        where = _index_code(load.index, self.idx)
+        name = f"x{j}{suffix}"
+        acc = self.access(load.index)
+        if acc.how == "shared" or lanes == 1:
+            code = load_code(CUDA, load.dtype, f"{self.param(load.param)}[{where}]")
+            self.w.line(f"const {ctype} {name} = ({ctype})({code});")
+            return [name] * lanes
+        if acc.how == "vector":
+            vt = self.vec_type(load.dtype)
+            self.w.line(f"const {vt} {name}v = *reinterpret_cast<const {vt}*>({self.param(load.param)} + {where});")
+            stored = [f"{name}v.v[{v}]" for v in range(lanes)]
+        else:
+            stored = [f"{self.param(load.param)}[{where} + ({self.idx}){v * acc.stride}]" for v in range(lanes)]
+        names = []
+        for v, code in enumerate(stored):
+            self.w.line(f"const {ctype} {name}_{v} = ({ctype})({load_code(CUDA, load.dtype, code)});")
+            names.append(f"{name}_{v}")
+        return names
+
+    def lanes(self, exprs: list[Expr], leaves: dict, suffix: str, cached: dict | None = None) -> list[list]:
+        """Render ``exprs`` for every lane (loads first); per lane, the (code, type) of each expression."""
+        lanes = self.plan.vector
+        used = sorted({n.arg for e in exprs for n in toposort(e) if n.op == "input"})
+        per_lane = [dict(leaves) for _ in range(lanes)]
+        for j in used:
+            load = self.nest.loads[j]
+            if cached is not None and j in cached:
+                names = cached[j]
+            else:
+                names = self.load_lanes(j, load, suffix, lanes)
+            for v in range(lanes):
+                per_lane[v][("input", j)] = (names[v], compute_of(load.dtype))
+        results = []
+        for v in range(lanes):
+            renderer = ExprRenderer(self.source, per_lane[v], f"{suffix}_{v}")
+            results.append([renderer.render(e) for e in exprs])
+            for line in renderer.lines:
+                self.w.line(line)
+        return results
+
+    def store_lanes(self, stores: list, results: list[list], offset: int) -> None:
+        """Write each store's lanes (``results[lane][offset + s]``)."""
+        for s, st in enumerate(stores):
+            param, where = self.param(st.param), _index_code(st.index, self.idx)
+            acc = self.access(st.index)
+            codes = [store_code(CUDA, st.dtype, *results[v][offset + s]) for v in range(self.plan.vector)]
+            if acc.how == "vector":
+                vt = self.vec_type(st.dtype)
+                self.w.line(f"{{ {vt} o; " + " ".join(f"o.v[{v}] = {c};" for v, c in enumerate(codes))
+                            + f" *reinterpret_cast<{vt}*>({param} + {where}) = o; }}")
+            elif acc.how == "shared":
+                self.w.line(f"{param}[{where}] = {codes[-1]};")
+            else:
+                for v, c in enumerate(codes):
+                    self.w.line(f"{param}[{where} + ({self.idx}){v * acc.stride}] = {c};")
+
+    # ------------------------------------------------------------------ coordinates
+    def decompose(self, var: str, dims: tuple[int, ...]) -> None:
+        """Declare ``d<k>`` for ``dims`` from ``var``, their row-major linear index."""
+        rest = var
+        for pos in range(len(dims) - 1, -1, -1):
+            d = dims[pos]
+            extent = self.nest.shape[d]
+            if pos == 0:
+                self.w.line(f"const {self.idx} d{d} = {rest};")
+            else:
+                self.w.line(f"const {self.idx} d{d} = {rest} % {extent};")
+                inner = f"{var}_{pos}"
+                self.w.line(f"const {self.idx} {inner} = {rest} / {extent};")
+                rest = inner
+
+    # ------------------------------------------------------------------ strategies
+    def render(self) -> None:
+        getattr(self, self.plan.strategy)()
+
+    def elements(self) -> None:
+        nest, plan, idx = self.nest, self.plan, self.idx
+        n = S.numel(nest.shape)
+        self.w.line(f"const {idx} e = (({idx})tw_block * {self.block} + threadIdx.x) * {plan.vector};")
+        self.w.open(f"if (e < ({idx}){n})")
+        self.decompose("e", nest.outer)
+        results = self.lanes([st.value for st in nest.stores], {}, "")
+        self.store_lanes(nest.stores, results, 0)
+        self.w.close()
+
+    # rows and columns share the per-row skeleton; they differ in who folds which element and how
+    # the team combines its partial results
+    def acc_leaves(self, upto_phase: int) -> dict:
+        return {("scalar", f"acc{j}"): (f"acc{j}", r.dtype) for j, r in enumerate(self.nest.reductions)
+                if r.phase < upto_phase}
+
+    def begin_row(self, row: str) -> None:
+        self.decompose(row, self.nest.outer)
+        for j, r in enumerate(self.nest.reductions):
+            self.w.line(f"{CUDA.ctype(r.dtype)} acc{j} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
+
+    def element_body(self, p: int, suffix: str, cached: dict | None = None) -> None:
+        """Fold phase ``p``'s reductions and write its stores at the current element's lanes."""
+        nest = self.nest
+        reds = [j for j, r in enumerate(nest.reductions) if r.phase == p]
+        stores = [s for s in nest.stores if s.phase == p]
+        results = self.lanes([nest.reductions[j].value for j in reds] + [s.value for s in stores],
+                             self.acc_leaves(p), suffix, cached)
+        for v in range(self.plan.vector):
+            for pos, j in enumerate(reds):
+                self.w.line(f"acc{j} = {self.folds[j]}(acc{j}, {results[v][pos][0]});")
+        self.store_lanes(stores, results, len(reds))
+
+    def row_stores(self, who: str) -> None:
+        stores = [s for s in self.nest.stores if s.phase is None]
+        if not stores:
+            return
+        self.w.open(f"if ({who})")
+        leaves = self.acc_leaves(self.nest.phases)
+        for j in sorted({n.arg for st in stores for n in toposort(st.value) if n.op == "input"}):
+            load = self.nest.loads[j]
+            leaves[("input", j)] = (self.load_lanes(j, load, "_r", 1)[0], compute_of(load.dtype))
+        renderer = ExprRenderer(self.source, leaves, "_r")
+        results = [renderer.render(s.value) for s in stores]
+        for line in renderer.lines:
+            self.w.line(line)
+        for st, (code, t) in zip(stores, results):
+            self.w.line(f"{self.param(st.param)}[{_index_code(st.index, self.idx)}] = {store_code(CUDA, st.dtype, code, t)};")
+        self.w.close()
+
+    def varying(self) -> list[int]:
+        reduced = set(self.nest.reduce)
+        return [j for j, ld in enumerate(self.nest.loads) if ld.index.dims() & reduced]
+
+    def rows(self) -> None:
+        nest, plan, idx = self.nest, self.plan, self.idx
+        if plan.split > 1:
+            self.split_row()
+            return
+        row_len = S.numel([nest.shape[d] for d in nest.reduce])
+        rows = S.numel([nest.shape[d] for d in nest.outer])
+        team, vec = plan.team, plan.vector
+        self.w.line("const int tw_t = threadIdx.x" + (f" % {team};" if plan.rows_per_block > 1 else ";"))
+        row = f"({idx})tw_block * {plan.rows_per_block} + threadIdx.x / {team}" if plan.rows_per_block > 1 \
+            else f"({idx})tw_block"
+        self.w.line(f"const {idx} row = {row};")
+        guarded = rows % plan.rows_per_block != 0  # only warp teams share a block: no barrier inside
+        if guarded:
+            self.w.open(f"if (row < ({idx}){rows})")
+        self.begin_row("row")
+        partial = row_len % (team * vec) != 0
+        cached = None
+        if plan.in_registers:
+            cached = self.keep_in_registers(row_len, partial)
+        for p in range(nest.phases):
+            if plan.in_registers:
+                self.w.line("#pragma unroll")
+                self.w.open(f"for (int kk = 0; kk < {plan.steps}; ++kk)")
+                self.w.line(f"const {idx} j = (({idx})kk * {team} + tw_t) * {vec};")
+                if partial:
+                    self.w.open(f"if (j < ({idx}){row_len})")
+            else:
+                self.w.open(f"for ({idx} j = ({idx})tw_t * {vec}; j < ({idx}){row_len}; j += {team * vec})")
+            self.decompose("j", nest.reduce)
+            lanes = None
+            if cached is not None:
+                lanes = {j: [f"{name}[kk * {vec} + {v}]" for v in range(vec)] for j, name in cached.items()}
+            self.element_body(p, f"_p{p}", lanes)
+            if plan.in_registers and partial:
+                self.w.close()
+            self.w.close()
+            self.team_reduce(p)
+        self.row_stores("tw_t == 0")
+        if guarded:
+            self.w.close()
+
+    def split_row(self) -> None:
+        """A chunk of a long row per block; partials to scratch; the row's last block combines them."""
+        nest, plan, idx = self.nest, self.plan, self.idx
+        row_len = S.numel([nest.shape[d] for d in nest.reduce])
+        rows = S.numel([nest.shape[d] for d in nest.outer])
+        g, vec, team = plan.split, plan.vector, plan.team
+        self.w.line("const int tw_t = threadIdx.x;")
+        self.w.line(f"const {idx} row = ({idx})(tw_block / {g}u), part = ({idx})(tw_block % {g}u);")
+        self.begin_row("row")
+        self.w.line(f"const {idx} lo = part * {plan.chunk}, hi = lo + {plan.chunk} < {row_len} ? lo + {plan.chunk} "
+                    f": ({idx}){row_len};")
+        self.w.open(f"for ({idx} j = lo + ({idx})tw_t * {vec}; j < hi; j += {team * vec})")
+        self.decompose("j", nest.reduce)
+        self.element_body(0, "_p0")
+        self.w.close()
+        self.team_reduce(0)
+        offset = plan.scratch
+        parts = []
+        for j, r in enumerate(nest.reductions):
+            c = CUDA.ctype(r.dtype)
+            parts.append(f"tw_part{j}")
+            self.w.line(f"{c}* tw_part{j} = reinterpret_cast<{c}*>(tw_scratch + {offset}) + row * {g};")
+            offset += -(-rows * g * r.dtype.itemsize // 16) * 16
+        self.w.line(f"unsigned int* tw_count = reinterpret_cast<unsigned int*>(tw_scratch + {offset}) + row;")
+        self.w.line("__shared__ bool tw_last;")
+        self.w.open("if (tw_t == 0)")
+        for j in range(len(nest.reductions)):
+            self.w.line(f"tw_part{j}[part] = acc{j};")
+        self.w.line("__threadfence();")
+        self.w.line(f"tw_last = atomicAdd(tw_count, 1u) == {g - 1}u;")
+        self.w.close()
+        self.w.line("__syncthreads();")
+        self.w.open("if (tw_last && tw_t == 0)")
+        self.w.line("__threadfence();")
+        for j, r in enumerate(nest.reductions):
+            self.w.line(f"acc{j} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
+            self.w.line(f"for (int p = 0; p < {g}; ++p) acc{j} = {self.folds[j]}(acc{j}, __ldcg(tw_part{j} + p));")
+        self.w.line("*tw_count = 0u;")
+        self.w.close()
+        self.row_stores("tw_last && tw_t == 0")
+
+    def keep_in_registers(self, row_len: int, partial: bool) -> dict[int, str]:
+        """Load the row's varying loads once into per-thread arrays (``kk * vector + lane``)."""
+        plan, idx = self.plan, self.idx
+        names = {}
+        for j in self.varying():
+            ctype = CUDA.ctype(compute_of(self.nest.loads[j].dtype))
+            names[j] = f"xr{j}"
+            self.w.line(f"{ctype} xr{j}[{plan.steps * plan.vector}];")
+        self.w.line("#pragma unroll")
+        self.w.open(f"for (int kk = 0; kk < {plan.steps}; ++kk)")
+        self.w.line(f"const {idx} j = (({idx})kk * {plan.team} + tw_t) * {plan.vector};")
+        self.w.open(f"if (j < ({idx}){row_len})" if partial else "")
+        self.decompose("j", self.nest.reduce)
+        for j in names:
+            lanes = self.load_lanes(j, self.nest.loads[j], "_k", plan.vector)
+            for v, lane in enumerate(lanes):
+                self.w.line(f"xr{j}[kk * {plan.vector} + {v}] = {lane};")
+        self.w.close()
+        self.w.close()
+        return names
+
+    def team_reduce(self, p: int) -> None:
+        reds = [j for j, r in enumerate(self.nest.reductions) if r.phase == p]
+        if not reds:
+            return
+        self.source.helpers.setdefault("tw_shfl_xor", _SHUFFLE_XOR)
+        team = self.plan.team
+        if self.plan.strategy == "columns":
+            for j in reds:
+                c = CUDA.ctype(self.nest.reductions[j].dtype)
+                sm = f"tw_c{j}"
+                self.w.line(f"__shared__ {c} {sm}[{team}][33];")
+                self.w.line(f"{sm}[tw_y][tw_x] = acc{j};")
+            self.w.line("__syncthreads();")
+            for j in reds:
+                sm = f"tw_c{j}"
+                self.w.line(f"acc{j} = {sm}[0][tw_x];")
+                self.w.line(f"for (int y = 1; y < {team}; ++y) acc{j} = {self.folds[j]}(acc{j}, {sm}[y][tw_x]);")
+            return
+        for j in reds:
+            self.w.line(f"for (int s = 16; s > 0; s >>= 1) acc{j} = {self.folds[j]}(acc{j}, tw_shfl_xor(acc{j}, s));")
+        if team <= 32:
+            return
+        warps = team // 32
+        for j in reds:
+            c = CUDA.ctype(self.nest.reductions[j].dtype)
+            self.w.line(f"__shared__ {c} tw_w{j}[{warps}];")
+            self.w.line(f"if ((threadIdx.x & 31) == 0) tw_w{j}[threadIdx.x >> 5] = acc{j};")
+        self.w.line("__syncthreads();")
+        for j in reds:
+            self.w.line(f"acc{j} = tw_w{j}[0];")
+            self.w.line(f"for (int w = 1; w < {warps}; ++w) acc{j} = {self.folds[j]}(acc{j}, tw_w{j}[w]);")
+
+    def columns(self) -> None:
+        nest, plan, idx = self.nest, self.plan, self.idx
+        row_len = S.numel([nest.shape[d] for d in nest.reduce])
+        rows = S.numel([nest.shape[d] for d in nest.outer])
+        self.w.line("const int tw_x = threadIdx.x & 31, tw_y = threadIdx.x >> 5;")
+        self.w.line(f"const {idx} row = ({idx})tw_block * 32 + tw_x;")
+        self.w.line(f"const bool tw_valid = row < ({idx}){rows};")
+        self.begin_row("row")
+        for p in range(nest.phases):
+            self.w.open(f"for ({idx} j = tw_y; tw_valid && j < ({idx}){row_len}; j += {plan.team})")
+            self.decompose("j", nest.reduce)
+            self.element_body(p, f"_p{p}")
+            self.w.close()
+            self.team_reduce(p)
+        self.row_stores("tw_valid && tw_y == 0")
+
+
+def render_kernel(sched: KernelSchedule, source: Source, aliased: bool = False) -> str:
+    """The CUDA C text of one scheduled kernel; its helpers go into ``source``.
+
+    ``aliased``: two parameters are one buffer (a value stored in place of an input it reads), so none is
+    declared ``__restrict__``."""
+    kernel = sched.kernel
+    for p in kernel.params:
+        source.need_storage(p.dtype)
+    qualifier = "" if aliased else " __restrict__"
+    params = [f"{'' if p.written else 'const '}{CUDA.ctype(p.dtype)}*{qualifier} {p.name}" for p in kernel.params]
+    if sched.scratch_bytes:
+        params.append("unsigned char* __restrict__ tw_scratch")
+    w = _Writer()
+    w.line("unsigned int tw_block = blockIdx.x;")
+    last = len(sched.nests) - 1
+    for k, ns in enumerate(sched.nests):
+        head = f"/* nest {k}: {ns.cuda.strategy}, {ns.cuda.blocks} block(s) */"
+        if k < last:
+            w.open(f"if (tw_block < {ns.cuda.blocks}u) {head}")
+        else:
+            w.open(f"{head}")
+        _Nest(kernel, ns, k, source, sched.block, w).render()
+        if k < last:
+            w.line("return;")
+        w.close()
+        if k < last:
+            w.line(f"tw_block -= {ns.cuda.blocks}u;")
+    return f"{CUDA.kernel_prefix.format(block=sched.block)} {kernel.name}({', '.join(params)}) {{\n" + \
+        "\n".join(w.lines) + "\n}"
+
+
+def render_program(scheds: list[KernelSchedule], aliased: set[str] = frozenset()) -> str:
+    """One CUDA translation unit holding every kernel of a program (helpers emitted once)."""
+    source = Source(CUDA)
+    bodies = [render_kernel(s, source, s.kernel.name in aliased) for s in scheds]
+    return source.text("\n\n".join(bodies))
