@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 import tilewise as tw
 import tilewise.nn.functional as F  # noqa: N812 — torch's spelling
@@ -87,6 +88,62 @@ def test_mm_dtype_mismatch():
 def test_bad_dtypes(call, fragments):
     with raises((RuntimeError, TypeError, ValueError), *fragments):
         call()
+
+
+BOOL_ARITHMETIC = {
+    "mask - mask": lambda lib, m: m - m,
+    "sub(mask, True)": lambda lib, m: lib.sub(m, True),
+    "True - mask": lambda lib, m: True - m,
+    "mask - 1": lambda lib, m: m - 1,
+    "ints - mask": lambda lib, m: m.long() - m,
+    "1.5 - mask": lambda lib, m: 1.5 - m,
+    "mask.sub_(mask)": lambda lib, m: m.clone().sub_(m),
+    "-mask": lambda lib, m: -m,
+    "mask // mask": lambda lib, m: m // m,
+    "floor_divide(mask, True)": lambda lib, m: lib.floor_divide(m, True),
+    "mask.floor_divide_(mask)": lambda lib, m: m.clone().floor_divide_(m),
+    "mask % mask": lambda lib, m: m % m,
+    "remainder(mask, True)": lambda lib, m: lib.remainder(m, True),
+    "mask.remainder_(mask)": lambda lib, m: m.clone().remainder_(m),
+    "fmod(mask, mask)": lambda lib, m: lib.fmod(m, m),
+    "div(mask, mask, floor)": lambda lib, m: lib.div(m, m, rounding_mode="floor"),
+    "mask ** mask": lambda lib, m: m ** m,
+    # accepted by torch
+    "mask ** True": lambda lib, m: m ** True,
+    "mask // ints": lambda lib, m: m // lib.tensor([1, 2]),
+    "mask % ints": lambda lib, m: m % lib.tensor([1, 2]),
+    "mask / True": lambda lib, m: m / True,
+    "mask + mask": lambda lib, m: m + m,
+    "mask * mask": lambda lib, m: m * m,
+}
+
+
+@pytest.mark.parametrize("name", list(BOOL_ARITHMETIC))
+def test_bool_arithmetic_is_accepted_or_refused_like_torch(name):
+    call = BOOL_ARITHMETIC[name]
+    try:
+        expected = call(torch, torch.tensor([True, False]))
+    except RuntimeError as exc:  # NotImplementedError is a RuntimeError, in torch as here
+        with pytest.raises(type(exc)):
+            call(tw, tw.tensor([True, False]))
+        return
+    ours = call(tw, tw.tensor([True, False]))
+    assert str(ours.dtype).split(".")[-1] == str(expected.dtype).split(".")[-1]
+    assert ours.tolist() == expected.tolist()
+
+
+def test_bool_arithmetic_errors_name_the_op_the_dtypes_and_the_fix():
+    mask = tw.tensor([True, False])
+    with raises(RuntimeError, "sub:", "two bool tensors", "bool and bool", "logical_xor()"):
+        mask - mask
+    with raises(RuntimeError, "sub:", "with a bool tensor", "int64 and bool", "logical_not()", ".long()"):
+        tw.tensor([1, 2]) - mask
+    with raises(RuntimeError, "neg:", "bool tensor", "logical_not()"):
+        -mask
+    with raises(NotImplementedError, "floor_divide:", "bool and bool", ".long()"):
+        mask // mask
+    with raises(NotImplementedError, "remainder:", "bool and bool", ".long()"):
+        mask % True
 
 
 # ---------------------------------------------------------------------------- devices

@@ -19,6 +19,48 @@ def promote(op, args) -> tuple[DType, DType]:
     return out, compute_dtype(out)
 
 
+def _is_bool(value) -> bool:
+    return value.dtype is dtypes.bool_ if hasattr(value, "dtype") else type(value) is bool
+
+
+def _described(op, args) -> str:
+    return " and ".join(a.dtype.name if hasattr(a, "dtype") else type(a).__name__ for a in _operands(op, args))
+
+
+def subtraction(op, args) -> tuple[DType, DType]:
+    """sub/rsub refuse bool operands, like torch: on masks ``-`` is a mistake for ``^`` or ``~``."""
+    flags = [_is_bool(a) for a in _operands(op, args)]
+    if all(flags):
+        raise RuntimeError(f"{op.name}: Subtraction, the `-` operator, with two bool tensors is not supported "
+                           f"(got {_described(op, args)}). Use the `^` or `logical_xor()` operator instead.")
+    if any(flags):
+        raise RuntimeError(f"{op.name}: Subtraction, the `-` operator, with a bool tensor is not supported (got "
+                           f"{_described(op, args)}). If you are trying to invert a mask, use the `~` or "
+                           "`logical_not()` operator instead; otherwise convert the mask with .long() or .float().")
+    return promote(op, args)
+
+
+def negation(op, args) -> tuple[DType, DType]:
+    if _is_bool(args[0]):
+        raise RuntimeError(f"{op.name}: Negation, the `-` operator, on a bool tensor is not supported. If you are "
+                           "trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+    return promote(op, args)
+
+
+def numeric(op, args) -> tuple[DType, DType]:
+    """floor_divide, remainder, fmod, rounding div: torch has no bool kernel for them."""
+    out = result_type(*_operands(op, args))
+    if out is dtypes.bool_:
+        raise NotImplementedError(f"{op.name}: not implemented for bool tensors (got {_described(op, args)}); "
+                                  "convert the operands to an integer or floating dtype first, e.g. .long()")
+    return out, compute_dtype(out)
+
+
+def power(op, args) -> tuple[DType, DType]:
+    """pow: like ``numeric``, except that torch accepts a bool base with a Python-scalar exponent."""
+    return numeric(op, args) if hasattr(args[1], "dtype") else promote(op, args)
+
+
 def promote_float(op, args) -> tuple[DType, DType]:
     """Integer inputs give the default float dtype (exp, sqrt, true division, ...)."""
     out = to_float(result_type(*_operands(op, args)))

@@ -108,7 +108,7 @@ def _trunc_int_div(a, b):
 
 def _div_dtype(op, args):
     """True division makes integers float; rounding division keeps the promoted type (torch's rule)."""
-    return R.promote_float(op, args) if args[2] is None else R.promote(op, args)
+    return R.promote_float(op, args) if args[2] is None else R.numeric(op, args)
 
 
 def _nan_to_num(args, dtype):
@@ -119,11 +119,11 @@ def _nan_to_num(args, dtype):
 pointwise("add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
           lambda a, b, alpha: a + b * alpha, {"self": "grad", "other": "grad * alpha"}, dunder=("add", "radd"))
 pointwise("sub(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
-          lambda a, b, alpha: a - b * alpha, {"self": "grad", "other": "-grad * alpha"}, dunder=("sub",),
-          aliases=("subtract",))
+          lambda a, b, alpha: a - b * alpha, {"self": "grad", "other": "-grad * alpha"}, R.subtraction,
+          dunder=("sub",), aliases=("subtract",))
 pointwise("rsub(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
-          lambda a, b, alpha: b - a * alpha, {"self": "-grad * alpha", "other": "grad"}, method=False,
-          dunder=("rsub",), inplace=False)
+          lambda a, b, alpha: b - a * alpha, {"self": "-grad * alpha", "other": "grad"}, R.subtraction,
+          method=False, dunder=("rsub",), inplace=False)
 pointwise("mul(Tensor self, Tensor other) -> Tensor",
           lambda a, b: a * b, {"self": "grad * other", "other": "grad * self"}, dunder=("mul", "rmul"),
           aliases=("multiply",))
@@ -134,20 +134,21 @@ pointwise("div(Tensor self, Tensor other, *, str? rounding_mode=None) -> Tensor"
 pointwise("rdiv(Tensor self, Tensor other) -> Tensor",
           lambda a, b: b / a, {"self": "-grad * other / (self * self)", "other": "grad / self"}, R.promote_float,
           method=False, dunder=("rtruediv",), inplace=False)
-pointwise("floor_divide(Tensor self, Tensor other) -> Tensor", lambda a, b: a.floordiv(b), None,
+pointwise("floor_divide(Tensor self, Tensor other) -> Tensor", lambda a, b: a.floordiv(b), None, R.numeric,
           dunder=("floordiv",), differentiable=False)
 pointwise("remainder(Tensor self, Tensor other) -> Tensor", lambda a, b: a.mod(b),
-          {"self": "grad", "other": "-grad * floor_divide(self, other)"}, dunder=("mod",))
+          {"self": "grad", "other": "-grad * floor_divide(self, other)"}, R.numeric, dunder=("mod",))
 pointwise("fmod(Tensor self, Tensor other) -> Tensor", lambda a, b: a.fmod(b),
-          {"self": "grad", "other": "-grad * trunc(self / other)"})
+          {"self": "grad", "other": "-grad * trunc(self / other)"}, R.numeric)
 pointwise("pow(Tensor self, Tensor exponent) -> Tensor", lambda a, b: a ** b,
           {"self": "grad * exponent * where(exponent == 0, ones_like(self), self ** (exponent - 1))",
            "exponent": "grad * where((self == 0) & (exponent >= 0), zeros_like(result), result * log(self))"},
-          dunder=("pow",))
+          R.power, dunder=("pow",))
 pointwise("rpow(Tensor self, Tensor other) -> Tensor", lambda a, b: b ** a,
-          {"self": "grad * result * log(other)", "other": "grad * self * other ** (self - 1)"},
+          {"self": "grad * result * log(other)", "other": "grad * self * other ** (self - 1)"}, R.numeric,
           method=False, inplace=False, dunder=("rpow",))
-pointwise("neg(Tensor self) -> Tensor", lambda x: -x, {"self": "-grad"}, dunder=("neg",), aliases=("negative",))
+pointwise("neg(Tensor self) -> Tensor", lambda x: -x, {"self": "-grad"}, R.negation, dunder=("neg",),
+          aliases=("negative",))
 pointwise("abs(Tensor self) -> Tensor", lambda x: x.abs(), {"self": "grad * sign(self)"}, dunder=("abs",),
           aliases=("absolute",))
 pointwise("sign(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_like(grad)"})
