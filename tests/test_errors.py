@@ -46,6 +46,21 @@ def test_matmul_shape_mismatch():
         tw.matmul(tw.tensor(1.0), X)
 
 
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_mm_and_bmm_name_themselves_and_the_ranks_they_need(requires_grad):
+    matrix = tw.ones(2, 3, requires_grad=requires_grad)
+    with raises(RuntimeError, "bmm:", "3-D tensors", "[b, n, m] @ [b, m, p]", "2-D [2, 3]", "2-D [3, 2]"):
+        tw.bmm(matrix, tw.ones(3, 2))
+    with raises(RuntimeError, "bmm:", "3-D tensors", "2-D [3, 2]"):
+        tw.ones(4, 2, 3).bmm(tw.ones(3, 2))
+    with raises(RuntimeError, "mm:", "2-D tensors", "[n, m] @ [m, p]", "3-D [1, 2, 3]", "use bmm"):
+        tw.mm(matrix.unsqueeze(0), tw.ones(1, 3, 2))
+    with raises(RuntimeError, "bmm:", "batch sizes differ", "2 and 3", "[b, n, m] @ [b, m, p]"):
+        tw.bmm(tw.ones(2, 2, 3), tw.ones(3, 3, 2))
+    with raises(RuntimeError, "bmm:", "cannot be multiplied", "2x2x3", "2x2x2"):
+        tw.bmm(tw.ones(2, 2, 3), tw.ones(2, 2, 2))
+
+
 @pytest.mark.parametrize("call,fragments", [
     (lambda: X.view(4), ("view", "[4]", "size 6")),
     (lambda: X.reshape(5), ("reshape", "[5]", "size 6")),

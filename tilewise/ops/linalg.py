@@ -6,17 +6,34 @@ from tilewise.dtypes import compute_dtype
 from tilewise.ops.registry import declare
 
 
-def same_dtype(op, args):
+def check_mm_shapes(op: str, a, b) -> None:
+    """mm multiplies matrices [n, m] @ [m, p]; bmm multiplies batches of them, [b, n, m] @ [b, m, p]."""
+    rank, form = (2, "[n, m] @ [m, p]") if op == "mm" else (3, "[b, n, m] @ [b, m, p]")
+    if a.ndim != rank or b.ndim != rank:
+        other = "bmm for batches of matrices" if op == "mm" else "mm for single matrices"
+        raise RuntimeError(f"{op}: expected {rank}-D tensors of shapes {form}, got {a.ndim}-D {list(a.shape)} and "
+                           f"{b.ndim}-D {list(b.shape)}; use {other}, or matmul (@) for any rank")
+    if op == "bmm" and a.shape[0] != b.shape[0]:
+        raise RuntimeError(f"bmm: batch sizes differ: {a.shape[0]} and {b.shape[0]} (shapes {list(a.shape)} and "
+                           f"{list(b.shape)}); bmm needs {form} with one batch size b")
+    if a.shape[-1] != b.shape[-2]:
+        raise RuntimeError(f"{op}: mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, a.shape))} and "
+                           f"{'x'.join(map(str, b.shape))}); {op} needs {form}")
+
+
+def matmul_operands(op, args):
+    """Shapes, then one dtype for both operands: library GEMMs take one dtype."""
     a, b = args[0], args[1]
+    check_mm_shapes(op.name, a, b)
     if a.dtype is not b.dtype:
         raise RuntimeError(f"{op.name}: expected both operands to have the same dtype, but got {a.dtype.name} for "
                            f"self and {b.dtype.name} for mat2; convert one with .to()")
     return a.dtype, compute_dtype(a.dtype)
 
 
-declare("mm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=same_dtype, autocast="lower",
+declare("mm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operands, autocast="lower",
         grad={"self": "grad.mm(mat2.t())", "mat2": "self.t().mm(grad)"})
-declare("bmm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=same_dtype, autocast="lower",
+declare("bmm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operands, autocast="lower",
         grad={"self": "grad.bmm(mat2.transpose(1, 2))", "mat2": "self.transpose(1, 2).bmm(grad)"})
 
 

@@ -238,8 +238,8 @@ def _matmul_dtype_work(dtype):
 
 @kernel("mm", "bmm")
 def matmul(self, mat2):
+    """Shapes and dtypes were checked by the operator's rule (``ops/linalg.py``) before dispatch."""
     a, b = self._np(), mat2._np()
-    _check_mm(self, mat2)
     work = _matmul_dtype_work(self.dtype)
     if work is not None:
         a, b = a.astype(work), b.astype(work)
@@ -247,15 +247,10 @@ def matmul(self, mat2):
 
 
 def _check_mm(a, b):
-    expect = 2 if a.ndim == 2 else 3
-    name = "mm" if expect == 2 else "bmm"
-    if a.ndim != expect or b.ndim != expect:
-        raise RuntimeError(f"{name}: expected {expect}D tensors, got {a.ndim}D and {b.ndim}D")
-    if expect == 3 and a.shape[0] != b.shape[0]:
-        raise RuntimeError(f"bmm: batch sizes differ: {a.shape[0]} and {b.shape[0]}")
-    if a.shape[-1] != b.shape[-2]:
-        raise RuntimeError(f"{name}: mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, a.shape))} and "
-                           f"{'x'.join(map(str, b.shape))})")
+    """The shape check of mm (2-D operands) or bmm (otherwise), for kernels that do not know which they run."""
+    from tilewise.ops.linalg import check_mm_shapes
+
+    check_mm_shapes("mm" if a.ndim == 2 else "bmm", a, b)
 
 
 # ---------------------------------------------------------------- indexing
