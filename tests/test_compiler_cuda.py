@@ -75,12 +75,25 @@ def _runtime(f):
 
 
 @pytest.mark.cuda
-def test_seed_chain_on_cuda_replays_a_graph_with_fresh_arguments():
+def test_seed_chain_on_cuda_launches_one_kernel():
     f = tw.compile(lambda x: x.relu() * 0.5 + 1)
     for _ in range(3):
         x = tw.randn(1024, 1024, device="cuda")
         _close(f(x), x.relu() * 0.5 + 1)
-    runtime = _runtime(f)
+    assert not _runtime(f).graphs, "one kernel: nothing to gain from a graph"
+
+
+@pytest.mark.cuda
+def test_a_program_of_several_steps_replays_a_graph_with_fresh_arguments():
+    def f(x):
+        return (x.softmax(-1) * x.sum(0)).amax(0)  # a row reduction, a column reduction, then another
+
+    compiled = tw.compile(f)
+    for _ in range(4):
+        x = tw.randn(64, 128, device="cuda")
+        _close(compiled(x), f(x), 1e-5, 1e-6)
+    runtime = _runtime(compiled)
+    assert sum(p.kernel_count for p in compiled.programs()) >= 2
     assert len(runtime.graphs) == 1 and not runtime.why_not
 
 

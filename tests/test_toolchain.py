@@ -358,3 +358,9 @@ def test_resource_usage_agrees_with_the_driver(tmp_path):
         assert elf[name].local_bytes == tool[name].local_bytes == attributes.local_size_bytes
         assert elf[name].shared_bytes == tool[name].shared_bytes
         assert attributes.shared_size_bytes <= elf[name].shared_bytes <= attributes.shared_size_bytes + 1024
+
+
+def test_compiling_leaves_python_constants_alone():
+    """NVRTC writes its (here empty) log into the buffer it is given: never a shared immutable object."""
+    compile_cuda('extern "C" __global__ void tw_constants(float* o) { o[0] = 1.0f; }', "tw_constants")
+    assert b" " == bytes([32]) and " " == chr(32) and "a b" == "a" + chr(32) + "b"

@@ -7,15 +7,18 @@ from the caching allocator on every call; inputs are the callers' storages. A ge
 planned buffer; other library operators run through the eager CUDA backend on tensors viewing the
 planned buffers, their results copied in.
 
-CUDA graphs: from the second call on, a program whose steps are all capturable (generated kernels,
-GEMMs that need no operand copy, end-of-call copies) is captured once into a CUDA graph and replayed,
-so a call costs one ``cuGraphLaunch`` instead of a launch per step. A graph bakes in addresses, so:
+CUDA graphs: from the second call on, a program of several steps that are all capturable (generated
+kernels, GEMMs that need no operand copy, end-of-call copies) is captured once into a CUDA graph and
+replayed, so a call costs one ``cuGraphLaunch`` instead of a launch per step. A graph bakes in
+addresses, so:
 arguments of the compiled function are copied into static staging buffers the graph reads (one
 device-to-device copy each, as torch's CUDA graphs do); the other inputs (parameters, gradients,
 optimizer state: what a training step updates in place) are read where they live, and a graph is kept
 per set of their addresses (a few; beyond that the program stops capturing); outputs are written to the
-graph's own buffers and copied to fresh ones for the caller. ``TILEWISE_LOG=graphs`` reports captures
-and why a program is not captured.
+graph's own buffers and copied to fresh ones for the caller. Those copies are why a program whose
+arguments and outputs exceed ``GRAPH_COPY_BYTES`` is not captured: its kernels are long enough that
+launching them one by one costs less than copying. ``TILEWISE_LOG=graphs`` reports captures and why a
+program is not captured.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from tilewise.storage import Storage
 from tilewise.tensor import Tensor
 
 MAX_GRAPHS = 4
+GRAPH_COPY_BYTES = 1 << 20
 
 
 class Borrowed:
@@ -155,6 +159,8 @@ class CudaRuntime:
         self.staging: dict[int, DeviceBuffer] = {}
         self.calls = 0
         self.why_not = "" if use_graphs else "CUDA graphs off"
+        if use_graphs and len(program.steps) < 2:
+            self.why_not = "one step: a graph would save nothing"
         plan = program.plan
         stream = stream_handle(device.index)
         self.arena = DeviceBuffer(max(plan.arena_bytes, 1), device.index, stream)
@@ -198,6 +204,13 @@ class CudaRuntime:
     def _replay(self, inputs: list, staged: frozenset[int], stream: int) -> list | None:
         plan = self.program.plan
         input_slots = [(k, b.slot) for k, b in enumerate(plan.buffers) if b.kind == "input"]
+        if not self.graphs:
+            copied = sum(b.ty.nbytes for b in plan.buffers if b.kind == "output" or
+                         (b.kind == "input" and b.slot in staged))
+            if copied > GRAPH_COPY_BYTES:
+                self.why_not = f"arguments and outputs of {copied} bytes would be copied in and out of a graph"
+                log("graphs", f"program not captured into a CUDA graph: {self.why_not}")
+                return None
         key = tuple(inputs[slot].ptr for _, slot in input_slots if slot not in staged)
         graph = self.graphs.get(key)
         if graph is None:

@@ -157,7 +157,7 @@ def compile_cuda(
 def _program_log(program: object) -> str:
     nvrtc = nvrtc_api()
     size = check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
-    buffer = b" " * size
+    buffer = bytearray(size)  # NVRTC writes into it: never an immutable (possibly shared, cached) bytes object
     check(nvrtc.nvrtcGetProgramLog(program, buffer), "nvrtcGetProgramLog")
     return buffer.rstrip(b"\0").decode(errors="replace")
 
@@ -165,7 +165,7 @@ def _program_log(program: object) -> str:
 def _program_ptx(program: object) -> str:
     nvrtc = nvrtc_api()
     size = check(nvrtc.nvrtcGetPTXSize(program), "nvrtcGetPTXSize")
-    buffer = b" " * size
+    buffer = bytearray(size)
     check(nvrtc.nvrtcGetPTX(program, buffer), "nvrtcGetPTX")
     return buffer.rstrip(b"\0").decode()
 
@@ -173,9 +173,9 @@ def _program_ptx(program: object) -> str:
 def _program_cubin(program: object) -> bytes:
     nvrtc = nvrtc_api()
     size = check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
-    buffer = b" " * size
+    buffer = bytearray(size)
     check(nvrtc.nvrtcGetCUBIN(program, buffer), "nvrtcGetCUBIN")
-    return buffer
+    return bytes(buffer)
 
 
 def _lowered_name(program: object, expression: str) -> str:
