@@ -257,6 +257,24 @@ def test_out_of_range_indices_are_checked(call, fragments):
         call()
 
 
+NEGATIVE_INDEX_CALLS = {
+    "index_select": lambda lib: lib.ones(2, 3).index_select(1, lib.tensor([0, -1])),
+    "index_add": lambda lib: lib.zeros(2, 3).index_add(1, lib.tensor([-1]), lib.ones(2, 1)),
+    "index_copy": lambda lib: lib.zeros(2, 3).index_copy(1, lib.tensor([-1]), lib.ones(2, 1)),
+    "embedding": lambda lib: lib.nn.functional.embedding(lib.tensor([0, -1]), lib.ones(3, 2)),
+}
+
+
+@pytest.mark.parametrize("op", list(NEGATIVE_INDEX_CALLS))
+def test_negative_indices_are_refused_where_torch_refuses_them(op):
+    """Unlike x[index] (and index_fill, take), these do not count negative indices from the end."""
+    with pytest.raises((RuntimeError, IndexError)):
+        NEGATIVE_INDEX_CALLS[op](torch)
+    size, dim = (3, 0) if op == "embedding" else (3, 1)
+    with raises(IndexError, f"{op}()", "index -1", f"dimension {dim}", f"size {size}", "valid indices are 0..2"):
+        NEGATIVE_INDEX_CALLS[op](tw)
+
+
 def test_x_index_reports_the_indexed_dimension():
     """x[0, 7] fails in dimension 1 of x, as torch reports it."""
     with raises(IndexError, "index 7", "dimension 1", "size 3"):

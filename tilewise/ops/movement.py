@@ -363,6 +363,19 @@ def _along(self, dim, index, op: str) -> tuple[Tensor, int, tuple]:
     return x, d, (None,) * d + (_index_vector(index, op),)
 
 
+def check_index_range(index: Tensor, size: int, dim: int, op: str) -> None:
+    """Indices must lie in [0, size): unlike ``x[index]``, these operators do not wrap negative indices (torch
+    refuses them). Checked where the values can be read without a trace or a device sync; elsewhere the
+    indexing kernel still refuses indices past the end."""
+    if index._trace is not None or index.device.type != "cpu" or index.numel() == 0:
+        return
+    low, high = int(index.amin()), int(index.amax())
+    if low < 0 or high >= size:
+        valid = f"0..{size - 1}" if size else "none (the dimension is empty)"
+        raise IndexError(f"{op}(): index {low if low < 0 else high} is out of bounds for dimension {dim} with size "
+                         f"{size}; valid indices are {valid} (negative indices are not counted from the end)")
+
+
 def _check_source(x: Tensor, d: int, index: Tensor, source, op: str) -> Tensor:
     if not isinstance(source, Tensor):
         raise TypeError(f"{op}(): source must be a Tensor, got {type(source).__name__}")
@@ -377,7 +390,8 @@ def _check_source(x: Tensor, d: int, index: Tensor, source, op: str) -> Tensor:
 
 
 def _index_select(self, dim, index):
-    x, _, key = _along(self, dim, index, "index_select")
+    x, d, key = _along(self, dim, index, "index_select")
+    check_index_range(key[-1], x.shape[d], d, "index_select")
     with _index_errors_named("index_select"):
         out = OPS["index.Tensor"](x, key)
     return out.reshape(()) if self.ndim == 0 else out
@@ -385,6 +399,7 @@ def _index_select(self, dim, index):
 
 def _index_update(self, dim, index, source, accumulate: bool, op: str):
     x, d, key = _along(self, dim, index, op)
+    check_index_range(key[-1], x.shape[d], d, op)
     src = _check_source(x, d, key[-1], source, op)
     with _index_errors_named(op):
         return OPS["index_put"](x, key, src, accumulate).reshape(self.shape)

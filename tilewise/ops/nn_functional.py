@@ -19,6 +19,7 @@ import math
 
 from tilewise import _strides as S
 from tilewise.dtypes import compute_dtype, finfo
+from tilewise.ops.movement import check_index_range
 from tilewise.ops.registry import OPS, declare, public_function
 
 
@@ -401,6 +402,7 @@ def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sc
         raise NotImplementedError("embedding: sparse=True needs sparse gradients, which tilewise does not have; "
                                   "use sparse=False")
     _embedding_padding_index(padding_idx, weight.shape[0])
+    check_index_range(input, weight.shape[0], 0, "embedding")
     if max_norm is not None:
         _renorm_rows_(weight, input, max_norm, norm_type)
     return weight[input]
