@@ -251,6 +251,18 @@ def test_data_dependent_python_names_the_users_line():
     assert "test_compiler_kernels.py" in message and "the offending line" in message and "bool()" in message
 
 
+@pytest.mark.parametrize("convert", [np.asarray, np.array], ids=["asarray", "array"])
+def test_numpy_conversion_of_a_traced_tensor_is_data_dependent_like_numpy(convert):
+    def f(x):
+        host = convert(x)  # the converting line
+        return x * float(host.sum())
+
+    with pytest.raises(DataDependentError) as info:
+        tw.compile(f)(tw.ones(3))
+    message = str(info.value)
+    assert "__array__" in message and "needs the value of a tensor" in message and "the converting line" in message
+
+
 def test_fullgraph_false_runs_data_dependent_functions_eagerly():
     def f(x):
         return x * 2 if x.sum() > 0 else -x

@@ -185,6 +185,7 @@ class Tensor:
         return self._np()
 
     def __array__(self, dtype=None, copy=None):
+        self._require_real("numpy conversion (np.asarray / __array__)")
         a = self.detach().cpu()._np()
         return a.astype(dtype) if dtype is not None else a
 
