@@ -209,6 +209,24 @@ def test_pickle_and_deepcopy():
     assert z.tolist() == x.tolist() and z.untyped_storage() is not x.untyped_storage()
 
 
+@pytest.mark.parametrize("requires_grad", [True, False])
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_pickle_and_deepcopy_keep_parameters_like_torch(how, requires_grad):
+    copy_of = (lambda t: pickle.loads(pickle.dumps(t))) if how == "pickle" else copy.deepcopy
+    ours = copy_of(tw.nn.Parameter(tw.ones(2, 3), requires_grad=requires_grad))
+    theirs = copy_of(torch.nn.Parameter(torch.ones(2, 3), requires_grad=requires_grad))
+    assert isinstance(theirs, torch.nn.Parameter) and isinstance(ours, tw.nn.Parameter)
+    assert ours.requires_grad == theirs.requires_grad == requires_grad and ours.is_leaf
+    assert ours.tolist() == theirs.tolist()
+
+
+def test_pickle_keeps_attributes_set_on_a_tensor_like_torch():
+    ours, theirs = tw.ones(2), torch.ones(2)
+    ours.note = theirs.note = "kept"
+    assert pickle.loads(pickle.dumps(ours)).note == pickle.loads(pickle.dumps(theirs)).note == "kept"
+    assert not isinstance(pickle.loads(pickle.dumps(ours)), tw.nn.Parameter)
+
+
 def test_clone_is_a_fresh_contiguous_copy_with_history():
     x = tw.ones(2, 3, requires_grad=True)
     c = x.t().clone()

@@ -244,8 +244,14 @@ class Tensor:
             return format(self.item(), spec)
         return repr(self)
 
+    def _attributes(self) -> dict:
+        """Attributes set on this tensor (the Parameter flag, a user's own), less ``_acc``, its autograd sink."""
+        return {k: v for k, v in self.__dict__.items() if k != "_acc"}
+
     def __reduce_ex__(self, protocol):
-        return (_rebuild, (self.detach().cpu()._np().copy(), str(self._device), self.requires_grad))
+        self._require_real("pickling")
+        data = (self.detach().cpu()._np().copy(), str(self._device), self.requires_grad)
+        return (_rebuild, data, self._attributes() or None)
 
     def __deepcopy__(self, memo):
         out = self.detach().clone()
@@ -253,8 +259,7 @@ class Tensor:
         if self._grad is not None:
             out._grad = self._grad.clone()
         memo[id(self)] = out
-        extra = {k: v for k, v in self.__dict__.items() if k != "_acc"}  # _acc: this tensor's own autograd sink
-        out.__dict__.update(copy.deepcopy(extra, memo))
+        out.__dict__.update(copy.deepcopy(self._attributes(), memo))
         return out
 
     # ------------------------------------------------------------------ autograd attributes
