@@ -41,6 +41,14 @@ def test_every_dtype_round_trips(dtype):
     np.testing.assert_array_equal(out.numpy().view(np.uint8), t.numpy().view(np.uint8))
 
 
+def test_zero_dim_tensors_come_back_zero_dim():
+    """An optimizer's ``step`` is 0-dim: were it to come back with shape [1], it would widen the dtype of every
+    product it meets (a 1-D float64 tensor is not a scalar to type promotion)."""
+    out = _round_trip({"step": tw.tensor(3.0), "t": tw.tensor(7, dtype=tw.int64)})
+    assert out["step"].shape == () and out["step"].item() == 3.0
+    assert out["t"].shape == () and out["t"].item() == 7
+
+
 def test_shared_tensor_comes_back_as_one_object_and_views_are_stored_by_value():
     w = tw.arange(6.0).view(2, 3)
     out = _round_trip({"a": w, "b": w, "t": w.t()})

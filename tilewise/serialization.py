@@ -65,7 +65,7 @@ class _Encoder:
             while name in self.arrays:
                 name += "_"
             self.names[id(t)] = name
-            self.arrays[name] = np.ascontiguousarray(t.detach().cpu()._np())
+            self.arrays[name] = np.ascontiguousarray(t.detach().cpu()._np()).reshape(t.shape)  # keeps 0-dim as 0-dim
         out: dict = {"__tensor__": name}
         if t.requires_grad:
             out["requires_grad"] = True
