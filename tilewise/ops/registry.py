@@ -12,11 +12,11 @@ name; nothing else keeps a list of operators.
 
 from __future__ import annotations
 
-import inspect
 from collections import namedtuple
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tilewise.dispatch import call as dispatch_call
 from tilewise.ops.expr import Expr
 from tilewise.ops.schema import Schema, make_binder, parse_schema
 
@@ -95,9 +95,7 @@ class OpDef:
         return self.schema.full_name
 
     def __call__(self, *args, **kwargs):
-        from tilewise.dispatch import call
-
-        return call(self, self.binder(*args, **kwargs))
+        return dispatch_call(self, self.binder(*args, **kwargs))
 
     def __repr__(self) -> str:
         return f"<op {self.schema.text}>"
@@ -207,18 +205,11 @@ def public_function(name: str) -> Callable:
     fn = _PUBLIC.get(name)
     if fn is not None:
         return fn
-    from tilewise.dispatch import call as dispatch_call
-
     overloads = OVERLOADS[name]
     named = {op: return_type(op) for op in overloads if return_type(op) is not None}
     if len(overloads) == 1 and not named:
         op = overloads[0]
-        binder = op.binder
-
-        def fn(*args, **kwargs):
-            return dispatch_call(op, binder(*args, **kwargs))
-
-        fn.__signature__ = inspect.signature(binder)
+        fn = make_binder(op.schema, op.name, op.attrs.get("varargs", False), dispatch=(dispatch_call, op))
     else:
 
         def fn(*args, **kwargs):

@@ -195,8 +195,12 @@ def bad_argument(op: str, param: str, expected: str, value) -> ArgumentError:
 
 
 def _as_int_list(op: str, p: Param, value) -> tuple[int, ...]:
-    if type(value) is tuple and all(type(v) is int for v in value) and not (p.list_len and len(value) == 1):
-        return value  # the common case, already normalised
+    if type(value) is tuple and not (p.list_len and len(value) == 1):
+        for v in value:  # a loop rather than all(...): no generator to create on the common path
+            if type(v) is not int:
+                break
+        else:
+            return value  # the common case, already normalised
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,) * p.list_len if p.list_len and p.list_len > 1 else (value,)
     from tilewise.tensor import Tensor
@@ -321,6 +325,11 @@ def _passthrough(op: str, p: Param, value):
 
 _PYTHON_NUMBERS = (int, float, bool)
 
+# Per parameter type, the test under which a value passes its checker unchanged: a binder tests it inline
+# and calls the checker only for other values (``int`` excludes bool, which the int checker refuses).
+_FAST_TYPES = {"Tensor": "is _Tensor", "int": "is int", "bool": "is bool", "str": "is str", "float": "is float",
+               "Scalar": "in _PYTHON_NUMBERS"}
+
 _CHECKERS = {
     "int": _check_int, "float": _check_float, "Scalar": _check_scalar, "bool": _check_bool,
     "Tensor": _check_tensor, "ScalarType": _check_dtype, "Device": _check_device, "str": _check_str,
@@ -353,8 +362,10 @@ def _varargs_param(schema: Schema, tensor_varargs: bool = False) -> int | None:
     return None
 
 
-def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool = False):
-    """A function with the schema's signature that returns the normalised arguments as a tuple."""
+def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool = False, dispatch: tuple = ()):
+    """A function with the schema's signature that returns the normalised arguments as a tuple; with
+    ``dispatch=(call, op)`` it returns ``call(op, arguments)`` instead (an operator's public function, one
+    Python frame shorter than a wrapper around the binder)."""
     op_name = op_name or schema.name
     sig, body, ns = [], [], {}
     star_done = False
@@ -377,25 +388,22 @@ def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool
         else:
             sig.append(p.name)
         ns[f"_c{k}"], ns[f"_p{k}"] = _checker_for(p), p
-        fast = {"Tensor": "_Tensor", "int": "int", "bool": "bool", "str": "str"}.get(p.type) if not p.is_list else None
         check = f"_c{k}({op_name!r}, _p{k}, {p.name})"
-        if fast == "int":
-            line = f"{p.name} if type({p.name}) is int else {check}"
-        elif fast:
-            line = f"{p.name} if type({p.name}) is {fast} else {check}"
-        else:
-            line = check
+        fast = _FAST_TYPES.get(p.type) if not p.is_list else None
+        line = f"{p.name} if type({p.name}) {fast} else {check}" if fast else check
         if p.optional or (p.has_default and p.default is None):
             line = f"None if {p.name} is None else ({line})"
         body.append(f"    {p.name} = {line}")
     names = ", ".join(p.name for p in schema.params)
+    bound = f"({names}{',' if len(schema.params) == 1 else ''})"
+    if dispatch:
+        ns["_call"], ns["_op"] = dispatch
+        bound = f"_call(_op, {bound})"
     fn_name = op_name if op_name.isidentifier() else "op"
-    src = f"def {fn_name}({', '.join(sig)}):\n" + "\n".join(body) + f"\n    return ({names}{',' if len(schema.params) == 1 else ''})\n"
-    if not schema.params:
-        src = f"def {fn_name}():\n    return ()\n"
+    src = f"def {fn_name}({', '.join(sig)}):\n" + "".join(f"{line}\n" for line in body) + f"    return {bound}\n"
     from tilewise.tensor import Tensor
 
-    ns["_Tensor"] = Tensor
+    ns["_Tensor"], ns["_PYTHON_NUMBERS"] = Tensor, _PYTHON_NUMBERS
     exec(compile(src, f"<binder {schema.full_name}>", "exec"), ns)
     binder = ns[fn_name]
     binder.__source__ = src
