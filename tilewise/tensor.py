@@ -53,13 +53,15 @@ class Tensor:
     def _make(storage: Storage | None, shape: tuple, strides: tuple, offset: int, dtype: DType,
               device: Device) -> Tensor:
         t = object.__new__(Tensor)
-        t._storage, t._shape, t._strides, t._offset = storage, shape, strides, offset
-        t._dtype, t._device = dtype, device
-        t._array = None
-        t._requires_grad = False
-        t._grad = t.grad_fn = t._base = t._hooks = t._trace = None
+        t._storage = storage
+        t._shape = shape
+        t._strides = strides
+        t._offset = offset
+        t._dtype = dtype
+        t._device = device
+        t._array = t._grad = t.grad_fn = t._base = t._hooks = t._trace = None
+        t._requires_grad = t._retains_grad = t._wrapped = False
         t._output_nr = 0
-        t._retains_grad = t._wrapped = False
         return t
 
     # ------------------------------------------------------------------ geometry
@@ -437,11 +439,11 @@ def cast_array(a: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
 def from_array(a: np.ndarray, dtype: DType | None = None) -> Tensor:
     """Wrap a numpy array as a CPU tensor without copying when its layout allows (non-negative strides)."""
     dtype = dtype or dtype_from_numpy(a.dtype)
-    if a.dtype != dtype.np:
+    if a.dtype is not dtype.np and a.dtype != dtype.np:  # identity first: numpy's own dtypes are singletons
         a = cast_array(a, dtype.np)
     if a.flags.c_contiguous:
         shape = a.shape
-        t = Tensor._make(Storage(a.reshape(-1), cpu, dtype, a.size), shape, _strides.contiguous_strides(shape), 0,
+        t = Tensor._make(Storage(a.ravel(), cpu, dtype, a.size), shape, _strides.contiguous_strides(shape), 0,
                          dtype, cpu)
         t._array = a
         return t

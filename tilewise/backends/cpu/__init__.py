@@ -14,6 +14,7 @@ import numpy as np
 
 from tilewise._strides import broadcast_shapes, normalize_dims
 from tilewise.backends.cpu.render import render_numpy, run_quietly
+from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, inputs_of
 from tilewise.tensor import Tensor, cast_array, from_array
 
@@ -58,13 +59,7 @@ def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
         entry = _compiled.get((op,))
         if entry is None:
             entry = _compiled[(op,)] = _static_kernels(op)
-        fn, scalar_idx, defaults, at_defaults = entry
-        if at_defaults is None:
-            return fn, scalar_idx
-        for k, d in zip(scalar_idx, defaults):
-            if args[k] != d:
-                return fn, scalar_idx
-        return at_defaults
+        return _pick_static(entry, args)
     variant = tuple(a for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
     present = tuple(args[k] is not None for k in op.tensor_idx)
     key = (op, variant, present, compute_dtype)
@@ -73,6 +68,17 @@ def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
         expr = builder(args, compute_dtype)
         entry = _compiled[key] = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_variant"), ())
     return entry
+
+
+def _pick_static(entry: tuple, args: tuple) -> tuple:
+    """From ``_static_kernels``' entry: the kernel specialised to the defaults when the call passes them."""
+    fn, scalar_idx, defaults, at_defaults = entry
+    if at_defaults is None:
+        return fn, scalar_idx
+    for k, d in zip(scalar_idx, defaults):
+        if args[k] != d:
+            return fn, scalar_idx
+    return at_defaults
 
 
 def _static_kernels(op) -> tuple:
@@ -115,7 +121,32 @@ def _as_compute(value, np_dtype):
         return np.asarray(value).astype(np_dtype)[()]
 
 
+# Dtype rules that read nothing but the tensor operands. When those are tensors of one floating dtype (no
+# Python numbers, so neither scalar types nor the default dtype play a part) such a rule's result depends on
+# the operator and that dtype alone, so ``run_pointwise`` asks it once per (operator, dtype).
+_OPERAND_RULES = frozenset({R.promote, R.promote_float, R.compare, R.logical, R.logical_from_input, R.floating_only,
+                            R.first_input, R.negation, R.subtraction, R.numeric, R.power})
+_uniform_plans: dict[tuple, tuple | None] = {}  # (op, dtype) -> (out dtype, compute numpy dtype or None, kernels)
+_UNPLANNED = object()
+
+
 def run_pointwise(op, args: tuple):
+    first = _uniform_operand(op, args)
+    if first is not None:
+        key = (op, first._dtype)
+        plan = _uniform_plans.get(key, _UNPLANNED)
+        if plan is _UNPLANNED:
+            plan = _uniform_plans[key] = _uniform_plan(op, args, first._dtype)
+        if plan is not None:  # the general path below, with the dtype rule and the kernel lookup done once
+            out_dtype, cast_to, kernels = plan
+            fn, scalar_idx = _pick_static(kernels, args)
+            if cast_to is None:
+                values = [args[k]._np() for k in op.tensor_idx]
+            else:
+                values = [args[k]._np().astype(cast_to) for k in op.tensor_idx]
+            for k in scalar_idx:
+                values.append(args[k])
+            return _result(run_quietly(fn, values), first._shape, out_dtype)
     shape = _broadcast_shape(op, args)  # first, so a mismatch is reported with the operator's name
     out_dtype, compute = op.dtype_rule(op, args)
     cnp = compute.np
@@ -123,7 +154,36 @@ def run_pointwise(op, args: tuple):
     values = [_as_compute(args[k], cnp) for k in op.tensor_idx]
     for k in scalar_idx:
         values.append(args[k])
-    res = run_quietly(fn, values)
+    return _result(run_quietly(fn, values), shape, out_dtype)
+
+
+def _uniform_operand(op, args: tuple) -> Tensor | None:
+    """The first tensor operand, when every tensor operand is a Tensor of its dtype and shape."""
+    first = None
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is not Tensor:
+            return None
+        if first is None:
+            first = a
+        elif a._dtype is not first._dtype or a._shape != first._shape:
+            return None
+    return first
+
+
+def _uniform_plan(op, args: tuple, dtype) -> tuple | None:
+    """What ``run_pointwise`` reuses for calls on tensors of one ``dtype``, or None where the operator's dtype
+    rule or kernel may depend on more than that (see ``_OPERAND_RULES``)."""
+    if not dtype.is_floating_point or op.dtype_rule not in _OPERAND_RULES or "expr_builder" in op.attrs:
+        return None
+    out_dtype, compute = op.dtype_rule(op, args)
+    entry = _compiled.get((op,))
+    if entry is None:
+        entry = _compiled[(op,)] = _static_kernels(op)
+    return out_dtype, None if compute is dtype else compute.np, entry
+
+
+def _result(res, shape: tuple, out_dtype) -> Tensor:
     if type(res) is not np.ndarray:
         res = np.asarray(res)
     if res.shape != shape:

@@ -6,7 +6,9 @@ C and CUDA renderers keep theirs.
 
 from __future__ import annotations
 
+import contextvars
 import math
+import threading
 
 import numpy as np
 
@@ -80,13 +82,23 @@ def _erfinv(y):
     return x.astype(y.dtype)
 
 
-try:  # numpy >= 2 keeps its floating-point error state in a context variable: setting it directly costs a
-    # fraction of entering np.errstate, which matters on the eager path where each op is a few microseconds
+try:  # numpy >= 2 keeps its floating-point error state in a context variable
     from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
 
     _IGNORE_ALL = _make_extobj(all="ignore")
 except ImportError:
     _extobj_contextvar = None
+
+# Kernels run inside a context of their own in which that variable says "ignore": entering it costs a tenth of
+# setting and resetting the variable (or of np.errstate), which matters on the eager path where each op is a
+# few microseconds. One per thread, because a context can be entered by one thread at a time.
+_quiet = threading.local()
+
+
+def _quiet_context() -> contextvars.Context:
+    context = _quiet.context = contextvars.Context()
+    context.run(_extobj_contextvar.set, _IGNORE_ALL)
+    return context
 
 
 def run_quietly(fn, values: list):
@@ -94,11 +106,11 @@ def run_quietly(fn, values: list):
     if _extobj_contextvar is None:
         with np.errstate(all="ignore"):
             return fn(*values)
-    token = _extobj_contextvar.set(_IGNORE_ALL)
     try:
-        return fn(*values)
-    finally:
-        _extobj_contextvar.reset(token)
+        context = _quiet.context
+    except AttributeError:  # the thread's first kernel
+        context = _quiet_context()
+    return context.run(fn, *values)  # kernels do not call run_quietly: a context cannot be entered twice
 
 
 NAMESPACE = {"np": np, "_rsqrt": _rsqrt, "_reciprocal": _reciprocal, "_pow": _pow, "_erf": _erf, "_erfinv": _erfinv}
