@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from tilewise import dispatch
 from tilewise.dispatch import STATE, run
@@ -24,10 +26,16 @@ class Node:
 
     next_functions: tuple = ()
     n_outputs: int = 1
+    # output_nr -> tensor hooks, and output_nr -> retained output: few nodes have any, so these empty read-only
+    # defaults are shared and a node gets dicts of its own on the first registration (``_own``)
+    pre_hooks: Mapping[int, list] = MappingProxyType({})
+    retained: Mapping[int, weakref.ref] = MappingProxyType({})
 
-    def __init__(self):
-        self.pre_hooks: dict[int, list] = {}
-        self.retained: dict[int, weakref.ref] = {}
+    def _own(self, name: str) -> dict:
+        found = self.__dict__.get(name)
+        if found is None:
+            found = self.__dict__[name] = {}
+        return found
 
     def name(self) -> str:
         return type(self).__name__
@@ -63,7 +71,6 @@ class AccumulateGrad(Node):
     """The sink for a leaf tensor: adds the incoming gradient to ``variable.grad``."""
 
     def __init__(self, variable: Tensor):
-        super().__init__()
         self.variable = variable
 
     def apply(self, grads: list):
@@ -166,13 +173,13 @@ _NODE_NAMES: dict = {}  # op -> torch-style node name, e.g. MulBackward0
 class OpNode(Node):
     """Backward of one operator call, driven by the operator's derivative formulas."""
 
-    def __init__(self, op, args: tuple):
-        super().__init__()
+    def __init__(self, op, slots: tuple, edges: tuple, input_meta: list, output_meta: list):
         self.op = op
+        self.slots = slots  # (param index, list position) per tensor input, in the order of ``next_functions``
+        self.next_functions = edges
+        self.input_meta = input_meta  # (shape, dtype, device) per input that needs a gradient, else None
+        self.output_meta = output_meta  # (shape, dtype, device) per differentiable output, else None
         self.saved: dict = {}  # only what the derivative formulas read: holding ``args`` would keep every input alive
-        self.slots: list[tuple[int, int | None]] = []  # (param index, list position) per differentiable input
-        self.input_meta: list[tuple] = []
-        self.output_meta: list[tuple] = []
         self.shapes: dict[str, tuple] = {}  # input shapes, for formulas that read `<input>_shape`
 
     def name(self) -> str:
@@ -277,15 +284,25 @@ def edge(t) -> tuple:
     return (None, 0)
 
 
-_TENSOR_PARAMS: dict = {}  # op -> ((position, name, is_list, differentiable), ...) of its Tensor parameters
+class _Recipe:
+    """What recording a call of one operator reads from the operator, worked out once per operator."""
+
+    __slots__ = ("tensor_params", "slots", "shape_params", "saves")
+
+    def __init__(self, op):
+        params = op.schema.params
+        self.tensor_params = tuple((k, p.name, p.is_list, op.derivatives.get(p.name) is not None)
+                                   for k, p in enumerate(params) if p.type == "Tensor")
+        lists = any(is_list for _, _, is_list, _ in self.tensor_params)
+        self.slots = None if lists else tuple((k, None) for k, _, _, _ in self.tensor_params)  # else per call
+        read = frozenset().union(*(f.uses for f in op.derivatives.values() if f is not None))
+        self.shape_params = tuple((k, name, is_list) for k, name, is_list, _ in self.tensor_params
+                                  if f"{name}_shape" in read)
+        self.saves: dict[int, tuple] = {}  # mask of the inputs that need a gradient -> _saves(op, mask)
 
 
-def _tensor_params(op) -> tuple:
-    found = _TENSOR_PARAMS.get(op)
-    if found is None:
-        found = _TENSOR_PARAMS[op] = tuple((k, p.name, p.is_list, op.derivatives.get(p.name) is not None)
-                                           for k, p in enumerate(op.schema.params) if p.type == "Tensor")
-    return found
+_RECIPES: dict = {}  # op -> _Recipe
+_NO_EDGE = (None, 0)
 
 
 def record(op, args: tuple):
@@ -297,82 +314,69 @@ def record(op, args: tuple):
         out = run(op, args)
     finally:
         STATE.grad_enabled = True
-    node = OpNode(op, args)
-    edges, metas, wanted = [], [], set()
-    for k, name, is_list, diff in _tensor_params(op):
+    recipe = _RECIPES.get(op)
+    if recipe is None:
+        recipe = _RECIPES[op] = _Recipe(op)
+    edges, metas, slots, wanted = [], [], [], 0  # wanted: bit i set when tensor parameter i needs a gradient
+    for i, (k, _, is_list, diff) in enumerate(recipe.tensor_params):
+        value = args[k]
+        for pos, a in enumerate(value) if is_list else ((None, value),):
+            slots.append((k, pos))
+            if diff and type(a) is Tensor and a._requires_grad:
+                edges.append(edge(a))
+                metas.append((a._shape, a._dtype, a._device))
+                wanted |= 1 << i
+            else:
+                edges.append(_NO_EDGE)
+                metas.append(None)
+    if not wanted:  # no input that needs a gradient has a derivative here
+        return out
+    outputs = out if isinstance(out, tuple) else (out,)
+    output_meta = []
+    node = OpNode(op, recipe.slots or tuple(slots), tuple(edges), metas, output_meta)
+    for i, o in enumerate(outputs):
+        differentiable = i not in op.nondiff_outputs and type(o) is Tensor and o._dtype.is_floating_point
+        output_meta.append((o._shape, o._dtype, o._device) if differentiable else None)
+        if differentiable:
+            o.grad_fn, o._output_nr, o._requires_grad = node, i, True
+    for k, name, is_list in recipe.shape_params:
         value = args[k]
         if type(value) is Tensor:
             node.shapes[name] = value._shape
         elif is_list:  # a list's shapes, so a formula like cat's need not save the tensors themselves
             node.shapes[name] = tuple(a._shape if type(a) is Tensor else () for a in value)
-        for pos, a in enumerate(value) if is_list else ((None, value),):
-            node.slots.append((k, pos))
-            if diff and type(a) is Tensor and a._requires_grad:
-                edges.append(edge(a))
-                metas.append((a._shape, a._dtype, a._device))
-                wanted.add(name)
-            else:
-                edges.append((None, 0))
-                metas.append(None)
-    if not wanted:  # no input that needs a gradient has a derivative here
-        return out
-    node.next_functions = tuple(edges)
-    node.input_meta = metas
-    outputs = out if isinstance(out, tuple) else (out,)
-    for i, o in enumerate(outputs):
-        differentiable = i not in op.nondiff_outputs and type(o) is Tensor and o._dtype.is_floating_point
-        node.output_meta.append((o._shape, o._dtype, o._device) if differentiable else None)
-        if differentiable:
-            o.grad_fn, o._output_nr, o._requires_grad = node, i, True
-    _save(node, op, args, out, _formula_uses(op, frozenset(wanted)))
+    saves = recipe.saves.get(wanted)
+    if saves is None:
+        saves = recipe.saves[wanted] = _saves(op, recipe, wanted)
+    _save(node, args, out, saves)
     return out
 
 
-_USES: dict[tuple, frozenset[str]] = {}
+def _saves(op, recipe: _Recipe, wanted: int) -> tuple[tuple[tuple[str, int], ...], bool]:
+    """The arguments (name, position) that the derivative formulas of the inputs in ``wanted`` read, and
+    whether they read the result: torch saves no more."""
+    names = [name for i, (_, name, _, diff) in enumerate(recipe.tensor_params) if diff and wanted >> i & 1]
+    uses = frozenset().union(*(op.derivatives[name].uses for name in names))
+    return tuple((p.name, k) for k, p in enumerate(op.schema.params) if p.name in uses), "result" in uses
 
 
-def _formula_uses(op, wanted: frozenset[str]) -> frozenset[str]:
-    """Names read by the derivative formulas of the inputs that need a gradient (torch saves no more)."""
-    key = (op, wanted)
-    uses = _USES.get(key)
-    if uses is None:
-        uses = _USES[key] = frozenset().union(*(op.derivatives[name].uses for name in wanted))
-    return uses
-
-
-_PLAIN_PARAMS: dict = {}  # op -> ((name, position), ...) of the parameters other than self
-
-
-def _plain_params(op) -> tuple:
-    found = _PLAIN_PARAMS.get(op)
-    if found is None:
-        found = _PLAIN_PARAMS[op] = tuple((p.name, k) for k, p in enumerate(op.schema.params) if p.name != "self")
-    return found
-
-
-def _save(node: OpNode, op, args: tuple, out, uses: frozenset[str]) -> None:
+def _save(node: OpNode, args: tuple, out, saves: tuple) -> None:
     saved = node.saved
-    for name in op.saved_params & uses:
-        value = args[op.schema.index(name)]
+    arguments, saves_result = saves
+    for name, k in arguments:
+        value = args[k]
         if type(value) is Tensor:
             value = SavedTensor(value)
         elif isinstance(value, tuple) and value and type(value[0]) is Tensor:
             value = tuple(SavedTensor(v) if type(v) is Tensor else v for v in value)
         saved[name] = value
-    for name, k in _plain_params(op):  # numbers and options the formulas read (tensors only when saved above)
-        if name not in saved and not _is_tensorish(args[k]):
-            saved[name] = args[k]
-    if "result" in uses:
+    if saves_result:
         name = node.name()
         if isinstance(out, tuple):
             saved["result"] = tuple(SavedTensor(o, True, node, i, name) if type(o) is Tensor else o
                                     for i, o in enumerate(out))
         else:
             saved["result"] = SavedTensor(out, True, node, 0, name)
-
-
-def _is_tensorish(value) -> bool:
-    return type(value) is Tensor or (isinstance(value, tuple) and bool(value) and type(value[0]) is Tensor)
 
 
 # ---------------------------------------------------------------------------- tensor hooks
@@ -385,7 +389,7 @@ def register_tensor_hook(t: Tensor, hook):
             t._hooks = []
         hooks = t._hooks
     else:
-        hooks = t.grad_fn.pre_hooks.setdefault(t._output_nr, [])
+        hooks = t.grad_fn._own("pre_hooks").setdefault(t._output_nr, [])
     hooks.append(hook)
     return _Handle(hooks, hook)
 
@@ -395,7 +399,7 @@ def retain_grad(t: Tensor) -> None:
         raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
     if t.grad_fn is None:
         return
-    t.grad_fn.retained[t._output_nr] = weakref.ref(t)
+    t.grad_fn._own("retained")[t._output_nr] = weakref.ref(t)
     t._retains_grad = True
 
 
