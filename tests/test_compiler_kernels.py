@@ -153,6 +153,31 @@ def test_training_step_that_creates_optimizer_state():
         close(compiled_opt.state[a]["momentum_buffer"], eager_opt.state[b]["momentum_buffer"], rtol=1e-4, atol=1e-5)
 
 
+def test_training_step_with_adamw_compiles_whole_and_matches_eager_for_10_steps():
+    """Adam's bias corrections are tensor expressions of its step count: no host read blocks the capture."""
+    data = [(tw.randn(32, 8), tw.randn(32, 4)) for _ in range(10)]
+
+    def make_step(model, opt):
+        def step(x, y):
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+
+    eager_model, compiled_model = _mlp(), _mlp()
+    eager_opt = tw.optim.AdamW(eager_model.parameters(), lr=1e-2)
+    compiled_opt = tw.optim.AdamW(compiled_model.parameters(), lr=1e-2)
+    eager_step, compiled_step = make_step(eager_model, eager_opt), tw.compile(make_step(compiled_model, compiled_opt))
+    for x, y in data:
+        np.testing.assert_allclose(compiled_step(x, y).item(), eager_step(x, y).item(), rtol=1e-5)
+    assert len(compiled_step.variants) == 2  # the first step creates the moment estimates, later steps update them
+    for a, b in zip(compiled_model.parameters(), eager_model.parameters()):
+        close(a, b, rtol=1e-4, atol=1e-5)
+        assert compiled_opt.state[a]["step"].item() == 10.0 and a.grad is None
+
+
 def test_compiled_module_stays_a_module_and_is_differentiable():
     model = _mlp()
     compiled = tw.compile(model)

@@ -6,6 +6,7 @@ from tilewise import dtypes
 from tilewise.autograd.grad_mode import no_grad
 from tilewise.ops.creation import zeros, zeros_like
 from tilewise.optim.optimizer import Optimizer
+from tilewise.tensor import Tensor
 
 
 class Adam(Optimizer):
@@ -55,15 +56,21 @@ class Adam(Optimizer):
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
                 exp_avg.lerp_(grad, 1 - beta1)
                 exp_avg_sq.mul_(beta2).add_(grad * (1 - beta2) * grad)
-                step = state["step"].item()
-                step_size = lr / (1 - beta1**step)
-                bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+                step_size, bias_correction2_sqrt = _bias_corrections(state["step"], lr, beta1, beta2)
                 if group["amsgrad"]:
                     state["max_exp_avg_sq"].copy_(state["max_exp_avg_sq"].maximum(exp_avg_sq))
                     exp_avg_sq = state["max_exp_avg_sq"]
                 denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
                 p.add_(exp_avg * -step_size / denom)
         return loss
+
+
+def _bias_corrections(step: Tensor, lr: float, beta1: float, beta2: float) -> tuple[Tensor, Tensor]:
+    """``lr / (1 - beta1**step)`` and ``sqrt(1 - beta2**step)`` as 0-dim tensors, so that a compiled training
+    step reads no value on the host. They are computed in float64, as torch computes them from the step's
+    Python value, and round to the parameters' dtype where they meet them."""
+    step = step.double()
+    return lr / (1 - beta1**step), (1 - beta2**step).sqrt()
 
 
 class AdamW(Adam):
