@@ -387,3 +387,30 @@ def test_demo_model_whole_training_step_matches_eager_for_20_steps():
     losses = [(compiled_step(x, y).item(), eager_step(x, y).item()) for x, y in _batches(20)]
     np.testing.assert_allclose(*zip(*losses), rtol=1e-5)
     assert len(compiled_step.variants) == 1
+
+
+def test_optimizer_reached_through_default_arguments_keeps_its_state_real():
+    """A step function holding its optimizer in a default argument: momentum created on the first call is
+    stored as a real tensor, and later calls match eager."""
+    def make():
+        tw.manual_seed(0)
+        model = tw.nn.Linear(8, 3)
+        return model, tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    data = [(tw.randn(4, 8), tw.randint(0, 3, (4,))) for _ in range(4)]
+    losses = []
+    for compiled in (False, True):
+        model, opt = make()
+
+        def step(x, y, model=model, opt=opt):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        run = tw.compile(step) if compiled else step
+        losses.append([run(x, y).item() for x, y in data])
+        buffer = opt.state[model.weight]["momentum_buffer"]
+        assert buffer._trace is None
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-6)

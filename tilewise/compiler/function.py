@@ -120,14 +120,18 @@ def _state_layout(states: list[dict]) -> tuple:
     return tuple(tuple((id(owner), entry_layout(entry)) for owner, entry in state.items()) for state in states)
 
 
-def optimizer_states(fn) -> list[dict]:
-    """The ``state`` tables of optimizers a function can reach: its closure, globals, or bound object."""
-    candidates = []
+def optimizer_states(fn, arguments: tuple = ()) -> list[dict]:
+    """The ``state`` tables of optimizers a function can reach: its arguments, default values, closure,
+    globals, or bound object."""
+    candidates = list(arguments)
     owner = getattr(fn, "__self__", None)
     if owner is not None:
         candidates += [owner, *getattr(owner, "__dict__", {}).values()]
+    function = getattr(fn, "__func__", fn)
+    candidates += [*(getattr(function, "__defaults__", None) or ()),
+                   *(getattr(function, "__kwdefaults__", None) or {}).values()]
     try:
-        found = inspect.getclosurevars(getattr(fn, "__func__", fn))
+        found = inspect.getclosurevars(function)
         candidates += [*found.nonlocals.values(), *found.globals.values()]
     except (TypeError, ValueError):
         pass
@@ -300,7 +304,7 @@ class CompiledFunction:
 
     def _compile(self, args: tuple, kwargs: dict, flat: list, spec) -> Variant:
         names, known = _module_tensors(self.module)
-        states = optimizer_states(self.fn)
+        states = optimizer_states(self.fn, (*args, *kwargs.values()))
         traced = trace(self.fn, args, kwargs, names=names, known=known, states=states)
         target, device = _target(traced)
         guards = make_guards(traced, flat, spec, self.module, states)
