@@ -153,8 +153,14 @@ def test_training_step_that_creates_optimizer_state():
         close(compiled_opt.state[a]["momentum_buffer"], eager_opt.state[b]["momentum_buffer"], rtol=1e-4, atol=1e-5)
 
 
-def test_training_step_with_adamw_compiles_whole_and_matches_eager_for_10_steps():
-    """Adam's bias corrections are tensor expressions of its step count: no host read blocks the capture."""
+@pytest.mark.parametrize("name,kwargs,variants", [
+    ("AdamW", dict(lr=1e-2), 2),  # the first step creates the moment estimates, later steps update them
+    ("Adagrad", dict(lr=0.1, lr_decay=0.01), 1),  # Adagrad creates its state up front
+])
+def test_training_step_with_a_step_counting_optimizer_compiles_whole_and_matches_eager_for_10_steps(name, kwargs,
+                                                                                                    variants):
+    """Step-dependent factors (Adam's bias corrections, Adagrad's decayed lr) are tensor expressions of the
+    optimizer's step count: no host read blocks the capture."""
     data = [(tw.randn(32, 8), tw.randn(32, 4)) for _ in range(10)]
 
     def make_step(model, opt):
@@ -167,12 +173,12 @@ def test_training_step_with_adamw_compiles_whole_and_matches_eager_for_10_steps(
         return step
 
     eager_model, compiled_model = _mlp(), _mlp()
-    eager_opt = tw.optim.AdamW(eager_model.parameters(), lr=1e-2)
-    compiled_opt = tw.optim.AdamW(compiled_model.parameters(), lr=1e-2)
+    eager_opt = getattr(tw.optim, name)(eager_model.parameters(), **kwargs)
+    compiled_opt = getattr(tw.optim, name)(compiled_model.parameters(), **kwargs)
     eager_step, compiled_step = make_step(eager_model, eager_opt), tw.compile(make_step(compiled_model, compiled_opt))
     for x, y in data:
         np.testing.assert_allclose(compiled_step(x, y).item(), eager_step(x, y).item(), rtol=1e-5)
-    assert len(compiled_step.variants) == 2  # the first step creates the moment estimates, later steps update them
+    assert len(compiled_step.variants) == variants
     for a, b in zip(compiled_model.parameters(), eager_model.parameters()):
         close(a, b, rtol=1e-4, atol=1e-5)
         assert compiled_opt.state[a]["step"].item() == 10.0 and a.grad is None

@@ -88,10 +88,9 @@ class Adagrad(Optimizer):
                 grad = -p.grad if group["maximize"] else p.grad
                 state = self.state[p]
                 state["step"].add_(1)
-                step = state["step"].item()
                 if group["weight_decay"] != 0:
                     grad = grad.add(p, alpha=group["weight_decay"])
-                clr = group["lr"] / (1 + (step - 1) * group["lr_decay"])
+                clr = group["lr"] / (1 + (state["step"].double() - 1) * group["lr_decay"])  # no host read: compilable
                 state["sum"].add_(grad * grad)
                 std = state["sum"].sqrt().add_(group["eps"])
                 p.add_(grad * -clr / std)
