@@ -191,27 +191,49 @@ def test_cuda_kernels_compile(info, k):
         assert all(f".entry {kk.name}" in compiled.ptx for kk in low.kernels.values())
 
 
+def _with_given_grads(info, args, kwargs, n: int):
+    """Outputs and the gradients of the floating outputs for grad outputs passed after the ``n`` inputs."""
+    forward = _forward_only(info, args, kwargs)
+
+    def run(*tensors):
+        outs = forward(*tensors[:n])
+        diff = [o for o in outs if o.requires_grad and o.dtype.is_floating_point]
+        inputs = [t for t in tensors[:n] if t.requires_grad]
+        if not (info.grad and diff and inputs):
+            return outs, []
+        grads = tw.autograd.grad(diff, inputs, list(tensors[n:]), allow_unused=True)
+        return outs, [g for g in grads if g is not None]
+
+    return run
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("info,k", CASES, ids=[f"{i.name}-{k}" for i, k in CASES])
 def test_compiled_matches_eager_on_cuda(info, k):
     sample = info.samples()[k]
     args, kwargs, tensors = _inputs(info, sample, seed=k, noncontiguous=info.noncontiguous)
     tensors = _on("cuda", tensors)
-    eager = _program(info, args, kwargs, len(tensors), np.random.default_rng(7))
     try:
         tw.manual_seed(0)
-        expected = eager(*tensors)
+        outs = _forward_only(info, args, kwargs)(*tensors)
+        rng = np.random.default_rng(7)
+        gouts = [tw.from_numpy(rng.standard_normal(tuple(o.shape)).astype(np.float32)).to("cuda", o.dtype)
+                 for o in outs if o.requires_grad and o.dtype.is_floating_point]
+        fn = _with_given_grads(info, args, kwargs, len(tensors))
+        tw.manual_seed(0)
+        expected = fn(*tensors, *gouts)
     except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
         pytest.skip(f"eager raises for this sample: {exc}")
-    compiled = tw.compile(_program(info, args, kwargs, len(tensors), np.random.default_rng(7)))
+    compiled = tw.compile(_with_given_grads(info, args, kwargs, len(tensors)))
     for call in range(2):  # the second call replays a CUDA graph where the program can be captured
         tw.manual_seed(0)
         try:
-            actual = compiled(*tensors)
+            actual = compiled(*tensors, *gouts)
         except DataDependentError:
             if info.name in DATA_DEPENDENT:
                 return
             raise
+        assert compiled.eager_reason is None, compiled.eager_reason
         where = f"{info.name}[{sample.name or k}] call {call}"
         _compare([a.cpu() for a in actual[0]], [e.cpu() for e in expected[0]], f"{where}: outputs", info)
         _compare([a.cpu() for a in actual[1]], [e.cpu() for e in expected[1]], f"{where}: gradients", info)

@@ -30,7 +30,7 @@ class Adam(Optimizer):
     def _state(self, p, amsgrad: bool) -> dict:
         state = self.state[p]
         if not state:
-            state["step"] = zeros((), dtype=dtypes.float32)
+            state["step"] = zeros((), dtype=dtypes.float32, device=p.device)  # with p: a compiled step stays on p's device
             state["exp_avg"] = zeros_like(p)
             state["exp_avg_sq"] = zeros_like(p)
             if amsgrad:
