@@ -173,3 +173,22 @@ def test_whole_training_step_on_cuda_matches_eager(optimizer):
         run = tw.compile(step) if mode == "compiled" else step
         losses[mode] = [float(run(x, y).item()) for x, y in data]
     np.testing.assert_allclose(losses["compiled"], losses["eager"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_long_row_is_split_even_when_its_elements_are_stored_too():
+    def norm_and_scaled(g):
+        c = g.clone()
+        return c, (c * c).sum().sqrt()
+
+    _, plans = cuda_plans(norm_and_scaled, tw.randn(589824))
+    assert [p.split > 1 for p in plans] == [True]
+
+
+@pytest.mark.cuda
+def test_split_sum_with_element_stores_on_cuda():
+    f = tw.compile(lambda g: ((g * 2).exp(), (g * g).sum().sqrt()))
+    g = tw.randn(589824, device="cuda")
+    for _ in range(2):
+        a, b = f(g)
+        _close(a, (g * 2).exp(), 1e-5, 1e-6)
+        _close(b, (g * g).sum().sqrt(), 1e-5, 1e-6)

@@ -186,9 +186,9 @@ def test_cuda_kernels_compile(info, k):
         assert info.name in DATA_DEPENDENT
         return
     low = lower_program(run_pipeline(traced.graph), "cuda")
-    if low.kernels:
-        compiled = compile_cached(low.source, [kk.name for kk in low.kernels.values()], "sm_90")
-        assert all(f".entry {kk.name}" in compiled.ptx for kk in low.kernels.values())
+    assert sorted(low.sources) == sorted(kk.name for kk in low.kernels.values())
+    for name, source in low.sources.items():
+        assert f".entry {name}" in compile_cached(source, name, "sm_90").ptx
 
 
 def _with_given_grads(info, args, kwargs, n: int):

@@ -149,7 +149,8 @@ class Lowered:
     kernels: dict[Node, Kernel]
     schedules: list[KernelSchedule]
     plan: MemoryPlan
-    source: str
+    source: str  # the whole program's text (CUDA: the kernels' translation units one after another)
+    sources: dict[str, str] = field(default_factory=dict)  # CUDA: kernel name -> its translation unit
 
 
 def lower_program(graph: Graph, target: str = "c") -> Lowered:
@@ -162,15 +163,17 @@ def lower_program(graph: Graph, target: str = "c") -> Lowered:
             kernels[node] = lower(node.args[0])
     plan = plan_memory(fused, kernels)
     schedules = [schedule(k, target) for k in kernels.values()]
+    sources: dict[str, str] = {}
     if not schedules:
         source = ""
     elif target == "cuda":
         from tilewise.compiler.render.fused_cuda import render_program as render_cuda
 
-        source = render_cuda(schedules, _aliased_kernels(kernels, plan))
+        sources = render_cuda(schedules, _aliased_kernels(kernels, plan))
+        source = "\n".join(sources.values())
     else:
         source = render_program(schedules, LANGUAGES[target])
-    return Lowered(fused, kernels, schedules, plan, source)
+    return Lowered(fused, kernels, schedules, plan, source, sources)
 
 
 def _aliased_kernels(kernels: dict[Node, Kernel], plan: MemoryPlan) -> set[str]:
@@ -204,7 +207,7 @@ def _cuda_program(low: Lowered, device, graphs: bool) -> Program:
     from tilewise.compiler import program_cuda as pc
 
     fused, plan = low.fused, low.plan
-    functions = pc.compile_module(low.source, [k.name for k in low.kernels.values()], device) if low.kernels else {}
+    functions = pc.compile_kernels(low.sources, device)
     by_kernel = {s.kernel.name: s for s in low.schedules}
     steps: list = []
     for node, results in _step_nodes(fused):

@@ -23,6 +23,8 @@ program is not captured.
 
 from __future__ import annotations
 
+import os
+
 from tilewise.backends.cuda import DeviceBuffer, stream_handle
 from tilewise.backends.cuda.runtime import Stream, check, copy_dtod, get_device_properties
 from tilewise.backends.cuda.runtime.driver import driver_api
@@ -72,6 +74,8 @@ class CudaKernelStep:
     def run(self, pointers: list, stream: int) -> None:
         from tilewise.backends.cuda.kernels import launch
 
+        if not self.grid:  # every nest is empty
+            return
         launch(self.function, self.grid, self.block, [pointers[b] for b in self.buffers] + self.extra, stream)
 
     def describe(self) -> str:
@@ -267,16 +271,19 @@ class CudaRuntime:
         return _Graph(executable, graph, outputs)
 
 
-def compile_module(source: str, names: list[str], device: Device) -> dict:
-    """Compile a program's CUDA source for ``device`` (through the kernel cache) and load its kernels."""
+def compile_kernels(sources: dict[str, str], device: Device) -> dict:
+    """Compile each kernel's CUDA source for ``device`` (in parallel, through the kernel cache) and load it."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tilewise.compiler.toolchain import compile_cached, load_module
 
     arch = get_device_properties(device.index).arch
-    compiled = compile_cached(source, names, arch)
-    module = load_module(compiled.cubin, device.index)
+    names = list(sources)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1, 16))) as pool:
+        compiled = list(pool.map(lambda name: compile_cached(sources[name], name, arch), names))
     functions = {}
-    for name in names:
-        fn = module.get_function(name)
-        fn.source = source
+    for name, kernel in zip(names, compiled):
+        fn = load_module(kernel.cubin, device.index).get_function(name)
+        fn.source = sources[name]
         functions[name] = fn
     return functions

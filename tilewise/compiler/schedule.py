@@ -307,12 +307,13 @@ SPLIT_MIN_VECTORS = 8  # per thread and block: below this a row is not worth ano
 
 
 def split_rows(nest: Nest, plan: CudaPlan, block: int) -> CudaPlan:
-    """Share each of a few long rows among blocks when one phase folds it and only per-row values are stored."""
+    """Share each of a few long rows among blocks when one phase folds it (its element-wise stores happen in
+    the chunk that holds the element, its per-row stores in the row's last block)."""
     rows = S.numel([nest.shape[d] for d in nest.outer])
     row = S.numel([nest.shape[d] for d in nest.reduce])
     per_block = block * plan.vector * SPLIT_MIN_VECTORS
     if (plan.strategy != "rows" or plan.rows_per_block != 1 or rows > SPLIT_MAX_ROWS or nest.phases != 1
-            or any(st.phase is not None for st in nest.stores) or row < 2 * per_block):
+            or row < 2 * per_block):
         return plan
     split = min(-(-row // per_block), max(2, SPLIT_TARGET_BLOCKS // rows))
     chunk = -(-(-(-row // split)) // plan.vector) * plan.vector

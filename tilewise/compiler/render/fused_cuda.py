@@ -412,8 +412,12 @@ def render_kernel(sched: KernelSchedule, source: Source, aliased: bool = False) 
         "\n".join(w.lines) + "\n}"
 
 
-def render_program(scheds: list[KernelSchedule], aliased: set[str] = frozenset()) -> str:
-    """One CUDA translation unit holding every kernel of a program (helpers emitted once)."""
-    source = Source(CUDA)
-    bodies = [render_kernel(s, source, s.kernel.name in aliased) for s in scheds]
-    return source.text("\n\n".join(bodies))
+def render_program(scheds: list[KernelSchedule], aliased: set[str] = frozenset()) -> dict[str, str]:
+    """One CUDA translation unit per kernel of a program, by kernel name: compiled in parallel, and a kernel
+    two programs share (the variants of one function) is compiled once."""
+    sources = {}
+    for s in scheds:
+        source = Source(CUDA)
+        body = render_kernel(s, source, s.kernel.name in aliased)
+        sources[s.kernel.name] = source.text(body)
+    return sources
