@@ -226,9 +226,11 @@ def _new_group(node: Node) -> Group | None:
 class _Partition:
     """Greedy grouping with convexity bookkeeping.
 
-    Group ids merge through union-find. ``ancestors[node]`` holds the groups a node depended on when it was
-    placed, ``deps[group]`` the groups its members' external operands depend on; a group's dependencies
-    grow as it gains members, so what a node reaches is the closure over ``deps`` taken when asked.
+    Group ids merge through union-find. ``ancestors[node]`` holds the *frontier* of a node outside any
+    group: the groups its operands belong to, through operands outside groups too; ``deps[group]`` the
+    frontier of its members' external operands. A group's dependencies grow as it gains members, so what
+    a node reaches is the closure over ``deps`` taken when asked (storing frontiers, not closures, keeps
+    placing a node proportional to its operands, not to the number of groups).
     """
 
     def __init__(self, order: dict[Node, int]):
@@ -245,11 +247,15 @@ class _Partition:
             gid = self.parent[gid]
         return gid
 
+    def frontier(self, node: Node) -> set[int]:
+        """The groups nearest to ``node`` it depends on (its own, if it is in one)."""
+        if node in self.group_of:
+            return {self.find(self.group_of[node])}
+        return {self.find(g) for g in self.ancestors.get(node, ())}
+
     def reach(self, node: Node) -> set[int]:
         """Every group ``node`` depends on, directly or through other groups (its own included)."""
-        todo = {self.find(g) for g in self.ancestors.get(node, ())}
-        if node in self.group_of:
-            todo.add(self.find(self.group_of[node]))
+        todo = self.frontier(node)
         found: set[int] = set()
         while todo:
             gid = todo.pop()
@@ -264,7 +270,8 @@ class _Partition:
     def add(self, node: Node) -> None:
         if fusion_kind(node) in ("elementwise", "reduction"):
             self._place(node)
-        self.ancestors[node] = set().union(*(self.reach(s) for s in node.srcs)) if node.srcs else set()
+        if node not in self.group_of:
+            self.ancestors[node] = set().union(*(self.frontier(s) for s in node.srcs)) if node.srcs else set()
 
     def _candidates(self, node: Node) -> list[int]:
         out = []
@@ -300,7 +307,7 @@ class _Partition:
     def _join(self, node: Node, gid: int, external: list[Node]) -> None:
         self.group_of[node] = gid
         for src in external:
-            self.deps[gid] |= self.reach(src) - {gid}
+            self.deps[gid] |= self.frontier(src) - {gid}
 
     def _merged_candidate(self, candidates: list[int]) -> int | None:
         """Merge several operand groups with one domain into the first, when no path joins them outside."""
