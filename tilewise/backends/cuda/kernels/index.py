@@ -33,26 +33,28 @@ TAKE, PUT, ADD = "take", "put", "add"
 _ATOMIC = {"float32", "float64", "float16", "bfloat16", "int32", "int64"}
 
 
-def _indexed_kernel(mode: str, dtype: DType, n_index: int, rank: int, device: int):
+def _indexed_kernel(mode: str, dtype: DType, n_index: int, rank: int, device: int, idx: str = "long long"):
+    """``idx``: the C type of positions and offsets ("int" when every offset fits: 64-bit division per
+    dim costs more than the memory access)."""
     source = Source(CUDA)
     source.need_storage(dtype)
     c = CUDA.ctype(dtype)
-    name = f"tw_index_{mode}_{SUFFIX[dtype.name]}_k{n_index}_r{rank}"
+    name = f"tw_index_{mode}_{SUFFIX[dtype.name]}_k{n_index}_r{rank}" + ("_i32" if idx == "int" else "")
     params = [f"{c}* __restrict__ x", f"{'const ' if mode != TAKE else ''}{c}* __restrict__ v",
-              *(f"const long long* __restrict__ idx{k}" for k in range(n_index)), "long long n",
-              *(f"long long size{d}" for d in range(rank)), *(f"long long a{d}" for d in range(rank)),
-              *(f"long long v{d}" for d in range(rank)),
-              *(f"long long b{k}_{d}" for k in range(n_index) for d in range(rank)),
-              *(f"long long s{k}, long long dim{k}" for k in range(n_index))]
-    lines = ["const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;", "if (i >= n) return;",
-             "long long rem = i, off = 0, voff = 0;", *(f"long long ioff{k} = 0;" for k in range(n_index))]
+              *(f"const long long* __restrict__ idx{k}" for k in range(n_index)), f"{idx} n",
+              *(f"{idx} size{d}" for d in range(rank)), *(f"{idx} a{d}" for d in range(rank)),
+              *(f"{idx} v{d}" for d in range(rank)),
+              *(f"{idx} b{k}_{d}" for k in range(n_index) for d in range(rank)),
+              *(f"{idx} s{k}, {idx} dim{k}" for k in range(n_index))]
+    lines = [f"const {idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x;", "if (i >= n) return;",
+             f"{idx} rem = i, off = 0, voff = 0;", *(f"{idx} ioff{k} = 0;" for k in range(n_index))]
     for d in range(rank - 1, -1, -1):
         coord = "rem" if d == 0 else f"rem % size{d}"
         adds = "".join(f" ioff{k} += cd * b{k}_{d};" for k in range(n_index))
-        lines.append(f"{{ const long long cd = {coord}; off += cd * a{d}; voff += cd * v{d};{adds}"
+        lines.append(f"{{ const {idx} cd = {coord}; off += cd * a{d}; voff += cd * v{d};{adds}"
                      + (f" rem /= size{d}; }}" if d else " }"))
     for k in range(n_index):
-        lines.append(f"{{ long long j = idx{k}[ioff{k}]; if (j < 0) j += dim{k}; off += j * s{k}; }}")
+        lines.append(f"{{ long long j = idx{k}[ioff{k}]; if (j < 0) j += dim{k}; off += ({idx})j * s{k}; }}")
     if mode == TAKE:
         lines.append("v[i] = x[off];")
     elif mode == PUT:
@@ -78,7 +80,8 @@ def indexed(mode: str, x: Tensor, v: Tensor, shape: tuple, a: tuple, v_strides: 
     def padded(strides) -> tuple:
         return tuple(strides) if strides else (0,) * rank
 
-    fn = _indexed_kernel(mode, x._dtype, len(indices), rank, x._device.index)
+    small = max(n, x._storage.size, v._storage.size, *(t._storage.size for t, _, _, _ in indices)) < 2**31 - 1
+    fn = _indexed_kernel(mode, x._dtype, len(indices), rank, x._device.index, "int" if small else "long long")
     args = [data_ptr(x), data_ptr(v), *(data_ptr(t) for t, _, _, _ in indices), n, *(tuple(shape) or (1,)),
             *padded(a), *padded(v_strides)]
     for _, strides, _, _ in indices:
