@@ -93,6 +93,22 @@ def run(op, args: tuple):
 
 def device_of(op, args: tuple) -> Device:
     """The device an op runs on: its tensors' common device (0-dim CPU tensors may join any device)."""
+    if not op.list_idx:  # the common case: when every tensor argument is on one device, that device is the answer
+        found = None
+        for k in op.tensor_idx:
+            a = args[k]
+            if type(a) is Tensor:
+                if found is None:
+                    found = a._device
+                elif a._device is not found:
+                    break
+        else:
+            if found is not None:
+                return found
+    return _common_device(op, args)
+
+
+def _common_device(op, args: tuple) -> Device:
     found = None
     scalar_cpu = None
     for k in op.tensor_idx:

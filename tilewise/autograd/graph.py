@@ -173,6 +173,8 @@ _NODE_NAMES: dict = {}  # op -> torch-style node name, e.g. MulBackward0
 class OpNode(Node):
     """Backward of one operator call, driven by the operator's derivative formulas."""
 
+    shapes: Mapping[str, tuple] = MappingProxyType({})  # "<input>_shape" -> shape, for the formulas that read one
+
     def __init__(self, op, slots: tuple, edges: tuple, input_meta: list, output_meta: list):
         self.op = op
         self.slots = slots  # (param index, list position) per tensor input, in the order of ``next_functions``
@@ -180,7 +182,6 @@ class OpNode(Node):
         self.input_meta = input_meta  # (shape, dtype, device) per input that needs a gradient, else None
         self.output_meta = output_meta  # (shape, dtype, device) per differentiable output, else None
         self.saved: dict = {}  # only what the derivative formulas read: holding ``args`` would keep every input alive
-        self.shapes: dict[str, tuple] = {}  # input shapes, for formulas that read `<input>_shape`
 
     def name(self) -> str:
         name = _NODE_NAMES.get(self.op)
@@ -193,7 +194,7 @@ class OpNode(Node):
         return max(len(self.output_meta), 1)
 
     def _env(self, grads: list) -> dict:
-        env = {f"{name}_shape": shape for name, shape in self.shapes.items()}
+        env = dict(self.shapes)
         for key, value in self.saved.items():
             if isinstance(value, SavedTensor):
                 value = value.unpack()
@@ -287,18 +288,19 @@ def edge(t) -> tuple:
 class _Recipe:
     """What recording a call of one operator reads from the operator, worked out once per operator."""
 
-    __slots__ = ("tensor_params", "slots", "shape_params", "saves")
+    __slots__ = ("inputs", "slots", "shape_params", "saves")
 
     def __init__(self, op):
-        params = op.schema.params
-        self.tensor_params = tuple((k, p.name, p.is_list, op.derivatives.get(p.name) is not None)
-                                   for k, p in enumerate(params) if p.type == "Tensor")
-        lists = any(is_list for _, _, is_list, _ in self.tensor_params)
-        self.slots = None if lists else tuple((k, None) for k, _, _, _ in self.tensor_params)  # else per call
+        tensor_params = [(k, p) for k, p in enumerate(op.schema.params) if p.type == "Tensor"]
+        # (bit, position, is a list, has a derivative) per tensor parameter; the bit marks it in ``wanted`` masks
+        self.inputs = tuple((1 << i, k, p.is_list, op.derivatives.get(p.name) is not None)
+                            for i, (k, p) in enumerate(tensor_params))
+        lists = any(p.is_list for _, p in tensor_params)
+        self.slots = None if lists else tuple((k, None) for k, _ in tensor_params)  # with lists: _list_slots
         read = frozenset().union(*(f.uses for f in op.derivatives.values() if f is not None))
-        self.shape_params = tuple((k, name, is_list) for k, name, is_list, _ in self.tensor_params
-                                  if f"{name}_shape" in read)
-        self.saves: dict[int, tuple] = {}  # mask of the inputs that need a gradient -> _saves(op, mask)
+        self.shape_params = tuple((k, f"{p.name}_shape", p.is_list) for k, p in tensor_params
+                                  if f"{p.name}_shape" in read)
+        self.saves: dict[int, tuple] = {}  # ``wanted`` mask -> _saves(op, mask)
 
 
 _RECIPES: dict = {}  # op -> _Recipe
@@ -317,15 +319,14 @@ def record(op, args: tuple):
     recipe = _RECIPES.get(op)
     if recipe is None:
         recipe = _RECIPES[op] = _Recipe(op)
-    edges, metas, slots, wanted = [], [], [], 0  # wanted: bit i set when tensor parameter i needs a gradient
-    for i, (k, _, is_list, diff) in enumerate(recipe.tensor_params):
+    edges, metas, wanted = [], [], 0  # wanted: the bits of the inputs that need a gradient
+    for bit, k, is_list, diff in recipe.inputs:
         value = args[k]
-        for pos, a in enumerate(value) if is_list else ((None, value),):
-            slots.append((k, pos))
+        for a in value if is_list else (value,):
             if diff and type(a) is Tensor and a._requires_grad:
-                edges.append(edge(a))
+                edges.append((a.grad_fn, a._output_nr) if a.grad_fn is not None else (accumulate_node(a), 0))
                 metas.append((a._shape, a._dtype, a._device))
-                wanted |= 1 << i
+                wanted |= bit
             else:
                 edges.append(_NO_EDGE)
                 metas.append(None)
@@ -333,18 +334,15 @@ def record(op, args: tuple):
         return out
     outputs = out if isinstance(out, tuple) else (out,)
     output_meta = []
-    node = OpNode(op, recipe.slots or tuple(slots), tuple(edges), metas, output_meta)
+    slots = recipe.slots if recipe.slots is not None else _list_slots(recipe, args)
+    node = OpNode(op, slots, tuple(edges), metas, output_meta)
     for i, o in enumerate(outputs):
         differentiable = i not in op.nondiff_outputs and type(o) is Tensor and o._dtype.is_floating_point
         output_meta.append((o._shape, o._dtype, o._device) if differentiable else None)
         if differentiable:
             o.grad_fn, o._output_nr, o._requires_grad = node, i, True
-    for k, name, is_list in recipe.shape_params:
-        value = args[k]
-        if type(value) is Tensor:
-            node.shapes[name] = value._shape
-        elif is_list:  # a list's shapes, so a formula like cat's need not save the tensors themselves
-            node.shapes[name] = tuple(a._shape if type(a) is Tensor else () for a in value)
+    if recipe.shape_params:
+        node.shapes = _input_shapes(recipe, args)
     saves = recipe.saves.get(wanted)
     if saves is None:
         saves = recipe.saves[wanted] = _saves(op, recipe, wanted)
@@ -352,12 +350,35 @@ def record(op, args: tuple):
     return out
 
 
+def _input_shapes(recipe: _Recipe, args: tuple) -> dict[str, tuple]:
+    shapes = {}
+    for k, key, is_list in recipe.shape_params:
+        value = args[k]
+        if type(value) is Tensor:
+            shapes[key] = value._shape
+        elif is_list:  # a list's shapes, so a formula like cat's need not save the tensors themselves
+            shapes[key] = tuple(a._shape if type(a) is Tensor else () for a in value)
+    return shapes
+
+
+def _list_slots(recipe: _Recipe, args: tuple) -> tuple:
+    """(param index, list position) per tensor input of an operator with tensor-list parameters."""
+    slots = []
+    for _, k, is_list, _ in recipe.inputs:
+        if is_list:
+            slots.extend((k, pos) for pos in range(len(args[k])))
+        else:
+            slots.append((k, None))
+    return tuple(slots)
+
+
 def _saves(op, recipe: _Recipe, wanted: int) -> tuple[tuple[tuple[str, int], ...], bool]:
     """The arguments (name, position) that the derivative formulas of the inputs in ``wanted`` read, and
     whether they read the result: torch saves no more."""
-    names = [name for i, (_, name, _, diff) in enumerate(recipe.tensor_params) if diff and wanted >> i & 1]
+    params = op.schema.params
+    names = [params[k].name for bit, k, _, diff in recipe.inputs if diff and wanted & bit]
     uses = frozenset().union(*(op.derivatives[name].uses for name in names))
-    return tuple((p.name, k) for k, p in enumerate(op.schema.params) if p.name in uses), "result" in uses
+    return tuple((p.name, k) for k, p in enumerate(params) if p.name in uses), "result" in uses
 
 
 def _save(node: OpNode, args: tuple, out, saves: tuple) -> None:

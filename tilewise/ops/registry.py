@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import namedtuple
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from tilewise.dispatch import call as dispatch_call
 from tilewise.ops.expr import Expr
@@ -86,11 +87,11 @@ class OpDef:
     attrs: dict = field(default_factory=dict)
     _param_names: tuple[str, ...] | None = field(default=None, repr=False)
 
-    @property
+    @cached_property  # read on every call by backends and errors: after the first read, a plain attribute
     def name(self) -> str:
         return self.schema.name
 
-    @property
+    @cached_property
     def full_name(self) -> str:
         return self.schema.full_name
 

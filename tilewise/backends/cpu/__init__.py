@@ -188,7 +188,7 @@ def _result(res, shape: tuple, out_dtype) -> Tensor:
         res = np.asarray(res)
     if res.shape != shape:
         res = np.broadcast_to(res, shape).copy()
-    if res.dtype != out_dtype.np:
+    if res.dtype is not out_dtype.np and res.dtype != out_dtype.np:  # identity first: numpy's built-in dtypes are singletons
         res = cast_array(res, out_dtype.np)
     return from_array(res, out_dtype)
 
@@ -213,9 +213,33 @@ _REDUCERS = {
 }
 
 
+_reduction_plans: dict[tuple, tuple] = {}  # (op, input dtype, rank, other arguments) -> _reduction_plan(op, args)
+
+
 def run_reduction(op, args: tuple):
     x = args[0]
-    ndim = len(x._shape)
+    key = (op, x._dtype, len(x._shape), args[1:])
+    plan = _reduction_plans.get(key)
+    if plan is None:
+        plan = _reduction_plans[key] = _reduction_plan(op, args)
+    dims, keepdim, out_dtype, compute = plan
+    a = x._np()
+    if a.dtype != compute.np:
+        a = a.astype(compute.np)
+    if op.reduce in ("max", "min") and any(x._shape[d] == 0 for d in dims):
+        raise IndexError(f"{op.name}(): Expected reduction dim {dims[0]} to have non-zero size; the input has shape "
+                         f"{list(x._shape)}. Specify an identity or reduce over a non-empty dim.")
+    res = _REDUCERS[op.reduce](a, axis=dims, keepdims=keepdim) if x._shape else a
+    res = np.asarray(res)
+    if res.dtype != out_dtype.np:
+        res = cast_array(res, out_dtype.np)
+    return from_array(res, out_dtype)
+
+
+def _reduction_plan(op, args: tuple) -> tuple:
+    """(dims, keepdim, out dtype, compute dtype) of a reduction call: functions of the input's dtype and rank
+    and of the other arguments, hence computed once per combination of those."""
+    ndim = len(args[0]._shape)
     names = op.param_names()
     dim = args[1] if len(args) > 1 and names[1] == "dim" else None
     dims = normalize_dims(dim, ndim, op.name)
@@ -223,17 +247,7 @@ def run_reduction(op, args: tuple):
         dims = tuple(range(ndim))  # torch: sum(dim=[]) reduces everything
     keepdim = args[names.index("keepdim")] if "keepdim" in names else False
     out_dtype, compute = op.dtype_rule(op, args)
-    a = x._np()
-    if a.dtype != compute.np:
-        a = a.astype(compute.np)
-    if op.reduce in ("max", "min") and any(x._shape[d] == 0 for d in dims):
-        raise IndexError(f"{op.name}(): Expected reduction dim {dims[0]} to have non-zero size; the input has shape "
-                         f"{list(x._shape)}. Specify an identity or reduce over a non-empty dim.")
-    res = _REDUCERS[op.reduce](a, axis=dims, keepdims=keepdim) if ndim else a
-    res = np.asarray(res)
-    if res.dtype != out_dtype.np:
-        res = cast_array(res, out_dtype.np)
-    return from_array(res, out_dtype)
+    return dims, keepdim, out_dtype, compute
 
 
 def _load_kernels() -> None:
