@@ -199,6 +199,9 @@ def _try_join(node: Node, group: Group) -> bool:
         if dims is None:
             return False
         group.dims[node] = dims
+    if any(d is None and size != 1 for d, size in zip(group.dims[node], node.type.shape)):
+        del group.dims[node]  # constant along a dim of its own (read through an expand): it could not be stored
+        return False
     group.members.append(node)
     return True
 
