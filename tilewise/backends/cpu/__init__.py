@@ -131,8 +131,9 @@ _UNPLANNED = object()
 
 
 def run_pointwise(op, args: tuple):
-    first = _uniform_operand(op, args)
-    if first is not None:
+    arrays = _uniform_arrays(op, args)
+    if arrays:
+        first = args[op.tensor_idx[0]]
         key = (op, first._dtype)
         plan = _uniform_plans.get(key, _UNPLANNED)
         if plan is _UNPLANNED:
@@ -140,10 +141,7 @@ def run_pointwise(op, args: tuple):
         if plan is not None:  # the general path below, with the dtype rule and the kernel lookup done once
             out_dtype, cast_to, kernels = plan
             fn, scalar_idx = _pick_static(kernels, args)
-            if cast_to is None:
-                values = [args[k]._np() for k in op.tensor_idx]
-            else:
-                values = [args[k]._np().astype(cast_to) for k in op.tensor_idx]
+            values = arrays if cast_to is None else [a.astype(cast_to) for a in arrays]
             for k in scalar_idx:
                 values.append(args[k])
             return _result(run_quietly(fn, values), first._shape, out_dtype)
@@ -157,9 +155,10 @@ def run_pointwise(op, args: tuple):
     return _result(run_quietly(fn, values), shape, out_dtype)
 
 
-def _uniform_operand(op, args: tuple) -> Tensor | None:
-    """The first tensor operand, when every tensor operand is a Tensor of its dtype and shape."""
+def _uniform_arrays(op, args: tuple) -> list[np.ndarray] | None:
+    """The tensor operands' arrays, when every tensor operand is a Tensor of the first one's dtype and shape."""
     first = None
+    arrays = []
     for k in op.tensor_idx:
         a = args[k]
         if type(a) is not Tensor:
@@ -168,7 +167,8 @@ def _uniform_operand(op, args: tuple) -> Tensor | None:
             first = a
         elif a._dtype is not first._dtype or a._shape != first._shape:
             return None
-    return first
+        arrays.append(a._np())
+    return arrays
 
 
 def _uniform_plan(op, args: tuple, dtype) -> tuple | None:
