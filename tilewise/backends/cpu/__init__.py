@@ -188,7 +188,7 @@ def _result(res, shape: tuple, out_dtype) -> Tensor:
         res = np.asarray(res)
     if res.shape != shape:
         res = np.broadcast_to(res, shape).copy()
-    if res.dtype is not out_dtype.np and res.dtype != out_dtype.np:  # identity first: numpy's built-in dtypes are singletons
+    if res.dtype is not out_dtype.np and res.dtype != out_dtype.np:  # identity first: numpy's dtypes are interned
         res = cast_array(res, out_dtype.np)
     return from_array(res, out_dtype)
 
