@@ -224,14 +224,14 @@ def run_reduction(op, args: tuple):
         plan = _reduction_plans[key] = _reduction_plan(op, args)
     dims, keepdim, out_dtype, compute = plan
     a = x._np()
-    if a.dtype != compute.np:
+    if a.dtype is not compute.np and a.dtype != compute.np:
         a = a.astype(compute.np)
     if op.reduce in ("max", "min") and any(x._shape[d] == 0 for d in dims):
         raise IndexError(f"{op.name}(): Expected reduction dim {dims[0]} to have non-zero size; the input has shape "
                          f"{list(x._shape)}. Specify an identity or reduce over a non-empty dim.")
     res = _REDUCERS[op.reduce](a, axis=dims, keepdims=keepdim) if x._shape else a
     res = np.asarray(res)
-    if res.dtype != out_dtype.np:
+    if res.dtype is not out_dtype.np and res.dtype != out_dtype.np:
         res = cast_array(res, out_dtype.np)
     return from_array(res, out_dtype)
 
