@@ -192,3 +192,57 @@ def test_split_sum_with_element_stores_on_cuda():
         a, b = f(g)
         _close(a, (g * 2).exp(), 1e-5, 1e-6)
         _close(b, (g * g).sum().sqrt(), 1e-5, 1e-6)
+
+
+def _epilogue_graph(fn, *args):
+    from tilewise.compiler.passes.epilogues import gemm_epilogues
+
+    return gemm_epilogues(run_pipeline(trace(fn, args, {}).graph))
+
+
+def test_linear_bias_gelu_becomes_one_gemm_with_its_epilogue():
+    w, b = tw.randn(32, 16), tw.randn(32)
+    graph = _epilogue_graph(lambda x: F.gelu(F.linear(x, w, b), approximate="tanh"), tw.randn(8, 16))
+    assert [n.op for n in graph.body if n.kind != "view"] == ["_addmm_activation"]
+    assert graph.body[-1].args[-1] is True  # use_gelu
+    graph = _epilogue_graph(lambda x: F.linear(x, w, b).relu(), tw.randn(8, 16))
+    assert [n.op for n in graph.body if n.kind != "view"] == ["_addmm_activation"]
+    graph = _epilogue_graph(lambda x: F.linear(x, w, b), tw.randn(8, 16))
+    assert [n.op for n in graph.body if n.kind != "view"] == ["addmm"]
+
+
+def test_an_epilogue_is_not_taken_when_the_product_is_read_elsewhere():
+    w, b = tw.randn(32, 16), tw.randn(32)
+
+    def f(x):
+        y = x @ w.t()
+        return (y + b).relu(), y.sum()
+
+    graph = _epilogue_graph(f, tw.randn(8, 16))
+    assert "mm" in [n.op for n in graph.body] and "_addmm_activation" not in [n.op for n in graph.body]
+    graph = _epilogue_graph(lambda x: F.gelu(F.linear(x, w, b)), tw.randn(8, 16))  # exact GELU: no epilogue
+    assert "_addmm_activation" not in [n.op for n in graph.body]
+
+
+def test_addmm_activation_with_gelu_is_the_tanh_approximation():
+    b, m1, m2 = tw.randn(5), tw.randn(3, 4), tw.randn(4, 5)
+    expected = F.gelu(tw.addmm(b, m1, m2), approximate="tanh")
+    np.testing.assert_allclose(tw._addmm_activation(b, m1, m2, use_gelu=True).numpy(), expected.numpy(), rtol=1e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_linear_bias_gelu_on_cuda_is_one_cublaslt_call(dtype):
+    dt = getattr(tw, dtype)
+    w, b = tw.randn(3072, 768, device="cuda").to(dt) * 0.03, tw.randn(3072, device="cuda").to(dt)
+
+    def f(x):
+        return F.gelu(F.linear(x, w, b), approximate="tanh")
+
+    compiled = tw.compile(f)
+    x = tw.randn(256, 768, device="cuda").to(dt)
+    tol = 1e-3 if dtype == "float32" else 3e-2
+    for _ in range(2):
+        _close(compiled(x), f(x), tol, tol)
+    (program,) = compiled.programs()
+    assert program.kernel_count == 0 and [s.node.op for s in program.steps] == ["_addmm_activation"]

@@ -152,6 +152,11 @@ OPINFOS += [
     OpInfo("linear", lambda: [Sample((T((2, 3, 4)), T((5, 4)), T((5,)))), Sample((T((3, 4)), T((5, 4))))], call="F"),
     OpInfo("addmm", lambda: [Sample((T((3, 5)), T((3, 4)), T((4, 5)))), Sample((T((5,)), T((3, 4)), T((4, 5))),
                                                                               {"beta": 0.5, "alpha": 2.0})]),
+    # use_gelu: tilewise applies GELU's tanh approximation (torch's CUDA epilogue), torch's CPU kernel the exact
+    # GELU; tests/test_compiler_cuda.py checks that case against gelu(approximate="tanh")
+    OpInfo("_addmm_activation", lambda: [Sample((T((5,)), T((3, 4)), T((4, 5)))),
+                                         Sample((T((3, 5)), T((3, 4)), T((4, 5))), {"beta": 0.5, "alpha": 2.0})],
+           grad=False),  # torch defines no derivative for it (ours flows through the decomposition)
     OpInfo("baddbmm", lambda: [Sample((T((2, 3, 5)), T((2, 3, 4)), T((2, 4, 5))))]),
     OpInfo("outer", lambda: [Sample((T((3,)), T((4,))))]),
     OpInfo("dot", lambda: [Sample((T((4,)), T((4,))))]),

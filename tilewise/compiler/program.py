@@ -20,6 +20,7 @@ import numpy as np
 
 from tilewise.compiler.ir import Graph, Node, format_graph, verify
 from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry, lower
+from tilewise.compiler.passes.epilogues import gemm_epilogues
 from tilewise.compiler.passes.fusion import fuse
 from tilewise.compiler.passes.memory import MemoryPlan, plan_memory, steps_of
 from tilewise.compiler.render.c import C
@@ -188,6 +189,9 @@ def _aliased_kernels(kernels: dict[Node, Kernel], plan: MemoryPlan) -> set[str]:
 
 def build_program(graph: Graph, target: str = "c", device=None, graphs: bool = True) -> Program:
     """Fuse, lower, schedule, render, compile and plan memory for an optimised graph."""
+    if target == "cuda":
+        graph = verify(gemm_epilogues(graph), "gemm_epilogues")
+        log("graph", format_graph(graph, "after gemm_epilogues"))
     low = lower_program(graph, target)
     fused, kernels, schedules, plan, source = low.fused, low.kernels, low.schedules, low.plan, low.source
     if target == "cuda":

@@ -91,18 +91,25 @@ class CudaExternStep:
         self.outputs = [(plan.of[r], r) if r is not None else None for r in results]
         from tilewise.backends.cuda.matmul import SUPPORTED
 
-        self.gemm = node.op in ("mm", "bmm") and node.type.dtype.name in SUPPORTED
+        self.gemm = node.op in ("mm", "bmm", "addmm", "_addmm_activation") and node.type.dtype.name in SUPPORTED
         self.capturable = False  # a GEMM becomes capturable once a run showed it needs no operand copies
 
     def run(self, pointers: list, stream: int) -> None:
         tensors = [device_tensor(pointers[b], value, geom, self.device) for b, value, geom in self.inputs]
         if self.gemm:
-            from tilewise.backends.cuda.matmul import gemm_into
+            from tilewise.backends.cuda.matmul import bias_epilogue, gemm_into
 
             buffer, value = self.outputs[0]
             out = device_tensor(pointers[buffer], value, geometry(value), self.device)
-            self.capturable = not gemm_into(out, tensors[0], tensors[1])
-            return
+            if self.node.op in ("mm", "bmm"):
+                self.capturable = not gemm_into(out, tensors[0], tensors[1])
+                return
+            args = self.node.bound_args(tensors)
+            epilogue = bias_epilogue(self.node.op, *args)
+            if epilogue is not None:
+                bias = args[0] if args[0].is_contiguous() else args[0].contiguous()
+                self.capturable = not gemm_into(out, args[1], args[2], bias, epilogue) and bias is args[0]
+                return
         from tilewise.backends.cuda import run as cuda_run
         from tilewise.backends.cuda.kernels.copy import copy_into
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tilewise.dtypes import compute_dtype
-from tilewise.ops.registry import declare
+from tilewise.ops.registry import OPS, declare
 
 
 def check_mm_shapes(op: str, a, b) -> None:
@@ -85,6 +85,17 @@ declare("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", "com
         method=False)
 declare("addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
         decomposition=lambda s, m1, m2, beta=1, alpha=1: s * beta + m1.mm(m2) * alpha)
+
+
+def _addmm_activation(s, m1, m2, beta=1, alpha=1, use_gelu=False):
+    out = s * beta + m1.mm(m2) * alpha
+    return OPS["gelu"](out, approximate="tanh") if use_gelu else out.relu()
+
+
+# GELU's tanh approximation, as torch's CUDA implementation (a cuBLASLt epilogue) computes it; torch's CPU
+# implementation applies the exact GELU. The CUDA target of the compiler turns mm + bias + activation into it.
+declare("_addmm_activation(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1, "
+        "bool use_gelu=False) -> Tensor", "composite", decomposition=_addmm_activation, method=False)
 declare("baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
         decomposition=lambda s, b1, b2, beta=1, alpha=1: s * beta + b1.bmm(b2) * alpha)
 declare("outer(Tensor self, Tensor vec2) -> Tensor", "composite",

@@ -377,6 +377,40 @@ def bmm(device: Device, self: Tensor, mat2: Tensor) -> Tensor:
     return gemm(self, mat2)
 
 
+def bias_epilogue(op_name: str, bias: Tensor, mat1: Tensor, mat2: Tensor, beta=1, alpha=1, use_gelu=False) -> str | None:
+    """The cuBLASLt epilogue computing ``addmm`` / ``_addmm_activation`` in the GEMM, or None when it cannot
+    (scaled terms, a bias that is not one value per output column, mixed dtypes or devices)."""
+    dtype = mat1._dtype
+    if (beta != 1 or alpha != 1 or dtype.name not in SUPPORTED or mat1.ndim != 2 or mat2.ndim != 2
+            or bias._shape != mat2._shape[-1:] or bias._dtype is not dtype or mat2._dtype is not dtype
+            or bias._device != mat1._device or mat2._device != mat1._device or mat1._shape[1] != mat2._shape[0]):
+        return None
+    if op_name == "addmm":
+        return "bias"
+    return "gelu_bias" if use_gelu else "relu_bias"
+
+
+@kernel("addmm")
+def addmm(device: Device, self: Tensor, mat1: Tensor, mat2: Tensor, beta=1, alpha=1) -> Tensor:
+    epilogue = bias_epilogue("addmm", self, mat1, mat2, beta, alpha)
+    if epilogue is None:
+        from tilewise.ops.registry import OPS
+
+        return OPS["addmm"].decomposition(self, mat1, mat2, beta=beta, alpha=alpha)
+    return gemm(mat1, mat2, self.contiguous(), epilogue)
+
+
+@kernel("_addmm_activation")
+def addmm_activation(device: Device, self: Tensor, mat1: Tensor, mat2: Tensor, beta=1, alpha=1,
+                     use_gelu: bool = False) -> Tensor:
+    epilogue = bias_epilogue("_addmm_activation", self, mat1, mat2, beta, alpha, use_gelu)
+    if epilogue is None:
+        from tilewise.ops.registry import OPS
+
+        return OPS["_addmm_activation"].decomposition(self, mat1, mat2, beta=beta, alpha=alpha, use_gelu=use_gelu)
+    return gemm(mat1, mat2, self.contiguous(), epilogue)
+
+
 def linear_activation(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
     """``activation(x @ weight.T + bias)`` in one cuBLASLt call; ``activation``: "none", "relu", "gelu" (tanh).
 
