@@ -305,6 +305,7 @@ class Tensor:
 
     def detach(self) -> Tensor:
         out = Tensor._make(self._storage, self._shape, self._strides, self._offset, self._dtype, self._device)
+        out._array = self._array  # same storage and geometry, so the same numpy view
         out._trace = self._trace
         return out
 

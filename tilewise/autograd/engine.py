@@ -107,10 +107,12 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
         while ready:
             node = ready.pop()
             grads = buffers.pop(node, None) or [None] * node.n_outputs
-            grads = _run_hooks(node, grads)
-            for nr, g in enumerate(grads):
-                for k in captures.get((node, nr), ()):
-                    captured[k] = g if captured[k] is None or g is None else captured[k] + g
+            if node.pre_hooks or node.retained:
+                grads = _run_hooks(node, grads)
+            if captures:
+                for nr, g in enumerate(grads):
+                    for k in captures.get((node, nr), ()):
+                        captured[k] = g if captured[k] is None or g is None else captured[k] + g
             if isinstance(node, AccumulateGrad):
                 if accumulate and (inputs is None or (node, 0) in captures):
                     g = grads[0]

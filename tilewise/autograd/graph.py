@@ -214,17 +214,20 @@ class OpNode(Node):
         return env
 
     def apply(self, grads: list):
-        if all(g is None for g in grads):
+        for g in grads:
+            if g is not None:
+                break
+        else:  # no gradient reached this node
             return [None] * len(self.slots)
         env = self._env(grads)
-        schema = self.op.schema
+        names = self.op.param_names()
         results: list = []
         cache: dict[str, object] = {}
         for (pk, pos), meta in zip(self.slots, self.input_meta):
             if meta is None:
                 results.append(None)
                 continue
-            name = schema.params[pk].name
+            name = names[pk]
             if name not in cache:
                 formula = self.op.derivatives.get(name)
                 if formula is None:
