@@ -246,3 +246,42 @@ def test_linear_bias_gelu_on_cuda_is_one_cublaslt_call(dtype):
         _close(compiled(x), f(x), tol, tol)
     (program,) = compiled.programs()
     assert program.kernel_count == 0 and [s.node.op for s in program.steps] == ["_addmm_activation"]
+
+
+# ---------------------------------------------------------------------------- eager composites, compiled
+
+def test_a_composite_runs_as_its_compiled_decomposition_once_per_signature():
+    """The mechanism the CUDA backend uses for ``FUSED`` composites, exercised with the C target."""
+    from tilewise.backends.cuda import fused
+    from tilewise.ops.registry import OPS
+
+    op = OPS["softmax"]
+    x = tw.randn(6, 50)
+    out = fused.run_fused(op, (x, 1, None))
+    _close(out, op.decomposition(x, 1, None))
+    (compiled,) = [f for (_, o, _), f in fused._programs.items() if o is op and f is not None]
+    assert sum(p.kernel_count for p in compiled.programs()) == 1
+    y = tw.randn(6, 50)
+    _close(fused.run_fused(op, (y, 1, None)), op.decomposition(y, 1, None))
+    assert len(compiled.variants) == 1, "same signature: the program is reused"
+    ln = OPS["native_layer_norm"]
+    w, b = tw.randn(50), tw.randn(50)
+    for got, want in zip(fused.run_fused(ln, (x, [50], w, b, 1e-5)), ln.decomposition(x, [50], w, b, 1e-5)):
+        _close(got, want, 1e-5, 1e-6)
+
+
+@pytest.mark.cuda
+def test_eager_softmax_and_layer_norm_on_cuda_are_one_kernel_each():
+    from tilewise.backends.cuda import fused
+
+    x = tw.randn(64, 1000, device="cuda", requires_grad=True)
+    w, b = tw.randn(1000, device="cuda"), tw.randn(1000, device="cuda")
+    y = F.layer_norm(x.softmax(-1), (1000,), w, b)
+    y.sum().backward()
+    ref = x.detach().cpu().requires_grad_(True)
+    yr = F.layer_norm(ref.softmax(-1), (1000,), w.cpu(), b.cpu())
+    yr.sum().backward()
+    _close(y, yr, 1e-4, 1e-4)
+    _close(x.grad, ref.grad, 1e-3, 1e-4)
+    names = {op.name for (_, op, _), f in fused._programs.items() if f is not None}
+    assert {"softmax", "native_layer_norm"} <= names or {"softmax", "layer_norm"} <= names

@@ -158,13 +158,18 @@ def data_ptr(t: Tensor) -> int:
 
 
 _kernels: dict = {}  # the kernel registry, bound by _load_kernels
-_pointwise = _reduction = _host = None  # the generated-kernel entry points, bound by _load_kernels
+_pointwise = _reduction = _host = _fused = None  # the generated-kernel entry points, bound by _load_kernels
+_fused_ops: frozenset = frozenset()  # composites run as one compiled kernel (backends/cuda/fused.py)
 
 
 def run(op, args: tuple, device: Device):
     kind = op.kind
     if kind == "pointwise":
         return _pointwise(op, args, device)
+    if kind == "composite" and op.name in _fused_ops:
+        out = _fused(op, args)
+        if out is not None:
+            return out
     impl = _kernels.get(op.full_name)
     if impl is not None:
         return impl(device, *args)
@@ -247,15 +252,18 @@ def _keep_until_done(array: np.ndarray, stream: int, device: int) -> None:
 
 
 def _load_kernels() -> None:
-    global _kernels, _pointwise, _reduction, _host
+    global _kernels, _pointwise, _reduction, _host, _fused, _fused_ops
     from tilewise.backends.cuda import matmul  # noqa: F401 — registers mm, bmm and linear
     from tilewise.backends.cuda.kernels import KERNELS, _load_all
     from tilewise.backends.cuda.kernels.fallback import run_on_host
     from tilewise.backends.cuda.kernels.pointwise import run_pointwise
     from tilewise.backends.cuda.kernels.reduction import run_reduction
 
+    from tilewise.backends.cuda.fused import FUSED, run_fused
+
     _load_all()
     _kernels, _pointwise, _reduction, _host = KERNELS, run_pointwise, run_reduction, run_on_host
+    _fused, _fused_ops = run_fused, FUSED
 
 
 __all__ = ["DeviceBuffer", "cpu", "data_ptr", "download", "empty", "pin_memory", "run", "stream_handle", "upload"]

@@ -1,0 +1,84 @@
+"""Composite operators in one generated kernel: eager CUDA calls compiled by the compiler's CUDA target.
+
+[Note: fused composites] A composite operator (softmax, layer_norm, a loss, the backward composites their
+derivatives call) is declared by its decomposition into primitives. Run as it is, that is one launch and
+one trip through memory per primitive. On CUDA, the operators in ``FUSED`` instead go through
+``tilewise.compile`` of their own decomposition, once per call signature (shapes, strides, dtypes, the
+non-tensor arguments): the compiler fuses the primitives into one kernel (softmax reads its input once
+and writes its output once) and keeps that program for later calls with the same signature. Anything
+the compiler gives up on for a signature (it then runs the decomposition as before) is remembered, so
+the attempt is made once.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from tilewise.compiler.capture import signature
+from tilewise.dispatch import STATE
+from tilewise.tensor import Tensor
+
+FUSED = frozenset({
+    "softmax", "log_softmax", "logsumexp", "layer_norm", "native_layer_norm", "_layer_norm_backward",
+    "rms_norm", "_fused_rms_norm", "group_norm", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "_binary_cross_entropy", "kl_div",
+    "normalize", "cosine_similarity", "var", "std", "var_mean", "std_mean",
+})
+MAX_SIGNATURES = 256  # per operator; past it, new signatures run the decomposition
+
+_programs: dict = {}  # (op, signature) -> compiled function, or None when the compiler gave up
+
+
+def _key(op, args: tuple):
+    parts = []
+    for a in args:
+        if type(a) is Tensor:
+            parts.append(signature(a))
+        elif isinstance(a, (list, tuple)):
+            parts.append((type(a), tuple((type(x), x) for x in a)))
+        else:
+            parts.append((type(a), a))
+    return op, tuple(parts)
+
+
+def run_fused(op, args: tuple):
+    """``op(*args)`` by its compiled decomposition (see the note); None when it must run as declared."""
+    if any(isinstance(a, (list, tuple)) and any(type(x) is Tensor for x in a) for a in args):
+        return None  # tensors inside lists would be baked into the program
+    try:
+        key = (STATE.grad_enabled, *_key(op, args))
+        hash(key)
+    except TypeError:
+        return None
+    fn = _programs.get(key, False)
+    if fn is None:
+        return None
+    if fn is False:
+        if sum(k[1] is op for k in _programs) >= MAX_SIGNATURES:
+            return None
+        fn = _compile(op, args)
+        _programs[key] = fn
+        if fn is None:
+            return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = fn(*[a for a in args if type(a) is Tensor])
+    if fn.eager_reason is not None:
+        _programs[key] = None
+    return out
+
+
+def _compile(op, args: tuple):
+    from tilewise.compiler import compile as compile_fn
+
+    positions = [k for k, a in enumerate(args) if type(a) is Tensor]
+    template = list(args)
+
+    def decomposition(*tensors):
+        bound = list(template)
+        for k, t in zip(positions, tensors):
+            bound[k] = t
+        return op.decomposition(*bound)
+
+    decomposition.__name__ = decomposition.__qualname__ = op.name
+    return compile_fn(decomposition)
