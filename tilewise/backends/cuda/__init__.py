@@ -254,12 +254,11 @@ def _keep_until_done(array: np.ndarray, stream: int, device: int) -> None:
 def _load_kernels() -> None:
     global _kernels, _pointwise, _reduction, _host, _fused, _fused_ops
     from tilewise.backends.cuda import matmul  # noqa: F401 — registers mm, bmm and linear
+    from tilewise.backends.cuda.fused import FUSED, run_fused
     from tilewise.backends.cuda.kernels import KERNELS, _load_all
     from tilewise.backends.cuda.kernels.fallback import run_on_host
     from tilewise.backends.cuda.kernels.pointwise import run_pointwise
     from tilewise.backends.cuda.kernels.reduction import run_reduction
-
-    from tilewise.backends.cuda.fused import FUSED, run_fused
 
     _load_all()
     _kernels, _pointwise, _reduction, _host = KERNELS, run_pointwise, run_reduction, run_on_host
