@@ -14,6 +14,8 @@ import numpy as np
 
 from tilewise._strides import broadcast_shapes, normalize_dims
 from tilewise.backends.cpu.render import render_numpy, run_quietly
+from tilewise.dtypes import ALL as ALL_DTYPES
+from tilewise.dtypes import get_default_dtype
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, inputs_of
 from tilewise.tensor import Tensor, cast_array, from_array
@@ -110,22 +112,56 @@ def _with_constants(expr: Expr, values: dict) -> Expr:
 def _as_compute(value, np_dtype):
     if type(value) is Tensor:
         a = value._np()
-        return a if a.dtype == np_dtype else a.astype(np_dtype)
+        return a if a.dtype is np_dtype or a.dtype == np_dtype else a.astype(np_dtype)
     if value is None:
         return None
     if np_dtype.kind == "b":
         return bool(value)
+    if type(value) is float and np_dtype.kind == "f":
+        return np_dtype.type(value)  # the same rounding as the general conversion below, at a quarter of the cost
     try:
         return np.asarray(value, dtype=np_dtype)[()]
     except OverflowError:  # uint8_tensor + (-2): the scalar wraps to the tensor's width, as in torch
         return np.asarray(value).astype(np_dtype)[()]
 
 
-# Dtype rules that read nothing but the tensor operands. When those are tensors of one floating dtype (no
-# Python numbers, so neither scalar types nor the default dtype play a part) such a rule's result depends on
-# the operator and that dtype alone, so ``run_pointwise`` asks it once per (operator, dtype).
+# Dtype rules that read nothing but the tensor operands (of each, a tensor's dtype and whether it is 0-dim, or
+# the type of a Python number) and the default dtype: their results are kept per combination of those.
 _OPERAND_RULES = frozenset({R.promote, R.promote_float, R.compare, R.logical, R.logical_from_input, R.floating_only,
                             R.first_input, R.negation, R.subtraction, R.numeric, R.power})
+_rule_results: dict[tuple, tuple] = {}  # _operand_signature -> (out dtype, compute dtype)
+_ZERO_DIM = {d: (d, 0) for d in ALL_DTYPES}  # a 0-dim tensor's entry in a signature: promotion ranks it apart
+_PYTHON_NUMBERS = (int, float, bool)
+
+
+def _dtypes(op, args: tuple) -> tuple:
+    """``op.dtype_rule(op, args)``, computed once per operand signature for the rules in ``_OPERAND_RULES``."""
+    key = _operand_signature(op, args) if op.dtype_rule in _OPERAND_RULES else None
+    if key is None:
+        return op.dtype_rule(op, args)
+    found = _rule_results.get(key)
+    if found is None:
+        found = _rule_results[key] = op.dtype_rule(op, args)
+    return found
+
+
+def _operand_signature(op, args: tuple) -> tuple | None:
+    """(op, default dtype, then per tensor operand: its dtype, or the type of a Python number or None), or None
+    when an operand is of another kind."""
+    signature = [op, get_default_dtype()]
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is Tensor:
+            signature.append(a._dtype if a._shape else _ZERO_DIM[a._dtype])
+        elif a is None or type(a) in _PYTHON_NUMBERS:
+            signature.append(type(a))
+        else:
+            return None
+    return tuple(signature)
+
+
+# Calls whose tensor operands are all tensors of one floating dtype and shape (no Python numbers, so neither
+# scalar types nor the default dtype play a part) also reuse the kernel, per (operator, dtype).
 _uniform_plans: dict[tuple, tuple | None] = {}  # (op, dtype) -> (out dtype, compute numpy dtype or None, kernels)
 _UNPLANNED = object()
 
@@ -146,7 +182,7 @@ def run_pointwise(op, args: tuple):
                 values.append(args[k])
             return _result(run_quietly(fn, values), first._shape, out_dtype)
     shape = _broadcast_shape(op, args)  # first, so a mismatch is reported with the operator's name
-    out_dtype, compute = op.dtype_rule(op, args)
+    out_dtype, compute = _dtypes(op, args)
     cnp = compute.np
     fn, scalar_idx = pointwise_fn(op, args, compute)
     values = [_as_compute(args[k], cnp) for k in op.tensor_idx]
@@ -176,7 +212,7 @@ def _uniform_plan(op, args: tuple, dtype) -> tuple | None:
     rule or kernel may depend on more than that (see ``_OPERAND_RULES``)."""
     if not dtype.is_floating_point or op.dtype_rule not in _OPERAND_RULES or "expr_builder" in op.attrs:
         return None
-    out_dtype, compute = op.dtype_rule(op, args)
+    out_dtype, compute = _dtypes(op, args)
     entry = _compiled.get((op,))
     if entry is None:
         entry = _compiled[(op,)] = _static_kernels(op)
