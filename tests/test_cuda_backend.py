@@ -86,11 +86,13 @@ def test_casts_match_the_cpu(src, dst):
 def test_fp8_saturating_cast():
     from tilewise.backends.cuda.kernels.copy import cast
 
-    x = tw.tensor([1000.0, -1000.0, 1.0, 500.0], device="cuda")
-    plain = x.to(tw.float8_e4m3fn).float().cpu().numpy()
-    saturated = cast(x, tw.float8_e4m3fn, saturate=True).float().cpu().numpy()
-    assert np.isnan(plain[0]) and np.isnan(plain[1])
-    np.testing.assert_array_equal(saturated, [448.0, -448.0, 1.0, 448.0])
+    x = tw.tensor([1000.0, -1000.0, 1.0, 500.0, float("inf")], device="cuda")
+    e4m3 = x.to(tw.float8_e4m3fn).float().cpu().numpy()
+    np.testing.assert_array_equal(e4m3, x.cpu().to(tw.float8_e4m3fn).float().numpy())  # as torch: saturates
+    np.testing.assert_array_equal(e4m3, [448.0, -448.0, 1.0, 448.0, 448.0])
+    assert np.isinf(x.to(tw.float8_e5m2).float().cpu().numpy()[4])
+    big = tw.tensor([1e6, -1e6], device="cuda")
+    np.testing.assert_array_equal(cast(big, tw.float8_e5m2, saturate=True).float().cpu().numpy(), [57344.0, -57344.0])
 
 
 def test_non_contiguous_copies_stay_on_the_device():

@@ -48,8 +48,9 @@ CUDA = Language(
     stores={
         ("float16", "float"): "__float2half_rn({0})", ("float16", "double"): "__double2half({0})",
         ("bfloat16", "float"): "__float2bfloat16_rn({0})", ("bfloat16", "double"): "__double2bfloat16({0})",
-        ("float8_e4m3fn", "float"): "__nv_cvt_float_to_fp8({0}, {sat}, __NV_E4M3)",
-        ("float8_e4m3fn", "double"): "__nv_cvt_double_to_fp8({0}, {sat}, __NV_E4M3)",
+        # e4m3fn has no infinity: torch saturates out-of-range values (and infinities) to +-448
+        ("float8_e4m3fn", "float"): "__nv_cvt_float_to_fp8({0}, __NV_SATFINITE, __NV_E4M3)",
+        ("float8_e4m3fn", "double"): "__nv_cvt_double_to_fp8({0}, __NV_SATFINITE, __NV_E4M3)",
         ("float8_e5m2", "float"): "__nv_cvt_float_to_fp8({0}, {sat}, __NV_E5M2)",
         ("float8_e5m2", "double"): "__nv_cvt_double_to_fp8({0}, {sat}, __NV_E5M2)",
     },

@@ -3,8 +3,9 @@
 Every copy is the identity expression through the pointwise machinery, so a strided source, a strided
 destination, a broadcast and a dtype change are all one kernel, on the device, with no host round trip.
 A dense copy that keeps its layout is a single ``cuMemcpyDtoDAsync`` of the covered bytes. Casts into a
-float8 type follow torch (out-of-range values become NaN for e4m3fn, infinity for e5m2); ``cast(...,
-saturate=True)`` clamps to the largest finite value instead, as FP8 scaling recipes expect.
+float8 type follow torch: e4m3fn saturates out-of-range values and infinities to +-448, e5m2 overflows to
+infinity; ``cast(..., saturate=True)`` clamps e5m2 to its largest finite value too, as FP8 scaling recipes
+expect.
 """
 
 from __future__ import annotations
