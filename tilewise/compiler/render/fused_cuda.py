@@ -8,7 +8,8 @@ What is CUDA's own is the thread mapping (``CudaPlan``): per thread, ``vector`` 
 16-byte access for each buffer walked contiguously, one load for a buffer constant along that dim, one
 access per lane otherwise), the lanes rendered one after another with their own statement names; and
 for reductions, teams of threads folding a row, combined by shuffles (``__shfl_xor_sync``, so every
-member ends with the total) and shared memory. All sizes and strides are literals: a kernel is compiled
+member ends with the total) and shared memory. A block runs exactly one nest, so the nests' shared
+arrays are carved out of one ``tw_smem`` buffer as large as the largest nest needs. All sizes and strides are literals: a kernel is compiled
 for one set of shapes, like the program it belongs to.
 """
 
@@ -82,6 +83,12 @@ class _Nest:
         self.source, self.block, self.w = source, block, w
         self.idx = self.plan.index
         self.folds = [fold_helper(source, _FOLDS, r.combiner, r.dtype)[0] for r in self.nest.reductions]
+        self.smem = 0  # bytes of the kernel's shared buffer this nest uses (nests never run in one block)
+
+    def shared(self, ctype: str, name: str, count: int, itemsize: int) -> None:
+        """Declare ``name``: ``count`` elements of the kernel's shared buffer, after what this nest took."""
+        self.w.line(f"{ctype}* {name} = reinterpret_cast<{ctype}*>(tw_smem + {self.smem});")
+        self.smem += -(-count * itemsize // 16) * 16
 
     # ------------------------------------------------------------------ accesses
     def access(self, index: Index) -> _Access:
@@ -294,22 +301,22 @@ class _Nest:
             self.w.line(f"{c}* tw_part{j} = reinterpret_cast<{c}*>(tw_scratch + {offset}) + row * {g};")
             offset += -(-rows * g * r.dtype.itemsize // 16) * 16
         self.w.line(f"unsigned int* tw_count = reinterpret_cast<unsigned int*>(tw_scratch + {offset}) + row;")
-        self.w.line("__shared__ bool tw_last;")
+        self.shared("bool", "tw_last", 1, 1)
         self.w.open("if (tw_t == 0)")
         for j in range(len(nest.reductions)):
             self.w.line(f"tw_part{j}[part] = acc{j};")
         self.w.line("__threadfence();")
-        self.w.line(f"tw_last = atomicAdd(tw_count, 1u) == {g - 1}u;")
+        self.w.line(f"*tw_last = atomicAdd(tw_count, 1u) == {g - 1}u;")
         self.w.close()
         self.w.line("__syncthreads();")
-        self.w.open("if (tw_last && tw_t == 0)")
+        self.w.open("if (*tw_last && tw_t == 0)")
         self.w.line("__threadfence();")
         for j, r in enumerate(nest.reductions):
             self.w.line(f"acc{j} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
             self.w.line(f"for (int p = 0; p < {g}; ++p) acc{j} = {self.folds[j]}(acc{j}, __ldcg(tw_part{j} + p));")
         self.w.line("*tw_count = 0u;")
         self.w.close()
-        self.row_stores("tw_last && tw_t == 0")
+        self.row_stores("*tw_last && tw_t == 0")
 
     def keep_in_registers(self, row_len: int, partial: bool) -> dict[int, str]:
         """Load the row's varying loads once into per-thread arrays (``kk * vector + lane``)."""
@@ -340,15 +347,13 @@ class _Nest:
         team = self.plan.team
         if self.plan.strategy == "columns":
             for j in reds:
-                c = CUDA.ctype(self.nest.reductions[j].dtype)
-                sm = f"tw_c{j}"
-                self.w.line(f"__shared__ {c} {sm}[{team}][33];")
-                self.w.line(f"{sm}[tw_y][tw_x] = acc{j};")
+                r = self.nest.reductions[j]
+                self.shared(CUDA.ctype(r.dtype), f"tw_c{j}", team * 33, r.dtype.itemsize)  # [team][33]
+                self.w.line(f"tw_c{j}[tw_y * 33 + tw_x] = acc{j};")
             self.w.line("__syncthreads();")
             for j in reds:
-                sm = f"tw_c{j}"
-                self.w.line(f"acc{j} = {sm}[0][tw_x];")
-                self.w.line(f"for (int y = 1; y < {team}; ++y) acc{j} = {self.folds[j]}(acc{j}, {sm}[y][tw_x]);")
+                self.w.line(f"acc{j} = tw_c{j}[tw_x];")
+                self.w.line(f"for (int y = 1; y < {team}; ++y) acc{j} = {self.folds[j]}(acc{j}, tw_c{j}[y * 33 + tw_x]);")
             return
         for j in reds:
             self.w.line(f"for (int s = 16; s > 0; s >>= 1) acc{j} = {self.folds[j]}(acc{j}, tw_shfl_xor(acc{j}, s));")
@@ -356,8 +361,8 @@ class _Nest:
             return
         warps = team // 32
         for j in reds:
-            c = CUDA.ctype(self.nest.reductions[j].dtype)
-            self.w.line(f"__shared__ {c} tw_w{j}[{warps}];")
+            r = self.nest.reductions[j]
+            self.shared(CUDA.ctype(r.dtype), f"tw_w{j}", warps, r.dtype.itemsize)
             self.w.line(f"if ((threadIdx.x & 31) == 0) tw_w{j}[threadIdx.x >> 5] = acc{j};")
         self.w.line("__syncthreads();")
         for j in reds:
@@ -396,18 +401,23 @@ def render_kernel(sched: KernelSchedule, source: Source, aliased: bool = False) 
     w = _Writer()
     w.line("unsigned int tw_block = blockIdx.x;")
     last = len(sched.nests) - 1
+    smem = 0
     for k, ns in enumerate(sched.nests):
         head = f"/* nest {k}: {ns.cuda.strategy}, {ns.cuda.blocks} block(s) */"
         if k < last:
             w.open(f"if (tw_block < {ns.cuda.blocks}u) {head}")
         else:
             w.open(f"{head}")
-        _Nest(kernel, ns, k, source, sched.block, w).render()
+        nest = _Nest(kernel, ns, k, source, sched.block, w)
+        nest.render()
+        smem = max(smem, nest.smem)
         if k < last:
             w.line("return;")
         w.close()
         if k < last:
             w.line(f"tw_block -= {ns.cuda.blocks}u;")
+    if smem:  # one buffer for the whole kernel: a block runs one nest, so the nests' arrays share it
+        w.lines.insert(0, f"    __shared__ __align__(16) unsigned char tw_smem[{smem}];")
     return f"{CUDA.kernel_prefix.format(block=sched.block)} {kernel.name}({', '.join(params)}) {{\n" + \
         "\n".join(w.lines) + "\n}"
 
