@@ -31,7 +31,7 @@ from tilewise.compiler.render import (
     vector_width,
 )
 from tilewise.compiler.render.cstyle import SUFFIX
-from tilewise.dtypes import DType
+from tilewise.dtypes import DType, get_default_dtype
 from tilewise.ops.expr import Expr, inputs_of, render_text
 from tilewise.tensor import Tensor
 
@@ -212,7 +212,8 @@ def run_pointwise(op, args: tuple, device):
         rest = _op_rest[op] = (tuple(k for k in range(len(op.schema.params)) if k not in op.tensor_idx),
                                "expr_builder" in op.attrs)
     positions, by_value = rest
-    key = (op, *[_describe(args[k]) for k in op.tensor_idx],
+    # a plan holds kernels loaded on one device; Python numbers take the default dtype's category
+    key = (op, device.index, get_default_dtype(), *[_describe(args[k]) for k in op.tensor_idx],
            *[args[k] if by_value else type(args[k]) for k in positions])
     entry = _plans.get(key)
     if entry is None:
@@ -260,7 +261,7 @@ def elementwise(name: str, expr: Expr, compute: DType, inputs: list, out: Tensor
     """Write ``expr`` over ``inputs`` (tensors on ``out``'s device, or numbers) into the existing ``out``,
     whatever its strides: the kernel behind copies, casts, fills and in-place writes."""
     described = [_describe(x) for x in inputs]
-    key = (name, expr, compute, saturate, out._dtype, out._shape, out._strides, *described)
+    key = (name, out._device.index, expr, compute, saturate, out._dtype, out._shape, out._strides, *described)
     plan = _copy_plans.get(key)
     if plan is None:
         plan = _copy_plans[key] = make_plan(name, (expr,), compute, described, list(range(len(inputs))), [], (),
