@@ -251,7 +251,7 @@ def test_float8_casts_of_out_of_range_values_match_torch(source, target):
 @pytest.mark.parametrize("target", ["float8_e4m3fn", "float8_e5m2"])
 def test_float8_from_data_and_fill_saturate_like_torch(target):
     theirs = torch.tensor([1000.0, -np.inf, np.nan], dtype=getattr(torch, target)).view(torch.uint8).numpy()
-    np.testing.assert_array_equal(tw.tensor([1000.0, -np.inf, np.nan], dtype=getattr(tw, target)).numpy().view(np.uint8),
-                                  theirs)
+    ours = tw.tensor([1000.0, -np.inf, np.nan], dtype=getattr(tw, target)).numpy().view(np.uint8)
+    np.testing.assert_array_equal(ours, theirs)
     assert tw.full((), 1000.0, dtype=getattr(tw, target)).float().item() == \
         torch.full((), 1000.0, dtype=getattr(torch, target)).float().item()
