@@ -38,8 +38,7 @@ _COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70  # cublasCompute
 _OP_N, _OP_T = 0, 1
 EPILOGUES = {"none": 1, "relu": 2, "bias": 4, "relu_bias": 6, "gelu": 32, "gelu_bias": 36}  # cublasLtEpilogue_t
 _TUNE_MIN_FLOPS = 1 << 25
-_TUNE_REPEATS = 5
-_CANDIDATES = 8  # heuristic candidates timed once per shape (the first is not always the fastest)
+_CANDIDATES = 4
 
 
 _bindings: list = []
@@ -205,11 +204,11 @@ def _choose(key: tuple, plan: _Plan, algos: list[int], work: int, args: tuple) -
         _run(plan, *args)
         start, end = Event(enable_timing=True), Event(enable_timing=True)
         start.record(args[-1])
-        for _ in range(_TUNE_REPEATS):
+        for _ in range(3):
             _run(plan, *args)
         end.record(args[-1])
         end.synchronize()
-        times.append(start.elapsed_time(end) / _TUNE_REPEATS)
+        times.append(start.elapsed_time(end) / 3)
     best = min(range(len(algos)), key=times.__getitem__)
     log("matmul", f"GEMM {key[1:]}: candidate times (ms) {[round(t, 4) for t in times]}, chose #{best}")
     return algos[best]
