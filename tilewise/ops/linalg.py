@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from tilewise import _strides as S
 from tilewise.dtypes import compute_dtype
 from tilewise.ops.registry import OPS, declare
 
 
 def check_mm_shapes(op: str, a, b) -> None:
     """mm multiplies matrices [n, m] @ [m, p]; bmm multiplies batches of them, [b, n, m] @ [b, m, p]."""
-    rank, form = (2, "[n, m] @ [m, p]") if op == "mm" else (3, "[b, n, m] @ [b, m, p]")
+    sa, sb = a.shape, b.shape
+    rank = 2 if op == "mm" else 3
+    if len(sa) == rank == len(sb) and sa[-1] == sb[-2] and (rank == 2 or sa[0] == sb[0]):
+        return  # the common case, checked without building the messages
+    form = "[n, m] @ [m, p]" if op == "mm" else "[b, n, m] @ [b, m, p]"
     if a.ndim != rank or b.ndim != rank:
         other = "bmm for batches of matrices" if op == "mm" else "mm for single matrices"
         raise RuntimeError(f"{op}: expected {rank}-D tensors of shapes {form}, got {a.ndim}-D {list(a.shape)} and "
@@ -38,6 +43,9 @@ declare("bmm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operan
 
 
 def _check_matmul(a, b):
+    sa, sb = a.shape, b.shape
+    if len(sa) >= 2 and len(sb) >= 2 and sa[-1] == sb[-2]:
+        return  # the common case
     if a.ndim == 0 or b.ndim == 0:
         raise RuntimeError(f"matmul: both arguments to matmul need to be at least 1D, but they are {a.ndim}D and "
                            f"{b.ndim}D")
@@ -51,13 +59,12 @@ def _check_matmul(a, b):
 
 
 def _matmul(a, b):
-    from tilewise import _strides as S
-
     _check_matmul(a, b)
-    if a.ndim == 1 and b.ndim == 1:
-        return (a * b).sum()
-    if a.ndim == 2 and b.ndim == 2:
+    ra, rb = len(a.shape), len(b.shape)
+    if ra == 2 and rb == 2:
         return a.mm(b)
+    if ra == 1 and rb == 1:
+        return (a * b).sum()
     if a.ndim == 1:
         return _matmul(a.unsqueeze(0), b).squeeze(-2)
     if b.ndim == 1:
