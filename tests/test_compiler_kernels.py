@@ -420,3 +420,15 @@ def test_optimizer_reached_through_default_arguments_keeps_its_state_real():
         buffer = opt.state[model.weight]["momentum_buffer"]
         assert buffer._trace is None
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-6)
+
+
+def test_the_programs_of_a_function_share_one_arena():
+    """Variants (and a forward with its backward) run one after another: one arena, as large as the largest."""
+    f = tw.compile(lambda x: (x.softmax(-1) * x.sum(0)).amax(0))
+    small, large = tw.randn(32, 128), tw.randn(64, 128)
+    close(f(small), (small.softmax(-1) * small.sum(0)).amax(0))
+    close(f(large), (large.softmax(-1) * large.sum(0)).amax(0))
+    close(f(small), (small.softmax(-1) * small.sum(0)).amax(0))  # its views of the grown arena are re-derived
+    (arena,) = f.arenas.values()
+    assert len(f.variants) == 2 and all(p.arena is arena for p in f.programs())
+    assert arena.nbytes == max(p.plan.arena_bytes for p in f.programs())

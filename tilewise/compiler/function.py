@@ -31,7 +31,7 @@ from tilewise.autograd.function import Function
 from tilewise.compiler.capture import DataDependentError, Source, Traced, flatten, signature, trace, unflatten
 from tilewise.compiler.passes import dce, run_pipeline
 from tilewise.compiler.passes.partition import partition
-from tilewise.compiler.program import Program, build_program
+from tilewise.compiler.program import Program, build_program, host_arena
 from tilewise.config import log, settings
 from tilewise.dispatch import STATE
 from tilewise.device import Device, cpu
@@ -260,6 +260,7 @@ class CompiledFunction:
         self.fullgraph = fullgraph
         self.module = module
         self.variants: list[Variant] = []
+        self.arenas: dict = {}  # (target, device) -> the Arena its programs share
         self.eager_reason: str | None = None  # set when the function runs eagerly from now on, and why
         self.limit_warned = False
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -310,8 +311,10 @@ class CompiledFunction:
         guards = make_guards(traced, flat, spec, self.module, states)
         graph = run_pipeline(traced.graph)
 
+        arena = self._arena(target, device)
+
         def build(g, graphs: bool = True):
-            return build_program(g, target, device, graphs)
+            return build_program(g, target, device, graphs, arena)
 
         if traced.backward is None:
             return Variant(guards, traced, build(graph))
@@ -322,6 +325,20 @@ class CompiledFunction:
         saved = [("input", inputs.index(s)) if s not in parts.computed else
                  ("output", traced.backward.n_forward + parts.computed.index(s)) for s in parts.saved]
         return Variant(guards, traced, forward, backward, saved)
+
+    def _arena(self, target: str, device):
+        """The arena the function's programs for ``target`` share (see ``program.Arena``)."""
+        key = (target, device)
+        arena = self.arenas.get(key)
+        if arena is None:
+            if target == "cuda":
+                from tilewise.compiler.program_cuda import device_arena
+
+                arena = device_arena(device)
+            else:
+                arena = host_arena()
+            self.arenas[key] = arena
+        return arena
 
     def programs(self) -> list[Program]:
         """Every compiled program, forward and backward, of every variant."""

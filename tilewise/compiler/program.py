@@ -35,6 +35,33 @@ from tilewise.tensor import Tensor
 LANGUAGES = {"c": C}
 
 
+class Arena:
+    """Memory for the intermediate values of the programs of one compiled function.
+
+    They run one after another (variants, a forward and its backward), so one buffer as large as the
+    largest plan serves them all; a function compiled twice does not hold two arenas. ``generation``
+    counts reallocations: a program re-derives its views of the arena when it changed (and a CUDA program
+    drops the graphs that baked in the old address)."""
+
+    def __init__(self, make):
+        self.make = make  # nbytes -> a buffer (a numpy uint8 array, a DeviceBuffer)
+        self.buffer = None
+        self.nbytes = 0
+        self.generation = 0
+
+    def reserve(self, nbytes: int) -> None:
+        nbytes = max(nbytes, 1)
+        if self.buffer is None or nbytes > self.nbytes:
+            self.buffer = None  # release the old block first: the allocator may hand it back grown
+            self.buffer = self.make(nbytes)
+            self.nbytes = nbytes
+            self.generation += 1
+
+
+def host_arena() -> Arena:
+    return Arena(lambda nbytes: np.empty(nbytes, dtype=np.uint8))
+
+
 def strided_tensor(array: np.ndarray, value: Node, geom: tuple) -> Tensor:
     """A tensor viewing a flat buffer with a value's geometry (how library calls see planned buffers)."""
     dtype = value.type.dtype
@@ -112,6 +139,8 @@ class Program:
     arrays: list = field(default_factory=list)  # per buffer: the arena view, or None (bound per call)
     pointers: list = field(default_factory=list)
     cuda: object = None  # the CUDA target's runtime (program_cuda.CudaRuntime)
+    arena: Arena | None = None
+    arena_generation: int = -1  # the arena generation ``arrays`` and ``pointers`` view
 
     def run(self, inputs: list, staged: frozenset[int] = frozenset()) -> list:
         """Run on the inputs' storage data (flat arrays; device buffers on CUDA); return the outputs' data.
@@ -119,6 +148,8 @@ class Program:
         ``staged``: input slots that are arguments of the compiled function (a CUDA graph copies them in)."""
         if self.cuda is not None:
             return self.cuda.run(inputs, staged)
+        if self.arena_generation != self.arena.generation:
+            _bind_arena(self)
         arrays, pointers = list(self.arrays), list(self.pointers)
         for k, buf in enumerate(self.plan.buffers):
             if buf.kind == "input":
@@ -187,27 +218,31 @@ def _aliased_kernels(kernels: dict[Node, Kernel], plan: MemoryPlan) -> set[str]:
     return out
 
 
-def build_program(graph: Graph, target: str = "c", device=None, graphs: bool = True) -> Program:
-    """Fuse, lower, schedule, render, compile and plan memory for an optimised graph."""
+def build_program(graph: Graph, target: str = "c", device=None, graphs: bool = True,
+                  arena: Arena | None = None) -> Program:
+    """Fuse, lower, schedule, render, compile and plan memory for an optimised graph.
+
+    ``arena``: shared with the other programs of the same function (a private one when None)."""
     if target == "cuda":
         graph = verify(gemm_epilogues(graph), "gemm_epilogues")
         log("graph", format_graph(graph, "after gemm_epilogues"))
     low = lower_program(graph, target)
     fused, kernels, schedules, plan, source = low.fused, low.kernels, low.schedules, low.plan, low.source
     if target == "cuda":
-        program = _cuda_program(low, device, graphs)
+        program = _cuda_program(low, device, graphs, arena)
     else:
         library = default_c_cache().load(source) if schedules else None
         program = Program(fused, plan, _steps(fused, plan, kernels, library), list(kernels.values()), schedules,
                           source)
-        _allocate_arena(program)
+        program.arena = arena if arena is not None else host_arena()
+        program.arena.reserve(plan.arena_bytes)
     if "kernels" in settings.log:
         log("kernels", "\n\n".join([*(str(k) for k in program.kernels), *(s.describe() for s in schedules),
                                     program.describe(), source]))
     return program
 
 
-def _cuda_program(low: Lowered, device, graphs: bool) -> Program:
+def _cuda_program(low: Lowered, device, graphs: bool, arena: Arena | None) -> Program:
     from tilewise.compiler import program_cuda as pc
 
     fused, plan = low.fused, low.plan
@@ -225,6 +260,8 @@ def _cuda_program(low: Lowered, device, graphs: bool) -> Program:
     for copy in plan.copies:
         steps.append(pc.CudaCopyStep(copy.value, plan.of[buffer_of(copy.value)], copy.dst, device))
     program = Program(fused, plan, steps, list(low.kernels.values()), low.schedules, low.source, "cuda")
+    program.arena = arena if arena is not None else pc.device_arena(device)
+    program.arena.reserve(low.plan.arena_bytes)
     program.cuda = pc.CudaRuntime(program, device, graphs)
     return program
 
@@ -255,12 +292,13 @@ def _steps(fused: Graph, plan: MemoryPlan, kernels: dict[Node, Kernel], library)
     return steps
 
 
-def _allocate_arena(program: Program) -> None:
-    plan = program.plan
-    arena = np.empty(max(plan.arena_bytes, 1), dtype=np.uint8)
+def _bind_arena(program: Program) -> None:
+    """Views of the (shared) arena for the program's arena buffers."""
+    plan, arena = program.plan, program.arena.buffer
     program.arrays = [None] * len(plan.buffers)
     program.pointers = [0] * len(plan.buffers)
     for k, buf in enumerate(plan.buffers):
         if buf.kind == "arena":
             view = arena[buf.slot:buf.slot + buf.ty.nbytes].view(buf.ty.dtype.np)
             program.arrays[k], program.pointers[k] = view, view.ctypes.data
+    program.arena_generation = program.arena.generation

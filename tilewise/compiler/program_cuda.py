@@ -1,7 +1,8 @@
 """Programs on the CUDA target: planned device buffers, kernel launches, library calls, CUDA graphs.
 
 [Note: CUDA programs] A CUDA ``Program`` has the same steps as a CPU one over the same memory plan, with
-device memory: the arena is one device allocation made when the program is built; output buffers come
+device memory: the arena is one device allocation shared by the programs of a compiled function (they
+run one after another on the stream; see ``program.Arena``); output buffers come
 from the caching allocator on every call; inputs are the callers' storages. A generated kernel is one
 ``cuLaunchKernel`` of the program's module; ``mm``/``bmm`` call cuBLASLt writing straight into their
 planned buffer; other library operators run through the eager CUDA backend on tensors viewing the
@@ -172,10 +173,16 @@ class CudaRuntime:
         self.why_not = "" if use_graphs else "CUDA graphs off"
         if use_graphs and len(program.steps) < 2:
             self.why_not = "one step: a graph would save nothing"
-        plan = program.plan
-        stream = stream_handle(device.index)
-        self.arena = DeviceBuffer(max(plan.arena_bytes, 1), device.index, stream)
-        self.base_pointers = [self.arena.ptr + b.slot if b.kind == "arena" else 0 for b in plan.buffers]
+        self.generation = -1  # the arena generation ``base_pointers`` (and the graphs) were made for
+        self.base_pointers: list = []
+
+    def _bind_arena(self) -> None:
+        arena = self.program.arena
+        if arena.generation != self.generation:
+            base = arena.buffer.ptr
+            self.base_pointers = [base + b.slot if b.kind == "arena" else 0 for b in self.program.plan.buffers]
+            self.graphs.clear()  # they read and write the old arena
+            self.generation = arena.generation
 
     # ------------------------------------------------------------------ eager walk
     def _bind(self, inputs: list, stream: int) -> tuple[list, list]:
@@ -198,6 +205,7 @@ class CudaRuntime:
     def run(self, inputs: list, staged: frozenset[int]) -> list:
         stream = stream_handle(self.device.index)
         self.calls += 1
+        self._bind_arena()
         if self.use_graphs and self.calls > 1 and not self.why_not:
             replayed = self._replay(inputs, staged, stream)
             if replayed is not None:
@@ -276,6 +284,13 @@ class CudaRuntime:
         log("graphs", f"captured a CUDA graph of {len(self.program.steps)} step(s) "
                       f"({len(self.graphs) + 1} graph(s) for this program)")
         return _Graph(executable, graph, outputs)
+
+
+def device_arena(device: Device):
+    """An arena (``program.Arena``) in device memory from the caching allocator."""
+    from tilewise.compiler.program import Arena
+
+    return Arena(lambda nbytes: DeviceBuffer(nbytes, device.index, stream_handle(device.index)))
 
 
 def compile_kernels(sources: dict[str, str], device: Device) -> dict:
