@@ -55,7 +55,8 @@ def _program(info, args, kwargs, n: int, rng):
         inputs = [t for t in tensors if t.requires_grad]
         if not (info.grad and diff and inputs):
             return outs, []
-        gouts = [tw.from_numpy(rng.standard_normal(tuple(o.shape)).astype(np.float32)).to(o.device, o.dtype) for o in diff]
+        gouts = [tw.from_numpy(rng.standard_normal(tuple(o.shape)).astype(np.float32)).to(o.device, o.dtype)
+                 for o in diff]
         grads = tw.autograd.grad(diff, inputs, gouts, allow_unused=True)
         return outs, [g for g in grads if g is not None]
 

@@ -33,8 +33,8 @@ from tilewise.compiler.passes import dce, run_pipeline
 from tilewise.compiler.passes.partition import partition
 from tilewise.compiler.program import Program, build_program, host_arena
 from tilewise.config import log, settings
-from tilewise.dispatch import STATE
 from tilewise.device import Device, cpu
+from tilewise.dispatch import STATE
 from tilewise.storage import Storage
 from tilewise.tensor import Tensor, from_array
 

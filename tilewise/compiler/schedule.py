@@ -315,10 +315,14 @@ def split_rows(nest: Nest, plan: CudaPlan, block: int) -> CudaPlan:
     if (plan.strategy != "rows" or plan.rows_per_block != 1 or rows > SPLIT_MAX_ROWS or nest.phases != 1
             or row < 2 * per_block):
         return plan
-    split = min(-(-row // per_block), max(2, SPLIT_TARGET_BLOCKS // rows))
-    chunk = -(-(-(-row // split)) // plan.vector) * plan.vector
-    split = -(-row // chunk)
-    return replace(plan, split=split, chunk=chunk, blocks=rows * split, steps=-(-chunk // (block * plan.vector)))
+    split = min(_ceil_div(row, per_block), max(2, SPLIT_TARGET_BLOCKS // rows))
+    chunk = _ceil_div(_ceil_div(row, split), plan.vector) * plan.vector  # a whole number of vectors
+    split = _ceil_div(row, chunk)
+    return replace(plan, split=split, chunk=chunk, blocks=rows * split, steps=_ceil_div(chunk, block * plan.vector))
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def scratch_layout(nest: Nest, plan: CudaPlan, offset: int) -> tuple[CudaPlan, int]:
@@ -387,5 +391,6 @@ def schedule(kernel: Kernel, target: str) -> KernelSchedule:
     try:
         scheduler = SCHEDULERS[target]
     except KeyError:
-        raise NotImplementedError(f"no scheduler for target {target!r}; targets: {sorted(SCHEDULERS)} and cuda") from None
+        targets = sorted({*SCHEDULERS, "cuda"})
+        raise NotImplementedError(f"no scheduler for target {target!r}; targets: {targets}") from None
     return KernelSchedule(kernel, target, [scheduler(nest) for nest in kernel.nests])

@@ -30,7 +30,8 @@ class Adam(Optimizer):
     def _state(self, p, amsgrad: bool) -> dict:
         state = self.state[p]
         if not state:
-            state["step"] = zeros((), dtype=dtypes.float32, device=p.device)  # with p: a compiled step stays on p's device
+            # on p's device: a compiled CUDA step reads no host tensor
+            state["step"] = zeros((), dtype=dtypes.float32, device=p.device)
             state["exp_avg"] = zeros_like(p)
             state["exp_avg_sq"] = zeros_like(p)
             if amsgrad:

@@ -377,7 +377,8 @@ def bmm(device: Device, self: Tensor, mat2: Tensor) -> Tensor:
     return gemm(self, mat2)
 
 
-def bias_epilogue(op_name: str, bias: Tensor, mat1: Tensor, mat2: Tensor, beta=1, alpha=1, use_gelu=False) -> str | None:
+def bias_epilogue(op_name: str, bias: Tensor, mat1: Tensor, mat2: Tensor, beta=1, alpha=1,
+                  use_gelu: bool = False) -> str | None:
     """The cuBLASLt epilogue computing ``addmm`` / ``_addmm_activation`` in the GEMM, or None when it cannot
     (scaled terms, a bias that is not one value per output column, mixed dtypes or devices)."""
     dtype = mat1._dtype

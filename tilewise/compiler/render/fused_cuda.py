@@ -9,8 +9,8 @@ What is CUDA's own is the thread mapping (``CudaPlan``): per thread, ``vector`` 
 access per lane otherwise), the lanes rendered one after another with their own statement names; and
 for reductions, teams of threads folding a row, combined by shuffles (``__shfl_xor_sync``, so every
 member ends with the total) and shared memory. A block runs exactly one nest, so the nests' shared
-arrays are carved out of one ``tw_smem`` buffer as large as the largest nest needs. All sizes and strides are literals: a kernel is compiled
-for one set of shapes, like the program it belongs to.
+arrays are carved out of one ``tw_smem`` buffer as large as the largest nest needs. All sizes and
+strides are literals: a kernel is compiled for one set of shapes, like the program it belongs to.
 """
 
 from __future__ import annotations
@@ -228,7 +228,8 @@ class _Nest:
         for line in renderer.lines:
             self.w.line(line)
         for st, (code, t) in zip(stores, results):
-            self.w.line(f"{self.param(st.param)}[{_index_code(st.index, self.idx)}] = {store_code(CUDA, st.dtype, code, t)};")
+            where = _index_code(st.index, self.idx)
+            self.w.line(f"{self.param(st.param)}[{where}] = {store_code(CUDA, st.dtype, code, t)};")
         self.w.close()
 
     def varying(self) -> list[int]:
@@ -353,7 +354,8 @@ class _Nest:
             self.w.line("__syncthreads();")
             for j in reds:
                 self.w.line(f"acc{j} = tw_c{j}[tw_x];")
-                self.w.line(f"for (int y = 1; y < {team}; ++y) acc{j} = {self.folds[j]}(acc{j}, tw_c{j}[y * 33 + tw_x]);")
+                fold = f"{self.folds[j]}(acc{j}, tw_c{j}[y * 33 + tw_x])"
+                self.w.line(f"for (int y = 1; y < {team}; ++y) acc{j} = {fold};")
             return
         for j in reds:
             self.w.line(f"for (int s = 16; s > 0; s >>= 1) acc{j} = {self.folds[j]}(acc{j}, tw_shfl_xor(acc{j}, s));")
