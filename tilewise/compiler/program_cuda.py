@@ -2,17 +2,16 @@
 
 [Note: CUDA programs] A CUDA ``Program`` has the same steps as a CPU one over the same memory plan, with
 device memory: the arena is one device allocation shared by the programs of a compiled function (they
-run one after another on the stream; see ``program.Arena``); output buffers come
-from the caching allocator on every call; inputs are the callers' storages. A generated kernel is one
-``cuLaunchKernel`` of the program's module; ``mm``/``bmm`` call cuBLASLt writing straight into their
-planned buffer; other library operators run through the eager CUDA backend on tensors viewing the
-planned buffers, their results copied in.
+run one after another on the stream; see ``program.Arena``); output buffers come from the caching
+allocator on every call; inputs are the callers' storages. A generated kernel is one ``cuLaunchKernel``
+of its module; ``mm``/``bmm``/``addmm``/``_addmm_activation`` call cuBLASLt writing straight into their
+planned buffer (the last two with a bias epilogue); other library operators run through the eager CUDA
+backend on tensors viewing the planned buffers, their results copied in.
 
 CUDA graphs: from the second call on, a program of several steps that are all capturable (generated
 kernels, GEMMs that need no operand copy, end-of-call copies) is captured once into a CUDA graph and
 replayed, so a call costs one ``cuGraphLaunch`` instead of a launch per step. A graph bakes in
-addresses, so:
-arguments of the compiled function are copied into static staging buffers the graph reads (one
+addresses, so: arguments of the compiled function are copied into static staging buffers the graph reads (one
 device-to-device copy each, as torch's CUDA graphs do); the other inputs (parameters, gradients,
 optimizer state: what a training step updates in place) are read where they live, and a graph is kept
 per set of their addresses (a few; beyond that the program stops capturing); outputs are written to the
