@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tilewise as tw
 from tilewise.models import GPT, GPTConfig
 
@@ -54,12 +56,34 @@ def test_help_lists_the_commands():
         assert command in run.stdout
 
 
-def test_info_and_compiler_placeholders():
+def test_info_and_bench():
     info = _tilewise("info")
     assert info.returncode == 0 and "operators declared" in info.stdout and "best device" in info.stdout
-    for command in ("explain", "bench"):
-        run = _tilewise(command)
-        assert run.returncode == 2 and "needs tilewise's compiler" in run.stderr and run.stdout == ""
+    bench = _tilewise("bench")
+    assert bench.returncode == 2 and "benchmarks/" in bench.stderr and bench.stdout == ""
+
+
+def test_explain_follows_a_call_through_every_layer():
+    run = _tilewise("explain", "x.softmax(-1) + y", "--shape", "8x32", "--shape", "32")
+    assert run.returncode == 0, run.stderr
+    titles = re.findall(r"^== (.+?) =+$", run.stdout, flags=re.M)
+    assert titles[:5] == ["the call", "operators", "eager", "graph passes", "fusion"]
+    assert any(t.endswith(": IR") for t in titles) and any(t.endswith(": schedule") for t in titles)
+    assert "generated C" in titles and titles[-1] == "run"
+    assert "softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor" in run.stdout
+    assert "after decompose: graph" in run.stdout and "largest difference from eager" in run.stdout
+
+
+def test_explain_shows_cuda_source_ptx_and_sass_without_a_gpu():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from tilewise.compiler.explain import explain
+
+    sections = dict(explain("x.relu() * 0.5 + 1", [(64, 64)], target="cuda"))
+    (ptx,) = [text for title, text in sections.items() if "PTX" in title]
+    assert ".entry k0_relu_mul_add" in ptx and "ld.global" in ptx
+    assert "extern \"C\" __global__" in sections["generated CUDA C"]
+    (sass,) = [text for title, text in sections.items() if "SASS" in title]
+    assert "registers/thread" in sass or "nvdisasm not found" in sass
 
 
 def test_readme_opens_with_the_two_commands_and_its_example_runs(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """The ``tilewise`` command line (also ``python -m tilewise``): ``demo``, ``info``, ``explain``, ``bench``.
 
 ``demo`` is the main job: it trains the character-level GPT of ``tilewise.models`` and reports as it goes.
-``explain`` and ``bench`` belong to the compiler and say so until it is there.
+``explain`` follows one call through every layer (``tilewise.compiler.explain``); ``bench`` says where the
+benchmark scripts are (they need torch, which tilewise itself never imports).
 """
 
 from __future__ import annotations
@@ -44,9 +45,33 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--time-limit", type=float, default=defaults.time_limit,
                       help="stop training early after this many seconds, 0 for no limit (default: %(default)s)")
     commands.add_parser("info", help="versions, devices and optional packages")
-    commands.add_parser("explain", help="show one call through every layer (needs the compiler; not available yet)")
-    commands.add_parser("bench", help="benchmarks against PyTorch (needs the compiler; not available yet)")
+    explain = commands.add_parser(
+        "explain", help="follow one call through every layer, down to the generated source, PTX and SASS",
+        description="Show what each layer makes of an expression over random inputs x, y, ...: the operators' "
+        "declarations, the graph after every compiler pass, the fused kernels' IR, schedule and source, PTX "
+        "and SASS for the CUDA target (NVRTC and nvdisasm, no GPU needed), then a timed run.")
+    explain.add_argument("expr", nargs="?", default="x.relu() * 0.5 + 1",
+                         help="a Python expression over x, y, z, w (tw and F are tilewise and its "
+                         "nn.functional; default: %(default)s)")
+    explain.add_argument("--shape", action="append", type=_shape, default=None,
+                         help="shape of the next input, e.g. 1024x1024 (repeat for y, z, w; default: 1024x1024)")
+    explain.add_argument("--dtype", default="float32", help="input dtype (default: %(default)s)")
+    explain.add_argument("--device", default="cpu", help="where the inputs live and the run happens (default: cpu)")
+    explain.add_argument("--target", choices=("c", "cuda"), default=None,
+                         help="code to generate (default: the device's; cuda works without a GPU up to SASS)")
+    explain.add_argument("--no-run", action="store_true", help="stop before running (no device needed)")
+    commands.add_parser("bench", help="where the benchmarks against PyTorch are")
     return parser
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(n) for n in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a shape like 1024x1024, got {text!r}") from None
+    if any(n < 0 for n in shape):
+        raise argparse.ArgumentTypeError(f"expected non-negative sizes, got {text!r}")
+    return shape
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,9 +80,28 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args)
     if args.command == "info":
         return run_info()
-    print(f"tilewise {args.command}: this command needs tilewise's compiler (tilewise.compile), which is not part of "
-          "this version yet. Nothing was run.", file=sys.stderr)
+    if args.command == "explain":
+        return run_explain(args)
+    print("tilewise bench: the benchmarks against torch eager and torch.compile are scripts in the source tree's "
+          "benchmarks/ folder (they need torch): python benchmarks/compiled_cpu.py on a CPU, "
+          "bash benchmarks/run_gpu.sh LOGDIR on a GPU; benchmarks/RESULTS.md holds every recorded run. "
+          "Nothing was run.", file=sys.stderr)
     return 2
+
+
+# ---------------------------------------------------------------------------- explain
+
+def run_explain(args: argparse.Namespace) -> int:
+    from tilewise.compiler.explain import explain
+
+    shapes = args.shape or [(1024, 1024)]
+    sections = explain(args.expr, shapes, args.dtype, args.device, args.target)
+    for title, text in sections:
+        if title == "run" and args.no_run:
+            break
+        print(f"== {title} " + "=" * max(0, 76 - len(title)))
+        print(text, end="\n\n", flush=True)
+    return 0
 
 
 # ---------------------------------------------------------------------------- demo
