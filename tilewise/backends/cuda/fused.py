@@ -26,7 +26,7 @@ FUSED = frozenset({
 })
 MAX_SIGNATURES = 256  # per operator; past it, new signatures run the decomposition
 
-_programs: dict = {}  # (op, signature) -> compiled function, or None when the compiler gave up
+_programs: dict = {}  # (grad mode, op, signature) -> compiled function, or None when the compiler gave up
 
 
 def _key(op, args: tuple):
@@ -56,10 +56,7 @@ def run_fused(op, args: tuple):
     if fn is False:
         if sum(k[1] is op for k in _programs) >= MAX_SIGNATURES:
             return None
-        fn = _compile(op, args)
-        _programs[key] = fn
-        if fn is None:
-            return None
+        fn = _programs[key] = _compile(op, args)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         out = fn(*[a for a in args if type(a) is Tensor])
@@ -72,7 +69,7 @@ def _compile(op, args: tuple):
     from tilewise.compiler import compile as compile_fn
 
     positions = [k for k, a in enumerate(args) if type(a) is Tensor]
-    template = list(args)
+    template = [None if type(a) is Tensor else a for a in args]  # keeps no caller's tensor alive
 
     def decomposition(*tensors):
         bound = list(template)
