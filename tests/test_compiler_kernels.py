@@ -107,21 +107,22 @@ def _mlp():
     return tw.nn.Sequential(tw.nn.Linear(8, 16), tw.nn.ReLU(), tw.nn.Linear(16, 4))
 
 
+def _training_step(model, opt):
+    def step(x, y):
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    return step
+
+
 def test_training_step_is_one_graph_and_matches_eager_for_20_steps():
     data = [(tw.randn(32, 8), tw.randn(32, 4)) for _ in range(20)]
 
-    def make_step(model, opt):
-        def step(x, y):
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
-        return step
-
     eager_model, compiled_model = _mlp(), _mlp()
-    eager_step = make_step(eager_model, tw.optim.SGD(eager_model.parameters(), lr=0.05))
-    compiled_step = tw.compile(make_step(compiled_model, tw.optim.SGD(compiled_model.parameters(), lr=0.05)))
+    eager_step = _training_step(eager_model, tw.optim.SGD(eager_model.parameters(), lr=0.05))
+    compiled_step = tw.compile(_training_step(compiled_model, tw.optim.SGD(compiled_model.parameters(), lr=0.05)))
     for x, y in data:
         np.testing.assert_allclose(compiled_step(x, y).item(), eager_step(x, y).item(), rtol=1e-5)
     assert len(compiled_step.variants) == 1
@@ -163,19 +164,11 @@ def test_training_step_with_a_step_counting_optimizer_compiles_whole_and_matches
     optimizer's step count: no host read blocks the capture."""
     data = [(tw.randn(32, 8), tw.randn(32, 4)) for _ in range(10)]
 
-    def make_step(model, opt):
-        def step(x, y):
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
-        return step
-
     eager_model, compiled_model = _mlp(), _mlp()
     eager_opt = getattr(tw.optim, name)(eager_model.parameters(), **kwargs)
     compiled_opt = getattr(tw.optim, name)(compiled_model.parameters(), **kwargs)
-    eager_step, compiled_step = make_step(eager_model, eager_opt), tw.compile(make_step(compiled_model, compiled_opt))
+    eager_step = _training_step(eager_model, eager_opt)
+    compiled_step = tw.compile(_training_step(compiled_model, compiled_opt))
     for x, y in data:
         np.testing.assert_allclose(compiled_step(x, y).item(), eager_step(x, y).item(), rtol=1e-5)
     assert len(compiled_step.variants) == variants
