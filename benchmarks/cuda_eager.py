@@ -26,13 +26,17 @@ import tilewise as tw
 
 
 def device_ms(fn, events, sync, warmup: int = 3, repeats: int = 15, inner: int = 5) -> float:
-    """Median over ``repeats`` of the mean time of ``inner`` back-to-back calls, in milliseconds."""
+    """Median over ``repeats`` of the mean time of ``inner`` back-to-back calls, in milliseconds.
+
+    One call is queued before the start event, so the device is busy while the host queues the timed calls:
+    what is timed is the steady-state time per call, not the host's latency to the first launch."""
     for _ in range(warmup):
         fn()
     sync()
     times = []
     for _ in range(repeats):
         start, end = events()
+        fn()
         start.record()
         for _ in range(inner):
             fn()
