@@ -1,9 +1,9 @@
 """Eager CUDA performance, tilewise beside torch in one process: per-op cost, bandwidth, GEMM.
 
 * per-op cost: a tiny tensor op in a loop, host bound (torch's figure, 9.3 us/op on an H200, is the target);
-* bandwidth: large pointwise ops, row reductions and softmax, as GB/s and as a share of the device copy
-  bandwidth measured here (bytes read + written); softmax is tilewise's eager decomposition, several
-  kernels, until the compiler fuses it;
+* bandwidth: large pointwise ops, row reductions, softmax and its backward, as GB/s and as a share of the
+  device copy bandwidth measured here (bytes read + written); eager softmax and its backward each run as
+  one kernel compiled from their decompositions;
 * GEMM: TFLOP/s over a suite of shapes and dtypes, and linear + bias + GELU through the cuBLASLt epilogue.
 
 Device times are CUDA-event medians after warm-up, on random inputs.
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import tilewise as tw
+from tilewise.ops.registry import OPS
 
 
 def device_ms(fn, events, sync, warmup: int = 3, repeats: int = 15, inner: int = 5) -> float:
@@ -121,8 +122,9 @@ BANDWIDTH = [  # name, passes over the input's bytes, torch version, tilewise ve
     ("row sum", 1, lambda a, b: a.sum(-1), lambda a, b: a.sum(-1)),
     ("row amax", 1, lambda a, b: a.amax(-1), lambda a, b: a.amax(-1)),
     ("column sum", 1, lambda a, b: a.sum(0), lambda a, b: a.sum(0)),
-    ("softmax (eager decomposition)", 2, lambda a, b: torch.softmax(a, -1),
-     lambda a, b: tw.nn.functional.softmax(a, -1)),
+    ("softmax", 2, lambda a, b: torch.softmax(a, -1), lambda a, b: tw.nn.functional.softmax(a, -1)),
+    ("softmax backward", 3, lambda a, b: torch.ops.aten._softmax_backward_data(a, b, -1, a.dtype),
+     lambda a, b: OPS["_softmax_backward_data"](a, b, -1, a.dtype)),
 ]
 
 

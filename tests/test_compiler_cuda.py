@@ -264,6 +264,12 @@ def test_a_composite_runs_as_its_compiled_decomposition_once_per_signature():
     y = tw.randn(6, 50)
     _close(fused.run_fused(op, (y, 1, None)), op.decomposition(y, 1, None))
     assert len(compiled.variants) == 1, "same signature: the program is reused"
+    for name in ("_softmax_backward_data", "_log_softmax_backward_data"):
+        backward = OPS[name]
+        grad, out = tw.randn(6, 50), tw.randn(6, 50).softmax(1)
+        _close(fused.run_fused(backward, (grad, out, 1, tw.float32)), backward.decomposition(grad, out, 1, tw.float32))
+        (compiled,) = [f for (_, o, _), f in fused._programs.items() if o is backward and f is not None]
+        assert sum(p.kernel_count for p in compiled.programs()) == 1, f"{name}: one read, one write"
     ln = OPS["native_layer_norm"]
     w, b = tw.randn(50), tw.randn(50)
     for got, want in zip(fused.run_fused(ln, (x, [50], w, b, 1e-5)), ln.decomposition(x, [50], w, b, 1e-5)):
@@ -285,3 +291,4 @@ def test_eager_softmax_and_layer_norm_on_cuda_are_one_kernel_each():
     _close(x.grad, ref.grad, 1e-3, 1e-4)
     names = {op.name for (_, op, _), f in fused._programs.items() if f is not None}
     assert {"softmax", "native_layer_norm"} <= names or {"softmax", "layer_norm"} <= names
+    assert {"_softmax_backward_data", "_layer_norm_backward"} <= names

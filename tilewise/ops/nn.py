@@ -31,7 +31,28 @@ def _log_softmax(self, dim, dtype=None):
     return out.to(x.dtype) if x.dtype.is_floating_point else out
 
 
+def _in_compute_dtype(*tensors):
+    return tuple(t.to(compute_dtype(t.dtype)) for t in tensors)
+
+
+def _softmax_backward_data(grad_output, output, dim, input_dtype):
+    g, y = _in_compute_dtype(grad_output, output)
+    return (y * (g - (g * y).sum(dim, keepdim=True))).to(input_dtype)
+
+
+def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
+    g, y = _in_compute_dtype(grad_output, output)
+    return (g - y.exp() * g.sum(dim, keepdim=True)).to(input_dtype)
+
+
 composite("softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", _softmax,
-          {"self": "result * (grad - (grad * result).sum(dim, keepdim=True))"}, autocast="fp32")
+          {"self": "OPS['_softmax_backward_data'](grad, result, dim, result.dtype)"}, autocast="fp32")
 composite("log_softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", _log_softmax,
-          {"self": "grad - exp(result) * grad.sum(dim, keepdim=True)"}, autocast="fp32")
+          {"self": "OPS['_log_softmax_backward_data'](grad, result, dim, result.dtype)"}, autocast="fp32")
+# The backward of softmax and log_softmax as operators of their own (torch's schemas), so that a backend can run
+# each as one kernel (one read of grad and output, one write) instead of four; they have no derivative of their
+# own, so a second derivative flows through their decompositions.
+composite("_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) -> Tensor",
+          _softmax_backward_data, public=False, method=False)
+composite("_log_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) -> Tensor",
+          _log_softmax_backward_data, public=False, method=False)

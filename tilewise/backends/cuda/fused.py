@@ -19,7 +19,8 @@ from tilewise.dispatch import STATE
 from tilewise.tensor import Tensor
 
 FUSED = frozenset({
-    "softmax", "log_softmax", "logsumexp", "layer_norm", "native_layer_norm", "_layer_norm_backward",
+    "softmax", "log_softmax", "_softmax_backward_data", "_log_softmax_backward_data", "logsumexp",
+    "layer_norm", "native_layer_norm", "_layer_norm_backward",
     "rms_norm", "_fused_rms_norm", "group_norm", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "_binary_cross_entropy", "kl_div",
     "normalize", "cosine_similarity", "var", "std", "var_mean", "std_mean",

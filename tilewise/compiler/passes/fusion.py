@@ -313,11 +313,16 @@ class _Partition:
             self.deps[gid] |= self.frontier(src) - {gid}
 
     def _merged_candidate(self, candidates: list[int]) -> int | None:
-        """Merge several operand groups with one domain into the first, when no path joins them outside."""
+        """Merge several operand groups with one domain into the first, when no path joins them outside.
+
+        A group without reduced dims also merges into a reduction over the same domain: its members are then
+        computed in the nest's loops over the domain like the reduction's own prologue and epilogue members
+        (``g - exp(y) * g.sum(-1, keepdim=True)`` is one kernel, not a reduction and a pointwise pass)."""
         if len(candidates) < 2:
             return None
         first = self.groups[candidates[0]]
-        same = [g for g in candidates if self.groups[g].shape == first.shape and self.groups[g].reduce == first.reduce
+        reduce = next((self.groups[g].reduce for g in candidates if self.groups[g].reduce), first.reduce)
+        same = [g for g in candidates if self.groups[g].shape == first.shape and self.groups[g].reduce in ((), reduce)
                 and _device(self.groups[g]) == _device(first)]
         if len(same) < 2:
             return None
@@ -332,6 +337,7 @@ class _Partition:
             self.groups[target].dims.update(other.dims)
             self.deps[target] |= self.deps.pop(gid)
             self.parent[gid] = target
+        self.groups[target].reduce = reduce
         self.deps[target] = {d for d in self.deps[target] if self.find(d) != target}
         self.groups[target].members.sort(key=self.order.__getitem__)
         return target
