@@ -15,8 +15,9 @@ variable                  meaning
                           ``recompiles`` (which guard failed when a compiled function is compiled again)
 ``TILEWISE_RECOMPILES``   variants ``tilewise.compile`` keeps per function before running it eagerly (8)
 ``TILEWISE_CC``           the C compiler for the compiler's CPU target (default ``cc``)
-``TILEWISE_CACHE_DIR``    where compiled kernels are kept on disk (default ``~/.cache/tilewise/kernels``);
-                          read by ``tilewise.compiler.toolchain.cache``
+``TILEWISE_CACHE_DIR``    where compiled kernels, and ``mode="max-autotune"``'s schedule choices (in ``autotune/``),
+                          are kept on disk (default ``~/.cache/tilewise/kernels``); read by
+                          ``tilewise.compiler.toolchain.cache``
 ``TILEWISE_GEMM_TUNE``    ``1`` (default) times the few best cuBLASLt heuristic candidates once per GEMM shape
                           and keeps the fastest; ``0`` takes cuBLASLt's first choice
 ========================  =====================================================================================

@@ -9,7 +9,8 @@ kernels,recompiles``):
 3. ``passes``    — functionalize, decompose, simplify (identities, constant folding), cse, dce; then
                    ``fusion`` (loop nests, kernels) and ``memory`` (static buffer plan).
 4. ``kernel_ir`` — each fused kernel as nests of loads, reductions and stores over symbolic indices.
-5. ``schedule``  — per target: loop order, parallelism, vectorisation, reduction strategy.
+5. ``schedule``  — per target: loop order, parallelism, vectorisation, reduction strategy; ``autotune``
+                   times a kernel's candidate schedules in ``mode="max-autotune"`` and remembers the winner.
 6. ``render``    — one C-style renderer; the C and CUDA targets differ in data only.
 7. ``toolchain`` — ``cc`` (C, OpenMP, ctypes) and NVRTC (CUDA), with on-disk caches.
 8. ``program``   — a list of steps over the buffer plan; ``function`` wraps it with guards.

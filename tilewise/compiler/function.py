@@ -312,9 +312,10 @@ class CompiledFunction:
         graph = run_pipeline(traced.graph)
 
         arena = self._arena(target, device)
+        autotune = self.mode == "max-autotune"
 
         def build(g, graphs: bool = True):
-            return build_program(g, target, device, graphs, arena)
+            return build_program(g, target, device, graphs, arena, autotune)
 
         if traced.backward is None:
             return Variant(guards, traced, build(graph))
@@ -370,8 +371,10 @@ def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = True,
     """Compile a function (or a module's forward) into fused kernels; returns a callable (a module stays one).
 
     Tensors on the CPU compile to C (OpenMP), tensors on one CUDA device to CUDA C (NVRTC), replayed as a
-    CUDA graph from the second call where every step can be captured. The three modes build the same
-    programs for now; "max-autotune" (timed schedule candidates) is not implemented yet.
+    CUDA graph from the second call where every step can be captured. "default" and "reduce-overhead" build
+    the same programs, each kernel scheduled by the heuristics; "max-autotune" times each kernel's candidate
+    schedules on the first call's tensors, keeps the fastest and remembers the choice on disk for later
+    processes (``TILEWISE_LOG=kernels`` shows the candidates, their times and the winner).
 
     >>> import tilewise as tw
     >>> f = tw.compile(lambda x: x.relu() * 0.5 + 1)

@@ -8,16 +8,22 @@ pointers), a library call or fallback operator (``ExternStep``: the CPU backend'
 view the planned buffers; ``mm``/``bmm`` write their result straight into its buffer), and end-of-call
 copies (write-backs that could not be done in place, outputs that are views of other values). Running
 it binds the inputs' storages, allocates the outputs, and walks the steps. The arena of intermediate
-buffers is allocated once, when the program is built.
+buffers is allocated once, when the program is built. In ``mode="max-autotune"`` a program may carry a
+``Tuner``: its first run walks the steps through it, timing kernel candidates on that call's buffers
+(``autotune``); ``HostTuning`` and ``HostBench`` are the C target's part of that.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
+from tilewise.compiler.autotune import Pending, Sampler, Tuner, choose, clobbered, default_decisions, renamed
 from tilewise.compiler.ir import Graph, Node, format_graph, verify
 from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry, lower
 from tilewise.compiler.passes.epilogues import gemm_epilogues
@@ -26,7 +32,7 @@ from tilewise.compiler.passes.memory import MemoryPlan, plan_memory, steps_of
 from tilewise.compiler.render.c import C
 from tilewise.compiler.render.fused import render_program
 from tilewise.compiler.schedule import KernelSchedule, schedule
-from tilewise.compiler.toolchain.cc import default_c_cache
+from tilewise.compiler.toolchain.cc import c_flags, compiler_version, default_c_cache, host_cpu
 from tilewise.config import log, settings
 from tilewise.device import cpu
 from tilewise.storage import Storage
@@ -141,6 +147,7 @@ class Program:
     cuda: object = None  # the CUDA target's runtime (program_cuda.CudaRuntime)
     arena: Arena | None = None
     arena_generation: int = -1  # the arena generation ``arrays`` and ``pointers`` view
+    tuner: Tuner | None = None  # max-autotune: kernels whose candidates the first run times
 
     def run(self, inputs: list, staged: frozenset[int] = frozenset()) -> list:
         """Run on the inputs' storage data (flat arrays; device buffers on CUDA); return the outputs' data.
@@ -159,8 +166,11 @@ class Program:
             else:
                 continue
             arrays[k], pointers[k] = array, array.ctypes.data
-        for step in self.steps:
-            step.run(arrays, pointers)
+        if self.tuner is not None:
+            self.tuner.walk(self, HostBench(arrays, pointers))
+        else:
+            for step in self.steps:
+                step.run(arrays, pointers)
         return [arrays[b] for b in self.plan.outputs]
 
     def describe(self) -> str:
@@ -195,17 +205,22 @@ def lower_program(graph: Graph, target: str = "c") -> Lowered:
             kernels[node] = lower(node.args[0])
     plan = plan_memory(fused, kernels)
     schedules = [schedule(k, target) for k in kernels.values()]
-    sources: dict[str, str] = {}
-    if not schedules:
-        source = ""
+    return render_lowered(Lowered(fused, kernels, schedules, plan, ""), target)
+
+
+def render_lowered(low: Lowered, target: str) -> Lowered:
+    """Render ``low``'s kernels as their schedules say (again, after autotuning replaced some)."""
+    low.sources = {}
+    if not low.schedules:
+        low.source = ""
     elif target == "cuda":
         from tilewise.compiler.render.fused_cuda import render_program as render_cuda
 
-        sources = render_cuda(schedules, _aliased_kernels(kernels, plan))
-        source = "\n".join(sources.values())
+        low.sources = render_cuda(low.schedules, _aliased_kernels(low.kernels, low.plan))
+        low.source = "\n".join(low.sources.values())
     else:
-        source = render_program(schedules, LANGUAGES[target])
-    return Lowered(fused, kernels, schedules, plan, source, sources)
+        low.source = render_program(low.schedules, LANGUAGES[target])
+    return low
 
 
 def _aliased_kernels(kernels: dict[Node, Kernel], plan: MemoryPlan) -> set[str]:
@@ -219,14 +234,21 @@ def _aliased_kernels(kernels: dict[Node, Kernel], plan: MemoryPlan) -> set[str]:
 
 
 def build_program(graph: Graph, target: str = "c", device=None, graphs: bool = True,
-                  arena: Arena | None = None) -> Program:
+                  arena: Arena | None = None, autotune: bool = False) -> Program:
     """Fuse, lower, schedule, render, compile and plan memory for an optimised graph.
 
-    ``arena``: shared with the other programs of the same function (a private one when None)."""
+    ``arena``: shared with the other programs of the same function (a private one when None).
+    ``autotune``: choose each kernel's schedule by timing its candidates (``mode="max-autotune"``)."""
     if target == "cuda":
         graph = verify(gemm_epilogues(graph), "gemm_epilogues")
         log("graph", format_graph(graph, "after gemm_epilogues"))
     low = lower_program(graph, target)
+    tuner = None
+    if autotune and low.schedules:
+        tuning = _tuning(target, device, low)
+        low.schedules, pending = choose(low.schedules, tuning, default_decisions())
+        render_lowered(low, target)
+        tuner = Tuner(pending, tuning, default_decisions()) if pending else None
     fused, kernels, schedules, plan, source = low.fused, low.kernels, low.schedules, low.plan, low.source
     if target == "cuda":
         program = _cuda_program(low, device, graphs, arena)
@@ -236,10 +258,25 @@ def build_program(graph: Graph, target: str = "c", device=None, graphs: bool = T
                           source)
         program.arena = arena if arena is not None else host_arena()
         program.arena.reserve(plan.arena_bytes)
-    if "kernels" in settings.log:
-        log("kernels", "\n\n".join([*(str(k) for k in program.kernels), *(s.describe() for s in schedules),
-                                    program.describe(), source]))
+    program.tuner = tuner
+    if tuner is None:  # else once the first run has chosen
+        log_program(program)
     return program
+
+
+def log_program(program: Program) -> None:
+    """The ``kernels`` dump of a built program: kernel IR, schedules (with autotuning's choices), steps, source."""
+    if "kernels" in settings.log:
+        log("kernels", "\n\n".join([*(str(k) for k in program.kernels), *(s.describe() for s in program.schedules),
+                                    program.describe(), program.source]))
+
+
+def _tuning(target: str, device, low: Lowered):
+    if target == "cuda":
+        from tilewise.compiler.program_cuda import CudaTuning
+
+        return CudaTuning(device, _aliased_kernels(low.kernels, low.plan))
+    return HostTuning()
 
 
 def _cuda_program(low: Lowered, device, graphs: bool, arena: Arena | None) -> Program:
@@ -302,3 +339,74 @@ def _bind_arena(program: Program) -> None:
             view = arena[buf.slot:buf.slot + buf.ty.nbytes].view(buf.ty.dtype.np)
             program.arrays[k], program.pointers[k] = view, view.ctypes.data
     program.arena_generation = program.arena.generation
+
+
+# ---------------------------------------------------------------------------- autotuning on the C target
+
+class HostBench:
+    """Runs the steps of one call of a C program and times kernel candidates on its buffers (``autotune``)."""
+
+    def __init__(self, arrays: list, pointers: list):
+        self.arrays, self.pointers = arrays, pointers
+
+    def run(self, step) -> None:
+        step.run(self.arrays, self.pointers)
+
+    def samplers(self, steps: list[KernelStep]) -> list[Sampler]:
+        """The candidates' steps (one kernel's) timed on this call's buffers; what it updates in place, on a
+        scratch copy restored before every run."""
+        pointers = list(self.pointers)
+        copies = []
+        extent = lambda b: (self.pointers[b], self.pointers[b] + self.arrays[b].nbytes)
+        for b in clobbered(steps[0].kernel, steps[0].buffers, extent):
+            pristine = self.arrays[b].copy()
+            scratch = pristine.copy()
+            pointers[b] = scratch.ctypes.data
+            copies.append((scratch, pristine))
+        return [Sampler(partial(self._sample, step, pointers, copies), not copies) for step in steps]
+
+    def _sample(self, step: KernelStep, pointers: list, copies: list, repeats: int) -> float:
+        for scratch, pristine in copies:
+            np.copyto(scratch, pristine)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            step.run(self.arrays, pointers)
+        return (time.perf_counter() - start) / repeats
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (OpenMP's default thread count)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+class HostTuning:
+    """The C target's part of autotuning: every candidate of a program's pending kernels compiled into one
+    library; once all are chosen, the program's library rebuilt from the winners (what a later process
+    builds directly from the decision cache, so it finds that library in the C cache too)."""
+
+    target = "c"
+
+    def machine(self) -> dict:
+        cc = settings.cc
+        threads = os.environ.get("OMP_NUM_THREADS") or str(_cpus())
+        return {"cc": compiler_version(cc), "flags": list(c_flags(cc)), "cpu": host_cpu(), "threads": threads}
+
+    def source(self, sched: KernelSchedule, name: str) -> str:
+        return render_program([renamed(sched, name)], C)
+
+    def compile(self, pending: dict[str, Pending]) -> dict[str, list]:
+        named = {name: [f"{name}__c{k}" for k in range(len(p.candidates))] for name, p in pending.items()}
+        scheds = [renamed(c, n) for name, p in pending.items() for c, n in zip(p.candidates, named[name])]
+        library = default_c_cache().load(render_program(scheds, C))
+        return {name: [getattr(library, n) for n in names] for name, names in named.items()}
+
+    def step(self, step: KernelStep, sched: KernelSchedule, function) -> KernelStep:
+        return KernelStep(step.kernel, function, step.buffers)
+
+    def finish(self, program: Program) -> None:
+        program.source = render_program(program.schedules, C)
+        library = default_c_cache().load(program.source)
+        program.steps = [KernelStep(s.kernel, getattr(library, s.kernel.name), s.buffers)
+                         if isinstance(s, KernelStep) else s for s in program.steps]
+        log_program(program)

@@ -19,18 +19,25 @@ graph's own buffers and copied to fresh ones for the caller. Those copies are wh
 arguments and outputs exceed ``GRAPH_COPY_BYTES`` is not captured: its kernels are long enough that
 launching them one by one costs less than copying. ``TILEWISE_LOG=graphs`` reports captures and why a
 program is not captured.
+
+Autotuning (``mode="max-autotune"``) happens in the first call, which never replays a graph: the walk goes
+through the program's ``Tuner``, which times each pending kernel's candidates with CUDA events on the
+program's stream (``CudaBench``); a graph captured from the second call on launches the winners.
 """
 
 from __future__ import annotations
 
 import os
+from functools import partial
 
 from tilewise.backends.cuda import DeviceBuffer, stream_handle
-from tilewise.backends.cuda.runtime import Stream, check, copy_dtod, get_device_properties
+from tilewise.backends.cuda.runtime import Event, Stream, check, copy_dtod, get_device_properties
 from tilewise.backends.cuda.runtime.driver import driver_api
+from tilewise.compiler.autotune import Pending, Sampler, clobbered, renamed
 from tilewise.compiler.ir import Node
 from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry
 from tilewise.compiler.passes.memory import MemoryPlan
+from tilewise.compiler.schedule import KernelSchedule
 from tilewise.config import log
 from tilewise.device import Device
 from tilewise.storage import Storage
@@ -198,6 +205,9 @@ class CudaRuntime:
         return pointers, outputs
 
     def _walk(self, pointers: list, stream: int) -> None:
+        if self.program.tuner is not None:
+            self.program.tuner.walk(self.program, CudaBench(pointers, stream, self.program.plan, self.device))
+            return
         for step in self.program.steps:
             step.run(pointers, stream)
 
@@ -294,17 +304,99 @@ def device_arena(device: Device):
 
 def compile_kernels(sources: dict[str, str], device: Device) -> dict:
     """Compile each kernel's CUDA source for ``device`` (in parallel, through the kernel cache) and load it."""
+    return dict(zip(sources, compile_units(list(sources.items()), device)))
+
+
+def compile_units(units: list[tuple[str, str]], device: Device) -> list:
+    """The function of each (kernel name, translation unit), compiled in parallel through the kernel cache and
+    loaded: several units may define kernels of one name (a kernel's schedule candidates)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from tilewise.compiler.toolchain import compile_cached, load_module
 
     arch = get_device_properties(device.index).arch
-    names = list(sources)
-    with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1, 16))) as pool:
-        compiled = list(pool.map(lambda name: compile_cached(sources[name], name, arch), names))
-    functions = {}
-    for name, kernel in zip(names, compiled):
+    with ThreadPoolExecutor(max_workers=max(1, min(len(units), os.cpu_count() or 1, 16))) as pool:
+        compiled = list(pool.map(lambda unit: compile_cached(unit[1], unit[0], arch), units))
+    functions = []
+    for (name, source), kernel in zip(units, compiled):
         fn = load_module(kernel.cubin, device.index).get_function(name)
-        fn.source = sources[name]
-        functions[name] = fn
+        fn.source = source
+        functions.append(fn)
     return functions
+
+
+# ---------------------------------------------------------------------------- autotuning
+
+class CudaBench:
+    """Runs the steps of one call of a CUDA program and times kernel candidates on its buffers with events."""
+
+    def __init__(self, pointers: list, stream: int, plan: MemoryPlan, device: Device):
+        self.pointers, self.stream, self.plan, self.device = pointers, stream, plan, device
+
+    def run(self, step) -> None:
+        step.run(self.pointers, self.stream)
+
+    def samplers(self, steps: list[CudaKernelStep]) -> list[Sampler]:
+        """The candidates' steps (one kernel's) timed on this call's buffers; what it updates in place, on a
+        scratch copy restored before every run."""
+        nbytes = lambda b: self.plan.buffers[b].ty.nbytes
+        extent = lambda b: (self.pointers[b], self.pointers[b] + nbytes(b))
+        pointers = list(self.pointers)
+        copies = []
+        for b in clobbered(steps[0].kernel, steps[0].buffers, extent):
+            pristine = DeviceBuffer(nbytes(b), self.device.index, self.stream)
+            scratch = DeviceBuffer(nbytes(b), self.device.index, self.stream)
+            copy_dtod(pristine.ptr, self.pointers[b], nbytes(b), self.stream)
+            pointers[b] = scratch.ptr
+            copies.append((scratch, pristine, nbytes(b)))
+        events = Event(enable_timing=True), Event(enable_timing=True)
+        return [Sampler(partial(self._sample, step, pointers, copies, events), not copies) for step in steps]
+
+    def _sample(self, step: CudaKernelStep, pointers: list, copies: list, events: tuple, repeats: int) -> float:
+        start, end = events
+        for scratch, pristine, n in copies:
+            copy_dtod(scratch.ptr, pristine.ptr, n, self.stream)
+        start.record(self.stream)
+        for _ in range(repeats):
+            step.run(pointers, self.stream)
+        end.record(self.stream)
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / repeats
+
+
+class CudaTuning:
+    """The CUDA target's part of autotuning: a translation unit per candidate, under the kernel's own name, so
+    the winner's unit is the one a later process builds from the decision cache (and finds in the kernel
+    cache)."""
+
+    target = "cuda"
+
+    def __init__(self, device: Device, aliased: set[str]):
+        self.device, self.aliased = device, aliased
+
+    def machine(self) -> dict:
+        from tilewise.compiler.toolchain import nvrtc_version
+
+        props = get_device_properties(self.device.index)
+        return {"gpu": props.name, "arch": props.arch, "nvrtc": list(nvrtc_version())}
+
+    def source(self, sched: KernelSchedule, name: str) -> str:
+        from tilewise.compiler.render.fused_cuda import render_program
+
+        aliased = {name} if sched.kernel.name in self.aliased else set()
+        return render_program([renamed(sched, name)], aliased)[name]
+
+    def compile(self, pending: dict[str, Pending]) -> dict[str, list]:
+        units = [(name, self.source(c, name)) for name, p in pending.items() for c in p.candidates]
+        functions = iter(compile_units(units, self.device))
+        return {name: [next(functions) for _ in p.candidates] for name, p in pending.items()}
+
+    def step(self, step: CudaKernelStep, sched: KernelSchedule, function) -> CudaKernelStep:
+        return CudaKernelStep(step.kernel, function, sched.grid, sched.block, step.buffers, sched.scratch_bytes,
+                              self.device)
+
+    def finish(self, program) -> None:
+        from tilewise.compiler.program import log_program
+
+        program.source = "\n".join(self.source(s, s.kernel.name) for s in program.schedules)
+        log_program(program)

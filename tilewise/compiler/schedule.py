@@ -38,11 +38,18 @@ picks a strategy and records why, so ``TILEWISE_LOG=kernels`` shows the choice n
   (an atomic counter per row, which it resets for the next launch) combines the partials in chunk order
   (the result does not depend on timing) and stores the row's results. Several phases over few very
   long rows (a softmax over a million elements) stay one block per row; the dump says so.
+
+Every choice above is a heuristic's guess. ``Knobs`` overrides them for a whole kernel (CUDA: block size,
+widest vector, warp or block teams, splitting, the columns strategy; C: threads or not, chunks of a split,
+vectorised inner loops), and ``candidates`` lists a kernel's distinct legal schedules — the heuristic's
+first, then one knob changed at a time — for ``mode="max-autotune"`` to time (``autotune``). An
+override never makes a schedule illegal: a narrower vector keeps every alignment a wider one had, any
+block size is a multiple of a warp, and strategies only change who folds which element.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from tilewise import _strides as S
 from tilewise.compiler.kernel_ir import Index, Kernel, Nest, Reduce, Store
@@ -163,6 +170,45 @@ def _is_expensive(expr: Expr) -> bool:
 
 
 @dataclass(frozen=True)
+class Knobs:
+    """Overrides of the heuristic's choices for a whole kernel; the defaults override nothing."""
+
+    block: int = 0  # CUDA: threads per block
+    vector: int = 0  # CUDA: at most this many elements per access
+    team: str = ""  # CUDA rows: "warp" (several rows per block) or "block" (one row per block)
+    split: bool = True  # a few long rows may be split (CUDA: across blocks; C: across threads)
+    columns: bool = True  # CUDA: the columns strategy where the accesses favour it
+    threads: str = ""  # C: "serial" or "parallel", whatever the size
+    chunks: int = 0  # C: chunks of a split reduction
+    simd: bool = True  # C: innermost loops vectorised
+
+    def label(self) -> str:
+        changed = [f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) != f.default]
+        return ", ".join(changed) or "heuristic"
+
+
+HEURISTIC = Knobs()
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """How ``mode="max-autotune"`` chose a kernel's schedule: its candidates' median times and the winner."""
+
+    labels: tuple[str, ...]
+    seconds: tuple[float, ...]  # median per run, one per candidate
+    winner: int
+    cached: bool  # read from the decision cache: timed by an earlier compile
+
+    def describe(self) -> list[str]:
+        where = "from the decision cache" if self.cached else "timed now"
+        lines = [f"  autotuned over {len(self.labels)} candidates (median per run, {where}):"]
+        for k, (label, t) in enumerate(zip(self.labels, self.seconds)):
+            mark = "  <- chosen" if k == self.winner else ""
+            lines.append(f"    #{k} {label}: {t * 1e6:.2f} us{mark}")
+        return lines
+
+
+@dataclass(frozen=True)
 class CudaPlan:
     """How one nest maps onto CUDA blocks and threads (see the module note)."""
 
@@ -198,6 +244,8 @@ class KernelSchedule:
     nests: list[NestSchedule]
     block: int = 0  # CUDA: threads per block, shared by every nest of the kernel
     scratch_bytes: int = 0  # CUDA: device memory for split reductions (zeroed once; kernels leave it zeroed)
+    knobs: Knobs = HEURISTIC
+    tuned: Tuned | None = None  # set when max-autotune chose this schedule
 
     @property
     def grid(self) -> int:
@@ -211,28 +259,42 @@ class KernelSchedule:
                          + "".join(f"; {n}" for n in ns.notes))
         if self.target == "cuda":
             lines.append(f"  launch: {self.grid} block(s) of {self.block} threads")
+        if self.knobs != HEURISTIC:
+            lines.append(f"  knobs: {self.knobs.label()}")
+        if self.tuned is not None:
+            lines += self.tuned.describe()
         return "\n".join(lines)
 
+    def signature(self) -> tuple:
+        """What rendering depends on besides the kernel: equal signatures render the same code."""
+        return self.block, tuple((ns.parallel, ns.chunks, ns.simd, ns.cuda) for ns in self.nests)
 
-def schedule_c(nest: Nest) -> NestSchedule:
+
+def schedule_c(nest: Nest, knobs: Knobs = HEURISTIC) -> NestSchedule:
     nest, cached = cache_across_phases(coalesce(nest))
     work = S.numel(nest.shape)
     rows = S.numel([nest.shape[d] for d in nest.outer])
     notes = [f"{work} elements, {rows} row(s)"]
-    if work < PARALLEL_MIN_ELEMENTS:
+    splittable = rows == 1 and nest.phases == 1 and all(st.phase is None for st in nest.stores) and nest.reductions
+    if knobs.threads == "serial":
+        parallel = "none"
+        notes.append("serial (knob)")
+    elif work < PARALLEL_MIN_ELEMENTS and knobs.threads != "parallel":
         parallel = "none"
         notes.append("too small to fork threads")
     elif rows >= PARALLEL_MIN_ROWS:
         parallel = "rows"
-    elif rows == 1 and nest.phases == 1 and all(st.phase is None for st in nest.stores) and nest.reductions:
+    elif splittable and knobs.split:
         parallel = "split"
         notes.append("one row: reduction split into chunks")
     else:
         parallel = "rows" if rows > 1 else "none"
-    notes.append("innermost loops vectorised")
+    if knobs.simd:
+        notes.append("innermost loops vectorised")
     if cached:
         notes.append(f"{len(cached)} value(s) kept between phases instead of recomputed")
-    return NestSchedule(nest, parallel, SPLIT_CHUNKS if parallel == "split" else 0, True, notes, cached)
+    chunks = (knobs.chunks or SPLIT_CHUNKS) if parallel == "split" else 0
+    return NestSchedule(nest, parallel, chunks, knobs.simd, notes, cached)
 
 
 # ---------------------------------------------------------------------------- CUDA
@@ -287,17 +349,26 @@ def _prefer_columns(nest: Nest) -> bool:
             and any(_stride(ix, last_kept) == 1 for ix, _ in accesses))
 
 
-def _cuda_strategy(nest: Nest) -> tuple[str, int, int | None, int]:
+def _capped(width: int, knobs: Knobs) -> int:
+    """A narrower vector stays legal: every alignment that holds for ``width`` holds for its divisors."""
+    return min(width, knobs.vector) if knobs.vector else width
+
+
+def _cuda_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]:
     """(strategy, vector, vector dim, preferred team or block size) of a coalesced nest."""
     if not nest.reduce:
         dim = nest.outer[-1] if nest.outer else None
-        return "elements", vector_width(nest, dim), dim, POINTWISE_THREADS
+        return "elements", _capped(vector_width(nest, dim), knobs), dim, POINTWISE_THREADS
     row = S.numel([nest.shape[d] for d in nest.reduce])
-    if _prefer_columns(nest):
+    if knobs.columns and _prefer_columns(nest):
         return "columns", 1, None, 32 * min(32, _pow2_at_least(-(-row // 8)))
     dim = nest.reduce[-1]
-    vector = vector_width(nest, dim)
+    vector = _capped(vector_width(nest, dim), knobs)
     team = min(MAX_THREADS, max(32, _pow2_at_least(-(-row // (vector * VECTORS_PER_THREAD)))))
+    if knobs.team == "warp":
+        team = 32
+    elif knobs.team == "block":
+        team = max(team, 64)  # any team wider than a warp is the whole block (``_cuda_plan``)
     return "rows", vector, dim, team
 
 
@@ -354,14 +425,16 @@ def _cuda_plan(nest: Nest, strategy: str, vector: int, dim: int | None, team: in
     return CudaPlan(strategy, vector, dim, team, per_block, -(-rows // per_block), steps, in_registers, index)
 
 
-def schedule_cuda(kernel: Kernel) -> KernelSchedule:
+def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
     nests = [coalesce(n) for n in kernel.nests]
-    strategies = [_cuda_strategy(n) for n in nests]
-    block = max(max(MIN_ROW_BLOCK, t) if s == "rows" else t for s, _, _, t in strategies)
+    strategies = [_cuda_strategy(n, knobs) for n in nests]
+    block = knobs.block or max(max(MIN_ROW_BLOCK, t) if s == "rows" else t for s, _, _, t in strategies)
     out = []
     scratch = 0
     for nest, (strategy, vector, dim, team) in zip(nests, strategies):
-        plan = split_rows(nest, _cuda_plan(nest, strategy, vector, dim, team, block), block)
+        plan = _cuda_plan(nest, strategy, vector, dim, team, block)
+        if knobs.split:
+            plan = split_rows(nest, plan, block)
         plan, scratch = scratch_layout(nest, plan, scratch)
         notes = [f"{plan.blocks} block(s)", f"{plan.vector} element(s) per access" + (
             f" along d{dim}" if plan.vector > 1 else "")]
@@ -379,18 +452,64 @@ def schedule_cuda(kernel: Kernel) -> KernelSchedule:
         if plan.index != "int":
             notes.append("64-bit indexing")
         out.append(NestSchedule(nest, strategy, 0, plan.vector > 1, notes, [], plan))
-    return KernelSchedule(kernel, "cuda", out, block, scratch)
+    return KernelSchedule(kernel, "cuda", out, block, scratch, knobs)
 
 
 SCHEDULERS = {"c": schedule_c}
 
 
-def schedule(kernel: Kernel, target: str) -> KernelSchedule:
+def schedule(kernel: Kernel, target: str, knobs: Knobs = HEURISTIC) -> KernelSchedule:
     if target == "cuda":
-        return schedule_cuda(kernel)
+        return schedule_cuda(kernel, knobs)
     try:
         scheduler = SCHEDULERS[target]
     except KeyError:
         targets = sorted({*SCHEDULERS, "cuda"})
         raise NotImplementedError(f"no scheduler for target {target!r}; targets: {targets}") from None
-    return KernelSchedule(kernel, target, [scheduler(nest) for nest in kernel.nests])
+    return KernelSchedule(kernel, target, [scheduler(nest, knobs) for nest in kernel.nests], knobs=knobs)
+
+
+# ---------------------------------------------------------------------------- candidates (max-autotune)
+
+CUDA_BLOCKS = (128, 256, 512, 1024)
+C_SPLIT_CHUNKS = (16, 256)
+
+
+def _cuda_variants(heuristic: KernelSchedule) -> list[Knobs]:
+    plans = [ns.cuda for ns in heuristic.nests]
+    variants = [Knobs(block=b) for b in CUDA_BLOCKS if b != heuristic.block]
+    widest = max(p.vector for p in plans)
+    variants += [Knobs(vector=w) for w in sorted({widest // 2, 1}, reverse=True) if 1 <= w < widest]
+    rows = [p for p in plans if p.strategy == "rows"]
+    if any(p.team == 32 for p in rows):
+        variants.append(Knobs(team="block"))
+    wide = [p for p in rows if p.team > 32]
+    if wide and all(p.blocks // p.split >= SPLIT_MAX_ROWS for p in wide):  # a warp per row of a few long rows
+        variants.append(Knobs(team="warp"))  # would leave the GPU idle: a whole-tensor sum took 300x longer
+    if any(p.split > 1 for p in plans):
+        variants.append(Knobs(split=False))
+    if any(p.strategy == "columns" for p in plans):
+        variants.append(Knobs(columns=False))
+    return variants
+
+
+def _c_variants(heuristic: KernelSchedule) -> list[Knobs]:
+    variants = [Knobs(threads="serial"), Knobs(threads="parallel"), Knobs(simd=False)]
+    if any(ns.parallel == "split" for ns in heuristic.nests):
+        variants += [Knobs(chunks=c) for c in C_SPLIT_CHUNKS]
+    return variants
+
+
+VARIANTS = {"c": _c_variants, "cuda": _cuda_variants}
+
+
+def candidates(kernel: Kernel, target: str) -> list[KernelSchedule]:
+    """The kernel's distinct legal schedules: the heuristic's first, then one knob changed at a time."""
+    heuristic = schedule(kernel, target)
+    out, seen = [heuristic], {heuristic.signature()}
+    for knobs in VARIANTS[target](heuristic):
+        candidate = schedule(kernel, target, knobs)
+        if candidate.signature() not in seen:
+            seen.add(candidate.signature())
+            out.append(candidate)
+    return out

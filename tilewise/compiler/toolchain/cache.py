@@ -160,7 +160,7 @@ class KernelCache:
         path = self.path_for(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_write(path, encode_entry(key, kernel))
+            atomic_write(path, encode_entry(key, kernel))
         except OSError as exc:
             self.stats.write_failures += 1
             warnings.warn(
@@ -213,7 +213,8 @@ def decode_entry(data: bytes, key: str) -> CompiledKernel | None:
         return None
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers, in any process, see the old file or the whole new one."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as file:
