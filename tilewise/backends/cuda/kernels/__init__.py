@@ -98,4 +98,5 @@ def _load_all() -> None:
         index,
         random,
         scan,
+        sort,
     )

@@ -1,0 +1,259 @@
+"""sort, argsort, topk, cummax and cummin on a GPU, against torch's CPU results.
+
+Inputs are made in torch (ties, NaN, infinities and signed zeros included), copied into tilewise tensors on
+the device, and the results copied back. sort and argsort must equal torch's *stable* sort exactly (values
+and indices); topk's values must equal torch's, and its indices are the first k of the stable sort (torch
+leaves the order of ties to the implementation); cummax/cummin must equal torch exactly, indices included.
+Lengths cross the kernels' boundaries: one block per row up to 4096 elements, the staged sort beyond.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilewise as tw
+
+pytestmark = pytest.mark.cuda
+
+torch = pytest.importorskip("torch")
+
+LENGTHS = (1, 7, 32, 1000, 4096, 5000, 70000)
+FLOATS = ("float32", "float64", "float16", "bfloat16")
+INTS = ("int64", "int32", "int16", "int8", "uint8")
+DTYPES = (*FLOATS, *INTS, "bool")
+
+
+def _input(shape, dtype: str, seed: int = 0, special: bool = True) -> torch.Tensor:
+    """A CPU torch tensor with many ties; floats also hold NaN, +-inf and -0.0 when ``special``."""
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    if dtype == "bool":
+        return torch.from_numpy(rng.integers(0, 2, n).astype(bool)).reshape(shape)
+    if dtype in INTS:
+        info = np.iinfo(dtype)
+        values = rng.integers(-20, 21, n)
+        values[rng.random(n) < 0.05] = info.min  # the extremes of the range sort like any other value
+        values[rng.random(n) < 0.05] = info.max
+        return torch.from_numpy(np.clip(values, info.min, info.max).astype(dtype)).reshape(shape)
+    values = np.round(rng.standard_normal(n) * 4, 1)  # one decimal: plenty of ties, exact in every float type
+    values += 0.0  # rounding made some -0.0: only ``special`` inputs have them, where their order is defined
+    if special:
+        for value, share in ((np.nan, 0.03), (np.inf, 0.02), (-np.inf, 0.02), (-0.0, 0.03), (0.0, 0.03)):
+            values[rng.random(n) < share] = value
+    return torch.from_numpy(values).reshape(shape).to(getattr(torch, dtype))
+
+
+def _device(t: torch.Tensor) -> tw.Tensor:
+    """The same values in a tilewise CUDA tensor (bfloat16 through float32, which holds it exactly)."""
+    if t.dtype == torch.bfloat16:
+        return tw.from_numpy(t.float().numpy()).to(tw.bfloat16).cuda()
+    return tw.from_numpy(t.numpy().copy()).cuda()
+
+
+def _host(x: tw.Tensor) -> torch.Tensor:
+    if x.dtype == tw.bfloat16:
+        return torch.from_numpy(x.float().cpu().numpy()).bfloat16()
+    return torch.from_numpy(x.cpu().numpy().copy())  # a copy: numpy views may have negative strides
+
+
+def _same(ours: tw.Tensor, expected: torch.Tensor, signs: bool = True) -> None:
+    got = _host(ours)
+    assert tuple(got.shape) == tuple(expected.shape)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    if signs and expected.is_floating_point():  # the elements themselves come out: zeros keep their sign
+        numbers = ~expected.isnan()
+        assert torch.equal(torch.signbit(got[numbers]), torch.signbit(expected[numbers]))
+
+
+def _check_sort(t: torch.Tensor, dim: int, descending: bool, x: tw.Tensor | None = None) -> None:
+    x = _device(t) if x is None else x
+    values, indices = x.sort(dim=dim, descending=descending, stable=True)
+    ref = t.sort(dim=dim, descending=descending, stable=True)
+    _same(values, ref.values)
+    _same(indices, ref.indices)
+
+
+# ---------------------------------------------------------------------------------------------- sort
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_sort_matches_torch_stable_sort(n, dtype, descending):
+    rows = 3 if n >= 4096 else 5
+    _check_sort(_input((rows, n), dtype, seed=n), -1, descending)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4095, 4097, 8192, 8193, 16385, 131072, 140000])
+def test_sort_lengths_around_the_chunk_boundaries(n):
+    for descending in (False, True):
+        _check_sort(_input((2, n), "float32", seed=n), 1, descending)
+
+
+def test_sort_long_rows_in_eight_byte_keys():
+    _check_sort(_input((2, 70000), "float64", seed=3), 1, True)
+    _check_sort(_input((2, 70000), "int64", seed=4), 1, False)
+
+
+def test_sort_one_long_row_of_distinct_values():
+    t = torch.from_numpy(np.random.default_rng(5).permutation(300000).astype(np.float32))
+    _check_sort(t, 0, False)
+    _check_sort(t, 0, True)
+
+
+def test_sort_many_short_rows():
+    _check_sort(_input((20000, 13), "float32", seed=6), 1, False)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, -3])
+def test_sort_any_dim(dim):
+    for descending in (False, True):
+        _check_sort(_input((6, 33, 10), "float32", seed=dim + 7), dim, descending)
+
+
+def test_sort_noncontiguous_inputs():
+    t = _input((40, 50, 6), "float32", seed=8)
+    x = _device(t)
+    views = [lambda a: a.transpose(0, 2), lambda a: a[::2, 1::3], lambda a: a.permute(1, 2, 0)[:, :, 3:]]
+    for view in views:
+        for dim in (0, 1, 2):
+            _check_sort(view(t), dim, dim == 1, view(x))
+    long_t = _input((70000, 3), "float16", seed=9)
+    long_x = _device(long_t)
+    _check_sort(long_t[:, 1], 0, False, long_x[:, 1])  # one long strided row
+
+
+def test_sort_0_dim_and_empty():
+    for shape, dim in (((), 0), ((), -1), ((0, 5), 0), ((0, 5), 1), ((3, 0), 1), ((3, 0), 0)):
+        t = _input(shape, "float32", seed=10) if shape else torch.tensor(2.5)
+        _check_sort(t, dim, False)
+        _check_sort(t, dim, True)
+
+
+def test_argsort_kthvalue_median_over_the_device_sort():
+    t = _input((4, 5000), "float32", seed=11, special=False)
+    x = _device(t)
+    _same(x.argsort(-1, descending=True, stable=True), t.argsort(dim=-1, descending=True, stable=True))
+    for k in (1, 17, 5000):
+        ours, ref = x.kthvalue(k, 1), t.kthvalue(k, 1)
+        _same(ours[0], ref.values)
+        torch.testing.assert_close(t.gather(1, _host(ours[1]).unsqueeze(1)).squeeze(1), ref.values, rtol=0, atol=0)
+    _same(x.median(1)[0], t.median(1).values)
+    _same(x.median(), t.median())
+
+
+# ---------------------------------------------------------------------------------------------- topk
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("dtype", [*FLOATS, "int64", "int32", "int8", "uint8"])
+@pytest.mark.parametrize("n", [1, 7, 1000, 5000, 70000])
+def test_topk_matches_torch(n, dtype, largest):
+    t = _input((3, n), dtype, seed=n + 1)
+    x = _device(t)
+    for k in sorted({1, min(5, n), n // 2, n}):
+        values, indices = x.topk(k, -1, largest=largest)
+        _same(values, t.topk(k, -1, largest=largest).values, signs=False)  # which of -0.0 and 0.0: either
+        first_k = t.sort(dim=-1, descending=largest, stable=True)
+        _same(values, first_k.values[:, :k])
+        _same(indices, first_k.indices[:, :k])  # ties: the lowest index first
+
+
+def test_topk_any_dim_noncontiguous_and_edge_cases():
+    t = _input((30, 8, 41), "float32", seed=12)
+    x = _device(t)
+    for dim in (0, 1, 2):
+        for view_t, view_x in ((t, x), (t.transpose(0, 2), x.transpose(0, 2)), (t[::3, 1:], x[::3, 1:])):
+            k = min(4, view_t.shape[dim])
+            values, indices = view_x.topk(k, dim)
+            _same(values, view_t.topk(k, dim).values, signs=False)
+            _same(indices, view_t.sort(dim=dim, descending=True, stable=True).indices.narrow(dim, 0, k))
+    scalar = _device(torch.tensor(1.5))
+    for k in (0, 1):
+        values, indices = scalar.topk(k)
+        _same(values, torch.tensor(1.5).topk(k).values)
+        _same(indices, torch.tensor(1.5).topk(k).indices)
+    values, indices = x.topk(0, 1)
+    assert tuple(values.shape) == (30, 0, 41) and tuple(indices.shape) == (30, 0, 41)
+    with pytest.raises(RuntimeError, match="out of range"):
+        x.topk(9, 1)
+
+
+# ---------------------------------------------------------------------------------------------- cummax, cummin
+
+@pytest.mark.parametrize("op", ["cummax", "cummin"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 32, 33, 1000, 5000, 70000])
+def test_running_extremes_match_torch(n, dtype, op):
+    t = _input((3, n), dtype, seed=n + 2)
+    values, indices = getattr(_device(t), op)(1)
+    ref = getattr(t, op)(1)
+    _same(values, ref.values)
+    _same(indices, ref.indices)
+
+
+@pytest.mark.parametrize("op", ["cummax", "cummin"])
+def test_running_extremes_any_dim_noncontiguous_0_dim_empty(op):
+    t = _input((9, 40, 7), "float32", seed=13)
+    x = _device(t)
+    for view_t, view_x in ((t, x), (t.permute(2, 0, 1), x.permute(2, 0, 1)), (t[::2, ::3], x[::2, ::3])):
+        for dim in (0, 1, 2, -1):
+            values, indices = getattr(view_x, op)(dim)
+            ref = getattr(view_t, op)(dim)
+            _same(values, ref.values)
+            _same(indices, ref.indices)
+    for t in (torch.tensor(-2.0), torch.zeros(0, 4), torch.zeros(4, 0)):
+        values, indices = getattr(_device(t), op)(0)
+        ref = getattr(t, op)(0)
+        _same(values, ref.values)
+        _same(indices, ref.indices)
+
+
+# ---------------------------------------------------------------------------------------------- autograd, dispatch
+
+def _grad_pair(make_output, shape, seed):
+    """(tilewise's gradient, torch's) of ``sum(weights * make_output(x))`` for distinct float32 inputs."""
+    rng = np.random.default_rng(seed)
+    a = rng.permutation(int(np.prod(shape))).astype(np.float32).reshape(shape)
+    weights = rng.standard_normal(a.shape).astype(np.float32)
+    x = tw.from_numpy(a).cuda().requires_grad_()
+    t = torch.from_numpy(a).requires_grad_()
+    out, ref = make_output(x), make_output(t)
+    (out * tw.from_numpy(weights[tuple(slice(0, s) for s in out.shape)]).cuda()).sum().backward()
+    (ref * torch.from_numpy(weights[tuple(slice(0, s) for s in ref.shape)])).sum().backward()
+    return _host(x.grad), t.grad
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("sort", lambda v: v.sort(1, descending=True)[0]),
+    ("sort-long", lambda v: v.sort(0)[0]),
+    ("topk", lambda v: v.topk(3, 1)[0]),
+    ("topk-smallest", lambda v: v.topk(2, 0, largest=False)[0]),
+    ("cummax", lambda v: v.cummax(1)[0]),
+    ("cummin", lambda v: v.cummin(0)[0]),
+])
+def test_backward_on_the_device(name, fn):
+    shape = (6000, 4) if name == "sort-long" else (5, 9)
+    ours, ref = _grad_pair(fn, shape, seed=len(name))
+    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_sorting_ops_run_on_the_device(monkeypatch):
+    """None of these operators reaches the host fallback."""
+    import tilewise.backends.cuda as backend
+
+    x = _device(_input((4, 5000), "float32", seed=14))
+    x.sort()  # binds the backend's entry points before they are replaced
+
+    def no_host(op, args, device):
+        raise AssertionError(f"{op.full_name} ran on the host")
+
+    monkeypatch.setattr(backend, "_host", no_host)
+    x.sort(0, descending=True)
+    x.argsort(1)
+    x.topk(3)
+    x.kthvalue(2, 1)
+    x.median(1)
+    x.cummax(1)
+    x.cummin(0)
+    tw.cuda.synchronize()
