@@ -9,7 +9,7 @@ they compare rounding, not the compiler.
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import tilewise as tw
@@ -121,6 +121,7 @@ def _numpy(t) -> np.ndarray:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(programs(), st.integers(0, 2**16))
+@example(("float32", [(2, 3, 1), (1,)], [("binary", "add", 0, 1), ("reduce", "mean", 2, 0, False)], [3]), 0)
 def test_random_program_compiled_equals_eager(program, seed):
     dtype, shapes, code, outputs = program
     rng = np.random.default_rng(seed)

@@ -174,7 +174,10 @@ def reduction_dims_in(node: Node, group: Group) -> tuple[tuple, tuple] | None:
     if _checked(src_dims, src.type.shape, group.shape) is None:
         return None
     reduced, keepdim = reduction_dims(node.opdef, node.bound_args([Stand(src.type)]))
-    domain_reduced = tuple(sorted(src_dims[d] for d in reduced if src.type.shape[d] != 1))
+    mapped = [src_dims[d] for d in reduced if src.type.shape[d] != 1]
+    if None in mapped:  # reduces along a dim the group only broadcasts (a sum of an expand): not this nest's loop
+        return None
+    domain_reduced = tuple(sorted(mapped))
     if not domain_reduced or None in domain_reduced:
         return None
     if group.reduce and domain_reduced != group.reduce:
