@@ -338,12 +338,15 @@ class Tensor:
     def to(self, *args, **kwargs) -> Tensor:
         device, dtype, non_blocking, copy = _parse_to(self, *args, **kwargs)
         out = self
-        if dtype is not None and dtype is not out._dtype:
-            out = out._to_dtype(dtype)
-        if device is not None and device is not out._device:
+        casts = dtype is not None and dtype is not self._dtype
+        if device is not None and device is not self._device:
             from tilewise.ops.creation import to_device
 
-            out = to_device(out, device, non_blocking)
+            # one copy that also casts: the backend picks the side to cast on (an upload from pinned memory
+            # casts on the device, so the host never touches the bytes and the copy can stay asynchronous)
+            out = to_device(self, device, non_blocking, dtype if casts else None)
+        elif casts:
+            out = self._to_dtype(dtype)
         if copy and out is self:
             out = self.clone()
         return out
@@ -369,10 +372,29 @@ class Tensor:
         return self.to(other._dtype)
 
     def pin_memory(self) -> Tensor:
-        return self
+        """A copy of this CPU tensor in page-locked memory (``self`` if it already is), from which
+        ``.to("cuda", non_blocking=True)`` copies without blocking the host. Needs CUDA.
+
+        >>> import tilewise as tw
+        >>> x = tw.ones(4).pin_memory()  # doctest: +SKIP
+        >>> x.is_pinned()  # doctest: +SKIP
+        True
+        """
+        if self._device.type != "cpu":
+            raise RuntimeError(f"pin_memory(): only CPU tensors can be pinned, this one is on {self._device}")
+        if self.is_pinned():
+            return self
+        from tilewise.backends import backend_for
+
+        return backend_for(Device("cuda", 0)).pin_memory(self)
 
     def is_pinned(self) -> bool:
-        return False
+        """True when this CPU tensor (or the tensor it views) lives in page-locked memory."""
+        if self._device.type != "cpu" or self._storage is None:
+            return False
+        from tilewise.backends.cuda.runtime.pinned import is_pinned
+
+        return is_pinned(self._storage.data)
 
 
 _CONVERSIONS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16", "long": "int64",

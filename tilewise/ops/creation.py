@@ -315,8 +315,8 @@ def random_(self: Tensor, low: int = 0, high: int | None = None, *, generator=No
 INPLACE_FILLS = (fill_, zero_, uniform_, normal_, bernoulli_, exponential_, random_)
 
 
-def to_device(x: Tensor, device: Device, non_blocking: bool = False) -> Tensor:
-    return _call("_to_copy", x, None, device, non_blocking)
+def to_device(x: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None) -> Tensor:
+    return _call("_to_copy", x, dtype, device, non_blocking)
 
 
 def scalar_tensor(value: Number, *, dtype=None, device=None) -> Tensor:

@@ -13,6 +13,7 @@ diagonals, sums labels nobody needs any more as early as possible and contracts 
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from math import prod
 from numbers import Number
@@ -38,13 +39,30 @@ def _check_tensors(tensors, op: str) -> tuple:
     return tuple(tensors)
 
 
+class _IndexNaming(threading.local):
+    """The composite an indexing primitive runs under, for the errors a device kernel finds after the call has
+    returned (exception rewriting cannot reach those): the CUDA indexing kernels read it at launch. A
+    thread-local rather than an argument because the primitives' schemas are torch's and carry no name."""
+
+    op: str | None = None
+    negative_wraps = True  # False: the composite refuses negative indices (torch's index_select, embedding)
+
+
+INDEX_NAMING = _IndexNaming()
+
+
 @contextmanager
-def _index_errors_named(op: str):
-    """Report a bounds error of the indexing primitive a composite runs under the composite's own name."""
+def _index_errors_named(op: str, negative_wraps: bool = True):
+    """Report a bounds error of the indexing primitive a composite runs under the composite's own name, both
+    when the kernel raises at once (CPU) and when a device kernel finds it later (see ``INDEX_NAMING``)."""
+    outer = INDEX_NAMING.op, INDEX_NAMING.negative_wraps
+    INDEX_NAMING.op, INDEX_NAMING.negative_wraps = op, negative_wraps
     try:
         yield
     except IndexError as exc:
         raise IndexError(f"{op}(): {str(exc).partition(': ')[2] or exc}") from None
+    finally:
+        INDEX_NAMING.op, INDEX_NAMING.negative_wraps = outer
 
 
 # ---------------------------------------------------------------- cat, stack
@@ -365,8 +383,9 @@ def _along(self, dim, index, op: str) -> tuple[Tensor, int, tuple]:
 
 def check_index_range(index: Tensor, size: int, dim: int, op: str) -> None:
     """Indices must lie in [0, size): unlike ``x[index]``, these operators do not wrap negative indices (torch
-    refuses them). Checked where the values can be read without a trace or a device sync; elsewhere the
-    indexing kernel still refuses indices past the end."""
+    refuses them). Checked here where the values can be read without a trace or a device sync; elsewhere the
+    indexing kernel refuses them when the composite runs it under ``_index_errors_named(op, negative_wraps=False)``
+    (a CUDA kernel reports them at the next synchronisation)."""
     if index._trace is not None or index.device.type != "cpu" or index.numel() == 0:
         return
     low, high = int(index.amin()), int(index.amax())
@@ -392,7 +411,7 @@ def _check_source(x: Tensor, d: int, index: Tensor, source, op: str) -> Tensor:
 def _index_select(self, dim, index):
     x, d, key = _along(self, dim, index, "index_select")
     check_index_range(key[-1], x.shape[d], d, "index_select")
-    with _index_errors_named("index_select"):
+    with _index_errors_named("index_select", negative_wraps=False):
         out = OPS["index.Tensor"](x, key)
     return out.reshape(()) if self.ndim == 0 else out
 
@@ -401,7 +420,7 @@ def _index_update(self, dim, index, source, accumulate: bool, op: str):
     x, d, key = _along(self, dim, index, op)
     check_index_range(key[-1], x.shape[d], d, op)
     src = _check_source(x, d, key[-1], source, op)
-    with _index_errors_named(op):
+    with _index_errors_named(op, negative_wraps=False):
         return OPS["index_put"](x, key, src, accumulate).reshape(self.shape)
 
 

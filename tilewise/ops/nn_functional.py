@@ -19,7 +19,7 @@ import math
 
 from tilewise import _strides as S
 from tilewise.dtypes import compute_dtype, finfo
-from tilewise.ops.movement import check_index_range
+from tilewise.ops.movement import _index_errors_named, check_index_range
 from tilewise.ops.registry import OPS, declare, public_function
 
 
@@ -405,7 +405,8 @@ def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sc
     check_index_range(input, weight.shape[0], 0, "embedding")
     if max_norm is not None:
         _renorm_rows_(weight, input, max_norm, norm_type)
-    return weight[input]
+    with _index_errors_named("embedding", negative_wraps=False):
+        return weight[input]
 
 
 def _embedding_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):

@@ -4,7 +4,9 @@
 permutation drawn from a tilewise Generator, so ``manual_seed`` makes shuffling reproducible), a batch
 sampler that groups indices (``drop_last`` drops a short final batch), and a collate function that turns
 a list of samples into a batch (tensors are stacked, numbers become tensors, tuples/lists/dicts are
-collated field by field). Loading runs in the calling process.
+collated field by field). Loading runs in the calling process. With ``pin_memory=True`` (and a GPU) every
+CPU tensor of a batch is copied into page-locked memory, so ``batch.to("cuda", non_blocking=True)`` returns
+before the copy has finished and the next batch can be loaded meanwhile.
 """
 
 from __future__ import annotations
@@ -306,6 +308,13 @@ class DataLoader(Generic[T_co]):
         self.collate_fn = collate_fn or (default_collate if auto_batching else default_convert)
 
     def __iter__(self) -> Iterator:
+        if not self.pin_memory or not _pinning_available():
+            yield from self._batches()
+            return
+        for batch in self._batches():
+            yield pin_memory(batch)
+
+    def _batches(self) -> Iterator:
         if self._iterable:
             yield from self._iterate_stream()
         elif self.batch_sampler is not None:
@@ -341,6 +350,33 @@ class DataLoader(Generic[T_co]):
                 return n
             return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
         return len(self.batch_sampler if self.batch_sampler is not None else self.sampler)
+
+
+def _pinning_available() -> bool:
+    """torch's rule: without a GPU, ``pin_memory=True`` warns and loads into ordinary memory."""
+    from tilewise import cuda
+
+    if cuda.is_available():
+        return True
+    import warnings
+
+    warnings.warn("DataLoader: pin_memory=True, but no GPU was found, so batches stay in ordinary (pageable) memory",
+                  stacklevel=3)
+    return False
+
+
+def pin_memory(batch):
+    """``batch`` with every CPU tensor in it copied to page-locked memory (tuples, lists, dicts and named tuples
+    are rebuilt around the pinned tensors; anything else is returned as it is)."""
+    if isinstance(batch, Tensor):
+        return batch.pin_memory() if batch.device.type == "cpu" else batch
+    if isinstance(batch, Mapping):
+        return type(batch)({k: pin_memory(v) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(pin_memory(v) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(pin_memory(v) for v in batch)
+    return batch
 
 
 __all__ = ["Dataset", "IterableDataset", "TensorDataset", "ConcatDataset", "Subset", "random_split", "Sampler",

@@ -57,13 +57,12 @@ def eye(n, m=None, dtype=None, device=None):
 @kernel("_to_copy")
 def to_copy(self, dtype=None, device=None, non_blocking=False):
     dtype = dtype or self.dtype
-    a = self._np()
-    out = _out(cast_array(a, dtype.np) if a.dtype != dtype.np else a.copy(), dtype)
     if device is not None and device is not cpu:
         from tilewise.backends import backend_for
 
-        return backend_for(device).upload(out, device, non_blocking)
-    return out
+        return backend_for(device).upload(self, device, non_blocking, dtype)  # it sees the source, pinned or not
+    a = self._np()
+    return _out(cast_array(a, dtype.np) if a.dtype != dtype.np else a.copy(), dtype)
 
 
 @kernel("clone")

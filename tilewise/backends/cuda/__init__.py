@@ -23,7 +23,7 @@ from tilewise.backends.cuda.runtime.stream import _current_streams
 from tilewise.device import Device, cpu
 from tilewise.dtypes import DType
 from tilewise.storage import Storage
-from tilewise.tensor import Tensor, from_array
+from tilewise.tensor import Tensor, cast_array, from_array
 
 SMALL_BLOCK = 1 << 20  # blocks up to this size are recycled by the backend's own free lists
 SMALL_CACHE_LIMIT = 256 << 20  # most bytes those free lists hold per device
@@ -182,28 +182,65 @@ def run(op, args: tuple, device: Device):
 
 # ---------------------------------------------------------------------------------------------- transfers
 
-def upload(host: Tensor, device: Device, non_blocking: bool = False) -> Tensor:
-    """Copy a contiguous CPU tensor to ``device``. The host copy ``host`` is the caller's own (the CPU
-    ``_to_copy`` kernel made it), so it may be released as soon as the driver has consumed it."""
-    from tilewise.backends.cuda.runtime import copy_htod, ensure_context
+def upload(src: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None) -> Tensor:
+    """Copy CPU tensor ``src`` to ``device``, converted to ``dtype`` (default: its own).
 
-    ensure_context(device.index)
-    out = empty(host._shape, host._dtype, device)
-    nbytes = host.numel() * host._dtype.itemsize
-    if nbytes:
-        source = np.ascontiguousarray(host._np())
-        stream = stream_handle(device.index)
-        copy_htod(data_ptr(out), source.ctypes.data, nbytes, stream)
-        if _is_pinned(source):
-            _keep_until_done(source, stream, device.index)
+    [Note: uploads]
+    From pageable memory the driver stages the bytes through a pinned buffer of its own and returns once all
+    are staged: the copy blocks the host, and ``src`` may change or go right after, as in torch. From a
+    contiguous pinned tensor the copy engine reads ``src`` itself, so nothing is staged: with
+    ``non_blocking`` the call returns as soon as the copy is queued on the current stream, and ``src`` is
+    held until an event recorded behind the copy has completed (the caller may drop it at once); without it
+    the host waits for the stream, as torch does, so that writing ``src`` afterwards cannot race the copy. A
+    pinned source that needs a dtype change is copied as it is and converted on the device, so the host
+    never touches its bytes; a pageable one is converted on the host first (fewer bytes to stage when it
+    narrows).
+    """
+    from tilewise.backends.cuda.runtime import copy_htod, ensure_context
+    from tilewise.backends.cuda.runtime.driver import check, driver_api
+
+    dtype = dtype or src._dtype
+    index = ensure_context(device.index)
+    stream = stream_handle(index)
+    if _uploads_from_pinned(src):
+        out = empty(src._shape, src._dtype, device)
+        if out.numel():
+            copy_htod(data_ptr(out), _host_address(src), out.numel() * src._dtype.itemsize, stream)
+            if non_blocking:
+                _keep_until_done(src._storage.data, stream)
+            else:
+                check(driver_api().cuStreamSynchronize(stream), "cuStreamSynchronize")
+        if dtype is src._dtype:
+            return out
+        from tilewise.backends.cuda.kernels.copy import cast
+
+        return cast(out, dtype)
+    host = src._np()
+    host = np.ascontiguousarray(host if host.dtype == dtype.np else cast_array(host, dtype.np))
+    out = empty(src._shape, dtype, device)
+    if host.nbytes:
+        copy_htod(data_ptr(out), host.ctypes.data, host.nbytes, stream)
     return out
+
+
+def _uploads_from_pinned(src: Tensor) -> bool:
+    from tilewise.backends.cuda.runtime import is_pinned
+
+    return src.is_contiguous() and is_pinned(src._storage.data)
+
+
+def _host_address(t: Tensor) -> int:
+    return t._storage.data.ctypes.data + t._offset * t._dtype.itemsize
 
 
 def download(x: Tensor, non_blocking: bool = False) -> Tensor:
     """Copy a CUDA tensor to a new contiguous CPU tensor; with ``non_blocking`` into pinned memory, returning
-    before the copy has finished (synchronise the stream before reading it, as in torch)."""
+    before the copy has finished (synchronise the stream before reading it, as in torch). Every download is a
+    point where results become visible, so it raises the index error an indexing kernel found meanwhile, if
+    any (see [Note: device-side bounds checks])."""
     from tilewise.backends.cuda.kernels.copy import contiguous
     from tilewise.backends.cuda.runtime import copy_dtoh, ensure_context, pinned_empty
+    from tilewise.backends.cuda.runtime.bounds import raise_index_errors
 
     index = x._device.index
     ensure_context(index)
@@ -217,11 +254,13 @@ def download(x: Tensor, non_blocking: bool = False) -> Tensor:
             from tilewise.backends.cuda.runtime.driver import check, driver_api
 
             check(driver_api().cuStreamSynchronize(stream), "cuStreamSynchronize")
+    raise_index_errors()
     return from_array(host, src._dtype)
 
 
 def pin_memory(x: Tensor) -> Tensor:
-    """A copy of CPU tensor ``x`` in page-locked memory (what makes ``non_blocking`` uploads asynchronous)."""
+    """A contiguous copy of CPU tensor ``x`` in page-locked memory (what makes ``non_blocking`` uploads
+    asynchronous)."""
     from tilewise.backends.cuda.runtime import pinned_empty
 
     host = pinned_empty(x._shape, x._dtype.np)
@@ -229,20 +268,12 @@ def pin_memory(x: Tensor) -> Tensor:
     return from_array(host, x._dtype)
 
 
-def _is_pinned(array: np.ndarray) -> bool:
-    from tilewise.backends.cuda.runtime import PinnedBuffer
-
-    base = array
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    return isinstance(getattr(base, "_owner", None), PinnedBuffer)
+_in_flight: list[tuple[np.ndarray, object]] = []  # pinned sources of asynchronous uploads, with their events
 
 
-_in_flight: list[tuple[np.ndarray, object]] = []
-
-
-def _keep_until_done(array: np.ndarray, stream: int, device: int) -> None:
-    """Hold a pinned source until its asynchronous copy has completed."""
+def _keep_until_done(array: np.ndarray, stream: int) -> None:
+    """Hold a pinned source until the copy queued on ``stream`` so far has completed; release the sources of
+    the copies that have."""
     from tilewise.backends.cuda.runtime import Event
 
     _in_flight[:] = [(a, e) for a, e in _in_flight if not e.query()]

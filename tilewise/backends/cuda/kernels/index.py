@@ -8,10 +8,18 @@ gather/scatter) and address the indexed tensor at
 
 where ``a`` are the indexed tensor's strides for the dims that are not indexed (0 elsewhere), ``idx_k``
 the index tensors with their strides ``b_k`` broadcast over the iteration space, ``s_k`` the stride of the
-dim ``idx_k`` indexes and ``wrap_k`` adds that dim's size to a negative index. One kernel generator, with
-three modes, serves every operator: *take* (``out[i] = x[off]``: index, gather), *put* (``x[off] = v``:
-index_put, scatter) and *add* (``atomicAdd(x + off, v)``: accumulating index_put, scatter_add); the value
-``v`` is read with its own strides over the iteration space. Indices are not bounds-checked on the device.
+dim ``idx_k`` indexes and ``wrap_k`` adds that dim's size to a negative index (where the operator counts
+negative indices from the end). One kernel generator, with three modes, serves every operator: *take*
+(``out[i] = x[off]``: index, gather), *put* (``x[off] = v``: index_put, scatter) and *add*
+(``atomicAdd(x + off, v)``: accumulating index_put, scatter_add); the value ``v`` is read with its own
+strides over the iteration space.
+
+Every index is bounds-checked on the device, after wrapping where the operator counts negative indices from
+the end (``index``, ``index_put``; not ``gather``/``scatter``, nor a composite such as ``index_select`` that
+runs under ``_index_errors_named(..., negative_wraps=False)``): a thread that meets a bad index skips its
+access and reports it in the device's error record, which the host reads at the next synchronisation (see
+[Note: device-side bounds checks] in ``runtime/bounds.py``). The check is a compare and a predicted branch
+per index; its parameters are the record's address, the launch's site number and whether negatives wrap.
 """
 
 from __future__ import annotations
@@ -22,10 +30,12 @@ from tilewise.backends.cuda import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
 from tilewise.backends.cuda.kernels.copy import cast, contiguous, copy_into
 from tilewise.backends.cuda.kernels.creation import fill
+from tilewise.backends.cuda.runtime.bounds import REPORT_C, note_site, record_pointer
 from tilewise.compiler.render import CUDA
 from tilewise.compiler.render.cstyle import SUFFIX, Source
 from tilewise.device import Device
 from tilewise.dtypes import DType
+from tilewise.ops.movement import INDEX_NAMING
 from tilewise.tensor import Tensor
 
 _BLOCK = 256
@@ -33,11 +43,13 @@ TAKE, PUT, ADD = "take", "put", "add"
 _ATOMIC = {"float32", "float64", "float16", "bfloat16", "int32", "int64"}
 
 
-def _indexed_kernel(mode: str, dtype: DType, n_index: int, rank: int, device: int, idx: str = "long long"):
-    """``idx``: the C type of positions and offsets ("int" when every offset fits: 64-bit division per
-    dim costs more than the memory access)."""
+def render_indexed(mode: str, dtype: DType, n_index: int, rank: int, idx: str = "long long") -> tuple[str, str]:
+    """(name, CUDA source) of one indexed kernel. ``idx``: the C type of positions and offsets ("int" when
+    every offset fits: 64-bit division per dim costs more than the memory access)."""
     source = Source(CUDA)
     source.need_storage(dtype)
+    if n_index:
+        source.helpers["tw_index_out_of_bounds"] = REPORT_C
     c = CUDA.ctype(dtype)
     name = f"tw_index_{mode}_{SUFFIX[dtype.name]}_k{n_index}_r{rank}" + ("_i32" if idx == "int" else "")
     params = [f"{c}* __restrict__ x", f"{'const ' if mode != TAKE else ''}{c}* __restrict__ v",
@@ -46,6 +58,8 @@ def _indexed_kernel(mode: str, dtype: DType, n_index: int, rank: int, device: in
               *(f"{idx} v{d}" for d in range(rank)),
               *(f"{idx} b{k}_{d}" for k in range(n_index) for d in range(rank)),
               *(f"{idx} s{k}, {idx} dim{k}" for k in range(n_index))]
+    if n_index:
+        params += ["long long* __restrict__ record", "long long site", "int wrap"]
     lines = [f"const {idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x;", "if (i >= n) return;",
              f"{idx} rem = i, off = 0, voff = 0;", *(f"{idx} ioff{k} = 0;" for k in range(n_index))]
     for d in range(rank - 1, -1, -1):
@@ -54,7 +68,10 @@ def _indexed_kernel(mode: str, dtype: DType, n_index: int, rank: int, device: in
         lines.append(f"{{ const {idx} cd = {coord}; off += cd * a{d}; voff += cd * v{d};{adds}"
                      + (f" rem /= size{d}; }}" if d else " }"))
     for k in range(n_index):
-        lines.append(f"{{ long long j = idx{k}[ioff{k}]; if (j < 0) j += dim{k}; off += ({idx})j * s{k}; }}")
+        lines += [f"{{ const long long j = idx{k}[ioff{k}], w = j < 0 && wrap ? j + dim{k} : j;",
+                  f"  if ((unsigned long long)w >= (unsigned long long)dim{k}) "
+                  f"{{ tw_index_out_of_bounds(record, site, {k}, j, dim{k}); return; }}",
+                  f"  off += ({idx})w * s{k}; }}"]
     if mode == TAKE:
         lines.append("v[i] = x[off];")
     elif mode == PUT:
@@ -65,13 +82,26 @@ def _indexed_kernel(mode: str, dtype: DType, n_index: int, rank: int, device: in
         lines.append(f"atomicAdd({target}, {value});")
     text = (f'extern "C" __global__ void {name}({", ".join(params)}) {{\n'
             + "\n".join("    " + ln for ln in lines) + "\n}")
-    return load(source.text(text), name, device)
+    return name, source.text(text)
+
+
+def _indexed_kernel(mode: str, dtype: DType, n_index: int, rank: int, device: int, idx: str):
+    key = (mode, dtype, n_index, rank, device, idx)
+    fn = _loaded.get(key)
+    if fn is None:
+        name, text = render_indexed(mode, dtype, n_index, rank, idx)
+        fn = _loaded[key] = load(text, name, device)
+    return fn
+
+
+_loaded: dict = {}  # rendering is pure, so one render per specialisation (load's own key is the whole source)
 
 
 def indexed(mode: str, x: Tensor, v: Tensor, shape: tuple, a: tuple, v_strides: tuple,
-            indices: list[tuple[Tensor, tuple, int, int]]) -> None:
+            indices: list[tuple[Tensor, tuple, int, int]], site: tuple | None = None) -> None:
     """Run one indexed kernel over ``shape``. ``indices``: (int64 index tensor, its strides over ``shape``,
-    stride of the indexed dim in ``x``, size of that dim)."""
+    stride of the indexed dim in ``x``, size of that dim). ``site`` (from :func:`_site`, needed when there
+    are indices) says how a bad index is reported and whether negative indices wrap."""
     n = S.numel(shape)
     if n == 0:
         return
@@ -88,7 +118,18 @@ def indexed(mode: str, x: Tensor, v: Tensor, shape: tuple, a: tuple, v_strides: 
         args += padded(strides)
     for _, _, stride, size in indices:
         args += [stride, size]
+    if indices:
+        op, dims, indexed_shape, wraps = site
+        args += [record_pointer(x._device.index), note_site(op, dims, indexed_shape, wraps), int(wraps)]
     launch(fn, ceil_div(n, _BLOCK), _BLOCK, args, stream_handle(x._device.index))
+
+
+def _site(op: str, dims: tuple, shape: tuple, negative_wraps: bool) -> tuple[str, tuple, tuple, bool]:
+    """How a launch names its bounds errors: under the composite that runs it, if one does (``index_select``,
+    ``embedding``, ...), which may also forbid negative indices; else as the primitive ``op``."""
+    if INDEX_NAMING.op is not None:
+        return f"{INDEX_NAMING.op}()", dims, shape, negative_wraps and INDEX_NAMING.negative_wraps
+    return op, dims, shape, negative_wraps
 
 
 def _long(index: Tensor) -> Tensor:
@@ -123,7 +164,8 @@ def gather(device: Device, self: Tensor, dim: int, index: Tensor, sparse_grad: b
     d = _check_index(self, dim, index, "gather")
     out = empty(index._shape, self._dtype, device)
     a, stride = _along(self, d)
-    indexed(TAKE, self, out, index._shape, a, (), [(index, index._strides, stride, self._shape[d] if self.ndim else 1)])
+    indexed(TAKE, self, out, index._shape, a, (), [(index, index._strides, stride, self._shape[d] if self.ndim else 1)],
+            _site("gather()", (d,), self._shape, False))
     return out
 
 
@@ -140,7 +182,8 @@ def _scatter(self: Tensor, dim: int, index: Tensor, src, mode: str, op: str) -> 
         _check_atomic(self._dtype, op)
     a, stride = _along(out, d)
     indexed(mode, out, values, index._shape, a, v_strides,
-            [(index, index._strides, stride, out._shape[d] if out.ndim else 1)])
+            [(index, index._strides, stride, out._shape[d] if out.ndim else 1)],
+            _site(f"{op}()", (d,), out._shape, False))
     return out
 
 
@@ -161,8 +204,9 @@ def scatter_add(device: Device, self: Tensor, dim: int, index: Tensor, src: Tens
 
 # ---------------------------------------------------------------------------------------------- advanced indexing
 
-def _advanced_geometry(self: Tensor, indices) -> tuple[tuple, tuple, list[tuple[Tensor, tuple, int, int]]]:
-    """numpy's rules: (result shape, self strides over it, index tensors with strides over it)."""
+def _advanced_geometry(self: Tensor, indices) -> tuple[tuple, tuple, list[tuple[Tensor, tuple, int, int]], tuple]:
+    """numpy's rules: (result shape, self strides over it, index tensors with strides over it, the dim each
+    index tensor indexes)."""
     if len(indices) > self.ndim:
         raise IndexError(f"index: too many indices for tensor of dimension {self.ndim}")
     tensors = [(d, _long(t)) for d, t in enumerate(indices) if t is not None]
@@ -181,21 +225,21 @@ def _advanced_geometry(self: Tensor, indices) -> tuple[tuple, tuple, list[tuple[
     lead, trail = (0,) * len(before), (0,) * len(after)
     specs = [(t, lead + S.expand_strides(t._shape, t._strides, bshape) + trail, self._strides[d], self._shape[d])
              for d, t in tensors]
-    return shape, a, specs
+    return shape, a, specs, tuple(dims)
 
 
 @kernel("index.Tensor")
 def index(device: Device, self: Tensor, indices) -> Tensor:
-    shape, a, specs = _advanced_geometry(self, indices)
+    shape, a, specs, dims = _advanced_geometry(self, indices)
     out = empty(shape, self._dtype, device)
-    indexed(TAKE, self, out, shape, a, (), specs)
+    indexed(TAKE, self, out, shape, a, (), specs, _site("index", dims, self._shape, True))
     return out
 
 
 @kernel("index_put")
 def index_put(device: Device, self: Tensor, indices, values, accumulate: bool = False) -> Tensor:
     out = cast(self, self._dtype)
-    shape, a, specs = _advanced_geometry(out, indices)
+    shape, a, specs, dims = _advanced_geometry(out, indices)
     if not isinstance(values, Tensor):
         values = fill(empty((), self._dtype, device), values)
     values = values if values._dtype is self._dtype else cast(values, self._dtype)
@@ -208,7 +252,8 @@ def index_put(device: Device, self: Tensor, indices, values, accumulate: bool = 
                            f"broadcast to indexing result of shape {list(shape)}") from None
     if accumulate:
         _check_atomic(self._dtype, "index_put")
-    indexed(ADD if accumulate else PUT, out, values, shape, a, v_strides, specs)
+    site = _site("index_put", dims, out._shape, True)
+    indexed(ADD if accumulate else PUT, out, values, shape, a, v_strides, specs, site)
     return out
 
 

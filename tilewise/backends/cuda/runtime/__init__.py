@@ -5,7 +5,8 @@ This package is the only place that talks to the CUDA driver (besides the toolch
 go through the same :func:`check`). It is deliberately thin, in the spirit of tinygrad's runtime:
 ``driver`` (lazy bindings, ``check``, availability), ``device`` (primary contexts, properties),
 ``stream`` and ``event``, ``allocator`` (the caching allocator), ``pinned`` (page-locked host memory and
-copies). Importing it never touches the driver, so it is safe on machines without a GPU.
+copies), ``bounds`` (the record through which indexing kernels report bad indices). Importing it never
+touches the driver, so it is safe on machines without a GPU.
 """
 
 from tilewise.backends.cuda.runtime.allocator import (
@@ -38,6 +39,7 @@ from tilewise.backends.cuda.runtime.pinned import (
     copy_dtod,
     copy_dtoh,
     copy_htod,
+    is_pinned,
     pinned_empty,
 )
 from tilewise.backends.cuda.runtime.stream import (
@@ -72,6 +74,7 @@ __all__ = [
     "get_allocator",
     "get_device_properties",
     "is_available",
+    "is_pinned",
     "mem_get_info",
     "pinned_empty",
     "set_current_stream",

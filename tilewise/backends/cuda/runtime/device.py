@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from functools import cache
 
+from tilewise.backends.cuda.runtime.bounds import raise_index_errors
 from tilewise.backends.cuda.runtime.driver import (
     CudaUnavailableError,
     check,
@@ -105,9 +106,11 @@ def current_device() -> int:
 
 
 def synchronize(device: int | None = None) -> None:
-    """Wait until all work queued on ``device`` (default: current) has finished."""
+    """Wait until all work queued on ``device`` (default: current) has finished; raise the index error an
+    indexing kernel found meanwhile, if any (see [Note: device-side bounds checks])."""
     ensure_context(device)
     check(driver_api().cuCtxSynchronize(), "cuCtxSynchronize")
+    raise_index_errors()
 
 
 def mem_get_info(device: int | None = None) -> tuple[int, int]:

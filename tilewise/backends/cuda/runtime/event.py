@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
+from tilewise.backends.cuda.runtime.bounds import raise_index_errors
 from tilewise.backends.cuda.runtime.device import ensure_context
 from tilewise.backends.cuda.runtime.driver import check, driver_api, is_status
 from tilewise.backends.cuda.runtime.stream import Stream, current_stream
@@ -68,10 +69,12 @@ class Event:
         return True
 
     def synchronize(self) -> None:
-        """Block the host until the event has completed."""
+        """Block the host until the event has completed; raise the index error an indexing kernel found
+        meanwhile, if any."""
         if self._handle:
             ensure_context(self.device)
             check(driver_api().cuEventSynchronize(self._handle), "cuEventSynchronize")
+        raise_index_errors()
 
     def wait(self, stream: Stream | None = None) -> None:
         """Make ``stream`` (default: current) wait for this event."""

@@ -57,6 +57,14 @@ class PinnedBuffer:
                 driver_api().cuMemFreeHost(self.ptr)
 
 
+def is_pinned(array: np.ndarray) -> bool:
+    """True when ``array`` views memory of a :class:`PinnedBuffer` (its base chain ends at one)."""
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return isinstance(getattr(base, "_owner", None), PinnedBuffer)
+
+
 def pinned_empty(shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> np.ndarray:
     """An uninitialised numpy array in pinned memory."""
     dtype = np.dtype(dtype)

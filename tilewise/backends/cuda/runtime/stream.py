@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from tilewise.backends.cuda.runtime.bounds import raise_index_errors
 from tilewise.backends.cuda.runtime.device import (
     current_device,
     ensure_context,
@@ -70,9 +71,11 @@ class Stream:
         return f"Stream(device={self.device}, handle={self.handle:#x})"
 
     def synchronize(self) -> None:
-        """Wait until everything queued on this stream has finished."""
+        """Wait until everything queued on this stream has finished; raise the index error an indexing kernel
+        found meanwhile, if any."""
         ensure_context(self.device)
         check(driver_api().cuStreamSynchronize(self.handle), "cuStreamSynchronize")
+        raise_index_errors()
 
     def query(self) -> bool:
         """True when all work queued on this stream has finished."""
