@@ -38,7 +38,7 @@ _COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70  # cublasCompute
 _OP_N, _OP_T = 0, 1
 EPILOGUES = {"none": 1, "relu": 2, "bias": 4, "relu_bias": 6, "gelu": 32, "gelu_bias": 36}  # cublasLtEpilogue_t
 _TUNE_MIN_FLOPS = 1 << 25
-_CANDIDATES = 4
+_CANDIDATES = 8
 
 
 _bindings: list = []
