@@ -21,6 +21,7 @@ from tilewise.compiler.capture import trace
 from tilewise.compiler.passes import run_pipeline
 from tilewise.compiler.program import HostTuning, lower_program
 from tilewise.compiler.schedule import HEURISTIC, candidates, schedule
+from tilewise.compiler.toolchain import nvrtc_available
 from tilewise.config import settings
 
 W, B = tw.randn(768), tw.randn(768)
@@ -89,17 +90,9 @@ def test_cuda_candidates_are_legal_launches(name):
                     assert plan.team * 32 == c.block
 
 
-def _nvrtc_available() -> bool:
-    try:
-        from tilewise.compiler.toolchain import nvrtc_version
-
-        nvrtc_version()
-        return True
-    except Exception:  # noqa: BLE001 — any failure to load NVRTC means "not installed here"
-        return False
 
 
-@pytest.mark.skipif(not _nvrtc_available(), reason="NVRTC is not installed")
+@pytest.mark.skipif(not nvrtc_available(), reason="NVRTC is not installed")
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_cuda_candidate_compiles(name):
     from tilewise.compiler.render.fused_cuda import render_program

@@ -17,6 +17,7 @@ from test_ops import OPINFOS
 import tilewise as tw
 import tilewise.nn.functional as F
 from tilewise.compiler import DataDependentError
+from tilewise.compiler.toolchain import nvrtc_available
 
 # operators whose result shape (or, for one_hot without num_classes, an argument) depends on tensor values
 DATA_DEPENDENT = {"nonzero", "masked_select", "masked_scatter", "masked_scatter_", "unique", "argwhere",
@@ -150,21 +151,13 @@ def test_compiled_forward_is_differentiable(info, k):
 
 # ---------------------------------------------------------------------------- the CUDA target
 
-def _nvrtc_available() -> bool:
-    try:
-        from tilewise.compiler.toolchain import nvrtc_version
-
-        nvrtc_version()
-        return True
-    except Exception:  # noqa: BLE001 — any failure to load NVRTC means "not installed here"
-        return False
 
 
 def _on(device: str, tensors: list) -> list:
     return [t.detach().to(device).requires_grad_(t.requires_grad) for t in tensors]
 
 
-@pytest.mark.skipif(not _nvrtc_available(), reason="NVRTC is not installed")
+@pytest.mark.skipif(not nvrtc_available(), reason="NVRTC is not installed")
 @pytest.mark.parametrize("info,k", CASES, ids=[f"{i.name}-{k}" for i, k in CASES])
 def test_cuda_kernels_compile(info, k):
     """Every fused kernel the CUDA target generates for the operator (forward and gradients) compiles."""

@@ -23,21 +23,11 @@ from tilewise.backends.cuda.kernels.reduction import reduction_specs
 from tilewise.compiler.render import CUDA, C, Operand, PointwiseKernel, render_pointwise, render_reduction
 from tilewise.compiler.render.cstyle import CONTIGUOUS, STRIDED, compute_of
 from tilewise.compiler.render.cuda import accumulator
+from tilewise.compiler.toolchain import nvrtc_available
 from tilewise.ops.expr import Expr
 from tilewise.ops.registry import OPS
 
-
-def _nvrtc_available() -> bool:
-    try:
-        from tilewise.compiler.toolchain import nvrtc_version
-
-        nvrtc_version()
-    except Exception:  # no cuda-bindings or no NVRTC library: nothing to compile with
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(not _nvrtc_available(), reason="NVRTC is not installed")
+pytestmark = pytest.mark.skipif(not nvrtc_available(), reason="NVRTC is not installed")
 
 ALL_DTYPES = dtypes.ALL
 STR_CHOICES = {"approximate": ("none", "tanh")}

@@ -17,23 +17,16 @@ import pytest
 import tilewise as tw
 from tilewise import dtypes
 from tilewise.backends.cuda.runtime import bounds
+from tilewise.compiler.toolchain import nvrtc_available
 
 ASYNC = "a CUDA kernel found it"
 
 
-def _nvrtc_available() -> bool:
-    try:
-        from tilewise.compiler.toolchain import nvrtc_version
-
-        nvrtc_version()
-    except Exception:  # no cuda-bindings or no NVRTC library: nothing to compile with
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------------------- without a GPU
 
-@pytest.mark.skipif(not _nvrtc_available(), reason="NVRTC is not installed")
+@pytest.mark.skipif(not nvrtc_available(), reason="NVRTC is not installed")
 def test_every_indexed_kernel_compiles():
     """Each mode, dtype, index count (0: the view scatter, which reads no index), rank and offset width."""
     from tilewise.backends.cuda.kernels.index import _ATOMIC, ADD, PUT, TAKE, render_indexed

@@ -26,6 +26,7 @@ from tilewise.compiler.toolchain.nvrtc import (
     KernelCompileError,
     compile_cuda,
     cuda_include_dirs,
+    nvrtc_available,
     nvrtc_version,
 )
 from tilewise.compiler.toolchain.sass import (
@@ -56,6 +57,7 @@ __all__ = [
     "find_binary_utility",
     "launch",
     "load_module",
+    "nvrtc_available",
     "nvrtc_version",
     "resource_usage",
 ]

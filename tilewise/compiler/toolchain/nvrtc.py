@@ -78,6 +78,15 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def nvrtc_available() -> bool:
+    """Whether CUDA C can be compiled here (cuda-bindings and the NVRTC library load); no GPU is needed."""
+    try:
+        nvrtc_version()
+    except Exception:  # noqa: BLE001 — no cuda-bindings or no NVRTC library: nothing to compile with
+        return False
+    return True
+
+
 @lru_cache(maxsize=1)
 def cuda_include_dirs() -> tuple[str, ...]:
     """Directories holding the CUDA headers (cuda_fp16.h, cuda_bf16.h, …), if any can be found."""
