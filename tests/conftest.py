@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -28,3 +29,16 @@ def pytest_collection_modifyitems(config, items):
 def _seeded():
     np.random.seed(int(os.environ.get("TILEWISE_TEST_SEED", "0")))
     yield
+
+
+@pytest.fixture
+def outputs_of_two_processes(tmp_path):
+    """Run a Python script in two fresh processes sharing one ``TILEWISE_CACHE_DIR``; the words each printed."""
+    def run(script: str) -> tuple[list[str], list[str]]:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path), "PYTHONPATH": root}
+        first, second = (subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                                        check=True).stdout.split() for _ in range(2))
+        return first, second
+
+    return run

@@ -5,9 +5,6 @@ The C target's tests run anywhere; the CUDA candidates are checked to compile wi
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -214,7 +211,7 @@ def test_the_dump_shows_candidates_times_and_winner(decisions, capsys, monkeypat
     assert "from the decision cache" in capsys.readouterr().err
 
 
-def test_a_second_process_reads_the_decisions_and_the_library_from_disk(tmp_path):
+def test_a_second_process_reads_the_decisions_and_the_library_from_disk(outputs_of_two_processes):
     script = textwrap.dedent("""
         import tilewise as tw
         from tilewise.compiler.autotune import default_decisions
@@ -224,11 +221,7 @@ def test_a_second_process_reads_the_decisions_and_the_library_from_disk(tmp_path
         stats = default_decisions().stats
         print(round(total, 3), stats.timed, stats.disk_hits, default_c_cache().stats.compiles)
     """)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path), "PYTHONPATH": root}
-    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
-            for _ in range(2)]
-    first, second = (r.stdout.split() for r in runs)
+    first, second = outputs_of_two_processes(script)
     assert first[0] == second[0] == "64.0"
     assert (first[1], first[2]) == ("1", "0")
     assert (second[1], second[2], second[3]) == ("0", "1", "0"), "no timing, no C compile"
@@ -271,15 +264,19 @@ def _gpu_args(name):
     return [a.bfloat16() for a in args] if name.startswith("bf16") else args
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("name", sorted(GPU_CASES))
-def test_max_autotune_on_cuda_matches_eager(name, decisions):
+def _gpu_case(name: str):
+    """(function, its CUDA arguments, tolerance) of a GPU case."""
     fn = GPU_CASES[name][0]
     if name == "layer_norm":
         w, b = W.to("cuda"), B.to("cuda")
         fn = lambda x, r: F.layer_norm(x + r, (768,), w, b)
-    args = _gpu_args(name)
-    tol = 2e-2 if name.startswith("bf16") else 1e-4
+    return fn, _gpu_args(name), 2e-2 if name.startswith("bf16") else 1e-4
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(GPU_CASES))
+def test_max_autotune_on_cuda_matches_eager(name, decisions):
+    fn, args, tol = _gpu_case(name)
     tuned = tw.compile(fn, mode="max-autotune")
     for _ in range(3):  # the tuning call, then the tuned program (and its graph, where it has one)
         _close(tuned(*args), fn(*args), tol, tol)
@@ -296,12 +293,7 @@ def test_every_cuda_candidate_computes_what_eager_does(name):
     from tilewise.compiler.autotune import Pending
     from tilewise.compiler.program_cuda import CudaTuning
 
-    fn = GPU_CASES[name][0]
-    if name == "layer_norm":
-        w, b = W.to("cuda"), B.to("cuda")
-        fn = lambda x, r: F.layer_norm(x + r, (768,), w, b)
-    args = _gpu_args(name)
-    tol = 2e-2 if name.startswith("bf16") else 1e-4
+    fn, args, tol = _gpu_case(name)
     expected = fn(*args)
     f = tw.compile(fn)
     f(*args)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -321,18 +318,14 @@ def test_memory_plan_reuses_buffers():
     assert plan.arena_bytes < plan.unshared_bytes
 
 
-def test_second_process_loads_compiled_kernels_from_disk(tmp_path):
+def test_second_process_loads_compiled_kernels_from_disk(outputs_of_two_processes):
     script = textwrap.dedent("""
         import tilewise as tw
         from tilewise.compiler.toolchain.cc import default_c_cache
         f = tw.compile(lambda x: (x.relu() * 0.5 + 1).softmax(-1))
         print(f(tw.ones(8, 8)).sum().item(), default_c_cache().stats.compiles, default_c_cache().stats.disk_hits)
     """)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path), "PYTHONPATH": root}
-    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
-            for _ in range(2)]
-    first, second = (r.stdout.split() for r in runs)
+    first, second = outputs_of_two_processes(script)
     assert first[0] == second[0] == "8.0"
     assert (first[1], first[2]) == ("1", "0")
     assert (second[1], second[2]) == ("0", "1")
