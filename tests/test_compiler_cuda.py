@@ -296,3 +296,75 @@ def test_eager_softmax_and_layer_norm_on_cuda_are_one_kernel_each():
     names = {op.name for (_, op, _), f in fused._programs.items() if f is not None}
     assert {"softmax", "native_layer_norm"} <= names or {"softmax", "layer_norm"} <= names
     assert {"_softmax_backward_data", "_layer_norm_backward"} <= names
+
+
+# ---------------------------------------------------------------------------- library calls inside graphs
+
+def _gpt_step(device: str):
+    from tilewise.models import gpt
+
+    tw.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)).to(device)
+    opt = tw.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(x, y):
+        _, loss = model(x, y)
+        loss.backward()
+        tw.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def test_every_library_call_of_a_gpt_training_step_can_write_into_its_planned_buffer():
+    """Embedding lookup and its backward, cross_entropy's gather and scatter, the q/k/v split's backward and
+    clip_grad_norm_'s cat are library calls in the compiled step: each has a kernel into a given output, so
+    a CUDA graph can hold the whole step (GEMMs go to cuBLASLt, which writes into the buffer too)."""
+    from tilewise.backends.cuda.kernels import INTO, _load_all
+    from tilewise.compiler.passes.fusion import fusion_kind
+
+    _load_all()
+    compiled = tw.compile(_gpt_step("cpu"))
+    for _ in range(2):
+        compiled(tw.randint(0, 64, (4, 16)), tw.randint(0, 64, (4, 16)))
+    calls = {n.opdef.full_name for p in compiled.programs() for n in p.graph.body
+             if n.op not in ("fused", "getitem") and fusion_kind(n) == "extern"}
+    library = {"mm", "bmm", "addmm", "_addmm_activation"}
+    assert {"index.Tensor", "view_scatter_add", "index_put"} <= calls  # the step really has such calls
+    assert not calls - library - set(INTO)
+
+
+@pytest.mark.cuda
+def test_a_gpt_training_step_replays_as_one_cuda_graph_and_matches_eager():
+    data = [(tw.randint(0, 64, (4, 16), device="cuda"), tw.randint(0, 64, (4, 16), device="cuda")) for _ in range(5)]
+    eager = [float(_gpt_step("cuda")(x, y).item()) for x, y in data]
+    compiled = tw.compile(_gpt_step("cuda"))
+    losses = [float(compiled(x, y).item()) for x, y in data]
+    np.testing.assert_allclose(losses, eager, rtol=1e-4, atol=1e-5)
+    runtimes = [p.cuda for p in compiled.programs()]
+    assert all(r.graphs and not r.why_not for r in runtimes[-1:]), [r.why_not for r in runtimes]
+    steps = [s.describe() for s in compiled.programs()[-1].steps]
+    assert not [s for s in steps if "[eager]" in s], steps
+
+
+@pytest.mark.cuda
+def test_a_bad_index_inside_a_replayed_graph_is_reported_with_its_operator():
+    table = tw.randn(10, 8, device="cuda")
+
+    def f(idx, w):
+        return (F.embedding(idx, table) * w).sum(-1).softmax(-1)
+
+    compiled = tw.compile(f)
+    w = tw.randn(8, device="cuda")
+    for _ in range(3):
+        compiled(tw.randint(0, 10, (4, 5), device="cuda"), w)
+    assert _runtime(compiled).graphs
+    bad = tw.randint(0, 10, (4, 5), device="cuda")
+    bad[1, 2] = 12
+    with pytest.raises(IndexError, match=r"index.*12 is out of bounds.*size 10"):
+        compiled(bad, w)
+        tw.cuda.synchronize()
+    np.testing.assert_allclose(compiled(bad.clamp(0, 9), w).cpu().numpy(), f(bad.clamp(0, 9), w).cpu().numpy(),
+                               rtol=1e-5, atol=1e-6)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 from functools import partial
 
+from tilewise import _strides as S
 from tilewise.backends.cuda import DeviceBuffer, stream_handle
 from tilewise.backends.cuda.runtime import Event, Stream, check, copy_dtod, get_device_properties
 from tilewise.backends.cuda.runtime.driver import driver_api
@@ -90,19 +91,32 @@ class CudaKernelStep:
 
 
 class CudaExternStep:
-    """A library operator: cuBLASLt for mm/bmm into the planned buffer, else the eager CUDA backend."""
+    """A library operator: cuBLASLt for mm/bmm into the planned buffer; an operator with a kernel into a given
+    output (see [Note: kernels into a given output]) straight into its planned buffer; else the eager CUDA
+    backend, its result copied into the planned buffer."""
 
     def __init__(self, node: Node, plan: MemoryPlan, results: list[Node | None], device: Device):
         self.node, self.op, self.device = node, node.opdef, device
         self.inputs = [(plan.of[buffer_of(s)], s, geometry(s)) for s in node.srcs]
         self.outputs = [(plan.of[r], r) if r is not None else None for r in results]
+        from tilewise.backends.cuda.kernels import INTO
         from tilewise.backends.cuda.matmul import SUPPORTED
 
         self.gemm = node.op in ("mm", "bmm", "addmm", "_addmm_activation") and node.type.dtype.name in SUPPORTED
-        self.capturable = False  # a GEMM becomes capturable once a run showed it needs no operand copies
+        dense = len(self.outputs) == 1 and self.outputs[0] is not None and not node.is_tuple
+        self.into = INTO.get(self.op.full_name) if dense else None
+        # a GEMM, or a kernel into the planned buffer, becomes capturable once a run showed it needs no temporary
+        self.capturable = False
 
     def run(self, pointers: list, stream: int) -> None:
         tensors = [device_tensor(pointers[b], value, geom, self.device) for b, value, geom in self.inputs]
+        if self.into is not None:
+            buffer, value = self.outputs[0]
+            shape = value.type.shape
+            out = device_tensor(pointers[buffer], value, (shape, S.contiguous_strides(shape), 0), self.device)
+            self.capturable = self.into(out, *self.node.bound_args(tensors))
+            if self.capturable:
+                return
         if self.gemm:
             from tilewise.backends.cuda.matmul import bias_epilogue, gemm_into
 
@@ -129,7 +143,7 @@ class CudaExternStep:
 
     def describe(self) -> str:
         outs = ", ".join(f"b{o[0]}" for o in self.outputs if o is not None)
-        what = "cuBLASLt" if self.gemm else "eager"
+        what = "cuBLASLt" if self.gemm else "into its buffer" if self.into is not None else "eager"
         return f"call {self.node.op} [{what}]({', '.join(f'b{b}' for b, _, _ in self.inputs)}) -> {outs}"
 
 
@@ -141,7 +155,6 @@ class CudaCopyStep:
         self.geometry = geometry(value)
 
     def run(self, pointers: list, stream: int) -> None:
-        from tilewise import _strides as S
         from tilewise.backends.cuda.kernels.copy import copy_into
 
         shape = self.value.type.shape
@@ -264,6 +277,7 @@ class CudaRuntime:
         return [b for b in self.program.plan.buffers if b.kind == "output"]
 
     def _capture(self, inputs: list, staged: frozenset[int], input_slots: list, stream: int) -> _Graph:
+        from tilewise.backends.cuda.runtime.bounds import keeping_sites
         from tilewise.backends.cuda.runtime.stream import stream as using
 
         plan = self.program.plan
@@ -285,7 +299,7 @@ class CudaRuntime:
         check(cu.cuStreamBeginCapture(capture.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED),
               "cuStreamBeginCapture")
         try:
-            with using(capture):
+            with using(capture), keeping_sites():
                 self._walk(pointers, capture.handle)
         finally:
             graph = check(cu.cuStreamEndCapture(capture.handle), "cuStreamEndCapture")

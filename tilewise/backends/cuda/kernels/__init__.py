@@ -5,7 +5,9 @@ Pointwise and reduction operators need no entry here: their kernels are rendered
 declared ``Expr`` or combiner (``pointwise.py``, ``reduction.py``), specialised on dtypes, rank and
 contiguity, with sizes and strides as run-time arguments, so one compile serves every shape. Operators
 whose meaning is not an expression (copies, creation, random, indexing, matmul) register a function here
-with :func:`kernel`, taking ``(device, *bound_args)``. :func:`load` turns a kernel's source into a
+with :func:`kernel`, taking ``(device, *bound_args)``. Those whose single result can be written into a tensor
+the caller provides also register that form with :func:`kernel_into` (see [Note: kernels into a given
+output]). :func:`load` turns a kernel's source into a
 loaded function once per device (NVRTC, then the memory/disk cache of ``compiler.toolchain``), and
 :func:`launch` runs it on the current stream; ``TILEWISE_LOG=kernels`` prints each kernel's name, source
 and launch shape at its first launch.
@@ -23,6 +25,7 @@ from tilewise.compiler.toolchain.module import _pack
 from tilewise.config import log, settings
 
 KERNELS: dict[str, Callable] = {}  # operator full name -> fn(device, *bound_args)
+INTO: dict[str, Callable] = {}  # operator full name -> fn(out, *bound_args) -> bool (see kernel_into)
 
 _functions: dict[tuple[str, str, int], Any] = {}
 _launched: set[int] = set()
@@ -35,6 +38,31 @@ def kernel(*names: str):
             if name in KERNELS:
                 raise ValueError(f"CUDA kernel for {name} registered twice")
             KERNELS[name] = fn
+        return fn
+
+    return register
+
+
+def kernel_into(*names: str):
+    """Register ``fn(out, *bound_args) -> bool``, which writes an operator's result into ``out``.
+
+    [Note: kernels into a given output]
+    A compiled program gives every value a planned buffer, and replays its steps from a CUDA graph, which
+    bakes in every address a kernel touches. An operator the compiler runs as a library call can join such
+    a graph only if it writes straight into its planned buffer, allocates nothing (a temporary from the
+    caching allocator would be handed to someone else while the graph still writes it) and reads nothing
+    back to the host. A function registered here promises exactly that: it launches kernels on the current
+    stream that write ``out`` (a dense tensor of the result's shape and dtype, on the inputs' device,
+    sharing no memory with them). When the arguments would need a temporary (an index to convert to
+    int64, a value to move to the device, ...) it writes nothing and returns False, and the caller runs
+    the ordinary kernel instead. The eager kernels of these operators are the same functions behind an
+    ``empty`` output, so both paths run the same code."""
+
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            if name in INTO:
+                raise ValueError(f"CUDA kernel into an output for {name} registered twice")
+            INTO[name] = fn
         return fn
 
     return register

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tilewise import _strides as S
 from tilewise.backends.cuda import data_ptr, download, empty, stream_handle
-from tilewise.backends.cuda.kernels import kernel
+from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.backends.cuda.kernels.pointwise import elementwise
 from tilewise.compiler.render.cstyle import compute_of
 from tilewise.device import Device
@@ -106,11 +106,26 @@ def cat(device: Device, tensors, dim: int = 0) -> Tensor:
     shape = list(parts[0]._shape)
     shape[d] = sum(t._shape[d] for t in parts)
     out = empty(tuple(shape), dtype, device)
+    _cat(out, parts, d)
+    return out
+
+
+@kernel_into("cat")
+def cat_into(out: Tensor, tensors, dim: int = 0) -> bool:
+    from tilewise.ops.movement import check_cat
+
+    parts, d, _ = check_cat(tensors, dim)
+    if any(t._device != out._device for t in parts):
+        return False
+    _cat(out, parts, d)
+    return True
+
+
+def _cat(out: Tensor, parts, d: int) -> None:
     start = 0
     for t in parts:
         copy_into(_window(out, d, start, t._shape[d]), t)
         start += t._shape[d]
-    return out
 
 
 @kernel("flip")

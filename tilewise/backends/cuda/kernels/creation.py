@@ -10,7 +10,7 @@ import math
 
 from tilewise import dtypes
 from tilewise.backends.cuda import data_ptr, empty, stream_handle
-from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
+from tilewise.backends.cuda.kernels import ceil_div, kernel, kernel_into, launch, load
 from tilewise.backends.cuda.kernels.pointwise import elementwise
 from tilewise.compiler.render import CUDA
 from tilewise.compiler.render.cstyle import SUFFIX, Source, compute_of, store_code
@@ -65,15 +65,23 @@ def _launch_index_kernel(fn, out: Tensor, *args) -> Tensor:
 
 @kernel("arange")
 def arange(device: Device, start, end, step=1, dtype=None, target=None) -> Tensor:
-    length = max(int(math.ceil((end - start) / step)), 0)
-    out = empty((length,), dtype, device)
+    out = empty((max(int(math.ceil((end - start) / step)), 0),), dtype, device)
+    arange_into(out, start, end, step, dtype)
+    return out
+
+
+@kernel_into("arange")
+def arange_into(out: Tensor, start, end, step=1, dtype=None, target=None) -> bool:
+    dtype = out._dtype
     if dtype.is_floating_point:
         fn = _index_kernel(f"tw_arange_{SUFFIX[dtype.name]}", dtype, "start + (double)i * step",
-                           ", double start, double step", dtypes.float64, device.index)
-        return _launch_index_kernel(fn, out, float(start), float(step))
-    fn = _index_kernel(f"tw_arange_{SUFFIX[dtype.name]}", dtype, "start + i * step",
-                       ", long long start, long long step", dtypes.int64, device.index)
-    return _launch_index_kernel(fn, out, int(start), int(step))
+                           ", double start, double step", dtypes.float64, out._device.index)
+        _launch_index_kernel(fn, out, float(start), float(step))
+    else:
+        fn = _index_kernel(f"tw_arange_{SUFFIX[dtype.name]}", dtype, "start + i * step",
+                           ", long long start, long long step", dtypes.int64, out._device.index)
+        _launch_index_kernel(fn, out, int(start), int(step))
+    return True
 
 
 @kernel("linspace")

@@ -27,7 +27,7 @@ from __future__ import annotations
 from tilewise import _strides as S
 from tilewise import dtypes
 from tilewise.backends.cuda import data_ptr, empty, stream_handle
-from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
+from tilewise.backends.cuda.kernels import ceil_div, kernel, kernel_into, launch, load
 from tilewise.backends.cuda.kernels.copy import cast, contiguous, copy_into
 from tilewise.backends.cuda.kernels.creation import fill
 from tilewise.backends.cuda.runtime.bounds import REPORT_C, note_site, record_pointer
@@ -161,26 +161,35 @@ def _along(self: Tensor, d: int) -> tuple[tuple, tuple]:
 
 @kernel("gather")
 def gather(device: Device, self: Tensor, dim: int, index: Tensor, sparse_grad: bool = False) -> Tensor:
-    d = _check_index(self, dim, index, "gather")
     out = empty(index._shape, self._dtype, device)
-    a, stride = _along(self, d)
-    indexed(TAKE, self, out, index._shape, a, (), [(index, index._strides, stride, self._shape[d] if self.ndim else 1)],
-            _site("gather()", (d,), self._shape, False))
+    gather_into(out, self, dim, index)
     return out
 
 
-def _scatter(self: Tensor, dim: int, index: Tensor, src, mode: str, op: str) -> Tensor:
-    d = _check_index(self, dim, index, op)
-    out = cast(self, self._dtype)
+@kernel_into("gather")
+def gather_into(out: Tensor, self: Tensor, dim: int, index: Tensor, sparse_grad: bool = False) -> bool:
+    d = _check_index(self, dim, index, "gather")
+    a, stride = _along(self, d)
+    indexed(TAKE, self, out, index._shape, a, (), [(index, index._strides, stride, self._shape[d] if self.ndim else 1)],
+            _site("gather()", (d,), self._shape, False))
+    return True
+
+
+def _scatter_values(self: Tensor, src) -> Tensor:
+    """scatter's source as a tensor of ``self``'s dtype (a 0-dim device tensor for a number)."""
     if isinstance(src, Tensor):
-        values = src if src._dtype is self._dtype else cast(src, self._dtype)
-        v_strides = values._strides
-    else:
-        values = fill(empty((), self._dtype, self._device), src)
-        v_strides = (0,) * index.ndim
+        return src if src._dtype is self._dtype else cast(src, self._dtype)
+    return fill(empty((), self._dtype, self._device), src)
+
+
+def _scatter(out: Tensor, self: Tensor, dim: int, index: Tensor, values: Tensor, mode: str, op: str) -> Tensor:
+    """``out`` = ``self`` with ``values`` (of ``self``'s dtype) put or added at ``index`` along ``dim``."""
+    d = _check_index(self, dim, index, op)
     if mode == ADD:
         _check_atomic(self._dtype, op)
+    copy_into(out, self)
     a, stride = _along(out, d)
+    v_strides = values._strides if values.ndim else (0,) * index.ndim
     indexed(mode, out, values, index._shape, a, v_strides,
             [(index, index._strides, stride, out._shape[d] if out.ndim else 1)],
             _site(f"{op}()", (d,), out._shape, False))
@@ -189,17 +198,34 @@ def _scatter(self: Tensor, dim: int, index: Tensor, src, mode: str, op: str) -> 
 
 @kernel("scatter.src")
 def scatter_src(device: Device, self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
-    return _scatter(self, dim, index, src, PUT, "scatter")
+    return _scatter(empty(self._shape, self._dtype, device), self, dim, index, _scatter_values(self, src), PUT,
+                    "scatter")
 
 
 @kernel("scatter.value")
 def scatter_value(device: Device, self: Tensor, dim: int, index: Tensor, value) -> Tensor:
-    return _scatter(self, dim, index, value, PUT, "scatter")
+    return _scatter(empty(self._shape, self._dtype, device), self, dim, index, _scatter_values(self, value), PUT,
+                    "scatter")
 
 
 @kernel("scatter_add")
 def scatter_add(device: Device, self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
-    return _scatter(self, dim, index, src, ADD, "scatter_add")
+    return _scatter(empty(self._shape, self._dtype, device), self, dim, index, _scatter_values(self, src), ADD,
+                    "scatter_add")
+
+
+def _scatter_into(mode: str, op: str):
+    def into(out: Tensor, self: Tensor, dim: int, index: Tensor, src: Tensor) -> bool:
+        if src._dtype is not self._dtype or src._device != self._device:
+            return False  # converting or moving the source needs a temporary
+        _scatter(out, self, dim, index, src, mode, op)
+        return True
+
+    return into
+
+
+kernel_into("scatter.src")(_scatter_into(PUT, "scatter"))
+kernel_into("scatter_add")(_scatter_into(ADD, "scatter_add"))
 
 
 # ---------------------------------------------------------------------------------------------- advanced indexing
@@ -236,15 +262,42 @@ def index(device: Device, self: Tensor, indices) -> Tensor:
     return out
 
 
+def _int64_on(device: Device, indices) -> bool:
+    """Whether every index tensor is already what the kernel reads (int64, on ``device``): no conversion."""
+    return all(t is None or (t._dtype is dtypes.int64 and t._device == device) for t in indices)
+
+
+@kernel_into("index.Tensor")
+def index_into(out: Tensor, self: Tensor, indices) -> bool:
+    if not _int64_on(self._device, indices):
+        return False
+    shape, a, specs, dims = _advanced_geometry(self, indices)
+    indexed(TAKE, self, out, shape, a, (), specs, _site("index", dims, self._shape, True))
+    return True
+
+
 @kernel("index_put")
 def index_put(device: Device, self: Tensor, indices, values, accumulate: bool = False) -> Tensor:
-    out = cast(self, self._dtype)
-    shape, a, specs, dims = _advanced_geometry(out, indices)
     if not isinstance(values, Tensor):
         values = fill(empty((), self._dtype, device), values)
     values = values if values._dtype is self._dtype else cast(values, self._dtype)
     if values._device.type == "cpu":
         values = values.to(device)
+    return _index_put(empty(self._shape, self._dtype, device), self, indices, values, accumulate)
+
+
+@kernel_into("index_put")
+def index_put_into(out: Tensor, self: Tensor, indices, values, accumulate: bool = False) -> bool:
+    if not (isinstance(values, Tensor) and values._dtype is self._dtype and values._device == self._device
+            and _int64_on(self._device, indices)):
+        return False
+    _index_put(out, self, indices, values, accumulate)
+    return True
+
+
+def _index_put(out: Tensor, self: Tensor, indices, values: Tensor, accumulate: bool) -> Tensor:
+    """``out`` = ``self`` with ``values`` (of its dtype, on its device) put or added at ``indices``."""
+    shape, a, specs, dims = _advanced_geometry(out, indices)
     try:
         v_strides = S.expand_strides(values._shape, values._strides, shape)
     except RuntimeError:
@@ -252,6 +305,7 @@ def index_put(device: Device, self: Tensor, indices, values, accumulate: bool = 
                            f"broadcast to indexing result of shape {list(shape)}") from None
     if accumulate:
         _check_atomic(self._dtype, "index_put")
+    copy_into(out, self)
     site = _site("index_put", dims, out._shape, True)
     indexed(ADD if accumulate else PUT, out, values, shape, a, v_strides, specs, site)
     return out
@@ -274,19 +328,42 @@ def _non_overlapping(shape, strides) -> bool:
 
 @kernel("view_scatter_add")
 def view_scatter_add(device: Device, grad: Tensor, input_shape, view_shape, view_strides, view_offset) -> Tensor:
-    out = fill(empty(tuple(input_shape), grad._dtype, device), 0)
-    view = _strided_view(out, view_shape, view_strides, view_offset)
-    if _non_overlapping(view_shape, view_strides):
-        copy_into(view, grad)
-        return out
-    _check_atomic(grad._dtype, "view_scatter_add")
-    src = contiguous(grad.expand(tuple(view_shape)) if grad._shape != tuple(view_shape) else grad)
-    indexed(ADD, view, src, tuple(view_shape), tuple(view_strides), src._strides, [])
+    out = empty(tuple(input_shape), grad._dtype, device)
+    if not _non_overlapping(view_shape, view_strides):
+        _check_atomic(grad._dtype, "view_scatter_add")
+        if grad._shape != tuple(view_shape) or not grad.is_contiguous():
+            grad = contiguous(grad.expand(tuple(view_shape)))
+    view_scatter_add_into(out, grad, input_shape, view_shape, view_strides, view_offset)
     return out
+
+
+@kernel_into("view_scatter_add")
+def view_scatter_add_into(out: Tensor, grad: Tensor, input_shape, view_shape, view_strides, view_offset) -> bool:
+    """Zero ``out``, then add ``grad`` through the view: a plain copy when the view's elements are distinct,
+    else atomic adds from a contiguous ``grad`` of the view's shape (without one, it declines)."""
+    overlapping = not _non_overlapping(view_shape, view_strides)
+    if overlapping and (grad._shape != tuple(view_shape) or not grad.is_contiguous()):
+        return False
+    if overlapping:
+        _check_atomic(grad._dtype, "view_scatter_add")
+    fill(out, 0)
+    view = _strided_view(out, view_shape, view_strides, view_offset)
+    if overlapping:
+        indexed(ADD, view, grad, tuple(view_shape), tuple(view_strides), grad._strides, [])
+    else:
+        copy_into(view, grad)
+    return True
 
 
 @kernel("view_scatter")
 def view_scatter(device: Device, self: Tensor, src: Tensor, view_shape, view_strides, view_offset) -> Tensor:
-    out = cast(self, self._dtype)
-    copy_into(_strided_view(out, view_shape, view_strides, view_offset), src)
+    out = empty(self._shape, self._dtype, device)
+    view_scatter_into(out, self, src, view_shape, view_strides, view_offset)
     return out
+
+
+@kernel_into("view_scatter")
+def view_scatter_into(out: Tensor, self: Tensor, src: Tensor, view_shape, view_strides, view_offset) -> bool:
+    copy_into(out, self)
+    copy_into(_strided_view(out, view_shape, view_strides, view_offset), src)
+    return True

@@ -14,13 +14,16 @@ raises :class:`IndexError` and clears the record, so the process goes on working
 assert, the error surfaces at the next synchronisation rather than at the op, and the op's result is
 undefined. Each launch notes a *site* (the operator, which dim each index tensor indexes, whether
 negative indices count from the end, the indexed shape) in a ring of the latest :data:`SITES` launches, so
-the message can name the operator and the shapes while the device only writes five integers.
+the message can name the operator and the shapes while the device only writes five integers. Launches
+captured into a CUDA graph run again long after they were noted, so sites noted during a capture
+(:func:`keeping_sites`) are kept for good instead.
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -70,6 +73,8 @@ _records: dict[int, ErrorRecord] = {}
 _watched: list[ctypes.c_int64] = []  # the state word of every record, polled at each synchronisation point
 _sites: list = [None] * SITES
 _site_numbers = itertools.count(1)  # 0 is never a site, so a cleared record names none
+_kept: dict[int, tuple] = {}  # sites of launches a CUDA graph replays
+_keeping = [0]  # depth of keeping_sites()
 
 
 def record_pointer(device: int) -> int:
@@ -85,8 +90,20 @@ def note_site(op: str, dims: tuple[int, ...], shape: tuple[int, ...], negative_w
     """Remember one indexing launch (``op`` as it prefixes its errors, e.g. ``"gather()"``; ``dims[k]``: the
     dim index tensor ``k`` indexes in a tensor of ``shape``); return the number its kernel reports."""
     site = next(_site_numbers)
-    _sites[site % SITES] = (site, op, dims, shape, negative_wraps)
+    _sites[site % SITES] = entry = (site, op, dims, shape, negative_wraps)
+    if _keeping[0]:
+        _kept[site] = entry
     return site
+
+
+@contextmanager
+def keeping_sites():
+    """Sites noted inside are never forgotten: for launches captured into a CUDA graph."""
+    _keeping[0] += 1
+    try:
+        yield
+    finally:
+        _keeping[0] -= 1
 
 
 def raise_index_errors() -> None:
@@ -108,7 +125,7 @@ def clear(fields: np.ndarray) -> None:
 def describe(fields: np.ndarray) -> str:
     """The message for a published record, worded as the CPU backend words the same error."""
     site, which, value, size = (int(fields[k]) for k in (SITE, WHICH, VALUE, SIZE))
-    entry = _sites[site % SITES]
+    entry = _kept.get(site) or _sites[site % SITES]
     found = " (a CUDA kernel found it; the index is checked asynchronously, so this error surfaces at the next " \
             "synchronisation)"
     if entry is None or entry[0] != site:
