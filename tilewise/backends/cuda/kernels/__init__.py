@@ -15,6 +15,7 @@ and launch shape at its first launch.
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -104,6 +105,34 @@ def launch(fn, grid, block, args: Sequence[Any], stream: int, shared_mem: int = 
     result = (_launch_kernel or _bind_launch())(fn._driver_handle, gx, gy, 1, bx, by, 1, shared_mem, stream, params, 0)
     if int(result[0]):
         check(result, f"cuLaunchKernel({fn.name})")
+
+
+def launch_packed(fn, grid: int, block: int, packer, args: Sequence[Any], stream: int) -> None:
+    """:func:`launch` of a 1-D grid for a caller that fixed its argument types once: ``packer`` is the
+    struct :func:`packer_for` gave for them, so a call skips working out how to pack (the eager pointwise
+    plans launch through here: [Note: pointwise plans])."""
+    if "kernels" in settings.log and id(fn) not in _launched:
+        _launched.add(id(fn))
+        log("kernels", f"{fn.name}  grid={grid} block={block} shared=0\n{fn.source}")
+    if getattr(_thread_state, "context_device", None) != fn.module.device:
+        ensure_context(fn.module.device)
+    buffer, _, params = fn._scratch()
+    try:
+        packer.pack_into(buffer, 0, *args)
+    except struct.error:  # a value this format cannot hold: the general packer takes it
+        launch(fn, grid, block, args, stream)
+        return
+    result = _launch_kernel(fn._driver_handle, grid, 1, 1, block, 1, 1, 0, stream, params, 0)
+    if int(result[0]):
+        check(result, f"cuLaunchKernel({fn.name})")
+
+
+def packer_for(fn, args: Sequence[Any]):
+    """The struct that packs arguments of the types of ``args`` for ``fn`` (None when values of these types
+    need the general packer, say an unsigned parameter), for :func:`launch_packed`."""
+    _pack(fn, args)  # reads the parameter layout and builds the packer for these types once
+    _bind_launch()
+    return fn._packers.get(tuple(map(type, args)))
 
 
 _launch_kernel = None

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from tilewise import _strides as S
 from tilewise.backends.cuda import empty_fast, stream_handle
-from tilewise.backends.cuda.kernels import ceil_div, launch, load
+from tilewise.backends.cuda.kernels import ceil_div, launch, launch_packed, load, packer_for
 from tilewise.compiler.render import (
     BROADCAST,
     CONTIGUOUS,
@@ -54,6 +54,8 @@ class Plan:
     tail: tuple[int, ...]  # n, sizes, strides
     aligned: tuple[tuple[int, int], ...]  # (input index or -1 for the output, alignment) for the vector path
     numel: int
+    vector_packer: object = None  # the packer of each kernel's arguments, set at its first launch
+    scalar_packer: object = None
 
 
 def kernel_name(prefix: str, kernel_inputs, outputs, rank: int, index: str, vector: int) -> str:
@@ -183,9 +185,19 @@ def execute(plan: Plan, args: tuple, out: Tensor, stream: int) -> None:
             if argv[k + 1] % alignment:
                 break
         else:
-            launch(plan.vector_fn, plan.vector_grid, BLOCK, argv, stream)
+            if plan.vector_packer is None:
+                plan.vector_packer = packer_for(plan.vector_fn, argv) or False
+            if plan.vector_packer:
+                launch_packed(plan.vector_fn, plan.vector_grid, BLOCK, plan.vector_packer, argv, stream)
+            else:
+                launch(plan.vector_fn, plan.vector_grid, BLOCK, argv, stream)
             return
-    launch(plan.scalar_fn, plan.scalar_grid, BLOCK, argv, stream)
+    if plan.scalar_packer is None:
+        plan.scalar_packer = packer_for(plan.scalar_fn, argv) or False
+    if plan.scalar_packer:
+        launch_packed(plan.scalar_fn, plan.scalar_grid, BLOCK, plan.scalar_packer, argv, stream)
+    else:
+        launch(plan.scalar_fn, plan.scalar_grid, BLOCK, argv, stream)
 
 
 # ---------------------------------------------------------------------------------------------- operators
