@@ -339,7 +339,8 @@ def test_every_library_call_of_a_gpt_training_step_can_write_into_its_planned_bu
 @pytest.mark.cuda
 def test_a_gpt_training_step_replays_as_one_cuda_graph_and_matches_eager():
     data = [(tw.randint(0, 64, (4, 16), device="cuda"), tw.randint(0, 64, (4, 16), device="cuda")) for _ in range(5)]
-    eager = [float(_gpt_step("cuda")(x, y).item()) for x, y in data]
+    step = _gpt_step("cuda")
+    eager = [float(step(x, y).item()) for x, y in data]
     compiled = tw.compile(_gpt_step("cuda"))
     losses = [float(compiled(x, y).item()) for x, y in data]
     np.testing.assert_allclose(losses, eager, rtol=1e-4, atol=1e-5)

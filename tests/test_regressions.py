@@ -64,3 +64,16 @@ def test_erf_keeps_nan_and_limits_in_small_and_large_tensors(size):
     assert np.isnan(ours[0]) and ours[1] == 1.0 and ours[2] == -1.0 and np.signbit(ours[3]) and ours[4] > 0
     np.testing.assert_allclose(tw.erf(tw.from_numpy(x).float()).numpy()[1:], torch.erf(torch.from_numpy(x).float())
                                .numpy()[1:], rtol=0, atol=0)
+
+
+def test_every_log_channel_the_package_writes_to_can_be_switched_on():
+    """A ``log("name", ...)`` call on a channel ``TILEWISE_LOG`` does not know would never print."""
+    import re
+    from pathlib import Path
+
+    from tilewise.config import LOG_CHANNELS
+
+    root = Path(tw.__file__).parent
+    used = {m for path in root.rglob("*.py") for m in re.findall(r'\blog\(\s*"(\w+)"', path.read_text())}
+    assert {"graphs", "kernels", "recompiles"} <= used
+    assert used <= set(LOG_CHANNELS)

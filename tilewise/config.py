@@ -12,7 +12,8 @@ variable                  meaning
                           that run on the host because the device has no kernel for them), ``matmul`` (the
                           cuBLASLt algorithm chosen for each GEMM shape), and for ``tilewise.compile``: ``graph``
                           (the graph after capture and after every pass), ``fusion`` (the fused groups),
-                          ``recompiles`` (which guard failed when a compiled function is compiled again)
+                          ``recompiles`` (which guard failed when a compiled function is compiled again),
+                          ``graphs`` (each CUDA graph a compiled program captures, or why it captures none)
 ``TILEWISE_RECOMPILES``   variants ``tilewise.compile`` keeps per function before running it eagerly (8)
 ``TILEWISE_CC``           the C compiler for the compiler's CPU target (default ``cc``)
 ``TILEWISE_CACHE_DIR``    where compiled kernels, and ``mode="max-autotune"``'s schedule choices (in ``autotune/``),
@@ -29,7 +30,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-LOG_CHANNELS = ("kernels", "fallback", "matmul", "graph", "fusion", "recompiles")
+LOG_CHANNELS = ("kernels", "fallback", "matmul", "graph", "fusion", "recompiles", "graphs")
 
 
 def _channels(text: str) -> set[str]:

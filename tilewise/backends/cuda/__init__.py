@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tilewise import _strides as S
-from tilewise.backends.cuda.runtime.stream import _current_streams
+from tilewise.backends.cuda.runtime.stream import _thread_state as _stream_state
 from tilewise.device import Device, cpu
 from tilewise.dtypes import DType
 from tilewise.storage import Storage
@@ -122,7 +122,17 @@ class DeviceBuffer:
 
     def __del__(self) -> None:
         try:
-            self._memory.free(self.ptr, self.size, self.stream)
+            mem, size = self._memory, self.size
+            if size <= SMALL_BLOCK and mem.cached + size <= SMALL_CACHE_LIMIT:  # DeviceMemory.free's fast path, inline
+                mem.allocated -= size
+                found = mem.free_lists.get((self.stream, size))
+                if found is None:
+                    mem.free_lists[(self.stream, size)] = [self.ptr]
+                else:
+                    found.append(self.ptr)
+                mem.cached += size
+            else:
+                mem.free(self.ptr, size, self.stream)
         except Exception:  # noqa: S110 — at interpreter shutdown the allocator may already be gone
             pass
 
@@ -132,7 +142,8 @@ class DeviceBuffer:
 
 def stream_handle(device: int) -> int:
     """The raw handle of this thread's current stream on ``device`` (0: the legacy default stream)."""
-    found = _current_streams().get(device)
+    streams = getattr(_stream_state, "streams", None)
+    found = streams.get(device) if streams is not None else None
     return found.handle if found is not None else 0
 
 
