@@ -124,7 +124,8 @@ def expand_strides(shape: Sequence[int], strides: Sequence[int], target: Sequenc
     for k, want in enumerate(target):
         if k < lead:
             if want < 0:
-                raise RuntimeError(f"{op}: the expanded size {want} is not allowed in a leading, non-existing dimension")
+                raise RuntimeError(f"{op}: the expanded size {want} is not allowed in a leading, "
+                                   "non-existing dimension")
             continue
         have, stride = shape[k - lead], strides[k - lead]
         if want == -1 or want == have:

@@ -9,7 +9,8 @@ from tilewise.dtypes import get_default_dtype
 
 def _format_values(t) -> str:
     a = t.detach().cpu()._np()
-    if a.dtype.kind == "f" and a.dtype.itemsize < 4 or a.dtype.kind == "V" or str(a.dtype).startswith(("bfloat", "float8")):
+    narrow_float = a.dtype.kind == "f" and a.dtype.itemsize < 4
+    if narrow_float or a.dtype.kind == "V" or str(a.dtype).startswith(("bfloat", "float8")):
         a = a.astype(np.float32)
     if a.size == 0:
         return "[]"

@@ -18,8 +18,8 @@ declare("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", "index", dtype
         grad={"self": "index_put(zeros_like(self), indices, grad, True)", "indices": None}, method=False)
 declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor", "index",
         dtype=R.first_input,
-        grad={"self": "grad if accumulate else index_put(grad, indices, zeros((), dtype=grad.dtype, device=grad.device), "
-                      "False)",
+        grad={"self": "grad if accumulate else "
+                      "index_put(grad, indices, zeros((), dtype=grad.dtype, device=grad.device), False)",
               "values": "grad[indices_tuple(indices)]", "indices": None}, inplace=True)
 declare("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", "index",
         dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)", "index": None})

@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 from numbers import Number
 
-_ARG_RE = re.compile(r"^(?P<type>[A-Za-z]+(?:\[\d*\])?(?:\([a-z]!?\))?\??(?:\[\])?\??)\s+(?P<name>\w+)(?:=(?P<default>.+))?$")
+_ARG_RE = re.compile(r"^(?P<type>[A-Za-z]+(?:\[\d*\])?(?:\([a-z]!?\))?\??(?:\[\])?\??)"
+                     r"\s+(?P<name>\w+)(?:=(?P<default>.+))?$")
 
 
 @dataclass(frozen=True)
