@@ -519,12 +519,17 @@ def _infer_dtype(data) -> DType:
 
 
 def tensor(data, *, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
-    """Build a tensor by copying ``data`` (a number, nested sequence, numpy array or tensor).
+    """Build a tensor by copying ``data`` (a number, nested sequence, numpy array or tensor); with ``pin_memory``
+    the copy is a CPU tensor in page-locked memory, as :meth:`Tensor.pin_memory` makes (needs CUDA).
 
     >>> import tilewise as tw
     >>> tw.tensor([[1, 2], [3, 4]]).dtype
     tilewise.int64
     """
+    if pin_memory:
+        check_pinnable(as_device(device) if device is not None else cpu, "tensor")
+        out = tensor(data, dtype=dtype).pin_memory()
+        return out.requires_grad_(True) if requires_grad else out
     if isinstance(data, Tensor):
         out = data.detach().to(dtype=as_dtype(dtype) if dtype else data.dtype, device=device, copy=True)
         return out.requires_grad_(requires_grad) if requires_grad else out
@@ -545,6 +550,14 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False, pin_me
     if device is not None and as_device(device) is not cpu:
         out = out.to(as_device(device))
     return out.requires_grad_(True) if requires_grad else out
+
+
+def check_pinnable(device: Device, factory: str) -> None:
+    """Refuse ``pin_memory=True`` for a factory asked for a tensor on ``device``. The factories pin through
+    :meth:`Tensor.pin_memory`'s backend, so without CUDA their error is that method's."""
+    if device.type != "cpu":
+        raise RuntimeError(f"{factory}(): pin_memory=True makes a page-locked CPU tensor, but this one would be made "
+                           f"on {device}; only CPU tensors can be pinned")
 
 
 def _flatten_first_level(data):

@@ -142,7 +142,10 @@ OPINFOS += [
            covers=("scatter.src", "scatter.value")),
     OpInfo("scatter_add", lambda: [Sample((T((3, 4)), 1, T((3, 6), "index", high=4), T((3, 6))))]),
     OpInfo("index_put", lambda: [Sample((T((3, 4)), (T((2,), "index", high=3),), T((4,))))]),
-    OpInfo("nonzero", lambda: [Sample((T((3, 4), "int", 0, 1),))], grad=False),
+    OpInfo("nonzero", lambda: [Sample((T((3, 4), "int", 0, 1),)),
+                               Sample((T((2, 3, 4), "int", -1, 1, dtype="float32"),), name="3d-float"),
+                               Sample((T((5, 3), "bool"),), name="bool"), Sample((T((), "int", 0, 1),), name="0-dim"),
+                               Sample((T((0, 3)),), name="empty")], grad=False),
     # matmul
     OpInfo("mm", lambda: [Sample((T((3, 4)), T((4, 5))))]),
     OpInfo("bmm", lambda: [Sample((T((2, 3, 4)), T((2, 4, 5))))]),

@@ -34,6 +34,15 @@ class SortedFirst(OpInfo):
         return lambda seq, *args, **kwargs: fn(seq.sort(-1)[0], *args, **kwargs)
 
 
+@dataclass
+class WithSorter(OpInfo):
+    """searchsorted of an unsorted first argument through its sorter: both frameworks argsort the same one."""
+
+    def resolve(self, module, functional):
+        fn = getattr(module, self.name)
+        return lambda seq, *args, **kwargs: fn(seq, *args, sorter=seq.argsort(-1), **kwargs)
+
+
 SCANS = [
     OpInfo("cumsum", lambda: [S(T((3, 4)), 1), S(T((3, 4)), -1), S(T((2, 3, 4)), 0), S(T(()), 0, name="0-dim"),
                               S(T((3, 0)), 1, name="empty"), S(T((3, 4), "int", -3, 3), 0, name="int"),
@@ -60,6 +69,8 @@ SCANS = [
     SortedFirst("searchsorted", lambda: [S(T((6,)), T((3, 4))), S(T((6,)), T((5,)), right=True),
                                          S(T((3, 6)), T((3, 4)), side="right"), S(T((6,)), 0.5, name="scalar"),
                                          S(T((6,)), T((4,)), out_int32=True)], grad=False),
+    WithSorter("searchsorted", lambda: [S(T((7,)), T((3, 4))), S(T((3, 6)), T((3, 5)), right=True),
+                                        S(T((5,)), T(()), side="left", out_int32=True, name="0-dim")], grad=False),
     OpInfo("prod", lambda: [S(with_zeros(4, 6)), S(with_zeros(4, 6), 1), S(with_zeros(6, 4), 0, True)]),
 ]
 
@@ -94,7 +105,8 @@ MOVEMENT = [
     OpInfo("repeat_interleave", lambda: [
         S(T((2, 3)), 2), S(T((2, 3)), 2, 1), S(T((2, 3)), 3, -2), S(T(()), 2, name="0-dim"),
         S(T((2, 3)), T((3,), "int", 0, 3), 1, name="tensor"), S(T((3,)), T((3,), "int", 0, 2), name="tensor-flat"),
-        S(T((2, 3)), T((1,), "int", 1, 3), 0, name="one-repeat"), S(T((4,), "int", 0, 3), name="repeats-only")],
+        S(T((2, 3)), T((1,), "int", 1, 3), 0, name="one-repeat"), S(T((4,), "int", 0, 3), name="repeats-only"),
+        S(T((5,), "int", 0, 3, dtype="int32"), name="repeats-only-int32")],
         covers=("repeat_interleave.self_int", "repeat_interleave.self_Tensor", "repeat_interleave.Tensor")),
     OpInfo("repeat_interleave", lambda: [S(T((2, 3)), 2, dim=0)], call="method"),
     OpInfo("index_select", lambda: [S(T((3, 4)), 0, index((5,), 3)), S(T((3, 4)), -1, index((2,), 4)),

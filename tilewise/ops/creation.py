@@ -9,13 +9,14 @@ seed gives bit-identical tensors on CPU and GPU.
 
 from __future__ import annotations
 
+import math
 from numbers import Number
 
 from tilewise.device import Device, as_device
 from tilewise.dtypes import DType, as_dtype, get_default_dtype, scalar_dtype
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.registry import declare
-from tilewise.tensor import Tensor
+from tilewise.tensor import Tensor, check_pinnable
 
 # ---------------------------------------------------------------- declarations
 declare("full(int[] size, Scalar fill_value, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
@@ -44,7 +45,67 @@ declare("bernoulli(Tensor self, *, Generator? generator=None) -> Tensor", "rando
 declare("randperm(int n, *, ScalarType? dtype=None, Device? device=None, Generator? generator=None) -> Tensor",
         "random", differentiable=False, public=False)
 declare("multinomial(Tensor self, int num_samples, bool replacement=False, *, Generator? generator=None) -> Tensor",
-        "random", differentiable=False)
+        "random", differentiable=False,
+        doc="``num_samples`` category indices per row of the (unnormalised) probabilities ``self``; without "
+            "replacement each category is drawn at most once. See [Note: multinomial draws].\n\n"
+            ">>> tw.multinomial(tw.tensor([0.0, 1.0, 0.0]), 1)\ntensor([1])")
+
+MULTINOMIAL_TILES = 256
+"""Tiles of the fixed order in which multinomial sums a row's weights (see [Note: multinomial draws])."""
+
+
+def check_multinomial(self: Tensor, num_samples: int, replacement: bool) -> None:
+    """Refuse arguments no backend samples from (shared by every backend's multinomial kernel).
+
+    [Note: multinomial draws]
+    Row r's sample j takes the float64 uniform draw u number ``r * num_samples + j`` of the generator, and is the
+    category whose stretch of the cumulative weights holds ``x = u * total``: the number of categories whose
+    cumulative weight is at most x (at most n - 1, since x can round up to the total), moved back over
+    categories of weight zero (so one is never drawn while any weight remains). Without replacement a drawn
+    category's weight then counts as zero, and once no weight remains the lowest category not yet drawn is
+    taken. For the same seed to give the same samples on every backend, the float64 cumulative sums are
+    defined by one order of additions, chosen so that a GPU block of :data:`MULTINOMIAL_TILES` threads
+    computes it in parallel: the row is cut into that many tiles of ``ceil(n / MULTINOMIAL_TILES)``
+    categories; prefix sums run left to right inside each tile, the tiles' totals are summed left to right,
+    and the cumulative weight of a category is (the sum of the totals of the tiles before its own) + (its
+    prefix inside its tile). numpy computes the same numbers with two ``cumsum`` calls. Samples with
+    replacement search these sums once per row; without replacement they are recomputed after each draw.
+    """
+    if not self.dtype.is_floating_point:
+        raise RuntimeError(f"multinomial: probabilities must have a floating-point dtype, got {self.dtype.name}")
+    if self.ndim not in (1, 2):
+        raise RuntimeError(f"multinomial: prob_dist must be 1 or 2 dim, got shape {list(self.shape)}")
+    if num_samples <= 0:
+        raise RuntimeError(f"multinomial: cannot sample n_sample <= 0 samples, got num_samples={num_samples}")
+    if not replacement and num_samples > self.shape[-1]:
+        raise RuntimeError(f"multinomial: cannot sample n_sample={num_samples} > prob_dist.size(-1)="
+                           f"{self.shape[-1]} samples without replacement")
+
+
+def check_probabilities(invalid: bool, weightless: bool) -> None:
+    """Refuse probabilities holding a negative, infinite or NaN element (``invalid``), or a row whose
+    probabilities are all zero (``weightless``), in the words every backend uses."""
+    if invalid:
+        raise RuntimeError("multinomial: probability tensor contains either `inf`, `nan` or element < 0")
+    if weightless:
+        raise RuntimeError("multinomial: invalid multinomial distribution (sum of probabilities <= 0)")
+
+
+def check_randperm(n: int, dtype: DType) -> None:
+    """Refuse an ``n`` the dtype cannot number exactly (every permutation holds 0 .. n - 1)."""
+    from tilewise import dtypes
+
+    if n < 0:
+        raise RuntimeError(f"randperm(): n must be non-negative, got {n}")
+    if dtype is dtypes.bool_:
+        raise RuntimeError("randperm(): dtype bool cannot hold a permutation; use an integer or floating dtype")
+    if dtype.is_floating_point:
+        largest = 2 ** (round(-math.log2(dtypes.finfo(dtype).eps)) + 1) + 1  # every integer up to 2**precision
+    else:
+        largest = dtypes.iinfo(dtype).max + 1
+    if n > largest:
+        raise RuntimeError(f"randperm(): n={n} is too large for dtype {dtype.name}, which numbers at most "
+                           f"{largest} elements exactly")
 
 
 # ---------------------------------------------------------------- generators
@@ -139,49 +200,75 @@ def _call(name: str, *args, **kwargs) -> Tensor:
     return OVERLOADS[name][0](*args, **kwargs)
 
 
-def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    if dtype is None:
-        d = scalar_dtype(fill_value)
-        dtype = get_default_dtype() if d.is_floating_point else d
-    return _finish(_call("full", tuple(size), fill_value, dtype=as_dtype(dtype), device=device), requires_grad)
+def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
+    return _full("full", size, fill_value, dtype, device, requires_grad, pin_memory)
 
 
-def zeros(*size, dtype=None, device=None, requires_grad: bool = False, out=None) -> Tensor:
-    return full(_size(size, "zeros"), 0, dtype=dtype or get_default_dtype(), device=device, requires_grad=requires_grad)
+def zeros(*size, dtype=None, device=None, requires_grad: bool = False, out=None, pin_memory: bool = False) -> Tensor:
+    return _full("zeros", _size(size, "zeros"), 0, dtype or get_default_dtype(), device, requires_grad, pin_memory)
 
 
-def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return full(_size(size, "ones"), 1, dtype=dtype or get_default_dtype(), device=device, requires_grad=requires_grad)
+def ones(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
+    return _full("ones", _size(size, "ones"), 1, dtype or get_default_dtype(), device, requires_grad, pin_memory)
 
 
 def empty(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
-    out = _call("empty", _size(size, "empty"), dtype=as_dtype(dtype or get_default_dtype()), device=device)
-    return _finish(out, requires_grad)
+    return _empty("empty", _size(size, "empty"), dtype, device, requires_grad, pin_memory)
+
+
+def _full(factory: str, size: tuple, fill_value, dtype, device, requires_grad: bool, pin_memory: bool) -> Tensor:
+    if dtype is None:
+        d = scalar_dtype(fill_value)
+        dtype = get_default_dtype() if d.is_floating_point else d
+    if pin_memory:
+        check_pinnable(_target(device), factory)
+    out = _call("full", tuple(size), fill_value, dtype=as_dtype(dtype), device=device)
+    return _finish(out.pin_memory() if pin_memory else out, requires_grad)
+
+
+def _empty(factory: str, size: tuple, dtype, device, requires_grad: bool, pin_memory: bool) -> Tensor:
+    """With ``pin_memory`` the tensor is allocated in page-locked memory directly (nothing to copy)."""
+    dtype = as_dtype(dtype or get_default_dtype())
+    if not pin_memory:
+        return _finish(_call("empty", tuple(size), dtype=dtype, device=device), requires_grad)
+    from tilewise.backends import backend_for
+
+    check_pinnable(_target(device), factory)
+    return _finish(backend_for(Device("cuda", 0)).empty_pinned(tuple(size), dtype), requires_grad)
+
+
+def _target(device) -> Device:
+    from tilewise.backends import default_device
+
+    return as_device(device) if device is not None else default_device()
 
 
 def _like(x: Tensor, dtype, device) -> tuple[DType, Device]:
     return (as_dtype(dtype) if dtype is not None else x.dtype), (as_device(device) if device is not None else x.device)
 
 
-def zeros_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None) -> Tensor:
+def zeros_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None,
+               pin_memory: bool = False) -> Tensor:
     dt, dev = _like(x, dtype, device)
-    return full(x.shape, 0, dtype=dt, device=dev, requires_grad=requires_grad)
+    return _full("zeros_like", x.shape, 0, dt, dev, requires_grad, pin_memory)
 
 
-def ones_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None) -> Tensor:
+def ones_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None,
+              pin_memory: bool = False) -> Tensor:
     dt, dev = _like(x, dtype, device)
-    return full(x.shape, 1, dtype=dt, device=dev, requires_grad=requires_grad)
+    return _full("ones_like", x.shape, 1, dt, dev, requires_grad, pin_memory)
 
 
 def full_like(x: Tensor, fill_value, *, dtype=None, device=None, requires_grad: bool = False,
-              memory_format=None) -> Tensor:
+              memory_format=None, pin_memory: bool = False) -> Tensor:
     dt, dev = _like(x, dtype, device)
-    return full(x.shape, fill_value, dtype=dt, device=dev, requires_grad=requires_grad)
+    return _full("full_like", x.shape, fill_value, dt, dev, requires_grad, pin_memory)
 
 
-def empty_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None) -> Tensor:
+def empty_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None,
+               pin_memory: bool = False) -> Tensor:
     dt, dev = _like(x, dtype, device)
-    return empty(x.shape, dtype=dt, device=dev, requires_grad=requires_grad)
+    return _empty("empty_like", x.shape, dt, dev, requires_grad, pin_memory)
 
 
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -257,7 +344,9 @@ def randint_like(x: Tensor, low, high=None, *, dtype=None, device=None) -> Tenso
 def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     from tilewise import dtypes
 
-    return _call("randperm", n, dtype=as_dtype(dtype or dtypes.int64), device=device, generator=generator)
+    dtype = as_dtype(dtype or dtypes.int64)
+    check_randperm(n, dtype)
+    return _finish(_call("randperm", n, dtype=dtype, device=device, generator=generator), requires_grad)
 
 
 def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None) -> Tensor:

@@ -359,7 +359,29 @@ composite("repeat_interleave.self_int(Tensor self, int repeats, int? dim=None, *
 composite("repeat_interleave.self_Tensor(Tensor self, Tensor repeats, int? dim=None, *, int? output_size=None) -> "
           "Tensor", _repeat_interleave_tensor)
 declare("repeat_interleave.Tensor(Tensor repeats, *, int? output_size=None) -> Tensor", "index",
-        differentiable=False, doc="``arange(len(repeats))`` with element ``i`` repeated ``repeats[i]`` times.")
+        differentiable=False, doc="``arange(len(repeats))`` with element ``i`` repeated ``repeats[i]`` times, in "
+                                  "repeats' dtype when it is int32 (as torch), else int64.")
+
+
+def check_repeats(repeats):
+    """The dtype of ``repeat_interleave(repeats)``, after checking ``repeats`` is a 0-dim or 1-D integer tensor
+    (shared by every backend's kernel, as is :func:`check_repeats_total`)."""
+    from tilewise import dtypes
+
+    if repeats.ndim > 1 or repeats.dtype.is_floating_point or repeats.dtype is dtypes.bool_:
+        raise RuntimeError(f"repeat_interleave(): repeats must be a 0-dim or 1-dim integer tensor, got shape "
+                           f"{list(repeats.shape)} and dtype {repeats.dtype}")
+    return dtypes.int32 if repeats.dtype is dtypes.int32 else dtypes.int64
+
+
+def check_repeats_total(total: int, smallest: int, output_size) -> None:
+    """Refuse a negative repeat (``smallest``: the least entry, or 0) and an ``output_size`` that is not the
+    sum of the repeats (``total``)."""
+    if smallest < 0:
+        raise RuntimeError(f"repeat_interleave(): repeats can not be negative, got {smallest}")
+    if output_size is not None and output_size != total:
+        raise RuntimeError(f"repeat_interleave(): output_size {output_size} does not match the sum of repeats "
+                           f"{total}")
 
 
 # ---------------------------------------------------------------- selection and updates by index

@@ -107,6 +107,44 @@ declare("searchsorted(Tensor sorted_sequence, Tensor self, *, bool out_int32=Fal
             ">>> tw.searchsorted(tw.tensor([1, 3, 5]), tw.tensor([3, 6]))\ntensor([1, 3])")
 
 
+def check_searchsorted(sorted_sequence, self, out_int32: bool, right: bool, side, sorter):
+    """(whether to search from the right, the dtype both sides are compared in), after checking the arguments
+    (shared by every backend's searchsorted kernel).
+
+    [Note: searchsorted] Both sides are converted to their promoted dtype and compared there, and the search is
+    torch's binary search exactly: ``lo, hi = 0, n``; ``mid = lo + (hi - lo) // 2``; go right while
+    ``not (seq[mid] >= v)`` (``>`` for ``right``). Every comparison with NaN is false, so a NaN value lands at
+    ``n``, and a NaN inside the sequence is passed over as if it were smaller than every value: the answers
+    are torch's, not numpy's (which sorts NaN last), even for an unsorted sequence. ``sorter[..., mid]`` names
+    the element looked at when a sorter is given; an entry outside ``[0, n)`` is an index error.
+    """
+    from tilewise import dtypes
+    from tilewise.tensor import Tensor
+
+    if side is not None and side not in ("left", "right"):
+        raise RuntimeError(f"searchsorted(): side must be 'left' or 'right', got {side!r}")
+    if side == "left" and right:
+        raise RuntimeError("searchsorted(): side='left' and right=True contradict each other; pass one of them")
+    shape = tuple(sorted_sequence.shape)
+    if not shape:
+        raise RuntimeError("searchsorted(): sorted_sequence must have at least one dimension, got a 0-dim tensor")
+    scalar = not isinstance(self, Tensor) or self.ndim == 0
+    if len(shape) > 1 and (scalar or tuple(self.shape[:-1]) != shape[:-1]):
+        got = "a scalar" if not isinstance(self, Tensor) else f"input of shape {list(self.shape)}"
+        raise RuntimeError(f"searchsorted(): sorted_sequence must be 1-D or match the input in every dim but the "
+                           f"last, got sorted_sequence of shape {list(shape)} and {got}")
+    if sorter is not None:
+        if sorter.dtype is not dtypes.int64:
+            raise RuntimeError(f"searchsorted(): sorter must be an int64 tensor, got dtype {sorter.dtype.name}")
+        if tuple(sorter.shape) != shape:
+            raise RuntimeError(f"searchsorted(): sorter shape {list(sorter.shape)} must equal sorted_sequence shape "
+                               f"{list(shape)}")
+    if out_int32 and shape[-1] >= 2**31 - 1:
+        raise RuntimeError(f"searchsorted(): out_int32=True holds positions up to 2**31 - 2, but the last dim of "
+                           f"sorted_sequence has {shape[-1]} elements; use out_int32=False")
+    return right or side == "right", dtypes.result_type(sorted_sequence, self)
+
+
 # ---------------------------------------------------------------- composites over sort
 
 def _argsort(self, dim=-1, descending=False, stable=False):

@@ -136,32 +136,67 @@ def randperm(n, dtype=None, device=None, generator=None):
 
 @kernel("multinomial")
 def multinomial(self, num_samples, replacement=False, generator=None):
+    """See [Note: multinomial draws]; the CUDA kernels compute the same sums in the same order."""
+    from tilewise import dtypes
+    from tilewise.ops.creation import check_multinomial, check_probabilities
+
+    check_multinomial(self, num_samples, replacement)
     probs = self._np().astype(np.float64)
-    rows = probs.reshape(-1, probs.shape[-1])
-    if (rows < 0).any() or not np.isfinite(rows).all():
-        raise RuntimeError("multinomial: probability tensor contains either `inf`, `nan` or element < 0")
-    if (rows.sum(-1) <= 0).any():
-        raise RuntimeError("multinomial: invalid multinomial distribution (sum of probabilities <= 0)")
-    if not replacement and num_samples > rows.shape[-1]:
-        raise RuntimeError(f"multinomial: cannot sample n_sample={num_samples} > prob_dist.size(-1)="
-                           f"{rows.shape[-1]} samples without replacement")
+    rows = probs.reshape(int(np.prod(probs.shape[:-1])), probs.shape[-1])
+    invalid = bool((rows < 0).any() or not np.isfinite(rows).all())
+    check_probabilities(invalid, not invalid and bool((rows.sum(-1) <= 0).any()))
     u = _draw(generator, rows.shape[0] * num_samples, np.float64,
               lambda s, o, k: _philox.uniform(s, o, k, np.float64)).reshape(rows.shape[0], num_samples)
     out = np.empty((rows.shape[0], num_samples), dtype=np.int64)
-    for r, row in enumerate(rows):
-        weights = row.copy()
-        for j in range(num_samples):
-            cdf = np.cumsum(weights)
-            pick = int(np.searchsorted(cdf, u[r, j] * cdf[-1], side="right"))
-            pick = min(pick, len(weights) - 1)
-            while weights[pick] == 0 and pick > 0:
-                pick -= 1
-            out[r, j] = pick
-            if not replacement:
-                weights[pick] = 0.0
-    from tilewise import dtypes
-
+    if rows.shape[0]:
+        (_with_replacement if replacement else _without_replacement)(rows.copy(), u, out)
     return _out(out.reshape(probs.shape[:-1] + (num_samples,)), dtypes.int64)
+
+
+def tiled_cumsum(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cumulative sums of each row of ``weights`` (rows, n >= 1; a weight <= 0 counts as 0) in
+    [Note: multinomial draws]'s order, and each row's total."""
+    from tilewise.ops.creation import MULTINOMIAL_TILES
+
+    rows, n = weights.shape
+    length = -(-n // MULTINOMIAL_TILES)
+    tiles = -(-n // length)
+    padded = np.zeros((rows, tiles * length))
+    padded[:, :n] = np.where(weights > 0, weights, 0.0)  # taken (negative) and zero weights add nothing
+    inside = np.cumsum(padded.reshape(rows, tiles, length), axis=2)
+    totals = np.cumsum(inside[:, :, -1], axis=1)
+    before = np.concatenate([np.zeros((rows, 1)), totals[:, :-1]], axis=1)
+    return (before[:, :, None] + inside).reshape(rows, -1)[:, :n], totals[:, -1]
+
+
+def _settle(weights: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Picks from counts of cumulative weights <= x: at most n - 1, moved back over categories of weight 0."""
+    picks = np.minimum(counts, weights.shape[-1] - 1)
+    for k in np.flatnonzero(~(weights[picks] > 0)):
+        while picks[k] > 0 and not weights[picks[k]] > 0:
+            picks[k] -= 1
+    return picks
+
+
+def _with_replacement(weights: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    cdf, totals = tiled_cumsum(weights)
+    for r in range(weights.shape[0]):
+        # cdf is non-decreasing and NaN-free, so this is the count of cdf <= x (n for a NaN x, as numpy sorts it)
+        out[r] = _settle(weights[r], np.searchsorted(cdf[r], u[r] * totals[r], side="right"))
+
+
+def _without_replacement(weights: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    """``weights`` is a scratch copy: a drawn category's weight becomes -1 (taken: it weighs nothing)."""
+    for j in range(u.shape[1]):
+        cdf, totals = tiled_cumsum(weights)
+        counts = np.count_nonzero(~(cdf > (u[:, j] * totals)[:, None]), axis=1)
+        for r in range(weights.shape[0]):
+            if totals[r] > 0:
+                pick = int(_settle(weights[r], counts[r:r + 1])[0])
+            else:  # every category left weighs nothing: the lowest one not drawn yet
+                pick = int(np.argmax(weights[r] >= 0))
+            out[r, j] = pick
+            weights[r, pick] = -1.0
 
 
 # ---------------------------------------------------------------- arg-reductions
@@ -383,4 +418,4 @@ def scatter_add(self, dim, index, src):
 def nonzero(self):
     from tilewise import dtypes
 
-    return _out(np.argwhere(self._np()).reshape(-1, self.ndim), dtypes.int64)
+    return _out(np.argwhere(self._np() != 0), dtypes.int64)  # (count, ndim), also for a 0-dim input

@@ -112,35 +112,48 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
     return _out(np.take_along_axis(a, order, d), self.dtype), _out(order, dtypes.int64)
 
 
-def _search_side(right: bool, side: str | None) -> str:
-    if side is not None and side not in ("left", "right"):
-        raise RuntimeError(f"searchsorted(): side must be 'left' or 'right', got {side!r}")
-    if side == "left" and right:
-        raise RuntimeError("searchsorted(): side='left' and right=True contradict each other; pass one of them")
-    return "right" if right or side == "right" else "left"
-
-
 @kernel("searchsorted")
 def searchsorted(sorted_sequence, self, out_int32=False, right=False, side=None, sorter=None):
-    side = _search_side(right, side)
-    seq = _keys(sorted_sequence)
-    values = _keys(self) if isinstance(self, Tensor) else np.asarray(self)
+    """torch's binary search, vectorised over every value (see [Note: searchsorted])."""
+    from tilewise.ops.scans import check_searchsorted
+
+    from_right, common = check_searchsorted(sorted_sequence, self, out_int32, right, side, sorter)
+    work = compute_dtype(common).np
+    seq = sorted_sequence._np().astype(work)
+    values = (self._np() if isinstance(self, Tensor) else np.asarray(self)).astype(work)
+    n = seq.shape[-1]
+    rows = seq.reshape(S.numel(seq.shape[:-1]), n)
     if sorter is not None:
-        if sorter.shape != sorted_sequence.shape:
-            raise RuntimeError(f"searchsorted(): sorter shape {list(sorter.shape)} must equal sorted_sequence shape "
-                               f"{list(sorted_sequence.shape)}")
-        seq = np.take_along_axis(seq, sorter._np(), -1)
-    if seq.ndim == 0:
-        raise RuntimeError("searchsorted(): sorted_sequence must have at least one dimension, got a 0-dim tensor")
-    if seq.ndim == 1:
-        found = np.searchsorted(seq, values, side)
-    else:
-        if values.shape[:-1] != seq.shape[:-1]:
-            raise RuntimeError(f"searchsorted(): boundaries shape {list(seq.shape)} and input shape "
-                               f"{list(values.shape)} must match in all but the last dimension")
-        rows, queries = seq.reshape(-1, seq.shape[-1]), values.reshape(-1, values.shape[-1])
-        found = np.stack([np.searchsorted(r, q, side) for r, q in zip(rows, queries)]).reshape(values.shape)
-    return _out(found, dtypes.int32 if out_int32 else dtypes.int64)
+        order = sorter._np().reshape(rows.shape)
+        bad = order[(order < 0) | (order >= n)]
+        if bad.size:
+            raise IndexError(f"searchsorted(): sorter: index {int(bad[0])} is out of bounds for dimension "
+                             f"{seq.ndim - 1} with size {n}; valid indices are 0..{n - 1} (negative indices are "
+                             f"not counted from the end); the indexed tensor has shape {list(seq.shape)}")
+        rows = np.take_along_axis(rows, order, 1)
+    out_dtype = dtypes.int32 if out_int32 else dtypes.int64
+    if values.size == 0:
+        return _out(np.zeros(values.shape, np.int64), out_dtype)
+    found = _binary_search(rows, values.reshape(rows.shape[0], -1), from_right)
+    return _out(found.reshape(values.shape), out_dtype)
+
+
+def _binary_search(rows: np.ndarray, queries: np.ndarray, from_right: bool) -> np.ndarray:
+    """For each query of row r, torch's lower (upper, ``from_right``) bound in ``rows[r]``."""
+    lo = np.zeros(queries.shape, np.int64)
+    hi = np.full(queries.shape, rows.shape[1], np.int64)
+    if rows.shape[1] == 0:
+        return lo
+    row = np.arange(rows.shape[0])[:, None]
+    while True:
+        active = lo < hi
+        if not active.any():
+            return lo
+        mid = lo + ((hi - lo) >> 1)
+        at = rows[row, np.minimum(mid, rows.shape[1] - 1)]
+        right = ~(at > queries) if from_right else ~(at >= queries)
+        lo = np.where(active & right, mid + 1, lo)
+        hi = np.where(active & ~right, mid, hi)
 
 
 # ---------------------------------------------------------------- movement
@@ -162,15 +175,9 @@ def flip(self, dims):
 
 @kernel("repeat_interleave.Tensor")
 def repeat_interleave_indices(repeats, output_size=None):
-    counts = repeats._np()
-    if repeats.ndim > 1 or repeats.dtype.is_floating_point or repeats.dtype is dtypes.bool_:
-        raise RuntimeError(f"repeat_interleave(): repeats must be a 0-dim or 1-dim integer tensor, got shape "
-                           f"{list(repeats.shape)} and dtype {repeats.dtype}")
-    counts = counts.reshape(-1)
-    if counts.size and counts.min() < 0:
-        raise RuntimeError(f"repeat_interleave(): repeats can not be negative, got {int(counts.min())}")
-    positions = np.repeat(np.arange(counts.size), counts)
-    if output_size is not None and output_size != positions.size:
-        raise RuntimeError(f"repeat_interleave(): output_size {output_size} does not match the sum of repeats "
-                           f"{positions.size}")
-    return _out(positions, dtypes.int64)
+    from tilewise.ops.movement import check_repeats, check_repeats_total
+
+    out_dtype = check_repeats(repeats)
+    counts = repeats._np().reshape(-1).astype(np.int64)
+    check_repeats_total(int(counts.sum()), int(min(counts.min(initial=0), 0)), output_size)
+    return _out(np.repeat(np.arange(counts.size), counts), out_dtype)

@@ -279,6 +279,13 @@ def pin_memory(x: Tensor) -> Tensor:
     return from_array(host, x._dtype)
 
 
+def empty_pinned(shape: tuple, dtype: DType) -> Tensor:
+    """An uninitialised contiguous CPU tensor in page-locked memory (``tilewise.empty(..., pin_memory=True)``)."""
+    from tilewise.backends.cuda.runtime import pinned_empty
+
+    return from_array(pinned_empty(tuple(shape), dtype.np), dtype)
+
+
 _in_flight: list[tuple[np.ndarray, object]] = []  # pinned sources of asynchronous uploads, with their events
 
 
@@ -307,4 +314,5 @@ def _load_kernels() -> None:
     _fused, _fused_ops = run_fused, FUSED
 
 
-__all__ = ["DeviceBuffer", "cpu", "data_ptr", "download", "empty", "pin_memory", "run", "stream_handle", "upload"]
+__all__ = ["DeviceBuffer", "cpu", "data_ptr", "download", "empty", "empty_pinned", "pin_memory", "run", "stream_handle",
+           "upload"]

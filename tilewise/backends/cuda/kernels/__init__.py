@@ -155,5 +155,6 @@ def _load_all() -> None:
         index,
         random,
         scan,
+        search,
         sort,
     )
