@@ -180,20 +180,44 @@ def test_every_scan_kernel_compiles():
 
 
 def test_every_sort_and_running_extreme_kernel_compiles():
-    from tilewise.backends.cuda.kernels.scan import render_running_extreme
-    from tilewise.backends.cuda.kernels.sort import MODES, render_sort_block, render_sort_step
+    from tilewise.backends.cuda.kernels.scan import (
+        FINISH,
+        REDUCE,
+        extreme_carrier,
+        render_extreme_carries,
+        render_extreme_segment,
+        render_running_extreme,
+    )
+    from tilewise.backends.cuda.kernels.sort import (
+        MODES,
+        STEP_LEVELS,
+        render_select_block,
+        render_sort_block,
+        render_sort_step,
+    )
 
     sources = {}
     for dtype in ALL_DTYPES:
         for rank in (1, 3):
             for mode in MODES:
-                name = f"tw_sort_{mode}_{dtype.name}_r{rank}"
-                sources[name] = render_sort_block(name, dtype, rank, mode)
+                for kind, render in (("sort", render_sort_block), ("select", render_select_block)):
+                    name = f"tw_{kind}_{mode}_{dtype.name}_r{rank}"
+                    sources[name] = render(name, dtype, rank, mode)
             for combiner in ("max", "min"):
                 name = f"tw_cum{combiner}_{dtype.name}_r{rank}"
                 sources[name] = render_running_extreme(name, combiner, dtype, rank)
+                for mode in (REDUCE, FINISH):
+                    name = f"tw_cum{combiner}_{mode}_{dtype.name}_r{rank}"
+                    sources[name] = render_extreme_segment(name, combiner, dtype, rank, mode)
+        for combiner in ("max", "min"):
+            carrier = extreme_carrier(dtype)
+            sources[f"tw_cum{combiner}_carries_{carrier.name}"] = render_extreme_carries(
+                f"tw_cum{combiner}_carries_{carrier.name}", combiner, carrier)
     for bits in (32, 64):
-        sources[f"tw_sort_step_k{bits}"] = render_sort_step(f"tw_sort_step_k{bits}", bits)
+        for levels in range(1, STEP_LEVELS + 1):
+            for mirror in (False, True):
+                name = f"tw_sort_{'mirror' if mirror else 'step'}{levels}_k{bits}"
+                sources[name] = render_sort_step(name, bits, levels, mirror)
     from tilewise.compiler.toolchain import compile_cuda
 
     names = sorted(sources)
@@ -218,6 +242,77 @@ def test_sorting_ops_have_cuda_kernels():
 
     script = ("from tilewise.backends.cuda.kernels import KERNELS, _load_all; _load_all(); "
               "print(sorted({'sort', 'topk', 'cummax', 'cummin'} - set(KERNELS)))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", f"no CUDA kernel registered for {result.stdout.strip()}"
+
+
+def test_every_searchsorted_nonzero_repeat_interleave_kernel_compiles():
+    """searchsorted (each dtype, both output dtypes, with and without a sorter), and the counting kernels of
+    nonzero and repeat_interleave."""
+    from tilewise.backends.cuda.kernels.search import (
+        render_nonzero_count,
+        render_nonzero_write,
+        render_repeat_positions,
+        render_repeats_ends,
+        render_repeats_total,
+        render_scan_tiles,
+        render_searchsorted,
+    )
+    from tilewise.compiler.toolchain import compile_cuda
+
+    rendered = [render_scan_tiles()]
+    for dtype in ALL_DTYPES:
+        rendered.append(render_nonzero_count(dtype))
+        rendered += [render_nonzero_write(dtype, rank) for rank in (1, 2, 4)]
+        rendered += [render_searchsorted(dtype, out, rank, sorter) for out in (dtypes.int32, dtypes.int64)
+                     for rank in (1, 3) for sorter in (False, True)]
+        if dtype.category == dtypes.INT:
+            rendered += [render_repeats_total(dtype), render_repeats_ends(dtype)]
+    rendered += [render_repeat_positions(out) for out in (dtypes.int32, dtypes.int64)]
+    sources = dict(rendered)
+    assert len(sources) == len(rendered) > 150
+    names = sorted(sources)
+    for start in range(0, len(names), BATCH):
+        batch = names[start:start + BATCH]
+        ptx = compile_cuda("\n".join(sources[n] for n in batch), batch, "sm_90").ptx
+        missing = [n for n in batch if f".entry {n}(" not in ptx]
+        assert not missing, f"kernels missing from the PTX: {missing[:5]}"
+
+
+def test_every_random_draw_randperm_and_multinomial_kernel_compiles():
+    """Each Philox draw for the dtypes it fills (randperm's sort keys included), and the multinomial kernels,
+    one program each (each carries the Philox source); no multiply-add is contracted into an FMA, which would
+    round differently from numpy."""
+    from tilewise.backends.cuda.kernels.random import (
+        render_draw,
+        render_multinomial_cdf,
+        render_multinomial_check,
+        render_multinomial_one_by_one,
+        render_multinomial_search,
+    )
+    from tilewise.compiler.toolchain import compile_cuda
+
+    floats = [d for d in ALL_DTYPES if d.is_floating_point]
+    rendered = [render_draw(f"{kind}_{'f64' if d is dtypes.float64 else 'f32'}", d)
+                for kind in ("uniform", "normal") for d in floats]
+    rendered += [render_draw(kind, d) for kind in ("randint_32", "randint_64") for d in ALL_DTYPES]
+    rendered += [render_draw("sortable_32", dtypes.int32)]
+    rendered += [render() for render in (render_multinomial_check, render_multinomial_one_by_one,
+                                         render_multinomial_cdf, render_multinomial_search)]
+    for name, source in rendered:
+        ptx = compile_cuda(source, name, "sm_90").ptx
+        assert f".entry {name}(" in ptx
+        assert "fma.rn" not in ptx, name
+
+
+def test_searchsorted_nonzero_repeat_interleave_randperm_multinomial_have_cuda_kernels():
+    """searchsorted, nonzero, repeat_interleave's positions, randperm and multinomial run on the device, in a
+    fresh interpreter (see test_sorting_ops_have_cuda_kernels)."""
+    import sys
+
+    script = ("from tilewise.backends.cuda.kernels import KERNELS, _load_all; _load_all(); "
+              "print(sorted({'searchsorted', 'nonzero', 'repeat_interleave.Tensor', 'randperm', 'multinomial'} "
+              "- set(KERNELS)))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", f"no CUDA kernel registered for {result.stdout.strip()}"
 

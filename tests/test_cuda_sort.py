@@ -4,7 +4,9 @@ Inputs are made in torch (ties, NaN, infinities and signed zeros included), copi
 the device, and the results copied back. sort and argsort must equal torch's *stable* sort exactly (values
 and indices); topk's values must equal torch's, and its indices are the first k of the stable sort (torch
 leaves the order of ties to the implementation); cummax/cummin must equal torch exactly, indices included.
-Lengths cross the kernels' boundaries: one block per row up to 4096 elements, the staged sort beyond.
+Lengths cross the kernels' boundaries: one block per row up to 4096 elements, the staged sort beyond; topk's
+selection passes (runs of up to 1024, chunks of 4096, candidates selected again) and the full sort beyond;
+cummax/cummin's warp per row and their segmented scan (segments of 2048, few rows, many segments per row).
 """
 
 from __future__ import annotations
@@ -179,6 +181,63 @@ def test_topk_any_dim_noncontiguous_and_edge_cases():
         x.topk(9, 1)
 
 
+def _check_topk(t: torch.Tensor, k: int, dim: int, largest: bool, x: tw.Tensor | None = None) -> None:
+    """topk equals the first k of the stable sort, values and indices (so torch's values too)."""
+    x = _device(t) if x is None else x
+    values, indices = x.topk(k, dim, largest=largest)
+    first_k = t.sort(dim=dim, descending=largest, stable=True)
+    _same(values, first_k.values.narrow(dim, 0, k))
+    _same(indices, first_k.indices.narrow(dim, 0, k))
+
+
+@pytest.mark.parametrize("n", [4095, 4096, 4097, 8192, 8193, 70000])
+def test_topk_selection_around_runs_and_chunks(n):
+    """k around the run lengths (powers of two up to 1024, the full sort beyond) on rows around the chunk."""
+    t = _input((3, n), "float32", seed=n + 20)
+    x = _device(t)
+    for k in (1, 2, 31, 32, 33, 255, 256, 257, 1023, 1024, 1025, 2048):
+        for largest in (True, False):
+            _check_topk(t, k, 1, largest, x)
+
+
+@pytest.mark.parametrize("dtype", [*FLOATS, "int64", "int32", "int8", "uint8"])
+def test_topk_selection_dtypes_and_multiple_passes(dtype):
+    """Rows long enough that the candidates take several passes (k = 600: runs of 1024, a fourth kept per
+    pass), and rows that take one."""
+    t = _input((2, 300000), dtype, seed=21)
+    x = _device(t)
+    for k in (1, 16, 600):
+        _check_topk(t, k, 1, True, x)
+        _check_topk(t, k, 1, False, x)
+
+
+def test_topk_selection_ties_nan_and_distinct_values():
+    ties = torch.from_numpy(np.random.default_rng(22).integers(0, 3, (4, 50000)).astype(np.float32))
+    ties[1, 7000::9000] = float("nan")
+    ties[2] = 1.0  # one value: the lowest indices win
+    for k in (1, 100, 1000):
+        for largest in (True, False):
+            _check_topk(ties, k, 1, largest)
+    distinct = torch.from_numpy(np.random.default_rng(23).permutation(1 << 20).astype(np.float32).reshape(8, -1))
+    for k in (1, 16, 256):
+        _check_topk(distinct, k, 1, True)
+
+
+def test_topk_selection_any_dim_noncontiguous_and_unsorted():
+    t = _input((9000, 3, 4), "float32", seed=24)
+    x = _device(t)
+    for k in (1, 40, 500):
+        _check_topk(t, k, 0, True, x)
+        _check_topk(t.transpose(0, 2), k, 2, False, x.transpose(0, 2))
+        _check_topk(t[::2, 1], k, 0, True, x[::2, 1])
+    long_t = _input((2, 9000, 3), "bfloat16", seed=25)
+    _check_topk(long_t, 77, 1, True, _device(long_t))
+    values, indices = x.topk(40, 0, sorted=False)  # torch leaves the order open: the same set of elements
+    first_k = t.sort(dim=0, descending=True, stable=True).indices[:40]
+    torch.testing.assert_close(_host(indices).sort(dim=0).values, first_k.sort(dim=0).values, rtol=0, atol=0)
+    torch.testing.assert_close(_host(values), t.gather(0, _host(indices)), rtol=0, atol=0, equal_nan=True)
+
+
 # ---------------------------------------------------------------------------------------------- cummax, cummin
 
 @pytest.mark.parametrize("op", ["cummax", "cummin"])
@@ -205,6 +264,47 @@ def test_running_extremes_any_dim_noncontiguous_0_dim_empty(op):
     for t in (torch.tensor(-2.0), torch.zeros(0, 4), torch.zeros(4, 0)):
         values, indices = getattr(_device(t), op)(0)
         ref = getattr(t, op)(0)
+        _same(values, ref.values)
+        _same(indices, ref.indices)
+
+
+def _long_row(n: int, dtype: str, seed: int) -> torch.Tensor:
+    """One row of ``n`` with ties and signed zeros, and a single NaN late enough that most prefixes have none."""
+    t = _input((1, n), dtype, seed=seed, special=False)
+    if t.is_floating_point():
+        t[0, n // 3::5] = -0.0
+        t[0, n // 3 + 1::7] = 0.0
+        t[0, n - n // 10] = float("nan")
+    return t
+
+
+@pytest.mark.parametrize("op", ["cummax", "cummin"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64", "int64", "int8", "bool"])
+def test_running_extremes_one_long_row(op, dtype):
+    """The segmented scan on one row: 2.5M elements are over 1024 segments of 2048, so each warp scanning the
+    segments' extremes takes several chunks of them; 70001 are 35 segments, the last one short."""
+    t = _long_row(2_500_000 if dtype in ("float32", "int8") else 70001, dtype, seed=30)
+    values, indices = getattr(_device(t), op)(1)
+    ref = getattr(t, op)(1)
+    _same(values, ref.values)
+    _same(indices, ref.indices)
+
+
+@pytest.mark.parametrize("op", ["cummax", "cummin"])
+def test_running_extremes_segmented_dims_views_and_row_counts(op):
+    t = _input((2, 9000, 3), "float32", seed=31)
+    x = _device(t)
+    views = ((t, x, 1), (t.transpose(1, 2), x.transpose(1, 2), 2), (t[1, ::2, 2], x[1, ::2, 2], 0),
+             (t.permute(1, 0, 2), x.permute(1, 0, 2), 0))
+    for view_t, view_x, dim in views:
+        values, indices = getattr(view_x, op)(dim)
+        ref = getattr(view_t, op)(dim)
+        _same(values, ref.values)
+        _same(indices, ref.indices)
+    for rows in (4095, 4096):  # the segmented scan below 4096 rows, a warp per row from there
+        many = _input((rows, 2049), "float16", seed=rows, special=False)
+        values, indices = getattr(_device(many), op)(1)
+        ref = getattr(many, op)(1)
         _same(values, ref.values)
         _same(indices, ref.indices)
 

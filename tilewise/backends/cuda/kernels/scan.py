@@ -10,6 +10,17 @@ the latest position and a NaN stays from where it appears, as in torch. The rule
 any two adjacent segments unless the earlier is strictly better, which is associative, so a tree-shaped
 warp scan gives the same answer as the left-to-right loop. The value written is the element at the
 reported index, loaded exactly (half types widen to float32 losslessly), so even the sign of a zero matches.
+
+[Note: segmented running extremes]
+A warp per row leaves the device idle when rows are few (one row of 4M elements is one warp walking 131072
+chunks in turn), so fewer than ``SEGMENTED_ROWS`` rows longer than a segment are scanned by many blocks in
+three launches, a chunked scan: each block scans its segment of ``SEGMENT`` elements (a warp scans its 256
+in registers, eight warp scans in a row carrying the running extreme, and the warps' extremes meet in
+shared memory) and writes the segment's extreme; one block per row scans those extremes in place (its 32
+warps scan a piece each, then take in the extremes of the pieces before theirs); each block scans its
+segment again, starting from the extreme of the segments before it, and writes the outputs. The rule is
+associative, so this is the same answer. Positions past the row's end take part in the scans but only ever
+follow real positions, so they change nothing that is written or carried.
 """
 
 from __future__ import annotations
@@ -25,6 +36,23 @@ from tilewise.dtypes import DType
 from tilewise.tensor import Tensor
 
 WARPS = 4
+SEGMENT_WARPS = 8
+SEGMENT_ITEMS = 8  # elements a lane holds in registers
+SEGMENT = 32 * SEGMENT_WARPS * SEGMENT_ITEMS  # elements one block scans in the segmented path
+SEGMENTED_ROWS = 4096  # with fewer rows a warp per row leaves most of the device idle
+CARRY_WARPS = 32  # the warps of the block that scans one row's segment extremes
+
+
+_loaded: dict[tuple[str, int], object] = {}
+
+
+def load_named(name: str, device: int, render, *args):
+    """The kernel ``name``, whose source is ``render(name, *args)``, loaded on ``device``. A name here spells
+    every choice its source depends on, so each is rendered once per device, not at every launch."""
+    fn = _loaded.get((name, device))
+    if fn is None:
+        fn = _loaded[(name, device)] = load(render(name, *args), name, device)
+    return fn
 
 
 def row_params(rank: int) -> list[str]:
@@ -50,9 +78,9 @@ def _warp_per_row() -> list[str]:
             "const int lane = threadIdx.x & 31;", "if (row >= rows) return;"]
 
 
-def _kernel_text(name: str, params: list[str], lines: list[str]) -> str:
+def _kernel_text(name: str, params: list[str], lines: list[str], threads: int = 32 * WARPS) -> str:
     body = "\n".join("    " + ln for ln in lines)
-    return (f'extern "C" __global__ void __launch_bounds__({32 * WARPS}) {name}({", ".join(params)}) '
+    return (f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(params)}) '
             f"{{\n{body}\n}}")
 
 
@@ -97,16 +125,37 @@ def _takes_over(combiner: str, dtype: DType, later: str, earlier: str) -> str:
     return f"({later} != {later} || ({earlier} == {earlier} && {later} {cmp} {earlier}))"
 
 
+FULL = "0xffffffffu"
+
+
+def _lane_scan(combiner: str, carrier: DType, v: str, i: str) -> list[str]:
+    """Lines making each lane's (``v``, ``i``) the running extreme of lanes 0..lane (a shuffle-up warp scan)."""
+    return ["for (int s = 1; s < 32; s <<= 1) {",
+            f"    const {CUDA.ctype(carrier)} ov = __shfl_up_sync({FULL}, {v}, s);",
+            f"    const long long oi = __shfl_up_sync({FULL}, {i}, s);",
+            f"    if (lane >= s && !{_takes_over(combiner, carrier, v, 'ov')}) {{ {v} = ov; {i} = oi; }}",
+            "}"]
+
+
+def _continue(combiner: str, carrier: DType, v: str, i: str, before_v: str, before_i: str) -> str:
+    """A line making (``v``, ``i``) the running extreme from (``before_v``, ``before_i``), the extreme of the
+    elements before them (none when ``before_i`` < 0)."""
+    return (f"if ({before_i} >= 0 && !{_takes_over(combiner, carrier, v, before_v)}) "
+            f"{{ {v} = {before_v}; {i} = {before_i}; }}")
+
+
+def _extreme_params(dtype: DType, rank: int) -> list[str]:
+    return [f"{CUDA.ctype(dtype)}* __restrict__ values", "long long* __restrict__ indices",
+            f"const {CUDA.ctype(dtype)}* __restrict__ in", *row_params(rank)]
+
+
 def render_running_extreme(name: str, combiner: str, dtype: DType, rank: int) -> str:
     """cummax (``combiner`` "max") or cummin ("min"): values and int64 indices, one warp per row."""
     source = Source(CUDA)
     source.need_storage(dtype)
     carrier = extreme_carrier(dtype)
     c = CUDA.ctype(carrier)
-    params = [f"{CUDA.ctype(dtype)}* __restrict__ values", "long long* __restrict__ indices",
-              f"const {CUDA.ctype(dtype)}* __restrict__ in", *row_params(rank)]
     loaded = load_code(CUDA, dtype, "in[in_base + j * in_stride]")
-    full = "0xffffffffu"
     lines = [*_warp_per_row(), *row_offsets(rank),
              f"{c} carry_v = 0;",
              "long long carry_i = -1;  // no running extreme before the first chunk",
@@ -114,23 +163,150 @@ def render_running_extreme(name: str, combiner: str, dtype: DType, rank: int) ->
              "    const long long j = start + lane;",
              f"    {c} v = j < n ? ({c})({loaded}) : ({c})0;",
              "    long long i = j;",
-             "    for (int s = 1; s < 32; s <<= 1) {",
-             f"        const {c} ov = __shfl_up_sync({full}, v, s);",
-             f"        const long long oi = __shfl_up_sync({full}, i, s);",
-             f"        if (lane >= s && !{_takes_over(combiner, dtype, 'v', 'ov')}) {{ v = ov; i = oi; }}",
-             "    }",
-             f"    if (carry_i >= 0 && !{_takes_over(combiner, dtype, 'v', 'carry_v')}) {{",
-             "        v = carry_v;",
-             "        i = carry_i;",
-             "    }",
+             *("    " + ln for ln in _lane_scan(combiner, carrier, "v", "i")),
+             "    " + _continue(combiner, carrier, "v", "i", "carry_v", "carry_i"),
              "    if (j < n) {",
              f"        values[out_base + j * out_stride] = {store_code(CUDA, dtype, 'v', carrier)};",
              "        indices[out_base + j * out_stride] = i;",
              "    }",
-             f"    carry_v = __shfl_sync({full}, v, 31);",
-             f"    carry_i = __shfl_sync({full}, i, 31);",
+             f"    carry_v = __shfl_sync({FULL}, v, 31);",
+             f"    carry_i = __shfl_sync({FULL}, i, 31);",
              "}"]
-    return source.text(_kernel_text(name, params, lines))
+    return source.text(_kernel_text(name, _extreme_params(dtype, rank), lines))
+
+
+REDUCE, FINISH = "reduce", "finish"  # the two passes of a segment (see [Note: segmented running extremes])
+
+
+def render_extreme_segment(name: str, combiner: str, dtype: DType, rank: int, mode: str) -> str:
+    """One block scans one segment of a row: block b, segment ``b % segs`` of row ``b / segs``.
+
+    ``REDUCE`` writes the segment's extreme to ``seg_v``/``seg_i`` at b; ``FINISH`` starts from the extreme
+    of the segments before (``seg_v``/``seg_i`` at b - 1, scanned by then) and writes the outputs."""
+    source = Source(CUDA)
+    source.need_storage(dtype)
+    carrier = extreme_carrier(dtype)
+    c = CUDA.ctype(carrier)
+    params = [*_extreme_params(dtype, rank)[:3], f"{c}* __restrict__ seg_v", "long long* __restrict__ seg_i",
+              "long long segs", *row_params(rank)]
+    loaded = load_code(CUDA, dtype, "in[in_base + j * in_stride]")
+    lines = ["const long long row = blockIdx.x / segs, seg = blockIdx.x - row * segs;",
+             "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
+             *row_offsets(rank),
+             f"const long long start = seg * {SEGMENT} + warp * {32 * SEGMENT_ITEMS} + lane;",
+             f"{c} v[{SEGMENT_ITEMS}];",
+             f"long long i[{SEGMENT_ITEMS}];",
+             "#pragma unroll",
+             f"for (int m = 0; m < {SEGMENT_ITEMS}; ++m) {{",
+             "    const long long j = start + 32 * m;",
+             f"    v[m] = j < n ? ({c})({loaded}) : ({c})0;",
+             "    i[m] = j;",
+             "}",
+             f"{c} run_v = 0;",
+             "long long run_i = -1;  // the running extreme of the warp's elements so far",
+             "#pragma unroll",
+             f"for (int m = 0; m < {SEGMENT_ITEMS}; ++m) {{",
+             *("    " + ln for ln in _lane_scan(combiner, carrier, "v[m]", "i[m]")),
+             "    " + _continue(combiner, carrier, "v[m]", "i[m]", "run_v", "run_i"),
+             f"    run_v = __shfl_sync({FULL}, v[m], 31);",
+             f"    run_i = __shfl_sync({FULL}, i[m], 31);",
+             "}",
+             f"__shared__ {c} warp_v[{SEGMENT_WARPS}];",
+             f"__shared__ long long warp_i[{SEGMENT_WARPS}];",
+             "if (lane == 0) {",
+             "    warp_v[warp] = run_v;",
+             "    warp_i[warp] = run_i;",
+             "}",
+             "__syncthreads();",
+             f"{c} before_v = 0;",
+             "long long before_i = -1;"]
+    if mode == FINISH:
+        lines += ["if (seg > 0) {",
+                  "    before_v = seg_v[blockIdx.x - 1];",
+                  "    before_i = seg_i[blockIdx.x - 1];",
+                  "}",
+                  "for (int w = 0; w < warp; ++w) {",
+                  f"    {c} wv = warp_v[w];",
+                  "    long long wi = warp_i[w];",
+                  "    " + _continue(combiner, carrier, "wv", "wi", "before_v", "before_i"),
+                  "    before_v = wv;",
+                  "    before_i = wi;",
+                  "}",
+                  "#pragma unroll",
+                  f"for (int m = 0; m < {SEGMENT_ITEMS}; ++m) {{",
+                  "    const long long j = start + 32 * m;",
+                  "    " + _continue(combiner, carrier, "v[m]", "i[m]", "before_v", "before_i"),
+                  "    if (j < n) {",
+                  f"        values[out_base + j * out_stride] = {store_code(CUDA, dtype, 'v[m]', carrier)};",
+                  "        indices[out_base + j * out_stride] = i[m];",
+                  "    }",
+                  "}"]
+    else:
+        lines += ["if (threadIdx.x == 0) {",
+                  f"    for (int w = 0; w < {SEGMENT_WARPS}; ++w) {{",
+                  f"        {c} wv = warp_v[w];",
+                  "        long long wi = warp_i[w];",
+                  "        " + _continue(combiner, carrier, "wv", "wi", "before_v", "before_i"),
+                  "        before_v = wv;",
+                  "        before_i = wi;",
+                  "    }",
+                  "    seg_v[blockIdx.x] = before_v;",
+                  "    seg_i[blockIdx.x] = before_i;",
+                  "}"]
+    return source.text(_kernel_text(name, params, lines, 32 * SEGMENT_WARPS))
+
+
+def render_extreme_carries(name: str, combiner: str, carrier: DType) -> str:
+    """One block per row scans the row's ``segs`` segment extremes (``seg_v``/``seg_i``) in place: warp w
+    scans piece w of the row, then takes in the extreme of the pieces before it."""
+    c = CUDA.ctype(carrier)
+    params = [f"{c}* __restrict__ seg_v", "long long* __restrict__ seg_i", "long long segs"]
+    lines = ["const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
+             f"const long long piece = (segs + {CARRY_WARPS - 1}) / {CARRY_WARPS};",
+             "const long long begin = blockIdx.x * segs + min(warp * piece, segs);",
+             "const long long end = blockIdx.x * segs + min((warp + 1) * piece, segs);",
+             f"{c} carry_v = 0;",
+             "long long carry_i = -1;",
+             "for (long long start = begin; start < end; start += 32) {",
+             "    const long long j = start + lane;",
+             f"    {c} v = j < end ? seg_v[j] : ({c})0;",
+             "    long long i = j < end ? seg_i[j] : 0;",
+             *("    " + ln for ln in _lane_scan(combiner, carrier, "v", "i")),
+             "    " + _continue(combiner, carrier, "v", "i", "carry_v", "carry_i"),
+             "    if (j < end) {",
+             "        seg_v[j] = v;",
+             "        seg_i[j] = i;",
+             "    }",
+             "    const int last = end - start < 32 ? (int)(end - start) - 1 : 31;  // the piece's last lane",
+             f"    carry_v = __shfl_sync({FULL}, v, last);",
+             f"    carry_i = __shfl_sync({FULL}, i, last);",
+             "}",
+             f"__shared__ {c} warp_v[{CARRY_WARPS}];",
+             f"__shared__ long long warp_i[{CARRY_WARPS}];",
+             "if (lane == 0) {",
+             "    warp_v[warp] = carry_v;",
+             "    warp_i[warp] = carry_i;",
+             "}",
+             "__syncthreads();",
+             f"{c} before_v = 0;",
+             "long long before_i = -1;",
+             "for (int w = 0; w < warp; ++w) {",
+             f"    {c} wv = warp_v[w];",
+             "    long long wi = warp_i[w];",
+             "    if (wi < 0) continue;  // an empty piece",
+             "    " + _continue(combiner, carrier, "wv", "wi", "before_v", "before_i"),
+             "    before_v = wv;",
+             "    before_i = wi;",
+             "}",
+             "if (before_i < 0) return;",
+             "for (long long j = begin + lane; j < end; j += 32) {",
+             f"    {c} v = seg_v[j];",
+             "    long long i = seg_i[j];",
+             "    " + _continue(combiner, carrier, "v", "i", "before_v", "before_i"),
+             "    seg_v[j] = v;",
+             "    seg_i[j] = i;",
+             "}"]
+    return _kernel_text(name, params, lines, 32 * CARRY_WARPS) + "\n"
 
 
 def row_geometry(x: Tensor, d: int, out_shape: tuple):
@@ -155,7 +331,7 @@ def scan(op, combiner: str, x: Tensor, dim: int, dtype) -> Tensor:
     if rows == 0 or n == 0:
         return out
     name = f"tw_{op.name}_{SUFFIX[x._dtype.name]}_{SUFFIX[compute.name]}_{SUFFIX[out_dtype.name]}_r{rank}"
-    fn = load(render_scan(name, combiner, x._dtype, compute, out_dtype, rank), name, x._device.index)
+    fn = load_named(name, x._device.index, render_scan, combiner, x._dtype, compute, out_dtype, rank)
     launch(fn, ceil_div(rows, WARPS), 32 * WARPS, [data_ptr(out), data_ptr(x), rows, n, in_stride, out_stride,
                                                     *geometry], stream_handle(x._device.index))
     return out
@@ -167,11 +343,37 @@ def running_extreme(name: str, combiner: str, x: Tensor, dim: int) -> tuple[Tens
     rows, n, in_stride, out_stride, rank, geometry = row_geometry(x, d, x._shape)
     if rows == 0 or n == 0:
         return values, indices
+    device, stream = x._device.index, stream_handle(x._device.index)
+    pointers, row_args = [data_ptr(values), data_ptr(indices), data_ptr(x)], [rows, n, in_stride, out_stride, *geometry]
+    if n > SEGMENT and rows < SEGMENTED_ROWS:
+        _segmented_extreme(name, combiner, x, rank, pointers, row_args)
+        return values, indices
     kernel_name = f"tw_{name}_{SUFFIX[x._dtype.name]}_r{rank}"
-    fn = load(render_running_extreme(kernel_name, combiner, x._dtype, rank), kernel_name, x._device.index)
-    launch(fn, ceil_div(rows, WARPS), 32 * WARPS, [data_ptr(values), data_ptr(indices), data_ptr(x), rows, n,
-                                                    in_stride, out_stride, *geometry], stream_handle(x._device.index))
+    fn = load_named(kernel_name, device, render_running_extreme, combiner, x._dtype, rank)
+    launch(fn, ceil_div(rows, WARPS), 32 * WARPS, [*pointers, *row_args], stream)
     return values, indices
+
+
+def _segmented_extreme(name: str, combiner: str, x: Tensor, rank: int, pointers: list[int],
+                       row_args: list[int]) -> None:
+    """The three launches of [Note: segmented running extremes]."""
+    device, stream = x._device.index, stream_handle(x._device.index)
+    rows, n = row_args[0], row_args[1]
+    segs = ceil_div(n, SEGMENT)
+    carrier = extreme_carrier(x._dtype)
+    seg_v, seg_i = empty((rows * segs,), carrier, x._device), empty((rows * segs,), dtypes.int64, x._device)
+    segment_args = [*pointers, data_ptr(seg_v), data_ptr(seg_i), segs, *row_args]
+
+    def segment_pass(mode: str) -> None:
+        kernel_name = f"tw_{name}_{mode}_{SUFFIX[x._dtype.name]}_r{rank}"
+        fn = load_named(kernel_name, device, render_extreme_segment, combiner, x._dtype, rank, mode)
+        launch(fn, rows * segs, 32 * SEGMENT_WARPS, segment_args, stream)
+
+    segment_pass(REDUCE)
+    carries_name = f"tw_{name}_carries_{SUFFIX[carrier.name]}"
+    carries = load_named(carries_name, device, render_extreme_carries, combiner, carrier)
+    launch(carries, rows, 32 * CARRY_WARPS, [data_ptr(seg_v), data_ptr(seg_i), segs], stream)
+    segment_pass(FINISH)
 
 
 @kernel("cumsum")
