@@ -240,15 +240,20 @@ def test_topk_selection_any_dim_noncontiguous_and_unsorted():
 
 # ---------------------------------------------------------------------------------------------- cummax, cummin
 
+def _same_running(op: str, x, t: torch.Tensor, dim: int) -> None:
+    """``op`` (cummax or cummin) along ``dim`` of our ``x`` gives torch's values and indices on ``t``."""
+    values, indices = getattr(x, op)(dim)
+    ref = getattr(t, op)(dim)
+    _same(values, ref.values)
+    _same(indices, ref.indices)
+
+
 @pytest.mark.parametrize("op", ["cummax", "cummin"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 7, 32, 33, 1000, 5000, 70000])
 def test_running_extremes_match_torch(n, dtype, op):
     t = _input((3, n), dtype, seed=n + 2)
-    values, indices = getattr(_device(t), op)(1)
-    ref = getattr(t, op)(1)
-    _same(values, ref.values)
-    _same(indices, ref.indices)
+    _same_running(op, _device(t), t, 1)
 
 
 @pytest.mark.parametrize("op", ["cummax", "cummin"])
@@ -257,15 +262,9 @@ def test_running_extremes_any_dim_noncontiguous_0_dim_empty(op):
     x = _device(t)
     for view_t, view_x in ((t, x), (t.permute(2, 0, 1), x.permute(2, 0, 1)), (t[::2, ::3], x[::2, ::3])):
         for dim in (0, 1, 2, -1):
-            values, indices = getattr(view_x, op)(dim)
-            ref = getattr(view_t, op)(dim)
-            _same(values, ref.values)
-            _same(indices, ref.indices)
+            _same_running(op, view_x, view_t, dim)
     for t in (torch.tensor(-2.0), torch.zeros(0, 4), torch.zeros(4, 0)):
-        values, indices = getattr(_device(t), op)(0)
-        ref = getattr(t, op)(0)
-        _same(values, ref.values)
-        _same(indices, ref.indices)
+        _same_running(op, _device(t), t, 0)
 
 
 def _long_row(n: int, dtype: str, seed: int) -> torch.Tensor:
@@ -284,10 +283,7 @@ def test_running_extremes_one_long_row(op, dtype):
     """The segmented scan on one row: 2.5M elements are over 1024 segments of 2048, so each warp scanning the
     segments' extremes takes several chunks of them; 70001 are 35 segments, the last one short."""
     t = _long_row(2_500_000 if dtype in ("float32", "int8") else 70001, dtype, seed=30)
-    values, indices = getattr(_device(t), op)(1)
-    ref = getattr(t, op)(1)
-    _same(values, ref.values)
-    _same(indices, ref.indices)
+    _same_running(op, _device(t), t, 1)
 
 
 @pytest.mark.parametrize("op", ["cummax", "cummin"])
@@ -297,16 +293,10 @@ def test_running_extremes_segmented_dims_views_and_row_counts(op):
     views = ((t, x, 1), (t.transpose(1, 2), x.transpose(1, 2), 2), (t[1, ::2, 2], x[1, ::2, 2], 0),
              (t.permute(1, 0, 2), x.permute(1, 0, 2), 0))
     for view_t, view_x, dim in views:
-        values, indices = getattr(view_x, op)(dim)
-        ref = getattr(view_t, op)(dim)
-        _same(values, ref.values)
-        _same(indices, ref.indices)
+        _same_running(op, view_x, view_t, dim)
     for rows in (4095, 4096):  # the segmented scan below 4096 rows, a warp per row from there
         many = _input((rows, 2049), "float16", seed=rows, special=False)
-        values, indices = getattr(_device(many), op)(1)
-        ref = getattr(many, op)(1)
-        _same(values, ref.values)
-        _same(indices, ref.indices)
+        _same_running(op, _device(many), many, 1)
 
 
 # ---------------------------------------------------------------------------------------------- autograd, dispatch

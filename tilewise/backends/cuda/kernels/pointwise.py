@@ -14,7 +14,7 @@ and stores; otherwise each thread computes one element from its coordinates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tilewise import _strides as S
 from tilewise.backends.cuda import empty_fast, stream_handle
@@ -54,8 +54,7 @@ class Plan:
     tail: tuple[int, ...]  # n, sizes, strides
     aligned: tuple[tuple[int, int], ...]  # (input index or -1 for the output, alignment) for the vector path
     numel: int
-    vector_packer: object = None  # the packer of each kernel's arguments, set at its first launch
-    scalar_packer: object = None
+    packers: dict = field(default_factory=dict)  # kernel -> the packer of its arguments (False: the general one)
 
 
 def kernel_name(prefix: str, kernel_inputs, outputs, rank: int, index: str, vector: int) -> str:
@@ -180,24 +179,20 @@ def execute(plan: Plan, args: tuple, out: Tensor, stream: int) -> None:
     for k in plan.scalars:
         argv.append(convert(args[k]))
     argv.extend(plan.tail)
+    fn, grid = plan.scalar_fn, plan.scalar_grid
     if plan.vector_fn is not None:
         for k, alignment in plan.aligned:
             if argv[k + 1] % alignment:
                 break
         else:
-            if plan.vector_packer is None:
-                plan.vector_packer = packer_for(plan.vector_fn, argv) or False
-            if plan.vector_packer:
-                launch_packed(plan.vector_fn, plan.vector_grid, BLOCK, plan.vector_packer, argv, stream)
-            else:
-                launch(plan.vector_fn, plan.vector_grid, BLOCK, argv, stream)
-            return
-    if plan.scalar_packer is None:
-        plan.scalar_packer = packer_for(plan.scalar_fn, argv) or False
-    if plan.scalar_packer:
-        launch_packed(plan.scalar_fn, plan.scalar_grid, BLOCK, plan.scalar_packer, argv, stream)
+            fn, grid = plan.vector_fn, plan.vector_grid
+    packer = plan.packers.get(fn)
+    if packer is None:
+        packer = plan.packers[fn] = packer_for(fn, argv) or False
+    if packer:
+        launch_packed(fn, grid, BLOCK, packer, argv, stream)
     else:
-        launch(plan.scalar_fn, plan.scalar_grid, BLOCK, argv, stream)
+        launch(fn, grid, BLOCK, argv, stream)
 
 
 # ---------------------------------------------------------------------------------------------- operators
