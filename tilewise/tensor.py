@@ -300,7 +300,8 @@ class Tensor:
 
     @data.setter
     def data(self, value: Tensor) -> None:
-        self._storage, self._shape, self._strides, self._offset = value._storage, value._shape, value._strides, value._offset
+        self._storage, self._shape = value._storage, value._shape
+        self._strides, self._offset = value._strides, value._offset
         self._dtype, self._device, self._array, self._trace = value._dtype, value._device, None, value._trace
 
     def detach(self) -> Tensor:
@@ -579,8 +580,9 @@ def _tensors_to_lists(data):
 def as_tensor(data, dtype=None, device=None) -> Tensor:
     if isinstance(data, Tensor):
         return data.to(dtype=as_dtype(dtype) if dtype else data.dtype, device=device or data.device)
-    if isinstance(data, np.ndarray) and (dtype is None or as_dtype(dtype).np == data.dtype) and device in (None, "cpu", cpu):
-        return from_array(data)
+    if isinstance(data, np.ndarray) and device in (None, "cpu", cpu):
+        if dtype is None or as_dtype(dtype).np == data.dtype:
+            return from_array(data)
     return tensor(data, dtype=dtype, device=device)
 
 
