@@ -88,6 +88,24 @@ def load(source: str, name: str, device: int):
     return fn
 
 
+_rendered: dict = {}
+
+
+def load_rendered(render, *key, device: int, name: str | None = None):
+    """The kernel ``render`` describes for ``key``, loaded on ``device``: ``render(*key)`` returns (name, source),
+    or, for a kernel the caller names, ``render(name, *key)`` returns its source. Rendering is pure, so it runs
+    once per specialisation and device, not at every launch (:func:`load`'s own key is the whole source)."""
+    cache_key = (render, name, *key, device)
+    fn = _rendered.get(cache_key)
+    if fn is None:
+        if name is None:
+            name, text = render(*key)
+        else:
+            text = render(name, *key)
+        fn = _rendered[cache_key] = load(text, name, device)
+    return fn
+
+
 def launch(fn, grid, block, args: Sequence[Any], stream: int, shared_mem: int = 0) -> None:
     """Launch on ``stream``; the first launch of each kernel is logged under ``TILEWISE_LOG=kernels``.
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from tilewise import _strides as S
 from tilewise import dtypes
 from tilewise.backends.cuda import data_ptr, empty, stream_handle
-from tilewise.backends.cuda.kernels import ceil_div, kernel, kernel_into, launch, load
+from tilewise.backends.cuda.kernels import ceil_div, kernel, kernel_into, launch, load_rendered
 from tilewise.backends.cuda.kernels.copy import cast, contiguous, copy_into
 from tilewise.backends.cuda.kernels.creation import fill
 from tilewise.backends.cuda.runtime.bounds import REPORT_C, note_site, record_pointer
@@ -85,18 +85,6 @@ def render_indexed(mode: str, dtype: DType, n_index: int, rank: int, idx: str = 
     return name, source.text(text)
 
 
-def _indexed_kernel(mode: str, dtype: DType, n_index: int, rank: int, device: int, idx: str):
-    key = (mode, dtype, n_index, rank, device, idx)
-    fn = _loaded.get(key)
-    if fn is None:
-        name, text = render_indexed(mode, dtype, n_index, rank, idx)
-        fn = _loaded[key] = load(text, name, device)
-    return fn
-
-
-_loaded: dict = {}  # rendering is pure, so one render per specialisation (load's own key is the whole source)
-
-
 def indexed(mode: str, x: Tensor, v: Tensor, shape: tuple, a: tuple, v_strides: tuple,
             indices: list[tuple[Tensor, tuple, int, int]], site: tuple | None = None) -> None:
     """Run one indexed kernel over ``shape``. ``indices``: (int64 index tensor, its strides over ``shape``,
@@ -111,7 +99,8 @@ def indexed(mode: str, x: Tensor, v: Tensor, shape: tuple, a: tuple, v_strides: 
         return tuple(strides) if strides else (0,) * rank
 
     small = max(n, x._storage.size, v._storage.size, *(t._storage.size for t, _, _, _ in indices)) < 2**31 - 1
-    fn = _indexed_kernel(mode, x._dtype, len(indices), rank, x._device.index, "int" if small else "long long")
+    fn = load_rendered(render_indexed, mode, x._dtype, len(indices), rank, "int" if small else "long long",
+                       device=x._device.index)
     args = [data_ptr(x), data_ptr(v), *(data_ptr(t) for t, _, _, _ in indices), n, *(tuple(shape) or (1,)),
             *padded(a), *padded(v_strides)]
     for _, strides, _, _ in indices:

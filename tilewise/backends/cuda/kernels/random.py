@@ -26,7 +26,7 @@ import numpy as np
 from tilewise import _philox, dtypes
 from tilewise import _strides as S
 from tilewise.backends.cuda import data_ptr, empty, stream_handle
-from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
+from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load, load_rendered
 from tilewise.backends.cuda.kernels.copy import cast, contiguous
 from tilewise.backends.cuda.kernels.creation import fill
 from tilewise.compiler.render import CUDA
@@ -335,7 +335,7 @@ def render_multinomial_search() -> tuple[str, str]:
 @kernel("multinomial")
 def multinomial(device: Device, self: Tensor, num_samples: int, replacement: bool = False,
                 generator=None) -> Tensor:
-    from tilewise.backends.cuda.kernels.search import load_rendered, read_back
+    from tilewise.backends.cuda.kernels.search import read_back
     from tilewise.ops.creation import MULTINOMIAL_TILES, check_multinomial, check_probabilities, generator_or_default
 
     check_multinomial(self, num_samples, replacement)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from tilewise import _strides as S
 from tilewise import dtypes
 from tilewise.backends.cuda import data_ptr, empty, stream_handle
-from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
+from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load_rendered
 from tilewise.compiler.render import CUDA
 from tilewise.compiler.render.cstyle import SUFFIX, Source, literal, load_code, store_code
 from tilewise.device import Device
@@ -42,17 +42,6 @@ SEGMENT = 32 * SEGMENT_WARPS * SEGMENT_ITEMS  # elements one block scans in the 
 SEGMENTED_ROWS = 4096  # with fewer rows a warp per row leaves most of the device idle
 CARRY_WARPS = 32  # the warps of the block that scans one row's segment extremes
 
-
-_loaded: dict[tuple[str, int], object] = {}
-
-
-def load_named(name: str, device: int, render, *args):
-    """The kernel ``name``, whose source is ``render(name, *args)``, loaded on ``device``. A name here spells
-    every choice its source depends on, so each is rendered once per device, not at every launch."""
-    fn = _loaded.get((name, device))
-    if fn is None:
-        fn = _loaded[(name, device)] = load(render(name, *args), name, device)
-    return fn
 
 
 def row_params(rank: int) -> list[str]:
@@ -331,7 +320,7 @@ def scan(op, combiner: str, x: Tensor, dim: int, dtype) -> Tensor:
     if rows == 0 or n == 0:
         return out
     name = f"tw_{op.name}_{SUFFIX[x._dtype.name]}_{SUFFIX[compute.name]}_{SUFFIX[out_dtype.name]}_r{rank}"
-    fn = load_named(name, x._device.index, render_scan, combiner, x._dtype, compute, out_dtype, rank)
+    fn = load_rendered(render_scan, combiner, x._dtype, compute, out_dtype, rank, device=x._device.index, name=name)
     launch(fn, ceil_div(rows, WARPS), 32 * WARPS, [data_ptr(out), data_ptr(x), rows, n, in_stride, out_stride,
                                                     *geometry], stream_handle(x._device.index))
     return out
@@ -349,7 +338,7 @@ def running_extreme(name: str, combiner: str, x: Tensor, dim: int) -> tuple[Tens
         _segmented_extreme(name, combiner, x, rank, pointers, row_args)
         return values, indices
     kernel_name = f"tw_{name}_{SUFFIX[x._dtype.name]}_r{rank}"
-    fn = load_named(kernel_name, device, render_running_extreme, combiner, x._dtype, rank)
+    fn = load_rendered(render_running_extreme, combiner, x._dtype, rank, device=device, name=kernel_name)
     launch(fn, ceil_div(rows, WARPS), 32 * WARPS, [*pointers, *row_args], stream)
     return values, indices
 
@@ -366,12 +355,12 @@ def _segmented_extreme(name: str, combiner: str, x: Tensor, rank: int, pointers:
 
     def segment_pass(mode: str) -> None:
         kernel_name = f"tw_{name}_{mode}_{SUFFIX[x._dtype.name]}_r{rank}"
-        fn = load_named(kernel_name, device, render_extreme_segment, combiner, x._dtype, rank, mode)
+        fn = load_rendered(render_extreme_segment, combiner, x._dtype, rank, mode, device=device, name=kernel_name)
         launch(fn, rows * segs, 32 * SEGMENT_WARPS, segment_args, stream)
 
     segment_pass(REDUCE)
     carries_name = f"tw_{name}_carries_{SUFFIX[carrier.name]}"
-    carries = load_named(carries_name, device, render_extreme_carries, combiner, carrier)
+    carries = load_rendered(render_extreme_carries, combiner, carrier, device=device, name=carries_name)
     launch(carries, rows, 32 * CARRY_WARPS, [data_ptr(seg_v), data_ptr(seg_i), segs], stream)
     segment_pass(FINISH)
 

@@ -37,7 +37,7 @@ import numpy as np
 from tilewise import _strides as S
 from tilewise import dtypes
 from tilewise.backends.cuda import data_ptr, empty, stream_handle
-from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
+from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load_rendered
 from tilewise.backends.cuda.kernels.copy import cast, contiguous
 from tilewise.backends.cuda.kernels.creation import fill
 from tilewise.backends.cuda.runtime.bounds import REPORT_C, note_site, record_pointer
@@ -96,19 +96,6 @@ def _coordinates(rank: int, index: str, sizes: str) -> list[str]:
         lines.append(f"const long long c{d} = rem % {sizes}{d}; rem /= {sizes}{d};")
     lines.append("const long long c0 = rem;")
     return lines
-
-
-_loaded: dict = {}
-
-
-def load_rendered(render, *key, device: int):
-    """The kernel ``render(*key)`` returns as (name, source), loaded on ``device``: rendering is pure, so it
-    runs once per specialisation and device (``load``'s own key is the whole source)."""
-    fn = _loaded.get((render, *key, device))
-    if fn is None:
-        name, text = render(*key)
-        fn = _loaded[(render, *key, device)] = load(text, name, device)
-    return fn
 
 
 def read_back(t: Tensor) -> list[int]:

@@ -48,8 +48,8 @@ from __future__ import annotations
 from tilewise import _strides as S
 from tilewise import dtypes
 from tilewise.backends.cuda import data_ptr, empty, stream_handle
-from tilewise.backends.cuda.kernels import ceil_div, kernel, launch
-from tilewise.backends.cuda.kernels.scan import load_named, row_geometry, row_offsets, row_params
+from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load_rendered
+from tilewise.backends.cuda.kernels.scan import row_geometry, row_offsets, row_params
 from tilewise.compiler.render import CUDA
 from tilewise.compiler.render.cstyle import SUFFIX, Source, load_code
 from tilewise.device import Device
@@ -365,7 +365,7 @@ class _Launches:
 
     def _block(self, kind: str, render, mode: str, blocks: int, chunk: int, args: list[int]) -> None:
         name = f"tw_{kind}_{mode}_{SUFFIX[self.x._dtype.name]}_r{self.rank}"
-        fn = load_named(name, self.device, render, self.x._dtype, self.rank, mode)
+        fn = load_rendered(render, self.x._dtype, self.rank, mode, device=self.device, name=name)
         launch(fn, blocks, _block_threads(chunk), [self.descending, *args, *self.row_args], self.stream,
                chunk * (self.bits // 8 + 4))
 
@@ -379,7 +379,7 @@ class _Launches:
 
     def global_step(self, levels: int, mirror: bool, unit: int, keys: Tensor, idx: Tensor) -> None:
         name = f"tw_sort_{'mirror' if mirror else 'step'}{levels}_k{self.bits}"
-        fn = load_named(name, self.device, render_sort_step, self.bits, levels, mirror)
+        fn = load_rendered(render_sort_step, self.bits, levels, mirror, device=self.device, name=name)
         total = self.rows * self.padded >> levels
         launch(fn, ceil_div(total, STEP_THREADS), STEP_THREADS,
                [data_ptr(keys), data_ptr(idx), total, self.n, self.chunks * self.chunk, self.padded, unit],
