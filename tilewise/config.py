@@ -10,7 +10,8 @@ variable                  meaning
 ``TILEWISE_LOG``          comma-separated log channels printed to stderr: ``kernels`` (each generated kernel's
                           name, source and launch shape, the first time it is launched), ``fallback`` (operators
                           that run on the host because the device has no kernel for them), ``matmul`` (the
-                          cuBLASLt algorithm chosen for each GEMM shape), and for ``tilewise.compile``: ``graph``
+                          cuBLASLt algorithm chosen for each GEMM shape), ``attention`` (why an attention runs
+                          its decomposition instead of cuDNN), and for ``tilewise.compile``: ``graph``
                           (the graph after capture and after every pass), ``fusion`` (the fused groups),
                           ``recompiles`` (which guard failed when a compiled function is compiled again),
                           ``graphs`` (each CUDA graph a compiled program captures, or why it captures none)
@@ -30,7 +31,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-LOG_CHANNELS = ("kernels", "fallback", "matmul", "graph", "fusion", "recompiles", "graphs")
+LOG_CHANNELS = ("kernels", "fallback", "matmul", "attention", "graph", "fusion", "recompiles", "graphs")
 
 
 def _channels(text: str) -> set[str]:

@@ -231,9 +231,10 @@ def _contiguous_geometry(shape: tuple) -> tuple:
 
 
 class Capture:
-    def __init__(self, names: dict[int, str] | None = None, inline_composites: bool = False):
+    def __init__(self, names: dict[int, str] | None = None, inline_composites: bool = False, keep=None):
         self.names = names or {}
         self.inline_composites = inline_composites
+        self.keep = keep  # with inline_composites: fn(op name, bound args) -> True for a composite to keep whole
         self.body: list[Node] = []
         self.defined: set[Node] = set()
         self.entries: dict[int, StorageEntry] = {}
@@ -410,7 +411,8 @@ class Capture:
 
     def composite(self, op, args: tuple, device):
         returns_list = op.schema.text.endswith("Tensor[]")
-        if self.inline_composites or op.schema.is_view or returns_list:
+        if op.schema.is_view or returns_list or (
+                self.inline_composites and not (self.keep is not None and self.keep(op.full_name, args))):
             return op.decomposition(*args)
         srcs, frozen = self.operands(op, args)
         state = self._snapshot(args)
@@ -632,13 +634,13 @@ def trace(fn, args: tuple, kwargs: dict, names: dict[int, str] | None = None,
         cap.restore()
 
 
-def trace_decomposition(node: Node) -> tuple[Node | None, ...]:
+def trace_decomposition(node: Node, keep=None) -> tuple[Node | None, ...]:
     """Re-trace a composite node's decomposition over its operands; return the node(s) it computes (the
     new nodes reach the graph through them: the rewrite that uses them collects their dependencies)."""
     from tilewise.autograd.grad_mode import no_grad
 
     op = node.opdef
-    cap = Capture(inline_composites=True)
+    cap = Capture(inline_composites=True, keep=keep)
     operands = [trace_tensor(s) for s in node.srcs]
     args = node.bound_args(operands)
     with capturing(cap), no_grad():

@@ -29,7 +29,7 @@ import numpy as np
 from tilewise import _strides as S
 from tilewise.autograd.function import Function
 from tilewise.compiler.capture import DataDependentError, Source, Traced, flatten, signature, trace, unflatten
-from tilewise.compiler.passes import dce, run_pipeline
+from tilewise.compiler.passes import dce, pipeline_for, run_pipeline
 from tilewise.compiler.passes.partition import partition
 from tilewise.compiler.program import Program, build_program, host_arena
 from tilewise.config import log, settings
@@ -309,7 +309,7 @@ class CompiledFunction:
         traced = trace(self.fn, args, kwargs, names=names, known=known, states=states)
         target, device = _target(traced)
         guards = make_guards(traced, flat, spec, self.module, states)
-        graph = run_pipeline(traced.graph)
+        graph = run_pipeline(traced.graph, pipeline_for(target))
 
         arena = self._arena(target, device)
         autotune = self.mode == "max-autotune"

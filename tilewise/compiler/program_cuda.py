@@ -103,18 +103,16 @@ class CudaExternStep:
         from tilewise.backends.cuda.matmul import SUPPORTED
 
         self.gemm = node.op in ("mm", "bmm", "addmm", "_addmm_activation") and node.type.dtype.name in SUPPORTED
-        dense = len(self.outputs) == 1 and self.outputs[0] is not None and not node.is_tuple
-        self.into = INTO.get(self.op.full_name) if dense else None
+        dense = node.is_tuple or (len(self.outputs) == 1 and self.outputs[0] is not None)
+        self.into = INTO.get(self.op.full_name) if dense else None  # an op of several results takes a tuple
         # a GEMM, or a kernel into the planned buffer, becomes capturable once a run showed it needs no temporary
         self.capturable = False
 
     def run(self, pointers: list, stream: int) -> None:
         tensors = [device_tensor(pointers[b], value, geom, self.device) for b, value, geom in self.inputs]
         if self.into is not None:
-            buffer, value = self.outputs[0]
-            shape = value.type.shape
-            out = device_tensor(pointers[buffer], value, (shape, S.contiguous_strides(shape), 0), self.device)
-            self.capturable = self.into(out, *self.node.bound_args(tensors))
+            outs = tuple(self._dense(pointers, out) for out in self.outputs)
+            self.capturable = self.into(outs if self.node.is_tuple else outs[0], *self.node.bound_args(tensors))
             if self.capturable:
                 return
         if self.gemm:
@@ -140,6 +138,13 @@ class CudaExternStep:
             if out is not None:
                 buffer, value = out
                 copy_into(device_tensor(pointers[buffer], value, geometry(value), self.device), produced)
+
+    def _dense(self, pointers: list, output) -> Tensor | None:
+        if output is None:
+            return None
+        buffer, value = output
+        shape = value.type.shape
+        return device_tensor(pointers[buffer], value, (shape, S.contiguous_strides(shape), 0), self.device)
 
     def describe(self) -> str:
         outs = ", ".join(f"b{o[0]}" for o in self.outputs if o is not None)

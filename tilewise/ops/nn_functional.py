@@ -501,50 +501,70 @@ def _softmax_with_logsumexp(scores):
     return e / where(empty, 1.0, total), where(empty, float("inf"), peak + total.log())
 
 
-def _scaled_dot_product_attention_math(query, key, value, bias, scale):
-    probs, logsumexp = _softmax_with_logsumexp(_attention_scores(query, key, bias, scale))
-    return probs.matmul(value), logsumexp
+def _causal_bias(target_len, source_len, dtype, device):
+    """The additive mask of ``is_causal``: query i sees keys 0..i (torch's top-left aligned lower triangle)."""
+    return _attention_bias(None, True, target_len, source_len, dtype, device)
 
 
-def _scaled_dot_product_attention_backward(grad, query, key, value, bias, scale, out, logsumexp):
+def _scaled_dot_product_attention_math(query, key, value, bias, scale, is_causal=False):
+    """Attention without dropout, the part carrying the derivative: ``softmax(q k^T * scale + mask) v`` in the
+    compute dtype, the output in the inputs' dtype, and the log-sum-exp of each row (compute dtype) for the
+    backward. A backend may run it as one fused kernel (on CUDA: cuDNN's flash attention, see
+    ``backends/cuda/attention.py``); this decomposition is its meaning."""
+    work = compute_dtype(query.dtype)
+    q, k, v = query.to(work), key.to(work), value.to(work)
+    if is_causal:
+        bias = _causal_bias(q.shape[-2], k.shape[-2], work, query.device)
+    probs, logsumexp = _softmax_with_logsumexp(_attention_scores(q, k, bias, scale))
+    return probs.matmul(v).to(query.dtype), logsumexp
+
+
+def _scaled_dot_product_attention_backward(grad, query, key, value, bias, scale, is_causal, out, logsumexp):
     from tilewise.autograd.grad_mode import is_grad_enabled
 
-    scores = _attention_scores(query, key, bias, scale)
+    work = compute_dtype(query.dtype)
+    q, k, v = query.to(work), key.to(work), value.to(work)
+    grad, out = grad.to(work), out.to(work)
+    if is_causal:
+        bias = _causal_bias(q.shape[-2], k.shape[-2], work, query.device)
+    scores = _attention_scores(q, k, bias, scale)
     if is_grad_enabled():  # differentiated again: the probabilities must depend on query and key
         probs = _softmax_with_logsumexp(scores)[0]
     else:
         probs = (scores - logsumexp).exp()
     grad_value = probs.transpose(-2, -1).matmul(grad)
-    grad_scores = probs * (grad.matmul(value.transpose(-2, -1)) - (grad * out).sum(-1, keepdim=True))
-    grad_query = grad_scores.matmul(key) * scale
-    grad_key = grad_scores.transpose(-2, -1).matmul(query) * scale
-    return grad_query, grad_key, grad_value, grad_scores if bias is not None else None
+    grad_scores = probs * (grad.matmul(v.transpose(-2, -1)) - (grad * out).sum(-1, keepdim=True))
+    grad_query = grad_scores.matmul(k) * scale
+    grad_key = grad_scores.transpose(-2, -1).matmul(q) * scale
+    return (grad_query.to(query.dtype), grad_key.to(key.dtype), grad_value.to(value.dtype),
+            grad_scores if bias is not None and not is_causal else None)
 
 
 def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                   enable_gqa=False):
     _check_attention(query, key, value, dropout_p, enable_gqa)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    work = compute_dtype(query.dtype)
-    q, k, v = query.to(work), key.to(work), value.to(work)
     if enable_gqa:
-        groups = q.shape[-3] // k.shape[-3]
-        k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
-    bias = _attention_bias(attn_mask, is_causal, q.shape[-2], k.shape[-2], work, query.device)
+        groups = query.shape[-3] // key.shape[-3]
+        key, value = _repeat_heads(key, groups), _repeat_heads(value, groups)
+    work = compute_dtype(query.dtype)
     if dropout_p > 0:
+        q, k, v = query.to(work), key.to(work), value.to(work)
+        bias = _attention_bias(attn_mask, is_causal, q.shape[-2], k.shape[-2], work, query.device)
         probs, _ = _softmax_with_logsumexp(_attention_scores(q, k, bias, scale))
-        out = _dropout(probs, dropout_p, True).matmul(v)
-    else:
-        out = OPS["_scaled_dot_product_attention_math"](q, k, v, bias, scale)[0]
-    return out.to(query.dtype)
+        return _dropout(probs, dropout_p, True).matmul(v).to(query.dtype)
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
+    bias = _attention_bias(attn_mask, False, query.shape[-2], key.shape[-2], work, query.device)
+    return OPS["_scaled_dot_product_attention_math"](query, key, value, bias, scale, is_causal)[0]
 
 
-private("_scaled_dot_product_attention_math(Tensor query, Tensor key, Tensor value, Tensor? bias, float scale) -> "
-        "(Tensor output, Tensor logsumexp)", _scaled_dot_product_attention_math,
+private("_scaled_dot_product_attention_math(Tensor query, Tensor key, Tensor value, Tensor? bias, float scale, "
+        "bool is_causal=False) -> (Tensor output, Tensor logsumexp)", _scaled_dot_product_attention_math,
         {"query, key, value, bias": "OPS['_scaled_dot_product_attention_backward'](grad, query, key, value, bias, "
-                                    "scale, result[0], result[1])"}, nondiff_outputs=(1,))
+                                    "scale, is_causal, result[0], result[1])"}, nondiff_outputs=(1,))
 private("_scaled_dot_product_attention_backward(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor? bias, "
-        "float scale, Tensor out, Tensor logsumexp) -> (Tensor, Tensor, Tensor, Tensor)",
+        "float scale, bool is_causal, Tensor out, Tensor logsumexp) -> (Tensor, Tensor, Tensor, Tensor)",
         _scaled_dot_product_attention_backward)
 functional("scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
            "float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor",

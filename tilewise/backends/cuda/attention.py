@@ -1,0 +1,289 @@
+"""Attention on CUDA through cuDNN's fused flash attention (the cuDNN frontend's SDPA graphs).
+
+[Note: cuDNN attention]
+``scaled_dot_product_attention`` without dropout calls ``_scaled_dot_product_attention_math`` (output and the
+rows' log-sum-exp), whose derivative is ``_scaled_dot_product_attention_backward``; both are declared by their
+decomposition into matmul and softmax (``ops/nn_functional.py``), which materialises the L×S scores. On CUDA,
+for bfloat16/float16 inputs of rank 4 ([batch, heads, length, head dim]) with a head dim that is a multiple
+of 8 up to 128, no attention mask but the causal one (``is_causal``, top-left aligned as in torch), both run
+as one cuDNN SDPA graph each, which never writes the scores: the forward keeps the log-sum-exp ("stats",
+float32 [B, H, L, 1], exactly what the decomposition returns) and the backward recomputes the
+probabilities from it. Anything else runs the decomposition; ``TILEWISE_LOG=attention`` says why, once per
+reason.
+
+A graph is built once per (dtypes, shapes, strides, scale, causal, device) — validation, heuristics and
+kernel build take a while the first time — and keeps its own workspace, allocated once and never
+freed, so that a CUDA graph of a compiled program that replays it finds the same memory. Operands are
+passed with their strides (the per-head views a fused QKV projection gives need no copy); the innermost
+stride must be 1 and the others multiples of 8 elements, with 16-byte aligned addresses, else the eager
+kernel copies the operand first and the kernel into a planned buffer (what compiled programs call,
+see [Note: kernels into a given output]) declines.
+"""
+
+from __future__ import annotations
+
+from tilewise import dtypes
+from tilewise.backends.cuda import DeviceBuffer, data_ptr, empty, stream_handle
+from tilewise.backends.cuda.kernels import kernel, kernel_into
+from tilewise.config import log
+from tilewise.device import Device
+from tilewise.dispatch import STATE
+from tilewise.ops.registry import OPS
+from tilewise.tensor import Tensor
+
+FORWARD, BACKWARD = "_scaled_dot_product_attention_math", "_scaled_dot_product_attention_backward"
+MAX_HEAD_DIM = 128
+_IO_TYPES = {"bfloat16": "BFLOAT16", "float16": "HALF"}
+
+_cudnn: list = []  # [module] once imported, [None, reason] when it cannot be
+_handles: dict[int, object] = {}
+_graphs: dict[tuple, _Graph | None] = {}
+_reported: set[str] = set()
+
+
+def _library():
+    """The cuDNN frontend module, or None (with the reason logged once) where it is not installed."""
+    if not _cudnn:
+        try:
+            import cudnn
+
+            _cudnn.append(cudnn)
+        except Exception as e:  # noqa: BLE001 — a missing or broken install: attention runs its decomposition
+            _cudnn.extend((None, f"the cuDNN frontend (nvidia-cudnn-frontend) could not be imported: {e}"))
+    return _cudnn[0]
+
+
+def _report(reason: str) -> None:
+    if reason not in _reported:
+        _reported.add(reason)
+        log("attention", f"scaled_dot_product_attention runs its decomposition (matmul, softmax, matmul): {reason}")
+
+
+def unsupported(dtype, query_shape, key_shape, value_shape, has_bias: bool, device: Device) -> str | None:
+    """Why cuDNN cannot run this attention (None when it can), from types alone: what the compiler knows when
+    it decides to keep the operator whole."""
+    if dtype.name not in _IO_TYPES:
+        return f"cuDNN attention takes bfloat16 or float16, got {dtype}"
+    if has_bias:
+        return "an explicit attn_mask (only is_causal runs fused)"
+    if not (len(query_shape) == len(key_shape) == len(value_shape) == 4):
+        return f"cuDNN attention takes [batch, heads, length, dim] operands, got ranks {len(query_shape)}, " \
+               f"{len(key_shape)}, {len(value_shape)}"
+    if query_shape[:2] != key_shape[:2] or key_shape[:2] != value_shape[:2]:
+        return f"batch and head dims differ: query {list(query_shape)}, key {list(key_shape)}, value " \
+               f"{list(value_shape)}"
+    head_dim = query_shape[-1]
+    if value_shape[-1] != head_dim or head_dim % 8 or head_dim > MAX_HEAD_DIM:
+        return f"head dims {head_dim} (query/key) and {value_shape[-1]} (value): cuDNN attention here takes " \
+               f"equal head dims that are multiples of 8 up to {MAX_HEAD_DIM}"
+    if 0 in query_shape or 0 in key_shape:
+        return "an empty operand"
+    from tilewise.backends.cuda.runtime import get_device_properties
+
+    if get_device_properties(device.index).major < 8:
+        return "cuDNN flash attention needs compute capability 8.0 or newer"
+    if _library() is None:
+        return _cudnn[1]
+    return None
+
+
+def _fits(t: Tensor) -> bool:
+    """Whether cuDNN can read ``t`` where it lies: innermost stride 1, others multiples of 8, 16-byte aligned."""
+    strides = t._strides
+    return strides[-1] == 1 and all(s % 8 == 0 for s in strides[:-1]) and data_ptr(t) % 16 == 0
+
+
+def _fits_stats(t: Tensor) -> bool:
+    return t.is_contiguous() and data_ptr(t) % 16 == 0
+
+
+def _handle(device: int):
+    handle = _handles.get(device)
+    if handle is None:
+        from tilewise.backends.cuda.runtime import ensure_context
+
+        ensure_context(device)
+        handle = _handles[device] = _library().create_handle()
+    return handle
+
+
+class _Graph:
+    """One built cuDNN SDPA graph (forward or backward) with its workspace; ``run`` binds raw addresses.
+
+    The frontend's ``execute`` normalises its arguments in Python at every call (about 60 µs, longer than the
+    forward kernel at T=1024); the graph it lowered to, which that call ends in, takes a {uid: address} map
+    directly (about 12 µs). The first run goes through ``execute``, which also finishes preparing the plan;
+    later runs call the lowered graph when the frontend has one serving the plan, else ``execute`` again."""
+
+    def __init__(self, graph, operands: list, workspace: DeviceBuffer | None, handle):
+        self.graph, self.operands, self.workspace, self.handle = graph, operands, workspace, handle
+        self.uids = [t.get_uid() for t in operands]
+        self.workspace_ptr = workspace.ptr if workspace is not None else 0
+        self.lowered = None
+        self.stream = None
+
+    def run(self, pointers: list[int], stream: int) -> None:
+        if stream != self.stream:
+            _cudnn[0].set_stream(self.handle, stream)
+            self.stream = stream
+        if self.lowered is not None:
+            self.lowered(dict(zip(self.uids, pointers)), self.workspace_ptr, self.handle.backend_handle, None, None,
+                         None)
+            return
+        self.graph.execute(dict(zip(self.operands, pointers)), self.workspace_ptr or None, handle=self.handle)
+        lowered = getattr(self.graph, "_lowered_graph", None)
+        if self.graph.selected_engine is None and lowered is not None and hasattr(lowered, "_execute"):
+            self.lowered = lowered._execute
+
+
+def _build(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> _Graph:
+    """The forward (q, k, v, o[, stats]) or backward (q, k, v, o, dO, stats, dq, dk, dv) graph for these
+    operands' geometry."""
+    cudnn = _library()
+    device = tensors[0]._device.index
+    handle = _handle(device)
+    io = getattr(cudnn.data_type, _IO_TYPES[tensors[0]._dtype.name])
+    fp32 = cudnn.data_type.FLOAT
+    graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle)
+
+    def operand(k: int, name: str, data_type=None):
+        t = tensors[k]
+        return graph.tensor(name=name, dim=list(t._shape), stride=list(t._strides), data_type=data_type or io)
+
+    def output(value, k: int, data_type=None):
+        t = tensors[k]
+        value.set_output(True).set_dim(list(t._shape)).set_stride(list(t._strides)).set_data_type(data_type or io)
+        return value
+
+    q, k, v = operand(0, "q"), operand(1, "k"), operand(2, "v")
+    if backward:
+        o, d_o, stats = operand(3, "o"), operand(4, "dO"), operand(5, "stats", fp32)
+        dq, dk, dv = graph.sdpa_backward(name="sdpa_backward", q=q, k=k, v=v, o=o, dO=d_o, stats=stats,
+                                         attn_scale=scale, use_causal_mask=causal)
+        operands = [q, k, v, o, d_o, stats, output(dq, 6), output(dk, 7), output(dv, 8)]
+    else:
+        with_stats = tensors[4] is not None
+        o, stats = graph.sdpa(name="sdpa", q=q, k=k, v=v, generate_stats=with_stats, attn_scale=scale,
+                              use_causal_mask=causal)
+        operands = [q, k, v, output(o, 3)] + ([output(stats, 4, fp32)] if with_stats else [])
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+    size = graph.get_workspace_size()
+    workspace = DeviceBuffer(size, device, stream_handle(device)) if size else None
+    return _Graph(graph, operands, workspace, handle)
+
+
+def _run(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> bool:
+    """Run the forward or backward graph over ``tensors``; False when cuDNN cannot build it (remembered)."""
+    query = tensors[0]
+    key = (backward, query._dtype, query._device.index, scale, causal,
+           tuple((t._shape, t._strides) if t is not None else None for t in tensors))
+    graph = _graphs.get(key, False)
+    if graph is False:
+        try:
+            graph = _graphs[key] = _build(backward, tensors, scale, causal)
+        except Exception as e:  # noqa: BLE001 — cuDNN declines this configuration: the decomposition runs
+            _report(f"cuDNN could not build the graph for {'backward' if backward else 'forward'} "
+                    f"{[tuple(t._shape) for t in tensors if t is not None]}: {e}")
+            graph = _graphs[key] = None
+    if graph is None:
+        return False
+    graph.run([data_ptr(t) for t in tensors if t is not None], stream_handle(query._device.index))
+    return True
+
+
+_decisions: dict[tuple, str | None] = {}
+
+
+def _checked(query, key, value, bias) -> str | None:
+    """:func:`unsupported` for these operands, remembered per signature (this runs at every eager call)."""
+    signature = (query._dtype, query._shape, key._shape, value._shape, bias is not None, query._device)
+    try:
+        return _decisions[signature]
+    except KeyError:
+        reason = _decisions[signature] = unsupported(*signature)
+        return reason
+
+
+# ---------------------------------------------------------------------------------------------- forward
+
+def _forward_into(out: Tensor, stats: Tensor | None, query: Tensor, key: Tensor, value: Tensor, scale: float,
+                  is_causal: bool) -> bool:
+    return _run(False, [query, key, value, out, stats], float(scale), bool(is_causal))
+
+
+@kernel(FORWARD)
+def attention(device: Device, query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scale: float,
+              is_causal: bool = False):
+    reason = _checked(query, key, value, bias)
+    if reason is None:
+        q, k, v = (t if _fits(t) else t.contiguous() for t in (query, key, value))
+        out = empty((*query._shape[:-1], value._shape[-1]), query._dtype, device)
+        stats = empty((*query._shape[:-1], 1), dtypes.float32, device)
+        if _forward_into(out, stats, q, k, v, scale, is_causal):
+            return out, stats
+    else:
+        _report(reason)
+    return OPS[FORWARD].decomposition(query, key, value, bias, scale, is_causal)
+
+
+@kernel_into(FORWARD)
+def attention_into(outs: tuple, query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scale: float,
+                   is_causal: bool = False) -> bool:
+    out, stats = outs
+    if out is None or _checked(query, key, value, bias) is not None or not all(map(_fits, (query, key, value))):
+        return False
+    return _forward_into(out, stats, query, key, value, scale, is_causal)
+
+
+# ---------------------------------------------------------------------------------------------- backward
+
+def _backward_into(grads: tuple, grad: Tensor, query: Tensor, key: Tensor, value: Tensor, out: Tensor,
+                   logsumexp: Tensor, scale: float, is_causal: bool) -> bool:
+    return _run(True, [query, key, value, out, grad, logsumexp, *grads], float(scale), bool(is_causal))
+
+
+def _backward_unsupported(grad, query, key, value, bias, out, logsumexp) -> bool:
+    return (_checked(query, key, value, bias) is not None or grad._dtype is not query._dtype
+            or out._dtype is not query._dtype or logsumexp._dtype is not dtypes.float32
+            or logsumexp._shape != (*query._shape[:-1], 1))
+
+
+@kernel(BACKWARD)
+def attention_backward(device: Device, grad: Tensor, query: Tensor, key: Tensor, value: Tensor,
+                       bias: Tensor | None, scale: float, is_causal: bool, out: Tensor, logsumexp: Tensor):
+    # differentiated again (create_graph), the backward must be built of differentiable primitives
+    if not STATE.grad_enabled and not _backward_unsupported(grad, query, key, value, bias, out, logsumexp):
+        operands = [t if _fits(t) else t.contiguous() for t in (grad, query, key, value, out)]
+        operands.append(logsumexp if _fits_stats(logsumexp) else logsumexp.contiguous())
+        grads = tuple(empty(t._shape, t._dtype, device) for t in (query, key, value))
+        if _backward_into(grads, *operands, scale, is_causal):
+            return (*grads, None)
+    return OPS[BACKWARD].decomposition(grad, query, key, value, bias, scale, is_causal, out, logsumexp)
+
+
+@kernel_into(BACKWARD)
+def attention_backward_into(outs: tuple, grad: Tensor, query: Tensor, key: Tensor, value: Tensor,
+                            bias: Tensor | None, scale: float, is_causal: bool, out: Tensor,
+                            logsumexp: Tensor) -> bool:
+    if any(o is None for o in outs[:3]) or _backward_unsupported(grad, query, key, value, bias, out, logsumexp):
+        return False
+    if not all(map(_fits, (grad, query, key, value, out))) or not _fits_stats(logsumexp):
+        return False
+    return _backward_into(outs[:3], grad, query, key, value, out, logsumexp, scale, is_causal)
+
+
+# ---------------------------------------------------------------------------------------------- compiler
+
+def keeps(op_name: str, args: tuple) -> bool:
+    """Whether the compiler should keep an operator whole, as one cuDNN call, rather than decompose it
+    (``compiler.passes.pipeline_for``): an attention forward or backward whose operands cuDNN takes. ``args``
+    are its bound arguments, tensors standing for anything with ``shape``, ``dtype`` and ``device``."""
+    if op_name not in (FORWARD, BACKWARD):
+        return False
+    query, key, value, bias = args[1:5] if op_name == BACKWARD else args[:4]
+    return unsupported(query.dtype, tuple(query.shape), tuple(key.shape), tuple(value.shape), bias is not None,
+                       query.device) is None
