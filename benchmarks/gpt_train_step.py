@@ -3,7 +3,9 @@
 Both frameworks run the *same model source*, ``tilewise/models/gpt.py``: for torch its tilewise imports are
 swapped for torch's (the rest of the file is unchanged, which is the point of a torch-compatible API).
 Every side builds a fresh model from the same initial weights (copied through numpy) and sees the same
-batches; a step is forward, ``loss.backward()``, gradient clipping, the optimizer step and ``zero_grad``.
+batches; a step is forward (under ``autocast`` with ``--autocast``), ``loss.backward()``, gradient clipping, the
+optimizer step and ``zero_grad``. ``--preset gpt2`` is the case of ../shared's targets: GPT-2 124M, batch 8×1024,
+bf16 autocast, AdamW.
 
 * tilewise eager and torch eager (torch's optimizer with ``foreach=False``, one parameter at a time as ours);
 * with ``--compile``, tilewise with the *whole step* compiled by one ``tw.compile`` (forward, backward,
@@ -12,7 +14,7 @@ batches; a step is forward, ``loss.backward()``, gradient clipping, the optimize
   default implementation).
 
 Reported per side: the median step time after ``--warmup`` steps (host wall time of the step, synchronised
-at its end, fp32), tokens/s, speed relative to torch eager and torch.compile, the seconds of the first and
+at its end), tokens/s, speed relative to torch eager and torch.compile, the seconds of the first and
 second steps (compilation lands there, from empty caches: ``TILEWISE_CACHE_DIR`` and torch's Inductor and
 Triton cache directories are fresh unless set; a whole step compiles again on its second call when the
 first one created the optimizer's state), peak device memory on CUDA, tilewise's kernel count per compiled
@@ -21,13 +23,16 @@ is known to be of the same computation. A side that raises (or a step that ``til
 and ran eagerly) gets its error text in the table and the other sides are still measured.
 
     python benchmarks/gpt_train_step.py [--device cuda] [--compile] [--optimizer adamw|sgd] [--quick]
-        [--layers 6 --embd 384 --heads 6 --block 256 --batch 32] [--no-torch-compile] [--append FILE]
+        [--layers 6 --embd 384 --heads 6 --block 256 --batch 32] [--autocast fp32|bfloat16|float16]
+        [--preset gpt2] [--no-torch-compile] [--append FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import functools
 import gc
 import os
 import statistics
@@ -60,6 +65,8 @@ _TORCH_IMPORTS = {
 }
 MODES = ("default", "reduce-overhead", "max-autotune")
 QUICK = {"layers": 1, "heads": 2, "embd": 32, "block": 16, "batch": 4, "vocab": 20, "steps": 6, "warmup": 2}
+GPT2 = {"layers": 12, "heads": 12, "embd": 768, "block": 1024, "batch": 8, "vocab": 50304, "autocast": "bfloat16",
+        "steps": 10, "warmup": 3}
 NAN = float("nan")
 
 
@@ -75,9 +82,10 @@ def torch_gpt_module() -> types.ModuleType:
     return module
 
 
-def make_step(model, optimizer, clip: Callable) -> Callable:
+def make_step(model, optimizer, clip: Callable, autocast: Callable = contextlib.nullcontext) -> Callable:
     def step(x, y):
-        _, loss = model(x, y)
+        with autocast():  # the forward only, as torch's mixed-precision recipe has it
+            _, loss = model(x, y)
         loss.backward()
         clip(model.parameters(), 1.0)
         optimizer.step()
@@ -144,29 +152,39 @@ def whole_step_compiled(step: Callable, mode: str) -> tuple[Callable, Callable[[
     return checked, kernels
 
 
+def autocast_for(library, args: argparse.Namespace) -> Callable:
+    """``library.autocast`` to ``--autocast``'s dtype on the benchmark's device type (nothing for fp32)."""
+    if args.autocast == "fp32":
+        return contextlib.nullcontext
+    return functools.partial(library.autocast, device_type=args.device.split(":")[0],
+                             dtype=getattr(library, args.autocast))
+
+
 def sides(args: argparse.Namespace, config: tw_gpt.GPTConfig, weights: dict[str, np.ndarray]) -> list[Side]:
     torch_gpt, on_cuda = torch_gpt_module(), args.device.startswith("cuda")
+    tw_cast, torch_cast = autocast_for(tw, args), autocast_for(torch, args)
 
     def tilewise_eager():
         model = tilewise_model(config, weights, args.device)
         return make_step(model, tilewise_optimizer(model.parameters(), args.optimizer),
-                         tw.nn.utils.clip_grad_norm_), no_kernels
+                         tw.nn.utils.clip_grad_norm_, tw_cast), no_kernels
 
     def tilewise_compiled():
         model = tilewise_model(config, weights, args.device)
-        step = make_step(model, tilewise_optimizer(model.parameters(), args.optimizer), tw.nn.utils.clip_grad_norm_)
+        step = make_step(model, tilewise_optimizer(model.parameters(), args.optimizer), tw.nn.utils.clip_grad_norm_,
+                         tw_cast)
         return whole_step_compiled(step, args.mode)
 
     def torch_eager():
         model = torch_model(torch_gpt, config, weights, args.device)
         return make_step(model, torch_optimizer(model.parameters(), args.optimizer, False, on_cuda),
-                         torch.nn.utils.clip_grad_norm_), no_kernels
+                         torch.nn.utils.clip_grad_norm_, torch_cast), no_kernels
 
     def torch_compiled():
         model = torch_model(torch_gpt, config, weights, args.device)
         step = make_step(torch.compile(model, mode=args.mode),
                          torch_optimizer(model.parameters(), args.optimizer, True, on_cuda),
-                         torch.nn.utils.clip_grad_norm_)
+                         torch.nn.utils.clip_grad_norm_, torch_cast)
         return step, no_kernels
 
     chosen = [Side("tilewise eager", tw, tilewise_eager), Side("torch eager", torch, torch_eager)]
@@ -262,9 +280,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=96)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--autocast", choices=("fp32", "bfloat16", "float16"), default="fp32",
+                        help="run the forward under autocast to this dtype (fp32: no autocast)")
+    parser.add_argument("--preset", choices=("gpt2",), help="gpt2: GPT-2 124M, batch 8x1024, bf16 autocast")
     parser.add_argument("--append", help="append the result table to this markdown file")
-    if parser.parse_known_args()[0].quick:
+    known = parser.parse_known_args()[0]
+    if known.quick:
         parser.set_defaults(**QUICK)
+    if known.preset == "gpt2":
+        parser.set_defaults(**GPT2)
     args = parser.parse_args()
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
@@ -298,7 +322,8 @@ def main() -> None:
                f"tilewise {tw.__version__}, torch {torch.__version__})")
     lines = [heading, "",
              f"GPT {args.layers}L {args.heads}H {args.embd}d, {params / 1e6:.2f}M params, batch "
-             f"{args.batch}x{args.block}, fp32, {args.optimizer} with clip_grad_norm_(1.0), {args.steps} steps, "
+             f"{args.batch}x{args.block}, {args.autocast if args.autocast == 'fp32' else args.autocast + ' autocast'}, "
+             f"{args.optimizer} with clip_grad_norm_(1.0), {args.steps} steps, "
              f"compile mode {args.mode!r}", "", "```"]
     width = max(len(s.name) for s in all_sides)
     lines += [f"first losses  {s.name:<{width}}: " + " ".join(f"{v:.4f}" for v in s.losses[:4]) for s in all_sides]

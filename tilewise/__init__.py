@@ -84,12 +84,20 @@ if _clashes:
 globals().update(_api)
 
 from tilewise import (  # noqa: E402
+    amp,
     autograd,  # noqa: E402
     nn,
     optim,
     utils,
 )
 from tilewise._dlpack import from_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
+from tilewise.amp import (  # noqa: E402
+    autocast,
+    clear_autocast_cache,
+    get_autocast_dtype,
+    is_autocast_cache_enabled,
+    is_autocast_enabled,
+)
 from tilewise.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
 from tilewise.backends import get_default_device, set_default_device  # noqa: E402
 from tilewise.compiler import compile  # noqa: E402, A004 — tilewise.compile, like torch.compile

@@ -2,7 +2,9 @@
 
 [Note: dispatch] ``call(op, args)`` receives arguments already bound by the operator's schema binder.
 Keys are consulted in a fixed order, each cheap to skip:
-  Autocast  — inside ``tilewise.autocast``, casts floating inputs of listed ops (``op.autocast``);
+  Autocast  — inside ``tilewise.autocast``, casts floating inputs of ops that declare a policy
+              (``op.autocast``; see [Note: autocast] in ``amp/autocast_mode.py``), then runs the op, its
+              decomposition included, with autocast off;
   Autograd  — when grad mode is on and a tensor input requires grad, runs the op below this key and
               records a node holding exactly the values its derivative formulas read;
   backend   — picks the device of the tensor inputs (CPU, CUDA) and runs the kernel; views never reach a
@@ -25,7 +27,7 @@ class _State:
 
     def __init__(self):
         self.grad_enabled = True
-        self.autocast = None  # the active AutocastState, or None
+        self.autocast = None  # the active amp.autocast_mode.AutocastState, or None
         self.trace_depth = 0
 
 
@@ -39,11 +41,25 @@ def register_backend(device_type: str, module) -> None:
 
 def call(op, args: tuple):
     state = STATE
-    if state.autocast is not None and op.autocast is not None:
-        args = state.autocast.cast_args(op, args)
+    if state.autocast is not None:
+        return autocast_call(op, args)
     if state.grad_enabled and op.differentiable and _requires_grad(op, args):
         return record(op, args)
     return run(op, args)
+
+
+def autocast_call(op, args: tuple):
+    """The Autocast key: cast the arguments of an op with a policy, then run the op with autocast off, so that
+    its decomposition runs on the dtypes it was given (torch's autocast wrappers exclude their key the same way)
+    and only the operators user code calls are cast."""
+    autocast = STATE.autocast
+    STATE.autocast = None
+    try:
+        if op.autocast is not None:
+            args = autocast.cast_args(op, args)
+        return call(op, args)
+    finally:
+        STATE.autocast = autocast
 
 
 # The layers above this one install their entry points here when they load (importing them from this module

@@ -101,8 +101,9 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
         buf[nr] = g if buf[nr] is None else buf[nr] + g
     ready = [n for n in dict.fromkeys(roots) if deps.get(n, 0) == 0]
 
-    prev_mode = STATE.grad_enabled
+    prev_mode, prev_autocast = STATE.grad_enabled, STATE.autocast
     STATE.grad_enabled = create_graph
+    STATE.autocast = None  # the casts recorded in forward already fix every dtype backward sees, as in torch
     try:
         while ready:
             node = ready.pop()
@@ -143,7 +144,7 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                 if deps[nxt] == 0:
                     ready.append(nxt)
     finally:
-        STATE.grad_enabled = prev_mode
+        STATE.grad_enabled, STATE.autocast = prev_mode, prev_autocast
     if inputs is not None and not allow_unused:
         for k, g in enumerate(captured):
             if g is None and accumulate is False:

@@ -40,7 +40,7 @@ class FunctionNode(Node):
         self.tensor_positions = [k for k, a in enumerate(arg_tensors) if isinstance(a, Tensor)]
         tensors = [arg_tensors[k] for k in self.tensor_positions]
         self.next_functions = tuple(edge(a) if a.requires_grad else (None, 0) for a in tensors)  # like torch
-        self.arg_meta = [a.shape for a in tensors]
+        self.arg_meta = [(a.shape, a.dtype) for a in tensors]
         self.output_meta = [(o.shape, o.dtype, o.device) if isinstance(o, Tensor) else None for o in outputs]
 
     def name(self) -> str:
@@ -62,10 +62,16 @@ class FunctionNode(Node):
             raise RuntimeError(f"function {self.name()} returned an incorrect number of gradients (expected "
                                f"{self.n_args}, got {len(out)}): backward returns one per forward input, None for "
                                "non-tensors")
-        return [self._fit(k, out[k], shape) for k, shape in zip(self.tensor_positions, self.arg_meta)]
+        return [self._fit(k, out[k], *meta) for k, meta in zip(self.tensor_positions, self.arg_meta)]
 
-    def _fit(self, k: int, grad, shape):
-        if grad is None or grad.shape == shape:
+    def _fit(self, k: int, grad, shape, dtype):
+        """The gradient in its input's shape and dtype, as torch's engine makes it (a forward that cast its
+        inputs, e.g. under ``amp.custom_fwd``, returns gradients in the cast dtype)."""
+        if grad is None:
+            return grad
+        if grad.dtype is not dtype and grad.dtype.is_floating_point and dtype.is_floating_point:
+            grad = grad.to(dtype)
+        if grad.shape == shape:
             return grad
         try:
             return grad.sum_to_size(shape)

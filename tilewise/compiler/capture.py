@@ -636,14 +636,16 @@ def trace(fn, args: tuple, kwargs: dict, names: dict[int, str] | None = None,
 
 def trace_decomposition(node: Node, keep=None) -> tuple[Node | None, ...]:
     """Re-trace a composite node's decomposition over its operands; return the node(s) it computes (the
-    new nodes reach the graph through them: the rewrite that uses them collects their dependencies)."""
+    new nodes reach the graph through them: the rewrite that uses them collects their dependencies). Composites
+    it calls are inlined too, but for those ``keep(op name, bound args)`` accepts."""
+    from tilewise.amp.autocast_mode import suspended as autocast_suspended
     from tilewise.autograd.grad_mode import no_grad
 
     op = node.opdef
     cap = Capture(inline_composites=True, keep=keep)
     operands = [trace_tensor(s) for s in node.srcs]
     args = node.bound_args(operands)
-    with capturing(cap), no_grad():
+    with capturing(cap), no_grad(), autocast_suspended():  # as eagerly: a decomposition runs below autocast
         out = op.decomposition(*args)
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         return tuple(cap.value_of(o) if o is not None else None for o in outs)

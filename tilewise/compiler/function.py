@@ -5,10 +5,11 @@ for one specialisation of the function, with the ``Guards`` that say when it app
 the non-tensor values of the arguments, and for every tensor the function reads (arguments, captured
 parameters and buffers, gradients) its shape, strides, storage offset and size, dtype, device and
 ``requires_grad``; which of them share storage; whether a parameter whose gradient the function changed
-had one; grad mode; the ``training`` flags of a module; what the state tables of reachable optimizers
-hold. A call runs the first variant whose guards pass; on a miss the function is traced again and a new
-variant compiled, up to ``settings.recompile_limit`` variants, after which it runs eagerly (with one
-warning). ``TILEWISE_LOG=recompiles`` says which guard failed.
+had one; grad mode; the autocast state (the traced graph holds the casts it made); the ``training`` flags
+of a module; what the state tables of reachable optimizers hold. A call runs the first variant whose
+guards pass; on a miss the function is traced again and a new variant compiled, up to
+``settings.recompile_limit`` variants, after which it runs eagerly (with one warning).
+``TILEWISE_LOG=recompiles`` says which guard failed.
 
 Running a variant reproduces every effect the traced function had: outputs are fresh tensors, inputs
 written in place are updated in their own memory (their version counters bump, as eager in-place ops
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tilewise import _strides as S
+from tilewise.amp.autocast_mode import describe as describe_autocast
 from tilewise.autograd.function import Function
 from tilewise.compiler.capture import DataDependentError, Source, Traced, flatten, signature, trace, unflatten
 from tilewise.compiler.passes import dce, pipeline_for, run_pipeline
@@ -70,6 +72,7 @@ class Guards:
     training: tuple
     states: list[dict]
     state_layout: tuple
+    autocast: tuple = ()  # AutocastState.key when traced: the casts it recorded
 
     def failure(self, flat: list, spec, module) -> str | None:
         """None when this variant applies to the call, else which guard failed."""
@@ -81,6 +84,9 @@ class Guards:
         if STATE.grad_enabled != self.grad_enabled:
             return f"grad mode is {'on' if STATE.grad_enabled else 'off'}, compiled with it " \
                    f"{'on' if self.grad_enabled else 'off'}"
+        if _autocast_key() != self.autocast:
+            return f"the autocast guard failed: called under {describe_autocast(_autocast_key())}, compiled under " \
+                   f"{describe_autocast(self.autocast)}"
         if module is not None and _training_flags(module) != self.training:
             return "a module's training flag changed (train()/eval())"
         if _state_layout(self.states) != self.state_layout:
@@ -100,6 +106,11 @@ class Guards:
                 return f"{source.label}.grad is {'set' if owner._grad is not None else 'None'}; compiled with it " \
                        f"{'set' if had else 'None'}"
         return None
+
+
+def _autocast_key() -> tuple:
+    state = STATE.autocast
+    return state.key if state is not None else ()
 
 
 def _alias_pattern(ids: list[int]) -> tuple:
@@ -148,7 +159,8 @@ def make_guards(traced: Traced, flat: list, spec, module, states: list[dict]) ->
     tensors = [(ts.source, ts.signature) for ts in traced.tensor_sources]
     storages = [id(ts.source.fetch(flat)._storage) for ts in traced.tensor_sources]
     return Guards(spec, constants, tensors, _alias_pattern(storages), traced.grad_presence, STATE.grad_enabled,
-                  _training_flags(module) if module is not None else (), states, _state_layout(states))
+                  _training_flags(module) if module is not None else (), states, _state_layout(states),
+                  _autocast_key())
 
 
 # ---------------------------------------------------------------------------- variants

@@ -20,7 +20,7 @@ declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulat
         dtype=R.first_input,
         grad={"self": "grad if accumulate else "
                       "index_put(grad, indices, zeros((), dtype=grad.dtype, device=grad.device), False)",
-              "values": "grad[indices_tuple(indices)]", "indices": None}, inplace=True)
+              "values": "grad[indices_tuple(indices)]", "indices": None}, inplace=True, autocast="promote")
 declare("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", "index",
         dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)", "index": None})
 declare("scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
@@ -29,7 +29,7 @@ declare("scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor",
 declare("scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor", "index", dtype=R.first_input,
         grad={"self": "grad.scatter(dim, index, 0)", "index": None}, inplace=True)
 declare("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "grad", "src": "grad.gather(dim, index)", "index": None}, inplace=True)
+        grad={"self": "grad", "src": "grad.gather(dim, index)", "index": None}, inplace=True, autocast="promote")
 declare("nonzero(Tensor self) -> Tensor", "index", differentiable=False,
         doc="Positions of non-zero elements, one row of coordinates each (data-dependent shape).")
 declare("masked_fill(Tensor self, Tensor mask, Tensor value) -> Tensor", "composite",

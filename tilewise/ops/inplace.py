@@ -58,7 +58,12 @@ def make_inplace(fn, name: str):
         if recording:
             check_inplace_allowed(self, f"{name}_")
         source = self.clone() if recording and saves_self and self._requires_grad else self
-        return commit(self, fn(source, *args, **kwargs), f"{name}_")
+        autocast, STATE.autocast = STATE.autocast, None  # torch's autocast lists no in-place op
+        try:
+            result = fn(source, *args, **kwargs)
+        finally:
+            STATE.autocast = autocast
+        return commit(self, result, f"{name}_")
 
     inplace.__name__ = f"{name}_"
     return inplace

@@ -78,9 +78,10 @@ def _matmul(a, b):
     return a3.bmm(b3).view(batch + (a.shape[-2], b.shape[-1]))
 
 
-declare("matmul(Tensor self, Tensor other) -> Tensor", "composite", decomposition=_matmul, dunder=("matmul",))
+declare("matmul(Tensor self, Tensor other) -> Tensor", "composite", decomposition=_matmul, dunder=("matmul",),
+        autocast="lower")
 declare("rmatmul(Tensor self, Tensor other) -> Tensor", "composite", decomposition=lambda a, b: _matmul(b, a),
-        method=False, dunder=("rmatmul",), public=False)
+        method=False, dunder=("rmatmul",), public=False, autocast="lower")
 
 
 def _linear(x, weight, bias=None):
@@ -89,9 +90,9 @@ def _linear(x, weight, bias=None):
 
 
 declare("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", "composite", decomposition=_linear,
-        method=False)
+        method=False, autocast="lower")
 declare("addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
-        decomposition=lambda s, m1, m2, beta=1, alpha=1: s * beta + m1.mm(m2) * alpha)
+        decomposition=lambda s, m1, m2, beta=1, alpha=1: s * beta + m1.mm(m2) * alpha, autocast="lower")
 
 
 def _addmm_activation(s, m1, m2, beta=1, alpha=1, use_gelu=False):
@@ -102,9 +103,9 @@ def _addmm_activation(s, m1, m2, beta=1, alpha=1, use_gelu=False):
 # GELU's tanh approximation, as torch's CUDA implementation (a cuBLASLt epilogue) computes it; torch's CPU
 # implementation applies the exact GELU. The CUDA target of the compiler turns mm + bias + activation into it.
 declare("_addmm_activation(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1, "
-        "bool use_gelu=False) -> Tensor", "composite", decomposition=_addmm_activation, method=False)
+        "bool use_gelu=False) -> Tensor", "composite", decomposition=_addmm_activation, method=False, autocast="lower")
 declare("baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
-        decomposition=lambda s, b1, b2, beta=1, alpha=1: s * beta + b1.bmm(b2) * alpha)
+        decomposition=lambda s, b1, b2, beta=1, alpha=1: s * beta + b1.bmm(b2) * alpha, autocast="lower")
 declare("outer(Tensor self, Tensor vec2) -> Tensor", "composite",
         decomposition=lambda a, b: a.unsqueeze(1) * b.unsqueeze(0), aliases=("ger",))
 
@@ -118,4 +119,5 @@ def _dot(a, b):
     return (a * b).sum()
 
 
-declare("dot(Tensor self, Tensor tensor) -> Tensor", "composite", decomposition=_dot, aliases=("inner",))
+declare("dot(Tensor self, Tensor tensor) -> Tensor", "composite", decomposition=_dot, aliases=("inner",),
+        autocast="promote")

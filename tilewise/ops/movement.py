@@ -685,7 +685,7 @@ composite("tensor_split.sections(Tensor self, int sections, int dim=0) -> Tensor
 composite("tensor_split.indices(Tensor self, int[] indices, int dim=0) -> Tensor[]", _tensor_split_indices)
 composite("meshgrid(Tensor[] tensors, *, str? indexing=None) -> Tensor[]", _meshgrid, method=False, varargs=True,
           doc="Coordinate grids from 1-D tensors (``indexing='ij'``: matrix order, ``'xy'``: Cartesian).")
-composite("cross(Tensor self, Tensor other, int? dim=None) -> Tensor", _cross,
+composite("cross(Tensor self, Tensor other, int? dim=None) -> Tensor", _cross, autocast="promote",
           doc="Cross product of 3-vectors along ``dim`` (the first dim of size 3 when None).")
 
 
@@ -845,7 +845,7 @@ def _einsum(equation, tensors, path=None):
 
 
 composite("einsum(str equation, Tensor[] tensors, *, int[]? path=None) -> Tensor", _einsum, method=False,
-          varargs=True,
+          varargs=True, autocast="lower",
           doc="Einstein summation: ``einsum('bij,bjk->bik', a, b)``. Supports ``...``, repeated subscripts "
               "(diagonals), implicit output and broadcasting of size-1 dims.\n\n"
               ">>> tw.einsum('ij,j->i', tw.ones(2, 3), tw.ones(3))\ntensor([3., 3.])")

@@ -311,7 +311,7 @@ def _cosine_similarity(x1, x2, dim=1, eps=1e-8):
 
 
 functional("normalize(Tensor input, float p=2.0, int dim=1, float eps=1e-12) -> Tensor", _normalize,
-           function=False)
+           function=False, autocast="fp32")
 functional("cosine_similarity(Tensor x1, Tensor x2, int dim=1, float eps=1e-08) -> Tensor", _cosine_similarity,
            autocast="fp32")
 

@@ -309,7 +309,8 @@ private("_binary_cross_entropy(Tensor input, Tensor target, Tensor? weight, str 
         {"input": f"grad * (input - target) / clamp((1 - input) * input, min=1e-12) * {_BCE_SCALE}",
          "target": f"grad * (log1p(-input) - log(input)) * {_BCE_SCALE}", "weight": None})
 functional("binary_cross_entropy(Tensor input, Tensor target, Tensor? weight=None, bool? size_average=None, "
-           "bool? reduce=None, str reduction='mean') -> Tensor", _binary_cross_entropy, function=False)
+           "bool? reduce=None, str reduction='mean') -> Tensor", _binary_cross_entropy, function=False,
+           autocast="banned")
 
 
 def _binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",

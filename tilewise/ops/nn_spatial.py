@@ -333,7 +333,7 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
 
 functional("interpolate(Tensor input, int[]? size=None, float[]? scale_factor=None, str mode='nearest', "
            "bool? align_corners=None, bool? recompute_scale_factor=None, bool antialias=False) -> Tensor",
-           _interpolate, function=False)
+           _interpolate, function=False, autocast="fp32")
 
 
 def _pixel_shuffle(input, upscale_factor):

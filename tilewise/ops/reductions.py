@@ -24,9 +24,9 @@ def reduced_count(shape, dim) -> int:
 
 # ---------------------------------------------------------------- primitives
 reduction("sum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", "add",
-          {"self": "expand_reduced(grad, self_shape, dim, keepdim)"}, R.reduction_sum)
+          {"self": "expand_reduced(grad, self_shape, dim, keepdim)"}, R.reduction_sum, autocast="fp32")
 reduction("prod(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", "mul",
-          {"self": "prod_backward(grad, self, result, dim, keepdim)"}, R.reduction_sum)
+          {"self": "prod_backward(grad, self, result, dim, keepdim)"}, R.reduction_sum, autocast="fp32")
 reduction("amax(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "max",
           {"self": "minmax_backward(grad, self, result, dim, keepdim)"})
 reduction("amin(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "min",
@@ -110,7 +110,7 @@ def _logsumexp(self, dim, keepdim=False):
 
 composite("logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor", _logsumexp,
           {"self": "grad_expanded(grad, self_shape, dim, keepdim) * exp(self - "
-                   "grad_expanded(result, self_shape, dim, keepdim))"})
+                   "grad_expanded(result, self_shape, dim, keepdim))"}, autocast="fp32")
 
 
 def _norm(self, p=2, dim=None, keepdim=False, dtype=None):
@@ -129,6 +129,6 @@ def _norm(self, p=2, dim=None, keepdim=False, dtype=None):
 
 
 composite("norm(Tensor self, Scalar? p=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
-          _norm, {"self": "norm_backward(grad, self, result, p, dim, keepdim)"})
+          _norm, {"self": "norm_backward(grad, self, result, p, dim, keepdim)"}, autocast="fp32")
 composite("count_nonzero(Tensor self, int[1]? dim=None) -> Tensor", lambda self, dim=None: (self != 0).sum(dim),
           differentiable=False)

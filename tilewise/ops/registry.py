@@ -23,6 +23,7 @@ from tilewise.ops.schema import Schema, make_binder, parse_schema
 
 KINDS = ("pointwise", "reduction", "view", "composite", "creation", "random", "index", "matmul", "scan", "sort",
          "copy", "other")
+AUTOCAST_POLICIES = ("lower", "fp32", "promote", "banned")  # see [Note: autocast] in amp/autocast_mode.py
 
 _FORMULA_NAMESPACE: dict = {}
 OPS: dict[str, OpDef] = {}  # full name (name or name.overload) -> OpDef
@@ -77,7 +78,7 @@ class OpDef:
     reduce: str | None = None
     differentiable: bool = True
     nondiff_outputs: tuple[int, ...] = ()
-    autocast: str | None = None  # "lower" (run in the autocast dtype), "fp32" (run in float32), None
+    autocast: str | None = None  # one of AUTOCAST_POLICIES, or None (untouched by autocast)
     doc: str = ""
     binder: Callable = None
     tensor_idx: tuple[int, ...] = ()
@@ -129,6 +130,8 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
             nondiff_outputs: tuple[int, ...] = (), autocast: str | None = None, doc: str = "", **attrs) -> OpDef:
     if kind not in KINDS:
         raise ValueError(f"unknown operator kind {kind!r}; kinds: {KINDS}")
+    if autocast is not None and autocast not in AUTOCAST_POLICIES:
+        raise ValueError(f"{schema}: unknown autocast policy {autocast!r}; policies: {AUTOCAST_POLICIES} or None")
     s = parse_schema(schema)
     if s.full_name in OPS:
         raise ValueError(f"operator {s.full_name} declared twice")

@@ -4,10 +4,11 @@
 operators save for backward is replaced by a small integer handle (``saved_tensors_hooks``), so the
 segment's activations die as soon as the forward no longer needs them. The first time backward unpacks a
 handle, ``fn`` is run again on detached copies of its inputs, under the same RNG state (so dropout masks
-match), recording the tensors saved in the same order; each unpacked handle takes its tensor back out,
-and the recomputed activations are freed as backward consumes them. Because ``fn``'s own graph is the one
-backward walks, gradients reach everything ``fn`` reads, arguments and captured parameters alike, and
-``autograd.grad`` works as it does without checkpointing (torch's non-reentrant variant).
+match) and autocast state (backward itself runs without autocast), recording the tensors saved in the
+same order; each unpacked handle takes its tensor back out, and the recomputed activations are freed as
+backward consumes them. Because ``fn``'s own graph is the one backward walks, gradients reach everything
+``fn`` reads, arguments and captured parameters alike, and ``autograd.grad`` works as it does without
+checkpointing (torch's non-reentrant variant).
 
 ``use_reentrant=True`` gives torch's older form instead: ``fn`` runs without grad inside an
 ``autograd.Function`` whose backward recomputes it and calls ``backward`` on the recomputed outputs, so
@@ -48,21 +49,24 @@ def checkpoint(function: Callable, *args, use_reentrant: bool = False, preserve_
     return _Segment(function, args, kwargs, preserve_rng_state).run()
 
 
-class _RngState:
-    """The default generator's state at one moment, replayable around a recomputation."""
+class _ForwardState:
+    """The default generator's state and the autocast state at one moment, replayable around a recomputation."""
 
     def __init__(self, preserve: bool):
         self.state = get_rng_state() if preserve else None
+        self.autocast = STATE.autocast
 
     def replay(self, fn: Callable):
-        if self.state is None:
-            return fn()
-        now = get_rng_state()
-        set_rng_state(self.state)
+        autocast, STATE.autocast = STATE.autocast, self.autocast
+        now = get_rng_state() if self.state is not None else None
+        if now is not None:
+            set_rng_state(self.state)
         try:
             return fn()
         finally:
-            set_rng_state(now)
+            STATE.autocast = autocast
+            if now is not None:
+                set_rng_state(now)
 
 
 def _detached_like(value):
@@ -76,7 +80,7 @@ class _Segment:
 
     def __init__(self, function: Callable, args: tuple, kwargs: dict, preserve_rng_state: bool):
         self.function, self.args, self.kwargs = function, args, kwargs
-        self.rng = _RngState(preserve_rng_state)
+        self.rng = _ForwardState(preserve_rng_state)
         self.count = 0
         self.recomputed: dict[int, Tensor] = {}
 
@@ -119,7 +123,7 @@ def _never_unpacked(handle: int):
 class _ReentrantCheckpoint(Function):
     @staticmethod
     def forward(ctx, function, preserve_rng_state, *args):
-        ctx.function, ctx.rng = function, _RngState(preserve_rng_state)
+        ctx.function, ctx.rng = function, _ForwardState(preserve_rng_state)
         ctx.save_for_backward(*args)
         return function(*args)
 

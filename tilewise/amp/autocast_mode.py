@@ -1,0 +1,305 @@
+"""``tilewise.autocast``: automatic mixed precision, with torch.autocast's interface and casting policy.
+
+[Note: autocast] Inside ``with tilewise.autocast(device_type):`` the dispatcher's Autocast key
+(``dispatch.autocast_call``) looks at each operator that user code calls. An operator declares its policy
+once, in its declaration (``declare(..., autocast=...)``), after torch's CUDA lists:
+  "lower"   — matrix products, convolutions, attention: floating tensors run in the autocast dtype
+              (float16 or bfloat16);
+  "fp32"    — ops whose range or accumulation needs float32 (exp, log, pow, sum, softmax, norms, losses):
+              low-precision floating tensors are cast to float32; an op given an explicit ``dtype=`` is left
+              alone (torch's "fp32_set_opt_dtype");
+  "promote" — ops that take several floating tensors (addcmul, dot, index_put, ...): all are cast to the
+              widest floating dtype among them;
+  "banned"  — binary_cross_entropy: refused under CUDA autocast with torch's advice, float32 under CPU
+              autocast (torch's CPU list).
+Only tensors on the device type autocast is enabled for are touched, and never float64 ones; operators
+without a policy run on the dtypes they are given (ordinary type promotion). Casts are ordinary ``to``
+calls, recorded by autograd and by ``tilewise.compile``'s trace, so a gradient returns in its input's
+dtype. An operator's own decomposition runs with autocast off (torch's autocast wrappers exclude their
+key the same way), so only the operators user code calls are cast; backward runs with autocast off too
+(the recorded casts already fix its dtypes). In-place operators are not cast (torch lists none).
+
+Within the outermost region, the cast of a float32 leaf that requires grad (a weight) is cached and reused
+(``cache_enabled``), keyed by the tensor, its version (an optimizer step in the region makes a new cast),
+the target dtype and grad mode; the cache is emptied when the outermost region exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+
+from tilewise.dispatch import STATE
+from tilewise.dtypes import DType, as_dtype, bfloat16, float16, float32, float64
+from tilewise.tensor import Tensor
+
+DEFAULT_DTYPES: dict[str, DType] = {"cuda": float16, "cpu": bfloat16}  # torch's defaults per device type
+SUPPORTED_DTYPES: tuple[DType, ...] = (float16, bfloat16)
+
+
+class _Regions:
+    """What outlives one region and is restored by each: nesting depth, the cast cache and its switch, and
+    the dtype each device type is set to (``get_autocast_dtype`` reads it even outside a region)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.cache_enabled = True
+        self.cache: dict[tuple, tuple] = {}
+        self.dtypes: dict[str, DType] = dict(DEFAULT_DTYPES)
+
+
+_REGIONS = _Regions()
+
+
+class AutocastState:
+    """What the dispatcher's Autocast key reads: the device types autocast is on for, each with its dtype."""
+
+    __slots__ = ("dtypes", "key")
+
+    def __init__(self, dtypes: dict[str, DType]) -> None:
+        self.dtypes = dtypes
+        self.key = tuple(sorted((device_type, dtype.name) for device_type, dtype in dtypes.items()))
+
+    def __repr__(self) -> str:
+        return describe(self.key)
+
+    def cast_args(self, op, args: tuple) -> tuple:
+        return POLICIES[op.autocast](self, op, args)
+
+    def target(self, t) -> DType | None:
+        """The autocast dtype for ``t``'s device type, when autocast may cast ``t`` at all."""
+        if type(t) is not Tensor:
+            return None
+        dtype = t._dtype
+        if not dtype.is_floating_point or dtype is float64:
+            return None
+        return self.dtypes.get(t._device.type)
+
+
+def describe(key: tuple) -> str:
+    """A guard key (``AutocastState.key``) as a reader would write it."""
+    if not key:
+        return "autocast off"
+    return " and ".join(f"autocast({device_type!r}, dtype={name})" for device_type, name in key)
+
+
+# ---------------------------------------------------------------------------- casting policies
+
+def _map_tensors(op, args: tuple, cast: Callable) -> tuple:
+    """``args`` with ``cast`` applied to every tensor argument, those inside tensor lists included."""
+    out = None
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is Tensor:
+            b = cast(a)
+            if b is not a:
+                out = out or list(args)
+                out[k] = b
+    for k in op.list_idx:
+        items = args[k]
+        cast_items = tuple(cast(a) if type(a) is Tensor else a for a in items)
+        if any(b is not a for a, b in zip(items, cast_items)):
+            out = out or list(args)
+            out[k] = type(items)(cast_items) if isinstance(items, (list, tuple)) else cast_items
+    return tuple(out) if out is not None else args
+
+
+def _lower(state: AutocastState, op, args: tuple) -> tuple:
+    def cast(t):
+        dtype = state.target(t)
+        return t if dtype is None else cast_to(t, dtype)
+
+    return _map_tensors(op, args, cast)
+
+
+def _dtype_given(op, args: tuple) -> bool:
+    names = op.param_names()
+    return "dtype" in names and args[names.index("dtype")] is not None
+
+
+def _fp32(state: AutocastState, op, args: tuple) -> tuple:
+    if _dtype_given(op, args):
+        return args
+
+    def cast(t):
+        return t if state.target(t) is None else cast_to(t, float32)
+
+    return _map_tensors(op, args, cast)
+
+
+def _promote(state: AutocastState, op, args: tuple) -> tuple:
+    widest = None
+    for k in op.tensor_idx:
+        widest = _wider(state, widest, args[k])
+    for k in op.list_idx:
+        for a in args[k]:
+            widest = _wider(state, widest, a)
+    if widest is None:
+        return args
+
+    def cast(t):
+        return t if state.target(t) is None else cast_to(t, widest)
+
+    return _map_tensors(op, args, cast)
+
+
+def _wider(state: AutocastState, widest: DType | None, t) -> DType | None:
+    if state.target(t) is None:
+        return widest
+    if widest is None or t._dtype is float32:
+        return t._dtype
+    return widest
+
+
+BCE_BANNED = ("{op} (and nn.BCELoss) is unsafe to autocast on CUDA: models usually apply a sigmoid right before it, "
+              "whose float16 output loses the precision the loss needs. Combine the two with "
+              "tilewise.nn.functional.binary_cross_entropy_with_logits (or nn.BCEWithLogitsLoss), which is safe to "
+              "autocast, or compute this loss outside the autocast region on float32 inputs.")
+
+
+def _banned_on_cuda(state: AutocastState, op, args: tuple) -> tuple:
+    if "cuda" in state.dtypes:
+        for k in op.tensor_idx:
+            t = args[k]
+            if state.target(t) is not None and t._device.type == "cuda":
+                raise RuntimeError(BCE_BANNED.format(op=op.name))
+    return _fp32(state, op, args)
+
+
+POLICIES: dict[str, Callable] = {"lower": _lower, "fp32": _fp32, "promote": _promote, "banned": _banned_on_cuda}
+
+
+def cast_to(t: Tensor, dtype: DType) -> Tensor:
+    """``t.to(dtype)``, reusing this region's cast of a weight (a float32 leaf that requires grad)."""
+    if t._dtype is dtype:
+        return t
+    if not (_REGIONS.depth and _REGIONS.cache_enabled and t._requires_grad and t.grad_fn is None and t._base is None
+            and t._dtype is float32 and not STATE.trace_depth):
+        return t._to_dtype(dtype)
+    key = (id(t), dtype, STATE.grad_enabled)
+    version = t._version
+    hit = _REGIONS.cache.get(key)
+    if hit is not None and hit[0] is t and hit[1] == version:
+        return hit[2]
+    out = t._to_dtype(dtype)
+    _REGIONS.cache[key] = (t, version, out)  # holding t keeps its id from being reused while the entry lives
+    return out
+
+
+# ---------------------------------------------------------------------------- the public interface
+
+def _check_device_type(device_type, what: str) -> str:
+    if not isinstance(device_type, str):
+        raise ValueError(f"{what}: expected device_type to be a str such as 'cuda' or 'cpu', got "
+                         f"{type(device_type).__name__} {device_type!r}")
+    if device_type not in DEFAULT_DTYPES:
+        raise RuntimeError(f"{what}: unsupported device_type {device_type!r}; autocast supports "
+                           f"{', '.join(repr(d) for d in DEFAULT_DTYPES)} (a device type, without an index)")
+    return device_type
+
+
+def _check_dtype(dtype, device_type: str) -> DType:
+    valid = ", ".join(f"tilewise.{d.name}" for d in SUPPORTED_DTYPES)
+    try:
+        resolved = as_dtype(dtype)
+    except (TypeError, ValueError, KeyError):
+        raise TypeError(f"autocast(device_type={device_type!r}): dtype must be one of {valid}, got {dtype!r}") from None
+    if resolved not in SUPPORTED_DTYPES:
+        kind = "" if resolved.is_floating_point else " (not a floating-point dtype)"
+        raise RuntimeError(f"autocast(device_type={device_type!r}): unsupported dtype tilewise.{resolved.name}{kind}; "
+                           f"autocast runs ops in one of {valid}")
+    return resolved
+
+
+class autocast:  # noqa: N801 — torch's name
+    """Run the ops of a region in mixed precision: matrix products and convolutions in ``dtype`` (float16 on
+    "cuda", bfloat16 on "cpu" unless given), precision-sensitive ops in float32, as ``torch.autocast`` does.
+    A context manager or a decorator; regions nest, and ``enabled=False`` turns autocast off inside one.
+
+    >>> import tilewise as tw
+    >>> x, w = tw.randn(4, 8), tw.randn(3, 8, requires_grad=True)
+    >>> with tw.autocast("cpu"):
+    ...     y = tw.nn.functional.linear(x, w)
+    ...     p = y.softmax(-1)
+    >>> y.dtype, p.dtype
+    (tilewise.bfloat16, tilewise.float32)
+    >>> p.sum().backward()
+    >>> w.grad.dtype
+    tilewise.float32
+    """
+
+    def __init__(self, device_type: str, dtype: DType | None = None, enabled: bool = True,
+                 cache_enabled: bool | None = None) -> None:
+        self.device = _check_device_type(device_type, "autocast")
+        self.fast_dtype = _check_dtype(dtype, device_type) if dtype is not None else _REGIONS.dtypes[device_type]
+        self._enabled = bool(enabled)
+        self._cache_enabled = cache_enabled
+        self._saved: list[tuple] = []  # one entry per entered, not yet exited, use (the object may be re-entered)
+
+    def __enter__(self) -> autocast:
+        regions = _REGIONS
+        state = STATE.autocast
+        self._saved.append((state, regions.cache_enabled, regions.dtypes[self.device]))
+        dtypes = dict(state.dtypes) if state is not None else {}
+        if self._enabled:
+            dtypes[self.device] = self.fast_dtype
+        else:
+            dtypes.pop(self.device, None)
+        STATE.autocast = AutocastState(dtypes) if dtypes else None
+        regions.dtypes[self.device] = self.fast_dtype
+        if self._cache_enabled is not None:
+            regions.cache_enabled = bool(self._cache_enabled)
+        regions.depth += 1
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        regions = _REGIONS
+        STATE.autocast, regions.cache_enabled, regions.dtypes[self.device] = self._saved.pop()
+        regions.depth -= 1
+        if regions.depth == 0:
+            regions.cache.clear()
+        return False
+
+    def __call__(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def decorated(*args, **kwargs):
+            with autocast(self.device, self.fast_dtype, self._enabled, self._cache_enabled):
+                return fn(*args, **kwargs)
+
+        return decorated
+
+
+def is_autocast_enabled(device_type: str = "cuda") -> bool:
+    """Whether autocast is on for ``device_type`` here (``torch.is_autocast_enabled``; "cuda" by default)."""
+    _check_device_type(device_type, "is_autocast_enabled")
+    state = STATE.autocast
+    return state is not None and device_type in state.dtypes
+
+
+def get_autocast_dtype(device_type: str) -> DType:
+    """The dtype autocast runs "lower" ops in for ``device_type``: the innermost region's, else the default."""
+    return _REGIONS.dtypes[_check_device_type(device_type, "get_autocast_dtype")]
+
+
+def is_autocast_available(device_type: str) -> bool:
+    return device_type in DEFAULT_DTYPES
+
+
+def is_autocast_cache_enabled() -> bool:
+    return _REGIONS.cache_enabled
+
+
+def clear_autocast_cache() -> None:
+    _REGIONS.cache.clear()
+
+
+@contextlib.contextmanager
+def suspended():
+    """Autocast off for a moment, whatever the regions around say (a decomposition re-traced by the compiler
+    runs as it ran eagerly: below the Autocast key)."""
+    state, STATE.autocast = STATE.autocast, None
+    try:
+        yield
+    finally:
+        STATE.autocast = state
