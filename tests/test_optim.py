@@ -255,3 +255,26 @@ def test_one_cycle_rejects_stepping_past_total_steps():
     sched.step()
     with pytest.raises(ValueError, match="Tried to step 4 times"):
         sched.step()
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW", "RMSprop", "SGD"])
+def test_init_state_creates_what_a_first_step_would_and_changes_no_result(name):
+    """``init_state`` (what tilewise.compile calls before tracing a training step) makes the zero state a first
+    step would make; later steps are the same as with the state made lazily. SGD's momentum buffer starts as
+    the first gradient, so it makes nothing."""
+    kwargs = {"lr": 0.1, "momentum": 0.9} if name in ("SGD", "RMSprop") else {"lr": 0.1}
+    tw.manual_seed(0)
+    params = [[tw.randn(3, 4).requires_grad_(), tw.randn(4).requires_grad_()] for _ in range(2)]
+    for a, b in zip(*params):
+        b.data.copy_(a.data)
+    lazy, early = (getattr(tw.optim, name)(p, **kwargs) for p in params)
+    early.init_state()
+    assert len(early.state) == (0 if name == "SGD" else 2)
+    for step in range(3):
+        for p, opt in zip(params, (lazy, early)):
+            loss = (p[0].sum(0) * p[1]).square().sum() + step
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(*params):
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())

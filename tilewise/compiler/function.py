@@ -131,9 +131,9 @@ def _state_layout(states: list[dict]) -> tuple:
     return tuple(tuple((id(owner), entry_layout(entry)) for owner, entry in state.items()) for state in states)
 
 
-def optimizer_states(fn, arguments: tuple = ()) -> list[dict]:
-    """The ``state`` tables of optimizers a function can reach: its arguments, default values, closure,
-    globals, or bound object."""
+def reachable_optimizers(fn, arguments: tuple = ()) -> list:
+    """The optimizers (objects with ``param_groups`` and a ``state`` table) a function can reach: its arguments,
+    default values, closure, globals, or bound object."""
     candidates = list(arguments)
     owner = getattr(fn, "__self__", None)
     if owner is not None:
@@ -146,12 +146,12 @@ def optimizer_states(fn, arguments: tuple = ()) -> list[dict]:
         candidates += [*found.nonlocals.values(), *found.globals.values()]
     except (TypeError, ValueError):
         pass
-    states = []
+    found_optimizers = []
     for c in candidates:
         state = getattr(c, "state", None) if hasattr(c, "param_groups") else None
-        if isinstance(state, dict) and not any(state is s for s in states):
-            states.append(state)
-    return states
+        if isinstance(state, dict) and not any(state is o.state for o in found_optimizers):
+            found_optimizers.append(c)
+    return found_optimizers
 
 
 def make_guards(traced: Traced, flat: list, spec, module, states: list[dict]) -> Guards:
@@ -317,7 +317,12 @@ class CompiledFunction:
 
     def _compile(self, args: tuple, kwargs: dict, flat: list, spec) -> Variant:
         names, known = _module_tensors(self.module)
-        states = optimizer_states(self.fn, (*args, *kwargs.values()))
+        optimizers = reachable_optimizers(self.fn, (*args, *kwargs.values()))
+        for optimizer in optimizers:  # the state a first step creates exists before the trace: one trace, not two
+            init = getattr(optimizer, "init_state", None)
+            if init is not None:
+                init()
+        states = [o.state for o in optimizers]
         traced = trace(self.fn, args, kwargs, names=names, known=known, states=states)
         target, device = _target(traced)
         guards = make_guards(traced, flat, spec, self.module, states)

@@ -5,7 +5,8 @@ result shape and dtype from the same rules the eager kernels use (the operator's
 ``reduction_dims``, view rules). Operators without such a rule (indexing, scans, sorts, anything new) are
 run by the CPU backend on stand-ins of their inputs' types, once filled with zeros and once with ones:
 when the two results' shapes differ, the shape depends on the values (``repeat_interleave`` by a tensor,
-``nonzero``) and capture refuses the operator with a ``DataDependentError``.
+``nonzero``) and capture refuses the operator with a ``DataDependentError``. What that run finds is kept
+per signature (operator, argument shapes, dtypes and values), since it costs a full-size CPU computation.
 """
 
 from __future__ import annotations
@@ -139,8 +140,25 @@ def _copy(op, args, device):
     return None
 
 
+def _index(op, args, device):
+    """gather/scatter and the backward of a view: their result types follow from their operands' shapes (the
+    kernels' own dim and dtype checks run here too), so the CPU kernel need not run on full-size stand-ins."""
+    from tilewise.backends.cpu.kernels import check_gather_shapes
+
+    name = op.name
+    if name == "gather":
+        check_gather_shapes(args[0], args[1], args[2], name)
+        return TensorType(args[2]._shape, args[0]._dtype, device)
+    if name in ("scatter", "scatter_add") and type(args[2]) is Tensor:
+        check_gather_shapes(args[0], args[1], args[2], name)
+        return TensorType(args[0]._shape, args[0]._dtype, device)
+    if name == "view_scatter_add":
+        return TensorType(tuple(args[1]), args[0]._dtype, device)
+    return None
+
+
 _RULES = {"pointwise": _pointwise, "reduction": _reduction, "view": _view, "matmul": _matmul,
-          "creation": _creation, "random": _random, "copy": _copy}
+          "creation": _creation, "random": _random, "copy": _copy, "index": _index}
 
 
 # ---------------------------------------------------------------------------- the general fallback
@@ -149,8 +167,40 @@ def _zeros_like_meta(t: Tensor) -> Tensor:
     return from_array(np.zeros(t._shape, dtype=t._dtype.np), t._dtype)
 
 
+_inferred: dict = {}  # (op, the arguments' types and values) -> result types found by run_on_zeros
+
+
+def _signature(op, args: tuple):
+    def part(a):
+        if type(a) is Tensor:
+            return (a._shape, a._dtype)
+        if isinstance(a, (tuple, list)):
+            return (type(a), tuple(part(x) for x in a))
+        return (type(a), a)
+
+    try:
+        key = (op.full_name, tuple(part(a) for a in args))
+        hash(key)
+        return key
+    except TypeError:
+        return None
+
+
 def run_on_zeros(op, args: tuple, device) -> TensorType | tuple:
-    """Run the CPU kernel on zero-filled stand-ins and read the result types."""
+    """Run the CPU kernel on zero-filled stand-ins and read the result types (remembered per signature: the
+    same call in every layer of a model, or in the next compile, is not run again)."""
+    key = _signature(op, args)
+    found = _inferred.get(key) if key is not None else None
+    if found is None:
+        found = _run_on_zeros(op, args)
+        if key is not None:
+            _inferred[key] = found
+    if isinstance(found, tuple) and not isinstance(found, TensorType):
+        return tuple(TensorType(o.shape, o.dtype, device) if o is not None else None for o in found)
+    return TensorType(found.shape, found.dtype, device)
+
+
+def _run_on_zeros(op, args: tuple) -> TensorType | tuple:
     from tilewise.backends.cpu import run as cpu_run
     from tilewise.compiler.capture import suspended
 
@@ -169,8 +219,8 @@ def run_on_zeros(op, args: tuple, device) -> TensorType | tuple:
 
             raise data_dependent_error(f"{op.name}() (its result's shape depends on tensor values)")
     if isinstance(out, (tuple, list)):
-        return tuple(TensorType(o._shape, o._dtype, device) if o is not None else None for o in out)
-    return TensorType(out._shape, out._dtype, device)
+        return tuple(TensorType(o._shape, o._dtype, cpu) if o is not None else None for o in out)
+    return TensorType(out._shape, out._dtype, cpu)
 
 
 def _shapes(out) -> tuple | None:

@@ -38,6 +38,9 @@ class Adam(Optimizer):
                 state["max_exp_avg_sq"] = zeros_like(p)
         return state
 
+    def _init_param_state(self, p, group: dict) -> None:
+        self._state(p, group["amsgrad"])
+
     @no_grad()
     def step(self, closure=None):
         loss = self._evaluate(closure)

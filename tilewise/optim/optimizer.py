@@ -84,6 +84,23 @@ class Optimizer:
     def step(self, closure: Callable[[], Any] | None = None):
         raise NotImplementedError(f"{type(self).__name__} does not implement step()")
 
+    def init_state(self) -> None:
+        """Create now the state that ``step()`` would create at its first call, for every parameter that
+        requires grad and has none yet, where that state does not depend on the first gradient (Adam's and
+        RMSprop's zeros; SGD's momentum buffer starts as the first gradient, so SGD creates nothing here).
+
+        ``tilewise.compile`` calls it before tracing a function that reaches this optimizer: a training step
+        then traces once, with the state it will have from then on, instead of once with empty state and
+        again at the second call. A parameter that never receives a gradient keeps zero state that ``step()``
+        never touches."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and not self.state.get(p):
+                    self._init_param_state(p, group)
+
+    def _init_param_state(self, p: Tensor, group: dict) -> None:
+        """The state of ``p`` before its first step, where it is known before the gradient (see init_state)."""
+
     def _evaluate(self, closure: Callable[[], Any] | None):
         if closure is None:
             return None

@@ -31,6 +31,9 @@ class RMSprop(Optimizer):
                 state["grad_avg"] = zeros_like(p)
         return state
 
+    def _init_param_state(self, p, group: dict) -> None:
+        self._state(p, group)
+
     @no_grad()
     def step(self, closure=None):
         loss = self._evaluate(closure)

@@ -360,7 +360,9 @@ def index_put(self, indices, values, accumulate=False):
     return _out(out, self.dtype)
 
 
-def _check_gather_index(self, dim, index, op):
+def check_gather_shapes(self, dim, index, op) -> int:
+    """gather/scatter's checks of dims and dtypes (what the compiler can check before values exist); the
+    normalised dim."""
     from tilewise import _strides as S
 
     d = S.normalize_dim(dim, max(self.ndim, 1), op)
@@ -369,6 +371,11 @@ def _check_gather_index(self, dim, index, op):
     if index.ndim != self.ndim:
         raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as input tensor "
                            f"({index.ndim} vs {self.ndim})")
+    return d
+
+
+def _check_gather_index(self, dim, index, op):
+    d = check_gather_shapes(self, dim, index, op)
     a = index._np()
     if a.size and (a.min() < 0 or a.max() >= self.shape[d]):
         bad = int(a.min()) if a.min() < 0 else int(a.max())
