@@ -26,6 +26,25 @@ def test_seed_chain_is_one_vectorised_elementwise_kernel():
     assert "tw_vec<float, 4>" in low.source
 
 
+def test_an_optimizer_update_over_many_parameters_is_one_body_in_one_kernel():
+    """AdamW over parameters of several shapes: one kernel whose nests (one per parameter) share one body,
+    each block picking its nest's buffers and length; NVRTC compiles it."""
+    from tilewise.compiler.toolchain import compile_cached
+
+    params = [tw.randn(*shape).requires_grad_() for shape in ((64, 256), (256,), (256, 64), (64,), (64, 256))]
+    for p in params:
+        p.grad = tw.randn(*p.shape)
+    opt = tw.optim.AdamW(params, lr=1e-3)
+    opt.init_state()
+    low, plans = cuda_plans(lambda: opt.step())
+    update = max(low.schedules, key=lambda s: len(s.nests))
+    assert len(update.nests) == len(params)
+    source = low.sources[update.kernel.name]
+    assert f"one body for {len(params)} nests" in source and source.count("tw_n = ") == len(params)
+    assert source.count("if (e < tw_n)") == 1
+    compile_cached(source, update.kernel.name, "sm_90")
+
+
 def test_bf16_softmax_keeps_its_row_in_registers():
     low, plans = cuda_plans(lambda x: x.float().softmax(-1).bfloat16(), tw.randn(64, 4096).bfloat16())
     (plan,) = plans

@@ -77,13 +77,18 @@ class _Access:
 
 
 class _Nest:
-    def __init__(self, kernel: Kernel, ns: NestSchedule, k: int, source: Source, block: int, w: _Writer):
+    def __init__(self, kernel: Kernel, ns: NestSchedule, k: int, source: Source, block: int, w: _Writer,
+                 generic: bool = False):
         self.kernel, self.ns, self.nest, self.k = kernel, ns, ns.nest, k
         self.plan = ns.cuda
         self.source, self.block, self.w = source, block, w
         self.idx = self.plan.index
         self.folds = [fold_helper(source, _FOLDS, r.combiner, r.dtype)[0] for r in self.nest.reductions]
         self.smem = 0  # bytes of the kernel's shared buffer this nest uses (nests never run in one block)
+        # generic: buffers are the variables tw_q0, tw_q1, ... (``used`` lists their params in that order) and
+        # the element count is tw_n, so nests that differ only in those share one body (see _groups)
+        self.generic = generic
+        self.used: list[int] = []
 
     def shared(self, ctype: str, name: str, count: int, itemsize: int) -> None:
         """Declare ``name``: ``count`` elements of the kernel's shared buffer, after what this nest took."""
@@ -98,7 +103,11 @@ class _Nest:
         return _Access("vector" if s == 1 else "lanes", s)
 
     def param(self, k: int) -> str:
-        return self.kernel.params[k].name
+        if not self.generic:
+            return self.kernel.params[k].name
+        if k not in self.used:
+            self.used.append(k)
+        return f"tw_q{self.used.index(k)}"
 
     def vec_type(self, dtype: DType) -> str:
         return f"tw_vec<{CUDA.ctype(dtype)}, {self.plan.vector}>"
@@ -185,7 +194,7 @@ class _Nest:
         nest, plan, idx = self.nest, self.plan, self.idx
         n = S.numel(nest.shape)
         self.w.line(f"const {idx} e = (({idx})tw_block * {self.block} + threadIdx.x) * {plan.vector};")
-        self.w.open(f"if (e < ({idx}){n})")
+        self.w.open(f"if (e < {'tw_n' if self.generic else f'({idx}){n}'})")
         self.decompose("e", nest.outer)
         results = self.lanes([st.value for st in nest.stores], {}, "")
         self.store_lanes(nest.stores, results, 0)
@@ -402,26 +411,114 @@ def render_kernel(sched: KernelSchedule, source: Source, aliased: bool = False) 
         params.append("unsigned char* __restrict__ tw_scratch")
     w = _Writer()
     w.line("unsigned int tw_block = blockIdx.x;")
-    last = len(sched.nests) - 1
+    groups = _groups(sched, source, qualifier)
     smem = 0
-    for k, ns in enumerate(sched.nests):
-        head = f"/* nest {k}: {ns.cuda.strategy}, {ns.cuda.blocks} block(s) */"
-        if k < last:
-            w.open(f"if (tw_block < {ns.cuda.blocks}u) {head}")
+    for g, members in enumerate(groups):
+        last = g == len(groups) - 1
+        blocks = sum(ns.cuda.blocks for _, ns, _ in members)
+        k0, ns0, template = members[0]
+        if template is None:
+            head = f"/* nest {k0}: {ns0.cuda.strategy}, {blocks} block(s) */"
         else:
-            w.open(f"{head}")
-        nest = _Nest(kernel, ns, k, source, sched.block, w)
-        nest.render()
-        smem = max(smem, nest.smem)
-        if k < last:
+            head = f"/* nests {k0}-{members[-1][0]}: {ns0.cuda.strategy}, {blocks} block(s), one body for " \
+                   f"{len(members)} nests */"
+        w.open(head if last else f"if (tw_block < {blocks}u) {head}")
+        if template is None:
+            nest = _Nest(kernel, ns0, k0, source, sched.block, w)
+            nest.render()
+            smem = max(smem, nest.smem)
+        else:
+            _render_group(kernel, members, w)
+        if not last:
             w.line("return;")
         w.close()
-        if k < last:
-            w.line(f"tw_block -= {ns.cuda.blocks}u;")
+        if not last:
+            w.line(f"tw_block -= {blocks}u;")
     if smem:  # one buffer for the whole kernel: a block runs one nest, so the nests' arrays share it
         w.lines.insert(0, f"    __shared__ __align__(16) unsigned char tw_smem[{smem}];")
     return f"{CUDA.kernel_prefix.format(block=sched.block)} {kernel.name}({', '.join(params)}) {{\n" + \
         "\n".join(w.lines) + "\n}"
+
+
+@dataclass
+class _Template:
+    """A nest rendered generically: its body, the parameter behind each ``tw_q<j>`` and their declarations."""
+
+    body: list[str]
+    used: list[int]
+    declarations: tuple[str, ...]
+    count_type: str
+
+
+def _template(kernel: Kernel, ns: NestSchedule, k: int, source: Source, block: int, qualifier: str):
+    """``ns`` as a generic body (see ``_Nest.generic``), or None where a nest has a body of its own."""
+    if ns.cuda.strategy != "elements":
+        return None
+    w = _Writer(depth=2)
+    nest = _Nest(kernel, ns, k, source, block, w, generic=True)
+    nest.render()
+    if nest.smem:
+        return None
+    params = [kernel.params[q] for q in nest.used]
+    declarations = tuple(f"{'' if p.written else 'const '}{CUDA.ctype(p.dtype)}*{qualifier} tw_q{j}"
+                         for j, p in enumerate(params))
+    return _Template(w.lines, nest.used, declarations, nest.idx)
+
+
+def _groups(sched: KernelSchedule, source: Source, qualifier: str) -> list[list[tuple]]:
+    """The kernel's nests in runs of (index, schedule, template): consecutive elementwise nests whose generic
+    bodies are the same text over the same buffer types form one run, rendered once (``_render_group``);
+    any other nest is a run of its own, with template None.
+
+    [Note: one body for many nests] A whole training step's optimizer update is one kernel with a nest per
+    parameter tensor, every nest the same expression over other buffers and another length. Rendered one
+    by one, the kernel is one long chain of bodies: each block walks past every earlier nest's test, each
+    test in another stretch of code, and the compile grows with the parameter count. Rendered once with
+    the buffers and the length as variables, the code is one body, and a block finds its nest, with the
+    nest's buffers and length, in a balanced tree of comparisons of ``tw_block`` (log2 of the nest count
+    levels deep, a few instructions each)."""
+    runs: list[list[tuple]] = []
+    key_of_last = None
+    for k, ns in enumerate(sched.nests):
+        template = _template(sched.kernel, ns, k, source, sched.block, qualifier)
+        key = None if template is None else ("\n".join(template.body), template.declarations, template.count_type)
+        if key is not None and key == key_of_last:
+            runs[-1].append((k, ns, template))
+        else:
+            runs.append([(k, ns, template)])
+        key_of_last = key
+    return [run if len(run) > 1 else [(run[0][0], run[0][1], None)] for run in runs]
+
+
+def _render_group(kernel: Kernel, members: list[tuple], w: _Writer) -> None:
+    template = members[0][2]
+    for declaration in template.declarations:
+        w.line(f"{declaration};")
+    w.line(f"{template.count_type} tw_n;")
+    starts = [0]
+    for _, ns, _ in members:
+        starts.append(starts[-1] + ns.cuda.blocks)
+
+    def choose(lo: int, hi: int) -> None:  # members lo..hi-1; tw_block counts from the group's first block
+        if hi - lo == 1:
+            _, ns, own = members[lo]
+            names = ", ".join(kernel.params[q].name for q in own.used)
+            for j, q in enumerate(own.used):
+                w.line(f"tw_q{j} = {kernel.params[q].name};")
+            w.line(f"tw_n = ({template.count_type}){S.numel(ns.nest.shape)};  /* nest {members[lo][0]}: {names} */")
+            if starts[lo]:
+                w.line(f"tw_block -= {starts[lo]}u;")
+            return
+        mid = (lo + hi) // 2
+        w.open(f"if (tw_block < {starts[mid]}u)")
+        choose(lo, mid)
+        w.close(" else {")
+        w.depth += 1
+        choose(mid, hi)
+        w.close()
+
+    choose(0, len(members))
+    w.lines.extend(template.body)
 
 
 def render_program(scheds: list[KernelSchedule], aliased: set[str] = frozenset()) -> dict[str, str]:
