@@ -42,14 +42,26 @@ def main() -> None:
     for dtype in ("float32", "bfloat16"):
         for shape in ((64, 70000), (8, 1 << 20)):
             t, x = pair(shape, dtype)
-            for k in (1, 16, 256, 1024):
+            for k in (1, 4, 16, 256, 1024):
                 case(f"topk k={k} {shape[0]}x{shape[1]} {dtype}", lambda t=t, k=k: t.topk(k),
                      lambda x=x, k=k: x.topk(k))
-    for shape in ((64, 70000), (4096, 1000), (1, 1 << 22)):
+    for shape in ((4096, 1000), (64, 70000), (8, 1 << 20), (1, 1 << 22), (1, 1 << 24), (4096, 5000)):
         t, x = pair(shape, "float32", 1)
         case(f"sort {shape[0]}x{shape[1]} float32", lambda t=t: t.sort(), lambda x=x: x.sort())
     t, x = pair((64, 70000), "float32", 1)
+    case("sort 64x70000 float32 descending", lambda: t.sort(descending=True), lambda: x.sort(descending=True))
+    for dtype in ("bfloat16", "float64"):
+        for shape in ((64, 70000), (8, 1 << 20)):
+            t, x = pair(shape, dtype, 1)
+            case(f"sort {shape[0]}x{shape[1]} {dtype}", lambda t=t: t.sort(), lambda x=x: x.sort())
+    for dtype in ("int32", "int64"):  # values below 2**20: the high bytes of every key are equal
+        a = np.random.default_rng(4).integers(0, 1 << 20, (64, 70000)).astype(dtype)
+        t, x = torch.from_numpy(a).cuda(), tw.from_numpy(a).cuda()
+        case(f"sort 64x70000 {dtype} (20-bit values)", lambda t=t: t.sort(), lambda x=x: x.sort())
+    t, x = pair((64, 70000), "float32", 1)
     case("topk k=2048 64x70000 float32 (full sort)", lambda: t.topk(2048), lambda: x.topk(2048))
+    t, x = pair((1, 1 << 24), "float32", 1)
+    case("topk k=4096 1x16777216 float32", lambda: t.topk(4096), lambda: x.topk(4096))
     for shape in ((1, 1 << 22), (100000, 16), (64, 70000), (4096, 1000)):
         t, x = pair(shape, "float32", 2)
         inner = 1 if shape[0] == 1 else 5  # torch takes ~12 ms on one long row

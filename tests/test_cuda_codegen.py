@@ -190,19 +190,28 @@ def test_every_sort_and_running_extreme_kernel_compiles():
     )
     from tilewise.backends.cuda.kernels.sort import (
         MODES,
-        STEP_LEVELS,
+        render_radix_histogram,
+        render_radix_scatter,
+        render_radix_select_count,
+        render_radix_select_take,
+        render_radix_zero,
         render_select_block,
         render_sort_block,
-        render_sort_step,
     )
 
-    sources = {}
+    sources = {"tw_radix_zero": render_radix_zero("tw_radix_zero")}
     for dtype in ALL_DTYPES:
         for rank in (1, 3):
+            sources[f"tw_sort_{dtype.name}_r{rank}"] = render_sort_block(f"tw_sort_{dtype.name}_r{rank}", dtype, rank)
+            for kind, render in (("histogram", render_radix_histogram), ("select_count", render_radix_select_count),
+                                 ("select_take", render_radix_select_take)):
+                name = f"tw_radix_{kind}_{dtype.name}_r{rank}"
+                sources[name] = render(name, dtype, rank)
             for mode in MODES:
-                for kind, render in (("sort", render_sort_block), ("select", render_select_block)):
-                    name = f"tw_{kind}_{mode}_{dtype.name}_r{rank}"
-                    sources[name] = render(name, dtype, rank, mode)
+                name = f"tw_select_{mode}_{dtype.name}_r{rank}"
+                sources[name] = render_select_block(name, dtype, rank, mode)
+                name = f"tw_radix_scatter_{mode}_{dtype.name}_r{rank}"
+                sources[name] = render_radix_scatter(name, dtype, rank, mode)
             for combiner in ("max", "min"):
                 name = f"tw_cum{combiner}_{dtype.name}_r{rank}"
                 sources[name] = render_running_extreme(name, combiner, dtype, rank)
@@ -213,11 +222,6 @@ def test_every_sort_and_running_extreme_kernel_compiles():
             carrier = extreme_carrier(dtype)
             sources[f"tw_cum{combiner}_carries_{carrier.name}"] = render_extreme_carries(
                 f"tw_cum{combiner}_carries_{carrier.name}", combiner, carrier)
-    for bits in (32, 64):
-        for levels in range(1, STEP_LEVELS + 1):
-            for mirror in (False, True):
-                name = f"tw_sort_{'mirror' if mirror else 'step'}{levels}_k{bits}"
-                sources[name] = render_sort_step(name, bits, levels, mirror)
     from tilewise.compiler.toolchain import compile_cuda
 
     names = sorted(sources)

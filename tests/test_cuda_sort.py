@@ -4,9 +4,11 @@ Inputs are made in torch (ties, NaN, infinities and signed zeros included), copi
 the device, and the results copied back. sort and argsort must equal torch's *stable* sort exactly (values
 and indices); topk's values must equal torch's, and its indices are the first k of the stable sort (torch
 leaves the order of ties to the implementation); cummax/cummin must equal torch exactly, indices included.
-Lengths cross the kernels' boundaries: one block per row up to 4096 elements, the staged sort beyond; topk's
-selection passes (runs of up to 1024, chunks of 4096, candidates selected again) and the full sort beyond;
-cummax/cummin's warp per row and their segmented scan (segments of 2048, few rows, many segments per row).
+Lengths cross the kernels' boundaries: one block per row up to 4096 elements, the radix sort beyond (tiles of
+4096 keys, 2048 for 8-byte keys; a pass per key byte; rows whose keys share a pass's digit); topk's selection
+passes (runs of up to 256, chunks of 4096, candidates selected again), radix select (8 <= k <= 4096 in rows
+over 4096) and the full sort beyond; cummax/cummin's warp per row and their segmented scan (segments of 2048,
+few rows, many segments per row).
 """
 
 from __future__ import annotations
@@ -108,6 +110,93 @@ def test_sort_many_short_rows():
     _check_sort(_input((20000, 13), "float32", seed=6), 1, False)
 
 
+# ---------------------------------------------------------------------------------------------- radix sort
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_radix_sort_many_rows_of_several_tiles(dtype):
+    """Every dtype's key width (one pass per byte), both directions, rows of many tiles with a short last one."""
+    t = _input((64, 9000), dtype, seed=40)
+    x = _device(t)
+    for descending in (False, True):
+        _check_sort(t, 1, descending, x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "int8"])
+def test_radix_sort_one_long_row(dtype):
+    """One row of many tiles: each tile adds up the counts of every earlier tile of the row (look-back)."""
+    t = _input((1, 1 << 21), dtype, seed=41)
+    x = _device(t)
+    for descending in (False, True):
+        _check_sort(t, 1, descending, x)
+
+
+def test_radix_sort_several_long_rows():
+    t = _input((8, 1 << 18), "float32", seed=42)
+    _check_sort(t, 1, False)
+    _check_sort(t.to(torch.float16), 1, True)
+
+
+def test_radix_sort_rows_whose_keys_share_digits():
+    """Passes in which every key of a row has the same digit keep the row's order; other rows of the same sort
+    still move."""
+    rng = np.random.default_rng(43)
+    small = torch.from_numpy(rng.integers(0, 1000, (3, 20000)))  # int64: the six high bytes never differ
+    small[1] = 7  # one value: no pass moves anything
+    small[2, ::3] = -(1 << 40)  # this row's high bytes differ
+    for descending in (False, True):
+        _check_sort(small, 1, descending)
+        _check_sort(small.int(), 1, descending)
+    zeros = torch.zeros(2, 9000)
+    zeros[0, ::2] = -0.0  # equal keys: the order of the input, signs kept
+    _check_sort(zeros, 1, False)
+    nans = torch.full((2, 9000), float("nan"))
+    nans[1, 100:200] = 1.0
+    _check_sort(nans, 1, True)
+
+
+def test_radix_sort_distinct_values_and_lengths_around_tiles():
+    for n in (4097, 6143, 6144, 6145, 8191, 8192, 8193, 12289):
+        t = torch.from_numpy(np.random.default_rng(n).permutation(3 * n).astype(np.float64).reshape(3, n))
+        _check_sort(t, 1, n % 2 == 1)  # 8-byte keys: tiles of 2048
+        _check_sort(t.float(), 1, n % 2 == 0)  # tiles of 4096
+
+
+def test_radix_sort_any_dim_and_noncontiguous():
+    t = _input((5, 9000, 3), "float32", seed=44)
+    x = _device(t)
+    _check_sort(t, 1, False, x)  # rows of stride 3, in a 2-dim geometry
+    _check_sort(t.transpose(0, 2), 1, True, x.transpose(0, 2))
+    _check_sort(t[::2, ::2, 1], 1, False, x[::2, ::2, 1])
+    wide = _input((9000, 6), "int16", seed=45)
+    _check_sort(wide, 0, True)
+
+
+@pytest.mark.parametrize("n", [1000, 9000])
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_sort_float8(dtype, n):
+    """One-byte float keys (one radix pass), checked on the float32 values the float8 elements hold."""
+    t = _input((3, n), "float32", seed=46)
+    x = _device(t).to(getattr(tw, dtype))
+    held = _host(x.float())
+    for descending in (False, True):
+        values, indices = x.sort(dim=1, descending=descending, stable=True)
+        ref = held.sort(dim=1, descending=descending, stable=True)
+        _same(values.float(), ref.values)
+        _same(indices, ref.indices)
+
+
+def test_radix_sort_values_ties_keep_their_bits():
+    """Zeros and NaNs are read back from the input (their keys stand for several bit patterns): -0.0 and 0.0
+    come out with their signs, in index order."""
+    t = torch.zeros(4, 12000, dtype=torch.float32)
+    t[:, ::3] = -0.0
+    t[:, 1::7] = float("nan")
+    t[:, 2::11] = -float("inf")
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        for descending in (False, True):
+            _check_sort(t.to(dtype), 1, descending)
+
+
 @pytest.mark.parametrize("dim", [0, 1, 2, -1, -3])
 def test_sort_any_dim(dim):
     for descending in (False, True):
@@ -202,11 +291,10 @@ def test_topk_selection_around_runs_and_chunks(n):
 
 @pytest.mark.parametrize("dtype", [*FLOATS, "int64", "int32", "int8", "uint8"])
 def test_topk_selection_dtypes_and_multiple_passes(dtype):
-    """Rows long enough that the candidates take several passes (k = 600: runs of 1024, a fourth kept per
-    pass), and rows that take one."""
+    """Long rows: the bitonic selection's candidates take two passes (k < 8), and radix select (up to 4096)."""
     t = _input((2, 300000), dtype, seed=21)
     x = _device(t)
-    for k in (1, 16, 600):
+    for k in (1, 5, 8, 16, 200, 600, 4096):
         _check_topk(t, k, 1, True, x)
         _check_topk(t, k, 1, False, x)
 
@@ -221,6 +309,18 @@ def test_topk_selection_ties_nan_and_distinct_values():
     distinct = torch.from_numpy(np.random.default_rng(23).permutation(1 << 20).astype(np.float32).reshape(8, -1))
     for k in (1, 16, 256):
         _check_topk(distinct, k, 1, True)
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "int16", "float64", "bfloat16"])
+def test_topk_radix_select_ties_decided_by_the_index(dtype):
+    """Many equal keys: the digits of the index decide which of them are taken (the lowest indices)."""
+    t = _input((3, 70000), dtype, seed=26, special=False)
+    x = _device(t)
+    for k in (8, 100, 3000, 4096, 4097):
+        for largest in (True, False):
+            _check_topk(t, k, 1, largest, x)
+    same = _device(torch.zeros(2, 9000, dtype=getattr(torch, dtype)))
+    _check_topk(torch.zeros(2, 9000, dtype=getattr(torch, dtype)), 300, 1, True, same)
 
 
 def test_topk_selection_any_dim_noncontiguous_and_unsorted():
