@@ -13,14 +13,14 @@ bf16 autocast, AdamW.
   the model compiled by ``torch.compile``, the optimizer eager (fused AdamW on CUDA; SGD with torch's
   default implementation).
 
-Reported per side: the median step time after ``--warmup`` steps (host wall time of the step, synchronised
-at its end), tokens/s, speed relative to torch eager and torch.compile, the seconds of the first and
-second steps (compilation lands there, from empty caches: ``TILEWISE_CACHE_DIR`` and torch's Inductor and
-Triton cache directories are fresh unless set; with SGD's momentum, whose state starts as the first
-gradient, a whole step compiles again on its second call), peak device memory on CUDA, tilewise's kernel
-count per compiled program, and each side's first losses with their largest difference from torch eager's,
-so the comparison is known to be of the same computation. A side that raises (or a step that
-``tilewise.compile`` gave up on and ran eagerly) gets its error text in the table and the other sides are still measured.
+Reported per side: the median step time after ``--warmup`` steps (host wall time of the step, synchronised at
+its end), tokens/s, speed relative to torch eager and torch.compile, the seconds of the first and second steps
+(compilation lands there, from empty caches: ``TILEWISE_CACHE_DIR`` and torch's Inductor and Triton cache
+directories are fresh unless set; with SGD's momentum, whose state starts as the first gradient, a whole step
+compiles again on its second call), peak device memory on CUDA, tilewise's kernel count per compiled program,
+and each side's first losses with their largest difference from torch eager's, so the comparison is known to be
+of the same computation. A side that raises (or a step that ``tilewise.compile`` gave up on and ran eagerly)
+gets its error text in the table and the other sides are still measured.
 
     python benchmarks/gpt_train_step.py [--device cuda] [--compile] [--optimizer adamw|sgd] [--quick]
         [--layers 6 --embd 384 --heads 6 --block 256 --batch 32] [--autocast fp32|bfloat16|float16]
