@@ -70,15 +70,18 @@ def test_a_whole_tensor_sum_is_split_across_blocks():
     assert low.schedules[0].scratch_bytes > 0 and "atomicAdd" in low.source
 
 
-def test_a_kernel_writing_in_place_of_its_input_drops_restrict():
+def test_a_kernel_writing_in_place_of_its_input_drops_restrict_there_only():
     def step(p, g):
         p.sub_(g * 0.1)
 
     low, _ = cuda_plans(step, tw.randn(1024), tw.randn(1024))
     (kernel,) = low.kernels.values()
-    signature = low.source.split(f" {kernel.name}(", 1)[1].split(")", 1)[0]
-    assert len({low.plan.of[v] for v in kernel.values}) < len(kernel.values), "p is written in place"
-    assert "__restrict__" not in signature
+    signature = low.source.split(f" {kernel.name}(", 1)[1].split(")", 1)[0].split(", ")
+    buffers = [low.plan.of[v] for v in kernel.values]
+    shared = [buffers.count(b) > 1 for b in buffers]
+    assert sum(shared) == 2, "p is read and written in place"
+    for declaration, is_shared in zip(signature, shared):  # g's pointer keeps its __restrict__
+        assert ("__restrict__" in declaration) != is_shared, declaration
 
 
 # ---------------------------------------------------------------------------- programs on the GPU
@@ -290,7 +293,8 @@ def test_a_composite_runs_as_its_compiled_decomposition_once_per_signature():
     for name in ("_softmax_backward_data", "_log_softmax_backward_data"):
         backward = OPS[name]
         args = (tw.randn(6, 50), tw.randn(6, 50).softmax(1), 1, tw.float32)
-        _close(fused.run_fused(backward, args), backward.decomposition(*args))
+        # grad * out - out * sum(grad * out) cancels: the summation order shows at about 1e-6
+        _close(fused.run_fused(backward, args), backward.decomposition(*args), 1e-5, 1e-5)
         kernels = sum(p.kernel_count for p in program_of(backward, args).programs())
         assert kernels == 1, f"{name}: one read, one write"
     ln = OPS["native_layer_norm"]

@@ -223,13 +223,15 @@ def render_lowered(low: Lowered, target: str) -> Lowered:
     return low
 
 
-def _aliased_kernels(kernels: dict[Node, Kernel], plan: MemoryPlan) -> set[str]:
-    """Kernels two of whose parameters are one buffer (a value written in place of its input)."""
-    out = set()
+def _aliased_kernels(kernels: dict[Node, Kernel], plan: MemoryPlan) -> dict[str, frozenset[int]]:
+    """For each kernel some of whose parameters are one buffer (a value written in place of its input), those
+    parameters' positions: they are the ones not declared ``__restrict__``."""
+    out = {}
     for kernel in kernels.values():
         buffers = [plan.of[v] for v in kernel.values]
-        if len(set(buffers)) != len(buffers):
-            out.add(kernel.name)
+        shared = frozenset(k for k, b in enumerate(buffers) if buffers.count(b) > 1)
+        if shared:
+            out[kernel.name] = shared
     return out
 
 

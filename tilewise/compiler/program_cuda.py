@@ -390,7 +390,7 @@ class CudaTuning:
 
     target = "cuda"
 
-    def __init__(self, device: Device, aliased: set[str]):
+    def __init__(self, device: Device, aliased: dict[str, frozenset[int]]):
         self.device, self.aliased = device, aliased
 
     def machine(self) -> dict:
@@ -402,8 +402,8 @@ class CudaTuning:
     def source(self, sched: KernelSchedule, name: str) -> str:
         from tilewise.compiler.render.fused_cuda import render_program
 
-        aliased = {name} if sched.kernel.name in self.aliased else set()
-        return render_program([renamed(sched, name)], aliased)[name]
+        shared = self.aliased.get(sched.kernel.name)
+        return render_program([renamed(sched, name)], {name: shared} if shared else None)[name]
 
     def compile(self, pending: dict[str, Pending]) -> dict[str, list]:
         units = [(name, self.source(c, name)) for name, p in pending.items() for c in p.candidates]

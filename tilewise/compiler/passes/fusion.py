@@ -10,12 +10,12 @@ dims only), several reductions in a row over the same dims (softmax, layer_norm:
 reshapes that only add or drop size-1 dims, and permutations. Views of values outside the group are not
 members: they become the index expressions of the group's loads.
 
-Groups grow greedily in program order: a node joins the group of one of its operands when its dims map
-is derivable and the group stays convex (no path leaves the group and comes back, which would make the
-kernel depend on itself); operands from several compatible groups merge them. Then *sibling* groups with
-the same domain that read a common input merge into one nest (the input is loaded once), and independent
-groups of the same dependency level share one kernel as separate nests (horizontal fusion: an optimizer
-step over many parameters becomes a few kernels, not one per tensor). Operators no group can hold
+Groups grow greedily in program order: a node joins the group of one of its operands when its dims map is
+derivable and the group stays convex (no path leaves the group and comes back, which would make the kernel
+depend on itself); operands from several compatible groups merge them. Then *sibling* groups with the same
+domain that read a common input of more than one element merge into one nest (the input is loaded once), and
+independent groups of the same dependency level share one kernel as separate nests (horizontal fusion: an
+optimizer step over many parameters becomes a few kernels, not one per tensor). Operators no group can hold
 (matmul, indexing, random, sorts) stay nodes of their own: library calls and fallbacks at run time.
 """
 
@@ -449,12 +449,20 @@ def _external_bases(group: Group) -> set[Node]:
     return {view_chain(s)[0] for m in group.members for s in m.srcs if group.edge_dims(s) is None}
 
 
+def _shared_reads(a: Group, b: Group) -> set[Node]:
+    """The inputs two groups both read that are worth loading once: a single element (a scalar every thread
+    reads, such as the clip coefficient an optimizer update over every parameter shares) is no reason to
+    merge: each of those nests would then load the other's operands too, and many such nests in one thread
+    run out of registers."""
+    return {base for base in _external_bases(a) & _external_bases(b) if base.type.numel > 1}
+
+
 def _merge_siblings(batch: list[Group]) -> list[Group]:
     out: list[Group] = []
     for group in batch:
         for other in out:
             if (other.shape == group.shape and other.reduce == group.reduce and _device(other) == _device(group)
-                    and _external_bases(other) & _external_bases(group)):
+                    and _shared_reads(other, group)):
                 other.members += group.members
                 other.dims.update(group.dims)
                 other.outputs += group.outputs

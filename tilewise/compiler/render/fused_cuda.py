@@ -397,21 +397,21 @@ class _Nest:
         self.row_stores("tw_valid && tw_y == 0")
 
 
-def render_kernel(sched: KernelSchedule, source: Source, aliased: bool = False) -> str:
+def render_kernel(sched: KernelSchedule, source: Source, aliased: frozenset[int] = frozenset()) -> str:
     """The CUDA C text of one scheduled kernel; its helpers go into ``source``.
 
-    ``aliased``: two parameters are one buffer (a value stored in place of an input it reads), so none is
-    declared ``__restrict__``."""
+    ``aliased``: the parameters that share their buffer with another (a value stored in place of an input it
+    reads); every other parameter is declared ``__restrict__``."""
     kernel = sched.kernel
     for p in kernel.params:
         source.need_storage(p.dtype)
-    qualifier = "" if aliased else " __restrict__"
-    params = [f"{'' if p.written else 'const '}{CUDA.ctype(p.dtype)}*{qualifier} {p.name}" for p in kernel.params]
+    params = [f"{'' if p.written else 'const '}{CUDA.ctype(p.dtype)}*{_qualifier(k, aliased)} {p.name}"
+              for k, p in enumerate(kernel.params)]
     if sched.scratch_bytes:
         params.append("unsigned char* __restrict__ tw_scratch")
     w = _Writer()
     w.line("unsigned int tw_block = blockIdx.x;")
-    groups = _groups(sched, source, qualifier)
+    groups = _groups(sched, source, aliased)
     smem = 0
     for g, members in enumerate(groups):
         last = g == len(groups) - 1
@@ -450,7 +450,12 @@ class _Template:
     count_type: str
 
 
-def _template(kernel: Kernel, ns: NestSchedule, k: int, source: Source, block: int, qualifier: str):
+def _qualifier(param: int, aliased: frozenset[int]) -> str:
+    """``__restrict__`` for a parameter whose buffer no other parameter of the kernel shares."""
+    return "" if param in aliased else " __restrict__"
+
+
+def _template(kernel: Kernel, ns: NestSchedule, k: int, source: Source, block: int, aliased: frozenset[int]):
     """``ns`` as a generic body (see ``_Nest.generic``), or None where a nest has a body of its own."""
     if ns.cuda.strategy != "elements":
         return None
@@ -460,12 +465,12 @@ def _template(kernel: Kernel, ns: NestSchedule, k: int, source: Source, block: i
     if nest.smem:
         return None
     params = [kernel.params[q] for q in nest.used]
-    declarations = tuple(f"{'' if p.written else 'const '}{CUDA.ctype(p.dtype)}*{qualifier} tw_q{j}"
-                         for j, p in enumerate(params))
+    declarations = tuple(f"{'' if p.written else 'const '}{CUDA.ctype(p.dtype)}*{_qualifier(q, aliased)} tw_q{j}"
+                         for j, (q, p) in enumerate(zip(nest.used, params)))
     return _Template(w.lines, nest.used, declarations, nest.idx)
 
 
-def _groups(sched: KernelSchedule, source: Source, qualifier: str) -> list[list[tuple]]:
+def _groups(sched: KernelSchedule, source: Source, aliased: frozenset[int]) -> list[list[tuple]]:
     """The kernel's nests in runs of (index, schedule, template): consecutive elementwise nests whose generic
     bodies are the same text over the same buffer types form one run, rendered once (``_render_group``);
     any other nest is a run of its own, with template None.
@@ -480,7 +485,7 @@ def _groups(sched: KernelSchedule, source: Source, qualifier: str) -> list[list[
     runs: list[list[tuple]] = []
     key_of_last = None
     for k, ns in enumerate(sched.nests):
-        template = _template(sched.kernel, ns, k, source, sched.block, qualifier)
+        template = _template(sched.kernel, ns, k, source, sched.block, aliased)
         key = None if template is None else ("\n".join(template.body), template.declarations, template.count_type)
         if key is not None and key == key_of_last:
             runs[-1].append((k, ns, template))
@@ -521,12 +526,12 @@ def _render_group(kernel: Kernel, members: list[tuple], w: _Writer) -> None:
     w.lines.extend(template.body)
 
 
-def render_program(scheds: list[KernelSchedule], aliased: set[str] = frozenset()) -> dict[str, str]:
+def render_program(scheds: list[KernelSchedule], aliased: dict[str, frozenset[int]] | None = None) -> dict[str, str]:
     """One CUDA translation unit per kernel of a program, by kernel name: compiled in parallel, and a kernel
     two programs share (the variants of one function) is compiled once."""
     sources = {}
     for s in scheds:
         source = Source(CUDA)
-        body = render_kernel(s, source, s.kernel.name in aliased)
+        body = render_kernel(s, source, (aliased or {}).get(s.kernel.name, frozenset()))
         sources[s.kernel.name] = source.text(body)
     return sources
