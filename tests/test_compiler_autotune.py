@@ -301,7 +301,7 @@ def test_every_cuda_candidate_computes_what_eager_does(name):
     assert len(program.steps) == 1, "one kernel: the program replays no graph, so a swapped step runs"
     (sched,) = program.schedules
     options = candidates(sched.kernel, "cuda")
-    tuning = CudaTuning(program.cuda.device, set())
+    tuning = CudaTuning(program.cuda.device, {})
     functions = tuning.compile({sched.kernel.name: Pending("", options)})[sched.kernel.name]
     original = program.steps[0]
     for c, function in zip(options, functions):
