@@ -87,6 +87,19 @@ def _freeze(value):
     return ("object", id(value), value)
 
 
+_KINDS: dict[str, str] = {}  # operator name -> kind: passes ask for a node's kind millions of times a compile
+_OPS: list = []
+
+
+def _registry() -> dict:
+    """The operator registry (imported at first use: the registry's modules import the compiler's)."""
+    if not _OPS:
+        from tilewise.ops.registry import OPS
+
+        _OPS.append(OPS)
+    return _OPS[0]
+
+
 class Node:
     """One immutable, hash-consed SSA value (see [Note: graph IR])."""
 
@@ -104,16 +117,19 @@ class Node:
 
     @property
     def opdef(self):
-        from tilewise.ops.registry import OPS
-
-        return OPS.get(self.op)
+        return _registry().get(self.op)
 
     @property
     def kind(self) -> str:
-        if self.op in IR_OPS:
-            return self.op
-        opdef = self.opdef
-        return opdef.kind if opdef is not None else "unknown"
+        kind = _KINDS.get(self.op)
+        if kind is None:
+            if self.op in IR_OPS:
+                kind = self.op
+            else:
+                opdef = self.opdef
+                kind = opdef.kind if opdef is not None else "unknown"
+            _KINDS[self.op] = kind
+        return kind
 
     @property
     def is_tuple(self) -> bool:

@@ -449,27 +449,29 @@ def _external_bases(group: Group) -> set[Node]:
     return {view_chain(s)[0] for m in group.members for s in m.srcs if group.edge_dims(s) is None}
 
 
-def _shared_reads(a: Group, b: Group) -> set[Node]:
-    """The inputs two groups both read that are worth loading once: a single element (a scalar every thread
+def _worth_sharing(group: Group) -> set[Node]:
+    """The inputs of a group worth loading once for a sibling too: a single element (a scalar every thread
     reads, such as the clip coefficient an optimizer update over every parameter shares) is no reason to
     merge: each of those nests would then load the other's operands too, and many such nests in one thread
     run out of registers."""
-    return {base for base in _external_bases(a) & _external_bases(b) if base.type.numel > 1}
+    return {base for base in _external_bases(group) if base.type.numel > 1}
 
 
 def _merge_siblings(batch: list[Group]) -> list[Group]:
-    out: list[Group] = []
+    out: list[tuple[Group, set[Node]]] = []  # with the inputs each is worth sharing
     for group in batch:
-        for other in out:
+        reads = _worth_sharing(group)
+        for other, other_reads in out:
             if (other.shape == group.shape and other.reduce == group.reduce and _device(other) == _device(group)
-                    and _shared_reads(other, group)):
+                    and other_reads & reads):
                 other.members += group.members
                 other.dims.update(group.dims)
                 other.outputs += group.outputs
+                other_reads |= reads
                 break
         else:
-            out.append(group)
-    return out
+            out.append((group, reads))
+    return [group for group, _ in out]
 
 
 def plan_kernels(graph: Graph, groups: list[Group]) -> list[FusedKernel]:

@@ -121,23 +121,26 @@ def _assign_outputs(graph: Graph, plan: MemoryPlan, produced: dict) -> None:
 def _assign_writes(graph: Graph, plan: MemoryPlan, produced: dict, position: dict, kernels: dict,
                    steps: list[Node]) -> None:
     targets = [v for _, v in graph.writes]
+    last_reader: dict[Node, int] = {}  # value -> position of the last step reading its buffer
+    for other in steps:
+        for read in _reads(other):
+            last_reader[read] = position[other]
     for inp, value in graph.writes:
         dst = plan.of[inp]
         step = produced.get(value)
         if (step is not None and value not in plan.of and targets.count(value) == 1
-                and _in_place_ok(inp, value, step, position, kernels, steps)):
+                and _in_place_ok(inp, value, step, position, kernels, last_reader)):
             plan.of[value] = dst
         else:
             plan.copies.append(Copy(value, dst))
 
 
-def _in_place_ok(inp: Node, value: Node, step: Node, position: dict, kernels: dict, steps: list[Node]) -> bool:
+def _in_place_ok(inp: Node, value: Node, step: Node, position: dict, kernels: dict, last_reader: dict) -> bool:
     kernel = kernels.get(step)
     if kernel is None:
         return False
-    for other in steps:
-        if inp in _reads(other) and position[other] > position[step]:
-            return False
+    if last_reader.get(inp, -1) > position[step]:  # a later step still reads the input
+        return False
     if inp not in kernel.values:
         return True
     read = kernel.values.index(inp)
