@@ -120,12 +120,10 @@ class _Graph:
         self.uids = [t.get_uid() for t in operands]
         self.workspace_ptr = workspace.ptr if workspace is not None else 0
         self.lowered = None
-        self.stream = None
 
     def run(self, pointers: list[int], stream: int) -> None:
-        if stream != self.stream:
-            _cudnn[0].set_stream(self.handle, stream)
-            self.stream = stream
+        _cudnn[0].set_stream(self.handle, stream)  # the handle is the device's, shared by every graph; the
+        # frontend skips the backend call when the stream is the one it has
         if self.lowered is not None:
             self.lowered(dict(zip(self.uids, pointers)), self.workspace_ptr, self.handle.backend_handle, None, None,
                          None)
