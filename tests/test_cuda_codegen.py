@@ -180,6 +180,13 @@ def test_every_scan_kernel_compiles():
 
 
 def test_every_sort_and_running_extreme_kernel_compiles():
+    from tilewise.backends.cuda.kernels.radix import (
+        render_radix_histogram,
+        render_radix_scatter,
+        render_radix_select_count,
+        render_radix_select_take,
+        render_radix_zero,
+    )
     from tilewise.backends.cuda.kernels.scan import (
         FINISH,
         REDUCE,
@@ -188,16 +195,8 @@ def test_every_sort_and_running_extreme_kernel_compiles():
         render_extreme_segment,
         render_running_extreme,
     )
-    from tilewise.backends.cuda.kernels.sort import (
-        MODES,
-        render_radix_histogram,
-        render_radix_scatter,
-        render_radix_select_count,
-        render_radix_select_take,
-        render_radix_zero,
-        render_select_block,
-        render_sort_block,
-    )
+    from tilewise.backends.cuda.kernels.sort import render_select_block, render_sort_block
+    from tilewise.backends.cuda.kernels.sort_keys import MODES
 
     sources = {"tw_radix_zero": render_radix_zero("tw_radix_zero")}
     for dtype in ALL_DTYPES:
@@ -233,7 +232,8 @@ def test_every_sort_and_running_extreme_kernel_compiles():
 
 def test_sort_block_fits_default_shared_memory():
     """A block's pairs (8-byte keys at most, 4-byte indices) fit the 48 KiB a launch gets without opting in."""
-    from tilewise.backends.cuda.kernels.sort import CHUNK, MAX_THREADS, key_bits
+    from tilewise.backends.cuda.kernels.sort import MAX_THREADS
+    from tilewise.backends.cuda.kernels.sort_keys import CHUNK, key_bits
 
     assert max(CHUNK * (key_bits(d) // 8 + 4) for d in ALL_DTYPES) <= 48 * 1024
     assert CHUNK // 2 >= MAX_THREADS

@@ -195,7 +195,7 @@ def run_on_zeros(op, args: tuple, device) -> TensorType | tuple:
         found = _run_on_zeros(op, args)
         if key is not None:
             _inferred[key] = found
-    if isinstance(found, tuple) and not isinstance(found, TensorType):
+    if isinstance(found, tuple):
         return tuple(TensorType(o.shape, o.dtype, device) if o is not None else None for o in found)
     return TensorType(found.shape, found.dtype, device)
 
