@@ -64,6 +64,16 @@ def test_sum_over_the_leading_dim_reads_columns():
     assert plan.strategy == "columns" and plan.rows_per_block == 32
 
 
+def test_few_column_groups_split_the_reduction_across_blocks():
+    """A bias gradient (768 columns over 8192 rows) is 24 groups of 32 columns: too few blocks for the GPU,
+    so each group's rows are shared among blocks and the last one combines the partials."""
+    low, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(8192, 768))
+    assert plan.split > 1 and plan.blocks == 24 * plan.split and plan.chunk * plan.split >= 8192
+    assert low.schedules[0].scratch_bytes > 0 and "atomicAdd" in low.source
+    _, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(64, 768))
+    assert plan.split == 1  # rows too few to share
+
+
 def test_a_whole_tensor_sum_is_split_across_blocks():
     low, (plan,) = cuda_plans(lambda x: (x * x).sum(), tw.randn(1 << 22))
     assert plan.split > 1 and plan.blocks == plan.split
@@ -145,6 +155,17 @@ def test_split_whole_tensor_sum_on_cuda(n):
     x = tw.randn(n, device="cuda", dtype=tw.float64)
     for _ in range(3):  # the counters are left zeroed for the next launch and the next replay
         _close(f(x), (x * x).sum(), 1e-10, 0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(8192, 768), (5000, 100), (3000, 33)])
+def test_split_column_sums_with_element_stores_on_cuda(shape):
+    f = tw.compile(lambda x: ((x * 2).tanh(), (x * 2).tanh().sum(0)))
+    x = tw.randn(*shape, device="cuda")
+    for _ in range(3):  # launches and replays reuse the zeroed counters
+        y, s = f(x)
+        _close(y, (x * 2).tanh())
+        _close(s, (x * 2).tanh().sum(0), 1e-4, 1e-3)
 
 
 @pytest.mark.cuda
@@ -342,8 +363,8 @@ def _gpt_step(device: str):
 
 
 def test_every_library_call_of_a_gpt_training_step_can_write_into_its_planned_buffer():
-    """Embedding lookup and its backward, cross_entropy's gather and scatter, the q/k/v split's backward and
-    clip_grad_norm_'s cat are library calls in the compiled step: each has a kernel into a given output, so
+    """Embedding lookup and its backward, cross_entropy's gather (its scatter becomes a select over an arange),
+    the q/k/v split's backward (a cat) and clip_grad_norm_'s cat are library calls in the compiled step: each has a kernel into a given output, so
     a CUDA graph can hold the whole step (GEMMs go to cuBLASLt, which writes into the buffer too)."""
     from tilewise.backends.cuda.kernels import INTO, _load_all
     from tilewise.compiler.passes.fusion import fusion_kind
@@ -355,7 +376,7 @@ def test_every_library_call_of_a_gpt_training_step_can_write_into_its_planned_bu
     calls = {n.opdef.full_name for p in compiled.programs() for n in p.graph.body
              if n.op not in ("fused", "getitem") and fusion_kind(n) == "extern"}
     library = {"mm", "bmm", "addmm", "_addmm_activation"}
-    assert {"index.Tensor", "view_scatter_add", "index_put"} <= calls  # the step really has such calls
+    assert {"index.Tensor", "index_put", "gather", "cat", "arange"} <= calls  # the step really has such calls
     assert not calls - library - set(INTO)
 
 
@@ -392,3 +413,37 @@ def test_a_bad_index_inside_a_replayed_graph_is_reported_with_its_operator():
         tw.cuda.synchronize()
     np.testing.assert_allclose(compiled(bad.clamp(0, 9), w).cpu().numpy(), f(bad.clamp(0, 9), w).cpu().numpy(),
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cuda
+def test_a_cat_laid_out_in_place_on_cuda():
+    ws = [tw.randn(5, 3, device="cuda") for _ in range(6)]
+
+    def norms(extra):
+        scalars = [w.square().sum().sqrt().reshape(1) for w in ws]
+        return tw.cat(scalars + [extra, (ws[0] * 2).reshape(15), (ws[1] * 3).reshape(15)]).exp()
+
+    compiled = tw.compile(norms)
+    for _ in range(3):  # the third call replays a graph
+        extra = tw.randn(2, device="cuda")
+        _close(compiled(extra), norms(extra))
+    assert len(compiled.programs()[0].plan.cat_copies) == 1 and _runtime(compiled).graphs
+
+
+@pytest.mark.cuda
+def test_cross_entropy_with_a_target_out_of_range_still_raises_when_compiled():
+    """The loss's one-hot scatter is a select in the compiled step; its gather still checks the targets."""
+    x = tw.randn(6, 50, device="cuda", requires_grad=True)
+
+    def step(x, y):
+        loss = F.cross_entropy(x, y)
+        loss.backward()
+        return loss.detach()
+
+    compiled = tw.compile(step)
+    compiled(x, tw.randint(0, 50, (6,), device="cuda"))
+    bad = tw.randint(0, 50, (6,), device="cuda")
+    bad[3] = 57
+    with pytest.raises(IndexError, match=r"57 is out of bounds"):
+        compiled(x, bad)
+        tw.cuda.synchronize()

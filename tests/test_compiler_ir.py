@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 import pytest
 
 import tilewise as tw
@@ -143,3 +145,107 @@ def test_fusion_groups_softmax_forward_and_backward():
     groups = partition(run_pipeline(graph_of(f, x)))
     assert len(groups) == 1
     assert groups[0].shape == (8, 16) and groups[0].reduce == (1,)
+
+
+# ---------------------------------------------------------------------------- indexing rewrites
+
+def _step_graph(fn, *args):
+    """The pipeline's graph of ``fn`` run as a whole step (forward and ``backward``) on the CPU target."""
+    return run_pipeline(graph_of(fn, *args))
+
+
+def test_cross_entropy_gathers_its_row_statistics_not_the_log_softmax():
+    """nll reads one log-probability per row: the gather moves below log_softmax's pointwise tail, onto the
+    logits, and the backward's one-hot scatter becomes a select over an arange, so no (N, C) log-softmax or
+    scattered gradient is materialised, and the step still matches eager."""
+    tw.manual_seed(0)
+    x = tw.randn(6, 50, requires_grad=True)
+    y = tw.randint(0, 50, (6,))
+
+    def step(x, y):
+        loss = tw.nn.functional.cross_entropy(x, y)
+        loss.backward()
+        return loss.detach(), x.grad
+
+    g = _step_graph(step, x, y)
+    gathers = [n for n in g.body if n.op == "gather"]
+    assert [n.srcs[0] for n in gathers] == [g.inputs[0]] and gathers[0].type.shape == (6, 1)
+    assert not [n for n in g.body if n.op.startswith("scatter")]
+    assert "arange" in ops(g)
+    cstep = tw.compile(step)
+    x.grad = None
+    loss, grad = cstep(x, y)
+    x.grad = None
+    loss_e, grad_e = step(x, y)
+    assert loss.item() == pytest.approx(loss_e.item(), rel=1e-6)
+    assert abs(grad - grad_e).max().item() < 1e-6
+
+
+def test_a_scatter_becomes_a_select_only_where_a_gather_checks_its_index():
+    idx = tw.tensor([[1], [0], [3]])
+
+    def scatter_only(base, src):
+        return base.scatter(1, idx, src)
+
+    def gathered_too(base, src):
+        return base.scatter(1, idx, src) + base.gather(1, idx).sum()
+
+    base, src = tw.randn(3, 4), tw.randn(3, 1)
+    assert "scatter.src" in ops(run_pipeline(graph_of(scatter_only, base, src)))
+    g = run_pipeline(graph_of(gathered_too, base, src))
+    assert "scatter.src" not in ops(g) and "where.self" in ops(g)
+    out = tw.compile(gathered_too)(base, src)
+    assert np.array_equal(out.numpy(), gathered_too(base, src).numpy())
+
+
+def test_scatter_add_and_value_as_selects():
+    idx = tw.tensor([[2, 0], [1, 1]]).view(2, 1, 2)  # one index per (row, column): size 1 along dim 1
+
+    def f(base, src):
+        checked = base.gather(1, idx).sum()
+        return base.scatter_add(1, idx, src) * 2 + base.scatter(1, idx, 7.0) + checked
+
+    base, src = tw.randn(2, 3, 2), tw.randn(2, 1, 2)
+    g = run_pipeline(graph_of(f, base, src))
+    assert not [n for n in g.body if n.op.startswith("scatter")]
+    np.testing.assert_allclose(tw.compile(f)(base, src).numpy(), f(base, src).numpy(), rtol=1e-6)
+
+
+def test_gradients_of_an_unbind_sum_to_a_cat():
+    """q, k, v = qkv.unbind(0) and slices of one dim: autograd's zero-filled view scatters, summed, become one
+    cat when the views tile the buffer; views that leave a gap stay view scatters."""
+    w = tw.randn(3, 4, 5)
+
+    def unbound(qkv):
+        q, k, v = qkv.unbind(0)
+        (q * 2 + k.exp() + v.sin()).sum().backward()
+        return qkv.grad
+
+    def sliced(x):
+        a, b, c = x[:, :2], x[:, 2:3], x[:, 3:]
+        (a.exp().sum() + b.sum() * 3 + c.cos().sum()).backward()
+        return x.grad
+
+    def gap(x):
+        (x[:, :2].exp().sum() + x[:, 3:].cos().sum()).backward()
+        return x.grad
+
+    for fn, shape, cat in ((unbound, (3, 4, 5), True), (sliced, (4, 5), True), (gap, (4, 5), False)):
+        x = tw.randn(*shape, requires_grad=True)
+        g = _step_graph(fn, x)
+        assert ("cat" in ops(g)) is cat and ("view_scatter_add" not in ops(g)) is cat, fn.__name__
+        x.grad = None
+        got = tw.compile(fn)(x)
+        x.grad = None
+        np.testing.assert_allclose(got.numpy(), fn(x).numpy(), rtol=1e-6, err_msg=fn.__name__)
+
+
+def test_a_scatter_into_zeros_reads_them_as_one_broadcast_element():
+    def embedding_grad(idx, grad):
+        return tw.zeros(5, 3).index_put((idx,), grad, True) * 2
+
+    idx, grad = tw.tensor([0, 2, 0]), tw.randn(3, 3)
+    g = run_pipeline(graph_of(embedding_grad, idx, grad))
+    put = next(n for n in g.body if n.op == "index_put")
+    assert put.srcs[0].op == "expand" and put.srcs[0].srcs[0].type.shape == ()
+    np.testing.assert_allclose(tw.compile(embedding_grad)(idx, grad).numpy(), embedding_grad(idx, grad).numpy())

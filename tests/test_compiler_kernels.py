@@ -418,3 +418,23 @@ def test_the_programs_of_a_function_share_one_arena():
     (arena,) = f.arenas.values()
     assert len(f.variants) == 2 and all(p.arena is arena for p in f.programs())
     assert arena.nbytes == max(p.plan.arena_bytes for p in f.programs())
+
+
+def test_cat_of_kernel_results_is_laid_out_in_place():
+    """The inputs of a cat that kernels write in full get their slab of the result as their buffer: the cat
+    copies only what it cannot place (a graph argument; a slab off a 16-byte boundary that is not a single
+    element), and the result matches eager."""
+    ws = [tw.randn(5, 3) for _ in range(6)]
+
+    def norms(extra):
+        scalars = [w.square().sum().sqrt().reshape(1) for w in ws]  # bytes 0-24, one element each
+        return tw.cat(scalars + [extra, (ws[0] * 2).reshape(15), (ws[1] * 3).reshape(15)]).exp()  # 24, 32, 92
+
+    cf = tw.compile(norms)
+    extra = tw.randn(2)
+    close(cf(extra), norms(extra))
+    program = cf.programs()[0]
+    (cat, copied), = program.plan.cat_copies.items()
+    assert [(src.type.shape, byte) for src, byte in copied] == [((2,), 24), ((15,), 92)]
+    assert not [s for s in program.steps if getattr(s, "node", None) is cat]
+    assert sum(" at byte " in s.describe() for s in program.steps) == 2

@@ -638,14 +638,20 @@ def trace_decomposition(node: Node, keep=None) -> tuple[Node | None, ...]:
     """Re-trace a composite node's decomposition over its operands; return the node(s) it computes (the
     new nodes reach the graph through them: the rewrite that uses them collects their dependencies). Composites
     it calls are inlined too, but for those ``keep(op name, bound args)`` accepts."""
+    op = node.opdef
+    return retrace(lambda *operands: op.decomposition(*node.bound_args(operands)), node.srcs, keep)
+
+
+def retrace(fn, srcs, keep=None) -> tuple[Node | None, ...]:
+    """The node(s) ``fn`` computes when called on trace tensors standing for ``srcs``: how a pass builds new
+    nodes with the operators' own argument rules and result types rather than by hand. Composites are
+    inlined (but those ``keep`` accepts); it runs without grad and below autocast, as a decomposition does."""
     from tilewise.amp.autocast_mode import suspended as autocast_suspended
     from tilewise.autograd.grad_mode import no_grad
 
-    op = node.opdef
     cap = Capture(inline_composites=True, keep=keep)
-    operands = [trace_tensor(s) for s in node.srcs]
-    args = node.bound_args(operands)
-    with capturing(cap), no_grad(), autocast_suspended():  # as eagerly: a decomposition runs below autocast
-        out = op.decomposition(*args)
+    operands = [trace_tensor(s) for s in srcs]
+    with capturing(cap), no_grad(), autocast_suspended():
+        out = fn(*operands)
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         return tuple(cap.value_of(o) if o is not None else None for o in outs)

@@ -121,16 +121,20 @@ class ExternStep:
 
 
 class CopyStep:
-    def __init__(self, value: Node, src: int, dst: int):
-        self.value, self.src, self.dst = value, src, dst
+    """Copy ``value`` (read through its views) into buffer ``dst``, laid out contiguously from byte ``offset``."""
+
+    def __init__(self, value: Node, src: int, dst: int, offset: int = 0):
+        self.value, self.src, self.dst, self.offset = value, src, dst, offset
         self.geometry = geometry(value)
 
     def run(self, arrays: list, pointers: list) -> None:
         source = strided_tensor(arrays[self.src], self.value, self.geometry)._np()
-        np.copyto(arrays[self.dst].reshape(self.value.type.shape), source, casting="unsafe")
+        first = self.offset // self.value.type.dtype.itemsize
+        dst = arrays[self.dst][first:first + self.value.type.numel]
+        np.copyto(dst.reshape(self.value.type.shape), source, casting="unsafe")
 
     def describe(self) -> str:
-        return f"copy b{self.src} -> b{self.dst}"
+        return f"copy b{self.src} -> b{self.dst}" + (f" at byte {self.offset}" if self.offset else "")
 
 
 @dataclass
@@ -294,6 +298,9 @@ def _cuda_program(low: Lowered, device, graphs: bool, arena: Arena | None) -> Pr
             sched = by_kernel[kernel.name]
             steps.append(pc.CudaKernelStep(kernel, functions[kernel.name], sched.grid, sched.block,
                                            [plan.of[v] for v in kernel.values], sched.scratch_bytes, device))
+        elif node in plan.cat_copies:  # a cat in place copies only the inputs not written into it
+            steps += [pc.CudaCopyStep(src, plan.of[buffer_of(src)], plan.of[node], device, byte)
+                      for src, byte in plan.cat_copies[node]]
         else:
             steps.append(pc.CudaExternStep(node, plan, results, device))
     for copy in plan.copies:
@@ -324,6 +331,8 @@ def _steps(fused: Graph, plan: MemoryPlan, kernels: dict[Node, Kernel], library)
         if node.op == "fused":
             kernel = kernels[node]
             steps.append(KernelStep(kernel, getattr(library, kernel.name), [plan.of[v] for v in kernel.values]))
+        elif node in plan.cat_copies:  # a cat in place copies only the inputs not written into it
+            steps += [CopyStep(src, plan.of[buffer_of(src)], plan.of[node], byte) for src, byte in plan.cat_copies[node]]
         else:
             steps.append(ExternStep(node, plan, results))
     for copy in plan.copies:

@@ -153,21 +153,24 @@ class CudaExternStep:
 
 
 class CudaCopyStep:
+    """Copy ``value`` (read through its views) into buffer ``dst``, laid out contiguously from byte ``offset``."""
+
     capturable = True
 
-    def __init__(self, value: Node, src: int, dst: int, device: Device):
-        self.value, self.src, self.dst, self.device = value, src, dst, device
+    def __init__(self, value: Node, src: int, dst: int, device: Device, offset: int = 0):
+        self.value, self.src, self.dst, self.device, self.offset = value, src, dst, device, offset
         self.geometry = geometry(value)
 
     def run(self, pointers: list, stream: int) -> None:
         from tilewise.backends.cuda.kernels.copy import copy_into
 
         shape = self.value.type.shape
-        dst = device_tensor(pointers[self.dst], self.value, (shape, S.contiguous_strides(shape), 0), self.device)
+        dst = device_tensor(pointers[self.dst] + self.offset, self.value, (shape, S.contiguous_strides(shape), 0),
+                            self.device)
         copy_into(dst, device_tensor(pointers[self.src], self.value, self.geometry, self.device))
 
     def describe(self) -> str:
-        return f"copy b{self.src} -> b{self.dst}"
+        return f"copy b{self.src} -> b{self.dst}" + (f" at byte {self.offset}" if self.offset else "")
 
 
 class _Graph:

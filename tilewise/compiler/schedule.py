@@ -31,12 +31,13 @@ picks a strategy and records why, so ``TILEWISE_LOG=kernels`` shows the choice n
     registers from the first phase to the last: one pass over memory (``in_registers``);
   - ``columns``: when the accesses are contiguous along the kept dims rather than the reduced ones (a sum
     over the leading dim), 32 adjacent rows per block, one per lane, with the reduction spread over the
-    block's warps and combined through shared memory.
+    block's warps and combined through shared memory. Too few groups of 32 to fill the GPU (a bias
+    gradient) are split along the reduction like long rows below.
 
   A few very long rows (a whole-tensor sum, a gradient norm) are *split*: several blocks fold a chunk of a
-  row each and write their partial result to the kernel's scratch memory; the last block to finish a row
-  (an atomic counter per row, which it resets for the next launch) combines the partials in chunk order
-  (the result does not depend on timing) and stores the row's results. Several phases over few very
+  row (or of 32 columns) each and write their partial result to the kernel's scratch memory; the last block
+  to finish a row (an atomic counter per row, which it resets for the next launch) combines the partials in
+  chunk order (the result does not depend on timing) and stores the row's results. Several phases over few very
   long rows (a softmax over a million elements) stay one block per row; the dump says so.
 
 Every choice above is a heuristic's guess. ``Knobs`` overrides them for a whole kernel (CUDA: block size,
@@ -361,10 +362,14 @@ def _cuda_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]
         return "elements", _capped(vector_width(nest, dim), knobs), dim, POINTWISE_THREADS
     row = S.numel([nest.shape[d] for d in nest.reduce])
     if knobs.columns and _prefer_columns(nest):
-        return "columns", 1, None, 32 * min(32, _pow2_at_least(-(-row // 8)))
+        warps = COLUMN_WARPS if nest.phases == 1 and knobs.split else 32  # one phase: blocks split the columns
+        return "columns", 1, None, 32 * min(warps, _pow2_at_least(-(-row // 8)))
     dim = nest.reduce[-1]
     vector = _capped(vector_width(nest, dim), knobs)
     team = min(MAX_THREADS, max(32, _pow2_at_least(-(-row // (vector * VECTORS_PER_THREAD)))))
+    rows = S.numel([nest.shape[d] for d in nest.outer])
+    if knobs.split and rows <= SPLIT_MAX_ROWS and nest.phases == 1:  # split across blocks (``split_rows``): a
+        team = min(team, SPLIT_TEAM)  # smaller block only means more of them, and nests sharing the kernel keep theirs
     if knobs.team == "warp":
         team = 32
     elif knobs.team == "block":
@@ -375,6 +380,8 @@ def _cuda_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]
 SPLIT_MAX_ROWS = 64
 SPLIT_TARGET_BLOCKS = 512
 SPLIT_MIN_VECTORS = 8  # per thread and block: below this a row is not worth another block
+COLUMN_WARPS = 8  # warps of a columns block whose reduction may be split across blocks
+SPLIT_TEAM = 256  # threads per block a row that will be split asks for
 
 
 def split_rows(nest: Nest, plan: CudaPlan, block: int) -> CudaPlan:
@@ -390,6 +397,20 @@ def split_rows(nest: Nest, plan: CudaPlan, block: int) -> CudaPlan:
     chunk = _ceil_div(_ceil_div(row, split), plan.vector) * plan.vector  # a whole number of vectors
     split = _ceil_div(row, chunk)
     return replace(plan, split=split, chunk=chunk, blocks=rows * split, steps=_ceil_div(chunk, block * plan.vector))
+
+
+def split_columns(nest: Nest, plan: CudaPlan) -> CudaPlan:
+    """Share the reduction of each group of 32 columns among blocks when there are too few groups to fill the
+    GPU and one phase folds it (a bias gradient: 768 columns over 8192 rows is 24 groups)."""
+    groups = plan.blocks
+    row = S.numel([nest.shape[d] for d in nest.reduce])
+    per_block = plan.team * SPLIT_MIN_VECTORS  # elements of a column per block: a few per warp
+    if plan.strategy != "columns" or nest.phases != 1 or groups >= SPLIT_TARGET_BLOCKS or row < 2 * per_block:
+        return plan
+    split = min(_ceil_div(row, per_block), _ceil_div(SPLIT_TARGET_BLOCKS, groups))
+    chunk = _ceil_div(row, split)
+    split = _ceil_div(row, chunk)
+    return replace(plan, split=split, chunk=chunk, blocks=groups * split, steps=_ceil_div(chunk, plan.team))
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -434,7 +455,7 @@ def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
     for nest, (strategy, vector, dim, team) in zip(nests, strategies):
         plan = _cuda_plan(nest, strategy, vector, dim, team, block)
         if knobs.split:
-            plan = split_rows(nest, plan, block)
+            plan = split_columns(nest, plan) if strategy == "columns" else split_rows(nest, plan, block)
         plan, scratch = scratch_layout(nest, plan, scratch)
         notes = [f"{plan.blocks} block(s)", f"{plan.vector} element(s) per access" + (
             f" along d{dim}" if plan.vector > 1 else "")]
@@ -446,7 +467,8 @@ def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
             if plan.in_registers:
                 notes.append("row kept in registers across phases")
             if plan.split > 1:
-                notes.append(f"each row split over {plan.split} blocks of {plan.chunk} elements")
+                what = "each group of 32 columns" if strategy == "columns" else "each row"
+                notes.append(f"{what} split over {plan.split} blocks of {plan.chunk} elements")
             elif strategy == "rows" and rows < SPLIT_MAX_ROWS and plan.steps > 64:
                 notes.append("few long rows over several phases: one block each")
         if plan.index != "int":

@@ -14,12 +14,13 @@ from tilewise.compiler.ir import Graph, format_graph, verify
 from tilewise.compiler.passes.cleanup import cse, dce
 from tilewise.compiler.passes.decompose import decompose
 from tilewise.compiler.passes.functionalize import functionalize
+from tilewise.compiler.passes.indexing import simplify_indexing
 from tilewise.compiler.passes.layout import legalize_views
 from tilewise.compiler.passes.simplify import simplify
 from tilewise.config import log
 
 Pass = Callable[[Graph], Graph]
-PIPELINE: tuple[Pass, ...] = (functionalize, decompose, simplify, cse, dce, legalize_views)
+PIPELINE: tuple[Pass, ...] = (functionalize, decompose, simplify, simplify_indexing, cse, dce, legalize_views)
 
 
 def pipeline_for(target: str) -> tuple[Pass, ...]:
@@ -48,4 +49,4 @@ def run_pipeline(graph: Graph, passes: tuple[Pass, ...] = PIPELINE) -> Graph:
 
 
 __all__ = ["PIPELINE", "Pass", "cse", "dce", "decompose", "functionalize", "legalize_views", "pipeline_for",
-           "run_pipeline", "simplify"]
+           "run_pipeline", "simplify", "simplify_indexing"]

@@ -11,17 +11,27 @@ and ``getitem`` only name parts of other buffers. Each step's results get a buff
 * everything else lives in one *arena*, allocated once per compiled program: a value occupies its
   bytes from the step that writes it to the last step that reads it, and values whose lifetimes do not
   overlap share bytes (greedy placement, largest first). ``peak_bytes`` is the arena's size.
+
+A ``cat`` whose inputs are contiguous slabs of its result (it joins along its first dim of more than one
+element) is laid out *in place*: each input the step before it writes in full gets, as its buffer, its slab
+of the result's buffer, so writing the input is writing the result and the cat copies nothing for it
+(``cat_copies`` lists what it still copies: graph inputs, views, values other cats placed). An input slab
+that does not start on a 16-byte boundary is placed only for a one-element value a generated kernel stores
+(such stores are never vectorised; kernels and libraries assume aligned buffers otherwise). The placed
+inputs and the result share one arena interval, from the first input's step to the last read of any.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tilewise import _strides as S
 from tilewise.compiler.ir import Graph, Node, format_type
-from tilewise.compiler.kernel_ir import Kernel, buffer_of
+from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry
 from tilewise.compiler.passes.fusion import fusion_kind
 
 ALIGN = 64
+VECTOR_BYTES = 16
 
 
 @dataclass
@@ -44,13 +54,15 @@ class MemoryPlan:
     buffers: list[Buffer] = field(default_factory=list)
     of: dict[Node, int] = field(default_factory=dict)  # materialised value -> buffer
     copies: list[Copy] = field(default_factory=list)
+    cat_copies: dict[Node, list[tuple[Node, int]]] = field(default_factory=dict)  # cat in place -> (input, byte)
     outputs: list[int] = field(default_factory=list)  # graph output k -> buffer
     arena_bytes: int = 0
     unshared_bytes: int = 0  # what the arena would need without reuse
 
     def describe(self) -> str:
         lines = [f"memory plan: arena {self.arena_bytes} bytes (without reuse {self.unshared_bytes}), "
-                 f"{sum(b.kind == 'output' for b in self.buffers)} output buffer(s), {len(self.copies)} copy(ies)"]
+                 f"{sum(b.kind == 'output' for b in self.buffers)} output buffer(s), {len(self.copies)} copy(ies), "
+                 f"{len(self.cat_copies)} cat(s) in place"]
         for k, b in enumerate(self.buffers):
             lines.append(f"  buffer {k}: {b.kind} {b.slot} : {format_type(b.ty)}")
         return "\n".join(lines)
@@ -71,7 +83,8 @@ def plan_memory(graph: Graph, kernels: dict[Node, Kernel]) -> MemoryPlan:
     last_use = _last_uses(graph, steps, position)
     _assign_outputs(graph, plan, produced)
     _assign_writes(graph, plan, produced, position, kernels, steps)
-    _assign_arena(plan, produced, position, last_use)
+    cats = _cats_in_place(plan, produced, steps)
+    _assign_arena(plan, produced, position, last_use, cats)
     return plan
 
 
@@ -155,13 +168,49 @@ def _in_place_ok(inp: Node, value: Node, step: Node, position: dict, kernels: di
     return True
 
 
-def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: dict) -> None:
+def _cats_in_place(plan: MemoryPlan, produced: dict, steps: list[Node]) -> dict[Node, list[tuple[Node, int]]]:
+    """cat -> [(input value placed in its slab, byte offset)] for the cats laid out in place; fills
+    ``plan.cat_copies`` with the inputs those cats still copy."""
+    cats: dict[Node, list[tuple[Node, int]]] = {}
+    claimed: set[Node] = set()
+    for node in steps:
+        if node.op != "cat" or node.is_tuple or node in plan.of:
+            continue
+        shape, dtype = node.type.shape, node.type.dtype
+        dim = node.args[1] + len(shape) if node.args[1] < 0 else node.args[1]
+        if S.numel(shape[:dim]) != 1:
+            continue
+        placed, copied, offset = [], [], 0
+        for ref in node.args[0]:
+            src = node.srcs[ref.i]
+            value = buffer_of(src)
+            whole = (value.type.numel == src.type.numel and src.type.dtype is dtype
+                     and geometry(src) == (src.type.shape, S.contiguous_strides(src.type.shape), 0))
+            aligned = offset % VECTOR_BYTES == 0 or (value.type.numel == 1 and produced.get(value, node).op == "fused")
+            if whole and aligned and value in produced and value not in plan.of and value not in claimed:
+                placed.append((value, offset))
+                claimed.add(value)
+            else:
+                copied.append((src, offset))
+            offset += src.type.numel * dtype.itemsize
+        if placed:
+            cats[node] = placed
+            plan.cat_copies[node] = copied
+    return cats
+
+
+def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: dict,
+                  cats: dict[Node, list[tuple[Node, int]]]) -> None:
+    members = {v for placed in cats.values() for v, _ in placed}
     intervals = []
     for value, step in produced.items():
-        if value in plan.of:
+        if value in plan.of or value in members:
             continue
         start = position[step]
         end = max(last_use.get(value, start), start)
+        for v, _ in cats.get(value, ()):  # a cat in place: its inputs' lifetimes are its own
+            start = min(start, position[produced[v]])
+            end = max(end, last_use.get(v, position[produced[v]]))
         size = -(-value.type.nbytes // ALIGN) * ALIGN
         intervals.append((size, start, end, value))
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
@@ -173,5 +222,7 @@ def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: di
             offset = max(offset, o + s)
         placed.append((offset, size, start, end))
         plan.of[value] = _add(plan, Buffer("arena", value.type, offset))
+        for v, byte in cats.get(value, ()):
+            plan.of[v] = _add(plan, Buffer("arena", v.type, offset + byte))
         plan.arena_bytes = max(plan.arena_bytes, offset + size)
         plan.unshared_bytes += size

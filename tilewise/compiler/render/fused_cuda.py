@@ -303,29 +303,7 @@ class _Nest:
         self.element_body(0, "_p0")
         self.w.close()
         self.team_reduce(0)
-        offset = plan.scratch
-        parts = []
-        for j, r in enumerate(nest.reductions):
-            c = CUDA.ctype(r.dtype)
-            parts.append(f"tw_part{j}")
-            self.w.line(f"{c}* tw_part{j} = reinterpret_cast<{c}*>(tw_scratch + {offset}) + row * {g};")
-            offset += -(-rows * g * r.dtype.itemsize // 16) * 16
-        self.w.line(f"unsigned int* tw_count = reinterpret_cast<unsigned int*>(tw_scratch + {offset}) + row;")
-        self.shared("bool", "tw_last", 1, 1)
-        self.w.open("if (tw_t == 0)")
-        for j in range(len(nest.reductions)):
-            self.w.line(f"tw_part{j}[part] = acc{j};")
-        self.w.line("__threadfence();")
-        self.w.line(f"*tw_last = atomicAdd(tw_count, 1u) == {g - 1}u;")
-        self.w.close()
-        self.w.line("__syncthreads();")
-        self.w.open("if (*tw_last && tw_t == 0)")
-        self.w.line("__threadfence();")
-        for j, r in enumerate(nest.reductions):
-            self.w.line(f"acc{j} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
-            self.w.line(f"for (int p = 0; p < {g}; ++p) acc{j} = {self.folds[j]}(acc{j}, __ldcg(tw_part{j} + p));")
-        self.w.line("*tw_count = 0u;")
-        self.w.close()
+        self.combine_parts(rows, "row", "part", "tw_t == 0")
         self.row_stores("*tw_last && tw_t == 0")
 
     def keep_in_registers(self, row_len: int, partial: bool) -> dict[int, str]:
@@ -384,17 +362,56 @@ class _Nest:
         nest, plan, idx = self.nest, self.plan, self.idx
         row_len = S.numel([nest.shape[d] for d in nest.reduce])
         rows = S.numel([nest.shape[d] for d in nest.outer])
+        g = plan.split
         self.w.line("const int tw_x = threadIdx.x & 31, tw_y = threadIdx.x >> 5;")
-        self.w.line(f"const {idx} row = ({idx})tw_block * 32 + tw_x;")
+        group = f"tw_block / {g}u" if g > 1 else "tw_block"
+        self.w.line(f"const {idx} group = ({idx})({group}), row = group * 32 + tw_x;")
         self.w.line(f"const bool tw_valid = row < ({idx}){rows};")
         self.begin_row("row")
+        lo, hi = "0", f"({idx}){row_len}"
+        if g > 1:
+            self.w.line(f"const {idx} lo = ({idx})(tw_block % {g}u) * {plan.chunk}, "
+                        f"hi = lo + {plan.chunk} < {row_len} ? lo + {plan.chunk} : ({idx}){row_len};")
+            lo, hi = "lo", "hi"
         for p in range(nest.phases):
-            self.w.open(f"for ({idx} j = tw_y; tw_valid && j < ({idx}){row_len}; j += {plan.team})")
+            self.w.open(f"for ({idx} j = {lo} + tw_y; tw_valid && j < {hi}; j += {plan.team})")
             self.decompose("j", nest.reduce)
             self.element_body(p, f"_p{p}")
             self.w.close()
             self.team_reduce(p)
+        if g > 1:
+            self.combine_parts(rows, "group", f"tw_block % {g}u", "tw_valid && tw_y == 0")
+            self.row_stores("*tw_last && tw_valid && tw_y == 0")
+            return
         self.row_stores("tw_valid && tw_y == 0")
+
+    def combine_parts(self, rows: int, counter: str, part: str, owners: str) -> None:
+        """A split nest: the ``owners`` of the block's partial results (one thread per row) write them to
+        scratch slot ``part`` of their row; the last block of the row group (``counter``) to finish combines
+        every part in order, so the result does not depend on which block came last."""
+        nest, plan, g = self.nest, self.plan, self.plan.split
+        offset = plan.scratch
+        for j, r in enumerate(nest.reductions):
+            c = CUDA.ctype(r.dtype)
+            self.w.line(f"{c}* tw_part{j} = reinterpret_cast<{c}*>(tw_scratch + {offset}) + row * {g};")
+            offset += -(-rows * g * r.dtype.itemsize // 16) * 16
+        self.w.line(f"unsigned int* tw_count = reinterpret_cast<unsigned int*>(tw_scratch + {offset}) + {counter};")
+        self.shared("bool", "tw_last", 1, 1)
+        self.w.open(f"if ({owners})")
+        for j in range(len(nest.reductions)):
+            self.w.line(f"tw_part{j}[{part}] = acc{j};")
+        self.w.line("__threadfence();")
+        self.w.close()
+        self.w.line("__syncthreads();")
+        self.w.line(f"if (threadIdx.x == 0) *tw_last = atomicAdd(tw_count, 1u) == {g - 1}u;")
+        self.w.line("__syncthreads();")
+        self.w.open(f"if (*tw_last && {owners})")
+        self.w.line("__threadfence();")
+        for j, r in enumerate(nest.reductions):
+            self.w.line(f"acc{j} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
+            self.w.line(f"for (int p = 0; p < {g}; ++p) acc{j} = {self.folds[j]}(acc{j}, __ldcg(tw_part{j} + p));")
+        self.w.close()
+        self.w.line("if (*tw_last && threadIdx.x == 0) *tw_count = 0u;")
 
 
 def render_kernel(sched: KernelSchedule, source: Source, aliased: frozenset[int] = frozenset()) -> str:

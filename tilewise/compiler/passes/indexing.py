@@ -1,0 +1,208 @@
+"""simplify_indexing: rewrite indexing operators so that fusion can see through them.
+
+[Note: indexing rewrites] Gathers, scatters and view scatters are library calls to fusion: whatever they
+read must be materialised, and whatever they write is a buffer of its own. Three rewrites take the common
+cases of a training step out of that:
+
+* **A gather of a pointwise value gathers the operands instead.** ``gather(f(x, m), d, i)`` is
+  ``f(gather(x, d, i), m)`` when ``m`` is constant along ``d`` (a per-row statistic). The negative
+  log-likelihood reads one element per row of ``log_softmax(x) = x - max - log(sum(exp))``: after the rewrite
+  it gathers those elements of ``x`` and the row statistics, and the log-softmax of the whole matrix is never
+  written. Applied only when the gather reads fewer elements than the value has.
+* **A scatter of one element per row is a select.** ``scatter(base, d, i, s)`` with ``i`` of size 1 along
+  ``d`` writes, in each row, ``s`` where the position equals ``i``: ``where(arange == i, s, base)``, a
+  pointwise expression the consumer's kernel computes on the fly (the loss gradient is never materialised
+  as a scattered matrix). A scatter checks its indices and a select cannot, so the rewrite applies only
+  where the same index tensor is also gathered along the same dim of the same size: that gather raises on
+  an index out of range.
+* **A constant base is read as one element.** A scatter or ``index_put`` into ``zeros`` (an embedding's
+  gradient) reads the zeros as a broadcast scalar, so they are never written out in full to be copied.
+* **View scatters that tile a buffer are a concatenation.** Autograd adds the gradients of
+  ``q, k, v = qkv.unbind(0)`` (or of slices of one dim) as one ``view_scatter_add`` each, zero-filled
+  buffers summed. When the views are slabs of one dim that cover the buffer without overlap, the sum is
+  ``cat`` of the gradients, which memory planning can lay out in place.
+"""
+
+from __future__ import annotations
+
+from tilewise import _strides as S
+from tilewise.compiler.capture import retrace
+from tilewise.compiler.ir import Graph, Node, Ref, rewrite
+
+SCATTERS = ("scatter.src", "scatter.value", "scatter_add")
+
+
+def _dim(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def _operand(node: Node, k: int):
+    """The k-th bound argument: the source node for a tensor, else the value."""
+    a = node.args[k]
+    return node.srcs[a.i] if type(a) is Ref else a
+
+
+# ---------------------------------------------------------------------------- gather through pointwise
+
+def _pushable(node: Node) -> bool:
+    if node.is_tuple:
+        return False
+    if node.kind == "pointwise":
+        return True
+    return node.op in ("_to_copy", "clone") and node.type.device == node.srcs[0].type.device
+
+
+def gather_through_pointwise(node: Node) -> Node | None:
+    if node.op != "gather":
+        return None
+    src, index = _operand(node, 0), _operand(node, 2)
+    shape, rank = src.type.shape, len(src.type.shape)
+    if not rank or not _pushable(src) or index.type.numel >= src.type.numel:
+        return None
+    dim = _dim(node.args[1], rank)
+    ishape = index.type.shape
+    if len(ishape) != rank or any(ishape[k] != shape[k] for k in range(rank) if k != dim):
+        return None
+    srcs = []
+    for s in src.srcs:
+        aligned = (1,) * (rank - len(s.type.shape)) + s.type.shape
+        if aligned[dim] == 1:  # constant along the gathered dim: read as it is, broadcast over the index
+            srcs.append(s)
+            continue
+        gathered = retrace(lambda t, i: (t if t.shape == shape else t.expand(shape)).gather(dim, i), (s, index))[0]
+        srcs.append(gather_through_pointwise(gathered) or gathered)
+    return src.replace(srcs=tuple(srcs), type=type(src.type)(ishape, src.type.dtype, src.type.device))
+
+
+# ---------------------------------------------------------------------------- one-element scatters
+
+def checked_indices(graph: Graph) -> set[tuple[Node, int, int]]:
+    """(index, dim, size of that dim) of every gather: indices a gather raises on when out of range."""
+    checked = set()
+    for node in graph.body:
+        if node.op == "gather":
+            src = _operand(node, 0).type.shape
+            if src:
+                dim = _dim(node.args[1], len(src))
+                checked.add((_operand(node, 2), dim, src[dim]))
+    return checked
+
+
+def scatter_as_select(node: Node, checked: set) -> Node | None:
+    if node.op not in SCATTERS:
+        return None
+    base, index, src = (_operand(node, k) for k in (0, 2, 3))
+    shape, rank = base.type.shape, len(base.type.shape)
+    if not rank:
+        return None
+    dim = _dim(node.args[1], rank)
+    if index.type.shape != shape[:dim] + (1,) + shape[dim + 1:] or (index, dim, shape[dim]) not in checked:
+        return None
+    op, number = node.op, not isinstance(src, Node)  # scatter(..., value) may come as a number in src's place
+    if not number and src.type.shape != index.type.shape:
+        return None
+
+    def select(b, i, s=None):
+        from tilewise import arange, where
+
+        along = [shape[dim] if k == dim else 1 for k in range(rank)]
+        hit = arange(shape[dim], dtype=i.dtype, device=b.device).view(along) == i
+        if number:
+            return where(hit, b + src if op == "scatter_add" else src, b).to(b.dtype)
+        s = s if s.dtype is b.dtype else s.to(b.dtype)
+        return where(hit, b + s if op == "scatter_add" else s, b)
+
+    return retrace(select, (base, index) if number else (base, index, src))[0]
+
+
+# ---------------------------------------------------------------------------- view scatters tiling a buffer
+
+def _slab(shape: tuple, view_shape: tuple, strides: tuple, offset: int, dim: int) -> tuple[int, int, bool] | None:
+    """(start, length, selected) when the view is ``narrow(dim, start, length)`` of a contiguous ``shape``, or
+    (with ``selected``) ``select(dim, start)``; else None."""
+    full = S.contiguous_strides(shape)
+    step = full[dim]
+    if step == 0 or offset % step:
+        return None
+    start = offset // step
+    if tuple(view_shape) == shape[:dim] + shape[dim + 1:] and tuple(strides) == full[:dim] + full[dim + 1:]:
+        return (start, 1, True) if start < shape[dim] else None
+    if (len(view_shape) == len(shape) and tuple(strides) == full
+            and all(view_shape[k] == shape[k] for k in range(len(shape)) if k != dim)
+            and start + view_shape[dim] <= shape[dim]):
+        return start, view_shape[dim], False
+    return None
+
+
+def _summands(node: Node, ty) -> list[Node]:
+    if node.op == "add" and node.args[2] == 1 and node.type == ty and all(type(a) is Ref for a in node.args[:2]):
+        return _summands(_operand(node, 0), ty) + _summands(_operand(node, 1), ty)
+    return [node]
+
+
+def scatters_as_cat(node: Node) -> Node | None:
+    if node.op != "add":
+        return None
+    terms = _summands(node, node.type)
+    shape = node.type.shape
+    if len(terms) < 2 or any(t.op != "view_scatter_add" or tuple(t.args[1]) != shape or t.type != node.type
+                             for t in terms):
+        return None
+    for dim in range(len(shape)):
+        slabs = [_slab(shape, tuple(t.args[2]), tuple(t.args[3]), t.args[4], dim) for t in terms]
+        if any(s is None for s in slabs):
+            continue
+        order = sorted(range(len(terms)), key=lambda k: slabs[k][0])
+        end = 0
+        for k in order:
+            if slabs[k][0] != end:
+                break
+            end += slabs[k][1]
+        else:
+            if end != shape[dim]:
+                continue
+            grads = [terms[k].srcs[0] for k in order]
+            selected = [slabs[k][2] for k in order]
+            if any(tuple(g.type.shape) != tuple(terms[k].args[2]) for g, k in zip(grads, order)):
+                return None
+
+            def tile(*gs):
+                from tilewise import cat
+
+                return cat([g.unsqueeze(dim) if sel else g for g, sel in zip(gs, selected)], dim)
+
+            return retrace(tile, grads)[0]
+    return None
+
+
+# ---------------------------------------------------------------------------- constant bases
+
+def constant_base_as_broadcast(node: Node) -> Node | None:
+    """A scatter or index_put into a constant reads it as one element broadcast: nothing writes the constant
+    out in full for the call to copy (an embedding's gradient starts from zeros of the whole table)."""
+    if node.op not in (*SCATTERS, "index_put") or type(node.args[0]) is not Ref:
+        return None
+    base = node.srcs[node.args[0].i]
+    if base.op != "full" or base.type.numel <= 1 or sum(a == node.args[0] for a in _refs(node.args)) > 1:
+        return None
+    scalar = base.replace(args=((), *base.args[1:]), type=type(base.type)((), base.type.dtype, base.type.device))
+    expanded = retrace(lambda t: t.expand(base.type.shape), (scalar,))[0]
+    srcs = list(node.srcs)
+    srcs[node.args[0].i] = expanded
+    return node.replace(srcs=tuple(srcs))
+
+
+def _refs(args) -> list:
+    out = []
+    for a in args:
+        if type(a) is Ref:
+            out.append(a)
+        elif isinstance(a, (tuple, list)):
+            out += _refs(a)
+    return out
+
+
+def simplify_indexing(graph: Graph) -> Graph:
+    graph = rewrite(graph, lambda n: gather_through_pointwise(n) or scatters_as_cat(n) or constant_base_as_broadcast(n))
+    checked = checked_indices(graph)
+    return rewrite(graph, lambda n: scatter_as_select(n, checked))
