@@ -382,6 +382,7 @@ SPLIT_TARGET_BLOCKS = 512
 SPLIT_MIN_VECTORS = 8  # per thread and block: below this a row is not worth another block
 COLUMN_WARPS = 8  # warps of a columns block whose reduction may be split across blocks
 SPLIT_TEAM = 256  # threads per block a row that will be split asks for
+SPLIT_TARGET_WARPS = 16384  # split columns: about two waves of full occupancy on a large GPU
 
 
 def split_rows(nest: Nest, plan: CudaPlan, block: int) -> CudaPlan:
@@ -407,7 +408,7 @@ def split_columns(nest: Nest, plan: CudaPlan) -> CudaPlan:
     per_block = plan.team * SPLIT_MIN_VECTORS  # elements of a column per block: a few per warp
     if plan.strategy != "columns" or nest.phases != 1 or groups >= SPLIT_TARGET_BLOCKS or row < 2 * per_block:
         return plan
-    split = min(_ceil_div(row, per_block), _ceil_div(SPLIT_TARGET_BLOCKS, groups))
+    split = min(_ceil_div(row, per_block), _ceil_div(SPLIT_TARGET_WARPS, groups * plan.team))
     chunk = _ceil_div(row, split)
     split = _ceil_div(row, chunk)
     return replace(plan, split=split, chunk=chunk, blocks=groups * split, steps=_ceil_div(chunk, plan.team))

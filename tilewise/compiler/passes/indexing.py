@@ -104,9 +104,11 @@ def scatter_as_select(node: Node, checked: set) -> Node | None:
 
     def select(b, i, s=None):
         from tilewise import arange, where
+        from tilewise import int32 as tw_int32
 
         along = [shape[dim] if k == dim else 1 for k in range(rank)]
-        hit = arange(shape[dim], dtype=i.dtype, device=b.device).view(along) == i
+        narrow = tw_int32 if shape[dim] < 2**31 else i.dtype  # 4-byte positions: wider vector loads beside them
+        hit = arange(shape[dim], dtype=narrow, device=b.device).view(along) == i
         if number:
             return where(hit, b + src if op == "scatter_add" else src, b).to(b.dtype)
         s = s if s.dtype is b.dtype else s.to(b.dtype)
