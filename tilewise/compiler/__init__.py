@@ -6,8 +6,9 @@ kernels,recompiles``):
 1. ``capture``   — run the function on trace tensors through the dispatcher's Trace key (below autograd,
                    so ``backward()`` inside lands in the same graph); functionalize in-place writes.
 2. ``ir``        — the graph IR: SSA, hash-consed nodes, text form, ``verify``.
-3. ``passes``    — functionalize, decompose, simplify (identities, constant folding), cse, dce; then
-                   ``fusion`` (loop nests, kernels) and ``memory`` (static buffer plan).
+3. ``passes``    — functionalize, decompose, simplify (identities, constant folding), simplify_indexing
+                   (gathers, scatters and view scatters rewritten so fusion sees through them), cse, dce;
+                   then ``fusion`` (loop nests, kernels) and ``memory`` (static buffer plan, cats in place).
 4. ``kernel_ir`` — each fused kernel as nests of loads, reductions and stores over symbolic indices.
 5. ``schedule``  — per target: loop order, parallelism, vectorisation, reduction strategy; ``autotune``
                    times a kernel's candidate schedules in ``mode="max-autotune"`` and remembers the winner.
