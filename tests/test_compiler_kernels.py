@@ -438,3 +438,16 @@ def test_cat_of_kernel_results_is_laid_out_in_place():
     assert [(src.type.shape, byte) for src, byte in copied] == [((2,), 24), ((15,), 92)]
     assert not [s for s in program.steps if getattr(s, "node", None) is cat]
     assert sum(" at byte " in s.describe() for s in program.steps) == 2
+
+
+def test_a_cat_that_converts_dtypes_is_not_laid_out_in_place():
+    w = tw.randn(5, 3)
+
+    def mixed(h):
+        return tw.cat([(w * 2).reshape(15), h.half().float() * 0 + h, (w.sum() * 1).reshape(1).half()]).exp()
+
+    cf = tw.compile(mixed)
+    h = tw.randn(4)
+    close(cf(h), mixed(h), rtol=1e-3, atol=1e-3)
+    assert not cf.programs()[0].plan.cat_copies
+

@@ -13,7 +13,7 @@ and ``getitem`` only name parts of other buffers. Each step's results get a buff
   overlap share bytes (greedy placement, largest first). ``peak_bytes`` is the arena's size.
 
 A ``cat`` whose inputs are contiguous slabs of its result (it joins along its first dim of more than one
-element) is laid out *in place*: each input the step before it writes in full gets, as its buffer, its slab
+element, and converts no dtype) is laid out *in place*: each input the step before it writes in full gets, as its buffer, its slab
 of the result's buffer, so writing the input is writing the result and the cat copies nothing for it
 (``cat_copies`` lists what it still copies: graph inputs, views, values other cats placed). An input slab
 that does not start on a 16-byte boundary is placed only for a one-element value a generated kernel stores
@@ -178,13 +178,13 @@ def _cats_in_place(plan: MemoryPlan, produced: dict, steps: list[Node]) -> dict[
             continue
         shape, dtype = node.type.shape, node.type.dtype
         dim = node.args[1] + len(shape) if node.args[1] < 0 else node.args[1]
-        if S.numel(shape[:dim]) != 1:
-            continue
+        if S.numel(shape[:dim]) != 1 or any(node.srcs[r.i].type.dtype is not dtype for r in node.args[0]):
+            continue  # a cat that converts copies through its own kernel
         placed, copied, offset = [], [], 0
         for ref in node.args[0]:
             src = node.srcs[ref.i]
             value = buffer_of(src)
-            whole = (value.type.numel == src.type.numel and src.type.dtype is dtype
+            whole = (value.type.numel == src.type.numel
                      and geometry(src) == (src.type.shape, S.contiguous_strides(src.type.shape), 0))
             aligned = offset % VECTOR_BYTES == 0 or (value.type.numel == 1 and produced.get(value, node).op == "fused")
             if whole and aligned and value in produced and value not in plan.of and value not in claimed:
