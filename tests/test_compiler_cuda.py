@@ -364,8 +364,9 @@ def _gpt_step(device: str):
 
 def test_every_library_call_of_a_gpt_training_step_can_write_into_its_planned_buffer():
     """Embedding lookup and its backward, cross_entropy's gather (its scatter becomes a select over an arange),
-    the q/k/v split's backward (a cat) and clip_grad_norm_'s cat are library calls in the compiled step: each has a kernel into a given output, so
-    a CUDA graph can hold the whole step (GEMMs go to cuBLASLt, which writes into the buffer too)."""
+    the q/k/v split's backward (a cat) and clip_grad_norm_'s cat are library calls in the compiled step: each
+    has a kernel into a given output, so a CUDA graph can hold the whole step (GEMMs go to cuBLASLt, which
+    writes into the buffer too)."""
     from tilewise.backends.cuda.kernels import INTO, _load_all
     from tilewise.compiler.passes.fusion import fusion_kind
 

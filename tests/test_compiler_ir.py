@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import numpy as np
-
 import pytest
 
 import tilewise as tw
@@ -214,7 +213,6 @@ def test_scatter_add_and_value_as_selects():
 def test_gradients_of_an_unbind_sum_to_a_cat():
     """q, k, v = qkv.unbind(0) and slices of one dim: autograd's zero-filled view scatters, summed, become one
     cat when the views tile the buffer; views that leave a gap stay view scatters."""
-    w = tw.randn(3, 4, 5)
 
     def unbound(qkv):
         q, k, v = qkv.unbind(0)

@@ -332,7 +332,8 @@ def _steps(fused: Graph, plan: MemoryPlan, kernels: dict[Node, Kernel], library)
             kernel = kernels[node]
             steps.append(KernelStep(kernel, getattr(library, kernel.name), [plan.of[v] for v in kernel.values]))
         elif node in plan.cat_copies:  # a cat in place copies only the inputs not written into it
-            steps += [CopyStep(src, plan.of[buffer_of(src)], plan.of[node], byte) for src, byte in plan.cat_copies[node]]
+            steps += [CopyStep(src, plan.of[buffer_of(src)], plan.of[node], byte)
+                      for src, byte in plan.cat_copies[node]]
         else:
             steps.append(ExternStep(node, plan, results))
     for copy in plan.copies:

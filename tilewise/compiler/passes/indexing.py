@@ -1,7 +1,7 @@
 """simplify_indexing: rewrite indexing operators so that fusion can see through them.
 
 [Note: indexing rewrites] Gathers, scatters and view scatters are library calls to fusion: whatever they
-read must be materialised, and whatever they write is a buffer of its own. Three rewrites take the common
+read must be materialised, and whatever they write is a buffer of its own. Four rewrites take the common
 cases of a training step out of that:
 
 * **A gather of a pointwise value gathers the operands instead.** ``gather(f(x, m), d, i)`` is
@@ -32,16 +32,6 @@ from tilewise.compiler.ir import Graph, Node, Ref, rewrite
 SCATTERS = ("scatter.src", "scatter.value", "scatter_add")
 
 
-def _dim(d: int, rank: int) -> int:
-    return d + rank if d < 0 else d
-
-
-def _operand(node: Node, k: int):
-    """The k-th bound argument: the source node for a tensor, else the value."""
-    a = node.args[k]
-    return node.srcs[a.i] if type(a) is Ref else a
-
-
 # ---------------------------------------------------------------------------- gather through pointwise
 
 def _pushable(node: Node) -> bool:
@@ -55,11 +45,11 @@ def _pushable(node: Node) -> bool:
 def gather_through_pointwise(node: Node) -> Node | None:
     if node.op != "gather":
         return None
-    src, index = _operand(node, 0), _operand(node, 2)
+    src, dim, index = node.bound_args(node.srcs)[:3]
     shape, rank = src.type.shape, len(src.type.shape)
     if not rank or not _pushable(src) or index.type.numel >= src.type.numel:
         return None
-    dim = _dim(node.args[1], rank)
+    dim = S.normalize_dim(dim, rank)
     ishape = index.type.shape
     if len(ishape) != rank or any(ishape[k] != shape[k] for k in range(rank) if k != dim):
         return None
@@ -81,21 +71,21 @@ def checked_indices(graph: Graph) -> set[tuple[Node, int, int]]:
     checked = set()
     for node in graph.body:
         if node.op == "gather":
-            src = _operand(node, 0).type.shape
-            if src:
-                dim = _dim(node.args[1], len(src))
-                checked.add((_operand(node, 2), dim, src[dim]))
+            src, dim, index = node.bound_args(node.srcs)[:3]
+            if src.type.shape:
+                dim = S.normalize_dim(dim, len(src.type.shape))
+                checked.add((index, dim, src.type.shape[dim]))
     return checked
 
 
 def scatter_as_select(node: Node, checked: set) -> Node | None:
     if node.op not in SCATTERS:
         return None
-    base, index, src = (_operand(node, k) for k in (0, 2, 3))
+    base, dim, index, src = node.bound_args(node.srcs)[:4]
     shape, rank = base.type.shape, len(base.type.shape)
     if not rank:
         return None
-    dim = _dim(node.args[1], rank)
+    dim = S.normalize_dim(dim, rank)
     if index.type.shape != shape[:dim] + (1,) + shape[dim + 1:] or (index, dim, shape[dim]) not in checked:
         return None
     op, number = node.op, not isinstance(src, Node)  # scatter(..., value) may come as a number in src's place
@@ -109,10 +99,9 @@ def scatter_as_select(node: Node, checked: set) -> Node | None:
         along = [shape[dim] if k == dim else 1 for k in range(rank)]
         narrow = tw_int32 if shape[dim] < 2**31 else i.dtype  # 4-byte positions: wider vector loads beside them
         hit = arange(shape[dim], dtype=narrow, device=b.device).view(along) == i
-        if number:
-            return where(hit, b + src if op == "scatter_add" else src, b).to(b.dtype)
-        s = s if s.dtype is b.dtype else s.to(b.dtype)
-        return where(hit, b + s if op == "scatter_add" else s, b)
+        s = src if number else s
+        out = where(hit, b + s if op == "scatter_add" else s, b)
+        return out if out.dtype is b.dtype else out.to(b.dtype)
 
     return retrace(select, (base, index) if number else (base, index, src))[0]
 
@@ -138,18 +127,13 @@ def _slab(shape: tuple, view_shape: tuple, strides: tuple, offset: int, dim: int
 
 def _summands(node: Node, ty) -> list[Node]:
     if node.op == "add" and node.args[2] == 1 and node.type == ty and all(type(a) is Ref for a in node.args[:2]):
-        return _summands(_operand(node, 0), ty) + _summands(_operand(node, 1), ty)
+        a, b = node.bound_args(node.srcs)[:2]
+        return _summands(a, ty) + _summands(b, ty)
     return [node]
 
 
-def scatters_as_cat(node: Node) -> Node | None:
-    if node.op != "add":
-        return None
-    terms = _summands(node, node.type)
-    shape = node.type.shape
-    if len(terms) < 2 or any(t.op != "view_scatter_add" or tuple(t.args[1]) != shape or t.type != node.type
-                             for t in terms):
-        return None
+def _tiling(shape: tuple, terms: list[Node]) -> tuple[int, list[int], list[bool]] | None:
+    """(dim, order of the terms along it, whether each is a select) when the terms' views tile ``shape``."""
     for dim in range(len(shape)):
         slabs = [_slab(shape, tuple(t.args[2]), tuple(t.args[3]), t.args[4], dim) for t in terms]
         if any(s is None for s in slabs):
@@ -160,21 +144,30 @@ def scatters_as_cat(node: Node) -> Node | None:
             if slabs[k][0] != end:
                 break
             end += slabs[k][1]
-        else:
-            if end != shape[dim]:
-                continue
-            grads = [terms[k].srcs[0] for k in order]
-            selected = [slabs[k][2] for k in order]
-            if any(tuple(g.type.shape) != tuple(terms[k].args[2]) for g, k in zip(grads, order)):
-                return None
-
-            def tile(*gs):
-                from tilewise import cat
-
-                return cat([g.unsqueeze(dim) if sel else g for g, sel in zip(gs, selected)], dim)
-
-            return retrace(tile, grads)[0]
+        if end == shape[dim]:
+            return dim, order, [slabs[k][2] for k in order]
     return None
+
+
+def scatters_as_cat(node: Node) -> Node | None:
+    if node.op != "add":
+        return None
+    terms = _summands(node, node.type)
+    shape = node.type.shape
+    if len(terms) < 2 or any(t.op != "view_scatter_add" or tuple(t.args[1]) != shape or t.type != node.type
+                             or t.srcs[0].type.shape != tuple(t.args[2]) for t in terms):
+        return None
+    tiling = _tiling(shape, terms)
+    if tiling is None:
+        return None
+    dim, order, selected = tiling
+
+    def tile(*grads):
+        from tilewise import cat
+
+        return cat([g.unsqueeze(dim) if sel else g for g, sel in zip(grads, selected)], dim)
+
+    return retrace(tile, [terms[k].srcs[0] for k in order])[0]
 
 
 # ---------------------------------------------------------------------------- constant bases
@@ -185,7 +178,9 @@ def constant_base_as_broadcast(node: Node) -> Node | None:
     if node.op not in (*SCATTERS, "index_put") or type(node.args[0]) is not Ref:
         return None
     base = node.srcs[node.args[0].i]
-    if base.op != "full" or base.type.numel <= 1 or sum(a == node.args[0] for a in _refs(node.args)) > 1:
+    args = node.bound_args(node.srcs)
+    uses = sum(a is base for arg in args for a in (arg if isinstance(arg, tuple) else (arg,)))
+    if base.op != "full" or base.type.numel <= 1 or uses > 1:
         return None
     scalar = base.replace(args=((), *base.args[1:]), type=type(base.type)((), base.type.dtype, base.type.device))
     expanded = retrace(lambda t: t.expand(base.type.shape), (scalar,))[0]
@@ -194,17 +189,8 @@ def constant_base_as_broadcast(node: Node) -> Node | None:
     return node.replace(srcs=tuple(srcs))
 
 
-def _refs(args) -> list:
-    out = []
-    for a in args:
-        if type(a) is Ref:
-            out.append(a)
-        elif isinstance(a, (tuple, list)):
-            out += _refs(a)
-    return out
-
-
 def simplify_indexing(graph: Graph) -> Graph:
-    graph = rewrite(graph, lambda n: gather_through_pointwise(n) or scatters_as_cat(n) or constant_base_as_broadcast(n))
+    graph = rewrite(graph, lambda n: gather_through_pointwise(n) or scatters_as_cat(n)
+                    or constant_base_as_broadcast(n))
     checked = checked_indices(graph)
     return rewrite(graph, lambda n: scatter_as_select(n, checked))

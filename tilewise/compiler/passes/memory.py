@@ -13,8 +13,9 @@ and ``getitem`` only name parts of other buffers. Each step's results get a buff
   overlap share bytes (greedy placement, largest first). ``peak_bytes`` is the arena's size.
 
 A ``cat`` whose inputs are contiguous slabs of its result (it joins along its first dim of more than one
-element, and converts no dtype) is laid out *in place*: each input the step before it writes in full gets, as its buffer, its slab
-of the result's buffer, so writing the input is writing the result and the cat copies nothing for it
+element, and converts no dtype) is laid out *in place*: each input a step before it writes in full gets, as
+its buffer, its slab of the result's buffer, so writing the input is writing the result and the cat copies
+nothing for it
 (``cat_copies`` lists what it still copies: graph inputs, views, values other cats placed). An input slab
 that does not start on a 16-byte boundary is placed only for a one-element value a generated kernel stores
 (such stores are never vectorised; kernels and libraries assume aligned buffers otherwise). The placed
@@ -177,7 +178,7 @@ def _cats_in_place(plan: MemoryPlan, produced: dict, steps: list[Node]) -> dict[
         if node.op != "cat" or node.is_tuple or node in plan.of:
             continue
         shape, dtype = node.type.shape, node.type.dtype
-        dim = node.args[1] + len(shape) if node.args[1] < 0 else node.args[1]
+        dim = S.normalize_dim(node.args[1], len(shape))
         if S.numel(shape[:dim]) != 1 or any(node.srcs[r.i].type.dtype is not dtype for r in node.args[0]):
             continue  # a cat that converts copies through its own kernel
         placed, copied, offset = [], [], 0
