@@ -393,6 +393,22 @@ def test_a_gpt_training_step_replays_as_one_cuda_graph_and_matches_eager():
     assert all(r.graphs and not r.why_not for r in runtimes[-1:]), [r.why_not for r in runtimes]
     steps = [s.describe() for s in compiled.programs()[-1].steps]
     assert not [s for s in steps if "[eager]" in s], steps
+    launches = [s for s in compiled.programs()[-1].steps if hasattr(s, "function")]
+    assert len({id(s.function) for s in launches}) < len(launches)  # the two layers' kernels are loaded once
+    assert [s for s in steps if " as " in s]
+
+
+def test_kernels_that_differ_only_in_name_share_one_name_made_from_their_text():
+    from tilewise.compiler.program_cuda import shared_name
+
+    body = "{ out[threadIdx.x] = a[threadIdx.x] * 2.0f; }"
+    unit = 'extern "C" __global__ void NAME(const float* a, float* out) ' + body
+    first, second = shared_name("k3_mul", unit.replace("NAME", "k3_mul")), \
+        shared_name("k17_mul", unit.replace("NAME", "k17_mul"))
+    assert first == second and first[0].startswith("mul_") and f" {first[0]}(" in first[1]
+    other = shared_name("k3_mul", unit.replace("NAME", "k3_mul").replace("2.0f", "3.0f"))
+    assert other[0] != first[0] and other[0].startswith("mul_")
+    assert shared_name("odd", "void odd(); void odd() {}") == ("odd", "void odd(); void odd() {}")
 
 
 @pytest.mark.cuda

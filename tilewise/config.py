@@ -14,7 +14,9 @@ variable                  meaning
                           its decomposition instead of cuDNN), and for ``tilewise.compile``: ``graph``
                           (the graph after capture and after every pass), ``fusion`` (the fused groups),
                           ``recompiles`` (which guard failed when a compiled function is compiled again),
-                          ``graphs`` (each CUDA graph a compiled program captures, or why it captures none)
+                          ``graphs`` (each CUDA graph a compiled program captures, or why it captures none),
+                          ``compile`` (where a compile's time went: trace, each pass, fusion, code generation,
+                          NVRTC, the first run with cuBLASLt's algorithm choices and cuDNN's graph builds)
 ``TILEWISE_RECOMPILES``   variants ``tilewise.compile`` keeps per function before running it eagerly (8)
 ``TILEWISE_CC``           the C compiler for the compiler's CPU target (default ``cc``)
 ``TILEWISE_CACHE_DIR``    where compiled kernels, and ``mode="max-autotune"``'s schedule choices (in ``autotune/``),
@@ -29,9 +31,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-LOG_CHANNELS = ("kernels", "fallback", "matmul", "attention", "graph", "fusion", "recompiles", "graphs")
+LOG_CHANNELS = ("kernels", "fallback", "matmul", "attention", "graph", "fusion", "recompiles", "graphs", "compile")
 
 
 def _channels(text: str) -> set[str]:
@@ -57,7 +60,9 @@ class Settings:
 settings = Settings()
 
 
-def log(channel: str, message: str) -> None:
-    """Print ``message`` to stderr when ``channel`` is enabled."""
+def log(channel: str, message: str | Callable[[], str]) -> None:
+    """Print ``message`` to stderr when ``channel`` is enabled; a callable makes the message only then (a large
+    graph's text takes longer to write than the pass that changed it)."""
     if channel in settings.log:
-        print(f"[tilewise:{channel}] {message}", file=sys.stderr, flush=True)
+        text = message() if callable(message) else message
+        print(f"[tilewise:{channel}] {text}", file=sys.stderr, flush=True)

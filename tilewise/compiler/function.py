@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tilewise import _strides as S
+from tilewise._stages import Stages, stage
 from tilewise.amp.autocast_mode import describe as describe_autocast
 from tilewise.autograd.function import Function
 from tilewise.compiler.capture import DataDependentError, Source, Traced, flatten, signature, trace, unflatten
@@ -297,16 +298,22 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         if reasons:
             log("recompiles", f"recompiling {self.__name__} (variant {len(self.variants) + 1}): {reasons[-1]}")
-        try:
-            variant = self._compile(args, kwargs, flat, spec)
-        except DataDependentError as exc:
-            if self.fullgraph:
-                raise
-            return self._give_up(f"it needs tensor values while tracing (fullgraph=False):\n{exc}", args, kwargs)
-        except UnsupportedTargetError as exc:
-            return self._give_up(str(exc), args, kwargs)
-        self.variants.append(variant)
-        return variant.run(flat)
+        with Stages() as stages:
+            try:
+                variant = self._compile(args, kwargs, flat, spec)
+            except DataDependentError as exc:
+                if self.fullgraph:
+                    raise
+                return self._give_up(f"it needs tensor values while tracing (fullgraph=False):\n{exc}", args,
+                                     kwargs)
+            except UnsupportedTargetError as exc:
+                return self._give_up(str(exc), args, kwargs)
+            self.variants.append(variant)
+            with stage("first run"):
+                result = variant.run(flat)
+        log("compile", lambda: stages.report(f"compiled {self.__name__} (variant {len(self.variants)}) and ran "
+                                             "it once"))
+        return result
 
     def _give_up(self, reason: str, args: tuple, kwargs: dict):
         """Run eagerly, now and on every later call (the function cannot be compiled as it is)."""
@@ -323,10 +330,12 @@ class CompiledFunction:
             if init is not None:
                 init()
         states = [o.state for o in optimizers]
-        traced = trace(self.fn, args, kwargs, names=names, known=known, states=states)
+        with stage("trace"):
+            traced = trace(self.fn, args, kwargs, names=names, known=known, states=states)
         target, device = _target(traced)
         guards = make_guards(traced, flat, spec, self.module, states)
-        graph = run_pipeline(traced.graph, pipeline_for(target))
+        with stage("passes"):
+            graph = run_pipeline(traced.graph, pipeline_for(target))
 
         arena = self._arena(target, device)
         autotune = self.mode == "max-autotune"

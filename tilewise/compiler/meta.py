@@ -137,6 +137,13 @@ def _copy(op, args, device):
         return TensorType(x._shape, args[1] or x._dtype, args[2] or x._device)
     if op.name in ("clone", "_write_"):
         return TensorType(x._shape, x._dtype, x._device)
+    if op.name == "cat":
+        from tilewise.ops.movement import check_cat
+
+        parts, d, dtype = check_cat(args[0], args[1])
+        shape = list(parts[0]._shape)
+        shape[d] = sum(t._shape[d] for t in parts)
+        return TensorType(tuple(shape), dtype, device)
     return None
 
 
@@ -154,7 +161,43 @@ def _index(op, args, device):
         return TensorType(args[0]._shape, args[0]._dtype, device)
     if name == "view_scatter_add":
         return TensorType(tuple(args[1]), args[0]._dtype, device)
+    if op.full_name == "index.Tensor":
+        shape = _indexed_shape(args[0], args[1])
+        return TensorType(shape, args[0]._dtype, device) if shape is not None else None
+    if name == "index_put" and isinstance(args[2], Tensor):
+        shape = _indexed_shape(args[0], args[1])
+        try:
+            fits = shape is not None and S.broadcast_shapes(args[2]._shape, shape, op="index_put") == shape
+        except (RuntimeError, ValueError):
+            fits = False
+        # else the kernel's own checks say what is wrong
+        return TensorType(args[0]._shape, args[0]._dtype, device) if fits else None
     return None
+
+
+def _indexed_shape(x, indices) -> tuple[int, ...] | None:
+    """The shape of ``x[indices]`` for integer index tensors (numpy's and torch's advanced indexing: the
+    broadcast index shape stands where the indexed dims were when they are adjacent, else in front); None
+    for what only the kernel can judge (masks, other index dtypes, too many indices)."""
+    if not isinstance(indices, (tuple, list)) or len(indices) > x.ndim:
+        return None
+    dims, shapes = [], []
+    for d, idx in enumerate(indices):
+        if idx is None:
+            continue
+        if not isinstance(idx, Tensor) or idx._dtype.name not in ("int64", "int32"):
+            return None
+        dims.append(d)
+        shapes.append(idx._shape)
+    if not dims:
+        return None
+    try:
+        joined = S.broadcast_shapes(*shapes, op="index")
+    except (RuntimeError, ValueError):
+        return None
+    if dims == list(range(dims[0], dims[-1] + 1)):
+        return (*x._shape[:dims[0]], *joined, *x._shape[dims[-1] + 1:])
+    return (*joined, *(n for d, n in enumerate(x._shape) if d not in dims))
 
 
 _RULES = {"pointwise": _pointwise, "reduction": _reduction, "view": _view, "matmul": _matmul,

@@ -23,6 +23,7 @@ from functools import partial
 
 import numpy as np
 
+from tilewise._stages import stage
 from tilewise.compiler.autotune import Pending, Sampler, Tuner, choose, clobbered, default_decisions, renamed
 from tilewise.compiler.ir import Graph, Node, format_graph, verify
 from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry, lower
@@ -201,15 +202,20 @@ class Lowered:
 
 def lower_program(graph: Graph, target: str = "c") -> Lowered:
     """Fuse, lower to kernel IR, plan memory, schedule and render for ``target`` ("c" or "cuda")."""
-    fused = verify(fuse(graph), "fuse")
-    log("graph", format_graph(fused, "after fuse"))
+    with stage("fuse"):
+        fused = verify(fuse(graph), "fuse")
+    log("graph", lambda: format_graph(fused, "after fuse"))
     kernels: dict[Node, Kernel] = {}
-    for node in fused.body:
-        if node.op == "fused":
-            kernels[node] = lower(node.args[0])
-    plan = plan_memory(fused, kernels)
-    schedules = [schedule(k, target) for k in kernels.values()]
-    return render_lowered(Lowered(fused, kernels, schedules, plan, ""), target)
+    with stage("lower to kernel IR"):
+        for node in fused.body:
+            if node.op == "fused":
+                kernels[node] = lower(node.args[0])
+    with stage("plan memory"):
+        plan = plan_memory(fused, kernels)
+    with stage("schedule"):
+        schedules = [schedule(k, target) for k in kernels.values()]
+    with stage("render"):
+        return render_lowered(Lowered(fused, kernels, schedules, plan, ""), target)
 
 
 def render_lowered(low: Lowered, target: str) -> Lowered:
@@ -246,8 +252,9 @@ def build_program(graph: Graph, target: str = "c", device=None, graphs: bool = T
     ``arena``: shared with the other programs of the same function (a private one when None).
     ``autotune``: choose each kernel's schedule by timing its candidates (``mode="max-autotune"``)."""
     if target == "cuda":
-        graph = verify(gemm_epilogues(graph), "gemm_epilogues")
-        log("graph", format_graph(graph, "after gemm_epilogues"))
+        with stage("gemm_epilogues"):
+            graph = verify(gemm_epilogues(graph), "gemm_epilogues")
+        log("graph", lambda: format_graph(graph, "after gemm_epilogues"))
     low = lower_program(graph, target)
     tuner = None
     if autotune and low.schedules:
@@ -259,7 +266,8 @@ def build_program(graph: Graph, target: str = "c", device=None, graphs: bool = T
     if target == "cuda":
         program = _cuda_program(low, device, graphs, arena)
     else:
-        library = default_c_cache().load(source) if schedules else None
+        with stage("compile kernels (C compiler) and load"):
+            library = default_c_cache().load(source) if schedules else None
         program = Program(fused, plan, _steps(fused, plan, kernels, library), list(kernels.values()), schedules,
                           source)
         program.arena = arena if arena is not None else host_arena()
@@ -289,7 +297,8 @@ def _cuda_program(low: Lowered, device, graphs: bool, arena: Arena | None) -> Pr
     from tilewise.compiler import program_cuda as pc
 
     fused, plan = low.fused, low.plan
-    functions = pc.compile_kernels(low.sources, device)
+    with stage("compile kernels (NVRTC) and load"):
+        functions = pc.compile_kernels(low.sources, device)
     by_kernel = {s.kernel.name: s for s in low.schedules}
     steps: list = []
     for node, results in _step_nodes(fused):

@@ -27,7 +27,9 @@ program's stream (``CudaBench``); a graph captured from the second call on launc
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from functools import partial
 
 from tilewise import _strides as S
@@ -87,7 +89,10 @@ class CudaKernelStep:
         launch(self.function, self.grid, self.block, [pointers[b] for b in self.buffers] + self.extra, stream)
 
     def describe(self) -> str:
-        return f"launch {self.kernel.name}<<<{self.grid}, {self.block}>>>({', '.join(f'b{b}' for b in self.buffers)})"
+        shared = getattr(self.function, "name", self.kernel.name)
+        alias = f" as {shared}" if shared != self.kernel.name else ""  # one function for kernels of one text
+        return (f"launch {self.kernel.name}{alias}<<<{self.grid}, {self.block}>>>"
+                f"({', '.join(f'b{b}' for b in self.buffers)})")
 
 
 class CudaExternStep:
@@ -331,20 +336,40 @@ def compile_kernels(sources: dict[str, str], device: Device) -> dict:
 
 def compile_units(units: list[tuple[str, str]], device: Device) -> list:
     """The function of each (kernel name, translation unit), compiled in parallel through the kernel cache and
-    loaded: several units may define kernels of one name (a kernel's schedule candidates)."""
+    loaded: several units may define kernels of one name (a kernel's schedule candidates).
+
+    Units that differ only in the kernel's name (a transformer's layers make the same kernels once per layer)
+    are compiled and loaded once, under a name made from their text (:func:`shared_name`): the program's steps
+    then launch one function, and the kernel cache serves it to every program and process that makes it."""
     from concurrent.futures import ThreadPoolExecutor
 
     from tilewise.compiler.toolchain import compile_cached, load_module
 
     arch = get_device_properties(device.index).arch
-    with ThreadPoolExecutor(max_workers=max(1, min(len(units), os.cpu_count() or 1, 16))) as pool:
-        compiled = list(pool.map(lambda unit: compile_cached(unit[1], unit[0], arch), units))
-    functions = []
-    for (name, source), kernel in zip(units, compiled):
-        fn = load_module(kernel.cubin, device.index).get_function(name)
-        fn.source = source
-        functions.append(fn)
-    return functions
+    keys = [shared_name(name, source) for name, source in units]
+    unique = list(dict.fromkeys(keys))
+    with ThreadPoolExecutor(max_workers=max(1, min(len(unique), os.cpu_count() or 1, 16))) as pool:
+        compiled = dict(zip(unique, pool.map(lambda key: compile_cached(key[1], key[0], arch), unique)))
+    log("compile", lambda: f"{len(units)} kernels, {len(unique)} different texts: "
+        f"{sum(not k.from_cache for k in compiled.values())} compiled by NVRTC, the rest from the kernel cache")
+    loaded: dict[tuple[str, str], object] = {}
+    for key in unique:
+        fn = loaded[key] = load_module(compiled[key].cubin, device.index).get_function(key[0])
+        fn.source = key[1]
+    return [loaded[key] for key in keys]
+
+
+def shared_name(name: str, source: str) -> tuple[str, str]:
+    """(name, source) of a kernel under a name made from its text: ``k12_gelu_backward_sum`` becomes
+    ``gelu_backward_sum_<hash of the text>``, the same for every kernel whose text differs only in its name.
+    A unit that names its kernel other than once in its head keeps its own name."""
+    head = f" {name}("
+    if source.count(head) != 1 or source.count(name) != 1:
+        return name, source
+    digest = hashlib.sha1(source.replace(head, " tw_kernel(").encode()).hexdigest()[:10]
+    readable = re.sub(r"^k\d+_", "", name)
+    new = f"{readable}_{digest}" if readable and readable != name else f"tw_{digest}"
+    return new, source.replace(head, f" {new}(")
 
 
 # ---------------------------------------------------------------------------- autotuning

@@ -23,6 +23,7 @@ see [Note: kernels into a given output]) declines.
 from __future__ import annotations
 
 from tilewise import dtypes
+from tilewise._stages import stage
 from tilewise.backends.cuda import DeviceBuffer, data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.config import log
@@ -164,11 +165,12 @@ def _build(backward: bool, tensors: list[Tensor | None], scale: float, causal: b
         o, stats = graph.sdpa(name="sdpa", q=q, k=k, v=v, generate_stats=with_stats, attn_scale=scale,
                               use_causal_mask=causal)
         operands = [q, k, v, output(o, 3)] + ([output(stats, 4, fp32)] if with_stats else [])
-    graph.validate()
-    graph.build_operation_graph()
-    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    graph.check_support()
-    graph.build_plans()
+    with stage("cuDNN graph build"):
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.check_support()
+        graph.build_plans()
     size = graph.get_workspace_size()
     workspace = DeviceBuffer(size, device, stream_handle(device)) if size else None
     return _Graph(graph, operands, workspace, handle)

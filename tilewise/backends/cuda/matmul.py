@@ -18,11 +18,13 @@ of ``library_types.h`` and ``cublas_api.h``, a stable ABI.
 from __future__ import annotations
 
 import ctypes
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tilewise import dtypes
+from tilewise._stages import stage
 from tilewise.backends.cuda import data_ptr, empty, empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import kernel
 from tilewise.config import log, settings
@@ -196,19 +198,28 @@ def _heuristics(handle: int, desc: int, layouts, aligns) -> tuple[list[int], obj
 def _choose(key: tuple, plan: _Plan, algos: list[int], work: int, args: tuple) -> int:
     """The fastest of the heuristic's candidates on this GEMM, timed on its real operands.
 
-    The GPU is first kept busy long enough to leave its idle clocks, and the candidates are then timed in
-    interleaved rounds: timed one after another from idle, the first candidates ran at lower clocks and lost
-    to slower ones (on an H200, cuBLASLt's first choice for bf16 8192^3 measured 801 TFLOP/s directly but
-    lost to a 718 TFLOP/s candidate)."""
+    The GPU is first kept busy long enough to leave its idle clocks (unless a GEMM was timed a moment ago),
+    and the candidates are then timed in interleaved rounds, each round queued whole before the host waits:
+    timed one after another from idle, the first candidates ran at lower clocks and lost to slower ones (on an
+    H200, cuBLASLt's first choice for bf16 8192^3 measured 801 TFLOP/s directly but lost to a 718 TFLOP/s
+    candidate)."""
     if len(algos) == 1 or not settings.gemm_tune or work * 2 < _TUNE_MIN_FLOPS:
         return algos[0]
-    plan.algo = algos[0]
-    _timed(plan, args, _warmup_runs(plan, args))
-    times: list[list[float]] = [[] for _ in algos]
-    for _ in range(_ROUNDS):
-        for k, algo in enumerate(algos):
-            plan.algo = algo
-            times[k].append(_timed(plan, args, _RUNS_PER_ROUND))
+    global _clocks_up_until
+    with stage("cuBLASLt algorithm choice"):
+        plan.algo = algos[0]
+        if time.perf_counter() > _clocks_up_until:
+            _timed(plan, args, _warmup_runs(plan, args))
+        times: list[list[float]] = [[] for _ in algos]
+        for _ in range(_ROUNDS):
+            events = []
+            for algo in algos:
+                plan.algo = algo
+                events.append(_queued(plan, args, _RUNS_PER_ROUND))
+            events[-1][1].synchronize()
+            for k, (start, end) in enumerate(events):
+                times[k].append(start.elapsed_time(end) / _RUNS_PER_ROUND)
+        _clocks_up_until = time.perf_counter() + _CLOCKS_HOLD_S
     medians = [sorted(t)[len(t) // 2] for t in times]
     best = min(range(len(algos)), key=medians.__getitem__)
     log("matmul", f"GEMM {key[1:]}: candidate medians (ms) {[round(t, 4) for t in medians]}, "
@@ -218,10 +229,12 @@ def _choose(key: tuple, plan: _Plan, algos: list[int], work: int, args: tuple) -
 
 _ROUNDS, _RUNS_PER_ROUND = 5, 2
 _WARMUP_MS = 20.0  # GPU time spent before timing, enough for the clocks to ramp up from idle
+_CLOCKS_HOLD_S = 0.1  # after timing a GEMM, the GPU is taken to be at its clocks for this long
+_clocks_up_until = 0.0
 
 
-def _timed(plan: _Plan, args: tuple, runs: int) -> float:
-    """Milliseconds per run of ``runs`` back-to-back runs of ``plan``, by events on the GEMM's stream."""
+def _queued(plan: _Plan, args: tuple, runs: int) -> tuple:
+    """(start, end) events around ``runs`` back-to-back runs of ``plan``, queued on the GEMM's stream."""
     from tilewise.backends.cuda.runtime import Event
 
     start, end = Event(enable_timing=True), Event(enable_timing=True)
@@ -230,6 +243,12 @@ def _timed(plan: _Plan, args: tuple, runs: int) -> float:
     for _ in range(runs):
         _run(plan, *args)
     end.record(args[-1])
+    return start, end
+
+
+def _timed(plan: _Plan, args: tuple, runs: int) -> float:
+    """Milliseconds per run of ``runs`` back-to-back runs of ``plan``, by events on the GEMM's stream."""
+    start, end = _queued(plan, args, runs)
     end.synchronize()
     return start.elapsed_time(end) / runs
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tilewise._stages import stage
 from tilewise.compiler.ir import Graph, format_graph, verify
 from tilewise.compiler.passes.cleanup import cse, dce
 from tilewise.compiler.passes.decompose import decompose
@@ -39,12 +40,13 @@ def pipeline_for(target: str) -> tuple[Pass, ...]:
 
 
 def run_pipeline(graph: Graph, passes: tuple[Pass, ...] = PIPELINE) -> Graph:
-    log("graph", format_graph(graph, "captured"))
+    log("graph", lambda: format_graph(graph, "captured"))
     verify(graph, "capture")
     for p in passes:
-        graph = p(graph)
-        verify(graph, p.__name__)
-        log("graph", format_graph(graph, f"after {p.__name__}"))
+        with stage(p.__name__):
+            graph = p(graph)
+            verify(graph, p.__name__)
+        log("graph", lambda g=graph, name=p.__name__: format_graph(g, f"after {name}"))
     return graph
 
 
