@@ -254,6 +254,25 @@ def test_linear_bias_gelu_becomes_one_gemm_with_its_epilogue():
     assert [n.op for n in graph.body if n.kind != "view"] == ["addmm"]
 
 
+def test_a_linear_layer_over_a_3d_input_takes_the_epilogue_through_its_reshape():
+    """F.linear over [batch, time, features] multiplies a 2-D view and views the product back before the bias
+    is added: the bias (and the activation) still join the GEMM, whose result is viewed instead."""
+    w, b = tw.randn(32, 16), tw.randn(32)
+    x = tw.randn(2, 4, 16)
+    graph = _epilogue_graph(lambda x: F.linear(x, w, b), x)
+    assert [n.op for n in graph.body if n.kind != "view"] == ["addmm"]
+    assert graph.outputs[0].op == "view" and graph.outputs[0].type.shape == (2, 4, 32)
+    graph = _epilogue_graph(lambda x: F.gelu(F.linear(x, w, b), approximate="tanh"), x)
+    assert [n.op for n in graph.body if n.kind != "view"] == ["_addmm_activation"]
+    from tilewise.compiler.program import build_program
+
+    program = build_program(graph)  # the C target runs the rewritten graph: it means what the original did
+    expected = F.gelu(F.linear(x, w, b), approximate="tanh")
+    by_shape = {t.shape: np.ascontiguousarray(t.numpy()).reshape(-1) for t in (x, w, b)}
+    (out,) = program.run([by_shape[i.type.shape] for i in graph.inputs], frozenset())
+    np.testing.assert_allclose(np.asarray(out).reshape(2, 4, 32), expected.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_an_epilogue_is_not_taken_when_the_product_is_read_elsewhere():
     w, b = tw.randn(32, 16), tw.randn(32)
 
