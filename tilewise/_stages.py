@@ -22,7 +22,7 @@ class Stages:
         self.path: tuple[str, ...] = ()
         self.start = time.perf_counter()
         self.total = 0.0
-        self.thread = threading.get_ident()  # the thread compiling: other threads' work is not its stages
+        self.thread = 0  # the thread compiling (set on entry): other threads' work is not its stages
 
     def __enter__(self) -> Stages:
         _active.append(self)

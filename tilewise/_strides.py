@@ -96,6 +96,18 @@ def normalize_dims(dims, ndim: int, op: str = "") -> Shape:
     return tuple(sorted(out))
 
 
+def advanced_index_dims(ndim: int, dims: Sequence[int], index_shapes: Sequence[Sequence[int]],
+                        op: str = "index") -> tuple[list[int], Shape, list[int]]:
+    """numpy's (and torch's) advanced indexing of an ``ndim``-dim tensor by index tensors at ``dims``: (the dims
+    kept before the index block, the broadcast index shape, the dims kept after). The index block stands where
+    the indexed dims were when they are adjacent, else in front."""
+    joined = broadcast_shapes(*index_shapes, op=op)
+    adjacent = list(dims) == list(range(dims[0], dims[-1] + 1))
+    rest = [d for d in range(ndim) if d not in dims]
+    before = [d for d in rest if d < dims[0]] if adjacent else []
+    return before, joined, [d for d in rest if d not in before]
+
+
 def broadcast_shapes(*shapes: Sequence[int], op: str = "broadcast") -> Shape:
     ndim = max((len(s) for s in shapes), default=0)
     out = [1] * ndim

@@ -2,11 +2,12 @@
 
 [Note: meta functions] Pointwise, reduction, view, matmul, creation, random and copy operators get their
 result shape and dtype from the same rules the eager kernels use (the operator's dtype rule, broadcasting,
-``reduction_dims``, view rules). Operators without such a rule (indexing, scans, sorts, anything new) are
-run by the CPU backend on stand-ins of their inputs' types, once filled with zeros and once with ones:
-when the two results' shapes differ, the shape depends on the values (``repeat_interleave`` by a tensor,
-``nonzero``) and capture refuses the operator with a ``DataDependentError``. What that run finds is kept
-per signature (operator, argument shapes, dtypes and values), since it costs a full-size CPU computation.
+``reduction_dims``, view rules), as do gather/scatter, advanced indexing and cat. Operators without such a
+rule (scans, sorts, boolean masks, anything new) are run by the CPU backend on stand-ins of their inputs'
+types, once filled with zeros and once with ones: when the two results' shapes differ, the shape depends on
+the values (``repeat_interleave`` by a tensor, ``nonzero``) and capture refuses the operator with a
+``DataDependentError``. What that run finds is kept per signature (operator, argument shapes, dtypes and
+values), since it costs a full-size CPU computation.
 """
 
 from __future__ import annotations
@@ -176,9 +177,9 @@ def _index(op, args, device):
 
 
 def _indexed_shape(x, indices) -> tuple[int, ...] | None:
-    """The shape of ``x[indices]`` for integer index tensors (numpy's and torch's advanced indexing: the
-    broadcast index shape stands where the indexed dims were when they are adjacent, else in front); None
-    for what only the kernel can judge (masks, other index dtypes, too many indices)."""
+    """The shape of ``x[indices]`` for integer index tensors (``_strides.advanced_index_dims``, the rule the
+    CUDA kernel uses); None for what only the kernel can judge (masks, other index dtypes, too many indices,
+    index shapes that do not broadcast)."""
     if not isinstance(indices, (tuple, list)) or len(indices) > x.ndim:
         return None
     dims, shapes = [], []
@@ -192,12 +193,10 @@ def _indexed_shape(x, indices) -> tuple[int, ...] | None:
     if not dims:
         return None
     try:
-        joined = S.broadcast_shapes(*shapes, op="index")
-    except (RuntimeError, ValueError):
+        before, joined, after = S.advanced_index_dims(x.ndim, dims, shapes)
+    except RuntimeError:
         return None
-    if dims == list(range(dims[0], dims[-1] + 1)):
-        return (*x._shape[:dims[0]], *joined, *x._shape[dims[-1] + 1:])
-    return (*joined, *(n for d, n in enumerate(x._shape) if d not in dims))
+    return (*(x._shape[d] for d in before), *joined, *(x._shape[d] for d in after))
 
 
 _RULES = {"pointwise": _pointwise, "reduction": _reduction, "view": _view, "matmul": _matmul,

@@ -15,8 +15,7 @@ and ``getitem`` only name parts of other buffers. Each step's results get a buff
 A ``cat`` whose inputs are contiguous slabs of its result (it joins along its first dim of more than one
 element, and converts no dtype) is laid out *in place*: each input a step before it writes in full gets, as
 its buffer, its slab of the result's buffer, so writing the input is writing the result and the cat copies
-nothing for it
-(``cat_copies`` lists what it still copies: graph inputs, views, values other cats placed). An input slab
+nothing for it (``cat_copies`` lists what it still copies: graph inputs, views, values other cats placed). An input slab
 that does not start on a 16-byte boundary is placed only for a one-element value a generated kernel stores
 (such stores are never vectorised; kernels and libraries assume aligned buffers otherwise). The placed
 inputs and the result share one arena interval, from the first input's step to the last read of any.
@@ -30,9 +29,9 @@ from tilewise import _strides as S
 from tilewise.compiler.ir import Graph, Node, format_type
 from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry
 from tilewise.compiler.passes.fusion import fusion_kind
+from tilewise.compiler.schedule import VECTOR_BYTES
 
 ALIGN = 64
-VECTOR_BYTES = 16
 
 
 @dataclass

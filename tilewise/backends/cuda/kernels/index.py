@@ -228,12 +228,8 @@ def _advanced_geometry(self: Tensor, indices) -> tuple[tuple, tuple, list[tuple[
     for _, t in tensors:
         if t._dtype is dtypes.bool_:
             raise RuntimeError("index: bool index tensors must be converted to positions first")
-    bshape = S.broadcast_shapes(*(t._shape for _, t in tensors), op="index")
     dims = [d for d, _ in tensors]
-    adjacent = dims == list(range(dims[0], dims[-1] + 1))
-    rest = [d for d in range(self.ndim) if d not in dims]
-    before = [d for d in rest if d < dims[0]] if adjacent else []
-    after = [d for d in rest if d not in before]
+    before, bshape, after = S.advanced_index_dims(self.ndim, dims, [t._shape for _, t in tensors])
     shape = tuple(self._shape[d] for d in before) + bshape + tuple(self._shape[d] for d in after)
     zeros = (0,) * len(bshape)
     a = tuple(self._strides[d] for d in before) + zeros + tuple(self._strides[d] for d in after)
