@@ -236,6 +236,28 @@ def test_guard_miss_recompiles_and_says_why(capsys):
     assert "float64" in err
 
 
+def test_a_changed_learning_rate_recompiles_the_step(capsys):
+    """The trace reads param-group values (lr, momentum, ...) as numbers: a change must not run the old program."""
+    data = [(tw.randn(16, 8), tw.randn(16, 4)) for _ in range(4)]
+    eager_model, compiled_model = _mlp(), _mlp()
+    eager_opt = tw.optim.SGD(eager_model.parameters(), lr=0.05)
+    compiled_opt = tw.optim.SGD(compiled_model.parameters(), lr=0.05)
+    eager_step = _training_step(eager_model, eager_opt)
+    compiled_step = tw.compile(_training_step(compiled_model, compiled_opt))
+    settings.log.add("recompiles")
+    try:
+        for k, (x, y) in enumerate(data):
+            for opt in (eager_opt, compiled_opt):
+                opt.param_groups[0]["lr"] = 0.05 if k < 2 else 0.01
+            np.testing.assert_allclose(compiled_step(x, y).item(), eager_step(x, y).item(), rtol=1e-5)
+    finally:
+        settings.log.discard("recompiles")
+    assert len(compiled_step.variants) == 2
+    assert "SGD.param_groups[0]['lr'] is 0.01, compiled for 0.05" in capsys.readouterr().err
+    for a, b in zip(compiled_model.parameters(), eager_model.parameters()):
+        close(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_requires_grad_and_strides_are_guarded():
     f = tw.compile(lambda x: x * 2)
     x = tw.randn(3, 4)

@@ -74,6 +74,8 @@ class Guards:
     states: list[dict]
     state_layout: tuple
     autocast: tuple = ()  # AutocastState.key when traced: the casts it recorded
+    optimizers: list = field(default_factory=list)
+    hyperparameters: tuple = ()  # _hyperparameters(optimizers) when traced: the trace baked them in
 
     def failure(self, flat: list, spec, module) -> str | None:
         """None when this variant applies to the call, else which guard failed."""
@@ -92,6 +94,8 @@ class Guards:
             return "a module's training flag changed (train()/eval())"
         if _state_layout(self.states) != self.state_layout:
             return "an optimizer's state changed (buffers created or replaced)"
+        if self.optimizers and _hyperparameters(self.optimizers) != self.hyperparameters:
+            return _hyperparameter_change(self.optimizers, self.hyperparameters)
         storages = []
         for source, expected in self.tensors:
             t = source.fetch(flat)
@@ -132,6 +136,30 @@ def _state_layout(states: list[dict]) -> tuple:
     return tuple(tuple((id(owner), entry_layout(entry)) for owner, entry in state.items()) for state in states)
 
 
+def _value_key(value):
+    if isinstance(value, (list, tuple)):
+        return type(value), tuple(_value_key(v) for v in value)
+    return _constant_key(value)
+
+
+def _hyperparameters(optimizers: list) -> tuple:
+    """What the optimizers' param groups hold besides their parameters (lr, betas, weight_decay, ...), by value:
+    a trace reads them as Python numbers, so the program holds them as constants."""
+    return tuple(tuple(tuple((k, _value_key(v)) for k, v in group.items() if k != "params")
+                       for group in o.param_groups) for o in optimizers)
+
+
+def _hyperparameter_change(optimizers: list, compiled: tuple) -> str:
+    now = _hyperparameters(optimizers)
+    for o, groups, old_groups in zip(optimizers, now, compiled):
+        for k, (group, old) in enumerate(zip(groups, old_groups)):
+            for (name, value), (old_name, old_value) in zip(group, old):
+                if (name, value) != (old_name, old_value):
+                    return (f"{type(o).__name__}.param_groups[{k}][{name!r}] is {o.param_groups[k].get(name)!r}, "
+                            f"compiled for {old_value[-1]!r}")
+    return "an optimizer's param groups changed (groups or hyperparameters added or removed)"
+
+
 def reachable_optimizers(fn, arguments: tuple = ()) -> list:
     """The optimizers (objects with ``param_groups`` and a ``state`` table) a function can reach: its arguments,
     default values, closure, globals, or bound object."""
@@ -155,13 +183,14 @@ def reachable_optimizers(fn, arguments: tuple = ()) -> list:
     return found_optimizers
 
 
-def make_guards(traced: Traced, flat: list, spec, module, states: list[dict]) -> Guards:
+def make_guards(traced: Traced, flat: list, spec, module, optimizers: list) -> Guards:
+    states = [o.state for o in optimizers]
     constants = [(k, _constant_key(v)) for k, v in enumerate(flat) if type(v) is not Tensor]
     tensors = [(ts.source, ts.signature) for ts in traced.tensor_sources]
     storages = [id(ts.source.fetch(flat)._storage) for ts in traced.tensor_sources]
     return Guards(spec, constants, tensors, _alias_pattern(storages), traced.grad_presence, STATE.grad_enabled,
                   _training_flags(module) if module is not None else (), states, _state_layout(states),
-                  _autocast_key())
+                  _autocast_key(), optimizers, _hyperparameters(optimizers))
 
 
 # ---------------------------------------------------------------------------- variants
@@ -333,7 +362,7 @@ class CompiledFunction:
         with stage("trace"):
             traced = trace(self.fn, args, kwargs, names=names, known=known, states=states)
         target, device = _target(traced)
-        guards = make_guards(traced, flat, spec, self.module, states)
+        guards = make_guards(traced, flat, spec, self.module, optimizers)
         with stage("passes"):
             graph = run_pipeline(traced.graph, pipeline_for(target))
 
