@@ -7,7 +7,9 @@ batches; a step is forward (under ``autocast`` with ``--autocast``), ``loss.back
 optimizer step and ``zero_grad``. ``--preset gpt2`` is the case of ../shared's targets: GPT-2 124M, batch 8×1024,
 bf16 autocast, AdamW.
 
-* tilewise eager and torch eager (torch's optimizer with ``foreach=False``, one parameter at a time as ours);
+* tilewise eager and torch eager, each with its optimizer's and ``clip_grad_norm_``'s defaults (on CUDA torch's
+  multi-tensor ``foreach`` implementation, and tilewise's compiled group update; one parameter at a time on
+  the CPU);
 * with ``--compile``, tilewise with the *whole step* compiled by one ``tw.compile`` (forward, backward,
   ``clip_grad_norm_``, ``optimizer.step()`` and ``zero_grad`` in one function), and torch the usual way:
   the model compiled by ``torch.compile``, the optimizer eager (fused AdamW on CUDA; SGD with torch's
@@ -126,11 +128,11 @@ def tilewise_optimizer(params, name: str):
     return tw.optim.AdamW(params, lr=3e-4) if name == "adamw" else tw.optim.SGD(params, lr=1e-2, momentum=0.9)
 
 
-def torch_optimizer(params, name: str, usual: bool, on_cuda: bool):
-    """torch's optimizer: one parameter at a time like ours, or (``usual``) as a torch.compile user runs it."""
+def torch_optimizer(params, name: str, compiled: bool, on_cuda: bool):
+    """torch's optimizer with its defaults, or (``compiled``) as a torch.compile user runs it (fused AdamW)."""
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=3e-4, **({"fused": on_cuda} if usual else {"foreach": False}))
-    return torch.optim.SGD(params, lr=1e-2, momentum=0.9, **({} if usual else {"foreach": False}))
+        return torch.optim.AdamW(params, lr=3e-4, **({"fused": on_cuda} if compiled else {}))
+    return torch.optim.SGD(params, lr=1e-2, momentum=0.9)
 
 
 def no_kernels() -> str:

@@ -267,6 +267,36 @@ def test_training_step_matches_cpu():
         np.testing.assert_allclose(p, q, rtol=1e-4, atol=1e-5)
 
 
+def test_adamw_and_clipping_on_cuda_run_compiled_and_match_the_cpu_loop():
+    """On CUDA the default (foreach=None) updates each group and clips all gradients by compiled programs."""
+    def run(device):
+        tw.manual_seed(0)
+        model = tw.nn.Sequential(tw.nn.Linear(16, 32), tw.nn.GELU(), tw.nn.Linear(32, 4)).to(device)
+        opt = tw.optim.AdamW(model.parameters(), lr=0.01)
+        sched = tw.optim.lr_scheduler.CosineAnnealingLR(opt, 4)
+        x = tw.from_numpy(_rand((8, 16))).to(device)
+        target = tw.from_numpy(np.arange(8) % 4).to(device)
+        losses = []
+        for _ in range(4):
+            opt.zero_grad()
+            loss = tw.nn.functional.cross_entropy(model(x), target)
+            loss.backward()
+            tw.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            sched.step()
+            losses.append(float(loss.item()))
+        return losses, [p.detach().cpu().numpy() for p in model.parameters()], opt
+
+    cpu_losses, cpu_params, cpu_opt = run("cpu")
+    gpu_losses, gpu_params, gpu_opt = run("cuda")
+    assert not getattr(cpu_opt, "_programs", None)
+    (program,) = gpu_opt._programs.values()
+    assert len(program.variants) == 1 and program.eager_reason is None
+    np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=1e-4)
+    for p, q in zip(gpu_params, cpu_params):
+        np.testing.assert_allclose(p, q, rtol=1e-4, atol=1e-5)
+
+
 def test_gradient_of_device_transfer_lands_on_the_leaf_device():
     x = tw.from_numpy(_rand((3, 4))).requires_grad_(True)
     (x.cuda() * 2).sum().backward()
@@ -286,6 +316,68 @@ def test_memory_statistics_follow_tensors():
     assert tw.cuda.memory_allocated() == before
     assert tw.cuda.memory_reserved() >= tw.cuda.memory_allocated()
     assert "allocated_bytes.current" in tw.cuda.memory_stats()
+
+
+def test_in_place_ops_write_into_their_target():
+    """With nothing to record, a pointwise in-place op writes its target directly: no temporary of its size."""
+    x = tw.ones(1 << 24, device="cuda")  # 64 MiB
+    tw.cuda.synchronize()
+    before = tw.cuda.memory_allocated()
+    tw.cuda.reset_peak_memory_stats()
+    x.mul_(3).add_(x, alpha=0.5).clamp_(max=4.0)
+    tw.cuda.synchronize()
+    assert tw.cuda.max_memory_allocated() - before < 1 << 20
+    assert float(x[123].item()) == 4.0 and x._version == 3
+
+
+@pytest.mark.parametrize("case", ["self", "transpose", "overlap", "offset", "broadcast", "cast", "expanded",
+                                  "requires_grad", "alpha"])
+def test_in_place_ops_match_their_out_of_place_form(case):
+    a = _rand((33, 33))
+    b = _rand((33,), seed=1)
+    x = tw.from_numpy(a.copy()).cuda()
+    if case == "self":
+        x.add_(x)
+        ref = a + a
+    elif case == "transpose":
+        x.sub_(x.t())
+        ref = a - a.T
+    elif case == "overlap":  # reads what the same call writes, one row down: computed as out of place
+        x[1:].add_(x[:-1])
+        ref = a.copy()
+        ref[1:] = a[1:] + a[:-1]
+    elif case == "offset":  # a target not 16-byte aligned
+        flat = x.view(-1)[1:]
+        flat.mul_(2.0)
+        ref = a.reshape(-1).copy()
+        ref[1:] *= 2
+        ref = ref.reshape(33, 33)
+    elif case == "broadcast":
+        x.mul_(tw.from_numpy(b).cuda())
+        ref = a * b
+    elif case == "cast":  # a float32 0-dim tensor does not promote a bfloat16 target
+        x = x.to(tw.bfloat16)
+        x.mul_(tw.tensor(0.5, device="cuda"))
+        ref = (a.astype(np.float32) * 0.5)
+        np.testing.assert_allclose(x.float().cpu().numpy(), ref, rtol=1e-2, atol=1e-2)
+        assert x.dtype == tw.bfloat16
+        return
+    elif case == "expanded":  # a target whose rows share memory: written through, as on the CPU
+        e = tw.from_numpy(b).cuda().expand(33, 33)
+        e.add_(1.0)
+        np.testing.assert_allclose(e.cpu().numpy(), np.broadcast_to(b + 1.0, (33, 33)), rtol=1e-6)
+        return
+    elif case == "requires_grad":  # recorded: the node is the new history, gradients flow
+        leaf = tw.from_numpy(a.copy()).cuda().requires_grad_()
+        y = leaf * 1.0
+        y.mul_(leaf)
+        y.sum().backward()
+        np.testing.assert_allclose(leaf.grad.cpu().numpy(), 2 * a, rtol=1e-5, atol=1e-6)
+        return
+    else:
+        x.add_(tw.from_numpy(b).cuda(), alpha=-2.0)
+        ref = a - 2.0 * b
+    np.testing.assert_allclose(x.cpu().numpy(), ref, rtol=1e-6, atol=1e-6)
 
 
 def test_out_of_memory_is_recoverable():

@@ -23,12 +23,13 @@ from tilewise.tensor import Tensor
 
 
 class _State:
-    __slots__ = ("grad_enabled", "autocast", "trace_depth")
+    __slots__ = ("grad_enabled", "autocast", "trace_depth", "into")
 
     def __init__(self):
         self.grad_enabled = True
         self.autocast = None  # the active amp.autocast_mode.AutocastState, or None
         self.trace_depth = 0
+        self.into = None  # (tensor, op name): an in-place op's target, for the next call (see call_into)
 
 
 STATE = _State()
@@ -41,6 +42,8 @@ def register_backend(device_type: str, module) -> None:
 
 def call(op, args: tuple):
     state = STATE
+    if state.into is not None:
+        return call_into(op, args)
     if state.autocast is not None:
         return autocast_call(op, args)
     if state.grad_enabled and op.differentiable and _requires_grad(op, args):
@@ -60,6 +63,24 @@ def autocast_call(op, args: tuple):
         return call(op, args)
     finally:
         STATE.autocast = autocast
+
+
+def call_into(op, args: tuple):
+    """The first call under an in-place op with nothing to record (see [Note: in-place writes] in
+    ``ops/inplace.py``): when it is that op's pointwise form reading the target as its first tensor, and the
+    backend can write the result straight into the target, it does, and the target is the result; any other
+    call (a decomposition's first step, a conversion) runs as usual."""
+    out, name = STATE.into
+    STATE.into = None
+    if op.name == name and op.kind == "pointwise" and op.tensor_idx and args[op.tensor_idx[0]] is out \
+            and not STATE.trace_depth and STATE.autocast is None:
+        backend = BACKENDS.get(out._device.type)
+        runner = getattr(backend, "run_into", None)
+        if runner is not None and device_of(op, args) is out._device:
+            result = runner(op, args, out._device, out)
+            if result is not None:
+                return result
+    return call(op, args)
 
 
 # The layers above this one install their entry points here when they load (importing them from this module

@@ -127,5 +127,17 @@ def gelu_second_derivative(x, approximate: str):
     return pdf * (2 - x * x)
 
 
+def linear_input_grad(grad, weight):
+    """``linear``'s gradient for its input: ``grad @ weight`` (a 1-D weight made the output one dim shorter)."""
+    return grad.unsqueeze(-1) * weight if weight.ndim == 1 else grad.matmul(weight)
+
+
+def linear_weight_grad(grad, input, weight):
+    """``linear``'s gradient for its weight: ``grad^T @ input`` over every leading dim of input, one GEMM."""
+    if weight.ndim == 1:
+        return (grad.unsqueeze(-1) * input).reshape(-1, input.shape[-1]).sum(0)
+    return grad.reshape(-1, grad.shape[-1]).t().mm(input.reshape(-1, input.shape[-1]))
+
+
 HELPERS = {name: obj for name, obj in globals().items() if callable(obj) and not name.startswith("_")
            and getattr(obj, "__module__", "") == __name__}

@@ -4,6 +4,11 @@
 the result fits ``x`` (shape and dtype, with torch's messages), writes it into ``x``'s memory, bumps the
 storage version, and makes the node the new ``grad_fn`` of ``x``. When the node will save ``x`` itself,
 the op is given a clone, because the write would otherwise invalidate the saved value.
+
+[Note: in-place writes] With nothing to record, a backend may skip the write-back: the op's first call is
+offered the target (``STATE.into``), and a backend with ``run_into`` (CUDA's pointwise kernels) writes the
+result straight into it when the result would have the target's shape, strides and dtype and no other input
+shares the target's memory; one kernel instead of two, and no temporary. ``commit`` then only bumps the version.
 """
 
 from __future__ import annotations
@@ -59,10 +64,13 @@ def make_inplace(fn, name: str):
             check_inplace_allowed(self, f"{name}_")
         source = self.clone() if recording and saves_self and self._requires_grad else self
         autocast, STATE.autocast = STATE.autocast, None  # torch's autocast lists no in-place op
+        if not recording and not STATE.trace_depth:
+            STATE.into = (self, name)
         try:
             result = fn(source, *args, **kwargs)
         finally:
             STATE.autocast = autocast
+            STATE.into = None
         return commit(self, result, f"{name}_")
 
     inplace.__name__ = f"{name}_"
@@ -73,6 +81,9 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
     """Write ``result`` into ``self`` and hand it ``result``'s autograd identity."""
     from tilewise.ops.registry import OPS
 
+    if result is self:  # written in place already (see [Note: in-place writes])
+        self._bump_version()
+        return self
     if result._shape != self._shape:
         raise RuntimeError(f"{name}: output with shape {list(self._shape)} doesn't match the broadcast shape "
                            f"{list(result._shape)}")

@@ -89,8 +89,11 @@ def _linear(x, weight, bias=None):
     return out + bias if bias is not None else out
 
 
+# One autograd node with its own derivative, so that eager training reaches the backend's linear (on CUDA one
+# cuBLASLt call with the bias as its epilogue) instead of recording a product and a separate bias add.
 declare("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", "composite", decomposition=_linear,
-        method=False, autocast="lower")
+        grad={"input": "linear_input_grad(grad, weight)", "weight": "linear_weight_grad(grad, input, weight)",
+              "bias": "grad"}, method=False, autocast="lower")
 declare("addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
         decomposition=lambda s, m1, m2, beta=1, alpha=1: s * beta + m1.mm(m2) * alpha, autocast="lower")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tilewise import dtypes
 from tilewise.autograd.grad_mode import no_grad
 from tilewise.ops.creation import zeros, zeros_like
+from tilewise.optim._foreach import use_compiled
 from tilewise.optim.optimizer import Optimizer
 from tilewise.tensor import Tensor
 
@@ -14,8 +15,8 @@ class Adam(Optimizer):
     (L2), or, with ``decoupled_weight_decay=True`` (AdamW), applied to the parameter directly."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,
-                 decoupled_weight_decay: bool = False) -> None:
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: bool | None = None,
+                 maximize: bool = False, fused: bool | None = None, decoupled_weight_decay: bool = False) -> None:
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if eps < 0.0:
@@ -25,7 +26,8 @@ class Adam(Optimizer):
         if weight_decay < 0.0:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                                      maximize=maximize, decoupled_weight_decay=decoupled_weight_decay))
+                                      foreach=foreach, maximize=maximize, fused=fused,
+                                      decoupled_weight_decay=decoupled_weight_decay))
 
     def _state(self, p, amsgrad: bool) -> dict:
         state = self.state[p]
@@ -44,32 +46,48 @@ class Adam(Optimizer):
     @no_grad()
     def step(self, closure=None):
         loss = self._evaluate(closure)
-        for group in self.param_groups:
-            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = -p.grad if group["maximize"] else p.grad
-                state = self._state(p, group["amsgrad"])
-                state["step"].add_(1)
-                if wd != 0:
-                    if group["decoupled_weight_decay"]:
-                        p.mul_(1 - lr * wd)
-                    else:
-                        grad = grad.add(p, alpha=wd)
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.lerp_(grad, 1 - beta1)
-                exp_avg_sq.mul_(beta2).add_(grad * (1 - beta2) * grad)
-                step_size, bias_correction2_sqrt = _bias_corrections(state["step"], lr, beta1, beta2)
-                if group["amsgrad"]:
-                    state["max_exp_avg_sq"].copy_(state["max_exp_avg_sq"].maximum(exp_avg_sq))
-                    exp_avg_sq = state["max_exp_avg_sq"]
-                denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-                p.add_(exp_avg * -step_size / denom)
+        for k, group in enumerate(self.param_groups):
+            params = [p for p in group["params"] if p.grad is not None]
+            states = [self._state(p, group["amsgrad"]) for p in params]
+            tensors = (params, [p.grad for p in params], [s["exp_avg"] for s in states],
+                       [s["exp_avg_sq"] for s in states],
+                       [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else None, [s["step"] for s in states])
+            flags = (group["betas"], group["eps"], group["weight_decay"], group["decoupled_weight_decay"],
+                     group["maximize"])
+            choice = group["fused"] if group.get("fused") is not None else group.get("foreach")
+            if use_compiled(choice, params):  # see [Note: foreach updates]
+                lr = self._scalar(f"lr{k}", group["lr"], params[0].device)
+                self._compiled(k, _adam_update)(*tensors, lr, *flags)
+            else:
+                _adam_update(*tensors, group["lr"], *flags)
         return loss
 
 
-def _bias_corrections(step: Tensor, lr: float, beta1: float, beta2: float) -> tuple[Tensor, Tensor]:
+def _adam_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, betas, eps, weight_decay,
+                 decoupled, maximize) -> None:
+    """One Adam(W) step of each parameter, torch's single-tensor algorithm op for op; ``lr`` a number or a
+    0-dim tensor."""
+    beta1, beta2 = betas
+    for k, p in enumerate(params):
+        grad = -grads[k] if maximize else grads[k]
+        steps[k].add_(1)
+        if weight_decay != 0:
+            if decoupled:
+                p.mul_(1 - lr * weight_decay)
+            else:
+                grad = grad.add(p, alpha=weight_decay)
+        exp_avg, exp_avg_sq = exp_avgs[k], exp_avg_sqs[k]
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).add_(grad * (1 - beta2) * grad)
+        step_size, bias_correction2_sqrt = _bias_corrections(steps[k], lr, beta1, beta2)
+        if max_exp_avg_sqs is not None:
+            max_exp_avg_sqs[k].copy_(max_exp_avg_sqs[k].maximum(exp_avg_sq))
+            exp_avg_sq = max_exp_avg_sqs[k]
+        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+        p.add_(exp_avg * -step_size / denom)
+
+
+def _bias_corrections(step: Tensor, lr: float | Tensor, beta1: float, beta2: float) -> tuple[Tensor, Tensor]:
     """``lr / (1 - beta1**step)`` and ``sqrt(1 - beta2**step)`` as 0-dim tensors, so that a compiled training
     step reads no value on the host. They are computed in float64, as torch computes them from the step's
     Python value, and round to the parameters' dtype where they meet them."""
@@ -88,6 +106,7 @@ class AdamW(Adam):
     """
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
-                         decoupled_weight_decay=True)
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, foreach: bool | None = None,
+                 maximize: bool = False, fused: bool | None = None) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
+                         fused=fused, decoupled_weight_decay=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 from tilewise.autograd.grad_mode import enable_grad
 from tilewise.nn.init import zeros_
+from tilewise.optim._foreach import ScalarTensors, compiled
 from tilewise.tensor import Tensor
 
 
@@ -100,6 +101,14 @@ class Optimizer:
 
     def _init_param_state(self, p: Tensor, group: dict) -> None:
         """The state of ``p`` before its first step, where it is known before the gradient (see init_state)."""
+
+    def _compiled(self, key, fn):
+        """``fn`` compiled for this optimizer's ``key`` (a param group): see [Note: foreach updates]."""
+        return compiled(self.__dict__.setdefault("_programs", {}), key, fn)
+
+    def _scalar(self, name: str, value: float, device) -> Tensor:
+        """``value`` as a 0-dim tensor on ``device`` that a compiled update reads at run time."""
+        return self.__dict__.setdefault("_scalars", ScalarTensors()).get(name, value, device)
 
     def _evaluate(self, closure: Callable[[], Any] | None):
         if closure is None:

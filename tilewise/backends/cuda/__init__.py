@@ -169,8 +169,13 @@ def data_ptr(t: Tensor) -> int:
 
 
 _kernels: dict = {}  # the kernel registry, bound by _load_kernels
-_pointwise = _reduction = _host = _fused = None  # the generated-kernel entry points, bound by _load_kernels
+_pointwise = _pointwise_into = _reduction = _host = _fused = None  # the generated-kernel entry points (_load_kernels)
 _fused_ops: frozenset = frozenset()  # composites run as one compiled kernel (backends/cuda/fused.py)
+
+
+def run_into(op, args: tuple, device: Device, out: Tensor) -> Tensor | None:
+    """A pointwise op's result written into ``out`` (an in-place op's target), or None: see ``dispatch.call_into``."""
+    return _pointwise_into(op, args, device, out)
 
 
 def run(op, args: tuple, device: Device):
@@ -301,16 +306,17 @@ def _keep_until_done(array: np.ndarray, stream: int) -> None:
 
 
 def _load_kernels() -> None:
-    global _kernels, _pointwise, _reduction, _host, _fused, _fused_ops
+    global _kernels, _pointwise, _pointwise_into, _reduction, _host, _fused, _fused_ops
     from tilewise.backends.cuda import attention, matmul  # noqa: F401 — register attention; mm, bmm and linear
     from tilewise.backends.cuda.fused import FUSED, run_fused
     from tilewise.backends.cuda.kernels import KERNELS, _load_all
     from tilewise.backends.cuda.kernels.fallback import run_on_host
-    from tilewise.backends.cuda.kernels.pointwise import run_pointwise
+    from tilewise.backends.cuda.kernels.pointwise import run_pointwise, run_pointwise_into
     from tilewise.backends.cuda.kernels.reduction import run_reduction
 
     _load_all()
     _kernels, _pointwise, _reduction, _host = KERNELS, run_pointwise, run_reduction, run_on_host
+    _pointwise_into = run_pointwise_into
     _fused, _fused_ops = run_fused, FUSED
 
 

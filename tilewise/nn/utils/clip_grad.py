@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tilewise.autograd.grad_mode import no_grad
+from tilewise.optim._foreach import compiled, use_compiled
 from tilewise.tensor import Tensor
 
 
@@ -34,6 +35,8 @@ def get_total_norm(tensors: Iterable[Tensor], norm_type: float = 2.0, error_if_n
 def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm_type: float = 2.0,
                     error_if_nonfinite: bool = False, foreach: bool | None = None) -> Tensor:
     """Scale all gradients so that their joint norm is at most ``max_norm``; return the norm before clipping.
+    ``foreach`` (None: on CUDA) computes the norm and scales every gradient in one compiled program, a few
+    kernels for all of them (see [Note: foreach updates] in ``optim/_foreach.py``).
 
     >>> import tilewise as tw
     >>> p = tw.nn.Parameter(tw.zeros(2)); p.grad = tw.tensor([3.0, 4.0])
@@ -41,9 +44,19 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     (5.0, [0.6, 0.8])
     """
     grads = _grads(parameters)
-    total = get_total_norm(grads, norm_type, error_if_nonfinite)
     if not grads:
-        return total
+        return get_total_norm(grads, norm_type, error_if_nonfinite)
+    if not error_if_nonfinite and use_compiled(foreach, grads) and len({g._device for g in grads}) == 1:
+        key = (float(max_norm), float(norm_type), *[(g._shape, g._dtype) for g in grads])
+        return compiled(_PROGRAMS, key, _clip_norm)(grads, float(max_norm), float(norm_type))
+    return _clip_norm(grads, max_norm, norm_type, error_if_nonfinite)
+
+
+_PROGRAMS: dict = {}  # compiled _clip_norm per gradient layout
+
+
+def _clip_norm(grads: list[Tensor], max_norm: float, norm_type: float, error_if_nonfinite: bool = False) -> Tensor:
+    total = get_total_norm(grads, norm_type, error_if_nonfinite)
     scale = (float(max_norm) / (total + 1e-6)).clamp(max=1.0)
     for g in grads:
         g.mul_(scale.to(g.device))

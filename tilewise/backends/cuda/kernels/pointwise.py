@@ -212,8 +212,8 @@ def _expression(op, args: tuple, compute: DType) -> tuple[Expr, tuple, tuple]:
 _op_rest: dict = {}  # op -> (positions of its non-tensor arguments, whether their values pick the expression)
 
 
-def run_pointwise(op, args: tuple, device):
-    """Run a pointwise operator: a new contiguous output of the broadcast shape."""
+def _op_plan(op, args: tuple, device) -> tuple[Plan, tuple, tuple, DType]:
+    """The plan of an operator call, and its output's shape, strides and dtype."""
     rest = _op_rest.get(op)
     if rest is None:
         rest = _op_rest[op] = (tuple(k for k in range(len(op.schema.params)) if k not in op.tensor_idx),
@@ -225,11 +225,36 @@ def run_pointwise(op, args: tuple, device):
     entry = _plans.get(key)
     if entry is None:
         entry = _plans[key] = _plan_op(op, args, device)
-    plan, shape, strides, out_dtype = entry
+    return entry
+
+
+def run_pointwise(op, args: tuple, device):
+    """Run a pointwise operator: a new contiguous output of the broadcast shape."""
+    plan, shape, strides, out_dtype = _op_plan(op, args, device)
     stream = stream_handle(device.index)
     out = empty_fast(shape, strides, plan.numel, out_dtype, device, stream)
     if plan.numel:
         execute(plan, args, out, stream)
+    return out
+
+
+def run_pointwise_into(op, args: tuple, device, out: Tensor) -> Tensor | None:
+    """Run a pointwise operator writing straight into ``out``, an in-place op's target: when the new output
+    would have ``out``'s shape, strides and dtype, ``out`` is aligned for the vector kernel, and no other input
+    shares its memory (each thread reads element i of ``out`` before writing it, so ``out`` itself may be an
+    input). None when the caller must write the result back itself."""
+    plan, shape, strides, out_dtype = _op_plan(op, args, device)
+    if out_dtype is not out._dtype or shape != out._shape or strides != out._strides:
+        return None
+    storage = out._storage
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is Tensor and a is not out and a._storage is storage:
+            return None
+    if plan.numel:
+        if plan.vector_fn is not None and (storage.data.ptr + out._offset * out._dtype.itemsize) % 16:
+            return None
+        execute(plan, args, out, stream_handle(device.index))
     return out
 
 
