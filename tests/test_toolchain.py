@@ -149,6 +149,42 @@ def test_disk_cache_hits_on_second_compile(tmp_path):
     assert not list(tmp_path.rglob("*.tmp")), "atomic writes leave no temporary files"
 
 
+def test_a_disk_hit_does_not_load_nvrtc_when_the_installation_is_unchanged(tmp_path, monkeypatch):
+    """The NVRTC version and header directories a key needs come from toolchain.json while the stamp matches."""
+    first = KernelCache(tmp_path)
+    first.compile(FILL, "fill", "sm_90")
+    assert (tmp_path / "toolchain.json").exists()
+
+    def no_lookup():
+        raise AssertionError("looked the toolchain up again")
+
+    monkeypatch.setattr(cache_module, "nvrtc_version", no_lookup)
+    monkeypatch.setattr(cache_module, "cuda_include_dirs", no_lookup)
+    second = KernelCache(tmp_path)
+    second.compile(FILL, "fill", "sm_90")
+    assert second.last_source == "disk"
+    monkeypatch.undo()
+
+    # another installation (here: another CUDA_HOME) looks it up again and remembers what it found
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "elsewhere"))
+    third = KernelCache(tmp_path)
+    third.compile(FILL, "fill", "sm_90")
+    assert third.last_source == "disk"
+    assert str(tmp_path / "elsewhere") in (tmp_path / "toolchain.json").read_text()
+
+
+def test_a_wrongly_remembered_toolchain_is_refreshed_before_compiling(tmp_path):
+    cache = KernelCache(tmp_path)
+    version, dirs = cache.toolchain()
+    (tmp_path / "toolchain.json").write_text((tmp_path / "toolchain.json").read_text().replace(
+        f"[{version[0]}, {version[1]}]", "[1, 0]"))
+    stale = KernelCache(tmp_path)
+    assert stale.toolchain()[0] == (1, 0)
+    stale.compile(FILL, "fill", "sm_90")  # a miss under the stale key: looked up again, keyed by what is here
+    assert stale.last_source == "nvrtc" and stale.toolchain()[0] == version
+    assert KernelCache(tmp_path).toolchain()[0] == version
+
+
 def test_cache_key_covers_everything_that_changes_the_output(monkeypatch):
     args = (FILL, ("fill",), "sm_90", ("-arch=sm_90",), (13, 5))
     base = cache_key(*args)

@@ -11,13 +11,22 @@ option changes. An entry is written to a temporary file in the same directory an
 Each entry starts with a magic string and the sha256 of its body; an entry that fails either check, or
 does not parse, is counted as corrupt, ignored, recompiled and overwritten. The disk cache is an
 optimisation: if it cannot be written (read-only home, full disk) compilation still succeeds.
+
+Finding the NVRTC version (loading the library) and the header directories costs about a hundred milliseconds,
+more than a first call served from disk should take. So the cache directory remembers them in
+``toolchain.json``, under a stamp of the installation (the interpreter prefix, ``CUDA_HOME``/``CUDA_PATH``, and
+the modification times of the ``cuda.bindings`` and ``nvidia`` package directories, which a reinstall or
+upgrade changes); a process whose stamp matches takes them from there. A miss, which compiles anyway, looks
+them up again and keys the entry by what it found.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
+import sys
 import tempfile
 import threading
 import warnings
@@ -29,6 +38,7 @@ from tilewise.compiler.toolchain.nvrtc import (
     CompiledKernel,
     build_options,
     compile_cuda,
+    cuda_include_dirs,
     nvrtc_version,
 )
 
@@ -93,6 +103,7 @@ class KernelCache:
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         self.use_disk = use_disk
         self.stats = CacheStats()
+        self._toolchain: tuple | None = None
         self.last_source: str | None = None
         self._memory: dict[str, CompiledKernel] = {}
         self._lock = threading.Lock()
@@ -109,8 +120,9 @@ class KernelCache:
     ) -> CompiledKernel:
         """Like ``compile_cuda``, but served from memory or disk when this exact compile was done before."""
         names = (names,) if isinstance(names, str) else tuple(names)
-        full_options = build_options(arch, options)
-        key = cache_key(source, names, arch, full_options, nvrtc_version(), name_expressions, filename)
+        options = tuple(options)
+        version, dirs = self.toolchain()
+        key = cache_key(source, names, arch, build_options(arch, options, dirs), version, name_expressions, filename)
         with self._lock:
             kernel = self._memory.get(key)
         if kernel is not None:
@@ -120,6 +132,9 @@ class KernelCache:
             with self._lock:
                 self._memory[key] = kernel
             return self._hit(kernel, "disk")
+        if (version, dirs) != (nvrtc_version(), cuda_include_dirs()):  # remembered wrongly: key by what is here
+            self.toolchain(refresh=True)
+            return self.compile(source, names, arch, options, filename=filename, name_expressions=name_expressions)
         kernel = compile_cuda(source, names, arch, options, filename=filename, name_expressions=name_expressions)
         self.stats.compiles += 1
         self.last_source = "nvrtc"
@@ -128,6 +143,31 @@ class KernelCache:
         if self.use_disk:
             self._write(key, kernel)
         return kernel
+
+    def toolchain(self, refresh: bool = False) -> tuple[tuple[int, int], tuple[str, ...]]:
+        """(NVRTC version, CUDA header directories): remembered on disk per installation (see the note)."""
+        found = None if refresh else self._toolchain
+        if found is not None:
+            return found
+        stamp, path = installation_stamp(), self.directory / "toolchain.json"
+        if self.use_disk and not refresh:
+            try:
+                data = json.loads(path.read_text())
+                if data["stamp"] == stamp:
+                    found = (tuple(data["nvrtc"]), tuple(data["include_dirs"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        if found is None:
+            found = (nvrtc_version(), cuda_include_dirs())
+            if self.use_disk:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    text = json.dumps({"stamp": stamp, "nvrtc": list(found[0]), "include_dirs": list(found[1])})
+                    atomic_write(path, text.encode())
+                except OSError:
+                    pass  # remembered next time, perhaps; the lookup still worked
+        self._toolchain = found
+        return found
 
     def _hit(self, kernel: CompiledKernel, where: str) -> CompiledKernel:
         if where == "memory":
@@ -166,6 +206,22 @@ class KernelCache:
             warnings.warn(
                 f"tilewise could not write the kernel cache entry {path}: {exc}", RuntimeWarning, stacklevel=3
             )
+
+
+def installation_stamp() -> list:
+    """What changes when the CUDA toolchain a process would use changes (see [Note: kernel cache])."""
+    stamp: list = [sys.prefix, os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", "")]
+    for package in ("cuda.bindings", "nvidia"):
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            spec = None
+        for place in (spec.submodule_search_locations or ()) if spec is not None else ():
+            try:
+                stamp.append([package, place, os.stat(place).st_mtime_ns])
+            except OSError:
+                pass
+    return stamp
 
 
 def encode_entry(key: str, kernel: CompiledKernel) -> bytes:
