@@ -17,6 +17,12 @@ domain that read a common input of more than one element merge into one nest (th
 independent groups of the same dependency level share one kernel as separate nests (horizontal fusion: an
 optimizer step over many parameters becomes a few kernels, not one per tensor). Operators no group can hold
 (matmul, indexing, random, sorts) stay nodes of their own: library calls and fallbacks at run time.
+
+A cheap value another group made is *recomputed* where reading it from memory costs more than making it again:
+an elementwise member whose operands are all read from memory (none made by a group) and, per element, are no
+wider than it is. A widening cast (``float(g)`` of a bfloat16 gradient that a layer norm's row reduction and its
+weight gradient's column sum both read) is then loaded as bfloat16 by both kernels instead of being stored as
+float32 by one and loaded by the other. The group it came from still stores it if anything else needs it.
 """
 
 from __future__ import annotations
@@ -98,6 +104,18 @@ class Group:
     members: list[Node] = field(default_factory=list)
     dims: dict[Node, tuple] = field(default_factory=dict)
     outputs: list[Node] = field(default_factory=list)
+    recomputed: set[Node] = field(default_factory=set)  # members another group owns (and stores, if needed)
+
+    def owned(self) -> list[Node]:
+        return [m for m in self.members if m not in self.recomputed]
+
+    def absorb(self, other: Group) -> None:
+        """Take ``other``'s members: a value one of them recomputes and the other owns is owned."""
+        owned = set(self.owned()) | set(other.owned())
+        self.members = list(dict.fromkeys(self.members + other.members))
+        self.dims.update(other.dims)
+        self.outputs = list(dict.fromkeys(self.outputs + other.outputs))
+        self.recomputed = (self.recomputed | other.recomputed) - owned
 
     def edge_dims(self, src: Node) -> tuple | None:
         """The dims map under which a member reads ``src`` inside this group, or None if it is external."""
@@ -294,7 +312,8 @@ class _Partition:
         options = ([merged] if merged is not None else []) + self._candidates(node)
         for gid in dict.fromkeys(options):
             group = self.groups[gid]
-            trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims))
+            trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims),
+                          recomputed=set(group.recomputed))
             if not _try_join(node, trial):
                 continue
             external = self._external(trial, node)
@@ -302,6 +321,7 @@ class _Partition:
                 continue
             self.groups[gid] = trial
             self._join(node, gid, external)
+            self._recompute_operands(node, gid)
             return
         group = _new_group(node)
         if group is None:
@@ -309,6 +329,41 @@ class _Partition:
         gid = len(self.parent)
         self.parent[gid], self.groups[gid], self.deps[gid] = gid, group, set()
         self._join(node, gid, list(node.srcs))
+        self._recompute_operands(node, gid)
+
+    def _recompute_operands(self, node: Node, gid: int) -> None:
+        """Compute in ``node``'s group the operands other groups make that are cheaper to make again than to
+        read (see the note)."""
+        group = self.groups[gid]
+        for src in node.srcs:
+            base = view_chain(src)[0]
+            owner = self.group_of.get(base)
+            if owner is None or self.find(owner) == gid or group.edge_dims(src) is not None \
+                    or not self._worth_recomputing(base):
+                continue
+            trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims),
+                          recomputed=set(group.recomputed))
+            if not _try_join(base, trial):
+                continue
+            trial.members.sort(key=self.order.__getitem__)
+            if trial.edge_dims(src) is None:
+                continue
+            trial.recomputed.add(base)
+            self.groups[gid] = group = trial
+            for operand in base.srcs:
+                self.deps[gid] |= self.frontier(operand) - {gid}
+
+    def _worth_recomputing(self, node: Node) -> bool:
+        if fusion_kind(node) != "elementwise" or node.op == "clone":
+            return False
+        width = 0
+        for src in node.srcs:
+            base = view_chain(src)[0]
+            if base in self.group_of and fusion_kind(base) != "constant":
+                return False
+            if src.type.numel == node.type.numel:
+                width += src.type.dtype.itemsize
+        return width <= node.type.dtype.itemsize
 
     def _join(self, node: Node, gid: int, external: list[Node]) -> None:
         self.group_of[node] = gid
@@ -335,9 +390,7 @@ class _Partition:
                 return None
         target = same[0]
         for gid in same[1:]:
-            other = self.groups.pop(gid)
-            self.groups[target].members += other.members
-            self.groups[target].dims.update(other.dims)
+            self.groups[target].absorb(self.groups.pop(gid))
             self.deps[target] |= self.deps.pop(gid)
             self.parent[gid] = target
         self.groups[target].reduce = reduce
@@ -389,26 +442,33 @@ def partition(graph: Graph) -> list[Group]:
 
 
 def _mark_outputs(graph: Graph, groups: list[Group]) -> None:
-    """A member is stored when something outside its group reads it (through views or not), or it is a root."""
-    owner = {m: g for g in groups for m in g.members}
+    """A member is stored, by the group that owns it, when a reader cannot make it itself (it is in no group,
+    or its group neither owns nor recomputes it, or reads it through a view the nest cannot map), or it is a
+    root. A group left with nothing to store (everything it made is recomputed where read) is dropped."""
+    owner = {m: g for g in groups for m in g.owned()}
+    makers: dict[Node, list[Group]] = {}  # the groups that compute each member: its owner, and any recomputing it
+    for g in groups:
+        for m in g.members:
+            makers.setdefault(m, []).append(g)
     needed = {view_chain(r)[0] for r in graph.roots()}
     for node in graph.body:
         if node.kind == "view":
             continue
-        group = owner.get(node)
+        readers = makers[node] if node in owner else [None]
         for src in node.srcs:
             base = view_chain(src)[0]
-            if base in owner and (group is not owner[base] or group.edge_dims(src) is None):
+            if base in owner and any(g is None or g.edge_dims(src) is None for g in readers):
                 needed.add(base)
     for g in groups:
-        g.outputs = [m for m in g.members if m in needed]
+        g.outputs = [m for m in g.owned() if m in needed]
+    groups[:] = [g for g in groups if g.outputs]
 
 
 # ---------------------------------------------------------------------------- siblings and horizontal fusion
 
 def _levels(graph: Graph, groups: list[Group]) -> list[int]:
     """Each group's depth in the DAG of kernels and library calls (groups of equal depth are independent)."""
-    owner = {m: k for k, g in enumerate(groups) for m in g.members}
+    owner = {m: k for k, g in enumerate(groups) for m in g.owned()}
     producers: dict[Node, frozenset] = {}
     for node in graph.body:  # the units (groups, library calls) whose results each value needs
         if node in owner:
@@ -464,9 +524,7 @@ def _merge_siblings(batch: list[Group]) -> list[Group]:
         for other, other_reads in out:
             if (other.shape == group.shape and other.reduce == group.reduce and _device(other) == _device(group)
                     and other_reads & reads):
-                other.members += group.members
-                other.dims.update(group.dims)
-                other.outputs += group.outputs
+                other.absorb(group)
                 other_reads |= reads
                 break
         else:
@@ -509,7 +567,7 @@ def _kernel(prefix: str, groups: list[Group]) -> FusedKernel:
 def fuse(graph: Graph) -> Graph:
     """Replace each kernel's members by one ``fused`` node (plus ``getitem`` per output when several)."""
     kernels = plan_kernels(graph, partition(graph))
-    member_of = {m: k for k in kernels for g in k.groups for m in g.members}
+    member_of = {m: k for k in kernels for g in k.groups for m in g.owned()}
     fused: dict[int, Node] = {}
     mapping: dict[Node, Node] = {n: n for n in graph.inputs}
 
@@ -586,6 +644,6 @@ def _log_kernels(kernels: list[FusedKernel]) -> None:
         for g in k.groups:
             lines.append(f"  nest over {list(g.shape)} reducing dims {list(g.reduce)}:")
             for m in g.members:
-                mark = " -> stored" if m in g.outputs else ""
+                mark = " -> stored" if m in g.outputs else " (recomputed)" if m in g.recomputed else ""
                 lines.append(f"    {m.op} : {format_type(m.type)} dims {g.dims[m]}{mark}")
     log("fusion", "\n".join(lines))
