@@ -56,7 +56,8 @@ class Adam(Optimizer):
                      group["maximize"])
             choice = group["fused"] if group.get("fused") is not None else group.get("foreach")
             if use_compiled(choice, params):  # see [Note: foreach updates]
-                lr = self._scalar(f"lr{k}", group["lr"], params[0].device)
+                lr = group["lr"]  # a number becomes a 0-dim tensor the program reads; a tensor is read as it is
+                lr = lr if isinstance(lr, Tensor) else self._scalar(f"lr{k}", lr, params[0].device)
                 self._compiled(k, _adam_update)(*tensors, lr, *flags)
             else:
                 _adam_update(*tensors, group["lr"], *flags)
