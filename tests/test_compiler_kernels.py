@@ -258,6 +258,24 @@ def test_a_changed_learning_rate_recompiles_the_step(capsys):
         close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_loading_an_optimizer_state_dict_recompiles_against_the_new_state():
+    """load_state_dict replaces the state table: the program must update the buffers the optimizer now holds."""
+    data = [(tw.randn(16, 8), tw.randn(16, 4)) for _ in range(6)]
+    eager_model, compiled_model = _mlp(), _mlp()
+    eager_opt = tw.optim.SGD(eager_model.parameters(), lr=0.05, momentum=0.9)
+    compiled_opt = tw.optim.SGD(compiled_model.parameters(), lr=0.05, momentum=0.9)
+    eager_step = _training_step(eager_model, eager_opt)
+    compiled_step = tw.compile(_training_step(compiled_model, compiled_opt))
+    for k, (x, y) in enumerate(data):
+        if k == 3:
+            for opt in (eager_opt, compiled_opt):
+                opt.load_state_dict(opt.state_dict())
+        np.testing.assert_allclose(compiled_step(x, y).item(), eager_step(x, y).item(), rtol=1e-5)
+    for a, b in zip(compiled_model.parameters(), eager_model.parameters()):
+        close(a, b, rtol=1e-4, atol=1e-5)
+        close(compiled_opt.state[a]["momentum_buffer"], eager_opt.state[b]["momentum_buffer"], rtol=1e-4, atol=1e-5)
+
+
 def test_requires_grad_and_strides_are_guarded():
     f = tw.compile(lambda x: x * 2)
     x = tw.randn(3, 4)

@@ -71,11 +71,10 @@ class Guards:
     grad_presence: list[tuple[Source, bool]]
     grad_enabled: bool
     training: tuple
-    states: list[dict]
-    state_layout: tuple
+    optimizers: list  # the optimizers the function reaches: their state tables and param groups are guarded
+    state_layout: tuple  # _state_layout(optimizers) when traced
+    hyperparameters: tuple  # _hyperparameters(optimizers) when traced: the trace baked them in
     autocast: tuple = ()  # AutocastState.key when traced: the casts it recorded
-    optimizers: list = field(default_factory=list)
-    hyperparameters: tuple = ()  # _hyperparameters(optimizers) when traced: the trace baked them in
 
     def failure(self, flat: list, spec, module) -> str | None:
         """None when this variant applies to the call, else which guard failed."""
@@ -92,9 +91,9 @@ class Guards:
                    f"{describe_autocast(self.autocast)}"
         if module is not None and _training_flags(module) != self.training:
             return "a module's training flag changed (train()/eval())"
-        if _state_layout(self.states) != self.state_layout:
+        if _state_layout(self.optimizers) != self.state_layout:
             return "an optimizer's state changed (buffers created or replaced)"
-        if self.optimizers and _hyperparameters(self.optimizers) != self.hyperparameters:
+        if _hyperparameters(self.optimizers) != self.hyperparameters:
             return _hyperparameter_change(self.optimizers, self.hyperparameters)
         storages = []
         for source, expected in self.tensors:
@@ -128,12 +127,13 @@ def _training_flags(module) -> tuple:
     return tuple(bool(getattr(m, "training", False)) for m in modules)
 
 
-def _state_layout(states: list[dict]) -> tuple:
-    """Which entries optimizer state tables hold: tensors by identity, other values by value."""
+def _state_layout(optimizers: list) -> tuple:
+    """Which entries the optimizers' state tables hold (the tables they hold now: ``load_state_dict`` replaces
+    them): tensors by identity, other values by value."""
     def entry_layout(entry: dict) -> tuple:
         return tuple((repr(k), id(v) if type(v) is Tensor else repr(v)) for k, v in entry.items())
 
-    return tuple(tuple((id(owner), entry_layout(entry)) for owner, entry in state.items()) for state in states)
+    return tuple(tuple((id(owner), entry_layout(entry)) for owner, entry in o.state.items()) for o in optimizers)
 
 
 def _value_key(value):
@@ -184,13 +184,12 @@ def reachable_optimizers(fn, arguments: tuple = ()) -> list:
 
 
 def make_guards(traced: Traced, flat: list, spec, module, optimizers: list) -> Guards:
-    states = [o.state for o in optimizers]
     constants = [(k, _constant_key(v)) for k, v in enumerate(flat) if type(v) is not Tensor]
     tensors = [(ts.source, ts.signature) for ts in traced.tensor_sources]
     storages = [id(ts.source.fetch(flat)._storage) for ts in traced.tensor_sources]
     return Guards(spec, constants, tensors, _alias_pattern(storages), traced.grad_presence, STATE.grad_enabled,
-                  _training_flags(module) if module is not None else (), states, _state_layout(states),
-                  _autocast_key(), optimizers, _hyperparameters(optimizers))
+                  _training_flags(module) if module is not None else (), optimizers, _state_layout(optimizers),
+                  _hyperparameters(optimizers), _autocast_key())
 
 
 # ---------------------------------------------------------------------------- variants
