@@ -244,57 +244,52 @@ def test_linear_epilogues(activation):
 
 # ---------------------------------------------------------------------------------------------- autograd, nn, optim
 
-def test_training_step_matches_cpu():
-    def run(device):
-        tw.manual_seed(0)
-        model = tw.nn.Sequential(tw.nn.Linear(16, 32), tw.nn.GELU(), tw.nn.Linear(32, 4)).to(device)
-        opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        x = tw.from_numpy(_rand((8, 16))).to(device)
-        target = tw.from_numpy(np.arange(8) % 4).to(device)
-        losses = []
-        for _ in range(3):
-            opt.zero_grad()
-            loss = tw.nn.functional.cross_entropy(model(x), target)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.item()))
-        return losses, [p.detach().cpu().numpy() for p in model.parameters()]
+def _train_small_mlp(device, make_optimizer, steps: int, clip: float | None = None):
+    """Losses, final parameters and optimizer of a few classification steps of a small MLP on ``device``."""
+    tw.manual_seed(0)
+    model = tw.nn.Sequential(tw.nn.Linear(16, 32), tw.nn.GELU(), tw.nn.Linear(32, 4)).to(device)
+    opt, sched = make_optimizer(model.parameters())
+    x = tw.from_numpy(_rand((8, 16))).to(device)
+    target = tw.from_numpy(np.arange(8) % 4).to(device)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = tw.nn.functional.cross_entropy(model(x), target)
+        loss.backward()
+        if clip is not None:
+            tw.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        if sched is not None:
+            sched.step()
+        losses.append(float(loss.item()))
+    return losses, [p.detach().cpu().numpy() for p in model.parameters()], opt
 
-    cpu_losses, cpu_params = run("cpu")
-    gpu_losses, gpu_params = run("cuda")
-    np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=1e-4)
-    for p, q in zip(gpu_params, cpu_params):
+
+def _assert_same_training(ours, reference):
+    np.testing.assert_allclose(ours[0], reference[0], rtol=1e-4)
+    for p, q in zip(ours[1], reference[1]):
         np.testing.assert_allclose(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_training_step_matches_cpu():
+    def sgd(params):
+        return tw.optim.SGD(params, lr=0.1, momentum=0.9), None
+
+    _assert_same_training(_train_small_mlp("cuda", sgd, 3), _train_small_mlp("cpu", sgd, 3))
 
 
 def test_adamw_and_clipping_on_cuda_run_compiled_and_match_the_cpu_loop():
     """On CUDA the default (foreach=None) updates each group and clips all gradients by compiled programs."""
-    def run(device):
-        tw.manual_seed(0)
-        model = tw.nn.Sequential(tw.nn.Linear(16, 32), tw.nn.GELU(), tw.nn.Linear(32, 4)).to(device)
-        opt = tw.optim.AdamW(model.parameters(), lr=0.01)
-        sched = tw.optim.lr_scheduler.CosineAnnealingLR(opt, 4)
-        x = tw.from_numpy(_rand((8, 16))).to(device)
-        target = tw.from_numpy(np.arange(8) % 4).to(device)
-        losses = []
-        for _ in range(4):
-            opt.zero_grad()
-            loss = tw.nn.functional.cross_entropy(model(x), target)
-            loss.backward()
-            tw.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-            opt.step()
-            sched.step()
-            losses.append(float(loss.item()))
-        return losses, [p.detach().cpu().numpy() for p in model.parameters()], opt
+    def adamw(params):
+        opt = tw.optim.AdamW(params, lr=0.01)
+        return opt, tw.optim.lr_scheduler.CosineAnnealingLR(opt, 4)
 
-    cpu_losses, cpu_params, cpu_opt = run("cpu")
-    gpu_losses, gpu_params, gpu_opt = run("cuda")
-    assert not getattr(cpu_opt, "_programs", None)
-    (program,) = gpu_opt._programs.values()
+    cpu = _train_small_mlp("cpu", adamw, 4, clip=0.5)
+    gpu = _train_small_mlp("cuda", adamw, 4, clip=0.5)
+    assert not getattr(cpu[2], "_programs", None)
+    (program,) = gpu[2]._programs.values()
     assert len(program.variants) == 1 and program.eager_reason is None
-    np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=1e-4)
-    for p, q in zip(gpu_params, cpu_params):
-        np.testing.assert_allclose(p, q, rtol=1e-4, atol=1e-5)
+    _assert_same_training(gpu, cpu)
 
 
 def test_gradient_of_device_transfer_lands_on_the_leaf_device():
