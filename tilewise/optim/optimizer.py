@@ -4,9 +4,10 @@
 and updates them in place under ``no_grad``, so modules see new values without any re-binding. Each
 algorithm's ``step`` is written as the same sequence of tensor operations as torch's single-tensor
 implementation (the one torch uses on CPU), operation for operation, so that float32 rounding — and
-therefore the trajectory of a training run — matches torch's. State dicts follow torch's layout:
-``{"state": {index: {...}}, "param_groups": [{..., "params": [index, ...]}]}``, with parameters numbered
-in group order, so they round-trip through ``tilewise.save``/``load``.
+therefore the trajectory of a training run — matches torch's. Adam and AdamW run that same sequence
+compiled over a whole group on CUDA (see [Note: foreach updates] in ``optim/_foreach.py``). State dicts
+follow torch's layout: ``{"state": {index: {...}}, "param_groups": [{..., "params": [index, ...]}]}``, with
+parameters numbered in group order, so they round-trip through ``tilewise.save``/``load``.
 """
 
 from __future__ import annotations
