@@ -5,6 +5,7 @@ import sys
 import numpy as np
 import pytest
 
+os.environ.setdefault("TILEWISE_VERIFY", "1")  # every compiler pass's output is checked against the IR invariants
 sys.path.insert(0, os.path.dirname(__file__))  # the op table (opinfo, opinfos/) imports as top-level
 
 

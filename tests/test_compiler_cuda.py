@@ -483,3 +483,41 @@ def test_cross_entropy_with_a_target_out_of_range_still_raises_when_compiled():
     with pytest.raises(IndexError, match=r"57 is out of bounds"):
         compiled(x, bad)
         tw.cuda.synchronize()
+
+
+@pytest.mark.cuda
+def test_a_kernel_that_fails_to_compile_raises_before_the_step_updates_the_callers_tensors(monkeypatch):
+    """Kernels compile in the background while the first run goes on; a compile error is raised before the
+    first step that writes the caller's memory (the optimizer's in-place update), so nothing has changed."""
+    import tilewise.compiler.toolchain as toolchain
+    from tilewise.compiler.toolchain import KernelCompileError
+
+    compile_cached, refused = toolchain.compile_cached, []
+
+    def refusing(source, names, *args, **kwargs):
+        if "lerp" in names:  # AdamW's moment update
+            refused.append(names)
+            raise KernelCompileError([names], "sm_90", "NVRTC_ERROR_COMPILATION", "refused by the test", source,
+                                     "kernel.cu")
+        return compile_cached(source, names, *args, **kwargs)
+
+    monkeypatch.setattr(toolchain, "compile_cached", refusing)
+    tw.manual_seed(0)
+    model = tw.nn.Sequential(tw.nn.Linear(16, 32), tw.nn.GELU(), tw.nn.Linear(32, 4)).to("cuda")
+    opt = tw.optim.AdamW(model.parameters(), lr=1e-2)
+    before = [p.detach().cpu().numpy().copy() for p in model.parameters()]
+
+    @tw.compile
+    def step(x):
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    with pytest.raises(KernelCompileError, match="refused by the test"):
+        step(tw.randn(8, 16, device="cuda"))
+    assert refused
+    for p, b in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.detach().cpu().numpy(), b)
+    assert all(float(s["exp_avg"].abs().sum().item()) == 0 for s in opt.state.values())

@@ -62,6 +62,20 @@ def test_verify_rejects_malformed_graphs():
         verify(Graph([x], [half], [], [(x, half)]))
 
 
+def test_the_pipeline_checks_each_pass_when_verification_is_on(monkeypatch):
+    def reads_a_stray_value(graph):  # a broken pass: its output reads a value the graph never defines
+        stray = Node("input", (), (), graph.inputs[0].type, tag="stray")
+        wrong = Node("neg", (stray,), (Ref(0),), stray.type)
+        return Graph(graph.inputs, [*graph.body, wrong], [wrong])
+
+    g = graph_of(lambda x: -x, tw.ones(3))
+    monkeypatch.setattr(settings, "verify", True)
+    with pytest.raises(GraphError, match="not defined before it.*after pass 'reads_a_stray_value'"):
+        run_pipeline(g, (reads_a_stray_value,))
+    monkeypatch.setattr(settings, "verify", False)  # the default outside the tests: no checks, no cost
+    run_pipeline(g, (reads_a_stray_value,))
+
+
 def test_functionalize_turns_writes_into_values_and_write_backs():
     def f(x):
         x.mul_(2)

@@ -22,6 +22,9 @@ variable                  meaning
 ``TILEWISE_CACHE_DIR``    where compiled kernels, and ``mode="max-autotune"``'s schedule choices (in ``autotune/``),
                           are kept on disk (default ``~/.cache/tilewise/kernels``); read by
                           ``tilewise.compiler.toolchain.cache``
+``TILEWISE_VERIFY``       ``1`` checks the graph IR's invariants after capture and after every compiler pass
+                          (``ir.verify``), naming the pass that broke one; off by default (the test suite turns
+                          it on), as it costs a tenth of a large graph's compile time
 ``TILEWISE_GEMM_TUNE``    ``1`` (default) times the few best cuBLASLt heuristic candidates once per GEMM shape
                           and keeps the fastest; ``0`` takes cuBLASLt's first choice
 ========================  =====================================================================================
@@ -52,6 +55,7 @@ class Settings:
     gemm_tune: bool = field(default_factory=lambda: os.environ.get("TILEWISE_GEMM_TUNE", "1") != "0")
     recompile_limit: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_RECOMPILES", "8")))
     cc: str = field(default_factory=lambda: os.environ.get("TILEWISE_CC", "cc"))
+    verify: bool = field(default_factory=lambda: os.environ.get("TILEWISE_VERIFY", "0") == "1")
 
     def logs(self, channel: str) -> bool:
         return channel in self.log

@@ -293,6 +293,14 @@ def format_graph(graph: Graph, title: str = "graph") -> str:
 
 # ---------------------------------------------------------------------------- invariants
 
+def checked(graph: Graph, after: str) -> Graph:
+    """:func:`verify` when ``settings.verify`` is on (``TILEWISE_VERIFY=1``: the test suite runs every pass
+    under it); else ``graph`` as it is, as the checks cost a tenth of a large graph's compile."""
+    from tilewise.config import settings
+
+    return verify(graph, after) if settings.verify else graph
+
+
 def verify(graph: Graph, after: str = "") -> Graph:
     """Check the IR invariants; raise ``GraphError`` naming the first offending node."""
     where = f" after pass {after!r}" if after else ""

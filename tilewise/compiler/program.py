@@ -25,7 +25,7 @@ import numpy as np
 
 from tilewise._stages import stage
 from tilewise.compiler.autotune import Pending, Sampler, Tuner, choose, clobbered, default_decisions, renamed
-from tilewise.compiler.ir import Graph, Node, format_graph, verify
+from tilewise.compiler.ir import Graph, Node, checked, format_graph
 from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry, lower
 from tilewise.compiler.passes.epilogues import gemm_epilogues
 from tilewise.compiler.passes.fusion import fuse
@@ -203,7 +203,7 @@ class Lowered:
 def lower_program(graph: Graph, target: str = "c") -> Lowered:
     """Fuse, lower to kernel IR, plan memory, schedule and render for ``target`` ("c" or "cuda")."""
     with stage("fuse"):
-        fused = verify(fuse(graph), "fuse")
+        fused = checked(fuse(graph), "fuse")
     log("graph", lambda: format_graph(fused, "after fuse"))
     kernels: dict[Node, Kernel] = {}
     with stage("lower to kernel IR"):
@@ -253,7 +253,7 @@ def build_program(graph: Graph, target: str = "c", device=None, graphs: bool = T
     ``autotune``: choose each kernel's schedule by timing its candidates (``mode="max-autotune"``)."""
     if target == "cuda":
         with stage("gemm_epilogues"):
-            graph = verify(gemm_epilogues(graph), "gemm_epilogues")
+            graph = checked(gemm_epilogues(graph), "gemm_epilogues")
         log("graph", lambda: format_graph(graph, "after gemm_epilogues"))
     low = lower_program(graph, target)
     tuner = None
@@ -297,27 +297,35 @@ def _cuda_program(low: Lowered, device, graphs: bool, arena: Arena | None) -> Pr
     from tilewise.compiler import program_cuda as pc
 
     fused, plan = low.fused, low.plan
-    with stage("compile kernels (NVRTC) and load"):
-        functions = pc.compile_kernels(low.sources, device)
+    with stage("start NVRTC compiles"):  # they finish during the first run: [Note: CUDA programs]
+        functions = pc.compile_kernels(low.sources, device, wait=False)
     by_kernel = {s.kernel.name: s for s in low.schedules}
     steps: list = []
+    caller_writes: list[bool] = []  # per step: whether it writes memory the caller owns (an input updated in place)
     for node, results in _step_nodes(fused):
         if node.op == "fused":
             kernel = low.kernels[node]
             sched = by_kernel[kernel.name]
-            steps.append(pc.CudaKernelStep(kernel, functions[kernel.name], sched.grid, sched.block,
-                                           [plan.of[v] for v in kernel.values], sched.scratch_bytes, device))
+            made = [pc.CudaKernelStep(kernel, functions[kernel.name], sched.grid, sched.block,
+                                      [plan.of[v] for v in kernel.values], sched.scratch_bytes, device)]
         elif node in plan.cat_copies:  # a cat in place copies only the inputs not written into it
-            steps += [pc.CudaCopyStep(src, plan.of[buffer_of(src)], plan.of[node], device, byte)
-                      for src, byte in plan.cat_copies[node]]
+            made = [pc.CudaCopyStep(src, plan.of[buffer_of(src)], plan.of[node], device, byte)
+                    for src, byte in plan.cat_copies[node]]
         else:
-            steps.append(pc.CudaExternStep(node, plan, results, device))
+            made = [pc.CudaExternStep(node, plan, results, device)]
+        steps += made
+        written = [plan.of[r] for r in results if r is not None and r in plan.of]
+        caller_writes += [any(plan.buffers[b].kind == "input" for b in written)] * len(made)
     for copy in plan.copies:
         steps.append(pc.CudaCopyStep(copy.value, plan.of[buffer_of(copy.value)], copy.dst, device))
+        caller_writes.append(plan.buffers[copy.dst].kind == "input")
     program = Program(fused, plan, steps, list(low.kernels.values()), low.schedules, low.source, "cuda")
     program.arena = arena if arena is not None else pc.device_arena(device)
     program.arena.reserve(low.plan.arena_bytes)
     program.cuda = pc.CudaRuntime(program, device, graphs)
+    if functions:
+        program.cuda.compiling = (next(iter(functions.values())).batch, caller_writes.index(True)
+                                  if True in caller_writes else len(steps))
     return program
 
 

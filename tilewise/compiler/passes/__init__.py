@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tilewise._stages import stage
-from tilewise.compiler.ir import Graph, format_graph, verify
+from tilewise.compiler.ir import Graph, checked, format_graph
 from tilewise.compiler.passes.cleanup import cse, dce
 from tilewise.compiler.passes.decompose import decompose
 from tilewise.compiler.passes.functionalize import functionalize
@@ -41,11 +41,10 @@ def pipeline_for(target: str) -> tuple[Pass, ...]:
 
 def run_pipeline(graph: Graph, passes: tuple[Pass, ...] = PIPELINE) -> Graph:
     log("graph", lambda: format_graph(graph, "captured"))
-    verify(graph, "capture")
+    checked(graph, "capture")
     for p in passes:
         with stage(p.__name__):
-            graph = p(graph)
-            verify(graph, p.__name__)
+            graph = checked(p(graph), p.__name__)
         log("graph", lambda g=graph, name=p.__name__: format_graph(g, f"after {name}"))
     return graph
 

@@ -437,8 +437,8 @@ def render_kernel(sched: KernelSchedule, source: Source, aliased: frozenset[int]
         if template is None:
             head = f"/* nest {k0}: {ns0.cuda.strategy}, {blocks} block(s) */"
         else:
-            head = f"/* nests {k0}-{members[-1][0]}: {ns0.cuda.strategy}, {blocks} block(s), one body for " \
-                   f"{len(members)} nests */"
+            head = f"/* nests {_ranges([k for k, _, _ in members])}: {ns0.cuda.strategy}, {blocks} block(s), " \
+                   f"one body for {len(members)} nests */"
         w.open(head if last else f"if (tw_block < {blocks}u) {head}")
         if template is None:
             nest = _Nest(kernel, ns0, k0, source, sched.block, w)
@@ -455,6 +455,17 @@ def render_kernel(sched: KernelSchedule, source: Source, aliased: frozenset[int]
         w.lines.insert(0, f"    __shared__ __align__(16) unsigned char tw_smem[{smem}];")
     return f"{CUDA.kernel_prefix.format(block=sched.block)} {kernel.name}({', '.join(params)}) {{\n" + \
         "\n".join(w.lines) + "\n}"
+
+
+def _ranges(indices: list[int]) -> str:
+    """``[1, 2, 3, 7, 9, 10]`` as ``1-3, 7, 9-10``."""
+    runs: list[list[int]] = []
+    for k in indices:
+        if runs and k == runs[-1][-1] + 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
 
 
 @dataclass
@@ -488,9 +499,10 @@ def _template(kernel: Kernel, ns: NestSchedule, k: int, source: Source, block: i
 
 
 def _groups(sched: KernelSchedule, source: Source, aliased: frozenset[int]) -> list[list[tuple]]:
-    """The kernel's nests in runs of (index, schedule, template): consecutive elementwise nests whose generic
-    bodies are the same text over the same buffer types form one run, rendered once (``_render_group``);
-    any other nest is a run of its own, with template None.
+    """The kernel's nests in groups of (index, schedule, template): the elementwise nests whose generic bodies
+    are the same text over the same buffer types form one group wherever they sit in the kernel, rendered
+    once (``_render_group``); any other nest is a group of its own, with template None. Groups come in the
+    order of their first nest; a group's nests take consecutive blocks.
 
     [Note: one body for many nests] A whole training step's optimizer update is one kernel with a nest per
     parameter tensor, every nest the same expression over other buffers and another length. Rendered one
@@ -498,18 +510,23 @@ def _groups(sched: KernelSchedule, source: Source, aliased: frozenset[int]) -> l
     test in another stretch of code, and the compile grows with the parameter count. Rendered once with
     the buffers and the length as variables, the code is one body, and a block finds its nest, with the
     nest's buffers and length, in a balanced tree of comparisons of ``tw_block`` (log2 of the nest count
-    levels deep, a few instructions each)."""
-    runs: list[list[tuple]] = []
-    key_of_last = None
+    levels deep, a few instructions each). The nests of a kernel are independent (blocks of one launch
+    cannot wait for each other), so the blocks of like nests can be laid side by side: a transformer's
+    parameters alternate between a few shapes and dtypes, and each kind is one body, not one per run."""
+    groups: list[list[tuple]] = []
+    by_key: dict[tuple, list[tuple]] = {}
     for k, ns in enumerate(sched.nests):
         template = _template(sched.kernel, ns, k, source, sched.block, aliased)
-        key = None if template is None else ("\n".join(template.body), template.declarations, template.count_type)
-        if key is not None and key == key_of_last:
-            runs[-1].append((k, ns, template))
-        else:
-            runs.append([(k, ns, template)])
-        key_of_last = key
-    return [run if len(run) > 1 else [(run[0][0], run[0][1], None)] for run in runs]
+        if template is None:
+            groups.append([(k, ns, None)])
+            continue
+        key = ("\n".join(template.body), template.declarations, template.count_type)
+        group = by_key.get(key)
+        if group is None:
+            group = by_key[key] = []
+            groups.append(group)
+        group.append((k, ns, template))
+    return [group if len(group) > 1 else [(group[0][0], group[0][1], None)] for group in groups]
 
 
 def _render_group(kernel: Kernel, members: list[tuple], w: _Writer) -> None:
