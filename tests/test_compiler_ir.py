@@ -12,6 +12,7 @@ from tilewise.compiler.capture import DataDependentError, trace
 from tilewise.compiler.ir import Graph, GraphError, Node, Ref, TensorType, format_graph, verify
 from tilewise.compiler.passes import PIPELINE, cse, dce, decompose, functionalize, run_pipeline, simplify
 from tilewise.compiler.passes.fusion import partition
+from tilewise.compiler.program import lower_program
 from tilewise.config import settings
 from tilewise.device import cpu
 
@@ -184,6 +185,26 @@ def test_fusion_groups_softmax_forward_and_backward():
     groups = partition(run_pipeline(graph_of(f, x)))
     assert len(groups) == 1
     assert groups[0].shape == (8, 16) and groups[0].reduce == (1,)
+
+
+def test_a_layer_norms_weight_gradient_is_summed_from_its_operands_not_from_a_stored_product():
+    """A layer norm's backward (over the forward's saved ``x_hat`` and ``rstd``): ``float(dy) * x_hat`` is
+    read only by the weight gradient's column sum, so that sum makes it from ``dy`` (bfloat16) and ``x_hat``
+    instead of the row kernel storing it as float32, and the weight and bias gradients become one column nest
+    of the row kernel: one pass over ``dy``."""
+    def backward(dy, x_hat, rstd, w):
+        g = dy.float() * w
+        dx = rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
+        return dx.bfloat16(), (dy.float() * x_hat).sum(0), dy.float().sum(0)
+
+    args = tw.randn(256, 64).bfloat16(), tw.randn(256, 64), tw.rand(256, 1), tw.randn(64)
+    graph = run_pipeline(graph_of(backward, *args))
+    low = lower_program(graph, "cuda")
+    assert len(low.kernels) == 1
+    (kernel,) = low.kernels.values()
+    assert [n.reduce for n in kernel.nests] == [(1,), (0,)] and len(kernel.nests[1].reductions) == 2
+    assert [v.type.dtype.name for v in kernel.values if v.type.shape == (256, 64) and v not in graph.inputs] \
+        == ["bfloat16"]  # dx only: the float32 product is not stored
 
 
 # ---------------------------------------------------------------------------- indexing rewrites

@@ -19,10 +19,14 @@ optimizer step over many parameters becomes a few kernels, not one per tensor). 
 (matmul, indexing, random, sorts) stay nodes of their own: library calls and fallbacks at run time.
 
 A cheap value another group made is *recomputed* where reading it from memory costs more than making it again:
-an elementwise member whose operands are all read from memory (none made by a group) and, per element, are no
-wider than it is. A widening cast (``float(g)`` of a bfloat16 gradient that a layer norm's row reduction and its
-weight gradient's column sum both read) is then loaded as bfloat16 by both kernels instead of being stored as
-float32 by one and loaded by the other. The group it came from still stores it if anything else needs it.
+an elementwise member whose operands, per element, are no wider than it is (twice as wide when this is its only
+reader, which also saves its store). Its operands that other groups make are made again too when that reads no
+more than loading them (up to ``RECOMPUTE_DEPTH`` levels), else loaded. A widening cast (``float(g)`` of a
+bfloat16 gradient that a layer norm's row reduction and its weight gradient's column sum both read) is then
+loaded as bfloat16 by both kernels instead of being stored as float32 by one and loaded by the other; the
+weight gradient's ``float(g) * x_hat`` is made by its column sum from ``g`` and ``x_hat`` instead of stored by
+the layer norm's backward and read back, so both sums become one nest of the backward's kernel. The group a
+value came from still stores it if anything else needs it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from tilewise.compiler.ir import Graph, Node, toposort
 from tilewise.config import log
 
 MAX_NESTS_PER_KERNEL = 32
+RECOMPUTE_DEPTH = 2  # how many levels of made values a recomputed value may be made from
 RESHAPES = ("view", "squeeze", "unsqueeze")
 PERMUTES = ("permute", "transpose", "t")
 
@@ -257,8 +262,8 @@ class _Partition:
     placing a node proportional to its operands, not to the number of groups).
     """
 
-    def __init__(self, order: dict[Node, int]):
-        self.order = order
+    def __init__(self, order: dict[Node, int], readers: dict[Node, int]):
+        self.order, self.readers = order, readers
         self.groups: dict[int, Group] = {}
         self.parent: dict[int, int] = {}
         self.deps: dict[int, set[int]] = {}
@@ -338,32 +343,54 @@ class _Partition:
         for src in node.srcs:
             base = view_chain(src)[0]
             owner = self.group_of.get(base)
-            if owner is None or self.find(owner) == gid or group.edge_dims(src) is not None \
-                    or not self._worth_recomputing(base):
+            if owner is None or self.find(owner) == gid or group.edge_dims(src) is not None:
+                continue
+            made = self._recomputable(base, gid)
+            if made is None:
+                continue
+            chain, width = made
+            itemsize = base.type.dtype.itemsize
+            if width > itemsize * (2 if self.readers[base] == 1 else 1):  # a sole reader also saves the store
                 continue
             trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims),
                           recomputed=set(group.recomputed))
-            if not _try_join(base, trial):
+            if not all(_try_join(m, trial) for m in chain):
                 continue
             trial.members.sort(key=self.order.__getitem__)
             if trial.edge_dims(src) is None:
                 continue
-            trial.recomputed.add(base)
+            trial.recomputed.update(chain)
             self.groups[gid] = group = trial
-            for operand in base.srcs:
-                self.deps[gid] |= self.frontier(operand) - {gid}
+            for m in chain:
+                for operand in m.srcs:
+                    if view_chain(operand)[0] not in chain:
+                        self.deps[gid] |= self.frontier(operand) - {gid}
 
-    def _worth_recomputing(self, node: Node) -> bool:
-        if fusion_kind(node) != "elementwise" or node.op == "clone":
-            return False
+    def _recomputable(self, node: Node, gid: int, depth: int = 0) -> tuple[list[Node], int] | None:
+        """(``node`` and the values other groups make that it is made of, operands first; the bytes per element
+        group ``gid`` reads from memory to make them) when ``node`` is elementwise. An operand another group
+        makes is made again too when that reads no more than loading it (at most ``RECOMPUTE_DEPTH`` deep),
+        else loaded from the buffer its group stores. None when ``node`` cannot be made in ``gid``."""
+        if fusion_kind(node) != "elementwise" or node.op == "clone" or depth > RECOMPUTE_DEPTH:
+            return None
+        chain: list[Node] = []
         width = 0
         for src in node.srcs:
             base = view_chain(src)[0]
             if base in self.group_of and fusion_kind(base) != "constant":
-                return False
+                if self.find(self.group_of[base]) == gid:  # the group makes it already
+                    continue
+                made = self._recomputable(base, gid, depth + 1)
+                loadable = gid not in self.reach(base)  # else loading it would make the group depend on itself
+                if made is not None and (made[1] <= base.type.dtype.itemsize or not loadable):
+                    chain += [m for m in made[0] if m not in chain]
+                    width += made[1]
+                    continue
+                if not loadable:
+                    return None
             if src.type.numel == node.type.numel:
                 width += src.type.dtype.itemsize
-        return width <= node.type.dtype.itemsize
+        return [*chain, node], width
 
     def _join(self, node: Node, gid: int, external: list[Node]) -> None:
         self.group_of[node] = gid
@@ -432,7 +459,16 @@ class _Partition:
 
 
 def partition(graph: Graph) -> list[Group]:
-    part = _Partition({n: k for k, n in enumerate(graph.body)})
+    readers: dict[Node, int] = {}  # value -> how many nodes (not views) and outputs read it, through views or not
+    for node in graph.body:
+        if node.kind != "view":
+            for src in node.srcs:
+                base = view_chain(src)[0]
+                readers[base] = readers.get(base, 0) + 1
+    for root in graph.roots():
+        base = view_chain(root)[0]
+        readers[base] = readers.get(base, 0) + 1
+    part = _Partition({n: k for k, n in enumerate(graph.body)}, readers)
     for node in graph.body:
         part.add(node)
     part.materialize_constants(graph)
