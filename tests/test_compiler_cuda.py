@@ -60,19 +60,15 @@ def test_residual_layer_norm_is_one_kernel():
 
 
 def test_sum_over_the_leading_dim_reads_columns():
-    """Each lane folds 4 adjacent columns with 16-byte loads; a warp, 128 columns."""
-    low, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(8192, 768))
-    assert plan.strategy == "columns" and plan.rows_per_block == 32 and plan.vector == 4
-    assert "tw_vec<float, 4>" in low.source and "acc0_3" in low.source
-    _, (plan,) = cuda_plans(lambda x: x.softmax(0), tw.randn(8192, 768))
-    assert plan.strategy == "columns" and plan.vector == 1  # several phases: a column per lane
+    _, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(8192, 768))
+    assert plan.strategy == "columns" and plan.rows_per_block == 32
 
 
 def test_few_column_groups_split_the_reduction_across_blocks():
-    """A bias gradient (768 columns over 8192 rows) is 6 groups of 128 columns: too few blocks for the GPU,
+    """A bias gradient (768 columns over 8192 rows) is 24 groups of 32 columns: too few blocks for the GPU,
     so each group's rows are shared among blocks and the last one combines the partials."""
     low, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(8192, 768))
-    assert plan.split > 1 and plan.blocks == 6 * plan.split and plan.chunk * plan.split >= 8192
+    assert plan.split > 1 and plan.blocks == 24 * plan.split and plan.chunk * plan.split >= 8192
     assert low.schedules[0].scratch_bytes > 0 and "atomicAdd" in low.source
     _, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(64, 768))
     assert plan.split == 1  # rows too few to share
@@ -491,8 +487,8 @@ def test_cross_entropy_with_a_target_out_of_range_still_raises_when_compiled():
 
 @pytest.mark.cuda
 def test_a_kernel_that_fails_to_compile_raises_before_the_step_updates_the_callers_tensors(monkeypatch):
-    """Kernels compile in the background while the first run goes on; a compile error is raised before the
-    first step that writes the caller's memory (the optimizer's in-place update), so nothing has changed."""
+    """A compile error is raised before the program runs: the parameters and the optimizer's state, which the
+    step updates in place, are as they were."""
     import tilewise.compiler.toolchain as toolchain
     from tilewise.compiler.toolchain import KernelCompileError
 

@@ -297,35 +297,27 @@ def _cuda_program(low: Lowered, device, graphs: bool, arena: Arena | None) -> Pr
     from tilewise.compiler import program_cuda as pc
 
     fused, plan = low.fused, low.plan
-    with stage("start NVRTC compiles"):  # they finish during the first run: [Note: CUDA programs]
-        functions = pc.compile_kernels(low.sources, device, wait=False)
+    with stage("compile kernels (NVRTC) and load"):
+        functions = pc.compile_kernels(low.sources, device)
     by_kernel = {s.kernel.name: s for s in low.schedules}
     steps: list = []
-    caller_writes: list[bool] = []  # per step: whether it writes memory the caller owns (an input updated in place)
     for node, results in _step_nodes(fused):
         if node.op == "fused":
             kernel = low.kernels[node]
             sched = by_kernel[kernel.name]
-            made = [pc.CudaKernelStep(kernel, functions[kernel.name], sched.grid, sched.block,
-                                      [plan.of[v] for v in kernel.values], sched.scratch_bytes, device)]
+            steps.append(pc.CudaKernelStep(kernel, functions[kernel.name], sched.grid, sched.block,
+                                           [plan.of[v] for v in kernel.values], sched.scratch_bytes, device))
         elif node in plan.cat_copies:  # a cat in place copies only the inputs not written into it
-            made = [pc.CudaCopyStep(src, plan.of[buffer_of(src)], plan.of[node], device, byte)
-                    for src, byte in plan.cat_copies[node]]
+            steps += [pc.CudaCopyStep(src, plan.of[buffer_of(src)], plan.of[node], device, byte)
+                      for src, byte in plan.cat_copies[node]]
         else:
-            made = [pc.CudaExternStep(node, plan, results, device)]
-        steps += made
-        written = [plan.of[r] for r in results if r is not None and r in plan.of]
-        caller_writes += [any(plan.buffers[b].kind == "input" for b in written)] * len(made)
+            steps.append(pc.CudaExternStep(node, plan, results, device))
     for copy in plan.copies:
         steps.append(pc.CudaCopyStep(copy.value, plan.of[buffer_of(copy.value)], copy.dst, device))
-        caller_writes.append(plan.buffers[copy.dst].kind == "input")
     program = Program(fused, plan, steps, list(low.kernels.values()), low.schedules, low.source, "cuda")
     program.arena = arena if arena is not None else pc.device_arena(device)
     program.arena.reserve(low.plan.arena_bytes)
     program.cuda = pc.CudaRuntime(program, device, graphs)
-    if functions:
-        program.cuda.compiling = (next(iter(functions.values())).batch, caller_writes.index(True)
-                                  if True in caller_writes else len(steps))
     return program
 
 

@@ -8,13 +8,6 @@ of its module; ``mm``/``bmm``/``addmm``/``_addmm_activation`` call cuBLASLt writ
 planned buffer (the last two with a bias epilogue); other library operators run through the eager CUDA
 backend on tensors viewing the planned buffers, their results copied in.
 
-A program is built while its kernels still compile: NVRTC runs on a pool of threads (it releases the GIL),
-and the first run launches each kernel once its compile is done (:class:`PendingFunction`). So the work of a
-first call that is not NVRTC's — cuBLASLt's algorithm choices, cuDNN's graph builds, the early steps —
-overlaps with it. Before the first step that writes memory the caller owns (a parameter or optimizer state
-updated in place), the run waits for every compile: a kernel that fails to compile raises its error while
-the caller's tensors are still as they were.
-
 CUDA graphs: from the second call on, a program of several steps that are all capturable (generated
 kernels, GEMMs that need no operand copy, end-of-call copies) is captured once into a CUDA graph and
 replayed, so a call costs one ``cuGraphLaunch`` instead of a launch per step. A graph bakes in
@@ -40,7 +33,6 @@ import re
 from functools import partial
 
 from tilewise import _strides as S
-from tilewise._stages import stage
 from tilewise.backends.cuda import DeviceBuffer, stream_handle
 from tilewise.backends.cuda.runtime import Event, Stream, check, copy_dtod, get_device_properties
 from tilewise.backends.cuda.runtime.driver import driver_api
@@ -92,8 +84,6 @@ class CudaKernelStep:
     def run(self, pointers: list, stream: int) -> None:
         from tilewise.backends.cuda.kernels import launch
 
-        if type(self.function) is PendingFunction:  # compiled in the background: the first run waits for it
-            self.function = self.function.resolve()
         if not self.grid:  # every nest is empty
             return
         launch(self.function, self.grid, self.block, [pointers[b] for b in self.buffers] + self.extra, stream)
@@ -217,9 +207,6 @@ class CudaRuntime:
             self.why_not = "one step: a graph would save nothing"
         self.generation = -1  # the arena generation ``base_pointers`` (and the graphs) were made for
         self.base_pointers: list = []
-        # (the background compiles of its kernels, the first step that writes memory the caller owns) until a
-        # first run has waited for every compile: see :class:`PendingFunction`
-        self.compiling: tuple[_Batch, int] | None = None
 
     def _bind_arena(self) -> None:
         arena = self.program.arena
@@ -244,21 +231,10 @@ class CudaRuntime:
         return pointers, outputs
 
     def _walk(self, pointers: list, stream: int) -> None:
-        steps = self.program.steps
-        if self.compiling is not None:
-            # the steps before the first that writes the caller's memory run while the kernels compile; then
-            # every compile is waited for, so that a compile error leaves the caller's tensors as they were
-            batch, first_write = self.compiling
-            if self.program.tuner is None:
-                for step in steps[:first_write]:
-                    step.run(pointers, stream)
-                steps = steps[first_write:]
-            batch.wait()
-            self.compiling = None
         if self.program.tuner is not None:
             self.program.tuner.walk(self.program, CudaBench(pointers, stream, self.program.plan, self.device))
             return
-        for step in steps:
+        for step in self.program.steps:
             step.run(pointers, stream)
 
     def run(self, inputs: list, staged: frozenset[int]) -> list:
@@ -353,101 +329,40 @@ def device_arena(device: Device):
     return Arena(lambda nbytes: DeviceBuffer(nbytes, device.index, stream_handle(device.index)))
 
 
-def compile_kernels(sources: dict[str, str], device: Device, wait: bool = True) -> dict:
-    """Compile each kernel's CUDA source for ``device`` (in parallel, through the kernel cache) and load it;
-    with ``wait=False`` the compiles go on in the background (see :class:`PendingFunction`)."""
-    return dict(zip(sources, compile_units(list(sources.items()), device, wait)))
+def compile_kernels(sources: dict[str, str], device: Device) -> dict:
+    """Compile each kernel's CUDA source for ``device`` (in parallel, through the kernel cache) and load it."""
+    return dict(zip(sources, compile_units(list(sources.items()), device)))
 
 
-def compile_units(units: list[tuple[str, str]], device: Device, wait: bool = True) -> list:
+def compile_units(units: list[tuple[str, str]], device: Device) -> list:
     """The function of each (kernel name, translation unit), compiled in parallel through the kernel cache and
     loaded: several units may define kernels of one name (a kernel's schedule candidates).
 
     Units that differ only in the kernel's name (a transformer's layers make the same kernels once per layer)
     are compiled and loaded once, under a name made from their text (:func:`shared_name`): the program's steps
-    then launch one function, and the kernel cache serves it to every program and process that makes it.
+    then launch one function, and the kernel cache serves it to every program and process that makes it."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    The compiles are submitted in the units' order (a program's, so the kernels it launches first are ready
-    first). With ``wait=False`` this returns at once, a :class:`PendingFunction` for each unit."""
-    from tilewise.compiler.toolchain import compile_cached
+    from tilewise.compiler.toolchain import compile_cached, load_module
 
     arch = get_device_properties(device.index).arch
     keys = [shared_name(name, source) for name, source in units]
-    pool = _compile_pool()
-    batch = _Batch({key: pool.submit(compile_cached, key[1], key[0], arch) for key in dict.fromkeys(keys)},
-                   len(units), device)
-    if wait:
-        return [batch.function(key) for key in keys]
-    return [PendingFunction(batch, key) for key in keys]
+    unique = list(dict.fromkeys(keys))
+    with ThreadPoolExecutor(max_workers=max(1, min(len(unique), os.cpu_count() or 1, 16))) as pool:
+        compiled = dict(zip(unique, pool.map(lambda key: compile_cached(key[1], key[0], arch), unique)))
+    log("compile", lambda: _compile_summary(len(units), compiled))
+    loaded: dict[tuple[str, str], object] = {}
+    for key in unique:
+        fn = loaded[key] = load_module(compiled[key].cubin, device.index).get_function(key[0])
+        fn.source = key[1]
+    return [loaded[key] for key in keys]
 
 
-_pool: list = []
-
-
-def _compile_pool():
-    """The threads that run NVRTC (which releases the GIL while it compiles): one per core but one, which the
-    thread that submitted the compiles keeps for the work it goes on with."""
-    if not _pool:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool.append(ThreadPoolExecutor(max_workers=max(1, min((os.cpu_count() or 2) - 1, 16)),
-                                        thread_name_prefix="tilewise-nvrtc"))
-    return _pool[0]
-
-
-class _Batch:
-    """The compiles of one :func:`compile_units` call: each text's future, and its function once loaded."""
-
-    def __init__(self, futures: dict, units: int, device: Device):
-        self.futures, self.units, self.device = futures, units, device
-        self.loaded: dict[tuple[str, str], object] = {}
-
-    def function(self, key: tuple[str, str]):
-        fn = self.loaded.get(key)
-        if fn is None:
-            from tilewise.compiler.toolchain import load_module
-
-            future = self.futures[key]
-            if not future.done():
-                with stage("waiting for NVRTC"):
-                    future.result()
-            fn = self.loaded[key] = load_module(future.result().cubin, self.device.index).get_function(key[0])
-            fn.source = key[1]
-            if len(self.loaded) == len(self.futures):
-                log("compile", self.summary)
-        return fn
-
-    def wait(self) -> None:
-        """Wait for every compile (raising the first error) and load every function."""
-        for key in self.futures:
-            self.function(key)
-
-    def summary(self) -> str:
-        compiled = {key: f.result() for key, f in self.futures.items()}
-        fresh = sorted(((k.compile_seconds, key[0]) for key, k in compiled.items() if not k.from_cache),
-                       reverse=True)
-        slowest = ", ".join(f"{name} {seconds:.2f} s" for seconds, name in fresh[:3])
-        return (f"{self.units} kernels, {len(compiled)} different texts: {len(fresh)} compiled by NVRTC"
-                f"{f' (slowest: {slowest})' if fresh else ''}, the rest from the kernel cache")
-
-
-class PendingFunction:
-    """A kernel whose NVRTC compile is still under way in the background. A program built with it starts its
-    first run while its kernels compile, so the early steps, cuBLASLt's algorithm choices and cuDNN's graph
-    builds overlap with NVRTC; a step's first launch waits for its kernel (``TILEWISE_LOG=compile`` reports
-    the wait as "waiting for NVRTC") and loads it. A compile error is raised there, by that launch."""
-
-    __slots__ = ("batch", "key")
-
-    def __init__(self, batch: _Batch, key: tuple[str, str]):
-        self.batch, self.key = batch, key
-
-    @property
-    def name(self) -> str:
-        return self.key[0]
-
-    def resolve(self):
-        return self.batch.function(self.key)
+def _compile_summary(units: int, compiled: dict) -> str:
+    fresh = sorted(((k.compile_seconds, key[0]) for key, k in compiled.items() if not k.from_cache), reverse=True)
+    slowest = ", ".join(f"{name} {seconds:.2f} s" for seconds, name in fresh[:3])
+    return (f"{units} kernels, {len(compiled)} different texts: {len(fresh)} compiled by NVRTC"
+            f"{f' (slowest: {slowest})' if fresh else ''}, the rest from the kernel cache")
 
 
 def shared_name(name: str, source: str) -> tuple[str, str]:

@@ -30,9 +30,8 @@ picks a strategy and records why, so ``TILEWISE_LOG=kernels`` shows the choice n
     phases (softmax, layer_norm) and each thread's share is small, the row's loaded values stay in
     registers from the first phase to the last: one pass over memory (``in_registers``);
   - ``columns``: when the accesses are contiguous along the kept dims rather than the reduced ones (a sum
-    over the leading dim), 32 adjacent rows per block, one per lane (a vector of adjacent rows per lane when
-    one phase folds them: 16-byte accesses along the kept dim), with the reduction spread over the block's
-    warps and combined through shared memory. Too few groups of 32 to fill the GPU (a bias
+    over the leading dim), 32 adjacent rows per block, one per lane, with the reduction spread over the
+    block's warps and combined through shared memory. Too few groups of 32 to fill the GPU (a bias
     gradient) are split along the reduction like long rows below.
 
   A few very long rows (a whole-tensor sum, a gradient norm) are *split*: several blocks fold a chunk of a
@@ -364,10 +363,7 @@ def _cuda_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]
     row = S.numel([nest.shape[d] for d in nest.reduce])
     if knobs.columns and _prefer_columns(nest):
         warps = COLUMN_WARPS if nest.phases == 1 and knobs.split else 32  # one phase: blocks split the columns
-        # one phase: each lane folds a vector of adjacent columns (several phases keep one column a lane)
-        dim = nest.outer[-1]
-        vector = _capped(vector_width(nest, dim), knobs) if nest.phases == 1 else 1
-        return "columns", vector, dim if vector > 1 else None, 32 * min(warps, _pow2_at_least(-(-row // 8)))
+        return "columns", 1, None, 32 * min(warps, _pow2_at_least(-(-row // 8)))
     dim = nest.reduce[-1]
     vector = _capped(vector_width(nest, dim), knobs)
     team = min(MAX_THREADS, max(32, _pow2_at_least(-(-row // (vector * VECTORS_PER_THREAD)))))
@@ -445,7 +441,7 @@ def _cuda_plan(nest: Nest, strategy: str, vector: int, dim: int | None, team: in
         return CudaPlan(strategy, vector, dim, 1, 1, blocks, 1, False, index)
     if strategy == "columns":
         team = block // 32
-        return CudaPlan(strategy, vector, dim, team, 32, -(-rows // (32 * vector)), -(-row // team), False, index)
+        return CudaPlan(strategy, 1, None, team, 32, -(-rows // 32), -(-row // team), False, index)
     team = 32 if team <= 32 else block
     per_block = block // team
     steps = -(-row // (team * vector))
@@ -474,7 +470,7 @@ def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
             if plan.in_registers:
                 notes.append("row kept in registers across phases")
             if plan.split > 1:
-                what = f"each group of {32 * plan.vector} columns" if strategy == "columns" else "each row"
+                what = "each group of 32 columns" if strategy == "columns" else "each row"
                 notes.append(f"{what} split over {plan.split} blocks of {plan.chunk} elements")
             elif strategy == "rows" and rows < SPLIT_MAX_ROWS and plan.steps > 64:
                 notes.append("few long rows over several phases: one block each")

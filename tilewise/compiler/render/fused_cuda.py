@@ -89,9 +89,6 @@ class _Nest:
         # the element count is tw_n, so nests that differ only in those share one body (see _groups)
         self.generic = generic
         self.used: list[int] = []
-        # columns with a vector of adjacent kept elements per lane: each lane of the vector is a row of its
-        # own, with its own accumulators ``acc<j>_<v>`` (rows fold every lane of a vector into one)
-        self.lane_rows = self.plan.strategy == "columns" and self.plan.vector > 1
 
     def shared(self, ctype: str, name: str, count: int, itemsize: int) -> None:
         """Declare ``name``: ``count`` elements of the kernel's shared buffer, after what this nest took."""
@@ -137,13 +134,11 @@ class _Nest:
             names.append(f"{name}_{v}")
         return names
 
-    def lanes(self, exprs: list[Expr], leaves: dict | list[dict], suffix: str,
-              cached: dict | None = None) -> list[list]:
-        """Render ``exprs`` for every lane (loads first); per lane, the (code, type) of each expression.
-        ``leaves``: the scalars the expressions read, for every lane or (a list) for each."""
+    def lanes(self, exprs: list[Expr], leaves: dict, suffix: str, cached: dict | None = None) -> list[list]:
+        """Render ``exprs`` for every lane (loads first); per lane, the (code, type) of each expression."""
         lanes = self.plan.vector
         used = sorted({n.arg for e in exprs for n in toposort(e) if n.op == "input"})
-        per_lane = [dict(lv) for lv in leaves] if isinstance(leaves, list) else [dict(leaves) for _ in range(lanes)]
+        per_lane = [dict(leaves) for _ in range(lanes)]
         for j in used:
             load = self.nest.loads[j]
             if cached is not None and j in cached:
@@ -211,15 +206,10 @@ class _Nest:
         return {("scalar", f"acc{j}"): (f"acc{j}", r.dtype) for j, r in enumerate(self.nest.reductions)
                 if r.phase < upto_phase}
 
-    def accs(self, j: int) -> list[str]:
-        """The accumulator(s) of reduction ``j`` a thread keeps: one per lane for :attr:`lane_rows`."""
-        return [f"acc{j}_{v}" for v in range(self.plan.vector)] if self.lane_rows else [f"acc{j}"]
-
     def begin_row(self, row: str) -> None:
         self.decompose(row, self.nest.outer)
         for j, r in enumerate(self.nest.reductions):
-            for acc in self.accs(j):
-                self.w.line(f"{CUDA.ctype(r.dtype)} {acc} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
+            self.w.line(f"{CUDA.ctype(r.dtype)} acc{j} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
 
     def element_body(self, p: int, suffix: str, cached: dict | None = None) -> None:
         """Fold phase ``p``'s reductions and write its stores at the current element's lanes."""
@@ -230,8 +220,7 @@ class _Nest:
                              self.acc_leaves(p), suffix, cached)
         for v in range(self.plan.vector):
             for pos, j in enumerate(reds):
-                acc = self.accs(j)[v if self.lane_rows else 0]
-                self.w.line(f"{acc} = {self.folds[j]}({acc}, {results[v][pos][0]});")
+                self.w.line(f"acc{j} = {self.folds[j]}(acc{j}, {results[v][pos][0]});")
         self.store_lanes(stores, results, len(reds))
 
     def row_stores(self, who: str) -> None:
@@ -239,12 +228,6 @@ class _Nest:
         if not stores:
             return
         self.w.open(f"if ({who})")
-        if self.lane_rows:  # a row per lane: the stores of every lane, as one vector where contiguous
-            lanes = [{("scalar", f"acc{j}"): (acc, r.dtype) for j, r in enumerate(self.nest.reductions)
-                      for acc in self.accs(j)[v:v + 1]} for v in range(self.plan.vector)]
-            self.store_lanes(stores, self.lanes([s.value for s in stores], lanes, "_r"), 0)
-            self.w.close()
-            return
         leaves = self.acc_leaves(self.nest.phases)
         for j in sorted({n.arg for st in stores for n in toposort(st.value) if n.op == "input"}):
             load = self.nest.loads[j]
@@ -351,18 +334,15 @@ class _Nest:
         self.source.helpers.setdefault("tw_shfl_xor", _SHUFFLE_XOR)
         team = self.plan.team
         if self.plan.strategy == "columns":
-            for j in reds:  # [lane][team][33]: the 32 columns of a warp in consecutive banks
+            for j in reds:
                 r = self.nest.reductions[j]
-                accs = self.accs(j)
-                self.shared(CUDA.ctype(r.dtype), f"tw_c{j}", len(accs) * team * 33, r.dtype.itemsize)
-                for v, acc in enumerate(accs):
-                    self.w.line(f"tw_c{j}[{v * team * 33} + tw_y * 33 + tw_x] = {acc};")
+                self.shared(CUDA.ctype(r.dtype), f"tw_c{j}", team * 33, r.dtype.itemsize)  # [team][33]
+                self.w.line(f"tw_c{j}[tw_y * 33 + tw_x] = acc{j};")
             self.w.line("__syncthreads();")
             for j in reds:
-                for v, acc in enumerate(self.accs(j)):
-                    self.w.line(f"{acc} = tw_c{j}[{v * team * 33} + tw_x];")
-                    fold = f"{self.folds[j]}({acc}, tw_c{j}[{v * team * 33} + y * 33 + tw_x])"
-                    self.w.line(f"for (int y = 1; y < {team}; ++y) {acc} = {fold};")
+                self.w.line(f"acc{j} = tw_c{j}[tw_x];")
+                fold = f"{self.folds[j]}(acc{j}, tw_c{j}[y * 33 + tw_x])"
+                self.w.line(f"for (int y = 1; y < {team}; ++y) acc{j} = {fold};")
             return
         for j in reds:
             self.w.line(f"for (int s = 16; s > 0; s >>= 1) acc{j} = {self.folds[j]}(acc{j}, tw_shfl_xor(acc{j}, s));")
@@ -385,8 +365,7 @@ class _Nest:
         g = plan.split
         self.w.line("const int tw_x = threadIdx.x & 31, tw_y = threadIdx.x >> 5;")
         group = f"tw_block / {g}u" if g > 1 else "tw_block"
-        first = "(group * 32 + tw_x)" + (f" * {plan.vector}" if plan.vector > 1 else "")  # the lane's first row
-        self.w.line(f"const {idx} group = ({idx})({group}), row = {first};")
+        self.w.line(f"const {idx} group = ({idx})({group}), row = group * 32 + tw_x;")
         self.w.line(f"const bool tw_valid = row < ({idx}){rows};")
         self.begin_row("row")
         lo, hi = "0", f"({idx}){row_len}"
@@ -395,7 +374,6 @@ class _Nest:
                         f"hi = lo + {plan.chunk} < {row_len} ? lo + {plan.chunk} : ({idx}){row_len};")
             lo, hi = "lo", "hi"
         for p in range(nest.phases):
-            self.w.line("#pragma unroll 4")  # several rows' loads in flight per thread
             self.w.open(f"for ({idx} j = {lo} + tw_y; tw_valid && j < {hi}; j += {plan.team})")
             self.decompose("j", nest.reduce)
             self.element_body(p, f"_p{p}")
@@ -421,8 +399,7 @@ class _Nest:
         self.shared("bool", "tw_last", 1, 1)
         self.w.open(f"if ({owners})")
         for j in range(len(nest.reductions)):
-            for v, acc in enumerate(self.accs(j)):  # lane v's row is row + v: its parts lie g further on
-                self.w.line(f"tw_part{j}[{v * g} + {part}] = {acc};")
+            self.w.line(f"tw_part{j}[{part}] = acc{j};")
         self.w.line("__threadfence();")
         self.w.close()
         self.w.line("__syncthreads();")
@@ -431,10 +408,8 @@ class _Nest:
         self.w.open(f"if (*tw_last && {owners})")
         self.w.line("__threadfence();")
         for j, r in enumerate(nest.reductions):
-            for v, acc in enumerate(self.accs(j)):
-                self.w.line(f"{acc} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
-                self.w.line(f"for (int p = 0; p < {g}; ++p) {acc} = {self.folds[j]}({acc}, "
-                            f"__ldcg(tw_part{j} + {v * g} + p));")
+            self.w.line(f"acc{j} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
+            self.w.line(f"for (int p = 0; p < {g}; ++p) acc{j} = {self.folds[j]}(acc{j}, __ldcg(tw_part{j} + p));")
         self.w.close()
         self.w.line("if (*tw_last && threadIdx.x == 0) *tw_count = 0u;")
 
