@@ -381,8 +381,11 @@ class _Partition:
                 if self.find(self.group_of[base]) == gid:  # the group makes it already
                     continue
                 made = self._recomputable(base, gid, depth + 1)
-                loadable = gid not in self.reach(base)  # else loading it would make the group depend on itself
-                if made is not None and (made[1] <= base.type.dtype.itemsize or not loadable):
+                cheap = made is not None and made[1] <= base.type.dtype.itemsize
+                # a load must not make the group depend on itself (a group of the one node being placed cannot:
+                # whatever it reads comes before it)
+                loadable = cheap or len(self.groups[gid].members) == 1 or gid not in self.reach(base)
+                if made is not None and (cheap or not loadable):
                     chain += [m for m in made[0] if m not in chain]
                     width += made[1]
                     continue
