@@ -218,6 +218,22 @@ def test_write_through_a_view_of_an_argument():
     close(out, ref)
 
 
+def test_a_returned_argument_is_the_callers_tensor():
+    """``out.copy_(x)`` returns ``out`` itself, as eager does: one copy into it, not a second one into a new
+    output tensor; an argument returned untouched is the caller's tensor too."""
+    copy = tw.compile(lambda x, out: out.copy_(x))
+    for _ in range(2):
+        x, out = tw.randn(4, 5), tw.zeros(4, 5)
+        assert copy(x, out) is out
+        close(out, x)
+    plan = copy.programs()[0].plan
+    assert len(plan.copies) == 1 and plan.outputs == []
+    scaled = tw.compile(lambda x, y: (x.mul_(2), y, y + 1))
+    x, y = tw.ones(3), tw.ones(3)
+    a, b, c = scaled(x, y)
+    assert a is x and b is y and x.tolist() == [2.0, 2.0, 2.0] and c.tolist() == [2.0, 2.0, 2.0]
+
+
 # ---------------------------------------------------------------------------- guards
 
 def test_guard_miss_recompiles_and_says_why(capsys):

@@ -174,7 +174,8 @@ class Traced:
     grad_presence: list[tuple[Source, bool]]
     grad_effects: list[GradEffect]
     output_spec: object  # pytree spec of the function's result
-    output_leaves: list[tuple]  # per leaf: ("out", graph output index) or ("const", the value itself)
+    output_leaves: list[tuple]  # per leaf: ("out", graph output index), ("arg", the flat argument returned
+    # as it is: a tensor argument the function returns, updated in place or not) or ("const", the value itself)
     output_requires_grad: list[bool]
     backward: BackwardSpec | None = None
     state_effects: list[StateEffect] = field(default_factory=list)
@@ -462,8 +463,11 @@ class Capture:
         leaves, spec = flatten(result)
         outputs: list[Node] = []
         out_leaves, traced = [], []
+        arguments = {id(t): k for k, t in self.arg_traces.items()}
         for leaf in leaves:
-            if type(leaf) is Tensor and leaf._trace is not None:
+            if type(leaf) is Tensor and id(leaf) in arguments and not leaf._requires_grad:
+                out_leaves.append(("arg", arguments[id(leaf)]))  # the caller's own tensor (``out.copy_(x)``)
+            elif type(leaf) is Tensor and leaf._trace is not None:
                 out_leaves.append(("out", len(outputs)))
                 outputs.append(self.value_of(leaf))
                 traced.append(leaf)

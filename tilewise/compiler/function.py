@@ -216,7 +216,7 @@ class Variant:
             outputs = CompiledCall.apply(self, flat, *inputs)
         else:
             outputs, _ = self.run_forward(flat)
-        values = [outputs[k] if kind == "out" else k for kind, k in traced.output_leaves]
+        values = [outputs[k] if kind == "out" else flat[k] if kind == "arg" else k for kind, k in traced.output_leaves]
         return unflatten(traced.output_spec, values)
 
     def run_forward(self, flat: list) -> tuple[list[Tensor], tuple]:
