@@ -14,8 +14,9 @@ inputs, two random draws) carry a distinguishing ``tag``.
 A ``Graph`` is a straight-line SSA program: its inputs (one per captured storage), a body in
 definition order, the values it returns, and write-backs (``writes``: an input whose memory must hold a
 new value once the program has run — how in-place updates of parameters and optimizer state survive
-functionalization). ``verify`` checks the invariants after every pass; ``format_graph`` prints the text
-form, e.g. ``%3 = add(%2, 1.0) : f32[4096,4096] cpu``.
+functionalization). ``verify`` checks the invariants; the pipeline runs it after every pass under
+``TILEWISE_VERIFY=1`` (``checked``; the test suite sets it). ``format_graph`` prints the text form, e.g.
+``%3 = add(%2, 1.0) : f32[4096,4096] cpu``.
 """
 
 from __future__ import annotations

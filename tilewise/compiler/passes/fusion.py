@@ -378,7 +378,7 @@ class _Partition:
         for src in node.srcs:
             base = view_chain(src)[0]
             if base in self.group_of and fusion_kind(base) != "constant":
-                if self.find(self.group_of[base]) == gid:  # the group makes it already
+                if base in self.groups[gid].dims:  # the group makes it already (owns or recomputes it)
                     continue
                 made = self._recomputable(base, gid, depth + 1)
                 cheap = made is not None and made[1] <= base.type.dtype.itemsize
