@@ -227,6 +227,74 @@ def test_a_long_row_is_split_even_when_its_elements_are_stored_too():
     assert [p.split > 1 for p in plans] == [True]
 
 
+def _guarded_softmax(x):
+    """A softmax that subtracts 0 from a row that is all -inf (attention's masked rows)."""
+    m = x.amax(-1, keepdim=True)
+    e = (x - tw.where(m == float("-inf"), 0.0, m)).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def test_a_long_row_softmax_sums_its_exponentials_in_the_pass_that_finds_the_max():
+    """Rows too long for registers: the softmax reads its row twice (max with the rescaled sum, then the
+    normalisation), not three times; with the knob off it takes the three passes. NVRTC compiles both."""
+    from tilewise.compiler.schedule import Knobs, schedule
+    from tilewise.compiler.toolchain import compile_cached
+
+    low, (plan,) = cuda_plans(lambda x: x.float().softmax(-1).bfloat16(), tw.randn(64, 100000).bfloat16())
+    (sched,) = low.schedules
+    assert plan.online and not plan.in_registers and sched.nests[0].nest.phases == 2
+    assert "online softmax" in sched.describe()
+    plain = schedule(sched.kernel, "cuda", Knobs(online=False))
+    assert not plain.nests[0].cuda.online and plain.nests[0].nest.phases == 3
+    compile_cached(low.source, sched.kernel.name, "sm_90")
+    _, (guarded,) = cuda_plans(_guarded_softmax, tw.randn(64, 100000))
+    assert guarded.online
+    _, (kept,) = cuda_plans(lambda x: x.softmax(-1), tw.randn(64, 4096))
+    assert kept.in_registers and not kept.online  # one pass over memory already: rescaling would only add work
+
+
+def test_a_few_long_rows_of_logsumexp_fold_max_and_sum_in_one_split_pass():
+    """max and the sum of exp(x - max) in one phase: a few long rows are then split across blocks, whose
+    partial (max, sum) pairs the row's last block combines."""
+    from tilewise.compiler.toolchain import compile_cached
+
+    low, (plan,) = cuda_plans(lambda x: (x - x.amax(1, keepdim=True)).exp().sum(1).log(), tw.randn(8, 200000))
+    assert plan.online and plan.split > 1 and low.schedules[0].nests[0].nest.phases == 1
+    compile_cached(low.source, low.schedules[0].kernel.name, "sm_90")
+
+
+@pytest.mark.cuda
+def test_online_softmax_and_cross_entropy_over_long_rows_on_cuda():
+    """Rows with leading -inf (a thread's first elements all masked), a row all -inf, many long bf16 rows with
+    a loss and its gradient, and a few split rows: as eager computes them in two passes."""
+    x = tw.randn(16, 70000, device="cuda") * 4
+    x[3, :40000] = float("-inf")
+    x[5] = float("-inf")
+    f = tw.compile(lambda x: (x.softmax(-1), x.log_softmax(-1), _guarded_softmax(x)))
+    for got, want in zip(f(x), (x.softmax(-1), x.log_softmax(-1), _guarded_softmax(x))):
+        _close(got[:5], want[:5], 1e-5, 1e-7)
+        _close(got[6:], want[6:], 1e-5, 1e-7)
+        assert bool(got[5].isnan().all().item()) == bool(want[5].isnan().all().item())
+
+    logits = (tw.randn(1100, 9000, device="cuda") * 3).bfloat16().requires_grad_()
+    target = tw.randint(0, 9000, (1100,), device="cuda")
+
+    def loss_and_grad(x, t):
+        loss = F.cross_entropy(x.float(), t)
+        loss.backward()
+        return loss.detach()
+
+    want = loss_and_grad(logits, target)
+    want_grad, logits.grad = logits.grad, None
+    got = tw.compile(loss_and_grad)(logits, target)
+    _close(got, want, 1e-5, 1e-6)
+    _close(logits.grad, want_grad, 1e-2, 1e-6)
+
+    few = tw.randn(8, 200000, device="cuda") * 4
+    lse = tw.compile(lambda x: (x - x.amax(1, keepdim=True)).exp().sum(1).log())
+    _close(lse(few), (few - few.amax(1, keepdim=True)).exp().sum(1).log(), 1e-5, 1e-6)
+
+
 @pytest.mark.cuda
 def test_split_sum_with_element_stores_on_cuda():
     f = tw.compile(lambda g: ((g * 2).exp(), (g * g).sum().sqrt()))

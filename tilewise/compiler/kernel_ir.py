@@ -66,6 +66,9 @@ class Reduce:
     value: Expr
     dtype: DType  # the accumulator's dtype
     phase: int
+    # a sum of ``exp(a - accM)`` folded in the pass that finds the maximum ``accM`` (``online_softmax`` in
+    # ``schedule``): the value reads accM's running value, and the sum is rescaled whenever accM grows
+    rescale: int | None = None
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,8 @@ def format_kernel(kernel: Kernel) -> str:
         for j, load in enumerate(nest.loads):
             lines.append(f"    x{j} = {kernel.params[load.param].name}[{load.index.text()}]")
         for j, red in enumerate(nest.reductions):
-            lines.append(f"    phase {red.phase}: acc{j} = {red.combiner}(acc{j}, {render_text(red.value)})")
+            online = f", rescaled as acc{red.rescale} grows" if red.rescale is not None else ""
+            lines.append(f"    phase {red.phase}: acc{j} = {red.combiner}(acc{j}, {render_text(red.value)}){online}")
         for st in nest.stores:
             when = f"phase {st.phase}" if st.phase is not None else "per row"
             lines.append(f"    {when}: {kernel.params[st.param].name}[{st.index.text()}] = {render_text(st.value)}")

@@ -28,7 +28,9 @@ picks a strategy and records why, so ``TILEWISE_LOG=kernels`` shows the choice n
     block, for short rows; the whole block for long ones), combines partials with warp shuffles and one
     shared-memory step, and every member holds the result for the next phase. When a row needs several
     phases (softmax, layer_norm) and each thread's share is small, the row's loaded values stay in
-    registers from the first phase to the last: one pass over memory (``in_registers``);
+    registers from the first phase to the last: one pass over memory (``in_registers``). Rows too long
+    for that sum ``exp(x - max)`` in the pass that finds the max, rescaling as it grows (``online_softmax``):
+    a cross entropy over a 50k vocabulary reads its logits twice, not three times;
   - ``columns``: when the accesses are contiguous along the kept dims rather than the reduced ones (a sum
     over the leading dim), 32 adjacent rows per block, one per lane, with the reduction spread over the
     block's warps and combined through shared memory. Too few groups of 32 to fill the GPU (a bias
@@ -54,7 +56,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from tilewise import _strides as S
 from tilewise.compiler.kernel_ir import Index, Kernel, Nest, Reduce, Store
-from tilewise.dtypes import DType
+from tilewise.dtypes import DType, bool_
 from tilewise.ops.expr import Expr, substitute, toposort
 
 PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a nest runs on one thread
@@ -166,6 +168,91 @@ def cached_reads(expr: Expr, cached: list[Cached], phase: int | None) -> Expr:
     return substitute(expr, mapping)
 
 
+def _uncast(expr: Expr) -> Expr:
+    while expr.op == "cast" and expr.arg.is_floating_point:
+        expr = expr.srcs[0]
+    return expr
+
+
+def _accumulators(expr: Expr) -> set[int]:
+    return {int(n.arg[3:]) for n in toposort(expr) if n.op == "scalar" and n.arg.startswith("acc")}
+
+
+def _guarded_max(expr: Expr) -> Expr:
+    """``accM`` for ``where(accM == -inf, 0, accM)`` (a softmax's guard for rows that are all -inf), else
+    ``expr``. Folded online, the running maximum is read that way anyway (``fused_cuda``)."""
+    if expr.op != "where":
+        return expr
+    cond, zero, acc = (_uncast(e) for e in expr.srcs)
+    while cond.op == "cast" and cond.arg is bool_:
+        cond = cond.srcs[0]
+    if cond.op != "eq" or zero.op != "const" or zero.arg != 0 or acc.op != "scalar":
+        return expr
+    sides = [_uncast(e) for e in cond.srcs]
+    if acc in sides and any(e.op == "const" and e.arg == float("-inf") for e in sides):
+        return acc
+    return expr
+
+
+def _online_max(nest: Nest, j: int) -> int | None:
+    """The max accumulator ``m`` when reduction ``j`` sums ``exp(a - accM)`` with ``a`` the value ``m`` is the
+    maximum of (float casts aside) and reads no other accumulator of ``m``'s phase; else None."""
+    r = nest.reductions[j]
+    if r.combiner != "add" or not r.dtype.is_floating_point or r.rescale is not None:
+        return None
+    value = _uncast(r.value)
+    if value.op != "exp":
+        return None
+    diff = _uncast(value.srcs[0])
+    if diff.op != "sub":
+        return None
+    a, acc = (_uncast(e) for e in diff.srcs)
+    acc = _guarded_max(acc)
+    if acc.op != "scalar" or not acc.arg.startswith("acc"):
+        return None
+    m = int(acc.arg[3:])
+    mx = nest.reductions[m]
+    if (mx.combiner != "max" or mx.dtype != r.dtype or mx.phase != r.phase - 1 or _uncast(mx.value) is not a
+            or any(nest.reductions[k].phase == mx.phase and k != m for k in _accumulators(r.value))):
+        return None
+    return m
+
+
+def online_softmax(nest: Nest) -> Nest:
+    """Fold each sum of ``exp(a - max)`` in the pass that finds the max, where a whole phase is such sums.
+
+    [Note: online softmax] A softmax or cross entropy over a long row reads it once for the maximum, once
+    for the sum of ``exp(x - max)`` and once more to normalise. The sum can be taken in the first pass
+    against the maximum seen so far: when the maximum grows from ``m`` to ``m'``, the sum so far is
+    multiplied by ``exp(m - m')`` (a thread takes its vector's maximum first, so that is one more ``exp``
+    per vector, not per element), and partial (max, sum) pairs of threads and blocks combine the same way.
+    The terms are ``exp(x - m)`` with ``m`` at least ``x``, never more than 1, as in the two-pass form.
+    While every element seen is -inf the running maximum is read as 0, so masked elements add
+    ``exp(-inf) = 0`` rather than ``exp(-inf + inf) = NaN`` (a softmax's own guard,
+    ``where(max == -inf, 0, max)``, reads it the same way and is matched too). One pass over memory less;
+    used on CUDA for rows that are not kept in registers between phases."""
+    merged = True
+    while merged:
+        merged = False
+        for q in range(1, nest.phases):
+            reds = [j for j, r in enumerate(nest.reductions) if r.phase == q]
+            maxes = [_online_max(nest, j) for j in reds]
+            if not reds or None in maxes or any(st.phase == q for st in nest.stores):
+                continue
+            rescale = dict(zip(reds, maxes))
+
+            def earlier(phase: int | None, q=q) -> int | None:
+                return phase - 1 if phase is not None and phase >= q else phase
+
+            reductions = [Reduce(r.combiner, r.value, r.dtype, earlier(r.phase), rescale.get(j, r.rescale))
+                          for j, r in enumerate(nest.reductions)]
+            stores = [Store(st.param, st.index, st.value, st.dtype, earlier(st.phase)) for st in nest.stores]
+            nest = Nest(nest.shape, nest.reduce, nest.loads, reductions, stores)
+            merged = True
+            break
+    return nest
+
+
 def _is_expensive(expr: Expr) -> bool:
     return any(n.op in EXPENSIVE for n in toposort(expr))
 
@@ -179,6 +266,7 @@ class Knobs:
     team: str = ""  # CUDA rows: "warp" (several rows per block) or "block" (one row per block)
     split: bool = True  # a few long rows may be split (CUDA: across blocks; C: across threads)
     columns: bool = True  # CUDA: the columns strategy where the accesses favour it
+    online: bool = True  # CUDA rows: sums of exp(x - max) folded in the max's pass (``online_softmax``)
     threads: str = ""  # C: "serial" or "parallel", whatever the size
     chunks: int = 0  # C: chunks of a split reduction
     simd: bool = True  # C: innermost loops vectorised
@@ -225,6 +313,7 @@ class CudaPlan:
     split: int = 1  # rows: blocks sharing one row, each folding a chunk (see ``split_rows``)
     chunk: int = 0  # elements of a row per block when split
     scratch: int = 0  # byte offset of this nest's partial results and counters in the kernel's scratch
+    online: bool = False  # rows: some sum is rescaled as its max grows (``online_softmax``)
 
 
 @dataclass
@@ -446,11 +535,27 @@ def _cuda_plan(nest: Nest, strategy: str, vector: int, dim: int | None, team: in
     per_block = block // team
     steps = -(-row // (team * vector))
     in_registers = nest.phases > 1 and steps * vector <= REGISTER_ELEMENTS
-    return CudaPlan(strategy, vector, dim, team, per_block, -(-rows // per_block), steps, in_registers, index)
+    online = any(r.rescale is not None for r in nest.reductions)
+    return CudaPlan(strategy, vector, dim, team, per_block, -(-rows // per_block), steps, in_registers, index,
+                    online=online)
+
+
+def _online_unless_in_registers(nest: Nest, knobs: Knobs) -> Nest:
+    """``online_softmax(nest)`` for a nest of rows too long to keep in registers between phases (in registers,
+    a later phase costs no memory traffic and the rescaling would only add work)."""
+    online = online_softmax(nest)
+    if online is nest:
+        return nest
+    strategy, vector, dim, team = _cuda_strategy(nest, knobs)
+    if strategy != "rows" or _cuda_plan(nest, strategy, vector, dim, team, max(MIN_ROW_BLOCK, team)).in_registers:
+        return nest
+    return online
 
 
 def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
     nests = [coalesce(n) for n in kernel.nests]
+    if knobs.online:
+        nests = [_online_unless_in_registers(n, knobs) for n in nests]
     strategies = [_cuda_strategy(n, knobs) for n in nests]
     block = knobs.block or max(max(MIN_ROW_BLOCK, t) if s == "rows" else t for s, _, _, t in strategies)
     out = []
@@ -469,6 +574,8 @@ def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
                          f"{plan.steps} trip(s) each")
             if plan.in_registers:
                 notes.append("row kept in registers across phases")
+            if plan.online:
+                notes.append("sums of exp(x - max) folded in the max's pass (online softmax)")
             if plan.split > 1:
                 what = "each group of 32 columns" if strategy == "columns" else "each row"
                 notes.append(f"{what} split over {plan.split} blocks of {plan.chunk} elements")
@@ -515,6 +622,8 @@ def _cuda_variants(heuristic: KernelSchedule) -> list[Knobs]:
         variants.append(Knobs(split=False))
     if any(p.strategy == "columns" for p in plans):
         variants.append(Knobs(columns=False))
+    if any(p.online for p in plans):
+        variants.append(Knobs(online=False))
     return variants
 
 

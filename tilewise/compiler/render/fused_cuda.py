@@ -24,7 +24,7 @@ from tilewise.compiler.render.cuda import CUDA, identity
 from tilewise.compiler.render.fused import LoopStyle, fold_helper
 from tilewise.compiler.schedule import KernelSchedule, NestSchedule
 from tilewise.dtypes import DType
-from tilewise.ops.expr import Expr, toposort
+from tilewise.ops.expr import Expr, toposort, where
 
 _FOLDS = LoopStyle(parallel="", parallel_simd="", simd="", reduction="", declare_reduction="",
                    builtin_reductions={}, prelude="")
@@ -134,8 +134,10 @@ class _Nest:
             names.append(f"{name}_{v}")
         return names
 
-    def lanes(self, exprs: list[Expr], leaves: dict, suffix: str, cached: dict | None = None) -> list[list]:
-        """Render ``exprs`` for every lane (loads first); per lane, the (code, type) of each expression."""
+    def lanes(self, exprs: list[Expr], leaves: dict, suffix: str, cached: dict | None = None,
+              loaded: dict | None = None) -> list[list]:
+        """Render ``exprs`` for every lane (loads first); per lane, the (code, type) of each expression.
+        ``cached``: lane names of loads already made; ``loaded`` receives the lane names of each load."""
         lanes = self.plan.vector
         used = sorted({n.arg for e in exprs for n in toposort(e) if n.op == "input"})
         per_lane = [dict(leaves) for _ in range(lanes)]
@@ -145,6 +147,8 @@ class _Nest:
                 names = cached[j]
             else:
                 names = self.load_lanes(j, load, suffix, lanes)
+            if loaded is not None:
+                loaded[j] = names
             for v in range(lanes):
                 per_lane[v][("input", j)] = (names[v], compute_of(load.dtype))
         results = []
@@ -212,16 +216,76 @@ class _Nest:
             self.w.line(f"{CUDA.ctype(r.dtype)} acc{j} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
 
     def element_body(self, p: int, suffix: str, cached: dict | None = None) -> None:
-        """Fold phase ``p``'s reductions and write its stores at the current element's lanes."""
+        """Fold phase ``p``'s reductions and write its stores at the current element's lanes. Sums rescaled
+        by a maximum of this phase (``online_softmax``) come after the maximum has taken every lane: one
+        rescaling per vector, then each lane's term against the new maximum."""
         nest = self.nest
-        reds = [j for j, r in enumerate(nest.reductions) if r.phase == p]
+        reds = [j for j, r in enumerate(nest.reductions) if r.phase == p and r.rescale is None]
+        online = [j for j, r in enumerate(nest.reductions) if r.phase == p and r.rescale is not None]
         stores = [s for s in nest.stores if s.phase == p]
+        loaded = dict(cached or {})
         results = self.lanes([nest.reductions[j].value for j in reds] + [s.value for s in stores],
-                             self.acc_leaves(p), suffix, cached)
+                             self.acc_leaves(p), suffix, loaded, loaded)
+        maxes = sorted({nest.reductions[j].rescale for j in online})
+        for m in maxes:
+            self.w.line(f"const {CUDA.ctype(nest.reductions[m].dtype)} tw_was{m} = acc{m};")
         for v in range(self.plan.vector):
             for pos, j in enumerate(reds):
                 self.w.line(f"acc{j} = {self.folds[j]}(acc{j}, {results[v][pos][0]});")
         self.store_lanes(stores, results, len(reds))
+        if not online:
+            return
+        for j in online:
+            m = nest.reductions[j].rescale
+            self.w.line(f"acc{j} *= {self.rescale(j)}(tw_was{m}, acc{m});")
+        for m in maxes:  # while every element so far is -inf, terms are exp(-inf - 0) = 0, not exp(-inf + inf)
+            t = nest.reductions[m].dtype
+            self.w.line(f"const {CUDA.ctype(t)} tw_max{m} = acc{m} == {literal(float('-inf'), t, CUDA)} ? "
+                        f"{literal(0, t, CUDA)} : acc{m};")
+        leaves = self.acc_leaves(p)
+        leaves.update({("scalar", f"acc{m}"): (f"tw_max{m}", nest.reductions[m].dtype) for m in maxes})
+        terms = self.lanes([nest.reductions[j].value for j in online], leaves, suffix + "o", loaded)
+        for v in range(self.plan.vector):
+            for pos, j in enumerate(online):
+                self.w.line(f"acc{j} = {self.folds[j]}(acc{j}, {terms[v][pos][0]});")
+
+    def rescale(self, j: int) -> str:
+        """The helper ``(was, now) -> exp(was - now)`` (1 where equal, so two empty maxima give 1, not NaN) in
+        the dtype of sum ``j``."""
+        dtype = self.nest.reductions[j].dtype
+        name = f"tw_rescale_{dtype.name}"
+        if name not in self.source.helpers:
+            was, now = Expr("scalar", (), "was"), Expr("scalar", (), "now")
+            leaves = {("scalar", "was"): ("was", dtype), ("scalar", "now"): ("now", dtype)}
+            renderer = ExprRenderer(self.source, leaves)
+            code, _ = renderer.render(where(was.eq(now), 1.0, (was - now).exp()))
+            c = CUDA.ctype(dtype)
+            body = "".join(f" {line}" for line in renderer.lines)
+            self.source.helpers[name] = (f"static __device__ __forceinline__ {c} {name}({c} was, {c} now) {{{body} "
+                                         f"return ({c})({code}); }}")
+        return name
+
+    def fold_pairs(self, reds: list[int], other) -> None:
+        """Fold another partial result into this thread's for reductions ``reds`` of one phase: each maximum
+        with the sums rescaled by it as a pair, every other reduction with its combiner. ``other(j)`` is the
+        code of the other partial of reduction ``j``."""
+        nest = self.nest
+        online = {j: nest.reductions[j].rescale for j in reds if nest.reductions[j].rescale is not None}
+        for j in reds:
+            if j in online:
+                continue
+            sums = [k for k, m in online.items() if m == j]
+            if not sums:
+                self.w.line(f"acc{j} = {self.folds[j]}(acc{j}, {other(j)});")
+                continue
+            c = CUDA.ctype(nest.reductions[j].dtype)
+            self.w.open("")
+            self.w.line(f"const {c} tw_o = {other(j)}, tw_n = {self.folds[j]}(acc{j}, tw_o);")
+            for k in sums:
+                self.w.line(f"acc{k} = {self.folds[k]}(acc{k} * {self.rescale(k)}(acc{j}, tw_n), "
+                            f"{other(k)} * {self.rescale(k)}(tw_o, tw_n));")
+            self.w.line(f"acc{j} = tw_n;")
+            self.w.close()
 
     def row_stores(self, who: str) -> None:
         stores = [s for s in self.nest.stores if s.phase is None]
@@ -344,8 +408,9 @@ class _Nest:
                 fold = f"{self.folds[j]}(acc{j}, tw_c{j}[y * 33 + tw_x])"
                 self.w.line(f"for (int y = 1; y < {team}; ++y) acc{j} = {fold};")
             return
-        for j in reds:
-            self.w.line(f"for (int s = 16; s > 0; s >>= 1) acc{j} = {self.folds[j]}(acc{j}, tw_shfl_xor(acc{j}, s));")
+        self.w.open("for (int s = 16; s > 0; s >>= 1)")
+        self.fold_pairs(reds, lambda j: f"tw_shfl_xor(acc{j}, s)")
+        self.w.close()
         if team <= 32:
             return
         warps = team // 32
@@ -356,7 +421,9 @@ class _Nest:
         self.w.line("__syncthreads();")
         for j in reds:
             self.w.line(f"acc{j} = tw_w{j}[0];")
-            self.w.line(f"for (int w = 1; w < {warps}; ++w) acc{j} = {self.folds[j]}(acc{j}, tw_w{j}[w]);")
+        self.w.open(f"for (int w = 1; w < {warps}; ++w)")
+        self.fold_pairs(reds, lambda j: f"tw_w{j}[w]")
+        self.w.close()
 
     def columns(self) -> None:
         nest, plan, idx = self.nest, self.plan, self.idx
@@ -409,7 +476,9 @@ class _Nest:
         self.w.line("__threadfence();")
         for j, r in enumerate(nest.reductions):
             self.w.line(f"acc{j} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
-            self.w.line(f"for (int p = 0; p < {g}; ++p) acc{j} = {self.folds[j]}(acc{j}, __ldcg(tw_part{j} + p));")
+        self.w.open(f"for (int p = 0; p < {g}; ++p)")
+        self.fold_pairs(list(range(len(nest.reductions))), lambda j: f"__ldcg(tw_part{j} + p)")
+        self.w.close()
         self.w.close()
         self.w.line("if (*tw_last && threadIdx.x == 0) *tw_count = 0u;")
 
