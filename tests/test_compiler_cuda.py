@@ -263,6 +263,28 @@ def test_a_few_long_rows_of_logsumexp_fold_max_and_sum_in_one_split_pass():
     compile_cached(low.source, low.schedules[0].kernel.name, "sm_90")
 
 
+def test_a_one_hot_compare_reads_positions_not_a_buffer_of_them():
+    """cross_entropy's gradient selects the target's column by comparing positions with it: an integer arange
+    read by a kernel is its index (no buffer, no launch to fill one), so the bf16 logits keep 16-byte
+    vectors (an int32 buffer beside them would allow 4 lanes, not 8)."""
+    x = tw.randn(64, 1000).bfloat16().requires_grad_()
+    target = tw.randint(0, 1000, (64,))
+
+    def loss_and_grad(x, t):
+        loss = F.cross_entropy(x.float(), t)
+        loss.backward()
+        return loss.detach()
+
+    graph = run_pipeline(trace(loss_and_grad, (x, target), {}).graph)
+    low = lower_program(graph, "cuda")
+    loads = [ld for k in low.kernels.values() for nest in k.nests for ld in nest.loads]
+    assert any(ld.iota == (0, 1) for ld in loads)
+    assert not any(v.op == "arange" for k in low.kernels.values() for v in k.values)
+    rows = [ns.cuda for s in low.schedules for ns in s.nests if ns.cuda.strategy == "rows"]
+    assert max(p.vector for p in rows) == 8
+    assert "(arange, int32)" in "\n".join(str(k) for k in low.kernels.values())
+
+
 @pytest.mark.cuda
 def test_online_softmax_and_cross_entropy_over_long_rows_on_cuda():
     """Rows with leading -inf (a thread's first elements all masked), a row all -inf, many long bf16 rows with
@@ -450,7 +472,7 @@ def _gpt_step(device: str):
 
 
 def test_every_library_call_of_a_gpt_training_step_can_write_into_its_planned_buffer():
-    """Embedding lookup and its backward, cross_entropy's gather (its scatter becomes a select over an arange),
+    """Embedding lookup and its backward, cross_entropy's gather (its scatter becomes a select over positions),
     the q/k/v split's backward (a cat) and clip_grad_norm_'s cat are library calls in the compiled step: each
     has a kernel into a given output, so a CUDA graph can hold the whole step (GEMMs go to cuBLASLt, which
     writes into the buffer too)."""
@@ -464,7 +486,7 @@ def test_every_library_call_of_a_gpt_training_step_can_write_into_its_planned_bu
     calls = {n.opdef.full_name for p in compiled.programs() for n in p.graph.body
              if n.op not in ("fused", "getitem") and fusion_kind(n) == "extern"}
     library = {"mm", "bmm", "addmm", "_addmm_activation"}
-    assert {"index.Tensor", "index_put", "gather", "cat", "arange"} <= calls  # the step really has such calls
+    assert {"index.Tensor", "index_put", "gather", "cat"} <= calls  # the step really has such calls
     assert not calls - library - set(INTO)
 
 

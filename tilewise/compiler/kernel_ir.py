@@ -55,9 +55,18 @@ class Index:
 
 @dataclass(frozen=True)
 class Load:
-    param: int
+    param: int  # -1 for an ``iota``
     index: Index
     dtype: DType  # the buffer's storage dtype
+    # (start, step): no buffer is read, element k of the virtual buffer is ``start + step * k`` (an integer
+    # ``arange`` read by the nest: a one-hot compare reads positions, not a buffer of them)
+    iota: tuple[int, int] | None = None
+
+    def iota_code(self, where: str) -> str:
+        """C code of an iota's element at position ``where``."""
+        start, step = self.iota
+        scaled = f"({where})" if step == 1 else f"{step} * ({where})"
+        return scaled if start == 0 else f"{start} + {scaled}"
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,9 @@ def format_kernel(kernel: Kernel) -> str:
     for k, nest in enumerate(kernel.nests):
         lines.append(f"  nest {k} over {list(nest.shape)}, reducing dims {list(nest.reduce)}, {nest.phases} phase(s)")
         for j, load in enumerate(nest.loads):
+            if load.iota is not None:
+                lines.append(f"    x{j} = {load.iota_code(load.index.text())}  (arange, {load.dtype.name})")
+                continue
             lines.append(f"    x{j} = {kernel.params[load.param].name}[{load.index.text()}]")
         for j, red in enumerate(nest.reductions):
             online = f", rescaled as acc{red.rescale} grows" if red.rescale is not None else ""
@@ -216,7 +228,12 @@ class _NestBuilder:
                 raise LoweringError(f"a load of {format_type(value.type)} varies along a dim the nest does not have")
             terms.append((d, stride))
         buffer = buffer_of(value)
-        load = Load(self.kernel.param(buffer, read=True), Index(offset, tuple(sorted(terms))), buffer.type.dtype)
+        index = Index(offset, tuple(sorted(terms)))
+        if buffer.op == "arange":
+            start, _, step = buffer.args[:3]
+            load = Load(-1, index, buffer.type.dtype, (int(start), int(step)))
+        else:
+            load = Load(self.kernel.param(buffer, read=True), index, buffer.type.dtype)
         if load not in self.nest.loads:
             self.nest.loads.append(load)
         return Expr("input", (), self.nest.loads.index(load))
@@ -226,7 +243,7 @@ class _NestBuilder:
         base = view_chain(src)[0]
         if base in self.values and self.group.edge_dims(src) is not None:
             return self.values[base]
-        if fusion_kind(base) == "constant":
+        if fusion_kind(base) == "constant" and base.op == "full":
             return cast(Expr("const", (), base.args[1]), base.type.dtype)
         return self.load(src, self._src_dims(member, src))
 
@@ -246,6 +263,8 @@ class _NestBuilder:
             self.values[member] = cast(self.operand(member, member.srcs[0]), member.type.dtype)
         elif member.op == "full":
             self.values[member] = cast(Expr("const", (), member.args[1]), member.type.dtype)
+        elif member.op == "arange":  # an arange stored for a reader outside the kernel
+            self.values[member] = self.load(member, self.group.dims[member])
         else:
             self.values[member] = self._pointwise(member)
 

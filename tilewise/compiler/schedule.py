@@ -102,7 +102,7 @@ def coalesce(nest: Nest) -> Nest:
 
     shape = tuple(S.numel([nest.shape[d] for d in g]) for g in groups)
     reduce = tuple(k for k, g in enumerate(groups) if g[0] in nest.reduce)
-    out = Nest(shape, reduce, [type(ld)(ld.param, reindex(ld.index), ld.dtype) for ld in nest.loads],
+    out = Nest(shape, reduce, [replace(ld, index=reindex(ld.index)) for ld in nest.loads],
                list(nest.reductions),
                [Store(st.param, reindex(st.index), st.value, st.dtype, st.phase) for st in nest.stores])
     return out
@@ -402,7 +402,8 @@ def _pow2_at_least(n: int) -> int:
 
 
 def _accesses(nest: Nest) -> list[tuple[Index, DType]]:
-    return [(ld.index, ld.dtype) for ld in nest.loads] + [(st.index, st.dtype) for st in nest.stores]
+    """The memory accesses (an iota reads none)."""
+    return [(ld.index, ld.dtype) for ld in nest.loads if ld.iota is None] + [(st.index, st.dtype) for st in nest.stores]
 
 
 def vector_width(nest: Nest, dim: int | None) -> int:

@@ -43,9 +43,11 @@ PERMUTES = ("permute", "transpose", "t")
 
 
 def fusion_kind(node: Node) -> str:
-    """"elementwise", "reduction", "view", "constant" (a ``full``: inlined where read) or "extern"."""
+    """"elementwise", "reduction", "view", "constant" (a ``full`` or an integer ``arange``: a literal or the
+    position itself where read, see ``kernel_ir``) or "extern"."""
     kind = node.kind
-    if node.op == "full":
+    if node.op == "full" or (node.op == "arange" and not node.type.dtype.is_floating_point
+                             and all(isinstance(a, int) for a in node.args[:3])):
         return "constant"
     if kind == "pointwise" or node.op == "clone":
         return "elementwise"
@@ -68,7 +70,7 @@ def _reduces_something(node: Node) -> bool:
 
 
 def is_inlined_constant(src: Node, group: Group) -> bool:
-    """A ``full`` read by a group is a literal in its kernel, not a load."""
+    """A ``full`` read by a group is a literal in its kernel, an ``arange`` the position: neither is a buffer."""
     base = view_chain(src)[0]
     return fusion_kind(base) == "constant" and base not in group.dims
 
@@ -391,7 +393,7 @@ class _Partition:
                     continue
                 if not loadable:
                     return None
-            if src.type.numel == node.type.numel:
+            if src.type.numel == node.type.numel and fusion_kind(base) != "constant":  # constants are not read
                 width += src.type.dtype.itemsize
         return [*chain, node], width
 

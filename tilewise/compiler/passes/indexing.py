@@ -97,7 +97,7 @@ def scatter_as_select(node: Node, checked: set) -> Node | None:
         from tilewise import int32 as tw_int32
 
         along = [shape[dim] if k == dim else 1 for k in range(rank)]
-        narrow = tw_int32 if shape[dim] < 2**31 else i.dtype  # 4-byte positions: wider vector loads beside them
+        narrow = tw_int32 if shape[dim] < 2**31 else i.dtype  # positions are computed in kernels: 32-bit arithmetic
         hit = arange(shape[dim], dtype=narrow, device=b.device).view(along) == i
         s = src if number else s
         out = where(hit, b + s if op == "scatter_add" else s, b)

@@ -141,9 +141,12 @@ class _NestRenderer:
         leaves = dict(leaves)
         for k in used:
             load = self.nest.loads[k]
-            param = self.kernel.params[load.param].name
             ctype = self.lang.ctype(compute_of(load.dtype))
-            code = load_code(self.lang, load.dtype, f"{param}[{index_code(load.index)}]")
+            where = index_code(load.index)
+            if load.iota is not None:
+                code = load.iota_code(where)
+            else:
+                code = load_code(self.lang, load.dtype, f"{self.kernel.params[load.param].name}[{where}]")
             self.w.line(f"const {ctype} x{k}{suffix} = ({ctype})({code});")
             leaves[("input", k)] = (f"x{k}{suffix}", compute_of(load.dtype))
         renderer = ExprRenderer(self.source, leaves, suffix)

@@ -118,6 +118,13 @@ class _Nest:
         where = _index_code(load.index, self.idx)
         name = f"x{j}{suffix}"
         acc = self.access(load.index)
+        if load.iota is not None:  # positions, not memory
+            steps = [0] if acc.how == "shared" or lanes == 1 else [v * acc.stride for v in range(lanes)]
+            names = [f"{name}_{v}" for v in range(len(steps))]
+            for n, step in zip(names, steps):
+                at = where if not step else f"{where} + ({self.idx}){step}"
+                self.w.line(f"const {ctype} {n} = ({ctype})({load.iota_code(at)});")
+            return names * (lanes if len(steps) == 1 else 1)
         if acc.how == "shared" or lanes == 1:
             code = load_code(CUDA, load.dtype, f"{self.param(load.param)}[{where}]")
             self.w.line(f"const {ctype} {name} = ({ctype})({code});")
