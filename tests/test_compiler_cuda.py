@@ -285,6 +285,28 @@ def test_a_one_hot_compare_reads_positions_not_a_buffer_of_them():
     assert "(arange, int32)" in "\n".join(str(k) for k in low.kernels.values())
 
 
+def test_a_cross_entropy_gradient_over_long_rows_is_two_passes_with_the_row_constants_taken_once():
+    """The loss and its gradient over a 50k vocabulary: max with the rescaled sum, then the gradient. The
+    target's share of q is known (no third reduction summing the one-hot row); the per-row target, weight
+    and ``1 / sum`` are computed before the loop, not per element; the bf16 gradient is converted once."""
+    x = tw.empty(16, 50304, dtype=tw.bfloat16).requires_grad_()
+
+    def loss_and_grad(x, t):
+        loss = F.cross_entropy(x.float(), t)
+        loss.backward()
+        return loss.detach()
+
+    low = lower_program(run_pipeline(trace(loss_and_grad, (x, tw.zeros(16, dtype=tw.int64)), {}).graph), "cuda")
+    (sched,) = [s for s in low.schedules if s.nests[0].nest.shape[-1] == 50304]
+    nest = sched.nests[0].nest
+    assert sched.nests[0].cuda.online and nest.phases == 2 and len(nest.reductions) == 2
+    source = low.sources[sched.kernel.name]
+    body = source.split("__global__", 1)[1]
+    last_loop = body.rsplit("for (int j", 1)[1]
+    assert " / " not in last_loop and "h1_" in last_loop  # 1 / sum is taken once, before the loop
+    assert "__bfloat162float(__float2bfloat16_rn(" not in last_loop
+
+
 @pytest.mark.cuda
 def test_online_softmax_and_cross_entropy_over_long_rows_on_cuda():
     """Rows with leading -inf (a thread's first elements all masked), a row all -inf, many long bf16 rows with

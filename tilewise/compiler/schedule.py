@@ -253,6 +253,37 @@ def online_softmax(nest: Nest) -> Nest:
     return nest
 
 
+def reciprocal_of_softmax_sums(nest: Nest) -> Nest:
+    """Divide by a sum of ``exp(x - max)`` as a multiplication by its reciprocal, taken once per row.
+
+    [Note: dividing by a softmax sum] Normalising a softmax divides every element by the row's sum; a
+    correctly rounded division is about ten instructions and a branch per element, which leaves a long-row
+    softmax or cross entropy bound by instruction issue rather than memory. ``a * (1 / s)`` differs from
+    ``a / s`` by at most one rounding, and is safe exactly when ``1 / s`` neither overflows nor vanishes:
+    such a sum is at least 1 (the maximum's own term is ``exp(0)``) and at most the row length, or else 0,
+    inf or NaN, where both forms give the same inf or NaN. Only such sums are rewritten (``_online_max``
+    recognises them); the reciprocal is row-invariant, so the renderer computes it before the loop."""
+    sums = {j for j, r in enumerate(nest.reductions) if r.rescale is not None or _online_max(nest, j) is not None}
+    if not sums:
+        return nest
+    memo: dict[int, Expr] = {}
+
+    def go(node: Expr) -> Expr:
+        if id(node) in memo:
+            return memo[id(node)]
+        out = node if not node.srcs else Expr(node.op, tuple(go(x) for x in node.srcs), node.arg)
+        if out.op == "div":
+            b = _uncast(out.srcs[1])
+            if b.op == "scalar" and b.arg.startswith("acc") and int(b.arg[3:]) in sums:
+                out = Expr("mul", (out.srcs[0], Expr("div", (Expr("const", (), 1.0), out.srcs[1]))))
+        memo[id(node)] = out
+        return out
+
+    reductions = [replace(r, value=go(r.value)) for r in nest.reductions]
+    stores = [replace(st, value=go(st.value)) if st.phase is not None else st for st in nest.stores]
+    return Nest(nest.shape, nest.reduce, nest.loads, reductions, stores)
+
+
 def _is_expensive(expr: Expr) -> bool:
     return any(n.op in EXPENSIVE for n in toposort(expr))
 
@@ -557,6 +588,7 @@ def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
     nests = [coalesce(n) for n in kernel.nests]
     if knobs.online:
         nests = [_online_unless_in_registers(n, knobs) for n in nests]
+    nests = [reciprocal_of_softmax_sums(n) for n in nests]
     strategies = [_cuda_strategy(n, knobs) for n in nests]
     block = knobs.block or max(max(MIN_ROW_BLOCK, t) if s == "rows" else t for s, _, _, t in strategies)
     out = []

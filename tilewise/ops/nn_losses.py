@@ -202,22 +202,30 @@ def _cross_entropy_loss(input, target, weight, reduction, ignore_index, label_sm
 
 
 def _target_distribution(x, target, weight, ignore_index, label_smoothing):
-    """q with per-element loss = -sum_k q_k log softmax(x)_k, and the divisor of the 'mean' reduction."""
+    """(q, the sum of q over the classes, the divisor of the 'mean' reduction), with per-element loss
+    ``-sum_k q_k log softmax(x)_k``. For class indices the sum is known without summing q over the row: the
+    target class holds ``counted * (1 - label_smoothing)`` and the smoothing spreads ``label_smoothing / C``
+    of each class weight."""
     from tilewise.ops.creation import zeros_like
 
     classes = x.shape[1]
     w = _class_weight_view(weight, x)
     if target.dtype.is_floating_point:
         q = _smoothed(target.to(x.dtype), label_smoothing, classes)
-        return (q * w if w is not None else q), x.numel() / classes
+        q = q * w if w is not None else q
+        return q, q.sum(1, keepdim=True), x.numel() / classes
     valid = (target != ignore_index).to(x.dtype)
     safe = where(target != ignore_index, target, 0)
     counted = weight[safe].to(x.dtype) * valid if weight is not None else valid
-    q = zeros_like(x).scatter(1, safe.unsqueeze(1), (counted * (1 - label_smoothing)).unsqueeze(1))
+    kept = counted * (1 - label_smoothing) if label_smoothing > 0 else counted
+    q = zeros_like(x).scatter(1, safe.unsqueeze(1), kept.unsqueeze(1))
+    total = kept
     if label_smoothing > 0:
         uniform = valid.unsqueeze(1) * (label_smoothing / classes)
         q = q + (uniform * w if w is not None else uniform)
-    return q, counted.sum()
+        spread = weight.to(x.dtype).sum() if weight is not None else classes
+        total = total + valid * (label_smoothing / classes) * spread
+    return q, total.unsqueeze(1), counted.sum()
 
 
 def _scaled_loss_grad(grad, reduction: str, divisor, dtype):
@@ -229,8 +237,8 @@ def _scaled_loss_grad(grad, reduction: str, divisor, dtype):
 
 def _cross_entropy_backward(grad, input, target, weight, reduction, ignore_index, label_smoothing):
     x = in_compute_dtype(input)
-    q, divisor = _target_distribution(x, target, weight, ignore_index, label_smoothing)
-    return _scaled_loss_grad(grad, reduction, divisor, x.dtype) * (x.softmax(1) * q.sum(1, keepdim=True) - q)
+    q, total, divisor = _target_distribution(x, target, weight, ignore_index, label_smoothing)
+    return _scaled_loss_grad(grad, reduction, divisor, x.dtype) * (x.softmax(1) * total - q)
 
 
 def _cross_entropy_target_backward(grad, input, target, weight, reduction, label_smoothing):

@@ -23,8 +23,8 @@ from tilewise.compiler.render.cstyle import ExprRenderer, Source, compute_of, li
 from tilewise.compiler.render.cuda import CUDA, identity
 from tilewise.compiler.render.fused import LoopStyle, fold_helper
 from tilewise.compiler.schedule import KernelSchedule, NestSchedule
-from tilewise.dtypes import DType
-from tilewise.ops.expr import Expr, toposort, where
+from tilewise.dtypes import DType, bfloat16, float16
+from tilewise.ops.expr import Expr, substitute, toposort, where
 
 _FOLDS = LoopStyle(parallel="", parallel_simd="", simd="", reduction="", declare_reduction="",
                    builtin_reductions={}, prelude="")
@@ -55,6 +55,16 @@ class _Writer:
     def close(self, tail: str = "") -> None:
         self.depth -= 1
         self.line("}" + tail)
+
+
+def _stored(store) -> Expr:
+    """What a store converts to its buffer's dtype: a value already cast to a 16-bit float is stored from
+    before the cast, since converting rounds the same way (one conversion per element, not a rounding to
+    bfloat16, a widening back and the store's own conversion)."""
+    value = store.value
+    if value.op == "cast" and value.arg is store.dtype and store.dtype in (bfloat16, float16):
+        return value.srcs[0]
+    return value
 
 
 def _stride(index: Index, dim: int | None) -> int:
@@ -89,6 +99,7 @@ class _Nest:
         # the element count is tw_n, so nests that differ only in those share one body (see _groups)
         self.generic = generic
         self.used: list[int] = []
+        self.hoisted: dict[int, tuple[dict, dict]] = {}  # phase -> (node id -> leaf, leaf -> C name), see hoist
 
     def shared(self, ctype: str, name: str, count: int, itemsize: int) -> None:
         """Declare ``name``: ``count`` elements of the kernel's shared buffer, after what this nest took."""
@@ -207,7 +218,7 @@ class _Nest:
         self.w.line(f"const {idx} e = (({idx})tw_block * {self.block} + threadIdx.x) * {plan.vector};")
         self.w.open(f"if (e < {'tw_n' if self.generic else f'({idx}){n}'})")
         self.decompose("e", nest.outer)
-        results = self.lanes([st.value for st in nest.stores], {}, "")
+        results = self.lanes([_stored(st) for st in nest.stores], {}, "")
         self.store_lanes(nest.stores, results, 0)
         self.w.close()
 
@@ -231,8 +242,10 @@ class _Nest:
         online = [j for j, r in enumerate(nest.reductions) if r.phase == p and r.rescale is not None]
         stores = [s for s in nest.stores if s.phase == p]
         loaded = dict(cached or {})
-        results = self.lanes([nest.reductions[j].value for j in reds] + [s.value for s in stores],
-                             self.acc_leaves(p), suffix, loaded, loaded)
+        mapping, hoisted = self.hoisted.get(p, ({}, {}))
+        results = self.lanes([substitute(nest.reductions[j].value, mapping) for j in reds]
+                             + [substitute(_stored(s), mapping) for s in stores],
+                             {**self.acc_leaves(p), **hoisted}, suffix, loaded, loaded)
         maxes = sorted({nest.reductions[j].rescale for j in online})
         for m in maxes:
             self.w.line(f"const {CUDA.ctype(nest.reductions[m].dtype)} tw_was{m} = acc{m};")
@@ -249,12 +262,61 @@ class _Nest:
             t = nest.reductions[m].dtype
             self.w.line(f"const {CUDA.ctype(t)} tw_max{m} = acc{m} == {literal(float('-inf'), t, CUDA)} ? "
                         f"{literal(0, t, CUDA)} : acc{m};")
-        leaves = self.acc_leaves(p)
+        leaves = {**self.acc_leaves(p), **hoisted}
         leaves.update({("scalar", f"acc{m}"): (f"tw_max{m}", nest.reductions[m].dtype) for m in maxes})
-        terms = self.lanes([nest.reductions[j].value for j in online], leaves, suffix + "o", loaded)
+        terms = self.lanes([substitute(nest.reductions[j].value, mapping) for j in online], leaves, suffix + "o",
+                           loaded)
         for v in range(self.plan.vector):
             for pos, j in enumerate(online):
                 self.w.line(f"acc{j} = {self.folds[j]}(acc{j}, {terms[v][pos][0]});")
+
+    def hoist(self, p: int) -> None:
+        """Compute, before phase ``p``'s loop over a row, the parts of its expressions that are the same for
+        every element of the row: per-row loads (a row's target, a statistic), accumulators of earlier phases
+        and what is made of them alone (``1 / sum``). The loop reads them as ``h<p>_<k>``. The row's
+        bounds hold here (callers hoist only where every thread of the loop has a row)."""
+        nest = self.nest
+        reduced = set(nest.reduce)
+        finished = {f"acc{j}" for j, r in enumerate(nest.reductions) if r.phase < p}
+
+        def invariant(node: Expr) -> bool:
+            return all((n.op != "input" or not nest.loads[n.arg].index.dims() & reduced)
+                       and (n.op != "scalar" or n.arg in finished) for n in toposort(node))
+
+        roots = [r.value for r in nest.reductions if r.phase == p]
+        roots += [_stored(st) for st in nest.stores if st.phase == p]
+        chosen: list[Expr] = []
+        seen: set[int] = set()
+        todo = list(roots)
+        while todo:
+            node = todo.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            trivial = node.op in ("scalar", "const") or (node.op == "cast" and node.srcs[0].op in ("scalar", "const"))
+            if invariant(node):
+                if not trivial:
+                    chosen.append(node)
+                continue
+            todo.extend(node.srcs)
+        if not chosen:
+            return
+        leaves = self.acc_leaves(p)
+        for j in sorted({n.arg for e in chosen for n in toposort(e) if n.op == "input"}):
+            load = nest.loads[j]
+            leaves[("input", j)] = (self.load_lanes(j, load, f"_h{p}", 1)[0], compute_of(load.dtype))
+        renderer = ExprRenderer(self.source, leaves, f"_h{p}")
+        mapping, hoisted = {}, {}
+        for k, node in enumerate(chosen):
+            code, t = renderer.render(node)
+            name = f"h{p}_{k}"
+            for line in renderer.lines:
+                self.w.line(line)
+            renderer.lines.clear()
+            self.w.line(f"const {CUDA.ctype(t)} {name} = {code};")
+            mapping[id(node)] = Expr("scalar", (), name)
+            hoisted[("scalar", name)] = (name, t)
+        self.hoisted[p] = (mapping, hoisted)
 
     def rescale(self, j: int) -> str:
         """The helper ``(was, now) -> exp(was - now)`` (1 where equal, so two empty maxima give 1, not NaN) in
@@ -300,11 +362,11 @@ class _Nest:
             return
         self.w.open(f"if ({who})")
         leaves = self.acc_leaves(self.nest.phases)
-        for j in sorted({n.arg for st in stores for n in toposort(st.value) if n.op == "input"}):
+        for j in sorted({n.arg for st in stores for n in toposort(_stored(st)) if n.op == "input"}):
             load = self.nest.loads[j]
             leaves[("input", j)] = (self.load_lanes(j, load, "_r", 1)[0], compute_of(load.dtype))
         renderer = ExprRenderer(self.source, leaves, "_r")
-        results = [renderer.render(s.value) for s in stores]
+        results = [renderer.render(_stored(s)) for s in stores]
         for line in renderer.lines:
             self.w.line(line)
         for st, (code, t) in zip(stores, results):
@@ -337,6 +399,7 @@ class _Nest:
         if plan.in_registers:
             cached = self.keep_in_registers(row_len, partial)
         for p in range(nest.phases):
+            self.hoist(p)
             if plan.in_registers:
                 self.w.line("#pragma unroll")
                 self.w.open(f"for (int kk = 0; kk < {plan.steps}; ++kk)")
@@ -369,6 +432,7 @@ class _Nest:
         self.begin_row("row")
         self.w.line(f"const {idx} lo = part * {plan.chunk}, hi = lo + {plan.chunk} < {row_len} ? lo + {plan.chunk} "
                     f": ({idx}){row_len};")
+        self.hoist(0)
         self.w.open(f"for ({idx} j = lo + ({idx})tw_t * {vec}; j < hi; j += {team * vec})")
         self.decompose("j", nest.reduce)
         self.element_body(0, "_p0")
