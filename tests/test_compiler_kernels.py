@@ -292,6 +292,33 @@ def test_loading_an_optimizer_state_dict_recompiles_against_the_new_state():
         close(compiled_opt.state[a]["momentum_buffer"], eager_opt.state[b]["momentum_buffer"], rtol=1e-4, atol=1e-5)
 
 
+def test_held_tensors_stay_guarded_after_calls_that_passed(capsys):
+    """A held tensor (a parameter the function reads) is checked against the last call that passed first:
+    a new storage of the same layout still runs the program, a changed layout or sharing still recompiles."""
+    w = tw.randn(4)
+    v = tw.randn(4)
+    f = tw.compile(lambda x: x * w + v)
+    x = tw.randn(4)
+    for _ in range(3):
+        close(f(x), x * w + v)
+    w.data = tw.randn(4)  # another storage, same layout: the same program reads it
+    close(f(x), x * w + v)
+    assert len(f.variants) == 1
+    settings.log.add("recompiles")
+    try:
+        w.data = tw.randn(8)[::2]  # strided now
+        close(f(x), x * w + v)
+        assert len(f.variants) == 2
+        assert "strides [2]" in capsys.readouterr().err
+        w.data = tw.randn(4)
+        close(f(x), x * w + v)  # the first program again
+        v.data = w.data  # the same layout, but v now shares w's storage
+        close(f(x), x * w + v)
+        assert len(f.variants) == 3
+    finally:
+        settings.log.discard("recompiles")
+
+
 def test_requires_grad_and_strides_are_guarded():
     f = tw.compile(lambda x: x * 2)
     x = tw.randn(3, 4)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import operator
 import warnings
 from dataclasses import dataclass, field
 
@@ -72,7 +73,7 @@ class Guards:
     grad_enabled: bool
     training: tuple
     optimizers: list  # the optimizers the function reaches: their state tables and param groups are guarded
-    state_layout: tuple  # _state_layout(optimizers) when traced
+    state_layout: list  # _state_layout(optimizers) when traced
     hyperparameters: tuple  # _hyperparameters(optimizers) when traced: the trace baked them in
     autocast: tuple = ()  # AutocastState.key when traced: the casts it recorded
 
@@ -95,21 +96,67 @@ class Guards:
             return "an optimizer's state changed (buffers created or replaced)"
         if _hyperparameters(self.optimizers) != self.hyperparameters:
             return _hyperparameter_change(self.optimizers, self.hyperparameters)
-        storages = []
-        for source, expected in self.tensors:
-            t = source.fetch(flat)
-            actual = signature(t) if type(t) is Tensor else None
-            if actual != expected:
-                return f"{source.label}: {_describe_signature(actual)}; compiled for {_describe_signature(expected)}"
-            storages.append(id(t._storage))
-        if _alias_pattern(storages) != self.aliasing:
-            return "tensors that shared storage when compiled no longer do (or the reverse)"
+        reason = self._tensor_failure(flat)
+        if reason is not None:
+            return reason
         for source, had in self.grad_presence:
             owner = source.fetch(flat)
             if (owner._grad is not None) != had:
                 return f"{source.label}.grad is {'set' if owner._grad is not None else 'None'}; compiled with it " \
                        f"{'set' if had else 'None'}"
         return None
+
+
+    def __post_init__(self) -> None:
+        # [Note: fast guards] A training step reads every parameter and optimizer state tensor: GPT-2's is
+        # 594 tensors, and checking them one by one in Python took half a millisecond a call, more than some
+        # steps' kernels. The tensors held as objects are checked with one C-level map of an attrgetter over a
+        # fixed list, and the storages' sharing is recomputed only when some storage is another object than
+        # at the last call that passed. A failure is then explained by the one-by-one walk.
+        objects = [k for k, (source, _) in enumerate(self.tensors) if source.kind == "object"]
+        others = [k for k, (source, _) in enumerate(self.tensors) if source.kind != "object"]
+        self._order = objects + others
+        self._objects = [self.tensors[k][0].obj for k in objects]
+        self._others = [self.tensors[k][0] for k in others]
+        self._expected = [self.tensors[k][1] for k in self._order]
+        self._held_passed: list[tuple] | None = None
+        self._other_storages_passed: list[int] | None = None
+
+    def _tensor_failure(self, flat: list) -> str | None:
+        others = [source.fetch(flat) for source in self._others]
+        other_signatures = [signature(t) if type(t) is Tensor else None for t in others]
+        other_storages = [id(t._storage) if type(t) is Tensor else 0 for t in others]
+        held = list(map(_LAYOUT, self._objects))
+        if held == self._held_passed and other_storages == self._other_storages_passed:
+            # the held tensors are as at the last call that passed, their storages the same objects: only the
+            # arguments' signatures are left to check
+            if other_signatures == self._expected[len(held):]:
+                return None
+            return self._explain(flat)
+        if list(map(_SIGNATURE, self._objects)) + other_signatures != self._expected:
+            return self._explain(flat)
+        storages = [id(t._storage) for t in self._objects] + other_storages
+        in_order = [0] * len(storages)
+        for position, k in enumerate(self._order):
+            in_order[k] = storages[position]
+        if _alias_pattern(in_order) != self.aliasing:
+            return "tensors that shared storage when compiled no longer do (or the reverse)"
+        self._held_passed = held  # holds the storages: no other storage can take their ids while compared
+        self._other_storages_passed = other_storages
+        return None
+
+    def _explain(self, flat: list) -> str | None:
+        for source, expected in self.tensors:
+            t = source.fetch(flat)
+            got = signature(t) if type(t) is Tensor else None
+            if got != expected:
+                return f"{source.label}: {_describe_signature(got)}; compiled for {_describe_signature(expected)}"
+        return None
+
+
+_LAYOUT = operator.attrgetter("_shape", "_strides", "_offset", "_dtype", "_device", "_requires_grad", "_storage")
+_SIGNATURE = operator.attrgetter("_shape", "_strides", "_offset", "_dtype", "_device", "_requires_grad",
+                                 "_storage.size")  # ``signature`` in one C call
 
 
 def _autocast_key() -> tuple:
@@ -127,13 +174,21 @@ def _training_flags(module) -> tuple:
     return tuple(bool(getattr(m, "training", False)) for m in modules)
 
 
-def _state_layout(optimizers: list) -> tuple:
-    """Which entries the optimizers' state tables hold (the tables they hold now: ``load_state_dict`` replaces
-    them): tensors by identity, other values by value."""
-    def entry_layout(entry: dict) -> tuple:
-        return tuple((repr(k), id(v) if type(v) is Tensor else repr(v)) for k, v in entry.items())
+_PLAIN = (int, float, bool, str, type(None))
 
-    return tuple(tuple((id(owner), entry_layout(entry)) for owner, entry in o.state.items()) for o in optimizers)
+
+def _state_layout(optimizers: list) -> list:
+    """Which entries the optimizers' state tables hold (the tables they hold now: ``load_state_dict`` replaces
+    them): tensors by identity, other values by value, flat (one list, compared in one step)."""
+    out: list = []
+    for o in optimizers:
+        out.append(len(o.state))
+        for owner, entry in o.state.items():
+            out.append(id(owner))
+            out.append(len(entry))
+            out.extend(entry)
+            out.extend([id(v) if type(v) is Tensor else v if type(v) in _PLAIN else repr(v) for v in entry.values()])
+    return out
 
 
 def _value_key(value):
