@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import operator
 import os
 import sys
 from dataclasses import dataclass, field
@@ -97,9 +98,9 @@ class Source:
         return owner._grad if type(owner) is Tensor else None
 
 
-def signature(t: Tensor) -> tuple:
-    """Everything about a tensor that a compiled program is specialised on."""
-    return (t._shape, t._strides, t._offset, t._dtype, t._device, t._requires_grad, t._storage.size)
+LAYOUT_FIELDS = ("_shape", "_strides", "_offset", "_dtype", "_device", "_requires_grad")
+# signature(t): everything about a tensor that a compiled program is specialised on, in one C-level call
+signature = operator.attrgetter(*LAYOUT_FIELDS, "_storage.size")
 
 
 @dataclass(eq=False)

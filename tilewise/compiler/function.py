@@ -32,7 +32,16 @@ from tilewise import _strides as S
 from tilewise._stages import Stages, stage
 from tilewise.amp.autocast_mode import describe as describe_autocast
 from tilewise.autograd.function import Function
-from tilewise.compiler.capture import DataDependentError, Source, Traced, flatten, signature, trace, unflatten
+from tilewise.compiler.capture import (
+    LAYOUT_FIELDS,
+    DataDependentError,
+    Source,
+    Traced,
+    flatten,
+    signature,
+    trace,
+    unflatten,
+)
 from tilewise.compiler.passes import dce, pipeline_for, run_pipeline
 from tilewise.compiler.passes.partition import partition
 from tilewise.compiler.program import Program, build_program, host_arena
@@ -106,7 +115,6 @@ class Guards:
                        f"{'set' if had else 'None'}"
         return None
 
-
     def __post_init__(self) -> None:
         # [Note: fast guards] A training step reads every parameter and optimizer state tensor: GPT-2's is
         # 594 tensors, and checking them one by one in Python took half a millisecond a call, more than some
@@ -133,7 +141,7 @@ class Guards:
             if other_signatures == self._expected[len(held):]:
                 return None
             return self._explain(flat)
-        if list(map(_SIGNATURE, self._objects)) + other_signatures != self._expected:
+        if list(map(signature, self._objects)) + other_signatures != self._expected:
             return self._explain(flat)
         storages = [id(t._storage) for t in self._objects] + other_storages
         in_order = [0] * len(storages)
@@ -154,9 +162,7 @@ class Guards:
         return None
 
 
-_LAYOUT = operator.attrgetter("_shape", "_strides", "_offset", "_dtype", "_device", "_requires_grad", "_storage")
-_SIGNATURE = operator.attrgetter("_shape", "_strides", "_offset", "_dtype", "_device", "_requires_grad",
-                                 "_storage.size")  # ``signature`` in one C call
+_LAYOUT = operator.attrgetter(*LAYOUT_FIELDS, "_storage")  # ``signature`` with the storage itself, not its size
 
 
 def _autocast_key() -> tuple:

@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from tilewise import _strides as S
-from tilewise.compiler.kernel_ir import Index, Kernel, Nest, Reduce, Store
+from tilewise.compiler.kernel_ir import Index, Kernel, Nest, Store
 from tilewise.dtypes import DType, bool_
 from tilewise.ops.expr import Expr, substitute, toposort
 
@@ -155,9 +155,8 @@ def cache_across_phases(nest: Nest) -> tuple[Nest, list[Cached]]:
                 first_phase.setdefault(id(node), phase)
     if not cached:
         return nest, []
-    reductions = [Reduce(r.combiner, cached_reads(r.value, cached, r.phase), r.dtype, r.phase)
-                  for r in nest.reductions]
-    stores = [Store(s.param, s.index, cached_reads(s.value, cached, s.phase), s.dtype, s.phase) for s in nest.stores]
+    reductions = [replace(r, value=cached_reads(r.value, cached, r.phase)) for r in nest.reductions]
+    stores = [replace(s, value=cached_reads(s.value, cached, s.phase)) for s in nest.stores]
     return Nest(nest.shape, nest.reduce, nest.loads, reductions, stores), cached
 
 
@@ -174,8 +173,13 @@ def _uncast(expr: Expr) -> Expr:
     return expr
 
 
+def _accumulator(expr: Expr) -> int | None:
+    """J for the leaf ``scalar accJ``, else None."""
+    return int(expr.arg[3:]) if expr.op == "scalar" and expr.arg.startswith("acc") else None
+
+
 def _accumulators(expr: Expr) -> set[int]:
-    return {int(n.arg[3:]) for n in toposort(expr) if n.op == "scalar" and n.arg.startswith("acc")}
+    return {j for j in map(_accumulator, toposort(expr)) if j is not None}
 
 
 def _guarded_max(expr: Expr) -> Expr:
@@ -207,10 +211,9 @@ def _online_max(nest: Nest, j: int) -> int | None:
     if diff.op != "sub":
         return None
     a, acc = (_uncast(e) for e in diff.srcs)
-    acc = _guarded_max(acc)
-    if acc.op != "scalar" or not acc.arg.startswith("acc"):
+    m = _accumulator(_guarded_max(acc))
+    if m is None:
         return None
-    m = int(acc.arg[3:])
     mx = nest.reductions[m]
     if (mx.combiner != "max" or mx.dtype != r.dtype or mx.phase != r.phase - 1 or _uncast(mx.value) is not a
             or any(nest.reductions[k].phase == mx.phase and k != m for k in _accumulators(r.value))):
@@ -244,9 +247,9 @@ def online_softmax(nest: Nest) -> Nest:
             def earlier(phase: int | None, q=q) -> int | None:
                 return phase - 1 if phase is not None and phase >= q else phase
 
-            reductions = [Reduce(r.combiner, r.value, r.dtype, earlier(r.phase), rescale.get(j, r.rescale))
+            reductions = [replace(r, phase=earlier(r.phase), rescale=rescale.get(j, r.rescale))
                           for j, r in enumerate(nest.reductions)]
-            stores = [Store(st.param, st.index, st.value, st.dtype, earlier(st.phase)) for st in nest.stores]
+            stores = [replace(st, phase=earlier(st.phase)) for st in nest.stores]
             nest = Nest(nest.shape, nest.reduce, nest.loads, reductions, stores)
             merged = True
             break
@@ -266,18 +269,10 @@ def reciprocal_of_softmax_sums(nest: Nest) -> Nest:
     sums = {j for j, r in enumerate(nest.reductions) if r.rescale is not None or _online_max(nest, j) is not None}
     if not sums:
         return nest
-    memo: dict[int, Expr] = {}
-
-    def go(node: Expr) -> Expr:
-        if id(node) in memo:
-            return memo[id(node)]
-        out = node if not node.srcs else Expr(node.op, tuple(go(x) for x in node.srcs), node.arg)
-        if out.op == "div":
-            b = _uncast(out.srcs[1])
-            if b.op == "scalar" and b.arg.startswith("acc") and int(b.arg[3:]) in sums:
-                out = Expr("mul", (out.srcs[0], Expr("div", (Expr("const", (), 1.0), out.srcs[1]))))
-        memo[id(node)] = out
-        return out
+    def go(expr: Expr) -> Expr:
+        mapping = {id(n): n.srcs[0] * Expr("div", (Expr("const", (), 1.0), n.srcs[1])) for n in toposort(expr)
+                   if n.op == "div" and _accumulator(_uncast(n.srcs[1])) in sums}
+        return substitute(expr, mapping) if mapping else expr
 
     reductions = [replace(r, value=go(r.value)) for r in nest.reductions]
     stores = [replace(st, value=go(st.value)) if st.phase is not None else st for st in nest.stores]

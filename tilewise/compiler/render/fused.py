@@ -81,21 +81,29 @@ def index_code(index: Index) -> str:
     return " + ".join(parts)
 
 
+def scalar_function(source: Source, name: str, expr: Expr, params: tuple[str, ...], dtype: DType) -> str:
+    """The text of a helper function ``name`` computing ``expr`` over its scalar leaves ``params``, all of
+    ``dtype`` like the result."""
+    lang = source.lang
+    renderer = ExprRenderer(source, {("scalar", p): (p, dtype) for p in params})
+    code, _ = renderer.render(expr)
+    c = lang.ctype(dtype)
+    body = "".join(f" {line}" for line in renderer.lines)
+    arguments = ", ".join(f"{c} {p}" for p in params)
+    return f"{lang.helper_prefix} {c} {name}({arguments}) {{{body} return ({c})({code}); }}"
+
+
 def fold_helper(source: Source, loops: LoopStyle, combiner: str, acc: DType) -> tuple[str, str]:
     """(fold function, reduction identifier) for ``combiner`` over ``acc``, emitted once per source."""
     lang = source.lang
     suffix = SUFFIX[acc.name]
     name = f"tw_fold_{combiner}_{suffix}"
     if name not in source.helpers:
-        leaves = {("scalar", "a"): ("a", acc), ("scalar", "b"): ("b", acc)}
-        renderer = ExprRenderer(source, leaves)
-        code, t = renderer.render(Expr(COMBINER_OPS[combiner], (Expr("scalar", (), "a"), Expr("scalar", (), "b"))))
-        c = lang.ctype(acc)
-        body = "".join(f" {line}" for line in renderer.lines)
-        text = f"{lang.helper_prefix} {c} {name}({c} a, {c} b) {{{body} return ({c})({code}); }}"
+        a, b = Expr("scalar", (), "a"), Expr("scalar", (), "b")
+        text = scalar_function(source, name, Expr(COMBINER_OPS[combiner], (a, b)), ("a", "b"), acc)
         if combiner not in loops.builtin_reductions:
-            text += "\n" + loops.declare_reduction.format(
-                name=f"tw_{combiner}_{suffix}", T=c, fold=name, identity=literal(identity(combiner, acc), acc, lang))
+            text += "\n" + loops.declare_reduction.format(name=f"tw_{combiner}_{suffix}", T=lang.ctype(acc), fold=name,
+                                                          identity=literal(identity(combiner, acc), acc, lang))
         source.helpers[name] = text
     clause = loops.builtin_reductions.get(combiner, f"tw_{combiner}_{suffix}")
     return name, clause

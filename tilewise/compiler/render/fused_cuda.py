@@ -21,7 +21,7 @@ from tilewise import _strides as S
 from tilewise.compiler.kernel_ir import Index, Kernel, Load
 from tilewise.compiler.render.cstyle import ExprRenderer, Source, compute_of, literal, load_code, store_code
 from tilewise.compiler.render.cuda import CUDA, identity
-from tilewise.compiler.render.fused import LoopStyle, fold_helper
+from tilewise.compiler.render.fused import LoopStyle, fold_helper, scalar_function
 from tilewise.compiler.schedule import KernelSchedule, NestSchedule
 from tilewise.dtypes import DType, bfloat16, float16
 from tilewise.ops.expr import Expr, substitute, toposort, where
@@ -278,27 +278,30 @@ class _Nest:
         nest = self.nest
         reduced = set(nest.reduce)
         finished = {f"acc{j}" for j, r in enumerate(nest.reductions) if r.phase < p}
-
-        def invariant(node: Expr) -> bool:
-            return all((n.op != "input" or not nest.loads[n.arg].index.dims() & reduced)
-                       and (n.op != "scalar" or n.arg in finished) for n in toposort(node))
-
         roots = [r.value for r in nest.reductions if r.phase == p]
         roots += [_stored(st) for st in nest.stores if st.phase == p]
+        invariant: dict[int, bool] = {}
+        for root in roots:
+            for n in toposort(root):  # operands first
+                if n.op == "input":
+                    invariant[id(n)] = not nest.loads[n.arg].index.dims() & reduced
+                elif n.op == "scalar":
+                    invariant[id(n)] = n.arg in finished
+                else:
+                    invariant[id(n)] = all(invariant[id(x)] for x in n.srcs)
         chosen: list[Expr] = []
         seen: set[int] = set()
         todo = list(roots)
-        while todo:
+        while todo:  # the largest invariant parts, outermost first
             node = todo.pop()
             if id(node) in seen:
                 continue
             seen.add(id(node))
-            trivial = node.op in ("scalar", "const") or (node.op == "cast" and node.srcs[0].op in ("scalar", "const"))
-            if invariant(node):
-                if not trivial:
-                    chosen.append(node)
-                continue
-            todo.extend(node.srcs)
+            leafy = node.op in ("scalar", "const") or (node.op == "cast" and node.srcs[0].op in ("scalar", "const"))
+            if not invariant[id(node)]:
+                todo.extend(node.srcs)
+            elif not leafy:
+                chosen.append(node)
         if not chosen:
             return
         leaves = self.acc_leaves(p)
@@ -325,13 +328,8 @@ class _Nest:
         name = f"tw_rescale_{dtype.name}"
         if name not in self.source.helpers:
             was, now = Expr("scalar", (), "was"), Expr("scalar", (), "now")
-            leaves = {("scalar", "was"): ("was", dtype), ("scalar", "now"): ("now", dtype)}
-            renderer = ExprRenderer(self.source, leaves)
-            code, _ = renderer.render(where(was.eq(now), 1.0, (was - now).exp()))
-            c = CUDA.ctype(dtype)
-            body = "".join(f" {line}" for line in renderer.lines)
-            self.source.helpers[name] = (f"static __device__ __forceinline__ {c} {name}({c} was, {c} now) {{{body} "
-                                         f"return ({c})({code}); }}")
+            expr = where(was.eq(now), 1.0, (was - now).exp())
+            self.source.helpers[name] = scalar_function(self.source, name, expr, ("was", "now"), dtype)
         return name
 
     def fold_pairs(self, reds: list[int], other) -> None:
