@@ -59,16 +59,29 @@ def test_residual_layer_norm_is_one_kernel():
     assert len(low.kernels) == 1 and plans[0].strategy == "rows" and plans[0].in_registers
 
 
-def test_sum_over_the_leading_dim_reads_columns():
-    _, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(8192, 768))
-    assert plan.strategy == "columns" and plan.rows_per_block == 32
+def test_sum_over_the_leading_dim_reads_columns_a_vector_per_lane():
+    """Each lane folds a 16-byte vector of adjacent columns (4 float32, 8 bfloat16), each with its own
+    accumulator; the block's 8 warps take other rows of the same 32 x vector columns."""
+    for dtype, vector in ((tw.float32, 4), (tw.bfloat16, 8)):
+        _, (plan,) = cuda_plans(lambda x: x.float().sum(0), tw.randn(8192, 768).to(dtype))
+        assert (plan.strategy, plan.vector, plan.vector_dim) == ("columns", vector, 1)
+        assert plan.rows_per_block == 32 * vector and plan.team == 8
+
+
+def test_columns_of_several_phases_or_odd_widths_take_one_per_lane():
+    _, (plan,) = cuda_plans(lambda x: x.softmax(0), tw.randn(4096, 768))  # a later phase reads the totals
+    assert (plan.strategy, plan.vector, plan.rows_per_block) == ("columns", 1, 32)
+    _, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(4096, 766))
+    assert (plan.strategy, plan.vector) == ("columns", 2)
+    _, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(4096, 765))
+    assert (plan.strategy, plan.vector, plan.rows_per_block) == ("columns", 1, 32)
 
 
 def test_few_column_groups_split_the_reduction_across_blocks():
-    """A bias gradient (768 columns over 8192 rows) is 24 groups of 32 columns: too few blocks for the GPU,
-    so each group's rows are shared among blocks and the last one combines the partials."""
-    low, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(8192, 768))
-    assert plan.split > 1 and plan.blocks == 24 * plan.split and plan.chunk * plan.split >= 8192
+    """A bias gradient (768 bf16 columns over 8192 rows) is 3 groups of 256 columns: too few blocks for the
+    GPU, so each group's rows are shared among blocks and the last one combines the partials."""
+    low, (plan,) = cuda_plans(lambda x: x.float().sum(0), tw.randn(8192, 768).bfloat16())
+    assert plan.split > 1 and plan.blocks == 3 * plan.split and plan.chunk * plan.split >= 8192
     assert low.schedules[0].scratch_bytes > 0 and "atomicAdd" in low.source
     _, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(64, 768))
     assert plan.split == 1  # rows too few to share

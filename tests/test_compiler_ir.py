@@ -207,6 +207,34 @@ def test_a_layer_norms_weight_gradient_is_summed_from_its_operands_not_from_a_st
         == ["bfloat16"]  # dx only: the float32 product is not stored
 
 
+def test_a_layer_norms_backward_makes_x_hat_again_from_its_input_and_row_statistics():
+    """The backward of ``layer_norm(x + r)`` needs ``x_hat = (h - mean) * rstd``, a float32 tensor, and the
+    weight gradient's column sum reads it too. The step stores ``h`` anyway (here it returns it, as the
+    residual stream's next add would read it); making ``x_hat`` again from ``h`` and two numbers per row
+    reads 4 bytes an element, where storing ``h - mean`` or ``x_hat`` and reading it back costs 8 (a row's
+    statistics are made once for many elements, not once per element). So the only full-size tensors stored
+    are ``h`` and ``x.grad``, and the step matches eager."""
+    w, b = tw.randn(64, requires_grad=True), tw.randn(64, requires_grad=True)
+
+    def step(x, r, dy):
+        h = x + r
+        tw.nn.functional.layer_norm(h, (64,), w, b).backward(dy)
+        return h.detach(), x.grad, w.grad, b.grad
+
+    x, r, dy = tw.randn(128, 64, requires_grad=True), tw.randn(128, 64), tw.randn(128, 64)
+    low = lower_program(run_pipeline(graph_of(step, x, r, dy)), "cuda")
+    stored = [f"{k.name}.{p.name}" for k in low.kernels.values() for p, v in zip(k.params, k.values)
+              if p.written and v.type.shape == (128, 64)]
+    assert len(stored) == 2, stored
+    cstep = tw.compile(step)
+    results = []
+    for fn in (cstep, step):
+        w.grad = b.grad = x.grad = None
+        results.append(fn(x, r, dy))
+    for got, expected in zip(*results):
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------- indexing rewrites
 
 def _step_graph(fn, *args):

@@ -32,12 +32,13 @@ picks a strategy and records why, so ``TILEWISE_LOG=kernels`` shows the choice n
     for that sum ``exp(x - max)`` in the pass that finds the max, rescaling as it grows (``online_softmax``):
     a cross entropy over a 50k vocabulary reads its logits twice, not three times;
   - ``columns``: when the accesses are contiguous along the kept dims rather than the reduced ones (a sum
-    over the leading dim), 32 adjacent rows per block, one per lane, with the reduction spread over the
-    block's warps and combined through shared memory. Too few groups of 32 to fill the GPU (a bias
-    gradient) are split along the reduction like long rows below.
+    over the leading dim), 32 x vector adjacent rows per block, a vector of them per lane (one phase;
+    one row per lane otherwise), with the reduction spread over the block's warps and combined through
+    shared memory. Too few such groups to fill the GPU (a bias gradient) are split along the reduction
+    like long rows below.
 
   A few very long rows (a whole-tensor sum, a gradient norm) are *split*: several blocks fold a chunk of a
-  row (or of 32 columns) each and write their partial result to the kernel's scratch memory; the last block
+  row (or of a group of columns) each and write their partial result to the kernel's scratch memory; the last block
   to finish a row (an atomic counter per row, which it resets for the next launch) combines the partials in
   chunk order (the result does not depend on timing) and stores the row's results. Several phases over few very
   long rows (a softmax over a million elements) stay one block per row; the dump says so.
@@ -432,11 +433,13 @@ def _accesses(nest: Nest) -> list[tuple[Index, DType]]:
     return [(ld.index, ld.dtype) for ld in nest.loads if ld.iota is None] + [(st.index, st.dtype) for st in nest.stores]
 
 
-def vector_width(nest: Nest, dim: int | None) -> int:
-    """Elements per 16-byte access along ``dim``: every access walking it contiguously stays aligned."""
+def vector_width(nest: Nest, dim: int | None, accesses: list[tuple[Index, DType]] | None = None) -> int:
+    """Elements per 16-byte access along ``dim``: every access walking it contiguously stays aligned.
+    ``accesses``: those made with vectors (by default all of the nest's)."""
     if dim is None:
         return 1
-    contiguous = [(ix, dt) for ix, dt in _accesses(nest) if _stride(ix, dim) == 1]
+    accesses = _accesses(nest) if accesses is None else accesses
+    contiguous = [(ix, dt) for ix, dt in accesses if _stride(ix, dim) == 1]
     if not contiguous:
         return 1
     width = VECTOR_BYTES // max(dt.itemsize for _, dt in contiguous)
@@ -456,12 +459,14 @@ def _index_type(nest: Nest) -> str:
 
 
 def _prefer_columns(nest: Nest) -> bool:
-    """Accesses walk the innermost kept dim contiguously and never the innermost reduced one."""
+    """Accesses walk the innermost kept dim contiguously and never the innermost reduced one, leaving out
+    those the same for every kept index (a row statistic of a layer norm's weight gradient: one load all
+    the columns of a warp share)."""
     outer = nest.outer
     if not outer:
         return False
     last_reduced, last_kept = nest.reduce[-1], outer[-1]
-    accesses = _accesses(nest)
+    accesses = [(ix, dt) for ix, dt in _accesses(nest) if ix.dims() & set(outer)]
     return (not any(_stride(ix, last_reduced) == 1 for ix, _ in accesses)
             and any(_stride(ix, last_kept) == 1 for ix, _ in accesses))
 
@@ -479,7 +484,11 @@ def _cuda_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]
     row = S.numel([nest.shape[d] for d in nest.reduce])
     if knobs.columns and _prefer_columns(nest):
         warps = COLUMN_WARPS if nest.phases == 1 and knobs.split else 32  # one phase: blocks split the columns
-        return "columns", 1, None, 32 * min(warps, _pow2_at_least(-(-row // 8)))
+        dim = nest.outer[-1]
+        in_loop = [(ld.index, ld.dtype) for ld in nest.loads if ld.iota is None]  # a column's total is stored
+        in_loop += [(st.index, st.dtype) for st in nest.stores if st.phase is not None]  # by one thread, alone
+        vector = _capped(vector_width(nest, dim, in_loop), knobs) if nest.phases == 1 else 1  # see ``_cuda_plan``
+        return "columns", vector, dim if vector > 1 else None, 32 * min(warps, _pow2_at_least(-(-row // 8)))
     dim = nest.reduce[-1]
     vector = _capped(vector_width(nest, dim), knobs)
     team = min(MAX_THREADS, max(32, _pow2_at_least(-(-row // (vector * VECTORS_PER_THREAD)))))
@@ -519,8 +528,9 @@ def split_rows(nest: Nest, plan: CudaPlan, block: int) -> CudaPlan:
 
 
 def split_columns(nest: Nest, plan: CudaPlan) -> CudaPlan:
-    """Share the reduction of each group of 32 columns among blocks when there are too few groups to fill the
-    GPU and one phase folds it (a bias gradient: 768 columns over 8192 rows is 24 groups)."""
+    """Share the reduction of each group of columns (32 x vector, a block's) among blocks when there are too
+    few groups to fill the GPU and one phase folds it (a bias gradient: 768 bf16 columns over 8192 rows is 3
+    groups of 256)."""
     groups = plan.blocks
     row = S.numel([nest.shape[d] for d in nest.reduce])
     per_block = plan.team * SPLIT_MIN_VECTORS  # elements of a column per block: a few per warp
@@ -537,7 +547,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def scratch_layout(nest: Nest, plan: CudaPlan, offset: int) -> tuple[CudaPlan, int]:
-    """Place a split nest's partials (per reduction, rows x split) and row counters at ``offset``."""
+    """Place a split nest's partials (per reduction, split x rows) and row counters at ``offset``."""
     if plan.split == 1:
         return plan, offset
     rows = S.numel([nest.shape[d] for d in nest.outer])
@@ -556,8 +566,15 @@ def _cuda_plan(nest: Nest, strategy: str, vector: int, dim: int | None, team: in
         blocks = -(-rows // (vector * block))
         return CudaPlan(strategy, vector, dim, 1, 1, blocks, 1, False, index)
     if strategy == "columns":
+        # [Note: vector columns] A lane folds ``vector`` adjacent columns (one 16-byte access per buffer and
+        # row, an accumulator per column), a warp 32 x vector columns, the block's warps other rows of them.
+        # After the warps' partials meet in shared memory, each thread of the block owns one column, so the
+        # block must have a thread for each: ``vector`` is at most the number of warps. One phase only: a
+        # later phase would need every lane's column total back in the lane.
         team = block // 32
-        return CudaPlan(strategy, 1, None, team, 32, -(-rows // 32), -(-row // team), False, index)
+        vector = min(vector, team)
+        return CudaPlan(strategy, vector, dim if vector > 1 else None, team, 32 * vector, -(-rows // (32 * vector)),
+                        -(-row // team), False, index)
     team = 32 if team <= 32 else block
     per_block = block // team
     steps = -(-row // (team * vector))
@@ -605,7 +622,7 @@ def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
             if plan.online:
                 notes.append("sums of exp(x - max) folded in the max's pass (online softmax)")
             if plan.split > 1:
-                what = "each group of 32 columns" if strategy == "columns" else "each row"
+                what = f"each group of {plan.rows_per_block} columns" if strategy == "columns" else "each row"
                 notes.append(f"{what} split over {plan.split} blocks of {plan.chunk} elements")
             elif strategy == "rows" and rows < SPLIT_MAX_ROWS and plan.steps > 64:
                 notes.append("few long rows over several phases: one block each")

@@ -26,7 +26,10 @@ bfloat16 gradient that a layer norm's row reduction and its weight gradient's co
 loaded as bfloat16 by both kernels instead of being stored as float32 by one and loaded by the other; the
 weight gradient's ``float(g) * x_hat`` is made by its column sum from ``g`` and ``x_hat`` instead of stored by
 the layer norm's backward and read back, so both sums become one nest of the backward's kernel. The group a
-value came from still stores it if anything else needs it.
+value came from still stores it if anything else needs it. What a broadcast operand costs to make is shared
+by the elements it is broadcast to: a layer norm's ``x_hat = (h - mean) * rstd`` is made again by its
+backward from ``h`` (4 bytes an element; the row statistics come almost free) rather than stored by the
+forward as float32, with ``h - mean`` beside it, and read back.
 """
 
 from __future__ import annotations
@@ -370,7 +373,8 @@ class _Partition:
 
     def _recomputable(self, node: Node, gid: int, depth: int = 0) -> tuple[list[Node], int] | None:
         """(``node`` and the values other groups make that it is made of, operands first; the bytes per element
-        group ``gid`` reads from memory to make them) when ``node`` is elementwise. An operand another group
+        group ``gid`` reads from memory to make them, a broadcast operand's share divided among the elements
+        it is broadcast to) when ``node`` is elementwise. An operand another group
         makes is made again too when that reads no more than loading it (at most ``RECOMPUTE_DEPTH`` deep),
         else loaded from the buffer its group stores. None when ``node`` cannot be made in ``gid``."""
         if fusion_kind(node) != "elementwise" or node.op == "clone" or depth > RECOMPUTE_DEPTH:
@@ -389,7 +393,7 @@ class _Partition:
                 loadable = cheap or len(self.groups[gid].members) == 1 or gid not in self.reach(base)
                 if made is not None and (cheap or not loadable):
                     chain += [m for m in made[0] if m not in chain]
-                    width += made[1]
+                    width += made[1] * min(base.type.numel, node.type.numel) // max(node.type.numel, 1)
                     continue
                 if not loadable:
                     return None

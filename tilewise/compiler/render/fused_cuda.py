@@ -228,10 +228,21 @@ class _Nest:
         return {("scalar", f"acc{j}"): (f"acc{j}", r.dtype) for j, r in enumerate(self.nest.reductions)
                 if r.phase < upto_phase}
 
+    @property
+    def lane_accumulators(self) -> bool:
+        """Each lane folds a column of its own (``[Note: vector columns]``): an accumulator per lane."""
+        return self.plan.strategy == "columns" and self.plan.vector > 1
+
+    def acc(self, j: int, lane: int) -> str:
+        return f"acc{j}_{lane}" if self.lane_accumulators else f"acc{j}"
+
     def begin_row(self, row: str) -> None:
         self.decompose(row, self.nest.outer)
+        lanes = self.plan.vector if self.lane_accumulators else 1
         for j, r in enumerate(self.nest.reductions):
-            self.w.line(f"{CUDA.ctype(r.dtype)} acc{j} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
+            for v in range(lanes):
+                self.w.line(f"{CUDA.ctype(r.dtype)} {self.acc(j, v)} = "
+                            f"{literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
 
     def element_body(self, p: int, suffix: str, cached: dict | None = None) -> None:
         """Fold phase ``p``'s reductions and write its stores at the current element's lanes. Sums rescaled
@@ -251,7 +262,7 @@ class _Nest:
             self.w.line(f"const {CUDA.ctype(nest.reductions[m].dtype)} tw_was{m} = acc{m};")
         for v in range(self.plan.vector):
             for pos, j in enumerate(reds):
-                self.w.line(f"acc{j} = {self.folds[j]}(acc{j}, {results[v][pos][0]});")
+                self.w.line(f"{self.acc(j, v)} = {self.folds[j]}({self.acc(j, v)}, {results[v][pos][0]});")
         self.store_lanes(stores, results, len(reds))
         if not online:
             return
@@ -498,10 +509,11 @@ class _Nest:
         nest, plan, idx = self.nest, self.plan, self.idx
         row_len = S.numel([nest.shape[d] for d in nest.reduce])
         rows = S.numel([nest.shape[d] for d in nest.outer])
-        g = plan.split
+        g, width, vec = plan.split, plan.rows_per_block, plan.vector
         self.w.line("const int tw_x = threadIdx.x & 31, tw_y = threadIdx.x >> 5;")
         group = f"tw_block / {g}u" if g > 1 else "tw_block"
-        self.w.line(f"const {idx} group = ({idx})({group}), row = group * 32 + tw_x;")
+        lane = f"tw_x * {vec}" if vec > 1 else "tw_x"
+        self.w.line(f"const {idx} group = ({idx})({group}), row = group * {width} + {lane};")
         self.w.line(f"const bool tw_valid = row < ({idx}){rows};")
         self.begin_row("row")
         lo, hi = "0", f"({idx}){row_len}"
@@ -514,28 +526,59 @@ class _Nest:
             self.decompose("j", nest.reduce)
             self.element_body(p, f"_p{p}")
             self.w.close()
-            self.team_reduce(p)
+            if self.lane_accumulators:
+                self.column_owners(rows)
+            else:
+                self.team_reduce(p)
+        owners = "tw_valid" if self.lane_accumulators else "tw_valid && tw_y == 0"
         if g > 1:
-            self.combine_parts(rows, "group", f"tw_block % {g}u", "tw_valid && tw_y == 0")
-            self.row_stores("*tw_last && tw_valid && tw_y == 0")
-            return
-        self.row_stores("tw_valid && tw_y == 0")
+            self.combine_parts(rows, "group", f"tw_block % {g}u", owners)
+            self.row_stores(f"*tw_last && {owners}")
+        else:
+            self.row_stores(owners)
+        if self.lane_accumulators:
+            self.w.close()
+
+    def column_owners(self, rows: int) -> None:
+        """Vector columns (one phase): the warps' per-lane partials meet in shared memory, then thread ``t``
+        of the block folds column ``t`` of the group, as ``acc<j>``, ``row`` and its coordinates, in a scope
+        the caller closes after the column's stores."""
+        nest, plan, idx = self.nest, self.plan, self.idx
+        width, vec, team = plan.rows_per_block, plan.vector, plan.team
+        for j, r in enumerate(nest.reductions):
+            self.shared(CUDA.ctype(r.dtype), f"tw_c{j}", team * width, r.dtype.itemsize)  # [team][width]
+            for v in range(vec):
+                self.w.line(f"tw_c{j}[tw_y * {width} + tw_x * {vec} + {v}] = {self.acc(j, v)};")
+        self.w.line("__syncthreads();")
+        self.w.open("")
+        self.w.line(f"const {idx} row = group * {width} + threadIdx.x;")
+        self.w.line(f"const bool tw_valid = threadIdx.x < {width} && row < ({idx}){rows};")
+        self.decompose("row", nest.outer)
+        for j, r in enumerate(nest.reductions):
+            self.w.line(f"{CUDA.ctype(r.dtype)} acc{j} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
+        self.w.open("if (threadIdx.x < " + str(width) + ")")
+        for j in range(len(nest.reductions)):
+            self.w.line(f"acc{j} = tw_c{j}[threadIdx.x];")
+            self.w.line(f"for (int y = 1; y < {team}; ++y) acc{j} = {self.folds[j]}(acc{j}, tw_c{j}[y * {width} "
+                        "+ threadIdx.x]);")
+        self.w.close()
 
     def combine_parts(self, rows: int, counter: str, part: str, owners: str) -> None:
         """A split nest: the ``owners`` of the block's partial results (one thread per row) write them to
-        scratch slot ``part`` of their row; the last block of the row group (``counter``) to finish combines
-        every part in order, so the result does not depend on which block came last."""
+        scratch slot ``part`` of their row (part-major, so a block's columns write side by side); the last
+        block of the row group (``counter``) to finish combines every part in order, so the result does not
+        depend on which block came last."""
         nest, plan, g = self.nest, self.plan, self.plan.split
         offset = plan.scratch
         for j, r in enumerate(nest.reductions):
             c = CUDA.ctype(r.dtype)
-            self.w.line(f"{c}* tw_part{j} = reinterpret_cast<{c}*>(tw_scratch + {offset}) + row * {g};")
+            self.w.line(f"{c}* tw_part{j} = reinterpret_cast<{c}*>(tw_scratch + {offset}) + row;")
             offset += -(-rows * g * r.dtype.itemsize // 16) * 16
         self.w.line(f"unsigned int* tw_count = reinterpret_cast<unsigned int*>(tw_scratch + {offset}) + {counter};")
         self.shared("bool", "tw_last", 1, 1)
         self.w.open(f"if ({owners})")
         for j in range(len(nest.reductions)):
-            self.w.line(f"tw_part{j}[{part}] = acc{j};")
+            self.w.line(f"tw_part{j}[({part}) * {rows}] = acc{j};")
         self.w.line("__threadfence();")
         self.w.close()
         self.w.line("__syncthreads();")
@@ -546,7 +589,7 @@ class _Nest:
         for j, r in enumerate(nest.reductions):
             self.w.line(f"acc{j} = {literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
         self.w.open(f"for (int p = 0; p < {g}; ++p)")
-        self.fold_pairs(list(range(len(nest.reductions))), lambda j: f"__ldcg(tw_part{j} + p)")
+        self.fold_pairs(list(range(len(nest.reductions))), lambda j: f"__ldcg(tw_part{j} + p * {rows})")
         self.w.close()
         self.w.close()
         self.w.line("if (*tw_last && threadIdx.x == 0) *tw_count = 0u;")
