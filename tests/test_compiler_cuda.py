@@ -77,6 +77,26 @@ def test_columns_of_several_phases_or_odd_widths_take_one_per_lane():
     assert (plan.strategy, plan.vector, plan.rows_per_block) == ("columns", 1, 32)
 
 
+def _column_step(x):
+    """A bias-gradient-like nest: an element-wise store and two column reductions over the same rows."""
+    y = (x.float() * 2).tanh()
+    return y.to(x.dtype), y.sum(0), y.amax(0)
+
+
+def test_vector_column_nests_compile():
+    """Per-lane accumulators, the shared-memory meeting of the warps, part-major partials: NVRTC compiles
+    the kernels for bf16 (8 lanes), fp32 (4) and a width only 2 divides, split or not."""
+    from tilewise.compiler.toolchain import compile_cached
+
+    for shape, dtype, vector in (((8192, 768), tw.bfloat16, 8), ((4096, 766), tw.float32, 2),
+                                 ((64, 40), tw.float32, 4)):
+        low, plans = cuda_plans(_column_step, tw.randn(*shape).to(dtype))
+        (plan,) = [p for p in plans if p.strategy == "columns"]
+        assert plan.vector == vector and (plan.split > 1) == (shape[0] > 64)
+        for sched in low.schedules:
+            compile_cached(low.source, sched.kernel.name, "sm_90")
+
+
 def test_few_column_groups_split_the_reduction_across_blocks():
     """A bias gradient (768 bf16 columns over 8192 rows) is 3 groups of 256 columns: too few blocks for the
     GPU, so each group's rows are shared among blocks and the last one combines the partials."""
@@ -179,6 +199,20 @@ def test_split_column_sums_with_element_stores_on_cuda(shape):
         y, s = f(x)
         _close(y, (x * 2).tanh())
         _close(s, (x * 2).tanh().sum(0), 1e-4, 1e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape, dtype", [((8192, 768), tw.bfloat16), ((4096, 766), tw.float32),
+                                          ((300, 40), tw.float32), ((2, 1000, 3072), tw.bfloat16)])
+def test_vector_column_sums_and_maxima_on_cuda(shape, dtype):
+    """A lane's vector of columns, each its own accumulator, against eager; several times over, since the
+    split's counters must be left zeroed for the next launch and replay."""
+    f = tw.compile(_column_step)
+    x = tw.randn(*shape, device="cuda").to(dtype)
+    expected = _column_step(x)
+    for _ in range(3):
+        for got, want in zip(f(x), expected):
+            _close(got, want, 2e-2 if dtype == tw.bfloat16 else 1e-5, 1e-2 if dtype == tw.bfloat16 else 1e-4)
 
 
 @pytest.mark.cuda
