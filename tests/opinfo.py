@@ -66,8 +66,12 @@ class OpInfo:
     noncontiguous: bool = True
     covers: tuple[str, ...] = ()  # further declared operators this entry exercises
     output_index: int | None = None  # compare only this output of a tuple result (e.g. values of max.dim)
+    # an operator torch does not have: (torch, torch.nn.functional) -> the same computation in torch's ops
+    reference: Callable | None = None
 
     def resolve(self, module, functional):
+        if self.reference is not None and module.__name__ == "torch":
+            return self.reference(module, functional)
         name = self.torch_name if (self.torch_name and module.__name__ == "torch") else self.name
         if self.call == "method":
             return lambda x, *a, **k: getattr(x, name)(*a, **k)

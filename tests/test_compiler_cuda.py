@@ -445,6 +445,98 @@ def test_an_epilogue_is_not_taken_when_the_product_is_read_elsewhere():
     assert "_addmm_activation" not in [n.op for n in graph.body]
 
 
+def _mlp_step(x, w1, b1, w2):
+    """A linear + GELU(tanh) + linear block's gradients: the pre-activation is read again by the backward."""
+    h = F.gelu(F.linear(x, w1, b1), approximate="tanh")
+    loss = (F.linear(h, w2) ** 2).sum()
+    return tw.autograd.grad(loss, [x, w1, b1, w2])
+
+
+def _mlp_args(device="cpu", dtype=None, rows=(4, 6), features=(16, 32, 8)):
+    d_in, d_hidden, d_out = features
+    made = [tw.randn(*rows, d_in), tw.randn(d_hidden, d_in) * 0.3, tw.randn(d_hidden), tw.randn(d_out, d_hidden) * 0.3]
+    return [t.to(device, dtype or tw.float32).requires_grad_() for t in made]
+
+
+def test_a_training_steps_linear_gelu_takes_gelu_epilogues_that_keep_its_input():
+    """Where GELU's input is read again by its backward, the forward becomes one call writing the GELU and its
+    input, and the backward's product, GELU derivative and bias-gradient sum another; both mean what the
+    nodes they replace did (the C target runs their decompositions)."""
+    from tilewise.compiler.program import build_program
+
+    args = _mlp_args()
+    graph = _epilogue_graph(_mlp_step, *args)
+    ops = [n.op for n in graph.body]
+    assert ops.count("_addmm_gelu") == 1 and ops.count("_mm_gelu_backward") == 1
+    assert "gelu" not in ops and "gelu_backward" not in ops and ops.count("sum") == 0
+    program = build_program(graph)
+    outs = program.run([np.ascontiguousarray(a.detach().numpy()).reshape(-1) for a in args], frozenset())
+    for out, expected in zip(outs, _mlp_step(*args)):
+        np.testing.assert_allclose(np.asarray(out).reshape(expected.shape), expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_gelu_epilogues_are_not_taken_for_the_exact_gelu_or_without_a_bias_gradient():
+    args = _mlp_args()
+
+    def exact(x, w1, b1, w2):
+        loss = (F.linear(F.gelu(F.linear(x, w1, b1)), w2) ** 2).sum()
+        return tw.autograd.grad(loss, [x, w1, b1, w2])
+
+    def no_bias_gradient(x, w1, b1, w2):  # the bias is not differentiated: no column sum to take over
+        h = F.gelu(F.linear(x, w1, b1.detach()), approximate="tanh")
+        return tw.autograd.grad((F.linear(h, w2) ** 2).sum(), [x, w1, w2])
+
+    ops = [n.op for n in _epilogue_graph(exact, *args).body]
+    assert "_addmm_gelu" not in ops and "_mm_gelu_backward" not in ops and "gelu_backward" in ops
+    ops = [n.op for n in _epilogue_graph(no_bias_gradient, *args).body]
+    assert ops.count("_addmm_gelu") == 1 and "_mm_gelu_backward" not in ops and "gelu_backward" in ops
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gelu_epilogues_with_a_second_matrix_on_cuda(dtype):
+    """The eager kernels of _addmm_gelu and _mm_gelu_backward take cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD
+    epilogues where the operands fit, and their decomposition where they do not (a row of 20 elements)."""
+    from tilewise.backends.cuda import matmul
+    from tilewise.ops.registry import OPS
+
+    dt = getattr(tw, dtype)
+    tol = 2e-3 if dtype == "float32" else 3e-2
+    for n in (3072, 20):
+        bias, x = tw.randn(n, device="cuda").to(dt), tw.randn(256, 768, device="cuda").to(dt)
+        w = (tw.randn(n, 768, device="cuda") * 0.03).to(dt)
+        out, pre = tw._addmm_gelu(bias, x, w.t())
+        want_out, want_pre = OPS["_addmm_gelu"].decomposition(bias, x, w.t())
+        _close(pre, want_pre, tol, tol)
+        _close(out, want_out, tol, tol)
+        grad_out = (tw.randn(256, 768, device="cuda") * 0.1).to(dt)
+        grad, grad_bias = tw._mm_gelu_backward(grad_out, w, pre)
+        want_grad, want_bias = OPS["_mm_gelu_backward"].decomposition(grad_out, w, pre)
+        _close(grad, want_grad, tol, tol * float(want_grad.abs().max()))
+        _close(grad_bias, want_bias, tol, tol * float(want_grad.abs().sum(0).max()))
+    taken = {key[9] for key in matmul._plans if key[1] is dt}
+    assert {"gelu_aux_bias", "dgelu_bgrad"} <= taken, taken
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_compiled_mlp_step_runs_its_gelu_as_two_gemm_epilogues_on_cuda(dtype):
+    dt = getattr(tw, dtype)
+    args = _mlp_args("cuda", dt, rows=(4, 64), features=(128, 512, 64))
+    compiled = tw.compile(_mlp_step)
+    tol = 2e-3 if dtype == "float32" else 5e-2
+    expected = _mlp_step(*args)
+    for _ in range(3):  # the first run chooses the algorithms, the later ones replay the CUDA graph
+        for got, want in zip(compiled(*args), expected):
+            _close(got, want, tol, tol * float(want.abs().max()))
+    (program,) = compiled.programs()
+    calls = [s.describe() for s in program.steps if hasattr(s, "node")]
+    assert any(c.startswith("call _addmm_gelu [into its buffer]") for c in calls), calls
+    assert any(c.startswith("call _mm_gelu_backward [into its buffer]") for c in calls), calls
+    assert all(s.capturable for s in program.steps if getattr(s, "node", None) is not None
+               and s.node.op in ("_addmm_gelu", "_mm_gelu_backward"))
+
+
 def test_addmm_activation_with_gelu_is_the_tanh_approximation():
     b, m1, m2 = tw.randn(5), tw.randn(3, 4), tw.randn(4, 5)
     expected = F.gelu(tw.addmm(b, m1, m2), approximate="tanh")

@@ -26,7 +26,7 @@ import numpy as np
 from tilewise import dtypes
 from tilewise._stages import stage
 from tilewise.backends.cuda import data_ptr, empty, empty_fast, stream_handle
-from tilewise.backends.cuda.kernels import kernel
+from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.config import log, settings
 from tilewise.device import Device
 from tilewise.dtypes import DType
@@ -38,7 +38,11 @@ WORKSPACE_BYTES = 32 << 20
 _DATA_TYPE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}  # cudaDataType_t
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70  # cublasComputeType_t
 _OP_N, _OP_T = 0, 1
-EPILOGUES = {"none": 1, "relu": 2, "bias": 4, "relu_bias": 6, "gelu": 32, "gelu_bias": 36}  # cublasLtEpilogue_t
+EPILOGUES = {"none": 1, "relu": 2, "bias": 4, "relu_bias": 6, "gelu": 32, "gelu_bias": 36,  # cublasLtEpilogue_t
+             "gelu_aux_bias": 164, "dgelu_bgrad": 208}
+# epilogues with a second matrix beside D (the GELU input: written by gelu_aux_bias, read by dgelu_bgrad), laid out
+# as D; dgelu_bgrad writes the bias pointer (the column sums of its result) where the others read it
+AUX_EPILOGUES = ("gelu_aux_bias", "dgelu_bgrad")
 _TUNE_MIN_FLOPS = 1 << 25
 _CANDIDATES = 8
 
@@ -129,6 +133,7 @@ class _Plan:
     beta: np.ndarray = None
     scalars: tuple[int, int] = (0, 0)  # host addresses of alpha and beta
     bias_ptr: int = 0
+    aux_ptr: int = 0
 
 
 _plans: dict[tuple, _Plan] = {}
@@ -158,10 +163,16 @@ def _plan(key: tuple, dtype: DType, a_op: Operand, b_op: Operand, m: int, n: int
     _set(setter, dtype_of, desc, lt.MatmulDescAttribute.TRANSB, a_op.trans)
     if epilogue != "none":
         _set(setter, dtype_of, desc, lt.MatmulDescAttribute.EPILOGUE, EPILOGUES[epilogue])
+    if epilogue in AUX_EPILOGUES:  # the pointers are set at each run; the heuristic wants them set already
+        _set(setter, dtype_of, desc, lt.MatmulDescAttribute.EPILOGUE_AUX_LD, n)
+        _set(setter, dtype_of, desc, lt.MatmulDescAttribute.EPILOGUE_AUX_POINTER, args[7])
+        _set(setter, dtype_of, desc, lt.MatmulDescAttribute.BIAS_POINTER, args[4])
     b_stride, a_stride = strides
     layouts = (_layout(dtype, b_op, batch, b_stride), _layout(dtype, a_op, batch, a_stride),
                _layout(dtype, Operand(_OP_N, n, m, n), batch, m * n))
     plan = _Plan(desc, layouts, 0)
+    if epilogue in AUX_EPILOGUES:
+        plan.bias_ptr, plan.aux_ptr = args[4], args[7]
     plan.alpha = np.array([1.0], np.float64 if wide else np.float32)
     plan.beta = np.array([0.0], np.float64 if wide else np.float32)
     plan.scalars = (plan.alpha.ctypes.data, plan.beta.ctypes.data)
@@ -238,11 +249,12 @@ def _queued(plan: _Plan, args: tuple, runs: int) -> tuple:
     from tilewise.backends.cuda.runtime import Event
 
     start, end = Event(enable_timing=True), Event(enable_timing=True)
+    stream = args[6]
     _run(plan, *args)  # queued ahead of the start event, so host latency is not timed
-    start.record(args[-1])
+    start.record(stream)
     for _ in range(runs):
         _run(plan, *args)
-    end.record(args[-1])
+    end.record(stream)
     return start, end
 
 
@@ -259,12 +271,16 @@ def _warmup_runs(plan: _Plan, args: tuple) -> int:
 
 
 def _run(plan: _Plan, handle: int, a_ptr: int, b_ptr: int, d_ptr: int, bias_ptr: int, workspace: int,
-         stream: int) -> None:
+         stream: int, aux_ptr: int = 0) -> None:
     lt = _lt()
     if bias_ptr and bias_ptr != plan.bias_ptr:
         plan.bias_ptr = bias_ptr
         _set(lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, plan.desc,
              lt.MatmulDescAttribute.BIAS_POINTER, bias_ptr)
+    if aux_ptr and aux_ptr != plan.aux_ptr:
+        plan.aux_ptr = aux_ptr
+        _set(lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, plan.desc,
+             lt.MatmulDescAttribute.EPILOGUE_AUX_POINTER, aux_ptr)
     a_layout, b_layout, d_layout = plan.layouts
     alpha, beta = plan.scalars
     lt.matmul(handle, plan.desc, alpha, b_ptr, a_layout, a_ptr, b_layout, beta, d_ptr, d_layout, d_ptr, d_layout,
@@ -295,17 +311,42 @@ def gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, epilogue: str = "none
     """``a @ b`` (+ ``bias`` per output column, then ``epilogue``) for 2-D or batched 3-D CUDA tensors.
 
     ``epilogue``: "none", "bias", "relu_bias", "gelu_bias" (GELU with the tanh approximation), "relu", "gelu".
+    The two with a second matrix go through :func:`gemm_into`.
     """
     return _gemm(a, b, bias, epilogue, None)[0]
 
 
-def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None, epilogue: str = "none") -> bool:
+def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None, epilogue: str = "none",
+              aux: Tensor | None = None) -> bool:
     """:func:`gemm` writing into ``out`` (contiguous, of the product's shape and dtype); whether it had to
-    copy an operand first (a layout cuBLASLt cannot read), which allocates memory."""
-    return _gemm(a, b, bias, epilogue, out)[1]
+    copy an operand first (a layout cuBLASLt cannot read), which allocates memory.
+
+    For 2-D products, two epilogues take ``aux``, a contiguous matrix of ``out``'s shape and dtype (see
+    :func:`aux_epilogue_fits`): "gelu_aux_bias" writes ``pre = a @ b + bias`` into ``aux`` and ``gelu(pre)``
+    (tanh) into ``out``; "dgelu_bgrad" writes ``gelu_backward(a @ b, aux)`` (tanh) into ``out`` and its column
+    sums into ``bias``."""
+    return _gemm(a, b, bias, epilogue, out, aux)[1]
 
 
-def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor | None) -> tuple[Tensor, bool]:
+def aux_epilogue_fits(out: Tensor, a: Tensor, b: Tensor, bias: Tensor, aux: Tensor) -> bool:
+    """Whether cuBLASLt's GELU epilogues with a second matrix take these operands where they lie: one floating
+    dtype on one device, 2-D operands it reads without a copy, a contiguous ``out`` and ``aux`` of the product's
+    shape whose rows are a multiple of 8 elements, a contiguous ``bias`` of one value per column, and every
+    address 16-byte aligned."""
+    m, n = a._shape[0] if a.ndim == 2 else -1, b._shape[-1]
+    dtype, device = a._dtype, a._device
+    return (dtype.name in SUPPORTED and dtype is not dtypes.float64 and a.ndim == 2 and b.ndim == 2
+            and a._shape[1] == b._shape[0] and m > 0 and n % 8 == 0 and a._shape[1] > 0
+            and all(t._dtype is dtype and t._device == device for t in (b, out, bias, aux))
+            and out._shape == aux._shape == (m, n) and bias._shape == (n,)
+            and out.is_contiguous() and aux.is_contiguous() and bias.is_contiguous()
+            and column_major(m, a._shape[1], *a._strides) is not None
+            and column_major(b._shape[0], n, *b._strides) is not None
+            and all(data_ptr(t) % 16 == 0 for t in (a, b, out, bias, aux)))
+
+
+def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor | None,
+          aux: Tensor | None = None) -> tuple[Tensor, bool]:
     device = a._device
     a_ptr, b_ptr = data_ptr(a), data_ptr(b)
     key = (device.index, a._dtype, a._shape, a._strides, b._shape, b._strides, epilogue, _alignment(a_ptr),
@@ -313,7 +354,7 @@ def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor
     call = _calls.get(key)
     stream = stream_handle(device.index)
     if call is None:
-        call = _calls[key] = _call(a, b, bias, epilogue, stream)
+        call = _calls[key] = _call(a, b, bias, epilogue, stream, aux)
     if into is None:
         out = empty_fast(call.out_shape, call.out_strides, call.numel, a._dtype, device, stream)
     elif into._shape != call.out_shape or into._strides != call.out_strides or into._dtype is not a._dtype:
@@ -332,7 +373,7 @@ def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor
         b_ptr = data_ptr(b)
     ctx = _contexts[device.index]
     _run(call.plan, ctx.handle, a_ptr, b_ptr, data_ptr(out), data_ptr(bias) if bias is not None else 0,
-         data_ptr(ctx.workspace), stream)
+         data_ptr(ctx.workspace), stream, data_ptr(aux) if aux is not None else 0)
     return out, copied
 
 
@@ -352,7 +393,7 @@ def _degenerate(out: Tensor, bias: Tensor | None, epilogue: str) -> Tensor:
     return out if bias is None else _epilogue_by_hand(out + bias, epilogue)
 
 
-def _call(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, stream: int) -> _Call:
+def _call(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, stream: int, aux: Tensor | None) -> _Call:
     device = a._device
     batched = a.ndim == 3
     m, k = a._shape[-2:]
@@ -370,13 +411,17 @@ def _call(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, stream: int)
     b = _copied(b) if call.copy_b else b
     a_op, b_op = _operand(a)[1], _operand(b)[1]
     ctx = _context(device)
-    out = empty(out_shape, a._dtype, device)
+    out = empty(out_shape, a._dtype, device)  # algorithm timing writes here (and into a written aux / bias)
+    written = {"gelu_aux_bias": (aux,), "dgelu_bgrad": (bias,)}.get(epilogue, ())
+    scratch = {id(t): empty(t._shape, t._dtype, device) for t in written}
+    bias = scratch.get(id(bias), bias)
+    aux = scratch.get(id(aux), aux)
     ptrs = (data_ptr(a), data_ptr(b), data_ptr(out))
     aligns = tuple(_alignment(p) for p in (ptrs[1], ptrs[0], ptrs[2], ptrs[2]))
     strides = (b._strides[0] if batched else 0, a._strides[0] if batched else 0)
     key = (device.index, a._dtype, a_op, b_op, m, n, k, batch, strides, epilogue, aligns, allow_tf32)
     args = (ctx.handle, ptrs[0], ptrs[1], ptrs[2], data_ptr(bias) if bias is not None else 0,
-            data_ptr(ctx.workspace), stream)
+            data_ptr(ctx.workspace), stream, data_ptr(aux) if aux is not None else 0)
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _plan(key, a._dtype, a_op, b_op, m, n, k, batch, strides, epilogue, aligns, args)
@@ -454,6 +499,54 @@ def addmm_activation(device: Device, self: Tensor, mat1: Tensor, mat2: Tensor, b
 
         return OPS["_addmm_activation"].decomposition(self, mat1, mat2, beta=beta, alpha=alpha, use_gelu=use_gelu)
     return gemm(mat1, mat2, self.contiguous(), epilogue)
+
+
+# [Note: GELU epilogues with a second matrix]
+# A training step keeps GELU's input for its backward. cuBLASLt's GELU_AUX_BIAS writes it beside the GELU of the
+# biased product, so the forward is one GEMM where it was a GEMM with a bias and a pointwise kernel reading the
+# sum back. DGELU_BGRAD reads it back in the backward's product: the GEMM writes GELU's derivative applied to the
+# product and the column sums of that (the bias gradient), where a fused kernel read the product, applied the
+# derivative and summed the columns. The compiler's CUDA target rewrites the two patterns into these operators
+# (``compiler.passes.epilogues``); their kernels fall back to the declared decomposition whenever cuBLASLt cannot
+# take the operands where they lie.
+
+@kernel("_addmm_gelu")
+def addmm_gelu(device: Device, self: Tensor, mat1: Tensor, mat2: Tensor):
+    out = empty((mat1._shape[0], mat2._shape[-1]), mat1._dtype, device) if mat1.ndim == 2 and mat2.ndim == 2 else None
+    pre = empty(out._shape, out._dtype, device) if out is not None else None
+    if out is not None and addmm_gelu_into((out, pre), self, mat1, mat2):
+        return out, pre
+    from tilewise.ops.registry import OPS
+
+    return OPS["_addmm_gelu"].decomposition(self, mat1, mat2)
+
+
+@kernel_into("_addmm_gelu")
+def addmm_gelu_into(outs: tuple, self: Tensor, mat1: Tensor, mat2: Tensor) -> bool:
+    out, pre = outs
+    if out is None or pre is None or not aux_epilogue_fits(out, mat1, mat2, self, pre):
+        return False
+    return not gemm_into(out, mat1, mat2, self, "gelu_aux_bias", pre)
+
+
+@kernel("_mm_gelu_backward")
+def mm_gelu_backward(device: Device, mat1: Tensor, mat2: Tensor, preactivation: Tensor):
+    if mat1.ndim == 2 and mat2.ndim == 2:
+        grad = empty((mat1._shape[0], mat2._shape[-1]), mat1._dtype, device)
+        grad_bias = empty((mat2._shape[-1],), mat1._dtype, device)
+        if mm_gelu_backward_into((grad, grad_bias), mat1, mat2, preactivation):
+            return grad, grad_bias
+    from tilewise.ops.registry import OPS
+
+    return OPS["_mm_gelu_backward"].decomposition(mat1, mat2, preactivation)
+
+
+@kernel_into("_mm_gelu_backward")
+def mm_gelu_backward_into(outs: tuple, mat1: Tensor, mat2: Tensor, preactivation: Tensor) -> bool:
+    grad, grad_bias = outs
+    if grad is None or grad_bias is None or not aux_epilogue_fits(grad, mat1, mat2, grad_bias, preactivation):
+        return False
+    return not gemm_into(grad, mat1, mat2, grad_bias, "dgelu_bgrad", preactivation)
 
 
 def linear_activation(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:

@@ -8,11 +8,17 @@ again. A step only joins when nothing else reads the value it consumes (the prod
 the activation); otherwise that value must exist in memory anyway and the fused kernel stays. A product
 viewed with other leading dims before the bias is added (a linear layer over a 3-D input) joins too: the
 call's result is viewed instead.
+
+A training step reads the sum before a tanh GELU again in its backward, so there the forward becomes
+``_addmm_gelu``, one call writing both the GELU and its input (cuBLASLt's GELU_AUX_BIAS). The backward's
+``gelu_backward(mm(a, b), pre)``, with the bias gradient summed over its rows, becomes ``_mm_gelu_backward``:
+one call writing the gradient and its column sums (DGELU_BGRAD). See [Note: GELU epilogues with a second
+matrix] in ``backends/cuda/matmul.py``.
 """
 
 from __future__ import annotations
 
-from tilewise.compiler.ir import Graph, Node, Ref, toposort
+from tilewise.compiler.ir import Graph, Node, Ref, TensorType, toposort
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -53,16 +59,76 @@ def _activation(node: Node) -> str | None:
     return None
 
 
-def gemm_epilogues(graph: Graph) -> Graph:
-    readers = _readers(graph)
-    mapping: dict[Node, Node] = {n: n for n in graph.inputs}
+def _users(graph: Graph) -> dict[Node, list[Node]]:
+    users: dict[Node, list[Node]] = {}
     for node in graph.body:
+        for s in node.srcs:
+            users.setdefault(s, []).append(node)
+    return users
+
+
+def _row_sum(node: Node, users: dict) -> Node | None:
+    """A reader of ``node`` (or of a 2-D view of it) summing it over every dim but the last, in its dtype."""
+    rows = node.type.numel // max(node.type.shape[-1], 1)
+    views = [u for u in users.get(node, ()) if u.op == "view" and u.type.shape == (rows, node.type.shape[-1])]
+    for value in (node, *views):
+        rank = len(value.type.shape)
+        for u in users.get(value, ()):
+            dims = u.args[1] if u.op == "sum" and len(u.args) > 1 else None
+            dims = (dims,) if isinstance(dims, int) else dims
+            if (dims and u.type.shape == value.type.shape[-1:] and u.type.dtype == value.type.dtype
+                    and sorted(d % rank for d in dims) == list(range(rank - 1))):
+                return u
+    return None
+
+
+def _product_of(value: Node, readers: dict) -> Node | None:
+    """The ``mm`` that ``value`` is, or is a view of keeping its columns, when nothing else reads it."""
+    if value.op == "view" and readers.get(value) == 1:
+        value = value.srcs[0] if value.type.shape[-1:] == value.srcs[0].type.shape[-1:] else value
+    if value.op == "mm" and readers.get(value) == 1 and value.type.dtype.name in DTYPES:
+        return value
+    return None
+
+
+def _tuple(op: str, operands: tuple, types: tuple) -> tuple[Node, ...]:
+    call = Node(op, operands, tuple(Ref(i) for i in range(len(operands))), types)
+    return tuple(Node("getitem", (call,), (k,), t) for k, t in enumerate(types))
+
+
+def _like(value: Node, shape: tuple) -> Node:
+    """``value`` viewed with ``shape`` (itself when it has that shape)."""
+    if value.type.shape == shape:
+        return value
+    if value.op == "view" and value.srcs[0].type.shape == shape:
+        return value.srcs[0]
+    return Node("view", (value,), (Ref(0), shape), TensorType(shape, value.type.dtype, value.type.device))
+
+
+def gemm_epilogues(graph: Graph) -> Graph:
+    readers, users = _readers(graph), _users(graph)
+    gelu_of = {n.srcs[0]: n for n in graph.body if _activation(n) == "gelu"}
+    mapping: dict[Node, Node] = {n: n for n in graph.inputs}
+    later: dict[Node, Node] = {}  # a node already replaced by a call made when an earlier node was visited
+    for node in graph.body:
+        if node in later:
+            mapping[node] = later[node]
+            continue
         srcs = tuple(mapping[s] for s in node.srcs)
         new = node.replace(srcs=srcs) if srcs != node.srcs else node
+        if new.op == "view" and new.srcs[0].op == "view" and new.srcs[0].srcs[0].type.shape == new.type.shape:
+            new = new.srcs[0].srcs[0]  # a call's result viewed back to its own shape (made by the rules below)
         act = _activation(node)
         inner = node.srcs[0] if act is not None else node
         found = _bias_add(inner, readers) if act is None or readers.get(inner) == 1 else None
-        if found is not None:
+        if found is not None and act is None and node in gelu_of and readers.get(node, 0) > 1:
+            # a GELU's input that something else reads too (its backward): one call writes both
+            prod, bias, reshape = found
+            out, pre = _tuple("_addmm_gelu", (mapping[bias], mapping[prod.srcs[0]], mapping[prod.srcs[1]]),
+                              (prod.type, prod.type))
+            new = reshape.replace(srcs=(pre,)) if reshape is not None else pre
+            later[gelu_of[node]] = reshape.replace(srcs=(out,)) if reshape is not None else out
+        elif found is not None:
             prod, bias, reshape = found
             operands = (mapping[bias], mapping[prod.srcs[0]], mapping[prod.srcs[1]])
             refs = (Ref(0), Ref(1), Ref(2), 1, 1)
@@ -70,6 +136,17 @@ def gemm_epilogues(graph: Graph) -> Graph:
                    else Node("addmm", operands, refs, prod.type))
             if reshape is not None:
                 new = reshape.replace(srcs=(new,))
+        elif node.op == "gelu_backward" and node.args[2:] == ("tanh",) and all(
+                s.type == node.type for s in node.srcs):
+            prod = _product_of(node.srcs[0], readers)
+            grad_sum = _row_sum(node, users) if prod is not None else None
+            if grad_sum is not None:
+                shape = prod.type.shape
+                grad, grad_bias = _tuple("_mm_gelu_backward", (mapping[prod.srcs[0]], mapping[prod.srcs[1]],
+                                                              _like(mapping[node.srcs[1]], shape)),
+                                         (prod.type, grad_sum.type))
+                new = _like(grad, node.type.shape)
+                later[grad_sum] = grad_bias
         mapping[node] = new
     out = Graph(list(graph.inputs), [], [mapping[o] for o in graph.outputs],
                 [(i, mapping[v]) for i, v in graph.writes])
