@@ -110,8 +110,8 @@ declare("_addmm_activation(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta
 
 
 # A linear layer with GELU (tanh) in a training step, as the CUDA target of the compiler runs it: the forward
-# keeps GELU's input for the backward, and the backward's product, GELU's derivative and the bias gradient
-# are one GEMM with cuBLASLt's GELU_AUX_BIAS / DGELU_BGRAD epilogues.
+# keeps GELU's input for the backward, and the backward's product and GELU's derivative are one GEMM
+# (cuBLASLt's GELU_AUX_BIAS and DGELU epilogues).
 def _addmm_gelu(s, m1, m2):
     pre = OPS["addmm"](s, m1, m2)
     return OPS["gelu"](pre, approximate="tanh"), pre
@@ -122,13 +122,12 @@ def _mm_gelu_backward(m1, m2, pre):
     if tuple(pre.shape) != (m1.shape[0], m2.shape[1]):
         raise RuntimeError(f"_mm_gelu_backward: preactivation has shape {list(pre.shape)}; it must be the product's "
                            f"shape [{m1.shape[0]}, {m2.shape[1]}] (mat1 {list(m1.shape)} @ mat2 {list(m2.shape)})")
-    grad = OPS["gelu_backward"](m1.mm(m2), pre, "tanh")
-    return grad, grad.sum(0)
+    return OPS["gelu_backward"](m1.mm(m2), pre, "tanh")
 
 
 declare("_addmm_gelu(Tensor self, Tensor mat1, Tensor mat2) -> (Tensor output, Tensor preactivation)", "composite",
         decomposition=_addmm_gelu, method=False)
-declare("_mm_gelu_backward(Tensor mat1, Tensor mat2, Tensor preactivation) -> (Tensor grad_input, Tensor grad_bias)",
+declare("_mm_gelu_backward(Tensor mat1, Tensor mat2, Tensor preactivation) -> Tensor",
         "composite", decomposition=_mm_gelu_backward, method=False)
 declare("baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
         decomposition=lambda s, b1, b2, beta=1, alpha=1: s * beta + b1.bmm(b2) * alpha, autocast="lower")

@@ -11,9 +11,9 @@ call's result is viewed instead.
 
 A training step reads the sum before a tanh GELU again in its backward, so there the forward becomes
 ``_addmm_gelu``, one call writing both the GELU and its input (cuBLASLt's GELU_AUX_BIAS). The backward's
-``gelu_backward(mm(a, b), pre)``, with the bias gradient summed over its rows, becomes ``_mm_gelu_backward``:
-one call writing the gradient and its column sums (DGELU_BGRAD). See [Note: GELU epilogues with a second
-matrix] in ``backends/cuda/matmul.py``.
+``gelu_backward(mm(a, b), pre)`` becomes ``_mm_gelu_backward``, one call applying GELU's derivative to the
+product as it writes it (DGELU). See [Note: GELU epilogues with a second matrix] in
+``backends/cuda/matmul.py``.
 """
 
 from __future__ import annotations
@@ -59,29 +59,6 @@ def _activation(node: Node) -> str | None:
     return None
 
 
-def _users(graph: Graph) -> dict[Node, list[Node]]:
-    users: dict[Node, list[Node]] = {}
-    for node in graph.body:
-        for s in node.srcs:
-            users.setdefault(s, []).append(node)
-    return users
-
-
-def _row_sum(node: Node, users: dict) -> Node | None:
-    """A reader of ``node`` (or of a 2-D view of it) summing it over every dim but the last, in its dtype."""
-    rows = node.type.numel // max(node.type.shape[-1], 1)
-    views = [u for u in users.get(node, ()) if u.op == "view" and u.type.shape == (rows, node.type.shape[-1])]
-    for value in (node, *views):
-        rank = len(value.type.shape)
-        for u in users.get(value, ()):
-            dims = u.args[1] if u.op == "sum" and len(u.args) > 1 else None
-            dims = (dims,) if isinstance(dims, int) else dims
-            if (dims and u.type.shape == value.type.shape[-1:] and u.type.dtype == value.type.dtype
-                    and sorted(d % rank for d in dims) == list(range(rank - 1))):
-                return u
-    return None
-
-
 def _product_of(value: Node, readers: dict) -> Node | None:
     """The ``mm`` that ``value`` is, or is a view of keeping its columns, when nothing else reads it."""
     if value.op == "view" and readers.get(value) == 1:
@@ -106,7 +83,7 @@ def _like(value: Node, shape: tuple) -> Node:
 
 
 def gemm_epilogues(graph: Graph) -> Graph:
-    readers, users = _readers(graph), _users(graph)
+    readers = _readers(graph)
     gelu_of = {n.srcs[0]: n for n in graph.body if _activation(n) == "gelu"}
     mapping: dict[Node, Node] = {n: n for n in graph.inputs}
     later: dict[Node, Node] = {}  # a node already replaced by a call made when an earlier node was visited
@@ -139,14 +116,9 @@ def gemm_epilogues(graph: Graph) -> Graph:
         elif node.op == "gelu_backward" and node.args[2:] == ("tanh",) and all(
                 s.type == node.type for s in node.srcs):
             prod = _product_of(node.srcs[0], readers)
-            grad_sum = _row_sum(node, users) if prod is not None else None
-            if grad_sum is not None:
-                shape = prod.type.shape
-                grad, grad_bias = _tuple("_mm_gelu_backward", (mapping[prod.srcs[0]], mapping[prod.srcs[1]],
-                                                              _like(mapping[node.srcs[1]], shape)),
-                                         (prod.type, grad_sum.type))
-                new = _like(grad, node.type.shape)
-                later[grad_sum] = grad_bias
+            if prod is not None:
+                operands = (mapping[prod.srcs[0]], mapping[prod.srcs[1]], _like(mapping[node.srcs[1]], prod.type.shape))
+                new = _like(Node("_mm_gelu_backward", operands, (Ref(0), Ref(1), Ref(2)), prod.type), node.type.shape)
         mapping[node] = new
     out = Graph(list(graph.inputs), [], [mapping[o] for o in graph.outputs],
                 [(i, mapping[v]) for i, v in graph.writes])
