@@ -353,7 +353,7 @@ def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor
     call = _calls.get(key)
     stream = stream_handle(device.index)
     if call is None:
-        call = _calls[key] = _call(a, b, bias, epilogue, stream, aux)
+        call = _calls[key] = _call(a, b, bias, epilogue, stream, aux, into)
     if into is None:
         out = empty_fast(call.out_shape, call.out_strides, call.numel, a._dtype, device, stream)
     elif into._shape != call.out_shape or into._strides != call.out_strides or into._dtype is not a._dtype:
@@ -392,7 +392,8 @@ def _degenerate(out: Tensor, bias: Tensor | None, epilogue: str) -> Tensor:
     return out if bias is None else _epilogue_by_hand(out + bias, epilogue)
 
 
-def _call(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, stream: int, aux: Tensor | None) -> _Call:
+def _call(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, stream: int, aux: Tensor | None,
+          into: Tensor | None) -> _Call:
     device = a._device
     batched = a.ndim == 3
     m, k = a._shape[-2:]
@@ -410,8 +411,11 @@ def _call(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, stream: int,
     b = _copied(b) if call.copy_b else b
     a_op, b_op = _operand(a)[1], _operand(b)[1]
     ctx = _context(device)
-    out = empty(out_shape, a._dtype, device)  # algorithm timing writes here (and into a written aux / bias)
-    if epilogue == "gelu_aux_bias":
+    # algorithm timing writes the output (and the aux matrix of gelu_aux_bias): the caller's when it gave one,
+    # which it is about to be written anyway, so that the choice takes no memory beside it
+    fits = into is not None and into._shape == out_shape and into._strides == call.out_strides
+    out = into if fits else empty(out_shape, a._dtype, device)
+    if epilogue == "gelu_aux_bias" and not fits:
         aux = empty(aux._shape, aux._dtype, device)
     ptrs = (data_ptr(a), data_ptr(b), data_ptr(out))
     aligns = tuple(_alignment(p) for p in (ptrs[1], ptrs[0], ptrs[2], ptrs[2]))
