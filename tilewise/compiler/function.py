@@ -348,6 +348,24 @@ def _entry_sources(traced: Traced) -> list[Source]:
     return [by_entry[k] for k in range(len(by_entry))]
 
 
+_FLAT_SPECS: dict[int, object] = {}
+
+
+def _flatten_call(args: tuple, kwargs: dict) -> tuple[list, object]:
+    """``flatten((list(args), kwargs))``; a call of only leaf arguments (tensors, numbers), the usual one, takes
+    a spec made once per argument count (flattening the nested structure took 3 us of a call's 20)."""
+    if not kwargs:
+        for a in args:
+            if isinstance(a, (list, tuple, dict)):
+                break
+        else:
+            spec = _FLAT_SPECS.get(len(args))
+            if spec is None:
+                spec = _FLAT_SPECS[len(args)] = flatten((list(args), kwargs))[1]
+            return list(args), spec
+    return flatten((list(args), kwargs))
+
+
 class CompiledFunction:
     """A function compiled per specialisation; see [Note: compiled functions]."""
 
@@ -371,7 +389,7 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         if STATE.trace_depth or self.eager_reason:  # inside another capture, or given up: the original function
             return self.fn(*args, **kwargs)
-        flat, spec = flatten((list(args), kwargs))
+        flat, spec = _flatten_call(args, kwargs)
         reasons = []
         for variant in self.variants:
             reason = variant.guards.failure(flat, spec, self.module)

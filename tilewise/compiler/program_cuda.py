@@ -80,13 +80,20 @@ class CudaKernelStep:
             self.scratch = DeviceBuffer(scratch_bytes, device.index, stream)
             check(driver_api().cuMemsetD8Async(self.scratch.ptr, 0, scratch_bytes, stream), "cuMemsetD8Async")
         self.extra = [self.scratch.ptr] if self.scratch is not None else []
+        self.packer = None  # the arguments' struct, made at the first launch (they are all addresses)
 
     def run(self, pointers: list, stream: int) -> None:
-        from tilewise.backends.cuda.kernels import launch
+        from tilewise.backends.cuda.kernels import launch, launch_packed, packer_for
 
         if not self.grid:  # every nest is empty
             return
-        launch(self.function, self.grid, self.block, [pointers[b] for b in self.buffers] + self.extra, stream)
+        args = [pointers[b] for b in self.buffers] + self.extra
+        if self.packer is None:
+            self.packer = packer_for(self.function, args) or False
+        if self.packer is False or type(self.grid) is not int or type(self.block) is not int:
+            launch(self.function, self.grid, self.block, args, stream)
+        else:
+            launch_packed(self.function, self.grid, self.block, self.packer, args, stream)
 
     def describe(self) -> str:
         shared = getattr(self.function, "name", self.kernel.name)
