@@ -88,9 +88,10 @@ class CudaKernelStep:
         if not self.grid:  # every nest is empty
             return
         args = [pointers[b] for b in self.buffers] + self.extra
-        if self.packer is None:
-            self.packer = packer_for(self.function, args) or False
-        if self.packer is False or type(self.grid) is not int or type(self.block) is not int:
+        if self.packer is None:  # a 1-D launch of addresses (False: the general path)
+            one_d = type(self.grid) is int and type(self.block) is int
+            self.packer = (packer_for(self.function, args) if one_d else None) or False
+        if self.packer is False:
             launch(self.function, self.grid, self.block, args, stream)
         else:
             launch_packed(self.function, self.grid, self.block, self.packer, args, stream)

@@ -40,14 +40,10 @@ def _bias_add(node: Node, readers: dict) -> tuple[Node, Node, Node | None] | Non
     if node.op != "add" or len(node.srcs) != 2 or node.args[2:] not in ((), (1,)):
         return None
     for value, bias in (node.srcs, node.srcs[::-1]):
-        prod, reshape = value, None
-        if value.op == "view" and readers.get(value) == 1 and value.srcs[0].op == "mm" \
-                and value.type.shape[-1:] == value.srcs[0].type.shape[-1:]:
-            prod, reshape = value.srcs[0], value
-        if (prod.op == "mm" and readers.get(prod) == 1 and prod.type.dtype.name in DTYPES
-                and bias.type.shape == prod.type.shape[-1:] and bias.type.dtype == prod.type.dtype
+        prod = _product_of(value, readers)
+        if (prod is not None and bias.type.shape == prod.type.shape[-1:] and bias.type.dtype == prod.type.dtype
                 and bias.type.device == prod.type.device and node.type == value.type):
-            return prod, bias, reshape
+            return prod, bias, value if value is not prod else None
     return None
 
 
