@@ -77,6 +77,53 @@ def test_grad_accumulates_across_backward_calls():
     np.testing.assert_allclose(x.grad.numpy(), [1.0, 1.0, 1.0])
 
 
+def _clones_during(fn) -> int:
+    """How many clone ops ``fn`` dispatches."""
+    from tilewise import dispatch
+
+    seen, run = [], dispatch.run
+
+    def counting(op, args):
+        seen.append(op.name)
+        return run(op, args)
+
+    dispatch.run = counting
+    try:
+        fn()
+    finally:
+        dispatch.run = run
+    return seen.count("clone")
+
+
+def test_a_gradient_only_the_engine_holds_becomes_grad_without_a_copy():
+    w, tw_ = both(np.arange(12.0).reshape(4, 3))
+    x = np.linspace(-1, 1, 20).reshape(5, 4)
+    assert _clones_during(lambda: (tw.tensor(x) @ w).sum().backward()) == 0
+    (torch.tensor(x) @ tw_).sum().backward()
+    close(w.grad, tw_.grad)
+    before = w.grad.numpy().copy()
+    assert _clones_during(lambda: (tw.tensor(x) @ w).sum().backward()) == 0  # the second one adds
+    np.testing.assert_allclose(w.grad.numpy(), 2 * before)
+
+
+def test_a_gradient_held_elsewhere_is_copied_into_grad():
+    # add hands the same gradient tensor to both leaves: each .grad must be its own memory
+    a, b = both([1.0, 2.0])[0], both([3.0, 4.0])[0]
+    (a + b).sum().backward()
+    a.grad.mul_(10)
+    np.testing.assert_allclose(b.grad.numpy(), [1.0, 1.0])
+    # a gradient the caller passed in and still holds
+    c = both([1.0, 2.0])[0]
+    g = tw.tensor([5.0, 6.0], dtype=tw.float64)
+    (c + 0).backward(g)
+    g.mul_(0)
+    np.testing.assert_allclose(c.grad.numpy(), [5.0, 6.0])
+    # a gradient that is a view, or lies apart from its parameter's layout (here a transpose)
+    w = both(np.ones((3, 2)))[0]
+    (tw.ones(4, 3, dtype=tw.float64) @ w.t().t()).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), np.full((3, 2), 4.0))
+
+
 def test_backward_with_gradient_for_non_scalar():
     x, tx = both([[1.0, 2.0], [3.0, 4.0]])
     g = [[1.0, -1.0], [0.5, 2.0]]

@@ -579,10 +579,26 @@ def test_a_composite_runs_as_its_compiled_decomposition_once_per_signature():
         _close(fused.run_fused(backward, args), backward.decomposition(*args), 1e-5, 1e-5)
         kernels = sum(p.kernel_count for p in program_of(backward, args).programs())
         assert kernels == 1, f"{name}: one read, one write"
+        # once compiled, a call with the same key runs the variant without its guards, unless tensors share memory
+        variant = fused._variants[(STATE.grad_enabled, *fused._key(backward, args))]
+        assert variant is program_of(backward, args).variants[0]
+        same = tw.randn(6, 50).softmax(1)
+        aliased = (same, same, 1, tw.float32)
+        _close(fused.run_fused(backward, aliased), backward.decomposition(*aliased), 1e-5, 1e-5)
     ln = OPS["native_layer_norm"]
     w, b = tw.randn(50), tw.randn(50)
     for got, want in zip(fused.run_fused(ln, (x, [50], w, b, 1e-5)), ln.decomposition(x, [50], w, b, 1e-5)):
         _close(got, want, 1e-5, 1e-6)
+    # cross entropy, forward and backward, with an ignored target, class weights and label smoothing
+    loss, loss_backward = OPS["_cross_entropy_loss"], OPS["_cross_entropy_backward"]
+    target = tw.tensor([3, -100, 49, 0, 7, 7])
+    for rest in ((None, "mean", -100, 0.0), (tw.rand(50), "sum", -100, 0.1), (None, "none", -100, 0.0)):
+        args = (x, target, *rest)
+        want = loss.decomposition(*args)
+        _close(fused.run_fused(loss, args), want, 1e-5, 1e-6)
+        grad_args = (tw.randn(*want.shape), *args)
+        _close(fused.run_fused(loss_backward, grad_args), loss_backward.decomposition(*grad_args), 1e-5, 1e-6)
+        assert sum(p.kernel_count for p in program_of(loss_backward, grad_args).programs()) <= 4
 
 
 @pytest.mark.cuda
@@ -601,6 +617,25 @@ def test_eager_softmax_and_layer_norm_on_cuda_are_one_kernel_each():
     names = {op.name for (_, op, _), f in fused._programs.items() if f is not None}
     assert {"softmax", "native_layer_norm"} <= names or {"softmax", "layer_norm"} <= names
     assert {"_softmax_backward_data", "_layer_norm_backward"} <= names
+
+
+@pytest.mark.cuda
+def test_eager_cross_entropy_on_cuda_runs_compiled_forward_and_backward():
+    from tilewise.backends.cuda import fused
+
+    logits = tw.randn(256, 5000, device="cuda").to(tw.bfloat16).requires_grad_(True)
+    target = tw.randint(0, 5000, (256,), device="cuda")
+    target[5] = -100
+    with tw.autocast(device_type="cuda", dtype=tw.bfloat16):
+        loss = F.cross_entropy(logits, target)
+    loss.backward()
+    ref = logits.detach().cpu().float().requires_grad_(True)
+    want = F.cross_entropy(ref, target.cpu())
+    want.backward()
+    _close(loss, want, 1e-4, 1e-4)
+    _close(logits.grad.float(), ref.grad, 1e-2, 1e-5)
+    names = {op.name for (_, op, _), f in fused._programs.items() if f is not None}
+    assert {"_cross_entropy_loss", "_cross_entropy_backward"} <= names
 
 
 # ---------------------------------------------------------------------------- library calls inside graphs

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import builtins
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Number
 
 import ml_dtypes
@@ -28,14 +28,12 @@ class DType:
     category: int
     is_signed: bool
     c_name: str
+    itemsize: int = field(init=False)  # plain attributes, not properties: every kernel launch reads them
+    is_floating_point: bool = field(init=False)
 
-    @property
-    def itemsize(self) -> int:
-        return self.np.itemsize
-
-    @property
-    def is_floating_point(self) -> bool:
-        return self.category == FLOAT
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "itemsize", self.np.itemsize)
+        object.__setattr__(self, "is_floating_point", self.category == FLOAT)
 
     @property
     def is_complex(self) -> bool:

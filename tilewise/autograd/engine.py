@@ -116,7 +116,7 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                         captured[k] = g if captured[k] is None or g is None else captured[k] + g
             if isinstance(node, AccumulateGrad):
                 if accumulate and (inputs is None or (node, 0) in captures):
-                    g = grads[0]
+                    g, grads[0] = grads[0], None  # held by ``g`` alone: accumulate may take it as .grad
                     if g is not None:
                         g = _leaf_hooks(node.variable, g)
                         if (node, 0) in captures:
@@ -143,6 +143,7 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                 deps[nxt] -= 1
                 if deps[nxt] == 0:
                     ready.append(nxt)
+            in_grads = g = buf = None  # the buffers alone hold the gradients now (see AccumulateGrad.accumulate)
     finally:
         STATE.grad_enabled, STATE.autocast = prev_mode, prev_autocast
     if inputs is not None and not allow_unused:

@@ -25,8 +25,8 @@ from tilewise.dtypes import DType
 from tilewise.storage import Storage
 from tilewise.tensor import Tensor, cast_array, from_array
 
-SMALL_BLOCK = 1 << 20  # blocks up to this size are recycled by the backend's own free lists
-SMALL_CACHE_LIMIT = 256 << 20  # most bytes those free lists hold per device
+SMALL_BLOCK = 64 << 20  # blocks up to this size are recycled by the backend's own free lists
+SMALL_CACHE_LIMIT = 1 << 30  # most bytes those free lists hold per device
 
 
 class DeviceMemory:
@@ -38,7 +38,10 @@ class DeviceMemory:
     general bookkeeping (best-fit search, splitting, merging) would dominate the cost of a small op. Freed
     blocks of at most :data:`SMALL_BLOCK` bytes are therefore kept here on a free list per (stream, size)
     and handed straight back to the next request of that size on that stream, which is as safe as the
-    allocator's own reuse (same stream, so stream order protects it). ``allocated`` counts what tensors
+    allocator's own reuse (same stream, so stream order protects it). "Small" reaches 64 MiB: an eager
+    training step repeats the same activation sizes every step, and the allocator's own malloc and free of a
+    2 MiB GEMM output cost more host time than the GEMM's launch. A block on these lists cannot be merged
+    with its neighbours, so they hold at most :data:`SMALL_CACHE_LIMIT` bytes. ``allocated`` counts what tensors
     hold, so the figures of ``tilewise.cuda.memory_allocated`` stay exact; the free lists are returned to
     the allocator by ``empty_cache`` and before an out-of-memory error is allowed to escape.
     """

@@ -23,6 +23,7 @@ FUSED = frozenset({
     "layer_norm", "native_layer_norm", "_layer_norm_backward",
     "rms_norm", "_fused_rms_norm", "group_norm", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "_binary_cross_entropy", "kl_div",
+    "_cross_entropy_loss", "_cross_entropy_backward", "_cross_entropy_target_backward",
     "normalize", "cosine_similarity", "var", "std", "var_mean", "std_mean",
 })
 MAX_SIGNATURES = 256  # per operator; past it, new signatures run the decomposition
@@ -51,6 +52,10 @@ def run_fused(op, args: tuple):
         hash(key)
     except TypeError:
         return None
+    tensors = [a for a in args if type(a) is Tensor]
+    variant = _variants.get(key)
+    if variant is not None and len({id(t._storage) for t in tensors}) == len(tensors):
+        return variant.run(tensors)  # see [Note: fused calls skip the guards]
     fn = _programs.get(key, False)
     if fn is None:
         return None
@@ -60,10 +65,22 @@ def run_fused(op, args: tuple):
         fn = _programs[key] = _compile(op, args)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        out = fn(*[a for a in args if type(a) is Tensor])
+        out = fn(*tensors)
     if fn.eager_reason is not None:
         _programs[key] = None
+    elif len(fn.variants) == 1 and len({id(t._storage) for t in tensors}) == len(tensors):
+        _variants[key] = fn.variants[0]
     return out
+
+
+# [Note: fused calls skip the guards]
+# A compiled function checks its guards at every call: the arguments' structure, grad and autocast modes, each
+# tensor's signature, which tensors share storage. A fused composite's key already holds all of them but the
+# last: the grad mode, every non-tensor argument, every tensor's ``signature``; autocast is always off below the
+# dispatcher's Autocast key, where backends run. So once a key's function has compiled its one variant for
+# arguments in distinct storages, a later call with that key and distinct storages runs the variant directly
+# (half of a fused call's host time was the guards); any other call goes through the function and its guards.
+_variants: dict = {}  # key -> the one variant of _programs[key], for calls whose tensors lie in distinct storages
 
 
 def _compile(op, args: tuple):

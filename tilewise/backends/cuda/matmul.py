@@ -30,6 +30,8 @@ from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.config import log, settings
 from tilewise.device import Device
 from tilewise.dtypes import DType
+from tilewise.ops.linalg import check_mm_shapes
+from tilewise.ops.registry import OPS
 from tilewise.tensor import Tensor
 
 allow_tf32 = False  # float32 GEMMs may use TF32 tensor cores (10-bit mantissa products)
@@ -62,6 +64,10 @@ def _lt():
 class _Context:
     handle: int
     workspace: Tensor
+    workspace_ptr: int = 0
+
+    def __post_init__(self) -> None:
+        self.workspace_ptr = data_ptr(self.workspace)
 
 
 _contexts: dict[int, _Context] = {}
@@ -346,16 +352,18 @@ def aux_epilogue_fits(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None, au
 
 def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor | None,
           aux: Tensor | None = None) -> tuple[Tensor, bool]:
-    device = a._device
-    a_ptr, b_ptr = data_ptr(a), data_ptr(b)
-    key = (device.index, a._dtype, a._shape, a._strides, b._shape, b._strides, epilogue, _alignment(a_ptr),
-           _alignment(b_ptr), allow_tf32)
+    device, dtype = a._device, a._dtype
+    a_ptr = a._storage.data.ptr + a._offset * dtype.itemsize
+    b_ptr = b._storage.data.ptr + b._offset * b._dtype.itemsize
+    key = (device.index, dtype, a._shape, a._strides, b._shape, b._strides, epilogue,
+           min(a_ptr & -a_ptr, 256) if a_ptr else 256, min(b_ptr & -b_ptr, 256) if b_ptr else 256,
+           allow_tf32)  # the operands' alignments: _alignment, inline on this hot path
     call = _calls.get(key)
     stream = stream_handle(device.index)
     if call is None:
         call = _calls[key] = _call(a, b, bias, epilogue, stream, aux, into)
     if into is None:
-        out = empty_fast(call.out_shape, call.out_strides, call.numel, a._dtype, device, stream)
+        out = empty_fast(call.out_shape, call.out_strides, call.numel, dtype, device, stream)
     elif into._shape != call.out_shape or into._strides != call.out_strides or into._dtype is not a._dtype:
         raise ValueError(f"gemm_into: out is {list(into._shape)} strides {list(into._strides)} {into._dtype.name}; "
                          f"the product needs a contiguous {list(call.out_shape)} {a._dtype.name}")
@@ -372,7 +380,7 @@ def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor
         b_ptr = data_ptr(b)
     ctx = _contexts[device.index]
     _run(call.plan, ctx.handle, a_ptr, b_ptr, data_ptr(out), data_ptr(bias) if bias is not None else 0,
-         data_ptr(ctx.workspace), stream, data_ptr(aux) if aux is not None else 0)
+         ctx.workspace_ptr, stream, data_ptr(aux) if aux is not None else 0)
     return out, copied
 
 
@@ -434,24 +442,19 @@ def _epilogue_by_hand(x: Tensor, epilogue: str) -> Tensor:
     if epilogue.startswith("relu"):
         return x.relu()
     if epilogue.startswith("gelu"):
-        from tilewise.ops.registry import OPS
-
         return OPS["gelu"](x, approximate="tanh")
     return x
 
 
 def _host(op_name: str, *args):
     from tilewise.backends.cuda.kernels.fallback import run_on_host
-    from tilewise.ops.registry import OPS
 
     return run_on_host(OPS[op_name], args, args[0]._device)
 
 
 @kernel("mm")
 def mm(device: Device, self: Tensor, mat2: Tensor) -> Tensor:
-    from tilewise.backends.cpu.kernels import _check_mm
-
-    _check_mm(self, mat2)
+    check_mm_shapes("mm", self, mat2)
     if self._dtype.name not in SUPPORTED:
         return _host("mm", self, mat2)
     return gemm(self, mat2)
@@ -459,12 +462,22 @@ def mm(device: Device, self: Tensor, mat2: Tensor) -> Tensor:
 
 @kernel("bmm")
 def bmm(device: Device, self: Tensor, mat2: Tensor) -> Tensor:
-    from tilewise.backends.cpu.kernels import _check_mm
-
-    _check_mm(self, mat2)
+    check_mm_shapes("bmm", self, mat2)
     if self._dtype.name not in SUPPORTED:
         return _host("bmm", self, mat2)
     return gemm(self, mat2)
+
+
+@kernel("matmul")
+def matmul(device: Device, self: Tensor, other: Tensor) -> Tensor:
+    """A product of two matrices of one dtype goes straight to the GEMM, one dispatch where the declared
+    decomposition (``a.mm(b)``) would make a second; every other case (ranks, mixed dtypes and the errors
+    they raise) runs the decomposition. Reached only where no gradient is recorded: with one, autograd
+    records the decomposition's primitives."""
+    a, b = self._shape, other._shape
+    if len(a) == 2 and len(b) == 2 and a[1] == b[0] and self._dtype is other._dtype and self._dtype.name in SUPPORTED:
+        return gemm(self, other)
+    return OPS["matmul"].decomposition(self, other)
 
 
 def bias_epilogue(op_name: str, bias: Tensor, mat1: Tensor, mat2: Tensor, beta=1, alpha=1,
@@ -485,8 +498,6 @@ def bias_epilogue(op_name: str, bias: Tensor, mat1: Tensor, mat2: Tensor, beta=1
 def addmm(device: Device, self: Tensor, mat1: Tensor, mat2: Tensor, beta=1, alpha=1) -> Tensor:
     epilogue = bias_epilogue("addmm", self, mat1, mat2, beta, alpha)
     if epilogue is None:
-        from tilewise.ops.registry import OPS
-
         return OPS["addmm"].decomposition(self, mat1, mat2, beta=beta, alpha=alpha)
     return gemm(mat1, mat2, self.contiguous(), epilogue)
 
@@ -496,8 +507,6 @@ def addmm_activation(device: Device, self: Tensor, mat1: Tensor, mat2: Tensor, b
                      use_gelu: bool = False) -> Tensor:
     epilogue = bias_epilogue("_addmm_activation", self, mat1, mat2, beta, alpha, use_gelu)
     if epilogue is None:
-        from tilewise.ops.registry import OPS
-
         return OPS["_addmm_activation"].decomposition(self, mat1, mat2, beta=beta, alpha=alpha, use_gelu=use_gelu)
     return gemm(mat1, mat2, self.contiguous(), epilogue)
 
@@ -519,8 +528,6 @@ def addmm_gelu(device: Device, self: Tensor, mat1: Tensor, mat2: Tensor):
         pre = empty(out._shape, out._dtype, device)
         if addmm_gelu_into((out, pre), self, mat1, mat2):
             return out, pre
-    from tilewise.ops.registry import OPS
-
     return OPS["_addmm_gelu"].decomposition(self, mat1, mat2)
 
 
@@ -538,8 +545,6 @@ def mm_gelu_backward(device: Device, mat1: Tensor, mat2: Tensor, preactivation: 
         grad = empty((mat1._shape[0], mat2._shape[-1]), mat1._dtype, device)
         if mm_gelu_backward_into(grad, mat1, mat2, preactivation):
             return grad
-    from tilewise.ops.registry import OPS
-
     return OPS["_mm_gelu_backward"].decomposition(mat1, mat2, preactivation)
 
 
