@@ -262,22 +262,9 @@ class _Plan:
         ``begin`` is a multiple of ``vector`` and the row start is aligned (the caller checked)."""
         idx, v = self.idx, self.kernel.vector
         vt = f"tw_vec<{CUDA.ctype(self.kernel.input)}, {v}>"
-        step = threads * v
         lines = [f"const {idx} vend = begin + (end - begin) / {v} * {v};",
-                 f"{idx} j = begin + ({idx})threadIdx.x * {v};"]
-        if not self.arg:
-            # two 16-byte loads in flight per trip, folded into two accumulators: a row of a few KiB is then
-            # read in one or two trips, and the second load does not wait behind the first one's folding
-            lines += [f"{self.acc} acc1 = {self.ident};",
-                      f"for (; j + {step} < vend; j += {2 * step}) {{",
-                      f"    const {vt} w = *reinterpret_cast<const {vt}*>(in + base + j);",
-                      f"    const {vt} w1 = *reinterpret_cast<const {vt}*>(in + base + j + {step});"]
-            for k in range(v):
-                lines += [f"    {self.combine(('acc', 'acc_i'), (self.convert(f'w.v[{k}]'), 'j'))}",
-                          f"    {self.combine(('acc1', 'acc_i'), (self.convert(f'w1.v[{k}]'), 'j'))}"]
-            lines += ["}", self.combine(("acc", "acc_i"), ("acc1", "j"))]
-        lines += [f"for (; j < vend; j += {step}) {{",
-                  f"    const {vt} w = *reinterpret_cast<const {vt}*>(in + base + j);"]
+                 f"for ({idx} j = begin + ({idx})threadIdx.x * {v}; j < vend; j += {threads * v}) {{",
+                 f"    const {vt} w = *reinterpret_cast<const {vt}*>(in + base + j);"]
         for k in range(v):
             lines += [f"    const {self.acc} v{k} = {self.convert(f'w.v[{k}]')};",
                       "    " + self.combine(("acc", "acc_i"), (f"v{k}", f"(j + {k})"))]
