@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 
 from tilewise import _strides as S
+from tilewise import dtypes
 from tilewise.ops.nn_functional import call_public, concrete_cpu, functional, in_compute_dtype, private, where
 from tilewise.ops.registry import OPS
 
@@ -205,8 +206,11 @@ def _target_distribution(x, target, weight, ignore_index, label_smoothing):
     """(q, the sum of q over the classes, the divisor of the 'mean' reduction), with per-element loss
     ``-sum_k q_k log softmax(x)_k``. For class indices the sum is known without summing q over the row: the
     target class holds ``counted * (1 - label_smoothing)`` and the smoothing spreads ``label_smoothing / C``
-    of each class weight."""
-    from tilewise.ops.creation import zeros_like
+    of each class weight. The target class's share is written as a comparison with the class positions, not
+    scattered into zeros: a pointwise expression that the kernel consuming q computes as it goes, where a
+    scatter would be a matrix of x's size in memory. A scatter would check the indices; the forward (the
+    gather of the loss) has checked these same targets."""
+    from tilewise.ops.creation import arange
 
     classes = x.shape[1]
     w = _class_weight_view(weight, x)
@@ -218,7 +222,9 @@ def _target_distribution(x, target, weight, ignore_index, label_smoothing):
     safe = where(target != ignore_index, target, 0)
     counted = weight[safe].to(x.dtype) * valid if weight is not None else valid
     kept = counted * (1 - label_smoothing) if label_smoothing > 0 else counted
-    q = zeros_like(x).scatter(1, safe.unsqueeze(1), kept.unsqueeze(1))
+    narrow = dtypes.int32 if classes < 2**31 else dtypes.int64  # positions computed in kernels: 32-bit arithmetic
+    positions = arange(classes, dtype=narrow, device=x.device).view((classes,) + (1,) * (x.ndim - 2))
+    q = where(positions == safe.unsqueeze(1), kept.unsqueeze(1), 0.0)
     total = kept
     if label_smoothing > 0:
         uniform = valid.unsqueeze(1) * (label_smoothing / classes)
