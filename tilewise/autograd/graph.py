@@ -206,7 +206,6 @@ def _camel(name: str) -> str:
 
 
 _NODE_NAMES: dict = {}  # op -> torch-style node name, e.g. MulBackward0
-_GRAD_READS: dict = {}  # op -> how many of its outputs' gradients its derivative formulas read (see OpNode._env)
 
 
 class OpNode(Node):
@@ -241,12 +240,7 @@ class OpNode(Node):
                 value = tuple(v.unpack() if isinstance(v, SavedTensor) else v for v in value)
             env[key] = value
         filled = []
-        reads = _GRAD_READS.get(self.op)
-        if reads is None:
-            uses = frozenset().union(*(f.uses for f in self.op.derivatives.values() if f is not None))
-            # the outputs whose missing gradients a formula would read: all of them through ``grads``, the first
-            # through ``grad``; the others (a layer norm's mean and rstd, say) need no tensor of zeros
-            reads = _GRAD_READS[self.op] = sys.maxsize if "grads" in uses else int("grad" in uses)
+        reads = _RECIPES[self.op].grad_reads
         for k, g in enumerate(grads):
             if g is None and k < reads and k < len(self.output_meta) and self.output_meta[k] is not None:
                 shape, dtype, device = self.output_meta[k]
@@ -336,7 +330,7 @@ def edge(t) -> tuple:
 class _Recipe:
     """What recording a call of one operator reads from the operator, worked out once per operator."""
 
-    __slots__ = ("inputs", "slots", "shape_params", "saves")
+    __slots__ = ("inputs", "slots", "shape_params", "saves", "grad_reads")
 
     def __init__(self, op):
         tensor_params = [(k, p) for k, p in enumerate(op.schema.params) if p.type == "Tensor"]
@@ -349,6 +343,9 @@ class _Recipe:
         self.shape_params = tuple((k, f"{p.name}_shape", p.is_list) for k, p in tensor_params
                                   if f"{p.name}_shape" in read)
         self.saves: dict[int, tuple] = {}  # ``wanted`` mask -> _saves(op, mask)
+        # how many outputs' missing gradients the formulas read, so many get zeros (OpNode._env): all of them
+        # through ``grads``, the first through ``grad``; the others (a layer norm's mean and rstd) need none
+        self.grad_reads = sys.maxsize if "grads" in read else int("grad" in read)
 
 
 _RECIPES: dict = {}  # op -> _Recipe

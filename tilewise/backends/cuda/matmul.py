@@ -64,10 +64,6 @@ def _lt():
 class _Context:
     handle: int
     workspace: Tensor
-    workspace_ptr: int = 0
-
-    def __post_init__(self) -> None:
-        self.workspace_ptr = data_ptr(self.workspace)
 
 
 _contexts: dict[int, _Context] = {}
@@ -352,18 +348,16 @@ def aux_epilogue_fits(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None, au
 
 def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor | None,
           aux: Tensor | None = None) -> tuple[Tensor, bool]:
-    device, dtype = a._device, a._dtype
-    a_ptr = a._storage.data.ptr + a._offset * dtype.itemsize
-    b_ptr = b._storage.data.ptr + b._offset * b._dtype.itemsize
-    key = (device.index, dtype, a._shape, a._strides, b._shape, b._strides, epilogue,
-           min(a_ptr & -a_ptr, 256) if a_ptr else 256, min(b_ptr & -b_ptr, 256) if b_ptr else 256,
-           allow_tf32)  # the operands' alignments: _alignment, inline on this hot path
+    device = a._device
+    a_ptr, b_ptr = data_ptr(a), data_ptr(b)
+    key = (device.index, a._dtype, a._shape, a._strides, b._shape, b._strides, epilogue, _alignment(a_ptr),
+           _alignment(b_ptr), allow_tf32)
     call = _calls.get(key)
     stream = stream_handle(device.index)
     if call is None:
         call = _calls[key] = _call(a, b, bias, epilogue, stream, aux, into)
     if into is None:
-        out = empty_fast(call.out_shape, call.out_strides, call.numel, dtype, device, stream)
+        out = empty_fast(call.out_shape, call.out_strides, call.numel, a._dtype, device, stream)
     elif into._shape != call.out_shape or into._strides != call.out_strides or into._dtype is not a._dtype:
         raise ValueError(f"gemm_into: out is {list(into._shape)} strides {list(into._strides)} {into._dtype.name}; "
                          f"the product needs a contiguous {list(call.out_shape)} {a._dtype.name}")
@@ -380,7 +374,7 @@ def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor
         b_ptr = data_ptr(b)
     ctx = _contexts[device.index]
     _run(call.plan, ctx.handle, a_ptr, b_ptr, data_ptr(out), data_ptr(bias) if bias is not None else 0,
-         ctx.workspace_ptr, stream, data_ptr(aux) if aux is not None else 0)
+         data_ptr(ctx.workspace), stream, data_ptr(aux) if aux is not None else 0)
     return out, copied
 
 
