@@ -6,7 +6,8 @@
   one kernel compiled from their decompositions;
 * GEMM: TFLOP/s over a suite of shapes and dtypes, and linear + bias + GELU through the cuBLASLt epilogue.
 
-Device times are CUDA-event medians after warm-up, on random inputs.
+Device times are CUDA-event medians after warm-up, on random inputs, torch's and ours timed in alternating
+blocks so that both run at the same clocks.
 
     python benchmarks/cuda_eager.py [--quick] [--json results.json]
 """
@@ -26,49 +27,97 @@ import tilewise as tw
 from tilewise.ops.registry import OPS
 
 
-def device_ms(fn, events, sync, warmup: int = 3, repeats: int = 15, inner: int = 5) -> float:
-    """Median over ``repeats`` of the mean time of ``inner`` back-to-back calls, in milliseconds.
+def _block_ms(fn, events, inner: int, hold_cycles: int) -> float:
+    """Mean milliseconds per call of ``inner`` back-to-back calls, by events.
 
-    One call is queued before the start event, so the device is busy while the host queues the timed calls:
-    what is timed is the steady-state time per call, not the host's latency to the first launch."""
+    One call is queued first, then a kernel that spins for ``hold_cycles`` GPU clock cycles; the host queues
+    the timed calls while it spins, so they run back to back. What is timed is the device time per call: a
+    20 us reduction would otherwise be timed at the host's rate of queueing it wherever that is slower (the
+    host cost per call is the per-op case's figure)."""
+    (start, end), sleep = events()
+    fn()
+    if hold_cycles:
+        sleep(hold_cycles)
+    start.record()
+    for _ in range(inner):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / inner
+
+
+def _torch_events():
+    return (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)), torch.cuda._sleep
+
+
+def _tw_events():
+    return (tw.cuda.Event(enable_timing=True), tw.cuda.Event(enable_timing=True)), tw.cuda._sleep
+
+
+
+
+def _warm(fn, sync, warmup: int, inner: int) -> int:
+    """Run ``fn`` ``warmup`` times; the spin, in cycles, that outlasts queueing ``inner`` calls twice over."""
     for _ in range(warmup):
         fn()
     sync()
-    times = []
-    for _ in range(repeats):
-        start, end = events()
+    t = time.perf_counter()
+    for _ in range(inner):
         fn()
-        start.record()
-        for _ in range(inner):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / inner)
-    return statistics.median(times)
+    queued_us = (time.perf_counter() - t) * 1e6
+    sync()
+    # cycles of the top clock: at a lower one the spin lasts longer, never shorter
+    return int((2 * queued_us + 50) * tw.cuda.get_device_properties().clock_rate_khz / 1000)
+
+
+def device_ms(fn, events, sync, warmup: int = 3, repeats: int = 15, inner: int = 5) -> float:
+    """Median over ``repeats`` of :func:`_block_ms`, in milliseconds."""
+    hold = _warm(fn, sync, warmup, inner)
+    return statistics.median(_block_ms(fn, events, inner, hold) for _ in range(repeats))
 
 
 def torch_ms(fn, **kw) -> float:
-    return device_ms(fn, lambda: (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)),
-                     torch.cuda.synchronize, **kw)
+    return device_ms(fn, _torch_events, torch.cuda.synchronize, **kw)
 
 
 def tw_ms(fn, **kw) -> float:
-    return device_ms(fn, lambda: (tw.cuda.Event(enable_timing=True), tw.cuda.Event(enable_timing=True)),
-                     tw.cuda.synchronize, **kw)
+    return device_ms(fn, _tw_events, tw.cuda.synchronize, **kw)
 
 
-def host_us(fn, sync, number: int = 2000, repeats: int = 5) -> float:
-    """Wall-clock microseconds per call of a host-bound loop (synchronised at the end of each repeat)."""
-    fn()
-    sync()
-    best = []
+def paired_ms(torch_fn, tw_fn, warmup: int = 3, repeats: int = 15, inner: int = 5) -> tuple[float, float]:
+    """(torch's, ours): medians of :func:`_block_ms`, the two sides' blocks alternating.
+
+    Timed one side after the other, the second side ran on a GPU that the first had heated: a long GEMM lowers
+    its clocks within tens of milliseconds, so whichever side came second lost several percent. Alternating
+    blocks give both sides the same clocks."""
+    torch_hold = _warm(torch_fn, torch.cuda.synchronize, warmup, inner)
+    tw_hold = _warm(tw_fn, tw.cuda.synchronize, warmup, inner)
+    theirs, ours = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        sync()
-        best.append((time.perf_counter() - start) / number * 1e6)
-    return statistics.median(best)
+        theirs.append(_block_ms(torch_fn, _torch_events, inner, torch_hold))
+        ours.append(_block_ms(tw_fn, _tw_events, inner, tw_hold))
+    return statistics.median(theirs), statistics.median(ours)
+
+
+def _host_us(fn, sync, number: int) -> float:
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / number * 1e6
+
+
+def paired_host_us(torch_fn, tw_fn, number: int = 2000, repeats: int = 5) -> tuple[float, float]:
+    """(torch's, ours): wall-clock microseconds per call of a host-bound loop, medians over ``repeats`` loops
+    of each side, alternating (each synchronised at its end)."""
+    torch_fn()
+    tw_fn()
+    torch.cuda.synchronize()
+    theirs, ours = [], []
+    for _ in range(repeats):
+        theirs.append(_host_us(torch_fn, torch.cuda.synchronize, number))
+        ours.append(_host_us(tw_fn, tw.cuda.synchronize, number))
+    return statistics.median(theirs), statistics.median(ours)
 
 
 def pair(a: np.ndarray, dtype: str):
@@ -97,20 +146,25 @@ def per_op_cost() -> None:
     a, b = rand((4, 4)), rand((4, 4), 1)
     ta, xa = pair(a, "float32")
     tb, xb = pair(b, "float32")
+    # the GPU leaves its idle clocks first: at them a tiny kernel can take longer on the device than the host
+    # takes to queue it, and the loop would time the device
+    big = torch.randn(4096, 4096, device="cuda")
+    for _ in range(100):
+        big @ big
     cases = {"add": (lambda: ta + tb, lambda: xa + xb), "mul scalar": (lambda: ta * 2.0, lambda: xa * 2.0),
              "exp": (lambda: ta.exp(), lambda: xa.exp()), "sum": (lambda: ta.sum(), lambda: xa.sum()),
              "matmul 4x4": (lambda: ta @ tb, lambda: xa @ xb)}
     for name, (tf, xf) in cases.items():
-        report(f"per-op cost: {name} (4x4 fp32)", host_us(xf, tw.cuda.synchronize), host_us(tf, torch.cuda.synchronize),
-               "us/op", False)
+        theirs, ours = paired_host_us(tf, xf)
+        report(f"per-op cost: {name} (4x4 fp32)", ours, theirs, "us/op", False)
 
 
 def copy_bandwidth() -> float:
     n = 1 << 28  # 1 GiB of fp32
     t, t2 = torch.empty(n, device="cuda"), torch.empty(n, device="cuda")
-    gbs = 2 * 4 * n / torch_ms(partial(t2.copy_, t), inner=3) / 1e6
     x, x2 = tw.empty(n, device="cuda"), tw.empty(n, device="cuda")
-    ours = 2 * 4 * n / tw_ms(partial(x2.copy_, x), inner=3) / 1e6
+    theirs, ours = paired_ms(partial(t2.copy_, t), partial(x2.copy_, x), inner=3)
+    gbs, ours = 2 * 4 * n / theirs / 1e6, 2 * 4 * n / ours / 1e6
     report("device copy 1 GiB fp32 (GB/s)", ours, gbs, "GB/s", True)
     return gbs
 
@@ -136,13 +190,12 @@ def bandwidth_cases(copy_gbs: float, quick: bool) -> None:
         tb, xb = pair(b, dtype)
         size = ta.element_size() * ta.numel()
         for name, passes, tf, xf in BANDWIDTH:
-            theirs, ours = torch_ms(partial(tf, ta, tb)), tw_ms(partial(xf, xa, xb))
+            theirs, ours = paired_ms(partial(tf, ta, tb), partial(xf, xa, xb))
             gbs = passes * size / ours / 1e6
             report(f"{name} 8192x4096 {dtype} (ms)", ours, theirs, "ms", False,
                    f"{gbs:.0f} GB/s = {100 * gbs / copy_gbs:.0f}% of copy")
         cast_to = "bfloat16" if dtype == "float32" else "float32"
-        theirs = torch_ms(partial(ta.to, getattr(torch, cast_to)))
-        ours = tw_ms(partial(xa.to, tw.dtypes.from_name(cast_to)))
+        theirs, ours = paired_ms(partial(ta.to, getattr(torch, cast_to)), partial(xa.to, tw.dtypes.from_name(cast_to)))
         moved = size + ta.numel() * (2 if cast_to == "bfloat16" else 4)
         report(f"cast {dtype}->{cast_to} 8192x4096 (ms)", ours, theirs, "ms", False,
                f"{moved / ours / 1e6:.0f} GB/s = {100 * moved / ours / 1e6 / copy_gbs:.0f}% of copy")
@@ -162,7 +215,7 @@ def gemm_cases(quick: bool) -> None:
             ta, xa = pair(rand((m, k)) * 0.1, dtype)
             tb, xb = pair(rand((k, n), 1) * 0.1, dtype)
             flops = 2 * m * n * k
-            theirs, ours = torch_ms(partial(torch.matmul, ta, tb), inner=3), tw_ms(partial(tw.matmul, xa, xb), inner=3)
+            theirs, ours = paired_ms(partial(torch.matmul, ta, tb), partial(tw.matmul, xa, xb), inner=3)
             report(f"GEMM {m}x{n}x{k} {dtype} (TFLOP/s)", flops / ours / 1e9, flops / theirs / 1e9, "TFLOP/s", True)
         torch.cuda.empty_cache()
     from tilewise.backends.cuda.matmul import linear_activation
@@ -172,8 +225,8 @@ def gemm_cases(quick: bool) -> None:
     tw_, xw = pair(w, "bfloat16")
     tbias, xbias = pair(bias, "bfloat16")
     gelu, linear = torch.nn.functional.gelu, torch.nn.functional.linear
-    theirs = torch_ms(lambda: gelu(linear(tx, tw_, tbias), approximate="tanh"))
-    ours = tw_ms(lambda: linear_activation(xx, xw, xbias, "gelu"))
+    theirs, ours = paired_ms(lambda: gelu(linear(tx, tw_, tbias), approximate="tanh"),
+                             lambda: linear_activation(xx, xw, xbias, "gelu"))
     report("linear+bias+GELU 8192x768->3072 bf16 (ms)", ours, theirs, "ms", False, "cuBLASLt GELU_BIAS epilogue")
 
 

@@ -191,6 +191,27 @@ def test_half_row_reductions(dtype):
     np.testing.assert_array_equal(x.amax(1).float().cpu().numpy(), ref.max(1))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
+def test_max_and_min_propagate_nan(dtype):
+    """NaN wins in maximum/minimum and in amax/amin, on every path: pointwise, rows read with 16-byte loads
+    (one NaN per row at every position of a load), strided rows, columns, and a whole tensor."""
+    rows = np.zeros((16, 256), np.float32)
+    rows[np.arange(16), np.arange(16) * 17 % 256] = np.nan
+    rows[0] = -np.inf
+    rows[1, :] = np.nan
+    a = np.concatenate([_rand((48, 256)), rows + _rand((16, 256), seed=1)])
+    b = _rand((64, 256), seed=2)
+    b[::5, ::7] = np.nan
+    x = tw.from_numpy(a).cuda().to(tw.dtypes.from_name(dtype))
+    y = tw.from_numpy(b).cuda().to(tw.dtypes.from_name(dtype))
+    xa, ya = x.double().cpu().numpy(), y.double().cpu().numpy()
+    cases = [(tw.maximum(x, y), np.maximum(xa, ya)), (tw.minimum(x, y), np.minimum(xa, ya)),
+             (x.amax(1), xa.max(1)), (x.amin(1), xa.min(1)), (x[:, ::2].amax(1), xa[:, ::2].max(1)),
+             (x.amax(0), xa.max(0)), (x.amin(0), xa.min(0)), (x.amax(), xa.max()), (y.amin(), ya.min())]
+    for got, want in cases:
+        np.testing.assert_array_equal(got.double().cpu().numpy(), want)
+
+
 def test_bf16_sum_accumulates_in_float():
     x = tw.ones(1 << 20, dtype=tw.bfloat16, device="cuda")
     assert float(x.sum(dtype=tw.float32).item()) == float(1 << 20)

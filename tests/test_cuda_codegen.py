@@ -332,6 +332,29 @@ def test_vector_path_uses_16_byte_accesses():
     assert "st.global.v4.f32" in ptx
 
 
+def test_short_half_width_rows_keep_their_loads_in_flight():
+    """A bf16 row of 4096 read by 256 threads is two 16-byte loads per thread: the vector loop is unrolled twice
+    so both are issued before either is folded, and the fold is one NaN-propagating max per pair of values
+    (the portable NaN tests and selects cost the kernel 16 points of copy bandwidth on an H200)."""
+    from tilewise.compiler.toolchain import compile_cuda
+
+    passes, *_ = reduction_specs("amax", "max", dtypes.bfloat16, (8192, 4096), (4096, 1), (1,), dtypes.float32,
+                                 dtypes.bfloat16, False, 132)
+    spec = passes[0].vector
+    assert (spec.block, spec.vector, spec.unroll) == ((256, 1), 8, 2)
+    ptx = compile_cuda(render_reduction(spec), spec.name, "sm_90").ptx
+    body = ptx[ptx.index(".entry"):]
+    assert "max.NaN.f32" in body and "setp.nan" not in body
+    assert body.count("ld.global.nc.v4") >= 3  # the unrolled pair, then the remainder loop's one
+
+
+def test_spin_kernel_compiles():
+    from tilewise.backends.cuda.kernels import _SPIN
+    from tilewise.compiler.toolchain import compile_cuda
+
+    assert ".entry tw_spin(" in compile_cuda(_SPIN, "tw_spin", "sm_90").ptx
+
+
 # ---------------------------------------------------------------------------------------------- C target
 
 def _build_c(source: str, tmp_path, name: str):

@@ -582,6 +582,24 @@ def test_streams_events_and_copies():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not is_available(), reason="needs a CUDA GPU and driver")
+def test_sleep_holds_the_stream_for_its_cycles():
+    """tw.cuda._sleep spins for at least its cycles of the top clock (longer at lower clocks), and what is queued
+    behind it waits for it."""
+    import tilewise as tw
+
+    per_ms = tw.cuda.get_device_properties().clock_rate_khz
+    start, end = tw.cuda.Event(enable_timing=True), tw.cuda.Event(enable_timing=True)
+    start.record()
+    tw.cuda._sleep(2 * per_ms)
+    x = tw.ones(4, device="cuda") * 3
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 1.9
+    assert x.cpu().numpy().tolist() == [3.0] * 4
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not is_available(), reason="needs a CUDA GPU and driver")
 def test_driver_allocator_record_stream_and_oom_recovery():
     from tilewise.backends.cuda.runtime import Stream, mem_get_info
     from tilewise.backends.cuda.runtime.allocator import (

@@ -78,6 +78,17 @@ def synchronize(device: Any = None) -> None:
     _rt.synchronize(_index(device))
 
 
+def _sleep(cycles: int) -> None:
+    """Queue a kernel that spins for ``cycles`` GPU clock cycles on the current stream (torch.cuda._sleep):
+    what a benchmark queues behind it runs back to back once it ends, timed without the host's gaps."""
+    from tilewise.backends.cuda import stream_handle
+    from tilewise.backends.cuda.kernels import spin
+
+    index = _index(None)
+    _rt.ensure_context(index)
+    spin(cycles, index, stream_handle(index))
+
+
 # ---------------------------------------------------------------------------------------------- memory
 
 def _memory(device: Any):

@@ -215,20 +215,32 @@ def _choose(key: tuple, plan: _Plan, algos: list[int], work: int, args: tuple) -
     and the candidates are then timed in interleaved rounds, each round queued whole before the host waits:
     timed one after another from idle, the first candidates ran at lower clocks and lost to slower ones (on an
     H200, cuBLASLt's first choice for bf16 8192^3 measured 801 TFLOP/s directly but lost to a 718 TFLOP/s
-    candidate)."""
+    candidate).
+
+    Each round is queued behind a spinning kernel that outlasts the queueing: a GEMM of a few microseconds
+    runs faster than the host queues it, and timed as it is queued every candidate measured the host's rate
+    (1024^3 bf16 chose a kernel at 0.84x of torch's)."""
     if len(algos) == 1 or not settings.gemm_tune or work * 2 < _TUNE_MIN_FLOPS:
         return algos[0]
+    from tilewise.backends.cuda.kernels import spin
+    from tilewise.backends.cuda.runtime import get_device_properties
+
     global _clocks_up_until
     with stage("cuBLASLt algorithm choice"):
         plan.algo = algos[0]
         if time.perf_counter() > _clocks_up_until:
             _timed(plan, args, _warmup_runs(plan, args))
         times: list[list[float]] = [[] for _ in algos]
+        hold_us = _FIRST_HOLD_US
+        cycles_per_us = get_device_properties(key[0]).clock_rate_khz // 1000  # the top clock: spins last as asked
         for _ in range(_ROUNDS):
+            spin(hold_us * cycles_per_us, key[0], args[6])
+            queued = time.perf_counter()
             events = []
             for algo in algos:
                 plan.algo = algo
                 events.append(_queued(plan, args, _RUNS_PER_ROUND))
+            hold_us = int(2e6 * (time.perf_counter() - queued)) + 50  # twice this round's queueing
             events[-1][1].synchronize()
             for k, (start, end) in enumerate(events):
                 times[k].append(start.elapsed_time(end) / _RUNS_PER_ROUND)
@@ -241,6 +253,7 @@ def _choose(key: tuple, plan: _Plan, algos: list[int], work: int, args: tuple) -
 
 
 _ROUNDS, _RUNS_PER_ROUND = 5, 2
+_FIRST_HOLD_US = 1000  # the first round's spin; later ones spin twice as long as the round before took to queue
 _WARMUP_MS = 20.0  # GPU time spent before timing, enough for the clocks to ramp up from idle
 _CLOCKS_HOLD_S = 0.1  # after timing a GEMM, the GPU is taken to be at its clocks for this long
 _clocks_up_until = 0.0

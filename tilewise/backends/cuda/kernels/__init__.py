@@ -162,6 +162,23 @@ def _bind_launch():
     return _launch_kernel
 
 
+_SPIN = """extern "C" __global__ void __launch_bounds__(1) tw_spin(long long cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+}
+"""
+
+
+def spin(cycles: int, device: int, stream: int) -> None:
+    """Queue one thread that spins for ``cycles`` of the GPU's clock on ``stream``.
+
+    Kernels queued behind it while it spins run back to back when it ends, so the time between events around
+    them is their device time even where the host takes longer to queue one than the device takes to run it
+    (how GEMM candidates of a few microseconds are timed; ``tilewise.cuda._sleep`` for benchmarks)."""
+    launch(load(_SPIN, "tw_spin", device), 1, 1, [int(cycles)], stream)
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

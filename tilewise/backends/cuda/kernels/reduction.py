@@ -113,7 +113,9 @@ def reduction_specs(name: str, combiner: str, dtype: DType, shape: tuple, stride
     vector = min(8, 16 // dtype.itemsize)
     if mode == ROW and len(inner) == 1 and inner_strides[0] == 1 and vector > 1 and n_inner >= 4 * vector and all(
             st % vector == 0 for st in outer_strides):
-        first.vector = _spec(name, combiner, dtype, acc, first_out, indices, len(outer), 1, index, ROW, block, vector)
+        trips = ceil_div(ceil_div(chunk, vector), block[0])
+        first.vector = _spec(name, combiner, dtype, acc, first_out, indices, len(outer), 1, index, ROW, block, vector,
+                             max(1, min(4, trips)))
         first.vector_tail = (n_outer, n_inner, ceil_div(chunk, vector) * vector, *geometry)
         first.align = vector * dtype.itemsize
     passes = [first]
@@ -124,13 +126,13 @@ def reduction_specs(name: str, combiner: str, dtype: DType, shape: tuple, stride
 
 
 def _spec(name, combiner, input_dtype, acc, output, indices, outer_rank, inner_rank, index, mode, block,
-          vector: int = 1) -> ReductionKernel:
+          vector: int = 1, unroll: int = 4) -> ReductionKernel:
     width = "i32" if index == "int32" else "i64"
     kernel_name = (f"tw_{name}_{SUFFIX[input_dtype.name]}_{SUFFIX[acc.name]}_"
                    f"{SUFFIX[output.name] if output is not None else 'idx'}_{mode}_o{outer_rank}_i{inner_rank}_"
-                   f"{width}_{block[0]}x{block[1]}" + (f"_v{vector}" if vector > 1 else ""))
+                   f"{width}_{block[0]}x{block[1]}" + (f"_v{vector}u{unroll}" if vector > 1 else ""))
     return ReductionKernel(kernel_name, combiner, input_dtype, acc, output, indices, outer_rank, inner_rank, index,
-                           mode, block, vector)
+                           mode, block, vector, unroll)
 
 
 def plan_reduction(name: str, combiner: str, x: Tensor, dims: tuple[int, ...], acc: DType, output: DType | None,
