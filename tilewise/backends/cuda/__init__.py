@@ -145,7 +145,7 @@ class DeviceBuffer:
 
 def stream_handle(device: int) -> int:
     """The raw handle of this thread's current stream on ``device`` (0: the legacy default stream)."""
-    streams = getattr(_stream_state, "streams", None)
+    streams = _stream_state.streams
     found = streams.get(device) if streams is not None else None
     return found.handle if found is not None else 0
 

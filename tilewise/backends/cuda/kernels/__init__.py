@@ -115,7 +115,7 @@ def launch(fn, grid, block, args: Sequence[Any], stream: int, shared_mem: int = 
         _launched.add(id(fn))
         log("kernels", f"{fn.name}  grid={grid} block={block} shared={shared_mem}\n{fn.source}")
     device = fn.module.device
-    if getattr(_thread_state, "context_device", None) != device:
+    if _thread_state.context_device != device:
         ensure_context(device)
     gx, gy = (grid, 1) if type(grid) is int else grid
     bx, by = (block, 1) if type(block) is int else block
@@ -132,7 +132,7 @@ def launch_packed(fn, grid: int, block: int, packer, args: Sequence[Any], stream
     if "kernels" in settings.log and id(fn) not in _launched:
         _launched.add(id(fn))
         log("kernels", f"{fn.name}  grid={grid} block={block} shared=0\n{fn.source}")
-    if getattr(_thread_state, "context_device", None) != fn.module.device:
+    if _thread_state.context_device != fn.module.device:
         ensure_context(fn.module.device)
     buffer, _, params = fn._scratch()
     try:

@@ -26,7 +26,16 @@ from tilewise.backends.cuda.runtime.driver import (
 
 _retain_lock = threading.Lock()
 _primary_contexts: dict[int, object] = {}
-_thread_state = threading.local()
+class _ThreadState(threading.local):
+    """Each thread's device state. The class attributes are a new thread's values, so reading one is a plain
+    lookup: ``getattr(local, name, default)`` on a name a thread never set raises and catches AttributeError
+    inside, 0.4 us on every eager op where a hit costs 0.08."""
+
+    device = 0  # the current device
+    context_device = None  # the device whose primary context is current on this thread
+
+
+_thread_state = _ThreadState()
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,7 @@ def _primary_context(index: int) -> object:
 def ensure_context(device: int | None = None) -> int:
     """Make ``device``'s (default: the current device's) primary context current on this thread; return its index."""
     index = current_device() if device is None else int(device)
-    if getattr(_thread_state, "context_device", None) != index:
+    if _thread_state.context_device != index:
         index = _validated_index(index)
         check(driver_api().cuCtxSetCurrent(_primary_context(index)), "cuCtxSetCurrent")
         _thread_state.context_device = index
@@ -102,7 +111,7 @@ def set_device(device: int) -> None:
 
 def current_device() -> int:
     """This thread's current device index (0 until :func:`set_device` is called)."""
-    return getattr(_thread_state, "device", 0)
+    return _thread_state.device
 
 
 def synchronize(device: int | None = None) -> None:

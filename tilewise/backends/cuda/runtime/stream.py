@@ -29,7 +29,13 @@ from tilewise.backends.cuda.runtime.driver import check, driver_api, is_status
 if TYPE_CHECKING:
     from tilewise.backends.cuda.runtime.event import Event
 
-_thread_state = threading.local()
+class _ThreadState(threading.local):
+    """Each thread's streams (the class attribute is a new thread's value: see device.py's ``_ThreadState``)."""
+
+    streams: dict | None = None  # device index -> the current Stream, once one was set on this thread
+
+
+_thread_state = _ThreadState()
 
 
 class Stream:
@@ -117,7 +123,7 @@ def default_stream(device: int | None = None) -> Stream:
 
 
 def _current_streams() -> dict[int, Stream]:
-    streams = getattr(_thread_state, "streams", None)
+    streams = _thread_state.streams
     if streams is None:
         streams = _thread_state.streams = {}
     return streams
