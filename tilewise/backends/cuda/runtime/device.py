@@ -26,6 +26,8 @@ from tilewise.backends.cuda.runtime.driver import (
 
 _retain_lock = threading.Lock()
 _primary_contexts: dict[int, object] = {}
+
+
 class _ThreadState(threading.local):
     """Each thread's device state. The class attributes are a new thread's values, so reading one is a plain
     lookup: ``getattr(local, name, default)`` on a name a thread never set raises and catches AttributeError

@@ -29,6 +29,7 @@ from tilewise.backends.cuda.runtime.driver import check, driver_api, is_status
 if TYPE_CHECKING:
     from tilewise.backends.cuda.runtime.event import Event
 
+
 class _ThreadState(threading.local):
     """Each thread's streams (the class attribute is a new thread's value: see device.py's ``_ThreadState``)."""
 
