@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -350,7 +351,7 @@ def test_data_dependent_python_names_the_users_line():
         return -x
 
     with pytest.raises(DataDependentError) as info:
-        tw.compile(f)(tw.randn(3))
+        tw.compile(f, fullgraph=True)(tw.randn(3))
     message = str(info.value)
     assert "test_compiler_kernels.py" in message and "the offending line" in message and "bool()" in message
 
@@ -362,20 +363,23 @@ def test_numpy_conversion_of_a_traced_tensor_is_data_dependent_like_numpy(conver
         return x * float(host.sum())
 
     with pytest.raises(DataDependentError) as info:
-        tw.compile(f)(tw.ones(3))
+        tw.compile(f, fullgraph=True)(tw.ones(3))
     message = str(info.value)
     assert "__array__" in message and "needs the value of a tensor" in message and "the converting line" in message
 
 
-def test_fullgraph_false_runs_data_dependent_functions_eagerly():
+def test_fullgraph_false_breaks_the_graph_where_python_needs_a_value():
     def f(x):
         return x * 2 if x.sum() > 0 else -x
 
-    compiled = tw.compile(f, fullgraph=False)
-    with pytest.warns(RuntimeWarning, match="eagerly"):
+    compiled = tw.compile(f)  # fullgraph=False, torch's default
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         assert compiled(tw.ones(2)).tolist() == [2.0, 2.0]
-    assert compiled(-tw.ones(2)).tolist() == [1.0, 1.0]
-    assert compiled.eager_reason is not None and not compiled.variants
+        assert compiled(-tw.ones(2)).tolist() == [1.0, 1.0]
+        assert compiled(tw.ones(2)).tolist() == [2.0, 2.0]
+    assert compiled.eager_reason is None and not compiled.variants
+    assert len(compiled.segments.programs) == 3  # the sum; x * 2; -x
 
 
 def test_python_scalars_are_guarded():

@@ -31,6 +31,11 @@ def _format_values(t) -> str:
 
 
 def tensor_repr(t) -> str:
+    from tilewise.tensor import TRACE_HOOKS
+
+    hook = TRACE_HOOKS.value_needed
+    if hook is not None:
+        hook(t, "printing a tensor", False)  # inside a traced function: a graph break gives it values, if allowed
     if t._trace is not None:
         return f"TraceTensor({t._trace}, shape={list(t.shape)}, dtype={t.dtype.name}, device={t.device})"
     suffix = []

@@ -14,6 +14,8 @@ variable                  meaning
                           its decomposition instead of cuDNN), and for ``tilewise.compile``: ``graph``
                           (the graph after capture and after every pass), ``fusion`` (the fused groups),
                           ``recompiles`` (which guard failed when a compiled function is compiled again),
+                          ``graph_breaks`` (where a compiled function's Python must run on every call: a value
+                          read into Python, an operator the graph cannot hold, a side effect, and the line),
                           ``graphs`` (each CUDA graph a compiled program captures, or why it captures none),
                           ``compile`` (where a compile's time went: trace, each pass, fusion, code generation,
                           NVRTC, the first run with cuBLASLt's algorithm choices and cuDNN's graph builds)
@@ -37,7 +39,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-LOG_CHANNELS = ("kernels", "fallback", "matmul", "attention", "graph", "fusion", "recompiles", "graphs", "compile")
+LOG_CHANNELS = ("kernels", "fallback", "matmul", "attention", "graph", "fusion", "recompiles", "graph_breaks", "graphs",
+                "compile")
 
 
 def _channels(text: str) -> set[str]:

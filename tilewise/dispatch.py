@@ -18,22 +18,35 @@ through this same path (and autograd sees primitives unless the composite declar
 
 from __future__ import annotations
 
+import threading
+
 from tilewise.device import Device
 from tilewise.tensor import Tensor
 
 
-class _State:
-    __slots__ = ("grad_enabled", "autocast", "trace_depth", "into")
+class _State(threading.local):
+    """The dispatcher's state, one copy per thread as torch's (grad mode, autocast, tracing and saved-tensor
+    hooks are thread-local there): a thread that evaluates under ``no_grad`` or traces for ``compile`` leaves
+    every other thread's operators as they were. The class attributes are each new thread's starting values
+    (a ``threading.local`` subclass reads them without an exception when a thread has not set them yet)."""
 
-    def __init__(self):
-        self.grad_enabled = True
-        self.autocast = None  # the active amp.autocast_mode.AutocastState, or None
-        self.trace_depth = 0
-        self.into = None  # (tensor, op name): an in-place op's target, for the next call (see call_into)
+    grad_enabled = True
+    autocast = None  # the active amp.autocast_mode.AutocastState, or None
+    trace_depth = 0
+    captures = ()  # the compiler's active captures, innermost last (see compiler/capture.py)
+    saved_tensor_hooks = ()  # active (pack_hook, unpack_hook) pairs, innermost last
+    into = None  # (tensor, op name): an in-place op's target, for the next call (see call_into)
 
 
 STATE = _State()
 BACKENDS: dict[str, object] = {}  # device type -> module with run(op, args)
+
+
+def values_readable(t: Tensor) -> bool:
+    """Whether an argument check may read ``t``'s values now: not while this thread traces a function for
+    ``tilewise.compile`` (a trace tensor has none, and a real tensor's memory may not yet hold what the traced
+    program writes before this point; the program's kernels check what they can)."""
+    return t._trace is None and not STATE.trace_depth
 
 
 def register_backend(device_type: str, module) -> None:

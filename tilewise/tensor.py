@@ -22,6 +22,21 @@ from tilewise.dtypes import from_numpy as dtype_from_numpy
 from tilewise.storage import Storage
 
 
+class _TraceHooks:
+    """Where the compiler's tracer plugs into tensors (filled when ``tilewise.compiler.capture`` loads):
+    ``value_needed(t, what, required)`` runs before Python reads a tensor's values; ``shares_memory(src, dst)``
+    when a new tensor object takes a traced tensor's memory (``detach``, ``.data =``); ``version`` and
+    ``bump_version`` keep a traced tensor's version counter where eager would keep it, on its memory."""
+
+    value_needed = None
+    shares_memory = None
+    version = None  # (t) -> the version counter of the memory a traced tensor stands for
+    bump_version = None
+
+
+TRACE_HOOKS = _TraceHooks()
+
+
 class Size(tuple):
     """torch.Size: a tuple of ints with a torch-like repr."""
 
@@ -145,19 +160,26 @@ class Tensor:
 
     @property
     def _version(self) -> int:
-        return self._storage.version if self._storage is not None else 0
+        if self._storage is not None:
+            return self._storage.version
+        return TRACE_HOOKS.version(self) if self._trace is not None else 0
 
     def _bump_version(self) -> None:
         if self._storage is not None:
             self._storage.version += 1
+        elif self._trace is not None:
+            TRACE_HOOKS.bump_version(self)
         self._array = None
 
     # ------------------------------------------------------------------ host access
     def _require_real(self, what: str) -> None:
-        if self._trace is not None:
-            from tilewise.compiler.capture import data_dependent_error
-
-            raise data_dependent_error(what)
+        """Python code is about to read this tensor's values: while a function is traced, the tracer decides
+        (a graph break, or an error naming the user's line); see ``TRACE_HOOKS``."""
+        hook = TRACE_HOOKS.value_needed
+        if hook is not None:
+            hook(self, what, True)
+        elif self._trace is not None:
+            raise RuntimeError(f"{what}: this tensor belongs to a traced function and has no values")
 
     def _np(self) -> np.ndarray:
         """The CPU tensor as a numpy view on its storage (no copy)."""
@@ -242,7 +264,7 @@ class Tensor:
         return tensor_repr(self)
 
     def __format__(self, spec: str) -> str:
-        if self.ndim == 0 and self._trace is None:
+        if self.ndim == 0 and (self._trace is None or TRACE_HOOKS.value_needed is not None):
             return format(self.item(), spec)
         return repr(self)
 
@@ -303,11 +325,16 @@ class Tensor:
         self._storage, self._shape = value._storage, value._shape
         self._strides, self._offset = value._strides, value._offset
         self._dtype, self._device, self._array, self._trace = value._dtype, value._device, None, value._trace
+        self.__dict__.pop("_tw_alias", None)
+        if value._trace is not None:
+            TRACE_HOOKS.shares_memory(value, self)
 
     def detach(self) -> Tensor:
         out = Tensor._make(self._storage, self._shape, self._strides, self._offset, self._dtype, self._device)
         out._array = self._array  # same storage and geometry, so the same numpy view
-        out._trace = self._trace
+        if self._trace is not None:
+            out._trace = self._trace
+            TRACE_HOOKS.shares_memory(self, out)
         return out
 
     def detach_(self) -> Tensor:

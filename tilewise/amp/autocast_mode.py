@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable
 
 from tilewise.dispatch import STATE
@@ -38,9 +39,10 @@ DEFAULT_DTYPES: dict[str, DType] = {"cuda": float16, "cpu": bfloat16}  # torch's
 SUPPORTED_DTYPES: tuple[DType, ...] = (float16, bfloat16)
 
 
-class _Regions:
+class _Regions(threading.local):
     """What outlives one region and is restored by each: nesting depth, the cast cache and its switch, and
-    the dtype each device type is set to (``get_autocast_dtype`` reads it even outside a region)."""
+    the dtype each device type is set to (``get_autocast_dtype`` reads it even outside a region). One per
+    thread, as torch's: ``__init__`` runs again in each thread that reads it."""
 
     def __init__(self) -> None:
         self.depth = 0

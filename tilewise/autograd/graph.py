@@ -131,9 +131,6 @@ def _owned(grad: Tensor, variable: Tensor) -> bool:
             and storage.dtype is grad._dtype and storage.size == math.prod(grad._shape))
 
 
-_SAVED_TENSOR_HOOKS: list[tuple] = []  # active (pack_hook, unpack_hook) pairs, innermost last
-
-
 class saved_tensors_hooks:  # noqa: N801 — torch's name
     """While active, each tensor saved for backward is stored as ``pack_hook(tensor)`` and given back to its
     formula as ``unpack_hook(packed)``, as in torch.autograd.graph; activation checkpointing is built on it."""
@@ -142,11 +139,11 @@ class saved_tensors_hooks:  # noqa: N801 — torch's name
         self.hooks = (pack_hook, unpack_hook)
 
     def __enter__(self):
-        _SAVED_TENSOR_HOOKS.append(self.hooks)
+        STATE.saved_tensor_hooks = (*STATE.saved_tensor_hooks, self.hooks)  # per thread, as torch's
         return self
 
     def __exit__(self, *exc):
-        _SAVED_TENSOR_HOOKS.pop()
+        STATE.saved_tensor_hooks = STATE.saved_tensor_hooks[:-1]
         return False
 
 
@@ -161,8 +158,9 @@ class SavedTensor:
         self.output_nr = output_nr
         self.op_name = op_name
         self.unpack_hook = None
-        if _SAVED_TENSOR_HOOKS:
-            pack_hook, self.unpack_hook = _SAVED_TENSOR_HOOKS[-1]
+        hooks = STATE.saved_tensor_hooks
+        if hooks:
+            pack_hook, self.unpack_hook = hooks[-1]
             self.tensor = pack_hook(t)
             self.node_ref = weakref.ref(node) if is_output else None
         elif is_output:

@@ -28,13 +28,14 @@ import inspect
 import operator
 import os
 import sys
+import weakref
 from dataclasses import dataclass, field
 
 from tilewise import _strides as S
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer
 from tilewise.dispatch import STATE, register_backend
-from tilewise.tensor import Tensor
+from tilewise.tensor import TRACE_HOOKS, Tensor
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _GENERATED = ("<binder", "<derivative", "<numpy kernel")
@@ -111,6 +112,7 @@ class StorageEntry:
     source: Source
     input: Node
     current: Node
+    version: int = 0  # the storage's version counter before the trace (in-place writes bump it as eager does)
 
     @property
     def root_shape(self) -> tuple[int, ...]:
@@ -213,11 +215,8 @@ def unflatten(spec, leaves: list):
 
 # ---------------------------------------------------------------------------- the capture context
 
-_CAPTURES: list[Capture] = []
-
-
 def active() -> Capture:
-    return _CAPTURES[-1]
+    return STATE.captures[-1]
 
 
 def trace_tensor(node: Node, strides: tuple | None = None, offset: int = 0) -> Tensor:
@@ -244,9 +243,18 @@ class Capture:
         self.sourced: set[int] = set()  # ids of the real tensors already in tensor_sources
         self.owners: list[tuple[Tensor, Source]] = []  # real tensors whose .grad may be read or set
         self.saved_grads: dict[int, tuple[Tensor, object]] = {}
-        self.arg_traces: dict[int, Tensor] = {}
+        self.arg_sources: dict[int, Source] = {}  # id of an argument tensor -> its Source
+        self.arg_index: dict[int, int] = {}  # id of an argument tensor -> its position among the flat arguments
         self.states: list[tuple[dict, dict]] = []  # optimizer state tables and what they held before the trace
         self.serial = 0
+        self.live: list[weakref.ref] = []  # every trace tensor made since the last sync (see segments.py)
+        # what a data-dependent read does: None raises DataDependentError; a callable(capture, what) runs what
+        # was recorded so far and makes every live trace tensor real (a graph break, see segments.py)
+        self.breaks = None
+
+    def track(self, t: Tensor) -> Tensor:
+        self.live.append(weakref.ref(t))
+        return t
 
     # ------------------------------------------------------------------ nodes
     def emit(self, op: str, srcs: tuple, args: tuple, type, tag=None) -> Node:
@@ -258,9 +266,9 @@ class Capture:
 
     def wrap(self, node: Node):
         if node.is_tuple:
-            return tuple(trace_tensor(self.emit("getitem", (node,), (k,), t)) if t is not None else None
+            return tuple(self.track(trace_tensor(self.emit("getitem", (node,), (k,), t))) if t is not None else None
                          for k, t in enumerate(node.type))
-        return trace_tensor(node)
+        return self.track(trace_tensor(node))
 
     def next_serial(self) -> int:
         self.serial += 1
@@ -274,13 +282,13 @@ class Capture:
         if entry is not None and source is None and id(t) in self.sourced:
             return entry
         if source is None:
-            source = self._source_for(t)
+            source = self.arg_sources.get(id(t)) or self._source_for(t)
         if entry is None:
             st = t._storage
             dense = t._offset == 0 and t.numel() == st.size and S.is_contiguous(t._shape, t._strides)
             root = TensorType(t._shape if dense else (st.size,), t._dtype, t._device)
             node = Node("input", (), (), root, tag=self._unique_label(source.label))
-            entry = StorageEntry(st, source, node, node)
+            entry = StorageEntry(st, source, node, node, st.version)
             self.entries[key] = entry
         self.sourced.add(id(t))
         self.tensor_sources.append(TensorSource(source, signature(t), list(self.entries).index(key)))
@@ -308,15 +316,12 @@ class Capture:
         label = self.names.get(id(t), f"captured{len(self.entries)}")
         return Source("object", label, obj=t)
 
-    def argument(self, index: int, leaf: Tensor, label: str) -> Tensor:
-        """The trace tensor standing in for argument ``leaf``: a view of its storage's input."""
-        entry = self.entry_for(leaf, Source("arg", label, index=index))
-        geometry = (leaf._shape, leaf._strides, leaf._offset)
-        t = trace_tensor(self.read(entry, geometry), leaf._strides, leaf._offset)
-        t.__dict__["_tw_alias"] = Alias(entry, geometry, entry.current)
-        t._requires_grad = leaf._requires_grad
-        t._grad = leaf._grad
-        return t
+    def argument(self, index: int, leaf: Tensor, label: str) -> None:
+        """Argument ``leaf`` is passed to the function as it is: the first operator that reads it lifts its
+        storage to a graph input fetched from that argument on every call (an unused argument is never
+        guarded), and autograd records on the caller's own tensor."""
+        self.arg_sources[id(leaf)] = Source("arg", label, index=index)
+        self.arg_index.setdefault(id(leaf), index)
 
     # ------------------------------------------------------------------ reading and writing values
     def root_value(self, root) -> Node:
@@ -409,7 +414,18 @@ class Capture:
             srcs, frozen = self.operands(op, args)
             out._trace = self.emit(op.full_name, srcs, frozen, TensorType(out._shape, x._dtype, device))
         out.__dict__["_tw_alias"] = Alias(root, geometry, self.root_value(root))
-        return out
+        return self.track(out)
+
+    def copy_alias(self, src: Tensor, dst: Tensor) -> None:
+        """``dst`` shares ``src``'s memory (``detach``, ``.data =``): the same root and geometry, so that a write
+        through either is seen by both, as in eager."""
+        alias = src.__dict__.get("_tw_alias")
+        if alias is not None:
+            dst.__dict__["_tw_alias"] = Alias(alias.root, alias.geometry, alias.seen)
+        else:
+            geometry = (src._shape, src._strides, src._offset)
+            dst.__dict__["_tw_alias"] = Alias(src, geometry, src._trace)
+        self.track(dst)
 
     def composite(self, op, args: tuple, device):
         returns_list = op.schema.text.endswith("Tensor[]")
@@ -418,13 +434,19 @@ class Capture:
             return op.decomposition(*args)
         srcs, frozen = self.operands(op, args)
         state = self._snapshot(args)
-        body, defined = self.body, self.defined
-        self.body, self.defined = [], set(defined)
+        body, defined, breaks = self.body, self.defined, self.breaks
+        self.body, self.defined, self.breaks = [], set(defined), None  # no graph break inside a node's body
+        needs_values = False
         try:
             out = op.decomposition(*args)
+        except DataDependentError:
+            if breaks is None:
+                raise
+            needs_values = True
         finally:
-            self.body, self.defined = body, defined
-        if self._changed(state):  # the decomposition writes in place: record what it does, not the op
+            self.body, self.defined, self.breaks = body, defined, breaks
+        if needs_values or self._changed(state):
+            # the decomposition writes in place, or reads values (a graph break): record what it does, not the op
             self._restore(args, state)
             return op.decomposition(*args)
         if isinstance(out, (tuple, list)):
@@ -452,21 +474,42 @@ class Capture:
             t._trace = value
 
     def primitive(self, op, args: tuple, device):
+        what = f"{op.name}() (its result's shape depends on tensor values)"
         if op.full_name in DATA_DEPENDENT_OPS or op.attrs.get("data_dependent"):
-            raise data_dependent_error(f"{op.name}() (its result's shape depends on tensor values)")
-        ty = infer(op, args, device)
+            return self.run_real(op, args, device, what)
+        try:
+            ty = infer(op, args, device)
+        except DataDependentError:
+            return self.run_real(op, args, device, what)
         srcs, frozen = self.operands(op, args)
         tag = self.next_serial() if op.kind == "random" else None
         return self.wrap(self.emit(op.full_name, srcs, frozen, ty, tag))
+
+    def run_real(self, op, args: tuple, device, what: str):
+        """An operator the graph cannot hold (its result's shape depends on values): a graph break runs what
+        was recorded, then the operator on the real values; without breaks (fullgraph=True) it is an error."""
+        if self.breaks is None:
+            raise data_dependent_error(what)
+        self.breaks(self, what)
+        with suspended():
+            from tilewise.dispatch import run as run_below_autograd
+
+            return run_below_autograd(op, args)
+
+    def value_needed(self, t: Tensor, what: str) -> None:
+        """Python code asks for the values of ``t`` (``item()``, ``bool()``, ``numpy()``, printing)."""
+        if self.breaks is None:
+            raise data_dependent_error(what)
+        self.breaks(self, what)
 
     # ------------------------------------------------------------------ the end of a trace
     def finish(self, result, flat_args: list) -> Traced:
         leaves, spec = flatten(result)
         outputs: list[Node] = []
         out_leaves, traced = [], []
-        arguments = {id(t): k for k, t in self.arg_traces.items()}
+        arguments = self.arg_index
         for leaf in leaves:
-            if type(leaf) is Tensor and id(leaf) in arguments and not leaf._requires_grad:
+            if type(leaf) is Tensor and leaf._trace is None and id(leaf) in arguments:
                 out_leaves.append(("arg", arguments[id(leaf)]))  # the caller's own tensor (``out.copy_(x)``)
             elif type(leaf) is Tensor and leaf._trace is not None:
                 out_leaves.append(("out", len(outputs)))
@@ -512,8 +555,7 @@ class Capture:
         """Differentiate the outputs that require grad, by the autograd engine on trace tensors."""
         from tilewise.autograd import grad
 
-        holders = [(self.arg_traces.get(src.index, owner) if src.kind == "arg" else owner, src)
-                   for owner, src in self.owners]
+        holders = list(self.owners)
         if not differentiable or not holders:
             return None
         tangents = [Node("input", (), (), self.value_of(leaf).type, tag=f"d_out{k}") for k, leaf in differentiable]
@@ -538,9 +580,8 @@ class Capture:
         gradient that already exists is accumulated into, so the program depends on it)."""
         effects, presence = [], []
         for owner, source in self.owners:
-            holder = self.arg_traces.get(source.index, owner) if source.kind == "arg" else owner
             original = self.saved_grads[id(owner)][1]
-            final = holder._grad
+            final = owner._grad
             if final is original:
                 continue
             presence.append((source, original is not None))
@@ -554,6 +595,8 @@ class Capture:
 
     def restore(self) -> None:
         """Undo what tracing did to Python state; running the program redoes it with real tensors."""
+        for entry in self.entries.values():
+            entry.storage.version = entry.version
         for t, grad in self.saved_grads.values():
             t._grad = grad
         for state, before in self.states:
@@ -581,15 +624,69 @@ def run(op, args: tuple, device):
 register_backend("trace", sys.modules[__name__])
 
 
+def _value_needed(t: Tensor, what: str, required: bool) -> None:
+    """Before Python reads a tensor's values (``TRACE_HOOKS.value_needed``): while this thread traces, a real
+    tensor's memory may be stale (the trace has not run) and a trace tensor has none, so the capture breaks
+    the graph or, where it cannot, an error names the user's line."""
+    state = STATE
+    if not state.trace_depth:
+        if t._trace is not None and required:
+            raise RuntimeError(f"{what}: this tensor was made while tilewise.compile traced a function and was kept "
+                               "after the trace ended (stored in a list, a global or an attribute); it has no "
+                               "values. Return it from the function instead.")
+        return
+    cap = state.captures[-1]
+    if cap.breaks is None:
+        if required:
+            raise data_dependent_error(what)
+        return
+    cap.breaks(cap, what)
+
+
+def _shares_memory(src: Tensor, dst: Tensor) -> None:
+    captures = STATE.captures
+    if captures:
+        captures[-1].copy_alias(src, dst)
+
+
+def _memory_of(t: Tensor):
+    """The storage a traced tensor's memory is on (a real tensor's, through its entry), or its root trace tensor."""
+    alias = t.__dict__.get("_tw_alias")
+    root = alias.root if alias is not None else t
+    return root.storage if isinstance(root, StorageEntry) else root
+
+
+def _version(t: Tensor) -> int:
+    memory = _memory_of(t)
+    return memory.version if type(memory) is not Tensor else memory.__dict__.get("_tw_version", 0)
+
+
+def _bump_version(t: Tensor) -> None:
+    """An in-place write through a traced tensor: the version eager would bump is its memory's (a real tensor's
+    storage, or the root trace tensor's counter, which its storage takes when a graph break makes it real)."""
+    memory = _memory_of(t)
+    if type(memory) is Tensor:
+        memory.__dict__["_tw_version"] = memory.__dict__.get("_tw_version", 0) + 1
+    else:
+        memory.version += 1
+
+
+TRACE_HOOKS.value_needed = _value_needed
+TRACE_HOOKS.shares_memory = _shares_memory
+TRACE_HOOKS.version = _version
+TRACE_HOOKS.bump_version = _bump_version
+
+
 @contextlib.contextmanager
 def capturing(cap: Capture):
-    _CAPTURES.append(cap)
-    STATE.trace_depth += 1
+    state = STATE  # this thread's: another thread's operators are never recorded into this capture
+    state.captures = (*state.captures, cap)
+    state.trace_depth += 1
     try:
         yield cap
     finally:
-        STATE.trace_depth -= 1
-        _CAPTURES.pop()
+        state.trace_depth -= 1
+        state.captures = state.captures[:-1]
 
 
 def leaf_labels(fn, args: tuple, kwargs: dict) -> list[str]:
@@ -615,28 +712,30 @@ def trace(fn, args: tuple, kwargs: dict, names: dict[int, str] | None = None,
     may touch without an operator seeing them (module parameters: ``zero_grad`` only assigns ``.grad``);
     ``states`` are optimizer state tables the function may fill (a first step creates momentum buffers).
     """
-    flat, spec = flatten((list(args), kwargs))
+    flat, _ = flatten((list(args), kwargs))
+    cap = start(fn, args, kwargs, names, known, states)
+    try:
+        with capturing(cap):
+            result = fn(*args, **kwargs)
+            return cap.finish(result, flat)
+    finally:
+        cap.restore()
+
+
+def start(fn, args: tuple, kwargs: dict, names: dict[int, str] | None = None, known: list[Tensor] = (),
+          states: list[dict] = ()) -> Capture:
+    """A capture ready to record a call of ``fn`` on these arguments (see ``trace``)."""
+    flat, _ = flatten((list(args), kwargs))
     labels = leaf_labels(fn, args, kwargs)
     cap = Capture(names)
     for t in known:
         cap.add_owner(t, Source("object", cap.names.get(id(t), "captured"), obj=t))
     for state in states:
         cap.watch_state(state)
-    traced_leaves = []
     for i, leaf in enumerate(flat):
         if type(leaf) is Tensor:
-            t = cap.argument(i, leaf, labels[i])
-            cap.arg_traces[i] = t
-            traced_leaves.append(t)
-        else:
-            traced_leaves.append(leaf)
-    t_args, t_kwargs = unflatten(spec, traced_leaves)
-    try:
-        with capturing(cap):
-            result = fn(*t_args, **t_kwargs)
-            return cap.finish(result, flat)
-    finally:
-        cap.restore()
+            cap.argument(i, leaf, labels[i])
+    return cap
 
 
 def trace_decomposition(node: Node, keep=None) -> tuple[Node | None, ...]:

@@ -20,9 +20,8 @@ the steady-state step, which updates the buffers in place.
 
 from __future__ import annotations
 
-import copy
 import inspect
-import operator
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -30,21 +29,22 @@ import numpy as np
 
 from tilewise import _strides as S
 from tilewise._stages import Stages, stage
-from tilewise.amp.autocast_mode import describe as describe_autocast
 from tilewise.autograd.function import Function
 from tilewise.compiler.capture import (
-    LAYOUT_FIELDS,
-    DataDependentError,
     Source,
     Traced,
+    capturing,
     flatten,
-    signature,
-    trace,
+    start,
+    suspended,
     unflatten,
+    user_frame,
 )
+from tilewise.compiler.guards import Guards, Recorder, make_guards
 from tilewise.compiler.passes import dce, pipeline_for, run_pipeline
 from tilewise.compiler.passes.partition import partition
 from tilewise.compiler.program import Program, build_program, host_arena
+from tilewise.compiler.segments import Segments
 from tilewise.config import log, settings
 from tilewise.device import Device, cpu
 from tilewise.dispatch import STATE
@@ -58,168 +58,7 @@ class UnsupportedTargetError(RuntimeError):
     """The function runs on a device the compiler has no code generation for yet."""
 
 
-# ---------------------------------------------------------------------------- guards
-
-def _describe_signature(sig) -> str:
-    if sig is None:
-        return "None"
-    shape, strides, offset, dtype, device, requires_grad, size = sig
-    return (f"shape {list(shape)}, strides {list(strides)}, offset {offset}, {dtype.name} on {device}, "
-            f"requires_grad={requires_grad}, storage of {size}")
-
-
-def _constant_key(value):
-    return (type(value), value) if isinstance(value, (int, float, bool, str, type(None))) else (type(value), id(value))
-
-
-@dataclass
-class Guards:
-    spec: object
-    constants: list[tuple[int, object]]
-    tensors: list[tuple[Source, tuple]]
-    aliasing: tuple
-    grad_presence: list[tuple[Source, bool]]
-    grad_enabled: bool
-    training: tuple
-    optimizers: list  # the optimizers the function reaches: their state tables and param groups are guarded
-    state_layout: list  # _state_layout(optimizers) when traced
-    hyperparameters: tuple  # _hyperparameters(optimizers) when traced: the trace baked them in
-    autocast: tuple = ()  # AutocastState.key when traced: the casts it recorded
-
-    def failure(self, flat: list, spec, module) -> str | None:
-        """None when this variant applies to the call, else which guard failed."""
-        if spec != self.spec:
-            return "the arguments have a different structure (number, nesting or keyword names)"
-        for index, key in self.constants:
-            if _constant_key(flat[index]) != key:
-                return f"argument leaf {index} is {flat[index]!r}, compiled for {key[1]!r}"
-        if STATE.grad_enabled != self.grad_enabled:
-            return f"grad mode is {'on' if STATE.grad_enabled else 'off'}, compiled with it " \
-                   f"{'on' if self.grad_enabled else 'off'}"
-        if _autocast_key() != self.autocast:
-            return f"the autocast guard failed: called under {describe_autocast(_autocast_key())}, compiled under " \
-                   f"{describe_autocast(self.autocast)}"
-        if module is not None and _training_flags(module) != self.training:
-            return "a module's training flag changed (train()/eval())"
-        if _state_layout(self.optimizers) != self.state_layout:
-            return "an optimizer's state changed (buffers created or replaced)"
-        if _hyperparameters(self.optimizers) != self.hyperparameters:
-            return _hyperparameter_change(self.optimizers, self.hyperparameters)
-        reason = self._tensor_failure(flat)
-        if reason is not None:
-            return reason
-        for source, had in self.grad_presence:
-            owner = source.fetch(flat)
-            if (owner._grad is not None) != had:
-                return f"{source.label}.grad is {'set' if owner._grad is not None else 'None'}; compiled with it " \
-                       f"{'set' if had else 'None'}"
-        return None
-
-    def __post_init__(self) -> None:
-        # [Note: fast guards] A training step reads every parameter and optimizer state tensor: GPT-2's is
-        # 594 tensors, and checking them one by one in Python took half a millisecond a call, more than some
-        # steps' kernels. The tensors held as objects are checked with one C-level map of an attrgetter over a
-        # fixed list, and the storages' sharing is recomputed only when some storage is another object than
-        # at the last call that passed. A failure is then explained by the one-by-one walk.
-        objects = [k for k, (source, _) in enumerate(self.tensors) if source.kind == "object"]
-        others = [k for k, (source, _) in enumerate(self.tensors) if source.kind != "object"]
-        self._order = objects + others
-        self._objects = [self.tensors[k][0].obj for k in objects]
-        self._others = [self.tensors[k][0] for k in others]
-        self._expected = [self.tensors[k][1] for k in self._order]
-        self._held_passed: list[tuple] | None = None
-        self._other_storages_passed: list[int] | None = None
-
-    def _tensor_failure(self, flat: list) -> str | None:
-        others = [source.fetch(flat) for source in self._others]
-        other_signatures = [signature(t) if type(t) is Tensor else None for t in others]
-        other_storages = [id(t._storage) if type(t) is Tensor else 0 for t in others]
-        held = list(map(_LAYOUT, self._objects))
-        if held == self._held_passed and other_storages == self._other_storages_passed:
-            # the held tensors are as at the last call that passed, their storages the same objects: only the
-            # arguments' signatures are left to check
-            if other_signatures == self._expected[len(held):]:
-                return None
-            return self._explain(flat)
-        if list(map(signature, self._objects)) + other_signatures != self._expected:
-            return self._explain(flat)
-        storages = [id(t._storage) for t in self._objects] + other_storages
-        in_order = [0] * len(storages)
-        for position, k in enumerate(self._order):
-            in_order[k] = storages[position]
-        if _alias_pattern(in_order) != self.aliasing:
-            return "tensors that shared storage when compiled no longer do (or the reverse)"
-        self._held_passed = held  # holds the storages: no other storage can take their ids while compared
-        self._other_storages_passed = other_storages
-        return None
-
-    def _explain(self, flat: list) -> str | None:
-        for source, expected in self.tensors:
-            t = source.fetch(flat)
-            got = signature(t) if type(t) is Tensor else None
-            if got != expected:
-                return f"{source.label}: {_describe_signature(got)}; compiled for {_describe_signature(expected)}"
-        return None
-
-
-_LAYOUT = operator.attrgetter(*LAYOUT_FIELDS, "_storage")  # ``signature`` with the storage itself, not its size
-
-
-def _autocast_key() -> tuple:
-    state = STATE.autocast
-    return state.key if state is not None else ()
-
-
-def _alias_pattern(ids: list[int]) -> tuple:
-    first: dict[int, int] = {}
-    return tuple(first.setdefault(i, k) for k, i in enumerate(ids))
-
-
-def _training_flags(module) -> tuple:
-    modules = module.modules() if hasattr(module, "modules") else [module]
-    return tuple(bool(getattr(m, "training", False)) for m in modules)
-
-
-_PLAIN = (int, float, bool, str, type(None))
-
-
-def _state_layout(optimizers: list) -> list:
-    """Which entries the optimizers' state tables hold (the tables they hold now: ``load_state_dict`` replaces
-    them): tensors by identity, other values by value, flat (one list, compared in one step)."""
-    out: list = []
-    for o in optimizers:
-        out.append(len(o.state))
-        for owner, entry in o.state.items():
-            out.append(id(owner))
-            out.append(len(entry))
-            out.extend(entry)
-            out.extend([id(v) if type(v) is Tensor else v if type(v) in _PLAIN else repr(v) for v in entry.values()])
-    return out
-
-
-def _value_key(value):
-    if isinstance(value, (list, tuple)):
-        return type(value), tuple(_value_key(v) for v in value)
-    return _constant_key(value)
-
-
-def _hyperparameters(optimizers: list) -> tuple:
-    """What the optimizers' param groups hold besides their parameters (lr, betas, weight_decay, ...), by value:
-    a trace reads them as Python numbers, so the program holds them as constants."""
-    return tuple(tuple(tuple((k, _value_key(v)) for k, v in group.items() if k != "params")
-                       for group in o.param_groups) for o in optimizers)
-
-
-def _hyperparameter_change(optimizers: list, compiled: tuple) -> str:
-    now = _hyperparameters(optimizers)
-    for o, groups, old_groups in zip(optimizers, now, compiled):
-        for k, (group, old) in enumerate(zip(groups, old_groups)):
-            for (name, value), (old_name, old_value) in zip(group, old):
-                if (name, value) != (old_name, old_value):
-                    return (f"{type(o).__name__}.param_groups[{k}][{name!r}] is {o.param_groups[k].get(name)!r}, "
-                            f"compiled for {old_value[-1]!r}")
-    return "an optimizer's param groups changed (groups or hyperparameters added or removed)"
-
+# ---------------------------------------------------------------------------- what a call reaches
 
 def reachable_optimizers(fn, arguments: tuple = ()) -> list:
     """The optimizers (objects with ``param_groups`` and a ``state`` table) a function can reach: its arguments,
@@ -242,15 +81,6 @@ def reachable_optimizers(fn, arguments: tuple = ()) -> list:
         if isinstance(state, dict) and not any(state is o.state for o in found_optimizers):
             found_optimizers.append(c)
     return found_optimizers
-
-
-def make_guards(traced: Traced, flat: list, spec, module, optimizers: list) -> Guards:
-    constants = [(k, _constant_key(v)) for k, v in enumerate(flat) if type(v) is not Tensor]
-    tensors = [(ts.source, ts.signature) for ts in traced.tensor_sources]
-    storages = [id(ts.source.fetch(flat)._storage) for ts in traced.tensor_sources]
-    return Guards(spec, constants, tensors, _alias_pattern(storages), traced.grad_presence, STATE.grad_enabled,
-                  _training_flags(module) if module is not None else (), optimizers, _state_layout(optimizers),
-                  _hyperparameters(optimizers), _autocast_key())
 
 
 # ---------------------------------------------------------------------------- variants
@@ -369,7 +199,7 @@ def _flatten_call(args: tuple, kwargs: dict) -> tuple[list, object]:
 class CompiledFunction:
     """A function compiled per specialisation; see [Note: compiled functions]."""
 
-    def __init__(self, fn, mode: str = "default", fullgraph: bool = True, dynamic: bool = False, module=None):
+    def __init__(self, fn, mode: str = "default", fullgraph: bool = False, dynamic: bool = False, module=None):
         if mode not in MODES:
             raise ValueError(f"tilewise.compile: unknown mode {mode!r}; modes: {', '.join(MODES)}")
         if dynamic:
@@ -381,8 +211,11 @@ class CompiledFunction:
         self.module = module
         self.variants: list[Variant] = []
         self.arenas: dict = {}  # (target, device) -> the Arena its programs share
+        self.segments = Segments(getattr(fn, "__name__", type(fn).__name__), self._build_segment)
         self.eager_reason: str | None = None  # set when the function runs eagerly from now on, and why
         self.limit_warned = False
+        self.breaks_seen: set[str] = set()  # the graph breaks already logged
+        self._lock = threading.RLock()  # one recording at a time; variants are appended under it
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
 
@@ -396,23 +229,65 @@ class CompiledFunction:
             if reason is None:
                 return variant.run(flat)
             reasons.append(reason)
-        if len(self.variants) >= settings.recompile_limit:  # calls its variants fit still run compiled
-            if not self.limit_warned:
-                self.limit_warned = True
-                warnings.warn(f"tilewise.compile: {self.__name__} reached the recompile limit "
-                              f"({settings.recompile_limit} variants, TILEWISE_RECOMPILES); calls that fit none of "
-                              f"them run eagerly. Last guard failure: {reasons[-1]}", RuntimeWarning, stacklevel=2)
-            return self.fn(*args, **kwargs)
-        if reasons:
-            log("recompiles", f"recompiling {self.__name__} (variant {len(self.variants) + 1}): {reasons[-1]}")
+        with self._lock:
+            for variant in self.variants[len(reasons):]:  # compiled by another thread while this one waited
+                if variant.guards.failure(flat, spec, self.module) is None:
+                    return variant.run(flat)
+            if self.eager_reason:
+                return self.fn(*args, **kwargs)
+            if len(self.variants) >= settings.recompile_limit or \
+                    len(self.segments.programs) >= settings.recompile_limit * 8:
+                return self._over_limit(reasons, args, kwargs)
+            if reasons:
+                log("recompiles", f"recompiling {self.__name__} (variant {len(self.variants) + 1}): {reasons[-1]}")
+            return self._record(args, kwargs, flat, spec)
+
+    def _over_limit(self, reasons: list[str], args: tuple, kwargs: dict):
+        """Calls that fit no variant run eagerly once the limit is reached (calls its variants fit still run
+        compiled)."""
+        if not self.limit_warned:
+            self.limit_warned = True
+            last = reasons[-1] if reasons else "its graph breaks recorded other operators"
+            warnings.warn(f"tilewise.compile: {self.__name__} reached the recompile limit "
+                          f"({settings.recompile_limit} variants, TILEWISE_RECOMPILES); calls that fit none of "
+                          f"them run eagerly. Last guard failure: {last}", RuntimeWarning, stacklevel=3)
+        return self.fn(*args, **kwargs)
+
+    def _record(self, args: tuple, kwargs: dict, flat: list, spec):
+        """Run the function with its operators recorded (see [Note: compiled functions]): a call without graph
+        breaks or side effects becomes a variant, replayed by later calls its guards admit; any other call
+        ran its Python once, as eagerly, and its recorded segments run as compiled programs."""
+        names, known = _module_tensors(self.module)
+        optimizers = reachable_optimizers(self.fn, (*args, *kwargs.values()))
+        for optimizer in optimizers:  # the state a first step creates exists before the trace: one trace, not two
+            init = getattr(optimizer, "init_state", None)
+            if init is not None:
+                init()
+        cap = start(self.fn, args, kwargs, names=names, known=known, states=[o.state for o in optimizers])
+        if not self.fullgraph:
+            cap.breaks = self._break
+        recorder = Recorder(self.fn, flat, self.fullgraph)
+        traced, effects = None, []
         with Stages() as stages:
+            synced = self.segments.syncs
             try:
-                variant = self._compile(args, kwargs, flat, spec)
-            except DataDependentError as exc:
-                if self.fullgraph:
-                    raise
-                return self._give_up(f"it needs tensor values while tracing (fullgraph=False):\n{exc}", args,
-                                     kwargs)
+                with stage("trace"), recorder, capturing(cap):
+                    result = self.fn(*args, **kwargs)
+                    effects = recorder.side_effects() if self.segments.syncs == synced else []
+                    if self.segments.syncs == synced and not effects:
+                        traced = cap.finish(result, flat)
+            except BaseException:
+                if self.segments.syncs == synced:
+                    cap.restore()  # nothing ran: the tensors and optimizer state are as before the call
+                raise
+            if traced is None:
+                why = effects[0] if effects else "a graph break"
+                self._log_break(why)
+                self.segments.sync(cap, "the end of the call")
+                return result
+            cap.restore()
+            try:
+                variant = self._compile(traced, flat, spec, optimizers, recorder)
             except UnsupportedTargetError as exc:
                 return self._give_up(str(exc), args, kwargs)
             self.variants.append(variant)
@@ -422,25 +297,29 @@ class CompiledFunction:
                                              "it once"))
         return result
 
+    def _break(self, cap, what: str) -> None:
+        """A graph break: Python needs values (or an operator the graph cannot hold); run what was recorded."""
+        self._log_break(what)
+        with suspended():
+            self.segments.sync(cap, what)
+
+    def _log_break(self, what: str) -> None:
+        if what not in self.breaks_seen:
+            self.breaks_seen.add(what)
+            path, line, text = user_frame()
+            log("graph_breaks", f"{self.__name__}: {what} at {path}:{line}: {text} (its Python runs on every call; "
+                                "the operators between such points run as compiled segments)")
+
     def _give_up(self, reason: str, args: tuple, kwargs: dict):
         """Run eagerly, now and on every later call (the function cannot be compiled as it is)."""
         self.eager_reason = reason
         warnings.warn(f"tilewise.compile: running {self.__name__} eagerly from now on: {reason}", RuntimeWarning,
-                      stacklevel=3)
+                      stacklevel=4)
         return self.fn(*args, **kwargs)
 
-    def _compile(self, args: tuple, kwargs: dict, flat: list, spec) -> Variant:
-        names, known = _module_tensors(self.module)
-        optimizers = reachable_optimizers(self.fn, (*args, *kwargs.values()))
-        for optimizer in optimizers:  # the state a first step creates exists before the trace: one trace, not two
-            init = getattr(optimizer, "init_state", None)
-            if init is not None:
-                init()
-        states = [o.state for o in optimizers]
-        with stage("trace"):
-            traced = trace(self.fn, args, kwargs, names=names, known=known, states=states)
+    def _compile(self, traced: Traced, flat: list, spec, optimizers: list, recorder) -> Variant:
         target, device = _target(traced)
-        guards = make_guards(traced, flat, spec, self.module, optimizers)
+        guards = make_guards(traced, flat, spec, self.module, optimizers, recorder)
         with stage("passes"):
             graph = run_pipeline(traced.graph, pipeline_for(target))
 
@@ -460,6 +339,12 @@ class CompiledFunction:
                  ("output", traced.backward.n_forward + parts.computed.index(s)) for s in parts.saved]
         return Variant(guards, traced, forward, backward, saved)
 
+    def _build_segment(self, graph):
+        """The program of one segment of a call that runs its Python (see [Note: segmented calls])."""
+        target, device = _graph_target(graph)
+        graph = run_pipeline(graph, pipeline_for(target))
+        return build_program(graph, target, device, False, self._arena(target, device), self.mode == "max-autotune")
+
     def _arena(self, target: str, device):
         """The arena the function's programs for ``target`` share (see ``program.Arena``)."""
         key = (target, device)
@@ -475,13 +360,18 @@ class CompiledFunction:
         return arena
 
     def programs(self) -> list[Program]:
-        """Every compiled program, forward and backward, of every variant."""
-        return [p for v in self.variants for p in (v.forward, v.backward) if p is not None]
+        """Every compiled program, forward and backward, of every variant, then every segment's."""
+        return [p for v in self.variants for p in (v.forward, v.backward) if p is not None] + \
+            list(self.segments.programs.values())
 
 
 def _target(traced: Traced) -> tuple[str, Device | None]:
-    """The code generation target of a traced function: "c" on the CPU, "cuda" on one CUDA device."""
-    devices = {n.type.device for n in traced.graph.inputs + traced.graph.body if not n.is_tuple}
+    return _graph_target(traced.graph)
+
+
+def _graph_target(graph) -> tuple[str, Device | None]:
+    """The code generation target of a graph: "c" on the CPU, "cuda" on one CUDA device."""
+    devices = {n.type.device for n in graph.inputs + graph.body if not n.is_tuple}
     if not devices or devices == {cpu}:
         return "c", None
     if len(devices) == 1:
@@ -500,7 +390,7 @@ def _module_tensors(module) -> tuple[dict[int, str], list[Tensor]]:
     return {id(t): name for name, t in named}, [t for _, t in named if type(t) is Tensor]
 
 
-def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = True, dynamic: bool = False):  # noqa: A001
+def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = False, dynamic: bool = False):  # noqa: A001
     """Compile a function (or a module's forward) into fused kernels; returns a callable (a module stays one).
 
     Tensors on the CPU compile to C (OpenMP), tensors on one CUDA device to CUDA C (NVRTC), replayed as a
@@ -517,8 +407,21 @@ def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = True,
     if fn_or_module is None:
         return lambda fn: compile(fn, mode=mode, fullgraph=fullgraph, dynamic=dynamic)
     if hasattr(fn_or_module, "named_parameters") and hasattr(type(fn_or_module), "forward"):
-        module = copy.copy(fn_or_module)
-        forward = type(fn_or_module).forward.__get__(module)
-        object.__setattr__(module, "forward", CompiledFunction(forward, mode, fullgraph, dynamic, module=module))
-        return module
+        return compiled_module(fn_or_module, CompiledFunction(type(fn_or_module).forward.__get__(fn_or_module), mode,
+                                                              fullgraph, dynamic, module=fn_or_module))
     return CompiledFunction(fn_or_module, mode, fullgraph, dynamic)
+
+
+def compiled_module(module, forward: CompiledFunction):
+    """The module ``compile`` returns: the same module seen through another class whose ``forward`` is compiled.
+
+    It shares the original's attribute dictionary, so parameters, buffers, ``training`` flags and every other
+    attribute are one state whichever object is read or changed (``model.eval()`` on either affects both, as
+    on torch's compiled module), its state_dict keys are the original's, and ``isinstance`` holds; calling the
+    original still runs eagerly. The compiled forward is bound to the original module."""
+    cls = type(module)
+    compiled_cls = type(cls.__name__, (cls,), {"forward": forward, "_orig_mod": property(lambda self: module),
+                                               "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    proxy = object.__new__(compiled_cls)
+    object.__setattr__(proxy, "__dict__", module.__dict__)
+    return proxy

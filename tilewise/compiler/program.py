@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -55,6 +56,11 @@ class Arena:
         self.buffer = None
         self.nbytes = 0
         self.generation = 0
+        # one program at a time uses the arena: a compiled function called from several threads runs its
+        # programs one after another (on CUDA, a program on another stream than the last also waits for it)
+        self.lock = threading.RLock()
+        self.stream = None  # the CUDA stream that last used the arena, and an event recorded after that use
+        self.event = None
 
     def reserve(self, nbytes: int) -> None:
         nbytes = max(nbytes, 1)
@@ -158,8 +164,12 @@ class Program:
         """Run on the inputs' storage data (flat arrays; device buffers on CUDA); return the outputs' data.
 
         ``staged``: input slots that are arguments of the compiled function (a CUDA graph copies them in)."""
-        if self.cuda is not None:
-            return self.cuda.run(inputs, staged)
+        with self.arena.lock:
+            if self.cuda is not None:
+                return self.cuda.run(inputs, staged)
+            return self._run_host(inputs)
+
+    def _run_host(self, inputs: list) -> list:
         if self.arena_generation != self.arena.generation:
             _bind_arena(self)
         arrays, pointers = list(self.arrays), list(self.pointers)

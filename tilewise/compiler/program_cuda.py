@@ -249,6 +249,21 @@ class CudaRuntime:
         stream = stream_handle(self.device.index)
         self.calls += 1
         self._bind_arena()
+        self._after_last_use(stream)
+        return self._run(inputs, staged, stream)
+
+    def _after_last_use(self, stream: int) -> None:
+        """Order this run after the arena's last use when that was on another stream (another thread's): an
+        event recorded on that stream now follows everything it was given, that use included."""
+        arena = self.program.arena
+        if arena.stream is not None and arena.stream != stream:
+            if arena.event is None:
+                arena.event = Event()
+            arena.event.record(arena.stream)
+            check(driver_api().cuStreamWaitEvent(stream, arena.event.handle, 0), "cuStreamWaitEvent")
+        arena.stream = stream
+
+    def _run(self, inputs: list, staged: frozenset[int], stream: int) -> list:
         if self.use_graphs and self.calls > 1 and not self.why_not:
             replayed = self._replay(inputs, staged, stream)
             if replayed is not None:

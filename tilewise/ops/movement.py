@@ -19,6 +19,7 @@ from math import prod
 from numbers import Number
 
 from tilewise import _strides as S
+from tilewise.dispatch import values_readable
 from tilewise.dtypes import result_type
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.formulas import HELPERS
@@ -408,7 +409,7 @@ def check_index_range(index: Tensor, size: int, dim: int, op: str) -> None:
     refuses them). Checked here where the values can be read without a trace or a device sync; elsewhere the
     indexing kernel refuses them when the composite runs it under ``_index_errors_named(op, negative_wraps=False)``
     (a CUDA kernel reports them at the next synchronisation)."""
-    if index._trace is not None or index.device.type != "cpu" or index.numel() == 0:
+    if not values_readable(index) or index.device.type != "cpu" or index.numel() == 0:
         return
     low, high = int(index.amin()), int(index.amax())
     if low < 0 or high >= size:
@@ -592,7 +593,7 @@ def _one_hot(self, num_classes=-1):
         raise RuntimeError(f"one_hot(): expected an int64 (long) index tensor, got {self.dtype}")
     if self.numel() == 0 and num_classes < 0:
         raise RuntimeError("one_hot(): can not infer the number of classes from an empty tensor; pass num_classes")
-    if self.numel() and (num_classes < 0 or self._trace is None):
+    if self.numel() and (num_classes < 0 or values_readable(self)):
         low, high = int(self.amin()), int(self.amax())
         if low < 0:
             raise RuntimeError(f"one_hot(): class values must be non-negative, got {low}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from tilewise import _strides as S
+from tilewise.dispatch import values_readable
 from tilewise.dtypes import compute_dtype, finfo
 from tilewise.ops.movement import _index_errors_named, check_index_range
 from tilewise.ops.registry import OPS, declare, public_function
@@ -49,7 +50,7 @@ def in_compute_dtype(x):
 
 def concrete_cpu(t) -> bool:
     """Whether t's values can be inspected cheaply for argument checks (not traced, not on an accelerator)."""
-    return t._trace is None and t.device.type == "cpu"
+    return values_readable(t) and t.device.type == "cpu"
 
 
 def int_tuple(value, n: int, name: str, op: str) -> tuple[int, ...]:

@@ -612,6 +612,38 @@ def _kernel(prefix: str, groups: list[Group]) -> FusedKernel:
 def fuse(graph: Graph) -> Graph:
     """Replace each kernel's members by one ``fused`` node (plus ``getitem`` per output when several)."""
     kernels = plan_kernels(graph, partition(graph))
+    while True:
+        out = _fused_graph(graph, kernels)
+        if not _drop_unread_outputs(out, kernels):
+            break
+    _log_kernels(kernels)
+    return out
+
+
+def _drop_unread_outputs(out: Graph, kernels: list[FusedKernel]) -> bool:
+    """Stop storing values no node of the fused graph reads (every reader made them again itself); a nest left
+    storing nothing goes. True when something was dropped (the graph is then mapped again)."""
+    read = {id(n.args[0]): set() for n in out.body if n.op == "fused"}
+    for n in (*out.body, *out.roots()):
+        if n.op == "getitem" and n.srcs[0].op == "fused":
+            read[id(n.srcs[0].args[0])].add(n.args[0])
+    dropped = False
+    for kernel in kernels:
+        used = read.get(id(kernel))
+        if used is None or len(kernel.outputs) < 2 or len(used) == len(kernel.outputs):
+            continue
+        unread = {o for k, o in enumerate(kernel.outputs) if k not in used}
+        for g in kernel.groups:
+            g.outputs = [o for o in g.outputs if o not in unread]
+        kernel.groups = [g for g in kernel.groups if g.outputs]
+        kernel.outputs = [o for g in kernel.groups for o in g.outputs]
+        dropped = True
+    if dropped:
+        kernels[:] = [k for k in kernels if k.outputs]
+    return dropped
+
+
+def _fused_graph(graph: Graph, kernels: list[FusedKernel]) -> Graph:
     member_of = {m: k for k in kernels for g in k.groups for m in g.owned()}
     fused: dict[int, Node] = {}
     mapping: dict[Node, Node] = {n: n for n in graph.inputs}
@@ -647,7 +679,6 @@ def fuse(graph: Graph) -> Graph:
     out.body = toposort(out.roots(), stop=set(graph.inputs))
     for kernel in kernels:
         kernel.graph_values = mapping
-    _log_kernels(kernels)
     return out
 
 

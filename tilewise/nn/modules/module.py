@@ -37,6 +37,49 @@ def _addindent(text: str, spaces: int) -> str:
     return lines[0] + "\n" + "\n".join(" " * spaces + line for line in lines[1:])
 
 
+_STATE_VERSION = [0]  # bumped by every change to any module's attributes or member tables (see _Members)
+
+
+def _bump() -> None:
+    _STATE_VERSION[0] += 1
+
+
+class _Members(OrderedDict):
+    """A module's table of parameters, buffers, submodules or hooks: an OrderedDict that bumps the modules'
+    state version on every change, so that ``tilewise.compile``'s guards re-check what a compiled function read
+    from modules only after something changed (see [Note: Python-state guards] in ``compiler/guards.py``)."""
+
+    _tw_version = _STATE_VERSION
+
+    def __setitem__(self, key, value) -> None:
+        _bump()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key) -> None:
+        _bump()
+        super().__delitem__(key)
+
+    def pop(self, *args):
+        _bump()
+        return super().pop(*args)
+
+    def popitem(self, last: bool = True):
+        _bump()
+        return super().popitem(last)
+
+    def setdefault(self, key, default=None):
+        _bump()
+        return super().setdefault(key, default)
+
+    def clear(self) -> None:
+        _bump()
+        super().clear()
+
+    def move_to_end(self, key, last: bool = True) -> None:
+        _bump()
+        super().move_to_end(key, last)
+
+
 class Module:
     """Base class for neural-network layers; subclasses define ``forward``.
 
@@ -52,22 +95,23 @@ class Module:
     """
 
     training: bool
+    _tw_version = _STATE_VERSION  # the compiler's guards: one counter every module mutation bumps
 
     def __init__(self, *args, **kwargs) -> None:
         if args or kwargs:
             raise TypeError(f"{type(self).__name__}.__init__() got unexpected arguments: Module.__init__ takes none")
         setattr_ = object.__setattr__
         setattr_(self, "training", True)
-        setattr_(self, "_parameters", OrderedDict())
-        setattr_(self, "_buffers", OrderedDict())
+        setattr_(self, "_parameters", _Members())
+        setattr_(self, "_buffers", _Members())
         setattr_(self, "_non_persistent_buffers_set", set())
-        setattr_(self, "_modules", OrderedDict())
-        setattr_(self, "_forward_pre_hooks", OrderedDict())
+        setattr_(self, "_modules", _Members())
+        setattr_(self, "_forward_pre_hooks", _Members())
         setattr_(self, "_forward_pre_hooks_with_kwargs", set())
-        setattr_(self, "_forward_hooks", OrderedDict())
+        setattr_(self, "_forward_hooks", _Members())
         setattr_(self, "_forward_hooks_with_kwargs", set())
-        setattr_(self, "_state_dict_hooks", OrderedDict())
-        setattr_(self, "_load_state_dict_post_hooks", OrderedDict())
+        setattr_(self, "_state_dict_hooks", _Members())
+        setattr_(self, "_load_state_dict_post_hooks", _Members())
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
@@ -170,6 +214,7 @@ class Module:
             raise KeyError(f'{what} name can\'t be empty string ""')
 
     def __setattr__(self, name: str, value: Any) -> None:
+        _bump()
         params = self.__dict__.get("_parameters")
         if isinstance(value, Parameter):
             if params is None:
@@ -220,6 +265,7 @@ class Module:
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __delattr__(self, name: str) -> None:
+        _bump()
         for store in ("_parameters", "_buffers", "_modules"):
             if name in self.__dict__[store]:
                 del self.__dict__[store][name]

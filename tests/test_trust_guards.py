@@ -1,0 +1,338 @@
+"""tilewise.compile tracks the Python state a compiled function read: each change gives eager's (and torch's) result.
+
+Every scenario runs three times — tilewise compiled, tilewise eager, torch eager — through the same code, with the
+library passed in; the compiled run must match both at every call, before and after the state changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+import tilewise as tw
+from tilewise.config import settings
+
+
+def _np(t):
+    return t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
+
+
+def check(scenario) -> list:
+    """Run ``scenario(lib, compile)`` compiled and eagerly in tilewise and eagerly in torch; compare every value."""
+    compiled = scenario(tw, tw.compile)
+    eager = scenario(tw, lambda f: f)
+    reference = scenario(torch, lambda f: f)
+    assert len(compiled) == len(eager) == len(reference)
+    for k, (c, e, r) in enumerate(zip(compiled, eager, reference)):
+        np.testing.assert_allclose(_np(c), _np(r), rtol=1e-5, atol=1e-6, err_msg=f"call {k}: compiled vs torch")
+        np.testing.assert_allclose(_np(e), _np(r), rtol=1e-5, atol=1e-6, err_msg=f"call {k}: eager vs torch")
+    return compiled
+
+
+SCALE = 2.0
+OFFSET = None
+LIB = None
+
+
+def _scaled(x):
+    return x * SCALE
+
+
+def test_a_rebound_global_float():
+    def scenario(lib, compile_):
+        global SCALE
+        SCALE = 2.0
+        f = compile_(_scaled)
+        x = lib.ones(3)
+        out = [f(x)]
+        SCALE = 3.0
+        out.append(f(x))
+        SCALE = 3.0
+        out.append(f(x))
+        return out
+
+    check(scenario)
+
+
+def _offset(x):
+    return x + OFFSET
+
+
+@pytest.mark.parametrize("shape", [(3,), (1,)], ids=["same shape", "broadcast shape"])
+def test_a_rebound_global_tensor(shape):
+    def scenario(lib, compile_):
+        global OFFSET
+        OFFSET = lib.ones(3)
+        f = compile_(_offset)
+        x = lib.arange(3.0)
+        out = [f(x)]
+        OFFSET = lib.full(shape, 5.0)
+        out.append(f(x))
+        return out
+
+    check(scenario)
+
+
+def test_a_rebound_closure_variable():
+    def scenario(lib, compile_):
+        k = 1.5
+
+        def f(x):
+            return x * k
+
+        cf = compile_(f)
+        x = lib.ones(2)
+        out = [cf(x)]
+        k = -4.0
+        out.append(cf(x))
+        return out
+
+    check(scenario)
+
+
+def test_a_list_in_a_closure_changed_between_calls():
+    def scenario(lib, compile_):
+        weights = [1.0, 2.0]
+
+        def f(x):
+            return sum(x * w for w in weights)
+
+        cf = compile_(f)
+        x = lib.ones(2)
+        out = [cf(x)]
+        weights.append(10.0)
+        out.append(cf(x))
+        weights[0] = -1.0
+        out.append(cf(x))
+        return out
+
+    check(scenario)
+
+
+def _linear(lib, weight):
+    m = lib.nn.Linear(3, 2, bias=False)
+    with lib.no_grad():
+        m.weight.copy_(lib.tensor(weight))
+    return m
+
+
+def test_a_replaced_parameter():
+    def scenario(lib, compile_):
+        m = _linear(lib, [[1.0, 2.0, 3.0], [0.0, 1.0, 0.0]])
+        f = compile_(lambda x: m(x))
+        x = lib.ones(1, 3)
+        out = [f(x)]
+        m.weight = lib.nn.Parameter(lib.full((2, 3), 0.5))
+        out.append(f(x))
+        return out
+
+    check(scenario)
+
+
+def test_load_state_dict_with_assign():
+    def scenario(lib, compile_):
+        m = _linear(lib, [[1.0, 2.0, 3.0], [0.0, 1.0, 0.0]])
+        f = compile_(m)
+        x = lib.ones(1, 3)
+        out = [f(x)]
+        m.load_state_dict({"weight": lib.full((2, 3), -1.0)}, assign=True)
+        out.append(f(x))
+        m.load_state_dict({"weight": lib.full((2, 3), 2.0)})  # a copy into the same tensor
+        out.append(f(x))
+        return out
+
+    check(scenario)
+
+
+def test_eval_and_train_switch_batch_norm_statistics():
+    def scenario(lib, compile_):
+        lib.manual_seed(0)
+        bn = lib.nn.BatchNorm1d(3)
+        f = compile_(bn)
+        x = lib.tensor([[1.0, 2.0, 3.0], [3.0, 0.0, -1.0], [2.0, 2.0, 2.0]])
+        out = [f(x)]
+        bn.eval()
+        out.append(f(x))
+        bn.train()
+        out.append(f(x))
+        out.append(bn.running_mean.clone())
+        return out
+
+    check(scenario)
+
+
+def test_the_compiled_module_and_the_original_share_their_state():
+    m = _linear(tw, [[1.0, 2.0, 3.0], [0.0, 1.0, 0.0]])
+    m.calls = 0
+
+    class Counting(tw.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = m
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.inner(x)
+
+    model = Counting()
+    compiled = tw.compile(model)
+    for _ in range(3):
+        compiled(tw.ones(1, 3))
+    assert model.calls == 3 and compiled.calls == 3
+    compiled.eval()
+    assert not model.training and not model.inner.training
+    assert isinstance(compiled, Counting) and list(compiled.state_dict()) == list(model.state_dict())
+
+
+def test_a_module_attribute_and_a_class_attribute():
+    def scenario(lib, compile_):
+        class Scaled(lib.nn.Module):
+            shift = 1.0
+
+            def __init__(self):
+                super().__init__()
+                self.scale = 2.0
+
+            def forward(self, x):
+                return x * self.scale + self.shift
+
+        m = Scaled()
+        f = compile_(m)
+        x = lib.ones(2)
+        out = [f(x)]
+        m.scale = 5.0
+        out.append(f(x))
+        Scaled.shift = -3.0
+        out.append(f(x))
+        return out
+
+    check(scenario)
+
+
+@dataclass
+class Config:
+    alpha: float = 0.5
+    depth: int = 2
+
+
+CONFIG = Config()
+
+
+def _configured(x):
+    for _ in range(CONFIG.depth):
+        x = x * CONFIG.alpha + 1
+    return x
+
+
+def test_a_config_object_changed_in_place():
+    def scenario(lib, compile_):
+        CONFIG.alpha, CONFIG.depth = 0.5, 2
+        f = compile_(_configured)
+        x = lib.ones(2)
+        out = [f(x)]
+        CONFIG.alpha = 2.0
+        out.append(f(x))
+        CONFIG.depth = 4
+        out.append(f(x))
+        return out
+
+    check(scenario)
+
+
+MODEL = None
+OPTIMIZER = None
+
+
+def _make(lib, seed: int):
+    global MODEL, OPTIMIZER
+    weights = np.random.default_rng(seed).standard_normal((2, 4)).astype(np.float32)
+    MODEL = lib.nn.Linear(4, 2)
+    with lib.no_grad():
+        MODEL.weight.copy_(lib.tensor(weights))
+        MODEL.bias.zero_()
+    OPTIMIZER = lib.optim.SGD(MODEL.parameters(), lr=0.1)
+
+
+def _train_step(x, y):
+    loss = ((MODEL(x) - y) ** 2).mean()
+    loss.backward()
+    OPTIMIZER.step()
+    OPTIMIZER.zero_grad()
+    return loss.detach()
+
+
+def test_a_rebound_model_and_optimizer():
+    def scenario(lib, compile_):
+        step = compile_(_train_step)
+        x, y = lib.ones(3, 4), lib.zeros(3, 2)
+        out = []
+        for seed in (0, 1):
+            _make(lib, seed)  # `model, opt = make()` again: the old program must not train the old model
+            out += [step(x, y) for _ in range(3)]
+            out.append(MODEL.weight.detach().clone())
+        return out
+
+    check(scenario)
+
+
+def _make_ones():
+    return tw.ones(2) * 2
+
+
+def test_the_default_dtype_is_guarded():
+    f = tw.compile(_make_ones)
+    assert f().dtype == tw.float32
+    tw.set_default_dtype(tw.float64)
+    try:
+        assert f().dtype == tw.float64
+    finally:
+        tw.set_default_dtype(tw.float32)
+    assert f().dtype == tw.float32 and len(f.variants) == 2
+
+
+def test_recompiles_names_the_guard_that_failed(capsys):
+    global SCALE
+    SCALE = 2.0
+    f = tw.compile(_scaled)
+    settings.log.add("recompiles")
+    try:
+        f(tw.ones(2))
+        SCALE = 4.0
+        f(tw.ones(2))
+    finally:
+        settings.log.discard("recompiles")
+        SCALE = 2.0
+    assert "global 'SCALE' is now 4.0" in capsys.readouterr().err
+
+
+def test_unrelated_module_changes_do_not_recompile():
+    m = _linear(tw, [[1.0, 2.0, 3.0], [0.0, 1.0, 0.0]])
+    f = tw.compile(m)
+    f(tw.ones(1, 3))
+    other = tw.nn.Linear(2, 2)
+    other.extra = 3  # another module changes: the guards re-check what f read, which did not change
+    f(tw.ones(1, 3))
+    m.unread = "x"  # an attribute f never read
+    f(tw.ones(1, 3))
+    assert len(f.forward.variants) == 1
+
+
+def test_a_global_read_inside_a_helper_function_is_guarded():
+    def scenario(lib, compile_):
+        global SCALE
+        SCALE = 2.0
+
+        def f(x):
+            return _scaled(x) + 1  # the global is read by a function the compiled one calls
+
+        cf = compile_(f)
+        out = [cf(lib.ones(2))]
+        SCALE = -1.0
+        out.append(cf(lib.ones(2)))
+        return out
+
+    check(scenario)

@@ -1,0 +1,133 @@
+"""Segmented calls: a compiled function whose Python runs on every call, its operators compiled between breaks.
+
+[Note: segmented calls] A variant replays one trace, which is right only for a function whose call has no
+effects beyond its tensors. A function that prints, appends to a list, counts its calls, reads a tensor's
+value into Python (``.item()``, ``if loss > 0``, ``print(loss)``) or calls an operator whose result's shape
+depends on values cannot be replayed; torch.compile splits such a function at a *graph break* and runs the
+Python between the pieces. Here the function's Python runs on every call, as in eager, while the capture
+records its operators instead of running them (the tensors it makes are trace tensors, as in a trace). When
+Python needs values — a break — or the function returns, ``Segments.sync`` runs what was recorded since the
+last sync as one compiled program and turns every trace tensor still alive into a real tensor in place:
+its own new memory, or a view of a real tensor's storage (written back by the program) or of another
+materialised tensor; version counters carry over. Programs are cached by the recorded graph's structure
+(hash-consed nodes make it a tuple of objects), so a second call that records the same operators compiles
+nothing. Autograd records on the same tensors as it does eagerly, so a backward after the call runs
+eagerly over the segments' saved values. The price is the Python of the function and the recording on
+every call; a function with no breaks and no side effects stays a replayed variant.
+"""
+
+from __future__ import annotations
+
+from tilewise._stages import stage
+from tilewise.compiler.capture import Capture, StorageEntry, suspended
+from tilewise.compiler.ir import Graph
+from tilewise.config import log
+from tilewise.storage import Storage
+from tilewise.tensor import Tensor
+
+
+class Segments:
+    """The programs of one compiled function's segments, keyed by what each segment recorded."""
+
+    def __init__(self, name: str, build) -> None:
+        self.name = name
+        self.build = build  # Graph -> Program (the compile pipeline for the graph's target)
+        self.programs: dict[tuple, object] = {}
+        self.syncs = 0  # segments run (a test's and the log's count)
+
+    def sync(self, cap: Capture, why: str) -> None:
+        """Run what ``cap`` recorded since the last sync; make every live trace tensor real."""
+        roots, views = _live_tensors(cap)
+        outputs, first = [], {}
+        for t in roots:
+            node = t._trace
+            if node not in first:
+                first[node] = len(outputs)
+                outputs.append(node)
+        entries = list(cap.entries.values())
+        writes = [(e.input, e.current) for e in entries if e.current is not e.input]
+        if outputs or writes:
+            self.syncs += 1
+            graph = Graph([e.input for e in entries], list(cap.body), outputs, writes)
+            arrays = self._program(graph, why).run([e.storage.data for e in entries])
+            _materialize(roots, views, outputs, first, arrays)
+        _reset(cap)
+
+    def _program(self, graph: Graph, why: str):
+        key = (tuple(graph.inputs), tuple(graph.body), tuple(graph.outputs), tuple(graph.writes))
+        program = self.programs.get(key)
+        if program is None:
+            log("recompiles", f"{self.name}: compiling a segment of {len(graph.body)} operators (it ends at {why})")
+            with stage("segment"):
+                program = self.build(graph)
+            self.programs[key] = program
+        return program
+
+
+def _live_tensors(cap: Capture) -> tuple[list[Tensor], list[tuple[Tensor, object]]]:
+    """The trace tensors still alive: roots (memory of their own) and views (tensor, root)."""
+    roots, views, seen = [], [], set()
+    for ref in cap.live:
+        t = ref()
+        if t is None or t._trace is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        alias = t.__dict__.get("_tw_alias")
+        if alias is None:
+            roots.append(t)
+        else:
+            views.append((t, alias.root))
+    for _, root in views:  # a root only views keep alive is still a root
+        if type(root) is Tensor and root._trace is not None and id(root) not in seen:
+            seen.add(id(root))
+            roots.append(root)
+    return roots, views
+
+
+def _materialize(roots: list[Tensor], views: list, outputs: list, first: dict, arrays: list) -> None:
+    taken: set[int] = set()
+    for t in roots:
+        k = first[t._trace]
+        storage = _storage(arrays[k], outputs[k])
+        version = t.__dict__.pop("_tw_version", 0)
+        if k in taken:  # another tensor holds this value's memory: eager gave each its own
+            with suspended():
+                storage = _storage_copy(storage)
+        taken.add(k)
+        storage.version = version
+        _make_real(t, storage)
+    for t, root in views:
+        _make_real(t, root.storage if isinstance(root, StorageEntry) else root._storage)
+
+
+def _make_real(t: Tensor, storage: Storage) -> None:
+    t._storage = storage
+    t._trace = None
+    t._array = None
+    t.__dict__.pop("_tw_alias", None)
+
+
+def _storage(data, node) -> Storage:
+    ty = node.type
+    if ty.device.type == "cpu":
+        data = data.reshape(-1)
+    return Storage(data, ty.device, ty.dtype, ty.numel)
+
+
+def _storage_copy(storage: Storage) -> Storage:
+    if storage.device.type == "cpu":
+        return Storage(storage.data.copy(), storage.device, storage.dtype, storage.size)
+    from tilewise.tensor import Tensor as _Tensor
+
+    flat = _Tensor._make(storage, (storage.size,), (1,), 0, storage.dtype, storage.device)
+    return flat.clone()._storage
+
+
+def _reset(cap: Capture) -> None:
+    """Start the next segment: what was recorded has run, and the real tensors hold its results."""
+    cap.body = []
+    cap.defined = set()
+    cap.entries = {}
+    cap.tensor_sources = []
+    cap.sourced = set()
+    cap.live = []
