@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from math import prod
 
 from tilewise import _strides as S
@@ -96,8 +97,11 @@ def _moments(op, self, dim, unbiased, correction) -> tuple:
     dims = _reduced_dims(self.shape, dim)
     mean = x.mean(dims, keepdim=True)
     centered = x - mean
-    dof = max(reduced_count(self.shape, dim) - _var_correction(unbiased, correction), 0)
-    return (centered * centered).sum(dims, keepdim=True) / dof, mean
+    dof = reduced_count(self.shape, dim) - _var_correction(unbiased, correction)
+    if dof <= 0:
+        warnings.warn(f"{op.name}(): degrees of freedom is <= 0. Correction should be strictly less than the "
+                      "reduction factor (input numel divided by output numel).", UserWarning, stacklevel=2)
+    return (centered * centered).sum(dims, keepdim=True) / max(dof, 0), mean
 
 
 def _narrowed(value, like, dim, keepdim):
