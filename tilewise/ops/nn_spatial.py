@@ -218,20 +218,18 @@ def _window_maximum_position(flat, kernel, stride, padding, dilation, padded: bo
     than the maximum so far *or NaN*, starting from -inf at the window's first element inside the input: the
     first maximum wins a tie, the *last* NaN wins over everything, and a window whose elements are all the
     lowest value reports its first element inside the input (never a padded one). ``argmax`` gives the first
-    NaN or the first maximum of each window on its own; the last NaN and the first inside element are laid over
-    it, so every window follows the rule whatever its neighbours hold."""
-    from tilewise.ops.creation import arange
-
+    NaN or the first maximum of each window on its own, ``argmax`` of the reversed window the last NaN; the
+    element found tells which rule applies, so every window follows the rule whatever its neighbours hold."""
     position = flat.argmax(-1)
+    found = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
+    if flat.dtype.is_floating_point:
+        last_nan = (flat.shape[-1] - 1) - flat.flip([-1]).argmax(-1)
+        position = position.where(found == found, last_nan)
     if padded:
         out_h, out_w = flat.shape[2:4]
         first = (_first_inside(out_h, stride[0], padding[0], dilation[0], flat.device).unsqueeze(1) * kernel[1]
                  + _first_inside(out_w, stride[1], padding[1], dilation[1], flat.device))
-        lowest = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1) == _lowest(flat.dtype)
-        position = position.where(~lowest, first)
-    if flat.dtype.is_floating_point:
-        last_nan = arange(flat.shape[-1], device=flat.device).where(flat.isnan(), -1).amax(-1)
-        position = position.where(last_nan < 0, last_nan)
+        position = position.where(found != _lowest(flat.dtype), first)
     return position
 
 

@@ -43,8 +43,10 @@ def _accumulate(self, dim, dtype, fn, name):
     a = self._np()
     if self.dtype is not out_dtype:  # torch converts the input to ``dtype`` first
         a = cast_array(a, out_dtype.np)
-    a = a.astype(carry, copy=False)
-    return _out(a.copy() if a.ndim == 0 else fn(a, axis=d), out_dtype)
+    if a.ndim == 0:
+        return _out(a.copy(), out_dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # widening first: numpy's dtype= casts element by element
+        return _out(cast_array(fn(a.astype(carry, copy=False), axis=d), out_dtype.np), out_dtype)
 
 
 @kernel("cumsum")
