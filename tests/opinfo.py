@@ -17,7 +17,8 @@ import numpy as np
 
 @dataclass
 class T:
-    """A tensor placeholder: shape, kind ('float', 'int', 'bool', 'index' in [0, high), 'prob' in (0,1))."""
+    """A tensor placeholder: shape, kind ('float', 'int', 'bool', 'index' in [0, high), 'prob' in (0,1),
+    'distinct', 'ties', and 'nan' / 'one_nan': distinct floats with NaNs, see ``make``)."""
 
     shape: tuple
     kind: str = "float"
@@ -41,9 +42,34 @@ class T:
         if self.kind == "bool":
             return rng.random(size=shape) < 0.5
         if self.kind == "distinct":  # floats without ties (for sort/max tie-breaking)
-            n = int(np.prod(shape)) if shape else 1
-            return (rng.permutation(n).reshape(shape) / max(n, 1) * 4 - 2).astype(self.dtype or dtype)
+            return _distinct(rng, shape).astype(self.dtype or dtype)
+        if self.kind == "ties":  # whole numbers in [low, high] as floats: many equal elements
+            return rng.integers(int(self.low), int(self.high) + 1, size=shape).astype(self.dtype or dtype)
+        if self.kind == "nan":  # distinct floats with NaN and +-inf at random places: ties among those only
+            return _with_specials(rng, _distinct(rng, shape)).astype(self.dtype or dtype)
+        if self.kind == "one_nan":  # distinct floats; about half the innermost slices hold one NaN, none more
+            return _with_one_nan_per_row(rng, _distinct(rng, shape)).astype(self.dtype or dtype)
         raise ValueError(self.kind)
+
+
+def _distinct(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    n = int(np.prod(shape)) if shape else 1
+    return rng.permutation(n).reshape(shape) / max(n, 1) * 4 - 2
+
+
+def _with_specials(rng: np.random.Generator, values: np.ndarray) -> np.ndarray:
+    draw = rng.random(values.shape)
+    values = np.where(draw < 0.2, np.nan, values)
+    return np.where((draw >= 0.2) & (draw < 0.3), np.where(draw < 0.25, np.inf, -np.inf), values)
+
+
+def _with_one_nan_per_row(rng: np.random.Generator, values: np.ndarray) -> np.ndarray:
+    if values.ndim == 0 or values.size == 0:
+        return values
+    rows = values.reshape(-1, values.shape[-1]).copy()
+    chosen = np.flatnonzero(rng.random(rows.shape[0]) < 0.5)
+    rows[chosen, rng.integers(0, rows.shape[1], chosen.size)] = np.nan
+    return rows.reshape(values.shape)
 
 
 @dataclass

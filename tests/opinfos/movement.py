@@ -20,6 +20,17 @@ def index(shape, high) -> T:
     return T(shape, "index", high=high)
 
 
+def with_nans(*shape) -> T:
+    """Distinct floats with NaN and +-inf at random places (the per-slice NaN rules)."""
+    return T(shape, "nan")
+
+
+def one_nan(*shape) -> T:
+    """Distinct floats with at most one NaN per innermost slice, for ops whose order among equal elements torch
+    leaves unspecified (topk, kthvalue)."""
+    return T(shape, "one_nan")
+
+
 def with_zeros(*shape) -> T:
     """Small integers as floats: many slices hold one zero, some several."""
     return T(shape, "int", -2, 2, dtype="float64")
@@ -46,26 +57,35 @@ class WithSorter(OpInfo):
 SCANS = [
     OpInfo("cumsum", lambda: [S(T((3, 4)), 1), S(T((3, 4)), -1), S(T((2, 3, 4)), 0), S(T(()), 0, name="0-dim"),
                               S(T((3, 0)), 1, name="empty"), S(T((3, 4), "int", -3, 3), 0, name="int"),
-                              S(T((3, 4), "bool"), 1, name="bool")]),
+                              S(T((3, 4), "bool"), 1, name="bool"), S(with_nans(4, 5), 1, name="nan")]),
     OpInfo("cumprod", lambda: [S(T((3, 4)), 1), S(T((2, 3, 4)), -2), S(T(()), 0, name="0-dim"),
                                S(with_zeros(4, 6), 1, name="zeros"), S(with_zeros(6, 3), 0, name="zeros-dim0")]),
     OpInfo("cummax", lambda: [S(distinct(3, 4), 1), S(distinct(2, 3, 4), -2), S(T(()), 0, name="0-dim"),
-                              S(T((3, 6), "int", 0, 3), 1, name="ties")]),
+                              S(T((3, 6), "int", 0, 3), 1, name="ties"), S(with_nans(4, 6), 1, name="nan"),
+                              S(with_nans(2, 5, 3), 1, name="nan-dim1")]),
     OpInfo("cummin", lambda: [S(distinct(3, 4), 0), S(distinct(2, 3, 4), -1), S(T((3, 6), "int", 0, 3), 1,
-                                                                                 name="ties")]),
+                                                                                 name="ties"),
+                              S(with_nans(4, 6), 1, name="nan"), S(with_nans(6, 4), 0, name="nan-dim0")]),
     OpInfo("sort", lambda: [S(distinct(3, 4)), S(distinct(3, 4), 0), S(distinct(3, 4), -1, True),
                             S(T(()), name="0-dim"), S(T((3, 0)), name="empty"),
                             S(T((4, 6), "int", 0, 3), stable=True, name="stable-ties"),
-                            S(T((4, 6), "int", 0, 3), dim=0, stable=True, descending=True, name="stable-descending")]),
+                            S(T((4, 6), "int", 0, 3), dim=0, stable=True, descending=True, name="stable-descending"),
+                            S(with_nans(4, 6), stable=True, name="nan"),
+                            S(with_nans(4, 6), dim=0, stable=True, descending=True, name="nan-descending")]),
     OpInfo("sort", lambda: [S(distinct(3, 4), 0), S(distinct(3, 4), descending=True)], call="method"),
     OpInfo("argsort", lambda: [S(distinct(3, 4)), S(distinct(3, 4), 0, True),
-                               S(T((4, 6), "int", 0, 3), stable=True, name="stable-ties")]),
+                               S(T((4, 6), "int", 0, 3), stable=True, name="stable-ties"),
+                               S(with_nans(4, 6), dim=-1, descending=True, stable=True, name="nan")]),
     OpInfo("topk", lambda: [S(distinct(3, 5), 2), S(distinct(3, 5), 3, 0), S(distinct(3, 5), 2, -1, False),
-                            S(distinct(3, 5), 0, name="k=0"), S(distinct(5), 5, name="k=n")]),
+                            S(distinct(3, 5), 0, name="k=0"), S(distinct(5), 5, name="k=n"),
+                            S(one_nan(6, 5), 2, name="nan"), S(one_nan(6, 5), 3, -1, False, name="nan-smallest")]),
     OpInfo("topk", lambda: [S(distinct(3, 5), 2, largest=False)], call="method"),
-    OpInfo("kthvalue", lambda: [S(distinct(3, 5), 2), S(distinct(3, 5), 1, 0, True), S(distinct(4, 5), 4, -2)]),
+    OpInfo("kthvalue", lambda: [S(distinct(3, 5), 2), S(distinct(3, 5), 1, 0, True), S(distinct(4, 5), 4, -2),
+                                S(one_nan(6, 5), 5, name="nan-last"), S(one_nan(6, 5), 2, name="nan")]),
     OpInfo("median", lambda: [S(distinct(3, 5)), S(distinct(3, 4)), S(distinct(3, 4), 1), S(distinct(3, 4), 0, True),
-                              S(distinct(2, 3, 4), -1)], covers=("median.dim",)),
+                              S(distinct(2, 3, 4), -1), S(with_nans(5, 4), 1, name="nan"),
+                              S(with_nans(5, 4), name="nan-all"), S(one_nan(2, 3), name="one-nan-all")],
+           covers=("median.dim",)),
     SortedFirst("searchsorted", lambda: [S(T((6,)), T((3, 4))), S(T((6,)), T((5,)), right=True),
                                          S(T((3, 6)), T((3, 4)), side="right"), S(T((6,)), 0.5, name="scalar"),
                                          S(T((6,)), T((4,)), out_int32=True)], grad=False),

@@ -171,7 +171,10 @@ def _max_pool2d():
 
 
 def _max_pool2d_with_indices():
-    return [Sample((T((2, 3, 7, 6), "distinct"), 3, 2, 1, 1, True))]
+    x = T((2, 3, 7, 6), "nan")
+    return [Sample((T((2, 3, 7, 6), "distinct"), 3, 2, 1, 1, True)), Sample((x, 2), name="nan"),
+            Sample((x, 3, 1, 1), name="nan-overlapping-pad"), Sample((x, 3, 2, 1, 1, True), name="nan-ceil"),
+            Sample((T((2, 3, 7, 6), "ties", -2, 0), 3, 2, 1), name="ties-pad")]
 
 
 def _avg_pool2d():

@@ -32,10 +32,24 @@ def expand_reduced(grad, input_shape, dim, keepdim):
 
 
 def minmax_backward(grad, self, result, dim, keepdim):
-    """amax/amin: the gradient is shared evenly among the elements that attain the extremum."""
+    """amax/amin: the gradient is shared evenly among the elements that attain the extremum. A slice whose
+    result is NaN has no such element, so its gradient is NaN throughout (0 / 0), as torch's is."""
     mask = (self == grad_expanded(result, self.shape, dim, keepdim)).to(grad.dtype)
     count = mask.sum(dim if dim not in ((), []) else None, keepdim=True)
     return grad_expanded(grad, self.shape, dim, keepdim) * mask / count
+
+
+def evenly_distribute_backward(grad, self, result):
+    """max()/min()/median() of every element: the gradient is shared evenly among the elements equal to the
+    result, or among the NaNs when the result is NaN (torch's rule; the other elements get exactly 0)."""
+    mask = (self == result) | (self.isnan() & result.isnan())
+    return (grad / mask.sum()).expand(self.shape).where(mask, 0)
+
+
+def extremum_pair_backward(grad, self, other, loses):
+    """maximum/minimum: the whole gradient to the operand that wins (``loses`` is where ``self`` does not),
+    half to each at a tie, and the whole gradient to both where either is NaN (no comparison holds), as torch."""
+    return grad.where(~loses, 0).where(self != other, grad * 0.5)
 
 
 def norm_backward(grad, self, result, p, dim, keepdim):

@@ -6,10 +6,11 @@ windows out as columns (one copy) and multiply them with the weight in one batch
 so convolution reuses the matmul path of every backend. The gradient flows through those primitives: the
 adjoint of im2col is col2im, which is exactly what the views' backward (``view_scatter_add``) computes, and
 the input and weight gradients are the GEMM's own backward, so an explicit formula would do the same work.
-conv1d is conv2d over a height of 1. Pooling takes the same window views: max pooling reduces each
-flattened window with ``max.dim`` (the gradient goes to the first maximum, like torch), average pooling sums
-and divides by torch's per-window divisor, and adaptive average pooling is two small averaging matrices,
-one per spatial dim. Nearest-neighbour interpolation gathers with torch's float32 source-index rule.
+conv1d is conv2d over a height of 1. Pooling takes the same window views: max pooling picks in each
+flattened window the element torch's rule picks (see [Note: max pooling and NaN]) and reads it back there,
+so the gradient goes where the index points; average pooling sums and divides by torch's per-window
+divisor, and adaptive average pooling is two small averaging matrices, one per spatial dim.
+Nearest-neighbour interpolation gathers with torch's float32 source-index rule.
 """
 
 from __future__ import annotations
@@ -202,12 +203,45 @@ def _window_argmax_to_input_index(position, kernel, stride, padding, dilation, w
     return h * width + w
 
 
+def _first_inside(windows: int, stride: int, pad: int, dilation: int, device):
+    """Along one dim: the window offset (in kernel steps) of each window's first element inside the input."""
+    from tilewise.ops.creation import arange
+
+    before = (pad - arange(windows, device=device) * stride).clamp(min=0)
+    return (before + dilation - 1) // dilation
+
+
+def _window_maximum_position(flat, kernel, stride, padding, dilation, padded: bool):
+    """Position in each flattened window (N, C, OH, OW, K) of the element torch's max pooling picks.
+
+    [Note: max pooling and NaN] torch walks a window in row-major order and takes an element when it is greater
+    than the maximum so far *or NaN*, starting from -inf at the window's first element inside the input: the
+    first maximum wins a tie, the *last* NaN wins over everything, and a window whose elements are all the
+    lowest value reports its first element inside the input (never a padded one). ``argmax`` gives the first
+    NaN or the first maximum of each window on its own, ``argmax`` of the reversed window the last NaN; the
+    element found tells which rule applies, so every window follows the rule whatever its neighbours hold."""
+    position = flat.argmax(-1)
+    found = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
+    if flat.dtype.is_floating_point:
+        last_nan = (flat.shape[-1] - 1) - flat.flip([-1]).argmax(-1)
+        position = position.where(found == found, last_nan)
+    if padded:
+        out_h, out_w = flat.shape[2:4]
+        first = (_first_inside(out_h, stride[0], padding[0], dilation[0], flat.device).unsqueeze(1) * kernel[1]
+                 + _first_inside(out_w, stride[1], padding[1], dilation[1], flat.device))
+        position = position.where(found != _lowest(flat.dtype), first)
+    return position
+
+
 def _max_pool2d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     op = "max_pool2d"
     kernel, stride, padding, dilation = _pool_args(op, input, kernel_size, stride, padding, dilation)
     x = input.unsqueeze(0) if input.ndim == 3 else input
     windows = _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, _lowest(x.dtype))
-    values, position = OPS["max.dim"](windows.reshape(*windows.shape[:4], kernel[0] * kernel[1]), -1)
+    flat = windows.reshape(*windows.shape[:4], kernel[0] * kernel[1])
+    padded = max(padding) > 0 or ceil_mode  # windows may then reach past the input
+    position = _window_maximum_position(flat, kernel, stride, padding, dilation, padded)
+    values = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)  # the gradient goes where the index points
     indices = _window_argmax_to_input_index(position, kernel, stride, padding, dilation, x.shape[-1])
     return (values.squeeze(0), indices.squeeze(0)) if input.ndim == 3 else (values, indices)
 

@@ -169,11 +169,11 @@ pointwise("atan2(Tensor self, Tensor other) -> Tensor", lambda a, b: a.atan2(b),
            "other": "-grad * self / (self * self + other * other)"}, R.promote_float, aliases=("arctan2",),
           autocast="promote")
 pointwise("maximum(Tensor self, Tensor other) -> Tensor", lambda a, b: a.maximum(b),
-          {"self": "grad * ((self > other) + 0.5 * (self == other))",
-           "other": "grad * ((other > self) + 0.5 * (self == other))"})
+          {"self": "extremum_pair_backward(grad, self, other, self < other)",
+           "other": "extremum_pair_backward(grad, self, other, other < self)"})
 pointwise("minimum(Tensor self, Tensor other) -> Tensor", lambda a, b: a.minimum(b),
-          {"self": "grad * ((self < other) + 0.5 * (self == other))",
-           "other": "grad * ((other < self) + 0.5 * (self == other))"})
+          {"self": "extremum_pair_backward(grad, self, other, self > other)",
+           "other": "extremum_pair_backward(grad, self, other, other > self)"})
 pointwise("clamp(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor", None,
           {"self": "grad * clamp_mask(self, min, max)", "min": "grad * (self < min)", "max": "grad * (self > max)"},
           aliases=("clip",), expr_builder=_clamp)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from math import prod
 
 from tilewise import _strides as S
 from tilewise.ops import dtype_rules as R
+from tilewise.ops.formulas import HELPERS, grad_expanded
 from tilewise.ops.registry import declare
 
 
@@ -52,9 +54,9 @@ def _min_all(self):
     return self.amin()
 
 
-composite("max(Tensor self) -> Tensor", _max_all)
+composite("max(Tensor self) -> Tensor", _max_all, {"self": "evenly_distribute_backward(grad, self, result)"})
 composite("max.other(Tensor self, Tensor other) -> Tensor", lambda self, other: self.maximum(other))
-composite("min(Tensor self) -> Tensor", _min_all)
+composite("min(Tensor self) -> Tensor", _min_all, {"self": "evenly_distribute_backward(grad, self, result)"})
 composite("min.other(Tensor self, Tensor other) -> Tensor", lambda self, other: self.minimum(other))
 
 
@@ -74,26 +76,99 @@ def _var_correction(unbiased, correction) -> float:
     return 1.0 if unbiased is None or unbiased else 0.0
 
 
+def _reduced_dims(shape, dim) -> tuple[int, ...]:
+    return S.normalize_dims(dim if dim not in ((), []) else None, len(shape))
+
+
+def _moments(op, self, dim, unbiased, correction) -> tuple:
+    """(variance, mean) over ``dim`` with kept dims, in float64 for float32 and narrower inputs.
+
+    [Note: variance in float64] The deviations from the mean are squared and summed in float64 (torch's CPU
+    kernel accumulates float32 in double too, by Welford's method): squares of float32 deviations cannot
+    overflow there (1e20 squared is 1e40, past float32's 3.4e38) and a float64 sum loses nothing a float32
+    result would show, so the two passes (mean, then squared deviations) give torch's answer rounded once.
+    ``std`` takes the square root before rounding back, so a standard deviation of 2e20 stays finite although
+    its variance does not fit a float32. Fused, the widening costs no memory traffic: it happens in registers.
+    """
+    from tilewise.dtypes import float64
+
+    R.reduction_float(op, (self,))
+    x = self if self.dtype.itemsize >= 8 else self.to(float64)
+    dims = _reduced_dims(self.shape, dim)
+    mean = x.mean(dims, keepdim=True)
+    centered = x - mean
+    dof = reduced_count(self.shape, dim) - _var_correction(unbiased, correction)
+    if dof <= 0:
+        warnings.warn(f"{op.name}(): degrees of freedom is <= 0. Correction should be strictly less than the "
+                      "reduction factor (input numel divided by output numel).", UserWarning, stacklevel=2)
+    return (centered * centered).sum(dims, keepdim=True) / max(dof, 0), mean
+
+
+def _narrowed(value, like, dim, keepdim):
+    """A kept-dims reduction result in ``like``'s dtype, its reduced dims dropped unless ``keepdim``."""
+    shape = S.reduced_shape(tuple(like.shape), _reduced_dims(like.shape, dim), keepdim)
+    return value.to(like.dtype).reshape(shape)
+
+
 def _var(self, dim=None, unbiased=None, keepdim=False, correction=None):
-    R.reduction_float(_VAR, (self,))
-    n = reduced_count(self.shape, dim)
-    centered = self - self.mean(dim, keepdim=True)
-    return (centered * centered).sum(dim, keepdim) / max(n - _var_correction(unbiased, correction), 0)
+    return _narrowed(_moments(_VAR, self, dim, unbiased, correction)[0], self, dim, keepdim)
 
 
+def _std(self, dim=None, unbiased=None, keepdim=False, correction=None):
+    return _narrowed(_moments(_STD, self, dim, unbiased, correction)[0].sqrt(), self, dim, keepdim)
+
+
+def _var_mean(self, dim=None, unbiased=None, keepdim=False, correction=None):
+    var, mean = _moments(_VAR_MEAN, self, dim, unbiased, correction)
+    return _narrowed(var, self, dim, keepdim), _narrowed(mean, self, dim, keepdim)
+
+
+def _std_mean(self, dim=None, unbiased=None, keepdim=False, correction=None):
+    var, mean = _moments(_STD_MEAN, self, dim, unbiased, correction)
+    return _narrowed(var.sqrt(), self, dim, keepdim), _narrowed(mean, self, dim, keepdim)
+
+
+# ---------------------------------------------------------------- derivative helpers of var and std
+
+def var_backward(grad, self, dim, unbiased, correction, keepdim):
+    """torch's: ``2 / (n - correction) * grad * (self - mean)``; the scale is +inf when ``n == correction``
+    (NaN where the input is constant, as in torch)."""
+    dof = reduced_count(self.shape, dim) - _var_correction(unbiased, correction)
+    scale = 2.0 / dof if dof else float("inf")
+    centered = self - self.mean(_reduced_dims(self.shape, dim), keepdim=True)
+    return scale * grad_expanded(grad, self.shape, dim, keepdim) * centered
+
+
+def std_backward(grad, self, result, dim, unbiased, correction, keepdim):
+    """torch's: the variance's gradient scaled by ``1 / (2 std)``, and 0 where the standard deviation is 0 (a
+    constant slice), where ``d sqrt`` would be infinite."""
+    grad_var = (grad / (result * 2)).masked_fill(result == 0, 0)
+    return var_backward(grad_var, self, dim, unbiased, correction, keepdim)
+
+
+def moments_backward(grads, self, result, dim, unbiased, correction, keepdim, std: bool):
+    """var_mean/std_mean: the spread's gradient plus the mean's (``grads`` holds zeros for an unused output)."""
+    spread, mean_grad = grads
+    from_spread = (std_backward(spread, self, result[0], dim, unbiased, correction, keepdim) if std
+                   else var_backward(spread, self, dim, unbiased, correction, keepdim))
+    return from_spread + grad_expanded(mean_grad, self.shape, dim, keepdim) / reduced_count(self.shape, dim)
+
+
+HELPERS.update(var_backward=var_backward, std_backward=std_backward, moments_backward=moments_backward)
+
+_MOMENT_ARGS = "dim, unbiased, correction, keepdim"
 _VAR = composite("var(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
-                 "Scalar? correction=None) -> Tensor", _var)
-composite("std(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, Scalar? correction=None)"
-          " -> Tensor", lambda self, dim=None, unbiased=None, keepdim=False, correction=None:
-          self.var(dim, unbiased, keepdim, correction=correction).sqrt())
-composite("var_mean(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
-          "Scalar? correction=None) -> (Tensor, Tensor)",
-          lambda self, dim=None, unbiased=None, keepdim=False, correction=None:
-          (self.var(dim, unbiased, keepdim, correction=correction), self.mean(dim, keepdim)))
-composite("std_mean(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
-          "Scalar? correction=None) -> (Tensor, Tensor)",
-          lambda self, dim=None, unbiased=None, keepdim=False, correction=None:
-          (self.std(dim, unbiased, keepdim, correction=correction), self.mean(dim, keepdim)))
+                 "Scalar? correction=None) -> Tensor", _var,
+                 {"self": f"var_backward(grad, self, {_MOMENT_ARGS})"})
+_STD = composite("std(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
+                 "Scalar? correction=None) -> Tensor", _std,
+                 {"self": f"std_backward(grad, self, result, {_MOMENT_ARGS})"})
+_VAR_MEAN = composite("var_mean(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
+                      "Scalar? correction=None) -> (Tensor, Tensor)", _var_mean,
+                      {"self": f"moments_backward(grads, self, result, {_MOMENT_ARGS}, False)"})
+_STD_MEAN = composite("std_mean(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
+                      "Scalar? correction=None) -> (Tensor, Tensor)", _std_mean,
+                      {"self": f"moments_backward(grads, self, result, {_MOMENT_ARGS}, True)"})
 
 
 def _logsumexp(self, dim, keepdim=False):

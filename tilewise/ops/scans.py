@@ -177,19 +177,21 @@ def _kthvalue(self, k, dim=-1, keepdim=False):
 
 
 def _median_dim(self, dim, keepdim=False):
-    """The lower median; a slice holding NaN has median NaN, found at its first NaN (torch's rule)."""
+    """The lower median; a slice holding NaN has median NaN, found at its first NaN (torch's rule). The value is
+    read back at the index, so the gradient goes where the index points, NaN or not."""
     d = S.normalize_dim(dim, self.ndim, "median")
     n = self.shape[d] if self.ndim else 1
     if n == 0:
         raise IndexError(f"median(): expected reduction dim {d} to have non-zero size; the input has shape "
                          f"{list(self.shape)}")
-    values, indices = _kthvalue(self, (n - 1) // 2 + 1, d, keepdim)
+    k = (n - 1) // 2 + 1
     if not self.dtype.is_floating_point or self.ndim == 0:
-        return values, indices
+        return _kthvalue(self, k, d, keepdim)
+    indices = _kthvalue(self, k, d, keepdim=True)[1]
     nan = self.isnan()
-    has_nan = nan.any(d, keepdim)
-    first_nan = nan.to(self.dtype).argmax(d, keepdim)
-    return values.masked_fill(has_nan, float("nan")), indices.where(~has_nan, first_nan)
+    indices = indices.where(~nan.any(d, keepdim=True), nan.to(self.dtype).argmax(d, keepdim=True))
+    values = self.gather(d, indices)
+    return (values, indices) if keepdim else (values.squeeze(d), indices.squeeze(d))
 
 
 def _median(self):
@@ -205,7 +207,8 @@ declare("kthvalue(Tensor self, int k, int dim=-1, bool keepdim=False) -> (Tensor
         "composite", decomposition=_kthvalue,
         doc="The ``k``-th smallest element along ``dim`` (1-based) and its position.")
 declare("median(Tensor self) -> Tensor", "composite", decomposition=_median,
-        grad={"self": "minmax_backward(grad, self, result, None, False)"},
-        doc="The lower median of all elements; its gradient is shared evenly among the elements equal to it.")
+        grad={"self": "evenly_distribute_backward(grad, self, result)"},
+        doc="The lower median of all elements; its gradient is shared evenly among the elements equal to it (among "
+            "the NaNs when it is NaN).")
 declare("median.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",
         decomposition=_median_dim, doc="The lower median along ``dim`` and its position.")

@@ -263,7 +263,11 @@ def run_reduction(op, args: tuple):
     if op.reduce in ("max", "min") and any(x._shape[d] == 0 for d in dims):
         raise IndexError(f"{op.name}(): Expected reduction dim {dims[0]} to have non-zero size; the input has shape "
                          f"{list(x._shape)}. Specify an identity or reduce over a non-empty dim.")
-    res = _REDUCERS[op.reduce](a, axis=dims, keepdims=keepdim) if x._shape else a
+    if x._shape:
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf propagate silently, as in torch
+            res = _REDUCERS[op.reduce](a, axis=dims, keepdims=keepdim)
+    else:
+        res = a
     res = np.asarray(res)
     if res.dtype is not out_dtype.np and res.dtype != out_dtype.np:
         res = cast_array(res, out_dtype.np)

@@ -62,7 +62,10 @@ def to_copy(self, dtype=None, device=None, non_blocking=False):
 
         return backend_for(device).upload(self, device, non_blocking, dtype)  # it sees the source, pinned or not
     a = self._np()
-    return _out(cast_array(a, dtype.np) if a.dtype != dtype.np else a.copy(), dtype)
+    if a.dtype == dtype.np:
+        return _out(a.copy(), dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # out of range becomes inf, as in torch, which never warns
+        return _out(cast_array(a, dtype.np), dtype)
 
 
 @kernel("clone")
@@ -200,6 +203,8 @@ def _without_replacement(weights: np.ndarray, u: np.ndarray, out: np.ndarray) ->
 
 
 # ---------------------------------------------------------------- arg-reductions
+# numpy's argmax/argmin (ml_dtypes' too) already follow torch's rule within each reduced slice: the first NaN
+# wins, otherwise the first extremum, so a NaN in one row changes no other row.
 
 def _arg(self, dim, keepdim, fn, name):
     from tilewise import _strides as S
@@ -218,24 +223,14 @@ def _arg(self, dim, keepdim, fn, name):
     return _out(fn(a, axis=d, keepdims=keepdim), dtypes.int64)
 
 
-def _nan_first(fn):
-    """argmax/argmin that, like torch, treat NaN as the extremum."""
-    def arg(a, axis=None, keepdims=False):
-        if a.dtype.kind == "f" and np.isnan(a).any():
-            return np.argmax(np.isnan(a), axis=axis, keepdims=keepdims)
-        return fn(a, axis=axis, keepdims=keepdims)
-
-    return arg
-
-
 @kernel("argmax")
 def argmax(self, dim=None, keepdim=False):
-    return _arg(self, dim, keepdim, _nan_first(np.argmax), "argmax")
+    return _arg(self, dim, keepdim, np.argmax, "argmax")
 
 
 @kernel("argmin")
 def argmin(self, dim=None, keepdim=False):
-    return _arg(self, dim, keepdim, _nan_first(np.argmin), "argmin")
+    return _arg(self, dim, keepdim, np.argmin, "argmin")
 
 
 def _value_index(self, dim, keepdim, fn, name):
@@ -256,12 +251,12 @@ def _value_index(self, dim, keepdim, fn, name):
 
 @kernel("max.dim")
 def max_dim(self, dim, keepdim=False):
-    return _value_index(self, dim, keepdim, _nan_first(np.argmax), "max")
+    return _value_index(self, dim, keepdim, np.argmax, "max")
 
 
 @kernel("min.dim")
 def min_dim(self, dim, keepdim=False):
-    return _value_index(self, dim, keepdim, _nan_first(np.argmin), "min")
+    return _value_index(self, dim, keepdim, np.argmin, "min")
 
 
 # ---------------------------------------------------------------- matmul

@@ -13,7 +13,7 @@ from tilewise import _strides as S
 from tilewise import dtypes
 from tilewise.backends.cpu import kernel
 from tilewise.dtypes import compute_dtype
-from tilewise.tensor import Tensor, from_array
+from tilewise.tensor import Tensor, cast_array, from_array
 
 
 def _out(array, dtype) -> Tensor:
@@ -31,13 +31,22 @@ def _keys(t: Tensor) -> np.ndarray:
 # ---------------------------------------------------------------- scans
 
 def _accumulate(self, dim, dtype, fn, name):
+    """cumsum/cumprod: a running total carried in torch's CPU accumulate type, float64 for a float32 result
+    (a float32 total stops growing at 2**24 when adding ones), and rounded to the result dtype at each step,
+    which numpy's left-to-right accumulate then cast reproduces bit for bit."""
     from tilewise.ops.dtype_rules import reduction_sum
     from tilewise.ops.registry import OPS
 
     out_dtype, work = reduction_sum(OPS[name], (self, dim, dtype))
     d = S.normalize_dim(dim, self.ndim, name)
-    a = self._np().astype(work.np, copy=False)
-    return _out(a.copy() if a.ndim == 0 else fn(a, axis=d), out_dtype)
+    carry = np.float64 if out_dtype is dtypes.float32 else work.np
+    a = self._np()
+    if self.dtype is not out_dtype:  # torch converts the input to ``dtype`` first
+        a = cast_array(a, out_dtype.np)
+    if a.ndim == 0:
+        return _out(a.copy(), out_dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # widening first: numpy's dtype= casts element by element
+        return _out(cast_array(fn(a.astype(carry, copy=False), axis=d), out_dtype.np), out_dtype)
 
 
 @kernel("cumsum")

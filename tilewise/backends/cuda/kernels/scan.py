@@ -2,7 +2,12 @@
 
 One warp scans one row: 32 elements at a time with a shuffle-up (Hillis-Steele) scan, carrying the running
 total from chunk to chunk, so any row length works and the other dims are run-time sizes and strides.
-Accumulation is in the operator's compute dtype (float32 for half types, int64 for integers), as on the CPU.
+Integers accumulate in int64. Floating totals are carried in float64: torch's CPU kernel carries a float32
+cumsum in double and rounds each output once, and a float32 running total would stop growing at 2**24 when
+adding ones; the tree-shaped warp scan adds in another order than the CPU's left-to-right loop, but in
+float64 the difference is far below a float32 (or half) rounding step, so the outputs are torch's CPU outputs.
+Shuffling doubles costs two shuffles instead of one; the scan is bound by memory, not by those. An input of
+another dtype than the result (``dtype=``) is converted to the result dtype first, as torch does.
 
 cummax/cummin scan (value, index) pairs with one rule: a later element takes over from an earlier running
 extreme when it is at least as large (cummax) or small (cummin), and a NaN always takes over, so ties report
@@ -32,7 +37,7 @@ from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load_render
 from tilewise.compiler.render import CUDA
 from tilewise.compiler.render.cstyle import SUFFIX, Source, literal, load_code, store_code
 from tilewise.device import Device
-from tilewise.dtypes import DType
+from tilewise.dtypes import DType, compute_dtype
 from tilewise.tensor import Tensor
 
 WARPS = 4
@@ -73,16 +78,30 @@ def _kernel_text(name: str, params: list[str], lines: list[str], threads: int = 
             f"{{\n{body}\n}}")
 
 
-def render_scan(name: str, combiner: str, input_dtype: DType, acc: DType, output: DType, rank: int) -> str:
+def running_total_type(compute: DType) -> DType:
+    """The dtype a scan carries its running total in (see the note above)."""
+    return dtypes.float64 if compute.is_floating_point else compute
+
+
+def _scan_operand(input_dtype: DType, output: DType) -> str:
+    """The row's element ``j`` as the result dtype computes it (converted to the result dtype first)."""
+    loaded = load_code(CUDA, input_dtype, "in[in_base + j * in_stride]")
+    if input_dtype is output:
+        return loaded
+    return load_code(CUDA, output, store_code(CUDA, output, loaded, compute_dtype(input_dtype)))
+
+
+def render_scan(name: str, combiner: str, input_dtype: DType, compute: DType, output: DType, rank: int) -> str:
     source = Source(CUDA)
     source.need_storage(input_dtype)
     source.need_storage(output)
+    acc = running_total_type(compute)
     c_acc = CUDA.ctype(acc)
     ident = literal(0 if combiner == "add" else 1, acc, CUDA)
     op = "+" if combiner == "add" else "*"
     params = [f"{CUDA.ctype(output)}* __restrict__ out", f"const {CUDA.ctype(input_dtype)}* __restrict__ in",
               *row_params(rank)]
-    loaded = load_code(CUDA, input_dtype, "in[in_base + j * in_stride]")
+    loaded = _scan_operand(input_dtype, output)
     lines = [*_warp_per_row(), *row_offsets(rank),
              f"{c_acc} carry = {ident};",
              "for (long long start = 0; start < n; start += 32) {",
