@@ -70,7 +70,7 @@ def program(rng: np.random.Generator) -> str:
         elif kind == "softmax":
             lines.append(f"    {name} = {a}.softmax({int(rng.integers(2))})")
         elif kind == "view":
-            lines.append(f"    {name} = ({a}.t()[1:3] * 2).t().repeat(1, 2)[:, :5] + {a}[:, :1]")
+            lines.append(f"    {name} = ({a}.t()[1:3] * 2).t().repeat(1, 3)[:, :5] + {a}[:, :1]")
         elif kind == "global":
             lines.append(f"    {name} = {a} * G")
         elif kind == "tensor":

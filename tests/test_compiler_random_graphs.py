@@ -9,6 +9,7 @@ they compare rounding, not the compiler.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -119,10 +120,14 @@ def _numpy(t) -> np.ndarray:
     return t.detach().float().numpy() if t.dtype.itemsize < 4 else t.detach().numpy()
 
 
+@pytest.mark.parametrize("segmented", [False, True], ids=["replayed", "segmented"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(programs(), st.integers(0, 2**16))
 @example(("float32", [(2, 3, 1), (1,)], [("binary", "add", 0, 1), ("reduce", "mean", 2, 0, False)], [3]), 0)
-def test_random_program_compiled_equals_eager(program, seed):
+@example(("float32", [(5, 2)], [("softmax", False, 0, 0), ("reduce", "amax", 1, 1, False)], [2]), 0)
+def test_random_program_compiled_equals_eager(segmented, program, seed):
+    """``segmented``: the function also appends to a list, so its Python runs on every call and the operators
+    run as a compiled segment whose live values (autograd's saved tensors) become real tensors."""
     dtype, shapes, code, outputs = program
     rng = np.random.default_rng(seed)
     differentiable = dtype != "float16"
@@ -130,7 +135,11 @@ def test_random_program_compiled_equals_eager(program, seed):
     expected = run(code, outputs, *inputs)
     for e in expected:
         assume(np.all(np.isfinite(_numpy(e))) and np.abs(_numpy(e)).max(initial=0) < 1e4)
-    compiled = tw.compile(lambda *xs: run(code, outputs, *xs))
+    calls = []
+    if segmented:
+        compiled = tw.compile(lambda *xs: calls.append(1) or run(code, outputs, *xs))
+    else:
+        compiled = tw.compile(lambda *xs: run(code, outputs, *xs))
     actual = compiled(*inputs)
     # the same program in float64 says how far rounding alone takes eager: compiled code may differ from
     # eager by that much again (it sums in another order), plus the dtype's tolerance

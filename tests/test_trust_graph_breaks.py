@@ -261,3 +261,25 @@ def test_a_cache_filled_on_the_first_call_becomes_a_variant_afterwards():
     for _ in range(3):
         assert f(tw.ones(4)).tolist() == [0.0, 1.0, 2.0, 3.0]
     assert len(f.forward.variants) == 1  # calls 2 and 3 have no side effect: replayed
+
+
+def test_a_segment_the_compiler_cannot_build_runs_operator_by_operator():
+    def f(lib, x):
+        x.add_(1)
+        view = x[1:]
+        if view.sum() > 0:
+            view.mul_(3)
+        return view.exp(), x.sum()
+
+    compiled = tw.compile(lambda x: f(tw, x))
+
+    def refuse(graph):
+        raise NotImplementedError("no code generation for this segment")
+
+    compiled.segments.build = refuse
+    a, b = tw.tensor([1.0, -2.0, 3.0]), torch.tensor([1.0, -2.0, 3.0])
+    with pytest.warns(RuntimeWarning, match="operator by operator"):
+        got = compiled(a)
+    for g, w in zip(got, f(torch, b)):
+        assert_same(g, w)
+    assert_same(a, b)

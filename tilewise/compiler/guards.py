@@ -433,7 +433,8 @@ def _called_from_user(depth: int) -> bool:
 
 
 def _watch_output() -> None:
-    """Route ``print`` and logging through a check of the calling thread's recorder (once for all recorders)."""
+    """Route ``print`` and logging through a check of the calling thread's recorder, and pause recording in
+    garbage-collection callbacks (once for all recorders)."""
     with _PATCH_LOCK:
         if _OUTPUT_WATCH:
             _OUTPUT_WATCH[0] += 1
@@ -452,9 +453,10 @@ def _watch_output() -> None:
                 recorder.output("logging")
             return original_log(logger, *args, **kwargs)
 
-        _OUTPUT_WATCH[:] = [1, original_print, original_log]
+        _OUTPUT_WATCH[:] = [1, original_print, original_log, list(gc.callbacks)]
         builtins.print = print_
         logging.Logger._log = log_
+        gc.callbacks[:] = [_unrecorded(callback) for callback in gc.callbacks]  # not the function's doing
 
 
 def _unwatch_output() -> None:
@@ -462,7 +464,23 @@ def _unwatch_output() -> None:
         _OUTPUT_WATCH[0] -= 1
         if _OUTPUT_WATCH[0] == 0:
             builtins.print, logging.Logger._log = _OUTPUT_WATCH[1], _OUTPUT_WATCH[2]
+            gc.callbacks[:] = _OUTPUT_WATCH[3]
             _OUTPUT_WATCH.clear()
+
+
+def _unrecorded(callback):
+    """``callback`` run with the calling thread's recorder paused (a garbage collection can call it anywhere)."""
+    def run(*args):
+        recorder = _CURRENT.recorder
+        if recorder is None or recorder.busy:
+            return callback(*args)
+        recorder.busy = True
+        try:
+            return callback(*args)
+        finally:
+            recorder.busy = False
+
+    return run
 
 
 def _numpy_random_position() -> tuple:

@@ -18,6 +18,9 @@ every call; a function with no breaks and no side effects stays a replayed varia
 
 from __future__ import annotations
 
+import warnings
+
+from tilewise import _strides as S
 from tilewise._stages import stage
 from tilewise.compiler.capture import Capture, StorageEntry, suspended
 from tilewise.compiler.ir import Graph
@@ -34,6 +37,7 @@ class Segments:
         self.build = build  # Graph -> Program (the compile pipeline for the graph's target)
         self.programs: dict[tuple, object] = {}
         self.syncs = 0  # segments run (a test's and the log's count)
+        self.warned: set[str] = set()
 
     def sync(self, cap: Capture, why: str) -> None:
         """Run what ``cap`` recorded since the last sync; make every live trace tensor real."""
@@ -59,9 +63,57 @@ class Segments:
         if program is None:
             log("recompiles", f"{self.name}: compiling a segment of {len(graph.body)} operators (it ends at {why})")
             with stage("segment"):
-                program = self.build(graph)
+                try:
+                    program = self.build(graph)
+                except Exception as exc:  # noqa: BLE001 — the segment still runs, operator by operator
+                    program = Interpreter(graph)
+                    self._warn_once(f"a segment of {self.name} runs eagerly, operator by operator, as its "
+                                    f"program could not be built: {type(exc).__name__}: {exc}".split("\n")[0])
             self.programs[key] = program
         return program
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self.warned:
+            self.warned.add(message)
+            warnings.warn(f"tilewise.compile: {message}", RuntimeWarning, stacklevel=2)
+
+
+class Interpreter:
+    """A segment's graph run by the eager operators, node by node: the program of a segment the compiler cannot
+    build (tensors on several devices, an operator without code generation), with ``Program.run``'s interface."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    def run(self, inputs: list, staged: frozenset = frozenset()) -> list:
+        from tilewise.autograd.grad_mode import no_grad
+        from tilewise.dispatch import call
+
+        values = {}
+        for node, data in zip(self.graph.inputs, inputs):
+            ty = node.type
+            storage = Storage(data, ty.device, ty.dtype, ty.numel)
+            values[node] = Tensor._make(storage, ty.shape, S.contiguous_strides(ty.shape), 0, ty.dtype, ty.device)
+        with no_grad():
+            for node in self.graph.body:
+                operands = [values[src] for src in node.srcs]
+                if node.op == "getitem":
+                    values[node] = operands[0][node.args[0]]
+                elif node.op == "_write_":
+                    values[node] = operands[1]
+                else:
+                    values[node] = call(node.opdef, node.bound_args(operands))
+            outputs = [_flat_data(values[node]) for node in self.graph.outputs]  # before write-backs change
+            for target, value in self.graph.writes:                             # the memory views read
+                if values[target] is not values[value]:
+                    values[target].copy_(values[value])
+            return outputs
+
+
+def _flat_data(t: Tensor):
+    """The elements of ``t`` as a new flat buffer (what a program returns for an output)."""
+    t = t.clone()
+    return t._storage.data
 
 
 def _live_tensors(cap: Capture) -> tuple[list[Tensor], list[tuple[Tensor, object]]]:

@@ -26,7 +26,9 @@ bfloat16 gradient that a layer norm's row reduction and its weight gradient's co
 loaded as bfloat16 by both kernels instead of being stored as float32 by one and loaded by the other; the
 weight gradient's ``float(g) * x_hat`` is made by its column sum from ``g`` and ``x_hat`` instead of stored by
 the layer norm's backward and read back, so both sums become one nest of the backward's kernel. The group a
-value came from still stores it if anything else needs it. What a broadcast operand costs to make is shared
+value came from still stores it if anything else needs it. A value the program returns is never made again:
+a kernel that made it again could round it differently (a vector ``expf`` against a scalar one), and a
+backward that compares two returned values (amax's ``self == result``) would find no match. What a broadcast operand costs to make is shared
 by the elements it is broadcast to: a layer norm's ``x_hat = (h - mean) * rstd`` is made again by its
 backward from ``h`` (4 bytes an element; the row statistics come almost free) rather than stored by the
 forward as float32, with ``h - mean`` beside it, and read back.
@@ -267,8 +269,9 @@ class _Partition:
     placing a node proportional to its operands, not to the number of groups).
     """
 
-    def __init__(self, order: dict[Node, int], readers: dict[Node, int]):
+    def __init__(self, order: dict[Node, int], readers: dict[Node, int], roots: frozenset = frozenset()):
         self.order, self.readers = order, readers
+        self.roots = roots  # values the program returns or writes back: stored, so never made twice
         self.groups: dict[int, Group] = {}
         self.parent: dict[int, int] = {}
         self.deps: dict[int, set[int]] = {}
@@ -377,7 +380,7 @@ class _Partition:
         it is broadcast to) when ``node`` is elementwise. An operand another group
         makes is made again too when that reads no more than loading it (at most ``RECOMPUTE_DEPTH`` deep),
         else loaded from the buffer its group stores. None when ``node`` cannot be made in ``gid``."""
-        if fusion_kind(node) != "elementwise" or node.op == "clone" or depth > RECOMPUTE_DEPTH:
+        if fusion_kind(node) != "elementwise" or node.op == "clone" or depth > RECOMPUTE_DEPTH or node in self.roots:
             return None
         chain: list[Node] = []
         width = 0
@@ -477,7 +480,8 @@ def partition(graph: Graph) -> list[Group]:
     for root in graph.roots():
         base = view_chain(root)[0]
         readers[base] = readers.get(base, 0) + 1
-    part = _Partition({n: k for k, n in enumerate(graph.body)}, readers)
+    roots = frozenset(view_chain(root)[0] for root in graph.roots())
+    part = _Partition({n: k for k, n in enumerate(graph.body)}, readers, roots)
     for node in graph.body:
         part.add(node)
     part.materialize_constants(graph)
