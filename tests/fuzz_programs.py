@@ -88,7 +88,7 @@ def program(rng: np.random.Generator) -> str:
             lines.append(f"    {name} = {a}")
             lines.append(f"    LOG.append({a}.sum())")
         elif kind == "branch":
-            lines.append(f"    if ({a}.sum() > 0) or ({a}.sum() != {a}.sum()):")
+            lines.append(f"    if ({a}.sum() > 0.25) or ({a}.sum() != {a}.sum()):")
             lines.append(f"        {name} = {a} + {b}")
             lines.append("    else:")
             lines.append(f"        {name} = {a} - 1")
