@@ -68,7 +68,7 @@ def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
     entry = _compiled.get(key)
     if entry is None:
         expr = builder(args, compute_dtype)
-        entry = _compiled[key] = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_variant"), ())
+        entry = _compiled[key] = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_variant", op.name), ())
     return entry
 
 
@@ -93,7 +93,7 @@ def _static_kernels(op) -> tuple:
     at_defaults = None
     if scalar_idx and all(type(d) in (int, float) for d in defaults):
         expr = _with_constants(op.expr, {params[k].name: d for k, d in zip(scalar_idx, defaults)})
-        at_defaults = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_defaults"), ())
+        at_defaults = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_defaults", op.name), ())
     return fn, scalar_idx, defaults, at_defaults
 
 
