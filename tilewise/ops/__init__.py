@@ -111,7 +111,7 @@ def _attach_special_methods(functions: dict) -> None:
     Tensor.mH = Tensor.mT
     Tensor.H = property(lambda self: self.t())
     Tensor.copy_ = make_copy_()
-    for method in creation.INPLACE_FILLS:
+    for method in creation.INPLACE_FILLS + creation.NEW_LIKE:
         setattr(Tensor, method.__name__, method)
 
 

@@ -170,7 +170,7 @@ pointwise("minimum(Tensor self, Tensor other) -> Tensor", lambda a, b: a.minimum
            "other": "grad * ((other < self) + 0.5 * (self == other))"})
 pointwise("clamp(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor", None,
           {"self": "grad * clamp_mask(self, min, max)", "min": "grad * (self < min)", "max": "grad * (self > max)"},
-          aliases=("clip",), expr_builder=_clamp)
+          R.clamp_rule, aliases=("clip",), expr_builder=_clamp)
 pointwise("copysign(Tensor self, Tensor other) -> Tensor", lambda a, b: a.copysign(b),
           {"self": "grad * sign(self) * where(signbit(other), -ones_like(grad), ones_like(grad))",
            "other": "zeros_like(grad)"}, R.promote_float)

@@ -57,7 +57,7 @@ def zero_division_error(op: str, dtype) -> RuntimeError:
 def _integer_checked(ufunc):
     """``ufunc`` refusing an integer divisor of zero, as torch's CPU kernels do (numpy would give 0)."""
     def divide(a, b, op):
-        if _zero_divisor(b):
+        if _zero_divisor(b) and np.broadcast(a, b).size:  # an empty result divides nothing
             raise zero_division_error(op, np.result_type(a, b))
         return ufunc(a, b)
 
