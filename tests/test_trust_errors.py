@@ -227,6 +227,14 @@ def test_bad_sizes_raise_like_torch(call, fragments):
     (lambda m: m.nn.functional.interpolate(m.ones(1, 1, 4, 4), size=(0, 3)),
      ("interpolate", "greater than 0", "H: 0")),
     (lambda m: m.nn.functional.interpolate(m.ones(1, 1, 4), scale_factor=0.1), ("interpolate", "W: 0")),
+    (lambda m: m.ones(2, 3) @ 5, ("matmul", "must be a Tensor", "int")),
+    (lambda m: m.zeros(3).normal_(0, -1), ("normal", "std >= 0.0", "-1")),
+    (lambda m: m.normal(m.zeros(2), -1.0), ("normal", "std >= 0.0")),
+    (lambda m: m.zeros(3).exponential_(-1), ("exponential_", "lambda > 0.0", "-1")),
+    (lambda m: m.zeros(3).uniform_(1, 0), ("uniform_", "from=1 > to=0")),
+    (lambda m: m.rand(2, dtype=m.int64), ("rand()", "int64", "floating dtype")),
+    (lambda m: m.randn(2, dtype=m.int64), ("randn()", "int64")),
+    (lambda m: m.zeros(2, dtype=m.int64).uniform_(), ("uniform_()", "int64")),
 ])
 def test_bad_indices_shapes_and_arguments_raise_like_torch(call, fragments):
     raises_like_torch(call, *fragments)
@@ -283,3 +291,50 @@ def test_tensor_hook_returning_a_different_gradient_raises_like_torch(returns, f
 def test_tensor_hook_returning_a_gradient_like_its_own_is_used():
     for lib in (torch, tw):
         assert _hook_result(lib, lambda g: g * 10, leaf=False).tolist() == [60.0, 60.0, 60.0]
+
+
+def _linear_backward(lib, register, hook, x_requires_grad=True):
+    lib.manual_seed(0)
+    module = lib.nn.Linear(3, 2)
+    with lib.no_grad():
+        module.weight.copy_(lib.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]))
+        module.bias.copy_(lib.tensor([0.5, -0.5]))
+    getattr(module, register)(hook)
+    x = lib.tensor([[1.0, -1.0, 2.0]], requires_grad=x_requires_grad)
+    (module(x) * lib.tensor([[1.0, 3.0]])).sum().backward()
+    return (x.grad.tolist() if x_requires_grad else None), module.weight.grad.tolist()
+
+
+@pytest.mark.parametrize("register,returns,fragments", [
+    ("register_full_backward_hook", lambda m, gin: (m.ones(5, 5),), ("Backward hook", "Linear", "size",
+                                                                     "grad_input[0]", "[1, 3]", "[5, 5]")),
+    ("register_full_backward_hook", lambda m, gin: (gin[0], gin[0]), ("Backward hook", "invalid number of grad_input",
+                                                                      "got 2, but expected 1")),
+    ("register_full_backward_pre_hook", lambda m, gout: (m.ones(4, 4),), ("Backward pre hook", "grad_output[0]",
+                                                                          "[1, 2]", "[4, 4]")),
+])
+def test_module_backward_hook_returning_wrong_gradients_raises_like_torch(register, returns, fragments):
+    if register == "register_full_backward_hook":
+        def make(m):
+            return lambda module, gin, gout: returns(m, gin)
+    else:
+        def make(m):
+            return lambda module, gout: returns(m, gout)
+    raises_like_torch(lambda m: _linear_backward(m, register, make(m)), *fragments)
+
+
+@pytest.mark.parametrize("x_requires_grad", [True, False])
+def test_module_backward_hooks_see_and_replace_gradients_like_torch(x_requires_grad):
+    for register, hook in (("register_full_backward_hook", lambda mod, gin, gout: tuple(
+                               None if g is None else g * 10 for g in gin)),
+                           ("register_full_backward_pre_hook", lambda mod, gout: tuple(g * 2 for g in gout))):
+        seen = {}
+        for lib in (torch, tw):
+            record = []
+
+            def observing(*args, _hook=hook, _record=record):
+                _record.append([None if g is None else g.tolist() for g in args[1]])
+                return _hook(*args)
+
+            seen[lib] = (_linear_backward(lib, register, observing, x_requires_grad), record)
+        assert seen[tw] == seen[torch]

@@ -248,6 +248,30 @@ def test_compiled_division_by_one_zero_among_many_raises(compiled_results, op):
 
 # ---------------------------------------------------------------------------- CUDA: torch's values, no trap
 
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_cuda_integer_division_kernels_guard_their_divisors_and_compile(dtype):
+    """The fused CUDA kernel's helpers test the divisor for 0 and -1 and set no flag (torch raises nothing on
+    CUDA); NVRTC compiles them without a GPU."""
+    from tilewise.compiler.capture import trace
+    from tilewise.compiler.passes import run_pipeline
+    from tilewise.compiler.program import lower_program
+    from tilewise.compiler.toolchain import compile_cached, nvrtc_available
+
+    def divisions(a, b):
+        return a // b, a % b, tw.fmod(a, b), tw.div(a, b, rounding_mode="trunc")
+
+    args = (tw.ones(64, dtype=getattr(tw, dtype)), tw.ones(64, dtype=getattr(tw, dtype)))
+    low = lower_program(run_pipeline(trace(divisions, args, {}).graph), "cuda")
+    for helper in ("floordiv", "mod", "fmod", "truncdiv"):
+        assert f"tw_{helper}_i{dtype[3:]}" in low.source
+    assert low.source.count("if (b == 0)") == 4 and "b == -1" in low.source
+    assert "tw_zero_division" not in low.source
+    if not nvrtc_available():
+        pytest.skip("NVRTC is not installed")
+    for name, source in low.sources.items():
+        compile_cached(source, name, "sm_90")
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", INTS)
 @pytest.mark.parametrize("op", DIVISIONS)

@@ -11,9 +11,11 @@ never the width. Every operator's dtype rule is built from these two functions.
 ``x[i] = v``, a bound of ``clamp``, data given to ``tensor()`` — must fit its dtype, as in torch
 (``c10::checked_convert``): an integer within the dtype's range (uint8 also takes -255..-1, which wrap, so
 ``a - b`` can be written ``a + 255 * b``), a float that is not NaN or infinite and lies within the range
-before truncation; for a floating dtype (but float64), a finite number within its largest finite value
-(infinity and NaN pass). Otherwise the error is torch's: "value cannot be converted to type int8 without overflow".
-Operands of arithmetic (``int8_tensor + 300``) are not elements: they wrap, as in torch.
+before truncation; for float16, bfloat16 and float32, a finite number within the largest finite value
+(infinity and NaN pass; float8 values saturate). Otherwise the error is torch's: "value cannot be
+converted to type int8 without overflow". Operands of arithmetic (``int8_tensor + 300``) are not
+elements: they wrap, as in torch. ``tensor()`` refuses integers past int64 whatever the dtype, and does
+not check floating data (``tensor([1e300], dtype=float32)`` is inf), as torch.
 """
 
 from __future__ import annotations
@@ -189,6 +191,9 @@ def overflow_error(op: str, value, dtype: DType) -> RuntimeError:
 def checked_scalar(value, dtype: DType, op: str):
     """``value`` as an element of ``dtype`` (a Python int for integer dtypes: truncated, and wrapped for negative
     uint8 values), or torch's error where it does not fit (see [Note: scalar overflow])."""
+    bounds = _INT_BOUNDS.get(dtype)
+    if bounds is not None and type(value) is builtins.int and bounds[0] <= value <= bounds[1]:
+        return value  # the common case, decided without the checks below
     if isinstance(value, np.generic):
         value = value.item()
     if dtype is bool_:
@@ -209,7 +214,11 @@ def checked_scalar(value, dtype: DType, op: str):
     return value
 
 
-_FLOAT_MAX = {d: builtins.float(ml_dtypes.finfo(d.np).max) for d in ALL if d.is_floating_point}
+# float64 takes every Python float; float8 types saturate (their casts clip to the largest finite value)
+_FLOAT_MAX = {d: builtins.float(ml_dtypes.finfo(d.np).max) if d.itemsize > 1 else math.inf
+              for d in ALL if d.is_floating_point}
+_INT_BOUNDS = {d: (builtins.int(np.iinfo(d.np).min), builtins.int(np.iinfo(d.np).max)) for d in ALL
+               if d.category == INT}
 
 
 def _combine_categories(higher: DType | None, lower: DType | None) -> DType | None:

@@ -578,7 +578,9 @@ def _numbers_array(data, op: str) -> np.ndarray:
 def _infer_dtype(data, arr: np.ndarray) -> DType:
     from tilewise import dtypes
 
-    first = next(_leaves(data), None)
+    first = data
+    while isinstance(first, (list, tuple)) and first:
+        first = first[0]
     if isinstance(first, np.generic):  # numpy scalars keep their own dtype, as in torch
         return dtype_from_numpy(arr.dtype)
     kind = arr.dtype.kind
@@ -586,7 +588,7 @@ def _infer_dtype(data, arr: np.ndarray) -> DType:
         return dtypes.bool_
     if kind in "iuO":
         return dtypes.int64
-    if kind == "f" and arr.size and np.abs(arr).max() >= 2.0 ** 63 and \
+    if kind == "f" and not isinstance(first, float) and arr.size and np.abs(arr).max() >= 2.0 ** 63 and \
             not any(isinstance(x, float) for x in _leaves(data)):  # numpy's float64 for ints like [2**63, -1]
         raise _int64_overflow(max(_leaves(data), key=abs), "tensor")
     return get_default_dtype()
@@ -596,11 +598,11 @@ def _fitted(arr: np.ndarray, dtype: DType, op: str) -> np.ndarray:
     """``arr`` as ``dtype`` holds it, refusing a value it cannot hold (see [Note: scalar overflow] in dtypes)."""
     from tilewise.dtypes import checked_scalar
 
-    if dtype.is_floating_point:
-        return arr.astype(np.float64) if arr.dtype.kind in "Ou" else arr
-    if dtype.name == "bool" or not arr.size:
-        return arr
     kind = arr.dtype.kind
+    if dtype.is_floating_point:
+        return arr.astype(np.float64) if kind in "Ou" else arr
+    if dtype.name == "bool" or not arr.size or (kind in "ib" and dtype.np == np.int64):
+        return arr  # every value fits
     if kind == "O" or (kind == "u" and arr.max() >= 1 << 63):  # Python ints past int64
         raise _int64_overflow(max(arr.reshape(-1).tolist(), key=abs), op)
     for value in (arr.min(), arr.max()):  # the extremes (NaN, if any, among them) decide

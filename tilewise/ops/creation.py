@@ -10,7 +10,6 @@ seed gives bit-identical tensors on CPU and GPU.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from numbers import Number
 
 from tilewise.device import Device, as_device
@@ -195,18 +194,18 @@ def _size(size: tuple, name: str) -> tuple[int, ...]:
 _MAX_BYTES = (1 << 63) - 1
 
 
-@contextmanager
-def _allocating(factory: str, size: tuple, dtype: DType):
-    """Name the factory and the tensor it makes when memory runs out (the backend can name only its operator)."""
-    nbytes = math.prod(size) * dtype.itemsize
-    if nbytes > _MAX_BYTES:
+def _allocate(factory: str, size: tuple, dtype: DType, make):
+    """``make()``, naming the factory and the tensor it makes when memory runs out (the backend can name only
+    its operator)."""
+    if math.prod(size) * dtype.itemsize > _MAX_BYTES:
         raise RuntimeError(f"{factory}(): Storage size calculation overflowed with sizes={list(size)}: a {dtype.name} "
-                           f"tensor of that shape would take {nbytes} bytes, more than any address space holds")
+                           f"tensor of that shape would take {math.prod(size) * dtype.itemsize} bytes, more than any "
+                           "address space holds")
     try:
-        yield
+        return make()
     except HostOutOfMemoryError:
-        raise out_of_host_memory(f"{factory}()", nbytes, f"for a tensor of shape {list(size)} and dtype "
-                                                         f"{dtype.name}") from None
+        raise out_of_host_memory(f"{factory}()", math.prod(size) * dtype.itemsize, f"for a tensor of shape "
+                                 f"{list(size)} and dtype {dtype.name}") from None
 
 
 def _finish(t: Tensor, requires_grad: bool) -> Tensor:
@@ -251,8 +250,8 @@ def _full(factory: str, size: tuple, fill_value, dtype, device, requires_grad: b
     fill_value = checked_scalar(fill_value, as_dtype(dtype), factory)
     if pin_memory:
         check_pinnable(_target(device), factory)
-    with _allocating(factory, tuple(size), as_dtype(dtype)):
-        out = _call("full", tuple(size), fill_value, dtype=as_dtype(dtype), device=device)
+    size, dtype = tuple(size), as_dtype(dtype)
+    out = _allocate(factory, size, dtype, lambda: _call("full", size, fill_value, dtype=dtype, device=device))
     return _finish(out.pin_memory() if pin_memory else out, requires_grad)
 
 
@@ -260,8 +259,9 @@ def _empty(factory: str, size: tuple, dtype, device, requires_grad: bool, pin_me
     """With ``pin_memory`` the tensor is allocated in page-locked memory directly (nothing to copy)."""
     dtype = as_dtype(dtype or get_default_dtype())
     if not pin_memory:
-        with _allocating(factory, tuple(size), dtype):
-            return _finish(_call("empty", tuple(size), dtype=dtype, device=device), requires_grad)
+        size = tuple(size)
+        out = _allocate(factory, size, dtype, lambda: _call("empty", size, dtype=dtype, device=device))
+        return _finish(out, requires_grad)
     from tilewise.backends import backend_for
 
     check_pinnable(_target(device), factory)
@@ -329,8 +329,8 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: b
     if length >= 1 << 63:
         raise RuntimeError(f"arange(): invalid size, possible overflow? {start} -> {end} in steps of {step} would "
                            f"hold {length} elements")
-    with _allocating("arange", (length,), dtype):
-        return _finish(_call("arange", start, end, step, dtype=dtype, device=device), requires_grad)
+    out = _allocate("arange", (length,), dtype, lambda: _call("arange", start, end, step, dtype=dtype, device=device))
+    return _finish(out, requires_grad)
 
 
 def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -349,17 +349,30 @@ def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad:
     return _finish(_call("eye", n, m, dtype=as_dtype(dtype or get_default_dtype()), device=device), requires_grad)
 
 
+def _require_floating(factory: str, dtype: DType) -> None:
+    if not dtype.is_floating_point:
+        raise NotImplementedError(f"{factory}(): random floating samples cannot be drawn into a {dtype.name} tensor; "
+                                  "give a floating dtype (randint draws integers)")
+
+
+def _require_non_negative_std(factory: str, std) -> None:
+    if isinstance(std, Number) and not std >= 0:
+        raise RuntimeError(f"{factory}: normal expects std >= 0.0, but found std {std}")
+
+
 def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     size, dtype = _size(size, "rand"), as_dtype(dtype or get_default_dtype())
-    with _allocating("rand", size, dtype):
-        out = _call("uniform", size, 0.0, 1.0, dtype=dtype, device=device, generator=generator)
+    _require_floating("rand", dtype)
+    out = _allocate("rand", size, dtype, lambda: _call("uniform", size, 0.0, 1.0, dtype=dtype, device=device,
+                                                        generator=generator))
     return _finish(out, requires_grad)
 
 
 def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     size, dtype = _size(size, "randn"), as_dtype(dtype or get_default_dtype())
-    with _allocating("randn", size, dtype):
-        out = _call("normal_sample", size, dtype=dtype, device=device, generator=generator)
+    _require_floating("randn", dtype)
+    out = _allocate("randn", size, dtype, lambda: _call("normal_sample", size, dtype=dtype, device=device,
+                                                         generator=generator))
     return _finish(out, requires_grad)
 
 
@@ -401,6 +414,7 @@ def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: 
 
 
 def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None) -> Tensor:
+    _require_non_negative_std("normal", std)
     if isinstance(mean, Tensor) or isinstance(std, Tensor):
         ref = mean if isinstance(mean, Tensor) else std
         shape = size if size is not None else ref.shape
@@ -431,11 +445,16 @@ def zero_(self: Tensor) -> Tensor:
 
 
 def uniform_(self: Tensor, a: float = 0.0, b: float = 1.0, *, generator=None) -> Tensor:
+    _require_floating("uniform_", self.dtype)
+    if a > b:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={a} > to={b}")
     return _fill_from(self, _call("uniform", self.shape, float(a), float(b), dtype=self.dtype, device=self.device,
                                   generator=generator))
 
 
 def normal_(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator=None) -> Tensor:
+    _require_floating("normal_", self.dtype)
+    _require_non_negative_std("normal_", std)
     return _fill_from(self, randn(self.shape, dtype=self.dtype, device=self.device, generator=generator) * std + mean)
 
 
@@ -445,6 +464,9 @@ def bernoulli_(self: Tensor, p=0.5, *, generator=None) -> Tensor:
 
 
 def exponential_(self: Tensor, lambd: float = 1.0, *, generator=None) -> Tensor:
+    _require_floating("exponential_", self.dtype)
+    if not lambd > 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
     u = rand(self.shape, dtype=self.dtype, device=self.device, generator=generator)
     return _fill_from(self, -(1 - u).log() / lambd)
 

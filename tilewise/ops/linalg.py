@@ -5,6 +5,7 @@ from __future__ import annotations
 from tilewise import _strides as S
 from tilewise.dtypes import compute_dtype
 from tilewise.ops.registry import OPS, declare
+from tilewise.tensor import Tensor
 
 
 def check_mm_shapes(op: str, a, b) -> None:
@@ -43,6 +44,10 @@ declare("bmm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operan
 
 
 def _check_matmul(a, b):
+    for name, x in (("self", a), ("other", b)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"matmul: argument '{name}' must be a Tensor, got {type(x).__name__} {x!r} (use * to "
+                            "multiply by a number)")
     sa, sb = a.shape, b.shape
     if len(sa) >= 2 and len(sb) >= 2 and sa[-1] == sb[-2]:
         return  # the common case
