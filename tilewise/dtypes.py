@@ -6,6 +6,16 @@ category (bool < integer < floating). Promotion follows torch exactly, because p
 ``promote_types`` is the pairwise lattice, and ``result_type`` ranks operands in three priority groups —
 tensors with dimensions, zero-dim tensors, Python scalars — where a lower group only raises the category,
 never the width. Every operator's dtype rule is built from these two functions.
+
+[Note: scalar overflow] A Python number that becomes an element — a fill value, a value written by
+``x[i] = v``, a bound of ``clamp``, data given to ``tensor()`` — must fit its dtype, as in torch
+(``c10::checked_convert``): an integer within the dtype's range (uint8 also takes -255..-1, which wrap, so
+``a - b`` can be written ``a + 255 * b``), a float that is not NaN or infinite and lies within the range
+before truncation; for float16, bfloat16 and float32, a finite number within the largest finite value
+(infinity and NaN pass; float8 values saturate). Otherwise the error is torch's: "value cannot be
+converted to type int8 without overflow". Operands of arithmetic (``int8_tensor + 300``) are not
+elements: they wrap, as in torch. ``tensor()`` refuses integers past int64 whatever the dtype, and does
+not check floating data (``tensor([1e300], dtype=float32)`` is inf), as torch.
 """
 
 from __future__ import annotations
@@ -161,6 +171,54 @@ def scalar_dtype(value) -> DType:
     if isinstance(value, (builtins.float, np.floating)):
         return float64
     raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
+def overflow_error(op: str, value, dtype: DType) -> RuntimeError:
+    """torch's error for a number that does not fit ``dtype``, naming the operator and the dtype's range."""
+    if dtype.category == INT:
+        info = np.iinfo(dtype.np)
+        valid = f"{dtype.name} holds integers from {info.min} to {info.max}"
+        if dtype is uint8:
+            valid += " (integers from -255 to -1 wrap around)"
+        if isinstance(value, builtins.float) and not math.isfinite(value):
+            valid = f"{value} has no integer value; " + valid
+    else:
+        valid = f"{dtype.name}'s finite range is ±{builtins.float(ml_dtypes.finfo(dtype.np).max):.6g}"
+    return RuntimeError(f"{op}: value cannot be converted to type {dtype.name} without overflow: got {value!r}; "
+                        f"{valid}")
+
+
+def checked_scalar(value, dtype: DType, op: str):
+    """``value`` as an element of ``dtype`` (a Python int for integer dtypes: truncated, and wrapped for negative
+    uint8 values), or torch's error where it does not fit (see [Note: scalar overflow])."""
+    bounds = _INT_BOUNDS.get(dtype)
+    if bounds is not None and type(value) is builtins.int and bounds[0] <= value <= bounds[1]:
+        return value  # the common case, decided without the checks below
+    if isinstance(value, np.generic):
+        value = value.item()
+    if dtype is bool_:
+        return builtins.bool(value)
+    if isinstance(value, builtins.int) and not -(1 << 63) <= value < (1 << 64):
+        raise OverflowError(f"{op}: int too big to convert: {value} does not fit in 64 bits")
+    if dtype.category == INT:
+        info = np.iinfo(dtype.np)
+        if isinstance(value, builtins.int):
+            if (-info.max if dtype is uint8 else info.min) <= value <= info.max:
+                return value % 256 if value < 0 and dtype is uint8 else builtins.int(value)
+        elif info.min <= value <= info.max:  # NaN compares false
+            return builtins.int(value)
+        raise overflow_error(op, value, dtype)
+    if dtype is not float64 and not isinstance(value, builtins.bool) and math.isfinite(value) and \
+            abs(value) > _FLOAT_MAX[dtype]:
+        raise overflow_error(op, value, dtype)
+    return value
+
+
+# float64 takes every Python float; float8 types saturate (their casts clip to the largest finite value)
+_FLOAT_MAX = {d: builtins.float(ml_dtypes.finfo(d.np).max) if d.itemsize > 1 else math.inf
+              for d in ALL if d.is_floating_point}
+_INT_BOUNDS = {d: (builtins.int(np.iinfo(d.np).min), builtins.int(np.iinfo(d.np).max)) for d in ALL
+               if d.category == INT}
 
 
 def _combine_categories(higher: DType | None, lower: DType | None) -> DType | None:

@@ -14,6 +14,27 @@ from tilewise.device import Device, cpu
 from tilewise.dtypes import DType
 
 
+class HostOutOfMemoryError(RuntimeError):
+    """The CPU could not allocate a buffer (torch raises a RuntimeError from its DefaultCPUAllocator)."""
+
+    def __init__(self, message: str, nbytes: int | None = None):
+        super().__init__(message)
+        self.nbytes = nbytes
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
+            return f"{n:.4g} {unit}"
+        n /= 1024
+    return f"{n:.4g} PiB"
+
+
+def out_of_host_memory(what: str, nbytes: int, detail: str) -> HostOutOfMemoryError:
+    return HostOutOfMemoryError(f"{what}: DefaultCPUAllocator: not enough memory: you tried to allocate {nbytes} "
+                                f"bytes ({human_bytes(nbytes)}) {detail}", nbytes)
+
+
 class Storage:
     __slots__ = ("data", "device", "dtype", "size", "version", "__weakref__")
 

@@ -229,10 +229,17 @@ class Tensor:
         return a.tolist()
 
     def __float__(self) -> float:
+        self._require_one_element("float()")
         return float(self.item())
 
     def __int__(self) -> int:
+        self._require_one_element("int()")
         return int(self.item())
+
+    def _require_one_element(self, what: str) -> None:
+        if self.numel() != 1:
+            raise ValueError(f"{what}: only one element tensors can be converted to Python scalars, got a tensor of "
+                             f"shape {list(self._shape)}")
 
     def __index__(self) -> int:
         if self._dtype.is_floating_point or self.numel() != 1:
@@ -481,6 +488,9 @@ def cast_array(a: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
     bit set."""
     if np_dtype == float8_e4m3fn.np and a.dtype != np_dtype and a.dtype.kind != "b":
         a = np.clip(a if a.dtype.kind == "f" else a.astype(np.float32), -_E4M3FN_MAX, _E4M3FN_MAX)
+    if a.dtype.kind in "fV" and np_dtype.kind in "iu":  # NaN, inf and out-of-range values: torch gives the
+        with np.errstate(invalid="ignore", over="ignore"):  # CPU's conversion, without a warning
+            return a.astype(np_dtype)
     out = a.astype(np_dtype)
     if np_dtype == float8_e5m2.np:
         out.view(np.uint8)[np.isnan(out)] |= 1
@@ -521,29 +531,110 @@ def _empty_tensor(shape) -> Tensor:
     return from_array(np.empty(shape, dtype.np), dtype)
 
 
-def _infer_dtype(data) -> DType:
+def _numpy_dtypes() -> frozenset:
     from tilewise import dtypes
 
-    flat = data
-    while isinstance(flat, (list, tuple)) and flat:
-        flat = flat[0]
-    if isinstance(flat, Tensor):
-        return flat.dtype
-    if isinstance(flat, np.generic):  # numpy scalars keep their own dtype, as in torch
-        return dtype_from_numpy(np.asarray(data).dtype)
+    return frozenset(d.np for d in dtypes.ALL)
+
+
+_NUMPY_DTYPES = _numpy_dtypes()
+
+
+def _leaves(data):
+    """The non-sequence elements of nested lists and tuples, depth first."""
+    if isinstance(data, (list, tuple)):
+        for x in data:
+            yield from _leaves(x)
+    else:
+        yield data
+
+
+def _ragged(data, op: str) -> ValueError:
+    """torch's error for nested sequences of unequal lengths, naming the first dim where they differ."""
+    def shape_of(x) -> list[int]:
+        return [len(x), *shape_of(x[0])] if isinstance(x, (list, tuple)) and x else \
+            ([0] if isinstance(x, (list, tuple)) else [])
+
+    def check(x, dims: list[int], depth: int):
+        if depth == len(dims):
+            if isinstance(x, (list, tuple)):
+                return f"expected a number at dim {depth}, got a sequence of length {len(x)}"
+            return None
+        if not isinstance(x, (list, tuple)):
+            return f"expected a sequence of length {dims[depth]} at dim {depth}, got a number ({x!r})"
+        if len(x) != dims[depth]:
+            return f"expected sequence of length {dims[depth]} at dim {depth} (got {len(x)})"
+        return next((m for m in (check(e, dims, depth + 1) for e in x) if m), None)
+
+    found = check(data, shape_of(data), 0) or "nested sequences of unequal lengths"
+    return ValueError(f"{op}(): data is not rectangular: {found}; nested lists of one depth must have one length")
+
+
+def _not_a_number(value, op: str) -> Exception:
+    kind = type(value).__name__
+    if isinstance(value, (str, bytes)):
+        return TypeError(f"{op}(): invalid data type '{kind}': data must be numbers (bool, int, float), nested "
+                         "lists or tuples of them, a numpy array or a tensor")
+    if isinstance(value, complex):
+        return TypeError(f"{op}(): complex numbers are not supported: tilewise has no complex dtypes")
+    return RuntimeError(f"{op}(): Could not infer dtype of {kind}: data must be numbers (bool, int, float), nested "
+                        "lists or tuples of them, a numpy array or a tensor")
+
+
+def _int64_overflow(value, op: str) -> ValueError:
+    return ValueError(f"{op}(): Overflow when unpacking long long: {value} does not fit in int64 (from "
+                      f"{-(1 << 63)} to {(1 << 63) - 1}); give dtype=tilewise.float64 to store it approximately")
+
+
+def _numbers_array(data, op: str) -> np.ndarray:
+    """``data`` (a number, nested sequences of numbers) as numpy sees it, with torch's errors for data that is
+    not numbers or not rectangular. Integers beyond int64 stay Python ints in an object array."""
     try:
-        arr = np.asarray(data)
-    except ValueError as exc:
-        raise ValueError(f"tensor(): data is not rectangular (nested sequences of unequal length): {exc}") from None
-    if arr.dtype == np.bool_:
+        arr = np.array(data)
+    except ValueError:
+        raise _ragged(data, op) from None
+    if arr.dtype.kind in "OUSc":
+        for leaf in _leaves(data):
+            if not isinstance(leaf, (Number, np.generic)) or isinstance(leaf, complex):
+                raise _not_a_number(leaf, op)
+        if any(isinstance(x, (float, np.floating)) for x in _leaves(data)):
+            arr = arr.astype(np.float64)  # integers beyond int64 beside floats: the data is floating
+    return arr
+
+
+def _infer_dtype(data, arr: np.ndarray) -> DType:
+    from tilewise import dtypes
+
+    first = data
+    while isinstance(first, (list, tuple)) and first:
+        first = first[0]
+    if isinstance(first, np.generic):  # numpy scalars keep their own dtype, as in torch
+        return dtype_from_numpy(arr.dtype)
+    kind = arr.dtype.kind
+    if kind == "b":
         return dtypes.bool_
-    if arr.dtype.kind in "iu":
+    if kind in "iuO":
         return dtypes.int64
-    if arr.dtype.kind == "f":
-        return get_default_dtype()
-    if arr.dtype.kind == "O":
-        raise TypeError(f"tensor(): could not infer a dtype from {type(flat).__name__} elements")
-    return dtype_from_numpy(arr.dtype)
+    if kind == "f" and not isinstance(first, float) and arr.size and np.abs(arr).max() >= 2.0 ** 63 and \
+            not any(isinstance(x, float) for x in _leaves(data)):  # numpy's float64 for ints like [2**63, -1]
+        raise _int64_overflow(max(_leaves(data), key=abs), "tensor")
+    return get_default_dtype()
+
+
+def _fitted(arr: np.ndarray, dtype: DType, op: str) -> np.ndarray:
+    """``arr`` as ``dtype`` holds it, refusing a value it cannot hold (see [Note: scalar overflow] in dtypes)."""
+    from tilewise.dtypes import checked_scalar
+
+    kind = arr.dtype.kind
+    if dtype.is_floating_point:
+        return arr.astype(np.float64) if kind in "Ou" else arr
+    if dtype.name == "bool" or not arr.size or (kind in "ib" and dtype.np == np.int64):
+        return arr  # every value fits
+    if kind == "O" or (kind == "u" and arr.max() >= 1 << 63):  # Python ints past int64
+        raise _int64_overflow(max(arr.reshape(-1).tolist(), key=abs), op)
+    for value in (arr.min(), arr.max()):  # the extremes (NaN, if any, among them) decide
+        checked_scalar(value.item(), dtype, f"{op}()")
+    return arr
 
 
 def tensor(data, *, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
@@ -562,19 +653,14 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False, pin_me
         out = data.detach().to(dtype=as_dtype(dtype) if dtype else data.dtype, device=device, copy=True)
         return out.requires_grad_(requires_grad) if requires_grad else out
     if isinstance(data, np.ndarray):
-        dt = as_dtype(dtype) if dtype is not None else dtype_from_numpy(data.dtype)
+        dt = as_dtype(dtype) if dtype is not None else dtype_from_numpy(_supported(data, "tensor").dtype)
         out = from_array(np.array(data, dtype=dt.np, copy=True), dt)
     else:
         if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flatten_first_level(data)):
             data = _tensors_to_lists(data)
-        dt = as_dtype(dtype) if dtype is not None else _infer_dtype(data)
-        try:
-            arr = np.array(data, dtype=np.float64 if dt.is_floating_point and dt.itemsize < 4 else None)
-        except ValueError as exc:
-            raise ValueError(f"tensor(): data is not rectangular (nested sequences of unequal length): {exc}") from None
-        if arr.dtype.kind == "O":
-            raise TypeError(f"tensor(): could not build a tensor from {type(data).__name__} of non-numbers")
-        out = from_array(cast_array(arr, dt.np), dt)
+        arr = _numbers_array(data, "tensor")
+        dt = as_dtype(dtype) if dtype is not None else _infer_dtype(data, arr)
+        out = from_array(cast_array(_fitted(arr, dt, "tensor"), dt.np), dt)
     if device is not None and as_device(device) is not cpu:
         out = out.to(as_device(device))
     return out.requires_grad_(True) if requires_grad else out
@@ -609,14 +695,35 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
         return data.to(dtype=as_dtype(dtype) if dtype else data.dtype, device=device or data.device)
     if isinstance(data, np.ndarray) and device in (None, "cpu", cpu):
         if dtype is None or as_dtype(dtype).np == data.dtype:
-            return from_array(data)
+            _warn_if_read_only(data, "as_tensor")
+            return from_array(_supported(data, "as_tensor"))
     return tensor(data, dtype=dtype, device=device)
+
+
+def _supported(array: np.ndarray, op: str) -> np.ndarray:
+    """``array``, if tilewise has its dtype; else torch's TypeError, naming the dtypes that work."""
+    if array.dtype not in _NUMPY_DTYPES:
+        from tilewise import dtypes
+
+        raise TypeError(f"{op}(): can't convert a numpy array of dtype {array.dtype}; the supported dtypes are "
+                        f"{', '.join(d.name for d in dtypes.ALL)} (convert with array.astype(...) first)")
+    return array
+
+
+def _warn_if_read_only(array: np.ndarray, op: str) -> None:
+    if not array.flags.writeable:
+        import warnings
+
+        warnings.warn(f"{op}(): the given numpy array is not writable; the tensor shares its memory, so writing to "
+                      "the tensor will raise. Copy the array first (array.copy() or tilewise.tensor(array)) to get a "
+                      "writable tensor.", UserWarning, stacklevel=3)
 
 
 def from_numpy(array: np.ndarray) -> Tensor:
     if not isinstance(array, np.ndarray):
         raise TypeError(f"from_numpy(): expected np.ndarray, got {type(array).__name__}")
-    t = from_array(array)
+    _warn_if_read_only(array, "from_numpy")
+    t = from_array(_supported(array, "from_numpy"))
     if not np.shares_memory(t._np(), array) and array.size:
         raise ValueError("from_numpy(): arrays with negative strides are not supported; use array.copy() first")
     return t

@@ -14,6 +14,13 @@ def binary(shape_a=(3, 4), shape_b=(3, 4), scalar=True):
     return lambda: samples
 
 
+def integer_division():
+    """Integer dividends of both signs over positive, negative and scalar divisors (never zero)."""
+    return [Sample((T((3, 4), "int", -9, 9), T((3, 4), "int", 1, 4)), name="int"),
+            Sample((T((3, 4), "int", -9, 9), T((4,), "int", -4, -1)), name="int-negative-divisor"),
+            Sample((T((3, 4), "int", -9, 9), -3), name="int-scalar")]
+
+
 def unary(kind="float", low=-2.0, high=2.0):
     return lambda: [Sample((T((3, 4), kind, low, high),)), Sample((T((), kind, low, high),), name="0-dim"),
                     Sample((T((2, 3, 5), kind, low, high),), name="3d")]
@@ -44,14 +51,17 @@ OPINFOS += [
     OpInfo("divide", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2)), {"rounding_mode": "floor"}),
                               Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2)), {"rounding_mode": "trunc"}),
                               Sample((T((3, 4), "int", -9, 9), T((3, 4), "int", 1, 4)), {"rounding_mode": "trunc"}),
-                              Sample((T((3, 4), "int", -9, 9), T((3, 4), "int", 1, 4)), {"rounding_mode": "floor"})]),
+                              Sample((T((3, 4), "int", -9, 9), T((3, 4), "int", 1, 4)), {"rounding_mode": "floor"}),
+                              Sample((T((3, 4), "int", -9, 9), T((4,), "int", -4, -1)), {"rounding_mode": "trunc"}),
+                              Sample((T((3, 4), "int", -9, 9), -3), {"rounding_mode": "trunc"})]),
     OpInfo("maximum", binary(scalar=False)), OpInfo("minimum", binary(scalar=False)),
     OpInfo("atan2", binary(scalar=False)),
-    OpInfo("remainder", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2)))]),
-    OpInfo("fmod", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2)))]),
+    OpInfo("remainder", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2))), *integer_division()]),
+    OpInfo("fmod", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2))), *integer_division()]),
     OpInfo("pow", lambda: [Sample((T((3, 4), "positive", 0.5, 2), T((3, 4)))), Sample((T((3, 4)), 2)),
                            Sample((T((3, 4), "positive", 0.5, 2), 0.5))]),
-    OpInfo("floor_divide", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2)))], grad=False),
+    OpInfo("floor_divide", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.5, 2))), *integer_division()],
+           grad=False),
     OpInfo("copysign", binary(scalar=False)),
     OpInfo("lerp", lambda: [Sample((T((3, 4)), T((3, 4)), T((3, 4), "prob"))), Sample((T((3, 4)), T((4,)), 0.3)),
                             Sample((T((3, 4)), T((4,)), 0.8), name="large-weight")]),

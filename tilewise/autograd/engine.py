@@ -50,6 +50,23 @@ def _reaching(roots: list[Node], targets: set[Node]) -> set[Node]:
     return {n for n, ok in reaches.items() if ok}
 
 
+def _hook_result(hook, grad: Tensor, new):
+    """A tensor hook's replacement gradient, which must be a tensor like the one it was given (torch's rule)."""
+    name = getattr(hook, "__name__", type(hook).__name__)
+    if not isinstance(new, Tensor):
+        raise TypeError(f"hook '{name}' returned {type(new).__name__}; a tensor hook must return None or a tensor of "
+                        f"the gradient's shape {list(grad.shape)} and dtype {grad.dtype.name}")
+    if new.shape != grad.shape:
+        raise RuntimeError(f"hook '{name}' has changed the size of value: the gradient of shape {list(grad.shape)} "
+                           f"was replaced by one of shape {list(new.shape)}")
+    if new.dtype is not grad.dtype:
+        raise RuntimeError(f"hook '{name}' has changed the type of value (was {grad.dtype.name} got "
+                           f"{new.dtype.name})")
+    if new.device != grad.device:
+        raise RuntimeError(f"hook '{name}' has changed the device of value (was {grad.device} got {new.device})")
+    return new
+
+
 def _run_hooks(node: Node, grads: list) -> list:
     for nr, hooks in node.pre_hooks.items():
         for hook in list(hooks):
@@ -57,7 +74,7 @@ def _run_hooks(node: Node, grads: list) -> list:
                 continue
             new = hook(grads[nr])
             if new is not None:
-                grads[nr] = new
+                grads[nr] = _hook_result(hook, grads[nr], new)
     for nr, ref in node.retained.items():
         t = ref()
         if t is not None and grads[nr] is not None:
@@ -70,7 +87,7 @@ def _leaf_hooks(t: Tensor, grad):
     for hook in list(t._hooks or ()):
         new = hook(grad)
         if new is not None:
-            grad = new
+            grad = _hook_result(hook, grad, new)
     return grad
 
 

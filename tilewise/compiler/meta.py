@@ -151,14 +151,14 @@ def _copy(op, args, device):
 def _index(op, args, device):
     """gather/scatter and the backward of a view: their result types follow from their operands' shapes (the
     kernels' own dim and dtype checks run here too), so the CPU kernel need not run on full-size stand-ins."""
-    from tilewise.backends.cpu.kernels import check_gather_shapes
+    from tilewise.ops.indexing import check_gather_shapes
 
     name = op.name
     if name == "gather":
         check_gather_shapes(args[0], args[1], args[2], name)
         return TensorType(args[2]._shape, args[0]._dtype, device)
     if name in ("scatter", "scatter_add") and type(args[2]) is Tensor:
-        check_gather_shapes(args[0], args[1], args[2], name)
+        check_gather_shapes(args[0], args[1], args[2], name, args[3] if type(args[3]) is Tensor else None)
         return TensorType(args[0]._shape, args[0]._dtype, device)
     if name == "view_scatter_add":
         return TensorType(tuple(args[1]), args[0]._dtype, device)

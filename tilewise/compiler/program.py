@@ -25,13 +25,15 @@ from functools import partial
 import numpy as np
 
 from tilewise._stages import stage
+from tilewise.backends.cpu.render import zero_division_error
 from tilewise.compiler.autotune import Pending, Sampler, Tuner, choose, clobbered, default_decisions, renamed
 from tilewise.compiler.ir import Graph, Node, checked, format_graph
 from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry, lower
 from tilewise.compiler.passes.epilogues import gemm_epilogues
-from tilewise.compiler.passes.fusion import fuse
+from tilewise.compiler.passes.fusion import FusedKernel, fuse
 from tilewise.compiler.passes.memory import MemoryPlan, plan_memory, steps_of
 from tilewise.compiler.render.c import C
+from tilewise.compiler.render.cstyle import ZERO_DIVISION_FLAG
 from tilewise.compiler.render.fused import render_program
 from tilewise.compiler.schedule import KernelSchedule, schedule
 from tilewise.compiler.toolchain.cc import c_flags, compiler_version, default_c_cache, host_cpu
@@ -82,16 +84,36 @@ def strided_tensor(array: np.ndarray, value: Node, geom: tuple) -> Tensor:
     return Tensor._make(Storage(array, cpu, dtype, array.shape[0]), tuple(shape), tuple(strides), offset, dtype, cpu)
 
 
+INTEGER_DIVISIONS = ("floor_divide", "remainder", "fmod", "div")  # operators that may divide integers by zero
+
+
+def integer_divisions(fused: FusedKernel) -> tuple[tuple[str, str], ...]:
+    """(operator, dtype) of each integer division a fused kernel runs (their C helpers flag a zero divisor)."""
+    found = ((m.op, m.type.dtype.name) for g in fused.groups for m in g.members
+             if m.op in INTEGER_DIVISIONS and not m.type.dtype.is_floating_point)
+    return tuple(dict.fromkeys(found))
+
+
 class KernelStep:
-    def __init__(self, kernel: Kernel, function, buffers: list[int]):
+    """One call of a generated kernel. ``divisions``: the integer-dividing operators it runs, after which it
+    reads its library's zero-division flag (see [Note: integer division] in ``render/cstyle``)."""
+
+    def __init__(self, kernel: Kernel, function, buffers: list[int], library=None,
+                 divisions: tuple[tuple[str, str], ...] = ()):
         self.kernel = kernel
         self.function = function
         self.buffers = buffers
+        self.divisions = divisions
+        self.zero_division = ctypes.c_int.in_dll(library, ZERO_DIVISION_FLAG) if divisions else None
         function.argtypes = [ctypes.c_void_p] * len(buffers)
         function.restype = None
 
     def run(self, arrays: list, pointers: list) -> None:
         self.function(*[pointers[b] for b in self.buffers])
+        if self.zero_division is not None and self.zero_division.value:
+            self.zero_division.value = 0
+            ops, dtypes = zip(*self.divisions)
+            raise zero_division_error("/".join(dict.fromkeys(ops)), "/".join(dict.fromkeys(dtypes)))
 
     def describe(self) -> str:
         return f"kernel {self.kernel.name}({', '.join(f'b{b}' for b in self.buffers)})"
@@ -349,7 +371,8 @@ def _steps(fused: Graph, plan: MemoryPlan, kernels: dict[Node, Kernel], library)
     for node, results in _step_nodes(fused):
         if node.op == "fused":
             kernel = kernels[node]
-            steps.append(KernelStep(kernel, getattr(library, kernel.name), [plan.of[v] for v in kernel.values]))
+            steps.append(KernelStep(kernel, getattr(library, kernel.name), [plan.of[v] for v in kernel.values],
+                                    library, integer_divisions(node.args[0])))
         elif node in plan.cat_copies:  # a cat in place copies only the inputs not written into it
             steps += [CopyStep(src, plan.of[buffer_of(src)], plan.of[node], byte)
                       for src, byte in plan.cat_copies[node]]
@@ -430,14 +453,15 @@ class HostTuning:
         named = {name: [f"{name}__c{k}" for k in range(len(p.candidates))] for name, p in pending.items()}
         scheds = [renamed(c, n) for name, p in pending.items() for c, n in zip(p.candidates, named[name])]
         library = default_c_cache().load(render_program(scheds, C))
-        return {name: [getattr(library, n) for n in names] for name, names in named.items()}
+        return {name: [(getattr(library, n), library) for n in names] for name, names in named.items()}
 
     def step(self, step: KernelStep, sched: KernelSchedule, function) -> KernelStep:
-        return KernelStep(step.kernel, function, step.buffers)
+        function, library = function
+        return KernelStep(step.kernel, function, step.buffers, library, step.divisions)
 
     def finish(self, program: Program) -> None:
         program.source = render_program(program.schedules, C)
         library = default_c_cache().load(program.source)
-        program.steps = [KernelStep(s.kernel, getattr(library, s.kernel.name), s.buffers)
+        program.steps = [KernelStep(s.kernel, getattr(library, s.kernel.name), s.buffers, library, s.divisions)
                          if isinstance(s, KernelStep) else s for s in program.steps]
         log_program(program)

@@ -54,6 +54,11 @@ def _binary_dunder(fn):
     return dunder
 
 
+def _reverses_operands(op) -> bool:
+    """rsub, rdiv, rpow: operators declared with their operands already swapped (their dunders call them as is)."""
+    return op.name.startswith("r") and op.name[1:] in OVERLOADS
+
+
 def _inplace_allowed(overloads) -> bool:
     first = overloads[0]
     default = first.kind == "pointwise" and first.differentiable is not None
@@ -85,7 +90,7 @@ def build_api() -> dict:
     for op in OPS.values():
         for dunder in op.attrs.get("dunder", ()):
             fn = public_function(op.name)
-            reflected = dunder.startswith("r") and not op.name.startswith("r") and dunder not in ("rshift",)
+            reflected = dunder.startswith("r") and not _reverses_operands(op) and dunder not in ("rshift",)
             method = _swapped(fn) if reflected else fn
             setattr(Tensor, f"__{dunder}__", _binary_dunder(method) if len(op.tensor_idx) >= 2 else method)
     _attach_special_methods(functions)
@@ -106,7 +111,7 @@ def _attach_special_methods(functions: dict) -> None:
     Tensor.mH = Tensor.mT
     Tensor.H = property(lambda self: self.t())
     Tensor.copy_ = make_copy_()
-    for method in creation.INPLACE_FILLS:
+    for method in creation.INPLACE_FILLS + creation.NEW_LIKE:
         setattr(Tensor, method.__name__, method)
 
 

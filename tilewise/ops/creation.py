@@ -13,9 +13,10 @@ import math
 from numbers import Number
 
 from tilewise.device import Device, as_device
-from tilewise.dtypes import DType, as_dtype, get_default_dtype, scalar_dtype
+from tilewise.dtypes import DType, as_dtype, checked_scalar, get_default_dtype, scalar_dtype
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.registry import declare
+from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
 from tilewise.tensor import Tensor, check_pinnable
 
 # ---------------------------------------------------------------- declarations
@@ -190,6 +191,23 @@ def _size(size: tuple, name: str) -> tuple[int, ...]:
     return tuple(size)
 
 
+_MAX_BYTES = (1 << 63) - 1
+
+
+def _allocate(factory: str, size: tuple, dtype: DType, make):
+    """``make()``, naming the factory and the tensor it makes when memory runs out (the backend can name only
+    its operator)."""
+    if math.prod(size) * dtype.itemsize > _MAX_BYTES:
+        raise RuntimeError(f"{factory}(): Storage size calculation overflowed with sizes={list(size)}: a {dtype.name} "
+                           f"tensor of that shape would take {math.prod(size) * dtype.itemsize} bytes, more than any "
+                           "address space holds")
+    try:
+        return make()
+    except HostOutOfMemoryError:
+        raise out_of_host_memory(f"{factory}()", math.prod(size) * dtype.itemsize, f"for a tensor of shape "
+                                 f"{list(size)} and dtype {dtype.name}") from None
+
+
 def _finish(t: Tensor, requires_grad: bool) -> Tensor:
     return t.requires_grad_(True) if requires_grad else t
 
@@ -216,13 +234,24 @@ def empty(*size, dtype=None, device=None, requires_grad: bool = False, pin_memor
     return _empty("empty", _size(size, "empty"), dtype, device, requires_grad, pin_memory)
 
 
+def _require_number(factory: str, name: str, value) -> None:
+    if not isinstance(value, (Number, Tensor)) or isinstance(value, complex):
+        raise TypeError(f"{factory}(): argument '{name}' must be a number (bool, int or float), got "
+                        f"{type(value).__name__} {value!r}")
+
+
 def _full(factory: str, size: tuple, fill_value, dtype, device, requires_grad: bool, pin_memory: bool) -> Tensor:
+    _require_number(factory, "fill_value", fill_value)
+    if isinstance(fill_value, Tensor):  # a one-element tensor is a Scalar, as in torch
+        fill_value = fill_value.item()
     if dtype is None:
         d = scalar_dtype(fill_value)
         dtype = get_default_dtype() if d.is_floating_point else d
+    fill_value = checked_scalar(fill_value, as_dtype(dtype), factory)
     if pin_memory:
         check_pinnable(_target(device), factory)
-    out = _call("full", tuple(size), fill_value, dtype=as_dtype(dtype), device=device)
+    size, dtype = tuple(size), as_dtype(dtype)
+    out = _allocate(factory, size, dtype, lambda: _call("full", size, fill_value, dtype=dtype, device=device))
     return _finish(out.pin_memory() if pin_memory else out, requires_grad)
 
 
@@ -230,7 +259,9 @@ def _empty(factory: str, size: tuple, dtype, device, requires_grad: bool, pin_me
     """With ``pin_memory`` the tensor is allocated in page-locked memory directly (nothing to copy)."""
     dtype = as_dtype(dtype or get_default_dtype())
     if not pin_memory:
-        return _finish(_call("empty", tuple(size), dtype=dtype, device=device), requires_grad)
+        size = tuple(size)
+        out = _allocate(factory, size, dtype, lambda: _call("empty", size, dtype=dtype, device=device))
+        return _finish(out, requires_grad)
     from tilewise.backends import backend_for
 
     check_pinnable(_target(device), factory)
@@ -274,19 +305,32 @@ def empty_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = Fals
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     if end is None:
         start, end = 0, start
-    if step == 0:
-        raise RuntimeError("arange(): step must be nonzero")
+    for name, value in (("start", start), ("end", end), ("step", step)):
+        _require_number("arange", name, value)
+    start, end, step = (v.item() if isinstance(v, Tensor) else v for v in (start, end, step))
+    if step == 0 or step != step:
+        raise RuntimeError(f"arange(): step must be nonzero, got step={step}")
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise RuntimeError(f"arange(): unsupported range: {start} -> {end}; start and end must be finite")
     if (end - start) * step < 0:
-        raise RuntimeError(f"arange(): upper bound and larger bound inconsistent with step sign: start={start}, "
+        raise RuntimeError(f"arange(): upper bound and lower bound inconsistent with step sign: start={start}, "
                            f"end={end}, step={step}")
     if dtype is None:
-        is_float = any(isinstance(v, float) or (isinstance(v, Tensor) and v.dtype.is_floating_point)
-                       for v in (start, end, step))
         from tilewise import dtypes
 
-        dtype = get_default_dtype() if is_float else dtypes.int64
-    vals = [v.item() if isinstance(v, Tensor) else v for v in (start, end, step)]
-    return _finish(_call("arange", *vals, dtype=as_dtype(dtype), device=device), requires_grad)
+        dtype = get_default_dtype() if any(isinstance(v, float) for v in (start, end, step)) else dtypes.int64
+    dtype = as_dtype(dtype)
+    if not dtype.is_floating_point:  # the range is computed in int64, whatever the dtype (torch's rule)
+        from tilewise import dtypes
+
+        for v in (start, end, step):
+            checked_scalar(v, dtypes.int64, "arange()")
+    length = math.ceil((end - start) / step)
+    if length >= 1 << 63:
+        raise RuntimeError(f"arange(): invalid size, possible overflow? {start} -> {end} in steps of {step} would "
+                           f"hold {length} elements")
+    out = _allocate("arange", (length,), dtype, lambda: _call("arange", start, end, step, dtype=dtype, device=device))
+    return _finish(out, requires_grad)
 
 
 def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -297,18 +341,38 @@ def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: 
 
 
 def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    for name, value in (("n", n), ("m", m)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise TypeError(f"eye(): {name} must be an int, got {type(value).__name__} {value!r}")
+        if value is not None and value < 0:
+            raise RuntimeError(f"eye(): {name} must be greater or equal to 0, got {value}")
     return _finish(_call("eye", n, m, dtype=as_dtype(dtype or get_default_dtype()), device=device), requires_grad)
 
 
+def _require_floating(factory: str, dtype: DType) -> None:
+    if not dtype.is_floating_point:
+        raise NotImplementedError(f"{factory}(): random floating samples cannot be drawn into a {dtype.name} tensor; "
+                                  "give a floating dtype (randint draws integers)")
+
+
+def _require_non_negative_std(factory: str, std) -> None:
+    if isinstance(std, Number) and not std >= 0:
+        raise RuntimeError(f"{factory}: normal expects std >= 0.0, but found std {std}")
+
+
 def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    out = _call("uniform", _size(size, "rand"), 0.0, 1.0, dtype=as_dtype(dtype or get_default_dtype()),
-                device=device, generator=generator)
+    size, dtype = _size(size, "rand"), as_dtype(dtype or get_default_dtype())
+    _require_floating("rand", dtype)
+    out = _allocate("rand", size, dtype, lambda: _call("uniform", size, 0.0, 1.0, dtype=dtype, device=device,
+                                                        generator=generator))
     return _finish(out, requires_grad)
 
 
 def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    out = _call("normal_sample", _size(size, "randn"), dtype=as_dtype(dtype or get_default_dtype()), device=device,
-                generator=generator)
+    size, dtype = _size(size, "randn"), as_dtype(dtype or get_default_dtype())
+    _require_floating("randn", dtype)
+    out = _allocate("randn", size, dtype, lambda: _call("normal_sample", size, dtype=dtype, device=device,
+                                                         generator=generator))
     return _finish(out, requires_grad)
 
 
@@ -350,6 +414,7 @@ def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: 
 
 
 def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None) -> Tensor:
+    _require_non_negative_std("normal", std)
     if isinstance(mean, Tensor) or isinstance(std, Tensor):
         ref = mean if isinstance(mean, Tensor) else std
         shape = size if size is not None else ref.shape
@@ -369,7 +434,10 @@ def _fill_from(self: Tensor, values: Tensor) -> Tensor:
 
 
 def fill_(self: Tensor, value) -> Tensor:
-    return self.copy_(value.expand(self.shape) if isinstance(value, Tensor) else full_like(self, value))
+    _require_number("fill_", "value", value)
+    if isinstance(value, Tensor):
+        return self.copy_(value.expand(self.shape))
+    return self.copy_(full_like(self, checked_scalar(value, self.dtype, "fill_")))
 
 
 def zero_(self: Tensor) -> Tensor:
@@ -377,11 +445,16 @@ def zero_(self: Tensor) -> Tensor:
 
 
 def uniform_(self: Tensor, a: float = 0.0, b: float = 1.0, *, generator=None) -> Tensor:
+    _require_floating("uniform_", self.dtype)
+    if a > b:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={a} > to={b}")
     return _fill_from(self, _call("uniform", self.shape, float(a), float(b), dtype=self.dtype, device=self.device,
                                   generator=generator))
 
 
 def normal_(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator=None) -> Tensor:
+    _require_floating("normal_", self.dtype)
+    _require_non_negative_std("normal_", std)
     return _fill_from(self, randn(self.shape, dtype=self.dtype, device=self.device, generator=generator) * std + mean)
 
 
@@ -391,6 +464,9 @@ def bernoulli_(self: Tensor, p=0.5, *, generator=None) -> Tensor:
 
 
 def exponential_(self: Tensor, lambd: float = 1.0, *, generator=None) -> Tensor:
+    _require_floating("exponential_", self.dtype)
+    if not lambd > 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
     u = rand(self.shape, dtype=self.dtype, device=self.device, generator=generator)
     return _fill_from(self, -(1 - u).log() / lambd)
 
@@ -402,6 +478,43 @@ def random_(self: Tensor, low: int = 0, high: int | None = None, *, generator=No
 
 
 INPLACE_FILLS = (fill_, zero_, uniform_, normal_, bernoulli_, exponential_, random_)
+
+
+# ---------------------------------------------------------------- new tensors like self (Tensor methods)
+
+def new_zeros(self: Tensor, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A zero tensor of ``size`` with ``self``'s dtype and device unless given.
+
+    >>> tw.ones(2, dtype=tw.int8).new_zeros(3)
+    tensor([0, 0, 0], dtype=tilewise.int8)
+    """
+    dt, dev = _like(self, dtype, device)
+    return _full("new_zeros", _size(size, "new_zeros"), 0, dt, dev, requires_grad, False)
+
+
+def new_ones(self: Tensor, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    dt, dev = _like(self, dtype, device)
+    return _full("new_ones", _size(size, "new_ones"), 1, dt, dev, requires_grad, False)
+
+
+def new_full(self: Tensor, size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    dt, dev = _like(self, dtype, device)
+    return _full("new_full", _size((size,), "new_full"), fill_value, dt, dev, requires_grad, False)
+
+
+def new_empty(self: Tensor, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    dt, dev = _like(self, dtype, device)
+    return _empty("new_empty", _size(size, "new_empty"), dt, dev, requires_grad, False)
+
+
+def new_tensor(self: Tensor, data, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    from tilewise.tensor import tensor
+
+    dt, dev = _like(self, dtype, device)
+    return tensor(data, dtype=dt, device=dev, requires_grad=requires_grad)
+
+
+NEW_LIKE = (new_zeros, new_ones, new_full, new_empty, new_tensor)
 
 
 def to_device(x: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None) -> Tensor:

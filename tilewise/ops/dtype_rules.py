@@ -91,8 +91,31 @@ def floating_only(op, args) -> tuple[DType, DType]:
 
 
 def where_rule(op, args) -> tuple[DType, DType]:
-    out = result_type(*_operands(op, args)[1:])
+    condition = args[op.tensor_idx[0]]
+    if getattr(condition, "dtype", dtypes.bool_) not in (dtypes.bool_, dtypes.uint8):
+        raise RuntimeError(f"{op.name} expected condition to be a boolean tensor, but got a tensor with dtype "
+                           f"{condition.dtype.name}; compare it (e.g. condition != 0) to make a mask")
+    values = _operands(op, args)[1:]
+    out = result_type(*values)
+    _check_numbers_fit(op, values, out)
     return out, compute_dtype(out)
+
+
+def clamp_rule(op, args) -> tuple[DType, DType]:
+    """torch's promotion over the input and its bounds; a bound given as a number must fit the result."""
+    operands = _operands(op, args)
+    if len(operands) == 1:
+        raise RuntimeError(f"{op.name}: At least one of 'min' or 'max' must not be None")
+    out = result_type(*operands)
+    _check_numbers_fit(op, operands[1:], out)
+    return out, compute_dtype(out)
+
+
+def _check_numbers_fit(op, operands, dtype: DType) -> None:
+    """Python numbers that become elements of the result must fit its dtype (see [Note: scalar overflow])."""
+    for value in operands:
+        if type(value) in (int, float):
+            dtypes.checked_scalar(value, dtype, op.name)
 
 
 def first_input(op, args) -> tuple[DType, DType]:
@@ -128,3 +151,19 @@ def fixed(dtype: DType):
 def logical_from_input(op, args) -> tuple[DType, DType]:
     """isnan/isinf/signbit: a bool result computed in the input's own precision."""
     return dtypes.bool_, compute_dtype(result_type(*_operands(op, args)))
+
+
+def checked_scalar_argument(op, name: str, value, out: DType):
+    """A Scalar argument (add's ``alpha``, addcmul's ``value``, threshold's ``value``...) as the result's dtype
+    holds it, with torch's errors: a floating or bool ``alpha`` for an integer result, a value that does not fit
+    (see [Note: scalar overflow])."""
+    if type(value) not in (int, float, bool):
+        return value
+    if name == "alpha" and not out.is_floating_point:
+        if isinstance(value, float):
+            raise RuntimeError(f"{op.name}: For integral input tensors, argument alpha must not be a floating point "
+                               f"number (got alpha={value}, result dtype {out.name})")
+        if isinstance(value, bool) and out is not dtypes.bool_:
+            raise RuntimeError(f"{op.name}: Boolean alpha only supported for Boolean results (got alpha={value}, "
+                               f"result dtype {out.name})")
+    return dtypes.checked_scalar(value, out, op.name) if out.category == dtypes.INT else value

@@ -20,7 +20,7 @@ UNARY = (
     "floor", "ceil", "round", "trunc", "logical_not", "bitwise_not", "isnan", "isinf", "signbit",
 )
 BINARY = (
-    "add", "sub", "mul", "div", "floordiv", "mod", "fmod", "pow", "maximum", "minimum", "atan2",
+    "add", "sub", "mul", "div", "floordiv", "truncdiv", "mod", "fmod", "pow", "maximum", "minimum", "atan2",
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
     "bitwise_and", "bitwise_or", "bitwise_xor", "lshift", "rshift", "copysign",
 )

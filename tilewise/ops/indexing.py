@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from numbers import Number
 
+from tilewise import _strides as S
+from tilewise.dtypes import checked_scalar
 from tilewise.ops import dtype_rules as R
+from tilewise.ops.inplace import read_only_error, shares_read_only_array
 from tilewise.ops.registry import declare
 from tilewise.tensor import Tensor
 
@@ -46,11 +49,35 @@ def _masked_fill(self, mask, value):
                            f"{value.ndim} dimension(s)")
     if isinstance(value, Tensor):
         value = value.to(self.dtype)
-    elif isinstance(value, Number) and not self.dtype.is_floating_point and isinstance(value, float):
-        raise RuntimeError(f"masked_fill: value {value} cannot be converted to {self.dtype} without overflow")
+    elif isinstance(value, Number):
+        value = checked_scalar(value, self.dtype, "masked_fill")
     where = OVERLOADS["where"][0]
     out = where(mask, value, self)
     return out if out.dtype is self.dtype else out.to(self.dtype)
+
+
+def check_gather_shapes(self, dim, index, op, src=None) -> int:
+    """gather/scatter's checks of dims, sizes and dtypes (what the compiler can check before values exist); the
+    normalised dim. torch's rule: the index is no larger than ``self`` along every dim but ``dim`` (and, for a
+    scatter, no larger than ``src`` along every dim)."""
+    d = S.normalize_dim(dim, max(self.ndim, 1), op)
+    if index.dtype.name != "int64":
+        raise RuntimeError(f"{op}(): Expected dtype int64 for index, got {index.dtype}")
+    if index.ndim != self.ndim:
+        raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as input tensor "
+                           f"({index.ndim} vs {self.ndim})")
+    too_large = any(n > m for k, (n, m) in enumerate(zip(index.shape, self.shape)) if k != d)
+    src_shape = getattr(src, "shape", None)
+    if src_shape is not None and len(src_shape) == index.ndim:
+        too_large = too_large or any(n > m for n, m in zip(index.shape, src_shape))
+    elif src_shape is not None and len(src_shape):
+        raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as src tensor "
+                           f"({index.ndim} vs {len(src_shape)})")
+    if too_large:
+        also = f" and to be no larger size than src {list(src_shape)}" if src_shape is not None else ""
+        raise RuntimeError(f"{op}(): Expected index {list(index.shape)} to be no larger than self {list(self.shape)} "
+                           f"apart from dimension {d}{also}")
+    return d
 
 
 # ---------------------------------------------------------------------------- __getitem__ / __setitem__
@@ -182,6 +209,10 @@ def _trim(advanced: list) -> tuple:
 def setitem(x: Tensor, item, value) -> None:
     from tilewise.dispatch import STATE
 
+    if isinstance(value, Number):
+        value = checked_scalar(value, x.dtype, "setitem")
+    if shares_read_only_array(x):
+        raise read_only_error("setitem", x)
     needs_graph = STATE.grad_enabled and (x.requires_grad or (isinstance(value, Tensor) and value.requires_grad))
     view, advanced = parse_index(x, item)
     if advanced is None and _same_view(view, value):

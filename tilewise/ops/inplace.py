@@ -77,6 +77,18 @@ def make_inplace(fn, name: str):
     return inplace
 
 
+def shares_read_only_array(t: Tensor) -> bool:
+    """Whether ``t``'s memory is a numpy array marked read-only (from_numpy/as_tensor of one)."""
+    flags = getattr(getattr(t._storage, "data", None), "flags", None)
+    return flags is not None and not flags.writeable
+
+
+def read_only_error(name: str, t: Tensor) -> RuntimeError:
+    return RuntimeError(f"{name}: cannot write into a tensor of shape {list(t._shape)} whose memory is a read-only "
+                        "numpy array (given to from_numpy or as_tensor); copy it first, e.g. tilewise.tensor(array) "
+                        "or array.copy()")
+
+
 def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False) -> Tensor:
     """Write ``result`` into ``self`` and hand it ``result``'s autograd identity."""
     from tilewise.ops.registry import OPS
@@ -98,6 +110,10 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
     STATE.grad_enabled = False
     try:
         OPS["_write_"](self, result)
+    except ValueError:
+        if shares_read_only_array(self):
+            raise read_only_error(name, self) from None
+        raise
     finally:
         STATE.grad_enabled = prev
     if prev and result._requires_grad:

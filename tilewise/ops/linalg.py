@@ -5,6 +5,7 @@ from __future__ import annotations
 from tilewise import _strides as S
 from tilewise.dtypes import compute_dtype
 from tilewise.ops.registry import OPS, declare
+from tilewise.tensor import Tensor
 
 
 def check_mm_shapes(op: str, a, b) -> None:
@@ -43,6 +44,10 @@ declare("bmm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operan
 
 
 def _check_matmul(a, b):
+    for name, x in (("self", a), ("other", b)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"matmul: argument '{name}' must be a Tensor, got {type(x).__name__} {x!r} (use * to "
+                            "multiply by a number)")
     sa, sb = a.shape, b.shape
     if len(sa) >= 2 and len(sb) >= 2 and sa[-1] == sb[-2]:
         return  # the common case
@@ -131,8 +136,15 @@ declare("_mm_gelu_backward(Tensor mat1, Tensor mat2, Tensor preactivation) -> Te
         "composite", decomposition=_mm_gelu_backward, method=False)
 declare("baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
         decomposition=lambda s, b1, b2, beta=1, alpha=1: s * beta + b1.bmm(b2) * alpha, autocast="lower")
-declare("outer(Tensor self, Tensor vec2) -> Tensor", "composite",
-        decomposition=lambda a, b: a.unsqueeze(1) * b.unsqueeze(0), aliases=("ger",))
+def _outer(a, b):
+    if a.ndim != 1 or b.ndim != 1:
+        which, other = ("self", a) if a.ndim != 1 else ("vec2", b)
+        raise RuntimeError(f"outer: Expected 1-D argument {which}, but got {other.ndim}-D (shapes {list(a.shape)} and "
+                           f"{list(b.shape)})")
+    return a.unsqueeze(1) * b.unsqueeze(0)
+
+
+declare("outer(Tensor self, Tensor vec2) -> Tensor", "composite", decomposition=_outer, aliases=("ger",))
 
 
 def _dot(a, b):

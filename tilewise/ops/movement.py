@@ -20,7 +20,7 @@ from numbers import Number
 
 from tilewise import _strides as S
 from tilewise.dispatch import values_readable
-from tilewise.dtypes import result_type
+from tilewise.dtypes import checked_scalar, result_type
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
@@ -32,8 +32,8 @@ def composite(schema: str, decomposition, **attrs):
 
 
 def _check_tensors(tensors, op: str) -> tuple:
-    if not tensors:
-        raise RuntimeError(f"{op}(): expected a non-empty list of Tensors")
+    if not tensors:  # torch: cat raises ValueError, stack RuntimeError
+        raise (ValueError if op == "cat" else RuntimeError)(f"{op}(): expected a non-empty list of Tensors")
     for k, t in enumerate(tensors):
         if not isinstance(t, Tensor):
             raise TypeError(f"{op}(): expected a sequence of Tensors, but element {k} is {type(t).__name__} {t!r}")
@@ -234,7 +234,7 @@ def _constant_pad(x: Tensor, pairs, value) -> Tensor:
         shape[d] += max(before, 0) + max(after, 0)
     strides = S.contiguous_strides(shape)
     offset = sum(max(before, 0) * strides[d] for d, before, _ in pairs)
-    filled = full(shape, value, dtype=x.dtype, device=x.device)
+    filled = full(shape, checked_scalar(value, x.dtype, "pad"), dtype=x.dtype, device=x.device)
     return OPS["view_scatter"](filled, x, tuple(x.shape), strides, offset)
 
 
@@ -460,7 +460,7 @@ def _index_fill(self, dim, index, value):
         raise RuntimeError(f"index_fill(): only supports a 0-dimensional value tensor, but got a tensor of shape "
                            f"{list(value.shape)}")
     x, _, key = _along(self, dim, index, "index_fill")
-    fill = value.to(x.dtype) if isinstance(value, Tensor) else value
+    fill = value.to(x.dtype) if isinstance(value, Tensor) else checked_scalar(value, x.dtype, "index_fill")
     with _index_errors_named("index_fill"):
         return OPS["index_put"](x, key, fill, False).reshape(self.shape)
 

@@ -358,6 +358,13 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     if input.ndim not in (3, 4, 5):
         raise ValueError(f"{op}: expected a 3D, 4D or 5D input (N, C, *spatial), got {list(input.shape)}")
     sizes, scales = _interpolate_sizes(op, input, size, scale_factor, recompute_scale_factor)
+    if min(sizes, default=1) <= 0 or min(input.shape[2:], default=1) <= 0:
+        names = "DHW"[-len(sizes):]
+        given = ", ".join(f"{a}: {n}" for a, n in zip(names, input.shape[2:]))
+        made = ", ".join(f"{a}: {n}" for a, n in zip(names, sizes))
+        asked = f"size={size}" if size is not None else f"scale_factor={scale_factor}"
+        raise RuntimeError(f"{op}: Input and output sizes should be greater than 0, but got input ({given}) and "
+                           f"output ({made}) from {asked}")
     out = input
     for k, (n, o, s) in enumerate(zip(input.shape[2:], sizes, scales)):
         index = _nearest_source_index(n, o, s, input.device)

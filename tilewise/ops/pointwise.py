@@ -97,13 +97,7 @@ def _div(args, dtype):
         return a / b
     if mode == "floor":
         return a.floordiv(b)
-    return (a / b).trunc() if dtype.is_floating_point else _trunc_int_div(a, b)
-
-
-def _trunc_int_div(a, b):
-    """Integer division rounding toward zero, from floor division: add one where the signs differ and it is inexact."""
-    q = a.floordiv(b)
-    return where(q.lt(0).logical_and((q * b).ne(a)), q + 1, q)
+    return (a / b).trunc() if dtype.is_floating_point else a.truncdiv(b)
 
 
 def _div_dtype(op, args):
@@ -135,9 +129,9 @@ pointwise("rdiv(Tensor self, Tensor other) -> Tensor",
           lambda a, b: b / a, {"self": "-grad * other / (self * self)", "other": "grad / self"}, R.promote_float,
           method=False, dunder=("rtruediv",), inplace=False, autocast="fp32")
 pointwise("floor_divide(Tensor self, Tensor other) -> Tensor", lambda a, b: a.floordiv(b), None, R.numeric,
-          dunder=("floordiv",), differentiable=False)
+          dunder=("floordiv", "rfloordiv"), differentiable=False)
 pointwise("remainder(Tensor self, Tensor other) -> Tensor", lambda a, b: a.mod(b),
-          {"self": "grad", "other": "-grad * floor_divide(self, other)"}, R.numeric, dunder=("mod",))
+          {"self": "grad", "other": "-grad * floor_divide(self, other)"}, R.numeric, dunder=("mod", "rmod"))
 pointwise("fmod(Tensor self, Tensor other) -> Tensor", lambda a, b: a.fmod(b),
           {"self": "grad", "other": "-grad * trunc(self / other)"}, R.numeric)
 pointwise("pow(Tensor self, Tensor exponent) -> Tensor", lambda a, b: a ** b,
@@ -176,7 +170,7 @@ pointwise("minimum(Tensor self, Tensor other) -> Tensor", lambda a, b: a.minimum
            "other": "extremum_pair_backward(grad, self, other, other > self)"})
 pointwise("clamp(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor", None,
           {"self": "grad * clamp_mask(self, min, max)", "min": "grad * (self < min)", "max": "grad * (self > max)"},
-          aliases=("clip",), expr_builder=_clamp)
+          R.clamp_rule, aliases=("clip",), expr_builder=_clamp)
 pointwise("copysign(Tensor self, Tensor other) -> Tensor", lambda a, b: a.copysign(b),
           {"self": "grad * sign(self) * where(signbit(other), -ones_like(grad), ones_like(grad))",
            "other": "zeros_like(grad)"}, R.promote_float)

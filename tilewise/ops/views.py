@@ -75,6 +75,13 @@ def _t(shape, strides, offset):
 
 
 def _expand(shape, strides, offset, size, implicit=False):
+    lead = len(size) - len(shape)
+    for k, w in enumerate(size):
+        if w < -1 or (w == -1 and k < lead):
+            where = "a leading, non-existing dimension" if k < lead else "dimension"
+            raise RuntimeError(f"expand: the expanded size of the tensor ({w}) isn't allowed in {where} {k}: sizes "
+                               f"must be non-negative, or -1 to keep an existing dim (shape {list(shape)}, requested "
+                               f"{list(size)})")
     target = S.expanded_shape(shape, size)
     return target, S.expand_strides(shape, strides, size), offset
 

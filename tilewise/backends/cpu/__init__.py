@@ -10,6 +10,8 @@ half-precision arithmetic rounds once, at the end, like torch's CPU kernels.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from tilewise._strides import broadcast_shapes, normalize_dims
@@ -18,6 +20,7 @@ from tilewise.dtypes import ALL as ALL_DTYPES
 from tilewise.dtypes import get_default_dtype
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, inputs_of
+from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
 from tilewise.tensor import Tensor, cast_array, from_array
 
 KERNELS: dict[str, object] = {}  # operator full name -> numpy implementation taking bound arguments
@@ -35,17 +38,29 @@ def kernel(*names: str):
 
 
 def run(op, args: tuple, device):
-    kind = op.kind
-    if kind == "pointwise":
-        return run_pointwise(op, args)
-    if kind == "reduction" and op.reduce is not None:
-        return run_reduction(op, args)
-    impl = KERNELS.get(op.full_name)
-    if impl is not None:
-        return impl(*args)
-    if op.decomposition is not None:
-        return op.decomposition(*args)
+    try:
+        kind = op.kind
+        if kind == "pointwise":
+            return run_pointwise(op, args)
+        if kind == "reduction" and op.reduce is not None:
+            return run_reduction(op, args)
+        impl = KERNELS.get(op.full_name)
+        if impl is not None:
+            return impl(*args)
+        if op.decomposition is not None:
+            return op.decomposition(*args)
+    except MemoryError as exc:
+        raise out_of_memory(op.name, exc) from None
     raise NotImplementedError(f"{op.full_name}: no CPU kernel and no decomposition")
+
+
+def out_of_memory(op: str, exc: MemoryError) -> RuntimeError:
+    """torch's allocator error for an allocation numpy could not make, with its size in bytes."""
+    shape, dtype = getattr(exc, "shape", None), getattr(exc, "dtype", None)
+    if shape is None or dtype is None:
+        return HostOutOfMemoryError(f"{op}: DefaultCPUAllocator: not enough memory ({exc})")
+    return out_of_host_memory(op, math.prod(shape) * dtype.itemsize,
+                              f"for an array of shape {list(shape)} and dtype {dtype}")
 
 
 # ---------------------------------------------------------------------------- pointwise
@@ -68,7 +83,7 @@ def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
     entry = _compiled.get(key)
     if entry is None:
         expr = builder(args, compute_dtype)
-        entry = _compiled[key] = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_variant"), ())
+        entry = _compiled[key] = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_variant", op.name), ())
     return entry
 
 
@@ -78,7 +93,7 @@ def _pick_static(entry: tuple, args: tuple) -> tuple:
     if at_defaults is None:
         return fn, scalar_idx
     for k, d in zip(scalar_idx, defaults):
-        if args[k] != d:
+        if args[k] != d or type(args[k]) is not type(d):  # alpha=True is not alpha=1
             return fn, scalar_idx
     return at_defaults
 
@@ -93,7 +108,7 @@ def _static_kernels(op) -> tuple:
     at_defaults = None
     if scalar_idx and all(type(d) in (int, float) for d in defaults):
         expr = _with_constants(op.expr, {params[k].name: d for k, d in zip(scalar_idx, defaults)})
-        at_defaults = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_defaults"), ())
+        at_defaults = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_defaults", op.name), ())
     return fn, scalar_idx, defaults, at_defaults
 
 
@@ -109,7 +124,7 @@ def _with_constants(expr: Expr, values: dict) -> Expr:
     return Expr(expr.op, srcs, expr.arg)
 
 
-def _as_compute(value, np_dtype):
+def _as_compute(value, np_dtype, op):
     if type(value) is Tensor:
         a = value._np()
         return a if a.dtype is np_dtype or a.dtype == np_dtype else a.astype(np_dtype)
@@ -120,6 +135,8 @@ def _as_compute(value, np_dtype):
     try:
         return np.asarray(value, dtype=np_dtype)[()]
     except OverflowError:  # uint8_tensor + (-2): the scalar wraps to the tensor's width, as in torch
+        if type(value) is int and not -(1 << 63) <= value < 1 << 64:
+            raise OverflowError(f"{op.name}: int too big to convert: {value} does not fit in 64 bits") from None
         return np.asarray(value).astype(np_dtype)[()]
 
 
@@ -183,9 +200,10 @@ def run_pointwise(op, args: tuple):
     out_dtype, compute = _dtypes(op, args)
     cnp = compute.np
     fn, scalar_idx = pointwise_fn(op, args, compute)
-    values = [_as_compute(args[k], cnp) for k in op.tensor_idx]
+    values = [_as_compute(args[k], cnp, op) for k in op.tensor_idx]
+    names = op.schema.params
     for k in scalar_idx:
-        values.append(args[k])
+        values.append(R.checked_scalar_argument(op, names[k].name, args[k], out_dtype))
     return _result(run_quietly(fn, values), shape, out_dtype)
 
 

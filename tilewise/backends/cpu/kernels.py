@@ -7,6 +7,7 @@ import numpy as np
 from tilewise import _philox
 from tilewise.backends.cpu import kernel
 from tilewise.device import cpu
+from tilewise.ops.indexing import check_gather_shapes
 from tilewise.tensor import Tensor, cast_array, from_array
 
 
@@ -321,6 +322,9 @@ def _np_indices(self: Tensor, indices, op: str) -> tuple:
         a = idx._np()
         if a.dtype == np.bool_:
             raise RuntimeError(f"{op}: bool index tensors must be converted to positions first")
+        if a.dtype.kind not in "iu":
+            raise IndexError(f"{op}: tensors used as indices must be long, int, byte or bool tensors, got "
+                             f"{idx.dtype.name} for dimension {dim}")
         size = self.shape[dim] if dim < self.ndim else 0
         if a.size and (a.max() >= size or a.min() < -size):
             bad = int(a.max()) if a.max() >= size else int(a.min())
@@ -328,6 +332,12 @@ def _np_indices(self: Tensor, indices, op: str) -> tuple:
         out.append(a)
     if len(out) > self.ndim:
         raise IndexError(f"{op}: too many indices for tensor of dimension {self.ndim}")
+    shapes = [a.shape for a in out if not isinstance(a, slice)]
+    try:
+        np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise IndexError(f"{op}: shape mismatch: indexing tensors could not be broadcast together with shapes "
+                         f"{', '.join(str(list(s)) for s in shapes)}") from None
     return tuple(out)
 
 
@@ -355,22 +365,8 @@ def index_put(self, indices, values, accumulate=False):
     return _out(out, self.dtype)
 
 
-def check_gather_shapes(self, dim, index, op) -> int:
-    """gather/scatter's checks of dims and dtypes (what the compiler can check before values exist); the
-    normalised dim."""
-    from tilewise import _strides as S
-
-    d = S.normalize_dim(dim, max(self.ndim, 1), op)
-    if index.dtype.name != "int64":
-        raise RuntimeError(f"{op}(): Expected dtype int64 for index, got {index.dtype}")
-    if index.ndim != self.ndim:
-        raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as input tensor "
-                           f"({index.ndim} vs {self.ndim})")
-    return d
-
-
-def _check_gather_index(self, dim, index, op):
-    d = check_gather_shapes(self, dim, index, op)
+def _check_gather_index(self, dim, index, op, src=None):
+    d = check_gather_shapes(self, dim, index, op, src)
     a = index._np()
     if a.size and (a.min() < 0 or a.max() >= self.shape[d]):
         bad = int(a.min()) if a.min() < 0 else int(a.max())
@@ -388,7 +384,7 @@ def gather(self, dim, index, sparse_grad=False):
 
 
 def _scatter(self, dim, index, src, accumulate, op):
-    d, idx = _check_gather_index(self, dim, index, op)
+    d, idx = _check_gather_index(self, dim, index, op, src if isinstance(src, Tensor) else None)
     out = self._np().copy()
     values = src._np() if isinstance(src, Tensor) else np.asarray(src, dtype=out.dtype)
     values = np.broadcast_to(values, idx.shape) if values.ndim == 0 else values[tuple(slice(0, n) for n in idx.shape)]

@@ -25,7 +25,7 @@ _UNARY = {
 }
 _BINARY = {
     "add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "div": "np.true_divide",
-    "floordiv": "np.floor_divide", "mod": "np.remainder", "fmod": "np.fmod", "pow": "_pow",
+    "floordiv": "_floordiv", "truncdiv": "_truncdiv", "mod": "_mod", "fmod": "_fmod", "pow": "_pow",
     "maximum": "np.maximum", "minimum": "np.minimum", "atan2": "np.arctan2", "eq": "np.equal",
     "ne": "np.not_equal", "lt": "np.less", "le": "np.less_equal", "gt": "np.greater", "ge": "np.greater_equal",
     "logical_and": "np.logical_and", "logical_or": "np.logical_or", "logical_xor": "np.logical_xor",
@@ -40,6 +40,45 @@ def _rsqrt(x):
 
 def _reciprocal(x):
     return 1 / x
+
+
+def _zero_divisor(b) -> bool:
+    """Whether ``b`` is an integer divisor holding a zero (floating division by zero gives inf or nan)."""
+    dtype = getattr(b, "dtype", None)
+    if dtype is None or dtype.kind not in "iub":
+        return False
+    if type(b) is not np.ndarray:
+        return b == 0  # a numpy scalar
+    return np.count_nonzero(b) != b.size  # the cheapest full pass numpy has (a tenth of np.all on small arrays)
+
+
+def zero_division_error(op: str, dtype) -> RuntimeError:
+    """torch's error for an integer division by zero on the CPU, naming the operator."""
+    return RuntimeError(f"ZeroDivisionError: {op}: integer division by zero (a divisor of dtype {dtype} is 0); "
+                        "divide floating-point tensors (e.g. .double()) to get inf or nan instead")
+
+
+def _integer_checked(ufunc):
+    """``ufunc`` refusing an integer divisor of zero, as torch's CPU kernels do (numpy would give 0)."""
+    def divide(a, b, op):
+        if _zero_divisor(b) and np.broadcast(a, b).size:  # an empty result divides nothing
+            raise zero_division_error(op, np.result_type(a, b))
+        return ufunc(a, b)
+
+    divide.__name__ = f"checked_{ufunc.__name__}"
+    return divide
+
+
+def _divide_toward_zero(a, b):
+    if np.result_type(a, b).kind == "f":
+        return np.trunc(np.true_divide(a, b))
+    q, r = np.divmod(a, b)  # floor division, one pass for both
+    return q + ((r != 0) & (q < 0))  # numpy wraps INT_MIN // -1 to INT_MIN, the answer, with a remainder of 0
+
+
+_floordiv, _truncdiv, _mod, _fmod = (_integer_checked(u) for u in (np.floor_divide, _divide_toward_zero, np.remainder,
+                                                                   np.fmod))
+_DIVISIONS = ("floordiv", "truncdiv", "mod", "fmod")  # their kernels take the operator's name, for the error
 
 
 def _pow(a, b):
@@ -205,11 +244,14 @@ def run_quietly(fn, values: list):
     return context.run(fn, *values)  # kernels do not call run_quietly: a context cannot be entered twice
 
 
-NAMESPACE = {"np": np, "_rsqrt": _rsqrt, "_reciprocal": _reciprocal, "_pow": _pow, "_erf": _erf, "_erfinv": _erfinv}
+NAMESPACE = {"np": np, "_rsqrt": _rsqrt, "_reciprocal": _reciprocal, "_pow": _pow, "_erf": _erf, "_erfinv": _erfinv,
+             "_floordiv": _floordiv, "_truncdiv": _truncdiv, "_mod": _mod, "_fmod": _fmod}
 
 
-def render_numpy(expr: Expr, n_inputs: int, scalar_names: tuple[str, ...], name: str = "kernel"):
-    """Return a Python function ``f(x0, ..., xN, *scalars)`` evaluating ``expr`` with numpy."""
+def render_numpy(expr: Expr, n_inputs: int, scalar_names: tuple[str, ...], name: str = "kernel",
+                 op: str | None = None):
+    """Return a Python function ``f(x0, ..., xN, *scalars)`` evaluating ``expr`` with numpy; ``op`` (default
+    ``name``) is the operator its errors name."""
     lines, names = [], {}
     for k, node in enumerate(toposort(expr)):
         if node.op == "input":
@@ -225,6 +267,8 @@ def render_numpy(expr: Expr, n_inputs: int, scalar_names: tuple[str, ...], name:
         srcs = [names[id(s)] for s in node.srcs]
         if node.op in _UNARY:
             code = f"{_UNARY[node.op]}({srcs[0]})"
+        elif node.op in _DIVISIONS:
+            code = f"{_BINARY[node.op]}({srcs[0]}, {srcs[1]}, {op or name!r})"
         elif node.op in _BINARY:
             code = f"{_BINARY[node.op]}({srcs[0]}, {srcs[1]})"
         elif node.op == "where":

@@ -63,4 +63,6 @@ C = Language(
     element_loop=("for ({idx} i = 0; i < n; ++i) {{", "}"),
     prelude=_PRELUDE,
     helpers={"erfinv:float": _ERFINV},
+    on_zero_division="__atomic_store_n(&tw_zero_division, 1, __ATOMIC_RELAXED); ",
+    zero_division_flag="int tw_zero_division;",
 )

@@ -15,6 +15,16 @@ meeting an integer makes a float64, NEP 50); comparisons give ``bool``. Helper f
 need (NaN-propagating maximum, numpy's floor division and remainder, integer power) are emitted once per
 type, each inside an include guard, so many kernels can share one translation unit.
 
+[Note: integer division] Integer ``//``, trunc division, ``%`` and ``fmod`` never trap: x86 faults (SIGFPE, killing the
+process) on a zero divisor and on ``INT_MIN / -1``, so the helpers test for both. A divisor of -1 gives
+the wrapped negation (floor and trunc division: ``INT_MIN``; remainders: 0), which is torch's answer on
+the CPU and on CUDA. A zero divisor gives 0 after the target's ``on_zero_division`` statement: the C
+target sets a flag in the library (``tw_zero_division``, stored atomically since OpenMP threads may
+race to set it), which the program reads after each kernel that divides integers and turns into torch's
+``ZeroDivisionError``; on CUDA, where torch raises nothing and the hardware's quotient is unspecified,
+nothing more happens. The tests cost one compare per division, which an integer division (tens of
+cycles, never vectorised on x86) hides.
+
 The fused kernels of the compiler use the same entry points: :class:`PointwiseKernel` takes several
 outputs, each an ``Expr`` over the same inputs, and the expression renderer shares common subexpressions
 between them.
@@ -50,6 +60,8 @@ class WeakType:
 
 WEAK_INT, WEAK_FLOAT = WeakType("int"), WeakType("float")
 
+ZERO_DIVISION_FLAG = "tw_zero_division"  # the C target's flag (see [Note: integer division])
+
 
 @dataclass(frozen=True)
 class Language:
@@ -68,6 +80,10 @@ class Language:
     element_loop: tuple[str, str]  # how a thread finds element i of n, and what closes that scope
     prelude: str = ""  # text every kernel source starts with
     helpers: Mapping[str, str] = field(default_factory=dict)  # extra helper bodies for this target
+    # what an integer division by zero does before it gives 0 (see [Note: integer division]): a statement, and
+    # the declaration it needs
+    on_zero_division: str = ""
+    zero_division_flag: str = ""
     max_vector: int = 1  # elements per thread on the contiguous vector path (1: none)
 
     def ctype(self, dtype: DType) -> str:
@@ -90,7 +106,8 @@ MATH_FLOAT = {  # {0}, {1}: operands; {f}: "f" for float, "" for double; {T}: th
     "round": "rint{f}({0})", "trunc": "trunc{f}({0})", "logical_not": "(!{0})", "isnan": "({0} != {0})",
     "isinf": "(fabs{f}({0}) == tw_inf_{S}())", "signbit": "(signbit({0}) != 0)",
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
-    "floordiv": "tw_floordiv_{S}({0}, {1})", "mod": "tw_mod_{S}({0}, {1})", "fmod": "fmod{f}({0}, {1})",
+    "floordiv": "tw_floordiv_{S}({0}, {1})", "truncdiv": "trunc{f}({0} / {1})", "mod": "tw_mod_{S}({0}, {1})",
+    "fmod": "fmod{f}({0}, {1})",
     "pow": "pow{f}({0}, {1})", "maximum": "tw_maximum_{S}({0}, {1})", "minimum": "tw_minimum_{S}({0}, {1})",
     "atan2": "atan2{f}({0}, {1})", "copysign": "copysign{f}({0}, {1})",
 }
@@ -99,7 +116,8 @@ MATH_INT = {
     "ceil": "{0}", "round": "{0}", "trunc": "{0}", "logical_not": "(!{0})", "bitwise_not": "(~{0})",
     "isnan": "false", "isinf": "false", "signbit": "({0} < 0)",
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "floordiv": "tw_floordiv_{S}({0}, {1})",
-    "mod": "tw_mod_{S}({0}, {1})", "fmod": "tw_fmod_{S}({0}, {1})", "pow": "tw_pow_{S}({0}, {1})",
+    "truncdiv": "tw_truncdiv_{S}({0}, {1})", "mod": "tw_mod_{S}({0}, {1})", "fmod": "tw_fmod_{S}({0}, {1})",
+    "pow": "tw_pow_{S}({0}, {1})",
     "maximum": "({0} > {1} ? {0} : {1})", "minimum": "({0} < {1} ? {0} : {1})", "bitwise_and": "({0} & {1})",
     "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})", "lshift": "({0} << {1})",
     "rshift": "({0} >> {1})",
@@ -143,16 +161,25 @@ HELPERS = {
 }}""",
     ("abs", "int"): "{FN} {T} tw_abs_{S}({T} a) {{ return a < 0 ? ({T})-a : a; }}",
     ("floordiv", "int"): """{FN} {T} tw_floordiv_{S}({T} a, {T} b) {{
-    if (b == 0) return 0;
+    if (b == 0) {{ {ZERO}return 0; }}
+    if (b == -1) return ({T})(0ULL - (unsigned long long)a);
     {T} q = a / b;
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }}""",
+    ("truncdiv", "int"): """{FN} {T} tw_truncdiv_{S}({T} a, {T} b) {{
+    if (b == 0) {{ {ZERO}return 0; }}
+    return b == -1 ? ({T})(0ULL - (unsigned long long)a) : a / b;
+}}""",
     ("mod", "int"): """{FN} {T} tw_mod_{S}({T} a, {T} b) {{
-    if (b == 0) return 0;
+    if (b == 0) {{ {ZERO}return 0; }}
+    if (b == -1) return 0;
     {T} r = a % b;
     return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }}""",
-    ("fmod", "int"): "{FN} {T} tw_fmod_{S}({T} a, {T} b) {{ return b == 0 ? 0 : a % b; }}",
+    ("fmod", "int"): """{FN} {T} tw_fmod_{S}({T} a, {T} b) {{
+    if (b == 0) {{ {ZERO}return 0; }}
+    return b == -1 ? 0 : a % b;
+}}""",
     ("pow", "int"): """{FN} {T} tw_pow_{S}({T} a, {T} b) {{
     if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
     {T} r = 1;
@@ -223,7 +250,12 @@ class Source:
         c = self.lang.ctype(dtype)
         f = "f" if dtype is dtypes.float32 else ""
         inf = self.lang.constants.get(("inf", c), "")
-        text = body.format(FN=self.lang.helper_prefix, T=c, S=SUFFIX[dtype.name], f=f, INF=inf)
+        if "{ZERO}" in body and self.lang.zero_division_flag:
+            guard = "TW_ZERO_DIVISION_FLAG"
+            self.helpers.setdefault(ZERO_DIVISION_FLAG,
+                                    f"#ifndef {guard}\n#define {guard}\n{self.lang.zero_division_flag}\n#endif")
+        text = body.format(FN=self.lang.helper_prefix, T=c, S=SUFFIX[dtype.name], f=f, INF=inf,
+                           ZERO=self.lang.on_zero_division)
         guard = f"TW_HELPER_{name.upper()}"
         self.helpers[name] = f"#ifndef {guard}\n#define {guard}\n{text}\n#endif"
 

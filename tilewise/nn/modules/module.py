@@ -11,11 +11,14 @@ so that optimizers and hooks that hold a parameter keep holding the moved one.
 from __future__ import annotations
 
 from collections import OrderedDict, namedtuple
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from tilewise.autograd.grad_mode import no_grad
+from tilewise.dispatch import STATE
 from tilewise.nn.init import zeros_
+from tilewise.nn.modules.backward_hooks import BackwardHookRun, hooked_inputs, hooked_output
 from tilewise.nn.parameter import Parameter
 from tilewise.tensor import Tensor
 from tilewise.utils.hooks import RemovableHandle
@@ -96,6 +99,10 @@ class Module:
 
     training: bool
     _tw_version = _STATE_VERSION  # the compiler's guards: one counter every module mutation bumps
+    # backward hooks and pre-hooks by handle id (the pre-hooks' ids in _backward_pre_hook_ids); an instance gets
+    # its own dict with its first backward hook
+    _backward_hooks: Mapping[int, Callable] = MappingProxyType({})
+    _backward_pre_hook_ids: frozenset = frozenset()
 
     def __init__(self, *args, **kwargs) -> None:
         if args or kwargs:
@@ -118,7 +125,7 @@ class Module:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args, **kwargs):
-        if not self._forward_pre_hooks and not self._forward_hooks:
+        if not self._forward_pre_hooks and not self._forward_hooks and not self._backward_hooks:
             return self.forward(*args, **kwargs)
         return self._call_with_hooks(args, kwargs)
 
@@ -135,6 +142,9 @@ class Module:
                 result = hook(self, args)
                 if result is not None:
                     args = result if isinstance(result, tuple) else (result,)
+        run = self._backward_hook_run(args) if self._backward_hooks and STATE.grad_enabled else None
+        if run is not None:
+            args = hooked_inputs(run, args)
         output = self.forward(*args, **kwargs)
         for hook_id, hook in list(self._forward_hooks.items()):
             if hook_id in self._forward_hooks_with_kwargs:
@@ -143,7 +153,34 @@ class Module:
                 result = hook(self, args, output)
             if result is not None:
                 output = result
-        return output
+        return hooked_output(run, output) if run is not None else output
+
+    def _backward_hook_run(self, args: tuple) -> BackwardHookRun:
+        hooks = [h for k, h in self._backward_hooks.items() if k not in self._backward_pre_hook_ids]
+        pre_hooks = [h for k, h in self._backward_hooks.items() if k in self._backward_pre_hook_ids]
+        return BackwardHookRun(self, hooks, pre_hooks, sum(isinstance(a, Tensor) for a in args))
+
+    def register_full_backward_hook(self, hook: Callable, *, prepend: bool = False) -> RemovableHandle:
+        """``hook(module, grad_input, grad_output)`` runs once the gradients of the module's inputs are computed
+        and may return replacements for ``grad_input`` (see [Note: module backward hooks])."""
+        return self._add_backward_hook(hook, prepend, pre=False)
+
+    def register_full_backward_pre_hook(self, hook: Callable, *, prepend: bool = False) -> RemovableHandle:
+        """``hook(module, grad_output)`` runs when the gradients of the module's outputs arrive and may return
+        replacements for them."""
+        return self._add_backward_hook(hook, prepend, pre=True)
+
+    def _add_backward_hook(self, hook: Callable, prepend: bool, pre: bool) -> RemovableHandle:
+        if "_backward_hooks" not in self.__dict__:
+            object.__setattr__(self, "_backward_hooks", _Members())  # its changes bump the modules' version
+            object.__setattr__(self, "_backward_pre_hook_ids", set())
+        handle = RemovableHandle(self._backward_hooks, self._backward_pre_hook_ids)
+        self._backward_hooks[handle.id] = hook
+        if pre:
+            self._backward_pre_hook_ids.add(handle.id)
+        if prepend:
+            self._backward_hooks.move_to_end(handle.id, last=False)
+        return handle
 
     def register_forward_pre_hook(self, hook: Callable, *, prepend: bool = False,
                                   with_kwargs: bool = False) -> RemovableHandle:

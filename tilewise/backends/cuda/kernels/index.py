@@ -35,6 +35,7 @@ from tilewise.compiler.render import CUDA
 from tilewise.compiler.render.cstyle import SUFFIX, Source
 from tilewise.device import Device
 from tilewise.dtypes import DType
+from tilewise.ops.indexing import check_gather_shapes
 from tilewise.ops.movement import INDEX_NAMING
 from tilewise.tensor import Tensor
 
@@ -132,14 +133,8 @@ def _check_atomic(dtype: DType, op: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- gather/scatter
 
-def _check_index(self: Tensor, dim: int, index: Tensor, op: str) -> int:
-    d = S.normalize_dim(dim, max(self.ndim, 1), op)
-    if index._dtype is not dtypes.int64:
-        raise RuntimeError(f"{op}(): Expected dtype int64 for index, got {index.dtype}")
-    if index.ndim != self.ndim:
-        raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as input tensor "
-                           f"({index.ndim} vs {self.ndim})")
-    return d
+def _check_index(self: Tensor, dim: int, index: Tensor, op: str, src=None) -> int:
+    return check_gather_shapes(self, dim, index, op, src if isinstance(src, Tensor) and src.ndim else None)
 
 
 def _along(self: Tensor, d: int) -> tuple[tuple, tuple]:
@@ -173,7 +168,7 @@ def _scatter_values(self: Tensor, src) -> Tensor:
 
 def _scatter(out: Tensor, self: Tensor, dim: int, index: Tensor, values: Tensor, mode: str, op: str) -> Tensor:
     """``out`` = ``self`` with ``values`` (of ``self``'s dtype) put or added at ``index`` along ``dim``."""
-    d = _check_index(self, dim, index, op)
+    d = _check_index(self, dim, index, op, values)
     if mode == ADD:
         _check_atomic(self._dtype, op)
     copy_into(out, self)
