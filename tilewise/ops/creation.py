@@ -147,6 +147,16 @@ class Generator:
         self._offset += counters
         return self._seed, offset
 
+    @property
+    def offset(self) -> int:
+        """The Philox counters used so far: where the next draw starts (what ``get_state`` holds besides the seed).
+        A trace moves it to name its draws and puts it back (see [Note: random draws in a trace])."""
+        return self._offset
+
+    @offset.setter
+    def offset(self, value: int) -> None:
+        self._offset = value
+
 
 default_generator = Generator("cpu")
 

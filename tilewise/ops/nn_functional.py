@@ -265,7 +265,9 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
 
 
 def _per_instance(t, batch: int):
-    return None if t is None else t.unsqueeze(0).expand(batch, t.shape[0]).reshape(-1)
+    """``t`` once per instance, always a copy (torch's repeat): batch norm saves it, and the caller then writes
+    the instances' mean back into ``t``."""
+    return None if t is None else t.repeat(batch)
 
 
 def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
