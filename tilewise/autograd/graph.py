@@ -261,6 +261,7 @@ class OpNode(Node):
                 g = zeros(shape, dtype=dtype, device=device)
             filled.append(g)
         env["grads"] = tuple(filled)
+        env["output_grads"] = tuple(grads)
         env["grad"] = filled[0] if filled else None
         return env
 
@@ -457,7 +458,7 @@ def _save(node: OpNode, args: tuple, out, saves: tuple) -> None:
         value = args[k]
         if type(value) is Tensor:
             value = SavedTensor(value)
-        elif isinstance(value, tuple) and value and type(value[0]) is Tensor:
+        elif isinstance(value, tuple) and any(type(v) is Tensor for v in value):  # a list of optional tensors
             value = tuple(SavedTensor(v) if type(v) is Tensor else v for v in value)
         saved[name] = value
     if outputs is None or outputs:

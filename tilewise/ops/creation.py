@@ -379,7 +379,9 @@ def _fill_from(self: Tensor, values: Tensor) -> Tensor:
 
 
 def fill_(self: Tensor, value) -> Tensor:
-    return self.copy_(value.expand(self.shape) if isinstance(value, Tensor) else full_like(self, value))
+    from tilewise.ops import copy_into
+
+    return copy_into(self, value.expand(self.shape) if isinstance(value, Tensor) else full_like(self, value), "fill_")
 
 
 def zero_(self: Tensor) -> Tensor:

@@ -33,7 +33,8 @@ OVERLOADS: dict[str, list[OpDef]] = {}  # public name -> overloads in resolution
 
 @dataclass(eq=False)
 class Formula:
-    """A derivative formula: an expression over ``grad``, ``grads``, ``result`` and the op's arguments.
+    """A derivative formula: an expression over ``grad``, ``grads`` (zeros where no gradient reached an output),
+    ``output_grads`` (None there), ``result`` and the op's arguments.
     ``outputs`` are the outputs it reads when it reads ``result`` only as ``result[k]`` with constant k (None:
     the whole result), so that an operator saves just those, as torch saves ``result1`` without ``result0``."""
 
@@ -61,7 +62,7 @@ def outputs_read(tree: ast.AST) -> frozenset[int] | None:
 def compile_formula(text: str, param_names: tuple[str, ...]) -> Formula:
     code = compile(text, f"<derivative {text}>", "eval")
     names = set(code.co_names)
-    env_names = ("grad", "grads", "result", *param_names, *(f"{p}_shape" for p in param_names))
+    env_names = ("grad", "grads", "output_grads", "result", *param_names, *(f"{p}_shape" for p in param_names))
     uses = frozenset(n for n in names if n in env_names)
     outputs = outputs_read(ast.parse(text, mode="eval")) if "result" in uses else frozenset()
     unpack = "".join(f"    {n} = env[{n!r}]\n" for n in sorted(uses))
