@@ -289,7 +289,8 @@ def test_resnet_block_with_in_place_residual_and_relu(compiled, train):
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 def test_normalization_output_changes_in_place_as_in_torch(module, shape, options, train):
     """The layer's output changed in place (relu(inplace=True)), its input, and a second forward before
-    backward (as siamese nets do): each works or fails as in torch, with torch's gradients."""
+    backward (as siamese nets do): each works or fails as in torch, with torch's outputs, gradients and running
+    statistics."""
     def build(lib):
         if module == "GroupNorm":
             return lib.nn.GroupNorm(2, shape[1], affine=options.get("affine", True))
@@ -313,7 +314,9 @@ def test_normalization_output_changes_in_place_as_in_torch(module, shape, option
                 else:
                     out = out + layer(h * 2)
                 (out * out).sum().backward()
-                outcomes.append(leaf.grad.numpy())
+                stats = [getattr(layer, name, None) for name in ("running_mean", "running_var")]
+                outcomes.append(np.concatenate([leaf.grad.numpy().ravel(), out.detach().numpy().ravel(),
+                                                *(t.numpy() for t in stats if t is not None)]))
             except RuntimeError as exc:
                 outcomes.append(_kind_of_error(str(exc)))
         ours, theirs = outcomes[1], outcomes[0]

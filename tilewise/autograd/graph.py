@@ -4,9 +4,10 @@
 (``grad_fn``, ``_output_nr``); a leaf points at nothing and is reached through its ``AccumulateGrad``
 node. A node's ``next_functions`` are edges ``(node, output_nr)`` to the producers of its inputs.
 ``OpNode`` is the only node type operators need: it evaluates the operator's declared derivative
-formulas, saving just the arguments those formulas read (and the result, when they read ``result``).
+formulas, saving just the arguments those formulas read (and the outputs they read of the result).
 Saved tensors remember the storage version at save time; if an in-place op bumped it before backward,
-unpacking raises torch's error instead of returning silently wrong gradients.
+unpacking raises torch's error, in torch's words (the tensor, the node it is an output of, the versions),
+instead of returning silently wrong gradients.
 """
 
 from __future__ import annotations

@@ -6,8 +6,11 @@ for views), dtype rule, derivative formulas, decomposition — and derives the r
 the public function, the Tensor method, operator dunders and the in-place variant. Derivative formulas
 are strings in the style of PyTorch's derivatives.yaml (``"grad * result"``); they are compiled once into
 Python functions over tilewise operators, so backward is itself differentiable and traceable, and the
-names a formula reads tell autograd exactly which values to save. Backends look operators up here by
-name; nothing else keeps a list of operators.
+names a formula reads tell autograd exactly which values to save: the arguments it names, and the outputs it
+reads (only output k where it reads ``result[k]``, as torch saves ``result1`` of a batch norm and not its
+output). Saving what torch saves is what makes torch's in-place idioms work and fail alike here
+(``tests/test_trust_saved.py``). Backends look operators up here by name; nothing else keeps a list of
+operators.
 """
 
 from __future__ import annotations
