@@ -13,9 +13,9 @@ import traceback
 import numpy as np
 import pytest
 import torch
+from fuzz_programs import CHANGES, World, inputs, program
 
 import tilewise as tw
-from fuzz_programs import CHANGES, World, inputs, program
 
 CALLS = 4
 QUICK = 24

@@ -4,9 +4,10 @@
 (``grad_fn``, ``_output_nr``); a leaf points at nothing and is reached through its ``AccumulateGrad``
 node. A node's ``next_functions`` are edges ``(node, output_nr)`` to the producers of its inputs.
 ``OpNode`` is the only node type operators need: it evaluates the operator's declared derivative
-formulas, saving just the arguments those formulas read (and the result, when they read ``result``).
+formulas, saving just the arguments those formulas read (and the outputs they read of the result).
 Saved tensors remember the storage version at save time; if an in-place op bumped it before backward,
-unpacking raises torch's error instead of returning silently wrong gradients.
+unpacking raises torch's error, in torch's words (the tensor, the node it is an output of, the versions),
+instead of returning silently wrong gradients.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ class SavedTensor:
     def __init__(self, t: Tensor, is_output: bool = False, node=None, output_nr: int = 0, op_name: str = ""):
         self.version = t._version
         self.is_output = is_output
-        self.output_nr = output_nr
+        self.output_nr = output_nr if is_output else t._output_nr
         self.op_name = op_name
         self.unpack_hook = None
         hooks = STATE.saved_tensor_hooks
@@ -181,12 +182,7 @@ class SavedTensor:
         if self.unpack_hook is not None:
             t = self.unpack_hook(t)
         elif t._version != self.version:
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an inplace operation: "
-                f"[{t.dtype.name} tensor of shape {list(t.shape)}]"
-                + (f", which is output {self.output_nr} of {self.op_name}," if self.is_output else ",")
-                + f" is at version {t._version}; expected version {self.version} instead. Hint: the operation that "
-                "modified it ran after it was saved; use an out-of-place operation or .clone() before modifying.")
+            raise RuntimeError(self._modified_message(t))
         if self.is_output:
             node = self.node_ref()
             if node is not None and STATE.grad_enabled:
@@ -195,8 +191,25 @@ class SavedTensor:
                 return out
         return t
 
+    def _modified_message(self, t: Tensor) -> str:
+        """torch's words: the tensor, the node it is an output of (an output names the node that saved it, an
+        input the node that produced it last, as torch's SavedVariable does), and the versions."""
+        kind = f"tilewise.{'' if t.device.type == 'cpu' else t.device.type + '.'}{t.dtype.name}"
+        node = self.op_name if self.is_output else (t.grad_fn.name() if t.grad_fn is not None else None)
+        produced_by = f", which is output {self.output_nr} of {_short_node_name(node)}," if node else ""
+        return ("one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{kind} {list(t.shape)}]{produced_by} is at version {t._version}; expected version {self.version} "
+                "instead. Hint: the operation that modified it ran after it was saved; use an out-of-place operation "
+                "or .clone() before modifying.")
+
     def release(self) -> None:
         self.tensor = None
+
+
+def _short_node_name(name: str) -> str:
+    """A node's name as torch's version-counter error gives it: ``MulBackward0`` -> ``Mul``, ``PowBackward1`` ->
+    ``Pow1``."""
+    return re.sub(r"Backward0?$", "", name).replace("Backward", "")
 
 
 def _camel(name: str) -> str:
@@ -234,7 +247,7 @@ class OpNode(Node):
         for key, value in self.saved.items():
             if isinstance(value, SavedTensor):
                 value = value.unpack()
-            elif isinstance(value, tuple) and value and isinstance(value[0], SavedTensor):
+            elif isinstance(value, tuple) and any(isinstance(v, SavedTensor) for v in value):
                 value = tuple(v.unpack() if isinstance(v, SavedTensor) else v for v in value)
             env[key] = value
         filled = []
@@ -247,6 +260,7 @@ class OpNode(Node):
                 g = zeros(shape, dtype=dtype, device=device)
             filled.append(g)
         env["grads"] = tuple(filled)
+        env["output_grads"] = tuple(grads)
         env["grad"] = filled[0] if filled else None
         return env
 
@@ -415,32 +429,44 @@ def _list_slots(recipe: _Recipe, args: tuple) -> tuple:
     return tuple(slots)
 
 
-def _saves(op, recipe: _Recipe, wanted: int) -> tuple[tuple[tuple[str, int], ...], bool]:
-    """The arguments (name, position) that the derivative formulas of the inputs in ``wanted`` read, and
-    whether they read the result: torch saves no more."""
+def _saves(op, recipe: _Recipe, wanted: int) -> tuple[tuple[tuple[str, int], ...], frozenset[int] | None]:
+    """The arguments (name, position) that the derivative formulas of the inputs in ``wanted`` read, and the
+    outputs they read (None: all of them): torch saves no more."""
     params = op.schema.params
-    names = [params[k].name for bit, k, _, diff in recipe.inputs if diff and wanted & bit]
-    uses = frozenset().union(*(op.derivatives[name].uses for name in names))
-    return tuple((p.name, k) for k, p in enumerate(params) if p.name in uses), "result" in uses
+    formulas = [op.derivatives[params[k].name] for bit, k, _, diff in recipe.inputs if diff and wanted & bit]
+    uses = frozenset().union(*(f.uses for f in formulas))
+    outputs: frozenset[int] | None = frozenset()
+    for f in formulas:
+        if "result" in f.uses:
+            outputs = None if outputs is None or f.outputs is None else outputs | f.outputs
+    return tuple((p.name, k) for k, p in enumerate(params) if p.name in uses), outputs
+
+
+def _saved_output(o, node: OpNode, i: int, name: str):
+    if type(o) is not Tensor:
+        return o
+    if o.grad_fn is not node:  # an output autograd does not track (indices): saved as any other tensor
+        return SavedTensor(o)
+    return SavedTensor(o, True, node, i, name)
 
 
 def _save(node: OpNode, args: tuple, out, saves: tuple) -> None:
     saved = node.saved
-    arguments, saves_result = saves
+    arguments, outputs = saves
     for name, k in arguments:
         value = args[k]
         if type(value) is Tensor:
             value = SavedTensor(value)
-        elif isinstance(value, tuple) and value and type(value[0]) is Tensor:
+        elif isinstance(value, tuple) and any(type(v) is Tensor for v in value):  # a list of optional tensors
             value = tuple(SavedTensor(v) if type(v) is Tensor else v for v in value)
         saved[name] = value
-    if saves_result:
+    if outputs is None or outputs:
         name = node.name()
         if isinstance(out, tuple):
-            saved["result"] = tuple(SavedTensor(o, True, node, i, name) if type(o) is Tensor else o
+            saved["result"] = tuple(_saved_output(o, node, i, name) if outputs is None or i in outputs else None
                                     for i, o in enumerate(out))
         else:
-            saved["result"] = SavedTensor(out, True, node, 0, name)
+            saved["result"] = _saved_output(out, node, 0, name)
 
 
 # ---------------------------------------------------------------------------- tensor hooks

@@ -19,6 +19,15 @@ Real tensors a function reads without receiving them as arguments (module parame
 variables, gradients) are lifted to inputs the first time an operator sees them, with a ``Source`` that
 says how to fetch them again on the next call. Python code that needs a traced value (``.item()``,
 ``bool(t)``, ``.numpy()``) raises ``DataDependentError`` naming the user's line.
+
+[Note: random draws in a trace] A random node's ``tag`` says where its generator stood when it was drawn:
+each traced draw moves the generator one step (no numbers are drawn; the trace puts the generator back when
+it ends), and the tag is that position counted from where the trace found it. So a draw made again from a
+restored state — ``set_rng_state`` to a state taken earlier in the same function, as activation
+checkpointing does to recompute its segment — is the same node as the first draw, and the program draws
+those numbers once, as eager replays the same Philox counters; any other draw is a node of its own. A
+composite whose decomposition draws (dropout) carries the position where its draws began, and its later
+decomposition (``trace_decomposition``) starts there, so it names its draws as the trace did.
 """
 
 from __future__ import annotations
@@ -232,7 +241,8 @@ def _contiguous_geometry(shape: tuple) -> tuple:
 
 
 class Capture:
-    def __init__(self, names: dict[int, str] | None = None, inline_composites: bool = False, keep=None):
+    def __init__(self, names: dict[int, str] | None = None, inline_composites: bool = False, keep=None,
+                 rng_origin: int = 0):
         self.names = names or {}
         self.inline_composites = inline_composites
         self.keep = keep  # with inline_composites: fn(op name, bound args) -> True for a composite to keep whole
@@ -246,11 +256,14 @@ class Capture:
         self.arg_sources: dict[int, Source] = {}  # id of an argument tensor -> its Source
         self.arg_index: dict[int, int] = {}  # id of an argument tensor -> its position among the flat arguments
         self.states: list[tuple[dict, dict]] = []  # optimizer state tables and what they held before the trace
-        self.serial = 0
         self.live: list[weakref.ref] = []  # every trace tensor made since the last sync (see segments.py)
         # what a data-dependent read does: None raises DataDependentError; a callable(capture, what) runs what
         # was recorded so far and makes every live trace tensor real (a graph break, see segments.py)
         self.breaks = None
+
+        self.rng_origin = rng_origin  # the position the first draw of the default generator is named after
+        self.rng_start: dict[object, int] = {}  # generator -> the offset its positions count from
+        self.rng_found: dict[object, int] = {}  # generator -> its offset when this capture first used it
 
     def track(self, t: Tensor) -> Tensor:
         self.live.append(weakref.ref(t))
@@ -270,9 +283,32 @@ class Capture:
                          for k, t in enumerate(node.type))
         return self.track(trace_tensor(node))
 
-    def next_serial(self) -> int:
-        self.serial += 1
-        return self.serial
+    # ------------------------------------------------------------------ random draws
+    def rng_position(self, generator=None) -> int:
+        """Where ``generator`` (the default one for None) stands, counted from where this capture found it
+        (see [Note: random draws in a trace])."""
+        from tilewise.ops.creation import generator_or_default
+
+        gen = generator_or_default(generator)
+        start = self.rng_start.get(gen)
+        if start is None:
+            origin = self.rng_origin if gen is _default_generator() else 0
+            start = self.rng_start[gen] = gen.offset - origin
+            self.rng_found[gen] = gen.offset
+        return gen.offset - start
+
+    def draw(self, generator) -> int:
+        """The tag of a random node drawn from ``generator`` now: its position, which the draw then moves on."""
+        from tilewise.ops.creation import generator_or_default
+
+        position = self.rng_position(generator)
+        generator_or_default(generator).offset += 1
+        return position
+
+    def restore_generators(self) -> None:
+        """Put every generator a draw moved back where the capture found it."""
+        for gen, offset in self.rng_found.items():
+            gen.offset = offset
 
     # ------------------------------------------------------------------ storages and lifting
     def entry_for(self, t: Tensor, source: Source | None = None) -> StorageEntry:
@@ -434,6 +470,7 @@ class Capture:
             return op.decomposition(*args)
         srcs, frozen = self.operands(op, args)
         state = self._snapshot(args)
+        position = self.rng_position()
         body, defined, breaks = self.body, self.defined, self.breaks
         self.body, self.defined, self.breaks = [], set(defined), None  # no graph break inside a node's body
         needs_values = False
@@ -448,12 +485,14 @@ class Capture:
         if needs_values or self._changed(state):
             # the decomposition writes in place, or reads values (a graph break): record what it does, not the op
             self._restore(args, state)
+            _default_generator().offset -= self.rng_position() - position
             return op.decomposition(*args)
         if isinstance(out, (tuple, list)):
             ty = tuple(TensorType(o._shape, o._dtype, o._device) if o is not None else None for o in out)
         else:
             ty = TensorType(out._shape, out._dtype, out._device)
-        return self.wrap(self.emit(op.full_name, srcs, frozen, ty))
+        drew = self.rng_position() != position  # a random composite (dropout): named by its draws' position
+        return self.wrap(self.emit(op.full_name, srcs, frozen, ty, position if drew else None))
 
     def _snapshot(self, args: tuple) -> tuple:
         tensors = [a for a in args if type(a) is Tensor] + [x for a in args if isinstance(a, tuple) for x in a
@@ -482,7 +521,7 @@ class Capture:
         except DataDependentError:
             return self.run_real(op, args, device, what)
         srcs, frozen = self.operands(op, args)
-        tag = self.next_serial() if op.kind == "random" else None
+        tag = self.draw(_generator_argument(op, args)) if op.kind == "random" else None
         return self.wrap(self.emit(op.full_name, srcs, frozen, ty, tag))
 
     def run_real(self, op, args: tuple, device, what: str):
@@ -595,6 +634,7 @@ class Capture:
 
     def restore(self) -> None:
         """Undo what tracing did to Python state; running the program redoes it with real tensors."""
+        self.restore_generators()
         for entry in self.entries.values():
             entry.storage.version = entry.version
         for t, grad in self.saved_grads.values():
@@ -605,6 +645,18 @@ class Capture:
             for owner, entry in before.items():
                 state[owner].clear()
                 state[owner].update(entry)
+
+
+def _default_generator():
+    from tilewise.ops.creation import default_generator
+
+    return default_generator
+
+
+def _generator_argument(op, args: tuple):
+    """The Generator a random operator's bound arguments name (None: the default one)."""
+    names = op.param_names()
+    return args[names.index("generator")] if "generator" in names else None
 
 
 # ---------------------------------------------------------------------------- the Trace backend
@@ -743,19 +795,24 @@ def trace_decomposition(node: Node, keep=None) -> tuple[Node | None, ...]:
     new nodes reach the graph through them: the rewrite that uses them collects their dependencies). Composites
     it calls are inlined too, but for those ``keep(op name, bound args)`` accepts."""
     op = node.opdef
-    return retrace(lambda *operands: op.decomposition(*node.bound_args(operands)), node.srcs, keep)
+    origin = node.tag if type(node.tag) is int else 0  # a random composite: its draws start there
+    return retrace(lambda *operands: op.decomposition(*node.bound_args(operands)), node.srcs, keep, origin)
 
 
-def retrace(fn, srcs, keep=None) -> tuple[Node | None, ...]:
+def retrace(fn, srcs, keep=None, rng_origin: int = 0) -> tuple[Node | None, ...]:
     """The node(s) ``fn`` computes when called on trace tensors standing for ``srcs``: how a pass builds new
     nodes with the operators' own argument rules and result types rather than by hand. Composites are
-    inlined (but those ``keep`` accepts); it runs without grad and below autocast, as a decomposition does."""
+    inlined (but those ``keep`` accepts); it runs without grad and below autocast, as a decomposition does.
+    Random draws are named from ``rng_origin`` on (see [Note: random draws in a trace])."""
     from tilewise.amp.autocast_mode import suspended as autocast_suspended
     from tilewise.autograd.grad_mode import no_grad
 
-    cap = Capture(inline_composites=True, keep=keep)
+    cap = Capture(inline_composites=True, keep=keep, rng_origin=rng_origin)
     operands = [trace_tensor(s) for s in srcs]
-    with capturing(cap), no_grad(), autocast_suspended():
-        out = fn(*operands)
-        outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-        return tuple(cap.value_of(o) if o is not None else None for o in outs)
+    try:
+        with capturing(cap), no_grad(), autocast_suspended():
+            out = fn(*operands)
+            outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            return tuple(cap.value_of(o) if o is not None else None for o in outs)
+    finally:
+        cap.restore_generators()

@@ -50,6 +50,7 @@ class Segments:
                 outputs.append(node)
         entries = list(cap.entries.values())
         writes = [(e.input, e.current) for e in entries if e.current is not e.input]
+        cap.restore_generators()  # the program's draws move them, as eager's would have
         if outputs or writes:
             self.syncs += 1
             graph = Graph([e.input for e in entries], list(cap.body), outputs, writes)
@@ -183,3 +184,4 @@ def _reset(cap: Capture) -> None:
     cap.tensor_sources = []
     cap.sourced = set()
     cap.live = []
+    cap.rng_start, cap.rng_found = {}, {}

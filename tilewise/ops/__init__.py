@@ -116,20 +116,28 @@ def _attach_special_methods(functions: dict) -> None:
 
 
 def make_copy_():
-    from tilewise.ops.inplace import commit
+    from tilewise.ops.inplace import check_no_internal_overlap
 
     def copy_(self, src, non_blocking: bool = False):
-        from tilewise.tensor import tensor
-
-        if not isinstance(src, Tensor):
-            src = tensor(src, dtype=self.dtype, device=self.device)
-        value = src
-        if value.device != self.device:
-            value = value.to(self.device, non_blocking=non_blocking)
-        if value.dtype is not self.dtype:
-            value = value.to(self.dtype)
-        if value.shape != self.shape:
-            value = value.expand(self.shape)
-        return commit(self, value, "copy_", allow_any_cast=True)
+        check_no_internal_overlap(self, "copy_")
+        return copy_into(self, src, "copy_", non_blocking)
 
     return copy_
+
+
+def copy_into(self, src, name: str, non_blocking: bool = False):
+    """``self.copy_(src)`` without refusing an expanded ``self`` (torch's fill_ and zero_ write one value to
+    every element, so they may)."""
+    from tilewise.ops.inplace import commit
+    from tilewise.tensor import tensor
+
+    if not isinstance(src, Tensor):
+        src = tensor(src, dtype=self.dtype, device=self.device)
+    value = src
+    if value.device != self.device:
+        value = value.to(self.device, non_blocking=non_blocking)
+    if value.dtype is not self.dtype:
+        value = value.to(self.dtype)
+    if value.shape != self.shape:
+        value = value.expand(self.shape)
+    return commit(self, value, name, allow_any_cast=True)

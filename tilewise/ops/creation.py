@@ -148,6 +148,16 @@ class Generator:
         self._offset += counters
         return self._seed, offset
 
+    @property
+    def offset(self) -> int:
+        """The Philox counters used so far: where the next draw starts (what ``get_state`` holds besides the seed).
+        A trace moves it to name its draws and puts it back (see [Note: random draws in a trace])."""
+        return self._offset
+
+    @offset.setter
+    def offset(self, value: int) -> None:
+        self._offset = value
+
 
 default_generator = Generator("cpu")
 
@@ -434,10 +444,12 @@ def _fill_from(self: Tensor, values: Tensor) -> Tensor:
 
 
 def fill_(self: Tensor, value) -> Tensor:
+    from tilewise.ops import copy_into
+
     _require_number("fill_", "value", value)
     if isinstance(value, Tensor):
-        return self.copy_(value.expand(self.shape))
-    return self.copy_(full_like(self, checked_scalar(value, self.dtype, "fill_")))
+        return copy_into(self, value.expand(self.shape), "fill_")
+    return copy_into(self, full_like(self, checked_scalar(value, self.dtype, "fill_")), "fill_")
 
 
 def zero_(self: Tensor) -> Tensor:

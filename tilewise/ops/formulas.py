@@ -127,6 +127,24 @@ def clamp_mask(self, lo, hi):
     return mask
 
 
+def sgn_backward(grad, self, result):
+    """torch's sgn_backward for real tensors: zero, but computed from the input and the result it saves (so
+    changing either in place before backward is the error it is in torch); NaN where the gradient is."""
+    magnitude = self.abs()
+    return ((grad - result * result * grad) / (2 * magnitude)).masked_fill(magnitude == 0, 0.0)
+
+
+def cross_entropy_input_grad(grad, output_grads, logp, target, weight, reduction, ignore_index, label_smoothing):
+    """The input's gradient: the loss's, plus, when the saved log-probabilities are differentiated themselves (a
+    double backward reaches them as output 1), log_softmax's backward of theirs."""
+    from tilewise.ops.registry import OPS
+
+    grad_input = OPS["_cross_entropy_backward"](grad, logp, target, weight, reduction, ignore_index, label_smoothing)
+    if output_grads[1] is not None:
+        grad_input = grad_input + OPS["_log_softmax_backward_data"](output_grads[1], logp, 1, logp.dtype)
+    return grad_input
+
+
 def gelu_second_derivative(x, approximate: str):
     import math
 

@@ -18,7 +18,8 @@ from tilewise.ops.registry import declare
 from tilewise.tensor import Tensor
 
 declare("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "index_put(zeros_like(self), indices, grad, True)", "indices": None}, method=False)
+        grad={"self": "index_put(zeros(self_shape, dtype=grad.dtype, device=grad.device), indices, grad, True)",
+              "indices": None}, method=False)
 declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor", "index",
         dtype=R.first_input,
         grad={"self": "grad if accumulate else "
@@ -27,7 +28,7 @@ declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulat
 declare("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", "index",
         dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)", "index": None})
 declare("scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "grad.scatter(dim, index, zeros_like(src))", "src": "grad.gather(dim, index)", "index": None},
+        grad={"self": "grad.scatter(dim, index, 0)", "src": "grad.gather(dim, index)", "index": None},
         inplace=True)
 declare("scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor", "index", dtype=R.first_input,
         grad={"self": "grad.scatter(dim, index, 0)", "index": None}, inplace=True)

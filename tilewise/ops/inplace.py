@@ -27,7 +27,34 @@ def _any_requires_grad(args, kwargs) -> bool:
     return False
 
 
+def check_no_internal_overlap(self: Tensor, name: str) -> None:
+    """torch refuses to write in place into a tensor whose elements share memory (an expanded tensor): the
+    result would depend on the order of the writes."""
+    if 0 in self._strides and any(stride == 0 and size > 1 for size, stride in zip(self._shape, self._strides)):
+        raise RuntimeError(f"{name}: unsupported operation: more than one element of the written-to tensor refers "
+                           f"to a single memory location (a tensor of shape {list(self._shape)} with strides "
+                           f"{list(self._strides)}). Please clone() the tensor before performing the operation.")
+
+
+def mark_multi_output_views(views: tuple, node_name: str) -> tuple:
+    """Outputs of split and unbind that autograd tracks: torch forbids changing them in place (their shared
+    backward could not be rebased onto the write)."""
+    from tilewise.dispatch import STATE
+
+    if STATE.grad_enabled:
+        for k, view in enumerate(views):
+            if view._requires_grad:
+                view.__dict__["_multi_output_view"] = (node_name, k)
+    return views
+
+
 def check_inplace_allowed(self: Tensor, name: str) -> None:
+    multi = self.__dict__.get("_multi_output_view")
+    if multi is not None:
+        raise RuntimeError(f"{name}: Output {multi[1]} of {multi[0]} is a view and is being modified inplace. This "
+                           "view is the output of a function that returns multiple views. Such functions do not "
+                           "allow the output views to be modified inplace. You should replace the inplace operation "
+                           "by an out-of-place one.")
     if self.grad_fn is None and self._requires_grad and self._base is None:
         raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an in-place operation; "
                            "wrap it in `with tilewise.no_grad():` or use the out-of-place form")
@@ -59,6 +86,7 @@ def make_inplace(fn, name: str):
     saves_self = any("self" in op.saved_params for op in OVERLOADS[name])
 
     def inplace(self, *args, **kwargs):
+        check_no_internal_overlap(self, f"{name}_")
         recording = STATE.grad_enabled and (self._requires_grad or _any_requires_grad(args, kwargs))
         if recording:
             check_inplace_allowed(self, f"{name}_")

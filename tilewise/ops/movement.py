@@ -311,7 +311,15 @@ def _repeat(self, repeats):
     interleaved = [size for pair in zip((1,) * len(shape), shape) for size in pair]
     expanded = [size for pair in zip(repeats, shape) for size in pair]
     out = self.reshape(interleaved).expand(expanded).reshape([r * s for r, s in zip(repeats, shape)])
-    return self.clone().reshape(out.shape) if all(r == 1 for r in repeats) else out
+    return _own_memory(out)
+
+
+def _own_memory(out: Tensor) -> Tensor:
+    """``out`` in memory of its own, as torch's repeat always returns: a reshape of an expanded size-1 dim is a
+    view (with stride 0, or of the input itself when nothing repeats), which in-place writes must not reach."""
+    if out._base is None:
+        return out
+    return out.clone() if out.is_contiguous() else out.contiguous()
 
 
 def _tile(self, dims):
@@ -335,7 +343,7 @@ def _repeat_interleave_int(self, repeats, dim=None, output_size=None):
     if output_size is not None and output_size != out.shape[d]:
         raise RuntimeError(f"repeat_interleave(): output_size {output_size} does not match the result's size "
                            f"{out.shape[d]} along dim {d}")
-    return out.clone() if repeats == 1 else out
+    return _own_memory(out)
 
 
 def _repeat_interleave_tensor(self, repeats, dim=None, output_size=None):
@@ -486,8 +494,9 @@ def _take_along_dim(self, indices, dim=None):
     other = S.broadcast_shapes(self.shape[:d] + (1,) + self.shape[d + 1:],
                                indices.shape[:d] + (1,) + indices.shape[d + 1:], op="take_along_dim")
     source = self.expand(other[:d] + (self.shape[d],) + other[d + 1:])
-    with _index_errors_named("take_along_dim"):
-        return source.gather(d, indices.expand(other[:d] + (indices.shape[d],) + other[d + 1:]))
+    broadcast = indices.expand(other[:d] + (indices.shape[d],) + other[d + 1:])
+    with _index_errors_named("take_along_dim"):  # gathers along a copy of the indices, as torch does
+        return source.gather(d, broadcast.contiguous() if broadcast._base is None else broadcast.clone())
 
 
 def _check_mask(mask, op: str) -> None:

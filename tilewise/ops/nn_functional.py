@@ -122,14 +122,17 @@ def _normalized_input_grad(grad_xhat, xhat, rstd, dims, centered: bool):
     return rstd * (grad_xhat - projection)
 
 
-def _layer_norm_backward(grad, input, mean, rstd, weight, normalized_ndim, eps):
+def _layer_norm_backward(grad, input, mean, rstd, weight, bias, normalized_ndim, eps):
+    """Gradients for input, weight and bias (autograd sums the latter two to their shapes). ``bias`` is read
+    only for whether it exists, but it is saved, as torch saves it: changing it in place before backward is an
+    error there too."""
     dims = _trailing_dims(input, normalized_ndim)
     x = in_compute_dtype(input)
     mean, rstd = _backward_statistics(x, dims, eps, mean, rstd)
     xhat = (x - mean) * rstd if mean is not None else x * rstd
     g = grad.to(xhat.dtype)
     grad_input = _normalized_input_grad(g * weight if weight is not None else g, xhat, rstd, dims, mean is not None)
-    return grad_input, (g * xhat if weight is not None else None)  # autograd sums the weight grad to its shape
+    return grad_input, (g * xhat if weight is not None else None), (grad if bias is not None else None)
 
 
 def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -143,16 +146,15 @@ def _rms_norm(input, normalized_shape, weight=None, eps=None):
 
 private("native_layer_norm(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> "
         "(Tensor, Tensor, Tensor)", _native_layer_norm,
-        {"input, weight": "OPS['_layer_norm_backward'](grad, input, result[1], result[2], weight, "
-                          "len(normalized_shape), eps)",
-         "bias": "grad"}, nondiff_outputs=(1, 2))
+        {"input, weight, bias": "OPS['_layer_norm_backward'](grad, input, result[1], result[2], weight, bias, "
+                                "len(normalized_shape), eps)"}, nondiff_outputs=(1, 2))
 private("_fused_rms_norm(Tensor input, int[] normalized_shape, Tensor? weight, float eps) -> (Tensor, Tensor)",
         _fused_rms_norm,
-        {"input, weight": "OPS['_layer_norm_backward'](grad, input, None, result[1], weight, len(normalized_shape), "
-                          "eps)"},
+        {"input, weight": "OPS['_layer_norm_backward'](grad, input, None, result[1], weight, None, "
+                          "len(normalized_shape), eps)"},
         nondiff_outputs=(1,))
-private("_layer_norm_backward(Tensor grad, Tensor input, Tensor? mean, Tensor rstd, Tensor? weight, "
-        "int normalized_ndim, float eps) -> (Tensor, Tensor)", _layer_norm_backward)
+private("_layer_norm_backward(Tensor grad, Tensor input, Tensor? mean, Tensor rstd, Tensor? weight, Tensor? bias, "
+        "int normalized_ndim, float eps) -> (Tensor, Tensor, Tensor)", _layer_norm_backward)
 functional("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
            "float eps=1e-05) -> Tensor", _layer_norm, autocast="fp32")
 functional("rms_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor",
@@ -167,16 +169,23 @@ def _non_channel_dims(input) -> tuple[int, ...]:
     return (0, *range(2, input.ndim))
 
 
-def _update_running_stats(running_mean, running_var, mean, var, momentum, count):
+def _overwrite_untracked(dst, value) -> None:
+    """Write ``value`` into ``dst`` without recording it or bumping its version, as torch's batch norm kernel
+    updates the running statistics: a backward that saved them (a second forward through the same layer before
+    the first's backward, as in siamese nets and GAN discriminators) must not find them changed."""
     from tilewise.autograd.grad_mode import no_grad
 
     with no_grad():
-        if running_mean is not None:
-            batch_mean = mean.reshape(-1).to(running_mean.dtype)
-            running_mean.copy_(batch_mean * momentum + running_mean * (1 - momentum))
-        if running_var is not None:
-            unbiased = (var.reshape(-1) * (count / max(count - 1, 1))).to(running_var.dtype)
-            running_var.copy_(unbiased * momentum + running_var * (1 - momentum))
+        OPS["_write_"](dst, value.to(dst.dtype))
+
+
+def _update_running_stats(running_mean, running_var, mean, var, momentum, count):
+    if running_mean is not None:
+        batch_mean = mean.reshape(-1).to(running_mean.dtype)
+        _overwrite_untracked(running_mean, batch_mean * momentum + running_mean * (1 - momentum))
+    if running_var is not None:
+        unbiased = (var.reshape(-1) * (count / max(count - 1, 1))).to(running_var.dtype)
+        _overwrite_untracked(running_var, unbiased * momentum + running_var * (1 - momentum))
 
 
 def _native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
@@ -198,14 +207,20 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
     return _affine(centered * invstd, w, b, input.dtype), mean, invstd
 
 
-def _batch_norm_backward(grad, input, mean, invstd, weight, training, eps):
+def _batch_norm_backward(grad, input, weight, running_mean, running_var, save_mean, save_invstd, training, eps):
+    """torch's native_batch_norm_backward: from the batch statistics saved by the forward when training, from
+    the running statistics otherwise."""
     dims = _non_channel_dims(input)
     x = in_compute_dtype(input)
+    stat_shape = _channel_shape(input)
     if training:
-        mean, invstd = _backward_statistics(x, dims, eps, mean, invstd)
+        mean, invstd = _backward_statistics(x, dims, eps, save_mean, save_invstd)
+    else:
+        mean = running_mean.to(x.dtype).reshape(stat_shape)
+        invstd = (running_var.to(x.dtype).reshape(stat_shape) + eps).rsqrt()
     g = grad.to(x.dtype)
     xhat = (x - mean) * invstd
-    grad_xhat = g * weight.reshape(mean.shape) if weight is not None else g
+    grad_xhat = g * weight.reshape(stat_shape) if weight is not None else g
     if training:
         grad_input = _normalized_input_grad(grad_xhat, xhat, invstd, dims, True)
     else:
@@ -251,7 +266,9 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
 
 
 def _per_instance(t, batch: int):
-    return None if t is None else t.unsqueeze(0).expand(batch, t.shape[0]).reshape(-1)
+    """``t`` once per instance, always a copy (torch's repeat): batch norm saves it, and the caller then writes
+    the instances' mean back into ``t``."""
+    return None if t is None else t.repeat(batch)
 
 
 def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
@@ -276,11 +293,12 @@ def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias
 
 private("native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, "
         "bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)", _native_batch_norm,
-        {"input, weight, bias": "OPS['_batch_norm_backward'](grad, input, result[1], result[2], weight, training, "
-                                "eps)",
+        {"input, weight, bias": "OPS['_batch_norm_backward'](grad, input, weight, running_mean, running_var, "
+                                "result[1], result[2], training, eps)",
          "running_mean": None, "running_var": None}, nondiff_outputs=(1, 2))
-private("_batch_norm_backward(Tensor grad, Tensor input, Tensor mean, Tensor invstd, Tensor? weight, bool training, "
-        "float eps) -> (Tensor, Tensor, Tensor)", _batch_norm_backward)
+private("_batch_norm_backward(Tensor grad, Tensor input, Tensor? weight, Tensor? running_mean, Tensor? running_var, "
+        "Tensor save_mean, Tensor save_invstd, bool training, float eps) -> (Tensor, Tensor, Tensor)",
+        _batch_norm_backward)
 functional("batch_norm(Tensor input, Tensor? running_mean, Tensor? running_var, Tensor? weight=None, "
            "Tensor? bias=None, bool training=False, float momentum=0.1, float eps=1e-05) -> Tensor", _batch_norm,
            function=False)

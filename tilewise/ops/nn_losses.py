@@ -1,11 +1,13 @@
 """Losses of torch.nn.functional, with torch's definitions of reductions, class weights, ignore_index and
 label smoothing.
 
-Elementwise losses (mse, l1, smooth_l1, huber, kl_div, binary_cross_entropy_with_logits) and nll_loss
-compose pointwise primitives, a gather and a reduction, and differentiate through them. Two losses carry
-explicit derivatives, on private operators: cross_entropy, whose input gradient is
-``softmax(x) * sum(q) - q`` for the weighted, smoothed target distribution q (no log_softmax is kept for
-backward, and ``-inf`` logits stay finite; probability targets get their gradient too), and
+Elementwise losses (mse, l1, smooth_l1, huber, kl_div, binary_cross_entropy_with_logits) compose pointwise
+primitives and a reduction, and differentiate through them. Three losses carry explicit derivatives, on private
+operators, saving what torch saves: nll_loss (its input, target, weight and total weight; the gradient is
+``-weight[t]`` at each target's class), cross_entropy, whose input gradient is
+``softmax(x) * sum(q) - q`` for the weighted, smoothed target distribution q, computed from the
+log-probabilities the forward returns beside the loss and backward keeps, as torch keeps log_softmax's
+output (so the logits may change in place after the loss; probability targets get their gradient too), and
 binary_cross_entropy, with torch's clamped closed form that stays finite at probabilities 0 and 1.
 """
 
@@ -48,10 +50,11 @@ def _broadcast_pair(op: str, input, target):
 
 def _elementwise_loss(op: str, loss_of_difference, mean_over_weight: bool):
     """A loss of (input - target) per element; an optional per-element weight divides 'mean' by its sum
-    (mse, l1) or, for huber, by the element count, as torch does."""
+    (mse, l1) or, for huber, by the element count, as torch does. ``loss_of_difference`` takes the difference
+    and the broadcast input and target."""
     def loss_fn(input, target, reduction, weight):
         a, b = _broadcast_pair(op, input, target)
-        loss = loss_of_difference(a - b)
+        loss = loss_of_difference(a - b, a, b)
         if weight is None:
             return _reduce(loss, reduction)
         if tuple(weight.shape) != tuple(input.shape):
@@ -65,12 +68,49 @@ def _elementwise_loss(op: str, loss_of_difference, mean_over_weight: bool):
     return loss_fn
 
 
-_mse = _elementwise_loss("mse_loss", lambda d: d * d, True)
-_l1 = _elementwise_loss("l1_loss", lambda d: d.abs(), True)
+def _saving_input_and_target(kind: str, parameter: float = 0.0):
+    """The per-element loss of (input - target) by ``_pointwise_loss``, which saves input and target as torch's
+    mse_loss, huber_loss and smooth_l1_loss do (changing either in place before backward is an error there)."""
+    return lambda d, a, b: OPS["_pointwise_loss"](a, b, kind, parameter)
+
+
+def _pointwise_loss_forward(input, target, kind, parameter):
+    d = input - target
+    if kind == "mse":
+        return d * d
+    size = d.abs()
+    if kind == "huber":
+        return where(size < parameter, d * d * 0.5, (size - 0.5 * parameter) * parameter)
+    return where(size < parameter, d * d * (0.5 / parameter), size - 0.5 * parameter)  # smooth_l1, beta > 0
+
+
+def _pointwise_loss_backward(grad, input, target, kind, parameter):
+    """(input, target) gradients: torch's mse/huber/smooth_l1 backward, ``dl/dd`` of d = input - target."""
+    d = input - target
+    if kind == "mse":
+        slope = 2 * d
+    elif kind == "huber":
+        slope = d.clamp(-parameter, parameter)
+    else:
+        slope = (d / parameter).clamp(-1.0, 1.0)
+    g = grad * slope
+    return g, -g
+
+
+private("_pointwise_loss(Tensor input, Tensor target, str kind, float parameter) -> Tensor", _pointwise_loss_forward,
+        {"input, target": "OPS['_pointwise_loss_backward'](grad, input, target, kind, parameter)"})
+private("_pointwise_loss_backward(Tensor grad, Tensor input, Tensor target, str kind, float parameter) -> "
+        "(Tensor, Tensor)", _pointwise_loss_backward)
+
+_mse = _elementwise_loss("mse_loss", lambda d, a, b: d * d, True)
+_l1 = _elementwise_loss("l1_loss", lambda d, a, b: d.abs(), True)
 
 
 def _mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
-    return _mse(input, target, _reduction_mode("mse_loss", reduction, size_average, reduce), weight)
+    reduction = _reduction_mode("mse_loss", reduction, size_average, reduce)
+    if weight is None:  # torch's native mse_loss; with a weight, torch composes it as below
+        return _elementwise_loss("mse_loss", _saving_input_and_target("mse"), True)(input, target, reduction, None)
+    return _mse(input, target, reduction, weight)
 
 
 def _l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
@@ -83,24 +123,16 @@ def _smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="me
         raise RuntimeError(f"smooth_l1_loss does not support negative values for beta, got beta={beta}")
     if beta == 0.0:
         return _l1(input, target, reduction, None)
-
-    def smooth(d):
-        size = d.abs()
-        return where(size < beta, d * d * (0.5 / beta), size - 0.5 * beta)
-
-    return _elementwise_loss("smooth_l1_loss", smooth, True)(input, target, reduction, None)
+    return _elementwise_loss("smooth_l1_loss", _saving_input_and_target("smooth_l1", beta), True)(
+        input, target, reduction, None)
 
 
 def _huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     reduction = _reduction_mode("huber_loss", reduction)
     if delta <= 0:
         raise RuntimeError(f"huber_loss does not support non-positive values for delta, got delta={delta}")
-
-    def huber(d):
-        size = d.abs()
-        return where(size < delta, d * d * 0.5, (size - 0.5 * delta) * delta)
-
-    return _elementwise_loss("huber_loss", huber, False)(input, target, reduction, weight)
+    return _elementwise_loss("huber_loss", _saving_input_and_target("huber", delta), False)(input, target, reduction,
+                                                                                            weight)
 
 
 functional("mse_loss(Tensor input, Tensor target, bool? size_average=None, bool? reduce=None, str reduction='mean', "
@@ -174,8 +206,21 @@ def _nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, 
     input, target, unbatched = _class_layout("nll_loss", input, target)
     _check_class_weight("nll_loss", weight, input.shape[1])
     _check_class_range("nll_loss", target, input.shape[1], ignore_index)
-    loss = _class_loss_reduction(*_nll_terms(input, target, weight, ignore_index), reduction)
+    loss = OPS["_nll_loss"](input, target, weight, reduction, ignore_index)[0]
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
+
+
+def _nll_loss_forward(input, target, weight, reduction, ignore_index):
+    """(the loss, the total weight of the targets counted), as torch's nll_loss_forward."""
+    loss, counted = _nll_terms(input, target, weight, ignore_index)
+    return _class_loss_reduction(loss, counted, reduction), counted.sum()
+
+
+def _nll_loss_backward(grad, input, target, weight, reduction, ignore_index, total_weight):
+    """``-grad * weight[t]`` at each target's class (divided by the total weight for 'mean'), zero elsewhere."""
+    x = in_compute_dtype(input)
+    q, _, _ = _target_distribution(x, target, weight, ignore_index, 0.0)
+    return (_scaled_loss_grad(grad, reduction, total_weight.to(x.dtype), x.dtype) * -q).to(input.dtype)
 
 
 def _class_weight_view(weight, like):
@@ -187,19 +232,20 @@ def _smoothed(target, label_smoothing: float, classes: int):
 
 
 def _cross_entropy_loss(input, target, weight, reduction, ignore_index, label_smoothing):
+    """(the loss, log_softmax(input) over the classes): backward reads the log-probabilities, not the input."""
     logp = input.log_softmax(1)
     classes = input.shape[1]
     w = _class_weight_view(weight, logp)
     if target.dtype.is_floating_point:
         q = _smoothed(target, label_smoothing, classes)
         loss = -(logp * (q * w if w is not None else q)).sum(1)
-        return loss.sum() / (input.numel() / classes) if reduction == "mean" else _reduce(loss, reduction)
+        return loss.sum() / (input.numel() / classes) if reduction == "mean" else _reduce(loss, reduction), logp
     loss, counted = _nll_terms(logp, target, weight, ignore_index)
     if label_smoothing > 0:
         uniform = -(logp * w).sum(1) if w is not None else -logp.sum(1)
         uniform = where(target != ignore_index, uniform, 0.0)
         loss = loss * (1 - label_smoothing) + uniform * (label_smoothing / classes)
-    return _class_loss_reduction(loss, counted, reduction)
+    return _class_loss_reduction(loss, counted, reduction), logp
 
 
 def _target_distribution(x, target, weight, ignore_index, label_smoothing):
@@ -241,18 +287,20 @@ def _scaled_loss_grad(grad, reduction: str, divisor, dtype):
     return g / divisor if reduction == "mean" else g
 
 
-def _cross_entropy_backward(grad, input, target, weight, reduction, ignore_index, label_smoothing):
-    x = in_compute_dtype(input)
+def _cross_entropy_backward(grad, logp, target, weight, reduction, ignore_index, label_smoothing):
+    """The input gradient from the saved log-probabilities: ``exp(logp) * sum(q) - q``, scaled by the reduction."""
+    x = in_compute_dtype(logp)
     q, total, divisor = _target_distribution(x, target, weight, ignore_index, label_smoothing)
-    return _scaled_loss_grad(grad, reduction, divisor, x.dtype) * (x.softmax(1) * total - q)
+    return _scaled_loss_grad(grad, reduction, divisor, x.dtype) * (x.exp() * total - q)
 
 
-def _cross_entropy_target_backward(grad, input, target, weight, reduction, label_smoothing):
-    x = in_compute_dtype(input)
+def _cross_entropy_target_backward(grad, logp, target, weight, reduction, label_smoothing):
+    x = in_compute_dtype(logp)
     w = _class_weight_view(weight, x)
-    d = x.log_softmax(1) * -(1 - label_smoothing)
+    d = x * -(1 - label_smoothing)
     g = _scaled_loss_grad(grad, reduction, x.numel() / x.shape[1], x.dtype)
     return g * (d * w if w is not None else d)
+
 
 
 def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
@@ -270,14 +318,22 @@ def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-
         unbatched = input.ndim == 1
         if unbatched:
             input, target = input.unsqueeze(0), target.unsqueeze(0)
+        if label_smoothing > 0:  # smoothed before the loss, as torch does: the loss keeps the smoothed copy
+            target, label_smoothing = _smoothed(target, label_smoothing, input.shape[1]), 0.0
     else:
         input, target, unbatched = _class_layout(op, input, target)
         _check_class_range(op, target, input.shape[1], ignore_index)
     _check_class_weight(op, weight, input.shape[1])
-    loss = OPS["_cross_entropy_loss"](input, target, weight, reduction, ignore_index, label_smoothing)
+    loss = OPS["_cross_entropy_loss"](input, target, weight, reduction, ignore_index, label_smoothing)[0]
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
 
 
+private("_nll_loss(Tensor input, Tensor target, Tensor? weight, str reduction, int ignore_index) -> (Tensor, Tensor)",
+        _nll_loss_forward,
+        {"input": "OPS['_nll_loss_backward'](grad, input, target, weight, reduction, ignore_index, result[1])",
+         "target": None, "weight": None}, nondiff_outputs=(1,))
+private("_nll_loss_backward(Tensor grad, Tensor input, Tensor target, Tensor? weight, str reduction, "
+        "int ignore_index, Tensor total_weight) -> Tensor", _nll_loss_backward)
 functional("nll_loss(Tensor input, Tensor target, Tensor? weight=None, bool? size_average=None, "
            "int ignore_index=-100, bool? reduce=None, str reduction='mean') -> Tensor", _nll_loss, function=False,
            autocast="fp32")
@@ -285,14 +341,15 @@ functional("cross_entropy(Tensor input, Tensor target, Tensor? weight=None, bool
            "int ignore_index=-100, bool? reduce=None, str reduction='mean', float label_smoothing=0.0) -> Tensor",
            _cross_entropy, function=False, autocast="fp32")
 private("_cross_entropy_loss(Tensor input, Tensor target, Tensor? weight, str reduction, int ignore_index, "
-        "float label_smoothing) -> Tensor", _cross_entropy_loss,
-        {"input": "OPS['_cross_entropy_backward'](grad, input, target, weight, reduction, ignore_index, "
+        "float label_smoothing) -> (Tensor, Tensor)", _cross_entropy_loss,
+        {"input": "cross_entropy_input_grad(grad, output_grads, result[1], target, weight, reduction, ignore_index, "
                   "label_smoothing)",
-         "target": "OPS['_cross_entropy_target_backward'](grad, input, target, weight, reduction, label_smoothing)",
+         "target": "OPS['_cross_entropy_target_backward'](grad, result[1], target, weight, reduction, "
+                   "label_smoothing)",
          "weight": None})
-private("_cross_entropy_backward(Tensor grad, Tensor input, Tensor target, Tensor? weight, str reduction, "
+private("_cross_entropy_backward(Tensor grad, Tensor logp, Tensor target, Tensor? weight, str reduction, "
         "int ignore_index, float label_smoothing) -> Tensor", _cross_entropy_backward)
-private("_cross_entropy_target_backward(Tensor grad, Tensor input, Tensor target, Tensor? weight, str reduction, "
+private("_cross_entropy_target_backward(Tensor grad, Tensor logp, Tensor target, Tensor? weight, str reduction, "
         "float label_smoothing) -> Tensor", _cross_entropy_target_backward)
 
 
@@ -333,6 +390,10 @@ def _binary_cross_entropy_with_logits(input, target, weight=None, size_average=N
     if tuple(target.shape) != tuple(input.shape):
         raise ValueError(f"binary_cross_entropy_with_logits: Target size ({list(target.shape)}) must be the same as "
                          f"input size ({list(input.shape)})")
+    return OPS["_binary_cross_entropy_with_logits"](input, target, weight, pos_weight, reduction)
+
+
+def _bce_with_logits_loss(input, target, weight, pos_weight, reduction):
     log_sigmoid = call_public("logsigmoid", input)
     if pos_weight is not None:
         log_sigmoid = log_sigmoid * ((pos_weight - 1) * target + 1)
@@ -340,6 +401,34 @@ def _binary_cross_entropy_with_logits(input, target, weight=None, size_average=N
     return _reduce(loss * weight if weight is not None else loss, reduction)
 
 
+def _bce_with_logits_backward(grad, input, target, weight, pos_weight, reduction):
+    """Gradients for input, target, weight and pos_weight from the saved operands, as torch's backward: with
+    p = pos_weight * target, d/dinput = (1 + p - target) * sigmoid(input) - p, d/dtarget = -input -
+    (pos_weight - 1) * logsigmoid(input)."""
+    scale = grad / input.numel() if reduction == "mean" else grad
+    log_sigmoid = call_public("logsigmoid", input)
+    if pos_weight is not None:
+        weighted = pos_weight * target
+        grad_input = (1 + weighted - target) * input.sigmoid() - weighted
+        grad_target = -input - (pos_weight - 1) * log_sigmoid
+        grad_pos_weight = -target * log_sigmoid
+    else:
+        grad_input, grad_target, grad_pos_weight = input.sigmoid() - target, -input, None
+    unweighted = (1 - target) * input - (log_sigmoid * ((pos_weight - 1) * target + 1) if pos_weight is not None
+                                         else log_sigmoid)
+    if weight is not None:
+        grad_input, grad_target = grad_input * weight, grad_target * weight
+        grad_pos_weight = grad_pos_weight * weight if grad_pos_weight is not None else None
+    return (scale * grad_input, scale * grad_target, scale * unweighted if weight is not None else None,
+            scale * grad_pos_weight if grad_pos_weight is not None else None)
+
+
+private("_binary_cross_entropy_with_logits(Tensor input, Tensor target, Tensor? weight, Tensor? pos_weight, "
+        "str reduction) -> Tensor", _bce_with_logits_loss,
+        {"input, target, weight, pos_weight": "OPS['_binary_cross_entropy_with_logits_backward'](grad, input, "
+                                              "target, weight, pos_weight, reduction)"})
+private("_binary_cross_entropy_with_logits_backward(Tensor grad, Tensor input, Tensor target, Tensor? weight, "
+        "Tensor? pos_weight, str reduction) -> (Tensor, Tensor, Tensor, Tensor)", _bce_with_logits_backward)
 functional("binary_cross_entropy_with_logits(Tensor input, Tensor target, Tensor? weight=None, "
            "bool? size_average=None, bool? reduce=None, str reduction='mean', Tensor? pos_weight=None) -> Tensor",
            _binary_cross_entropy_with_logits, function=False, autocast="fp32")

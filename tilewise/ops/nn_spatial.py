@@ -3,9 +3,9 @@
 [Note: convolution as im2col] conv1d and conv2d pad the input (one ``view_scatter`` into a constant tensor),
 take every window as a strided view (two ``unfold`` views, plus a strided slice for dilation), lay the
 windows out as columns (one copy) and multiply them with the weight in one batched GEMM over the groups,
-so convolution reuses the matmul path of every backend. The gradient flows through those primitives: the
-adjoint of im2col is col2im, which is exactly what the views' backward (``view_scatter_add``) computes, and
-the input and weight gradients are the GEMM's own backward, so an explicit formula would do the same work.
+so convolution reuses the matmul path of every backend. Like torch, it saves its input and weight for backward,
+not the columns (KH * KW times the input): ``_conv2d_backward`` takes the windows again for the weight gradient
+and scatters the columns' gradient back with their geometry (``view_scatter_add``, col2im) for the input's.
 conv1d is conv2d over a height of 1. Pooling takes the same window views: max pooling picks in each
 flattened window the element torch's rule picks (see [Note: max pooling and NaN]) and reads it back there,
 so the gradient goes where the index points; average pooling sums and divides by torch's per-window
@@ -19,7 +19,7 @@ import math
 
 from tilewise import _strides as S
 from tilewise.dtypes import float32, iinfo
-from tilewise.ops.nn_functional import functional, int_tuple
+from tilewise.ops.nn_functional import functional, int_tuple, private
 from tilewise.ops.registry import OPS
 
 
@@ -94,23 +94,84 @@ def _conv_pads(op, padding, kernel, stride, dilation) -> list[tuple[int, int]]:
     return [(t // 2, t - t // 2) for t in totals]  # an odd total pads one more after, as torch does
 
 
-def _conv2d_im2col(op, x, weight, stride, pads, dilation, groups):
-    if any(before or after for before, after in pads):
-        x = _constant_pad(x, pads, 0)
-    batch, _, height, width = x.shape
-    out_channels, group_channels, kh, kw = weight.shape
+def _output_size(op, padded_shape, weight, stride, dilation) -> tuple[int, int]:
+    height, width = padded_shape[2:]
+    kh, kw = weight.shape[2:]
     out_h, out_w = _window_count(height, kh, stride[0], dilation[0]), _window_count(width, kw, stride[1], dilation[1])
     if out_h <= 0 or out_w <= 0:
         raise RuntimeError(f"{op}: Calculated padded input size per channel: ({height} x {width}). Kernel size: "
                            f"({dilation[0] * (kh - 1) + 1} x {dilation[1] * (kw - 1) + 1}). Kernel size can't be "
                            "greater than actual input size")
+    return out_h, out_w
+
+
+def _pad_pairs(pads) -> list[tuple[int, int]]:
+    return [(pads[k], pads[k + 1]) for k in range(0, len(pads), 2)]
+
+
+def _im2col(x, weight_shape, stride, pads, dilation, groups):
+    """The padded input's windows as one matrix per group: (groups, N * OH * OW, C / groups * KH * KW)."""
+    if any(pads):
+        x = _constant_pad(x, _pad_pairs(pads), 0)
+    batch = x.shape[0]
+    _, group_channels, kh, kw = weight_shape
     windows = _windows(x, (kh, kw), stride, dilation)
-    columns = (windows.reshape(batch, groups, group_channels, out_h, out_w, kh, kw).permute(1, 0, 3, 4, 2, 5, 6)
-               .reshape(groups, batch * out_h * out_w, group_channels * kh * kw))
+    out_h, out_w = windows.shape[2:4]
+    return (windows.reshape(batch, groups, group_channels, out_h, out_w, kh, kw).permute(1, 0, 3, 4, 2, 5, 6)
+            .reshape(groups, batch * out_h * out_w, group_channels * kh * kw))
+
+
+def _col2im(columns, input_shape, weight_shape, stride, pads, dilation, groups, out_hw):
+    """The adjoint of ``_im2col``: each column entry added back to the input element its window read."""
+    batch, channels, height, width = input_shape
+    _, group_channels, kh, kw = weight_shape
+    (top, bottom), (left, right) = _pad_pairs(pads)
+    padded = (batch, channels, height + top + bottom, width + left + right)
+    out_h, out_w = out_hw
+    windows = (columns.reshape(groups, batch, out_h, out_w, group_channels, kh, kw).permute(1, 0, 4, 2, 3, 5, 6)
+               .reshape(batch, channels, out_h, out_w, kh, kw))
+    s_batch, s_channel, s_row, s_col = S.contiguous_strides(padded)
+    strides = (s_batch, s_channel, s_row * stride[0], s_col * stride[1], s_row * dilation[0], s_col * dilation[1])
+    grad = OPS["view_scatter_add"](windows, padded, tuple(windows.shape), strides, 0)
+    return grad[:, :, top:top + height, left:left + width] if any(pads) else grad
+
+
+def _grouped(grad, groups: int):
+    """(N, OC, OH, OW) -> (groups, N * OH * OW, OC / groups): the GEMM's output layout."""
+    batch, out_channels, out_h, out_w = grad.shape
     per_group = out_channels // groups
+    return (grad.reshape(batch, groups, per_group, out_h, out_w).permute(1, 0, 3, 4, 2)
+            .reshape(groups, batch * out_h * out_w, per_group))
+
+
+def _conv2d(input, weight, stride, pads, dilation, groups):
+    batch, _, height, width = input.shape
+    out_channels, group_channels, kh, kw = weight.shape
+    out_h = _window_count(height + pads[0] + pads[1], kh, stride[0], dilation[0])
+    out_w = _window_count(width + pads[2] + pads[3], kw, stride[1], dilation[1])
+    per_group = out_channels // groups
+    columns = _im2col(input, weight.shape, stride, pads, dilation, groups)
     out = columns.bmm(weight.reshape(groups, per_group, group_channels * kh * kw).transpose(1, 2))
     out = out.reshape(groups, batch, out_h, out_w, per_group).permute(1, 0, 4, 2, 3)
     return out.reshape(batch, out_channels, out_h, out_w).contiguous()
+
+
+def _conv2d_backward(grad, input, weight, stride, pads, dilation, groups):
+    """Input and weight gradients from the saved input and weight: the windows are taken again rather than
+    kept from the forward (torch saves the same two tensors; the windows are KH * KW times the input)."""
+    out_channels, group_channels, kh, kw = weight.shape
+    g = _grouped(grad, groups)
+    w = weight.reshape(groups, out_channels // groups, group_channels * kh * kw)
+    grad_weight = g.transpose(1, 2).bmm(_im2col(input, weight.shape, stride, pads, dilation, groups))
+    grad_input = _col2im(g.bmm(w), tuple(input.shape), tuple(weight.shape), stride, pads, dilation, groups,
+                         tuple(grad.shape[2:]))
+    return grad_input, grad_weight.reshape(weight.shape)
+
+
+private("_conv2d(Tensor input, Tensor weight, int[2] stride, int[4] pads, int[2] dilation, int groups) -> Tensor",
+        _conv2d, {"input, weight": "OPS['_conv2d_backward'](grad, input, weight, stride, pads, dilation, groups)"})
+private("_conv2d_backward(Tensor grad, Tensor input, Tensor weight, int[2] stride, int[4] pads, int[2] dilation, "
+        "int groups) -> (Tensor, Tensor)", _conv2d_backward)
 
 
 def _convolution(op: str, spatial: int):
@@ -126,7 +187,12 @@ def _convolution(op: str, spatial: int):
         if spatial == 1:
             x, w = x.unsqueeze(2), w.unsqueeze(2)
             stride, dilation, pads = (1, *stride), (1, *dilation), [(0, 0), *pads]
-        out = _conv2d_im2col(op, x, w, stride, pads, dilation, groups)
+        padded_shape = (*x.shape[:2], *(n + before + after for n, (before, after) in zip(x.shape[2:], pads)))
+        _output_size(op, padded_shape, w, stride, dilation)
+        if any(before != after for before, after in pads):  # 'same' with an even span: torch pads a copy first
+            x = _constant_pad(x, [(0, after - before) for before, after in pads], 0)
+            pads = [(before, before) for before, _ in pads]
+        out = OPS["_conv2d"](x, w, stride, [p for pair in pads for p in pair], dilation, groups)
         if spatial == 1:
             out = out.squeeze(2)
         if bias is not None:

@@ -146,7 +146,7 @@ pointwise("neg(Tensor self) -> Tensor", lambda x: -x, {"self": "-grad"}, R.negat
 pointwise("abs(Tensor self) -> Tensor", lambda x: x.abs(), {"self": "grad * sign(self)"}, dunder=("abs",),
           aliases=("absolute",))
 pointwise("sign(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_like(grad)"})
-pointwise("sgn(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_like(grad)"})
+pointwise("sgn(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "sgn_backward(grad, self, result)"})
 pointwise("lerp(Tensor self, Tensor end, Tensor weight) -> Tensor",
           lambda a, b, w: where(w.abs().lt(0.5), a + w * (b - a), b - (b - a) * (1 - w)),
           {"self": "grad * (1 - weight)", "end": "grad * weight", "weight": "grad * (end - self)"})
@@ -172,8 +172,8 @@ pointwise("clamp(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor", No
           {"self": "grad * clamp_mask(self, min, max)", "min": "grad * (self < min)", "max": "grad * (self > max)"},
           R.clamp_rule, aliases=("clip",), expr_builder=_clamp)
 pointwise("copysign(Tensor self, Tensor other) -> Tensor", lambda a, b: a.copysign(b),
-          {"self": "grad * sign(self) * where(signbit(other), -ones_like(grad), ones_like(grad))",
-           "other": "zeros_like(grad)"}, R.promote_float)
+          {"self": "grad * where(self == 0, zeros_like(result), result / self)", "other": "zeros_like(grad)"},
+          R.promote_float)
 
 # ---------------------------------------------------------------- exponentials, logs, powers
 unary("exp", lambda x: x.exp(), "grad * result", autocast="fp32")
@@ -200,7 +200,7 @@ unary("cosh", lambda x: x.cosh(), "grad * sinh(self)", autocast="fp32")
 unary("tanh", lambda x: x.tanh(), "grad * (1 - result * result)")
 unary("sigmoid", lambda x: 1 / (1 + (-x).exp()), "grad * result * (1 - result)")
 unary("erf", lambda x: x.erf(), f"grad * {2 / math.sqrt(math.pi)} * exp(-self * self)")
-unary("erfinv", lambda x: x.erfinv(), f"grad * {math.sqrt(math.pi) / 2} * exp(result * result)",
+unary("erfinv", lambda x: x.erfinv(), f"grad * {math.sqrt(math.pi) / 2} * exp(erfinv(self) ** 2)",
       autocast="fp32")
 
 # ---------------------------------------------------------------- rounding (zero gradient, like torch)

@@ -6,12 +6,16 @@ for views), dtype rule, derivative formulas, decomposition — and derives the r
 the public function, the Tensor method, operator dunders and the in-place variant. Derivative formulas
 are strings in the style of PyTorch's derivatives.yaml (``"grad * result"``); they are compiled once into
 Python functions over tilewise operators, so backward is itself differentiable and traceable, and the
-names a formula reads tell autograd exactly which values to save. Backends look operators up here by
-name; nothing else keeps a list of operators.
+names a formula reads tell autograd exactly which values to save: the arguments it names, and the outputs it
+reads (only output k where it reads ``result[k]``, as torch saves ``result1`` of a batch norm and not its
+output). Saving what torch saves is what makes torch's in-place idioms work and fail alike here
+(``tests/test_trust_saved.py``). Backends look operators up here by name; nothing else keeps a list of
+operators.
 """
 
 from __future__ import annotations
 
+import ast
 from collections import namedtuple
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,26 +36,43 @@ OVERLOADS: dict[str, list[OpDef]] = {}  # public name -> overloads in resolution
 
 @dataclass(eq=False)
 class Formula:
-    """A derivative formula: an expression over ``grad``, ``grads``, ``result`` and the op's arguments."""
+    """A derivative formula: an expression over ``grad``, ``grads`` (zeros where no gradient reached an output),
+    ``output_grads`` (None there), ``result`` and the op's arguments.
+    ``outputs`` are the outputs it reads when it reads ``result`` only as ``result[k]`` with constant k (None:
+    the whole result), so that an operator saves just those, as torch saves ``result1`` without ``result0``."""
 
     text: str
     uses: frozenset[str]
     fn: Callable
+    outputs: frozenset[int] | None = None
 
     def __call__(self, env: dict):
         return self.fn(env)
 
 
+def outputs_read(tree: ast.AST) -> frozenset[int] | None:
+    """The k of every ``result[k]`` in a formula, or None where it reads ``result`` any other way."""
+    subscripted, indices = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "result" \
+                and isinstance(node.slice, ast.Constant) and type(node.slice.value) is int:
+            subscripted.add(id(node.value))
+            indices.add(node.slice.value)
+    whole = any(isinstance(n, ast.Name) and n.id == "result" and id(n) not in subscripted for n in ast.walk(tree))
+    return None if whole else frozenset(indices)
+
+
 def compile_formula(text: str, param_names: tuple[str, ...]) -> Formula:
     code = compile(text, f"<derivative {text}>", "eval")
     names = set(code.co_names)
-    env_names = ("grad", "grads", "result", *param_names, *(f"{p}_shape" for p in param_names))
+    env_names = ("grad", "grads", "output_grads", "result", *param_names, *(f"{p}_shape" for p in param_names))
     uses = frozenset(n for n in names if n in env_names)
+    outputs = outputs_read(ast.parse(text, mode="eval")) if "result" in uses else frozenset()
     unpack = "".join(f"    {n} = env[{n!r}]\n" for n in sorted(uses))
     src = f"def _formula(env):\n{unpack}    return {text}\n"
     scope: dict = {}
     exec(compile(src, f"<derivative {text}>", "exec"), _FORMULA_NAMESPACE, scope)
-    return Formula(text, uses, scope["_formula"])
+    return Formula(text, uses, scope["_formula"], outputs)
 
 
 def joint_formula_output(formula: Formula, k: int) -> Formula:
@@ -63,7 +84,7 @@ def joint_formula_output(formula: Formula, k: int) -> Formula:
             env[formula] = formula(env)
         return env[formula][k]
 
-    return Formula(f"({formula.text})[{k}]", formula.uses, output)
+    return Formula(f"({formula.text})[{k}]", formula.uses, output, formula.outputs)
 
 
 @dataclass(eq=False)

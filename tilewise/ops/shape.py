@@ -4,6 +4,7 @@ when strides forbid a view, as torch's reshape does)."""
 from __future__ import annotations
 
 from tilewise import _strides as S
+from tilewise.ops.inplace import mark_multi_output_views
 from tilewise.ops.registry import OPS, declare
 
 
@@ -72,7 +73,7 @@ def _split(self, split_size_or_sections, dim=0):
     for size in sizes:
         out.append(self.narrow(d, start, size))
         start += size
-    return tuple(out)
+    return mark_multi_output_views(tuple(out), "Split" if len(split_size_or_sections) == 1 else "SplitWithSizes")
 
 
 def _chunk(self, chunks, dim=0):
@@ -94,7 +95,7 @@ def _narrow(self, dim, start, length):
 
 def _unbind(self, dim=0):
     d = S.normalize_dim(dim, self.ndim, "unbind")
-    return tuple(self.select(d, i) for i in range(self.shape[d]))
+    return mark_multi_output_views(tuple(self.select(d, i) for i in range(self.shape[d])), "Unbind")
 
 
 def _squeeze_dims(self, dim):

@@ -187,7 +187,8 @@ declare("view_scatter_add(Tensor grad, int[] input_shape, int[] view_shape, int[
         doc="Zeros of input_shape, with ``grad`` added at the elements a (view_shape, view_strides, view_offset) "
             "view of a contiguous tensor would read: the backward of every strided view.")
 declare("view_scatter(Tensor self, Tensor src, int[] view_shape, int[] view_strides, int view_offset) -> Tensor",
-        "index", grad={"self": "view_scatter(grad, zeros_like(src), view_shape, view_strides, view_offset)",
+        "index", grad={"self": "view_scatter(grad, zeros(src_shape, dtype=grad.dtype, device=grad.device), view_shape, "
+                               "view_strides, view_offset)",
                        "src": "grad.contiguous().as_strided(view_shape, view_strides, view_offset)"},
         method=False, doc="A copy of contiguous ``self`` with the elements a strided view selects replaced by "
                           "``src``: how an in-place write through a view is recorded on its base.")

@@ -14,6 +14,12 @@ checkpointing (torch's non-reentrant variant).
 ``autograd.Function`` whose backward recomputes it and calls ``backward`` on the recomputed outputs, so
 gradients flow to tensor arguments and accumulate into captured parameters' ``.grad``.
 
+Random operators in ``fn`` (dropout, rand, bernoulli, randperm, multinomial, ...) draw the same numbers when
+recomputed: with ``preserve_rng_state`` (the default) the recomputation starts from the generator state the
+forward started from, so it claims the same Philox counters, and the generator is put back afterwards.
+Inside ``tilewise.compile`` the same state restore makes each recomputed draw the very node of the forward's
+draw (see [Note: random draws in a trace]), so the compiled program draws those numbers once.
+
 >>> import tilewise as tw
 >>> from tilewise.utils.checkpoint import checkpoint
 >>> x = tw.tensor([1.0, 2.0], requires_grad=True)
@@ -33,7 +39,7 @@ from tilewise.dispatch import STATE
 from tilewise.ops.creation import get_rng_state, set_rng_state
 from tilewise.tensor import Tensor
 
-__all__ = ["checkpoint"]
+__all__ = ["checkpoint", "checkpoint_sequential"]
 
 
 def checkpoint(function: Callable, *args, use_reentrant: bool = False, preserve_rng_state: bool = True,
@@ -47,6 +53,35 @@ def checkpoint(function: Callable, *args, use_reentrant: bool = False, preserve_
     if not STATE.grad_enabled:
         return function(*args, **kwargs)
     return _Segment(function, args, kwargs, preserve_rng_state).run()
+
+
+def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool = False, **kwargs):
+    """Run ``functions`` (a Sequential or a list of callables) in order on ``input``, checkpointing all but the
+    last of ``segments`` consecutive groups, as torch.utils.checkpoint.checkpoint_sequential does."""
+    preserve_rng_state = kwargs.pop("preserve_rng_state", True)
+    if kwargs:
+        raise ValueError(f"checkpoint_sequential: unexpected keyword arguments {sorted(kwargs)}; it takes "
+                         "use_reentrant and preserve_rng_state")
+    functions = list(functions.children()) if hasattr(functions, "children") else list(functions)
+    if not 0 < segments <= max(len(functions), 1):
+        raise ValueError(f"checkpoint_sequential: segments must be between 1 and the number of functions "
+                         f"({len(functions)}), got {segments}")
+    size = len(functions) // segments
+    end = -1
+    for start in range(0, size * (segments - 1), size):
+        end = start + size - 1
+        input = checkpoint(_run_functions(functions[start:end + 1]), input, use_reentrant=use_reentrant,
+                           preserve_rng_state=preserve_rng_state)
+    return _run_functions(functions[end + 1:])(input)
+
+
+def _run_functions(functions: list) -> Callable:
+    def run(x):
+        for fn in functions:
+            x = fn(x)
+        return x
+
+    return run
 
 
 class _ForwardState:

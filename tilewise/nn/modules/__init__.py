@@ -32,7 +32,7 @@ from tilewise.nn.modules.activation import (
 from tilewise.nn.modules.container import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from tilewise.nn.modules.conv import Conv1d, Conv2d
 from tilewise.nn.modules.distance import CosineSimilarity
-from tilewise.nn.modules.dropout import Dropout, Dropout1d, Dropout2d
+from tilewise.nn.modules.dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
 from tilewise.nn.modules.linear import Bilinear, Flatten, Identity, Linear, Unflatten
 from tilewise.nn.modules.loss import (
     BCELoss,
@@ -46,7 +46,17 @@ from tilewise.nn.modules.loss import (
     SmoothL1Loss,
 )
 from tilewise.nn.modules.module import Module
-from tilewise.nn.modules.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
+from tilewise.nn.modules.normalization import (
+    BatchNorm1d,
+    BatchNorm2d,
+    BatchNorm3d,
+    GroupNorm,
+    InstanceNorm1d,
+    InstanceNorm2d,
+    InstanceNorm3d,
+    LayerNorm,
+    RMSNorm,
+)
 from tilewise.nn.modules.padding import ZeroPad2d
 from tilewise.nn.modules.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from tilewise.nn.modules.sparse import Embedding
@@ -55,7 +65,8 @@ from tilewise.nn.modules.transformer import MultiheadAttention, TransformerEncod
 __all__ = [
     "Module", "Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict",
     "Identity", "Linear", "Bilinear", "Flatten", "Unflatten", "Embedding",
-    "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "Dropout", "Dropout1d", "Dropout2d",
+    "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d",
+    "InstanceNorm2d", "InstanceNorm3d", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
     "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "ZeroPad2d", "CosineSimilarity",
     "MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder",
     "ReLU", "ReLU6", "LeakyReLU", "PReLU", "GELU", "SiLU", "Mish", "Softplus", "Hardswish", "Hardsigmoid",

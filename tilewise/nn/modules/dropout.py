@@ -17,7 +17,7 @@ class Dropout(Module):
         self.p, self.inplace = p, inplace
 
     def forward(self, input: Tensor) -> Tensor:
-        return getattr(F, self._functional)(input, self.p, self.training)
+        return getattr(F, self._functional)(input, self.p, self.training, self.inplace)
 
     def extra_repr(self) -> str:
         return f"p={self.p}, inplace={self.inplace}"
@@ -33,3 +33,9 @@ class Dropout2d(Dropout):
     """Zero whole channels of ``(N, C, H, W)`` inputs."""
 
     _functional = "dropout2d"
+
+
+class Dropout3d(Dropout):
+    """Zero whole channels of ``(N, C, D, H, W)`` inputs."""
+
+    _functional = "dropout3d"

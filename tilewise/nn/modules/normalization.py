@@ -1,8 +1,10 @@
-"""Normalisation layers: LayerNorm, RMSNorm, GroupNorm, BatchNorm1d/2d.
+"""Normalisation layers: LayerNorm, RMSNorm, GroupNorm, BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d.
 
 BatchNorm keeps ``running_mean``/``running_var``/``num_batches_tracked`` as buffers (so they are in the
 state dict and move with ``.to``); ``F.batch_norm`` updates the running statistics in place when training,
-exactly as torch's functional does.
+exactly as torch's functional does (without bumping their version, so a second forward before backward is
+fine). InstanceNorm is the same module with torch's other defaults: no affine parameters and no running
+statistics unless asked, and statistics of each instance whenever it has none to use.
 """
 
 from __future__ import annotations
@@ -173,3 +175,39 @@ class BatchNorm1d(_BatchNorm):
 
 class BatchNorm2d(_BatchNorm):
     _expected_dims = (4,)
+
+
+class BatchNorm3d(_BatchNorm):
+    _expected_dims = (5,)
+
+
+class _InstanceNorm(_BatchNorm):
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
+                 track_running_stats: bool = False, device=None, dtype=None) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        batched = self._expected_dims[-1]
+        if input.dim() not in (batched - 1, batched):
+            raise ValueError(f"{type(self).__name__}: expected {batched - 1}D (unbatched) or {batched}D (batched) "
+                             f"input, got {input.dim()}D input of shape {list(input.shape)}")
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        unbatched = input.dim() == self._expected_dims[-1] - 1
+        x = input.unsqueeze(0) if unbatched else input
+        out = F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                              self.training or not self.track_running_stats, self.momentum or 0.0, self.eps)
+        return out.squeeze(0) if unbatched else out
+
+
+class InstanceNorm1d(_InstanceNorm):
+    _expected_dims = (3,)
+
+
+class InstanceNorm2d(_InstanceNorm):
+    _expected_dims = (4,)
+
+
+class InstanceNorm3d(_InstanceNorm):
+    _expected_dims = (5,)
