@@ -29,9 +29,9 @@ the layer norm's backward and read back, so both sums become one nest of the bac
 value came from still stores it if anything else needs it. A value the program returns is never made again:
 a kernel that made it again could round it differently (a vector ``expf`` against a scalar one), and a
 backward that compares two returned values (amax's ``self == result``) would find no match. What a broadcast
-operand costs to make is shared by the elements it is broadcast to: a layer norm's ``x_hat = (h - mean) * rstd`` is made again by its
-backward from ``h`` (4 bytes an element; the row statistics come almost free) rather than stored by the
-forward as float32, with ``h - mean`` beside it, and read back.
+operand costs to make is shared by the elements it is broadcast to: a layer norm's ``x_hat = (h - mean) * rstd``
+is made again by its backward from ``h`` (4 bytes an element; the row statistics come almost free) rather than
+stored by the forward as float32, with ``h - mean`` beside it, and read back.
 """
 
 from __future__ import annotations
