@@ -138,6 +138,14 @@ class Generator:
 
         return tensor([self._seed & 0xFFFFFFFF, self._seed >> 32, self._offset & 0xFFFFFFFF, self._offset >> 32])
 
+    def position(self) -> tuple[int, int]:
+        """(seed, offset) as Python numbers: the state ``get_state`` returns, without a tensor to read back (a
+        traced function can save and restore it without a graph break)."""
+        return self._seed, self._offset
+
+    def set_position(self, position: tuple[int, int]) -> None:
+        self._seed, self._offset = position
+
     def set_state(self, state: Tensor) -> None:
         a, b, c, d = (int(v) for v in state.tolist())
         self._seed, self._offset = a | (b << 32), c | (d << 32)

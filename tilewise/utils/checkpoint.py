@@ -36,7 +36,7 @@ from tilewise.autograd.function import Function
 from tilewise.autograd.grad_mode import enable_grad
 from tilewise.autograd.graph import saved_tensors_hooks
 from tilewise.dispatch import STATE
-from tilewise.ops.creation import get_rng_state, set_rng_state
+from tilewise.ops.creation import default_generator
 from tilewise.tensor import Tensor
 
 __all__ = ["checkpoint", "checkpoint_sequential"]
@@ -88,20 +88,20 @@ class _ForwardState:
     """The default generator's state and the autocast state at one moment, replayable around a recomputation."""
 
     def __init__(self, preserve: bool):
-        self.state = get_rng_state() if preserve else None
+        self.state = default_generator.position() if preserve else None
         self.autocast = STATE.autocast
 
     def replay(self, fn: Callable):
         autocast, STATE.autocast = STATE.autocast, self.autocast
-        now = get_rng_state() if self.state is not None else None
+        now = default_generator.position() if self.state is not None else None
         if now is not None:
-            set_rng_state(self.state)
+            default_generator.set_position(self.state)
         try:
             return fn()
         finally:
             STATE.autocast = autocast
             if now is not None:
-                set_rng_state(now)
+                default_generator.set_position(now)
 
 
 def _detached_like(value):
