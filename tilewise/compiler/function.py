@@ -1,21 +1,31 @@
-"""``tilewise.compile``: compiled callables with guards, variants, recompilation and side effects.
+"""``tilewise.compile``: compiled callables with guards, variants, graph breaks, recompilation and side effects.
 
-[Note: compiled functions] A ``CompiledFunction`` keeps a list of *variants*, each a ``Program`` built
-for one specialisation of the function, with the ``Guards`` that say when it applies: the structure and
-the non-tensor values of the arguments, and for every tensor the function reads (arguments, captured
-parameters and buffers, gradients) its shape, strides, storage offset and size, dtype, device and
-``requires_grad``; which of them share storage; whether a parameter whose gradient the function changed
-had one; grad mode; the autocast state (the traced graph holds the casts it made); the ``training`` flags
-of a module; what the state tables of reachable optimizers hold. A call runs the first variant whose
-guards pass; on a miss the function is traced again and a new variant compiled, up to
-``settings.recompile_limit`` variants, after which it runs eagerly (with one warning).
-``TILEWISE_LOG=recompiles`` says which guard failed.
+[Note: compiled functions] A call that no variant's guards admit is *recorded*: the function runs on the
+caller's own tensors while the capture records every operator instead of running it (``capture.py``) and a
+``Recorder`` notes the Python state the function reads and any side effect it has (``guards.py``). Then:
+  - a call without graph breaks or side effects becomes a *variant*: a ``Program`` built from the recording,
+    with the ``Guards`` that say when it applies — the structure and non-tensor values of the arguments; for
+    every tensor the function reads (arguments, captured parameters and buffers, gradients) its shape,
+    strides, storage offset and size, dtype, device and ``requires_grad``; which of them share storage; whether
+    a parameter whose gradient the function changed had one; grad mode; the autocast state; the default dtype
+    and device; the ``training`` flags of a compiled module; what reachable optimizers' state tables hold and
+    their hyperparameters; and every global, closure variable and attribute the function's Python read
+    ([Note: Python-state guards]). Later calls its guards admit replay it without running any Python;
+  - a call with a graph break or a side effect ran its Python once, as eagerly, its operators executed as
+    compiled segments ([Note: segmented calls]); nothing is replayed, so the next call records again (and
+    becomes a variant if it turns out free of breaks and effects, as a function that fills a cache on its
+    first call does).
+At most ``settings.recompile_limit`` variants (and eight times as many segment programs) are kept; calls
+that fit none of them then run eagerly, with one warning. ``TILEWISE_LOG=recompiles`` says which guard
+failed, ``TILEWISE_LOG=graph_breaks`` where and why a function's Python has to run. With ``fullgraph=True``
+a graph break raises ``DataDependentError`` naming the user's line instead.
 
 Running a variant reproduces every effect the traced function had: outputs are fresh tensors, inputs
 written in place are updated in their own memory (their version counters bump, as eager in-place ops
 do), ``.grad`` of parameters is set or cleared as the function did, and optimizer state the function
 created (momentum buffers on a first step) is stored; the next call sees that state changed and compiles
-the steady-state step, which updates the buffers in place.
+the steady-state step, which updates the buffers in place. Recording holds a per-function lock, and a
+program runs under its arena's lock, so compiled functions may be called from several threads.
 """
 
 from __future__ import annotations
