@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tilewise.compiler.toolchain import disk, nvrtc_available
-from tilewise.compiler.toolchain.cache import KernelCache
+from tilewise.compiler.toolchain.cache import TOOLCHAIN_RECORD, KernelCache
 from tilewise.compiler.toolchain.disk import DiskCache, seal, unseal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def run_script(body: str, cache_dir, *argv: str) -> dict:
     """Run ``body`` in a fresh interpreter with ``TILEWISE_CACHE_DIR=cache_dir``; what it reported."""
     environment = {**os.environ, "TILEWISE_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", PRELUDE + body, *argv], capture_output=True, text=True,
-                          env=environment, timeout=300)
+                          env=environment, cwd=ROOT, timeout=300)
     assert done.returncode == 0, f"the process died ({done.returncode}):\n{done.stderr[-3000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -171,7 +171,7 @@ def test_damaged_nvrtc_entries_are_recompiled_with_one_warning(tmp_path, how, fr
 def test_a_damaged_toolchain_record_is_looked_up_again(tmp_path, fresh_warnings):
     cache = KernelCache(tmp_path)
     found = cache.toolchain()
-    record = tmp_path / "toolchain.json"
+    record = tmp_path / TOOLCHAIN_RECORD
     damage(record, "truncated_half")
     with pytest.warns(RuntimeWarning, match="damaged entry of the CUDA kernel cache"):
         assert KernelCache(tmp_path).toolchain() == found
@@ -330,7 +330,7 @@ def test_two_processes_writing_the_same_entries_at_once(tmp_path):
         environment = {**os.environ, "TILEWISE_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT),
                        "GO_FILE": str(go), "WHO": who, "PROGRAMS": str(programs)}
         processes.append(subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True, env=environment))
+                                          stderr=subprocess.PIPE, text=True, env=environment, cwd=ROOT))
     time.sleep(1.0)  # both interpreters up and waiting
     go.write_text("")
     try:

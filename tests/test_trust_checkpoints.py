@@ -226,18 +226,16 @@ KILLED_SAVE = textwrap.dedent("""
     import os, sys, time
     import tilewise as tw
     from tilewise import serialization
-    write = serialization._write_tensor
-    written = []
 
     def pause_after_the_first_tensor(file, t):
         write(file, t)
-        written.append(t)
-        if len(written) == 1 and os.environ.get("PAUSE"):
-            file.flush()
-            print("paused", flush=True)
-            time.sleep(600)
+        file.flush()
+        print("paused", flush=True)
+        time.sleep(600)
 
-    serialization._write_tensor = pause_after_the_first_tensor
+    if os.environ.get("PAUSE"):
+        write = serialization._write_tensor
+        serialization._write_tensor = pause_after_the_first_tensor
     print("saving", flush=True)
     tw.save({"big": tw.full((int(os.environ["NUMEL"]),), 2.0), "small": tw.ones(10), "step": 2}, sys.argv[1])
     print("saved", flush=True)
@@ -247,7 +245,7 @@ KILLED_SAVE = textwrap.dedent("""
 def _start_killed_save(path: Path, numel: int, pause: bool) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "NUMEL": str(numel), "PAUSE": "1" if pause else ""}
     return subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(path)], stdout=subprocess.PIPE, text=True,
-                            env=environment)
+                            env=environment, cwd=ROOT)
 
 
 def _check_only_the_old_checkpoint(path: Path) -> None:
@@ -275,15 +273,25 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
 
 
 def test_a_save_killed_while_writing_a_large_tensor(tmp_path):
-    """The kill lands wherever the child is once its temporary appears; whatever that moment, the final name
-    holds the previous checkpoint."""
+    """The kill lands wherever the child is once it starts writing (a file appears beside the checkpoint, or the
+    checkpoint itself changes); whatever that moment, the final name holds the previous checkpoint."""
     path = tmp_path / "ckpt.safetensors"
     tw.save(_checkpoint(1.0), path)
+
+    def identity():
+        found = path.stat()
+        return found.st_ino, found.st_size, found.st_mtime_ns
+
+    before = identity()
+
+    def untouched() -> bool:
+        return identity() == before and not [p for p in tmp_path.iterdir() if p != path]
+
     child = _start_killed_save(path, 48 << 20, pause=False)  # 192 MB: writing takes a while
     try:
         assert child.stdout.readline().strip() == "saving"
         deadline = time.monotonic() + 60
-        while not [p for p in tmp_path.iterdir() if p != path] and time.monotonic() < deadline:
+        while untouched() and time.monotonic() < deadline:
             time.sleep(0.0005)
     finally:
         child.send_signal(signal.SIGKILL)
@@ -346,9 +354,34 @@ def test_saving_streams_the_tensors_by_resident_memory(tmp_path):
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("needs Linux's /proc/self/clear_refs")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "big.safetensors")],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"\nresident set grew by {figures['peak'] / 2**20:.1f} MB while saving "
           f"({figures['peak'] / figures['largest']:.2f}x the largest tensor)")
     assert figures["peak"] < 1.2 * figures["largest"]
+
+
+# ---------------------------------------------------------------------------- the demo's other file
+
+def test_the_demo_plot_is_replaced_atomically(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from tilewise.models.demo import DemoResult, plot_losses
+
+    result = DemoResult(device="cpu", steps=3, train_losses=[3.0, 2.5, 2.0], val_points=[(3, 2.2)],
+                        unigram_baseline=3.1)
+    path = tmp_path / "loss_curve.png"
+    plot_losses(result, path)
+    png = path.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+    def interrupted(self, file, **kwargs):
+        file.write(png[:100])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        plot_losses(result, path)
+    assert path.read_bytes() == png and [p.name for p in tmp_path.iterdir()] == ["loss_curve.png"]

@@ -12,7 +12,7 @@ entry is recompiled and replaced, and a directory that cannot be written is repo
 
 Finding the NVRTC version (loading the library) and the header directories costs about a hundred milliseconds,
 more than a first call served from disk should take. So the cache directory remembers them in
-``toolchain.json``, under a stamp of the installation (the interpreter prefix, ``CUDA_HOME``/``CUDA_PATH``, and
+``toolchain-v2.json``, under a stamp of the installation (the interpreter prefix, ``CUDA_HOME``/``CUDA_PATH``, and
 the modification times of the ``cuda.bindings`` and ``nvidia`` package directories, which a reinstall or
 upgrade changes); a process whose stamp matches takes them from there. A miss, which compiles anyway, looks
 them up again and keys the entry by what it found.
@@ -40,7 +40,8 @@ from tilewise.compiler.toolchain.nvrtc import (
 )
 
 TOOLCHAIN_FORMAT_VERSION = 2
-TOOLCHAIN_RECORD = "toolchain.json"
+# versioned: processes of another tilewise version may share the directory, and must not read this format
+TOOLCHAIN_RECORD = f"toolchain-v{TOOLCHAIN_FORMAT_VERSION}.json"
 
 
 def default_cache_dir() -> Path:

@@ -77,7 +77,8 @@ def vector_math_flags(cc: str) -> tuple[str, ...]:
     The answer is kept beside the compiled libraries, keyed by the compiler's version, so a process that
     finds its kernels in the disk cache does not pay for the probe either."""
     disk = DiskCache(default_cache_dir() / "c", "C kernel cache")
-    record = f"libmvec-{hashlib.sha256(compiler_version(cc).encode()).hexdigest()[:16]}"
+    # versioned: processes of another tilewise version may share the directory, and must not read this format
+    record = f"libmvec-v{C_FORMAT_VERSION}-{hashlib.sha256(compiler_version(cc).encode()).hexdigest()[:16]}"
     remembered = disk.read(record)
     if remembered is not None:
         return tuple(remembered.decode().split())

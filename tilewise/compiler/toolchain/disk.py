@@ -16,6 +16,8 @@ an optimisation only, so none may make a compile fail or the process crash, what
 * **A directory that cannot be used is skipped.** If the directory cannot be created (the path is a file,
   a parent is not writable) or an entry cannot be written (read-only or full disk), compilation goes on
   without storing entries: C libraries are built in a private temporary directory and loaded from there.
+* **Every name carries its format's version** (in the key it is named by, or in the name itself), because
+  processes of different tilewise versions may share one directory: none reads an entry of another format.
 * **Each problem is reported once per process and cause** (a ``RuntimeWarning``: which cache, which path,
   what went wrong and what to do), not once per kernel.
 """
