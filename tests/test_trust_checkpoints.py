@@ -106,7 +106,7 @@ def test_a_lone_non_contiguous_view_round_trips_by_value(make):
 
 def _sharing(lib) -> dict:
     w = lib.arange(12.0).reshape(3, 4)
-    return {"w": w, "again": w, "tied": w.detach(), "t": w.t(), "row": w[1], "cols": w[:, 1:3]}
+    return {"w": w, "again": w, "tied": w.detach(), "t": w.t(), "t2": w.t(), "row": w[1], "cols": w[:, 1:3]}
 
 
 def test_shared_storage_comes_back_shared_as_torch_load_gives_it():
@@ -140,6 +140,13 @@ def test_tied_weights_of_a_model_are_written_once(tmp_path):
     assert same(other["head"].weight, head.weight)
     with safe_open(str(path), framework="np") as f:
         assert set(f.keys()) == {"head.weight"} or set(f.keys()) == {"wte.weight"}
+
+
+def test_one_view_saved_as_two_objects_without_its_base_comes_back_shared():
+    w = tw.arange(12.0).reshape(3, 4)
+    out = round_trip({"a": w.t(), "b": w.t()})
+    assert same(out["a"], w.t().contiguous()) and same(out["b"], w.t().contiguous())
+    assert shares(out["a"], out["b"]) and out["a"] is not out["b"]
 
 
 def test_views_that_no_stored_tensor_covers_are_stored_by_value():
@@ -220,6 +227,16 @@ def test_a_save_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path,
     with pytest.raises(OSError, match="No space left"):
         tw.save(_checkpoint(2.0), path)
     assert tw.load(path)["step"] == 1 and [p.name for p in tmp_path.iterdir()] == ["ckpt.safetensors"]
+
+
+def test_saving_through_a_symlink_replaces_the_file_it_points_to(tmp_path):
+    target = tmp_path / "runs" / "ckpt.safetensors"
+    target.parent.mkdir()
+    tw.save(_checkpoint(1.0), target)
+    link = tmp_path / "latest.safetensors"
+    link.symlink_to(target)
+    tw.save(_checkpoint(2.0), link)
+    assert link.is_symlink() and tw.load(target)["step"] == 2
 
 
 KILLED_SAVE = textwrap.dedent("""

@@ -49,6 +49,8 @@ def atomic_writer(path: str | os.PathLike, *, durable: bool = True) -> Iterator[
     b'1 2 3'
     """
     path = Path(path)
+    if path.is_symlink():  # replace the file it points to, as writing through it would, not the link
+        path = path.resolve()
     handle, temporary = _create_temporary(path)
     try:
         with os.fdopen(handle, "wb") as file:

@@ -12,11 +12,12 @@ reserves: a tensor at that path is stored under ``__metadata___`` and put back w
 Shared storage is kept as ``torch.save`` keeps it. A tensor object that appears twice comes back as one
 object; distinct tensors on one storage (tied weights: ``state_dict`` detaches each name separately; a
 transpose beside its matrix) come back as views of one storage, as ``torch.load`` gives them. On disk this
-follows the safetensors library's ``save_model``: the bytes are written once, under the name of a
-contiguous tensor that covers all the others, and the others are recorded in the JSON as views of it
-(offset, shape, strides), so a plain safetensors reader sees each stored name with its own values and no
-overlapping data (which the format forbids). Tensors that share storage with no contiguous tensor covering
-them, and lone non-contiguous views, are written by value and come back contiguous.
+follows the safetensors library's ``save_model``: the bytes are written once, under the name of the first
+when all are the same view, else of a contiguous tensor that covers all the others, and the others are
+recorded in the JSON as views of it (offset, shape, strides), so a plain safetensors reader sees each stored
+name with its own values and no overlapping data (which the format forbids). Tensors that share storage
+with no contiguous tensor covering them, and lone non-contiguous views, are written by value and come back
+contiguous.
 
 Saving is atomic and streams: the header is computed from shapes alone, then each tensor's bytes go to a
 temporary file beside the destination, one tensor at a time (a non-contiguous one in pieces of at most
@@ -59,7 +60,7 @@ class _Encoder:
         self.names: set[str] = {_RESERVED}
         self.stored: list[tuple[str, Tensor]] = []  # what the file holds, by name
         self.seen: dict[int, dict] = {}  # id(tensor) -> its JSON node (a tensor object met twice)
-        self.views: list[tuple[Tensor, dict]] = []  # tensors on the storage of another, placed after the walk
+        self.met: list[tuple[Tensor, dict]] = []  # every tensor object and its node, in the order met
 
     def encode(self, obj: Any, path: str) -> Any:
         if isinstance(obj, Tensor):
@@ -93,37 +94,45 @@ class _Encoder:
         if t.requires_grad:
             node["requires_grad"] = True
         self.seen[id(t)] = node
-        self.views.append((t, node))
+        self.met.append((t, node))
         return node
 
     def place(self) -> None:
         """Decide which tensors are written and which are views of a written one (see the note)."""
-        by_storage: dict[int, list[tuple[Tensor, dict]]] = {}
-        for t, node in self.views:
-            key = id(t._storage) if t._storage is not None and t.numel() else id(t)
+        by_storage: dict[tuple, list[tuple[Tensor, dict]]] = {}
+        for t, node in self.met:  # offsets and strides count elements: only views of one dtype compare
+            key = (id(t._storage), t.dtype) if t._storage is not None and t.numel() else (id(t), None)
             by_storage.setdefault(key, []).append((t, node))
         for group in by_storage.values():
-            base = _covering_base(group)
+            base = _base_of(group)
             for t, node in group:
-                if base is not None and t is not base[0]:
-                    node["view"] = [node["__tensor__"], t._offset - base[0]._offset, list(t._shape),
-                                    list(t._strides)]
-                    node["__tensor__"] = base[1]["__tensor__"]
+                if base is None or t is base:
+                    self.stored.append((node["__tensor__"], t))
                     continue
-                self.stored.append((node["__tensor__"], t))
-        self.views = []
+                # the geometry of the view on the base as it is loaded: contiguous, from its first element
+                same = _geometry(t) == _geometry(base)
+                offset = 0 if same else t._offset - base._offset
+                strides = _strides.contiguous_strides(t._shape) if same else t._strides
+                node["view"] = [node["__tensor__"], offset, list(t._shape), list(strides)]
+                node["__tensor__"] = self.seen[id(base)]["__tensor__"]
 
 
-def _covering_base(group: list[tuple[Tensor, dict]]) -> tuple[Tensor, dict] | None:
-    """The contiguous tensor of ``group`` (one storage) whose elements include every other's, if any."""
+def _base_of(group: list[tuple[Tensor, dict]]) -> Tensor | None:
+    """The tensor of ``group`` (one storage) to write, the others being views of it: any of them when all are
+    the same view (tied weights), else a contiguous one whose elements include every other's; None when there
+    is no such tensor (each is then written by value)."""
     if len(group) == 1:
         return None
-    spans = [_span(t) for t, _ in group]
+    tensors = [t for t, _ in group]
+    if all(_geometry(t) == _geometry(tensors[0]) for t in tensors):
+        return tensors[0]
+    spans = [_span(t) for t in tensors]
     low, high = min(s[0] for s in spans), max(s[1] for s in spans)
-    for (t, node), (start, stop) in zip(group, spans):
-        if t.is_contiguous() and start == low and stop == high:
-            return t, node
-    return None
+    return next((t for t, span in zip(tensors, spans) if t.is_contiguous() and span == (low, high)), None)
+
+
+def _geometry(t: Tensor) -> tuple:
+    return t._offset, tuple(t._shape), tuple(t._strides)
 
 
 def _span(t: Tensor) -> tuple[int, int]:
