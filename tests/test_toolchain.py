@@ -18,6 +18,7 @@ from tilewise.compiler.toolchain.cache import (
     default_cache_dir,
     encode_entry,
 )
+from tilewise.compiler.toolchain.disk import seal, unseal
 from tilewise.compiler.toolchain.module import Function, pack_arguments
 from tilewise.compiler.toolchain.nvrtc import (
     KernelCompileError,
@@ -150,10 +151,10 @@ def test_disk_cache_hits_on_second_compile(tmp_path):
 
 
 def test_a_disk_hit_does_not_load_nvrtc_when_the_installation_is_unchanged(tmp_path, monkeypatch):
-    """The NVRTC version and header directories a key needs come from toolchain.json while the stamp matches."""
+    """The NVRTC version and header directories a key needs come from the toolchain record while the stamp matches."""
     first = KernelCache(tmp_path)
     first.compile(FILL, "fill", "sm_90")
-    assert (tmp_path / "toolchain.json").exists()
+    assert (tmp_path / cache_module.TOOLCHAIN_RECORD).exists()
 
     def no_lookup():
         raise AssertionError("looked the toolchain up again")
@@ -170,14 +171,14 @@ def test_a_disk_hit_does_not_load_nvrtc_when_the_installation_is_unchanged(tmp_p
     third = KernelCache(tmp_path)
     third.compile(FILL, "fill", "sm_90")
     assert third.last_source == "disk"
-    assert str(tmp_path / "elsewhere") in (tmp_path / "toolchain.json").read_text()
+    assert str(tmp_path / "elsewhere") in (tmp_path / cache_module.TOOLCHAIN_RECORD).read_text()
 
 
 def test_a_wrongly_remembered_toolchain_is_refreshed_before_compiling(tmp_path):
     cache = KernelCache(tmp_path)
     version, dirs = cache.toolchain()
-    (tmp_path / "toolchain.json").write_text((tmp_path / "toolchain.json").read_text().replace(
-        f"[{version[0]}, {version[1]}]", "[1, 0]"))
+    record = tmp_path / cache_module.TOOLCHAIN_RECORD  # a valid entry that remembers another version
+    record.write_bytes(seal(unseal(record.read_bytes()).replace(f"[{version[0]}, {version[1]}]".encode(), b"[1, 0]")))
     stale = KernelCache(tmp_path)
     assert stale.toolchain()[0] == (1, 0)
     stale.compile(FILL, "fill", "sm_90")  # a miss under the stale key: looked up again, keyed by what is here

@@ -4,10 +4,27 @@
 path at which they sit in the saved object (``fc.weight`` for a state dict, ``state.0.exp_avg`` for an
 optimizer's), so any safetensors reader sees meaningful names. The rest of the object — dicts (with any
 key type), lists, tuples, numbers, strings, dtypes — is written as JSON into the file's ``__metadata__``
-under ``"tilewise"``, with ``{"__tensor__": name}`` where a tensor stood. A tensor object that appears
-twice is stored once and comes back as one object. No pickle is involved, so loading a checkpoint never
-runs code. A safetensors file written by another library (torch's ``save_file``, say) has no such entry
-and loads as a plain ``{name: tensor}`` dict.
+under ``"tilewise"``, with ``{"__tensor__": name}`` where a tensor stood. No pickle is involved, so loading
+a checkpoint never runs code. A safetensors file written by another library (torch's ``save_file``, say)
+has no such entry and loads as a plain ``{name: tensor}`` dict. ``__metadata__`` is the one name the format
+reserves: a tensor at that path is stored under ``__metadata___`` and put back where it was by the JSON.
+
+Shared storage is kept as ``torch.save`` keeps it. A tensor object that appears twice comes back as one
+object; distinct tensors on one storage (tied weights: ``state_dict`` detaches each name separately; a
+transpose beside its matrix) come back as views of one storage, as ``torch.load`` gives them. On disk this
+follows the safetensors library's ``save_model``: the bytes are written once, under the name of the first
+when all are the same view, else of a contiguous tensor that covers all the others, and the others are
+recorded in the JSON as views of it (offset, shape, strides), so a plain safetensors reader sees each stored
+name with its own values and no overlapping data (which the format forbids). Tensors that share storage
+with no contiguous tensor covering them, and lone non-contiguous views, are written by value and come back
+contiguous.
+
+Saving is atomic and streams: the header is computed from shapes alone, then each tensor's bytes go to a
+temporary file beside the destination, one tensor at a time (a non-contiguous one in pieces of at most
+:data:`CHUNK_BYTES`), and the file replaces the destination only once complete and synced
+(``tilewise.fileio``). A process killed mid-save leaves the previous checkpoint intact, and saving needs
+no memory beyond a piece (a device tensor: its host copy). Loading reads each tensor straight into its own
+array.
 """
 
 from __future__ import annotations
@@ -19,7 +36,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from tilewise import dtypes
+from tilewise import _strides, dtypes
+from tilewise.fileio import atomic_writer
 from tilewise.tensor import Tensor, from_array
 
 # safetensors' header codes; its writer takes the torch-style names, which are tilewise's dtype names
@@ -30,14 +48,19 @@ _SAFETENSORS_DTYPES = {
 }
 _FROM_SAFETENSORS = {code: dtype for dtype, code in _SAFETENSORS_DTYPES.items()}
 _METADATA_KEY = "tilewise"
+_RESERVED = "__metadata__"  # the safetensors header's own entry: no tensor may be named so
+_MAX_HEADER_BYTES = 100 << 20  # the safetensors library refuses larger headers
+CHUNK_BYTES = 16 << 20  # a non-contiguous tensor is written in contiguous pieces of at most this size
 
 
 class _Encoder:
-    """Turns an object into JSON-able structure plus a ``{name: contiguous numpy array}`` table."""
+    """Turns an object into a JSON-able structure, listing the tensors to write and the views of them."""
 
     def __init__(self):
-        self.arrays: dict[str, np.ndarray] = {}
-        self.names: dict[int, str] = {}
+        self.names: set[str] = {_RESERVED}
+        self.stored: list[tuple[str, Tensor]] = []  # what the file holds, by name
+        self.seen: dict[int, dict] = {}  # id(tensor) -> its JSON node (a tensor object met twice)
+        self.met: list[tuple[Tensor, dict]] = []  # every tensor object and its node, in the order met
 
     def encode(self, obj: Any, path: str) -> Any:
         if isinstance(obj, Tensor):
@@ -59,17 +82,62 @@ class _Encoder:
                         "checkpoints hold tensors, numbers, strings, None, dtypes, lists, tuples and dicts")
 
     def _tensor(self, t: Tensor, path: str) -> dict:
-        name = self.names.get(id(t))
-        if name is None:
-            name = path or "tensor"
-            while name in self.arrays:
-                name += "_"
-            self.names[id(t)] = name
-            self.arrays[name] = np.ascontiguousarray(t.detach().cpu()._np()).reshape(t.shape)  # keeps 0-dim as 0-dim
-        out: dict = {"__tensor__": name}
+        node = self.seen.get(id(t))
+        if node is not None:
+            return node
+        t._require_real("tilewise.save")
+        name = path or "tensor"
+        while name in self.names:
+            name += "_"
+        self.names.add(name)
+        node = {"__tensor__": name}
         if t.requires_grad:
-            out["requires_grad"] = True
-        return out
+            node["requires_grad"] = True
+        self.seen[id(t)] = node
+        self.met.append((t, node))
+        return node
+
+    def place(self) -> None:
+        """Decide which tensors are written and which are views of a written one (see the note)."""
+        by_storage: dict[tuple, list[tuple[Tensor, dict]]] = {}
+        for t, node in self.met:  # offsets and strides count elements: only views of one dtype compare
+            key = (id(t._storage), t.dtype) if t._storage is not None and t.numel() else (id(t), None)
+            by_storage.setdefault(key, []).append((t, node))
+        for group in by_storage.values():
+            base = _base_of(group)
+            for t, node in group:
+                if base is None or t is base:
+                    self.stored.append((node["__tensor__"], t))
+                    continue
+                # the geometry of the view on the base as it is loaded: contiguous, from its first element
+                same = _geometry(t) == _geometry(base)
+                offset = 0 if same else t._offset - base._offset
+                strides = _strides.contiguous_strides(t._shape) if same else t._strides
+                node["view"] = [node["__tensor__"], offset, list(t._shape), list(strides)]
+                node["__tensor__"] = self.seen[id(base)]["__tensor__"]
+
+
+def _base_of(group: list[tuple[Tensor, dict]]) -> Tensor | None:
+    """The tensor of ``group`` (one storage) to write, the others being views of it: any of them when all are
+    the same view (tied weights), else a contiguous one whose elements include every other's; None when there
+    is no such tensor (each is then written by value)."""
+    if len(group) == 1:
+        return None
+    tensors = [t for t, _ in group]
+    if all(_geometry(t) == _geometry(tensors[0]) for t in tensors):
+        return tensors[0]
+    spans = [_span(t) for t in tensors]
+    low, high = min(s[0] for s in spans), max(s[1] for s in spans)
+    return next((t for t, span in zip(tensors, spans) if t.is_contiguous() and span == (low, high)), None)
+
+
+def _geometry(t: Tensor) -> tuple:
+    return t._offset, tuple(t._shape), tuple(t._strides)
+
+
+def _span(t: Tensor) -> tuple[int, int]:
+    """[first, last + 1) of the storage elements ``t`` reads."""
+    return t._offset, t._offset + _strides.storage_span(t._shape, t._strides, 0)
 
 
 def _join(path: str, key: str) -> str:
@@ -79,6 +147,8 @@ def _join(path: str, key: str) -> str:
 def save(obj: Any, f: str | os.PathLike | BinaryIO) -> None:
     """Write ``obj`` (a state dict, an optimizer state, or any nest of tensors and plain values) to ``f``.
 
+    Given a path, the file is replaced atomically: a crash mid-save leaves the previous file as it was.
+
     >>> import io, tilewise as tw
     >>> buf = io.BytesIO()
     >>> tw.save({"w": tw.ones(2), "step": 3}, buf)
@@ -86,19 +156,62 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO) -> None:
     >>> tw.load(buf)["step"]
     3
     """
-    from safetensors import TensorSpec, serialize
-
     encoder = _Encoder()
     structure = encoder.encode(obj, "")
-    specs = {name: TensorSpec(dtype=dtypes.from_numpy(a.dtype).name, shape=list(a.shape),
-                              data_ptr=a.ctypes.data, data_len=a.nbytes)
-             for name, a in encoder.arrays.items()}
-    data = serialize(specs, {_METADATA_KEY: json.dumps(structure, allow_nan=True)})
+    encoder.place()
+    # widest dtypes first: after the 8-byte-aligned header, every tensor then starts aligned to its itemsize
+    stored = sorted(encoder.stored, key=lambda s: (-s[1].dtype.itemsize, s[0]))
+    header = _header(stored, json.dumps(structure, allow_nan=True))
     if isinstance(f, (str, os.PathLike)):
-        with open(f, "wb") as fh:
-            fh.write(data)
+        with atomic_writer(f) as file:
+            _write(file, header, stored)
     else:
-        f.write(data)
+        _write(f, header, stored)
+
+
+def _header(stored: list[tuple[str, Tensor]], structure: str) -> bytes:
+    """The safetensors header: 8-byte length, then JSON padded with spaces to a multiple of 8 bytes."""
+    entries: dict[str, Any] = {_RESERVED: {_METADATA_KEY: structure}}
+    offset = 0
+    for name, t in stored:
+        size = t.numel() * t.dtype.itemsize
+        entries[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                         "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def _write(file: BinaryIO, header: bytes, stored: list[tuple[str, Tensor]]) -> None:
+    file.write(header)
+    for _, t in stored:
+        _write_tensor(file, t)
+
+
+def _write_tensor(file: BinaryIO, t: Tensor) -> None:
+    """Append ``t``'s elements in row-major order: straight from its memory when contiguous on the host."""
+    if not t.numel():
+        return
+    array = t.detach()._np() if t.device.type == "cpu" else t.detach().cpu()._np()
+    for piece in _row_major_pieces(array, CHUNK_BYTES):
+        file.write(memoryview(np.ascontiguousarray(piece).reshape(-1).view(np.uint8)))
+
+
+def _row_major_pieces(array: np.ndarray, limit: int):
+    """Consecutive parts of ``array`` in row-major order, each contiguous or at most ``limit`` bytes."""
+    pending = [array]
+    while pending:
+        part = pending.pop()
+        if part.flags.c_contiguous or part.nbytes <= limit or part.ndim == 0:
+            yield part
+            continue
+        row = part.nbytes // part.shape[0]
+        if row <= limit:
+            step = limit // row
+            pending.extend(part[k:k + step] for k in reversed(range(0, part.shape[0], step)))
+        else:
+            pending.extend(part[k] for k in reversed(range(part.shape[0])))
 
 
 def load(f: str | os.PathLike | BinaryIO, map_location=None, weights_only: bool = True) -> Any:
@@ -107,33 +220,95 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, weights_only: bool 
     ``map_location`` moves every tensor to that device. ``weights_only`` is accepted for torch
     compatibility; checkpoints never contain code, so loading is always weights-only.
     """
-    from safetensors import deserialize
-
     if isinstance(f, (str, os.PathLike)):
-        with open(f, "rb") as fh:
-            data = fh.read()
-    else:
-        data = f.read()
-    tensors = {name: _tensor_from(entry, name, map_location) for name, entry in deserialize(data)}
-    metadata = _header_metadata(data)
+        with open(f, "rb") as file:
+            return _load(file, str(f), map_location)
+    return _load(f, "the stream", map_location)
+
+
+def _load(file: BinaryIO, where: str, map_location) -> Any:
+    entries, metadata, data_start = _read_header(file, where)
+    tensors = {}
+    for name, entry in sorted(entries.items(), key=lambda item: item[1]["data_offsets"][0]):
+        tensors[name] = _read_tensor(file, data_start, name, entry, where, map_location)
     if _METADATA_KEY not in metadata:
         return tensors
     return _decode(json.loads(metadata[_METADATA_KEY]), tensors, {})
 
 
-def _header_metadata(data: bytes) -> dict:
-    (length,) = struct.unpack("<Q", data[:8])
-    return json.loads(data[8:8 + length]).get("__metadata__") or {}
+def _read_header(file: BinaryIO, where: str) -> tuple[dict, dict, int]:
+    """(tensor entries, ``__metadata__``, where the data starts), checked as the safetensors library checks."""
+    start = file.tell()
+    prefix = file.read(8)
+    if len(prefix) < 8:
+        raise _corrupt(where, "it is shorter than a safetensors header")
+    (length,) = struct.unpack("<Q", prefix)
+    if length > _MAX_HEADER_BYTES:
+        raise _corrupt(where, f"its header claims {length} bytes")
+    raw = file.read(length)
+    try:
+        header = json.loads(raw) if len(raw) == length else None
+    except (UnicodeDecodeError, ValueError):
+        header = None
+    if not isinstance(header, dict):
+        raise _corrupt(where, "its header is not a JSON object (truncated or not a safetensors file)")
+    metadata = header.pop(_RESERVED, None) or {}
+    end = 0
+    for name, entry in sorted(header.items(), key=lambda item: _offsets(item[1])):
+        begin, stop = _offsets(entry)
+        dtype = _FROM_SAFETENSORS.get(entry.get("dtype")) if isinstance(entry, dict) else None
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if dtype is None and isinstance(entry, dict) and isinstance(entry.get("dtype"), str):
+            raise TypeError(f"tilewise.load: tensor {name!r} has safetensors dtype {entry['dtype']}, which tilewise "
+                            f"does not support; supported: {', '.join(_FROM_SAFETENSORS)}")
+        if (dtype is None or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
+                or begin != end or stop - begin != _strides.numel(shape) * dtype.itemsize):
+            raise _corrupt(where, f"the entry of tensor {name!r} is malformed or overlaps another")
+        end = stop
+    data_start = start + 8 + length
+    file.seek(0, os.SEEK_END)
+    if file.tell() - data_start != end:
+        raise _corrupt(where, f"it holds {file.tell() - data_start} bytes of tensor data where its header describes "
+                              f"{end} (truncated or extended)")
+    return header, metadata, data_start
 
 
-def _tensor_from(entry: dict, name: str, map_location) -> Tensor:
-    dtype = _FROM_SAFETENSORS.get(entry["dtype"])
-    if dtype is None:
-        raise TypeError(f"tilewise.load: tensor {name!r} has safetensors dtype {entry['dtype']}, which tilewise does "
-                        f"not support; supported: {', '.join(_FROM_SAFETENSORS)}")
-    array = np.frombuffer(entry["data"], dtype=dtype.np).reshape(entry["shape"])
+def _offsets(entry) -> tuple[int, int]:
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+        return (-1, -1)
+    return offsets[0], offsets[1]
+
+
+def _corrupt(where: str, why: str) -> RuntimeError:
+    return RuntimeError(f"tilewise.load: {where} is not a valid checkpoint: {why}")
+
+
+def _read_tensor(file: BinaryIO, data_start: int, name: str, entry: dict, where: str, map_location) -> Tensor:
+    dtype = _FROM_SAFETENSORS[entry["dtype"]]
+    begin, stop = entry["data_offsets"]
+    array = np.empty(entry["shape"], dtype.np)
+    file.seek(data_start + begin)
+    target = memoryview(array.reshape(-1).view(np.uint8))
+    if _read_into(file, target) != stop - begin:
+        raise _corrupt(where, f"the data of tensor {name!r} ends early")
     t = from_array(array, dtype)
     return t.to(map_location) if map_location is not None else t
+
+
+def _read_into(file: BinaryIO, target: memoryview) -> int:
+    readinto = getattr(file, "readinto", None)
+    if readinto is None:
+        data = file.read(len(target))
+        target[:len(data)] = data
+        return len(data)
+    done = 0
+    while done < len(target):
+        count = readinto(target[done:])
+        if not count:
+            break
+        done += count
+    return done
 
 
 def _decode(node: Any, tensors: dict[str, Tensor], made: dict[str, Tensor]) -> Any:
@@ -153,17 +328,31 @@ def _decode(node: Any, tensors: dict[str, Tensor], made: dict[str, Tensor]) -> A
 
 
 def _load_tensor(node: dict, tensors: dict[str, Tensor], made: dict[str, Tensor]) -> Tensor:
-    name = node["__tensor__"]
-    t = made.get(name)
-    if t is None:
-        if name not in tensors:
-            raise RuntimeError(f"tilewise.load: the checkpoint refers to tensor {name!r}, which the file does not "
-                               "contain; the file is truncated or was edited")
-        t = tensors[name]
-        if node.get("requires_grad"):
-            t.requires_grad_(True)
-        made[name] = t
+    """The tensor a JSON node stands for: a stored tensor, or a view of one (``"view"``: its own name, then
+    its geometry). A tensor saved twice has two equal nodes, and comes back as one object."""
+    name, view = node["__tensor__"], node.get("view")
+    own = view[0] if view else name
+    t = made.get(own)
+    if t is not None:
+        return t
+    if name not in tensors:
+        raise RuntimeError(f"tilewise.load: the checkpoint refers to tensor {name!r}, which the file does not "
+                           "contain; the file is truncated or was edited")
+    t = _view_of(tensors[name], view) if view else tensors[name]
+    if node.get("requires_grad"):
+        t.requires_grad_(True)
+    made[own] = t
     return t
+
+
+def _view_of(base: Tensor, view: list) -> Tensor:
+    """A view ``[name, offset, shape, strides]`` of ``base``'s storage, relative to ``base``'s first element."""
+    _, offset, shape, strides = view
+    try:
+        return base.detach().as_strided(tuple(shape), tuple(strides), base.storage_offset() + offset)
+    except RuntimeError as exc:
+        raise RuntimeError(f"tilewise.load: view {view[0]!r} does not fit the tensor it views ({exc}); the file was "
+                           "edited or damaged") from None
 
 
 __all__ = ["save", "load"]

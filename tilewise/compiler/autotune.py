@@ -32,7 +32,6 @@ import math
 import statistics
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,10 +39,11 @@ from typing import Protocol
 
 from tilewise.compiler.kernel_ir import Kernel
 from tilewise.compiler.schedule import KernelSchedule, Tuned, candidates
-from tilewise.compiler.toolchain.cache import atomic_write, default_cache_dir
+from tilewise.compiler.toolchain.cache import default_cache_dir
+from tilewise.compiler.toolchain.disk import DiskCache
 from tilewise.config import log
 
-AUTOTUNE_FORMAT_VERSION = 1  # bumped when a knob's meaning or the entries' format changes
+AUTOTUNE_FORMAT_VERSION = 2  # bumped when a knob's meaning or the entries' format changes
 MARGIN = 0.03  # another candidate replaces the heuristic's only when at least this much faster
 
 
@@ -142,12 +142,13 @@ class DecisionCache:
 
     def __init__(self, directory: str | Path | None = None):
         self.directory = Path(directory) if directory is not None else default_cache_dir() / "autotune"
+        self.disk = DiskCache(self.directory, "autotuning decision cache")
         self.stats = DecisionStats()
         self._memory: dict[str, Tuned] = {}
         self._lock = threading.Lock()
 
     def path_for(self, key: str) -> Path:
-        return self.directory / key[:2] / f"{key}.json"
+        return self.disk.path_for(_entry_name(key))
 
     def get(self, key: str, labels: tuple[str, ...]) -> Tuned | None:
         with self._lock:
@@ -166,31 +167,34 @@ class DecisionCache:
         self.stats.timed += 1
         with self._lock:
             self._memory[key] = replace(tuned, cached=True)
-        path = self.path_for(key)
         entry = {"key": key, "labels": list(tuned.labels), "seconds": list(tuned.seconds), "winner": tuned.winner}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, json.dumps(entry).encode())
-        except OSError as exc:
-            warnings.warn(f"tilewise could not write the autotuning decision {path}: {exc}", RuntimeWarning,
-                          stacklevel=3)
+        self.disk.write(_entry_name(key), json.dumps(entry).encode())
 
     def _read(self, key: str, labels: tuple[str, ...]) -> Tuned | None:
-        """The stored decision, or None when absent, unreadable or made for other candidates."""
+        """The stored decision, or None when absent, damaged or made for other candidates."""
+        data = self.disk.read(_entry_name(key))
+        if data is None:
+            return None
         try:
-            entry = json.loads(self.path_for(key).read_text())
+            entry = json.loads(data)
             tuned = Tuned(tuple(entry["labels"]), tuple(float(t) for t in entry["seconds"]), int(entry["winner"]),
                           True)
-        except (OSError, ValueError, KeyError, TypeError):
+            valid = entry["key"] == key and 0 <= tuned.winner < len(tuned.labels) == len(tuned.seconds)
+        except (ValueError, KeyError, TypeError):
+            valid = False
+        if not valid:
+            self.disk.report_damaged(self.path_for(key), "it is not a decision for this kernel")
             return None
-        if entry["key"] != key or tuned.labels != labels or not 0 <= tuned.winner < len(labels):
-            return None
-        return tuned
+        return tuned if tuned.labels == labels else None
 
     def clear_memory(self) -> None:
         """Forget the in-memory decisions (the disk keeps them)."""
         with self._lock:
             self._memory.clear()
+
+
+def _entry_name(key: str) -> str:
+    return f"{key[:2]}/{key}.json"
 
 
 _default: DecisionCache | None = None

@@ -26,7 +26,7 @@ from tilewise.compiler.ir import Node, Ref, format_type
 from tilewise.compiler.meta import Stand
 from tilewise.compiler.passes.fusion import FusedKernel, Group, fusion_kind, view_chain
 from tilewise.dtypes import DType, bool_
-from tilewise.ops.expr import Expr, render_text, substitute, toposort
+from tilewise.ops.expr import Expr, rebuild, render_shared, toposort, with_srcs
 
 COMBINER_OPS = {"add": "add", "mul": "mul", "max": "maximum", "min": "minimum", "or": "logical_or",
                 "and": "logical_and"}
@@ -139,12 +139,14 @@ def format_kernel(kernel: Kernel) -> str:
                 lines.append(f"    x{j} = {load.iota_code(load.index.text())}  (arange, {load.dtype.name})")
                 continue
             lines.append(f"    x{j} = {kernel.params[load.param].name}[{load.index.text()}]")
-        for j, red in enumerate(nest.reductions):
+        shared, texts = render_shared([r.value for r in nest.reductions] + [st.value for st in nest.stores])
+        lines += [f"    {name} = {text}" for name, text in shared]
+        for j, (red, text) in enumerate(zip(nest.reductions, texts)):
             online = f", rescaled as acc{red.rescale} grows" if red.rescale is not None else ""
-            lines.append(f"    phase {red.phase}: acc{j} = {red.combiner}(acc{j}, {render_text(red.value)}){online}")
-        for st in nest.stores:
+            lines.append(f"    phase {red.phase}: acc{j} = {red.combiner}(acc{j}, {text}){online}")
+        for st, text in zip(nest.stores, texts[len(nest.reductions):]):
             when = f"phase {st.phase}" if st.phase is not None else "per row"
-            lines.append(f"    {when}: {kernel.params[st.param].name}[{st.index.text()}] = {render_text(st.value)}")
+            lines.append(f"    {when}: {kernel.params[st.param].name}[{st.index.text()}] = {text}")
     return "\n".join(lines)
 
 
@@ -187,23 +189,24 @@ def _is_one(expr: Expr) -> bool:
     return expr.op == "const" and not isinstance(expr.arg, bool) and expr.arg == 1
 
 
-def tidy(expr: Expr) -> Expr:
-    """Drop multiplications by a literal 1 of floating values (``alpha=1`` of add/sub), which change nothing."""
-    def floating(e: Expr) -> bool:
-        return e.op == "cast" and e.arg.is_floating_point
-
-    memo: dict[int, Expr] = {}
-
-    def go(node: Expr) -> Expr:
-        if id(node) in memo:
-            return memo[id(node)]
-        out = node if not node.srcs else Expr(node.op, tuple(go(s) for s in node.srcs), node.arg)
-        if out.op == "mul" and floating(out.srcs[0]) and _is_one(out.srcs[1]):
-            out = out.srcs[0]
-        memo[id(node)] = out
+def spliced(template: Expr, mapping: dict[int, Expr]) -> Expr:
+    """``template`` with the nodes keyed (by id) in ``mapping`` replaced, and its multiplications by a literal 1
+    of floating values (``alpha=1`` of add/sub), which change nothing, dropped. The replacements are values
+    built the same way already, so only the template's own nodes are visited: a chain of n operators costs n
+    steps, not n squared."""
+    def make(node: Expr, srcs: tuple[Expr, ...]) -> Expr:
+        if id(node) in mapping:
+            return mapping[id(node)]
+        out = with_srcs(node, srcs)
+        if out.op == "mul" and _is_floating(out.srcs[0]) and _is_one(out.srcs[1]):
+            return out.srcs[0]
         return out
 
-    return go(expr)
+    return rebuild(template, make, stop=mapping)
+
+
+def _is_floating(expr: Expr) -> bool:
+    return expr.op == "cast" and expr.arg.is_floating_point
 
 
 class _NestBuilder:
@@ -290,7 +293,7 @@ class _NestBuilder:
         for k, p in enumerate(op.schema.params):
             if p.type != "Tensor":
                 mapping[id(Expr("scalar", (), p.name))] = Expr("const", (), member.args[k])
-        return cast(tidy(substitute(template, mapping)), member.type.dtype)
+        return cast(spliced(template, mapping), member.type.dtype)
 
     def _reduction(self, member: Node) -> Expr:
         op = member.opdef

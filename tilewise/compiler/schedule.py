@@ -120,9 +120,25 @@ class Cached:
     phase: int
 
 
-def _varies_along_reduce(nest: Nest, expr: Expr) -> bool:
-    reduced = set(nest.reduce)
-    return any(n.op == "input" and nest.loads[n.arg].index.dims() & reduced for n in toposort(expr))
+class _NodeFacts:
+    """Per expression node, whether an expensive operation or a load that varies along the reduced dims is
+    among what it is computed from; each node is looked at once, so asking of every node of a deep
+    expression costs its size, not its size squared."""
+
+    def __init__(self, nest: Nest) -> None:
+        reduced = set(nest.reduce)
+        self.varying_loads = {k for k, load in enumerate(nest.loads) if load.index.dims() & reduced}
+        self.expensive: dict[int, bool] = {}
+        self.varies: dict[int, bool] = {}
+
+    def learn(self, expr: Expr) -> None:
+        for node in toposort(expr, stop=self.varies):
+            if id(node) in self.varies:
+                continue
+            srcs = [id(s) for s in node.srcs]
+            self.expensive[id(node)] = node.op in EXPENSIVE or any(self.expensive[s] for s in srcs)
+            self.varies[id(node)] = ((node.op == "input" and node.arg in self.varying_loads)
+                                     or any(self.varies[s] for s in srcs))
 
 
 def _phase_exprs(nest: Nest, phase: int) -> list[Expr]:
@@ -136,17 +152,19 @@ def cache_across_phases(nest: Nest) -> tuple[Nest, list[Cached]]:
     row = S.numel([nest.shape[d] for d in nest.reduce])
     first_phase: dict[int, int] = {}  # id of a subexpression -> the first phase computing it
     cached: list[Cached] = []
+    facts = _NodeFacts(nest)
     for phase in range(nest.phases):
         exprs = _phase_exprs(nest, phase)
         covered: set[int] = set()
         for e in exprs:
+            facts.learn(e)
             for node in reversed(toposort(e)):  # outermost first: keep the largest shared value
                 if id(node) in covered:
                     continue
                 first = first_phase.get(id(node))
                 known = any(c.value is node for c in cached)
-                if known or (first is not None and first < phase and node.op == "cast" and _is_expensive(node)
-                             and _varies_along_reduce(nest, node)
+                if known or (first is not None and first < phase and node.op == "cast" and facts.expensive[id(node)]
+                             and facts.varies[id(node)]
                              and row * node.arg.itemsize * (len(cached) + 1) <= SCRATCH_BYTES):
                     if not known:
                         cached.append(Cached(node, node.arg, first))
@@ -278,10 +296,6 @@ def reciprocal_of_softmax_sums(nest: Nest) -> Nest:
     reductions = [replace(r, value=go(r.value)) for r in nest.reductions]
     stores = [replace(st, value=go(st.value)) if st.phase is not None else st for st in nest.stores]
     return Nest(nest.shape, nest.reduce, nest.loads, reductions, stores)
-
-
-def _is_expensive(expr: Expr) -> bool:
-    return any(n.op in EXPENSIVE for n in toposort(expr))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ process's allocator and BLAS, and says so in the output. The text is split 90/10
 characters; batches are random windows drawn with tilewise's own generator, so ``--seed`` fixes the whole
 run. The baseline is the unigram model of the training characters (add-one smoothed), scored on the
 validation characters in nats per character — the cross-entropy a model gets by knowing letter frequencies
-and nothing about context. The GPT must beat it clearly to have learned anything about sequence.
+and nothing about context. The GPT must beat it clearly to have learned anything about sequence. The
+checkpoint and the loss plot are written atomically (``tilewise.fileio``): an interrupted run leaves the
+previous ones whole.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 
 import tilewise as tw
 from tilewise.data import load_text
+from tilewise.fileio import atomic_writer
 from tilewise.models.gpt import GPT, CharTokenizer, GPTConfig
 
 MODEL_SIZES: dict[str, dict] = {
@@ -241,6 +244,7 @@ def plot_losses(result: DemoResult, path: Path) -> Path:
     ax.legend(frameon=False)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_writer(path) as file:  # an interrupted run leaves the previous plot, not half a PNG
+        fig.savefig(file, format="png")
     plt.close(fig)
     return path.resolve()

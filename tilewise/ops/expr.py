@@ -99,44 +99,104 @@ def inputs_of(expr: Expr) -> list[Expr]:
     return [n for n in toposort(expr) if n.op in ("input", "scalar")]
 
 
-def toposort(root: Expr) -> list[Expr]:
-    order, seen = [], set()
-
-    def visit(node: Expr) -> None:
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        for s in node.srcs:
-            visit(s)
+def toposort(root: Expr, stop=()) -> list[Expr]:
+    """Every node of ``root``, operands before their users; the operands of nodes whose id is in ``stop`` are
+    not visited. Iterative: a fused chain of pointwise operators nests thousands of nodes deep."""
+    order, seen = [], {id(root)}
+    stack: list[tuple[Expr, int]] = [(root, 0)]
+    while stack:
+        node, k = stack[-1]
+        if k < len(node.srcs) and id(node) not in stop:
+            stack[-1] = (node, k + 1)
+            src = node.srcs[k]
+            if id(src) not in seen:
+                seen.add(id(src))
+                stack.append((src, 0))
+            continue
+        stack.pop()
         order.append(node)
-
-    visit(root)
     return order
 
 
-def render_text(expr: Expr) -> str:
-    if expr.op == "input":
-        return f"x{expr.arg}"
-    if expr.op == "scalar":
-        return str(expr.arg)
-    if expr.op == "const":
-        return repr(expr.arg)
-    if expr.op == "cast":
-        return f"{expr.arg.name}({render_text(expr.srcs[0])})"
-    return f"{expr.op}({', '.join(render_text(s) for s in expr.srcs)})"
+def rebuild(expr: Expr, make, stop=()) -> Expr:
+    """``expr`` rebuilt bottom-up: ``make(node, operands)`` returns each node's replacement, given its operands'
+    replacements (its own operands for nodes whose id is in ``stop``, which are not visited further)."""
+    out: dict[int, Expr] = {}
+    for node in toposort(expr, stop):
+        out[id(node)] = make(node, node.srcs if id(node) in stop else tuple(out[id(s)] for s in node.srcs))
+    return out[id(expr)]
+
+
+def with_srcs(node: Expr, srcs: tuple[Expr, ...]) -> Expr:
+    """``node`` over other operands (the node itself when they are its own)."""
+    return node if all(a is b for a, b in zip(srcs, node.srcs)) else Expr(node.op, srcs, node.arg)
+
+
+def render_text(expr: Expr, names: dict[int, str] | None = None) -> str:
+    """``expr`` as nested calls, e.g. ``add(x0, 1.0)``, nodes whose id is in ``names`` written as those names;
+    built from pieces, so a deep chain costs its length."""
+    names = names or {}
+    pieces: list[str] = []
+    stack: list[Expr | str] = [expr]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            pieces.append(item)
+        elif id(item) in names and item is not expr:
+            pieces.append(names[id(item)])
+        elif not item.srcs:
+            pieces.append(_leaf_text(item))
+        else:
+            pieces.append(f"{item.arg.name if item.op == 'cast' else item.op}(")
+            stack.append(")")
+            for k in reversed(range(len(item.srcs))):
+                stack.append(item.srcs[k])
+                if k:
+                    stack.append(", ")
+    return "".join(pieces)
+
+
+def render_shared(exprs: list[Expr], prefix: str = "v") -> tuple[list[tuple[str, str]], list[str]]:
+    """``exprs`` as text with every subexpression they use more than once written once: (the named shared
+    values as (name, text) in dependency order, the text of each expression). Written as trees, the
+    expressions of a backward kernel repeat shared values so often that the text grows exponentially."""
+    uses: dict[int, int] = {}
+    order: list[Expr] = []
+    for root in exprs:
+        for node in toposort(root):
+            if id(node) not in uses:
+                uses[id(node)] = 0
+                order.append(node)
+        uses[id(root)] += 1
+    for node in order:
+        for src in node.srcs:
+            uses[id(src)] += 1
+    names: dict[int, str] = {}
+    for node in order:
+        if uses[id(node)] > 1 and not _is_simple(node):
+            names[id(node)] = f"{prefix}{len(names)}"
+    shared = [(names[id(n)], render_text(n, names)) for n in order if id(n) in names]
+    return shared, [names.get(id(e)) or render_text(e, names) for e in exprs]
+
+
+def _is_simple(node: Expr) -> bool:
+    """A leaf, or a cast of one: as short to repeat as a name would be."""
+    return not node.srcs or (node.op == "cast" and not node.srcs[0].srcs)
+
+
+def _leaf_text(node: Expr) -> str:
+    if node.op == "input":
+        return f"x{node.arg}"
+    if node.op == "scalar":
+        return str(node.arg)
+    if node.op == "const":
+        return repr(node.arg)
+    return f"{node.op}()"
 
 
 def substitute(expr: Expr, mapping: dict[int, Expr]) -> Expr:
     """Replace nodes (keyed by id) throughout an expression; used by fusion to splice producers in."""
-    memo: dict[int, Expr] = {}
+    def make(node: Expr, srcs: tuple[Expr, ...]) -> Expr:
+        return mapping[id(node)] if id(node) in mapping else with_srcs(node, srcs)
 
-    def go(node: Expr) -> Expr:
-        if id(node) in mapping:
-            return mapping[id(node)]
-        if id(node) in memo:
-            return memo[id(node)]
-        out = node if not node.srcs else Expr(node.op, tuple(go(s) for s in node.srcs), node.arg)
-        memo[id(node)] = out
-        return out
-
-    return go(expr)
+    return rebuild(expr, make, stop=mapping)

@@ -43,6 +43,34 @@ def _pushable(node: Node) -> bool:
 
 
 def gather_through_pointwise(node: Node) -> Node | None:
+    """``node``, a gather of a pointwise value, as that operator over gathers of its operands (pushed on down
+    through pointwise operands in turn); None when it does not apply. Iterative: a gather may sit below a
+    chain of thousands of pointwise operators."""
+    first = _gathered_operands(node)
+    if first is None:
+        return None
+    done: dict[Node, Node] = {}
+    stack = [(node, first, False)]
+    while stack:
+        gather, plan, ready = stack.pop()
+        src, operands, pushed, ishape = plan
+        if not ready:
+            stack.append((gather, plan, True))
+            for operand, push in zip(operands, pushed):
+                deeper = _gathered_operands(operand) if push and operand not in done else None
+                if deeper is not None:
+                    stack.append((operand, deeper, False))
+                elif push:
+                    done.setdefault(operand, operand)
+            continue
+        srcs = tuple(done[o] if push else o for o, push in zip(operands, pushed))
+        done[gather] = src.replace(srcs=srcs, type=type(src.type)(ishape, src.type.dtype, src.type.device))
+    return done[node]
+
+
+def _gathered_operands(node: Node) -> tuple[Node, list[Node], list[bool], tuple] | None:
+    """(the pointwise value ``node`` gathers, its operands as the rewrite reads them, whether each is a new
+    gather, the gather's shape), or None when ``node`` is not a gather that can be pushed through the value it reads."""
     if node.op != "gather":
         return None
     src, dim, index = node.bound_args(node.srcs)[:3]
@@ -53,15 +81,17 @@ def gather_through_pointwise(node: Node) -> Node | None:
     ishape = index.type.shape
     if len(ishape) != rank or any(ishape[k] != shape[k] for k in range(rank) if k != dim):
         return None
-    srcs = []
+    operands, pushed = [], []
     for s in src.srcs:
         aligned = (1,) * (rank - len(s.type.shape)) + s.type.shape
         if aligned[dim] == 1:  # constant along the gathered dim: read as it is, broadcast over the index
-            srcs.append(s)
+            operands.append(s)
+            pushed.append(False)
             continue
         gathered = retrace(lambda t, i: (t if t.shape == shape else t.expand(shape)).gather(dim, i), (s, index))[0]
-        srcs.append(gather_through_pointwise(gathered) or gathered)
-    return src.replace(srcs=tuple(srcs), type=type(src.type)(ishape, src.type.dtype, src.type.device))
+        operands.append(gathered)
+        pushed.append(True)
+    return src, operands, pushed, ishape
 
 
 # ---------------------------------------------------------------------------- one-element scatters
@@ -125,11 +155,31 @@ def _slab(shape: tuple, view_shape: tuple, strides: tuple, offset: int, dim: int
     return None
 
 
-def _summands(node: Node, ty) -> list[Node]:
-    if node.op == "add" and node.args[2] == 1 and node.type == ty and all(type(a) is Ref for a in node.args[:2]):
-        a, b = node.bound_args(node.srcs)[:2]
-        return _summands(a, ty) + _summands(b, ty)
-    return [node]
+def _scattered_summands(node: Node) -> list[Node] | None:
+    """The terms of the sum ``node`` (nested ``add``s of its type, alpha 1), left to right, when every one is
+    a view scatter into a buffer of its type; else None, found at the first other term seen (the terms of a
+    long chain of additions are never all listed just to be refused)."""
+    def is_sum(n: Node) -> bool:
+        return (n.op == "add" and n.args[2] == 1 and n.type == node.type
+                and all(type(a) is Ref for a in n.args[:2]))
+
+    def is_slab(n: Node) -> bool:
+        return (n.op == "view_scatter_add" and tuple(n.args[1]) == node.type.shape and n.type == node.type
+                and n.srcs[0].type.shape == tuple(n.args[2]))
+
+    if not is_sum(node):
+        return None
+    terms, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if not is_sum(n):
+            terms.append(n)
+            continue
+        operands = n.bound_args(n.srcs)[:2]
+        if not all(is_sum(o) or is_slab(o) for o in operands):
+            return None
+        stack.extend(reversed(operands))
+    return terms
 
 
 def _tiling(shape: tuple, terms: list[Node]) -> tuple[int, list[int], list[bool]] | None:
@@ -150,13 +200,10 @@ def _tiling(shape: tuple, terms: list[Node]) -> tuple[int, list[int], list[bool]
 
 
 def scatters_as_cat(node: Node) -> Node | None:
-    if node.op != "add":
+    terms = _scattered_summands(node)
+    if terms is None:
         return None
-    terms = _summands(node, node.type)
     shape = node.type.shape
-    if len(terms) < 2 or any(t.op != "view_scatter_add" or tuple(t.args[1]) != shape or t.type != node.type
-                             or t.srcs[0].type.shape != tuple(t.args[2]) for t in terms):
-        return None
     tiling = _tiling(shape, terms)
     if tiling is None:
         return None

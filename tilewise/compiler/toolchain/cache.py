@@ -6,15 +6,13 @@ An NVRTC compile costs tens of milliseconds; a model has hundreds of kernels. Re
 sha256 of everything that changes the output, as Triton does: the source, the kernel names and name
 expressions, the target arch, the full NVRTC option list (include directories too), the NVRTC version,
 and :data:`TOOLCHAIN_FORMAT_VERSION`, which is bumped whenever this file format or the meaning of an
-option changes. An entry is written to a temporary file in the same directory and moved into place with
-``os.replace``, so readers see a whole entry or none, even with several processes compiling at once.
-Each entry starts with a magic string and the sha256 of its body; an entry that fails either check, or
-does not parse, is counted as corrupt, ignored, recompiled and overwritten. The disk cache is an
-optimisation: if it cannot be written (read-only home, full disk) compilation still succeeds.
+option changes. Entries are sealed, written atomically and validated before use, and the disk cache is
+an optimisation that may fail without failing a compile ([Note: disk caches] in ``disk.py``): a damaged
+entry is recompiled and replaced, and a directory that cannot be written is reported once and skipped.
 
 Finding the NVRTC version (loading the library) and the header directories costs about a hundred milliseconds,
 more than a first call served from disk should take. So the cache directory remembers them in
-``toolchain.json``, under a stamp of the installation (the interpreter prefix, ``CUDA_HOME``/``CUDA_PATH``, and
+``toolchain-v2.json``, under a stamp of the installation (the interpreter prefix, ``CUDA_HOME``/``CUDA_PATH``, and
 the modification times of the ``cuda.bindings`` and ``nvidia`` package directories, which a reinstall or
 upgrade changes); a process whose stamp matches takes them from there. A miss, which compiles anyway, looks
 them up again and keys the entry by what it found.
@@ -27,13 +25,12 @@ import importlib.util
 import json
 import os
 import sys
-import tempfile
 import threading
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tilewise.compiler.toolchain.disk import DiskCache
 from tilewise.compiler.toolchain.nvrtc import (
     CompiledKernel,
     build_options,
@@ -42,9 +39,9 @@ from tilewise.compiler.toolchain.nvrtc import (
     nvrtc_version,
 )
 
-TOOLCHAIN_FORMAT_VERSION = 1
-_MAGIC = b"TILEWISE-KERNEL\n"
-_DIGEST_SIZE = 32
+TOOLCHAIN_FORMAT_VERSION = 2
+# versioned: processes of another tilewise version may share the directory, and must not read this format
+TOOLCHAIN_RECORD = f"toolchain-v{TOOLCHAIN_FORMAT_VERSION}.json"
 
 
 def default_cache_dir() -> Path:
@@ -102,6 +99,7 @@ class KernelCache:
     def __init__(self, directory: str | os.PathLike | None = None, *, use_disk: bool = True) -> None:
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         self.use_disk = use_disk
+        self.disk = DiskCache(self.directory, "CUDA kernel cache")
         self.stats = CacheStats()
         self._toolchain: tuple | None = None
         self.last_source: str | None = None
@@ -149,23 +147,14 @@ class KernelCache:
         found = None if refresh else self._toolchain
         if found is not None:
             return found
-        stamp, path = installation_stamp(), self.directory / "toolchain.json"
+        stamp = installation_stamp()
         if self.use_disk and not refresh:
-            try:
-                data = json.loads(path.read_text())
-                if data["stamp"] == stamp:
-                    found = (tuple(data["nvrtc"]), tuple(data["include_dirs"]))
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
+            found = _remembered_toolchain(self.disk.read(TOOLCHAIN_RECORD), stamp)
         if found is None:
             found = (nvrtc_version(), cuda_include_dirs())
             if self.use_disk:
-                try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    text = json.dumps({"stamp": stamp, "nvrtc": list(found[0]), "include_dirs": list(found[1])})
-                    atomic_write(path, text.encode())
-                except OSError:
-                    pass  # remembered next time, perhaps; the lookup still worked
+                record = {"stamp": stamp, "nvrtc": list(found[0]), "include_dirs": list(found[1])}
+                self.disk.write(TOOLCHAIN_RECORD, json.dumps(record).encode())
         self._toolchain = found
         return found
 
@@ -183,29 +172,37 @@ class KernelCache:
             self._memory.clear()
 
     def path_for(self, key: str) -> Path:
-        return self.directory / key[:2] / f"{key}.kernel"
+        return self.disk.path_for(_entry_name(key))
 
     def _read(self, key: str) -> CompiledKernel | None:
-        path = self.path_for(key)
-        try:
-            data = path.read_bytes()
-        except OSError:
-            return None
-        kernel = decode_entry(data, key)
-        if kernel is None:
-            self.stats.corrupt_entries += 1
+        damaged = self.disk.damaged
+        data = self.disk.read(_entry_name(key))
+        kernel = decode_entry(data, key) if data is not None else None
+        if data is not None and kernel is None:
+            self.disk.report_damaged(self.path_for(key), "its contents do not describe this kernel")
+        self.stats.corrupt_entries += self.disk.damaged - damaged
         return kernel
 
     def _write(self, key: str, kernel: CompiledKernel) -> None:
-        path = self.path_for(key)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, encode_entry(key, kernel))
-        except OSError as exc:
+        if self.disk.write(_entry_name(key), encode_entry(key, kernel)) is None:
             self.stats.write_failures += 1
-            warnings.warn(
-                f"tilewise could not write the kernel cache entry {path}: {exc}", RuntimeWarning, stacklevel=3
-            )
+
+
+def _entry_name(key: str) -> str:
+    return f"{key[:2]}/{key}.kernel"
+
+
+def _remembered_toolchain(data: bytes | None, stamp: list) -> tuple | None:
+    """(NVRTC version, include directories) from the toolchain record, if it is one for this installation."""
+    if data is None:
+        return None
+    try:
+        record = json.loads(data)
+        if record["stamp"] == stamp:
+            return tuple(record["nvrtc"]), tuple(record["include_dirs"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 def installation_stamp() -> list:
@@ -225,7 +222,7 @@ def installation_stamp() -> list:
 
 
 def encode_entry(key: str, kernel: CompiledKernel) -> bytes:
-    """MAGIC, sha256(body), body; body = 4-byte header length, JSON header, cubin bytes."""
+    """An entry's payload (sealed by ``disk``): 4-byte header length, JSON header, cubin bytes."""
     header = json.dumps(
         {
             "key": key,
@@ -239,16 +236,12 @@ def encode_entry(key: str, kernel: CompiledKernel) -> bytes:
             "has_cubin": kernel.cubin is not None,
         }
     ).encode()
-    body = len(header).to_bytes(4, "big") + header + (kernel.cubin or b"")
-    return _MAGIC + hashlib.sha256(body).digest() + body
+    return len(header).to_bytes(4, "big") + header + (kernel.cubin or b"")
 
 
-def decode_entry(data: bytes, key: str) -> CompiledKernel | None:
-    """The kernel stored in ``data``, or None if the entry is damaged or belongs to another key."""
-    if not data.startswith(_MAGIC):
-        return None
-    digest, body = data[len(_MAGIC) : len(_MAGIC) + _DIGEST_SIZE], data[len(_MAGIC) + _DIGEST_SIZE :]
-    if hashlib.sha256(body).digest() != digest or len(body) < 4:
+def decode_entry(body: bytes, key: str) -> CompiledKernel | None:
+    """The kernel in an entry's payload, or None if it does not parse or belongs to another key."""
+    if len(body) < 4:
         return None
     header_size = int.from_bytes(body[:4], "big")
     try:
@@ -267,18 +260,6 @@ def decode_entry(data: bytes, key: str) -> CompiledKernel | None:
         )
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers, in any process, see the old file or the whole new one."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 _default_cache: KernelCache | None = None

@@ -10,9 +10,11 @@ vector math library links, ``-DTW_LIBMVEC -lmvec`` lets loops call its vector ``
 kernels (``cache.py``), the library is kept in memory and on disk, under ``$TILEWISE_CACHE_DIR`` or
 ``~/.cache/tilewise/kernels``, named by the sha256 of everything that changes the machine code: the
 source, the flags, the compiler's version, the host CPU (``-march=native`` targets it) and
-:data:`C_FORMAT_VERSION`. A library is written to a temporary name and moved into place, so concurrent
-processes never load half a file; a second process compiling the same program loads it without running
-the compiler.
+:data:`C_FORMAT_VERSION`. A library on disk is sealed and written atomically ([Note: disk caches] in
+``disk.py``): its length and checksum are checked before it is loaded, because ``dlopen`` maps a truncated
+library without complaint and the process dies of SIGBUS when it runs it. A damaged library is built again
+and replaced; where the cache directory cannot be written, libraries are built and loaded from a private
+temporary directory. A second process compiling the same program loads it without running the compiler.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -31,9 +32,10 @@ from functools import cache
 from pathlib import Path
 
 from tilewise.compiler.toolchain.cache import default_cache_dir
+from tilewise.compiler.toolchain.disk import DiskCache
 from tilewise.config import settings
 
-C_FORMAT_VERSION = 1
+C_FORMAT_VERSION = 2
 C_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off", "-fno-trapping-math",
            "-fno-math-errno", "-std=gnu11", "-w")
 
@@ -74,22 +76,19 @@ def vector_math_flags(cc: str) -> tuple[str, ...]:
 
     The answer is kept beside the compiled libraries, keyed by the compiler's version, so a process that
     finds its kernels in the disk cache does not pay for the probe either."""
-    record = default_cache_dir() / "c" / f"libmvec-{hashlib.sha256(compiler_version(cc).encode()).hexdigest()[:16]}"
-    try:
-        return tuple(record.read_text().split())
-    except OSError:
-        pass
+    disk = DiskCache(default_cache_dir() / "c", "C kernel cache")
+    # versioned: processes of another tilewise version may share the directory, and must not read this format
+    record = f"libmvec-v{C_FORMAT_VERSION}-{hashlib.sha256(compiler_version(cc).encode()).hexdigest()[:16]}"
+    remembered = disk.read(record)
+    if remembered is not None:
+        return tuple(remembered.decode().split())
     probe = "#include <math.h>\nfloat f(float x) { return expf(x); }\nint main(void) { return (int)f(0.f); }\n"
     with tempfile.TemporaryDirectory(prefix="tilewise-cc-") as tmp:
         src = Path(tmp) / "probe.c"
         src.write_text(probe)
         done = subprocess.run([cc, str(src), "-o", str(Path(tmp) / "probe"), "-lmvec", "-lm"], capture_output=True)
     flags = ("-DTW_LIBMVEC", "-lmvec") if done.returncode == 0 else ()
-    try:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(" ".join(flags))
-    except OSError:
-        pass
+    disk.write(record, " ".join(flags).encode())
     return flags
 
 
@@ -108,6 +107,7 @@ class CStats:
     memory_hits: int = 0
     disk_hits: int = 0
     compiles: int = 0
+    damaged: int = 0  # libraries found on disk that failed validation or would not load, and were rebuilt
 
 
 class CLibraryCache:
@@ -115,13 +115,14 @@ class CLibraryCache:
 
     def __init__(self, directory: str | os.PathLike | None = None):
         self.directory = Path(directory) if directory is not None else default_cache_dir() / "c"
+        self.disk = DiskCache(self.directory, "C kernel cache")
         self.stats = CStats()
         self.last_source: str | None = None
         self._memory: dict[str, ctypes.CDLL] = {}
         self._lock = threading.Lock()
 
     def path_for(self, key: str) -> Path:
-        return self.directory / key[:2] / f"{key}.so"
+        return self.disk.path_for(_entry_name(key))
 
     def load(self, source: str) -> ctypes.CDLL:
         cc = settings.cc
@@ -133,31 +134,53 @@ class CLibraryCache:
                 self.stats.memory_hits += 1
                 self.last_source = "memory"
                 return lib
-            path = self.path_for(key)
-            if path.exists():
+            lib = self._load_from_disk(key)
+            if lib is not None:
                 self.stats.disk_hits += 1
                 self.last_source = "disk"
             else:
-                self._compile(source, cc, flags, path)
+                lib = self._build(key, source, cc, flags)
                 self.stats.compiles += 1
                 self.last_source = "cc"
-            lib = ctypes.CDLL(str(path))
             self._memory[key] = lib
             return lib
 
-    def _compile(self, source: str, cc: str, flags: tuple[str, ...], path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def _load_from_disk(self, key: str) -> ctypes.CDLL | None:
+        """The cached library, loaded only once its length and checksum have been verified (see the note)."""
+        damaged = self.disk.damaged
+        try:
+            if self.disk.read(_entry_name(key)) is None:
+                return None
+            try:
+                return ctypes.CDLL(str(self.path_for(key)))
+            except OSError as exc:  # sealed, yet not loadable here: build it again
+                self.disk.report_damaged(self.path_for(key), f"it does not load ({exc})")
+                return None
+        finally:
+            self.stats.damaged += self.disk.damaged - damaged
+
+    def _build(self, key: str, source: str, cc: str, flags: tuple[str, ...]) -> ctypes.CDLL:
         with tempfile.TemporaryDirectory(prefix="tilewise-cc-") as tmp:
-            src = Path(tmp) / "kernels.c"
-            src.write_text(source)
-            out = Path(tmp) / "kernels.so"
-            done = subprocess.run([cc, *flags, str(src), "-o", str(out), "-lm"], capture_output=True, text=True)
-            if done.returncode != 0:
-                raise CCompileError(f"{cc} failed on generated kernels:\n{done.stderr}\n{_numbered(source)}")
-            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-            os.close(handle)
-            shutil.copyfile(out, temporary)
-            os.replace(temporary, path)
+            built = _compile(source, cc, flags, Path(tmp))
+            stored = self.disk.write(_entry_name(key), built.read_bytes())
+            # without a usable cache directory the library is loaded from the temporary one: the mapping
+            # outlives the file, which is removed with its directory
+            return ctypes.CDLL(str(stored if stored is not None else built))
+
+
+def _entry_name(key: str) -> str:
+    return f"{key[:2]}/{key}.so"
+
+
+def _compile(source: str, cc: str, flags: tuple[str, ...], directory: Path) -> Path:
+    """Compile ``source`` into ``directory``/kernels.so."""
+    src = directory / "kernels.c"
+    src.write_text(source)
+    out = directory / "kernels.so"
+    done = subprocess.run([cc, *flags, str(src), "-o", str(out), "-lm"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise CCompileError(f"{cc} failed on generated kernels:\n{done.stderr}\n{_numbered(source)}")
+    return out
 
 
 def _numbered(source: str, limit: int = 400) -> str:
