@@ -336,3 +336,27 @@ def test_a_global_read_inside_a_helper_function_is_guarded():
         return out
 
     check(scenario)
+
+
+WEIGHTS = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+
+
+def _weighted(x):
+    return x * WEIGHTS_LIB.tensor(WEIGHTS)
+
+
+WEIGHTS_LIB = tw
+
+
+def test_a_numpy_array_changed_in_place():
+    def scenario(lib, compile_):
+        global WEIGHTS_LIB
+        WEIGHTS_LIB = lib
+        WEIGHTS[:] = [1.0, 2.0, 3.0]
+        f = compile_(_weighted)
+        out = [f(lib.ones(3))]
+        WEIGHTS[1] = -5.0  # the trace made a tensor of the array: its values are guarded
+        out.append(f(lib.ones(3)))
+        return out
+
+    check(scenario)

@@ -14,8 +14,8 @@ trace runs, by a ``Recorder``:
               ``__setattr__``/``__delattr__`` that notices writes. Methods and properties are code, not state.
 "User" code is every frame outside this package's own modules (``tilewise/models`` counts as user code).
 A value is compared by ``value_key``: numbers, strings and None by value, tuples element by element,
-lists/dicts/sets by identity, length and (for up to 256 entries) their elements' keys, everything else
-by identity. The default dtype and device, grad mode and the autocast state are guarded too.
+lists/dicts/sets by identity, length and (for up to 256 entries) their elements' keys, numpy arrays of up to
+4096 elements by value (larger ones by identity, shape and dtype), everything else by identity. The default dtype and device, grad mode and the autocast state are guarded too.
 
 Checking hundreds of module attribute reads on every call would cost more than some steps' kernels, so a
 class may declare ``_tw_version``, a one-element list it increments whenever any of its instances changes
@@ -63,6 +63,7 @@ _USER_DIRS = (os.path.join(_PACKAGE_DIR, "models") + os.sep,)  # inside the pack
 _MISSING = object()
 _PLAIN = (int, bool, str, bytes, type(None), complex)
 _CONTAINER_ELEMENTS = 256  # containers up to this size are compared element by element
+_ARRAY_ELEMENTS = 4096  # numpy arrays up to this size are compared by value
 
 
 # ---------------------------------------------------------------------------- values
@@ -78,6 +79,10 @@ def value_key(value, depth: int = 1):
     if kind is tuple:
         return (tuple, tuple(value_key(v, depth) for v in value)) if len(value) <= _CONTAINER_ELEMENTS else \
             (tuple, id(value), len(value))
+    if kind is np.ndarray:  # a trace that made a tensor of it holds a copy: small arrays are compared by value
+        if value.size <= _ARRAY_ELEMENTS:
+            return (kind, id(value), value.shape, value.dtype.str, value.tobytes())
+        return (kind, id(value), value.shape, value.dtype.str)
     if isinstance(value, (list, dict, set, frozenset)) and not isinstance(value, tuple):
         if depth <= 0 or len(value) > _CONTAINER_ELEMENTS:
             return (kind, id(value), len(value))
