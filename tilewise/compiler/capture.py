@@ -260,6 +260,7 @@ class Capture:
         # what a data-dependent read does: None raises DataDependentError; a callable(capture, what) runs what
         # was recorded so far and makes every live trace tensor real (a graph break, see segments.py)
         self.breaks = None
+        self.on_operator = None  # called as each operator is recorded (the recorder reads the user code on the stack)
 
         self.rng_origin = rng_origin  # the position the first draw of the default generator is named after
         self.rng_start: dict[object, int] = {}  # generator -> the offset its positions count from
@@ -664,6 +665,8 @@ def _generator_argument(op, args: tuple):
 def run(op, args: tuple, device):
     """The dispatcher's Trace key: record ``op`` into the active capture and return trace tensors."""
     cap = active()
+    if cap.on_operator is not None:
+        cap.on_operator()
     if op.kind == "view":
         return cap.view(op, args, device)
     if op.full_name == "_write_":

@@ -277,6 +277,7 @@ class CompiledFunction:
         if not self.fullgraph:
             cap.breaks = self._break
         recorder = Recorder(self.fn, flat, self.fullgraph)
+        cap.on_operator = recorder.operator_called
         traced, effects = None, []
         with Stages() as stages:
             synced = self.segments.syncs

@@ -15,7 +15,8 @@ trace runs, by a ``Recorder``:
 "User" code is every frame outside this package's own modules (``tilewise/models`` counts as user code).
 A value is compared by ``value_key``: numbers, strings and None by value, tuples element by element,
 lists/dicts/sets by identity, length and (for up to 256 entries) their elements' keys, numpy arrays of up to
-4096 elements by value (larger ones by identity, shape and dtype), everything else by identity. The default dtype and device, grad mode and the autocast state are guarded too.
+4096 elements by value (larger ones by identity, shape and dtype), everything else by identity. The default
+dtype and device, grad mode and the autocast state are guarded too.
 
 Checking hundreds of module attribute reads on every call would cost more than some steps' kernels, so a
 class may declare ``_tw_version``, a one-element list it increments whenever any of its instances changes
@@ -37,6 +38,7 @@ from __future__ import annotations
 import builtins
 import dis
 import enum
+import functools
 import gc
 import logging
 import operator
@@ -57,8 +59,8 @@ from tilewise.dtypes import get_default_dtype
 from tilewise.tensor import Tensor
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_STDLIB = tuple({os.path.abspath(sysconfig.get_path(name)) + os.sep for name in ("stdlib", "platstdlib")})
-_SITE = tuple({os.path.abspath(sysconfig.get_path(name)) + os.sep for name in ("purelib", "platlib")})
+_LIBRARIES = tuple({os.path.abspath(sysconfig.get_path(name)) + os.sep
+                    for name in ("stdlib", "platstdlib", "purelib", "platlib")})
 _USER_DIRS = (os.path.join(_PACKAGE_DIR, "models") + os.sep,)  # inside the package, but written like user code
 _MISSING = object()
 _PLAIN = (int, bool, str, bytes, type(None), complex)
@@ -171,9 +173,9 @@ _PATCH_LOCK = threading.RLock()
 _PATCHED: dict[type, list] = {}  # class -> [count of recorders using it, {name: original or _MISSING}]
 
 
-def _in_stdlib(path: str) -> bool:
-    path = os.path.abspath(path)
-    return path.startswith(_STDLIB) and not path.startswith(_SITE)
+def _in_libraries(path: str) -> bool:
+    """The standard library and installed packages: code whose module state a compiled function does not own."""
+    return os.path.abspath(path).startswith(_LIBRARIES)
 
 
 def _in_package(path: str) -> bool:
@@ -188,6 +190,8 @@ class _CodeFacts:
     globals_written: tuple[str, ...] = ()
     cells_read: tuple[str, ...] = ()
     cells_written: tuple[str, ...] = ()
+    module_attributes: tuple[tuple[str, str], ...] = ()  # (global, attribute): ``config.LR``, ``utils.helper``
+    nested: tuple[types.CodeType, ...] = ()  # functions and lambdas defined inside
 
 
 _CODE_FACTS: dict[types.CodeType, _CodeFacts] = {}
@@ -197,24 +201,35 @@ def _code_facts(code: types.CodeType) -> _CodeFacts:
     facts = _CODE_FACTS.get(code)
     if facts is None:
         if code.co_filename.startswith(_GENERATED) or _in_package(code.co_filename) or \
-                _in_stdlib(code.co_filename):
-            facts = _CodeFacts(False)  # the package itself and its generated code (binders, formulas), the stdlib
+                _in_libraries(code.co_filename):
+            facts = _CodeFacts(False)  # the package and its generated code (binders, formulas), libraries
         else:
-            loads, stores, cell_loads, cell_stores = set(), set(), set(), set()
-            free = set(code.co_freevars)
-            for ins in dis.get_instructions(code):
-                if ins.opname == "LOAD_GLOBAL":
-                    loads.add(ins.argval)
-                elif ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
-                    stores.add(ins.argval)
-                elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in free:
-                    cell_loads.add(ins.argval)
-                elif ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in free:
-                    cell_stores.add(ins.argval)
-            facts = _CodeFacts(True, tuple(sorted(loads)), tuple(sorted(stores)), tuple(sorted(cell_loads)),
-                               tuple(sorted(cell_stores)))
+            facts = _read_code(code)
         _CODE_FACTS[code] = facts
     return facts
+
+
+def _read_code(code: types.CodeType) -> _CodeFacts:
+    loads, stores, cell_loads, cell_stores, attributes = set(), set(), set(), set(), set()
+    free = set(code.co_freevars)
+    previous = None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_GLOBAL":
+            loads.add(ins.argval)
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and previous is not None and \
+                previous.opname == "LOAD_GLOBAL":
+            attributes.add((previous.argval, ins.argval))
+        elif ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+            stores.add(ins.argval)
+        elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in free:
+            cell_loads.add(ins.argval)
+        elif ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in free:
+            cell_stores.add(ins.argval)
+        if ins.opname not in ("CACHE", "EXTENDED_ARG"):
+            previous = ins
+    nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return _CodeFacts(True, tuple(sorted(loads)), tuple(sorted(stores)), tuple(sorted(cell_loads)),
+                      tuple(sorted(cell_stores)), tuple(sorted(attributes)), nested)
 
 
 def _watchable(cls: type) -> bool:
@@ -257,22 +272,20 @@ class Recorder:
         self.thread = threading.get_ident()
         self.busy = False
         self._seen_codes: set[types.CodeType] = set()
+        self._base = None
         self._arguments = arguments
-        self._previous_trace = None
 
     # ------------------------------------------------------------------ lifetime
     def __enter__(self) -> Recorder:
         self._random_state = random.getstate()
         self._numpy_state = _numpy_random_position()
         _CURRENT.recorder = self
+        self._base = sys._getframe(1)  # the frame that runs the traced function (``with recorder:``)
         self._watch_roots()
-        self._previous_trace = sys.gettrace()
-        sys.settrace(self._on_call)
         _watch_output()
         return self
 
     def __exit__(self, *exc) -> bool:
-        sys.settrace(self._previous_trace)
         _CURRENT.recorder = None
         _unwatch_output()
         self._unpatch()
@@ -304,14 +317,24 @@ class Recorder:
         for value in self._arguments:
             if type(value) is not Tensor:
                 self.reach(value)
-        code = getattr(function, "__code__", None)
-        if code is not None:
-            self._seen_codes.add(code)
-            self._function_started(function, code, getattr(function, "__globals__", {}))
+        self.reach(function)
 
     def reach(self, value) -> None:
-        """Watch the attribute reads of ``value`` (an object the traced code can read state from)."""
+        """Watch the attribute reads of ``value`` (an object the traced code can read state from); for a function,
+        what its code reads."""
         cls = type(value)
+        if cls is types.FunctionType:
+            self.function(value)
+            return
+        if cls is types.MethodType:
+            self.function(value.__func__)
+            value = value.__self__
+            cls = type(value)
+        elif cls is functools.partial:
+            self.reach(value.func)
+            for v in (*value.args, *value.keywords.values()):
+                self.reach(v)
+            return
         if id(value) in self.known or not _watchable(cls) or not self._patch(cls):
             return
         self.known[id(value)] = value
@@ -322,10 +345,38 @@ class Recorder:
             for v in value.values():
                 self.reach(v)
 
-    def _function_started(self, function, code: types.CodeType, namespace: dict) -> None:
+    def function(self, function: types.FunctionType) -> None:
+        """What ``function``'s code reads: found from the traced function, and from every value the recorder
+        reaches, without running anything (a called function is one of those values, or on the stack when an
+        operator is called: ``operator_called``)."""
+        code = function.__code__
+        if code not in self._seen_codes:
+            self._seen_codes.add(code)
+            self._code_reads(function, code, function.__globals__)
+
+    def operator_called(self) -> None:
+        """An operator is being recorded: the user functions on the stack are read (a function reached in no
+        other way, such as one looked up in a dict, is found here)."""
+        frame, seen, base = sys._getframe(2), self._seen_codes, self._base
+        while frame is not None and frame is not base:  # up to the frame that called the traced function
+            code = frame.f_code
+            if code not in seen:
+                seen.add(code)
+                if _code_facts(code).user:
+                    self._code_reads(_function_of(frame), code, frame.f_globals)
+            frame = frame.f_back
+
+    def _code_reads(self, function, code: types.CodeType, namespace: dict, nested: bool = False) -> None:
         facts = _code_facts(code)
         if not facts.user:
             return
+        busy, self.busy = self.busy, True
+        try:
+            self._reads_of(facts, function, code, namespace, nested)
+        finally:
+            self.busy = busy
+
+    def _reads_of(self, facts: _CodeFacts, function, code: types.CodeType, namespace: dict, nested: bool) -> None:
         for name in facts.globals_written:
             self.effects.append(f"{code.co_name} assigns the global {name!r}")
         for name in facts.globals_read:
@@ -333,6 +384,19 @@ class Recorder:
             if value is _MISSING:
                 continue  # a builtin
             self._record(("global", id(namespace), name), f"global {name!r}", _global_fetch(namespace, name), value)
+        for name, attribute in facts.module_attributes:
+            module = namespace.get(name)
+            if isinstance(module, types.ModuleType):
+                value = getattr(module, attribute, _MISSING)
+                if value is not _MISSING:
+                    self._record(("global", id(module.__dict__), attribute), f"{name}.{attribute}",
+                                 _global_fetch(module.__dict__, attribute), value)
+        for inner in facts.nested:  # its closure variables are this function's: made anew by each call
+            if inner not in self._seen_codes:
+                self._seen_codes.add(inner)
+                self._code_reads(None, inner, namespace, nested=True)
+        if nested:
+            return
         if facts.cells_read or facts.cells_written:
             cells = dict(zip(code.co_freevars, function.__closure__ or ())) if function is not None else {}
             for name in facts.cells_written:
@@ -355,19 +419,6 @@ class Recorder:
             self.reach(value)
 
     # ------------------------------------------------------------------ frames
-    def _on_call(self, frame, event, arg):
-        previous = self._previous_trace
-        if event == "call" and not self.busy and frame.f_code not in self._seen_codes and \
-                threading.get_ident() == self.thread:
-            self._seen_codes.add(frame.f_code)
-            if _code_facts(frame.f_code).user:
-                self.busy = True
-                try:
-                    self._function_started(_function_of(frame), frame.f_code, frame.f_globals)
-                finally:
-                    self.busy = False
-        return previous(frame, event, arg) if previous is not None else None
-
     # ------------------------------------------------------------------ attribute reads and writes
     def on_read(self, obj, name: str, value, stored: bool = False) -> None:
         if self.busy or id(obj) not in self.known:
@@ -385,6 +436,10 @@ class Recorder:
             if owner is not None and _is_state(attribute):
                 self._record(("class", id(owner), name), f"{owner.__name__}.{name}",
                              _class_attribute_fetch(owner, name), attribute, holds=owner)
+            elif isinstance(attribute, types.FunctionType):  # a method about to run: what its code reads
+                self.function(attribute)
+            elif isinstance(attribute, property) and isinstance(attribute.fget, types.FunctionType):
+                self.function(attribute.fget)
         finally:
             self.busy = False
 
