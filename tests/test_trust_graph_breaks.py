@@ -283,3 +283,15 @@ def test_a_segment_the_compiler_cannot_build_runs_operator_by_operator():
     for g, w in zip(got, f(torch, b)):
         assert_same(g, w)
     assert_same(a, b)
+
+
+def test_a_break_where_only_views_of_the_arguments_are_alive():
+    mask = tw.tensor([[True, False], [False, True]])
+    nonzero = tw.compile(lambda m: m.reshape(-1).nonzero())
+    assert nonzero(mask).tolist() == [[0], [3]]
+    x = tw.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    select = tw.compile(lambda x, m: x.reshape(2, 2).masked_select(m))
+    out = select(x, mask)
+    out.sum().backward()
+    assert out.tolist() == [1.0, 4.0] and x.grad.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert not select.variants  # the break ended the recording's one-graph form, though nothing had to run

@@ -36,7 +36,7 @@ class Segments:
         self.name = name
         self.build = build  # Graph -> Program (the compile pipeline for the graph's target)
         self.programs: dict[tuple, object] = {}
-        self.syncs = 0  # segments run (a test's and the log's count)
+        self.syncs = 0  # syncs so far: a recording during which one happened is not a variant
         self.warned: set[str] = set()
 
     def sync(self, cap: Capture, why: str) -> None:
@@ -51,11 +51,12 @@ class Segments:
         entries = list(cap.entries.values())
         writes = [(e.input, e.current) for e in entries if e.current is not e.input]
         cap.restore_generators()  # the program's draws move them, as eager's would have
+        arrays = []
+        self.syncs += 1  # a sync with nothing to run still ends the recording's one-graph form
         if outputs or writes:
-            self.syncs += 1
             graph = Graph([e.input for e in entries], list(cap.body), outputs, writes)
             arrays = self._program(graph, why).run([e.storage.data for e in entries])
-            _materialize(roots, views, outputs, first, arrays)
+        _materialize(roots, views, outputs, first, arrays)  # views of real tensors too, when nothing ran
         _reset(cap)
 
     def _program(self, graph: Graph, why: str):
