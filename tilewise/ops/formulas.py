@@ -95,11 +95,14 @@ def _exclusive_products(x, dim):
 
 
 def select_backward_indices(grad, input_shape, dim, indices, keepdim):
-    """max.dim/min.dim/sort-like ops: route each gradient to the index it came from."""
+    """max.dim/min.dim/sort-like ops: route each gradient to the index it came from (a 0-dim input's one element
+    takes it whole)."""
     from tilewise.ops.creation import zeros
 
+    if len(input_shape) == 0:
+        return grad
     d = S.normalize_dim(dim, len(input_shape))
-    if not keepdim and len(input_shape) > 0:
+    if not keepdim:
         grad, indices = grad.unsqueeze(d), indices.unsqueeze(d)
     return zeros(input_shape, dtype=grad.dtype, device=grad.device).scatter(d, indices, grad)
 
