@@ -35,7 +35,6 @@ DIFFERENCES = {
                     "which operand a contraction copies (and so does not keep) follows each library's own "
                     "contraction path"),
     **dict.fromkeys([
-        "index_add input 2: 0-dim-index,0,1", "index_copy input 2: 0,1", "take input 0: 0,1,3,negative",
         "masked_select input 0: 0,1,broadcast-self", "masked_select input 1: 0,1,broadcast-self",
         "masked_scatter input 1: 0,1,broadcast-self", "pad input 0: 10,3d,6,7,9,reflect-negative"],
         "torch keeps a tensor whose shape alone its formula needs (or a mask tilewise turns into positions); "
