@@ -154,6 +154,10 @@ SECOND_ORDER = {
                                                             label_smoothing=0.1), [(3, 5)]),
     "attention": (lambda nnf: lambda q, k, v: nnf.scaled_dot_product_attention(q, k, v) ** 2,
                   [(2, 3, 4), (2, 5, 4), (2, 5, 3)]),
+    "max_pool2d": (lambda nnf: lambda x: nnf.max_pool2d(x, 3, 2, 1, ceil_mode=True) ** 2, [(2, 3, 7, 6)]),
+    "avg_pool2d": (lambda nnf: lambda x: nnf.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False) ** 2,
+                   [(2, 3, 7, 6)]),
+    "adaptive_avg_pool2d": (lambda nnf: lambda x: nnf.adaptive_avg_pool2d(x, (3, 2)) ** 2, [(2, 3, 7, 5)]),
 }
 
 

@@ -25,20 +25,7 @@ import tilewise.nn.functional as F
 
 MAX_OUTPUTS = 3  # outputs changed in place, per sample (ops with fewer skip the rest)
 
-_OWNED_BY_REDUCTIONS = ("torch saves the input (its formula reads it); tilewise's decomposition saves values derived "
-                        "from it, so changing the input in place is not caught (ops/reductions.py, scans.py, "
-                        "pooling in nn_spatial.py)")
 DIFFERENCES = {
-    **dict.fromkeys([
-        "var input 0: 0,1,2,3", "var_mean input 0: 0", "std input 0: 0,1", "std_mean input 0: 0",
-        "cummax input 0: 0-dim,0,1", "cummin input 0: 0,1",
-        "avg_pool2d input 0: 0,ceil-include-pad,divisor,exclude-pad-ceil,stride-pad,unbatched",
-        "adaptive_avg_pool2d input 0: 0,identity,unbatched,upsample",
-        "max_pool2d input 0: 0,dilation-ceil,indices,stride-pad,unbatched", "max_pool2d_with_indices input 0: 0"],
-        _OWNED_BY_REDUCTIONS),
-    **dict.fromkeys(["max_pool2d output 1: indices", "max_pool2d_with_indices output 1: 0", "median output 1: 2,3,4"],
-                    "torch saves the indices it returns; tilewise's backward uses indices of its own (pooling in "
-                    "nn_spatial.py, scans.py)"),
     **dict.fromkeys(["split input 0: 0,1,2", "chunk input 0: 0,1", "unbind input 0: 0,1"],
                     "torch refuses to differentiate through a view from split/unbind whose base changed in place "
                     "since; tilewise views keep the history they were made with (no rebase on a base's write)"),
@@ -48,7 +35,6 @@ DIFFERENCES = {
                     "which operand a contraction copies (and so does not keep) follows each library's own "
                     "contraction path"),
     **dict.fromkeys([
-        "index_add input 2: 0-dim-index,0,1", "index_copy input 2: 0,1", "take input 0: 0,1,3,negative",
         "masked_select input 0: 0,1,broadcast-self", "masked_select input 1: 0,1,broadcast-self",
         "masked_scatter input 1: 0,1,broadcast-self", "pad input 0: 10,3d,6,7,9,reflect-negative"],
         "torch keeps a tensor whose shape alone its formula needs (or a mask tilewise turns into positions); "

@@ -95,13 +95,33 @@ def _exclusive_products(x, dim):
 
 
 def select_backward_indices(grad, input_shape, dim, indices, keepdim):
-    """max.dim/min.dim/sort-like ops: route each gradient to the index it came from."""
+    """max.dim/min.dim/sort-like ops: route each gradient to the index it came from (a 0-dim input's one element
+    takes it whole)."""
     from tilewise.ops.creation import zeros
 
+    if len(input_shape) == 0:
+        return grad
     d = S.normalize_dim(dim, len(input_shape))
-    if not keepdim and len(input_shape) > 0:
+    if not keepdim:
         grad, indices = grad.unsqueeze(d), indices.unsqueeze(d)
     return zeros(input_shape, dtype=grad.dtype, device=grad.device).scatter(d, indices, grad)
+
+
+def take_backward(grad, self, index):
+    """torch's: the gradient added at the flattened input's positions ``index`` names (negative ones from the
+    end). It reads the input for its shape; torch saves the input and the index."""
+    from tilewise.ops.creation import zeros
+    from tilewise.ops.registry import OPS
+
+    flat = zeros(self.numel(), dtype=grad.dtype, device=grad.device)
+    return OPS["index_put"](flat, (index,), grad, True).reshape(self.shape)
+
+
+def index_source_backward(grad, dim, index, source, alpha=1):
+    """index_add/index_copy's source gradient: the slices of ``grad`` that ``index`` names (times ``alpha``).
+    It reads the source for its shape; torch saves the source and the index."""
+    picked = grad.index_select(dim, index).reshape(source.shape)
+    return picked if alpha == 1 else picked * alpha
 
 
 def view_backward(grad, op_name: str, input_shape, *args):

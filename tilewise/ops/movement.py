@@ -4,9 +4,11 @@ diagonals and einsum.
 [Note: movement ops] Only ``cat``, ``flip`` and the index expansion of ``repeat_interleave`` are primitives
 (each needs a kernel that moves whole blocks); everything else composes views, ``cat``, and the indexing
 primitives of ``ops/indexing.py`` (``index``, ``index_put``, ``gather``, ``scatter``, ``view_scatter``), so
-gradients, in-place variants and every backend come from those. The composites validate what the user passed
-and name themselves in errors; index bounds are checked by the indexing kernel and reported under the
-composite's name. ``einsum`` parses its equation into per-operand labels, takes repeated labels as
+gradients, in-place variants and every backend come from those. take, index_add and index_copy carry torch's
+derivative instead, to save what torch saves (the index, and the input or source it reads for its shape), so
+that changing those in place before backward is the error it is in torch. The composites validate what the
+user passed and name themselves in errors; index bounds are checked by the indexing kernel and reported under
+the composite's name. ``einsum`` parses its equation into per-operand labels, takes repeated labels as
 diagonals, sums labels nobody needs any more as early as possible and contracts operands pairwise with
 ``bmm``.
 """
@@ -531,10 +533,14 @@ composite("index_select(Tensor self, int dim, Tensor index) -> Tensor", _index_s
           doc="The slices ``index`` names along ``dim``.\n\n"
               ">>> tw.arange(6).view(2, 3).index_select(1, tw.tensor([2, 0]))\ntensor([[2, 0],\n        [5, 3]])")
 composite("index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor", _index_add,
+          grad={"self": "grad", "source": "index_source_backward(grad, dim, index, source, alpha)", "index": None},
           inplace=True, doc="``self`` with ``alpha * source`` added into the slices ``index`` names along ``dim``.")
-composite("index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor", _index_copy, inplace=True)
+composite("index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor", _index_copy,
+          grad={"self": "grad.index_fill(dim, index, 0)", "source": "index_source_backward(grad, dim, index, source)",
+                "index": None}, inplace=True)
 composite("index_fill(Tensor self, int dim, Tensor index, Tensor value) -> Tensor", _index_fill, inplace=True)
-composite("take(Tensor self, Tensor index) -> Tensor", _take,
+composite("take(Tensor self, Tensor index) -> Tensor", _take, grad={"self": "take_backward(grad, self, index)",
+                                                                   "index": None},
           doc="Elements of the flattened tensor at ``index`` (negative indices count from the end).")
 composite("take_along_dim(Tensor self, Tensor indices, int? dim=None) -> Tensor", _take_along_dim)
 composite("masked_select(Tensor self, Tensor mask) -> Tensor", _masked_select,

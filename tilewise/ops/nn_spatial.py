@@ -7,9 +7,12 @@ so convolution reuses the matmul path of every backend. Like torch, it saves its
 not the columns (KH * KW times the input): ``_conv2d_backward`` takes the windows again for the weight gradient
 and scatters the columns' gradient back with their geometry (``view_scatter_add``, col2im) for the input's.
 conv1d is conv2d over a height of 1. Pooling takes the same window views: max pooling picks in each
-flattened window the element torch's rule picks (see [Note: max pooling and NaN]) and reads it back there,
-so the gradient goes where the index points; average pooling sums and divides by torch's per-window
-divisor, and adaptive average pooling is two small averaging matrices, one per spatial dim.
+flattened window the element torch's rule picks (see [Note: max pooling and NaN]) and reads it back there;
+average pooling sums and divides by torch's per-window divisor, and adaptive average pooling is two small
+averaging matrices, one per spatial dim. Each carries torch's derivative and saves what torch saves: the
+input, and for max pooling the indices it returns, whose positions the gradient is added at (so changing
+either in place before backward is the error it is in torch), rather than the windows its decomposition
+makes.
 Nearest-neighbour interpolation gathers with torch's float32 source-index rule.
 """
 
@@ -19,6 +22,7 @@ import math
 
 from tilewise import _strides as S
 from tilewise.dtypes import float32, iinfo
+from tilewise.ops.formulas import HELPERS
 from tilewise.ops.nn_functional import functional, int_tuple, private
 from tilewise.ops.registry import OPS
 
@@ -123,17 +127,24 @@ def _im2col(x, weight_shape, stride, pads, dilation, groups):
 
 def _col2im(columns, input_shape, weight_shape, stride, pads, dilation, groups, out_hw):
     """The adjoint of ``_im2col``: each column entry added back to the input element its window read."""
-    batch, channels, height, width = input_shape
+    batch, channels = input_shape[:2]
     _, group_channels, kh, kw = weight_shape
-    (top, bottom), (left, right) = _pad_pairs(pads)
-    padded = (batch, channels, height + top + bottom, width + left + right)
     out_h, out_w = out_hw
     windows = (columns.reshape(groups, batch, out_h, out_w, group_channels, kh, kw).permute(1, 0, 4, 2, 3, 5, 6)
                .reshape(batch, channels, out_h, out_w, kh, kw))
+    return _windows_adjoint(windows, input_shape, _pad_pairs(pads), stride, dilation)
+
+
+def _windows_adjoint(windows, input_shape, pads, stride, dilation):
+    """The adjoint of ``_windows`` of the padded input: each (N, C, OH, OW, KH, KW) window element's gradient
+    added to the input element it read (nothing reaches the padding)."""
+    batch, channels, height, width = input_shape
+    (top, bottom), (left, right) = pads
+    padded = (batch, channels, height + top + bottom, width + left + right)
     s_batch, s_channel, s_row, s_col = S.contiguous_strides(padded)
     strides = (s_batch, s_channel, s_row * stride[0], s_col * stride[1], s_row * dilation[0], s_col * dilation[1])
     grad = OPS["view_scatter_add"](windows, padded, tuple(windows.shape), strides, 0)
-    return grad[:, :, top:top + height, left:left + width] if any(pads) else grad
+    return grad[:, :, top:top + height, left:left + width] if top or bottom or left or right else grad
 
 
 def _grouped(grad, groups: int):
@@ -239,16 +250,23 @@ def _pooled_size(size: int, kernel: int, stride: int, pad: int, dilation: int, c
     return out
 
 
-def _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, fill):
-    """The (N, C, OH, OW, KH, KW) windows of x padded with fill (on the right as far as ceil_mode reaches)."""
+def _pooling_geometry(op, shape, kernel, stride, padding, dilation, ceil_mode):
+    """(output sizes, (before, after) padding per spatial dim) of pooling a (..., C, H, W) input: the padding
+    after reaches as far as the last window does (past the input with ceil_mode)."""
     sizes = tuple(_pooled_size(n, k, s, p, d, ceil_mode)
-                  for n, k, s, p, d in zip(x.shape[-2:], kernel, stride, padding, dilation))
+                  for n, k, s, p, d in zip(shape[-2:], kernel, stride, padding, dilation))
     if min(sizes) < 1:
-        channels, height, width = x.shape[-3:]
+        channels, height, width = shape[-3:]
         raise RuntimeError(f"{op}: Given input size: ({channels}x{height}x{width}). Calculated output size: "
                            f"({channels}x{sizes[0]}x{sizes[1]}). Output size is too small")
     pads = [(p, max((o - 1) * s + d * (k - 1) + 1 - n - p, 0))
-            for n, o, k, s, p, d in zip(x.shape[-2:], sizes, kernel, stride, padding, dilation)]
+            for n, o, k, s, p, d in zip(shape[-2:], sizes, kernel, stride, padding, dilation)]
+    return sizes, pads
+
+
+def _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, fill):
+    """The (N, C, OH, OW, KH, KW) windows of x padded with fill (on the right as far as ceil_mode reaches)."""
+    sizes, pads = _pooling_geometry(op, x.shape, kernel, stride, padding, dilation, ceil_mode)
     padded = _constant_pad(x, pads, fill) if any(before or after for before, after in pads) else x
     return _windows(padded, kernel, stride, dilation)[:, :, :sizes[0], :sizes[1]]
 
@@ -307,9 +325,22 @@ def _max_pool2d_with_indices(input, kernel_size, stride=None, padding=0, dilatio
     flat = windows.reshape(*windows.shape[:4], kernel[0] * kernel[1])
     padded = max(padding) > 0 or ceil_mode  # windows may then reach past the input
     position = _window_maximum_position(flat, kernel, stride, padding, dilation, padded)
-    values = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)  # the gradient goes where the index points
+    values = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
     indices = _window_argmax_to_input_index(position, kernel, stride, padding, dilation, x.shape[-1])
     return (values.squeeze(0), indices.squeeze(0)) if input.ndim == 3 else (values, indices)
+
+
+def max_pool2d_backward(grad, input, indices):
+    """torch's max_pool2d_with_indices_backward: each window's gradient added at the input element its returned
+    index names (where windows overlap, their gradients add up). It reads the input for its shape only, but
+    torch saves the input and the indices, so changing either in place before backward is an error in both."""
+    from tilewise.ops.creation import zeros
+
+    plane = (*input.shape[:-2], input.shape[-2] * input.shape[-1])
+    flat_indices = indices.reshape(*indices.shape[:-2], -1)
+    flat_grad = grad.reshape(*grad.shape[:-2], -1)
+    grad_input = zeros(plane, dtype=grad.dtype, device=grad.device).scatter_add(-1, flat_indices, flat_grad)
+    return grad_input.reshape(input.shape)
 
 
 def _max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
@@ -329,6 +360,16 @@ def _average_divisor(size, out, kernel, stride, pad, count_include_pad, device):
     return end.clamp(max=size) - start.clamp(min=0)
 
 
+def _window_divisors(pooled, input_hw, kernel, stride, padding, count_include_pad, divisor_override):
+    """What each average-pooling window's sum is divided by: the override, or an (OH, OW) tensor of counts in
+    the dtype of ``pooled`` (the window sums, or their gradient)."""
+    if divisor_override is not None:
+        return divisor_override
+    rows, cols = (_average_divisor(n, o, k, s, p, count_include_pad, pooled.device)
+                  for n, o, k, s, p in zip(input_hw, pooled.shape[-2:], kernel, stride, padding))
+    return (rows.unsqueeze(1) * cols).to(pooled.dtype)
+
+
 def _avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
     op = "avg_pool2d"
@@ -337,13 +378,23 @@ def _avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, cou
         raise RuntimeError(f"{op}: divisor must be not zero")
     x = input.unsqueeze(0) if input.ndim == 3 else input
     total = _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, 0).sum((-2, -1))
-    if divisor_override is not None:
-        out = total / divisor_override
-    else:
-        rows, cols = (_average_divisor(n, o, k, s, p, count_include_pad, x.device)
-                      for n, o, k, s, p in zip(x.shape[-2:], total.shape[-2:], kernel, stride, padding))
-        out = total / (rows.unsqueeze(1) * cols).to(total.dtype)
+    out = total / _window_divisors(total, x.shape[-2:], kernel, stride, padding, count_include_pad, divisor_override)
     return out.squeeze(0) if input.ndim == 3 else out
+
+
+def avg_pool2d_backward(grad, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """torch's avg_pool2d_backward: each window's gradient, divided as its sum was, spread over the input
+    elements it covers. Like torch's, it saves the input (read for its shape) and not the output."""
+    op = "avg_pool2d"
+    kernel, stride, padding, dilation = _pool_args(op, input, kernel_size, stride, padding, 1)
+    unbatched = input.ndim == 3
+    shape = (1, *input.shape) if unbatched else tuple(input.shape)
+    g = grad.unsqueeze(0) if unbatched else grad
+    _, pads = _pooling_geometry(op, shape, kernel, stride, padding, dilation, ceil_mode)
+    per_element = g / _window_divisors(g, shape[-2:], kernel, stride, padding, count_include_pad, divisor_override)
+    windows = per_element.unsqueeze(-1).unsqueeze(-1).expand(*g.shape, *kernel)
+    grad_input = _windows_adjoint(windows, shape, pads, stride, dilation)
+    return grad_input.squeeze(0) if unbatched else grad_input
 
 
 def _adaptive_average_matrix(size: int, out: int, like):
@@ -357,25 +408,47 @@ def _adaptive_average_matrix(size: int, out: int, like):
 
 
 def _adaptive_avg_pool2d(input, output_size):
+    """torch's: a mean over H and W for a 1x1 output (which saves nothing for backward), else the pooling op
+    proper, which saves its input."""
     op = "adaptive_avg_pool2d"
     if input.ndim not in (3, 4) or 0 in input.shape[-2:]:
         raise RuntimeError(f"{op}: Expected 3D or 4D input with non-zero spatial sizes, but got {list(input.shape)}")
-    out_h, out_w = int_tuple(output_size, 2, "output_size", op)
-    height, width = input.shape[-2:]
-    rows = _adaptive_average_matrix(height, out_h, input)
-    cols = _adaptive_average_matrix(width, out_w, input)
-    return rows.matmul(input.matmul(cols.t())).contiguous()
+    output_size = int_tuple(output_size, 2, "output_size", op)
+    if output_size == (1, 1):
+        return input.mean((-1, -2), keepdim=True)
+    return OPS["_adaptive_avg_pool2d"](input, output_size)
 
+
+def _adaptive_average_matrices(input_hw, output_hw, like):
+    return tuple(_adaptive_average_matrix(n, o, like) for n, o in zip(input_hw, output_hw))
+
+
+def _adaptive_avg_pool2d_by_matrices(self, output_size):
+    rows, cols = _adaptive_average_matrices(self.shape[-2:], output_size, self)
+    return rows.matmul(self.matmul(cols.t())).contiguous()
+
+
+def adaptive_avg_pool2d_backward(grad, self):
+    """The forward's two averaging matrices, transposed. Like torch's, it saves the input (read for its shape)."""
+    rows, cols = _adaptive_average_matrices(self.shape[-2:], grad.shape[-2:], grad)
+    return rows.t().matmul(grad.matmul(cols))
+
+
+HELPERS.update(max_pool2d_backward=max_pool2d_backward, avg_pool2d_backward=avg_pool2d_backward,
+               adaptive_avg_pool2d_backward=adaptive_avg_pool2d_backward)
 
 functional("max_pool2d_with_indices(Tensor input, int[2] kernel_size, int[2]? stride=None, int[2] padding=0, "
            "int[2] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)", _max_pool2d_with_indices,
-           function=False, nondiff_outputs=(1,))
+           {"input": "max_pool2d_backward(grad, input, result[1])"}, function=False, nondiff_outputs=(1,))
 functional("max_pool2d(Tensor input, int[2] kernel_size, int[2]? stride=None, int[2] padding=0, int[2] dilation=1, "
            "bool ceil_mode=False, bool return_indices=False) -> Tensor", _max_pool2d)
 functional("avg_pool2d(Tensor input, int[2] kernel_size, int[2]? stride=None, int[2] padding=0, "
            "bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor", _avg_pool2d,
-           function=False)
+           {"input": "avg_pool2d_backward(grad, input, kernel_size, stride, padding, ceil_mode, count_include_pad, "
+                     "divisor_override)"}, function=False)
 functional("adaptive_avg_pool2d(Tensor input, int[2] output_size) -> Tensor", _adaptive_avg_pool2d, function=False)
+private("_adaptive_avg_pool2d(Tensor self, int[2] output_size) -> Tensor", _adaptive_avg_pool2d_by_matrices,
+        {"self": "adaptive_avg_pool2d_backward(grad, self)"})
 
 
 # ============================================================================ resampling

@@ -146,10 +146,12 @@ def std_backward(grad, self, result, dim, unbiased, correction, keepdim):
     return var_backward(grad_var, self, dim, unbiased, correction, keepdim)
 
 
-def moments_backward(grads, self, result, dim, unbiased, correction, keepdim, std: bool):
-    """var_mean/std_mean: the spread's gradient plus the mean's (``grads`` holds zeros for an unused output)."""
+def moments_backward(grads, self, std, dim, unbiased, correction, keepdim):
+    """var_mean/std_mean: the spread's gradient plus the mean's (``grads`` holds zeros for an unused output).
+    ``std`` is std_mean's first output (None for var_mean): torch saves it and the input, never the mean, so only
+    changing those in place before backward is an error."""
     spread, mean_grad = grads
-    from_spread = (std_backward(spread, self, result[0], dim, unbiased, correction, keepdim) if std
+    from_spread = (std_backward(spread, self, std, dim, unbiased, correction, keepdim) if std is not None
                    else var_backward(spread, self, dim, unbiased, correction, keepdim))
     return from_spread + grad_expanded(mean_grad, self.shape, dim, keepdim) / reduced_count(self.shape, dim)
 
@@ -165,10 +167,10 @@ _STD = composite("std(Tensor self, int[1]? dim=None, bool? unbiased=None, bool k
                  {"self": f"std_backward(grad, self, result, {_MOMENT_ARGS})"})
 _VAR_MEAN = composite("var_mean(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
                       "Scalar? correction=None) -> (Tensor, Tensor)", _var_mean,
-                      {"self": f"moments_backward(grads, self, result, {_MOMENT_ARGS}, False)"})
+                      {"self": f"moments_backward(grads, self, None, {_MOMENT_ARGS})"})
 _STD_MEAN = composite("std_mean(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
                       "Scalar? correction=None) -> (Tensor, Tensor)", _std_mean,
-                      {"self": f"moments_backward(grads, self, result, {_MOMENT_ARGS}, True)"})
+                      {"self": f"moments_backward(grads, self, result[0], {_MOMENT_ARGS})"})
 
 
 def _logsumexp(self, dim, keepdim=False):

@@ -4,10 +4,11 @@
 primitives with a kernel per backend, and so is ``topk`` (selecting k of n elements is O(n), sorting them all
 is not); argsort, kthvalue and median compose ``sort``. Every value the sorting ops and cummax/cummin output is
 an input element, so one derivative serves them all: each gradient is added back at the position the
-``indices`` output names. The cumulative product's derivative never divides by zero: it divides only before
-the first zero of a slice and uses a product that skips that zero at its position (the idea of
-``prod_backward``); under ``create_graph`` it forms every product explicitly, so second derivatives at zeros
-are exact too.
+``indices`` output names. Backward reads those returned indices, as torch's does, so changing them in place
+before backward is the error it is in torch (cummax and cummin save their input too, as torch does). The
+cumulative product's derivative never divides by zero: it divides only before the first zero of a slice and
+uses a product that skips that zero at its position (the idea of ``prod_backward``); under ``create_graph`` it
+forms every product explicitly, so second derivatives at zeros are exact too.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ def picked_backward(grad, self_shape, dim: int, indices):
     if len(self_shape) == 0:
         return grad
     return zeros(self_shape, dtype=grad.dtype, device=grad.device).scatter_add(dim, indices, grad)
+
+
+def cummaxmin_backward(grad, self, indices, dim: int):
+    """cummax/cummin: torch's, which reads the input for its shape; torch saves the input and the returned
+    indices, so changing either in place before backward is an error in both."""
+    return picked_backward(grad, self.shape, dim, indices)
 
 
 def cumprod_backward(grad, self, result, dim: int):
@@ -72,7 +79,8 @@ def _cumprod_backward_by_products(grad, self, dim: int):
     return (products * g.unsqueeze(-2)).where(later, 0).sum(-1).movedim(-1, dim)
 
 
-HELPERS.update(reverse_cumsum=reverse_cumsum, picked_backward=picked_backward, cumprod_backward=cumprod_backward)
+HELPERS.update(reverse_cumsum=reverse_cumsum, picked_backward=picked_backward, cummaxmin_backward=cummaxmin_backward,
+               cumprod_backward=cumprod_backward)
 
 # ---------------------------------------------------------------- primitives
 
@@ -84,10 +92,10 @@ declare("cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", "s
         grad={"self": "cumprod_backward(grad, self, result, dim)"}, inplace=True, autocast="fp32",
         doc="Cumulative product along ``dim``.\n\n>>> tw.tensor([1., 2., 3.]).cumprod(0)\ntensor([1., 2., 6.])")
 declare("cummax(Tensor self, int dim) -> (Tensor values, Tensor indices)", "scan", dtype=R.first_input,
-        grad={"self": "picked_backward(grad, self_shape, dim, result[1])"}, nondiff_outputs=(1,),
+        grad={"self": "cummaxmin_backward(grad, self, result[1], dim)"}, nondiff_outputs=(1,),
         doc="Running maximum along ``dim`` and where it was attained (the latest position among ties).")
 declare("cummin(Tensor self, int dim) -> (Tensor values, Tensor indices)", "scan", dtype=R.first_input,
-        grad={"self": "picked_backward(grad, self_shape, dim, result[1])"}, nondiff_outputs=(1,),
+        grad={"self": "cummaxmin_backward(grad, self, result[1], dim)"}, nondiff_outputs=(1,),
         doc="Running minimum along ``dim`` and where it was attained (the latest position among ties).")
 declare("sort(Tensor self, int dim=-1, bool descending=False, *, bool? stable=False) -> "
         "(Tensor values, Tensor indices)", "sort", dtype=R.first_input,
@@ -178,7 +186,7 @@ def _kthvalue(self, k, dim=-1, keepdim=False):
 
 def _median_dim(self, dim, keepdim=False):
     """The lower median; a slice holding NaN has median NaN, found at its first NaN (torch's rule). The value is
-    read back at the index, so the gradient goes where the index points, NaN or not."""
+    read back at the index, where the derivative sends the gradient, NaN or not."""
     d = S.normalize_dim(dim, self.ndim, "median")
     n = self.shape[d] if self.ndim else 1
     if n == 0:
@@ -201,14 +209,19 @@ def _median(self):
     return _median_dim(flat, 0)[0]
 
 
+# kthvalue and median.dim route each gradient to the index they return (torch's
+# value_selecting_reduction_backward): they save those indices, not their input, as torch does.
+_PICKED_ALONG_DIM = "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"
+
 declare("argsort(Tensor self, int dim=-1, bool descending=False, *, bool stable=False) -> Tensor", "composite",
         decomposition=_argsort, differentiable=False)
 declare("kthvalue(Tensor self, int k, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)",
-        "composite", decomposition=_kthvalue,
+        "composite", decomposition=_kthvalue, grad={"self": _PICKED_ALONG_DIM}, nondiff_outputs=(1,),
         doc="The ``k``-th smallest element along ``dim`` (1-based) and its position.")
 declare("median(Tensor self) -> Tensor", "composite", decomposition=_median,
         grad={"self": "evenly_distribute_backward(grad, self, result)"},
         doc="The lower median of all elements; its gradient is shared evenly among the elements equal to it (among "
             "the NaNs when it is NaN).")
 declare("median.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",
-        decomposition=_median_dim, doc="The lower median along ``dim`` and its position.")
+        decomposition=_median_dim, grad={"self": _PICKED_ALONG_DIM}, nondiff_outputs=(1,),
+        doc="The lower median along ``dim`` and its position.")
