@@ -30,7 +30,8 @@ def _any_requires_grad(args, kwargs) -> bool:
 def check_no_internal_overlap(self: Tensor, name: str) -> None:
     """torch refuses to write in place into a tensor whose elements share memory (an expanded tensor): the
     result would depend on the order of the writes."""
-    if 0 in self._strides and any(stride == 0 and size > 1 for size, stride in zip(self._shape, self._strides)):
+    if 0 in self._strides and 0 not in self._shape and \
+            any(stride == 0 and size > 1 for size, stride in zip(self._shape, self._strides)):  # empty: no element
         raise RuntimeError(f"{name}: unsupported operation: more than one element of the written-to tensor refers "
                            f"to a single memory location (a tensor of shape {list(self._shape)} with strides "
                            f"{list(self._strides)}). Please clone() the tensor before performing the operation.")
