@@ -538,3 +538,15 @@ def test_a_cat_that_converts_dtypes_is_not_laid_out_in_place():
     close(cf(h), mixed(h), rtol=1e-3, atol=1e-3)
     assert not cf.programs()[0].plan.cat_copies
 
+
+
+def test_a_returned_copy_of_an_input_keeps_the_value_before_its_update():
+    def f(x):
+        y = x.clone()
+        x.add_(1)
+        return y
+
+    compiled, x, reference = tw.compile(f), tw.ones(3), tw.ones(3)
+    for _ in range(3):
+        assert compiled(x).tolist() == f(reference).tolist()
+        assert x.tolist() == reference.tolist()

@@ -295,3 +295,34 @@ def test_a_break_where_only_views_of_the_arguments_are_alive():
     out.sum().backward()
     assert out.tolist() == [1.0, 4.0] and x.grad.tolist() == [1.0, 0.0, 0.0, 1.0]
     assert not select.variants  # the break ended the recording's one-graph form, though nothing had to run
+
+
+def test_a_line_search_that_restores_its_parameters_after_a_break():
+    """LBFGS-style: try a step, read the loss into Python, restore the saved parameters, take half the step."""
+    def make(lib):
+        a = lib.tensor(np.arange(12, dtype="float32").reshape(4, 3) / 10)
+        x = lib.nn.Parameter(lib.ones(3))
+
+        def closure():
+            x.grad = None
+            with lib.enable_grad():
+                loss = (a @ x).square().sum()
+                loss.backward()
+            return loss
+
+        def step():
+            with lib.no_grad():
+                closure()
+                d = lib.full((3,), -0.01)
+                x0 = x.clone()
+                x.add_(d)
+                float(closure())
+                x.copy_(x0)
+                x.add_(d, alpha=0.5)
+            return x.sum()
+
+        return step
+
+    compiled, reference = tw.compile(make(tw)), make(torch)
+    for _ in range(3):
+        assert_same(compiled(), reference())

@@ -360,3 +360,17 @@ def test_a_numpy_array_changed_in_place():
         return out
 
     check(scenario)
+
+
+def test_a_step_that_clears_the_gradient_itself_compiles_twice_at_most():
+    x = tw.ones(3, requires_grad=True)
+
+    def f():
+        x.grad = None  # what .grad held before the call (None, then a tensor) is what the guard compares
+        (x * x).sum().backward()
+        return x.grad * 1
+
+    compiled = tw.compile(f)
+    for _ in range(4):
+        assert compiled().tolist() == [2.0, 2.0, 2.0]
+    assert len(compiled.variants) == 2

@@ -87,7 +87,15 @@ def test_float32_cumsum_and_cumprod_are_torchs_float64_running_totals_rounded(sh
 @pytest.mark.parametrize("dtype", HALVES)
 def test_half_cumsum_matches_torch(dtype, device):
     ours, theirs = pair(np.random.default_rng(1).standard_normal((4, 3000)), dtype, device)
-    assert_within_ulps(ours.cumsum(1), theirs.cumsum(1), 0 if device == "cpu" else 1, f"{dtype} cumsum")
+    if device == "cpu":
+        assert_within_ulps(ours.cumsum(1), theirs.cumsum(1), 0, f"{dtype} cumsum")
+        return
+    # a parallel scan adds in another order than torch's CPU loop: each running total may differ by one step of
+    # the dtype at the size the row's totals reached so far (near a crossing of zero, that is many of its ulps)
+    got, want = as_numpy(ours.cumsum(1)).astype(np.float64), as_numpy(theirs.cumsum(1)).astype(np.float64)
+    scale = np.maximum.accumulate(np.abs(want), axis=1)
+    step = scale * (2.0 ** -10 if dtype == "float16" else 2.0 ** -7)
+    assert np.all(np.abs(got - want) <= step + 1e-30), f"{dtype} cumsum on cuda"
 
 
 @pytest.mark.parametrize("device", DEVICES)

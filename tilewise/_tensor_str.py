@@ -8,7 +8,7 @@ from tilewise.dtypes import get_default_dtype
 
 
 def _format_values(t) -> str:
-    a = t.detach().cpu()._np()
+    a = t._host()
     narrow_float = a.dtype.kind == "f" and a.dtype.itemsize < 4
     if narrow_float or a.dtype.kind == "V" or str(a.dtype).startswith(("bfloat", "float8")):
         a = a.astype(np.float32)

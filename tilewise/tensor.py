@@ -10,6 +10,7 @@ autograd attributes (``requires_grad``, ``grad``, ``grad_fn``, hooks) and ``back
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from numbers import Number
 
@@ -32,6 +33,8 @@ class _TraceHooks:
     shares_memory = None
     version = None  # (t) -> the version counter of the memory a traced tensor stands for
     bump_version = None
+    untraced = contextlib.nullcontext  # () -> a context in which operators run, not recorded
+    grad_assigned = None  # (t) -> None, before ``t.grad = ...`` (a trace learns what .grad was before the call)
 
 
 TRACE_HOOKS = _TraceHooks()
@@ -205,12 +208,18 @@ class Tensor:
             if not force:
                 raise TypeError(f"can't convert {self._device} tensor to numpy. Use Tensor.cpu() to copy the "
                                 "tensor to host memory first.")
-            return self.cpu()._np()
+            return self._host()
         return self._np()
+
+    def _host(self) -> np.ndarray:
+        """The values as a numpy array on the host (a copy from a device), after ``_require_real``: the copy
+        is not recorded even while a function is traced (a graph break just gave this tensor its values)."""
+        with TRACE_HOOKS.untraced():
+            return self.detach().cpu()._np()
 
     def __array__(self, dtype=None, copy=None):
         self._require_real("numpy conversion (np.asarray / __array__)")
-        a = self.detach().cpu()._np()
+        a = self._host()
         return a.astype(dtype) if dtype is not None else a
 
     def item(self):
@@ -218,12 +227,11 @@ class Tensor:
         if self.numel() != 1:
             raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar; item() "
                                "needs exactly one element")
-        return self.detach().cpu()._np().reshape(()).item() if self._dtype.category else bool(
-            self.detach().cpu()._np().reshape(()))
+        return self._host().reshape(()).item() if self._dtype.category else bool(self._host().reshape(()))
 
     def tolist(self):
         self._require_real("tolist()")
-        a = self.detach().cpu()._np()
+        a = self._host()
         if self._dtype.is_floating_point and a.dtype.itemsize < 4:
             a = a.astype(np.float32)
         return a.tolist()
@@ -281,7 +289,7 @@ class Tensor:
 
     def __reduce_ex__(self, protocol):
         self._require_real("pickling")
-        data = (self.detach().cpu()._np().copy(), str(self._device), self.requires_grad)
+        data = (self._host().copy(), str(self._device), self.requires_grad)
         return (_rebuild, data, self._attributes() or None)
 
     def __deepcopy__(self, memo):
@@ -321,6 +329,9 @@ class Tensor:
         if value is not None and (value._shape != self._shape or value._device is not self._device):
             raise RuntimeError(f"assigned grad has shape {list(value._shape)} on {value._device}, but the tensor "
                                f"has shape {list(self._shape)} on {self._device}")
+        hook = TRACE_HOOKS.grad_assigned
+        if hook is not None:
+            hook(self)
         self._grad = value
 
     @property

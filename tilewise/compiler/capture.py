@@ -730,6 +730,18 @@ TRACE_HOOKS.value_needed = _value_needed
 TRACE_HOOKS.shares_memory = _shares_memory
 TRACE_HOOKS.version = _version
 TRACE_HOOKS.bump_version = _bump_version
+TRACE_HOOKS.untraced = suspended
+
+
+def _grad_assigned(t: Tensor) -> None:
+    """``t.grad = ...`` while this thread traces: what ``.grad`` held before the call is what it holds now, if
+    the trace has not seen ``t`` yet (a step that starts with ``p.grad = None`` must not be guarded on None)."""
+    if STATE.trace_depth and t._trace is None:
+        cap = STATE.captures[-1]
+        cap.add_owner(t, cap.arg_sources.get(id(t)) or cap._source_for(t))
+
+
+TRACE_HOOKS.grad_assigned = _grad_assigned
 
 
 @contextlib.contextmanager

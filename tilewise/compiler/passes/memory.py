@@ -134,6 +134,9 @@ def _assign_outputs(graph: Graph, plan: MemoryPlan, produced: dict) -> None:
 def _assign_writes(graph: Graph, plan: MemoryPlan, produced: dict, position: dict, kernels: dict,
                    steps: list[Node]) -> None:
     targets = [v for _, v in graph.writes]
+    # an input an end-of-call copy returns (``y = x.clone(); x.add_(1); return y``) keeps its old value until
+    # then: its new value goes to a temporary and is copied back after the outputs are
+    returned = {buffer_of(c.value) for c in plan.copies}
     last_reader: dict[Node, int] = {}  # value -> position of the last step reading its buffer
     for other in steps:
         for read in _reads(other):
@@ -141,7 +144,7 @@ def _assign_writes(graph: Graph, plan: MemoryPlan, produced: dict, position: dic
     for inp, value in graph.writes:
         dst = plan.of[inp]
         step = produced.get(value)
-        if (step is not None and value not in plan.of and targets.count(value) == 1
+        if (step is not None and value not in plan.of and targets.count(value) == 1 and inp not in returned
                 and _in_place_ok(inp, value, step, position, kernels, last_reader)):
             plan.of[value] = dst
         else:
