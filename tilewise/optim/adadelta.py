@@ -62,9 +62,9 @@ def _adadelta_update(params, grads, square_avgs, acc_deltas, steps, lr, rho, eps
         square_avg, acc_delta = square_avgs[k], acc_deltas[k]
         square_avg.mul_(rho).addcmul_(grad, grad, value=1 - rho)
         std = square_avg.add(eps).sqrt_()
-        delta = acc_delta.add(eps).sqrt_()
-        if differentiable:
-            delta = delta.clone()  # sqrt_'s result is saved for its backward
-        delta.div_(std).mul_(grad)
+        if differentiable:  # out of place: autograd saves these intermediates
+            delta = acc_delta.add(eps).sqrt().div(std).mul(grad)
+        else:
+            delta = acc_delta.add(eps).sqrt_().div_(std).mul_(grad)
         acc_delta.mul_(rho).addcmul_(delta, delta, value=1 - rho)
         add_scaled(p, delta, -lr)

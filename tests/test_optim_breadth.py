@@ -1,0 +1,930 @@
+"""The breadth of tilewise.optim against torch.optim: every optimizer over many steps for the options that change
+its arithmetic (single-tensor loop and compiled foreach, float32 and float64, several param groups, parameters
+without gradients), LBFGS with and without line search, state dicts both ways, hooks, the implementation flags,
+differentiable steps, whole compiled training steps, and every LR scheduler's sequence of learning rates.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import tilewise as tw
+
+SHAPES = [(5, 3), (7,), (2, 3, 4), (4,)]
+NO_GRAD = 3  # the parameter that never gets a gradient: it and its state must stay untouched
+
+
+def _problem(dtype: str, steps: int):
+    rng = np.random.default_rng(0)
+    init = [rng.standard_normal(s).astype(dtype) for s in SHAPES]
+    target = [rng.standard_normal(s).astype(dtype) for s in SHAPES]
+    noise = [[rng.standard_normal(s).astype(dtype) * 0.1 for s in SHAPES] for _ in range(steps)]
+    return init, target, noise
+
+
+def _groups(params, group_options):
+    if group_options is None:
+        return params
+    return [{"params": params[:2], **group_options[0]}, {"params": params[2:], **group_options[1]}]
+
+
+def _trajectory(lib, name, kwargs, group_options=None, dtype="float32", steps=25):
+    """Parameters after ``steps`` steps of ``name`` on a noisy quadratic, gradients ``2 (p - target) + noise``
+    computed in each library from its own parameters, so that any difference compounds over the steps."""
+    init, target, noise = _problem(dtype, steps)
+    params = [lib.nn.Parameter(lib.tensor(a.copy())) for a in init]
+    opt = getattr(lib.optim, name)(_groups(params, group_options), **kwargs)
+    for t in range(steps):
+        for k, p in enumerate(params):
+            if k != NO_GRAD:
+                p.grad = (p.detach() - lib.tensor(target[k])) * 2 + lib.tensor(noise[t][k])
+        opt.step()
+    return params, opt
+
+
+def _assert_close_params(ours, theirs, rtol=1e-5, atol=1e-6):
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=rtol, atol=atol, err_msg=f"param {k}")
+
+
+OPTIONS = {
+    "SGD": [dict(lr=0.05), dict(lr=0.05, momentum=0.9, dampening=0.2, weight_decay=0.1),
+            dict(lr=0.05, momentum=0.9, nesterov=True, maximize=True)],
+    "Adam": [dict(lr=0.02, amsgrad=True, maximize=True), dict(lr=0.02, weight_decay=0.1, decoupled_weight_decay=True)],
+    "AdamW": [dict(lr=0.02, weight_decay=0.2, amsgrad=True)],
+    "RMSprop": [dict(lr=0.01, alpha=0.9, weight_decay=0.1, maximize=True),
+                dict(lr=0.01, momentum=0.5, centered=True)],
+    "Adagrad": [dict(lr=0.1, lr_decay=0.01, weight_decay=0.1, initial_accumulator_value=0.2, maximize=True)],
+    "Adadelta": [dict(), dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=0.1, maximize=True)],
+    "Adamax": [dict(), dict(lr=0.01, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1, maximize=True)],
+    "NAdam": [dict(), dict(lr=0.01, betas=(0.8, 0.9), weight_decay=0.1, momentum_decay=0.01),
+              dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True, maximize=True)],
+    "RAdam": [dict(), dict(lr=0.01, weight_decay=0.1), dict(lr=0.01, betas=(0.8, 0.9), weight_decay=0.1,
+                                                            decoupled_weight_decay=True, maximize=True)],
+}
+CASES = [(name, kwargs) for name, options in OPTIONS.items() for kwargs in options]
+CASE_IDS = [f"{name}-{k}" for name, options in OPTIONS.items() for k in range(len(options))]
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["loop", "foreach"])
+@pytest.mark.parametrize("name,kwargs", CASES, ids=CASE_IDS)
+def test_optimizer_trajectory_matches_torch(name, kwargs, foreach):
+    ours, opt = _trajectory(tw, name, {**kwargs, "foreach": foreach})
+    theirs, _ = _trajectory(torch, name, {**kwargs, "foreach": foreach})
+    _assert_close_params(ours, theirs)
+    assert opt.state.get(ours[NO_GRAD], {}) == {} or name == "Adagrad"  # Adagrad makes its state up front
+    if foreach:  # the group was updated by one compiled program (SGD's first step makes its buffers by the loop)
+        assert len(opt._programs) == 1
+
+
+@pytest.mark.parametrize("name,kwargs", [c for c in CASES if c[0] != "SGD" or "momentum" in c[1]],
+                         ids=[i for i, c in zip(CASE_IDS, CASES) if c[0] != "SGD" or "momentum" in c[1]])
+def test_optimizer_trajectory_in_float64_matches_torch(name, kwargs):
+    ours, _ = _trajectory(tw, name, kwargs, dtype="float64")
+    theirs, _ = _trajectory(torch, name, kwargs, dtype="float64")
+    _assert_close_params(ours, theirs, rtol=1e-12, atol=1e-13)
+
+
+GROUP_OPTIONS = {
+    "SGD": [dict(momentum=0.9, nesterov=True), dict(lr=0.01, weight_decay=0.2, dampening=0.3, momentum=0.5)],
+    "Adam": [dict(amsgrad=True), dict(lr=0.05, betas=(0.5, 0.6), weight_decay=0.1)],
+    "RMSprop": [dict(centered=True), dict(momentum=0.3, alpha=0.5)],
+    "Adagrad": [dict(lr_decay=0.1), dict(eps=1e-3, maximize=True)],
+    "Adadelta": [dict(rho=0.5), dict(lr=0.1, weight_decay=0.1)],
+    "Adamax": [dict(betas=(0.5, 0.5)), dict(lr=0.05)],
+    "NAdam": [dict(momentum_decay=0.1), dict(decoupled_weight_decay=True, weight_decay=0.3)],
+    "RAdam": [dict(betas=(0.7, 0.8)), dict(decoupled_weight_decay=True, weight_decay=0.3)],
+}
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["loop", "foreach"])
+@pytest.mark.parametrize("name", GROUP_OPTIONS)
+def test_param_groups_with_their_own_options_match_torch(name, foreach):
+    kwargs = {"lr": 0.02, "foreach": foreach}
+    ours, _ = _trajectory(tw, name, kwargs, GROUP_OPTIONS[name])
+    theirs, _ = _trajectory(torch, name, kwargs, GROUP_OPTIONS[name])
+    _assert_close_params(ours, theirs)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "Adagrad"])
+def test_fused_runs_the_compiled_update_and_matches_torch_fused(name):
+    kwargs = {"lr": 0.02, "momentum": 0.9} if name == "SGD" else {"lr": 0.02}
+    ours, opt = _trajectory(tw, name, {**kwargs, "fused": True})
+    theirs, _ = _trajectory(torch, name, {**kwargs, "fused": True})
+    _assert_close_params(ours, theirs)
+    assert len(opt._programs) == 1
+
+
+@pytest.mark.parametrize("name", ["SGD", "RMSprop", "Adagrad", "NAdam"])
+def test_a_tensor_learning_rate_under_a_scheduler_matches_torch(name):
+    """``lr`` as a 0-dim tensor: the scheduler fills it in place, the compiled update reads it at run time (no
+    recompile when it changes)."""
+    results = []
+    for lib in (tw, torch):
+        init, target, _ = _problem("float32", 1)
+        params = [lib.nn.Parameter(lib.tensor(a.copy())) for a in init]
+        opt = getattr(lib.optim, name)(params, lr=lib.tensor(0.05), foreach=lib is tw)
+        sched = lib.optim.lr_scheduler.ExponentialLR(opt, 0.8)
+        for _ in range(6):
+            for p, t in zip(params, target):
+                p.grad = (p.detach() - lib.tensor(t)) * 2
+            opt.step()
+            sched.step()
+        results.append((params, opt))
+    _assert_close_params(results[0][0], results[1][0])
+    (program,) = results[0][1]._programs.values()
+    assert len(program.variants) == 1
+    assert float(results[0][1].param_groups[0]["lr"]) == pytest.approx(0.05 * 0.8**6)
+
+
+# ---------------------------------------------------------------------------- LBFGS
+
+def _rosenbrock(x):
+    return ((1 - x[:-1]) ** 2).sum() + 100 * ((x[1:] - x[:-1] ** 2) ** 2).sum()
+
+
+def _lbfgs_run(lib, kwargs, dtype, steps, problem):
+    """Parameters, losses, closure calls and the optimizer's counters after ``steps`` LBFGS steps."""
+    rng = np.random.default_rng(1)
+    a = lib.tensor(rng.standard_normal((64, 40)).astype(dtype))
+    b = lib.tensor(rng.standard_normal(64).astype(dtype))
+    start = rng.standard_normal(40 if problem == "least-squares" else 6).astype(dtype)
+    x, y = lib.nn.Parameter(lib.tensor(start[:-2])), lib.nn.Parameter(lib.tensor(start[-2:]))
+    unused = lib.nn.Parameter(lib.ones(2, dtype=getattr(lib, dtype)))  # never gets a gradient: a zero block
+    opt = lib.optim.LBFGS([x, unused, y], **kwargs)
+    calls = [0]
+
+    def closure():
+        calls[0] += 1
+        opt.zero_grad()
+        if problem == "rosenbrock":
+            loss = _rosenbrock(lib.cat([x, y]))
+        else:
+            loss = ((a[:, :-2] @ x + a[:, -2:] @ y - b) ** 2).mean() + 0.1 * (lib.tanh(x) ** 2).sum()
+        loss.backward()
+        return loss
+
+    losses = [float(opt.step(closure).detach()) for _ in range(steps)]
+    state = opt.state[x]
+    return [x, y, unused], losses, (calls[0], state["n_iter"], state["func_evals"])
+
+
+LBFGS_OPTIONS = [dict(), dict(line_search_fn="strong_wolfe"), dict(history_size=3, max_iter=7, lr=0.5),
+                 dict(line_search_fn="strong_wolfe", history_size=2, max_eval=9, tolerance_change=1e-5)]
+
+
+@pytest.mark.parametrize("kwargs", LBFGS_OPTIONS, ids=["plain", "strong_wolfe", "short-history", "bounded-evals"])
+def test_lbfgs_on_rosenbrock_in_float64_matches_torch(kwargs):
+    ours = _lbfgs_run(tw, kwargs, "float64", 5, "rosenbrock")
+    theirs = _lbfgs_run(torch, kwargs, "float64", 5, "rosenbrock")
+    assert ours[2] == theirs[2]  # the same closure calls and iterations: every decision taken the same way
+    np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-6, atol=1e-12)  # dot products may round differently
+    _assert_close_params(ours[0], theirs[0], rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("kwargs", LBFGS_OPTIONS, ids=["plain", "strong_wolfe", "short-history", "bounded-evals"])
+def test_lbfgs_in_float32_matches_torch(kwargs):
+    """One step of up to 20 iterations on a 40-dimensional problem: near the optimum float32 noise decides the
+    stopping tests, so the comparison stops before it."""
+    ours = _lbfgs_run(tw, kwargs, "float32", 1, "least-squares")
+    theirs = _lbfgs_run(torch, kwargs, "float32", 1, "least-squares")
+    assert ours[2] == theirs[2]
+    np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-5)
+    _assert_close_params(ours[0], theirs[0], atol=1e-5)  # 20 iterations from losses that differ in the last bit
+
+
+def test_lbfgs_stops_at_once_when_the_gradient_is_below_tolerance_grad():
+    x = tw.nn.Parameter(tw.tensor([1.0, 1.0]))
+    opt = tw.optim.LBFGS([x], tolerance_grad=1e-3)
+    calls = []
+
+    def closure():
+        calls.append(1)
+        opt.zero_grad()
+        loss = ((x - 1.0) ** 2).sum()
+        loss.backward()
+        return loss
+
+    assert opt.step(closure).item() == 0.0
+    assert len(calls) == 1 and x.tolist() == [1.0, 1.0]
+
+
+def test_lbfgs_refuses_param_groups_and_other_line_searches():
+    p = tw.nn.Parameter(tw.zeros(2))
+    with pytest.raises(ValueError, match="doesn't support per-parameter options"):
+        tw.optim.LBFGS([{"params": [p]}, {"params": [tw.nn.Parameter(tw.zeros(1))]}])
+    opt = tw.optim.LBFGS([p], line_search_fn="backtracking")
+
+    def closure():
+        opt.zero_grad()
+        loss = ((p - 1) ** 2).sum()
+        loss.backward()
+        return loss
+
+    with pytest.raises(RuntimeError, match="only 'strong_wolfe' is supported"):
+        opt.step(closure)
+
+
+def _lbfgs_least_squares(compile_closure: bool):
+    rng = np.random.default_rng(1)
+    a = tw.tensor(rng.standard_normal((32, 6)).astype("float32"))
+    b = tw.tensor(rng.standard_normal(32).astype("float32"))
+    x = tw.nn.Parameter(tw.tensor(rng.standard_normal(6).astype("float32")))
+    opt = tw.optim.LBFGS([x], line_search_fn="strong_wolfe", max_iter=4)
+
+    def closure():
+        if x.grad is not None:  # not opt.zero_grad(): a function that reaches LBFGS is guarded on its counters
+            x.grad.zero_()
+        loss = ((a @ x - b) ** 2).mean()
+        loss.backward()
+        return loss.detach()
+
+    return x, opt, tw.compile(closure) if compile_closure else closure
+
+
+def test_lbfgs_with_a_compiled_closure_matches_eager():
+    (x_eager, eager, closure), (x_compiled, opt, compiled_closure) = (_lbfgs_least_squares(False),
+                                                                     _lbfgs_least_squares(True))
+    for _ in range(3):
+        np.testing.assert_allclose(opt.step(compiled_closure).item(), eager.step(closure).item(), rtol=1e-5)
+    np.testing.assert_allclose(x_compiled.detach().numpy(), x_eager.detach().numpy(), rtol=1e-4, atol=1e-5)
+    assert len(compiled_closure.variants) == 2  # the first call starts without a gradient
+
+
+def test_lbfgs_step_refuses_to_be_traced_by_compile():
+    """Not silently wrong: a compiled function that calls ``LBFGS.step`` stops with an error saying what to do."""
+    x, opt, closure = _lbfgs_least_squares(False)
+    with pytest.raises(RuntimeError, match="LBFGS.step\\(\\) cannot run inside tilewise.compile"):
+        tw.compile(lambda: opt.step(closure))()
+
+
+# ---------------------------------------------------------------------------- state dicts
+
+ALL_OPTIMIZERS = [("SGD", dict(lr=0.05, momentum=0.9)), ("Adam", dict(lr=0.02, amsgrad=True)),
+                  ("AdamW", dict(lr=0.02)), ("RMSprop", dict(lr=0.01, momentum=0.5, centered=True)),
+                  ("Adagrad", dict(lr=0.1)), ("Adadelta", dict()), ("Adamax", dict()), ("NAdam", dict()),
+                  ("RAdam", dict()), ("LBFGS", dict(max_iter=3))]
+
+
+def _steps(lib, opt, params, target, start, stop):
+    def closure():
+        opt.zero_grad()
+        loss = sum(((p - lib.tensor(t)) ** 2).sum() for p, t in zip(params[:NO_GRAD], target))
+        loss.backward()
+        return loss
+
+    for t in range(start, stop):
+        opt.zero_grad()
+        for k, p in enumerate(params[:NO_GRAD]):
+            p.grad = (p.detach() - lib.tensor(target[k])) * (2 + t % 3)
+        opt.step(closure)
+
+
+@pytest.mark.parametrize("name,kwargs", ALL_OPTIMIZERS, ids=[n for n, _ in ALL_OPTIMIZERS])
+def test_state_dict_round_trip_through_a_checkpoint_continues_the_same_trajectory(name, kwargs):
+    init, target, _ = _problem("float32", 1)
+
+    def fresh():
+        params = [tw.nn.Parameter(tw.tensor(a.copy())) for a in init]
+        return params, getattr(tw.optim, name)(params, **kwargs)
+
+    straight, opt = fresh()
+    _steps(tw, opt, straight, target, 0, 8)
+
+    first, opt = fresh()
+    _steps(tw, opt, first, target, 0, 4)
+    buffer = io.BytesIO()
+    tw.save({"params": [p.detach() for p in first], "optimizer": opt.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = tw.load(buffer)
+    resumed, opt = fresh()
+    for p, value in zip(resumed, saved["params"]):
+        p.data.copy_(value)
+    opt.load_state_dict(saved["optimizer"])
+    _steps(tw, opt, resumed, target, 4, 8)
+    for a, b in zip(resumed, straight):
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+
+
+@pytest.mark.parametrize("name,kwargs", ALL_OPTIMIZERS, ids=[n for n, _ in ALL_OPTIMIZERS])
+def test_a_torch_optimizer_state_dict_resumes_here(name, kwargs):
+    """torch's state dict (param ids, ``state``, ``param_groups``; its tensors through DLPack) loads into the
+    same tilewise optimizer, which then continues as torch does."""
+    init, target, _ = _problem("float32", 1)
+    theirs = [torch.nn.Parameter(torch.tensor(a.copy())) for a in init]
+    torch_opt = getattr(torch.optim, name)(theirs, **kwargs)
+    _steps(torch, torch_opt, theirs, target, 0, 4)
+    ours = [tw.nn.Parameter(tw.tensor(p.detach().numpy().copy())) for p in theirs]
+    opt = getattr(tw.optim, name)(ours, **kwargs)
+    opt.load_state_dict(torch_opt.state_dict())
+    assert opt.state_dict()["param_groups"] == torch_opt.state_dict()["param_groups"]
+    _steps(tw, opt, ours, target, 4, 8)
+    _steps(torch, torch_opt, theirs, target, 4, 8)
+    _assert_close_params(ours, theirs)
+
+
+def test_state_dict_layout_matches_torch_for_every_optimizer():
+    for name, kwargs in ALL_OPTIMIZERS:
+        dicts = []
+        for lib in (tw, torch):
+            init, target, _ = _problem("float32", 1)
+            params = [lib.nn.Parameter(lib.tensor(a.copy())) for a in init]
+            groups = params if name == "LBFGS" else [{"params": params[:2]}, {"params": params[2:], "lr": 0.5}]
+            opt = getattr(lib.optim, name)(groups, **kwargs)
+            _steps(lib, opt, params, target, 0, 2)
+            dicts.append(opt.state_dict())
+        ours, theirs = dicts
+        assert ours["param_groups"] == theirs["param_groups"], name
+        assert ours["state"].keys() == theirs["state"].keys(), name
+        for k in theirs["state"]:
+            assert ours["state"][k].keys() == theirs["state"][k].keys(), name
+
+
+def test_load_state_dict_rejects_a_different_layout():
+    opt = tw.optim.Adam([tw.nn.Parameter(tw.zeros(2)), tw.nn.Parameter(tw.zeros(3))])
+    with pytest.raises(ValueError, match="different number of parameter groups"):
+        opt.load_state_dict({"state": {}, "param_groups": []})
+    with pytest.raises(ValueError, match="doesn't match the size of optimizer's group"):
+        opt.load_state_dict({"state": {}, "param_groups": [{"params": [0], "lr": 0.1}]})
+
+
+def test_add_param_group_mid_training_matches_torch():
+    runs = []
+    for lib in (tw, torch):
+        init, target, _ = _problem("float32", 1)
+        params = [lib.nn.Parameter(lib.tensor(a.copy())) for a in init]
+        opt = lib.optim.Adam(params[:2], lr=0.05)
+        _steps(lib, opt, params, target, 0, 3)
+        opt.add_param_group({"params": params[2], "lr": 0.1, "amsgrad": True})
+        _steps(lib, opt, params, target, 3, 6)
+        runs.append((params, opt.state_dict()["param_groups"]))
+    _assert_close_params(runs[0][0], runs[1][0])
+    assert runs[0][1] == runs[1][1]
+
+
+def test_named_parameters_keep_their_names_in_the_state_dict():
+    model = tw.nn.Linear(3, 2)
+    opt = tw.optim.SGD(model.named_parameters(), lr=0.1)
+    assert opt.param_groups[0]["param_names"] == ["weight", "bias"]
+    assert opt.state_dict()["param_groups"][0]["param_names"] == ["weight", "bias"]
+    ref = torch.optim.SGD(torch.nn.Linear(3, 2).named_parameters(), lr=0.1)
+    assert opt.state_dict()["param_groups"] == ref.state_dict()["param_groups"]
+    with pytest.raises(ValueError, match="with/without names"):
+        opt.add_param_group({"params": [tw.nn.Parameter(tw.zeros(1))]})
+
+
+# ---------------------------------------------------------------------------- hooks, flags, errors
+
+def test_step_hooks_run_in_torch_order_and_a_pre_hook_may_replace_the_arguments():
+    p = tw.nn.Parameter(tw.ones(2))
+    p.grad = tw.ones(2)
+    opt = tw.optim.SGD([p], lr=0.5)
+    seen = []
+    global_pre = tw.optim.register_optimizer_step_pre_hook(lambda o, args, kwargs: seen.append("global pre"))
+    global_post = tw.optim.register_optimizer_step_post_hook(lambda o, args, kwargs: seen.append("global post"))
+    try:
+        pre = opt.register_step_pre_hook(lambda o, args, kwargs: seen.append("pre") or ((lambda: 7.0,), {}))
+        opt.register_step_post_hook(lambda o, args, kwargs: seen.append(("post", args[0]() if args else None)))
+        assert opt.step() == 7.0  # the closure the pre-hook put in ran
+        assert seen == ["global pre", "pre", ("post", 7.0), "global post"]
+        pre.remove()
+        global_pre.remove()
+        seen.clear()
+        opt.step()
+    finally:
+        global_pre.remove()
+        global_post.remove()
+    assert seen == [("post", None), "global post"]
+    opt.register_step_pre_hook(lambda o, args, kwargs: "wrong")
+    with pytest.raises(RuntimeError, match="must return None or a tuple of \\(new_args, new_kwargs\\)"):
+        opt.step()
+
+
+def test_an_optimizer_written_by_a_user_gets_step_hooks_once():
+    class Halving(tw.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {})
+
+        @tw.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.mul_(0.5)
+
+    class Quartering(Halving):
+        def step(self, closure=None):
+            super().step()
+            super().step()
+
+    p = tw.nn.Parameter(tw.ones(2))
+    opt = Quartering([p])
+    calls = []
+    opt.register_step_pre_hook(lambda o, args, kwargs: calls.append("pre"))
+    opt.register_step_post_hook(lambda o, args, kwargs: calls.append("post"))
+    opt.step()
+    assert calls == ["pre", "post"] and p.tolist() == [0.25, 0.25]
+
+
+def test_state_dict_and_load_state_dict_hooks():
+    p = tw.nn.Parameter(tw.ones(2))
+    opt = tw.optim.SGD([p], lr=0.5)
+    order = []
+    opt.register_state_dict_pre_hook(lambda o: order.append("pre"))
+    opt.register_state_dict_post_hook(lambda o, sd: {**sd, "extra": 1})
+    opt.register_state_dict_post_hook(lambda o, sd: order.append("first"), prepend=True)
+    state = opt.state_dict()
+    assert state["extra"] == 1 and order == ["pre", "first"]
+
+    def halve_lr(o, sd):
+        sd = dict(sd)
+        sd["param_groups"] = [{**g, "lr": g["lr"] / 2} for g in sd["param_groups"]]
+        return sd
+
+    opt.register_load_state_dict_pre_hook(halve_lr)
+    opt.register_load_state_dict_post_hook(lambda o: order.append("loaded"))
+    opt.load_state_dict(state)
+    assert opt.param_groups[0]["lr"] == 0.25 and order[-1] == "loaded"
+
+
+def test_zero_grad_keeps_or_drops_gradients_as_torch_does():
+    p = tw.nn.Parameter(tw.ones(3))
+    opt = tw.optim.Adam([p])
+    (p * p).sum().backward()
+    grad = p.grad
+    opt.zero_grad(set_to_none=False)
+    assert p.grad is grad and p.grad.tolist() == [0.0] * 3 and not p.grad.requires_grad
+    opt.zero_grad()
+    assert p.grad is None
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "Adagrad"])
+def test_fused_refusals_match_torch(name):
+    for lib in (tw, torch):
+        p = lib.nn.Parameter(lib.zeros(2))
+        opt_class = getattr(lib.optim, name)
+        with pytest.raises(RuntimeError, match="`fused` and `foreach` cannot be `True` together."):
+            opt_class([p], fused=True, foreach=True)
+        with pytest.raises(RuntimeError, match="`fused` does not support `differentiable`"):
+            opt_class([p], fused=True, differentiable=True)
+    q = tw.zeros(2, dtype=tw.int64)
+    q.grad = tw.zeros(2, dtype=tw.int64)
+    with pytest.raises(RuntimeError, match="`fused=True` requires all the params to be floating point"):
+        getattr(tw.optim, name)([q], fused=True).step()
+
+
+@pytest.mark.parametrize("name", ["RMSprop", "Adadelta", "Adamax", "NAdam", "RAdam", "LBFGS"])
+def test_keyword_arguments_are_torchs(name):
+    """Each optimizer takes exactly torch's arguments: those torch lacks (``fused`` where it has no fused
+    kernel) are a TypeError in both."""
+    import inspect
+
+    ours = inspect.signature(getattr(tw.optim, name)).parameters
+    theirs = inspect.signature(getattr(torch.optim, name)).parameters
+    assert [(n, p.kind, p.default) for n, p in ours.items()] == [(n, p.kind, p.default) for n, p in theirs.items()]
+
+
+@pytest.mark.parametrize("name,bad", [
+    ("Adadelta", dict(rho=1.5)), ("Adadelta", dict(eps=-1.0)), ("Adadelta", dict(lr=-0.1)),
+    ("Adamax", dict(betas=(1.0, 0.9))), ("Adamax", dict(betas=(0.9, -0.1))), ("Adamax", dict(weight_decay=-1.0)),
+    ("NAdam", dict(momentum_decay=-1.0)), ("NAdam", dict(eps=-1.0)), ("RAdam", dict(betas=(0.9, 1.0))),
+    ("RAdam", dict(weight_decay=-1.0)), ("Adagrad", dict(initial_accumulator_value=-1.0)),
+    ("Adagrad", dict(lr_decay=-1.0)), ("RMSprop", dict(alpha=-1.0)), ("SGD", dict(momentum=-1.0)),
+    ("Adam", dict(betas=(0.9, 1.0))), ("LBFGS", dict(lr=-1.0)),
+])
+def test_invalid_hyperparameters_raise_torchs_error(name, bad):
+    messages = []
+    for lib in (tw, torch):
+        with pytest.raises(ValueError) as info:
+            getattr(lib.optim, name)([lib.nn.Parameter(lib.zeros(2))], **bad)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+
+
+def test_parameter_collections_are_checked_as_torch_does():
+    p = tw.nn.Parameter(tw.zeros(2))
+    with pytest.raises(TypeError, match="ordered collections"):
+        tw.optim.SGD([{"params": {p}}])
+    with pytest.raises(TypeError, match="should be an iterable of Tensors or dicts"):
+        tw.optim.SGD(p)
+    with pytest.raises(ValueError, match="non-leaf"):
+        tw.optim.Adam([p * 2])
+    with pytest.warns(UserWarning, match="duplicate parameters"):
+        tw.optim.SGD([p, p])
+    opt = tw.optim.SGD([p])
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        opt.add_param_group({"params": [p]})
+
+
+def test_capturable_is_accepted_and_changes_nothing():
+    """tilewise's updates read nothing back to the host already (the step counts live on the parameters'
+    device), so a capturable optimizer is the same optimizer."""
+    plain, _ = _trajectory(tw, "Adam", dict(lr=0.02))
+    capturable, opt = _trajectory(tw, "Adam", dict(lr=0.02, capturable=True))
+    for a, b in zip(plain, capturable):
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+    assert opt.param_groups[0]["capturable"] is True
+
+
+# ---------------------------------------------------------------------------- differentiable steps
+
+DIFFERENTIABLE = [("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1), 3),
+                  ("Adam", dict(lr=0.1, amsgrad=True), 1), ("AdamW", dict(lr=0.1), 3),
+                  ("RMSprop", dict(lr=0.1, centered=True, momentum=0.5), 1), ("RMSprop", dict(lr=0.1), 3),
+                  ("Adagrad", dict(lr=0.1), 3), ("Adadelta", dict(lr=0.5), 3), ("Adamax", dict(lr=0.1), 1),
+                  ("NAdam", dict(lr=0.1), 3), ("RAdam", dict(lr=0.1), 3), ("RAdam", dict(lr=0.1, betas=(0.5, 0.5)), 3)]
+
+
+@pytest.mark.parametrize("name,kwargs,steps", DIFFERENTIABLE,
+                         ids=[f"{n}-{k}" for k, (n, _, _) in enumerate(DIFFERENTIABLE)])
+def test_differentiable_step_is_part_of_the_autograd_graph_as_in_torch(name, kwargs, steps):
+    """``differentiable=True``: the updates are recorded, and the gradient of a loss of the updated parameter with
+    respect to the initial one is torch's (over several steps where torch's own state updates allow it). torch's
+    differentiable Adam and NAdam compute their step-dependent factors from the float32 step tensor, hence the
+    looser tolerance there."""
+    grads = []
+    for lib in (tw, torch):
+        start = lib.tensor([0.5, -1.0, 2.0], dtype=lib.float64, requires_grad=True)
+        p = start.clone()
+        opt = getattr(lib.optim, name)([p], differentiable=True, **kwargs)
+        for t in range(steps):
+            p.grad = (p * 0.5).exp() * (t + 1) - 1.0  # depends on p (and saves a copy, not p, for backward)
+            opt.step()
+        (p * p).sum().backward()
+        grads.append(start.grad.numpy())
+    np.testing.assert_allclose(grads[0], grads[1], rtol=3e-5 if name in ("Adam", "AdamW", "NAdam") else 1e-12)
+
+
+def test_foreach_with_differentiable_is_refused_except_for_sgd():
+    start = tw.tensor([1.0, 2.0], requires_grad=True)
+    p = start.clone()
+    p.grad = tw.ones(2)
+    with pytest.raises(RuntimeError, match="does not support differentiable=True"):
+        tw.optim.Adam([p], foreach=True, differentiable=True).step()
+    tw.optim.SGD([p], lr=0.1, foreach=True, differentiable=True).step()  # loops, as torch's records autograd
+    p.sum().backward()
+    assert start.grad.tolist() == [1.0, 1.0]
+
+
+# ---------------------------------------------------------------------------- compiled training steps
+
+COMPILED = [("SGD", dict(lr=0.05, momentum=0.9), 2), ("RMSprop", dict(lr=0.01, centered=True, momentum=0.5), 1),
+            ("Adadelta", dict(lr=1.0, weight_decay=0.01), 1), ("Adamax", dict(lr=0.01), 1),
+            ("NAdam", dict(lr=0.01, decoupled_weight_decay=True, weight_decay=0.1), 1),
+            ("RAdam", dict(lr=0.01), 1), ("Adagrad", dict(lr=0.1, lr_decay=0.01), 1)]
+
+
+@pytest.mark.parametrize("name,kwargs,variants", COMPILED, ids=[c[0] for c in COMPILED])
+def test_a_compiled_training_step_matches_the_eager_step(name, kwargs, variants):
+    """The whole step (forward, backward, the optimizer's update with its step-dependent factors) compiles into
+    one program on the CPU target and gives the eager step's numbers. SGD's first step creates its momentum
+    buffers: a second variant."""
+    def make():
+        tw.manual_seed(0)
+        model = tw.nn.Sequential(tw.nn.Linear(8, 16), tw.nn.Tanh(), tw.nn.Linear(16, 4))
+        opt = getattr(tw.optim, name)(model.parameters(), **kwargs)
+
+        def step(x, y):
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        return model, step
+
+    tw.manual_seed(1)
+    data = [(tw.randn(16, 8), tw.randn(16, 4)) for _ in range(8)]
+    (eager_model, eager), (compiled_model, step) = make(), make()
+    compiled = tw.compile(step)
+    for x, y in data:
+        np.testing.assert_allclose(compiled(x, y).item(), eager(x, y).item(), rtol=1e-5)
+    assert len(compiled.variants) == variants and compiled.eager_reason is None
+    for a, b in zip(compiled_model.parameters(), eager_model.parameters()):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- LR schedulers
+
+def _lr_sequence(lib, make, steps=60, optimizer="SGD", **opt_kwargs):
+    """(last lr, group lrs, group momenta) at each of ``steps`` epochs, with two param groups."""
+    params = [lib.nn.Parameter(lib.zeros(1)) for _ in range(2)]
+    groups = [{"params": [p], "lr": 0.1 * (k + 1)} for k, p in enumerate(params)]
+    opt = getattr(lib.optim, optimizer)(groups, lr=0.1, **opt_kwargs)
+    sched = make(opt, lib.optim.lr_scheduler)
+    out = []
+    for _ in range(steps):
+        momenta = tuple(g["betas"][0] if "betas" in g else g.get("momentum") for g in opt.param_groups)
+        out.append((tuple(sched.get_last_lr()), tuple(g["lr"] for g in opt.param_groups), momenta))
+        opt.step()
+        sched.step()
+    return out
+
+
+SCHEDULES = {
+    "MultiStepLR": lambda o, s: s.MultiStepLR(o, [3, 7, 7, 20], 0.5),
+    "ConstantLR": lambda o, s: s.ConstantLR(o, 0.25, 6),
+    "ExponentialLR": lambda o, s: s.ExponentialLR(o, 0.93),
+    "PolynomialLR": lambda o, s: s.PolynomialLR(o, 25, 2.0),
+    "MultiplicativeLR": lambda o, s: s.MultiplicativeLR(o, [lambda e: 0.97, lambda e: 0.9 + e / 1000]),
+    "CosineAnnealingWarmRestarts": lambda o, s: s.CosineAnnealingWarmRestarts(o, 5, 2, 0.001),
+    "CosineAnnealingWarmRestarts-T_mult1": lambda o, s: s.CosineAnnealingWarmRestarts(o, 7),
+    "CyclicLR-triangular": lambda o, s: s.CyclicLR(o, 0.01, 0.1, step_size_up=4, step_size_down=6),
+    "CyclicLR-triangular2": lambda o, s: s.CyclicLR(o, [0.01, 0.02], 0.1, step_size_up=5, mode="triangular2"),
+    "CyclicLR-exp_range": lambda o, s: s.CyclicLR(o, 0.01, 0.1, step_size_up=3, mode="exp_range", gamma=0.95),
+    "CyclicLR-scale_fn": lambda o, s: s.CyclicLR(o, 0.01, 0.1, step_size_up=3, scale_fn=lambda x: 0.9**x,
+                                                 scale_mode="iterations", cycle_momentum=False),
+    "ChainedScheduler": lambda o, s: s.ChainedScheduler([s.ConstantLR(o, 0.1, 4), s.ExponentialLR(o, 0.9),
+                                                         s.MultiStepLR(o, [10, 20])]),
+    "SequentialLR": lambda o, s: s.SequentialLR(o, [s.LinearLR(o, 0.1, 1, 5), s.ExponentialLR(o, 0.9),
+                                                    s.PolynomialLR(o, 10)], [5, 15]),
+    "SequentialLR-of-chained": lambda o, s: s.SequentialLR(o, [s.ConstantLR(o, 0.5, 3), s.StepLR(o, 4),
+                                                               s.CosineAnnealingLR(o, 8)], [6, 20]),
+    "OneCycleLR": lambda o, s: s.OneCycleLR(o, [1.0, 2.0], epochs=6, steps_per_epoch=10),
+    "CosineAnnealingLR": lambda o, s: s.CosineAnnealingLR(o, 9, 0.01),
+    "LinearLR": lambda o, s: s.LinearLR(o, 0.3, 0.9, 11),
+    "StepLR": lambda o, s: s.StepLR(o, 4, 0.7),
+    "LambdaLR": lambda o, s: s.LambdaLR(o, lambda e: 1 / (1 + e)),
+}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("optimizer,kwargs", [("SGD", {"momentum": 0.9}), ("Adam", {})], ids=["SGD", "Adam"])
+def test_scheduler_sequence_equals_torchs(name, optimizer, kwargs):
+    ours = _lr_sequence(tw, SCHEDULES[name], optimizer=optimizer, **kwargs)
+    theirs = _lr_sequence(torch, SCHEDULES[name], optimizer=optimizer, **kwargs)
+    assert ours == theirs
+
+
+def _with_epochs(lib, make, epochs):
+    opt = lib.optim.SGD([lib.nn.Parameter(lib.zeros(1))], lr=0.1, momentum=0.9)
+    sched = make(opt, lib.optim.lr_scheduler)
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # step(epoch) is deprecated, in both
+        for epoch in epochs:
+            opt.step()
+            sched.step(epoch)
+            out.append(sched.get_last_lr()[0])
+    return out
+
+
+@pytest.mark.parametrize("name", ["StepLR", "MultiStepLR", "ConstantLR", "LinearLR", "ExponentialLR",
+                                  "PolynomialLR", "CosineAnnealingLR", "LambdaLR"])
+def test_step_with_an_epoch_takes_the_closed_form_as_torch(name):
+    epochs = [3, 4, 10, 2, 2, 17, 30, 0, 5]
+    assert _with_epochs(tw, SCHEDULES[name], epochs) == _with_epochs(torch, SCHEDULES[name], epochs)
+
+
+@pytest.mark.parametrize("t_mult", [1, 2, 3])
+def test_cosine_warm_restarts_with_fractional_epochs_equals_torch(t_mult):
+    """The per-batch use: ``step(epoch + i / iters)``, restarts landing inside epochs, and jumps back."""
+    def make(o, s):
+        return s.CosineAnnealingWarmRestarts(o, T_0=3, T_mult=t_mult, eta_min=0.01)
+
+    epochs = [e + i / 7 for e in range(12) for i in range(7)] + [2.5, 0.0, 40.25, 13.0]
+    assert _with_epochs(tw, make, epochs) == _with_epochs(torch, make, epochs)
+
+
+PLATEAU = [dict(), dict(mode="max"), dict(threshold_mode="abs", threshold=0.05), dict(mode="max", threshold_mode="abs"),
+           dict(patience=2, cooldown=3, factor=0.5), dict(min_lr=[0.05, 0.001], factor=0.3, patience=1),
+           dict(min_lr=0.02, patience=0, eps=0.01), dict(factor=0.5, patience=1, threshold=0.2)]
+
+
+@pytest.mark.parametrize("kwargs", PLATEAU, ids=[str(k) for k in PLATEAU])
+def test_reduce_on_plateau_equals_torch(kwargs):
+    rng = np.random.default_rng(0)
+    metrics = np.concatenate([np.linspace(1, 0.5, 10), 0.5 + 0.01 * rng.standard_normal(30),
+                              np.linspace(0.5, 0.8, 10)]).tolist()
+
+    def lrs(lib):
+        opt = lib.optim.SGD([{"params": [lib.nn.Parameter(lib.zeros(1))], "lr": 0.1},
+                             {"params": [lib.nn.Parameter(lib.zeros(1))], "lr": 0.01}])
+        sched = lib.optim.lr_scheduler.ReduceLROnPlateau(opt, **kwargs)
+        out = []
+        for k, m in enumerate(metrics):
+            opt.step()
+            sched.step(lib.tensor(m) if k % 2 else m)  # a 0-dim tensor or a number
+            out.append((tuple(sched.get_last_lr()), sched.num_bad_epochs, sched.cooldown_counter, sched.best))
+        return out
+
+    assert lrs(tw) == lrs(torch)
+
+
+@pytest.mark.parametrize("source", ["tilewise", "torch"])
+def test_reduce_on_plateau_state_dict_resumes(source):
+    metrics = [1.0, 0.9, 0.9, 0.95, 0.9, 0.91, 0.92, 0.5, 0.6, 0.6, 0.6, 0.6, 0.7, 0.7]
+    kwargs = dict(mode="min", patience=1, cooldown=1, factor=0.5, threshold=0.01, threshold_mode="abs", min_lr=0.02)
+
+    def run(lib, metrics, state=None):
+        opt = lib.optim.SGD([lib.nn.Parameter(lib.zeros(1))], lr=0.1)
+        sched = lib.optim.lr_scheduler.ReduceLROnPlateau(opt, **kwargs)
+        if state is not None:
+            sched.load_state_dict(state[1])
+            opt.load_state_dict(state[0])
+        lrs = []
+        for m in metrics:
+            opt.step()
+            sched.step(m)
+            lrs.append(sched.get_last_lr()[0])
+        return lrs, (opt.state_dict(), sched.state_dict())
+
+    straight, _ = run(torch, metrics)
+    first, state = run(tw if source == "tilewise" else torch, metrics[:6])
+    rest, _ = run(tw, metrics[6:], state)
+    assert first + rest == straight
+
+
+def test_reduce_on_plateau_errors_match_torch():
+    for lib in (tw, torch):
+        opt = lib.optim.SGD([lib.nn.Parameter(lib.zeros(1))], lr=0.1)
+        plateau = lib.optim.lr_scheduler.ReduceLROnPlateau
+        with pytest.raises(ValueError, match="Factor should be < 1.0."):
+            plateau(opt, factor=1.0)
+        with pytest.raises(ValueError, match="mode middle is unknown!"):
+            plateau(opt, mode="middle")
+        with pytest.raises(ValueError, match="threshold mode both is unknown!"):
+            plateau(opt, threshold_mode="both")
+        with pytest.raises(ValueError, match="expected 1 min_lrs, got 2"):
+            plateau(opt, min_lr=[0.1, 0.2])
+        s = lib.optim.lr_scheduler
+        with pytest.raises(ValueError, match="does not support `ReduceLROnPlateau`"):
+            s.SequentialLR(opt, [s.StepLR(opt, 2), plateau(opt)], [3])
+
+
+RESUMABLE = ["StepLR", "ExponentialLR", "CosineAnnealingWarmRestarts", "CyclicLR-triangular2", "OneCycleLR",
+             "SequentialLR", "ChainedScheduler", "LambdaLR", "PolynomialLR", "CosineAnnealingLR"]
+
+
+@pytest.mark.parametrize("source", ["tilewise", "torch"])
+@pytest.mark.parametrize("name", RESUMABLE)
+def test_scheduler_state_dict_resumes_the_sequence(name, source):
+    """Save the optimizer's and the scheduler's state mid-way (from tilewise, or from torch), load both into a new
+    pair, and the rest of the sequence is the uninterrupted one."""
+    make = SCHEDULES[name]
+    straight = _lr_sequence(torch, make, steps=40, optimizer="SGD", momentum=0.9)
+
+    lib = tw if source == "tilewise" else torch
+    params = [lib.nn.Parameter(lib.zeros(1)) for _ in range(2)]
+    opt = lib.optim.SGD([{"params": [p], "lr": 0.1 * (k + 1)} for k, p in enumerate(params)], lr=0.1, momentum=0.9)
+    sched = make(opt, lib.optim.lr_scheduler)
+    for _ in range(17):
+        opt.step()
+        sched.step()
+    opt_state, sched_state = opt.state_dict(), sched.state_dict()
+
+    params = [tw.nn.Parameter(tw.zeros(1)) for _ in range(2)]
+    opt = tw.optim.SGD([{"params": [p], "lr": 0.1 * (k + 1)} for k, p in enumerate(params)], lr=0.1, momentum=0.9)
+    sched = make(opt, tw.optim.lr_scheduler)
+    sched.load_state_dict(sched_state)
+    opt.load_state_dict(opt_state)
+    rest = []
+    for _ in range(17, 40):
+        momenta = tuple(g.get("momentum") for g in opt.param_groups)
+        rest.append((tuple(sched.get_last_lr()), tuple(g["lr"] for g in opt.param_groups), momenta))
+        opt.step()
+        sched.step()
+    assert rest == straight[17:]
+
+
+def test_scheduler_state_dict_has_torchs_keys():
+    for name in ["StepLR", "OneCycleLR", "CyclicLR-exp_range", "CosineAnnealingWarmRestarts", "SequentialLR",
+                 "MultiplicativeLR"]:
+        keys = []
+        for lib in (tw, torch):
+            opt = lib.optim.SGD([lib.nn.Parameter(lib.zeros(1)), lib.nn.Parameter(lib.zeros(1))], lr=0.1,
+                                momentum=0.9)
+            opt = lib.optim.SGD([{"params": [p]} for g in opt.param_groups for p in g["params"]], lr=0.1,
+                                momentum=0.9)
+            sched = SCHEDULES[name](opt, lib.optim.lr_scheduler)
+            opt.step()
+            sched.step()
+            keys.append(sorted(sched.state_dict()))
+        assert keys[0] == keys[1], name
+    plateau = [sorted(lib.optim.lr_scheduler.ReduceLROnPlateau(lib.optim.SGD([lib.nn.Parameter(lib.zeros(1))]))
+                      .state_dict()) for lib in (tw, torch)]
+    assert plateau[0] == plateau[1]
+
+
+def _warnings_of(lib, actions) -> list[str]:
+    opt = lib.optim.SGD([lib.nn.Parameter(lib.zeros(1))], lr=0.1)
+    sched = lib.optim.lr_scheduler.StepLR(opt, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        actions(opt, sched)
+    return [str(w.message).split(".")[0] for w in caught if issubclass(w.category, UserWarning)]
+
+
+@pytest.mark.parametrize("case", ["scheduler-first", "in-order", "optimizer-step-replaced", "get_lr", "epoch"])
+def test_scheduler_warnings_are_torchs(case):
+    def replace_step(opt, sched):
+        opt.step = lambda closure=None: None
+        opt.step()
+        sched.step()
+
+    actions = {
+        "scheduler-first": lambda opt, sched: (sched.step(), opt.step()),
+        "in-order": lambda opt, sched: (opt.step(), sched.step(), opt.step(), sched.step()),
+        "optimizer-step-replaced": replace_step,
+        "get_lr": lambda opt, sched: sched.get_lr(),
+        "epoch": lambda opt, sched: (opt.step(), sched.step(3)),
+    }[case]
+    ours, theirs = _warnings_of(tw, actions), _warnings_of(torch, actions)
+    assert ours == theirs
+    assert bool(ours) == (case != "in-order")
+
+
+def test_scheduler_constructor_errors_match_torch():
+    cases = [
+        (lambda o, s: s.CosineAnnealingWarmRestarts(o, T_0=0), ValueError),
+        (lambda o, s: s.CosineAnnealingWarmRestarts(o, T_0=2, T_mult=0), ValueError),
+        (lambda o, s: s.ConstantLR(o, factor=1.5), ValueError),
+        (lambda o, s: s.LinearLR(o, start_factor=0), ValueError),
+        (lambda o, s: s.CyclicLR(o, 0.1, 1.0, mode="square"), ValueError),
+        (lambda o, s: s.OneCycleLR(o, 1.0), ValueError),
+        (lambda o, s: s.OneCycleLR(o, 1.0, total_steps=10, pct_start=1), ValueError),
+        (lambda o, s: s.MultiplicativeLR(o, 0.9), TypeError),
+        (lambda o, s: s.LambdaLR(o, [lambda e: 1.0, lambda e: 1.0]), ValueError),
+        (lambda o, s: s.StepLR(o, 2, last_epoch=3), KeyError),
+        (lambda o, s: s.SequentialLR(o, [s.StepLR(o, 2)], [3]), ValueError),
+        (lambda o, s: s.ChainedScheduler([]), ValueError),
+        (lambda o, s: s.StepLR(object(), 2), TypeError),
+    ]
+    for make, error in cases:
+        messages = []
+        for lib in (tw, torch):
+            opt = lib.optim.Adagrad([lib.nn.Parameter(lib.zeros(1))], lr=0.1)
+            with pytest.raises(error) as info:
+                make(opt, lib.optim.lr_scheduler)
+            messages.append(str(info.value).split("\n")[0])
+        assert messages[0] == messages[1]
+
+
+def test_resuming_with_last_epoch_continues_from_the_saved_epoch():
+    """``last_epoch=k`` with the optimizer's ``initial_lr`` in place (as after loading its state dict) starts at
+    epoch k+1, as torch's does."""
+    def five_steps(opt, sched):
+        lrs = []
+        for _ in range(5):
+            opt.step()
+            sched.step()
+            lrs.append(sched.get_last_lr()[0])
+        return lrs
+
+    seqs = []
+    for lib in (tw, torch):
+        opt = lib.optim.SGD([lib.nn.Parameter(lib.zeros(1))], lr=0.1)
+        opt.param_groups[0]["initial_lr"] = 0.1
+        opt.param_groups[0]["lr"] = 0.05
+        schedules = lib.optim.lr_scheduler
+        first = five_steps(opt, schedules.ExponentialLR(opt, 0.9, last_epoch=4))
+        seqs.append(first + five_steps(opt, schedules.StepLR(opt, 3, 0.5, last_epoch=7)))
+    assert seqs[0] == seqs[1]
+
+
+@pytest.mark.parametrize("name", ["AdamW", "NAdam", "RAdam", "Adamax", "RMSprop"])
+def test_a_compiled_training_step_under_a_scheduler_compiles_once_with_a_tensor_lr(name):
+    """A float learning rate is a constant of the compiled step (a scheduler's new value recompiles, as a
+    Python number does under torch.compile); a tensor one is filled in place by the scheduler and read by the
+    program at run time: one variant for the whole schedule, and the eager numbers."""
+    def make():
+        tw.manual_seed(0)
+        model = tw.nn.Linear(8, 4)
+        opt = getattr(tw.optim, name)(model.parameters(), lr=tw.tensor(0.01))
+        sched = tw.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=12, cycle_momentum=False)
+
+        def step(x, y):
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        return model, step, sched
+
+    (eager_model, eager, eager_sched), (model, step, sched) = make(), make()
+    compiled = tw.compile(step)
+    tw.manual_seed(1)
+    for _ in range(12):
+        x, y = tw.randn(16, 8), tw.randn(16, 4)
+        np.testing.assert_allclose(compiled(x, y).item(), eager(x, y).item(), rtol=1e-5)
+        sched.step()
+        eager_sched.step()
+    assert len(compiled.variants) == 1 and compiled.eager_reason is None
+    np.testing.assert_allclose(model.weight.detach().numpy(), eager_model.weight.detach().numpy(), rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("module", ["tilewise.optim.optimizer", "tilewise.optim.adadelta", "tilewise.optim.lbfgs",
+                                    "tilewise.optim.lr_scheduler.base", "tilewise.optim.lr_scheduler.schedules",
+                                    "tilewise.optim.lr_scheduler.combined", "tilewise.optim.lr_scheduler.plateau"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
