@@ -90,6 +90,15 @@ def test_optimizer_trajectory_in_float64_matches_torch(name, kwargs):
     _assert_close_params(ours, theirs, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("name", ["Adam", "Adagrad", "NAdam", "RAdam", "Adamax"])
+def test_foreach_in_float64_matches_torch(name):
+    """The compiled update in float64: the step-dependent factors meet float64 parameters unrounded."""
+    ours, opt = _trajectory(tw, name, {"foreach": True}, dtype="float64")
+    theirs, _ = _trajectory(torch, name, {"foreach": True}, dtype="float64")
+    _assert_close_params(ours, theirs, rtol=1e-11, atol=1e-12)
+    assert len(opt._programs) == 1
+
+
 GROUP_OPTIONS = {
     "SGD": [dict(momentum=0.9, nesterov=True), dict(lr=0.01, weight_decay=0.2, dampening=0.3, momentum=0.5)],
     "Adam": [dict(amsgrad=True), dict(lr=0.05, betas=(0.5, 0.6), weight_decay=0.1)],
@@ -477,15 +486,21 @@ def test_fused_refusals_match_torch(name):
         getattr(tw.optim, name)([q], fused=True).step()
 
 
-@pytest.mark.parametrize("name", ["RMSprop", "Adadelta", "Adamax", "NAdam", "RAdam", "LBFGS"])
-def test_keyword_arguments_are_torchs(name):
-    """Each optimizer takes exactly torch's arguments: those torch lacks (``fused`` where it has no fused
-    kernel) are a TypeError in both."""
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam",
+                                  "RAdam", "LBFGS"])
+def test_arguments_and_printed_form_are_torchs(name):
+    """Each optimizer takes exactly torch's arguments, in torch's order and kinds, with torch's defaults (``0``
+    where torch has ``0``): those torch lacks (``fused`` where it has no fused kernel) are a TypeError in both, and
+    the optimizer prints as torch's does."""
     import inspect
 
-    ours = inspect.signature(getattr(tw.optim, name)).parameters
-    theirs = inspect.signature(getattr(torch.optim, name)).parameters
-    assert [(n, p.kind, p.default) for n, p in ours.items()] == [(n, p.kind, p.default) for n, p in theirs.items()]
+    def described(lib):
+        parameters = inspect.signature(getattr(lib.optim, name)).parameters.values()
+        return [(p.name, p.kind, p.default, type(p.default)) for p in parameters]
+
+    assert described(tw) == described(torch)
+    assert repr(getattr(tw.optim, name)([tw.nn.Parameter(tw.zeros(1))])) == \
+        repr(getattr(torch.optim, name)([torch.nn.Parameter(torch.zeros(1))]))
 
 
 @pytest.mark.parametrize("name,bad", [

@@ -18,7 +18,7 @@ class Adadelta(Optimizer):
     """
 
     def __init__(self, params, lr: float | Tensor = 1.0, rho: float = 0.9, eps: float = 1e-6,
-                 weight_decay: float = 0.0, foreach: bool | None = None, *, capturable: bool = False,
+                 weight_decay: float = 0, foreach: bool | None = None, *, capturable: bool = False,
                  maximize: bool = False, differentiable: bool = False) -> None:
         check_lr(lr)
         if not 0.0 <= rho <= 1.0:

@@ -18,8 +18,8 @@ class Adagrad(Optimizer):
     """torch.optim.Adagrad: ``sum += g * g``; ``p -= lr / (1 + (step - 1) * lr_decay) * g / (sqrt(sum) + eps)``.
     Its state exists from construction (``sum`` starts at ``initial_accumulator_value``), as in torch."""
 
-    def __init__(self, params, lr: float | Tensor = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
-                 initial_accumulator_value: float = 0.0, eps: float = 1e-10, foreach: bool | None = None, *,
+    def __init__(self, params, lr: float | Tensor = 1e-2, lr_decay: float = 0, weight_decay: float = 0,
+                 initial_accumulator_value: float = 0, eps: float = 1e-10, foreach: bool | None = None, *,
                  maximize: bool = False, differentiable: bool = False, fused: bool | None = None) -> None:
         check_lr(lr)
         check_non_negative(lr_decay=lr_decay, weight_decay=weight_decay,

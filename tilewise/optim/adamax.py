@@ -20,7 +20,7 @@ class Adamax(Optimizer):
     ``p -= lr / (1 - beta1**step) * m / u``."""
 
     def __init__(self, params, lr: float | Tensor = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, foreach: bool | None = None, *, maximize: bool = False,
+                 eps: float = 1e-8, weight_decay: float = 0, foreach: bool | None = None, *, maximize: bool = False,
                  differentiable: bool = False, capturable: bool = False) -> None:
         check_lr(lr)
         check_non_negative(epsilon=eps)

@@ -91,7 +91,7 @@ class LBFGS(Optimizer):
 
     # ------------------------------------------------------------------ the step
     @no_grad()
-    def step(self, closure: Callable):  # noqa: C901 — torch's algorithm, kept in its order to keep its numbers
+    def step(self, closure: Callable):
         """Run up to ``max_iter`` iterations; ``closure`` re-evaluates the model (zeroing grads, calling
         ``backward``) and returns the loss. Returns the loss of the first evaluation."""
         if closure is None:
@@ -122,7 +122,7 @@ class LBFGS(Optimizer):
 
         d, t = state.get("d"), state.get("t")
         old_dirs, old_stps, ro = state.get("old_dirs"), state.get("old_stps"), state.get("ro")
-        H_diag = state.get("H_diag")  # noqa: N806 — torch's name for the Hessian diagonal estimate
+        h_diag = state.get("H_diag")  # the estimate of the inverse Hessian's diagonal
         prev_flat_grad, prev_loss = state.get("prev_flat_grad"), state.get("prev_loss")
 
         n_iter = 0
@@ -132,7 +132,7 @@ class LBFGS(Optimizer):
             if state["n_iter"] == 1:
                 d = flat_grad.neg()
                 old_dirs, old_stps, ro = [], [], []
-                H_diag = 1  # noqa: N806
+                h_diag = 1
             else:
                 y = flat_grad.sub(prev_flat_grad)
                 s = d.mul(t)
@@ -145,8 +145,8 @@ class LBFGS(Optimizer):
                     old_dirs.append(y)
                     old_stps.append(s)
                     ro.append(1.0 / ys)
-                    H_diag = ys / y.dot(y)  # noqa: N806
-                d = _two_loop_direction(flat_grad, old_dirs, old_stps, ro, H_diag,
+                    h_diag = ys / y.dot(y)
+                d = _two_loop_direction(flat_grad, old_dirs, old_stps, ro, h_diag,
                                         state.setdefault("al", [None] * history_size))
 
             if prev_flat_grad is None:
@@ -189,19 +189,19 @@ class LBFGS(Optimizer):
             if d.mul(t).abs().max() <= tolerance_change or abs(loss - prev_loss) < tolerance_change:
                 break
 
-        state.update(d=d, t=t, old_dirs=old_dirs, old_stps=old_stps, ro=ro, H_diag=H_diag,
+        state.update(d=d, t=t, old_dirs=old_dirs, old_stps=old_stps, ro=ro, H_diag=h_diag,
                      prev_flat_grad=prev_flat_grad, prev_loss=prev_loss)
         return orig_loss
 
 
-def _two_loop_direction(flat_grad: Tensor, old_dirs: list, old_stps: list, ro: list, H_diag, al: list) -> Tensor:  # noqa: N803
+def _two_loop_direction(flat_grad: Tensor, old_dirs: list, old_stps: list, ro: list, h_diag, al: list) -> Tensor:
     """The L-BFGS two-loop recursion: the inverse-Hessian estimate applied to the negative gradient."""
     num_old = len(old_dirs)
     q = flat_grad.neg()
     for i in range(num_old - 1, -1, -1):
         al[i] = old_stps[i].dot(q) * ro[i]
         q.add_(old_dirs[i], alpha=-al[i])
-    d = r = q.mul(H_diag)
+    d = r = q.mul(h_diag)
     for i in range(num_old):
         be_i = old_dirs[i].dot(r) * ro[i]
         r.add_(old_stps[i], alpha=al[i] - be_i)
@@ -227,7 +227,7 @@ def _cubic_interpolate(x1, f1, g1, x2, f2, g2, bounds=None):
     return (xmin_bound + xmax_bound) / 2.0
 
 
-def _strong_wolfe(obj_func, x, t, d, f, g, gtd, c1=1e-4, c2=0.9, tolerance_change=1e-9, max_ls=25):  # noqa: C901
+def _strong_wolfe(obj_func, x, t, d, f, g, gtd, c1=1e-4, c2=0.9, tolerance_change=1e-9, max_ls=25):
     """torch's strong-Wolfe line search: bracket a step satisfying the strong Wolfe conditions, then zoom in
     by cubic interpolation. Returns (loss, flat gradient, step, closure evaluations)."""
     d_norm = d.abs().max()

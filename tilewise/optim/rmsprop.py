@@ -19,7 +19,7 @@ class RMSprop(Optimizer):
     when ``centered``), with optional momentum on the result."""
 
     def __init__(self, params, lr: float | Tensor = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
-                 weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False, capturable: bool = False,
+                 weight_decay: float = 0, momentum: float = 0, centered: bool = False, capturable: bool = False,
                  foreach: bool | None = None, maximize: bool = False, differentiable: bool = False) -> None:
         check_lr(lr)
         check_non_negative(epsilon=eps, momentum=momentum, weight_decay=weight_decay, alpha=alpha)

@@ -26,8 +26,8 @@ class SGD(Optimizer):
 
     _loops_when_differentiable = True
 
-    def __init__(self, params, lr: float | Tensor = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+    def __init__(self, params, lr: float | Tensor = 1e-3, momentum: float = 0, dampening: float = 0,
+                 weight_decay: float = 0, nesterov: bool = False, *, maximize: bool = False,
                  foreach: bool | None = None, differentiable: bool = False, fused: bool | None = None) -> None:
         check_lr(lr)
         check_non_negative(momentum=momentum, weight_decay=weight_decay)

@@ -241,10 +241,10 @@ class CosineAnnealingWarmRestarts(LRScheduler):
             raise ValueError(f"Expected integer T_mult >= 1, but got {T_mult}")
         if not isinstance(eta_min, (float, int)):
             raise ValueError(f"Expected float or int eta_min, but got {eta_min} of type {type(eta_min)}")
-        self.T_0 = self.T_i = T_0  # noqa: N815 — torch's attribute names
-        self.T_mult = T_mult  # noqa: N815
+        self.T_0 = self.T_i = T_0
+        self.T_mult = T_mult
         self.eta_min = eta_min
-        self.T_cur = last_epoch  # noqa: N815
+        self.T_cur = last_epoch
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list:
