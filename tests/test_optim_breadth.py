@@ -943,3 +943,51 @@ def test_docstring_examples_run(module):
 
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+# ---------------------------------------------------------------------------- CUDA
+
+CUDA_CASES = [("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1)),
+              ("RMSprop", dict(centered=True, momentum=0.5)), ("Adagrad", dict(lr_decay=0.1)),
+              ("Adadelta", dict(weight_decay=0.1)), ("Adamax", dict(maximize=True)),
+              ("NAdam", dict(decoupled_weight_decay=True, weight_decay=0.1)), ("RAdam", dict(weight_decay=0.1))]
+
+
+@pytest.mark.parametrize("name,kwargs", CUDA_CASES, ids=[c[0] for c in CUDA_CASES])
+def test_each_group_update_lowers_to_cuda_kernels_that_nvrtc_compiles(name, kwargs):
+    """On CUDA a group's update runs compiled by default (foreach=None): its kernels build for sm_90 (checked
+    without a GPU)."""
+    from tilewise.compiler.capture import trace
+    from tilewise.compiler.passes import run_pipeline
+    from tilewise.compiler.program import lower_program
+    from tilewise.compiler.toolchain import compile_cached
+
+    params = [tw.randn(*shape).requires_grad_() for shape in ((64, 32), (32,))]
+    for p in params:
+        p.grad = tw.randn(*p.shape)
+    opt = getattr(tw.optim, name)(params, **kwargs)
+    opt.init_state()
+    if name == "SGD":
+        opt.step()  # the momentum buffers
+    low = lower_program(run_pipeline(trace(lambda: opt.step(), (), {}).graph), "cuda")
+    assert low.kernels
+    for kernel, source in low.sources.items():
+        compile_cached(source, kernel, "sm_90")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name,kwargs", CUDA_CASES, ids=[c[0] for c in CUDA_CASES])
+def test_the_default_compiled_update_on_cuda_matches_the_cpu_loop(name, kwargs):
+    runs = []
+    for device in ("cpu", "cuda"):
+        init, target, noise = _problem("float32", 10)
+        params = [tw.nn.Parameter(tw.tensor(a.copy()).to(device)) for a in init]
+        opt = getattr(tw.optim, name)(params, **kwargs)
+        for t in range(10):
+            for k, p in enumerate(params[:NO_GRAD]):
+                p.grad = (p.detach() - tw.tensor(target[k]).to(device)) * 2 + tw.tensor(noise[t][k]).to(device)
+            opt.step()
+        runs.append((params, opt))
+    (cpu, _), (cuda, opt) = runs
+    _assert_close_params([p.cpu() for p in cuda], cpu)
+    assert len(opt._programs) == 1
