@@ -273,10 +273,12 @@ def test_scheduler_state_dict_round_trip_continues_the_sequence():
     opt = tw.optim.SGD([p], lr=0.1)
     sched = tw_sched.CosineAnnealingLR(opt, T_max=10)
     for _ in range(4):
+        opt.step()
         sched.step()
     state = sched.state_dict()
     expected = [sched.get_last_lr()[0]]
     for _ in range(3):
+        opt.step()
         sched.step()
         expected.append(sched.get_last_lr()[0])
 
@@ -286,6 +288,7 @@ def test_scheduler_state_dict_round_trip_continues_the_sequence():
     opt2.param_groups[0]["lr"] = state["_last_lr"][0]
     got = [sched2.get_last_lr()[0]]
     for _ in range(3):
+        opt2.step()
         sched2.step()
         got.append(sched2.get_last_lr()[0])
     assert got == expected
@@ -294,9 +297,9 @@ def test_scheduler_state_dict_round_trip_continues_the_sequence():
 def test_one_cycle_rejects_stepping_past_total_steps():
     opt = tw.optim.SGD([tw.nn.Parameter(tw.zeros(1))], lr=0.1, momentum=0.9)
     sched = tw_sched.OneCycleLR(opt, max_lr=1.0, total_steps=3)
-    sched.step()
-    sched.step()
-    sched.step()
+    for _ in range(3):
+        opt.step()
+        sched.step()
     with pytest.raises(ValueError, match="Tried to step 4 times"):
         sched.step()
 

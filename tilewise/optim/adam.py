@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from tilewise import dtypes
-from tilewise.autograd.grad_mode import no_grad
-from tilewise.ops.creation import zeros, zeros_like
-from tilewise.optim._foreach import use_compiled
-from tilewise.optim.optimizer import Optimizer
+from tilewise.ops.creation import zeros_like
+from tilewise.optim.optimizer import (
+    Optimizer,
+    add_scaled_ratio,
+    check_betas,
+    check_implementation_flags,
+    check_lr,
+    check_non_negative,
+    grad_mode_of_differentiable,
+)
 from tilewise.tensor import Tensor
 
 
@@ -14,26 +19,24 @@ class Adam(Optimizer):
     """torch.optim.Adam: moment estimates with bias correction; ``weight_decay`` is added to the gradient
     (L2), or, with ``decoupled_weight_decay=True`` (AdamW), applied to the parameter directly."""
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: bool | None = None,
-                 maximize: bool = False, fused: bool | None = None, decoupled_weight_decay: bool = False) -> None:
-        if lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if eps < 0.0:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameters: {betas}; each must be in [0, 1)")
-        if weight_decay < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+    def __init__(self, params, lr: float | Tensor = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *, foreach: bool | None = None,
+                 maximize: bool = False, capturable: bool = False, differentiable: bool = False,
+                 fused: bool | None = None, decoupled_weight_decay: bool = False) -> None:
+        check_lr(lr)
+        check_non_negative(epsilon=eps)
+        check_betas(betas)
+        check_non_negative(weight_decay=weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                                      foreach=foreach, maximize=maximize, fused=fused,
+                                      maximize=maximize, foreach=foreach, capturable=capturable,
+                                      differentiable=differentiable, fused=fused,
                                       decoupled_weight_decay=decoupled_weight_decay))
+        check_implementation_flags(fused, foreach, differentiable)
 
     def _state(self, p, amsgrad: bool) -> dict:
         state = self.state[p]
         if not state:
-            # on p's device: a compiled CUDA step reads no host tensor
-            state["step"] = zeros((), dtype=dtypes.float32, device=p.device)
+            state["step"] = self._step_tensor(p)
             state["exp_avg"] = zeros_like(p)
             state["exp_avg_sq"] = zeros_like(p)
             if amsgrad:
@@ -43,7 +46,7 @@ class Adam(Optimizer):
     def _init_param_state(self, p, group: dict) -> None:
         self._state(p, group["amsgrad"])
 
-    @no_grad()
+    @grad_mode_of_differentiable
     def step(self, closure=None):
         loss = self._evaluate(closure)
         for k, group in enumerate(self.param_groups):
@@ -52,22 +55,16 @@ class Adam(Optimizer):
             tensors = (params, [p.grad for p in params], [s["exp_avg"] for s in states],
                        [s["exp_avg_sq"] for s in states],
                        [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else None, [s["step"] for s in states])
-            flags = (group["betas"], group["eps"], group["weight_decay"], group["decoupled_weight_decay"],
-                     group["maximize"])
-            choice = group["fused"] if group.get("fused") is not None else group.get("foreach")
-            if use_compiled(choice, params):  # see [Note: foreach updates]
-                lr = group["lr"]  # a number becomes a 0-dim tensor the program reads; a tensor is read as it is
-                lr = lr if isinstance(lr, Tensor) else self._scalar(f"lr{k}", lr, params[0].device)
-                self._compiled(k, _adam_update)(*tensors, lr, *flags)
-            else:
-                _adam_update(*tensors, group["lr"], *flags)
+            hyper = (group["betas"], group["eps"], group["weight_decay"], group["decoupled_weight_decay"],
+                     group["maximize"], group["differentiable"])
+            self._update_group(k, group, _adam_update, tensors, hyper)
         return loss
 
 
 def _adam_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, betas, eps, weight_decay,
-                 decoupled, maximize) -> None:
+                 decoupled, maximize, differentiable) -> None:
     """One Adam(W) step of each parameter, torch's single-tensor algorithm op for op; ``lr`` a number or a
-    0-dim tensor."""
+    0-dim tensor. ``differentiable`` copies what autograd saves before the state is written over."""
     beta1, beta2 = betas
     for k, p in enumerate(params):
         grad = -grads[k] if maximize else grads[k]
@@ -79,13 +76,14 @@ def _adam_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, l
                 grad = grad.add(p, alpha=weight_decay)
         exp_avg, exp_avg_sq = exp_avgs[k], exp_avg_sqs[k]
         exp_avg.lerp_(grad, 1 - beta1)
-        exp_avg_sq.mul_(beta2).add_(grad * (1 - beta2) * grad)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         step_size, bias_correction2_sqrt = _bias_corrections(steps[k], lr, beta1, beta2)
         if max_exp_avg_sqs is not None:
-            max_exp_avg_sqs[k].copy_(max_exp_avg_sqs[k].maximum(exp_avg_sq))
+            highest = max_exp_avg_sqs[k].clone() if differentiable else max_exp_avg_sqs[k]
+            max_exp_avg_sqs[k].copy_(highest.maximum(exp_avg_sq))
             exp_avg_sq = max_exp_avg_sqs[k]
         denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-        p.add_(exp_avg * -step_size / denom)
+        add_scaled_ratio(p, exp_avg.clone() if differentiable else exp_avg, denom, -step_size)
 
 
 def _bias_corrections(step: Tensor, lr: float | Tensor, beta1: float, beta2: float) -> tuple[Tensor, Tensor]:
@@ -106,8 +104,10 @@ class AdamW(Adam):
     1.0
     """
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False, *, foreach: bool | None = None,
-                 maximize: bool = False, fused: bool | None = None) -> None:
+    def __init__(self, params, lr: float | Tensor = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, capturable: bool = False, differentiable: bool = False,
+                 fused: bool | None = None) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
-                         fused=fused, decoupled_weight_decay=True)
+                         capturable=capturable, differentiable=differentiable, fused=fused,
+                         decoupled_weight_decay=True)

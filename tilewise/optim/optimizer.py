@@ -1,26 +1,53 @@
-"""Optimizer: parameter groups, per-parameter state, and torch-compatible state dicts.
+"""Optimizer: parameter groups, per-parameter state, step hooks and torch-compatible state dicts.
 
 [Note: optimizers] An optimizer holds the parameters themselves (plain tensors flagged as parameters)
 and updates them in place under ``no_grad``, so modules see new values without any re-binding. Each
-algorithm's ``step`` is written as the same sequence of tensor operations as torch's single-tensor
-implementation (the one torch uses on CPU), operation for operation, so that float32 rounding — and
-therefore the trajectory of a training run — matches torch's. Adam and AdamW run that same sequence
-compiled over a whole group on CUDA (see [Note: foreach updates] in ``optim/_foreach.py``). State dicts
-follow torch's layout: ``{"state": {index: {...}}, "param_groups": [{..., "params": [index, ...]}]}``, with
-parameters numbered in group order, so they round-trip through ``tilewise.save``/``load``.
+algorithm's update is one function over the lists of a group's parameters, gradients and state, written as
+the same sequence of tensor operations as torch's single-tensor implementation (the one torch uses on CPU),
+operation for operation, so that float32 rounding — and therefore the trajectory of a training run —
+matches torch's. ``foreach``/``fused`` run that same function compiled over the whole group (see
+[Note: foreach updates] in ``optim/_foreach.py``). Whatever depends on the step count (bias corrections,
+decayed learning rates) is a float64 tensor expression of a step tensor on the parameter's device, computed
+as torch computes it from the step's Python value: no value is read back to the host, so ``tilewise.compile``
+captures a whole training step, and ``capturable`` needs nothing more. State dicts follow torch's layout:
+``{"state": {index: {...}}, "param_groups": [{..., "params": [index, ...]}]}``, with parameters numbered in
+group order, so they round-trip through ``tilewise.save``/``load`` and a torch optimizer's state dict loads.
 """
 
 from __future__ import annotations
 
-import copy
-from collections import defaultdict
+import functools
+import warnings
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
+from itertools import chain
 from typing import Any
 
-from tilewise.autograd.grad_mode import enable_grad
+from tilewise import dtypes
+from tilewise.autograd.grad_mode import enable_grad, set_grad_enabled
 from tilewise.nn.init import zeros_
-from tilewise.optim._foreach import ScalarTensors, compiled
+from tilewise.optim._foreach import ScalarTensors, compiled, use_compiled
 from tilewise.tensor import Tensor
+from tilewise.utils.hooks import RemovableHandle
+
+FUSED_DEVICES = ("cpu", "cuda")  # where ``fused=True`` runs: the compiler's targets
+
+_global_step_pre_hooks: OrderedDict[int, Callable] = OrderedDict()
+_global_step_post_hooks: OrderedDict[int, Callable] = OrderedDict()
+
+
+def register_optimizer_step_pre_hook(hook: Callable) -> RemovableHandle:
+    """A hook run before every optimizer's ``step``: ``hook(optimizer, args, kwargs) -> None or (args, kwargs)``."""
+    handle = RemovableHandle(_global_step_pre_hooks)
+    _global_step_pre_hooks[handle.id] = hook
+    return handle
+
+
+def register_optimizer_step_post_hook(hook: Callable) -> RemovableHandle:
+    """A hook run after every optimizer's ``step``: ``hook(optimizer, args, kwargs) -> None``."""
+    handle = RemovableHandle(_global_step_post_hooks)
+    _global_step_post_hooks[handle.id] = hook
+    return handle
 
 
 class _Required:
@@ -31,16 +58,74 @@ class _Required:
 required = _Required()
 
 
+def _with_step_hooks(step: Callable) -> Callable:
+    """``step`` run between the global and the optimizer's own pre- and post-hooks (once, however many
+    subclasses' ``step`` methods call each other through ``super()``)."""
+
+    @functools.wraps(step)
+    def hooked(self, *args, **kwargs):
+        # flags live in __dict__ directly: tilewise.compile takes an attribute assignment on an object the
+        # trace reached for a side effect that a replay would miss
+        flags = self.__dict__
+        if flags.get("_in_step"):
+            return step(self, *args, **kwargs)
+        for hook in chain(_global_step_pre_hooks.values(), self._optimizer_step_pre_hooks.values()):
+            result = hook(self, args, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise RuntimeError(f"{step} must return None or a tuple of (new_args, new_kwargs), but got "
+                                       f"{result}.")
+                args, kwargs = result
+        flags["_in_step"] = True
+        try:
+            out = step(self, *args, **kwargs)
+        finally:
+            flags["_in_step"] = False
+        for hook in chain(self._optimizer_step_post_hooks.values(), _global_step_post_hooks.values()):
+            hook(self, args, kwargs)
+        return out
+
+    hooked.hooked = True
+    return hooked
+
+
+def grad_mode_of_differentiable(step: Callable) -> Callable:
+    """Run ``step`` with autograd recording only where the optimizer was built with ``differentiable=True`` (then
+    the update is part of the graph, as in torch), and under ``no_grad`` otherwise."""
+
+    @functools.wraps(step)
+    def run(self, *args, **kwargs):
+        with set_grad_enabled(bool(self.defaults.get("differentiable", False))):
+            return step(self, *args, **kwargs)
+
+    return run
+
+
 class Optimizer:
-    """Base class: subclasses pass their hyperparameter ``defaults`` and implement ``step``."""
+    """Base class: subclasses pass their hyperparameter ``defaults`` and implement ``step``.
+
+    >>> import tilewise as tw
+    >>> p = tw.nn.Parameter(tw.ones(2)); p.grad = tw.ones(2)
+    >>> opt = tw.optim.SGD([p], lr=0.5)
+    >>> handle = opt.register_step_post_hook(lambda o, args, kwargs: print("stepped"))
+    >>> opt.step()
+    stepped
+    """
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("step")
+        if step is not None and not getattr(step, "hooked", False):
+            cls.step = _with_step_hooks(step)
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict], defaults: dict[str, Any]) -> None:
         self.defaults = defaults
-        self.state: defaultdict[Tensor, dict] = defaultdict(dict)
-        self.param_groups: list[dict] = []
+        self._init_hooks()
         if isinstance(params, Tensor):
             raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, but "
                             "got a Tensor; wrap it in a list")
+        self.state: defaultdict[Tensor, dict] = defaultdict(dict)
+        self.param_groups: list[dict] = []
         groups = list(params)
         if not groups:
             raise ValueError("optimizer got an empty parameter list")
@@ -49,30 +134,64 @@ class Optimizer:
         for group in groups:
             self.add_param_group(group)
 
+    def _init_hooks(self) -> None:
+        for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_optimizer_state_dict_pre_hooks",
+                     "_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_pre_hooks",
+                     "_optimizer_load_state_dict_post_hooks"):
+            if name not in self.__dict__:
+                setattr(self, name, OrderedDict())
+
+    # ------------------------------------------------------------------ parameter groups
     def add_param_group(self, param_group: dict) -> None:
+        """Add a group of parameters (a dict with ``"params"`` and any hyperparameters that differ from the
+        defaults), e.g. layers unfrozen during fine-tuning."""
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
-        group = dict(param_group)
-        params = group["params"]
-        group["params"] = [params] if isinstance(params, Tensor) else list(params)
-        for p in group["params"]:
-            if not isinstance(p, Tensor):
-                raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(p).__name__}")
-            if p.grad_fn is not None:
-                raise ValueError("can't optimize a non-leaf Tensor (it was computed from other tensors); optimize "
-                                 "the leaf it came from, or call .detach().requires_grad_() on it")
+        params = param_group["params"]
+        if isinstance(params, Tensor):
+            params = [params]
+        elif isinstance(params, (set, frozenset)):
+            raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering of "
+                            "tensors in sets will change between runs. Please use a list instead.")
+        else:
+            params = list(params)
+        names = [p[0] for p in params if isinstance(p, tuple)]
+        param_group["params"] = [p[1] if isinstance(p, tuple) else p for p in params]
+        if names:
+            if len(names) != len(params):
+                raise ValueError("all optimizer params should be with/without names. Some param names are missing")
+            param_group["param_names"] = names
+        for p in param_group["params"]:
+            self._check_param(p)
         for name, default in self.defaults.items():
-            if default is required and name not in group:
+            if default is required and name not in param_group:
                 raise ValueError(f"parameter group didn't specify a value of required optimization parameter {name}")
-            group.setdefault(name, default)
-        seen = {id(p) for g in self.param_groups for p in g["params"]}
-        if any(id(p) in seen for p in group["params"]):
+            param_group.setdefault(name, default)
+        if len({id(p) for p in param_group["params"]}) != len(param_group["params"]):
+            warnings.warn("optimizer contains a parameter group with duplicate parameters; in future, this will "
+                          "cause an error; see github.com/pytorch/pytorch/issues/40967 for more information",
+                          stacklevel=3)
+        seen: set[int] = set()
+        for group in self.param_groups:
+            seen.update(id(p) for p in group["params"])
+            if ("param_names" in param_group) != ("param_names" in group):
+                kind = "with names" if "param_names" in param_group else "without names"
+                raise ValueError("all optimizer param groups should be with/without names. cannot add param group "
+                                 f"{kind} to the optimizer")
+        if any(id(p) in seen for p in param_group["params"]):
             raise ValueError("some parameters appear in more than one parameter group")
-        if len({id(p) for p in group["params"]}) != len(group["params"]):
-            raise ValueError("a parameter group contains the same parameter more than once")
-        self.param_groups.append(group)
+        self.param_groups.append(param_group)
+
+    def _check_param(self, p) -> None:
+        if not isinstance(p, Tensor):
+            raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(p).__name__}")
+        if not self.defaults.get("differentiable") and not (p.is_leaf or p.retains_grad):
+            raise ValueError("can't optimize a non-leaf Tensor (it was computed from other tensors); optimize the "
+                             "leaf it came from, call .detach().requires_grad_() on it, or pass differentiable=True "
+                             "to update it as part of the autograd graph")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop every parameter's gradient (``set_to_none=True``) or zero it in place."""
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -80,12 +199,16 @@ class Optimizer:
                 if set_to_none:
                     p.grad = None
                 else:
-                    p.grad.detach_()
+                    if p.grad.grad_fn is not None:
+                        p.grad.detach_()
+                    else:
+                        p.grad.requires_grad_(False)
                     zeros_(p.grad)
 
     def step(self, closure: Callable[[], Any] | None = None):
         raise NotImplementedError(f"{type(self).__name__} does not implement step()")
 
+    # ------------------------------------------------------------------ state before the first step
     def init_state(self) -> None:
         """Create now the state that ``step()`` would create at its first call, for every parameter that
         requires grad and has none yet, where that state does not depend on the first gradient (Adam's and
@@ -103,6 +226,44 @@ class Optimizer:
     def _init_param_state(self, p: Tensor, group: dict) -> None:
         """The state of ``p`` before its first step, where it is known before the gradient (see init_state)."""
 
+    @staticmethod
+    def _step_tensor(p: Tensor) -> Tensor:
+        """A new step count: a 0-dim tensor on ``p``'s device (a compiled step reads no host tensor), float32, or
+        float64 when that is the default dtype (torch's scalar dtype)."""
+        from tilewise.ops.creation import zeros
+
+        dtype = dtypes.float64 if dtypes.get_default_dtype() is dtypes.float64 else dtypes.float32
+        return zeros((), dtype=dtype, device=p.device)
+
+    # ------------------------------------------------------------------ running an update over a group
+    def _update_group(self, k: int, group: dict, update: Callable, tensors: tuple, hyper: tuple) -> None:
+        """``update(*tensors, lr, *hyper)`` over the parameters of group ``k`` that have gradients: compiled over
+        the whole list where ``foreach``/``fused`` ask for it (see [Note: foreach updates]), else torch's
+        per-parameter loop. ``tensors[0]`` is the list of parameters."""
+        params = tensors[0]
+        if not params:
+            return
+        if group.get("fused"):
+            _check_fused(params)
+        if use_compiled(self._multi_tensor_choice(group), params):
+            lr = group["lr"]  # a number becomes a 0-dim tensor the program reads; a tensor is read as it is
+            lr = lr if isinstance(lr, Tensor) else self._scalar(f"lr{k}", lr, params[0].device)
+            self._compiled(k, update)(*tensors, lr, *hyper)
+        else:
+            update(*tensors, group["lr"], *hyper)
+
+    _loops_when_differentiable = False  # SGD: torch's multi-tensor SGD records autograd, so a loop stands in
+
+    def _multi_tensor_choice(self, group: dict) -> bool | None:
+        choice = group["fused"] if group.get("fused") is not None else group.get("foreach")
+        if group.get("differentiable") and choice:
+            if self._loops_when_differentiable:
+                return False
+            raise RuntimeError(f"{type(self).__name__}: foreach=True (or fused=True) does not support "
+                               "differentiable=True: the multi-tensor update is compiled and autograd does not record "
+                               "through it; pass foreach=False")
+        return choice
+
     def _compiled(self, key, fn):
         """``fn`` compiled for this optimizer's ``key`` (a param group): see [Note: foreach updates]."""
         return compiled(self.__dict__.setdefault("_programs", {}), key, fn)
@@ -117,42 +278,99 @@ class Optimizer:
         with enable_grad():
             return closure()
 
+    # ------------------------------------------------------------------ hooks
+    def register_step_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """``hook(optimizer, args, kwargs) -> None or (args, kwargs)`` runs before each ``step``."""
+        return _register(self._optimizer_step_pre_hooks, hook)
+
+    def register_step_post_hook(self, hook: Callable) -> RemovableHandle:
+        """``hook(optimizer, args, kwargs) -> None`` runs after each ``step``."""
+        return _register(self._optimizer_step_post_hooks, hook)
+
+    def register_state_dict_pre_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
+        """``hook(optimizer) -> None`` runs before ``state_dict`` builds its dict."""
+        return _register(self._optimizer_state_dict_pre_hooks, hook, prepend)
+
+    def register_state_dict_post_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
+        """``hook(optimizer, state_dict) -> state_dict or None`` runs on the dict ``state_dict`` returns."""
+        return _register(self._optimizer_state_dict_post_hooks, hook, prepend)
+
+    def register_load_state_dict_pre_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
+        """``hook(optimizer, state_dict) -> state_dict or None`` runs on the dict before it is loaded."""
+        return _register(self._optimizer_load_state_dict_pre_hooks, hook, prepend)
+
+    def register_load_state_dict_post_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
+        """``hook(optimizer) -> None`` runs after ``load_state_dict``."""
+        return _register(self._optimizer_load_state_dict_post_hooks, hook, prepend)
+
     # ------------------------------------------------------------------ state dicts
     def state_dict(self) -> dict:
         """``{"state": {index: state}, "param_groups": [...]}`` with parameters replaced by their index."""
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
         index: dict[int, int] = {}
+        start = 0
         groups = []
         for group in self.param_groups:
             packed = {k: v for k, v in group.items() if k != "params"}
-            for p in group["params"]:
-                index.setdefault(id(p), len(index))
+            for i, p in enumerate(group["params"], start):
+                index.setdefault(id(p), i)
             packed["params"] = [index[id(p)] for p in group["params"]]
+            start += len(packed["params"])
             groups.append(packed)
-        state = {index[id(p)]: s for p, s in self.state.items() if id(p) in index}
-        return {"state": state, "param_groups": groups}
+        state = {(index[id(p)] if isinstance(p, Tensor) else p): s for p, s in self.state.items()
+                 if not isinstance(p, Tensor) or id(p) in index}
+        state_dict = {"state": state, "param_groups": groups}
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        return state_dict
 
     def load_state_dict(self, state_dict: dict) -> None:
-        state_dict = copy.deepcopy(state_dict)
-        saved_groups = state_dict["param_groups"]
+        """Load a dict from ``state_dict`` (this optimizer's, or torch's same optimizer's: its tensors come in
+        through DLPack). State tensors move to their parameter's device, and to its dtype when floating."""
+        import copy
+
+        state_dict = dict(state_dict)
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        saved_groups = copy.deepcopy(state_dict["param_groups"])
         if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"loaded state dict has {len(saved_groups)} parameter groups, but the optimizer has "
-                             f"{len(self.param_groups)}")
+            raise ValueError(f"loaded state dict has a different number of parameter groups ({len(saved_groups)}) "
+                             f"than the optimizer ({len(self.param_groups)})")
         for k, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
             if len(group["params"]) != len(saved["params"]):
                 raise ValueError(f"loaded state dict contains a parameter group {k} with {len(saved['params'])} "
-                                 f"parameters, but the optimizer's group {k} has {len(group['params'])}")
-        by_index = {i: p for saved, group in zip(saved_groups, self.param_groups)
-                    for i, p in zip(saved["params"], group["params"])}
-        self.state = defaultdict(dict)
-        for i, value in state_dict["state"].items():
-            param = by_index.get(int(i))
-            if param is not None:
-                self.state[param] = {k: _match(param, k, v) for k, v in value.items()}
+                                 "parameters, which doesn't match the size of optimizer's group "
+                                 f"({len(group['params'])})")
+        by_index = dict(zip(chain.from_iterable(g["params"] for g in saved_groups),
+                            chain.from_iterable(g["params"] for g in self.param_groups)))
+        state: defaultdict = defaultdict(dict)
+        for key, value in state_dict["state"].items():
+            param = by_index.get(key)
+            if param is None:
+                state[key] = copy.deepcopy(value)
+            else:
+                state[param] = {name: _match(param, name, v) for name, v in value.items()}
         for group, saved in zip(self.param_groups, saved_groups):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+            saved["params"] = group["params"]
+            if "param_names" in group and "param_names" not in saved:
+                saved["param_names"] = group["param_names"]
+        self.__setstate__({"state": state, "param_groups": saved_groups})
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
 
     def __getstate__(self) -> dict:
         return {"defaults": self.defaults, "state": self.state, "param_groups": self.param_groups}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_hooks()
+        self.defaults.setdefault("differentiable", False)
+        self.__dict__.pop("_programs", None)  # compiled for the tensors held before
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]
@@ -163,15 +381,82 @@ class Optimizer:
         return "\n".join(lines)
 
 
-def _match(param: Tensor, key: str, value):
-    """State tensors follow their parameter's device, and its dtype when floating (``step`` stays as saved).
-    Tensors of another framework (a torch optimizer's state dict) come in through DLPack."""
+def _register(hooks: OrderedDict, hook: Callable, prepend: bool = False) -> RemovableHandle:
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    if prepend:
+        hooks.move_to_end(handle.id, last=False)
+    return handle
+
+
+def check_implementation_flags(fused: bool | None, foreach: bool | None, differentiable: bool) -> None:
+    """torch's refusals of ``fused`` combined with the other implementation flags."""
+    if fused:
+        if differentiable:
+            raise RuntimeError("`fused` does not support `differentiable`")
+        if foreach:
+            raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+
+
+def _check_fused(params: list[Tensor]) -> None:
+    for p in params:
+        if p.device.type not in FUSED_DEVICES or not p.is_floating_point():
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported "
+                               f"devices: {list(FUSED_DEVICES)} but {p.dtype} and {p.device.type}")
+
+
+def check_lr(lr) -> None:
+    if isinstance(lr, Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
+
+
+def check_non_negative(**values: float) -> None:
+    """torch's ``Invalid <name> value`` errors, for hyperparameters that must be >= 0."""
+    for name, value in values.items():
+        if not 0.0 <= value:
+            raise ValueError(f"Invalid {name} value: {value}")
+
+
+def check_betas(betas) -> None:
+    for k, beta in enumerate(betas[:2]):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {k}: {beta}")
+
+
+def add_scaled(p: Tensor, t: Tensor, scale) -> None:
+    """``p += scale * t``: torch's ``p.add_(t, alpha=scale)``; a tensor ``scale`` (a learning rate or a step-size
+    expression, see [Note: optimizers]) rounds to ``p``'s dtype as the Python number would."""
+    if isinstance(scale, Tensor):
+        p.add_(t * scale)
+    else:
+        p.add_(t, alpha=scale)
+
+
+def add_scaled_ratio(p: Tensor, num: Tensor, den: Tensor, scale) -> None:
+    """``p += scale * num / den``: torch's ``p.addcdiv_(num, den, value=scale)``, ``scale`` a number or a 0-dim
+    tensor."""
+    if isinstance(scale, Tensor):
+        p.add_(num * scale / den)
+    else:
+        p.addcdiv_(num, den, value=scale)
+
+
+def _match(param: Tensor, key, value):
+    """A loaded state value for ``param``: tensors follow their parameter's device, and its dtype when floating
+    (``step`` keeps its dtype); lists, tuples and dicts of them are walked. Tensors of another framework (a torch
+    optimizer's state dict) come in through DLPack."""
+    if isinstance(value, dict):
+        return {k: _match(param, k, v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_match(param, None, v) for v in value)
     if not isinstance(value, Tensor) and hasattr(value, "__dlpack__"):
         from tilewise._dlpack import from_dlpack
 
-        value = from_dlpack(value.detach() if hasattr(value, "detach") else value).clone()
+        value = from_dlpack(value.detach() if hasattr(value, "detach") else value)
     if not isinstance(value, Tensor):
         return value
-    if key == "step" or not value.is_floating_point():
-        return value.to(param.device)
-    return value.to(device=param.device, dtype=param.dtype)
+    if key == "step" or not param.is_floating_point():
+        return value.to(param.device).clone()
+    return value.to(device=param.device, dtype=param.dtype).clone()

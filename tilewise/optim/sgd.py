@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from tilewise.autograd.grad_mode import no_grad
-from tilewise.optim.optimizer import Optimizer
+from tilewise.optim.optimizer import (
+    Optimizer,
+    add_scaled,
+    check_implementation_flags,
+    check_lr,
+    check_non_negative,
+    grad_mode_of_differentiable,
+)
+from tilewise.tensor import Tensor
 
 
 class SGD(Optimizer):
     """torch.optim.SGD: ``buf = momentum * buf + (1 - dampening) * g``; ``p -= lr * (g + momentum * buf if
-    nesterov else buf)``, where ``g`` includes ``weight_decay * p``.
+    nesterov else buf)``, where ``g`` includes ``weight_decay * p``. The momentum buffer starts as the first
+    gradient, so a first step with ``foreach``/``fused`` runs as the loop, which creates it.
 
     >>> import tilewise as tw
     >>> p = tw.nn.Parameter(tw.ones(2)); p.grad = tw.ones(2)
@@ -16,37 +24,53 @@ class SGD(Optimizer):
     [0.5, 0.5]
     """
 
-    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False) -> None:
-        if lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if momentum < 0.0:
-            raise ValueError(f"Invalid momentum value: {momentum}")
-        if weight_decay < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+    _loops_when_differentiable = True
+
+    def __init__(self, params, lr: float | Tensor = 1e-3, momentum: float = 0, dampening: float = 0,
+                 weight_decay: float = 0, nesterov: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, differentiable: bool = False, fused: bool | None = None) -> None:
+        check_lr(lr)
+        check_non_negative(momentum=momentum, weight_decay=weight_decay)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                                      nesterov=nesterov, maximize=maximize))
+                                      nesterov=nesterov, maximize=maximize, foreach=foreach,
+                                      differentiable=differentiable, fused=fused))
+        check_implementation_flags(fused, foreach, differentiable)
 
-    @no_grad()
+    @grad_mode_of_differentiable
     def step(self, closure=None):
         loss = self._evaluate(closure)
-        for group in self.param_groups:
-            lr, momentum, dampening = group["lr"], group["momentum"], group["dampening"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = -p.grad if group["maximize"] else p.grad
-                if group["weight_decay"] != 0:
-                    grad = grad.add(p, alpha=group["weight_decay"])
-                if momentum != 0:
-                    state = self.state[p]
-                    buf = state.get("momentum_buffer")
-                    if buf is None:
-                        buf = state["momentum_buffer"] = grad.clone().detach()
-                    else:
-                        buf.mul_(momentum).add_(grad, alpha=1 - dampening)
-                    grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
-                p.add_(grad, alpha=-lr)
+        for k, group in enumerate(self.param_groups):
+            params = [p for p in group["params"] if p.grad is not None]
+            grads = [p.grad for p in params]
+            hyper = (group["weight_decay"], group["momentum"], group["dampening"], group["nesterov"],
+                     group["maximize"])
+            if group["momentum"] == 0:
+                self._update_group(k, group, _sgd_update, (params, grads, None), hyper)
+                continue
+            buffers = [self.state[p].get("momentum_buffer") for p in params]
+            if any(buf is None for buf in buffers):  # the first step makes the buffers: the loop does it
+                _sgd_update(params, grads, buffers, group["lr"], *hyper)
+                for p, buf in zip(params, buffers):
+                    self.state[p]["momentum_buffer"] = buf
+            else:
+                self._update_group(k, group, _sgd_update, (params, grads, buffers), hyper)
         return loss
+
+
+def _sgd_update(params, grads, buffers, lr, weight_decay, momentum, dampening, nesterov, maximize) -> None:
+    """One SGD step of each parameter, torch's single-tensor algorithm op for op; a missing momentum buffer is
+    created (written into ``buffers``) from the gradient."""
+    for k, p in enumerate(params):
+        grad = -grads[k] if maximize else grads[k]
+        if weight_decay != 0:
+            grad = grad.add(p, alpha=weight_decay)
+        if momentum != 0:
+            buf = buffers[k]
+            if buf is None:
+                buf = buffers[k] = grad.detach().clone()
+            else:
+                buf.mul_(momentum).add_(grad, alpha=1 - dampening)
+            grad = grad.add(buf, alpha=momentum) if nesterov else buf
+        add_scaled(p, grad, -lr)

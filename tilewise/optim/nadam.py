@@ -1,0 +1,90 @@
+"""NAdam: Adam with Nesterov momentum, its momentum schedule decayed by ``momentum_decay``."""
+
+from __future__ import annotations
+
+from tilewise.ops.creation import ones, zeros_like
+from tilewise.optim.optimizer import (
+    Optimizer,
+    add_scaled_ratio,
+    check_betas,
+    check_lr,
+    check_non_negative,
+    grad_mode_of_differentiable,
+)
+from tilewise.tensor import Tensor
+
+
+class NAdam(Optimizer):
+    """torch.optim.NAdam: ``mu_t = beta1 * (1 - 0.5 * 0.96 ** (t * momentum_decay))``; the update mixes the
+    gradient and the first moment with weights from the running product of the ``mu_t``. With
+    ``decoupled_weight_decay=True`` the decay applies to the parameter directly (NAdamW)."""
+
+    def __init__(self, params, lr: float | Tensor = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, momentum_decay: float = 4e-3,
+                 decoupled_weight_decay: bool = False, *, foreach: bool | None = None, maximize: bool = False,
+                 capturable: bool = False, differentiable: bool = False) -> None:
+        check_lr(lr)
+        check_non_negative(epsilon=eps)
+        check_betas(betas)
+        check_non_negative(weight_decay=weight_decay, momentum_decay=momentum_decay)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                      momentum_decay=momentum_decay, decoupled_weight_decay=decoupled_weight_decay,
+                                      maximize=maximize, foreach=foreach, capturable=capturable,
+                                      differentiable=differentiable))
+
+    def _state(self, p) -> dict:
+        state = self.state[p]
+        if not state:
+            state["step"] = self._step_tensor(p)
+            # torch keeps the product in its scalar dtype (float32): it rounds there at every step
+            state["mu_product"] = ones((), dtype=state["step"].dtype, device=p.device)
+            state["exp_avg"] = zeros_like(p)
+            state["exp_avg_sq"] = zeros_like(p)
+        return state
+
+    def _init_param_state(self, p, group: dict) -> None:
+        self._state(p)
+
+    @grad_mode_of_differentiable
+    def step(self, closure=None):
+        loss = self._evaluate(closure)
+        for k, group in enumerate(self.param_groups):
+            params = [p for p in group["params"] if p.grad is not None]
+            states = [self._state(p) for p in params]
+            tensors = (params, [p.grad for p in params], [s["exp_avg"] for s in states],
+                       [s["exp_avg_sq"] for s in states], [s["mu_product"] for s in states],
+                       [s["step"] for s in states])
+            hyper = (group["betas"], group["eps"], group["weight_decay"], group["momentum_decay"],
+                     group["decoupled_weight_decay"], group["maximize"], group["differentiable"])
+            self._update_group(k, group, _nadam_update, tensors, hyper)
+        return loss
+
+
+def _nadam_update(params, grads, exp_avgs, exp_avg_sqs, mu_products, steps, lr, betas, eps, weight_decay,
+                  momentum_decay, decoupled, maximize, differentiable) -> None:
+    """One NAdam step of each parameter, torch's single-tensor algorithm op for op; what torch computes from the
+    step's Python value is a float64 expression of the step tensor (see [Note: optimizers])."""
+    beta1, beta2 = betas
+    for k, p in enumerate(params):
+        grad = -grads[k] if maximize else grads[k]
+        mu_product = mu_products[k]
+        steps[k].add_(1)
+        step = steps[k].double()
+        bias_correction2 = 1 - beta2**step
+        if weight_decay != 0:
+            if decoupled:
+                p.mul_(1 - lr * weight_decay)
+            else:
+                grad = grad.add(p, alpha=weight_decay)
+        mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * momentum_decay)))
+        mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * momentum_decay)))
+        mu_product.mul_(mu.to(mu_product.dtype))  # torch multiplies by the Python number in the product's dtype
+        exp_avg, exp_avg_sq = exp_avgs[k], exp_avg_sqs[k]
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        denom = exp_avg_sq.div(bias_correction2).sqrt()
+        denom = denom.add(eps) if differentiable else denom.add_(eps)
+        product = mu_product.double()
+        add_scaled_ratio(p, grad, denom, -lr * (1.0 - mu) / (1.0 - product))
+        add_scaled_ratio(p, exp_avg.clone() if differentiable else exp_avg, denom,
+                         (-lr * mu_next) / (1.0 - product * mu_next))
