@@ -104,8 +104,9 @@ class _BatchPickler(pickle.Pickler):
         if type(obj) is not Tensor and not isinstance(obj, Tensor):
             return None
         _check_sendable(obj)
+        requires_grad = obj.requires_grad
         if obj.numel() == 0:
-            return ("tensor", None, obj.dtype.name, tuple(obj.shape), tuple(obj.stride()), 0, 0, obj.requires_grad)
+            return ("tensor", None, obj.dtype.name, tuple(obj.shape), tuple(obj.stride()), 0, 0, requires_grad)
         storage = obj.untyped_storage()
         if shared_fd(storage) is None:
             obj = _copy_to_shared(obj)
@@ -116,7 +117,7 @@ class _BatchPickler(pickle.Pickler):
             index = self._fd_index[id(storage)] = len(self.fds)
             self.fds.append(shared_fd(storage))
         return ("tensor", index, obj.dtype.name, tuple(obj.shape), tuple(obj.stride()), obj.storage_offset(),
-                storage.size, obj.requires_grad)
+                storage.size, requires_grad)
 
 
 def _check_sendable(t: Tensor) -> None:

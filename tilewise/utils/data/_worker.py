@@ -18,6 +18,7 @@ import random
 import socket
 import sys
 import traceback
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,10 @@ class WorkerInfo:
 
 
 _worker_info: WorkerInfo | None = None
+
+main_process_sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+"""The main process's ends of every live worker socket. A worker started by fork inherits copies of them, which it
+closes first: a copy would keep another worker's socket open after the main process has closed or lost its end."""
 
 
 def get_worker_info() -> WorkerInfo | None:
@@ -80,6 +85,9 @@ class ExceptionWrapper:
         self.where = where
 
     def reraise(self):
+        """Raise the exception again, its message saying where it was caught and holding the original traceback.
+        (No local variable holds the new exception: its traceback would hold this frame, a reference cycle that
+        keeps a DataLoader iterator, and its workers, alive until the garbage collector runs.)"""
         msg = f"Caught {self.exc_type.__name__} {self.where}.\nOriginal {self.exc_msg}"
         if self.exc_type is KeyError:
             msg = KeyErrorMessage(msg)
@@ -89,7 +97,10 @@ class ExceptionWrapper:
             exception = self.exc_type(msg)
         except Exception:
             raise RuntimeError(msg) from None
-        raise exception
+        try:
+            raise exception
+        finally:
+            del exception
 
 
 class ManagerWatchdog:
@@ -157,6 +168,8 @@ def worker_loop(dataset_kind, dataset, index_queue, channel: socket.socket, done
     """The body of worker process ``worker_id`` (see [Note: data-loader workers])."""
     from tilewise.utils.data._fetch import create_fetcher
 
+    for inherited in list(main_process_sockets):
+        inherited.close()
     try:
         seed = seed_worker(base_seed, worker_id)
         global _worker_info

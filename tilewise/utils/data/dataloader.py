@@ -44,6 +44,7 @@ from tilewise.utils.data._worker import (
     _IterableDatasetStopIteration,
     _ResumeIteration,
     get_worker_info,
+    main_process_sockets,
     worker_loop,
 )
 from tilewise.utils.data.collate import default_collate, default_convert
@@ -426,6 +427,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         index_queue.cancel_join_thread()  # a queue never blocks the exit of the process that fed it
         main_end, worker_end = socket.socketpair()
         main_ends.append(main_end)
+        main_process_sockets.add(main_end)
         w = context.Process(target=worker_loop, args=(
             self._dataset_kind, self._dataset, index_queue, worker_end, self._workers_done_event,
             self._auto_collation, self._collate_fn, self._drop_last, self._base_seed, self._worker_init_fn,
