@@ -101,7 +101,7 @@ class _BatchPickler(pickle.Pickler):
         self._keep_alive: list[Storage] = []  # storages copied for this message, alive until it is sent
 
     def persistent_id(self, obj):
-        if type(obj) is not Tensor and not isinstance(obj, Tensor):
+        if not isinstance(obj, Tensor):
             return None
         _check_sendable(obj)
         requires_grad = obj.requires_grad
@@ -155,6 +155,12 @@ class _BatchUnpickler(pickle.Unpickler):
         t = Tensor._make(storage, tuple(shape), tuple(strides), offset, dtype, cpu)
         return t.requires_grad_(True) if requires_grad else t
 
+    def close_unmapped(self) -> None:
+        """Close the files no tensor was made of (the message failed to unpickle part-way)."""
+        for index, fd in enumerate(self._fds):
+            if index not in self._storages:
+                os.close(fd)
+
 
 def _storage_from_fd(fd: int, dtype: DType, numel: int) -> Storage:
     mapping = _map(fd, numel * dtype.itemsize, keep_fd=False)
@@ -193,17 +199,24 @@ def recv(sock: socket.socket):
         for fd in fds:
             os.close(fd)
         raise
-    return _BatchUnpickler(io.BytesIO(payload), fds).load()
+    unpickler = _BatchUnpickler(io.BytesIO(payload), fds)
+    try:
+        return unpickler.load()
+    finally:
+        unpickler.close_unmapped()
 
 
 def _recv_with_fds(sock: socket.socket, nbytes: int, fds: list[int]) -> bytes:
     ancillary = socket.CMSG_SPACE(_FDS_PER_MESSAGE * array.array("i").itemsize)
-    data, ancdata, _, _ = sock.recvmsg(nbytes, ancillary)
+    data, ancdata, flags, _ = sock.recvmsg(nbytes, ancillary)
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             received = array.array("i")
             received.frombytes(payload[:len(payload) - len(payload) % received.itemsize])
             fds.extend(received)
+    if flags & socket.MSG_CTRUNC:  # the kernel dropped descriptors this process had no room for
+        raise RuntimeError("Too many open files. Communication with the workers is no longer possible. Please "
+                           "increase the limit using `ulimit -n` in the shell")
     if not data:
         raise EOFError
     return data + _recv_exactly(sock, nbytes - len(data)) if len(data) < nbytes else data
