@@ -45,8 +45,18 @@ def plain(x):
 
 
 def children() -> set[int]:
-    """The pids of this process's live children (read from /proc, so zombies count until reaped)."""
-    return {pid for pid, ppid, _ in _processes() if ppid == os.getpid()}
+    """The pids of this process's live children, less multiprocessing's own helpers (the resource tracker and
+    the fork server, which outlive every loader by design)."""
+    return {pid for pid, ppid, _ in _processes() if ppid == os.getpid() and not _is_helper(pid)}
+
+
+def _is_helper(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    return b"resource_tracker" in cmdline or b"forkserver" in cmdline
 
 
 def _processes():
@@ -57,7 +67,7 @@ def _processes():
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if fields[0] != "Z":
+            if fields[0] != "Z":  # a zombie has exited
                 yield int(entry), int(fields[1]), int(fields[3])  # pid, parent, session
 
 
@@ -441,6 +451,26 @@ def test_worker_count_warning_matches_torch():
             loader_module.DataLoader(Squares(), num_workers=cpus + 1)
         messages.append(str(caught[0].message))
     assert messages[0] == messages[1]
+
+
+def test_unpicklable_worker_arguments_warn_and_start_nothing():
+    before = children()
+    dataset = data.TensorDataset(tw.arange(4.0))
+    with pytest.warns(UserWarning, match="Got pickle error when attempting to start a worker Process"):
+        with pytest.raises(Exception, match="Can't pickle"):
+            next(iter(data.DataLoader(dataset, num_workers=2, collate_fn=lambda b: b,
+                                      multiprocessing_context="spawn")))
+    assert children() <= before
+
+
+def test_tasks_in_flight_follow_prefetch_factor_like_torch():
+    for prefetch_factor in (1, 3):
+        ours, theirs = loaders(lambda lib: Squares(), batch_size=2, num_workers=2, prefetch_factor=prefetch_factor)
+        ours_iter, theirs_iter = iter(ours), iter(theirs)
+        assert ours_iter._send_idx == theirs_iter._send_idx == 2 * prefetch_factor
+        next(ours_iter), next(theirs_iter)
+        assert ours_iter._send_idx == theirs_iter._send_idx == 2 * prefetch_factor + 1
+        del ours_iter, theirs_iter
 
 
 # ------------------------------------------------------------------------------------------------ shutdown
