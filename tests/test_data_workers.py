@@ -402,6 +402,10 @@ def test_timeout():
     loader = data.DataLoader(Failing("sleep", at=0), batch_size=2, num_workers=1, timeout=0.3)
     with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0.3 seconds$"):
         next(iter(loader))
+    with pytest.raises(AssertionError, match="_SingleProcessDataLoaderIter requires timeout == 0"):
+        next(iter(data.DataLoader(range(3), timeout=1)))
+    with pytest.raises(AssertionError, match="_SingleProcessDataLoaderIter requires timeout == 0"):
+        next(iter(torch.utils.data.DataLoader(range(3), timeout=1)))
 
 
 def test_unpicklable_batch_is_reported_not_hung():

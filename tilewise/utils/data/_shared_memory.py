@@ -8,8 +8,9 @@ tensor's storage, so a batch's bytes are written once, by the worker's stack, an
 The files have no name, so nothing is left behind when either process dies: the memory goes with the last mapping.
 A tensor that is not in shared memory yet (a custom ``collate_fn``, a sample returned as it is) is copied into a
 new file when it is sent, as torch moves a storage to shared memory when it pickles it. Views of one storage in
-one message arrive as views of one storage. Measured in ``benchmarks/dataloader_workers.py`` (a 38 MB batch):
-sending it this way costs the main process a few mappings instead of unpickling 38 MB.
+one message arrive as views of one storage. Measured in ``benchmarks/dataloader_workers.py`` on 38.5 MB batches:
+the main process spends 1.4-2.5 ms of CPU per batch (torch: 7-10 ms), against 95-125 ms to unpickle the same
+bytes. What remains is the worker's first write into fresh shared pages (about 5 us a page here, as for torch).
 """
 
 from __future__ import annotations

@@ -324,6 +324,9 @@ class _BaseDataLoaderIter:
 class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
+        if self._timeout != 0:
+            raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0 (timeout limits the wait for "
+                                 "worker processes; use num_workers > 0, or timeout=0)")
         self._dataset_fetcher = create_fetcher(self._dataset_kind, self._dataset, self._auto_collation,
                                                self._collate_fn, self._drop_last)
 
@@ -333,7 +336,7 @@ class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
         return pin_memory(data) if self._pin_memory else data
 
 
-_WORKER_EXITED = "worker exited"  # what a worker's channel yields once its socket is closed
+_WORKER_EXITED = object()  # what a worker's channel yields once its socket is closed
 
 
 class _WorkerChannels:
