@@ -607,7 +607,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         return data
 
     # -------------------------------------------------------------------------------- shutting down
-    def _mark_worker_as_unavailable(self, worker_id: int, shutdown: bool = False) -> None:
+    def _mark_worker_as_unavailable(self, worker_id: int) -> None:
         """Tell worker ``worker_id`` to leave (its stream ended, it died, or the iterator is shutting down)."""
         self._index_queues[worker_id].put(None)
         self._workers_status[worker_id] = False
@@ -624,7 +624,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             self._workers_done_event.set()
             for worker_id in range(len(self._workers)):
                 if self._persistent_workers or self._workers_status[worker_id]:
-                    self._mark_worker_as_unavailable(worker_id, shutdown=True)
+                    self._mark_worker_as_unavailable(worker_id)
             self._channels.close()  # a worker blocked sending a batch gets a broken pipe and leaves
             for w in self._workers:
                 w.join(timeout=MP_STATUS_CHECK_INTERVAL)
