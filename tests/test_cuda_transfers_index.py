@@ -170,7 +170,7 @@ def test_dataloader_pins_every_tensor_of_a_batch(monkeypatch):
         pinned.append(tuple(self.shape))
         return self
 
-    monkeypatch.setattr(data, "_pinning_available", lambda: True)
+    monkeypatch.setattr(data.dataloader, "_pinning_available", lambda: True)
     monkeypatch.setattr(tw.Tensor, "pin_memory", fake_pin)
     ds = data.TensorDataset(tw.arange(10.0), tw.arange(10))
     batches = list(data.DataLoader(ds, batch_size=4, pin_memory=True))
@@ -183,7 +183,7 @@ def test_dataloader_without_a_gpu_warns_and_loads_pageable_batches():
     if tw.cuda.is_available():
         pytest.skip("a GPU is present")
     ds = tw.utils.data.TensorDataset(tw.arange(6.0))
-    with pytest.warns(UserWarning, match="pin_memory=True, but no GPU"):
+    with pytest.warns(UserWarning, match="'pin_memory' argument is set as true but no accelerator is found"):
         batches = list(tw.utils.data.DataLoader(ds, batch_size=3, pin_memory=True))
     assert [b[0].tolist() for b in batches] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
 

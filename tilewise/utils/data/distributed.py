@@ -1,0 +1,85 @@
+"""DistributedSampler: each of ``num_replicas`` processes reads its own share of a dataset.
+
+Every replica computes the same order (a permutation seeded by ``seed + epoch``, or the natural order), pads it
+by repeating its start until it divides evenly (or, with ``drop_last``, cuts the tail), and keeps every
+``num_replicas``-th index from ``rank``: the shares are disjoint and equally long, as in torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import TypeVar
+
+from tilewise.utils.data.dataset import Dataset
+from tilewise.utils.data.sampler import Sampler
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class DistributedSampler(Sampler[T_co]):
+    """The indices of ``dataset`` that replica ``rank`` of ``num_replicas`` reads; call ``set_epoch`` before each
+    epoch to reshuffle.
+
+    >>> from tilewise.utils.data import DistributedSampler
+    >>> [list(DistributedSampler(range(5), num_replicas=2, rank=r, shuffle=False)) for r in (0, 1)]
+    [[0, 2, 4], [1, 3, 0]]
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+        if num_replicas is None:
+            num_replicas = _process_group().get_world_size()
+        if rank is None:
+            rank = _process_group().get_rank()
+        if rank >= num_replicas or rank < 0:
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self.drop_last = drop_last
+        if self.drop_last and len(self.dataset) % self.num_replicas != 0:
+            self.num_samples = math.ceil((len(self.dataset) - self.num_replicas) / self.num_replicas)
+        else:
+            self.num_samples = math.ceil(len(self.dataset) / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+        self.shuffle = shuffle
+        self.seed = seed
+
+    def __iter__(self) -> Iterator[T_co]:
+        if self.shuffle:
+            from tilewise.ops.creation import Generator, randperm
+
+            g = Generator().manual_seed(self.seed + self.epoch)
+            indices = randperm(len(self.dataset), generator=g).tolist()
+        else:
+            indices = list(range(len(self.dataset)))
+        if not self.drop_last:
+            padding_size = self.total_size - len(indices)
+            if padding_size <= len(indices):
+                indices += indices[:padding_size]
+            else:
+                indices += (indices * math.ceil(padding_size / len(indices)))[:padding_size]
+        else:
+            indices = indices[:self.total_size]
+        return iter(indices[self.rank:self.total_size:self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` in the seed of the next permutation, so that every epoch is shuffled differently (and
+        identically on every replica)."""
+        self.epoch = epoch
+
+
+def _process_group():
+    """The distributed package, when tilewise has one; torch's error where it has not."""
+    try:
+        import tilewise.distributed as dist
+    except ImportError:
+        dist = None
+    if dist is None or not dist.is_available():
+        raise RuntimeError("Requires distributed package to be available")
+    return dist
