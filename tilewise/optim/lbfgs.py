@@ -2,10 +2,10 @@
 
 Unlike the other optimizers, L-BFGS decides on the host: how many times to evaluate the closure, when the
 line search has bracketed a step, when to stop. It reads losses, dot products and norms back as Python
-numbers at every iteration, as torch's does, with the same tensor arithmetic in between. So ``step`` runs
-eagerly and refuses to be traced by ``tilewise.compile`` (a program per iteration count and branch would be
-no faster, and the line search's trial steps and restores of the parameters between reads are not replayed
-reliably); the closure, the expensive part, can be compiled on its own.
+numbers at every iteration, as torch's does, with the same tensor arithmetic in between. Inside
+``tilewise.compile`` each of those reads is a graph break: the step's Python runs on every call and the tensor
+arithmetic between reads runs as compiled segments (as torch.compile runs it). With ``fullgraph=True`` a step
+cannot be compiled; the closure, the expensive part, can always be compiled on its own.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tilewise.autograd.grad_mode import enable_grad, no_grad
-from tilewise.dispatch import STATE
 from tilewise.ops.creation import zeros
 from tilewise.ops.registry import call
 from tilewise.optim.optimizer import Optimizer, check_lr
@@ -96,10 +95,6 @@ class LBFGS(Optimizer):
         ``backward``) and returns the loss. Returns the loss of the first evaluation."""
         if closure is None:
             raise RuntimeError("LBFGS.step() needs a closure that re-evaluates the model and returns the loss")
-        if STATE.trace_depth:
-            raise RuntimeError("LBFGS.step() cannot run inside tilewise.compile: it reads the loss and gradient "
-                               "norms back as numbers at every iteration to decide what to do next. Call it outside "
-                               "the compiled function; the closure may be compiled (tilewise.compile(closure)).")
         closure = enable_grad()(closure)
         group = self.param_groups[0]
         lr = group["lr"]
