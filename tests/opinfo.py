@@ -94,6 +94,9 @@ class OpInfo:
     output_index: int | None = None  # compare only this output of a tuple result (e.g. values of max.dim)
     # an operator torch does not have: (torch, torch.nn.functional) -> the same computation in torch's ops
     reference: Callable | None = None
+    # torch's CPU and CUDA kernels choose different indices among equal values (their order is unspecified);
+    # tilewise chooses the CPU's on every device, so the reference always runs on the CPU
+    torch_on_cpu: bool = False
 
     def resolve(self, module, functional):
         if self.reference is not None and module.__name__ == "torch":
@@ -181,7 +184,7 @@ def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous:
 
     def torch_tensor(k):
         a = arrays[k]
-        t = torch.from_numpy(a.copy()).to(device)
+        t = torch.from_numpy(a.copy()).to("cpu" if info.torch_on_cpu else device)
         if grad_wanted(k):
             t.requires_grad_(True)
         return t

@@ -680,7 +680,10 @@ def _fused_graph(graph: Graph, kernels: list[FusedKernel]) -> Graph:
         mapping[node] = mapped(node)
     out = Graph(list(graph.inputs), [], [mapping[o] for o in graph.outputs],
                 [(i, mapping[v]) for i, v in graph.writes])
-    out.body = toposort(out.roots(), stop=set(graph.inputs))
+    # random draws keep the order the function made them in (each takes the generator's next counters): they
+    # come first in that order, then everything else as the outputs need it
+    draws = [mapping[n] for n in graph.body if n.kind == "random" and n in mapping]
+    out.body = toposort([*draws, *out.roots()], stop=set(graph.inputs))
     for kernel in kernels:
         kernel.graph_values = mapping
     return out
