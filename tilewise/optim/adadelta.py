@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from tilewise.ops.creation import zeros_like
 from tilewise.optim.optimizer import Optimizer, add_scaled, check_lr, check_non_negative, grad_mode_of_differentiable
 from tilewise.tensor import Tensor
 
@@ -17,6 +16,10 @@ class Adadelta(Optimizer):
     [0.996838, 0.996838]
     """
 
+    buffers = ("square_avg", "acc_delta")
+    state_args = ("square_avg", "acc_delta", "step")
+    hyper_args = ("rho", "eps", "weight_decay", "maximize", "differentiable")
+
     def __init__(self, params, lr: float | Tensor = 1.0, rho: float = 0.9, eps: float = 1e-6,
                  weight_decay: float = 0, foreach: bool | None = None, *, capturable: bool = False,
                  maximize: bool = False, differentiable: bool = False) -> None:
@@ -27,28 +30,12 @@ class Adadelta(Optimizer):
         super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, maximize=maximize,
                                       capturable=capturable, foreach=foreach, differentiable=differentiable))
 
-    def _state(self, p) -> dict:
-        state = self.state[p]
-        if not state:
-            state["step"] = self._step_tensor(p)
-            state["square_avg"] = zeros_like(p)
-            state["acc_delta"] = zeros_like(p)
-        return state
-
     def _init_param_state(self, p, group: dict) -> None:
-        self._state(p)
+        self._buffered_state(p)
 
     @grad_mode_of_differentiable
     def step(self, closure=None):
-        loss = self._evaluate(closure)
-        for k, group in enumerate(self.param_groups):
-            params = [p for p in group["params"] if p.grad is not None]
-            states = [self._state(p) for p in params]
-            tensors = (params, [p.grad for p in params], [s["square_avg"] for s in states],
-                       [s["acc_delta"] for s in states], [s["step"] for s in states])
-            hyper = (group["rho"], group["eps"], group["weight_decay"], group["maximize"], group["differentiable"])
-            self._update_group(k, group, _adadelta_update, tensors, hyper)
-        return loss
+        return self._step_groups(closure, _adadelta_update)
 
 
 def _adadelta_update(params, grads, square_avgs, acc_deltas, steps, lr, rho, eps, weight_decay, maximize,

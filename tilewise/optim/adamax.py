@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from tilewise.ops.creation import zeros_like
 from tilewise.ops.registry import call
 from tilewise.optim.optimizer import (
     Optimizer,
@@ -19,6 +18,10 @@ class Adamax(Optimizer):
     """torch.optim.Adamax: ``m = lerp(m, g, 1 - beta1)``; ``u = max(beta2 * u, |g| + eps)``;
     ``p -= lr / (1 - beta1**step) * m / u``."""
 
+    buffers = ("exp_avg", "exp_inf")
+    state_args = ("exp_avg", "exp_inf", "step")
+    hyper_args = ("betas", "eps", "weight_decay", "maximize", "differentiable")
+
     def __init__(self, params, lr: float | Tensor = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, foreach: bool | None = None, *, maximize: bool = False,
                  differentiable: bool = False, capturable: bool = False) -> None:
@@ -29,28 +32,12 @@ class Adamax(Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, foreach=foreach,
                                       maximize=maximize, differentiable=differentiable, capturable=capturable))
 
-    def _state(self, p) -> dict:
-        state = self.state[p]
-        if not state:
-            state["step"] = self._step_tensor(p)
-            state["exp_avg"] = zeros_like(p)
-            state["exp_inf"] = zeros_like(p)
-        return state
-
     def _init_param_state(self, p, group: dict) -> None:
-        self._state(p)
+        self._buffered_state(p)
 
     @grad_mode_of_differentiable
     def step(self, closure=None):
-        loss = self._evaluate(closure)
-        for k, group in enumerate(self.param_groups):
-            params = [p for p in group["params"] if p.grad is not None]
-            states = [self._state(p) for p in params]
-            tensors = (params, [p.grad for p in params], [s["exp_avg"] for s in states],
-                       [s["exp_inf"] for s in states], [s["step"] for s in states])
-            hyper = (group["betas"], group["eps"], group["weight_decay"], group["maximize"], group["differentiable"])
-            self._update_group(k, group, _adamax_update, tensors, hyper)
-        return loss
+        return self._step_groups(closure, _adamax_update)
 
 
 def _adamax_update(params, grads, exp_avgs, exp_infs, steps, lr, betas, eps, weight_decay, maximize,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tilewise.ops.creation import ones, zeros_like
+from tilewise.ops.creation import ones
 from tilewise.optim.optimizer import (
     Optimizer,
     add_scaled_ratio,
@@ -19,6 +19,11 @@ class NAdam(Optimizer):
     gradient and the first moment with weights from the running product of the ``mu_t``. With
     ``decoupled_weight_decay=True`` the decay applies to the parameter directly (NAdamW)."""
 
+    buffers = ("exp_avg", "exp_avg_sq")
+    state_args = ("exp_avg", "exp_avg_sq", "mu_product", "step")
+    hyper_args = ("betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize",
+                  "differentiable")
+
     def __init__(self, params, lr: float | Tensor = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, momentum_decay: float = 4e-3,
                  decoupled_weight_decay: bool = False, *, foreach: bool | None = None, maximize: bool = False,
@@ -32,32 +37,16 @@ class NAdam(Optimizer):
                                       maximize=maximize, foreach=foreach, capturable=capturable,
                                       differentiable=differentiable))
 
-    def _state(self, p) -> dict:
-        state = self.state[p]
-        if not state:
-            state["step"] = self._step_tensor(p)
-            # torch keeps the product in its scalar dtype (float32): it rounds there at every step
-            state["mu_product"] = ones((), dtype=state["step"].dtype, device=p.device)
-            state["exp_avg"] = zeros_like(p)
-            state["exp_avg_sq"] = zeros_like(p)
-        return state
+    def _more_state(self, state: dict, p) -> None:
+        # torch keeps the product in its scalar dtype (float32): it rounds there at every step
+        state["mu_product"] = ones((), dtype=state["step"].dtype, device=p.device)
 
     def _init_param_state(self, p, group: dict) -> None:
-        self._state(p)
+        self._buffered_state(p)
 
     @grad_mode_of_differentiable
     def step(self, closure=None):
-        loss = self._evaluate(closure)
-        for k, group in enumerate(self.param_groups):
-            params = [p for p in group["params"] if p.grad is not None]
-            states = [self._state(p) for p in params]
-            tensors = (params, [p.grad for p in params], [s["exp_avg"] for s in states],
-                       [s["exp_avg_sq"] for s in states], [s["mu_product"] for s in states],
-                       [s["step"] for s in states])
-            hyper = (group["betas"], group["eps"], group["weight_decay"], group["momentum_decay"],
-                     group["decoupled_weight_decay"], group["maximize"], group["differentiable"])
-            self._update_group(k, group, _nadam_update, tensors, hyper)
-        return loss
+        return self._step_groups(closure, _nadam_update)
 
 
 def _nadam_update(params, grads, exp_avgs, exp_avg_sqs, mu_products, steps, lr, betas, eps, weight_decay,

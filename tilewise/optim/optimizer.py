@@ -26,6 +26,7 @@ from typing import Any
 from tilewise import dtypes
 from tilewise.autograd.grad_mode import enable_grad, set_grad_enabled
 from tilewise.nn.init import zeros_
+from tilewise.ops.creation import zeros_like
 from tilewise.optim._foreach import ScalarTensors, compiled, use_compiled
 from tilewise.tensor import Tensor
 from tilewise.utils.hooks import RemovableHandle
@@ -271,6 +272,37 @@ class Optimizer:
     def _scalar(self, name: str, value: float, device) -> Tensor:
         """``value`` as a 0-dim tensor on ``device`` that a compiled update reads at run time."""
         return self.__dict__.setdefault("_scalars", ScalarTensors()).get(name, value, device)
+
+    # the per-parameter buffers a step-counting optimizer keeps (zeros like the parameter), and the names of the
+    # state lists and group hyperparameters its update function takes after the parameters and gradients
+    buffers: tuple[str, ...] = ()
+    state_args: tuple[str, ...] = ()
+    hyper_args: tuple[str, ...] = ()
+
+    def _buffered_state(self, p: Tensor) -> dict:
+        """The state of ``p``: a step count and ``buffers``, made on its first step (``_more_state`` adds any other
+        entry)."""
+        state = self.state[p]
+        if not state:
+            state["step"] = self._step_tensor(p)
+            self._more_state(state, p)
+            for name in self.buffers:
+                state[name] = zeros_like(p)
+        return state
+
+    def _more_state(self, state: dict, p: Tensor) -> None:
+        """Entries of a new state besides the step count and ``buffers``."""
+
+    def _step_groups(self, closure, update: Callable):
+        """``step`` of an optimizer declared by ``buffers``/``state_args``/``hyper_args``: ``update(params, grads,
+        *state lists, lr, *hyperparameters)`` over each group's parameters that have gradients."""
+        loss = self._evaluate(closure)
+        for k, group in enumerate(self.param_groups):
+            params = [p for p in group["params"] if p.grad is not None]
+            states = [self._buffered_state(p) for p in params]
+            tensors = (params, [p.grad for p in params], *([s[name] for s in states] for name in self.state_args))
+            self._update_group(k, group, update, tensors, tuple(group[name] for name in self.hyper_args))
+        return loss
 
     def _evaluate(self, closure: Callable[[], Any] | None):
         if closure is None:

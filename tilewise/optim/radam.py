@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from tilewise.ops.creation import zeros_like
 from tilewise.ops.registry import call
 from tilewise.optim.optimizer import (
     Optimizer,
@@ -20,6 +19,10 @@ class RAdam(Optimizer):
     (``p -= lr * m_hat``); after, ``p -= lr * m_hat * r_t * sqrt(1 - beta2**t) / (sqrt(v) + eps)`` with the
     rectification ``r_t``. With ``decoupled_weight_decay=True`` the decay applies to the parameter directly."""
 
+    buffers = ("exp_avg", "exp_avg_sq")
+    state_args = ("exp_avg", "exp_avg_sq", "step")
+    hyper_args = ("betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize", "differentiable")
+
     def __init__(self, params, lr: float | Tensor = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, decoupled_weight_decay: bool = False, *,
                  foreach: bool | None = None, maximize: bool = False, capturable: bool = False,
@@ -32,29 +35,12 @@ class RAdam(Optimizer):
                                       maximize=maximize, foreach=foreach, capturable=capturable,
                                       decoupled_weight_decay=decoupled_weight_decay, differentiable=differentiable))
 
-    def _state(self, p) -> dict:
-        state = self.state[p]
-        if not state:
-            state["step"] = self._step_tensor(p)
-            state["exp_avg"] = zeros_like(p)
-            state["exp_avg_sq"] = zeros_like(p)
-        return state
-
     def _init_param_state(self, p, group: dict) -> None:
-        self._state(p)
+        self._buffered_state(p)
 
     @grad_mode_of_differentiable
     def step(self, closure=None):
-        loss = self._evaluate(closure)
-        for k, group in enumerate(self.param_groups):
-            params = [p for p in group["params"] if p.grad is not None]
-            states = [self._state(p) for p in params]
-            tensors = (params, [p.grad for p in params], [s["exp_avg"] for s in states],
-                       [s["exp_avg_sq"] for s in states], [s["step"] for s in states])
-            hyper = (group["betas"], group["eps"], group["weight_decay"], group["decoupled_weight_decay"],
-                     group["maximize"], group["differentiable"])
-            self._update_group(k, group, _radam_update, tensors, hyper)
-        return loss
+        return self._step_groups(closure, _radam_update)
 
 
 def _radam_update(params, grads, exp_avgs, exp_avg_sqs, steps, lr, betas, eps, weight_decay, decoupled, maximize,
