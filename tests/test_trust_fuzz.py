@@ -78,3 +78,20 @@ def test_a_long_search():
         except Exception as exc:  # noqa: BLE001 — every failure is reported at the end
             failures.append(f"program {seed}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
     assert not failures, f"{len(failures)} of {count} programs failed:\n\n" + "\n\n".join(failures[:20])
+
+
+if __name__ == "__main__":  # python tests/test_trust_fuzz.py START COUNT [SECONDS]: one line per program
+    import sys
+    import time
+
+    first, count = int(sys.argv[1]), int(sys.argv[2])
+    deadline = time.monotonic() + (float(sys.argv[3]) if len(sys.argv) > 3 else float("inf"))
+    for seed in range(first, first + count):
+        if time.monotonic() > deadline:
+            break
+        try:
+            run_program(seed)
+            print(f"program {seed} ok", flush=True)
+        except Exception as exc:  # noqa: BLE001 — reported, and the search goes on
+            text = f"{type(exc).__name__}: {exc}".replace("\n", "\n    ")
+            print(f"program {seed} FAILED {text}", flush=True)
