@@ -550,3 +550,28 @@ def test_a_returned_copy_of_an_input_keeps_the_value_before_its_update():
     for _ in range(3):
         assert compiled(x).tolist() == f(reference).tolist()
         assert x.tolist() == reference.tolist()
+
+
+def test_sibling_nests_merged_into_one_kernel_keep_a_recomputed_value_before_its_readers():
+    """Found by the trust fuzzer (program 19172): the backward of a block, a softmax and the block again merged
+    two sibling nests whose members were left out of program order, so a recomputed value was read before it
+    was made (KeyError building the program)."""
+    from fuzz_programs import World, inputs
+
+    source = textwrap.dedent("""
+        def f(x, y):
+            v0 = M(L.nan_to_num(y, 0.0, 3.0, -3.0))
+            v1 = v0 * v0.argmin(1, keepdim=True).float()
+            v2 = L.neg(v1)
+            v4 = (v2 + T).softmax(1)
+            v6 = L.minimum(v2, y)
+            v10 = M(L.nan_to_num(v4, 0.0, 3.0, -3.0))
+            return v10, v2, v6
+    """)
+    worlds = [World(tw, 19172), World(tw, 19172)]
+    for world in worlds:
+        exec(source, world.namespace)  # noqa: S102
+    compiled, eager = tw.compile(worlds[0].namespace["f"]), worlds[1].namespace["f"]
+    args = inputs(tw, np.random.default_rng([19172, 0]))
+    for got, want in zip(compiled(*args), eager(*args)):
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-5)

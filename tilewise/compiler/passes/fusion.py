@@ -566,7 +566,7 @@ def _worth_sharing(group: Group) -> set[Node]:
     return {base for base in _external_bases(group) if base.type.numel > 1}
 
 
-def _merge_siblings(batch: list[Group]) -> list[Group]:
+def _merge_siblings(batch: list[Group], order: dict[Node, int]) -> list[Group]:
     out: list[tuple[Group, set[Node]]] = []  # with the inputs each is worth sharing
     for group in batch:
         reads = _worth_sharing(group)
@@ -574,6 +574,7 @@ def _merge_siblings(batch: list[Group]) -> list[Group]:
             if (other.shape == group.shape and other.reduce == group.reduce and _device(other) == _device(group)
                     and other_reads & reads):
                 other.absorb(group)
+                other.members.sort(key=order.__getitem__)  # a value one of them made again, before its readers
                 other_reads |= reads
                 break
         else:
@@ -587,8 +588,9 @@ def plan_kernels(graph: Graph, groups: list[Group]) -> list[FusedKernel]:
     for k, group in enumerate(groups):
         by_level.setdefault((levels[k], str(_device(group))), []).append(group)
     kernels = []
+    order = {n: k for k, n in enumerate(graph.body)}
     for key in sorted(by_level, key=lambda k: k[0]):
-        batch = _merge_siblings(by_level[key])
+        batch = _merge_siblings(by_level[key], order)
         for start in range(0, len(batch), MAX_NESTS_PER_KERNEL):
             kernels.append(_kernel(f"k{len(kernels)}", batch[start:start + MAX_NESTS_PER_KERNEL]))
     return kernels
