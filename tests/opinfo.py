@@ -220,7 +220,8 @@ def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous:
     gouts = [rng.standard_normal(tuple(e.shape)).astype(dtype) for e, _ in diff_outs]
     th_inputs = [torch_made[k] for k in grad_inputs]
     th_grads = torch.autograd.grad([e for e, _ in diff_outs], th_inputs,
-                                   [torch.from_numpy(g).to(device) for g in gouts], allow_unused=True)
+                                   [torch.from_numpy(g).to(e.device) for g, (e, _) in zip(gouts, diff_outs)],
+                                   allow_unused=True)
     tw_inputs = [tw_made[k] for k in grad_inputs]
     tw_grads = tw.autograd.grad([a for _, a in diff_outs], tw_inputs,
                                 [tw.from_numpy(g.copy()).to(device) for g in gouts], allow_unused=True)
