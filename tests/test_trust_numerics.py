@@ -23,11 +23,11 @@ FLOATS = [*HALVES, "float32", "float64"]
 
 
 def pair(a, dtype: str, device: str = "cpu", requires_grad: bool = False):
-    ours = tw.tensor(np.asarray(a)).to(getattr(tw, dtype))
+    ours = tw.tensor(np.asarray(a)).to(getattr(tw, dtype)).to(device)  # a leaf on the device
     theirs = torch.tensor(np.asarray(a)).to(getattr(torch, dtype))
     if requires_grad:
         ours, theirs = ours.detach().requires_grad_(), theirs.detach().requires_grad_()
-    return (ours.to(device) if device != "cpu" else ours), theirs
+    return ours, theirs
 
 
 def as_numpy(t) -> np.ndarray:
@@ -230,6 +230,7 @@ def test_std_gradient_of_a_constant_vector_is_zero():
     assert x.grad.tolist() == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # running eagerly instead would not test the compiler
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiled_gradients_at_a_constant_input_match_torch(device):
     def both(lib, x):

@@ -1,4 +1,5 @@
-"""The ``tilewise`` command line (also ``python -m tilewise``): ``demo``, ``info``, ``explain``, ``bench``.
+"""The ``tilewise`` command line (also ``python -m tilewise``): ``demo``, ``info``, ``explain``, ``coverage``,
+``bench``.
 
 ``demo`` is the main job: it trains the character-level GPT of ``tilewise.models`` and reports as it goes.
 ``explain`` follows one call through every layer (``tilewise.compiler.explain``); ``bench`` says where the
@@ -45,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--time-limit", type=float, default=defaults.time_limit,
                       help="stop training early after this many seconds, 0 for no limit (default: %(default)s)")
     commands.add_parser("info", help="versions, devices and optional packages")
+    coverage = commands.add_parser(
+        "coverage", help="which of torch's public names tilewise has, and which its tests compare with torch",
+        description="Count, namespace by namespace, the public torch names that training code uses which tilewise "
+        "has and which a torch-comparing test refers to; write the whole list as Markdown.")
+    coverage.add_argument("--out", type=Path, default=None,
+                          help="Markdown report to write (default: docs/COVERAGE.md in a source checkout, "
+                          "none in an installed copy)")
     explain = commands.add_parser(
         "explain", help="follow one call through every layer, down to the generated source, PTX and SASS",
         description="Show what each layer makes of an expression over random inputs x, y, ...: the operators' "
@@ -82,11 +90,23 @@ def main(argv: list[str] | None = None) -> int:
         return run_info()
     if args.command == "explain":
         return run_explain(args)
+    if args.command == "coverage":
+        return run_coverage(args)
     print("tilewise bench: the benchmarks against torch eager and torch.compile are scripts in the source tree's "
           "benchmarks/ folder (they need torch): python benchmarks/compiled_cpu.py on a CPU, "
           "bash benchmarks/run_gpu.sh LOGDIR on a GPU; benchmarks/RESULTS.md holds every recorded run. "
           "Nothing was run.", file=sys.stderr)
     return 2
+
+
+# ---------------------------------------------------------------------------- coverage
+
+def run_coverage(args: argparse.Namespace) -> int:
+    from tilewise.coverage import default_tests_folder, run
+
+    tests = default_tests_folder()
+    out = args.out if args.out is not None else (tests.parent / "docs" / "COVERAGE.md" if tests else None)
+    return run(out, tests)
 
 
 # ---------------------------------------------------------------------------- explain
