@@ -101,11 +101,14 @@ class Probe:
             grad = np.zeros_like(self.arrays[k]) if grad is None else grad.numpy()
             for _ in range(PROBES):
                 v = self.rng.standard_normal(self.arrays[k].shape)
-                plus, minus = list(self.arrays), list(self.arrays)
-                plus[k], minus[k] = self.arrays[k] + EPS * v, self.arrays[k] - EPS * v
-                numeric = (self.value(plus) - self.value(minus)) / (2 * EPS)
                 analytic = float(np.sum(grad * v))
-                assert abs(numeric - analytic) <= ATOL + RTOL * max(abs(numeric), abs(analytic), 1.0), (
+                for eps in (EPS, EPS / 64):  # a smaller step where a kink (a near-tie of max) lies within EPS
+                    plus, minus = list(self.arrays), list(self.arrays)
+                    plus[k], minus[k] = self.arrays[k] + eps * v, self.arrays[k] - eps * v
+                    numeric = (self.value(plus) - self.value(minus)) / (2 * eps)
+                    if abs(numeric - analytic) <= ATOL + RTOL * max(abs(numeric), abs(analytic), 1.0):
+                        break
+                assert abs(numeric - analytic) <= ATOL * 64 + RTOL * max(abs(numeric), abs(analytic), 1.0), (
                     f"{self.info.name}: input {k}: autograd gives <grad, v> = {analytic!r}, finite differences "
                     f"give {numeric!r}")
         return True
