@@ -8,6 +8,7 @@ The fan and gain rules are torch's, so a layer initialised here has the same dis
 from __future__ import annotations
 
 import math
+import threading
 
 from tilewise.autograd.grad_mode import no_grad
 from tilewise.ops.creation import full, rand, randn
@@ -56,17 +57,33 @@ def _calculate_correct_fan(tensor: Tensor, mode: str) -> int:
     return fan_in if mode == "fan_in" else fan_out
 
 
+class _Skipping(threading.local):
+    """``nn.utils.skip_init`` sets ``on`` while it builds a module: initialisers then leave tensors as they are and
+    draw no random numbers (per thread, so other threads initialise as usual)."""
+
+    on = False
+
+
+SKIPPING = _Skipping()
+
+
 def _fill(tensor: Tensor, values: Tensor) -> Tensor:
+    if SKIPPING.on:
+        return tensor
     with no_grad():
         tensor.copy_(values)
     return tensor
 
 
 def _uniform(tensor: Tensor, generator) -> Tensor:
+    if SKIPPING.on:
+        return tensor.detach()
     return rand(tensor.shape, generator=generator, dtype=tensor.dtype, device=tensor.device)
 
 
 def _normal(tensor: Tensor, generator) -> Tensor:
+    if SKIPPING.on:
+        return tensor.detach()
     return randn(tensor.shape, generator=generator, dtype=tensor.dtype, device=tensor.device)
 
 

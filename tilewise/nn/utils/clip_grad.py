@@ -69,3 +69,26 @@ def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float, f
     clip_value = float(clip_value)
     for g in _grads(parameters):
         g.clamp_(-clip_value, clip_value)
+
+
+@no_grad()
+def clip_grads_with_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, total_norm: Tensor,
+                          foreach: bool | None = None) -> None:
+    """Scale every gradient by ``min(max_norm / (total_norm + 1e-6), 1)``, the norm computed beforehand (e.g. by
+    :func:`get_total_norm`, or across processes)."""
+    grads = _grads(parameters)
+    if not grads:
+        return
+    scale = (float(max_norm) / (total_norm + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale.to(g.device))
+
+
+def clip_grad_norm(parameters: Tensor | Iterable[Tensor], max_norm: float, norm_type: float = 2.0,
+                   error_if_nonfinite: bool = False, foreach: bool | None = None) -> Tensor:
+    """The deprecated name of :func:`clip_grad_norm_`, with torch's warning."""
+    import warnings
+
+    warnings.warn("`torch.nn.utils.clip_grad_norm` is now deprecated in favor of `torch.nn.utils.clip_grad_norm_`.",
+                  FutureWarning, stacklevel=2)
+    return clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
