@@ -169,7 +169,7 @@ def test_to_forms():
     assert x.to("cpu", tw.float16).dtype is tw.float16
     assert x.to(tw.tensor([1], dtype=tw.int8)).dtype is tw.int8
     assert x.to(torch.float64).dtype is tw.float64  # torch dtype objects are understood
-    assert x.type(tw.int16).dtype is tw.int16 and x.type() == "tilewise.float32"
+    assert x.type(tw.int16).dtype is tw.int16 and x.type() == "tilewise.FloatTensor"
     assert x.type_as(tw.ones(1, dtype=tw.bfloat16)).dtype is tw.bfloat16
     with pytest.raises(TypeError, match="to\\(\\): expected a device, dtype or tensor, got 3.5"):
         x.to(3.5)

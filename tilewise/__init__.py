@@ -38,7 +38,9 @@ from tilewise.dtypes import (
     uint8,
 )
 from tilewise.tensor import Size, Tensor, as_tensor, from_numpy, is_tensor, tensor
+from tilewise.tensortypes import CPU_TYPES as _CPU_TYPES
 
+globals().update({cls.__name__: cls for cls in _CPU_TYPES.values()})  # LongTensor, FloatTensor, ...
 bool = bool_  # noqa: A001 — tilewise.bool, like torch.bool
 dtype = DType
 

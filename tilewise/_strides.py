@@ -85,7 +85,8 @@ def normalize_dim(dim: int, ndim: int, op: str = "") -> int:
 
 
 def normalize_dims(dims, ndim: int, op: str = "") -> Shape:
-    """An int, a sequence of ints or None (all dims) → a sorted tuple of distinct non-negative dims."""
+    """An int, a sequence of ints or None (all dims) → a sorted tuple of distinct non-negative dims. A 0-dim
+    tensor has none: torch accepts dim 0 and -1 for it and reduces over nothing."""
     if dims is None:
         return tuple(range(ndim))
     if isinstance(dims, int):
@@ -93,7 +94,7 @@ def normalize_dims(dims, ndim: int, op: str = "") -> Shape:
     out = tuple(normalize_dim(d, ndim, op) for d in dims)
     if len(set(out)) != len(out):
         raise RuntimeError(f"{op}: dim {tuple(dims)} appears multiple times in the list of dims")
-    return tuple(sorted(out))
+    return tuple(sorted(out)) if ndim else ()
 
 
 def advanced_index_dims(ndim: int, dims: Sequence[int], index_shapes: Sequence[Sequence[int]],

@@ -26,6 +26,7 @@ from tilewise.backends.cuda.runtime import (
     stream,
 )
 from tilewise.device import Device
+from tilewise.tensortypes import CUDA_TYPES as _CUDA_TYPES
 
 __all__ = [
     "CudaError", "DeviceProperties", "Event", "OutOfMemoryError", "Stream", "current_device", "current_stream",
@@ -153,3 +154,6 @@ def manual_seed(seed: int) -> None:
 
 
 manual_seed_all = manual_seed
+
+
+globals().update({cls.__name__: cls for cls in _CUDA_TYPES.values()})  # tilewise.cuda.FloatTensor, ...

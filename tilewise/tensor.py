@@ -403,9 +403,12 @@ class Tensor:
         return registry.call("_to_copy", self, dtype)
 
     def type(self, dtype=None):
+        """'tilewise.FloatTensor' (torch's legacy type name); with a dtype, a legacy type or its name: converted."""
+        from tilewise import tensortypes  # the legacy types are built over this class
+
         if dtype is None:
-            return f"tilewise.{self._dtype.name}"
-        return self.to(as_dtype(dtype))
+            return tensortypes.type_name(self._dtype, self._device.type)
+        return tensortypes.convert(self, dtype)
 
     def cpu(self) -> Tensor:
         return self.to(cpu)

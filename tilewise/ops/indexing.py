@@ -84,7 +84,8 @@ def check_gather_shapes(self, dim, index, op, src=None) -> int:
 # ---------------------------------------------------------------------------- __getitem__ / __setitem__
 
 def _is_advanced(item) -> bool:
-    return isinstance(item, (Tensor, list)) or (hasattr(item, "__array__") and not isinstance(item, Number))
+    """Inside an index tuple a tuple is a sequence of indices, as a list is (``x[(0, 1),]``)."""
+    return isinstance(item, (Tensor, list, tuple)) or (hasattr(item, "__array__") and not isinstance(item, Number))
 
 
 def _expand_ellipsis(items: tuple, ndim: int) -> tuple:

@@ -363,15 +363,54 @@ def _varargs_param(schema: Schema, tensor_varargs: bool = False) -> int | None:
     return None
 
 
+# numpy's spellings that torch's argument parser accepts for these parameters (``x.sum(axis=0, keepdims=True)``,
+# ``torch.sum(input=x)``), each a keyword of its own
+NUMPY_ALIASES = {"dim": ("axis",), "keepdim": ("keepdims",), "self": ("input",)}
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING = _Missing()
+
+
+def _aliases(schema: Schema, varargs: int | None) -> dict[int, tuple[str, ...]]:
+    """Parameter position -> the numpy spellings it also answers to (those no other parameter is named)."""
+    names = {p.name for p in schema.params}
+    return {k: tuple(a for a in NUMPY_ALIASES[p.name] if a not in names) for k, p in enumerate(schema.params)
+            if p.name in NUMPY_ALIASES and k != varargs}
+
+
+def _alias_lines(op_name: str, name: str, aliases: tuple[str, ...], default_key: str | None) -> list[str]:
+    """Body lines that take ``name`` from whichever of its spellings was given (torch refuses two) and fall back
+    to its default, or report it missing."""
+    lines = []
+    for alias in aliases:
+        lines += [f"    if {alias} is not _MISSING:",
+                  f"        if {name} is not _MISSING:",
+                  f"            raise TypeError(\"{op_name}() got an unexpected keyword argument '{alias}'\")",
+                  f"        {name} = {alias}"]
+    fallback = f"{name} = {default_key}" if default_key else \
+        f"raise TypeError(\"{op_name}() missing 1 required positional argument: '{name}'\")"
+    return lines + [f"    if {name} is _MISSING: {fallback}"]
+
+
 def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool = False, dispatch: tuple = ()):
     """A function with the schema's signature that returns the normalised arguments as a tuple; with
     ``dispatch=(call, op)`` it returns ``call(op, arguments)`` instead (an operator's public function, one
     Python frame shorter than a wrapper around the binder)."""
     op_name = op_name or schema.name
-    sig, body, ns = [], [], {}
+    sig, body, ns = [], [], {"_MISSING": MISSING}
     star_done = False
     varargs = _varargs_param(schema, tensor_varargs)
+    aliased = {k: a for k, a in _aliases(schema, varargs).items() if a}
+    first_aliased = min(aliased, default=len(schema.params))
     for k, p in enumerate(schema.params):
+        if k in aliased or (k > first_aliased and not p.has_default and k != varargs and not p.kwarg_only):
+            # a parameter after a now-optional one needs a default too: MISSING, checked in the body
+            body += _alias_lines(op_name, p.name, aliased.get(k, ()), f"_d{k}" if p.has_default else None)
         if k == varargs:
             sig.append(f"*{p.name}")
             star_done = True
@@ -383,6 +422,9 @@ def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool
             star_done = True
         if k == varargs:
             pass
+        elif k in aliased or (k > first_aliased and not p.has_default and not p.kwarg_only):
+            ns[f"_d{k}"] = p.default if p.has_default else None
+            sig.append(f"{p.name}=_MISSING")
         elif p.has_default:
             ns[f"_d{k}"] = p.default
             sig.append(f"{p.name}=_d{k}")
@@ -395,6 +437,9 @@ def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool
         if p.optional or (p.has_default and p.default is None):
             line = f"None if {p.name} is None else ({line})"
         body.append(f"    {p.name} = {line}")
+    if aliased and not star_done:
+        sig.append("*")
+    sig += [f"{a}=_MISSING" for k in sorted(aliased) for a in aliased[k]]
     names = ", ".join(p.name for p in schema.params)
     bound = f"({names}{',' if len(schema.params) == 1 else ''})"
     if dispatch:

@@ -1,0 +1,139 @@
+"""torch-namespace breadth beyond the operator table: legacy tensor types, numpy keyword spellings, 0-dim
+reductions over dim 0/-1, tuples inside index tuples, predicates. Each case runs the same call on torch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tilewise as tw
+
+TYPE_NAMES = ["FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor",
+              "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor"]
+
+
+def same(actual, expected):
+    if isinstance(expected, (tuple, list)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            same(a, e)
+        return
+    if not isinstance(expected, torch.Tensor):
+        assert actual == expected
+        return
+    assert tuple(actual.shape) == tuple(expected.shape)
+    assert actual.dtype.name == str(expected.dtype).removeprefix("torch.")
+    np.testing.assert_allclose(actual.float().numpy() if actual.dtype.name == "bfloat16" else actual.numpy(),
+                               expected.float().numpy() if expected.dtype == torch.bfloat16 else expected.numpy(),
+                               rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", TYPE_NAMES)
+@pytest.mark.parametrize("args", [((1, 0, 2),), ([[1, 2], [3, 4]],), ([],), (2, 3), ((),)], ids=str)
+def test_legacy_constructor_matches_torch(name, args):
+    expected = getattr(torch, name)(*args)
+    actual = getattr(tw, name)(*args)
+    assert tuple(actual.shape) == tuple(expected.shape)
+    assert actual.dtype.name == str(expected.dtype).removeprefix("torch.")
+    if expected.numel() and len(args) == 1:  # sizes give uninitialised memory
+        same(actual, expected)
+
+
+def test_legacy_constructor_without_arguments_and_from_sizes():
+    assert tuple(tw.FloatTensor().shape) == tuple(torch.FloatTensor().shape) == (0,)
+    assert tuple(tw.LongTensor(tw.Size([2, 3])).shape) == tuple(torch.LongTensor(torch.Size([2, 3])).shape)
+
+
+@pytest.mark.parametrize("name", TYPE_NAMES)
+def test_isinstance_and_type_string(name):
+    dtype = getattr(torch, name).dtype
+    t = torch.zeros(2, dtype=dtype)
+    x = tw.zeros(2, dtype=getattr(tw, str(dtype).removeprefix("torch.")))
+    for other in TYPE_NAMES:
+        assert isinstance(x, getattr(tw, other)) == isinstance(t, getattr(torch, other)), other
+    assert x.type() == t.type().replace("torch.", "tilewise.")
+    assert not isinstance(x, getattr(tw.cuda, name))
+    assert not isinstance(np.zeros(2), getattr(tw, name))
+
+
+def test_type_converts_by_legacy_type_string_or_dtype():
+    x = tw.tensor([1.5, -2.5])
+    assert x.type(tw.LongTensor).dtype is tw.int64
+    assert x.type("torch.IntTensor").dtype is tw.int32
+    assert x.type("tilewise.DoubleTensor").dtype is tw.float64
+    assert x.type(tw.float16).dtype is tw.float16
+    same(x.type(tw.LongTensor), torch.tensor([1.5, -2.5]).type(torch.LongTensor))
+
+
+def test_legacy_constructor_errors_like_torch():
+    with pytest.raises(TypeError):
+        torch.FloatTensor(torch.ones(2, dtype=torch.long))
+    with pytest.raises(TypeError, match="FloatTensor"):
+        tw.FloatTensor(tw.ones(2, dtype=tw.long))
+    with pytest.raises(RuntimeError, match="legacy constructor expects device type: cpu"):
+        tw.FloatTensor(2, device="cuda")
+    with pytest.raises(TypeError):
+        tw.LongTensor(2, "a")
+    t = tw.tensor([1, 2])
+    alias = tw.LongTensor(t)
+    assert alias.data_ptr() == t.data_ptr()
+
+
+NUMPY_KEYWORDS = ["x.sum(axis=0)", "M.mean(x, axis=1)", "x.sum(0, keepdims=True)", "x.amax(axis=1)",
+                  "x.max(axis=1)", "x.argmax(axis=1)", "M.cat([x, x], axis=1)", "x.softmax(axis=1)",
+                  "x.cumsum(axis=0)", "x.std(axis=0)", "x.var(axis=0, keepdims=True)", "M.sum(input=x)",
+                  "x.unsqueeze(axis=0)", "M.stack([x, x], axis=0)", "x.argsort(axis=0)", "x.sort(axis=1)",
+                  "x.topk(1, axis=0)", "M.gather(x, axis=0, index=M.zeros(1, 3, dtype=M.long))",
+                  "x.logsumexp(axis=1)", "x.prod(axis=0, keepdims=True)", "x.any(axis=0)"]
+
+
+@pytest.mark.parametrize("code", NUMPY_KEYWORDS)
+def test_numpy_keyword_spellings(code):
+    data = np.arange(6.0).reshape(2, 3) % 4
+    expected = eval(code, {"M": torch, "x": torch.tensor(data)})
+    actual = eval(code, {"M": tw, "x": tw.tensor(data)})
+    same(actual, expected)
+
+
+@pytest.mark.parametrize("code", ["x.sum(0, axis=0)", "x.sum(0, keepdim=True, keepdims=True)", "x.cumsum()"])
+def test_numpy_keyword_conflicts_raise_type_error(code):
+    with pytest.raises(TypeError):
+        eval(code, {"x": torch.ones(2, 3)})
+    with pytest.raises(TypeError):
+        eval(code, {"x": tw.ones(2, 3)})
+
+
+ZERO_DIM = ["x.sum(0)", "x.sum(-1)", "x.sum((0,))", "x.mean(0, keepdim=True)", "x.mean(-1)", "x.amax(0)",
+            "x.amin(-1)", "x.max(0)", "x.argmax(0)", "x.softmax(0)", "x.log_softmax(-1)", "x.logsumexp(0)",
+            "x.prod(0)", "x.cumsum(0)", "x.norm(dim=0)", "x.any(0)", "x.std(0, correction=0)",
+            "x.var(-1, correction=0)"]
+
+
+@pytest.mark.parametrize("code", ZERO_DIM)
+def test_zero_dim_reductions_over_dim_0(code):
+    same(eval(code, {"x": tw.tensor(3.0)}), eval(code, {"x": torch.tensor(3.0)}))
+
+
+def test_zero_dim_reduction_refuses_dims_past_minus_one_and_zero():
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        tw.tensor(3.0).mean(1)
+    with pytest.raises(RuntimeError, match="multiple times"):
+        tw.tensor(3.0).sum((0, -1))
+
+
+INDEX_TUPLES = ["x[(0,),]", "x[(0, 1),]", "x[((0, 1), (1, 2))]", "x[(0,), 1]", "x[[0, 1], (1, 2)]",
+                "x[[0, 1], ...]", "x[(0, 1)]", "x[..., (2, 0)]"]
+
+
+@pytest.mark.parametrize("code", INDEX_TUPLES)
+def test_tuple_inside_index_tuple(code):
+    data = np.arange(6.0).reshape(2, 3)
+    same(eval(code, {"x": tw.tensor(data)}), eval(code, {"x": torch.tensor(data)}))
+
+
+def test_tuple_inside_index_tuple_assigns():
+    t, x = torch.zeros(2, 3), tw.zeros(2, 3)
+    t[(0, 1), (2, 0)] = 5.0
+    x[(0, 1), (2, 0)] = 5.0
+    same(x, t)
