@@ -88,6 +88,7 @@ globals().update(_api)
 from tilewise import (  # noqa: E402
     amp,
     autograd,  # noqa: E402
+    linalg,
     nn,
     optim,
     utils,

@@ -14,6 +14,8 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     creation,
     indexing,
     linalg,
+    linalg_functions,
+    linalg_solvers,
     movement,
     nn,
     nn_functional,

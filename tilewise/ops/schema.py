@@ -335,6 +335,7 @@ _CHECKERS = {
     "int": _check_int, "float": _check_float, "Scalar": _check_scalar, "bool": _check_bool,
     "Tensor": _check_tensor, "ScalarType": _check_dtype, "Device": _check_device, "str": _check_str,
     "Generator": _passthrough, "Layout": _passthrough, "MemoryFormat": _passthrough,
+    "Any": _passthrough,  # a number or a string: linalg's matrix norm orders ('fro', 'nuc', 2, inf, ...)
 }
 
 

@@ -1,0 +1,274 @@
+"""Derivatives of the matrix decompositions and solvers, as torch defines them (FunctionsManual.cpp).
+
+[Note: linalg derivatives] Each helper is written in tilewise operators, so a backward is itself
+differentiable and runs on any device. The formulas are torch's: where a derivative is a convention rather
+than the only answer (Cholesky's gradient is symmetrised, eigh's is not; a triangular solve's gradient keeps
+the triangle the solver read), torch's convention is the one followed, so gradients match torch elementwise,
+not only up to the part that affects a loss. Only real inputs reach these helpers, so torch's checks that a
+complex loss does not depend on the phase of singular vectors have nothing to check here.
+"""
+
+from __future__ import annotations
+
+from tilewise.ops.formulas import HELPERS
+
+
+def _op(name: str):
+    from tilewise.ops.registry import OPS
+
+    return OPS[name]
+
+
+def _eye_like(A):
+    from tilewise.ops.creation import eye
+
+    return eye(A.shape[-1], dtype=A.dtype, device=A.device)
+
+
+def _diag_embed(v):
+    return v.diag_embed()
+
+
+def _solve_triangular(A, B, upper: bool, left: bool = True, unitriangular: bool = False):
+    return _op("_linalg_solve_triangular")(A, B, upper=upper, left=left, unitriangular=unitriangular)
+
+
+def _solve(A, B):
+    """A X = B for square A and B of A's batch shape (no broadcasting, no error check)."""
+    return _op("_linalg_solve")(A, B)[0]
+
+
+def linalg_solve_backward(grad, A, X):
+    """X = A^{-1} B: gB = A^{-H} g, gA = -gB X^H."""
+    gB = _solve(A.mT, grad)
+    return -gB.matmul(X.mT), gB
+
+
+def linalg_inv_backward(grad, inverse):
+    inv_h = inverse.mT
+    return -inv_h.matmul(grad.matmul(inv_h))
+
+
+def linalg_det_backward(grad, det, A):
+    """d det / dA = det A^{-H} where A is invertible; where it is not, the adjugate from the SVD (torch's rule:
+    the gradient of a singular matrix's determinant is the adjugate, not NaN)."""
+    from tilewise.dispatch import values_readable
+
+    scaled = (grad * det).unsqueeze(-1).unsqueeze(-1)
+    if values_readable(det) and bool((det == 0).any()):
+        return _singular_det_backward(grad, A)
+    return _solve(A.mT, scaled * _eye_like(A).expand(A.shape))
+
+
+def _singular_det_backward(grad, A):
+    """adj(A)^T = det(U) det(Vh) U diag(prod_{j != i} s_j) Vh, defined for every square A."""
+    from tilewise.ops.formulas import _exclusive_products
+
+    U, S, Vh = _op("_linalg_svd")(A, False, True)
+    sign = _op("_linalg_det")(U) * _op("_linalg_det")(Vh)
+    others = _exclusive_products(S, S.ndim - 1) if S.shape[-1] else S
+    adj_t = U.matmul((others * (grad * sign).unsqueeze(-1)).unsqueeze(-1) * Vh)
+    return adj_t
+
+
+def slogdet_backward(grad_logabsdet, A):
+    if grad_logabsdet is None:
+        return None
+    scaled = grad_logabsdet.unsqueeze(-1).unsqueeze(-1) * _eye_like(A).expand(A.shape)
+    return _solve(A.mT, scaled)
+
+
+def cholesky_backward(grad, upper: bool, L):
+    """Murray (2016): gA = L^{-H} Phi(L^H gL) L^{-1}, Phi = lower triangle with half the diagonal; symmetrised."""
+    if upper:
+        L, grad = L.mT, grad.mT
+    phi = L.mT.matmul(grad).tril()
+    phi = phi - 0.5 * _diag_embed(phi.diagonal(0, -2, -1))
+    gA = _solve_triangular(L.mT, phi, upper=True, left=True)
+    gA = _solve_triangular(L, gA, upper=False, left=False)
+    return (gA + gA.mT) * 0.5
+
+
+def _sym_inv_adj(X):
+    """X + X^H with the diagonal halved once (torch's syminvadj)."""
+    ret = X + X.mT
+    return ret - 0.5 * _diag_embed(ret.diagonal(0, -2, -1))
+
+
+def _copyltu(X):
+    """The lower triangle mirrored onto the upper (torch's trilImInvAdjSkew for real matrices): tril(X) - tril(X)^H."""
+    lower = X.tril(-1)
+    return lower - lower.mT
+
+
+def linalg_qr_backward(output_grads, Q, R, mode: str):
+    gQ, gR = output_grads
+    if mode == "r":
+        raise RuntimeError("The derivative of linalg.qr depends on Q, which is not computed when mode='r'. Please use "
+                           "linalg.qr(A, mode='reduced') if you are going to differentiate through linalg.qr.")
+    m, n = Q.shape[-2], R.shape[-1]
+    if mode == "complete" and m > n:
+        raise RuntimeError("The QR decomposition is not differentiable when mode='complete' and nrows > ncols.")
+    if m >= n:
+        return _qr_backward_tall(gQ, gR, Q, R)
+    # A = Q [X | Y] with X = Q R1 square: Y's gradient goes through Q only
+    R1, R2 = R.narrow(-1, 0, m), R.narrow(-1, m, n - m)
+    Y = Q.matmul(R2)
+    gY = Q.matmul(gR.narrow(-1, m, n - m)) if gR is not None else None
+    gQ_x = gQ
+    if gR is not None:
+        extra = Y.matmul(gR.narrow(-1, m, n - m).mT)
+        gQ_x = extra if gQ_x is None else gQ_x + extra
+    gR1 = gR.narrow(-1, 0, m) if gR is not None else None
+    gX = _qr_backward_tall(gQ_x, gR1, Q, R1)
+    if gY is None:
+        gY = Y * 0
+    return _cat_last(gX, gY)
+
+
+def _cat_last(a, b):
+    from tilewise.ops.registry import OPS
+
+    return OPS["cat"]([a, b], -1)
+
+
+def _qr_backward_tall(gQ, gR, Q, R):
+    """m >= n: gA = [gQ + Q syminvadj(triu(gR R^H - Q^H gQ))] R^{-H}."""
+    if gQ is not None and gR is not None:
+        M = gR.matmul(R.mT) - Q.mT.matmul(gQ)
+    elif gQ is not None:
+        M = -Q.mT.matmul(gQ)
+    else:
+        M = gR.matmul(R.mT)
+    gA = Q.matmul(_sym_inv_adj(M.triu()))
+    if gQ is not None:
+        gA = gA + gQ
+    return _solve_triangular(R.mT, gA, upper=False, left=False)
+
+
+def svd_backward(output_grads, U, S, Vh, full_matrices: bool):
+    gU, gS, gVh = output_grads
+    k = S.shape[-1]
+    if full_matrices:
+        U, Vh = U.narrow(-1, 0, k), Vh.narrow(-2, 0, k)
+        gU = gU.narrow(-1, 0, k) if gU is not None else None
+        gVh = gVh.narrow(-2, 0, k) if gVh is not None else None
+    if gU is None and gVh is None:
+        return U.matmul(gS.unsqueeze(-1) * Vh) if gS is not None else None
+    m, n = U.shape[-2], Vh.shape[-1]
+    V = Vh.mT
+    gV = gVh.mT if gVh is not None else None
+    UhgU = _skew(U.mT.matmul(gU)) if gU is not None else None
+    VhgV = _skew(Vh.matmul(gV)) if gV is not None else None
+    S2 = S * S
+    E = S2.unsqueeze(-2) - S2.unsqueeze(-1)
+    E = E + _diag_embed(S2 * 0 + 1)  # E's diagonal is 0; the entries divided there are 0 too
+    if gU is not None and gV is not None:
+        gA = (UhgU * S.unsqueeze(-2) + S.unsqueeze(-1) * VhgV) / E
+    elif gU is not None:
+        gA = (UhgU / E) * S.unsqueeze(-2)
+    else:
+        gA = S.unsqueeze(-1) * (VhgV / E)
+    if gS is not None:
+        gA = gA + _diag_embed(gS)
+    if m > n and gU is not None:
+        gA = U.matmul(gA)
+        gUSinv = gU / S.unsqueeze(-2)
+        gA = gA + gUSinv - U.matmul(U.mT.matmul(gUSinv))
+        return gA.matmul(Vh)
+    if m < n and gV is not None:
+        gA = gA.matmul(Vh)
+        SinvgVh = gV.mT / S.unsqueeze(-1)
+        gA = gA + SinvgVh - SinvgVh.matmul(V).matmul(Vh)
+        return U.matmul(gA)
+    return U.matmul(gA).matmul(Vh) if m < n else U.matmul(gA.matmul(Vh))
+
+
+def _skew(X):
+    return X - X.mT
+
+
+def eigh_backward(output_grads, L, V):
+    """gA = V (skew(V^H gV) / E + diag(gL)) V^H with E_ij = L_j - L_i (torch's linalg_eig_backward, hermitian)."""
+    gL, gV = output_grads
+    if gV is None:
+        return V.matmul(gL.unsqueeze(-1) * V.mT) if gL is not None else None
+    VhgV = V.mT.matmul(gV)
+    VhgV = 0.5 * (VhgV - VhgV.mT)
+    E = L.unsqueeze(-2) - L.unsqueeze(-1)
+    E = E + _diag_embed(L * 0 + 1)
+    ret = VhgV / E
+    if gL is not None:
+        ret = ret - _diag_embed(ret.diagonal(0, -2, -1)) + _diag_embed(gL)
+    return V.matmul(ret.matmul(V.mT))
+
+
+def solve_triangular_backward(grad, A, X, upper: bool, left: bool, unitriangular: bool):
+    gB = _solve_triangular(A.mT, grad, upper=not upper, left=left, unitriangular=unitriangular)
+    gA = -gB.matmul(X.mT) if left else -X.mT.matmul(gB)
+    gA = gA.triu(int(unitriangular)) if upper else gA.tril(-int(unitriangular))
+    return gA, gB
+
+
+def pinv_backward(grad, pinvA, A):
+    m, n = A.shape[-2], A.shape[-1]
+    pinvAh, gradh = pinvA.mT, grad.mT
+    if m <= n:
+        K = gradh.matmul(pinvA)
+        KpinvAh = K.matmul(pinvAh)
+        return (-(pinvA.matmul(K)).mT + KpinvAh - A.matmul(pinvA).matmul(KpinvAh)
+                + pinvAh.matmul(pinvA).matmul(gradh - K.matmul(A)))
+    K = pinvA.matmul(gradh)
+    pinvAhK = pinvAh.matmul(K)
+    return (-(K.matmul(pinvA)).mT + (gradh - A.matmul(K)).matmul(pinvA).matmul(pinvAh) + pinvAhK
+            - pinvAhK.matmul(pinvA).matmul(A))
+
+
+def lstsq_backward(output_grads, A, B, X):
+    """The solution's gradient through pinv(A) (torch's rule), plus the residuals' (which at a least-squares
+    solution does not depend on X: A^H (A X - B) = 0)."""
+    gX, gRes = output_grads[0], output_grads[1]
+    pinvA = _op("linalg_pinv")(A)
+    gA = gB = None
+    if gX is not None:
+        gA = pinv_backward(gX.matmul(B.mT), pinvA, A)
+        gB = pinvA.mT.matmul(gX)
+    if gRes is not None and gRes.numel():
+        r = (A.matmul(X) - B) * gRes.unsqueeze(-2) * 2
+        gA = r.matmul(X.mT) if gA is None else gA + r.matmul(X.mT)
+        gB = -r if gB is None else gB - r
+    return gA, gB
+
+
+def matrix_exp_backward(A, grad):
+    """The Frechet derivative in the direction of grad, adjoint: exp([[A^H, G], [0, A^H]]) top right block."""
+    from tilewise.ops.registry import OPS
+
+    n = A.shape[-1]
+    Ah = A.mT
+    top = OPS["cat"]([Ah, grad], -1)
+    bottom = OPS["cat"]([Ah * 0, Ah], -1)
+    big = OPS["_linalg_matrix_exp"](OPS["cat"]([top, bottom], -2))
+    return big.narrow(-2, 0, n).narrow(-1, n, n)
+
+
+def cholesky_solve_backward(grad, B, L, X, upper: bool):
+    gB = _op("cholesky_solve")(grad, L, upper)
+    common = gB.matmul(X.mT)
+    common = common + common.mT
+    gL = -L.matmul(common) if upper else -common.matmul(L)
+    return gB, gL
+
+
+def cholesky_inverse_backward(grad, L, upper: bool, inverse):
+    common = grad + grad.mT
+    common = inverse.matmul(common.matmul(inverse))
+    return -L.matmul(common) if upper else -common.matmul(L)
+
+
+HELPERS.update(linalg_solve_backward=linalg_solve_backward, linalg_inv_backward=linalg_inv_backward,
+               linalg_det_backward=linalg_det_backward, slogdet_backward=slogdet_backward,
+               cholesky_backward=cholesky_backward, linalg_qr_backward=linalg_qr_backward, svd_backward=svd_backward,
+               eigh_backward=eigh_backward, solve_triangular_backward=solve_triangular_backward,
+               pinv_backward=pinv_backward, lstsq_backward=lstsq_backward, matrix_exp_backward=matrix_exp_backward,
+               cholesky_solve_backward=cholesky_solve_backward, cholesky_inverse_backward=cholesky_inverse_backward)
