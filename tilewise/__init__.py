@@ -37,6 +37,7 @@ from tilewise.dtypes import (
     short,
     uint8,
 )
+from tilewise.dtypes import cdouble, cfloat, complex64, complex128
 from tilewise.tensor import Size, Tensor, as_tensor, from_numpy, is_tensor, tensor
 from tilewise.tensortypes import CPU_TYPES as _CPU_TYPES
 
@@ -117,6 +118,10 @@ def numel(t: Tensor) -> int:
 
 def is_floating_point(t: Tensor) -> bool:
     return t.is_floating_point()
+
+
+def is_complex(t: Tensor) -> bool:
+    return t.is_complex()
 
 
 __version__ = "0.1.0"

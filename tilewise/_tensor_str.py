@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tilewise.dtypes import get_default_dtype
+from tilewise.dtypes import default_complex_dtype, get_default_dtype
 
 
 def _format_values(t) -> str:
@@ -16,18 +16,35 @@ def _format_values(t) -> str:
         return "[]"
     opts = dict(separator=", ", threshold=1000, edgeitems=3, prefix="tensor(", max_line_width=80)
     if a.dtype.kind == "f":
-        finite = a[np.isfinite(a)]
-        integral = finite.size == 0 or np.all(finite == np.round(finite))
-        big = finite.size and (np.abs(finite).max() >= 1e8 or (np.abs(finite[finite != 0]).min(initial=1) < 1e-4))
-        if integral and not big:
-            opts["formatter"] = {"float_kind": lambda v: f"{v:.0f}." if np.isfinite(v) else str(v)}
-        elif big:
-            opts["formatter"] = {"float_kind": lambda v: f"{v:.4e}"}
-        else:
-            opts["formatter"] = {"float_kind": lambda v: f"{v:.4f}"}
+        opts["formatter"] = {"float_kind": _float_formatter(a)}
+    elif a.dtype.kind == "c":
+        opts["formatter"] = {"complex_kind": _complex_formatter(a)}
     elif a.dtype == np.bool_:
         opts["formatter"] = {"bool": lambda v: "True" if v else "False"}
     return np.array2string(a, **opts)
+
+
+def _float_formatter(a: np.ndarray):
+    finite = a[np.isfinite(a)]
+    integral = finite.size == 0 or np.all(finite == np.round(finite))
+    big = finite.size and (np.abs(finite).max() >= 1e8 or (np.abs(finite[finite != 0]).min(initial=1) < 1e-4))
+    if integral and not big:
+        return lambda v: f"{v:.0f}." if np.isfinite(v) else str(v)
+    if big:
+        return lambda v: f"{v:.4e}"
+    return lambda v: f"{v:.4f}"
+
+
+def _complex_formatter(a: np.ndarray):
+    """torch's complex elements: the real part formatted over the real parts, then the imaginary part, formatted
+    over the imaginary parts, with its sign and a ``j``."""
+    real, imag = _float_formatter(a.real), _float_formatter(a.imag)
+
+    def element(v) -> str:
+        im = imag(v.imag)
+        return f"{real(v.real)}{'' if im.startswith('-') else '+'}{im}j"
+
+    return element
 
 
 def tensor_repr(t) -> str:
@@ -43,7 +60,8 @@ def tensor_repr(t) -> str:
         suffix.append(f"size={tuple(t.shape)}")
     if t.device.type != "cpu":
         suffix.append(f"device='{t.device}'")
-    if t.dtype is not get_default_dtype() and t.dtype.name not in ("int64", "bool"):
+    if t.dtype is not get_default_dtype() and t.dtype is not default_complex_dtype() and \
+            t.dtype.name not in ("int64", "bool"):
         suffix.append(f"dtype=tilewise.{t.dtype.name}")
     elif t.dtype.name in ("int64", "bool") and t.numel() == 0:
         suffix.append(f"dtype=tilewise.{t.dtype.name}")

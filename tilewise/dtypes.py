@@ -2,7 +2,9 @@
 
 [Note: dtypes] A ``DType`` is an interned description of an element type: its torch-style name, the numpy
 dtype that stores it on the CPU (ml_dtypes supplies bfloat16 and the float8 formats), its width and its
-category (bool < integer < floating). Promotion follows torch exactly, because ported code depends on it:
+category (bool < integer < floating < complex). A complex dtype is a pair of its real dtype's values
+(``complex64`` of float32s): views of its real and imaginary parts are strided views of that dtype.
+Promotion follows torch exactly, because ported code depends on it:
 ``promote_types`` is the pairwise lattice, and ``result_type`` ranks operands in three priority groups —
 tensors with dimensions, zero-dim tensors, Python scalars — where a lower group only raises the category,
 never the width. Every operator's dtype rule is built from these two functions.
@@ -28,7 +30,7 @@ from numbers import Number
 import ml_dtypes
 import numpy as np
 
-BOOL, INT, FLOAT = 0, 1, 2
+BOOL, INT, FLOAT, COMPLEX = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,7 +49,19 @@ class DType:
 
     @property
     def is_complex(self) -> bool:
-        return False
+        return self.category == COMPLEX
+
+    def to_real(self) -> DType:
+        """The dtype of a complex dtype's parts (complex64 -> float32); other dtypes are their own."""
+        return _REAL_OF.get(self, self)
+
+    def to_complex(self) -> DType:
+        """The complex dtype whose parts are this floating dtype (float32 -> complex64), as torch's toComplexType."""
+        found = _COMPLEX_OF.get(self.to_real())
+        if found is None:
+            raise RuntimeError(f"Unknown Complex ScalarType for {self.name}: complex dtypes are complex64 (float32 "
+                               "parts) and complex128 (float64 parts)")
+        return found
 
     @property
     def is_float8(self) -> bool:
@@ -80,14 +94,21 @@ float32 = _make("float32", np.float32, FLOAT, True, "float")
 float64 = _make("float64", np.float64, FLOAT, True, "double")
 float8_e4m3fn = _make("float8_e4m3fn", ml_dtypes.float8_e4m3fn, FLOAT, True, "fp8e4m3")
 float8_e5m2 = _make("float8_e5m2", ml_dtypes.float8_e5m2, FLOAT, True, "fp8e5m2")
+complex64 = _make("complex64", np.complex64, COMPLEX, True, "float2")
+complex128 = _make("complex128", np.complex128, COMPLEX, True, "double2")
 
-ALL = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2)
+ALL = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2,
+       complex64, complex128)
 _BY_NAME = {d.name: d for d in ALL}
-_ALIASES = {"half": float16, "float": float32, "double": float64, "long": int64, "int": int32, "short": int16}
+_ALIASES = {"half": float16, "float": float32, "double": float64, "long": int64, "int": int32, "short": int16,
+            "cfloat": complex64, "cdouble": complex128}
+_REAL_OF = {complex64: float32, complex128: float64}
+_COMPLEX_OF = {float32: complex64, float64: complex128}
 _BY_NP = {d.np: d for d in ALL}
 
 # torch names the plain Python types too: tilewise.bool is bool_
 half, float, double, long, int, short = float16, float32, float64, int64, int32, int16  # noqa: A001
+cfloat, cdouble = complex64, complex128
 bool = bool_  # noqa: A001
 
 
@@ -151,7 +172,11 @@ def promote_types(a: DType, b: DType) -> DType:
         raise TypeError(f"Promotion for Float8 Types is not supported, attempted to promote {a} and {b}")
     if a.category != b.category:
         hi, lo = (a, b) if a.category > b.category else (b, a)
+        if hi.category == COMPLEX and lo.category == FLOAT:  # float64 with complex64: complex128
+            return promote_types(hi.to_real(), lo).to_complex()
         return hi
+    if a.category == COMPLEX:
+        return complex128
     if a.category == INT:
         if uint8 in (a, b):
             other = b if a is uint8 else a
@@ -170,6 +195,8 @@ def scalar_dtype(value) -> DType:
         return int64
     if isinstance(value, (builtins.float, np.floating)):
         return float64
+    if isinstance(value, (builtins.complex, np.complexfloating)):
+        return complex128
     raise TypeError(f"expected a number, got {type(value).__name__}")
 
 
@@ -196,6 +223,11 @@ def checked_scalar(value, dtype: DType, op: str):
         return value  # the common case, decided without the checks below
     if isinstance(value, np.generic):
         value = value.item()
+    if dtype.is_complex:
+        return value
+    if isinstance(value, builtins.complex):
+        raise RuntimeError(f"{op}: value cannot be converted to type {dtype.name} without overflow: got {value!r}; "
+                           "a complex number fits only a complex dtype (complex64, complex128)")
     if dtype is bool_:
         return builtins.bool(value)
     if isinstance(value, builtins.int) and not -(1 << 63) <= value < (1 << 64):
@@ -222,16 +254,22 @@ _INT_BOUNDS = {d: (builtins.int(np.iinfo(d.np).min), builtins.int(np.iinfo(d.np)
 
 
 def _combine_categories(higher: DType | None, lower: DType | None) -> DType | None:
+    """torch's combine_categories: a lower priority group raises the category, keeping a floating width."""
     if higher is None:
         return lower
-    if lower is None or higher.is_floating_point:
+    if lower is None or higher.is_complex:
+        return higher
+    if lower.is_complex:  # float64 tensor + complex scalar: complex128; an integer tensor takes the scalar's dtype
+        return higher.to_complex() if higher.is_floating_point else lower
+    if higher.is_floating_point:
         return higher
     if higher is bool_ or lower.is_floating_point:
         return promote_types(higher, lower)
     return higher
 
 
-_PYTHON_SCALARS = {builtins.bool: BOOL, builtins.int: INT, builtins.float: FLOAT}  # Python scalar -> category
+_PYTHON_SCALARS = {builtins.bool: BOOL, builtins.int: INT, builtins.float: FLOAT,
+                   builtins.complex: COMPLEX}  # Python scalar -> category
 
 
 def result_type(*operands) -> DType:
@@ -244,7 +282,7 @@ def result_type(*operands) -> DType:
         if d is not None and a._shape:
             if d is getattr(b, "_dtype", None) and b._shape:
                 return d
-            if _PYTHON_SCALARS.get(type(b), 3) <= d.category:
+            if _PYTHON_SCALARS.get(type(b), 4) <= d.category:
                 return d
     dim_result = zero_result = wrapped_result = None
     for x in operands:
@@ -254,6 +292,8 @@ def result_type(*operands) -> DType:
             d = scalar_dtype(x)
             if d.is_floating_point:
                 d = _default
+            elif d.is_complex:
+                d = default_complex_dtype()
             wrapped_result = d if wrapped_result is None else promote_types(wrapped_result, d)
         elif x.ndim == 0:
             zero_result = x.dtype if zero_result is None else promote_types(zero_result, x.dtype)
@@ -267,7 +307,12 @@ def result_type(*operands) -> DType:
 
 def to_float(d: DType) -> DType:
     """Integer and bool results of a floating operation become the default float dtype (torch's rule)."""
-    return d if d.is_floating_point else _default
+    return d if d.category >= FLOAT else _default
+
+
+def default_complex_dtype() -> DType:
+    """The dtype of a Python complex number among tensors: complex128 when the default dtype is float64."""
+    return complex128 if _default is float64 else complex64
 
 
 def compute_dtype(d: DType) -> DType:
@@ -288,7 +333,7 @@ def can_cast(src: DType, dst: DType) -> bool:
 
 class finfo:  # noqa: N801 — torch's name
     def __init__(self, dtype: DType | None = None):
-        dtype = as_dtype(dtype) if dtype is not None else _default
+        dtype = (as_dtype(dtype) if dtype is not None else _default).to_real()
         if not dtype.is_floating_point:
             raise TypeError(f"finfo: {dtype} is not a floating point dtype; use iinfo for integers")
         info = ml_dtypes.finfo(dtype.np)

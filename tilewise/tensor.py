@@ -147,7 +147,7 @@ class Tensor:
         return self._dtype.is_floating_point
 
     def is_complex(self) -> bool:
-        return False
+        return self._dtype.is_complex
 
     def is_contiguous(self, memory_format=None) -> bool:
         return _strides.is_contiguous(self._shape, self._strides)
@@ -315,8 +315,9 @@ class Tensor:
             raise RuntimeError("you can only change requires_grad flags of leaf variables. If you want to use a "
                                "computed variable in a subgraph that doesn't require differentiation use "
                                "var_no_grad = var.detach().")
-        if requires_grad and not self._dtype.is_floating_point:
-            raise RuntimeError(f"only Tensors of floating point dtype can require gradients, got {self._dtype}")
+        if requires_grad and not (self._dtype.is_floating_point or self._dtype.is_complex):
+            raise RuntimeError(f"only Tensors of floating point and complex dtype can require gradients, got "
+                               f"{self._dtype}")
         self._requires_grad = requires_grad
         return self
 
@@ -500,6 +501,8 @@ def cast_array(a: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
     """``a`` converted to ``np_dtype`` bit for bit as torch converts: float8_e4m3fn has no infinity, so finite
     values beyond its range and infinities become ±448 rather than NaN; a float8_e5m2 NaN has every mantissa
     bit set."""
+    if a.dtype.kind == "c" and np_dtype.kind != "c":  # torch keeps the real part (bool: whether either is nonzero)
+        a = a != 0 if np_dtype.kind == "b" else a.real
     if np_dtype == float8_e4m3fn.np and a.dtype != np_dtype and a.dtype.kind != "b":
         a = np.clip(a if a.dtype.kind == "f" else a.astype(np.float32), -_E4M3FN_MAX, _E4M3FN_MAX)
     if a.dtype.kind in "fV" and np_dtype.kind in "iu":  # NaN, inf and out-of-range values: torch gives the
@@ -589,8 +592,6 @@ def _not_a_number(value, op: str) -> Exception:
     if isinstance(value, (str, bytes)):
         return TypeError(f"{op}(): invalid data type '{kind}': data must be numbers (bool, int, float), nested "
                          "lists or tuples of them, a numpy array or a tensor")
-    if isinstance(value, complex):
-        return TypeError(f"{op}(): complex numbers are not supported: tilewise has no complex dtypes")
     return RuntimeError(f"{op}(): Could not infer dtype of {kind}: data must be numbers (bool, int, float), nested "
                         "lists or tuples of them, a numpy array or a tensor")
 
@@ -607,9 +608,9 @@ def _numbers_array(data, op: str) -> np.ndarray:
         arr = np.array(data)
     except ValueError:
         raise _ragged(data, op) from None
-    if arr.dtype.kind in "OUSc":
+    if arr.dtype.kind in "OUS":
         for leaf in _leaves(data):
-            if not isinstance(leaf, (Number, np.generic)) or isinstance(leaf, complex):
+            if not isinstance(leaf, (Number, np.generic)):
                 raise _not_a_number(leaf, op)
         if any(isinstance(x, (float, np.floating)) for x in _leaves(data)):
             arr = arr.astype(np.float64)  # integers beyond int64 beside floats: the data is floating
@@ -629,6 +630,8 @@ def _infer_dtype(data, arr: np.ndarray) -> DType:
         return dtypes.bool_
     if kind in "iuO":
         return dtypes.int64
+    if kind == "c":
+        return dtypes.default_complex_dtype()
     if kind == "f" and not isinstance(first, float) and arr.size and np.abs(arr).max() >= 2.0 ** 63 and \
             not any(isinstance(x, float) for x in _leaves(data)):  # numpy's float64 for ints like [2**63, -1]
         raise _int64_overflow(max(_leaves(data), key=abs), "tensor")
@@ -640,7 +643,7 @@ def _fitted(arr: np.ndarray, dtype: DType, op: str) -> np.ndarray:
     from tilewise.dtypes import checked_scalar
 
     kind = arr.dtype.kind
-    if dtype.is_floating_point:
+    if dtype.is_floating_point or dtype.is_complex:
         return arr.astype(np.float64) if kind in "Ou" else arr
     if dtype.name == "bool" or not arr.size or (kind in "ib" and dtype.np == np.int64):
         return arr  # every value fits

@@ -44,6 +44,9 @@ def _default_grads(tensors: tuple, grad_tensors) -> list:
             if t.numel() != 1:
                 raise RuntimeError(f"grad can be implicitly created only for scalar outputs; got a tensor of shape "
                                    f"{list(t.shape)}: pass gradient= with that shape")
+            if t.dtype.is_complex:
+                raise RuntimeError("grad can be implicitly created only for real scalar outputs; this output is "
+                                   f"{t.dtype.name}: take its .abs() or .real, or pass gradient=")
             g = ones_like(t)
         elif not isinstance(g, Tensor):
             from tilewise.tensor import tensor

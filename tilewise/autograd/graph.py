@@ -21,6 +21,7 @@ from types import MappingProxyType
 
 from tilewise import dispatch
 from tilewise.dispatch import STATE, run
+from tilewise.dtypes import FLOAT as FLOATING
 from tilewise.tensor import Tensor
 
 
@@ -314,6 +315,8 @@ def _fit_grad(g, meta, op_name: str, input_name: str):
             raise RuntimeError(f"{op_name} backward: gradient for '{input_name}' has shape {list(g._shape)}, which "
                                f"does not reduce to the input's shape {list(shape)}") from exc
     if g._dtype is not dtype:
+        if g._dtype.is_complex and not dtype.is_complex:  # a real input of a complex result: torch's handle_r_to_c
+            g = g.real
         g = g.to(dtype)
     return g
 
@@ -394,7 +397,7 @@ def record(op, args: tuple):
     slots = recipe.slots if recipe.slots is not None else _list_slots(recipe, args)
     node = OpNode(op, slots, tuple(edges), metas, output_meta)
     for i, o in enumerate(outputs):
-        differentiable = i not in op.nondiff_outputs and type(o) is Tensor and o._dtype.is_floating_point
+        differentiable = i not in op.nondiff_outputs and type(o) is Tensor and o._dtype.category >= FLOATING
         output_meta.append((o._shape, o._dtype, o._device) if differentiable else None)
         if differentiable:
             o.grad_fn, o._output_nr, o._requires_grad = node, i, True

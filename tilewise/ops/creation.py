@@ -13,7 +13,7 @@ import math
 from numbers import Number
 
 from tilewise.device import Device, as_device
-from tilewise.dtypes import DType, as_dtype, checked_scalar, get_default_dtype, scalar_dtype
+from tilewise.dtypes import DType, as_dtype, checked_scalar, default_complex_dtype, get_default_dtype, scalar_dtype
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.registry import declare
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
@@ -253,8 +253,8 @@ def empty(*size, dtype=None, device=None, requires_grad: bool = False, pin_memor
 
 
 def _require_number(factory: str, name: str, value) -> None:
-    if not isinstance(value, (Number, Tensor)) or isinstance(value, complex):
-        raise TypeError(f"{factory}(): argument '{name}' must be a number (bool, int or float), got "
+    if not isinstance(value, (Number, Tensor)):
+        raise TypeError(f"{factory}(): argument '{name}' must be a number (bool, int, float or complex), got "
                         f"{type(value).__name__} {value!r}")
 
 
@@ -264,7 +264,7 @@ def _full(factory: str, size: tuple, fill_value, dtype, device, requires_grad: b
         fill_value = fill_value.item()
     if dtype is None:
         d = scalar_dtype(fill_value)
-        dtype = get_default_dtype() if d.is_floating_point else d
+        dtype = get_default_dtype() if d.is_floating_point else default_complex_dtype() if d.is_complex else d
     fill_value = checked_scalar(fill_value, as_dtype(dtype), factory)
     if pin_memory:
         check_pinnable(_target(device), factory)

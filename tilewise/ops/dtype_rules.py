@@ -7,7 +7,23 @@ result and the dtype its arithmetic runs in (half types compute in float32, like
 from __future__ import annotations
 
 from tilewise import dtypes
-from tilewise.dtypes import DType, compute_dtype, result_type, to_float
+from tilewise.dtypes import COMPLEX, DType, compute_dtype, result_type, to_float
+
+# Operators that accept complex operands, as torch's kernels do (see [Note: complex tensors] in ops/complex.py);
+# the rules below refuse complex operands for every other operator.
+COMPLEX_OPERATORS = frozenset({
+    "add", "sub", "rsub", "mul", "div", "rdiv", "neg", "abs", "sgn", "exp", "log", "sqrt", "rsqrt", "reciprocal",
+    "square", "sin", "cos", "tan", "sinh", "cosh", "tanh", "sigmoid", "pow", "rpow", "eq", "ne", "isnan", "isinf",
+    "isfinite", "where", "sum", "prod", "mean", "addcmul", "addcdiv", "lerp", "expm1", "log1p", "log2", "log10",
+    "asin", "acos", "atan", "exp2",
+})
+
+
+def check_complex_supported(op, dtype: DType) -> None:
+    """torch's refusal of complex operands for an operator without a complex kernel."""
+    if op.name not in COMPLEX_OPERATORS:
+        raise NotImplementedError(f"{op.name}: not implemented for complex tensors (got {dtype.name}), as in torch; "
+                                  "apply it to .real, .imag or .abs() instead")
 
 
 def _operands(op, args) -> list:
@@ -16,7 +32,15 @@ def _operands(op, args) -> list:
 
 def promote(op, args) -> tuple[DType, DType]:
     out = result_type(*_operands(op, args))
+    if out.category == COMPLEX:
+        check_complex_supported(op, out)
     return out, compute_dtype(out)
+
+
+def magnitude(op, args) -> tuple[DType, DType]:
+    """abs: a complex input gives its real dtype, computed from the complex values."""
+    out, compute = promote(op, args)
+    return out.to_real(), compute
 
 
 def _is_bool(value) -> bool:
@@ -50,6 +74,8 @@ def negation(op, args) -> tuple[DType, DType]:
 def numeric(op, args) -> tuple[DType, DType]:
     """floor_divide, remainder, fmod, rounding div: torch has no bool kernel for them."""
     out = result_type(*_operands(op, args))
+    if out.category == COMPLEX:
+        check_complex_supported(op, out)
     if out is dtypes.bool_:
         raise NotImplementedError(f"{op.name}: not implemented for bool tensors (got {_described(op, args)}); "
                                   "convert the operands to an integer or floating dtype first, e.g. .long()")
@@ -64,11 +90,16 @@ def power(op, args) -> tuple[DType, DType]:
 def promote_float(op, args) -> tuple[DType, DType]:
     """Integer inputs give the default float dtype (exp, sqrt, true division, ...)."""
     out = to_float(result_type(*_operands(op, args)))
+    if out.category == COMPLEX:
+        check_complex_supported(op, out)
     return out, compute_dtype(out)
 
 
 def compare(op, args) -> tuple[DType, DType]:
-    return dtypes.bool_, compute_dtype(result_type(*_operands(op, args)))
+    compute = result_type(*_operands(op, args))
+    if compute.category == COMPLEX:
+        check_complex_supported(op, compute)
+    return dtypes.bool_, compute_dtype(compute)
 
 
 def logical(op, args) -> tuple[DType, DType]:
@@ -77,7 +108,7 @@ def logical(op, args) -> tuple[DType, DType]:
 
 def integral(op, args) -> tuple[DType, DType]:
     out = result_type(*_operands(op, args))
-    if out.is_floating_point:
+    if out.category >= dtypes.FLOAT:
         described = ", ".join(getattr(a, "dtype", type(a).__name__).__str__() for a in _operands(op, args))
         raise TypeError(f"{op.name}: only integer and bool tensors are supported, got {described}")
     return out, out
@@ -107,6 +138,8 @@ def clamp_rule(op, args) -> tuple[DType, DType]:
     if len(operands) == 1:
         raise RuntimeError(f"{op.name}: At least one of 'min' or 'max' must not be None")
     out = result_type(*operands)
+    if out.category == COMPLEX:
+        raise NotImplementedError(f"{op.name} is not supported for complex types (got {out.name})")
     _check_numbers_fit(op, operands[1:], out)
     return out, compute_dtype(out)
 
@@ -120,6 +153,8 @@ def _check_numbers_fit(op, operands, dtype: DType) -> None:
 
 def first_input(op, args) -> tuple[DType, DType]:
     d = args[op.tensor_idx[0]].dtype
+    if d.category == COMPLEX:
+        check_complex_supported(op, d)
     return d, compute_dtype(d)
 
 
@@ -127,7 +162,9 @@ def reduction_sum(op, args) -> tuple[DType, DType]:
     """sum/prod/cumsum: integers and bool accumulate in int64 unless dtype= says otherwise."""
     explicit = args[op.schema.index("dtype")] if "dtype" in op.param_names() else None
     src = args[0].dtype
-    out = explicit or (dtypes.int64 if not src.is_floating_point else src)
+    out = explicit or (dtypes.int64 if src.category < dtypes.FLOAT else src)
+    if out.category == COMPLEX:
+        check_complex_supported(op, out)
     return out, compute_dtype(out)
 
 
@@ -135,7 +172,9 @@ def reduction_float(op, args) -> tuple[DType, DType]:
     """mean/var/std/norm/logsumexp: floating inputs only, like torch."""
     explicit = args[op.schema.index("dtype")] if "dtype" in op.param_names() else None
     src = explicit or args[0].dtype
-    if not src.is_floating_point:
+    if src.category == COMPLEX:
+        check_complex_supported(op, src)
+    elif not src.is_floating_point:
         raise TypeError(f"{op.name}(): could not infer output dtype. Input dtype must be floating point, got {src}; "
                         "pass dtype= or convert with .float()")
     return src, compute_dtype(src)

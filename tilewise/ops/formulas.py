@@ -147,6 +147,12 @@ def clamp_mask(self, lo, hi):
     return mask
 
 
+def conj_if_complex(x):
+    """The conjugate of a complex tensor, anything else as it is: formulas for operators that take complex operands
+    multiply by conjugates, as torch's derivatives.yaml does (see [Note: complex tensors] in ops/complex.py)."""
+    return x.conj() if getattr(x, "dtype", None) is not None and x.dtype.is_complex else x
+
+
 def sgn_backward(grad, self, result):
     """torch's sgn_backward for real tensors: zero, but computed from the input and the result it saves (so
     changing either in place before backward is the error it is in torch); NaN where the gradient is."""

@@ -119,15 +119,17 @@ pointwise("rsub(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
           lambda a, b, alpha: b - a * alpha, {"self": "-grad * alpha", "other": "grad"}, R.subtraction,
           method=False, dunder=("rsub",), inplace=False)
 pointwise("mul(Tensor self, Tensor other) -> Tensor",
-          lambda a, b: a * b, {"self": "grad * other", "other": "grad * self"}, dunder=("mul", "rmul"),
+          lambda a, b: a * b,
+          {"self": "grad * conj_if_complex(other)", "other": "grad * conj_if_complex(self)"}, dunder=("mul", "rmul"),
           aliases=("multiply",))
 pointwise("div(Tensor self, Tensor other, *, str? rounding_mode=None) -> Tensor", None,
-          {"self": "grad / other if rounding_mode is None else zeros_like(grad)",
-           "other": "-grad * self / (other * other) if rounding_mode is None else zeros_like(grad)"},
+          {"self": "grad / conj_if_complex(other) if rounding_mode is None else zeros_like(grad)",
+           "other": "-grad * conj_if_complex(self / (other * other)) if rounding_mode is None else zeros_like(grad)"},
           _div_dtype, dunder=("truediv",), aliases=("divide", "true_divide"), expr_builder=_div)
 pointwise("rdiv(Tensor self, Tensor other) -> Tensor",
-          lambda a, b: b / a, {"self": "-grad * other / (self * self)", "other": "grad / self"}, R.promote_float,
-          method=False, dunder=("rtruediv",), inplace=False, autocast="fp32")
+          lambda a, b: b / a,
+          {"self": "-grad * conj_if_complex(other / (self * self))", "other": "grad / conj_if_complex(self)"},
+          R.promote_float, method=False, dunder=("rtruediv",), inplace=False, autocast="fp32")
 pointwise("floor_divide(Tensor self, Tensor other) -> Tensor", lambda a, b: a.floordiv(b), None, R.numeric,
           dunder=("floordiv", "rfloordiv"), differentiable=False)
 pointwise("remainder(Tensor self, Tensor other) -> Tensor", lambda a, b: a.mod(b),
@@ -143,7 +145,7 @@ pointwise("rpow(Tensor self, Tensor other) -> Tensor", lambda a, b: b ** a,
           method=False, inplace=False, dunder=("rpow",), autocast="fp32")
 pointwise("neg(Tensor self) -> Tensor", lambda x: -x, {"self": "-grad"}, R.negation, dunder=("neg",),
           aliases=("negative",))
-pointwise("abs(Tensor self) -> Tensor", lambda x: x.abs(), {"self": "grad * sign(self)"}, dunder=("abs",),
+pointwise("abs(Tensor self) -> Tensor", lambda x: x.abs(), {"self": "grad * sgn(self)"}, R.magnitude, dunder=("abs",),
           aliases=("absolute",))
 pointwise("sign(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_like(grad)"})
 pointwise("sgn(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "sgn_backward(grad, self, result)"})
@@ -176,17 +178,17 @@ pointwise("copysign(Tensor self, Tensor other) -> Tensor", lambda a, b: a.copysi
           R.promote_float)
 
 # ---------------------------------------------------------------- exponentials, logs, powers
-unary("exp", lambda x: x.exp(), "grad * result", autocast="fp32")
+unary("exp", lambda x: x.exp(), "grad * conj_if_complex(result)", autocast="fp32")
 unary("exp2", lambda x: x.exp2(), f"grad * result * {math.log(2.0)}")
 unary("expm1", lambda x: x.expm1(), "grad * (result + 1)", autocast="fp32")
-unary("log", lambda x: x.log(), "grad / self", autocast="fp32")
+unary("log", lambda x: x.log(), "grad / conj_if_complex(self)", autocast="fp32")
 unary("log2", lambda x: x.log2(), f"grad / (self * {math.log(2.0)})", autocast="fp32")
 unary("log10", lambda x: x.log10(), f"grad / (self * {math.log(10.0)})", autocast="fp32")
 unary("log1p", lambda x: x.log1p(), "grad / (self + 1)", autocast="fp32")
-unary("sqrt", lambda x: x.sqrt(), "grad / (2 * result)")
+unary("sqrt", lambda x: x.sqrt(), "grad / (2 * conj_if_complex(result))")
 unary("rsqrt", lambda x: x.rsqrt(), "-0.5 * grad * result * result * result", autocast="fp32")
-unary("reciprocal", lambda x: x.reciprocal(), "-grad * result * result", autocast="fp32")
-unary("square", lambda x: x * x, "2 * grad * self", dtype=R.promote)
+unary("reciprocal", lambda x: x.reciprocal(), "-grad * conj_if_complex(result * result)", autocast="fp32")
+unary("square", lambda x: x * x, "2 * grad * conj_if_complex(self)", dtype=R.promote)
 
 # ---------------------------------------------------------------- trigonometric and hyperbolic
 unary("sin", lambda x: x.sin(), "grad * cos(self)")

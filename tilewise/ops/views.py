@@ -16,10 +16,12 @@ from tilewise.tensor import Tensor
 
 def apply_view(op, args: tuple) -> Tensor:
     x = args[0]
+    reinterpret = op.attrs.get("view_dtype")  # view_as_real / view_as_complex: the same bytes as another dtype
+    dtype = x._dtype if reinterpret is None else reinterpret(x)
     shape, strides, offset = op.view(x._shape, x._strides, x._offset, *args[1:])
     if op.name == "as_strided" and x._storage is not None:
         _check_in_storage(shape, strides, offset, x)
-    out = Tensor._make(x._storage, tuple(shape), tuple(strides), offset, x._dtype, x._device)
+    out = Tensor._make(x._storage, tuple(shape), tuple(strides), offset, dtype, x._device)
     out._base = x._base if x._base is not None else x
     out._trace = x._trace
     return out
