@@ -21,3 +21,5 @@ def _export(names) -> None:
 
 _export(_NN_OPS)
 _export(name for name, ops in OVERLOADS.items() if ops[0].attrs.get("functional"))
+
+from tilewise.ops.nn_margin_losses import triplet_margin_with_distance_loss  # noqa: E402, F401 — takes a callable
