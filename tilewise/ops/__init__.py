@@ -18,6 +18,8 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     nn,
     nn_functional,
     nn_losses,
+    nn_pooling,
+    nn_resampling,
     nn_spatial,
     pointwise,
     reductions,
