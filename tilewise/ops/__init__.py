@@ -23,6 +23,8 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     nn_ctc,
     nn_losses,
     nn_margin_losses,
+    nn_pooling,
+    nn_resampling,
     nn_spatial,
     pointwise,
     reductions,

@@ -1,0 +1,132 @@
+"""Samples for tilewise.nn.functional's convolutions (3-D, transposed, TBC), pooling over one and three spatial dims,
+adaptive max pooling and the layers' other functionals (compared with torch.nn.functional, forward and gradients)."""
+
+from __future__ import annotations
+
+from opinfo import OpInfo, Sample, T
+
+
+def _conv3d():
+    return [Sample((T((2, 4, 5, 4, 6)), T((6, 4, 3, 2, 3)), T((6,)))),
+            Sample((T((2, 4, 6, 5, 5)), T((4, 2, 2, 3, 2)), None, (2, 1, 1), (1, 0, 1), (1, 2, 1), 2),
+                   name="stride-pad-dilation-groups"),
+            Sample((T((3, 4, 4, 5)), T((2, 3, 2, 2, 3))), {"padding": "same"}, name="unbatched-same")]
+
+
+def _conv_transpose1d():
+    return [Sample((T((2, 4, 5)), T((4, 3, 3)), T((3,)))),
+            Sample((T((2, 4, 5)), T((4, 2, 3)), T((4,)), 3, 1, 2, 2, 2), name="stride-pad-outpad-groups-dilation"),
+            Sample((T((4, 6)), T((4, 3, 2))), {"stride": 2}, name="unbatched")]
+
+
+def _conv_transpose2d():
+    return [Sample((T((2, 4, 4, 5)), T((4, 3, 3, 3)), T((3,)))),
+            Sample((T((2, 4, 4, 3)), T((4, 1, 3, 2)), T((4,)), (2, 3), (1, 0), (1, 2), 4, (1, 2)),
+                   name="stride-pad-outpad-depthwise-dilation"),
+            Sample((T((4, 3, 3)), T((4, 2, 2, 2))), {"stride": 2, "padding": 1, "output_padding": 1},
+                   name="unbatched")]
+
+
+def _conv_transpose3d():
+    return [Sample((T((2, 4, 3, 4, 3)), T((4, 3, 2, 3, 2)), T((3,)))),
+            Sample((T((1, 4, 3, 3, 2)), T((4, 2, 2, 2, 3)), None, 2, (1, 0, 1), 1, 2, (1, 1, 2)),
+                   name="stride-pad-outpad-groups-dilation")]
+
+
+def _conv_tbc():
+    return [Sample((T((7, 2, 4)), T((3, 4, 5)), T((5,)))), Sample((T((6, 3, 2)), T((2, 2, 4)), T((4,)), 1), name="pad")]
+
+
+def _max_pool1d():
+    x = T((2, 3, 9), "distinct")
+    return [Sample((x, 2)), Sample((x, 3, 2, 1), name="stride-pad"), Sample((x, 3, 2, 1, 2, True), name="dilation-ceil"),
+            Sample((x, 3, 2), {"ceil_mode": True, "return_indices": True}, name="indices"),
+            Sample((T((3, 8), "distinct"), 2, 1), name="unbatched")]
+
+
+def _max_pool1d_with_indices():
+    x = T((2, 3, 11), "nan")
+    return [Sample((T((2, 3, 9), "distinct"), 3, 2, 1, 1, True)), Sample((x, 2), name="nan"),
+            Sample((x, 3, 1, 1), name="nan-overlapping-pad"), Sample((x, 3, 2, 1, 2, True), name="nan-dilation-ceil"),
+            Sample((T((2, 3, 9), "ties", -2, 0), 3, 2, 1), name="ties-pad")]
+
+
+def _max_pool3d():
+    x = T((2, 2, 5, 6, 5), "distinct")
+    return [Sample((x, 2)), Sample((x, 3, 2, 1), name="stride-pad"),
+            Sample((x, (3, 2, 2), (2, 1, 2), (1, 0, 1), (1, 2, 1), True), name="dilation-ceil"),
+            Sample((x, 2), {"return_indices": True}, name="indices"),
+            Sample((T((3, 4, 4, 4), "distinct"), 2, 1), name="unbatched")]
+
+
+def _max_pool3d_with_indices():
+    x = T((1, 2, 5, 6, 5), "nan")
+    return [Sample((T((2, 2, 5, 5, 6), "distinct"), 3, 2, 1, 1, True)), Sample((x, 2), name="nan"),
+            Sample((x, 3, 2, 1, 1, True), name="nan-ceil"),
+            Sample((T((1, 2, 5, 5, 5), "ties", -2, 0), 3, 2, 1), name="ties-pad")]
+
+
+def _avg_pool1d():
+    x = T((2, 3, 9))
+    return [Sample((x, 2)), Sample((x, 3, 2, 1), name="stride-pad"),
+            Sample((x, 3, 2, 1), {"count_include_pad": False, "ceil_mode": True}, name="exclude-pad-ceil"),
+            Sample((x, 4, 3, 2, True), name="ceil-include-pad"), Sample((T((3, 7)), 2), name="unbatched")]
+
+
+def _avg_pool3d():
+    x = T((2, 2, 5, 6, 5))
+    return [Sample((x, 2)), Sample((x, 3, 2, 1), name="stride-pad"),
+            Sample((x, 3, 2, 1), {"count_include_pad": False, "ceil_mode": True}, name="exclude-pad-ceil"),
+            Sample((x, (3, 2, 2), (2, 2, 1), (1, 1, 0), True), name="ceil-include-pad"),
+            Sample((x, 3, 2, 1), {"divisor_override": 5}, name="divisor"), Sample((T((3, 4, 4, 5)), 2), name="unbatched")]
+
+
+def _adaptive_avg_pool1d():
+    return [Sample((T((2, 3, 7)), 3)), Sample((T((2, 3, 7)), 1), name="global"),
+            Sample((T((2, 3, 5)), 8), name="upsample"), Sample((T((3, 6)), 4), name="unbatched")]
+
+
+def _adaptive_avg_pool3d():
+    x = T((2, 2, 5, 7, 4))
+    return [Sample((x, (3, 2, 3))), Sample((x, 1), name="global"), Sample((x, (5, 7, 4)), name="identity"),
+            Sample((x, (None, 3, 6)), name="none-upsample"), Sample((T((3, 6, 4, 5)), 2), name="unbatched")]
+
+
+def _adaptive_max_pool(shape, sizes):
+    def samples():
+        return [Sample((T(shape, "distinct"), sizes[0])), Sample((T(shape, "distinct"), sizes[1]), name="upsample"),
+                Sample((T(shape, "nan"), sizes[0]), name="nan"),
+                Sample((T(shape, "ties", -1, 1), sizes[0]), name="ties"),
+                Sample((T(shape[1:], "distinct"), sizes[0]), name="unbatched")]
+
+    return samples
+
+
+def _adaptive_max_pool_public(shape, size):
+    return lambda: [Sample((T(shape, "distinct"), size)),
+                    Sample((T(shape, "distinct"), size), {"return_indices": True}, name="indices")]
+
+
+OPINFOS = [
+    OpInfo("conv3d", _conv3d, call="F", covers=("conv3d.padding", "_conv3d", "_conv3d_backward")),
+    OpInfo("conv_transpose1d", _conv_transpose1d, call="F"),
+    OpInfo("conv_transpose2d", _conv_transpose2d, call="F",
+           covers=("_conv_transpose2d", "_conv_transpose2d_backward")),
+    OpInfo("conv_transpose3d", _conv_transpose3d, call="F",
+           covers=("_conv_transpose3d", "_conv_transpose3d_backward")),
+    OpInfo("conv_tbc", _conv_tbc, call="F"),
+    OpInfo("max_pool1d", _max_pool1d, call="F"),
+    OpInfo("max_pool1d_with_indices", _max_pool1d_with_indices, call="F"),
+    OpInfo("max_pool3d", _max_pool3d, call="F"),
+    OpInfo("max_pool3d_with_indices", _max_pool3d_with_indices, call="F"),
+    OpInfo("avg_pool1d", _avg_pool1d, call="F"),
+    OpInfo("avg_pool3d", _avg_pool3d, call="F"),
+    OpInfo("adaptive_avg_pool1d", _adaptive_avg_pool1d, call="F"),
+    OpInfo("adaptive_avg_pool3d", _adaptive_avg_pool3d, call="F", covers=("_adaptive_avg_pool3d",)),
+    OpInfo("adaptive_max_pool1d_with_indices", _adaptive_max_pool((2, 3, 7), (3, 9)), call="F"),
+    OpInfo("adaptive_max_pool2d_with_indices", _adaptive_max_pool((2, 3, 7, 5), ((3, 2), (9, 6))), call="F"),
+    OpInfo("adaptive_max_pool3d_with_indices", _adaptive_max_pool((1, 2, 5, 4, 6), ((2, 3, 4), (6, 5, 7))), call="F"),
+    OpInfo("adaptive_max_pool1d", _adaptive_max_pool_public((2, 3, 7), 3), call="F"),
+    OpInfo("adaptive_max_pool2d", _adaptive_max_pool_public((2, 3, 7, 5), (3, None)), call="F"),
+    OpInfo("adaptive_max_pool3d", _adaptive_max_pool_public((2, 2, 5, 4, 6), (2, 3, 4)), call="F"),
+]

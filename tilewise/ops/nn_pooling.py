@@ -1,0 +1,419 @@
+"""torch.nn.functional's pooling: max, average, adaptive, power-average (LP), fractional max and max unpooling, over
+one, two or three spatial dims.
+
+[Note: pooling as windows] Pooling takes the window views convolution takes (``nn_spatial._windows``): max
+pooling picks in each flattened window the element torch's rule picks (see [Note: max pooling and NaN]) and reads
+it back there; average pooling sums and divides by torch's per-window divisor. Adaptive pooling has windows of
+varying size: average pooling is one small averaging matrix per spatial dim, max pooling gathers every window at
+the largest size with its indices clamped to the window's last element (a repeated element changes neither the
+maximum nor the index torch reports). Fractional max pooling is adaptive max pooling with torch's pseudo-random
+window starts. Each carries torch's derivative and saves what torch saves: the input, and for max pooling the
+indices it returns, whose positions the gradient is added at (so changing either in place before backward is
+the error it is in torch), rather than the windows its decomposition makes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tilewise.dtypes import iinfo
+from tilewise.ops.formulas import HELPERS
+from tilewise.ops.nn_functional import functional, int_tuple, private
+from tilewise.ops.nn_spatial import _constant_pad, _windows, _windows_adjoint
+from tilewise.ops.registry import OPS
+
+_DIMS = {1: "2D or 3D", 2: "3D or 4D", 3: "4D or 5D"}
+
+
+def _check_rank(op, input, spatial: int) -> None:
+    if input.ndim not in (spatial + 1, spatial + 2):
+        raise RuntimeError(f"{op}: Expected {spatial + 1}D (unbatched) or {spatial + 2}D (batched) input, but got "
+                           f"input of size: {list(input.shape)}")
+
+
+def _pool_args(op, input, kernel_size, stride, padding, dilation, spatial: int = 2):
+    _check_rank(op, input, spatial)
+    kernel = int_tuple(kernel_size, spatial, "kernel_size", op)
+    stride = kernel if not stride else int_tuple(stride, spatial, "stride", op)
+    padding = int_tuple(padding, spatial, "padding", op)
+    dilation = int_tuple(dilation, spatial, "dilation", op)
+    if min(kernel) <= 0 or min(stride) <= 0 or min(dilation) <= 0:
+        raise RuntimeError(f"{op}: kernel_size, stride and dilation must be greater than zero, got "
+                           f"kernel_size={list(kernel)}, stride={list(stride)}, dilation={list(dilation)}")
+    for k, p, d in zip(kernel, padding, dilation):
+        if p < 0 or p > (d * (k - 1) + 1) // 2:
+            raise RuntimeError(f"{op}: pad should be at most half of effective kernel size, but got pad={p}, "
+                               f"kernel_size={k} and dilation={d}")
+    return kernel, stride, padding, dilation
+
+
+def _pooled_size(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
+    span = dilation * (kernel - 1) + 1
+    out = (size + 2 * pad - span + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1  # the last window must start inside the input or its left padding
+    return out
+
+
+def _pooling_geometry(op, shape, kernel, stride, padding, dilation, ceil_mode):
+    """(output sizes, (before, after) padding per spatial dim) of pooling a (..., C, *S) input: the padding
+    after reaches as far as the last window does (past the input with ceil_mode)."""
+    spatial = len(kernel)
+    sizes = tuple(_pooled_size(n, k, s, p, d, ceil_mode)
+                  for n, k, s, p, d in zip(shape[-spatial:], kernel, stride, padding, dilation))
+    if min(sizes) < 1:
+        given = "x".join(map(str, shape[-spatial - 1:]))
+        made = "x".join(map(str, (shape[-spatial - 1], *sizes)))
+        raise RuntimeError(f"{op}: Given input size: ({given}). Calculated output size: ({made}). Output size is too "
+                           "small")
+    pads = [(p, max((o - 1) * s + d * (k - 1) + 1 - n - p, 0))
+            for n, o, k, s, p, d in zip(shape[-spatial:], sizes, kernel, stride, padding, dilation)]
+    return sizes, pads
+
+
+def _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, fill):
+    """The (N, C, *O, *K) windows of x padded with fill (on the right as far as ceil_mode reaches)."""
+    sizes, pads = _pooling_geometry(op, x.shape, kernel, stride, padding, dilation, ceil_mode)
+    padded = _constant_pad(x, pads, fill) if any(before or after for before, after in pads) else x
+    windows = _windows(padded, kernel, stride, dilation)
+    return windows[(slice(None), slice(None), *(slice(0, o) for o in sizes))]
+
+
+def _lowest(dtype):
+    return float("-inf") if dtype.is_floating_point else iinfo(dtype).min
+
+
+def _along(values, k: int, spatial: int):
+    """A 1-D tensor over output dim k of ``spatial``, shaped to broadcast against (*O)."""
+    return values.reshape((-1,) + (1,) * (spatial - 1 - k))
+
+
+def _window_argmax_to_input_index(position, kernel, stride, padding, dilation, input_sizes):
+    """Flat index (row-major over the unpadded input's spatial dims) of each window's maximum, as torch returns."""
+    from tilewise.ops.creation import arange
+
+    spatial = len(kernel)
+    out_sizes = position.shape[-spatial:]
+    index = None
+    for k in range(spatial):
+        block = math.prod(kernel[k + 1:])
+        starts = _along(arange(out_sizes[k], device=position.device) * stride[k] - padding[k], k, spatial)
+        coordinate = starts + (position // block % kernel[k]) * dilation[k]
+        index = coordinate if index is None else index * input_sizes[k] + coordinate
+    return index
+
+
+def _first_inside(windows: int, stride: int, pad: int, dilation: int, device):
+    """Along one dim: the window offset (in kernel steps) of each window's first element inside the input."""
+    from tilewise.ops.creation import arange
+
+    before = (pad - arange(windows, device=device) * stride).clamp(min=0)
+    return (before + dilation - 1) // dilation
+
+
+def _window_maximum_position(flat, kernel, stride, padding, dilation, padded: bool):
+    """Position in each flattened window (N, C, *O, K) of the element torch's max pooling picks.
+
+    [Note: max pooling and NaN] torch walks a window in row-major order and takes an element when it is greater
+    than the maximum so far *or NaN*, starting from -inf at the window's first element inside the input: the
+    first maximum wins a tie, the *last* NaN wins over everything, and a window whose elements are all the
+    lowest value reports its first element inside the input (never a padded one). ``argmax`` gives the first
+    NaN or the first maximum of each window on its own, ``argmax`` of the reversed window the last NaN; the
+    element found tells which rule applies, so every window follows the rule whatever its neighbours hold."""
+    position = flat.argmax(-1)
+    found = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
+    if flat.dtype.is_floating_point:
+        last_nan = (flat.shape[-1] - 1) - flat.flip([-1]).argmax(-1)
+        position = position.where(found == found, last_nan)
+    if padded:
+        spatial = len(kernel)
+        out_sizes = flat.shape[2:2 + spatial]
+        first = sum(_along(_first_inside(o, s, p, d, flat.device), k, spatial) * math.prod(kernel[k + 1:])
+                    for k, (o, s, p, d) in enumerate(zip(out_sizes, stride, padding, dilation)))
+        position = position.where(found != _lowest(flat.dtype), first)
+    return position
+
+
+def _max_pool_with_indices(spatial: int):
+    op = f"max_pool{spatial}d"
+
+    def max_pool_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+        kernel, stride, padding, dilation = _pool_args(op, input, kernel_size, stride, padding, dilation, spatial)
+        unbatched = input.ndim == spatial + 1
+        x = input.unsqueeze(0) if unbatched else input
+        windows = _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, _lowest(x.dtype))
+        flat = windows.reshape(*windows.shape[:2 + spatial], math.prod(kernel))
+        padded = max(padding) > 0 or ceil_mode  # windows may then reach past the input
+        position = _window_maximum_position(flat, kernel, stride, padding, dilation, padded)
+        values = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
+        indices = _window_argmax_to_input_index(position, kernel, stride, padding, dilation, x.shape[2:])
+        return (values.squeeze(0), indices.squeeze(0)) if unbatched else (values, indices)
+
+    return max_pool_with_indices
+
+
+def max_pool_backward(grad, input, indices, spatial: int = 2):
+    """torch's max_pool*d_with_indices_backward: each window's gradient added at the input element its returned
+    index names (where windows overlap, their gradients add up). It reads the input for its shape only, but
+    torch saves the input and the indices, so changing either in place before backward is an error in both."""
+    from tilewise.ops.creation import zeros
+
+    plane = (*input.shape[:-spatial], math.prod(input.shape[-spatial:]))
+    flat_indices = indices.reshape(*indices.shape[:-spatial], -1)
+    flat_grad = grad.reshape(*grad.shape[:-spatial], -1)
+    grad_input = zeros(plane, dtype=grad.dtype, device=grad.device).scatter_add(-1, flat_indices, flat_grad)
+    return grad_input.reshape(input.shape)
+
+
+def _max_pool(spatial: int):
+    def max_pool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+        values, indices = OPS[f"max_pool{spatial}d_with_indices"](input, kernel_size, stride, padding, dilation,
+                                                                  ceil_mode)
+        return (values, indices) if return_indices else values
+
+    return max_pool
+
+
+def _average_divisor(size, out, kernel, stride, pad, count_include_pad, device):
+    """torch's per-window element count along one dim: windows are clipped to the padded input, and with
+    count_include_pad=False also to the input itself."""
+    from tilewise.ops.creation import arange
+
+    start = arange(out, device=device) * stride - pad
+    end = (start + kernel).clamp(max=size + pad)
+    if count_include_pad:
+        return end - start
+    return end.clamp(max=size) - start.clamp(min=0)
+
+
+def _window_divisors(pooled, input_sizes, kernel, stride, padding, count_include_pad, divisor_override):
+    """What each average-pooling window's sum is divided by: the override, or a (*O) tensor of counts in the dtype
+    of ``pooled`` (the window sums, or their gradient)."""
+    if divisor_override is not None:
+        return divisor_override
+    spatial = len(kernel)
+    counts = [_along(_average_divisor(n, o, k, s, p, count_include_pad, pooled.device), d, spatial)
+              for d, (n, o, k, s, p) in enumerate(zip(input_sizes, pooled.shape[-spatial:], kernel, stride, padding))]
+    return math.prod(counts[1:], start=counts[0]).to(pooled.dtype)
+
+
+def _avg_pool(spatial: int):
+    op = f"avg_pool{spatial}d"
+
+    def avg_pool(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                 divisor_override=None):
+        kernel, stride, padding, dilation = _pool_args(op, input, kernel_size, stride, padding, 1, spatial)
+        if divisor_override is not None and divisor_override == 0:
+            raise RuntimeError(f"{op}: divisor must be not zero")
+        unbatched = input.ndim == spatial + 1
+        x = input.unsqueeze(0) if unbatched else input
+        windows = _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, 0)
+        total = windows.sum(tuple(range(-spatial, 0)))
+        out = total / _window_divisors(total, x.shape[2:], kernel, stride, padding, count_include_pad,
+                                       divisor_override)
+        return out.squeeze(0) if unbatched else out
+
+    return avg_pool
+
+
+def avg_pool_backward(grad, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
+                      spatial: int = 2):
+    """torch's avg_pool*d_backward: each window's gradient, divided as its sum was, spread over the input elements
+    it covers. Like torch's, it saves the input (read for its shape) and not the output."""
+    op = f"avg_pool{spatial}d"
+    kernel, stride, padding, dilation = _pool_args(op, input, kernel_size, stride, padding, 1, spatial)
+    unbatched = input.ndim == spatial + 1
+    shape = (1, *input.shape) if unbatched else tuple(input.shape)
+    g = grad.unsqueeze(0) if unbatched else grad
+    _, pads = _pooling_geometry(op, shape, kernel, stride, padding, dilation, ceil_mode)
+    per_element = g / _window_divisors(g, shape[2:], kernel, stride, padding, count_include_pad, divisor_override)
+    windows = per_element.reshape(*g.shape, *(1,) * spatial).expand(*g.shape, *kernel)
+    grad_input = _windows_adjoint(windows, shape, pads, stride, dilation)
+    return grad_input.squeeze(0) if unbatched else grad_input
+
+
+HELPERS.update(max_pool_backward=max_pool_backward, avg_pool_backward=avg_pool_backward)
+
+for _n in (1, 2, 3):
+    functional(f"max_pool{_n}d_with_indices(Tensor input, int[{_n}] kernel_size, int[{_n}]? stride=None, "
+               f"int[{_n}] padding=0, int[{_n}] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)",
+               _max_pool_with_indices(_n), {"input": f"max_pool_backward(grad, input, result[1], {_n})"},
+               function=False, nondiff_outputs=(1,))
+    functional(f"max_pool{_n}d(Tensor input, int[{_n}] kernel_size, int[{_n}]? stride=None, int[{_n}] padding=0, "
+               f"int[{_n}] dilation=1, bool ceil_mode=False, bool return_indices=False) -> Tensor", _max_pool(_n))
+functional("avg_pool1d(Tensor input, int[1] kernel_size, int[1]? stride=None, int[1] padding=0, "
+           "bool ceil_mode=False, bool count_include_pad=True) -> Tensor", _avg_pool(1),
+           {"input": "avg_pool_backward(grad, input, kernel_size, stride, padding, ceil_mode, count_include_pad, "
+                     "None, 1)"})
+for _n in (2, 3):
+    functional(f"avg_pool{_n}d(Tensor input, int[{_n}] kernel_size, int[{_n}]? stride=None, int[{_n}] padding=0, "
+               "bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
+               _avg_pool(_n), {"input": "avg_pool_backward(grad, input, kernel_size, stride, padding, ceil_mode, "
+                                        f"count_include_pad, divisor_override, {_n})"}, function=False)
+
+
+# ============================================================================ adaptive pooling
+
+def _adaptive_output_size(op, input, output_size, spatial: int) -> tuple[int, ...]:
+    """The output size, torch's None entries (keep that input size) filled in."""
+    sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * spatial
+    if len(sizes) == 1:
+        sizes = sizes * spatial
+    if len(sizes) != spatial:
+        raise RuntimeError(f"{op}: output_size must be {spatial}, got {list(sizes)}")
+    sizes = tuple(n if o is None else int(o) for n, o in zip(input.shape[-spatial:], sizes))
+    if min(sizes) < 0:
+        raise RuntimeError(f"{op}: elements of output_size must be greater than or equal to 0 but received "
+                           f"{list(sizes)}")
+    return sizes
+
+
+def _check_adaptive_input(op, input, spatial: int) -> None:
+    if input.ndim not in (spatial + 1, spatial + 2):
+        raise RuntimeError(f"{op}(): Expected {_DIMS[spatial]} tensor, but got {list(input.shape)}")
+    for d in range(1, input.ndim):
+        if input.shape[d] == 0:
+            raise RuntimeError(f"{op}(): Expected input to have non-zero size for non-batch dimensions, but input "
+                               f"has sizes {list(input.shape)} with dimension {d} being empty")
+
+
+def _adaptive_average_matrix(size: int, out: int, like):
+    """(out, size) matrix whose row i averages input positions floor(i*size/out) .. ceil((i+1)*size/out) - 1."""
+    from tilewise.ops.creation import arange
+
+    i = arange(out, device=like.device).unsqueeze(1)
+    j = arange(size, device=like.device)
+    start, end = (i * size) // out, ((i + 1) * size + out - 1) // out
+    return ((j >= start) & (j < end)).to(like.dtype) / (end - start).clamp(min=1).to(like.dtype)
+
+
+def _contract_each_dim(x, matrices):
+    """x with each of its last len(matrices) dims multiplied by its matrix (out, size) -> (..., *out)."""
+    spatial = len(matrices)
+    for k, matrix in enumerate(matrices):
+        d = x.ndim - spatial + k
+        x = x.movedim(d, -1).matmul(matrix.t()).movedim(-1, d)
+    return x.contiguous()
+
+
+def _adaptive_avg_pool_by_matrices(self, output_size):
+    spatial = len(output_size)
+    return _contract_each_dim(self, [_adaptive_average_matrix(n, o, self)
+                                     for n, o in zip(self.shape[-spatial:], output_size)])
+
+
+def adaptive_avg_pool_backward(grad, self, spatial: int = 2):
+    """The forward's averaging matrices, transposed. Like torch's, it saves the input (read for its shape)."""
+    return _contract_each_dim(grad, [_adaptive_average_matrix(n, o, grad).t()
+                                     for n, o in zip(self.shape[-spatial:], grad.shape[-spatial:])])
+
+
+def _adaptive_avg_pool(spatial: int):
+    op = f"adaptive_avg_pool{spatial}d"
+
+    def adaptive_avg_pool(input, output_size):
+        """torch's: a mean over the spatial dims for an output of ones (which saves nothing for backward), else the
+        pooling op proper, which saves its input; 1-D pooling is 2-D pooling over a height of one."""
+        if spatial == 2 and (input.ndim not in (3, 4) or 0 in input.shape[-2:]):
+            raise RuntimeError(f"{op}: Expected 3D or 4D input with non-zero spatial sizes, but got "
+                               f"{list(input.shape)}")
+        if spatial != 2:
+            _check_adaptive_input(op, input, spatial)
+        sizes = _adaptive_output_size(op, input, output_size, spatial)
+        if spatial == 1:
+            return OPS["adaptive_avg_pool2d"](input.unsqueeze(-2), (1, sizes[0])).squeeze(-2)
+        if sizes == (1,) * spatial:
+            return input.mean(tuple(range(-spatial, 0)), keepdim=True)
+        return OPS[f"_adaptive_avg_pool{spatial}d"](input, sizes)
+
+    return adaptive_avg_pool
+
+
+HELPERS.update(adaptive_avg_pool_backward=adaptive_avg_pool_backward)
+for _n in (1, 2, 3):
+    functional(f"adaptive_avg_pool{_n}d(Tensor input, Scalar[{_n}] output_size) -> Tensor", _adaptive_avg_pool(_n),
+               function=_n == 1)
+for _n in (2, 3):
+    private(f"_adaptive_avg_pool{_n}d(Tensor self, int[{_n}] output_size) -> Tensor", _adaptive_avg_pool_by_matrices,
+            {"self": f"adaptive_avg_pool_backward(grad, self, {_n})"})
+
+
+def _adaptive_window_indices(size: int, out: int, device):
+    """(out, L) input positions of each adaptive window, L the largest window, each row clamped to its last one."""
+    from tilewise.ops.creation import arange
+
+    starts = [(i * size) // out for i in range(out)]
+    ends = [((i + 1) * size + out - 1) // out for i in range(out)]
+    longest = max(e - s for s, e in zip(starts, ends))
+    i = arange(out, device=device).unsqueeze(1)
+    start, end = (i * size) // out, ((i + 1) * size + out - 1) // out
+    return (start + arange(longest, device=device)).minimum(end - 1)
+
+
+def _gather_windows(x, positions):
+    """(N, C, *S) -> (N, C, *O, *L): x read at each dim's (O, L) window positions."""
+    for k, index in enumerate(positions):
+        d = 2 + k
+        out, longest = index.shape
+        gathered = x.index_select(d, index.reshape(-1))
+        x = gathered.reshape(*gathered.shape[:d], out, longest, *gathered.shape[d + 1:]).movedim(d + 1, -1)
+    return x
+
+
+def _coordinate_picked(rows, step, k: int, spatial: int):
+    """rows[o_k, step] at every output position: the input coordinate along dim k of each window's choice."""
+    from tilewise.ops.creation import arange
+
+    out, longest = rows.shape
+    flat = _along(arange(out, device=rows.device) * longest, k, spatial) + step
+    return rows.reshape(-1).index_select(0, flat.reshape(-1)).reshape(flat.shape)
+
+
+def _windows_maximum(x, positions):
+    """Values and flat input indices of each window's maximum (torch's rule), the windows given by each dim's
+    (O, L) input positions."""
+    spatial = len(positions)
+    windows = _gather_windows(x, positions)
+    flat = windows.reshape(*windows.shape[:2 + spatial], -1)
+    position = _window_maximum_position(flat, (), (), (), (), padded=False)
+    values = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
+    longest = [rows.shape[1] for rows in positions]
+    index = None
+    for k, rows in enumerate(positions):
+        step = position // math.prod(longest[k + 1:]) % longest[k]
+        coordinate = _coordinate_picked(rows, step, k, spatial)
+        index = coordinate if index is None else index * x.shape[2 + k] + coordinate
+    return values, index
+
+
+def _adaptive_max_pool_with_indices(spatial: int):
+    op = f"adaptive_max_pool{spatial}d"
+
+    def adaptive_max_pool_with_indices(input, output_size):
+        _check_adaptive_input(op, input, spatial)
+        if not input.dtype.is_floating_point:
+            raise NotImplementedError(f'"{op}" not implemented for {input.dtype}: it takes floating-point input')
+        sizes = _adaptive_output_size(op, input, output_size, spatial)
+        unbatched = input.ndim == spatial + 1
+        x = input.unsqueeze(0) if unbatched else input
+        positions = [_adaptive_window_indices(n, o, x.device) for n, o in zip(x.shape[2:], sizes)]
+        values, indices = _windows_maximum(x, positions)
+        return (values.squeeze(0), indices.squeeze(0)) if unbatched else (values, indices)
+
+    return adaptive_max_pool_with_indices
+
+
+def _adaptive_max_pool(spatial: int):
+    def adaptive_max_pool(input, output_size, return_indices=False):
+        values, indices = OPS[f"adaptive_max_pool{spatial}d_with_indices"](input, output_size)
+        return (values, indices) if return_indices else values
+
+    return adaptive_max_pool
+
+
+for _n in (1, 2, 3):
+    functional(f"adaptive_max_pool{_n}d_with_indices(Tensor input, Scalar[{_n}] output_size) -> (Tensor, Tensor)",
+               _adaptive_max_pool_with_indices(_n), {"input": f"max_pool_backward(grad, input, result[1], {_n})"},
+               function=False, nondiff_outputs=(1,))
+    functional(f"adaptive_max_pool{_n}d(Tensor input, Scalar[{_n}] output_size, bool return_indices=False) -> Tensor",
+               _adaptive_max_pool(_n), function=_n == 1)
