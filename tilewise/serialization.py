@@ -1,4 +1,13 @@
-"""Checkpoints: ``tilewise.save`` and ``tilewise.load`` on safetensors, with JSON for everything else.
+"""Checkpoints: ``tilewise.save`` and ``tilewise.load`` in safetensors (with JSON for everything else) or in
+torch's own format.
+
+[Note: which format] The file's extension decides what ``save`` writes, and ``save`` never writes a format
+the extension does not promise: ``.pt``, ``.pth``, ``.bin`` and ``.ckpt`` get torch's zip format (what
+``torch.save`` writes and ``torch.load(weights_only=True)`` reads; see [Note: torch checkpoints]),
+``.safetensors`` gets safetensors; any other name, and a stream, gets safetensors unless ``format="torch"``
+asks otherwise (``format`` that contradicts the extension is an error). ``load`` ignores the name and reads
+the format from the file's first bytes: a zip archive, torch's legacy pickle stream, or safetensors. Neither
+format runs code when loaded.
 
 [Note: checkpoint format] A checkpoint is one safetensors file. Its tensors are stored under the dotted
 path at which they sit in the saved object (``fc.weight`` for a state dict, ``state.0.exp_avg`` for an
@@ -36,7 +45,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from tilewise import _strides, dtypes
+from tilewise import _strides, _torch_format, dtypes
 from tilewise.fileio import atomic_writer
 from tilewise.tensor import Tensor, from_array
 
@@ -51,6 +60,9 @@ _METADATA_KEY = "tilewise"
 _RESERVED = "__metadata__"  # the safetensors header's own entry: no tensor may be named so
 _MAX_HEADER_BYTES = 100 << 20  # the safetensors library refuses larger headers
 CHUNK_BYTES = 16 << 20  # a non-contiguous tensor is written in contiguous pieces of at most this size
+FORMATS = ("safetensors", "torch")
+_FORMAT_OF_EXTENSION = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch",
+                        ".ckpt": "torch"}
 
 
 class _Encoder:
@@ -144,10 +156,16 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def save(obj: Any, f: str | os.PathLike | BinaryIO) -> None:
+def save(obj: Any, f: str | os.PathLike | BinaryIO, pickle_module: Any = None, pickle_protocol: int = 2,
+         _use_new_zipfile_serialization: bool = True, _disable_byteorder_record: bool = False, *,
+         format: str | None = None) -> None:  # noqa: A002 — the name says what it chooses
     """Write ``obj`` (a state dict, an optimizer state, or any nest of tensors and plain values) to ``f``.
 
+    The format follows the file's extension (see [Note: which format]): ``.pt``/``.pth``/``.bin``/``.ckpt`` are
+    torch checkpoints that ``torch.load`` reads, ``.safetensors`` and anything else safetensors;
+    ``format="torch"`` or ``"safetensors"`` chooses for a stream or an extension that promises neither.
     Given a path, the file is replaced atomically: a crash mid-save leaves the previous file as it was.
+    The other arguments are ``torch.save``'s; tilewise always writes pickle protocol 2 in the zip format.
 
     >>> import io, tilewise as tw
     >>> buf = io.BytesIO()
@@ -156,17 +174,54 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO) -> None:
     >>> tw.load(buf)["step"]
     3
     """
+    if pickle_module is not None:
+        raise ValueError("tilewise.save: pickle_module is not supported; tilewise writes its pickles itself")
+    if not _use_new_zipfile_serialization:
+        raise ValueError("tilewise.save: only torch's zip format is written (_use_new_zipfile_serialization=True)")
+    name = _name_of(f)
+    chosen = _save_format(name, format)
+    if chosen == "torch":
+        write = _writer_of_torch(obj, name)
+    else:
+        write = _writer_of_safetensors(obj)
+    if isinstance(f, (str, os.PathLike)):
+        with atomic_writer(f) as file:
+            write(file)
+    else:
+        write(f)
+
+
+def _name_of(f) -> str | None:
+    name = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
+    return os.fspath(name) if isinstance(name, (str, os.PathLike)) else None
+
+
+def _save_format(name: str | None, format: str | None) -> str:  # noqa: A002
+    extension = os.path.splitext(name)[1].lower() if name else ""
+    promised = _FORMAT_OF_EXTENSION.get(extension)
+    if format is None:
+        return promised or "safetensors"
+    if format not in FORMATS:
+        raise ValueError(f"tilewise.save: format must be one of {', '.join(map(repr, FORMATS))}, got {format!r}")
+    if promised is not None and promised != format:
+        raise ValueError(f"tilewise.save: {name!r} ends in {extension}, which promises a {promised} file; "
+                         f"save it as {format} under another name, or drop format={format!r}")
+    return format
+
+
+def _writer_of_torch(obj: Any, name: str | None):
+    archive = _torch_format.archive_name_for(name)
+    return lambda file: _torch_format.save_zip(obj, file, archive)
+
+
+def _writer_of_safetensors(obj: Any):
     encoder = _Encoder()
     structure = encoder.encode(obj, "")
     encoder.place()
     # widest dtypes first: after the 8-byte-aligned header, every tensor then starts aligned to its itemsize
     stored = sorted(encoder.stored, key=lambda s: (-s[1].dtype.itemsize, s[0]))
     header = _header(stored, json.dumps(structure, allow_nan=True))
-    if isinstance(f, (str, os.PathLike)):
-        with atomic_writer(f) as file:
-            _write(file, header, stored)
-    else:
-        _write(f, header, stored)
+    return lambda file: _write(file, header, stored)
 
 
 def _header(stored: list[tuple[str, Tensor]], structure: str) -> bytes:
@@ -214,19 +269,45 @@ def _row_major_pieces(array: np.ndarray, limit: int):
             pending.extend(part[k] for k in reversed(range(part.shape[0])))
 
 
-def load(f: str | os.PathLike | BinaryIO, map_location=None, weights_only: bool = True) -> Any:
-    """Read a checkpoint written by ``tilewise.save``, or any safetensors file (as ``{name: tensor}``).
+def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module: Any = None, *,
+         weights_only: bool | None = None, mmap: bool | None = None, **pickle_load_args) -> Any:
+    """Read a checkpoint: torch's zip or legacy format, or safetensors (a tilewise checkpoint, or any
+    safetensors file as ``{name: tensor}``), told apart by the file's bytes, not its name.
 
-    ``map_location`` moves every tensor to that device. ``weights_only`` is accepted for torch
-    compatibility; checkpoints never contain code, so loading is always weights-only.
+    ``map_location`` is torch's: a device or its name moves every tensor there; a dict maps saved locations
+    (``{"cuda:1": "cuda:0"}``); a callable ``(storage, location)`` returns the storage to use, or None for
+    the default (the device it was saved from). Loading never runs code from the file, whatever
+    ``weights_only`` says: a torch pickle may hold only tensors, storages, parameters, dtypes, devices, sizes
+    and plain containers and values, and anything else raises ``pickle.UnpicklingError`` naming it.
+    ``mmap=True`` maps a torch zip checkpoint's tensors from the file (copy-on-write) instead of reading them.
     """
+    if pickle_module is not None:
+        raise RuntimeError("tilewise.load: Can not safely load weights when explicit pickle_module is specified")
+    unknown = set(pickle_load_args) - {"encoding"}
+    if unknown:
+        raise TypeError(f"tilewise.load() got unexpected keyword arguments {sorted(unknown)}")
+    if mmap and not isinstance(f, (str, os.PathLike)):
+        raise ValueError("tilewise.load: f must be a file path in order to use the mmap argument")
     if isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as file:
-            return _load(file, str(f), map_location)
-    return _load(f, "the stream", map_location)
+            return _load(file, str(f), map_location, os.fspath(f) if mmap else None)
+    return _load(f, "the stream", map_location, None)
 
 
-def _load(file: BinaryIO, where: str, map_location) -> Any:
+def _load(file: BinaryIO, where: str, map_location, mmap_path: str | None) -> Any:
+    start = file.tell()
+    head = file.read(len(_torch_format.LEGACY_MAGIC))
+    file.seek(start)
+    if _torch_format.is_torch_zip(head):
+        return _torch_format.load_zip(file, where, map_location, mmap_path)
+    if mmap_path is not None:
+        raise RuntimeError(f"tilewise.load: mmap can only be used with torch's zip format, and {where} is not one")
+    if head == _torch_format.LEGACY_MAGIC:
+        return _torch_format.load_legacy(file, where, map_location)
+    return _load_safetensors(file, where, map_location)
+
+
+def _load_safetensors(file: BinaryIO, where: str, map_location) -> Any:
     entries, metadata, data_start = _read_header(file, where)
     tensors = {}
     for name, entry in sorted(entries.items(), key=lambda item: item[1]["data_offsets"][0]):
@@ -293,7 +374,10 @@ def _read_tensor(file: BinaryIO, data_start: int, name: str, entry: dict, where:
     if _read_into(file, target) != stop - begin:
         raise _corrupt(where, f"the data of tensor {name!r} ends early")
     t = from_array(array, dtype)
-    return t.to(map_location) if map_location is not None else t
+    storage = _torch_format.placement(map_location, "cpu", t._storage)
+    if storage is t._storage:
+        return t
+    return Tensor._make(storage, t._shape, t._strides, t._offset, t.dtype, storage.device)
 
 
 def _read_into(file: BinaryIO, target: memoryview) -> int:
