@@ -89,6 +89,7 @@ globals().update(_api)
 from tilewise import (  # noqa: E402
     amp,
     autograd,  # noqa: E402
+    distributions,
     linalg,
     nn,
     optim,

@@ -1,0 +1,356 @@
+"""Distributions over vectors and wrappers: MultivariateNormal, Dirichlet, Independent, TransformedDistribution
+and LogNormal with the Exp and Affine transforms (as torch's)."""
+
+from __future__ import annotations
+
+import math
+
+from tilewise.distributions import constraints
+from tilewise.distributions.continuous import Normal, _no_concentration_gradient, _standard_gamma
+from tilewise.distributions.distribution import Distribution, ExponentialFamily
+
+
+def _batch_mv(matrix, vector):
+    return (matrix @ vector.unsqueeze(-1)).squeeze(-1)
+
+
+def _batch_mahalanobis(scale_tril, diff):
+    """``diff^T (L L^T)^-1 diff`` over broadcast batch dims, by one triangular solve."""
+    from tilewise import linalg
+
+    lead = diff.shape[:-1]
+    tril = scale_tril.expand(*lead, *scale_tril.shape[-2:]) if len(lead) >= scale_tril.dim() - 2 else scale_tril
+    solved = linalg.solve_triangular(tril, diff.unsqueeze(-1), upper=False).squeeze(-1)
+    return solved.pow(2).sum(-1)
+
+
+class MultivariateNormal(Distribution):
+    arg_constraints = {"loc": constraints.real_vector, "covariance_matrix": constraints.positive_definite,
+                       "precision_matrix": constraints.positive_definite, "scale_tril": constraints.lower_cholesky}
+    support = constraints.real_vector
+    has_rsample = True
+
+    def __init__(self, loc, covariance_matrix=None, precision_matrix=None, scale_tril=None,
+                 validate_args=None) -> None:
+        from tilewise import linalg
+        from tilewise.distributions.distribution import broadcast_shape
+
+        if loc.dim() < 1:
+            raise ValueError("loc must be at least one-dimensional.")
+        given = [m for m in (covariance_matrix, precision_matrix, scale_tril) if m is not None]
+        if len(given) != 1:
+            raise ValueError("Exactly one of covariance_matrix or precision_matrix or scale_tril may be specified.")
+        matrix = given[0]
+        if matrix.dim() < 2:
+            name = ("scale_tril" if scale_tril is not None else
+                    "covariance_matrix" if covariance_matrix is not None else "precision_matrix")
+            raise ValueError(f"{name} matrix must be at least two-dimensional, with optional leading batch "
+                             "dimensions")
+        batch_shape = broadcast_shape(tuple(matrix.shape[:-2]), tuple(loc.shape[:-1]))
+        n = loc.shape[-1]
+        if scale_tril is not None:
+            self.scale_tril = scale_tril.expand(*batch_shape, n, n)
+        elif covariance_matrix is not None:
+            self.covariance_matrix = covariance_matrix.expand(*batch_shape, n, n)
+        else:
+            self.precision_matrix = precision_matrix.expand(*batch_shape, n, n)
+        self.loc = loc.expand(*batch_shape, n)
+        super().__init__(batch_shape, (n,), validate_args)
+        if scale_tril is not None:
+            self._unbroadcasted_scale_tril = scale_tril
+        elif covariance_matrix is not None:
+            self._unbroadcasted_scale_tril = linalg.cholesky(covariance_matrix)
+        else:
+            self._unbroadcasted_scale_tril = _precision_to_scale_tril(precision_matrix)
+
+    @property
+    def _tril(self):
+        n = self._event_shape[0]
+        return self._unbroadcasted_scale_tril.expand(*self._batch_shape, n, n)
+
+    def __getattr__(self, name):
+        if name == "scale_tril":
+            return self._tril
+        if name == "covariance_matrix":
+            tril = self._tril
+            return tril @ tril.mT
+        if name == "precision_matrix":
+            from tilewise import linalg
+
+            return linalg.inv(self.covariance_matrix)
+        raise AttributeError(f"'MultivariateNormal' object has no attribute '{name}'")
+
+    def expand(self, batch_shape, _instance=None):
+        n = self._event_shape[0]
+        return MultivariateNormal(self.loc.expand(*batch_shape, n),
+                                  scale_tril=self._unbroadcasted_scale_tril.expand(*batch_shape, n, n),
+                                  validate_args=False)
+
+    mean = property(lambda self: self.loc)
+    mode = property(lambda self: self.loc)
+
+    @property
+    def variance(self):
+        return self._unbroadcasted_scale_tril.pow(2).sum(-1).expand(self._batch_shape + self._event_shape)
+
+    def rsample(self, sample_shape=()):
+        from tilewise import randn
+
+        eps = randn(self._extended_shape(sample_shape), dtype=self.loc.dtype, device=self.loc.device)
+        return self.loc + _batch_mv(self._unbroadcasted_scale_tril, eps)
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        diff = value - self.loc
+        m = _batch_mahalanobis(self._unbroadcasted_scale_tril, diff)
+        half_log_det = self._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        return -0.5 * (self._event_shape[0] * math.log(2 * math.pi) + m) - half_log_det
+
+    def entropy(self):
+        half_log_det = self._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        h = 0.5 * self._event_shape[0] * (1.0 + math.log(2 * math.pi)) + half_log_det
+        return h if len(self._batch_shape) == 0 else h.expand(self._batch_shape)
+
+
+def _precision_to_scale_tril(precision):
+    from tilewise import eye, linalg
+
+    flipped = linalg.cholesky(precision.flip(-2, -1))
+    l_inv = flipped.flip(-2, -1).mT
+    identity = eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
+    return linalg.solve_triangular(l_inv, identity, upper=False)
+
+
+class Dirichlet(ExponentialFamily):
+    arg_constraints = {"concentration": constraints.independent(constraints.positive, 1)}
+    support = constraints.simplex
+    has_rsample = True
+
+    def __init__(self, concentration, validate_args=None) -> None:
+        if concentration.dim() < 1:
+            raise ValueError("`concentration` parameter must be at least one-dimensional.")
+        self.concentration = concentration
+        super().__init__(concentration.shape[:-1], concentration.shape[-1:], validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        return Dirichlet(self.concentration.expand(tuple(batch_shape) + tuple(self._event_shape)), False)
+
+    @property
+    def mean(self):
+        return self.concentration / self.concentration.sum(-1, keepdim=True)
+
+    @property
+    def mode(self):
+        c = (self.concentration - 1).clamp(min=0.0)
+        return c / c.sum(-1, keepdim=True)
+
+    @property
+    def variance(self):
+        total = self.concentration.sum(-1, keepdim=True)
+        return self.concentration * (total - self.concentration) / (total.pow(2) * (total + 1))
+
+    def rsample(self, sample_shape=()):
+        from tilewise import finfo
+
+        _no_concentration_gradient("Dirichlet", self.concentration)
+        gammas = _standard_gamma(self.concentration.expand(self._batch_shape + self._event_shape), sample_shape)
+        tiny = float(finfo(gammas.dtype).tiny)
+        return (gammas / gammas.sum(-1, keepdim=True)).clamp(min=tiny, max=1 - float(finfo(gammas.dtype).eps))
+
+    def log_prob(self, value):
+        from tilewise import xlogy
+
+        if self._validate_args:
+            self._validate_sample(value)
+        c = self.concentration
+        return xlogy(c - 1.0, value).sum(-1) + c.sum(-1).lgamma() - c.lgamma().sum(-1)
+
+    def entropy(self):
+        c = self.concentration
+        k, total = c.shape[-1], c.sum(-1)
+        return c.lgamma().sum(-1) - total.lgamma() - (k - total) * total.digamma() - ((c - 1.0) * c.digamma()).sum(-1)
+
+
+class Independent(Distribution):
+    arg_constraints: dict = {}
+
+    def __init__(self, base_distribution, reinterpreted_batch_ndims: int, validate_args=None) -> None:
+        if reinterpreted_batch_ndims > len(base_distribution.batch_shape):
+            raise ValueError("Expected reinterpreted_batch_ndims <= len(base_distribution.batch_shape), actual "
+                             f"{reinterpreted_batch_ndims} vs {len(base_distribution.batch_shape)}")
+        shape = tuple(base_distribution.batch_shape) + tuple(base_distribution.event_shape)
+        event_dim = reinterpreted_batch_ndims + len(base_distribution.event_shape)
+        self.base_dist, self.reinterpreted_batch_ndims = base_distribution, reinterpreted_batch_ndims
+        super().__init__(shape[:len(shape) - event_dim], shape[len(shape) - event_dim:], validate_args)
+
+    @property
+    def has_rsample(self):
+        return self.base_dist.has_rsample
+
+    @property
+    def support(self):
+        base = self.base_dist.support
+        return constraints.independent(base, self.reinterpreted_batch_ndims) if base is not None else None
+
+    mean = property(lambda self: self.base_dist.mean)
+    mode = property(lambda self: self.base_dist.mode)
+    variance = property(lambda self: self.base_dist.variance)
+
+    def sample(self, sample_shape=()):
+        return self.base_dist.sample(sample_shape)
+
+    def rsample(self, sample_shape=()):
+        return self.base_dist.rsample(sample_shape)
+
+    def _sum_rightmost(self, value):
+        for _ in range(self.reinterpreted_batch_ndims):
+            value = value.sum(-1)
+        return value
+
+    def log_prob(self, value):
+        return self._sum_rightmost(self.base_dist.log_prob(value))
+
+    def entropy(self):
+        return self._sum_rightmost(self.base_dist.entropy())
+
+    def __repr__(self) -> str:
+        return f"Independent({self.base_dist!r}, {self.reinterpreted_batch_ndims})"
+
+
+class Transform:
+    bijective = True
+    sign = 1
+    domain = codomain = constraints.real
+
+    def __call__(self, x):
+        return self._call(x)
+
+    def inv(self, y):
+        return self._inverse(y)
+
+
+class ExpTransform(Transform):
+    codomain = constraints.positive
+
+    def _call(self, x):
+        return x.exp()
+
+    def _inverse(self, y):
+        return y.log()
+
+    def log_abs_det_jacobian(self, x, y):
+        return x
+
+    def __repr__(self) -> str:
+        return "ExpTransform()"
+
+
+class AffineTransform(Transform):
+    def __init__(self, loc, scale, event_dim: int = 0) -> None:
+        self.loc, self.scale, self.event_dim = loc, scale, event_dim
+
+    def _call(self, x):
+        return self.loc + self.scale * x
+
+    def _inverse(self, y):
+        return (y - self.loc) / self.scale
+
+    def log_abs_det_jacobian(self, x, y):
+        from tilewise.tensor import Tensor
+
+        scale = self.scale
+        if isinstance(scale, Tensor):
+            result = scale.abs().log().expand(x.shape)
+        else:
+            from tilewise import full_like
+
+            result = full_like(x, math.log(abs(scale)))
+        for _ in range(self.event_dim):
+            result = result.sum(-1)
+        return result
+
+    def __repr__(self) -> str:
+        return "AffineTransform()"
+
+
+class TransformedDistribution(Distribution):
+    arg_constraints: dict = {}
+
+    def __init__(self, base_distribution, transforms, validate_args=None) -> None:
+        self.base_dist = base_distribution
+        self.transforms = list(transforms) if isinstance(transforms, list | tuple) else [transforms]
+        super().__init__(base_distribution.batch_shape, base_distribution.event_shape, validate_args)
+
+    @property
+    def has_rsample(self):
+        return self.base_dist.has_rsample
+
+    @property
+    def support(self):
+        return self.transforms[-1].codomain if self.transforms else self.base_dist.support
+
+    def sample(self, sample_shape=()):
+        from tilewise.autograd import no_grad
+
+        with no_grad():
+            x = self.base_dist.sample(sample_shape)
+            for t in self.transforms:
+                x = t(x)
+            return x
+
+    def rsample(self, sample_shape=()):
+        x = self.base_dist.rsample(sample_shape)
+        for t in self.transforms:
+            x = t(x)
+        return x
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        log_prob, y = 0.0, value
+        for t in reversed(self.transforms):
+            x = t.inv(y)
+            log_prob = log_prob - t.log_abs_det_jacobian(x, y)
+            y = x
+        return log_prob + self.base_dist.log_prob(y)
+
+    def cdf(self, value):
+        for t in reversed(self.transforms):
+            value = t.inv(value)
+        return self.base_dist.cdf(value)
+
+    def icdf(self, value):
+        value = self.base_dist.icdf(value)
+        for t in self.transforms:
+            value = t(value)
+        return value
+
+
+class LogNormal(TransformedDistribution):
+    arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
+    support = constraints.positive
+    has_rsample = True
+
+    def __init__(self, loc, scale, validate_args=None) -> None:
+        super().__init__(Normal(loc, scale, validate_args=validate_args), ExpTransform(), validate_args)
+
+    loc = property(lambda self: self.base_dist.loc)
+    scale = property(lambda self: self.base_dist.scale)
+    mean = property(lambda self: (self.loc + self.scale.pow(2) / 2).exp())
+    mode = property(lambda self: (self.loc - self.scale.square()).exp())
+
+    @property
+    def variance(self):
+        s2 = self.scale.pow(2)
+        return s2.expm1() * (2 * self.loc + s2).exp()
+
+    def expand(self, batch_shape, _instance=None):
+        return LogNormal(self.loc.expand(batch_shape), self.scale.expand(batch_shape), validate_args=False)
+
+    def entropy(self):
+        return self.base_dist.entropy() + self.loc
+
+    def __repr__(self) -> str:
+        return f"LogNormal(loc: {self.loc.size() if self.loc.numel() > 1 else self.loc}, " \
+               f"scale: {self.scale.size() if self.scale.numel() > 1 else self.scale})"
