@@ -65,7 +65,8 @@ PARALLEL_MIN_ROWS = 8  # fewer kept-dim iterations than this: split the reductio
 SPLIT_CHUNKS = 64
 SCRATCH_BYTES = 1 << 16  # per row and thread: what the values kept between phases may occupy (stays in L2)
 EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin",
-                       "acos", "atan", "sinh", "cosh", "tanh", "erf", "erfinv", "pow", "atan2"})
+                       "acos", "atan", "sinh", "cosh", "tanh", "erf", "erfinv", "pow", "atan2", "asinh", "acosh",
+                       "atanh", "erfc", "lgamma", "hypot"})
 
 
 # ---------------------------------------------------------------------------- coalescing

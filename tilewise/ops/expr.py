@@ -18,11 +18,12 @@ UNARY = (
     "neg", "abs", "sign", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
     "reciprocal", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "erf", "erfinv",
     "floor", "ceil", "round", "trunc", "logical_not", "bitwise_not", "isnan", "isinf", "signbit",
+    "asinh", "acosh", "atanh", "erfc", "lgamma",
 )
 BINARY = (
     "add", "sub", "mul", "div", "floordiv", "truncdiv", "mod", "fmod", "pow", "maximum", "minimum", "atan2",
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-    "bitwise_and", "bitwise_or", "bitwise_xor", "lshift", "rshift", "copysign",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "lshift", "rshift", "copysign", "hypot", "nextafter",
 )
 COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "signbit",
                "logical_not", "logical_and", "logical_or", "logical_xor")

@@ -22,6 +22,7 @@ _UNARY = {
     "cosh": "np.cosh", "tanh": "np.tanh", "erf": "_erf", "erfinv": "_erfinv", "floor": "np.floor",
     "ceil": "np.ceil", "round": "np.round", "trunc": "np.trunc", "logical_not": "np.logical_not",
     "bitwise_not": "np.invert", "isnan": "np.isnan", "isinf": "np.isinf", "signbit": "np.signbit",
+    "asinh": "np.arcsinh", "acosh": "np.arccosh", "atanh": "np.arctanh", "erfc": "_erfc", "lgamma": "_lgamma",
 }
 _BINARY = {
     "add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "div": "np.true_divide",
@@ -30,7 +31,8 @@ _BINARY = {
     "ne": "np.not_equal", "lt": "np.less", "le": "np.less_equal", "gt": "np.greater", "ge": "np.greater_equal",
     "logical_and": "np.logical_and", "logical_or": "np.logical_or", "logical_xor": "np.logical_xor",
     "bitwise_and": "np.bitwise_and", "bitwise_or": "np.bitwise_or", "bitwise_xor": "np.bitwise_xor",
-    "lshift": "np.left_shift", "rshift": "np.right_shift", "copysign": "np.copysign",
+    "lshift": "np.left_shift", "rshift": "np.right_shift", "copysign": "np.copysign", "hypot": "np.hypot",
+    "nextafter": "np.nextafter",
 }
 
 
@@ -213,6 +215,27 @@ def _erfinv(y):
     return x.astype(y.dtype)
 
 
+def _lgamma_scalar(v: float) -> float:
+    try:
+        return math.lgamma(v)
+    except ValueError:  # a pole (0, -1, -2, ...): torch gives +inf
+        return math.inf
+
+
+def _elementwise(fn):
+    """A libm function numpy lacks, applied element by element in float64 (the C library's own algorithm)."""
+    def apply(x):
+        x = np.asarray(x)
+        flat = x.astype(np.float64).reshape(-1).tolist()
+        return np.fromiter(map(fn, flat), np.float64, len(flat)).reshape(x.shape).astype(x.dtype)
+
+    return apply
+
+
+_lgamma = _elementwise(_lgamma_scalar)
+_erfc = _elementwise(math.erfc)
+
+
 try:  # numpy >= 2 keeps its floating-point error state in a context variable
     from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
 
@@ -245,6 +268,7 @@ def run_quietly(fn, values: list):
 
 
 NAMESPACE = {"np": np, "_rsqrt": _rsqrt, "_reciprocal": _reciprocal, "_pow": _pow, "_erf": _erf, "_erfinv": _erfinv,
+             "_lgamma": _lgamma, "_erfc": _erfc,
              "_floordiv": _floordiv, "_truncdiv": _truncdiv, "_mod": _mod, "_fmod": _fmod}
 
 

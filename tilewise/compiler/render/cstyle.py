@@ -109,7 +109,9 @@ MATH_FLOAT = {  # {0}, {1}: operands; {f}: "f" for float, "" for double; {T}: th
     "floordiv": "tw_floordiv_{S}({0}, {1})", "truncdiv": "trunc{f}({0} / {1})", "mod": "tw_mod_{S}({0}, {1})",
     "fmod": "fmod{f}({0}, {1})",
     "pow": "pow{f}({0}, {1})", "maximum": "tw_maximum_{S}({0}, {1})", "minimum": "tw_minimum_{S}({0}, {1})",
-    "atan2": "atan2{f}({0}, {1})", "copysign": "copysign{f}({0}, {1})",
+    "atan2": "atan2{f}({0}, {1})", "copysign": "copysign{f}({0}, {1})", "asinh": "asinh{f}({0})",
+    "acosh": "acosh{f}({0})", "atanh": "atanh{f}({0})", "erfc": "erfc{f}({0})", "lgamma": "lgamma{f}({0})",
+    "hypot": "hypot{f}({0}, {1})", "nextafter": "nextafter{f}({0}, {1})",
 }
 MATH_INT = {
     "neg": "(-{0})", "abs": "tw_abs_{S}({0})", "sign": "(({T})(({0} > 0) - ({0} < 0)))", "floor": "{0}",

@@ -1,0 +1,64 @@
+"""Samples for the torch-namespace breadth operators: special functions, numpy-style pointwise operators,
+set and counting operators, stacking and shape helpers, scatter/index reductions, matrix-vector products."""
+
+from __future__ import annotations
+
+from opinfo import OpInfo, Sample, T
+
+
+def unary(kind="float", low=-2.0, high=2.0):
+    return lambda: [Sample((T((3, 4), kind, low, high),)), Sample((T((), kind, low, high),), name="0-dim"),
+                    Sample((T((2, 3, 5), kind, low, high),), name="3d")]
+
+
+def binary(kind="float", low=-2.0, high=2.0):
+    return lambda: [Sample((T((3, 4), kind, low, high), T((3, 4), kind, low, high)), name="same"),
+                    Sample((T((3, 4), kind, low, high), T((4,), kind, low, high)), name="broadcast"),
+                    Sample((T((2, 1, 4), kind, low, high), T((3, 1), kind, low, high)), name="broadcast-both")]
+
+
+SPECIAL_UNARY = {
+    "asinh": unary(), "arcsinh": unary(), "acosh": unary("positive", 1.1, 4), "arccosh": unary("positive", 1.1, 4),
+    "atanh": unary("float", -0.9, 0.9), "arctanh": unary("float", -0.9, 0.9), "erfc": unary("float", -3, 3),
+    "lgamma": unary("positive", 0.1, 6), "digamma": unary("positive", 0.1, 9), "i0": unary("float", -20, 20),
+    "sinc": unary(), "deg2rad": unary(), "rad2deg": unary(), "logit": unary("prob"),
+    "positive": unary(),
+}
+OPINFOS = [OpInfo(n, s) for n, s in SPECIAL_UNARY.items()]
+OPINFOS += [
+    OpInfo("lgamma", lambda: [Sample((T((5, 4), "float", -4.5, -0.1),), name="negative")], rtol=1e-4),
+    OpInfo("digamma", lambda: [Sample((T((5, 4), "float", -4.5, 0.45),), name="reflected"),
+                               Sample((T((5, 4), "float", 10, 1e4),), name="large")], rtol=1e-4),
+    OpInfo("erfc", lambda: [Sample((T((4,), "float", 4, 9),), name="tail")], rtol=1e-4),
+    OpInfo("i0", lambda: [Sample((T((4, 4), "float", 14, 16),), name="switch"),
+                          Sample((T((4, 4), "float", -80, 80),), name="wide")], dtypes=("float64",)),
+    OpInfo("special_i1", lambda: [Sample((T((3, 4), "float", -20, 20),)), Sample((T((4, 4), "float", 14, 16),))],
+           reference=lambda torch, nnf: torch.special.i1),
+    OpInfo("polygamma", lambda: [Sample((1, T((3, 4), "positive", 0.2, 8))), Sample((2, T((3, 4), "positive", 0.2, 8))),
+                                 Sample((0, T((3, 4), "positive", 0.2, 8))), Sample((3, T((4,), "positive", 3, 40)))],
+           rtol=1e-4),
+    OpInfo("polygamma", lambda: [Sample((T((3, 4), "positive", 0.2, 8), 1))], call="method", rtol=1e-4),
+    OpInfo("mvlgamma", lambda: [Sample((T((3, 4), "positive", 2.1, 5), 1)),
+                                Sample((T((3, 4), "positive", 2.1, 5), 3))]),
+    OpInfo("logit", lambda: [Sample((T((3, 4), "prob"), 0.2), name="eps")]),
+    OpInfo("logaddexp", binary()), OpInfo("logaddexp2", binary()), OpInfo("hypot", binary()),
+    OpInfo("xlogy", lambda: [Sample((T((3, 4)), T((3, 4), "positive", 0.1, 3))),
+                             Sample((T((3, 4), "int", 0, 1, dtype="float32"), T((4,), "positive", 0.1, 3)),
+                                    name="zeros"),
+                             Sample((2.0, T((3, 4), "positive", 0.1, 3)), name="scalar-self")]),
+    OpInfo("fmax", lambda: [*binary()(), Sample((T((5, 4), "nan"), T((5, 4), "nan")), name="nan")]),
+    OpInfo("fmin", lambda: [*binary()(), Sample((T((5, 4), "nan"), T((5, 4), "nan")), name="nan")]),
+    OpInfo("nextafter", binary(), grad=False),
+    OpInfo("heaviside", lambda: [Sample((T((3, 4), "int", -1, 1, dtype="float32"), T((4,), "float")))], grad=False,
+           dtypes=("float32",)),
+    OpInfo("ldexp", lambda: [Sample((T((3, 4)), T((3, 4), "int", 0, 3))),  # torch differentiates 2 ** other in integers
+                           Sample((T((3, 4)), T((3, 4), "int", -3, 3, dtype="float32")), name="float-exponent")]),
+    OpInfo("float_power", lambda: [Sample((T((3, 4), "positive", 0.5, 2), T((3, 4)))), Sample((T((3, 4)), 2))]),
+    OpInfo("frexp", lambda: [Sample((T((3, 4), "float", -50, 50),))], covers=("frexp.Tensor",)),
+    OpInfo("gcd", lambda: [Sample((T((3, 4), "int", -30, 30), T((3, 4), "int", -30, 30)))], dtypes=("int64",),
+           grad=False),
+    OpInfo("lcm", lambda: [Sample((T((3, 4), "int", -30, 30), T((4,), "int", -30, 30)))], dtypes=("int64",),
+           grad=False),
+    OpInfo("clamp_min", lambda: [Sample((T((3, 4)), 0.3)), Sample((T((3, 4)), T((4,))))]),
+    OpInfo("clamp_max", lambda: [Sample((T((3, 4)), 0.3)), Sample((T((3, 4)), T((4,))))]),
+]
