@@ -65,10 +65,7 @@ def check_and_unscale_(grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor
     in float32 at least (half-precision gradients round once)."""
     for g in grads:
         found_inf.copy_(found_inf.maximum(g.isfinite().all().logical_not().to(found_inf.dtype)))
-        if g.dtype.itemsize < 4:
-            g.copy_(g.float() * inv_scale)
-        else:
-            g.mul_(inv_scale)
+        g.mul_(inv_scale)  # a half-precision g computes in float32 and rounds once, as torch's kernel
 
 
 def update_scale_(scale: Tensor, growth_tracker: Tensor, found_inf: Tensor, growth_factor: float,
