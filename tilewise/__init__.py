@@ -108,6 +108,32 @@ from tilewise.backends import get_default_device, set_default_device  # noqa: E4
 from tilewise.compiler import compile  # noqa: E402, A004 — tilewise.compile, like torch.compile
 from tilewise.serialization import load, save  # noqa: E402
 
+# isort: split
+# torch's global settings and device modules: tilewise.backends.cuda.matmul.allow_tf32, tilewise.backends.cudnn,
+# tilewise.cuda.amp, tilewise.cpu, tilewise.accelerator, tilewise.use_deterministic_algorithms, ...
+from tilewise import accelerator, cpu  # noqa: E402
+from tilewise.backends import cudnn as _cudnn  # noqa: E402
+from tilewise.backends import mkldnn as _mkldnn  # noqa: E402
+from tilewise.backends import mps as _mps  # noqa: E402
+from tilewise.backends.cpu.threads import (  # noqa: E402
+    get_num_interop_threads,
+    get_num_threads,
+    set_num_interop_threads,
+    set_num_threads,
+)
+from tilewise.backends.cuda import matmul as _cuda_matmul  # noqa: E402
+from tilewise.backends.flags import (  # noqa: E402
+    are_deterministic_algorithms_enabled,
+    get_deterministic_debug_mode,
+    get_float32_matmul_precision,
+    is_deterministic_algorithms_warn_only_enabled,
+    set_deterministic_debug_mode,
+    set_float32_matmul_precision,
+    use_deterministic_algorithms,
+)
+from tilewise.cpu import amp as _cpu_amp  # noqa: E402
+from tilewise.cuda import amp as _cuda_amp  # noqa: E402
+
 
 def result_type(*operands) -> DType:
     return _dtypes.result_type(*operands)

@@ -1,6 +1,8 @@
-"""``tilewise.amp``: automatic mixed precision (``autocast``, and its helpers for custom autograd Functions).
+"""``tilewise.amp``: automatic mixed precision (``autocast``, its helpers for custom autograd Functions, and
+``GradScaler``).
 
-See [Note: autocast] in ``autocast_mode.py`` for the casting policy.
+See [Note: autocast] in ``autocast_mode.py`` for the casting policy, [Note: gradient scaling] in
+``grad_scaler.py`` for loss scaling.
 
 >>> import tilewise as tw
 >>> tw.amp.autocast is tw.autocast
@@ -19,11 +21,12 @@ from tilewise.amp.autocast_mode import (
     is_autocast_cache_enabled,
     is_autocast_enabled,
 )
+from tilewise.amp.grad_scaler import GradScaler, OptState
 from tilewise.dtypes import DType, float64
 from tilewise.tensor import Tensor
 
-__all__ = ["autocast", "clear_autocast_cache", "custom_bwd", "custom_fwd", "get_autocast_dtype",
-           "is_autocast_available", "is_autocast_cache_enabled", "is_autocast_enabled"]
+__all__ = ["GradScaler", "OptState", "autocast", "clear_autocast_cache", "custom_bwd", "custom_fwd",
+           "get_autocast_dtype", "is_autocast_available", "is_autocast_cache_enabled", "is_autocast_enabled"]
 
 
 def _cast(value, device_type: str, dtype: DType):

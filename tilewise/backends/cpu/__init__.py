@@ -309,3 +309,19 @@ def _reduction_plan(op, args: tuple) -> tuple:
 def _load_kernels() -> None:
     from tilewise.backends.cpu import api_kernels, kernels, movement_kernels  # noqa: F401 — registers the kernels
     from tilewise.backends.cpu import linalg_kernels  # noqa: F401
+
+
+def get_cpu_capability() -> str:
+    """The widest x86/Arm vector extension this CPU offers numpy's loops, in torch.backends.cpu's words: "AVX512",
+    "AVX2", "SVE256", "DEFAULT" (or "NO AVX" on an x86 CPU without AVX2)."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:
+        return "DEFAULT"
+    if all(features.get(f) for f in ("AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ")):
+        return "AVX512"
+    if features.get("AVX2"):
+        return "AVX2"
+    if features.get("SVE"):
+        return "SVE256"
+    return "NO AVX" if "AVX" in features else "DEFAULT"

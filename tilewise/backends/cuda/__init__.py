@@ -325,3 +325,18 @@ def _load_kernels() -> None:
 
 __all__ = ["DeviceBuffer", "cpu", "data_ptr", "download", "empty", "empty_pinned", "pin_memory", "run", "stream_handle",
            "upload"]
+
+
+# torch.backends.cuda's functions (see backends/cuda/torch_api.py)
+from tilewise.backends.cuda.torch_api import (  # noqa: E402
+    cudnn_sdp_enabled,
+    enable_cudnn_sdp,
+    enable_flash_sdp,
+    enable_math_sdp,
+    enable_mem_efficient_sdp,
+    flash_sdp_enabled,
+    is_built,
+    math_sdp_enabled,
+    mem_efficient_sdp_enabled,
+    sdp_kernel,
+)

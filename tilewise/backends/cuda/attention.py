@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from tilewise import dtypes
 from tilewise._stages import stage
+from tilewise.backends import flags
 from tilewise.backends.cuda import DeviceBuffer, data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.config import log
@@ -63,6 +64,10 @@ def _report(reason: str) -> None:
 def unsupported(dtype, query_shape, key_shape, value_shape, has_bias: bool, device: Device) -> str | None:
     """Why cuDNN cannot run this attention (None when it can), from types alone: what the compiler knows when
     it decides to keep the operator whole."""
+    if not flags.sdp_enabled("cudnn"):
+        return "cuDNN attention is off (tilewise.backends.cuda.enable_cudnn_sdp(False))"
+    if flags.are_deterministic_algorithms_enabled() and not flags.is_deterministic_algorithms_warn_only_enabled():
+        return "deterministic algorithms are on, and cuDNN attention's backward accumulates with atomics"
     if dtype.name not in _IO_TYPES:
         return f"cuDNN attention takes bfloat16 or float16, got {dtype}"
     if has_bias:

@@ -10,21 +10,30 @@ transposed views need no copy; only an operand with neither stride 1 is copied f
 (tanh) are cuBLASLt epilogues, used by ``linear`` when its backward is not being recorded.
 
 Per shape, the descriptors, the layouts and the algorithm are made once and cached: the few best
-heuristic candidates are timed once (``TILEWISE_GEMM_TUNE``) and the fastest kept. float32 GEMMs run in
-full float32 unless ``allow_tf32`` is set (torch.backends.cuda.matmul.allow_tf32). Enum values are those
-of ``library_types.h`` and ``cublas_api.h``, a stable ABI.
+heuristic candidates are timed once (``TILEWISE_GEMM_TUNE``) and the fastest kept. The global flags decide the
+numerics (see [Note: backend flags] in ``backends/flags.py``), and are part of every cache key: float32 GEMMs run in
+full float32 (CUBLAS_COMPUTE_32F) unless TF32 is allowed (``tilewise.backends.cuda.matmul.allow_tf32``, or
+``set_float32_matmul_precision("high")``: CUBLAS_COMPUTE_32F_FAST_TF32); float16/bfloat16 GEMMs may sum split-K
+partials in their own dtype unless ``allow_fp16/bf16_reduced_precision_reduction`` is off; in deterministic mode the
+heuristic's first algorithm is taken (a timed choice may differ from one process to the next) and split-K in place
+(atomic accumulation into the output) is excluded. This module carries torch.backends.cuda.matmul's attributes
+(``tilewise.backends.cuda.matmul.allow_tf32 = True``). Enum values are those of ``library_types.h``,
+``cublas_api.h`` and ``cublasLt.h``, a stable ABI.
 """
 
 from __future__ import annotations
 
 import ctypes
+import sys
 import time
+import types
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tilewise import dtypes
 from tilewise._stages import stage
+from tilewise.backends import flags
 from tilewise.backends.cuda import data_ptr, empty, empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.config import log, settings
@@ -34,12 +43,11 @@ from tilewise.ops.linalg import check_mm_shapes
 from tilewise.ops.registry import OPS
 from tilewise.tensor import Tensor
 
-allow_tf32 = False  # float32 GEMMs may use TF32 tensor cores (10-bit mantissa products)
-
 WORKSPACE_BYTES = 32 << 20
 _DATA_TYPE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}  # cudaDataType_t
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70  # cublasComputeType_t
 _OP_N, _OP_T = 0, 1
+_SCHEME_INPLACE, _SCHEME_COMPUTE_TYPE, _SCHEME_ALL = 1, 2, 7  # cublasLtReductionScheme_t (NONE = 0 always passes)
 EPILOGUES = {"none": 1, "relu": 2, "bias": 4, "relu_bias": 6, "gelu": 32, "gelu_bias": 36,  # cublasLtEpilogue_t
              "gelu_aux_bias": 164, "dgelu": 192}
 # epilogues with a second matrix beside D, laid out as D: the GELU input, written by gelu_aux_bias, read by dgelu
@@ -155,8 +163,8 @@ def _plan(key: tuple, dtype: DType, a_op: Operand, b_op: Operand, m: int, n: int
           strides: tuple[int, int], epilogue: str, aligns: tuple[int, ...], args: tuple) -> _Plan:
     lt = _lt()
     wide = dtype is dtypes.float64
-    compute = _COMPUTE_64F if wide else (_COMPUTE_32F_FAST_TF32 if dtype is dtypes.float32 and allow_tf32
-                                         else _COMPUTE_32F)
+    tf32, _, _, deterministic = key[-1]
+    compute = _COMPUTE_64F if wide else (_COMPUTE_32F_FAST_TF32 if dtype is dtypes.float32 and tf32 else _COMPUTE_32F)
     scale = _DATA_TYPE["float64" if wide else "float32"]
     desc = lt.matmul_desc_create(compute, scale)
     setter, dtype_of = lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype
@@ -178,18 +186,30 @@ def _plan(key: tuple, dtype: DType, a_op: Operand, b_op: Operand, m: int, n: int
     plan.alpha = np.array([1.0], np.float64 if wide else np.float32)
     plan.beta = np.array([0.0], np.float64 if wide else np.float32)
     plan.scalars = (plan.alpha.ctypes.data, plan.beta.ctypes.data)
-    algos, results = _heuristics(args[0], desc, layouts, aligns)
+    algos, results = _heuristics(args[0], desc, layouts, aligns, _reduction_schemes(dtype, key[-1]))
     plan.keep.append(results)
-    plan.algo = _choose(key, plan, algos, m * n * k * batch, args)
+    plan.algo = algos[0] if deterministic else _choose(key, plan, algos, m * n * k * batch, args)
     return plan
 
 
-def _heuristics(handle: int, desc: int, layouts, aligns) -> tuple[list[int], object]:
+def _reduction_schemes(dtype: DType, numerics: tuple) -> int:
+    """The split-K reduction schemes cuBLASLt may choose from: partial sums in the output's own dtype only where
+    reduced-precision reduction is allowed (torch's default), none at all without split-K, and never in place (in
+    an order that varies between runs) in deterministic mode."""
+    tf32, fp16, bf16, deterministic = numerics
+    allowed, split_k = {"float16": fp16, "bfloat16": bf16}.get(dtype.name, (True, True))
+    schemes = _SCHEME_ALL if allowed else _SCHEME_COMPUTE_TYPE if split_k else 0
+    return schemes & ~_SCHEME_INPLACE if deterministic else schemes
+
+
+def _heuristics(handle: int, desc: int, layouts, aligns, schemes: int = _SCHEME_ALL) -> tuple[list[int], object]:
     lt = _lt()
     pref = lt.matmul_preference_create()
     setter, dtype_of = lt.matmul_preference_set_attribute, lt.get_matmul_preference_attribute_dtype
     attrs = lt.MatmulPreferenceAttribute
     _set(setter, dtype_of, pref, attrs.MAX_WORKSPACE_BYTES, WORKSPACE_BYTES)
+    if schemes != _SCHEME_ALL:
+        _set(setter, dtype_of, pref, attrs.REDUCTION_SCHEME_MASK, schemes)
     for attr, align in zip((attrs.MIN_ALIGNMENT_A_BYTES, attrs.MIN_ALIGNMENT_B_BYTES, attrs.MIN_ALIGNMENT_C_BYTES,
                             attrs.MIN_ALIGNMENT_D_BYTES), aligns):
         _set(setter, dtype_of, pref, attr, align)
@@ -364,7 +384,7 @@ def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor
     device = a._device
     a_ptr, b_ptr = data_ptr(a), data_ptr(b)
     key = (device.index, a._dtype, a._shape, a._strides, b._shape, b._strides, epilogue, _alignment(a_ptr),
-           _alignment(b_ptr), allow_tf32)
+           _alignment(b_ptr), flags.gemm_numerics())
     call = _calls.get(key)
     stream = stream_handle(device.index)
     if call is None:
@@ -435,7 +455,7 @@ def _call(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, stream: int,
     ptrs = (data_ptr(a), data_ptr(b), data_ptr(out))
     aligns = tuple(_alignment(p) for p in (ptrs[1], ptrs[0], ptrs[2], ptrs[2]))
     strides = (b._strides[0] if batched else 0, a._strides[0] if batched else 0)
-    key = (device.index, a._dtype, a_op, b_op, m, n, k, batch, strides, epilogue, aligns, allow_tf32)
+    key = (device.index, a._dtype, a_op, b_op, m, n, k, batch, strides, epilogue, aligns, flags.gemm_numerics())
     args = (ctx.handle, ptrs[0], ptrs[1], ptrs[2], data_ptr(bias) if bias is not None else 0,
             data_ptr(ctx.workspace), stream, data_ptr(aux) if aux is not None else 0)
     plan = _plans.get(key)
@@ -589,3 +609,28 @@ def linear(device: Device, input: Tensor, weight: Tensor, bias: Tensor | None = 
 
         _check_matmul(input, weight.t())
     return linear_activation(input, weight, bias)
+
+
+# ---------------------------------------------------------------------------------------------- torch's spellings
+
+def _flag(getter, setter) -> property:
+    return property(lambda module: getter(), lambda module, value: setter(value))
+
+
+class _MatmulFlags(types.ModuleType):
+    """This module as ``torch.backends.cuda.matmul``: its flag attributes read and write ``backends/flags.py``, so
+    that ``allow_tf32`` and ``set_float32_matmul_precision`` stay linked as in torch."""
+
+    allow_tf32 = _flag(flags.cublas_allow_tf32, flags.set_cublas_allow_tf32)
+    fp32_precision = _flag(lambda: flags.get_fp32_precision("cuda", "matmul"),
+                           lambda value: flags.set_fp32_precision("cuda", "matmul", value))
+    allow_fp16_reduced_precision_reduction = _flag(lambda: flags.reduced_precision_reduction("fp16")[0],
+                                                   lambda value: flags.set_reduced_precision_reduction("fp16", value))
+    allow_fp16_reduced_precision_reduction_split_k = property(lambda m: flags.reduced_precision_reduction("fp16")[1])
+    allow_bf16_reduced_precision_reduction = _flag(lambda: flags.reduced_precision_reduction("bf16")[0],
+                                                   lambda value: flags.set_reduced_precision_reduction("bf16", value))
+    allow_bf16_reduced_precision_reduction_split_k = property(lambda m: flags.reduced_precision_reduction("bf16")[1])
+    allow_fp16_accumulation = _flag(flags.fp16_accumulation, flags.set_fp16_accumulation)
+
+
+sys.modules[__name__].__class__ = _MatmulFlags

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise.backends import flags
 from tilewise.backends.cuda import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, kernel_into, launch, load_rendered
 from tilewise.backends.cuda.kernels.copy import cast, contiguous, copy_into
@@ -131,6 +132,13 @@ def _check_atomic(dtype: DType, op: str) -> None:
         raise NotImplementedError(f"{op} with accumulation on CUDA supports {sorted(_ATOMIC)}, got {dtype.name}")
 
 
+def _alert_atomic(dtype: DType, op: str) -> None:
+    """Floating-point atomic adds sum in the order threads arrive, which varies from run to run: deterministic mode
+    refuses them (see [Note: backend flags]). Integer atomic adds are exact in any order, so they pass."""
+    if dtype.is_floating_point:
+        flags.alert_not_deterministic(f"{op} on CUDA (it accumulates with floating-point atomics)")
+
+
 # ---------------------------------------------------------------------------------------------- gather/scatter
 
 def _check_index(self: Tensor, dim: int, index: Tensor, op: str, src=None) -> int:
@@ -171,6 +179,7 @@ def _scatter(out: Tensor, self: Tensor, dim: int, index: Tensor, values: Tensor,
     d = _check_index(self, dim, index, op, values)
     if mode == ADD:
         _check_atomic(self._dtype, op)
+        _alert_atomic(self._dtype, op)
     copy_into(out, self)
     a, stride = _along(out, d)
     v_strides = values._strides if values.ndim else (0,) * index.ndim
@@ -285,6 +294,7 @@ def _index_put(out: Tensor, self: Tensor, indices, values: Tensor, accumulate: b
                            f"broadcast to indexing result of shape {list(shape)}") from None
     if accumulate:
         _check_atomic(self._dtype, "index_put")
+        _alert_atomic(self._dtype, "index_put (accumulate=True)")
     copy_into(out, self)
     site = _site("index_put", dims, out._shape, True)
     indexed(ADD if accumulate else PUT, out, values, shape, a, v_strides, specs, site)
@@ -326,6 +336,7 @@ def view_scatter_add_into(out: Tensor, grad: Tensor, input_shape, view_shape, vi
         return False
     if overlapping:
         _check_atomic(grad._dtype, "view_scatter_add")
+        _alert_atomic(grad._dtype, "the backward of an overlapping view (view_scatter_add)")
     fill(out, 0)
     view = _strided_view(out, view_shape, view_strides, view_offset)
     if overlapping:

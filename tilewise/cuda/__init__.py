@@ -1,4 +1,5 @@
-"""``tilewise.cuda``: devices, streams, events, memory statistics and seeding, with torch.cuda's names.
+"""``tilewise.cuda``: devices, streams, events, memory statistics and seeding, with torch.cuda's names
+(``tilewise.cuda.amp`` holds torch.cuda.amp's deprecated spellings of ``tilewise.amp``).
 
 Everything here works on a machine without a GPU as far as it can: ``is_available()`` is False and
 ``device_count()`` is 0 there, and the rest raises a clear error.
@@ -30,10 +31,10 @@ from tilewise.tensortypes import CUDA_TYPES as _CUDA_TYPES
 
 __all__ = [
     "CudaError", "DeviceProperties", "Event", "OutOfMemoryError", "Stream", "current_device", "current_stream",
-    "default_stream", "device_count", "empty_cache", "get_device_name", "get_device_properties", "init",
-    "is_available", "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved",
-    "memory_allocated", "memory_reserved", "memory_stats", "memory_summary", "reset_peak_memory_stats",
-    "set_device", "stream", "synchronize",
+    "default_stream", "device_count", "empty_cache", "get_device_capability", "get_device_name",
+    "get_device_properties", "init", "is_available", "is_bf16_supported", "manual_seed", "manual_seed_all",
+    "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
+    "memory_stats", "memory_summary", "reset_peak_memory_stats", "set_device", "stream", "synchronize",
 ]
 
 
@@ -64,6 +65,20 @@ def get_device_name(device: Any = None) -> str:
 
 def get_device_capability(device: Any = None) -> tuple[int, int]:
     return get_device_properties(device).compute_capability
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Whether the current GPU runs bfloat16 (torch.cuda.is_bf16_supported): natively from compute capability 8.0;
+    with ``including_emulation`` on any GPU, where tilewise's kernels compute bfloat16 in float32. False without a
+    GPU."""
+    if not is_available():
+        return False
+    return including_emulation or get_device_properties(None).major >= 8
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes of the device's memory, as the driver reports them (torch.cuda.mem_get_info)."""
+    return _rt.mem_get_info(_index(device))
 
 
 def set_device(device: Any) -> None:
