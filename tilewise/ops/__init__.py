@@ -18,6 +18,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     nn,
     nn_functional,
     nn_losses,
+    nn_recurrent,
     nn_spatial,
     pointwise,
     reductions,
