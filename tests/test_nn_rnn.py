@@ -483,3 +483,96 @@ def test_packed_sequence_is_a_named_tuple_with_to_and_invert_permutation():
     assert tw_rnn.invert_permutation(tw.tensor(perm)).tolist() == \
         torch.nn.utils.rnn.invert_permutation(torch.tensor(perm)).tolist()
     assert tw_rnn.invert_permutation(None) is None
+
+
+# ---------------------------------------------------------------- the cells as fused programs (CUDA's mechanism)
+
+def test_cells_run_as_one_program_per_shape_on_every_time_step():
+    """On CUDA a cell and its backward each run as one compiled program (backends/cuda/fused.py); here the same
+    mechanism with the C target. The projected inputs of every time step are slices at different offsets of one
+    tensor: they share one program rather than compiling one per step."""
+    from tilewise.backends.cuda import fused
+    from tilewise.dispatch import STATE
+    from tilewise.ops.registry import OPS
+
+    steps, batch, hidden = 5, 4, 8
+    projection = tw.randn(steps * batch, 4 * hidden)
+    hidden_gates, c = tw.randn(batch, 4 * hidden), tw.randn(batch, hidden)
+    cell, backward = OPS["_lstm_cell"], OPS["_lstm_cell_backward"]
+    for t in range(steps):
+        gates = projection[t * batch:(t + 1) * batch]
+        args = (gates, hidden_gates, c)
+        for got, want in zip(fused.run_fused(cell, args), cell.decomposition(*args)):
+            _close(got, want, atol=1e-6)
+        args = (tw.randn(batch, hidden), tw.randn(batch, hidden), gates, hidden_gates, c)
+        for got, want in zip(fused.run_fused(backward, args), backward.decomposition(*args)):
+            _close(got, want, atol=1e-6)
+    for op in (cell, backward):
+        programs = [f for (_, o, _), f in fused._programs.items() if o is op and f is not None]
+        assert len(programs) == 1, f"{op.name}: {len(programs)} programs for {steps} steps of one shape"
+        assert sum(p.kernel_count for p in programs[0].programs()) == 1, f"{op.name}: one kernel"
+    gru, gru_backward = OPS["_gru_cell"], OPS["_gru_cell_backward"]
+    gates = tw.randn(batch, 3 * hidden)
+    h = tw.randn(batch, hidden)
+    _close(fused.run_fused(gru, (gates, gates * 2, h)), gru.decomposition(gates, gates * 2, h), atol=1e-6)
+    args = (tw.randn(batch, hidden), gates, gates * 2, h)
+    for got, want in zip(fused.run_fused(gru_backward, args), gru_backward.decomposition(*args)):
+        _close(got, want, atol=1e-6)
+    key = (STATE.grad_enabled, *fused._key(gru_backward, args))
+    assert sum(p.kernel_count for p in fused._programs[key].programs()) == 1
+
+
+# ---------------------------------------------------------------- CUDA
+
+def _cuda_against_cpu(make, shape, autocast=False):
+    tw.manual_seed(0)
+    cpu_model = make(tw.nn)
+    gpu_model = make(tw.nn)
+    gpu_model.load_state_dict(cpu_model.state_dict())
+    gpu_model.to("cuda")
+    x = np.random.default_rng(0).uniform(-1, 1, size=shape).astype(np.float32)
+    results = []
+    for model, device in ((cpu_model, "cpu"), (gpu_model, "cuda")):
+        xi = tw.tensor(x, device=device, requires_grad=True)
+        if autocast and device == "cuda":
+            with tw.autocast(device_type="cuda", dtype=tw.bfloat16):
+                out = model(xi)
+        else:
+            out = model(xi)
+        flat = _flat_outputs(out)
+        sum((o.float() * (k + 1)).sin().sum() for k, o in enumerate(flat)).backward()
+        results.append((flat, xi.grad, {k: p.grad for k, p in model.named_parameters()}))
+    return results
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("make", [lambda nn: nn.LSTM(16, 32, 2, bidirectional=True, proj_size=8),
+                                  lambda nn: nn.GRU(16, 32, 2, batch_first=True),
+                                  lambda nn: nn.RNN(16, 32, nonlinearity="relu")], ids=["lstm", "gru", "rnn"])
+def test_layers_on_cuda_match_the_cpu(make):
+    (out_c, gx_c, gp_c), (out_g, gx_g, gp_g) = _cuda_against_cpu(make, (7, 5, 16))
+    for a, b in zip(out_g, out_c):
+        _close(a.cpu(), b, atol=1e-4)
+    _close(gx_g.cpu(), gx_c, atol=1e-4)
+    for name in gp_c:
+        _close(gp_g[name].cpu(), gp_c[name], "gradient of " + name, atol=1e-4)
+
+
+@pytest.mark.cuda
+def test_lstm_on_cuda_fuses_each_step_and_compiles_one_cell_program():
+    from tilewise.backends.cuda import fused
+
+    before = {k for k, f in fused._programs.items() if k[1].name.startswith("_lstm_cell")}
+    _cuda_against_cpu(lambda nn: nn.LSTM(16, 32, 1), (40, 4, 16))
+    new = {k: f for k, f in fused._programs.items() if k[1].name.startswith("_lstm_cell") and k not in before}
+    assert all(f is not None for f in new.values()), "the compiler gave up on a cell"
+    assert len(new) <= 4, f"{len(new)} cell programs for 40 steps of one shape: one per step offset?"
+
+
+@pytest.mark.cuda
+def test_lstm_under_bfloat16_autocast_runs_in_bfloat16_like_torch_on_cuda():
+    (out_c, _, _), (out_g, gx_g, gp_g) = _cuda_against_cpu(lambda nn: nn.LSTM(16, 32, 2), (6, 3, 16), autocast=True)
+    assert all(o.dtype == tw.bfloat16 for o in out_g)
+    for a, b in zip(out_g, out_c):
+        _close(a.float().cpu(), b, rtol=5e-2, atol=5e-2)
+    assert gx_g.dtype == tw.float32 and all(g.dtype == tw.float32 for g in gp_g.values())

@@ -46,7 +46,7 @@ def _columns(pieces):
 
 def _lstm_gates(input_gates, hidden_gates, cx):
     ig, hg, c = _widened(input_gates, hidden_gates, cx)
-    i, f, g, o = (ig + hg).chunk(4, 1)
+    i, f, g, o = (a + b for a, b in zip(ig.chunk(4, 1), hg.chunk(4, 1)))  # per gate: one fused nest of [B, H]
     return i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid(), c
 
 
