@@ -18,6 +18,8 @@ import numbers
 import warnings
 
 from tilewise.amp.autocast_mode import cast_to, get_autocast_dtype, is_autocast_enabled
+from tilewise.autograd.function import Function
+from tilewise.autograd.grad_mode import is_grad_enabled
 from tilewise.nn import functional as F  # noqa: N812 — torch's spelling
 from tilewise.nn import init
 from tilewise.nn.modules.module import Module
@@ -67,29 +69,65 @@ def _input_bias(mode: str, b_ih, b_hh):
 # ---------------------------------------------------------------- the time loop
 
 
+class _HiddenWeightGradient(Function):
+    """[Note: the hidden weight's gradient in one product] Where the gate pre-activation is the sum of the input
+    and hidden projections (LSTM, RNN), both get the same gradient, so the gradient of ``W_hh`` is
+    ``sum_t grad(gates_t)^T h_{t-1}`` = ``grad(projection)^T @ [h_{t-1} of every step]``: one GEMM over all steps,
+    where autograd through each step's product would make a small GEMM and an accumulation per step. The loop
+    multiplies by a detached ``W_hh``, and this identity on the input projection gives ``W_hh`` its gradient from
+    the states the loop read, saved as it goes (``saved.ctx.save_for_backward``)."""
+
+    @staticmethod
+    def forward(ctx, projection, weight_hh, saved):
+        saved.ctx = ctx
+        return projection
+
+    @staticmethod
+    def backward(ctx, grad):
+        states_read = _cat(list(ctx.saved_tensors), 0)
+        return grad, grad.t().mm(states_read.to(grad.dtype)), None
+
+
+class _SavedStates:
+    ctx = None
+
+
+def _one_product_for_w_hh(mode: str, w_hh: Tensor) -> bool:
+    return mode != "GRU" and is_grad_enabled() and w_hh.requires_grad
+
+
 def _run_direction(mode: str, data: Tensor, sizes: list[int], h0: Tensor, c0, weights: tuple, reverse: bool):
     """One layer in one direction over steps of ``sizes`` rows of ``data`` (see the note in nn/utils/rnn.py).
     Returns the outputs (rows as in data) and the final hidden and cell states."""
     w_ih, w_hh, b_ih, b_hh, w_hr = weights
-    steps = OPS["_split_steps"](F.linear(data, w_ih, _input_bias(mode, b_ih, b_hh)), sizes)
+    projection = F.linear(data, w_ih, _input_bias(mode, b_ih, b_hh))
+    states_read = saved = None
+    if _one_product_for_w_hh(mode, w_hh):
+        saved, states_read = _SavedStates(), [None] * len(sizes)
+        projection = _HiddenWeightGradient.apply(projection, w_hh, saved)
+        w_hh = w_hh.detach().to(projection.dtype)  # cast once, not at every step's product
+    steps = OPS["_split_steps"](projection, sizes)
     step = _STEPS[mode]
     outputs = [None] * len(sizes)
     if reverse:
         h, c = _rows(h0, sizes[-1]), _rows(c0, sizes[-1])
-        for t in reversed(range(len(sizes))):
-            if sizes[t] > h.shape[0]:  # sequences that start here (packed input: they are shorter)
-                h, c = _grow(h, h0, sizes[t]), _grow(c, c0, sizes[t])
-            h, c = step(steps[t], h, c, w_hh, b_hh, w_hr)
-            outputs[t] = h
-        return _cat(outputs, 0), h, c
-    h, c, ended_h, ended_c = h0, c0, [], []
-    for t in range(len(sizes)):
-        if sizes[t] < h.shape[0]:  # sequences that ended: their state is final
+    else:
+        h, c, ended_h, ended_c = h0, c0, [], []
+    for t in (reversed(range(len(sizes))) if reverse else range(len(sizes))):
+        if reverse and sizes[t] > h.shape[0]:  # sequences that start here (packed input: they are shorter)
+            h, c = _grow(h, h0, sizes[t]), _grow(c, c0, sizes[t])
+        elif not reverse and sizes[t] < h.shape[0]:  # sequences that ended: their state is final
             ended_h.append(h[sizes[t]:])
             ended_c.append(c[sizes[t]:] if c is not None else None)
             h, c = h[:sizes[t]], (c[:sizes[t]] if c is not None else None)
+        if states_read is not None:
+            states_read[t] = h.detach()
         h, c = step(steps[t], h, c, w_hh, b_hh, w_hr)
         outputs[t] = h
+    if saved is not None:
+        saved.ctx.save_for_backward(*states_read)
+    if reverse:
+        return _cat(outputs, 0), h, c
     h_n = _cat([h, *reversed(ended_h)], 0) if ended_h else h
     c_n = _cat([c, *reversed(ended_c)], 0) if ended_c and c is not None else c
     return _cat(outputs, 0), h_n, c_n
