@@ -237,3 +237,37 @@ OPINFOS = [
            call="F"),
     OpInfo("pixel_unshuffle", lambda: [Sample((T((2, 2, 4, 6)), 2))], call="F"),
 ]
+
+
+# ---------------------------------------------------------------- recurrent cells (ops/nn_recurrent.py)
+
+def _lstm_cell_reference(torch, nnf):
+    def cell(input_gates, hidden_gates, cx):
+        i, f, g, o = (input_gates + hidden_gates).chunk(4, 1)
+        cy = f.sigmoid() * cx + i.sigmoid() * g.tanh()
+        return o.sigmoid() * cy.tanh(), cy
+
+    return cell
+
+
+def _gru_cell_reference(torch, nnf):
+    def cell(input_gates, hidden_gates, hx):
+        ir, iz, in_ = input_gates.chunk(3, 1)
+        hr, hz, hn = hidden_gates.chunk(3, 1)
+        r, z = (ir + hr).sigmoid(), (iz + hz).sigmoid()
+        n = (in_ + r * hn).tanh()
+        return n + z * (hx - n)
+
+    return cell
+
+
+OPINFOS += [
+    OpInfo("_lstm_cell", lambda: [Sample((T((3, 8)), T((3, 8)), T((3, 2)))), Sample((T((1, 4)), T((1, 4)), T((1, 1))),
+                                                                                    name="one")],
+           reference=_lstm_cell_reference, covers=("_lstm_cell_backward",)),
+    OpInfo("_gru_cell", lambda: [Sample((T((3, 6)), T((3, 6)), T((3, 2)))), Sample((T((2, 3)), T((2, 3)), T((2, 1))),
+                                                                                   name="one")],
+           reference=_gru_cell_reference, covers=("_gru_cell_backward",)),
+    OpInfo("_split_steps", lambda: [Sample((T((6, 4)), [3, 2, 1])), Sample((T((4, 2)), [2, 2]), name="even")],
+           reference=lambda torch, nnf: lambda x, sizes: tuple(torch.split(x, sizes, 0))),
+]

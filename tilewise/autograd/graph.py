@@ -22,7 +22,7 @@ from types import MappingProxyType
 from tilewise import dispatch
 from tilewise.dispatch import STATE, run
 from tilewise.dtypes import FLOAT as FLOATING
-from tilewise.tensor import Tensor
+from tilewise.tensor import TRACE_HOOKS, Tensor
 
 
 class Node:
@@ -89,6 +89,9 @@ class AccumulateGrad(Node):
             return
         if grad._shape != t._shape:
             grad = grad.sum_to_size(t._shape)
+        assigned = TRACE_HOOKS.grad_assigned  # a trace learns what .grad held before, as for ``t.grad = ...``
+        if assigned is not None:
+            assigned(t)
         if t._grad is None:
             if create_graph:
                 t._grad = grad

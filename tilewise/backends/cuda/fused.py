@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import warnings
 
+from tilewise import _strides as S
 from tilewise.compiler.capture import signature
 from tilewise.dispatch import STATE
+from tilewise.storage import Storage
 from tilewise.tensor import Tensor
 
 FUSED = frozenset({
@@ -25,6 +27,7 @@ FUSED = frozenset({
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "_binary_cross_entropy", "kl_div",
     "_cross_entropy_loss", "_cross_entropy_backward", "_cross_entropy_target_backward",
     "normalize", "cosine_similarity", "var", "std", "var_mean", "std_mean",
+    "_lstm_cell", "_lstm_cell_backward", "_gru_cell", "_gru_cell_backward",
 })
 MAX_SIGNATURES = 256  # per operator; past it, new signatures run the decomposition
 
@@ -47,6 +50,7 @@ def run_fused(op, args: tuple):
     """``op(*args)`` by its compiled decomposition (see the note); None when it must run as declared."""
     if any(isinstance(a, (list, tuple)) and any(type(x) is Tensor for x in a) for a in args):
         return None  # tensors inside lists would be baked into the program
+    args = tuple(rebased(a) if type(a) is Tensor else a for a in args)
     try:
         key = (STATE.grad_enabled, *_key(op, args))
         hash(key)
@@ -81,6 +85,37 @@ def run_fused(op, args: tuple):
 # arguments in distinct storages, a later call with that key and distinct storages runs the variant directly
 # (half of a fused call's host time was the guards); any other call goes through the function and its guards.
 _variants: dict = {}  # key -> the one variant of _programs[key], for calls whose tensors lie in distinct storages
+
+
+# [Note: fused calls on slices]
+# A compiled program is specialised on each tensor's offset into its storage, so a composite called on the
+# slices of one tensor (a recurrent layer's cell on the input projection of each time step) would compile once
+# per slice. Below the dispatcher a slice is only memory to read, so it is handed to the program as a tensor of
+# its own: a storage window from its first element to its last (kept alive with the storage it lies in), so the
+# first slice and the others look alike to the program too. Windows start
+# 16-byte aligned, as allocations do, so a program's vector loads fit them; a slice that does not start so keeps
+# its offset (and its own program).
+class Window:
+    """Device memory inside another storage's allocation."""
+
+    __slots__ = ("base", "nbytes", "ptr")
+
+    def __init__(self, base, ptr: int, nbytes: int) -> None:
+        self.base, self.ptr, self.nbytes = base, ptr, nbytes
+
+
+def rebased(t: Tensor) -> Tensor:
+    """``t`` over a storage window that starts at its first element (see the note), where alignment allows."""
+    start, itemsize = t._offset, t._dtype.itemsize
+    span = 1 + sum((n - 1) * s for n, s in zip(t._shape, t._strides)) if S.numel(t._shape) else 0
+    if (start == 0 and span == t._storage.size) or start * itemsize % 16 or any(s < 0 for s in t._strides):
+        return t
+    base = t._storage.data
+    if t._device.type == "cpu":  # the C target's programs (tests run the mechanism there): a numpy view
+        window = base[start:start + span]
+    else:
+        window = Window(base, base.ptr + start * itemsize, span * itemsize)
+    return Tensor._make(Storage(window, t._device, t._dtype, span), t._shape, t._strides, 0, t._dtype, t._device)
 
 
 def _compile(op, args: tuple):

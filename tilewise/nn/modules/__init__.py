@@ -59,6 +59,7 @@ from tilewise.nn.modules.normalization import (
 )
 from tilewise.nn.modules.padding import ZeroPad2d
 from tilewise.nn.modules.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from tilewise.nn.modules.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
 from tilewise.nn.modules.sparse import Embedding
 from tilewise.nn.modules.transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
@@ -74,4 +75,5 @@ __all__ = [
     "LogSoftmax", "Softmin", "Softmax2d", "Tanhshrink", "Hardshrink", "Softshrink", "GLU",
     "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "NLLLoss", "CrossEntropyLoss", "KLDivLoss", "BCELoss",
     "BCEWithLogitsLoss",
+    "RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell",
 ]
