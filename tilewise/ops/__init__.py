@@ -18,6 +18,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     nn,
     nn_activations,
     nn_ctc,
+    nn_embedding_bag,
     nn_functional,
     nn_losses,
     nn_margin_losses,
