@@ -77,21 +77,23 @@ def _padding_index(padding_idx, rows: int):
     return padding_idx % rows
 
 
-def _bag_bounds(offsets, length: int, include_last_offset: bool):
-    """(start, end) of each bag, as tensors."""
+def _bag_bounds(offsets, length: int, include_last_offset: bool, last_offset_ends_bag: bool):
+    """(start, end) of each bag, as tensors. torch's kernels differ on where the last bag of
+    ``include_last_offset`` ends: at the last offset for max without padding_idx, else at the input's end."""
     from tilewise.ops.creation import full
     from tilewise.ops.registry import call
 
     offsets = offsets.long()
-    if include_last_offset:
-        return offsets[:-1], offsets[1:]
     end = full((1,), length, dtype=offsets.dtype, device=offsets.device)
+    if include_last_offset:
+        if last_offset_ends_bag:
+            return offsets[:-1], offsets[1:]
+        return offsets[:-1], call("cat", [offsets[1:-1], end])
     return offsets, call("cat", [offsets[1:], end])
 
 
 def _bag_of_each_element(starts, length: int):
-    """The bag of each input position. Like torch's sum and mean, the last bag runs to the input's end even when
-    ``include_last_offset`` gives it an earlier one (torch's max stops there)."""
+    """The bag of each input position (the last bag runs to the input's end, see ``_bag_bounds``)."""
     from tilewise.ops.creation import ones, zeros
 
     bags = starts.shape[0]
@@ -157,7 +159,7 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
     counted = input != (padding_idx if padding_idx is not None else -1)  # indices are >= 0: every row counts
     if input.ndim == 2:
         return _reduce_dense(rows, counted, mode)
-    starts, ends = _bag_bounds(offsets, input.shape[0], include_last_offset)
+    starts, ends = _bag_bounds(offsets, input.shape[0], include_last_offset, mode == "max" and padding_idx is None)
     return _bags_of_offsets(rows, counted, starts, ends, mode)
 
 
