@@ -1,11 +1,15 @@
 """tilewise.nn.functional: the neural-network operators, as functions (torch.nn.functional's names).
 
-Everything here is a declared operator (``tilewise/ops``); this module only gathers the names.
+Everything here is a declared operator (``tilewise/ops``); this module only gathers the names, and gives the
+activations torch's ``inplace`` option and in-place forms (``relu_``), derived from the operators as the
+Tensor methods' in-place forms are.
 """
 
 from __future__ import annotations
 
 import tilewise as _tw  # noqa: F401 — loads every declaration before the names are gathered
+from tilewise.ops.inplace import make_inplace
+from tilewise.ops.nn_margin_losses import triplet_margin_with_distance_loss  # noqa: F401 — takes a callable
 from tilewise.ops.registry import OVERLOADS, public_function
 
 _NN_OPS = ("relu", "relu6", "leaky_relu", "threshold", "hardtanh", "gelu", "silu", "mish", "softplus", "hardswish",
@@ -22,4 +26,28 @@ def _export(names) -> None:
 _export(_NN_OPS)
 _export(name for name, ops in OVERLOADS.items() if ops[0].attrs.get("functional"))
 
-from tilewise.ops.nn_margin_losses import triplet_margin_with_distance_loss  # noqa: E402, F401 — takes a callable
+
+# activation -> how many options precede ``inplace`` in torch's signature (``F.leaky_relu(x, 0.2, True)``)
+_INPLACE_OPTION = {"relu": 0, "relu6": 0, "selu": 0, "silu": 0, "mish": 0, "hardswish": 0, "hardsigmoid": 0,
+                   "elu": 1, "celu": 1, "leaky_relu": 1, "hardtanh": 2, "threshold": 2}
+_INPLACE_FORMS = ("relu", "elu", "selu", "celu", "leaky_relu", "hardtanh", "threshold", "rrelu")
+
+
+def _accepting_inplace(name: str, options: int):
+    out_of_place = public_function(name)
+    in_place = make_inplace(out_of_place, name)
+
+    def activation(input, *args, inplace: bool = False, **kwargs):
+        if len(args) > options:
+            args, inplace = args[:options], args[options]
+        return in_place(input, *args, **kwargs) if inplace else out_of_place(input, *args, **kwargs)
+
+    activation.__name__ = activation.__qualname__ = name
+    activation.__doc__ = out_of_place.__doc__
+    return activation
+
+
+for _name in _INPLACE_FORMS:
+    globals()[f"{_name}_"] = make_inplace(public_function(_name), _name)
+for _name, _options in _INPLACE_OPTION.items():
+    globals()[_name] = _accepting_inplace(_name, _options)

@@ -17,6 +17,7 @@ from tilewise.nn.modules.activation import (
     PReLU,
     ReLU,
     ReLU6,
+    RReLU,
     Sigmoid,
     SiLU,
     Softmax,
@@ -29,21 +30,37 @@ from tilewise.nn.modules.activation import (
     Tanhshrink,
     Threshold,
 )
+from tilewise.nn.modules.adaptive import AdaptiveLogSoftmaxWithLoss
+from tilewise.nn.modules.channelshuffle import ChannelShuffle
 from tilewise.nn.modules.container import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from tilewise.nn.modules.conv import Conv1d, Conv2d
-from tilewise.nn.modules.distance import CosineSimilarity
-from tilewise.nn.modules.dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
+from tilewise.nn.modules.distance import CosineSimilarity, PairwiseDistance
+from tilewise.nn.modules.dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d, Dropout3d, FeatureAlphaDropout
 from tilewise.nn.modules.linear import Bilinear, Flatten, Identity, Linear, Unflatten
+from tilewise.nn.modules.local_response import CrossMapLRN2d, LocalResponseNorm
 from tilewise.nn.modules.loss import (
     BCELoss,
     BCEWithLogitsLoss,
+    CosineEmbeddingLoss,
     CrossEntropyLoss,
+    CTCLoss,
+    GaussianNLLLoss,
+    HingeEmbeddingLoss,
     HuberLoss,
     KLDivLoss,
     L1Loss,
+    MarginRankingLoss,
     MSELoss,
+    MultiLabelMarginLoss,
+    MultiLabelSoftMarginLoss,
+    MultiMarginLoss,
     NLLLoss,
+    NLLLoss2d,
+    PoissonNLLLoss,
     SmoothL1Loss,
+    SoftMarginLoss,
+    TripletMarginLoss,
+    TripletMarginWithDistanceLoss,
 )
 from tilewise.nn.modules.module import Module
 from tilewise.nn.modules.normalization import (
@@ -60,7 +77,7 @@ from tilewise.nn.modules.normalization import (
 from tilewise.nn.modules.padding import ZeroPad2d
 from tilewise.nn.modules.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from tilewise.nn.modules.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
-from tilewise.nn.modules.sparse import Embedding
+from tilewise.nn.modules.sparse import Embedding, EmbeddingBag
 from tilewise.nn.modules.transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = [
@@ -76,4 +93,9 @@ __all__ = [
     "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "NLLLoss", "CrossEntropyLoss", "KLDivLoss", "BCELoss",
     "BCEWithLogitsLoss",
     "RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell",
+    "CosineEmbeddingLoss", "HingeEmbeddingLoss", "MarginRankingLoss", "SoftMarginLoss", "MultiMarginLoss",
+    "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "PoissonNLLLoss", "GaussianNLLLoss", "TripletMarginLoss",
+    "TripletMarginWithDistanceLoss", "CTCLoss", "NLLLoss2d", "AdaptiveLogSoftmaxWithLoss",
+    "RReLU", "AlphaDropout", "FeatureAlphaDropout", "PairwiseDistance", "EmbeddingBag", "LocalResponseNorm",
+    "CrossMapLRN2d", "ChannelShuffle",
 ]

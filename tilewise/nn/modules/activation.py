@@ -155,10 +155,7 @@ class PReLU(Module):
         self.weight = Parameter(full((num_parameters,), init, device=device, dtype=dtype))
 
     def forward(self, input: Tensor) -> Tensor:
-        weight = self.weight
-        if self.num_parameters > 1 and input.ndim > 1:
-            weight = weight.view((-1,) + (1,) * (input.ndim - 2))
-        return input.clamp(min=0) + weight * input.clamp(max=0)
+        return F.prelu(input, self.weight)
 
     def extra_repr(self) -> str:
         return f"num_parameters={self.num_parameters}"
@@ -166,7 +163,7 @@ class PReLU(Module):
 
 class Tanhshrink(Module):
     def forward(self, input: Tensor) -> Tensor:
-        return input - input.tanh()
+        return F.tanhshrink(input)
 
 
 class Hardshrink(Module):
@@ -175,7 +172,7 @@ class Hardshrink(Module):
         self.lambd = lambd
 
     def forward(self, input: Tensor) -> Tensor:
-        return input.masked_fill(input.abs() <= self.lambd, 0.0)
+        return F.hardshrink(input, self.lambd)
 
     def extra_repr(self) -> str:
         return f"{self.lambd}"
@@ -183,8 +180,7 @@ class Hardshrink(Module):
 
 class Softshrink(Hardshrink):
     def forward(self, input: Tensor) -> Tensor:
-        shrunk = input - input.sign() * self.lambd
-        return shrunk.masked_fill(input.abs() <= self.lambd, 0.0)
+        return F.softshrink(input, self.lambd)
 
 
 class GLU(Module):
@@ -195,8 +191,7 @@ class GLU(Module):
         self.dim = dim
 
     def forward(self, input: Tensor) -> Tensor:
-        a, b = input.chunk(2, self.dim)
-        return a * b.sigmoid()
+        return F.glu(input, self.dim)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
@@ -225,9 +220,8 @@ class LogSoftmax(_WithDim):
     fn = "log_softmax"
 
 
-class Softmin(Softmax):
-    def forward(self, input: Tensor) -> Tensor:
-        return super().forward(-input)
+class Softmin(_WithDim):
+    fn = "softmin"
 
 
 class Softmax2d(Module):
@@ -237,3 +231,18 @@ class Softmax2d(Module):
         if input.dim() not in (3, 4):
             raise ValueError(f"Softmax2d: expected input of 3 or 4 dimensions, got shape {list(input.shape)}")
         return F.softmax(input, -3)
+
+
+class RReLU(Module):
+    """Leaky ReLU with a random negative slope from U(lower, upper) per element while training, and the mean
+    slope ``(lower + upper) / 2`` in evaluation."""
+
+    def __init__(self, lower: float = 1.0 / 8, upper: float = 1.0 / 3, inplace: bool = False) -> None:
+        super().__init__()
+        self.lower, self.upper, self.inplace = lower, upper, inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.rrelu(input, self.lower, self.upper, self.training, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"lower={self.lower}, upper={self.upper}" + (", inplace=True" if self.inplace else "")

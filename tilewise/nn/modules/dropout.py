@@ -39,3 +39,16 @@ class Dropout3d(Dropout):
     """Zero whole channels of ``(N, C, D, H, W)`` inputs."""
 
     _functional = "dropout3d"
+
+
+class AlphaDropout(Dropout):
+    """Dropout that keeps SELU's self-normalisation: dropped elements take SELU's negative saturation value and an
+    affine map restores zero mean and unit variance."""
+
+    _functional = "alpha_dropout"
+
+
+class FeatureAlphaDropout(Dropout):
+    """Alpha dropout of whole channels (dim 1)."""
+
+    _functional = "feature_alpha_dropout"

@@ -74,10 +74,7 @@ class Bilinear(Module):
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, input1: Tensor, input2: Tensor) -> Tensor:
-        out_features, in1, in2 = self.weight.shape
-        left = input1.matmul(self.weight.permute(1, 0, 2).reshape(in1, out_features * in2))
-        out = (left.unflatten(-1, (out_features, in2)) * input2.unsqueeze(-2)).sum(-1)
-        return out + self.bias if self.bias is not None else out
+        return F.bilinear(input1, input2, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in1_features={self.in1_features}, in2_features={self.in2_features}, "

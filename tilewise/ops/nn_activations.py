@@ -1,0 +1,296 @@
+"""torch.nn.functional's remaining activations and small layers: shrinkage and gating activations, prelu,
+randomized leaky ReLU, alpha dropout, Gumbel-softmax, bilinear, local response normalization and channel
+shuffle.
+
+The shrinkage activations are pointwise primitives (one expression, fused like any other pointwise chain);
+the rest are composites of primitives. The random ones (rrelu while training, alpha dropout, Gumbel-softmax)
+draw from tilewise's Philox generator, so their values differ from torch's for the same seed while their
+distributions and their deterministic paths (evaluation mode, p = 0) are torch's.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from tilewise import _strides as S
+from tilewise.ops import dtype_rules as R
+from tilewise.ops.expr import where as expr_where
+from tilewise.ops.nn_functional import call_public, check_dropout_p, functional, private, where
+from tilewise.ops.pointwise import pointwise
+
+_TORCH_TYPE_NAMES = {"float64": "Double", "float32": "Float", "float16": "Half", "bfloat16": "BFloat16"}
+
+
+# ---------------------------------------------------------------------------- shrinkage
+
+def _check_lambda(lambd, dtype) -> None:
+    if lambd < 0:
+        raise RuntimeError(f"lambda must be in range [0, 3.40282e+38] for input dtype "
+                           f"{_TORCH_TYPE_NAMES.get(dtype.name, dtype.name)}, but found {lambd}")
+
+
+def _softshrink_expr(x, lambd):
+    # x * 0 keeps NaN (and the sign of zero) where torch's kernel keeps them
+    return expr_where(x.gt(lambd), x - lambd, expr_where(x.lt(-lambd), x + lambd, x * 0))
+
+
+# torch's vectorised backward (what all but the shortest tensors take) passes no gradient to NaN
+_OUTSIDE = "where((self < -lambd) | (self > lambd), grad, zeros_like(grad))"
+pointwise("hardshrink(Tensor self, Scalar lambd=0.5) -> Tensor",
+          lambda x, lambd: expr_where(x.ge(-lambd).logical_and(x.le(lambd)), 0, x), {"self": _OUTSIDE},
+          R.floating_only, inplace=False, functional=True)
+pointwise("_softshrink(Tensor self, Scalar lambd) -> Tensor", _softshrink_expr, {"self": _OUTSIDE},
+          R.floating_only, public=False, method=False)
+pointwise("tanhshrink(Tensor self) -> Tensor", lambda x: x - x.tanh(), {"self": "grad * tanh(self) ** 2"},
+          R.floating_only, method=False, function=False, functional=True)
+
+
+def _softshrink(input, lambd=0.5):
+    _check_lambda(lambd, input.dtype)
+    from tilewise.ops.registry import OPS
+
+    return OPS["_softshrink"](input, lambd)
+
+
+functional("softshrink(Tensor input, Scalar lambd=0.5) -> Tensor", _softshrink, function=False)
+
+
+# ---------------------------------------------------------------------------- gating, softmin, prelu
+
+def _glu(input, dim=-1):
+    if input.ndim == 0:
+        raise RuntimeError("glu does not support scalars because halving size must be even")
+    d = S.normalize_dim(dim, input.ndim, "glu")
+    if input.shape[d] % 2:
+        raise RuntimeError(f"Halving dimension must be even, but dimension {d} is size {input.shape[d]}")
+    first, second = input.chunk(2, d)
+    return first * second.sigmoid()
+
+
+def implicit_softmax_dim(op: str, ndim: int) -> int:
+    warnings.warn(f"Implicit dimension choice for {op} has been deprecated. Change the call to include dim=X as an "
+                  "argument.", stacklevel=5)
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def _softmin(input, dim=None, _stacklevel=3, dtype=None):
+    dim = implicit_softmax_dim("softmin", input.ndim) if dim is None else dim
+    return call_public("softmax", -input, dim, dtype)
+
+
+def _prelu(input, weight):
+    if weight.ndim > 1:
+        raise RuntimeError(f"prelu: Expected `weight` to be a scalar or 1D tensor, but got: ndim = {weight.ndim}")
+    channels = input.shape[1] if input.ndim >= 2 else 1
+    if weight.numel() != 1 and weight.numel() != channels:
+        raise RuntimeError(f"Mismatch of parameter numbers and input channel size. Found parameter numbers = "
+                           f"{weight.numel()} and channel size = {channels}.")
+    if input.ndim == 0 and weight.numel() != 1:
+        raise RuntimeError("Not allow zero-dim input tensor.")
+    if input.ndim >= 2:
+        weight = weight.reshape((1, -1) + (1,) * (input.ndim - 2))
+    elif weight.ndim:
+        weight = weight.reshape(())
+    return where(input > 0, input, weight * input)
+
+
+functional("glu(Tensor input, int dim=-1) -> Tensor", _glu, function=False)
+functional("softmin(Tensor input, int? dim=None, int _stacklevel=3, ScalarType? dtype=None) -> Tensor", _softmin,
+           function=False, autocast="fp32")
+functional("prelu(Tensor input, Tensor weight) -> Tensor", _prelu, method=True)
+
+
+# ---------------------------------------------------------------------------- randomized leaky ReLU
+
+def _rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
+    if lower > upper:
+        raise RuntimeError("Lower bound should be less than or equal to the upper bound")
+    if not training:
+        out = call_public("leaky_relu", input, (lower + upper) / 2)
+    else:
+        from tilewise.ops.creation import rand
+
+        slope = rand(tuple(input.shape), dtype=input.dtype, device=input.device) * (upper - lower) + lower
+        out = where(input <= 0, input * slope, input)
+    return input.copy_(out) if inplace else out
+
+
+functional("rrelu(Tensor input, float lower=0.125, float upper=0.3333333333333333, bool training=False, "
+           "bool inplace=False) -> Tensor", _rrelu, function=False)
+
+
+# ---------------------------------------------------------------------------- alpha dropout
+
+_SELU_ALPHA = 1.7580993408473766  # -scale * alpha of SELU: the value SELU tends to at -inf
+
+
+def _alpha_dropout_with_mask(input, p, inplace, mask_shape):
+    """torch's alpha dropout: dropped elements take SELU's saturation value, then an affine map ``a * x + b``
+    restores zero mean and unit variance."""
+    from tilewise.ops.creation import full
+
+    if p == 1.0:
+        zero = full((), 0.0, dtype=input.dtype, device=input.device)
+        return input.mul_(zero) if inplace else input * zero
+    keep = full(mask_shape, 1.0 - p, dtype=input.dtype, device=input.device).bernoulli()
+    a = 1.0 / math.sqrt((_SELU_ALPHA * _SELU_ALPHA * p + 1) * (1 - p))
+    shift = (keep - 1) * (_SELU_ALPHA * a) + _SELU_ALPHA * a * p
+    scale = keep * a
+    return input.mul_(scale).add_(shift) if inplace else input * scale + shift
+
+
+def _alpha_dropout(input, p=0.5, training=False, inplace=False):
+    check_dropout_p(p, "alpha_dropout")
+    if p == 0 or not training or input.numel() == 0:
+        return input
+    return _alpha_dropout_with_mask(input, p, inplace, tuple(input.shape))
+
+
+def _feature_alpha_dropout(input, p=0.5, training=False, inplace=False):
+    check_dropout_p(p, "feature_alpha_dropout")
+    if p == 0 or not training or input.numel() == 0:
+        return input
+    if input.ndim < 2:
+        raise RuntimeError("Feature dropout requires at least 2 dimensions in the input")
+    return _alpha_dropout_with_mask(input, p, inplace, tuple(input.shape[:2]) + (1,) * (input.ndim - 2))
+
+
+functional("alpha_dropout(Tensor input, float p=0.5, bool training=False, bool inplace=False) -> Tensor",
+           _alpha_dropout, function=False)
+functional("feature_alpha_dropout(Tensor input, float p=0.5, bool training=False, bool inplace=False) -> Tensor",
+           _feature_alpha_dropout, function=False)
+
+
+# ---------------------------------------------------------------------------- Gumbel-softmax
+
+def _gumbel_softmax(logits, tau=1.0, hard=False, eps=1e-10, dim=-1):
+    """softmax((logits + g) / tau) with g ~ Gumbel(0, 1); ``hard`` returns the one-hot of its argmax, with the
+    soft sample's gradient (the straight-through estimator)."""
+    from tilewise.ops.creation import rand, zeros
+
+    if eps != 1e-10:
+        warnings.warn("`eps` parameter is deprecated and has no effect.", stacklevel=4)
+    if not logits.dtype.is_floating_point:
+        raise RuntimeError(f"Exponential distribution is a continuous probability distribution. dtype must be a "
+                           f"floating point but you specified {logits.dtype}")
+    uniform = rand(tuple(logits.shape), dtype=logits.dtype, device=logits.device)
+    gumbels = -(-uniform.log()).log()  # -log(Exponential(1)); u = 0 gives -inf, a class never drawn
+    soft = ((logits + gumbels) / tau).softmax(dim)
+    if not hard:
+        return soft
+    index = soft.argmax(dim, keepdim=True)
+    one_hot = zeros(tuple(logits.shape), dtype=logits.dtype, device=logits.device).scatter(dim, index, 1.0)
+    return one_hot - soft.detach() + soft
+
+
+functional("gumbel_softmax(Tensor logits, float tau=1.0, bool hard=False, float eps=1e-10, int dim=-1) -> Tensor",
+           _gumbel_softmax, function=False)
+
+
+# ---------------------------------------------------------------------------- bilinear
+
+def _check_bilinear(input1, input2, weight, bias) -> None:
+    if input1.ndim != input2.ndim:
+        raise RuntimeError(f"bilinear(): input dimensions do not match: got {input1.ndim} and {input2.ndim}")
+    for d in range(input1.ndim - 1):
+        if input1.shape[d] != input2.shape[d]:
+            raise RuntimeError(f"bilinear(): input batch dimensions do not match at dim {d}: got "
+                               f"{input1.shape[d]} and {input2.shape[d]}")
+    if weight.ndim != 3:
+        raise RuntimeError(f"bilinear(): weight must be 3-D (out_features, in1_features, in2_features), got "
+                           f"{list(weight.shape)}")
+    if input1.shape[-1] != weight.shape[1]:
+        raise RuntimeError(f"bilinear(): input1 size does not match weight size: got {input1.shape[-1]} but "
+                           f"expected {weight.shape[1]}")
+    if input2.shape[-1] != weight.shape[2]:
+        raise RuntimeError(f"bilinear(): input2 size does not match weight size: got {input2.shape[-1]} but "
+                           f"expected {weight.shape[2]}")
+    if bias is not None and bias.numel() != weight.shape[0]:
+        raise RuntimeError(f"bilinear(): bias size does not match weight size: got {bias.numel()} but expected "
+                           f"{weight.shape[0]}")
+
+
+def _bilinear(input1, input2, weight, bias=None):
+    """``y[..., o] = input1[...] @ weight[o] @ input2[...] + bias[o]``: one matmul against weight laid out as
+    (in1, out * in2), then a product with input2 summed over in2."""
+    _check_bilinear(input1, input2, weight, bias)
+    out_features, in1, in2 = weight.shape
+    left = input1.matmul(weight.permute(1, 0, 2).reshape(in1, out_features * in2))
+    out = (left.unflatten(-1, (out_features, in2)) * input2.unsqueeze(-2)).sum(-1)
+    return out + bias if bias is not None else out
+
+
+functional("bilinear(Tensor input1, Tensor input2, Tensor weight, Tensor? bias=None) -> Tensor", _bilinear,
+           autocast="lower")
+
+
+# ---------------------------------------------------------------------------- local response normalization
+
+def _channel_window_sum(squares, before: int, after: int):
+    """Sum over channels c - before .. c + after (dim 1), zero beyond the ends."""
+    from tilewise.ops.creation import zeros
+    from tilewise.ops.registry import call
+
+    shape = list(squares.shape)
+    channels = shape[1]
+    pad_before = zeros(tuple([shape[0], before] + shape[2:]), dtype=squares.dtype, device=squares.device)
+    pad_after = zeros(tuple([shape[0], after] + shape[2:]), dtype=squares.dtype, device=squares.device)
+    padded = call("cat", [pad_before, squares, pad_after], 1)
+    total = padded.narrow(1, 0, channels)
+    for k in range(1, before + after + 1):
+        total = total + padded.narrow(1, k, channels)
+    return total
+
+
+def _local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
+    if input.ndim < 3:
+        raise ValueError(f"Expected 3D or higher dimensionality input (got {input.ndim} dimensions)")
+    if input.numel() == 0:
+        return input
+    window = _channel_window_sum(input * input, size // 2, (size - 1) // 2)
+    return input / (window / size * alpha + k) ** beta
+
+
+def _cross_map_lrn2d(input, size, alpha=1e-4, beta=0.75, k=1.0):
+    """torch's legacy CrossMapLRN2d forward, quirk included: its running window adds the channel entering and
+    removes the one leaving only from channel ``pre_pad + 1`` on, so channel 0 stays in every window."""
+    if input.ndim != 4:
+        raise ValueError(f"CrossMapLRN2d: Expected input to be 4D, got {input.ndim}D instead.")
+    from tilewise.dtypes import int64
+    from tilewise.tensor import tensor
+
+    channels = input.shape[1]
+    pre_pad = int((size - 1) / 2 + 1)
+    prefix = (input * input).cumsum(1)
+    upper = tensor([min(c + pre_pad - 1, channels - 1) for c in range(channels)], dtype=int64, device=input.device)
+    lower = tensor([max(c - pre_pad, 0) for c in range(channels)], dtype=int64, device=input.device)
+    scale = prefix.index_select(1, upper) - (prefix.index_select(1, lower) - prefix.narrow(1, 0, 1))
+    return input * (scale * (alpha / size) + k) ** -beta
+
+
+functional("local_response_norm(Tensor input, int size, float alpha=0.0001, float beta=0.75, float k=1.0) -> Tensor",
+           _local_response_norm, function=False, autocast="fp32")
+private("_cross_map_lrn2d(Tensor input, int size, float alpha=0.0001, float beta=0.75, float k=1.0) -> Tensor",
+        _cross_map_lrn2d, autocast="fp32")
+
+
+# ---------------------------------------------------------------------------- channel shuffle
+
+def _channel_shuffle(input, groups):
+    if input.ndim <= 2:
+        raise RuntimeError(f"channel_shuffle expects input with > 2 dims, but got input with sizes "
+                           f"{list(input.shape)}")
+    if groups <= 0:
+        raise RuntimeError(f"Number of groups to divide channels in must be positive. Value of groups:{groups}")
+    channels = input.shape[1]
+    if channels % groups:
+        raise RuntimeError(f"Number of channels must be divisible by groups. Got {channels} channels and {groups} "
+                           "groups.")
+    batch, rest = input.shape[0], tuple(input.shape[2:])
+    grouped = input.reshape((batch, groups, channels // groups) + rest)
+    return grouped.transpose(1, 2).reshape(tuple(input.shape))
+
+
+functional("channel_shuffle(Tensor input, int groups) -> Tensor", _channel_shuffle)
+functional("native_channel_shuffle(Tensor input, int groups) -> Tensor", _channel_shuffle)

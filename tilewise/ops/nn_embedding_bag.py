@@ -1,0 +1,169 @@
+"""torch.nn.functional.embedding_bag: sums, means or maxima of bags of embedding rows, as a composite.
+
+Rows are looked up through ``embedding`` (so ``padding_idx`` and ``scale_grad_by_freq`` shape the weight's
+gradient as they do there), then reduced per bag. A 2-D input is a batch of equal bags and reduces over its
+second dim. A 1-D input with offsets gives each element the number of its bag, by marking where bags start
+and a cumulative sum (empty bags, repeated offsets, are skipped by marks of 2 or more); sums and means are
+then one accumulating ``index_put`` per bag. Maxima need every row of a bag side by side: the bags are laid
+out as a (bags, longest bag) matrix of positions, the longest bag read from the offsets where they can be read
+and bounded by the input's length inside a trace.
+"""
+
+from __future__ import annotations
+
+from tilewise.dispatch import values_readable
+from tilewise.ops.nn_functional import _renorm_rows_, call_public, concrete_cpu, functional, where
+
+_MODES = ("sum", "mean", "max")
+
+
+def _check_embedding_bag(input, weight, offsets, mode, scale_grad_by_freq, sparse, per_sample_weights) -> None:
+    if per_sample_weights is not None and tuple(input.shape) != tuple(per_sample_weights.shape):
+        raise ValueError(f"embedding_bag: If per_sample_weights ({list(per_sample_weights.shape)}) is not None, then "
+                         f"it must have the same shape as the input ({list(input.shape)})")
+    if weight.ndim != 2:
+        raise ValueError(f"weight has to be a 2D Tensor, but got Tensor of dimension {weight.ndim}")
+    if input.ndim == 2 and offsets is not None:
+        raise ValueError("if input is 2D, then offsets has to be None, as input is treated is a mini-batch of fixed "
+                         "length sequences. However, found offsets of type Tensor")
+    if input.ndim == 1 and offsets is None:
+        raise ValueError("offsets has to be a 1D Tensor but got None")
+    if input.ndim == 1 and offsets.ndim != 1:
+        raise ValueError("offsets has to be a 1D Tensor")
+    if input.ndim not in (1, 2):
+        raise ValueError(f"input has to be 1D or 2D Tensor, but got Tensor of dimension {input.ndim}")
+    if mode not in _MODES:
+        raise ValueError("mode has to be one of sum, mean or max")
+    if mode == "max" and scale_grad_by_freq:
+        raise ValueError("max mode does not support scaling the gradient by the frequency")
+    if sparse:
+        raise NotImplementedError("embedding_bag: sparse=True needs sparse gradients, which tilewise does not have; "
+                                  "use sparse=False")
+    if per_sample_weights is not None and mode != "sum":
+        raise NotImplementedError(f"embedding_bag: per_sample_weights was not None. per_sample_weights is only "
+                                  f"supported for mode='sum' (got mode='{mode}'). Please open a feature request on "
+                                  "GitHub.")
+    if input.dtype.is_floating_point or input.dtype.name == "bool":
+        raise RuntimeError(f"Expected tensor for argument #1 'indices' to have one of the following scalar types: "
+                           f"Long, Int; but got {input.dtype} instead (while checking arguments for embedding_bag)")
+    if per_sample_weights is not None and per_sample_weights.dtype is not weight.dtype:
+        raise RuntimeError(f"Expected tensor for argument #1 'weight' to have the same type as tensor for argument #1 "
+                           f"'per_sample_weights'; but type {weight.dtype} does not equal {per_sample_weights.dtype} "
+                           "(while checking arguments for embedding_bag)")
+
+
+def _check_offsets(offsets, length: int, include_last_offset: bool) -> None:
+    if include_last_offset and offsets.shape[0] < 1:
+        raise RuntimeError("include_last_offset: number of offset should be at least 1")
+    if not concrete_cpu(offsets) or offsets.numel() == 0:
+        return
+    values = [int(v) for v in offsets.tolist()]
+    if values[0] != 0:
+        raise RuntimeError(f"offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from "
+                           f"position 0. However, got {values[0]}")
+    if values[-1] > length:
+        raise RuntimeError(f"offsets[-1] can not be greater than input's length {length} but got offsets[-1] of "
+                           f"{values[-1]}")
+    if any(b < a for a, b in zip(values, values[1:])):
+        raise RuntimeError(f"embedding_bag: offsets must be non-decreasing, got {values}")
+
+
+def _padding_index(padding_idx, rows: int):
+    if padding_idx is None:
+        return None
+    if not -rows <= padding_idx < rows:
+        raise RuntimeError(f"padding_idx must be within the number of embeddings, {-rows} through {rows - 1}, but got "
+                           f"{padding_idx}")
+    return padding_idx % rows
+
+
+def _bag_bounds(offsets, length: int, include_last_offset: bool, last_offset_ends_bag: bool):
+    """(start, end) of each bag, as tensors. torch's kernels differ on where the last bag of
+    ``include_last_offset`` ends: at the last offset for max without padding_idx, else at the input's end."""
+    from tilewise.ops.creation import full
+    from tilewise.ops.registry import call
+
+    offsets = offsets.long()
+    end = full((1,), length, dtype=offsets.dtype, device=offsets.device)
+    if include_last_offset:
+        if last_offset_ends_bag:
+            return offsets[:-1], offsets[1:]
+        return offsets[:-1], call("cat", [offsets[1:-1], end])
+    return offsets, call("cat", [offsets[1:], end])
+
+
+def _bag_of_each_element(starts, length: int):
+    """The bag of each input position (the last bag runs to the input's end, see ``_bag_bounds``)."""
+    from tilewise.ops.creation import ones, zeros
+
+    bags = starts.shape[0]
+    marks = zeros((length + 1,), dtype=starts.dtype, device=starts.device)
+    marks = marks.index_put((starts,), ones((bags,), dtype=starts.dtype, device=starts.device), True)
+    return (marks[:length].cumsum(0) - 1).clamp(0, max(bags - 1, 0))
+
+
+def _reduce_dense(rows, counted, mode):
+    """Reduce (bags, length, dim) rows over length, where ``counted`` (bags, length) marks the rows that count."""
+    if mode == "max":
+        masked = where(counted.unsqueeze(2), rows, float("-inf"))
+        peak = masked.amax(1) if rows.shape[1] else rows.sum(1)
+        return where(counted.any(1).unsqueeze(1), peak, 0.0)
+    total = where(counted.unsqueeze(2), rows, 0.0).sum(1)
+    if mode == "sum":
+        return total
+    return total / counted.sum(1).clamp(min=1).unsqueeze(1).to(total.dtype)
+
+
+def _longest_bag(starts, ends, length: int) -> int:
+    if values_readable(starts) and values_readable(ends):
+        return max((int(e) - int(s) for s, e in zip(starts.tolist(), ends.tolist())), default=0)
+    return length
+
+
+def _bags_of_offsets(rows, counted, starts, ends, mode):
+    """Reduce the rows of a 1-D input per bag given by (start, end)."""
+    from tilewise.ops.creation import arange, zeros
+
+    length, dim = rows.shape
+    bags = starts.shape[0]
+    if bags == 0:
+        return zeros((0, dim), dtype=rows.dtype, device=rows.device)
+    if mode == "max":
+        longest = _longest_bag(starts, ends, length)
+        positions = starts.unsqueeze(1) + arange(longest, device=rows.device)
+        in_bag = positions < ends.unsqueeze(1)
+        safe = positions.clamp(0, max(length - 1, 0))
+        dense = rows[safe] if length else zeros((bags, longest, dim), dtype=rows.dtype, device=rows.device)
+        listed = counted[safe] if length else in_bag
+        return _reduce_dense(dense, in_bag & listed, mode)
+    bag = _bag_of_each_element(starts, length)
+    total = zeros((bags, dim), dtype=rows.dtype, device=rows.device)
+    total = total.index_put((bag,), where(counted.unsqueeze(1), rows, 0.0), True)
+    if mode == "sum":
+        return total
+    counts = zeros((bags,), dtype=rows.dtype, device=rows.device).index_put((bag,), counted.to(rows.dtype), True)
+    return total / counts.clamp(min=1).unsqueeze(1)
+
+
+def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, mode="mean",
+                   sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
+    _check_embedding_bag(input, weight, offsets, mode, scale_grad_by_freq, sparse, per_sample_weights)
+    padding_idx = _padding_index(padding_idx, weight.shape[0])
+    if input.ndim == 1:
+        _check_offsets(offsets, input.shape[0], include_last_offset)
+    if max_norm is not None:
+        _renorm_rows_(weight, input, max_norm, norm_type)
+    rows = call_public("embedding", input, weight, padding_idx, None, 2.0, scale_grad_by_freq)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.unsqueeze(-1)
+    counted = input != (padding_idx if padding_idx is not None else -1)  # indices are >= 0: every row counts
+    if input.ndim == 2:
+        return _reduce_dense(rows, counted, mode)
+    starts, ends = _bag_bounds(offsets, input.shape[0], include_last_offset, mode == "max" and padding_idx is None)
+    return _bags_of_offsets(rows, counted, starts, ends, mode)
+
+
+functional("embedding_bag(Tensor input, Tensor weight, Tensor? offsets=None, float? max_norm=None, "
+           "float norm_type=2.0, bool scale_grad_by_freq=False, str mode='mean', bool sparse=False, "
+           "Tensor? per_sample_weights=None, bool include_last_offset=False, int? padding_idx=None) -> Tensor",
+           _embedding_bag, function=False)
