@@ -152,6 +152,40 @@ def _fractional_public(shape, kernel, sizes):
         "return_indices": True, "_random_samples": T((shape[0], shape[1], spatial), "prob", grad=False)})]
 
 
+def _unfold():
+    return [Sample((T((2, 3, 5, 6)), 2)),
+            Sample((T((2, 3, 6, 7)), (2, 3), (2, 1), (1, 2), (2, 1)), name="dilation-pad-stride"),
+            Sample((T((3, 4, 5)), 3), {"padding": 1}, name="unbatched")]
+
+
+def _fold():
+    return [Sample((T((2, 12, 20)), (5, 6), 2)),
+            Sample((T((2, 18, 27)), (6, 7), (2, 3), (2, 1), (1, 2), (2, 1)), name="dilation-pad-stride"),
+            Sample((T((36, 20)), (5, 4), 3), {"padding": 1}, name="unbatched")]
+
+
+def _affine_grid():
+    return [Sample((T((2, 2, 3)), (2, 3, 4, 5))), Sample((T((2, 2, 3)), (2, 3, 1, 5), True), name="align-one-row"),
+            Sample((T((2, 3, 4)), (2, 3, 3, 4, 2)), name="3d"),
+            Sample((T((1, 3, 4)), (1, 1, 2, 3, 4)), {"align_corners": True}, name="3d-align")]
+
+
+def _grid_sample():
+    image, grid = T((2, 3, 4, 5)), T((2, 6, 7, 2), "float", -1.3, 1.3)
+    volume, grid3 = T((2, 2, 3, 4, 5)), T((2, 3, 4, 2, 3), "float", -1.3, 1.3)
+    return [Sample((image, grid)),
+            Sample((image, grid), {"padding_mode": "border", "align_corners": True}, name="border-align"),
+            Sample((image, grid), {"padding_mode": "reflection"}, name="reflection"),
+            Sample((image, grid), {"padding_mode": "reflection", "align_corners": True}, name="reflection-align"),
+            Sample((image, T((2, 6, 7, 2), "float", -1.3, 1.3, grad=False)), {"mode": "nearest"}, name="nearest"),
+            Sample((image, grid), {"mode": "bicubic"}, name="bicubic"),
+            Sample((image, grid), {"mode": "bicubic", "padding_mode": "border"}, name="bicubic-border"),
+            Sample((image, grid), {"mode": "bicubic", "padding_mode": "reflection", "align_corners": True},
+                   name="bicubic-reflection-align"),
+            Sample((volume, grid3), name="3d"),
+            Sample((volume, grid3), {"padding_mode": "reflection"}, name="3d-reflection")]
+
+
 OPINFOS = [
     OpInfo("conv3d", _conv3d, call="F", covers=("conv3d.padding", "_conv3d", "_conv3d_backward")),
     OpInfo("conv_transpose1d", _conv_transpose1d, call="F"),
@@ -186,4 +220,8 @@ OPINFOS = [
            _fractional_max_pool((2, 2, 7, 6, 8), (2, 3, 2), (4, 3, 5), (0.5, 0.6, 0.7)), call="F"),
     OpInfo("fractional_max_pool2d", _fractional_public((2, 3, 9, 8), 2, (4, 5)), call="F"),
     OpInfo("fractional_max_pool3d", _fractional_public((1, 2, 6, 7, 5), 2, (3, 4, 3)), call="F"),
+    OpInfo("unfold", _unfold, call="F", covers=("im2col",)),
+    OpInfo("fold", _fold, call="F", covers=("col2im",)),
+    OpInfo("affine_grid", _affine_grid, call="F"),
+    OpInfo("grid_sample", _grid_sample, call="F"),
 ]

@@ -21,3 +21,6 @@ def _export(names) -> None:
 
 _export(_NN_OPS)
 _export(name for name, ops in OVERLOADS.items() if ops[0].attrs.get("functional"))
+
+unfold = public_function("im2col")  # torch.nn.functional's names for its im2col and col2im
+fold = public_function("col2im")
