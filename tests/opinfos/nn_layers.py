@@ -224,4 +224,9 @@ OPINFOS = [
     OpInfo("fold", _fold, call="F", covers=("col2im",)),
     OpInfo("affine_grid", _affine_grid, call="F"),
     OpInfo("grid_sample", _grid_sample, call="F"),
+    OpInfo("channel_shuffle", lambda: [Sample((T((2, 6, 3, 2)), 3)), Sample((T((1, 4, 5)), 2), name="3d")],
+           call="F", covers=("native_channel_shuffle",)),
+    OpInfo("upsample", lambda: [Sample((T((2, 3, 4, 5)),), {"scale_factor": 2, "mode": "bilinear"})], call="F"),
+    OpInfo("upsample_nearest", lambda: [Sample((T((2, 3, 4, 5)),), {"size": (6, 7)})], call="F"),
+    OpInfo("upsample_bilinear", lambda: [Sample((T((2, 3, 4, 5)),), {"scale_factor": 1.5})], call="F"),
 ]

@@ -6,6 +6,7 @@ Nearest-neighbour interpolation gathers with torch's float32 source-index rule.
 from __future__ import annotations
 
 import math
+import warnings
 
 from tilewise.dtypes import float32
 from tilewise.ops.nn_functional import functional, int_tuple
@@ -432,3 +433,48 @@ def _grid_bicubic(plane, raw, sizes, padding_mode, align):
 
 functional("grid_sample(Tensor input, Tensor grid, str mode='bilinear', str padding_mode='zeros', "
            "bool? align_corners=None) -> Tensor", _grid_sample, function=False)
+
+
+def _channel_shuffle(input, groups):
+    if input.ndim < 3:
+        raise RuntimeError(f"channel_shuffle expects input to have at least 3 dimensions, but got input with sizes "
+                           f"{list(input.shape)}")
+    if groups <= 0:
+        raise RuntimeError(f"Number of groups to divide channels in must be positive. Value of groups:{groups}")
+    channels = input.shape[1]
+    if channels % groups:
+        raise RuntimeError(f"Number of channels must be divisible by groups. Got {channels} channels and {groups} "
+                           "groups.")
+    batch, rest = input.shape[0], tuple(input.shape[2:])
+    grouped = input.reshape(batch, groups, channels // groups, *rest)
+    return grouped.transpose(1, 2).reshape(input.shape)
+
+
+functional("channel_shuffle(Tensor input, int groups) -> Tensor", _channel_shuffle)
+functional("native_channel_shuffle(Tensor input, int groups) -> Tensor", _channel_shuffle)
+
+
+def _upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    """torch's deprecated spelling of interpolate."""
+    warnings.warn("nn.functional.upsample is deprecated. Use nn.functional.interpolate instead.", stacklevel=3)
+    return OPS["interpolate"](input, size, scale_factor, mode, align_corners)
+
+
+def _upsample_nearest(input, size=None, scale_factor=None):
+    warnings.warn("nn.functional.upsample_nearest is deprecated. Use nn.functional.interpolate instead.",
+                  stacklevel=3)
+    return OPS["interpolate"](input, size, scale_factor, "nearest")
+
+
+def _upsample_bilinear(input, size=None, scale_factor=None):
+    warnings.warn("nn.functional.upsample_bilinear is deprecated. Use nn.functional.interpolate instead.",
+                  stacklevel=3)
+    return OPS["interpolate"](input, size, scale_factor, "bilinear", True)
+
+
+functional("upsample(Tensor input, int[]? size=None, float[]? scale_factor=None, str mode='nearest', "
+           "bool? align_corners=None) -> Tensor", _upsample, function=False)
+functional("upsample_nearest(Tensor input, int[]? size=None, float[]? scale_factor=None) -> Tensor",
+           _upsample_nearest, function=False)
+functional("upsample_bilinear(Tensor input, int[]? size=None, float[]? scale_factor=None) -> Tensor",
+           _upsample_bilinear, function=False)

@@ -30,9 +30,25 @@ from tilewise.nn.modules.activation import (
     Threshold,
 )
 from tilewise.nn.modules.container import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
-from tilewise.nn.modules.conv import Conv1d, Conv2d
+from tilewise.nn.modules.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from tilewise.nn.modules.distance import CosineSimilarity
 from tilewise.nn.modules.dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
+from tilewise.nn.modules.lazy import (
+    LazyBatchNorm1d,
+    LazyBatchNorm2d,
+    LazyBatchNorm3d,
+    LazyConv1d,
+    LazyConv2d,
+    LazyConv3d,
+    LazyConvTranspose1d,
+    LazyConvTranspose2d,
+    LazyConvTranspose3d,
+    LazyInstanceNorm1d,
+    LazyInstanceNorm2d,
+    LazyInstanceNorm3d,
+    LazyLinear,
+    LazyModuleMixin,
+)
 from tilewise.nn.modules.linear import Bilinear, Flatten, Identity, Linear, Unflatten
 from tilewise.nn.modules.loss import (
     BCELoss,
@@ -57,10 +73,64 @@ from tilewise.nn.modules.normalization import (
     LayerNorm,
     RMSNorm,
 )
-from tilewise.nn.modules.padding import ZeroPad2d
-from tilewise.nn.modules.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from tilewise.nn.modules.padding import (
+    CircularPad1d,
+    CircularPad2d,
+    CircularPad3d,
+    ConstantPad1d,
+    ConstantPad2d,
+    ConstantPad3d,
+    ReflectionPad1d,
+    ReflectionPad2d,
+    ReflectionPad3d,
+    ReplicationPad1d,
+    ReplicationPad2d,
+    ReplicationPad3d,
+    ZeroPad1d,
+    ZeroPad2d,
+    ZeroPad3d,
+)
+from tilewise.nn.modules.pooling import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveAvgPool3d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
+    AdaptiveMaxPool3d,
+    AvgPool1d,
+    AvgPool2d,
+    AvgPool3d,
+    FractionalMaxPool2d,
+    FractionalMaxPool3d,
+    LPPool1d,
+    LPPool2d,
+    LPPool3d,
+    MaxPool1d,
+    MaxPool2d,
+    MaxPool3d,
+    MaxUnpool1d,
+    MaxUnpool2d,
+    MaxUnpool3d,
+)
+from tilewise.nn.modules.resampling import (
+    ChannelShuffle,
+    Fold,
+    PixelShuffle,
+    PixelUnshuffle,
+    Unfold,
+    Upsample,
+    UpsamplingBilinear2d,
+    UpsamplingNearest2d,
+)
 from tilewise.nn.modules.sparse import Embedding
-from tilewise.nn.modules.transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
+from tilewise.nn.modules.transformer import (
+    MultiheadAttention,
+    Transformer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 
 __all__ = [
     "Module", "Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict",
@@ -74,4 +144,17 @@ __all__ = [
     "LogSoftmax", "Softmin", "Softmax2d", "Tanhshrink", "Hardshrink", "Softshrink", "GLU",
     "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "NLLLoss", "CrossEntropyLoss", "KLDivLoss", "BCELoss",
     "BCEWithLogitsLoss",
+    "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "MaxPool1d", "MaxPool3d", "AvgPool1d", "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "LPPool1d", "LPPool2d", "LPPool3d",
+    "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d", "FractionalMaxPool2d", "FractionalMaxPool3d",
+    "ConstantPad1d", "ConstantPad2d", "ConstantPad3d", "ZeroPad1d", "ZeroPad3d", "ReflectionPad1d",
+    "ReflectionPad2d", "ReflectionPad3d", "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d",
+    "CircularPad1d", "CircularPad2d", "CircularPad3d",
+    "PixelShuffle", "PixelUnshuffle", "ChannelShuffle", "Fold", "Unfold", "Upsample", "UpsamplingNearest2d",
+    "UpsamplingBilinear2d",
+    "LazyModuleMixin", "LazyLinear", "LazyConv1d", "LazyConv2d", "LazyConv3d", "LazyConvTranspose1d",
+    "LazyConvTranspose2d", "LazyConvTranspose3d", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d",
+    "LazyInstanceNorm1d", "LazyInstanceNorm2d", "LazyInstanceNorm3d",
+    "Transformer", "TransformerDecoderLayer", "TransformerDecoder",
 ]
