@@ -202,41 +202,36 @@ class _LazyNormMixin(LazyModuleMixin):
             self.reset_parameters()
 
 
-class _LazyBatchNorm(_LazyNormMixin):
+class _LazyNorm(_LazyNormMixin):
+    """torch's lazy norms all default to affine parameters and running statistics, instance norms included."""
+
     def __init__(self, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, device=None, dtype=None) -> None:
         super().__init__(0, eps, momentum, False, False, device, dtype)
         self._become_lazy(affine, track_running_stats, device, dtype)
 
 
-class _LazyInstanceNorm(_LazyNormMixin):
-    def __init__(self, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
-                 track_running_stats: bool = False, device=None, dtype=None) -> None:
-        super().__init__(0, eps, momentum, False, False, device, dtype)
-        self._become_lazy(affine, track_running_stats, device, dtype)
-
-
-class LazyBatchNorm1d(_LazyBatchNorm, BatchNorm1d):
+class LazyBatchNorm1d(_LazyNorm, BatchNorm1d):
     """A BatchNorm1d whose ``num_features`` is read from its first input."""
 
     cls_to_become = BatchNorm1d
 
 
-class LazyBatchNorm2d(_LazyBatchNorm, BatchNorm2d):
+class LazyBatchNorm2d(_LazyNorm, BatchNorm2d):
     cls_to_become = BatchNorm2d
 
 
-class LazyBatchNorm3d(_LazyBatchNorm, BatchNorm3d):
+class LazyBatchNorm3d(_LazyNorm, BatchNorm3d):
     cls_to_become = BatchNorm3d
 
 
-class LazyInstanceNorm1d(_LazyInstanceNorm, InstanceNorm1d):
+class LazyInstanceNorm1d(_LazyNorm, InstanceNorm1d):
     cls_to_become = InstanceNorm1d
 
 
-class LazyInstanceNorm2d(_LazyInstanceNorm, InstanceNorm2d):
+class LazyInstanceNorm2d(_LazyNorm, InstanceNorm2d):
     cls_to_become = InstanceNorm2d
 
 
-class LazyInstanceNorm3d(_LazyInstanceNorm, InstanceNorm3d):
+class LazyInstanceNorm3d(_LazyNorm, InstanceNorm3d):
     cls_to_become = InstanceNorm3d
