@@ -39,6 +39,11 @@ class T:
             return rng.integers(int(self.low), int(self.high) + 1, size=shape).astype(self.dtype or "int64")
         if self.kind == "index":
             return rng.integers(0, int(self.high), size=shape).astype(self.dtype or "int64")
+        if self.kind == "plane_index":  # distinct indices in [0, high) within each slice over the dims after `low`
+            lead, plane = shape[:int(self.low)], shape[int(self.low):]
+            size = int(np.prod(plane)) if plane else 1
+            rows = [rng.permutation(int(self.high))[:size] for _ in range(int(np.prod(lead)) if lead else 1)]
+            return np.stack(rows).reshape(shape).astype(self.dtype or "int64")
         if self.kind == "bool":
             return rng.random(size=shape) < 0.5
         if self.kind == "distinct":  # floats without ties (for sort/max tie-breaking)

@@ -197,7 +197,27 @@ def _interpolate():
             Sample((T((2, 3, 4, 5)),), {"scale_factor": 2}, name="x2"),
             Sample((T((2, 3, 6, 5)),), {"scale_factor": (1.5, 0.7)}, name="fractional"),
             Sample((T((2, 3, 6, 5)),), {"scale_factor": 1.7, "recompute_scale_factor": True}, name="recompute"),
-            Sample((T((2, 3, 5)),), {"size": 8}, name="3d")]
+            Sample((T((2, 3, 5)),), {"size": 8}, name="3d"),
+            *_interpolating_modes()]
+
+
+def _interpolating_modes():
+    return [Sample((T((2, 3, 5)),), {"size": 8, "mode": "linear"}, name="linear"),
+            Sample((T((2, 3, 6)),), {"scale_factor": 0.6, "mode": "linear", "align_corners": True},
+                   name="linear-align-down"),
+            Sample((T((2, 3, 4, 5)),), {"size": (7, 3), "mode": "bilinear"}, name="bilinear"),
+            Sample((T((2, 3, 4, 5)),), {"scale_factor": (1.5, 2.3), "mode": "bilinear", "align_corners": True},
+                   name="bilinear-align-scale"),
+            Sample((T((1, 2, 3, 4, 5)),), {"size": (5, 2, 7), "mode": "trilinear"}, name="trilinear"),
+            Sample((T((1, 2, 3, 4, 2)),), {"scale_factor": 1.7, "mode": "trilinear", "align_corners": True},
+                   name="trilinear-align"),
+            Sample((T((2, 3, 4, 5)),), {"size": (9, 3), "mode": "bicubic"}, name="bicubic"),
+            Sample((T((2, 3, 4, 5)),), {"scale_factor": 1.6, "mode": "bicubic", "align_corners": True},
+                   name="bicubic-align"),
+            Sample((T((2, 3, 7, 5)),), {"size": (3, 4), "mode": "area"}, name="area"),
+            Sample((T((2, 3, 7)),), {"scale_factor": 0.5, "mode": "area"}, name="area-1d"),
+            Sample((T((2, 3, 5, 4)),), {"size": (8, 3), "mode": "nearest-exact"}, name="nearest-exact"),
+            Sample((T((1, 2, 3, 4, 5)),), {"scale_factor": 1.5, "mode": "nearest-exact"}, name="nearest-exact-3d")]
 
 
 OPINFOS = [

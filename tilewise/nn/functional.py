@@ -31,23 +31,19 @@ _export(name for name, ops in OVERLOADS.items() if ops[0].attrs.get("functional"
 _INPLACE_OPTION = {"relu": 0, "relu6": 0, "selu": 0, "silu": 0, "mish": 0, "hardswish": 0, "hardsigmoid": 0,
                    "elu": 1, "celu": 1, "leaky_relu": 1, "hardtanh": 2, "threshold": 2}
 _INPLACE_FORMS = ("relu", "elu", "selu", "celu", "leaky_relu", "hardtanh", "threshold", "rrelu")
-
-
 def _accepting_inplace(name: str, options: int):
     out_of_place = public_function(name)
     in_place = make_inplace(out_of_place, name)
-
     def activation(input, *args, inplace: bool = False, **kwargs):
         if len(args) > options:
             args, inplace = args[:options], args[options]
         return in_place(input, *args, **kwargs) if inplace else out_of_place(input, *args, **kwargs)
-
     activation.__name__ = activation.__qualname__ = name
     activation.__doc__ = out_of_place.__doc__
     return activation
-
-
 for _name in _INPLACE_FORMS:
     globals()[f"{_name}_"] = make_inplace(public_function(_name), _name)
 for _name, _options in _INPLACE_OPTION.items():
     globals()[_name] = _accepting_inplace(_name, _options)
+unfold = public_function("im2col")  # torch.nn.functional's names for its im2col and col2im
+fold = public_function("col2im")

@@ -9,6 +9,8 @@ object an optimizer holds and the tensor that autograd accumulates into are one 
 
 from __future__ import annotations
 
+from types import MethodType
+
 from tilewise.tensor import Tensor
 
 
@@ -41,3 +43,66 @@ class Parameter(metaclass=_ParameterMeta):
 
 def is_parameter(obj) -> bool:
     return isinstance(obj, Parameter)
+
+
+class _UninitializedMeta(type):
+    def __instancecheck__(cls, obj) -> bool:
+        return type(obj) is Tensor and obj.__dict__.get("_uninitialized") == cls._kind
+
+
+def _uninitialized(kind: str, requires_grad: bool, device, dtype) -> Tensor:
+    from tilewise.ops.creation import empty
+
+    tensor = empty(0, device=device, dtype=dtype)
+    tensor.requires_grad_(requires_grad)
+    tensor._uninitialized = kind
+    tensor.materialize = MethodType(_materialize, tensor)  # a bound method: deepcopy rebinds it to the copy
+    return tensor
+
+
+def _materialize(tensor: Tensor, shape, device=None, dtype=None) -> Tensor:
+    """Give an uninitialized tensor its shape (uninitialized values) in place, so that whatever holds it — its
+    module, an optimizer — holds the materialised tensor."""
+    from tilewise.ops.creation import empty
+
+    if isinstance(shape, int):
+        shape = (shape,)
+    made = empty(tuple(shape), device=device or tensor.device, dtype=dtype or tensor.dtype)
+    tensor.data = made
+    del tensor.__dict__["_uninitialized"]
+    del tensor.__dict__["materialize"]
+    return tensor
+
+
+class UninitializedParameter(metaclass=_UninitializedMeta):
+    """A parameter whose shape is not known yet (lazy modules): it holds no data until ``materialize(shape)``,
+    which a lazy module calls at its first forward.
+
+    >>> import tilewise as tw
+    >>> p = tw.nn.UninitializedParameter()
+    >>> isinstance(p, tw.nn.UninitializedParameter), isinstance(p, tw.nn.Parameter)
+    (True, True)
+    >>> p.materialize((2, 3)).shape, isinstance(p, tw.nn.UninitializedParameter)
+    (tilewise.Size([2, 3]), False)
+    """
+
+    _kind = "parameter"
+
+    def __new__(cls, requires_grad: bool = True, device=None, dtype=None) -> Tensor:
+        param = _uninitialized(cls._kind, requires_grad, device, dtype)
+        param._is_param = True
+        return param
+
+
+class UninitializedBuffer(metaclass=_UninitializedMeta):
+    """A buffer whose shape is not known yet (a lazy module's running statistics)."""
+
+    _kind = "buffer"
+
+    def __new__(cls, requires_grad: bool = False, device=None, dtype=None) -> Tensor:
+        return _uninitialized(cls._kind, requires_grad, device, dtype)
+
+
+def is_lazy(obj) -> bool:
+    """Whether obj is an uninitialized parameter or buffer."""
+    return type(obj) is Tensor and "_uninitialized" in obj.__dict__

@@ -417,3 +417,201 @@ for _n in (1, 2, 3):
                function=False, nondiff_outputs=(1,))
     functional(f"adaptive_max_pool{_n}d(Tensor input, Scalar[{_n}] output_size, bool return_indices=False) -> Tensor",
                _adaptive_max_pool(_n), function=_n == 1)
+
+
+# ============================================================================ power-average pooling
+
+def _lp_pool(spatial: int):
+    op = f"lp_pool{spatial}d"
+
+    def lp_pool(input, norm_type, kernel_size, stride=None, ceil_mode=False):
+        """torch's: the average of x^p times the window size, to the 1/p (a negative average, which only an odd p
+        gives, becomes 0); p = +-inf is the max (min) of |x|."""
+        kernel = int_tuple(kernel_size, spatial, "kernel_size", op)
+        if norm_type == float("inf"):
+            return OPS[f"max_pool{spatial}d"](input.abs(), kernel_size, stride, 0, 1, ceil_mode)
+        if norm_type == float("-inf"):
+            return -OPS[f"max_pool{spatial}d"](-input.abs(), kernel_size, stride, 0, 1, ceil_mode)
+        out = OPS[f"avg_pool{spatial}d"](input.pow(norm_type), kernel_size, stride, 0, ceil_mode)
+        return (out.sign() * out.abs().relu()).mul(math.prod(kernel)).pow(1.0 / norm_type)
+
+    return lp_pool
+
+
+for _n in (1, 2, 3):
+    functional(f"lp_pool{_n}d(Tensor input, float norm_type, int[{_n}] kernel_size, int[{_n}]? stride=None, "
+               "bool ceil_mode=False) -> Tensor", _lp_pool(_n), function=False)
+
+
+# ============================================================================ max unpooling
+
+def _unpool_output_size(input, kernel, stride, padding, output_size) -> tuple[int, ...]:
+    spatial = len(kernel)
+    default = [(input.shape[-spatial + d] - 1) * stride[d] + kernel[d] - 2 * padding[d] for d in range(spatial)]
+    if output_size is None:
+        sizes = default
+    else:
+        sizes = list(output_size)
+        if len(sizes) == spatial + 2:
+            sizes = sizes[2:]
+        if len(sizes) != spatial:
+            raise ValueError(f"output_size should be a sequence containing {spatial} or {spatial + 2} elements, but "
+                             f"it has a length of '{len(sizes)}'")
+        for d in range(spatial):
+            low, high = default[d] - stride[d], default[d] + stride[d]
+            if not low < sizes[d] < high:
+                raise ValueError(f'invalid output_size "{tuple(output_size)}" (dim {d} must be between {low} and '
+                                 f"{high})")
+    for d, n in enumerate(sizes):
+        if n < 0:
+            raise ValueError(f"max_unpooling: output_size must contain non-negative spatial dimensions, but got "
+                             f"output_size[{d}]={n}")
+    return tuple(int(n) for n in sizes)
+
+
+def _check_unpool_indices(op, indices, sizes) -> None:
+    from tilewise.ops.nn_functional import concrete_cpu
+
+    if indices.dtype.name != "int64":
+        raise RuntimeError(f"{op}: elements in indices should be type int64 but got: {indices.dtype}")
+    if indices.numel() and concrete_cpu(indices):
+        plane = math.prod(sizes)
+        bad = indices.detach().numpy()
+        wrong = bad[(bad < 0) | (bad >= plane)]
+        if wrong.size:
+            raise RuntimeError(f"{op}: Found an invalid max index: {int(wrong.flat[0])} (output volumes are of size "
+                               f"{'x'.join(map(str, sizes))})")
+
+
+def _max_unpool(spatial: int):
+    op = f"max_unpool{spatial}d"
+
+    def max_unpool(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+        """Each input element written at the position its index names in a zero plane of the output's size."""
+        from tilewise.ops.creation import zeros
+
+        kernel = int_tuple(kernel_size, spatial, "kernel_size", op)
+        stride = kernel if stride is None else int_tuple(stride, spatial, "stride", op)
+        padding = int_tuple(padding, spatial, "padding", op)
+        if input.ndim not in (spatial + 1, spatial + 2):
+            raise RuntimeError(f"{op}: Input to max_unpooling should be a {spatial + 1}d or {spatial + 2}d Tensor, "
+                               f"but got a tensor with {input.ndim} dimensions.")
+        if tuple(indices.shape) != tuple(input.shape):
+            raise RuntimeError(f"{op}: Expected shape of indices to be same as that of the input tensor "
+                               f"({list(input.shape)}) but got indices tensor with shape: {list(indices.shape)}")
+        sizes = _unpool_output_size(input, kernel, stride, padding, output_size)
+        _check_unpool_indices(op, indices, sizes)
+        lead = tuple(input.shape[:-spatial])
+        flat_input = input.reshape(*lead, -1)
+        plane = zeros((*lead, math.prod(sizes)), dtype=input.dtype, device=input.device)
+        return plane.scatter(-1, indices.reshape(*lead, -1), flat_input).reshape(*lead, *sizes)
+
+    return max_unpool
+
+
+for _n in (1, 2, 3):
+    functional(f"max_unpool{_n}d(Tensor input, Tensor indices, int[{_n}] kernel_size, int[{_n}]? stride=None, "
+               f"int[{_n}] padding=0, int[]? output_size=None) -> Tensor", _max_unpool(_n), function=False)
+
+
+# ============================================================================ fractional max pooling
+
+def _fractional_starts(samples, size: int, out: int, pool: int):
+    """torch's pseudo-random window starts along one dim, one row per plane: (N, C) samples in [0, 1) ->
+    (N, C, out) starts, computed in the samples' dtype as torch computes them; the last window ends at the edge."""
+    from tilewise.ops.creation import arange, full
+
+    if out == 1:
+        return full((*samples.shape, 1), size - pool, dtype=samples.dtype, device=samples.device).long()
+    alpha = full((), float(size - pool), dtype=samples.dtype, device=samples.device) / (out - 1)
+    steps = arange(out - 1, device=samples.device).to(samples.dtype)
+    s = samples.unsqueeze(-1)
+    starts = ((steps + s) * alpha).long() - (s * alpha).long()
+    last = full((*samples.shape, 1), size - pool, dtype=starts.dtype, device=samples.device)
+    return OPS["cat"]([starts, last], -1)
+
+
+def _fractional_window_index(starts, kernel, input_sizes):
+    """(N, C, *O, *K) flat input-plane index of every element of every window."""
+    from tilewise.ops.creation import arange
+
+    spatial = len(kernel)
+    index = None
+    for k, (rows, size) in enumerate(zip(starts, kernel)):
+        # rows: (N, C, O_k) -> broadcast over (N, C, *O, *K) at output dim k and kernel dim k
+        shape = [*rows.shape[:2]] + [1] * (2 * spatial)
+        shape[2 + k] = rows.shape[2]
+        offsets = arange(size, device=rows.device).reshape([size] + [1] * (spatial - 1 - k))
+        coordinate = rows.reshape(shape) + offsets
+        index = coordinate if index is None else index * input_sizes[k] + coordinate
+    return index
+
+
+def _fractional_max_pool_with_indices(spatial: int):
+    op = f"fractional_max_pool{spatial}d"
+
+    def fractional_max_pool_with_indices(input, kernel_size, output_size=None, output_ratio=None,
+                                         _random_samples=None):
+        from tilewise.ops.creation import rand
+
+        kernel = int_tuple(kernel_size, spatial, "kernel_size", op)
+        if output_size is None and output_ratio is None:
+            raise ValueError(f"{op} requires specifying either an output_size or an output_ratio")
+        if output_size is None:
+            ratios = tuple(output_ratio) if isinstance(output_ratio, (tuple, list)) else (output_ratio,) * spatial
+            if len(ratios) == 1:
+                ratios = ratios * spatial
+            output_size = [int(n * r) for n, r in zip(input.shape[-spatial:], ratios)]
+        sizes = int_tuple(output_size, spatial, "output_size", op)
+        _check_rank(op, input, spatial)
+        unbatched = input.ndim == spatial + 1
+        x = input.unsqueeze(0) if unbatched else input
+        names = ("time", "height", "width")[-spatial:]
+        for name, n, o, k in zip(names, x.shape[2:], sizes, kernel):
+            if o + k - 1 > n:
+                raise RuntimeError(f"{op}(): pool {name} {k} too large relative to input {name} {n} and output "
+                                   f"{name} {o}")
+        batch, channels = x.shape[:2]
+        samples = _random_samples
+        if samples is None:
+            samples = rand(batch, channels, spatial, dtype=x.dtype, device=x.device)
+        if samples.ndim != 3 or samples.shape[0] != batch or samples.shape[2] != spatial:
+            raise RuntimeError(f"{op}: Expected _random_samples of shape ({batch}, {channels}, {spatial}), got "
+                               f"{list(samples.shape)}")
+        if samples.shape[1] != channels:
+            raise RuntimeError("Expect _random_samples.size(1) equals to input channel size.")
+        # torch's samples run from the last spatial dim to the first (width, height[, time])
+        order = range(spatial - 1, -1, -1) if spatial == 2 else range(spatial)
+        starts = [_fractional_starts(samples[:, :, j], n, o, k)
+                  for j, n, o, k in zip(order, x.shape[2:], sizes, kernel)]
+        index = _fractional_window_index(starts, kernel, x.shape[2:])
+        index = index.expand(batch, channels, *sizes, *kernel)
+        plane = x.reshape(batch, channels, -1)
+        windows = plane.gather(-1, index.reshape(batch, channels, -1)).reshape(index.shape)
+        flat = windows.reshape(batch, channels, *sizes, -1)
+        position = _window_maximum_position(flat, (), (), (), (), padded=False)
+        values = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
+        indices = index.reshape(flat.shape).gather(-1, position.unsqueeze(-1)).squeeze(-1)
+        return (values.squeeze(0), indices.squeeze(0)) if unbatched else (values, indices)
+
+    return fractional_max_pool_with_indices
+
+
+def _fractional_max_pool(spatial: int):
+    def fractional_max_pool(input, kernel_size, output_size=None, output_ratio=None, return_indices=False,
+                            _random_samples=None):
+        values, indices = OPS[f"fractional_max_pool{spatial}d_with_indices"](input, kernel_size, output_size,
+                                                                             output_ratio, _random_samples)
+        return (values, indices) if return_indices else values
+
+    return fractional_max_pool
+
+
+for _n in (2, 3):
+    functional(f"fractional_max_pool{_n}d_with_indices(Tensor input, int[{_n}] kernel_size, int[{_n}]? "
+               f"output_size=None, float[{_n}]? output_ratio=None, Tensor? _random_samples=None) -> (Tensor, Tensor)",
+               _fractional_max_pool_with_indices(_n),
+               {"input": f"max_pool_backward(grad, input, result[1], {_n})"}, function=False, nondiff_outputs=(1,))
+    functional(f"fractional_max_pool{_n}d(Tensor input, int[{_n}] kernel_size, int[{_n}]? output_size=None, "
+               f"float[{_n}]? output_ratio=None, bool return_indices=False, Tensor? _random_samples=None) -> Tensor",
+               _fractional_max_pool(_n), function=False)

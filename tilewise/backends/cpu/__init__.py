@@ -307,8 +307,12 @@ def _reduction_plan(op, args: tuple) -> tuple:
 
 
 def _load_kernels() -> None:
-    from tilewise.backends.cpu import api_kernels, kernels, movement_kernels  # noqa: F401 — registers the kernels
-    from tilewise.backends.cpu import linalg_kernels  # noqa: F401
+    from tilewise.backends.cpu import (  # noqa: F401 — registers the kernels
+        api_kernels,
+        kernels,
+        linalg_kernels,  # noqa: F401
+        movement_kernels,
+    )
 
 
 def get_cpu_capability() -> str:

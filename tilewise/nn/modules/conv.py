@@ -1,4 +1,5 @@
-"""Convolutions: Conv1d and Conv2d over ``F.conv1d``/``F.conv2d``, with torch's initialisation and padding modes."""
+"""Convolutions: Conv1d/2d/3d and ConvTranspose1d/2d/3d over the convolution functionals, with torch's parameter
+shapes, initialisation, padding modes and ``output_size`` argument (so a torch state dict loads unchanged)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,11 @@ class _ConvNd(Module):
     _dims: int
     _functional: str
 
+    _transposed = False
+
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None) -> None:
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None,
+                 output_padding=0) -> None:
         super().__init__()
         n = self._dims
         if groups <= 0 or in_channels % groups or out_channels % groups:
@@ -48,9 +52,10 @@ class _ConvNd(Module):
             self.padding = padding
         else:
             self.padding = _tuple(padding, n, "padding")
+        self.output_padding = _tuple(output_padding, n, "output_padding")
         self.padding_mode = padding_mode
-        self.weight = Parameter(empty(out_channels, in_channels // groups, *self.kernel_size, device=device,
-                                      dtype=dtype))
+        shape = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
+        self.weight = Parameter(empty(*shape, *self.kernel_size, device=device, dtype=dtype))
         if bias:
             self.bias = Parameter(empty(out_channels, device=device, dtype=dtype))
         else:
@@ -90,6 +95,8 @@ class _ConvNd(Module):
             text += f", padding={self.padding!r}" if isinstance(self.padding, str) else f", padding={self.padding}"
         if self.dilation != (1,) * self._dims:
             text += f", dilation={self.dilation}"
+        if self.output_padding != (0,) * self._dims:
+            text += f", output_padding={self.output_padding}"
         if self.groups != 1:
             text += f", groups={self.groups}"
         if self.bias is None:
@@ -116,3 +123,72 @@ class Conv2d(_ConvNd):
 
     _dims = 2
     _functional = "conv2d"
+
+
+class Conv3d(_ConvNd):
+    """3-D convolution over ``(N, C, D, H, W)`` (or unbatched ``(C, D, H, W)``) inputs."""
+
+    _dims = 3
+    _functional = "conv3d"
+
+
+class _ConvTransposeNd(_ConvNd):
+    _transposed = True
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
+                 groups: int = 1, bias: bool = True, dilation=1, padding_mode: str = "zeros", device=None,
+                 dtype=None) -> None:
+        if padding_mode != "zeros":
+            raise ValueError(f'Only "zeros" padding mode is supported for {type(self).__name__}')
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, device, dtype, output_padding)
+
+    def _output_padding(self, input: Tensor, output_size) -> tuple[int, ...]:
+        """The output padding that gives ``output_size`` (torch's rule), or the layer's own."""
+        if output_size is None:
+            return self.output_padding
+        n = self._dims
+        lead = 2 if input.dim() == n + 2 else 1
+        sizes = list(output_size)
+        if len(sizes) == lead + n:
+            sizes = sizes[lead:]
+        if len(sizes) != n:
+            raise ValueError(f"ConvTranspose{n}D: for {input.dim()}D input, output_size must have {n} or {lead + n} "
+                             f"elements (got {len(output_size)})")
+        smallest = [(input.shape[lead + d] - 1) * self.stride[d] - 2 * self.padding[d]
+                    + self.dilation[d] * (self.kernel_size[d] - 1) + 1 for d in range(n)]
+        largest = [low + s - 1 for low, s in zip(smallest, self.stride)]
+        for size, low, high in zip(sizes, smallest, largest):
+            if size < low or size > high:
+                raise ValueError(f"requested an output size of {sizes}, but valid sizes range from {smallest} to "
+                                 f"{largest} (for an input of {list(input.shape[lead:])})")
+        return tuple(size - low for size, low in zip(sizes, smallest))
+
+    def forward(self, input: Tensor, output_size=None) -> Tensor:
+        conv = getattr(F, self._functional)
+        return conv(input, self.weight, self.bias, self.stride, self.padding, self._output_padding(input, output_size),
+                    self.groups, self.dilation)
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    """The transpose (gradient) of a 1-D convolution, mapping ``(N, C_in, L)`` to ``(N, C_out, L_out)``."""
+
+    _dims = 1
+    _functional = "conv_transpose1d"
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    """The transpose (gradient) of a 2-D convolution.
+
+    >>> import tilewise as tw
+    >>> tw.nn.ConvTranspose2d(4, 2, 3, stride=2)(tw.ones(1, 4, 5, 5)).shape
+    tilewise.Size([1, 2, 11, 11])
+    """
+
+    _dims = 2
+    _functional = "conv_transpose2d"
+
+
+class ConvTranspose3d(_ConvTransposeNd):
+    _dims = 3
+    _functional = "conv_transpose3d"

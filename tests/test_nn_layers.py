@@ -1,0 +1,318 @@
+"""tilewise.nn's structural layers against torch.nn: pooling, padding, convolution (3-D and transposed), resampling,
+lazy modules and the encoder-decoder Transformer, each given torch's weights, forward and backward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tilewise as tw
+
+
+def _close(ours, theirs, rtol=1e-5, atol=1e-5, what=""):
+    np.testing.assert_allclose(np.asarray(ours.detach().numpy(), dtype=np.float64),
+                               theirs.detach().numpy().astype(np.float64), rtol=rtol, atol=atol, err_msg=what)
+
+
+def _float_input(shape, seed=0):
+    return np.random.default_rng(seed).uniform(-2.0, 2.0, size=shape).astype(np.float32)
+
+
+def _copy_weights(layer, ref) -> None:
+    layer.load_state_dict({k: v.detach() for k, v in ref.state_dict().items()})
+
+
+def _run_both(layer, ref, arrays, call=lambda m, *xs: m(*xs)):
+    ours_in = [tw.tensor(a, requires_grad=True) for a in arrays]
+    theirs_in = [torch.tensor(a, requires_grad=True) for a in arrays]
+    return ours_in, theirs_in, call(layer, *ours_in), call(ref, *theirs_in)
+
+
+def _check_forward_backward(layer, ref, ours_in, theirs_in, out, ref_out):
+    if isinstance(ref_out, tuple):  # (values, indices)
+        np.testing.assert_array_equal(out[1].numpy(), ref_out[1].numpy())
+        out, ref_out = out[0], ref_out[0]
+    _close(out, ref_out, what="output")
+    grad = _float_input(tuple(ref_out.shape), seed=99)
+    out.backward(tw.tensor(grad))
+    ref_out.backward(torch.tensor(grad))
+    for k, (a, b) in enumerate(zip(ours_in, theirs_in)):
+        _close(a.grad, b.grad, rtol=1e-4, atol=1e-5, what=f"grad of input {k}")
+    ours = dict(layer.named_parameters())
+    assert set(ours) == {name for name, _ in ref.named_parameters()}
+    for name, p in ref.named_parameters():
+        _close(ours[name].grad, p.grad, rtol=1e-4, atol=1e-4, what=f"grad of {name}")
+
+
+LAYERS = {
+    "MaxPool1d": (lambda nn: nn.MaxPool1d(3, 2, 1, ceil_mode=True), [(2, 3, 9)]),
+    "MaxPool3d-indices": (lambda nn: nn.MaxPool3d(2, 1, 1, return_indices=True), [(2, 2, 3, 4, 3)]),
+    "AvgPool1d": (lambda nn: nn.AvgPool1d(3, 2, 1, count_include_pad=False), [(2, 3, 9)]),
+    "AvgPool3d": (lambda nn: nn.AvgPool3d((2, 3, 2), 2, 1, ceil_mode=True, divisor_override=3), [(1, 2, 5, 6, 4)]),
+    "AdaptiveAvgPool1d": (lambda nn: nn.AdaptiveAvgPool1d(4), [(2, 3, 9)]),
+    "AdaptiveAvgPool3d": (lambda nn: nn.AdaptiveAvgPool3d((2, None, 3)), [(2, 2, 5, 4, 7)]),
+    "AdaptiveMaxPool1d": (lambda nn: nn.AdaptiveMaxPool1d(4, return_indices=True), [(2, 3, 9)]),
+    "AdaptiveMaxPool2d": (lambda nn: nn.AdaptiveMaxPool2d((3, 5)), [(2, 3, 7, 8)]),
+    "AdaptiveMaxPool3d": (lambda nn: nn.AdaptiveMaxPool3d(2, return_indices=True), [(1, 2, 5, 4, 3)]),
+    "LPPool1d": (lambda nn: nn.LPPool1d(2, 3, 2), [(2, 3, 9)]),
+    "LPPool2d": (lambda nn: nn.LPPool2d(3, (2, 3), ceil_mode=True), [(2, 3, 7, 8)]),
+    "LPPool3d": (lambda nn: nn.LPPool3d(2, 2), [(1, 2, 4, 4, 5)]),
+    "ConstantPad1d": (lambda nn: nn.ConstantPad1d((2, -1), 3.5), [(2, 3, 5)]),
+    "ConstantPad2d": (lambda nn: nn.ConstantPad2d(1, -2.0), [(2, 3, 4)]),
+    "ConstantPad3d": (lambda nn: nn.ConstantPad3d((1, 0, 2, 1, 0, 3), 0.5), [(1, 2, 3, 3, 2)]),
+    "ZeroPad1d": (lambda nn: nn.ZeroPad1d(2), [(2, 3, 4)]),
+    "ZeroPad3d": (lambda nn: nn.ZeroPad3d((1, 2, 0, 1, 2, 0)), [(2, 2, 2, 3)]),
+    "ReflectionPad1d": (lambda nn: nn.ReflectionPad1d((3, 1)), [(2, 3, 5)]),
+    "ReflectionPad2d": (lambda nn: nn.ReflectionPad2d((1, 2, 2, 0)), [(2, 3, 4, 5)]),
+    "ReflectionPad3d": (lambda nn: nn.ReflectionPad3d(1), [(2, 3, 3, 4)]),
+    "ReplicationPad1d": (lambda nn: nn.ReplicationPad1d((1, 4)), [(3, 5)]),
+    "ReplicationPad2d": (lambda nn: nn.ReplicationPad2d(2), [(2, 3, 4, 3)]),
+    "ReplicationPad3d": (lambda nn: nn.ReplicationPad3d((1, 2, 0, 1, 2, 1)), [(1, 2, 3, 3, 2)]),
+    "CircularPad1d": (lambda nn: nn.CircularPad1d((2, 1)), [(2, 3, 4)]),
+    "CircularPad2d": (lambda nn: nn.CircularPad2d((1, 2, 2, 0)), [(2, 3, 4, 5)]),
+    "CircularPad3d": (lambda nn: nn.CircularPad3d(1), [(1, 2, 3, 3, 4)]),
+    "Conv3d": (lambda nn: nn.Conv3d(4, 6, (2, 3, 2), stride=(1, 2, 1), padding=1, dilation=(2, 1, 1), groups=2),
+               [(2, 4, 5, 6, 5)]),
+    "Conv3d-circular": (lambda nn: nn.Conv3d(2, 3, 3, padding=1, padding_mode="circular"), [(1, 2, 4, 3, 4)]),
+    "ConvTranspose1d": (lambda nn: nn.ConvTranspose1d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2),
+                        [(2, 4, 7)]),
+    "ConvTranspose2d": (lambda nn: nn.ConvTranspose2d(3, 4, (3, 2), stride=(2, 3), padding=(1, 0), dilation=(1, 2)),
+                        [(2, 3, 4, 5)]),
+    "ConvTranspose2d-unbatched-nobias": (lambda nn: nn.ConvTranspose2d(3, 2, 2, stride=2, bias=False), [(3, 4, 3)]),
+    "ConvTranspose3d": (lambda nn: nn.ConvTranspose3d(2, 4, 2, stride=(1, 2, 2), output_padding=(0, 1, 0)),
+                        [(1, 2, 3, 3, 4)]),
+    "PixelShuffle": (lambda nn: nn.PixelShuffle(2), [(2, 8, 3, 4)]),
+    "PixelUnshuffle": (lambda nn: nn.PixelUnshuffle(3), [(2, 2, 6, 3)]),
+    "ChannelShuffle": (lambda nn: nn.ChannelShuffle(3), [(2, 6, 2, 2)]),
+    "Fold": (lambda nn: nn.Fold((5, 6), (2, 3), padding=1, stride=(2, 1)), [(2, 12, 18)]),
+    "Unfold": (lambda nn: nn.Unfold((2, 3), dilation=(1, 2), padding=1, stride=2), [(2, 3, 6, 7)]),
+    "Upsample-bilinear": (lambda nn: nn.Upsample(scale_factor=2, mode="bilinear"), [(2, 3, 4, 5)]),
+    "Upsample-trilinear-align": (lambda nn: nn.Upsample(size=(3, 5, 4), mode="trilinear", align_corners=True),
+                                 [(1, 2, 2, 3, 4)]),
+    "Upsample-bicubic": (lambda nn: nn.Upsample(scale_factor=(1.5, 0.8), mode="bicubic"), [(2, 3, 4, 5)]),
+    "UpsamplingNearest2d": (lambda nn: nn.UpsamplingNearest2d(size=(7, 3)), [(2, 3, 4, 5)]),
+    "UpsamplingBilinear2d": (lambda nn: nn.UpsamplingBilinear2d(scale_factor=2), [(2, 3, 4, 5)]),
+    "TransformerDecoderLayer": (lambda nn: nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+                                [(2, 4, 8), (2, 5, 8)]),
+    "TransformerDecoderLayer-norm-first-gelu": (
+        lambda nn: nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, activation="gelu", norm_first=True),
+        [(4, 2, 8), (5, 2, 8)]),
+}
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_layer_matches_torch(name):
+    make, shapes = LAYERS[name]
+    torch.manual_seed(0)
+    ref = make(torch.nn)
+    layer = make(tw.nn)
+    _copy_weights(layer, ref)
+    arrays = [_float_input(s, seed=k) for k, s in enumerate(shapes)]
+    _check_forward_backward(layer, ref, *_run_both(layer, ref, arrays))
+
+
+def test_max_unpool_inverts_max_pool_like_torch():
+    x = _float_input((2, 3, 6, 5))
+    for module in ("MaxUnpool2d",):
+        pool_tw, pool_th = tw.nn.MaxPool2d(2, return_indices=True), torch.nn.MaxPool2d(2, return_indices=True)
+        values, indices = pool_th(torch.tensor(x))
+        ours, theirs = getattr(tw.nn, module)(2), getattr(torch.nn, module)(2)
+        ours_in = tw.tensor(values.numpy(), requires_grad=True)
+        theirs_in = values.detach().requires_grad_(True)
+        tw_indices = pool_tw(tw.tensor(x))[1]
+        np.testing.assert_array_equal(tw_indices.numpy(), indices.numpy())
+        out = ours(ours_in, tw_indices, output_size=(6, 5))
+        ref = theirs(theirs_in, indices, output_size=(6, 5))
+        _close(out, ref)
+        grad = _float_input(tuple(ref.shape), seed=3)
+        out.backward(tw.tensor(grad))
+        ref.backward(torch.tensor(grad))
+        _close(ours_in.grad, theirs_in.grad)
+
+
+@pytest.mark.parametrize("dims", [1, 3])
+def test_max_unpool_1d_3d_round_trip(dims):
+    shape = (2, 3, 7) if dims == 1 else (1, 2, 4, 5, 4)
+    x = _float_input(shape)
+    values, indices = getattr(torch.nn.functional, f"max_pool{dims}d")(torch.tensor(x), 2, return_indices=True)
+    ours = getattr(tw.nn, f"MaxUnpool{dims}d")(2)(tw.tensor(values.numpy()), tw.tensor(indices.numpy()),
+                                                   output_size=shape)
+    theirs = getattr(torch.nn, f"MaxUnpool{dims}d")(2)(values, indices, output_size=shape)
+    _close(ours, theirs)
+
+
+def test_fractional_max_pool_module_with_samples_matches_torch():
+    samples = np.random.default_rng(1).uniform(0, 1, (2, 3, 2)).astype(np.float32)
+    x = _float_input((2, 3, 9, 8))
+    ours = tw.nn.FractionalMaxPool2d(2, output_ratio=0.5, return_indices=True,
+                                     _random_samples=tw.tensor(samples))
+    theirs = torch.nn.FractionalMaxPool2d(2, output_ratio=0.5, return_indices=True,
+                                          _random_samples=torch.tensor(samples))
+    assert set(dict(ours.named_buffers())) == set(dict(theirs.named_buffers())) == {"_random_samples"}
+    _check_forward_backward(ours, theirs, *_run_both(ours, theirs, [x]))
+
+
+def test_fractional_max_pool_draws_windows_without_samples():
+    out, indices = tw.nn.FractionalMaxPool3d(2, output_size=(2, 3, 2), return_indices=True)(tw.randn(2, 3, 5, 6, 4))
+    assert tuple(out.shape) == tuple(indices.shape) == (2, 3, 2, 3, 2)
+    with pytest.raises(ValueError, match="output_ratio must be between 0 and 1"):
+        tw.nn.FractionalMaxPool2d(2, output_ratio=1.5)
+    with pytest.raises(ValueError, match="either an output size, or a pooling ratio"):
+        tw.nn.FractionalMaxPool2d(2)
+
+
+def test_conv_transpose_output_size_picks_the_output_padding():
+    torch.manual_seed(0)
+    ref = torch.nn.ConvTranspose2d(3, 2, 3, stride=(2, 3), padding=1)
+    layer = tw.nn.ConvTranspose2d(3, 2, 3, stride=(2, 3), padding=1)
+    _copy_weights(layer, ref)
+    x = _float_input((1, 3, 4, 4))
+    for size in [(8, 11), (7, 10), (1, 2, 8, 12)]:
+        _close(layer(tw.tensor(x), output_size=size), ref(torch.tensor(x), output_size=size))
+    with pytest.raises(ValueError, match="requested an output size of"):
+        layer(tw.tensor(x), output_size=(9, 10))
+    with pytest.raises(ValueError, match="requested an output size of"):
+        ref(torch.tensor(x), output_size=(9, 10))
+
+
+def test_reprs_match_torch():
+    makers = [lambda nn: nn.MaxPool1d(3), lambda nn: nn.MaxPool3d(2, 1, 1), lambda nn: nn.AvgPool1d(3),
+              lambda nn: nn.AvgPool3d(2), lambda nn: nn.AdaptiveAvgPool3d((1, None, 2)),
+              lambda nn: nn.AdaptiveMaxPool2d(3, True), lambda nn: nn.LPPool2d(2, 3), lambda nn: nn.MaxUnpool2d(2),
+              lambda nn: nn.ConvTranspose2d(2, 3, 3, stride=2, output_padding=1), lambda nn: nn.Conv3d(2, 3, 3),
+              lambda nn: nn.ConstantPad2d(1, 3.5), lambda nn: nn.ReflectionPad1d(2),
+              lambda nn: nn.ReplicationPad3d((1, 2, 3, 4, 5, 6)), lambda nn: nn.CircularPad2d(1),
+              lambda nn: nn.ZeroPad1d(2), lambda nn: nn.Fold((4, 5), 2), lambda nn: nn.Unfold(2),
+              lambda nn: nn.PixelShuffle(2), lambda nn: nn.Upsample(scale_factor=2, mode="bilinear"),
+              lambda nn: nn.UpsamplingNearest2d(size=3), lambda nn: nn.UpsamplingBilinear2d(scale_factor=2),
+              lambda nn: nn.ChannelShuffle(2)]
+    for make in makers:
+        assert repr(make(tw.nn)) == repr(make(torch.nn))
+
+
+# ---------------------------------------------------------------------------- lazy modules
+
+LAZY = {
+    "LazyLinear": (lambda nn: nn.LazyLinear(3), (4, 5), "Linear"),
+    "LazyConv1d": (lambda nn: nn.LazyConv1d(4, 3, padding=1), (2, 3, 7), "Conv1d"),
+    "LazyConv2d": (lambda nn: nn.LazyConv2d(4, 3, groups=2, bias=False), (2, 6, 5, 5), "Conv2d"),
+    "LazyConv3d": (lambda nn: nn.LazyConv3d(2, 2), (3, 4, 3, 4), "Conv3d"),
+    "LazyConvTranspose1d": (lambda nn: nn.LazyConvTranspose1d(4, 3, stride=2), (2, 3, 5), "ConvTranspose1d"),
+    "LazyConvTranspose2d": (lambda nn: nn.LazyConvTranspose2d(4, 2, groups=2), (2, 4, 3, 3), "ConvTranspose2d"),
+    "LazyConvTranspose3d": (lambda nn: nn.LazyConvTranspose3d(2, 2), (1, 3, 2, 3, 2), "ConvTranspose3d"),
+    "LazyBatchNorm1d": (lambda nn: nn.LazyBatchNorm1d(), (6, 4), "BatchNorm1d"),
+    "LazyBatchNorm2d": (lambda nn: nn.LazyBatchNorm2d(momentum=None), (4, 3, 2, 2), "BatchNorm2d"),
+    "LazyBatchNorm3d": (lambda nn: nn.LazyBatchNorm3d(affine=False), (2, 3, 2, 2, 2), "BatchNorm3d"),
+    "LazyInstanceNorm1d": (lambda nn: nn.LazyInstanceNorm1d(affine=True), (2, 3, 5), "InstanceNorm1d"),
+    "LazyInstanceNorm2d": (lambda nn: nn.LazyInstanceNorm2d(track_running_stats=True), (2, 3, 4, 4),
+                           "InstanceNorm2d"),
+    "LazyInstanceNorm3d": (lambda nn: nn.LazyInstanceNorm3d(), (2, 3, 2, 3, 2), "InstanceNorm3d"),
+}
+
+
+@pytest.mark.parametrize("name", LAZY)
+def test_lazy_module_materialises_like_torch(name):
+    make, shape, becomes = LAZY[name]
+    ref, layer = make(torch.nn), make(tw.nn)
+    assert repr(layer) == repr(ref)
+    lazy_names = {n for n, p in ref.named_parameters()}
+    assert {n for n, _ in layer.named_parameters()} == lazy_names
+    assert all(isinstance(p, tw.nn.UninitializedParameter) for p in layer.parameters())
+    before = {n: id(p) for n, p in layer.named_parameters()}
+    x = _float_input(shape)
+    ref(torch.tensor(x))
+    layer(tw.tensor(x))
+    assert type(layer).__name__ == type(ref).__name__ == becomes
+    assert repr(layer) == repr(ref)
+    assert {n: id(p) for n, p in layer.named_parameters()} == before  # materialised in place
+    assert not any(isinstance(p, tw.nn.UninitializedParameter) for p in layer.parameters())
+    for (n, p), (_, q) in zip(layer.state_dict().items(), ref.state_dict().items()):
+        assert tuple(p.shape) == tuple(q.shape), n
+    _copy_weights(layer, ref)
+    ref.eval(), layer.eval()
+    _check_forward_backward(layer, ref, *_run_both(layer, ref, [x]))
+
+
+def test_lazy_module_loads_a_state_dict_and_trains():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 2))
+    model = tw.nn.Sequential(tw.nn.LazyConv2d(4, 3), tw.nn.Flatten(), tw.nn.LazyLinear(2))
+    _copy_weights(model, ref)  # materialises from the checkpoint's shapes
+    assert tuple(model[2].weight.shape) == (2, 64)
+    x = _float_input((5, 3, 6, 6))
+    _close(model(tw.tensor(x)), ref(torch.tensor(x)))
+    assert type(model[0]).__name__ == "Conv2d"
+    optimizer = tw.optim.SGD(model.parameters(), lr=0.1)
+    model(tw.tensor(x)).sum().backward()
+    optimizer.step()
+    ref(torch.tensor(x)).sum().backward()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= 0.1 * p.grad
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        _close(p, q, what=n)
+
+
+def test_uninitialized_parameter_survives_deepcopy():
+    import copy
+
+    layer = tw.nn.LazyLinear(2)
+    twin = copy.deepcopy(layer)
+    twin(tw.ones(3, 4))
+    assert tuple(twin.weight.shape) == (2, 4)
+    assert isinstance(layer.weight, tw.nn.UninitializedParameter)
+    layer(tw.ones(1, 6))
+    assert tuple(layer.weight.shape) == (2, 6)
+
+
+# ---------------------------------------------------------------------------- Transformer
+
+def _transformer(nn, **kwargs):
+    return nn.Transformer(d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=16,
+                          dropout=0.0, **kwargs)
+
+
+@pytest.mark.parametrize("variant", ["default", "batch-first-norm-first-gelu", "masks"])
+def test_transformer_matches_torch(variant):
+    torch.manual_seed(0)
+    kwargs = {"batch_first": True, "norm_first": True, "activation": "gelu"} if variant != "default" else {}
+    if variant == "masks":
+        kwargs = {"batch_first": True}
+    ref, model = _transformer(torch.nn, **kwargs), _transformer(tw.nn, **kwargs)
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    _copy_weights(model, ref)
+    batch_first = kwargs.get("batch_first", False)
+    src_shape, tgt_shape = ((2, 5, 8), (2, 4, 8)) if batch_first else ((5, 2, 8), (4, 2, 8))
+    src, tgt = _float_input(src_shape), _float_input(tgt_shape, seed=1)
+    ours_kw, theirs_kw = {}, {}
+    if variant == "masks":
+        padding = np.array([[False] * 5, [False, False, False, True, True]])
+        tgt_padding = np.array([[False] * 4, [False, False, False, True]])
+        ours_kw = {"tgt_mask": tw.nn.Transformer.generate_square_subsequent_mask(4),
+                   "src_key_padding_mask": tw.tensor(padding), "memory_key_padding_mask": tw.tensor(padding),
+                   "tgt_key_padding_mask": tw.tensor(tgt_padding)}
+        theirs_kw = {"tgt_mask": torch.nn.Transformer.generate_square_subsequent_mask(4),
+                     "src_key_padding_mask": torch.tensor(padding), "memory_key_padding_mask": torch.tensor(padding),
+                     "tgt_key_padding_mask": torch.tensor(tgt_padding)}
+        _close(ours_kw["tgt_mask"], theirs_kw["tgt_mask"])
+    ours_in = [tw.tensor(a, requires_grad=True) for a in (src, tgt)]
+    theirs_in = [torch.tensor(a, requires_grad=True) for a in (src, tgt)]
+    out, ref_out = model(*ours_in, **ours_kw), ref(*theirs_in, **theirs_kw)
+    _check_forward_backward(model, ref, ours_in, theirs_in, out, ref_out)
+
+
+def test_transformer_decoder_with_causal_mask_hint_and_checks():
+    torch.manual_seed(0)
+    ref_layer = torch.nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0)
+    ref = torch.nn.TransformerDecoder(ref_layer, 2, norm=torch.nn.LayerNorm(8))
+    model = tw.nn.TransformerDecoder(tw.nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0), 2, norm=tw.nn.LayerNorm(8))
+    _copy_weights(model, ref)
+    tgt, memory = _float_input((4, 2, 8)), _float_input((6, 2, 8), seed=1)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(4)
+    out = model(tw.tensor(tgt), tw.tensor(memory), tgt_mask=tw.tensor(mask.numpy()), tgt_is_causal=True)
+    _close(out, ref(torch.tensor(tgt), torch.tensor(memory), tgt_mask=mask, tgt_is_causal=True))
+    with pytest.raises(RuntimeError, match="the feature number of src and tgt must be equal to d_model"):
+        _transformer(tw.nn)(tw.ones(5, 2, 8), tw.ones(4, 2, 6))
+    with pytest.raises(RuntimeError, match="the batch number of src and tgt must be equal"):
+        _transformer(tw.nn)(tw.ones(5, 2, 8), tw.ones(4, 3, 8))
