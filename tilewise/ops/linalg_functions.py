@@ -43,6 +43,12 @@ def _grad_wanted(A) -> bool:
     return A.requires_grad and is_grad_enabled()
 
 
+def bool_dtype():
+    from tilewise import dtypes
+
+    return dtypes.bool_
+
+
 def _eye(n, like):
     from tilewise.ops.creation import eye
 
@@ -352,7 +358,7 @@ def _tolerance(S_max, atol, rtol, m, n, like):
             finfo(like.dtype).eps * max(m, n)
     tol = S_max * rtol
     if atol is not None:
-        tol = tol.clamp_min(atol) if not isinstance(atol, Tensor) else OPS["maximum"](tol, atol)
+        tol = tol.clamp(min=atol) if not isinstance(atol, Tensor) else OPS["maximum"](tol, atol)
     return tol
 
 
@@ -416,8 +422,11 @@ linalg("linalg_matrix_rank(Tensor A, float? tol=None, bool hermitian=False, *, f
 def _matrix_power(A, n):
     check_matrix("linalg.matrix_power", A)
     check_square("linalg.matrix_power", A)
-    if n == 0:
-        return _eye(A.shape[-1], A).expand(A.shape).clone()
+    if n == 0:  # as torch: A overwritten, so the result stays in A's graph (with a zero gradient)
+        from tilewise.ops.creation import ones
+
+        everywhere = ones(A.shape, dtype=bool_dtype(), device=A.device)
+        return A.masked_fill(everywhere, 0) + _eye(A.shape[-1], A)
     if n < 0:
         check_floating("linalg.matrix_power", A)
         A = _inv_ex(A, True)[0]
