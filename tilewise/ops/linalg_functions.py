@@ -239,8 +239,10 @@ def _triangular_solve(b, A, upper=True, transpose=False, unitriangular=False):
     return solution, A.clone()
 
 
+# its own node, as in torch: it saves b, A and the solution (changing b in place before backward is an error)
 torch_form("triangular_solve(Tensor self, Tensor A, bool upper=True, bool transpose=False, bool unitriangular=False) "
-           "-> (Tensor solution, Tensor cloned_coefficient)", _triangular_solve)
+           "-> (Tensor solution, Tensor cloned_coefficient)", _triangular_solve,
+           {"self, A": "triangular_solve_backward(output_grads, self, A, result[0], upper, transpose, unitriangular)"})
 
 
 # ---------------------------------------------------------------- qr, svd, eigh
@@ -395,7 +397,7 @@ def _pinv_public(A, rcond=None, hermitian=False, atol=None, rtol=None):
 
 linalg("linalg_pinv(Tensor A, float? rcond=None, bool hermitian=False, *, float? atol=None, float? rtol=None) "
        "-> Tensor", _pinv_public, {"A": "pinv_backward(grad, result, A)"})
-torch_form("pinverse(Tensor self, float rcond=1e-15) -> Tensor", lambda A, rcond=1e-15: _pinv_public(A, rcond))
+torch_form("pinverse(Tensor self, float rcond=1e-15) -> Tensor", lambda A, rcond=1e-15: OPS["linalg_pinv"](A, rcond))
 
 
 def _matrix_rank(A, tol=None, hermitian=False, atol=None, rtol=None):
