@@ -102,8 +102,15 @@ class OpInfo:
     # torch's CPU and CUDA kernels choose different indices among equal values (their order is unspecified);
     # tilewise chooses the CPU's on every device, so the reference always runs on the CPU
     torch_on_cpu: bool = False
+    # (function, module) -> function, applied on both sides: conditions inputs (a well-conditioned or symmetric
+    # matrix) or outputs (singular vectors with a fixed sign), written with methods both frameworks share
+    wrap: Callable | None = None
 
     def resolve(self, module, functional):
+        fn = self._resolve(module, functional)
+        return self.wrap(fn, module) if self.wrap is not None else fn
+
+    def _resolve(self, module, functional):
         if self.reference is not None and module.__name__ == "torch":
             return self.reference(module, functional)
         name = self.torch_name if (self.torch_name and module.__name__ == "torch") else self.name
@@ -111,7 +118,10 @@ class OpInfo:
             return lambda x, *a, **k: getattr(x, name)(*a, **k)
         if self.call == "F":
             return getattr(functional, name)
-        return getattr(module, name)
+        found = module
+        for part in name.split("."):  # "linalg.solve": tw.linalg.solve / torch.linalg.solve
+            found = getattr(found, part)
+        return found
 
 
 def _materialise(value, rng, dtype, made: list):

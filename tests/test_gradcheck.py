@@ -28,6 +28,10 @@ PROBES = 2
 # embedding's padding row gets no gradient, scale_grad_by_freq rescales it, max_norm renormalises outside autograd;
 # index_put with repeated indices keeps one write but sends the gradient to every repeated value.
 CONVENTIONAL_GRADIENTS = {"embedding": {"padding_idx", "freq", "max_norm"}, "index_put": {""}}
+# cholesky_solve and cholesky_inverse differentiate the factor as a full matrix (torch's formulas), though only its
+# triangle is read; lstsq's singular values (driver gelsd) are an output without a gradient.
+CONVENTIONAL_GRADIENTS.update({"cholesky_solve": {"lower", "upper-broadcast"}, "cholesky_inverse": {"", "upper"},
+                               "linalg.lstsq": {"gelsd"}})
 # Inputs where every gradient is torch's convention: NaN and inf (no derivative), ties and constants (a kink).
 CONVENTIONAL_KINDS = frozenset({"nan", "one_nan", "ties"})
 

@@ -43,6 +43,12 @@ def _grad_wanted(A) -> bool:
     return A.requires_grad and is_grad_enabled()
 
 
+def bool_dtype():
+    from tilewise import dtypes
+
+    return dtypes.bool_
+
+
 def _eye(n, like):
     from tilewise.ops.creation import eye
 
@@ -233,8 +239,10 @@ def _triangular_solve(b, A, upper=True, transpose=False, unitriangular=False):
     return solution, A.clone()
 
 
+# its own node, as in torch: it saves b, A and the solution (changing b in place before backward is an error)
 torch_form("triangular_solve(Tensor self, Tensor A, bool upper=True, bool transpose=False, bool unitriangular=False) "
-           "-> (Tensor solution, Tensor cloned_coefficient)", _triangular_solve)
+           "-> (Tensor solution, Tensor cloned_coefficient)", _triangular_solve,
+           {"self, A": "triangular_solve_backward(output_grads, self, A, result[0], upper, transpose, unitriangular)"})
 
 
 # ---------------------------------------------------------------- qr, svd, eigh
@@ -352,7 +360,7 @@ def _tolerance(S_max, atol, rtol, m, n, like):
             finfo(like.dtype).eps * max(m, n)
     tol = S_max * rtol
     if atol is not None:
-        tol = tol.clamp_min(atol) if not isinstance(atol, Tensor) else OPS["maximum"](tol, atol)
+        tol = tol.clamp(min=atol) if not isinstance(atol, Tensor) else OPS["maximum"](tol, atol)
     return tol
 
 
@@ -389,7 +397,7 @@ def _pinv_public(A, rcond=None, hermitian=False, atol=None, rtol=None):
 
 linalg("linalg_pinv(Tensor A, float? rcond=None, bool hermitian=False, *, float? atol=None, float? rtol=None) "
        "-> Tensor", _pinv_public, {"A": "pinv_backward(grad, result, A)"})
-torch_form("pinverse(Tensor self, float rcond=1e-15) -> Tensor", lambda A, rcond=1e-15: _pinv_public(A, rcond))
+torch_form("pinverse(Tensor self, float rcond=1e-15) -> Tensor", lambda A, rcond=1e-15: OPS["linalg_pinv"](A, rcond))
 
 
 def _matrix_rank(A, tol=None, hermitian=False, atol=None, rtol=None):
@@ -416,8 +424,11 @@ linalg("linalg_matrix_rank(Tensor A, float? tol=None, bool hermitian=False, *, f
 def _matrix_power(A, n):
     check_matrix("linalg.matrix_power", A)
     check_square("linalg.matrix_power", A)
-    if n == 0:
-        return _eye(A.shape[-1], A).expand(A.shape).clone()
+    if n == 0:  # as torch: A overwritten, so the result stays in A's graph (with a zero gradient)
+        from tilewise.ops.creation import ones
+
+        everywhere = ones(A.shape, dtype=bool_dtype(), device=A.device)
+        return A.masked_fill(everywhere, 0) + _eye(A.shape[-1], A)
     if n < 0:
         check_floating("linalg.matrix_power", A)
         A = _inv_ex(A, True)[0]

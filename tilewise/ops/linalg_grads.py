@@ -71,7 +71,8 @@ def _singular_det_backward(grad, A):
     return adj_t
 
 
-def slogdet_backward(grad_logabsdet, A):
+def slogdet_backward(grad_logabsdet, A, sign):
+    """torch saves the sign too (it reads it for complex inputs), so changing it in place is an error here too."""
     if grad_logabsdet is None:
         return None
     scaled = grad_logabsdet.unsqueeze(-1).unsqueeze(-1) * _eye_like(A).expand(A.shape)
@@ -210,6 +211,20 @@ def solve_triangular_backward(grad, A, X, upper: bool, left: bool, unitriangular
     return gA, gB
 
 
+def triangular_solve_backward(output_grads, b, A, X, upper: bool, transpose: bool, unitriangular: bool):
+    """torch.triangular_solve: the solution's gradient as linalg.solve_triangular's on op(A), plus the cloned
+    coefficient's, which is the identity."""
+    gX, gA_clone = output_grads
+    gA = gb = None
+    if gX is not None:
+        coefficient = A.mT if transpose else A
+        gA, gb = solve_triangular_backward(gX, coefficient, X, upper != transpose, True, unitriangular)
+        gA = gA.mT if transpose else gA
+    if gA_clone is not None:
+        gA = gA_clone if gA is None else gA + gA_clone
+    return gb, gA
+
+
 def pinv_backward(grad, pinvA, A):
     m, n = A.shape[-2], A.shape[-1]
     pinvAh, gradh = pinvA.mT, grad.mT
@@ -270,5 +285,6 @@ HELPERS.update(linalg_solve_backward=linalg_solve_backward, linalg_inv_backward=
                linalg_det_backward=linalg_det_backward, slogdet_backward=slogdet_backward,
                cholesky_backward=cholesky_backward, linalg_qr_backward=linalg_qr_backward, svd_backward=svd_backward,
                eigh_backward=eigh_backward, solve_triangular_backward=solve_triangular_backward,
-               pinv_backward=pinv_backward, lstsq_backward=lstsq_backward, matrix_exp_backward=matrix_exp_backward,
+               pinv_backward=pinv_backward, triangular_solve_backward=triangular_solve_backward,
+               lstsq_backward=lstsq_backward, matrix_exp_backward=matrix_exp_backward,
                cholesky_solve_backward=cholesky_solve_backward, cholesky_inverse_backward=cholesky_inverse_backward)

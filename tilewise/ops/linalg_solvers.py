@@ -87,7 +87,7 @@ declare("_linalg_inv_ex(Tensor A) -> (Tensor inverse, Tensor info)", "other",
         grad={"A": "linalg_inv_backward(grad, result[0])"}, nondiff_outputs=(1,), public=False)
 declare("_linalg_det(Tensor A) -> Tensor", "other", grad={"A": "linalg_det_backward(grad, result, A)"}, public=False)
 declare("_linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet)", "other",
-        grad={"A": "slogdet_backward(output_grads[1], A)"}, nondiff_outputs=(0,), public=False)
+        grad={"A": "slogdet_backward(output_grads[1], A, result[0])"}, public=False)
 declare("_linalg_cholesky_ex(Tensor A, bool upper=False) -> (Tensor L, Tensor info)", "other",
         grad={"A": "cholesky_backward(grad, upper, result[0])"}, nondiff_outputs=(1,), public=False)
 declare("_linalg_qr(Tensor A, str mode='reduced') -> (Tensor Q, Tensor R)", "other",
