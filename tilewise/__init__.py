@@ -87,6 +87,7 @@ globals().update(_api)
 from tilewise import (  # noqa: E402
     amp,
     autograd,  # noqa: E402
+    fft,
     nn,
     optim,
     utils,

@@ -307,4 +307,4 @@ def _reduction_plan(op, args: tuple) -> tuple:
 
 
 def _load_kernels() -> None:
-    from tilewise.backends.cpu import kernels, movement_kernels  # noqa: F401 — registers the hand-written kernels
+    from tilewise.backends.cpu import fft_kernels, kernels, movement_kernels  # noqa: F401 — hand-written kernels
