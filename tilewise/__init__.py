@@ -15,6 +15,10 @@ from tilewise.dtypes import (
     DType,
     bfloat16,
     bool_,
+    cdouble,
+    cfloat,
+    complex64,
+    complex128,
     double,
     finfo,
     float,
@@ -37,7 +41,6 @@ from tilewise.dtypes import (
     short,
     uint8,
 )
-from tilewise.dtypes import cdouble, cfloat, complex64, complex128
 from tilewise.tensor import Size, Tensor, as_tensor, from_numpy, is_tensor, tensor
 
 bool = bool_  # noqa: A001 — tilewise.bool, like torch.bool

@@ -6,7 +6,8 @@ from opinfo import OpInfo, Sample, T
 
 
 def _real_and_complex(shape=(4, 6), **kwargs):
-    return [Sample((T(shape),), dict(kwargs), name="real"), Sample((T(shape, "complex"),), dict(kwargs), name="complex")]
+    return [Sample((T(shape),), dict(kwargs), name="real"),
+            Sample((T(shape, "complex"),), dict(kwargs), name="complex")]
 
 
 def one_dim(real=True, complex_=True):
