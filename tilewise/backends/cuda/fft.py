@@ -6,8 +6,8 @@ of at most three dims, dense signals one after another. A two-sided r2c is the c
 with a zero imaginary part. More than three dims are transformed in steps, complex-to-complex steps over the
 leading dims (first for c2r, last for r2c, whose one-sided halving must apply to the last dim). Plans are kept
 per (device, type, signal sizes, batch) without a work area of their own: each execution takes its work area
-from the caching allocator on the current stream, so it is freed in stream order like any temporary. cuFFT leaves results
-unscaled; the primitive's normalization is one multiply of the real view afterwards.
+from the caching allocator on the current stream, so it is freed in stream order like any temporary. cuFFT
+leaves results unscaled; the primitive's normalization is one multiply of the real view afterwards.
 """
 
 from __future__ import annotations
