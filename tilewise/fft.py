@@ -35,15 +35,17 @@ def _frequencies(op: str, n: int, d: float, dtype, device, requires_grad: bool, 
     dtype = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
     if not (dtype.is_floating_point or dtype.is_complex):
         raise RuntimeError(f"{op} requires a floating point or complex dtype, got {dtype.name}")
+    if dtype.is_complex:  # torch's check admits complex, but its arange has no complex kernel
+        raise NotImplementedError(f'{op}: "arange" is not implemented for {dtype.name}; ask for the real dtype and '
+                                  "convert the result with .to()")
     if n < 0:
         raise RuntimeError(f"{op}: n must be non-negative, got {n}")
-    real = dtype.to_real()
     if onesided:
-        values = arange(n // 2 + 1, dtype=real, device=device)
+        values = arange(n // 2 + 1, dtype=dtype, device=device)
     else:
-        values = OPS["cat"]([arange((n + 1) // 2, dtype=real, device=device),
-                             arange(-(n // 2), 0, dtype=real, device=device)])
-    out = (values * (1.0 / (n * d))).to(dtype)
+        values = OPS["cat"]([arange((n + 1) // 2, dtype=dtype, device=device),
+                             arange(-(n // 2), 0, dtype=dtype, device=device)])
+    out = values * (1.0 / (n * d))
     return out.requires_grad_(True) if requires_grad else out
 
 
