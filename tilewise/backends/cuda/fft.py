@@ -7,7 +7,8 @@ with a zero imaginary part. More than three dims are transformed in steps, compl
 leading dims (first for c2r, last for r2c, whose one-sided halving must apply to the last dim). Plans are kept
 per (device, type, signal sizes, batch) without a work area of their own: each execution takes its work area
 from the caching allocator on the current stream, so it is freed in stream order like any temporary. cuFFT
-leaves results unscaled; the primitive's normalization is one multiply of the real view afterwards.
+leaves results unscaled; the primitive's normalization is one multiply of the real view afterwards. Without
+nvmath-python installed, the primitives run on host copies (numpy), like any operator without a CUDA kernel.
 """
 
 from __future__ import annotations
@@ -29,15 +30,23 @@ _plans: dict[tuple, tuple[int, int]] = {}  # (device, type, sizes, batch) -> (pl
 
 
 def _cufft():
-    """nvmath's cuFFT bindings, imported at first use (the GPU extra)."""
+    """nvmath's cuFFT bindings, imported at first use (the GPU extra), or None where they are not installed."""
     if not _bindings:
         try:
             from nvmath.bindings import cufft
-        except ImportError as exc:
-            raise RuntimeError("tilewise.fft on CUDA needs cuFFT through nvmath-python; install the GPU extra "
-                               "(pip install -e '.[cuda]')") from exc
+        except ImportError:
+            cufft = None
         _bindings.append(cufft)
     return _bindings[0]
+
+
+def _on_host(name: str, device: Device, *args) -> Tensor:
+    """Without nvmath-python the primitive runs numpy's transform on host copies (logged under
+    ``TILEWISE_LOG=fallback``), so that fft works on CUDA tensors before the GPU extra is installed."""
+    from tilewise.backends.cuda.kernels.fallback import run_on_host
+    from tilewise.ops.registry import OPS
+
+    return run_on_host(OPS[name], args, device)
 
 
 def _transform_type(kind: str, real: dtypes.DType) -> int:
@@ -139,6 +148,8 @@ def _empty_result(shape: tuple, dtype: dtypes.DType, device: Device) -> Tensor:
 
 @kernel("_fft_c2c")
 def fft_c2c(device: Device, self: Tensor, dim, normalization: int, forward: bool) -> Tensor:
+    if _cufft() is None:
+        return _on_host("_fft_c2c", device, self, dim, normalization, forward)
     dims = tuple(dim)
     if not self.numel() or not dims:
         from tilewise.backends.cuda.kernels.copy import cast
@@ -150,6 +161,8 @@ def fft_c2c(device: Device, self: Tensor, dim, normalization: int, forward: bool
 
 @kernel("_fft_r2c")
 def fft_r2c(device: Device, self: Tensor, dim, normalization: int, onesided: bool) -> Tensor:
+    if _cufft() is None:
+        return _on_host("_fft_r2c", device, self, dim, normalization, onesided)
     dims = tuple(dim)
     out_shape = list(self._shape)
     out_shape[dims[-1]] = self._shape[dims[-1]] // 2 + 1
@@ -172,6 +185,8 @@ def fft_r2c(device: Device, self: Tensor, dim, normalization: int, onesided: boo
 
 @kernel("_fft_c2r")
 def fft_c2r(device: Device, self: Tensor, dim, normalization: int, last_dim_size: int) -> Tensor:
+    if _cufft() is None:
+        return _on_host("_fft_c2r", device, self, dim, normalization, last_dim_size)
     dims = tuple(dim)
     out_shape = list(self._shape)
     out_shape[dims[-1]] = last_dim_size
