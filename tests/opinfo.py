@@ -18,7 +18,8 @@ import numpy as np
 @dataclass
 class T:
     """A tensor placeholder: shape, kind ('float', 'int', 'bool', 'index' in [0, high), 'prob' in (0,1),
-    'distinct', 'ties', and 'nan' / 'one_nan': distinct floats with NaNs, see ``make``)."""
+    'distinct', 'ties', 'nan' / 'one_nan': distinct floats with NaNs, and 'complex': parts in [low, high] of the
+    complex dtype whose parts are the sample dtype, see ``make``)."""
 
     shape: tuple
     kind: str = "float"
@@ -31,6 +32,9 @@ class T:
         shape = tuple(self.shape)
         if self.kind == "float":
             return rng.uniform(self.low, self.high, size=shape).astype(self.dtype or dtype)
+        if self.kind == "complex":
+            parts = rng.uniform(self.low, self.high, size=(*shape, 2)).astype(self.dtype or dtype)
+            return np.asarray(parts[..., 0] + 1j * parts[..., 1])
         if self.kind == "positive":
             return rng.uniform(max(self.low, 0.1), max(self.high, 0.2), size=shape).astype(self.dtype or dtype)
         if self.kind == "prob":
@@ -119,7 +123,7 @@ class OpInfo:
         if self.call == "F":
             return getattr(functional, name)
         found = module
-        for part in name.split("."):  # "linalg.solve": tw.linalg.solve / torch.linalg.solve
+        for part in name.split("."):  # "linalg.solve", "fft.rfft": tw.linalg.solve / torch.linalg.solve
             found = getattr(found, part)
         return found
 
@@ -152,13 +156,21 @@ def to_numpy(x):
     import torch
 
     if isinstance(x, torch.Tensor):
-        x = x.detach()
+        x = x.detach().resolve_conj()
         if x._is_zerotensor():
             x = torch.zeros(x.shape, dtype=x.dtype)
         if x.dtype == torch.bfloat16:
             x = x.float()
         return x.numpy()
     return np.asarray(x.detach().float().numpy() if x.dtype.name == "bfloat16" else x.detach().numpy())
+
+
+def _random_like(rng, e, dtype: str) -> np.ndarray:
+    """An output gradient for torch's output ``e``: standard normal values, complex ones for a complex output."""
+    values = rng.standard_normal(tuple(e.shape)).astype(dtype)
+    if e.is_complex():
+        values = np.asarray(values + 1j * rng.standard_normal(tuple(e.shape)).astype(dtype))
+    return values
 
 
 def _flatten_outputs(out):
@@ -182,7 +194,7 @@ def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous:
 
     def grad_wanted(k):
         arr, spec = made[k]
-        return info.grad and spec.grad and arr.dtype.kind == "f"
+        return info.grad and spec.grad and arr.dtype.kind in "fc"
 
     def tw_tensor(k):
         a = arrays[k]
@@ -229,10 +241,10 @@ def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous:
 
     grad_inputs = [k for k in range(len(arrays)) if grad_wanted(k) and k in tw_made]
     diff_outs = [(e, a) for e, a in zip(exp_list, act_list)
-                 if isinstance(e, torch.Tensor) and e.requires_grad and e.dtype.is_floating_point]
+                 if isinstance(e, torch.Tensor) and e.requires_grad and (e.dtype.is_floating_point or e.is_complex())]
     if not (info.grad and grad_inputs and diff_outs):
         return
-    gouts = [rng.standard_normal(tuple(e.shape)).astype(dtype) for e, _ in diff_outs]
+    gouts = [_random_like(rng, e, dtype) for e, _ in diff_outs]
     th_inputs = [torch_made[k] for k in grad_inputs]
     th_grads = torch.autograd.grad([e for e, _ in diff_outs], th_inputs,
                                    [torch.from_numpy(g).to(e.device) for g, (e, _) in zip(gouts, diff_outs)],

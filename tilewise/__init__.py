@@ -93,6 +93,7 @@ from tilewise import (  # noqa: E402
     amp,
     autograd,  # noqa: E402
     distributions,
+    fft,
     linalg,
     nn,
     optim,

@@ -72,6 +72,18 @@ def real_view(t: Tensor) -> Tensor:
     return Tensor._make(t._storage, shape, strides, offset, t._dtype.to_real(), t._device)
 
 
+def part_view(t: Tensor, part: int) -> Tensor:
+    """The real (0) or imaginary (1) part of complex ``t`` as a strided view, without the dispatcher."""
+    return Tensor._make(t._storage, t._shape, tuple(2 * s for s in t._strides), 2 * t._offset + part,
+                        t._dtype.to_real(), t._device)
+
+
+def complex_view(t: Tensor) -> Tensor:
+    """``view_as_complex`` of a real tensor whose last dim is a contiguous pair, without the dispatcher."""
+    shape, strides, offset = _as_complex_geometry(t._shape, t._strides, t._offset)
+    return Tensor._make(t._storage, shape, strides, offset, t._dtype.to_complex(), t._device)
+
+
 def _real(x):
     return OPS["view_as_real"](x).select(-1, 0) if x.dtype.is_complex else x
 

@@ -30,7 +30,8 @@ def apply_view(op, args: tuple) -> Tensor:
 def _check_in_storage(shape, strides, offset, x: Tensor) -> None:
     """as_strided is the one view whose geometry is chosen by the caller: it must stay inside the storage."""
     needed = S.storage_span(shape, strides, offset)
-    if needed > x._storage.size:
+    storage = x._storage
+    if needed * x._dtype.itemsize > storage.size * storage.dtype.itemsize:  # a real view of complex storage: bytes
         raise RuntimeError(f"as_strided: sizes {list(shape)}, strides {list(strides)}, storage offset {offset} need a "
                            f"storage of {needed} elements, but the storage has {x._storage.size}; valid views stay "
                            "inside the storage")

@@ -309,6 +309,7 @@ def _reduction_plan(op, args: tuple) -> tuple:
 def _load_kernels() -> None:
     from tilewise.backends.cpu import (  # noqa: F401 — registers the kernels
         api_kernels,
+        fft_kernels,
         kernels,
         linalg_kernels,  # noqa: F401
         movement_kernels,

@@ -184,7 +184,14 @@ def run_into(op, args: tuple, device: Device, out: Tensor) -> Tensor | None:
 def run(op, args: tuple, device: Device):
     kind = op.kind
     if kind == "pointwise":
-        return _pointwise(op, args, device)
+        try:
+            return _pointwise(op, args, device)
+        except NotImplementedError:  # the generated kernels have no complex types: see _complex_pointwise
+            if not _complex_operands(op, args):
+                raise
+            return _complex_pointwise(op, args, device)
+    if kind == "reduction" and _complex_operands(op, args):
+        return _host(op, args, device)
     if kind == "composite" and op.name in _fused_ops:
         out = _fused(op, args)
         if out is not None:
@@ -197,6 +204,20 @@ def run(op, args: tuple, device: Device):
     if op.decomposition is not None:
         return op.decomposition(*args)
     return _host(op, args, device)
+
+
+def _complex_operands(op, args: tuple) -> bool:
+    return any(type(args[k]) is Tensor and args[k]._dtype.is_complex for k in op.tensor_idx)
+
+
+def _complex_pointwise(op, args: tuple, device: Device):
+    """A pointwise operator with complex operands: real operators on their parts where the operator has a real
+    form (the arithmetic fft users need), else its CPU kernel on host copies (see [Note: complex tensors])."""
+    from tilewise.ops.complex import run_real_form
+
+    out_dtype, _ = op.dtype_rule(op, args)
+    found = run_real_form(op, args, out_dtype)
+    return found if found is not None else _host(op, args, device)
 
 
 # ---------------------------------------------------------------------------------------------- transfers
@@ -310,7 +331,7 @@ def _keep_until_done(array: np.ndarray, stream: int) -> None:
 
 def _load_kernels() -> None:
     global _kernels, _pointwise, _pointwise_into, _reduction, _host, _fused, _fused_ops
-    from tilewise.backends.cuda import attention, matmul  # noqa: F401 — register attention; mm, bmm and linear
+    from tilewise.backends.cuda import attention, fft, matmul  # noqa: F401 — attention; fft; mm, bmm and linear
     from tilewise.backends.cuda.fused import FUSED, run_fused
     from tilewise.backends.cuda.kernels import KERNELS, _load_all
     from tilewise.backends.cuda.kernels.fallback import run_on_host

@@ -25,6 +25,11 @@ _BLOCK = 256
 def fill(out: Tensor, value) -> Tensor:
     """Set every element of ``out`` (any strides) to the Python number ``value``."""
     numel = out.numel()
+    if out._dtype.is_complex:  # each part on its own: kernels are generated for real dtypes
+        from tilewise.ops.complex import part_view
+
+        fill(part_view(out, 0), complex(value).real)
+        return fill(part_view(out, 1), complex(value).imag)
     if numel and out.is_contiguous() and value == 0 and math.copysign(1.0, value) > 0:
         from tilewise.backends.cuda.runtime.driver import check, driver_api
 

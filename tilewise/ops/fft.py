@@ -1,0 +1,328 @@
+"""Discrete Fourier transforms (``tilewise.fft``): three primitives and torch's functions composed from them.
+
+[Note: fft primitives] As in torch, every transform is one of three primitives over a list of (non-negative,
+distinct) dims: ``_fft_c2c`` (complex to complex, forward or inverse), ``_fft_r2c`` (real to complex, the
+one-sided half of the last dim when ``onesided``) and ``_fft_c2r`` (the Hermitian half of the last dim to
+``last_dim_size`` real values). ``normalization`` is torch's code for the scale applied, whatever the
+direction: 0 none, 1 by 1/sqrt(n), 2 by 1/n. The CPU runs numpy's pocketfft (as torch's CPU does), CUDA runs
+cuFFT. The public functions only canonicalise ``n``/``s``, ``dim`` and ``norm`` with torch's errors, promote
+the input (integers to the default float dtype, real to complex where a transform needs complex input), zero-pad
+or slice the transformed dims, and call a primitive: their gradients come from the primitives' derivatives,
+torch's formulas (``fft_r2c_backward`` fills the discarded half with zeros before the inverse transform;
+``fft_c2r_backward`` doubles the entries whose mirror image the one-sided input left out).
+"""
+
+from __future__ import annotations
+
+from tilewise import _strides as S
+from tilewise import dtypes
+from tilewise.ops.formulas import HELPERS
+from tilewise.ops.registry import OPS, declare
+from tilewise.tensor import Tensor
+
+NONE, BY_ROOT_N, BY_N = 0, 1, 2
+
+
+# ---------------------------------------------------------------- primitives
+
+def _r2c_dtype(op, args):
+    x = args[0]
+    if x.dtype not in (dtypes.float32, dtypes.float64):
+        raise RuntimeError(f"{op.name}: expected a float32 or float64 input, got {x.dtype.name}")
+    out = x.dtype.to_complex()
+    return out, out
+
+
+def _c2r_dtype(op, args):
+    x = args[0]
+    if not x.dtype.is_complex:
+        raise RuntimeError(f"{op.name}: expected a complex64 or complex128 input, got {x.dtype.name}")
+    out = x.dtype.to_real()
+    return out, out
+
+
+def _c2c_dtype(op, args):
+    x = args[0]
+    if not x.dtype.is_complex:
+        raise RuntimeError(f"{op.name}: expected a complex64 or complex128 input, got {x.dtype.name}")
+    return x.dtype, x.dtype
+
+
+declare("_fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor", "other", dtype=_r2c_dtype,
+        grad={"self": "fft_r2c_backward(grad, dim, normalization, onesided, self_shape)"}, method=False, public=False)
+declare("_fft_c2r(Tensor self, int[] dim, int normalization, int last_dim_size) -> Tensor", "other",
+        dtype=_c2r_dtype, grad={"self": "fft_c2r_backward(grad, dim, normalization)"}, method=False, public=False)
+declare("_fft_c2c(Tensor self, int[] dim, int normalization, bool forward) -> Tensor", "other", dtype=_c2c_dtype,
+        grad={"self": "OPS['_fft_c2c'](grad, dim, normalization, not forward)"}, method=False, public=False)
+
+
+def fft_r2c_backward(grad, dim, normalization, onesided, self_shape):
+    """The adjoint of a real-to-complex transform: a one-sided result is completed with zeros (the half it left
+    out) before the inverse complex transform, whose real part is the gradient."""
+    if onesided:
+        last = dim[-1]
+        grad = resized(grad, (last,), (self_shape[last],))
+    return OPS["_fft_c2c"](grad, dim, normalization, False).real
+
+
+def fft_c2r_backward(grad, dim, normalization):
+    """The adjoint of a complex-to-real transform: the one-sided real-to-complex transform of the gradient, with
+    the entries whose mirror image lies outside the one-sided half doubled (1 .. n - onesided_length)."""
+    from tilewise.ops.creation import ones
+
+    out = OPS["_fft_r2c"](grad, dim, normalization, True)
+    last = dim[-1]
+    double_length = grad.shape[last] - out.shape[last]
+    if double_length <= 0:
+        return out
+    scale = ones(out.shape[last], dtype=grad.dtype, device=grad.device)
+    scale[1:1 + double_length] = 2.0
+    return out * scale.view((-1,) + (1,) * (out.ndim - 1 - last))
+
+
+HELPERS.update(fft_r2c_backward=fft_r2c_backward, fft_c2r_backward=fft_c2r_backward)
+
+
+# ---------------------------------------------------------------- argument handling, as torch's SpectralOps.cpp
+
+def on_parts(fn, x: Tensor, *args):
+    """``fn(x, *args)`` for a real ``x``; for a complex one, ``fn`` applied to its real view (a trailing dim of
+    2, so ``x``'s dims keep their indices), so that only real kernels run on every device."""
+    if not x.dtype.is_complex:
+        return fn(x, *args)
+    return OPS["view_as_complex"](fn(OPS["view_as_real"](x), *args).contiguous())
+
+
+def _pad_or_slice(x: Tensor, dims: tuple, sizes: tuple) -> Tensor:
+    pad = [0, 0] * x.ndim
+    for d, n in zip(dims, sizes):
+        if x.shape[d] > n:
+            x = x.narrow(d, 0, n)
+        elif x.shape[d] < n:
+            pad[2 * (x.ndim - 1 - d) + 1] = n - x.shape[d]
+    return OPS["pad"](x, pad) if any(pad) else x
+
+
+def resized(x: Tensor, dims: tuple, sizes: tuple) -> Tensor:
+    """torch's resize_fft_input: the transformed dims cut or zero-padded at the end to ``sizes``."""
+    if all(x.shape[d] == n for d, n in zip(dims, sizes)):
+        return x
+    if not x.dtype.is_complex:
+        return _pad_or_slice(x, dims, sizes)
+    parts = OPS["view_as_real"](x)
+    return OPS["view_as_complex"](_pad_or_slice(parts, dims, sizes).contiguous())
+
+
+def norm_code(norm: str | None, forward: bool) -> int:
+    """torch's norm_from_string: the scale of a transform in direction ``forward`` for the user's ``norm``."""
+    if norm is None or norm == "backward":
+        return NONE if forward else BY_N
+    if norm == "forward":
+        return BY_N if forward else NONE
+    if norm == "ortho":
+        return BY_ROOT_N
+    raise RuntimeError(f'Invalid normalization mode: "{norm}"; valid modes are "backward", "forward" and "ortho"')
+
+
+def promoted(x: Tensor, require_complex: bool, op: str) -> Tensor:
+    """torch's promote_tensor_fft: integers become the default float dtype; float32 and float64 (complex when
+    required) are the dtypes transforms take."""
+    dtype = x.dtype
+    if dtype.is_complex:
+        return x
+    if dtype.category < dtypes.FLOAT:
+        dtype = dtypes.get_default_dtype()
+    if dtype not in (dtypes.float32, dtypes.float64):
+        raise RuntimeError(f"{op}: Unsupported dtype {dtype.name}; transforms take float32, float64, complex64 or "
+                           "complex128 (convert with .float())")
+    if require_complex:
+        dtype = dtype.to_complex()
+    return x if dtype is x.dtype else x.to(dtype)
+
+
+def _wrapped_dim(dim: int, ndim: int) -> int:
+    if ndim == 0:
+        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+    return S.normalize_dim(dim, ndim)
+
+
+def _check_points(n: int) -> None:
+    if n < 1:
+        raise RuntimeError(f"Invalid number of data points ({n}) specified")
+
+
+def shape_and_dims(x: Tensor, s, dim) -> tuple[list[int], list[int]]:
+    """torch's canonicalize_fft_shape_and_dim_args: the transformed dims and their signal sizes."""
+    ndim = x.ndim
+    dims = None
+    if dim is not None:
+        dims = [_wrapped_dim(d, ndim) for d in ([dim] if isinstance(dim, int) else dim)]
+        if len(set(dims)) != len(dims):
+            raise RuntimeError(f"FFT dims must be unique, got dim={list(dim)}")
+    if s is not None:
+        s = [s] if isinstance(s, int) else list(s)
+        if dims is not None and len(dims) != len(s):
+            raise RuntimeError(f"When given, dim and shape arguments must have the same length (got s={s} and "
+                               f"dim={list(dim)})")
+        if len(s) > ndim:
+            raise RuntimeError(f"Got shape with {len(s)} values but input tensor only has {ndim} dimensions.")
+        if dims is None:
+            dims = list(range(ndim - len(s), ndim))
+        shape = [x.shape[d] if n == -1 else n for d, n in zip(dims, s)]
+    elif dims is None:
+        dims, shape = list(range(ndim)), list(x.shape)
+    else:
+        shape = [x.shape[d] for d in dims]
+    for n in shape:
+        _check_points(n)
+    return shape, dims
+
+
+# ---------------------------------------------------------------- one-dimensional transforms
+
+def _c2c(x, n, dim, norm, forward: bool, op: str):
+    if not x.dtype.is_complex:
+        raise RuntimeError(f"{op} expects a complex input tensor, but got {x.dtype.name}")
+    d = _wrapped_dim(dim, x.ndim)
+    n = x.shape[d] if n is None else n
+    _check_points(n)
+    x = resized(x, (d,), (n,))
+    return OPS["_fft_c2c"](x, (d,), norm_code(norm, forward), forward)
+
+
+def _r2c(x, n, dim, norm, forward: bool, onesided: bool, op: str):
+    if x.dtype.is_complex:
+        raise RuntimeError(f"{op} expects a real input tensor, but got {x.dtype.name}")
+    x = promoted(x, False, op)
+    d = _wrapped_dim(dim, x.ndim)
+    n = x.shape[d] if n is None else n
+    _check_points(n)
+    x = resized(x, (d,), (n,))
+    out = OPS["_fft_r2c"](x, (d,), norm_code(norm, forward), onesided)
+    return out if forward else out.conj()
+
+
+def _c2r(x, n, dim, norm, forward: bool, op: str):
+    x = promoted(x, True, op)
+    d = _wrapped_dim(dim, x.ndim)
+    n = 2 * (x.shape[d] - 1) if n is None else n
+    _check_points(n)
+    x = resized(x, (d,), (n // 2 + 1,))
+    if forward:
+        x = x.conj()
+    return OPS["_fft_c2r"](x, (d,), norm_code(norm, forward), n)
+
+
+def _fft(x, n=None, dim=-1, norm=None):
+    if x.dtype.is_complex:
+        return _c2c(x, n, dim, norm, True, "fft")
+    return _r2c(x, n, dim, norm, True, False, "fft")
+
+
+def _ifft(x, n=None, dim=-1, norm=None):
+    if x.dtype.is_complex:
+        return _c2c(x, n, dim, norm, False, "ifft")
+    return _r2c(x, n, dim, norm, False, False, "ifft")
+
+
+def _rfft(x, n=None, dim=-1, norm=None):
+    return _r2c(x, n, dim, norm, True, True, "rfft")
+
+
+def _irfft(x, n=None, dim=-1, norm=None):
+    return _c2r(x, n, dim, norm, False, "irfft")
+
+
+def _hfft(x, n=None, dim=-1, norm=None):
+    return _c2r(x, n, dim, norm, True, "hfft")
+
+
+def _ihfft(x, n=None, dim=-1, norm=None):
+    return _r2c(x, n, dim, norm, False, True, "ihfft")
+
+
+# ---------------------------------------------------------------- n-dimensional transforms
+
+def _fftn_c2c(x, s, dim, norm, forward: bool):
+    shape, dims = shape_and_dims(x, s, dim)
+    x = resized(promoted(x, True, "fftn"), dims, shape)
+    return OPS["_fft_c2c"](x, tuple(dims), norm_code(norm, forward), forward)
+
+
+def _fftn(x, s=None, dim=None, norm=None):
+    return _fftn_c2c(x, s, dim, norm, True)
+
+
+def _ifftn(x, s=None, dim=None, norm=None):
+    return _fftn_c2c(x, s, dim, norm, False)
+
+
+def _rfftn(x, s=None, dim=None, norm=None):
+    if x.dtype.is_complex:
+        raise RuntimeError(f"rfftn expects a real-valued input tensor, but got {x.dtype.name}")
+    shape, dims = shape_and_dims(x, s, dim)
+    if not dims:
+        raise RuntimeError("rfftn must transform at least one axis")
+    x = resized(promoted(x, False, "rfftn"), dims, shape)
+    return OPS["_fft_r2c"](x, tuple(dims), norm_code(norm, True), True)
+
+
+def _irfftn(x, s=None, dim=None, norm=None):
+    shape, dims = shape_and_dims(x, s, dim)
+    if not dims:
+        raise RuntimeError("irfftn must transform at least one axis")
+    last_dim_size = 2 * (x.shape[dims[-1]] - 1) if s is None or list(s)[-1] == -1 else shape[-1]
+    _check_points(last_dim_size)
+    shape[-1] = last_dim_size // 2 + 1
+    x = resized(promoted(x, True, "irfftn"), dims, shape)
+    return OPS["_fft_c2r"](x, tuple(dims), norm_code(norm, False), last_dim_size)
+
+
+def _fft2(x, s=None, dim=(-2, -1), norm=None):
+    return _fftn(x, s, dim, norm)
+
+
+def _ifft2(x, s=None, dim=(-2, -1), norm=None):
+    return _ifftn(x, s, dim, norm)
+
+
+def _rfft2(x, s=None, dim=(-2, -1), norm=None):
+    return _rfftn(x, s, dim, norm)
+
+
+def _irfft2(x, s=None, dim=(-2, -1), norm=None):
+    return _irfftn(x, s, dim, norm)
+
+
+# ---------------------------------------------------------------- shifts
+
+def _shifted(x, dim, inverse: bool):
+    dims = list(range(x.ndim)) if dim is None else [S.normalize_dim(d, x.ndim, "fftshift")
+                                                     for d in ([dim] if isinstance(dim, int) else dim)]
+    if not dims:
+        return x.clone()
+    shifts = [(x.shape[d] + 1) // 2 if inverse else x.shape[d] // 2 for d in dims]
+    return on_parts(lambda t: OPS["roll"](t, shifts, dims), x)
+
+
+def _fftshift(x, dim=None):
+    return _shifted(x, dim, False)
+
+
+def _ifftshift(x, dim=None):
+    return _shifted(x, dim, True)
+
+
+_ONE_DIM = "(Tensor self, int? n=None, int dim=-1, str? norm=None) -> Tensor"
+_N_DIM = "(Tensor self, int[1]? s=None, int[1]? dim=None, str? norm=None) -> Tensor"
+_TWO_DIM = "(Tensor self, int[1]? s=None, int[1] dim=[-2,-1], str? norm=None) -> Tensor"
+_SHIFT = "(Tensor self, int[1]? dim=None) -> Tensor"
+TRANSFORMS = {
+    "fft": (_ONE_DIM, _fft), "ifft": (_ONE_DIM, _ifft), "rfft": (_ONE_DIM, _rfft), "irfft": (_ONE_DIM, _irfft),
+    "hfft": (_ONE_DIM, _hfft), "ihfft": (_ONE_DIM, _ihfft), "fftn": (_N_DIM, _fftn), "ifftn": (_N_DIM, _ifftn),
+    "rfftn": (_N_DIM, _rfftn), "irfftn": (_N_DIM, _irfftn), "fft2": (_TWO_DIM, _fft2), "ifft2": (_TWO_DIM, _ifft2),
+    "rfft2": (_TWO_DIM, _rfft2), "irfft2": (_TWO_DIM, _irfft2), "fftshift": (_SHIFT, _fftshift),
+    "ifftshift": (_SHIFT, _ifftshift),
+}
+for _name, (_signature, _decomposition) in TRANSFORMS.items():
+    declare(f"fft_{_name}{_signature}", "composite", decomposition=_decomposition, method=False, function=False)
