@@ -1,6 +1,6 @@
 """tilewise.optim: optimizers and learning-rate schedules with torch.optim's names, defaults and numerics."""
 
-from tilewise.optim import lr_scheduler
+from tilewise.optim import lr_scheduler, swa_utils
 from tilewise.optim.adadelta import Adadelta
 from tilewise.optim.adafactor import Adafactor
 from tilewise.optim.adagrad import Adagrad
@@ -17,4 +17,4 @@ from tilewise.optim.sgd import SGD
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Adadelta", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop",
            "LBFGS", "lr_scheduler", "register_optimizer_step_pre_hook", "register_optimizer_step_post_hook", "ASGD",
-           "Rprop", "Adafactor"]
+           "Rprop", "Adafactor", "swa_utils"]
