@@ -66,6 +66,9 @@ OPTIONS = {
               dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True, maximize=True)],
     "RAdam": [dict(), dict(lr=0.01, weight_decay=0.1), dict(lr=0.01, betas=(0.8, 0.9), weight_decay=0.1,
                                                             decoupled_weight_decay=True, maximize=True)],
+    "ASGD": [dict(), dict(lr=0.05, lambd=0.01, alpha=0.5, t0=5, weight_decay=0.1, maximize=True)],
+    "Rprop": [dict(), dict(lr=0.05, etas=(0.3, 1.7), step_sizes=(1e-3, 0.2), maximize=True)],
+    "Adafactor": [dict(), dict(lr=0.05, beta2_decay=-0.5, eps=(1e-20, 1e-2), d=1.5, weight_decay=0.1, maximize=True)],
 }
 CASES = [(name, kwargs) for name, options in OPTIONS.items() for kwargs in options]
 CASE_IDS = [f"{name}-{k}" for name, options in OPTIONS.items() for k in range(len(options))]
@@ -288,7 +291,8 @@ def test_a_compiled_lbfgs_step_with_fullgraph_names_the_first_read():
 ALL_OPTIMIZERS = [("SGD", dict(lr=0.05, momentum=0.9)), ("Adam", dict(lr=0.02, amsgrad=True)),
                   ("AdamW", dict(lr=0.02)), ("RMSprop", dict(lr=0.01, momentum=0.5, centered=True)),
                   ("Adagrad", dict(lr=0.1)), ("Adadelta", dict()), ("Adamax", dict()), ("NAdam", dict()),
-                  ("RAdam", dict()), ("LBFGS", dict(max_iter=3))]
+                  ("RAdam", dict()), ("LBFGS", dict(max_iter=3)), ("ASGD", dict(t0=2)), ("Rprop", dict()),
+                  ("Adafactor", dict())]
 
 
 def _steps(lib, opt, params, target, start, stop):
@@ -498,7 +502,7 @@ def test_fused_refusals_match_torch(name):
 
 
 @pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam",
-                                  "RAdam", "LBFGS"])
+                                  "RAdam", "LBFGS", "ASGD", "Rprop", "Adafactor"])
 def test_arguments_and_printed_form_are_torchs(name):
     """Each optimizer takes exactly torch's arguments, in torch's order and kinds, with torch's defaults (``0``
     where torch has ``0``): those torch lacks (``fused`` where it has no fused kernel) are a TypeError in both, and
@@ -520,7 +524,10 @@ def test_arguments_and_printed_form_are_torchs(name):
     ("NAdam", dict(momentum_decay=-1.0)), ("NAdam", dict(eps=-1.0)), ("RAdam", dict(betas=(0.9, 1.0))),
     ("RAdam", dict(weight_decay=-1.0)), ("Adagrad", dict(initial_accumulator_value=-1.0)),
     ("Adagrad", dict(lr_decay=-1.0)), ("RMSprop", dict(alpha=-1.0)), ("SGD", dict(momentum=-1.0)),
-    ("Adam", dict(betas=(0.9, 1.0))), ("LBFGS", dict(lr=-1.0)),
+    ("Adam", dict(betas=(0.9, 1.0))), ("LBFGS", dict(lr=-1.0)), ("ASGD", dict(weight_decay=-1.0)),
+    ("Rprop", dict(etas=(1.0, 1.2))), ("Rprop", dict(lr=-1.0)), ("Adafactor", dict(beta2_decay=0.5)),
+    ("Adafactor", dict(eps=(-1.0, 1e-3))), ("Adafactor", dict(eps=(None, -1.0))), ("Adafactor", dict(d=0.5)),
+    ("Adafactor", dict(weight_decay=-1.0)), ("Adafactor", dict(lr=-1.0)),
 ])
 def test_invalid_hyperparameters_raise_torchs_error(name, bad):
     messages = []

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 
+import numpy as np
+
+from tilewise import dtypes
 from tilewise.autograd.grad_mode import no_grad
-from tilewise.ops.creation import full, rand, randn
-from tilewise.tensor import Tensor
+from tilewise.ops.creation import full, rand, randn, randperm
+from tilewise.tensor import Tensor, from_numpy
 
 _LINEAR_GAINS = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
                  "sigmoid")
@@ -153,3 +157,84 @@ def kaiming_normal_(tensor: Tensor, a: float = 0.0, mode: str = "fan_in", nonlin
         return tensor
     std = calculate_gain(nonlinearity, a) / math.sqrt(_calculate_correct_fan(tensor, mode))
     return normal_(tensor, 0.0, std, generator)
+
+
+def dirac_(tensor: Tensor, groups: int = 1) -> Tensor:
+    """The identity of a convolution: in each group, output channel ``d`` reads input channel ``d`` at the
+    kernel's centre (as many channels as both sides have)."""
+    if tensor.ndim not in (3, 4, 5):
+        raise ValueError("Only tensors with 3, 4, or 5 dimensions are supported")
+    sizes = tensor.shape
+    if sizes[0] % groups != 0:
+        raise ValueError("dim 0 must be divisible by groups")
+    out_per_group = sizes[0] // groups
+    values = np.zeros(sizes, np.float32)
+    centre = tuple(size // 2 for size in sizes[2:])
+    for g in range(groups):
+        for d in range(min(out_per_group, sizes[1])):
+            values[(g * out_per_group + d, d, *centre)] = 1
+    return _fill(tensor, from_numpy(values).to(device=tensor.device, dtype=tensor.dtype))
+
+
+def orthogonal_(tensor: Tensor, gain: float = 1.0, generator=None) -> Tensor:
+    """A (semi-)orthogonal matrix of the tensor flattened to ``(rows, rest)``, times ``gain``: the Q of a QR
+    factorisation of a normal draw, its columns' signs fixed by R's diagonal so that Q is uniformly
+    distributed (torch's method; the factorisation runs on the host, in float32 or float64)."""
+    if tensor.ndim < 2:
+        raise ValueError("Only tensors with 2 or more dimensions are supported")
+    if tensor.numel() == 0:
+        return tensor
+    rows = tensor.shape[0]
+    cols = tensor.numel() // rows
+    dtype = dtypes.float64 if tensor.dtype is dtypes.float64 else dtypes.float32
+    flattened = randn((rows, cols), generator=generator, dtype=dtype, device=tensor.device).cpu().numpy()
+    if rows < cols:
+        flattened = flattened.T
+    q, r = np.linalg.qr(flattened)
+    q = q * np.sign(np.diag(r))
+    if rows < cols:
+        q = q.T
+    values = from_numpy(np.ascontiguousarray(q)).to(device=tensor.device, dtype=tensor.dtype)
+    return _fill(tensor, values.view(tensor.shape) * gain)
+
+
+def sparse_(tensor: Tensor, sparsity: float, std: float = 0.01, generator=None) -> Tensor:
+    """A normal(0, std) matrix with ``ceil(sparsity * rows)`` entries of each column set to zero, at rows drawn
+    by a random permutation per column."""
+    if tensor.ndim != 2:
+        raise ValueError("Only tensors with 2 dimensions are supported")
+    rows, cols = tensor.shape
+    num_zeros = math.ceil(sparsity * rows)
+    keep = np.ones((rows, cols), np.bool_)
+    for col in range(cols):
+        keep[randperm(rows).numpy()[:num_zeros], col] = False
+    dropped = from_numpy(~keep).to(device=tensor.device)
+    return _fill(tensor, (_normal(tensor, generator) * std).masked_fill(dropped, 0.0))
+
+
+def _make_deprecate(method):
+    """The name without the trailing underscore, as torch keeps it: a FutureWarning, then ``method``."""
+    new_name = method.__name__
+    old_name = new_name[:-1]
+
+    def deprecated_init(*args, **kwargs):
+        warnings.warn(f"`nn.init.{old_name}` is now deprecated in favor of `nn.init.{new_name}`.", FutureWarning,
+                      stacklevel=2)
+        return method(*args, **kwargs)
+
+    deprecated_init.__name__ = old_name
+    deprecated_init.__doc__ = f"{old_name}(...): deprecated in favor of ``tilewise.nn.init.{new_name}``."
+    return deprecated_init
+
+
+uniform = _make_deprecate(uniform_)
+normal = _make_deprecate(normal_)
+constant = _make_deprecate(constant_)
+eye = _make_deprecate(eye_)
+dirac = _make_deprecate(dirac_)
+xavier_uniform = _make_deprecate(xavier_uniform_)
+xavier_normal = _make_deprecate(xavier_normal_)
+kaiming_uniform = _make_deprecate(kaiming_uniform_)
+kaiming_normal = _make_deprecate(kaiming_normal_)
+orthogonal = _make_deprecate(orthogonal_)
+sparse = _make_deprecate(sparse_)

@@ -31,7 +31,7 @@ class Adadelta(Optimizer):
                                       capturable=capturable, foreach=foreach, differentiable=differentiable))
 
     def _init_param_state(self, p, group: dict) -> None:
-        self._buffered_state(p)
+        self._buffered_state(p, group)
 
     @grad_mode_of_differentiable
     def step(self, closure=None):

@@ -33,7 +33,7 @@ class Adamax(Optimizer):
                                       maximize=maximize, differentiable=differentiable, capturable=capturable))
 
     def _init_param_state(self, p, group: dict) -> None:
-        self._buffered_state(p)
+        self._buffered_state(p, group)
 
     @grad_mode_of_differentiable
     def step(self, closure=None):

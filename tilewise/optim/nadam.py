@@ -37,12 +37,12 @@ class NAdam(Optimizer):
                                       maximize=maximize, foreach=foreach, capturable=capturable,
                                       differentiable=differentiable))
 
-    def _more_state(self, state: dict, p) -> None:
+    def _more_state(self, state: dict, p, group: dict) -> None:
         # torch keeps the product in its scalar dtype (float32): it rounds there at every step
         state["mu_product"] = ones((), dtype=state["step"].dtype, device=p.device)
 
     def _init_param_state(self, p, group: dict) -> None:
-        self._buffered_state(p)
+        self._buffered_state(p, group)
 
     @grad_mode_of_differentiable
     def step(self, closure=None):

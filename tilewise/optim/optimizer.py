@@ -279,18 +279,18 @@ class Optimizer:
     state_args: tuple[str, ...] = ()
     hyper_args: tuple[str, ...] = ()
 
-    def _buffered_state(self, p: Tensor) -> dict:
-        """The state of ``p``: a step count and ``buffers``, made on its first step (``_more_state`` adds any other
-        entry)."""
+    def _buffered_state(self, p: Tensor, group: dict) -> dict:
+        """The state of ``p`` (in ``group``): a step count and ``buffers``, made on its first step (``_more_state``
+        adds any other entry)."""
         state = self.state[p]
         if not state:
             state["step"] = self._step_tensor(p)
-            self._more_state(state, p)
+            self._more_state(state, p, group)
             for name in self.buffers:
                 state[name] = zeros_like(p)
         return state
 
-    def _more_state(self, state: dict, p: Tensor) -> None:
+    def _more_state(self, state: dict, p: Tensor, group: dict) -> None:
         """Entries of a new state besides the step count and ``buffers``."""
 
     def _step_groups(self, closure, update: Callable):
@@ -299,8 +299,9 @@ class Optimizer:
         loss = self._evaluate(closure)
         for k, group in enumerate(self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
-            states = [self._buffered_state(p) for p in params]
-            tensors = (params, [p.grad for p in params], *([s[name] for s in states] for name in self.state_args))
+            states = [self._buffered_state(p, group) for p in params]
+            # a state list may hold None where a parameter lacks that entry (Adafactor: a vector has no row_var)
+            tensors = (params, [p.grad for p in params], *([s.get(name) for s in states] for name in self.state_args))
             self._update_group(k, group, update, tensors, tuple(group[name] for name in self.hyper_args))
         return loss
 

@@ -36,7 +36,7 @@ class RAdam(Optimizer):
                                       decoupled_weight_decay=decoupled_weight_decay, differentiable=differentiable))
 
     def _init_param_state(self, p, group: dict) -> None:
-        self._buffered_state(p)
+        self._buffered_state(p, group)
 
     @grad_mode_of_differentiable
     def step(self, closure=None):
