@@ -64,3 +64,61 @@ def test_arguments_printed_form_and_refusals_are_torchs():
                 lib.optim.Muon([lib.nn.Parameter(lib.zeros(shape))], **kwargs)
             messages.append(str(info.value).replace("tilewise.Size", "torch.Size"))
         assert messages[0] == messages[1]
+
+
+def _muon_problem(device: str):
+    rng = np.random.default_rng(2)
+    values = [rng.standard_normal(s).astype(np.float32) for s in ((8, 5), (4, 9))]
+    params = [tw.nn.Parameter(tw.tensor(v).to(device)) for v in values]
+    targets = [tw.tensor(rng.standard_normal(tuple(p.shape)).astype(np.float32)).to(device) for p in params]
+    return params, targets
+
+
+def _run_muon(params, targets, opt, steps: int = 4):
+    for _ in range(steps):
+        for p, t in zip(params, targets):
+            p.grad = (p.detach() - t) * 2
+        opt.step()
+
+
+def test_the_compiled_group_update_matches_the_loop():
+    """On CUDA a group's update runs compiled by default; the compiled program (C here) gives the loop's values."""
+    runs = []
+    for compiled in (False, True):
+        params, targets = _muon_problem("cpu")
+        opt = tw.optim.Muon(params, lr=0.02)
+        opt.param_groups[0]["foreach"] = compiled
+        _run_muon(params, targets, opt)
+        runs.append(params)
+        assert len(opt.__dict__.get("_programs", {})) == int(compiled)
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+
+
+def test_the_group_update_lowers_to_cuda_kernels_that_nvrtc_compiles():
+    from tilewise.compiler.capture import trace
+    from tilewise.compiler.passes import run_pipeline
+    from tilewise.compiler.program import lower_program
+    from tilewise.compiler.toolchain import compile_cached
+
+    params, targets = _muon_problem("cpu")
+    for p, t in zip(params, targets):
+        p.grad = p.detach() - t
+    opt = tw.optim.Muon(params)
+    opt.init_state()
+    low = lower_program(run_pipeline(trace(lambda: opt.step(), (), {}).graph), "cuda")
+    assert low.kernels
+    for kernel, source in low.sources.items():
+        compile_cached(source, kernel, "sm_90")
+
+
+@pytest.mark.cuda
+def test_the_default_compiled_update_on_cuda_matches_the_cpu_loop():
+    runs = []
+    for device in ("cpu", "cuda"):
+        params, targets = _muon_problem(device)
+        opt = tw.optim.Muon(params, lr=0.02)
+        _run_muon(params, targets, opt)
+        runs.append(params)
+    for a, b in zip(*runs):
+        np.testing.assert_allclose(b.detach().cpu().numpy(), a.detach().numpy(), rtol=1e-3, atol=1e-3)
