@@ -390,7 +390,9 @@ def placement(map_location, location: str, storage: Storage) -> Storage:
     """The storage ``storage`` (on the host, saved at ``location``) becomes under ``map_location``."""
     if callable(map_location) and not isinstance(map_location, (str, Device)) and type(map_location).__module__ != \
             "torch":
-        result = map_location(storage, location)
+        result = map_location(_StorageArgument(storage), location)
+        if isinstance(result, _StorageArgument):
+            result = result.storage
         if result is not None:
             if not isinstance(result, Storage):
                 raise TypeError(f"tilewise.load: map_location returned a {type(result).__name__}; it must return a "
@@ -401,6 +403,27 @@ def placement(map_location, location: str, storage: Storage) -> Storage:
         map_location = map_location.get(location, location)
     device = default_device(location) if map_location is None else _device(map_location)
     return storage if device == storage.device else _moved(storage, device)
+
+
+class _StorageArgument:
+    """What a ``map_location`` callable receives: the storage, with torch's ``cpu()``, ``cuda()`` and ``to()``
+    (so ``lambda storage, loc: storage.cuda(1)`` works as it does with torch.load)."""
+
+    def __init__(self, storage: Storage):
+        self.storage = storage
+
+    def __getattr__(self, name: str):
+        return getattr(self.storage, name)
+
+    def cpu(self) -> _StorageArgument:
+        return self.to(cpu)
+
+    def cuda(self, device=None) -> _StorageArgument:
+        return self.to(Device("cuda", device) if isinstance(device, int) or device is None else device)
+
+    def to(self, device) -> _StorageArgument:
+        device = _device(device)
+        return self if device == self.storage.device else _StorageArgument(_moved(self.storage, device))
 
 
 def default_device(location: str) -> Device:
