@@ -94,6 +94,14 @@ def test_pickle_protocols_beyond_2_load():
         assert same_bytes(out["t"], obj["t"]) and out["x"] == obj["x"], protocol
 
 
+@pytest.mark.parametrize("dtype", ["uint16", "complex64", "float8_e5m2fnuz"])
+def test_a_dtype_tilewise_lacks_is_named(dtype):
+    if dtype in {d.name for d in tw.dtypes.ALL}:
+        pytest.skip(f"tilewise has {dtype}")
+    with pytest.raises(pickle.UnpicklingError, match=f"holds {dtype} tensors, which tilewise does not support"):
+        tw.load(torch_bytes({"t": torch.zeros(2, dtype=getattr(torch, dtype))}))
+
+
 # ---------------------------------------------------------------------------- tilewise.save -> torch.load
 
 @pytest.mark.parametrize("dtype", DTYPES)
