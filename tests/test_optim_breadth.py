@@ -676,7 +676,8 @@ def test_a_compiled_training_step_under_a_scheduler_compiles_once_with_a_tensor_
 
 @pytest.mark.parametrize("module", ["tilewise.optim.optimizer", "tilewise.optim.adadelta", "tilewise.optim.lbfgs",
                                     "tilewise.optim.lr_scheduler.base", "tilewise.optim.lr_scheduler.schedules",
-                                    "tilewise.optim.lr_scheduler.combined", "tilewise.optim.lr_scheduler.plateau"])
+                                    "tilewise.optim.lr_scheduler.combined", "tilewise.optim.lr_scheduler.plateau",
+                                    "tilewise.optim.swa_utils"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib
@@ -690,7 +691,9 @@ def test_docstring_examples_run(module):
 CUDA_CASES = [("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1)),
               ("RMSprop", dict(centered=True, momentum=0.5)), ("Adagrad", dict(lr_decay=0.1)),
               ("Adadelta", dict(weight_decay=0.1)), ("Adamax", dict(maximize=True)),
-              ("NAdam", dict(decoupled_weight_decay=True, weight_decay=0.1)), ("RAdam", dict(weight_decay=0.1))]
+              ("NAdam", dict(decoupled_weight_decay=True, weight_decay=0.1)), ("RAdam", dict(weight_decay=0.1)),
+              ("ASGD", dict(t0=3, weight_decay=0.1)), ("Rprop", dict(maximize=True)),
+              ("Adafactor", dict(weight_decay=0.1))]
 
 
 @pytest.mark.parametrize("name,kwargs", CUDA_CASES, ids=[c[0] for c in CUDA_CASES])

@@ -238,11 +238,41 @@ def test_events_wait_for_max_queue_or_flush(tmp_path):
     writer.close()
 
 
-def test_tensorboard_reads_the_file_when_installed(tmp_path):
+def test_tensorboard_reads_the_files_when_installed(tmp_path):
+    """TensorBoard's own reader and protos, where tensorboard is installed: every record, every field."""
     loader = pytest.importorskip("tensorboard.backend.event_processing.event_file_loader")
-    with SummaryWriter(tmp_path) as writer:
-        writer.add_scalar("loss", 0.5, 1)
-        writer.add_histogram("w", np.arange(10.0), 1)
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    values = np.random.default_rng(0).standard_normal(100)
+    with SummaryWriter(tmp_path, purge_step=2) as writer:
+        writer.add_scalar("loss", 0.5, 3, walltime=10.0)
+        writer.add_scalar("new", 0.25, 4, new_style=True, double_precision=True)
+        writer.add_histogram("w", values, 5)
+        writer.add_text("note", "hello", 6)
+        writer.add_hparams({"lr": 0.1, "opt": "adam"}, {"acc": 0.9}, run_name="hp")
     (path,) = glob.glob(str(tmp_path / "events.*"))
     read = list(loader.EventFileLoader(path).Load())
-    assert read[0].file_version == "brain.Event:2" and read[1].step == 1
+    assert read[0].file_version == "brain.Event:2" and read[1].step == 2 and read[2].session_log.status == 1
+    scalar, new, histo, text = read[3:7]
+    assert scalar.wall_time == 10.0 and scalar.step == 3 and scalar.summary.value[0].simple_value == 0.5
+    assert new.summary.value[0].tensor.double_val == [0.25] and new.summary.value[0].metadata.plugin_data.plugin_name \
+        == "scalars"
+    reference = _torch_make_histogram()(values, _default_bins(), None)
+    h = histo.summary.value[0].histo
+    assert h.num == 100 and list(h.bucket_limit) == reference["bucket_limit"] and list(h.bucket) == reference["bucket"]
+    assert text.summary.value[0].tag == "note/text_summary" and text.summary.value[0].tensor.string_val == [b"hello"]
+    (hp_path,) = glob.glob(str(tmp_path / "hp" / "events.*"))
+    hp = [e for e in loader.EventFileLoader(hp_path).Load() if e.HasField("summary")]
+    start = plugin_data_pb2.HParamsPluginData.FromString(hp[1].summary.value[0].metadata.plugin_data.content)
+    assert start.session_start_info.hparams["lr"].number_value == 0.1
+    assert start.session_start_info.hparams["opt"].string_value == "adam"
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(hp[0].summary.value[0].metadata.plugin_data.content)
+    assert [i.name for i in experiment.experiment.hparam_infos] == ["lr", "opt"]
+    assert experiment.experiment.metric_infos[0].name.tag == "acc"
+    assert hp[3].summary.value[0].simple_value == pytest.approx(0.9)
+
+
+def _default_bins():
+    from tilewise.utils.tensorboard.writer import _default_bins as bins
+
+    return bins()

@@ -94,6 +94,14 @@ def test_pickle_protocols_beyond_2_load():
         assert same_bytes(out["t"], obj["t"]) and out["x"] == obj["x"], protocol
 
 
+@pytest.mark.parametrize("dtype", ["uint16", "complex64", "float8_e5m2fnuz"])
+def test_a_dtype_tilewise_lacks_is_named(dtype):
+    if dtype in {d.name for d in tw.dtypes.ALL}:
+        pytest.skip(f"tilewise has {dtype}")
+    with pytest.raises(pickle.UnpicklingError, match=f"holds {dtype} tensors, which tilewise does not support"):
+        tw.load(torch_bytes({"t": torch.zeros(2, dtype=getattr(torch, dtype))}))
+
+
 # ---------------------------------------------------------------------------- tilewise.save -> torch.load
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -193,7 +201,7 @@ def test_other_globals_and_opcodes_are_refused():
 def test_map_location_forms():
     buf = torch_bytes({"w": torch.arange(6.0).reshape(2, 3), "t": None})
     for where in ("cpu", tw.device("cpu"), torch.device("cpu"), {"cpu": "cpu"}, lambda storage, loc: storage,
-                  lambda storage, loc: None):
+                  lambda storage, loc: None, lambda storage, loc: storage.cpu()):
         buf.seek(0)
         out = tw.load(buf, map_location=where)
         assert out["w"].device == tw.device("cpu") and out["w"].tolist() == [[0, 1, 2], [3, 4, 5]]
@@ -231,6 +239,8 @@ def test_map_location_moves_shared_storages_to_cuda_once():
     out = tw.load(torch_bytes({"w": w, "t": w.t()}), map_location="cuda")
     assert out["w"].device.type == "cuda" and out["t"].untyped_storage() is out["w"].untyped_storage()
     assert out["t"].cpu().tolist() == w.t().tolist()
+    mapped = tw.load(torch_bytes({"w": w, "t": w.t()}), map_location=lambda storage, loc: storage.cuda(0))
+    assert mapped["t"].device == tw.device("cuda:0") and mapped["t"].untyped_storage() is mapped["w"].untyped_storage()
     back = torch.load(tw_bytes(out), map_location="cpu", weights_only=True)
     assert torch.equal(back["t"], w.t())
 

@@ -384,12 +384,12 @@ class PickleWriter:
             write(pickle.NONE)
         elif obj is True or obj is False:
             write(pickle.NEWTRUE if obj else pickle.NEWFALSE)
-        elif type(obj) is int:
-            self._save_int(obj)
-        elif type(obj) is float:
-            write(pickle.BINFLOAT + struct.pack(">d", obj))
-        elif type(obj) is str:
-            data = obj.encode("utf-8", "surrogatepass")
+        elif isinstance(obj, int):  # subclasses (an IntEnum) are written as their value, as numpy's float64 is
+            self._save_int(int(obj))
+        elif isinstance(obj, float):
+            write(pickle.BINFLOAT + struct.pack(">d", float(obj)))
+        elif isinstance(obj, str):
+            data = str(obj).encode("utf-8", "surrogatepass")
             write(pickle.BINUNICODE + struct.pack("<I", len(data)) + data)
         elif type(obj) is bytes:  # protocol 2 has no bytes opcode: it spells them as _codecs.encode(text, "latin1")
             self._save_node(Call(Global("_codecs", "encode"), (obj.decode("latin1"), "latin1")), "")

@@ -124,6 +124,7 @@ class _Loader:
         if not (isinstance(pid, tuple) and len(pid) in (5, 6) and pid[0] == "storage"):
             raise UnpicklingError(f"{self.what}: only storages may be persistent ids, got {_short(pid)}")
         _, storage_type, key, location, numel = pid[:5]
+        _refuse_unsupported(storage_type)
         if len(pid) == 6 and pid[5] is not None:
             raise UnpicklingError(f"{self.what}: storage views (a format of torch before 0.4) are not supported")
         if not (isinstance(storage_type, _StorageType) and isinstance(key, str) and isinstance(location, str)
@@ -151,7 +152,8 @@ class _Loader:
         }
         for dtype_name, storage_name in _TYPED_STORAGES.items():
             dtype = _tilewise_dtype(dtype_name)
-            names[f"torch.{storage_name}"] = _StorageType(storage_name, dtype) if dtype else _unsupported(dtype_name)
+            storage_type = _StorageType(storage_name, dtype) if dtype else _UnsupportedDType(dtype_name)
+            names[f"torch.{storage_name}"] = storage_type
         for dtype in dtypes.ALL:
             names[f"torch.{dtype.name}"] = dtype
         return names
@@ -171,6 +173,7 @@ class _Loader:
 
     def rebuild_tensor_v3(self, storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype,
                           metadata=None) -> Tensor:
+        _refuse_unsupported(dtype)
         if not isinstance(dtype, dtypes.DType):
             raise UnpicklingError(f"{self.what}: _rebuild_tensor_v3 needs a dtype, got {_short(dtype)}")
         return self._tensor(storage, dtype, storage_offset, size, stride, requires_grad, metadata)
@@ -245,12 +248,6 @@ def _tilewise_dtype(name: str) -> dtypes.DType | None:
         return None
 
 
-def _unsupported(name: str) -> Callable:
-    def refuse(*_):
-        raise UnpicklingError(f"tilewise.load: the checkpoint holds {name} tensors, which tilewise does not support")
-    return refuse
-
-
 def _allow_unsupported_dtypes(names: dict[str, Any]) -> None:
     """torch dtypes tilewise lacks resolve to a marker, so the error names the dtype rather than a global."""
     for name in _TORCH_ONLY_DTYPES:
@@ -260,6 +257,12 @@ def _allow_unsupported_dtypes(names: dict[str, Any]) -> None:
 class _UnsupportedDType(_Marker):
     def __repr__(self) -> str:
         return f"torch.{self.name} (not supported by tilewise)"
+
+
+def _refuse_unsupported(value) -> None:
+    if isinstance(value, _UnsupportedDType):
+        raise UnpicklingError(f"tilewise.load: the checkpoint holds {value.name} tensors, which tilewise does not "
+                              f"support; supported: {', '.join(d.name for d in dtypes.ALL)}")
 
 
 def load_zip(file: BinaryIO, where: str, map_location, mmap_path: str | None) -> Any:
@@ -390,7 +393,9 @@ def placement(map_location, location: str, storage: Storage) -> Storage:
     """The storage ``storage`` (on the host, saved at ``location``) becomes under ``map_location``."""
     if callable(map_location) and not isinstance(map_location, (str, Device)) and type(map_location).__module__ != \
             "torch":
-        result = map_location(storage, location)
+        result = map_location(_StorageArgument(storage), location)
+        if isinstance(result, _StorageArgument):
+            result = result.storage
         if result is not None:
             if not isinstance(result, Storage):
                 raise TypeError(f"tilewise.load: map_location returned a {type(result).__name__}; it must return a "
@@ -401,6 +406,27 @@ def placement(map_location, location: str, storage: Storage) -> Storage:
         map_location = map_location.get(location, location)
     device = default_device(location) if map_location is None else _device(map_location)
     return storage if device == storage.device else _moved(storage, device)
+
+
+class _StorageArgument:
+    """What a ``map_location`` callable receives: the storage, with torch's ``cpu()``, ``cuda()`` and ``to()``
+    (so ``lambda storage, loc: storage.cuda(1)`` works as it does with torch.load)."""
+
+    def __init__(self, storage: Storage):
+        self.storage = storage
+
+    def __getattr__(self, name: str):
+        return getattr(self.storage, name)
+
+    def cpu(self) -> _StorageArgument:
+        return self.to(cpu)
+
+    def cuda(self, device=None) -> _StorageArgument:
+        return self.to(Device("cuda", device) if isinstance(device, int) or device is None else device)
+
+    def to(self, device) -> _StorageArgument:
+        device = _device(device)
+        return self if device == self.storage.device else _StorageArgument(_moved(self.storage, device))
 
 
 def default_device(location: str) -> Device:

@@ -8,6 +8,7 @@ from tilewise.optim.adam import Adam, AdamW
 from tilewise.optim.adamax import Adamax
 from tilewise.optim.asgd import ASGD
 from tilewise.optim.lbfgs import LBFGS
+from tilewise.optim.muon import Muon
 from tilewise.optim.nadam import NAdam
 from tilewise.optim.optimizer import Optimizer, register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from tilewise.optim.radam import RAdam
@@ -17,4 +18,4 @@ from tilewise.optim.sgd import SGD
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Adadelta", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop",
            "LBFGS", "lr_scheduler", "register_optimizer_step_pre_hook", "register_optimizer_step_post_hook", "ASGD",
-           "Rprop", "Adafactor", "swa_utils"]
+           "Rprop", "Adafactor", "Muon", "swa_utils"]
