@@ -345,3 +345,24 @@ def test_cuda_queries():
         assert tw.accelerator.current_device_index() == 0
     assert tw.accelerator.get_memory_info()[1] == total
     assert isinstance(tw.cuda.get_device_name(), str) and len(tw.cuda.get_device_capability()) == 2
+
+
+def test_a_compiled_function_recompiles_when_a_gemm_flag_changes():
+    """Like torch.compile's global-state guard: a program planned its library calls under the flags it was traced
+    with, so changing TF32 or deterministic mode compiles again."""
+    f = tw.compile(lambda x: (x @ x).sum())
+    x = tw.ones(3, 3)
+    f(x)
+    f(x)
+    assert len(f.variants) == 1
+    tw.backends.cuda.matmul.allow_tf32 = True
+    f(x)
+    assert len(f.variants) == 2
+    tw.use_deterministic_algorithms(True)
+    f(x)
+    f(x)
+    assert len(f.variants) == 3
+    tw.use_deterministic_algorithms(False)
+    tw.backends.cuda.matmul.allow_tf32 = False
+    f(x)
+    assert len(f.variants) == 3  # the first variant applies again
