@@ -21,7 +21,9 @@ OPTIMIZERS = {
     "AdamW-amsgrad": lambda lib, ps: lib.optim.AdamW(ps, lr=0.01, amsgrad=True),
     "Adam-foreach": lambda lib, ps: lib.optim.Adam(ps, lr=0.01, foreach=True),
     "AdamW-fused": lambda lib, ps: lib.optim.AdamW(ps, lr=0.01, fused=True),  # torch's unscales in its fused step
-    "SGD-compiled-step": lambda lib, ps: _compiled_step(lib, lib.optim.SGD(ps, lr=0.1, weight_decay=0.01)),
+    "SGD-compiled-step": lambda lib, ps: _compiled_step(lib, lib.optim.SGD(ps, lr=0.1, momentum=0.9,
+                                                                            weight_decay=0.01)),
+    "Adam-compiled-step": lambda lib, ps: _compiled_step(lib, lib.optim.Adam(ps, lr=0.01)),
     "RMSprop": lambda lib, ps: lib.optim.RMSprop(ps, lr=0.01, momentum=0.5),
     "Adagrad": lambda lib, ps: lib.optim.Adagrad(ps, lr=0.1),
     "Adadelta": lambda lib, ps: lib.optim.Adadelta(ps),
@@ -370,6 +372,21 @@ def test_step_inside_a_compiled_training_step_matches_eager():
         results.append((scales, model.weight.detach().numpy()))
     assert results[0][0] == results[1][0] == [1024.0, 2048.0, 1024.0, 1024.0, 2048.0, 2048.0]
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-6, atol=1e-7)
+
+
+def test_compiled_optimizer_step_reads_gradients_set_outside():
+    """A compiled ``optimizer.step`` reads each parameter's ``.grad`` afresh on every call (it once kept the first
+    call's gradient tensor, so later steps repeated the first update)."""
+    results = []
+    for compiled in (False, True):
+        p = tw.nn.Parameter(tw.ones(2))
+        opt = tw.optim.SGD([p], lr=0.1, weight_decay=0.5)
+        step = tw.compile(lambda opt=opt: opt.step()) if compiled else opt.step
+        for k in range(3):
+            p.grad = tw.tensor([float(k), 10.0 * k])
+            step()
+        results.append(p.detach().numpy())
+    np.testing.assert_array_equal(results[0], results[1])
 
 
 def test_cuda_scaler_without_cuda_warns_and_disables():
