@@ -12,6 +12,9 @@ backends are where each flag is read at the point of choice:
     floating-point atomics (scatter_add, accumulating index_put, the backward of overlapping views) raise torch's
     error, or warn with ``warn_only``;
   - ``enable_cudnn_sdp(False)`` sends attention to its decomposition instead of cuDNN.
+The CPU backend needs nothing in deterministic mode: numpy's kernels (``np.add.at`` for the accumulating
+indexing ops included) and OpenBLAS at a fixed thread count give the same bits on every run. Compiled functions
+guard :func:`gemm_numerics`, so changing these flags compiles again, as torch.compile guards its global state.
 The precision state follows torch 2.13's model exactly, legacy and new API together: a precision per
 (backend, op) pair (``fp32_precision``; a parent "all" entry propagates to its ops, "none" means "inherit"), beside
 the legacy ``float32_matmul_precision``; the legacy setters write both, and the legacy getters raise torch's error
