@@ -650,7 +650,7 @@ class PythonGuards:
     passed_at: int = -1  # the counter's value when they last passed
     default_dtype: object = None
     default_device: object = None
-    backend_numerics: tuple = ()  # backends.flags.gemm_numerics() when traced: what library calls were planned for
+    backend_numerics: tuple | None = None  # backends.flags.gemm_numerics() when traced: what GEMMs were planned for
 
     @classmethod
     def from_recorder(cls, recorder: Recorder | None) -> PythonGuards:
@@ -682,7 +682,7 @@ class PythonGuards:
             return f"the default dtype is {get_default_dtype().name}, compiled for {self.default_dtype.name}"
         if _default_device() != self.default_device:
             return f"the default device is {_default_device()}, compiled for {self.default_device}"
-        if flags.gemm_numerics() != self.backend_numerics:
+        if self.backend_numerics is not None and flags.gemm_numerics() != self.backend_numerics:
             return "a backend flag changed (TF32 matmul precision, reduced-precision reductions or deterministic mode)"
         return None
 
