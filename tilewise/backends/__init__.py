@@ -1,7 +1,10 @@
 """Backends: one module per device type, each with ``run(op, args, device)``.
 
 The CPU backend is always present; the CUDA backend registers itself when the ``[cuda]`` extra is
-installed and a GPU is found.
+installed and a GPU is found. Beside them live torch.backends' global settings: ``flags.py`` holds their state
+(see [Note: backend flags]); ``cudnn``, ``mkldnn`` and ``mps`` are torch's modules of those names, and
+``tilewise.backends.cuda`` and ``tilewise.backends.cuda.matmul`` carry torch.backends.cuda's functions and flags,
+all importable without the GPU packages.
 """
 
 from __future__ import annotations

@@ -12,10 +12,14 @@ backends are where each flag is read at the point of choice:
     floating-point atomics (scatter_add, accumulating index_put, the backward of overlapping views) raise torch's
     error, or warn with ``warn_only``;
   - ``enable_cudnn_sdp(False)`` sends attention to its decomposition instead of cuDNN.
+The CPU backend needs nothing in deterministic mode: numpy's kernels (``np.add.at`` for the accumulating
+indexing ops included) and OpenBLAS at a fixed thread count give the same bits on every run. Compiled functions
+guard :func:`gemm_numerics`, so changing these flags compiles again, as torch.compile guards its global state.
 The precision state follows torch 2.13's model exactly, legacy and new API together: a precision per
 (backend, op) pair (``fp32_precision``; a parent "all" entry propagates to its ops, "none" means "inherit"), beside
 the legacy ``float32_matmul_precision``; the legacy setters write both, and the legacy getters raise torch's error
-where the two disagree (a script that mixed the APIs). Flags that name something tilewise does not have (cuDNN
+where the two disagree (a script that mixed the APIs); "all"-level settings are approximated (see
+``set_fp32_precision``). Flags that name something tilewise does not have (cuDNN
 convolutions, benchmark mode) are kept and read back as torch does, and change nothing.
 """
 
@@ -50,7 +54,9 @@ def get_fp32_precision(backend: str, op: str) -> str:
 
 def set_fp32_precision(backend: str, op: str, precision: str) -> None:
     """torch's ``fp32_precision`` setter: an "all" entry propagates to the backend's ops (the generic one to every
-    backend, "none" where a backend has no such precision); "none" on an op inherits its backend's entry."""
+    backend, "none" where a backend has no such precision), except "none", which resets the "all" entries only;
+    "none" on an op inherits its backend's entry. (torch 2.13 also lets an op's entry set earlier survive some later
+    "all" settings; that precedence is not reproduced: op-level settings and the legacy API behave exactly.)"""
     if precision not in PRECISIONS:
         raise RuntimeError(f"Unknown precision: {precision}")
     if precision not in BACKEND_PRECISIONS[backend]:
@@ -61,7 +67,7 @@ def set_fp32_precision(backend: str, op: str, precision: str) -> None:
         return
     for target in (BACKEND_OPS if backend == "generic" else (backend,)):
         value = precision if precision in BACKEND_PRECISIONS[target] else "none"
-        for target_op in BACKEND_OPS[target]:
+        for target_op in BACKEND_OPS[target] if precision != "none" else ("all",):
             _fp32[target, target_op] = value
 
 
@@ -152,7 +158,16 @@ def tf32_matmul() -> bool:
 
 
 def cudnn_allow_tf32() -> bool:
-    return _legacy["cudnn_tf32"]
+    """torch.backends.cudnn.allow_tf32 (True by default), refused where convolutions and RNNs were given
+    different precisions through the new API."""
+    legacy = _legacy["cudnn_tf32"]
+    if not ((_resolved("cuda", "conv") == "tf32") == (_resolved("cuda", "rnn") == "tf32") == legacy):
+        raise RuntimeError("tilewise is checking whether allow_tf32 is enabled for cuDNN without a specific operator "
+                           "name, but the current flag(s) indicate that cuDNN conv and cuDNN RNN have different TF32 "
+                           "flags. This combination indicates that you have used a mix of the legacy and new APIs to "
+                           f"set the TF32 flags. We suggest only using the new API to set the TF32 flag(s). "
+                           f"{MIXED_APIS_LINK}")
+    return legacy
 
 
 def set_cudnn_allow_tf32(allow: bool) -> None:

@@ -273,6 +273,7 @@ class CompiledFunction:
             init = getattr(optimizer, "init_state", None)
             if init is not None:
                 init()
+        known = known + _optimizer_params(optimizers, known)
         cap = start(self.fn, args, kwargs, names=names, known=known, states=[o.state for o in optimizers])
         if not self.fullgraph:
             cap.breaks = self._break
@@ -392,6 +393,20 @@ def _graph_target(graph) -> tuple[str, Device | None]:
     names = ", ".join(sorted(str(d) for d in devices))
     raise UnsupportedTargetError(f"it uses tensors on {names}; a compiled function runs on the CPU or on one CUDA "
                                  "device (move the tensors to one device, or leave the transfer outside it)")
+
+
+def _optimizer_params(optimizers: list, known: list[Tensor]) -> list[Tensor]:
+    """The parameters of reachable optimizers not already known: their gradients, set outside the function (a
+    compiled ``optimizer.step``), are then read from ``param.grad`` on every call, not kept from the first."""
+    seen = {id(t) for t in known}
+    found = []
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if type(p) is Tensor and id(p) not in seen:
+                    seen.add(id(p))
+                    found.append(p)
+    return found
 
 
 def _module_tensors(module) -> tuple[dict[int, str], list[Tensor]]:

@@ -16,7 +16,8 @@ trace runs, by a ``Recorder``:
 A value is compared by ``value_key``: numbers, strings and None by value, tuples element by element,
 lists/dicts/sets by identity, length and (for up to 256 entries) their elements' keys, numpy arrays of up to
 4096 elements by value (larger ones by identity, shape and dtype), everything else by identity. The default
-dtype and device, grad mode and the autocast state are guarded too.
+dtype and device, grad mode, the autocast state and the backend flags that decide a GEMM's numerics (TF32,
+reduced-precision reductions, deterministic mode: ``backends/flags.py``) are guarded too.
 
 Checking hundreds of module attribute reads on every call would cost more than some steps' kernels, so a
 class may declare ``_tw_version``, a one-element list it increments whenever any of its instances changes
@@ -53,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tilewise.amp.autocast_mode import describe as describe_autocast
+from tilewise.backends import flags
 from tilewise.compiler.capture import _GENERATED, LAYOUT_FIELDS, Source, Traced, signature
 from tilewise.dispatch import STATE
 from tilewise.dtypes import get_default_dtype
@@ -648,10 +650,12 @@ class PythonGuards:
     passed_at: int = -1  # the counter's value when they last passed
     default_dtype: object = None
     default_device: object = None
+    backend_numerics: tuple | None = None  # backends.flags.gemm_numerics() when traced: what GEMMs were planned for
 
     @classmethod
     def from_recorder(cls, recorder: Recorder | None) -> PythonGuards:
-        guards = cls(default_dtype=get_default_dtype(), default_device=_default_device())
+        guards = cls(default_dtype=get_default_dtype(), default_device=_default_device(),
+                     backend_numerics=flags.gemm_numerics())
         if recorder is None:
             return guards
         for read in recorder.reads.values():
@@ -678,6 +682,8 @@ class PythonGuards:
             return f"the default dtype is {get_default_dtype().name}, compiled for {self.default_dtype.name}"
         if _default_device() != self.default_device:
             return f"the default device is {_default_device()}, compiled for {self.default_device}"
+        if self.backend_numerics is not None and flags.gemm_numerics() != self.backend_numerics:
+            return "a backend flag changed (TF32 matmul precision, reduced-precision reductions or deterministic mode)"
         return None
 
 

@@ -619,7 +619,8 @@ def _flag(getter, setter) -> property:
 
 class _MatmulFlags(types.ModuleType):
     """This module as ``torch.backends.cuda.matmul``: its flag attributes read and write ``backends/flags.py``, so
-    that ``allow_tf32`` and ``set_float32_matmul_precision`` stay linked as in torch."""
+    that ``allow_tf32`` and ``set_float32_matmul_precision`` stay linked as in torch. ``allow_fp16_accumulation``
+    is kept and read back only: float16 GEMMs here always accumulate in float32."""
 
     allow_tf32 = _flag(flags.cublas_allow_tf32, flags.set_cublas_allow_tf32)
     fp32_precision = _flag(lambda: flags.get_fp32_precision("cuda", "matmul"),
