@@ -68,6 +68,16 @@ def user_frame() -> tuple[str, int, str]:
     return "<unknown>", 0, ""
 
 
+def _complex_operands(args: tuple) -> bool:
+    return any((type(a) is Tensor and a._dtype.is_complex)
+               or (isinstance(a, tuple) and any(type(x) is Tensor and x._dtype.is_complex for x in a)) for a in args)
+
+
+def _complex_type(ty) -> bool:
+    types = ty if isinstance(ty, tuple) else (ty,)
+    return any(t is not None and t.dtype.is_complex for t in types)
+
+
 def data_dependent_error(what: str) -> DataDependentError:
     path, line, text = user_frame()
     return DataDependentError(
@@ -440,6 +450,8 @@ class Capture:
         from tilewise.ops.views import apply_view
 
         x = args[0]
+        if x._dtype.is_complex or op.attrs.get("view_dtype") is not None:
+            return self.run_uncompiled(op, args)
         alias = self.alias_of(x)
         root = alias.root if alias is not None else x
         out = apply_view(op, args)
@@ -449,7 +461,7 @@ class Capture:
             out._trace = self.read(root, geometry)
         else:
             srcs, frozen = self.operands(op, args)
-            out._trace = self.emit(op.full_name, srcs, frozen, TensorType(out._shape, x._dtype, device))
+            out._trace = self.emit(op.full_name, srcs, frozen, TensorType(out._shape, out._dtype, device))
         out.__dict__["_tw_alias"] = Alias(root, geometry, self.root_value(root))
         return self.track(out)
 
@@ -521,6 +533,8 @@ class Capture:
             ty = infer(op, args, device)
         except DataDependentError:
             return self.run_real(op, args, device, what)
+        if _complex_operands(args) or _complex_type(ty):
+            return self.run_uncompiled(op, args)
         srcs, frozen = self.operands(op, args)
         tag = self.draw(_generator_argument(op, args)) if op.kind == "random" else None
         return self.wrap(self.emit(op.full_name, srcs, frozen, ty, tag))
@@ -530,6 +544,24 @@ class Capture:
         was recorded, then the operator on the real values; without breaks (fullgraph=True) it is an error."""
         if self.breaks is None:
             raise data_dependent_error(what)
+        self.breaks(self, what)
+        with suspended():
+            from tilewise.dispatch import run as run_below_autograd
+
+            return run_below_autograd(op, args)
+
+    def run_uncompiled(self, op, args: tuple):
+        """An operator on complex tensors, for which neither target generates code: a graph break runs it on the
+        real values (the compiled segments around it stay compiled); with ``fullgraph=True`` it is an error."""
+        what = f"{op.name}() on complex tensors"
+        if self.breaks is None:
+            from tilewise.compiler.function import UnsupportedTargetError
+
+            path, line, text = user_frame()
+            raise UnsupportedTargetError(f"{what}: the C and CUDA targets generate no code for complex dtypes.\n  at "
+                                         f"{path}:{line}: {text}\nLeave the complex part (e.g. the FFT) outside the "
+                                         "compiled function, or compile with fullgraph=False to run it between "
+                                         "compiled segments.")
         self.breaks(self, what)
         with suspended():
             from tilewise.dispatch import run as run_below_autograd

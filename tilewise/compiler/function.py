@@ -383,7 +383,11 @@ def _target(traced: Traced) -> tuple[str, Device | None]:
 
 def _graph_target(graph) -> tuple[str, Device | None]:
     """The code generation target of a graph: "c" on the CPU, "cuda" on one CUDA device."""
-    devices = {n.type.device for n in graph.inputs + graph.body if not n.is_tuple}
+    nodes = [n for n in graph.inputs + graph.body if not n.is_tuple]
+    if any(n.type.dtype.is_complex for n in nodes):
+        raise UnsupportedTargetError("it uses complex tensors, which the C and CUDA targets do not generate code for "
+                                     "(leave the complex part, e.g. the FFT, outside the compiled function)")
+    devices = {n.type.device for n in nodes}
     if not devices or devices == {cpu}:
         return "c", None
     if len(devices) == 1:
