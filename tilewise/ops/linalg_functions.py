@@ -7,6 +7,8 @@ Composites that torch differentiates with their own formula (``pinv``, ``cholesk
 ``linalg_*`` operators are not top-level functions: ``tilewise/linalg.py`` gives them their torch names.
 """
 
+# ruff: noqa: N803, N806 — matrices are named as in torch's linalg and the literature (A, B, L, U, S, Vh)
+
 from __future__ import annotations
 
 import math
@@ -176,7 +178,8 @@ def _cholesky_old(A, upper=False):
 
 linalg("linalg_cholesky_ex(Tensor A, *, bool upper=False, bool check_errors=False) -> (Tensor L, Tensor info)",
        _cholesky_ex)
-linalg("linalg_cholesky(Tensor A, *, bool upper=False) -> Tensor", lambda A, upper=False: _cholesky_ex(A, upper, True)[0])
+linalg("linalg_cholesky(Tensor A, *, bool upper=False) -> Tensor",
+       lambda A, upper=False: _cholesky_ex(A, upper, True)[0])
 torch_form("cholesky(Tensor self, bool upper=False) -> Tensor", _cholesky_old)
 
 
@@ -331,6 +334,8 @@ def _lstsq(A, B, rcond=None, driver=None):
         raise RuntimeError(f"{op}: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
     if driver is None:  # torch's defaults: gelsy on the CPU, gels (the only one) on CUDA
         driver = "gelsy" if A.device.type == "cpu" else "gels"
+    if A.device.type == "cuda" and driver != "gels":
+        raise RuntimeError(f"{op}: `driver` other than `gels` is not supported on CUDA")
     vector = B.ndim == A.ndim - 1
     Bm = B.unsqueeze(-1) if vector else B
     if Bm.shape[-2] != A.shape[-2]:

@@ -307,5 +307,8 @@ def _reduction_plan(op, args: tuple) -> tuple:
 
 
 def _load_kernels() -> None:
-    from tilewise.backends.cpu import kernels, movement_kernels  # noqa: F401 — registers the hand-written kernels
-    from tilewise.backends.cpu import linalg_kernels  # noqa: F401
+    from tilewise.backends.cpu import (  # noqa: F401 — registers the hand-written kernels
+        kernels,
+        linalg_kernels,
+        movement_kernels,
+    )

@@ -6,6 +6,8 @@ fast path first and, only when it fails, find each matrix's ``info`` with a smal
 (``_lu_info``, ``_cholesky_info``), then solve the matrices that can be solved one by one.
 """
 
+# ruff: noqa: N803, N806 — matrices are named as in torch's linalg and the literature (A, B, L, U, S, Vh)
+
 from __future__ import annotations
 
 import numpy as np
