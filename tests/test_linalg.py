@@ -165,6 +165,18 @@ def test_return_types_carry_torchs_names():
     assert tw.linalg.eigh(A).eigenvectors.shape == (3, 3)
 
 
+@pytest.mark.parametrize("kwargs", [{"p": "nuc"}, {"p": "nuc", "dim": (0, 2)},
+                                    {"p": "nuc", "dim": (2, 1), "keepdim": True}, {"p": "fro", "dim": (0, 1)}])
+def test_old_norm_takes_matrix_orders(kwargs):
+    a = np.random.default_rng(0).standard_normal((2, 3, 4) if "dim" in kwargs else (3, 4))
+    x_tw, x_torch = tw.from_numpy(a.copy()).requires_grad_(True), torch.from_numpy(a.copy()).requires_grad_(True)
+    ours, theirs = tw.norm(x_tw, **kwargs), torch.norm(x_torch, **kwargs)
+    np.testing.assert_allclose(ours.detach().numpy(), theirs.detach().numpy(), rtol=1e-10)
+    ours.sum().backward()
+    theirs.sum().backward()
+    np.testing.assert_allclose(x_tw.grad.numpy(), x_torch.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
 def test_qr_backward_refuses_mode_r_as_torch():
     ours, theirs = _raises_like(lambda: tw.linalg.qr(tw.ones(3, 3, requires_grad=True), mode="r").R.sum().backward(),
                                 lambda: torch.linalg.qr(torch.ones(3, 3, requires_grad=True), mode="r").R.sum()

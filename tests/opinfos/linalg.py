@@ -194,6 +194,9 @@ OPINFOS = [
     OpInfo("linalg.norm", lambda: [Sample((T((3, 4)),)), Sample((T((2, 3, 4)),), name="3d"),
                                    Sample((T((3, 4)), "fro"), name="fro"), Sample((T((3, 4)), 2), name="2d-ord"),
                                    Sample((T((4,)), 3), name="vector"), Sample((T((2, 3, 4)), None, 1), name="dim")]),
+    # torch.norm(p='nuc') (tests/test_linalg.py) is left out: torch saves the SVD's factors, tilewise the norm
+    OpInfo("norm", lambda: [Sample((T((3, 4)), "fro"), name="fro"), Sample((T((2, 3, 4)), "fro", (0, 1)),
+                                                                             name="fro-dims")]),
     OpInfo("linalg.cross", lambda: [Sample((T((4, 3)), T((4, 3)))), Sample((T((3, 2)), T((3, 1))), {"dim": 0},
                                                                              name="dim0-broadcast")]),
     OpInfo("linalg.multi_dot", lambda: [Sample(([T((3,)), T((3, 4)), T((4, 2)), T((2,))],), name="vectors"),
