@@ -94,10 +94,13 @@ def test_ex_forms_report_info_per_matrix_as_torch():
 
 
 @pytest.mark.parametrize("driver", [None, "gelsy", "gelsd", "gelss", "gels"])
-@pytest.mark.parametrize("shape", [(5, 3), (2, 5, 3)])
+@pytest.mark.parametrize("shape", [(5, 3), (2, 5, 3), (5, 3, 0)])
 def test_lstsq_fills_the_outputs_each_driver_fills(driver, shape):
     rng = np.random.default_rng(0)
-    A, B = rng.standard_normal(shape), rng.standard_normal(shape[:-1] + (2,))
+    vector = shape[-1] == 0  # (5, 3, 0): A [5, 3] with a vector B [5]
+    shape = shape[:2] if vector else shape
+    A = rng.standard_normal(shape)
+    B = rng.standard_normal(shape[:-1] if vector else shape[:-1] + (2,))
     ours = tw.linalg.lstsq(tw.from_numpy(A), tw.from_numpy(B), driver=driver)
     theirs = torch.linalg.lstsq(torch.from_numpy(A), torch.from_numpy(B), driver=driver)
     assert type(ours).__name__ == "linalg_lstsq"
@@ -145,6 +148,30 @@ def test_empty_matrices_as_torch(name, shape):
     for a, e in zip(ours, theirs):
         assert tuple(a.shape) == tuple(e.shape)
         np.testing.assert_allclose(a.numpy(), e.numpy())
+
+
+@pytest.mark.parametrize("name", ["slogdet", "det", "inv", "cholesky", "svd", "svdvals", "matrix_exp", "eigh"])
+def test_nan_inputs_as_torch(name):
+    a = np.eye(3)
+    a[1, 1] = np.nan
+    fn_tw, fn_torch = getattr(tw.linalg, name), getattr(torch.linalg, name)
+    try:
+        theirs = fn_torch(torch.from_numpy(a))
+    except torch.linalg.LinAlgError as exc:
+        with pytest.raises(tw.linalg.LinAlgError) as ours:
+            fn_tw(tw.from_numpy(a))
+        assert str(ours.value) == str(exc)
+        return
+    ours = fn_tw(tw.from_numpy(a))
+    for o, t in zip(ours if isinstance(ours, tuple) else (ours,), theirs if isinstance(theirs, tuple) else (theirs,)):
+        np.testing.assert_array_equal(np.isnan(o.numpy()), np.isnan(t.numpy()))
+
+
+def test_lstsq_of_non_finite_input_raises_rather_than_hangs():
+    a = np.eye(3)
+    a[1, 1] = np.nan
+    with pytest.raises(RuntimeError, match="lstsq"):
+        tw.linalg.lstsq(tw.from_numpy(a), tw.from_numpy(a))
 
 
 def test_svd_of_rectangular_matrices_has_torchs_shapes():

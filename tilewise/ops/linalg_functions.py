@@ -344,10 +344,8 @@ def _lstsq(A, B, rcond=None, driver=None):
     A_ = A.expand(batch + tuple(A.shape[-2:]))
     B_ = Bm.expand(batch + tuple(Bm.shape[-2:]))
     solution, residuals, rank, singular_values = OPS["_linalg_lstsq"](A_, B_, rcond, driver)
-    if vector:
+    if vector:  # the residuals keep their column (torch's shape [..., 1])
         solution = solution.squeeze(-1)
-        if residuals.numel():
-            residuals = residuals.squeeze(-1)
     return solution, residuals, rank, singular_values
 
 
