@@ -433,7 +433,7 @@ def _matrix_power(A, n):
         everywhere = ones(A.shape, dtype=bool_dtype(), device=A.device)
         return A.masked_fill(everywhere, 0) + _eye(A.shape[-1], A)
     if n < 0:
-        check_floating("linalg.matrix_power", A)
+        check_floating("linalg.inv", A)
         A = _inv_ex(A, True)[0]
         n = -n
     result, base = None, A
@@ -468,6 +468,9 @@ def _check_norm_dtype(op: str, x, dtype) -> None:
         raise RuntimeError(f"{op}: Expected a floating point or complex tensor as input. Got {type_name(x.dtype)}")
     if dtype is not None and not dtype.is_floating_point:
         raise RuntimeError(f"{op}: dtype should be floating point or complex. Got {type_name(dtype)}")
+    if dtype is not None and dtype.itemsize < x.dtype.itemsize:
+        raise RuntimeError(f"{op}: the dtype of the input ({type_name(x.dtype)}) should be convertible without "
+                           f"narrowing to the specified dtype ({type_name(dtype)})")
 
 
 def _vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A002 — torch's argument name
@@ -529,7 +532,7 @@ def _norm(A, ord=None, dim=None, keepdim=False, dtype=None):  # noqa: A002
         raise RuntimeError(f"linalg.norm: If dim is not specified but ord is, the input must be 1D or 2D. Got "
                            f"{A.ndim}D.")
     if isinstance(ord, str):
-        raise RuntimeError(f"linalg.norm: ord {ord!r} needs a matrix: give two dims")
+        raise RuntimeError(f"linalg.matrix_norm: dim must be a 2-tuple. Got {' '.join(map(str, dim or ()))}")
     return _vector_norm(A, 2 if ord is None else ord, dim, keepdim, dtype)
 
 
@@ -575,8 +578,8 @@ def _multi_dot(tensors):
     for k in range(len(tensors) - 1):
         if tensors[k].shape[-1] != tensors[k + 1].shape[0]:
             a, b = tensors[k].shape, tensors[k + 1].shape
-            raise RuntimeError(f"multi_dot(): tensors {k} and {k + 1} with shapes ({a[0]}, {a[1]}) and ({b[0]}, "
-                               f"{b[1]}) cannot be multiplied")
+            raise RuntimeError(f"multi_dot(): tensors {k} and {k + 1} with shapes [{a[0]}, {a[1]}] and [{b[0]}, "
+                               f"{b[1]}] cannot be multiplied")
     out = tensors[0]
     for t in tensors[1:]:
         out = out.mm(t)
