@@ -27,16 +27,29 @@ from tilewise.ops.linalg_solvers import (
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
 
+# torch's autocast runs these in float32 (LAPACK and cuSOLVER have no half precision): low-precision inputs are
+# cast up under autocast rather than refused
+_AUTOCAST_FP32 = frozenset({
+    "linalg_solve", "linalg_solve_ex", "linalg_inv", "linalg_inv_ex", "inverse", "linalg_cholesky",
+    "linalg_cholesky_ex", "cholesky", "cholesky_solve", "cholesky_inverse", "linalg_qr", "qr", "linalg_svd", "svd",
+    "linalg_svdvals", "linalg_eigh", "linalg_eigvalsh", "linalg_lstsq", "pinverse", "linalg_matrix_rank",
+    "linalg_tensorinv", "linalg_tensorsolve", "triangular_solve"})
+
+
+def _autocast_policy(schema: str) -> str | None:
+    return "fp32" if schema.split("(", 1)[0] in _AUTOCAST_FP32 else None
+
 
 def linalg(schema: str, decomposition, grad: dict | None = None, **attrs):
     """A ``tilewise.linalg`` function: no top-level name or method of its own."""
     return declare(schema, "composite", decomposition=decomposition, grad=grad, function=False, method=False,
-                   **attrs)
+                   autocast=_autocast_policy(schema), **attrs)
 
 
 def torch_form(schema: str, decomposition, grad: dict | None = None, **attrs):
     """A torch top-level function (and Tensor method) that is a form of a linalg one."""
-    return declare(schema, "composite", decomposition=decomposition, grad=grad, **attrs)
+    return declare(schema, "composite", decomposition=decomposition, grad=grad, autocast=_autocast_policy(schema),
+                   **attrs)
 
 
 def _grad_wanted(A) -> bool:
@@ -237,6 +250,8 @@ linalg("linalg_solve_triangular(Tensor A, Tensor B, *, bool upper, bool left=Tru
 
 
 def _triangular_solve(b, A, upper=True, transpose=False, unitriangular=False):
+    warnings.warn("torch.triangular_solve is deprecated in favor of torch.linalg.solve_triangular and will be "
+                  "removed in a future PyTorch release.", UserWarning, stacklevel=3)
     coefficient = A.mT if transpose else A
     solution = _solve_triangular(coefficient, b, upper=upper != transpose, unitriangular=unitriangular)
     return solution, A.clone()
@@ -259,9 +274,14 @@ def _qr(A, mode="reduced"):
     return OPS["_linalg_qr"](A, mode)
 
 
+def _qr_old(A, some=True):
+    warnings.warn("torch.qr is deprecated in favor of torch.linalg.qr and will be removed in a future PyTorch "
+                  "release.", UserWarning, stacklevel=3)
+    return _qr(A, "reduced" if some else "complete")
+
+
 linalg("linalg_qr(Tensor A, str mode='reduced') -> (Tensor Q, Tensor R)", _qr)
-torch_form("qr(Tensor self, bool some=True) -> (Tensor Q, Tensor R)",
-           lambda A, some=True: _qr(A, "reduced" if some else "complete"))
+torch_form("qr(Tensor self, bool some=True) -> (Tensor Q, Tensor R)", _qr_old)
 
 
 def _svd(A, full_matrices=True):
@@ -452,7 +472,7 @@ torch_form("matrix_power(Tensor self, int n) -> Tensor", _matrix_power)
 
 def _matrix_exp(A):
     check_matrix("linalg.matrix_exp", A)
-    check_floating("linalg.matrix_exp", A)
+    check_floating("linalg.matrix_exp", A, low_precision=True)  # computed in float64 on the host, rounded once
     check_square("linalg.matrix_exp", A)
     return OPS["_linalg_matrix_exp"](A)
 
