@@ -53,9 +53,10 @@ def torch_form(schema: str, decomposition, grad: dict | None = None, **attrs):
 
 
 def _grad_wanted(A) -> bool:
-    from tilewise.autograd.grad_mode import is_grad_enabled
+    """Whether a backward will need the singular vectors or eigenvectors (torch computes them then, too)."""
+    from tilewise.dispatch import STATE
 
-    return A.requires_grad and is_grad_enabled()
+    return A.requires_grad and STATE.grad_enabled
 
 
 def bool_dtype():
@@ -87,7 +88,7 @@ def _broadcast_solve_operands(op: str, A, B, left: bool):
     k = -2 if left else -1
     if Bm.shape[k] != n:
         equation = "AX = B" if left else "XA = B"
-        b = f"{Bm.shape[-2]}x{Bm.shape[-1]}"
+        b = f"{B.shape[-1]}x1" if vector else f"{Bm.shape[-2]}x{Bm.shape[-1]}"  # torch prints a vector as a column
         raise RuntimeError(f"{op}: Incompatible shapes of A and B for the equation {equation} ({n}x{n} and {b})")
     batch = S.broadcast_shapes(tuple(A.shape[:-2]), tuple(Bm.shape[:-2]))
     return A.expand(batch + tuple(A.shape[-2:])), Bm.expand(batch + tuple(Bm.shape[-2:])), vector
