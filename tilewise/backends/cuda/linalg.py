@@ -1,15 +1,16 @@
 """The linalg primitives on CUDA: cuSOLVER (LU, Cholesky, QR, SVD, symmetric eigensolver) and cuBLAS (triangular
 solves), through nvmath-python's raw bindings, imported at first use (the GPU extra).
 
-[Note: cuSOLVER layouts] cuSOLVER is column-major; a contiguous row-major matrix A is, to it, A^T. Each kernel
-picks the formulation that needs the fewest copies: the LU of A^T serves A (getrs with TRANS=T solves A X = B;
-with TRANS=N against the identity it gives inv(A^T), whose column-major buffer read row-major is inv(A)); a
-symmetric matrix is its own transpose, so potrf and syevd read it as it is with the triangle flag swapped ("L"
-row-major is "U" column-major), and the column-major upper factor read row-major is the lower one; gesvd needs
-rows >= columns, so a wide A is factored as A^T = U' S V'^T (then U = V', Vh = U'^T, both already row-major in
-cuSOLVER's buffers) and a tall one from a transposed copy. Every routine writes in place, so inputs are copied
-first. Batches loop over matrices on the current stream (one handle per device, bound to the stream at each
-call); ``info`` stays on the device and is read only where the caller checks errors.
+[Note: cuSOLVER layouts] cuSOLVER is column-major; a contiguous row-major matrix A is, to it, A^T. LU factors A
+itself (from a transposed copy), because the pivots decide which diagonal element ``info`` names, as LAPACK's do
+on the CPU (torch's CUDA path factors A too): getrs with TRANS=N then solves A X = B, and with TRANS=T against the
+identity gives inv(A)^T in column-major order, which read row-major is inv(A). A symmetric matrix is its own
+transpose, so potrf and syevd read it as it is with the triangle flag swapped ("L" row-major is "U"
+column-major), and the column-major upper factor read row-major is the lower one. gesvd needs rows >= columns,
+so a wide A is factored as A^T = U' S V'^T (then U = V', Vh = U'^T, both already row-major in cuSOLVER's
+buffers) and a tall one from a transposed copy. Every routine writes in place, so inputs are copied first.
+Batches loop over matrices on the current stream (one handle per device, bound to the stream at each call);
+``info`` stays on the device and is read only where the caller checks errors.
 ``_linalg_lstsq`` and ``_linalg_matrix_exp`` have no kernel here: they run on the host (LAPACK) and copy back,
 logged under ``TILEWISE_LOG=fallback`` (see ``kernels/fallback.py``); both are rare in training code.
 """
@@ -103,10 +104,10 @@ def _zeros(shape: tuple, dtype, device: Device) -> Tensor:
 # ---------------------------------------------------------------- LU: solve, inv, det, slogdet
 
 def _lu(A: Tensor, device: Device):
-    """getrf of each matrix's transpose (the row-major buffer as cuSOLVER reads it): (LU, 1-based pivots, info)."""
+    """getrf of each matrix, copied to column-major order: (LU, 1-based pivots, info)."""
     batch, n = tuple(A._shape[:-2]), A._shape[-1]
     count = _count(batch)
-    lu = _fresh(A)
+    lu = _fresh(A.mT)
     pivots = empty(batch + (n,), dtypes.int32, device)
     info = _zeros(batch, dtypes.int32, device)
     if count == 0 or n == 0:
@@ -137,7 +138,7 @@ def _getrs(lu: Tensor, pivots: Tensor, rhs: Tensor, trans: int, device: Device) 
 def solve(device: Device, A: Tensor, B: Tensor):
     lu, pivots, info = _lu(A, device)
     rhs = _fresh(B.mT)  # row-major [k, n]: column-major n x k, as getrs wants B
-    _getrs(lu, pivots, rhs, _OP_T, device)  # the LU is of A^T: TRANS=T solves A X = B
+    _getrs(lu, pivots, rhs, _OP_N, device)
     return _contiguous(rhs.mT), info
 
 
@@ -148,7 +149,7 @@ def inv_ex(device: Device, A: Tensor):
     lu, pivots, info = _lu(A, device)
     n = A._shape[-1]
     inverse = _fresh(eye(n, dtype=A._dtype, device=device).expand(A._shape))
-    _getrs(lu, pivots, inverse, _OP_N, device)  # inv(A^T) column-major is inv(A) row-major
+    _getrs(lu, pivots, inverse, _OP_T, device)  # inv(A^T) = inv(A)^T column-major: inv(A) row-major
     return inverse, info
 
 
