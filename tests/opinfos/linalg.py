@@ -206,7 +206,7 @@ OPINFOS = [
     OpInfo("linalg.diagonal", lambda: [Sample((T((3, 4)),)), Sample((T((2, 3, 4)),), {"offset": 1, "dim1": 0},
                                                                      name="offset")]),
     OpInfo("linalg.tensorinv", lambda: [Sample((T((4, 2, 2)),), {"ind": 1})], wrap=lambda fn, module: _map_arg(
-        fn, module, lambda A, m: A + 3 * m.eye(4, dtype=A.dtype).reshape(4, 2, 2))),
+        fn, module, lambda A, m: A + 3 * m.eye(4, dtype=A.dtype, device=A.device).reshape(4, 2, 2))),
     OpInfo("linalg.tensorsolve", lambda: [Sample((T((2, 3, 6)), T((2, 3))))], wrap=lambda fn, module: _map_arg(
-        fn, module, lambda A, m: A + 3 * m.eye(6, dtype=A.dtype).reshape(2, 3, 6))),
+        fn, module, lambda A, m: A + 3 * m.eye(6, dtype=A.dtype, device=A.device).reshape(2, 3, 6))),
 ]
