@@ -29,9 +29,8 @@ PROBES = 2
 # index_put with repeated indices keeps one write but sends the gradient to every repeated value.
 CONVENTIONAL_GRADIENTS = {"embedding": {"padding_idx", "freq", "max_norm"}, "index_put": {""}}
 # cholesky_solve and cholesky_inverse differentiate the factor as a full matrix (torch's formulas), though only its
-# triangle is read; lstsq's singular values (driver gelsd) are an output without a gradient.
-CONVENTIONAL_GRADIENTS.update({"cholesky_solve": {"lower", "upper-broadcast"}, "cholesky_inverse": {"", "upper"},
-                               "linalg.lstsq": {"gelsd"}})
+# triangle is read.
+CONVENTIONAL_GRADIENTS.update({"cholesky_solve": {"lower", "upper-broadcast"}, "cholesky_inverse": {"", "upper"}})
 # Inputs where every gradient is torch's convention: NaN and inf (no derivative), ties and constants (a kink).
 CONVENTIONAL_KINDS = frozenset({"nan", "one_nan", "ties"})
 

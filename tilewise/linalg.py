@@ -25,5 +25,6 @@ def _named(name: str):
 
 
 globals().update({name: _named(name) for name in _NAMES})
+matmul = public_function("matmul")  # torch.linalg.matmul is torch.matmul
 
-__all__ = ["LinAlgError", *_NAMES]
+__all__ = ["LinAlgError", "matmul", *_NAMES]

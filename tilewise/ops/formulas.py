@@ -54,6 +54,8 @@ def extremum_pair_backward(grad, self, other, loses):
 
 def norm_backward(grad, self, result, p, dim, keepdim):
     """torch's norm_backward: finite (zero) gradient where the norm is zero, for every p."""
+    if p == "nuc":
+        return nuclear_norm_backward(grad, self, dim, keepdim)
     g = grad_expanded(grad, self.shape, dim, keepdim)
     n = grad_expanded(result, self.shape, dim, keepdim)
     zero = n == 0
@@ -67,6 +69,21 @@ def norm_backward(grad, self, result, p, dim, keepdim):
         return minmax_backward(grad, self.abs(), result, dim, keepdim) * self.sign()
     scaled = self * self.abs() ** (p - 2) / n.masked_fill(zero, 1.0) ** (p - 1)
     return g * scaled * ~zero
+
+
+def nuclear_norm_backward(grad, self, dim, keepdim):
+    """d ||A||_* / dA = U V^H (the SVD's gradient with only the singular values' gradient, as torch's)."""
+    from tilewise.ops.registry import OPS
+
+    d0, d1 = S.normalize_dims((-2, -1) if dim is None else dim, self.ndim)
+    rest = [d for d in range(self.ndim) if d not in (d0, d1)]
+    order = rest + [d0, d1]
+    u, _, vh = OPS["_linalg_svd"](self.permute(order), False, True)
+    g = grad
+    if keepdim:
+        g = g.squeeze(max(d0, d1)).squeeze(min(d0, d1))
+    moved = u.matmul(vh) * g.unsqueeze(-1).unsqueeze(-1)
+    return moved.permute(inverse_permutation(order))
 
 
 def prod_backward(grad, self, result, dim, keepdim):

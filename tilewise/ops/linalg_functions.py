@@ -7,6 +7,8 @@ Composites that torch differentiates with their own formula (``pinv``, ``cholesk
 ``linalg_*`` operators are not top-level functions: ``tilewise/linalg.py`` gives them their torch names.
 """
 
+# ruff: noqa: N803, N806 — matrices are named as in torch's linalg and the literature (A, B, L, U, S, Vh)
+
 from __future__ import annotations
 
 import math
@@ -25,22 +27,36 @@ from tilewise.ops.linalg_solvers import (
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
 
+# torch's autocast runs these in float32 (LAPACK and cuSOLVER have no half precision): low-precision inputs are
+# cast up under autocast rather than refused
+_AUTOCAST_FP32 = frozenset({
+    "linalg_solve", "linalg_solve_ex", "linalg_inv", "linalg_inv_ex", "inverse", "linalg_cholesky",
+    "linalg_cholesky_ex", "cholesky", "cholesky_solve", "cholesky_inverse", "linalg_qr", "qr", "linalg_svd", "svd",
+    "linalg_svdvals", "linalg_eigh", "linalg_eigvalsh", "linalg_lstsq", "pinverse", "linalg_matrix_rank",
+    "linalg_tensorinv", "linalg_tensorsolve", "triangular_solve"})
+
+
+def _autocast_policy(schema: str) -> str | None:
+    return "fp32" if schema.split("(", 1)[0] in _AUTOCAST_FP32 else None
+
 
 def linalg(schema: str, decomposition, grad: dict | None = None, **attrs):
     """A ``tilewise.linalg`` function: no top-level name or method of its own."""
     return declare(schema, "composite", decomposition=decomposition, grad=grad, function=False, method=False,
-                   **attrs)
+                   autocast=_autocast_policy(schema), **attrs)
 
 
 def torch_form(schema: str, decomposition, grad: dict | None = None, **attrs):
     """A torch top-level function (and Tensor method) that is a form of a linalg one."""
-    return declare(schema, "composite", decomposition=decomposition, grad=grad, **attrs)
+    return declare(schema, "composite", decomposition=decomposition, grad=grad, autocast=_autocast_policy(schema),
+                   **attrs)
 
 
 def _grad_wanted(A) -> bool:
-    from tilewise.autograd.grad_mode import is_grad_enabled
+    """Whether a backward will need the singular vectors or eigenvectors (torch computes them then, too)."""
+    from tilewise.dispatch import STATE
 
-    return A.requires_grad and is_grad_enabled()
+    return A.requires_grad and STATE.grad_enabled
 
 
 def bool_dtype():
@@ -72,7 +88,7 @@ def _broadcast_solve_operands(op: str, A, B, left: bool):
     k = -2 if left else -1
     if Bm.shape[k] != n:
         equation = "AX = B" if left else "XA = B"
-        b = f"{Bm.shape[-2]}x{Bm.shape[-1]}"
+        b = f"{B.shape[-1]}x1" if vector else f"{Bm.shape[-2]}x{Bm.shape[-1]}"  # torch prints a vector as a column
         raise RuntimeError(f"{op}: Incompatible shapes of A and B for the equation {equation} ({n}x{n} and {b})")
     batch = S.broadcast_shapes(tuple(A.shape[:-2]), tuple(Bm.shape[:-2]))
     return A.expand(batch + tuple(A.shape[-2:])), Bm.expand(batch + tuple(Bm.shape[-2:])), vector
@@ -176,7 +192,8 @@ def _cholesky_old(A, upper=False):
 
 linalg("linalg_cholesky_ex(Tensor A, *, bool upper=False, bool check_errors=False) -> (Tensor L, Tensor info)",
        _cholesky_ex)
-linalg("linalg_cholesky(Tensor A, *, bool upper=False) -> Tensor", lambda A, upper=False: _cholesky_ex(A, upper, True)[0])
+linalg("linalg_cholesky(Tensor A, *, bool upper=False) -> Tensor",
+       lambda A, upper=False: _cholesky_ex(A, upper, True)[0])
 torch_form("cholesky(Tensor self, bool upper=False) -> Tensor", _cholesky_old)
 
 
@@ -234,6 +251,8 @@ linalg("linalg_solve_triangular(Tensor A, Tensor B, *, bool upper, bool left=Tru
 
 
 def _triangular_solve(b, A, upper=True, transpose=False, unitriangular=False):
+    warnings.warn("torch.triangular_solve is deprecated in favor of torch.linalg.solve_triangular and will be "
+                  "removed in a future PyTorch release.", UserWarning, stacklevel=3)
     coefficient = A.mT if transpose else A
     solution = _solve_triangular(coefficient, b, upper=upper != transpose, unitriangular=unitriangular)
     return solution, A.clone()
@@ -256,9 +275,14 @@ def _qr(A, mode="reduced"):
     return OPS["_linalg_qr"](A, mode)
 
 
+def _qr_old(A, some=True):
+    warnings.warn("torch.qr is deprecated in favor of torch.linalg.qr and will be removed in a future PyTorch "
+                  "release.", UserWarning, stacklevel=3)
+    return _qr(A, "reduced" if some else "complete")
+
+
 linalg("linalg_qr(Tensor A, str mode='reduced') -> (Tensor Q, Tensor R)", _qr)
-torch_form("qr(Tensor self, bool some=True) -> (Tensor Q, Tensor R)",
-           lambda A, some=True: _qr(A, "reduced" if some else "complete"))
+torch_form("qr(Tensor self, bool some=True) -> (Tensor Q, Tensor R)", _qr_old)
 
 
 def _svd(A, full_matrices=True):
@@ -331,6 +355,8 @@ def _lstsq(A, B, rcond=None, driver=None):
         raise RuntimeError(f"{op}: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
     if driver is None:  # torch's defaults: gelsy on the CPU, gels (the only one) on CUDA
         driver = "gelsy" if A.device.type == "cpu" else "gels"
+    if A.device.type == "cuda" and driver != "gels":
+        raise RuntimeError(f"{op}: `driver` other than `gels` is not supported on CUDA")
     vector = B.ndim == A.ndim - 1
     Bm = B.unsqueeze(-1) if vector else B
     if Bm.shape[-2] != A.shape[-2]:
@@ -339,10 +365,8 @@ def _lstsq(A, B, rcond=None, driver=None):
     A_ = A.expand(batch + tuple(A.shape[-2:]))
     B_ = Bm.expand(batch + tuple(Bm.shape[-2:]))
     solution, residuals, rank, singular_values = OPS["_linalg_lstsq"](A_, B_, rcond, driver)
-    if vector:
+    if vector:  # the residuals keep their column (torch's shape [..., 1])
         solution = solution.squeeze(-1)
-        if residuals.numel():
-            residuals = residuals.squeeze(-1)
     return solution, residuals, rank, singular_values
 
 
@@ -430,7 +454,7 @@ def _matrix_power(A, n):
         everywhere = ones(A.shape, dtype=bool_dtype(), device=A.device)
         return A.masked_fill(everywhere, 0) + _eye(A.shape[-1], A)
     if n < 0:
-        check_floating("linalg.matrix_power", A)
+        check_floating("linalg.inv", A)
         A = _inv_ex(A, True)[0]
         n = -n
     result, base = None, A
@@ -449,7 +473,7 @@ torch_form("matrix_power(Tensor self, int n) -> Tensor", _matrix_power)
 
 def _matrix_exp(A):
     check_matrix("linalg.matrix_exp", A)
-    check_floating("linalg.matrix_exp", A)
+    check_floating("linalg.matrix_exp", A, low_precision=True)  # computed in float64 on the host, rounded once
     check_square("linalg.matrix_exp", A)
     return OPS["_linalg_matrix_exp"](A)
 
@@ -465,6 +489,9 @@ def _check_norm_dtype(op: str, x, dtype) -> None:
         raise RuntimeError(f"{op}: Expected a floating point or complex tensor as input. Got {type_name(x.dtype)}")
     if dtype is not None and not dtype.is_floating_point:
         raise RuntimeError(f"{op}: dtype should be floating point or complex. Got {type_name(dtype)}")
+    if dtype is not None and dtype.itemsize < x.dtype.itemsize:
+        raise RuntimeError(f"{op}: the dtype of the input ({type_name(x.dtype)}) should be convertible without "
+                           f"narrowing to the specified dtype ({type_name(dtype)})")
 
 
 def _vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A002 — torch's argument name
@@ -526,7 +553,7 @@ def _norm(A, ord=None, dim=None, keepdim=False, dtype=None):  # noqa: A002
         raise RuntimeError(f"linalg.norm: If dim is not specified but ord is, the input must be 1D or 2D. Got "
                            f"{A.ndim}D.")
     if isinstance(ord, str):
-        raise RuntimeError(f"linalg.norm: ord {ord!r} needs a matrix: give two dims")
+        raise RuntimeError(f"linalg.matrix_norm: dim must be a 2-tuple. Got {' '.join(map(str, dim or ()))}")
     return _vector_norm(A, 2 if ord is None else ord, dim, keepdim, dtype)
 
 
@@ -572,8 +599,8 @@ def _multi_dot(tensors):
     for k in range(len(tensors) - 1):
         if tensors[k].shape[-1] != tensors[k + 1].shape[0]:
             a, b = tensors[k].shape, tensors[k + 1].shape
-            raise RuntimeError(f"multi_dot(): tensors {k} and {k + 1} with shapes ({a[0]}, {a[1]}) and ({b[0]}, "
-                               f"{b[1]}) cannot be multiplied")
+            raise RuntimeError(f"multi_dot(): tensors {k} and {k + 1} with shapes [{a[0]}, {a[1]}] and [{b[0]}, "
+                               f"{b[1]}] cannot be multiplied")
     out = tensors[0]
     for t in tensors[1:]:
         out = out.mm(t)

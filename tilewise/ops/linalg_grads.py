@@ -8,6 +8,8 @@ not only up to the part that affects a loss. Only real inputs reach these helper
 complex loss does not depend on the phase of singular vectors have nothing to check here.
 """
 
+# ruff: noqa: N803, N806 — matrices are named as in torch's linalg and the literature (A, B, L, U, S, Vh)
+
 from __future__ import annotations
 
 from tilewise.ops.formulas import HELPERS
@@ -50,25 +52,13 @@ def linalg_inv_backward(grad, inverse):
 
 
 def linalg_det_backward(grad, det, A):
-    """d det / dA = det A^{-H} where A is invertible; where it is not, the adjugate from the SVD (torch's rule:
-    the gradient of a singular matrix's determinant is the adjugate, not NaN)."""
-    from tilewise.dispatch import values_readable
-
+    """d det / dA = det A^{-H}. A matrix whose determinant is exactly zero gets a zero gradient, as in torch: it is
+    solved against the identity in its place, and its right-hand side (grad * det) is zero anyway."""
+    singular = (det == 0).unsqueeze(-1).unsqueeze(-1)
+    eye = _eye_like(A).expand(A.shape)
+    safe = A.where(~singular, eye)
     scaled = (grad * det).unsqueeze(-1).unsqueeze(-1)
-    if values_readable(det) and bool((det == 0).any()):
-        return _singular_det_backward(grad, A)
-    return _solve(A.mT, scaled * _eye_like(A).expand(A.shape))
-
-
-def _singular_det_backward(grad, A):
-    """adj(A)^T = det(U) det(Vh) U diag(prod_{j != i} s_j) Vh, defined for every square A."""
-    from tilewise.ops.formulas import _exclusive_products
-
-    U, S, Vh = _op("_linalg_svd")(A, False, True)
-    sign = _op("_linalg_det")(U) * _op("_linalg_det")(Vh)
-    others = _exclusive_products(S, S.ndim - 1) if S.shape[-1] else S
-    adj_t = U.matmul((others * (grad * sign).unsqueeze(-1)).unsqueeze(-1) * Vh)
-    return adj_t
+    return _solve(safe.mT, scaled * eye)
 
 
 def slogdet_backward(grad_logabsdet, A, sign):

@@ -11,6 +11,8 @@ Everything users call (``linalg.solve``, ``linalg.norm``, ``torch.svd``'s old AP
 :class:`LinAlgError` from ``info``. Derivatives are torch's formulas (``linalg_grads.py``).
 """
 
+# ruff: noqa: N803, N806 — matrices are named as in torch's linalg and the literature (A, B, L, U, S, Vh)
+
 from __future__ import annotations
 
 from tilewise.ops import linalg_grads  # noqa: F401 — registers the derivative helpers the formulas below name

@@ -192,6 +192,12 @@ composite("logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor", _l
 
 def _norm(self, p=2, dim=None, keepdim=False, dtype=None):
     x = self if dtype is None else self.to(dtype)
+    if p == "nuc":  # torch.norm's matrix order: the nuclear norm over two dims (the last two by default)
+        from tilewise.ops.registry import OPS
+
+        return OPS["linalg_matrix_norm"](x, "nuc", (-2, -1) if dim is None else dim, keepdim)
+    if isinstance(p, str) and p != "fro":
+        raise RuntimeError(f"norm: p={p!r} is not a supported order; use a number, 'fro' or 'nuc'")
     if p is None or p == 2 or p == "fro":
         return (x * x).sum(dim, keepdim).sqrt()
     if p == 1:
@@ -205,7 +211,7 @@ def _norm(self, p=2, dim=None, keepdim=False, dtype=None):
     return (x.abs() ** p).sum(dim, keepdim) ** (1.0 / p)
 
 
-composite("norm(Tensor self, Scalar? p=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
+composite("norm(Tensor self, Any? p=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
           _norm, {"self": "norm_backward(grad, self, result, p, dim, keepdim)"}, autocast="fp32")
 composite("count_nonzero(Tensor self, int[1]? dim=None) -> Tensor", lambda self, dim=None: (self != 0).sum(dim),
           differentiable=False)

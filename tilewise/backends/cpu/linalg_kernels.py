@@ -6,12 +6,15 @@ fast path first and, only when it fails, find each matrix's ``info`` with a smal
 (``_lu_info``, ``_cholesky_info``), then solve the matrices that can be solved one by one.
 """
 
+# ruff: noqa: N803, N806 — matrices are named as in torch's linalg and the literature (A, B, L, U, S, Vh)
+
 from __future__ import annotations
 
 import numpy as np
 
 from tilewise import dtypes
 from tilewise.backends.cpu import kernel
+from tilewise.ops.linalg_solvers import LinAlgError
 from tilewise.tensor import from_array
 
 
@@ -83,7 +86,7 @@ def solve(A, B):
     except np.linalg.LinAlgError:
         info = _lu_info(a)
         x = _each_matrix(np.linalg.solve, a, info, np.empty(b.shape, b.dtype), b)
-    return _out(x, B.dtype), _info(info)
+    return _out(_nan_where_nan(a, x), B.dtype), _info(info)
 
 
 @kernel("_linalg_inv_ex")
@@ -97,7 +100,14 @@ def inv_ex(A):
     except np.linalg.LinAlgError:
         info = _lu_info(a)
         x = _each_matrix(np.linalg.inv, a, info, np.empty(a.shape, a.dtype))
-    return _out(x, A.dtype), _info(info)
+    return _out(_nan_where_nan(a, x), A.dtype), _info(info)
+
+
+def _nan_where_nan(a: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """A NaN anywhere in a matrix reaches every entry of its LU solve in LAPACK's blocked order (torch's result);
+    numpy's path can keep some entries finite."""
+    bad = np.isnan(a).any(axis=(-2, -1))
+    return np.where(bad[..., None, None], np.nan, x) if bad.any() else x
 
 
 @kernel("_linalg_det")
@@ -105,7 +115,8 @@ def det(A):
     a = A._np()
     if a.shape[-1] == 0:
         return _out(np.ones(_batch(a)), A.dtype)
-    return _out(np.linalg.det(a), A.dtype)
+    with np.errstate(invalid="ignore"):
+        return _out(np.linalg.det(a), A.dtype)
 
 
 @kernel("_linalg_slogdet")
@@ -113,7 +124,9 @@ def slogdet(A):
     a = A._np()
     if a.shape[-1] == 0:
         return _out(np.ones(_batch(a)), A.dtype), _out(np.zeros(_batch(a)), A.dtype)
-    sign, logabs = np.linalg.slogdet(a)
+    with np.errstate(invalid="ignore"):
+        sign, logabs = np.linalg.slogdet(a)
+    sign = np.where(np.isnan(logabs), 0.0, sign)  # torch multiplies the pivots' signs: sign(NaN) is 0
     return _out(sign, A.dtype), _out(logabs, A.dtype)
 
 
@@ -125,6 +138,8 @@ def cholesky_ex(A, upper=False):
         return _out(np.zeros(a.shape), A.dtype), _info(info)
     try:
         L = np.linalg.cholesky(a)
+        if not np.isfinite(L).all():  # LAPACK stops at a NaN pivot; numpy carries on
+            info = _cholesky_info(a)
     except np.linalg.LinAlgError:
         info = _cholesky_info(a)
         L = _each_matrix(np.linalg.cholesky, a, info, np.empty(a.shape, a.dtype))
@@ -161,11 +176,22 @@ def svd(A, full_matrices=False, compute_uv=True):
         u = np.broadcast_to(np.eye(m, u_cols), (*batch, m, u_cols))
         vh = np.broadcast_to(np.eye(v_rows, n), (*batch, v_rows, n))
         return _out(u, A.dtype), _out(s, A.dtype), _out(vh, A.dtype)
-    if not compute_uv:
-        return (_out(np.zeros((0,)), A.dtype), _out(np.linalg.svd(a, compute_uv=False), A.dtype),
-                _out(np.zeros((0,)), A.dtype))
-    u, s, vh = np.linalg.svd(a, full_matrices=full_matrices)
+    _require_finite("linalg.svd", a)
+    try:
+        if not compute_uv:
+            return (_out(np.zeros((0,)), A.dtype), _out(np.linalg.svd(a, compute_uv=False), A.dtype),
+                    _out(np.zeros((0,)), A.dtype))
+        u, s, vh = np.linalg.svd(a, full_matrices=full_matrices)
+    except np.linalg.LinAlgError:
+        raise LinAlgError("linalg.svd: The algorithm failed to converge because the input matrix is ill-conditioned "
+                          "or has too many repeated singular values") from None
     return _out(u, A.dtype), _out(s, A.dtype), _out(vh, A.dtype)
+
+
+def _require_finite(op: str, a: np.ndarray) -> None:
+    if not np.isfinite(a).all():
+        raise LinAlgError(f"{op}: The algorithm failed to converge because the input matrix contained non-finite "
+                          "values.")
 
 
 @kernel("_linalg_eigh")
@@ -174,9 +200,13 @@ def eigh(A, UPLO="L", compute_v=True):  # noqa: N803 — torch's argument name
     if a.size == 0:
         vectors = np.zeros(a.shape) if compute_v else np.zeros((0,))
         return _out(np.zeros(a.shape[:-1]), A.dtype), _out(vectors, A.dtype)
-    if not compute_v:
-        return _out(np.linalg.eigvalsh(a, UPLO=UPLO), A.dtype), _out(np.zeros((0,)), A.dtype)
-    w, v = np.linalg.eigh(a, UPLO=UPLO)
+    try:
+        if not compute_v:
+            return _out(np.linalg.eigvalsh(a, UPLO=UPLO), A.dtype), _out(np.zeros((0,)), A.dtype)
+        w, v = np.linalg.eigh(a, UPLO=UPLO)
+    except np.linalg.LinAlgError:
+        raise LinAlgError("linalg.eigh: The algorithm failed to converge because the input matrix is ill-conditioned "
+                          "or has too many repeated eigenvalues.") from None
     return _out(w, A.dtype), _out(v, A.dtype)
 
 
@@ -207,6 +237,8 @@ def lstsq(A, B, rcond=None, driver="gelsy"):
     torch's driver fills them: residuals for gels/gelsd/gelss when m > n and the matrix has full rank, rank for
     all but gels, singular values for gelsd/gelss."""
     a, b = A._np(), B._np()
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):  # LAPACK's gelsd would never return
+        raise RuntimeError("torch.linalg.lstsq: the input contains non-finite values (LAPACK refuses them)")
     m, n = a.shape[-2:]
     batch = _batch(a)
     flat_a, flat_b = a.reshape(-1, m, n), b.reshape(-1, m, b.shape[-1])
@@ -247,8 +279,11 @@ def matrix_exp(A):
     if a.size == 0:
         return _out(a, A.dtype)
     norm1 = np.abs(a).sum(-2).max(-1)
+    finite = np.isfinite(norm1)
+    a = np.where(finite[..., None, None], a, 0.0)  # non-finite matrices give NaN, as torch's
     with np.errstate(divide="ignore"):
-        squarings = np.maximum(0, np.ceil(np.log2(np.where(norm1 > 0, norm1, 1) / _THETA13))).astype(np.int64)
+        scale = np.log2(np.where(finite & (norm1 > 0), norm1, 1) / _THETA13)
+    squarings = np.maximum(0, np.ceil(scale)).astype(np.int64)
     a = a / (2.0 ** squarings)[..., None, None]
     b = _PADE13
     eye = np.eye(n)
@@ -260,4 +295,4 @@ def matrix_exp(A):
     r = np.linalg.solve(v - u, v + u)
     for step in range(int(squarings.max(initial=0))):
         r = np.where((squarings > step)[..., None, None], r @ r, r)
-    return _out(r, A.dtype)
+    return _out(np.where(finite[..., None, None], r, np.nan), A.dtype)

@@ -331,7 +331,12 @@ def _keep_until_done(array: np.ndarray, stream: int) -> None:
 
 def _load_kernels() -> None:
     global _kernels, _pointwise, _pointwise_into, _reduction, _host, _fused, _fused_ops
-    from tilewise.backends.cuda import attention, fft, matmul  # noqa: F401 — attention; fft; mm, bmm and linear
+    from tilewise.backends.cuda import (  # noqa: F401 — attention; fft; the linalg primitives; mm, bmm, linear
+        attention,
+        fft,
+        linalg,
+        matmul,
+    )
     from tilewise.backends.cuda.fused import FUSED, run_fused
     from tilewise.backends.cuda.kernels import KERNELS, _load_all
     from tilewise.backends.cuda.kernels.fallback import run_on_host

@@ -1,0 +1,307 @@
+"""tilewise.linalg beyond the op table: errors as torch raises them, info codes, lstsq's drivers, empty and singular
+matrices, and (on a GPU) cuSOLVER against LAPACK."""
+
+# ruff: noqa: N803, N806 — matrices are named as in torch's linalg and the literature (A, B, L, U, S, Vh)
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tilewise as tw
+
+
+def _pair(array):
+    return tw.from_numpy(np.array(array)), torch.from_numpy(np.array(array))
+
+
+def _raises_like(fn_tw, fn_torch):
+    with pytest.raises(Exception) as theirs:
+        fn_torch()
+    with pytest.raises(Exception) as ours:
+        fn_tw()
+    return ours.value, theirs.value
+
+
+SINGULAR = [[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 1.0, 1.0]]
+
+
+def test_linalg_error_is_a_runtime_error():
+    assert issubclass(tw.linalg.LinAlgError, RuntimeError)
+
+
+@pytest.mark.parametrize("case", ["inv", "inv-batch", "zero", "solve", "solve-batch", "cholesky", "cholesky-batch"])
+def test_singular_and_indefinite_matrices_raise_linalg_error_with_torchs_message(case):
+    eye = np.eye(3)
+    calls = {
+        "inv": (lambda m: m.linalg.inv, [SINGULAR]),
+        "inv-batch": (lambda m: m.linalg.inv, [[eye, SINGULAR]]),
+        "zero": (lambda m: m.linalg.inv, [np.zeros((3, 3))]),
+        "solve": (lambda m: (lambda A: m.linalg.solve(A, m.ones(3, dtype=A.dtype))), [SINGULAR]),
+        "solve-batch": (lambda m: (lambda A: m.linalg.solve(A, m.ones(3, dtype=A.dtype))), [[eye, SINGULAR]]),
+        "cholesky": (lambda m: m.linalg.cholesky, [SINGULAR]),
+        "cholesky-batch": (lambda m: m.linalg.cholesky, [[eye, -eye]]),
+    }
+    make, args = calls[case]
+    a_tw, a_torch = _pair(args[0])
+    ours, theirs = _raises_like(lambda: make(tw)(a_tw), lambda: make(torch)(a_torch))
+    assert isinstance(theirs, torch.linalg.LinAlgError)
+    assert isinstance(ours, tw.linalg.LinAlgError)
+    assert str(ours) == str(theirs)
+
+
+@pytest.mark.parametrize("case", ["int-inv", "half-inv", "1d-det", "nonsquare-inv", "nonsquare-cholesky",
+                                  "int-svd", "solve-shapes", "solve-right-shapes", "solve-dtypes", "uplo", "qr-mode",
+                                  "lstsq-driver", "lstsq-rows", "triangular-shapes", "matrix-power-nonsquare",
+                                  "int-vector-norm", "int-matrix-norm"])
+def test_bad_arguments_raise_as_torch(case):
+    def args(m):
+        f32 = m.float32
+        return {
+            "int-inv": lambda: m.linalg.inv(m.ones(3, 3, dtype=m.int64)),
+            "half-inv": lambda: m.linalg.inv(m.ones(3, 3, dtype=m.float16)),
+            "1d-det": lambda: m.linalg.det(m.ones(3)),
+            "nonsquare-inv": lambda: m.linalg.inv(m.ones(2, 3)),
+            "nonsquare-cholesky": lambda: m.linalg.cholesky(m.ones(2, 3)),
+            "int-svd": lambda: m.linalg.svd(m.ones(2, 3, dtype=m.int64)),
+            "solve-shapes": lambda: m.linalg.solve(m.eye(3), m.ones(4)),
+            "solve-right-shapes": lambda: m.linalg.solve(m.eye(3), m.ones(4), left=False),
+            "solve-dtypes": lambda: m.linalg.solve(m.eye(3, dtype=m.float64), m.ones(3, dtype=f32)),
+            "uplo": lambda: m.linalg.eigh(m.eye(3), UPLO="X"),
+            "qr-mode": lambda: m.linalg.qr(m.eye(3), mode="x"),
+            "lstsq-driver": lambda: m.linalg.lstsq(m.ones(5, 3), m.ones(5, 2), driver="foo"),
+            "lstsq-rows": lambda: m.linalg.lstsq(m.ones(4, 3), m.ones(3, 2)),
+            "triangular-shapes": lambda: m.linalg.solve_triangular(m.eye(3), m.ones(4, 2), upper=True),
+            "matrix-power-nonsquare": lambda: m.linalg.matrix_power(m.ones(2, 3), 2),
+            "int-vector-norm": lambda: m.linalg.vector_norm(m.ones(3, dtype=m.int64)),
+            "int-matrix-norm": lambda: m.linalg.matrix_norm(m.ones(3, 3, dtype=m.int64)),
+        }[case]
+
+    ours, theirs = _raises_like(args(tw), args(torch))
+    assert isinstance(ours, type(theirs))
+    assert str(ours) == str(theirs)
+
+
+def test_ex_forms_report_info_per_matrix_as_torch():
+    batch = np.stack([np.eye(3), np.array(SINGULAR), np.zeros((3, 3))])
+    a_tw, a_torch = _pair(batch)
+    assert tw.linalg.inv_ex(a_tw).info.tolist() == torch.linalg.inv_ex(a_torch).info.tolist()
+    spd = np.stack([np.eye(3), -np.eye(3), np.diag([1.0, 1.0, -1.0])])
+    a_tw, a_torch = _pair(spd)
+    assert tw.linalg.cholesky_ex(a_tw).info.tolist() == torch.linalg.cholesky_ex(a_torch).info.tolist()
+    assert tw.linalg.solve_ex(a_tw, tw.ones(3, 3, dtype=tw.float64)).info.tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("driver", [None, "gelsy", "gelsd", "gelss", "gels"])
+@pytest.mark.parametrize("shape", [(5, 3), (2, 5, 3), (5, 3, 0)])
+def test_lstsq_fills_the_outputs_each_driver_fills(driver, shape):
+    rng = np.random.default_rng(0)
+    vector = shape[-1] == 0  # (5, 3, 0): A [5, 3] with a vector B [5]
+    shape = shape[:2] if vector else shape
+    A = rng.standard_normal(shape)
+    B = rng.standard_normal(shape[:-1] if vector else shape[:-1] + (2,))
+    ours = tw.linalg.lstsq(tw.from_numpy(A), tw.from_numpy(B), driver=driver)
+    theirs = torch.linalg.lstsq(torch.from_numpy(A), torch.from_numpy(B), driver=driver)
+    assert type(ours).__name__ == "linalg_lstsq"
+    for name in ("solution", "residuals", "rank", "singular_values"):
+        a, e = getattr(ours, name), getattr(theirs, name)
+        assert tuple(a.shape) == tuple(e.shape), name
+        assert a.dtype.name == str(e.dtype).removeprefix("torch."), name
+        np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-7, atol=1e-9, err_msg=name)
+
+
+def test_rank_deficient_lstsq_reports_the_rank():
+    A = np.array([[1.0, 2.0], [2.0, 4.0], [3.0, 6.0]])
+    B = np.ones((3, 1))
+    ours = tw.linalg.lstsq(tw.from_numpy(A), tw.from_numpy(B))
+    theirs = torch.linalg.lstsq(torch.from_numpy(A), torch.from_numpy(B))
+    assert ours.rank.item() == theirs.rank.item() == 1
+
+
+def test_determinant_gradient_of_a_singular_matrix_is_zero_as_in_torch():
+    batch = np.stack([np.array(SINGULAR), np.diag([1.0, 2.0, 0.0]), np.eye(3) * 2])
+    a_tw, a_torch = _pair(batch)
+    a_tw.requires_grad_(True)
+    a_torch.requires_grad_(True)
+    tw.linalg.det(a_tw).sum().backward()
+    torch.linalg.det(a_torch).sum().backward()
+    np.testing.assert_allclose(a_tw.grad.numpy(), a_torch.grad.numpy(), rtol=1e-7, atol=1e-9)
+
+
+def test_singular_triangular_solve_gives_inf_and_nan_as_torch():
+    A = np.triu(np.array(SINGULAR))
+    A[1, 1] = 0.0
+    ours = tw.linalg.solve_triangular(tw.from_numpy(A), tw.ones(3, 1, dtype=tw.float64), upper=True)
+    theirs = torch.linalg.solve_triangular(torch.from_numpy(A), torch.ones(3, 1, dtype=torch.float64), upper=True)
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+@pytest.mark.parametrize("name", ["inv", "det", "slogdet", "svd", "svdvals", "qr", "eigh", "cholesky", "matrix_exp",
+                                  "pinv", "matrix_rank"])
+@pytest.mark.parametrize("shape", [(0, 0), (2, 0, 0)])
+def test_empty_matrices_as_torch(name, shape):
+    ours = getattr(tw.linalg, name)(tw.zeros(*shape, dtype=tw.float64))
+    theirs = getattr(torch.linalg, name)(torch.zeros(*shape, dtype=torch.float64))
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    theirs = theirs if isinstance(theirs, tuple) else (theirs,)
+    for a, e in zip(ours, theirs):
+        assert tuple(a.shape) == tuple(e.shape)
+        np.testing.assert_allclose(a.numpy(), e.numpy())
+
+
+@pytest.mark.parametrize("name", ["slogdet", "det", "inv", "cholesky", "svd", "svdvals", "matrix_exp", "eigh"])
+def test_nan_inputs_as_torch(name):
+    a = np.eye(3)
+    a[1, 1] = np.nan
+    fn_tw, fn_torch = getattr(tw.linalg, name), getattr(torch.linalg, name)
+    try:
+        theirs = fn_torch(torch.from_numpy(a))
+    except torch.linalg.LinAlgError as exc:
+        with pytest.raises(tw.linalg.LinAlgError) as ours:
+            fn_tw(tw.from_numpy(a))
+        assert str(ours.value) == str(exc)
+        return
+    ours = fn_tw(tw.from_numpy(a))
+    for o, t in zip(ours if isinstance(ours, tuple) else (ours,), theirs if isinstance(theirs, tuple) else (theirs,)):
+        np.testing.assert_array_equal(np.isnan(o.numpy()), np.isnan(t.numpy()))
+
+
+def test_lstsq_of_non_finite_input_raises_rather_than_hangs():
+    a = np.eye(3)
+    a[1, 1] = np.nan
+    with pytest.raises(RuntimeError, match="lstsq"):
+        tw.linalg.lstsq(tw.from_numpy(a), tw.from_numpy(a))
+
+
+def test_svd_of_rectangular_matrices_has_torchs_shapes():
+    for shape in [(4, 3), (3, 5), (2, 4, 3)]:
+        for full in (True, False):
+            ours = tw.linalg.svd(tw.zeros(*shape) + 1, full_matrices=full)
+            theirs = torch.linalg.svd(torch.zeros(*shape) + 1, full_matrices=full)
+            assert [tuple(t.shape) for t in ours] == [tuple(t.shape) for t in theirs]
+
+
+def test_return_types_carry_torchs_names():
+    A = tw.eye(3)
+    assert type(tw.linalg.svd(A)).__name__ == "linalg_svd"
+    assert type(tw.svd(A)).__name__ == "svd"
+    assert type(tw.linalg.qr(A)).__name__ == "linalg_qr"
+    assert type(tw.linalg.eigh(A)).__name__ == "linalg_eigh"
+    assert type(tw.slogdet(A)).__name__ == "slogdet"
+    assert tw.linalg.eigh(A).eigenvectors.shape == (3, 3)
+
+
+@pytest.mark.parametrize("kwargs", [{"p": "nuc"}, {"p": "nuc", "dim": (0, 2)},
+                                    {"p": "nuc", "dim": (2, 1), "keepdim": True}, {"p": "fro", "dim": (0, 1)}])
+def test_old_norm_takes_matrix_orders(kwargs):
+    a = np.random.default_rng(0).standard_normal((2, 3, 4) if "dim" in kwargs else (3, 4))
+    x_tw, x_torch = tw.from_numpy(a.copy()).requires_grad_(True), torch.from_numpy(a.copy()).requires_grad_(True)
+    ours, theirs = tw.norm(x_tw, **kwargs), torch.norm(x_torch, **kwargs)
+    np.testing.assert_allclose(ours.detach().numpy(), theirs.detach().numpy(), rtol=1e-10)
+    ours.sum().backward()
+    theirs.sum().backward()
+    np.testing.assert_allclose(x_tw.grad.numpy(), x_torch.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_qr_backward_refuses_mode_r_as_torch():
+    ours, theirs = _raises_like(lambda: tw.linalg.qr(tw.ones(3, 3, requires_grad=True), mode="r").R.sum().backward(),
+                                lambda: torch.linalg.qr(torch.ones(3, 3, requires_grad=True), mode="r").R.sum()
+                                .backward())
+    assert "mode='r'" in str(ours) and "mode='r'" in str(theirs)
+
+
+# ---------------------------------------------------------------------------------------------- CUDA
+
+def _cuda():
+    if not tw.cuda.is_available():
+        pytest.skip("no GPU")
+
+
+def _well_conditioned(shape, seed=0, dtype="float64"):
+    rng = np.random.default_rng(seed)
+    return (rng.uniform(-1, 1, shape) + 3 * np.eye(shape[-1])).astype(dtype)
+
+
+CUDA_CASES = {
+    "solve": lambda m, A: m.linalg.solve(A, A[..., :2]),
+    "solve-right": lambda m, A: m.linalg.solve(A, A[..., :2, :], left=False),
+    "inv": lambda m, A: m.linalg.inv(A),
+    "det": lambda m, A: m.linalg.det(A),
+    "slogdet": lambda m, A: m.linalg.slogdet(A),
+    "cholesky": lambda m, A: m.linalg.cholesky(A @ A.mT),
+    "cholesky-upper": lambda m, A: m.linalg.cholesky(A @ A.mT, upper=True),
+    "qr": lambda m, A: m.linalg.qr(A),
+    "qr-tall": lambda m, A: m.linalg.qr(A[..., :, :2]),
+    "qr-wide-complete": lambda m, A: m.linalg.qr(A[..., :2, :], mode="complete"),
+    "qr-tall-complete": lambda m, A: m.linalg.qr(A[..., :, :2], mode="complete"),
+    "qr-r": lambda m, A: m.linalg.qr(A, mode="r").R,
+    "svdvals": lambda m, A: m.linalg.svdvals(A),
+    "svd-tall": lambda m, A: _svd_product(m.linalg.svd(A[..., :, :2], full_matrices=False)),
+    "svd-wide": lambda m, A: _svd_product(m.linalg.svd(A[..., :2, :], full_matrices=False)),
+    "svd-full": lambda m, A: m.linalg.svd(A[..., :, :2]).U.abs()[..., :2],
+    "eigh": lambda m, A: _eigh_product(m.linalg.eigh(A + A.mT)),
+    "eigh-upper": lambda m, A: m.linalg.eigvalsh(A + A.mT, UPLO="U"),
+    "solve_triangular": lambda m, A: m.linalg.solve_triangular(A, A[..., :2], upper=True),
+    "solve_triangular-right": lambda m, A: m.linalg.solve_triangular(A, A[..., :2, :], upper=False, left=False),
+    "solve_triangular-unit": lambda m, A: m.linalg.solve_triangular(A, A[..., :2], upper=False, unitriangular=True),
+    "lstsq": lambda m, A: m.linalg.lstsq(A[..., :, :2], A[..., :1]).solution,
+    "matrix_exp": lambda m, A: m.linalg.matrix_exp(A * 0.3),
+    "pinv": lambda m, A: m.linalg.pinv(A),
+}
+
+
+def _svd_product(out):
+    U, S, Vh = out
+    return (U * S.unsqueeze(-2)) @ Vh, S
+
+
+def _eigh_product(out):
+    L, V = out
+    return (V * L.unsqueeze(-2)) @ V.mT, L
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(4, 4), (3, 4, 4)])
+@pytest.mark.parametrize("case", list(CUDA_CASES))
+def test_cuda_matches_cpu(case, shape, dtype):
+    _cuda()
+    A = _well_conditioned(shape, dtype=dtype)
+    on_cpu = CUDA_CASES[case](tw, tw.from_numpy(A))
+    on_gpu = CUDA_CASES[case](tw, tw.from_numpy(A).to("cuda"))
+    on_cpu = on_cpu if isinstance(on_cpu, tuple) else (on_cpu,)
+    on_gpu = on_gpu if isinstance(on_gpu, tuple) else (on_gpu,)
+    tol = 1e-4 if dtype == "float32" else 1e-10
+    for c, g in zip(on_cpu, on_gpu):
+        assert g.device.type == "cuda" and tuple(g.shape) == tuple(c.shape)
+        np.testing.assert_allclose(g.cpu().numpy(), c.numpy(), rtol=tol, atol=tol)
+
+
+@pytest.mark.cuda
+def test_cuda_gradients_match_cpu():
+    _cuda()
+    A = _well_conditioned((2, 4, 4))
+
+    def grads(device):
+        x = tw.from_numpy(A).to(device).requires_grad_(True)
+        U, S, Vh = tw.linalg.svd(x[..., :3])
+        L, V = tw.linalg.eigh(x + x.mT)
+        loss = (tw.linalg.inv(x).sum() + tw.linalg.det(x).sum() + tw.linalg.cholesky(x @ x.mT).sum()
+                + tw.linalg.qr(x).R.sum() + S.sum() + (U[..., :3] * U[..., :3]).sum() + L.sum()
+                + (V * V).sum() + tw.linalg.solve(x, x[..., :1]).sum())
+        loss.backward()
+        return x.grad.cpu().numpy()
+
+    np.testing.assert_allclose(grads("cuda"), grads("cpu"), rtol=1e-8, atol=1e-9)
+
+
+@pytest.mark.cuda
+def test_cuda_singular_matrices_raise_linalg_error():
+    _cuda()
+    A = tw.tensor(SINGULAR, device="cuda")
+    with pytest.raises(tw.linalg.LinAlgError, match="The diagonal element 3 is zero"):
+        tw.linalg.inv(A)
+    with pytest.raises(tw.linalg.LinAlgError, match="leading minor of order 1"):
+        tw.linalg.cholesky(-tw.eye(3, device="cuda"))
+    assert tw.linalg.inv_ex(A).info.item() == 3
