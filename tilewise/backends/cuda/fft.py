@@ -124,8 +124,8 @@ def _normalized(out: Tensor, normalization: int, signal_numel: int) -> Tensor:
         return out
     scale = 1.0 / (math.sqrt(signal_numel) if normalization == 1 else signal_numel)
     target = real_view(out) if out._dtype.is_complex else out
-    scaled = Expr("input", (), 0) * Expr("const", (), scale)
-    elementwise("fft_scale", scaled, compute_of(target._dtype), [target], target)
+    scaled = Expr("input", (), 0) * Expr("input", (), 1)  # the scale is an argument: one kernel for every size
+    elementwise("fft_scale", scaled, compute_of(target._dtype), [target, scale], target)
     return out
 
 
