@@ -82,7 +82,8 @@ def _reduction(op, args, device):
 def _view(op, args, device):
     x = args[0]
     shape, _, _ = op.view(x._shape, x._strides, x._offset, *args[1:])
-    return TensorType(tuple(shape), x._dtype, device)
+    reinterpret = op.attrs.get("view_dtype")  # view_as_real / view_as_complex change the dtype
+    return TensorType(tuple(shape), x._dtype if reinterpret is None else reinterpret(x), device)
 
 
 def _matmul(op, args, device):
