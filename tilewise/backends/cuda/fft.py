@@ -62,6 +62,9 @@ def _plan(device: int, kind: str, real: dtypes.DType, sizes: tuple, batch: int) 
     key = (device, kind, real, sizes, batch)
     found = _plans.get(key)
     if found is None:
+        from tilewise.backends.cuda.runtime import ensure_context
+
+        ensure_context(device)  # planning allocates on the device
         cufft = _cufft()
         handle = cufft.create()
         cufft.set_auto_allocation(handle, 0)
