@@ -667,6 +667,9 @@ def run(op, args: tuple, device):
     cap = active()
     if cap.on_operator is not None:
         cap.on_operator()
+    if not op.attrs.get("compiles", True) or _complex_operands(op, args):
+        raise NotImplementedError(f"tilewise.compile: {op.name} works on complex tensors, which the compiler's "
+                                  "targets have no types for yet; call this function without tilewise.compile")
     if op.kind == "view":
         return cap.view(op, args, device)
     if op.full_name == "_write_":
@@ -674,6 +677,10 @@ def run(op, args: tuple, device):
     if op.kind == "composite" and op.decomposition is not None:
         return cap.composite(op, args, device)
     return cap.primitive(op, args, device)
+
+
+def _complex_operands(op, args: tuple) -> bool:
+    return any(type(args[k]) is Tensor and args[k]._dtype.is_complex for k in op.tensor_idx)
 
 
 register_backend("trace", sys.modules[__name__])

@@ -61,9 +61,9 @@ def _as_complex_geometry(shape, strides, offset):
 
 
 declare("view_as_real(Tensor(a) self) -> Tensor(a)", "view", view=_as_real_geometry, view_dtype=_parts_dtype,
-        grad={"self": "view_as_complex(grad.contiguous())"}, method=False)
+        grad={"self": "view_as_complex(grad.contiguous())"}, method=False, compiles=False)
 declare("view_as_complex(Tensor(a) self) -> Tensor(a)", "view", view=_as_complex_geometry, view_dtype=_complex_dtype,
-        grad={"self": "view_as_real(grad.contiguous())"}, method=False)
+        grad={"self": "view_as_real(grad.contiguous())"}, method=False, compiles=False)
 
 
 def real_view(t: Tensor) -> Tensor:
