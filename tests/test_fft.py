@@ -330,8 +330,8 @@ def test_cuda_complex_arithmetic_copies_and_reductions_match_the_cpu():
 def test_real_forms_of_complex_pointwise_operators_match_their_complex_kernels(name):
     """The forms the CUDA backend computes complex arithmetic with (real operators on the parts), checked on the CPU
     against numpy's complex kernels, for complex, real and Python-number operands."""
-    from tilewise.ops.complex import COMPLEX_REAL_FORMS, run_real_form
     from tilewise import dispatch
+    from tilewise.ops.complex import COMPLEX_REAL_FORMS, run_real_form
     from tilewise.ops.registry import OPS
 
     assert name in COMPLEX_REAL_FORMS
