@@ -190,8 +190,10 @@ def test_as_dtype_accepts_python_types_and_names():
     assert as_dtype(float) is tw.get_default_dtype() and as_dtype(int) is tw.int64 and as_dtype(bool) is tw.bool
     assert as_dtype("float16") is tw.float16 and as_dtype("torch.bfloat16") is tw.bfloat16
     assert as_dtype(np.dtype("int16")) is tw.int16
-    with pytest.raises(TypeError, match="unknown dtype 'complex64'; valid dtypes: bool, uint8"):
-        as_dtype("complex64")
+    assert as_dtype("complex64") is tw.complex64 and as_dtype("cdouble") is tw.complex128
+    assert as_dtype(np.dtype("complex64")) is tw.cfloat and as_dtype(complex) is tw.complex128
+    with pytest.raises(TypeError, match="unknown dtype 'complex32'; valid dtypes: bool, uint8"):
+        as_dtype("complex32")
 
 
 # ---------------------------------------------------------------------------- low-precision round trips

@@ -127,7 +127,7 @@ def from_numpy(np_dtype) -> DType:
 
 
 def as_dtype(value) -> DType:
-    """Accepts a DType, a numpy dtype, a name ("float32", "torch.float32"), a torch dtype, or bool/int/float."""
+    """Accepts a DType, a numpy dtype, a name ("float32", "torch.float32"), a torch dtype, or bool/int/float/complex."""
     if isinstance(value, DType):
         return value
     if value is builtins.bool:
@@ -136,6 +136,8 @@ def as_dtype(value) -> DType:
         return int64
     if value is builtins.float:
         return get_default_dtype()
+    if value is builtins.complex:  # torch's Python-type mapping: complex is complex128, whatever the default
+        return complex128
     if isinstance(value, str) or type(value).__module__ == "torch":
         return from_name(str(value).removeprefix("torch.").removeprefix("tilewise."))
     return from_numpy(value)

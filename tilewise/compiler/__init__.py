@@ -18,6 +18,6 @@ kernels,recompiles``):
 """
 
 from tilewise.compiler.capture import DataDependentError
-from tilewise.compiler.function import CompiledFunction, compile
+from tilewise.compiler.function import CompiledFunction, UnsupportedTargetError, compile
 
-__all__ = ["CompiledFunction", "DataDependentError", "compile"]
+__all__ = ["CompiledFunction", "DataDependentError", "UnsupportedTargetError", "compile"]

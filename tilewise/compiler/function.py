@@ -288,6 +288,11 @@ class CompiledFunction:
                     effects = recorder.side_effects() if self.segments.syncs == synced else []
                     if self.segments.syncs == synced and not effects:
                         traced = cap.finish(result, flat)
+            except UnsupportedTargetError as exc:
+                if self.fullgraph or self.segments.syncs != synced:
+                    raise
+                cap.restore()  # nothing ran (e.g. complex tensors inside a composite, where no break can be)
+                return self._give_up(str(exc).split("\n")[0], args, kwargs)
             except BaseException:
                 if self.segments.syncs == synced:
                     cap.restore()  # nothing ran: the tensors and optimizer state are as before the call

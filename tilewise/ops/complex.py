@@ -61,9 +61,9 @@ def _as_complex_geometry(shape, strides, offset):
 
 
 declare("view_as_real(Tensor(a) self) -> Tensor(a)", "view", view=_as_real_geometry, view_dtype=_parts_dtype,
-        grad={"self": "view_as_complex(grad.contiguous())"}, method=False)
+        grad={"self": "view_as_complex(grad.contiguous())"}, method=False, compiles=False)
 declare("view_as_complex(Tensor(a) self) -> Tensor(a)", "view", view=_as_complex_geometry, view_dtype=_complex_dtype,
-        grad={"self": "view_as_real(grad.contiguous())"}, method=False)
+        grad={"self": "view_as_real(grad.contiguous())"}, method=False, compiles=False)
 
 
 def real_view(t: Tensor) -> Tensor:
@@ -218,7 +218,7 @@ COMPLEX_REAL_FORMS = {"mul": _mul_form, "div": _div_form, "add": _add_form, "sub
                       "abs": _abs_form, "sgn": _sgn_form, "exp": _exp_form}
 
 
-def run_real_form(op, args: tuple, out_dtype):
+def run_real_form(op, args: tuple, out_dtype, device):
     """A complex pointwise operator computed by real operators on the parts of its operands, or None where it
     has no real form (the caller then runs it another way)."""
     form = COMPLEX_REAL_FORMS.get(op.name)
@@ -230,7 +230,6 @@ def run_real_form(op, args: tuple, out_dtype):
     re, im = result
     real_dtype = out_dtype.to_real()
     shape = S.broadcast_shapes(*(t.shape for t in (re, im) if type(t) is Tensor), op=op.name)
-    device = next(a.device for a in args if type(a) is Tensor)
     re, im = (_filled(p, shape, real_dtype, device) for p in (re, im))
     return _pair(re, im)
 

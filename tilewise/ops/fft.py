@@ -7,7 +7,8 @@ one-sided half of the last dim when ``onesided``) and ``_fft_c2r`` (the Hermitia
 direction: 0 none, 1 by 1/sqrt(n), 2 by 1/n. The CPU runs numpy's pocketfft (as torch's CPU does), CUDA runs
 cuFFT. The public functions only canonicalise ``n``/``s``, ``dim`` and ``norm`` with torch's errors, promote
 the input (integers to the default float dtype, real to complex where a transform needs complex input), zero-pad
-or slice the transformed dims, and call a primitive: their gradients come from the primitives' derivatives,
+or slice the transformed dims, and call a primitive (run eagerly: ``compiles=False``, the compiler's targets have
+no complex types): their gradients come from the primitives' derivatives,
 torch's formulas (``fft_r2c_backward`` fills the discarded half with zeros before the inverse transform;
 ``fft_c2r_backward`` doubles the entries whose mirror image the one-sided input left out).
 """
@@ -49,11 +50,14 @@ def _c2c_dtype(op, args):
 
 
 declare("_fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor", "other", dtype=_r2c_dtype,
-        grad={"self": "fft_r2c_backward(grad, dim, normalization, onesided, self_shape)"}, method=False, public=False)
+        grad={"self": "fft_r2c_backward(grad, dim, normalization, onesided, self_shape)"}, method=False, public=False,
+        compiles=False)
 declare("_fft_c2r(Tensor self, int[] dim, int normalization, int last_dim_size) -> Tensor", "other",
-        dtype=_c2r_dtype, grad={"self": "fft_c2r_backward(grad, dim, normalization)"}, method=False, public=False)
+        dtype=_c2r_dtype, grad={"self": "fft_c2r_backward(grad, dim, normalization)"}, method=False, public=False,
+        compiles=False)
 declare("_fft_c2c(Tensor self, int[] dim, int normalization, bool forward) -> Tensor", "other", dtype=_c2c_dtype,
-        grad={"self": "OPS['_fft_c2c'](grad, dim, normalization, not forward)"}, method=False, public=False)
+        grad={"self": "OPS['_fft_c2c'](grad, dim, normalization, not forward)"}, method=False, public=False,
+        compiles=False)
 
 
 def fft_r2c_backward(grad, dim, normalization, onesided, self_shape):

@@ -178,20 +178,24 @@ _fused_ops: frozenset = frozenset()  # composites run as one compiled kernel (ba
 
 def run_into(op, args: tuple, device: Device, out: Tensor) -> Tensor | None:
     """A pointwise op's result written into ``out`` (an in-place op's target), or None: see ``dispatch.call_into``."""
+    if out._dtype.is_complex:
+        return None  # computed as complex operands are (see run), then written back
     return _pointwise_into(op, args, device, out)
 
 
 def run(op, args: tuple, device: Device):
+    try:
+        return _run(op, args, device)
+    except (NotImplementedError, KeyError):  # kernels are generated for real dtypes: see _run_complex
+        if not _complex_operands(op, args):
+            raise
+        return _run_complex(op, args, device)
+
+
+def _run(op, args: tuple, device: Device):
     kind = op.kind
     if kind == "pointwise":
-        try:
-            return _pointwise(op, args, device)
-        except NotImplementedError:  # the generated kernels have no complex types: see _complex_pointwise
-            if not _complex_operands(op, args):
-                raise
-            return _complex_pointwise(op, args, device)
-    if kind == "reduction" and _complex_operands(op, args):
-        return _host(op, args, device)
+        return _pointwise(op, args, device)
     if kind == "composite" and op.name in _fused_ops:
         out = _fused(op, args)
         if out is not None:
@@ -210,14 +214,19 @@ def _complex_operands(op, args: tuple) -> bool:
     return any(type(args[k]) is Tensor and args[k]._dtype.is_complex for k in op.tensor_idx)
 
 
-def _complex_pointwise(op, args: tuple, device: Device):
-    """A pointwise operator with complex operands: real operators on their parts where the operator has a real
-    form (the arithmetic fft users need), else its CPU kernel on host copies (see [Note: complex tensors])."""
-    from tilewise.ops.complex import run_real_form
+def _run_complex(op, args: tuple, device: Device):
+    """An operator with complex operands whose kernel has no complex form (kernels are generated for real dtypes;
+    copies, casts, fills and the fft primitives handle complex tensors themselves): a pointwise operator runs
+    real operators on the parts where it has a real form (the arithmetic fft users need), anything else its CPU
+    kernel on host copies (see [Note: complex tensors] in ops/complex.py)."""
+    if op.kind == "pointwise":
+        from tilewise.ops.complex import run_real_form
 
-    out_dtype, _ = op.dtype_rule(op, args)
-    found = run_real_form(op, args, out_dtype)
-    return found if found is not None else _host(op, args, device)
+        out_dtype, _ = op.dtype_rule(op, args)  # refuses an operator without a complex meaning, as on the CPU
+        found = run_real_form(op, args, out_dtype, device)
+        if found is not None:
+            return found
+    return _host(op, args, device)
 
 
 # ---------------------------------------------------------------------------------------------- transfers

@@ -62,6 +62,9 @@ def _plan(device: int, kind: str, real: dtypes.DType, sizes: tuple, batch: int) 
     key = (device, kind, real, sizes, batch)
     found = _plans.get(key)
     if found is None:
+        from tilewise.backends.cuda.runtime import ensure_context
+
+        ensure_context(device)  # planning allocates on the device
         cufft = _cufft()
         handle = cufft.create()
         cufft.set_auto_allocation(handle, 0)
@@ -124,8 +127,8 @@ def _normalized(out: Tensor, normalization: int, signal_numel: int) -> Tensor:
         return out
     scale = 1.0 / (math.sqrt(signal_numel) if normalization == 1 else signal_numel)
     target = real_view(out) if out._dtype.is_complex else out
-    scaled = Expr("input", (), 0) * Expr("const", (), scale)
-    elementwise("fft_scale", scaled, compute_of(target._dtype), [target], target)
+    scaled = Expr("input", (), 0) * Expr("input", (), 1)  # the scale is an argument: one kernel for every size
+    elementwise("fft_scale", scaled, compute_of(target._dtype), [target, scale], target)
     return out
 
 
