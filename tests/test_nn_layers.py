@@ -316,3 +316,60 @@ def test_transformer_decoder_with_causal_mask_hint_and_checks():
         _transformer(tw.nn)(tw.ones(5, 2, 8), tw.ones(4, 2, 6))
     with pytest.raises(RuntimeError, match="the batch number of src and tgt must be equal"):
         _transformer(tw.nn)(tw.ones(5, 2, 8), tw.ones(4, 3, 8))
+
+
+# ---------------------------------------------------------------------------- containers
+
+def _ones(nn_module, *shape):
+    return (torch if nn_module is torch.nn else tw).ones(*shape)
+
+
+def _parameter_dict_methods(nn):
+    d = nn.ParameterDict({"a": _ones(nn, 2), "b": _ones(nn, 3)})
+    d.update([("c", _ones(nn, 1))])
+    seen = [list(d.keys()), d.get("z", 5), tuple(d.pop("a").shape), "a" in d, d.popitem()[0], list(d)]
+    return seen + [tuple(d.setdefault("q", _ones(nn, 2)).shape), list(reversed(d))]
+
+
+CONTAINER_CASES = {
+    "ParameterList-slice": lambda nn: len(nn.ParameterList([_ones(nn, 1), _ones(nn, 2), _ones(nn, 3)])[1:]),
+    "ParameterList-iadd": lambda nn: len(nn.ParameterList([_ones(nn, 1)]).__iadd__([_ones(nn, 2)])),
+    "ParameterList-setitem-wraps": lambda nn: (lambda p: (p.__setitem__(-1, _ones(nn, 4)),
+                                                          isinstance(p[0], nn.Parameter), tuple(p[0].shape))[1:])(
+        nn.ParameterList([_ones(nn, 1)])),
+    "ParameterList-objects": lambda nn: (lambda p: (p[1], [n for n, _ in p.named_parameters()]))(
+        nn.ParameterList([_ones(nn, 2), "a", _ones(nn, 1)])),
+    "ParameterList-objects-repr": lambda nn: repr(nn.ParameterList([1, "a"])),
+    "ParameterList-extend-tensor": lambda nn: nn.ParameterList().extend(_ones(nn, 2)),
+    "ParameterDict-sorted": lambda nn: [n for n, _ in nn.ParameterDict({"b": _ones(nn, 1), "a": _ones(nn, 2)})
+                                        .named_parameters()],
+    "ParameterDict-methods": lambda nn: _parameter_dict_methods(nn),
+    "ParameterDict-or-copy-fromkeys": lambda nn: (
+        list((nn.ParameterDict({"a": _ones(nn, 1)}) | nn.ParameterDict({"b": _ones(nn, 1)})).keys()),
+        list(nn.ParameterDict({"a": _ones(nn, 1)}).copy().keys()), list(nn.ParameterDict().fromkeys(["x", "y"]))),
+    "ParameterDict-object-values": lambda nn: nn.ParameterDict({"b": 3})["b"],
+    "ParameterDict-bad-key": lambda nn: nn.ParameterDict({1: _ones(nn, 1)}),
+    "ParameterDict-bad-pair": lambda nn: nn.ParameterDict([("a", _ones(nn, 1), 3)]),
+    "ModuleDict-pairs": lambda nn: (lambda d: (d.update([("z", nn.ReLU())]), list(d.keys()))[1])(
+        nn.ModuleDict([("b", nn.ReLU()), ("a", nn.Tanh())])),
+    "ModuleDict-bad-key": lambda nn: nn.ModuleDict({1: nn.ReLU()}),
+    "ModuleDict-bad-pair": lambda nn: nn.ModuleDict().update([("a", nn.ReLU(), 3)]),
+    "ModuleDict-bad-element": lambda nn: nn.ModuleDict().update([3]),
+    "Sequential-mul": lambda nn: repr(nn.Sequential(nn.ReLU(), nn.Tanh()) * 2),
+    "Sequential-rmul-imul": lambda nn: (len(2 * nn.Sequential(nn.ReLU())),
+                                        repr((lambda s: s.__imul__(3))(nn.Sequential(nn.ReLU())))),
+    "Sequential-mul-zero": lambda nn: nn.Sequential(nn.ReLU()) * 0,
+}
+
+
+def _outcome(fn, nn):
+    try:
+        return "ok", fn(nn)
+    except Exception as exc:  # noqa: BLE001 — the exception type is what is compared
+        return type(exc).__name__, None
+
+
+@pytest.mark.parametrize("case", CONTAINER_CASES)
+def test_container_behaviour_matches_torch(case):
+    fn = CONTAINER_CASES[case]
+    assert _outcome(fn, tw.nn) == _outcome(fn, torch.nn)
