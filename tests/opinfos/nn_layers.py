@@ -114,7 +114,7 @@ def _lp_pool(shape, kernel, stride):
         x = T(shape, "positive")
         return [Sample((x, 2.0, kernel)), Sample((x, 3.0, kernel, stride, True), name="p3-stride-ceil"),
                 Sample((T(shape), 1.0, kernel, stride), name="p1-signed"),
-                Sample((T(shape, "distinct"), float("inf"), kernel), name="inf")]
+                Sample((T(shape, "positive"), float("inf"), kernel), name="inf")]
 
     return samples
 
