@@ -373,3 +373,57 @@ def _outcome(fn, nn):
 def test_container_behaviour_matches_torch(case):
     fn = CONTAINER_CASES[case]
     assert _outcome(fn, tw.nn) == _outcome(fn, torch.nn)
+
+
+# ---------------------------------------------------------------------------- errors
+
+def _t(lib, *shape, dtype=None):
+    if lib is torch:
+        return torch.ones(*shape) if dtype is None else torch.ones(*shape, dtype=getattr(torch, dtype))
+    return tw.ones(*shape) if dtype is None else tw.ones(*shape, dtype=getattr(tw, dtype))
+
+
+BAD_CALLS = {
+    "max_pool3d-rank": lambda lib, f: f.max_pool3d(_t(lib, 2, 3, 4), 2),
+    "max_pool1d-pad": lambda lib, f: f.max_pool1d(_t(lib, 2, 3, 4), 2, padding=2),
+    "max_pool3d-too-small": lambda lib, f: f.max_pool3d(_t(lib, 1, 3, 4, 4, 4), 5),
+    "avg_pool1d-rank": lambda lib, f: f.avg_pool1d(_t(lib, 3, 4, 4, 4), 5),
+    "adaptive_max_pool2d-empty": lambda lib, f: f.adaptive_max_pool2d(_t(lib, 1, 3, 0, 4), 5),
+    "adaptive_max_pool2d-int": lambda lib, f: f.adaptive_max_pool2d(_t(lib, 1, 4, 4, dtype="int64"), 2),
+    "adaptive_avg_pool3d-rank": lambda lib, f: f.adaptive_avg_pool3d(_t(lib, 1, 3, 4), 5),
+    "conv3d-kernel-too-large": lambda lib, f: f.conv3d(_t(lib, 1, 2, 2, 2, 2), _t(lib, 2, 2, 3, 3, 3)),
+    "conv_transpose2d-output-padding": lambda lib, f: f.conv_transpose2d(_t(lib, 1, 2, 4, 4), _t(lib, 2, 3, 3, 3),
+                                                                         output_padding=1),
+    "conv_transpose2d-channels": lambda lib, f: f.conv_transpose2d(_t(lib, 1, 3, 4, 4), _t(lib, 2, 3, 3, 3)),
+    "conv_transpose1d-bias": lambda lib, f: f.conv_transpose1d(_t(lib, 1, 2, 4), _t(lib, 2, 3, 3), _t(lib, 2)),
+    "max_unpool2d-index": lambda lib, f: f.max_unpool2d(_t(lib, 1, 2, 2, 2), _t(lib, 1, 2, 2, 2, dtype="int64") * 20,
+                                                        2),
+    "max_unpool2d-output-size": lambda lib, f: f.max_unpool2d(_t(lib, 1, 2, 2, 2), _t(lib, 1, 2, 2, 2, dtype="int64"),
+                                                              2, output_size=(7, 7)),
+    "fractional-no-size": lambda lib, f: f.fractional_max_pool2d(_t(lib, 1, 2, 5, 5), 3),
+    "fractional-pool-too-large": lambda lib, f: f.fractional_max_pool2d(_t(lib, 1, 2, 5, 5), 3, output_size=4),
+    "fractional-samples-channels": lambda lib, f: f.fractional_max_pool2d(_t(lib, 1, 2, 5, 5), 2, output_size=3,
+                                                                          _random_samples=_t(lib, 1, 3, 2)),
+    "fold-channels": lambda lib, f: f.fold(_t(lib, 1, 7, 4), (3, 3), 2),
+    "fold-blocks": lambda lib, f: f.fold(_t(lib, 1, 8, 5), (3, 3), 2),
+    "interpolate-linear-rank": lambda lib, f: f.interpolate(_t(lib, 1, 2, 4, 4), size=3, mode="linear"),
+    "interpolate-bilinear-rank": lambda lib, f: f.interpolate(_t(lib, 1, 2, 4), size=3, mode="bilinear"),
+    "interpolate-area-align": lambda lib, f: f.interpolate(_t(lib, 1, 2, 4), size=3, mode="area", align_corners=True),
+    "interpolate-mode": lambda lib, f: f.interpolate(_t(lib, 1, 2, 4), size=3, mode="foo"),
+    "grid_sample-mode": lambda lib, f: f.grid_sample(_t(lib, 1, 1, 3, 3), _t(lib, 1, 2, 2, 2), mode="foo"),
+    "grid_sample-padding": lambda lib, f: f.grid_sample(_t(lib, 1, 1, 3, 3), _t(lib, 1, 2, 2, 2), padding_mode="x"),
+    "affine_grid-theta": lambda lib, f: f.affine_grid(_t(lib, 1, 3, 3), (1, 1, 4, 4)),
+    "channel_shuffle-groups": lambda lib, f: f.channel_shuffle(_t(lib, 1, 5, 2, 2), 2),
+    "ConvTranspose2d-reflect": lambda lib, f: lib.nn.ConvTranspose2d(2, 2, 3, padding_mode="reflect"),
+    "CircularPad1d-rank": lambda lib, f: lib.nn.CircularPad1d(1)(_t(lib, 1, 1, 2, 2)),
+    "ReflectionPad1d-too-large": lambda lib, f: lib.nn.ReflectionPad1d(4)(_t(lib, 1, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_bad_arguments_raise_what_torch_raises(case):
+    call = BAD_CALLS[case]
+    with pytest.raises(Exception) as theirs:  # noqa: PT011 — the type torch raises is the expectation
+        call(torch, torch.nn.functional)
+    with pytest.raises(theirs.type):
+        call(tw, tw.nn.functional)
