@@ -93,6 +93,7 @@ LAYERS = {
     "Upsample-bicubic": (lambda nn: nn.Upsample(scale_factor=(1.5, 0.8), mode="bicubic"), [(2, 3, 4, 5)]),
     "UpsamplingNearest2d": (lambda nn: nn.UpsamplingNearest2d(size=(7, 3)), [(2, 3, 4, 5)]),
     "UpsamplingBilinear2d": (lambda nn: nn.UpsamplingBilinear2d(scale_factor=2), [(2, 3, 4, 5)]),
+    "LocalResponseNorm": (lambda nn: nn.LocalResponseNorm(3, 1e-2, 0.7, 1.5), [(2, 5, 3, 4)]),
     "TransformerDecoderLayer": (lambda nn: nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
                                 [(2, 4, 8), (2, 5, 8)]),
     "TransformerDecoderLayer-norm-first-gelu": (

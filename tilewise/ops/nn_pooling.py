@@ -616,3 +616,28 @@ for _n in (2, 3):
     functional(f"fractional_max_pool{_n}d(Tensor input, int[{_n}] kernel_size, int[{_n}]? output_size=None, "
                f"float[{_n}]? output_ratio=None, bool return_indices=False, Tensor? _random_samples=None) -> Tensor",
                _fractional_max_pool(_n), function=False)
+
+
+# ============================================================================ local response normalization
+
+def _local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
+    """torch's: x divided by (k + alpha * mean of x^2 over ``size`` neighbouring channels)^beta, the mean an average
+    pooling across channels (zero-padded, always dividing by ``size``)."""
+    if input.ndim < 3:
+        raise ValueError(f"Expected 3D or higher dimensionality input (got {input.ndim} dimensions)")
+    if input.numel() == 0:
+        return input
+    square = input * input
+    pads = (size // 2, (size - 1) // 2)
+    if input.ndim == 3:
+        padded = OPS["pad"](square.unsqueeze(1), (0, 0, *pads))
+        average = OPS["avg_pool2d"](padded, (size, 1), 1).squeeze(1)
+    else:
+        shape = tuple(input.shape)
+        padded = OPS["pad"](square.reshape(shape[0], 1, shape[1], shape[2], -1), (0, 0, 0, 0, *pads))
+        average = OPS["avg_pool3d"](padded, (size, 1, 1), 1).squeeze(1).reshape(shape)
+    return input / (average * alpha + k).pow(beta)
+
+
+functional("local_response_norm(Tensor input, int size, float alpha=0.0001, float beta=0.75, float k=1.0) -> Tensor",
+           _local_response_norm, function=False)

@@ -71,6 +71,7 @@ from tilewise.nn.modules.normalization import (
     InstanceNorm2d,
     InstanceNorm3d,
     LayerNorm,
+    LocalResponseNorm,
     RMSNorm,
 )
 from tilewise.nn.modules.padding import (
@@ -156,5 +157,5 @@ __all__ = [
     "LazyModuleMixin", "LazyLinear", "LazyConv1d", "LazyConv2d", "LazyConv3d", "LazyConvTranspose1d",
     "LazyConvTranspose2d", "LazyConvTranspose3d", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d",
     "LazyInstanceNorm1d", "LazyInstanceNorm2d", "LazyInstanceNorm3d",
-    "Transformer", "TransformerDecoderLayer", "TransformerDecoder",
+    "Transformer", "TransformerDecoderLayer", "TransformerDecoder", "LocalResponseNorm",
 ]
