@@ -428,3 +428,29 @@ def test_bad_arguments_raise_what_torch_raises(case):
         call(torch, torch.nn.functional)
     with pytest.raises(theirs.type):
         call(tw, tw.nn.functional)
+
+
+def test_optimizer_made_before_the_first_call_updates_the_materialised_parameters():
+    tw.manual_seed(0)
+    model = tw.nn.Sequential(tw.nn.LazyLinear(4), tw.nn.ReLU(), tw.nn.LazyLinear(2))
+    optimizer = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = tw.randn(5, 3)
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = model(x).pow(2).sum()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    assert [tuple(p.shape) for p in model.parameters()] == [(4, 3), (4,), (2, 4), (2,)]
+    assert losses[-1] < losses[0]
+
+
+def test_compiled_lazy_module_materialises_at_its_first_call():
+    layer = tw.nn.LazyLinear(2)
+    compiled = tw.compile(layer)
+    x = tw.randn(5, 3)
+    out = compiled(x)
+    assert type(layer).__name__ == "Linear" and tuple(layer.weight.shape) == (2, 3)
+    _close(out, torch.nn.functional.linear(torch.tensor(x.numpy()), torch.tensor(layer.weight.detach().numpy()),
+                                           torch.tensor(layer.bias.detach().numpy())))
