@@ -93,6 +93,7 @@ LAYERS = {
     "Upsample-bicubic": (lambda nn: nn.Upsample(scale_factor=(1.5, 0.8), mode="bicubic"), [(2, 3, 4, 5)]),
     "UpsamplingNearest2d": (lambda nn: nn.UpsamplingNearest2d(size=(7, 3)), [(2, 3, 4, 5)]),
     "UpsamplingBilinear2d": (lambda nn: nn.UpsamplingBilinear2d(scale_factor=2), [(2, 3, 4, 5)]),
+    "LocalResponseNorm": (lambda nn: nn.LocalResponseNorm(3, 1e-2, 0.7, 1.5), [(2, 5, 3, 4)]),
     "TransformerDecoderLayer": (lambda nn: nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
                                 [(2, 4, 8), (2, 5, 8)]),
     "TransformerDecoderLayer-norm-first-gelu": (
@@ -316,3 +317,140 @@ def test_transformer_decoder_with_causal_mask_hint_and_checks():
         _transformer(tw.nn)(tw.ones(5, 2, 8), tw.ones(4, 2, 6))
     with pytest.raises(RuntimeError, match="the batch number of src and tgt must be equal"):
         _transformer(tw.nn)(tw.ones(5, 2, 8), tw.ones(4, 3, 8))
+
+
+# ---------------------------------------------------------------------------- containers
+
+def _ones(nn_module, *shape):
+    return (torch if nn_module is torch.nn else tw).ones(*shape)
+
+
+def _parameter_dict_methods(nn):
+    d = nn.ParameterDict({"a": _ones(nn, 2), "b": _ones(nn, 3)})
+    d.update([("c", _ones(nn, 1))])
+    seen = [list(d.keys()), d.get("z", 5), tuple(d.pop("a").shape), "a" in d, d.popitem()[0], list(d)]
+    return seen + [tuple(d.setdefault("q", _ones(nn, 2)).shape), list(reversed(d))]
+
+
+CONTAINER_CASES = {
+    "ParameterList-slice": lambda nn: len(nn.ParameterList([_ones(nn, 1), _ones(nn, 2), _ones(nn, 3)])[1:]),
+    "ParameterList-iadd": lambda nn: len(nn.ParameterList([_ones(nn, 1)]).__iadd__([_ones(nn, 2)])),
+    "ParameterList-setitem-wraps": lambda nn: (lambda p: (p.__setitem__(-1, _ones(nn, 4)),
+                                                          isinstance(p[0], nn.Parameter), tuple(p[0].shape))[1:])(
+        nn.ParameterList([_ones(nn, 1)])),
+    "ParameterList-objects": lambda nn: (lambda p: (p[1], [n for n, _ in p.named_parameters()]))(
+        nn.ParameterList([_ones(nn, 2), "a", _ones(nn, 1)])),
+    "ParameterList-objects-repr": lambda nn: repr(nn.ParameterList([1, "a"])),
+    "ParameterList-extend-tensor": lambda nn: nn.ParameterList().extend(_ones(nn, 2)),
+    "ParameterDict-sorted": lambda nn: [n for n, _ in nn.ParameterDict({"b": _ones(nn, 1), "a": _ones(nn, 2)})
+                                        .named_parameters()],
+    "ParameterDict-methods": lambda nn: _parameter_dict_methods(nn),
+    "ParameterDict-or-copy-fromkeys": lambda nn: (
+        list((nn.ParameterDict({"a": _ones(nn, 1)}) | nn.ParameterDict({"b": _ones(nn, 1)})).keys()),
+        list(nn.ParameterDict({"a": _ones(nn, 1)}).copy().keys()), list(nn.ParameterDict().fromkeys(["x", "y"]))),
+    "ParameterDict-object-values": lambda nn: nn.ParameterDict({"b": 3})["b"],
+    "ParameterDict-bad-key": lambda nn: nn.ParameterDict({1: _ones(nn, 1)}),
+    "ParameterDict-bad-pair": lambda nn: nn.ParameterDict([("a", _ones(nn, 1), 3)]),
+    "ModuleDict-pairs": lambda nn: (lambda d: (d.update([("z", nn.ReLU())]), list(d.keys()))[1])(
+        nn.ModuleDict([("b", nn.ReLU()), ("a", nn.Tanh())])),
+    "ModuleDict-bad-key": lambda nn: nn.ModuleDict({1: nn.ReLU()}),
+    "ModuleDict-bad-pair": lambda nn: nn.ModuleDict().update([("a", nn.ReLU(), 3)]),
+    "ModuleDict-bad-element": lambda nn: nn.ModuleDict().update([3]),
+    "Sequential-mul": lambda nn: repr(nn.Sequential(nn.ReLU(), nn.Tanh()) * 2),
+    "Sequential-rmul-imul": lambda nn: (len(2 * nn.Sequential(nn.ReLU())),
+                                        repr((lambda s: s.__imul__(3))(nn.Sequential(nn.ReLU())))),
+    "Sequential-mul-zero": lambda nn: nn.Sequential(nn.ReLU()) * 0,
+}
+
+
+def _outcome(fn, nn):
+    try:
+        return "ok", fn(nn)
+    except Exception as exc:  # noqa: BLE001 — the exception type is what is compared
+        return type(exc).__name__, None
+
+
+@pytest.mark.parametrize("case", CONTAINER_CASES)
+def test_container_behaviour_matches_torch(case):
+    fn = CONTAINER_CASES[case]
+    assert _outcome(fn, tw.nn) == _outcome(fn, torch.nn)
+
+
+# ---------------------------------------------------------------------------- errors
+
+def _t(lib, *shape, dtype=None):
+    if lib is torch:
+        return torch.ones(*shape) if dtype is None else torch.ones(*shape, dtype=getattr(torch, dtype))
+    return tw.ones(*shape) if dtype is None else tw.ones(*shape, dtype=getattr(tw, dtype))
+
+
+BAD_CALLS = {
+    "max_pool3d-rank": lambda lib, f: f.max_pool3d(_t(lib, 2, 3, 4), 2),
+    "max_pool1d-pad": lambda lib, f: f.max_pool1d(_t(lib, 2, 3, 4), 2, padding=2),
+    "max_pool3d-too-small": lambda lib, f: f.max_pool3d(_t(lib, 1, 3, 4, 4, 4), 5),
+    "avg_pool1d-rank": lambda lib, f: f.avg_pool1d(_t(lib, 3, 4, 4, 4), 5),
+    "adaptive_max_pool2d-empty": lambda lib, f: f.adaptive_max_pool2d(_t(lib, 1, 3, 0, 4), 5),
+    "adaptive_max_pool2d-int": lambda lib, f: f.adaptive_max_pool2d(_t(lib, 1, 4, 4, dtype="int64"), 2),
+    "adaptive_avg_pool3d-rank": lambda lib, f: f.adaptive_avg_pool3d(_t(lib, 1, 3, 4), 5),
+    "conv3d-kernel-too-large": lambda lib, f: f.conv3d(_t(lib, 1, 2, 2, 2, 2), _t(lib, 2, 2, 3, 3, 3)),
+    "conv_transpose2d-output-padding": lambda lib, f: f.conv_transpose2d(_t(lib, 1, 2, 4, 4), _t(lib, 2, 3, 3, 3),
+                                                                         output_padding=1),
+    "conv_transpose2d-channels": lambda lib, f: f.conv_transpose2d(_t(lib, 1, 3, 4, 4), _t(lib, 2, 3, 3, 3)),
+    "conv_transpose1d-bias": lambda lib, f: f.conv_transpose1d(_t(lib, 1, 2, 4), _t(lib, 2, 3, 3), _t(lib, 2)),
+    "max_unpool2d-index": lambda lib, f: f.max_unpool2d(_t(lib, 1, 2, 2, 2), _t(lib, 1, 2, 2, 2, dtype="int64") * 20,
+                                                        2),
+    "max_unpool2d-output-size": lambda lib, f: f.max_unpool2d(_t(lib, 1, 2, 2, 2), _t(lib, 1, 2, 2, 2, dtype="int64"),
+                                                              2, output_size=(7, 7)),
+    "fractional-no-size": lambda lib, f: f.fractional_max_pool2d(_t(lib, 1, 2, 5, 5), 3),
+    "fractional-pool-too-large": lambda lib, f: f.fractional_max_pool2d(_t(lib, 1, 2, 5, 5), 3, output_size=4),
+    "fractional-samples-channels": lambda lib, f: f.fractional_max_pool2d(_t(lib, 1, 2, 5, 5), 2, output_size=3,
+                                                                          _random_samples=_t(lib, 1, 3, 2)),
+    "fold-channels": lambda lib, f: f.fold(_t(lib, 1, 7, 4), (3, 3), 2),
+    "fold-blocks": lambda lib, f: f.fold(_t(lib, 1, 8, 5), (3, 3), 2),
+    "interpolate-linear-rank": lambda lib, f: f.interpolate(_t(lib, 1, 2, 4, 4), size=3, mode="linear"),
+    "interpolate-bilinear-rank": lambda lib, f: f.interpolate(_t(lib, 1, 2, 4), size=3, mode="bilinear"),
+    "interpolate-area-align": lambda lib, f: f.interpolate(_t(lib, 1, 2, 4), size=3, mode="area", align_corners=True),
+    "interpolate-mode": lambda lib, f: f.interpolate(_t(lib, 1, 2, 4), size=3, mode="foo"),
+    "grid_sample-mode": lambda lib, f: f.grid_sample(_t(lib, 1, 1, 3, 3), _t(lib, 1, 2, 2, 2), mode="foo"),
+    "grid_sample-padding": lambda lib, f: f.grid_sample(_t(lib, 1, 1, 3, 3), _t(lib, 1, 2, 2, 2), padding_mode="x"),
+    "affine_grid-theta": lambda lib, f: f.affine_grid(_t(lib, 1, 3, 3), (1, 1, 4, 4)),
+    "channel_shuffle-groups": lambda lib, f: f.channel_shuffle(_t(lib, 1, 5, 2, 2), 2),
+    "ConvTranspose2d-reflect": lambda lib, f: lib.nn.ConvTranspose2d(2, 2, 3, padding_mode="reflect"),
+    "CircularPad1d-rank": lambda lib, f: lib.nn.CircularPad1d(1)(_t(lib, 1, 1, 2, 2)),
+    "ReflectionPad1d-too-large": lambda lib, f: lib.nn.ReflectionPad1d(4)(_t(lib, 1, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_bad_arguments_raise_what_torch_raises(case):
+    call = BAD_CALLS[case]
+    with pytest.raises(Exception) as theirs:  # noqa: PT011 — the type torch raises is the expectation
+        call(torch, torch.nn.functional)
+    with pytest.raises(theirs.type):
+        call(tw, tw.nn.functional)
+
+
+def test_optimizer_made_before_the_first_call_updates_the_materialised_parameters():
+    tw.manual_seed(0)
+    model = tw.nn.Sequential(tw.nn.LazyLinear(4), tw.nn.ReLU(), tw.nn.LazyLinear(2))
+    optimizer = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = tw.randn(5, 3)
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = model(x).pow(2).sum()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    assert [tuple(p.shape) for p in model.parameters()] == [(4, 3), (4,), (2, 4), (2,)]
+    assert losses[-1] < losses[0]
+
+
+def test_compiled_lazy_module_materialises_at_its_first_call():
+    layer = tw.nn.LazyLinear(2)
+    compiled = tw.compile(layer)
+    x = tw.randn(5, 3)
+    out = compiled(x)
+    assert type(layer).__name__ == "Linear" and tuple(layer.weight.shape) == (2, 3)
+    _close(out, torch.nn.functional.linear(torch.tensor(x.numpy()), torch.tensor(layer.weight.detach().numpy()),
+                                           torch.tensor(layer.bias.detach().numpy())))

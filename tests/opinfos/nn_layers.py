@@ -114,7 +114,7 @@ def _lp_pool(shape, kernel, stride):
         x = T(shape, "positive")
         return [Sample((x, 2.0, kernel)), Sample((x, 3.0, kernel, stride, True), name="p3-stride-ceil"),
                 Sample((T(shape), 1.0, kernel, stride), name="p1-signed"),
-                Sample((T(shape, "distinct"), float("inf"), kernel), name="inf")]
+                Sample((T(shape, "positive"), float("inf"), kernel), name="inf")]
 
     return samples
 
@@ -227,4 +227,7 @@ OPINFOS = [
     OpInfo("upsample", lambda: [Sample((T((2, 3, 4, 5)),), {"scale_factor": 2, "mode": "bilinear"})], call="F"),
     OpInfo("upsample_nearest", lambda: [Sample((T((2, 3, 4, 5)),), {"size": (6, 7)})], call="F"),
     OpInfo("upsample_bilinear", lambda: [Sample((T((2, 3, 4, 5)),), {"scale_factor": 1.5})], call="F"),
+    OpInfo("local_response_norm", lambda: [Sample((T((2, 5, 4)), 3)),
+                                           Sample((T((2, 6, 3, 4)), 4, 1e-2, 0.6, 2.0), name="4d-even"),
+                                           Sample((T((1, 3, 2, 2, 3)), 5), {"beta": 1.2}, name="5d-wide")], call="F"),
 ]

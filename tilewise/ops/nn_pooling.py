@@ -611,7 +611,8 @@ for _n in (2, 3):
     functional(f"fractional_max_pool{_n}d_with_indices(Tensor input, int[{_n}] kernel_size, int[{_n}]? "
                f"output_size=None, float[{_n}]? output_ratio=None, Tensor? _random_samples=None) -> (Tensor, Tensor)",
                _fractional_max_pool_with_indices(_n),
-               {"input": f"max_pool_backward(grad, input, result[1], {_n})"}, function=False, nondiff_outputs=(1,))
+               {"input": f"max_pool_backward(grad, input, result[1], {_n})", "_random_samples": None}, function=False,
+               nondiff_outputs=(1,))
     functional(f"fractional_max_pool{_n}d(Tensor input, int[{_n}] kernel_size, int[{_n}]? output_size=None, "
                f"float[{_n}]? output_ratio=None, bool return_indices=False, Tensor? _random_samples=None) -> Tensor",
                _fractional_max_pool(_n), function=False)

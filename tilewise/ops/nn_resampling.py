@@ -1,6 +1,14 @@
-"""torch.nn.functional's resampling: interpolation, pixel shuffle, fold and unfold, and sampling grids.
+"""torch.nn.functional's resampling: interpolation, pixel and channel shuffles, fold and unfold, and sampling grids.
 
-Nearest-neighbour interpolation gathers with torch's float32 source-index rule.
+[Note: separable resampling] Every interpolation mode is separable, so ``interpolate`` resamples one spatial
+dim at a time: nearest modes gather with torch's float32 source-index rules; linear modes (linear, bilinear,
+trilinear) read the two neighbours of torch's source coordinate (``area_pixel_compute_source_index``) and blend
+them; bicubic reads four with torch's cubic-convolution weights (A = -0.75), clamped to the edge; area is adaptive
+average pooling. ``grid_sample`` is not separable (each output point has its own coordinates): it gathers the
+2^d corners (or 4 x 4 taps for bicubic) from the flattened input and weights them, taps outside the input reading
+zero, after torch's border or reflection padding of the coordinates. ``fold``/``unfold`` are convolution's
+col2im/im2col over the shared window views. All are composites: gradients, CUDA and the compiler come from their
+primitives (gathers become scatter-adds in backward).
 """
 
 from __future__ import annotations

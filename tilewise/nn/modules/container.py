@@ -71,6 +71,22 @@ class Sequential(Module):
     def __add__(self, other: Sequential) -> Sequential:
         return Sequential(*self, *other)
 
+    def __mul__(self, times: int) -> Sequential:
+        """The modules repeated ``times`` times (the same module objects, as in torch)."""
+        if not isinstance(times, int):
+            raise TypeError(f"unsupported operand type(s) for *: {type(self)} and {type(times)}")
+        if times <= 0:
+            raise ValueError(f"Non-positive multiplication factor {times} for {type(self)}")
+        return Sequential(*(list(self) * times))
+
+    def __rmul__(self, times: int) -> Sequential:
+        return self.__mul__(times)
+
+    def __imul__(self, times: int) -> Sequential:
+        repeated = self * times
+        self._modules.clear()
+        return self.extend(repeated)
+
     def append(self, module: Module) -> Sequential:
         self.add_module(str(len(self)), module)
         return self
@@ -195,85 +211,192 @@ class ModuleDict(Module):
         return self._modules.pop(key)
 
     def update(self, modules) -> None:
-        items = modules.items() if hasattr(modules, "items") else modules
-        for key, module in items:
+        if not isinstance(modules, Iterable):
+            raise TypeError(f"ModuleDict.update should be called with an iterable of key/value pairs, but got "
+                            f"{type(modules).__name__}")
+        pairs = modules.items() if isinstance(modules, (Mapping, ModuleDict)) else _pairs(modules, "ModuleDict")
+        for key, module in pairs:
             self[key] = module
 
 
 class ParameterList(Module):
-    """A list of parameters, each registered (plain tensors are wrapped as Parameters)."""
+    """A list of parameters, each registered under its index (tensors are made Parameters; other objects are kept
+    as plain attributes, as torch keeps them)."""
 
-    def __init__(self, values: Iterable[Tensor] | None = None) -> None:
+    def __init__(self, values: Iterable | None = None) -> None:
         super().__init__()
-        for value in values or ():
-            self.append(value)
+        self._size = 0
+        if values is not None:
+            self.extend(values)
 
-    def __getitem__(self, idx: int) -> Tensor:
-        return self._parameters[str(_index(idx, len(self), "ParameterList"))]
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return ParameterList(self[k] for k in range(*idx.indices(len(self))))
+        return getattr(self, str(_index(idx, len(self), "ParameterList")))
 
-    def __setitem__(self, idx: int, value: Tensor) -> None:
-        self.register_parameter(str(_index(idx, len(self), "ParameterList")), _as_parameter(value))
+    def __setitem__(self, idx: int, value) -> None:
+        setattr(self, str(_index(idx, len(self), "ParameterList")), _as_parameter(value))
 
     def __len__(self) -> int:
-        return len(self._parameters)
+        return self._size
 
-    def __iter__(self) -> Iterator[Tensor]:
-        return iter(self._parameters.values())
+    def __iter__(self) -> Iterator:
+        return iter([self[k] for k in range(len(self))])
 
-    def append(self, value: Tensor) -> ParameterList:
-        self.register_parameter(str(len(self)), _as_parameter(value))
+    def __iadd__(self, values: Iterable) -> ParameterList:
+        return self.extend(values)
+
+    def append(self, value) -> ParameterList:
+        self._size += 1
+        self[self._size - 1] = value
         return self
 
-    def extend(self, values: Iterable[Tensor]) -> ParameterList:
+    def extend(self, values: Iterable) -> ParameterList:
+        if not isinstance(values, Iterable) or isinstance(values, Tensor):
+            raise TypeError(f"ParameterList.extend should be called with an iterable, but got {type(values).__name__}")
         for value in values:
             self.append(value)
         return self
 
     def extra_repr(self) -> str:
-        return "\n".join(f"({k}): Parameter containing: [{p.dtype} of size {'x'.join(map(str, p.shape))}]"
-                         for k, p in self._parameters.items())
+        return "\n".join(f"  ({k}): {_describe(p, str(p.dtype) if isinstance(p, Tensor) else '')}"
+                         for k, p in enumerate(self))
 
 
 class ParameterDict(Module):
-    """An ordered dict of parameters, registered under their keys."""
+    """An ordered dict of parameters registered under their (string) keys, with dict's methods. As in torch, a
+    plain dict given to the constructor or ``update`` is taken in sorted key order (an OrderedDict, a
+    ParameterDict or a sequence of pairs keeps its order)."""
 
     def __init__(self, parameters=None) -> None:
         super().__init__()
+        self._keys: dict[str, None] = {}
         if parameters is not None:
             self.update(parameters)
 
-    def __getitem__(self, key: str) -> Tensor:
-        return self._parameters[key]
+    @staticmethod
+    def _attribute(key) -> str:
+        if not isinstance(key, str):
+            raise TypeError(f"Index given to ParameterDict cannot be used as a key as it is not a string (type is "
+                            f"'{type(key).__name__}').")
+        return key
 
-    def __setitem__(self, key: str, value: Tensor) -> None:
-        self.register_parameter(key, _as_parameter(value))
+    def __getitem__(self, key: str):
+        return getattr(self, self._attribute(key))
+
+    def __setitem__(self, key: str, value) -> None:
+        attribute = self._attribute(key)
+        self._keys[key] = None
+        setattr(self, attribute, _as_parameter(value))
 
     def __delitem__(self, key: str) -> None:
-        del self._parameters[key]
+        del self._keys[key]
+        delattr(self, self._attribute(key))
 
     def __len__(self) -> int:
-        return len(self._parameters)
+        return len(self._keys)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._parameters)
+        return iter(self._keys)
 
-    def __contains__(self, key: str) -> bool:
-        return key in self._parameters
+    def __reversed__(self) -> Iterator[str]:
+        return reversed(list(self._keys))
+
+    def __contains__(self, key) -> bool:
+        return key in self._keys
 
     def keys(self):
-        return self._parameters.keys()
+        return self._keys.keys()
 
     def values(self):
-        return self._parameters.values()
+        return (self[k] for k in self._keys)
 
     def items(self):
-        return self._parameters.items()
+        return ((k, self[k]) for k in self._keys)
+
+    def get(self, key: str, default=None):
+        return self[key] if key in self else default
+
+    def setdefault(self, key: str, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def pop(self, key: str):
+        value = self[key]
+        del self[key]
+        return value
+
+    def popitem(self) -> tuple:
+        if not self._keys:
+            raise KeyError("popitem(): dictionary is empty")
+        key = next(reversed(self._keys))
+        return key, self.pop(key)
+
+    def clear(self) -> None:
+        for key in list(self._keys):
+            del self[key]
+
+    def copy(self) -> ParameterDict:
+        return ParameterDict(OrderedDict((k, self[k]) for k in self._keys))
+
+    def fromkeys(self, keys: Iterable[str], default=None) -> ParameterDict:
+        return ParameterDict((k, default) for k in keys)
 
     def update(self, parameters) -> None:
-        items = parameters.items() if hasattr(parameters, "items") else parameters
-        for key, value in items:
+        if not isinstance(parameters, Iterable):
+            raise TypeError(f"ParametersDict.update should be called with an iterable of key/value pairs, but got "
+                            f"{type(parameters).__name__}")
+        if isinstance(parameters, (OrderedDict, ParameterDict)):
+            pairs = list(parameters.items())
+        elif isinstance(parameters, Mapping):
+            pairs = sorted(parameters.items())
+        else:
+            pairs = _pairs(parameters, "ParameterDict")
+        for key, value in pairs:
             self[key] = value
 
+    def __or__(self, other: ParameterDict) -> ParameterDict:
+        merged = self.copy()
+        merged.update(other)
+        return merged
 
-def _as_parameter(value: Tensor) -> Tensor:
-    return value if isinstance(value, Parameter) else Parameter(value)
+    def __ror__(self, other: ParameterDict) -> ParameterDict:
+        merged = other.copy()
+        merged.update(self)
+        return merged
+
+    def __ior__(self, other: ParameterDict) -> ParameterDict:
+        self.update(other)
+        return self
+
+    def extra_repr(self) -> str:
+        return "\n".join(f"  ({k}): {_describe(p, p.type() if isinstance(p, Tensor) else '')}"
+                         for k, p in self.items())
+
+
+def _pairs(sequence, container: str) -> list[tuple]:
+    """A sequence of (key, value) pairs, checked as torch checks a container's update."""
+    pairs = []
+    for j, pair in enumerate(sequence):
+        if not isinstance(pair, Iterable):
+            raise TypeError(f"{container} update sequence element #{j} should be Iterable; is {type(pair).__name__}")
+        pair = tuple(pair)
+        if len(pair) != 2:
+            raise ValueError(f"{container} update sequence element #{j} has length {len(pair)}; 2 is required")
+        pairs.append(pair)
+    return pairs
+
+
+def _describe(value, type_name: str) -> str:
+    """torch's line for one entry of a parameter container."""
+    if not isinstance(value, Tensor):
+        return f"Object of type: {type(value).__name__}"
+    kind = "Parameter" if isinstance(value, Parameter) else "Tensor"
+    device = f" ({value.device})" if value.device.type != "cpu" else ""
+    return f"{kind} containing: [{type_name} of size {'x'.join(map(str, value.shape))}{device}]"
+
+
+def _as_parameter(value):
+    """Tensors become Parameters; anything else is kept as it is."""
+    return Parameter(value) if isinstance(value, Tensor) and not isinstance(value, Parameter) else value

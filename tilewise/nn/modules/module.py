@@ -244,7 +244,7 @@ class Module:
     @staticmethod
     def _check_name(name: str, what: str) -> None:
         if not isinstance(name, str):
-            raise TypeError(f"{what} name should be a string, got {type(name).__name__}")
+            raise TypeError(f"{what} name should be a string. Got {type(name).__name__}")
         if "." in name:
             raise KeyError(f'{what} name can\'t contain ".", got {name!r}')
         if name == "":
