@@ -42,8 +42,6 @@ pointwise("hardshrink(Tensor self, Scalar lambd=0.5) -> Tensor",
           R.floating_only, inplace=False, functional=True)
 pointwise("_softshrink(Tensor self, Scalar lambd) -> Tensor", _softshrink_expr, {"self": _OUTSIDE},
           R.floating_only, public=False, method=False)
-pointwise("tanhshrink(Tensor self) -> Tensor", lambda x: x - x.tanh(), {"self": "grad * tanh(self) ** 2"},
-          R.floating_only, method=False, function=False, functional=True)
 
 
 def _softshrink(input, lambd=0.5):
@@ -54,6 +52,8 @@ def _softshrink(input, lambd=0.5):
 
 
 functional("softshrink(Tensor input, Scalar lambd=0.5) -> Tensor", _softshrink, function=False)
+# torch's own definition (a Python function): its backward keeps tanh's output, not the input
+functional("tanhshrink(Tensor input) -> Tensor", lambda input: input - input.tanh(), function=False)
 
 
 # ---------------------------------------------------------------------------- gating, softmin, prelu
