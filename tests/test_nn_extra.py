@@ -358,3 +358,53 @@ def test_gumbel_softmax_hard_passes_the_soft_gradient():
     (soft * weights).sum().backward()
     np.testing.assert_allclose(hard_grad, logits.grad.numpy(), rtol=1e-6)
     np.testing.assert_allclose(soft.detach().numpy().sum(-1), 1.0, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------- linear_cross_entropy
+
+LINEAR_CROSS_ENTROPY = {
+    "classes": ((6, 5), (4, 5), "class", {}),
+    "bias-weight-smoothing-ignore": ((6, 5), (4, 5), "class", {"bias": True, "weight": True, "label_smoothing": 0.2,
+                                                               "ignore_index": 2, "reduction": "sum"}),
+    "k-dimensional": ((6, 5), (4, 3, 5), "class-k", {"bias": True, "reduction": "none"}),
+    "probabilities": ((6, 5), (4, 5), "prob", {}),
+    "unbatched": ((5,), (4, 5), "class", {"options": True}),
+}
+
+
+@pytest.mark.parametrize("name", LINEAR_CROSS_ENTROPY)
+def test_linear_cross_entropy_matches_torch(name):
+    input_shape, weight_shape, target_kind, options = LINEAR_CROSS_ENTROPY[name]
+    batch = input_shape[:-1]
+    target = {"class": _ints(batch, 4, seed=2), "class-k": _ints(batch + (3,), 4, seed=2),
+              "prob": _floats(batch + (4,), seed=2, low=0.0, high=1.0)}[target_kind]
+    arrays = {"input": _floats(input_shape), "linear_weight": _floats(weight_shape, seed=1)}
+    if options.get("bias"):
+        arrays["linear_bias"] = _floats(weight_shape[:-1], seed=3)
+    results = []
+    for lib, functional in ((tw, F), (torch, torch.nn.functional)):
+        tensors = {k: lib.tensor(v, requires_grad=True) for k, v in arrays.items()}
+        kwargs = {k: v for k, v in options.items() if k not in ("bias", "weight", "options")}
+        if options.get("weight"):
+            kwargs["weight"] = lib.tensor(_floats((4,), seed=4, low=0.5, high=2.0))
+        if options.get("options"):
+            kwargs["options"] = lib.nn.LinearCrossEntropyOptions()
+        linear_bias = tensors.get("linear_bias")
+        loss = functional.linear_cross_entropy(tensors["input"], tensors["linear_weight"], lib.tensor(target),
+                                               linear_bias=linear_bias, **kwargs)
+        loss.sum().backward()
+        results.append((loss, {k: t.grad for k, t in tensors.items()}))
+    (ours, ours_grads), (ref, ref_grads) = results
+    _close(ours, ref, rtol=1e-5, atol=1e-6)
+    for k in ref_grads:
+        _close(ours_grads[k], ref_grads[k], rtol=1e-4, atol=1e-6, what=k)
+
+
+def test_linear_cross_entropy_checks_like_torch():
+    for lib, functional in ((torch, torch.nn.functional), (tw, F)):
+        with pytest.raises(RuntimeError, match="expected equal input and linear_weight last dimensions"):
+            functional.linear_cross_entropy(lib.zeros(2, 3), lib.zeros(4, 5), lib.tensor([0, 1]))
+        with pytest.raises(RuntimeError, match="ignore_index cannot be specified"):
+            functional.linear_cross_entropy(lib.zeros(2, 3), lib.zeros(4, 3), lib.zeros(2, 4), ignore_index=1)
+        with pytest.raises(RuntimeError, match="requires batched input"):
+            functional.linear_cross_entropy(lib.zeros(3), lib.zeros(4, 2, 3), lib.tensor(0))

@@ -37,6 +37,7 @@ from tilewise.nn.modules.conv import Conv1d, Conv2d
 from tilewise.nn.modules.distance import CosineSimilarity, PairwiseDistance
 from tilewise.nn.modules.dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d, Dropout3d, FeatureAlphaDropout
 from tilewise.nn.modules.linear import Bilinear, Flatten, Identity, Linear, Unflatten
+from tilewise.nn.modules.linear_cross_entropy import LinearCrossEntropyLoss, LinearCrossEntropyOptions
 from tilewise.nn.modules.local_response import CrossMapLRN2d, LocalResponseNorm
 from tilewise.nn.modules.loss import (
     BCELoss,
@@ -95,5 +96,5 @@ __all__ = [
     "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "PoissonNLLLoss", "GaussianNLLLoss", "TripletMarginLoss",
     "TripletMarginWithDistanceLoss", "CTCLoss", "NLLLoss2d", "AdaptiveLogSoftmaxWithLoss",
     "RReLU", "AlphaDropout", "FeatureAlphaDropout", "PairwiseDistance", "EmbeddingBag", "LocalResponseNorm",
-    "CrossMapLRN2d", "ChannelShuffle",
+    "CrossMapLRN2d", "ChannelShuffle", "LinearCrossEntropyLoss", "LinearCrossEntropyOptions",
 ]
