@@ -408,3 +408,15 @@ def test_linear_cross_entropy_checks_like_torch():
             functional.linear_cross_entropy(lib.zeros(2, 3), lib.zeros(4, 3), lib.zeros(2, 4), ignore_index=1)
         with pytest.raises(RuntimeError, match="requires batched input"):
             functional.linear_cross_entropy(lib.zeros(3), lib.zeros(4, 2, 3), lib.tensor(0))
+
+
+@pytest.mark.parametrize("make", [lambda nn: nn.ReLU(inplace=True), lambda nn: nn.LeakyReLU(0.2, inplace=True),
+                                  lambda nn: nn.ELU(0.5, inplace=True), lambda nn: nn.Hardtanh(-0.5, 0.5, True),
+                                  lambda nn: nn.Threshold(0.1, 2.0, True), lambda nn: nn.SiLU(inplace=True),
+                                  lambda nn: nn.RReLU(inplace=True).eval()])
+def test_inplace_activation_modules_write_into_their_input_as_torch(make):
+    x = _floats((3, 4))
+    ours, ref = tw.tensor(x), torch.tensor(x)
+    assert make(tw.nn)(ours) is ours
+    make(torch.nn)(ref)
+    _close(ours, ref)
