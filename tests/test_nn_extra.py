@@ -420,3 +420,78 @@ def test_inplace_activation_modules_write_into_their_input_as_torch(make):
     assert make(tw.nn)(ours) is ours
     make(torch.nn)(ref)
     _close(ours, ref)
+
+
+# ---------------------------------------------------------------------------- multi_head_attention_forward
+
+MHA_CASES = {
+    "packed-weights": {},
+    "packed-average-off": {"need_weights": True, "average_attn_weights": False},
+    "sdpa-path-masks": {"need_weights": False, "attn_mask": "float2d", "key_padding_mask": True},
+    "bool-3d-mask-bias-kv-zero-attn": {"attn_mask": "bool3d", "bias_kv": True, "add_zero_attn": True,
+                                       "key_padding_mask": True},
+    "separate-weights-kdim": {"separate": True},
+    "static-kv": {"static": True, "need_weights": False},
+    "unbatched": {"unbatched": True},
+    "causal": {"attn_mask": "causal", "is_causal": True, "need_weights": False},
+}
+
+
+def _mha_arguments(lib, case, embed=8, heads=2, tgt=4, src=5, batch=3):
+    def t(shape, seed, **kw):
+        return lib.tensor(_floats(shape, seed=seed, low=-1, high=1), **kw)
+
+    kdim = 6 if case.get("separate") else embed
+    query = t((tgt, batch, embed), 0, requires_grad=True)
+    key = t((src, batch, kdim), 1, requires_grad=True)
+    value = t((src, batch, kdim), 2, requires_grad=True)
+    weights = {"in_proj_weight": None if case.get("separate") else t((3 * embed, embed), 3, requires_grad=True),
+               "in_proj_bias": t((3 * embed,), 4, requires_grad=True),
+               "out_proj_weight": t((embed, embed), 5, requires_grad=True),
+               "out_proj_bias": t((embed,), 6, requires_grad=True)}
+    kwargs = {"need_weights": case.get("need_weights", True),
+              "average_attn_weights": case.get("average_attn_weights", True)}
+    if case.get("separate"):
+        kwargs.update(use_separate_proj_weight=True, q_proj_weight=t((embed, embed), 7, requires_grad=True),
+                      k_proj_weight=t((embed, kdim), 8, requires_grad=True),
+                      v_proj_weight=t((embed, kdim), 9, requires_grad=True))
+    bias_k = t((1, 1, embed), 10, requires_grad=True) if case.get("bias_kv") else None
+    bias_v = t((1, 1, embed), 11, requires_grad=True) if case.get("bias_kv") else None
+    if case.get("key_padding_mask"):
+        kwargs["key_padding_mask"] = lib.tensor(np.array([[False] * (src - 1) + [True]] * batch))
+    mask = case.get("attn_mask")
+    if mask == "float2d":
+        kwargs["attn_mask"] = t((tgt, src), 12)
+    elif mask == "bool3d":
+        kwargs["attn_mask"] = lib.tensor(_floats((batch * heads, tgt, src), seed=13) > 1.5)
+    elif mask == "causal":
+        kwargs["attn_mask"] = lib.tensor(np.triu(np.ones((tgt, src), dtype=bool), 1))
+        kwargs["is_causal"] = True
+    if case.get("static"):
+        kwargs["static_k"] = t((batch * heads, src, embed // heads), 14, requires_grad=True)
+        kwargs["static_v"] = t((batch * heads, src, embed // heads), 15, requires_grad=True)
+    if case.get("unbatched"):
+        query, key, value = (x.detach()[:, 0].requires_grad_() for x in (query, key, value))
+    return (query, key, value, embed, heads, weights["in_proj_weight"], weights["in_proj_bias"], bias_k, bias_v,
+            case.get("add_zero_attn", False), 0.0, weights["out_proj_weight"], weights["out_proj_bias"]), kwargs
+
+
+@pytest.mark.parametrize("name", MHA_CASES)
+def test_multi_head_attention_forward_matches_torch(name):
+    results = []
+    for lib, functional in ((tw, F), (torch, torch.nn.functional)):
+        args, kwargs = _mha_arguments(lib, MHA_CASES[name])
+        out, weights = functional.multi_head_attention_forward(*args, **kwargs)
+        out.sum().backward()
+        leaves = [a for a in (*args, *kwargs.values()) if isinstance(a, lib.Tensor) and a.requires_grad]
+        results.append((out, weights, [a.grad for a in leaves]))
+    (out, weights, grads), (ref, ref_weights, ref_grads) = results
+    _close(out, ref, rtol=1e-4, atol=1e-5, what="output")
+    assert (weights is None) == (ref_weights is None)
+    if ref_weights is not None:
+        _close(weights, ref_weights, rtol=1e-4, atol=1e-5, what="weights")
+    for k, (a, b) in enumerate(zip(grads, ref_grads)):
+        if b is None:  # an input the result does not depend on (key and value beside static ones)
+            assert a is None or not a.numpy().any(), f"grad {k}: torch has none"
+            continue
+        _close(a, b, rtol=1e-4, atol=1e-5, what=f"grad {k}")
