@@ -272,6 +272,7 @@ ERRORS = [
     ("channel_shuffle", lambda m: ((m.zeros(2, 4, 3), 3), {})),
     ("channel_shuffle", lambda m: ((m.zeros(2, 4), 2), {})),
     ("bilinear", lambda m: ((m.zeros(3, 4), m.zeros(2, 4), m.zeros(5, 4, 4)), {})),
+    ("bilinear", lambda m: ((m.zeros(3, 4, dtype=m.float64), m.zeros(3, 4), m.zeros(5, 4, 4)), {})),
     ("local_response_norm", lambda m: ((m.zeros(3, 4), 2), {})),
     ("alpha_dropout", lambda m: ((m.zeros(3), 1.5), {})),
     ("feature_alpha_dropout", lambda m: ((m.zeros(3), 0.5, True), {})),

@@ -164,7 +164,8 @@ def _shrink():
 
 
 def _softmin():
-    return [Sample((T((3, 4)), 1)), Sample((T((3, 4)), 0), {"dtype": None}, name="dim0")]
+    return [Sample((T((3, 4)), 1)), Sample((T((3, 4)), 0), {"dtype": None}, name="dim0"),
+            Sample((T(()), -1), name="0d")]
 
 
 def _prelu():

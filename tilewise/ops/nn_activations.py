@@ -76,6 +76,9 @@ def implicit_softmax_dim(op: str, ndim: int) -> int:
 
 def _softmin(input, dim=None, _stacklevel=3, dtype=None):
     dim = implicit_softmax_dim("softmin", input.ndim) if dim is None else dim
+    if input.ndim == 0:  # softmax reduces a 0-d tensor over dim 0 as over one element
+        S.normalize_dim(dim, 1, "softmin")
+        return call_public("softmax", -input.reshape(1), 0, dtype).reshape(())
     return call_public("softmax", -input, dim, dtype)
 
 
@@ -191,6 +194,10 @@ functional("gumbel_softmax(Tensor logits, float tau=1.0, bool hard=False, float 
 # ---------------------------------------------------------------------------- bilinear
 
 def _check_bilinear(input1, input2, weight, bias) -> None:
+    if not (input1.dtype is input2.dtype is weight.dtype) or (bias is not None and bias.dtype is not weight.dtype):
+        names = [f"{n}: {t.dtype}" for n, t in (("input1", input1), ("input2", input2), ("weight", weight),
+                                                 ("bias", bias)) if t is not None]
+        raise RuntimeError(f"All tensors must have the same dtype, got {', '.join(names)}")
     if input1.ndim != input2.ndim:
         raise RuntimeError(f"bilinear(): input dimensions do not match: got {input1.ndim} and {input2.ndim}")
     for d in range(input1.ndim - 1):
