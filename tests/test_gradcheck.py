@@ -26,8 +26,14 @@ RTOL, ATOL = 1e-5, 1e-7
 PROBES = 2
 # Samples whose gradient is a convention rather than the derivative (torch's definition, which tilewise follows):
 # embedding's padding row gets no gradient, scale_grad_by_freq rescales it, max_norm renormalises outside autograd;
-# index_put with repeated indices keeps one write but sends the gradient to every repeated value.
-CONVENTIONAL_GRADIENTS = {"embedding": {"padding_idx", "freq", "max_norm"}, "index_put": {""}}
+# index_put with repeated indices keeps one write but sends the gradient to every repeated value;
+# gaussian_nll_loss's clamp of var is invisible to the gradient; ctc_loss adds exp(log_probs) (which log_softmax's
+# backward cancels) and is NaN where no alignment exists; embedding_bag's frequency scaling is embedding's.
+CONVENTIONAL_GRADIENTS = {"embedding": {"padding_idx", "freq", "max_norm"}, "index_put": {""},
+                          "gaussian_nll_loss": {"clamped"},
+                          "ctc_loss": {"padded-mean", "padded-sum", "padded-none", "concatenated", "infeasible",
+                                       "zero-infinity", "unbatched"},
+                          "embedding_bag": {"freq"}}
 # cholesky_solve and cholesky_inverse differentiate the factor as a full matrix (torch's formulas), though only its
 # triangle is read.
 CONVENTIONAL_GRADIENTS.update({"cholesky_solve": {"lower", "upper-broadcast"}, "cholesky_inverse": {"", "upper"}})

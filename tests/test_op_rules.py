@@ -14,7 +14,7 @@ from tilewise.ops.registry import _FORMULA_NAMESPACE, OPS
 # operators whose behaviour is random or creates tensors from sizes: tested in test_creation_random.py
 NOT_IN_TABLE = {"full", "empty", "arange", "linspace", "eye", "_to_copy", "_write_", "uniform", "normal_sample",
                 "randint", "bernoulli", "randperm", "multinomial", "view_scatter_add", "view_scatter", "rsub", "rdiv",
-                "rpow", "rmatmul", "gelu_backward", "dropout", "index.Tensor"}
+                "rpow", "rmatmul", "gelu_backward", "dropout", "index.Tensor", "gumbel_softmax"}
 
 
 def _ids(ops):

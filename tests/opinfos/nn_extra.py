@@ -164,7 +164,8 @@ def _shrink():
 
 
 def _softmin():
-    return [Sample((T((3, 4)), 1)), Sample((T((3, 4)), 0), {"dtype": None}, name="dim0")]
+    return [Sample((T((3, 4)), 1)), Sample((T((3, 4)), 0), {"dtype": None}, name="dim0"),
+            Sample((T(()), -1), name="0d")]
 
 
 def _prelu():
@@ -221,10 +222,13 @@ class FixedTargetsOpInfo(OpInfo):
     def resolve(self, module, functional):
         fn = getattr(functional, self.name)
 
-        def convert(value):
-            return module.tensor(value.value, dtype=module.int64) if isinstance(value, Fixed) else value
-
         def call(*args, **kwargs):
+            device = next((a.device for a in (*args, *kwargs.values()) if isinstance(a, module.Tensor)), None)
+
+            def convert(value):
+                return module.tensor(value.value, dtype=module.int64, device=device) if isinstance(value, Fixed) \
+                    else value
+
             return fn(*[convert(a) for a in args], **{k: convert(v) for k, v in kwargs.items()})
 
         return call

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import tilewise as _tw  # noqa: F401 — loads every declaration before the names are gathered
 from tilewise.ops.inplace import make_inplace
+from tilewise.ops.nn_linear_cross_entropy import linear_cross_entropy  # noqa: F401 — takes an options object
 from tilewise.ops.nn_margin_losses import triplet_margin_with_distance_loss  # noqa: F401 — takes a callable
+from tilewise.ops.nn_multi_head_attention import multi_head_attention_forward  # noqa: F401 — returns optional weights
 from tilewise.ops.registry import OVERLOADS, public_function
 
 _NN_OPS = ("relu", "relu6", "leaky_relu", "threshold", "hardtanh", "gelu", "silu", "mish", "softplus", "hardswish",

@@ -42,8 +42,6 @@ pointwise("hardshrink(Tensor self, Scalar lambd=0.5) -> Tensor",
           R.floating_only, inplace=False, functional=True)
 pointwise("_softshrink(Tensor self, Scalar lambd) -> Tensor", _softshrink_expr, {"self": _OUTSIDE},
           R.floating_only, public=False, method=False)
-pointwise("tanhshrink(Tensor self) -> Tensor", lambda x: x - x.tanh(), {"self": "grad * tanh(self) ** 2"},
-          R.floating_only, method=False, function=False, functional=True)
 
 
 def _softshrink(input, lambd=0.5):
@@ -54,6 +52,8 @@ def _softshrink(input, lambd=0.5):
 
 
 functional("softshrink(Tensor input, Scalar lambd=0.5) -> Tensor", _softshrink, function=False)
+# torch's own definition (a Python function): its backward keeps tanh's output, not the input
+functional("tanhshrink(Tensor input) -> Tensor", lambda input: input - input.tanh(), function=False)
 
 
 # ---------------------------------------------------------------------------- gating, softmin, prelu
@@ -76,6 +76,9 @@ def implicit_softmax_dim(op: str, ndim: int) -> int:
 
 def _softmin(input, dim=None, _stacklevel=3, dtype=None):
     dim = implicit_softmax_dim("softmin", input.ndim) if dim is None else dim
+    if input.ndim == 0:  # softmax reduces a 0-d tensor over dim 0 as over one element
+        S.normalize_dim(dim, 1, "softmin")
+        return call_public("softmax", -input.reshape(1), 0, dtype).reshape(())
     return call_public("softmax", -input, dim, dtype)
 
 
@@ -191,6 +194,10 @@ functional("gumbel_softmax(Tensor logits, float tau=1.0, bool hard=False, float 
 # ---------------------------------------------------------------------------- bilinear
 
 def _check_bilinear(input1, input2, weight, bias) -> None:
+    if not (input1.dtype is input2.dtype is weight.dtype) or (bias is not None and bias.dtype is not weight.dtype):
+        names = [f"{n}: {t.dtype}" for n, t in (("input1", input1), ("input2", input2), ("weight", weight),
+                                                 ("bias", bias)) if t is not None]
+        raise RuntimeError(f"All tensors must have the same dtype, got {', '.join(names)}")
     if input1.ndim != input2.ndim:
         raise RuntimeError(f"bilinear(): input dimensions do not match: got {input1.ndim} and {input2.ndim}")
     for d in range(input1.ndim - 1):
@@ -227,19 +234,20 @@ functional("bilinear(Tensor input1, Tensor input2, Tensor weight, Tensor? bias=N
 
 # ---------------------------------------------------------------------------- local response normalization
 
-def _channel_window_sum(squares, before: int, after: int):
-    """Sum over channels c - before .. c + after (dim 1), zero beyond the ends."""
+def _channel_window_sum(t, low: int, high: int):
+    """Sum over channels c + low .. c + high (dim 1) at each channel c, zero beyond the ends."""
     from tilewise.ops.creation import zeros
     from tilewise.ops.registry import call
 
-    shape = list(squares.shape)
+    shape = list(t.shape)
     channels = shape[1]
-    pad_before = zeros(tuple([shape[0], before] + shape[2:]), dtype=squares.dtype, device=squares.device)
-    pad_after = zeros(tuple([shape[0], after] + shape[2:]), dtype=squares.dtype, device=squares.device)
-    padded = call("cat", [pad_before, squares, pad_after], 1)
-    total = padded.narrow(1, 0, channels)
-    for k in range(1, before + after + 1):
-        total = total + padded.narrow(1, k, channels)
+    before, after = max(0, -low), max(0, high)
+    pad_before = zeros(tuple([shape[0], before] + shape[2:]), dtype=t.dtype, device=t.device)
+    pad_after = zeros(tuple([shape[0], after] + shape[2:]), dtype=t.dtype, device=t.device)
+    padded = call("cat", [pad_before, t, pad_after], 1)
+    total = padded.narrow(1, before + low, channels)
+    for offset in range(low + 1, high + 1):
+        total = total + padded.narrow(1, before + offset, channels)
     return total
 
 
@@ -248,15 +256,14 @@ def _local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
         raise ValueError(f"Expected 3D or higher dimensionality input (got {input.ndim} dimensions)")
     if input.numel() == 0:
         return input
-    window = _channel_window_sum(input * input, size // 2, (size - 1) // 2)
+    window = _channel_window_sum(input * input, -(size // 2), (size - 1) // 2)
     return input / (window / size * alpha + k) ** beta
 
 
-def _cross_map_lrn2d(input, size, alpha=1e-4, beta=0.75, k=1.0):
-    """torch's legacy CrossMapLRN2d forward, quirk included: its running window adds the channel entering and
-    removes the one leaving only from channel ``pre_pad + 1`` on, so channel 0 stays in every window."""
-    if input.ndim != 4:
-        raise ValueError(f"CrossMapLRN2d: Expected input to be 4D, got {input.ndim}D instead.")
+def _cross_map_scale(input, size, alpha, k):
+    """torch's legacy CrossMapLRN2d denominator (before the power), quirk included: its running window adds the
+    channel entering and removes the one leaving only from channel ``pre_pad + 1`` on, so channel 0 stays in
+    every window."""
     from tilewise.dtypes import int64
     from tilewise.tensor import tensor
 
@@ -265,14 +272,32 @@ def _cross_map_lrn2d(input, size, alpha=1e-4, beta=0.75, k=1.0):
     prefix = (input * input).cumsum(1)
     upper = tensor([min(c + pre_pad - 1, channels - 1) for c in range(channels)], dtype=int64, device=input.device)
     lower = tensor([max(c - pre_pad, 0) for c in range(channels)], dtype=int64, device=input.device)
-    scale = prefix.index_select(1, upper) - (prefix.index_select(1, lower) - prefix.narrow(1, 0, 1))
-    return input * (scale * (alpha / size) + k) ** -beta
+    squares = prefix.index_select(1, upper) - (prefix.index_select(1, lower) - prefix.narrow(1, 0, 1))
+    return squares * (alpha / size) + k
+
+
+def _cross_map_lrn2d(input, size, alpha=1e-4, beta=0.75, k=1.0):
+    if input.ndim != 4:
+        raise ValueError(f"CrossMapLRN2d: Expected input to be 4D, got {input.ndim}D instead.")
+    return input * _cross_map_scale(input, size, alpha, k) ** -beta
+
+
+def _cross_map_lrn2d_backward(grad, input, output, size, alpha, beta, k):
+    """torch's legacy backward, which is not the derivative of its forward: it sums ``grad * output / scale``
+    over a window of its own (channels c - (size - (size - 1) / 2) onwards, size of them)."""
+    scale = _cross_map_scale(input, size, alpha, k)
+    first = int(size - (size - 1) / 2)
+    ratio = _channel_window_sum(grad * output / scale, -first, size - 1 - first)
+    return scale ** -beta * grad - (2 * alpha * beta / size) * input * ratio
 
 
 functional("local_response_norm(Tensor input, int size, float alpha=0.0001, float beta=0.75, float k=1.0) -> Tensor",
            _local_response_norm, function=False, autocast="fp32")
 private("_cross_map_lrn2d(Tensor input, int size, float alpha=0.0001, float beta=0.75, float k=1.0) -> Tensor",
-        _cross_map_lrn2d, autocast="fp32")
+        _cross_map_lrn2d, {"input": "OPS['_cross_map_lrn2d_backward'](grad, input, result, size, alpha, beta, k)"},
+        autocast="fp32")
+private("_cross_map_lrn2d_backward(Tensor grad, Tensor input, Tensor output, int size, float alpha, float beta, "
+        "float k) -> Tensor", _cross_map_lrn2d_backward)
 
 
 # ---------------------------------------------------------------------------- channel shuffle

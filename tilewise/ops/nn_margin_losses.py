@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from tilewise import _strides as S
-from tilewise.ops.nn_functional import call_public, concrete_cpu, functional, where
+from tilewise.ops.nn_functional import call_public, concrete_cpu, functional, private, where
 from tilewise.ops.nn_losses import _reduce, _reduction_mode
 
 _COSINE_EPSILON = 1e-12  # aten's EPSILON in cosine_embedding_loss
@@ -64,7 +64,16 @@ def _margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, 
 
 def _soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     reduction = _reduction_mode("soft_margin_loss", reduction, size_average, reduce)
-    return _reduce((-input * target).exp().log1p(), reduction)
+    from tilewise.ops.registry import OPS
+
+    return _reduce(OPS["_soft_margin"](input, target), reduction)
+
+
+# log(1 + exp(-input * target)) per element, its derivative written out so that backward keeps input and target
+# (as torch's does: changing either in place before backward is an error)
+private("_soft_margin(Tensor input, Tensor target) -> Tensor", lambda input, target: (-(input * target)).exp().log1p(),
+        {"input": "grad * -target * sigmoid(-(input * target))",
+         "target": "grad * -input * sigmoid(-(input * target))"})
 
 
 functional("cosine_embedding_loss(Tensor input1, Tensor input2, Tensor target, float margin=0.0, "
@@ -131,7 +140,8 @@ def _multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average
     _check_targets_in_range(target, 0, classes, "target out of range")
     x = input.reshape(frames, classes)
     t = target.reshape(frames, 1)
-    safe = t.clamp(0, classes - 1)  # a traced target is not checked: keep the gather in bounds
+    # the gather keeps the target (as torch does) where it was checked; an unchecked one is kept in bounds
+    safe = t if concrete_cpu(target) else t.clamp(0, classes - 1)
     z = margin - x.gather(1, safe) + x
     z = where(_class_positions(classes, x.device) != t, _zero_where_not_positive(z), 0.0)
     terms = z * z if p == 2 else z

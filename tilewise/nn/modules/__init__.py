@@ -53,6 +53,7 @@ from tilewise.nn.modules.lazy import (
     LazyModuleMixin,
 )
 from tilewise.nn.modules.linear import Bilinear, Flatten, Identity, Linear, Unflatten
+from tilewise.nn.modules.linear_cross_entropy import LinearCrossEntropyLoss, LinearCrossEntropyOptions
 from tilewise.nn.modules.local_response import CrossMapLRN2d, LocalResponseNorm
 from tilewise.nn.modules.loss import (
     BCELoss,
@@ -310,4 +311,6 @@ __all__ = [
     "Transformer",
     "TransformerDecoderLayer",
     "TransformerDecoder",
+    "LinearCrossEntropyLoss",
+    "LinearCrossEntropyOptions",
 ]

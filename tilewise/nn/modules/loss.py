@@ -123,6 +123,14 @@ def _legacy_reduction(size_average, reduce, reduction: str) -> str:
 class NLLLoss2d(NLLLoss):
     """torch's deprecated name for NLLLoss over (N, C, H, W) inputs; NLLLoss takes those itself."""
 
+    def __init__(self, weight: Tensor | None = None, size_average=None, ignore_index: int = -100, reduce=None,
+                 reduction: str = "mean") -> None:
+        import warnings
+
+        warnings.warn("`NLLLoss2d` has been deprecated. Please use `NLLLoss` instead as a drop-in replacement.",
+                      FutureWarning, stacklevel=2)
+        super().__init__(weight, ignore_index, _legacy_reduction(size_average, reduce, reduction))
+
 
 class _MarginLoss(_Loss):
     def __init__(self, margin: float, size_average=None, reduce=None, reduction: str = "mean") -> None:
