@@ -580,6 +580,18 @@ def test_lstm_under_bfloat16_autocast_runs_in_bfloat16_like_torch_on_cuda():
 
 # ---------------------------------------------------------------- compiled training steps
 
+def _training_step(model, opt):
+    def step(x):
+        out, _ = model(x)
+        loss = (out * out).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
 @pytest.mark.parametrize("make", [lambda nn: nn.LSTM(4, 5, 2, bidirectional=True), lambda nn: nn.GRU(4, 5),
                                   lambda nn: nn.RNN(4, 5, batch_first=True)], ids=["lstm", "gru", "rnn"])
 def test_compiled_training_step_matches_eager_and_compiles_once(make):
@@ -591,16 +603,7 @@ def test_compiled_training_step_matches_eager_and_compiles_once(make):
     for compile_it in (False, True):
         tw.manual_seed(0)
         model = make(tw.nn)
-        opt = tw.optim.SGD(model.parameters(), lr=0.1)
-
-        def step(x):
-            out, _ = model(x)
-            loss = (out * out).sum()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss.detach()
-
+        step = _training_step(model, tw.optim.SGD(model.parameters(), lr=0.1))
         run = tw.compile(step) if compile_it else step
         losses.append([float(run(x)) for _ in range(3)])
         weights.append({k: v.detach().numpy().copy() for k, v in model.state_dict().items()})
@@ -609,3 +612,12 @@ def test_compiled_training_step_matches_eager_and_compiles_once(make):
     for k in weights[0]:
         np.testing.assert_allclose(weights[1][k], weights[0][k], rtol=1e-5, atol=1e-6, err_msg=k)
     assert compiled.eager_reason is None and len(compiled.variants) == 1
+
+
+@pytest.mark.parametrize("module", ["tilewise.nn.modules.rnn", "tilewise.nn.utils.rnn"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0

@@ -91,10 +91,10 @@ _variants: dict = {}  # key -> the one variant of _programs[key], for calls whos
 # A compiled program is specialised on each tensor's offset into its storage, so a composite called on the
 # slices of one tensor (a recurrent layer's cell on the input projection of each time step) would compile once
 # per slice. Below the dispatcher a slice is only memory to read, so it is handed to the program as a tensor of
-# its own: a storage window from its first element to its last (kept alive with the storage it lies in), so the
-# first slice and the others look alike to the program too. Windows start
-# 16-byte aligned, as allocations do, so a program's vector loads fit them; a slice that does not start so keeps
-# its offset (and its own program).
+# its own: a storage window from its first element to its last, kept alive with the storage it lies in (the
+# first slice, at offset 0 of a larger storage, is windowed too, so every slice has one signature). Windows
+# start 16-byte aligned, as allocations do, so a program's vector loads fit them; a slice that does not start
+# so keeps its offset (and its own program).
 class Window:
     """Device memory inside another storage's allocation."""
 
