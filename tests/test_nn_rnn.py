@@ -520,6 +520,49 @@ def test_cells_run_as_one_program_per_shape_on_every_time_step():
         _close(got, want, atol=1e-6)
     key = (STATE.grad_enabled, *fused._key(gru_backward, args))
     assert sum(p.kernel_count for p in fused._programs[key].programs()) == 1
+    # slices that do not start on a 16-byte boundary (9 floats a step): one program per distinct misalignment
+    projection, h = tw.randn(12, 9), tw.randn(1, 3)
+    before = sum(1 for (_, o, _) in fused._programs if o is gru)
+    for t in range(12):
+        gates = projection[t:t + 1]
+        _close(fused.run_fused(gru, (gates, gates, h)), gru.decomposition(gates, gates, h), atol=1e-6)
+    assert sum(1 for (_, o, _) in fused._programs if o is gru) - before <= 4
+
+
+@pytest.fixture
+def cells_fused_on_cpu(monkeypatch):
+    """The CPU backend running the recurrent cells as CUDA does: through fused.run_fused (with the C target)."""
+    import types
+
+    from tilewise import dispatch
+    from tilewise.backends import cpu
+    from tilewise.backends.cuda import fused
+
+    calls = []
+
+    def run(op, args, device):
+        if op.name.startswith(("_lstm_cell", "_gru_cell")):
+            out = fused.run_fused(op, args)
+            if out is not None:
+                calls.append(op.name)
+                return out
+        return cpu.run(op, args, device)
+
+    monkeypatch.setitem(dispatch.BACKENDS, "cpu", types.SimpleNamespace(run=run))
+    return calls
+
+
+@pytest.mark.parametrize("case", ["lstm-2layer-bidir", "lstm-proj", "gru-2layer-bidir-batch-first"])
+def test_layers_with_fused_cells_match_torch(case, cells_fused_on_cpu):
+    make, shape, states = LAYER_CASES[case]
+    _check_layer(make, shape, states)
+    assert cells_fused_on_cpu, "no cell ran fused"
+
+
+def test_packed_layer_with_fused_cells_matches_torch(cells_fused_on_cpu):
+    test_packed_sequence_through_layer_matches_torch("lstm-unsorted-bidir-2layer", True)
+    test_packed_sequence_through_layer_matches_torch("gru-unsorted-bidir", True)
+    assert {"_lstm_cell", "_lstm_cell_backward", "_gru_cell", "_gru_cell_backward"} <= set(cells_fused_on_cpu)
 
 
 # ---------------------------------------------------------------- CUDA
