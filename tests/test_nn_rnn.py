@@ -302,6 +302,7 @@ ERROR_CASES = {
     "lstm-hx-dims-unbatched": (lambda nn: nn.LSTM(3, 4), lambda lib, m: m(_t(lib, 5, 3), (_t(lib, 1, 1, 4),
                                                                                           _t(lib, 1, 4)))),
     "dtype": (lambda nn: nn.LSTM(3, 4), lambda lib, m: m(_t(lib, 5, 2, 3, dtype=lib.float64))),
+    "empty-sequence": (lambda nn: nn.GRU(3, 4, batch_first=True), lambda lib, m: m(_t(lib, 2, 0, 3))),
     "cell-input-3d": (lambda nn: nn.LSTMCell(3, 4), lambda lib, m: m(_t(lib, 1, 2, 3))),
     "cell-hx-3d": (lambda nn: nn.GRUCell(3, 4), lambda lib, m: m(_t(lib, 2, 3), _t(lib, 1, 2, 4))),
     "lstm-cell-hx-3d": (lambda nn: nn.LSTMCell(3, 4), lambda lib, m: m(_t(lib, 2, 3), (_t(lib, 2, 4),
@@ -697,3 +698,7 @@ def test_lstm_training_step_lowers_to_cuda_kernels_that_compile():
         assert f".entry {name}" in compile_cached(source, name, "sm_90").ptx
     cells = [k for k in low.kernels.values() if "sigmoid" in low.sources[k.name] or "tanh" in low.sources[k.name]]
     assert len(cells) == 2 * 3 * 2, f"{len(cells)} kernels with gate arithmetic for 2 layers x 3 steps x 2 ways"
+
+
+def test_empty_batch_matches_torch():
+    _check_layer(lambda nn: nn.LSTM(3, 4, 2, bidirectional=True), (5, 0, 3))

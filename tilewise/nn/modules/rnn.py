@@ -333,6 +333,8 @@ class RNNBase(Module):
             return _run_layers(self, input, batch_sizes.tolist(), hx, cx)
         steps_first = input.transpose(0, 1) if self.batch_first else input
         steps, batch = steps_first.shape[:2]
+        if steps == 0:
+            raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
         rows = steps_first.reshape(steps * batch, steps_first.shape[2])
         out, h_n, c_n = _run_layers(self, rows, [batch] * steps, hx, cx)
         out = out.view(steps, batch, out.shape[-1])
