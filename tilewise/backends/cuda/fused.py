@@ -95,7 +95,8 @@ _variants: dict = {}  # key -> the one variant of _programs[key], for calls whos
 # alive with the storage it lies in. Allocations start on such boundaries, so the window keeps the slice's
 # alignment (a program's vector loads depend on it) and its offset is one of at most 16 / itemsize values:
 # the slices of every step share one program, or a few. The first slice, at offset 0 of a larger storage, is
-# windowed too, so that it looks like the others.
+# windowed too, so that it looks like the others. (Fused composites only read their arguments; a program writing
+# one would bump the window's version counter, not the storage's.)
 class Window:
     """Device memory inside another storage's allocation."""
 
