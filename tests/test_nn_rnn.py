@@ -704,3 +704,23 @@ def test_lstm_training_step_lowers_to_cuda_kernels_that_compile():
 
 def test_empty_batch_matches_torch():
     _check_layer(lambda nn: nn.LSTM(3, 4, 2, bidirectional=True), (5, 0, 3))
+
+
+@pytest.mark.parametrize("make", [lambda nn: nn.LSTM(3, 4, 2), lambda nn: nn.RNN(3, 4, bidirectional=True),
+                                  lambda nn: nn.GRU(3, 4)], ids=["lstm", "rnn", "gru"])
+def test_double_backward_matches_torch(make):
+    """Gradients taken with create_graph and differentiated again (a gradient penalty), as torch's CPU kernels
+    allow: W_hh's one-product gradient differentiates through the states it read."""
+    ours, ref = _pair(make, dtype=torch.float64)
+    x = np.random.default_rng(0).uniform(-1, 1, size=(4, 2, 3))
+    results = []
+    for lib, model in ((tw, ours), (torch, ref)):
+        xi = _leaf(x, lib)
+        out = model(xi)[0]
+        params = list(model.parameters())
+        grads = lib.autograd.grad((out * out).sum(), [xi, *params], create_graph=True)
+        penalty = sum((g * g).sum() for g in grads)
+        penalty.backward()
+        results.append([xi.grad, *[p.grad for p in params]])
+    for k, (a, b) in enumerate(zip(*results)):
+        _close(a, b, f"second-order gradient {k}", rtol=1e-7, atol=1e-9)

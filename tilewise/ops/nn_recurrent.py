@@ -9,7 +9,9 @@ the gate arithmetic. Each cell here is that arithmetic, as one operator with an 
   * ``_gru_cell(input_gates, hidden_gates, hx) -> hy``: torch's GRU, whose new gate multiplies the reset gate by
     the hidden projection *with* its bias (``r * (W_hn h + b_hn)``), so ``hidden_gates`` carries ``b_hh``;
   * ``_split_steps(input, sizes)``: the projected inputs cut into per-step pieces whose backward is one ``cat``
-    (slicing each step out of the projection would add a whole projection-sized gradient per step).
+    (slicing each step out of the projection would add a whole projection-sized gradient per step);
+  * ``_rnn_hidden_projection(h, W_hh)``: a step's hidden projection, giving W_hh no gradient (a layer computes
+    it in one product, see nn/modules/rnn.py).
 Both cells and their backwards are composites of pointwise primitives; on CUDA each runs as one generated kernel
 (``backends/cuda/fused.py``), and in a compiled step likewise. The backwards return their gradients packed in one
 tensor (``_by_slot``) so that the one kernel writes them all. Arithmetic runs in float32 for half-precision
@@ -116,6 +118,10 @@ def _gru_cell_backward(grad, input_gates, hidden_gates, hx):
     return _by_slot([dr, dz, dn, dr, dz, dn * r, g * z]).to(input_gates.dtype)
 
 
+def _rnn_hidden_projection(input, weight):
+    return input.mm(weight.t())
+
+
 def _split_steps(input, sizes):
     if sum(sizes) != input.shape[0] or any(s < 0 for s in sizes):
         raise RuntimeError(f"_split_steps: step sizes {list(sizes)} must be non-negative and sum to the first "
@@ -135,4 +141,8 @@ _cell_op("_gru_cell(Tensor input_gates, Tensor hidden_gates, Tensor hx) -> Tenso
           "OPS['_gru_cell_backward'](grad, input_gates, hidden_gates, hx))"})
 _cell_op("_gru_cell_backward(Tensor grad, Tensor input_gates, Tensor hidden_gates, Tensor hx) -> Tensor",
          _gru_cell_backward)
+# A time step's hidden projection ``h @ W_hh^T`` that gives W_hh no gradient: a layer gives W_hh its gradient in
+# one product over all steps (nn/modules/rnn.py). Its input's gradient reads W_hh, so a second derivative does.
+_cell_op("_rnn_hidden_projection(Tensor input, Tensor weight) -> Tensor", _rnn_hidden_projection,
+         {"input": "grad.mm(weight)", "weight": None}, autocast="lower")
 _cell_op("_split_steps(Tensor input, int[] sizes) -> Tensor[]", _split_steps, {"input": "cat(grads, 0)"})
