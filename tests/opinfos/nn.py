@@ -288,6 +288,9 @@ OPINFOS += [
     OpInfo("_gru_cell", lambda: [Sample((T((3, 6)), T((3, 6)), T((3, 2)))), Sample((T((2, 3)), T((2, 3)), T((2, 1))),
                                                                                    name="one")],
            reference=_gru_cell_reference, covers=("_gru_cell_backward",)),
+    # W_hh gets its gradient elsewhere (one product over all steps): no gradient flows to it from here
+    OpInfo("_rnn_hidden_projection", lambda: [Sample((T((3, 4)), T((8, 4), grad=False)))],
+           reference=lambda torch, nnf: lambda h, w: h @ w.t()),
     OpInfo("_split_steps", lambda: [Sample((T((6, 4)), [3, 2, 1])), Sample((T((4, 2)), [2, 2]), name="even")],
            reference=lambda torch, nnf: lambda x, sizes: tuple(torch.split(x, sizes, 0))),
 ]

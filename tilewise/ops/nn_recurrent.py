@@ -9,26 +9,26 @@ the gate arithmetic. Each cell here is that arithmetic, as one operator with an 
   * ``_gru_cell(input_gates, hidden_gates, hx) -> hy``: torch's GRU, whose new gate multiplies the reset gate by
     the hidden projection *with* its bias (``r * (W_hn h + b_hn)``), so ``hidden_gates`` carries ``b_hh``;
   * ``_split_steps(input, sizes)``: the projected inputs cut into per-step pieces whose backward is one ``cat``
-    (slicing each step out of the projection would add a whole projection-sized gradient per step).
+    (slicing each step out of the projection would add a whole projection-sized gradient per step);
+  * ``_rnn_hidden_projection(h, W_hh)``: a step's hidden projection, giving W_hh no gradient (a layer computes
+    it in one product, see nn/modules/rnn.py).
 Both cells and their backwards are composites of pointwise primitives; on CUDA each runs as one generated kernel
-(``backends/cuda/fused.py``), so a step is a GEMM and one kernel each way. Arithmetic runs in float32 for
-half-precision gates, as cuDNN's does.
+(``backends/cuda/fused.py``), and in a compiled step likewise. The backwards return their gradients packed in one
+tensor (``_by_slot``) so that the one kernel writes them all. Arithmetic runs in float32 for half-precision
+gates, as cuDNN's does.
 """
 
 from __future__ import annotations
 
 from tilewise.dtypes import compute_dtype
-from tilewise.ops.registry import OPS, declare
+from tilewise.ops.creation import arange
+from tilewise.ops.registry import declare, public_function
 
 
 def _cell_op(schema: str, decomposition, grad: dict | None = None, **attrs):
     """A function of the tilewise namespace (``tw._lstm_cell``, as torch has ``torch._thnn_fused_lstm_cell``), not a
     Tensor method."""
     return declare(schema, "composite", decomposition=decomposition, grad=grad, method=False, **attrs)
-
-
-def _widened(*tensors):
-    return tuple(t.to(compute_dtype(t.dtype)) for t in tensors)
 
 
 def _check_gates(op: str, input_gates, hidden_gates, state, chunks: int) -> None:
@@ -40,14 +40,40 @@ def _check_gates(op: str, input_gates, hidden_gates, state, chunks: int) -> None
                                f"it must be [batch, {chunks} * hidden] = {list(expected)}")
 
 
-def _columns(pieces):
-    return OPS["cat"](pieces, 1)
+def _widened(t):
+    return t.to(compute_dtype(t.dtype))
 
 
-def _lstm_gates(input_gates, hidden_gates, cx):
-    ig, hg, c = _widened(input_gates, hidden_gates, cx)
-    i, f, g, o = (a + b for a, b in zip(ig.chunk(4, 1), hg.chunk(4, 1)))  # per gate: one fused nest of [B, H]
-    return i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid(), c
+# Operands are cut and broadcast before they are widened: in a compiled training step the forward's cell and the
+# backward's (which broadcasts to its packed shape) then share no widened value that would need its own kernel.
+def _chunk(t, k: int, chunks: int, slots: int):
+    """Chunk ``k`` of ``t``'s columns (``[B, chunks * H]``) as ``[B, H]``, or broadcast to ``[B, slots, H]``;
+    widened to the compute dtype."""
+    width = t.shape[1] // chunks
+    if not slots:
+        return _widened(t.narrow(1, k * width, width))
+    return _widened(t.reshape(t.shape[0], chunks, width)[:, k:k + 1].expand(t.shape[0], slots, width))
+
+
+def _state(t, slots: int):
+    return _widened(t.unsqueeze(1).expand(t.shape[0], slots, t.shape[1]) if slots else t)
+
+
+def _by_slot(values: list):
+    """``[B, len(values), H]`` holding each value (``[B, len(values), H]``, equal along dim 1) in its slot. A
+    backward returns its gradients packed so, as one tensor: its arithmetic runs on operands broadcast to the
+    packed shape, so the whole backward is one elementwise nest that writes every gradient once (separate
+    outputs joined by ``cat`` would be a copy per gradient after the kernel)."""
+    slot = arange(len(values), device=values[0].device).view(1, len(values), 1)
+    packed = values[-1]
+    for k in reversed(range(len(values) - 1)):
+        packed = public_function("where")(slot == k, values[k], packed)
+    return packed
+
+
+def _lstm_gates(input_gates, hidden_gates, cx, slots: int = 0):
+    i, f, g, o = (_chunk(input_gates, k, 4, slots) + _chunk(hidden_gates, k, 4, slots) for k in range(4))
+    return i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid(), _state(cx, slots)
 
 
 def _lstm_cell(input_gates, hidden_gates, cx):
@@ -59,22 +85,21 @@ def _lstm_cell(input_gates, hidden_gates, cx):
 
 
 def _lstm_cell_backward(grad_hy, grad_cy, input_gates, hidden_gates, cx):
-    """(gradient of the gates, gradient of cx); the gates' gradient is that of input_gates and hidden_gates."""
-    i, f, g, o, c = _lstm_gates(input_gates, hidden_gates, cx)
-    dh, dc = _widened(grad_hy, grad_cy)
+    """The gradients packed ``[B, 5, H]`` (see ``_by_slot``): slots 0-3 the gates' (those of input_gates and of
+    hidden_gates, flattened ``[B, 4H]``), slot 4 that of cx."""
+    i, f, g, o, c = _lstm_gates(input_gates, hidden_gates, cx, slots=5)
+    dh, dc = _state(grad_hy, 5), _state(grad_cy, 5)
     tanh_cy = (f * c + i * g).tanh()
     dc = dc + dh * o * (1 - tanh_cy * tanh_cy)
-    grad_gates = _columns([dc * g * i * (1 - i), dc * c * f * (1 - f), dc * i * (1 - g * g),
-                           dh * tanh_cy * o * (1 - o)])
-    return grad_gates.to(input_gates.dtype), (dc * f).to(cx.dtype)
+    return _by_slot([dc * g * i * (1 - i), dc * c * f * (1 - f), dc * i * (1 - g * g), dh * tanh_cy * o * (1 - o),
+                     dc * f]).to(input_gates.dtype)
 
 
-def _gru_gates(input_gates, hidden_gates, hx):
-    ig, hg, h = _widened(input_gates, hidden_gates, hx)
-    ir, iz, in_ = ig.chunk(3, 1)
-    hr, hz, hn = hg.chunk(3, 1)
+def _gru_gates(input_gates, hidden_gates, hx, slots: int = 0):
+    ir, iz, in_ = (_chunk(input_gates, k, 3, slots) for k in range(3))
+    hr, hz, hn = (_chunk(hidden_gates, k, 3, slots) for k in range(3))
     r, z = (ir + hr).sigmoid(), (iz + hz).sigmoid()
-    return r, z, (in_ + r * hn).tanh(), hn, h
+    return r, z, (in_ + r * hn).tanh(), hn, _state(hx, slots)
 
 
 def _gru_cell(input_gates, hidden_gates, hx):
@@ -84,15 +109,17 @@ def _gru_cell(input_gates, hidden_gates, hx):
 
 
 def _gru_cell_backward(grad, input_gates, hidden_gates, hx):
-    """Gradients of input_gates, hidden_gates and hx."""
-    r, z, n, hn, h = _gru_gates(input_gates, hidden_gates, hx)
-    (g,) = _widened(grad)
+    """The gradients packed ``[B, 7, H]`` (see ``_by_slot``): slots 0-2 input_gates', 3-5 hidden_gates', 6 hx's."""
+    r, z, n, hn, h = _gru_gates(input_gates, hidden_gates, hx, slots=7)
+    g = _state(grad, 7)
     dn = g * (1 - z) * (1 - n * n)
     dr = dn * hn * r * (1 - r)
     dz = g * (h - n) * z * (1 - z)
-    grad_input = _columns([dr, dz, dn]).to(input_gates.dtype)
-    grad_hidden = _columns([dr, dz, dn * r]).to(hidden_gates.dtype)
-    return grad_input, grad_hidden, (g * z).to(hx.dtype)
+    return _by_slot([dr, dz, dn, dr, dz, dn * r, g * z]).to(input_gates.dtype)
+
+
+def _rnn_hidden_projection(input, weight):
+    return input.mm(weight.t())
 
 
 def _split_steps(input, sizes):
@@ -104,12 +131,18 @@ def _split_steps(input, sizes):
 
 _cell_op("_lstm_cell(Tensor input_gates, Tensor hidden_gates, Tensor cx) -> (Tensor, Tensor)", _lstm_cell,
          {"input_gates, hidden_gates, cx":
-          "(lambda g: (g[0], g[0], g[1]))(OPS['_lstm_cell_backward'](grads[0], grads[1], input_gates, hidden_gates, "
-          "cx))"})
+          "(lambda p: (p[:, :4].flatten(1), p[:, :4].flatten(1), p[:, 4].to(cx.dtype)))("
+          "OPS['_lstm_cell_backward'](grads[0], grads[1], input_gates, hidden_gates, cx))"})
 _cell_op("_lstm_cell_backward(Tensor grad_hy, Tensor grad_cy, Tensor input_gates, Tensor hidden_gates, Tensor cx) "
-         "-> (Tensor, Tensor)", _lstm_cell_backward)
+         "-> Tensor", _lstm_cell_backward)
 _cell_op("_gru_cell(Tensor input_gates, Tensor hidden_gates, Tensor hx) -> Tensor", _gru_cell,
-         {"input_gates, hidden_gates, hx": "OPS['_gru_cell_backward'](grad, input_gates, hidden_gates, hx)"})
-_cell_op("_gru_cell_backward(Tensor grad, Tensor input_gates, Tensor hidden_gates, Tensor hx) "
-         "-> (Tensor, Tensor, Tensor)", _gru_cell_backward)
+         {"input_gates, hidden_gates, hx":
+          "(lambda p: (p[:, :3].flatten(1), p[:, 3:6].flatten(1).to(hidden_gates.dtype), p[:, 6].to(hx.dtype)))("
+          "OPS['_gru_cell_backward'](grad, input_gates, hidden_gates, hx))"})
+_cell_op("_gru_cell_backward(Tensor grad, Tensor input_gates, Tensor hidden_gates, Tensor hx) -> Tensor",
+         _gru_cell_backward)
+# A time step's hidden projection ``h @ W_hh^T`` that gives W_hh no gradient: a layer gives W_hh its gradient in
+# one product over all steps (nn/modules/rnn.py). Its input's gradient reads W_hh, so a second derivative does.
+_cell_op("_rnn_hidden_projection(Tensor input, Tensor weight) -> Tensor", _rnn_hidden_projection,
+         {"input": "grad.mm(weight)", "weight": None}, autocast="lower")
 _cell_op("_split_steps(Tensor input, int[] sizes) -> Tensor[]", _split_steps, {"input": "cat(grads, 0)"})

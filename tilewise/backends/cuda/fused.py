@@ -91,10 +91,12 @@ _variants: dict = {}  # key -> the one variant of _programs[key], for calls whos
 # A compiled program is specialised on each tensor's offset into its storage, so a composite called on the
 # slices of one tensor (a recurrent layer's cell on the input projection of each time step) would compile once
 # per slice. Below the dispatcher a slice is only memory to read, so it is handed to the program as a tensor of
-# its own: a storage window from its first element to its last (kept alive with the storage it lies in), so the
-# first slice and the others look alike to the program too. Windows start
-# 16-byte aligned, as allocations do, so a program's vector loads fit them; a slice that does not start so keeps
-# its offset (and its own program).
+# its own: a storage window from the 16-byte boundary at or before its first element to its last element, kept
+# alive with the storage it lies in. Allocations start on such boundaries, so the window keeps the slice's
+# alignment (a program's vector loads depend on it) and its offset is one of at most 16 / itemsize values:
+# the slices of every step share one program, or a few. The first slice, at offset 0 of a larger storage, is
+# windowed too, so that it looks like the others. (Fused composites only read their arguments; a program writing
+# one would bump the window's version counter, not the storage's.)
 class Window:
     """Device memory inside another storage's allocation."""
 
@@ -105,17 +107,20 @@ class Window:
 
 
 def rebased(t: Tensor) -> Tensor:
-    """``t`` over a storage window that starts at its first element (see the note), where alignment allows."""
-    start, itemsize = t._offset, t._dtype.itemsize
+    """``t`` over a storage window that starts at the 16-byte boundary at or before its first element and ends at
+    its last (see the note)."""
+    itemsize = t._dtype.itemsize
     span = 1 + sum((n - 1) * s for n, s in zip(t._shape, t._strides)) if S.numel(t._shape) else 0
-    if (start == 0 and span == t._storage.size) or start * itemsize % 16 or any(s < 0 for s in t._strides):
+    if (t._offset == 0 and span == t._storage.size) or any(s < 0 for s in t._strides) or 16 % itemsize:
         return t
+    lead = t._offset % (16 // itemsize)  # elements between the boundary and the first element
+    start, size = t._offset - lead, lead + span
     base = t._storage.data
     if t._device.type == "cpu":  # the C target's programs (tests run the mechanism there): a numpy view
-        window = base[start:start + span]
+        window = base[start:start + size]
     else:
-        window = Window(base, base.ptr + start * itemsize, span * itemsize)
-    return Tensor._make(Storage(window, t._device, t._dtype, span), t._shape, t._strides, 0, t._dtype, t._device)
+        window = Window(base, base.ptr + start * itemsize, size * itemsize)
+    return Tensor._make(Storage(window, t._device, t._dtype, size), t._shape, t._strides, lead, t._dtype, t._device)
 
 
 def _compile(op, args: tuple):

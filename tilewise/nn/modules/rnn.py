@@ -20,6 +20,7 @@ import warnings
 from tilewise.amp.autocast_mode import cast_to, get_autocast_dtype, is_autocast_enabled
 from tilewise.autograd.function import Function
 from tilewise.autograd.grad_mode import is_grad_enabled
+from tilewise.autograd.graph import SavedTensor
 from tilewise.nn import functional as F  # noqa: N812 — torch's spelling
 from tilewise.nn import init
 from tilewise.nn.modules.module import Module
@@ -38,21 +39,32 @@ _cat, _stack = public_function("cat"), public_function("stack")
 # ---------------------------------------------------------------- one time step of each kind
 
 
+# A step takes its input gates, the state (h, c) and ``project``, which makes the hidden gates from h.
+
+
 def _rnn_step(nonlinearity: str):
-    def step(input_gates, h, c, w_hh, b_hh, w_hr):
-        pre = input_gates + F.linear(h, w_hh)
+    def step(input_gates, h, c, project, w_hr):
+        pre = input_gates + project(h)
         return (pre.tanh() if nonlinearity == "tanh" else pre.relu()), None
 
     return step
 
 
-def _lstm_step(input_gates, h, c, w_hh, b_hh, w_hr):
-    hy, cy = OPS["_lstm_cell"](input_gates, F.linear(h, w_hh), c)
+def _lstm_step(input_gates, h, c, project, w_hr):
+    hy, cy = OPS["_lstm_cell"](input_gates, project(h), c)
     return (F.linear(hy, w_hr) if w_hr is not None else hy), cy
 
 
-def _gru_step(input_gates, h, c, w_hh, b_hh, w_hr):
-    return OPS["_gru_cell"](input_gates, F.linear(h, w_hh, b_hh), h), None
+def _gru_step(input_gates, h, c, project, w_hr):
+    return OPS["_gru_cell"](input_gates, project(h), h), None
+
+
+def _linear_projection(w_hh, b_hh):
+    return lambda h: F.linear(h, w_hh, b_hh)
+
+
+def _projection_without_weight_gradient(w_hh):
+    return lambda h: OPS["_rnn_hidden_projection"](h, w_hh)
 
 
 _STEPS = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN_TANH": _rnn_step("tanh"), "RNN_RELU": _rnn_step("relu")}
@@ -73,9 +85,10 @@ class _HiddenWeightGradient(Function):
     """[Note: the hidden weight's gradient in one product] Where the gate pre-activation is the sum of the input
     and hidden projections (LSTM, RNN), both get the same gradient, so the gradient of ``W_hh`` is
     ``sum_t grad(gates_t)^T h_{t-1}`` = ``grad(projection)^T @ [h_{t-1} of every step]``: one GEMM over all steps,
-    where autograd through each step's product would make a small GEMM and an accumulation per step. The loop
-    multiplies by a detached ``W_hh``, and this identity on the input projection gives ``W_hh`` its gradient from
-    the states the loop read, saved as it goes (``saved.ctx.save_for_backward``)."""
+    where autograd through each step's product would make a small GEMM and an accumulation per step. The loop's
+    products (``_rnn_hidden_projection``) give no gradient to ``W_hh``, and this identity on the input projection
+    gives it its gradient from the states the loop read, saved as it goes (``_saved_state``). Both stay
+    differentiable, so a backward with ``create_graph`` (a gradient penalty) is torch's."""
 
     @staticmethod
     def forward(ctx, projection, weight_hh, saved):
@@ -92,6 +105,15 @@ class _SavedStates:
     ctx = None
 
 
+def _saved_state(h: Tensor) -> SavedTensor:
+    """A state the loop read, saved for W_hh's gradient as its producer's output (holding the node weakly, as
+    autograd saves outputs): no reference cycle through the graph, and a backward with ``create_graph`` still
+    differentiates through it."""
+    if h.grad_fn is None:
+        return SavedTensor(h)
+    return SavedTensor(h, is_output=True, node=h.grad_fn, output_nr=h._output_nr, op_name=h.grad_fn.name())
+
+
 def _one_product_for_w_hh(mode: str, w_hh: Tensor) -> bool:
     return mode != "GRU" and is_grad_enabled() and w_hh.requires_grad
 
@@ -102,10 +124,11 @@ def _run_direction(mode: str, data: Tensor, sizes: list[int], h0: Tensor, c0, we
     w_ih, w_hh, b_ih, b_hh, w_hr = weights
     projection = F.linear(data, w_ih, _input_bias(mode, b_ih, b_hh))
     states_read = saved = None
+    project = _linear_projection(w_hh, b_hh if mode == "GRU" else None)
     if _one_product_for_w_hh(mode, w_hh):
         saved, states_read = _SavedStates(), [None] * len(sizes)
         projection = _HiddenWeightGradient.apply(projection, w_hh, saved)
-        w_hh = w_hh.detach().to(projection.dtype)  # cast once, not at every step's product
+        project = _projection_without_weight_gradient(w_hh)
     steps = OPS["_split_steps"](projection, sizes)
     step = _STEPS[mode]
     outputs = [None] * len(sizes)
@@ -121,11 +144,11 @@ def _run_direction(mode: str, data: Tensor, sizes: list[int], h0: Tensor, c0, we
             ended_c.append(c[sizes[t]:] if c is not None else None)
             h, c = h[:sizes[t]], (c[:sizes[t]] if c is not None else None)
         if states_read is not None:
-            states_read[t] = h.detach()
-        h, c = step(steps[t], h, c, w_hh, b_hh, w_hr)
+            states_read[t] = _saved_state(h)
+        h, c = step(steps[t], h, c, project, w_hr)
         outputs[t] = h
     if saved is not None:
-        saved.ctx.save_for_backward(*states_read)
+        saved.ctx._saved = tuple(states_read)
     if reverse:
         return _cat(outputs, 0), h, c
     h_n = _cat([h, *reversed(ended_h)], 0) if ended_h else h
@@ -333,6 +356,8 @@ class RNNBase(Module):
             return _run_layers(self, input, batch_sizes.tolist(), hx, cx)
         steps_first = input.transpose(0, 1) if self.batch_first else input
         steps, batch = steps_first.shape[:2]
+        if steps == 0:
+            raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
         rows = steps_first.reshape(steps * batch, steps_first.shape[2])
         out, h_n, c_n = _run_layers(self, rows, [batch] * steps, hx, cx)
         out = out.view(steps, batch, out.shape[-1])
@@ -542,8 +567,8 @@ class RNNCell(RNNCellBase):
         if self.nonlinearity not in ("tanh", "relu"):
             raise RuntimeError(f"Unknown nonlinearity: {self.nonlinearity}")
         self._check_cell(input, hx)
-        out, _ = _rnn_step(self.nonlinearity)(self._input_gates(input, _input_bias("RNN", self.bias_ih, self.bias_hh)),
-                                              hx, None, self.weight_hh, None, None)
+        input_gates = self._input_gates(input, _input_bias("RNN", self.bias_ih, self.bias_hh))
+        out, _ = _rnn_step(self.nonlinearity)(input_gates, hx, None, _linear_projection(self.weight_hh, None), None)
         return out if is_batched else out.squeeze(0)
 
 
@@ -566,7 +591,7 @@ class LSTMCell(RNNCellBase):
             h = c = self._zeros(input)
         self._check_cell(input, h, c)
         hy, cy = _lstm_step(self._input_gates(input, _input_bias("LSTM", self.bias_ih, self.bias_hh)), h, c,
-                            self.weight_hh, None, None)
+                            _linear_projection(self.weight_hh, None), None)
         return (hy, cy) if is_batched else (hy.squeeze(0), cy.squeeze(0))
 
 
@@ -585,5 +610,6 @@ class GRUCell(RNNCellBase):
         input, (hx,), is_batched = self._batched("GRUCell", input, (("hidden", hx),))
         hx = self._zeros(input) if hx is None else hx
         self._check_cell(input, hx)
-        hy, _ = _gru_step(self._input_gates(input, self.bias_ih), hx, None, self.weight_hh, self.bias_hh, None)
+        hy, _ = _gru_step(self._input_gates(input, self.bias_ih), hx, None,
+                          _linear_projection(self.weight_hh, self.bias_hh), None)
         return hy if is_batched else hy.squeeze(0)
