@@ -22,6 +22,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     pointwise,
     reductions,
     scans,
+    sets,
     shape,
     special,
     views,

@@ -38,3 +38,103 @@ def frexp(self):
     mantissa, exponent = np.frexp(self._np().astype(np.float32 if self.dtype.itemsize < 4 else self.dtype.np))
     return from_array(mantissa.astype(self.dtype.np), self.dtype), from_array(exponent.astype(np.int32),
                                                                               dtypes.int32)
+
+
+# ---------------------------------------------------------------- data-dependent sizes (ops/sets.py)
+def _moved(a: np.ndarray, dim: int | None) -> np.ndarray:
+    """The slices along ``dim`` as rows of a 2-d array (the elements themselves when ``dim`` is None)."""
+    if dim is None:
+        return a.reshape(-1, 1)
+    return np.moveaxis(a, dim, 0).reshape(a.shape[dim], -1)
+
+
+def _group_starts(rows: np.ndarray) -> np.ndarray:
+    """Where each run of equal consecutive rows begins (NaN equals nothing, as in torch)."""
+    if rows.shape[0] == 0:
+        return np.zeros(0, dtype=bool)
+    differs = np.ones(rows.shape[0], dtype=bool)
+    if rows.shape[1]:
+        differs[1:] = (rows[1:] != rows[:-1]).any(axis=1)
+    else:
+        differs[1:] = False
+    return differs
+
+
+@kernel("unique_dim")
+def unique_dim(self, sorted=True, return_inverse=False, return_counts=False, dim=None, consecutive=False):
+    a = self._np()
+    if dim is not None:
+        if a.ndim == 0:
+            raise IndexError(f"unique: Dimension out of range (expected to be in range of [-1, 0], but got {dim})")
+        dim = dim % a.ndim
+    rows = _moved(a, dim)
+    order = np.arange(rows.shape[0])
+    if not consecutive:
+        keys = rows.astype(np.float64) if a.dtype.kind == "V" or a.dtype.itemsize < 4 and a.dtype.kind == "f" else rows
+        order = np.lexsort(keys.T[::-1]) if rows.shape[1] else order
+    ordered = rows[order]
+    starts = _group_starts(ordered)
+    group = np.cumsum(starts) - 1
+    inverse = np.empty(rows.shape[0], dtype=np.int64)
+    inverse[order] = group
+    counts = np.diff(np.append(np.flatnonzero(starts), rows.shape[0])).astype(np.int64)
+    firsts = ordered[starts]
+    if dim is None:
+        values = firsts.reshape(-1)
+        inverse = inverse.reshape(a.shape)
+    else:
+        kept = tuple(n for k, n in enumerate(a.shape) if k != dim)
+        values = np.moveaxis(firsts.reshape((firsts.shape[0], *kept)), 0, dim)
+    return (from_array(np.ascontiguousarray(values), self.dtype), from_array(inverse, dtypes.int64),
+            from_array(counts, dtypes.int64))
+
+
+@kernel("bincount")
+def bincount(self, weights=None, minlength=0):
+    if self.dtype.is_floating_point:
+        raise NotImplementedError(f'"bincount_cpu" not implemented for \'{self.dtype.name}\'')
+    a = self._np()
+    if a.ndim != 1 or self.dtype is dtypes.bool_ or (a.size and a.min() < 0):
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if minlength < 0:
+        raise RuntimeError(f"minlength should be >= 0 (got {minlength})")
+    out, _ = OPS["bincount"].dtype_rule(OPS["bincount"], (self, weights, minlength))
+    if weights is not None and tuple(weights.shape) != tuple(self.shape):
+        raise RuntimeError(f"weights should be 1-d and have the same length as input (got weights of shape "
+                           f"{list(weights.shape)} for input of shape {list(self.shape)})")
+    w = None if weights is None else weights._np().astype(np.float64)
+    counts = np.bincount(a.astype(np.int64), weights=w, minlength=minlength)
+    return from_array(counts.astype(out.np), out)
+
+
+@kernel("histc")
+def histc(self, bins=100, min=0, max=0):
+    if not self.dtype.is_floating_point:
+        raise NotImplementedError(f'"histogram_cpu" not implemented for \'{self.dtype.name}\'')
+    if bins <= 0:
+        raise RuntimeError(f"torch.histc: bins must be > 0, but got {bins} for dimension 0")
+    a = self._np().astype(np.float64).reshape(-1)
+    lo, hi = float(min), float(max)
+    if lo == hi and a.size:
+        lo, hi = float(a.min()), float(a.max())
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    if lo > hi:
+        raise RuntimeError(f"torch.histc: max must be larger than min (got min {min}, max {max})")
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise RuntimeError(f"torch.histc: range of [{lo}, {hi}] is not finite")
+    inside = a[(a >= lo) & (a <= hi)]
+    position = np.minimum(((inside - lo) * bins / (hi - lo)).astype(np.int64), bins - 1)
+    return from_array(np.bincount(position, minlength=bins).astype(self.dtype.np), self.dtype)
+
+
+@kernel("logcumsumexp")
+def logcumsumexp(self, dim):
+    a = self._np()
+    work = a.astype(np.float32) if self.dtype.itemsize < 4 else a
+    if a.ndim == 0:
+        return from_array(a.copy(), self.dtype)
+    d = dim % a.ndim
+    with np.errstate(all="ignore"):
+        out = np.logaddexp.accumulate(work, axis=d) if a.size else work
+    return from_array(np.asarray(out).astype(self.dtype.np), self.dtype)
