@@ -137,3 +137,15 @@ def test_tuple_inside_index_tuple_assigns():
     t[(0, 1), (2, 0)] = 5.0
     x[(0, 1), (2, 0)] = 5.0
     same(x, t)
+
+
+def test_strided_write_backward_reads_a_gradient_slice_at_its_offset():
+    """pad writes its input into a filled tensor (view_scatter); cat hands that a slice of its gradient that
+    starts past the storage's first element."""
+    g = np.arange(6.0).reshape(3, 2)
+    grads = []
+    for lib, nnf in ((torch, torch.nn.functional), (tw, tw.nn.functional)):
+        a, b = lib.ones(2, 2, requires_grad=True), lib.ones(1, 2, requires_grad=True)
+        lib.cat([a * 1, nnf.pad(b, [0, 0])], 0).backward(lib.tensor(g, dtype=lib.float32))
+        grads.append(b.grad)
+    same(grads[1], grads[0])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from numbers import Number
 
 from tilewise.ops import (  # noqa: F401 — each module declares its operators on import
+    assemble,
     creation,
     indexing,
     linalg,
