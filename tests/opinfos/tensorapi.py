@@ -165,3 +165,46 @@ OPINFOS += [
                                         Sample((T((2, 3, 4)), T((4, 2)), 0, 0, 1))]),
     OpInfo("narrow_copy", lambda: [Sample((T((3, 6)), 1, 2, 3))]),
 ]
+
+# reductions into indexed positions, products with an added term, broadcasting and index arithmetic
+SCATTER_SAMPLES = [
+    (reduce, include_self)
+    for reduce in ("sum", "mean", "amax", "amin") for include_self in (True, False)
+]
+OPINFOS += [
+    OpInfo("scatter_reduce", lambda: [
+        Sample((T((3, 5), "distinct"), 1, T((3, 4), "index", high=5), T((3, 4), "distinct", dtype=None)), {
+            "reduce": r, "include_self": s}, name=f"{r}-{s}") for r, s in SCATTER_SAMPLES] + [
+        Sample((T((4, 3), "positive", 0.5, 2), 0, T((6, 3), "index", high=4), T((6, 3), "positive", 0.5, 2), "prod"),
+               name="prod-positive"),
+        Sample((T((4, 3), "positive", 0.5, 2), 0, T((6, 3), "index", high=4), T((6, 3), "positive", 0.5, 2), "prod"),
+               {"include_self": False}, name="prod-without-self")], covers=("scatter_reduce.two",)),
+    OpInfo("scatter_reduce", lambda: [
+        Sample((T((3, 5), "int", -9, 9), 1, T((3, 4), "index", high=5), T((3, 4), "int", -9, 9)),
+               {"reduce": r, "include_self": s}, name=f"int-{r}-{s}")
+        for r, s in [*SCATTER_SAMPLES, ("prod", True), ("prod", False)]],
+           grad=False, dtypes=("int64",)),
+    OpInfo("scatter_reduce", lambda: [Sample((T((3, 5), "distinct"), 1, T((3, 4), "index", high=5),
+                                              T((3, 4), "distinct"), "amax"))], call="method"),
+    OpInfo("index_reduce", lambda: [Sample((T((4, 3), "distinct"), 0, T((5,), "index", high=4),
+                                            T((5, 3), "distinct"), r), {"include_self": s}, name=f"{r}-{s}")
+                                    for r in ("mean", "amax", "amin") for s in (True, False)] + [
+        Sample((T((4, 3), "positive", 0.5, 2), 0, T((5,), "index", high=4), T((5, 3), "positive", 0.5, 2), "prod"),
+               name="prod")]),
+    OpInfo("put", lambda: [Sample((T((3, 4)), T((5,), "index", high=12), T((5,)))),
+                           Sample((T((3, 4)), T((2, 2), "index", high=12), T((4,)), True), name="accumulate")],
+           call="method", noncontiguous=False),
+    OpInfo("addmv", lambda: [Sample((T((3,)), T((3, 4)), T((4,)))),
+                             Sample((T((1,)), T((3, 4)), T((4,))), {"beta": 0.5, "alpha": 2.0}),
+                             Sample((T((3,)), T((3, 4)), T((4,))), {"beta": 0}, name="beta-0")]),
+    OpInfo("addr", lambda: [Sample((T((3, 4)), T((3,)), T((4,)))),
+                            Sample((T((4,)), T((3,)), T((4,))), {"beta": 2.0, "alpha": -1.0})]),
+    OpInfo("addbmm", lambda: [Sample((T((3, 5)), T((2, 3, 4)), T((2, 4, 5)))),
+                              Sample((T((5,)), T((2, 3, 4)), T((2, 4, 5))), {"beta": 0.5, "alpha": 2.0})]),
+    OpInfo("broadcast_tensors", lambda: [Sample((T((3, 1)), T((4,)), T(())))]),
+    OpInfo("unravel_index", lambda: [Sample((T((5,), "index", high=24), (2, 3, 4))),
+                                     Sample((T((2, 2), "int", -24, 23), (4, 6)), name="negative")],
+           grad=False, dtypes=("int64",)),
+    OpInfo("logspace", lambda: [Sample((0, 2, 5)), Sample((-1.5, 3, 7), {"base": 2.0}),
+                                Sample((0, 1, 4), {"dtype": None})], grad=False, dtypes=("float32",)),
+]

@@ -342,3 +342,44 @@ composite("diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, i
           _replacing_view(lambda t, offset, dim1, dim2: t.diagonal(offset, dim1, dim2)))
 composite("narrow_copy(Tensor self, int dim, int start, int length) -> Tensor",
           lambda self, dim, start, length: self.narrow(dim, start, length).clone())
+
+
+# ---------------------------------------------------------------- broadcasting, index arithmetic, log-spaced values
+def _broadcast_tensors(tensors):
+    shape = S.broadcast_shapes(*(tuple(t.shape) for t in tensors), op="broadcast_tensors")
+    return tuple(t.expand(shape) for t in tensors)
+
+
+def _unravel_index(indices, shape):
+    if indices.dtype.is_floating_point or indices.dtype is dtypes.bool_:
+        raise TypeError(f"expected 'indices' to be integer dtype, but got {indices.dtype.name}")
+    total = 1
+    for n in shape:
+        if n < 0:
+            raise ValueError(f"'shape' cannot have negative values, but got {tuple(shape)}")
+        total *= n
+    if indices.numel() and (bool((indices < -total).any()) or bool((indices >= total).any())):
+        raise ValueError(f"'indices' must be in range [{-total}, {total - 1}] for shape {tuple(shape)}")
+    flat = indices % total if total else indices
+    coords = []
+    for n in reversed(shape):
+        coords.append(flat % n)
+        flat = flat.div(n, rounding_mode="floor")
+    return tuple(reversed(coords))
+
+
+def _logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None,
+              requires_grad=False):
+    from tilewise.ops.creation import linspace
+
+    exponents = linspace(start, end, steps, dtype=dtypes.float64, device=device)
+    out = (base ** exponents).to(dtype or dtypes.get_default_dtype())
+    return out.requires_grad_(requires_grad) if requires_grad else out
+
+
+composite("broadcast_tensors(Tensor[] tensors) -> Tensor[]", _broadcast_tensors, method=False, varargs=True)
+composite("unravel_index(Tensor indices, int[] shape) -> Tensor[]", _unravel_index, method=False,
+          differentiable=False)
+composite("logspace(Scalar start, Scalar end, int steps, float base=10.0, *, ScalarType? dtype=None, "
+          "Layout? layout=None, Device? device=None, bool? pin_memory=None, bool requires_grad=False) -> Tensor",
+          _logspace, method=False, differentiable=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tilewise import _strides as S
 from tilewise import dtypes
 from tilewise.backends.cpu import kernel
 from tilewise.ops.registry import OPS
@@ -64,9 +65,9 @@ def _group_starts(rows: np.ndarray) -> np.ndarray:
 def unique_dim(self, sorted=True, return_inverse=False, return_counts=False, dim=None, consecutive=False):
     a = self._np()
     if dim is not None:
+        dim = S.normalize_dim(dim, a.ndim, "unique")
         if a.ndim == 0:
             raise IndexError(f"unique: Dimension out of range (expected to be in range of [-1, 0], but got {dim})")
-        dim = dim % a.ndim
     rows = _moved(a, dim)
     order = np.arange(rows.shape[0])
     if not consecutive:
@@ -138,3 +139,54 @@ def logcumsumexp(self, dim):
     with np.errstate(all="ignore"):
         out = np.logaddexp.accumulate(work, axis=d) if a.size else work
     return from_array(np.asarray(out).astype(self.dtype.np), self.dtype)
+
+
+# ---------------------------------------------------------------- reductions into indexed positions (ops/indexed.py)
+_SCATTER_UFUNCS = {"sum": np.add, "mean": np.add, "prod": np.multiply, "amax": np.fmax, "amin": np.fmin}
+
+
+@kernel("scatter_reduce.two")
+def scatter_reduce(self, dim, index, src, reduce, include_self=True):
+    from tilewise.backends.cpu.kernels import _check_gather_index
+    from tilewise.ops.indexed import canonical_reduction
+
+    reduce = canonical_reduction(reduce, "scatter_reduce")
+    d, idx = _check_gather_index(self, dim, index, "scatter_reduce", src)
+    dtype = self.dtype
+    work = np.float32 if dtype.is_floating_point and dtype.itemsize < 4 else dtype.np
+    out = self._np().astype(work, copy=True)
+    values = src._np()[tuple(slice(0, n) for n in idx.shape)].astype(work)
+    grids = list(np.indices(idx.shape, sparse=True))
+    grids[d] = idx
+    where = tuple(grids)
+    if not include_self:  # positions that receive a value start from the reduction's identity
+        written = np.zeros(out.shape, dtype=bool)
+        written[where] = True
+        out[written] = _identity(reduce, out.dtype)
+    if reduce in ("amax", "amin"):
+        nan_out = np.zeros(out.shape, dtype=bool)  # fmax/fmin skip NaN, torch's amax/amin propagate it
+        np.logical_or.at(nan_out, where, np.isnan(values) if values.dtype.kind == "f" else False)
+        _SCATTER_UFUNCS[reduce].at(out, where, values)
+        out = np.where(nan_out | (np.isnan(out) if out.dtype.kind == "f" else False), np.nan, out) \
+            if out.dtype.kind == "f" else out
+    else:
+        _SCATTER_UFUNCS[reduce].at(out, where, values)
+    if reduce == "mean":
+        counts = np.full(out.shape, 1 if include_self else 0, dtype=np.int64)
+        np.add.at(counts, where, 1)
+        counts = np.maximum(counts, 1)
+        out = out / counts if out.dtype.kind == "f" else np.floor_divide(out, counts)
+    return from_array(np.asarray(out).astype(dtype.np), dtype)
+
+
+def _identity(reduce: str, dtype: np.dtype):
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    if dtype.kind == "f":
+        return -np.inf if reduce == "amax" else np.inf
+    info = np.iinfo(dtype) if dtype.kind in "iu" else None
+    if info is None:
+        return reduce == "amin"
+    return info.min if reduce == "amax" else info.max
