@@ -219,3 +219,38 @@ def test_errors_match_torch(code):
         eval(code, {"M": torch})
     with pytest.raises(type(expected.value)):
         eval(code, {"M": tw})
+
+
+GPU_CALLS = ["M.digamma(x.abs() + 0.1)", "M.polygamma(2, x.abs() + 0.5)", "M.i0(x * 10)", "M.lgamma(x.abs() + 0.1)",
+             "M.asinh(x)", "M.hypot(x, x.flip(0))", "M.logaddexp(x, x.t().t() * 2)", "M.xlogy(x, x.abs())",
+             "M.unique(x.round(), return_counts=True)", "M.bincount((x.abs() * 3).long().reshape(-1))",
+             "x.scatter_reduce(1, (x.abs() * 2).long().clamp(max=3), x, 'amax')", "M.logcumsumexp(x, 1)",
+             "M.isin(x.round(), x.round()[0])", "M.kron(x, x)", "M.diff(x, dim=0)", "M.nansum(x)"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("code", GPU_CALLS)
+def test_breadth_operators_on_cuda_match_cpu(code):
+    data = np.random.default_rng(0).uniform(-2, 2, (4, 4)).astype(np.float32)
+    on_cpu = eval(code, {"M": tw, "x": tw.tensor(data)})
+    on_gpu = eval(code, {"M": tw, "x": tw.tensor(data, device="cuda")})
+    for c, g in zip(on_cpu if isinstance(on_cpu, tuple) else (on_cpu,), on_gpu if isinstance(on_gpu, tuple)
+                    else (on_gpu,)):
+        np.testing.assert_allclose(g.cpu().numpy(), c.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,wrap", [((5, 3), True), ((5, 3), False), ((3, 3, 3), False), ((2, 4), False),
+                                        ((7, 2), True)])
+def test_fill_diagonal_(shape, wrap):
+    t, x = torch.zeros(shape), tw.zeros(shape)
+    assert x.fill_diagonal_(2.0, wrap=wrap) is x
+    same(x, t.fill_diagonal_(2.0, wrap=wrap))
+
+
+def test_factories_asarray_empty_strided_detach():
+    data = np.arange(3.0)
+    x = tw.asarray(data)
+    assert x.dtype is tw.float64 and tw.asarray(data, copy=True).data_ptr() != x.data_ptr()
+    assert tw.empty_strided((2, 3), (1, 2)).stride() == torch.empty_strided((2, 3), (1, 2)).stride()
+    assert not tw.detach(tw.ones(2, requires_grad=True)).requires_grad
+    same(tw.nan_to_num_(tw.tensor([float("nan"), 1.0])), torch.nan_to_num_(torch.tensor([float("nan"), 1.0])))

@@ -208,3 +208,4 @@ OPINFOS += [
     OpInfo("logspace", lambda: [Sample((0, 2, 5)), Sample((-1.5, 3, 7), {"base": 2.0}),
                                 Sample((0, 1, 4), {"dtype": None})], grad=False, dtypes=("float32",)),
 ]
+OPINFOS += [OpInfo("adjoint", lambda: [Sample((T((3, 4)),)), Sample((T((2, 3, 4)),))], call="method")]

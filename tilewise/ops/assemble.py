@@ -246,6 +246,7 @@ def _vander(x, N=None, increasing=False):  # noqa: N803 — torch's keyword
 composite("kron(Tensor self, Tensor other) -> Tensor", _kron)
 composite("block_diag(Tensor[] tensors) -> Tensor", _block_diag, method=False, varargs=True)
 composite("vander(Tensor x, int? N=None, bool increasing=False) -> Tensor", _vander, method=False)
+composite("adjoint(Tensor(a) self) -> Tensor(a)", lambda self: self.transpose(-2, -1))
 composite("diagflat(Tensor self, int offset=0) -> Tensor", lambda self, offset=0: self.reshape(-1).diag(offset))
 
 

@@ -21,7 +21,7 @@ TORCH_INPLACE_FUNCTIONS = (
     "deg2rad_", "erf_", "erfc_", "exp2_", "exp_", "expm1_", "fix_", "floor_", "frac_", "gcd_", "i0_", "lcm_",
     "ldexp_", "log10_", "log1p_", "log2_", "log_", "logit_", "neg_", "negative_", "rad2deg_", "reciprocal_",
     "round_", "rsqrt_", "sigmoid_", "sin_", "sinc_", "sinh_", "sqrt_", "square_", "tan_", "tanh_", "trunc_",
-    "xlogy_", "zero_", "fill_", "index_put_", "detach_", "addmv_", "as_strided_",
+    "xlogy_", "zero_", "fill_", "index_put_", "detach_", "addmv_", "as_strided_", "nan_to_num_", "detach",
 )
 MADE_INPLACE = ("index_put", "addmm", "baddbmm")
 
@@ -69,6 +69,43 @@ def fill(self, value):
     return self.clone().fill_(value)
 
 
+def fill_diagonal_(self, fill_value, wrap: bool = False):
+    """Fill the main diagonal (of a matrix, or of a tensor whose dims are all equal) in place; ``wrap`` continues
+    below a tall matrix's square top every ``columns + 1`` elements, as numpy's fill_diagonal does."""
+    if self.ndim < 2:
+        raise RuntimeError(f"fill_diagonal_: dimensions must larger than 1 (got a {self.ndim}-dim tensor)")
+    if self.ndim > 2 and len(set(self.shape)) != 1:
+        raise RuntimeError(f"fill_diagonal_: all dimensions of input must be of equal length (got {list(self.shape)})")
+    rows, columns = self.shape[0], self.shape[1]
+    if wrap and self.ndim == 2 and rows > columns + 1 and self.is_contiguous():
+        self.view(-1)[::columns + 1].fill_(fill_value)
+        return self
+    n = min(self.shape)
+    self.as_strided((n,), (sum(self.stride()),), self.storage_offset()).fill_(fill_value)
+    return self
+
+
+def asarray(obj, *, dtype=None, device=None, copy=None, requires_grad: bool = False):
+    """torch.asarray: shares ``obj``'s memory where it can (a tensor, a numpy array), copies when ``copy``."""
+    from tilewise.tensor import as_tensor
+
+    out = as_tensor(obj, dtype=dtype, device=device)
+    if copy:
+        out = out.clone()
+    return out.requires_grad_(requires_grad) if requires_grad else out
+
+
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, requires_grad: bool = False,
+                  pin_memory: bool = False):
+    """An uninitialised tensor of the given size and strides over a buffer just large enough for them."""
+    from tilewise.ops.creation import empty
+
+    size, stride = tuple(size), tuple(stride)
+    extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+    out = empty(extent, dtype=dtype, device=device).as_strided(size, stride, 0)
+    return out.requires_grad_(requires_grad) if requires_grad else out
+
+
 def _attach_polygamma(functions: dict) -> None:
     polygamma = functions["polygamma"]
 
@@ -93,11 +130,12 @@ def attach(functions: dict) -> dict:
     for name, view_name in INPLACE_VIEWS.items():
         setattr(Tensor, name, _inplace_view(name, view_name))
     _attach_polygamma(functions)
+    Tensor.fill_diagonal_ = fill_diagonal_
     for fn in (is_nonzero, is_same_size, is_signed, get_device):
         setattr(Tensor, fn.__name__, fn)
         exported[fn.__name__] = fn
     for name in TORCH_INPLACE_FUNCTIONS:
         exported[name] = getattr(Tensor, name)
-    exported.update(broadcast_shapes=broadcast_shapes, fill=fill)
+    exported.update(broadcast_shapes=broadcast_shapes, fill=fill, asarray=asarray, empty_strided=empty_strided)
     return exported
 
