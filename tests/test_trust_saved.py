@@ -43,6 +43,12 @@ DIFFERENCES = {
                                                  "attention and keeps the repeated copies; torch's fused kernel "
                                                  "keeps key and value",
     "scaled_dot_product_attention input 2: gqa": "as for the key",
+    **dict.fromkeys(["combinations input 0: 0,1,2", "put input 2: 0,accumulate"],
+                    "a composite of indexing, which keeps positions rather than the values torch's kernel keeps"),
+    "ldexp output 0: 0": "torch keeps the result for the exponent's gradient even when the exponent (an integer "
+                         "tensor here) needs none; tilewise keeps what the gradients wanted read",
+    **dict.fromkeys(["kron input 0: 0,1,2", "kron input 1: 0,1,2"],
+                    "a composite of reshapes and a product, which keeps both factors; torch's kron keeps neither"),
 }
 
 

@@ -156,7 +156,7 @@ def _nanmean(self, dim=None, keepdim=False, dtype=None):
         raise RuntimeError(f"nanmean(): expected input to have floating point or complex dtype but got "
                            f"{self.dtype.name}")
     present = self.isnan().logical_not()
-    return _nansum(self, dim, keepdim, dtype) / present.sum(dim, keepdim)
+    return call("nansum", self, dim, keepdim, dtype=dtype) / present.sum(dim, keepdim)
 
 
 def _aminmax(self, dim=None, keepdim=False):
@@ -167,7 +167,8 @@ def _aminmax(self, dim=None, keepdim=False):
     return self.amin(dim, keepdim), self.amax(dim, keepdim)
 
 
-composite("nansum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", _nansum)
+composite("nansum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", _nansum,
+          grad={"self": "(expand_reduced(grad, self_shape, dim, keepdim) * isnan(self).logical_not()).to(self.dtype)"})
 composite("nanmean(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
           _nanmean)
 composite("aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor min, Tensor max)", _aminmax)

@@ -237,7 +237,8 @@ def _positive(self):
     return self
 
 
-composite("ldexp(Tensor self, Tensor other) -> Tensor", _ldexp, inplace=True)
+composite("ldexp(Tensor self, Tensor other) -> Tensor", _ldexp, inplace=True,
+          grad={"self": "grad * exp2(other)", "other": f"grad * result * {math.log(2.0)}"})
 composite("float_power(Tensor self, Tensor exponent) -> Tensor", _float_power, inplace=True)
 composite("logit(Tensor self, float? eps=None) -> Tensor", _logit, inplace=True)
 composite("positive(Tensor(a) self) -> Tensor(a)", _positive)
