@@ -209,3 +209,15 @@ OPINFOS += [
                                 Sample((0, 1, 4), {"dtype": None})], grad=False, dtypes=("float32",)),
 ]
 OPINFOS += [OpInfo("adjoint", lambda: [Sample((T((3, 4)),)), Sample((T((2, 3, 4)),))], call="method")]
+OPINFOS += [
+    OpInfo("quantile", lambda: [Sample((T((4, 5), "distinct"), 0.3)), Sample((T((4, 5), "distinct"), 0.3, 1)),
+                                Sample((T((4, 5), "distinct"), T((3,), "prob", grad=False), 0, True)),
+                                Sample((T((4, 5), "distinct"), 0.37, 1), {"interpolation": "midpoint"}),
+                                Sample((T((4, 5), "distinct"), 0.4, -1), {"interpolation": "nearest"}),
+                                Sample((T((4, 5), "distinct"), 0.37), {"interpolation": "lower", "keepdim": True}),
+                                Sample((T((4, 5), "distinct"), 0.37, 0), {"interpolation": "higher"}),
+                                Sample((T((5, 4), "one_nan"), 0.5, 1), name="nan")]),
+    OpInfo("nanquantile", lambda: [Sample((T((5, 4), "one_nan"), 0.5, 1)),
+                                   Sample((T((5, 4), "one_nan"), T((2,), "prob", grad=False), 1, True)),
+                                   Sample((T((5, 4), "nan"), 0.25), name="nan-all")]),
+]

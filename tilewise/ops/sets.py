@@ -203,3 +203,68 @@ def _argwhere(self):
 
 composite("argwhere(Tensor self) -> Tensor", _argwhere, differentiable=False)
 composite("msort(Tensor self) -> Tensor", lambda self: self.sort(0).values)
+
+
+# ---------------------------------------------------------------- quantiles (torch's algorithm: sort, rank, lerp)
+_INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
+
+
+def _quantile_checks(self, q, interpolation, op):
+    if not self.dtype.is_floating_point or self.dtype.itemsize < 4:
+        raise RuntimeError(f"{op}() input tensor must be either float or double dtype (got {self.dtype.name})")
+    if interpolation not in _INTERPOLATIONS:
+        raise RuntimeError(f"{op}() interpolation must be one of linear, lower, higher, midpoint or nearest. Got "
+                           f"{interpolation}")
+    if isinstance(q, Tensor) and q.dtype is not self.dtype:
+        raise RuntimeError(f"{op}() q tensor must be same dtype as the input tensor (got {q.dtype.name} and "
+                           f"{self.dtype.name})")
+    if not isinstance(q, Tensor):
+        from tilewise.tensor import tensor
+
+        q = tensor(q, dtype=self.dtype, device=self.device)
+    if q.ndim > 1:
+        raise RuntimeError(f"{op}() q must be a scalar or 1D tensor (got {q.ndim} dims)")
+    if q.numel() and (bool((q < 0).any()) or bool((q > 1).any())):
+        raise RuntimeError(f"{op}() q values must be in the range [0, 1]")
+    if self.numel() == 0:
+        raise RuntimeError(f"{op}() input tensor must be non-empty")
+    return q
+
+
+def _quantile(self, q, dim=None, keepdim=False, interpolation="linear", ignore_nan=False, op="quantile"):
+    q = _quantile_checks(self, q, interpolation, op)
+    x = self.reshape(-1) if dim is None else self
+    d = 0 if dim is None else dim % max(self.ndim, 1)
+    rows = x.sort(d).values.movedim(d, -1) if x.ndim else x.reshape(1)  # NaN sorts last
+    n = rows.shape[-1]
+    last = n - 1
+    if ignore_nan:
+        counts = rows.isnan().logical_not().sum(-1, keepdim=True).to(self.dtype)
+        ranks = q.reshape(-1) * (counts - 1)
+        ranks = ranks.clamp(min=0)
+    else:
+        ranks = (q.reshape(-1) * last).expand((*rows.shape[:-1], q.numel()))
+        ranks = call("where", rows.isnan().any(-1, keepdim=True), ranks.new_full((), float(last)), ranks)
+    below = ranks.floor() if interpolation != "nearest" else ranks.round()
+    if interpolation == "higher":
+        below = ranks.ceil()
+    values = rows.gather(-1, below.long().clamp(max=last))
+    if interpolation in ("linear", "midpoint"):
+        above = rows.gather(-1, ranks.ceil().long().clamp(max=last))
+        weights = ranks - below if interpolation == "linear" else (ranks > below).to(self.dtype) * 0.5
+        values = values.lerp(above, weights)
+    out = values.movedim(-1, 0)  # (len(q), reduced dims...)
+    if keepdim:
+        out = out.reshape((q.numel(), *((1,) * self.ndim))) if dim is None else out.unsqueeze(d + 1)
+    return out[0] if q.ndim == 0 else out
+
+
+def _nanquantile(self, q, dim=None, keepdim=False, interpolation="linear"):
+    return _quantile(self, q, dim, keepdim, interpolation, True, "nanquantile")
+
+
+composite("quantile(Tensor self, Tensor q, int? dim=None, bool keepdim=False, *, str interpolation='linear') -> "
+          "Tensor", lambda self, q, dim=None, keepdim=False, interpolation="linear":
+          _quantile(self, q, dim, keepdim, interpolation))
+composite("nanquantile(Tensor self, Tensor q, int? dim=None, bool keepdim=False, *, str interpolation='linear') -> "
+          "Tensor", _nanquantile)
