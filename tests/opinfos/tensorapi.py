@@ -221,3 +221,8 @@ OPINFOS += [
                                    Sample((T((5, 4), "one_nan"), T((2,), "prob", grad=False), 1, True)),
                                    Sample((T((5, 4), "nan"), 0.25), name="nan-all")]),
 ]
+OPINFOS += [
+    OpInfo("nanmedian", lambda: [Sample((T((5, 4), "one_nan"),)), Sample((T((5, 4), "one_nan"), 1)),
+                                 Sample((T((5, 4), "distinct"), 0, True)), Sample((T((4, 3), "nan"), 1), name="nan"),
+                                 Sample((T((3, 4), "distinct"),), name="all")], covers=("nanmedian.dim",)),
+]

@@ -268,3 +268,40 @@ composite("quantile(Tensor self, Tensor q, int? dim=None, bool keepdim=False, *,
           _quantile(self, q, dim, keepdim, interpolation))
 composite("nanquantile(Tensor self, Tensor q, int? dim=None, bool keepdim=False, *, str interpolation='linear') -> "
           "Tensor", _nanquantile)
+
+
+def _nanmedian_dim(self, dim, keepdim=False):
+    """The lower median of each slice's non-NaN values (NaN where a slice holds nothing else), and its position.
+    NaN sorts last, so the median of the ``c`` numbers of a slice is its sorted element ``(c - 1) // 2``."""
+    from tilewise import _strides as S
+
+    d = S.normalize_dim(dim, self.ndim, "nanmedian")
+    if self.ndim == 0:
+        return self.clone(), self.new_zeros((), dtype=dtypes.int64)
+    if self.shape[d] == 0:
+        raise IndexError(f"nanmedian(): expected reduction dim {d} to have non-zero size; the input has shape "
+                         f"{list(self.shape)}")
+    order = self.sort(d).indices
+    if self.dtype.is_floating_point:
+        counts = self.isnan().logical_not().sum(d, keepdim=True)
+        k = ((counts - 1).div(2, rounding_mode="floor")).clamp(min=0)
+    else:
+        k = order.new_full((), (self.shape[d] - 1) // 2).expand(
+            tuple(1 if i == d else n for i, n in enumerate(self.shape)))
+    indices = order.gather(d, k)
+    values = self.gather(d, indices)
+    return (values, indices) if keepdim else (values.squeeze(d), indices.squeeze(d))
+
+
+def _nanmedian(self):
+    flat = self.reshape(-1)
+    if flat.numel() == 0:
+        return self.new_full((), float("nan"))
+    return _nanmedian_dim(flat, 0)[0]
+
+
+composite("nanmedian(Tensor self) -> Tensor", _nanmedian,
+          grad={"self": "evenly_distribute_backward(grad, self, result)"})
+composite("nanmedian.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
+          _nanmedian_dim, grad={"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"},
+          nondiff_outputs=(1,))
