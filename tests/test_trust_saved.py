@@ -52,6 +52,12 @@ DIFFERENCES = {
         "error"),
     "ctc_loss output 0: padded-none,infeasible": "torch's backward reads its loss; tilewise's reads the "
                                                  "recursion's values",
+    **dict.fromkeys(["combinations input 0: 0,1,2", "put input 2: 0,accumulate"],
+                    "a composite of indexing, which keeps positions rather than the values torch's kernel keeps"),
+    "ldexp output 0: 0": "torch keeps the result for the exponent's gradient even when the exponent (an integer "
+                         "tensor here) needs none; tilewise keeps what the gradients wanted read",
+    **dict.fromkeys(["kron input 0: 0,1,2", "kron input 1: 0,1,2"],
+                    "a composite of reshapes and a product, which keeps both factors; torch's kron keeps neither"),
 }
 
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 from numbers import Number
 
 from tilewise.ops import (  # noqa: F401 — each module declares its operators on import
+    assemble,
     complex,
     creation,
     fft,
+    indexed,
     indexing,
     linalg,
     linalg_functions,
     linalg_solvers,
+    methods,
     movement,
     nn,
     nn_activations,
@@ -33,6 +36,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     pointwise,
     reductions,
     scans,
+    sets,
     shape,
     special,
     views,
@@ -123,23 +127,9 @@ def _attach_special_methods(functions: dict) -> None:
     Tensor.mH = Tensor.mT
     Tensor.H = property(lambda self: self.t())
     Tensor.copy_ = make_copy_()
-    _attach_argument_first_methods(functions)
     for method in creation.INPLACE_FILLS + creation.NEW_LIKE:
         setattr(Tensor, method.__name__, method)
-
-
-def _attach_argument_first_methods(functions: dict) -> None:
-    """Operators whose first argument is not the tensor (``polygamma(n, x)``) are methods with it moved:
-    ``x.polygamma(n)``."""
-    polygamma = functions["polygamma"]
-
-    def method(self, n):
-        return polygamma(n, self)
-
-    def inplace(self, n):
-        return self.copy_(polygamma(n, self))
-
-    Tensor.polygamma, Tensor.polygamma_ = method, inplace
+    functions.update(methods.attach(functions))
 
 
 def make_copy_():

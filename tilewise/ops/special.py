@@ -18,6 +18,7 @@ from tilewise import dtypes
 from tilewise.dtypes import DType, compute_dtype, result_type, to_float
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, where
+from tilewise.ops.formulas import HELPERS
 from tilewise.ops.pointwise import pointwise, unary
 from tilewise.ops.registry import declare
 
@@ -236,7 +237,8 @@ def _positive(self):
     return self
 
 
-composite("ldexp(Tensor self, Tensor other) -> Tensor", _ldexp, inplace=True)
+composite("ldexp(Tensor self, Tensor other) -> Tensor", _ldexp, inplace=True,
+          grad={"self": "grad * exp2(other)", "other": f"grad * result * {math.log(2.0)}"})
 composite("float_power(Tensor self, Tensor exponent) -> Tensor", _float_power, inplace=True)
 composite("logit(Tensor self, float? eps=None) -> Tensor", _logit, inplace=True)
 composite("positive(Tensor(a) self) -> Tensor(a)", _positive)
@@ -249,12 +251,20 @@ def _mvlgamma(self, p):
         raise RuntimeError(f"mvlgamma: p has to be greater than or equal to 1 (got p={p})")
     if not self.dtype.is_floating_point:
         raise RuntimeError(f"mvlgamma: input tensor must be floating point (got {self.dtype.name})")
-    if self.numel() and not bool((self > (p - 1) / 2).all()):
-        raise RuntimeError(f"All elements must be greater than (p-1)/2 = {(p - 1) / 2} (mvlgamma with p={p})")
+    return _shifted_by_halves(self, p).lgamma().sum(-1) + p * (p - 1) / 4 * math.log(math.pi)
+
+
+def _shifted_by_halves(self, p):
+    """self - j/2 for j = 0 .. p-1, along a new last dim."""
     from tilewise.ops.creation import arange
 
-    halves = arange(0, -p / 2, -0.5, dtype=self.dtype, device=self.device)[:p]
-    return (self.unsqueeze(-1) + halves).lgamma().sum(-1) + p * (p - 1) / 4 * math.log(math.pi)
+    return self.unsqueeze(-1) + arange(0, -p / 2, -0.5, dtype=self.dtype, device=self.device)[:p]
 
 
-composite("mvlgamma(Tensor self, int p) -> Tensor", _mvlgamma, inplace=True)
+def mvlgamma_backward(grad, self, p):
+    return grad * _shifted_by_halves(self, p).digamma().sum(-1)
+
+
+HELPERS.update(mvlgamma_backward=mvlgamma_backward)
+composite("mvlgamma(Tensor self, int p) -> Tensor", _mvlgamma, inplace=True,
+          grad={"self": "mvlgamma_backward(grad, self, p)"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tilewise import _strides as S
 from tilewise import dispatch
+from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
 
@@ -184,15 +185,24 @@ view("diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a
 view("unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)", _unfold,
      "view_backward(grad, 'unfold', self_shape, dimension, size, step)")
 
+def strided_read(grad, view_shape, view_strides, view_offset):
+    """The (shape, strides, offset) view of ``grad`` laid out contiguously. as_strided's offset counts from the
+    start of the storage, so a contiguous ``grad`` that starts further in (a slice of a larger gradient, as
+    cat's backward hands out) shifts it by its own offset."""
+    grad = grad.contiguous()
+    return grad.as_strided(view_shape, view_strides, view_offset + grad.storage_offset())
+
+
+HELPERS.update(strided_read=strided_read)
 declare("view_scatter_add(Tensor grad, int[] input_shape, int[] view_shape, int[] view_strides, int view_offset)"
         " -> Tensor", "index",
-        grad={"grad": "grad.contiguous().as_strided(view_shape, view_strides, view_offset)"}, method=False,
+        grad={"grad": "strided_read(grad, view_shape, view_strides, view_offset)"}, method=False,
         doc="Zeros of input_shape, with ``grad`` added at the elements a (view_shape, view_strides, view_offset) "
             "view of a contiguous tensor would read: the backward of every strided view.")
 declare("view_scatter(Tensor self, Tensor src, int[] view_shape, int[] view_strides, int view_offset) -> Tensor",
         "index", grad={"self": "view_scatter(grad, zeros(src_shape, dtype=grad.dtype, device=grad.device), view_shape, "
                                "view_strides, view_offset)",
-                       "src": "grad.contiguous().as_strided(view_shape, view_strides, view_offset)"},
+                       "src": "strided_read(grad, view_shape, view_strides, view_offset)"},
         method=False, doc="A copy of contiguous ``self`` with the elements a strided view selects replaced by "
                           "``src``: how an in-place write through a view is recorded on its base.")
 

@@ -1,0 +1,130 @@
+"""Reductions into indexed positions: scatter_reduce (sum, prod, mean, amax, amin; with or without ``self``'s
+own values), index_reduce, put; and the fused matrix-vector products addmv, addr, addbmm.
+
+scatter_reduce is a primitive (a numpy kernel; CUDA runs it on the host): several sources may land on one
+position, so the result is an unordered reduction per position. Its derivative follows torch's: a sum
+passes the gradient through, a mean divides it by each position's count, amax/amin share it evenly among
+the values equal to the result, and prod divides the result by each factor (refused where a factor is 0).
+index_reduce and put compose scatter_reduce and index_put.
+"""
+
+from __future__ import annotations
+
+from tilewise import dtypes
+from tilewise.ops import dtype_rules as R
+from tilewise.ops.formulas import HELPERS
+from tilewise.ops.registry import call, declare
+
+SCATTER_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+
+
+_LEGACY_SPELLINGS = {"max": "amax", "min": "amin"}  # torch still accepts these
+
+
+def canonical_reduction(reduce: str, op: str) -> str:
+    reduce = _LEGACY_SPELLINGS.get(reduce, reduce)
+    if reduce not in SCATTER_REDUCTIONS:
+        raise RuntimeError(f"{op}(): reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    return reduce
+
+
+def _counts(self, dim, index, include_self):
+    """How many values each position of the result reduces (at least 1, as torch divides by)."""
+    ones = index.new_ones(index.shape, dtype=self.dtype)
+    start = self.new_ones(self.shape) if include_self else self.new_zeros(self.shape)
+    return start.scatter_add(dim, index, ones).clamp(min=1)
+
+
+def scatter_reduce_backward(grad, self, dim, index, src, reduce, include_self, result):
+    """(gradient of self, gradient of src) of scatter_reduce."""
+    reduce = canonical_reduction(reduce, "scatter_reduce")
+    written = self.new_zeros(self.shape, dtype=grad.dtype).scatter(dim, index, 1.0) > 0
+    keep_self = grad if include_self else call("where", written, grad.new_zeros(()), grad)
+    if reduce == "sum":
+        return keep_self, grad.gather(dim, index)
+    if reduce == "mean":
+        share = grad / _counts(self, dim, index, include_self)
+        return (share if include_self else call("where", written, share.new_zeros(()), share)), share.gather(dim, index)
+    if reduce in ("amax", "amin"):
+        picked = result.gather(dim, index)
+        src_hit = (src == picked).to(grad.dtype)
+        self_hit = (self == result).to(grad.dtype)  # counted among the ties even without include_self, as torch
+        ties = self_hit.scatter_add(dim, index, src_hit)
+        share = grad / ties.clamp(min=1)
+        grad_self = self_hit * share
+        if not include_self:
+            grad_self = call("where", written, grad_self.new_zeros(()), grad_self)
+        return grad_self, src_hit * share.gather(dim, index)
+    if bool((src == 0).any()) or (include_self and bool((self == 0).any())):
+        raise NotImplementedError("scatter_reduce(reduce='prod') backward is not implemented where a factor is 0")
+    through = grad * result
+    grad_self = through / self if include_self else call("where", written, grad.new_zeros(()), grad)
+    return grad_self, through.gather(dim, index) / src
+
+
+HELPERS.update(scatter_reduce_backward=scatter_reduce_backward)
+declare("scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True)"
+        " -> Tensor", "index", dtype=R.first_input, inplace=True,
+        grad={"self, src": "scatter_reduce_backward(grad, self, dim, index, src, reduce, include_self, result)",
+              "index": None})
+
+
+def _index_reduce(self, dim, index, source, reduce, include_self=True):
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
+    if index.ndim > 1:
+        raise IndexError(f"index_reduce_(): Index is supposed to be a vector, got {index.ndim} dimensions")
+    d = dim % max(self.ndim, 1)
+    shape = [1] * source.ndim
+    if source.ndim:
+        shape[d] = -1
+    spread = index.reshape(shape).expand(source.shape) if source.ndim else index.reshape(())
+    return call("scatter_reduce", self, d, spread, source, reduce, include_self=include_self)
+
+
+def _put(self, index, source, accumulate=False):
+    flat = self.reshape(-1)
+    out = flat.index_put((index.reshape(-1),), source.reshape(-1).to(self.dtype), accumulate)
+    return out.reshape(self.shape)
+
+
+declare("index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, *, bool include_self=True)"
+        " -> Tensor", "composite", decomposition=_index_reduce, inplace=True)
+declare("put(Tensor self, Tensor index, Tensor source, bool accumulate=False) -> Tensor", "composite",
+        decomposition=_put, inplace=True)
+
+
+# ---------------------------------------------------------------- products with an added term
+def _scaled_sum(self, product, beta, alpha):
+    """beta * self + alpha * product; with beta == 0, ``self`` is ignored (its NaN too), as torch does."""
+    scaled = product if alpha == 1 else product * alpha
+    if beta == 0:  # a zero that still connects self to the graph (torch gives it a zero gradient)
+        return scaled + call("where", self.new_ones((), dtype=dtypes.bool_), self.new_zeros(()), self)
+    return (self if beta == 1 else self * beta) + scaled
+
+
+def _addmv(self, mat, vec, beta=1, alpha=1):
+    if mat.ndim != 2 or vec.ndim != 1:
+        raise RuntimeError(f"vector + matrix @ vector expected, got {self.ndim}, {mat.ndim}, {vec.ndim}")
+    return _scaled_sum(self, mat.matmul(vec), beta, alpha)
+
+
+def _addr(self, vec1, vec2, beta=1, alpha=1):
+    if vec1.ndim != 1 or vec2.ndim != 1:
+        raise RuntimeError(f"addr: Expected 1-D argument vec1, but got {vec1.ndim}-D" if vec1.ndim != 1 else
+                           f"addr: Expected 1-D argument vec2, but got {vec2.ndim}-D")
+    return _scaled_sum(self, vec1.outer(vec2), beta, alpha)
+
+
+def _addbmm(self, batch1, batch2, beta=1, alpha=1):
+    if batch1.ndim != 3 or batch2.ndim != 3:
+        raise RuntimeError(f"batch1 must be a 3D tensor (got {batch1.ndim}-D and {batch2.ndim}-D)")
+    return _scaled_sum(self, batch1.bmm(batch2).sum(0), beta, alpha)
+
+
+declare("addmv(Tensor self, Tensor mat, Tensor vec, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
+        decomposition=_addmv, inplace=True)
+declare("addr(Tensor self, Tensor vec1, Tensor vec2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
+        decomposition=_addr, inplace=True)
+declare("addbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor",
+        "composite", decomposition=_addbmm, inplace=True)

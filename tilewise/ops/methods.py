@@ -1,0 +1,141 @@
+"""Tensor methods and torch functions that are spellings of operators rather than operators: comparison
+aliases (greater, less_equal, ...), in-place forms torch also offers as functions (``torch.abs_(x)``),
+methods whose operator takes the tensor second (``x.polygamma(n)``), in-place views (``x.t_()``),
+predicates (``is_nonzero``, ``is_same_size``, ``is_signed``) and shape arithmetic (``broadcast_shapes``).
+``attach`` runs once, after the operators have their methods; it returns the functions to export.
+"""
+
+from __future__ import annotations
+
+from tilewise import _strides as S
+from tilewise.ops.inplace import make_inplace
+from tilewise.tensor import Size, Tensor
+
+COMPARISON_ALIASES = {"greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le", "not_equal": "ne"}
+INPLACE_VIEWS = {"t_": "t", "transpose_": "transpose", "swapaxes_": "swapaxes", "swapdims_": "swapdims",
+                 "squeeze_": "squeeze", "unsqueeze_": "unsqueeze", "as_strided_": "as_strided"}
+# in-place methods that torch also offers as functions of the tensor (torch.abs_(x) is x.abs_())
+TORCH_INPLACE_FUNCTIONS = (
+    "abs_", "acos_", "acosh_", "arccos_", "arccosh_", "arcsin_", "arcsinh_", "arctan_", "arctanh_", "asin_",
+    "asinh_", "atan_", "atanh_", "ceil_", "clamp_", "clamp_max_", "clamp_min_", "clip_", "cos_", "cosh_",
+    "deg2rad_", "erf_", "erfc_", "exp2_", "exp_", "expm1_", "fix_", "floor_", "frac_", "gcd_", "i0_", "lcm_",
+    "ldexp_", "log10_", "log1p_", "log2_", "log_", "logit_", "neg_", "negative_", "rad2deg_", "reciprocal_",
+    "round_", "rsqrt_", "sigmoid_", "sin_", "sinc_", "sinh_", "sqrt_", "square_", "tan_", "tanh_", "trunc_",
+    "xlogy_", "zero_", "fill_", "index_put_", "detach_", "addmv_", "as_strided_", "nan_to_num_", "detach",
+)
+MADE_INPLACE = ("index_put", "addmm", "baddbmm")
+
+
+def broadcast_shapes(*shapes) -> Size:
+    """The shape the given shapes broadcast to (torch.broadcast_shapes)."""
+    normalised = [(s,) if isinstance(s, int) else tuple(s) for s in shapes]
+    return Size(S.broadcast_shapes(*normalised, op="broadcast_shapes"))
+
+
+def _inplace_view(name: str, view_name: str):
+    def method(self, *args, **kwargs):
+        if self.requires_grad:
+            raise RuntimeError(f"{name}(): changing the shape of a tensor that requires grad in place is not "
+                               f"supported (autograd records views, not shape changes); use {view_name}() instead")
+        view = getattr(Tensor, view_name)(self.detach(), *args, **kwargs)
+        self._shape, self._strides, self._offset, self._array = view._shape, view._strides, view._offset, None
+        return self
+
+    method.__name__ = name
+    return method
+
+
+def is_nonzero(self) -> bool:
+    n = self.numel()
+    if n != 1:
+        raise RuntimeError("Boolean value of Tensor with no values is ambiguous" if n == 0 else
+                           "Boolean value of Tensor with more than one value is ambiguous")
+    return bool(self.item())
+
+
+def is_same_size(self, other) -> bool:
+    return tuple(self.shape) == tuple(other.shape)
+
+
+def is_signed(self) -> bool:
+    return self.dtype.is_floating_point or self.dtype.name.startswith("int")
+
+
+def get_device(self) -> int:
+    return -1 if self.device.type == "cpu" else (self.device.index or 0)
+
+
+def fill(self, value):
+    return self.clone().fill_(value)
+
+
+def fill_diagonal_(self, fill_value, wrap: bool = False):
+    """Fill the main diagonal (of a matrix, or of a tensor whose dims are all equal) in place; ``wrap`` continues
+    below a tall matrix's square top every ``columns + 1`` elements, as numpy's fill_diagonal does."""
+    if self.ndim < 2:
+        raise RuntimeError(f"fill_diagonal_: dimensions must larger than 1 (got a {self.ndim}-dim tensor)")
+    if self.ndim > 2 and len(set(self.shape)) != 1:
+        raise RuntimeError(f"fill_diagonal_: all dimensions of input must be of equal length (got {list(self.shape)})")
+    rows, columns = self.shape[0], self.shape[1]
+    if wrap and self.ndim == 2 and rows > columns + 1 and self.is_contiguous():
+        self.view(-1)[::columns + 1].fill_(fill_value)
+        return self
+    n = min(self.shape)
+    self.as_strided((n,), (sum(self.stride()),), self.storage_offset()).fill_(fill_value)
+    return self
+
+
+def asarray(obj, *, dtype=None, device=None, copy=None, requires_grad: bool = False):
+    """torch.asarray: shares ``obj``'s memory where it can (a tensor, a numpy array), copies when ``copy``."""
+    from tilewise.tensor import as_tensor
+
+    out = as_tensor(obj, dtype=dtype, device=device)
+    if copy:
+        out = out.clone()
+    return out.requires_grad_(requires_grad) if requires_grad else out
+
+
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, requires_grad: bool = False,
+                  pin_memory: bool = False):
+    """An uninitialised tensor of the given size and strides over a buffer just large enough for them."""
+    from tilewise.ops.creation import empty
+
+    size, stride = tuple(size), tuple(stride)
+    extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+    out = empty(extent, dtype=dtype, device=device).as_strided(size, stride, 0)
+    return out.requires_grad_(requires_grad) if requires_grad else out
+
+
+def _attach_polygamma(functions: dict) -> None:
+    polygamma = functions["polygamma"]
+
+    def method(self, n):
+        return polygamma(n, self)
+
+    def inplace(self, n):
+        return self.copy_(polygamma(n, self))
+
+    Tensor.polygamma, Tensor.polygamma_ = method, inplace
+
+
+def attach(functions: dict) -> dict:
+    """Give Tensor the methods above; return the torch-level functions to export, by name."""
+    exported = {}
+    for alias, name in COMPARISON_ALIASES.items():
+        exported[alias] = functions[name]
+        setattr(Tensor, alias, getattr(Tensor, name))
+        setattr(Tensor, f"{alias}_", getattr(Tensor, f"{name}_"))
+    for name in MADE_INPLACE:
+        setattr(Tensor, f"{name}_", make_inplace(functions[name], name))
+    for name, view_name in INPLACE_VIEWS.items():
+        setattr(Tensor, name, _inplace_view(name, view_name))
+    _attach_polygamma(functions)
+    Tensor.fill_diagonal_ = fill_diagonal_
+    for fn in (is_nonzero, is_same_size, is_signed, get_device):
+        setattr(Tensor, fn.__name__, fn)
+        exported[fn.__name__] = fn
+    for name in TORCH_INPLACE_FUNCTIONS:
+        exported[name] = getattr(Tensor, name)
+    exported.update(broadcast_shapes=broadcast_shapes, fill=fill, asarray=asarray, empty_strided=empty_strided)
+    return exported
+
