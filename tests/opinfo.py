@@ -246,9 +246,14 @@ def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous:
         return
     gouts = [_random_like(rng, e, dtype) for e, _ in diff_outs]
     th_inputs = [torch_made[k] for k in grad_inputs]
-    th_grads = torch.autograd.grad([e for e, _ in diff_outs], th_inputs,
-                                   [torch.from_numpy(g).to(e.device) for g, (e, _) in zip(gouts, diff_outs)],
-                                   allow_unused=True)
+    try:
+        th_grads = torch.autograd.grad([e for e, _ in diff_outs], th_inputs,
+                                       [torch.from_numpy(g).to(e.device) for g, (e, _) in zip(gouts, diff_outs)],
+                                       allow_unused=True)
+    except RuntimeError as exc:  # the oracle cannot differentiate it here (e.g. an older torch on the GPU host)
+        if "derivative for" in str(exc) and "is not implemented" in str(exc):
+            return
+        raise
     tw_inputs = [tw_made[k] for k in grad_inputs]
     tw_grads = tw.autograd.grad([a for _, a in diff_outs], tw_inputs,
                                 [tw.from_numpy(g.copy()).to(device) for g in gouts], allow_unused=True)

@@ -575,3 +575,23 @@ def test_sibling_nests_merged_into_one_kernel_keep_a_recomputed_value_before_its
     args = inputs(tw, np.random.default_rng([19172, 0]))
     for got, want in zip(compiled(*args), eager(*args)):
         np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_fractional_arange_read_by_a_fused_kernel_is_a_buffer_not_an_integer_iota():
+    """arange(0, -1.5, -0.5) read inside a kernel: only integer aranges become the position itself (an iota); a
+    float one is loaded from its buffer (its step truncated to an integer gave zeros: mvlgamma on CUDA)."""
+    import re
+
+    from tilewise.compiler.capture import trace
+    from tilewise.compiler.passes import run_pipeline
+    from tilewise.compiler.program import lower_program
+
+    def shifted(x):
+        return (x.unsqueeze(-1) + tw.arange(0, -1.5, -0.5)[:3]).exp().sum(-1)
+
+    x = tw.rand(3, 4)
+    low = lower_program(run_pipeline(trace(shifted, (x,), {}).graph), "cuda")
+    (source,) = low.sources.values()
+    header = re.search(r'extern "C" __global__ void[^{]*', source).group(0)
+    assert header.count("const float*") == 2, header  # x and the arange's buffer
+    np.testing.assert_allclose(tw.compile(shifted)(x).numpy(), shifted(x).numpy(), rtol=1e-6)

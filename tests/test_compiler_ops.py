@@ -25,6 +25,9 @@ DATA_DEPENDENT = {"nonzero", "masked_select", "masked_scatter", "masked_scatter_
                   "repeat_interleave", "one_hot"}
 # complex tensors run eagerly: the compiler's targets have no complex types (test_complex_functions_refuse_compile)
 EAGER_ONLY = [id(info) for info in COMPLEX_OPINFOS]
+# composites that make index tensors from Python lists: on CUDA those start on the host, and the function runs
+# eagerly (with the warning) rather than as one program
+HOST_CONSTANTS = {"combinations", "embedding_bag", "pdist", "multilabel_margin_loss", "ctc_loss"}
 CASES = [(info, k) for info in OPINFOS if id(info) not in EAGER_ONLY for k in range(len(info.samples()))]
 
 
@@ -245,7 +248,8 @@ def test_compiled_matches_eager_on_cuda(info, k):
             if info.name in DATA_DEPENDENT:
                 return
             raise
-        assert compiled.eager_reason is None, compiled.eager_reason
+        assert compiled.eager_reason is None or "check their results on the host" in compiled.eager_reason or (
+            info.name in HOST_CONSTANTS and "tensors on cpu" in compiled.eager_reason), compiled.eager_reason
         where = f"{info.name}[{sample.name or k}] call {call}"
         _compare([a.cpu() for a in actual[0]], [e.cpu() for e in expected[0]], f"{where}: outputs", info)
         _compare([a.cpu() for a in actual[1]], [e.cpu() for e in expected[1]], f"{where}: gradients", info)

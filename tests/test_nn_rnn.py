@@ -610,7 +610,8 @@ def test_lstm_on_cuda_fuses_each_step_and_compiles_one_cell_program():
     _cuda_against_cpu(lambda nn: nn.LSTM(16, 32, 1), (40, 4, 16))
     new = {k: f for k, f in fused._programs.items() if k[1].name.startswith("_lstm_cell") and k not in before}
     assert all(f is not None for f in new.values()), "the compiler gave up on a cell"
-    assert len(new) <= 4, f"{len(new)} cell programs for 40 steps of one shape: one per step offset?"
+    # one per 16-byte alignment of a step's slice (4 for float32) and the whole-tensor first step, not one per step
+    assert len(new) <= 6, f"{len(new)} cell programs for 40 steps of one shape: one per step offset?"
 
 
 @pytest.mark.cuda

@@ -451,7 +451,8 @@ class Capture:
 
         x = args[0]
         if x._dtype.is_complex or op.attrs.get("view_dtype") is not None:
-            return self.run_uncompiled(op, args)
+            return self.run_uncompiled(op, args, "on complex tensors", "the C and CUDA targets generate no code for "
+                                       "complex dtypes")
         alias = self.alias_of(x)
         root = alias.root if alias is not None else x
         out = apply_view(op, args)
@@ -534,7 +535,8 @@ class Capture:
         except DataDependentError:
             return self.run_real(op, args, device, what)
         if _complex_operands(args) or _complex_type(ty):
-            return self.run_uncompiled(op, args)
+            return self.run_uncompiled(op, args, "on complex tensors", "the C and CUDA targets generate no code for "
+                                       "complex dtypes")
         srcs, frozen = self.operands(op, args)
         tag = self.draw(_generator_argument(op, args)) if op.kind == "random" else None
         return self.wrap(self.emit(op.full_name, srcs, frozen, ty, tag))
@@ -550,18 +552,18 @@ class Capture:
 
             return run_below_autograd(op, args)
 
-    def run_uncompiled(self, op, args: tuple):
-        """An operator on complex tensors, for which neither target generates code: a graph break runs it on the
-        real values (the compiled segments around it stay compiled); with ``fullgraph=True`` it is an error."""
-        what = f"{op.name}() on complex tensors"
+    def run_uncompiled(self, op, args: tuple, what: str, why: str):
+        """An operator no program holds (complex tensors, for which neither target generates code; a solver that
+        checks its result on the host): a graph break runs it on the real values, and the compiled segments around
+        it stay compiled; with ``fullgraph=True`` it is an error."""
+        what = f"{op.name}() {what}"
         if self.breaks is None:
             from tilewise.compiler.function import UnsupportedTargetError
 
             path, line, text = user_frame()
-            raise UnsupportedTargetError(f"{what}: the C and CUDA targets generate no code for complex dtypes.\n  at "
-                                         f"{path}:{line}: {text}\nLeave the complex part (e.g. the FFT) outside the "
-                                         "compiled function, or compile with fullgraph=False to run it between "
-                                         "compiled segments.")
+            raise UnsupportedTargetError(f"{what}: {why}.\n  at {path}:{line}: {text}\nLeave it outside the compiled "
+                                         "function, or compile with fullgraph=False to run it between compiled "
+                                         "segments.")
         self.breaks(self, what)
         with suspended():
             from tilewise.dispatch import run as run_below_autograd

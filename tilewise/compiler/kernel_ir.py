@@ -232,7 +232,7 @@ class _NestBuilder:
             terms.append((d, stride))
         buffer = buffer_of(value)
         index = Index(offset, tuple(sorted(terms)))
-        if buffer.op == "arange":
+        if buffer.op == "arange" and fusion_kind(buffer) == "constant":  # an integer iota, not a float buffer
             start, _, step = buffer.args[:3]
             load = Load(-1, index, buffer.type.dtype, (int(start), int(step)))
         else:

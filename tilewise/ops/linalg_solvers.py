@@ -16,7 +16,7 @@ Everything users call (``linalg.solve``, ``linalg.norm``, ``torch.svd``'s old AP
 from __future__ import annotations
 
 from tilewise.ops import linalg_grads  # noqa: F401 — registers the derivative helpers the formulas below name
-from tilewise.ops.registry import declare
+from tilewise.ops.registry import OPS, declare
 
 
 class LinAlgError(RuntimeError):
@@ -106,3 +106,9 @@ declare("_linalg_lstsq(Tensor A, Tensor B, float? rcond=None, str driver='gelsy'
         "Tensor residuals, Tensor rank, Tensor singular_values)", "other",
         grad={"A, B": "lstsq_backward(output_grads, A, B, result[0])"}, nondiff_outputs=(2, 3), public=False)
 declare("_linalg_matrix_exp(Tensor A) -> Tensor", "other", grad={"A": "matrix_exp_backward(A, grad)"}, public=False)
+
+# The solvers read their info codes on the host (LinAlgError) and call LAPACK/cuSOLVER: a function that uses them
+# runs eagerly under tilewise.compile (with a warning), where the codes are read and the errors raised.
+for _name in ("_linalg_solve", "_linalg_inv_ex", "_linalg_det", "_linalg_slogdet", "_linalg_cholesky_ex", "_linalg_qr",
+              "_linalg_svd", "_linalg_eigh", "_linalg_solve_triangular", "_linalg_lstsq", "_linalg_matrix_exp"):
+    OPS[_name].attrs["compiled"] = False

@@ -72,7 +72,7 @@ composite("equal(Tensor self, Tensor other) -> bool", _equal, differentiable=Fal
 # ---------------------------------------------------------------- unique values and membership
 declare("unique_dim(Tensor self, bool sorted=True, bool return_inverse=False, bool return_counts=False, "
         "int? dim=None, bool consecutive=False) -> (Tensor, Tensor, Tensor)", "other", differentiable=False,
-        public=False)
+        public=False, data_dependent=True)  # how many values are unique: a graph break under compile
 
 
 def _unique(self, sorted=True, return_inverse=False, return_counts=False, dim=None):
@@ -139,9 +139,9 @@ def _bincount_dtype(op, args):
 
 
 declare("bincount(Tensor self, Tensor? weights=None, int minlength=0) -> Tensor", "other", dtype=_bincount_dtype,
-        differentiable=False)
+        differentiable=False, data_dependent=True)  # its length is the largest value's
 declare("histc(Tensor self, int bins=100, Scalar min=0, Scalar max=0) -> Tensor", "other", dtype=R.first_input,
-        differentiable=False)
+        differentiable=False, data_dependent=True)  # min == max: the range is the values' own
 
 
 # ---------------------------------------------------------------- NaN-ignoring and paired reductions

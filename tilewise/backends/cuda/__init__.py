@@ -223,7 +223,10 @@ def _run_complex(op, args: tuple, device: Device):
         from tilewise.ops.complex import run_real_form
 
         out_dtype, _ = op.dtype_rule(op, args)  # refuses an operator without a complex meaning, as on the CPU
-        found = run_real_form(op, args, out_dtype, device)
+        try:
+            found = run_real_form(op, args, out_dtype, device)
+        except (KeyError, NotImplementedError):  # e.g. a complex Python scalar, which the parts cannot take
+            found = None
         if found is not None:
             return found
     return _host(op, args, device)

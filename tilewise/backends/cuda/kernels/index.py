@@ -209,7 +209,7 @@ def scatter_add(device: Device, self: Tensor, dim: int, index: Tensor, src: Tens
 
 def _scatter_into(mode: str, op: str):
     def into(out: Tensor, self: Tensor, dim: int, index: Tensor, src: Tensor) -> bool:
-        if src._dtype is not self._dtype or src._device != self._device:
+        if not isinstance(src, Tensor) or src._dtype is not self._dtype or src._device != self._device:
             return False  # converting or moving the source needs a temporary
         _scatter(out, self, dim, index, src, mode, op)
         return True
