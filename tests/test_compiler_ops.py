@@ -17,17 +17,18 @@ from test_ops import OPINFOS
 
 import tilewise as tw
 import tilewise.nn.functional as F
-from tilewise.compiler import DataDependentError
+from tilewise.compiler import DataDependentError, UnsupportedTargetError
 from tilewise.compiler.toolchain import nvrtc_available
 
 # operators whose result shape (or, for one_hot without num_classes, an argument) depends on tensor values
 DATA_DEPENDENT = {"nonzero", "masked_select", "masked_scatter", "masked_scatter_", "unique", "argwhere",
-                  "repeat_interleave", "one_hot"}
+                  "repeat_interleave", "one_hot", "unique_consecutive", "bincount", "histc", "equal", "allclose",
+                  "unravel_index", "quantile", "nanquantile"}
 # complex tensors run eagerly: the compiler's targets have no complex types (test_complex_functions_refuse_compile)
 EAGER_ONLY = [id(info) for info in COMPLEX_OPINFOS]
 # composites that make index tensors from Python lists: on CUDA those start on the host, and the function runs
 # eagerly (with the warning) rather than as one program
-HOST_CONSTANTS = {"combinations", "embedding_bag", "pdist", "multilabel_margin_loss", "ctc_loss"}
+HOST_CONSTANTS = {"combinations", "embedding_bag", "pdist", "multilabel_margin_loss", "ctc_loss", "isin"}
 CASES = [(info, k) for info in OPINFOS if id(info) not in EAGER_ONLY for k in range(len(info.samples()))]
 
 
@@ -200,6 +201,9 @@ def test_cuda_kernels_compile(info, k):
     except DataDependentError:
         assert info.name in DATA_DEPENDENT
         return
+    except UnsupportedTargetError as exc:  # runs eagerly under compile: no kernel to build
+        assert "on the host and run" in str(exc), exc
+        return
     low = lower_program(run_pipeline(traced.graph), "cuda")
     assert sorted(low.sources) == sorted(kk.name for kk in low.kernels.values())
     for name, source in low.sources.items():
@@ -248,8 +252,10 @@ def test_compiled_matches_eager_on_cuda(info, k):
             if info.name in DATA_DEPENDENT:
                 return
             raise
-        assert compiled.eager_reason is None or "check their results on the host" in compiled.eager_reason or (
+        assert compiled.eager_reason is None or "on the host and run" in compiled.eager_reason or (
             info.name in HOST_CONSTANTS and "tensors on cpu" in compiled.eager_reason), compiled.eager_reason
+        if compiled.eager_reason is not None:
+            return  # it ran eagerly, as intended: nothing of the compiler's to compare
         where = f"{info.name}[{sample.name or k}] call {call}"
         _compare([a.cpu() for a in actual[0]], [e.cpu() for e in expected[0]], f"{where}: outputs", info)
         _compare([a.cpu() for a in actual[1]], [e.cpu() for e in expected[1]], f"{where}: gradients", info)

@@ -35,7 +35,8 @@ def _torch_cuda():
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cuda.matmul.allow_tf32 = False
 TORCH_2_13 = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
-NEEDS_TORCH_2_13 = {"lp_pool1d", "lp_pool2d", "lp_pool3d"}  # the p=inf branch; older torch computes inf ** (1/inf)
+# lp_pool's p=inf branch (older torch computes inf ** (1/inf)); aminmax's kept dims without a dim (older: 0-d)
+NEEDS_TORCH_2_13 = {"lp_pool1d", "lp_pool2d", "lp_pool3d", "aminmax"}
 
 
 # ---------------------------------------------------------------------------------------------- op table

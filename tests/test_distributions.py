@@ -111,22 +111,22 @@ def test_kl_divergence_matches_torch(name):
 def _shifted(lib, name):
     """A second distribution of the same family with other parameters (wider for Uniform)."""
     t = torch.tensor if lib is torch else tw.tensor
-    D = lib.distributions
+    dists = lib.distributions
     f = np.float64
     return {
-        "Normal": lambda: D.Normal(t(REAL[::-1].astype(f)), t(POS2)),
-        "Uniform": lambda: D.Uniform(t(REAL - 2), t(REAL + 3)),
-        "Exponential": lambda: D.Exponential(t(POS2)),
-        "Laplace": lambda: D.Laplace(t(REAL[::-1].astype(f)), t(POS2)),
-        "Gamma": lambda: D.Gamma(t(POS2), t(POS)),
-        "Beta": lambda: D.Beta(t(POS2), t(POS)),
-        "Bernoulli": lambda: D.Bernoulli(probs=t(PROBS[::-1].astype(f))),
-        "Categorical": lambda: D.Categorical(probs=t(SIMPLEX[::-1].astype(f))),
-        "OneHotCategorical": lambda: D.OneHotCategorical(probs=t(SIMPLEX[::-1].astype(f))),
-        "Poisson": lambda: D.Poisson(t(POS2)),
-        "Dirichlet": lambda: D.Dirichlet(t(SIMPLEX[::-1].astype(f) * 3)),
-        "MultivariateNormal": lambda: D.MultivariateNormal(t(REAL[:, 1:].astype(f)), t(COV + np.eye(3))),
-        "LogNormal": lambda: D.LogNormal(t(REAL[::-1].astype(f)), t(POS2)),
+        "Normal": lambda: dists.Normal(t(REAL[::-1].astype(f)), t(POS2)),
+        "Uniform": lambda: dists.Uniform(t(REAL - 2), t(REAL + 3)),
+        "Exponential": lambda: dists.Exponential(t(POS2)),
+        "Laplace": lambda: dists.Laplace(t(REAL[::-1].astype(f)), t(POS2)),
+        "Gamma": lambda: dists.Gamma(t(POS2), t(POS)),
+        "Beta": lambda: dists.Beta(t(POS2), t(POS)),
+        "Bernoulli": lambda: dists.Bernoulli(probs=t(PROBS[::-1].astype(f))),
+        "Categorical": lambda: dists.Categorical(probs=t(SIMPLEX[::-1].astype(f))),
+        "OneHotCategorical": lambda: dists.OneHotCategorical(probs=t(SIMPLEX[::-1].astype(f))),
+        "Poisson": lambda: dists.Poisson(t(POS2)),
+        "Dirichlet": lambda: dists.Dirichlet(t(SIMPLEX[::-1].astype(f) * 3)),
+        "MultivariateNormal": lambda: dists.MultivariateNormal(t(REAL[:, 1:].astype(f)), t(COV + np.eye(3))),
+        "LogNormal": lambda: dists.LogNormal(t(REAL[::-1].astype(f)), t(POS2)),
     }[name]()
 
 

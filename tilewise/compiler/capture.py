@@ -501,6 +501,8 @@ class Capture:
             self._restore(args, state)
             _default_generator().offset -= self.rng_position() - position
             return op.decomposition(*args)
+        if not isinstance(out, (Tensor, tuple, list)):
+            return out  # a Python value the decomposition found from shapes alone (``equal`` of different shapes)
         if isinstance(out, (tuple, list)):
             ty = tuple(TensorType(o._shape, o._dtype, o._device) if o is not None else None for o in out)
         else:
@@ -534,6 +536,11 @@ class Capture:
             ty = infer(op, args, device)
         except DataDependentError:
             return self.run_real(op, args, device, what)
+        if op.attrs.get("compiled") is False:  # the whole function runs eagerly (see _graph_target)
+            from tilewise.compiler.function import UnsupportedTargetError
+
+            raise UnsupportedTargetError(f"it calls {op.name}, which checks its results on the host and runs eagerly "
+                                         "(compile the code around it separately)")
         if _complex_operands(args) or _complex_type(ty):
             return self.run_uncompiled(op, args, "on complex tensors", "the C and CUDA targets generate no code for "
                                        "complex dtypes")

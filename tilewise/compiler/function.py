@@ -394,8 +394,8 @@ def _graph_target(graph) -> tuple[str, Device | None]:
                                      "(leave the complex part, e.g. the FFT, outside the compiled function)")
     eager_only = sorted({n.op for n in graph.body if n.opdef is not None and n.opdef.attrs.get("compiled") is False})
     if eager_only:
-        raise UnsupportedTargetError(f"it calls {', '.join(eager_only)}, which check their results on the host and "
-                                     "run eagerly (compile the code around them separately)")
+        raise UnsupportedTargetError(f"it calls {', '.join(eager_only)}, which check their results on the host and run "
+                                     "eagerly (compile the code around them separately)")
     devices = {n.type.device for n in nodes}
     if not devices or devices == {cpu}:
         return "c", None

@@ -187,7 +187,7 @@ def run(op, args: tuple, device: Device):
     try:
         return _run(op, args, device)
     except (NotImplementedError, KeyError):  # kernels are generated for real dtypes: see _run_complex
-        if not _complex_operands(op, args):
+        if not (_complex_operands(op, args) or _complex_result(op, args)):
             raise
         return _run_complex(op, args, device)
 
@@ -212,6 +212,14 @@ def _run(op, args: tuple, device: Device):
 
 def _complex_operands(op, args: tuple) -> bool:
     return any(type(args[k]) is Tensor and args[k]._dtype.is_complex for k in op.tensor_idx)
+
+
+def _complex_result(op, args: tuple) -> bool:
+    """Real operands, a complex result (``complex(real, imag)``, ``polar``)."""
+    try:
+        return op.dtype_rule(op, args)[0].is_complex
+    except Exception:  # noqa: BLE001 — no dtype rule for these arguments: not a complex-making pointwise op
+        return False
 
 
 def _run_complex(op, args: tuple, device: Device):
