@@ -37,6 +37,8 @@ CONVENTIONAL_GRADIENTS = {"embedding": {"padding_idx", "freq", "max_norm"}, "ind
 # cholesky_solve and cholesky_inverse differentiate the factor as a full matrix (torch's formulas), though only its
 # triangle is read.
 CONVENTIONAL_GRADIENTS.update({"cholesky_solve": {"lower", "upper-broadcast"}, "cholesky_inverse": {"", "upper"}})
+# put without accumulate and repeated positions: one write is kept, the gradient goes to every source (index_put's)
+CONVENTIONAL_GRADIENTS["put"] = {""}
 # Inputs where every gradient is torch's convention: NaN and inf (no derivative), ties and constants (a kink).
 CONVENTIONAL_KINDS = frozenset({"nan", "one_nan", "ties"})
 

@@ -44,6 +44,15 @@ DIFFERENCES = {
                                                  "keeps key and value",
     "scaled_dot_product_attention input 2: gqa": "as for the key",
     **dict.fromkeys([
+        "grid_sample input 1: 0,border-align,reflection,reflection-align,nearest,bicubic,bicubic-border,"
+        "bicubic-reflection-align,3d,3d-reflection", "conv_tbc input 2: 0,pad"],
+        "torch's kernel keeps this input; tilewise's composite keeps what it computed from it (the sampling "
+        "positions and weights; the bias it broadcast), so the gradient is right and the change is not an error"),
+    **dict.fromkeys(["fold input 0: 0,dilation-pad-stride,unbatched"],
+                    "tilewise's fold gathers its windows through a permuted view of the input, which its backward "
+                    "keeps; torch's col2im keeps nothing, so tilewise refuses a write torch allows (never a wrong "
+                    "gradient)"),
+    **dict.fromkeys([
         "multi_margin_loss input 2: weight", "pdist input 0: 0,p1,p3,one-row",
         "ctc_loss input 1: padded-mean,padded-sum,padded-none", "rrelu input 0: training-fixed-slope",
         "bilinear input 2: 0,no-bias-3d,unbatched", "embedding_bag input 0: per-sample-weights"],

@@ -153,7 +153,7 @@ def _fractional_public(shape, kernel, sizes):
 
 
 def _unfold():
-    return [Sample((T((2, 3, 5, 6)), 2)),
+    return [Sample((T((2, 3, 5, 6)), 2), name="blocks"),
             Sample((T((2, 3, 6, 7)), (2, 3), (2, 1), (1, 2), (2, 1)), name="dilation-pad-stride"),
             Sample((T((3, 4, 5)), 3), {"padding": 1}, name="unbatched")]
 

@@ -171,7 +171,7 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
             out = _cubic_along(out, d, o, s, bool(align_corners))
         else:
             out = _linear_along(out, d, o, s, bool(align_corners))
-    return out
+    return out if out._base is None else out.clone()  # its own storage: ``x = interpolate(...); x += skip`` works
 
 
 functional("interpolate(Tensor input, int[]? size=None, float[]? scale_factor=None, str mode='nearest', "
