@@ -72,9 +72,14 @@ def test_the_torch_form_changes_only_import_lines():
         assert "tilewise" not in names, f"{script} names tilewise outside its imports"
 
 
-@pytest.mark.parametrize("script,extra", [("train_gpt.py", []), ("train_char_lstm.py", []),
-                                          ("train_mnist_cnn.py", []),
-                                          *[("train_word_lm.py", ["--model", m]) for m in WORD_LM_MODELS]],
+SLOW = pytest.mark.slow  # each case starts six processes; the GPT trainer stays in the default run
+
+
+@pytest.mark.parametrize("script,extra", [("train_gpt.py", []),
+                                          pytest.param("train_char_lstm.py", [], marks=SLOW),
+                                          pytest.param("train_mnist_cnn.py", [], marks=SLOW),
+                                          *[pytest.param("train_word_lm.py", ["--model", m], marks=SLOW)
+                                            for m in WORD_LM_MODELS]],
                          ids=["gpt", "char_lstm", "mnist_cnn", *[f"word_lm_{m}" for m in WORD_LM_MODELS]])
 def test_an_example_trains_like_torch(script, extra, tmp_path):
     path, args = EXAMPLES / script, SMALL[script] + extra
