@@ -150,7 +150,8 @@ def _eager_grads(outs, tensors, info):
 def test_compiled_forward_is_differentiable(info, k):
     """The compiled function's outputs carry autograd history: backward runs the compiled backward program."""
     sample = info.samples()[k]
-    if (info.name, sample.name) == ("index_reduce", "prod"):
+    if (info.name, sample.name) in (("index_reduce", "prod"), ("scatter_reduce", "prod-positive"),
+                                    ("scatter_reduce", "prod-without-self")):
         pytest.xfail("prod's backward reads whether a factor is zero; a graph break inside a compiled backward is "
                      "not handled yet (GraphError)")
     args, kwargs, tensors = _inputs(info, sample, seed=k, noncontiguous=False)
