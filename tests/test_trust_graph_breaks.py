@@ -326,3 +326,17 @@ def test_a_line_search_that_restores_its_parameters_after_a_break():
     compiled, reference = tw.compile(make(tw)), make(torch)
     for _ in range(3):
         assert_same(compiled(), reference())
+
+
+def test_a_function_calling_a_linalg_solver_runs_eagerly_and_still_raises_its_errors():
+    """The solvers read LAPACK's info codes on the host: under compile the function runs eagerly (one warning), so
+    a singular matrix raises torch's LinAlgError instead of returning garbage."""
+    def solve(a, b):
+        return tw.linalg.solve(a * 2, b).sum(0)
+
+    compiled = tw.compile(solve)
+    a, b = tw.eye(3) + 0.5, tw.ones(3, 2)
+    with pytest.warns(RuntimeWarning, match="checks its results on the host"):
+        np.testing.assert_allclose(compiled(a, b).numpy(), solve(a, b).numpy(), rtol=1e-6)
+    with pytest.raises(tw.linalg.LinAlgError, match="singular"):
+        compiled(tw.zeros(3, 3), b)

@@ -529,6 +529,11 @@ class Capture:
             t._trace = value
 
     def primitive(self, op, args: tuple, device):
+        if op.attrs.get("compiled") is False:  # the whole function runs eagerly (see _graph_target)
+            from tilewise.compiler.function import UnsupportedTargetError
+
+            raise UnsupportedTargetError(f"it calls {op.name}, which checks its results on the host and runs eagerly "
+                                         "(compile the code around it separately)")
         what = f"{op.name}() (its result's shape depends on tensor values)"
         if op.full_name in DATA_DEPENDENT_OPS or op.attrs.get("data_dependent"):
             return self.run_real(op, args, device, what)
@@ -536,11 +541,6 @@ class Capture:
             ty = infer(op, args, device)
         except DataDependentError:
             return self.run_real(op, args, device, what)
-        if op.attrs.get("compiled") is False:  # the whole function runs eagerly (see _graph_target)
-            from tilewise.compiler.function import UnsupportedTargetError
-
-            raise UnsupportedTargetError(f"it calls {op.name}, which checks its results on the host and runs eagerly "
-                                         "(compile the code around it separately)")
         if _complex_operands(args) or _complex_type(ty):
             return self.run_uncompiled(op, args, "on complex tensors", "the C and CUDA targets generate no code for "
                                        "complex dtypes")
