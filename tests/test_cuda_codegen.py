@@ -10,8 +10,10 @@ between two dtypes. Kernels are compiled many to one NVRTC program, which is wha
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -125,8 +127,6 @@ def _reduction_specs():
 
 
 def _compile_all(specs, render) -> int:
-    from tilewise.compiler.toolchain import compile_cuda
-
     unique = {}
     for spec in specs:
         if spec.name not in unique:
@@ -134,13 +134,24 @@ def _compile_all(specs, render) -> int:
                 unique[spec.name] = render(spec)
             except TypeError:
                 continue  # arithmetic numpy and torch reject for this dtype (bool subtraction, ...)
-    names = sorted(unique)
-    for start in range(0, len(names), BATCH):
-        batch = names[start:start + BATCH]
-        source = "\n".join(unique[n] for n in batch)
-        compiled = compile_cuda(source, batch, "sm_90")
-        missing = [n for n in batch if f".entry {n}(" not in compiled.ptx]
-        assert not missing, f"kernels missing from the PTX: {missing[:5]}"
+    return _compile_sources(unique)
+
+
+def _compile_sources(sources: dict[str, str]) -> int:
+    """Compile the kernels in batches, a batch per core at a time (NVRTC runs outside the GIL); every kernel must
+    reach the PTX."""
+    from tilewise.compiler.toolchain import compile_cuda
+
+    names = sorted(sources)
+
+    def compile_batch(batch):
+        compiled = compile_cuda("\n".join(sources[n] for n in batch), batch, "sm_90")
+        return [n for n in batch if f".entry {n}(" not in compiled.ptx]
+
+    batches = [names[start:start + BATCH] for start in range(0, len(names), BATCH)]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for missing in pool.map(compile_batch, batches):
+            assert not missing, f"kernels missing from the PTX: {missing[:5]}"
     return len(names)
 
 
@@ -221,13 +232,7 @@ def test_every_sort_and_running_extreme_kernel_compiles():
             carrier = extreme_carrier(dtype)
             sources[f"tw_cum{combiner}_carries_{carrier.name}"] = render_extreme_carries(
                 f"tw_cum{combiner}_carries_{carrier.name}", combiner, carrier)
-    from tilewise.compiler.toolchain import compile_cuda
-
-    names = sorted(sources)
-    for start in range(0, len(names), BATCH):
-        batch = names[start:start + BATCH]
-        compiled = compile_cuda("\n".join(sources[n] for n in batch), batch, "sm_90")
-        assert all(f".entry {n}(" in compiled.ptx for n in batch)
+    assert _compile_sources(sources) == len(sources)
 
 
 def test_sort_block_fits_default_shared_memory():
