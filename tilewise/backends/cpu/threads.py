@@ -2,65 +2,25 @@
 
 [Note: CPU threads] The CPU backend's only multithreaded work is BLAS (numpy's OpenBLAS: matmul, linalg);
 numpy's elementwise loops and the compiler's C target are single-threaded. ``set_num_threads`` therefore sets
-OpenBLAS's thread count, through the library numpy loaded (found among numpy's bundled libraries or the
-process's mapped ones, and called by its exported ``openblas_set_num_threads`` symbol, whose name the numpy
-wheels suffix). Where no OpenBLAS is found (numpy built on another BLAS) the count is kept and reported, and
-changes nothing. tilewise has no inter-op thread pool: ``set_num_interop_threads`` keeps the number, with
-torch's rule that it can be set once.
+the thread count of the BLAS libraries numpy loaded, through threadpoolctl (which finds them, OpenBLAS, MKL or
+BLIS, and calls their own setters). Where none is found the count is kept and reported, and changes nothing.
+tilewise has no inter-op thread pool: ``set_num_interop_threads`` keeps the number, with torch's rule that it
+can be set once.
 """
 
 from __future__ import annotations
 
-import ctypes
-import glob
 import os
-from pathlib import Path
 
-_SYMBOLS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
-            "openblas_set_num_threads")
-
-
-class _Blas:
-    """The OpenBLAS numpy uses, with its thread-count setter and getter (None where none was found)."""
-
-    def __init__(self) -> None:
-        self.set = self.get = None
-        for path in _candidate_libraries():
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                continue
-            for name in _SYMBOLS:
-                setter = getattr(lib, name, None)
-                getter = getattr(lib, name.replace("set_", "get_"), None)
-                if setter is not None and getter is not None:
-                    setter.argtypes, getter.restype = [ctypes.c_int], ctypes.c_int
-                    self.set, self.get = setter, getter
-                    return
-
-
-def _candidate_libraries() -> list[str]:
-    import numpy
-
-    root = Path(numpy.__file__).parent
-    found = [p for pattern in ("../numpy.libs/*openblas*", ".dylibs/*openblas*", "../numpy.libs/*.dll")
-             for p in glob.glob(str(root / pattern))]
-    try:
-        with open("/proc/self/maps") as maps:
-            found += sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and "/" in line})
-    except OSError:
-        pass
-    return found
-
-
-_blas: list[_Blas] = []
 _counts: dict[str, int | None] = {"intra": None, "interop": None}
 
 
-def _library() -> _Blas:
-    if not _blas:
-        _blas.append(_Blas())
-    return _blas[0]
+def blas_thread_counts() -> list[int]:
+    """The thread count of every BLAS library loaded in the process (numpy's), as the libraries report it."""
+    import numpy  # noqa: F401 — loads numpy's BLAS, which threadpoolctl then finds
+    from threadpoolctl import threadpool_info
+
+    return [int(info["num_threads"]) for info in threadpool_info() if info.get("user_api") == "blas"]
 
 
 def _check_count(n, what: str) -> int:
@@ -81,17 +41,18 @@ def set_num_threads(n: int) -> None:
     >>> tw.set_num_threads(before)
     """
     _check_count(n, "set_num_threads")
-    blas = _library()
-    if blas.set is not None:
-        blas.set(n)
+    import numpy  # noqa: F401 — loads numpy's BLAS, which threadpoolctl then finds
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=n, user_api="blas")  # stays in force: the returned context is not exited
     _counts["intra"] = n
 
 
 def get_num_threads() -> int:
-    """The number of threads CPU operators use: OpenBLAS's count where numpy has OpenBLAS."""
-    blas = _library()
-    if blas.get is not None:
-        return int(blas.get())
+    """The number of threads CPU operators use: numpy's BLAS's count where it has one."""
+    counts = blas_thread_counts()
+    if counts:
+        return max(counts)
     return _counts["intra"] or _cpu_count()
 
 
