@@ -21,7 +21,8 @@ from tilewise.compiler.toolchain import nvrtc_available
 
 # operators whose result shape (or, for one_hot without num_classes, an argument) depends on tensor values
 DATA_DEPENDENT = {"nonzero", "masked_select", "masked_scatter", "masked_scatter_", "unique", "argwhere",
-                  "repeat_interleave", "one_hot"}
+                  "repeat_interleave", "one_hot", "unique_consecutive", "bincount", "histc", "equal", "allclose",
+                  "unravel_index", "quantile", "nanquantile"}
 CASES = [(info, k) for info in OPINFOS for k in range(len(info.samples()))]
 
 

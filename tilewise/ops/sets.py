@@ -72,7 +72,7 @@ composite("equal(Tensor self, Tensor other) -> bool", _equal, differentiable=Fal
 # ---------------------------------------------------------------- unique values and membership
 declare("unique_dim(Tensor self, bool sorted=True, bool return_inverse=False, bool return_counts=False, "
         "int? dim=None, bool consecutive=False) -> (Tensor, Tensor, Tensor)", "other", differentiable=False,
-        public=False)
+        public=False, data_dependent=True)
 
 
 def _unique(self, sorted=True, return_inverse=False, return_counts=False, dim=None):
@@ -102,6 +102,9 @@ composite("unique_consecutive(Tensor self, bool return_inverse=False, bool retur
 
 
 def _isin(elements, test_elements, assume_unique=False, invert=False):
+    if isinstance(elements, Tensor) and not isinstance(test_elements, Tensor):  # one number: a comparison
+        found = elements == test_elements
+        return found.logical_not() if invert else found
     elements = _as_tensor(elements, test_elements if isinstance(test_elements, Tensor) else None)
     test = _as_tensor(test_elements, elements).reshape(-1)
     common = dtypes.result_type(elements, test)
@@ -139,9 +142,9 @@ def _bincount_dtype(op, args):
 
 
 declare("bincount(Tensor self, Tensor? weights=None, int minlength=0) -> Tensor", "other", dtype=_bincount_dtype,
-        differentiable=False)
+        differentiable=False, data_dependent=True)
 declare("histc(Tensor self, int bins=100, Scalar min=0, Scalar max=0) -> Tensor", "other", dtype=R.first_input,
-        differentiable=False)
+        differentiable=False, data_dependent=True)
 
 
 # ---------------------------------------------------------------- NaN-ignoring and paired reductions
@@ -218,13 +221,15 @@ def _quantile_checks(self, q, interpolation, op):
     if isinstance(q, Tensor) and q.dtype is not self.dtype:
         raise RuntimeError(f"{op}() q tensor must be same dtype as the input tensor (got {q.dtype.name} and "
                            f"{self.dtype.name})")
-    if not isinstance(q, Tensor):
+    if not isinstance(q, Tensor):  # a number is checked as a number: no tensor values read under compile
+        if not 0 <= q <= 1:
+            raise RuntimeError(f"{op}() q must be in the range [0, 1] but got {q}")
         from tilewise.tensor import tensor
 
         q = tensor(q, dtype=self.dtype, device=self.device)
-    if q.ndim > 1:
+    elif q.ndim > 1:
         raise RuntimeError(f"{op}() q must be a scalar or 1D tensor (got {q.ndim} dims)")
-    if q.numel() and (bool((q < 0).any()) or bool((q > 1).any())):
+    elif q.numel() and (bool((q < 0).any()) or bool((q > 1).any())):
         raise RuntimeError(f"{op}() q values must be in the range [0, 1]")
     if self.numel() == 0:
         raise RuntimeError(f"{op}() input tensor must be non-empty")
