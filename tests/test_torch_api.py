@@ -156,7 +156,7 @@ METHOD_CALLS = ["M.greater(x, 0.5)", "x.less_equal(1.0)", "M.not_equal(x, x)", "
                 "M.is_same_size(x, x)", "x.is_signed()", "x.long().is_signed()", "x.bool().is_signed()",
                 "x.get_device()", "M.broadcast_shapes((2, 1), (3,), 1)", "M.fill(x, 2.5)", "x.polygamma(1)",
                 "M.abs_(x - 2)", "M.trunc_(x * 3)", "M.zero_(x.clone())",
-                "M.zeros(3).scatter_reduce(0, M.tensor([0, 1]), M.tensor([5.0, -2.0]), 'max')",
+                "M.equal(x, x.t())", "M.zeros(3).scatter_reduce(0, M.tensor([0, 1]), M.tensor([5.0, -2.0]), 'max')",
                 "M.zeros(3).scatter_reduce(0, M.tensor([0, 1]), M.tensor([5.0, -2.0]), 'min')"]
 
 

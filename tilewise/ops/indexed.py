@@ -55,11 +55,28 @@ def scatter_reduce_backward(grad, self, dim, index, src, reduce, include_self, r
         if not include_self:
             grad_self = call("where", written, grad_self.new_zeros(()), grad_self)
         return grad_self, src_hit * share.gather(dim, index)
-    if bool((src == 0).any()) or (include_self and bool((self == 0).any())):
-        raise NotImplementedError("scatter_reduce(reduce='prod') backward is not implemented where a factor is 0")
-    through = grad * result
-    grad_self = through / self if include_self else call("where", written, grad.new_zeros(()), grad)
-    return grad_self, through.gather(dim, index) / src
+    return _prod_backward(grad, self, dim, index, src, include_self, result, written)
+
+
+def _prod_backward(grad, self, dim, index, src, include_self, result, written):
+    """torch's formula: each factor's gradient is the product of the others, formed without dividing by a zero
+    (a zero factor's own gradient is the product of the rest; with two zeros at one position every gradient
+    there is 0)."""
+    zero = grad.new_zeros(())
+    if include_self:
+        self_zero = self == 0
+        masked_self = call("where", self_zero, grad.new_ones(()), self)
+        others = masked_self.scatter_reduce(dim, index, src, "prod", include_self=True)
+        grad_self = grad * others / masked_self
+    else:
+        grad_self = call("where", written, zero, grad)
+    src_zero = src == 0
+    zeros_there = self.new_zeros(self.shape, dtype=grad.dtype).scatter_add(dim, index, src_zero.to(grad.dtype))
+    single_zero = src_zero & (zeros_there.gather(dim, index) == 1)
+    masked_src = call("where", single_zero, src.new_ones(()), src)
+    without_it = self.scatter_reduce(dim, index, masked_src, "prod", include_self=include_self)
+    by_division = (grad * result).gather(dim, index) / call("where", src_zero, src.new_ones(()), src)
+    return grad_self, call("where", single_zero, (grad * without_it).gather(dim, index), by_division)
 
 
 HELPERS.update(scatter_reduce_backward=scatter_reduce_backward)

@@ -221,13 +221,15 @@ def _quantile_checks(self, q, interpolation, op):
     if isinstance(q, Tensor) and q.dtype is not self.dtype:
         raise RuntimeError(f"{op}() q tensor must be same dtype as the input tensor (got {q.dtype.name} and "
                            f"{self.dtype.name})")
-    if not isinstance(q, Tensor):
+    if not isinstance(q, Tensor):  # a number is checked as a number: no tensor values read under compile
+        if not 0 <= q <= 1:
+            raise RuntimeError(f"{op}() q must be in the range [0, 1] but got {q}")
         from tilewise.tensor import tensor
 
         q = tensor(q, dtype=self.dtype, device=self.device)
-    if q.ndim > 1:
+    elif q.ndim > 1:
         raise RuntimeError(f"{op}() q must be a scalar or 1D tensor (got {q.ndim} dims)")
-    if q.numel() and (bool((q < 0).any()) or bool((q > 1).any())):
+    elif q.numel() and (bool((q < 0).any()) or bool((q > 1).any())):
         raise RuntimeError(f"{op}() q values must be in the range [0, 1]")
     if self.numel() == 0:
         raise RuntimeError(f"{op}() input tensor must be non-empty")

@@ -251,18 +251,17 @@ def _mvlgamma(self, p):
         raise RuntimeError(f"mvlgamma: p has to be greater than or equal to 1 (got p={p})")
     if not self.dtype.is_floating_point:
         raise RuntimeError(f"mvlgamma: input tensor must be floating point (got {self.dtype.name})")
-    return _shifted_by_halves(self, p).lgamma().sum(-1) + p * (p - 1) / 4 * math.log(math.pi)
-
-
-def _shifted_by_halves(self, p):
-    """self - j/2 for j = 0 .. p-1, along a new last dim."""
-    from tilewise.ops.creation import arange
-
-    return self.unsqueeze(-1) + arange(0, -p / 2, -0.5, dtype=self.dtype, device=self.device)[:p]
+    total = self.lgamma()
+    for j in range(1, p):  # p is small: one lgamma per term keeps the sum free of constant tensors
+        total = total + (self - j / 2).lgamma()
+    return total + p * (p - 1) / 4 * math.log(math.pi)
 
 
 def mvlgamma_backward(grad, self, p):
-    return grad * _shifted_by_halves(self, p).digamma().sum(-1)
+    total = self.digamma()
+    for j in range(1, p):
+        total = total + (self - j / 2).digamma()
+    return grad * total
 
 
 HELPERS.update(mvlgamma_backward=mvlgamma_backward)
