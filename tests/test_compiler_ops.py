@@ -23,8 +23,7 @@ from tilewise.compiler.toolchain import nvrtc_available
 # operators whose result shape (or, for one_hot without num_classes, an argument) depends on tensor values
 DATA_DEPENDENT = {"nonzero", "masked_select", "masked_scatter", "masked_scatter_", "unique", "argwhere",
                   "repeat_interleave", "one_hot", "unique_consecutive", "bincount", "histc", "equal", "allclose",
-                  "unravel_index", "quantile", "nanquantile",
-                  "scatter_reduce", "index_reduce"}  # the last two: prod's backward checks for zero factors
+                  "unravel_index", "quantile", "nanquantile"}
 # complex tensors run eagerly: the compiler's targets have no complex types (test_complex_functions_refuse_compile)
 EAGER_ONLY = [id(info) for info in COMPLEX_OPINFOS]
 # composites that make index tensors from Python lists: on CUDA those start on the host, and the function runs
@@ -150,10 +149,6 @@ def _eager_grads(outs, tensors, info):
 def test_compiled_forward_is_differentiable(info, k):
     """The compiled function's outputs carry autograd history: backward runs the compiled backward program."""
     sample = info.samples()[k]
-    if (info.name, sample.name) in (("index_reduce", "prod"), ("scatter_reduce", "prod-positive"),
-                                    ("scatter_reduce", "prod-without-self")):
-        pytest.xfail("prod's backward reads whether a factor is zero; a graph break inside a compiled backward is "
-                     "not handled yet (GraphError)")
     args, kwargs, tensors = _inputs(info, sample, seed=k, noncontiguous=False)
     try:
         tw.manual_seed(0)
