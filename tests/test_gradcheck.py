@@ -39,9 +39,10 @@ CONVENTIONAL_GRADIENTS = {"embedding": {"padding_idx", "freq", "max_norm"}, "ind
 CONVENTIONAL_GRADIENTS.update({"cholesky_solve": {"lower", "upper-broadcast"}, "cholesky_inverse": {"", "upper"}})
 # put without accumulate and repeated positions: one write is kept, the gradient goes to every source (index_put's)
 CONVENTIONAL_GRADIENTS["put"] = {""}
-# scatter_reduce amax/amin without self: torch's formula (which tilewise matches bit for bit) and finite differences
-# part where a probe step reorders the sources of one position
+# scatter_reduce and index_reduce amax/amin without self: torch's formula (which tilewise matches bit for bit)
+# and finite differences part where a probe step reorders the sources of one position
 CONVENTIONAL_GRADIENTS["scatter_reduce"] = {"amax-False", "amin-False"}
+CONVENTIONAL_GRADIENTS["index_reduce"] = {"amax-False", "amin-False"}
 # Inputs where every gradient is torch's convention: NaN and inf (no derivative), ties and constants (a kink).
 CONVENTIONAL_KINDS = frozenset({"nan", "one_nan", "ties"})
 
