@@ -28,7 +28,8 @@ DATA_DEPENDENT = {"nonzero", "masked_select", "masked_scatter", "masked_scatter_
 EAGER_ONLY = [id(info) for info in COMPLEX_OPINFOS]
 # composites that make index tensors from Python lists: on CUDA those start on the host, and the function runs
 # eagerly (with the warning) rather than as one program
-HOST_CONSTANTS = {"combinations", "embedding_bag", "pdist", "multilabel_margin_loss", "ctc_loss", "isin"}
+HOST_CONSTANTS = {"combinations", "embedding_bag", "pdist", "multilabel_margin_loss", "ctc_loss", "isin", "quantile",
+                  "nanquantile"}
 CASES = [(info, k) for info in OPINFOS if id(info) not in EAGER_ONLY for k in range(len(info.samples()))]
 
 
