@@ -68,6 +68,11 @@ def user_frame() -> tuple[str, int, str]:
     return "<unknown>", 0, ""
 
 
+class UnsupportedTargetError(RuntimeError):
+    """What the function does has no generated code (mixed devices, complex tensors, host-checked solvers): it runs
+    eagerly, or with ``fullgraph=True`` raises."""
+
+
 def _complex_operands(args: tuple) -> bool:
     return any((type(a) is Tensor and a._dtype.is_complex)
                or (isinstance(a, tuple) and any(type(x) is Tensor and x._dtype.is_complex for x in a)) for a in args)
@@ -530,8 +535,6 @@ class Capture:
 
     def primitive(self, op, args: tuple, device):
         if op.attrs.get("compiled") is False:  # the whole function runs eagerly (see _graph_target)
-            from tilewise.compiler.function import UnsupportedTargetError
-
             raise UnsupportedTargetError(f"it calls {op.name}, which checks its results on the host and runs eagerly "
                                          "(compile the code around it separately)")
         what = f"{op.name}() (its result's shape depends on tensor values)"
@@ -565,8 +568,6 @@ class Capture:
         it stay compiled; with ``fullgraph=True`` it is an error."""
         what = f"{op.name}() {what}"
         if self.breaks is None:
-            from tilewise.compiler.function import UnsupportedTargetError
-
             path, line, text = user_frame()
             raise UnsupportedTargetError(f"{what}: {why}.\n  at {path}:{line}: {text}\nLeave it outside the compiled "
                                          "function, or compile with fullgraph=False to run it between compiled "

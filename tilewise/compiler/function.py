@@ -43,6 +43,7 @@ from tilewise.autograd.function import Function
 from tilewise.compiler.capture import (
     Source,
     Traced,
+    UnsupportedTargetError,
     capturing,
     flatten,
     start,
@@ -62,10 +63,6 @@ from tilewise.storage import Storage
 from tilewise.tensor import Tensor, from_array
 
 MODES = ("default", "reduce-overhead", "max-autotune")
-
-
-class UnsupportedTargetError(RuntimeError):
-    """The function runs on a device the compiler has no code generation for yet."""
 
 
 # ---------------------------------------------------------------------------- what a call reaches

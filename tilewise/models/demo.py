@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import itertools
 import math
 import os
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import tilewise as tw
+from tilewise.backends.cpu.threads import blas_thread_counts
 from tilewise.data import load_text
 from tilewise.fileio import atomic_writer
 from tilewise.models.gpt import GPT, CharTokenizer, GPTConfig
@@ -98,23 +98,10 @@ def tune_cpu_process() -> list[str]:
         if (libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)
                 and libc.mallopt(m_top_pad, 64 << 20)):
             changed.append("malloc keeps freed memory")
-    if _set_blas_threads(1):
+    if blas_thread_counts():
+        tw.set_num_threads(1)
         changed.append("BLAS on 1 thread")
     return changed
-
-
-def _set_blas_threads(count: int) -> bool:
-    """Set the thread count of the OpenBLAS that numpy loaded, whatever its symbol prefix/suffix."""
-    with open("/proc/self/maps") as maps:
-        paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
-    for path in paths:
-        lib = ctypes.CDLL(path)
-        for prefix, suffix in itertools.product(("scipy_", ""), ("64_", "")):
-            setter = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}", None)
-            if setter is not None:
-                setter(count)
-                return True
-    return False
 
 
 def unigram_baseline(train_ids: np.ndarray, val_ids: np.ndarray, vocab_size: int) -> float:

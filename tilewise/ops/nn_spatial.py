@@ -66,13 +66,8 @@ def _windows_adjoint(windows, input_shape, pads, stride, dilation):
 
 # ============================================================================ convolution
 
-def _check_conv(op, input, weight, bias, stride, padding, dilation, groups, spatial: int) -> None:
-    if input.ndim not in (spatial + 1, spatial + 2):
-        raise RuntimeError(f"Expected {spatial + 1}D (unbatched) or {spatial + 2}D (batched) input to {op}, but got "
-                           f"input of size: {list(input.shape)}")
-    if weight.ndim != spatial + 2:
-        raise RuntimeError(f"{op}: Expected {spatial + 2}-dimensional weight (out_channels, in_channels / groups, "
-                           f"*kernel_size), but got weight of size {list(weight.shape)}")
+def _check_window_args(op, groups, stride, dilation, padding) -> None:
+    """The checks convolution and its transpose share, with torch's messages."""
     if groups <= 0:
         raise RuntimeError(f"{op}: non-positive groups is not supported, got groups={groups}")
     if min(stride) <= 0:
@@ -81,6 +76,16 @@ def _check_conv(op, input, weight, bias, stride, padding, dilation, groups, spat
         raise RuntimeError(f"{op}: dilation should be greater than zero, got dilation={list(dilation)}")
     if not isinstance(padding, str) and min(padding) < 0:
         raise RuntimeError(f"{op}: negative padding is not supported, got padding={list(padding)}")
+
+
+def _check_conv(op, input, weight, bias, stride, padding, dilation, groups, spatial: int) -> None:
+    if input.ndim not in (spatial + 1, spatial + 2):
+        raise RuntimeError(f"Expected {spatial + 1}D (unbatched) or {spatial + 2}D (batched) input to {op}, but got "
+                           f"input of size: {list(input.shape)}")
+    if weight.ndim != spatial + 2:
+        raise RuntimeError(f"{op}: Expected {spatial + 2}-dimensional weight (out_channels, in_channels / groups, "
+                           f"*kernel_size), but got weight of size {list(weight.shape)}")
+    _check_window_args(op, groups, stride, dilation, padding)
     channels = input.shape[-spatial - 1]
     out_channels, group_channels = weight.shape[0], weight.shape[1]
     if out_channels % groups:
@@ -281,14 +286,7 @@ def _check_conv_transpose(op, input, weight, bias, stride, padding, output_paddi
     if weight.ndim != spatial + 2:
         raise RuntimeError(f"{op}: Expected {spatial + 2}-dimensional weight (in_channels, out_channels / groups, "
                            f"*kernel_size), but got weight of size {list(weight.shape)}")
-    if groups <= 0:
-        raise RuntimeError(f"{op}: non-positive groups is not supported, got groups={groups}")
-    if min(stride) <= 0:
-        raise RuntimeError(f"{op}: non-positive stride is not supported, got stride={list(stride)}")
-    if min(dilation) <= 0:
-        raise RuntimeError(f"{op}: dilation should be greater than zero, got dilation={list(dilation)}")
-    if min(padding) < 0:
-        raise RuntimeError(f"{op}: negative padding is not supported, got padding={list(padding)}")
+    _check_window_args(op, groups, stride, dilation, padding)
     if any(extra >= s and extra >= d for extra, s, d in zip(output_padding, stride, dilation)) \
             or min(output_padding) < 0:
         raise RuntimeError(f"{op}: output padding must be smaller than either stride or dilation, but got "
