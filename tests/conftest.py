@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))  # the op table (opinfo, opinfos/)
 
 def _gpu_available() -> bool:
     try:
-        from tilewise.backends.cuda.runtime.driver import is_available
+        from tilewise._cuda_api import is_available
     except ImportError:
         return False
     return is_available()

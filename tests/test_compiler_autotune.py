@@ -12,13 +12,13 @@ import pytest
 
 import tilewise as tw
 import tilewise.nn.functional as F
+from tilewise.codegen.schedule import HEURISTIC, candidates, schedule
+from tilewise.codegen.toolchain import nvrtc_available
 from tilewise.compiler import autotune
 from tilewise.compiler.autotune import DecisionCache, Policy, Sampler, fastest, measure
 from tilewise.compiler.capture import trace
 from tilewise.compiler.passes import run_pipeline
 from tilewise.compiler.program import HostTuning, lower_program
-from tilewise.compiler.schedule import HEURISTIC, candidates, schedule
-from tilewise.compiler.toolchain import nvrtc_available
 from tilewise.config import settings
 
 W, B = tw.randn(768), tw.randn(768)
@@ -92,8 +92,8 @@ def test_cuda_candidates_are_legal_launches(name):
 @pytest.mark.skipif(not nvrtc_available(), reason="NVRTC is not installed")
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_cuda_candidate_compiles(name):
-    from tilewise.compiler.render.fused_cuda import render_program
-    from tilewise.compiler.toolchain import compile_cached
+    from tilewise.codegen.render.kernel_cuda import render_program
+    from tilewise.codegen.toolchain import compile_cached
 
     fn, shapes = CASES[name]
     for sched in _lowered(fn, _args(shapes), "cuda").schedules:
@@ -215,7 +215,7 @@ def test_a_second_process_reads_the_decisions_and_the_library_from_disk(outputs_
     script = textwrap.dedent("""
         import tilewise as tw
         from tilewise.compiler.autotune import default_decisions
-        from tilewise.compiler.toolchain.cc import default_c_cache
+        from tilewise.codegen.toolchain.cc import default_c_cache
         f = tw.compile(lambda x: (x.relu() * 0.5 + 1).softmax(-1), mode="max-autotune")
         total = f(tw.ones(64, 256)).sum().item()
         stats = default_decisions().stats

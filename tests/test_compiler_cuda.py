@@ -29,7 +29,7 @@ def test_seed_chain_is_one_vectorised_elementwise_kernel():
 def test_an_optimizer_update_over_many_parameters_is_one_body_in_one_kernel():
     """AdamW over parameters of several shapes: one kernel whose nests (one per parameter) share one body,
     each block picking its nest's buffers and length; NVRTC compiles it."""
-    from tilewise.compiler.toolchain import compile_cached
+    from tilewise.codegen.toolchain import compile_cached
 
     params = [tw.randn(*shape).requires_grad_() for shape in ((64, 256), (256,), (256, 64), (64,), (64, 256))]
     for p in params:
@@ -86,7 +86,7 @@ def _column_step(x):
 def test_vector_column_nests_compile():
     """Per-lane accumulators, the shared-memory meeting of the warps, part-major partials: NVRTC compiles
     the kernels for bf16 (8 lanes), fp32 (4) and a width only 2 divides, split or not."""
-    from tilewise.compiler.toolchain import compile_cached
+    from tilewise.codegen.toolchain import compile_cached
 
     for shape, dtype, vector in (((8192, 768), tw.bfloat16, 8), ((4096, 766), tw.float32, 2),
                                  ((64, 40), tw.float32, 4)):
@@ -284,8 +284,8 @@ def _guarded_softmax(x):
 def test_a_long_row_softmax_sums_its_exponentials_in_the_pass_that_finds_the_max():
     """Rows too long for registers: the softmax reads its row twice (max with the rescaled sum, then the
     normalisation), not three times; with the knob off it takes the three passes. NVRTC compiles both."""
-    from tilewise.compiler.schedule import Knobs, schedule
-    from tilewise.compiler.toolchain import compile_cached
+    from tilewise.codegen.schedule import Knobs, schedule
+    from tilewise.codegen.toolchain import compile_cached
 
     low, (plan,) = cuda_plans(lambda x: x.float().softmax(-1).bfloat16(), tw.randn(64, 100000).bfloat16())
     (sched,) = low.schedules
@@ -303,7 +303,7 @@ def test_a_long_row_softmax_sums_its_exponentials_in_the_pass_that_finds_the_max
 def test_a_few_long_rows_of_logsumexp_fold_max_and_sum_in_one_split_pass():
     """max and the sum of exp(x - max) in one phase: a few long rows are then split across blocks, whose
     partial (max, sum) pairs the row's last block combines."""
-    from tilewise.compiler.toolchain import compile_cached
+    from tilewise.codegen.toolchain import compile_cached
 
     low, (plan,) = cuda_plans(lambda x: (x - x.amax(1, keepdim=True)).exp().sum(1).log(), tw.randn(8, 200000))
     assert plan.online and plan.split > 1 and low.schedules[0].nests[0].nest.phases == 1
@@ -397,7 +397,7 @@ def test_split_sum_with_element_stores_on_cuda():
 
 
 def _epilogue_graph(fn, *args):
-    from tilewise.compiler.passes.epilogues import gemm_epilogues
+    from tilewise.compiler.lowering.epilogues import gemm_epilogues
 
     return gemm_epilogues(run_pipeline(trace(fn, args, {}).graph))
 
@@ -556,7 +556,7 @@ def test_linear_bias_gelu_on_cuda_is_one_cublaslt_call(dtype):
 
 def test_a_composite_runs_as_its_compiled_decomposition_once_per_signature():
     """The mechanism the CUDA backend uses for ``FUSED`` composites, exercised with the C target."""
-    from tilewise.backends.cuda import fused
+    from tilewise.compiler import composites as fused
     from tilewise.dispatch import STATE
     from tilewise.ops.registry import OPS
 
@@ -607,7 +607,7 @@ def test_a_composite_runs_as_its_compiled_decomposition_once_per_signature():
 
 @pytest.mark.cuda
 def test_eager_softmax_and_layer_norm_on_cuda_are_one_kernel_each():
-    from tilewise.backends.cuda import fused
+    from tilewise.compiler import composites as fused
 
     x = tw.randn(64, 1000, device="cuda", requires_grad=True)
     w, b = tw.randn(1000, device="cuda"), tw.randn(1000, device="cuda")
@@ -625,7 +625,7 @@ def test_eager_softmax_and_layer_norm_on_cuda_are_one_kernel_each():
 
 @pytest.mark.cuda
 def test_eager_cross_entropy_on_cuda_runs_compiled_forward_and_backward():
-    from tilewise.backends.cuda import fused
+    from tilewise.compiler import composites as fused
 
     logits = tw.randn(256, 5000, device="cuda").to(tw.bfloat16).requires_grad_(True)
     target = tw.randint(0, 5000, (256,), device="cuda")
@@ -668,7 +668,7 @@ def test_every_library_call_of_a_gpt_training_step_can_write_into_its_planned_bu
     has a kernel into a given output, so a CUDA graph can hold the whole step (GEMMs go to cuBLASLt, which
     writes into the buffer too)."""
     from tilewise.backends.cuda.kernels import INTO, _load_all
-    from tilewise.compiler.passes.fusion import fusion_kind
+    from tilewise.compiler.lowering.fusion import fusion_kind
 
     _load_all()
     compiled = tw.compile(_gpt_step("cpu"))
@@ -770,8 +770,8 @@ def test_cross_entropy_with_a_target_out_of_range_still_raises_when_compiled():
 def test_a_kernel_that_fails_to_compile_raises_before_the_step_updates_the_callers_tensors(monkeypatch):
     """A compile error is raised before the program runs: the parameters and the optimizer's state, which the
     step updates in place, are as they were."""
-    import tilewise.compiler.toolchain as toolchain
-    from tilewise.compiler.toolchain import KernelCompileError
+    import tilewise.codegen.toolchain as toolchain
+    from tilewise.codegen.toolchain import KernelCompileError
 
     compile_cached, refused = toolchain.compile_cached, []
 

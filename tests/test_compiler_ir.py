@@ -10,8 +10,8 @@ import pytest
 import tilewise as tw
 from tilewise.compiler.capture import DataDependentError, trace
 from tilewise.compiler.ir import Graph, GraphError, Node, Ref, TensorType, format_graph, verify
+from tilewise.compiler.lowering.fusion import partition
 from tilewise.compiler.passes import PIPELINE, cse, dce, decompose, functionalize, run_pipeline, simplify
-from tilewise.compiler.passes.fusion import partition
 from tilewise.compiler.program import lower_program
 from tilewise.config import settings
 from tilewise.device import cpu

@@ -408,7 +408,7 @@ def test_memory_plan_reuses_buffers():
 def test_second_process_loads_compiled_kernels_from_disk(outputs_of_two_processes):
     script = textwrap.dedent("""
         import tilewise as tw
-        from tilewise.compiler.toolchain.cc import default_c_cache
+        from tilewise.codegen.toolchain.cc import default_c_cache
         f = tw.compile(lambda x: (x.relu() * 0.5 + 1).softmax(-1))
         print(f(tw.ones(8, 8)).sum().item(), default_c_cache().stats.compiles, default_c_cache().stats.disk_hits)
     """)

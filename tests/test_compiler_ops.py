@@ -17,8 +17,8 @@ from test_ops import OPINFOS
 
 import tilewise as tw
 import tilewise.nn.functional as F
+from tilewise.codegen.toolchain import nvrtc_available
 from tilewise.compiler import DataDependentError, UnsupportedTargetError
-from tilewise.compiler.toolchain import nvrtc_available
 
 # operators whose result shape (or, for one_hot without num_classes, an argument) depends on tensor values
 DATA_DEPENDENT = {"nonzero", "masked_select", "masked_scatter", "masked_scatter_", "unique", "argwhere",
@@ -184,10 +184,10 @@ def _on(device: str, tensors: list) -> list:
 @pytest.mark.parametrize("info,k", CASES, ids=[f"{i.name}-{k}" for i, k in CASES])
 def test_cuda_kernels_compile(info, k):
     """Every fused kernel the CUDA target generates for the operator (forward and gradients) compiles."""
+    from tilewise.codegen.toolchain import compile_cached
     from tilewise.compiler.capture import trace
     from tilewise.compiler.passes import run_pipeline
     from tilewise.compiler.program import lower_program
-    from tilewise.compiler.toolchain import compile_cached
 
     sample = info.samples()[k]
     args, kwargs, tensors = _inputs(info, sample, seed=k, noncontiguous=info.noncontiguous)

@@ -22,10 +22,10 @@ import tilewise as tw
 from tilewise import dtypes
 from tilewise.backends.cuda.kernels.pointwise import PTR, VALUE, kernel_prefix, kernel_specs, op_geometry
 from tilewise.backends.cuda.kernels.reduction import reduction_specs
-from tilewise.compiler.render import CUDA, C, Operand, PointwiseKernel, render_pointwise, render_reduction
-from tilewise.compiler.render.cstyle import CONTIGUOUS, STRIDED, compute_of
-from tilewise.compiler.render.cuda import accumulator
-from tilewise.compiler.toolchain import nvrtc_available
+from tilewise.codegen.render import CUDA, C, Operand, PointwiseKernel, render_pointwise, render_reduction
+from tilewise.codegen.render.cstyle import CONTIGUOUS, STRIDED, compute_of
+from tilewise.codegen.render.cuda import accumulator
+from tilewise.codegen.toolchain import nvrtc_available
 from tilewise.ops.expr import Expr
 from tilewise.ops.registry import OPS
 
@@ -140,7 +140,7 @@ def _compile_all(specs, render) -> int:
 def _compile_sources(sources: dict[str, str]) -> int:
     """Compile the kernels in batches, a batch per core at a time (NVRTC runs outside the GIL); every kernel must
     reach the PTX."""
-    from tilewise.compiler.toolchain import compile_cuda
+    from tilewise.codegen.toolchain import compile_cuda
 
     names = sorted(sources)
 
@@ -183,7 +183,7 @@ def test_every_scan_kernel_compiles():
             for rank in (1, 3):
                 name = f"tw_{op_name}_{dtype.name}_r{rank}"
                 sources[name] = render_scan(name, combiner, dtype, compute, out_dtype, rank)
-    from tilewise.compiler.toolchain import compile_cuda
+    from tilewise.codegen.toolchain import compile_cuda
 
     names = sorted(sources)
     compiled = compile_cuda("\n".join(sources[n] for n in names), names, "sm_90")
@@ -267,7 +267,7 @@ def test_every_searchsorted_nonzero_repeat_interleave_kernel_compiles():
         render_scan_tiles,
         render_searchsorted,
     )
-    from tilewise.compiler.toolchain import compile_cuda
+    from tilewise.codegen.toolchain import compile_cuda
 
     rendered = [render_scan_tiles()]
     for dtype in ALL_DTYPES:
@@ -299,7 +299,7 @@ def test_every_random_draw_randperm_and_multinomial_kernel_compiles():
         render_multinomial_one_by_one,
         render_multinomial_search,
     )
-    from tilewise.compiler.toolchain import compile_cuda
+    from tilewise.codegen.toolchain import compile_cuda
 
     floats = [d for d in ALL_DTYPES if d.is_floating_point]
     rendered = [render_draw(f"{kind}_{'f64' if d is dtypes.float64 else 'f32'}", d)
@@ -327,7 +327,7 @@ def test_searchsorted_nonzero_repeat_interleave_randperm_multinomial_have_cuda_k
 
 
 def test_vector_path_uses_16_byte_accesses():
-    from tilewise.compiler.toolchain import compile_cuda
+    from tilewise.codegen.toolchain import compile_cuda
 
     spec = kernel_specs("add", (OPS["add"].expr,), dtypes.float32, [(PTR, dtypes.float32, (1024,), (1,))] * 2,
                         ("alpha",), (dtypes.float32, (1024,), (1,))).vector
@@ -341,7 +341,7 @@ def test_short_half_width_rows_keep_their_loads_in_flight():
     """A bf16 row of 4096 read by 256 threads is two 16-byte loads per thread: the vector loop is unrolled twice
     so both are issued before either is folded, and the fold is one NaN-propagating max per pair of values
     (the portable NaN tests and selects cost the kernel 16 points of copy bandwidth on an H200)."""
-    from tilewise.compiler.toolchain import compile_cuda
+    from tilewise.codegen.toolchain import compile_cuda
 
     passes, *_ = reduction_specs("amax", "max", dtypes.bfloat16, (8192, 4096), (4096, 1), (1,), dtypes.float32,
                                  dtypes.bfloat16, False, 132)
@@ -355,7 +355,7 @@ def test_short_half_width_rows_keep_their_loads_in_flight():
 
 def test_spin_kernel_compiles():
     from tilewise.backends.cuda.kernels import _SPIN
-    from tilewise.compiler.toolchain import compile_cuda
+    from tilewise.codegen.toolchain import compile_cuda
 
     assert ".entry tw_spin(" in compile_cuda(_SPIN, "tw_spin", "sm_90").ptx
 

@@ -14,6 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tilewise._cuda_api import (
+    CudaError,
+    check,
+    device_count,
+    driver_version,
+    is_available,
+)
 from tilewise.backends.cuda.runtime.allocator import (
     LARGE_BUFFER,
     SMALL_BUFFER,
@@ -21,13 +28,6 @@ from tilewise.backends.cuda.runtime.allocator import (
     OutOfMemoryError,
     RawOutOfMemory,
     round_size,
-)
-from tilewise.backends.cuda.runtime.driver import (
-    CudaError,
-    check,
-    device_count,
-    driver_version,
-    is_available,
 )
 
 MiB = 1 << 20
@@ -470,7 +470,7 @@ def test_import_and_is_available_without_cuda_bindings():
                     raise ImportError("blocked for the test")
         sys.meta_path.insert(0, Block())
         import tilewise.backends.cuda.runtime as rt
-        import tilewise.compiler.toolchain as tc
+        import tilewise.codegen.toolchain as tc
         assert rt.is_available() is False and rt.device_count() == 0
         try:
             rt.Stream()

@@ -17,7 +17,7 @@ import pytest
 import tilewise as tw
 from tilewise import dtypes
 from tilewise.backends.cuda.runtime import bounds
-from tilewise.compiler.toolchain import nvrtc_available
+from tilewise.codegen.toolchain import nvrtc_available
 
 ASYNC = "a CUDA kernel found it"
 
@@ -30,7 +30,7 @@ ASYNC = "a CUDA kernel found it"
 def test_every_indexed_kernel_compiles():
     """Each mode, dtype, index count (0: the view scatter, which reads no index), rank and offset width."""
     from tilewise.backends.cuda.kernels.index import _ATOMIC, ADD, PUT, TAKE, render_indexed
-    from tilewise.compiler.toolchain import compile_cuda
+    from tilewise.codegen.toolchain import compile_cuda
 
     sources = {}
     real = [d for d in dtypes.ALL if not d.is_complex]  # complex tensors are indexed on the CPU

@@ -492,7 +492,7 @@ def test_cells_run_as_one_program_per_shape_on_every_time_step():
     """On CUDA a cell and its backward each run as one compiled program (backends/cuda/fused.py); here the same
     mechanism with the C target. The projected inputs of every time step are slices at different offsets of one
     tensor: they share one program rather than compiling one per step."""
-    from tilewise.backends.cuda import fused
+    from tilewise.compiler import composites as fused
     from tilewise.dispatch import STATE
     from tilewise.ops.registry import OPS
 
@@ -537,7 +537,7 @@ def cells_fused_on_cpu(monkeypatch):
 
     from tilewise import dispatch
     from tilewise.backends import cpu
-    from tilewise.backends.cuda import fused
+    from tilewise.compiler import composites as fused
 
     calls = []
 
@@ -604,7 +604,7 @@ def test_layers_on_cuda_match_the_cpu(make):
 
 @pytest.mark.cuda
 def test_lstm_on_cuda_fuses_each_step_and_compiles_one_cell_program():
-    from tilewise.backends.cuda import fused
+    from tilewise.compiler import composites as fused
 
     before = {k for k, f in fused._programs.items() if k[1].name.startswith("_lstm_cell")}
     _cuda_against_cpu(lambda nn: nn.LSTM(16, 32, 1), (40, 4, 16))
@@ -672,10 +672,10 @@ def test_lstm_training_step_lowers_to_cuda_kernels_that_compile():
     """A bf16-autocast LSTM training step (embedding, 2-layer LSTM, linear, cross entropy, AdamW) traced whole and
     lowered for the CUDA target: every generated kernel compiles with NVRTC, and each time step's cell is one
     kernel forward and one backward."""
+    from tilewise.codegen.toolchain import compile_cached, nvrtc_available
     from tilewise.compiler.capture import trace
     from tilewise.compiler.passes import run_pipeline
     from tilewise.compiler.program import lower_program
-    from tilewise.compiler.toolchain import compile_cached, nvrtc_available
 
     if not nvrtc_available():
         pytest.skip("NVRTC is not installed")

@@ -700,10 +700,10 @@ CUDA_CASES = [("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1
 def test_each_group_update_lowers_to_cuda_kernels_that_nvrtc_compiles(name, kwargs):
     """On CUDA a group's update runs compiled by default (foreach=None): its kernels build for sm_90 (checked
     without a GPU)."""
+    from tilewise.codegen.toolchain import compile_cached
     from tilewise.compiler.capture import trace
     from tilewise.compiler.passes import run_pipeline
     from tilewise.compiler.program import lower_program
-    from tilewise.compiler.toolchain import compile_cached
 
     params = [tw.randn(*shape).requires_grad_() for shape in ((64, 32), (32,))]
     for p in params:

@@ -96,10 +96,10 @@ def test_the_compiled_group_update_matches_the_loop():
 
 
 def test_the_group_update_lowers_to_cuda_kernels_that_nvrtc_compiles():
+    from tilewise.codegen.toolchain import compile_cached
     from tilewise.compiler.capture import trace
     from tilewise.compiler.passes import run_pipeline
     from tilewise.compiler.program import lower_program
-    from tilewise.compiler.toolchain import compile_cached
 
     params, targets = _muon_problem("cpu")
     for p, t in zip(params, targets):

@@ -9,24 +9,24 @@ import time
 import numpy as np
 import pytest
 
-from tilewise.backends.cuda.runtime.driver import is_available
-from tilewise.compiler.toolchain import cache as cache_module
-from tilewise.compiler.toolchain.cache import (
+from tilewise._cuda_api import is_available
+from tilewise.backends.cuda.runtime.module import Function, pack_arguments
+from tilewise.codegen.toolchain import cache as cache_module
+from tilewise.codegen.toolchain.cache import (
     KernelCache,
     cache_key,
     decode_entry,
     default_cache_dir,
     encode_entry,
 )
-from tilewise.compiler.toolchain.disk import seal, unseal
-from tilewise.compiler.toolchain.module import Function, pack_arguments
-from tilewise.compiler.toolchain.nvrtc import (
+from tilewise.codegen.toolchain.disk import seal, unseal
+from tilewise.codegen.toolchain.nvrtc import (
     KernelCompileError,
     compile_cuda,
     nvrtc_version,
     source_excerpt,
 )
-from tilewise.compiler.toolchain.sass import (
+from tilewise.codegen.toolchain.sass import (
     disassemble,
     elf_resource_usage,
     find_binary_utility,
@@ -355,7 +355,7 @@ def test_launch_writes_known_values(tmp_path):
         get_device_properties,
         pinned_empty,
     )
-    from tilewise.compiler.toolchain.module import load_module
+    from tilewise.backends.cuda.runtime.module import load_module
 
     arch = get_device_properties(0).arch
     kernel = KernelCache(tmp_path).compile(FILL, "fill", arch)
@@ -381,7 +381,7 @@ def test_launch_writes_known_values(tmp_path):
 @pytest.mark.skipif(not is_available(), reason="needs a CUDA GPU and driver")
 def test_resource_usage_agrees_with_the_driver(tmp_path):
     from tilewise.backends.cuda.runtime import get_device_properties
-    from tilewise.compiler.toolchain.module import load_module
+    from tilewise.backends.cuda.runtime.module import load_module
 
     arch = get_device_properties(0).arch
     kernel = compile_cuda(SHARED_AND_SPILL, ["staged", "spilly"], arch, ["--maxrregcount=32"])

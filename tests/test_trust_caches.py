@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tilewise.compiler.toolchain import disk, nvrtc_available
-from tilewise.compiler.toolchain.cache import TOOLCHAIN_RECORD, KernelCache
-from tilewise.compiler.toolchain.disk import DiskCache, seal, unseal
+from tilewise.codegen.toolchain import disk, nvrtc_available
+from tilewise.codegen.toolchain.cache import TOOLCHAIN_RECORD, KernelCache
+from tilewise.codegen.toolchain.disk import DiskCache, seal, unseal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,7 +40,7 @@ PRELUDE = textwrap.dedent("""
 C_PROGRAMS = textwrap.dedent("""
     import numpy as np
     import tilewise as tw
-    from tilewise.compiler.toolchain.cc import default_c_cache
+    from tilewise.codegen.toolchain.cc import default_c_cache
     x = tw.arange(16.0) / 4
     functions = [lambda x, k=k: (x * k + 1).exp() for k in range(int(sys.argv[1]) if len(sys.argv) > 1 else 2)]
     outs = [tw.compile(f)(x).numpy() for f in functions]
@@ -182,8 +182,8 @@ def test_a_damaged_toolchain_record_is_looked_up_again(tmp_path, fresh_warnings)
 
 @pytest.mark.parametrize("how", ["truncated_half", "garbage", "flipped_byte", "unsealed"])
 def test_damaged_decisions_are_ignored_and_replaced(tmp_path, how, fresh_warnings):
+    from tilewise.codegen.schedule import Tuned
     from tilewise.compiler.autotune import DecisionCache
-    from tilewise.compiler.schedule import Tuned
 
     labels, keys = ("a", "b"), ("11" * 32, "22" * 32)
     for key in keys:
@@ -221,8 +221,8 @@ def test_a_damaged_decision_is_timed_again_in_a_new_process(tmp_path):
 
 EVERY_CACHE = C_PROGRAMS + textwrap.dedent("""
     from tilewise.compiler.autotune import default_decisions
-    from tilewise.compiler.toolchain import nvrtc_available
-    from tilewise.compiler.toolchain.cache import default_cache
+    from tilewise.codegen.toolchain import nvrtc_available
+    from tilewise.codegen.toolchain.cache import default_cache
     tune = lambda x: (x.relu() * 0.5 + 1).sum(-1)
     tuned = tw.compile(tune, mode="max-autotune")(tw.ones(64, 256)).tolist() == tune(tw.ones(64, 256)).tolist()
     cubins = 0
@@ -301,7 +301,7 @@ def test_one_cache_that_cannot_write_keeps_reading(tmp_path, fresh_warnings, mon
 CONCURRENT = textwrap.dedent("""
     import os, time
     from pathlib import Path
-    from tilewise.compiler.toolchain.disk import DiskCache
+    from tilewise.codegen.toolchain.disk import DiskCache
     go = Path(os.environ["GO_FILE"])
     while not go.exists():
         time.sleep(0.001)

@@ -252,10 +252,10 @@ def test_compiled_division_by_one_zero_among_many_raises(compiled_results, op):
 def test_cuda_integer_division_kernels_guard_their_divisors_and_compile(dtype):
     """The fused CUDA kernel's helpers test the divisor for 0 and -1 and set no flag (torch raises nothing on
     CUDA); NVRTC compiles them without a GPU."""
+    from tilewise.codegen.toolchain import compile_cached, nvrtc_available
     from tilewise.compiler.capture import trace
     from tilewise.compiler.passes import run_pipeline
     from tilewise.compiler.program import lower_program
-    from tilewise.compiler.toolchain import compile_cached, nvrtc_available
 
     def divisions(a, b):
         return a // b, a % b, tw.fmod(a, b), tw.div(a, b, rounding_mode="trunc")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tilewise as tw
-from tilewise.compiler.toolchain import nvrtc_available
+from tilewise.codegen.toolchain import nvrtc_available
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 pytestmark = pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0")  # torch and tilewise both warn
@@ -111,7 +111,7 @@ def test_cumsum_with_dtype_converts_the_input_first(source, target, device):
 @pytest.mark.skipif(not nvrtc_available(), reason="NVRTC is not installed")
 def test_every_cuda_scan_with_a_dtype_conversion_compiles():
     from tilewise.backends.cuda.kernels.scan import render_scan
-    from tilewise.compiler.toolchain import compile_cuda
+    from tilewise.codegen.toolchain import compile_cuda
     from tilewise.ops.registry import OPS
 
     sources = {}

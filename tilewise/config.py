@@ -23,7 +23,7 @@ variable                  meaning
 ``TILEWISE_CC``           the C compiler for the compiler's CPU target (default ``cc``)
 ``TILEWISE_CACHE_DIR``    where compiled kernels, and ``mode="max-autotune"``'s schedule choices (in ``autotune/``),
                           are kept on disk (default ``~/.cache/tilewise/kernels``); read by
-                          ``tilewise.compiler.toolchain.cache``
+                          ``tilewise.codegen.toolchain.cache``
 ``TILEWISE_VERIFY``       ``1`` checks the graph IR's invariants after capture and after every compiler pass
                           (``ir.verify``), naming the pass that broke one; off by default (the test suite turns
                           it on), as it costs a tenth of a large graph's compile time

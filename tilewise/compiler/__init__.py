@@ -6,17 +6,21 @@ kernels,recompiles``):
 1. ``capture``   — run the function on trace tensors through the dispatcher's Trace key (below autograd,
                    so ``backward()`` inside lands in the same graph); functionalize in-place writes.
 2. ``ir``        — the graph IR: SSA, hash-consed nodes, text form, ``verify``.
-3. ``passes``    — functionalize, decompose, simplify (identities, constant folding), simplify_indexing
-                   (gathers, scatters and view scatters rewritten so fusion sees through them), cse, dce;
-                   then ``fusion`` (loop nests, kernels) and ``memory`` (static buffer plan, cats in place).
-4. ``kernel_ir`` — each fused kernel as nests of loads, reductions and stores over symbolic indices.
-5. ``schedule``  — per target: loop order, parallelism, vectorisation, reduction strategy; ``autotune``
-                   times a kernel's candidate schedules in ``mode="max-autotune"`` and remembers the winner.
-6. ``render``    — one C-style renderer; the C and CUDA targets differ in data only.
-7. ``toolchain`` — ``cc`` (C, OpenMP, ctypes) and NVRTC (CUDA), with on-disk caches.
-8. ``program``   — a list of steps over the buffer plan; ``function`` wraps it with guards.
+3. ``passes``    — graph rewrites: functionalize, decompose, simplify (identities, constant folding),
+                   simplify_indexing (gathers, scatters and view scatters rewritten so fusion sees through
+                   them), cse, dce.
+4. ``lowering``  — partition (forward/backward), GEMM epilogues, fusion (loop nests, kernels), ``lower``
+                   (each fused kernel as kernel IR: ``codegen.kernel_ir``) and ``memory`` (static buffer plan).
+5. code generation (``tilewise.codegen``, shared with the eager CUDA kernels): schedules per target,
+                   one C-style renderer, the toolchain; ``autotune`` times a kernel's candidate schedules in
+                   ``mode="max-autotune"`` and remembers the winner.
+6. ``program``   — a list of steps over the buffer plan; ``function`` wraps it with guards.
+
+``composites`` plugs the compiler into the eager CUDA backend: composite operators (softmax, layer_norm, the
+losses) run there as one compiled kernel each.
 """
 
+from tilewise.compiler import composites  # noqa: F401, E402 — registers the fused composites with the CUDA backend
 from tilewise.compiler.capture import DataDependentError
 from tilewise.compiler.function import CompiledFunction, UnsupportedTargetError, compile
 

@@ -37,10 +37,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from tilewise.compiler.kernel_ir import Kernel
-from tilewise.compiler.schedule import KernelSchedule, Tuned, candidates
-from tilewise.compiler.toolchain.cache import default_cache_dir
-from tilewise.compiler.toolchain.disk import DiskCache
+from tilewise.codegen.kernel_ir import Kernel
+from tilewise.codegen.schedule import KernelSchedule, Tuned, candidates
+from tilewise.codegen.toolchain.cache import default_cache_dir
+from tilewise.codegen.toolchain.disk import DiskCache
 from tilewise.config import log
 
 AUTOTUNE_FORMAT_VERSION = 2  # bumped when a knob's meaning or the entries' format changes

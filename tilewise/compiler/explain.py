@@ -97,7 +97,7 @@ def _eager(graph, device: str) -> str:
 
 
 def _machine_code(low) -> Iterator[tuple[str, str]]:
-    from tilewise.compiler.toolchain import ToolNotFoundError, compile_cached, disassemble, resource_usage
+    from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble, resource_usage
 
     arch = "sm_90"
     if tw.cuda.is_available():

@@ -52,8 +52,8 @@ from tilewise.compiler.capture import (
     user_frame,
 )
 from tilewise.compiler.guards import Guards, Recorder, make_guards
+from tilewise.compiler.lowering.partition import partition
 from tilewise.compiler.passes import dce, pipeline_for, run_pipeline
-from tilewise.compiler.passes.partition import partition
 from tilewise.compiler.program import Program, build_program, host_arena
 from tilewise.compiler.segments import Segments
 from tilewise.config import log, settings

@@ -26,17 +26,18 @@ import numpy as np
 
 from tilewise._stages import stage
 from tilewise.backends.cpu.render import zero_division_error
+from tilewise.codegen.kernel_ir import Kernel
+from tilewise.codegen.render.c import C
+from tilewise.codegen.render.cstyle import ZERO_DIVISION_FLAG
+from tilewise.codegen.render.kernel_c import render_program
+from tilewise.codegen.schedule import KernelSchedule, schedule
+from tilewise.codegen.toolchain.cc import c_flags, compiler_version, default_c_cache, host_cpu
 from tilewise.compiler.autotune import Pending, Sampler, Tuner, choose, clobbered, default_decisions, renamed
 from tilewise.compiler.ir import Graph, Node, checked, format_graph
-from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry, lower
-from tilewise.compiler.passes.epilogues import gemm_epilogues
-from tilewise.compiler.passes.fusion import FusedKernel, fuse
-from tilewise.compiler.passes.memory import MemoryPlan, plan_memory, steps_of
-from tilewise.compiler.render.c import C
-from tilewise.compiler.render.cstyle import ZERO_DIVISION_FLAG
-from tilewise.compiler.render.fused import render_program
-from tilewise.compiler.schedule import KernelSchedule, schedule
-from tilewise.compiler.toolchain.cc import c_flags, compiler_version, default_c_cache, host_cpu
+from tilewise.compiler.lowering.epilogues import gemm_epilogues
+from tilewise.compiler.lowering.fusion import FusedKernel, fuse
+from tilewise.compiler.lowering.lower import buffer_of, geometry, lower
+from tilewise.compiler.lowering.memory import MemoryPlan, plan_memory, steps_of
 from tilewise.config import log, settings
 from tilewise.device import cpu
 from tilewise.storage import Storage
@@ -256,7 +257,7 @@ def render_lowered(low: Lowered, target: str) -> Lowered:
     if not low.schedules:
         low.source = ""
     elif target == "cuda":
-        from tilewise.compiler.render.fused_cuda import render_program as render_cuda
+        from tilewise.codegen.render.kernel_cuda import render_program as render_cuda
 
         low.sources = render_cuda(low.schedules, _aliased_kernels(low.kernels, low.plan))
         low.source = "\n".join(low.sources.values())

@@ -33,14 +33,15 @@ import re
 from functools import partial
 
 from tilewise import _strides as S
+from tilewise._cuda_api import driver_api
 from tilewise.backends.cuda import DeviceBuffer, stream_handle
 from tilewise.backends.cuda.runtime import Event, Stream, check, copy_dtod, get_device_properties
-from tilewise.backends.cuda.runtime.driver import driver_api
+from tilewise.codegen.kernel_ir import Kernel
+from tilewise.codegen.schedule import KernelSchedule
 from tilewise.compiler.autotune import Pending, Sampler, clobbered, renamed
 from tilewise.compiler.ir import Node
-from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry
-from tilewise.compiler.passes.memory import MemoryPlan
-from tilewise.compiler.schedule import KernelSchedule
+from tilewise.compiler.lowering.lower import buffer_of, geometry
+from tilewise.compiler.lowering.memory import MemoryPlan
 from tilewise.config import log
 from tilewise.device import Device
 from tilewise.storage import Storage
@@ -366,7 +367,8 @@ def compile_units(units: list[tuple[str, str]], device: Device) -> list:
     then launch one function, and the kernel cache serves it to every program and process that makes it."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tilewise.compiler.toolchain import compile_cached, load_module
+    from tilewise.backends.cuda.runtime.module import load_module
+    from tilewise.codegen.toolchain import compile_cached
 
     arch = get_device_properties(device.index).arch
     keys = [shared_name(name, source) for name, source in units]
@@ -451,13 +453,13 @@ class CudaTuning:
         self.device, self.aliased = device, aliased
 
     def machine(self) -> dict:
-        from tilewise.compiler.toolchain import nvrtc_version
+        from tilewise.codegen.toolchain import nvrtc_version
 
         props = get_device_properties(self.device.index)
         return {"gpu": props.name, "arch": props.arch, "nvrtc": list(nvrtc_version())}
 
     def source(self, sched: KernelSchedule, name: str) -> str:
-        from tilewise.compiler.render.fused_cuda import render_program
+        from tilewise.codegen.render.kernel_cuda import render_program
 
         shared = self.aliased.get(sched.kernel.name)
         return render_program([renamed(sched, name)], {name: shared} if shared else None)[name]

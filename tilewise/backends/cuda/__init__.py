@@ -173,7 +173,7 @@ def data_ptr(t: Tensor) -> int:
 
 _kernels: dict = {}  # the kernel registry, bound by _load_kernels
 _pointwise = _pointwise_into = _reduction = _host = _fused = None  # the generated-kernel entry points (_load_kernels)
-_fused_ops: frozenset = frozenset()  # composites run as one compiled kernel (backends/cuda/fused.py)
+_fused_ops: frozenset = frozenset()  # composites run as one compiled kernel (register_composite_runner)
 
 
 def run_into(op, args: tuple, device: Device, out: Tensor) -> Tensor | None:
@@ -256,8 +256,8 @@ def upload(src: Tensor, device: Device, non_blocking: bool = False, dtype: DType
     never touches its bytes; a pageable one is converted on the host first (fewer bytes to stage when it
     narrows).
     """
+    from tilewise._cuda_api import check, driver_api
     from tilewise.backends.cuda.runtime import copy_htod, ensure_context
-    from tilewise.backends.cuda.runtime.driver import check, driver_api
 
     dtype = dtype or src._dtype
     index = ensure_context(device.index)
@@ -311,7 +311,7 @@ def download(x: Tensor, non_blocking: bool = False) -> Tensor:
         stream = stream_handle(index)
         copy_dtoh(host.ctypes.data, data_ptr(src), nbytes, stream)
         if not non_blocking:
-            from tilewise.backends.cuda.runtime.driver import check, driver_api
+            from tilewise._cuda_api import check, driver_api
 
             check(driver_api().cuStreamSynchronize(stream), "cuStreamSynchronize")
     raise_index_errors()
@@ -349,15 +349,22 @@ def _keep_until_done(array: np.ndarray, stream: int) -> None:
     _in_flight.append((array, event))
 
 
+def register_composite_runner(names: frozenset, runner) -> None:
+    """[Plug-in point] Run the composite operators ``names`` through ``runner(op, args)`` (which returns None
+    to decline) instead of their decomposition. The compiler registers itself here at import
+    (``compiler.composites``): the backend stays below the compiler and never imports it."""
+    global _fused, _fused_ops
+    _fused, _fused_ops = runner, frozenset(names)
+
+
 def _load_kernels() -> None:
-    global _kernels, _pointwise, _pointwise_into, _reduction, _host, _fused, _fused_ops
+    global _kernels, _pointwise, _pointwise_into, _reduction, _host
     from tilewise.backends.cuda import (  # noqa: F401 — attention; fft; the linalg primitives; mm, bmm, linear
         attention,
         fft,
         linalg,
         matmul,
     )
-    from tilewise.backends.cuda.fused import FUSED, run_fused
     from tilewise.backends.cuda.kernels import KERNELS, _load_all
     from tilewise.backends.cuda.kernels.fallback import run_on_host
     from tilewise.backends.cuda.kernels.pointwise import run_pointwise, run_pointwise_into
@@ -366,7 +373,6 @@ def _load_kernels() -> None:
     _load_all()
     _kernels, _pointwise, _reduction, _host = KERNELS, run_pointwise, run_reduction, run_on_host
     _pointwise_into = run_pointwise_into
-    _fused, _fused_ops = run_fused, FUSED
 
 
 __all__ = ["DeviceBuffer", "cpu", "data_ptr", "download", "empty", "empty_pinned", "pin_memory", "run", "stream_handle",

@@ -119,7 +119,7 @@ def _restored(out: Tensor, inverse: tuple) -> Tensor:
 def _normalized(out: Tensor, normalization: int, signal_numel: int) -> Tensor:
     """``out`` scaled by the primitive's normalization (0 none, 1 by 1/sqrt(n), 2 by 1/n) in place."""
     from tilewise.backends.cuda.kernels.pointwise import elementwise
-    from tilewise.compiler.render.cstyle import compute_of
+    from tilewise.codegen.render.cstyle import compute_of
     from tilewise.ops.complex import real_view
     from tilewise.ops.expr import Expr
 

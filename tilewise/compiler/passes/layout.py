@@ -10,8 +10,9 @@ permuted value. Capture never builds those (eager raises, and ``reshape`` copies
 
 from __future__ import annotations
 
+from tilewise.codegen.kernel_ir import LoweringError
 from tilewise.compiler.ir import Graph, Node, Ref, rewrite
-from tilewise.compiler.kernel_ir import LoweringError, geometry
+from tilewise.compiler.lowering.lower import geometry
 
 
 def _expressible(node: Node) -> bool:

@@ -20,9 +20,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tilewise._cuda_api import check, driver_api
 from tilewise.backends.cuda.runtime.device import _thread_state, ensure_context
-from tilewise.backends.cuda.runtime.driver import check, driver_api
-from tilewise.compiler.toolchain.module import _pack
+from tilewise.backends.cuda.runtime.module import _pack
 from tilewise.config import log, settings
 
 KERNELS: dict[str, Callable] = {}  # operator full name -> fn(device, *bound_args)
@@ -76,7 +76,8 @@ def load(source: str, name: str, device: int):
     if fn is not None:
         return fn
     from tilewise.backends.cuda.runtime import get_device_properties
-    from tilewise.compiler.toolchain import compile_cached, load_module
+    from tilewise.backends.cuda.runtime.module import load_module
+    from tilewise.codegen.toolchain import compile_cached
 
     with _lock:
         fn = _functions.get(key)

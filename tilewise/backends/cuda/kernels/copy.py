@@ -14,7 +14,7 @@ from tilewise import _strides as S
 from tilewise.backends.cuda import data_ptr, download, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.backends.cuda.kernels.pointwise import elementwise
-from tilewise.compiler.render.cstyle import compute_of
+from tilewise.codegen.render.cstyle import compute_of
 from tilewise.device import Device
 from tilewise.dtypes import DType
 from tilewise.ops.expr import Expr
@@ -80,7 +80,7 @@ def to_copy(device: Device, self: Tensor, dtype=None, target=None, non_blocking:
 
 
 def _peer_copy(x: Tensor, target: Device) -> Tensor:
-    from tilewise.backends.cuda.runtime.driver import check, driver_api
+    from tilewise._cuda_api import check, driver_api
 
     out = empty(x._shape, x._dtype, target)
     nbytes = x.numel() * x._dtype.itemsize

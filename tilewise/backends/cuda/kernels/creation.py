@@ -12,8 +12,8 @@ from tilewise import dtypes
 from tilewise.backends.cuda import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, kernel_into, launch, load
 from tilewise.backends.cuda.kernels.pointwise import elementwise
-from tilewise.compiler.render import CUDA
-from tilewise.compiler.render.cstyle import SUFFIX, Source, compute_of, store_code
+from tilewise.codegen.render import CUDA
+from tilewise.codegen.render.cstyle import SUFFIX, Source, compute_of, store_code
 from tilewise.device import Device
 from tilewise.dtypes import DType
 from tilewise.ops.expr import Expr
@@ -31,7 +31,7 @@ def fill(out: Tensor, value) -> Tensor:
         fill(part_view(out, 0), complex(value).real)
         return fill(part_view(out, 1), complex(value).imag)
     if numel and out.is_contiguous() and value == 0 and math.copysign(1.0, value) > 0:
-        from tilewise.backends.cuda.runtime.driver import check, driver_api
+        from tilewise._cuda_api import check, driver_api
 
         check(driver_api().cuMemsetD8Async(data_ptr(out), 0, numel * out._dtype.itemsize,
                                            stream_handle(out._device.index)), "cuMemsetD8Async")

@@ -32,8 +32,8 @@ from tilewise.backends.cuda.kernels import ceil_div, kernel, kernel_into, launch
 from tilewise.backends.cuda.kernels.copy import cast, contiguous, copy_into
 from tilewise.backends.cuda.kernels.creation import fill
 from tilewise.backends.cuda.runtime.bounds import REPORT_C, note_site, record_pointer
-from tilewise.compiler.render import CUDA
-from tilewise.compiler.render.cstyle import SUFFIX, Source
+from tilewise.codegen.render import CUDA
+from tilewise.codegen.render.cstyle import SUFFIX, Source
 from tilewise.device import Device
 from tilewise.dtypes import DType
 from tilewise.ops.indexing import check_gather_shapes

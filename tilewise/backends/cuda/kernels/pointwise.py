@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from tilewise import _strides as S
 from tilewise.backends.cuda import empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, launch, launch_packed, load, packer_for
-from tilewise.compiler.render import (
+from tilewise.codegen.render import (
     BROADCAST,
     CONTIGUOUS,
     CUDA,
@@ -30,7 +30,7 @@ from tilewise.compiler.render import (
     render_pointwise,
     vector_width,
 )
-from tilewise.compiler.render.cstyle import SUFFIX
+from tilewise.codegen.render.cstyle import SUFFIX
 from tilewise.dtypes import DType, get_default_dtype
 from tilewise.ops.expr import Expr, inputs_of, render_text
 from tilewise.tensor import Tensor

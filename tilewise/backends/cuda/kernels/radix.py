@@ -6,8 +6,8 @@ from __future__ import annotations
 from tilewise import dtypes
 from tilewise.backends.cuda.kernels.scan import row_offsets, row_params
 from tilewise.backends.cuda.kernels.sort_keys import CHUNK, MODES, _key_helper, _key_type, _load_key, key_bits
-from tilewise.compiler.render import CUDA
-from tilewise.compiler.render.cstyle import SUFFIX, Source
+from tilewise.codegen.render import CUDA
+from tilewise.codegen.render.cstyle import SUFFIX, Source
 from tilewise.dtypes import DType
 
 RADIX_THREADS = 256  # eight warps; thread d also owns digit d

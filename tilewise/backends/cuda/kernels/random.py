@@ -29,8 +29,8 @@ from tilewise.backends.cuda import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load, load_rendered
 from tilewise.backends.cuda.kernels.copy import cast, contiguous
 from tilewise.backends.cuda.kernels.creation import fill
-from tilewise.compiler.render import CUDA
-from tilewise.compiler.render.cstyle import SUFFIX, Source, compute_of, load_code, store_code
+from tilewise.codegen.render import CUDA
+from tilewise.codegen.render.cstyle import SUFFIX, Source, compute_of, load_code, store_code
 from tilewise.device import Device
 from tilewise.dtypes import DType
 from tilewise.tensor import Tensor

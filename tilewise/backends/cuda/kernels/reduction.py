@@ -19,9 +19,9 @@ from tilewise import _strides as S
 from tilewise import dtypes
 from tilewise.backends.cuda import data_ptr, empty, empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
-from tilewise.compiler.render import COLUMN, ROW, ReductionKernel, render_reduction
-from tilewise.compiler.render.cstyle import SUFFIX
-from tilewise.compiler.render.cuda import accumulator, identity
+from tilewise.codegen.render import COLUMN, ROW, ReductionKernel, render_reduction
+from tilewise.codegen.render.cstyle import SUFFIX
+from tilewise.codegen.render.cuda import accumulator, identity
 from tilewise.device import Device
 from tilewise.dtypes import DType
 from tilewise.tensor import Tensor

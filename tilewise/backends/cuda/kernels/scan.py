@@ -34,8 +34,8 @@ from tilewise import _strides as S
 from tilewise import dtypes
 from tilewise.backends.cuda import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load_rendered
-from tilewise.compiler.render import CUDA
-from tilewise.compiler.render.cstyle import SUFFIX, Source, literal, load_code, store_code
+from tilewise.codegen.render import CUDA
+from tilewise.codegen.render.cstyle import SUFFIX, Source, literal, load_code, store_code
 from tilewise.device import Device
 from tilewise.dtypes import DType, compute_dtype
 from tilewise.tensor import Tensor

@@ -41,8 +41,8 @@ from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load_render
 from tilewise.backends.cuda.kernels.copy import cast, contiguous
 from tilewise.backends.cuda.kernels.creation import fill
 from tilewise.backends.cuda.runtime.bounds import REPORT_C, note_site, record_pointer
-from tilewise.compiler.render import CUDA
-from tilewise.compiler.render.cstyle import SUFFIX, Source, compute_of, load_code
+from tilewise.codegen.render import CUDA
+from tilewise.codegen.render.cstyle import SUFFIX, Source, compute_of, load_code
 from tilewise.device import Device
 from tilewise.dtypes import DType
 from tilewise.tensor import Tensor
@@ -101,9 +101,9 @@ def _coordinates(rank: int, index: str, sizes: str) -> list[str]:
 def read_back(t: Tensor) -> list[int]:
     """The values of the small int64 device tensor ``t``, once the work queued before it has finished: one copy
     and one synchronisation. Like every download it raises an index error a kernel has recorded meanwhile."""
+    from tilewise._cuda_api import check, driver_api
     from tilewise.backends.cuda.runtime import copy_dtoh
     from tilewise.backends.cuda.runtime.bounds import raise_index_errors
-    from tilewise.backends.cuda.runtime.driver import check, driver_api
 
     host = np.empty(t.numel(), np.int64)
     stream = stream_handle(t._device.index)

@@ -96,8 +96,8 @@ from tilewise.backends.cuda.kernels.sort_keys import (
     _load_key,
     key_bits,
 )
-from tilewise.compiler.render import CUDA
-from tilewise.compiler.render.cstyle import SUFFIX, Source
+from tilewise.codegen.render import CUDA
+from tilewise.codegen.render.cstyle import SUFFIX, Source
 from tilewise.device import Device
 from tilewise.dtypes import DType
 from tilewise.tensor import Tensor

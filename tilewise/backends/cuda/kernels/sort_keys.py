@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from tilewise import dtypes
-from tilewise.compiler.render import CUDA
-from tilewise.compiler.render.cstyle import SUFFIX, load_code
+from tilewise.codegen.render import CUDA
+from tilewise.codegen.render.cstyle import SUFFIX, load_code
 from tilewise.dtypes import DType
 
 CHUNK = 4096  # pairs a block sorts in shared memory: 4096 * (8-byte key + 4-byte index) = 48 KiB

@@ -2,13 +2,23 @@
 
 [Note: CUDA runtime layer]
 This package is the only place that talks to the CUDA driver (besides the toolchain's NVRTC calls, which
-go through the same :func:`check`). It is deliberately thin, in the spirit of tinygrad's runtime:
-``driver`` (lazy bindings, ``check``, availability), ``device`` (primary contexts, properties),
-``stream`` and ``event``, ``allocator`` (the caching allocator), ``pinned`` (page-locked host memory and
-copies), ``bounds`` (the record through which indexing kernels report bad indices). Importing it never
+go through the same :func:`check`). It is deliberately thin, in the spirit of tinygrad's runtime. The
+bindings themselves, ``check`` and the availability queries sit one floor lower, in ``tilewise._cuda_api``,
+so that the code generator's toolchain (NVRTC) can use them without importing a backend; here are
+``device`` (primary contexts, properties), ``module`` (loading cubins, launching kernels), ``stream`` and
+``event``, ``allocator`` (the caching allocator), ``pinned`` (page-locked host memory and copies), ``bounds``
+(the record through which indexing kernels report bad indices). Importing it never
 touches the driver, so it is safe on machines without a GPU.
 """
 
+from tilewise._cuda_api import (
+    CudaError,
+    CudaUnavailableError,
+    check,
+    device_count,
+    driver_version,
+    is_available,
+)
 from tilewise.backends.cuda.runtime.allocator import (
     CachingAllocator,
     DriverBackend,
@@ -24,14 +34,6 @@ from tilewise.backends.cuda.runtime.device import (
     mem_get_info,
     set_device,
     synchronize,
-)
-from tilewise.backends.cuda.runtime.driver import (
-    CudaError,
-    CudaUnavailableError,
-    check,
-    device_count,
-    driver_version,
-    is_available,
 )
 from tilewise.backends.cuda.runtime.event import Event
 from tilewise.backends.cuda.runtime.pinned import (

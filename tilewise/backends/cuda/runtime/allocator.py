@@ -527,8 +527,8 @@ class DriverBackend:
         self.device = device
 
     def malloc(self, nbytes: int) -> int:
+        from tilewise._cuda_api import check, driver_api, is_status
         from tilewise.backends.cuda.runtime.device import ensure_context, mem_get_info
-        from tilewise.backends.cuda.runtime.driver import check, driver_api, is_status
 
         ensure_context(self.device)
         result = driver_api().cuMemAlloc(nbytes)
@@ -541,8 +541,8 @@ class DriverBackend:
         return int(check(result, "cuMemAlloc"))
 
     def free(self, ptr: int) -> None:
+        from tilewise._cuda_api import check, driver_api
         from tilewise.backends.cuda.runtime.device import ensure_context
-        from tilewise.backends.cuda.runtime.driver import check, driver_api
 
         ensure_context(self.device)
         check(driver_api().cuMemFree(ptr), "cuMemFree")

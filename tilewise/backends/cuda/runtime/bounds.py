@@ -27,7 +27,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from tilewise.backends.cuda.runtime.driver import check, driver_api
+from tilewise._cuda_api import check, driver_api
 
 STATE, SITE, WHICH, VALUE, SIZE = range(5)  # the record's int64 fields
 FREE, WRITING, DONE = 0, 1, 2  # its state word

@@ -15,14 +15,14 @@ import threading
 from dataclasses import dataclass
 from functools import cache
 
-from tilewise.backends.cuda.runtime.bounds import raise_index_errors
-from tilewise.backends.cuda.runtime.driver import (
+from tilewise._cuda_api import (
     CudaUnavailableError,
     check,
     device_count,
     driver_api,
     init,
 )
+from tilewise.backends.cuda.runtime.bounds import raise_index_errors
 
 _retain_lock = threading.Lock()
 _primary_contexts: dict[int, object] = {}

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 
+from tilewise._cuda_api import check, driver_api, is_status
 from tilewise.backends.cuda.runtime.bounds import raise_index_errors
 from tilewise.backends.cuda.runtime.device import ensure_context
-from tilewise.backends.cuda.runtime.driver import check, driver_api, is_status
 from tilewise.backends.cuda.runtime.stream import Stream, current_stream
 
 

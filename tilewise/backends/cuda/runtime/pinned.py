@@ -18,8 +18,8 @@ import ctypes
 
 import numpy as np
 
+from tilewise._cuda_api import check, driver_api
 from tilewise.backends.cuda.runtime.device import ensure_context
-from tilewise.backends.cuda.runtime.driver import check, driver_api
 
 
 class PinnedBuffer:

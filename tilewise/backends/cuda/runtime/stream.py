@@ -18,13 +18,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from tilewise._cuda_api import check, driver_api, is_status
 from tilewise.backends.cuda.runtime.bounds import raise_index_errors
 from tilewise.backends.cuda.runtime.device import (
     current_device,
     ensure_context,
     set_device,
 )
-from tilewise.backends.cuda.runtime.driver import check, driver_api, is_status
 
 if TYPE_CHECKING:
     from tilewise.backends.cuda.runtime.event import Event

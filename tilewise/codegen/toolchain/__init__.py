@@ -1,12 +1,13 @@
-"""The CUDA toolchain: CUDA C → PTX → cubin (NVRTC), the kernel cache, SASS, and loading/launching.
+"""The toolchain: CUDA C → PTX → cubin (NVRTC), the kernel cache, SASS; C through the host compiler (``cc``).
 
 [Note: toolchain]
-Everything up to the cubin and its SASS runs without a GPU (``nvrtc``, ``cache``, ``sass``); only
-``module`` (load and launch) needs one. Importing this package imports no CUDA library: NVRTC and the
-driver are bound on first use through ``tilewise.backends.cuda.runtime.driver``.
+Everything here runs without a GPU: it turns source into binaries and reads them back (registers, SASS).
+Loading a cubin into a context and launching it belong to the CUDA runtime
+(``backends.cuda.runtime.module``). Importing this package imports no CUDA library: NVRTC is bound on first
+use through ``tilewise._cuda_api``.
 """
 
-from tilewise.compiler.toolchain.cache import (
+from tilewise.codegen.toolchain.cache import (
     TOOLCHAIN_FORMAT_VERSION,
     KernelCache,
     cache_key,
@@ -14,14 +15,7 @@ from tilewise.compiler.toolchain.cache import (
     default_cache,
     default_cache_dir,
 )
-from tilewise.compiler.toolchain.module import (
-    Function,
-    FunctionAttributes,
-    Module,
-    launch,
-    load_module,
-)
-from tilewise.compiler.toolchain.nvrtc import (
+from tilewise.codegen.toolchain.nvrtc import (
     CompiledKernel,
     KernelCompileError,
     compile_cuda,
@@ -29,7 +23,7 @@ from tilewise.compiler.toolchain.nvrtc import (
     nvrtc_available,
     nvrtc_version,
 )
-from tilewise.compiler.toolchain.sass import (
+from tilewise.codegen.toolchain.sass import (
     ResourceUsage,
     ToolNotFoundError,
     disassemble,
@@ -40,11 +34,8 @@ from tilewise.compiler.toolchain.sass import (
 __all__ = [
     "TOOLCHAIN_FORMAT_VERSION",
     "CompiledKernel",
-    "Function",
-    "FunctionAttributes",
     "KernelCache",
     "KernelCompileError",
-    "Module",
     "ResourceUsage",
     "ToolNotFoundError",
     "cache_key",
@@ -55,8 +46,6 @@ __all__ = [
     "default_cache_dir",
     "disassemble",
     "find_binary_utility",
-    "launch",
-    "load_module",
     "nvrtc_available",
     "nvrtc_version",
     "resource_usage",

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tilewise.compiler.kernel_ir import COMBINER_OPS, Index, Kernel, Store
-from tilewise.compiler.render.cstyle import (
+from tilewise.codegen.kernel_ir import COMBINER_OPS, Index, Kernel, Store
+from tilewise.codegen.render.cstyle import (
     SUFFIX,
     ExprRenderer,
     Language,
@@ -25,8 +25,8 @@ from tilewise.compiler.render.cstyle import (
     load_code,
     store_code,
 )
-from tilewise.compiler.render.cuda import identity
-from tilewise.compiler.schedule import KernelSchedule, NestSchedule, cached_reads
+from tilewise.codegen.render.cuda import identity
+from tilewise.codegen.schedule import KernelSchedule, NestSchedule, cached_reads
 from tilewise.dtypes import DType
 from tilewise.ops.expr import Expr, toposort
 

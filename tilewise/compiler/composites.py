@@ -1,4 +1,4 @@
-"""Composite operators in one generated kernel: eager CUDA calls compiled by the compiler's CUDA target.
+"""Composite operators in one generated kernel: eager CUDA calls compiled by the compiler (a CUDA backend plug-in).
 
 [Note: fused composites] A composite operator (softmax, layer_norm, a loss, the backward composites their
 derivatives call) is declared by its decomposition into primitives. Run as it is, that is one launch and
@@ -124,7 +124,7 @@ def rebased(t: Tensor) -> Tensor:
 
 
 def _compile(op, args: tuple):
-    from tilewise.compiler import compile as compile_fn
+    from tilewise.compiler.function import compile as compile_fn
 
     positions = [k for k, a in enumerate(args) if type(a) is Tensor]
     template = [None if type(a) is Tensor else a for a in args]  # keeps no caller's tensor alive
@@ -137,3 +137,12 @@ def _compile(op, args: tuple):
 
     decomposition.__name__ = decomposition.__qualname__ = op.name
     return compile_fn(decomposition)
+
+
+def _register() -> None:
+    from tilewise.backends import cuda
+
+    cuda.register_composite_runner(FUSED, run_fused)
+
+
+_register()

@@ -26,10 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tilewise import _strides as S
+from tilewise.codegen.kernel_ir import Kernel
+from tilewise.codegen.schedule import VECTOR_BYTES
 from tilewise.compiler.ir import Graph, Node, format_type
-from tilewise.compiler.kernel_ir import Kernel, buffer_of, geometry
-from tilewise.compiler.passes.fusion import fusion_kind
-from tilewise.compiler.schedule import VECTOR_BYTES
+from tilewise.compiler.lowering.fusion import fusion_kind
+from tilewise.compiler.lowering.lower import buffer_of, geometry
 
 ALIGN = 64
 

@@ -1,156 +1,23 @@
-"""Kernel IR: what one generated kernel computes, before any target decides how to run it.
+"""Lowering: each fused group of the graph becomes kernel IR (``codegen.kernel_ir``).
 
-[Note: kernel IR] A ``Kernel`` is a list of ``Nest``s over buffer parameters. A nest has an iteration
-domain (a shape, some of whose dims are reduced) and three kinds of statements, all over that domain:
-``Load``s (a buffer and a symbolic, affine ``Index``: offset + sum of stride * domain index), ``Reduce``s
-(fold an expression over the reduced dims with a combiner, into an accumulator) and ``Store``s (write an
-expression at an index). Expressions are the operators' own scalar ``Expr``s, spliced together: the
-leaf ``input k`` is the nest's k-th load and ``scalar accJ`` the J-th accumulator. A reduction or store
-whose expression reads accumulators belongs to a later *phase* (another loop over the reduced dims);
-stores that do not vary along the reduced dims happen once per row, after the phases. Nothing here says
-which loop is parallel, what is vectorised, or which thread does what: that is ``schedule``'s job, per
-target, and rendering follows the schedule.
-
-Lowering (``lower``) turns a ``FusedKernel`` from the fusion pass into this form. Buffers are graph
-values (graph inputs, kernel outputs, library-call results), each laid out contiguously in its own
-shape; views of them become the strides and offsets of load indices, computed by the view operators'
-own rules (``ops/views.py``).
+[Note: lowering] ``lower`` turns a ``FusedKernel`` from the fusion pass into a ``Kernel``. Buffers are graph
+values (graph inputs, kernel outputs, library-call results), each laid out contiguously in its own shape;
+views of them become the strides and offsets of load indices, computed by the view operators' own rules
+(``ops/views.py``). A pointwise member's expression is its operator's declared ``Expr`` with the leaves
+replaced by what the member reads (an in-group value, a constant or a load); a reduction member becomes an
+accumulator of the nest.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from tilewise import _strides as S
+from tilewise.codegen.kernel_ir import Index, Kernel, Load, LoweringError, Nest, Param, Reduce, Store, cast
 from tilewise.compiler.ir import Node, Ref, format_type
+from tilewise.compiler.lowering.fusion import FusedKernel, Group, fusion_kind, view_chain
 from tilewise.compiler.meta import Stand
-from tilewise.compiler.passes.fusion import FusedKernel, Group, fusion_kind, view_chain
-from tilewise.dtypes import DType, bool_
-from tilewise.ops.expr import Expr, rebuild, render_shared, toposort, with_srcs
+from tilewise.dtypes import bool_
+from tilewise.ops.expr import Expr, rebuild, toposort, with_srcs
 
-COMBINER_OPS = {"add": "add", "mul": "mul", "max": "maximum", "min": "minimum", "or": "logical_or",
-                "and": "logical_and"}
-
-
-class LoweringError(RuntimeError):
-    """A fused group the kernel IR cannot express (a bug in fusion, reported with the offending node)."""
-
-
-@dataclass(frozen=True)
-class Index:
-    """``offset + sum(stride * d[dim])`` over domain dims."""
-
-    offset: int
-    terms: tuple[tuple[int, int], ...]  # (domain dim, stride), each stride non-zero
-
-    def dims(self) -> set[int]:
-        return {d for d, _ in self.terms}
-
-    def text(self, names=lambda d: f"d{d}") -> str:
-        parts = [f"{names(d)}" if s == 1 else f"{s}*{names(d)}" for d, s in self.terms]
-        if self.offset or not parts:
-            parts.append(str(self.offset))
-        return " + ".join(parts)
-
-
-@dataclass(frozen=True)
-class Load:
-    param: int  # -1 for an ``iota``
-    index: Index
-    dtype: DType  # the buffer's storage dtype
-    # (start, step): no buffer is read, element k of the virtual buffer is ``start + step * k`` (an integer
-    # ``arange`` read by the nest: a one-hot compare reads positions, not a buffer of them)
-    iota: tuple[int, int] | None = None
-
-    def iota_code(self, where: str) -> str:
-        """C code of an iota's element at position ``where``."""
-        start, step = self.iota
-        scaled = f"({where})" if step == 1 else f"{step} * ({where})"
-        return scaled if start == 0 else f"{start} + {scaled}"
-
-
-@dataclass(frozen=True)
-class Reduce:
-    combiner: str
-    value: Expr
-    dtype: DType  # the accumulator's dtype
-    phase: int
-    # a sum of ``exp(a - accM)`` folded in the pass that finds the maximum ``accM`` (``online_softmax`` in
-    # ``schedule``): the value reads accM's running value, and the sum is rescaled whenever accM grows
-    rescale: int | None = None
-
-
-@dataclass(frozen=True)
-class Store:
-    param: int
-    index: Index
-    value: Expr
-    dtype: DType
-    phase: int | None  # None: once per row, after the phases
-
-
-@dataclass
-class Nest:
-    shape: tuple[int, ...]
-    reduce: tuple[int, ...]
-    loads: list[Load] = field(default_factory=list)
-    reductions: list[Reduce] = field(default_factory=list)
-    stores: list[Store] = field(default_factory=list)
-
-    @property
-    def phases(self) -> int:
-        used = [r.phase for r in self.reductions] + [s.phase for s in self.stores if s.phase is not None]
-        return max(used, default=-1) + 1
-
-    @property
-    def outer(self) -> tuple[int, ...]:
-        return tuple(d for d in range(len(self.shape)) if d not in self.reduce)
-
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    dtype: DType
-    read: bool
-    written: bool
-
-
-@dataclass
-class Kernel:
-    name: str
-    params: list[Param]
-    nests: list[Nest]
-    values: list[Node] = field(default_factory=list)  # the graph value each parameter's buffer holds
-
-    def __str__(self) -> str:
-        return format_kernel(self)
-
-
-# ---------------------------------------------------------------------------- text form
-
-def format_kernel(kernel: Kernel) -> str:
-    params = ", ".join(f"{p.name}: {format_type(v.type)}{' (read)' if p.read and p.written else ''}"
-                       for p, v in zip(kernel.params, kernel.values))
-    lines = [f"kernel {kernel.name}({params})"]
-    for k, nest in enumerate(kernel.nests):
-        lines.append(f"  nest {k} over {list(nest.shape)}, reducing dims {list(nest.reduce)}, {nest.phases} phase(s)")
-        for j, load in enumerate(nest.loads):
-            if load.iota is not None:
-                lines.append(f"    x{j} = {load.iota_code(load.index.text())}  (arange, {load.dtype.name})")
-                continue
-            lines.append(f"    x{j} = {kernel.params[load.param].name}[{load.index.text()}]")
-        shared, texts = render_shared([r.value for r in nest.reductions] + [st.value for st in nest.stores])
-        lines += [f"    {name} = {text}" for name, text in shared]
-        for j, (red, text) in enumerate(zip(nest.reductions, texts)):
-            online = f", rescaled as acc{red.rescale} grows" if red.rescale is not None else ""
-            lines.append(f"    phase {red.phase}: acc{j} = {red.combiner}(acc{j}, {text}){online}")
-        for st, text in zip(nest.stores, texts[len(nest.reductions):]):
-            when = f"phase {st.phase}" if st.phase is not None else "per row"
-            lines.append(f"    {when}: {kernel.params[st.param].name}[{st.index.text()}] = {text}")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------- physical layouts
 
 def buffer_of(value: Node) -> Node:
     """The graph value whose buffer holds ``value`` (views read their base's buffer)."""
@@ -174,15 +41,6 @@ def geometry(value: Node) -> tuple[tuple, tuple, int]:
         except RuntimeError as exc:
             raise LoweringError(f"{view.op} cannot be applied to the layout of its source: {exc}") from None
     return tuple(shape), tuple(strides), offset
-
-
-# ---------------------------------------------------------------------------- lowering
-
-def cast(expr: Expr, dtype: DType) -> Expr:
-    """``expr`` converted to ``dtype``; a value already cast to it is not cast again."""
-    if expr.op == "cast" and expr.arg is dtype:
-        return expr
-    return Expr("cast", (expr,), dtype)
 
 
 def _is_one(expr: Expr) -> bool:
@@ -362,7 +220,7 @@ class _KernelBuilder:
         counts = {"in": 0, "out": 0, "io": 0}
         for value, (read, written) in zip(self.values, self.flags):
             role = "io" if read and written else "out" if written else "in"
-            params.append(Param(f"{role}{counts[role]}", value.type.dtype, read, written))
+            params.append(Param(f"{role}{counts[role]}", value.type.dtype, read, written, format_type(value.type)))
             counts[role] += 1
         return Kernel(self.fused.name, params, nests, list(self.values))
 

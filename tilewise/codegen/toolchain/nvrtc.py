@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from tilewise.backends.cuda.runtime.driver import CudaError, check, nvrtc_api
+from tilewise._cuda_api import CudaError, check, nvrtc_api
 
 _ARCH_PATTERN = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
 _DIAGNOSTIC_PATTERN = re.compile(r"^(?P<file>[^\s()]+)\((?P<line>\d+)\): (?P<kind>catastrophic error|error|warning)")

@@ -7,7 +7,7 @@ have no C spelling here. Compile with ``-ffp-contract=off`` for results that mat
 
 from __future__ import annotations
 
-from tilewise.compiler.render.cstyle import Language
+from tilewise.codegen.render.cstyle import Language
 
 _PRELUDE = """#include <math.h>
 #include <stdbool.h>

@@ -4,8 +4,8 @@
 ``cuda`` adds the CUDA reduction schedule.
 """
 
-from tilewise.compiler.render.c import C
-from tilewise.compiler.render.cstyle import (
+from tilewise.codegen.render.c import C
+from tilewise.codegen.render.cstyle import (
     BROADCAST,
     CONTIGUOUS,
     STRIDED,
@@ -17,7 +17,7 @@ from tilewise.compiler.render.cstyle import (
     render_pointwise,
     vector_width,
 )
-from tilewise.compiler.render.cuda import COLUMN, CUDA, ROW, ReductionKernel, render_reduction
+from tilewise.codegen.render.cuda import COLUMN, CUDA, ROW, ReductionKernel, render_reduction
 
 __all__ = [
     "BROADCAST", "C", "COLUMN", "CONTIGUOUS", "CUDA", "ExprRenderer", "Language", "Operand", "PointwiseKernel",

@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tilewise import _strides as S
-from tilewise.compiler.kernel_ir import Index, Kernel, Load
-from tilewise.compiler.render.cstyle import ExprRenderer, Source, compute_of, literal, load_code, store_code
-from tilewise.compiler.render.cuda import CUDA, identity
-from tilewise.compiler.render.fused import LoopStyle, fold_helper, scalar_function
-from tilewise.compiler.schedule import KernelSchedule, NestSchedule
+from tilewise.codegen.kernel_ir import Index, Kernel, Load
+from tilewise.codegen.render.cstyle import ExprRenderer, Source, compute_of, literal, load_code, store_code
+from tilewise.codegen.render.cuda import CUDA, identity
+from tilewise.codegen.render.kernel_c import LoopStyle, fold_helper, scalar_function
+from tilewise.codegen.schedule import KernelSchedule, NestSchedule
 from tilewise.dtypes import DType, bfloat16, float16
 from tilewise.ops.expr import Expr, substitute, toposort, where
 

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tilewise.compiler.toolchain.disk import DiskCache
-from tilewise.compiler.toolchain.nvrtc import (
+from tilewise.codegen.toolchain.disk import DiskCache
+from tilewise.codegen.toolchain.nvrtc import (
     CompiledKernel,
     build_options,
     compile_cuda,
@@ -86,7 +86,7 @@ class CacheStats:
 
 
 class KernelCache:
-    """Memory + disk cache in front of :func:`~tilewise.compiler.toolchain.nvrtc.compile_cuda`.
+    """Memory + disk cache in front of :func:`~tilewise.codegen.toolchain.nvrtc.compile_cuda`.
 
     ``last_source`` says where the latest :meth:`compile` result came from: "memory", "disk" or "nvrtc".
 

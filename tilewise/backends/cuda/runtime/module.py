@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from tilewise._cuda_api import CudaError, check, driver_api
 from tilewise.backends.cuda.runtime.device import ensure_context
-from tilewise.backends.cuda.runtime.driver import CudaError, check, driver_api
 
 Dim3 = int | Sequence[int]
 _FLOAT_FORMATS = {2: "e", 4: "f", 8: "d"}
@@ -48,7 +48,7 @@ class FunctionAttributes:
 class Module:
     """A cubin (or PTX) image loaded on one device.
 
-    >>> from tilewise.compiler.toolchain.nvrtc import compile_cuda
+    >>> from tilewise.codegen.toolchain.nvrtc import compile_cuda
     >>> k = compile_cuda('extern "C" __global__ void one(float* o) { *o = 1.f; }', "one")  # doctest: +SKIP
     >>> fn = Module(k.cubin).get_function("one")  # doctest: +SKIP
     >>> launch(fn, grid=1, block=1, args=[device_pointer])  # doctest: +SKIP

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tilewise import dtypes
-from tilewise.compiler.render.cstyle import (
+from tilewise.codegen.render.cstyle import (
     SUFFIX,
     Language,
     Source,

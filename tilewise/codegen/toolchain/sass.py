@@ -88,7 +88,7 @@ def _run_on_cubin(tool: str, arguments: list[str], cubin: bytes) -> str:
 def disassemble(cubin: bytes) -> str:
     """SASS text of a cubin (``nvdisasm -c -g``).
 
-    >>> from tilewise.compiler.toolchain.nvrtc import compile_cuda
+    >>> from tilewise.codegen.toolchain.nvrtc import compile_cuda
     >>> k = compile_cuda('extern "C" __global__ void one(float* o) { *o = 1.f; }', "one")  # doctest: +SKIP
     >>> "STG" in disassemble(k.cubin)  # doctest: +SKIP
     True

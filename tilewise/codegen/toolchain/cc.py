@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from tilewise.compiler.toolchain.cache import default_cache_dir
-from tilewise.compiler.toolchain.disk import DiskCache
+from tilewise.codegen.toolchain.cache import default_cache_dir
+from tilewise.codegen.toolchain.disk import DiskCache
 from tilewise.config import settings
 
 C_FORMAT_VERSION = 2

@@ -1,0 +1,155 @@
+"""Kernel IR: what one generated kernel computes, before any target decides how to run it.
+
+[Note: kernel IR] A ``Kernel`` is a list of ``Nest``s over buffer parameters. A nest has an iteration
+domain (a shape, some of whose dims are reduced) and three kinds of statements, all over that domain:
+``Load``s (a buffer and a symbolic, affine ``Index``: offset + sum of stride * domain index), ``Reduce``s
+(fold an expression over the reduced dims with a combiner, into an accumulator) and ``Store``s (write an
+expression at an index). Expressions are the operators' own scalar ``Expr``s, spliced together: the
+leaf ``input k`` is the nest's k-th load and ``scalar accJ`` the J-th accumulator. A reduction or store
+whose expression reads accumulators belongs to a later *phase* (another loop over the reduced dims);
+stores that do not vary along the reduced dims happen once per row, after the phases. Nothing here says
+which loop is parallel, what is vectorised, or which thread does what: that is ``schedule``'s job, per
+target, and rendering follows the schedule.
+
+This module knows nothing of where a kernel comes from: the compiler lowers its fused groups into it
+(``compiler.lowering.lower``), and the eager CUDA backend builds one per operator specialisation. A
+kernel's ``values`` are the caller's handles for its parameters' buffers (graph values, for the compiler),
+carried along untouched; ``Param.described`` is how the text form names each one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tilewise.dtypes import DType
+from tilewise.ops.expr import Expr, render_shared
+
+COMBINER_OPS = {"add": "add", "mul": "mul", "max": "maximum", "min": "minimum", "or": "logical_or",
+                "and": "logical_and"}
+
+
+class LoweringError(RuntimeError):
+    """A fused group the kernel IR cannot express (a bug in fusion, reported with the offending node)."""
+
+
+@dataclass(frozen=True)
+class Index:
+    """``offset + sum(stride * d[dim])`` over domain dims."""
+
+    offset: int
+    terms: tuple[tuple[int, int], ...]  # (domain dim, stride), each stride non-zero
+
+    def dims(self) -> set[int]:
+        return {d for d, _ in self.terms}
+
+    def text(self, names=lambda d: f"d{d}") -> str:
+        parts = [f"{names(d)}" if s == 1 else f"{s}*{names(d)}" for d, s in self.terms]
+        if self.offset or not parts:
+            parts.append(str(self.offset))
+        return " + ".join(parts)
+
+
+@dataclass(frozen=True)
+class Load:
+    param: int  # -1 for an ``iota``
+    index: Index
+    dtype: DType  # the buffer's storage dtype
+    # (start, step): no buffer is read, element k of the virtual buffer is ``start + step * k`` (an integer
+    # ``arange`` read by the nest: a one-hot compare reads positions, not a buffer of them)
+    iota: tuple[int, int] | None = None
+
+    def iota_code(self, where: str) -> str:
+        """C code of an iota's element at position ``where``."""
+        start, step = self.iota
+        scaled = f"({where})" if step == 1 else f"{step} * ({where})"
+        return scaled if start == 0 else f"{start} + {scaled}"
+
+
+@dataclass(frozen=True)
+class Reduce:
+    combiner: str
+    value: Expr
+    dtype: DType  # the accumulator's dtype
+    phase: int
+    # a sum of ``exp(a - accM)`` folded in the pass that finds the maximum ``accM`` (``online_softmax`` in
+    # ``schedule``): the value reads accM's running value, and the sum is rescaled whenever accM grows
+    rescale: int | None = None
+
+
+@dataclass(frozen=True)
+class Store:
+    param: int
+    index: Index
+    value: Expr
+    dtype: DType
+    phase: int | None  # None: once per row, after the phases
+
+
+@dataclass
+class Nest:
+    shape: tuple[int, ...]
+    reduce: tuple[int, ...]
+    loads: list[Load] = field(default_factory=list)
+    reductions: list[Reduce] = field(default_factory=list)
+    stores: list[Store] = field(default_factory=list)
+
+    @property
+    def phases(self) -> int:
+        used = [r.phase for r in self.reductions] + [s.phase for s in self.stores if s.phase is not None]
+        return max(used, default=-1) + 1
+
+    @property
+    def outer(self) -> tuple[int, ...]:
+        return tuple(d for d in range(len(self.shape)) if d not in self.reduce)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    dtype: DType
+    read: bool
+    written: bool
+    described: str = ""  # the buffer's type as the text form shows it (``f32[64, 128]``)
+
+
+@dataclass
+class Kernel:
+    name: str
+    params: list[Param]
+    nests: list[Nest]
+    values: list[Any] = field(default_factory=list)  # the caller's handle for each parameter's buffer
+
+    def __str__(self) -> str:
+        return format_kernel(self)
+
+
+# ---------------------------------------------------------------------------- text form
+
+def format_kernel(kernel: Kernel) -> str:
+    params = ", ".join(f"{p.name}: {p.described or p.dtype.name}{' (read)' if p.read and p.written else ''}"
+                       for p in kernel.params)
+    lines = [f"kernel {kernel.name}({params})"]
+    for k, nest in enumerate(kernel.nests):
+        lines.append(f"  nest {k} over {list(nest.shape)}, reducing dims {list(nest.reduce)}, {nest.phases} phase(s)")
+        for j, load in enumerate(nest.loads):
+            if load.iota is not None:
+                lines.append(f"    x{j} = {load.iota_code(load.index.text())}  (arange, {load.dtype.name})")
+                continue
+            lines.append(f"    x{j} = {kernel.params[load.param].name}[{load.index.text()}]")
+        shared, texts = render_shared([r.value for r in nest.reductions] + [st.value for st in nest.stores])
+        lines += [f"    {name} = {text}" for name, text in shared]
+        for j, (red, text) in enumerate(zip(nest.reductions, texts)):
+            online = f", rescaled as acc{red.rescale} grows" if red.rescale is not None else ""
+            lines.append(f"    phase {red.phase}: acc{j} = {red.combiner}(acc{j}, {text}){online}")
+        for st, text in zip(nest.stores, texts[len(nest.reductions):]):
+            when = f"phase {st.phase}" if st.phase is not None else "per row"
+            lines.append(f"    {when}: {kernel.params[st.param].name}[{st.index.text()}] = {text}")
+    return "\n".join(lines)
+
+
+def cast(expr: Expr, dtype: DType) -> Expr:
+    """``expr`` converted to ``dtype``; a value already cast to it is not cast again."""
+    if expr.op == "cast" and expr.arg is dtype:
+        return expr
+    return Expr("cast", (expr,), dtype)
