@@ -12,13 +12,15 @@ import pytest
 
 import tilewise as tw
 import tilewise.nn.functional as F
-from tilewise.codegen.schedule import HEURISTIC, candidates, schedule
+from tilewise.codegen.schedule import HEURISTIC
 from tilewise.codegen.toolchain import nvrtc_available
 from tilewise.compiler import autotune
 from tilewise.compiler.autotune import DecisionCache, Policy, Sampler, fastest, measure
 from tilewise.compiler.capture import trace
 from tilewise.compiler.passes import run_pipeline
-from tilewise.compiler.program import HostTuning, lower_program
+from tilewise.compiler.program import lower_program
+from tilewise.compiler.program_c import HostTuning
+from tilewise.compiler.targets import C_TARGET, CUDA_TARGET, get_target
 from tilewise.config import settings
 
 W, B = tw.randn(768), tw.randn(768)
@@ -51,7 +53,7 @@ def _args(shapes, device="cpu"):
 
 
 def _lowered(fn, args, target):
-    return lower_program(run_pipeline(trace(fn, tuple(args), {}).graph), target)
+    return lower_program(run_pipeline(trace(fn, tuple(args), {}).graph), get_target(target))
 
 
 # ---------------------------------------------------------------------------- candidates
@@ -61,8 +63,8 @@ def _lowered(fn, args, target):
 def test_candidates_start_with_the_heuristic_and_are_distinct(name, target):
     fn, shapes = CASES[name]
     for sched in _lowered(fn, _args(shapes), target).schedules:
-        options = candidates(sched.kernel, target)
-        assert options[0].signature() == schedule(sched.kernel, target).signature()
+        options = get_target(target).candidates(sched.kernel)
+        assert options[0].signature() == get_target(target).schedule(sched.kernel).signature()
         assert options[0].knobs == HEURISTIC and all(c.knobs != HEURISTIC for c in options[1:])
         assert len({c.signature() for c in options}) == len(options) > 1
         assert len({c.knobs.label() for c in options}) == len(options)
@@ -72,7 +74,7 @@ def test_candidates_start_with_the_heuristic_and_are_distinct(name, target):
 def test_cuda_candidates_are_legal_launches(name):
     fn, shapes = CASES[name]
     for sched in _lowered(fn, _args(shapes), "cuda").schedules:
-        for c in candidates(sched.kernel, "cuda"):
+        for c in CUDA_TARGET.candidates(sched.kernel):
             assert 32 <= c.block <= 1024 and c.block % 32 == 0
             for ns in c.nests:
                 plan = ns.cuda
@@ -98,7 +100,7 @@ def test_every_cuda_candidate_compiles(name):
     fn, shapes = CASES[name]
     for sched in _lowered(fn, _args(shapes), "cuda").schedules:
         kernel = sched.kernel.name
-        for c in candidates(sched.kernel, "cuda"):
+        for c in CUDA_TARGET.candidates(sched.kernel):
             assert f".entry {kernel}" in compile_cached(render_program([c])[kernel], kernel, "sm_90").ptx
 
 
@@ -111,9 +113,9 @@ def test_every_c_candidate_computes_what_eager_does(name):
     f(*args)
     (program,) = f.programs()
     for k, sched in enumerate(list(program.schedules)):
-        for c in candidates(sched.kernel, "c"):
+        for c in C_TARGET.candidates(sched.kernel):
             program.schedules[k] = c
-            HostTuning().finish(program)  # the program's library rebuilt with this candidate
+            HostTuning(C_TARGET).finish(program)  # the program's library rebuilt with this candidate
             _close(f(*args), expected, 1e-4, 1e-4)
         program.schedules[k] = sched
 
@@ -133,7 +135,7 @@ def test_max_autotune_matches_eager_and_default(name, decisions):
     assert scheds and all(s.tuned is not None and not s.tuned.cached for s in scheds)
     assert decisions.stats.timed == len(scheds)
     for s in scheds:
-        assert len(s.tuned.seconds) == len(candidates(s.kernel, "c")) and all(t > 0 for t in s.tuned.seconds)
+        assert len(s.tuned.seconds) == len(C_TARGET.candidates(s.kernel)) and all(t > 0 for t in s.tuned.seconds)
         assert s.knobs.label() == s.tuned.labels[s.tuned.winner]
 
 
@@ -300,8 +302,8 @@ def test_every_cuda_candidate_computes_what_eager_does(name):
     (program,) = f.programs()
     assert len(program.steps) == 1, "one kernel: the program replays no graph, so a swapped step runs"
     (sched,) = program.schedules
-    options = candidates(sched.kernel, "cuda")
-    tuning = CudaTuning(program.cuda.device, {})
+    options = CUDA_TARGET.candidates(sched.kernel)
+    tuning = CudaTuning(CUDA_TARGET, program.runtime.device, {})
     functions = tuning.compile({sched.kernel.name: Pending("", options)})[sched.kernel.name]
     original = program.steps[0]
     for c, function in zip(options, functions):
@@ -340,4 +342,4 @@ def test_a_second_cuda_compile_reuses_the_decision_and_replays_a_graph(decisions
     assert decisions.stats.timed == timed and decisions.stats.disk_hits == timed
     assert all(s.tuned.cached for s in program.schedules)
     assert program.source == first.programs()[0].source
-    assert len(program.cuda.graphs) == 1 and not program.cuda.why_not
+    assert len(program.runtime.graphs) == 1 and not program.runtime.why_not

@@ -10,10 +10,11 @@ import tilewise.nn.functional as F
 from tilewise.compiler.capture import trace
 from tilewise.compiler.passes import run_pipeline
 from tilewise.compiler.program import lower_program
+from tilewise.compiler.targets import CUDA_TARGET
 
 
 def cuda_plans(fn, *args):
-    low = lower_program(run_pipeline(trace(fn, args, {}).graph), "cuda")
+    low = lower_program(run_pipeline(trace(fn, args, {}).graph), CUDA_TARGET)
     return low, [ns.cuda for s in low.schedules for ns in s.nests]
 
 
@@ -136,7 +137,7 @@ def _close(a, b, rtol=1e-5, atol=1e-6):
 
 def _runtime(f):
     (program,) = f.programs()
-    return program.cuda
+    return program.runtime
 
 
 @pytest.mark.cuda
@@ -284,14 +285,14 @@ def _guarded_softmax(x):
 def test_a_long_row_softmax_sums_its_exponentials_in_the_pass_that_finds_the_max():
     """Rows too long for registers: the softmax reads its row twice (max with the rescaled sum, then the
     normalisation), not three times; with the knob off it takes the three passes. NVRTC compiles both."""
-    from tilewise.codegen.schedule import Knobs, schedule
+    from tilewise.codegen.schedule import Knobs, schedule_cuda
     from tilewise.codegen.toolchain import compile_cached
 
     low, (plan,) = cuda_plans(lambda x: x.float().softmax(-1).bfloat16(), tw.randn(64, 100000).bfloat16())
     (sched,) = low.schedules
     assert plan.online and not plan.in_registers and sched.nests[0].nest.phases == 2
     assert "online softmax" in sched.describe()
-    plain = schedule(sched.kernel, "cuda", Knobs(online=False))
+    plain = schedule_cuda(sched.kernel, Knobs(online=False))
     assert not plain.nests[0].cuda.online and plain.nests[0].nest.phases == 3
     compile_cached(low.source, sched.kernel.name, "sm_90")
     _, (guarded,) = cuda_plans(_guarded_softmax, tw.randn(64, 100000))
@@ -323,7 +324,7 @@ def test_a_one_hot_compare_reads_positions_not_a_buffer_of_them():
         return loss.detach()
 
     graph = run_pipeline(trace(loss_and_grad, (x, target), {}).graph)
-    low = lower_program(graph, "cuda")
+    low = lower_program(graph, CUDA_TARGET)
     loads = [ld for k in low.kernels.values() for nest in k.nests for ld in nest.loads]
     assert any(ld.iota == (0, 1) for ld in loads)
     assert not any(v.op == "arange" for k in low.kernels.values() for v in k.values)
@@ -343,7 +344,7 @@ def test_a_cross_entropy_gradient_over_long_rows_is_two_passes_with_the_row_cons
         loss.backward()
         return loss.detach()
 
-    low = lower_program(run_pipeline(trace(loss_and_grad, (x, tw.zeros(16, dtype=tw.int64)), {}).graph), "cuda")
+    low = lower_program(run_pipeline(trace(loss_and_grad, (x, tw.zeros(16, dtype=tw.int64)), {}).graph), CUDA_TARGET)
     (sched,) = [s for s in low.schedules if s.nests[0].nest.shape[-1] == 50304]
     nest = sched.nests[0].nest
     assert sched.nests[0].cuda.online and nest.phases == 2 and len(nest.reductions) == 2
@@ -424,8 +425,9 @@ def test_a_linear_layer_over_a_3d_input_takes_the_epilogue_through_its_reshape()
     graph = _epilogue_graph(lambda x: F.gelu(F.linear(x, w, b), approximate="tanh"), x)
     assert [n.op for n in graph.body if n.kind != "view"] == ["_addmm_activation"]
     from tilewise.compiler.program import build_program
+    from tilewise.compiler.targets import C_TARGET
 
-    program = build_program(graph)  # the C target runs the rewritten graph: it means what the original did
+    program = build_program(graph, C_TARGET)  # the C target runs the rewritten graph: it means what the original did
     expected = F.gelu(F.linear(x, w, b), approximate="tanh")
     by_shape = {t.shape: np.ascontiguousarray(t.numpy()).reshape(-1) for t in (x, w, b)}
     (out,) = program.run([by_shape[i.type.shape] for i in graph.inputs], frozenset())
@@ -463,13 +465,14 @@ def test_a_training_steps_linear_gelu_takes_gelu_epilogues_that_keep_its_input()
     input, and the backward's product and GELU derivative another; both mean what the nodes they replace did
     (the C target runs their decompositions)."""
     from tilewise.compiler.program import build_program
+    from tilewise.compiler.targets import C_TARGET
 
     args = _mlp_args()
     graph = _epilogue_graph(_mlp_step, *args)
     ops = [n.op for n in graph.body]
     assert ops.count("_addmm_gelu") == 1 and ops.count("_mm_gelu_backward") == 1
     assert "gelu" not in ops and "gelu_backward" not in ops
-    program = build_program(graph)
+    program = build_program(graph, C_TARGET)
     outs = program.run([np.ascontiguousarray(a.detach().numpy()).reshape(-1) for a in args], frozenset())
     for out, expected in zip(outs, _mlp_step(*args)):
         np.testing.assert_allclose(np.asarray(out).reshape(expected.shape), expected.numpy(), rtol=1e-5, atol=1e-5)
@@ -689,7 +692,7 @@ def test_a_gpt_training_step_replays_as_one_cuda_graph_and_matches_eager():
     compiled = tw.compile(_gpt_step("cuda"))
     losses = [float(compiled(x, y).item()) for x, y in data]
     np.testing.assert_allclose(losses, eager, rtol=1e-4, atol=1e-5)
-    runtimes = [p.cuda for p in compiled.programs()]
+    runtimes = [p.runtime for p in compiled.programs()]
     assert all(r.graphs and not r.why_not for r in runtimes[-1:]), [r.why_not for r in runtimes]
     steps = [s.describe() for s in compiled.programs()[-1].steps]
     assert not [s for s in steps if "[eager]" in s], steps

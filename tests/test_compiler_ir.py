@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 
 import tilewise as tw
-from tilewise.compiler.capture import DataDependentError, trace
+from tilewise.compiler.capture import trace
+from tilewise.compiler.errors import DataDependentError
 from tilewise.compiler.ir import Graph, GraphError, Node, Ref, TensorType, format_graph, verify
 from tilewise.compiler.lowering.fusion import partition
 from tilewise.compiler.passes import PIPELINE, cse, dce, decompose, functionalize, run_pipeline, simplify
 from tilewise.compiler.program import lower_program
+from tilewise.compiler.targets import CUDA_TARGET
 from tilewise.config import settings
 from tilewise.device import cpu
 
@@ -199,7 +201,7 @@ def test_a_layer_norms_weight_gradient_is_summed_from_its_operands_not_from_a_st
 
     args = tw.randn(256, 64).bfloat16(), tw.randn(256, 64), tw.rand(256, 1), tw.randn(64)
     graph = run_pipeline(graph_of(backward, *args))
-    low = lower_program(graph, "cuda")
+    low = lower_program(graph, CUDA_TARGET)
     assert len(low.kernels) == 1
     (kernel,) = low.kernels.values()
     assert [n.reduce for n in kernel.nests] == [(1,), (0,)] and len(kernel.nests[1].reductions) == 2
@@ -222,7 +224,7 @@ def test_a_layer_norms_backward_makes_x_hat_again_from_its_input_and_row_statist
         return h.detach(), x.grad, w.grad, b.grad
 
     x, r, dy = tw.randn(128, 64, requires_grad=True), tw.randn(128, 64), tw.randn(128, 64)
-    low = lower_program(run_pipeline(graph_of(step, x, r, dy)), "cuda")
+    low = lower_program(run_pipeline(graph_of(step, x, r, dy)), CUDA_TARGET)
     stored = [f"{k.name}.{p.name}" for k in low.kernels.values() for p, v in zip(k.params, k.values)
               if p.written and v.type.shape == (128, 64)]
     assert len(stored) == 2, stored

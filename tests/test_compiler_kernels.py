@@ -11,7 +11,7 @@ import pytest
 import tilewise as tw
 import tilewise.nn.functional as F
 from tilewise.compiler import DataDependentError
-from tilewise.compiler.program import KernelStep
+from tilewise.compiler.program_c import KernelStep
 from tilewise.config import settings
 
 
@@ -585,12 +585,13 @@ def test_a_fractional_arange_read_by_a_fused_kernel_is_a_buffer_not_an_integer_i
     from tilewise.compiler.capture import trace
     from tilewise.compiler.passes import run_pipeline
     from tilewise.compiler.program import lower_program
+    from tilewise.compiler.targets import CUDA_TARGET
 
     def shifted(x):
         return (x.unsqueeze(-1) + tw.arange(0, -1.5, -0.5)[:3]).exp().sum(-1)
 
     x = tw.rand(3, 4)
-    low = lower_program(run_pipeline(trace(shifted, (x,), {}).graph), "cuda")
+    low = lower_program(run_pipeline(trace(shifted, (x,), {}).graph), CUDA_TARGET)
     (source,) = low.sources.values()
     header = re.search(r'extern "C" __global__ void[^{]*', source).group(0)
     assert header.count("const float*") == 2, header  # x and the arange's buffer

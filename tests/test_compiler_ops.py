@@ -188,6 +188,7 @@ def test_cuda_kernels_compile(info, k):
     from tilewise.compiler.capture import trace
     from tilewise.compiler.passes import run_pipeline
     from tilewise.compiler.program import lower_program
+    from tilewise.compiler.targets import CUDA_TARGET
 
     sample = info.samples()[k]
     args, kwargs, tensors = _inputs(info, sample, seed=k, noncontiguous=info.noncontiguous)
@@ -205,7 +206,7 @@ def test_cuda_kernels_compile(info, k):
     except UnsupportedTargetError as exc:  # runs eagerly under compile: no kernel to build
         assert "on the host and run" in str(exc), exc
         return
-    low = lower_program(run_pipeline(traced.graph), "cuda")
+    low = lower_program(run_pipeline(traced.graph), CUDA_TARGET)
     assert sorted(low.sources) == sorted(kk.name for kk in low.kernels.values())
     for name, source in low.sources.items():
         assert f".entry {name}" in compile_cached(source, name, "sm_90").ptx

@@ -186,7 +186,7 @@ def test_compiled_attention_step_is_one_cudnn_call_each_way_inside_a_cuda_graph(
     calls = [s.describe() for s in program.steps if "call" in s.describe()]
     assert any("_scaled_dot_product_attention_math [into its buffer]" in c for c in calls), calls
     assert any("_scaled_dot_product_attention_backward [into its buffer]" in c for c in calls), calls
-    assert len(program.cuda.graphs) == 1 and not program.cuda.why_not
+    assert len(program.runtime.graphs) == 1 and not program.runtime.why_not
 
 
 def test_attention_benchmark_shape_runs_fused():

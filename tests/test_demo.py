@@ -76,7 +76,7 @@ def test_explain_follows_a_call_through_every_layer():
 
 def test_explain_shows_cuda_source_ptx_and_sass_without_a_gpu():
     pytest.importorskip("cuda.bindings.nvrtc")
-    from tilewise.compiler.explain import explain
+    from tilewise.profiler.explain import explain
 
     sections = dict(explain("x.relu() * 0.5 + 1", [(64, 64)], target="cuda"))
     (ptx,) = [text for title, text in sections.items() if "PTX" in title]

@@ -676,6 +676,7 @@ def test_lstm_training_step_lowers_to_cuda_kernels_that_compile():
     from tilewise.compiler.capture import trace
     from tilewise.compiler.passes import run_pipeline
     from tilewise.compiler.program import lower_program
+    from tilewise.compiler.targets import CUDA_TARGET
 
     if not nvrtc_available():
         pytest.skip("NVRTC is not installed")
@@ -694,7 +695,7 @@ def test_lstm_training_step_lowers_to_cuda_kernels_that_compile():
         return loss.detach()
 
     x, y = tw.randint(0, 16, (2, 3)), tw.randint(0, 16, (2, 3))
-    low = lower_program(run_pipeline(trace(step, (x, y), {}).graph), "cuda")
+    low = lower_program(run_pipeline(trace(step, (x, y), {}).graph), CUDA_TARGET)
     for name, source in low.sources.items():
         assert f".entry {name}" in compile_cached(source, name, "sm_90").ptx
     cells = [k for k in low.kernels.values() if "sigmoid" in low.sources[k.name] or "tanh" in low.sources[k.name]]

@@ -704,6 +704,7 @@ def test_each_group_update_lowers_to_cuda_kernels_that_nvrtc_compiles(name, kwar
     from tilewise.compiler.capture import trace
     from tilewise.compiler.passes import run_pipeline
     from tilewise.compiler.program import lower_program
+    from tilewise.compiler.targets import CUDA_TARGET
 
     params = [tw.randn(*shape).requires_grad_() for shape in ((64, 32), (32,))]
     for p in params:
@@ -712,7 +713,7 @@ def test_each_group_update_lowers_to_cuda_kernels_that_nvrtc_compiles(name, kwar
     opt.init_state()
     if name == "SGD":
         opt.step()  # the momentum buffers
-    low = lower_program(run_pipeline(trace(lambda: opt.step(), (), {}).graph), "cuda")
+    low = lower_program(run_pipeline(trace(lambda: opt.step(), (), {}).graph), CUDA_TARGET)
     assert low.kernels
     for kernel, source in low.sources.items():
         compile_cached(source, kernel, "sm_90")

@@ -100,13 +100,14 @@ def test_the_group_update_lowers_to_cuda_kernels_that_nvrtc_compiles():
     from tilewise.compiler.capture import trace
     from tilewise.compiler.passes import run_pipeline
     from tilewise.compiler.program import lower_program
+    from tilewise.compiler.targets import CUDA_TARGET
 
     params, targets = _muon_problem("cpu")
     for p, t in zip(params, targets):
         p.grad = p.detach() - t
     opt = tw.optim.Muon(params)
     opt.init_state()
-    low = lower_program(run_pipeline(trace(lambda: opt.step(), (), {}).graph), "cuda")
+    low = lower_program(run_pipeline(trace(lambda: opt.step(), (), {}).graph), CUDA_TARGET)
     assert low.kernels
     for kernel, source in low.sources.items():
         compile_cached(source, kernel, "sm_90")

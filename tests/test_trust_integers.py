@@ -256,12 +256,13 @@ def test_cuda_integer_division_kernels_guard_their_divisors_and_compile(dtype):
     from tilewise.compiler.capture import trace
     from tilewise.compiler.passes import run_pipeline
     from tilewise.compiler.program import lower_program
+    from tilewise.compiler.targets import CUDA_TARGET
 
     def divisions(a, b):
         return a // b, a % b, tw.fmod(a, b), tw.div(a, b, rounding_mode="trunc")
 
     args = (tw.ones(64, dtype=getattr(tw, dtype)), tw.ones(64, dtype=getattr(tw, dtype)))
-    low = lower_program(run_pipeline(trace(divisions, args, {}).graph), "cuda")
+    low = lower_program(run_pipeline(trace(divisions, args, {}).graph), CUDA_TARGET)
     for helper in ("floordiv", "mod", "fmod", "truncdiv"):
         assert f"tw_{helper}_i{dtype[3:]}" in low.source
     assert low.source.count("if (b == 0)") == 4 and "b == -1" in low.source

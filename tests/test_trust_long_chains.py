@@ -16,12 +16,12 @@ import pytest
 import torch
 
 import tilewise as tw
-from tilewise.compiler import explain as explain_module
 from tilewise.compiler.capture import trace
 from tilewise.compiler.ir import format_graph
 from tilewise.compiler.passes import run_pipeline
 from tilewise.config import settings
 from tilewise.ops.expr import Expr, render_shared, render_text, substitute, toposort
+from tilewise.profiler import explain as explain_module
 
 LIMIT = sys.getrecursionlimit()
 

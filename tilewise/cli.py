@@ -2,7 +2,7 @@
 ``bench``.
 
 ``demo`` is the main job: it trains the character-level GPT of ``tilewise.models`` and reports as it goes.
-``explain`` follows one call through every layer (``tilewise.compiler.explain``); ``bench`` says where the
+``explain`` follows one call through every layer (``tilewise.profiler.explain``); ``bench`` says where the
 benchmark scripts are (they need torch, which tilewise itself never imports).
 """
 
@@ -112,7 +112,7 @@ def run_coverage(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- explain
 
 def run_explain(args: argparse.Namespace) -> int:
-    from tilewise.compiler.explain import explain
+    from tilewise.profiler.explain import explain
 
     shapes = args.shape or [(1024, 1024)]
     sections = explain(args.expr, shapes, args.dtype, args.device, args.target)

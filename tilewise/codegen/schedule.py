@@ -389,7 +389,7 @@ class KernelSchedule:
             lines.append(f"  nest {k}: domain {list(ns.nest.shape)} reducing {list(ns.nest.reduce)}: "
                          f"{ns.parallel}" + (f" ({ns.chunks} chunks)" if ns.parallel == "split" else "")
                          + "".join(f"; {n}" for n in ns.notes))
-        if self.target == "cuda":
+        if self.block:  # a launch of thread blocks (CUDA)
             lines.append(f"  launch: {self.grid} block(s) of {self.block} threads")
         if self.knobs != HEURISTIC:
             lines.append(f"  knobs: {self.knobs.label()}")
@@ -402,7 +402,7 @@ class KernelSchedule:
         return self.block, tuple((ns.parallel, ns.chunks, ns.simd, ns.cuda) for ns in self.nests)
 
 
-def schedule_c(nest: Nest, knobs: Knobs = HEURISTIC) -> NestSchedule:
+def schedule_c_nest(nest: Nest, knobs: Knobs = HEURISTIC) -> NestSchedule:
     nest, cached = cache_across_phases(coalesce(nest))
     work = S.numel(nest.shape)
     rows = S.numel([nest.shape[d] for d in nest.outer])
@@ -647,18 +647,9 @@ def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
     return KernelSchedule(kernel, "cuda", out, block, scratch, knobs)
 
 
-SCHEDULERS = {"c": schedule_c}
-
-
-def schedule(kernel: Kernel, target: str, knobs: Knobs = HEURISTIC) -> KernelSchedule:
-    if target == "cuda":
-        return schedule_cuda(kernel, knobs)
-    try:
-        scheduler = SCHEDULERS[target]
-    except KeyError:
-        targets = sorted({*SCHEDULERS, "cuda"})
-        raise NotImplementedError(f"no scheduler for target {target!r}; targets: {targets}") from None
-    return KernelSchedule(kernel, target, [scheduler(nest, knobs) for nest in kernel.nests], knobs=knobs)
+def schedule_c(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
+    """The C target's schedule of a kernel: each nest scheduled on its own."""
+    return KernelSchedule(kernel, "c", [schedule_c_nest(nest, knobs) for nest in kernel.nests], knobs=knobs)
 
 
 # ---------------------------------------------------------------------------- candidates (max-autotune)
@@ -667,7 +658,7 @@ CUDA_BLOCKS = (128, 256, 512, 1024)
 C_SPLIT_CHUNKS = (16, 256)
 
 
-def _cuda_variants(heuristic: KernelSchedule) -> list[Knobs]:
+def variants_cuda(heuristic: KernelSchedule) -> list[Knobs]:
     plans = [ns.cuda for ns in heuristic.nests]
     variants = [Knobs(block=b) for b in CUDA_BLOCKS if b != heuristic.block]
     widest = max(p.vector for p in plans)
@@ -687,23 +678,8 @@ def _cuda_variants(heuristic: KernelSchedule) -> list[Knobs]:
     return variants
 
 
-def _c_variants(heuristic: KernelSchedule) -> list[Knobs]:
+def variants_c(heuristic: KernelSchedule) -> list[Knobs]:
     variants = [Knobs(threads="serial"), Knobs(threads="parallel"), Knobs(simd=False)]
     if any(ns.parallel == "split" for ns in heuristic.nests):
         variants += [Knobs(chunks=c) for c in C_SPLIT_CHUNKS]
     return variants
-
-
-VARIANTS = {"c": _c_variants, "cuda": _cuda_variants}
-
-
-def candidates(kernel: Kernel, target: str) -> list[KernelSchedule]:
-    """The kernel's distinct legal schedules: the heuristic's first, then one knob changed at a time."""
-    heuristic = schedule(kernel, target)
-    out, seen = [heuristic], {heuristic.signature()}
-    for knobs in VARIANTS[target](heuristic):
-        candidate = schedule(kernel, target, knobs)
-        if candidate.signature() not in seen:
-            seen.add(candidate.signature())
-            out.append(candidate)
-    return out

@@ -21,7 +21,7 @@ losses) run there as one compiled kernel each.
 """
 
 from tilewise.compiler import composites  # noqa: F401, E402 — registers the fused composites with the CUDA backend
-from tilewise.compiler.capture import DataDependentError
+from tilewise.compiler.errors import DataDependentError
 from tilewise.compiler.function import CompiledFunction, UnsupportedTargetError, compile
 
 __all__ = ["CompiledFunction", "DataDependentError", "UnsupportedTargetError", "compile"]

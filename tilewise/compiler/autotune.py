@@ -35,13 +35,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tilewise.codegen.kernel_ir import Kernel
-from tilewise.codegen.schedule import KernelSchedule, Tuned, candidates
+from tilewise.codegen.schedule import KernelSchedule, Tuned
 from tilewise.codegen.toolchain.cache import default_cache_dir
 from tilewise.codegen.toolchain.disk import DiskCache
 from tilewise.config import log
+
+if TYPE_CHECKING:
+    from tilewise.compiler.targets import Target
 
 AUTOTUNE_FORMAT_VERSION = 2  # bumped when a knob's meaning or the entries' format changes
 MARGIN = 0.03  # another candidate replaces the heuristic's only when at least this much faster
@@ -60,10 +63,6 @@ class Policy:
     max_repeats: int = 1000
 
 
-POLICIES = {
-    "c": Policy(warmup=0.002, sample=2e-4, budget=0.1),
-    "cuda": Policy(warmup=0.02, sample=2e-5, budget=0.1),  # 20 ms: what cuBLASLt's tuning needs from idle
-}
 
 
 @dataclass
@@ -225,9 +224,9 @@ class Bench(Protocol):
 
 
 class Tuning(Protocol):
-    """A target's part of autotuning (``program.HostTuning``, ``program_cuda.CudaTuning``)."""
+    """A target's part of autotuning (``program_c.HostTuning``, ``program_cuda.CudaTuning``)."""
 
-    target: str
+    target: Target  # its candidates, its timing policy, its name (part of a decision's key)
 
     def machine(self) -> dict: ...
 
@@ -267,12 +266,13 @@ def choose(schedules: list[KernelSchedule], tuning: Tuning,
     machine = tuning.machine()
     chosen, pending = [], {}
     for sched in schedules:
-        options = candidates(sched.kernel, tuning.target)
+        options = tuning.target.candidates(sched.kernel)
         if len(options) == 1:
             chosen.append(sched)
             continue
         labels = tuple(c.knobs.label() for c in options)
-        found = Pending(decision_key(tuning.target, tuning.source(options[0], "tw_kernel"), labels, machine), options)
+        key = decision_key(tuning.target.name, tuning.source(options[0], "tw_kernel"), labels, machine)
+        found = Pending(key, options)
         tuned = cache.get(found.key, labels)
         if tuned is None:
             chosen.append(sched)
@@ -310,7 +310,7 @@ class Tuner:
         name = step.kernel.name
         pending = self.pending.pop(name)
         steps = [self.tuning.step(step, c, f) for c, f in zip(pending.candidates, self.functions.pop(name))]
-        seconds = measure(bench.samplers(steps), POLICIES[self.tuning.target])
+        seconds = measure(bench.samplers(steps), self.tuning.target.policy)
         tuned = Tuned(pending.labels, tuple(seconds), fastest(seconds), False)
         self.cache.put(pending.key, tuned)
         at = next(k for k, s in enumerate(program.schedules) if s.kernel.name == name)

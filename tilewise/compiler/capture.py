@@ -35,42 +35,16 @@ from __future__ import annotations
 import contextlib
 import inspect
 import operator
-import os
 import sys
 import weakref
 from dataclasses import dataclass, field
 
 from tilewise import _strides as S
+from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, data_dependent_error, user_frame
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
-from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer
+from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer, suspended
 from tilewise.dispatch import STATE, register_backend
 from tilewise.tensor import TRACE_HOOKS, Tensor
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_GENERATED = ("<binder", "<derivative", "<numpy kernel")
-
-
-class DataDependentError(RuntimeError):
-    """Python code asked for the value of a tensor while ``tilewise.compile`` was tracing it."""
-
-
-def user_frame() -> tuple[str, int, str]:
-    """(file, line, source text) of the innermost frame outside tilewise."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        inside = os.path.abspath(path).startswith(_PACKAGE_DIR + os.sep) or path.startswith(_GENERATED)
-        if not inside:
-            import linecache
-
-            return path, frame.f_lineno, linecache.getline(path, frame.f_lineno).strip()
-        frame = frame.f_back
-    return "<unknown>", 0, ""
-
-
-class UnsupportedTargetError(RuntimeError):
-    """What the function does has no generated code (mixed devices, complex tensors, host-checked solvers): it runs
-    eagerly, or with ``fullgraph=True`` raises."""
 
 
 def _complex_operands(args: tuple) -> bool:
@@ -81,25 +55,6 @@ def _complex_operands(args: tuple) -> bool:
 def _complex_type(ty) -> bool:
     types = ty if isinstance(ty, tuple) else (ty,)
     return any(t is not None and t.dtype.is_complex for t in types)
-
-
-def data_dependent_error(what: str) -> DataDependentError:
-    path, line, text = user_frame()
-    return DataDependentError(
-        f"{what} needs the value of a tensor, but inside tilewise.compile tensors are traced and have no values "
-        f"yet.\n  at {path}:{line}: {text}\nKeep the computation in tensors (tilewise.where(cond, a, b) instead of "
-        "`if`, arithmetic masks instead of boolean indexing), or move this line out of the compiled function "
-        "and compile the code before and after it separately.")
-
-
-@contextlib.contextmanager
-def suspended():
-    """Run real kernels for a moment (used to learn result types from stand-in inputs)."""
-    depth, STATE.trace_depth = STATE.trace_depth, 0
-    try:
-        yield
-    finally:
-        STATE.trace_depth = depth
 
 
 # ---------------------------------------------------------------------------- where tensors come from
@@ -534,7 +489,7 @@ class Capture:
             t._trace = value
 
     def primitive(self, op, args: tuple, device):
-        if op.attrs.get("compiled") is False:  # the whole function runs eagerly (see _graph_target)
+        if op.attrs.get("compiled") is False:  # the whole function runs eagerly (see targets.target_of)
             raise UnsupportedTargetError(f"it calls {op.name}, which checks its results on the host and runs eagerly "
                                          "(compile the code around it separately)")
         what = f"{op.name}() (its result's shape depends on tensor values)"

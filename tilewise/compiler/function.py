@@ -40,24 +40,16 @@ import numpy as np
 from tilewise import _strides as S
 from tilewise._stages import Stages, stage
 from tilewise.autograd.function import Function
-from tilewise.compiler.capture import (
-    Source,
-    Traced,
-    UnsupportedTargetError,
-    capturing,
-    flatten,
-    start,
-    suspended,
-    unflatten,
-    user_frame,
-)
+from tilewise.compiler.capture import Source, Traced, capturing, flatten, start, unflatten
+from tilewise.compiler.errors import UnsupportedTargetError, user_frame
 from tilewise.compiler.guards import Guards, Recorder, make_guards
 from tilewise.compiler.lowering.partition import partition
-from tilewise.compiler.passes import dce, pipeline_for, run_pipeline
-from tilewise.compiler.program import Program, build_program, host_arena
+from tilewise.compiler.meta import suspended
+from tilewise.compiler.passes import dce, run_pipeline
+from tilewise.compiler.program import Program, build_program
 from tilewise.compiler.segments import Segments
+from tilewise.compiler.targets import Target, target_of
 from tilewise.config import log, settings
-from tilewise.device import Device, cpu
 from tilewise.dispatch import STATE
 from tilewise.storage import Storage
 from tilewise.tensor import Tensor, from_array
@@ -332,10 +324,10 @@ class CompiledFunction:
         return self.fn(*args, **kwargs)
 
     def _compile(self, traced: Traced, flat: list, spec, optimizers: list, recorder) -> Variant:
-        target, device = _target(traced)
+        target, device = target_of(traced.graph)
         guards = make_guards(traced, flat, spec, self.module, optimizers, recorder)
         with stage("passes"):
-            graph = run_pipeline(traced.graph, pipeline_for(target))
+            graph = run_pipeline(traced.graph, target.passes)
 
         arena = self._arena(target, device)
         autotune = self.mode == "max-autotune"
@@ -355,54 +347,22 @@ class CompiledFunction:
 
     def _build_segment(self, graph):
         """The program of one segment of a call that runs its Python (see [Note: segmented calls])."""
-        target, device = _graph_target(graph)
-        graph = run_pipeline(graph, pipeline_for(target))
+        target, device = target_of(graph)
+        graph = run_pipeline(graph, target.passes)
         return build_program(graph, target, device, False, self._arena(target, device), self.mode == "max-autotune")
 
-    def _arena(self, target: str, device):
+    def _arena(self, target: Target, device):
         """The arena the function's programs for ``target`` share (see ``program.Arena``)."""
-        key = (target, device)
+        key = (target.name, device)
         arena = self.arenas.get(key)
         if arena is None:
-            if target == "cuda":
-                from tilewise.compiler.program_cuda import device_arena
-
-                arena = device_arena(device)
-            else:
-                arena = host_arena()
-            self.arenas[key] = arena
+            arena = self.arenas[key] = target.arena(device)
         return arena
 
     def programs(self) -> list[Program]:
         """Every compiled program, forward and backward, of every variant, then every segment's."""
         return [p for v in self.variants for p in (v.forward, v.backward) if p is not None] + \
             list(self.segments.programs.values())
-
-
-def _target(traced: Traced) -> tuple[str, Device | None]:
-    return _graph_target(traced.graph)
-
-
-def _graph_target(graph) -> tuple[str, Device | None]:
-    """The code generation target of a graph: "c" on the CPU, "cuda" on one CUDA device."""
-    nodes = [n for n in graph.inputs + graph.body if not n.is_tuple]
-    if any(n.type.dtype.is_complex for n in nodes):
-        raise UnsupportedTargetError("it uses complex tensors, which the C and CUDA targets do not generate code for "
-                                     "(leave the complex part, e.g. the FFT, outside the compiled function)")
-    eager_only = sorted({n.op for n in graph.body if n.opdef is not None and n.opdef.attrs.get("compiled") is False})
-    if eager_only:
-        raise UnsupportedTargetError(f"it calls {', '.join(eager_only)}, which check their results on the host and run "
-                                     "eagerly (compile the code around them separately)")
-    devices = {n.type.device for n in nodes}
-    if not devices or devices == {cpu}:
-        return "c", None
-    if len(devices) == 1:
-        (device,) = devices
-        if device.type == "cuda":
-            return "cuda", device
-    names = ", ".join(sorted(str(d) for d in devices))
-    raise UnsupportedTargetError(f"it uses tensors on {names}; a compiled function runs on the CPU or on one CUDA "
-                                 "device (move the tensors to one device, or leave the transfer outside it)")
 
 
 def _optimizer_params(optimizers: list, known: list[Tensor]) -> list[Tensor]:

@@ -55,7 +55,8 @@ import numpy as np
 
 from tilewise.amp.autocast_mode import describe as describe_autocast
 from tilewise.backends import flags
-from tilewise.compiler.capture import _GENERATED, LAYOUT_FIELDS, Source, Traced, signature
+from tilewise.compiler.capture import LAYOUT_FIELDS, Source, Traced, signature
+from tilewise.compiler.errors import _GENERATED
 from tilewise.dispatch import STATE
 from tilewise.dtypes import get_default_dtype
 from tilewise.tensor import Tensor
@@ -478,7 +479,7 @@ class Recorder:
     def output(self, what: str) -> None:
         """User code printed or logged while traced: a side effect of every call, a graph break for torch."""
         if self.fullgraph:
-            from tilewise.compiler.capture import data_dependent_error
+            from tilewise.compiler.errors import data_dependent_error
 
             raise data_dependent_error(f"{what} (output is a graph break; fullgraph=True allows none)")
         self.effects.append(f"it calls {what}")

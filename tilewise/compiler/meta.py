@@ -12,13 +12,16 @@ values), since it costs a full-size CPU computation.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 
 from tilewise import _strides as S
+from tilewise.compiler.errors import data_dependent_error
 from tilewise.compiler.ir import TensorType
 from tilewise.device import cpu
+from tilewise.dispatch import STATE
 from tilewise.dtypes import get_default_dtype, int64
 from tilewise.tensor import Tensor, from_array
 
@@ -245,7 +248,6 @@ def run_on_zeros(op, args: tuple, device) -> TensorType | tuple:
 
 def _run_on_zeros(op, args: tuple) -> TensorType | tuple:
     from tilewise.backends.cpu import run as cpu_run
-    from tilewise.compiler.capture import suspended
 
     def stand_in(a):
         if type(a) is Tensor:
@@ -258,8 +260,6 @@ def _run_on_zeros(op, args: tuple) -> TensorType | tuple:
         out = cpu_run(op, tuple(stand_in(a) for a in args), cpu)
         ones = _run_on_ones(op, args, cpu_run)
         if ones is not None and _shapes(out) != _shapes(ones):
-            from tilewise.compiler.capture import data_dependent_error
-
             raise data_dependent_error(f"{op.name}() (its result's shape depends on tensor values)")
     if isinstance(out, (tuple, list)):
         return tuple(TensorType(o._shape, o._dtype, cpu) if o is not None else None for o in out)
@@ -285,3 +285,13 @@ def _run_on_ones(op, args: tuple, cpu_run):
         return cpu_run(op, tuple(stand_in(a) for a in args), cpu)
     except (RuntimeError, IndexError, ValueError):
         return None
+
+
+@contextlib.contextmanager
+def suspended():
+    """Run real kernels for a moment (used to learn result types from stand-in inputs)."""
+    depth, STATE.trace_depth = STATE.trace_depth, 0
+    try:
+        yield
+    finally:
+        STATE.trace_depth = depth

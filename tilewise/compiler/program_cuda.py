@@ -30,18 +30,21 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterator
 from functools import partial
 
 from tilewise import _strides as S
-from tilewise._cuda_api import driver_api
+from tilewise._cuda_api import driver_api, is_available
+from tilewise._stages import stage
 from tilewise.backends.cuda import DeviceBuffer, stream_handle
-from tilewise.backends.cuda.runtime import Event, Stream, check, copy_dtod, get_device_properties
+from tilewise.backends.cuda.runtime import Event, Stream, check, copy_dtod, current_device, get_device_properties
 from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.schedule import KernelSchedule
 from tilewise.compiler.autotune import Pending, Sampler, clobbered, renamed
 from tilewise.compiler.ir import Node
 from tilewise.compiler.lowering.lower import buffer_of, geometry
 from tilewise.compiler.lowering.memory import MemoryPlan
+from tilewise.compiler.program import Arena, Lowered, Program, log_program, step_nodes
 from tilewise.config import log
 from tilewise.device import Device
 from tilewise.storage import Storage
@@ -346,10 +349,8 @@ class CudaRuntime:
         return _Graph(executable, graph, outputs)
 
 
-def device_arena(device: Device):
+def device_arena(device: Device) -> Arena:
     """An arena (``program.Arena``) in device memory from the caching allocator."""
-    from tilewise.compiler.program import Arena
-
     return Arena(lambda nbytes: DeviceBuffer(nbytes, device.index, stream_handle(device.index)))
 
 
@@ -447,10 +448,8 @@ class CudaTuning:
     the winner's unit is the one a later process builds from the decision cache (and finds in the kernel
     cache)."""
 
-    target = "cuda"
-
-    def __init__(self, device: Device, aliased: dict[str, frozenset[int]]):
-        self.device, self.aliased = device, aliased
+    def __init__(self, target, device: Device, aliased: dict[str, frozenset[int]]):
+        self.target, self.device, self.aliased = target, device, aliased
 
     def machine(self) -> dict:
         from tilewise.codegen.toolchain import nvrtc_version
@@ -474,7 +473,73 @@ class CudaTuning:
                               self.device)
 
     def finish(self, program) -> None:
-        from tilewise.compiler.program import log_program
-
         program.source = "\n".join(self.source(s, s.kernel.name) for s in program.schedules)
         log_program(program)
+
+
+# ---------------------------------------------------------------------------- building
+
+def render_cuda(schedules: list[KernelSchedule], aliased: dict[str, frozenset[int]]) -> tuple[str, dict[str, str]]:
+    """One translation unit per kernel (compiled in parallel, each cached on its own), and their text together."""
+    from tilewise.codegen.render.kernel_cuda import render_program
+
+    sources = render_program(schedules, aliased)
+    return "\n".join(sources.values()), sources
+
+
+def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Program:
+    """The CUDA target's program: compile and load each kernel (NVRTC), make the steps, and the runtime that
+    launches them (or replays them as one CUDA graph)."""
+    fused, plan = low.fused, low.plan
+    with stage("compile kernels (NVRTC) and load"):
+        functions = compile_kernels(low.sources, device)
+    by_kernel = {s.kernel.name: s for s in low.schedules}
+    steps: list = []
+    for node, results in step_nodes(fused):
+        if node.op == "fused":
+            kernel = low.kernels[node]
+            sched = by_kernel[kernel.name]
+            steps.append(CudaKernelStep(kernel, functions[kernel.name], sched.grid, sched.block,
+                                        [plan.of[v] for v in kernel.values], sched.scratch_bytes, device))
+        elif node in plan.cat_copies:  # a cat in place copies only the inputs not written into it
+            steps += [CudaCopyStep(src, plan.of[buffer_of(src)], plan.of[node], device, byte)
+                      for src, byte in plan.cat_copies[node]]
+        else:
+            steps.append(CudaExternStep(node, plan, results, device))
+    for copy in plan.copies:
+        steps.append(CudaCopyStep(copy.value, plan.of[buffer_of(copy.value)], copy.dst, device))
+    program = Program(fused, plan, steps, list(low.kernels.values()), low.schedules, low.source, "cuda")
+    program.runtime = CudaRuntime(program, device, graphs)
+    return program
+
+
+# ---------------------------------------------------------------------------- explain
+
+PTX_LINES = 60
+SASS_LINES = 80
+
+
+def machine_code(low: Lowered) -> Iterator[tuple[str, str]]:
+    """What ``explain`` shows below the CUDA C: each kernel's PTX, SASS and resource use (NVRTC and nvdisasm,
+    for the current GPU's architecture, or sm_90 without one)."""
+    from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble, resource_usage
+
+    arch = "sm_90"
+    if is_available():
+        arch = get_device_properties(current_device()).arch
+    for name, source in low.sources.items():
+        compiled = compile_cached(source, name, arch)
+        ptx = compiled.ptx.splitlines()
+        more = f"\n... ({len(ptx) - PTX_LINES} more lines)" if len(ptx) > PTX_LINES else ""
+        yield f"kernel {name}: PTX ({arch})", "\n".join(ptx[:PTX_LINES]) + more
+        try:
+            sass = disassemble(compiled.cubin).splitlines()
+        except ToolNotFoundError as exc:
+            yield f"kernel {name}: SASS", str(exc)
+            continue
+        more = f"\n... ({len(sass) - SASS_LINES} more lines)" if len(sass) > SASS_LINES else ""
+        usage = resource_usage(compiled.cubin) or {}
+        resources = "; ".join(f"{u.registers} registers/thread, {u.shared_bytes} B shared/block, "
+                              f"{u.local_bytes} B local (spills)/thread" for u in usage.values())
+        yield f"kernel {name}: SASS ({arch})", (resources + "\n" if resources else "") + "\n".join(sass[:SASS_LINES]) \
+            + more

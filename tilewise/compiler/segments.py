@@ -22,8 +22,9 @@ import warnings
 
 from tilewise import _strides as S
 from tilewise._stages import stage
-from tilewise.compiler.capture import Capture, StorageEntry, suspended
+from tilewise.compiler.capture import Capture, StorageEntry
 from tilewise.compiler.ir import Graph
+from tilewise.compiler.meta import suspended
 from tilewise.config import log
 from tilewise.storage import Storage
 from tilewise.tensor import Tensor

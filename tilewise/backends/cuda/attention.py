@@ -285,8 +285,9 @@ def attention_backward_into(outs: tuple, grad: Tensor, query: Tensor, key: Tenso
 
 def keeps(op_name: str, args: tuple) -> bool:
     """Whether the compiler should keep an operator whole, as one cuDNN call, rather than decompose it
-    (``compiler.passes.pipeline_for``): an attention forward or backward whose operands cuDNN takes. ``args``
-    are its bound arguments, tensors standing for anything with ``shape``, ``dtype`` and ``device``."""
+    (the CUDA target's passes, ``compiler.targets``): an attention forward or backward whose operands cuDNN
+    takes. ``args`` are its bound arguments, tensors standing for anything with ``shape``, ``dtype`` and
+    ``device``."""
     if op_name not in (FORWARD, BACKWARD):
         return False
     query, key, value, bias = args[1:5] if op_name == BACKWARD else args[:4]

@@ -24,21 +24,6 @@ Pass = Callable[[Graph], Graph]
 PIPELINE: tuple[Pass, ...] = (functionalize, decompose, simplify, simplify_indexing, cse, dce, legalize_views)
 
 
-def pipeline_for(target: str) -> tuple[Pass, ...]:
-    """The passes for a code generation target: :data:`PIPELINE`, whose ``decompose`` keeps whole, on CUDA,
-    the composites the backend runs as one library call (attention through cuDNN, when its operands allow)."""
-    if target != "cuda":
-        return PIPELINE
-
-    def decompose_keeping_library_calls(graph: Graph) -> Graph:
-        from tilewise.backends.cuda.attention import keeps
-
-        return decompose(graph, keeps)
-
-    decompose_keeping_library_calls.__name__ = "decompose"
-    return tuple(decompose_keeping_library_calls if p is decompose else p for p in PIPELINE)
-
-
 def run_pipeline(graph: Graph, passes: tuple[Pass, ...] = PIPELINE) -> Graph:
     log("graph", lambda: format_graph(graph, "captured"))
     checked(graph, "capture")
@@ -49,5 +34,5 @@ def run_pipeline(graph: Graph, passes: tuple[Pass, ...] = PIPELINE) -> Graph:
     return graph
 
 
-__all__ = ["PIPELINE", "Pass", "cse", "dce", "decompose", "functionalize", "legalize_views", "pipeline_for",
-           "run_pipeline", "simplify", "simplify_indexing"]
+__all__ = ["PIPELINE", "Pass", "cse", "dce", "decompose", "functionalize", "legalize_views", "run_pipeline", "simplify",
+           "simplify_indexing"]

@@ -3,7 +3,7 @@
 Capture keeps composites whole (``softmax(%3, -1)``), which keeps the captured graph readable and leaves a
 target free to map one to a library call. This pass re-traces each composite's declared decomposition
 over the same operands (``capture.trace_decomposition``), so the graph holds primitives only, except the
-nodes ``keep`` accepts: a target keeps those it runs as one library call (``passes.pipeline_for``).
+nodes ``keep`` accepts: a target keeps those it runs as one library call (``compiler.targets``).
 """
 
 from __future__ import annotations

@@ -28,6 +28,11 @@ from __future__ import annotations
 from tilewise import _strides as S
 from tilewise.compiler.capture import retrace
 from tilewise.compiler.ir import Graph, Node, Ref, rewrite
+from tilewise.dtypes import int32
+from tilewise.ops import public_function
+from tilewise.ops.creation import arange
+
+where, cat = public_function("where"), public_function("cat")
 
 SCATTERS = ("scatter.src", "scatter.value", "scatter_add")
 
@@ -123,11 +128,9 @@ def scatter_as_select(node: Node, checked: set) -> Node | None:
         return None
 
     def select(b, i, s=None):
-        from tilewise import arange, where
-        from tilewise import int32 as tw_int32
 
         along = [shape[dim] if k == dim else 1 for k in range(rank)]
-        narrow = tw_int32 if shape[dim] < 2**31 else i.dtype  # positions are computed in kernels: 32-bit arithmetic
+        narrow = int32 if shape[dim] < 2**31 else i.dtype  # positions are computed in kernels: 32-bit arithmetic
         hit = arange(shape[dim], dtype=narrow, device=b.device).view(along) == i
         s = src if number else s
         out = where(hit, b + s if op == "scatter_add" else s, b)
@@ -210,8 +213,6 @@ def scatters_as_cat(node: Node) -> Node | None:
     dim, order, selected = tiling
 
     def tile(*grads):
-        from tilewise import cat
-
         return cat([g.unsqueeze(dim) if sel else g for g, sel in zip(grads, selected)], dim)
 
     return retrace(tile, [terms[k].srcs[0] for k in order])[0]

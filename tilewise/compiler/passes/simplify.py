@@ -144,7 +144,7 @@ def _fold(node: Node) -> Node | None:
 def _evaluate(node: Node):
     """The operator applied to one element of each constant operand, by the CPU backend."""
     from tilewise.backends.cpu import run as cpu_run
-    from tilewise.compiler.capture import suspended
+    from tilewise.compiler.meta import suspended
     from tilewise.device import cpu
 
     scalars = [from_array(np.asarray(s.args[1], dtype=s.type.dtype.np), s.type.dtype) for s in node.srcs]

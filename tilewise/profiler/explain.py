@@ -19,13 +19,11 @@ import numpy as np
 import tilewise as tw
 from tilewise.compiler.capture import trace
 from tilewise.compiler.ir import IR_OPS, format_graph, verify
-from tilewise.compiler.passes import PIPELINE
 from tilewise.compiler.program import lower_program
+from tilewise.compiler.targets import get_target, target_for_device
 from tilewise.ops.expr import render_text
 
 INPUT_NAMES = ("x", "y", "z", "w")
-PTX_LINES = 60
-SASS_LINES = 80
 
 
 def _function(expr: str, count: int):
@@ -39,7 +37,7 @@ def explain(expr: str, shapes: list[tuple[int, ...]], dtype: str = "float32", de
     """(title, text) per layer for ``expr`` over inputs ``x, y, ...`` of ``shapes``."""
     if not 1 <= len(shapes) <= len(INPUT_NAMES):
         raise ValueError(f"explain: give 1 to {len(INPUT_NAMES)} input shapes, got {len(shapes)}")
-    target = target or ("cuda" if device.startswith("cuda") else "c")
+    target = get_target(target) if target else target_for_device(tw.device(device))
     fn = _function(expr, len(shapes))
     tw.manual_seed(0)
     inputs = [tw.randn(*s, dtype=getattr(tw, dtype), device=device) for s in shapes]
@@ -53,7 +51,7 @@ def explain(expr: str, shapes: list[tuple[int, ...]], dtype: str = "float32", de
 
     lines = [format_graph(graph, "captured")]
     before = format_graph(graph)
-    for p in PIPELINE:
+    for p in target.passes:
         graph = verify(p(graph), p.__name__)
         now = format_graph(graph)
         lines.append(format_graph(graph, f"after {p.__name__}") if now != before else f"after {p.__name__}: unchanged")
@@ -65,9 +63,9 @@ def explain(expr: str, shapes: list[tuple[int, ...]], dtype: str = "float32", de
     for kernel, sched in zip(low.kernels.values(), low.schedules):
         yield f"kernel {kernel.name}: IR", str(kernel)
         yield f"kernel {kernel.name}: schedule", sched.describe()
-    yield f"generated {'CUDA C' if target == 'cuda' else 'C'}", low.source or "(no generated kernel)"
-    if target == "cuda":
-        yield from _machine_code(low)
+    yield f"generated {target.source_name}", low.source or "(no generated kernel)"
+    if target.machine_code is not None:
+        yield from target.machine_code(low)
     yield "run", _run(fn, inputs, repeats)
 
 
@@ -94,32 +92,6 @@ def _eager(graph, device: str) -> str:
     return (f"{len(calls)} operator call(s) eagerly, each: binder (schema) -> Autograd (records a node when an "
             f"input requires grad) -> the {device.split(':')[0].upper()} backend -> {backend}; each result is "
             "written to memory and read back by the next call. Views cost no kernel.")
-
-
-def _machine_code(low) -> Iterator[tuple[str, str]]:
-    from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble, resource_usage
-
-    arch = "sm_90"
-    if tw.cuda.is_available():
-        from tilewise.backends.cuda.runtime import get_device_properties
-
-        arch = get_device_properties(tw.cuda.current_device()).arch
-    for name, source in low.sources.items():
-        compiled = compile_cached(source, name, arch)
-        ptx = compiled.ptx.splitlines()
-        more = f"\n... ({len(ptx) - PTX_LINES} more lines)" if len(ptx) > PTX_LINES else ""
-        yield f"kernel {name}: PTX ({arch})", "\n".join(ptx[:PTX_LINES]) + more
-        try:
-            sass = disassemble(compiled.cubin).splitlines()
-        except ToolNotFoundError as exc:
-            yield f"kernel {name}: SASS", str(exc)
-            continue
-        more = f"\n... ({len(sass) - SASS_LINES} more lines)" if len(sass) > SASS_LINES else ""
-        usage = resource_usage(compiled.cubin) or {}
-        resources = "; ".join(f"{u.registers} registers/thread, {u.shared_bytes} B shared/block, "
-                              f"{u.local_bytes} B local (spills)/thread" for u in usage.values())
-        yield f"kernel {name}: SASS ({arch})", (resources + "\n" if resources else "") + "\n".join(sass[:SASS_LINES]) \
-            + more
 
 
 def _run(fn, inputs: list, repeats: int) -> str:
