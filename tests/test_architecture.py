@@ -45,8 +45,8 @@ def test_the_reader_finds_what_it_should():
     forms: a mistake there would let arrows through unseen."""
     edges = dict(EDGES)
     assert any(t == "tilewise.codegen.render.kernel_cuda" for t, _, _ in edges["tilewise.compiler.program_cuda"])
-    local = [(t, local) for t, _, local in edges["tilewise.compiler.targets"] if t == "tilewise.backends.cuda.attention"]
-    assert local == [("tilewise.backends.cuda.attention", True)]
+    attention = "tilewise.backends.cuda.attention"
+    assert [(t, local) for t, _, local in edges["tilewise.compiler.targets"] if t == attention] == [(attention, True)]
     assert g.layer_of("tilewise.codegen.schedule") < g.layer_of("tilewise.backends.cuda.kernels.pointwise") \
         < g.layer_of("tilewise.compiler.program")
 
