@@ -34,6 +34,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     nn_resampling,
     nn_spatial,
     pointwise,
+    products,
     reductions,
     scans,
     sets,

@@ -588,3 +588,29 @@ private("_scaled_dot_product_attention_backward(Tensor grad, Tensor query, Tenso
 functional("scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
            "float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor",
            _scaled_dot_product_attention, function=False, autocast="lower")
+
+
+# ---------------------------------------------------------------- one_hot
+
+def _one_hot(self, num_classes=-1):
+    from tilewise.ops.creation import arange
+
+    if self.dtype.name != "int64":
+        raise RuntimeError(f"one_hot(): expected an int64 (long) index tensor, got {self.dtype}")
+    if self.numel() == 0 and num_classes < 0:
+        raise RuntimeError("one_hot(): can not infer the number of classes from an empty tensor; pass num_classes")
+    if self.numel() and (num_classes < 0 or values_readable(self)):
+        low, high = int(self.amin()), int(self.amax())
+        if low < 0:
+            raise RuntimeError(f"one_hot(): class values must be non-negative, got {low}")
+        if num_classes < 0:
+            num_classes = high + 1
+        elif high >= num_classes:
+            raise RuntimeError(f"one_hot(): class values must be smaller than num_classes ({num_classes}), got {high}")
+    return (self.unsqueeze(-1) == arange(num_classes, device=self.device)).long()
+
+
+declare("one_hot(Tensor self, int num_classes=-1) -> Tensor", "composite", decomposition=_one_hot, functional=True,
+        function=False,
+          method=False, differentiable=False,
+          doc="int64 one-hot encoding in a new last dim (``num_classes=-1``: one more than the largest value).")
