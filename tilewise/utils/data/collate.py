@@ -125,7 +125,7 @@ def _stackable_on_host(batch: list[Tensor]) -> bool:
 
 
 def _in_worker() -> bool:
-    from tilewise.utils.data._worker import get_worker_info
+    from tilewise.utils.data._worker_info import get_worker_info
 
     return get_worker_info() is not None
 
