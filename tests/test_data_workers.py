@@ -772,7 +772,7 @@ def test_module_paths_like_torch():
         assert all(hasattr(ours, n) for n in public), (name, [n for n in public if not hasattr(ours, n)])
 
 
-@pytest.mark.parametrize("module", ["dataloader", "dataset", "sampler", "distributed", "collate", "_worker"])
+@pytest.mark.parametrize("module", ["dataloader", "dataset", "sampler", "distributed", "collate", "_worker_info"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib

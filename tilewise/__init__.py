@@ -52,7 +52,7 @@ from tilewise import backends as _backends  # noqa: E402
 
 _backends.load()
 
-from tilewise import ops as _ops  # noqa: E402
+from tilewise.ops import functions as _functions  # noqa: E402 — tilewise.add, tilewise.exp, ...: every operator
 from tilewise.ops.creation import (  # noqa: E402
     Generator,
     arange,
@@ -83,11 +83,10 @@ from tilewise.ops.creation import (  # noqa: E402
     zeros_like,
 )
 
-_api = _ops.build_api()  # every public operator function: tilewise.add, tilewise.exp, tilewise.max, ...
-_clashes = sorted(set(_api) & set(globals()))
+_clashes = sorted(set(_functions.FUNCTIONS) & set(globals()))
 if _clashes:
     raise ImportError(f"operator names shadow tilewise names defined above: {_clashes}")
-globals().update(_api)
+globals().update(_functions.FUNCTIONS)
 
 from tilewise import (  # noqa: E402
     amp,

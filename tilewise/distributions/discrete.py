@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from tilewise.distributions import constraints
 from tilewise.distributions.distribution import Distribution, ExponentialFamily, broadcast_all, host_generator
+from tilewise.dtypes import finfo
+from tilewise.ops.creation import arange, eye
+from tilewise.ops.functions import bernoulli, multinomial, xlogy
+from tilewise.tensor import from_numpy
 
 
 def clamp_probs(probs):
-    from tilewise import finfo
-
     eps = finfo(probs.dtype).eps
     return probs.clamp(min=eps, max=1 - eps)
 
@@ -79,7 +81,6 @@ class Bernoulli(_ProbsOrLogits, ExponentialFamily):
         return mode.masked_fill(self.probs == 0.5, float("nan"))
 
     def sample(self, sample_shape=()):
-        from tilewise import bernoulli
         from tilewise.autograd import no_grad
 
         with no_grad():
@@ -99,8 +100,6 @@ class Bernoulli(_ProbsOrLogits, ExponentialFamily):
         return binary_cross_entropy_with_logits(self.logits, self.probs, reduction="none")
 
     def enumerate_support(self, expand: bool = True):
-        from tilewise import arange
-
         values = arange(2, dtype=self.probs.dtype, device=self.probs.device)
         values = values.reshape((-1,) + (1,) * len(self._batch_shape))
         return values.expand((-1,) + tuple(self._batch_shape)) if expand else values
@@ -147,7 +146,6 @@ class Categorical(_ProbsOrLogits, Distribution):
         return self.probs.argmax(-1)
 
     def sample(self, sample_shape=()):
-        from tilewise import multinomial
         from tilewise.autograd import no_grad
 
         sample_shape = tuple(sample_shape)
@@ -167,14 +165,10 @@ class Categorical(_ProbsOrLogits, Distribution):
         return log_pmf.gather(-1, value[..., :1]).squeeze(-1)
 
     def entropy(self):
-        from tilewise import finfo
-
         logits = self.logits.clamp(min=finfo(self.logits.dtype).min)
         return -(logits * self.probs).sum(-1)
 
     def enumerate_support(self, expand: bool = True):
-        from tilewise import arange
-
         values = arange(self._num_events, device=self.probs.device).reshape((-1,) + (1,) * len(self._batch_shape))
         return values.expand((-1,) + tuple(self._batch_shape)) if expand else values
 
@@ -228,8 +222,6 @@ class OneHotCategorical(Distribution):
         return self._categorical.entropy()
 
     def enumerate_support(self, expand: bool = True):
-        from tilewise import eye
-
         n = self._event_shape[0]
         values = eye(n, dtype=self.probs.dtype, device=self.probs.device)
         values = values.reshape((n,) + (1,) * len(self._batch_shape) + (n,))
@@ -252,16 +244,12 @@ class Poisson(ExponentialFamily):
     variance = property(lambda self: self.rate)
 
     def sample(self, sample_shape=()):
-        from tilewise import from_numpy
-
         rate = self.rate.detach().cpu().numpy().astype("float64")
         shape = tuple(self._extended_shape(sample_shape))
         draws = host_generator(self.rate.device).poisson(rate, size=shape)
         return from_numpy(draws).to(dtype=self.rate.dtype, device=self.rate.device)
 
     def log_prob(self, value):
-        from tilewise import xlogy
-
         if self._validate_args:
             self._validate_sample(value)
         rate, value = broadcast_all(self.rate, value)
@@ -304,8 +292,6 @@ class Binomial(_ProbsOrLogits, Distribution):
     variance = property(lambda self: self.total_count * self.probs * (1 - self.probs))
 
     def sample(self, sample_shape=()):
-        from tilewise import from_numpy
-
         shape = tuple(self._extended_shape(sample_shape))
         n = self.total_count.detach().cpu().numpy().astype("int64")
         p = self.probs.detach().cpu().numpy().astype("float64")
@@ -331,8 +317,6 @@ class Binomial(_ProbsOrLogits, Distribution):
         return -(log_prob.exp() * log_prob).sum(0)
 
     def enumerate_support(self, expand: bool = True):
-        from tilewise import arange
-
         n = int(self.total_count.max())
         if not bool((self.total_count == n).all()):
             raise NotImplementedError("Inhomogeneous total count not supported by `enumerate_support`.")

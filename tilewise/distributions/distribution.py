@@ -16,21 +16,19 @@ import warnings
 import numpy as np
 
 from tilewise.distributions import constraints
+from tilewise.dtypes import get_default_dtype
+from tilewise.ops.creation import randint
+from tilewise.tensor import Size, Tensor, tensor
 
 _VALIDATE = [True]
 
 
 def _size(shape) -> tuple[int, ...]:
-    from tilewise import Size
-
     return Size(tuple(shape))
 
 
 def broadcast_all(*values):
     """The arguments as tensors of one broadcast shape (numbers take the dtype of the first tensor)."""
-    from tilewise import get_default_dtype, tensor
-    from tilewise.tensor import Tensor
-
     like = next((v for v in values if isinstance(v, Tensor)), None)
     if like is None:
         tensors = [tensor(float(v), dtype=get_default_dtype()) for v in values]
@@ -59,8 +57,6 @@ def broadcast_shape(*shapes) -> tuple[int, ...]:
 
 def host_generator(device) -> np.random.Generator:
     """A numpy generator seeded by two draws from tilewise's generator (so ``manual_seed`` reproduces it)."""
-    from tilewise import randint
-
     seeds = randint(0, 2**31 - 1, (2,)).tolist()
     return np.random.default_rng(seeds)
 
@@ -152,8 +148,6 @@ class Distribution:
         return _size(tuple(sample_shape) + tuple(self._batch_shape) + tuple(self._event_shape))
 
     def _validate_sample(self, value) -> None:
-        from tilewise.tensor import Tensor
-
         if not isinstance(value, Tensor):
             raise ValueError("The value argument to log_prob must be a Tensor")
         event_dim = len(self._event_shape)

@@ -8,6 +8,9 @@ import math
 from tilewise.distributions import constraints
 from tilewise.distributions.continuous import Normal, _no_concentration_gradient, _standard_gamma
 from tilewise.distributions.distribution import Distribution, ExponentialFamily
+from tilewise.dtypes import finfo
+from tilewise.ops.creation import eye, full_like, randn
+from tilewise.ops.functions import xlogy
 
 
 def _batch_mv(matrix, vector):
@@ -94,8 +97,6 @@ class MultivariateNormal(Distribution):
         return self._unbroadcasted_scale_tril.pow(2).sum(-1).expand(self._batch_shape + self._event_shape)
 
     def rsample(self, sample_shape=()):
-        from tilewise import randn
-
         eps = randn(self._extended_shape(sample_shape), dtype=self.loc.dtype, device=self.loc.device)
         return self.loc + _batch_mv(self._unbroadcasted_scale_tril, eps)
 
@@ -114,7 +115,7 @@ class MultivariateNormal(Distribution):
 
 
 def _precision_to_scale_tril(precision):
-    from tilewise import eye, linalg
+    from tilewise import linalg
 
     flipped = linalg.cholesky(precision.flip(-2, -1))
     l_inv = flipped.flip(-2, -1).mT
@@ -151,16 +152,12 @@ class Dirichlet(ExponentialFamily):
         return self.concentration * (total - self.concentration) / (total.pow(2) * (total + 1))
 
     def rsample(self, sample_shape=()):
-        from tilewise import finfo
-
         _no_concentration_gradient("Dirichlet", self.concentration)
         gammas = _standard_gamma(self.concentration.expand(self._batch_shape + self._event_shape), sample_shape)
         tiny = float(finfo(gammas.dtype).tiny)
         return (gammas / gammas.sum(-1, keepdim=True)).clamp(min=tiny, max=1 - float(finfo(gammas.dtype).eps))
 
     def log_prob(self, value):
-        from tilewise import xlogy
-
         if self._validate_args:
             self._validate_sample(value)
         c = self.concentration
@@ -263,8 +260,6 @@ class AffineTransform(Transform):
         if isinstance(scale, Tensor):
             result = scale.abs().log().expand(x.shape)
         else:
-            from tilewise import full_like
-
             result = full_like(x, math.log(abs(scale)))
         for _ in range(self.event_dim):
             result = result.sum(-1)

@@ -16,6 +16,7 @@ from tilewise import nn
 from tilewise.autograd.grad_mode import no_grad
 from tilewise.nn import functional as F  # noqa: N812 — torch's spelling
 from tilewise.ops.creation import arange
+from tilewise.ops.functions import cat
 from tilewise.tensor import Tensor, tensor
 
 
@@ -130,8 +131,6 @@ class GPT(nn.Module):
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  generator=None) -> Tensor:
         """Extend ``idx`` (batch, length) by sampling ``max_new_tokens`` tokens, one at a time."""
-        from tilewise import cat
-
         for _ in range(max_new_tokens):
             context = idx[:, -self.config.block_size:]
             logits, _ = self(context)

@@ -7,7 +7,7 @@ Tensor methods' in-place forms are.
 
 from __future__ import annotations
 
-import tilewise as _tw  # noqa: F401 — loads every declaration before the names are gathered
+from tilewise import ops as _ops  # noqa: F401 — loads every declaration before the names are gathered
 from tilewise.ops.inplace import make_inplace
 from tilewise.ops.nn_linear_cross_entropy import linear_cross_entropy  # noqa: F401 — takes an options object
 from tilewise.ops.nn_margin_losses import triplet_margin_with_distance_loss  # noqa: F401 — takes a callable

@@ -6,6 +6,7 @@ Each helper is written in terms of tilewise operators, so gradients stay differe
 from __future__ import annotations
 
 from tilewise import _strides as S
+from tilewise.ops.registry import call
 
 
 def inverse_permutation(dims) -> tuple[int, ...]:
@@ -103,11 +104,9 @@ def _exclusive_products(x, dim):
     if n == 0:
         return x
     one = ones_like(x.narrow(dim, 0, 1))
-    from tilewise import cat
-
-    before = cat([one, x.narrow(dim, 0, n - 1)], dim).cumprod(dim)
+    before = call("cat", [one, x.narrow(dim, 0, n - 1)], dim).cumprod(dim)
     flipped = x.flip([dim])
-    after = cat([one, flipped.narrow(dim, 0, n - 1)], dim).cumprod(dim).flip([dim])
+    after = call("cat", [one, flipped.narrow(dim, 0, n - 1)], dim).cumprod(dim).flip([dim])
     return before * after
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tilewise.autograd.grad_mode import no_grad
+from tilewise.ops.functions import stack
 from tilewise.optim._foreach import compiled, use_compiled
-from tilewise.tensor import Tensor
+from tilewise.tensor import Tensor, tensor
 
 
 def _grads(parameters: Tensor | Iterable[Tensor]) -> list[Tensor]:
@@ -17,8 +18,6 @@ def _grads(parameters: Tensor | Iterable[Tensor]) -> list[Tensor]:
 @no_grad()
 def get_total_norm(tensors: Iterable[Tensor], norm_type: float = 2.0, error_if_nonfinite: bool = False) -> Tensor:
     """The ``norm_type``-norm of all the tensors together, as if they were concatenated into one vector."""
-    from tilewise import stack, tensor
-
     tensors = list(tensors)
     if not tensors:
         return tensor(0.0)

@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tilewise.autograd.grad_mode import no_grad
+from tilewise.ops.functions import cat
 from tilewise.tensor import Tensor
 
 
 def parameters_to_vector(parameters: Iterable[Tensor]) -> Tensor:
     """Concatenate the flattened parameters (differentiably) into one 1-D tensor."""
-    from tilewise import cat
-
     return cat([p.reshape(-1) for p in parameters])
 
 

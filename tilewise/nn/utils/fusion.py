@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 
 from tilewise.nn.parameter import Parameter
+from tilewise.ops.creation import ones_like, zeros_like
 
 
 def fuse_conv_bn_eval(conv, bn, transpose: bool = False):
@@ -22,8 +23,6 @@ def fuse_conv_bn_eval(conv, bn, transpose: bool = False):
 
 
 def fuse_conv_bn_weights(conv_w, conv_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b, transpose: bool = False):
-    from tilewise import ones_like, zeros_like
-
     w_dtype = conv_w.dtype
     b_dtype = conv_b.dtype if conv_b is not None else w_dtype
     conv_b = zeros_like(bn_rm) if conv_b is None else conv_b
@@ -51,8 +50,6 @@ def fuse_linear_bn_eval(linear, bn):
 
 
 def fuse_linear_bn_weights(linear_w, linear_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b):
-    from tilewise import zeros_like
-
     w_dtype = linear_w.dtype
     b_dtype = linear_b.dtype if linear_b is not None else w_dtype
     linear_b = zeros_like(bn_rm) if linear_b is None else linear_b

@@ -13,7 +13,7 @@ their batches over through shared memory, so a batch's bytes are never pickled (
 """
 
 from tilewise.utils.data._pin_memory import pin_memory
-from tilewise.utils.data._worker import WorkerInfo, get_worker_info
+from tilewise.utils.data._worker_info import WorkerInfo, get_worker_info
 from tilewise.utils.data.collate import default_collate, default_convert
 from tilewise.utils.data.dataloader import DataLoader
 from tilewise.utils.data.dataset import (

@@ -1,4 +1,4 @@
-"""The loop a DataLoader worker process runs, and what it knows about itself.
+"""The loop a DataLoader worker process runs (what the process knows about itself is in ``_worker_info``).
 
 [Note: data-loader workers] A worker is started with a copy of the dataset, a queue of tasks and one end of a
 Unix socket. A task is ``(task index, sampler indices)``; the worker fetches and collates those samples and sends
@@ -23,37 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilewise.utils.data import _shared_memory
+from tilewise.utils.data._worker_info import WorkerInfo, set_worker_info
 
 MP_STATUS_CHECK_INTERVAL = 5.0
 """Seconds between checks that the process at the other end is alive (torch's interval)."""
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    """What :func:`get_worker_info` returns inside a worker process."""
-
-    id: int
-    num_workers: int
-    seed: int
-    dataset: Any
-
-
-_worker_info: WorkerInfo | None = None
-
 main_process_sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
 """The main process's ends of every live worker socket. A worker started by fork inherits copies of them, which it
 closes first: a copy would keep another worker's socket open after the main process has closed or lost its end."""
-
-
-def get_worker_info() -> WorkerInfo | None:
-    """In a DataLoader worker process, its id, the number of workers, its seed and its copy of the dataset;
-    ``None`` in the main process.
-
-    >>> from tilewise.utils.data import get_worker_info
-    >>> get_worker_info() is None
-    True
-    """
-    return _worker_info
 
 
 @dataclass(frozen=True)
@@ -172,8 +150,7 @@ def worker_loop(dataset_kind, dataset, index_queue, channel: socket.socket, done
         inherited.close()
     try:
         seed = seed_worker(base_seed, worker_id)
-        global _worker_info
-        _worker_info = WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+        set_worker_info(WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset))
         init_exception = None
         try:
             if init_fn is not None:

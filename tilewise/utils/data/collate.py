@@ -105,7 +105,7 @@ def collate(batch, *, collate_fn_map: dict[type | tuple[type, ...], Callable] | 
 
 
 def collate_tensor_fn(batch, *, collate_fn_map=None) -> Tensor:
-    from tilewise import stack
+    from tilewise.ops.functions import stack
 
     if _in_worker() and _stackable_on_host(batch):
         from tilewise.utils.data._shared_memory import shared_empty
@@ -125,7 +125,7 @@ def _stackable_on_host(batch: list[Tensor]) -> bool:
 
 
 def _in_worker() -> bool:
-    from tilewise.utils.data._worker import get_worker_info
+    from tilewise.utils.data._worker_info import get_worker_info
 
     return get_worker_info() is not None
 
@@ -159,7 +159,7 @@ def collate_numpy_scalar_fn(batch, *, collate_fn_map=None):
 
 
 def collate_float_fn(batch, *, collate_fn_map=None):
-    from tilewise import float64
+    from tilewise.dtypes import float64
     from tilewise.tensor import tensor
 
     return tensor(batch, dtype=float64)

@@ -43,10 +43,10 @@ from tilewise.utils.data._worker import (
     ExceptionWrapper,
     _IterableDatasetStopIteration,
     _ResumeIteration,
-    get_worker_info,
     main_process_sockets,
     worker_loop,
 )
+from tilewise.utils.data._worker_info import get_worker_info
 from tilewise.utils.data.collate import default_collate, default_convert
 from tilewise.utils.data.dataset import Dataset, IterableDataset
 from tilewise.utils.data.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler

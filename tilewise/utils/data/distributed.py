@@ -7,12 +7,16 @@ by repeating its start until it divides evenly (or, with ``drop_last``, cuts the
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
 from collections.abc import Iterator
 from typing import TypeVar
 
 from tilewise.utils.data.dataset import Dataset
 from tilewise.utils.data.sampler import Sampler
+
+_DISTRIBUTED = "tilewise.distributed"  # an optional package (torch.distributed's counterpart)
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -75,11 +79,9 @@ class DistributedSampler(Sampler[T_co]):
 
 
 def _process_group():
-    """The distributed package, when tilewise has one; torch's error where it has not."""
-    try:
-        import tilewise.distributed as dist
-    except ImportError:
-        dist = None
+    """The distributed package, when tilewise has one; torch's error where it has not. It is looked up by
+    name because it is optional: no module here depends on it being present."""
+    dist = importlib.import_module(_DISTRIBUTED) if importlib.util.find_spec(_DISTRIBUTED) is not None else None
     if dist is None or not dist.is_available():
         raise RuntimeError("Requires distributed package to be available")
     return dist

@@ -122,7 +122,7 @@ class WeightedRandomSampler(Sampler[int]):
     """
 
     def __init__(self, weights: Sequence[float], num_samples: int, replacement: bool = True, generator=None) -> None:
-        from tilewise import float64
+        from tilewise.dtypes import float64
         from tilewise.tensor import as_tensor
 
         if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples <= 0:
@@ -139,7 +139,7 @@ class WeightedRandomSampler(Sampler[int]):
         self.generator = generator
 
     def __iter__(self) -> Iterator[int]:
-        from tilewise import multinomial
+        from tilewise.ops.functions import multinomial
 
         yield from multinomial(self.weights, self.num_samples, self.replacement, generator=self.generator).tolist()
 
