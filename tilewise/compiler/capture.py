@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from tilewise import _strides as S
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer
-from tilewise.dispatch import STATE, register_backend
+from tilewise.dispatch import STATE, register_tracer
 from tilewise.tensor import TRACE_HOOKS, Tensor
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -718,7 +718,7 @@ def run(op, args: tuple, device):
     return cap.primitive(op, args, device)
 
 
-register_backend("trace", sys.modules[__name__])
+register_tracer(run)
 
 
 def _value_needed(t: Tensor, what: str, required: bool) -> None:

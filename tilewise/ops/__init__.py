@@ -13,6 +13,7 @@ from numbers import Number
 from tilewise.ops import (  # noqa: F401 — each module declares its operators on import
     assemble,
     complex,
+    conversions,
     creation,
     fft,
     indexed,
