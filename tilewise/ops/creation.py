@@ -15,6 +15,7 @@ from numbers import Number
 from tilewise.device import Device, as_device, default_device, pinning_backend
 from tilewise.dtypes import DType, as_dtype, checked_scalar, default_complex_dtype, get_default_dtype, scalar_dtype
 from tilewise.ops import dtype_rules as R
+from tilewise.ops.inplace import copy_into
 from tilewise.ops.registry import declare
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
 from tilewise.tensor import FACTORIES, Tensor, check_pinnable
@@ -441,15 +442,13 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
 # ---------------------------------------------------------------- in-place fills (Tensor methods)
 
 def _fill_from(self: Tensor, values: Tensor) -> Tensor:
-    from tilewise.autograd.grad_mode import no_grad
+    from tilewise._grad_mode import no_grad
 
     with no_grad():
         return self.copy_(values)
 
 
 def fill_(self: Tensor, value) -> Tensor:
-    from tilewise.ops import copy_into
-
     _require_number("fill_", "value", value)
     if isinstance(value, Tensor):
         return copy_into(self, value.expand(self.shape), "fill_")
