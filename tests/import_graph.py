@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "tilewise.fileio", "tilewise._stages", "tilewise._cuda_api", "tilewise.data",
     )),
     ("tensor", ("tilewise.storage", "tilewise.tensor", "tilewise.tensortypes", "tilewise._tensor_str")),
-    ("dispatch", ("tilewise.dispatch",)),
+    ("dispatch", ("tilewise.dispatch", "tilewise._grad_mode")),
     ("ops", ("tilewise.ops",)),
     ("autograd", ("tilewise.autograd", "tilewise.amp.autocast_mode")),
     ("codegen", ("tilewise.codegen",)),

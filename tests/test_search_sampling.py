@@ -253,7 +253,7 @@ def page_locked_stand_in(monkeypatch):
         return StandIn(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize).as_array(dtype, tuple(shape))
 
     monkeypatch.setattr(runtime, "pinned_empty", pinned_empty)
-    monkeypatch.setitem(BACKENDS, "cuda", cuda_backend)
+    monkeypatch.setitem(BACKENDS, "cuda", cuda_backend.backend)
 
 
 @pytest.mark.parametrize("name", FACTORIES)

@@ -8,6 +8,7 @@ tilewise.Size([2])
 
 from __future__ import annotations
 
+from tilewise import _tensor_str  # noqa: F401 — gives Tensor its repr
 from tilewise import dtypes as _dtypes
 from tilewise.device import Device
 from tilewise.device import Device as device  # noqa: N813 — torch spells the constructor tilewise.device

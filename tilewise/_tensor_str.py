@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tilewise.dtypes import default_complex_dtype, get_default_dtype
+from tilewise.tensor import TRACE_HOOKS, Tensor
 
 
 def _format_values(t) -> str:
@@ -48,8 +49,6 @@ def _complex_formatter(a: np.ndarray):
 
 
 def tensor_repr(t) -> str:
-    from tilewise.tensor import TRACE_HOOKS
-
     hook = TRACE_HOOKS.value_needed
     if hook is not None:
         hook(t, "printing a tensor", False)  # inside a traced function: a graph break gives it values, if allowed
@@ -71,3 +70,6 @@ def tensor_repr(t) -> str:
         suffix.append("requires_grad=True")
     body = _format_values(t)
     return "tensor(" + body + "".join(", " + s for s in suffix) + ")"
+
+
+Tensor.__repr__ = tensor_repr  # see [Note: methods from above] in tensor.py

@@ -1,9 +1,24 @@
-"""Devices: ``Device("cpu")``, ``Device("cuda")``, ``Device("cuda", 1)``, ``Device("cuda:1")``.
+"""Devices: ``Device("cpu")``, ``Device("cuda")``, ``Device("cuda", 1)``, ``Device("cuda:1")``, and the
+:class:`Backend` that runs each device type.
 
 Devices are interned, so identity comparison is cheap on the dispatch path.
+
+[Note: the Backend protocol] A device backend is an object registered once per device type
+(``register_backend("cuda", backend)``) by the backends layer when it loads. Everything below that layer
+reaches a device only through this protocol: the dispatcher runs operators with ``run``/``run_into``, a
+tensor pins itself with ``pin_memory``, the CPU's copy kernel moves data with ``upload``. The registry lives
+here, at the bottom of the stack (as c10 keeps torch's per-device-type interfaces), so that tensors and the
+dispatcher can look a backend up without importing the layer that implements it; ``register_backend``
+checks that the object has every method and names the one missing.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tilewise.dtypes import DType
+    from tilewise.tensor import Tensor
 
 _VALID_TYPES = ("cpu", "cuda", "meta")
 _interned: dict[tuple[str, int | None], Device] = {}
@@ -75,3 +90,110 @@ def as_device(value) -> Device:
     if type(value).__module__ == "torch":
         value = str(value)
     return Device(value)
+
+
+# ---------------------------------------------------------------------------- backends
+
+class Backend:
+    """What a device backend provides. Subclass it and override at least the ``REQUIRED`` methods; the others
+    have defaults for a backend that cannot do what they ask (a device without page-locked host memory, or
+    without kernels that write into a given output)."""
+
+    REQUIRED = ("run", "empty", "upload", "download", "synchronize")
+    OPTIONAL = ("run_into", "pin_memory", "is_pinned", "empty_pinned")
+    pins_host_memory = False  # whether pin_memory/empty_pinned work: the backend that pins CPU tensors
+
+    def run(self, op, args: tuple, device: Device):
+        """Run operator ``op`` on its bound ``args`` on ``device``; return its result tensor(s)."""
+        raise NotImplementedError
+
+    def run_into(self, op, args: tuple, device: Device, out: Tensor) -> Tensor | None:
+        """A pointwise op's result written into ``out`` (an in-place op's target) and returned, or None when
+        the backend cannot, and the dispatcher runs ``op`` as usual (see ``dispatch.call_into``)."""
+        return None
+
+    def empty(self, shape: tuple, dtype: DType, device: Device, strides: tuple | None = None) -> Tensor:
+        """An uninitialised tensor on ``device`` (contiguous unless dense ``strides`` are given)."""
+        raise NotImplementedError
+
+    def upload(self, src: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None) -> Tensor:
+        """CPU tensor ``src`` copied to ``device``, converted to ``dtype`` (default: its own)."""
+        raise NotImplementedError
+
+    def download(self, x: Tensor, non_blocking: bool = False) -> Tensor:
+        """Tensor ``x`` of this backend's device copied to a new contiguous CPU tensor."""
+        raise NotImplementedError
+
+    def synchronize(self, device: Device) -> None:
+        """Wait for all work queued on ``device``."""
+        raise NotImplementedError
+
+    def pin_memory(self, t: Tensor) -> Tensor:
+        """A contiguous copy of CPU tensor ``t`` in page-locked memory."""
+        raise RuntimeError(f"pin_memory(): the {type(self).__name__} cannot pin host memory")
+
+    def is_pinned(self, t: Tensor) -> bool:
+        """Whether CPU tensor ``t`` lives in page-locked memory this backend allocated."""
+        return False
+
+    def empty_pinned(self, shape: tuple, dtype: DType) -> Tensor:
+        """An uninitialised contiguous CPU tensor in page-locked memory."""
+        raise RuntimeError(f"pin_memory=True: the {type(self).__name__} cannot pin host memory")
+
+
+BACKENDS: dict[str, Backend] = {}  # device type -> its backend (the dispatcher reads this dict directly)
+
+
+def register_backend(device_type: str, backend: Backend) -> None:
+    """Make ``backend`` run every tensor of ``device_type``; refuses an object that lacks a method of the
+    protocol, naming it."""
+    if device_type not in _VALID_TYPES:
+        raise ValueError(f"register_backend(): unknown device type {device_type!r}; valid types: "
+                         f"{', '.join(_VALID_TYPES)}")
+    for name in Backend.REQUIRED + Backend.OPTIONAL:
+        if not callable(getattr(backend, name, None)):
+            raise TypeError(f"register_backend(): the backend {backend!r} for device type {device_type!r} has no "
+                            f"method {name}() of the Backend protocol (tilewise.device.Backend)")
+    BACKENDS[device_type] = backend
+
+
+def backend_for(device: Device) -> Backend:
+    backend = BACKENDS.get(device.type)
+    if backend is None:
+        raise RuntimeError(f"no backend for device {device}: CUDA needs the [cuda] extra and a GPU "
+                           "(tilewise.cuda.is_available() says whether one was found)")
+    return backend
+
+
+def pinning_backend() -> Backend:
+    """The registered backend that pins CPU tensors in page-locked memory (the CUDA one, where present)."""
+    for backend in BACKENDS.values():
+        if backend.pins_host_memory:
+            return backend
+    return backend_for(Device("cuda", 0))  # none: that lookup's error says what is missing
+
+
+def is_pinned(t: Tensor) -> bool:
+    """Whether CPU tensor ``t`` lives in page-locked memory (of any registered backend that pins)."""
+    for backend in BACKENDS.values():
+        if backend.pins_host_memory and backend.is_pinned(t):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------- the default device
+
+_default_device: Device = cpu
+
+
+def default_device() -> Device:
+    """Where factories put tensors when given no device (``tilewise.set_default_device``)."""
+    return _default_device
+
+
+def set_default_device(device) -> None:
+    global _default_device
+    _default_device = as_device(device)
+
+
+get_default_device = default_device

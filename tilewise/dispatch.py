@@ -14,13 +14,21 @@ The compiler's Trace backend sits *below* autograd on purpose: tracing a functio
 ``loss.backward()`` then records forward, backward and optimizer ops into one graph.
 Composite operators without their own kernel run their decomposition, so each primitive they call goes
 through this same path (and autograd sees primitives unless the composite declared its own derivative).
+
+[Note: dispatcher plug-ins] The dispatcher sits below the layers that implement its keys, so it imports none
+of them: each fills its slot when it loads, through one registration function —
+  ``register_recorder(fn)``     the Autograd key's ``record(op, args)``          (``autograd.graph``)
+  ``register_view_applier(fn)`` a view's stride arithmetic ``apply_view(op, args)`` (``ops.views``)
+  ``register_tracer(fn)``       the Trace key's ``run(op, args, device)``        (``compiler.capture``)
+and device backends register in ``tilewise.device`` (``register_backend``), whose ``BACKENDS`` this module
+reads. ``tilewise/_plugins.py`` lists every plug-in point of the core in one table.
 """
 
 from __future__ import annotations
 
 import threading
 
-from tilewise.device import Device
+from tilewise.device import BACKENDS, Device, cpu, default_device
 from tilewise.tensor import Tensor
 
 
@@ -39,7 +47,6 @@ class _State(threading.local):
 
 
 STATE = _State()
-BACKENDS: dict[str, object] = {}  # device type -> module with run(op, args)
 
 
 def values_readable(t: Tensor) -> bool:
@@ -47,10 +54,6 @@ def values_readable(t: Tensor) -> bool:
     ``tilewise.compile`` (a trace tensor has none, and a real tensor's memory may not yet hold what the traced
     program writes before this point; the program's kernels check what they can)."""
     return t._trace is None and not STATE.trace_depth
-
-
-def register_backend(device_type: str, module) -> None:
-    BACKENDS[device_type] = module
 
 
 def call(op, args: tuple):
@@ -88,29 +91,47 @@ def call_into(op, args: tuple):
     if op.name == name and op.kind == "pointwise" and op.tensor_idx and args[op.tensor_idx[0]] is out \
             and not STATE.trace_depth and STATE.autocast is None:
         backend = BACKENDS.get(out._device.type)
-        runner = getattr(backend, "run_into", None)
-        if runner is not None and device_of(op, args) is out._device:
-            result = runner(op, args, out._device, out)
+        if backend is not None and device_of(op, args) is out._device:
+            result = backend.run_into(op, args, out._device, out)
             if result is not None:
                 return result
     return call(op, args)
 
 
-# The layers above this one install their entry points here when they load (importing them from this module
-# would be circular, and an import statement per call costs as much as a small kernel).
+# ------------------------------------------------------------ plug-ins (see [Note: dispatcher plug-ins])
+# Each slot is a module global, called as one: the registration rebinds it, so a call through a plug-in costs
+# no more than a call of a function of this module.
 
-def record(op, args: tuple):
-    """Run below autograd and record a node: replaced by ``tilewise.autograd.graph.record`` when it loads."""
-    from tilewise.autograd.graph import record as autograd_record
+def _unfilled(slot: str, layer: str):
+    def missing(*args):
+        raise RuntimeError(f"dispatch: {slot} is not registered; it is filled when {layer} is imported "
+                           "(import tilewise rather than its submodules alone)")
 
-    return autograd_record(op, args)
+    missing.__name__ = slot
+    return missing
 
 
-def apply_view(op, args: tuple):
-    """Stride arithmetic of a view op: replaced by ``tilewise.ops.views.apply_view`` when it loads."""
-    from tilewise.ops.views import apply_view as view_of
+record = _unfilled("record", "tilewise.autograd")  # (op, args) -> run below autograd and record a node
+apply_view = _unfilled("apply_view", "tilewise.ops")  # (op, args) -> the view's stride arithmetic
+trace = _unfilled("trace", "tilewise.compiler")  # (op, args, device) -> record op into the active capture
 
-    return view_of(op, args)
+
+def register_recorder(fn) -> None:
+    """The Autograd key: ``fn(op, args)`` runs ``op`` below autograd and records its node."""
+    global record
+    record = fn
+
+
+def register_view_applier(fn) -> None:
+    """Views: ``fn(op, args)`` returns the view a view op makes (stride arithmetic on any device)."""
+    global apply_view
+    apply_view = fn
+
+
+def register_tracer(fn) -> None:
+    """The Trace key: ``fn(op, args, device)`` records ``op`` while ``tilewise.compile`` captures a function."""
+    global trace
+    trace = fn
 
 
 def _requires_grad(op, args: tuple) -> bool:
@@ -128,7 +149,7 @@ def _requires_grad(op, args: tuple) -> bool:
 def run(op, args: tuple):
     """Below autograd: run the operator on the backend of its inputs' device."""
     if STATE.trace_depth:  # capturing: every operator, views and reads of real tensors included, is recorded
-        return BACKENDS["trace"].run(op, args, device_of(op, args))
+        return trace(op, args, device_of(op, args))
     if op.kind == "view":
         return apply_view(op, args)
     if op.kind == "matmul":
@@ -177,9 +198,6 @@ def _common_device(op, args: tuple) -> Device:
         dev = args[names.index("device")]
         if dev is not None:
             return dev
-    from tilewise.backends import default_device
-    from tilewise.device import cpu
-
     return default_device() if op.kind in ("creation", "random") else cpu
 
 

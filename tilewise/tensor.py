@@ -5,7 +5,15 @@ device, so every view operator is pure stride arithmetic (``_strides``) and shar
 Operator methods (``x.exp()``, ``x + y``, ``x.sum(1)``) are not written here: ``tilewise.ops`` attaches
 them from the operator declarations, so a method, its function form and its in-place form can never
 disagree. What stays here is identity and conversion: shape queries, ``item``/``numpy``/``tolist``,
-autograd attributes (``requires_grad``, ``grad``, ``grad_fn``, hooks) and ``backward``.
+autograd attributes (``requires_grad``, ``grad``, ``grad_fn``) and pinned memory (through the device's
+:class:`~tilewise.device.Backend`).
+
+[Note: methods from above] This module is the bottom of the tensor model, so it imports no layer above it.
+The methods that need one are installed by the layer that implements them, when it loads:
+``to`` (``ops.conversions``, which dispatches ``_to_copy``), ``backward``, ``retain_grad`` and
+``register_hook`` (``autograd``), ``__repr__`` (``_tensor_str``), ``type`` (``tensortypes``); the legacy
+constructor ``Tensor(2, 3)`` calls the factory ``ops.creation`` puts in ``FACTORIES``. ``tilewise/_plugins.py``
+lists them with every other plug-in point of the core.
 """
 
 from __future__ import annotations
@@ -17,7 +25,8 @@ from numbers import Number
 import numpy as np
 
 from tilewise import _strides
-from tilewise.device import Device, as_device, cpu
+from tilewise.device import Device, as_device, cpu, pinning_backend
+from tilewise.device import is_pinned as pinned_by_a_backend
 from tilewise.dtypes import DType, as_dtype, float8_e4m3fn, float8_e5m2, get_default_dtype
 from tilewise.dtypes import from_numpy as dtype_from_numpy
 from tilewise.storage import Storage
@@ -40,6 +49,17 @@ class _TraceHooks:
 TRACE_HOOKS = _TraceHooks()
 
 
+class _Factories:
+    """Where the operator library plugs in the factory tensors' own constructors call (filled when
+    ``tilewise.ops.creation`` loads): ``empty(sizes, dtype=, device=)`` makes ``Tensor(2, 3)`` and the legacy
+    types' ``FloatTensor(2, 3)``, with the factory's checks and errors."""
+
+    empty = None
+
+
+FACTORIES = _Factories()
+
+
 class Size(tuple):
     """torch.Size: a tuple of ints with a torch-like repr."""
 
@@ -60,9 +80,7 @@ class Tensor:
         if cls is Tensor and not args and not kwargs:
             return _empty_tensor(Size((0,)))
         if args and all(isinstance(a, int) for a in args):
-            from tilewise import empty
-
-            return empty(*args, dtype=kwargs.get("dtype", get_default_dtype()), device=kwargs.get("device"))
+            return FACTORIES.empty(*args, dtype=kwargs.get("dtype", get_default_dtype()), device=kwargs.get("device"))
         if len(args) == 1:
             return tensor(args[0], dtype=kwargs.get("dtype", get_default_dtype()), device=kwargs.get("device"))
         raise TypeError("Tensor(): expected sizes (ints) or data; use tilewise.tensor(data, dtype=...) instead")
@@ -273,11 +291,6 @@ class Tensor:
     def __hash__(self) -> int:
         return id(self)
 
-    def __repr__(self) -> str:
-        from tilewise._tensor_str import tensor_repr
-
-        return tensor_repr(self)
-
     def __format__(self, spec: str) -> str:
         if self.ndim == 0 and (self._trace is None or TRACE_HOOKS.value_needed is not None):
             return format(self.item(), spec)
@@ -361,56 +374,11 @@ class Tensor:
         self._requires_grad = False
         return self
 
-    def retain_grad(self) -> None:
-        from tilewise.autograd.graph import retain_grad
-
-        retain_grad(self)
-
     @property
     def retains_grad(self) -> bool:
         return self._retains_grad
 
-    def register_hook(self, hook):
-        from tilewise.autograd.graph import register_tensor_hook
-
-        return register_tensor_hook(self, hook)
-
-    def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
-                 create_graph: bool = False, inputs=None) -> None:
-        from tilewise.autograd import backward
-
-        backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs)
-
     # ------------------------------------------------------------------ device / dtype conversion
-    def to(self, *args, **kwargs) -> Tensor:
-        device, dtype, non_blocking, copy = _parse_to(self, *args, **kwargs)
-        out = self
-        casts = dtype is not None and dtype is not self._dtype
-        if device is not None and device is not self._device:
-            from tilewise.ops.creation import to_device
-
-            # one copy that also casts: the backend picks the side to cast on (an upload from pinned memory
-            # casts on the device, so the host never touches the bytes and the copy can stay asynchronous)
-            out = to_device(self, device, non_blocking, dtype if casts else None)
-        elif casts:
-            out = self._to_dtype(dtype)
-        if copy and out is self:
-            out = self.clone()
-        return out
-
-    def _to_dtype(self, dtype: DType) -> Tensor:
-        from tilewise.ops import registry
-
-        return registry.call("_to_copy", self, dtype)
-
-    def type(self, dtype=None):
-        """'tilewise.FloatTensor' (torch's legacy type name); with a dtype, a legacy type or its name: converted."""
-        from tilewise import tensortypes  # the legacy types are built over this class
-
-        if dtype is None:
-            return tensortypes.type_name(self._dtype, self._device.type)
-        return tensortypes.convert(self, dtype)
-
     def cpu(self) -> Tensor:
         return self.to(cpu)
 
@@ -434,17 +402,13 @@ class Tensor:
             raise RuntimeError(f"pin_memory(): only CPU tensors can be pinned, this one is on {self._device}")
         if self.is_pinned():
             return self
-        from tilewise.backends import backend_for
-
-        return backend_for(Device("cuda", 0)).pin_memory(self)
+        return pinning_backend().pin_memory(self)
 
     def is_pinned(self) -> bool:
         """True when this CPU tensor (or the tensor it views) lives in page-locked memory."""
         if self._device.type != "cpu" or self._storage is None:
             return False
-        from tilewise.backends.cuda.runtime.pinned import is_pinned
-
-        return is_pinned(self._storage.data)
+        return pinned_by_a_backend(self)
 
 
 _CONVERSIONS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16", "long": "int64",

@@ -17,7 +17,7 @@ from __future__ import annotations
 from tilewise import dtypes
 from tilewise.device import as_device
 from tilewise.dtypes import DType
-from tilewise.tensor import Size, Tensor, tensor
+from tilewise.tensor import FACTORIES, Size, Tensor, tensor
 
 _LEGACY_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int64": "Long",
                  "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool"}
@@ -47,9 +47,7 @@ class TensorType(type):
             return _alias(cls, args[0])
         sizes = _sizes(args) if args else (0,)
         if sizes is not None:
-            from tilewise.ops.creation import empty
-
-            return empty(sizes, dtype=cls.dtype, device=device)
+            return FACTORIES.empty(sizes, dtype=cls.dtype, device=device)
         if len(args) > 1:
             bad = next(a for a in args if not isinstance(a, int))
             raise TypeError(f"{cls.__name__}(): expected sizes (ints) or one sequence of data, but got "
@@ -112,3 +110,14 @@ def convert(t: Tensor, target) -> Tensor:
             dtype, device_type = parsed
             return t.to(as_device(device_type) if t.device.type != device_type else t.device, dtype)
     return t.to(dtypes.as_dtype(target))
+
+
+def tensor_type(self: Tensor, dtype=None):
+    """'tilewise.FloatTensor' (torch's legacy type name); with a dtype, a legacy type or its name: converted."""
+    if dtype is None:
+        return type_name(self._dtype, self._device.type)
+    return convert(self, dtype)
+
+
+tensor_type.__name__ = tensor_type.__qualname__ = "type"
+Tensor.type = tensor_type  # see [Note: methods from above] in tensor.py

@@ -85,3 +85,12 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, c
         result = [g if g is not None else zeros_like(x) for g, x in zip(result, inputs_t)]
     return tuple(result)
 
+
+
+def _tensor_backward(self: Tensor, gradient: Tensor | None = None, retain_graph: bool | None = None,
+                     create_graph: bool = False, inputs=None) -> None:
+    backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs)
+
+
+_tensor_backward.__name__ = _tensor_backward.__qualname__ = "backward"
+Tensor.backward = _tensor_backward  # see [Note: methods from above] in tensor.py

@@ -499,4 +499,18 @@ def retain_grad(t: Tensor) -> None:
     t._retains_grad = True
 
 
-dispatch.record = record
+dispatch.register_recorder(record)
+
+
+def _retain_grad(self: Tensor) -> None:
+    retain_grad(self)
+
+
+def _register_hook(self: Tensor, hook):
+    return register_tensor_hook(self, hook)
+
+
+_retain_grad.__name__ = _retain_grad.__qualname__ = "retain_grad"
+_register_hook.__name__ = _register_hook.__qualname__ = "register_hook"
+Tensor.retain_grad = _retain_grad  # see [Note: methods from above] in tensor.py
+Tensor.register_hook = _register_hook

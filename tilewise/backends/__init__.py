@@ -1,4 +1,5 @@
-"""Backends: one module per device type, each with ``run(op, args, device)``.
+"""Backends: one package per device type, each registering a :class:`~tilewise.device.Backend` (see [Note: the
+Backend protocol] in ``device.py``).
 
 The CPU backend is always present; the CUDA backend registers itself when the ``[cuda]`` extra is
 installed and a GPU is found. Beside them live torch.backends' global settings: ``flags.py`` holds their state
@@ -9,42 +10,29 @@ all importable without the GPU packages.
 
 from __future__ import annotations
 
-import importlib
+from tilewise._cuda_api import is_available as _cuda_is_available
+from tilewise.device import (
+    BACKENDS,
+    Backend,
+    backend_for,
+    default_device,
+    get_default_device,
+    register_backend,
+    set_default_device,
+)
 
-from tilewise.device import Device, as_device
-from tilewise.device import cpu as _cpu_device
-from tilewise.dispatch import BACKENDS, register_backend
-
-_default_device: Device = _cpu_device
-
-
-def default_device() -> Device:
-    return _default_device
-
-
-def set_default_device(device) -> None:
-    global _default_device
-    _default_device = as_device(device)
-
-
-def get_default_device() -> Device:
-    return _default_device
-
-
-def backend_for(device: Device):
-    backend = BACKENDS.get(device.type)
-    if backend is None:
-        raise RuntimeError(f"no backend for device {device}: CUDA needs the [cuda] extra and a GPU "
-                           "(tilewise.cuda.is_available() says whether one was found)")
-    return backend
+__all__ = ["BACKENDS", "Backend", "backend_for", "default_device", "get_default_device", "load", "register_backend",
+           "set_default_device"]
 
 
 def load() -> None:
-    cpu_backend = importlib.import_module("tilewise.backends.cpu")
-    cpu_backend._load_kernels()
-    register_backend("cpu", cpu_backend)
-    cuda = importlib.import_module("tilewise.cuda")  # tilewise.cuda works (and says False) without a GPU
-    if cuda.is_available():
-        cuda_backend = importlib.import_module("tilewise.backends.cuda")
-        cuda_backend._load_kernels()
-        register_backend("cuda", cuda_backend)
+    """Register the CPU backend, and the CUDA one where a GPU is found."""
+    from tilewise.backends import cpu
+
+    cpu._load_kernels()
+    register_backend("cpu", cpu.backend)
+    if _cuda_is_available():  # False, without an error, where the [cuda] extra or a GPU is missing
+        from tilewise.backends import cuda
+
+        cuda._load_kernels()
+        register_backend("cuda", cuda.backend)

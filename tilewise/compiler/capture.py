@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import operator
-import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -43,7 +42,7 @@ from tilewise import _strides as S
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, data_dependent_error, user_frame
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer, suspended
-from tilewise.dispatch import STATE, register_backend
+from tilewise.dispatch import STATE, register_tracer
 from tilewise.tensor import TRACE_HOOKS, Tensor
 
 
@@ -673,7 +672,7 @@ def run(op, args: tuple, device):
     return cap.primitive(op, args, device)
 
 
-register_backend("trace", sys.modules[__name__])
+register_tracer(run)
 
 
 def _value_needed(t: Tensor, what: str, required: bool) -> None:

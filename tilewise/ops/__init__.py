@@ -13,6 +13,7 @@ from numbers import Number
 from tilewise.ops import (  # noqa: F401 — each module declares its operators on import
     assemble,
     complex,
+    conversions,
     creation,
     fft,
     indexed,
@@ -43,7 +44,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     views,
 )
 from tilewise.ops.formulas import HELPERS
-from tilewise.ops.inplace import make_inplace
+from tilewise.ops.inplace import check_no_internal_overlap, copy_into, make_inplace
 from tilewise.ops.registry import OPS, OVERLOADS, public_function, set_formula_namespace
 from tilewise.tensor import Tensor
 
@@ -134,28 +135,8 @@ def _attach_special_methods(functions: dict) -> None:
 
 
 def make_copy_():
-    from tilewise.ops.inplace import check_no_internal_overlap
-
     def copy_(self, src, non_blocking: bool = False):
         check_no_internal_overlap(self, "copy_")
         return copy_into(self, src, "copy_", non_blocking)
 
     return copy_
-
-
-def copy_into(self, src, name: str, non_blocking: bool = False):
-    """``self.copy_(src)`` without refusing an expanded ``self`` (torch's fill_ and zero_ write one value to
-    every element, so they may)."""
-    from tilewise.ops.inplace import commit
-    from tilewise.tensor import tensor
-
-    if not isinstance(src, Tensor):
-        src = tensor(src, dtype=self.dtype, device=self.device)
-    value = src
-    if value.device != self.device:
-        value = value.to(self.device, non_blocking=non_blocking)
-    if value.dtype is not self.dtype:
-        value = value.to(self.dtype)
-    if value.shape != self.shape:
-        value = value.expand(self.shape)
-    return commit(self, value, name, allow_any_cast=True)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from numbers import Number
 
-from tilewise.device import Device, as_device
+from tilewise.device import Device, as_device, default_device, pinning_backend
 from tilewise.dtypes import DType, as_dtype, checked_scalar, default_complex_dtype, get_default_dtype, scalar_dtype
 from tilewise.ops import dtype_rules as R
+from tilewise.ops.inplace import copy_into
 from tilewise.ops.registry import declare
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
-from tilewise.tensor import Tensor, check_pinnable
+from tilewise.tensor import FACTORIES, Tensor, check_pinnable
 
 # ---------------------------------------------------------------- declarations
 declare("full(int[] size, Scalar fill_value, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
@@ -280,15 +281,11 @@ def _empty(factory: str, size: tuple, dtype, device, requires_grad: bool, pin_me
         size = tuple(size)
         out = _allocate(factory, size, dtype, lambda: _call("empty", size, dtype=dtype, device=device))
         return _finish(out, requires_grad)
-    from tilewise.backends import backend_for
-
     check_pinnable(_target(device), factory)
-    return _finish(backend_for(Device("cuda", 0)).empty_pinned(tuple(size), dtype), requires_grad)
+    return _finish(pinning_backend().empty_pinned(tuple(size), dtype), requires_grad)
 
 
 def _target(device) -> Device:
-    from tilewise.backends import default_device
-
     return as_device(device) if device is not None else default_device()
 
 
@@ -445,15 +442,13 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
 # ---------------------------------------------------------------- in-place fills (Tensor methods)
 
 def _fill_from(self: Tensor, values: Tensor) -> Tensor:
-    from tilewise.autograd.grad_mode import no_grad
+    from tilewise._grad_mode import no_grad
 
     with no_grad():
         return self.copy_(values)
 
 
 def fill_(self: Tensor, value) -> Tensor:
-    from tilewise.ops import copy_into
-
     _require_number("fill_", "value", value)
     if isinstance(value, Tensor):
         return copy_into(self, value.expand(self.shape), "fill_")
@@ -544,6 +539,8 @@ def to_device(x: Tensor, device: Device, non_blocking: bool = False, dtype: DTyp
 def scalar_tensor(value: Number, *, dtype=None, device=None) -> Tensor:
     return full((), value, dtype=dtype or get_default_dtype(), device=device)
 
+
+FACTORIES.empty = empty  # Tensor(2, 3) and the legacy types' constructors (see [Note: methods from above])
 
 __all__ = ["Generator", "default_generator", "manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state",
            "full", "zeros", "ones", "empty", "zeros_like", "ones_like", "full_like", "empty_like", "arange",

@@ -6,7 +6,8 @@ Each helper is written in terms of tilewise operators, so gradients stay differe
 from __future__ import annotations
 
 from tilewise import _strides as S
-from tilewise.ops.registry import call
+from tilewise.ops.creation import ones_like, zeros
+from tilewise.ops.registry import OPS
 
 
 def inverse_permutation(dims) -> tuple[int, ...]:
@@ -19,8 +20,6 @@ def inverse_permutation(dims) -> tuple[int, ...]:
 
 def grad_expanded(grad, input_shape, dim, keepdim):
     """A reduction's gradient (or result) broadcast back to the input's shape."""
-    from tilewise.ops.reductions import reduced_count  # noqa: F401  (keeps dim semantics in one place)
-
     dims = S.normalize_dims(dim if dim not in ((), []) else None, len(input_shape))
     if not keepdim:
         for d in dims:
@@ -74,7 +73,6 @@ def norm_backward(grad, self, result, p, dim, keepdim):
 
 def nuclear_norm_backward(grad, self, dim, keepdim):
     """d ||A||_* / dA = U V^H (the SVD's gradient with only the singular values' gradient, as torch's)."""
-    from tilewise.ops.registry import OPS
 
     d0, d1 = S.normalize_dims((-2, -1) if dim is None else dim, self.ndim)
     rest = [d for d in range(self.ndim) if d not in (d0, d1)]
@@ -98,22 +96,19 @@ def prod_backward(grad, self, result, dim, keepdim):
 
 
 def _exclusive_products(x, dim):
-    from tilewise.ops.creation import ones_like
-
     n = x.shape[dim]
     if n == 0:
         return x
     one = ones_like(x.narrow(dim, 0, 1))
-    before = call("cat", [one, x.narrow(dim, 0, n - 1)], dim).cumprod(dim)
+    before = OPS["cat"]([one, x.narrow(dim, 0, n - 1)], dim).cumprod(dim)
     flipped = x.flip([dim])
-    after = call("cat", [one, flipped.narrow(dim, 0, n - 1)], dim).cumprod(dim).flip([dim])
+    after = OPS["cat"]([one, flipped.narrow(dim, 0, n - 1)], dim).cumprod(dim).flip([dim])
     return before * after
 
 
 def select_backward_indices(grad, input_shape, dim, indices, keepdim):
     """max.dim/min.dim/sort-like ops: route each gradient to the index it came from (a 0-dim input's one element
     takes it whole)."""
-    from tilewise.ops.creation import zeros
 
     if len(input_shape) == 0:
         return grad
@@ -126,8 +121,6 @@ def select_backward_indices(grad, input_shape, dim, indices, keepdim):
 def take_backward(grad, self, index):
     """torch's: the gradient added at the flattened input's positions ``index`` names (negative ones from the
     end). It reads the input for its shape; torch saves the input and the index."""
-    from tilewise.ops.creation import zeros
-    from tilewise.ops.registry import OPS
 
     flat = zeros(self.numel(), dtype=grad.dtype, device=grad.device)
     return OPS["index_put"](flat, (index,), grad, True).reshape(self.shape)
@@ -141,10 +134,8 @@ def index_source_backward(grad, dim, index, source, alpha=1):
 
 
 def view_backward(grad, op_name: str, input_shape, *args):
-    from tilewise.ops.registry import OPS
-    from tilewise.ops.views import view_geometry
-
-    shape, strides, offset = view_geometry(op_name, tuple(input_shape), *args)
+    shape = tuple(input_shape)  # the view's geometry on a contiguous tensor of the input's shape
+    shape, strides, offset = OPS[op_name].view(shape, S.contiguous_strides(shape), 0, *args)
     return OPS["view_scatter_add"](grad, tuple(input_shape), tuple(shape), tuple(strides), offset)
 
 
@@ -179,7 +170,6 @@ def sgn_backward(grad, self, result):
 def cross_entropy_input_grad(grad, output_grads, logp, target, weight, reduction, ignore_index, label_smoothing):
     """The input's gradient: the loss's, plus, when the saved log-probabilities are differentiated themselves (a
     double backward reaches them as output 1), log_softmax's backward of theirs."""
-    from tilewise.ops.registry import OPS
 
     grad_input = OPS["_cross_entropy_backward"](grad, logp, target, weight, reduction, ignore_index, label_smoothing)
     if output_grads[1] is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from tilewise.dispatch import STATE
 from tilewise.dtypes import can_cast
-from tilewise.tensor import Tensor
+from tilewise.tensor import Tensor, tensor
 
 
 def _any_requires_grad(args, kwargs) -> bool:
@@ -152,3 +152,18 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
             self.grad_fn, self._output_nr, self._requires_grad = result.grad_fn, result._output_nr, True
     self._bump_version()
     return self
+
+
+def copy_into(self, src, name: str, non_blocking: bool = False):
+    """``self.copy_(src)`` without refusing an expanded ``self`` (torch's fill_ and zero_ write one value to
+    every element, so they may)."""
+    if not isinstance(src, Tensor):
+        src = tensor(src, dtype=self.dtype, device=self.device)
+    value = src
+    if value.device != self.device:
+        value = value.to(self.device, non_blocking=non_blocking)
+    if value.dtype is not self.dtype:
+        value = value.to(self.dtype)
+    if value.shape != self.shape:
+        value = value.expand(self.shape)
+    return commit(self, value, name, allow_any_cast=True)

@@ -95,7 +95,7 @@ def _statistics(x, dims, eps, centered: bool):
 def _backward_statistics(x, dims, eps, mean, rstd):
     """The saved statistics; or, when the backward is itself differentiated (create_graph), the statistics
     recomputed from x, so the second derivative sees how they depend on x."""
-    from tilewise.autograd.grad_mode import is_grad_enabled
+    from tilewise._grad_mode import is_grad_enabled
 
     return _statistics(x, dims, eps, mean is not None) if is_grad_enabled() else (mean, rstd)
 
@@ -173,7 +173,7 @@ def _overwrite_untracked(dst, value) -> None:
     """Write ``value`` into ``dst`` without recording it or bumping its version, as torch's batch norm kernel
     updates the running statistics: a backward that saved them (a second forward through the same layer before
     the first's backward, as in siamese nets and GAN discriminators) must not find them changed."""
-    from tilewise.autograd.grad_mode import no_grad
+    from tilewise._grad_mode import no_grad
 
     with no_grad():
         OPS["_write_"](dst, value.to(dst.dtype))
@@ -277,7 +277,7 @@ def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias
         raise ValueError(f"instance_norm: expected an input of shape (N, C, *spatial), got {list(input.shape)}")
     if use_input_stats and S.numel(input.shape[2:]) == 1:
         raise ValueError(f"Expected more than 1 spatial element when training, got input size {list(input.shape)}")
-    from tilewise.autograd.grad_mode import no_grad
+    from tilewise._grad_mode import no_grad
 
     batch, channels = input.shape[0], input.shape[1]
     as_channels = input.reshape(1, batch * channels, *input.shape[2:])
@@ -385,7 +385,7 @@ for _n in (1, 2, 3):
 
 def _renorm_rows_(weight, indices, max_norm, norm_type):
     """torch's embedding_renorm_: rows read by indices whose norm exceeds max_norm are scaled down in place."""
-    from tilewise.autograd.grad_mode import no_grad
+    from tilewise._grad_mode import no_grad
     from tilewise.ops.creation import zeros
 
     with no_grad():
@@ -539,7 +539,7 @@ def _scaled_dot_product_attention_math(query, key, value, bias, scale, is_causal
 
 
 def _scaled_dot_product_attention_backward(grad, query, key, value, bias, scale, is_causal, out, logsumexp):
-    from tilewise.autograd.grad_mode import is_grad_enabled
+    from tilewise._grad_mode import is_grad_enabled
 
     work = compute_dtype(query.dtype)
     q, k, v = query.to(work), key.to(work), value.to(work)

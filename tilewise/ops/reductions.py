@@ -174,7 +174,7 @@ _STD_MEAN = composite("std_mean(Tensor self, int[1]? dim=None, bool? unbiased=No
 
 
 def _logsumexp(self, dim, keepdim=False):
-    from tilewise.autograd.grad_mode import no_grad
+    from tilewise._grad_mode import no_grad
 
     if not self.dtype.is_floating_point:
         self = self.float()

@@ -206,4 +206,4 @@ declare("view_scatter(Tensor self, Tensor src, int[] view_shape, int[] view_stri
         method=False, doc="A copy of contiguous ``self`` with the elements a strided view selects replaced by "
                           "``src``: how an in-place write through a view is recorded on its base.")
 
-dispatch.apply_view = apply_view
+dispatch.register_view_applier(apply_view)

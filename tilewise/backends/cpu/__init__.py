@@ -16,6 +16,7 @@ import numpy as np
 
 from tilewise._strides import broadcast_shapes, normalize_dims
 from tilewise.backends.cpu.render import render_numpy, run_quietly
+from tilewise.device import Backend, Device
 from tilewise.dtypes import ALL as ALL_DTYPES
 from tilewise.dtypes import get_default_dtype
 from tilewise.ops import dtype_rules as R
@@ -304,6 +305,33 @@ def _reduction_plan(op, args: tuple) -> tuple:
     keepdim = args[names.index("keepdim")] if "keepdim" in names else False
     out_dtype, compute = op.dtype_rule(op, args)
     return dims, keepdim, out_dtype, compute
+
+
+class CPUBackend(Backend):
+    """The CPU as a :class:`~tilewise.device.Backend`: numpy arrays in host memory. Host memory is where every
+    transfer starts or ends, so ``upload`` and ``download`` are copies; pinning is the accelerator's business."""
+
+    run = staticmethod(run)
+
+    def empty(self, shape: tuple, dtype, device: Device, strides: tuple | None = None) -> Tensor:
+        if strides is None:
+            return from_array(np.empty(tuple(shape), dtype.np), dtype)
+        return from_array(np.empty(tuple(shape), dtype.np), dtype).as_strided(shape, strides)
+
+    def upload(self, src: Tensor, device: Device, non_blocking: bool = False, dtype=None) -> Tensor:
+        return KERNELS["_to_copy"](src, dtype)
+
+    def download(self, x: Tensor, non_blocking: bool = False) -> Tensor:
+        return KERNELS["_to_copy"](x)
+
+    def synchronize(self, device: Device) -> None:
+        """CPU kernels finish before they return: nothing is ever queued."""
+
+    def __repr__(self) -> str:
+        return "<CPU backend>"
+
+
+backend = CPUBackend()
 
 
 def _load_kernels() -> None:

@@ -6,7 +6,7 @@ import numpy as np
 
 from tilewise import _philox
 from tilewise.backends.cpu import kernel
-from tilewise.device import cpu
+from tilewise.device import backend_for, cpu
 from tilewise.ops.indexing import check_gather_shapes
 from tilewise.tensor import Tensor, cast_array, from_array
 
@@ -59,8 +59,6 @@ def eye(n, m=None, dtype=None, device=None):
 def to_copy(self, dtype=None, device=None, non_blocking=False):
     dtype = dtype or self.dtype
     if device is not None and device is not cpu:
-        from tilewise.backends import backend_for
-
         return backend_for(device).upload(self, device, non_blocking, dtype)  # it sees the source, pinned or not
     a = self._np()
     if a.dtype == dtype.np:

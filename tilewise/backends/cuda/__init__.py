@@ -20,7 +20,7 @@ import numpy as np
 
 from tilewise import _strides as S
 from tilewise.backends.cuda.runtime.stream import _thread_state as _stream_state
-from tilewise.device import Device, cpu
+from tilewise.device import Backend, Device, cpu
 from tilewise.dtypes import DType
 from tilewise.storage import Storage
 from tilewise.tensor import Tensor, cast_array, from_array
@@ -349,6 +349,40 @@ def _keep_until_done(array: np.ndarray, stream: int) -> None:
     _in_flight.append((array, event))
 
 
+def synchronize(device: Device) -> None:
+    from tilewise.backends.cuda.runtime import synchronize as synchronize_device
+
+    synchronize_device(device.index)
+
+
+def is_pinned(t: Tensor) -> bool:
+    from tilewise.backends.cuda.runtime import is_pinned as pinned
+
+    return t._storage is not None and pinned(t._storage.data)
+
+
+class CUDABackend(Backend):
+    """This package as a :class:`~tilewise.device.Backend` (the dispatcher's and the tensors' view of it)."""
+
+    pins_host_memory = True
+
+    run = staticmethod(run)
+    run_into = staticmethod(run_into)
+    empty = staticmethod(empty)
+    upload = staticmethod(upload)
+    download = staticmethod(download)
+    synchronize = staticmethod(synchronize)
+    pin_memory = staticmethod(pin_memory)
+    is_pinned = staticmethod(is_pinned)
+    empty_pinned = staticmethod(empty_pinned)
+
+    def __repr__(self) -> str:
+        return "<CUDA backend>"
+
+
+backend = CUDABackend()
+
+
 def register_composite_runner(names: frozenset, runner) -> None:
     """[Plug-in point] Run the composite operators ``names`` through ``runner(op, args)`` (which returns None
     to decline) instead of their decomposition. The compiler registers itself here at import
@@ -375,8 +409,8 @@ def _load_kernels() -> None:
     _pointwise_into = run_pointwise_into
 
 
-__all__ = ["DeviceBuffer", "cpu", "data_ptr", "download", "empty", "empty_pinned", "pin_memory", "run", "stream_handle",
-           "upload"]
+__all__ = ["CUDABackend", "DeviceBuffer", "backend", "cpu", "data_ptr", "download", "empty", "empty_pinned",
+           "pin_memory", "run", "stream_handle", "upload"]
 
 
 # torch.backends.cuda's functions (see backends/cuda/torch_api.py)
