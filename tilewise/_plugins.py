@@ -43,6 +43,13 @@ PLUG_INS: tuple[PlugIn, ...] = (
            "Python reading a traced tensor's values: a graph break or an error naming the user's line"),
     PlugIn("tilewise.tensor:TRACE_HOOKS.shares_memory", "tilewise.compiler.capture",
            "a new tensor object taking a traced tensor's memory (detach, .data =)"),
+    PlugIn("tilewise.tensor:TRACE_HOOKS.version", "tilewise.compiler.capture",
+           "a traced tensor's version counter, kept on the memory it stands for"),
+    PlugIn("tilewise.tensor:TRACE_HOOKS.bump_version", "tilewise.compiler.capture", "an in-place write to it"),
+    PlugIn("tilewise.tensor:TRACE_HOOKS.untraced", "tilewise.compiler.capture",
+           "operators run, not recorded, while a graph break reads values"),
+    PlugIn("tilewise.tensor:TRACE_HOOKS.grad_assigned", "tilewise.compiler.capture",
+           "t.grad = ... inside a traced function (the trace learns what .grad held)"),
     # the CUDA backend
     PlugIn("tilewise.backends.cuda:_fused", "tilewise.compiler.composites",
            "composite ops run as one compiled kernel on CUDA (register_composite_runner)"),
