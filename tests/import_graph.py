@@ -26,9 +26,10 @@ PACKAGE = ROOT / "tilewise"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", (
         "tilewise.config", "tilewise.dtypes", "tilewise.device", "tilewise._strides", "tilewise._philox",
-        "tilewise.fileio", "tilewise._stages", "tilewise._cuda_api", "tilewise.data",
+        "tilewise.fileio", "tilewise._stages", "tilewise._cuda_api", "tilewise.data", "tilewise._plugins",
     )),
     ("tensor", ("tilewise.storage", "tilewise.tensor", "tilewise.tensortypes", "tilewise._tensor_str")),
+    # grad modes only switch the dispatcher's Autograd key, so the operator library may use them
     ("dispatch", ("tilewise.dispatch", "tilewise._grad_mode")),
     ("ops", ("tilewise.ops",)),
     ("autograd", ("tilewise.autograd", "tilewise.amp.autocast_mode")),
@@ -45,8 +46,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 # (importer, imported) -> why this upward import stays. Keep this list short: every entry is a layer
-# reaching up, which a registration point would usually serve better.
+# reaching up, which a registration point would usually serve better (``tilewise/_plugins.py`` lists those).
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
+
+# The layers whose own modules, together, must have no upward arrow and no cycle (the test in
+# ``test_plugins.py`` holds them to it while the layers above are being untangled).
+CORE_LAYERS = ("base", "tensor", "dispatch", "ops", "autograd", "backends")
 
 
 def module_name(path: Path) -> str:
@@ -171,6 +176,22 @@ def cycles(edges: dict[str, list[tuple[str, int, bool]]]) -> list[list[str]]:
     return comps
 
 
+def plug_ins() -> tuple:
+    """The plug-in points that stand in for upward imports (see [Note: plug-in points] in ``_plugins.py``)."""
+    sys.path.insert(0, str(ROOT))
+    from tilewise._plugins import PLUG_INS
+
+    return PLUG_INS
+
+
+def core_problems(edges: dict[str, list[tuple[str, int, bool]]]) -> tuple[list, list]:
+    """Upward arrows from a module of ``CORE_LAYERS``, and cycles among those modules."""
+    core = {m for m in edges if LAYERS[layer_of(m)][0] in CORE_LAYERS}
+    arrows = [a for a in upward_arrows(edges) if a[0] in core]
+    sub = {m: [e for e in edges[m] if e[0] in core] for m in core}
+    return arrows, cycles(sub)
+
+
 def main() -> None:
     edges = graph()
     unplaced = [m for m in edges if layer_of(m) < 0]
@@ -191,6 +212,13 @@ def main() -> None:
     if "-v" in sys.argv:
         for c in comps:
             print("   ", " ".join(c))
+    core_arrows, core_cycles = core_problems(edges)
+    print(f"core layers ({', '.join(CORE_LAYERS)}): {len(core_arrows)} upward arrows, {len(core_cycles)} cycles")
+    points = plug_ins()
+    print(f"{len(points)} plug-in points (tilewise/_plugins.py)")
+    if "-v" in sys.argv:
+        for p in points:
+            print(f"    {p.slot:45} <- {p.filled_by}: {p.why}")
 
 
 if __name__ == "__main__":

@@ -670,10 +670,11 @@ def test_every_library_call_of_a_gpt_training_step_can_write_into_its_planned_bu
     the q/k/v split's backward (a cat) and clip_grad_norm_'s cat are library calls in the compiled step: each
     has a kernel into a given output, so a CUDA graph can hold the whole step (GEMMs go to cuBLASLt, which
     writes into the buffer too)."""
-    from tilewise.backends.cuda.kernels import INTO, _load_all
+    from tilewise.backends.cuda import _load_kernels
+    from tilewise.backends.cuda.kernels import INTO
     from tilewise.compiler.lowering.fusion import fusion_kind
 
-    _load_all()
+    _load_kernels()
     compiled = tw.compile(_gpt_step("cpu"))
     for _ in range(2):
         compiled(tw.randint(0, 64, (4, 16)), tw.randint(0, 64, (4, 16)))

@@ -249,7 +249,8 @@ def test_sorting_ops_have_cuda_kernels():
     interpreter: a module imported by another test would register its kernels whether or not the loader does."""
     import sys
 
-    script = ("from tilewise.backends.cuda.kernels import KERNELS, _load_all; _load_all(); "
+    script = ("from tilewise.backends.cuda import _load_kernels; from tilewise.backends.cuda.kernels import KERNELS; "
+              "_load_kernels(); "
               "print(sorted({'sort', 'topk', 'cummax', 'cummin'} - set(KERNELS)))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", f"no CUDA kernel registered for {result.stdout.strip()}"
@@ -319,7 +320,8 @@ def test_searchsorted_nonzero_repeat_interleave_randperm_multinomial_have_cuda_k
     fresh interpreter (see test_sorting_ops_have_cuda_kernels)."""
     import sys
 
-    script = ("from tilewise.backends.cuda.kernels import KERNELS, _load_all; _load_all(); "
+    script = ("from tilewise.backends.cuda import _load_kernels; from tilewise.backends.cuda.kernels import KERNELS; "
+              "_load_kernels(); "
               "print(sorted({'searchsorted', 'nonzero', 'repeat_interleave.Tensor', 'randperm', 'multinomial'} "
               "- set(KERNELS)))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)

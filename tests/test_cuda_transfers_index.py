@@ -137,9 +137,13 @@ class _FakePinned:
         self.buffer.ptr = 0  # never handed to cuMemFreeHost
 
 
-def test_is_pinned_follows_views_and_pin_memory_keeps_a_pinned_tensor():
-    from tilewise.backends.cuda import _uploads_from_pinned
+def test_is_pinned_follows_views_and_pin_memory_keeps_a_pinned_tensor(monkeypatch):
+    import tilewise.backends.cuda as cuda_backend
+    from tilewise.backends.cuda.transfers import _uploads_from_pinned
+    from tilewise.device import BACKENDS
     from tilewise.tensor import from_array
+
+    monkeypatch.setitem(BACKENDS, "cuda", cuda_backend.backend)  # page-locked memory is the CUDA backend's
 
     fake = _FakePinned(4 * 24)
     try:

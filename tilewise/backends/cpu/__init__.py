@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from tilewise._strides import broadcast_shapes, normalize_dims
+from tilewise.backends.cpu.registry import KERNELS, kernel  # noqa: F401 — kernel: the decorator, re-exported
 from tilewise.backends.cpu.render import render_numpy, run_quietly
 from tilewise.device import Backend, Device
 from tilewise.dtypes import ALL as ALL_DTYPES
@@ -23,19 +24,6 @@ from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, inputs_of
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
 from tilewise.tensor import Tensor, cast_array, from_array
-
-KERNELS: dict[str, object] = {}  # operator full name -> numpy implementation taking bound arguments
-
-
-def kernel(*names: str):
-    def register(fn):
-        for name in names:
-            if name in KERNELS:
-                raise ValueError(f"CPU kernel for {name} registered twice")
-            KERNELS[name] = fn
-        return fn
-
-    return register
 
 
 def run(op, args: tuple, device):

@@ -9,7 +9,7 @@ import numpy as np
 
 from tilewise import _strides as S
 from tilewise import dtypes
-from tilewise.backends.cpu import kernel
+from tilewise.backends.cpu.registry import kernel
 from tilewise.ops.registry import OPS
 from tilewise.tensor import Tensor, from_array
 

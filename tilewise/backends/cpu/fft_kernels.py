@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tilewise.backends.cpu import kernel
+from tilewise.backends.cpu.registry import kernel
 from tilewise.tensor import from_array
 
 _FORWARD_NORM = ("backward", "ortho", "forward")  # by normalization code: none, 1/sqrt(n), 1/n

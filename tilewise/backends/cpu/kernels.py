@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tilewise import _philox
-from tilewise.backends.cpu import kernel
+from tilewise.backends.cpu.registry import kernel
 from tilewise.device import backend_for, cpu
 from tilewise.ops.indexing import check_gather_shapes
 from tilewise.tensor import Tensor, cast_array, from_array

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from tilewise import dtypes
-from tilewise.backends.cpu import kernel
+from tilewise.backends.cpu.registry import kernel
 from tilewise.ops.linalg_solvers import LinAlgError
 from tilewise.tensor import from_array
 

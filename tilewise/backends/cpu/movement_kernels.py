@@ -11,7 +11,7 @@ import numpy as np
 
 from tilewise import _strides as S
 from tilewise import dtypes
-from tilewise.backends.cpu import kernel
+from tilewise.backends.cpu.registry import kernel
 from tilewise.dtypes import compute_dtype
 from tilewise.tensor import Tensor, cast_array, from_array
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from tilewise import dtypes
 from tilewise._stages import stage
 from tilewise.backends import flags
-from tilewise.backends.cuda import DeviceBuffer, data_ptr, empty, stream_handle
+from tilewise.backends.cuda.device_memory import DeviceBuffer, data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.config import log
 from tilewise.device import Device

@@ -17,7 +17,7 @@ import math
 
 from tilewise import _strides as S
 from tilewise import dtypes
-from tilewise.backends.cuda import data_ptr, empty, stream_handle
+from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel
 from tilewise.device import Device
 from tilewise.tensor import Tensor

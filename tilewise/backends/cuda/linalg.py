@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from tilewise import dtypes
-from tilewise.backends.cuda import data_ptr, empty, stream_handle
+from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel
 from tilewise.device import Device
 from tilewise.tensor import Tensor

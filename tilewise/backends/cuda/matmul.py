@@ -34,7 +34,7 @@ import numpy as np
 from tilewise import dtypes
 from tilewise._stages import stage
 from tilewise.backends import flags
-from tilewise.backends.cuda import data_ptr, empty, empty_fast, stream_handle
+from tilewise.backends.cuda.device_memory import data_ptr, empty, empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.config import log, settings
 from tilewise.device import Device

@@ -182,15 +182,3 @@ def spin(cycles: int, device: int, stream: int) -> None:
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _load_all() -> None:
-    from tilewise.backends.cuda.kernels import (  # noqa: F401 — each module registers its kernels
-        copy,
-        creation,
-        index,
-        random,
-        scan,
-        search,
-        sort,
-    )

@@ -11,7 +11,7 @@ expect.
 from __future__ import annotations
 
 from tilewise import _strides as S
-from tilewise.backends.cuda import data_ptr, download, empty, stream_handle
+from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.backends.cuda.kernels.pointwise import elementwise
 from tilewise.codegen.render.cstyle import compute_of
@@ -65,28 +65,6 @@ def _dense_copy(x: Tensor) -> Tensor:
         from tilewise.backends.cuda.runtime import copy_dtod
 
         copy_dtod(data_ptr(out), data_ptr(x), nbytes, stream_handle(x._device.index))
-    return out
-
-
-@kernel("_to_copy")
-def to_copy(device: Device, self: Tensor, dtype=None, target=None, non_blocking: bool = False) -> Tensor:
-    dtype = dtype or self._dtype
-    if target is not None and target.type == "cpu":
-        moved = self if dtype is self._dtype else cast(self, dtype)
-        return download(moved, non_blocking)
-    if target is not None and target != self._device:
-        return _peer_copy(cast(self, dtype) if dtype is not self._dtype else contiguous(self), target)
-    return cast(self, dtype)
-
-
-def _peer_copy(x: Tensor, target: Device) -> Tensor:
-    from tilewise._cuda_api import check, driver_api
-
-    out = empty(x._shape, x._dtype, target)
-    nbytes = x.numel() * x._dtype.itemsize
-    if nbytes:
-        check(driver_api().cuMemcpyAsync(data_ptr(out), data_ptr(x), nbytes, stream_handle(x._device.index)),
-              "cuMemcpyAsync")
     return out
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from tilewise import dtypes
-from tilewise.backends.cuda import data_ptr, empty, stream_handle
+from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, kernel_into, launch, load
 from tilewise.backends.cuda.kernels.pointwise import elementwise
 from tilewise.codegen.render import CUDA

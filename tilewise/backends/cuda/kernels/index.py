@@ -27,11 +27,12 @@ from __future__ import annotations
 from tilewise import _strides as S
 from tilewise import dtypes
 from tilewise.backends import flags
-from tilewise.backends.cuda import data_ptr, empty, stream_handle
+from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, kernel_into, launch, load_rendered
 from tilewise.backends.cuda.kernels.copy import cast, contiguous, copy_into
 from tilewise.backends.cuda.kernels.creation import fill
 from tilewise.backends.cuda.runtime.bounds import REPORT_C, note_site, record_pointer
+from tilewise.backends.cuda.runtime.device import ensure_context
 from tilewise.codegen.render import CUDA
 from tilewise.codegen.render.cstyle import SUFFIX, Source
 from tilewise.device import Device
@@ -111,7 +112,8 @@ def indexed(mode: str, x: Tensor, v: Tensor, shape: tuple, a: tuple, v_strides: 
         args += [stride, size]
     if indices:
         op, dims, indexed_shape, wraps = site
-        args += [record_pointer(x._device.index), note_site(op, dims, indexed_shape, wraps), int(wraps)]
+        record = record_pointer(ensure_context(x._device.index))
+        args += [record, note_site(op, dims, indexed_shape, wraps), int(wraps)]
     launch(fn, ceil_div(n, _BLOCK), _BLOCK, args, stream_handle(x._device.index))
 
 

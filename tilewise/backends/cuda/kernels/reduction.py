@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tilewise import _strides as S
 from tilewise import dtypes
-from tilewise.backends.cuda import data_ptr, empty, empty_fast, stream_handle
+from tilewise.backends.cuda.device_memory import data_ptr, empty, empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
 from tilewise.codegen.render import COLUMN, ROW, ReductionKernel, render_reduction
 from tilewise.codegen.render.cstyle import SUFFIX

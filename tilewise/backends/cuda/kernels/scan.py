@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from tilewise import _strides as S
 from tilewise import dtypes
-from tilewise.backends.cuda import data_ptr, empty, stream_handle
+from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load_rendered
 from tilewise.codegen.render import CUDA
 from tilewise.codegen.render.cstyle import SUFFIX, Source, literal, load_code, store_code

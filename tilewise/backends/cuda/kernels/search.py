@@ -36,11 +36,12 @@ import numpy as np
 
 from tilewise import _strides as S
 from tilewise import dtypes
-from tilewise.backends.cuda import data_ptr, empty, stream_handle
+from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load_rendered
 from tilewise.backends.cuda.kernels.copy import cast, contiguous
 from tilewise.backends.cuda.kernels.creation import fill
 from tilewise.backends.cuda.runtime.bounds import REPORT_C, note_site, record_pointer
+from tilewise.backends.cuda.runtime.device import ensure_context
 from tilewise.codegen.render import CUDA
 from tilewise.codegen.render.cstyle import SUFFIX, Source, compute_of, load_code
 from tilewise.device import Device
@@ -204,7 +205,7 @@ def searchsorted(device: Device, sorted_sequence: Tensor, self, out_int32: bool 
         args += [sizes[d], value_strides[d], seq_strides[d], *((sorter_strides[d],) if order is not None else ())]
     if order is not None:
         site = note_site("searchsorted(): sorter", (seq.ndim - 1,), seq._shape, False)
-        args += [record_pointer(device.index), site]
+        args += [record_pointer(ensure_context(device.index)), site]
     fn = load_rendered(render_searchsorted, common, out_dtype, rank, order is not None, device=device.index)
     launch(fn, ceil_div(max(count, sorter_count), BLOCK), BLOCK, args, stream_handle(device.index))
     return out

@@ -5,8 +5,8 @@ This package is the only place that talks to the CUDA driver (besides the toolch
 go through the same :func:`check`). It is deliberately thin, in the spirit of tinygrad's runtime. The
 bindings themselves, ``check`` and the availability queries sit one floor lower, in ``tilewise._cuda_api``,
 so that the code generator's toolchain (NVRTC) can use them without importing a backend; here are
-``device`` (primary contexts, properties), ``module`` (loading cubins, launching kernels), ``stream`` and
-``event``, ``allocator`` (the caching allocator), ``pinned`` (page-locked host memory and copies), ``bounds``
+``device`` (primary contexts, properties), ``module`` (loading cubins, launching kernels), ``stream``
+(streams and events), ``allocator`` (the caching allocator), ``pinned`` (page-locked host memory and copies), ``bounds``
 (the record through which indexing kernels report bad indices). Importing it never
 touches the driver, so it is safe on machines without a GPU.
 """
@@ -35,7 +35,6 @@ from tilewise.backends.cuda.runtime.device import (
     set_device,
     synchronize,
 )
-from tilewise.backends.cuda.runtime.event import Event
 from tilewise.backends.cuda.runtime.pinned import (
     PinnedBuffer,
     copy_dtod,
@@ -45,6 +44,7 @@ from tilewise.backends.cuda.runtime.pinned import (
     pinned_empty,
 )
 from tilewise.backends.cuda.runtime.stream import (
+    Event,
     Stream,
     current_stream,
     default_stream,

@@ -550,8 +550,7 @@ class DriverBackend:
 
 def driver_event_factory(device: int) -> EventFactory:
     """An event factory for ``device``: records a timing-free event on the given stream handle."""
-    from tilewise.backends.cuda.runtime.event import Event
-    from tilewise.backends.cuda.runtime.stream import Stream
+    from tilewise.backends.cuda.runtime.stream import Event, Stream
 
     def record_on(stream: int) -> StreamEvent:
         event = Event()

@@ -50,12 +50,10 @@ __device__ __noinline__ void tw_index_out_of_bounds(long long* record, long long
 
 class ErrorRecord:
     """One device's record: five int64 in host-mapped pinned memory, seen by the host as a numpy array. It is
-    never freed: a kernel queued on any stream may still write it, and it is forty bytes per device."""
+    never freed: a kernel queued on any stream may still write it, and it is forty bytes per device. Made with
+    the device's context current (``device.synchronize`` reads the records, so this module cannot bind one)."""
 
     def __init__(self, device: int) -> None:
-        from tilewise.backends.cuda.runtime.device import ensure_context
-
-        ensure_context(device)
         cu = driver_api()
         flags = cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE
         self.host_ptr = int(check(cu.cuMemHostAlloc(5 * 8, flags), "cuMemHostAlloc"))
@@ -78,7 +76,8 @@ _keeping = [0]  # depth of keeping_sites()
 
 
 def record_pointer(device: int) -> int:
-    """The device address of ``device``'s error record (allocated at its first indexing kernel)."""
+    """The device address of ``device``'s error record (allocated at its first indexing kernel), where
+    ``device``'s context is current (the caller passes ``ensure_context(index)``)."""
     found = _records.get(device)
     if found is None:
         found = _records[device] = ErrorRecord(device)

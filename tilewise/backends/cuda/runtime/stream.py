@@ -1,4 +1,4 @@
-"""Streams and the current stream of each thread and device.
+"""Streams, the current stream of each thread and device, and events.
 
 [Note: streams]
 A :class:`Stream` owns a driver stream created with ``CU_STREAM_NON_BLOCKING``, so it never serialises
@@ -8,6 +8,15 @@ work queued there orders against all blocking streams, which is the safe behavio
 thinks about streams. The current stream is per thread and per device, as in PyTorch. Objects here
 convert to the raw handle with ``int(s)``, which is what the allocator, the launcher and the copy helpers
 take, so the hot paths carry plain integers.
+
+[Note: events]
+An :class:`Event` is created lazily, on the device of the stream it is first recorded on, as PyTorch
+does, so constructing one needs no context. Events are created with ``CU_EVENT_DISABLE_TIMING`` unless
+``enable_timing=True``: timing-free events are cheaper to record and are what the caching allocator uses
+for cross-stream reuse. ``query`` treats ``CUDA_ERROR_NOT_READY`` as the answer "not yet", not as an error.
+
+A stream records events and an event is recorded on a stream, so the two share this module (as torch's
+``torch/cuda/streams.py`` holds both).
 """
 
 from __future__ import annotations
@@ -16,7 +25,6 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from tilewise._cuda_api import check, driver_api, is_status
 from tilewise.backends.cuda.runtime.bounds import raise_index_errors
@@ -25,9 +33,6 @@ from tilewise.backends.cuda.runtime.device import (
     ensure_context,
     set_device,
 )
-
-if TYPE_CHECKING:
-    from tilewise.backends.cuda.runtime.event import Event
 
 
 class _ThreadState(threading.local):
@@ -104,8 +109,6 @@ class Stream:
 
     def record_event(self, event: Event | None = None) -> Event:
         """Record ``event`` (a new one if None) on this stream and return it."""
-        from tilewise.backends.cuda.runtime.event import Event
-
         event = Event() if event is None else event
         event.record(self)
         return event
@@ -169,3 +172,93 @@ def _restore(device: int, previous: Stream | None) -> None:
         _current_streams().pop(device, None)
     else:
         _current_streams()[device] = previous
+
+
+class Event:
+    """A CUDA event.
+
+    >>> start, end = Event(enable_timing=True), Event(enable_timing=True)  # doctest: +SKIP
+    >>> start.record(); end.record(); end.synchronize()  # doctest: +SKIP
+    >>> start.elapsed_time(end)  # milliseconds  # doctest: +SKIP
+    0.004
+    """
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self.blocking = blocking
+        self.device: int | None = None
+        self._handle = 0
+
+    @property
+    def handle(self) -> int:
+        """The driver handle (created on the current device if the event was never recorded)."""
+        if not self._handle:
+            self._create(ensure_context())
+        return self._handle
+
+    def _create(self, device: int) -> None:
+        cu = driver_api()
+        flags = 0 if self.enable_timing else int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+        if self.blocking:
+            flags |= int(cu.CUevent_flags.CU_EVENT_BLOCKING_SYNC)
+        self._handle = int(check(cu.cuEventCreate(flags), "cuEventCreate"))
+        self.device = device
+
+    def record(self, stream: Stream | int | None = None) -> None:
+        """Record this event on ``stream`` (default: the current stream; an int is a raw handle)."""
+        handle, device = _stream_handle_and_device(stream)
+        ensure_context(device)
+        if not self._handle:
+            self._create(device)
+        elif device != self.device:
+            raise ValueError(f"Event was created on cuda:{self.device} and cannot be recorded on cuda:{device}")
+        check(driver_api().cuEventRecord(self._handle, handle), "cuEventRecord")
+
+    def query(self) -> bool:
+        """True when the work captured by the last record has completed (or the event was never recorded)."""
+        if not self._handle:
+            return True
+        ensure_context(self.device)
+        result = driver_api().cuEventQuery(self._handle)
+        if is_status(result, "CUDA_ERROR_NOT_READY"):
+            return False
+        check(result, "cuEventQuery")
+        return True
+
+    def synchronize(self) -> None:
+        """Block the host until the event has completed; raise the index error an indexing kernel found
+        meanwhile, if any."""
+        if self._handle:
+            ensure_context(self.device)
+            check(driver_api().cuEventSynchronize(self._handle), "cuEventSynchronize")
+        raise_index_errors()
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Make ``stream`` (default: current) wait for this event."""
+        (stream or current_stream()).wait_event(self)
+
+    def elapsed_time(self, end: Event) -> float:
+        """Milliseconds between this event and ``end``; both must be recorded, completed and timing-enabled."""
+        if not (self.enable_timing and end.enable_timing):
+            raise ValueError("elapsed_time needs both events created with Event(enable_timing=True)")
+        if not (self._handle and end._handle):
+            raise ValueError("elapsed_time needs both events to have been recorded")
+        ensure_context(self.device)
+        return float(check(driver_api().cuEventElapsedTime(self._handle, end._handle), "cuEventElapsedTime"))
+
+    def __repr__(self) -> str:
+        return f"Event(enable_timing={self.enable_timing}, device={self.device}, handle={self._handle:#x})"
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", 0):
+            with contextlib.suppress(Exception):  # at interpreter shutdown the driver may be gone
+                ensure_context(self.device)
+                driver_api().cuEventDestroy(self._handle)
+
+
+def _stream_handle_and_device(stream: Stream | int | None) -> tuple[int, int]:
+    if stream is None:
+        stream = current_stream()
+    if isinstance(stream, Stream):
+        return stream.handle, stream.device
+    return int(stream), ensure_context()

@@ -1,0 +1,56 @@
+"""Every plug-in point of the core: where a lower layer calls a higher one without importing it.
+
+[Note: plug-in points] The layers (``tests/import_graph.py``) import only downward. Where a lower layer must
+still reach a higher one at run time, it owns a *slot* and the higher layer fills it when it is imported: a
+registration function, an attribute of a hooks object, or a method the higher layer installs on ``Tensor``.
+This table names each slot, the module that fills it and why it exists; ``tests/test_plugins.py`` checks,
+after ``import tilewise``, that each slot holds what the named module put there, and the import-graph test
+prints the table beside the arrows it replaces. A new upward call gets a row here, not an import.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class PlugIn(NamedTuple):
+    slot: str  # "module:attribute.path" in the lower layer
+    filled_by: str  # the module that fills it when it loads
+    why: str
+
+
+PLUG_INS: tuple[PlugIn, ...] = (
+    # device backends (see [Note: the Backend protocol] in device.py)
+    PlugIn("tilewise.device:BACKENDS.cpu", "tilewise.backends.cpu",
+           "the CPU Backend, registered by backends.load(); the CUDA one joins it where a GPU is found"),
+    # the dispatcher's keys (see [Note: dispatcher plug-ins] in dispatch.py)
+    PlugIn("tilewise.dispatch:record", "tilewise.autograd.graph",
+           "the Autograd key: run an op below autograd and record its node"),
+    PlugIn("tilewise.dispatch:apply_view", "tilewise.ops.views", "a view op's stride arithmetic"),
+    PlugIn("tilewise.dispatch:trace", "tilewise.compiler.capture",
+           "the Trace key: record ops while tilewise.compile captures a function"),
+    # the tensor model (see [Note: methods from above] in tensor.py)
+    PlugIn("tilewise.tensor:FACTORIES.empty", "tilewise.ops.creation",
+           "Tensor(2, 3) and the legacy types' constructors make tensors with the empty factory"),
+    PlugIn("tilewise.tensor:Tensor.to", "tilewise.ops.conversions", "device and dtype moves dispatch _to_copy"),
+    PlugIn("tilewise.tensor:Tensor._to_dtype", "tilewise.ops.conversions", "the dtype-only move autocast uses"),
+    PlugIn("tilewise.tensor:Tensor.backward", "tilewise.autograd", "runs the autograd engine"),
+    PlugIn("tilewise.tensor:Tensor.retain_grad", "tilewise.autograd.graph", "marks a non-leaf in the graph"),
+    PlugIn("tilewise.tensor:Tensor.register_hook", "tilewise.autograd.graph", "hooks a tensor's gradient"),
+    PlugIn("tilewise.tensor:Tensor.__repr__", "tilewise._tensor_str", "printing, with torch's format"),
+    PlugIn("tilewise.tensor:Tensor.type", "tilewise.tensortypes", "legacy type names and conversions"),
+    PlugIn("tilewise.tensor:TRACE_HOOKS.value_needed", "tilewise.compiler.capture",
+           "Python reading a traced tensor's values: a graph break or an error naming the user's line"),
+    PlugIn("tilewise.tensor:TRACE_HOOKS.shares_memory", "tilewise.compiler.capture",
+           "a new tensor object taking a traced tensor's memory (detach, .data =)"),
+    PlugIn("tilewise.tensor:TRACE_HOOKS.version", "tilewise.compiler.capture",
+           "a traced tensor's version counter, kept on the memory it stands for"),
+    PlugIn("tilewise.tensor:TRACE_HOOKS.bump_version", "tilewise.compiler.capture", "an in-place write to it"),
+    PlugIn("tilewise.tensor:TRACE_HOOKS.untraced", "tilewise.compiler.capture",
+           "operators run, not recorded, while a graph break reads values"),
+    PlugIn("tilewise.tensor:TRACE_HOOKS.grad_assigned", "tilewise.compiler.capture",
+           "t.grad = ... inside a traced function (the trace learns what .grad held)"),
+    # the CUDA backend
+    PlugIn("tilewise.backends.cuda:_fused", "tilewise.compiler.composites",
+           "composite ops run as one compiled kernel on CUDA (register_composite_runner)"),
+)

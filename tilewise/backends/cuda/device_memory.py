@@ -1,0 +1,163 @@
+"""A CUDA tensor's memory: blocks of the device's caching allocator, and the tensors made over them.
+
+A CUDA tensor's storage holds a :class:`DeviceBuffer`, one block of the device's caching allocator, which
+goes back to the cache when the last tensor using it is collected. The allocator reuses a block on the
+stream it was allocated on, so freeing while kernels that read it are still queued is safe: later work on
+that stream runs after them. Every kernel runs on the thread's current stream (``tilewise.cuda.stream``).
+Everything in the CUDA backend that makes a tensor (the kernels, the transfers, the library calls) starts
+here, so this module imports nothing else of the backend but its runtime.
+"""
+
+from __future__ import annotations
+
+from tilewise import _strides as S
+from tilewise.backends.cuda.runtime.stream import _thread_state as _stream_state
+from tilewise.device import Device
+from tilewise.dtypes import DType
+from tilewise.storage import Storage
+from tilewise.tensor import Tensor
+
+SMALL_BLOCK = 64 << 20  # blocks up to this size are recycled by the backend's own free lists
+SMALL_CACHE_LIMIT = 1 << 30  # most bytes those free lists hold per device
+
+
+class DeviceMemory:
+    """The backend's view of one device's memory: the caching allocator, a fast path in front of it, and
+    exact statistics.
+
+    [Note: small-block fast path]
+    An eager op allocates its output and frees its inputs' temporaries at Python speed, so the allocator's
+    general bookkeeping (best-fit search, splitting, merging) would dominate the cost of a small op. Freed
+    blocks of at most :data:`SMALL_BLOCK` bytes are therefore kept here on a free list per (stream, size)
+    and handed straight back to the next request of that size on that stream, which is as safe as the
+    allocator's own reuse (same stream, so stream order protects it). "Small" reaches 64 MiB: an eager
+    training step repeats the same activation sizes every step, and the allocator's own malloc and free of a
+    2 MiB GEMM output cost more host time than the GEMM's launch. A block on these lists cannot be merged
+    with its neighbours, so they hold at most :data:`SMALL_CACHE_LIMIT` bytes. ``allocated`` counts what tensors
+    hold, so the figures of ``tilewise.cuda.memory_allocated`` stay exact; the free lists are returned to
+    the allocator by ``empty_cache`` and before an out-of-memory error is allowed to escape.
+    """
+
+    def __init__(self, device: int) -> None:
+        from tilewise.backends.cuda.runtime import get_allocator
+
+        self.device = device
+        self.allocator = get_allocator(device)
+        self.free_lists: dict[tuple[int, int], list[int]] = {}
+        self.cached = 0
+        self.allocated = 0
+        self.peak = 0
+
+    def malloc_uncached(self, size: int, stream: int) -> int:
+        """A block from the allocator; on out-of-memory, the free lists go back to it and it tries again."""
+        from tilewise.backends.cuda.runtime import OutOfMemoryError
+
+        try:
+            return self.allocator.malloc(size, stream)
+        except OutOfMemoryError:
+            if not self.cached:
+                raise
+        self.release_free_lists()
+        return self.allocator.malloc(size, stream)
+
+    def free(self, ptr: int, size: int, stream: int) -> None:
+        self.allocated -= size
+        if size <= SMALL_BLOCK and self.cached + size <= SMALL_CACHE_LIMIT:
+            self.free_lists.setdefault((stream, size), []).append(ptr)
+            self.cached += size
+        else:
+            self.allocator.free(ptr)
+
+    def release_free_lists(self) -> None:
+        for ptrs in self.free_lists.values():
+            for ptr in ptrs:
+                self.allocator.free(ptr)
+        self.free_lists.clear()
+        self.cached = 0
+
+    def reset_peak(self) -> None:
+        self.peak = self.allocated
+        self.allocator.reset_peak_memory_stats()
+
+
+_memories: dict[int, DeviceMemory] = {}
+
+
+def memory(device: int) -> DeviceMemory:
+    found = _memories.get(device)
+    if found is None:
+        found = _memories[device] = DeviceMemory(device)
+    return found
+
+
+class DeviceBuffer:
+    """``nbytes`` of device memory on ``device``, usable in stream order on ``stream``."""
+
+    __slots__ = ("_memory", "device", "nbytes", "ptr", "size", "stream")
+
+    def __init__(self, nbytes: int, device: int, stream: int) -> None:
+        mem = _memories.get(device)
+        if mem is None:
+            mem = memory(device)
+        size = ((nbytes + 511) >> 9 << 9) or 512  # the allocator's rounding: a multiple of 512, at least 512
+        found = mem.free_lists.get((stream, size))  # the fast path, inline: this runs once per op
+        if found:
+            self.ptr = found.pop()
+            mem.cached -= size
+        else:
+            self.ptr = mem.malloc_uncached(size, stream)
+        mem.allocated += size
+        if mem.allocated > mem.peak:
+            mem.peak = mem.allocated
+        self._memory = mem
+        self.device = device
+        self.nbytes = nbytes
+        self.size = size
+        self.stream = stream
+
+    def __del__(self) -> None:
+        try:
+            mem, size = self._memory, self.size
+            if size <= SMALL_BLOCK and mem.cached + size <= SMALL_CACHE_LIMIT:  # DeviceMemory.free's fast path, inline
+                mem.allocated -= size
+                found = mem.free_lists.get((self.stream, size))
+                if found is None:
+                    mem.free_lists[(self.stream, size)] = [self.ptr]
+                else:
+                    found.append(self.ptr)
+                mem.cached += size
+            else:
+                mem.free(self.ptr, size, self.stream)
+        except Exception:  # noqa: S110 — at interpreter shutdown the allocator may already be gone
+            pass
+
+    def __repr__(self) -> str:
+        return f"DeviceBuffer(ptr={self.ptr:#x}, nbytes={self.nbytes}, device=cuda:{self.device})"
+
+
+def stream_handle(device: int) -> int:
+    """The raw handle of this thread's current stream on ``device`` (0: the legacy default stream)."""
+    streams = _stream_state.streams
+    found = streams.get(device) if streams is not None else None
+    return found.handle if found is not None else 0
+
+
+def empty(shape: tuple, dtype: DType, device: Device, strides: tuple | None = None) -> Tensor:
+    """An uninitialised CUDA tensor (contiguous unless ``strides`` are given, which must be dense)."""
+    shape = tuple(shape)
+    numel = S.numel(shape)
+    index = device.index
+    buffer = DeviceBuffer(numel * dtype.itemsize, index, stream_handle(index))
+    strides = S.contiguous_strides(shape) if strides is None else tuple(strides)
+    return Tensor._make(Storage(buffer, device, dtype, numel), shape, strides, 0, dtype, device)
+
+
+def empty_fast(shape: tuple, strides: tuple, numel: int, dtype: DType, device: Device, stream: int) -> Tensor:
+    """:func:`empty` for callers that already know the strides, element count and stream (the hot path)."""
+    buffer = DeviceBuffer(numel * dtype.itemsize, device.index, stream)
+    return Tensor._make(Storage(buffer, device, dtype, numel), shape, strides, 0, dtype, device)
+
+
+def data_ptr(t: Tensor) -> int:
+    """The device address of ``t``'s first element."""
+    return t._storage.data.ptr + t._offset * t._dtype.itemsize

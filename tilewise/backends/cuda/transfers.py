@@ -1,0 +1,155 @@
+"""Copies between the host and CUDA devices, and page-locked host memory.
+
+``upload`` (host to device), ``download`` (device to host) and the ``_to_copy`` kernel that moves a CUDA
+tensor to the host or to another GPU; ``pin_memory``/``empty_pinned``/``is_pinned`` for the page-locked CPU
+tensors that make uploads asynchronous. The CUDA backend offers them through the
+:class:`~tilewise.device.Backend` protocol; the conversions they need on the device are the copy kernels'.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
+from tilewise.backends.cuda.kernels import kernel
+from tilewise.backends.cuda.kernels.copy import cast, contiguous
+from tilewise.device import Device
+from tilewise.dtypes import DType
+from tilewise.tensor import Tensor, cast_array, from_array
+
+
+def upload(src: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None) -> Tensor:
+    """Copy CPU tensor ``src`` to ``device``, converted to ``dtype`` (default: its own).
+
+    [Note: uploads]
+    From pageable memory the driver stages the bytes through a pinned buffer of its own and returns once all
+    are staged: the copy blocks the host, and ``src`` may change or go right after, as in torch. From a
+    contiguous pinned tensor the copy engine reads ``src`` itself, so nothing is staged: with
+    ``non_blocking`` the call returns as soon as the copy is queued on the current stream, and ``src`` is
+    held until an event recorded behind the copy has completed (the caller may drop it at once); without it
+    the host waits for the stream, as torch does, so that writing ``src`` afterwards cannot race the copy. A
+    pinned source that needs a dtype change is copied as it is and converted on the device, so the host
+    never touches its bytes; a pageable one is converted on the host first (fewer bytes to stage when it
+    narrows).
+    """
+    from tilewise._cuda_api import check, driver_api
+    from tilewise.backends.cuda.runtime import copy_htod, ensure_context
+
+    dtype = dtype or src._dtype
+    index = ensure_context(device.index)
+    stream = stream_handle(index)
+    if _uploads_from_pinned(src):
+        out = empty(src._shape, src._dtype, device)
+        if out.numel():
+            copy_htod(data_ptr(out), _host_address(src), out.numel() * src._dtype.itemsize, stream)
+            if non_blocking:
+                _keep_until_done(src._storage.data, stream)
+            else:
+                check(driver_api().cuStreamSynchronize(stream), "cuStreamSynchronize")
+        if dtype is src._dtype:
+            return out
+        from tilewise.backends.cuda.kernels.copy import cast
+
+        return cast(out, dtype)
+    host = src._np()
+    host = np.ascontiguousarray(host if host.dtype == dtype.np else cast_array(host, dtype.np))
+    out = empty(src._shape, dtype, device)
+    if host.nbytes:
+        copy_htod(data_ptr(out), host.ctypes.data, host.nbytes, stream)
+    return out
+
+
+def _uploads_from_pinned(src: Tensor) -> bool:
+    from tilewise.backends.cuda.runtime import is_pinned
+
+    return src.is_contiguous() and is_pinned(src._storage.data)
+
+
+def _host_address(t: Tensor) -> int:
+    return t._storage.data.ctypes.data + t._offset * t._dtype.itemsize
+
+
+def download(x: Tensor, non_blocking: bool = False) -> Tensor:
+    """Copy a CUDA tensor to a new contiguous CPU tensor; with ``non_blocking`` into pinned memory, returning
+    before the copy has finished (synchronise the stream before reading it, as in torch). Every download is a
+    point where results become visible, so it raises the index error an indexing kernel found meanwhile, if
+    any (see [Note: device-side bounds checks])."""
+    from tilewise.backends.cuda.kernels.copy import contiguous
+    from tilewise.backends.cuda.runtime import copy_dtoh, ensure_context, pinned_empty
+    from tilewise.backends.cuda.runtime.bounds import raise_index_errors
+
+    index = x._device.index
+    ensure_context(index)
+    src = contiguous(x)
+    host = pinned_empty(src._shape, src._dtype.np) if non_blocking else np.empty(src._shape, src._dtype.np)
+    nbytes = src.numel() * src._dtype.itemsize
+    if nbytes:
+        stream = stream_handle(index)
+        copy_dtoh(host.ctypes.data, data_ptr(src), nbytes, stream)
+        if not non_blocking:
+            from tilewise._cuda_api import check, driver_api
+
+            check(driver_api().cuStreamSynchronize(stream), "cuStreamSynchronize")
+    raise_index_errors()
+    return from_array(host, src._dtype)
+
+
+def pin_memory(x: Tensor) -> Tensor:
+    """A contiguous copy of CPU tensor ``x`` in page-locked memory (what makes ``non_blocking`` uploads
+    asynchronous)."""
+    from tilewise.backends.cuda.runtime import pinned_empty
+
+    host = pinned_empty(x._shape, x._dtype.np)
+    host[...] = x._np()
+    return from_array(host, x._dtype)
+
+
+def empty_pinned(shape: tuple, dtype: DType) -> Tensor:
+    """An uninitialised contiguous CPU tensor in page-locked memory (``tilewise.empty(..., pin_memory=True)``)."""
+    from tilewise.backends.cuda.runtime import pinned_empty
+
+    return from_array(pinned_empty(tuple(shape), dtype.np), dtype)
+
+
+_in_flight: list[tuple[np.ndarray, object]] = []  # pinned sources of asynchronous uploads, with their events
+
+
+def _keep_until_done(array: np.ndarray, stream: int) -> None:
+    """Hold a pinned source until the copy queued on ``stream`` so far has completed; release the sources of
+    the copies that have."""
+    from tilewise.backends.cuda.runtime import Event
+
+    _in_flight[:] = [(a, e) for a, e in _in_flight if not e.query()]
+    event = Event()
+    event.record(stream)
+    _in_flight.append((array, event))
+
+
+def is_pinned(t: Tensor) -> bool:
+    from tilewise.backends.cuda.runtime import is_pinned as pinned
+
+    return t._storage is not None and pinned(t._storage.data)
+
+
+# ---------------------------------------------------------------------------- the _to_copy kernel
+
+@kernel("_to_copy")
+def to_copy(device: Device, self: Tensor, dtype=None, target=None, non_blocking: bool = False) -> Tensor:
+    dtype = dtype or self._dtype
+    if target is not None and target.type == "cpu":
+        moved = self if dtype is self._dtype else cast(self, dtype)
+        return download(moved, non_blocking)
+    if target is not None and target != self._device:
+        return _peer_copy(cast(self, dtype) if dtype is not self._dtype else contiguous(self), target)
+    return cast(self, dtype)
+
+
+def _peer_copy(x: Tensor, target: Device) -> Tensor:
+    from tilewise._cuda_api import check, driver_api
+
+    out = empty(x._shape, x._dtype, target)
+    nbytes = x.numel() * x._dtype.itemsize
+    if nbytes:
+        check(driver_api().cuMemcpyAsync(data_ptr(out), data_ptr(x), nbytes, stream_handle(x._device.index)),
+              "cuMemcpyAsync")
+    return out
