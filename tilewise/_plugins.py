@@ -46,7 +46,7 @@ PLUG_INS: tuple[PlugIn, ...] = (
     PlugIn("tilewise.tensor:TRACE_HOOKS.version", "tilewise.compiler.capture",
            "a traced tensor's version counter, kept on the memory it stands for"),
     PlugIn("tilewise.tensor:TRACE_HOOKS.bump_version", "tilewise.compiler.capture", "an in-place write to it"),
-    PlugIn("tilewise.tensor:TRACE_HOOKS.untraced", "tilewise.compiler.capture",
+    PlugIn("tilewise.tensor:TRACE_HOOKS.untraced", "tilewise.compiler.meta",
            "operators run, not recorded, while a graph break reads values"),
     PlugIn("tilewise.tensor:TRACE_HOOKS.grad_assigned", "tilewise.compiler.capture",
            "t.grad = ... inside a traced function (the trace learns what .grad held)"),

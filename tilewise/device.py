@@ -151,7 +151,10 @@ def register_backend(device_type: str, backend: Backend) -> None:
         raise ValueError(f"register_backend(): unknown device type {device_type!r}; valid types: "
                          f"{', '.join(_VALID_TYPES)}")
     for name in Backend.REQUIRED + Backend.OPTIONAL:
-        if not callable(getattr(backend, name, None)):
+        method = getattr(backend, name, None)
+        # a required method the backend only inherits is the protocol's stub, which raises when called
+        inherited = name in Backend.REQUIRED and getattr(type(backend), name, None) is getattr(Backend, name)
+        if not callable(method) or inherited:
             raise TypeError(f"register_backend(): the backend {backend!r} for device type {device_type!r} has no "
                             f"method {name}() of the Backend protocol (tilewise.device.Backend)")
     BACKENDS[device_type] = backend

@@ -726,7 +726,6 @@ TRACE_HOOKS.value_needed = _value_needed
 TRACE_HOOKS.shares_memory = _shares_memory
 TRACE_HOOKS.version = _version
 TRACE_HOOKS.bump_version = _bump_version
-TRACE_HOOKS.untraced = suspended
 
 
 def _grad_assigned(t: Tensor) -> None:

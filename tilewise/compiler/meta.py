@@ -23,7 +23,7 @@ from tilewise.compiler.ir import TensorType
 from tilewise.device import cpu
 from tilewise.dispatch import STATE
 from tilewise.dtypes import get_default_dtype, int64
-from tilewise.tensor import Tensor, from_array
+from tilewise.tensor import TRACE_HOOKS, Tensor, from_array
 
 DATA_DEPENDENT_OPS = frozenset({"nonzero"})
 
@@ -295,3 +295,6 @@ def suspended():
         yield
     finally:
         STATE.trace_depth = depth
+
+
+TRACE_HOOKS.untraced = suspended  # see tilewise/_plugins.py
