@@ -489,7 +489,7 @@ def test_packed_sequence_is_a_named_tuple_with_to_and_invert_permutation():
 # ---------------------------------------------------------------- the cells as fused programs (CUDA's mechanism)
 
 def test_cells_run_as_one_program_per_shape_on_every_time_step():
-    """On CUDA a cell and its backward each run as one compiled program (backends/cuda/fused.py); here the same
+    """On CUDA a cell and its backward each run as one compiled program (compiler/composites.py); here the same
     mechanism with the C target. The projected inputs of every time step are slices at different offsets of one
     tensor: they share one program rather than compiling one per step."""
     from tilewise.compiler import composites as fused

@@ -13,7 +13,7 @@ the gate arithmetic. Each cell here is that arithmetic, as one operator with an 
   * ``_rnn_hidden_projection(h, W_hh)``: a step's hidden projection, giving W_hh no gradient (a layer computes
     it in one product, see nn/modules/rnn.py).
 Both cells and their backwards are composites of pointwise primitives; on CUDA each runs as one generated kernel
-(``backends/cuda/fused.py``), and in a compiled step likewise. The backwards return their gradients packed in one
+(``compiler/composites.py``), and in a compiled step likewise. The backwards return their gradients packed in one
 tensor (``_by_slot``) so that the one kernel writes them all. Arithmetic runs in float32 for half-precision
 gates, as cuDNN's does.
 """

@@ -8,7 +8,7 @@ whose meaning is not an expression (copies, creation, random, indexing, matmul) 
 with :func:`kernel`, taking ``(device, *bound_args)``. Those whose single result can be written into a tensor
 the caller provides also register that form with :func:`kernel_into` (see [Note: kernels into a given
 output]). :func:`load` turns a kernel's source into a
-loaded function once per device (NVRTC, then the memory/disk cache of ``compiler.toolchain``), and
+loaded function once per device (NVRTC, then the memory/disk cache of ``codegen.toolchain``), and
 :func:`launch` runs it on the current stream; ``TILEWISE_LOG=kernels`` prints each kernel's name, source
 and launch shape at its first launch.
 """
