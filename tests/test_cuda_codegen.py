@@ -20,11 +20,23 @@ import pytest
 
 import tilewise as tw
 from tilewise import dtypes
-from tilewise.backends.cuda.kernels.pointwise import PTR, VALUE, kernel_prefix, kernel_specs, op_geometry
+from tilewise.backends.cuda.kernels.pointwise import (
+    CONTIGUOUS,
+    PTR,
+    STRIDED,
+    VALUE,
+    kernel_prefix,
+    kernel_specs,
+    op_geometry,
+    pointwise_kernel,
+)
 from tilewise.backends.cuda.kernels.reduction import reduction_specs
-from tilewise.codegen.render import CUDA, C, Operand, PointwiseKernel, render_pointwise, render_reduction
-from tilewise.codegen.render.cstyle import CONTIGUOUS, STRIDED, compute_of
+from tilewise.codegen.render import C
+from tilewise.codegen.render.cstyle import compute_of
 from tilewise.codegen.render.cuda import accumulator
+from tilewise.codegen.render.kernel_c import render_program as render_c_program
+from tilewise.codegen.render.kernel_cuda import render_source
+from tilewise.codegen.schedule import schedule_c, schedule_cuda
 from tilewise.codegen.toolchain import nvrtc_available
 from tilewise.ops.expr import Expr
 from tilewise.ops.registry import OPS
@@ -100,8 +112,11 @@ REDUCE_COMBINERS = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min", "
 
 def _reduction_specs():
     specs = []
+    # rows (vector and scalar), columns, a split row, split columns, two reduced dims, short rows (columns),
+    # rows over a transposed input, and a 0-d input
     geometries = [((64, 512), (512, 1), (1,)), ((512, 64), (64, 1), (0,)), ((1 << 20,), (1,), (0,)),
-                  ((4, 6, 8), (48, 8, 1), (0, 2))]
+                  ((8192, 64), (64, 1), (0,)), ((4, 6, 8), (48, 8, 1), (0, 2)), ((4096, 4), (4, 1), (1,)),
+                  ((96, 80), (1, 96), (1,)), ((), (), ())]
     for op_name, combiner in REDUCE_COMBINERS.items():
         op = OPS[op_name]
         for dtype in ALL_DTYPES:
@@ -118,7 +133,8 @@ def _reduction_specs():
         for dtype in ALL_DTYPES:
             if dtype.is_float8:
                 continue
-            for shape, strides, dims in ((64, 512), (512, 1), (1,)), ((512, 64), (64, 1), (0,)):
+            for shape, strides, dims in (((64, 512), (512, 1), (1,)), ((512, 64), (64, 1), (0,)),
+                                         ((8, 6, 50), (1, 400, 8), (2,)), ((), (), ())):
                 acc = accumulator(combiner, dtype, dtype)
                 passes, *_ = reduction_specs(name, combiner, dtype, shape, strides, dims, acc,
                                              dtype if values else None, True, 132)
@@ -126,12 +142,17 @@ def _reduction_specs():
     return specs
 
 
+def _name(spec) -> str:
+    """A kernel's name: a schedule's kernel's, or a template spec's own."""
+    return spec.kernel.name if hasattr(spec, "kernel") else spec.name
+
+
 def _compile_all(specs, render) -> int:
     unique = {}
     for spec in specs:
-        if spec.name not in unique:
+        if _name(spec) not in unique:
             try:
-                unique[spec.name] = render(spec)
+                unique[_name(spec)] = render(spec)
             except TypeError:
                 continue  # arithmetic numpy and torch reject for this dtype (bool subtraction, ...)
     return _compile_sources(unique)
@@ -156,17 +177,17 @@ def _compile_sources(sources: dict[str, str]) -> int:
 
 
 def test_every_pointwise_kernel_compiles():
-    count = _compile_all(_pointwise_specs(), lambda s: render_pointwise(s, CUDA))
+    count = _compile_all(_pointwise_specs(), render_source)
     assert count > 500
 
 
 def test_every_cast_compiles():
     expected = len(ALL_DTYPES) ** 2 + 2 * len(ALL_DTYPES)  # every pair, and the saturating fp8 variants
-    assert _compile_all(_cast_specs(), lambda s: render_pointwise(s, CUDA)) == expected
+    assert _compile_all(_cast_specs(), render_source) == expected
 
 
 def test_every_reduction_kernel_compiles():
-    assert _compile_all(_reduction_specs(), render_reduction) > 100
+    assert _compile_all(_reduction_specs(), render_source) > 100
 
 
 def test_every_scan_kernel_compiles():
@@ -333,8 +354,8 @@ def test_vector_path_uses_16_byte_accesses():
 
     spec = kernel_specs("add", (OPS["add"].expr,), dtypes.float32, [(PTR, dtypes.float32, (1024,), (1,))] * 2,
                         ("alpha",), (dtypes.float32, (1024,), (1,))).vector
-    assert spec is not None and spec.vector == 4
-    ptx = compile_cuda(render_pointwise(spec, CUDA), spec.name, "sm_90").ptx
+    assert spec is not None and spec.nests[0].cuda.vector == 4
+    ptx = compile_cuda(render_source(spec), spec.kernel.name, "sm_90").ptx
     assert "ld.global.nc.v4.f32" in ptx or "ld.global.v4.f32" in ptx
     assert "st.global.v4.f32" in ptx
 
@@ -348,8 +369,9 @@ def test_short_half_width_rows_keep_their_loads_in_flight():
     passes, *_ = reduction_specs("amax", "max", dtypes.bfloat16, (8192, 4096), (4096, 1), (1,), dtypes.float32,
                                  dtypes.bfloat16, False, 132)
     spec = passes[0].vector
-    assert (spec.block, spec.vector, spec.unroll) == ((256, 1), 8, 2)
-    ptx = compile_cuda(render_reduction(spec), spec.name, "sm_90").ptx
+    plan = spec.nests[0].cuda
+    assert (spec.block, plan.strategy, plan.vector, plan.unroll) == (256, "rows", 8, 2)
+    ptx = compile_cuda(render_source(spec), spec.kernel.name, "sm_90").ptx
     body = ptx[ptx.index(".entry"):]
     assert "max.NaN.f32" in body and "setp.nan" not in body
     assert body.count("ld.global.nc.v4") >= 3  # the unrolled pair, then the remainder loop's one
@@ -394,22 +416,101 @@ def test_c_target_matches_numpy(op_name, tmp_path):
     at = np.ascontiguousarray(a.T).T  # a transposed (strided) layout of the same values
     inputs = [at if t is a else t for t in tensors]
     described = [(PTR, dtypes.from_numpy(t.dtype), t.shape, tuple(s // t.itemsize for s in t.strides)) for t in inputs]
-    spec = kernel_specs("c_" + op.name, (expr,), compute, described, scalars, out).scalar
-    assert STRIDED in [o.layout for o in spec.inputs] and spec.outputs[0][0].layout == CONTIGUOUS
-    lib = _build_c(render_pointwise(spec, C), tmp_path, spec.name)
+    specs = kernel_specs("c_" + op.name, (expr,), compute, described, scalars, out)
+    kernel = specs.scalar.kernel
+    assert any(a.name.startswith("stride_in") for a in kernel.arguments)  # the transposed operand is strided
+    lib = _build_c(render_c_program([schedule_c(kernel)], C), tmp_path, kernel.name)
     result = np.empty(out[1], out[0].np)
     c_args = [result.ctypes.data_as(ctypes.c_void_p)]
     c_args += [t.ctypes.data_as(ctypes.c_void_p) for t in inputs]
     c_args += [ctypes.c_float(float(args[op.param_names().index(s)])) for s in scalars]
-    tail = kernel_specs("c_" + op.name, (expr,), compute, described, scalars, out).tail
-    c_args += [ctypes.c_int(v) for v in tail]
-    getattr(lib, spec.name)(*c_args)
+    c_args += [ctypes.c_longlong(v) for v in specs.tail]
+    getattr(lib, kernel.name)(*c_args)
     np.testing.assert_allclose(result, expected, rtol=1e-6, atol=1e-6)
 
 
-def test_c_target_renders_the_same_control_flow():
-    spec = PointwiseKernel("k", (Operand(dtypes.float32, STRIDED),), ((Operand(dtypes.bfloat16, CONTIGUOUS),
-                                                                        OPS["exp"].expr),), dtypes.float32, rank=2)
-    cuda, c = render_pointwise(spec, CUDA), render_pointwise(spec, C)
-    body = [line.strip() for line in cuda.splitlines() if "off_in0 +=" in line or "const float t" in line]
-    assert body and all(line in [ln.strip() for ln in c.splitlines()] for line in body)
+def test_c_target_renders_the_same_kernel_ir():
+    """One eager kernel IR, rendered for CUDA and for C: the same index arithmetic and expression statements."""
+    kernel = pointwise_kernel("k", (OPS["exp"].expr,), dtypes.float32, [(dtypes.float32, STRIDED)],
+                              (), (dtypes.bfloat16, CONTIGUOUS), 2, "long long")
+    cuda = render_source(schedule_cuda(kernel))
+    c = render_c_program([schedule_c(kernel)], C)
+    for text in (cuda, c):
+        assert "in0[stride_in0_0 * d0 + stride_in0_1 * d1]" in text and "= expf(x0" in text
+    assert "out0[size1 * d0 + d1]" in c and "out0[e]" in cuda  # CUDA reads a contiguous index as the flat position
+
+
+def _c_reduction(name, combiner, x: np.ndarray, dims, acc, output, indices, tmp_path):
+    """Run the eager CUDA reduction's kernel IR for ``x`` through the C target: (values, positions)."""
+    from tilewise.backends.cuda.kernels.reduction import reduction_specs
+
+    dtype = dtypes.from_numpy(x.dtype)
+    strides = tuple(s // x.itemsize for s in x.strides)
+    passes, out_shape, _, _ = reduction_specs(name, combiner, dtype, x.shape, strides, dims, acc, output, indices, 132)
+    assert len(passes) == 1  # small enough not to be split (splitting is the CUDA schedule's own)
+    kernel = passes[0].spec.kernel
+    lib = _build_c(render_c_program([schedule_c(kernel)], C), tmp_path, kernel.name)
+    base = x.base if x.base is not None else x
+    offset = (x.__array_interface__["data"][0] - base.__array_interface__["data"][0])
+    values = np.zeros(out_shape, output.np) if output is not None else None
+    positions = np.zeros(out_shape, np.int64) if indices else None
+    c_args = [a.ctypes.data_as(ctypes.c_void_p) for a in (values, positions) if a is not None]
+    c_args.append(ctypes.c_void_p(base.ctypes.data + offset))
+    c_args += [ctypes.c_longlong(v) for v in passes[0].tail]
+    getattr(lib, kernel.name)(*c_args)
+    return values, positions
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no host C compiler")
+@pytest.mark.parametrize("op_name", ["sum", "prod", "amax", "amin", "any", "all"])
+@pytest.mark.parametrize("layout", ["rows", "columns", "transposed", "two_dims", "everything"])
+def test_c_target_runs_the_eager_reduction_kernel_ir(op_name, layout, tmp_path):
+    """The eager reductions' kernel IR (symbolic sizes and strides, the reduced dims' order, the accumulator and
+    output dtypes) computes torch's answer, run on the host through the C target."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    base = rng.integers(-3, 4, (6, 10, 7)).astype(np.float32) / 2
+    base[1, 2, 3] = np.nan if op_name in ("amax", "amin", "sum") else base[1, 2, 3]
+    views = {"rows": (base[0], (1,)), "columns": (base[0], (0,)), "transposed": (base[0].T, (1,)),
+             "two_dims": (base.transpose(1, 0, 2), (0, 2)), "everything": (base[:, ::2], (0, 1, 2))}
+    x, dims = views[layout]
+    if op_name in ("any", "all"):
+        x = (x > 0) if op_name == "any" else (x > -1.5)
+    op = OPS[op_name]
+    out_dtype, compute = op.dtype_rule(op, (tw.from_numpy(np.ascontiguousarray(x)), list(dims), False, None)
+                                       [:len(op.schema.params)])
+    acc = accumulator(REDUCE_COMBINERS[op_name], dtypes.from_numpy(x.dtype), compute)
+    values, _ = _c_reduction(op_name, REDUCE_COMBINERS[op_name], x, dims, acc, out_dtype, False, tmp_path)
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    kept = [d for d in range(t.ndim) if d not in dims]
+    flat = t.permute(*kept, *dims).reshape(*[t.shape[d] for d in kept], -1)  # the reduced dims as one, in order
+    expected = getattr(torch, op_name)(flat, dim=-1).numpy()
+    np.testing.assert_allclose(values.astype(np.float64), expected.astype(np.float64), rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no host C compiler")
+@pytest.mark.parametrize("combiner", ["argmax", "argmin"])
+@pytest.mark.parametrize("layout", ["rows", "columns", "everything", "int"])
+def test_c_target_runs_the_eager_arg_reduction_kernel_ir(combiner, layout, tmp_path):
+    """argmax/argmin (and max.dim/min.dim's values) as the eager kernel IR computes them: the first NaN wins, ties
+    go to the first position, positions are row-major over the reduced dims; run on the host, against torch."""
+    import torch
+
+    rng = np.random.default_rng(2)
+    x = rng.integers(-2, 3, (9, 40)).astype(np.float32)
+    x[3, [5, 17]] = np.nan
+    x[:, 30] = 9 if combiner == "argmax" else -9  # a tie with the column below
+    x[:, 33] = x[:, 30]
+    if layout == "int":
+        x = np.nan_to_num(x, nan=0).astype(np.int32)
+    view, dims = {"rows": (x, (1,)), "columns": (x, (0,)), "everything": (x.T, (0, 1)), "int": (x, (1,))}[layout]
+    dtype = dtypes.from_numpy(view.dtype)
+    values, positions = _c_reduction("max", combiner, view, dims, dtype, dtype, True, tmp_path)
+    t = torch.from_numpy(np.ascontiguousarray(view))
+    if len(dims) == 1:
+        got = (torch.max if combiner == "argmax" else torch.min)(t, dim=dims[0])
+        np.testing.assert_array_equal(values, got.values.numpy())
+        np.testing.assert_array_equal(positions, got.indices.numpy())
+    else:
+        np.testing.assert_array_equal(positions, getattr(torch, combiner)(t).numpy())

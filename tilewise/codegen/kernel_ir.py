@@ -15,6 +15,13 @@ This module knows nothing of where a kernel comes from: the compiler lowers its 
 (``compiler.lowering.lower``), and the eager CUDA backend builds one per operator specialisation. A
 kernel's ``values`` are the caller's handles for its parameters' buffers (graph values, for the compiler),
 carried along untouched; ``Param.described`` is how the text form names each one.
+
+[Note: symbolic sizes] A nest's sizes and an index's offset and strides are literals for the compiler (a
+kernel per shape), or, for the eager CUDA backend (one kernel per specialisation, whatever the shape), the
+name of one of the kernel's by-value ``Argument``s: ``size0``, ``stride_in1_0``. The schedule then decides
+from what the kernel states statically (which dims are reduced, which accesses walk a dim with literal stride
+1, the dtypes, the index width ``Kernel.index``) and leaves what depends on the values (the grid, a split's
+factor) to the caller at launch; the renderer writes the names where it would write the numbers.
 """
 
 from __future__ import annotations
@@ -27,6 +34,32 @@ from tilewise.ops.expr import Expr, render_shared
 
 COMBINER_OPS = {"add": "add", "mul": "mul", "max": "maximum", "min": "minimum", "or": "logical_or",
                 "and": "logical_and"}
+# an arg-reduction keeps the winning value in ``accJ`` and its position (row-major over the reduced dims, int64)
+# in ``posJ``, which later statements read as the leaf ``scalar posJ``; NaN wins, and ties go to the first
+ARG_COMBINERS = ("argmax", "argmin")
+
+
+Size = int | str  # a literal, or the name of a by-value index argument (see [Note: symbolic sizes])
+
+
+def known(*sizes: Size) -> bool:
+    """Whether every one of ``sizes`` is a literal."""
+    return all(type(s) is int for s in sizes)
+
+
+def extent(sizes) -> Size:
+    """The product of ``sizes``: a literal, or C code multiplying the symbolic ones (and the literals' product)."""
+    number, names = 1, []
+    for s in sizes:
+        if type(s) is int:
+            number *= s
+        else:
+            names.append(s)
+    if not names:
+        return number
+    if number == 0:
+        return 0
+    return " * ".join(names + ([str(number)] if number != 1 else []))
 
 
 class LoweringError(RuntimeError):
@@ -37,8 +70,8 @@ class LoweringError(RuntimeError):
 class Index:
     """``offset + sum(stride * d[dim])`` over domain dims."""
 
-    offset: int
-    terms: tuple[tuple[int, int], ...]  # (domain dim, stride), each stride non-zero
+    offset: Size
+    terms: tuple[tuple[int, Size], ...]  # (domain dim, stride), each stride non-zero
 
     def dims(self) -> set[int]:
         return {d for d, _ in self.terms}
@@ -84,11 +117,12 @@ class Store:
     value: Expr
     dtype: DType
     phase: int | None  # None: once per row, after the phases
+    saturate: bool = False  # a float8 e5m2 store clamps to the finite range (torch's saturating casts)
 
 
 @dataclass
 class Nest:
-    shape: tuple[int, ...]
+    shape: tuple[Size, ...]
     reduce: tuple[int, ...]
     loads: list[Load] = field(default_factory=list)
     reductions: list[Reduce] = field(default_factory=list)
@@ -113,12 +147,23 @@ class Param:
     described: str = ""  # the buffer's type as the text form shows it (``f32[64, 128]``)
 
 
+@dataclass(frozen=True)
+class Argument:
+    """A by-value parameter: a scalar the expressions read as the leaf ``scalar <name>`` (``dtype``), or a
+    size, stride or offset of the domain (``dtype`` None: the kernel's index type)."""
+
+    name: str
+    dtype: DType | None = None
+
+
 @dataclass
 class Kernel:
     name: str
     params: list[Param]
     nests: list[Nest]
     values: list[Any] = field(default_factory=list)  # the caller's handle for each parameter's buffer
+    arguments: list[Argument] = field(default_factory=list)  # by-value parameters, after the buffers
+    index: str | None = None  # C type of index arithmetic when sizes are symbolic (else worked out from them)
 
     def __str__(self) -> str:
         return format_kernel(self)
@@ -129,6 +174,7 @@ class Kernel:
 def format_kernel(kernel: Kernel) -> str:
     params = ", ".join(f"{p.name}: {p.described or p.dtype.name}{' (read)' if p.read and p.written else ''}"
                        for p in kernel.params)
+    params += "".join(f", {a.name}: {a.dtype.name if a.dtype else 'index'}" for a in kernel.arguments)
     lines = [f"kernel {kernel.name}({params})"]
     for k, nest in enumerate(kernel.nests):
         lines.append(f"  nest {k} over {list(nest.shape)}, reducing dims {list(nest.reduce)}, {nest.phases} phase(s)")

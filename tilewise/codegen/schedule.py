@@ -43,6 +43,15 @@ picks a strategy and records why, so ``TILEWISE_LOG=kernels`` shows the choice n
   chunk order (the result does not depend on timing) and stores the row's results. Several phases over few very
   long rows (a softmax over a million elements) stay one block per row; the dump says so.
 
+Symbolic sizes (the eager CUDA kernels, [Note: symbolic sizes]): coalescing merges only literal dims; the
+strategy follows from what is static (which dims are reduced, which accesses have literal stride 1, dtypes)
+and from the caller's knobs (``strategy``, ``block``, ``split``, ``unroll``, which it chose from the sizes
+of the launch it plans); a vector along a symbolic dim is allowed where the renderer finishes its ragged
+end, and a symbolic stride or offset is taken to be aligned (the caller checks at launch, and runs its
+``Knobs(vector=1)`` variant where it is not); the grid (``blocks`` 0) and a split's factor are the caller's,
+given at launch, and a split stores partial results for a second launch (``CudaPlan.partials``) rather than
+combining them through scratch memory and atomic counters.
+
 Every choice above is a heuristic's guess. ``Knobs`` overrides them for a whole kernel (CUDA: block size,
 widest vector, warp or block teams, splitting, the columns strategy; C: threads or not, chunks of a split,
 vectorised inner loops), and ``candidates`` lists a kernel's distinct legal schedules — the heuristic's
@@ -56,7 +65,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from tilewise import _strides as S
-from tilewise.codegen.kernel_ir import Index, Kernel, Nest, Store
+from tilewise.codegen.kernel_ir import Index, Kernel, Nest, extent, known
 from tilewise.dtypes import DType, bool_
 from tilewise.ops.expr import Expr, substitute, toposort
 
@@ -85,7 +94,8 @@ def coalesce(nest: Nest) -> Nest:
         if groups:
             prev = groups[-1][-1]
             same_kind = (prev in nest.reduce) == (d in nest.reduce)
-            if same_kind and all(_stride(ix, prev) == _stride(ix, d) * nest.shape[d] for ix in indices):
+            literal = known(nest.shape[d], *(_stride(ix, prev) for ix in indices), *(_stride(ix, d) for ix in indices))
+            if same_kind and literal and all(_stride(ix, prev) == _stride(ix, d) * nest.shape[d] for ix in indices):
                 groups[-1].append(d)
                 continue
         groups.append([d])
@@ -102,11 +112,10 @@ def coalesce(nest: Nest) -> Nest:
                 terms[k] = s
         return Index(index.offset, tuple(sorted(terms.items())))
 
-    shape = tuple(S.numel([nest.shape[d] for d in g]) for g in groups)
+    shape = tuple(extent([nest.shape[d] for d in g]) for g in groups)
     reduce = tuple(k for k, g in enumerate(groups) if g[0] in nest.reduce)
     out = Nest(shape, reduce, [replace(ld, index=reindex(ld.index)) for ld in nest.loads],
-               list(nest.reductions),
-               [Store(st.param, reindex(st.index), st.value, st.dtype, st.phase) for st in nest.stores])
+               list(nest.reductions), [replace(st, index=reindex(st.index)) for st in nest.stores])
     return out
 
 
@@ -309,6 +318,8 @@ class Knobs:
     split: bool = True  # a few long rows may be split (CUDA: across blocks; C: across threads)
     columns: bool = True  # CUDA: the columns strategy where the accesses favour it
     online: bool = True  # CUDA rows: sums of exp(x - max) folded in the max's pass (``online_softmax``)
+    strategy: str = ""  # CUDA reductions: "rows" or "columns", whatever the accesses favour
+    unroll: int = 0  # CUDA reductions: trips of the loop over a row unrolled (0: the CUDA compiler decides)
     threads: str = ""  # C: "serial" or "parallel", whatever the size
     chunks: int = 0  # C: chunks of a split reduction
     simd: bool = True  # C: innermost loops vectorised
@@ -356,6 +367,10 @@ class CudaPlan:
     chunk: int = 0  # elements of a row per block when split
     scratch: int = 0  # byte offset of this nest's partial results and counters in the kernel's scratch
     online: bool = False  # rows: some sum is rescaled as its max grows (``online_softmax``)
+    # symbolic sizes: blocks share each row (group of columns) in a number and chunk given at launch (arguments
+    # ``tw_split`` and ``tw_chunk``), each storing its partial results for a second launch to combine
+    partials: bool = False
+    unroll: int = 0  # rows, columns: ``#pragma unroll`` of the loop over a row (0: none)
 
 
 @dataclass
@@ -390,7 +405,7 @@ class KernelSchedule:
                          f"{ns.parallel}" + (f" ({ns.chunks} chunks)" if ns.parallel == "split" else "")
                          + "".join(f"; {n}" for n in ns.notes))
         if self.block:  # a launch of thread blocks (CUDA)
-            lines.append(f"  launch: {self.grid} block(s) of {self.block} threads")
+            lines.append(f"  launch: {self.grid or 'as many as the sizes need'} block(s) of {self.block} threads")
         if self.knobs != HEURISTIC:
             lines.append(f"  knobs: {self.knobs.label()}")
         if self.tuned is not None:
@@ -403,6 +418,9 @@ class KernelSchedule:
 
 
 def schedule_c_nest(nest: Nest, knobs: Knobs = HEURISTIC) -> NestSchedule:
+    if not known(*nest.shape):  # sizes given at run time (the host-side check of the eager CUDA kernels)
+        nest = coalesce(nest)
+        return NestSchedule(nest, "none", 0, False, ["sizes known at run time: serial"])
     nest, cached = cache_across_phases(coalesce(nest))
     work = S.numel(nest.shape)
     rows = S.numel([nest.shape[d] for d in nest.outer])
@@ -457,17 +475,35 @@ def vector_width(nest: Nest, dim: int | None, accesses: list[tuple[Index, DType]
     contiguous = [(ix, dt) for ix, dt in accesses if _stride(ix, dim) == 1]
     if not contiguous:
         return 1
+    if not known(nest.shape[dim]) and not _ragged_ok(nest, dim):
+        return 1
     width = VECTOR_BYTES // max(dt.itemsize for _, dt in contiguous)
     while width > 1:
-        aligned = all(ix.offset % width == 0 and all(s % width == 0 for d, s in ix.terms if d != dim)
+        aligned = all(_multiple(ix.offset, width) and all(_multiple(s, width) for d, s in ix.terms if d != dim)
                       for ix, _ in contiguous)
-        if nest.shape[dim] % width == 0 and aligned:
+        if _multiple(nest.shape[dim], width) and aligned:
             return width
         width //= 2
     return 1
 
 
+def _multiple(size, width: int) -> bool:
+    """Whether ``size`` is a multiple of ``width``. A symbolic stride or offset is taken to be one: a caller
+    with symbolic sizes checks that at launch and runs a ``Knobs(vector=1)`` schedule where it is not (the
+    eager kernels' vector and scalar variants); a symbolic size is allowed only along a dim whose ragged end
+    the renderer handles (``_ragged_ok``)."""
+    return type(size) is not int or size % width == 0
+
+
+def _ragged_ok(nest: Nest, dim: int) -> bool:
+    """A vector dim of symbolic size is only allowed where it is the nest's one kept dim (elements) or its one
+    reduced dim (rows): the renderer then finishes the last, partial vector element by element."""
+    return (not nest.reduce and len(nest.shape) == 1) or nest.reduce == (dim,)
+
+
 def _index_type(nest: Nest) -> str:
+    if not known(*nest.shape, *(s for ix, _ in _accesses(nest) for s in (ix.offset, *(t for _, t in ix.terms)))):
+        return "long long"  # symbolic: the kernel states its index type (``Kernel.index``)
     reach = max([S.numel(nest.shape)] + [ix.offset + sum(abs(s) * (nest.shape[d] - 1) for d, s in ix.terms)
                                          for ix, _ in _accesses(nest)])
     return "int" if reach < 2**31 - 1024 else "long long"
@@ -495,8 +531,10 @@ def _cuda_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]
     """(strategy, vector, vector dim, preferred team or block size) of a coalesced nest."""
     if not nest.reduce:
         dim = nest.outer[-1] if nest.outer else None
-        return "elements", _capped(vector_width(nest, dim), knobs), dim, POINTWISE_THREADS
-    row = S.numel([nest.shape[d] for d in nest.reduce])
+        return "elements", _capped(vector_width(nest, dim), knobs), dim, knobs.block or POINTWISE_THREADS
+    row = extent([nest.shape[d] for d in nest.reduce])
+    if not known(row):
+        return _symbolic_strategy(nest, knobs)
     if knobs.columns and _prefer_columns(nest):
         warps = COLUMN_WARPS if nest.phases == 1 and knobs.split else 32  # one phase: blocks split the columns
         dim = nest.outer[-1]
@@ -519,6 +557,18 @@ def _cuda_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]
     return "rows", vector, dim, team
 
 
+def _symbolic_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]:
+    """``_cuda_strategy`` of a nest whose row length is known only at launch: the accesses decide between rows
+    and columns (unless ``knobs.strategy`` does), the caller's block size is the team (a warp per row for a
+    block of 32, else the whole block) or the warps of a columns block, and only rows use vectors."""
+    columns = knobs.strategy == "columns" or (not knobs.strategy and knobs.columns and _prefer_columns(nest))
+    block = knobs.block or SPLIT_TEAM
+    if columns:
+        return "columns", 1, None, block
+    dim = nest.reduce[-1]
+    return "rows", _capped(vector_width(nest, dim), knobs), dim, block
+
+
 SPLIT_MAX_ROWS = 64
 SPLIT_TARGET_BLOCKS = 512
 SPLIT_MIN_VECTORS = 8  # per thread and block: below this a row is not worth another block
@@ -529,10 +579,13 @@ MANY_ROWS, MANY_ROWS_TEAM = 1024, 256  # rows at which a long row's team is capp
 
 def split_rows(nest: Nest, plan: CudaPlan, block: int) -> CudaPlan:
     """Share each of a few long rows among blocks when one phase folds it (its element-wise stores happen in
-    the chunk that holds the element, its per-row stores in the row's last block)."""
-    rows = S.numel([nest.shape[d] for d in nest.outer])
-    row = S.numel([nest.shape[d] for d in nest.reduce])
+    the chunk that holds the element, its per-row stores in the row's last block). Symbolic sizes: the
+    caller asked for a split (``Knobs.split``) knowing the sizes, and gives its factor at launch."""
+    rows = extent([nest.shape[d] for d in nest.outer])
+    row = extent([nest.shape[d] for d in nest.reduce])
     per_block = block * plan.vector * SPLIT_MIN_VECTORS
+    if plan.strategy == "rows" and plan.rows_per_block == 1 and nest.phases == 1 and not known(row, rows):
+        return replace(plan, partials=True)
     if (plan.strategy != "rows" or plan.rows_per_block != 1 or rows > SPLIT_MAX_ROWS or nest.phases != 1
             or row < 2 * per_block):
         return plan
@@ -547,7 +600,9 @@ def split_columns(nest: Nest, plan: CudaPlan) -> CudaPlan:
     few groups to fill the GPU and one phase folds it (a bias gradient: 768 bf16 columns over 8192 rows is 3
     groups of 256)."""
     groups = plan.blocks
-    row = S.numel([nest.shape[d] for d in nest.reduce])
+    row = extent([nest.shape[d] for d in nest.reduce])
+    if plan.strategy == "columns" and nest.phases == 1 and not known(row, groups):
+        return replace(plan, partials=True)
     per_block = plan.team * SPLIT_MIN_VECTORS  # elements of a column per block: a few per warp
     if plan.strategy != "columns" or nest.phases != 1 or groups >= SPLIT_TARGET_BLOCKS or row < 2 * per_block:
         return plan
@@ -573,13 +628,17 @@ def scratch_layout(nest: Nest, plan: CudaPlan, offset: int) -> tuple[CudaPlan, i
     return replace(plan, scratch=start), offset
 
 
+def _blocks(count, per_block: int) -> int:
+    """Blocks for ``count`` items, ``per_block`` a block; 0 where ``count`` is known only at launch."""
+    return _ceil_div(count, per_block) if known(count) else 0
+
+
 def _cuda_plan(nest: Nest, strategy: str, vector: int, dim: int | None, team: int, block: int) -> CudaPlan:
-    rows = S.numel([nest.shape[d] for d in nest.outer])
-    row = S.numel([nest.shape[d] for d in nest.reduce])
+    rows = extent([nest.shape[d] for d in nest.outer])
+    row = extent([nest.shape[d] for d in nest.reduce])
     index = _index_type(nest)
     if strategy == "elements":
-        blocks = -(-rows // (vector * block))
-        return CudaPlan(strategy, vector, dim, 1, 1, blocks, 1, False, index)
+        return CudaPlan(strategy, vector, dim, 1, 1, _blocks(rows, vector * block), 1, False, index)
     if strategy == "columns":
         # [Note: vector columns] A lane folds ``vector`` adjacent columns (one 16-byte access per buffer and
         # row, an accumulator per column), a warp 32 x vector columns, the block's warps other rows of them.
@@ -588,14 +647,14 @@ def _cuda_plan(nest: Nest, strategy: str, vector: int, dim: int | None, team: in
         # later phase would need every lane's column total back in the lane.
         team = block // 32
         vector = min(vector, team)
-        return CudaPlan(strategy, vector, dim if vector > 1 else None, team, 32 * vector, -(-rows // (32 * vector)),
-                        -(-row // team), False, index)
+        return CudaPlan(strategy, vector, dim if vector > 1 else None, team, 32 * vector, _blocks(rows, 32 * vector),
+                        _blocks(row, team), False, index)
     team = 32 if team <= 32 else block
     per_block = block // team
-    steps = -(-row // (team * vector))
-    in_registers = nest.phases > 1 and steps * vector <= REGISTER_ELEMENTS
+    steps = _blocks(row, team * vector)
+    in_registers = nest.phases > 1 and 0 < steps and steps * vector <= REGISTER_ELEMENTS
     online = any(r.rescale is not None for r in nest.reductions)
-    return CudaPlan(strategy, vector, dim, team, per_block, -(-rows // per_block), steps, in_registers, index,
+    return CudaPlan(strategy, vector, dim, team, per_block, _blocks(rows, per_block), steps, in_registers, index,
                     online=online)
 
 
@@ -622,14 +681,18 @@ def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
     scratch = 0
     for nest, (strategy, vector, dim, team) in zip(nests, strategies):
         plan = _cuda_plan(nest, strategy, vector, dim, team, block)
+        if kernel.index:
+            plan = replace(plan, index=kernel.index)
+        if strategy != "elements" and knobs.unroll:
+            plan = replace(plan, unroll=knobs.unroll)
         if knobs.split:
             plan = split_columns(nest, plan) if strategy == "columns" else split_rows(nest, plan, block)
         plan, scratch = scratch_layout(nest, plan, scratch)
-        notes = [f"{plan.blocks} block(s)", f"{plan.vector} element(s) per access" + (
+        notes = [f"{plan.blocks or 'as many as the sizes need'} block(s)", f"{plan.vector} element(s) per access" + (
             f" along d{dim}" if plan.vector > 1 else "")]
         if strategy != "elements":
-            rows = S.numel([nest.shape[d] for d in nest.outer])
-            notes.insert(0, f"{rows} row(s) of {S.numel([nest.shape[d] for d in nest.reduce])}")
+            rows = extent([nest.shape[d] for d in nest.outer])
+            notes.insert(0, f"{rows} row(s) of {extent([nest.shape[d] for d in nest.reduce])}")
             notes.append(f"{plan.team} thread(s) per row, {plan.rows_per_block} row(s) per block, "
                          f"{plan.steps} trip(s) each")
             if plan.in_registers:
@@ -639,7 +702,9 @@ def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
             if plan.split > 1:
                 what = f"each group of {plan.rows_per_block} columns" if strategy == "columns" else "each row"
                 notes.append(f"{what} split over {plan.split} blocks of {plan.chunk} elements")
-            elif strategy == "rows" and rows < SPLIT_MAX_ROWS and plan.steps > 64:
+            elif plan.partials:
+                notes.append("split over blocks as the launch says, partial results for a second launch")
+            elif strategy == "rows" and known(rows) and rows < SPLIT_MAX_ROWS and plan.steps > 64:
                 notes.append("few long rows over several phases: one block each")
         if plan.index != "int":
             notes.append("64-bit indexing")

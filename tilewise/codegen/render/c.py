@@ -60,7 +60,6 @@ C = Language(
     math={},
     constants={("inf", "float"): "INFINITY", ("nan", "float"): "NAN", ("inf", "double"): "((double)INFINITY)",
                ("nan", "double"): "((double)NAN)"},
-    element_loop=("for ({idx} i = 0; i < n; ++i) {{", "}"),
     prelude=_PRELUDE,
     helpers={"erfinv:float": _ERFINV},
     on_zero_division="__atomic_store_n(&tw_zero_division, 1, __ATOMIC_RELAXED); ",

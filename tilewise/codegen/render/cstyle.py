@@ -1,13 +1,15 @@
-"""One C-style renderer for every C-like target: scalar expressions, storage conversions, pointwise kernels.
+"""One C-style renderer for every C-like target: scalar expressions, literals, storage conversions.
 
 [Note: C-style rendering]
-An operator's meaning is a scalar ``Expr`` (``tilewise.ops.expr``). This module turns such expressions, and
-the pointwise kernels built around them, into C-family source. It owns all of the control flow: the
-per-element loop, the index arithmetic over sizes and strides, loads with conversion to the compute dtype,
-type inference over the expression, the stores. A target is a :class:`Language`: pure data (type names,
-headers, how a storage type converts to and from ``float``, how a thread finds its element, the few math
-functions a target spells differently). ``render.cuda.CUDA`` and ``render.c.C`` are the two instances;
-their kernels differ only where that data differs (tinygrad's ``CStyleLanguage``, STYLE.md §2).
+An operator's meaning is a scalar ``Expr`` (``tilewise.ops.expr``). This module turns such expressions into
+C-family statements: type inference over the expression, the operators, literals, loads that convert a
+stored value to its compute dtype and stores that convert back. The control flow around them — loops,
+index arithmetic, thread mapping — is the kernel renderers' (``kernel_c``, ``kernel_cuda``), which render
+the kernel IR of the compiler's fused kernels and of the eager CUDA backend's pointwise and reduction
+kernels alike; the CUDA backend's templates (scans, sorts, search, random, ...) use these pieces directly.
+A target is a :class:`Language`: pure data (type names, headers, how a storage type converts to and from
+``float``, the few math functions a target spells differently). ``render.cuda.CUDA`` and ``render.c.C``
+are the two instances (tinygrad's ``CStyleLanguage``, STYLE.md §2).
 
 Types follow numpy's rules, which is what the CPU backend computes with: every tensor input is converted to
 the operator's compute dtype on load; a Python constant adopts the dtype of what it meets (a float constant
@@ -25,23 +27,19 @@ race to set it), which the program reads after each kernel that divides integers
 nothing more happens. The tests cost one compare per division, which an integer division (tens of
 cycles, never vectorised on x86) hides.
 
-The fused kernels of the compiler use the same entry points: :class:`PointwiseKernel` takes several
-outputs, each an ``Expr`` over the same inputs, and the expression renderer shares common subexpressions
-between them.
+``ExprRenderer`` shares common subexpressions between the expressions it renders for one scope (the
+several stores and reductions of a fused nest).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tilewise import dtypes
 from tilewise.dtypes import DType
 from tilewise.ops.expr import BINARY, UNARY, Expr, toposort
-
-CONTIGUOUS, STRIDED, BROADCAST, VALUE = "contiguous", "strided", "broadcast", "value"
-LAYOUTS = (CONTIGUOUS, STRIDED, BROADCAST, VALUE)
 
 SUFFIX = {"bool": "b", "uint8": "u8", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
           "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
@@ -77,14 +75,12 @@ class Language:
     stores: Mapping[tuple[str, str], str]  # (storage dtype, "float"|"double") -> format; "{sat}" for fp8
     math: Mapping[str, str]  # float math ops the target spells differently from MATH_FLOAT
     constants: Mapping[tuple[str, str], str]  # ("inf"|"nan", "float"|"double") -> literal
-    element_loop: tuple[str, str]  # how a thread finds element i of n, and what closes that scope
     prelude: str = ""  # text every kernel source starts with
     helpers: Mapping[str, str] = field(default_factory=dict)  # extra helper bodies for this target
     # what an integer division by zero does before it gives 0 (see [Note: integer division]): a statement, and
     # the declaration it needs
     on_zero_division: str = ""
     zero_division_flag: str = ""
-    max_vector: int = 1  # elements per thread on the contiguous vector path (1: none)
 
     def ctype(self, dtype: DType) -> str:
         try:
@@ -402,169 +398,3 @@ class ExprRenderer:
         name = f"t{k}{self.suffix}"
         self.lines.append(f"const {self.lang.ctype(t)} {name} = {code};")
         return name, t
-
-
-# ----------------------------------------------------------------------------------------------- pointwise
-
-@dataclass(frozen=True)
-class Operand:
-    """A kernel operand: its storage dtype and how it is addressed.
-
-    ``contiguous``: element i at ``p[i]``; ``strided``: at ``p[offset(i)]`` from the shared sizes and this
-    operand's strides; ``broadcast``: one element ``p[0]`` for every i; ``value``: a by-value argument
-    (a Python number), already in the compute dtype.
-    """
-
-    dtype: DType
-    layout: str
-
-    def __post_init__(self) -> None:
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"unknown operand layout {self.layout!r}; layouts: {LAYOUTS}")
-
-
-@dataclass(frozen=True)
-class PointwiseKernel:
-    """An elementwise kernel over ``rank`` dims: outputs[j] = exprs[j](inputs, scalars), in ``compute``.
-
-    Parameters, in order: one pointer per output, one pointer (or value) per input, one value per scalar
-    name (compute dtype), ``n``, then, when any operand is strided, the ``rank`` sizes and each strided
-    operand's ``rank`` strides (outputs first). Index arithmetic is in ``index`` ("int32" or "int64").
-    ``vector`` > 1 renders the contiguous vector path (every tensor operand contiguous, pointers aligned to
-    ``vector`` elements): each thread then handles ``vector`` consecutive elements.
-    """
-
-    name: str
-    inputs: tuple[Operand, ...]
-    outputs: tuple[tuple[Operand, Expr], ...]
-    compute: DType
-    scalars: tuple[str, ...] = ()
-    rank: int = 1
-    index: str = "int64"
-    vector: int = 1
-    saturate: bool = False
-    block: int = 128
-
-    @property
-    def strided(self) -> tuple[str, ...]:
-        """C names of the strided operands, outputs first: their strides follow the sizes."""
-        names = [f"out{j}" for j, (o, _) in enumerate(self.outputs) if o.layout == STRIDED]
-        return tuple(names + [f"in{k}" for k, o in enumerate(self.inputs) if o.layout == STRIDED])
-
-
-def render_pointwise(kernel: PointwiseKernel, lang: Language) -> str:
-    """The full source (headers, helpers, the kernel) of ``kernel`` for ``lang``."""
-    source = Source(lang)
-    idx = "int" if kernel.index == "int32" else "long long"
-    for operand, _ in kernel.outputs:
-        source.need_storage(operand.dtype)
-    for operand in kernel.inputs:
-        source.need_storage(operand.dtype)
-    params = _pointwise_params(kernel, lang, idx)
-    body = _pointwise_body(kernel, source, idx)
-    head = lang.kernel_prefix.format(block=kernel.block)
-    return source.text(f"{head} {kernel.name}({', '.join(params)}) {{\n{body}}}")
-
-
-def _pointwise_params(kernel: PointwiseKernel, lang: Language, idx: str) -> list[str]:
-    compute = lang.ctype(kernel.compute)
-    params = [f"{lang.ctype(o.dtype)}* {lang.restrict} out{j}" for j, (o, _) in enumerate(kernel.outputs)]
-    for k, operand in enumerate(kernel.inputs):
-        if operand.layout == VALUE:
-            params.append(f"{compute} x{k}")
-        else:
-            params.append(f"const {lang.ctype(operand.dtype)}* {lang.restrict} in{k}")
-    params += [f"{compute} s_{name}" for name in kernel.scalars]
-    params.append(f"{idx} n")
-    if kernel.strided:
-        params += [f"{idx} size{d}" for d in range(kernel.rank)]
-        params += [f"{idx} st_{name}_{d}" for name in kernel.strided for d in range(kernel.rank)]
-    return params
-
-
-def _element_body(kernel: PointwiseKernel, source: Source, idx: str, indent: str) -> list[str]:
-    """Statements computing and storing element ``i`` (offsets of strided operands included)."""
-    lang = source.lang
-    lines: list[str] = []
-    if kernel.strided:
-        lines += _offsets(kernel, idx)
-    leaves = {("scalar", name): (f"s_{name}", kernel.compute) for name in kernel.scalars}
-    for k, operand in enumerate(kernel.inputs):
-        leaves[("input", k)] = _input_leaf(k, operand, kernel.compute, lang, lines)
-    renderer = ExprRenderer(source, leaves)
-    results = [renderer.render(expr) for _, expr in kernel.outputs]
-    lines += renderer.lines
-    for j, ((operand, _), (code, t)) in enumerate(zip(kernel.outputs, results)):
-        where = "i" if operand.layout == CONTIGUOUS else f"off_out{j}"
-        lines.append(f"out{j}[{where}] = {store_code(lang, operand.dtype, code, t, kernel.saturate)};")
-    return [indent + line for line in lines]
-
-
-def _input_leaf(k: int, operand: Operand, compute: DType, lang: Language, lines: list[str]) -> tuple[str, DType]:
-    if operand.layout == VALUE:
-        return f"x{k}", compute
-    where = {CONTIGUOUS: "i", STRIDED: f"off_in{k}", BROADCAST: "0"}[operand.layout]
-    value = load_code(lang, operand.dtype, f"in{k}[{where}]")
-    lines.append(f"const {lang.ctype(compute)} x{k} = ({lang.ctype(compute)})({value});")
-    return f"x{k}", compute
-
-
-def _offsets(kernel: PointwiseKernel, idx: str) -> list[str]:
-    names = kernel.strided
-    lines = [f"{idx} rem = i;"] + [f"{idx} off_{name} = 0;" for name in names]
-    for d in range(kernel.rank - 1, -1, -1):
-        coord = "rem" if d == 0 else f"(rem % size{d})"
-        lines.append(f"{{ const {idx} c = {coord};" + "".join(f" off_{n} += c * st_{n}_{d};" for n in names)
-                     + (f" rem /= size{d}; }}" if d else " }"))
-    return lines
-
-
-def _pointwise_body(kernel: PointwiseKernel, source: Source, idx: str) -> str:
-    lang = source.lang
-    begin, end = lang.element_loop
-    scalar = _element_body(kernel, source, idx, "        ")
-    if kernel.vector <= 1:
-        inner = "\n".join(scalar)
-        return f"    {begin.format(idx=idx, n='n', block=kernel.block)}\n{inner}\n    {end}\n"
-    vector = _vector_body(kernel, source, idx)
-    tail = "\n".join(scalar)
-    return (f"    const {idx} base = ({idx})(blockIdx.x * ({idx})blockDim.x + threadIdx.x) * {kernel.vector};\n"
-            f"    if (base >= n) return;\n"
-            f"    if (base + {kernel.vector} <= n) {{\n{vector}\n        return;\n    }}\n"
-            f"    for ({idx} i = base; i < n; ++i) {{\n{tail}\n    }}\n")
-
-
-def _vector_body(kernel: PointwiseKernel, source: Source, idx: str) -> str:
-    lang, v = source.lang, kernel.vector
-    compute = lang.ctype(kernel.compute)
-    lines: list[str] = []
-    lanes: list[dict] = [{("scalar", s): (f"s_{s}", kernel.compute) for s in kernel.scalars} for _ in range(v)]
-    for k, operand in enumerate(kernel.inputs):
-        if operand.layout == CONTIGUOUS:
-            vt = f"tw_vec<{lang.ctype(operand.dtype)}, {v}>"
-            lines.append(f"const {vt} v{k} = *reinterpret_cast<const {vt}*>(in{k} + base);")
-        for j in range(v):
-            if operand.layout == VALUE:
-                lanes[j][("input", k)] = (f"x{k}", kernel.compute)
-                continue
-            where = f"v{k}.v[{j}]" if operand.layout == CONTIGUOUS else f"in{k}[0]"
-            lines.append(f"const {compute} x{k}_{j} = ({compute})({load_code(lang, operand.dtype, where)});")
-            lanes[j][("input", k)] = (f"x{k}_{j}", kernel.compute)
-    for o, (operand, _) in enumerate(kernel.outputs):
-        lines.append(f"tw_vec<{lang.ctype(operand.dtype)}, {v}> r{o};")
-    for j in range(v):
-        renderer = ExprRenderer(source, lanes[j], suffix=f"_{j}")
-        results = [renderer.render(expr) for _, expr in kernel.outputs]
-        lines += renderer.lines
-        for o, ((operand, _), (code, t)) in enumerate(zip(kernel.outputs, results)):
-            lines.append(f"r{o}.v[{j}] = {store_code(lang, operand.dtype, code, t, kernel.saturate)};")
-    for o, (operand, _) in enumerate(kernel.outputs):
-        vt = f"tw_vec<{lang.ctype(operand.dtype)}, {v}>"
-        lines.append(f"*reinterpret_cast<{vt}*>(out{o} + base) = r{o};")
-    return "\n".join("        " + line for line in lines)
-
-
-def vector_width(dtype_list: Sequence[DType], max_vector: int) -> int:
-    """Elements per thread so the widest operand moves 16 bytes per access (at most ``max_vector``)."""
-    widest = max((d.itemsize for d in dtype_list), default=4)
-    return max(1, min(max_vector, 16 // widest))

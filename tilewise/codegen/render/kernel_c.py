@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tilewise.codegen.kernel_ir import COMBINER_OPS, Index, Kernel, Store
+from tilewise.codegen.kernel_ir import ARG_COMBINERS, COMBINER_OPS, Index, Kernel, Store, extent
 from tilewise.codegen.render.cstyle import (
     SUFFIX,
     ExprRenderer,
@@ -27,7 +27,7 @@ from tilewise.codegen.render.cstyle import (
 )
 from tilewise.codegen.render.cuda import identity
 from tilewise.codegen.schedule import KernelSchedule, NestSchedule, cached_reads
-from tilewise.dtypes import DType
+from tilewise.dtypes import DType, int64
 from tilewise.ops.expr import Expr, toposort
 
 INDEX = "long long"
@@ -74,10 +74,15 @@ def dim_name(d: int) -> str:
     return f"d{d}"
 
 
+def size_code(size) -> str:
+    """A literal size, or a symbolic one's name (a ``long long`` argument, see [Note: symbolic sizes])."""
+    return f"{size}LL" if type(size) is int else size
+
+
 def index_code(index: Index) -> str:
-    parts = [dim_name(d) if s == 1 else f"{s}LL * {dim_name(d)}" for d, s in index.terms]
+    parts = [dim_name(d) if s == 1 else f"{size_code(s)} * {dim_name(d)}" for d, s in index.terms]
     if index.offset or not parts:
-        parts.append(f"{index.offset}LL")
+        parts.append(size_code(index.offset))
     return " + ".join(parts)
 
 
@@ -104,9 +109,31 @@ def fold_helper(source: Source, loops: LoopStyle, combiner: str, acc: DType) -> 
         if combiner not in loops.builtin_reductions:
             text += "\n" + loops.declare_reduction.format(name=f"tw_{combiner}_{suffix}", T=lang.ctype(acc), fold=name,
                                                           identity=literal(identity(combiner, acc), acc, lang))
-        source.helpers[name] = text
+        guard = f"TW_HELPER_{name.upper()}"  # a translation unit may hold many kernels (each eager one is its own)
+        source.helpers[name] = f"#ifndef {guard}\n#define {guard}\n{text}\n#endif"
     clause = loops.builtin_reductions.get(combiner, f"tw_{combiner}_{suffix}")
     return name, clause
+
+
+_TAKE = """{FN} bool {name}({T} v1, long long i1, {T} v2, long long i2) {{
+    if (i2 < 0) return false;
+    if (i1 < 0) return true;
+{nan}    return v2 {cmp} v1 || (v2 == v1 && i2 < i1);
+}}"""
+
+
+def take_helper(source: Source, combiner: str, acc: DType) -> str:
+    """``tw_take_<combiner>_<S>(v1, i1, v2, i2)``: whether (v2, i2) wins over (v1, i1) in an arg-reduction;
+    NaN wins (torch's argmax and max.dim report the first NaN), ties go to the lower position, position -1
+    is "nothing yet". Every fold compares positions, so the order partial results meet in does not matter."""
+    name = f"tw_take_{combiner}_{SUFFIX[acc.name]}"
+    if name not in source.helpers:
+        nan = "    const bool n1 = v1 != v1, n2 = v2 != v2;\n    if (n1 || n2) return n2 && (!n1 || i2 < i1);\n" \
+            if acc.is_floating_point else ""
+        text = _TAKE.format(FN=source.lang.helper_prefix, name=name, T=source.lang.ctype(acc), nan=nan,
+                            cmp=">" if combiner == "argmax" else "<")
+        source.helpers[name] = f"#ifndef {name.upper()}\n#define {name.upper()}\n{text}\n#endif"
+    return name
 
 
 class _Writer:
@@ -130,23 +157,30 @@ class _NestRenderer:
     def __init__(self, kernel: Kernel, ns: NestSchedule, k: int, source: Source, loops: LoopStyle, w: _Writer):
         self.kernel, self.ns, self.nest, self.k = kernel, ns, ns.nest, k
         self.source, self.lang, self.loops, self.w = source, source.lang, loops, w
-        self.folds = [fold_helper(source, loops, r.combiner, r.dtype) for r in self.nest.reductions]
+        self.folds = [(take_helper(source, r.combiner, r.dtype), "") if r.combiner in ARG_COMBINERS
+                      else fold_helper(source, loops, r.combiner, r.dtype) for r in self.nest.reductions]
+        self.arguments = {("scalar", a.name): (a.name, a.dtype) for a in kernel.arguments if a.dtype is not None}
 
     # ------------------------------------------------------------------ pieces
     def acc_leaves(self, upto_phase: int) -> dict:
-        return {("scalar", f"acc{j}"): (f"acc{j}", r.dtype) for j, r in enumerate(self.nest.reductions)
-                if r.phase < upto_phase}
+        leaves = {("scalar", f"acc{j}"): (f"acc{j}", r.dtype) for j, r in enumerate(self.nest.reductions)
+                  if r.phase < upto_phase}
+        leaves.update({("scalar", f"pos{j}"): (f"pos{j}", int64) for j, r in enumerate(self.nest.reductions)
+                       if r.phase < upto_phase and r.combiner in ARG_COMBINERS})
+        return leaves
 
     def declare_accs(self, reds: list[int]) -> None:
         for j in reds:
             r = self.nest.reductions[j]
             value = literal(identity(r.combiner, r.dtype), r.dtype, self.lang)
             self.w.line(f"{self.lang.ctype(r.dtype)} acc{j} = {value};")
+            if r.combiner in ARG_COMBINERS:
+                self.w.line(f"long long pos{j} = -1;")
 
     def emit(self, exprs: list[Expr], leaves: dict, suffix: str) -> tuple[ExprRenderer, list]:
         """Render ``exprs`` in the current scope: the loads they read, then their statements."""
         used = sorted({n.arg for e in exprs for n in toposort(e) if n.op == "input"})
-        leaves = dict(leaves)
+        leaves = {**self.arguments, **leaves}
         for k in used:
             load = self.nest.loads[k]
             ctype = self.lang.ctype(compute_of(load.dtype))
@@ -166,10 +200,11 @@ class _NestRenderer:
 
     def row_index(self) -> str:
         """The position of the current element within its row (row-major over the reduced dims)."""
-        parts, stride = [], 1
+        parts, sizes = [], []
         for d in reversed(self.nest.reduce):
-            parts.append(dim_name(d) if stride == 1 else f"{stride}LL * {dim_name(d)}")
-            stride *= self.nest.shape[d]
+            stride = extent(sizes)
+            parts.append(dim_name(d) if stride == 1 else f"{size_code(stride)} * {dim_name(d)}")
+            sizes.append(self.nest.shape[d])
         return " + ".join(reversed(parts)) or "0"
 
     def cache_leaves(self, phase: int) -> dict:
@@ -187,9 +222,14 @@ class _NestRenderer:
 
     def store(self, st: Store, code: str, t) -> None:
         param = self.kernel.params[st.param].name
-        self.w.line(f"{param}[{index_code(st.index)}] = {store_code(self.lang, st.dtype, code, t)};")
+        self.w.line(f"{param}[{index_code(st.index)}] = {store_code(self.lang, st.dtype, code, t, st.saturate)};")
 
     def fold(self, j: int, value_code: str) -> None:
+        if self.nest.reductions[j].combiner in ARG_COMBINERS:  # the element's position in its row
+            where = self.row_index()
+            self.w.line(f"if ({self.folds[j][0]}(acc{j}, pos{j}, {value_code}, {where})) "
+                        f"{{ acc{j} = {value_code}; pos{j} = {where}; }}")
+            return
         self.w.line(f"acc{j} = {self.folds[j][0]}(acc{j}, {value_code});")
 
     def simd_line(self, reds: list[int]) -> str:
@@ -200,7 +240,7 @@ class _NestRenderer:
         return self.loops.simd.format(reductions=clauses)
 
     def loop(self, d: int, lo: str = "0", hi: str | None = None) -> None:
-        hi = hi if hi is not None else f"{self.nest.shape[d]}LL"
+        hi = hi if hi is not None else size_code(self.nest.shape[d])
         self.w.open(f"for ({INDEX} {dim_name(d)} = {lo}; {dim_name(d)} < {hi}; ++{dim_name(d)})")
 
     # ------------------------------------------------------------------ phases and rows
@@ -253,9 +293,7 @@ class _NestRenderer:
                 self.w.line(self.simd_line([]))
             self.loop(d)
         self.declare_accs(list(range(len(self.nest.reductions))))
-        row = 1
-        for d in self.nest.reduce:
-            row *= self.nest.shape[d]
+        row = extent([self.nest.shape[d] for d in self.nest.reduce])
         for k, c in enumerate(self.ns.cached):
             self.w.line(f"{self.lang.ctype(c.dtype)} tw_scr{k}[{row}];")
         for p in range(self.nest.phases):
@@ -296,6 +334,7 @@ def render_kernel(sched: KernelSchedule, lang: Language, source: Source) -> str:
     for p in kernel.params:
         source.need_storage(p.dtype)
     params = [f"{'' if p.written else 'const '}{lang.ctype(p.dtype)}* {p.name}" for p in kernel.params]
+    params += [f"{lang.ctype(a.dtype) if a.dtype is not None else INDEX} {a.name}" for a in kernel.arguments]
     w = _Writer()
     for k, ns in enumerate(sched.nests):
         _NestRenderer(kernel, ns, k, source, loops, w).render()

@@ -9,8 +9,16 @@ What is CUDA's own is the thread mapping (``CudaPlan``): per thread, ``vector`` 
 access per lane otherwise), the lanes rendered one after another with their own statement names; and
 for reductions, teams of threads folding a row, combined by shuffles (``__shfl_xor_sync``, so every
 member ends with the total) and shared memory. A block runs exactly one nest, so the nests' shared
-arrays are carved out of one ``tw_smem`` buffer as large as the largest nest needs. All sizes and
-strides are literals: a kernel is compiled for one set of shapes, like the program it belongs to.
+arrays are carved out of one ``tw_smem`` buffer as large as the largest nest needs.
+
+The compiler's kernels have literal sizes and strides: compiled for one set of shapes, like the program
+they belong to. The eager backend's have symbolic ones ([Note: symbolic sizes]): the same code with the
+argument's name where the number would be, plus what a size known only at launch needs: the last, partial
+vector of a dim taken element by element (``elements``: one 1-D domain; ``rows``: the one reduced dim), the
+grid and a split's factor and chunk (``tw_split``, ``tw_chunk``) given at launch, a split's partial results
+stored for a second launch instead of combined by the row's last block (``CudaPlan.partials``), and the
+arg-reductions (``argmax``/``argmin``: a position ``pos<j>`` next to each accumulator, folded with
+``tw_take_*`` so that the first NaN, then the first of equal values, wins whatever order partials meet in).
 """
 
 from __future__ import annotations
@@ -18,12 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tilewise import _strides as S
-from tilewise.codegen.kernel_ir import Index, Kernel, Load
+from tilewise.codegen.kernel_ir import ARG_COMBINERS, Index, Kernel, Load, extent, known
 from tilewise.codegen.render.cstyle import ExprRenderer, Source, compute_of, literal, load_code, store_code
 from tilewise.codegen.render.cuda import CUDA, identity
-from tilewise.codegen.render.kernel_c import LoopStyle, fold_helper, scalar_function
+from tilewise.codegen.render.kernel_c import LoopStyle, fold_helper, scalar_function, take_helper
 from tilewise.codegen.schedule import KernelSchedule, NestSchedule
-from tilewise.dtypes import DType, bfloat16, float16
+from tilewise.dtypes import DType, bfloat16, float16, int64
 from tilewise.ops.expr import Expr, substitute, toposort, where
 
 _FOLDS = LoopStyle(parallel="", parallel_simd="", simd="", reduction="", declare_reduction="",
@@ -71,11 +79,23 @@ def _stride(index: Index, dim: int | None) -> int:
     return dict(index.terms).get(dim, 0) if dim is not None else 0
 
 
+def _size_code(size, idx: str) -> str:
+    """A literal size cast to the index type, or a symbolic one's name (an argument of that type)."""
+    return f"({idx}){size}" if type(size) is int else size
+
+
 def _index_code(index: Index, idx: str) -> str:
-    parts = [f"d{d}" if s == 1 else f"({idx}){s} * d{d}" for d, s in index.terms]
+    parts = [f"d{d}" if s == 1 else f"{_size_code(s, idx)} * d{d}" for d, s in index.terms]
     if index.offset or not parts:
-        parts.append(f"({idx}){index.offset}")
+        parts.append(_size_code(index.offset, idx))
     return " + ".join(parts)
+
+
+def _step(idx: str, lane: int, stride) -> str:
+    """The offset of vector lane ``lane`` along a dim of ``stride``."""
+    return f"({idx}){lane * stride}" if type(stride) is int else f"({idx}){lane} * {stride}"
+
+
 
 
 @dataclass
@@ -93,7 +113,13 @@ class _Nest:
         self.plan = ns.cuda
         self.source, self.block, self.w = source, block, w
         self.idx = self.plan.index
-        self.folds = [fold_helper(source, _FOLDS, r.combiner, r.dtype)[0] for r in self.nest.reductions]
+        self.folds = [take_helper(source, r.combiner, r.dtype) if r.combiner in ARG_COMBINERS
+                      else fold_helper(source, _FOLDS, r.combiner, r.dtype)[0] for r in self.nest.reductions]
+        self.args = [r.combiner in ARG_COMBINERS for r in self.nest.reductions]
+        # the kernel's by-value scalars, which every expression may read
+        self.arguments = {("scalar", a.name): (a.name, a.dtype) for a in kernel.arguments if a.dtype is not None}
+        self.vector = self.plan.vector  # lanes per access; 1 while rendering the ragged end of a symbolic dim
+        self.flat = ""  # elements: the variable holding the element's row-major position over the whole domain
         self.smem = 0  # bytes of the kernel's shared buffer this nest uses (nests never run in one block)
         # generic: buffers are the variables tw_q0, tw_q1, ... (``used`` lists their params in that order) and
         # the element count is tw_n, so nests that differ only in those share one body (see _groups)
@@ -109,9 +135,19 @@ class _Nest:
     # ------------------------------------------------------------------ accesses
     def access(self, index: Index) -> _Access:
         s = _stride(index, self.plan.vector_dim)
-        if self.plan.vector == 1 or s == 0:
+        if self.vector == 1 or s == 0:
             return _Access("shared", s)
         return _Access("vector" if s == 1 else "lanes", s)
+
+    def where(self, index: Index) -> str:
+        """The C code of ``index``: the element's flat position where the index is the domain's row-major layout
+        (a contiguous operand of an eager kernel whose other operands are strided: no multiply by a symbolic
+        stride per dim), else offset + stride * coordinate per dim."""
+        shape = self.nest.shape
+        if self.flat and len(shape) > 1 and index.offset == 0 and dict(index.terms) == {
+                d: extent(shape[d + 1:]) for d in range(len(shape))}:
+            return self.flat
+        return _index_code(index, self.idx)
 
     def param(self, k: int) -> str:
         if not self.generic:
@@ -121,19 +157,19 @@ class _Nest:
         return f"tw_q{self.used.index(k)}"
 
     def vec_type(self, dtype: DType) -> str:
-        return f"tw_vec<{CUDA.ctype(dtype)}, {self.plan.vector}>"
+        return f"tw_vec<{CUDA.ctype(dtype)}, {self.vector}>"
 
     def load_lanes(self, j: int, load: Load, suffix: str, lanes: int) -> list[str]:
         """Emit the load ``j`` for ``lanes`` lanes; return each lane's C name."""
         ctype = CUDA.ctype(compute_of(load.dtype))
-        where = _index_code(load.index, self.idx)
+        where = self.where(load.index)
         name = f"x{j}{suffix}"
         acc = self.access(load.index)
         if load.iota is not None:  # positions, not memory
             steps = [0] if acc.how == "shared" or lanes == 1 else [v * acc.stride for v in range(lanes)]
             names = [f"{name}_{v}" for v in range(len(steps))]
-            for n, step in zip(names, steps):
-                at = where if not step else f"{where} + ({self.idx}){step}"
+            for v, (n, step) in enumerate(zip(names, steps)):
+                at = where if not step else f"{where} + {_step(self.idx, v, acc.stride)}"
                 self.w.line(f"const {ctype} {n} = ({ctype})({load.iota_code(at)});")
             return names * (lanes if len(steps) == 1 else 1)
         if acc.how == "shared" or lanes == 1:
@@ -145,7 +181,7 @@ class _Nest:
             self.w.line(f"const {vt} {name}v = *reinterpret_cast<const {vt}*>({self.param(load.param)} + {where});")
             stored = [f"{name}v.v[{v}]" for v in range(lanes)]
         else:
-            stored = [f"{self.param(load.param)}[{where} + ({self.idx}){v * acc.stride}]" for v in range(lanes)]
+            stored = [f"{self.param(load.param)}[{where} + {_step(self.idx, v, acc.stride)}]" for v in range(lanes)]
         names = []
         for v, code in enumerate(stored):
             self.w.line(f"const {ctype} {name}_{v} = ({ctype})({load_code(CUDA, load.dtype, code)});")
@@ -156,9 +192,9 @@ class _Nest:
               loaded: dict | None = None) -> list[list]:
         """Render ``exprs`` for every lane (loads first); per lane, the (code, type) of each expression.
         ``cached``: lane names of loads already made; ``loaded`` receives the lane names of each load."""
-        lanes = self.plan.vector
+        lanes = self.vector
         used = sorted({n.arg for e in exprs for n in toposort(e) if n.op == "input"})
-        per_lane = [dict(leaves) for _ in range(lanes)]
+        per_lane = [{**self.arguments, **leaves} for _ in range(lanes)]
         for j in used:
             load = self.nest.loads[j]
             if cached is not None and j in cached:
@@ -180,9 +216,9 @@ class _Nest:
     def store_lanes(self, stores: list, results: list[list], offset: int) -> None:
         """Write each store's lanes (``results[lane][offset + s]``)."""
         for s, st in enumerate(stores):
-            param, where = self.param(st.param), _index_code(st.index, self.idx)
+            param, where = self.param(st.param), self.where(st.index)
             acc = self.access(st.index)
-            codes = [store_code(CUDA, st.dtype, *results[v][offset + s]) for v in range(self.plan.vector)]
+            codes = [store_code(CUDA, st.dtype, *results[v][offset + s], st.saturate) for v in range(self.vector)]
             if acc.how == "vector":
                 vt = self.vec_type(st.dtype)
                 self.w.line(f"{{ {vt} o; " + " ".join(f"o.v[{v}] = {c};" for v, c in enumerate(codes))
@@ -191,7 +227,7 @@ class _Nest:
                 self.w.line(f"{param}[{where}] = {codes[-1]};")
             else:
                 for v, c in enumerate(codes):
-                    self.w.line(f"{param}[{where} + ({self.idx}){v * acc.stride}] = {c};")
+                    self.w.line(f"{param}[{where} + {_step(self.idx, v, acc.stride)}] = {c};")
 
     # ------------------------------------------------------------------ coordinates
     def decompose(self, var: str, dims: tuple[int, ...]) -> None:
@@ -214,19 +250,52 @@ class _Nest:
 
     def elements(self) -> None:
         nest, plan, idx = self.nest, self.plan, self.idx
-        n = S.numel(nest.shape)
+        n = extent(nest.shape)
         self.w.line(f"const {idx} e = (({idx})tw_block * {self.block} + threadIdx.x) * {plan.vector};")
-        self.w.open(f"if (e < {'tw_n' if self.generic else f'({idx}){n}'})")
-        self.decompose("e", nest.outer)
-        results = self.lanes([_stored(st) for st in nest.stores], {}, "")
-        self.store_lanes(nest.stores, results, 0)
+        if not known(n) and plan.vector > 1:  # a symbolic length: the last vector may be partial
+            self.w.open(f"if (e + {plan.vector} <= {n})")
+            self.element_stores("e")
+            self.w.close(" else {")
+            self.w.depth += 1
+            self.vector = 1
+            self.w.open(f"for ({idx} i = e; i < {n}; ++i)")
+            self.element_stores("i")
+            self.w.close()
+            self.vector = plan.vector
+            self.w.close()
+            return
+        self.w.open(f"if (e < {'tw_n' if self.generic else _size_code(n, idx)})")
+        self.element_stores("e")
         self.w.close()
+
+    def element_stores(self, var: str) -> None:
+        self.decompose(var, self.nest.outer)
+        self.flat = var
+        results = self.lanes([_stored(st) for st in self.nest.stores], {}, "")
+        self.store_lanes(self.nest.stores, results, 0)
+        self.flat = ""
 
     # rows and columns share the per-row skeleton; they differ in who folds which element and how
     # the team combines its partial results
     def acc_leaves(self, upto_phase: int) -> dict:
-        return {("scalar", f"acc{j}"): (f"acc{j}", r.dtype) for j, r in enumerate(self.nest.reductions)
-                if r.phase < upto_phase}
+        leaves = {("scalar", f"acc{j}"): (f"acc{j}", r.dtype) for j, r in enumerate(self.nest.reductions)
+                  if r.phase < upto_phase}
+        leaves.update({("scalar", f"pos{j}"): (f"pos{j}", int64) for j, r in enumerate(self.nest.reductions)
+                       if r.phase < upto_phase and self.args[j]})
+        return leaves
+
+    def fold(self, j: int, acc: str, value: str, position: str = "") -> str:
+        """The statement folding ``value`` (at reduced position ``position``, for an arg-reduction) into
+        accumulator ``acc`` of reduction ``j``."""
+        if not self.args[j]:
+            return f"{acc} = {self.folds[j]}({acc}, {value});"
+        pos = acc.replace("acc", "pos", 1)
+        return f"if ({self.folds[j]}({acc}, {pos}, {value}, {position})) {{ {acc} = {value}; {pos} = {position}; }}"
+
+    def position(self, lane: int) -> str:
+        """The reduced position (row-major over the reduced dims) of lane ``lane`` of the current element."""
+        along = self.plan.vector_dim in self.nest.reduce and self.vector > 1
+        return f"(j + {lane})" if along and lane else "j"
 
     @property
     def lane_accumulators(self) -> bool:
@@ -243,6 +312,8 @@ class _Nest:
             for v in range(lanes):
                 self.w.line(f"{CUDA.ctype(r.dtype)} {self.acc(j, v)} = "
                             f"{literal(identity(r.combiner, r.dtype), r.dtype, CUDA)};")
+                if self.args[j]:
+                    self.w.line(f"long long {self.acc(j, v).replace('acc', 'pos', 1)} = -1;")
 
     def element_body(self, p: int, suffix: str, cached: dict | None = None) -> None:
         """Fold phase ``p``'s reductions and write its stores at the current element's lanes. Sums rescaled
@@ -260,9 +331,21 @@ class _Nest:
         maxes = sorted({nest.reductions[j].rescale for j in online})
         for m in maxes:
             self.w.line(f"const {CUDA.ctype(nest.reductions[m].dtype)} tw_was{m} = acc{m};")
-        for v in range(self.plan.vector):
+        tree = self.vector > 1 and not self.lane_accumulators and not any(self.args[j] for j in reds)
+        if tree:  # a pairwise tree over the lanes: log2(vector) dependent folds into the accumulator, not vector
             for pos, j in enumerate(reds):
-                self.w.line(f"{self.acc(j, v)} = {self.folds[j]}({self.acc(j, v)}, {results[v][pos][0]});")
+                names = [results[v][pos][0] for v in range(self.vector)]
+                while len(names) > 1:
+                    pairs = []
+                    for k in range(0, len(names), 2):
+                        pairs.append(f"tw_f{j}_{k // 2}{suffix}_{len(names)}")
+                        self.w.line(f"const {CUDA.ctype(nest.reductions[j].dtype)} {pairs[-1]} = "
+                                    f"{self.folds[j]}({names[k]}, {names[k + 1]});")
+                    names = pairs
+                self.w.line(self.fold(j, self.acc(j, 0), names[0]))
+        for v in range(self.vector if not tree else 0):
+            for pos, j in enumerate(reds):
+                self.w.line(self.fold(j, self.acc(j, v), results[v][pos][0], self.position(v)))
         self.store_lanes(stores, results, len(reds))
         if not online:
             return
@@ -277,7 +360,7 @@ class _Nest:
         leaves.update({("scalar", f"acc{m}"): (f"tw_max{m}", nest.reductions[m].dtype) for m in maxes})
         terms = self.lanes([substitute(nest.reductions[j].value, mapping) for j in online], leaves, suffix + "o",
                            loaded)
-        for v in range(self.plan.vector):
+        for v in range(self.vector):
             for pos, j in enumerate(online):
                 self.w.line(f"acc{j} = {self.folds[j]}(acc{j}, {terms[v][pos][0]});")
 
@@ -315,7 +398,7 @@ class _Nest:
                 chosen.append(node)
         if not chosen:
             return
-        leaves = self.acc_leaves(p)
+        leaves = {**self.arguments, **self.acc_leaves(p)}
         for j in sorted({n.arg for e in chosen for n in toposort(e) if n.op == "input"}):
             load = nest.loads[j]
             leaves[("input", j)] = (self.load_lanes(j, load, f"_h{p}", 1)[0], compute_of(load.dtype))
@@ -346,13 +429,18 @@ class _Nest:
     def fold_pairs(self, reds: list[int], other) -> None:
         """Fold another partial result into this thread's for reductions ``reds`` of one phase: each maximum
         with the sums rescaled by it as a pair, every other reduction with its combiner. ``other(j)`` is the
-        code of the other partial of reduction ``j``."""
+        code of the other partial of reduction ``j``, ``other(j, "pos")`` that of an arg-reduction's position."""
         nest = self.nest
         online = {j: nest.reductions[j].rescale for j in reds if nest.reductions[j].rescale is not None}
         for j in reds:
             if j in online:
                 continue
             sums = [k for k, m in online.items() if m == j]
+            if self.args[j]:  # both partials read before either is replaced (a shuffle every lane takes part in)
+                c = CUDA.ctype(nest.reductions[j].dtype)
+                self.w.line(f"{{ const {c} tw_o = {other(j)}; const long long tw_op = {other(j, 'pos')}; "
+                            f"{self.fold(j, f'acc{j}', 'tw_o', 'tw_op')} }}")
+                continue
             if not sums:
                 self.w.line(f"acc{j} = {self.folds[j]}(acc{j}, {other(j)});")
                 continue
@@ -370,7 +458,7 @@ class _Nest:
         if not stores:
             return
         self.w.open(f"if ({who})")
-        leaves = self.acc_leaves(self.nest.phases)
+        leaves = {**self.arguments, **self.acc_leaves(self.nest.phases)}
         for j in sorted({n.arg for st in stores for n in toposort(_stored(st)) if n.op == "input"}):
             load = self.nest.loads[j]
             leaves[("input", j)] = (self.load_lanes(j, load, "_r", 1)[0], compute_of(load.dtype))
@@ -380,7 +468,9 @@ class _Nest:
             self.w.line(line)
         for st, (code, t) in zip(stores, results):
             where = _index_code(st.index, self.idx)
-            self.w.line(f"{self.param(st.param)}[{where}] = {store_code(CUDA, st.dtype, code, t)};")
+            if self.plan.partials:  # slot ``tw_part`` of the row's ``tw_split`` partial results
+                where = f"({where}) * tw_split + tw_part"
+            self.w.line(f"{self.param(st.param)}[{where}] = {store_code(CUDA, st.dtype, code, t, st.saturate)};")
         self.w.close()
 
     def varying(self) -> list[int]:
@@ -391,6 +481,9 @@ class _Nest:
         nest, plan, idx = self.nest, self.plan, self.idx
         if plan.split > 1:
             self.split_row()
+            return
+        if not known(*nest.shape):
+            self.symbolic_rows()
             return
         row_len = S.numel([nest.shape[d] for d in nest.reduce])
         rows = S.numel([nest.shape[d] for d in nest.outer])
@@ -428,6 +521,51 @@ class _Nest:
             self.team_reduce(p)
         self.row_stores("tw_t == 0")
         if guarded:
+            self.w.close()
+
+    def symbolic_rows(self) -> None:
+        """Rows of a length known at launch (one phase): ``vector`` lanes per trip up to the last whole vector
+        of the thread's range, then the rest element by element; a split row (``partials``) is a range of
+        ``tw_chunk`` (a whole number of vectors) per block."""
+        nest, plan, idx = self.nest, self.plan, self.idx
+        row_len = extent([nest.shape[d] for d in nest.reduce])
+        rows = extent([nest.shape[d] for d in nest.outer])
+        team, vec = plan.team, plan.vector
+        self.w.line("const int tw_t = threadIdx.x" + (f" % {team};" if plan.rows_per_block > 1 else ";"))
+        if plan.partials:
+            self.w.line(f"const {idx} row = ({idx})tw_block / tw_split, tw_part = ({idx})tw_block % tw_split;")
+            self.w.line(f"const {idx} lo = tw_part * tw_chunk, hi = lo + tw_chunk < {row_len} ? lo + tw_chunk : "
+                        f"{_size_code(row_len, idx)};")
+        else:
+            per_block = plan.rows_per_block
+            row = f"({idx})tw_block * {per_block} + threadIdx.x / {team}" if per_block > 1 else f"({idx})tw_block"
+            self.w.line(f"const {idx} row = {row};")
+            self.w.line(f"const {idx} lo = 0, hi = {_size_code(row_len, idx)};")
+        if plan.rows_per_block > 1:  # only warp teams share a block: no barrier inside
+            self.w.open(f"if (row < {_size_code(rows, idx)})")
+        self.begin_row("row")
+        self.hoist(0)
+        end = "hi"
+        if vec > 1:
+            self.w.line(f"const {idx} tw_vend = lo + (hi - lo) / {vec} * {vec};")
+            end = "tw_vend"
+        if plan.unroll:
+            self.w.line(f"#pragma unroll {plan.unroll}")
+        first = f"({idx})tw_t * {vec}" if vec > 1 else "tw_t"
+        self.w.open(f"for ({idx} j = lo + {first}; j < {end}; j += {team * vec})")
+        self.decompose("j", nest.reduce)
+        self.element_body(0, "_p0")
+        self.w.close()
+        if vec > 1:
+            self.vector = 1
+            self.w.open(f"for ({idx} j = tw_vend + tw_t; j < hi; j += {team})")
+            self.decompose("j", nest.reduce)
+            self.element_body(0, "_t0")
+            self.w.close()
+            self.vector = vec
+        self.team_reduce(0)
+        self.row_stores("tw_t == 0")
+        if plan.rows_per_block > 1:
             self.w.close()
 
     def split_row(self) -> None:
@@ -482,14 +620,22 @@ class _Nest:
                 r = self.nest.reductions[j]
                 self.shared(CUDA.ctype(r.dtype), f"tw_c{j}", team * 33, r.dtype.itemsize)  # [team][33]
                 self.w.line(f"tw_c{j}[tw_y * 33 + tw_x] = acc{j};")
+                if self.args[j]:
+                    self.shared("long long", f"tw_cpos{j}", team * 33, 8)
+                    self.w.line(f"tw_cpos{j}[tw_y * 33 + tw_x] = pos{j};")
             self.w.line("__syncthreads();")
             for j in reds:
                 self.w.line(f"acc{j} = tw_c{j}[tw_x];")
+                if self.args[j]:
+                    self.w.line(f"pos{j} = tw_cpos{j}[tw_x];")
+                    fold = self.fold(j, f"acc{j}", f"tw_c{j}[y * 33 + tw_x]", f"tw_cpos{j}[y * 33 + tw_x]")
+                    self.w.line(f"for (int y = 1; y < {team}; ++y) {fold}")
+                    continue
                 fold = f"{self.folds[j]}(acc{j}, tw_c{j}[y * 33 + tw_x])"
                 self.w.line(f"for (int y = 1; y < {team}; ++y) acc{j} = {fold};")
             return
         self.w.open("for (int s = 16; s > 0; s >>= 1)")
-        self.fold_pairs(reds, lambda j: f"tw_shfl_xor(acc{j}, s)")
+        self.fold_pairs(reds, lambda j, what="acc": f"tw_shfl_xor({what}{j}, s)")
         self.w.close()
         if team <= 32:
             return
@@ -498,30 +644,44 @@ class _Nest:
             r = self.nest.reductions[j]
             self.shared(CUDA.ctype(r.dtype), f"tw_w{j}", warps, r.dtype.itemsize)
             self.w.line(f"if ((threadIdx.x & 31) == 0) tw_w{j}[threadIdx.x >> 5] = acc{j};")
+            if self.args[j]:
+                self.shared("long long", f"tw_wpos{j}", warps, 8)
+                self.w.line(f"if ((threadIdx.x & 31) == 0) tw_wpos{j}[threadIdx.x >> 5] = pos{j};")
         self.w.line("__syncthreads();")
         for j in reds:
             self.w.line(f"acc{j} = tw_w{j}[0];")
+            if self.args[j]:
+                self.w.line(f"pos{j} = tw_wpos{j}[0];")
         self.w.open(f"for (int w = 1; w < {warps}; ++w)")
-        self.fold_pairs(reds, lambda j: f"tw_w{j}[w]")
+        self.fold_pairs(reds, lambda j, what="acc": f"tw_w{'pos' if what == 'pos' else ''}{j}[w]")
         self.w.close()
 
     def columns(self) -> None:
         nest, plan, idx = self.nest, self.plan, self.idx
-        row_len = S.numel([nest.shape[d] for d in nest.reduce])
-        rows = S.numel([nest.shape[d] for d in nest.outer])
+        row_len = extent([nest.shape[d] for d in nest.reduce])
+        rows = extent([nest.shape[d] for d in nest.outer])
         g, width, vec = plan.split, plan.rows_per_block, plan.vector
         self.w.line("const int tw_x = threadIdx.x & 31, tw_y = threadIdx.x >> 5;")
         group = f"tw_block / {g}u" if g > 1 else "tw_block"
+        if plan.partials:
+            self.w.line(f"const {idx} tw_part = ({idx})tw_block % tw_split;")
+            group = "tw_block / tw_split"
         lane = f"tw_x * {vec}" if vec > 1 else "tw_x"
         self.w.line(f"const {idx} group = ({idx})({group}), row = group * {width} + {lane};")
-        self.w.line(f"const bool tw_valid = row < ({idx}){rows};")
+        self.w.line(f"const bool tw_valid = row < {_size_code(rows, idx)};")
         self.begin_row("row")
-        lo, hi = "0", f"({idx}){row_len}"
+        lo, hi = "0", _size_code(row_len, idx)
+        if plan.partials:
+            self.w.line(f"const {idx} lo = tw_part * tw_chunk, hi = lo + tw_chunk < {row_len} ? lo + tw_chunk : "
+                        f"{_size_code(row_len, idx)};")
+            lo, hi = "lo", "hi"
         if g > 1:
             self.w.line(f"const {idx} lo = ({idx})(tw_block % {g}u) * {plan.chunk}, "
                         f"hi = lo + {plan.chunk} < {row_len} ? lo + {plan.chunk} : ({idx}){row_len};")
             lo, hi = "lo", "hi"
         for p in range(nest.phases):
+            if plan.unroll:
+                self.w.line(f"#pragma unroll {plan.unroll}")
             self.w.open(f"for ({idx} j = {lo} + tw_y; tw_valid && j < {hi}; j += {plan.team})")
             self.decompose("j", nest.reduce)
             self.element_body(p, f"_p{p}")
@@ -605,6 +765,10 @@ def render_kernel(sched: KernelSchedule, source: Source, aliased: frozenset[int]
         source.need_storage(p.dtype)
     params = [f"{'' if p.written else 'const '}{CUDA.ctype(p.dtype)}*{_qualifier(k, aliased)} {p.name}"
               for k, p in enumerate(kernel.params)]
+    index = "long long" if any(ns.cuda.index != "int" for ns in sched.nests) else "int"
+    params += [f"{CUDA.ctype(a.dtype) if a.dtype is not None else index} {a.name}" for a in kernel.arguments]
+    if any(ns.cuda.partials for ns in sched.nests):  # the split given at launch (see ``CudaPlan.partials``)
+        params += [f"{index} tw_split", f"{index} tw_chunk"]
     if sched.scratch_bytes:
         params.append("unsigned char* __restrict__ tw_scratch")
     w = _Writer()
@@ -616,7 +780,7 @@ def render_kernel(sched: KernelSchedule, source: Source, aliased: frozenset[int]
         blocks = sum(ns.cuda.blocks for _, ns, _ in members)
         k0, ns0, template = members[0]
         if template is None:
-            head = f"/* nest {k0}: {ns0.cuda.strategy}, {blocks} block(s) */"
+            head = f"/* nest {k0}: {ns0.cuda.strategy}, {blocks or 'as many'} block(s) */"
         else:
             head = f"/* nests {_ranges([k for k, _, _ in members])}: {ns0.cuda.strategy}, {blocks} block(s), " \
                    f"one body for {len(members)} nests */"
@@ -666,7 +830,7 @@ def _qualifier(param: int, aliased: frozenset[int]) -> str:
 
 def _template(kernel: Kernel, ns: NestSchedule, k: int, source: Source, block: int, aliased: frozenset[int]):
     """``ns`` as a generic body (see ``_Nest.generic``), or None where a nest has a body of its own."""
-    if ns.cuda.strategy != "elements":
+    if ns.cuda.strategy != "elements" or not known(*ns.nest.shape):
         return None
     w = _Writer(depth=2)
     nest = _Nest(kernel, ns, k, source, block, w, generic=True)
@@ -739,6 +903,13 @@ def _render_group(kernel: Kernel, members: list[tuple], w: _Writer) -> None:
 
     choose(0, len(members))
     w.lines.extend(template.body)
+
+
+def render_source(sched: KernelSchedule) -> str:
+    """The CUDA translation unit of one scheduled kernel: its headers, helpers and the kernel."""
+    source = Source(CUDA)
+    body = render_kernel(sched, source)
+    return source.text(body)
 
 
 def render_program(scheds: list[KernelSchedule], aliased: dict[str, frozenset[int]] | None = None) -> dict[str, str]:

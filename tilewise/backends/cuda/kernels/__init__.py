@@ -1,9 +1,10 @@
 """Eager CUDA kernels: the per-operator registry, and loading and launching generated kernels.
 
 [Note: eager CUDA kernels]
-Pointwise and reduction operators need no entry here: their kernels are rendered from the operator's
-declared ``Expr`` or combiner (``pointwise.py``, ``reduction.py``), specialised on dtypes, rank and
-contiguity, with sizes and strides as run-time arguments, so one compile serves every shape. Operators
+Pointwise and reduction operators need no entry here: their kernels are built from the operator's
+declared ``Expr`` or combiner as kernel IR (``pointwise.py``, ``reduction.py``), specialised on dtypes, rank
+and contiguity, with sizes and strides as run-time arguments, so one compile serves every shape, and are
+scheduled and rendered by ``codegen`` exactly as the compiler's fused kernels are. Operators
 whose meaning is not an expression (copies, creation, random, indexing, matmul) register a function here
 with :func:`kernel`, taking ``(device, *bound_args)``. Those whose single result can be written into a tensor
 the caller provides also register that form with :func:`kernel_into` (see [Note: kernels into a given

@@ -1,15 +1,23 @@
-"""Pointwise operators on CUDA: the declared ``Expr`` rendered by ``compiler.render`` and launched.
+"""Pointwise operators on CUDA: the declared ``Expr`` as a kernel IR nest, scheduled and rendered by ``codegen``.
 
 [Note: pointwise plans]
-Rendering and compiling happen once per kernel *specialisation* (dtypes, rank after merging dims,
-contiguity of each operand, 32- or 64-bit indexing); sizes and strides are run-time arguments. What a call
-must still work out — the broadcast shape, merged dims, which kernel, the launch grid, the argument list
-minus the pointers — depends only on the inputs' dtypes, shapes and strides, so it is kept in a
-:class:`Plan` keyed by exactly those. A repeated call then costs a dictionary lookup, an allocation and a
-launch. Python numbers and 0-dim CPU tensors in tensor positions travel as by-value arguments, so
-``x * 2`` moves nothing from the host; a 0-dim CUDA tensor is read in place. When every operand is
-contiguous and its address aligned, each thread handles 16 bytes of the widest operand with vector loads
-and stores; otherwise each thread computes one element from its coordinates.
+A pointwise launch is a one-nest kernel IR (``codegen.kernel_ir``) over a domain of symbolic sizes: one
+load per tensor operand, one store, the operator's ``Expr`` between them. It is built, scheduled
+(``codegen.schedule``, the ``elements`` strategy) and rendered (``codegen.render.kernel_cuda``) once per
+*specialisation* (dtypes, rank after merging dims, the layout of each operand, 32- or 64-bit indexing):
+sizes and strides are by-value arguments, so one compile serves every shape. Layouts: ``contiguous`` (the
+domain's row-major strides, products of the sizes, which the renderer reads as the element's flat position),
+``strided`` (its own ``stride_<name>_<d>`` arguments), ``broadcast`` (one element for all), ``value`` (a
+by-value argument ``x<k>``: Python numbers and 0-dim CPU tensors in tensor positions, so ``x * 2`` moves
+nothing from the host; a 0-dim CUDA tensor is a broadcast operand read in place). What a call must still
+work out — the broadcast shape, merged dims, which kernel, the launch grid, the argument list minus the
+pointers — depends only on the inputs' dtypes, shapes and strides, so it is kept in a :class:`Plan` keyed
+by exactly those: a repeated call costs a dictionary lookup, an allocation and a launch.
+
+When the domain merges to one dim and an operand walks it contiguously, the schedule moves 16 bytes of the
+widest such operand per access (the last, partial vector element by element). A symbolic stride or an
+address is not known to be aligned, so each such specialisation is rendered twice: the vector variant, run
+when every contiguous operand's address is aligned (checked at launch), and a scalar one (``Knobs(vector=1)``).
 """
 
 from __future__ import annotations
@@ -19,50 +27,43 @@ from dataclasses import dataclass, field
 from tilewise import _strides as S
 from tilewise.backends.cuda.device_memory import empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, launch, launch_packed, load, packer_for
-from tilewise.codegen.render import (
-    BROADCAST,
-    CONTIGUOUS,
-    CUDA,
-    STRIDED,
-    VALUE,
-    Operand,
-    PointwiseKernel,
-    render_pointwise,
-    vector_width,
-)
-from tilewise.codegen.render.cstyle import SUFFIX
+from tilewise.codegen.kernel_ir import Argument, Index, Kernel, Load, Nest, Param, Store, cast, extent
+from tilewise.codegen.render.cstyle import SUFFIX, compute_of
+from tilewise.codegen.render.kernel_cuda import render_source
+from tilewise.codegen.schedule import KernelSchedule, Knobs, schedule_cuda
 from tilewise.dtypes import DType, get_default_dtype
-from tilewise.ops.expr import Expr, inputs_of, render_text
+from tilewise.ops.expr import Expr, inputs_of, render_text, substitute, toposort
 from tilewise.tensor import Tensor
 
 BLOCK = 128
 _INT32_LIMIT = 2**31 - 1
 PTR, NUMBER, HOST_SCALAR, ABSENT = 0, 1, 2, 3  # how a plan fills each input's argument
+CONTIGUOUS, STRIDED, BROADCAST, VALUE = "contiguous", "strided", "broadcast", "value"
 
 
 @dataclass
 class Plan:
     """Everything about a launch that does not change between calls with the same geometry."""
 
-    vector_fn: object  # the contiguous vector kernel, or None
+    vector_fn: object  # the vector variant, or None
     scalar_fn: object
     vector_grid: int
     scalar_grid: int
     inputs: tuple[tuple[int, int], ...]  # (kind, argument index) per input
     scalars: tuple[int, ...]  # argument index of each by-value scalar parameter
     convert: type  # Python type of by-value arguments (the compute dtype's)
-    tail: tuple[int, ...]  # n, sizes, strides
-    aligned: tuple[tuple[int, int], ...]  # (input index or -1 for the output, alignment) for the vector path
+    tail: tuple[int, ...]  # sizes, strides
+    aligned: tuple[tuple[int, int], ...]  # (pointer position, byte alignment) the vector variant needs
     numel: int
     packers: dict = field(default_factory=dict)  # kernel -> the packer of its arguments (False: the general one)
 
 
-def kernel_name(prefix: str, kernel_inputs, outputs, rank: int, index: str, vector: int) -> str:
+def kernel_name(prefix: str, layouts, out_layout, rank: int, index: str) -> str:
     codes = {CONTIGUOUS: "c", STRIDED: "s", BROADCAST: "b", VALUE: "v"}
-    ins = "".join(SUFFIX[o.dtype.name] + codes[o.layout] for o in kernel_inputs)
-    outs = "".join(SUFFIX[o.dtype.name] + codes[o.layout] for o in outputs)
-    width = "i32" if index == "int32" else "i64"
-    return f"tw_{prefix}_{outs}_{ins}_r{rank}_{width}" + (f"_v{vector}" if vector > 1 else "")
+    ins = "".join(SUFFIX[dt.name] + codes[lay] for dt, lay in layouts)
+    outs = SUFFIX[out_layout[0].name] + codes[out_layout[1]]
+    width = "i32" if index == "int" else "i64"
+    return f"tw_{prefix}_{outs}_{ins}_r{rank}_{width}"
 
 
 def python_type(dtype: DType) -> type:
@@ -86,19 +87,66 @@ def _describe(value) -> tuple:
 
 @dataclass
 class Specs:
-    """The kernels (scalar and, where possible, vector) of one launch geometry, and how to call them."""
+    """The schedules (scalar and, where the layouts allow, vector) of one launch geometry, and how to call them."""
 
-    scalar: PointwiseKernel
-    vector: PointwiseKernel | None
-    aligned: tuple[tuple[int, int], ...]  # (input index or -1 for the output, byte alignment) for the vector path
+    scalar: KernelSchedule
+    vector: KernelSchedule | None
+    aligned: tuple[tuple[int, int], ...]  # (pointer position, byte alignment) for the vector variant
     tail: tuple[int, ...]
     numel: int
+
+
+def _index(layout: str, name: str, rank: int) -> Index:
+    """The index of an operand of ``layout`` over a domain of ``rank`` symbolic dims."""
+    if layout == BROADCAST:
+        return Index(0, ())
+    if layout == CONTIGUOUS:  # row-major strides are products of the sizes: no arguments of their own
+        sizes = [f"size{d}" for d in range(rank)]
+        return Index(0, tuple((d, extent(sizes[d + 1:])) for d in range(rank)))
+    return Index(0, tuple((d, f"stride_{name}_{d}") for d in range(rank)))
+
+
+def pointwise_kernel(name: str, exprs: tuple[Expr, ...], compute: DType, operands: list[tuple[DType, str]],
+                     scalar_names: tuple[str, ...], out: tuple[DType, str], rank: int, index: str,
+                     saturate: bool = False) -> Kernel:
+    """The kernel IR of an elementwise launch writing ``exprs`` (over the inputs ``operands``, (dtype, layout)
+    each, and the scalars ``scalar_names``) to an output of (dtype, layout), over ``rank`` symbolic dims."""
+    params = [Param("out0", out[0], False, True)]
+    loads, arguments, mapping = [], [], {}
+    for k, (dtype, layout) in enumerate(operands):
+        if layout == VALUE:
+            arguments.append(Argument(f"x{k}", compute))
+            replacement = Expr("scalar", (), f"x{k}")
+        else:
+            params.append(Param(f"in{k}", dtype, True, False))
+            loads.append(Load(len(params) - 1, _index(layout, f"in{k}", rank), dtype))
+            replacement = Expr("input", (), len(loads) - 1)
+            if compute_of(dtype) is not compute:
+                replacement = cast(replacement, compute)
+        for e in exprs:
+            for n in toposort(e):
+                if n.op == "input" and n.arg == k:
+                    mapping[id(n)] = replacement
+    for s in scalar_names:
+        arguments.append(Argument(f"s_{s}", compute))
+        for e in exprs:
+            for n in toposort(e):
+                if n.op == "scalar" and n.arg == s:
+                    mapping[id(n)] = Expr("scalar", (), f"s_{s}")
+    sizes = tuple(f"size{d}" for d in range(rank))
+    arguments += [Argument(s) for s in sizes]
+    strided = (["out0"] if out[1] == STRIDED else []) + [f"in{k}" for k, (_, lay) in enumerate(operands)
+                                                          if lay == STRIDED]
+    arguments += [Argument(f"stride_{n}_{d}") for n in strided for d in range(rank)]
+    stores = [Store(0, _index(out[1], "out0", rank), substitute(e, mapping), out[0], None, saturate) for e in exprs]
+    return Kernel(name, params, [Nest(sizes, (), loads, [], stores)], arguments=arguments, index=index)
 
 
 def kernel_specs(name: str, exprs: tuple[Expr, ...], compute: DType, described: list[tuple],
                  scalar_names: tuple[str, ...], out: tuple[DType, tuple, tuple], saturate: bool = False) -> Specs:
     """Specialise an elementwise launch writing ``out`` = (dtype, shape, strides) from inputs ``described``
-    (see ``_describe``): merge dims, classify each operand's layout, pick index width and vector width."""
+    (see ``_describe``): merge dims, classify each operand's layout, pick the index width, build the kernel IR
+    and schedule its variants."""
     out_dtype, shape, out_strides = out
     numel = S.numel(shape)
     candidates, input_strides = [], []
@@ -109,7 +157,9 @@ def kernel_specs(name: str, exprs: tuple[Expr, ...], compute: DType, described: 
                 candidates.append(k)
                 input_strides.append(strides)
     merged_shape, merged = S.coalesce(shape, out_strides, *input_strides)
-    rank = len(merged_shape)
+    rank = max(len(merged_shape), 1)
+    if not merged_shape:
+        merged_shape, merged = (numel,), [(1,) for _ in merged]
     contiguous = S.contiguous_strides(merged_shape)
     layouts = []
     for k, d in enumerate(described):
@@ -121,30 +171,29 @@ def kernel_specs(name: str, exprs: tuple[Expr, ...], compute: DType, described: 
             layouts.append(CONTIGUOUS if merged[1 + candidates.index(k)] == contiguous else STRIDED)
     out_layout = CONTIGUOUS if merged[0] == contiguous else STRIDED
     in_dtypes = [d[1] if d[0] == PTR else compute for d in described]
-    kernel_inputs = tuple(Operand(dt, layout) for dt, layout in zip(in_dtypes, layouts))
-    output = Operand(out_dtype, out_layout)
+    operands = list(zip(in_dtypes, layouts))
     spans = [S.storage_span(merged_shape, tuple(abs(x) for x in st), 0) for st in merged]  # flip: negative strides
-    index = "int32" if max([numel, *spans]) <= _INT32_LIMIT else "int64"
+    index = "int" if max([numel, *spans]) <= _INT32_LIMIT else "long long"
     strided = ([merged[0]] if out_layout == STRIDED else []) + [
         merged[1 + candidates.index(k)] for k, lay in enumerate(layouts) if lay == STRIDED]
-    tail = (numel, *(merged_shape if strided else ()), *(s for st in strided for s in st))
-
-    def spec(vector: int) -> PointwiseKernel:
-        layout_rank = max(rank, 1)
-        return PointwiseKernel(
-            name=kernel_name(name, kernel_inputs, (output,), layout_rank, index, vector), inputs=kernel_inputs,
-            outputs=tuple((output, e) for e in exprs), compute=compute, scalars=scalar_names, rank=layout_rank,
-            index=index, vector=vector, saturate=saturate, block=BLOCK)
-
-    vector_spec, aligned = None, ()
-    if out_layout == CONTIGUOUS and STRIDED not in layouts:
-        contiguous_inputs = [(k, dt) for k, (dt, lay) in enumerate(zip(in_dtypes, layouts)) if lay == CONTIGUOUS]
-        vector = vector_width([out_dtype] + [dt for _, dt in contiguous_inputs], CUDA.max_vector)
-        if vector > 1 and numel >= vector:
-            vector_spec = spec(vector)
-            aligned = ((-1, vector * out_dtype.itemsize),) + tuple((k, vector * dt.itemsize)
-                                                                   for k, dt in contiguous_inputs)
-    return Specs(spec(1), vector_spec, aligned, tail, numel)
+    tail = (*merged_shape, *(s for st in strided for s in st))
+    kernel = pointwise_kernel(kernel_name(name, operands, (out_dtype, out_layout), rank, index), exprs, compute,
+                              operands, scalar_names, (out_dtype, out_layout), rank, index, saturate)
+    scalar = schedule_cuda(kernel, Knobs(block=BLOCK, vector=1))
+    vector = schedule_cuda(kernel, Knobs(block=BLOCK))
+    aligned = ()
+    width = vector.nests[0].cuda.vector
+    if width > 1 and numel >= width:
+        vector.kernel = Kernel(f"{kernel.name}_v{width}", kernel.params, kernel.nests, arguments=kernel.arguments,
+                               index=kernel.index)
+        # the pointers walked contiguously (position in the argument list): 16-byte accesses need them aligned
+        walked = [0] if out_layout == CONTIGUOUS else []
+        walked += [1 + sum(lay != VALUE for _, lay in operands[:k]) for k, (_, lay) in enumerate(operands)
+                   if lay == CONTIGUOUS]
+        aligned = tuple((pos, width * kernel.params[pos].dtype.itemsize) for pos in walked)
+    else:
+        vector = None
+    return Specs(scalar, vector, aligned, tail, numel)
 
 
 def make_plan(name: str, exprs: tuple[Expr, ...], compute: DType, described: list[tuple], arg_index: list[int],
@@ -153,39 +202,42 @@ def make_plan(name: str, exprs: tuple[Expr, ...], compute: DType, described: lis
     """Specialise, render, compile and load the kernels of one launch geometry (see [Note: pointwise plans])."""
     specs = kernel_specs(name, exprs, compute, described, scalar_names, out, saturate)
 
-    def loaded(spec: PointwiseKernel | None):
-        return None if spec is None else load(render_pointwise(spec, CUDA), spec.name, device)
+    def loaded(sched: KernelSchedule | None):
+        return None if sched is None else load(render_source(sched), sched.kernel.name, device)
 
-    vector = specs.vector.vector if specs.vector is not None else 1
+    vector = specs.vector.nests[0].cuda.vector if specs.vector is not None else 1
     return Plan(loaded(specs.vector), loaded(specs.scalar), ceil_div(specs.numel, BLOCK * vector),
                 ceil_div(specs.numel, BLOCK), tuple((d[0], a) for d, a in zip(described, arg_index)),
                 tuple(scalar_index), python_type(compute), specs.tail, specs.aligned, specs.numel)
 
 
 def execute(plan: Plan, args: tuple, out: Tensor, stream: int) -> None:
-    """Launch ``plan`` writing ``out`` from the bound ``args``."""
+    """Launch ``plan`` writing ``out`` from the bound ``args``: the pointers, then the by-value operands and
+    scalars, then the sizes and strides (the kernel's parameter order)."""
     convert = plan.convert
     argv = [out._storage.data.ptr + out._offset * out._dtype.itemsize]
+    values = []
     for kind, k in plan.inputs:
         if kind == PTR:
             t = args[k]
             argv.append(t._storage.data.ptr + t._offset * t._dtype.itemsize)
         elif kind == NUMBER:
-            argv.append(convert(args[k]))
+            values.append(convert(args[k]))
         elif kind == HOST_SCALAR:
-            argv.append(convert(args[k].item()))
+            values.append(convert(args[k].item()))
         else:
-            argv.append(convert(0))
-    for k in plan.scalars:
-        argv.append(convert(args[k]))
-    argv.extend(plan.tail)
+            values.append(convert(0))
     fn, grid = plan.scalar_fn, plan.scalar_grid
     if plan.vector_fn is not None:
-        for k, alignment in plan.aligned:
-            if argv[k + 1] % alignment:
+        for pos, alignment in plan.aligned:
+            if argv[pos] % alignment:
                 break
         else:
             fn, grid = plan.vector_fn, plan.vector_grid
+    argv += values
+    for k in plan.scalars:
+        argv.append(convert(args[k]))
+    argv.extend(plan.tail)
     packer = plan.packers.get(fn)
     if packer is None:
         packer = plan.packers[fn] = packer_for(fn, argv) or False

@@ -1,44 +1,64 @@
 """Reductions on CUDA: sum, prod, amax, amin, any, all over any set of dims, and the arg-reductions.
 
 [Note: reduction schedule]
-The kept dims become the *outer* index space (one output each) and the reduced dims the *inner* one; each
-is merged to the fewest dims its strides allow, keeping row-major order (argmax reports row-major
-positions). When the innermost reduced dim is contiguous, a block reduces one row (``ROW``: coalesced
-loads, warp shuffles, one shared-memory step across warps); when the outputs are the contiguous ones, 32
-adjacent outputs share a block and the reduced elements spread over ``threadIdx.y`` (``COLUMN``).
-A reduction with too few outputs to fill the GPU is split over ``blockIdx.y``: the first pass writes
-partial results in the accumulator dtype, a second pass combines them (no atomics, so results are
-deterministic). Plans are cached per (operator, dtypes, shape, strides, dims), like pointwise plans.
+A reduction launch is a one-nest kernel IR (``codegen.kernel_ir``): the kept dims, merged to the fewest
+their strides allow, are the *outer* dims of the domain (one output each) and the reduced dims, merged
+likewise and in row-major order (argmax reports row-major positions), the *inner* ones; one load, one
+``Reduce`` (``argmax``/``argmin`` keep the winner's position too) and the per-row stores. Sizes and strides
+are by-value arguments, so the kernel is rendered and compiled once per specialisation (dtypes, combiner,
+ranks, 32- or 64-bit indexing, whether the innermost reduced or kept dim has stride 1, the block size, the
+strategy, splitting) by ``codegen``'s CUDA scheduler and renderer, like a compiled kernel. What depends on
+the sizes is decided here when a plan is made, and passed to the scheduler as ``Knobs``:
+
+* the strategy: ``rows`` (a block per output row: coalesced loads, warp shuffles, one shared-memory step
+  across warps) when the reduced elements are adjacent in memory and there are at least 32 of them, or when
+  neither the reduced nor the kept elements are adjacent; else ``columns`` (32 adjacent outputs per block,
+  the reduced elements spread over the block's warps, combined through shared memory);
+* the block size: a row's threads, a few elements each; a column block's warps, up to 8;
+* splitting: a reduction with too few outputs to fill the GPU is split over blocks (``tw_split`` blocks per
+  row or group of columns, ``tw_chunk`` elements each, given at launch); each writes its partial results in
+  the accumulator dtype, and a second launch (itself a row reduction over them) combines them in order: no
+  atomics, so results are deterministic. Arg-reductions are never split;
+* 16-byte loads along a contiguous reduced dim (``rows`` only): a second variant of the kernel, launched when
+  the input's address is aligned (its row strides are multiples of the vector, which the plan checks), with
+  its loop unrolled as many times as a thread's trips over the row (up to 4), so all of a short row's loads
+  are in flight at once.
+
+Plans are cached per (operator, dtypes, shape, strides, dims), like pointwise plans.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tilewise import _strides as S
 from tilewise import dtypes
 from tilewise.backends.cuda.device_memory import data_ptr, empty, empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
-from tilewise.codegen.render import COLUMN, ROW, ReductionKernel, render_reduction
-from tilewise.codegen.render.cstyle import SUFFIX
+from tilewise.codegen.kernel_ir import ARG_COMBINERS, Argument, Index, Kernel, Load, Nest, Param, Reduce, Store, cast
+from tilewise.codegen.render.cstyle import SUFFIX, compute_of
 from tilewise.codegen.render.cuda import accumulator, identity
+from tilewise.codegen.render.kernel_cuda import render_source
+from tilewise.codegen.schedule import KernelSchedule, Knobs, schedule_cuda
 from tilewise.device import Device
 from tilewise.dtypes import DType
+from tilewise.ops.expr import Expr
 from tilewise.tensor import Tensor
 
 _INT32_LIMIT = 2**31 - 1
-_MAX_GRID_Y = 65535
+ROWS, COLUMNS = "rows", "columns"
 
 
 @dataclass
 class PassSpec:
-    """One launch of a reduction: its kernel, grid and argument tail, and optionally a 16-byte-load variant
-    usable when the input's address is a multiple of ``align`` bytes."""
+    """One launch of a reduction: its schedule, grid, block and argument tail, and optionally a 16-byte-load
+    variant usable when the input's address is a multiple of ``align`` bytes."""
 
-    spec: ReductionKernel
-    grid: tuple[int, int]
-    tail: tuple[int, ...]  # n_outer, n_inner, chunk, outer sizes/strides, inner sizes/strides
-    vector: ReductionKernel | None = None
+    spec: KernelSchedule
+    grid: int
+    block: int
+    tail: tuple[int, ...]  # sizes, strides[, split, chunk]
+    vector: KernelSchedule | None = None
     vector_tail: tuple[int, ...] = ()
     align: int = 0
 
@@ -46,8 +66,8 @@ class PassSpec:
 @dataclass
 class Pass:
     fn: object
-    grid: tuple[int, int]
-    block: tuple[int, int]
+    grid: int
+    block: int
     tail: tuple[int, ...]
     vector_fn: object = None
     vector_tail: tuple[int, ...] = ()
@@ -80,59 +100,117 @@ def _geometry(shape: tuple, strides: tuple, dims: tuple[int, ...]):
     outer_shape = tuple(shape[d] for d in kept)
     outer, (outer_strides,) = S.coalesce(outer_shape, tuple(strides[d] for d in kept))
     inner, (inner_strides,) = S.coalesce(tuple(shape[d] for d in dims), tuple(strides[d] for d in dims))
+    if not inner:  # nothing (or only size-1 dims) reduced: one element per row, at a symbolic size of 1
+        inner, inner_strides = (1,), (0,)
     return outer_shape, outer, outer_strides, inner, inner_strides
+
+
+def reduction_kernel(name: str, combiner: str, dtype: DType, acc: DType, output: DType | None, indices: bool,
+                     outer_rank: int, inner_rank: int, unit_outer: bool, unit_inner: bool, index: str) -> Kernel:
+    """The kernel IR of a reduction over ``inner_rank`` symbolic dims for each point of ``outer_rank`` kept ones
+    (see [Note: reduction schedule]); ``unit_*``: the innermost dim of that kind has stride 1."""
+    outer = [f"osize{d}" for d in range(outer_rank)]
+    inner = [f"isize{d}" for d in range(inner_rank)]
+    ostrides = [1 if unit_outer and d == outer_rank - 1 else f"ostride{d}" for d in range(outer_rank)]
+    istrides = [1 if unit_inner and d == inner_rank - 1 else f"istride{d}" for d in range(inner_rank)]
+    terms = tuple(enumerate(ostrides)) + tuple((outer_rank + d, s) for d, s in enumerate(istrides))
+    out_terms = tuple((d, f"ocount{d}" if d < outer_rank - 1 else 1) for d in range(outer_rank))
+    params = []
+    stores = []
+    if output is not None:
+        params.append(Param("out", output, False, True))
+        stores.append(Store(len(params) - 1, Index(0, out_terms), Expr("scalar", (), "acc0"), output, None))
+    if indices:
+        params.append(Param("out_index", dtypes.int64, False, True))
+        stores.append(Store(len(params) - 1, Index(0, out_terms), Expr("scalar", (), "pos0"), dtypes.int64, None))
+    params.append(Param("in", dtype, True, False))
+    value = Expr("input", (), 0)
+    if compute_of(dtype) is not acc:
+        value = cast(value, acc)
+    nest = Nest(tuple(outer + inner), tuple(range(outer_rank, outer_rank + inner_rank)),
+                [Load(len(params) - 1, Index(0, terms), dtype)], [Reduce(combiner, value, acc, 0)], stores)
+    arguments = [Argument(n) for n in outer + inner]
+    arguments += [Argument(s) for s in ostrides + istrides if type(s) is str]
+    arguments += [Argument(s) for _, s in out_terms if type(s) is str]
+    return Kernel(name, params, [nest], arguments=arguments, index=index)
+
+
+def _kernel_name(name, combiner, dtype, acc, output, geometry: tuple, index: str, mode: str, block: int,
+                 split: bool) -> str:
+    outer_rank, inner_rank, unit_outer, unit_inner = geometry
+    value = SUFFIX[output.name] if output is not None else "idx"
+    layout = ("c" if unit_outer else "s") + ("c" if unit_inner else "s")
+    return (f"tw_{name}_{SUFFIX[dtype.name]}_{SUFFIX[acc.name]}_{value}_{mode}_o{outer_rank}_i{inner_rank}{layout}_"
+            f"{'i32' if index == 'int' else 'i64'}_{block}" + ("_split" if split else ""))
+
+
+def _pass(name: str, combiner: str, dtype: DType, shape: tuple, strides: tuple, dims: tuple[int, ...], acc: DType,
+          output: DType | None, indices: bool, sm_count: int, split_allowed: bool = True):
+    """The first launch of a reduction (see [Note: reduction schedule]) and its split factor."""
+    _, outer, outer_strides, inner, inner_strides = _geometry(shape, strides, dims)
+    n_outer, n_inner = S.numel(outer), S.numel(inner)
+    arg = combiner in ARG_COMBINERS
+    inner_contiguous = inner_strides[-1] == 1
+    outer_contiguous = bool(outer) and outer_strides[-1] == 1
+    mode = ROWS if (inner_contiguous and n_inner >= 32) or not (outer_contiguous or n_inner < 32) else COLUMNS
+    if mode == ROWS:
+        block = min(256, max(32, _pow2_at_least(n_inner) // 8))
+        blocks, per_block = n_outer, block * 8
+    else:
+        block = 32 * min(8, _pow2_at_least(n_inner))
+        blocks, per_block = ceil_div(n_outer, 32), block // 32 * 16
+    target = (4 if mode == ROWS else 16) * sm_count
+    splits = 1
+    if split_allowed and not arg and blocks < target and n_inner > per_block:
+        splits = min(ceil_div(target, max(blocks, 1)), ceil_div(n_inner, per_block))
+    chunk = ceil_div(n_inner, splits)
+    span = max(S.storage_span(shape, strides, 0), n_outer * splits, n_inner)
+    index = "int" if span <= _INT32_LIMIT else "long long"
+    geometry = (len(outer), len(inner), outer_contiguous, inner_contiguous)
+    kernel_name = _kernel_name(name, combiner, dtype, acc, acc if splits > 1 else output, geometry, index, mode, block,
+                               splits > 1)
+    ir = reduction_kernel(kernel_name, combiner, dtype, acc, acc if splits > 1 else output, indices and splits == 1,
+                          *geometry, index)
+    knobs = Knobs(block=block, strategy=mode, split=splits > 1, unroll=0 if arg else 4)
+    ocount = S.contiguous_strides(outer)[:-1]
+    sizes = (*outer, *inner, *(s for s, u in zip(outer_strides, _units(len(outer), outer_contiguous)) if not u),
+             *(s for s, u in zip(inner_strides, _units(len(inner), inner_contiguous)) if not u), *ocount)
+    split_args = (splits, chunk) if splits > 1 else ()
+    first = PassSpec(schedule_cuda(ir, replace(knobs, vector=1)), blocks * splits, block,
+                     (*sizes, *split_args))
+    vector = schedule_cuda(ir, knobs)
+    width = vector.nests[0].cuda.vector
+    if (mode == ROWS and len(inner) == 1 and inner_contiguous and width > 1 and n_inner >= 4 * width
+            and all(st % width == 0 for st in outer_strides)):
+        vector_chunk = ceil_div(chunk, width) * width
+        trips = ceil_div(ceil_div(vector_chunk, width), block)
+        unroll = max(1, min(4, trips))
+        vector = schedule_cuda(ir, replace(knobs, unroll=unroll))
+        vector.kernel = Kernel(f"{kernel_name}_v{width}u{unroll}", ir.params, ir.nests, arguments=ir.arguments,
+                               index=ir.index)
+        first.vector, first.align = vector, width * dtype.itemsize
+        first.vector_tail = (*sizes, *((splits, vector_chunk) if splits > 1 else ()))
+    return first, (n_outer, splits)
+
+
+def _units(rank: int, unit: bool) -> list[bool]:
+    """Which of ``rank`` strides are the literal 1 of a contiguous innermost dim (no argument for them)."""
+    return [unit and d == rank - 1 for d in range(rank)]
 
 
 def reduction_specs(name: str, combiner: str, dtype: DType, shape: tuple, strides: tuple, dims: tuple[int, ...],
                     acc: DType, output: DType | None, indices: bool, sm_count: int):
-    """The passes of a reduction as (kernel spec, grid, tail) pairs, plus the kept shape, the partial
-    buffer's shape and the reduced element count (see [Note: reduction schedule])."""
-    outer_shape, outer, outer_strides, inner, inner_strides = _geometry(shape, strides, dims)
-    n_outer, n_inner = S.numel(outer), S.numel(inner)
-    arg = combiner in ("argmax", "argmin")
-    inner_contiguous = bool(inner) and inner_strides[-1] == 1
-    outer_contiguous = bool(outer) and outer_strides[-1] == 1
-    mode = ROW if (inner_contiguous and n_inner >= 32) or not (outer_contiguous or n_inner < 32) else COLUMN
-    if mode == ROW:
-        block = (min(256, max(32, _pow2_at_least(n_inner) // 8)), 1)
-        blocks, per_block = n_outer, block[0] * 8
-    else:
-        block = (32, min(8, _pow2_at_least(n_inner)))
-        blocks, per_block = ceil_div(n_outer, 32), block[1] * 16
-    target = (4 if mode == ROW else 16) * sm_count
-    splits = 1
-    if not arg and blocks < target and n_inner > per_block:
-        splits = min(ceil_div(target, max(blocks, 1)), ceil_div(n_inner, per_block), _MAX_GRID_Y)
-    chunk = ceil_div(n_inner, splits)
-    span = max(S.storage_span(shape, strides, 0), n_outer * splits, n_inner)
-    index = "int32" if span <= _INT32_LIMIT else "int64"
-    first_out = acc if splits > 1 else output
-    geometry = (*outer, *outer_strides, *inner, *inner_strides)
-    first = PassSpec(_spec(name, combiner, dtype, acc, first_out, indices, len(outer), len(inner), index, mode, block),
-                     (blocks, splits), (n_outer, n_inner, chunk, *geometry))
-    vector = min(8, 16 // dtype.itemsize)
-    if mode == ROW and len(inner) == 1 and inner_strides[0] == 1 and vector > 1 and n_inner >= 4 * vector and all(
-            st % vector == 0 for st in outer_strides):
-        trips = ceil_div(ceil_div(chunk, vector), block[0])
-        first.vector = _spec(name, combiner, dtype, acc, first_out, indices, len(outer), 1, index, ROW, block, vector,
-                             max(1, min(4, trips)))
-        first.vector_tail = (n_outer, n_inner, ceil_div(chunk, vector) * vector, *geometry)
-        first.align = vector * dtype.itemsize
+    """The passes of a reduction, plus the kept shape, the partial buffer's shape and the reduced element count
+    (see [Note: reduction schedule])."""
+    outer_shape, outer, _, inner, _ = _geometry(shape, strides, dims)
+    n_inner = S.numel(tuple(shape[d] for d in dims))
+    first, (n_outer, splits) = _pass(name, combiner, dtype, shape, strides, dims, acc, output, indices, sm_count)
     passes = [first]
-    if splits > 1:
-        passes.append(PassSpec(_spec(name, combiner, acc, acc, output, False, 1, 1, index, ROW, (32, 1)), (n_outer, 1),
-                               (n_outer, splits, splits, n_outer, splits, splits, 1)))
+    if splits > 1:  # combine the partial results: a row reduction of the [n_outer, splits] buffer, not split again
+        second, _ = _pass(name, combiner, acc, (n_outer, splits), (splits, 1), (1,), acc, output, False, sm_count,
+                          split_allowed=False)
+        passes.append(second)
     return passes, outer_shape, (n_outer, splits), n_inner
-
-
-def _spec(name, combiner, input_dtype, acc, output, indices, outer_rank, inner_rank, index, mode, block,
-          vector: int = 1, unroll: int = 4) -> ReductionKernel:
-    width = "i32" if index == "int32" else "i64"
-    kernel_name = (f"tw_{name}_{SUFFIX[input_dtype.name]}_{SUFFIX[acc.name]}_"
-                   f"{SUFFIX[output.name] if output is not None else 'idx'}_{mode}_o{outer_rank}_i{inner_rank}_"
-                   f"{width}_{block[0]}x{block[1]}" + (f"_v{vector}u{unroll}" if vector > 1 else ""))
-    return ReductionKernel(kernel_name, combiner, input_dtype, acc, output, indices, outer_rank, inner_rank, index,
-                           mode, block, vector, unroll)
 
 
 def plan_reduction(name: str, combiner: str, x: Tensor, dims: tuple[int, ...], acc: DType, output: DType | None,
@@ -140,10 +218,11 @@ def plan_reduction(name: str, combiner: str, x: Tensor, dims: tuple[int, ...], a
     device = x._device.index
     passes, out_shape, partial_shape, n_inner = reduction_specs(name, combiner, x._dtype, x._shape, x._strides, dims,
                                                                 acc, output, indices, _sm_count(device))
-    def loaded(spec: ReductionKernel | None):
-        return None if spec is None else load(render_reduction(spec), spec.name, device)
 
-    loaded = [Pass(loaded(p.spec), p.grid, p.spec.block, p.tail, loaded(p.vector), p.vector_tail, p.align)
+    def loaded(sched: KernelSchedule | None):
+        return None if sched is None else load(render_source(sched), sched.kernel.name, device)
+
+    loaded = [Pass(loaded(p.spec), p.grid, p.block, p.tail, loaded(p.vector), p.vector_tail, p.align)
               for p in passes]
     return ReductionPlan(loaded[0], loaded[1] if len(loaded) > 1 else None, partial_shape, acc, out_shape, n_inner,
                          combiner)
@@ -176,20 +255,23 @@ def execute(plan: ReductionPlan, x: Tensor, output: DType | None, indices: bool,
 
         fill(values, identity(plan.combiner, plan.acc))
         return values, positions
-    first = plan.first
     x_ptr = data_ptr(x)
-    fn, tail = first.fn, first.tail
-    if first.vector_fn is not None and x_ptr % first.align == 0:
-        fn, tail = first.vector_fn, first.vector_tail
     if plan.second is None:
         outs = [data_ptr(t) for t in (values, positions) if t is not None]
-        launch(fn, first.grid, first.block, [*outs, x_ptr, *tail], stream)
+        _launch(plan.first, outs, x_ptr, stream)
         return values, positions
     partial = empty(plan.partial_shape, plan.acc, device)
-    launch(fn, first.grid, first.block, [data_ptr(partial), x_ptr, *tail], stream)
-    second = plan.second
-    launch(second.fn, second.grid, second.block, [data_ptr(values), data_ptr(partial), *second.tail], stream)
+    _launch(plan.first, [data_ptr(partial)], x_ptr, stream)
+    _launch(plan.second, [data_ptr(values)], data_ptr(partial), stream)
     return values, positions
+
+
+def _launch(p: Pass, outs: list[int], x_ptr: int, stream: int) -> None:
+    """Launch pass ``p`` reading ``x_ptr``: its 16-byte-load variant where that address is aligned for it."""
+    fn, tail = p.fn, p.tail
+    if p.vector_fn is not None and x_ptr % p.align == 0:
+        fn, tail = p.vector_fn, p.vector_tail
+    launch(fn, p.grid, p.block, [*outs, x_ptr, *tail], stream)
 
 
 _COMBINER = {"add": "add", "mul": "mul", "max": "max", "min": "min", "or": "or", "and": "and"}
