@@ -680,9 +680,12 @@ class _Nest:
                         f"hi = lo + {plan.chunk} < {row_len} ? lo + {plan.chunk} : ({idx}){row_len};")
             lo, hi = "lo", "hi"
         for p in range(nest.phases):
-            if plan.unroll:
+            if plan.unroll:  # a bound the loop's trip count follows from, so the unrolled loads are independent
+                self.w.line(f"const {idx} tw_end{p} = tw_valid ? {hi} : {lo};")
                 self.w.line(f"#pragma unroll {plan.unroll}")
-            self.w.open(f"for ({idx} j = {lo} + tw_y; tw_valid && j < {hi}; j += {plan.team})")
+                self.w.open(f"for ({idx} j = {lo} + tw_y; j < tw_end{p}; j += {plan.team})")
+            else:
+                self.w.open(f"for ({idx} j = {lo} + tw_y; tw_valid && j < {hi}; j += {plan.team})")
             self.decompose("j", nest.reduce)
             self.element_body(p, f"_p{p}")
             self.w.close()
