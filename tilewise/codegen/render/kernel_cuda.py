@@ -534,8 +534,7 @@ class _Nest:
         self.w.line("const int tw_t = threadIdx.x" + (f" % {team};" if plan.rows_per_block > 1 else ";"))
         if plan.partials:
             self.w.line(f"const {idx} row = ({idx})tw_block / tw_split, tw_part = ({idx})tw_block % tw_split;")
-            self.w.line(f"const {idx} lo = tw_part * tw_chunk, hi = lo + tw_chunk < {row_len} ? lo + tw_chunk : "
-                        f"{_size_code(row_len, idx)};")
+            self.chunk_bounds(row_len)
         else:
             per_block = plan.rows_per_block
             row = f"({idx})tw_block * {per_block} + threadIdx.x / {team}" if per_block > 1 else f"({idx})tw_block"
@@ -567,6 +566,13 @@ class _Nest:
         self.row_stores("tw_t == 0")
         if plan.rows_per_block > 1:
             self.w.close()
+
+    def chunk_bounds(self, row_len) -> None:
+        """``lo`` and ``hi`` of chunk ``tw_part`` of a row split at launch, both clamped to the row (a chunk rounded
+        up to whole vectors may leave the last parts past its end: they fold nothing)."""
+        idx, n = self.idx, _size_code(row_len, self.idx)
+        self.w.line(f"const {idx} tw_lo = tw_part * tw_chunk, lo = tw_lo < {n} ? tw_lo : {n}, "
+                    f"hi = lo + tw_chunk < {n} ? lo + tw_chunk : {n};")
 
     def split_row(self) -> None:
         """A chunk of a long row per block; partials to scratch; the row's last block combines them."""
@@ -672,17 +678,19 @@ class _Nest:
         self.begin_row("row")
         lo, hi = "0", _size_code(row_len, idx)
         if plan.partials:
-            self.w.line(f"const {idx} lo = tw_part * tw_chunk, hi = lo + tw_chunk < {row_len} ? lo + tw_chunk : "
-                        f"{_size_code(row_len, idx)};")
+            self.chunk_bounds(row_len)
             lo, hi = "lo", "hi"
         if g > 1:
             self.w.line(f"const {idx} lo = ({idx})(tw_block % {g}u) * {plan.chunk}, "
                         f"hi = lo + {plan.chunk} < {row_len} ? lo + {plan.chunk} : ({idx}){row_len};")
             lo, hi = "lo", "hi"
         for p in range(nest.phases):
-            if plan.unroll:
+            if plan.unroll:  # a bound the loop's trip count follows from, so the unrolled loads are independent
+                self.w.line(f"const {idx} tw_end{p} = tw_valid ? {hi} : {lo};")
                 self.w.line(f"#pragma unroll {plan.unroll}")
-            self.w.open(f"for ({idx} j = {lo} + tw_y; tw_valid && j < {hi}; j += {plan.team})")
+                self.w.open(f"for ({idx} j = {lo} + tw_y; j < tw_end{p}; j += {plan.team})")
+            else:
+                self.w.open(f"for ({idx} j = {lo} + tw_y; tw_valid && j < {hi}; j += {plan.team})")
             self.decompose("j", nest.reduce)
             self.element_body(p, f"_p{p}")
             self.w.close()

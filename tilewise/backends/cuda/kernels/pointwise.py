@@ -36,7 +36,7 @@ from tilewise.ops.expr import Expr, inputs_of, render_text, substitute, toposort
 from tilewise.tensor import Tensor
 
 BLOCK = 128
-_INT32_LIMIT = 2**31 - 1
+_INT32_LIMIT = 2**31 - 1 - (1 << 16)  # 32-bit indexing leaves room for a thread's position past the end
 PTR, NUMBER, HOST_SCALAR, ABSENT = 0, 1, 2, 3  # how a plan fills each input's argument
 CONTIGUOUS, STRIDED, BROADCAST, VALUE = "contiguous", "strided", "broadcast", "value"
 

@@ -45,7 +45,7 @@ from tilewise.dtypes import DType
 from tilewise.ops.expr import Expr
 from tilewise.tensor import Tensor
 
-_INT32_LIMIT = 2**31 - 1
+_INT32_LIMIT = 2**31 - 1 - (1 << 16)  # 32-bit indexing leaves room for a loop's position past the end
 ROWS, COLUMNS = "rows", "columns"
 
 
