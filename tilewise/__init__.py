@@ -15,6 +15,7 @@ from tilewise.dtypes import (
     DType,
     bfloat16,
     bool_,
+    can_cast,
     cdouble,
     cfloat,
     complex64,
@@ -41,8 +42,11 @@ from tilewise.dtypes import (
     short,
     uint8,
 )
+from tilewise.layouts import contiguous_format, layout, memory_format, preserve_format, strided
+from tilewise.storage import is_storage
 from tilewise.tensor import Size, Tensor, as_tensor, from_numpy, is_tensor, tensor
 from tilewise.tensortypes import CPU_TYPES as _CPU_TYPES
+from tilewise.tensortypes import set_default_tensor_type, typename
 
 globals().update({cls.__name__: cls for cls in _CPU_TYPES.values()})  # LongTensor, FloatTensor, ...
 bool = bool_  # noqa: A001 — tilewise.bool, like torch.bool
@@ -59,7 +63,9 @@ from tilewise.ops.creation import (  # noqa: E402
     default_generator,
     empty,
     empty_like,
+    empty_permuted,
     eye,
+    frombuffer,
     full,
     full_like,
     get_rng_state,
@@ -82,6 +88,14 @@ from tilewise.ops.creation import (  # noqa: E402
     zeros,
     zeros_like,
 )
+from tilewise.ops.creation import deprecated_range as range  # noqa: E402, A004 — torch.range, end included
+from tilewise.ops.windows import (  # noqa: E402
+    bartlett_window,
+    blackman_window,
+    hamming_window,
+    hann_window,
+    kaiser_window,
+)
 
 _api = _ops.build_api()  # every public operator function: tilewise.add, tilewise.exp, tilewise.max, ...
 _clashes = sorted(set(_api) & set(globals()))
@@ -99,7 +113,7 @@ from tilewise import (  # noqa: E402
     optim,
     utils,
 )
-from tilewise._dlpack import from_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
+from tilewise._dlpack import from_dlpack, to_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
 from tilewise.amp import (  # noqa: E402
     autocast,
     clear_autocast_cache,
@@ -107,7 +121,30 @@ from tilewise.amp import (  # noqa: E402
     is_autocast_cache_enabled,
     is_autocast_enabled,
 )
-from tilewise.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
+from tilewise.amp.autocast_mode import (  # noqa: E402
+    get_autocast_cpu_dtype,
+    get_autocast_gpu_dtype,
+    is_autocast_cpu_enabled,
+    set_autocast_cache_enabled,
+    set_autocast_cpu_dtype,
+    set_autocast_cpu_enabled,
+    set_autocast_dtype,
+    set_autocast_enabled,
+    set_autocast_gpu_dtype,
+)
+from tilewise.autograd import (  # noqa: E402
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
+from tilewise.autograd.anomaly_mode import (  # noqa: E402
+    is_anomaly_check_nan_enabled,
+    is_anomaly_enabled,
+    set_anomaly_enabled,
+)
 from tilewise.backends import get_default_device, set_default_device  # noqa: E402
 from tilewise.compiler import compile  # noqa: E402, A004 — tilewise.compile, like torch.compile
 from tilewise.serialization import load, save  # noqa: E402
@@ -116,12 +153,14 @@ from tilewise.serialization import load, save  # noqa: E402
 # torch's global settings and device modules: tilewise.backends.cuda.matmul.allow_tf32, tilewise.backends.cudnn,
 # tilewise.cuda.amp, tilewise.cpu, tilewise.accelerator, tilewise.use_deterministic_algorithms, ...
 from tilewise import accelerator, cpu  # noqa: E402
+from tilewise.accelerator import get_device_module  # noqa: E402
 from tilewise.backends import cudnn as _cudnn  # noqa: E402
 from tilewise.backends import mkldnn as _mkldnn  # noqa: E402
 from tilewise.backends import mps as _mps  # noqa: E402
 from tilewise.backends.cpu.threads import (  # noqa: E402
     get_num_interop_threads,
     get_num_threads,
+    init_num_threads,
     set_num_interop_threads,
     set_num_threads,
 )
@@ -131,8 +170,11 @@ from tilewise.backends.flags import (  # noqa: E402
     get_deterministic_debug_mode,
     get_float32_matmul_precision,
     is_deterministic_algorithms_warn_only_enabled,
+    is_warn_always_enabled,
     set_deterministic_debug_mode,
     set_float32_matmul_precision,
+    set_flush_denormal,
+    set_warn_always,
     use_deterministic_algorithms,
 )
 from tilewise.cpu import amp as _cpu_amp  # noqa: E402

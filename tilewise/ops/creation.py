@@ -545,7 +545,82 @@ def scalar_tensor(value: Number, *, dtype=None, device=None) -> Tensor:
     return full((), value, dtype=dtype or get_default_dtype(), device=device)
 
 
+def deprecated_range(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """Deprecated in torch: ``[start, end]`` with ``end`` included, in the default floating dtype unless given."""
+    import warnings
+
+    if end is None:
+        raise TypeError('range() missing 1 required positional arguments: "end"')
+    warnings.warn("tilewise.range is deprecated and will be removed in a future release because its behavior is "
+                  "inconsistent with Python's range builtin. Instead, use tilewise.arange, which produces values in "
+                  "[start, end).", UserWarning, stacklevel=2)
+    start, end, step = (v.item() if isinstance(v, Tensor) else v for v in (start, end, step))
+    if step == 0:
+        raise RuntimeError(f"range(): step must be nonzero, got step={step}")
+    if (end - start) * step < 0:
+        raise RuntimeError(f"range(): upper bound and lower bound inconsistent with step sign: start={start}, "
+                           f"end={end}, step={step}")
+    dtype = as_dtype(dtype or get_default_dtype())
+    length = math.floor((end - start) / step) + 1
+    if dtype.is_floating_point:  # each value start + i * step in double, then rounded once, as torch's kernel
+        from tilewise.dtypes import float64
+
+        out = (arange(length, dtype=float64, device=device) * step + start).to(dtype)
+    else:
+        out = arange(start, start + length * step, step, dtype=dtype, device=device)
+    return _finish(out, requires_grad)
+
+
+def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, requires_grad: bool = False,
+                   pin_memory: bool = False) -> Tensor:
+    """An uninitialised tensor of ``size`` whose dims lie in memory in the order ``physical_layout`` (outermost
+    first): ``empty_permuted((2, 3, 4), (0, 2, 1))`` has strides (12, 1, 3)."""
+    size, order = _size((size,), "empty_permuted"), tuple(physical_layout)
+    if len(size) != len(order):
+        raise RuntimeError("Number of dimensions in size does not match the length of the physical_layout; i.e. "
+                           f"len(size) = {len(size)} is not equal to len(physical_layout) = {len(order)}")
+    for k, d in enumerate(order):
+        if not 0 <= d < len(size):
+            raise RuntimeError(f"Dimension out of range (expected to be between 0 and {len(size) - 1}, but got {d} "
+                               f"at index {k}).  NB: negative dims not currently supported; file an issue if you "
+                               "want it.")
+    if len(set(order)) != len(order):
+        raise RuntimeError("Duplicate dim not allowed")
+    physical = _empty("empty_permuted", tuple(size[d] for d in order), dtype, device, False, pin_memory)
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return _finish(physical.permute(inverse), requires_grad)
+
+
+def frombuffer(buffer, *, dtype, count: int = -1, offset: int = 0, requires_grad: bool = False) -> Tensor:
+    """A 1-D tensor sharing the memory of an object with Python's buffer protocol (torch.frombuffer)."""
+    import numpy as np
+
+    from tilewise.tensor import from_array
+
+    dtype = as_dtype(dtype)
+    try:
+        length = memoryview(buffer).nbytes
+    except TypeError:
+        raise ValueError("object does not implement Python buffer protocol.") from None
+    if length == 0 or count == 0:
+        raise ValueError(f"both buffer length ({length}) and count ({count}) must not be 0")
+    if not 0 <= offset < length:
+        raise ValueError(f"offset ({offset} bytes) must be non-negative and no greater than buffer length "
+                         f"({length} bytes) minus 1")
+    size = dtype.itemsize
+    if count < 0:
+        if (length - offset) % size:
+            raise ValueError(f"buffer length ({length - offset} bytes) after offset ({offset} bytes) must be a "
+                             f"multiple of element size ({size})")
+        count = (length - offset) // size
+    elif offset + count * size > length:
+        raise ValueError(f"requested buffer length ({count} * {size} bytes) after offset ({offset} bytes) must not "
+                         f"be greater than actual buffer length ({length} bytes)")
+    array = np.frombuffer(buffer, dtype=dtype.np, count=count, offset=offset)
+    return _finish(from_array(array, dtype), requires_grad)
+
+
 __all__ = ["Generator", "default_generator", "manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state",
            "full", "zeros", "ones", "empty", "zeros_like", "ones_like", "full_like", "empty_like", "arange",
            "linspace", "eye", "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm",
-           "normal", "scalar_tensor"]
+           "normal", "scalar_tensor", "empty_permuted", "frombuffer"]
