@@ -12,6 +12,7 @@ from numbers import Number
 
 from tilewise.ops import (  # noqa: F401 — each module declares its operators on import
     assemble,
+    aten_spellings,
     complex,
     creation,
     fft,
@@ -130,6 +131,7 @@ def _attach_special_methods(functions: dict) -> None:
     for method in creation.INPLACE_FILLS + creation.NEW_LIKE:
         setattr(Tensor, method.__name__, method)
     functions.update(methods.attach(functions))
+    functions.update(aten_spellings.spellings())
 
 
 def make_copy_():
