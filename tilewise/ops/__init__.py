@@ -34,12 +34,14 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     nn_recurrent,
     nn_resampling,
     nn_spatial,
+    norms,
     pointwise,
     reductions,
     scans,
     sets,
     shape,
     special,
+    statistics,
     views,
 )
 from tilewise.ops.formulas import HELPERS

@@ -1,0 +1,85 @@
+"""Errors and warnings of the torch-namespace products, distances, norms and statistics, beside torch's (their
+values and gradients are in the operator table, tests/opinfos/torch_math.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import tilewise as tw
+
+ERRORS = [
+    "fw.mv(fw.ones(3, 4), fw.ones(3))", "fw.mv(fw.ones(4), fw.ones(4))", "fw.mv(fw.ones(3, 4), fw.ones(4, 1))",
+    "fw.mv(fw.ones(3, 4), fw.ones(4, dtype=fw.float64))",
+    "fw.vdot(fw.ones(4), fw.ones(3))", "fw.vdot(fw.ones(2, 2), fw.ones(2, 2))",
+    "fw.vdot(fw.ones(4), fw.ones(4, dtype=fw.float64))",
+    "fw.tensordot(fw.ones(3, 4), fw.ones(3, 4), 1)", "fw.tensordot(fw.ones(3, 4), fw.ones(3, 4), 3)",
+    "fw.tensordot(fw.ones(3, 4), fw.ones(3, 4), -1)", "fw.tensordot(fw.ones(3, 4), fw.ones(3, 4), ([0, 1], [0]))",
+    "fw.chain_matmul()", "fw.chain_matmul(fw.ones(2), fw.ones(2))",
+    "fw.dist(fw.arange(3), fw.arange(3))",
+    "fw.cdist(fw.ones(3), fw.ones(3))", "fw.cdist(fw.ones(3, 4), fw.ones(2, 5))", "fw.cdist(fw.ones(3, 4), "
+    "fw.ones(3, 4), -1.0)", "fw.cdist(fw.ones(3, 4, dtype=fw.int64), fw.ones(3, 4, dtype=fw.int64))",
+    "fw.cdist(fw.ones(3, 4), fw.ones(3, 4), compute_mode='foo')",
+    "fw.renorm(fw.ones(4), 2, 0, 1.0)", "fw.renorm(fw.ones(3, 4), -1, 0, 1.0)", "fw.renorm(fw.ones(3, 4), 2, 0, -1.0)",
+    "fw.renorm(fw.ones(3, 4), 2, 2, 1.0)",
+    "fw.frobenius_norm(fw.ones(3, 4), [0, 1, 1])", "fw.nuclear_norm(fw.ones(4))",
+    "fw.cov(fw.ones(2, 3, 4))", "fw.cov(fw.ones(2, dtype=fw.bool))",
+    "fw.cov(fw.ones(3, 5), fweights=fw.ones(5))", "fw.cov(fw.ones(3, 5), fweights=fw.ones(2, dtype=fw.int64))",
+    "fw.cov(fw.ones(3, 5), fweights=fw.ones(1, 5, dtype=fw.int64))",
+    "fw.cov(fw.ones(3, 5), fweights=-fw.ones(5, dtype=fw.int64))", "fw.cov(fw.ones(3, 5), aweights=-fw.ones(5))",
+    "fw.cov(fw.ones(3, 5), aweights=fw.ones(5, dtype=fw.int64))",
+    "fw.cov(fw.ones(3, 5), fweights=fw.zeros(5, dtype=fw.int64))",
+    "fw.corrcoef(fw.ones(2, 3, 4))",
+    "fw.mode(fw.ones(0))", "fw.mode(fw.ones(0, 3), 0)", "fw.mode(fw.ones(0, 0), 0)", "fw.mode(fw.ones(3, 4), 2)",
+    "fw.split_with_sizes(fw.ones(3, 4), [1, 1])", "fw.split_with_sizes(fw.ones(3, 4), [-1, 4])",
+]
+
+
+@pytest.mark.parametrize("code", ERRORS)
+def test_errors_match_torch(code):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(Exception) as expected:
+            eval(code, {"fw": torch})
+        with pytest.raises(type(expected.value)):
+            eval(code, {"fw": tw})
+
+
+def test_deprecated_spellings_warn():
+    with pytest.warns(UserWarning, match="chain_matmul is deprecated"):
+        tw.chain_matmul(tw.ones(2, 2), tw.ones(2, 2))
+    with pytest.warns(UserWarning, match="nuclear_norm is deprecated"):
+        tw.nuclear_norm(tw.ones(2, 2))
+
+
+def test_cov_without_degrees_of_freedom_warns_and_divides_by_zero():
+    x = np.arange(15, dtype=np.float32).reshape(3, 5) % 4
+    with pytest.warns(UserWarning, match="degrees of freedom is <= 0"):
+        actual = tw.cov(tw.tensor(x), correction=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = torch.cov(torch.tensor(x), correction=5)
+    np.testing.assert_array_equal(actual.numpy(), expected.numpy())
+    with pytest.warns(UserWarning, match="degrees of freedom"):
+        tw.cov(tw.tensor(x), fweights=tw.ones(5, dtype=tw.int64), correction=5)
+
+
+def test_mode_of_empty_slices_and_integers():
+    for shape, dim in [((2, 0), 0), ((0, 3), 1)]:
+        values, indices = tw.mode(tw.ones(shape), dim)
+        expected = torch.mode(torch.ones(shape), dim)
+        assert tuple(values.shape) == tuple(expected.values.shape) and indices.dtype == tw.int64
+    x = np.array([[3, 1, 3, 1, 2], [5, 5, 4, 4, 4]])
+    values, indices = tw.mode(tw.tensor(x))
+    expected = torch.mode(torch.tensor(x))
+    assert values.tolist() == expected.values.tolist() and indices.tolist() == expected.indices.tolist()
+
+
+def test_split_with_sizes_gives_views():
+    x = tw.arange(6.0)
+    first, second = x.split_with_sizes([2, 4])
+    first.mul_(10)
+    assert x.tolist()[:2] == [0.0, 10.0] and second.tolist() == [2.0, 3.0, 4.0, 5.0]

@@ -1,0 +1,131 @@
+"""Sample statistics of the torch namespace: cov, corrcoef and mode.
+
+``cov`` and ``corrcoef`` follow torch's formulas step by step (weighted mean, centred product through one matrix
+product, division by the degrees of freedom, zeroed with torch's warning where they are not positive), so their
+values, dtypes and gradients come from the composed operators. Checks that read values (negative weights, weights
+that sum to zero) run where values can be read; a compiled function skips them, as it skips every data check.
+``mode`` is sort-based: after a stable sort, equal values form runs; the longest run wins (the smallest value
+among equally long ones) and its index is the value's last position in the input, torch's CPU answer. The value
+is gathered from the input at that index, so the gradient lands where torch puts it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from tilewise import _strides as S
+from tilewise.dispatch import values_readable
+from tilewise.dtypes import int64
+from tilewise.ops.creation import ones, zeros
+from tilewise.ops.registry import OPS, declare
+
+
+def _check_weights(name: str, w, observations: int, integral: bool) -> None:
+    if w.ndim > 1:
+        raise RuntimeError(f"cov(): expected {name} to have one or fewer dimensions but got {name} with {w.ndim} "
+                           "dimensions")
+    if w.numel() != observations:
+        raise RuntimeError(f"cov(): expected {name} to have the same numel as there are observations in the input "
+                           f"but got {w.numel()} != {observations}")
+    if integral and (w.dtype.is_floating_point or w.dtype.is_complex):
+        raise RuntimeError(f"cov(): expected {name} to have integral dtype but got {name} with {w.dtype.name} dtype")
+    if not integral and not w.dtype.is_floating_point:
+        raise RuntimeError(f"cov(): expected {name} to have floating point dtype but got {name} with "
+                           f"{w.dtype.name} dtype")
+    if values_readable(w) and bool((w < 0).any()):
+        raise RuntimeError(f"cov(): {name} cannot be negative")
+
+
+def _cov(input, correction=1, fweights=None, aweights=None):
+    if input.ndim > 2:
+        raise RuntimeError(f"cov(): expected input to have two or fewer dimensions but got an input with "
+                           f"{input.ndim} dimensions")
+    if input.dtype.name == "bool":
+        raise RuntimeError("cov(): bool dtype is not supported for input")
+    x = input.reshape(1, -1) if input.ndim < 2 else input
+    observations = x.shape[1]
+    w = None
+    if fweights is not None:
+        _check_weights("fweights", fweights, observations, True)
+        w = fweights
+    if aweights is not None:
+        _check_weights("aweights", aweights, observations, False)
+        w = w * aweights if w is not None else aweights
+    if w is None:
+        w_sum = observations
+        average = x.sum(1) / w_sum
+        norm_factor = w_sum - correction
+        if norm_factor <= 0:
+            _warn_degrees_of_freedom()
+            norm_factor = 0
+    else:
+        w_sum = w.sum()
+        if values_readable(w_sum) and bool(w_sum == 0):
+            raise RuntimeError("cov(): weights sum to zero, can't be normalized")
+        average = (x * w).sum(1) / w_sum
+        if aweights is not None and correction != 0:
+            norm_factor = w_sum - correction * (w * aweights).sum() / w_sum
+        else:
+            norm_factor = w_sum - correction
+        if values_readable(norm_factor) and bool(norm_factor <= 0):
+            _warn_degrees_of_freedom()
+        norm_factor = OPS["where.self"](norm_factor <= 0, 0, norm_factor)
+    centred = x - average.unsqueeze(1)
+    weighted = centred * w if w is not None else centred
+    product = centred.mm((weighted.conj() if weighted.dtype.is_complex else weighted).t())
+    return (product / norm_factor).squeeze()
+
+
+def _warn_degrees_of_freedom() -> None:
+    warnings.warn("cov(): degrees of freedom is <= 0. Correction should be strictly less than the number of "
+                  "observations.", UserWarning, stacklevel=5)
+
+
+declare("cov(Tensor self, *, int correction=1, Tensor? fweights=None, Tensor? aweights=None) -> Tensor", "composite",
+        decomposition=_cov)
+
+
+def _corrcoef(self):
+    if self.ndim > 2:
+        raise RuntimeError(f"corrcoef(): expected input to have two or fewer dimensions but got an input with "
+                           f"{self.ndim} dimensions")
+    c = _cov(self)
+    if c.ndim == 0:
+        return c / c
+    stddev = c.diagonal().sqrt()
+    c = c / stddev.view(-1, 1)
+    c = c / stddev.view(1, -1)
+    return c.clip(-1, 1)
+
+
+declare("corrcoef(Tensor self) -> Tensor", "composite", decomposition=_corrcoef)
+
+
+def _mode(self, dim=-1, keepdim=False):
+    dim = S.normalize_dim(dim, self.ndim, "mode")
+    if self.ndim == 0:
+        return self.clone(), zeros((), dtype=int64, device=self.device)
+    if self.numel() == 0:
+        if self.shape[dim] == 0:
+            raise IndexError(f"mode(): Expected reduction dim {dim} to have non-zero size.")
+        shape = tuple(n for d, n in enumerate(self.shape) if d != dim) if not keepdim else \
+            tuple(1 if d == dim else n for d, n in enumerate(self.shape))
+        return self.new_empty(shape), zeros(shape, dtype=int64, device=self.device)
+    x = self.movedim(dim, -1)
+    ordered, order = x.sort(-1, stable=True)
+    first = zeros(ordered.shape[:-1] + (1,), dtype=int64, device=self.device)
+    new_run = (ordered[..., 1:] != ordered[..., :-1]).to(int64)
+    run = OPS["cat"]([first, new_run], -1).cumsum(-1)  # each element's run, numbered from 0 along the dim
+    run_length = zeros(run.shape, dtype=int64, device=self.device).scatter_add(-1, run, ones(
+        run.shape, dtype=int64, device=self.device))
+    chosen_run = run_length.gather(-1, run).argmax(-1, keepdim=True)  # the first longest run: its smallest value
+    chosen_run = run.gather(-1, chosen_run)
+    index = OPS["where.self"](run == chosen_run, order, -1).amax(-1, keepdim=True)
+    values = x.gather(-1, index)
+    if keepdim:
+        return values.movedim(-1, dim), index.movedim(-1, dim)
+    return values.squeeze(-1), index.squeeze(-1)
+
+
+declare("mode(Tensor self, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",
+        decomposition=_mode, nondiff_outputs=(1,))
