@@ -141,6 +141,8 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                             for k in captures[(node, 0)]:
                                 captured[k] = g
                     node.accumulate(g, create_graph)
+                    for hook in node.variable.__dict__.get("_post_accumulate_grad_hooks", ()):
+                        hook(node.variable)
                 elif grads[0] is not None and node.variable._hooks:
                     g = _leaf_hooks(node.variable, grads[0])
                     for k in captures.get((node, 0), ()):

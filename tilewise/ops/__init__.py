@@ -16,6 +16,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     complex,
     creation,
     fft,
+    host_methods,
     indexed,
     indexing,
     linalg,
@@ -134,6 +135,8 @@ def _attach_special_methods(functions: dict) -> None:
         setattr(Tensor, method.__name__, method)
     functions.update(methods.attach(functions))
     functions.update(aten_spellings.spellings())
+    host_methods.attach()
+    functions["resize_as_"] = host_methods.resize_as_
 
 
 def make_copy_():

@@ -497,7 +497,42 @@ def random_(self: Tensor, low: int = 0, high: int | None = None, *, generator=No
     return _fill_from(self, randint(low, high, self.shape, dtype=self.dtype, device=self.device, generator=generator))
 
 
-INPLACE_FILLS = (fill_, zero_, uniform_, normal_, bernoulli_, exponential_, random_)
+def log_normal_(self: Tensor, mean: float = 1.0, std: float = 2.0, *, generator=None) -> Tensor:
+    """``exp`` of normal draws with the given mean and standard deviation (of the logarithm)."""
+    if not self.dtype.is_floating_point:
+        raise NotImplementedError(f'"log_normal_" not implemented for {self.dtype.name} tensors; it fills floating '
+                                  "tensors")
+    if not std > 0:
+        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std}")
+    draws = randn(self.shape, dtype=self.dtype, device=self.device, generator=generator)
+    return _fill_from(self, (draws * std + mean).exp())
+
+
+def cauchy_(self: Tensor, median: float = 0.0, sigma: float = 1.0, *, generator=None) -> Tensor:
+    """Cauchy draws by inversion: ``median + sigma * tan(pi * (u - 1/2))``."""
+    if not self.dtype.is_floating_point:
+        raise RuntimeError("Cauchy distribution is a continuous probability distribution. dtype must be a floating "
+                           f"point but you specified {self.dtype.name}")
+    if not sigma > 0:
+        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma}")
+    u = rand(self.shape, dtype=self.dtype, device=self.device, generator=generator)
+    return _fill_from(self, ((u - 0.5) * math.pi).tan() * sigma + median)
+
+
+def geometric_(self: Tensor, p: float, *, generator=None) -> Tensor:
+    """The number of Bernoulli(p) trials up to the first success, ``ceil(log(u) / log(1 - p))``, in any numeric
+    dtype but bool."""
+    if self.dtype.name == "bool":
+        raise NotImplementedError('"geometric_" not implemented for bool tensors')
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p}")
+    compute = self.dtype if self.dtype.is_floating_point else get_default_dtype()
+    u = rand(self.shape, dtype=compute, device=self.device, generator=generator)
+    trials = ((1 - u).log() / math.log1p(-p)).ceil().clamp_min(1)  # 1 - u in (0, 1]: never log(0)
+    return _fill_from(self, trials.to(self.dtype))
+
+
+INPLACE_FILLS = (fill_, zero_, uniform_, normal_, bernoulli_, exponential_, random_, log_normal_, cauchy_, geometric_)
 
 
 # ---------------------------------------------------------------- new tensors like self (Tensor methods)
@@ -534,7 +569,15 @@ def new_tensor(self: Tensor, data, *, dtype=None, device=None, requires_grad: bo
     return tensor(data, dtype=dt, device=dev, requires_grad=requires_grad)
 
 
-NEW_LIKE = (new_zeros, new_ones, new_full, new_empty, new_tensor)
+def new_empty_strided(self: Tensor, size, stride, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """An uninitialised tensor of the given size and strides, with ``self``'s dtype and device unless given."""
+    from tilewise.ops.methods import empty_strided
+
+    dt, dev = _like(self, dtype, device)
+    return empty_strided(size, stride, dtype=dt, device=dev, requires_grad=requires_grad)
+
+
+NEW_LIKE = (new_zeros, new_ones, new_full, new_empty, new_tensor, new_empty_strided)
 
 
 def to_device(x: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None) -> Tensor:
