@@ -301,3 +301,46 @@ def test_get_device_module():
             fw.get_device_module(3)
         with pytest.raises(RuntimeError, match="does not have a corresponding module"):
             fw.get_device_module("meta")
+
+
+REPR_VALUES = [[0.001, 2.0], [1.5, -22.25, 3.0], [1e9, 1.0], [1.0, 2.0, 3000.0], [0.5, 1e-5], [[1.5, 2.25], [3.0, 4.0]],
+               [float("nan"), 1.5, float("inf")], [123456.5, 1.25], [0.0, 0.0], [-0.0, 1.0], 3.5, [],
+               np.arange(2000.0), np.arange(3000.0).reshape(10, 300), np.zeros((2, 0)),
+               np.random.default_rng(0).standard_normal((4, 30)), np.random.default_rng(1).standard_normal((50, 40))]
+
+
+def _same_repr(values, dtype="float32"):
+    array = np.asarray(values, dtype=dtype)
+    expected = repr(torch.tensor(array))
+    assert repr(tw.tensor(array)).replace("tilewise", "torch") == expected
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8"])
+@pytest.mark.parametrize("values", REPR_VALUES, ids=range(len(REPR_VALUES)))
+def test_tensor_repr_matches_torch(values, dtype):
+    array = np.asarray(values, dtype=np.float64)
+    if dtype.startswith(("int", "uint")):
+        array = np.nan_to_num(np.abs(array), posinf=7.0).astype(dtype) % 100
+    expected = repr(torch.tensor(array, dtype=getattr(torch, dtype)))
+    assert repr(tw.tensor(array, dtype=getattr(tw, dtype))).replace("tilewise", "torch") == expected
+
+
+@pytest.mark.parametrize("options", [{"precision": 2}, {"threshold": 5}, {"edgeitems": 1, "threshold": 5},
+                                     {"linewidth": 30}, {"profile": "short"}, {"profile": "full"}, {"sci_mode": True},
+                                     {"sci_mode": False}, {"edgeitems": 0, "threshold": 5}], ids=str)
+def test_set_printoptions_changes_repr_like_torch(options):
+    torch.set_printoptions(**options)
+    tw.set_printoptions(**options)
+    try:
+        for values in (np.arange(12.0).reshape(3, 4) / 7, np.array([1e-5, 1.0]), np.arange(1200.0)):
+            _same_repr(values)
+        _same_repr(np.arange(10), "int64")
+    finally:
+        torch.set_printoptions(profile="default")
+        tw.set_printoptions(profile="default")
+
+
+def test_repr_of_complex_bool_and_grad_tensors():
+    _same_repr([1 + 2j, -0.5 - 1j], "complex64")
+    _same_repr([[True, False]], "bool")
+    assert repr(tw.ones(2, requires_grad=True) * 2) == repr(torch.ones(2, requires_grad=True) * 2)

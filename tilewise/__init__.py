@@ -9,6 +9,7 @@ tilewise.Size([2])
 from __future__ import annotations
 
 from tilewise import dtypes as _dtypes
+from tilewise._tensor_str import set_printoptions
 from tilewise.device import Device
 from tilewise.device import Device as device  # noqa: N813 — torch spells the constructor tilewise.device
 from tilewise.dtypes import (

@@ -41,8 +41,8 @@ def hamming_window(window_length: int, periodic: bool = True, alpha: float = 0.5
     """``alpha - beta * cos(2 pi n / (N - 1))``.
 
     >>> import tilewise as tw
-    >>> tw.hamming_window(4, periodic=False).tolist()
-    [0.08000001311302185, 0.7700000405311584, 0.7700000405311584, 0.08000001311302185]
+    >>> tw.hamming_window(5, periodic=False)
+    tensor([0.0800, 0.5400, 1.0000, 0.5400, 0.0800])
     """
     def body(n, length):
         return (n * (math.pi * 2.0 / (length - 1))).cos() * -beta + alpha
