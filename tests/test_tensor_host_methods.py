@@ -169,3 +169,66 @@ def test_random_fill_errors_match_torch():
             eval(code, {"fw": torch})
         with pytest.raises(type(expected.value)):
             eval(code, {"fw": tw})
+
+
+def test_legacy_new_constructor_like_torch():
+    for fw in (torch, tw):
+        x = fw.arange(6.0)
+        assert tuple(x.new(2, 3).shape) == (2, 3) and x.new(2, 3).dtype == fw.float32
+        assert x.new([1, 2]).tolist() == [1.0, 2.0] and x.new((2, 3)).tolist() == [2.0, 3.0]
+        assert tuple(x.new().shape) == (0,)
+        assert fw.arange(3).new([1.5]).tolist() == [1]
+
+
+def test_set_and_is_set_to_like_torch():
+    for fw in (torch, tw):
+        x = fw.arange(6.0)
+        assert x.is_set_to(x) and x.is_set_to(x[:]) and not x.is_set_to(x.view(2, 3))
+        assert not x.is_set_to(x.clone())
+        y = fw.zeros(2)
+        assert y.set_(x) is y and y.is_set_to(x)
+        y[0] = 7.0
+        assert x[0].item() == 7.0
+        z = fw.zeros(2).set_(x, 1, (2, 2), (2, 1))
+        assert z.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+        assert tuple(fw.zeros(2).set_().shape) == (0,)
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            fw.zeros(2, requires_grad=True).set_(x)
+        with pytest.raises(RuntimeError, match="Could not set tensor of type"):
+            fw.zeros(2).set_(fw.zeros(2, dtype=fw.int64))
+    x = tw.arange(4.0)
+    assert tw.zeros(1).set_(x.untyped_storage()).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_module_load_volatile_and_reinforce():
+    for fw in (torch, tw):
+        x = fw.zeros(3)
+        loaded = x.module_load(fw.ones(3))
+        assert loaded.tolist() == [1.0, 1.0, 1.0] and x.tolist() == [1.0, 1.0, 1.0]
+        other = fw.full((3,), 2.0)
+        assert x.module_load(other, assign=True).tolist() == [2.0, 2.0, 2.0] and x.tolist() == [1.0, 1.0, 1.0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert x.volatile is False
+        with pytest.raises(RuntimeError, match="reinforce\\(\\) was removed"):
+            x.reinforce(1.0)
+    with pytest.warns(UserWarning, match="volatile was removed"):
+        assert tw.ones(1).volatile is False
+
+
+@pytest.mark.parametrize("name", ["eig", "lstsq", "solve", "symeig", "matrix_rank"])
+def test_functions_removed_in_torch_raise_like_torch(name):
+    a = np.eye(3, dtype=np.float32)
+    operands = 2 if name in ("lstsq", "solve") else 1
+    spellings = [lambda fw: getattr(fw, name)(*[fw.tensor(a)] * operands)]
+    if name != "matrix_rank":
+        spellings.append(lambda fw: getattr(fw.tensor(a), name)(fw.tensor(a)))
+    for call in spellings:
+        with pytest.raises(RuntimeError, match="deprecated since version 1.9 and is now removed"):
+            call(torch)
+        with pytest.raises(RuntimeError, match="deprecated since version 1.9 and is now removed"):
+            call(tw)
+
+
+def test_grad_scaler_is_amps():
+    assert tw.GradScaler is tw.amp.GradScaler and torch.GradScaler is torch.amp.GradScaler

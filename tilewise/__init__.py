@@ -116,6 +116,7 @@ from tilewise import (  # noqa: E402
 )
 from tilewise._dlpack import from_dlpack, to_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
 from tilewise.amp import (  # noqa: E402
+    GradScaler,
     autocast,
     clear_autocast_cache,
     get_autocast_dtype,

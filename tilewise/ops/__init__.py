@@ -38,6 +38,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     norms,
     pointwise,
     reductions,
+    removed,
     scans,
     sets,
     shape,
@@ -136,6 +137,7 @@ def _attach_special_methods(functions: dict) -> None:
     functions.update(methods.attach(functions))
     functions.update(aten_spellings.spellings())
     host_methods.attach()
+    functions.update(removed.attach())
     functions["resize_as_"] = host_methods.resize_as_
 
 

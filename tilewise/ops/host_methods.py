@@ -223,10 +223,79 @@ def register_post_accumulate_grad_hook(self: Tensor, hook):
     return _Handle(hooks, hook)
 
 
+# ---------------------------------------------------------------------------- legacy spellings
+
+def new(self: Tensor, *args) -> Tensor:
+    """The legacy constructor of ``self``'s type and device: sizes give an uninitialised tensor, data a new tensor
+    in ``self``'s dtype, a tensor of that type an alias (``x.new(2, 3)``, ``x.new([1, 2])``)."""
+    from tilewise.tensortypes import CPU_TYPES, CUDA_TYPES
+
+    types = CUDA_TYPES if self.device.type == "cuda" else CPU_TYPES
+    legacy = types.get(self.dtype)
+    if legacy is None:
+        raise TypeError(f"new(): tensors of dtype {self.dtype.name} have no legacy constructor; use new_empty, "
+                        "new_tensor or new_zeros")
+    return legacy(*args, device=self.device)
+
+
+def _volatile(self: Tensor) -> bool:
+    warnings.warn("volatile was removed and now has no effect. Use `with tilewise.no_grad():` instead.", UserWarning,
+                  stacklevel=2)
+    return False
+
+
+def reinforce(self: Tensor, reward):
+    raise RuntimeError("reinforce() was removed.\nUse tilewise.distributions instead (a Categorical's log_prob "
+                       "times the reward, as the loss).")
+
+
+def is_set_to(self: Tensor, tensor: Tensor) -> bool:
+    """Whether both tensors view the same storage at the same offset, sizes and strides."""
+    return (self._storage is tensor._storage and self.storage_offset() == tensor.storage_offset()
+            and tuple(self.shape) == tuple(tensor.shape) and self.stride() == tensor.stride())
+
+
+def set_(self: Tensor, source=None, storage_offset: int = 0, size=None, stride=None) -> Tensor:
+    """Make ``self`` view ``source``'s storage (a tensor's, or a storage), at ``storage_offset`` with ``size`` and
+    ``stride`` (the source tensor's own view when only it is given); with no source, an empty storage."""
+    from tilewise.autograd.grad_mode import is_grad_enabled
+    from tilewise.ops.creation import empty
+    from tilewise.storage import Storage
+
+    if self.requires_grad and self.grad_fn is None and is_grad_enabled():
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+    if source is None:
+        source = empty(0, dtype=self.dtype, device=self.device)
+    if isinstance(source, Tensor):
+        if source.dtype is not self.dtype:
+            raise RuntimeError(f"Could not set tensor of type {source.dtype.name} to a tensor of type "
+                               f"{self.dtype.name}")
+        storage = source._storage
+        if size is None:
+            storage_offset, size, stride = source.storage_offset(), tuple(source.shape), source.stride()
+    elif isinstance(source, Storage):
+        storage, size = source, (source.size,) if size is None else size
+    else:
+        raise TypeError(f"set_(): expected a tensor or a storage as source, got {type(source).__name__}")
+    size = tuple(size)
+    stride = S.contiguous_strides(size) if stride is None else tuple(stride)
+    self._storage, self._shape, self._strides, self._offset = storage, Size(size), stride, storage_offset
+    self._array = None
+    storage.version += 1
+    return self
+
+
+def module_load(self: Tensor, other: Tensor, assign: bool = False) -> Tensor:
+    """How ``other`` is loaded into ``self`` by ``load_state_dict`` when parameters are swapped: copied into
+    ``self``, or taken as it is with ``assign``."""
+    return other.detach() if assign else self.copy_(other).detach()
+
+
 def attach() -> None:
     for fn in (apply_, map_, map2_, resize_, resize_as_, resize, resize_as, dim_order, is_shared, share_memory_,
-               const_data_ptr, register_post_accumulate_grad_hook):
+               const_data_ptr, register_post_accumulate_grad_hook, new, reinforce, is_set_to, set_, module_load):
         setattr(Tensor, fn.__name__, fn)
+    Tensor.volatile = property(_volatile)
     Tensor.output_nr = property(output_nr)
     Tensor.name = property(lambda self: None, doc="The tensor's dim-naming name: None (named tensors are not "
                                                    "supported).")
