@@ -83,3 +83,24 @@ def test_split_with_sizes_gives_views():
     first, second = x.split_with_sizes([2, 4])
     first.mul_(10)
     assert x.tolist()[:2] == [0.0, 10.0] and second.tolist() == [2.0, 3.0, 4.0, 5.0]
+
+
+def test_as_strided_scatter_gradient_of_self_is_zero_where_src_was_written():
+    g = np.arange(1.0, 7.0, dtype=np.float32)
+    a, src = tw.zeros(6, requires_grad=True), tw.zeros(2, 2, requires_grad=True)
+    tw.as_strided_scatter(a, src, (2, 2), (3, 1)).backward(tw.tensor(g))
+    ta, tsrc = torch.zeros(6, requires_grad=True), torch.zeros(2, 2, requires_grad=True)
+    out = ta.clone()
+    out.as_strided((2, 2), (3, 1)).copy_(tsrc)  # the scatter composed: torch's own backward of it
+    out.backward(torch.tensor(g))
+    np.testing.assert_array_equal(a.grad.numpy(), ta.grad.numpy())
+    np.testing.assert_array_equal(src.grad.numpy(), tsrc.grad.numpy())
+
+
+def test_as_strided_scatter_and_nonzero_static_errors():
+    for fw in (torch, tw):
+        with pytest.raises(RuntimeError, match="expected src to have a size equal to the slice of self"):
+            fw.as_strided_scatter(fw.zeros(6), fw.ones(3), (2, 2), (3, 1))
+        with pytest.raises(RuntimeError, match="'size' must be an non-negative integer"):
+            fw.nonzero_static(fw.ones(3), size=-1)
+    assert tuple(tw.nonzero_static(tw.tensor(3.0), size=2).shape) == (2, 0)

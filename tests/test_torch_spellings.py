@@ -105,3 +105,14 @@ def test_norm_except_dim_checks_the_dim():
     for fw in (torch, tw):
         with pytest.raises(IndexError, match="Dimension out of range"):
             fw.norm_except_dim(fw.zeros(2, 3, 4), 2, 5)
+
+
+@pytest.mark.parametrize("code", [
+    "fw.rnn_tanh_cell(fw.ones(2, 3), fw.ones(2, 4), fw.ones(4, 3), fw.ones(4, 5))",
+    "fw.gru_cell(fw.ones(2, 3), fw.ones(2, 4), fw.ones(12, 2), fw.ones(12, 4))",
+    "fw.lstm_cell(fw.ones(2, 3), [fw.ones(2, 4), fw.ones(2, 4)], fw.ones(12, 3), fw.ones(16, 4))"])
+def test_recurrent_cells_check_weights_like_torch(code):
+    with pytest.raises(RuntimeError):
+        eval(code, {"fw": torch})
+    with pytest.raises(RuntimeError, match="weight_"):
+        eval(code, {"fw": tw})

@@ -73,3 +73,18 @@ OPINFOS = [
                                                                                 name="empty-piece")]),
     OpInfo("split_with_sizes", lambda: [Sample((T((6, 3)), [4, 2]))], call="method"),
 ]
+
+OPINFOS += [
+    OpInfo("nonzero_static", lambda: [Sample((T((3, 4), "int", 0, 1),), {"size": 8}),
+                                      Sample((T((3, 4), "int", 0, 1),), {"size": 2}, name="truncated"),
+                                      Sample((T((5,), "int", 0, 1),), {"size": 6, "fill_value": 9}, name="fill"),
+                                      Sample((T((2, 3), "int", 0, 1),), {"size": 0}, name="none")], grad=False),
+    # self without a gradient: torch's backward for self copies the gradient's slice where the scattered view was
+    # (its as_strided_scatter_backward), tilewise zeroes it, as the composition clone / as_strided / copy_ does in
+    # torch too (test_torch_math.py checks that one)
+    OpInfo("as_strided_scatter", lambda: [Sample((T((6,), grad=False), T((2, 2)), (2, 2), (3, 1))),
+                                          Sample((T((6,), grad=False), T((2, 2)), (2, 2), (3, 1), 1), name="offset"),
+                                          Sample((T((2, 3), grad=False), T((2,)), (2,), (1,)), name="2d"),
+                                          Sample((T((3, 2), grad=False), T((2, 2)), (2, 2), (1, 2)), name="strided")]),
+    OpInfo("as_strided_scatter", lambda: [Sample((T((6,), grad=False), T((2, 2)), (2, 2), (3, 1)))], call="method"),
+]

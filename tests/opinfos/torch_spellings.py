@@ -147,3 +147,22 @@ OPINFOS = [
     OpInfo("grid_sampler_3d", _grid_sampler(3)),
     OpInfo("norm_except_dim", _norm_except_dim),
 ]
+
+
+def _cell(gates):
+    def samples():
+        out = [Sample((T((3, 4)), T((3, 5)), T((gates * 5, 4)), T((gates * 5, 5)), T((gates * 5,)), T((gates * 5,)))),
+               Sample((T((2, 4)), T((2, 5)), T((gates * 5, 4)), T((gates * 5, 5))), name="no-bias")]
+        if gates == 4:  # the LSTM's state is [h, c]
+            out = [Sample((s.args[0], [s.args[1], T(s.args[1].shape)], *s.args[2:]), name=s.name) for s in out]
+        return out
+
+    return samples
+
+
+OPINFOS += [
+    OpInfo("lstm_cell", _cell(4)),
+    OpInfo("gru_cell", _cell(3)),
+    OpInfo("rnn_tanh_cell", _cell(1)),
+    OpInfo("rnn_relu_cell", _cell(1)),
+]

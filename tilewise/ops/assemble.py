@@ -1,6 +1,6 @@
 """Assembling and taking apart: atleast_Nd, dstack/column_stack/row_stack, hsplit/vsplit/dsplit, rot90, diff,
 cartesian_prod, combinations, tril/triu_indices, kron, block_diag, vander, trapezoid, diagflat, and the
-scatters of a view (select/slice/diagonal_scatter).
+scatters of a view (select/slice/diagonal/as_strided_scatter).
 
 All are composites of views, cat, pad, cumsum and the pointwise operators: they run on every device and
 differentiate through their decomposition. Sizes come from shapes only, never from values.
@@ -341,6 +341,8 @@ composite("slice_scatter(Tensor self, Tensor src, int dim=0, int? start=None, in
           _replacing_view(_slice_view))
 composite("diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1) -> Tensor",
           _replacing_view(lambda t, offset, dim1, dim2: t.diagonal(offset, dim1, dim2)))
+composite("as_strided_scatter(Tensor self, Tensor src, int[] size, int[] stride, int? storage_offset=None) -> Tensor",
+          _replacing_view(lambda t, size, stride, storage_offset=None: t.as_strided(size, stride, storage_offset)))
 composite("narrow_copy(Tensor self, int dim, int start, int length) -> Tensor",
           lambda self, dim, start, length: self.narrow(dim, start, length).clone())
 

@@ -222,6 +222,46 @@ grid_sampler_2d = _grid_sampler_nd(2)
 grid_sampler_3d = _grid_sampler_nd(3)
 
 
+# ---------------------------------------------------------------------------- recurrent cells
+
+def _cell_projections(op: str, input, hx, w_ih, w_hh, b_ih, b_hh, gates: int):
+    """The input and hidden projections of one step, checked as torch checks them."""
+    hidden = hx.shape[-1] if hx.ndim else 0
+    for name, w, inner in (("weight_ih", w_ih, input.shape[-1] if input.ndim else 0), ("weight_hh", w_hh, hidden)):
+        if w.ndim != 2 or w.shape[0] != gates * hidden or w.shape[1] != inner:
+            raise RuntimeError(f"{op}: {name} must have shape [{gates} * hidden_size, {inner}] = "
+                               f"[{gates * hidden}, {inner}], but got {list(w.shape)}")
+    linear = _f("linear")
+    return linear(input, w_ih, b_ih), linear(hx, w_hh, b_hh)
+
+
+def lstm_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    """One LSTM step: ``hx`` is ``[h, c]``; returns ``(h', c')``."""
+    from tilewise.ops.registry import OPS
+
+    h, c = hx
+    input_gates, hidden_gates = _cell_projections("lstm_cell", input, h, w_ih, w_hh, b_ih, b_hh, 4)
+    return OPS["_lstm_cell"](input_gates, hidden_gates, c)
+
+
+def gru_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    """One GRU step (torch's: the reset gate scales the hidden projection with its bias)."""
+    from tilewise.ops.registry import OPS
+
+    input_gates, hidden_gates = _cell_projections("gru_cell", input, hx, w_ih, w_hh, b_ih, b_hh, 3)
+    return OPS["_gru_cell"](input_gates, hidden_gates, hx)
+
+
+def rnn_tanh_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    input_gates, hidden_gates = _cell_projections("rnn_tanh_cell", input, hx, w_ih, w_hh, b_ih, b_hh, 1)
+    return (input_gates + hidden_gates).tanh()
+
+
+def rnn_relu_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    input_gates, hidden_gates = _cell_projections("rnn_relu_cell", input, hx, w_ih, w_hh, b_ih, b_hh, 1)
+    return (input_gates + hidden_gates).relu()
+
+
 def _inplace_activation(name: str):
     """torch.relu_(x) and friends: the activation operator's in-place form, as nn.functional.relu_."""
     from tilewise.ops.inplace import make_inplace
@@ -234,7 +274,7 @@ SPELLINGS = (
     dropout_, rrelu, rrelu_, batch_norm, instance_norm, embedding, embedding_renorm_, norm_except_dim, kl_div,
     binary_cross_entropy_with_logits, cosine_embedding_loss, margin_ranking_loss, hinge_embedding_loss,
     poisson_nll_loss, triplet_margin_loss, ctc_loss, constant_pad_nd, convolution, affine_grid_generator,
-    grid_sampler, grid_sampler_2d, grid_sampler_3d)
+    grid_sampler, grid_sampler_2d, grid_sampler_3d, lstm_cell, gru_cell, rnn_tanh_cell, rnn_relu_cell)
 
 
 def spellings() -> dict:
