@@ -34,6 +34,12 @@ ERRORS = [
     "fw.cov(fw.ones(3, 5), fweights=fw.zeros(5, dtype=fw.int64))",
     "fw.corrcoef(fw.ones(2, 3, 4))",
     "fw.mode(fw.ones(0))", "fw.mode(fw.ones(0, 3), 0)", "fw.mode(fw.ones(0, 0), 0)", "fw.mode(fw.ones(3, 4), 2)",
+    "fw.histogram(fw.arange(3), 2)", "fw.histogram(fw.ones(6), 0)", "fw.histogram(fw.ones(6), 3, range=(2., 1.))",
+    "fw.histogram(fw.tensor([float('nan'), 1.]), 3)", "fw.histogram(fw.tensor([float('inf'), 1.]), 3)",
+    "fw.histogram(fw.ones(6), 3, weight=fw.ones(5))", "fw.histogramdd(fw.ones(5), bins=3)",
+    "fw.histogramdd(fw.ones(5, 2), bins=[2, 2], weight=fw.ones(4))",
+    "fw.gradient(fw.ones(2, 4), spacing=[2., 3., 4.])", "fw.gradient(fw.ones(2, 4), edge_order=3)",
+    "fw.gradient(fw.ones(2, 4), edge_order=2)", "fw.gradient(fw.ones(2, 4), dim=(0, 0))",
     "fw.split_with_sizes(fw.ones(3, 4), [1, 1])", "fw.split_with_sizes(fw.ones(3, 4), [-1, 4])",
 ]
 
@@ -104,3 +110,12 @@ def test_as_strided_scatter_and_nonzero_static_errors():
         with pytest.raises(RuntimeError, match="'size' must be an non-negative integer"):
             fw.nonzero_static(fw.ones(3), size=-1)
     assert tuple(tw.nonzero_static(tw.tensor(3.0), size=2).shape) == (2, 0)
+
+
+def test_gradient_of_integers_and_0_dim():
+    for spacing in (1, 2):
+        ours = tw.gradient(tw.arange(5) ** 2, spacing=spacing)
+        theirs = torch.gradient(torch.arange(5) ** 2, spacing=spacing)
+        assert ours[0].dtype.name == str(theirs[0].dtype).removeprefix("torch.")
+        np.testing.assert_array_equal(ours[0].numpy(), theirs[0].numpy())
+    assert tw.gradient(tw.tensor(3.0)) == () == torch.gradient(torch.tensor(3.0))

@@ -88,3 +88,69 @@ OPINFOS += [
                                           Sample((T((3, 2), grad=False), T((2, 2)), (2, 2), (1, 2)), name="strided")]),
     OpInfo("as_strided_scatter", lambda: [Sample((T((6,), grad=False), T((2, 2)), (2, 2), (3, 1)))], call="method"),
 ]
+
+
+class _EdgesOpInfo(OpInfo):
+    """histogramdd: its bin edges come back as a tuple; the table compares the histogram and each edge tensor."""
+
+    def resolve(self, module, functional):
+        fn = super().resolve(module, functional)
+        return lambda *args, **kwargs: (lambda out: (out[0], *out[1]))(fn(*args, **kwargs))
+
+
+def _histogram():
+    return [Sample((T((20,)), 5)), Sample((T((4, 5)), 3), {"range": (-1.0, 1.0)}, name="range"),
+            Sample((T((20,)), T((4,), "distinct", grad=False)), name="edges"),
+            Sample((T((20,)), 4), {"weight": T((20,), "positive", grad=False), "density": True}, name="density"),
+            Sample((T((0,)), 3), name="empty")]
+
+
+def _histogramdd():
+    return [Sample((T((30, 2)),), {"bins": [3, 4]}), Sample((T((30, 3)),), {"bins": 2, "range": [-1.0, 1.0] * 3},
+                                                           name="range"),
+            Sample((T((30, 2)),), {"bins": [T((4,), "distinct", grad=False), T((3,), "distinct", grad=False)],
+                                   "weight": T((30,), "positive", grad=False), "density": True}, name="edges")]
+
+
+def _sorted_edges(fn, module):
+    """Edge tensors drawn at random, sorted (edges increase) before both frameworks see them."""
+    def sort(bins):
+        if isinstance(bins, module.Tensor):
+            return bins.sort().values
+        return [sort(b) for b in bins] if isinstance(bins, list) else bins
+
+    def call(input, *args, **kwargs):
+        args = tuple(sort(a) for a in args)
+        return fn(input, *args, **{k: sort(v) if k == "bins" else v for k, v in kwargs.items()})
+
+    return call
+
+
+OPINFOS += [
+    OpInfo("histogram", _histogram, grad=False, covers=("histogram.bins_tensor", "histogram.bin_ct"),
+           wrap=_sorted_edges),
+    OpInfo("histogram", lambda: [Sample((T((20,)), 5))], call="method", grad=False),
+    _EdgesOpInfo("histogramdd", _histogramdd, grad=False, wrap=_sorted_edges),
+]
+
+
+def _gradient():
+    return [Sample((T((4, 5)),)), Sample((T((4, 5)),), {"spacing": 2.0, "dim": 1}, name="spacing"),
+            Sample((T((4, 5)),), {"spacing": [0.5, 3.0]}, name="per-dim"),
+            Sample((T((4, 5)),), {"edge_order": 2}, name="edge2"),
+            Sample((T((3, 6)),), {"spacing": (T((6,), "distinct", grad=False),), "dim": 1}, name="coordinates"),
+            Sample((T((3, 6)),), {"spacing": (T((6,), "distinct", grad=False),), "dim": -1, "edge_order": 2},
+                   name="coordinates-edge2"),
+            Sample((T((2, 3, 4)),), {"dim": (0, 2)}, name="dims")]
+
+
+def _sorted_coordinates(fn, module):
+    def call(input, spacing=1, **kwargs):
+        if isinstance(spacing, tuple):
+            spacing = tuple(s.sort().values * 3 for s in spacing)
+        return fn(input, spacing=spacing, **kwargs)
+
+    return call
+
+
+OPINFOS += [OpInfo("gradient", _gradient, wrap=_sorted_coordinates)]

@@ -11,6 +11,7 @@ is gathered from the input at that index, so the gradient lands where torch puts
 
 from __future__ import annotations
 
+import math
 import warnings
 
 from tilewise import _strides as S
@@ -129,3 +130,108 @@ def _mode(self, dim=-1, keepdim=False):
 
 declare("mode(Tensor self, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",
         decomposition=_mode, nondiff_outputs=(1,))
+
+
+# ---------------------------------------------------------------------------- histograms
+# torch's kernel: an element counts when it lies within [first edge, last edge]; its bin is the last edge at or
+# below it (``upper_bound - 1``), the last bin closed on the right. Evenly spaced edges come from the range (the
+# data's minimum and maximum unless given, widened by 0.5 each way when they are equal, [0, 1] for no data).
+
+def _check_histogram_input(op: str, input, weight, dims: int) -> None:
+    if not input.dtype.is_floating_point:
+        raise NotImplementedError(f'"{op}" not implemented for {input.dtype.name} tensors; histograms take '
+                                  "floating tensors")
+    if weight is not None and tuple(weight.shape) != tuple(input.shape[:-1]):
+        raise RuntimeError(f"torch.histogramdd: if weight tensor is provided it should have the same shape as the "
+                           f"input tensor excluding its innermost dimension, but got input with shape "
+                           f"{list(input.shape)} and weight with shape {list(weight.shape)}")
+
+
+def _even_edges(samples, dim: int, bins: int, given_range, dtype, device):
+    from tilewise.ops.creation import linspace
+
+    if bins <= 0:
+        raise RuntimeError(f"torch.histogram(): bins must be > 0, but got {bins} for dimension {dim}")
+    if given_range is not None:
+        low, high = float(given_range[2 * dim]), float(given_range[2 * dim + 1])
+    elif samples.shape[0] == 0:
+        low, high = 0.0, 1.0
+    else:
+        column = samples[:, dim]
+        low, high = column.min().item(), column.max().item()
+    if low > high:
+        raise RuntimeError(f"torch.histogramdd: min should not exceed max, but got min {low:g} max {high:g} for "
+                           f"dimension {dim}")
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise RuntimeError(f"torch.histogramdd: dimension {dim}'s range [{low:g}, {high:g}] is not finite")
+    if low == high:
+        low, high = low - 0.5, high + 0.5
+    return linspace(low, high, bins + 1, dtype=dtype, device=device)
+
+
+def _bin_positions(column, edges):
+    """Each value's bin along one dim, and whether it falls inside the edges at all."""
+    inside = (column >= edges[0]) & (column <= edges[-1])
+    position = OPS["searchsorted"](edges, column, right=True) - 1
+    last = edges.shape[0] - 1
+    return position.clamp(0, max(last - 1, 0)), inside
+
+
+def _histogramdd(input, bins, range=None, weight=None, density=False):  # noqa: A002 — torch's argument name
+    if input.ndim < 2:
+        raise RuntimeError("torch.histogramdd: input tensor should have at least 2 dimensions")
+    _check_histogram_input("histogramdd", input, weight, input.shape[-1])
+    samples = input.reshape(-1, input.shape[-1])
+    dims = samples.shape[1]
+    if isinstance(bins, int):
+        bins = [bins] * dims
+    edges = [b if hasattr(b, "shape") else _even_edges(samples, d, int(b), range, input.dtype, input.device)
+             for d, b in enumerate(bins)]
+    sizes = [max(e.shape[0] - 1, 0) for e in edges]
+    flat = zeros((), dtype=int64, device=input.device)
+    counted = None
+    for d, e in enumerate(edges):
+        position, inside = _bin_positions(samples[:, d], e)
+        flat = flat * sizes[d] + position
+        counted = inside if counted is None else counted & inside
+    values = weight.reshape(-1).to(input.dtype) if weight is not None else ones(samples.shape[0], dtype=input.dtype,
+                                                                                device=input.device)
+    values = OPS["where.self"](counted, values, 0) if counted is not None else values
+    total = 1
+    for s in sizes:
+        total *= s
+    hist = zeros(total, dtype=input.dtype, device=input.device)
+    if total:
+        hist = hist.index_put((flat.clamp(0, total - 1),), values, True)
+    hist = hist.reshape(sizes)
+    if density:
+        hist = hist / hist.sum()
+        for d, e in enumerate(edges):
+            shape = [1] * dims
+            shape[d] = -1
+            hist = hist / e.diff().reshape(shape)
+    return hist, tuple(edges)
+
+
+def _histogram(input, bins=100, range=None, weight=None, density=False):  # noqa: A002
+    _check_histogram_input("histogram", input, None, 1)
+    if weight is not None and tuple(weight.shape) != tuple(input.shape):
+        raise RuntimeError(f"torch.histogram: weight should have the same shape as input, but got input with shape "
+                           f"{list(input.shape)} and weight with shape {list(weight.shape)}")
+    if hasattr(bins, "shape") and bins.ndim != 1:
+        raise RuntimeError(f"torch.histogram(): bins tensor should have one dimension, but got {bins.ndim}")
+    hist, edges = _histogramdd(input.reshape(-1, 1), [bins], range, None if weight is None else weight.reshape(-1),
+                               density)
+    return hist, edges[0]
+
+
+declare("histogram.bins_tensor(Tensor self, Tensor bins, *, Tensor? weight=None, bool density=False) -> "
+        "(Tensor hist, Tensor bin_edges)", "composite",
+        decomposition=lambda self, bins, weight=None, density=False: _histogram(self, bins, None, weight, density),
+        differentiable=False)
+declare("histogram.bin_ct(Tensor self, int bins=100, *, float[]? range=None, Tensor? weight=None, "
+        "bool density=False) -> (Tensor hist, Tensor bin_edges)", "composite", decomposition=_histogram,
+        differentiable=False)
+declare("histogramdd(Tensor self, Any bins, *, float[]? range=None, Tensor? weight=None, bool density=False) -> "
+        "(Tensor hist, Tensor[] bin_edges)", "composite", decomposition=_histogramdd, differentiable=False,
+        method=False)
