@@ -130,7 +130,7 @@ OPINFOS += [
     OpInfo("histogram", _histogram, grad=False, covers=("histogram.bins_tensor", "histogram.bin_ct"),
            wrap=_sorted_edges),
     OpInfo("histogram", lambda: [Sample((T((20,)), 5))], call="method", grad=False),
-    _EdgesOpInfo("histogramdd", _histogramdd, grad=False, wrap=_sorted_edges),
+    _EdgesOpInfo("histogramdd", _histogramdd, grad=False, wrap=_sorted_edges, covers=("_histogramdd",)),
 ]
 
 

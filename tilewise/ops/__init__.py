@@ -138,6 +138,7 @@ def _attach_special_methods(functions: dict) -> None:
     functions.update(aten_spellings.spellings())
     host_methods.attach()
     functions.update(removed.attach())
+    functions.update(statistics.FUNCTIONS)
     functions["resize_as_"] = host_methods.resize_as_
 
 

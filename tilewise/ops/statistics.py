@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import namedtuple
 
 from tilewise import _strides as S
 from tilewise.dispatch import values_readable
@@ -232,6 +233,20 @@ declare("histogram.bins_tensor(Tensor self, Tensor bins, *, Tensor? weight=None,
 declare("histogram.bin_ct(Tensor self, int bins=100, *, float[]? range=None, Tensor? weight=None, "
         "bool density=False) -> (Tensor hist, Tensor bin_edges)", "composite", decomposition=_histogram,
         differentiable=False)
-declare("histogramdd(Tensor self, Any bins, *, float[]? range=None, Tensor? weight=None, bool density=False) -> "
-        "(Tensor hist, Tensor[] bin_edges)", "composite", decomposition=_histogramdd, differentiable=False,
-        method=False)
+# histogramdd's result nests its edges, (hist, (edges, ...)); the operator returns them flat, [hist, *edges], as
+# every backend and the compiler take tensor lists, and the public function nests them
+declare("_histogramdd(Tensor self, Any bins, float[]? range=None, Tensor? weight=None, bool density=False) -> "
+        "Tensor[]", "composite", decomposition=lambda *args: (lambda hist, edges: (hist, *edges))(*_histogramdd(*args)),
+        differentiable=False, public=False, method=False)
+HistogramddResult = namedtuple("histogramdd", ["hist", "bin_edges"])
+HistogramddResult.__module__ = "tilewise.return_types"
+
+
+def histogramdd(input, bins, *, range=None, weight=None, density=False):  # noqa: A002
+    """A histogram of the rows of ``input`` ([..., D] points in D dims): ``(hist, bin_edges)`` with one tuple of
+    edges per dim; ``bins`` is a count (for every dim), a count per dim, or a tensor of edges per dim."""
+    hist, *edges = OPS["_histogramdd"](input, bins, range, weight, density)
+    return HistogramddResult(hist, tuple(edges))
+
+
+FUNCTIONS = {"histogramdd": histogramdd}
