@@ -52,7 +52,7 @@ def _instance_norm():
 def _embedding():
     return [Sample((T((5, 4)), class_targets((2, 3), 5))),
             Sample((T((5, 4)), class_targets((7,), 5), 1), name="padding_idx"),
-            Sample((T((5, 4)), class_targets((7,), 5), -1, True), name="no-padding-freq")]
+            Sample((T((5, 4)), class_targets((7,), 5), -1, True), name="freq")]
 
 
 def _kl_div():
@@ -80,7 +80,7 @@ def _triplet_margin_loss():
 def _ctc_loss():
     lengths = Fixed
     return [Sample((T((6, 3, 5), "float", -3.0, 0.0), indices((3, 4), 4), lengths([6, 5, 4]), lengths([3, 4, 2]), 4,
-                    r), name=f"reduction{r}") for r in (0, 1, 2)] + [
+                    r), name=f"padded-{name}") for r, name in enumerate(("none", "mean", "sum"))] + [
         Sample((T((5, 2, 4), "float", -3.0, 0.0), Fixed([[1, 1, 2], [3, 3, 3]]), lengths([5, 3]), lengths([3, 3]),
                 0, 1, True), name="zero-infinity")]
 

@@ -5,8 +5,8 @@ product, division by the degrees of freedom, zeroed with torch's warning where t
 values, dtypes and gradients come from the composed operators. Checks that read values (negative weights, weights
 that sum to zero) run where values can be read; a compiled function skips them, as it skips every data check.
 ``mode`` is sort-based: after a stable sort, equal values form runs; the longest run wins (the smallest value
-among equally long ones) and its index is the value's last position in the input, torch's CPU answer. The value
-is gathered from the input at that index, so the gradient lands where torch puts it.
+among equally long ones) and its index is the value's last position in the input, torch's CPU answer. Its derivative routes the
+gradient to that index and saves the indices alone, as torch's does.
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ def _mode(self, dim=-1, keepdim=False):
 
 
 declare("mode(Tensor self, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",
-        decomposition=_mode, nondiff_outputs=(1,))
+        decomposition=_mode, nondiff_outputs=(1,),
+        grad={"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"})
 
 
 # ---------------------------------------------------------------------------- histograms
