@@ -5,8 +5,8 @@ product, division by the degrees of freedom, zeroed with torch's warning where t
 values, dtypes and gradients come from the composed operators. Checks that read values (negative weights, weights
 that sum to zero) run where values can be read; a compiled function skips them, as it skips every data check.
 ``mode`` is sort-based: after a stable sort, equal values form runs; the longest run wins (the smallest value
-among equally long ones) and its index is the value's last position in the input, torch's CPU answer. Its derivative routes the
-gradient to that index and saves the indices alone, as torch's does.
+among equally long ones) and its index is the value's last position in the input, torch's CPU answer. Its
+derivative routes the gradient to that index and saves the indices alone, as torch's does.
 """
 
 from __future__ import annotations
