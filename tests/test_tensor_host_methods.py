@@ -232,3 +232,10 @@ def test_functions_removed_in_torch_raise_like_torch(name):
 
 def test_grad_scaler_is_amps():
     assert tw.GradScaler is tw.amp.GradScaler and torch.GradScaler is torch.amp.GradScaler
+
+
+def test_share_memory_is_refused_on_the_cpu():
+    assert torch.ones(2).share_memory_().is_shared()  # torch moves the storage to shared memory
+    with pytest.raises(NotImplementedError, match="cannot move to shared memory"):
+        tw.ones(2).share_memory_()
+    assert not tw.ones(2).is_shared()
