@@ -230,8 +230,10 @@ def test_functions_removed_in_torch_raise_like_torch(name):
             call(tw)
 
 
-def test_grad_scaler_is_amps():
+def test_grad_scaler_and_out_of_memory_error_are_the_device_modules():
     assert tw.GradScaler is tw.amp.GradScaler and torch.GradScaler is torch.amp.GradScaler
+    assert tw.OutOfMemoryError is tw.cuda.OutOfMemoryError and torch.OutOfMemoryError is torch.cuda.OutOfMemoryError
+    assert issubclass(tw.OutOfMemoryError, RuntimeError) and issubclass(torch.OutOfMemoryError, RuntimeError)
 
 
 def test_share_memory_is_refused_on_the_cpu():

@@ -180,6 +180,7 @@ from tilewise.backends.flags import (  # noqa: E402
     use_deterministic_algorithms,
 )
 from tilewise.cpu import amp as _cpu_amp  # noqa: E402
+from tilewise.cuda import OutOfMemoryError  # noqa: E402 — torch.OutOfMemoryError is torch.cuda's
 from tilewise.cuda import amp as _cuda_amp  # noqa: E402
 
 
