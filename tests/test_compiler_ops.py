@@ -23,7 +23,7 @@ from tilewise.compiler import DataDependentError, UnsupportedTargetError
 # operators whose result shape (or, for one_hot without num_classes, an argument) depends on tensor values
 DATA_DEPENDENT = {"nonzero", "masked_select", "masked_scatter", "masked_scatter_", "unique", "argwhere",
                   "repeat_interleave", "one_hot", "unique_consecutive", "bincount", "histc", "equal", "allclose",
-                  "unravel_index", "quantile", "nanquantile"}
+                  "unravel_index", "quantile", "nanquantile", "nonzero_static", "histogram", "histogramdd"}
 # complex tensors run eagerly: the compiler's targets have no complex types (test_complex_functions_refuse_compile)
 EAGER_ONLY = [id(info) for info in COMPLEX_OPINFOS]
 # composites that make index tensors from Python lists: on CUDA those start on the host, and the function runs

@@ -26,7 +26,8 @@ import tilewise.nn.functional as F
 MAX_OUTPUTS = 3  # outputs changed in place, per sample (ops with fewer skip the rest)
 
 DIFFERENCES = {
-    **dict.fromkeys(["split input 0: 0,1,2", "chunk input 0: 0,1", "unbind input 0: 0,1"],
+    **dict.fromkeys(["split input 0: 0,1,2", "chunk input 0: 0,1", "unbind input 0: 0,1",
+                     "split_with_sizes input 0: 0,empty-piece"],
                     "torch refuses to differentiate through a view from split/unbind whose base changed in place "
                     "since; tilewise views keep the history they were made with (no rebase on a base's write)"),
     "unfold output 0: 0": "an in-place write into overlapping windows: torch adds twice where windows overlap (its "
@@ -45,7 +46,9 @@ DIFFERENCES = {
     "scaled_dot_product_attention input 2: gqa": "as for the key",
     **dict.fromkeys([
         "grid_sample input 1: 0,border-align,reflection,reflection-align,nearest,bicubic,bicubic-border,"
-        "bicubic-reflection-align,3d,3d-reflection", "conv_tbc input 2: 0,pad"],
+        "bicubic-reflection-align,3d,3d-reflection", "conv_tbc input 2: 0,pad",
+        "grid_sampler input 1: 0,border-align,reflection,bicubic", "grid_sampler_2d input 1: 0,border-align,"
+        "reflection,bicubic", "grid_sampler_3d input 1: 0,border-align,reflection"],
         "torch's kernel keeps this input; tilewise's composite keeps what it computed from it (the sampling "
         "positions and weights; the bias it broadcast), so the gradient is right and the change is not an error"),
     **dict.fromkeys(["fold input 0: 0,dilation-pad-stride,unbatched"],
@@ -65,6 +68,14 @@ DIFFERENCES = {
                     "a composite of indexing, which keeps positions rather than the values torch's kernel keeps"),
     "ldexp output 0: 0": "torch keeps the result for the exponent's gradient even when the exponent (an integer "
                          "tensor here) needs none; tilewise keeps what the gradients wanted read",
+    **dict.fromkeys(["dist input 0: 0,p1-broadcast,inf,p3.5", "dist input 1: 0,p1-broadcast,inf,p3.5",
+                     "cdist input 0: 0,batched-p1,broadcast-p3,inf,p-half",
+                     "cdist input 1: 0,batched-p1,broadcast-p3,inf,p-half"],
+                    "torch's kernel keeps both inputs; tilewise's composite keeps their difference (the norm's "
+                    "input), so the gradient is right and the change is not an error"),
+    **dict.fromkeys(["tensordot input 0: all", "tensordot input 1: all"],
+                    "a contraction of every dim permutes both operands into a copy laid out for one matrix product, "
+                    "which is what tilewise keeps; torch's matmul keeps the operands' views"),
     **dict.fromkeys(["kron input 0: 0,1,2", "kron input 1: 0,1,2"],
                     "a composite of reshapes and a product, which keeps both factors; torch's kron keeps neither"),
 }

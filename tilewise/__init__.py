@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from tilewise import _tensor_str  # noqa: F401 — gives Tensor its repr
 from tilewise import dtypes as _dtypes
+from tilewise._tensor_str import set_printoptions
 from tilewise.device import Device
 from tilewise.device import Device as device  # noqa: N813 — torch spells the constructor tilewise.device
 from tilewise.dtypes import (
     DType,
     bfloat16,
     bool_,
+    can_cast,
     cdouble,
     cfloat,
     complex64,
@@ -42,8 +44,11 @@ from tilewise.dtypes import (
     short,
     uint8,
 )
+from tilewise.layouts import contiguous_format, layout, memory_format, preserve_format, strided
+from tilewise.storage import is_storage
 from tilewise.tensor import Size, Tensor, as_tensor, from_numpy, is_tensor, tensor
 from tilewise.tensortypes import CPU_TYPES as _CPU_TYPES
+from tilewise.tensortypes import set_default_tensor_type, typename
 
 globals().update({cls.__name__: cls for cls in _CPU_TYPES.values()})  # LongTensor, FloatTensor, ...
 bool = bool_  # noqa: A001 — tilewise.bool, like torch.bool
@@ -60,7 +65,9 @@ from tilewise.ops.creation import (  # noqa: E402
     default_generator,
     empty,
     empty_like,
+    empty_permuted,
     eye,
+    frombuffer,
     full,
     full_like,
     get_rng_state,
@@ -83,6 +90,14 @@ from tilewise.ops.creation import (  # noqa: E402
     zeros,
     zeros_like,
 )
+from tilewise.ops.creation import deprecated_range as range  # noqa: E402, A004 — torch.range, end included
+from tilewise.ops.windows import (  # noqa: E402
+    bartlett_window,
+    blackman_window,
+    hamming_window,
+    hann_window,
+    kaiser_window,
+)
 
 _clashes = sorted(set(_functions.FUNCTIONS) & set(globals()))
 if _clashes:
@@ -99,15 +114,39 @@ from tilewise import (  # noqa: E402
     optim,
     utils,
 )
-from tilewise._dlpack import from_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
+from tilewise._dlpack import from_dlpack, to_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
 from tilewise.amp import (  # noqa: E402
+    GradScaler,
     autocast,
     clear_autocast_cache,
     get_autocast_dtype,
     is_autocast_cache_enabled,
     is_autocast_enabled,
 )
-from tilewise.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
+from tilewise.amp.autocast_mode import (  # noqa: E402
+    get_autocast_cpu_dtype,
+    get_autocast_gpu_dtype,
+    is_autocast_cpu_enabled,
+    set_autocast_cache_enabled,
+    set_autocast_cpu_dtype,
+    set_autocast_cpu_enabled,
+    set_autocast_dtype,
+    set_autocast_enabled,
+    set_autocast_gpu_dtype,
+)
+from tilewise.autograd import (  # noqa: E402
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
+from tilewise.autograd.anomaly_mode import (  # noqa: E402
+    is_anomaly_check_nan_enabled,
+    is_anomaly_enabled,
+    set_anomaly_enabled,
+)
 from tilewise.backends import get_default_device, set_default_device  # noqa: E402
 from tilewise.compiler import compile  # noqa: E402, A004 — tilewise.compile, like torch.compile
 from tilewise.serialization import load, save  # noqa: E402
@@ -116,12 +155,14 @@ from tilewise.serialization import load, save  # noqa: E402
 # torch's global settings and device modules: tilewise.backends.cuda.matmul.allow_tf32, tilewise.backends.cudnn,
 # tilewise.cuda.amp, tilewise.cpu, tilewise.accelerator, tilewise.use_deterministic_algorithms, ...
 from tilewise import accelerator, cpu  # noqa: E402
+from tilewise.accelerator import get_device_module  # noqa: E402
 from tilewise.backends import cudnn as _cudnn  # noqa: E402
 from tilewise.backends import mkldnn as _mkldnn  # noqa: E402
 from tilewise.backends import mps as _mps  # noqa: E402
 from tilewise.backends.cpu.threads import (  # noqa: E402
     get_num_interop_threads,
     get_num_threads,
+    init_num_threads,
     set_num_interop_threads,
     set_num_threads,
 )
@@ -131,11 +172,15 @@ from tilewise.backends.flags import (  # noqa: E402
     get_deterministic_debug_mode,
     get_float32_matmul_precision,
     is_deterministic_algorithms_warn_only_enabled,
+    is_warn_always_enabled,
     set_deterministic_debug_mode,
     set_float32_matmul_precision,
+    set_flush_denormal,
+    set_warn_always,
     use_deterministic_algorithms,
 )
 from tilewise.cpu import amp as _cpu_amp  # noqa: E402
+from tilewise.cuda import OutOfMemoryError  # noqa: E402 — torch.OutOfMemoryError is torch.cuda's
 from tilewise.cuda import amp as _cuda_amp  # noqa: E402
 
 

@@ -156,6 +156,14 @@ def _dlpack_device(self: Tensor) -> tuple[int, int]:
 Tensor.__dlpack__ = _dlpack
 Tensor.__dlpack_device__ = _dlpack_device
 
+
+def to_dlpack(tensor: Tensor):
+    """A legacy (unversioned) DLPack capsule sharing ``tensor``'s memory, as torch.to_dlpack (which exports a
+    tensor that requires grad too, as its data)."""
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"to_dlpack(): argument 'data' (position 1) must be Tensor, not {type(tensor).__name__}")
+    return _dlpack(tensor.detach())
+
 # ---------------------------------------------------------------------------- import
 
 

@@ -9,8 +9,16 @@ their public name, as in torch.
 from __future__ import annotations
 
 import functools
+import threading
 
 from tilewise.dispatch import STATE
+
+
+class _InferenceMode(threading.local):
+    enabled = False
+
+
+_INFERENCE = _InferenceMode()
 
 
 class _GradModeContext:
@@ -58,8 +66,27 @@ class enable_grad(_GradModeContext):  # noqa: N801
 
 
 class inference_mode(_GradModeContext):  # noqa: N801
+    """no_grad that ``is_inference_mode_enabled`` sees (tensors made inside are ordinary tensors here)."""
+
     def __init__(self, mode: bool = True):
         self.enabled = not mode
+        self.mode = bool(mode)
+
+    def __enter__(self):
+        self._prev_inference, _INFERENCE.enabled = _INFERENCE.enabled, self.mode
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _INFERENCE.enabled = self._prev_inference
+        return super().__exit__(*exc)
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with inference_mode(self.mode):
+                return fn(*args, **kwargs)
+
+        return wrapper
 
 
 class set_grad_enabled(_GradModeContext):  # noqa: N801
@@ -82,4 +109,4 @@ def is_grad_enabled() -> bool:
 
 
 def is_inference_mode_enabled() -> bool:
-    return False
+    return _INFERENCE.enabled

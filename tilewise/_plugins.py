@@ -37,6 +37,8 @@ PLUG_INS: tuple[PlugIn, ...] = (
     PlugIn("tilewise.tensor:Tensor.backward", "tilewise.autograd", "runs the autograd engine"),
     PlugIn("tilewise.tensor:Tensor.retain_grad", "tilewise.autograd.graph", "marks a non-leaf in the graph"),
     PlugIn("tilewise.tensor:Tensor.register_hook", "tilewise.autograd.graph", "hooks a tensor's gradient"),
+    PlugIn("tilewise.tensor:Tensor.register_post_accumulate_grad_hook", "tilewise.autograd.graph",
+           "hooks a leaf after the engine accumulated its gradient"),
     PlugIn("tilewise.tensor:Tensor.__repr__", "tilewise._tensor_str", "printing, with torch's format"),
     PlugIn("tilewise.tensor:Tensor.type", "tilewise.tensortypes", "legacy type names and conversions"),
     PlugIn("tilewise.tensor:TRACE_HOOKS.value_needed", "tilewise.compiler.capture",

@@ -124,3 +124,21 @@ def get_memory_info(device_index: Any = None, /) -> tuple[int, int]:
     """(free, total) bytes of the device's memory."""
     _require()
     return cuda.mem_get_info(_index(device_index))
+
+
+def get_device_module(device: Any = None):
+    """The module of a device type (torch.get_device_module): ``tilewise.cuda`` for "cuda", ``tilewise.cpu`` for
+    "cpu"; with no device, the accelerator's module, else ``tilewise.cpu``."""
+    import importlib
+
+    if device is None:
+        accelerator = current_accelerator()
+        device_type = accelerator.type if accelerator is not None else "cpu"
+    elif isinstance(device, (str, Device)):
+        device_type = Device(device).type if isinstance(device, str) else device.type
+    else:
+        raise RuntimeError(f"Invalid value of device '{device}', expect tilewise.device, str, or None")
+    if device_type not in ("cpu", "cuda"):
+        raise RuntimeError(f"Device '{device_type}' does not have a corresponding module registered as "
+                           f"'tilewise.{device_type}'.")
+    return importlib.import_module(f"tilewise.{device_type}")

@@ -162,6 +162,21 @@ def set_default_dtype(dtype: DType) -> None:
 
 # ---------------------------------------------------------------- promotion
 
+def can_cast(from_: DType, to: DType) -> bool:
+    """Whether type promotion may cast ``from_`` to ``to`` (torch.can_cast): never complex to real, floating to
+    integral, or anything but bool to bool.
+
+    >>> import tilewise as tw
+    >>> tw.can_cast(tw.int32, tw.float32), tw.can_cast(tw.float32, tw.int32)
+    (True, False)
+    """
+    for position, (name, value) in enumerate((("from_", from_), ("to", to)), 1):
+        if not isinstance(value, DType):
+            raise TypeError(f"can_cast(): argument '{name}' (position {position}) must be tilewise.dtype, not "
+                            f"{type(value).__name__}")
+    return castable(from_, to)
+
+
 _INT_ORDER = (uint8, int8, int16, int32, int64)
 _FLOAT_ORDER = (float16, bfloat16, float32, float64)
 
@@ -325,8 +340,9 @@ def compute_dtype(d: DType) -> DType:
 _COMPUTE = {d: float32 if d.is_floating_point and d.itemsize < 4 else d for d in ALL}
 
 
-def can_cast(src: DType, dst: DType) -> bool:
-    """torch.can_cast: whether an in-place op may write a src result into a dst tensor."""
+def castable(src: DType, dst: DType) -> bool:
+    """Whether an in-place op may write a src result into a dst tensor (torch.can_cast without argument checks):
+    bool < integral < floating < complex."""
     return src.category <= dst.category
 
 

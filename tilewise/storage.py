@@ -62,5 +62,10 @@ class Storage:
         return f"Storage(size={self.size}, dtype={self.dtype.name}, device={self.device})"
 
 
+def is_storage(obj, /) -> bool:
+    """Whether ``obj`` is a storage (what ``Tensor.untyped_storage()`` returns), as torch.is_storage."""
+    return isinstance(obj, Storage)
+
+
 def empty_cpu(numel: int, dtype: DType) -> Storage:
     return Storage(np.empty(numel, dtype.np), cpu, dtype, numel)

@@ -15,7 +15,7 @@ metaclass answers ``isinstance`` by the tensor's dtype and device type and whose
 from __future__ import annotations
 
 from tilewise import dtypes
-from tilewise.device import as_device
+from tilewise.device import as_device, set_default_device
 from tilewise.dtypes import DType
 from tilewise.tensor import FACTORIES, Size, Tensor, tensor
 
@@ -121,3 +121,38 @@ def tensor_type(self: Tensor, dtype=None):
 
 tensor_type.__name__ = tensor_type.__qualname__ = "type"
 Tensor.type = tensor_type  # see [Note: methods from above] in tensor.py
+
+
+def typename(obj, /) -> str:
+    """A readable type name: ``t.type()`` for a tensor ('tilewise.FloatTensor'), else module and qualified name
+    (torch.typename)."""
+    if isinstance(obj, Tensor):
+        return obj.type()
+    module = getattr(obj, "__module__", "") or ""
+    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if qualname is None:
+        qualname, module = type(obj).__qualname__, type(obj).__module__
+    return qualname if module in ("", "builtins") else f"{module}.{qualname}"
+
+
+def set_default_tensor_type(t, /) -> None:
+    """Deprecated in torch: the default floating dtype (and, for a cuda type, the default device) from a legacy
+    type or its name ('tilewise.DoubleTensor'; torch's 'torch.DoubleTensor' spelling is accepted too)."""
+    import warnings
+
+    warnings.warn("set_default_tensor_type() is deprecated as of PyTorch 2.1, please use set_default_dtype() and "
+                  "set_default_device() as alternatives.", UserWarning, stacklevel=2)
+    if isinstance(t, str):
+        parsed = from_type_string(t)
+        if parsed is None:
+            raise TypeError(f"set_default_tensor_type: unknown tensor type {t!r}; valid: "
+                            f"{', '.join('tilewise.' + n for n in BY_NAME)}")
+        dtype, device_type = parsed
+    elif isinstance(t, TensorType):
+        dtype, device_type = t.dtype, t.device_type
+    else:
+        raise TypeError("invalid type object: only floating-point types are supported as the default type")
+    if not dtype.is_floating_point:
+        raise TypeError(f"only floating-point types are supported as the default type tilewise.{dtype.name}")
+    dtypes.set_default_dtype(dtype)
+    set_default_device(device_type)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import warnings
 from collections.abc import Callable
 
 from tilewise.dispatch import STATE
@@ -305,3 +306,81 @@ def suspended():
         yield
     finally:
         STATE.autocast = state
+
+
+# ---------------------------------------------------------------------------- torch's raw state functions
+# torch.set_autocast_enabled and friends write the state an ``autocast`` region writes on entry, without a region
+# to restore it; the device-specific spellings (``*_cpu_*``, ``*_gpu_*``) are deprecated in torch and warn alike.
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"torch.{old} is deprecated. Please use torch.{new} instead.", DeprecationWarning, stacklevel=3)
+
+
+def _check_bool(value, what: str) -> bool:
+    if type(value) is not bool:
+        raise TypeError(f"{what}: expected a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_any_dtype(dtype, what: str) -> DType:
+    if not isinstance(dtype, DType):
+        raise TypeError(f"{what}: expected a tilewise.dtype, got {type(dtype).__name__} {dtype!r}")
+    return dtype
+
+
+def set_autocast_enabled(device_type, enabled=None) -> None:
+    """Turn autocast on or off for ``device_type`` ("cuda" when only ``enabled`` is given), outside any region."""
+    if enabled is None:
+        device_type, enabled = "cuda", device_type
+    _check_device_type(device_type, "set_autocast_enabled")
+    _check_bool(enabled, "set_autocast_enabled")
+    state = STATE.autocast
+    dtypes = dict(state.dtypes) if state is not None else {}
+    if enabled:
+        dtypes[device_type] = _REGIONS.dtypes[device_type]
+    else:
+        dtypes.pop(device_type, None)
+    STATE.autocast = AutocastState(dtypes) if dtypes else None
+
+
+def set_autocast_dtype(device_type: str, dtype: DType) -> None:
+    """The dtype autocast casts "lower" ops to on ``device_type``, taking effect at once where it is on."""
+    _check_device_type(device_type, "set_autocast_dtype")
+    _REGIONS.dtypes[device_type] = _check_any_dtype(dtype, "set_autocast_dtype")
+    state = STATE.autocast
+    if state is not None and device_type in state.dtypes:
+        STATE.autocast = AutocastState({**state.dtypes, device_type: dtype})
+
+
+def set_autocast_cache_enabled(enabled: bool) -> None:
+    _REGIONS.cache_enabled = _check_bool(enabled, "set_autocast_cache_enabled")
+
+
+def is_autocast_cpu_enabled() -> bool:
+    _deprecated("is_autocast_cpu_enabled()", "is_autocast_enabled('cpu')")
+    return is_autocast_enabled("cpu")
+
+
+def set_autocast_cpu_enabled(enabled: bool) -> None:
+    _deprecated("set_autocast_cpu_enabled(enabled)", "set_autocast_enabled('cpu', enabled)")
+    set_autocast_enabled("cpu", enabled)
+
+
+def get_autocast_cpu_dtype() -> DType:
+    _deprecated("get_autocast_cpu_dtype()", "get_autocast_dtype('cpu')")
+    return get_autocast_dtype("cpu")
+
+
+def get_autocast_gpu_dtype() -> DType:
+    _deprecated("get_autocast_gpu_dtype()", "get_autocast_dtype('cuda')")
+    return get_autocast_dtype("cuda")
+
+
+def set_autocast_cpu_dtype(dtype: DType) -> None:
+    _deprecated("set_autocast_cpu_dtype(dtype)", "set_autocast_dtype('cpu', dtype)")
+    set_autocast_dtype("cpu", dtype)
+
+
+def set_autocast_gpu_dtype(dtype: DType) -> None:
+    _deprecated("set_autocast_gpu_dtype(dtype)", "set_autocast_dtype('cuda', dtype)")
+    set_autocast_dtype("cuda", dtype)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from tilewise.autograd.anomaly_mode import detect_anomaly, set_detect_anomaly
 from tilewise.autograd.engine import run_backward
 from tilewise.autograd.function import Function, FunctionCtx
 from tilewise.autograd.grad_mode import (
@@ -23,7 +24,8 @@ from tilewise.autograd.graph import Node
 from tilewise.tensor import Tensor
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad", "set_grad_enabled",
-           "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "Node"]
+           "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "Node", "detect_anomaly",
+           "set_detect_anomaly"]
 
 
 def _as_tuple(x) -> tuple:

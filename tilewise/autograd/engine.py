@@ -11,6 +11,7 @@ node finishes unless ``retain_graph`` is set.
 
 from __future__ import annotations
 
+from tilewise.autograd.anomaly_mode import ANOMALY, check_node_outputs
 from tilewise.autograd.graph import AccumulateGrad, Node, edge
 from tilewise.dispatch import STATE
 from tilewise.tensor import Tensor
@@ -140,6 +141,8 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                             for k in captures[(node, 0)]:
                                 captured[k] = g
                     node.accumulate(g, create_graph)
+                    for hook in node.variable.__dict__.get("_post_accumulate_grad_hooks", ()):
+                        hook(node.variable)
                 elif grads[0] is not None and node.variable._hooks:
                     g = _leaf_hooks(node.variable, grads[0])
                     for k in captures.get((node, 0), ()):
@@ -147,6 +150,8 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                 continue
             run_it = needed is None or node in needed
             in_grads = node.apply(grads) if run_it else [None] * len(node.next_functions)
+            if ANOMALY.enabled and ANOMALY.check_nan and run_it:
+                check_node_outputs(node, in_grads)
             for hook in node.__dict__.get("post_hooks", ()):
                 hook(in_grads, grads)
             if not retain_graph and run_it:

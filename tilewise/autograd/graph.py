@@ -514,3 +514,17 @@ _retain_grad.__name__ = _retain_grad.__qualname__ = "retain_grad"
 _register_hook.__name__ = _register_hook.__qualname__ = "register_hook"
 Tensor.retain_grad = _retain_grad  # see [Note: methods from above] in tensor.py
 Tensor.register_hook = _register_hook
+
+
+def register_post_accumulate_grad_hook(self: Tensor, hook):
+    """``hook(tensor)`` runs after backward has accumulated this leaf's gradient into ``.grad``."""
+    if not self.requires_grad:
+        raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+    if self.grad_fn is not None:
+        raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+    hooks = self.__dict__.setdefault("_post_accumulate_grad_hooks", [])
+    hooks.append(hook)
+    return _Handle(hooks, hook)
+
+
+Tensor.register_post_accumulate_grad_hook = register_post_accumulate_grad_hook  # see tilewise/_plugins.py

@@ -329,3 +329,24 @@ def alert_not_deterministic(caller: str) -> None:
                        "operation, or you can use the 'warn_only=True' option, if that's acceptable for your "
                        "application. You can also file an issue to help prioritize adding deterministic support for "
                        "this operation.")
+
+
+# ---------------------------------------------------------------------------------------------- process settings
+
+_process = {"warn_always": False}
+
+
+def set_warn_always(b: bool, /) -> None:
+    """Repeat warnings torch gives once per process every time (torch.set_warn_always); kept and read back."""
+    _process["warn_always"] = _check_bool(b, "setWarnOnlyOnce")
+
+
+def is_warn_always_enabled() -> bool:
+    return _process["warn_always"]
+
+
+def set_flush_denormal(mode: bool) -> bool:
+    """Whether the CPU now flushes denormal floats as asked (torch.set_flush_denormal). numpy offers no switch
+    for the FTZ/DAZ bits, so flushing is refused (False, torch's answer on a CPU without them) and keeping
+    denormals, which is how numpy computes, succeeds."""
+    return not _check_bool(mode, "flush_denormal")

@@ -12,10 +12,12 @@ from numbers import Number
 
 from tilewise.ops import (  # noqa: F401 — each module declares its operators on import
     assemble,
+    aten_spellings,
     complex,
     conversions,
     creation,
     fft,
+    host_methods,
     indexed,
     indexing,
     linalg,
@@ -34,13 +36,16 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     nn_recurrent,
     nn_resampling,
     nn_spatial,
+    norms,
     pointwise,
     products,
     reductions,
+    removed,
     scans,
     sets,
     shape,
     special,
+    statistics,
     views,
 )
 from tilewise.ops.formulas import HELPERS
@@ -132,6 +137,11 @@ def _attach_special_methods(functions: dict) -> None:
     for method in creation.INPLACE_FILLS + creation.NEW_LIKE:
         setattr(Tensor, method.__name__, method)
     functions.update(methods.attach(functions))
+    functions.update(aten_spellings.spellings())
+    host_methods.attach()
+    functions.update(removed.attach())
+    functions.update(statistics.FUNCTIONS)
+    functions["resize_as_"] = host_methods.resize_as_
 
 
 def make_copy_():

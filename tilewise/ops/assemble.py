@@ -1,6 +1,6 @@
 """Assembling and taking apart: atleast_Nd, dstack/column_stack/row_stack, hsplit/vsplit/dsplit, rot90, diff,
-cartesian_prod, combinations, tril/triu_indices, kron, block_diag, vander, trapezoid, diagflat, and the
-scatters of a view (select/slice/diagonal_scatter).
+cartesian_prod, combinations, tril/triu_indices, kron, block_diag, vander, trapezoid, gradient, diagflat, and the
+scatters of a view (select/slice/diagonal/as_strided_scatter).
 
 All are composites of views, cat, pad, cumsum and the pointwise operators: they run on every device and
 differentiate through their decomposition. Sizes come from shapes only, never from values.
@@ -341,6 +341,8 @@ composite("slice_scatter(Tensor self, Tensor src, int dim=0, int? start=None, in
           _replacing_view(_slice_view))
 composite("diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1) -> Tensor",
           _replacing_view(lambda t, offset, dim1, dim2: t.diagonal(offset, dim1, dim2)))
+composite("as_strided_scatter(Tensor self, Tensor src, int[] size, int[] stride, int? storage_offset=None) -> Tensor",
+          _replacing_view(lambda t, size, stride, storage_offset=None: t.as_strided(size, stride, storage_offset)))
 composite("narrow_copy(Tensor self, int dim, int start, int length) -> Tensor",
           lambda self, dim, start, length: self.narrow(dim, start, length).clone())
 
@@ -384,3 +386,78 @@ composite("unravel_index(Tensor indices, int[] shape) -> Tensor[]", _unravel_ind
 composite("logspace(Scalar start, Scalar end, int steps, float base=10.0, *, ScalarType? dtype=None, "
           "Layout? layout=None, Device? device=None, bool? pin_memory=None, bool requires_grad=False) -> Tensor",
           _logspace, method=False, differentiable=False)
+
+
+# ---------------------------------------------------------------- numerical gradient
+def _gradient_spacings(self, spacing, dims):
+    """One spacing per differentiated dim: a number, or a tensor of coordinates along that dim."""
+    if isinstance(spacing, (list, tuple)):
+        if len(spacing) != len(dims):
+            given = "since dim argument was not given" if len(dims) == self.ndim else f"dim = {list(dims)}"
+            raise RuntimeError(f"torch.gradient expected spacing to be unspecified, a scalar, or a list of length "
+                               f"equal to 'self.dim() = {self.ndim}', {given}, but got a list of length "
+                               f"{len(spacing)}")
+        return list(spacing)
+    return [spacing] * len(dims)
+
+
+def _edge_one(self, d):
+    return self.narrow(d, 1, 1) - self.narrow(d, 0, 1), self.narrow(d, -1, 1) - self.narrow(d, -2, 1)
+
+
+def _uniform_gradient(self, d, h, edge_order):
+    """torch's gradient over evenly spaced samples: central differences inside, one-sided at the ends."""
+    n = self.shape[d]
+    center = (self.narrow(d, 2, n - 2) - self.narrow(d, 0, n - 2)) / h / 2
+    if edge_order == 1:
+        first, last = (e / h for e in _edge_one(self, d))
+    else:
+        first = (self.narrow(d, 0, 1) * -1.5 + self.narrow(d, 1, 1) * 2 - self.narrow(d, 2, 1) * 0.5) / h
+        last = (self.narrow(d, -3, 1) * 0.5 - self.narrow(d, -2, 1) * 2 + self.narrow(d, -1, 1) * 1.5) / h
+    return call("cat", [first, center, last], d)
+
+
+def _coordinate_gradient(self, d, coordinates, edge_order):
+    """torch's gradient over samples at the given coordinates (second-order accurate inside)."""
+    n = self.shape[d]
+    shape = [1] * self.ndim
+    shape[d] = -1
+    dx = coordinates.diff()
+    dx1, dx2 = dx[:-1], dx[1:]
+    a = (-dx2 / (dx1 * (dx1 + dx2))).reshape(shape)
+    b = ((dx2 - dx1) / (dx1 * dx2)).reshape(shape)
+    c = (dx1 / (dx2 * (dx1 + dx2))).reshape(shape)
+    center = a * self.narrow(d, 0, n - 2) + b * self.narrow(d, 1, n - 2) + c * self.narrow(d, 2, n - 2)
+    if edge_order == 1:
+        rise_first, rise_last = _edge_one(self, d)
+        first, last = rise_first / dx[0], rise_last / dx[-1]
+    else:
+        h0, h1, hl, hp = dx[0], dx[1], dx[-1], dx[-2]
+        first = (self.narrow(d, 0, 1) * (-(2.0 * h0 + h1) / (h0 * (h0 + h1))) +
+                 self.narrow(d, 1, 1) * ((h0 + h1) / (h0 * h1)) + self.narrow(d, 2, 1) * (-h0 / (h1 * (h0 + h1))))
+        last = (self.narrow(d, -3, 1) * (hl / (hp * (hl + hp))) + self.narrow(d, -2, 1) * (-(hl + hp) / (hl * hp)) +
+                self.narrow(d, -1, 1) * ((2 * hl + hp) / (hl * (hl + hp))))
+    return call("cat", [first, center, last], d)
+
+
+def _gradient(self, spacing=1, dim=None, edge_order=1):
+    """torch.gradient: the derivative estimated along each of ``dim`` (every dim by default) by finite differences,
+    with ``edge_order``-accurate one-sided differences at the ends."""
+    if edge_order not in (1, 2):
+        raise RuntimeError("torch.gradient only supports edge_order=1 and edge_order=2.")
+    if self.ndim == 0:
+        return ()
+    dims = list(range(self.ndim)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    dims = [S.normalize_dim(d, self.ndim, "gradient") for d in dims]
+    if len(set(dims)) != len(dims):
+        raise RuntimeError(f"dim {next(d for d in dims if dims.count(d) > 1)} appears multiple times in the list of "
+                           "dims")
+    spacings = _gradient_spacings(self, spacing, dims)
+    if any(self.shape[d] < edge_order + 1 for d in dims):
+        raise RuntimeError("torch.gradient expected each dimension size to be at least edge_order+1")
+    return tuple(_coordinate_gradient(self, d, h, edge_order) if isinstance(h, Tensor) else
+                 _uniform_gradient(self, d, h, edge_order) for d, h in zip(dims, spacings))
+
+
+composite("gradient(Tensor self, *, Any spacing=1, Any dim=None, int edge_order=1) -> Tensor[]", _gradient,
+          method=False)

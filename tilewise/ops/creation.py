@@ -492,7 +492,42 @@ def random_(self: Tensor, low: int = 0, high: int | None = None, *, generator=No
     return _fill_from(self, randint(low, high, self.shape, dtype=self.dtype, device=self.device, generator=generator))
 
 
-INPLACE_FILLS = (fill_, zero_, uniform_, normal_, bernoulli_, exponential_, random_)
+def log_normal_(self: Tensor, mean: float = 1.0, std: float = 2.0, *, generator=None) -> Tensor:
+    """``exp`` of normal draws with the given mean and standard deviation (of the logarithm)."""
+    if not self.dtype.is_floating_point:
+        raise NotImplementedError(f'"log_normal_" not implemented for {self.dtype.name} tensors; it fills floating '
+                                  "tensors")
+    if not std > 0:
+        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std}")
+    draws = randn(self.shape, dtype=self.dtype, device=self.device, generator=generator)
+    return _fill_from(self, (draws * std + mean).exp())
+
+
+def cauchy_(self: Tensor, median: float = 0.0, sigma: float = 1.0, *, generator=None) -> Tensor:
+    """Cauchy draws by inversion: ``median + sigma * tan(pi * (u - 1/2))``."""
+    if not self.dtype.is_floating_point:
+        raise RuntimeError("Cauchy distribution is a continuous probability distribution. dtype must be a floating "
+                           f"point but you specified {self.dtype.name}")
+    if not sigma > 0:
+        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma}")
+    u = rand(self.shape, dtype=self.dtype, device=self.device, generator=generator)
+    return _fill_from(self, ((u - 0.5) * math.pi).tan() * sigma + median)
+
+
+def geometric_(self: Tensor, p: float, *, generator=None) -> Tensor:
+    """The number of Bernoulli(p) trials up to the first success, ``ceil(log(u) / log(1 - p))``, in any numeric
+    dtype but bool."""
+    if self.dtype.name == "bool":
+        raise NotImplementedError('"geometric_" not implemented for bool tensors')
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p}")
+    compute = self.dtype if self.dtype.is_floating_point else get_default_dtype()
+    u = rand(self.shape, dtype=compute, device=self.device, generator=generator)
+    trials = ((1 - u).log() / math.log1p(-p)).ceil().clamp_min(1)  # 1 - u in (0, 1]: never log(0)
+    return _fill_from(self, trials.to(self.dtype))
+
+
+INPLACE_FILLS = (fill_, zero_, uniform_, normal_, bernoulli_, exponential_, random_, log_normal_, cauchy_, geometric_)
 
 
 # ---------------------------------------------------------------- new tensors like self (Tensor methods)
@@ -529,7 +564,22 @@ def new_tensor(self: Tensor, data, *, dtype=None, device=None, requires_grad: bo
     return tensor(data, dtype=dt, device=dev, requires_grad=requires_grad)
 
 
-NEW_LIKE = (new_zeros, new_ones, new_full, new_empty, new_tensor)
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, requires_grad: bool = False,
+                  pin_memory: bool = False):
+    """An uninitialised tensor of the given size and strides over a buffer just large enough for them."""
+    size, stride = tuple(size), tuple(stride)
+    extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+    out = empty(extent, dtype=dtype, device=device).as_strided(size, stride, 0)
+    return out.requires_grad_(requires_grad) if requires_grad else out
+
+
+def new_empty_strided(self: Tensor, size, stride, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """An uninitialised tensor of the given size and strides, with ``self``'s dtype and device unless given."""
+    dt, dev = _like(self, dtype, device)
+    return empty_strided(size, stride, dtype=dt, device=dev, requires_grad=requires_grad)
+
+
+NEW_LIKE = (new_zeros, new_ones, new_full, new_empty, new_tensor, new_empty_strided)
 
 
 def to_device(x: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None) -> Tensor:
@@ -540,9 +590,84 @@ def scalar_tensor(value: Number, *, dtype=None, device=None) -> Tensor:
     return full((), value, dtype=dtype or get_default_dtype(), device=device)
 
 
+def deprecated_range(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """Deprecated in torch: ``[start, end]`` with ``end`` included, in the default floating dtype unless given."""
+    import warnings
+
+    if end is None:
+        raise TypeError('range() missing 1 required positional arguments: "end"')
+    warnings.warn("tilewise.range is deprecated and will be removed in a future release because its behavior is "
+                  "inconsistent with Python's range builtin. Instead, use tilewise.arange, which produces values in "
+                  "[start, end).", UserWarning, stacklevel=2)
+    start, end, step = (v.item() if isinstance(v, Tensor) else v for v in (start, end, step))
+    if step == 0:
+        raise RuntimeError(f"range(): step must be nonzero, got step={step}")
+    if (end - start) * step < 0:
+        raise RuntimeError(f"range(): upper bound and lower bound inconsistent with step sign: start={start}, "
+                           f"end={end}, step={step}")
+    dtype = as_dtype(dtype or get_default_dtype())
+    length = math.floor((end - start) / step) + 1
+    if dtype.is_floating_point:  # each value start + i * step in double, then rounded once, as torch's kernel
+        from tilewise.dtypes import float64
+
+        out = (arange(length, dtype=float64, device=device) * step + start).to(dtype)
+    else:
+        out = arange(start, start + length * step, step, dtype=dtype, device=device)
+    return _finish(out, requires_grad)
+
+
+def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, requires_grad: bool = False,
+                   pin_memory: bool = False) -> Tensor:
+    """An uninitialised tensor of ``size`` whose dims lie in memory in the order ``physical_layout`` (outermost
+    first): ``empty_permuted((2, 3, 4), (0, 2, 1))`` has strides (12, 1, 3)."""
+    size, order = _size((size,), "empty_permuted"), tuple(physical_layout)
+    if len(size) != len(order):
+        raise RuntimeError("Number of dimensions in size does not match the length of the physical_layout; i.e. "
+                           f"len(size) = {len(size)} is not equal to len(physical_layout) = {len(order)}")
+    for k, d in enumerate(order):
+        if not 0 <= d < len(size):
+            raise RuntimeError(f"Dimension out of range (expected to be between 0 and {len(size) - 1}, but got {d} "
+                               f"at index {k}).  NB: negative dims not currently supported; file an issue if you "
+                               "want it.")
+    if len(set(order)) != len(order):
+        raise RuntimeError("Duplicate dim not allowed")
+    physical = _empty("empty_permuted", tuple(size[d] for d in order), dtype, device, False, pin_memory)
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return _finish(physical.permute(inverse), requires_grad)
+
+
+def frombuffer(buffer, *, dtype, count: int = -1, offset: int = 0, requires_grad: bool = False) -> Tensor:
+    """A 1-D tensor sharing the memory of an object with Python's buffer protocol (torch.frombuffer)."""
+    import numpy as np
+
+    from tilewise.tensor import from_array
+
+    dtype = as_dtype(dtype)
+    try:
+        length = memoryview(buffer).nbytes
+    except TypeError:
+        raise ValueError("object does not implement Python buffer protocol.") from None
+    if length == 0 or count == 0:
+        raise ValueError(f"both buffer length ({length}) and count ({count}) must not be 0")
+    if not 0 <= offset < length:
+        raise ValueError(f"offset ({offset} bytes) must be non-negative and no greater than buffer length "
+                         f"({length} bytes) minus 1")
+    size = dtype.itemsize
+    if count < 0:
+        if (length - offset) % size:
+            raise ValueError(f"buffer length ({length - offset} bytes) after offset ({offset} bytes) must be a "
+                             f"multiple of element size ({size})")
+        count = (length - offset) // size
+    elif offset + count * size > length:
+        raise ValueError(f"requested buffer length ({count} * {size} bytes) after offset ({offset} bytes) must not "
+                         f"be greater than actual buffer length ({length} bytes)")
+    array = np.frombuffer(buffer, dtype=dtype.np, count=count, offset=offset)
+    return _finish(from_array(array, dtype), requires_grad)
+
+
 FACTORIES.empty = empty  # Tensor(2, 3) and the legacy types' constructors (see [Note: methods from above])
 
 __all__ = ["Generator", "default_generator", "manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state",
            "full", "zeros", "ones", "empty", "zeros_like", "ones_like", "full_like", "empty_like", "arange",
            "linspace", "eye", "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm",
-           "normal", "scalar_tensor"]
+           "normal", "scalar_tensor", "empty_permuted", "frombuffer"]

@@ -14,7 +14,7 @@ from tilewise import _strides as S
 from tilewise.dtypes import checked_scalar
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.inplace import read_only_error, shares_read_only_array
-from tilewise.ops.registry import declare
+from tilewise.ops.registry import call, declare
 from tilewise.tensor import Tensor
 
 declare("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", "index", dtype=R.first_input,
@@ -36,6 +36,23 @@ declare("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor",
         grad={"self": "grad", "src": "grad.gather(dim, index)", "index": None}, inplace=True, autocast="promote")
 declare("nonzero(Tensor self) -> Tensor", "index", differentiable=False,
         doc="Positions of non-zero elements, one row of coordinates each (data-dependent shape).")
+
+
+def _nonzero_static(self, size, fill_value=-1):
+    """nonzero's indices in a fixed shape ``[size, ndim]``: truncated, or padded with ``fill_value`` rows."""
+    from tilewise.ops.creation import full
+
+    if size < 0:
+        raise RuntimeError("nonzero_static: 'size' must be an non-negative integer")
+    found = self.nonzero()
+    if found.shape[0] >= size:
+        return found[:size]
+    padding = full((size - found.shape[0], self.ndim), fill_value, dtype=found.dtype, device=found.device)
+    return call("cat", [found, padding])
+
+
+declare("nonzero_static(Tensor self, *, int size, int fill_value=-1) -> Tensor", "composite",
+        decomposition=_nonzero_static, differentiable=False)
 declare("masked_fill(Tensor self, Tensor mask, Tensor value) -> Tensor", "composite",
         decomposition=lambda self, mask, value: _masked_fill(self, mask, value), inplace=True)
 

@@ -14,7 +14,7 @@ shares the target's memory; one kernel instead of two, and no temporary. ``commi
 from __future__ import annotations
 
 from tilewise.dispatch import STATE
-from tilewise.dtypes import can_cast
+from tilewise.dtypes import castable
 from tilewise.tensor import Tensor, tensor
 
 
@@ -129,7 +129,7 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
         raise RuntimeError(f"{name}: output with shape {list(self._shape)} doesn't match the broadcast shape "
                            f"{list(result._shape)}")
     if result._dtype is not self._dtype:
-        if not allow_any_cast and not can_cast(result._dtype, self._dtype):
+        if not allow_any_cast and not castable(result._dtype, self._dtype):
             raise RuntimeError(f"{name}: result type {result._dtype.name} can't be cast to the desired output type "
                                f"{self._dtype.name}")
         result = result.to(self._dtype)

@@ -158,3 +158,93 @@ def _dot(a, b):
 
 declare("dot(Tensor self, Tensor tensor) -> Tensor", "composite", decomposition=_dot, aliases=("inner",),
         autocast="promote")
+
+
+def _vdot(a, b):
+    """The dot product with the first vector conjugated (a plain dot product for real vectors)."""
+    if a.dtype is not b.dtype:
+        raise RuntimeError(f"vdot: expected both vectors to have same dtype, but found {a.dtype.name} and "
+                           f"{b.dtype.name}")
+    return _dot(a.conj() if a.dtype.is_complex else a, b)
+
+
+declare("vdot(Tensor self, Tensor other) -> Tensor", "composite", decomposition=_vdot, autocast="promote")
+
+
+def _mv(matrix, vec):
+    if matrix.ndim != 2 or vec.ndim != 1:
+        raise RuntimeError(f"mv: vector + matrix @ vector expected, got 1, {matrix.ndim}, {vec.ndim} (shapes "
+                           f"{list(matrix.shape)} and {list(vec.shape)}): mv multiplies an [n, m] matrix by an [m] "
+                           "vector")
+    if matrix.shape[1] != vec.shape[0]:
+        raise RuntimeError(f"mv: size mismatch, got input ({matrix.shape[0]}), mat ({matrix.shape[0]}x"
+                           f"{matrix.shape[1]}), vec ({vec.shape[0]})")
+    if matrix.dtype is not vec.dtype:
+        raise RuntimeError(f"mv: expected both operands to have the same dtype, but got {matrix.dtype.name} for the "
+                           f"matrix and {vec.dtype.name} for the vector; convert one with .to()")
+    return matrix.matmul(vec)
+
+
+declare("mv(Tensor self, Tensor vec) -> Tensor", "composite", decomposition=_mv, autocast="lower")
+
+
+def _tensordot_dims(a, b, dims) -> tuple[list[int], list[int]]:
+    """torch.tensordot's ``dims``: a count of trailing/leading dims, or two lists of dims (a tensor of either)."""
+    if isinstance(dims, Tensor):
+        dims = dims.item() if dims.numel() == 1 else dims.tolist()
+    if isinstance(dims, int):
+        if dims < 0:
+            raise RuntimeError(f"tensordot expects dims >= 0, but got dims={dims}")
+        if dims > min(a.ndim, b.ndim):
+            raise RuntimeError(f"tensordot expects dims < ndim_a or ndim_b, but got dims={dims}")
+        return list(range(a.ndim - dims, a.ndim)), list(range(dims))
+    if not isinstance(dims, (list, tuple)) or len(dims) != 2:
+        raise RuntimeError(f"tensordot expects dims to be an int, or a pair of lists of dims, got {dims!r}")
+    dims_a, dims_b = ([d] if isinstance(d, int) else list(d) for d in dims)
+    if len(dims_a) != len(dims_b):
+        raise RuntimeError(f"both dimension lists should have same length, got {len(dims_a)} and {len(dims_b)}")
+    return dims_a, dims_b
+
+
+def _tensordot(a, b, dims=2):
+    """Contract dims of a with dims of b: both are permuted so the contracted dims meet, then one matrix product."""
+    dims_a, dims_b = _tensordot_dims(a, b, dims)
+    dims_a = [S.normalize_dim(d, a.ndim, "tensordot") for d in dims_a]
+    dims_b = [S.normalize_dim(d, b.ndim, "tensordot") for d in dims_b]
+    for da, db in zip(dims_a, dims_b):
+        if a.shape[da] != b.shape[db]:
+            raise RuntimeError(f"contracted dimensions need to match, but first has size {a.shape[da]} in dim {da} "
+                               f"and second has size {b.shape[db]} in dim {db}")
+    free_a = [d for d in range(a.ndim) if d not in dims_a]
+    free_b = [d for d in range(b.ndim) if d not in dims_b]
+    size = 1
+    for d in dims_a:
+        size *= a.shape[d]
+    left = a.permute((*free_a, *dims_a)).reshape(-1, size)
+    right = b.permute((*dims_b, *free_b)).reshape(size, -1)
+    return left.mm(right).reshape(tuple(a.shape[d] for d in free_a) + tuple(b.shape[d] for d in free_b))
+
+
+declare("tensordot(Tensor a, Tensor b, Any dims=2) -> Tensor", "composite", decomposition=_tensordot, method=False,
+        autocast="lower")
+
+
+def _chain_matmul(matrices):
+    """Deprecated in torch for linalg.multi_dot: the product of two-dimensional matrices, in the cheapest order."""
+    import warnings
+
+    warnings.warn("tilewise.chain_matmul is deprecated and will be removed in a future PyTorch release. Use "
+                  "tilewise.linalg.multi_dot instead, which accepts a list of two or more tensors rather than "
+                  "multiple parameters.", UserWarning, stacklevel=4)
+    if not matrices:
+        raise RuntimeError("chain_matmul(): Expected one or more matrices")
+    for t in matrices:
+        if t.ndim != 2:
+            raise RuntimeError(f"chain_matmul: Tensor dimension is {t.ndim}, expected 2 instead.")
+    if len(matrices) == 1:
+        return matrices[0].clone()
+    return OPS["linalg_multi_dot"](list(matrices))
+
+
+declare("chain_matmul(Tensor[] matrices) -> Tensor", "composite", decomposition=_chain_matmul, method=False,
+        varargs=True)

@@ -8,6 +8,7 @@ predicates (``is_nonzero``, ``is_same_size``, ``is_signed``) and shape arithmeti
 from __future__ import annotations
 
 from tilewise import _strides as S
+from tilewise.ops.creation import empty_strided
 from tilewise.ops.inplace import make_inplace
 from tilewise.tensor import Size, Tensor
 
@@ -92,17 +93,6 @@ def asarray(obj, *, dtype=None, device=None, copy=None, requires_grad: bool = Fa
     out = as_tensor(obj, dtype=dtype, device=device)
     if copy:
         out = out.clone()
-    return out.requires_grad_(requires_grad) if requires_grad else out
-
-
-def empty_strided(size, stride, *, dtype=None, layout=None, device=None, requires_grad: bool = False,
-                  pin_memory: bool = False):
-    """An uninitialised tensor of the given size and strides over a buffer just large enough for them."""
-    from tilewise.ops.creation import empty
-
-    size, stride = tuple(size), tuple(stride)
-    extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
-    out = empty(extent, dtype=dtype, device=device).as_strided(size, stride, 0)
     return out.requires_grad_(requires_grad) if requires_grad else out
 
 

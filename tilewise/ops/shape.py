@@ -65,15 +65,28 @@ def _split(self, split_size_or_sections, dim=0):
             raise RuntimeError(f"split expects split_size be positive, but got split_size={step}")
         sizes = [min(step, n - start) for start in range(0, n, step)] if n else [0]
     else:
-        sizes = list(split_size_or_sections)
-        if sum(sizes) != n:
-            raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at "
-                               f"dimension {d}), but got split_sizes={sizes}")
+        return _split_with_sizes(self, split_size_or_sections, dim)
+    return _narrowed(self, d, sizes, "Split")
+
+
+def _split_with_sizes(self, split_sizes, dim=0):
+    d = S.normalize_dim(dim, self.ndim, "split_with_sizes")
+    sizes, n = list(split_sizes), self.shape[d]
+    if any(size < 0 for size in sizes):
+        raise RuntimeError(f"split_with_sizes expects split_sizes have only non-negative entries, but got "
+                           f"split_sizes={sizes}")
+    if sum(sizes) != n:
+        raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at "
+                           f"dimension {d}), but got split_sizes={sizes}")
+    return _narrowed(self, d, sizes, "SplitWithSizes")
+
+
+def _narrowed(self, d: int, sizes, name: str) -> tuple:
     out, start = [], 0
     for size in sizes:
         out.append(self.narrow(d, start, size))
         start += size
-    return mark_multi_output_views(tuple(out), "Split" if len(split_size_or_sections) == 1 else "SplitWithSizes")
+    return mark_multi_output_views(tuple(out), name)
 
 
 def _chunk(self, chunks, dim=0):
@@ -108,6 +121,7 @@ composite("flatten(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)
 composite("unflatten(Tensor(a) self, int dim, int[] sizes) -> Tensor(a)", _unflatten)
 composite("movedim(Tensor(a) self, int[] source, int[] destination) -> Tensor(a)", _movedim, aliases=("moveaxis",))
 composite("split(Tensor(a) self, int[] split_size_or_sections, int dim=0) -> Tensor[]", _split)
+composite("split_with_sizes(Tensor(a) self, int[] split_sizes, int dim=0) -> Tensor[]", _split_with_sizes)
 composite("chunk(Tensor(a) self, int chunks, int dim=0) -> Tensor[]", _chunk)
 composite("narrow(Tensor(a) self, int dim, int start, int length) -> Tensor(a)", _narrow)
 composite("unbind(Tensor(a) self, int dim=0) -> Tensor[]", _unbind)

@@ -71,3 +71,7 @@ def set_num_interop_threads(n: int) -> None:
 
 def get_num_interop_threads() -> int:
     return _counts["interop"] or get_num_threads()
+
+
+def init_num_threads() -> None:
+    """torch.init_num_threads: set up the calling thread's intra-op pool; numpy's BLAS pool needs no set-up."""
