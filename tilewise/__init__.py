@@ -8,6 +8,7 @@ tilewise.Size([2])
 
 from __future__ import annotations
 
+from tilewise import _tensor_str  # noqa: F401 — gives Tensor its repr
 from tilewise import dtypes as _dtypes
 from tilewise.device import Device
 from tilewise.device import Device as device  # noqa: N813 — torch spells the constructor tilewise.device
@@ -42,7 +43,6 @@ from tilewise.dtypes import (
     uint8,
 )
 from tilewise.tensor import Size, Tensor, as_tensor, from_numpy, is_tensor, tensor
-from tilewise import _tensor_str  # noqa: F401 — gives Tensor its repr
 from tilewise.tensortypes import CPU_TYPES as _CPU_TYPES
 
 globals().update({cls.__name__: cls for cls in _CPU_TYPES.values()})  # LongTensor, FloatTensor, ...
