@@ -55,20 +55,15 @@ def test_plug_in_points_are_never_above_the_modules_that_fill_them():
 
 
 def test_a_backend_missing_a_method_is_refused_by_name():
-    class Partial(type(BACKENDS["cpu"])):
-        upload = None  # not callable: as if the backend never defined it
+    class Partial(Backend):  # everything a backend must define but upload
+        def run(self, op, args, device): ...
+        def empty(self, shape, dtype, device, strides=None): ...
+        def download(self, x, non_blocking=False): ...
+        def synchronize(self, device): ...
 
     with pytest.raises(TypeError, match=r"has no method upload\(\) of the Backend protocol") as info:
         register_backend("meta", Partial())
     assert "'meta'" in str(info.value) and "meta" not in BACKENDS
-
-
-def test_a_backend_inheriting_a_required_stub_is_refused():
-    class Lazy(Backend):  # overrides nothing: run() would raise NotImplementedError on the first operator
-        pass
-
-    with pytest.raises(TypeError, match=r"has no method run\(\) of the Backend protocol"):
-        register_backend("meta", Lazy())
 
 
 def test_an_object_without_the_protocol_is_refused():

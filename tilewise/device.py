@@ -150,14 +150,23 @@ def register_backend(device_type: str, backend: Backend) -> None:
     if device_type not in _VALID_TYPES:
         raise ValueError(f"register_backend(): unknown device type {device_type!r}; valid types: "
                          f"{', '.join(_VALID_TYPES)}")
-    for name in Backend.REQUIRED + Backend.OPTIONAL:
-        method = getattr(backend, name, None)
-        # a required method the backend only inherits is the protocol's stub, which raises when called
-        inherited = name in Backend.REQUIRED and getattr(type(backend), name, None) is getattr(Backend, name)
-        if not callable(method) or inherited:
-            raise TypeError(f"register_backend(): the backend {backend!r} for device type {device_type!r} has no "
-                            f"method {name}() of the Backend protocol (tilewise.device.Backend)")
+    missing = _missing_methods(backend)
+    if missing:
+        names = ", ".join(f"{name}()" for name in missing)
+        raise TypeError(f"register_backend(): the backend {backend!r} for device type {device_type!r} has no "
+                        f"method {names} of the Backend protocol (tilewise.device.Backend)")
     BACKENDS[device_type] = backend
+
+
+def _missing_methods(backend) -> list[str]:
+    """The protocol's methods ``backend`` lacks: a required one it does not define itself (inheriting
+    ``Backend``'s placeholder counts as lacking it), an optional one it has no callable for."""
+    missing = []
+    for name in Backend.REQUIRED:
+        if not callable(getattr(backend, name, None)) or getattr(type(backend), name, None) is getattr(Backend, name):
+            missing.append(name)
+    missing += [name for name in Backend.OPTIONAL if not callable(getattr(backend, name, None))]
+    return missing
 
 
 def backend_for(device: Device) -> Backend:

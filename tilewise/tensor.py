@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from numbers import Number
 
 import numpy as np
 
-from tilewise import _strides
+from tilewise import _strides, dtypes
 from tilewise.device import Device, as_device, cpu, pinning_backend
 from tilewise.device import is_pinned as pinned_by_a_backend
-from tilewise.dtypes import DType, as_dtype, float8_e4m3fn, float8_e5m2, get_default_dtype
+from tilewise.dtypes import DType, as_dtype, checked_scalar, float8_e4m3fn, float8_e5m2, get_default_dtype
 from tilewise.dtypes import from_numpy as dtype_from_numpy
 from tilewise.storage import Storage
 
@@ -513,8 +514,6 @@ def _empty_tensor(shape) -> Tensor:
 
 
 def _numpy_dtypes() -> frozenset:
-    from tilewise import dtypes
-
     return frozenset(d.np for d in dtypes.ALL)
 
 
@@ -582,8 +581,6 @@ def _numbers_array(data, op: str) -> np.ndarray:
 
 
 def _infer_dtype(data, arr: np.ndarray) -> DType:
-    from tilewise import dtypes
-
     first = data
     while isinstance(first, (list, tuple)) and first:
         first = first[0]
@@ -604,8 +601,6 @@ def _infer_dtype(data, arr: np.ndarray) -> DType:
 
 def _fitted(arr: np.ndarray, dtype: DType, op: str) -> np.ndarray:
     """``arr`` as ``dtype`` holds it, refusing a value it cannot hold (see [Note: scalar overflow] in dtypes)."""
-    from tilewise.dtypes import checked_scalar
-
     kind = arr.dtype.kind
     if dtype.is_floating_point or dtype.is_complex:
         return arr.astype(np.float64) if kind in "Ou" else arr
@@ -684,8 +679,6 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
 def _supported(array: np.ndarray, op: str) -> np.ndarray:
     """``array``, if tilewise has its dtype; else torch's TypeError, naming the dtypes that work."""
     if array.dtype not in _NUMPY_DTYPES:
-        from tilewise import dtypes
-
         raise TypeError(f"{op}(): can't convert a numpy array of dtype {array.dtype}; the supported dtypes are "
                         f"{', '.join(d.name for d in dtypes.ALL)} (convert with array.astype(...) first)")
     return array
@@ -693,8 +686,6 @@ def _supported(array: np.ndarray, op: str) -> np.ndarray:
 
 def _warn_if_read_only(array: np.ndarray, op: str) -> None:
     if not array.flags.writeable:
-        import warnings
-
         warnings.warn(f"{op}(): the given numpy array is not writable; the tensor shares its memory, so writing to "
                       "the tensor will raise. Copy the array first (array.copy() or tilewise.tensor(array)) to get a "
                       "writable tensor.", UserWarning, stacklevel=3)
