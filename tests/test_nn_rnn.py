@@ -697,8 +697,9 @@ def test_lstm_training_step_lowers_to_cuda_kernels_that_compile():
         assert f".entry {name}" in compile_cached(source, name, "sm_90").ptx
     cells = [k for k in low.kernels.values() if "sigmoid" in low.sources[k.name] or "tanh" in low.sources[k.name]]
     assert len(cells) == 2 * 3 * 2, f"{len(cells)} kernels with gate arithmetic for 2 layers x 3 steps x 2 ways"
-    # per layer: the outputs of its steps, their gradients, the states W_hh's gradient reads; none per step
-    assert str(low.fused).count(" cat(") == 2 * 3
+    # per layer (``_lstm_layer``'s decomposition): its outputs, cell states and hidden projections, their gate
+    # gradients and the states W_hh's gradient reads; none per step
+    assert str(low.fused).count(" cat(") == 2 * 5
 
 
 def test_empty_batch_matches_torch():
