@@ -138,11 +138,12 @@ def register_composite_runner(names: frozenset, runner) -> None:
 
 def _load_kernels() -> None:
     global _kernels, _pointwise, _pointwise_into, _reduction, _host
-    from tilewise.backends.cuda import (  # noqa: F401 — attention; fft; the linalg primitives; mm, bmm, linear
-        attention,
+    from tilewise.backends.cuda import (  # noqa: F401 — attention; fft; the linalg primitives; mm, bmm, linear;
+        attention,  # an LSTM layer's time loop
         fft,
         linalg,
         matmul,
+        recurrent,
     )
     from tilewise.backends.cuda.kernels import (  # noqa: F401 — each module registers its kernels
         KERNELS,
