@@ -217,7 +217,7 @@ def run_forward(input_gates: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, outpu
     h_prev = [data_ptr(h0), *out[:-1]]
     c_prev = [data_ptr(c0), *c[:-1]]
     cell = _cell("forward", input_gates._dtype, batch, hidden, _aligned(
-        ig[0], hg[0], out[0], c[0], h_prev[0], c_prev[0], strides=(hidden * itemsize,)), device.index)
+        ig[0], hg[0], out[0], c[0], c_prev[0], strides=(hidden * itemsize,)), device.index)
     project = pointer_gemm(h0, w_hh.t(), hidden_gates[0],
                            _alignment(*h_prev[:2], *hg[:2], data_ptr(w_hh), batch * hidden * itemsize))
     stream = stream_handle(device.index)
@@ -271,8 +271,9 @@ def run_backward(grad_output: Tensor | None, input_gates: Tensor, c0: Tensor, w_
     kind = "backward_go" if go else "backward"
     cell = _cell(kind, input_gates._dtype, batch, hidden, _aligned(*pointers, strides=(hidden * itemsize,)),
                  device.index)
-    grad_h = pointer_gemm(grad_input_gates[0], w_hh, dh, _alignment(*dg[:2], data_ptr(w_hh), dh_ptr,
-                                                                   batch * gates * itemsize))
+    # choosing the plan's algorithm runs the product: into memory of its own, as dh holds the last step's gradient
+    grad_h = pointer_gemm(grad_input_gates[0], w_hh, empty(dh._shape, dh._dtype, device),
+                          _alignment(*dg[:2], data_ptr(w_hh), dh_ptr, batch * gates * itemsize))
     stream = stream_handle(device.index)
     w_ptr = data_ptr(w_hh)
     fn, grid, block = cell.fn, cell.grid, cell.block
