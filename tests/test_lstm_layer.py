@@ -151,8 +151,8 @@ def loops_on_the_host(monkeypatch, tmp_path):
             built[kernel_ir.name] = _build_c(kernel_ir, tmp_path)
         return recurrent._Cell(built[kernel_ir.name], 1, 1)
 
-    def launch(fn, grid, block, args, stream):
-        fn(*[ctypes.c_void_p(a) for a in args])
+    def step_launches(cell, argvs, stream, device):
+        return lambda t: cell.fn(*[ctypes.c_void_p(a) for a in argvs[t]])
 
     def at(ptr, like):
         span = 1 + sum((n - 1) * s for n, s in zip(like.shape, like.stride()))
@@ -171,13 +171,24 @@ def loops_on_the_host(monkeypatch, tmp_path):
         return t._storage.data.ctypes.data + t._offset * t._dtype.itemsize
 
     monkeypatch.setattr(recurrent, "_cell", cell)
-    monkeypatch.setattr(recurrent, "launch", launch)
+    monkeypatch.setattr(recurrent, "StepLaunches", step_launches)
     monkeypatch.setattr(recurrent, "pointer_gemm", pointer_gemm)
     monkeypatch.setattr(recurrent, "data_ptr", data_ptr)
     monkeypatch.setattr(recurrent, "stream_handle", lambda device: 0)
     monkeypatch.setattr(recurrent, "empty", lambda shape, dtype, device: tw.empty(shape, dtype=dtype))
     monkeypatch.setattr(recurrent, "fill", lambda t, value: t.fill_(value))
     monkeypatch.setattr(recurrent, "gemm", lambda a, b: a.mm(b))
+
+
+def test_step_arguments_are_packed_as_a_launch_reads_them():
+    """Each step's ``void**``: the address of each parameter's 8 bytes, which hold that step's pointer."""
+    argvs = [(0x1000 + t, 0x2000 + 16 * t, 2**63 + t) for t in range(4)]
+    values, addresses = recurrent.pack_steps((0, 8, 16), argvs)
+    for t, argv in enumerate(argvs):
+        row = addresses.ctypes.data + t * 3 * 8
+        slots = (ctypes.c_uint64 * 3).from_address(row)
+        assert [ctypes.c_uint64.from_address(slot).value for slot in slots] == list(argv)
+    assert recurrent.pack_steps((0, 8, 12), argvs) is None  # a parameter that is not an 8-byte slot
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no host C compiler")

@@ -24,11 +24,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from tilewise import dtypes
+from tilewise._cuda_api import check, driver_api
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel, launch, load
 from tilewise.backends.cuda.kernels.creation import fill
 from tilewise.backends.cuda.matmul import SUPPORTED, gemm, pointer_gemm
+from tilewise.backends.cuda.runtime.device import ensure_context
 from tilewise.codegen.kernel_ir import Index, Kernel, Load, Nest, Param, Store, cast
 from tilewise.codegen.render.cstyle import compute_of
 from tilewise.codegen.render.kernel_cuda import render_source
@@ -159,6 +163,46 @@ def _cell(kind: str, dtype: DType, batch: int, hidden: int, aligned: bool, devic
     return cell
 
 
+# ---------------------------------------------------------------------------------------------- launches per step
+
+def pack_steps(offsets: tuple[int, ...], argvs: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every step's kernel arguments (all pointers) packed before the loop: (the parameter values, one row per
+    step, and one row per step of the addresses of its values, the ``void**`` a launch takes). None where the
+    kernel's parameters are not 8-byte slots side by side."""
+    count = len(offsets)
+    if offsets != tuple(range(0, 8 * count, 8)) or any(len(a) != count for a in argvs):
+        return None
+    values = np.array(argvs, dtype=np.uint64).reshape(len(argvs), count)
+    rows = np.arange(len(argvs), dtype=np.uint64)[:, None] * np.uint64(8 * count)
+    addresses = np.uint64(values.ctypes.data) + rows + np.array(offsets, dtype=np.uint64)[None, :]
+    return values, np.ascontiguousarray(addresses)
+
+
+class StepLaunches:
+    """One cell kernel's launch at each step of a loop, its arguments packed before the loop starts: a step
+    costs one ``cuLaunchKernel`` call (the per-launch work of ``kernels.launch``, packing included, done once)."""
+
+    def __init__(self, cell: _Cell, argvs: list[tuple[int, ...]], stream: int, device: int):
+        self.cell, self.argvs, self.stream = cell, argvs, stream
+        packed = pack_steps(cell.fn.parameter_layout[0], argvs)
+        self.packed = packed  # keeps the parameter memory alive while launches read it
+        if packed is not None:
+            ensure_context(device)
+            base, stride = int(packed[1].ctypes.data), packed[1].shape[1] * 8
+            self.params = [base + t * stride for t in range(len(argvs))]
+            self.launch_kernel = driver_api().cuLaunchKernel
+
+    def __call__(self, t: int) -> None:
+        cell = self.cell
+        if self.packed is None:
+            launch(cell.fn, cell.grid, cell.block, self.argvs[t], self.stream)
+            return
+        result = self.launch_kernel(cell.fn._driver_handle, cell.grid, 1, 1, cell.block, 1, 1, 0, self.stream,
+                                    self.params[t], 0)
+        if int(result[0]):
+            check(result, f"cuLaunchKernel({cell.fn.name})")
+
+
 # ---------------------------------------------------------------------------------------------- the loops
 
 def _step_pointers(t: Tensor, steps: int) -> list[int]:
@@ -222,10 +266,11 @@ def run_forward(input_gates: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, outpu
                            _alignment(*h_prev[:2], *hg[:2], data_ptr(w_hh), batch * hidden * itemsize))
     stream = stream_handle(device.index)
     w_ptr = data_ptr(w_hh)
-    fn, grid, block = cell.fn, cell.grid, cell.block
+    step = StepLaunches(cell, [(ig[t], hg[t], c_prev[t], out[t], c[t]) for t in range(steps)], stream,
+                        device.index)
     for t in range(steps):
         project(h_prev[t], w_ptr, hg[t], stream)
-        launch(fn, grid, block, (ig[t], hg[t], c_prev[t], out[t], c[t]), stream)
+        step(t)
 
 
 @kernel("_lstm_layer_backward")
@@ -276,10 +321,9 @@ def run_backward(grad_output: Tensor | None, input_gates: Tensor, c0: Tensor, w_
                           _alignment(*dg[:2], data_ptr(w_hh), dh_ptr, batch * gates * itemsize))
     stream = stream_handle(device.index)
     w_ptr = data_ptr(w_hh)
-    fn, grid, block = cell.fn, cell.grid, cell.block
+    gradient = (lambda t: (go[t],)) if go is not None else (lambda t: ())
+    step = StepLaunches(cell, [(ig[t], hg[t], c_prev[t], *gradient(t), dh_ptr, dc_ptr, dg[t]) for t in range(steps)],
+                        stream, device.index)
     for t in reversed(range(steps)):
-        if go is None:
-            launch(fn, grid, block, (ig[t], hg[t], c_prev[t], dh_ptr, dc_ptr, dg[t]), stream)
-        else:
-            launch(fn, grid, block, (ig[t], hg[t], c_prev[t], go[t], dh_ptr, dc_ptr, dg[t]), stream)
+        step(t)
         grad_h(dg[t], w_ptr, dh_ptr, stream)
