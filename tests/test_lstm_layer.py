@@ -133,6 +133,21 @@ def test_layer_errors_name_the_operator_and_shapes():
         OPS["_lstm_layer"](tw.randn(3, 8), h, c, w)
 
 
+def test_lstm_under_bfloat16_autocast_runs_the_layer_in_bfloat16_close_to_torch():
+    """torch's CPU LSTM has no bfloat16 autocast (oneDNN refuses it), so the reference is torch in float32: the
+    outputs are bfloat16 as under CUDA autocast, the parameters' gradients float32, all within bfloat16's error."""
+    (want, want_gx, want_gp), (got, got_gx, got_gp) = _run_both(lambda nn: nn.LSTM(8, 16, 2), (6, 3, 8),
+                                                                autocast=True, device="cpu")
+    assert all(o.dtype == tw.bfloat16 for o in got)
+    assert got_gx.dtype == tw.float32 and all(g.dtype == tw.float32 for g in got_gp.values())
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(_np(a), _np(b), rtol=5e-2, atol=3e-2)
+    np.testing.assert_allclose(_np(got_gx), _np(want_gx), rtol=5e-2, atol=5e-2)
+    for name in want_gp:
+        scale = np.abs(_np(want_gp[name])).max()
+        np.testing.assert_allclose(_np(got_gp[name]), _np(want_gp[name]), atol=5e-2 * scale, err_msg=name)
+
+
 # ---------------------------------------------------------------------------------------------- the loops, on the host
 
 @pytest.fixture
@@ -222,16 +237,16 @@ def _pair(make, seed=0):
     return ours, ref
 
 
-def _run_both(make, shape, autocast: bool, batch_first=False):
+def _run_both(make, shape, autocast: bool, device="cuda"):
     ours, ref = _pair(make)
-    ours.to("cuda")
+    ours.to(device)
     x = np.random.default_rng(0).uniform(-1, 1, size=shape).astype(np.float32)
     results = []
     for lib, model in ((torch, ref), (tw, ours)):
         xi = (torch.tensor(x, requires_grad=True) if lib is torch else
-              tw.tensor(x, device="cuda", requires_grad=True))
+              tw.tensor(x, device=device, requires_grad=True))
         if autocast and lib is tw:
-            with tw.autocast(device_type="cuda", dtype=tw.bfloat16):
+            with tw.autocast(device_type=device, dtype=tw.bfloat16):
                 out, (h, c) = model(xi)
         else:
             out, (h, c) = model(xi)
