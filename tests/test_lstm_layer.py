@@ -299,8 +299,8 @@ def test_lstm_layer_kernels_match_the_decomposition_on_cuda():
     with tw.no_grad():
         got = layer(*args)
         want = layer.decomposition(*args)
-        for a, b in zip(got, want):
-            np.testing.assert_allclose(_np(a), _np(b), rtol=1e-5, atol=1e-6)
+        for a, b in zip(got, want):  # the GEMMs may take other cuBLASLt algorithms: not bit for bit
+            np.testing.assert_allclose(_np(a), _np(b), rtol=1e-4, atol=1e-5)
         grads = [tw.tensor(rng.uniform(-1, 1, size=tuple(o.shape)).astype(np.float32), device="cuda")
                  for o in got[:3]]
         for given in ([0, 1, 2], [0], [1, 2]):
