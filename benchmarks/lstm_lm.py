@@ -8,7 +8,9 @@ vocab 8192, embed = hidden = 1024, 2 layers, sequence 256, batch 64. ``--device 
 float32 (a quick check that every side runs and agrees).
 
 Every side starts from the same weights (torch's initialisation, copied through numpy) and sees the same batches:
-* tilewise eager: each time step is one GEMM and one fused gate kernel each way (``ops/nn_recurrent.py``);
+* tilewise eager: each layer's time loop is one operator (``_lstm_layer``, ops/nn_recurrent.py) whose CUDA kernel
+  runs below the dispatcher: per time step one GEMM and one generated cell kernel each way
+  (backends/cuda/recurrent.py);
 * tilewise compiled: the whole step (forward, backward, AdamW) in one ``tilewise.compile``;
 * torch eager: ``nn.LSTM`` (cuDNN on CUDA), AdamW with its defaults;
 * torch.compile: the model compiled (the LSTM stays cuDNN's), fused AdamW on CUDA.

@@ -281,7 +281,28 @@ def _gru_cell_reference(torch, nnf):
     return cell
 
 
+def _lstm_layer_reference(torch, nnf):
+    """The layer as torch's LSTMCell arithmetic step by step, with what the operator saves (every cell state and
+    hidden projection) as outputs of their own."""
+    cell = _lstm_cell_reference(torch, nnf)
+
+    def layer(input_gates, h0, c0, w_hh):
+        h, c, outputs, cells, hidden = h0, c0, [], [], []
+        for t in range(input_gates.shape[0]):
+            hidden.append(h @ w_hh.t())
+            h, c = cell(input_gates[t], hidden[-1], c)
+            outputs.append(h)
+            cells.append(c)
+        return torch.stack(outputs), h, c, torch.stack(cells), torch.stack(hidden)
+
+    return layer
+
+
 OPINFOS += [
+    # the gradient of every output, cs and hidden_gates included (they are differentiable for second derivatives)
+    OpInfo("_lstm_layer", lambda: [Sample((T((4, 3, 8)), T((3, 2)), T((3, 2)), T((8, 2), low=-1, high=1))),
+                                   Sample((T((1, 2, 4)), T((2, 1)), T((2, 1)), T((4, 1))), name="one step")],
+           reference=_lstm_layer_reference, covers=("_lstm_layer_backward",)),
     OpInfo("_lstm_cell", lambda: [Sample((T((3, 8)), T((3, 8)), T((3, 2)))), Sample((T((1, 4)), T((1, 4)), T((1, 1))),
                                                                                     name="one")],
            reference=_lstm_cell_reference, covers=("_lstm_cell_backward",)),

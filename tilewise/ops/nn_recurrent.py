@@ -11,7 +11,9 @@ the gate arithmetic. Each cell here is that arithmetic, as one operator with an 
   * ``_split_steps(input, sizes)``: the projected inputs cut into per-step pieces whose backward is one ``cat``
     (slicing each step out of the projection would add a whole projection-sized gradient per step);
   * ``_rnn_hidden_projection(h, W_hh)``: a step's hidden projection, giving W_hh no gradient (a layer computes
-    it in one product, see nn/modules/rnn.py).
+    it in one product, see nn/modules/rnn.py);
+  * ``_lstm_layer(input_gates, h0, c0, W_hh)``: a whole LSTM layer in one direction over full-length sequences
+    (see [Note: an LSTM layer as one operator]).
 Both cells and their backwards are composites of pointwise primitives; on CUDA each runs as one generated kernel
 (``compiler/composites.py``), and in a compiled step likewise. The backwards return their gradients packed in one
 tensor (``_by_slot``) so that the one kernel writes them all. Arithmetic runs in float32 for half-precision
@@ -21,8 +23,8 @@ gates, as cuDNN's does.
 from __future__ import annotations
 
 from tilewise.dtypes import compute_dtype
-from tilewise.ops.creation import arange
-from tilewise.ops.registry import declare, public_function
+from tilewise.ops.creation import arange, zeros
+from tilewise.ops.registry import OPS, declare, public_function
 
 
 def _cell_op(schema: str, decomposition, grad: dict | None = None, **attrs):
@@ -146,3 +148,102 @@ _cell_op("_gru_cell_backward(Tensor grad, Tensor input_gates, Tensor hidden_gate
 _cell_op("_rnn_hidden_projection(Tensor input, Tensor weight) -> Tensor", _rnn_hidden_projection,
          {"input": "grad.mm(weight)", "weight": None}, autocast="lower")
 _cell_op("_split_steps(Tensor input, int[] sizes) -> Tensor[]", _split_steps, {"input": "cat(grads, 0)"})
+
+
+# [Note: an LSTM layer as one operator]
+# Run step by step, a layer is two operator calls per time step each way (the hidden projection and the cell),
+# each through the dispatcher and autograd: at a few microseconds of host time per call, a 256-step layer of large
+# batch waits on the host, not the GPU. ``_lstm_layer`` is the whole time loop as one operator with an explicit
+# derivative, ``_lstm_layer_backward``, so a backend can run the loop below the dispatcher on raw buffers (on
+# CUDA, backends/cuda/recurrent.py: a GEMM and a generated cell kernel per step). Its decomposition is the loop
+# of ``_lstm_cell`` and products the modules ran before, so where no kernel takes it (the CPU, a compiled trace)
+# results and gradients are unchanged. Besides the outputs and final state it returns what the backward reads,
+# as cuDNN keeps a reserve: every step's cell state ``cs`` [T, B, H] and hidden projection ``hidden_gates``
+# [T, B, 4H] (the backward recomputes the gates from them, as ``_lstm_cell_backward`` does). The backward
+# returns the gradients of input_gates, h0, c0 and W_hh; W_hh's is one product over all steps (see [Note: the
+# hidden weight's gradient in one product] in nn/modules/rnn.py). Layers with a projection (``proj_size``) or
+# packed sequences keep the step-by-step loop.
+
+def _check_layer(input_gates, h0, c0, w_hh) -> None:
+    op = "_lstm_layer"
+    if input_gates.ndim != 3 or h0.ndim != 2 or c0.ndim != 2 or w_hh.ndim != 2:
+        raise RuntimeError(f"{op}: expected input_gates [T, B, 4H], h0 and c0 [B, H] and w_hh [4H, H]; got "
+                           f"{list(input_gates.shape)}, {list(h0.shape)}, {list(c0.shape)} and {list(w_hh.shape)}")
+    steps, batch, gates = input_gates.shape
+    hidden = h0.shape[1]
+    expected = ((steps, batch, 4 * hidden), (batch, hidden), (batch, hidden), (4 * hidden, hidden))
+    got = tuple(tuple(t.shape) for t in (input_gates, h0, c0, w_hh))
+    if got != expected:
+        raise RuntimeError(f"{op}: input_gates {list(got[0])}, h0 {list(got[1])}, c0 {list(got[2])}, "
+                           f"w_hh {list(got[3])}; with h0 of shape [B, H] = {list(got[1])} they must be "
+                           f"{', '.join(str(list(e)) for e in expected)}")
+    if steps == 0:
+        raise RuntimeError(f"{op}: expected at least one time step, got input_gates of shape {list(got[0])}")
+    dtypes = {t.dtype for t in (input_gates, h0, c0, w_hh)}
+    if len(dtypes) != 1:
+        raise RuntimeError(f"{op}: input_gates, h0, c0 and w_hh must have one dtype, got {input_gates.dtype}, "
+                           f"{h0.dtype}, {c0.dtype} and {w_hh.dtype}")
+    devices = {t.device for t in (input_gates, h0, c0, w_hh)}
+    if len(devices) != 1:
+        raise RuntimeError(f"{op}: input_gates, h0, c0 and w_hh must be on one device, got {input_gates.device}, "
+                           f"{h0.device}, {c0.device} and {w_hh.device}")
+
+
+def _lstm_layer(input_gates, h0, c0, w_hh):
+    _check_layer(input_gates, h0, c0, w_hh)
+    h, c = h0, c0
+    outputs, cells, hidden = [], [], []
+    for t in range(input_gates.shape[0]):
+        hidden_gates = _rnn_hidden_projection(h, w_hh)
+        h, c = OPS["_lstm_cell"](input_gates[t], hidden_gates, c)
+        outputs.append(h)
+        cells.append(c)
+        hidden.append(hidden_gates)
+    stack = public_function("stack")
+    return stack(outputs, 0), h, c, stack(cells, 0), stack(hidden, 0)
+
+
+def _lstm_layer_backward(grad_output, grad_hy, grad_cy, grad_cs, grad_hidden_gates, input_gates, h0, c0, w_hh,
+                         output, cs, hidden_gates):
+    """The gradients of input_gates, h0, c0 and w_hh; an output's gradient is None where none reached it (those of
+    ``cs`` and ``hidden_gates`` only reach them in a second derivative, through a first backward that read them)."""
+    steps = input_gates.shape[0]
+    dh, dc = grad_hy, grad_cy
+    grad_gates, grad_projections = [None] * steps, [None] * steps
+    for t in reversed(range(steps)):
+        dh = _summed(grad_output[t] if grad_output is not None else None, dh)
+        dc = _summed(grad_cs[t] if grad_cs is not None else None, dc)
+        c_prev = c0 if t == 0 else cs[t - 1]
+        packed = OPS["_lstm_cell_backward"](_or_zeros(dh, h0), _or_zeros(dc, c0), input_gates[t], hidden_gates[t],
+                                            c_prev)
+        grad_gates[t] = packed[:, :4].flatten(1)
+        grad_projections[t] = _summed(grad_hidden_gates[t] if grad_hidden_gates is not None else None, grad_gates[t])
+        dc = packed[:, 4].to(c0.dtype)
+        dh = grad_projections[t].mm(w_hh)
+    stack = public_function("stack")
+    projections = stack(grad_projections, 0)
+    steps_in = public_function("cat")([h0.unsqueeze(0), output[:-1]], 0)
+    rows = projections.reshape(-1, projections.shape[2])
+    grad_w_hh = rows.t().mm(steps_in.reshape(-1, h0.shape[1]).to(rows.dtype))
+    return stack(grad_gates, 0), dh, dc, grad_w_hh
+
+
+def _summed(a, b):
+    """``a + b`` where either may be None (no gradient)."""
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+def _or_zeros(grad, like):
+    return grad if grad is not None else zeros(like.shape, dtype=like.dtype, device=like.device)
+
+
+_cell_op("_lstm_layer(Tensor input_gates, Tensor h0, Tensor c0, Tensor w_hh) -> (Tensor, Tensor, Tensor, Tensor, "
+         "Tensor)", _lstm_layer,
+         {"input_gates, h0, c0, w_hh":
+          "OPS['_lstm_layer_backward'](*output_grads, input_gates, h0, c0, w_hh, result[0], result[3], result[4])"},
+         autocast="lower")
+_cell_op("_lstm_layer_backward(Tensor? grad_output, Tensor? grad_hy, Tensor? grad_cy, Tensor? grad_cs, "
+         "Tensor? grad_hidden_gates, Tensor input_gates, Tensor h0, Tensor c0, Tensor w_hh, Tensor output, Tensor cs, "
+         "Tensor hidden_gates) -> (Tensor, Tensor, Tensor, Tensor)", _lstm_layer_backward)

@@ -3,8 +3,9 @@
 [Note: CUDA backend]
 Its pieces: ``device_memory`` (a tensor's :class:`DeviceBuffer` from the caching allocator), ``transfers``
 (host <-> device copies, pinned memory), ``kernels/`` (the eager kernels), ``matmul``, ``attention``, ``fft``,
-``linalg`` (library calls), ``runtime/`` (the driver). This module only ties them to the protocol; each piece
-imports what it needs from the others directly, never this package, so none of them depends on all.
+``linalg`` (library calls), ``recurrent`` (an LSTM layer's time loop on raw buffers), ``runtime/`` (the driver).
+This module only ties them to the protocol; each piece imports what it needs from the others directly, never this
+package, so none of them depends on all.
 
 ``run`` picks the kernel by operator kind, exactly like the CPU backend: pointwise and reduction kernels
 are generated from the declaration (``kernels/pointwise.py``, ``kernels/reduction.py``); other primitives
@@ -138,11 +139,12 @@ def register_composite_runner(names: frozenset, runner) -> None:
 
 def _load_kernels() -> None:
     global _kernels, _pointwise, _pointwise_into, _reduction, _host
-    from tilewise.backends.cuda import (  # noqa: F401 — attention; fft; the linalg primitives; mm, bmm, linear
-        attention,
+    from tilewise.backends.cuda import (  # noqa: F401 — attention; fft; the linalg primitives; mm, bmm, linear;
+        attention,  # an LSTM layer's time loop
         fft,
         linalg,
         matmul,
+        recurrent,
     )
     from tilewise.backends.cuda.kernels import (  # noqa: F401 — each module registers its kernels
         KERNELS,

@@ -411,6 +411,39 @@ def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor
     return out, copied
 
 
+def pointer_gemm(a: Tensor, b: Tensor, out: Tensor, alignment: int):
+    """``run(a_ptr, b_ptr, out_ptr, stream)``: the 2-D product ``a @ b`` into a contiguous ``out`` for a loop that
+    runs one geometry over many buffers below the dispatcher (an LSTM layer's time steps, backends/cuda/
+    recurrent.py), launched on raw addresses of operands laid out as ``a``, ``b`` and ``out``. The plan is made
+    (and its algorithm chosen, writing ``out``) here, for addresses aligned to ``alignment`` bytes, which every
+    address passed must be. A product cuBLASLt cannot take where the operands lie, or an empty one, is refused."""
+    m, k = a._shape
+    n = b._shape[1]
+    a_op, b_op = column_major(m, k, *a._strides), column_major(k, n, *b._strides)
+    if a_op is None or b_op is None or 0 in (m, n, k) or not out.is_contiguous() or out._shape != (m, n):
+        raise ValueError(f"pointer_gemm: {list(a._shape)} @ {list(b._shape)} into {list(out._shape)} needs a copy "
+                         f"or is empty")
+    device = a._device
+    ctx = _context(device)
+    stream = stream_handle(device.index)
+    aligns = (alignment,) * 4
+    key = (device.index, a._dtype, a_op, b_op, m, n, k, 1, (0, 0), "none", aligns, flags.gemm_numerics())
+    plan = _plans.get(key)
+    if plan is None:
+        args = (ctx.handle, data_ptr(a), data_ptr(b), data_ptr(out), 0, data_ptr(ctx.workspace), stream, 0)
+        plan = _plans[key] = _plan(key, a._dtype, a_op, b_op, m, n, k, 1, (0, 0), "none", aligns, args)
+    matmul = _lt().matmul
+    a_layout, b_layout, d_layout = plan.layouts
+    alpha, beta = plan.scalars
+    handle, desc, algo, workspace = ctx.handle, plan.desc, plan.algo, data_ptr(ctx.workspace)
+
+    def run(a_ptr: int, b_ptr: int, out_ptr: int, stream: int) -> None:
+        matmul(handle, desc, alpha, b_ptr, a_layout, a_ptr, b_layout, beta, out_ptr, d_layout, out_ptr, d_layout,
+               algo, workspace, WORKSPACE_BYTES, stream)
+
+    return run
+
+
 def _copied(x: Tensor) -> Tensor:
     from tilewise.backends.cuda.kernels.copy import cast
 

@@ -5,7 +5,9 @@ order of ``all_weights`` are torch's, so a torch state dict loads unchanged. A l
 direction: one matmul projecting the inputs of every time step (``x @ W_ih^T`` plus both biases where the cell
 allows), then a Python loop over time steps, each one matmul for the hidden projection and one gate operator
 (``ops/nn_recurrent.py``). On CUDA each gate operator is one generated kernel, forward and backward, and
-``tilewise.compile`` of a training step captures the whole loop into one program. Gradients come from autograd
+``tilewise.compile`` of a training step captures the whole loop into one program. An LSTM layer without
+projection over full-length sequences hands the whole loop to one operator, ``_lstm_layer``, which a backend may
+run below the dispatcher (on CUDA, ``backends/cuda/recurrent.py``). Gradients come from autograd
 over these operators. Packed sequences run the same loop over steps of shrinking batch (see
 ``nn/utils/rnn.py``): sequences that end leave the running batch, and their final state is kept aside.
 There are no cuDNN weight buffers, so ``flatten_parameters`` has nothing to do.
@@ -122,6 +124,8 @@ def _run_direction(mode: str, data: Tensor, sizes: list[int], h0: Tensor, c0, we
     """One layer in one direction over steps of ``sizes`` rows of ``data`` (see the note in nn/utils/rnn.py).
     Returns the outputs (rows as in data) and the final hidden and cell states."""
     w_ih, w_hh, b_ih, b_hh, w_hr = weights
+    if mode == "LSTM" and w_hr is None and all(s == sizes[0] for s in sizes):
+        return _lstm_layer(data, len(sizes), h0, c0, weights, reverse)
     projection = F.linear(data, w_ih, _input_bias(mode, b_ih, b_hh))
     states_read = saved = None
     project = _linear_projection(w_hh, b_hh if mode == "GRU" else None)
@@ -154,6 +158,20 @@ def _run_direction(mode: str, data: Tensor, sizes: list[int], h0: Tensor, c0, we
     h_n = _cat([h, *reversed(ended_h)], 0) if ended_h else h
     c_n = _cat([c, *reversed(ended_c)], 0) if ended_c and c is not None else c
     return _cat(outputs, 0), h_n, c_n
+
+
+def _lstm_layer(data: Tensor, steps: int, h0: Tensor, c0: Tensor, weights: tuple, reverse: bool):
+    """An LSTM layer without projection over full-length sequences: the whole time loop is one operator (see
+    [Note: an LSTM layer as one operator] in ops/nn_recurrent.py). Returns (output rows, h_n, c_n)."""
+    w_ih, w_hh, b_ih, b_hh, _ = weights
+    projection = F.linear(data, w_ih, _input_bias("LSTM", b_ih, b_hh)).view(steps, data.shape[0] // steps,
+                                                                               w_ih.shape[0])
+    if reverse:
+        projection = projection.flip(0)
+    output, h_n, c_n, _, _ = OPS["_lstm_layer"](projection, h0, c0, w_hh)
+    if reverse:
+        output = output.flip(0)
+    return output.reshape(data.shape[0], output.shape[2]), h_n, c_n
 
 
 def _rows(state, n: int):
