@@ -96,13 +96,13 @@ def _sm_count(device: int) -> int:
 
 
 def _geometry(shape: tuple, strides: tuple, dims: tuple[int, ...]):
+    """The kept and the reduced dims, each merged as far as their strides allow: (sizes, strides) of each."""
     kept = [d for d in range(len(shape)) if d not in dims]
-    outer_shape = tuple(shape[d] for d in kept)
-    outer, (outer_strides,) = S.coalesce(outer_shape, tuple(strides[d] for d in kept))
+    outer, (outer_strides,) = S.coalesce(tuple(shape[d] for d in kept), tuple(strides[d] for d in kept))
     inner, (inner_strides,) = S.coalesce(tuple(shape[d] for d in dims), tuple(strides[d] for d in dims))
     if not inner:  # nothing (or only size-1 dims) reduced: one element per row, at a symbolic size of 1
         inner, inner_strides = (1,), (0,)
-    return outer_shape, outer, outer_strides, inner, inner_strides
+    return outer, outer_strides, inner, inner_strides
 
 
 def reduction_kernel(name: str, combiner: str, dtype: DType, acc: DType, output: DType | None, indices: bool,
@@ -147,7 +147,7 @@ def _kernel_name(name, combiner, dtype, acc, output, geometry: tuple, index: str
 def _pass(name: str, combiner: str, dtype: DType, shape: tuple, strides: tuple, dims: tuple[int, ...], acc: DType,
           output: DType | None, indices: bool, sm_count: int, split_allowed: bool = True):
     """The first launch of a reduction (see [Note: reduction schedule]) and its split factor."""
-    _, outer, outer_strides, inner, inner_strides = _geometry(shape, strides, dims)
+    outer, outer_strides, inner, inner_strides = _geometry(shape, strides, dims)
     n_outer, n_inner = S.numel(outer), S.numel(inner)
     arg = combiner in ARG_COMBINERS
     inner_contiguous = inner_strides[-1] == 1
@@ -202,7 +202,7 @@ def reduction_specs(name: str, combiner: str, dtype: DType, shape: tuple, stride
                     acc: DType, output: DType | None, indices: bool, sm_count: int):
     """The passes of a reduction, plus the kept shape, the partial buffer's shape and the reduced element count
     (see [Note: reduction schedule])."""
-    outer_shape, outer, _, inner, _ = _geometry(shape, strides, dims)
+    outer_shape = tuple(size for d, size in enumerate(shape) if d not in dims)
     n_inner = S.numel(tuple(shape[d] for d in dims))
     first, (n_outer, splits) = _pass(name, combiner, dtype, shape, strides, dims, acc, output, indices, sm_count)
     passes = [first]
