@@ -155,6 +155,8 @@ def _compile_all(specs, render) -> int:
                 unique[_name(spec)] = render(spec)
             except TypeError:
                 continue  # arithmetic numpy and torch reject for this dtype (bool subtraction, ...)
+    shadowing = {name: found for name, source in unique.items() if (found := _shadowed_parameters(source))}
+    assert shadowing == {}, "kernel bodies that hide a parameter (the parameter's value is never read)"
     return _compile_sources(unique)
 
 
@@ -427,6 +429,47 @@ def test_c_target_matches_numpy(op_name, tmp_path):
     c_args += [ctypes.c_longlong(v) for v in specs.tail]
     getattr(lib, kernel.name)(*c_args)
     np.testing.assert_allclose(result, expected, rtol=1e-6, atol=1e-6)
+
+
+def _shadowed_parameters(source: str) -> list[str]:
+    """Kernel parameters that a declaration in the body hides (legal C, and a wrong value read silently)."""
+    import re
+
+    head, _, body = source.partition(") {")
+    params = {m.group(1) for m in re.finditer(r"(\w+)\s*(?:,|$)", head.rpartition("(")[2])}
+    declared = set(re.findall(r"\bconst\s+[\w ]+?\s+(\w+)\s*=", body))
+    return sorted(params & declared)
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["number-first", "number-second"])
+def test_cuda_kernels_never_shadow_a_by_value_operand(first):
+    """``2.0 - x`` on CUDA read as ``x - x``: the number's argument was named like the renderer's first load."""
+    tensor = (PTR, dtypes.float32, (3, 4), (4, 1))
+    described = [(VALUE, float), tensor, tensor] if first else [tensor, (VALUE, float), tensor]
+    expr = Expr("sub", (Expr("input", (), 0), Expr("mul", (Expr("input", (), 1), Expr("input", (), 2)))))
+    specs = kernel_specs("sub_value", (expr,), dtypes.float32, described, (), (dtypes.float32, (3, 4), (4, 1)))
+    for sched in (specs.scalar, specs.vector):
+        if sched is not None:
+            assert _shadowed_parameters(render_source(sched)) == []
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no host C compiler")
+@pytest.mark.parametrize("first", [True, False], ids=["number-first", "number-second"])
+def test_c_target_runs_by_value_operands_beside_loads(first, tmp_path):
+    """A Python number among the operands travels by value; its argument's name must not be one the renderer
+    gives a load (``2.0 - x`` once read as ``x - x``)."""
+    a = np.arange(-3, 9, dtype=np.float32).reshape(3, 4)
+    tensor = (PTR, dtypes.float32, a.shape, (4, 1))
+    described = [(VALUE, float), tensor] if first else [tensor, (VALUE, float)]
+    expr = Expr("sub", (Expr("input", (), 0), Expr("input", (), 1)))
+    specs = kernel_specs("c_sub_value", (expr,), dtypes.float32, described, (), (dtypes.float32, a.shape, (4, 1)))
+    kernel = specs.scalar.kernel
+    lib = _build_c(render_c_program([schedule_c(kernel)], C), tmp_path, kernel.name)
+    result = np.empty(a.shape, np.float32)
+    c_args = [result.ctypes.data_as(ctypes.c_void_p), a.ctypes.data_as(ctypes.c_void_p), ctypes.c_float(2.5)]
+    c_args += [ctypes.c_longlong(v) for v in specs.tail]
+    getattr(lib, kernel.name)(*c_args)
+    np.testing.assert_array_equal(result, 2.5 - a if first else a - 2.5)
 
 
 def test_c_target_renders_the_same_kernel_ir():

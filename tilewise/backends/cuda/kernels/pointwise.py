@@ -115,8 +115,8 @@ def pointwise_kernel(name: str, exprs: tuple[Expr, ...], compute: DType, operand
     loads, arguments, mapping = [], [], {}
     for k, (dtype, layout) in enumerate(operands):
         if layout == VALUE:
-            arguments.append(Argument(f"x{k}", compute))
-            replacement = Expr("scalar", (), f"x{k}")
+            arguments.append(Argument(f"value{k}", compute))  # not x<k>: the renderer names loads so
+            replacement = Expr("scalar", (), f"value{k}")
         else:
             params.append(Param(f"in{k}", dtype, True, False))
             loads.append(Load(len(params) - 1, _index(layout, f"in{k}", rank), dtype))
