@@ -73,7 +73,7 @@ def test_backward_cell_kernel_computes_lstm_cell_backward(grad_output, tmp_path)
 
 
 @pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.bfloat16, dtypes.float16, dtypes.float64])
-@pytest.mark.parametrize("shape", [(64, 1024), (3, 5)], ids=["target", "odd"])
+@pytest.mark.parametrize("shape", [(64, 1024), (3, 5), (2, 1)], ids=["target", "odd", "one-unit"])
 def test_cell_kernels_compile_with_nvrtc(dtype, shape):
     from tilewise.codegen.toolchain import compile_cuda, nvrtc_available
 

@@ -107,8 +107,8 @@ def coalesce(nest: Nest) -> Nest:
     def reindex(index: Index) -> Index:
         terms = {}
         for d, s in index.terms:
-            k = new_of[d]
-            if d == groups[k][-1]:
+            k = new_of.get(d)  # None: a dim of size 1, whose only index is 0
+            if k is not None and d == groups[k][-1]:
                 terms[k] = s
         return Index(index.offset, tuple(sorted(terms.items())))
 

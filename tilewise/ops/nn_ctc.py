@@ -123,6 +123,7 @@ def _padded_targets(targets, target_lengths, known_lengths, blank: int):
     from tilewise.ops.creation import arange
 
     device = target_lengths.device
+    targets = targets.to(device)  # torch takes the targets on the host beside a GPU's log_probs (cuDNN's layout)
     if targets.ndim == 2:
         width = targets.shape[1]
         flat = targets.reshape(-1)
