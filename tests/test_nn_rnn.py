@@ -703,6 +703,36 @@ def test_lstm_training_step_lowers_to_cuda_kernels_that_compile():
     assert str(low.fused).count(" cat(") == 2 * 5
 
 
+def test_lstm_training_step_keeps_each_layer_whole_on_the_cuda_target():
+    """The CUDA target's passes keep ``_lstm_layer`` and its backward whole: a compiled step runs each layer's time
+    loop as the backend's one call (backends/cuda/recurrent.py), not 2 x steps operators per layer."""
+    from tilewise.codegen.toolchain import compile_cached, nvrtc_available
+    from tilewise.compiler.capture import trace
+    from tilewise.compiler.passes import run_pipeline
+    from tilewise.compiler.program import lower_program
+    from tilewise.compiler.targets import CUDA_TARGET
+
+    tw.manual_seed(0)
+    embed, lstm, head = tw.nn.Embedding(16, 8), tw.nn.LSTM(8, 8, 2, batch_first=True), tw.nn.Linear(8, 16)
+
+    def step(x, y):
+        logits = head(lstm(embed(x))[0])
+        loss = tw.nn.functional.cross_entropy(logits.reshape(-1, 16), y.reshape(-1))
+        loss.backward()
+        return loss.detach()
+
+    x, y = tw.randint(0, 16, (2, 5)), tw.randint(0, 16, (2, 5))
+    graph = run_pipeline(trace(step, (x, y), {}).graph, CUDA_TARGET.passes)
+    ops = [n.op for n in graph.body]
+    assert (ops.count("_lstm_layer"), ops.count("_lstm_layer_backward"), ops.count("_lstm_cell")) == (2, 2, 0)
+    low = lower_program(graph, CUDA_TARGET)
+    fused = str(low.fused)
+    assert (fused.count(" _lstm_layer("), fused.count(" _lstm_layer_backward(")) == (2, 2)
+    if nvrtc_available():
+        for name, source in low.sources.items():
+            assert f".entry {name}" in compile_cached(source, name, "sm_90").ptx
+
+
 def test_empty_batch_matches_torch():
     _check_layer(lambda nn: nn.LSTM(3, 4, 2, bidirectional=True), (5, 0, 3))
 

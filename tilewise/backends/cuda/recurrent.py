@@ -224,6 +224,20 @@ def _alignment(*values: int) -> int:
     return align
 
 
+LAYER_OPS = ("_lstm_layer", "_lstm_layer_backward")
+
+
+def keeps(op_name: str, args: tuple) -> bool:
+    """Whether the compiler should keep a layer's operator whole on CUDA, as this module's time loop (a cell kernel
+    and a cuBLASLt GEMM per step), rather than decompose it into per-step operators (the CUDA target's passes,
+    ``compiler.targets``): its dtype is one the loop takes and it has steps to run. ``args`` are its bound
+    arguments, tensors standing for anything with ``shape`` and ``dtype``."""
+    if op_name not in LAYER_OPS:
+        return False
+    gates = args[0] if op_name == "_lstm_layer" else args[5]
+    return gates.dtype.name in SUPPORTED and len(gates.shape) == 3 and all(n > 0 for n in gates.shape)
+
+
 def _takes(dtype: DType, *tensors) -> bool:
     return dtype.name in SUPPORTED and all(t is None or t._dtype is dtype for t in tensors)
 
