@@ -26,7 +26,7 @@ PACKAGE = ROOT / "tilewise"
 # device backends, the compiler, and the API built over all of them.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", (
-        "tilewise.config", "tilewise.dtypes", "tilewise.device", "tilewise._strides", "tilewise._philox",
+        "tilewise.config", "tilewise.dtypes", "tilewise.device", "tilewise.strides", "tilewise._philox",
         "tilewise.fileio", "tilewise._stages", "tilewise._cuda_api", "tilewise.data", "tilewise._plugins",
     )),
     ("tensor", ("tilewise.storage", "tilewise.tensor", "tilewise.tensortypes", "tilewise._tensor_str")),

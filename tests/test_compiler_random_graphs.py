@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import tilewise as tw
-from tilewise import _strides as S
+from tilewise import strides as S
 
 UNARY = ("relu", "neg", "tanh", "sigmoid", "abs", "sin", "cos", "exp_tanh")
 BINARY = ("add", "sub", "mul", "maximum", "minimum")

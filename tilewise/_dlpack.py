@@ -19,9 +19,9 @@ import weakref
 import numpy as np
 
 from tilewise import dtypes
-from tilewise._strides import contiguous_strides
 from tilewise.device import cpu
 from tilewise.storage import Storage
+from tilewise.strides import contiguous_strides
 from tilewise.tensor import Tensor
 
 _CPU = 1

@@ -31,7 +31,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from tilewise import _strides, dtypes
+from tilewise import dtypes
+from tilewise import strides as _strides
 from tilewise._pickle import Call, Global, Persistent, PickleWriter, RestrictedUnpickler, UnpicklingError
 from tilewise.device import Device, cpu
 from tilewise.nn.parameter import Parameter

@@ -45,7 +45,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from tilewise import _strides, _torch_format, dtypes
+from tilewise import _torch_format, dtypes
+from tilewise import strides as _strides
 from tilewise.fileio import atomic_writer
 from tilewise.tensor import Tensor, from_array
 

@@ -25,7 +25,8 @@ from numbers import Number
 
 import numpy as np
 
-from tilewise import _strides, dtypes
+from tilewise import dtypes
+from tilewise import strides as _strides
 from tilewise.device import Device, as_device, cpu, pinning_backend
 from tilewise.device import is_pinned as pinned_by_a_backend
 from tilewise.dtypes import DType, as_dtype, checked_scalar, float8_e4m3fn, float8_e5m2, get_default_dtype

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.codegen.kernel_ir import Index, Kernel, Nest, extent, known
 from tilewise.dtypes import DType, bool_
 from tilewise.ops.expr import Expr, substitute, toposort

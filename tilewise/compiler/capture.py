@@ -38,7 +38,7 @@ import operator
 import weakref
 from dataclasses import dataclass, field
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, data_dependent_error, user_frame
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer, suspended

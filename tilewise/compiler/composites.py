@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.compiler.capture import signature
 from tilewise.dispatch import STATE
 from tilewise.storage import Storage

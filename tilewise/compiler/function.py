@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise._stages import Stages, stage
 from tilewise.autograd.function import Function
 from tilewise.compiler.capture import Source, Traced, capturing, flatten, start, unflatten

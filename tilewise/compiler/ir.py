@@ -25,7 +25,7 @@ import weakref
 from dataclasses import dataclass, field
 from numbers import Number
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.device import Device
 from tilewise.dtypes import DType
 

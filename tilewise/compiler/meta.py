@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.compiler.errors import data_dependent_error
 from tilewise.compiler.ir import TensorType
 from tilewise.device import cpu

@@ -33,7 +33,7 @@ import re
 from collections.abc import Iterator
 from functools import partial
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise._cuda_api import driver_api, is_available
 from tilewise._stages import stage
 from tilewise.backends.cuda import DeviceBuffer, stream_handle

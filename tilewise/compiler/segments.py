@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import warnings
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise._stages import stage
 from tilewise.compiler.capture import Capture, StorageEntry
 from tilewise.compiler.ir import Graph

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import itertools
 
-from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.ops.registry import call, declare
 from tilewise.tensor import Tensor
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 
-from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
 

@@ -15,8 +15,8 @@ torch's formulas (``fft_r2c_backward`` fills the discarded half with zeros befor
 
 from __future__ import annotations
 
-from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor

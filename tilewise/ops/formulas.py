@@ -5,7 +5,7 @@ Each helper is written in terms of tilewise operators, so gradients stay differe
 
 from __future__ import annotations
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.ops.creation import ones_like, zeros
 from tilewise.ops.registry import OPS
 

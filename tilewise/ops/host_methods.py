@@ -15,7 +15,7 @@ from __future__ import annotations
 import warnings
 from numbers import Number
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise._grad_mode import is_grad_enabled, no_grad
 from tilewise.tensor import Size, Tensor
 

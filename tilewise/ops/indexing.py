@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from numbers import Number
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.dtypes import checked_scalar
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.inplace import read_only_error, shares_read_only_array

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.dtypes import compute_dtype
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor

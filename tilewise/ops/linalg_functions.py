@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.ops.linalg_solvers import (
     LinAlgError,
     check_floating,

@@ -7,7 +7,7 @@ predicates (``is_nonzero``, ``is_same_size``, ``is_signed``) and shape arithmeti
 
 from __future__ import annotations
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.ops.creation import empty_strided
 from tilewise.ops.inplace import make_inplace
 from tilewise.tensor import Size, Tensor

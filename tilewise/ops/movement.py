@@ -17,7 +17,7 @@ import threading
 from contextlib import contextmanager
 from numbers import Number
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import checked_scalar, result_type
 from tilewise.ops import dtype_rules as R

@@ -3,7 +3,7 @@ derivatives where the composed backward would be slower or less stable."""
 
 from __future__ import annotations
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.dtypes import compute_dtype
 from tilewise.ops.registry import declare
 

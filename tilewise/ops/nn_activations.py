@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import where as expr_where
 from tilewise.ops.nn_functional import call_public, check_dropout_p, functional, private, where

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import compute_dtype, finfo
 from tilewise.ops.movement import _index_errors_named, check_index_range

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import warnings
 
-from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.ops.nn_functional import call_public, concrete_cpu, functional, in_compute_dtype, private, where
 from tilewise.ops.registry import OPS
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.ops.nn_functional import call_public, concrete_cpu, functional, private, where
 from tilewise.ops.nn_losses import _reduce, _reduction_mode
 

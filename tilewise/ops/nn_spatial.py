@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.ops.nn_functional import functional, int_tuple, private
 from tilewise.ops.registry import OPS
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.ops.registry import OPS, declare
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from math import prod
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.ops.movement import _stack, composite
 from tilewise.tensor import Tensor
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from math import prod
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.formulas import HELPERS, grad_expanded
 from tilewise.ops.registry import declare

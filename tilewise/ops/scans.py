@@ -13,7 +13,7 @@ forms every product explicitly, so second derivatives at zeros are exact too.
 
 from __future__ import annotations
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare

@@ -278,7 +278,7 @@ composite("nanquantile(Tensor self, Tensor q, int? dim=None, bool keepdim=False,
 def _nanmedian_dim(self, dim, keepdim=False):
     """The lower median of each slice's non-NaN values (NaN where a slice holds nothing else), and its position.
     NaN sorts last, so the median of the ``c`` numbers of a slice is its sorted element ``(c - 1) // 2``."""
-    from tilewise import _strides as S
+    from tilewise import strides as S
 
     d = S.normalize_dim(dim, self.ndim, "nanmedian")
     if self.ndim == 0:

@@ -3,7 +3,7 @@ when strides forbid a view, as torch's reshape does)."""
 
 from __future__ import annotations
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.ops.inplace import mark_multi_output_views
 from tilewise.ops.registry import OPS, declare
 

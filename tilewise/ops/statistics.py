@@ -15,7 +15,7 @@ import math
 import warnings
 from collections import namedtuple
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import int64
 from tilewise.ops.creation import ones, zeros

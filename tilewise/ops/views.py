@@ -8,8 +8,8 @@ tensor of the input's shape and add the gradient into it.
 
 from __future__ import annotations
 
-from tilewise import _strides as S
 from tilewise import dispatch
+from tilewise import strides as S
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor

@@ -14,7 +14,6 @@ import math
 
 import numpy as np
 
-from tilewise._strides import broadcast_shapes, normalize_dims
 from tilewise.backends.cpu.registry import KERNELS, kernel  # noqa: F401 — kernel: the decorator, re-exported
 from tilewise.backends.cpu.render import render_numpy, run_quietly
 from tilewise.device import Backend, Device
@@ -23,6 +22,7 @@ from tilewise.dtypes import get_default_dtype
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, inputs_of
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
+from tilewise.strides import broadcast_shapes, normalize_dims
 from tilewise.tensor import Tensor, cast_array, from_array
 
 

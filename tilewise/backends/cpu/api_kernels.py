@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.backends.cpu.registry import kernel
 from tilewise.ops.registry import OPS
 from tilewise.tensor import Tensor, from_array

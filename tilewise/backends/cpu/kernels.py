@@ -70,7 +70,7 @@ def to_copy(self, dtype=None, device=None, non_blocking=False):
 @kernel("clone")
 def clone(self, memory_format=None):
     """torch's rule: preserve the layout of a dense tensor, otherwise (or when asked) make it contiguous."""
-    from tilewise import _strides as S
+    from tilewise import strides as S
 
     keep = memory_format in (None, "preserve_format") and S.is_non_overlapping_and_dense(self._shape, self._strides)
     return _out(self._np().copy(order="K" if keep else "C"), self.dtype)
@@ -206,8 +206,8 @@ def _without_replacement(weights: np.ndarray, u: np.ndarray, out: np.ndarray) ->
 # wins, otherwise the first extremum, so a NaN in one row changes no other row.
 
 def _arg(self, dim, keepdim, fn, name):
-    from tilewise import _strides as S
     from tilewise import dtypes
+    from tilewise import strides as S
 
     a = self._np()
     if a.size == 0:
@@ -234,7 +234,7 @@ def argmin(self, dim=None, keepdim=False):
 
 def _value_index(self, dim, keepdim, fn, name):
     idx = _arg(self, dim, True, fn, name)
-    from tilewise import _strides as S
+    from tilewise import strides as S
 
     a = self._np()
     if a.ndim == 0:
@@ -285,7 +285,7 @@ def _check_mm(a, b):
 
 @kernel("view_scatter_add")
 def view_scatter_add(grad, input_shape, view_shape, view_strides, view_offset):
-    from tilewise import _strides as S
+    from tilewise import strides as S
 
     out = np.zeros(S.numel(input_shape), dtype=grad.dtype.np)
     positions = _view_positions(view_shape, view_strides, view_offset)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.backends.cpu.registry import kernel
 from tilewise.dtypes import compute_dtype
 from tilewise.tensor import Tensor, cast_array, from_array

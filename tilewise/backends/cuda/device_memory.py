@@ -10,7 +10,7 @@ here, so this module imports nothing else of the backend but its runtime.
 
 from __future__ import annotations
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.backends.cuda.runtime.stream import _thread_state as _stream_state
 from tilewise.device import Device
 from tilewise.dtypes import DType

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 
-from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel
 from tilewise.device import Device

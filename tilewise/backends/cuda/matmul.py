@@ -468,7 +468,7 @@ def _call(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, stream: int,
     n = b._shape[-1]
     batch = a._shape[0] if batched else 1
     out_shape = ((batch,) if batched else ()) + (m, n)
-    from tilewise import _strides as S
+    from tilewise import strides as S
 
     call = _Call(None, False, False, out_shape, S.contiguous_strides(out_shape), S.numel(out_shape))
     if m == 0 or n == 0 or batch == 0 or k == 0:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.codegen.kernel_ir import ARG_COMBINERS, Index, Kernel, Load, extent, known
 from tilewise.codegen.render.cstyle import ExprRenderer, Source, compute_of, literal, load_code, store_code
 from tilewise.codegen.render.cuda import CUDA, identity

@@ -10,7 +10,7 @@ accumulator of the nest.
 
 from __future__ import annotations
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.codegen.kernel_ir import Index, Kernel, Load, LoweringError, Nest, Param, Reduce, Store, cast
 from tilewise.compiler.ir import Node, Ref, format_type
 from tilewise.compiler.lowering.fusion import FusedKernel, Group, fusion_kind, view_chain

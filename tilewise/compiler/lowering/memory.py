@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.schedule import VECTOR_BYTES
 from tilewise.compiler.ir import Graph, Node, format_type

@@ -25,7 +25,7 @@ cases of a training step out of that:
 
 from __future__ import annotations
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.compiler.capture import retrace
 from tilewise.compiler.ir import Graph, Node, Ref, rewrite
 from tilewise.dtypes import int32

@@ -12,7 +12,7 @@ from numbers import Number
 
 import numpy as np
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType, rewrite
 from tilewise.tensor import Tensor, from_array
 

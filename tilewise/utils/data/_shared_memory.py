@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tilewise import _strides
+from tilewise import strides as _strides
 from tilewise.device import cpu
 from tilewise.dtypes import DType, as_dtype
 from tilewise.storage import Storage

@@ -10,7 +10,7 @@ expect.
 
 from __future__ import annotations
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.backends.cuda.kernels.pointwise import elementwise

@@ -24,8 +24,8 @@ per index; its parameters are the record's address, the launch's site number and
 
 from __future__ import annotations
 
-from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.backends import flags
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, kernel_into, launch, load_rendered

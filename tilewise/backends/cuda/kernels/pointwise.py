@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tilewise import _strides as S
+from tilewise import strides as S
 from tilewise.backends.cuda.device_memory import empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, launch, launch_packed, load, packer_for
 from tilewise.codegen.kernel_ir import Argument, Index, Kernel, Load, Nest, Param, Store, cast, extent

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.backends.cuda.device_memory import data_ptr, empty, empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load
 from tilewise.codegen.kernel_ir import ARG_COMBINERS, Argument, Index, Kernel, Load, Nest, Param, Reduce, Store, cast

@@ -30,8 +30,8 @@ follow real positions, so they change nothing that is written or carried.
 
 from __future__ import annotations
 
-from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load_rendered
 from tilewise.codegen.render import CUDA

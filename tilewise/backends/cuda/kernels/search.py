@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load_rendered
 from tilewise.backends.cuda.kernels.copy import cast, contiguous

@@ -68,8 +68,8 @@ kernels, plans and launches every path, and registers sort and topk.
 
 from __future__ import annotations
 
-from tilewise import _strides as S
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load_rendered
 from tilewise.backends.cuda.kernels.radix import (
