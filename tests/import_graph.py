@@ -8,8 +8,8 @@ a hook the lower layer owns, and nothing is imported upward. ``ALLOWED_UPWARD`` 
 that remain on purpose, each with its reason; the test in ``test_architecture.py`` fails on any other
 upward arrow and on any import cycle between modules (an import inside a function counts: it still makes
 the two modules depend on each other; one under ``if TYPE_CHECKING:`` does not, since it never runs), and
-``test_plugins.py`` holds the core layers (``CORE_LAYERS``) to the same. ``python tests/import_graph.py [-v]`` prints every upward arrow and every cycle, then the core's count and the
-plug-in points.
+``test_plugins.py`` holds the core layers (``CORE_LAYERS``) to the same. ``python tests/import_graph.py [-v]``
+prints every upward arrow and every cycle, then the core's count and the plug-in points.
 """
 
 from __future__ import annotations
