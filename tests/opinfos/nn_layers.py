@@ -187,12 +187,14 @@ def _grid_sample():
 
 
 OPINFOS = [
-    OpInfo("conv3d", _conv3d, call="F", covers=("conv3d.padding", "_conv3d", "_conv3d_backward")),
+    OpInfo("conv3d", _conv3d, call="F", covers=("conv3d.padding", "_conv3d", "_conv3d_backward_input", "_conv3d_backward_weight")),
     OpInfo("conv_transpose1d", _conv_transpose1d, call="F"),
     OpInfo("conv_transpose2d", _conv_transpose2d, call="F",
-           covers=("_conv_transpose2d", "_conv_transpose2d_backward")),
+           covers=("_conv_transpose2d", "_conv_transpose2d_backward_input",
+                   "_conv_transpose2d_backward_weight")),
     OpInfo("conv_transpose3d", _conv_transpose3d, call="F",
-           covers=("_conv_transpose3d", "_conv_transpose3d_backward")),
+           covers=("_conv_transpose3d", "_conv_transpose3d_backward_input",
+                   "_conv_transpose3d_backward_weight")),
     OpInfo("conv_tbc", _conv_tbc, call="F"),
     OpInfo("max_pool1d", _max_pool1d, call="F"),
     OpInfo("max_pool1d_with_indices", _max_pool1d_with_indices, call="F"),

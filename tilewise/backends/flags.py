@@ -19,8 +19,10 @@ The precision state follows torch 2.13's model exactly, legacy and new API toget
 (backend, op) pair (``fp32_precision``; a parent "all" entry propagates to its ops, "none" means "inherit"), beside
 the legacy ``float32_matmul_precision``; the legacy setters write both, and the legacy getters raise torch's error
 where the two disagree (a script that mixed the APIs); "all"-level settings are approximated (see
-``set_fp32_precision``). Flags that name something tilewise does not have (cuDNN
-convolutions, benchmark mode) are kept and read back as torch does, and change nothing.
+``set_fp32_precision``). The cuDNN flags steer convolutions (``backends/cuda/convolution.py``):
+``enabled`` False sends them to their decomposition, ``benchmark`` times cuDNN's candidate plans of each new shape
+instead of taking the heuristics' first, ``deterministic`` (or deterministic mode) leaves out the plans cuDNN marks
+non-deterministic, and the conv precision (``allow_tf32``) lets float32 convolutions use TF32 tensor cores.
 """
 
 from __future__ import annotations
@@ -155,6 +157,12 @@ def tf32_matmul() -> bool:
     """What a float32 GEMM runs with: TF32 where the cuBLAS matmul precision in force says so (the GEMMs read this,
     not :func:`cublas_allow_tf32`, whose consistency check is for scripts that ask)."""
     return _resolved("cuda", "matmul") == "tf32"
+
+
+def tf32_conv() -> bool:
+    """What a float32 cuDNN convolution runs with: TF32 where the conv precision in force says so (torch's default:
+    ``torch.backends.cudnn.allow_tf32`` is True)."""
+    return _resolved("cuda", "conv") == "tf32"
 
 
 def cudnn_allow_tf32() -> bool:

@@ -73,6 +73,7 @@ class Program:
     runtime: object = None  # walks the steps: program_c.HostRuntime, program_cuda.CudaRuntime
     arena: Arena | None = None
     tuner: Tuner | None = None  # max-autotune: kernels whose candidates the first run times
+    autotune: bool = False  # max-autotune: the first run also times library calls' candidates (cuDNN plans)
 
     def run(self, inputs: list, staged: frozenset[int] = frozenset()) -> list:
         """Run on the inputs' storage data (flat arrays; device buffers on CUDA); return the outputs' data.
@@ -165,6 +166,7 @@ def build_program(graph: Graph, target: Target, device=None, graphs: bool = True
     program.arena = arena if arena is not None else target.arena(device)
     program.arena.reserve(low.plan.arena_bytes)
     program.tuner = tuner
+    program.autotune = autotune
     if tuner is None:  # else once the first run has chosen
         log_program(program)
     return program

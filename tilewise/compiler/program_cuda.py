@@ -243,6 +243,15 @@ class CudaRuntime:
         return pointers, outputs
 
     def _walk(self, pointers: list, stream: int) -> None:
+        if self.program.autotune and self.calls == 1:
+            from tilewise.backends.cuda.convolution import tuning
+
+            with tuning():  # cuDNN times its candidate plans too (remembered on disk)
+                self._walk_steps(pointers, stream)
+            return
+        self._walk_steps(pointers, stream)
+
+    def _walk_steps(self, pointers: list, stream: int) -> None:
         if self.program.tuner is not None:
             self.program.tuner.walk(self.program, CudaBench(pointers, stream, self.program.plan, self.device))
             return

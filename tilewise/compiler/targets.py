@@ -4,7 +4,7 @@
 select in ``if target == ...`` branches across the compiler:
 - ``language``: the C-style language its kernels are rendered in (``codegen.render.C``/``CUDA``);
 - ``passes``: the graph passes (``compiler.passes.PIPELINE``; on CUDA, ``decompose`` keeps whole the
-  composites the backend runs as one library call: cuDNN attention, an LSTM layer's time loop);
+  composites the backend runs as one library call: cuDNN attention and convolution, an LSTM layer's time loop);
 - ``lowering``: stages run on the optimised graph before fusion (on CUDA, GEMM epilogues for cuBLASLt);
 - ``scheduler`` and ``variants``: a kernel's heuristic schedule and the knobs ``mode="max-autotune"``
   tries (``codegen.schedule``), with ``policy``, how long candidates are timed;
@@ -132,9 +132,10 @@ def target_of(graph: Graph) -> tuple[Target, Device | None]:
 
 def _decompose_keeping_library_calls(graph: Graph) -> Graph:
     # the GPU extra is imported when a CUDA graph compiles
-    from tilewise.backends.cuda import attention, recurrent
+    from tilewise.backends.cuda import attention, convolution, recurrent
 
-    return decompose(graph, lambda op, args: attention.keeps(op, args) or recurrent.keeps(op, args))
+    return decompose(graph, lambda op, args: attention.keeps(op, args) or convolution.keeps(op, args)
+                     or recurrent.keeps(op, args))
 
 
 _decompose_keeping_library_calls.__name__ = "decompose"

@@ -4,8 +4,8 @@
 tensor), take every window as a strided view (one ``unfold`` view per spatial dim, plus a strided slice for
 dilation), lay the windows out as columns (one copy) and multiply them with the weight in one batched GEMM over
 the groups, so convolution reuses the matmul path of every backend. Like torch, it saves its input and weight for
-backward, not the columns (prod(kernel) times the input): ``_conv_backward`` takes the windows again for the
-weight gradient and scatters the columns' gradient back with their geometry (``view_scatter_add``, col2im) for
+backward, not the columns (prod(kernel) times the input): ``_conv_weight_grad`` takes the windows again for the
+weight gradient and ``_conv_input_grad`` scatters the columns' gradient back with their geometry (``view_scatter_add``, col2im) for
 the input's. conv1d is conv2d over a height of 1.
 A transposed convolution is the adjoint of a convolution: its output is col2im of the input times the weight
 (the input gradient of the convolution it transposes), and its own gradients are that convolution's forward
@@ -187,14 +187,19 @@ def _convolution_forward(input, weight, stride, pads, dilation, groups):
     return _ungrouped(columns.bmm(_flat_weight(weight, groups).transpose(1, 2)), input.shape[0], out_sizes)
 
 
-def _conv_backward(grad, input, weight, stride, pads, dilation, groups):
-    """Input and weight gradients from the saved input and weight: the windows are taken again rather than
-    kept from the forward (torch saves the same two tensors; the windows are prod(kernel) times the input)."""
-    g = _grouped(grad, groups)
-    grad_weight = g.transpose(1, 2).bmm(_im2col(input, weight.shape, stride, pads, dilation, groups))
-    grad_input = _col2im(g.bmm(_flat_weight(weight, groups)), tuple(input.shape), tuple(weight.shape), stride, pads,
-                         dilation, groups, tuple(grad.shape[2:]))
-    return grad_input, grad_weight.reshape(weight.shape)
+def _conv_input_grad(grad, input, weight, stride, pads, dilation, groups):
+    """The input's gradient: the output gradient's columns scattered back to the windows they came from."""
+    columns = _grouped(grad, groups).bmm(_flat_weight(weight, groups))
+    return _col2im(columns, tuple(input.shape), tuple(weight.shape), stride, pads, dilation, groups,
+                   tuple(grad.shape[2:]))
+
+
+def _conv_weight_grad(grad, input, weight, stride, pads, dilation, groups):
+    """The weight's gradient from the saved input: the windows are taken again rather than kept from the forward
+    (torch saves the same two tensors; the windows are prod(kernel) times the input)."""
+    grad_weight = _grouped(grad, groups).transpose(1, 2).bmm(_im2col(input, weight.shape, stride, pads, dilation,
+                                                                      groups))
+    return grad_weight.reshape(weight.shape)
 
 
 def _transposed_output_sizes(input_sizes, kernel, stride, pads, dilation, output_padding):
@@ -212,27 +217,35 @@ def _conv_transpose_forward(input, weight, stride, pads, dilation, groups, outpu
                    tuple(sizes))
 
 
-def _conv_transpose_backward(grad, input, weight, stride, pads, dilation, groups):
-    """Its input's gradient is the transposed convolution's forward; its weight's, that convolution's weight
-    gradient with the roles of input and output gradient swapped."""
-    grad_input = _convolution_forward(grad, weight, stride, pads, dilation, groups)
+def _conv_transpose_input_grad(grad, input, weight, stride, pads, dilation, groups):
+    """The input's gradient of a transposed convolution is the forward of the convolution it transposes."""
+    return _convolution_forward(grad, weight, stride, pads, dilation, groups)
+
+
+def _conv_transpose_weight_grad(grad, input, weight, stride, pads, dilation, groups):
+    """That convolution's weight gradient with the roles of input and output gradient swapped."""
     grad_weight = _grouped(input, groups).transpose(1, 2).bmm(_im2col(grad, weight.shape, stride, pads, dilation,
                                                                        groups))
-    return grad_input, grad_weight.reshape(weight.shape)
+    return grad_weight.reshape(weight.shape)
 
 
+# [Note: convolution backward] Each input's gradient is its own operator, as torch's convolution_backward
+# computes only the gradients its output_mask asks for: autograd evaluates a formula only for an input that
+# needs a gradient, so the first layer of a network, whose input is data, never computes an input gradient.
+_CONV_ARGS = "stride, pads, dilation, groups"
 for _n in (2, 3):
-    private(f"_conv{_n}d(Tensor input, Tensor weight, int[{_n}] stride, int[{2 * _n}] pads, int[{_n}] dilation, "
-            "int groups) -> Tensor", _convolution_forward,
-            {"input, weight": f"OPS['_conv{_n}d_backward'](grad, input, weight, stride, pads, dilation, groups)"})
-    private(f"_conv{_n}d_backward(Tensor grad, Tensor input, Tensor weight, int[{_n}] stride, int[{2 * _n}] pads, "
-            f"int[{_n}] dilation, int groups) -> (Tensor, Tensor)", _conv_backward)
-    private(f"_conv_transpose{_n}d(Tensor input, Tensor weight, int[{_n}] stride, int[{2 * _n}] pads, "
-            f"int[{_n}] dilation, int groups, int[{_n}] output_padding) -> Tensor", _conv_transpose_forward,
-            {"input, weight": f"OPS['_conv_transpose{_n}d_backward'](grad, input, weight, stride, pads, dilation, "
-                              "groups)"})
-    private(f"_conv_transpose{_n}d_backward(Tensor grad, Tensor input, Tensor weight, int[{_n}] stride, "
-            f"int[{2 * _n}] pads, int[{_n}] dilation, int groups) -> (Tensor, Tensor)", _conv_transpose_backward)
+    _params = f"int[{_n}] stride, int[{2 * _n}] pads, int[{_n}] dilation, int groups"
+    for _name, _forward, _input_grad, _weight_grad, _extra in (
+            (f"_conv{_n}d", _convolution_forward, _conv_input_grad, _conv_weight_grad, ""),
+            (f"_conv_transpose{_n}d", _conv_transpose_forward, _conv_transpose_input_grad,
+             _conv_transpose_weight_grad, f", int[{_n}] output_padding")):
+        private(f"{_name}(Tensor input, Tensor weight, {_params}{_extra}) -> Tensor", _forward,
+                {"input": f"OPS['{_name}_backward_input'](grad, input, weight, {_CONV_ARGS})",
+                 "weight": f"OPS['{_name}_backward_weight'](grad, input, weight, {_CONV_ARGS})"})
+        private(f"{_name}_backward_input(Tensor grad, Tensor input, Tensor weight, {_params}) -> Tensor",
+                _input_grad)
+        private(f"{_name}_backward_weight(Tensor grad, Tensor input, Tensor weight, {_params}) -> Tensor",
+                _weight_grad)
 
 
 def _as_2d(x, w, stride, dilation, pads):

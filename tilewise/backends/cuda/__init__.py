@@ -2,7 +2,8 @@
 
 [Note: CUDA backend]
 Its pieces: ``device_memory`` (a tensor's :class:`DeviceBuffer` from the caching allocator), ``transfers``
-(host <-> device copies, pinned memory), ``kernels/`` (the eager kernels), ``matmul``, ``attention``, ``fft``,
+(host <-> device copies, pinned memory), ``kernels/`` (the eager kernels), ``matmul``, ``attention`` and
+``convolution`` (cuDNN graphs, ``cudnn``), ``fft``,
 ``linalg`` (library calls), ``recurrent`` (an LSTM layer's time loop on raw buffers), ``runtime/`` (the driver).
 This module only ties them to the protocol; each piece imports what it needs from the others directly, never this
 package, so none of them depends on all.
@@ -140,7 +141,8 @@ def register_composite_runner(names: frozenset, runner) -> None:
 def _load_kernels() -> None:
     global _kernels, _pointwise, _pointwise_into, _reduction, _host
     from tilewise.backends.cuda import (  # noqa: F401 — attention; fft; the linalg primitives; mm, bmm, linear;
-        attention,  # an LSTM layer's time loop
+        attention,  # an LSTM layer's time loop; convolutions
+        convolution,
         fft,
         linalg,
         matmul,

@@ -12,8 +12,8 @@ probabilities from it. Anything else runs the decomposition; ``TILEWISE_LOG=atte
 reason.
 
 A graph is built once per (dtypes, shapes, strides, scale, causal, device) — validation, heuristics and
-kernel build take a while the first time — and keeps its own workspace, allocated once and never
-freed, so that a CUDA graph of a compiled program that replays it finds the same memory. Operands are
+kernel build take a while the first time — and kept, with a workspace that is never freed (see [Note: cuDNN
+graphs] in ``cudnn.py``), so that a CUDA graph of a compiled program that replays it finds it. Operands are
 passed with their strides (the per-head views a fused QKV projection gives need no copy); the innermost
 stride must be 1 and the others multiples of 8 elements, with 16-byte aligned addresses, else the eager
 kernel copies the operand first and the kernel into a planned buffer (what compiled programs call,
@@ -25,7 +25,8 @@ from __future__ import annotations
 from tilewise import dtypes
 from tilewise._stages import stage
 from tilewise.backends import flags
-from tilewise.backends.cuda.device_memory import DeviceBuffer, data_ptr, empty, stream_handle
+from tilewise.backends.cuda import cudnn
+from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.config import log
 from tilewise.device import Device
@@ -37,22 +38,8 @@ FORWARD, BACKWARD = "_scaled_dot_product_attention_math", "_scaled_dot_product_a
 MAX_HEAD_DIM = 128
 _IO_TYPES = {"bfloat16": "BFLOAT16", "float16": "HALF"}
 
-_cudnn: list = []  # [module] once imported, [None, reason] when it cannot be
-_handles: dict[int, object] = {}
-_graphs: dict[tuple, _Graph | None] = {}
+_graphs: dict[tuple, cudnn.Graph | None] = {}
 _reported: set[str] = set()
-
-
-def _library():
-    """The cuDNN frontend module, or None (with the reason logged once) where it is not installed."""
-    if not _cudnn:
-        try:
-            import cudnn
-
-            _cudnn.append(cudnn)
-        except Exception as e:  # noqa: BLE001 — a missing or broken install: attention runs its decomposition
-            _cudnn.extend((None, f"the cuDNN frontend (nvidia-cudnn-frontend) could not be imported: {e}"))
-    return _cudnn[0]
 
 
 def _report(reason: str) -> None:
@@ -88,9 +75,7 @@ def unsupported(dtype, query_shape, key_shape, value_shape, has_bias: bool, devi
 
     if get_device_properties(device.index).major < 8:
         return "cuDNN flash attention needs compute capability 8.0 or newer"
-    if _library() is None:
-        return _cudnn[1]
-    return None
+    return cudnn.unavailable()
 
 
 def _fits(t: Tensor) -> bool:
@@ -103,52 +88,15 @@ def _fits_stats(t: Tensor) -> bool:
     return t.is_contiguous() and data_ptr(t) % 16 == 0
 
 
-def _handle(device: int):
-    handle = _handles.get(device)
-    if handle is None:
-        from tilewise.backends.cuda.runtime import ensure_context
-
-        ensure_context(device)
-        handle = _handles[device] = _library().create_handle()
-    return handle
-
-
-class _Graph:
-    """One built cuDNN SDPA graph (forward or backward) with its workspace; ``run`` binds raw addresses.
-
-    The frontend's ``execute`` normalises its arguments in Python at every call (about 60 µs, longer than the
-    forward kernel at T=1024); the graph it lowered to, which that call ends in, takes a {uid: address} map
-    directly (about 12 µs). The first run goes through ``execute``, which also finishes preparing the plan;
-    later runs call the lowered graph when the frontend has one serving the plan, else ``execute`` again."""
-
-    def __init__(self, graph, operands: list, workspace: DeviceBuffer | None, handle):
-        self.graph, self.operands, self.workspace, self.handle = graph, operands, workspace, handle
-        self.uids = [t.get_uid() for t in operands]
-        self.workspace_ptr = workspace.ptr if workspace is not None else 0
-        self.lowered = None
-
-    def run(self, pointers: list[int], stream: int) -> None:
-        _cudnn[0].set_stream(self.handle, stream)  # the handle is the device's, shared by every graph; the
-        # frontend skips the backend call when the stream is the one it has
-        if self.lowered is not None:
-            self.lowered(dict(zip(self.uids, pointers)), self.workspace_ptr, self.handle.backend_handle, None, None,
-                         None)
-            return
-        self.graph.execute(dict(zip(self.operands, pointers)), self.workspace_ptr or None, handle=self.handle)
-        lowered = getattr(self.graph, "_lowered_graph", None)
-        if self.graph.selected_engine is None and lowered is not None and hasattr(lowered, "_execute"):
-            self.lowered = lowered._execute
-
-
-def _build(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> _Graph:
+def _build(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> cudnn.Graph:
     """The forward (q, k, v, o[, stats]) or backward (q, k, v, o, dO, stats, dq, dk, dv) graph for these
     operands' geometry."""
-    cudnn = _library()
+    frontend = cudnn.library()
     device = tensors[0]._device.index
-    handle = _handle(device)
-    io = getattr(cudnn.data_type, _IO_TYPES[tensors[0]._dtype.name])
-    fp32 = cudnn.data_type.FLOAT
-    graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle)
+    io = getattr(frontend.data_type, _IO_TYPES[tensors[0]._dtype.name])
+    fp32 = frontend.data_type.FLOAT
+    graph = frontend.pygraph(io_data_type=io, intermediate_data_type=fp32, compute_data_type=fp32,
+                             handle=cudnn.handle(device))
 
     def operand(k: int, name: str, data_type=None):
         t = tensors[k]
@@ -173,12 +121,10 @@ def _build(backward: bool, tensors: list[Tensor | None], scale: float, causal: b
     with stage("cuDNN graph build"):
         graph.validate()
         graph.build_operation_graph()
-        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
         graph.check_support()
         graph.build_plans()
-    size = graph.get_workspace_size()
-    workspace = DeviceBuffer(size, device, stream_handle(device)) if size else None
-    return _Graph(graph, operands, workspace, handle)
+    return cudnn.Graph(graph, operands, device, "attention")
 
 
 def _run(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> bool:

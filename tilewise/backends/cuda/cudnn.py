@@ -1,0 +1,94 @@
+"""What every cuDNN call shares: the frontend module, a handle per device, workspaces, built graphs.
+
+[Note: cuDNN graphs] Attention (``attention.py``) and convolution (``convolution.py``) run as graphs of the cuDNN
+frontend (nvidia-cudnn-frontend, in the ``[cuda]`` extra). A graph is built once per operand geometry —
+validation, heuristics and the kernel build take milliseconds — and kept; :class:`Graph` then binds raw device
+addresses at every run.
+
+Workspaces: a graph's workspace must stay where it was when a compiled program's CUDA graph captured a run of
+it, so no workspace is ever freed. Graphs share one workspace per device, grown (never shrunk) to the largest
+a graph has asked for; a graph keeps the address it was built with, and the smaller workspaces it may still
+use stay alive beside the larger ones. Every graph runs on the device's current stream, in order, so sharing a
+workspace is safe, and the memory held is at most about twice the largest single request (the sizes grow
+geometrically) instead of the sum of every graph's.
+"""
+
+from __future__ import annotations
+
+from tilewise.backends.cuda.device_memory import DeviceBuffer, stream_handle
+
+_module: list = []  # [module] once imported, [None, reason] when it cannot be
+_handles: dict[int, object] = {}
+_workspaces: dict[int, list[DeviceBuffer]] = {}  # per device, every workspace ever allocated, the largest last
+
+
+def library():
+    """The cuDNN frontend module, or None where it is not installed (:func:`unavailable` says why)."""
+    if not _module:
+        try:
+            import cudnn
+
+            _module.append(cudnn)
+        except Exception as e:  # noqa: BLE001 — a missing or broken install: callers run their decompositions
+            _module.extend((None, f"the cuDNN frontend (nvidia-cudnn-frontend) could not be imported: {e}"))
+    return _module[0]
+
+
+def unavailable() -> str | None:
+    """Why cuDNN cannot be used in this process, or None when it can."""
+    return _module[1] if library() is None else None
+
+
+def handle(device: int):
+    """The device's cuDNN handle, shared by every graph on it."""
+    found = _handles.get(device)
+    if found is None:
+        from tilewise.backends.cuda.runtime import ensure_context
+
+        ensure_context(device)
+        found = _handles[device] = library().create_handle()
+    return found
+
+
+def workspace(device: int, nbytes: int) -> int:
+    """The address of a workspace of at least ``nbytes`` on ``device`` that stays allocated for good."""
+    if nbytes <= 0:
+        return 0
+    held = _workspaces.setdefault(device, [])
+    if not held or held[-1].nbytes < nbytes:
+        size = max(nbytes, 2 * held[-1].nbytes) if held else nbytes
+        held.append(DeviceBuffer(size, device, stream_handle(device)))
+    return held[-1].ptr
+
+
+def workspace_bytes(device: int) -> int:
+    """Bytes held in cuDNN workspaces on ``device``."""
+    return sum(b.nbytes for b in _workspaces.get(device, ()))
+
+
+class Graph:
+    """One built cuDNN graph with its workspace; ``run`` binds raw addresses, in ``operands``' order.
+
+    The frontend's ``execute`` normalises its arguments in Python at every call (about 60 µs, longer than a
+    small kernel); the graph it lowered to, which that call ends in, takes a {uid: address} map directly
+    (about 12 µs). The first run goes through ``execute``, which also finishes preparing the plan; later runs
+    call the lowered graph when the frontend has one serving the plan, else ``execute`` again."""
+
+    def __init__(self, graph, operands: list, device: int, name: str = ""):
+        self.graph, self.operands, self.device, self.name = graph, operands, device, name
+        self.handle = handle(device)
+        self.uids = [t.get_uid() for t in operands]
+        self.workspace_ptr = workspace(device, graph.get_workspace_size())
+        self.lowered = None
+
+    def run(self, pointers: list[int], stream: int) -> None:
+        _module[0].set_stream(self.handle, stream)  # the handle is the device's, shared by every graph; the
+        # frontend skips the backend call when the stream is the one it has
+        if self.lowered is not None:
+            self.lowered(dict(zip(self.uids, pointers)), self.workspace_ptr, self.handle.backend_handle, None, None,
+                         None)
+            return
+        self.graph.execute(dict(zip(self.operands, pointers)), self.workspace_ptr or None, handle=self.handle)
+        lowered = getattr(self.graph, "_lowered_graph", None)
+        if self.graph.selected_engine is None and lowered is not None and hasattr(lowered, "_execute"):
+            self.lowered = lowered._execute
