@@ -77,7 +77,7 @@ def test_conv2d_forward_and_gradients_match_torch(name, channels_last, dtype):
     grad = torch.randn(expected.shape, generator=g).to(dt).cuda()
     expected.backward(grad)
     ox, ow, ob = _tw(x, True), _tw(w, True), _tw(b, True)
-    cudnn_conv._graphs.clear()
+    cudnn_conv.reset()
     out = F.conv2d(ox, ow, ob, stride, padding, dilation, groups)
     assert tuple(out.shape) == tuple(expected.shape)
     assert out.stride() == expected.stride(), "the result's memory format is torch's"
@@ -142,7 +142,7 @@ def test_float64_runs_and_matches_torch():
 
 def test_data_input_computes_no_input_gradient():
     """The first layer's input is data: only the weight gradient is computed (torch's output_mask)."""
-    cudnn_conv._graphs.clear()
+    cudnn_conv.reset()
     x = tw.randn(2, 3, 16, 16, device="cuda")
     w = tw.randn(8, 3, 3, 3, device="cuda", requires_grad=True)
     F.conv2d(x, w, padding=1).sum().backward()
@@ -183,7 +183,7 @@ def test_deterministic_weight_gradient_is_reproducible():
 def test_benchmark_times_candidates_and_remembers_the_choice(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cudnn_conv, "_disk", [])
-    cudnn_conv._graphs.clear()
+    cudnn_conv.reset()
     tw.backends.cudnn.benchmark = True
     try:
         g = torch.Generator().manual_seed(5)
@@ -194,7 +194,7 @@ def test_benchmark_times_candidates_and_remembers_the_choice(tmp_path, monkeypat
     finally:
         tw.backends.cudnn.benchmark = False
     assert list((tmp_path / "cudnn").glob("*.json")), "the timed choice is remembered on disk"
-    cudnn_conv._graphs.clear()  # a new process: the remembered plan is built without timing
+    cudnn_conv.reset()  # a new process: the remembered plan is built without timing
     out = F.conv2d(_tw(x), _tw(w), padding=1)
     _close(out, torch.nn.functional.conv2d(x, w, padding=1), "float32", "remembered plan")
 
@@ -202,7 +202,7 @@ def test_benchmark_times_candidates_and_remembers_the_choice(tmp_path, monkeypat
 def test_cudnn_disabled_runs_the_decomposition():
     tw.backends.cudnn.enabled = False
     try:
-        cudnn_conv._graphs.clear()
+        cudnn_conv.reset()
         g = torch.Generator().manual_seed(6)
         x, w = torch.randn((2, 4, 8, 8), generator=g).cuda(), torch.randn((4, 4, 3, 3), generator=g).cuda()
         _close(F.conv2d(_tw(x), _tw(w)), torch.nn.functional.conv2d(x, w), "float32", "decomposition")
@@ -240,7 +240,7 @@ def test_compiled_conv_block_matches_eager_and_calls_cudnn():
     for p in params:
         p.grad = None
     compiled = tw.compile(step)
-    cudnn_conv._graphs.clear()
+    cudnn_conv.reset()
     for _ in range(3):  # the second call on replays a CUDA graph
         for p in params:
             p.grad = None

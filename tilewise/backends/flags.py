@@ -180,6 +180,7 @@ def cudnn_allow_tf32() -> bool:
 
 def set_cudnn_allow_tf32(allow: bool) -> None:
     _legacy["cudnn_tf32"] = _check_bool(allow, "set_allow_tf32_cudnn")
+    _changed()
     _fp32["cuda", "conv"] = _fp32["cuda", "rnn"] = "tf32" if allow else "none"
 
 
@@ -238,6 +239,7 @@ def cudnn_flag(name: str) -> bool:
 
 def set_cudnn_flag(name: str, value: bool) -> None:
     _cudnn[name] = _check_bool(value, f"set_{name}_cudnn")
+    _changed()
 
 
 def sdp_enabled(kind: str) -> bool:
@@ -256,6 +258,16 @@ _derived: dict[str, tuple] = {}  # emptied by every setter that changes a GEMM's
 
 def _changed() -> None:
     _derived.clear()
+
+
+def conv_numerics() -> tuple:
+    """What the flags make of a cuDNN convolution, as a cache key: (cuDNN enabled, TF32 for float32, deterministic
+    (cuDNN's flag or deterministic mode), benchmark). Read at every convolution, so cached between flag changes."""
+    found = _derived.get("conv")
+    if found is None:
+        found = _derived["conv"] = (_cudnn["enabled"], tf32_conv(), _cudnn["deterministic"] or _deterministic["mode"],
+                                    _cudnn["benchmark"])
+    return found
 
 
 def gemm_numerics() -> tuple:

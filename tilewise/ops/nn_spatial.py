@@ -248,6 +248,26 @@ for _n in (2, 3):
                 _weight_grad)
 
 
+# [Note: channels-last convolutions] The CUDA target keeps convolutions and the element-wise work around them
+# in channels-last memory (``compiler/lowering/channels_last.py``): there each convolution operator becomes its
+# ``_channels_last`` variant, whose result is the channels-last permutation of the operator's — (N, *S, C) laid
+# out row-major — which cuDNN writes directly. Anywhere else the variant is the operator and a transposing copy.
+def _channels_last_variant(name: str):
+    base = OPS[name]
+
+    def variant(*args):
+        out = base(*args)
+        return out.permute(0, *range(2, out.ndim), 1).contiguous()
+
+    private(base.schema.text.replace(f"{name}(", f"{name}_channels_last(", 1), variant, differentiable=False)
+
+
+for _n in (2, 3):
+    for _name in (f"_conv{_n}d", f"_conv_transpose{_n}d"):
+        for _suffix in ("", "_backward_input", "_backward_weight"):
+            _channels_last_variant(_name + _suffix)
+
+
 def _as_2d(x, w, stride, dilation, pads):
     """A 1-D convolution's arguments as a 2-D convolution's over a height of 1."""
     return x.unsqueeze(2), w.unsqueeze(2), (1, *stride), (1, *dilation), [(0, 0), *pads]

@@ -37,7 +37,7 @@ from tilewise import strides as S
 from tilewise._stages import stage
 from tilewise.backends import flags
 from tilewise.backends.cuda import cudnn
-from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
+from tilewise.backends.cuda.device_memory import data_ptr, empty, empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.config import log
 from tilewise.device import Device
@@ -68,10 +68,6 @@ def tuning():
         yield
     finally:
         _tuning.on = previous
-
-
-def _timed_choice() -> bool:
-    return flags.cudnn_flag("benchmark") or getattr(_tuning, "on", False)
 
 
 # ---------------------------------------------------------------------------------------------- layouts
@@ -140,8 +136,9 @@ def unsupported(dtype, shapes: tuple) -> str | None:
 
 
 def _numerics(dtype) -> tuple:
-    deterministic = flags.cudnn_flag("deterministic") or flags.are_deterministic_algorithms_enabled()
-    return (dtype.name == "float32" and flags.tf32_conv(), deterministic, _timed_choice())
+    """(TF32, deterministic, timed choice) for a convolution of ``dtype``."""
+    _, tf32, deterministic, benchmark = flags.conv_numerics()
+    return (dtype.name == "float32" and tf32, deterministic, benchmark or getattr(_tuning, "on", False))
 
 
 # ---------------------------------------------------------------------------------------------- graphs
@@ -208,8 +205,12 @@ def _run(kind: str, tensors: list[Tensor], params: tuple) -> bool:
             graph = _graphs[key] = None
     if graph is None:
         return False
+    _last_graph[0] = graph
     graph.run([data_ptr(t) for t in tensors], stream_handle(first._device.index))
     return True
+
+
+_last_graph: list = [None]  # the graph :func:`_run` ran last (the eager fast path keeps it per signature)
 
 
 # ---------------------------------------------------------------------------------------------- timed choice
@@ -315,17 +316,19 @@ def _check(dtype, *tensors: Tensor) -> str | None:
 
 
 def _convolve(kind: str, a: Tensor, b: Tensor, out_shape: tuple, params: tuple, device: Device,
-              out: Tensor | None = None) -> Tensor | None:
-    """``kind`` over ``a`` and ``b`` in the format torch picks, into ``out`` when given (a dense contiguous
-    planned buffer: then only when both operands already lie in that format); None when cuDNN declines."""
-    channels_last = channels_last_suggested(a) or channels_last_suggested(b)
+              out: Tensor | None = None, channels_last: bool | None = None) -> Tensor | None:
+    """``kind`` over ``a`` and ``b`` in ``channels_last`` format (by default the one torch picks), into ``out``
+    when given (a planned buffer: then only when the operands and ``out`` already lie in that format); None when
+    cuDNN declines."""
+    if channels_last is None:
+        channels_last = channels_last_suggested(a) or channels_last_suggested(b)
     if out is None:
         a, b = _placed(a, channels_last), _placed(b, channels_last)
         result = empty(out_shape, a._dtype, device, _layout(out_shape, channels_last))
     else:
-        if channels_last or not all(_in_layout(t, S.contiguous_strides(t._shape)) for t in (a, b, out)):
+        if not all(_in_layout(t, _layout(t._shape, channels_last)) for t in (a, b, out)):
             return None
-        result = out
+        result = _as_laid_out(out, channels_last)
     canonical = [_as_laid_out(t, channels_last) for t in (a, b)]
     if not _run(kind, [*canonical, result], params):
         return None
@@ -353,29 +356,83 @@ def _forward_shape(input_shape, weight_shape, stride, pads, dilation) -> tuple:
     return (input_shape[0], weight_shape[0], *sizes)
 
 
-def _register(name: str, kind_of, shape_of, operands_of, differentiable_of=None):
-    """The eager kernel and the kernel into a planned buffer of one convolution operator."""
+_SLOW = object()  # a signature whose operands must be copied into the chosen format first: no fast path
+_signatures: dict[tuple, object] = {}  # eager calls: signature -> (graph, result shape, strides, numel), or None
+
+
+def _register(name: str, kind: str, shape_of, operands_of, backward: bool = False):
+    """The eager kernel and the kernel into a planned buffer of one convolution operator.
+
+    An eager call whose signature (operand geometry, dtype, device, arguments, flags) was seen before, with its
+    operands where cuDNN reads them, costs a dictionary lookup, an allocation and the graph's launch: a
+    ResNet-50 training step makes about 160 of these calls."""
     op = OPS[name]
 
     def run(device: Device, *args):
         a, b, params = operands_of(*args)
-        reason = _check(a._dtype, a, b)
-        if reason is None and (differentiable_of is None or not STATE.grad_enabled):
-            out = _convolve(kind_of, a, b, shape_of(*args), params, device)
-            if out is not None:
+        if backward and STATE.grad_enabled:  # differentiated again (create_graph): differentiable primitives
+            return op.decomposition(*args)
+        signature = (name, flags.conv_numerics(), device,
+                     *[(t._shape, t._strides, t._dtype) if type(t) is Tensor else tuple(t) if type(t) is list else t
+                       for t in args])
+        found = _signatures.get(signature, _SLOW)
+        if found is None:
+            return op.decomposition(*args)
+        if found is not _SLOW:
+            pa, pb = data_ptr(a), data_ptr(b)
+            if not (pa | pb) & 15:
+                graph, shape, strides, numel = found
+                stream = stream_handle(device.index)
+                out = empty_fast(shape, strides, numel, a._dtype, device, stream)
+                graph.run([pa, pb, data_ptr(out)], stream)
                 return out
-        elif reason is not None:
+        reason = _check(a._dtype, a, b)
+        if reason is not None:
             _report(reason)
-        return op.decomposition(*args)
+            _signatures[signature] = None
+            return op.decomposition(*args)
+        out = _convolve(kind, a, b, shape_of(*args), params, device)
+        if out is None:
+            _signatures[signature] = None
+            return op.decomposition(*args)
+        if signature not in _signatures:
+            graph = _last_graph[0]
+            laid_out = all(_in_layout(t, _layout(t._shape, _channels_last_of(out))) for t in (a, b))
+            _signatures[signature] = (graph, out._shape, out._strides, out.numel()) if laid_out else _SLOW
+        return out
 
     def run_into(out: Tensor, *args) -> bool:
         a, b, params = operands_of(*args)
         if _check(a._dtype, a, b) is not None or out._dtype is not a._dtype:
             return False
-        return _convolve(kind_of, a, b, tuple(out._shape), params, out._device, out) is not None
+        return _convolve(kind, a, b, tuple(out._shape), params, out._device, out, False) is not None
+
+    def run_into_channels_last(out: Tensor, *args) -> bool:
+        """The ``_channels_last`` variant (see [Note: channels-last programs]): ``out`` is the result laid out
+        (N, *S, C); cuDNN writes it through its (N, C, *S) view."""
+        a, b, params = operands_of(*args)
+        if _check(a._dtype, a, b) is not None or out._dtype is not a._dtype:
+            return False
+        rank = out.ndim
+        order = (0, rank - 1, *range(1, rank - 1))
+        view = Tensor._make(out._storage, tuple(out._shape[d] for d in order), tuple(out._strides[d] for d in order),
+                            out._offset, out._dtype, out._device)
+        return _convolve(kind, a, b, view._shape, params, out._device, view, True) is not None
 
     kernel(name)(run)
     kernel_into(name)(run_into)
+    kernel_into(f"{name}_channels_last")(run_into_channels_last)
+
+
+def reset() -> None:
+    """Forget every built graph and eager signature (the next calls build again, as a new process would)."""
+    _graphs.clear()
+    _signatures.clear()
+
+
+def _channels_last_of(t: Tensor) -> bool:
+    return t.ndim in (4, 5) and t._strides == _channels_last_strides(t._shape) and t._strides != \
+        S.contiguous_strides(t._shape)
 
 
 def _params(stride, pads, dilation) -> tuple:
