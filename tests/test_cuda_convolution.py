@@ -250,3 +250,57 @@ def test_compiled_conv_block_matches_eager_and_calls_cudnn():
             np.testing.assert_allclose(p.grad.cpu().numpy(), e.cpu().numpy(), rtol=1e-3, atol=1e-4)
     kinds = {key[0] for key, graph in cudnn_conv._graphs.items() if graph is not None}
     assert kinds == {"fprop", "dgrad", "wgrad"}, "the compiled program calls cuDNN for every convolution"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_batch_norm_training_and_eval_match_torch(channels_last, dtype):
+    """Batch norm on the GPU (one fused program per signature in eager): output, gradients and the running
+    statistics, in training and in evaluation."""
+    g = torch.Generator().manual_seed(8)
+    dt = getattr(torch, dtype)
+    x = (torch.randn((4, 16, 10, 10), generator=g) * 3 + 2).to(dt).cuda()
+    if channels_last:
+        x = _channels_last(x)
+    ref = torch.nn.BatchNorm2d(16).cuda()
+    ours = tw.nn.BatchNorm2d(16).cuda()
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5)
+        ref.bias.uniform_(-0.5, 0.5)
+    ours.load_state_dict({k: tw.from_numpy(v.cpu().numpy()).cuda() for k, v in ref.state_dict().items()})
+    tx, ox = x.clone().requires_grad_(True), _tw(x, True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+        expected = ref(tx)
+    with tw.autocast("cuda", dtype=tw.bfloat16, enabled=dtype == "bfloat16"):
+        out = ours(ox)
+    _close(out, expected, dtype, "training output")
+    grad = torch.randn(expected.shape, generator=g).to(expected.dtype).cuda()
+    expected.backward(grad)
+    out.backward(_tw(grad))
+    _close(ox.grad, tx.grad, dtype, "input gradient")
+    _close(ours.weight.grad, ref.weight.grad, "float32" if dtype == "float32" else dtype, "weight gradient")
+    _close(ours.bias.grad, ref.bias.grad, "float32" if dtype == "float32" else dtype, "bias gradient")
+    _close(ours.running_mean, ref.running_mean, "float32", "running mean")
+    _close(ours.running_var, ref.running_var, "float32", "running variance")
+    ref.eval(), ours.eval()
+    _close(ours(_tw(x)), ref(x), dtype, "evaluation output")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_max_pool_with_nan_and_padding_matches_torch(dtype):
+    g = torch.Generator().manual_seed(9)
+    dt = getattr(torch, dtype)
+    a = torch.randint(-3, 3, (2, 4, 13, 14), generator=g).float()
+    a[torch.rand(a.shape, generator=g) < 0.05] = float("nan")
+    a = a.to(dt).cuda()
+    for kwargs in (dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2), dict(kernel_size=3, stride=2,
+                                                                                       ceil_mode=True)):
+        tx, ox = a.clone().requires_grad_(True), _tw(a, True)
+        tv, ti = torch.nn.functional.max_pool2d(tx, return_indices=True, **kwargs)
+        ov, oi = tw.nn.functional.max_pool2d(ox, return_indices=True, **kwargs)
+        assert np.array_equal(oi.cpu().numpy(), ti.cpu().numpy()), kwargs
+        np.testing.assert_array_equal(ov.float().cpu().numpy(), tv.float().cpu().numpy())
+        grad = torch.randn(tv.shape, generator=g).to(dt).cuda()
+        tv.backward(grad)
+        ov.backward(_tw(grad))
+        _close(ox.grad, tx.grad, dtype, f"max_pool2d gradient {kwargs}")

@@ -28,6 +28,8 @@ FUSED = frozenset({
     "_cross_entropy_loss", "_cross_entropy_backward", "_cross_entropy_target_backward",
     "normalize", "cosine_similarity", "var", "std", "var_mean", "std_mean",
     "_lstm_cell", "_lstm_cell_backward", "_gru_cell", "_gru_cell_backward",
+    "native_batch_norm", "_batch_norm_backward",
+    "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices",
 })
 MAX_SIGNATURES = 256  # per operator; past it, new signatures run the decomposition
 

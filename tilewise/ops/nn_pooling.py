@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from tilewise.dtypes import iinfo
+from tilewise.dtypes import iinfo, int64
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.nn_functional import functional, int_tuple, private
 from tilewise.ops.nn_spatial import _constant_pad, _windows, _windows_adjoint
@@ -134,6 +134,40 @@ def _window_maximum_position(flat, kernel, stride, padding, dilation, padded: bo
     return position
 
 
+CHAINED_WINDOW = 27  # windows up to 3x3x3 are walked element by element (see _window_maximum_chained)
+
+
+def _window_maximum_chained(windows, kernel, stride, padding, dilation, padded: bool):
+    """(maximum, position in the flattened window) of each (N, C, *O, *K) window by torch's rule (see [Note: max
+    pooling and NaN]), walking the window's elements in row-major order: each element is one strided view of the
+    padded input, taken when it is greater than the maximum so far or NaN, starting from the lowest value at the
+    first element inside the input. Nothing is materialised per window, so a compiled program (or the fused eager
+    kernel) reads the input once, where flattening the windows first copies the input prod(kernel) times."""
+    import itertools
+
+    from tilewise.ops.creation import full, zeros
+
+    spatial = len(kernel)
+    out = windows[(Ellipsis, *([0] * spatial))]
+    best = full(out.shape, _lowest(windows.dtype), dtype=windows.dtype, device=windows.device)
+    if padded:
+        out_sizes = out.shape[2:]
+        position = sum(_along(_first_inside(o, s, p, d, windows.device), k, spatial) * math.prod(kernel[k + 1:])
+                       for k, (o, s, p, d) in enumerate(zip(out_sizes, stride, padding, dilation)))
+        position = position.expand(out.shape)
+    else:
+        position = zeros(out.shape, dtype=int64, device=windows.device)
+    floating = windows.dtype.is_floating_point
+    for k, offset in enumerate(itertools.product(*(range(n) for n in kernel))):
+        value = windows[(Ellipsis, *offset)]
+        take = value > best
+        if floating:
+            take = take | (value != value)
+        best = value.where(take, best)
+        position = position.masked_fill(take, k)
+    return best, position
+
+
 def _max_pool_with_indices(spatial: int):
     op = f"max_pool{spatial}d"
 
@@ -142,10 +176,13 @@ def _max_pool_with_indices(spatial: int):
         unbatched = input.ndim == spatial + 1
         x = input.unsqueeze(0) if unbatched else input
         windows = _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, _lowest(x.dtype))
-        flat = windows.reshape(*windows.shape[:2 + spatial], math.prod(kernel))
         padded = max(padding) > 0 or ceil_mode  # windows may then reach past the input
-        position = _window_maximum_position(flat, kernel, stride, padding, dilation, padded)
-        values = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
+        if math.prod(kernel) <= CHAINED_WINDOW:
+            values, position = _window_maximum_chained(windows, kernel, stride, padding, dilation, padded)
+        else:
+            flat = windows.reshape(*windows.shape[:2 + spatial], math.prod(kernel))
+            position = _window_maximum_position(flat, kernel, stride, padding, dilation, padded)
+            values = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
         indices = _window_argmax_to_input_index(position, kernel, stride, padding, dilation, x.shape[2:])
         return (values.squeeze(0), indices.squeeze(0)) if unbatched else (values, indices)
 

@@ -236,7 +236,48 @@ def _try_join(node: Node, group: Group) -> bool:
         del group.dims[node]  # constant along a dim of its own (read through an expand): it could not be stored
         return False
     group.members.append(node)
+    if _starves_phases(group):
+        return False  # the caller's trial copy is dropped
     return True
+
+
+FEW_COLUMNS = 1 << 15  # kept elements below which a columns nest cannot keep the GPU busy with several phases
+FEW_ROWS, LONG_ROW = 256, 1 << 16
+
+
+def _starves_phases(group: Group) -> bool:
+    """Whether ``group`` has a member computed after one of its reductions (a later *phase*) while its domain
+    gives too little parallelism for phases: a nest of several phases cannot be split across blocks (every
+    block would need every other block's result), so it runs one block per row or per 32 columns. A batch
+    norm's normalisation after its statistics over [64, 112, 112] per channel would run on 64 blocks (rows)
+    or 2 (columns, 64 channels innermost); apart, the statistics split across the GPU and the normalisation is
+    an element-wise pass."""
+    if not group.reduce:
+        return False
+    shape = group.shape
+    kept = 1
+    for d, n in enumerate(shape):
+        if d not in group.reduce:
+            kept *= n
+    innermost = max((d for d, n in enumerate(shape) if n != 1), default=None)
+    if innermost is None:
+        return False
+    if innermost in group.reduce:
+        reduced = 1
+        for d in group.reduce:
+            reduced *= shape[d]
+        if kept >= FEW_ROWS or reduced < LONG_ROW:
+            return False
+    elif kept >= FEW_COLUMNS:
+        return False
+    late: set[Node] = set()
+    for member in group.members:
+        for src in member.srcs:
+            base = view_chain(src)[0]
+            if base in group.dims and base is not member and (fusion_kind(base) == "reduction" or base in late):
+                late.add(member)
+                break
+    return bool(late)
 
 
 def _device(group: Group):
