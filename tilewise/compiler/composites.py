@@ -138,7 +138,17 @@ def _compile(op, args: tuple):
         return op.decomposition(*bound)
 
     decomposition.__name__ = decomposition.__qualname__ = op.name
-    return compile_fn(decomposition)
+    fn = compile_fn(decomposition)
+    fn.arenas = _ARENAS  # see [Note: one arena for every fused composite]
+    return fn
+
+
+# [Note: one arena for every fused composite]
+# Each compiled function keeps an arena for its programs' intermediate values, as large as its largest plan. The
+# fused composites of a network are many functions (a batch norm and its backward per activation shape), and
+# their calls run one after another on the device's stream like the programs of one function, so they share one
+# arena per device: a ResNet-50 held one per batch-norm signature, about 2 GiB more than its largest.
+_ARENAS: dict = {}
 
 
 def _register() -> None:
