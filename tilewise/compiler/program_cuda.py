@@ -345,6 +345,9 @@ class CudaRuntime:
                 pointers[k] = out.ptr
         cu = driver_api()
         capture = Stream(index)
+        from tilewise.backends.cuda import cudnn
+
+        cudnn.note_capture()  # the cuDNN calls captured keep their workspace's address
         check(cu.cuStreamBeginCapture(capture.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED),
               "cuStreamBeginCapture")
         try:

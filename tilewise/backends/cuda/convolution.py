@@ -216,6 +216,7 @@ _last_graph: list = [None]  # the graph :func:`_run` ran last (the eager fast pa
 # ---------------------------------------------------------------------------------------------- timed choice
 
 _ROUNDS, _RUNS = 3, 2
+MAX_TIMED_WORKSPACE = 1 << 30  # candidates needing a larger workspace are not timed
 
 
 def _choose(built: cudnn.Graph, tensors: list[Tensor], key: tuple) -> None:
@@ -227,10 +228,17 @@ def _choose(built: cudnn.Graph, tensors: list[Tensor], key: tuple) -> None:
     stream = stream_handle(device)
     frontend.set_stream(built.handle, stream)
     pack = dict(zip(built.operands, [data_ptr(t) for t in tensors]))
+    count = graph.get_execution_plan_count()
+    need = max([graph.get_workspace_size_plan_at_index(index) for index in range(count)], default=0)
+    if need > MAX_TIMED_WORKSPACE:  # a candidate asking for more is left out below
+        need = max([n for n in (graph.get_workspace_size_plan_at_index(i) for i in range(count))
+                    if n <= MAX_TIMED_WORKSPACE], default=0)
+    ws = cudnn.workspace(device, need)  # one workspace large enough for every candidate timed
     candidates = []
-    for index in range(graph.get_execution_plan_count()):
+    for index in range(count):
+        if graph.get_workspace_size_plan_at_index(index) > need:
+            continue
         try:
-            ws = cudnn.workspace(device, graph.get_workspace_size_plan_at_index(index))
             graph.execute_plan_at_index(pack, ws or None, index, built.handle)
             candidates.append((index, ws))
         except Exception:  # noqa: BLE001, S112 — a candidate that does not run is not a candidate
@@ -258,7 +266,7 @@ def _choose(built: cudnn.Graph, tensors: list[Tensor], key: tuple) -> None:
         return
     graph.select_plan(best)
     graph.build_plans()
-    built.workspace_ptr = cudnn.workspace(device, graph.get_workspace_size())
+    built.workspace_size = graph.get_workspace_size()
     built.lowered = None
     _remember(key, graph.get_plan_name_at_index(best))
 

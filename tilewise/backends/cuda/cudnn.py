@@ -5,12 +5,11 @@ frontend (nvidia-cudnn-frontend, in the ``[cuda]`` extra). A graph is built once
 validation, heuristics and the kernel build take milliseconds — and kept; :class:`Graph` then binds raw device
 addresses at every run.
 
-Workspaces: a graph's workspace must stay where it was when a compiled program's CUDA graph captured a run of
-it, so no workspace is ever freed. Graphs share one workspace per device, grown (never shrunk) to the largest
-a graph has asked for; a graph keeps the address it was built with, and the smaller workspaces it may still
-use stay alive beside the larger ones. Every graph runs on the device's current stream, in order, so sharing a
-workspace is safe, and the memory held is at most about twice the largest single request (the sizes grow
-geometrically) instead of the sum of every graph's.
+Workspaces: graphs share one workspace per device, grown (never shrunk) to the largest a graph has asked for;
+every graph runs on the device's current stream, in order, so sharing it is safe, and the memory held is the
+largest single request instead of the sum of every graph's. A compiled program's CUDA graph bakes in the address
+a run used, so a workspace current when a capture begins (``note_capture``) stays allocated for good; one that
+no capture saw goes back to the allocator when a larger one replaces it.
 """
 
 from __future__ import annotations
@@ -19,7 +18,9 @@ from tilewise.backends.cuda.device_memory import DeviceBuffer, stream_handle
 
 _module: list = []  # [module] once imported, [None, reason] when it cannot be
 _handles: dict[int, object] = {}
-_workspaces: dict[int, list[DeviceBuffer]] = {}  # per device, every workspace ever allocated, the largest last
+_workspaces: dict[int, list[DeviceBuffer]] = {}  # per device: the current workspace last, before it those captured
+_captures = [0]  # CUDA graph captures begun in this process
+_current_since: dict[int, int] = {}  # device -> the capture count when its current workspace became current
 
 
 def library():
@@ -51,14 +52,23 @@ def handle(device: int):
 
 
 def workspace(device: int, nbytes: int) -> int:
-    """The address of a workspace of at least ``nbytes`` on ``device`` that stays allocated for good."""
+    """The address of the device's current workspace, grown to at least ``nbytes`` if it is smaller."""
     if nbytes <= 0:
         return 0
     held = _workspaces.setdefault(device, [])
     if not held or held[-1].nbytes < nbytes:
-        size = max(nbytes, 2 * held[-1].nbytes) if held else nbytes
+        size = max(nbytes, held[-1].nbytes * 5 // 4) if held else nbytes
+        if held and _current_since[device] == _captures[0]:
+            held.pop()  # no CUDA graph holds its address: back to the allocator (in stream order)
         held.append(DeviceBuffer(size, device, stream_handle(device)))
+        _current_since[device] = _captures[0]
     return held[-1].ptr
+
+
+def note_capture() -> None:
+    """A CUDA graph capture begins: the workspaces current now stay allocated for good (the graph keeps their
+    addresses), see [Note: cuDNN graphs]."""
+    _captures[0] += 1
 
 
 def workspace_bytes(device: int) -> int:
@@ -78,17 +88,18 @@ class Graph:
         self.graph, self.operands, self.device, self.name = graph, operands, device, name
         self.handle = handle(device)
         self.uids = [t.get_uid() for t in operands]
-        self.workspace_ptr = workspace(device, graph.get_workspace_size())
+        self.workspace_size = graph.get_workspace_size()
+        workspace(device, self.workspace_size)
         self.lowered = None
 
     def run(self, pointers: list[int], stream: int) -> None:
         _module[0].set_stream(self.handle, stream)  # the handle is the device's, shared by every graph; the
         # frontend skips the backend call when the stream is the one it has
+        ws = workspace(self.device, self.workspace_size)
         if self.lowered is not None:
-            self.lowered(dict(zip(self.uids, pointers)), self.workspace_ptr, self.handle.backend_handle, None, None,
-                         None)
+            self.lowered(dict(zip(self.uids, pointers)), ws, self.handle.backend_handle, None, None, None)
             return
-        self.graph.execute(dict(zip(self.operands, pointers)), self.workspace_ptr or None, handle=self.handle)
+        self.graph.execute(dict(zip(self.operands, pointers)), ws or None, handle=self.handle)
         lowered = getattr(self.graph, "_lowered_graph", None)
         if self.graph.selected_engine is None and lowered is not None and hasattr(lowered, "_execute"):
             self.lowered = lowered._execute

@@ -43,6 +43,11 @@ from tilewise.config import log
 
 MAX_NESTS_PER_KERNEL = 32
 RECOMPUTE_DEPTH = 2  # how many levels of made values a recomputed value may be made from
+# A node joins no group whose latest member came this many nodes before it: a backward's ``grad * (relu_out > 0)``
+# would otherwise put the mask into the forward's kernel, which then stores it for the whole forward and backward
+# (a ResNet-50 step kept 0.6 GiB of masks); on its own, the mask is made next to its reader from the output.
+DISTANT = 64
+BROADCAST_RATIO = 16  # an operand this many times smaller than its reader is broadcast: loaded, never remade
 RESHAPES = ("view", "squeeze", "unsqueeze")
 PERMUTES = ("permute", "transpose", "t")
 
@@ -310,8 +315,10 @@ class _Partition:
     placing a node proportional to its operands, not to the number of groups).
     """
 
-    def __init__(self, order: dict[Node, int], readers: dict[Node, int], roots: frozenset = frozenset()):
+    def __init__(self, order: dict[Node, int], readers: dict[Node, int], roots: frozenset = frozenset(),
+                 last_read: dict[Node, int] | None = None):
         self.order, self.readers = order, readers
+        self.last_read = last_read or {}  # value -> program position of its last reader
         self.roots = roots  # values the program returns or writes back: stored, so never made twice
         self.groups: dict[int, Group] = {}
         self.parent: dict[int, int] = {}
@@ -366,6 +373,8 @@ class _Partition:
         options = ([merged] if merged is not None else []) + self._candidates(node)
         for gid in dict.fromkeys(options):
             group = self.groups[gid]
+            if self.order[node] - self.order.get(group.members[-1], 0) > DISTANT:
+                continue  # see DISTANT
             trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims),
                           recomputed=set(group.recomputed))
             if not _try_join(node, trial):
@@ -397,9 +406,8 @@ class _Partition:
             made = self._recomputable(base, gid)
             if made is None:
                 continue
-            chain, width = made
-            itemsize = base.type.dtype.itemsize
-            if width > itemsize * (2 if self.readers[base] == 1 else 1):  # a sole reader also saves the store
+            chain, width, loads = made
+            if not self._worth_remaking(node, base, width, loads):
                 continue
             trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims),
                           recomputed=set(group.recomputed))
@@ -415,7 +423,26 @@ class _Partition:
                     if view_chain(operand)[0] not in chain:
                         self.deps[gid] |= self.frontier(operand) - {gid}
 
-    def _recomputable(self, node: Node, gid: int, depth: int = 0) -> tuple[list[Node], int] | None:
+    def _worth_remaking(self, reader: Node, base: Node, width: int, loads: set[Node]) -> bool:
+        """Whether ``reader``'s group should make ``base`` again from ``loads`` (``width`` bytes an element) rather
+        than read it. Making it may read up to its width (twice for a sole reader, which also saves the store).
+        Reading less than its width is always worth it; otherwise making it must not keep more memory alive than
+        it frees: the values it is made of live on until ``reader`` (a training step's forward values read again
+        by the backward), measured in bytes times program positions — a ReLU's mask is made again from its
+        output, which the next layer's weight gradient reads just before, but a ReLU's output is not made again
+        from its input, which nothing else reads after the forward."""
+        itemsize = base.type.dtype.itemsize
+        sole = self.readers[base] == 1
+        if width > itemsize * (2 if sole else 1):
+            return False
+        if width < itemsize:
+            return True  # less to read than the value itself: what it is made of is read anyway
+        at = self.order[reader]
+        kept = sum(v.type.nbytes * max(0, at - self.last_read.get(v, at)) for v in loads)
+        freed = base.type.nbytes * max(0, at - self.order.get(base, at)) if sole else 0
+        return kept <= freed
+
+    def _recomputable(self, node: Node, gid: int, depth: int = 0) -> tuple[list[Node], int, set[Node]] | None:
         """(``node`` and the values other groups make that it is made of, operands first; the bytes per element
         group ``gid`` reads from memory to make them, a broadcast operand's share divided among the elements
         it is broadcast to) when ``node`` is elementwise. An operand another group
@@ -425,25 +452,33 @@ class _Partition:
             return None
         chain: list[Node] = []
         width = 0
+        loads: set[Node] = set()
         for src in node.srcs:
             base = view_chain(src)[0]
             if base in self.group_of and fusion_kind(base) != "constant":
                 if base in self.groups[gid].dims:  # the group makes it already (owns or recomputes it)
                     continue
                 made = self._recomputable(base, gid, depth + 1)
-                cheap = made is not None and made[1] <= base.type.dtype.itemsize
+                # at equal width a value stored anyway is loaded, not made again from what it was made of
+                cheap = made is not None and (made[1] < base.type.dtype.itemsize
+                                              or (made[1] == base.type.dtype.itemsize and self.readers[base] == 1))
                 # a load must not make the group depend on itself (a group of the one node being placed cannot:
                 # whatever it reads comes before it)
                 loadable = cheap or len(self.groups[gid].members) == 1 or gid not in self.reach(base)
+                if loadable and base.type.numel * BROADCAST_RATIO <= node.type.numel:
+                    made = None  # a broadcast operand (per-channel statistics) is loaded: its elements are shared
                 if made is not None and (cheap or not loadable):
                     chain += [m for m in made[0] if m not in chain]
                     width += made[1] * min(base.type.numel, node.type.numel) // max(node.type.numel, 1)
+                    loads |= made[2]
                     continue
                 if not loadable:
                     return None
+            if fusion_kind(base) != "constant":
+                loads.add(base)
             if src.type.numel == node.type.numel and fusion_kind(base) != "constant":  # constants are not read
                 width += src.type.dtype.itemsize
-        return [*chain, node], width
+        return [*chain, node], width, loads
 
     def _join(self, node: Node, gid: int, external: list[Node]) -> None:
         self.group_of[node] = gid
@@ -513,16 +548,19 @@ class _Partition:
 
 def partition(graph: Graph) -> list[Group]:
     readers: dict[Node, int] = {}  # value -> how many nodes (not views) and outputs read it, through views or not
-    for node in graph.body:
+    last_read: dict[Node, int] = {}  # value -> position of its last reader (past the body for what is returned)
+    for k, node in enumerate(graph.body):
         if node.kind != "view":
             for src in node.srcs:
                 base = view_chain(src)[0]
                 readers[base] = readers.get(base, 0) + 1
+                last_read[base] = k
     for root in graph.roots():
         base = view_chain(root)[0]
         readers[base] = readers.get(base, 0) + 1
+        last_read[base] = len(graph.body)
     roots = frozenset(view_chain(root)[0] for root in graph.roots())
-    part = _Partition({n: k for k, n in enumerate(graph.body)}, readers, roots)
+    part = _Partition({n: k for k, n in enumerate(graph.body)}, readers, roots, last_read)
     for node in graph.body:
         part.add(node)
     part.materialize_constants(graph)
