@@ -68,6 +68,11 @@ def format_name(value, op: str) -> str:
     return value.name
 
 
+def suggest_memory_format(t) -> memory_format:
+    """The format tensor ``t``'s strides follow (torch's ``Tensor.suggest_memory_format``)."""
+    return _INSTANCES[S.suggest_memory_format(t._shape, t._strides)]
+
+
 def copy_strides(src, memory_format) -> tuple:
     """The strides of a copy of tensor ``src`` in ``memory_format`` (None: preserve), as ``clone`` and
     ``empty_like`` make it in torch."""
