@@ -150,13 +150,15 @@ def is_non_overlapping(shape: Sequence[int], strides: Sequence[int]) -> bool:
     return True
 
 
+WRAPPED_NUMBER = ((), ())  # a Python number where the operator takes a tensor: torch's 0-dim operand
 _POINTWISE: dict[tuple, Shape] = {}  # (shape, operand geometries) -> output strides; a program repeats a few
 
 
 def pointwise_strides(shape: Sequence[int], operands: Sequence[tuple[Shape, Shape]]) -> Shape:
     """Strides of a pointwise result of the broadcast ``shape`` from tensor ``operands`` ((shape, strides) each, in
-    argument order; Python numbers left out), by torch's TensorIterator: dims go in the order of the first operand
-    whose strides tell them apart, so a channels-last input gives a channels-last result.
+    argument order; a Python number in a tensor's place is ``WRAPPED_NUMBER``), by torch's TensorIterator: dims
+    go in the order of the first operand whose strides tell them apart, so a channels-last input gives a
+    channels-last result.
 
     >>> pointwise_strides((2, 3, 4, 5), [((2, 3, 4, 5), (60, 1, 15, 3)), ((3, 1, 1), (1, 1, 1))])
     (60, 1, 15, 3)

@@ -455,6 +455,8 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
 
 
 def randint_like(x: Tensor, low, high=None, *, dtype=None, device=None, memory_format=None) -> Tensor:
+    if high is None:  # randint_like(x, high)
+        low, high = 0, low
     dt, dev = _like(x, dtype, device)
     strides = _like_strides(x, memory_format, "randint_like")
     return _restrided(randint(low, high, x.shape, dtype=dt, device=dev), strides)

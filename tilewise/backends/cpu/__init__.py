@@ -22,7 +22,7 @@ from tilewise.dtypes import get_default_dtype
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, inputs_of
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
-from tilewise.strides import broadcast_shapes, contiguous_strides, normalize_dims, pointwise_strides
+from tilewise.strides import WRAPPED_NUMBER, broadcast_shapes, contiguous_strides, normalize_dims, pointwise_strides
 from tilewise.tensor import Tensor, cast_array, from_array, from_array_strided
 
 
@@ -206,6 +206,8 @@ def _torch_layout(out: Tensor, op, args: tuple) -> Tensor:
         if type(a) is Tensor:
             row_major = row_major and a._strides == contiguous_strides(a._shape)
             operands.append((a._shape, a._strides))
+        elif a is not None:
+            operands.append(WRAPPED_NUMBER)
     if row_major:
         return out
     return from_array_strided(out._np(), pointwise_strides(out._shape, operands), out._dtype)
