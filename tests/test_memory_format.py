@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 
 import numpy as np
 import pytest
@@ -481,6 +482,48 @@ def test_compiled_pointwise_on_mixed_layouts_gives_eager_values():
 
 
 # ---------------------------------------------------------------------------- CUDA
+
+def _kernel_cases():
+    cl, row_major = tw.empty(2, 3, 4, 5, memory_format=tw.channels_last), tw.empty(2, 3, 4, 5)
+    bias, cl3d = tw.empty(3, 1, 1), tw.empty(2, 3, 4, 5, 6, memory_format=tw.channels_last_3d)
+    for dtype in (tw.float32, tw.float16):
+        a, b, c, d = cl.to(dtype), row_major.to(dtype), bias.to(dtype), cl3d.to(dtype)
+        yield "add", (a, b), a.stride()
+        yield "add", (b, a), b.stride()
+        yield "mul", (a, c), a.stride()
+        yield "mul", (c, a), a.stride()
+        yield "exp", (d,), d.stride()
+        yield "addcmul", (c, a, b), a.stride()
+        yield "where.self", (b > 0, a, b), b.stride()
+
+
+def test_cuda_kernels_for_channels_last_results_compile():
+    """The CUDA backend allocates results in torch's stride order: the kernels it then launches (strided outputs
+    beside contiguous inputs) must compile. NVRTC needs no GPU."""
+    from tilewise.backends.cuda.kernels.pointwise import PTR, kernel_prefix, kernel_specs, op_geometry
+    from tilewise.codegen.render.kernel_cuda import render_source
+    from tilewise.codegen.toolchain import compile_cuda, nvrtc_available
+    from tilewise.ops.registry import OPS
+
+    if not nvrtc_available():
+        pytest.skip("NVRTC is not installed")
+    sources = {}
+    for name, args, expected in _kernel_cases():
+        op = OPS[name]
+        bound = op.binder(*args)
+        compute, expr, scalars, _, out = op_geometry(op, bound)
+        assert out[2] == expected, (name, out[2], expected)
+        described = [(PTR, t._dtype, t._shape, t._strides) for t in args]
+        specs = kernel_specs(kernel_prefix(op, expr), (expr,), compute, described, scalars, out)
+        for spec in (specs.scalar, specs.vector):
+            if spec is not None:
+                sources[spec.kernel.name] = render_source(spec)
+    names = sorted(sources)
+    ptx = compile_cuda("\n".join(sources[n] for n in names), names, "sm_90").ptx
+    assert all(f".entry {n}(" in ptx for n in names)
+    assert any(re.search(r"_f(32|16)s_", n) for n in names), "no kernel writes a strided (channels-last) output"
+
+
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", list(POINTWISE_CASES))

@@ -199,17 +199,19 @@ def run_pointwise(op, args: tuple):
 def _torch_layout(out: Tensor, op, args: tuple) -> Tensor:
     """``out`` with the strides torch's TensorIterator gives the result (``strides.pointwise_strides``): numpy
     already matches it when every operand is row-major, and usually when they share one order."""
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is Tensor and a._strides != contiguous_strides(a._shape):
+            break
+    else:
+        return out
     operands = []
-    row_major = True
     for k in op.tensor_idx:
         a = args[k]
         if type(a) is Tensor:
-            row_major = row_major and a._strides == contiguous_strides(a._shape)
             operands.append((a._shape, a._strides))
         elif a is not None:
             operands.append(WRAPPED_NUMBER)
-    if row_major:
-        return out
     return from_array_strided(out._np(), pointwise_strides(out._shape, operands), out._dtype)
 
 
