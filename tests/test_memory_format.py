@@ -570,3 +570,11 @@ def test_cuda_operator_layouts_like_torch(name):
         results.append((y, x.grad))
     same_layout(results[0][0], results[1][0])
     same_layout(results[0][1], results[1][1])
+
+
+@pytest.mark.cuda
+def test_cuda_group_norm_result_is_contiguous_as_torch_cuda_gives_it():
+    """torch's CUDA group_norm reads ``input.contiguous()``, unlike its CPU kernel (channels-last kept)."""
+    x = varied(tw, (2, 4, 6, 8), (0, 2, 3, 1), "cuda")
+    assert tw_F.group_norm(x, 2).is_contiguous()
+    assert tw_F.group_norm(x.cpu(), 2).is_contiguous(memory_format=tw.channels_last)

@@ -23,7 +23,8 @@ def _reshape(self, shape):
 
 
 def _contiguous(self, memory_format=None):
-    memory_format = memory_format or contiguous_format
+    if memory_format is None or memory_format is contiguous_format:
+        return self if self.is_contiguous() else self.clone(memory_format=contiguous_format)
     if self.is_contiguous(memory_format):
         return self
     if memory_format is preserve_format:
