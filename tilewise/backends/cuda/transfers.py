@@ -162,11 +162,17 @@ def to_copy(device: Device, self: Tensor, dtype=None, target=None, non_blocking:
             memory_format=None) -> Tensor:
     dtype = dtype or self._dtype
     if target is not None and target.type == "cpu":
-        moved = self if dtype is self._dtype else cast(self, dtype)
-        return download(moved, non_blocking, memory_format)
+        if dtype is self._dtype:
+            return download(self, non_blocking, memory_format)
+        return download(_converted(self, dtype, memory_format), non_blocking)
     if target is not None and target != self._device:
         return _peer_copy(cast(self, dtype) if dtype is not self._dtype else contiguous(self), target)
-    return copy_into(empty(self._shape, dtype, device, copy_strides(self, memory_format)), self)
+    return _converted(self, dtype, memory_format)
+
+
+def _converted(x: Tensor, dtype: DType, memory_format) -> Tensor:
+    """``x`` cast to ``dtype`` on its device, laid out as ``clone(memory_format=...)`` would lay it out."""
+    return copy_into(empty(x._shape, dtype, x._device, copy_strides(x, memory_format)), x)
 
 
 def _peer_copy(x: Tensor, target: Device) -> Tensor:
