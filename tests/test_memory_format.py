@@ -194,6 +194,22 @@ def test_to_rejects_what_is_not_a_memory_format():
         tw.empty(2, 3, 4, 5).to(memory_format="channels_last")
 
 
+def test_resize_takes_a_memory_format_like_torch():
+    results = []
+    for lib in (tw, torch):
+        template = lib.zeros(2, 3, 4, 5).contiguous(memory_format=lib.channels_last)
+        same = lib.zeros(2, 3, 4, 5).resize_(2, 3, 4, 5, memory_format=lib.channels_last)
+        grown = lib.zeros(6).resize_(2, 3, 4, 5, memory_format=lib.channels_last)
+        plain = lib.zeros(6).resize_as_(template)
+        preserved = lib.zeros(6).resize_as_(template, memory_format=lib.preserve_format)
+        results.append([t.stride() for t in (same, grown, plain, preserved)])
+        with pytest.raises(RuntimeError, match="Unsupported memory formatPreserve"):
+            lib.zeros(6).resize_(2, 3, 4, 5, memory_format=lib.preserve_format)
+        with pytest.raises(RuntimeError, match="required rank 4 tensor to use channels_last format"):
+            lib.zeros(6).resize_(2, 3, memory_format=lib.channels_last)
+    assert results[0] == results[1]
+
+
 # ---------------------------------------------------------------------------- pointwise results
 
 def _random_operands(rng, shape):
