@@ -429,6 +429,15 @@ def test_module_to_channels_last_converts_only_4d_tensors():
         tw.nn.Conv3d(2, 2, 3).to(memory_format=tw.channels_last)
 
 
+def test_convert_conv2d_weight_memory_format_like_torch():
+    def converted(lib):
+        model = lib.nn.Sequential(lib.nn.Conv2d(3, 4, 3), lib.nn.ConvTranspose2d(4, 2, 3), lib.nn.Linear(2, 2))
+        model = lib.nn.utils.convert_conv2d_weight_memory_format(model, lib.channels_last)
+        return [p.stride() for p in model.parameters()]
+
+    assert converted(tw) == converted(torch)
+
+
 def test_channels_last_model_trains_to_the_same_values():
     def step(lib, nnf, layout):
         lib.manual_seed(0)
