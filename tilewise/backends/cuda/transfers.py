@@ -68,8 +68,10 @@ def upload(src: Tensor, device: Device, non_blocking: bool = False, dtype: DType
 
 def _upload_dense_block(src: Tensor, device: Device, dtype: DType, strides: tuple, stream: int) -> Tensor:
     """An upload in another order than row-major (a channels-last tensor, say): laid out so on the host, then
-    its dense block of memory copied as it is."""
-    from tilewise.backends.cuda.runtime import copy_htod
+    its dense block of memory copied as it is. The block may be ``src``'s own memory, which, pinned, the copy
+    engine reads after the call returns: the host then waits for the copy, so that ``src`` may change at once."""
+    from tilewise._cuda_api import check, driver_api
+    from tilewise.backends.cuda.runtime import copy_htod, is_pinned
 
     host = src._np()
     staged = from_array_strided(host if host.dtype == dtype.np else cast_array(host, dtype.np), strides, dtype)
@@ -77,6 +79,8 @@ def _upload_dense_block(src: Tensor, device: Device, dtype: DType, strides: tupl
     nbytes = out.numel() * dtype.itemsize
     if nbytes:
         copy_htod(data_ptr(out), _host_address(staged), nbytes, stream)
+        if is_pinned(staged._storage.data):
+            check(driver_api().cuStreamSynchronize(stream), "cuStreamSynchronize")
     return out
 
 
