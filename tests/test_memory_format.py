@@ -603,3 +603,15 @@ def test_cuda_group_norm_result_is_contiguous_as_torch_cuda_gives_it():
     x = varied(tw, (2, 4, 6, 8), (0, 2, 3, 1), "cuda")
     assert tw_F.group_norm(x, 2).is_contiguous()
     assert tw_F.group_norm(x.cpu(), 2).is_contiguous(memory_format=tw.channels_last)
+
+
+@pytest.mark.cuda
+def test_cuda_compiled_function_on_channels_last_inputs_gives_eager_values():
+    def block(x, w, b):
+        return tw_F.relu(tw_F.conv2d(x, w, b, padding=1) * 2 + 1).sum((2, 3))
+
+    x = varied(tw, (2, 3, 6, 6), (0, 2, 3, 1), "cuda")
+    w = varied(tw, (4, 3, 3, 3), (0, 2, 3, 1), "cuda")
+    b = tw.arange(4.0, device="cuda")
+    np.testing.assert_allclose(tw.compile(block)(x, w, b).cpu().numpy(), block(x, w, b).cpu().numpy(), rtol=1e-4,
+                               atol=1e-5)
