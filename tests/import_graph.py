@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", (
         "tilewise.config", "tilewise.dtypes", "tilewise.device", "tilewise.strides", "tilewise._philox",
         "tilewise.fileio", "tilewise._stages", "tilewise._cuda_api", "tilewise.data", "tilewise._plugins",
+        "tilewise.layouts",
     )),
     ("tensor", ("tilewise.storage", "tilewise.tensor", "tilewise.tensortypes", "tilewise._tensor_str")),
     # grad modes only switch the dispatcher's Autograd key, so the operator library may use them

@@ -15,6 +15,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+@dataclass(frozen=True)
+class Named:
+    """A library's own constant, by name: ``Named("channels_last")`` is ``tw.channels_last`` for tilewise and
+    ``torch.channels_last`` for torch."""
+
+    name: str
+
+
 @dataclass
 class T:
     """A tensor placeholder: shape, kind ('float', 'int', 'bool', 'index' in [0, high), 'prob' in (0,1),
@@ -138,11 +146,13 @@ def _materialise(value, rng, dtype, made: list):
     return value
 
 
-def _build(value, arrays, make_tensor):
+def _build(value, arrays, make_tensor, lib=None):
     if isinstance(value, tuple) and len(value) == 2 and value[0] == "__tensor__":
         return make_tensor(value[1])
+    if isinstance(value, Named):
+        return getattr(lib, value.name)
     if isinstance(value, (list, tuple)):
-        return type(value)(_build(v, arrays, make_tensor) for v in value)
+        return type(value)(_build(v, arrays, make_tensor, lib) for v in value)
     return value
 
 
@@ -217,10 +227,11 @@ def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous:
         return t
 
     tw_made, torch_made = {}, {}
-    tw_args = _build(args, arrays, lambda k: tw_made.setdefault(k, tw_tensor(k)))
-    tw_kwargs = {k: _build(v, arrays, lambda i: tw_made.setdefault(i, tw_tensor(i))) for k, v in kwargs.items()}
-    th_args = _build(args, arrays, lambda k: torch_made.setdefault(k, torch_tensor(k)))
-    th_kwargs = {k: _build(v, arrays, lambda i: torch_made.setdefault(i, torch_tensor(i))) for k, v in kwargs.items()}
+    tw_args = _build(args, arrays, lambda k: tw_made.setdefault(k, tw_tensor(k)), tw)
+    tw_kwargs = {k: _build(v, arrays, lambda i: tw_made.setdefault(i, tw_tensor(i)), tw) for k, v in kwargs.items()}
+    th_args = _build(args, arrays, lambda k: torch_made.setdefault(k, torch_tensor(k)), torch)
+    th_kwargs = {k: _build(v, arrays, lambda i: torch_made.setdefault(i, torch_tensor(i)), torch)
+                 for k, v in kwargs.items()}
 
     expected = info.resolve(torch, TF)(*th_args, **th_kwargs)
     actual = info.resolve(tw, F)(*tw_args, **tw_kwargs)

@@ -44,7 +44,15 @@ from tilewise.dtypes import (
     short,
     uint8,
 )
-from tilewise.layouts import contiguous_format, layout, memory_format, preserve_format, strided
+from tilewise.layouts import (
+    channels_last,
+    channels_last_3d,
+    contiguous_format,
+    layout,
+    memory_format,
+    preserve_format,
+    strided,
+)
 from tilewise.storage import is_storage
 from tilewise.tensor import Size, Tensor, as_tensor, from_numpy, is_tensor, tensor
 from tilewise.tensortypes import CPU_TYPES as _CPU_TYPES

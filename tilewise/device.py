@@ -116,8 +116,10 @@ class Backend:
         """An uninitialised tensor on ``device`` (contiguous unless dense ``strides`` are given)."""
         raise NotImplementedError
 
-    def upload(self, src: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None) -> Tensor:
-        """CPU tensor ``src`` copied to ``device``, converted to ``dtype`` (default: its own)."""
+    def upload(self, src: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None,
+               memory_format=None) -> Tensor:
+        """CPU tensor ``src`` copied to ``device``, converted to ``dtype`` (default: its own), laid out in
+        ``memory_format`` (default: ``src``'s own order, as ``clone`` keeps it)."""
         raise NotImplementedError
 
     def download(self, x: Tensor, non_blocking: bool = False) -> Tensor:

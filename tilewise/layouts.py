@@ -1,18 +1,21 @@
 """``tilewise.layout`` and ``tilewise.memory_format``: torch's enumerations of how a tensor lies in memory.
 
 tilewise tensors are all strided (views over a flat storage), so ``strided`` is the one layout and every tensor's
-``layout``. Memory formats name orders of dims in memory; tilewise makes tensors in the contiguous format, so it offers
-``contiguous_format`` and ``preserve_format`` (the channels-last formats would promise strides it does not give).
-The instances are fixed, as torch's: the classes cannot make more.
+``layout``. Memory formats name orders of dims in memory (see [Note: memory formats] in ``tilewise.strides``, where
+their stride arithmetic lives): ``contiguous_format``, ``channels_last`` (4-d), ``channels_last_3d`` (5-d), and
+``preserve_format``, which asks a copy to keep its source's order. Operators take the instances and pass them on
+unchanged; backends read their ``name``. The instances are fixed, as torch's: the classes cannot make more.
 
 >>> import tilewise as tw
 >>> tw.ones(2).layout
 tilewise.strided
+>>> tw.empty(2, 3, 4, 5, memory_format=tw.channels_last).stride()
+(60, 1, 15, 3)
 """
 
 from __future__ import annotations
 
-from tilewise.tensor import Tensor
+from tilewise import strides as S
 
 
 class _Enumeration:
@@ -45,12 +48,34 @@ class memory_format(_Enumeration):  # noqa: N801 — torch's name
 strided = layout._make("strided")
 contiguous_format = memory_format._make("contiguous_format")
 preserve_format = memory_format._make("preserve_format")
+channels_last = memory_format._make("channels_last")
+channels_last_3d = memory_format._make("channels_last_3d")
 
-_INSTANCES = {x.name: x for x in (strided, contiguous_format, preserve_format)}
+_INSTANCES = {x.name: x for x in (strided, contiguous_format, preserve_format, channels_last, channels_last_3d)}
 
 
 def _by_name(name: str):
     return _INSTANCES[name]
 
 
-Tensor.layout = property(lambda self: strided, doc="The tensor's layout: always ``tilewise.strided``.")
+
+def format_name(value, op: str) -> str:
+    """The name of a ``memory_format`` argument (None: the contiguous format); torch's TypeError for others."""
+    if value is None:
+        return "contiguous_format"
+    if type(value) is not memory_format:
+        raise TypeError(f"{op}(): argument 'memory_format' must be tilewise.memory_format, not {type(value).__name__}")
+    return value.name
+
+
+def suggest_memory_format(t) -> memory_format:
+    """The format tensor ``t``'s strides follow (torch's ``Tensor.suggest_memory_format``)."""
+    return _INSTANCES[S.suggest_memory_format(t._shape, t._strides)]
+
+
+def copy_strides(src, memory_format) -> tuple:
+    """The strides of a copy of tensor ``src`` in ``memory_format`` (None: preserve), as ``clone`` and
+    ``empty_like`` make it in torch."""
+    if memory_format is None or memory_format is preserve_format:
+        return S.preserved_strides(src._shape, src._strides)
+    return S.format_strides(memory_format.name, src._shape)

@@ -58,6 +58,7 @@ _SAFETENSORS_DTYPES = {
 }
 _FROM_SAFETENSORS = {code: dtype for dtype, code in _SAFETENSORS_DTYPES.items()}
 _METADATA_KEY = "tilewise"
+_ORDERS_KEY = "tilewise.strides"  # name -> strides of each tensor saved in another dense order than row-major
 _RESERVED = "__metadata__"  # the safetensors header's own entry: no tensor may be named so
 _MAX_HEADER_BYTES = 100 << 20  # the safetensors library refuses larger headers
 CHUNK_BYTES = 16 << 20  # a non-contiguous tensor is written in contiguous pieces of at most this size
@@ -125,9 +126,20 @@ class _Encoder:
                 # the geometry of the view on the base as it is loaded: contiguous, from its first element
                 same = _geometry(t) == _geometry(base)
                 offset = 0 if same else t._offset - base._offset
-                strides = _strides.contiguous_strides(t._shape) if same else t._strides
+                strides = _loaded_strides(t) if same else t._strides
                 node["view"] = [node["__tensor__"], offset, list(t._shape), list(strides)]
                 node["__tensor__"] = self.seen[id(base)]["__tensor__"]
+
+
+def _keeps_strides(t: Tensor) -> bool:
+    """Whether ``t`` is dense in another order than row-major (channels-last, say): its values are written
+    row-major, as safetensors requires, and laid out again in its order on load, as ``torch.load`` gives it."""
+    return t._strides != _strides.contiguous_strides(t._shape) and _strides.is_non_overlapping_and_dense(t._shape,
+                                                                                                       t._strides)
+
+
+def _loaded_strides(t: Tensor) -> tuple:
+    return t._strides if _keeps_strides(t) else _strides.contiguous_strides(t._shape)
 
 
 def _base_of(group: list[tuple[Tensor, dict]]) -> Tensor | None:
@@ -221,13 +233,17 @@ def _writer_of_safetensors(obj: Any):
     encoder.place()
     # widest dtypes first: after the 8-byte-aligned header, every tensor then starts aligned to its itemsize
     stored = sorted(encoder.stored, key=lambda s: (-s[1].dtype.itemsize, s[0]))
-    header = _header(stored, json.dumps(structure, allow_nan=True))
+    orders = {name: list(t._strides) for name, t in stored if _keeps_strides(t)}
+    header = _header(stored, json.dumps(structure, allow_nan=True), json.dumps(orders) if orders else None)
     return lambda file: _write(file, header, stored)
 
 
-def _header(stored: list[tuple[str, Tensor]], structure: str) -> bytes:
-    """The safetensors header: 8-byte length, then JSON padded with spaces to a multiple of 8 bytes."""
+def _header(stored: list[tuple[str, Tensor]], structure: str, orders: str | None = None) -> bytes:
+    """The safetensors header: 8-byte length, then JSON padded with spaces to a multiple of 8 bytes. ``orders``
+    (JSON: name -> strides) names the tensors to lay out again on load (see ``_keeps_strides``)."""
     entries: dict[str, Any] = {_RESERVED: {_METADATA_KEY: structure}}
+    if orders is not None:
+        entries[_RESERVED][_ORDERS_KEY] = orders
     offset = 0
     for name, t in stored:
         size = t.numel() * t.dtype.itemsize
@@ -315,7 +331,18 @@ def _load_safetensors(file: BinaryIO, where: str, map_location) -> Any:
         tensors[name] = _read_tensor(file, data_start, name, entry, where, map_location)
     if _METADATA_KEY not in metadata:
         return tensors
+    for name, strides in json.loads(metadata.get(_ORDERS_KEY, "{}")).items():
+        tensors[name] = _laid_out(tensors.get(name), strides, where)
     return _decode(json.loads(metadata[_METADATA_KEY]), tensors, {})
+
+
+def _laid_out(t: Tensor | None, strides: list, where: str) -> Tensor:
+    """A stored tensor copied into the dense order it was saved in."""
+    strides = tuple(strides)
+    if t is None or len(strides) != t.ndim or not _strides.is_non_overlapping_and_dense(t._shape, strides) \
+            or _strides.storage_span(t._shape, strides, 0) != t.numel():
+        raise _corrupt(where, f"its stored strides {list(strides)} do not lay out a tensor densely")
+    return t.new_empty_strided(t._shape, strides).copy_(t)
 
 
 def _read_header(file: BinaryIO, where: str) -> tuple[dict, dict, int]:

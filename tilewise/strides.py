@@ -50,6 +50,81 @@ def is_contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
     return True
 
 
+# [Note: memory formats] torch names three orders of dims in memory: ``contiguous_format`` (row-major),
+# ``channels_last`` (a 4-d NCHW tensor laid out as NHWC) and ``channels_last_3d`` (NCDHW as NDHWC). The dims of
+# each format from the fastest-moving to the slowest:
+FORMAT_ORDERS = {"channels_last": (1, 3, 2, 0), "channels_last_3d": (1, 4, 3, 2, 0)}
+
+
+def check_format_rank(name: str, ndim: int) -> None:
+    order = FORMAT_ORDERS.get(name)
+    if order is not None and len(order) != ndim:
+        raise RuntimeError(f"required rank {len(order)} tensor to use {name} format")
+
+
+def format_strides(name: str, shape: Sequence[int]) -> Shape:
+    """The strides of a new tensor of ``shape`` in memory format ``name``; as in torch, a channels-last
+    format multiplies by every size, zeros included, where the contiguous format counts an empty dim as 1."""
+    order = FORMAT_ORDERS.get(name)
+    if order is None:
+        return contiguous_strides(shape)
+    check_format_rank(name, len(shape))
+    strides = [0] * len(shape)
+    acc = 1
+    for d in order:
+        strides[d] = acc
+        acc *= shape[d]
+    return tuple(strides)
+
+
+def is_contiguous_as(name: str, shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """``Tensor.is_contiguous(memory_format=name)``: dense in that format's order, size-1 dims free. Unlike the
+    contiguous format, torch calls an empty tensor channels-last only when its strides say so."""
+    order = FORMAT_ORDERS.get(name)
+    if order is None:
+        return is_contiguous(shape, strides)
+    if len(order) != len(shape):
+        return False
+    expected = 1
+    for d in order:
+        if shape[d] != 1:
+            if strides[d] != expected:
+                return False
+            expected *= shape[d]
+    return True
+
+
+def suggest_memory_format(shape: Sequence[int], strides: Sequence[int]) -> str:
+    """The format whose order the strides follow (torch's ``suggest_memory_format``): a channels-last one only
+    when a 4-d (5-d) tensor's strides rise strictly along its order; ambiguous tensors count as contiguous."""
+    for name, order in FORMAT_ORDERS.items():
+        if len(order) == len(shape) and _strides_follow(order, shape, strides):
+            return name
+    return "contiguous_format"
+
+
+def _strides_follow(order: Sequence[int], shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """torch's ``is_channels_last_strides_2d_s4`` for any order: ties between size-1 dims go to NCHW."""
+    if strides[1] == 0:
+        return False
+    least = 0
+    for d in order:
+        if shape[d] == 0 or strides[d] < least:
+            return False
+        if d == 0 and least == strides[1]:  # N111, or N11W sliced on W: contiguous by default
+            return False
+        least = strides[d] * shape[d] if shape[d] > 1 else strides[d]
+    return True
+
+
+def preserved_strides(shape: Sequence[int], strides: Sequence[int]) -> Shape:
+    """The strides ``clone``, ``empty_like`` and casts give a copy under ``preserve_format``: the same strides
+    for a dense tensor, else those of the format it suggests."""
+    if is_non_overlapping_and_dense(shape, strides):
+        return tuple(strides)
+    return format_strides(suggest_memory_format(shape, strides), shape)
+
+
 def is_non_overlapping_and_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """Some permutation of the dimensions is contiguous: the tensor covers a dense block of memory once."""
     if 0 in shape:
@@ -73,6 +148,95 @@ def is_non_overlapping(shape: Sequence[int], strides: Sequence[int]) -> bool:
             return False
         extent += (size - 1) * stride
     return True
+
+
+WRAPPED_NUMBER = ((), ())  # a Python number where the operator takes a tensor: torch's 0-dim operand
+_POINTWISE: dict[tuple, Shape] = {}  # (shape, operand geometries) -> output strides; a program repeats a few
+
+
+def pointwise_strides(shape: Sequence[int], operands: Sequence[tuple[Shape, Shape]]) -> Shape:
+    """Strides of a pointwise result of the broadcast ``shape`` from tensor ``operands`` ((shape, strides) each, in
+    argument order; a Python number in a tensor's place is ``WRAPPED_NUMBER``), by torch's TensorIterator: dims
+    go in the order of the first operand whose strides tell them apart, so a channels-last input gives a
+    channels-last result.
+
+    >>> pointwise_strides((2, 3, 4, 5), [((2, 3, 4, 5), (60, 1, 15, 3)), ((3, 1, 1), (1, 1, 1))])
+    (60, 1, 15, 3)
+    """
+    key = (tuple(shape), tuple(operands))
+    found = _POINTWISE.get(key)
+    if found is None:
+        found = _fast_setup_strides(shape, operands)
+        if found is None:
+            found = _strides_in_order(shape, _iteration_order(shape, operands))
+        if len(_POINTWISE) < 4096:
+            _POINTWISE[key] = found
+    return found
+
+
+def _fast_setup_strides(shape: Sequence[int], operands: Sequence[tuple[Shape, Shape]]) -> Shape | None:
+    """TensorIterator's shortcut when every operand has the output's shape: all contiguous, all channels-last,
+    or all dense with one set of strides (kept as they are). None when it does not apply."""
+    if not operands or any(s != tuple(shape) for s, _ in operands):
+        return None
+    if all(is_contiguous(s, st) for s, st in operands):
+        return contiguous_strides(shape)
+    if len(shape) == 4 and all(is_contiguous_as("channels_last", s, st) for s, st in operands):
+        return format_strides("channels_last", shape)
+    first = operands[-1][1]
+    if all(st == first for _, st in operands) and is_non_overlapping_and_dense(shape, first):
+        return tuple(first)
+    return None
+
+
+def _iteration_order(shape: Sequence[int], operands: Sequence[tuple[Shape, Shape]]) -> list[int]:
+    """The dims from the fastest-moving to the slowest (torch's ``reorder_dimensions``): an insertion sort whose
+    comparisons ask each operand in turn, skipping broadcast dims; ties stay undecided."""
+    ndim = len(shape)
+    walks = [_broadcast_walk(shape, s, st) for s, st in operands]
+
+    def should_swap(dim0: int, dim1: int) -> int:
+        for walk in walks:
+            stride0, stride1 = walk[dim0], walk[dim1]
+            if stride0 == 0 or stride1 == 0:
+                continue
+            if stride0 != stride1:
+                return -1 if stride0 < stride1 else 1
+            if shape[dim0] > shape[dim1]:
+                return 1
+        return 0
+
+    perm = list(range(ndim - 1, -1, -1))
+    for i in range(1, ndim):
+        dim1 = i
+        for dim0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[dim0], perm[dim1])
+            if comparison > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif comparison < 0:
+                break
+    return perm
+
+
+def _broadcast_walk(shape: Sequence[int], own_shape: Sequence[int], strides: Sequence[int]) -> Shape:
+    """An operand's strides over the broadcast ``shape``, 0 in every dim it is broadcast along."""
+    lead = len(shape) - len(own_shape)
+    return (0,) * lead + tuple(0 if size == 1 and shape[lead + k] != 1 else stride
+                               for k, (size, stride) in enumerate(zip(own_shape, strides)))
+
+
+def _strides_in_order(shape: Sequence[int], perm: Sequence[int]) -> Shape:
+    """Dense strides with dims laid out from ``perm[0]`` (fastest) on; torch counts empty dims as 0 here, except
+    that the row-major order gets plain contiguous strides."""
+    if list(perm) == list(range(len(shape) - 1, -1, -1)):
+        return contiguous_strides(shape)
+    strides = [0] * len(shape)
+    acc = 1
+    for d in perm:
+        strides[d] = acc
+        acc *= shape[d]
+    return tuple(strides)
 
 
 def normalize_dim(dim: int, ndim: int, op: str = "") -> int:

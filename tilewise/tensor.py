@@ -31,6 +31,7 @@ from tilewise.device import Device, as_device, cpu, pinning_backend
 from tilewise.device import is_pinned as pinned_by_a_backend
 from tilewise.dtypes import DType, as_dtype, checked_scalar, float8_e4m3fn, float8_e5m2, get_default_dtype
 from tilewise.dtypes import from_numpy as dtype_from_numpy
+from tilewise.layouts import format_name, strided
 from tilewise.storage import Storage
 
 
@@ -170,7 +171,15 @@ class Tensor:
         return self._dtype.is_complex
 
     def is_contiguous(self, memory_format=None) -> bool:
-        return _strides.is_contiguous(self._shape, self._strides)
+        """Dense in the order of ``memory_format`` (default: row-major); size-1 dims may have any stride."""
+        if memory_format is None:
+            return _strides.is_contiguous(self._shape, self._strides)
+        return _strides.is_contiguous_as(format_name(memory_format, "is_contiguous"), self._shape, self._strides)
+
+    @property
+    def layout(self):
+        """The tensor's layout: always ``tilewise.strided``."""
+        return strided
 
     def untyped_storage(self) -> Storage:
         return self._storage
@@ -435,7 +444,9 @@ def _parse_to(t: Tensor, *args, **kwargs):
     dtype = kwargs.pop("dtype", None)
     non_blocking = kwargs.pop("non_blocking", False)
     copy = kwargs.pop("copy", False)
-    kwargs.pop("memory_format", None)
+    memory_format = kwargs.pop("memory_format", None)
+    if memory_format is not None:
+        format_name(memory_format, "to")
     if kwargs:
         raise TypeError(f"to(): unexpected keyword arguments {sorted(kwargs)}")
     for a in args:
@@ -450,7 +461,7 @@ def _parse_to(t: Tensor, *args, **kwargs):
         else:
             raise TypeError(f"to(): expected a device, dtype or tensor, got {a!r}")
     return (as_device(device) if device is not None else None, as_dtype(dtype) if dtype is not None else None,
-            non_blocking, copy)
+            non_blocking, copy, memory_format)
 
 
 def _rebuild(array: np.ndarray, device: str, requires_grad: bool) -> Tensor:
@@ -507,6 +518,21 @@ def from_array(a: np.ndarray, dtype: DType | None = None) -> Tensor:
                 return Tensor._make(Storage(flat, cpu, dtype, flat.shape[0]), a.shape,
                                     tuple(s // size for s in strides), 0, dtype, cpu)
     return from_array(np.ascontiguousarray(a), dtype)
+
+
+def from_array_strided(a: np.ndarray, strides: tuple, dtype: DType | None = None) -> Tensor:
+    """A CPU tensor with ``a``'s values laid out with the given dense ``strides`` (a channels-last result, say):
+    ``a`` itself when it already lies so, else a copy."""
+    t = from_array(a, dtype)
+    if t._strides == strides:
+        return t
+    shape = t._shape
+    if t._offset == 0 and all(x == y or n == 1 for x, y, n in zip(t._strides, strides, shape)):
+        return Tensor._make(t._storage, shape, strides, 0, t._dtype, cpu)  # size-1 dims: same memory
+    flat = np.empty(_strides.storage_span(shape, strides, 0), t._dtype.np)
+    size = flat.itemsize
+    np.lib.stride_tricks.as_strided(flat, shape, tuple(st * size for st in strides))[...] = t._np()
+    return Tensor._make(Storage(flat, cpu, t._dtype, flat.shape[0]), shape, strides, 0, t._dtype, cpu)
 
 
 def _empty_tensor(shape) -> Tensor:

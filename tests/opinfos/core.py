@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from opinfo import OpInfo, Sample, T
+from opinfo import Named, OpInfo, Sample, T
+
+CL = Named("channels_last")
 
 
 def binary(shape_a=(3, 4), shape_b=(3, 4), scalar=True):
@@ -150,7 +152,9 @@ OPINFOS += [
     OpInfo("as_strided", lambda: [Sample((T((3, 4)), (2, 2), (1, 2), 1))], noncontiguous=False),
     OpInfo("diagonal", lambda: [Sample((T((3, 4)),)), Sample((T((3, 4)), 1)), Sample((T((2, 3, 4)), -1, 1, 2))]),
     OpInfo("unfold", lambda: [Sample((T((3, 8)), 1, 3, 2))], call="method"),
-    OpInfo("contiguous", lambda: [Sample((T((3, 4)),))], call="method"),
+    OpInfo("contiguous", lambda: [Sample((T((3, 4)),)), Sample((T((2, 3, 4, 5)),), {"memory_format": CL}),
+                                  Sample((T((2, 3, 2, 4, 5)),), {"memory_format": Named("channels_last_3d")})],
+           call="method"),
     OpInfo("flatten", lambda: [Sample((T((2, 3, 4)),)), Sample((T((2, 3, 4)), 1))]),
     OpInfo("unflatten", lambda: [Sample((T((2, 12)), 1, (3, 4)))]),
     OpInfo("movedim", lambda: [Sample((T((2, 3, 4)), 0, 2)), Sample((T((2, 3, 4)), (0, 1), (2, 0)))]),
@@ -163,7 +167,8 @@ OPINFOS += [
     OpInfo("broadcast_to", lambda: [Sample((T((3, 1)), (2, 3, 4)))]),
     OpInfo("ravel", lambda: [Sample((T((3, 4)),))]),
     OpInfo("sum_to_size", lambda: [Sample((T((2, 3, 4)), (3, 1)))], call="method"),
-    OpInfo("clone", lambda: [Sample((T((3, 4)),))]),
+    OpInfo("clone", lambda: [Sample((T((3, 4)),)), Sample((T((2, 3, 4, 5)),), {"memory_format": CL}),
+                             Sample((T((2, 3, 4, 5)),), {"memory_format": Named("contiguous_format")})]),
     OpInfo("masked_fill", lambda: [Sample((T((3, 4)), T((3, 4), "bool"), 0.5)), Sample((T((3, 4)), T((4,), "bool"),
                                                                                       -1.0))]),
     OpInfo("gather", lambda: [Sample((T((3, 4)), 1, T((3, 2), "index", high=4)))]),

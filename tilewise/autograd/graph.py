@@ -20,8 +20,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from tilewise import dispatch
+from tilewise import strides as S
 from tilewise.dispatch import STATE, run
 from tilewise.dtypes import FLOAT as FLOATING
+from tilewise.layouts import contiguous_format
 from tilewise.tensor import TRACE_HOOKS, Tensor
 
 
@@ -94,11 +96,11 @@ class AccumulateGrad(Node):
             assigned(t)
         if t._grad is None:
             if create_graph:
-                t._grad = grad
+                t._grad = grad if _obeys_layout(grad, t) else _copy_in_layout_of(grad, t)
             elif sys.getrefcount(grad) <= _ENGINE_REFS and _owned(grad, t):
                 t._grad = grad.detach()
             else:
-                t._grad = grad.detach().clone()
+                t._grad = _copy_in_layout_of(grad.detach(), t)
         elif create_graph:
             t._grad = t._grad + grad
         else:
@@ -134,6 +136,23 @@ def _owned(grad: Tensor, variable: Tensor) -> bool:
             and sys.getrefcount(storage) <= _ENGINE_REFS and grad._offset == 0 and grad._strides == variable._strides
             and grad._dtype is variable._dtype and grad._device is variable._device
             and storage.dtype is grad._dtype and storage.size == math.prod(grad._shape))
+
+
+def _obeys_layout(grad: Tensor, variable: Tensor) -> bool:
+    """torch's layout contract for ``.grad``: the strides of a dense parameter (size-1 dims aside), else
+    row-major."""
+    if not S.is_non_overlapping_and_dense(variable._shape, variable._strides):
+        return S.is_contiguous(grad._shape, grad._strides)
+    return all(size == 1 or a == b for size, a, b in zip(grad._shape, grad._strides, variable._strides))
+
+
+def _copy_in_layout_of(grad: Tensor, variable: Tensor) -> Tensor:
+    """A copy of ``grad`` that keeps the layout contract: a channels-last weight gets a channels-last ``.grad``."""
+    if not S.is_non_overlapping_and_dense(variable._shape, variable._strides):
+        return grad.clone(memory_format=contiguous_format)
+    if _obeys_layout(grad, variable):
+        return grad.clone()
+    return grad.new_empty_strided(variable._shape, variable._strides).copy_(grad)
 
 
 class saved_tensors_hooks:  # noqa: N801 — torch's name

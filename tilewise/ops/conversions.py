@@ -8,25 +8,34 @@ loads (see [Note: methods from above] in ``tensor.py``). The spellings built on 
 
 from __future__ import annotations
 
+from tilewise import strides as S
 from tilewise.dtypes import DType
+from tilewise.layouts import preserve_format
 from tilewise.ops import registry
 from tilewise.ops.creation import to_device
 from tilewise.tensor import Tensor, _parse_to
 
 
 def to(self: Tensor, *args, **kwargs) -> Tensor:
-    device, dtype, non_blocking, copy = _parse_to(self, *args, **kwargs)
+    device, dtype, non_blocking, copy, memory_format = _parse_to(self, *args, **kwargs)
     out = self
     casts = dtype is not None and dtype is not self._dtype
+    if memory_format is preserve_format:
+        memory_format = None
     if device is not None and device is not self._device:
         # one copy that also casts: the backend picks the side to cast on (an upload from pinned memory
         # casts on the device, so the host never touches the bytes and the copy can stay asynchronous)
-        out = to_device(self, device, non_blocking, dtype if casts else None)
-    elif casts:
-        out = _to_dtype(self, dtype)
+        out = to_device(self, device, non_blocking, dtype if casts else None, memory_format)
+    elif casts or _changes_format(self, memory_format):
+        out = registry.call("_to_copy", self, dtype, memory_format=memory_format)
     if copy and out is self:
-        out = self.clone()
+        out = self.clone(memory_format=memory_format)
     return out
+
+
+def _changes_format(self: Tensor, memory_format) -> bool:
+    """torch's ``to(memory_format=...)`` copies unless the strides already suggest that format."""
+    return memory_format is not None and S.suggest_memory_format(self._shape, self._strides) != memory_format.name
 
 
 def _to_dtype(self: Tensor, dtype: DType) -> Tensor:

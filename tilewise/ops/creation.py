@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from numbers import Number
 
+from tilewise import strides as S
 from tilewise.device import Device, as_device, default_device, pinning_backend
 from tilewise.dtypes import DType, as_dtype, checked_scalar, default_complex_dtype, get_default_dtype, scalar_dtype
+from tilewise.layouts import copy_strides, format_name
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.inplace import copy_into
 from tilewise.ops.registry import declare
@@ -31,7 +33,8 @@ declare("linspace(Scalar start, Scalar end, int steps, *, ScalarType? dtype=None
         "creation", differentiable=False, public=False)
 declare("eye(int n, int? m=None, *, ScalarType? dtype=None, Device? device=None) -> Tensor", "creation",
         differentiable=False, public=False)
-declare("_to_copy(Tensor self, ScalarType? dtype=None, Device? device=None, bool non_blocking=False) -> Tensor",
+declare("_to_copy(Tensor self, ScalarType? dtype=None, Device? device=None, bool non_blocking=False, *, "
+        "MemoryFormat? memory_format=None) -> Tensor",
         "copy", grad={"self": "grad"}, public=False)
 declare("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", "copy", grad={"self": "grad"})
 declare("_write_(Tensor(a!) self, Tensor src) -> Tensor(a!)", "copy", differentiable=False, public=False,
@@ -249,8 +252,10 @@ def ones(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory
     return _full("ones", _size(size, "ones"), 1, dtype or get_default_dtype(), device, requires_grad, pin_memory)
 
 
-def empty(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
-    return _empty("empty", _size(size, "empty"), dtype, device, requires_grad, pin_memory)
+def empty(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False,
+          memory_format=None) -> Tensor:
+    size = _size(size, "empty")
+    return _empty("empty", size, dtype, device, requires_grad, pin_memory, _new_strides(size, memory_format, "empty"))
 
 
 def _require_number(factory: str, name: str, value) -> None:
@@ -259,7 +264,8 @@ def _require_number(factory: str, name: str, value) -> None:
                         f"{type(value).__name__} {value!r}")
 
 
-def _full(factory: str, size: tuple, fill_value, dtype, device, requires_grad: bool, pin_memory: bool) -> Tensor:
+def _full(factory: str, size: tuple, fill_value, dtype, device, requires_grad: bool, pin_memory: bool,
+          strides: tuple | None = None) -> Tensor:
     _require_number(factory, "fill_value", fill_value)
     if isinstance(fill_value, Tensor):  # a one-element tensor is a Scalar, as in torch
         fill_value = fill_value.item()
@@ -271,18 +277,45 @@ def _full(factory: str, size: tuple, fill_value, dtype, device, requires_grad: b
         check_pinnable(_target(device), factory)
     size, dtype = tuple(size), as_dtype(dtype)
     out = _allocate(factory, size, dtype, lambda: _call("full", size, fill_value, dtype=dtype, device=device))
-    return _finish(out.pin_memory() if pin_memory else out, requires_grad)
+    return _finish(_restrided(out.pin_memory() if pin_memory else out, strides), requires_grad)
 
 
-def _empty(factory: str, size: tuple, dtype, device, requires_grad: bool, pin_memory: bool) -> Tensor:
+def _empty(factory: str, size: tuple, dtype, device, requires_grad: bool, pin_memory: bool,
+           strides: tuple | None = None) -> Tensor:
     """With ``pin_memory`` the tensor is allocated in page-locked memory directly (nothing to copy)."""
     dtype = as_dtype(dtype or get_default_dtype())
     if not pin_memory:
         size = tuple(size)
         out = _allocate(factory, size, dtype, lambda: _call("empty", size, dtype=dtype, device=device))
-        return _finish(out, requires_grad)
+        return _finish(_restrided(out, strides), requires_grad)
     check_pinnable(_target(device), factory)
-    return _finish(pinning_backend().empty_pinned(tuple(size), dtype), requires_grad)
+    return _finish(_restrided(pinning_backend().empty_pinned(tuple(size), dtype), strides), requires_grad)
+
+
+def _new_strides(size: tuple, memory_format, factory: str) -> tuple | None:
+    """The strides a factory's ``memory_format`` asks for (None: row-major); torch has no source to preserve."""
+    if memory_format is None:
+        return None
+    name = format_name(memory_format, factory)
+    if name == "preserve_format":
+        raise RuntimeError(f"{factory}(): unsupported memory format Preserve")
+    return S.format_strides(name, size)
+
+
+def _like_strides(x: Tensor, memory_format, factory: str) -> tuple:
+    """The strides of a ``*_like`` tensor: ``x``'s own where dense under the default ``preserve_format``."""
+    if memory_format is not None:
+        format_name(memory_format, factory)
+    return copy_strides(x, memory_format)
+
+
+def _restrided(out: Tensor, strides: tuple | None) -> Tensor:
+    """A new (hence dense, row-major) tensor with its memory read in another dense order: a fill or fresh random
+    values are the same in any order, so no copy is needed. A traced tensor stays row-major (the compiler lays
+    out its buffers itself)."""
+    if strides is None or strides == out._strides or out._storage is None:
+        return out
+    return Tensor._make(out._storage, out._shape, tuple(strides), out._offset, out._dtype, out._device)
 
 
 def _target(device) -> Device:
@@ -296,25 +329,29 @@ def _like(x: Tensor, dtype, device) -> tuple[DType, Device]:
 def zeros_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None,
                pin_memory: bool = False) -> Tensor:
     dt, dev = _like(x, dtype, device)
-    return _full("zeros_like", x.shape, 0, dt, dev, requires_grad, pin_memory)
+    return _full("zeros_like", x.shape, 0, dt, dev, requires_grad, pin_memory,
+                 _like_strides(x, memory_format, "zeros_like"))
 
 
 def ones_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None,
               pin_memory: bool = False) -> Tensor:
     dt, dev = _like(x, dtype, device)
-    return _full("ones_like", x.shape, 1, dt, dev, requires_grad, pin_memory)
+    return _full("ones_like", x.shape, 1, dt, dev, requires_grad, pin_memory,
+                 _like_strides(x, memory_format, "ones_like"))
 
 
 def full_like(x: Tensor, fill_value, *, dtype=None, device=None, requires_grad: bool = False,
               memory_format=None, pin_memory: bool = False) -> Tensor:
     dt, dev = _like(x, dtype, device)
-    return _full("full_like", x.shape, fill_value, dt, dev, requires_grad, pin_memory)
+    return _full("full_like", x.shape, fill_value, dt, dev, requires_grad, pin_memory,
+                 _like_strides(x, memory_format, "full_like"))
 
 
 def empty_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None,
                pin_memory: bool = False) -> Tensor:
     dt, dev = _like(x, dtype, device)
-    return _empty("empty_like", x.shape, dt, dev, requires_grad, pin_memory)
+    strides = _like_strides(x, memory_format, "empty_like")
+    return _empty("empty_like", x.shape, dt, dev, requires_grad, pin_memory, strides)
 
 
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -391,14 +428,16 @@ def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = 
     return _finish(out, requires_grad)
 
 
-def rand_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def rand_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None) -> Tensor:
     dt, dev = _like(x, dtype, device)
-    return rand(x.shape, dtype=dt, device=dev, requires_grad=requires_grad)
+    strides = _like_strides(x, memory_format, "rand_like")
+    return _finish(_restrided(rand(x.shape, dtype=dt, device=dev), strides), requires_grad)
 
 
-def randn_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randn_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None) -> Tensor:
     dt, dev = _like(x, dtype, device)
-    return randn(x.shape, dtype=dt, device=dev, requires_grad=requires_grad)
+    strides = _like_strides(x, memory_format, "randn_like")
+    return _finish(_restrided(randn(x.shape, dtype=dt, device=dev), strides), requires_grad)
 
 
 def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None,
@@ -415,9 +454,12 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
                  device=device, generator=generator)
 
 
-def randint_like(x: Tensor, low, high=None, *, dtype=None, device=None) -> Tensor:
+def randint_like(x: Tensor, low, high=None, *, dtype=None, device=None, memory_format=None) -> Tensor:
+    if high is None:  # randint_like(x, high)
+        low, high = 0, low
     dt, dev = _like(x, dtype, device)
-    return randint(low, high, x.shape, dtype=dt, device=dev)
+    strides = _like_strides(x, memory_format, "randint_like")
+    return _restrided(randint(low, high, x.shape, dtype=dt, device=dev), strides)
 
 
 def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -582,8 +624,9 @@ def new_empty_strided(self: Tensor, size, stride, *, dtype=None, device=None, re
 NEW_LIKE = (new_zeros, new_ones, new_full, new_empty, new_tensor, new_empty_strided)
 
 
-def to_device(x: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None) -> Tensor:
-    return _call("_to_copy", x, dtype, device, non_blocking)
+def to_device(x: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None,
+              memory_format=None) -> Tensor:
+    return _call("_to_copy", x, dtype, device, non_blocking, memory_format=memory_format)
 
 
 def scalar_tensor(value: Number, *, dtype=None, device=None) -> Tensor:

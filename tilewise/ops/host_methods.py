@@ -17,6 +17,7 @@ from numbers import Number
 
 from tilewise import strides as S
 from tilewise._grad_mode import is_grad_enabled, no_grad
+from tilewise.layouts import format_name, preserve_format, suggest_memory_format
 from tilewise.tensor import Size, Tensor
 
 _DEVICE_PREDICATES = ("is_meta", "is_mps", "is_xpu", "is_maia")
@@ -84,14 +85,26 @@ def resize_(self: Tensor, *sizes, memory_format=None) -> Tensor:
     if self.requires_grad:
         raise RuntimeError("cannot resize variables that require grad")
     shape = _sizes(sizes)
-    if shape == tuple(self.shape):
+    strides = _resized_strides(shape, memory_format)
+    if shape == tuple(self.shape) and memory_format is None:
         return self
     needed = self.storage_offset() + S.numel(shape)
     if needed > self._storage.size:
         _move_to_larger_storage(self, needed)
-    self._shape, self._strides, self._array = Size(shape), S.contiguous_strides(shape), None
+    self._shape, self._strides, self._array = Size(shape), strides, None
     self._storage.version += 1
     return self
+
+
+def _resized_strides(shape: tuple, memory_format) -> tuple:
+    """The strides ``resize_`` gives: row-major, or those of ``memory_format`` (which restrides even when the
+    size stays, as in torch)."""
+    if memory_format is None:
+        return S.contiguous_strides(shape)
+    name = format_name(memory_format, "resize_")
+    if name == "preserve_format":
+        raise RuntimeError("Unsupported memory formatPreserve")
+    return S.format_strides(name, shape)
 
 
 def _move_to_larger_storage(self: Tensor, size: int) -> None:
@@ -107,7 +120,9 @@ def _move_to_larger_storage(self: Tensor, size: int) -> None:
 
 
 def resize_as_(self: Tensor, the_template: Tensor, *, memory_format=None) -> Tensor:
-    return resize_(self, tuple(the_template.shape))
+    if memory_format is preserve_format:  # torch: the template's own format
+        memory_format = suggest_memory_format(the_template)
+    return resize_(self, tuple(the_template.shape), memory_format=memory_format)
 
 
 def resize(self: Tensor, *sizes) -> Tensor:

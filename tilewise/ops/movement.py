@@ -20,6 +20,7 @@ from numbers import Number
 from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import checked_scalar, result_type
+from tilewise.layouts import suggest_memory_format
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
@@ -234,7 +235,8 @@ def _constant_pad(x: Tensor, pairs, value) -> Tensor:
     strides = S.contiguous_strides(shape)
     offset = sum(max(before, 0) * strides[d] for d, before, _ in pairs)
     filled = full(shape, checked_scalar(value, x.dtype, "pad"), dtype=x.dtype, device=x.device)
-    return OPS["view_scatter"](filled, x, tuple(x.shape), strides, offset)
+    padded = OPS["view_scatter"](filled, x, tuple(x.shape), strides, offset)
+    return padded.contiguous(memory_format=suggest_memory_format(x))  # torch keeps a channels-last input's format
 
 
 def _reflect(x: Tensor, d: int, before: int, after: int) -> list[Tensor]:

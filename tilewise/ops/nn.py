@@ -12,9 +12,15 @@ def composite(schema: str, decomposition, grad: dict | None = None, **attrs):
     return declare(schema, "composite", decomposition=decomposition, grad=grad, **attrs)
 
 
+def _row_major(x):
+    """torch's softmax kernels read a contiguous input and write a contiguous result, whatever the input's
+    layout (a channels-last input included)."""
+    return x.contiguous()
+
+
 def _softmax(self, dim, dtype=None):
     x = self.to(dtype) if dtype is not None else self
-    work = x.to(compute_dtype(x.dtype)) if x.dtype.is_floating_point else x.float()
+    work = _row_major(x.to(compute_dtype(x.dtype)) if x.dtype.is_floating_point else x.float())
     S.normalize_dim(dim, max(self.ndim, 1), "softmax")
     shifted = work - work.amax(dim, keepdim=True)
     e = shifted.exp()
@@ -24,7 +30,7 @@ def _softmax(self, dim, dtype=None):
 
 def _log_softmax(self, dim, dtype=None):
     x = self.to(dtype) if dtype is not None else self
-    work = x.to(compute_dtype(x.dtype)) if x.dtype.is_floating_point else x.float()
+    work = _row_major(x.to(compute_dtype(x.dtype)) if x.dtype.is_floating_point else x.float())
     S.normalize_dim(dim, max(self.ndim, 1), "log_softmax")
     shifted = work - work.amax(dim, keepdim=True)
     out = shifted - shifted.exp().sum(dim, keepdim=True).log()

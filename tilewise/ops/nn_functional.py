@@ -20,6 +20,7 @@ import math
 from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import compute_dtype, finfo
+from tilewise.layouts import suggest_memory_format
 from tilewise.ops.movement import _index_errors_named, check_index_range
 from tilewise.ops.registry import OPS, declare, public_function
 
@@ -102,7 +103,7 @@ def _backward_statistics(x, dims, eps, mean, rstd):
 
 def _native_layer_norm(input, normalized_shape, weight, bias, eps):
     _check_normalized_shape("layer_norm", input, normalized_shape, weight, bias)
-    x = in_compute_dtype(input)
+    x = in_compute_dtype(input).contiguous()  # torch's kernel: a contiguous result whatever the input's layout
     mean, rstd = _statistics(x, _trailing_dims(input, len(normalized_shape)), eps, True)
     return _affine((x - mean) * rstd, weight, bias, input.dtype), mean, rstd
 
@@ -260,6 +261,8 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
                                f"in input ({channels}), but got {name} of shape {list(t.shape)}")
     grouped = input.reshape(input.shape[0], num_groups, -1)
     normalized = _layer_norm(grouped, (grouped.shape[-1],), None, None, eps).reshape(input.shape)
+    if input.device.type == "cpu":  # torch's CPU kernel keeps a channels-last input's format; its CUDA one does not
+        normalized = normalized.contiguous(memory_format=suggest_memory_format(input))
     stat_shape = _channel_shape(input)
     return _affine(normalized, None if weight is None else weight.reshape(stat_shape),
                    None if bias is None else bias.reshape(stat_shape), input.dtype)

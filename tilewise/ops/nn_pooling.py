@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from tilewise.dtypes import iinfo, int64
+from tilewise.layouts import channels_last, suggest_memory_format
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.nn_functional import functional, int_tuple, private
 from tilewise.ops.nn_spatial import _constant_pad, _windows, _windows_adjoint
@@ -184,9 +185,16 @@ def _max_pool_with_indices(spatial: int):
             position = _window_maximum_position(flat, kernel, stride, padding, dilation, padded)
             values = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
         indices = _window_argmax_to_input_index(position, kernel, stride, padding, dilation, x.shape[2:])
-        return (values.squeeze(0), indices.squeeze(0)) if unbatched else (values, indices)
+        if unbatched:
+            return values.squeeze(0), indices.squeeze(0)
+        return _in_format_of(input, values), _in_format_of(input, indices)
 
     return max_pool_with_indices
+
+
+def _in_format_of(input, pooled):
+    """torch's pooling kernels write a channels-last result for a channels-last input."""
+    return pooled.contiguous(memory_format=suggest_memory_format(input))
 
 
 def max_pool_backward(grad, input, indices, spatial: int = 2):
@@ -345,6 +353,16 @@ def adaptive_avg_pool_backward(grad, self, spatial: int = 2):
                                      for n, o in zip(self.shape[-spatial:], grad.shape[-spatial:])])
 
 
+def _global_mean(input, spatial: int):
+    """The mean over the spatial dims; torch gives a channels-last input's (N, C, 1, 1) mean channels-last
+    strides (C, 1, C, C), which the mean of the (N, H, W, C) view has when permuted back."""
+    if input.ndim != 4 or suggest_memory_format(input) is not channels_last:
+        return input.mean(tuple(range(-spatial, 0)), keepdim=True)
+    out = input.permute(0, 2, 3, 1).mean((1, 2), keepdim=True).permute(0, 3, 1, 2)
+    out._base = None  # the mean is private: like torch's result, this is no view of anything
+    return out
+
+
 def _adaptive_avg_pool(spatial: int):
     op = f"adaptive_avg_pool{spatial}d"
 
@@ -360,8 +378,8 @@ def _adaptive_avg_pool(spatial: int):
         if spatial == 1:
             return OPS["adaptive_avg_pool2d"](input.unsqueeze(-2), (1, sizes[0])).squeeze(-2)
         if sizes == (1,) * spatial:
-            return input.mean(tuple(range(-spatial, 0)), keepdim=True)
-        return OPS[f"_adaptive_avg_pool{spatial}d"](input, sizes)
+            return _global_mean(input, spatial)
+        return _in_format_of(input, OPS[f"_adaptive_avg_pool{spatial}d"](input, sizes))
 
     return adaptive_avg_pool
 
@@ -435,7 +453,9 @@ def _adaptive_max_pool_with_indices(spatial: int):
         x = input.unsqueeze(0) if unbatched else input
         positions = [_adaptive_window_indices(n, o, x.device) for n, o in zip(x.shape[2:], sizes)]
         values, indices = _windows_maximum(x, positions)
-        return (values.squeeze(0), indices.squeeze(0)) if unbatched else (values, indices)
+        if unbatched:
+            return values.squeeze(0), indices.squeeze(0)
+        return _in_format_of(input, values), _in_format_of(input, indices)
 
     return adaptive_max_pool_with_indices
 

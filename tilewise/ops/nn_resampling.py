@@ -17,6 +17,7 @@ import math
 import warnings
 
 from tilewise.dtypes import float32
+from tilewise.layouts import suggest_memory_format
 from tilewise.ops.nn_functional import functional, int_tuple
 from tilewise.ops.nn_spatial import _constant_pad, _window_count, _windows, _windows_adjoint
 from tilewise.ops.registry import OPS
@@ -171,7 +172,9 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
             out = _cubic_along(out, d, o, s, bool(align_corners))
         else:
             out = _linear_along(out, d, o, s, bool(align_corners))
-    return out if out._base is None else out.clone()  # its own storage: ``x = interpolate(...); x += skip`` works
+    # its own storage (``x = interpolate(...); x += skip`` works), channels-last for such an input, as torch's
+    layout = suggest_memory_format(input)
+    return out.contiguous(memory_format=layout) if out._base is None else out.clone(memory_format=layout)
 
 
 functional("interpolate(Tensor input, int[]? size=None, float[]? scale_factor=None, str mode='nearest', "

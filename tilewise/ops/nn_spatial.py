@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from tilewise import strides as S
+from tilewise.layouts import channels_last, channels_last_3d, contiguous_format
 from tilewise.ops.nn_functional import functional, int_tuple, private
 from tilewise.ops.registry import OPS
 
@@ -167,12 +168,26 @@ def _grouped(grad, groups: int):
             .reshape(groups, batch * math.prod(out), per_group))
 
 
-def _ungrouped(out, batch: int, out_sizes):
-    """The inverse of ``_grouped``: (groups, N * prod(O), OC / groups) -> contiguous (N, OC, *O)."""
+def _ungrouped(out, batch: int, out_sizes, memory_format):
+    """The inverse of ``_grouped``: (groups, N * prod(O), OC / groups) -> (N, OC, *O) in ``memory_format``; with
+    one group the GEMM's output already lies channels-last, so that format costs no copy."""
     groups, _, per_group = out.shape
     spatial = len(out_sizes)
     out = out.reshape(groups, batch, *out_sizes, per_group).permute(1, 0, 2 + spatial, *range(2, 2 + spatial))
-    return out.reshape(batch, groups * per_group, *out_sizes).contiguous()
+    return out.reshape(batch, groups * per_group, *out_sizes).contiguous(memory_format=memory_format)
+
+
+def _conv_memory_format(input, weight):
+    """torch's rule for a convolution's result (and its input's gradient): channels-last when the input or the
+    weight suggests it, else contiguous."""
+    for name in ("channels_last", "channels_last_3d"):
+        if name in (S.suggest_memory_format(input._shape, input._strides),
+                    S.suggest_memory_format(weight._shape, weight._strides)):
+            return _FORMATS[name]
+    return contiguous_format
+
+
+_FORMATS = {"channels_last": channels_last, "channels_last_3d": channels_last_3d}
 
 
 def _flat_weight(weight, groups: int):
@@ -184,14 +199,17 @@ def _convolution_forward(input, weight, stride, pads, dilation, groups):
     out_sizes = [_window_count(n + before + after, k, s, d) for n, (before, after), k, s, d
                  in zip(input.shape[2:], _pad_pairs(pads), weight.shape[2:], stride, dilation)]
     columns = _im2col(input, weight.shape, stride, pads, dilation, groups)
-    return _ungrouped(columns.bmm(_flat_weight(weight, groups).transpose(1, 2)), input.shape[0], out_sizes)
+    return _ungrouped(columns.bmm(_flat_weight(weight, groups).transpose(1, 2)), input.shape[0], out_sizes,
+                      _conv_memory_format(input, weight))
 
 
 def _conv_input_grad(grad, input, weight, stride, pads, dilation, groups):
-    """The input's gradient: the output gradient's columns scattered back to the windows they came from."""
+    """The input's gradient: the output gradient's columns scattered back to the windows they came from, in the
+    memory format torch gives it."""
     columns = _grouped(grad, groups).bmm(_flat_weight(weight, groups))
-    return _col2im(columns, tuple(input.shape), tuple(weight.shape), stride, pads, dilation, groups,
-                   tuple(grad.shape[2:]))
+    grad_input = _col2im(columns, tuple(input.shape), tuple(weight.shape), stride, pads, dilation, groups,
+                         tuple(grad.shape[2:]))
+    return grad_input.contiguous(memory_format=_conv_memory_format(input, weight))
 
 
 def _conv_weight_grad(grad, input, weight, stride, pads, dilation, groups):
@@ -213,8 +231,9 @@ def _conv_transpose_forward(input, weight, stride, pads, dilation, groups, outpu
     out_channels = weight.shape[1] * groups
     out_sizes = _transposed_output_sizes(sizes, weight.shape[2:], stride, pads, dilation, output_padding)
     columns = _grouped(input, groups).bmm(_flat_weight(weight, groups))
-    return _col2im(columns, (batch, out_channels, *out_sizes), tuple(weight.shape), stride, pads, dilation, groups,
-                   tuple(sizes))
+    out = _col2im(columns, (batch, out_channels, *out_sizes), tuple(weight.shape), stride, pads, dilation, groups,
+                  tuple(sizes))
+    return out.contiguous(memory_format=_conv_memory_format(input, weight))
 
 
 def _conv_transpose_input_grad(grad, input, weight, stride, pads, dilation, groups):

@@ -324,6 +324,13 @@ def _passthrough(op: str, p: Param, value):
     return value
 
 
+def _check_memory_format(op: str, p: Param, value):
+    from tilewise.layouts import format_name
+
+    format_name(value, op)
+    return value
+
+
 _PYTHON_NUMBERS = (int, float, bool)
 
 # Per parameter type, the test under which a value passes its checker unchanged: a binder tests it inline
@@ -334,7 +341,7 @@ _FAST_TYPES = {"Tensor": "is _Tensor", "int": "is int", "bool": "is bool", "str"
 _CHECKERS = {
     "int": _check_int, "float": _check_float, "Scalar": _check_scalar, "bool": _check_bool,
     "Tensor": _check_tensor, "ScalarType": _check_dtype, "Device": _check_device, "str": _check_str,
-    "Generator": _passthrough, "Layout": _passthrough, "MemoryFormat": _passthrough,
+    "Generator": _passthrough, "Layout": _passthrough, "MemoryFormat": _check_memory_format,
     "Any": _passthrough,  # a number or a string: linalg's matrix norm orders ('fro', 'nuc', 2, inf, ...)
 }
 

@@ -4,6 +4,7 @@ when strides forbid a view, as torch's reshape does)."""
 from __future__ import annotations
 
 from tilewise import strides as S
+from tilewise.layouts import contiguous_format, preserve_format
 from tilewise.ops.inplace import mark_multi_output_views
 from tilewise.ops.registry import OPS, declare
 
@@ -16,13 +17,19 @@ def _reshape(self, shape):
     shape = S.infer_size(shape, self.numel(), "reshape")
     if S.view_strides(self._shape, self._strides, shape) is not None:
         return self.view(shape)
-    out = self.clone(memory_format="contiguous_format").view(shape)
+    out = self.clone(memory_format=contiguous_format).view(shape)
     out._base = None  # the copy is private: like torch's _unsafe_view, the result is no view of anything
     return out
 
 
 def _contiguous(self, memory_format=None):
-    return self if self.is_contiguous() else self.clone(memory_format="contiguous_format")
+    if memory_format is None or memory_format is contiguous_format:
+        return self if self.is_contiguous() else self.clone(memory_format=contiguous_format)
+    if self.is_contiguous(memory_format):
+        return self
+    if memory_format is preserve_format:
+        raise RuntimeError("preserve memory format is unsupported by the contiguous operator")
+    return self.clone(memory_format=memory_format)
 
 
 def _flatten(self, start_dim=0, end_dim=-1):

@@ -22,8 +22,8 @@ from tilewise.dtypes import get_default_dtype
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, inputs_of
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
-from tilewise.strides import broadcast_shapes, normalize_dims
-from tilewise.tensor import Tensor, cast_array, from_array
+from tilewise.strides import WRAPPED_NUMBER, broadcast_shapes, contiguous_strides, normalize_dims, pointwise_strides
+from tilewise.tensor import Tensor, cast_array, from_array, from_array_strided
 
 
 def run(op, args: tuple, device):
@@ -184,7 +184,7 @@ def run_pointwise(op, args: tuple):
             values = arrays if cast_to is None else [a.astype(cast_to) for a in arrays]
             for k in scalar_idx:
                 values.append(args[k])
-            return _result(run_quietly(fn, values), first._shape, out_dtype)
+            return _torch_layout(_result(run_quietly(fn, values), first._shape, out_dtype), op, args)
     shape = _broadcast_shape(op, args)  # first, so a mismatch is reported with the operator's name
     out_dtype, compute = _dtypes(op, args)
     cnp = compute.np
@@ -193,7 +193,26 @@ def run_pointwise(op, args: tuple):
     names = op.schema.params
     for k in scalar_idx:
         values.append(R.checked_scalar_argument(op, names[k].name, args[k], out_dtype))
-    return _result(run_quietly(fn, values), shape, out_dtype)
+    return _torch_layout(_result(run_quietly(fn, values), shape, out_dtype), op, args)
+
+
+def _torch_layout(out: Tensor, op, args: tuple) -> Tensor:
+    """``out`` with the strides torch's TensorIterator gives the result (``strides.pointwise_strides``): numpy
+    already matches it when every operand is row-major, and usually when they share one order."""
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is Tensor and a._strides != contiguous_strides(a._shape):
+            break
+    else:
+        return out
+    operands = []
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is Tensor:
+            operands.append((a._shape, a._strides))
+        elif a is not None:
+            operands.append(WRAPPED_NUMBER)
+    return from_array_strided(out._np(), pointwise_strides(out._shape, operands), out._dtype)
 
 
 def _uniform_arrays(op, args: tuple) -> list[np.ndarray] | None:
@@ -306,8 +325,9 @@ class CPUBackend(Backend):
             return from_array(np.empty(tuple(shape), dtype.np), dtype)
         return from_array(np.empty(tuple(shape), dtype.np), dtype).as_strided(shape, strides)
 
-    def upload(self, src: Tensor, device: Device, non_blocking: bool = False, dtype=None) -> Tensor:
-        return KERNELS["_to_copy"](src, dtype)
+    def upload(self, src: Tensor, device: Device, non_blocking: bool = False, dtype=None,
+               memory_format=None) -> Tensor:
+        return KERNELS["_to_copy"](src, dtype, None, False, memory_format)
 
     def download(self, x: Tensor, non_blocking: bool = False) -> Tensor:
         return KERNELS["_to_copy"](x)

@@ -7,8 +7,9 @@ import numpy as np
 from tilewise import _philox
 from tilewise.backends.cpu.registry import kernel
 from tilewise.device import backend_for, cpu
+from tilewise.layouts import copy_strides
 from tilewise.ops.indexing import check_gather_shapes
-from tilewise.tensor import Tensor, cast_array, from_array
+from tilewise.tensor import Tensor, cast_array, from_array, from_array_strided
 
 
 def _out(array, dtype) -> Tensor:
@@ -56,24 +57,25 @@ def eye(n, m=None, dtype=None, device=None):
 
 
 @kernel("_to_copy")
-def to_copy(self, dtype=None, device=None, non_blocking=False):
+def to_copy(self, dtype=None, device=None, non_blocking=False, memory_format=None):
     dtype = dtype or self.dtype
     if device is not None and device is not cpu:
-        return backend_for(device).upload(self, device, non_blocking, dtype)  # it sees the source, pinned or not
+        # the backend sees the source, pinned or not
+        return backend_for(device).upload(self, device, non_blocking, dtype, memory_format)
+    strides = copy_strides(self, memory_format)
     a = self._np()
     if a.dtype == dtype.np:
-        return _out(a.copy(), dtype)
+        return from_array_strided(a.copy(order="K"), strides, dtype)
     with np.errstate(over="ignore", invalid="ignore"):  # out of range becomes inf, as in torch, which never warns
-        return _out(cast_array(a, dtype.np), dtype)
+        return from_array_strided(cast_array(a, dtype.np), strides, dtype)
 
 
 @kernel("clone")
 def clone(self, memory_format=None):
-    """torch's rule: preserve the layout of a dense tensor, otherwise (or when asked) make it contiguous."""
-    from tilewise import strides as S
-
-    keep = memory_format in (None, "preserve_format") and S.is_non_overlapping_and_dense(self._shape, self._strides)
-    return _out(self._np().copy(order="K" if keep else "C"), self.dtype)
+    """torch's rule: preserve the layout of a dense tensor, otherwise (or when asked) use the format asked for
+    or the one the strides suggest."""
+    strides = copy_strides(self, memory_format)
+    return from_array_strided(self._np().copy(order="K"), strides, self.dtype)
 
 
 @kernel("_write_")

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from tilewise import strides as S
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel
-from tilewise.backends.cuda.kernels.copy import cast, contiguous
-from tilewise.device import Device
+from tilewise.backends.cuda.kernels.copy import cast, contiguous, copy_into
+from tilewise.device import Device, cpu
 from tilewise.dtypes import DType
-from tilewise.tensor import Tensor, cast_array, from_array
+from tilewise.layouts import copy_strides
+from tilewise.storage import Storage
+from tilewise.tensor import Tensor, cast_array, from_array, from_array_strided
 
 
-def upload(src: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None) -> Tensor:
+def upload(src: Tensor, device: Device, non_blocking: bool = False, dtype: DType | None = None,
+           memory_format=None) -> Tensor:
     """Copy CPU tensor ``src`` to ``device``, converted to ``dtype`` (default: its own).
 
     [Note: uploads]
@@ -38,6 +42,9 @@ def upload(src: Tensor, device: Device, non_blocking: bool = False, dtype: DType
     dtype = dtype or src._dtype
     index = ensure_context(device.index)
     stream = stream_handle(index)
+    strides = copy_strides(src, memory_format)
+    if strides != S.contiguous_strides(src._shape):
+        return _upload_dense_block(src, device, dtype, strides, stream)
     if _uploads_from_pinned(src):
         out = empty(src._shape, src._dtype, device)
         if out.numel():
@@ -59,6 +66,24 @@ def upload(src: Tensor, device: Device, non_blocking: bool = False, dtype: DType
     return out
 
 
+def _upload_dense_block(src: Tensor, device: Device, dtype: DType, strides: tuple, stream: int) -> Tensor:
+    """An upload in another order than row-major (a channels-last tensor, say): laid out so on the host, then
+    its dense block of memory copied as it is. The block may be ``src``'s own memory, which, pinned, the copy
+    engine reads after the call returns: the host then waits for the copy, so that ``src`` may change at once."""
+    from tilewise._cuda_api import check, driver_api
+    from tilewise.backends.cuda.runtime import copy_htod, is_pinned
+
+    host = src._np()
+    staged = from_array_strided(host if host.dtype == dtype.np else cast_array(host, dtype.np), strides, dtype)
+    out = empty(src._shape, dtype, device, strides)
+    nbytes = out.numel() * dtype.itemsize
+    if nbytes:
+        copy_htod(data_ptr(out), _host_address(staged), nbytes, stream)
+        if is_pinned(staged._storage.data):
+            check(driver_api().cuStreamSynchronize(stream), "cuStreamSynchronize")
+    return out
+
+
 def _uploads_from_pinned(src: Tensor) -> bool:
     from tilewise.backends.cuda.runtime import is_pinned
 
@@ -69,20 +94,23 @@ def _host_address(t: Tensor) -> int:
     return t._storage.data.ctypes.data + t._offset * t._dtype.itemsize
 
 
-def download(x: Tensor, non_blocking: bool = False) -> Tensor:
-    """Copy a CUDA tensor to a new contiguous CPU tensor; with ``non_blocking`` into pinned memory, returning
+def download(x: Tensor, non_blocking: bool = False, memory_format=None) -> Tensor:
+    """Copy a CUDA tensor to a new CPU tensor in ``memory_format`` (default: ``x``'s own order, as ``clone``
+    keeps it); with ``non_blocking`` into pinned memory, returning
     before the copy has finished (synchronise the stream before reading it, as in torch). Every download is a
     point where results become visible, so it raises the index error an indexing kernel found meanwhile, if
     any (see [Note: device-side bounds checks])."""
-    from tilewise.backends.cuda.kernels.copy import contiguous
     from tilewise.backends.cuda.runtime import copy_dtoh, ensure_context, pinned_empty
     from tilewise.backends.cuda.runtime.bounds import raise_index_errors
 
     index = x._device.index
     ensure_context(index)
-    src = contiguous(x)
-    host = pinned_empty(src._shape, src._dtype.np) if non_blocking else np.empty(src._shape, src._dtype.np)
-    nbytes = src.numel() * src._dtype.itemsize
+    strides = copy_strides(x, memory_format)
+    dense = x._strides == strides and S.is_non_overlapping_and_dense(x._shape, strides)
+    src = x if dense else copy_into(empty(x._shape, x._dtype, x._device, strides), x)
+    numel = src.numel()
+    host = pinned_empty((numel,), src._dtype.np) if non_blocking else np.empty(numel, src._dtype.np)
+    nbytes = numel * src._dtype.itemsize
     if nbytes:
         stream = stream_handle(index)
         copy_dtoh(host.ctypes.data, data_ptr(src), nbytes, stream)
@@ -91,7 +119,7 @@ def download(x: Tensor, non_blocking: bool = False) -> Tensor:
 
             check(driver_api().cuStreamSynchronize(stream), "cuStreamSynchronize")
     raise_index_errors()
-    return from_array(host, src._dtype)
+    return Tensor._make(Storage(host, cpu, src._dtype, numel), src._shape, strides, 0, src._dtype, cpu)
 
 
 def pin_memory(x: Tensor) -> Tensor:
@@ -134,14 +162,21 @@ def is_pinned(t: Tensor) -> bool:
 # ---------------------------------------------------------------------------- the _to_copy kernel
 
 @kernel("_to_copy")
-def to_copy(device: Device, self: Tensor, dtype=None, target=None, non_blocking: bool = False) -> Tensor:
+def to_copy(device: Device, self: Tensor, dtype=None, target=None, non_blocking: bool = False,
+            memory_format=None) -> Tensor:
     dtype = dtype or self._dtype
     if target is not None and target.type == "cpu":
-        moved = self if dtype is self._dtype else cast(self, dtype)
-        return download(moved, non_blocking)
+        if dtype is self._dtype:
+            return download(self, non_blocking, memory_format)
+        return download(_converted(self, dtype, memory_format), non_blocking)
     if target is not None and target != self._device:
         return _peer_copy(cast(self, dtype) if dtype is not self._dtype else contiguous(self), target)
-    return cast(self, dtype)
+    return _converted(self, dtype, memory_format)
+
+
+def _converted(x: Tensor, dtype: DType, memory_format) -> Tensor:
+    """``x`` cast to ``dtype`` on its device, laid out as ``clone(memory_format=...)`` would lay it out."""
+    return copy_into(empty(x._shape, dtype, x._device, copy_strides(x, memory_format)), x)
 
 
 def _peer_copy(x: Tensor, target: Device) -> Tensor:

@@ -450,15 +450,18 @@ class Module:
 
     def to(self, *args, **kwargs) -> Module:
         """Move and/or cast parameters and buffers: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``,
-        ``to(tensor)``. Only floating-point tensors change dtype, as in torch."""
+        ``to(tensor)``, ``to(memory_format=...)``. Only floating-point tensors change dtype and only 4-d and 5-d
+        ones change memory format, as in torch."""
         from tilewise.tensor import _parse_to
 
-        device, dtype, non_blocking, _ = _parse_to(None, *args, **kwargs)
+        device, dtype, non_blocking, _, memory_format = _parse_to(None, *args, **kwargs)
         if dtype is not None and not dtype.is_floating_point:
             raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired dtype={dtype}")
 
         def convert(t: Tensor) -> Tensor:
-            return t.to(device=device, dtype=dtype if t.is_floating_point() else None, non_blocking=non_blocking)
+            layout = {"memory_format": memory_format} if memory_format is not None and t.dim() in (4, 5) else {}
+            return t.to(device=device, dtype=dtype if t.is_floating_point() else None, non_blocking=non_blocking,
+                        **layout)
 
         return self._apply(convert)
 

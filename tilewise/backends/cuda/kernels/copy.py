@@ -17,6 +17,7 @@ from tilewise.backends.cuda.kernels.pointwise import elementwise
 from tilewise.codegen.render.cstyle import compute_of
 from tilewise.device import Device
 from tilewise.dtypes import DType
+from tilewise.layouts import copy_strides
 from tilewise.ops.expr import Expr
 from tilewise.tensor import Tensor
 
@@ -70,11 +71,12 @@ def _dense_copy(x: Tensor) -> Tensor:
 
 @kernel("clone")
 def clone(device: Device, self: Tensor, memory_format=None) -> Tensor:
-    """torch's rule: keep the layout of a dense tensor, otherwise (or when asked) make it contiguous."""
-    keep = memory_format in (None, "preserve_format") and S.is_non_overlapping_and_dense(self._shape, self._strides)
-    if keep and not self.is_contiguous():
+    """torch's rule: keep the layout of a dense tensor, otherwise (or when asked) use the format asked for or the
+    one the strides suggest."""
+    strides = copy_strides(self, memory_format)
+    if strides == self._strides and S.is_non_overlapping_and_dense(self._shape, strides):
         return _dense_copy(self)
-    return cast(self, self._dtype)
+    return copy_into(empty(self._shape, self._dtype, device, strides), self)
 
 
 @kernel("_write_")

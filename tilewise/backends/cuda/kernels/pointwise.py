@@ -281,7 +281,7 @@ def _op_plan(op, args: tuple, device) -> tuple[Plan, tuple, tuple, DType]:
 
 
 def run_pointwise(op, args: tuple, device):
-    """Run a pointwise operator: a new contiguous output of the broadcast shape."""
+    """Run a pointwise operator: a new output of the broadcast shape, in the stride order torch gives it."""
     plan, shape, strides, out_dtype = _op_plan(op, args, device)
     stream = stream_handle(device.index)
     out = empty_fast(shape, strides, plan.numel, out_dtype, device, stream)
@@ -326,7 +326,19 @@ def op_geometry(op, args: tuple):
     shapes = [args[k]._shape for k in op.tensor_idx if type(args[k]) is Tensor]
     shape = S.broadcast_shapes(*shapes, op=op.name) if shapes else ()
     described = [_describe(args[k]) for k in op.tensor_idx]
-    return compute, expr, scalar_names, described, (out_dtype, shape, S.contiguous_strides(shape))
+    return compute, expr, scalar_names, described, (out_dtype, shape, _result_strides(op, args, shape))
+
+
+def _result_strides(op, args: tuple, shape: tuple) -> tuple:
+    """torch's stride order for the result (``strides.pointwise_strides``); Python numbers count as 0-dim."""
+    operands = []
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is Tensor:
+            operands.append((a._shape, a._strides))
+        elif a is not None:
+            operands.append(S.WRAPPED_NUMBER)
+    return S.pointwise_strides(shape, operands)
 
 
 def _plan_op(op, args: tuple, device) -> tuple[Plan, tuple, tuple, DType]:
