@@ -11,7 +11,9 @@ variable                  meaning
                           name, source and launch shape, the first time it is launched), ``fallback`` (operators
                           that run on the host because the device has no kernel for them), ``matmul`` (the
                           cuBLASLt algorithm chosen for each GEMM shape), ``attention`` (why an attention runs
-                          its decomposition instead of cuDNN), and for ``tilewise.compile``: ``graph``
+                          its decomposition instead of cuDNN), ``convolution`` (why a convolution runs its
+                          decomposition instead of cuDNN, and the timed choice of cuDNN plans), and for
+                          ``tilewise.compile``: ``graph``
                           (the graph after capture and after every pass), ``fusion`` (the fused groups),
                           ``recompiles`` (which guard failed when a compiled function is compiled again),
                           ``graph_breaks`` (where a compiled function's Python must run on every call: a value
@@ -39,8 +41,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-LOG_CHANNELS = ("kernels", "fallback", "matmul", "attention", "graph", "fusion", "recompiles", "graph_breaks", "graphs",
-                "compile")
+LOG_CHANNELS = ("kernels", "fallback", "matmul", "attention", "convolution", "graph", "fusion", "recompiles",
+                "graph_breaks", "graphs", "compile")
 
 
 def _channels(text: str) -> set[str]:

@@ -5,8 +5,8 @@ tensor), take every window as a strided view (one ``unfold`` view per spatial di
 dilation), lay the windows out as columns (one copy) and multiply them with the weight in one batched GEMM over
 the groups, so convolution reuses the matmul path of every backend. Like torch, it saves its input and weight for
 backward, not the columns (prod(kernel) times the input): ``_conv_weight_grad`` takes the windows again for the
-weight gradient and ``_conv_input_grad`` scatters the columns' gradient back with their geometry (``view_scatter_add``, col2im) for
-the input's. conv1d is conv2d over a height of 1.
+weight gradient, and ``_conv_input_grad`` scatters the columns' gradient back with their geometry
+(``view_scatter_add``, col2im) for the input's. conv1d is conv2d over a height of 1.
 A transposed convolution is the adjoint of a convolution: its output is col2im of the input times the weight
 (the input gradient of the convolution it transposes), and its own gradients are that convolution's forward
 (for its input) and weight gradient, so it saves the same two tensors as a convolution.

@@ -241,8 +241,8 @@ def _choose(built: cudnn.Graph, tensors: list[Tensor], key: tuple) -> None:
         try:
             graph.execute_plan_at_index(pack, ws or None, index, built.handle)
             candidates.append((index, ws))
-        except Exception:  # noqa: BLE001, S112 — a candidate that does not run is not a candidate
-            continue
+        except Exception as e:  # noqa: BLE001 — a candidate that does not run is not a candidate
+            log("convolution", lambda index=index, e=e: f"cuDNN {built.name} plan {index} is not timed: {e}")
     if len(candidates) > 1:
         with stage("cuDNN plan choice"):
             times = {index: [] for index, _ in candidates}
@@ -263,6 +263,7 @@ def _choose(built: cudnn.Graph, tensors: list[Tensor], key: tuple) -> None:
     elif candidates:
         best = candidates[0][0]
     else:
+        log("convolution", f"cuDNN {built.name}: no candidate plan ran; the heuristics' first is kept")
         return
     graph.select_plan(best)
     graph.build_plans()
