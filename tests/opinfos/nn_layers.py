@@ -187,7 +187,8 @@ def _grid_sample():
 
 
 OPINFOS = [
-    OpInfo("conv3d", _conv3d, call="F", covers=("conv3d.padding", "_conv3d", "_conv3d_backward_input", "_conv3d_backward_weight")),
+    OpInfo("conv3d", _conv3d, call="F",
+           covers=("conv3d.padding", "_conv3d", "_conv3d_backward_input", "_conv3d_backward_weight")),
     OpInfo("conv_transpose1d", _conv_transpose1d, call="F"),
     OpInfo("conv_transpose2d", _conv_transpose2d, call="F",
            covers=("_conv_transpose2d", "_conv_transpose2d_backward_input",
