@@ -27,6 +27,26 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def _exact_float32_convolutions(request):
+    """GPU tests compare float32 convolutions with torch's and between eager and compiled programs, which may pick
+    different cuDNN plans: with TF32 (both libraries' default) each rounds its inputs to 10 bits differently, so
+    these tests run with it off on both sides (a test about TF32 turns it on itself)."""
+    if "cuda" not in request.keywords:
+        yield
+        return
+    import tilewise as tw
+
+    torch = sys.modules.get("torch")
+    tw.backends.cudnn.allow_tf32 = False
+    if torch is not None:
+        torch.backends.cudnn.allow_tf32 = False
+    yield
+    tw.backends.cudnn.allow_tf32 = True
+    if torch is not None:
+        torch.backends.cudnn.allow_tf32 = True
+
+
+@pytest.fixture(autouse=True)
 def _seeded():
     np.random.seed(int(os.environ.get("TILEWISE_TEST_SEED", "0")))
     yield

@@ -54,8 +54,8 @@ def _program(info, args, kwargs, n: int, rng):
     op = info.resolve(tw, F)
 
     def run(*tensors):
-        a = _build(args, None, lambda k: tensors[k])
-        kw = {k: _build(v, None, lambda i: tensors[i]) for k, v in kwargs.items()}
+        a = _build(args, None, lambda k: tensors[k], tw)
+        kw = {k: _build(v, None, lambda i: tensors[i], tw) for k, v in kwargs.items()}
         out = op(*a, **kw)
         outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, tw.Tensor)]
         if info.output_index is not None:
@@ -127,8 +127,8 @@ def _forward_only(info, args, kwargs):
     op = info.resolve(tw, F)
 
     def run(*tensors):
-        a = _build(args, None, lambda k: tensors[k])
-        kw = {k: _build(v, None, lambda i: tensors[i]) for k, v in kwargs.items()}
+        a = _build(args, None, lambda k: tensors[k], tw)
+        kw = {k: _build(v, None, lambda i: tensors[i], tw) for k, v in kwargs.items()}
         out = op(*a, **kw)
         outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, tw.Tensor)]
         return outs if info.output_index is None else [outs[info.output_index]]

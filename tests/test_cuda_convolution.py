@@ -2,7 +2,7 @@
 gradients, every dtype, both memory formats, eager and compiled, and the flags that steer the plans.
 
 Inputs are drawn in torch and copied into tilewise tensors, so both sides see the same values. Float32 runs
-with TF32 off on both sides unless a test says otherwise, so that the comparison is tight.
+with TF32 off on both sides (``conftest``) unless a test says otherwise, so that the comparison is tight.
 """
 
 from __future__ import annotations
@@ -19,13 +19,6 @@ pytestmark = pytest.mark.cuda
 torch = pytest.importorskip("torch")
 
 TOL = {"bfloat16": 2e-2, "float16": 3e-3, "float32": 1e-5, "float64": 1e-10}
-
-
-@pytest.fixture(autouse=True)
-def _exact_float32():
-    torch.backends.cudnn.allow_tf32, tw.backends.cudnn.allow_tf32 = False, False
-    yield
-    torch.backends.cudnn.allow_tf32, tw.backends.cudnn.allow_tf32 = True, True
 
 
 def _tw(t: torch.Tensor, requires_grad: bool = False) -> tw.Tensor:

@@ -58,17 +58,18 @@ def run_fused(op, args: tuple):
         hash(key)
     except TypeError:
         return None
-    tensors = [a for a in args if type(a) is Tensor]
+    last = _channels_last_positions(op, args)
+    tensors = [_permuted(a, True) if k in last else a for k, a in enumerate(args) if type(a) is Tensor]
     variant = _variants.get(key)
     if variant is not None and len({id(t._storage) for t in tensors}) == len(tensors):
-        return variant.run(tensors)  # see [Note: fused calls skip the guards]
+        return _restored(variant.run(tensors), last)  # see [Note: fused calls skip the guards]
     fn = _programs.get(key, False)
     if fn is None:
         return None
     if fn is False:
         if sum(k[1] is op for k in _programs) >= MAX_SIGNATURES:
             return None
-        fn = _programs[key] = _compile(op, args)
+        fn = _programs[key] = _compile(op, args, last)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         out = fn(*tensors)
@@ -76,7 +77,46 @@ def run_fused(op, args: tuple):
         _programs[key] = None
     elif len(fn.variants) == 1 and len({id(t._storage) for t in tensors}) == len(tensors):
         _variants[key] = fn.variants[0]
-    return out
+    return _restored(out, last)
+
+
+# [Note: fused composites in channels-last memory]
+# A compiled program's results are laid out row-major, but batch norm and max pooling keep a channels-last
+# input's format (torch's kernels do, and the next convolution reads it where it lies). For these operators a
+# channels-last argument is handed to the program as its (N, *S, C) permutation, which is row-major in memory;
+# the decomposition sees it through the inverse permutation, and each result of the same rank leaves as its
+# (N, *S, C) permutation, computed in that order (``lowering/channels_last.py`` keeps the element-wise work in
+# it) and handed back through the inverse permutation: channels-last, with no transposing copy either way.
+KEEP_CHANNELS_LAST = frozenset({"native_batch_norm", "_batch_norm_backward", "max_pool2d_with_indices",
+                                "max_pool3d_with_indices"})
+
+
+def _channels_last_positions(op, args: tuple) -> frozenset:
+    """The positions of the channels-last arguments of an operator that keeps the format (else none)."""
+    if op.name not in KEEP_CHANNELS_LAST:
+        return frozenset()
+    return frozenset(k for k, a in enumerate(args) if type(a) is Tensor and a.ndim in (4, 5)
+                     and S.suggest_memory_format(a._shape, a._strides) != "contiguous_format")
+
+
+def _order(rank: int, to_last: bool) -> tuple:
+    return (0, *range(2, rank), 1) if to_last else (0, rank - 1, *range(1, rank - 1))
+
+
+def _permuted(t: Tensor, to_last: bool) -> Tensor:
+    """``t`` seen in (N, *S, C) order (``to_last``) or back in (N, C, *S) order: a view made below the dispatcher."""
+    order = _order(t.ndim, to_last)
+    return Tensor._make(t._storage, tuple(t._shape[d] for d in order), tuple(t._strides[d] for d in order),
+                        t._offset, t._dtype, t._device)
+
+
+def _restored(out, last: frozenset):
+    """The program's results back in (N, C, *S) order where its arguments came channels-last."""
+    if not last:
+        return out
+    if isinstance(out, (tuple, list)):
+        return type(out)(_permuted(o, False) if type(o) is Tensor and o.ndim in (4, 5) else o for o in out)
+    return _permuted(out, False) if type(out) is Tensor and out.ndim in (4, 5) else out
 
 
 # [Note: fused calls skip the guards]
@@ -125,7 +165,7 @@ def rebased(t: Tensor) -> Tensor:
     return Tensor._make(Storage(window, t._device, t._dtype, size), t._shape, t._strides, lead, t._dtype, t._device)
 
 
-def _compile(op, args: tuple):
+def _compile(op, args: tuple, last: frozenset = frozenset()):
     from tilewise.compiler.function import compile as compile_fn
 
     positions = [k for k, a in enumerate(args) if type(a) is Tensor]
@@ -134,8 +174,15 @@ def _compile(op, args: tuple):
     def decomposition(*tensors):
         bound = list(template)
         for k, t in zip(positions, tensors):
-            bound[k] = t
-        return op.decomposition(*bound)
+            bound[k] = t.permute(*_order(t.ndim, False)) if k in last else t
+        out = op.decomposition(*bound)
+        if not last:
+            return out
+        # see [Note: fused composites in channels-last memory]
+        if isinstance(out, (tuple, list)):
+            return type(out)(o.permute(*_order(o.ndim, True)) if isinstance(o, Tensor) and o.ndim in (4, 5) else o
+                             for o in out)
+        return out.permute(*_order(out.ndim, True)) if out.ndim in (4, 5) else out
 
     decomposition.__name__ = decomposition.__qualname__ = op.name
     fn = compile_fn(decomposition)

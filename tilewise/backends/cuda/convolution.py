@@ -72,32 +72,13 @@ def tuning():
 
 # ---------------------------------------------------------------------------------------------- layouts
 
-def _strides_like_channels_last(shape: tuple, strides: tuple) -> bool:
-    """torch's ``is_channels_last_strides_2d/3d``: the strides order the dims as N, spatial..., C innermost."""
-    if len(shape) not in (4, 5) or strides[1] == 0:
-        return False
-    order = (1, 3, 2, 0) if len(shape) == 4 else (1, 4, 3, 2, 0)
-    smallest = 0
-    for d in order:
-        if shape[d] == 0 or strides[d] < smallest:
-            return False
-        if d == 0 and smallest == strides[1]:
-            return False
-        smallest = strides[d] * shape[d] if shape[d] > 1 else strides[d]
-    return True
+def channels_last_suggested(t: Tensor) -> bool:
+    """Whether torch's ``suggest_memory_format`` names a channels-last format for ``t``."""
+    return t.ndim in (4, 5) and S.suggest_memory_format(t._shape, t._strides) != "contiguous_format"
 
 
 def _channels_last_strides(shape: tuple) -> tuple:
-    channels, spatial = shape[1], shape[2:]
-    inner = [channels]
-    for n in reversed(spatial[1:]):
-        inner.append(inner[-1] * n)
-    return (channels * S.numel(spatial), 1, *reversed(inner))
-
-
-def channels_last_suggested(t: Tensor) -> bool:
-    """Whether torch's ``suggest_memory_format`` names channels-last for ``t``."""
-    return _strides_like_channels_last(t._shape, t._strides)
+    return S.format_strides("channels_last" if len(shape) == 4 else "channels_last_3d", shape)
 
 
 def _layout(shape: tuple, channels_last: bool) -> tuple:

@@ -17,6 +17,8 @@ channels-last permutation (N, H, W, C), seen by its readers through a ``permute`
   H, W) reads the channels-last value through its view, which the scheduler sums as columns.
 Everything else reads the values through their views as it would any strided value; a view chain that
 cannot express the permutation (a reshape that merges H and C) gets a contiguous copy (``legalize_views``).
+An input of rank 4 or 5 read through the permute from (N, *S, C) to (N, C, *S) is such a value too (a fused
+composite's channels-last argument), and a result permuted to (N, *S, C) at the end is the value itself.
 """
 
 from __future__ import annotations
@@ -49,8 +51,11 @@ def _permute(value: Node, dims: tuple) -> Node:
 
 
 class _Layouts:
-    def __init__(self) -> None:
-        self.native: set[Node] = set()  # values laid out (N, *S, C) standing for an (N, C, *S) value
+    def __init__(self, inputs) -> None:
+        # values laid out (N, *S, C) standing for an (N, C, *S) value; an input of rank 4 or 5 may be one (a
+        # channels-last argument of a fused composite, see ``compiler.composites``): it is one exactly where it is
+        # read through the permute back to (N, C, *S)
+        self.native: set[Node] = {n for n in inputs if len(n.type.shape) in (4, 5)}
 
     def is_view(self, value: Node) -> bool:
         """``value`` is the NCHW view of a channels-last value."""
@@ -80,6 +85,8 @@ class _Layouts:
         rank = len(node.type.shape)
         if rank not in (4, 5) or node.is_tuple:
             return None
+        if node.op == "permute" and self.is_view(node.srcs[0]) and tuple(node.args[1]) == to_channels_last(rank):
+            return node.srcs[0].srcs[0]  # a channels-last value seen back in its own order
         if node.op in CONVOLUTIONS:
             srcs = tuple(self.operand(s, rank) for s in node.srcs)
             conv = Node(node.op + SUFFIX, srcs, node.args, _permuted(node.type, to_channels_last(rank)), node.tag)
@@ -97,6 +104,7 @@ class _Layouts:
 def channels_last(graph: Graph) -> Graph:
     """Keep 2-D/3-D convolutions, and the element-wise operators that read their results, channels-last (see
     [Note: channels-last programs]); a graph without convolutions is returned as it is."""
-    if not any(n.op in CONVOLUTIONS and len(n.type.shape) in (4, 5) for n in graph.body):
+    layouts = _Layouts(graph.inputs)
+    if not any((n.op in CONVOLUTIONS and len(n.type.shape) in (4, 5)) or layouts.is_view(n) for n in graph.body):
         return graph
-    return legalize_views(rewrite(graph, _Layouts().rewrite))
+    return legalize_views(rewrite(graph, layouts.rewrite))

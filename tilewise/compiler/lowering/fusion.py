@@ -247,33 +247,26 @@ def _try_join(node: Node, group: Group) -> bool:
 
 
 FEW_COLUMNS = 1 << 15  # kept elements below which a columns nest cannot keep the GPU busy with several phases
-FEW_ROWS, LONG_ROW = 256, 1 << 16
 
 
 def _starves_phases(group: Group) -> bool:
-    """Whether ``group`` has a member computed after one of its reductions (a later *phase*) while its domain
-    gives too little parallelism for phases: a nest of several phases cannot be split across blocks (every
-    block would need every other block's result), so it runs one block per row or per 32 columns. A batch
-    norm's normalisation after its statistics over [64, 112, 112] per channel would run on 64 blocks (rows)
-    or 2 (columns, 64 channels innermost); apart, the statistics split across the GPU and the normalisation is
-    an element-wise pass."""
+    """Whether ``group`` has a member computed after one of its reductions (a later *phase*) while the reduction
+    runs down columns (it keeps the innermost dim) of too few of them: a nest of several phases cannot be split
+    across blocks (every block would need every other block's result), so it runs one block per 32 columns. A
+    channels-last batch norm's normalisation after its statistics over [64, 112, 112] per channel would run on
+    2 blocks; apart, the statistics split across the GPU and the normalisation is an element-wise pass. (Rows
+    keep their phases together: a block per row reads it once for all of them, see ``codegen.schedule``.)"""
     if not group.reduce:
         return False
     shape = group.shape
+    innermost = max((d for d, n in enumerate(shape) if n != 1), default=None)
+    if innermost is None or innermost in group.reduce:
+        return False
     kept = 1
     for d, n in enumerate(shape):
         if d not in group.reduce:
             kept *= n
-    innermost = max((d for d, n in enumerate(shape) if n != 1), default=None)
-    if innermost is None:
-        return False
-    if innermost in group.reduce:
-        reduced = 1
-        for d in group.reduce:
-            reduced *= shape[d]
-        if kept >= FEW_ROWS or reduced < LONG_ROW:
-            return False
-    elif kept >= FEW_COLUMNS:
+    if kept >= FEW_COLUMNS:
         return False
     late: set[Node] = set()
     for member in group.members:
