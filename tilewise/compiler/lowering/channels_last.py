@@ -59,8 +59,10 @@ class _Layouts:
 
     def is_view(self, value: Node) -> bool:
         """``value`` is the NCHW view of a channels-last value."""
+        if value.op != "permute":
+            return False
         rank = len(value.type.shape)
-        return (value.op == "permute" and value.srcs[0] in self.native
+        return (value.srcs[0] in self.native
                 and tuple(value.args[1]) == from_channels_last(rank))
 
     def channels_last(self, value: Node, rank: int) -> Node:
