@@ -158,11 +158,7 @@ def _build(kind: str, tensors: list[Tensor], params: tuple, numerics: tuple, key
         remembered = _remembered(key, graph)
         if remembered is not None:
             graph.select_plan(remembered)
-            graph.build_plans()
-        elif timed:
-            graph.build_plans(frontend.build_plan_policy.ALL)
-        else:
-            graph.build_plans()
+        graph.build_plans()
     built = cudnn.Graph(graph, [a, b, y], device, kind)
     if timed and remembered is None:
         _choose(built, tensors, key)
@@ -209,15 +205,19 @@ def _choose(built: cudnn.Graph, tensors: list[Tensor], key: tuple) -> None:
     stream = stream_handle(device)
     frontend.set_stream(built.handle, stream)
     pack = dict(zip(built.operands, [data_ptr(t) for t in tensors]))
-    count = graph.get_execution_plan_count()
-    need = max([graph.get_workspace_size_plan_at_index(index) for index in range(count)], default=0)
-    if need > MAX_TIMED_WORKSPACE:  # a candidate asking for more is left out below
-        need = max([n for n in (graph.get_workspace_size_plan_at_index(i) for i in range(count))
-                    if n <= MAX_TIMED_WORKSPACE], default=0)
+    built_indices = []
+    for index in range(graph.get_execution_plan_count()):
+        try:
+            graph.build_plan_at_index(index)
+            built_indices.append(index)
+        except Exception as e:  # noqa: BLE001 — cuDNN declines the plan (or filtered it out): not a candidate
+            log("convolution", lambda index=index, e=e: f"cuDNN {built.name} plan {index} does not build: {e}")
+    sizes = {index: graph.get_workspace_size_plan_at_index(index) for index in built_indices}
+    need = max([n for n in sizes.values() if n <= MAX_TIMED_WORKSPACE], default=0)
     ws = cudnn.workspace(device, need)  # one workspace large enough for every candidate timed
     candidates = []
-    for index in range(count):
-        if graph.get_workspace_size_plan_at_index(index) > need:
+    for index in built_indices:
+        if sizes[index] > need:
             continue
         try:
             graph.execute_plan_at_index(pack, ws or None, index, built.handle)
@@ -245,6 +245,7 @@ def _choose(built: cudnn.Graph, tensors: list[Tensor], key: tuple) -> None:
         best = candidates[0][0]
     else:
         log("convolution", f"cuDNN {built.name}: no candidate plan ran; the heuristics' first is kept")
+        graph.build_plans()
         return
     graph.select_plan(best)
     graph.build_plans()
