@@ -1,0 +1,122 @@
+"""The benchmark's vision models (``benchmarks/vision_models.py``: ResNet-50's design at reduced widths, and the
+UNet) against torch running the same source: from the same weights, the loss, every parameter's gradient and the
+batch-norm running statistics, eager and with forward and backward compiled by ``tilewise.compile``; and on a GPU
+the same under bf16 autocast, within bf16's tolerance."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tilewise as tw
+
+SOURCE = Path(__file__).resolve().parent.parent / "benchmarks" / "vision_models.py"
+
+
+def models_for(library) -> types.ModuleType:
+    """The model source as a module of ``library``: for torch, ``tilewise`` becomes ``torch`` in its import lines."""
+    source = SOURCE.read_text()
+    if library is torch:
+        source = "".join(re.sub(r"\btilewise\b", "torch", line) if re.match(r"\s*(import|from)\s+tilewise\b", line)
+                         else line for line in source.splitlines(keepends=True))
+    module = types.ModuleType(f"test_vision_models_on_{library.__name__}")
+    sys.modules[module.__name__] = module
+    exec(compile(source, str(SOURCE), "exec"), module.__dict__)
+    return module
+
+
+MODELS = {library: models_for(library) for library in (torch, tw)}
+
+
+def narrow_resnet(models):
+    # two blocks in the first stage: one block with a downsampling shortcut and one with the identity
+    return models.ResNet(models.Bottleneck, [2, 1, 1, 1], num_classes=10, base_planes=8)
+
+
+def small_unet(models):
+    return models.UNet(3, num_classes=5, base=8, depth=3)
+
+
+# name -> (builder, input shape, label shape, classes); 64x64 keeps ResNet's last stage at 2x2, so its batch norm
+# sees 8 values a channel (2 values a channel make the normalised values +-1 and the gradients ill-conditioned)
+CASES = {"resnet": (narrow_resnet, (2, 3, 64, 64), (2,), 10), "unet": (small_unet, (2, 3, 32, 32), (2, 32, 32), 5)}
+
+
+def pair(name: str):
+    """(torch model, tilewise model with torch's initial weights, input, labels) as numpy-built tensors."""
+    build, x_shape, y_shape, classes = CASES[name]
+    torch.manual_seed(0)
+    theirs = build(MODELS[torch])
+    ours = build(MODELS[tw])
+    ours.load_state_dict({k: tw.from_numpy(v.detach().numpy().copy()) for k, v in theirs.state_dict().items()})
+    rng = np.random.default_rng(0)
+    return theirs, ours, rng.standard_normal(x_shape, dtype=np.float32), rng.integers(0, classes, y_shape)
+
+
+def loss_and_backward(functional, model, x, y, autocast=None):
+    if autocast is None:
+        loss = functional.cross_entropy(model(x), y)
+    else:
+        with autocast:
+            loss = functional.cross_entropy(model(x), y)
+    loss.backward()
+    return loss.detach()
+
+
+def assert_like_torch(theirs, ours, loss_theirs, loss_ours, rtol: float, grad_tol: float) -> None:
+    assert float(loss_ours.float().item()) == pytest.approx(float(loss_theirs.item()), rel=rtol)
+    ours_params = dict(ours.named_parameters())
+    assert list(ours_params) == [name for name, _ in theirs.named_parameters()]
+    for name, p in theirs.named_parameters():
+        grad = ours_params[name].grad
+        assert grad is not None, f"{name} has no gradient"
+        expected, got = p.grad.numpy(), grad.float().cpu().numpy()
+        error = np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-6)
+        assert error < grad_tol, f"{name}: gradient differs by {error:.2e} of its largest element"
+    ours_buffers = dict(ours.named_buffers())
+    for name, b in theirs.named_buffers():
+        np.testing.assert_allclose(ours_buffers[name].cpu().numpy(), b.numpy(), rtol=rtol, atol=rtol,
+                                   err_msg=f"buffer {name}")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_vision_model_loss_and_gradients_match_torch(name, compiled):
+    theirs, ours, x, y = pair(name)
+    loss_theirs = loss_and_backward(torch.nn.functional, theirs, torch.from_numpy(x), torch.from_numpy(y))
+    step = tw.compile(loss_and_backward) if compiled else loss_and_backward
+    loss_ours = step(tw.nn.functional, ours, tw.from_numpy(x), tw.from_numpy(y))
+    if compiled:
+        assert not step.eager_reason, step.eager_reason
+    assert_like_torch(theirs, ours, loss_theirs, loss_ours, rtol=1e-4, grad_tol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_vision_model_in_eval_mode_matches_torch(name):
+    theirs, ours, x, _ = pair(name)
+    theirs.eval(), ours.eval()
+    with torch.no_grad(), tw.no_grad():
+        expected, got = theirs(torch.from_numpy(x)).numpy(), ours(tw.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_vision_model_under_bf16_autocast_on_cuda_is_close_to_torch(name, compiled):
+    """tilewise on CUDA under bf16 autocast against torch's float32 on the CPU: bf16 tolerances."""
+    theirs, ours, x, y = pair(name)
+    ours.to("cuda")
+    loss_theirs = loss_and_backward(torch.nn.functional, theirs, torch.from_numpy(x), torch.from_numpy(y))
+    step = tw.compile(loss_and_backward) if compiled else loss_and_backward
+    loss_ours = step(tw.nn.functional, ours, tw.from_numpy(x).cuda(), tw.from_numpy(y).cuda(),
+                     tw.autocast("cuda", dtype=tw.bfloat16))
+    if compiled:
+        assert not step.eager_reason, step.eager_reason
+    assert_like_torch(theirs, ours, loss_theirs, loss_ours, rtol=3e-2, grad_tol=1e-1)
