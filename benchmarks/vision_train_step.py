@@ -33,8 +33,10 @@ wall time of tilewise's first call of each (a shape it has not seen: planning an
     python benchmarks/vision_train_step.py [--device cuda|cpu] [--model resnet50,unet] [--batch 64] [--image 224]
         [--formats contiguous,channels_last] [--dtypes fp32,bf16] [--steps 12] [--warmup 3]
         [--sides tilewise-eager,tilewise-compiled,torch-eager,torch-compile] [--no-torch-compile]
-        [--convs | --no-convs] [--conv-repeats 15] [--append FILE]
-    python benchmarks/vision_train_step.py --device cpu --batch 2 --image 32 --steps 2 --warmup 1   # a quick check
+        [--classes N] [--unet-base 32] [--resnet-width 64 --resnet-layers 3,4,6,3] [--lr 0.01]
+        [--convs | --no-convs] [--no-steps] [--conv-repeats 15] [--conv-shapes N] [--append FILE]
+    python benchmarks/vision_train_step.py --device cpu --batch 2 --image 48 --steps 2 --warmup 1 --classes 10
+        --resnet-width 8 --resnet-layers 1,1,1,1 --unet-base 8 --no-torch-compile --conv-shapes 2   # a quick check
 """
 
 from __future__ import annotations
@@ -205,10 +207,9 @@ def sample_batches(case: Case, steps: int) -> list[tuple[np.ndarray, np.ndarray]
              rng.integers(0, case.classes, size=labels)) for _ in range(steps)]
 
 
-def on_device(library: types.ModuleType, case: Case, batches: list) -> list:
+def on_device(library: types.ModuleType, case: Case, x: np.ndarray, y: np.ndarray) -> tuple:
     fmt = memory_format(library, case.fmt)
-    return [(library.from_numpy(x).to(case.device).to(memory_format=fmt), library.from_numpy(y).to(case.device))
-            for x, y in batches]
+    return library.from_numpy(x).to(case.device).to(memory_format=fmt), library.from_numpy(y).to(case.device)
 
 
 def run_side(side: Side, case: Case, batches: list, warmup: int) -> None:
@@ -221,7 +222,8 @@ def run_side(side: Side, case: Case, batches: list, warmup: int) -> None:
         if on_cuda:
             side.library.cuda.reset_peak_memory_stats()
         step, kernels = side.build()
-        for x, y in on_device(side.library, case, batches):
+        for images, labels in batches:
+            x, y = on_device(side.library, case, images, labels)  # one batch at a time: peak memory is the step's
             sync()
             start = time.perf_counter()
             loss = step(x, y)
