@@ -1,7 +1,7 @@
 """The benchmark's vision models (``benchmarks/vision_models.py``: ResNet-50's design at reduced widths, and the
 UNet) against torch running the same source: from the same weights, the loss, every parameter's gradient and the
-batch-norm running statistics, eager and with forward and backward compiled by ``tilewise.compile``; and on a GPU
-the same under bf16 autocast, within bf16's tolerance."""
+batch-norm running statistics, eager and with forward and backward compiled by ``tilewise.compile``; and under
+bf16 autocast (on the CPU, and on a GPU), no further from torch's float32 results than torch's own bf16 ones."""
 
 from __future__ import annotations
 
@@ -59,12 +59,15 @@ def pair(name: str):
     return theirs, ours, rng.standard_normal(x_shape, dtype=np.float32), rng.integers(0, classes, y_shape)
 
 
-def loss_and_backward(functional, model, x, y, autocast=None):
-    if autocast is None:
-        loss = functional.cross_entropy(model(x), y)
-    else:
-        with autocast:
-            loss = functional.cross_entropy(model(x), y)
+def loss_and_backward(functional, model, x, y):
+    loss = functional.cross_entropy(model(x), y)
+    loss.backward()
+    return loss.detach()
+
+
+def loss_and_backward_in_bf16(model, x, y):
+    with tw.autocast(x.device.type, dtype=tw.bfloat16):
+        loss = tw.nn.functional.cross_entropy(model(x), y)
     loss.backward()
     return loss.detach()
 
@@ -123,17 +126,39 @@ def test_vision_model_in_eval_mode_matches_torch(name):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.cuda
+def relative_errors(model, reference: dict[str, np.ndarray]) -> dict[str, float]:
+    """Each parameter's gradient's distance from ``reference``'s, relative to the latter's norm."""
+    return {name: float(np.linalg.norm(p.grad.cpu().float().numpy() - expected) / np.linalg.norm(expected))
+            for (name, p), expected in zip(model.named_parameters(), reference.values())}
+
+
+def torch_bf16_device(device: str) -> str:
+    """Where torch runs its bf16 side: beside ours, or on the CPU where this torch has no CUDA."""
+    return device if device == "cpu" or torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_vision_model_under_bf16_autocast_on_cuda_is_close_to_torch(name, compiled):
-    """tilewise on CUDA under bf16 autocast against torch's float32 on the CPU: bf16 tolerances."""
+def test_vision_model_under_bf16_autocast_errs_no_more_than_torch(name, compiled, device):
+    """Under bf16 autocast, tilewise's loss and gradients are as far from torch's float32 ones as torch's own under
+    bf16 autocast are (within 2x, plus 1%): these small batch-normed networks are ill-conditioned enough that bf16
+    moves torch's own gradients by up to their whole norm, so an element-wise tolerance would test nothing."""
     theirs, ours, x, y = pair(name)
-    ours.to("cuda")
-    loss_theirs = loss_and_backward(torch.nn.functional, theirs, torch.from_numpy(x), torch.from_numpy(y))
-    step = tw.compile(loss_and_backward) if compiled else loss_and_backward
-    loss_ours = step(tw.nn.functional, ours, tw.from_numpy(x).cuda(), tw.from_numpy(y).cuda(),
-                     tw.autocast("cuda", dtype=tw.bfloat16))
+    torch_device = torch_bf16_device(device)
+    theirs_bf16 = pair(name)[0].to(torch_device)
+    loss_fp32 = float(loss_and_backward(torch.nn.functional, theirs, torch.from_numpy(x), torch.from_numpy(y)).item())
+    reference = {k: p.grad.numpy() for k, p in theirs.named_parameters()}
+    with torch.autocast(torch_device, dtype=torch.bfloat16):
+        loss_torch = torch.nn.functional.cross_entropy(theirs_bf16(torch.from_numpy(x).to(torch_device)),
+                                                       torch.from_numpy(y).to(torch_device))
+    loss_torch.backward()
+    ours.to(device)
+    step = tw.compile(loss_and_backward_in_bf16) if compiled else loss_and_backward_in_bf16
+    loss_ours = float(step(ours, tw.from_numpy(x).to(device), tw.from_numpy(y).to(device)).item())
     if compiled:
         assert not step.eager_reason, step.eager_reason
-    assert_like_torch(theirs, ours, loss_theirs, loss_ours, rtol=3e-2, grad_tol=1e-1)
+    assert abs(loss_ours - loss_fp32) <= 2 * abs(float(loss_torch.item()) - loss_fp32) + 1e-2 * abs(loss_fp32)
+    theirs_errors, ours_errors = relative_errors(theirs_bf16, reference), relative_errors(ours, reference)
+    worse = {k: (ours_errors[k], theirs_errors[k]) for k in reference if ours_errors[k] > 2 * theirs_errors[k] + 1e-2}
+    assert not worse, f"gradients further from float32 than torch's bf16 ones (ours, torch's): {worse}"
