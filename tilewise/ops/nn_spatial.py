@@ -140,11 +140,22 @@ def _columns(windows, groups: int):
     return grouped.permute(*order).reshape(groups, batch * math.prod(out), channels // groups * math.prod(kernel))
 
 
-def _im2col(x, weight_shape, stride, pads, dilation, groups):
-    """The padded input's windows as one matrix per group: (groups, N * prod(O), C / groups * prod(K))."""
+def _im2col(x, weight_shape, stride, pads, dilation, groups, out_sizes=None):
+    """The padded input's windows as one matrix per group: (groups, N * prod(O), C / groups * prod(K)); with
+    ``out_sizes``, only the first windows along each dim."""
     if any(pads):
         x = _constant_pad(x, _pad_pairs(pads), 0)
-    return _columns(_windows(x, tuple(weight_shape[2:]), stride, dilation), groups)
+    windows = _windows(x, tuple(weight_shape[2:]), stride, dilation)
+    if out_sizes is not None:
+        windows = _leading(windows, 2, out_sizes)
+    return _columns(windows, groups)
+
+
+def _leading(x, first_dim: int, sizes):
+    """x cut to its first ``sizes`` entries along the dims from ``first_dim`` on (a view; x itself where it fits)."""
+    if tuple(x.shape[first_dim:first_dim + len(sizes)]) == tuple(sizes):
+        return x
+    return x[(*(slice(None),) * first_dim, *(slice(0, n) for n in sizes))]
 
 
 def _col2im(columns, input_shape, weight_shape, stride, pads, dilation, groups, out_sizes):
@@ -214,10 +225,13 @@ def _conv_transpose_forward(input, weight, stride, pads, dilation, groups, outpu
 
 def _conv_transpose_backward(grad, input, weight, stride, pads, dilation, groups):
     """Its input's gradient is the transposed convolution's forward; its weight's, that convolution's weight
-    gradient with the roles of input and output gradient swapped."""
-    grad_input = _convolution_forward(grad, weight, stride, pads, dilation, groups)
+    gradient with the roles of input and output gradient swapped. An output padding below the dilation (not the
+    stride) can give the gradient's convolution more windows than the input has positions: the extra windows read
+    only output positions no input reached, so they are dropped."""
+    sizes = tuple(input.shape[2:])
+    grad_input = _leading(_convolution_forward(grad, weight, stride, pads, dilation, groups), 2, sizes).contiguous()
     grad_weight = _grouped(input, groups).transpose(1, 2).bmm(_im2col(grad, weight.shape, stride, pads, dilation,
-                                                                       groups))
+                                                                       groups, sizes))
     return grad_input, grad_weight.reshape(weight.shape)
 
 
