@@ -217,7 +217,23 @@ def _interpolating_modes():
             Sample((T((2, 3, 7, 5)),), {"size": (3, 4), "mode": "area"}, name="area"),
             Sample((T((2, 3, 7)),), {"scale_factor": 0.5, "mode": "area"}, name="area-1d"),
             Sample((T((2, 3, 5, 4)),), {"size": (8, 3), "mode": "nearest-exact"}, name="nearest-exact"),
-            Sample((T((1, 2, 3, 4, 5)),), {"scale_factor": 1.5, "mode": "nearest-exact"}, name="nearest-exact-3d")]
+            Sample((T((1, 2, 3, 4, 5)),), {"scale_factor": 1.5, "mode": "nearest-exact"}, name="nearest-exact-3d"),
+            *_antialiasing_modes()]
+
+
+def _antialiasing_modes():
+    """Antialiased resampling (4-D only): down in one dim, up in the other, a dim left unchanged, align_corners."""
+    return [Sample((T((2, 3, 9, 5)),), {"size": (4, 7), "mode": "bilinear", "antialias": True},
+                   name="bilinear-antialias"),
+            Sample((T((2, 3, 9, 5)),), {"scale_factor": (0.4, 1.0), "mode": "bilinear", "antialias": True,
+                                        "align_corners": True}, name="bilinear-antialias-align-scale"),
+            Sample((T((1, 2, 11, 6)),), {"size": (3, 8), "mode": "bicubic", "antialias": True},
+                   name="bicubic-antialias"),
+            Sample((T((1, 2, 11, 6)),), {"scale_factor": 0.45, "mode": "bicubic", "antialias": True,
+                                        "recompute_scale_factor": True, "align_corners": True},
+                   name="bicubic-antialias-align-recompute"),
+            Sample((T((1, 2, 12, 5)),), {"size": (5, 9), "mode": "lanczos", "antialias": True},
+                   name="lanczos")]
 
 
 OPINFOS = [

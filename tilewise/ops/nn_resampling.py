@@ -40,39 +40,63 @@ def _nearest_source_index(size: int, out: int, scale, device):
 
 
 def _interpolate_sizes(op, input, size, scale_factor, recompute_scale_factor):
+    """The output sizes and the scale factors the kernels see (None where recomputed from the sizes), checked in
+    torch's order with torch's errors."""
     spatial = input.ndim - 2
-    if (size is None) == (scale_factor is None):
-        raise ValueError(f"{op}: exactly one of size or scale_factor should be defined, got size={size} and "
+    if size is not None and scale_factor is not None:
+        raise ValueError(f"{op}: only one of size or scale_factor should be defined, got size={size} and "
                          f"scale_factor={scale_factor}")
+    if size is None and scale_factor is None:
+        raise ValueError(f"{op}: either size or scale_factor should be defined")
+    # the schema hands a single int or float over as a 1-tuple: one entry stands for every spatial dim
+    if size is not None and isinstance(size, (tuple, list)) and len(size) not in (1, spatial):
+        raise ValueError(f"{op}: Input and output must have the same number of spatial dimensions, but got input "
+                         f"with spatial dimensions of {list(input.shape[2:])} and output size of {size}. Please "
+                         "provide input tensor in (N, C, d1, d2, ...,dK) format and output size in (o1, o2, ...,oK) "
+                         "format.")
+    factors = None
+    if scale_factor is not None:
+        factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,)
+        factors = factors * spatial if len(factors) == 1 else factors
+        if len(factors) != spatial:
+            raise ValueError(f"{op}: Input and scale_factor must have the same number of spatial dimensions, but got "
+                             f"input with spatial dimensions of {list(input.shape[2:])} and scale_factor of shape "
+                             f"{scale_factor}. Please provide input tensor in (N, C, d1, d2, ...,dK) format and "
+                             "scale_factor in (s1, s2, ...,sK) format.")
+    if recompute_scale_factor and size is not None:
+        raise ValueError(f"{op}: recompute_scale_factor is not meaningful with an explicit size.")
     if size is not None:
         return int_tuple(size, spatial, "size", op), (None,) * spatial
-    factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * spatial
-    if len(factors) != spatial:
-        raise ValueError(f"{op}: scale_factor shape must match input shape: input is {spatial}D spatially, "
-                         f"scale_factor has {len(factors)} entries")
     sizes = tuple(math.floor(float(n) * float(f)) for n, f in zip(input.shape[2:], factors))
     return sizes, (None,) * spatial if recompute_scale_factor else tuple(float(f) for f in factors)
 
 
-_INTERPOLATE_MODES = ("nearest", "linear", "bilinear", "bicubic", "trilinear", "area", "nearest-exact")
-_MODE_RANK = {"linear": 3, "bilinear": 4, "bicubic": 4, "trilinear": 5}
+_INTERPOLATE_MODES = ("nearest", "linear", "bilinear", "bicubic", "trilinear", "lanczos", "area", "nearest-exact")
+_MODE_RANK = {"linear": 3, "bilinear": 4, "bicubic": 4, "trilinear": 5, "lanczos": 4}
 _CUBIC = -0.75  # torch's cubic convolution coefficient A
 
 
 def _check_interpolate_mode(op, input, mode, align_corners, antialias) -> None:
-    if input.ndim not in (3, 4, 5) or mode not in _INTERPOLATE_MODES:
-        raise NotImplementedError(f"Input Error: Only 3D, 4D and 5D input Tensors supported (got {input.ndim}D) for "
-                                  "the modes: nearest | linear | bilinear | bicubic | trilinear | area | "
-                                  f"nearest-exact (got {mode})")
     if mode in ("nearest", "area", "nearest-exact") and align_corners is not None:
         raise ValueError("align_corners option can only be set with the interpolating modes: linear | bilinear | "
                          "bicubic | trilinear")
-    if antialias and mode not in ("bilinear", "bicubic"):
-        raise ValueError("Anti-alias option is restricted to bilinear and bicubic modes and requires a 4-D tensor "
-                         "as input")
-    if antialias:
-        raise NotImplementedError(f"{op}: antialias=True is not implemented in tilewise")
+    if antialias and (mode not in ("bilinear", "bicubic", "lanczos") or input.ndim != 4):
+        raise ValueError("Anti-alias option is restricted to bilinear, bicubic, and lanczos modes and requires a "
+                         "4-D tensor as input")
+    if input.ndim not in (3, 4, 5) or mode not in _INTERPOLATE_MODES:
+        raise NotImplementedError(f"Input Error: Only 3D, 4D and 5D input Tensors supported (got {input.ndim}D) for "
+                                  "the modes: nearest | linear | bilinear | bicubic | trilinear | lanczos | area | "
+                                  f"nearest-exact (got {mode})")
+    if mode == "lanczos" and input.ndim == 4:
+        if align_corners:
+            raise ValueError("Lanczos mode does not support align_corners=True")
+        if not antialias:
+            raise ValueError("Lanczos mode requires antialias=True")
     if mode in _MODE_RANK and input.ndim != _MODE_RANK[mode]:
+        if mode == "lanczos":  # torch names no rank for it
+            raise NotImplementedError(f"Input Error: Only 3D, 4D and 5D input Tensors supported (got {input.ndim}D) "
+                                      "for the modes: nearest | linear | bilinear | bicubic | trilinear | lanczos | "
+                                      f"area | nearest-exact (got {mode})")
         raise NotImplementedError(f"Got {input.ndim}D input, but {mode} mode needs {_MODE_RANK[mode]}D input")
 
 
@@ -146,11 +170,57 @@ def _cubic_along(x, d: int, out: int, scale, align_corners: bool):
     return (picked * weights.reshape(shape)).sum(d + 1)
 
 
+_ANTIALIAS_CUBIC = -0.5  # torch's (and PIL's) cubic coefficient when antialiasing
+
+
+def _antialias_filter(x, mode: str):
+    """torch's aa_filter: the triangle (bilinear), Keys cubic with A = -0.5 (bicubic) or Lanczos-3 (lanczos), zero
+    outside its support."""
+    x = x.abs()
+    if mode == "bilinear":
+        return (1 - x).clamp(min=0)
+    if mode == "lanczos":  # Lanczos-3: sinc(x) sinc(x / 3) inside |x| < 3
+        return (OPS["sinc"](x) * OPS["sinc"](x / 3)).where(x < 3, x * 0)
+    a = _ANTIALIAS_CUBIC
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return near.where(x < 1, far.where(x < 2, x * 0))
+
+
+def _antialias_along(x, d: int, out: int, scale, align_corners: bool, mode: str):
+    """torch's antialiased resampling of dim d (_compute_weights_aa): each output reads every input within the
+    filter's support, widened by the downscaling factor, with weights normalised to sum to one."""
+    from tilewise.ops.creation import arange
+
+    size = x.shape[d]
+    if align_corners:
+        step = (size - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        step = 1.0 / scale if scale is not None and scale > 0 else size / out
+    half_width = {"bilinear": 1.0, "bicubic": 2.0, "lanczos": 3.0}[mode]
+    support = half_width * step if step >= 1.0 else half_width
+    inverse = 1.0 / step if step >= 1.0 else 1.0
+    taps = math.ceil(support) * 2 + 1
+    center = (arange(out, device=x.device).to(x.dtype) + 0.5) * step
+    first = (center - support + 0.5).floor().clamp(min=0)
+    count = ((center + support + 0.5).floor().clamp(max=size) - first).clamp(0, taps)
+    offsets = arange(taps, device=x.device).to(x.dtype)
+    weights = _antialias_filter((offsets + first.unsqueeze(-1) - center.unsqueeze(-1) + 0.5) * inverse, mode)
+    weights = weights * (offsets < count.unsqueeze(-1)).to(x.dtype)
+    total = weights.sum(-1, keepdim=True)
+    weights = weights / total.where(total != 0, total + 1)
+    index = (first.long().unsqueeze(-1) + arange(taps, device=x.device)).clamp(max=size - 1)
+    shape = (out, taps) + (1,) * (x.ndim - d - 1)
+    return (_select(x, d, index) * weights.reshape(shape)).sum(d + 1)
+
+
 def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                  recompute_scale_factor=None, antialias=False):
     op = "interpolate"
-    _check_interpolate_mode(op, input, mode, align_corners, antialias)
+    if mode in ("nearest", "area", "nearest-exact") and align_corners is not None:
+        _check_interpolate_mode(op, input, mode, align_corners, antialias)
     sizes, scales = _interpolate_sizes(op, input, size, scale_factor, recompute_scale_factor)
+    _check_interpolate_mode(op, input, mode, align_corners, antialias)
     if min(sizes, default=1) <= 0 or min(input.shape[2:], default=1) <= 0:
         names = "DHW"[-len(sizes):]
         given = ", ".join(f"{a}: {n}" for a, n in zip(names, input.shape[2:]))
@@ -163,7 +233,10 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     out = input
     for k, (n, o, s) in enumerate(zip(input.shape[2:], sizes, scales)):
         d = 2 + k
-        if mode == "nearest":
+        if antialias:
+            if n != o:  # torch leaves a dim of unchanged size as it is, whatever the scale factor
+                out = _antialias_along(out, d, o, s, bool(align_corners), mode)
+        elif mode == "nearest":
             out = _select(out, d, _nearest_source_index(n, o, s, input.device))
         elif mode == "nearest-exact":
             out = _select(out, d, _nearest_exact_source_index(n, o, s, input.device))
