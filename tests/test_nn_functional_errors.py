@@ -61,7 +61,7 @@ def test_conv_other_argument_errors():
         F.conv2d(tw.randn(1, 4, 5, 5), tw.randn(3, 2, 3, 3), groups=2)
     with pytest.raises(RuntimeError, match=r"padding='same' is not supported for strided convolutions"):
         F.conv2d(tw.randn(1, 3, 5, 5), tw.randn(2, 3, 3, 3), stride=2, padding="same")
-    with pytest.raises(ValueError, match=r"Invalid padding string 'full'"):
+    with pytest.raises(RuntimeError, match=r"Invalid padding string: 'full'"):
         F.conv1d(tw.randn(1, 3, 5), tw.randn(2, 3, 3), padding="full")
     with pytest.raises(RuntimeError, match=r"Kernel size can't be greater than actual input size"):
         F.conv2d(tw.randn(1, 3, 2, 2), tw.randn(2, 3, 3, 3))

@@ -250,7 +250,9 @@ def _batch_norm(input, running_mean, running_var, weight=None, bias=None, traini
 
 
 def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
-    if input.ndim < 2 or input.shape[1] % num_groups != 0:
+    if input.ndim < 2:
+        raise RuntimeError(f"group_norm: Expected at least 2 dimensions for input tensor but received {input.ndim}")
+    if input.shape[1] % num_groups != 0:
         raise RuntimeError(f"group_norm: Expected number of channels in input to be divisible by num_groups, but got "
                            f"input of shape {list(input.shape)} and num_groups={num_groups}")
     channels = input.shape[1]

@@ -120,6 +120,8 @@ def _window_maximum_position(flat, kernel, stride, padding, dilation, padded: bo
     lowest value reports its first element inside the input (never a padded one). ``argmax`` gives the first
     NaN or the first maximum of each window on its own, ``argmax`` of the reversed window the last NaN; the
     element found tells which rule applies, so every window follows the rule whatever its neighbours hold."""
+    if flat.numel() == 0:  # an empty batch: no window to search
+        return flat.sum(-1).long()
     position = flat.argmax(-1)
     found = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
     if flat.dtype.is_floating_point:
@@ -197,6 +199,13 @@ def _window_divisors(pooled, input_sizes, kernel, stride, padding, count_include
     return math.prod(counts[1:], start=counts[0]).to(pooled.dtype)
 
 
+def _check_average_dtype(op, dtype) -> None:
+    """torch averages floating windows and, of the integers, int64 only."""
+    if not dtype.is_floating_point and dtype.name != "int64":
+        raise NotImplementedError(f'"{op}" not implemented for \'{dtype.name}\': average pooling takes floating '
+                                  "point or int64 input")
+
+
 def _avg_pool(spatial: int):
     op = f"avg_pool{spatial}d"
 
@@ -205,12 +214,14 @@ def _avg_pool(spatial: int):
         kernel, stride, padding, dilation = _pool_args(op, input, kernel_size, stride, padding, 1, spatial)
         if divisor_override is not None and divisor_override == 0:
             raise RuntimeError(f"{op}: divisor must be not zero")
+        _check_average_dtype(op, input.dtype)
         unbatched = input.ndim == spatial + 1
         x = input.unsqueeze(0) if unbatched else input
         windows = _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, 0)
         total = windows.sum(tuple(range(-spatial, 0)))
-        out = total / _window_divisors(total, x.shape[2:], kernel, stride, padding, count_include_pad,
-                                       divisor_override)
+        divisors = _window_divisors(total, x.shape[2:], kernel, stride, padding, count_include_pad, divisor_override)
+        # int64 windows average in integer arithmetic, rounded toward zero as in torch's CPU kernel
+        out = total / divisors if x.dtype.is_floating_point else total.div(divisors, rounding_mode="trunc")
         return out.squeeze(0) if unbatched else out
 
     return avg_pool
@@ -268,6 +279,12 @@ def _adaptive_output_size(op, input, output_size, spatial: int) -> tuple[int, ..
     return sizes
 
 
+def _check_none_sizes(input, output_size) -> None:
+    """torch fills a None output size from the input's trailing dims before any other check (_list_with_default)."""
+    if isinstance(output_size, (tuple, list)) and None in output_size and input.ndim <= len(output_size):
+        raise ValueError(f"Input dimension should be at least {len(output_size) + 1}")
+
+
 def _check_adaptive_input(op, input, spatial: int) -> None:
     if input.ndim not in (spatial + 1, spatial + 2):
         raise RuntimeError(f"{op}(): Expected {_DIMS[spatial]} tensor, but got {list(input.shape)}")
@@ -314,6 +331,7 @@ def _adaptive_avg_pool(spatial: int):
     def adaptive_avg_pool(input, output_size):
         """torch's: a mean over the spatial dims for an output of ones (which saves nothing for backward), else the
         pooling op proper, which saves its input; 1-D pooling is 2-D pooling over a height of one."""
+        _check_none_sizes(input, output_size)
         if spatial == 2 and (input.ndim not in (3, 4) or 0 in input.shape[-2:]):
             raise RuntimeError(f"{op}: Expected 3D or 4D input with non-zero spatial sizes, but got "
                                f"{list(input.shape)}")
@@ -390,6 +408,7 @@ def _adaptive_max_pool_with_indices(spatial: int):
     op = f"adaptive_max_pool{spatial}d"
 
     def adaptive_max_pool_with_indices(input, output_size):
+        _check_none_sizes(input, output_size)
         _check_adaptive_input(op, input, spatial)
         if not input.dtype.is_floating_point:
             raise NotImplementedError(f'"{op}" not implemented for {input.dtype}: it takes floating-point input')

@@ -254,7 +254,12 @@ functional("interpolate(Tensor input, int[]? size=None, float[]? scale_factor=No
 
 def _pixel_shuffle(input, upscale_factor):
     r = upscale_factor
-    if input.ndim < 3 or input.shape[-3] % (r * r):
+    if r <= 0:
+        raise RuntimeError(f"pixel_shuffle expects a positive upscale_factor, but got {r}")
+    if input.ndim < 3:
+        raise RuntimeError(f"pixel_shuffle expects input to have at least 3 dimensions, but got input with "
+                           f"{input.ndim} dimension(s)")
+    if input.shape[-3] % (r * r):
         raise RuntimeError(f"pixel_shuffle expects an input of shape (*, C * r^2, H, W) with C * r^2 divisible by "
                            f"upscale_factor^2 = {r * r}, got input of shape {list(input.shape)}")
     *lead, channels, height, width = input.shape
@@ -266,7 +271,12 @@ def _pixel_shuffle(input, upscale_factor):
 
 def _pixel_unshuffle(input, downscale_factor):
     r = downscale_factor
-    if input.ndim < 3 or input.shape[-2] % r or input.shape[-1] % r:
+    if r <= 0:
+        raise RuntimeError(f"pixel_unshuffle expects a positive downscale_factor, but got {r}")
+    if input.ndim < 3:
+        raise RuntimeError(f"pixel_unshuffle expects input to have at least 3 dimensions, but got input with "
+                           f"{input.ndim} dimension(s)")
+    if input.shape[-2] % r or input.shape[-1] % r:
         raise RuntimeError(f"pixel_unshuffle expects an input of shape (*, C, H, W) with H and W divisible by "
                            f"downscale_factor = {r}, got input of shape {list(input.shape)}")
     *lead, channels, height, width = input.shape
@@ -373,12 +383,16 @@ def _affine_grid(theta, size, align_corners=None):
     if spatial not in (2, 3):
         raise NotImplementedError(f"{op} only supports 4D and 5D sizes, for 2D and 3D affine transforms, "
                                   f"respectively. Got size {list(size)}.")
-    if theta.ndim != 3 or tuple(theta.shape[1:]) != (spatial, spatial + 1) or theta.shape[0] != size[0]:
+    if theta.ndim != 3 or tuple(theta.shape[1:]) != (spatial, spatial + 1):
         shape = "Nx2x3" if spatial == 2 else "Nx3x4"
         raise ValueError(f"Expected a batch of {spatial}D affine matrices of shape {shape} for size {list(size)}. "
                          f"Got {list(theta.shape)}.")
     if min(size) <= 0:
         raise ValueError(f"Expected non-zero, positive output size. Got {list(size)}")
+    if theta.shape[0] != size[0]:  # torch's batched product of the base grid and theta refuses it
+        raise RuntimeError(f"{op}: Expected size for first two dimensions of batch2 tensor to be: [{size[0]}, "
+                           f"{spatial + 1}] but got: [{theta.shape[0]}, {spatial + 1}] (theta of shape "
+                           f"{list(theta.shape)} for size {list(size)})")
     batch, sizes = size[0], size[2:]
     axes = [_base_coordinates(n, bool(align_corners), theta) for n in sizes]  # depth, height, width
     grids = []
@@ -445,6 +459,24 @@ def _gather_taps(plane, taps, sizes):
     return values * inside.unsqueeze(1).to(values.dtype)
 
 
+def _check_grid(op, input, grid) -> None:
+    """torch's grid_sampler checks, in its order and words."""
+    spatial = input.ndim - 2
+    if grid.ndim == 0 or grid.shape[-1] != spatial:
+        raise RuntimeError(f"{op}(): expected grid to have size {spatial} in last dimension, but got grid with sizes "
+                           f"{list(grid.shape)}")
+    if input.ndim not in (4, 5) or grid.ndim != input.ndim:
+        raise RuntimeError(f"{op}(): expected 4D or 5D input and grid with same number of dimensions, but got input "
+                           f"with sizes {list(input.shape)} and grid with sizes {list(grid.shape)}")
+    if grid.shape[0] != input.shape[0]:
+        raise RuntimeError(f"{op}(): expected grid and input to have same batch size, but got input with sizes "
+                           f"{list(input.shape)} and grid with sizes {list(grid.shape)}")
+    for d in range(2, input.ndim):
+        if input.shape[d] == 0:
+            raise RuntimeError(f"{op}(): expected input to have non-empty spatial dimensions, but input has sizes "
+                               f"{list(input.shape)} with dimension {d} being empty")
+
+
 def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
     """F.grid_sample: the input read at each grid point (x, y[, z] in [-1, 1], x along the last dim), by bilinear
     (trilinear), nearest or bicubic interpolation, with zeros, border or reflection padding."""
@@ -455,12 +487,8 @@ def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corne
     if padding_mode not in ("zeros", "border", "reflection"):
         raise ValueError("nn.functional.grid_sample(): expected padding_mode to be 'zeros', 'border', or "
                          f"'reflection', but got: '{padding_mode}'")
+    _check_grid(op, input, grid)
     spatial = input.ndim - 2
-    if input.ndim not in (4, 5) or grid.ndim != input.ndim or grid.shape[-1] != spatial \
-            or grid.shape[0] != input.shape[0]:
-        raise RuntimeError(f"{op}(): expected a 4D or 5D input and a grid of the same rank with the input's batch "
-                           f"size and last dim {spatial}, but got input of shape {list(input.shape)} and grid of "
-                           f"shape {list(grid.shape)}")
     if mode == "bicubic" and spatial != 2:
         raise RuntimeError(f"{op}(): bicubic interpolation only supports 4D input")
     if input.dtype is not grid.dtype:

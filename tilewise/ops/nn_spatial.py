@@ -88,6 +88,9 @@ def _check_conv(op, input, weight, bias, stride, padding, dilation, groups, spat
     _check_window_args(op, groups, stride, dilation, padding)
     channels = input.shape[-spatial - 1]
     out_channels, group_channels = weight.shape[0], weight.shape[1]
+    if out_channels < groups:
+        raise RuntimeError(f"{op}: Given groups={groups}, expected weight to be at least {groups} at dimension 0, but "
+                           f"got weight of size {list(weight.shape)} instead")
     if out_channels % groups:
         raise RuntimeError(f"{op}: Given groups={groups}, expected weight to be divisible by {groups} at dimension 0 "
                            f"(out_channels), but got weight of size {list(weight.shape)} instead")
@@ -99,8 +102,15 @@ def _check_conv(op, input, weight, bias, stride, padding, dilation, groups, spat
     if bias is not None and tuple(bias.shape) != (out_channels,):
         raise RuntimeError(f"{op}: Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
                            f"{out_channels} elements, but got bias of size {list(bias.shape)} instead")
+    _check_same_dtypes(op, input, weight, bias)
+
+
+def _check_same_dtypes(op, input, weight, bias) -> None:
+    """torch computes in the input's dtype and refuses to promote a weight or bias of another."""
     if input.dtype is not weight.dtype:
         raise RuntimeError(f"{op}: Input type ({input.dtype}) and weight type ({weight.dtype}) should be the same")
+    if bias is not None and bias.dtype is not input.dtype:
+        raise RuntimeError(f"{op}: Input type ({input.dtype}) and bias type ({bias.dtype}) should be the same")
 
 
 def _conv_pads(op, padding, kernel, stride, dilation) -> list[tuple[int, int]]:
@@ -109,7 +119,7 @@ def _conv_pads(op, padding, kernel, stride, dilation) -> list[tuple[int, int]]:
     if padding == "valid":
         return [(0, 0)] * len(kernel)
     if padding != "same":
-        raise ValueError(f"{op}: Invalid padding string {padding!r}, should be one of 'valid', 'same'")
+        raise RuntimeError(f"{op}: Invalid padding string: {padding!r}, should be one of 'valid', 'same'")
     if max(stride) != 1:
         raise RuntimeError(f"{op}: padding='same' is not supported for strided convolutions, got "
                            f"stride={list(stride)}")
@@ -319,8 +329,7 @@ def _check_conv_transpose(op, input, weight, bias, stride, padding, output_paddi
         raise RuntimeError(f"{op}: Given transposed=1, weight of size {list(weight.shape)}, expected bias to be "
                            f"1-dimensional with {out_channels} elements, but got bias of size {list(bias.shape)} "
                            "instead")
-    if input.dtype is not weight.dtype:
-        raise RuntimeError(f"{op}: Input type ({input.dtype}) and weight type ({weight.dtype}) should be the same")
+    _check_same_dtypes(op, input, weight, bias)
 
 
 def _transposed_convolution(op: str, spatial: int):
