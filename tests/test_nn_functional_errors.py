@@ -50,7 +50,7 @@ def test_cross_entropy_bad_weight_and_target_dtype():
 
 def test_conv2d_channel_mismatch_names_in_channels_groups_and_weight():
     with pytest.raises(RuntimeError, match=r"conv2d: Given groups=1, weight of size \[8, 4, 3, 3\], expected "
-                                           r"input\[2, 3, 5, 5\] to have 4 channels.*in_channels.*got 3 channels"):
+                                           r"input\[2, 3, 5, 5\] to have 4 channels, but got 3 channels.*in_channels"):
         F.conv2d(tw.randn(2, 3, 5, 5), tw.randn(8, 4, 3, 3))
     with pytest.raises(RuntimeError, match=r"groups=2, .* expected input\[1, 6, 5, 5\] to have 4 channels"):
         F.conv2d(tw.randn(1, 6, 5, 5), tw.randn(4, 2, 3, 3), groups=2)

@@ -37,14 +37,26 @@ def _pool_args(op, input, kernel_size, stride, padding, dilation, spatial: int =
     stride = kernel if not stride else int_tuple(stride, spatial, "stride", op)
     padding = int_tuple(padding, spatial, "padding", op)
     dilation = int_tuple(dilation, spatial, "dilation", op)
-    if min(kernel) <= 0 or min(stride) <= 0 or min(dilation) <= 0:
-        raise RuntimeError(f"{op}: kernel_size, stride and dilation must be greater than zero, got "
-                           f"kernel_size={list(kernel)}, stride={list(stride)}, dilation={list(dilation)}")
+    _check_positive_windows(op, kernel, stride, dilation, padding)
     for k, p, d in zip(kernel, padding, dilation):
-        if p < 0 or p > (d * (k - 1) + 1) // 2:
+        if p > (d * (k - 1) + 1) // 2:
             raise RuntimeError(f"{op}: pad should be at most half of effective kernel size, but got pad={p}, "
                                f"kernel_size={k} and dilation={d}")
     return kernel, stride, padding, dilation
+
+
+def _check_positive_windows(op, kernel, stride, dilation, padding) -> None:
+    """torch's pooling checks in its order (a zero stride first: it defaults to the kernel size)."""
+    if 0 in stride:
+        raise RuntimeError(f"{op}: stride should not be zero, got stride={list(stride)}")
+    if min(kernel) <= 0:
+        raise RuntimeError(f"{op}: kernel size should be greater than zero, but got kernel_size={list(kernel)}")
+    if min(stride) < 0:
+        raise RuntimeError(f"{op}: stride should be greater than zero, but got stride={list(stride)}")
+    if min(dilation) <= 0:
+        raise RuntimeError(f"{op}: dilation should be greater than zero, but got dilation={list(dilation)}")
+    if min(padding) < 0:
+        raise RuntimeError(f"{op}: pad must be non-negative, but got padding={list(padding)}")
 
 
 def _pooled_size(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:

@@ -466,7 +466,8 @@ def _check_grid(op, input, grid) -> None:
         raise RuntimeError(f"{op}(): expected grid to have size {spatial} in last dimension, but got grid with sizes "
                            f"{list(grid.shape)}")
     if input.ndim not in (4, 5) or grid.ndim != input.ndim:
-        raise RuntimeError(f"{op}(): expected 4D or 5D input and grid with same number of dimensions, but got input "
+        rank = 4 if input.ndim == 4 else 5
+        raise RuntimeError(f"{op}(): expected {rank}D input and grid with same number of dimensions, but got input "
                            f"with sizes {list(input.shape)} and grid with sizes {list(grid.shape)}")
     if grid.shape[0] != input.shape[0]:
         raise RuntimeError(f"{op}(): expected grid and input to have same batch size, but got input with sizes "

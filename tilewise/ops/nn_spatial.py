@@ -78,6 +78,11 @@ def _check_window_args(op, groups, stride, dilation, padding) -> None:
         raise RuntimeError(f"{op}: negative padding is not supported, got padding={list(padding)}")
 
 
+def _batched_shape(input, spatial: int) -> list[int]:
+    """The input's shape as torch names it in errors: an unbatched input as the batch of one it becomes."""
+    return list(input.shape) if input.ndim == spatial + 2 else [1, *input.shape]
+
+
 def _check_conv(op, input, weight, bias, stride, padding, dilation, groups, spatial: int) -> None:
     if input.ndim not in (spatial + 1, spatial + 2):
         raise RuntimeError(f"Expected {spatial + 1}D (unbatched) or {spatial + 2}D (batched) input to {op}, but got "
@@ -96,9 +101,9 @@ def _check_conv(op, input, weight, bias, stride, padding, dilation, groups, spat
                            f"(out_channels), but got weight of size {list(weight.shape)} instead")
     if channels != group_channels * groups:
         raise RuntimeError(f"{op}: Given groups={groups}, weight of size {list(weight.shape)}, expected "
-                           f"input{list(input.shape)} to have {group_channels * groups} channels (in_channels = "
-                           f"weight.shape[1] * groups = {group_channels} * {groups}), but got {channels} channels "
-                           "instead")
+                           f"input{_batched_shape(input, spatial)} to have {group_channels * groups} channels, but got "
+                           f"{channels} channels instead (in_channels = weight.shape[1] * groups = {group_channels} * "
+                           f"{groups})")
     if bias is not None and tuple(bias.shape) != (out_channels,):
         raise RuntimeError(f"{op}: Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
                            f"{out_channels} elements, but got bias of size {list(bias.shape)} instead")
@@ -273,11 +278,11 @@ def _convolution(op: str, spatial: int):
         pads = _conv_pads(op, padding, weight.shape[2:], stride, dilation)
         unbatched = input.ndim == spatial + 1
         x = input.unsqueeze(0) if unbatched else input
+        padded_shape = (*x.shape[:2], *(n + before + after for n, (before, after) in zip(x.shape[2:], pads)))
+        _check_output_size(op, padded_shape, weight, stride, dilation)
         w = weight
         if spatial == 1:
             x, w, stride, dilation, pads = _as_2d(x, w, stride, dilation, pads)
-        padded_shape = (*x.shape[:2], *(n + before + after for n, (before, after) in zip(x.shape[2:], pads)))
-        _check_output_size(op, padded_shape, w, stride, dilation)
         if any(before != after for before, after in pads):  # 'same' with an even span: torch pads a copy first
             x = _constant_pad(x, [(0, after - before) for before, after in pads], 0)
             pads = [(before, before) for before, _ in pads]
@@ -319,8 +324,8 @@ def _check_conv_transpose(op, input, weight, bias, stride, padding, output_paddi
     channels = input.shape[-spatial - 1]
     if channels != weight.shape[0]:
         raise RuntimeError(f"{op}: Given transposed=1, weight of size {list(weight.shape)}, expected "
-                           f"input{list(input.shape)} to have {weight.shape[0]} channels, but got {channels} channels "
-                           "instead")
+                           f"input{_batched_shape(input, spatial)} to have {weight.shape[0]} channels, but got "
+                           f"{channels} channels instead")
     if weight.shape[0] % groups:
         raise RuntimeError(f"{op}: Given groups={groups}, expected weight to be divisible by {groups} at dimension 0 "
                            f"(in_channels), but got weight of size {list(weight.shape)} instead")
