@@ -189,7 +189,13 @@ def _grid_sample():
             Sample((image, grid), {"mode": "bicubic", "padding_mode": "reflection", "align_corners": True},
                    name="bicubic-reflection-align"),
             Sample((volume, grid3), name="3d"),
-            Sample((volume, grid3), {"padding_mode": "reflection"}, name="3d-reflection")]
+            Sample((volume, grid3), {"padding_mode": "reflection"}, name="3d-reflection"),
+            Sample((volume, grid3), {"padding_mode": "border", "align_corners": True}, name="3d-border-align"),
+            Sample((volume, T((2, 3, 4, 2, 3), "float", -1.3, 1.3, grad=False)),
+                   {"mode": "nearest", "padding_mode": "reflection", "align_corners": True}, name="3d-nearest"),
+            Sample((image, T((2, 6, 7, 2), "float", -1.3, 1.3, grad=False)),
+                   {"mode": "nearest", "padding_mode": "border", "align_corners": True}, name="nearest-border-align"),
+            Sample((T((0, 3, 4, 5)), T((0, 6, 7, 2))), name="empty-batch")]
 
 
 OPINFOS = [

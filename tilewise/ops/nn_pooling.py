@@ -173,8 +173,9 @@ def max_pool_backward(grad, input, indices, spatial: int = 2):
     from tilewise.ops.creation import zeros
 
     plane = (*input.shape[:-spatial], math.prod(input.shape[-spatial:]))
-    flat_indices = indices.reshape(*indices.shape[:-spatial], -1)
-    flat_grad = grad.reshape(*grad.shape[:-spatial], -1)
+    # sizes spelled out, not -1: an empty batch has no size to infer
+    flat_indices = indices.reshape(*indices.shape[:-spatial], math.prod(indices.shape[-spatial:]))
+    flat_grad = grad.reshape(*grad.shape[:-spatial], math.prod(grad.shape[-spatial:]))
     grad_input = zeros(plane, dtype=grad.dtype, device=grad.device).scatter_add(-1, flat_indices, flat_grad)
     return grad_input.reshape(input.shape)
 
@@ -404,7 +405,7 @@ def _windows_maximum(x, positions):
     (O, L) input positions."""
     spatial = len(positions)
     windows = _gather_windows(x, positions)
-    flat = windows.reshape(*windows.shape[:2 + spatial], -1)
+    flat = windows.reshape(*windows.shape[:2 + spatial], math.prod(windows.shape[2 + spatial:]))
     position = _window_maximum_position(flat, (), (), (), (), padded=False)
     values = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
     longest = [rows.shape[1] for rows in positions]

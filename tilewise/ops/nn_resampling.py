@@ -454,7 +454,7 @@ def _gather_taps(plane, taps, sizes):
         flat = clamped if flat is None else flat * size + clamped
     batch, channels = plane.shape[:2]
     out_shape = flat.shape[1:]
-    gathered = plane.gather(-1, flat.reshape(batch, 1, -1).expand(batch, channels, -1))
+    gathered = plane.gather(-1, flat.reshape(batch, 1, math.prod(out_shape)).expand(batch, channels, -1))
     values = gathered.reshape(batch, channels, *out_shape)
     return values * inside.unsqueeze(1).to(values.dtype)
 
@@ -498,7 +498,7 @@ def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corne
     align = bool(align_corners)
     sizes = tuple(input.shape[2:])
     batch, channels = input.shape[:2]
-    plane = input.reshape(batch, channels, -1)
+    plane = input.reshape(batch, channels, math.prod(sizes))
     # grid components run x (last dim), y, z; coordinates here run first dim first
     raw = [_unnormalize(grid[..., spatial - 1 - d], sizes[d], align) for d in range(spatial)]
     if mode == "bicubic":
