@@ -230,6 +230,21 @@ def test_conv_forward_is_the_hook_torch_layers_override():
     assert layer.transposed is False and tw.nn.ConvTranspose2d(2, 2, 2).transposed is True
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_of_nan_and_infinite_grid_values_matches_torch(mode, padding_mode, align_corners):
+    """Border and reflection clip a NaN coordinate (or an infinite one reflected) to 0, as torch does. Forward only:
+    torch's own backward crashes on such grids."""
+    image = _values((1, 2, 4, 5), 0)
+    grid = np.array([[[[np.nan, 0.3], [0.2, np.nan], [np.inf, 0.1], [-np.inf, 0.1], [0.1, np.inf], [0.1, -np.inf],
+                       [np.nan, np.nan]]]], dtype=np.float32)
+    kwargs = {"mode": mode, "padding_mode": padding_mode, "align_corners": align_corners}
+    out = tw.nn.functional.grid_sample(tw.tensor(image), tw.tensor(grid), **kwargs)
+    expected = torch.nn.functional.grid_sample(torch.tensor(image), torch.tensor(grid), **kwargs)
+    np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 # ---------------------------------------------------------------------------- a whole CNN from torch.save
 
 class _Net:

@@ -198,7 +198,7 @@ def _avg_pool2d_int64():
 def _adaptive_avg_pool2d():
     x = T((2, 3, 7, 5))
     return [Sample((x, (3, 2))), Sample((x, 1), name="global"), Sample((x, (7, 5)), name="identity"),
-            Sample((x, (None, 3)), name="none"),
+            Sample((x, (None, 3)), name="none"), Sample((T((2, 3, 7, 5), "nan"), (3, 2)), name="nan-inf"),
             Sample((x, (9, 8)), name="upsample"), Sample((T((3, 6, 4)), 2), name="unbatched")]
 
 

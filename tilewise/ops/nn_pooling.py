@@ -4,9 +4,10 @@ one, two or three spatial dims.
 [Note: pooling as windows] Pooling takes the window views convolution takes (``nn_spatial._windows``): max
 pooling picks in each flattened window the element torch's rule picks (see [Note: max pooling and NaN]) and reads
 it back there; average pooling sums and divides by torch's per-window divisor. Adaptive pooling has windows of
-varying size: average pooling is one small averaging matrix per spatial dim, max pooling gathers every window at
-the largest size with its indices clamped to the window's last element (a repeated element changes neither the
-maximum nor the index torch reports). Fractional max pooling is adaptive max pooling with torch's pseudo-random
+varying size: both gather every window at the largest size with its indices clamped to the window's last element.
+Average pooling averages one spatial dim at a time, selecting (not zero-weighting) a window's own taps so that a
+NaN stays in the windows holding it; for max pooling a repeated element changes neither the maximum nor the index
+torch reports. Fractional max pooling is adaptive max pooling with torch's pseudo-random
 window starts. Each carries torch's derivative and saves what torch saves: the input, and for max pooling the
 indices it returns, whose positions the gradient is added at (so changing either in place before backward is
 the error it is in torch), rather than the windows its decomposition makes.
@@ -307,35 +308,56 @@ def _check_adaptive_input(op, input, spatial: int) -> None:
                                f"has sizes {list(input.shape)} with dimension {d} being empty")
 
 
-def _adaptive_average_matrix(size: int, out: int, like):
-    """(out, size) matrix whose row i averages input positions floor(i*size/out) .. ceil((i+1)*size/out) - 1."""
+def _adaptive_windows(size: int, out: int, like):
+    """Each adaptive window along one dim (torch's floor(i*size/out) .. ceil((i+1)*size/out) - 1): its (out, L)
+    input positions (clamped to the window's last), which of them are its own, and its (out,) length."""
     from tilewise.ops.creation import arange
 
     i = arange(out, device=like.device).unsqueeze(1)
-    j = arange(size, device=like.device)
     start, end = (i * size) // out, ((i + 1) * size + out - 1) // out
-    return ((j >= start) & (j < end)).to(like.dtype) / (end - start).clamp(min=1).to(like.dtype)
+    longest = max(((k + 1) * size + out - 1) // out - (k * size) // out for k in range(out))
+    taps = start + arange(longest, device=like.device)
+    return taps.minimum(end - 1), taps < end, (end - start).squeeze(1).to(like.dtype)
 
 
-def _contract_each_dim(x, matrices):
-    """x with each of its last len(matrices) dims multiplied by its matrix (out, size) -> (..., *out)."""
-    spatial = len(matrices)
-    for k, matrix in enumerate(matrices):
-        d = x.ndim - spatial + k
-        x = x.movedim(d, -1).matmul(matrix.t()).movedim(-1, d)
-    return x.contiguous()
+def _average_along(x, d: int, out: int):
+    """x averaged over each adaptive window of dim d. Taps past a window are dropped with a select, not weighted
+    by zero, so a NaN or inf stays in the windows that hold it (0 * NaN would spread it to every output)."""
+    index, own, length = _adaptive_windows(x.shape[d], out, x)
+    trailing = (1,) * (x.ndim - d - 1)
+    picked = x.index_select(d, index.reshape(-1)).reshape(*x.shape[:d], *index.shape, *x.shape[d + 1:])
+    total = picked.where(own.reshape(*index.shape, *trailing), 0).sum(d + 1)
+    return total / length.reshape(out, *trailing)
 
 
-def _adaptive_avg_pool_by_matrices(self, output_size):
+def _spread_along(grad, d: int, size: int):
+    """The adjoint of ``_average_along``: each window's gradient, divided by its length, added to its taps."""
+    from tilewise.ops.creation import zeros
+
+    out = grad.shape[d]
+    index, own, length = _adaptive_windows(size, out, grad)
+    trailing = (1,) * (grad.ndim - d - 1)
+    share = (grad / length.reshape(out, *trailing)).unsqueeze(d + 1)
+    share = share.expand(*grad.shape[:d + 1], index.shape[1], *grad.shape[d + 1:])
+    share = share.where(own.reshape(*index.shape, *trailing), 0)
+    flat = share.reshape(*grad.shape[:d], index.numel(), *grad.shape[d + 1:])
+    shape = (*grad.shape[:d], size, *grad.shape[d + 1:])
+    return zeros(shape, dtype=grad.dtype, device=grad.device).index_add(d, index.reshape(-1), flat)
+
+
+def _adaptive_avg_pool_separably(self, output_size):
     spatial = len(output_size)
-    return _contract_each_dim(self, [_adaptive_average_matrix(n, o, self)
-                                     for n, o in zip(self.shape[-spatial:], output_size)])
+    out = self
+    for k, o in enumerate(output_size):
+        out = _average_along(out, self.ndim - spatial + k, o)
+    return out.contiguous()
 
 
 def adaptive_avg_pool_backward(grad, self, spatial: int = 2):
-    """The forward's averaging matrices, transposed. Like torch's, it saves the input (read for its shape)."""
-    return _contract_each_dim(grad, [_adaptive_average_matrix(n, o, grad).t()
-                                     for n, o in zip(self.shape[-spatial:], grad.shape[-spatial:])])
+    """The forward's window averages, adjoint. Like torch's, it saves the input (read for its shape)."""
+    for k, size in enumerate(self.shape[-spatial:]):
+        grad = _spread_along(grad, grad.ndim - spatial + k, size)
+    return grad.contiguous()
 
 
 def _adaptive_avg_pool(spatial: int):
@@ -365,7 +387,7 @@ for _n in (1, 2, 3):
     functional(f"adaptive_avg_pool{_n}d(Tensor input, Scalar[{_n}] output_size) -> Tensor", _adaptive_avg_pool(_n),
                function=_n == 1)
 for _n in (2, 3):
-    private(f"_adaptive_avg_pool{_n}d(Tensor self, int[{_n}] output_size) -> Tensor", _adaptive_avg_pool_by_matrices,
+    private(f"_adaptive_avg_pool{_n}d(Tensor self, int[{_n}] output_size) -> Tensor", _adaptive_avg_pool_separably,
             {"self": f"adaptive_avg_pool_backward(grad, self, {_n})"})
 
 

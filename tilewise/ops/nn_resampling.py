@@ -429,16 +429,22 @@ def _reflect(coordinate, twice_low: int, twice_high: int):
     return (extra + low).where(even, span - extra + low)
 
 
+def _clip(coordinate, size: int):
+    """torch's clip_coordinates: into [0, size - 1], a NaN (a NaN grid value, or an infinite one reflected) to 0."""
+    clipped = coordinate.clamp(0, size - 1)
+    return clipped.where(clipped == clipped, 0)
+
+
 def _padded_coordinate(coordinate, size: int, padding_mode: str, align_corners: bool):
     """torch's compute_coordinates: border clips to the input, reflection mirrors then clips."""
     if padding_mode == "border":
-        return coordinate.clamp(0, size - 1)
+        return _clip(coordinate, size)
     if padding_mode == "reflection":
         if align_corners:
             coordinate = _reflect(coordinate, 0, 2 * (size - 1))
         else:
             coordinate = _reflect(coordinate, -1, 2 * size - 1)
-        return coordinate.clamp(0, size - 1)
+        return _clip(coordinate, size)
     return coordinate
 
 
