@@ -174,7 +174,9 @@ CASES = {
     "avg_pool1d-kernel-too-large": (lambda m: m.F.avg_pool1d(m.t(1, 2, 3), 4), r"Output size is too small"),
     "avg_pool2d-kernel-too-large": (lambda m: m.F.avg_pool2d(m.t(1, 2, 3, 3), 4), r"Output size is too small"),
     "avg_pool3d-kernel-too-large": (lambda m: m.F.avg_pool3d(m.t(1, 1, 3, 3, 3), 4),
-                                    r"(smaller than kernel size|Output size is too small)"),
+                                    r"input image \(T: 3 H: 3 W: 3\) smaller than kernel size \(kT: 4 kH: 4 kW: 4\)"),
+    "avg_pool3d-kernel-over-unpadded-input": (lambda m: m.F.avg_pool3d(m.t(1, 2, 2, 2, 6), (3, 2, 2), 2, 1),
+                                              r"input image \(T: 2 H: 2 W: 6\) smaller than kernel size"),
     "MaxPool2d-kernel-too-large": (lambda m: m.nn.MaxPool2d(4)(m.t(1, 2, 3, 3)), r"Output size is too small"),
     "max_pool2d-padding-over-half": (lambda m: m.F.max_pool2d(m.t(1, 2, 6, 6), 2, padding=2),
                                      r"pad should be at most half of effective kernel size, but got pad=2, "

@@ -209,6 +209,12 @@ def _interpolate():
             Sample((T((2, 3, 6, 5)),), {"scale_factor": 1.7, "recompute_scale_factor": True}, name="recompute"),
             Sample((T((2, 3, 5)),), {"size": 8}, name="3d"),
             Sample((T((1, 2, 3, 4, 5)),), {"scale_factor": (1.5, 0.5, 2.2)}, name="5d"),
+            # sizes twice and once the input's from scale factors that are not 2 and 1: torch's 2-D kernel goes by
+            # the sizes, its 1-D and 3-D kernels by the factors (and their backward by the sizes: no gradient here)
+            Sample((T((2, 3, 3, 5)),), {"scale_factor": (2.33, 1.1)}, name="scale-not-size-ratio"),
+            Sample((T((2, 3, 3), grad=False),), {"scale_factor": 2.33}, name="scale-not-size-ratio-1d"),
+            Sample((T((1, 2, 3, 2, 5), grad=False),), {"scale_factor": (2.33, 1.0, 1.1)},
+                   name="scale-not-size-ratio-3d"),
             *_interpolating_modes()]
 
 

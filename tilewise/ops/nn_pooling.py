@@ -220,6 +220,14 @@ def _check_average_dtype(op, dtype) -> None:
                                   "point or int64 input")
 
 
+def _check_whole_kernel_fits(op, input, kernel) -> None:
+    """torch's 3-D average pooling wants the unpadded input at least as large as the kernel in every dim."""
+    sizes = input.shape[-3:]
+    if any(n < k for n, k in zip(sizes, kernel)):
+        raise RuntimeError(f"{op}: input image (T: {sizes[0]} H: {sizes[1]} W: {sizes[2]}) smaller than kernel size "
+                           f"(kT: {kernel[0]} kH: {kernel[1]} kW: {kernel[2]})")
+
+
 def _avg_pool(spatial: int):
     op = f"avg_pool{spatial}d"
 
@@ -229,6 +237,8 @@ def _avg_pool(spatial: int):
         if divisor_override is not None and divisor_override == 0:
             raise RuntimeError(f"{op}: divisor must be not zero")
         _check_average_dtype(op, input.dtype)
+        if spatial == 3:
+            _check_whole_kernel_fits(op, input, kernel)
         unbatched = input.ndim == spatial + 1
         x = input.unsqueeze(0) if unbatched else input
         windows = _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, 0)

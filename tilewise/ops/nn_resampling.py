@@ -23,14 +23,17 @@ from tilewise.ops.registry import OPS
 
 # ============================================================================ resampling
 
-def _nearest_source_index(size: int, out: int, scale, device):
-    """torch's nearest rule: src = min(floor(dst * s), size - 1), s = 1/scale_factor or size/out in float32."""
+def _nearest_source_index(size: int, out: int, scale, device, by_sizes: bool):
+    """torch's nearest rule: src = min(floor(dst * s), size - 1), s = 1/scale_factor or size/out in float32.
+    With ``by_sizes`` (torch's 2-D kernel), an output once or twice the input's size copies or halves the index
+    whatever the scale factor; torch's 1-D and 3-D kernels follow the factor there too."""
     from tilewise.ops.creation import arange, full
 
     dst = arange(out, device=device)
-    if out == size:
+    by_sizes = by_sizes or scale is None or not scale > 0 or out == size * scale
+    if by_sizes and out == size:
         return dst
-    if out == 2 * size:
+    if by_sizes and out == 2 * size:
         return dst // 2
     if scale is not None and scale > 0:
         step = full((), 1.0 / scale, dtype=float32, device=device)
@@ -237,7 +240,7 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
             if n != o:  # torch leaves a dim of unchanged size as it is, whatever the scale factor
                 out = _antialias_along(out, d, o, s, bool(align_corners), mode)
         elif mode == "nearest":
-            out = _select(out, d, _nearest_source_index(n, o, s, input.device))
+            out = _select(out, d, _nearest_source_index(n, o, s, input.device, input.ndim == 4))
         elif mode == "nearest-exact":
             out = _select(out, d, _nearest_exact_source_index(n, o, s, input.device))
         elif mode == "bicubic":
