@@ -4,7 +4,8 @@
 dim at a time: nearest modes gather with torch's float32 source-index rules; linear modes (linear, bilinear,
 trilinear) read the two neighbours of torch's source coordinate (``area_pixel_compute_source_index``) and blend
 them; bicubic reads four with torch's cubic-convolution weights (A = -0.75), clamped to the edge; area is adaptive
-average pooling. ``grid_sample`` is not separable (each output point has its own coordinates): it gathers the
+average pooling. Antialiased modes (bilinear, bicubic with A = -0.5, lanczos) read every input within the filter's
+support widened by the downscaling factor, with torch's weights normalised per output. ``grid_sample`` is not separable (each output point has its own coordinates): it gathers the
 2^d corners (or 4 x 4 taps for bicubic) from the flattened input and weights them, taps outside the input reading
 zero, after torch's border or reflection padding of the coordinates. ``fold``/``unfold`` are convolution's
 col2im/im2col over the shared window views. All are composites: gradients, CUDA and the compiler come from their
