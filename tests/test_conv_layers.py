@@ -282,3 +282,11 @@ def test_cnn_state_dict_saved_by_torch_loads_and_matches():
     _close(net(tw.tensor(x)), ref(torch.tensor(x)), "train output")
     for name, value in ref.state_dict().items():  # the training step updated the running statistics alike
         _close(net.state_dict()[name], value, f"state {name}", rtol=1e-5, atol=1e-6)
+
+
+def test_same_padding_of_an_even_kernel_warns_like_torch():
+    """torch's words (it warns once per process, so it is not asked here: another test may have had the warning)."""
+    x, w = _values((1, 2, 6), 0), _values((3, 2, 4), 1)
+    with pytest.warns(UserWarning, match="padding='same' with even kernel lengths"):
+        out = tw.nn.functional.conv1d(tw.tensor(x), tw.tensor(w), padding="same")
+    _close(out, torch.nn.functional.conv1d(torch.tensor(x), torch.tensor(w), padding="same"), "output")

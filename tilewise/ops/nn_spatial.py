@@ -16,6 +16,7 @@ Pooling (``nn_pooling``) takes the same window views.
 from __future__ import annotations
 
 import math
+import warnings
 
 from tilewise import strides as S
 from tilewise.ops.nn_functional import functional, int_tuple, private
@@ -284,6 +285,8 @@ def _convolution(op: str, spatial: int):
         if spatial == 1:
             x, w, stride, dilation, pads = _as_2d(x, w, stride, dilation, pads)
         if any(before != after for before, after in pads):  # 'same' with an even span: torch pads a copy first
+            warnings.warn("Using padding='same' with even kernel lengths and odd dilation may require a zero-padded "
+                          "copy of the input be created", UserWarning, stacklevel=3)
             x = _constant_pad(x, [(0, after - before) for before, after in pads], 0)
             pads = [(before, before) for before, _ in pads]
         out = OPS[f"_conv{max(spatial, 2)}d"](x, w, stride, [p for pair in pads for p in pair], dilation, groups)
