@@ -216,6 +216,8 @@ CASES = {
                                 r"Input and output must have the same number of spatial dimensions"),
     "interpolate-scale-length": (lambda m: m.F.interpolate(m.t(1, 2, 4, 4), scale_factor=(2, 2, 2)),
                                  r"Input and scale_factor must have the same number of spatial dimensions"),
+    "interpolate-one-scale-of-two": (lambda m: m.F.interpolate(m.t(1, 2, 4, 4), scale_factor=(2.0,)),
+                                     r"Input and scale_factor must have the same number of spatial dimensions"),
     "interpolate-recompute-with-size": (lambda m: m.F.interpolate(m.t(1, 2, 4, 4), size=3,
                                                                   recompute_scale_factor=True),
                                         r"recompute_scale_factor is not meaningful with an explicit size"),

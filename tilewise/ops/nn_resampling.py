@@ -5,11 +5,12 @@ dim at a time: nearest modes gather with torch's float32 source-index rules; lin
 trilinear) read the two neighbours of torch's source coordinate (``area_pixel_compute_source_index``) and blend
 them; bicubic reads four with torch's cubic-convolution weights (A = -0.75), clamped to the edge; area is adaptive
 average pooling. Antialiased modes (bilinear, bicubic with A = -0.5, lanczos) read every input within the filter's
-support widened by the downscaling factor, with torch's weights normalised per output. ``grid_sample`` is not separable (each output point has its own coordinates): it gathers the
-2^d corners (or 4 x 4 taps for bicubic) from the flattened input and weights them, taps outside the input reading
-zero, after torch's border or reflection padding of the coordinates. ``fold``/``unfold`` are convolution's
-col2im/im2col over the shared window views. All are composites: gradients, CUDA and the compiler come from their
-primitives (gathers become scatter-adds in backward).
+support widened by the downscaling factor, with torch's weights normalised per output. ``grid_sample`` is not
+separable (each output point has its own coordinates): it gathers the 2^d corners (or 4 x 4 taps for bicubic)
+from the flattened input and weights them, taps outside the input reading zero, after torch's border or reflection
+padding of the coordinates. ``fold``/``unfold`` are convolution's col2im/im2col over the shared window views. All
+are composites: gradients, CUDA and the compiler come from their primitives (gathers become scatter-adds in
+backward).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _interpolate_sizes(op, input, size, scale_factor, recompute_scale_factor):
                          f"scale_factor={scale_factor}")
     if size is None and scale_factor is None:
         raise ValueError(f"{op}: either size or scale_factor should be defined")
-    # the schema hands a single int or float over as a 1-tuple: one entry stands for every spatial dim
+    # the schema hands a single int size over as a 1-tuple: one entry stands for every spatial dim
     if size is not None and isinstance(size, (tuple, list)) and len(size) not in (1, spatial):
         raise ValueError(f"{op}: Input and output must have the same number of spatial dimensions, but got input "
                          f"with spatial dimensions of {list(input.shape[2:])} and output size of {size}. Please "
@@ -60,8 +61,7 @@ def _interpolate_sizes(op, input, size, scale_factor, recompute_scale_factor):
                          "format.")
     factors = None
     if scale_factor is not None:
-        factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,)
-        factors = factors * spatial if len(factors) == 1 else factors
+        factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * spatial
         if len(factors) != spatial:
             raise ValueError(f"{op}: Input and scale_factor must have the same number of spatial dimensions, but got "
                              f"input with spatial dimensions of {list(input.shape[2:])} and scale_factor of shape "
