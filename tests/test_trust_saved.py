@@ -46,7 +46,8 @@ DIFFERENCES = {
     "scaled_dot_product_attention input 2: gqa": "as for the key",
     **dict.fromkeys([
         "grid_sample input 1: 0,border-align,reflection,reflection-align,nearest,bicubic,bicubic-border,"
-        "bicubic-reflection-align,3d,3d-reflection", "conv_tbc input 2: 0,pad",
+        "bicubic-reflection-align,3d,3d-reflection,3d-border-align,3d-nearest,nearest-border-align,empty-batch",
+        "conv_tbc input 2: 0,pad",
         "grid_sampler input 1: 0,border-align,reflection,bicubic", "grid_sampler_2d input 1: 0,border-align,"
         "reflection,bicubic", "grid_sampler_3d input 1: 0,border-align,reflection"],
         "torch's kernel keeps this input; tilewise's composite keeps what it computed from it (the sampling "

@@ -43,6 +43,7 @@ def _batch_norm():
 
 def _group_norm():
     return [Sample((T((2, 6, 4, 3)), 3, T((6,)), T((6,)))), Sample((T((2, 4, 5)), 2), name="no-affine"),
+            Sample((T((0, 4, 5)), 2, T((4,)), T((4,))), name="empty-batch"),
             Sample((T((3, 4, 5)), 4, T((4,)), None, 1e-3), name="per-channel")]
 
 
@@ -174,7 +175,8 @@ def _max_pool2d_with_indices():
     x = T((2, 3, 7, 6), "nan")
     return [Sample((T((2, 3, 7, 6), "distinct"), 3, 2, 1, 1, True)), Sample((x, 2), name="nan"),
             Sample((x, 3, 1, 1), name="nan-overlapping-pad"), Sample((x, 3, 2, 1, 1, True), name="nan-ceil"),
-            Sample((T((2, 3, 7, 6), "ties", -2, 0), 3, 2, 1), name="ties-pad")]
+            Sample((T((2, 3, 7, 6), "ties", -2, 0), 3, 2, 1), name="ties-pad"),
+            Sample((T((0, 3, 7, 6)), 3, 2, 1), name="empty-batch")]
 
 
 def _avg_pool2d():
@@ -183,12 +185,20 @@ def _avg_pool2d():
             Sample((x, 3, 2, 1), {"count_include_pad": False, "ceil_mode": True}, name="exclude-pad-ceil"),
             Sample((x, (3, 2), (2, 2), (1, 1), True), name="ceil-include-pad"),
             Sample((x, 3, 2, 1), {"divisor_override": 5}, name="divisor"),
-            Sample((T((3, 5, 5)), 2), name="unbatched")]
+            Sample((T((3, 5, 5)), 2), name="unbatched"), Sample((T((0, 3, 5, 5)), 2), name="empty-batch")]
+
+
+def _avg_pool2d_int64():
+    """torch's CPU kernel averages int64 windows in integer arithmetic, rounding toward zero."""
+    x = T((2, 3, 7, 6), "int", -9, 9)
+    return [Sample((x, 2)), Sample((x, 3, 2, 1), {"count_include_pad": False, "ceil_mode": True}, name="exclude-pad"),
+            Sample((x, 3, 2, 1), {"divisor_override": 4}, name="divisor")]
 
 
 def _adaptive_avg_pool2d():
     x = T((2, 3, 7, 5))
     return [Sample((x, (3, 2))), Sample((x, 1), name="global"), Sample((x, (7, 5)), name="identity"),
+            Sample((x, (None, 3)), name="none"), Sample((T((2, 3, 7, 5), "nan"), (3, 2)), name="nan-inf"),
             Sample((x, (9, 8)), name="upsample"), Sample((T((3, 6, 4)), 2), name="unbatched")]
 
 
@@ -198,6 +208,13 @@ def _interpolate():
             Sample((T((2, 3, 6, 5)),), {"scale_factor": (1.5, 0.7)}, name="fractional"),
             Sample((T((2, 3, 6, 5)),), {"scale_factor": 1.7, "recompute_scale_factor": True}, name="recompute"),
             Sample((T((2, 3, 5)),), {"size": 8}, name="3d"),
+            Sample((T((1, 2, 3, 4, 5)),), {"scale_factor": (1.5, 0.5, 2.2)}, name="5d"),
+            # sizes twice and once the input's from scale factors that are not 2 and 1: torch's 2-D kernel goes by
+            # the sizes, its 1-D and 3-D kernels by the factors (and their backward by the sizes: no gradient here)
+            Sample((T((2, 3, 3, 5)),), {"scale_factor": (2.33, 1.1)}, name="scale-not-size-ratio"),
+            Sample((T((2, 3, 3), grad=False),), {"scale_factor": 2.33}, name="scale-not-size-ratio-1d"),
+            Sample((T((1, 2, 3, 2, 5), grad=False),), {"scale_factor": (2.33, 1.0, 1.1)},
+                   name="scale-not-size-ratio-3d"),
             *_interpolating_modes()]
 
 
@@ -217,7 +234,23 @@ def _interpolating_modes():
             Sample((T((2, 3, 7, 5)),), {"size": (3, 4), "mode": "area"}, name="area"),
             Sample((T((2, 3, 7)),), {"scale_factor": 0.5, "mode": "area"}, name="area-1d"),
             Sample((T((2, 3, 5, 4)),), {"size": (8, 3), "mode": "nearest-exact"}, name="nearest-exact"),
-            Sample((T((1, 2, 3, 4, 5)),), {"scale_factor": 1.5, "mode": "nearest-exact"}, name="nearest-exact-3d")]
+            Sample((T((1, 2, 3, 4, 5)),), {"scale_factor": 1.5, "mode": "nearest-exact"}, name="nearest-exact-3d"),
+            *_antialiasing_modes()]
+
+
+def _antialiasing_modes():
+    """Antialiased resampling (4-D only): down in one dim, up in the other, a dim left unchanged, align_corners."""
+    return [Sample((T((2, 3, 9, 5)),), {"size": (4, 7), "mode": "bilinear", "antialias": True},
+                   name="bilinear-antialias"),
+            Sample((T((2, 3, 9, 5)),), {"scale_factor": (0.4, 1.0), "mode": "bilinear", "antialias": True,
+                                        "align_corners": True}, name="bilinear-antialias-align-scale"),
+            Sample((T((1, 2, 11, 6)),), {"size": (3, 8), "mode": "bicubic", "antialias": True},
+                   name="bicubic-antialias"),
+            Sample((T((1, 2, 11, 6)),), {"scale_factor": 0.45, "mode": "bicubic", "antialias": True,
+                                        "recompute_scale_factor": True, "align_corners": True},
+                   name="bicubic-antialias-align-recompute"),
+            Sample((T((1, 2, 12, 5)),), {"size": (5, 9), "mode": "lanczos", "antialias": True},
+                   name="lanczos")]
 
 
 OPINFOS = [
@@ -251,11 +284,13 @@ OPINFOS = [
     OpInfo("max_pool2d", _max_pool2d, call="F"),
     OpInfo("max_pool2d_with_indices", _max_pool2d_with_indices, call="F"),
     OpInfo("avg_pool2d", _avg_pool2d, call="F"),
+    OpInfo("avg_pool2d", _avg_pool2d_int64, call="F", dtypes=("int64",), torch_on_cpu=True),
     OpInfo("adaptive_avg_pool2d", _adaptive_avg_pool2d, call="F"),
     OpInfo("interpolate", _interpolate, call="F"),
     OpInfo("pixel_shuffle", lambda: [Sample((T((2, 8, 3, 4)), 2)), Sample((T((9, 2, 3)), 3), name="unbatched")],
            call="F"),
-    OpInfo("pixel_unshuffle", lambda: [Sample((T((2, 2, 4, 6)), 2))], call="F"),
+    OpInfo("pixel_unshuffle", lambda: [Sample((T((2, 2, 4, 6)), 2)), Sample((T((3, 6, 3)), 3), name="unbatched"),
+                                       Sample((T((2, 1, 1, 4, 2)), 2), name="5d")], call="F"),
 ]
 
 

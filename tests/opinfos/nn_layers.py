@@ -16,6 +16,7 @@ def _conv3d():
 def _conv_transpose1d():
     return [Sample((T((2, 4, 5)), T((4, 3, 3)), T((3,)))),
             Sample((T((2, 4, 5)), T((4, 2, 3)), T((4,)), 3, 1, 2, 2, 2), name="stride-pad-outpad-groups-dilation"),
+            Sample((T((2, 4, 5)), T((4, 2, 3))), {"output_padding": 2, "dilation": 3}, name="outpad-by-dilation"),
             Sample((T((4, 6)), T((4, 3, 2))), {"stride": 2}, name="unbatched")]
 
 
@@ -24,13 +25,18 @@ def _conv_transpose2d():
             Sample((T((2, 4, 4, 3)), T((4, 1, 3, 2)), T((4,)), (2, 3), (1, 0), (1, 2), 4, (1, 2)),
                    name="stride-pad-outpad-depthwise-dilation"),
             Sample((T((4, 3, 3)), T((4, 2, 2, 2))), {"stride": 2, "padding": 1, "output_padding": 1},
-                   name="unbatched")]
+                   name="unbatched"),
+            # output padding below the dilation, not the stride: the last rows and columns read no input
+            Sample((T((2, 4, 5, 4)), T((4, 1, 3, 3)), T((4,))), {"padding": 1, "output_padding": 1, "groups": 4,
+                                                              "dilation": 2}, name="outpad-by-dilation")]
 
 
 def _conv_transpose3d():
     return [Sample((T((2, 4, 3, 4, 3)), T((4, 3, 2, 3, 2)), T((3,)))),
             Sample((T((1, 4, 3, 3, 2)), T((4, 2, 2, 2, 3)), None, 2, (1, 0, 1), 1, 2, (1, 1, 2)),
-                   name="stride-pad-outpad-groups-dilation")]
+                   name="stride-pad-outpad-groups-dilation"),
+            Sample((T((1, 2, 3, 2, 3)), T((2, 2, 2, 3, 2))), {"output_padding": (1, 1, 0), "dilation": (2, 2, 1),
+                                                              "stride": (1, 1, 2)}, name="outpad-by-dilation")]
 
 
 def _conv_tbc():
@@ -183,7 +189,13 @@ def _grid_sample():
             Sample((image, grid), {"mode": "bicubic", "padding_mode": "reflection", "align_corners": True},
                    name="bicubic-reflection-align"),
             Sample((volume, grid3), name="3d"),
-            Sample((volume, grid3), {"padding_mode": "reflection"}, name="3d-reflection")]
+            Sample((volume, grid3), {"padding_mode": "reflection"}, name="3d-reflection"),
+            Sample((volume, grid3), {"padding_mode": "border", "align_corners": True}, name="3d-border-align"),
+            Sample((volume, T((2, 3, 4, 2, 3), "float", -1.3, 1.3, grad=False)),
+                   {"mode": "nearest", "padding_mode": "reflection", "align_corners": True}, name="3d-nearest"),
+            Sample((image, T((2, 6, 7, 2), "float", -1.3, 1.3, grad=False)),
+                   {"mode": "nearest", "padding_mode": "border", "align_corners": True}, name="nearest-border-align"),
+            Sample((T((0, 3, 4, 5)), T((0, 6, 7, 2))), name="empty-batch")]
 
 
 OPINFOS = [

@@ -197,7 +197,8 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
         mean = x.mean(dims, keepdim=True)
         centered = x - mean
         var = (centered * centered).mean(dims, keepdim=True)
-        _update_running_stats(running_mean, running_var, mean, var, momentum, input.numel() // input.shape[1])
+        count = math.prod(input.shape[d] for d in dims)  # per channel, also where there are no channels
+        _update_running_stats(running_mean, running_var, mean, var, momentum, count)
     else:
         mean = running_mean.to(x.dtype).reshape(stat_shape)
         var = running_var.to(x.dtype).reshape(stat_shape)
@@ -251,7 +252,9 @@ def _batch_norm(input, running_mean, running_var, weight=None, bias=None, traini
 
 
 def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
-    if input.ndim < 2 or input.shape[1] % num_groups != 0:
+    if input.ndim < 2:
+        raise RuntimeError(f"group_norm: Expected at least 2 dimensions for input tensor but received {input.ndim}")
+    if input.shape[1] % num_groups != 0:
         raise RuntimeError(f"group_norm: Expected number of channels in input to be divisible by num_groups, but got "
                            f"input of shape {list(input.shape)} and num_groups={num_groups}")
     channels = input.shape[1]
@@ -259,7 +262,7 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
         if t is not None and tuple(t.shape) != (channels,):
             raise RuntimeError(f"group_norm: Expected {name} to be a vector of size equal to the number of channels "
                                f"in input ({channels}), but got {name} of shape {list(t.shape)}")
-    grouped = input.reshape(input.shape[0], num_groups, -1)
+    grouped = input.reshape(input.shape[0], num_groups, math.prod(input.shape[1:]) // num_groups)
     normalized = _layer_norm(grouped, (grouped.shape[-1],), None, None, eps).reshape(input.shape)
     if input.device.type == "cpu":  # torch's CPU kernel keeps a channels-last input's format; its CUDA one does not
         normalized = normalized.contiguous(memory_format=suggest_memory_format(input))

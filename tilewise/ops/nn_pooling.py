@@ -4,9 +4,10 @@ one, two or three spatial dims.
 [Note: pooling as windows] Pooling takes the window views convolution takes (``nn_spatial._windows``): max
 pooling picks in each flattened window the element torch's rule picks (see [Note: max pooling and NaN]) and reads
 it back there; average pooling sums and divides by torch's per-window divisor. Adaptive pooling has windows of
-varying size: average pooling is one small averaging matrix per spatial dim, max pooling gathers every window at
-the largest size with its indices clamped to the window's last element (a repeated element changes neither the
-maximum nor the index torch reports). Fractional max pooling is adaptive max pooling with torch's pseudo-random
+varying size: both gather every window at the largest size with its indices clamped to the window's last element.
+Average pooling averages one spatial dim at a time, selecting (not zero-weighting) a window's own taps so that a
+NaN stays in the windows holding it; for max pooling a repeated element changes neither the maximum nor the index
+torch reports. Fractional max pooling is adaptive max pooling with torch's pseudo-random
 window starts. Each carries torch's derivative and saves what torch saves: the input, and for max pooling the
 indices it returns, whose positions the gradient is added at (so changing either in place before backward is
 the error it is in torch), rather than the windows its decomposition makes.
@@ -38,14 +39,26 @@ def _pool_args(op, input, kernel_size, stride, padding, dilation, spatial: int =
     stride = kernel if not stride else int_tuple(stride, spatial, "stride", op)
     padding = int_tuple(padding, spatial, "padding", op)
     dilation = int_tuple(dilation, spatial, "dilation", op)
-    if min(kernel) <= 0 or min(stride) <= 0 or min(dilation) <= 0:
-        raise RuntimeError(f"{op}: kernel_size, stride and dilation must be greater than zero, got "
-                           f"kernel_size={list(kernel)}, stride={list(stride)}, dilation={list(dilation)}")
+    _check_positive_windows(op, kernel, stride, dilation, padding)
     for k, p, d in zip(kernel, padding, dilation):
-        if p < 0 or p > (d * (k - 1) + 1) // 2:
+        if p > (d * (k - 1) + 1) // 2:
             raise RuntimeError(f"{op}: pad should be at most half of effective kernel size, but got pad={p}, "
                                f"kernel_size={k} and dilation={d}")
     return kernel, stride, padding, dilation
+
+
+def _check_positive_windows(op, kernel, stride, dilation, padding) -> None:
+    """torch's pooling checks in its order (a zero stride first: it defaults to the kernel size)."""
+    if 0 in stride:
+        raise RuntimeError(f"{op}: stride should not be zero, got stride={list(stride)}")
+    if min(kernel) <= 0:
+        raise RuntimeError(f"{op}: kernel size should be greater than zero, but got kernel_size={list(kernel)}")
+    if min(stride) < 0:
+        raise RuntimeError(f"{op}: stride should be greater than zero, but got stride={list(stride)}")
+    if min(dilation) <= 0:
+        raise RuntimeError(f"{op}: dilation should be greater than zero, but got dilation={list(dilation)}")
+    if min(padding) < 0:
+        raise RuntimeError(f"{op}: pad must be non-negative, but got padding={list(padding)}")
 
 
 def _pooled_size(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
@@ -121,6 +134,8 @@ def _window_maximum_position(flat, kernel, stride, padding, dilation, padded: bo
     lowest value reports its first element inside the input (never a padded one). ``argmax`` gives the first
     NaN or the first maximum of each window on its own, ``argmax`` of the reversed window the last NaN; the
     element found tells which rule applies, so every window follows the rule whatever its neighbours hold."""
+    if flat.numel() == 0:  # an empty batch: no window to search
+        return flat.sum(-1).long()
     position = flat.argmax(-1)
     found = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
     if flat.dtype.is_floating_point:
@@ -204,8 +219,9 @@ def max_pool_backward(grad, input, indices, spatial: int = 2):
     from tilewise.ops.creation import zeros
 
     plane = (*input.shape[:-spatial], math.prod(input.shape[-spatial:]))
-    flat_indices = indices.reshape(*indices.shape[:-spatial], -1)
-    flat_grad = grad.reshape(*grad.shape[:-spatial], -1)
+    # sizes spelled out, not -1: an empty batch has no size to infer
+    flat_indices = indices.reshape(*indices.shape[:-spatial], math.prod(indices.shape[-spatial:]))
+    flat_grad = grad.reshape(*grad.shape[:-spatial], math.prod(grad.shape[-spatial:]))
     grad_input = zeros(plane, dtype=grad.dtype, device=grad.device).scatter_add(-1, flat_indices, flat_grad)
     return grad_input.reshape(input.shape)
 
@@ -242,6 +258,21 @@ def _window_divisors(pooled, input_sizes, kernel, stride, padding, count_include
     return math.prod(counts[1:], start=counts[0]).to(pooled.dtype)
 
 
+def _check_average_dtype(op, dtype) -> None:
+    """torch averages floating windows and, of the integers, int64 only."""
+    if not dtype.is_floating_point and dtype.name != "int64":
+        raise NotImplementedError(f'"{op}" not implemented for \'{dtype.name}\': average pooling takes floating '
+                                  "point or int64 input")
+
+
+def _check_whole_kernel_fits(op, input, kernel) -> None:
+    """torch's 3-D average pooling wants the unpadded input at least as large as the kernel in every dim."""
+    sizes = input.shape[-3:]
+    if any(n < k for n, k in zip(sizes, kernel)):
+        raise RuntimeError(f"{op}: input image (T: {sizes[0]} H: {sizes[1]} W: {sizes[2]}) smaller than kernel size "
+                           f"(kT: {kernel[0]} kH: {kernel[1]} kW: {kernel[2]})")
+
+
 def _avg_pool(spatial: int):
     op = f"avg_pool{spatial}d"
 
@@ -250,12 +281,16 @@ def _avg_pool(spatial: int):
         kernel, stride, padding, dilation = _pool_args(op, input, kernel_size, stride, padding, 1, spatial)
         if divisor_override is not None and divisor_override == 0:
             raise RuntimeError(f"{op}: divisor must be not zero")
+        _check_average_dtype(op, input.dtype)
+        if spatial == 3:
+            _check_whole_kernel_fits(op, input, kernel)
         unbatched = input.ndim == spatial + 1
         x = input.unsqueeze(0) if unbatched else input
         windows = _pooling_windows(op, x, kernel, stride, padding, dilation, ceil_mode, 0)
         total = windows.sum(tuple(range(-spatial, 0)))
-        out = total / _window_divisors(total, x.shape[2:], kernel, stride, padding, count_include_pad,
-                                       divisor_override)
+        divisors = _window_divisors(total, x.shape[2:], kernel, stride, padding, count_include_pad, divisor_override)
+        # int64 windows average in integer arithmetic, rounded toward zero as in torch's CPU kernel
+        out = total / divisors if x.dtype.is_floating_point else total.div(divisors, rounding_mode="trunc")
         return out.squeeze(0) if unbatched else out
 
     return avg_pool
@@ -313,6 +348,12 @@ def _adaptive_output_size(op, input, output_size, spatial: int) -> tuple[int, ..
     return sizes
 
 
+def _check_none_sizes(input, output_size) -> None:
+    """torch fills a None output size from the input's trailing dims before any other check (_list_with_default)."""
+    if isinstance(output_size, (tuple, list)) and None in output_size and input.ndim <= len(output_size):
+        raise ValueError(f"Input dimension should be at least {len(output_size) + 1}")
+
+
 def _check_adaptive_input(op, input, spatial: int) -> None:
     if input.ndim not in (spatial + 1, spatial + 2):
         raise RuntimeError(f"{op}(): Expected {_DIMS[spatial]} tensor, but got {list(input.shape)}")
@@ -322,35 +363,56 @@ def _check_adaptive_input(op, input, spatial: int) -> None:
                                f"has sizes {list(input.shape)} with dimension {d} being empty")
 
 
-def _adaptive_average_matrix(size: int, out: int, like):
-    """(out, size) matrix whose row i averages input positions floor(i*size/out) .. ceil((i+1)*size/out) - 1."""
+def _adaptive_windows(size: int, out: int, like):
+    """Each adaptive window along one dim (torch's floor(i*size/out) .. ceil((i+1)*size/out) - 1): its (out, L)
+    input positions (clamped to the window's last), which of them are its own, and its (out,) length."""
     from tilewise.ops.creation import arange
 
     i = arange(out, device=like.device).unsqueeze(1)
-    j = arange(size, device=like.device)
     start, end = (i * size) // out, ((i + 1) * size + out - 1) // out
-    return ((j >= start) & (j < end)).to(like.dtype) / (end - start).clamp(min=1).to(like.dtype)
+    longest = max(((k + 1) * size + out - 1) // out - (k * size) // out for k in range(out))
+    taps = start + arange(longest, device=like.device)
+    return taps.minimum(end - 1), taps < end, (end - start).squeeze(1).to(like.dtype)
 
 
-def _contract_each_dim(x, matrices):
-    """x with each of its last len(matrices) dims multiplied by its matrix (out, size) -> (..., *out)."""
-    spatial = len(matrices)
-    for k, matrix in enumerate(matrices):
-        d = x.ndim - spatial + k
-        x = x.movedim(d, -1).matmul(matrix.t()).movedim(-1, d)
-    return x.contiguous()
+def _average_along(x, d: int, out: int):
+    """x averaged over each adaptive window of dim d. Taps past a window are dropped with a select, not weighted
+    by zero, so a NaN or inf stays in the windows that hold it (0 * NaN would spread it to every output)."""
+    index, own, length = _adaptive_windows(x.shape[d], out, x)
+    trailing = (1,) * (x.ndim - d - 1)
+    picked = x.index_select(d, index.reshape(-1)).reshape(*x.shape[:d], *index.shape, *x.shape[d + 1:])
+    total = picked.where(own.reshape(*index.shape, *trailing), 0).sum(d + 1)
+    return total / length.reshape(out, *trailing)
 
 
-def _adaptive_avg_pool_by_matrices(self, output_size):
+def _spread_along(grad, d: int, size: int):
+    """The adjoint of ``_average_along``: each window's gradient, divided by its length, added to its taps."""
+    from tilewise.ops.creation import zeros
+
+    out = grad.shape[d]
+    index, own, length = _adaptive_windows(size, out, grad)
+    trailing = (1,) * (grad.ndim - d - 1)
+    share = (grad / length.reshape(out, *trailing)).unsqueeze(d + 1)
+    share = share.expand(*grad.shape[:d + 1], index.shape[1], *grad.shape[d + 1:])
+    share = share.where(own.reshape(*index.shape, *trailing), 0)
+    flat = share.reshape(*grad.shape[:d], index.numel(), *grad.shape[d + 1:])
+    shape = (*grad.shape[:d], size, *grad.shape[d + 1:])
+    return zeros(shape, dtype=grad.dtype, device=grad.device).index_add(d, index.reshape(-1), flat)
+
+
+def _adaptive_avg_pool_separably(self, output_size):
     spatial = len(output_size)
-    return _contract_each_dim(self, [_adaptive_average_matrix(n, o, self)
-                                     for n, o in zip(self.shape[-spatial:], output_size)])
+    out = self
+    for k, o in enumerate(output_size):
+        out = _average_along(out, self.ndim - spatial + k, o)
+    return out.contiguous()
 
 
 def adaptive_avg_pool_backward(grad, self, spatial: int = 2):
-    """The forward's averaging matrices, transposed. Like torch's, it saves the input (read for its shape)."""
-    return _contract_each_dim(grad, [_adaptive_average_matrix(n, o, grad).t()
-                                     for n, o in zip(self.shape[-spatial:], grad.shape[-spatial:])])
+    """The forward's window averages, adjoint. Like torch's, it saves the input (read for its shape)."""
+    for k, size in enumerate(self.shape[-spatial:]):
+        grad = _spread_along(grad, grad.ndim - spatial + k, size)
+    return grad.contiguous()
 
 
 def _global_mean(input, spatial: int):
@@ -369,6 +431,7 @@ def _adaptive_avg_pool(spatial: int):
     def adaptive_avg_pool(input, output_size):
         """torch's: a mean over the spatial dims for an output of ones (which saves nothing for backward), else the
         pooling op proper, which saves its input; 1-D pooling is 2-D pooling over a height of one."""
+        _check_none_sizes(input, output_size)
         if spatial == 2 and (input.ndim not in (3, 4) or 0 in input.shape[-2:]):
             raise RuntimeError(f"{op}: Expected 3D or 4D input with non-zero spatial sizes, but got "
                                f"{list(input.shape)}")
@@ -389,7 +452,7 @@ for _n in (1, 2, 3):
     functional(f"adaptive_avg_pool{_n}d(Tensor input, Scalar[{_n}] output_size) -> Tensor", _adaptive_avg_pool(_n),
                function=_n == 1)
 for _n in (2, 3):
-    private(f"_adaptive_avg_pool{_n}d(Tensor self, int[{_n}] output_size) -> Tensor", _adaptive_avg_pool_by_matrices,
+    private(f"_adaptive_avg_pool{_n}d(Tensor self, int[{_n}] output_size) -> Tensor", _adaptive_avg_pool_separably,
             {"self": f"adaptive_avg_pool_backward(grad, self, {_n})"})
 
 
@@ -429,7 +492,7 @@ def _windows_maximum(x, positions):
     (O, L) input positions."""
     spatial = len(positions)
     windows = _gather_windows(x, positions)
-    flat = windows.reshape(*windows.shape[:2 + spatial], -1)
+    flat = windows.reshape(*windows.shape[:2 + spatial], math.prod(windows.shape[2 + spatial:]))
     position = _window_maximum_position(flat, (), (), (), (), padded=False)
     values = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
     longest = [rows.shape[1] for rows in positions]
@@ -445,6 +508,7 @@ def _adaptive_max_pool_with_indices(spatial: int):
     op = f"adaptive_max_pool{spatial}d"
 
     def adaptive_max_pool_with_indices(input, output_size):
+        _check_none_sizes(input, output_size)
         _check_adaptive_input(op, input, spatial)
         if not input.dtype.is_floating_point:
             raise NotImplementedError(f'"{op}" not implemented for {input.dtype}: it takes floating-point input')

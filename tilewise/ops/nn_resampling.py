@@ -4,11 +4,13 @@
 dim at a time: nearest modes gather with torch's float32 source-index rules; linear modes (linear, bilinear,
 trilinear) read the two neighbours of torch's source coordinate (``area_pixel_compute_source_index``) and blend
 them; bicubic reads four with torch's cubic-convolution weights (A = -0.75), clamped to the edge; area is adaptive
-average pooling. ``grid_sample`` is not separable (each output point has its own coordinates): it gathers the
-2^d corners (or 4 x 4 taps for bicubic) from the flattened input and weights them, taps outside the input reading
-zero, after torch's border or reflection padding of the coordinates. ``fold``/``unfold`` are convolution's
-col2im/im2col over the shared window views. All are composites: gradients, CUDA and the compiler come from their
-primitives (gathers become scatter-adds in backward).
+average pooling. Antialiased modes (bilinear, bicubic with A = -0.5, lanczos) read every input within the filter's
+support widened by the downscaling factor, with torch's weights normalised per output. ``grid_sample`` is not
+separable (each output point has its own coordinates): it gathers the 2^d corners (or 4 x 4 taps for bicubic)
+from the flattened input and weights them, taps outside the input reading zero, after torch's border or reflection
+padding of the coordinates. ``fold``/``unfold`` are convolution's col2im/im2col over the shared window views. All
+are composites: gradients, CUDA and the compiler come from their primitives (gathers become scatter-adds in
+backward).
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ from tilewise.ops.registry import OPS
 
 # ============================================================================ resampling
 
-def _nearest_source_index(size: int, out: int, scale, device):
-    """torch's nearest rule: src = min(floor(dst * s), size - 1), s = 1/scale_factor or size/out in float32."""
+def _nearest_source_index(size: int, out: int, scale, device, by_sizes: bool):
+    """torch's nearest rule: src = min(floor(dst * s), size - 1), s = 1/scale_factor or size/out in float32.
+    With ``by_sizes`` (torch's 2-D kernel), an output once or twice the input's size copies or halves the index
+    whatever the scale factor; torch's 1-D and 3-D kernels follow the factor there too."""
     from tilewise.ops.creation import arange, full
 
     dst = arange(out, device=device)
-    if out == size:
+    by_sizes = by_sizes or scale is None or not scale > 0 or out == size * scale
+    if by_sizes and out == size:
         return dst
-    if out == 2 * size:
+    if by_sizes and out == 2 * size:
         return dst // 2
     if scale is not None and scale > 0:
         step = full((), 1.0 / scale, dtype=float32, device=device)
@@ -41,39 +46,62 @@ def _nearest_source_index(size: int, out: int, scale, device):
 
 
 def _interpolate_sizes(op, input, size, scale_factor, recompute_scale_factor):
+    """The output sizes and the scale factors the kernels see (None where recomputed from the sizes), checked in
+    torch's order with torch's errors."""
     spatial = input.ndim - 2
-    if (size is None) == (scale_factor is None):
-        raise ValueError(f"{op}: exactly one of size or scale_factor should be defined, got size={size} and "
+    if size is not None and scale_factor is not None:
+        raise ValueError(f"{op}: only one of size or scale_factor should be defined, got size={size} and "
                          f"scale_factor={scale_factor}")
+    if size is None and scale_factor is None:
+        raise ValueError(f"{op}: either size or scale_factor should be defined")
+    # the schema hands a single int size over as a 1-tuple: one entry stands for every spatial dim
+    if size is not None and isinstance(size, (tuple, list)) and len(size) not in (1, spatial):
+        raise ValueError(f"{op}: Input and output must have the same number of spatial dimensions, but got input "
+                         f"with spatial dimensions of {list(input.shape[2:])} and output size of {size}. Please "
+                         "provide input tensor in (N, C, d1, d2, ...,dK) format and output size in (o1, o2, ...,oK) "
+                         "format.")
+    factors = None
+    if scale_factor is not None:
+        factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * spatial
+        if len(factors) != spatial:
+            raise ValueError(f"{op}: Input and scale_factor must have the same number of spatial dimensions, but got "
+                             f"input with spatial dimensions of {list(input.shape[2:])} and scale_factor of shape "
+                             f"{scale_factor}. Please provide input tensor in (N, C, d1, d2, ...,dK) format and "
+                             "scale_factor in (s1, s2, ...,sK) format.")
+    if recompute_scale_factor and size is not None:
+        raise ValueError(f"{op}: recompute_scale_factor is not meaningful with an explicit size.")
     if size is not None:
         return int_tuple(size, spatial, "size", op), (None,) * spatial
-    factors = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * spatial
-    if len(factors) != spatial:
-        raise ValueError(f"{op}: scale_factor shape must match input shape: input is {spatial}D spatially, "
-                         f"scale_factor has {len(factors)} entries")
     sizes = tuple(math.floor(float(n) * float(f)) for n, f in zip(input.shape[2:], factors))
     return sizes, (None,) * spatial if recompute_scale_factor else tuple(float(f) for f in factors)
 
 
-_INTERPOLATE_MODES = ("nearest", "linear", "bilinear", "bicubic", "trilinear", "area", "nearest-exact")
-_MODE_RANK = {"linear": 3, "bilinear": 4, "bicubic": 4, "trilinear": 5}
+_INTERPOLATE_MODES = ("nearest", "linear", "bilinear", "bicubic", "trilinear", "lanczos", "area", "nearest-exact")
+_MODE_RANK = {"linear": 3, "bilinear": 4, "bicubic": 4, "trilinear": 5, "lanczos": 4}
 _CUBIC = -0.75  # torch's cubic convolution coefficient A
 
 
 def _check_interpolate_mode(op, input, mode, align_corners, antialias) -> None:
-    if input.ndim not in (3, 4, 5) or mode not in _INTERPOLATE_MODES:
-        raise NotImplementedError(f"Input Error: Only 3D, 4D and 5D input Tensors supported (got {input.ndim}D) for "
-                                  "the modes: nearest | linear | bilinear | bicubic | trilinear | area | "
-                                  f"nearest-exact (got {mode})")
     if mode in ("nearest", "area", "nearest-exact") and align_corners is not None:
         raise ValueError("align_corners option can only be set with the interpolating modes: linear | bilinear | "
                          "bicubic | trilinear")
-    if antialias and mode not in ("bilinear", "bicubic"):
-        raise ValueError("Anti-alias option is restricted to bilinear and bicubic modes and requires a 4-D tensor "
-                         "as input")
-    if antialias:
-        raise NotImplementedError(f"{op}: antialias=True is not implemented in tilewise")
+    if antialias and (mode not in ("bilinear", "bicubic", "lanczos") or input.ndim != 4):
+        raise ValueError("Anti-alias option is restricted to bilinear, bicubic, and lanczos modes and requires a "
+                         "4-D tensor as input")
+    if input.ndim not in (3, 4, 5) or mode not in _INTERPOLATE_MODES:
+        raise NotImplementedError(f"Input Error: Only 3D, 4D and 5D input Tensors supported (got {input.ndim}D) for "
+                                  "the modes: nearest | linear | bilinear | bicubic | trilinear | lanczos | area | "
+                                  f"nearest-exact (got {mode})")
+    if mode == "lanczos" and input.ndim == 4:
+        if align_corners:
+            raise ValueError("Lanczos mode does not support align_corners=True")
+        if not antialias:
+            raise ValueError("Lanczos mode requires antialias=True")
     if mode in _MODE_RANK and input.ndim != _MODE_RANK[mode]:
+        if mode == "lanczos":  # torch names no rank for it
+            raise NotImplementedError(f"Input Error: Only 3D, 4D and 5D input Tensors supported (got {input.ndim}D) "
+                                      "for the modes: nearest | linear | bilinear | bicubic | trilinear | lanczos | "
+                                      f"area | nearest-exact (got {mode})")
         raise NotImplementedError(f"Got {input.ndim}D input, but {mode} mode needs {_MODE_RANK[mode]}D input")
 
 
@@ -147,11 +175,57 @@ def _cubic_along(x, d: int, out: int, scale, align_corners: bool):
     return (picked * weights.reshape(shape)).sum(d + 1)
 
 
+_ANTIALIAS_CUBIC = -0.5  # torch's (and PIL's) cubic coefficient when antialiasing
+
+
+def _antialias_filter(x, mode: str):
+    """torch's aa_filter: the triangle (bilinear), Keys cubic with A = -0.5 (bicubic) or Lanczos-3 (lanczos), zero
+    outside its support."""
+    x = x.abs()
+    if mode == "bilinear":
+        return (1 - x).clamp(min=0)
+    if mode == "lanczos":  # Lanczos-3: sinc(x) sinc(x / 3) inside |x| < 3
+        return (OPS["sinc"](x) * OPS["sinc"](x / 3)).where(x < 3, x * 0)
+    a = _ANTIALIAS_CUBIC
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return near.where(x < 1, far.where(x < 2, x * 0))
+
+
+def _antialias_along(x, d: int, out: int, scale, align_corners: bool, mode: str):
+    """torch's antialiased resampling of dim d (_compute_weights_aa): each output reads every input within the
+    filter's support, widened by the downscaling factor, with weights normalised to sum to one."""
+    from tilewise.ops.creation import arange
+
+    size = x.shape[d]
+    if align_corners:
+        step = (size - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        step = 1.0 / scale if scale is not None and scale > 0 else size / out
+    half_width = {"bilinear": 1.0, "bicubic": 2.0, "lanczos": 3.0}[mode]
+    support = half_width * step if step >= 1.0 else half_width
+    inverse = 1.0 / step if step >= 1.0 else 1.0
+    taps = math.ceil(support) * 2 + 1
+    center = (arange(out, device=x.device).to(x.dtype) + 0.5) * step
+    first = (center - support + 0.5).floor().clamp(min=0)
+    count = ((center + support + 0.5).floor().clamp(max=size) - first).clamp(0, taps)
+    offsets = arange(taps, device=x.device).to(x.dtype)
+    weights = _antialias_filter((offsets + first.unsqueeze(-1) - center.unsqueeze(-1) + 0.5) * inverse, mode)
+    weights = weights * (offsets < count.unsqueeze(-1)).to(x.dtype)
+    total = weights.sum(-1, keepdim=True)
+    weights = weights / total.where(total != 0, total + 1)
+    index = (first.long().unsqueeze(-1) + arange(taps, device=x.device)).clamp(max=size - 1)
+    shape = (out, taps) + (1,) * (x.ndim - d - 1)
+    return (_select(x, d, index) * weights.reshape(shape)).sum(d + 1)
+
+
 def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                  recompute_scale_factor=None, antialias=False):
     op = "interpolate"
-    _check_interpolate_mode(op, input, mode, align_corners, antialias)
+    if mode in ("nearest", "area", "nearest-exact") and align_corners is not None:
+        _check_interpolate_mode(op, input, mode, align_corners, antialias)
     sizes, scales = _interpolate_sizes(op, input, size, scale_factor, recompute_scale_factor)
+    _check_interpolate_mode(op, input, mode, align_corners, antialias)
     if min(sizes, default=1) <= 0 or min(input.shape[2:], default=1) <= 0:
         names = "DHW"[-len(sizes):]
         given = ", ".join(f"{a}: {n}" for a, n in zip(names, input.shape[2:]))
@@ -164,8 +238,11 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     out = input
     for k, (n, o, s) in enumerate(zip(input.shape[2:], sizes, scales)):
         d = 2 + k
-        if mode == "nearest":
-            out = _select(out, d, _nearest_source_index(n, o, s, input.device))
+        if antialias:
+            if n != o:  # torch leaves a dim of unchanged size as it is, whatever the scale factor
+                out = _antialias_along(out, d, o, s, bool(align_corners), mode)
+        elif mode == "nearest":
+            out = _select(out, d, _nearest_source_index(n, o, s, input.device, input.ndim == 4))
         elif mode == "nearest-exact":
             out = _select(out, d, _nearest_exact_source_index(n, o, s, input.device))
         elif mode == "bicubic":
@@ -184,7 +261,12 @@ functional("interpolate(Tensor input, int[]? size=None, float[]? scale_factor=No
 
 def _pixel_shuffle(input, upscale_factor):
     r = upscale_factor
-    if input.ndim < 3 or input.shape[-3] % (r * r):
+    if r <= 0:
+        raise RuntimeError(f"pixel_shuffle expects a positive upscale_factor, but got {r}")
+    if input.ndim < 3:
+        raise RuntimeError(f"pixel_shuffle expects input to have at least 3 dimensions, but got input with "
+                           f"{input.ndim} dimension(s)")
+    if input.shape[-3] % (r * r):
         raise RuntimeError(f"pixel_shuffle expects an input of shape (*, C * r^2, H, W) with C * r^2 divisible by "
                            f"upscale_factor^2 = {r * r}, got input of shape {list(input.shape)}")
     *lead, channels, height, width = input.shape
@@ -196,7 +278,12 @@ def _pixel_shuffle(input, upscale_factor):
 
 def _pixel_unshuffle(input, downscale_factor):
     r = downscale_factor
-    if input.ndim < 3 or input.shape[-2] % r or input.shape[-1] % r:
+    if r <= 0:
+        raise RuntimeError(f"pixel_unshuffle expects a positive downscale_factor, but got {r}")
+    if input.ndim < 3:
+        raise RuntimeError(f"pixel_unshuffle expects input to have at least 3 dimensions, but got input with "
+                           f"{input.ndim} dimension(s)")
+    if input.shape[-2] % r or input.shape[-1] % r:
         raise RuntimeError(f"pixel_unshuffle expects an input of shape (*, C, H, W) with H and W divisible by "
                            f"downscale_factor = {r}, got input of shape {list(input.shape)}")
     *lead, channels, height, width = input.shape
@@ -303,12 +390,16 @@ def _affine_grid(theta, size, align_corners=None):
     if spatial not in (2, 3):
         raise NotImplementedError(f"{op} only supports 4D and 5D sizes, for 2D and 3D affine transforms, "
                                   f"respectively. Got size {list(size)}.")
-    if theta.ndim != 3 or tuple(theta.shape[1:]) != (spatial, spatial + 1) or theta.shape[0] != size[0]:
+    if theta.ndim != 3 or tuple(theta.shape[1:]) != (spatial, spatial + 1):
         shape = "Nx2x3" if spatial == 2 else "Nx3x4"
         raise ValueError(f"Expected a batch of {spatial}D affine matrices of shape {shape} for size {list(size)}. "
                          f"Got {list(theta.shape)}.")
     if min(size) <= 0:
         raise ValueError(f"Expected non-zero, positive output size. Got {list(size)}")
+    if theta.shape[0] != size[0]:  # torch's batched product of the base grid and theta refuses it
+        raise RuntimeError(f"{op}: Expected size for first two dimensions of batch2 tensor to be: [{size[0]}, "
+                           f"{spatial + 1}] but got: [{theta.shape[0]}, {spatial + 1}] (theta of shape "
+                           f"{list(theta.shape)} for size {list(size)})")
     batch, sizes = size[0], size[2:]
     axes = [_base_coordinates(n, bool(align_corners), theta) for n in sizes]  # depth, height, width
     grids = []
@@ -345,16 +436,22 @@ def _reflect(coordinate, twice_low: int, twice_high: int):
     return (extra + low).where(even, span - extra + low)
 
 
+def _clip(coordinate, size: int):
+    """torch's clip_coordinates: into [0, size - 1], a NaN (a NaN grid value, or an infinite one reflected) to 0."""
+    clipped = coordinate.clamp(0, size - 1)
+    return clipped.where(clipped == clipped, 0)
+
+
 def _padded_coordinate(coordinate, size: int, padding_mode: str, align_corners: bool):
     """torch's compute_coordinates: border clips to the input, reflection mirrors then clips."""
     if padding_mode == "border":
-        return coordinate.clamp(0, size - 1)
+        return _clip(coordinate, size)
     if padding_mode == "reflection":
         if align_corners:
             coordinate = _reflect(coordinate, 0, 2 * (size - 1))
         else:
             coordinate = _reflect(coordinate, -1, 2 * size - 1)
-        return coordinate.clamp(0, size - 1)
+        return _clip(coordinate, size)
     return coordinate
 
 
@@ -370,9 +467,28 @@ def _gather_taps(plane, taps, sizes):
         flat = clamped if flat is None else flat * size + clamped
     batch, channels = plane.shape[:2]
     out_shape = flat.shape[1:]
-    gathered = plane.gather(-1, flat.reshape(batch, 1, -1).expand(batch, channels, -1))
+    gathered = plane.gather(-1, flat.reshape(batch, 1, math.prod(out_shape)).expand(batch, channels, -1))
     values = gathered.reshape(batch, channels, *out_shape)
     return values * inside.unsqueeze(1).to(values.dtype)
+
+
+def _check_grid(op, input, grid) -> None:
+    """torch's grid_sampler checks, in its order and words."""
+    spatial = input.ndim - 2
+    if grid.ndim == 0 or grid.shape[-1] != spatial:
+        raise RuntimeError(f"{op}(): expected grid to have size {spatial} in last dimension, but got grid with sizes "
+                           f"{list(grid.shape)}")
+    if input.ndim not in (4, 5) or grid.ndim != input.ndim:
+        rank = 4 if input.ndim == 4 else 5
+        raise RuntimeError(f"{op}(): expected {rank}D input and grid with same number of dimensions, but got input "
+                           f"with sizes {list(input.shape)} and grid with sizes {list(grid.shape)}")
+    if grid.shape[0] != input.shape[0]:
+        raise RuntimeError(f"{op}(): expected grid and input to have same batch size, but got input with sizes "
+                           f"{list(input.shape)} and grid with sizes {list(grid.shape)}")
+    for d in range(2, input.ndim):
+        if input.shape[d] == 0:
+            raise RuntimeError(f"{op}(): expected input to have non-empty spatial dimensions, but input has sizes "
+                               f"{list(input.shape)} with dimension {d} being empty")
 
 
 def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
@@ -385,12 +501,8 @@ def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corne
     if padding_mode not in ("zeros", "border", "reflection"):
         raise ValueError("nn.functional.grid_sample(): expected padding_mode to be 'zeros', 'border', or "
                          f"'reflection', but got: '{padding_mode}'")
+    _check_grid(op, input, grid)
     spatial = input.ndim - 2
-    if input.ndim not in (4, 5) or grid.ndim != input.ndim or grid.shape[-1] != spatial \
-            or grid.shape[0] != input.shape[0]:
-        raise RuntimeError(f"{op}(): expected a 4D or 5D input and a grid of the same rank with the input's batch "
-                           f"size and last dim {spatial}, but got input of shape {list(input.shape)} and grid of "
-                           f"shape {list(grid.shape)}")
     if mode == "bicubic" and spatial != 2:
         raise RuntimeError(f"{op}(): bicubic interpolation only supports 4D input")
     if input.dtype is not grid.dtype:
@@ -399,7 +511,7 @@ def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corne
     align = bool(align_corners)
     sizes = tuple(input.shape[2:])
     batch, channels = input.shape[:2]
-    plane = input.reshape(batch, channels, -1)
+    plane = input.reshape(batch, channels, math.prod(sizes))
     # grid components run x (last dim), y, z; coordinates here run first dim first
     raw = [_unnormalize(grid[..., spatial - 1 - d], sizes[d], align) for d in range(spatial)]
     if mode == "bicubic":

@@ -16,6 +16,7 @@ Pooling (``nn_pooling``) takes the same window views.
 from __future__ import annotations
 
 import math
+import warnings
 
 from tilewise import strides as S
 from tilewise.layouts import channels_last, channels_last_3d, contiguous_format
@@ -79,6 +80,11 @@ def _check_window_args(op, groups, stride, dilation, padding) -> None:
         raise RuntimeError(f"{op}: negative padding is not supported, got padding={list(padding)}")
 
 
+def _batched_shape(input, spatial: int) -> list[int]:
+    """The input's shape as torch names it in errors: an unbatched input as the batch of one it becomes."""
+    return list(input.shape) if input.ndim == spatial + 2 else [1, *input.shape]
+
+
 def _check_conv(op, input, weight, bias, stride, padding, dilation, groups, spatial: int) -> None:
     if input.ndim not in (spatial + 1, spatial + 2):
         raise RuntimeError(f"Expected {spatial + 1}D (unbatched) or {spatial + 2}D (batched) input to {op}, but got "
@@ -89,19 +95,29 @@ def _check_conv(op, input, weight, bias, stride, padding, dilation, groups, spat
     _check_window_args(op, groups, stride, dilation, padding)
     channels = input.shape[-spatial - 1]
     out_channels, group_channels = weight.shape[0], weight.shape[1]
+    if out_channels < groups:
+        raise RuntimeError(f"{op}: Given groups={groups}, expected weight to be at least {groups} at dimension 0, but "
+                           f"got weight of size {list(weight.shape)} instead")
     if out_channels % groups:
         raise RuntimeError(f"{op}: Given groups={groups}, expected weight to be divisible by {groups} at dimension 0 "
                            f"(out_channels), but got weight of size {list(weight.shape)} instead")
     if channels != group_channels * groups:
         raise RuntimeError(f"{op}: Given groups={groups}, weight of size {list(weight.shape)}, expected "
-                           f"input{list(input.shape)} to have {group_channels * groups} channels (in_channels = "
-                           f"weight.shape[1] * groups = {group_channels} * {groups}), but got {channels} channels "
-                           "instead")
+                           f"input{_batched_shape(input, spatial)} to have {group_channels * groups} channels, but got "
+                           f"{channels} channels instead (in_channels = weight.shape[1] * groups = {group_channels} * "
+                           f"{groups})")
     if bias is not None and tuple(bias.shape) != (out_channels,):
         raise RuntimeError(f"{op}: Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
                            f"{out_channels} elements, but got bias of size {list(bias.shape)} instead")
+    _check_same_dtypes(op, input, weight, bias)
+
+
+def _check_same_dtypes(op, input, weight, bias) -> None:
+    """torch computes in the input's dtype and refuses to promote a weight or bias of another."""
     if input.dtype is not weight.dtype:
         raise RuntimeError(f"{op}: Input type ({input.dtype}) and weight type ({weight.dtype}) should be the same")
+    if bias is not None and bias.dtype is not input.dtype:
+        raise RuntimeError(f"{op}: Input type ({input.dtype}) and bias type ({bias.dtype}) should be the same")
 
 
 def _conv_pads(op, padding, kernel, stride, dilation) -> list[tuple[int, int]]:
@@ -110,7 +126,7 @@ def _conv_pads(op, padding, kernel, stride, dilation) -> list[tuple[int, int]]:
     if padding == "valid":
         return [(0, 0)] * len(kernel)
     if padding != "same":
-        raise ValueError(f"{op}: Invalid padding string {padding!r}, should be one of 'valid', 'same'")
+        raise RuntimeError(f"{op}: Invalid padding string: {padding!r}, should be one of 'valid', 'same'")
     if max(stride) != 1:
         raise RuntimeError(f"{op}: padding='same' is not supported for strided convolutions, got "
                            f"stride={list(stride)}")
@@ -141,11 +157,22 @@ def _columns(windows, groups: int):
     return grouped.permute(*order).reshape(groups, batch * math.prod(out), channels // groups * math.prod(kernel))
 
 
-def _im2col(x, weight_shape, stride, pads, dilation, groups):
-    """The padded input's windows as one matrix per group: (groups, N * prod(O), C / groups * prod(K))."""
+def _im2col(x, weight_shape, stride, pads, dilation, groups, out_sizes=None):
+    """The padded input's windows as one matrix per group: (groups, N * prod(O), C / groups * prod(K)); with
+    ``out_sizes``, only the first windows along each dim."""
     if any(pads):
         x = _constant_pad(x, _pad_pairs(pads), 0)
-    return _columns(_windows(x, tuple(weight_shape[2:]), stride, dilation), groups)
+    windows = _windows(x, tuple(weight_shape[2:]), stride, dilation)
+    if out_sizes is not None:
+        windows = _leading(windows, 2, out_sizes)
+    return _columns(windows, groups)
+
+
+def _leading(x, first_dim: int, sizes):
+    """x cut to its first ``sizes`` entries along the dims from ``first_dim`` on (a view; x itself where it fits)."""
+    if tuple(x.shape[first_dim:first_dim + len(sizes)]) == tuple(sizes):
+        return x
+    return x[(*(slice(None),) * first_dim, *(slice(0, n) for n in sizes))]
 
 
 def _col2im(columns, input_shape, weight_shape, stride, pads, dilation, groups, out_sizes):
@@ -237,14 +264,19 @@ def _conv_transpose_forward(input, weight, stride, pads, dilation, groups, outpu
 
 
 def _conv_transpose_input_grad(grad, input, weight, stride, pads, dilation, groups):
-    """The input's gradient of a transposed convolution is the forward of the convolution it transposes."""
-    return _convolution_forward(grad, weight, stride, pads, dilation, groups)
+    """The input's gradient of a transposed convolution is the forward of the convolution it transposes. An output
+    padding below the dilation (not the stride) can give that convolution more windows than the input has
+    positions: the extra windows read only output positions no input reached, so they are dropped."""
+    sizes = tuple(input.shape[2:])
+    grad_input = _leading(_convolution_forward(grad, weight, stride, pads, dilation, groups), 2, sizes)
+    return grad_input.contiguous(memory_format=_conv_memory_format(input, weight))
 
 
 def _conv_transpose_weight_grad(grad, input, weight, stride, pads, dilation, groups):
     """That convolution's weight gradient with the roles of input and output gradient swapped."""
+    sizes = tuple(input.shape[2:])
     grad_weight = _grouped(input, groups).transpose(1, 2).bmm(_im2col(grad, weight.shape, stride, pads, dilation,
-                                                                       groups))
+                                                                       groups, sizes))
     return grad_weight.reshape(weight.shape)
 
 
@@ -301,12 +333,14 @@ def _convolution(op: str, spatial: int):
         pads = _conv_pads(op, padding, weight.shape[2:], stride, dilation)
         unbatched = input.ndim == spatial + 1
         x = input.unsqueeze(0) if unbatched else input
+        padded_shape = (*x.shape[:2], *(n + before + after for n, (before, after) in zip(x.shape[2:], pads)))
+        _check_output_size(op, padded_shape, weight, stride, dilation)
         w = weight
         if spatial == 1:
             x, w, stride, dilation, pads = _as_2d(x, w, stride, dilation, pads)
-        padded_shape = (*x.shape[:2], *(n + before + after for n, (before, after) in zip(x.shape[2:], pads)))
-        _check_output_size(op, padded_shape, w, stride, dilation)
         if any(before != after for before, after in pads):  # 'same' with an even span: torch pads a copy first
+            warnings.warn("Using padding='same' with even kernel lengths and odd dilation may require a zero-padded "
+                          "copy of the input be created", UserWarning, stacklevel=3)
             x = _constant_pad(x, [(0, after - before) for before, after in pads], 0)
             pads = [(before, before) for before, _ in pads]
         out = OPS[f"_conv{max(spatial, 2)}d"](x, w, stride, [p for pair in pads for p in pair], dilation, groups)
@@ -347,8 +381,8 @@ def _check_conv_transpose(op, input, weight, bias, stride, padding, output_paddi
     channels = input.shape[-spatial - 1]
     if channels != weight.shape[0]:
         raise RuntimeError(f"{op}: Given transposed=1, weight of size {list(weight.shape)}, expected "
-                           f"input{list(input.shape)} to have {weight.shape[0]} channels, but got {channels} channels "
-                           "instead")
+                           f"input{_batched_shape(input, spatial)} to have {weight.shape[0]} channels, but got "
+                           f"{channels} channels instead")
     if weight.shape[0] % groups:
         raise RuntimeError(f"{op}: Given groups={groups}, expected weight to be divisible by {groups} at dimension 0 "
                            f"(in_channels), but got weight of size {list(weight.shape)} instead")
@@ -357,8 +391,7 @@ def _check_conv_transpose(op, input, weight, bias, stride, padding, output_paddi
         raise RuntimeError(f"{op}: Given transposed=1, weight of size {list(weight.shape)}, expected bias to be "
                            f"1-dimensional with {out_channels} elements, but got bias of size {list(bias.shape)} "
                            "instead")
-    if input.dtype is not weight.dtype:
-        raise RuntimeError(f"{op}: Input type ({input.dtype}) and weight type ({weight.dtype}) should be the same")
+    _check_same_dtypes(op, input, weight, bias)
 
 
 def _transposed_convolution(op: str, spatial: int):

@@ -35,25 +35,33 @@ class _ConvNd(Module):
                  output_padding=0) -> None:
         super().__init__()
         n = self._dims
-        if groups <= 0 or in_channels % groups or out_channels % groups:
-            raise ValueError(f"{type(self).__name__}: in_channels ({in_channels}) and out_channels ({out_channels}) "
-                             f"must both be divisible by groups ({groups})")
+        if groups <= 0:
+            raise ValueError(f"groups must be a positive integer, got groups={groups}")
+        if in_channels % groups:
+            raise ValueError(f"in_channels must be divisible by groups, got in_channels={in_channels} and "
+                             f"groups={groups}")
+        if out_channels % groups:
+            raise ValueError(f"out_channels must be divisible by groups, got out_channels={out_channels} and "
+                             f"groups={groups}")
         if padding_mode not in _PADDING_MODES:
-            raise ValueError(f"padding_mode must be one of {_PADDING_MODES}, but got padding_mode='{padding_mode}'")
+            raise ValueError(f"padding_mode must be one of {{{', '.join(map(repr, _PADDING_MODES))}}}, but got "
+                             f"padding_mode='{padding_mode}'")
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size = _tuple(kernel_size, n, "kernel_size")
         self.stride = _tuple(stride, n, "stride")
         self.dilation = _tuple(dilation, n, "dilation")
         if isinstance(padding, str):
             if padding not in ("same", "valid"):
-                raise ValueError(f"Invalid padding string {padding!r}, should be one of 'valid', 'same'")
+                raise ValueError(f"Invalid padding string {padding!r}, should be one of {{'same', 'valid'}}")
             if padding == "same" and any(s != 1 for s in self.stride):
                 raise ValueError("padding='same' is not supported for strided convolutions")
             self.padding = padding
         else:
             self.padding = _tuple(padding, n, "padding")
+        self.transposed = self._transposed
         self.output_padding = _tuple(output_padding, n, "output_padding")
         self.padding_mode = padding_mode
+        self._reversed_padding_repeated_twice = self._explicit_padding()
         shape = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
         self.weight = Parameter(empty(*shape, *self.kernel_size, device=device, dtype=dtype))
         if bias:
@@ -82,17 +90,21 @@ class _ConvNd(Module):
             return amounts
         return [p for p in reversed(self.padding) for _ in range(2)]
 
-    def forward(self, input: Tensor) -> Tensor:
+    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """The convolution with the given weight and bias (torch's hook for layers that transform the weight)."""
         conv = getattr(F, self._functional)
         if self.padding_mode != "zeros":
-            padded = F.pad(input, self._explicit_padding(), mode=self.padding_mode)
-            return conv(padded, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
-        return conv(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+            padded = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            return conv(padded, weight, bias, self.stride, 0, self.dilation, self.groups)
+        return conv(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return self._conv_forward(input, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
         if self.padding != (0,) * self._dims:
-            text += f", padding={self.padding!r}" if isinstance(self.padding, str) else f", padding={self.padding}"
+            text += f", padding={self.padding}"
         if self.dilation != (1,) * self._dims:
             text += f", dilation={self.dilation}"
         if self.output_padding != (0,) * self._dims:
@@ -143,11 +155,12 @@ class _ConvTransposeNd(_ConvNd):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          padding_mode, device, dtype, output_padding)
 
-    def _output_padding(self, input: Tensor, output_size) -> tuple[int, ...]:
-        """The output padding that gives ``output_size`` (torch's rule), or the layer's own."""
+    def _output_padding(self, input: Tensor, output_size, stride, padding, kernel_size, num_spatial_dims: int,
+                        dilation=None) -> tuple[int, ...]:
+        """The output padding that gives ``output_size`` (torch's rule and signature), or the layer's own."""
         if output_size is None:
             return self.output_padding
-        n = self._dims
+        n = num_spatial_dims
         lead = 2 if input.dim() == n + 2 else 1
         sizes = list(output_size)
         if len(sizes) == lead + n:
@@ -155,9 +168,10 @@ class _ConvTransposeNd(_ConvNd):
         if len(sizes) != n:
             raise ValueError(f"ConvTranspose{n}D: for {input.dim()}D input, output_size must have {n} or {lead + n} "
                              f"elements (got {len(output_size)})")
-        smallest = [(input.shape[lead + d] - 1) * self.stride[d] - 2 * self.padding[d]
-                    + self.dilation[d] * (self.kernel_size[d] - 1) + 1 for d in range(n)]
-        largest = [low + s - 1 for low, s in zip(smallest, self.stride)]
+        dilation = dilation if dilation is not None else (1,) * n
+        smallest = [(input.shape[lead + d] - 1) * stride[d] - 2 * padding[d] + dilation[d] * (kernel_size[d] - 1) + 1
+                    for d in range(n)]
+        largest = [low + s - 1 for low, s in zip(smallest, stride)]
         for size, low, high in zip(sizes, smallest, largest):
             if size < low or size > high:
                 raise ValueError(f"requested an output size of {sizes}, but valid sizes range from {smallest} to "
@@ -166,8 +180,10 @@ class _ConvTransposeNd(_ConvNd):
 
     def forward(self, input: Tensor, output_size=None) -> Tensor:
         conv = getattr(F, self._functional)
-        return conv(input, self.weight, self.bias, self.stride, self.padding, self._output_padding(input, output_size),
-                    self.groups, self.dilation)
+        output_padding = self._output_padding(input, output_size, self.stride, self.padding, self.kernel_size,
+                                              self._dims, self.dilation)
+        return conv(input, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups,
+                    self.dilation)
 
 
 class ConvTranspose1d(_ConvTransposeNd):

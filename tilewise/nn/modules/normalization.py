@@ -9,6 +9,7 @@ statistics unless asked, and statistics of each instance whenever it has none to
 
 from __future__ import annotations
 
+import warnings
 from numbers import Integral
 
 from tilewise import dtypes
@@ -192,8 +193,20 @@ class _InstanceNorm(_BatchNorm):
             raise ValueError(f"{type(self).__name__}: expected {batched - 1}D (unbatched) or {batched}D (batched) "
                              f"input, got {input.dim()}D input of shape {list(input.shape)}")
 
+    def _check_features(self, input: Tensor) -> None:
+        """The weight needs input's channels to be num_features; without one, torch only warns."""
+        feature_dim = input.dim() - (self._expected_dims[-1] - 1)
+        if input.shape[feature_dim] == self.num_features:
+            return
+        if self.affine:
+            raise ValueError(f"expected input's size at dim={feature_dim} to match num_features "
+                             f"({self.num_features}), but got: {input.shape[feature_dim]}.")
+        warnings.warn(f"input's size at dim={feature_dim} does not match num_features. You can silence this warning "
+                      "by not passing in num_features, which is not used because affine=False", stacklevel=3)
+
     def forward(self, input: Tensor) -> Tensor:
         self._check_input_dim(input)
+        self._check_features(input)
         unbatched = input.dim() == self._expected_dims[-1] - 1
         x = input.unsqueeze(0) if unbatched else input
         out = F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
