@@ -181,9 +181,13 @@ def elementwise_dims(node: Node, group: Group) -> tuple | None:
             if dims[k + lead] not in (None, d):
                 return None
             dims[k + lead] = d
+    # a dim no operand in the group maps runs along the domain dim at its own position, when the sizes agree and
+    # the operands that do map dims map them in place: a value in another order (a channels-last value beside a
+    # group over the (N, C, H, W) order) would otherwise take H for C wherever the two sizes happen to be equal
+    in_place = all(d is None or d == k for k, d in enumerate(dims))
     for j, size in enumerate(shape):
         if size != 1 and dims[j] is None:
-            if len(shape) != len(domain) or domain[j] != size or j in dims:
+            if not in_place or len(shape) != len(domain) or domain[j] != size or j in dims:
                 return None
             dims[j] = j
     return _checked(tuple(dims), shape, domain)
