@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tilewise import _philox
+from tilewise import strides as S
 from tilewise.backends.cpu.registry import kernel
 from tilewise.device import backend_for, cpu
 from tilewise.layouts import copy_strides
@@ -65,7 +66,9 @@ def to_copy(self, dtype=None, device=None, non_blocking=False, memory_format=Non
     strides = copy_strides(self, memory_format)
     a = self._np()
     if a.dtype == dtype.np:
-        return from_array_strided(a.copy(order="K"), strides, dtype)
+        return from_array_strided(a.copy(order=_numpy_order(self, strides)), strides, dtype)
+    if strides == S.contiguous_strides(self._shape):
+        a = np.ascontiguousarray(a)  # cast_array keeps the source's order: row-major first, then one cast
     with np.errstate(over="ignore", invalid="ignore"):  # out of range becomes inf, as in torch, which never warns
         return from_array_strided(cast_array(a, dtype.np), strides, dtype)
 
@@ -75,7 +78,13 @@ def clone(self, memory_format=None):
     """torch's rule: preserve the layout of a dense tensor, otherwise (or when asked) use the format asked for
     or the one the strides suggest."""
     strides = copy_strides(self, memory_format)
-    return from_array_strided(self._np().copy(order="K"), strides, self.dtype)
+    return from_array_strided(self._np().copy(order=_numpy_order(self, strides)), strides, self.dtype)
+
+
+def _numpy_order(self: Tensor, strides: tuple) -> str:
+    """The order in which numpy's copy of ``self`` already lies as ``strides`` ask (else one more copy follows):
+    row-major, or the source's own order when the copy keeps it."""
+    return "C" if strides == S.contiguous_strides(self._shape) else "K"
 
 
 @kernel("_write_")
