@@ -68,7 +68,7 @@ def to_copy(self, dtype=None, device=None, non_blocking=False, memory_format=Non
     if a.dtype == dtype.np:
         return from_array_strided(a.copy(order=_numpy_order(self, strides)), strides, dtype)
     if strides == S.contiguous_strides(self._shape):
-        a = np.ascontiguousarray(a)  # cast_array keeps the source's order: row-major first, then one cast
+        a = np.asarray(a, order="C")  # cast_array keeps the source's order: row-major first, then one cast
     with np.errstate(over="ignore", invalid="ignore"):  # out of range becomes inf, as in torch, which never warns
         return from_array_strided(cast_array(a, dtype.np), strides, dtype)
 
