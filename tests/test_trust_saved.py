@@ -122,8 +122,8 @@ class Run:
                     self.values[k] = leaf
             return self.values[k]
 
-        self.run(info.resolve(lib, functional), _build(args, None, make),
-                 {k: _build(v, None, make) for k, v in kwargs.items()}, target)
+        self.run(info.resolve(lib, functional), _build(args, None, make, lib),
+                 {k: _build(v, None, make, lib) for k, v in kwargs.items()}, target)
 
     def run(self, fn, args, kwargs, target):
         lib = self.lib

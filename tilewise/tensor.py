@@ -529,10 +529,15 @@ def from_array_strided(a: np.ndarray, strides: tuple, dtype: DType | None = None
     shape = t._shape
     if t._offset == 0 and all(x == y or n == 1 for x, y, n in zip(t._strides, strides, shape)):
         return Tensor._make(t._storage, shape, strides, 0, t._dtype, cpu)  # size-1 dims: same memory
-    flat = np.empty(_strides.storage_span(shape, strides, 0), t._dtype.np)
+    return strided_copy(t._np(), strides, t._dtype)
+
+
+def strided_copy(a: np.ndarray, strides: tuple, dtype: DType) -> Tensor:
+    """A new CPU tensor with ``a``'s values (of ``dtype``'s numpy type) written once into the dense ``strides``."""
+    flat = np.empty(_strides.storage_span(a.shape, strides, 0), dtype.np)
     size = flat.itemsize
-    np.lib.stride_tricks.as_strided(flat, shape, tuple(st * size for st in strides))[...] = t._np()
-    return Tensor._make(Storage(flat, cpu, t._dtype, flat.shape[0]), shape, strides, 0, t._dtype, cpu)
+    np.lib.stride_tricks.as_strided(flat, a.shape, tuple(st * size for st in strides))[...] = a
+    return Tensor._make(Storage(flat, cpu, dtype, flat.shape[0]), tuple(a.shape), strides, 0, dtype, cpu)
 
 
 def _empty_tensor(shape) -> Tensor:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from tilewise import _philox
+from tilewise import strides as S
 from tilewise.backends.cpu.registry import kernel
 from tilewise.device import backend_for, cpu
 from tilewise.layouts import copy_strides
 from tilewise.ops.indexing import check_gather_shapes
-from tilewise.tensor import Tensor, cast_array, from_array, from_array_strided
+from tilewise.tensor import Tensor, cast_array, from_array, from_array_strided, strided_copy
 
 
 def _out(array, dtype) -> Tensor:
@@ -65,7 +66,9 @@ def to_copy(self, dtype=None, device=None, non_blocking=False, memory_format=Non
     strides = copy_strides(self, memory_format)
     a = self._np()
     if a.dtype == dtype.np:
-        return from_array_strided(a.copy(order="K"), strides, dtype)
+        return _copy(a, self, strides, dtype)
+    if strides == S.contiguous_strides(self._shape):
+        a = np.asarray(a, order="C")  # cast_array keeps the source's order: row-major first, then one cast
     with np.errstate(over="ignore", invalid="ignore"):  # out of range becomes inf, as in torch, which never warns
         return from_array_strided(cast_array(a, dtype.np), strides, dtype)
 
@@ -74,8 +77,17 @@ def to_copy(self, dtype=None, device=None, non_blocking=False, memory_format=Non
 def clone(self, memory_format=None):
     """torch's rule: preserve the layout of a dense tensor, otherwise (or when asked) use the format asked for
     or the one the strides suggest."""
-    strides = copy_strides(self, memory_format)
-    return from_array_strided(self._np().copy(order="K"), strides, self.dtype)
+    return _copy(self._np(), self, copy_strides(self, memory_format), self.dtype)
+
+
+def _copy(a: np.ndarray, source: Tensor, strides: tuple, dtype) -> Tensor:
+    """One copy of ``a`` (``source``'s values) laid out with ``strides``: numpy's own copy where it already lies
+    so (row-major, or the source's order), else a write into a new tensor of those strides."""
+    if strides == S.contiguous_strides(source._shape):
+        return from_array_strided(a.copy(order="C"), strides, dtype)
+    if strides == source._strides:
+        return from_array_strided(a.copy(order="K"), strides, dtype)
+    return strided_copy(a, strides, dtype)
 
 
 @kernel("_write_")
