@@ -1,4 +1,4 @@
-"""channels_last: convolutions in channels-last memory (CUDA target).
+"""channels_last: convolutions and the element-wise work around them in channels-last memory (CUDA target).
 
 [Note: channels-last programs] cuDNN's tensor-core convolutions work in channels-last memory (NHWC); given
 row-major NCHW operands they transpose around the kernel or pick slower kernels (measured on an H200 over
@@ -11,22 +11,24 @@ channels-last permutation (N, H, W, C), seen by its readers through a ``permute`
   its operands are read as channels-last views, and an operand that is not already one (the image, a weight)
   is copied into one first (a ``clone`` that fusion folds into the kernel producing the operand, or a
   transposing copy);
-* everything else reads those values through their views as it would any strided value (a statistic over N,
-  H, W sums them as columns); a view chain that cannot express the permutation (a reshape that merges H and C)
-  gets a contiguous copy (``legalize_views``).
+* an element-wise operator with a full-rank operand that is such a view is rebuilt on the channels-last
+  values (every operand seen through the inverse permute), so batch norm's scaling, ReLU, the residual add
+  and their gradients keep the layout and read and write memory in order, and a convolution's input is the
+  value itself rather than a copy; a statistic (a reduction over N, H, W) reads the channels-last value through
+  its view, which the scheduler sums as columns.
+Everything else reads the values through their views as it would any strided value; a view chain that
+cannot express the permutation (a reshape that merges H and C) gets a contiguous copy (``legalize_views``).
 An input of rank 4 or 5 read through the permute from (N, *S, C) to (N, C, *S) is such a value too (a fused
-composite's channels-last argument), and a result permuted to (N, *S, C) at the end is the value itself.
-
-Element-wise operators are not rebuilt on the channels-last values, although that would let them read and write
-memory in order: fusion maps a value onto a nest's domain by position where no operand in the nest says
-otherwise, and an (N, H, W, C) value of the same sizes as an (N, C, H, W) nest (C == H) would take H for C
-(found on a ResNet whose first stage has 8 channels of 8 x 8). Fusion would need to know each value's order
-first.
+composite's channels-last argument), and a result permuted to (N, *S, C) at the end is the value itself. The
+values made here are marked for fusion, which must not map them by position onto a nest built in the other
+order ([Note: value orders] in ``orders.py``).
 """
 
 from __future__ import annotations
 
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType, rewrite
+from tilewise.compiler.lowering.fusion import fusion_kind
+from tilewise.compiler.lowering.orders import mark_channels_last
 from tilewise.compiler.passes.layout import legalize_views
 
 CONVOLUTIONS = frozenset(f"{name}{suffix}" for n in (2, 3) for name in (f"_conv{n}d", f"_conv_transpose{n}d")
@@ -82,8 +84,12 @@ class _Layouts:
             return value
         copy = Node("clone", (self.channels_last(value, rank),), (Ref(0), None),
                     _permuted(value.type, to_channels_last(rank)))
-        self.native.add(copy)
+        self._made(copy)
         return _permute(copy, from_channels_last(rank))
+
+    def _made(self, value: Node) -> None:
+        self.native.add(value)
+        mark_channels_last(value)  # see [Note: value orders]
 
     def rewrite(self, node: Node) -> Node | None:
         rank = len(node.type.shape)
@@ -94,14 +100,20 @@ class _Layouts:
         if node.op in CONVOLUTIONS:
             srcs = tuple(self.operand(s, rank) for s in node.srcs)
             conv = Node(node.op + SUFFIX, srcs, node.args, _permuted(node.type, to_channels_last(rank)), node.tag)
-            self.native.add(conv)
+            self._made(conv)
             return _permute(conv, from_channels_last(rank))
+        if fusion_kind(node) == "elementwise" and any(self.is_view(s) and len(s.type.shape) == rank
+                                                       for s in node.srcs):
+            srcs = tuple(self.channels_last(s, rank) for s in node.srcs)
+            value = Node(node.op, srcs, node.args, _permuted(node.type, to_channels_last(rank)), node.tag)
+            self._made(value)
+            return _permute(value, from_channels_last(rank))
         return None
 
 
 def channels_last(graph: Graph) -> Graph:
-    """Keep 2-D/3-D convolutions channels-last (see [Note: channels-last programs]); a graph without them is
-    returned as it is."""
+    """Keep 2-D/3-D convolutions, and the element-wise operators that read their results, channels-last (see
+    [Note: channels-last programs]); a graph without them is returned as it is."""
     layouts = _Layouts(graph.inputs)
     if not any((n.op in CONVOLUTIONS and len(n.type.shape) in (4, 5)) or layouts.is_view(n) for n in graph.body):
         return graph

@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tilewise.compiler.ir import Graph, Node, toposort
+from tilewise.compiler.lowering.orders import order_of
 from tilewise.config import log
 
 MAX_NESTS_PER_KERNEL = 32
@@ -122,6 +123,7 @@ class Group:
     dims: dict[Node, tuple] = field(default_factory=dict)
     outputs: list[Node] = field(default_factory=list)
     recomputed: set[Node] = field(default_factory=set)  # members another group owns (and stores, if needed)
+    order: str = "logical"  # the order of the values its domain was built from (see [Note: value orders])
 
     def owned(self) -> list[Node]:
         return [m for m in self.members if m not in self.recomputed]
@@ -184,7 +186,7 @@ def elementwise_dims(node: Node, group: Group) -> tuple | None:
     # a dim no operand in the group maps runs along the domain dim at its own position, when the sizes agree and
     # the operands that do map dims map them in place: a value in another order (a channels-last value beside a
     # group over the (N, C, H, W) order) would otherwise take H for C wherever the two sizes happen to be equal
-    in_place = all(d is None or d == k for k, d in enumerate(dims))
+    in_place = all(d is None or d == k for k, d in enumerate(dims)) and order_of(node) == group.order
     for j, size in enumerate(shape):
         if size != 1 and dims[j] is None:
             if not in_place or len(shape) != len(domain) or domain[j] != size or j in dims:
@@ -207,7 +209,7 @@ def reduction_dims_in(node: Node, group: Group) -> tuple[tuple, tuple] | None:
     (src,) = node.srcs
     src_dims = group.edge_dims(src)
     if src_dims is None:
-        if group.owns_base(src) or src.type.shape != group.shape:
+        if group.owns_base(src) or src.type.shape != group.shape or order_of(src) != group.order:
             return None
         src_dims = tuple(range(len(group.shape)))
     if _checked(src_dims, src.type.shape, group.shape) is None:
@@ -251,6 +253,7 @@ def _try_join(node: Node, group: Group) -> bool:
 
 
 FEW_COLUMNS = 1 << 15  # kept elements below which a columns nest cannot keep the GPU busy with several phases
+LONG_COLUMNS = 1 << 14  # ... when its columns are at least this long (shorter ones finish soon whoever folds them)
 
 
 def _starves_phases(group: Group) -> bool:
@@ -270,7 +273,10 @@ def _starves_phases(group: Group) -> bool:
     for d, n in enumerate(shape):
         if d not in group.reduce:
             kept *= n
-    if kept >= FEW_COLUMNS:
+    reduced = 1
+    for d in group.reduce:
+        reduced *= shape[d]
+    if kept >= FEW_COLUMNS or reduced < LONG_COLUMNS:
         return False
     late: set[Node] = set()
     for member in group.members:
@@ -288,13 +294,13 @@ def _device(group: Group):
 
 def _new_group(node: Node) -> Group | None:
     if fusion_kind(node) == "reduction":
-        group = Group(node.srcs[0].type.shape)
+        group = Group(node.srcs[0].type.shape, order=order_of(node.srcs[0]))
         found = reduction_dims_in(node, group)
         if found is None:
             return None
         group.dims[node], group.reduce = found
     else:
-        group = Group(node.type.shape)
+        group = Group(node.type.shape, order=order_of(node))
         group.dims[node] = tuple(j if s != 1 else None for j, s in enumerate(node.type.shape))
     group.members.append(node)
     return group
@@ -316,6 +322,7 @@ class _Partition:
                  last_read: dict[Node, int] | None = None):
         self.order, self.readers = order, readers
         self.last_read = last_read or {}  # value -> program position of its last reader
+        self.live: frozenset[Node] = frozenset()  # values that live throughout the program (its inputs)
         self.roots = roots  # values the program returns or writes back: stored, so never made twice
         self.groups: dict[int, Group] = {}
         self.parent: dict[int, int] = {}
@@ -373,7 +380,7 @@ class _Partition:
             if self.order[node] - self.order.get(group.members[-1], 0) > DISTANT:
                 continue  # see DISTANT
             trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims),
-                          recomputed=set(group.recomputed))
+                          recomputed=set(group.recomputed), order=group.order)
             if not _try_join(node, trial):
                 continue
             external = self._external(trial, node)
@@ -407,7 +414,7 @@ class _Partition:
             if not self._worth_remaking(node, base, width, loads):
                 continue
             trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims),
-                          recomputed=set(group.recomputed))
+                          recomputed=set(group.recomputed), order=group.order)
             if not all(_try_join(m, trial) for m in chain):
                 continue
             trial.members.sort(key=self.order.__getitem__)
@@ -435,9 +442,16 @@ class _Partition:
         if width < itemsize:
             return True  # less to read than the value itself: what it is made of is read anyway
         at = self.order[reader]
-        kept = sum(v.type.nbytes * max(0, at - self.last_read.get(v, at)) for v in loads)
         freed = base.type.nbytes * max(0, at - self.order.get(base, at)) if sole else 0
-        return kept <= freed
+        return self._kept_longer(reader, base, loads) <= freed
+
+    def _kept_longer(self, reader: Node, base: Node, loads: set[Node]) -> int:
+        """Bytes times program positions by which making ``base`` in ``reader``'s group from ``loads`` keeps them
+        alive longer; the program's inputs live throughout anyway, and a broadcast operand (a row's statistics)
+        is small."""
+        at = self.order[reader]
+        return sum(v.type.nbytes * max(0, at - self.last_read.get(v, at)) for v in loads
+                   if v not in self.live and v.type.numel * BROADCAST_RATIO > base.type.numel)
 
     def _recomputable(self, node: Node, gid: int, depth: int = 0) -> tuple[list[Node], int, set[Node]] | None:
         """(``node`` and the values other groups make that it is made of, operands first; the bytes per element
@@ -456,9 +470,10 @@ class _Partition:
                 if base in self.groups[gid].dims:  # the group makes it already (owns or recomputes it)
                     continue
                 made = self._recomputable(base, gid, depth + 1)
-                # at equal width a value stored anyway is loaded, not made again from what it was made of
+                # at equal width a value stored anyway is made again only where that keeps nothing alive longer
                 cheap = made is not None and (made[1] < base.type.dtype.itemsize
-                                              or (made[1] == base.type.dtype.itemsize and self.readers[base] == 1))
+                                              or (made[1] == base.type.dtype.itemsize
+                                                  and self._kept_longer(node, base, made[2]) == 0))
                 # a load must not make the group depend on itself (a group of the one node being placed cannot:
                 # whatever it reads comes before it)
                 loadable = cheap or len(self.groups[gid].members) == 1 or gid not in self.reach(base)
@@ -493,7 +508,7 @@ class _Partition:
         first = self.groups[candidates[0]]
         reduce = next((self.groups[g].reduce for g in candidates if self.groups[g].reduce), first.reduce)
         same = [g for g in candidates if self.groups[g].shape == first.shape and self.groups[g].reduce in ((), reduce)
-                and _device(self.groups[g]) == _device(first)]
+                and _device(self.groups[g]) == _device(first) and self.groups[g].order == first.order]
         if len(same) < 2:
             return None
         gids = set(same)
@@ -558,6 +573,7 @@ def partition(graph: Graph) -> list[Group]:
         last_read[base] = len(graph.body)
     roots = frozenset(view_chain(root)[0] for root in graph.roots())
     part = _Partition({n: k for k, n in enumerate(graph.body)}, readers, roots, last_read)
+    part.live = frozenset(graph.inputs)
     for node in graph.body:
         part.add(node)
     part.materialize_constants(graph)
@@ -648,7 +664,7 @@ def _merge_siblings(batch: list[Group], order: dict[Node, int]) -> list[Group]:
         reads = _worth_sharing(group)
         for other, other_reads in out:
             if (other.shape == group.shape and other.reduce == group.reduce and _device(other) == _device(group)
-                    and other_reads & reads):
+                    and other.order == group.order and other_reads & reads):
                 other.absorb(group)
                 other.members.sort(key=order.__getitem__)  # a value one of them made again, before its readers
                 other_reads |= reads
