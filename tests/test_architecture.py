@@ -84,9 +84,9 @@ def test_targets_are_registered_once_and_complete():
 
 def test_explain_runs_the_pipeline_compile_runs():
     """explain's passes and lowering are the target's own (on CUDA: decompose keeping cuDNN attention, then
-    GEMM epilogues), not a copy of them."""
+    GEMM epilogues, then the channels-last layout of convolutions), not a copy of them."""
     from tilewise.compiler.targets import CUDA_TARGET
 
     source = (g.PACKAGE / "profiler" / "explain.py").read_text()
     assert "target.passes" in source and "lower_program(graph, target)" in source and "PIPELINE" not in source
-    assert [name for name, _ in CUDA_TARGET.lowering] == ["gemm_epilogues"]
+    assert [name for name, _ in CUDA_TARGET.lowering] == ["gemm_epilogues", "channels_last"]

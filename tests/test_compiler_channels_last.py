@@ -65,3 +65,65 @@ def test_channels_last_lowering_keeps_a_conv_bn_relu_step_exact(channels_last_c_
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * float(np.abs(e).max()))
     (program,) = [p for p in compiled.programs() if any("_channels_last" in s.describe() for s in p.steps)][:1]
     assert program is not None
+
+
+def test_a_value_beside_a_transposed_convolution_is_read_in_its_own_order(channels_last_c_target):
+    """``convT(h) * arange(...).sin()`` with C == H == W: the product is rebuilt channels-last and the sine
+    (made in (N, C, H, W) order) was made again inside the product's nest by position. Group norm's reshape
+    copies its input, which rebuilt every value after it: the lowering's marks must follow them."""
+    tw.manual_seed(0)
+    conv, gn = nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.GroupNorm(8, 16)
+    up = nn.ConvTranspose2d(16, 8, 2, stride=2)
+    x = tw.randn(2, 8, 4, 4)
+
+    def f(x):
+        with tw.no_grad():
+            out = up(gn(conv(x)))
+            return out * tw.arange(out.numel()).reshape(out.shape).float().sin()
+
+    compiled = tw.compile(f)
+    got = compiled(x)
+    assert not compiled.eager_reason, compiled.eager_reason
+    np.testing.assert_allclose(got.numpy(), f(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_unet_step_under_bfloat16_autocast_keeps_eagers_gradients(channels_last_c_target):
+    """A small UNet (group norm, SiLU, max pooling, transposed convolutions, skip concatenations) trained under
+    bfloat16 autocast: casts around the convolutions are rebuilt channels-last too. Its gradients were off by
+    their own size where a level's channel count equals its image side (8 channels at 8x8 here)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    try:
+        import vision_models
+    finally:
+        sys.path.pop(0)
+    tw.manual_seed(0)
+    model = vision_models.UNet(3, num_classes=5, base=8, depth=2)
+    rng = np.random.default_rng(0)
+    x = tw.from_numpy(rng.standard_normal((2, 3, 8, 8), dtype=np.float32))
+    y = tw.from_numpy(rng.integers(0, 5, (2, 8, 8)))
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def step(x, y):
+        with tw.autocast("cpu", dtype=tw.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach()
+
+    def grads(fn):
+        model.load_state_dict(start)
+        for p in model.parameters():
+            p.grad = None
+        return float(fn(x, y).item()), {k: p.grad.numpy().copy() for k, p in model.named_parameters()}
+
+    loss, expected = grads(step)
+    compiled = tw.compile(step)
+    got_loss, got = grads(compiled)
+    assert not compiled.eager_reason, compiled.eager_reason
+    assert got_loss == pytest.approx(loss, rel=1e-3)
+    for name, e in expected.items():
+        # bfloat16 rounds differently where a kernel fuses differently: a few parts in a hundred, not wrong values
+        error = float(np.abs(got[name] - e).max() / (np.abs(e).max() + 1e-12))
+        assert error < 0.05, (name, error)

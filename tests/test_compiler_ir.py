@@ -189,6 +189,26 @@ def test_fusion_groups_softmax_forward_and_backward():
     assert groups[0].shape == (8, 16) and groups[0].reduce == (1,)
 
 
+@pytest.mark.parametrize("shape,read", [((4, 4), lambda z: z.t()), ((3, 3, 3), lambda z: z.permute(2, 0, 1)),
+                                        ((2, 5, 5), lambda z: z.transpose(1, 2))],
+                         ids=["transpose", "permute", "batched-transpose"])
+def test_a_value_made_again_is_read_where_its_reader_is_computed(shape, read):
+    """``z = x * 2`` is stored by its own kernel (its sum needs it) and cheap to make again where
+    ``(y + 1) * z.t()`` reads it; made again from ``x`` by position it gave the reader ``z[i, j]`` where
+    ``z[j, i]`` was meant (a square shape passes every size check). It is made again only where its reader's
+    nest reads it in place, else loaded."""
+    def f(x, y):
+        z = x * 2
+        return (y + 1) * read(z), z.sum()
+
+    x = tw.arange(float(np.prod(shape))).reshape(shape)
+    y = tw.rand(*shape)
+    expected = f(x, y)
+    got = tw.compile(f)(x, y)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-6)
+
+
 def test_a_layer_norms_weight_gradient_is_summed_from_its_operands_not_from_a_stored_product():
     """A layer norm's backward (over the forward's saved ``x_hat`` and ``rstd``): ``float(dy) * x_hat`` is
     read only by the weight gradient's column sum, so that sum makes it from ``dy`` (bfloat16) and ``x_hat``

@@ -205,13 +205,17 @@ def toposort(roots: list[Node], stop: frozenset | set = frozenset()) -> list[Nod
     return order
 
 
-def rewrite(graph: Graph, fn) -> Graph:
+def rewrite(graph: Graph, fn, rebuilt=None) -> Graph:
     """Rebuild ``graph`` bottom-up: each node gets its rewritten sources, then ``fn(node)`` may replace it
-    (returning None keeps it). New nodes that ``fn`` builds join the body in dependency order."""
+    (returning None keeps it). New nodes that ``fn`` builds join the body in dependency order. ``rebuilt(old,
+    new)``, if given, hears of each node rebuilt only because its sources were (what a pass knows of ``old``
+    it may then know of ``new``)."""
     mapping: dict[Node, Node] = {n: n for n in graph.inputs}
     for node in graph.body:
         srcs = tuple(mapping[s] for s in node.srcs)
         new = node.replace(srcs=srcs) if srcs != node.srcs else node
+        if rebuilt is not None and new is not node:
+            rebuilt(node, new)
         mapping[node] = fn(new) or new
     out = Graph(list(graph.inputs), [], [mapping[o] for o in graph.outputs],
                 [(i, mapping[v]) for i, v in graph.writes])

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType, rewrite
 from tilewise.compiler.lowering.fusion import fusion_kind
-from tilewise.compiler.lowering.orders import mark_channels_last
+from tilewise.compiler.lowering.orders import mark_channels_last, order_of
 from tilewise.compiler.passes.layout import legalize_views
 
 CONVOLUTIONS = frozenset(f"{name}{suffix}" for n in (2, 3) for name in (f"_conv{n}d", f"_conv_transpose{n}d")
@@ -102,8 +102,8 @@ class _Layouts:
             conv = Node(node.op + SUFFIX, srcs, node.args, _permuted(node.type, to_channels_last(rank)), node.tag)
             self._made(conv)
             return _permute(conv, from_channels_last(rank))
-        if fusion_kind(node) == "elementwise" and any(self.is_view(s) and len(s.type.shape) == rank
-                                                       for s in node.srcs):
+        if fusion_kind(node) == "elementwise" and any(
+                self.is_view(s) and len(s.type.shape) == rank for s in node.srcs):
             srcs = tuple(self.channels_last(s, rank) for s in node.srcs)
             value = Node(node.op, srcs, node.args, _permuted(node.type, to_channels_last(rank)), node.tag)
             self._made(value)
@@ -117,4 +117,10 @@ def channels_last(graph: Graph) -> Graph:
     layouts = _Layouts(graph.inputs)
     if not any((n.op in CONVOLUTIONS and len(n.type.shape) in (4, 5)) or layouts.is_view(n) for n in graph.body):
         return graph
-    return legalize_views(rewrite(graph, layouts.rewrite))
+    return legalize_views(rewrite(graph, layouts.rewrite), rebuilt=_keep_mark)
+
+
+def _keep_mark(old: Node, new: Node) -> None:
+    """A channels-last value rebuilt on a copied source (``legalize_views``) is still one."""
+    if order_of(old) == "channels_last":
+        mark_channels_last(new)

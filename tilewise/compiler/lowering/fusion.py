@@ -230,6 +230,24 @@ def reduction_dims_in(node: Node, group: Group) -> tuple[tuple, tuple] | None:
     return out, domain_reduced
 
 
+def _reads_agree(group: Group, made: list[Node]) -> bool:
+    """Whether the members of ``group`` placed before ``made`` joined it read each of ``made`` at the domain
+    point where they are computed. A value made again in its reader's nest is placed from its own operands (by
+    position, when they are all outside), its reader from its earlier operands: a reader of ``z.t()`` at
+    ``(i, j)`` must find ``z[j, i]`` there, which a ``z`` placed by position does not give it."""
+    inside = set(made)
+    for member in group.members:
+        if member in inside or not any(view_chain(s)[0] in inside for s in member.srcs):
+            continue
+        if fusion_kind(member) == "reduction":
+            found = reduction_dims_in(member, group)
+            if found is None or found != (group.dims[member], group.reduce):
+                return False
+        elif elementwise_dims(member, group) != group.dims[member]:
+            return False
+    return True
+
+
 def _try_join(node: Node, group: Group) -> bool:
     if node.type.device != _device(group):
         return False
@@ -418,7 +436,7 @@ class _Partition:
             if not all(_try_join(m, trial) for m in chain):
                 continue
             trial.members.sort(key=self.order.__getitem__)
-            if trial.edge_dims(src) is None:
+            if trial.edge_dims(src) is None or not _reads_agree(trial, chain):
                 continue
             trial.recomputed.update(chain)
             self.groups[gid] = group = trial

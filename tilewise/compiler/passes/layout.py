@@ -31,5 +31,6 @@ def _legal(node: Node) -> Node | None:
     return node.replace(srcs=(copy,) + node.srcs[1:])
 
 
-def legalize_views(graph: Graph) -> Graph:
-    return rewrite(graph, _legal)
+def legalize_views(graph: Graph, rebuilt=None) -> Graph:
+    """``rebuilt(old, new)`` hears of each value rebuilt on a copied source (see ``ir.rewrite``)."""
+    return rewrite(graph, _legal, rebuilt)
