@@ -125,6 +125,9 @@ def _numpy(t) -> np.ndarray:
 @given(programs(), st.integers(0, 2**16))
 @example(("float32", [(2, 3, 1), (1,)], [("binary", "add", 0, 1), ("reduce", "mean", 2, 0, False)], [3]), 0)
 @example(("float32", [(5, 2)], [("softmax", False, 0, 0), ("reduce", "amax", 1, 1, False)], [2]), 0)
+@example(("float16", [(4, 4), (4, 4)], [("scalar", "mul", 0, 2.0), ("reduce", "sum", 2, 0, False),
+                                        ("scalar", "add", 1, 0.5), ("view", "transpose", 2, 0),
+                                        ("binary", "mul", 4, 5)], [3, 6]), 0)
 def test_random_program_compiled_equals_eager(segmented, program, seed):
     """``segmented``: the function also appends to a list, so its Python runs on every call and the operators
     run as a compiled segment whose live values (autograd's saved tensors) become real tensors."""
