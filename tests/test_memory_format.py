@@ -615,3 +615,23 @@ def test_cuda_compiled_function_on_channels_last_inputs_gives_eager_values():
     b = tw.arange(4.0, device="cuda")
     np.testing.assert_allclose(tw.compile(block)(x, w, b).cpu().numpy(), block(x, w, b).cpu().numpy(), rtol=1e-4,
                                atol=1e-5)
+
+
+CAT_CASES = {
+    "channels-last pair": lambda lib: [build(lib, (2, 4, 3, 5), (0, 2, 3, 1))] * 2,
+    "channels-last then contiguous": lambda lib: [build(lib, (2, 4, 3, 5), (0, 2, 3, 1)), build(lib, (2, 4, 3, 5))],
+    "contiguous then channels-last": lambda lib: [build(lib, (2, 4, 3, 5)), build(lib, (2, 4, 3, 5), (0, 2, 3, 1))],
+    "channels-last and a legacy empty": lambda lib: [build(lib, (2, 4, 3, 5), (0, 2, 3, 1)), lib.empty(0)],
+    "transposed matrices": lambda lib: [build(lib, (3, 4), (1, 0))] * 2,
+    "channels-last 3d": lambda lib: [build(lib, (2, 3, 2, 2, 2), (0, 2, 3, 4, 1))] * 2,
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("case", CAT_CASES)
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cat_lays_its_result_out_by_torchs_rule(case, dim, device):
+    """torch's cat: the format every input suggests, else contiguous (numpy's concatenate follows the inputs'
+    order instead: two transposed matrices came back transposed)."""
+    ours = tw.cat([t.to(device) for t in CAT_CASES[case](tw)], dim)
+    same_layout(ours, torch.cat(CAT_CASES[case](torch), dim))

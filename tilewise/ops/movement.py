@@ -86,6 +86,17 @@ def check_cat(tensors, dim: int) -> tuple[tuple, int, object]:
     return tuple(t for _, t in joined), d, result_type(*tensors)
 
 
+def cat_memory_format(tensors) -> str:
+    """The format of cat's result, as torch chooses it: the format every input suggests, else contiguous."""
+    found = None
+    for t in tensors:
+        name = S.suggest_memory_format(t.shape, t.stride())
+        if name == "contiguous_format" or found not in (None, name):
+            return "contiguous_format"
+        found = name
+    return found or "contiguous_format"
+
+
 def _cat_dtype(op, args):
     from tilewise.dtypes import compute_dtype
 

@@ -291,7 +291,7 @@ def _avg_pool(spatial: int):
         divisors = _window_divisors(total, x.shape[2:], kernel, stride, padding, count_include_pad, divisor_override)
         # int64 windows average in integer arithmetic, rounded toward zero as in torch's CPU kernel
         out = total / divisors if x.dtype.is_floating_point else total.div(divisors, rounding_mode="trunc")
-        return out.squeeze(0) if unbatched else out
+        return out.squeeze(0) if unbatched else _in_format_of(input, out)
 
     return avg_pool
 
@@ -309,7 +309,7 @@ def avg_pool_backward(grad, input, kernel_size, stride, padding, ceil_mode, coun
     per_element = g / _window_divisors(g, shape[2:], kernel, stride, padding, count_include_pad, divisor_override)
     windows = per_element.reshape(*g.shape, *(1,) * spatial).expand(*g.shape, *kernel)
     grad_input = _windows_adjoint(windows, shape, pads, stride, dilation)
-    return grad_input.squeeze(0) if unbatched else grad_input
+    return grad_input.squeeze(0) if unbatched else _in_format_of(input, grad_input)
 
 
 HELPERS.update(max_pool_backward=max_pool_backward, avg_pool_backward=avg_pool_backward)

@@ -13,7 +13,7 @@ from tilewise import dtypes
 from tilewise import strides as S
 from tilewise.backends.cpu.registry import kernel
 from tilewise.dtypes import compute_dtype
-from tilewise.tensor import Tensor, cast_array, from_array
+from tilewise.tensor import Tensor, cast_array, from_array, from_array_strided
 
 
 def _out(array, dtype) -> Tensor:
@@ -169,10 +169,12 @@ def _binary_search(rows: np.ndarray, queries: np.ndarray, from_right: bool) -> n
 
 @kernel("cat")
 def cat(tensors, dim=0):
-    from tilewise.ops.movement import check_cat
+    from tilewise.ops.movement import cat_memory_format, check_cat
 
     parts, d, dtype = check_cat(tensors, dim)
-    return _out(np.concatenate([t._np().astype(dtype.np, copy=False) for t in parts], axis=d), dtype)
+    joined = np.concatenate([t._np().astype(dtype.np, copy=False) for t in parts], axis=d)
+    # numpy lays the result out in the inputs' order; torch has its own rule
+    return from_array_strided(joined, S.format_strides(cat_memory_format(tensors), joined.shape), dtype)
 
 
 @kernel("flip")

@@ -99,12 +99,12 @@ def _window(base: Tensor, dim: int, start: int, length: int) -> Tensor:
 
 @kernel("cat")
 def cat(device: Device, tensors, dim: int = 0) -> Tensor:
-    from tilewise.ops.movement import check_cat
+    from tilewise.ops.movement import cat_memory_format, check_cat
 
     parts, d, dtype = check_cat(tensors, dim)
     shape = list(parts[0]._shape)
     shape[d] = sum(t._shape[d] for t in parts)
-    out = empty(tuple(shape), dtype, device)
+    out = empty(tuple(shape), dtype, device, S.format_strides(cat_memory_format(tensors), shape))
     _cat(out, parts, d)
     return out
 
