@@ -373,6 +373,19 @@ def test_worker_init_fn_exception_is_raised_on_the_first_batch():
         list(data.DataLoader(Squares(), num_workers=2, worker_init_fn=init))
 
 
+def test_a_worker_whose_init_fn_failed_answers_every_task_with_that_error():
+    """It used to answer the first task and die on the second (its fetcher was never made), so with two workers
+    the main process could see a worker exit before the first batch's error arrived."""
+    def init(worker_id):
+        raise RuntimeError(f"cannot open shard {worker_id}")
+
+    batches = iter(data.DataLoader(Squares(), num_workers=1, prefetch_factor=2, worker_init_fn=init))
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="Caught RuntimeError in DataLoader worker process 0(.|\n)*cannot "
+                                               "open shard 0"):
+            next(batches)
+
+
 @pytest.mark.parametrize("how,cause", [
     ("kill", r"DataLoader worker \(pid \d+\) is killed by signal: Killed\. "),
     ("exit", r"DataLoader worker \(pid \d+\) exited unexpectedly with exit code 3\. Details are lost due to "

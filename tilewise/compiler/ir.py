@@ -205,6 +205,15 @@ def toposort(roots: list[Node], stop: frozenset | set = frozenset()) -> list[Nod
     return order
 
 
+def in_program_order(nodes: list[Node], graph: Graph) -> list[Node]:
+    """The nodes ``graph``'s outputs and writes need, each after its sources, in the order of ``nodes`` (the
+    order the function ran them in). Ordered from the outputs instead, whatever only a later output needs (a
+    batch norm's weight gradient, read by the optimizer's last updates) would run last and keep what it reads
+    alive through the whole backward."""
+    live = set(toposort(graph.roots(), stop=set(graph.inputs)))
+    return [n for n in toposort(nodes, stop=set(graph.inputs)) if n in live]
+
+
 def rewrite(graph: Graph, fn, rebuilt=None) -> Graph:
     """Rebuild ``graph`` bottom-up: each node gets its rewritten sources, then ``fn(node)`` may replace it
     (returning None keeps it). New nodes that ``fn`` builds join the body in dependency order. ``rebuilt(old,

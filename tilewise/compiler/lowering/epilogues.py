@@ -18,7 +18,7 @@ product as it writes it (DGELU). See [Note: GELU epilogues with a second matrix]
 
 from __future__ import annotations
 
-from tilewise.compiler.ir import Graph, Node, Ref, TensorType, toposort
+from tilewise.compiler.ir import Graph, Node, Ref, TensorType, in_program_order
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -118,6 +118,5 @@ def gemm_epilogues(graph: Graph) -> Graph:
         mapping[node] = new
     out = Graph(list(graph.inputs), [], [mapping[o] for o in graph.outputs],
                 [(i, mapping[v]) for i, v in graph.writes])
-    out.body = toposort([mapping[o] for o in graph.outputs] + [mapping[v] for _, v in graph.writes],
-                        stop=set(graph.inputs))
+    out.body = in_program_order([mapping[n] for n in graph.body], out)
     return out

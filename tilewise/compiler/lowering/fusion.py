@@ -38,15 +38,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tilewise.compiler.ir import Graph, Node, toposort
+from tilewise.compiler.ir import Graph, Node, in_program_order
 from tilewise.compiler.lowering.orders import order_of
 from tilewise.config import log
 
 MAX_NESTS_PER_KERNEL = 32
 RECOMPUTE_DEPTH = 2  # how many levels of made values a recomputed value may be made from
-# A node joins no group whose latest member came this many nodes before it: a backward's ``grad * (relu_out > 0)``
-# would otherwise put the mask into the forward's kernel, which then stores it for the whole forward and backward
-# (a ResNet-50 step kept 0.6 GiB of masks); on its own, the mask is made next to its reader from the output.
+# A node joins no group whose latest member came this many nodes before it with a library call (a GEMM, a
+# convolution) in between: a backward's ``grad * (relu_out > 0)`` would otherwise put the mask into the forward's
+# kernel, which then stores it for the whole forward and backward (a ResNet-50 step kept 0.6 GiB of masks); on its
+# own, the mask is made next to its reader from the output. Without a call in between the nodes run at one point
+# of the program however far apart the function wrote them (gradient clipping's scaling and the optimizer's
+# update of each parameter, which then reads the unscaled gradient and scales it itself).
 DISTANT = 64
 BROADCAST_RATIO = 16  # an operand this many times smaller than its reader is broadcast: loaded, never remade
 RESHAPES = ("view", "squeeze", "unsqueeze")
@@ -341,6 +344,7 @@ class _Partition:
         self.order, self.readers = order, readers
         self.last_read = last_read or {}  # value -> program position of its last reader
         self.live: frozenset[Node] = frozenset()  # values that live throughout the program (its inputs)
+        self.calls_before: dict[Node, int] = {}  # node -> how many library calls come before it in the program
         self.roots = roots  # values the program returns or writes back: stored, so never made twice
         self.groups: dict[int, Group] = {}
         self.parent: dict[int, int] = {}
@@ -395,7 +399,7 @@ class _Partition:
         options = ([merged] if merged is not None else []) + self._candidates(node)
         for gid in dict.fromkeys(options):
             group = self.groups[gid]
-            if self.order[node] - self.order.get(group.members[-1], 0) > DISTANT:
+            if self._distant(group.members[-1], node):
                 continue  # see DISTANT
             trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims),
                           recomputed=set(group.recomputed), order=group.order)
@@ -415,6 +419,12 @@ class _Partition:
         self.parent[gid], self.groups[gid], self.deps[gid] = gid, group, set()
         self._join(node, gid, list(node.srcs))
         self._recompute_operands(node, gid)
+
+    def _distant(self, member: Node, node: Node) -> bool:
+        """Whether ``node`` comes too long after ``member`` to join its group (see DISTANT)."""
+        if self.order[node] - self.order.get(member, 0) <= DISTANT:
+            return False
+        return self.calls_before.get(node, 0) > self.calls_before.get(member, 0)
 
     def _recompute_operands(self, node: Node, gid: int) -> None:
         """Compute in ``node``'s group the operands other groups make that are cheaper to make again than to
@@ -591,6 +601,10 @@ def partition(graph: Graph) -> list[Group]:
         last_read[base] = len(graph.body)
     roots = frozenset(view_chain(root)[0] for root in graph.roots())
     part = _Partition({n: k for k, n in enumerate(graph.body)}, readers, roots, last_read)
+    calls = 0
+    for node in graph.body:
+        part.calls_before[node] = calls
+        calls += fusion_kind(node) == "extern"
     part.live = frozenset(graph.inputs)
     for node in graph.body:
         part.add(node)
@@ -783,7 +797,8 @@ def _fused_graph(graph: Graph, kernels: list[FusedKernel]) -> Graph:
         k = kernel.outputs.index(node)
         return Node("getitem", (f,), (k,), node.type)
 
-    for node in _kernel_order(graph, kernels, member_of):
+    order = _kernel_order(graph, kernels, member_of)
+    for node in order:
         if node in mapping:
             continue
         kernel = member_of.get(node)
@@ -792,38 +807,39 @@ def _fused_graph(graph: Graph, kernels: list[FusedKernel]) -> Graph:
         mapping[node] = mapped(node)
     out = Graph(list(graph.inputs), [], [mapping[o] for o in graph.outputs],
                 [(i, mapping[v]) for i, v in graph.writes])
-    # random draws keep the order the function made them in (each takes the generator's next counters): they
-    # come first in that order, then everything else as the outputs need it
-    draws = [mapping[n] for n in graph.body if n.kind == "random" and n in mapping]
-    out.body = toposort([*draws, *out.roots()], stop=set(graph.inputs))
+    # kernels and calls run in the order the function made their values (random draws, which take the
+    # generator's next counters, among them), each after what it reads
+    out.body = in_program_order([mapping[n] for n in order if n in mapping], out)
     for kernel in kernels:
         kernel.graph_values = mapping
     return out
 
 
 def _kernel_order(graph: Graph, kernels: list[FusedKernel], member_of: dict) -> list[Node]:
-    """Graph nodes in an order where every kernel's inputs come before its first output is mapped."""
-    order: list[Node] = []
-    seen: set[Node] = set(graph.inputs)
+    """The graph nodes the fused graph needs (what its outputs and writes reach through kernels' inputs, not
+    through the values inside kernels), in the order the function made them, every kernel's inputs before its
+    first output is mapped."""
 
-    def visit(root: Node) -> None:
-        stack = [(root, False)]
-        while stack:
-            node, ready = stack.pop()
-            if ready:
-                order.append(node)
-                continue
-            if node in seen:
-                continue
-            seen.add(node)
-            kernel = member_of.get(node)
-            deps = list(kernel.inputs) if kernel is not None else list(node.srcs)
-            stack.append((node, True))
-            stack.extend((d, False) for d in reversed(deps) if d not in seen)
+    def walk(roots, seen: set[Node]) -> list[Node]:
+        order: list[Node] = []
+        for root in roots:
+            stack = [(root, False)]
+            while stack:
+                node, ready = stack.pop()
+                if ready:
+                    order.append(node)
+                    continue
+                if node in seen:
+                    continue
+                seen.add(node)
+                kernel = member_of.get(node)
+                deps = list(kernel.inputs) if kernel is not None else list(node.srcs)
+                stack.append((node, True))
+                stack.extend((d, False) for d in reversed(deps) if d not in seen)
+        return order
 
-    for root in graph.roots():
-        visit(root)
-    return order
+    needed = set(walk(graph.roots(), set(graph.inputs)))
+    return walk([n for n in graph.body if n in needed], set(graph.inputs))
 
 
 def _log_kernels(kernels: list[FusedKernel]) -> None:

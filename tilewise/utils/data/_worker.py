@@ -176,8 +176,8 @@ def worker_loop(dataset_kind, dataset, index_queue, channel: socket.socket, done
             if done_event.is_set() or iteration_end:
                 continue
             idx, index = r
-            if init_exception is not None:
-                data, init_exception = init_exception, None
+            if init_exception is not None:  # every task gets it: a worker that could not start has nothing else
+                data = init_exception
             else:
                 data, iteration_end = _fetch(fetcher, index, dataset_kind, worker_id)
             if not _send(channel, (idx, data), worker_id):
