@@ -209,6 +209,50 @@ def test_a_value_made_again_is_read_where_its_reader_is_computed(shape, read):
         np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-6)
 
 
+def test_kernels_run_in_the_order_the_function_made_their_values():
+    """``g = h.sum(0)`` is needed only by the second output; ordered from the outputs, it ran after the whole chain
+    that makes the first (two library calls and 80 tanh later) and kept ``h`` stored until
+    then, as a batch norm's weight gradient kept its float32 output gradient through a ResNet's backward. In the
+    function's order it is summed by the kernel that makes ``h``."""
+    def f(x, a, w1, w2):
+        h = x * a  # read twice and wider than itself: not made again
+        g = h.sum(0)
+        y = h @ w1
+        for _ in range(80):
+            y = y.tanh() * 0.99
+        return (y @ w2).sum(), g
+
+    args = tw.randn(64, 32), tw.randn(64, 32), tw.randn(32, 48), tw.randn(48, 16)
+    low = lower_program(run_pipeline(graph_of(f, *args)), CUDA_TARGET)
+    kernels = [[o.type.shape for o in node.args[0].outputs] for node in low.fused.body if node.op == "fused"]
+    assert [(64, 32), (32,)] in kernels or [(32,), (64, 32)] in kernels, kernels
+    got, want = tw.compile(f)(*args), f(*args)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_gradient_clipping_scales_each_gradient_inside_the_optimizers_update():
+    """clip_grad_norm_ scales every gradient, then AdamW updates every parameter: in the function's order the
+    scaling of the first parameters comes long before their update, with no library call in between, so they
+    still run as one kernel (the update reads the unscaled gradient) rather than the scaling storing a copy of
+    every gradient for the update to read back."""
+    tw.manual_seed(0)
+    model = tw.nn.Sequential(*[tw.nn.Linear(16, 16) for _ in range(40)])
+    opt = tw.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(x):
+        loss = model(x).square().mean()
+        loss.backward()
+        tw.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    low = lower_program(run_pipeline(graph_of(step, tw.randn(8, 16))), CUDA_TARGET)
+    names = [re.sub(r"^k\d+_", "", n.args[0].name) for n in low.fused.body if n.op == "fused"]
+    assert "mul" not in names and any(n.startswith("mul_lerp_addcmul") for n in names), names
+
+
 def test_a_layer_norms_weight_gradient_is_summed_from_its_operands_not_from_a_stored_product():
     """A layer norm's backward (over the forward's saved ``x_hat`` and ``rstd``): ``float(dy) * x_hat`` is
     read only by the weight gradient's column sum, so that sum makes it from ``dy`` (bfloat16) and ``x_hat``
