@@ -33,7 +33,7 @@ def host_event(event, pid: int) -> dict:
         args["Call stack"] = ";".join(event.stack)
     if event.flops:
         args["flops"] = event.flops
-    return {"ph": "X", "cat": event.kind, "name": event.name, "pid": pid, "tid": event.thread,
+    return {"ph": "X", "cat": event.kind, "name": event.trace_name or event.name, "pid": pid, "tid": event.thread,
             "ts": _us(event.start_us), "dur": _us(event.end_us - event.start_us), "args": args}
 
 

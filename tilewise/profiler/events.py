@@ -51,6 +51,7 @@ class FunctionEvent:
     end_us: float = 0.0
     input_shapes: list = field(default_factory=list)
     stack: list[str] = field(default_factory=list)
+    trace_name: str | None = None  # the name in the Chrome trace, where it differs (ProfilerStep#N)
     kind: str = "cpu_op"  # the trace category: cpu_op, user_annotation, compiled_program, program_step
     args: dict = field(default_factory=dict)  # extra trace args (a step's description)
     cpu_parent: FunctionEvent | None = None
@@ -71,8 +72,7 @@ class FunctionEvent:
 
     @property
     def key(self) -> str:
-        """The name, except that torch averages every ``ProfilerStep#N`` under one key."""
-        return "ProfilerStep*" if self.name.startswith("ProfilerStep#") else self.name
+        return self.name
 
     @property
     def time_range(self) -> Interval:

@@ -84,6 +84,8 @@ class Recorder:
         stack = self.stack()
         event = FunctionEvent(next(_ids), name, threading.get_native_id(), 0.0, kind=kind,
                               use_device="cuda" if self.use_cuda else None)
+        if name.startswith("ProfilerStep#"):  # torch lists every step as "ProfilerStep*", numbered in the trace only
+            event.name, event.trace_name = "ProfilerStep*", name
         if self.with_stack:
             event.stack = user_frames()
         if stack:
@@ -202,16 +204,8 @@ def tensors_in(values) -> list[Tensor]:
 
 
 def input_shapes(args: tuple) -> list:
-    """torch's ``input_shapes``: a tensor's sizes, a tensor list's list of sizes, ``[]`` for anything else."""
-    shapes = []
-    for a in args:
-        if isinstance(a, Tensor):
-            shapes.append(list(a.shape))
-        elif isinstance(a, (list, tuple)) and a and all(isinstance(x, Tensor) for x in a):
-            shapes.append([list(x.shape) for x in a])
-        else:
-            shapes.append([])
-    return shapes
+    """torch's ``input_shapes``: a tensor's sizes, ``[]`` for anything else (a tensor list included)."""
+    return [list(a.shape) if isinstance(a, Tensor) else [] for a in args]
 
 
 def user_frames() -> list[str]:
