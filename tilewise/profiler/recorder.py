@@ -163,9 +163,11 @@ class Recorder:
         self.device_ranges.append((event, start, end, device))
 
     def finish(self) -> None:
-        """Read the device ranges (waiting for them) into kernels of the events that have no children."""
+        """Read the device ranges (waiting for them) into kernels: an event keeps its range unless one of its
+        children has one (a composite's device time is its primitives'; a program's, its steps')."""
+        timed = {id(event) for event, *_ in self.device_ranges}
         for event, start, end, device in self.device_ranges:
-            if event.cpu_children:
+            if any(id(c) in timed for c in event.cpu_children):
                 continue
             end.synchronize()
             reference, host_ns = self.clock[device]
@@ -349,12 +351,18 @@ def profile_program(program, inputs: list, staged: frozenset):
     steps = program.steps
     if program.tuner is None:  # the tuner's first run may replace steps: leave them alone then
         program.steps = [_profiled(s, program, recorders) for s in steps]
+    device = getattr(program.runtime, "device", None)  # a CUDA program: its whole run is timed on the device too
+    index = (device.index or 0) if device is not None else None
+    timed = [(r, event, r.device_range_start(index)) for r, event in opened if r.use_cuda] \
+        if device is not None else []
     try:
         return program.runtime.run(inputs, staged)
     finally:
         program.steps = steps
         for r, event in reversed(opened):
             r.close(event)
+        for r, event, start in timed:
+            r.device_range_end(event, start, index)
 
 
 def _profiled(step, program, recorders: list[Recorder]) -> ProfiledStep:
