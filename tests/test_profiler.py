@@ -506,3 +506,12 @@ def test_cuda_memory_columns_and_compiled_steps_on_the_device():
     assert "CUDA Mem" in _header(prof.key_averages().table())
     assert any(e.name.startswith("CompiledProgram") for e in prof.events())
     del y
+
+
+@pytest.mark.parametrize("module", ["tilewise.profiler.profile"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
