@@ -71,6 +71,7 @@ class Recorder:
         self.clock: dict[int, tuple] = {}  # device index -> (reference Event, its host time in ns)
         self.active = False
         self._local = threading.local()
+        self._memory_lock = threading.Lock()
 
     # ------------------------------------------------------------------ ranges
     def stack(self) -> list[FunctionEvent]:
@@ -127,8 +128,8 @@ class Recorder:
             weakref.finalize(storage, _storage_freed, weakref.ref(self), nbytes, device, storage.data_ptr())
 
     def _record_memory(self, nbytes: int, device: str, addr: int) -> None:
-        total = self.allocated.get(device, 0) + nbytes
-        self.allocated[device] = total
+        with self._memory_lock:  # frees arrive from whichever thread drops a tensor last
+            total = self.allocated[device] = self.allocated.get(device, 0) + nbytes
         self.memory.append(MemoryRecord(now_ns() - self.origin_ns, threading.get_native_id(), nbytes, total,
                                         device, addr))
 
