@@ -29,6 +29,8 @@ PLUG_INS: tuple[PlugIn, ...] = (
     PlugIn("tilewise.dispatch:apply_view", "tilewise.ops.views", "a view op's stride arithmetic"),
     PlugIn("tilewise.dispatch:trace", "tilewise.compiler.capture",
            "the Trace key: record ops while tilewise.compile captures a function"),
+    PlugIn("tilewise.dispatch:profile_op", "tilewise.profiler.recorder",
+           "the Profiler key: an operator call inside a profiler event while tilewise.profiler.profile records"),
     # the tensor model (see [Note: methods from above] in tensor.py)
     PlugIn("tilewise.tensor:FACTORIES.empty", "tilewise.ops.creation",
            "Tensor(2, 3) and the legacy types' constructors make tensors with the empty factory"),
@@ -52,6 +54,9 @@ PLUG_INS: tuple[PlugIn, ...] = (
            "operators run, not recorded, while a graph break reads values"),
     PlugIn("tilewise.tensor:TRACE_HOOKS.grad_assigned", "tilewise.compiler.capture",
            "t.grad = ... inside a traced function (the trace learns what .grad held)"),
+    # the compiler
+    PlugIn("tilewise.compiler.program:profile_program", "tilewise.profiler.recorder",
+           "a compiled program's run and each of its steps inside profiler events while a profile records"),
     # the CUDA backend
     PlugIn("tilewise.backends.cuda:_fused", "tilewise.compiler.composites",
            "composite ops run as one compiled kernel on CUDA (register_composite_runner)"),

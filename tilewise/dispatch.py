@@ -1,7 +1,9 @@
-"""The dispatcher: every operator call walks Autocast → Autograd → backend.
+"""The dispatcher: every operator call walks Profiler → Autocast → Autograd → backend.
 
 [Note: dispatch] ``call(op, args)`` receives arguments already bound by the operator's schema binder.
 Keys are consulted in a fixed order, each cheap to skip:
+  Profiler  — while ``tilewise.profiler.profile`` records (``profiling``, one module flag for every thread),
+              the call runs inside a host event (``profile_op``), so a composite's primitives nest under it;
   Autocast  — inside ``tilewise.autocast``, casts floating inputs of ops that declare a policy
               (``op.autocast``; see [Note: autocast] in ``amp/autocast_mode.py``), then runs the op, its
               decomposition included, with autocast off;
@@ -20,6 +22,7 @@ of them: each fills its slot when it loads, through one registration function �
   ``register_recorder(fn)``     the Autograd key's ``record(op, args)``          (``autograd.graph``)
   ``register_view_applier(fn)`` a view's stride arithmetic ``apply_view(op, args)`` (``ops.views``)
   ``register_tracer(fn)``       the Trace key's ``run(op, args, device)``        (``compiler.capture``)
+  ``register_profiler(fn)``     the Profiler key's ``profile_op(op, args)``      (``profiler.profile``)
 and device backends register in ``tilewise.device`` (``register_backend``), whose ``BACKENDS`` this module
 reads. ``tilewise/_plugins.py`` lists every plug-in point of the core in one table.
 """
@@ -57,6 +60,21 @@ def values_readable(t: Tensor) -> bool:
 
 
 def call(op, args: tuple):
+    if profiling:  # the Profiler key: while no profiler records, this one flag read is all it costs
+        return profile_op(op, args)
+    state = STATE
+    if state.into is not None:
+        return call_into(op, args)
+    if state.autocast is not None:
+        return autocast_call(op, args)
+    if state.grad_enabled and op.differentiable and _requires_grad(op, args):
+        return record(op, args)
+    return run(op, args)
+
+
+def call_below_profiler(op, args: tuple):
+    """The keys below the Profiler key: ``call`` without its first check, spelled out again rather than called
+    from ``call`` so that an unprofiled operator pays no extra Python call for the profiler."""
     state = STATE
     if state.into is not None:
         return call_into(op, args)
@@ -76,7 +94,7 @@ def autocast_call(op, args: tuple):
     try:
         if op.autocast is not None:
             args = autocast.cast_args(op, args)
-        return call(op, args)
+        return call_below_profiler(op, args)  # the Profiler key, above, already saw this call
     finally:
         STATE.autocast = autocast
 
@@ -95,7 +113,7 @@ def call_into(op, args: tuple):
             result = backend.run_into(op, args, out._device, out)
             if result is not None:
                 return result
-    return call(op, args)
+    return call_below_profiler(op, args)
 
 
 # ------------------------------------------------------------ plug-ins (see [Note: dispatcher plug-ins])
@@ -114,6 +132,8 @@ def _unfilled(slot: str, layer: str):
 record = _unfilled("record", "tilewise.autograd")  # (op, args) -> run below autograd and record a node
 apply_view = _unfilled("apply_view", "tilewise.ops")  # (op, args) -> the view's stride arithmetic
 trace = _unfilled("trace", "tilewise.compiler")  # (op, args, device) -> record op into the active capture
+profile_op = _unfilled("profile_op", "tilewise.profiler")  # (op, args) -> run the call inside a profiler event
+profiling = False  # whether any profiler records, in any thread: the Profiler key's one check per call
 
 
 def register_recorder(fn) -> None:
@@ -132,6 +152,18 @@ def register_tracer(fn) -> None:
     """The Trace key: ``fn(op, args, device)`` records ``op`` while ``tilewise.compile`` captures a function."""
     global trace
     trace = fn
+
+
+def register_profiler(fn) -> None:
+    """The Profiler key: ``fn(op, args)`` runs ``call_below_profiler`` inside an event while ``profiling``."""
+    global profile_op
+    profile_op = fn
+
+
+def set_profiling(on: bool) -> None:
+    """Turn the Profiler key on or off for every thread (``tilewise.profiler.profile`` starting and stopping)."""
+    global profiling
+    profiling = on
 
 
 def _requires_grad(op, args: tuple) -> bool:

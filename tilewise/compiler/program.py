@@ -10,7 +10,8 @@ of other values) — and a ``runtime`` that walks them (``program_c.HostRuntime`
 steps. The arena of intermediate buffers is allocated once, when the program is built. In
 ``mode="max-autotune"`` a program may carry a ``Tuner``: its first run walks the steps through it, timing
 kernel candidates on that call's buffers (``autotune``). ``explain`` calls ``lower_program`` with the same
-target, so what it shows is what ``build_program`` compiles.
+target, so what it shows is what ``build_program`` compiles. While a profiler records, ``Program.run`` hands
+the run to the profiler's hook, which times each step (see [Note: the Profiler key] in ``profiler/recorder``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tilewise import dispatch
 from tilewise._stages import stage
 from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.schedule import KernelSchedule
@@ -61,6 +63,20 @@ class Arena:
             self.generation += 1
 
 
+def _profiler_missing(program, inputs, staged):
+    raise RuntimeError("compiler.program: the profiler's hook is not registered; it is filled when "
+                       "tilewise.profiler is imported (import tilewise rather than its submodules alone)")
+
+
+profile_program = _profiler_missing  # (program, inputs, staged) -> outputs: a run inside profiler events
+
+
+def register_program_profiler(fn) -> None:
+    """The profiler (a layer above) runs a program's steps inside its events while ``dispatch.profiling``."""
+    global profile_program
+    profile_program = fn
+
+
 @dataclass
 class Program:
     graph: Graph  # after fusion
@@ -80,6 +96,8 @@ class Program:
 
         ``staged``: input slots that are arguments of the compiled function (a CUDA graph copies them in)."""
         with self.arena.lock:
+            if dispatch.profiling:  # one check per run, none per step (see [Note: the Profiler key])
+                return profile_program(self, inputs, staged)
             return self.runtime.run(inputs, staged)
 
     def describe(self) -> str:

@@ -1,0 +1,103 @@
+"""Chrome trace-event JSON of one recording, as Perfetto and chrome://tracing read it.
+
+[Note: chrome trace] Host ranges are complete ("X") events on the process's track, one thread track per
+native thread id; since each thread's ranges were opened and closed on a stack, each track nests properly.
+Device kernels are "X" events on a track of their own per device (a pseudo-process named "CUDA GPU k"), and a
+flow ("s" at the launching host range, "f" binding to the kernel's start) links each launch to its kernel, as
+torch's ``ac2g`` flows do. Memory records are torch's ``[memory]`` instant events ("i", thread scope, with
+Bytes / Total Allocated / Device Type / Device Id / Addr) plus a counter ("C") per device, so the allocated
+bytes draw as a graph. Times are microseconds on the profiler's clock; the file is written through
+``fileio.atomic_writer``, so a reader never sees half a trace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tilewise.fileio import atomic_writer
+from tilewise.profiler.events import DeviceType
+
+DEVICE_PID_BASE = 1 << 23  # above any Linux pid (pid_max is at most 2**22), so device tracks never meet the host's
+
+
+def _us(value: float) -> float:
+    return round(value, 3)
+
+
+def host_event(event, pid: int) -> dict:
+    args = {"External id": event.id, **event.args}
+    if event.input_shapes:
+        args["Input Dims"] = event.input_shapes
+    if event.stack:
+        args["Call stack"] = ";".join(event.stack)
+    if event.flops:
+        args["flops"] = event.flops
+    return {"ph": "X", "cat": event.kind, "name": event.trace_name or event.name, "pid": pid, "tid": event.thread,
+            "ts": _us(event.start_us), "dur": _us(event.end_us - event.start_us), "args": args}
+
+
+def device_events(event, pid: int, flow_id: int) -> list[dict]:
+    """The kernels ``event`` launched, each with the flow that ties it to the launch."""
+    found = []
+    for kernel in event.kernels:
+        device_pid = DEVICE_PID_BASE + kernel.device
+        found.append({"ph": "X", "cat": "kernel", "name": kernel.name, "pid": device_pid, "tid": 0,
+                      "ts": _us(kernel.start), "dur": _us(kernel.duration),
+                      "args": {"device": kernel.device, "correlation": flow_id, "External id": event.id}})
+        found.append({"ph": "s", "id": flow_id, "cat": "ac2g", "name": "ac2g", "pid": pid, "tid": event.thread,
+                      "ts": _us(event.start_us)})
+        found.append({"ph": "f", "id": flow_id, "cat": "ac2g", "name": "ac2g", "bp": "e", "pid": device_pid,
+                      "tid": 0, "ts": _us(kernel.start)})
+        flow_id += 1
+    return found
+
+
+def memory_events(record, pid: int) -> list[dict]:
+    device_type, _, index = record.device.partition(":")
+    on_cpu = device_type == "cpu"
+    ts = _us(record.ts_ns / 1000)
+    return [
+        {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": pid, "tid": record.thread,
+         "ts": ts, "args": {"Total Allocated": record.total, "Bytes": record.nbytes,
+                            "Device Type": 0 if on_cpu else 1, "Device Id": -1 if on_cpu else int(index or 0),
+                            "Addr": record.addr}},
+        {"ph": "C", "name": f"Memory allocated ({record.device})", "pid": pid, "ts": ts,
+         "args": {"bytes": record.total}},
+    ]
+
+
+def metadata_events(pid: int, threads: set[int], devices: set[int]) -> list[dict]:
+    found = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}},
+             {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": "CPU"}}]
+    found += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": t, "args": {"name": f"thread {t} (python)"}}
+              for t in sorted(threads)]
+    for d in sorted(devices):
+        found += [{"ph": "M", "name": "process_name", "pid": DEVICE_PID_BASE + d, "tid": 0,
+                   "args": {"name": f"CUDA GPU {d}"}},
+                  {"ph": "M", "name": "thread_name", "pid": DEVICE_PID_BASE + d, "tid": 0,
+                   "args": {"name": "kernels"}}]
+    return found
+
+
+def trace_events(recorder, events) -> list[dict]:
+    pid = os.getpid()
+    host = [e for e in events if e.device_type is DeviceType.CPU]
+    found, flow_id = [], 1
+    for event in host:
+        found.append(host_event(event, pid))
+        launched = device_events(event, pid, flow_id)
+        flow_id += len(event.kernels)
+        found += launched
+    for record in recorder.memory:
+        found += memory_events(record, pid)
+    threads = {e.thread for e in host} | {r.thread for r in recorder.memory}
+    devices = {k.device for e in host for k in e.kernels}
+    return metadata_events(pid, threads, devices) + sorted(found, key=lambda e: e["ts"])
+
+
+def write_chrome_trace(path: str, recorder, events, metadata: dict) -> None:
+    document = {"schemaVersion": 1, **metadata, "displayTimeUnit": "ms", "traceEvents": trace_events(recorder, events),
+                "traceName": os.fspath(path)}
+    with atomic_writer(path, durable=False) as file:
+        file.write(json.dumps(document).encode())
