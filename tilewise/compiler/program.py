@@ -74,6 +74,8 @@ class Program:
     arena: Arena | None = None
     tuner: Tuner | None = None  # max-autotune: kernels whose candidates the first run times
     autotune: bool = False  # max-autotune: the first run also times library calls' candidates (cuDNN plans)
+    sources: dict[str, str] = field(default_factory=dict)  # CUDA: kernel name -> its translation unit
+    passes: list = field(default_factory=list)  # (stage, graph): captured, then after each pass (``explain``)
 
     def run(self, inputs: list, staged: frozenset[int] = frozenset()) -> list:
         """Run on the inputs' storage data (flat arrays; device buffers on CUDA); return the outputs' data.
