@@ -4,3 +4,6 @@
 compiler's passes and kernels, down to CUDA C, PTX and SASS, running exactly the pipeline ``compile`` runs
 for the chosen target. It is built over the whole public API, above the compiler.
 """
+
+from tilewise.profiler.explain import Explanation, StepRecord, explain  # noqa: F401
+from tilewise.profiler.roofline import Roofline, roofline  # noqa: F401
