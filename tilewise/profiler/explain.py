@@ -115,7 +115,7 @@ def explain(fn, *args, target: str | None = None, arch: str | None = None, repea
 
     ``target``: "c" or "cuda" (default: the arguments' device's); a target other than that device's generates
     code without running it. ``arch``: the CUDA architecture PTX and SASS are shown for (``sm_90``, ``sm_100``;
-    default: the current GPU's, or sm_90). ``repeats``: timed calls after the first. ``run``: False stops
+    default: the current GPU's, or sm_90); given alone, it picks the CUDA target. ``repeats``: timed calls after the first. ``run``: False stops
     before anything runs. ``roofline_size``: bytes per roofline measurement (once per device, then cached).
     ``name``: how the call is shown (default: the function's name and line).
 
@@ -128,7 +128,7 @@ def explain(fn, *args, target: str | None = None, arch: str | None = None, repea
         raise ValueError(f"explain: repeats must be at least 1, got {repeats}")
     device = _device_of(args)
     own = target_for_device(device if device.type != "cpu" else None)
-    chosen = get_target(target) if target is not None else own
+    chosen = get_target(target) if target is not None else get_target("cuda") if arch is not None else own
     if arch is not None and chosen.machine_code is None:
         raise ValueError(f"explain: arch={arch!r} picks the machine code of the CUDA target; the {chosen.name} "
                          "target generates none (pass target='cuda')")

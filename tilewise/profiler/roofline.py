@@ -291,26 +291,43 @@ def roofline(device: str = "cpu", size: int = DEFAULT_SIZE, refresh: bool = Fals
     >>> roof.place(12 << 20, 1 << 20, 1e-3, "float32").bound  # doctest: +SKIP
     'memory'
     """
-    kind, _, index = str(device).partition(":")
-    identity = _cpu_identity() if kind == "cpu" else _cuda_identity(int(index or 0))
-    cache, name = _cache(), identity.entry(size)
-    stored = None if refresh else cache.read(name)
-    if stored is not None:
-        try:
-            data = json.loads(stored)
-            return Roofline(identity.device, identity.name, float(data["copy_gbs"]),
-                            {k: float(v) for k, v in data["peak_gflops"].items()}, size, "cache",
-                            str(cache.path_for(name)))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            cache.report_damaged(cache.path_for(name), "it is not a roofline record")
-    if kind == "cpu":
+    found = None if refresh else cached_roofline(device, size)
+    if found is not None:
+        return found
+    identity = _identity(device)
+    if identity.device == "cpu":
         copy_gbs, peaks = measure_cpu(size)
     else:
-        copy_gbs, peaks = measure_cuda(int(index or 0), size)
+        copy_gbs, peaks = measure_cuda(int(identity.device.partition(":")[2]), size)
     record = {"device": identity.device, "name": identity.name, "copy_gbs": copy_gbs, "peak_gflops": peaks,
               "size": size, **identity.key}
-    path = cache.write(name, json.dumps(record, sort_keys=True).encode())
+    path = _cache().write(identity.entry(size), json.dumps(record, sort_keys=True).encode())
     return Roofline(identity.device, identity.name, copy_gbs, peaks, size, "measured", str(path or ""))
+
+
+def cached_roofline(device: str = "cpu", size: int = DEFAULT_SIZE) -> Roofline | None:
+    """``device``'s roofline as stored by an earlier measurement, or None (nothing is measured)."""
+    identity = _identity(device)
+    cache, name = _cache(), identity.entry(size)
+    stored = cache.read(name)
+    if stored is None:
+        return None
+    try:
+        data = json.loads(stored)
+        return Roofline(identity.device, identity.name, float(data["copy_gbs"]),
+                        {k: float(v) for k, v in data["peak_gflops"].items()}, size, "cache", str(cache.path_for(name)))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        cache.report_damaged(cache.path_for(name), "it is not a roofline record")
+        return None
+
+
+def _identity(device) -> DeviceIdentity:
+    kind, _, index = str(device).partition(":")
+    if kind == "cpu":
+        return _cpu_identity()
+    if kind == "cuda":
+        return _cuda_identity(int(index or 0))
+    raise ValueError(f"roofline: no measurement for {device!r} devices; expected 'cpu' or 'cuda[:index]'")
 
 
 # ---------------------------------------------------------------------------- CUDA occupancy
