@@ -13,7 +13,9 @@ device's roofline (``roofline``), and the whole call compiled against eager.
 Times are per step of the program as it runs: the function is called ``repeats`` times after the call that
 compiles it, with each program's steps timed where they run (wall clock around each step on the CPU; CUDA
 events around each launch on CUDA, where the steps are then launched one by one rather than replayed as a
-CUDA graph). A training step therefore trains ``repeats + 1`` steps, as it would under a profiler.
+CUDA graph). The call that compiles is not timed, nor are the calls after it that compile again (a training
+step's second call, now that gradients exist, up to ``WARMUP_CALLS``): a training step therefore trains a
+few more steps than ``repeats``, as it would under a profiler.
 
 For a target other than the device the arguments live on (``target="cuda"`` on a machine without a GPU),
 nothing can run: the call is lowered for that target by ``CompiledFunction.lowered`` (the same recording,
@@ -93,6 +95,7 @@ class Explanation:
     sections: list[tuple[str, str]]
     kernels: list[StepRecord]
     roofline: Roofline | None = None
+    compiled: object = None  # the ``CompiledFunction`` whose programs these are
 
     def __iter__(self):
         return iter(self.sections)
@@ -115,9 +118,10 @@ def explain(fn, *args, target: str | None = None, arch: str | None = None, repea
 
     ``target``: "c" or "cuda" (default: the arguments' device's); a target other than that device's generates
     code without running it. ``arch``: the CUDA architecture PTX and SASS are shown for (``sm_90``, ``sm_100``;
-    default: the current GPU's, or sm_90); given alone, it picks the CUDA target. ``repeats``: timed calls after the first. ``run``: False stops
-    before anything runs. ``roofline_size``: bytes per roofline measurement (once per device, then cached).
-    ``name``: how the call is shown (default: the function's name and line).
+    default: the current GPU's, or sm_90); given alone, it picks the CUDA target. ``repeats``: timed calls after
+    those that compile. ``run``: False stops before anything runs. ``roofline_size``: bytes per roofline
+    measurement (once per device, then cached). ``name``: how the call is shown (default: the function's name and
+    line). The result's ``kernels`` are the steps of every program, ``compiled`` the compiled function.
 
     >>> import tilewise as tw
     >>> e = tw.explain(lambda x, y: (x + y).relu(), tw.randn(64), tw.randn(64), repeats=2)  # doctest: +SKIP
@@ -146,7 +150,7 @@ def explain(fn, *args, target: str | None = None, arch: str | None = None, repea
     _add_resources(records, programs, chosen, arch)
     sections.append(("roofline", _roofline_text(records, None, f"not run ({why}): work per step only")))
     sections.append(("run", f"not run: {why}"))
-    return Explanation(call, sections, records)
+    return Explanation(call, sections, records, compiled=compiled)
 
 
 # ---------------------------------------------------------------------------- the call and its layers
@@ -307,6 +311,11 @@ def _explain_run(compiled, fn, args, target: Target, arch, repeats: int, rooflin
     start = time.perf_counter()
     compiled(*args)  # records, compiles and runs once: what is timed below is the compiled program's steps only
     first = time.perf_counter() - start
+    for _ in range(WARMUP_CALLS):  # a first call may leave state (gradients, optimizer state) the next recompiles for
+        known = len(compiled.programs())
+        compiled(*args)
+        if len(compiled.programs()) == known:
+            break
     timers: dict[int, _Timers] = {}
     call_times = []
     for _ in range(repeats):
@@ -327,7 +336,7 @@ def _explain_run(compiled, fn, args, target: Target, arch, repeats: int, rooflin
     programs = _shown_programs(compiled)
     if not programs:
         sections.append(("run", f"compile ran the function eagerly: {compiled.eager_reason}"))
-        return Explanation(call, sections, [])
+        return Explanation(call, sections, [], compiled=compiled)
     sections += _layers(programs, target, arch, str(device))
     roof = roofline(str(device) if device.type != "cpu" else "cpu", size=roofline_size)
     records = []
@@ -347,7 +356,10 @@ def _explain_run(compiled, fn, args, target: Target, arch, repeats: int, rooflin
     how = "CUDA events per launch, CUDA graphs off" if target.name == "cuda" else "wall clock per step"
     sections.append(("roofline", _roofline_text(records, roof, f"median of {repeats} calls, {how}")))
     sections.append(("run", _run_text(compiled, fn, args, call_times, first, device)))
-    return Explanation(call, sections, records, roof)
+    return Explanation(call, sections, records, roof, compiled)
+
+
+WARMUP_CALLS = 3
 
 
 class _Timers:
