@@ -5,5 +5,5 @@ compiler's passes and kernels, down to CUDA C, PTX and SASS, running exactly the
 for the chosen target. It is built over the whole public API, above the compiler.
 """
 
-from tilewise.profiler.explain import Explanation, StepRecord, explain  # noqa: F401
-from tilewise.profiler.roofline import Roofline, roofline  # noqa: F401
+from tilewise.profiler.explain import Explanation, StepRecord  # noqa: F401 — tilewise.explain returns one
+from tilewise.profiler.roofline import Roofline  # noqa: F401 — tilewise.profiler.roofline.roofline(device) gives one
