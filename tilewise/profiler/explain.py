@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -342,15 +342,13 @@ def _explain_run(compiled, fn, args, target: Target, arch, repeats: int, rooflin
     records = []
     for p in programs:
         timed = timers.get(id(p.program))
-        for record, times in zip(_records(p), timed.times if timed else []):
-            record.times = times
+        for k, record in enumerate(_records(p)):
+            record.times = timed.times[k] if timed is not None else []
+            if record.times:
+                record.placement = roof.place(record.nbytes, record.flops, record.seconds, record.dtype)
+            else:  # a variant for the state before the first call (no gradients yet), or a segment not met again
+                record.untimed = " (its program ran only in the calls that compiled)"
             records.append(record)
-        if timed is None:
-            records += [replace(r, untimed=" (its program ran only in the call that compiled it)")
-                        for r in _records(p)]
-    for r in records:
-        if r.seconds is not None:
-            r.placement = roof.place(r.nbytes, r.flops, r.seconds, r.dtype)
     _add_resources(records, programs, target, arch)
     sections += [(_titled(p.label, "steps"), p.program.describe()) for p in programs]
     how = "CUDA events per launch, CUDA graphs off" if target.name == "cuda" else "wall clock per step"
