@@ -321,7 +321,7 @@ def _explain_run(compiled, fn, args, target: Target, arch, repeats: int, rooflin
     for _ in range(repeats):
         for program in compiled.programs():
             if id(program) not in timers:
-                timers[id(program)] = _Timers(program)
+                timers[id(program)] = _Timers(program, device)
         for t in timers.values():
             t.install()
         start = time.perf_counter()
@@ -351,7 +351,7 @@ def _explain_run(compiled, fn, args, target: Target, arch, repeats: int, rooflin
             records.append(record)
     _add_resources(records, programs, target, arch)
     sections += [(_titled(p.label, "steps"), p.program.describe()) for p in programs]
-    how = "CUDA events per launch, CUDA graphs off" if target.name == "cuda" else "wall clock per step"
+    how = "CUDA events per launch, CUDA graphs off" if device.type == "cuda" else "wall clock per step"
     sections.append(("roofline", _roofline_text(records, roof, f"median of {repeats} calls, {how}")))
     sections.append(("run", _run_text(compiled, fn, args, call_times, first, device)))
     return Explanation(call, sections, records, roof, compiled)
@@ -363,11 +363,11 @@ WARMUP_CALLS = 3
 class _Timers:
     """Times each step of one program while installed: its steps are wrapped in place and restored after."""
 
-    def __init__(self, program):
+    def __init__(self, program, device):
         self.program = program
         self.steps = list(program.steps)
         self.times: list[list[float]] = [[] for _ in self.steps]
-        self.clock = _cuda_clock if program.target == "cuda" else _host_clock
+        self.clock = _cuda_clock if device.type == "cuda" else _host_clock
         self.pending: list = []
         self.runtime_graphs = None
 
@@ -442,7 +442,7 @@ def _from_program(label: str, program) -> _Shown:
 
 def _add_resources(records: list[StepRecord], programs: list[_Shown], target: Target, arch: str | None) -> None:
     """Registers, shared memory, spills and theoretical occupancy of each CUDA kernel, from its cubin."""
-    if target.name != "cuda":
+    if target.machine_code is None:  # resources are read from the machine code (the cubin)
         return
     from tilewise.codegen.toolchain import compile_cached, resource_usage
     from tilewise.compiler.program_cuda import default_arch
