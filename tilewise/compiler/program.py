@@ -9,8 +9,8 @@ of other values) — and a ``runtime`` that walks them (``program_c.HostRuntime`
 ``program_cuda.CudaRuntime``). Running it binds the inputs' storages, allocates the outputs, and walks the
 steps. The arena of intermediate buffers is allocated once, when the program is built. In
 ``mode="max-autotune"`` a program may carry a ``Tuner``: its first run walks the steps through it, timing
-kernel candidates on that call's buffers (``autotune``). ``explain`` calls ``lower_program`` with the same
-target, so what it shows is what ``build_program`` compiles.
+kernel candidates on that call's buffers (``autotune``). A program keeps the graph after each pass
+(``passes``) and, on CUDA, each kernel's translation unit, so ``explain`` shows the programs ``compile`` built.
 """
 
 from __future__ import annotations
