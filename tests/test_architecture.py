@@ -83,10 +83,13 @@ def test_targets_are_registered_once_and_complete():
 
 
 def test_explain_runs_the_pipeline_compile_runs():
-    """explain's passes and lowering are the target's own (on CUDA: decompose keeping cuDNN attention, then
-    GEMM epilogues, then the channels-last layout of convolutions), not a copy of them."""
+    """explain shows the programs compile built (``compiled.programs()``), or for another target what
+    ``CompiledFunction.lowered`` lowers with that target's passes and lowering stages (on CUDA: decompose
+    keeping cuDNN attention, then GEMM epilogues, then the channels-last layout of convolutions); it runs no
+    pipeline of its own."""
     from tilewise.compiler.targets import CUDA_TARGET
 
     source = (g.PACKAGE / "profiler" / "explain.py").read_text()
-    assert "target.passes" in source and "lower_program(graph, target)" in source and "PIPELINE" not in source
+    assert ".programs()" in source and ".lowered(chosen" in source
+    assert "PIPELINE" not in source and "run_pipeline" not in source and "lower_program" not in source
     assert [name for name, _ in CUDA_TARGET.lowering] == ["gemm_epilogues", "channels_last"]

@@ -9,7 +9,11 @@ benchmark scripts are (they need torch, which tilewise itself never imports).
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
+import inspect
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -55,21 +59,39 @@ def build_parser() -> argparse.ArgumentParser:
                           "none in an installed copy)")
     explain = commands.add_parser(
         "explain", help="follow one call through every layer, down to the generated source, PTX and SASS",
-        description="Show what each layer makes of an expression over random inputs x, y, ...: the operators' "
-        "declarations, the graph after every compiler pass, the fused kernels' IR, schedule and source, PTX "
-        "and SASS for the CUDA target (NVRTC and nvdisasm, no GPU needed), then a timed run.")
-    explain.add_argument("expr", nargs="?", default="x.relu() * 0.5 + 1",
-                         help="a Python expression over x, y, z, w (tw and F are tilewise and its "
-                         "nn.functional; default: %(default)s)")
+        description="Show what each layer makes of a call: the operators' declarations, the graph after every "
+        "compiler pass, the fused kernels' IR, schedule and source, PTX and SASS for the CUDA target (NVRTC and "
+        "nvdisasm, no GPU needed), then each program step timed and placed on the device's roofline. "
+        + EXPLAIN_FORMS)
+    explain.add_argument("what", nargs="?", default="x.relu() * 0.5 + 1", metavar="EXPR | SCRIPT.py:FUNCTION",
+                         help="a Python expression over x, y, z, w (tw and F are tilewise and its nn.functional), or "
+                         "a function of a script whose ARGS give the call's arguments (default: %(default)s)")
     explain.add_argument("--shape", action="append", type=_shape, default=None,
-                         help="shape of the next input, e.g. 1024x1024 (repeat for y, z, w; default: 1024x1024)")
-    explain.add_argument("--dtype", default="float32", help="input dtype (default: %(default)s)")
-    explain.add_argument("--device", default="cpu", help="where the inputs live and the run happens (default: cpu)")
+                         help="expression form: shape of the next input, e.g. 1024x1024 (repeat for y, z, w; "
+                         "default: 1024x1024)")
+    explain.add_argument("--dtype", default="float32", help="expression form: input dtype (default: %(default)s)")
+    explain.add_argument("--device", default="cpu",
+                         help="expression form: where the inputs live and the run happens (default: cpu)")
     explain.add_argument("--target", choices=("c", "cuda"), default=None,
                          help="code to generate (default: the device's; cuda works without a GPU up to SASS)")
+    explain.add_argument("--arch", type=_arch, default=None,
+                         help="CUDA architecture of the PTX and SASS shown, e.g. sm_90 or sm_100 (implies "
+                         "--target cuda; default: the current GPU's, else sm_90)")
+    explain.add_argument("--repeats", type=_positive, default=20, help="timed calls (default: %(default)s)")
     explain.add_argument("--no-run", action="store_true", help="stop before running (no device needed)")
+    explain.set_defaults(parser=explain)
     commands.add_parser("bench", help="where the benchmarks against PyTorch are")
     return parser
+
+
+def _arch(text: str) -> str:
+    from tilewise.codegen.toolchain.nvrtc import validate_arch
+
+    try:
+        validate_arch(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -111,17 +133,92 @@ def run_coverage(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- explain
 
-def run_explain(args: argparse.Namespace) -> int:
-    from tilewise.profiler.explain import explain
+EXPLAIN_FORMS = ("Accepted forms: tilewise explain \"EXPR\" [--shape 64x64 ...] (a Python expression over inputs x, "
+                 "y, z, w, one --shape each; tw and F are tilewise and tilewise.nn.functional), or tilewise explain "
+                 "path/to/script.py:function (the script defines ARGS, a tuple of the call's arguments, or a "
+                 "function ARGS() returning one).")
+INPUT_NAMES = ("x", "y", "z", "w")
+_SCRIPT_FORM = re.compile(r"^(?P<path>.+\.py):(?P<function>[A-Za-z_]\w*)$")
 
-    shapes = args.shape or [(1024, 1024)]
-    sections = explain(args.expr, shapes, args.dtype, args.device, args.target)
-    for title, text in sections:
-        if title == "run" and args.no_run:
-            break
-        print(f"== {title} " + "=" * max(0, 76 - len(title)))
-        print(text, end="\n\n", flush=True)
+
+class ExplainInputError(ValueError):
+    """What the user asked ``tilewise explain`` to explain is not something it can run."""
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    import tilewise as tw
+
+    try:
+        fn, inputs, name = _explained_call(args)
+    except ExplainInputError as exc:
+        args.parser.error(f"{exc}\n{EXPLAIN_FORMS}")
+    explanation = tw.explain(fn, *inputs, target=args.target, arch=args.arch, repeats=args.repeats,
+                             run=not args.no_run, name=name)
+    print(explanation, flush=True)
     return 0
+
+
+def _explained_call(args: argparse.Namespace) -> tuple:
+    """(function, its arguments, how the call is named) for the script form or the expression form."""
+    script = _SCRIPT_FORM.match(args.what)
+    if script is not None or args.what.endswith(".py") or ".py:" in args.what:
+        if script is None:
+            raise ExplainInputError(f"{args.what!r}: name the function after the script, as in "
+                                    f"{args.what.split(':')[0]}:train_step")
+        return (*_script_call(Path(script["path"]), script["function"]), None)
+    shapes = args.shape or [(1024, 1024)]
+    return (*_expression_call(args.what, shapes, args.dtype, args.device), args.what)
+
+
+def _script_call(path: Path, function: str) -> tuple:
+    import importlib.util
+
+    if not path.is_file():
+        raise ExplainInputError(f"no script {str(path)!r}" + (" (it is a folder)" if path.is_dir() else ""))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.resolve().parent))  # the script imports its neighbours as `python script.py` would
+    spec.loader.exec_module(module)
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        defined = sorted(n for n, v in vars(module).items()
+                         if inspect.isfunction(v) and v.__module__ == module.__name__)
+        what = "is not a function" if fn is not None else "has no function"
+        raise ExplainInputError(f"{path} {what} {function!r}; its functions: {', '.join(defined) or 'none'}")
+    if not hasattr(module, "ARGS"):
+        raise ExplainInputError(f"{path} defines no ARGS: add ARGS = (...), the arguments to call {function} with, "
+                                "or def ARGS(): return (...)")
+    call_args = module.ARGS() if callable(module.ARGS) else module.ARGS
+    if not isinstance(call_args, tuple):
+        raise ExplainInputError(f"{path}: ARGS{'()' if callable(module.ARGS) else ''} is a "
+                                f"{type(call_args).__name__}; it must be a tuple of {function}'s arguments")
+    return fn, call_args
+
+
+def _expression_call(expr: str, shapes: list, dtype: str, device: str) -> tuple:
+    import tilewise as tw
+
+    if not 1 <= len(shapes) <= len(INPUT_NAMES):
+        raise ExplainInputError(f"give 1 to {len(INPUT_NAMES)} input shapes, got {len(shapes)}")
+    names = INPUT_NAMES[:len(shapes)]
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as exc:
+        caret = " " * max(0, (exc.offset or 1) - 1) + "^"
+        raise ExplainInputError(f"the expression does not parse ({exc.msg}):\n  {expr}\n  {caret}") from None
+    known = {*names, "tw", "F", *dir(builtins)}
+    unknown = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in known})
+    if unknown:
+        inputs = [n for n in unknown if n in INPUT_NAMES]
+        hint = (f" ({', '.join(inputs)}: give one --shape per input)" if inputs else "")
+        raise ExplainInputError(f"the expression uses unknown name(s) {', '.join(unknown)}{hint}; it may use "
+                                f"{', '.join(names)}, tw and F")
+    if not hasattr(tw, dtype) or not isinstance(getattr(tw, dtype), tw.dtype):
+        raise ExplainInputError(f"unknown dtype {dtype!r}; e.g. float32, float16, bfloat16, float64")
+    scope = {"tw": tw, "F": tw.nn.functional}
+    fn = eval(f"lambda {', '.join(names)}: {expr}", scope)  # noqa: S307 — the user's own expression, as python -c
+    tw.manual_seed(0)
+    return fn, tuple(tw.randn(*s, dtype=getattr(tw, dtype), device=device) for s in shapes)
 
 
 # ---------------------------------------------------------------------------- demo
@@ -216,9 +313,39 @@ def run_info() -> int:
     print(f"operators declared: {len(OPS)} · default dtype: {tw.get_default_dtype().name}")
     device = best_device()
     print(f"best device: {device}" + (f" ({_gpu_name()})" if device == "cuda" else ""))
+    _print_rooflines(["cpu"] + ([f"cuda:{k}" for k in range(tw.cuda.device_count())] if device == "cuda" else []))
     for name in ("ml_dtypes", "safetensors", "rich", "matplotlib", "cuda-bindings", "nvmath-python"):
         print(f"  {name:<14} {_version_of(name)}")
     return 0
+
+
+def _print_rooflines(devices: list[str]) -> None:
+    """Each device's measured roofline, next to its name and memory (measured on first use, then cached)."""
+    from tilewise.profiler.roofline import cached_roofline, roofline
+
+    for device in devices:
+        roof = cached_roofline(device)
+        if roof is None:
+            print(f"  measuring the roofline of {device} (first use: a few seconds; later calls read the cache)...",
+                  flush=True)
+            roof = roofline(device)
+        peaks = ", ".join(f"{dtype} {gflops:,.1f}" for dtype, gflops in roof.peak_gflops.items())
+        print(f"{device}: {roof.name}, {_memory_of(device)} · copy {roof.copy_gbs:,.1f} GB/s · peak GFLOP/s {peaks}"
+              f" · ridge {roof.ridge('float32'):.2f} FLOP/B (float32)")
+
+
+def _memory_of(device: str) -> str:
+    if device == "cpu":
+        import os
+
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return "memory unknown"
+        return f"{total / 2**30:.1f} GiB memory"
+    from tilewise import cuda
+
+    return f"{cuda.get_device_properties(device).total_memory / 2**30:.1f} GiB memory"
 
 
 def _gpu_name() -> str:

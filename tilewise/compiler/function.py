@@ -46,7 +46,7 @@ from tilewise.compiler.guards import Guards, Recorder, make_guards
 from tilewise.compiler.lowering.partition import partition
 from tilewise.compiler.meta import suspended
 from tilewise.compiler.passes import dce, run_pipeline
-from tilewise.compiler.program import Program, build_program
+from tilewise.compiler.program import Lowered, Program, build_program, lower_program
 from tilewise.compiler.segments import Segments
 from tilewise.compiler.targets import Target, target_of
 from tilewise.config import log, settings
@@ -256,14 +256,7 @@ class CompiledFunction:
         """Run the function with its operators recorded (see [Note: compiled functions]): a call without graph
         breaks or side effects becomes a variant, replayed by later calls its guards admit; any other call
         ran its Python once, as eagerly, and its recorded segments run as compiled programs."""
-        names, known = _module_tensors(self.module)
-        optimizers = reachable_optimizers(self.fn, (*args, *kwargs.values()))
-        for optimizer in optimizers:  # the state a first step creates exists before the trace: one trace, not two
-            init = getattr(optimizer, "init_state", None)
-            if init is not None:
-                init()
-        known = known + _optimizer_params(optimizers, known)
-        cap = start(self.fn, args, kwargs, names=names, known=known, states=[o.state for o in optimizers])
+        cap, optimizers = self._start(args, kwargs)
         if not self.fullgraph:
             cap.breaks = self._break
         recorder = Recorder(self.fn, flat, self.fullgraph)
@@ -303,6 +296,18 @@ class CompiledFunction:
                                              "it once"))
         return result
 
+    def _start(self, args: tuple, kwargs: dict):
+        """A capture of a call of the function, with the optimizers it reaches."""
+        names, known = _module_tensors(self.module)
+        optimizers = reachable_optimizers(self.fn, (*args, *kwargs.values()))
+        for optimizer in optimizers:  # the state a first step creates exists before the trace: one trace, not two
+            init = getattr(optimizer, "init_state", None)
+            if init is not None:
+                init()
+        known = known + _optimizer_params(optimizers, known)
+        cap = start(self.fn, args, kwargs, names=names, known=known, states=[o.state for o in optimizers])
+        return cap, optimizers
+
     def _break(self, cap, what: str) -> None:
         """A graph break: Python needs values (or an operator the graph cannot hold); run what was recorded."""
         self._log_break(what)
@@ -326,30 +331,41 @@ class CompiledFunction:
     def _compile(self, traced: Traced, flat: list, spec, optimizers: list, recorder) -> Variant:
         target, device = target_of(traced.graph)
         guards = make_guards(traced, flat, spec, self.module, optimizers, recorder)
-        with stage("passes"):
-            graph = run_pipeline(traced.graph, target.passes)
-
+        history: list = []
+        graphs, saved = program_graphs(traced, target, history)
         arena = self._arena(target, device)
-        autotune = self.mode == "max-autotune"
-
-        def build(g, graphs: bool = True):
-            return build_program(g, target, device, graphs, arena, autotune)
-
-        if traced.backward is None:
-            return Variant(guards, traced, build(graph))
         # a differentiable call's programs exchange activations that are fresh on every call: no CUDA graphs
-        parts = partition(graph, traced.backward.n_forward, traced.backward.tangents)
-        forward, backward = build(dce(parts.forward), False), build(dce(parts.backward), False)
-        inputs = parts.forward.inputs
-        saved = [("input", inputs.index(s)) if s not in parts.computed else
-                 ("output", traced.backward.n_forward + parts.computed.index(s)) for s in parts.saved]
-        return Variant(guards, traced, forward, backward, saved)
+        programs = [build_program(g, target, device, traced.backward is None, arena, self.mode == "max-autotune")
+                    for g in graphs]
+        for program in programs:
+            program.passes = history
+        forward, *backward = programs
+        return Variant(guards, traced, forward, backward[0] if backward else None, saved)
+
+    def lowered(self, target: Target, *args, **kwargs) -> tuple[Traced, list[Lowered], list]:
+        """What a call would compile to for ``target``, without building or running anything (so CUDA code can
+        be generated and shown where no GPU is): the recorded call, the lowered forward (and backward)
+        programs, and the graph after each pass. A graph break raises, as with ``fullgraph=True``."""
+        flat, _ = _flatten_call(args, kwargs)
+        cap, _ = self._start(args, kwargs)
+        try:
+            with capturing(cap):
+                traced = cap.finish(self.fn(*args, **kwargs), flat)
+        finally:
+            cap.restore()
+        history: list = []
+        graphs, _ = program_graphs(traced, target, history)
+        return traced, [lower_program(g, target) for g in graphs], history
 
     def _build_segment(self, graph):
         """The program of one segment of a call that runs its Python (see [Note: segmented calls])."""
         target, device = target_of(graph)
-        graph = run_pipeline(graph, target.passes)
-        return build_program(graph, target, device, False, self._arena(target, device), self.mode == "max-autotune")
+        history: list = []
+        graph = run_pipeline(graph, target.passes, history)
+        program = build_program(graph, target, device, False, self._arena(target, device),
+                                self.mode == "max-autotune")
+        program.passes = history
+        return program
 
     def _arena(self, target: Target, device):
         """The arena the function's programs for ``target`` share (see ``program.Arena``)."""
@@ -363,6 +379,21 @@ class CompiledFunction:
         """Every compiled program, forward and backward, of every variant, then every segment's."""
         return [p for v in self.variants for p in (v.forward, v.backward) if p is not None] + \
             list(self.segments.programs.values())
+
+
+def program_graphs(traced: Traced, target: Target, history: list | None = None) -> tuple[list, list]:
+    """The optimised graphs a recorded call compiles to for ``target`` — the forward, and the backward when the
+    call is differentiable — and, per value the backward saves, where the forward has it (("input"|"output",
+    index)). ``history`` receives the graph after each pass."""
+    with stage("passes"):
+        graph = run_pipeline(traced.graph, target.passes, history)
+    if traced.backward is None:
+        return [graph], []
+    parts = partition(graph, traced.backward.n_forward, traced.backward.tangents)
+    inputs = parts.forward.inputs
+    saved = [("input", inputs.index(s)) if s not in parts.computed else
+             ("output", traced.backward.n_forward + parts.computed.index(s)) for s in parts.saved]
+    return [dce(parts.forward), dce(parts.backward)], saved
 
 
 def _optimizer_params(optimizers: list, known: list[Tensor]) -> list[Tensor]:

@@ -9,9 +9,10 @@ of other values) — and a ``runtime`` that walks them (``program_c.HostRuntime`
 ``program_cuda.CudaRuntime``). Running it binds the inputs' storages, allocates the outputs, and walks the
 steps. The arena of intermediate buffers is allocated once, when the program is built. In
 ``mode="max-autotune"`` a program may carry a ``Tuner``: its first run walks the steps through it, timing
-kernel candidates on that call's buffers (``autotune``). ``explain`` calls ``lower_program`` with the same
-target, so what it shows is what ``build_program`` compiles. While a profiler records, ``Program.run`` hands
-the run to the profiler's hook, which times each step (see [Note: the Profiler key] in ``profiler/recorder``).
+kernel candidates on that call's buffers (``autotune``). A program keeps the graph after each pass
+(``passes``) and, on CUDA, each kernel's translation unit, so ``explain`` shows the programs ``compile`` built.
+While a profiler records, ``Program.run`` hands the run to the profiler's hook, which times each step (see
+[Note: the Profiler key] in ``profiler/recorder``).
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class Program:
     arena: Arena | None = None
     tuner: Tuner | None = None  # max-autotune: kernels whose candidates the first run times
     autotune: bool = False  # max-autotune: the first run also times library calls' candidates (cuDNN plans)
+    sources: dict[str, str] = field(default_factory=dict)  # CUDA: kernel name -> its translation unit
+    passes: list = field(default_factory=list)  # (stage, graph): captured, then after each pass (``explain``)
 
     def run(self, inputs: list, staged: frozenset[int] = frozenset()) -> list:
         """Run on the inputs' storage data (flat arrays; device buffers on CUDA); return the outputs' data.

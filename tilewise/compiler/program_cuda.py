@@ -520,7 +520,8 @@ def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Pro
             steps.append(CudaExternStep(node, plan, results, device))
     for copy in plan.copies:
         steps.append(CudaCopyStep(copy.value, plan.of[buffer_of(copy.value)], copy.dst, device))
-    program = Program(fused, plan, steps, list(low.kernels.values()), low.schedules, low.source, "cuda")
+    program = Program(fused, plan, steps, list(low.kernels.values()), low.schedules, low.source, "cuda",
+                      sources=low.sources)
     program.runtime = CudaRuntime(program, device, graphs)
     return program
 
@@ -531,14 +532,17 @@ PTX_LINES = 60
 SASS_LINES = 80
 
 
-def machine_code(low: Lowered) -> Iterator[tuple[str, str]]:
+def default_arch() -> str:
+    """The architecture machine code is shown for: the current GPU's, or sm_90 without one."""
+    return get_device_properties(current_device()).arch if is_available() else "sm_90"
+
+
+def machine_code(low: Lowered | Program, arch: str | None = None) -> Iterator[tuple[str, str]]:
     """What ``explain`` shows below the CUDA C: each kernel's PTX, SASS and resource use (NVRTC and nvdisasm,
-    for the current GPU's architecture, or sm_90 without one)."""
+    for ``arch``, by default the current GPU's architecture, or sm_90 without one)."""
     from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble, resource_usage
 
-    arch = "sm_90"
-    if is_available():
-        arch = get_device_properties(current_device()).arch
+    arch = arch or default_arch()
     for name, source in low.sources.items():
         compiled = compile_cached(source, name, arch)
         ptx = compiled.ptx.splitlines()

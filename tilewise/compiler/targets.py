@@ -61,7 +61,9 @@ class Target:
     arena: Callable[[Device | None], Arena]
     tuning: Callable[[Device | None, Lowered], object]
     lowering: tuple[tuple[str, Callable[[Graph], Graph]], ...] = ()
-    machine_code: Callable[[Lowered], Iterator[tuple[str, str]]] | None = field(default=None, compare=False)
+    # (lowered or built program, arch or None) -> (title, text) sections
+    machine_code: Callable[[Lowered | Program, str | None], Iterator[tuple[str, str]]] | None = field(
+        default=None, compare=False)
 
     def schedule(self, kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
         return self.scheduler(kernel, knobs)

@@ -1,10 +1,13 @@
 """Observability: seeing what every layer makes of a call.
 
-``explain`` follows one call from the Python expression through the operators, eager dispatch, the
-compiler's passes and kernels, down to CUDA C, PTX and SASS, running exactly the pipeline ``compile`` runs
-for the chosen target. It is built over the whole public API, above the compiler.
+``explain`` follows one call, or a whole function such as a training step, through every layer down to CUDA
+C, PTX and SASS, reading what ``compile`` built and ran, each step timed and placed on the device's measured
+roofline (``roofline``). ``profile`` is torch.profiler's API: operator, program-step, memory and device events,
+``key_averages().table()`` and Chrome/Perfetto traces. Both are built over the whole public API, above the
+compiler.
 """
 
+from tilewise.profiler.explain import Explanation, StepRecord  # noqa: F401 — tilewise.explain returns one
 from tilewise.profiler.profile import (
     ProfilerAction,  # noqa: F401
     ProfilerActivity,  # noqa: F401
@@ -14,3 +17,4 @@ from tilewise.profiler.profile import (
     supported_activities,  # noqa: F401
     tensorboard_trace_handler,  # noqa: F401
 )
+from tilewise.profiler.roofline import Roofline  # noqa: F401 — tilewise.profiler.roofline.roofline(device) gives one

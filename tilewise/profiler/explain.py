@@ -1,72 +1,243 @@
-"""``tilewise explain``: one call followed through every layer, from the Python expression to SASS.
+"""``tilewise.explain``: one call of a function followed through every layer, from its Python to SASS.
 
-[Note: explain] The sections are what each layer makes of the call, in the order the layers run: the
-operators the expression reaches and their declarations (schema, meaning, derivatives), how eager mode
-runs them, the captured graph before and after each compiler pass, the fused graph, each kernel's IR and
-schedule, the generated source for the chosen target, and for CUDA the PTX, SASS and register use that
-NVRTC and nvdisasm give (no GPU needed for those). Last, the compiled and the eager call are run on the
-device and timed. Nothing here is specific to explaining: every section is the text form a layer already
-has (``format_graph``, ``format_kernel``, ``KernelSchedule.describe``), shown together.
+[Note: explain] ``explain(fn, *args)`` shows what ``tilewise.compile(fn)(*args)`` builds and runs, read off
+the compiled callable itself rather than from a pipeline run beside it, so that the two cannot differ: the
+programs of ``compiled.programs()`` (a training step has a forward and a backward program, a call with graph
+breaks one per segment) keep the graph after each pass, the fused graph, the kernels' IR and schedules, the
+generated source and their steps (kernels, library calls, copies). The sections are what each layer makes of
+the call, in the order the layers run: the call, the operators it reaches and their declarations, how eager
+mode would run them, the graph after each pass, the fused graph, each kernel's IR, schedule and source, for
+CUDA its PTX and SASS, then the steps of each program with their measured per-call time, their place on the
+device's roofline (``roofline``), and the whole call compiled against eager.
+
+Times are per step of the program as it runs: the function is called ``repeats`` times after the call that
+compiles it, with each program's steps timed where they run (wall clock around each step on the CPU; CUDA
+events around each launch on CUDA, where the steps are then launched one by one rather than replayed as a
+CUDA graph). The call that compiles is not timed, nor are the calls after it that compile again (a training
+step's second call, now that gradients exist, up to ``WARMUP_CALLS``): a training step therefore trains a
+few more steps than ``repeats``, as it would under a profiler.
+
+For a target other than the device the arguments live on (``target="cuda"`` on a machine without a GPU),
+nothing can run: the call is lowered for that target by ``CompiledFunction.lowered`` (the same recording,
+passes and lowering ``compile`` uses, without building), down to PTX and SASS for ``arch``, and the roofline
+section gives each kernel's bytes and FLOPs without times.
 """
 
 from __future__ import annotations
 
+import inspect
+import statistics
 import time
-from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 
-import tilewise as tw
-from tilewise.compiler.capture import trace
-from tilewise.compiler.ir import IR_OPS, format_graph, verify
-from tilewise.compiler.program import lower_program
-from tilewise.compiler.targets import get_target, target_for_device
+from tilewise.compiler import compile
+from tilewise.compiler.capture import flatten
+from tilewise.compiler.ir import IR_OPS, format_graph
+from tilewise.compiler.lowering.memory import steps_of
+from tilewise.compiler.targets import Target, get_target, target_for_device
+from tilewise.device import cpu
 from tilewise.ops.expr import render_text
+from tilewise.profiler.roofline import (
+    DEFAULT_SIZE,
+    GEMM_OPS,
+    Placement,
+    Roofline,
+    gemm_flops,
+    kernel_bytes,
+    kernel_dtype,
+    kernel_flops,
+    roofline,
+    theoretical_occupancy,
+)
+from tilewise.tensor import Tensor
 
-INPUT_NAMES = ("x", "y", "z", "w")
+
+@dataclass
+class StepRecord:
+    """One step of a compiled program — a generated kernel, a library call or a copy — with its work and time."""
+
+    program: str  # which program: "forward", "backward", "variant 2 forward", "segment 1", or "" for the only one
+    index: int  # its position among the program's steps
+    kind: str  # "kernel", "library call", "copy"
+    name: str  # the kernel's name, the library operator's, or "copy"
+    text: str  # the step as the program describes it
+    nbytes: int  # minimum bytes moved
+    flops: int
+    dtype: str
+    times: list[float] = field(default_factory=list)  # seconds, one per timed call
+    placement: Placement | None = None
+    resources: str = ""  # CUDA: registers, shared memory, spills, occupancy
+    untimed: str = ""  # why a step has no time
+
+    @property
+    def seconds(self) -> float | None:
+        """Median time per call, or None when the step was not timed."""
+        return statistics.median(self.times) if self.times else None
+
+    def describe(self) -> str:
+        where = f"{self.program} " if self.program else ""
+        head = f"{where}step {self.index} {self.kind} {self.name}"
+        if self.seconds is None:
+            return f"{head}: not timed{self.untimed}; {self.nbytes} bytes, {self.flops} FLOPs"
+        placed = self.placement.describe() if self.placement is not None else f"{self.nbytes} bytes, {self.flops} FLOPs"
+        return f"{head}: {1e3 * self.seconds:.4f} ms; {placed}"
 
 
-def _function(expr: str, count: int):
-    names = ", ".join(INPUT_NAMES[:count])
-    scope = {"tw": tw, "F": tw.nn.functional}
-    return eval(f"lambda {names}: {expr}", scope)  # noqa: S307 — the user's own expression, as python -c runs it
+@dataclass
+class Explanation:
+    """What ``explain`` found: (title, text) sections in the order the layers run, and a record per program step.
+
+    ``str()`` is the text ``tilewise explain`` prints; iterating gives the sections."""
+
+    call: str
+    sections: list[tuple[str, str]]
+    kernels: list[StepRecord]
+    roofline: Roofline | None = None
+    compiled: object = None  # the ``CompiledFunction`` whose programs these are
+
+    def __iter__(self):
+        return iter(self.sections)
+
+    def section(self, title: str) -> str:
+        for name, text in self.sections:
+            if name == title:
+                return text
+        raise KeyError(f"explain: no section {title!r}; sections: {[t for t, _ in self.sections]}")
+
+    def __str__(self) -> str:
+        return "\n".join(f"== {title} " + "=" * max(0, 76 - len(title)) + f"\n{text}\n"
+                         for title, text in self.sections)
 
 
-def explain(expr: str, shapes: list[tuple[int, ...]], dtype: str = "float32", device: str = "cpu",
-            target: str | None = None, repeats: int = 20) -> Iterator[tuple[str, str]]:
-    """(title, text) per layer for ``expr`` over inputs ``x, y, ...`` of ``shapes``."""
-    if not 1 <= len(shapes) <= len(INPUT_NAMES):
-        raise ValueError(f"explain: give 1 to {len(INPUT_NAMES)} input shapes, got {len(shapes)}")
-    target = get_target(target) if target else target_for_device(tw.device(device))
-    fn = _function(expr, len(shapes))
-    tw.manual_seed(0)
-    inputs = [tw.randn(*s, dtype=getattr(tw, dtype), device=device) for s in shapes]
-    described = ", ".join(f"{n}: {t.dtype.name}{list(t.shape)} on {t.device}" for n, t in zip(INPUT_NAMES, inputs))
-    yield "the call", f"{expr}\n  with {described}"
+def explain(fn, *args, target: str | None = None, arch: str | None = None, repeats: int = 20,
+            run: bool = True, roofline_size: int = DEFAULT_SIZE, name: str | None = None) -> Explanation:
+    """Explain ``tilewise.compile(fn)(*args)``: every layer of the call, each program step timed and placed on
+    the device's roofline (see [Note: explain]).
 
-    traced = trace(fn, tuple(inputs), {})
-    graph = traced.graph
-    yield "operators", _operators(graph)
-    yield "eager", _eager(graph, device)
+    ``target``: "c" or "cuda" (default: the arguments' device's); a target other than that device's generates
+    code without running it. ``arch``: the CUDA architecture PTX and SASS are shown for (``sm_90``, ``sm_100``;
+    default: the current GPU's, or sm_90); given alone, it picks the CUDA target. ``repeats``: timed calls after
+    those that compile. ``run``: False stops before anything runs. ``roofline_size``: bytes per roofline
+    measurement (once per device, then cached). ``name``: how the call is shown (default: the function's name and
+    line). The result's ``kernels`` are the steps of every program, ``compiled`` the compiled function.
 
-    lines = [format_graph(graph, "captured")]
-    before = format_graph(graph)
-    for p in target.passes:
-        graph = verify(p(graph), p.__name__)
+    >>> import tilewise as tw
+    >>> e = tw.explain(lambda x, y: (x + y).relu(), tw.randn(64), tw.randn(64), repeats=2)  # doctest: +SKIP
+    >>> [k.name for k in e.kernels]  # doctest: +SKIP
+    ['k0_add_relu']
+    """
+    if repeats < 1:
+        raise ValueError(f"explain: repeats must be at least 1, got {repeats}")
+    device = _device_of(args)
+    own = target_for_device(device if device.type != "cpu" else None)
+    chosen = get_target(target) if target is not None else get_target("cuda") if arch is not None else own
+    if arch is not None and chosen.machine_code is None:
+        raise ValueError(f"explain: arch={arch!r} picks the machine code of the CUDA target; the {chosen.name} "
+                         "target generates none (pass target='cuda')")
+    call = name or _call_name(fn)
+    sections = [("the call", f"{call}\n  with {_describe_args(args)}")]
+    compiled = compile(fn)
+    if chosen is own and run:
+        return _explain_run(compiled, fn, args, chosen, arch, repeats, roofline_size, call, sections, device)
+    traced, lowered, history = compiled.lowered(chosen, *args)
+    why = "run=False" if not run else f"the arguments are on {device}, the code is for the {chosen.name} target"
+    programs = [_Shown(label, low.fused, list(low.kernels.values()), low.schedules, low.source, low.sources,
+                       history, None, low) for label, low in zip(_labels(len(lowered)), lowered)]
+    sections += _layers(programs, chosen, arch, str(device))
+    records = [r for p in programs for r in _records(p)]
+    _add_resources(records, programs, chosen, arch)
+    sections.append(("roofline", _roofline_text(records, None, f"not run ({why}): work per step only")))
+    sections.append(("run", f"not run: {why}"))
+    return Explanation(call, sections, records, compiled=compiled)
+
+
+# ---------------------------------------------------------------------------- the call and its layers
+
+def _device_of(args: tuple):
+    leaves, _ = flatten(list(args))
+    tensors = [t for t in leaves if isinstance(t, Tensor)]
+    return tensors[0].device if tensors else cpu
+
+
+def _call_name(fn) -> str:
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    try:
+        where = f" at {inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
+    except (TypeError, OSError):
+        where = ""
+    return f"{name}{where}"
+
+
+def _describe_args(args: tuple) -> str:
+    def one(a) -> str:
+        if isinstance(a, Tensor):
+            return f"{a.dtype.name}{list(a.shape)} on {a.device}"
+        if isinstance(a, (list, tuple)):
+            return "(" + ", ".join(one(b) for b in a) + ")"
+        return type(a).__name__ if not isinstance(a, (int, float, bool, str, type(None))) else repr(a)
+
+    return ", ".join(one(a) for a in args) or "no arguments"
+
+
+@dataclass
+class _Shown:
+    """A program as explain shows it: a built ``Program`` (``program`` set) or a ``Lowered`` one."""
+
+    label: str
+    fused: object
+    kernels: list
+    schedules: list
+    source: str
+    sources: dict
+    passes: list
+    program: object = None
+    lowered: object = None
+
+
+def _labels(count: int, variant: int | None = None) -> list[str]:
+    prefix = f"variant {variant} " if variant else ""
+    if count == 1:
+        return [prefix.strip()]
+    return [f"{prefix}forward", f"{prefix}backward"]
+
+
+def _layers(programs: list[_Shown], target: Target, arch: str | None, device: str) -> list[tuple[str, str]]:
+    out, shown_histories = [], set()
+    for p in programs:
+        if p.passes and id(p.passes) not in shown_histories:
+            captured = p.passes[0][1]
+            if not shown_histories:
+                out += [("operators", _operators(captured)), ("eager", _eager(captured, device))]
+            shown_histories.add(id(p.passes))
+            out.append((_titled(p.label.replace("forward", "").replace("backward", "").strip(), "graph passes"),
+                        _passes(p.passes)))
+        fused = format_graph(p.fused, "after fuse") + f"\n\n{len(p.kernels)} generated kernel(s)"
+        out.append((_titled(p.label, "fusion"), fused))
+        for kernel, sched in zip(p.kernels, p.schedules):
+            out.append((_titled(p.label, f"kernel {kernel.name}: IR"), str(kernel)))
+            out.append((_titled(p.label, f"kernel {kernel.name}: schedule"), sched.describe()))
+        out.append((_titled(p.label, f"generated {target.source_name}"), p.source or "(no generated kernel)"))
+        if target.machine_code is not None and p.sources:
+            out += [(_titled(p.label, title), text) for title, text in target.machine_code(p, arch)]
+    return out
+
+
+def _titled(label: str, title: str) -> str:
+    return f"{label}: {title}" if label else title
+
+
+def _passes(history: list) -> str:
+    lines, before = [], None
+    for name, graph in history:
         now = format_graph(graph)
-        lines.append(format_graph(graph, f"after {p.__name__}") if now != before else f"after {p.__name__}: unchanged")
+        if name == "captured":
+            lines.append(format_graph(graph, "captured"))
+        else:
+            lines.append(format_graph(graph, f"after {name}") if now != before else f"after {name}: unchanged")
         before = now
-    yield "graph passes", "\n\n".join(lines)
-
-    low = lower_program(graph, target)
-    yield "fusion", format_graph(low.fused, "after fuse") + f"\n\n{len(low.kernels)} generated kernel(s)"
-    for kernel, sched in zip(low.kernels.values(), low.schedules):
-        yield f"kernel {kernel.name}: IR", str(kernel)
-        yield f"kernel {kernel.name}: schedule", sched.describe()
-    yield f"generated {target.source_name}", low.source or "(no generated kernel)"
-    if target.machine_code is not None:
-        yield from target.machine_code(low)
-    yield "run", _run(fn, inputs, repeats)
+    return "\n\n".join(lines)
 
 
 def _operators(graph) -> str:
@@ -94,26 +265,249 @@ def _eager(graph, device: str) -> str:
             "written to memory and read back by the next call. Views cost no kernel.")
 
 
-def _run(fn, inputs: list, repeats: int) -> str:
-    compiled = tw.compile(fn)
-    sync = tw.cuda.synchronize if inputs[0].is_cuda else (lambda: None)
+# ---------------------------------------------------------------------------- steps and their work
 
-    def timed(f) -> float:
-        f(*inputs)
+def _records(p: _Shown) -> list[StepRecord]:
+    if p.program is not None:
+        return [_record(p.label, k, step) for k, step in enumerate(p.program.steps)]
+    kernels = {k.name: k for k in p.kernels}
+    by_node = dict(zip(p.lowered.kernels, p.lowered.kernels.values()))
+    out = []
+    for k, node in enumerate(steps_of(p.fused)):
+        kernel = by_node.get(node)
+        if kernel is not None and kernel.name in kernels:
+            out.append(_kernel_record(p.label, k, kernel, f"kernel {kernel.name}"))
+        else:
+            out.append(_library_record(p.label, k, node, f"call {node.op}"))
+    return out
+
+
+def _record(label: str, index: int, step) -> StepRecord:
+    if getattr(step, "kernel", None) is not None:
+        return _kernel_record(label, index, step.kernel, step.describe())
+    if getattr(step, "node", None) is not None:
+        return _library_record(label, index, step.node, step.describe())
+    value = step.value
+    return StepRecord(label, index, "copy", "copy", step.describe(), 2 * value.type.nbytes, 0, value.type.dtype.name)
+
+
+def _kernel_record(label: str, index: int, kernel, text: str) -> StepRecord:
+    return StepRecord(label, index, "kernel", kernel.name, text, kernel_bytes(kernel), kernel_flops(kernel),
+                      kernel_dtype(kernel))
+
+
+def _library_record(label: str, index: int, node, text: str) -> StepRecord:
+    results = [t for t in (node.type if node.is_tuple else (node.type,))]
+    nbytes = sum(s.type.nbytes for s in node.srcs) + sum(t.nbytes for t in results)
+    flops = gemm_flops(node.op, list(node.srcs), node) if node.op in GEMM_OPS and not node.is_tuple else 0
+    dtype = results[0].dtype.name if results else "float32"
+    return StepRecord(label, index, "library call", node.op, text, nbytes, flops, dtype)
+
+
+# ---------------------------------------------------------------------------- running and timing
+
+def _explain_run(compiled, fn, args, target: Target, arch, repeats: int, roofline_size: int, call: str,
+                 sections: list, device) -> Explanation:
+    start = time.perf_counter()
+    compiled(*args)  # records, compiles and runs once: what is timed below is the compiled program's steps only
+    first = time.perf_counter() - start
+    for _ in range(WARMUP_CALLS):  # a first call may leave state (gradients, optimizer state) the next recompiles for
+        known = len(compiled.programs())
+        compiled(*args)
+        if len(compiled.programs()) == known:
+            break
+    timers: dict[int, _Timers] = {}
+    call_times = []
+    for _ in range(repeats):
+        for program in compiled.programs():
+            if id(program) not in timers:
+                timers[id(program)] = _Timers(program, device)
+        for t in timers.values():
+            t.install()
+        start = time.perf_counter()
+        try:
+            compiled(*args)
+            for t in timers.values():
+                t.collect()
+        finally:
+            for t in timers.values():
+                t.remove()
+        call_times.append(time.perf_counter() - start)
+    programs = _shown_programs(compiled)
+    if not programs:
+        sections.append(("run", f"compile ran the function eagerly: {compiled.eager_reason}"))
+        return Explanation(call, sections, [], compiled=compiled)
+    sections += _layers(programs, target, arch, str(device))
+    roof = roofline(str(device) if device.type != "cpu" else "cpu", size=roofline_size)
+    records = []
+    for p in programs:
+        timed = timers.get(id(p.program))
+        for k, record in enumerate(_records(p)):
+            record.times = timed.times[k] if timed is not None else []
+            if record.times:
+                record.placement = roof.place(record.nbytes, record.flops, record.seconds, record.dtype)
+            else:  # a variant for the state before the first call (no gradients yet), or a segment not met again
+                record.untimed = " (its program ran only in the calls that compiled)"
+            records.append(record)
+    _add_resources(records, programs, target, arch)
+    sections += [(_titled(p.label, "steps"), p.program.describe()) for p in programs]
+    how = "CUDA events per launch, CUDA graphs off" if device.type == "cuda" else "wall clock per step"
+    sections.append(("roofline", _roofline_text(records, roof, f"median of {repeats} calls, {how}")))
+    sections.append(("run", _run_text(compiled, fn, args, call_times, first, device)))
+    return Explanation(call, sections, records, roof, compiled)
+
+
+WARMUP_CALLS = 3
+
+
+class _Timers:
+    """Times each step of one program while installed: its steps are wrapped in place and restored after."""
+
+    def __init__(self, program, device):
+        self.program = program
+        self.steps = list(program.steps)
+        self.times: list[list[float]] = [[] for _ in self.steps]
+        self.clock = _cuda_clock if device.type == "cuda" else _host_clock
+        self.pending: list = []
+        self.runtime_graphs = None
+
+    def install(self) -> None:
+        self.program.steps = [_TimedStep(step, k, self) for k, step in enumerate(self.steps)]
+        runtime = self.program.runtime
+        if hasattr(runtime, "use_graphs"):  # a replayed CUDA graph runs no step of ours
+            self.runtime_graphs, runtime.use_graphs = runtime.use_graphs, False
+
+    def remove(self) -> None:
+        self.program.steps = self.steps
+        if self.runtime_graphs is not None:
+            self.program.runtime.use_graphs = self.runtime_graphs
+
+    def collect(self) -> None:
+        for k, measured in self.pending:
+            self.times[k].append(measured())
+        self.pending = []
+
+
+class _TimedStep:
+    """A program step that reports how long each run of it took."""
+
+    def __init__(self, step, index: int, timers: _Timers):
+        self.step, self.index, self.timers = step, index, timers
+
+    def run(self, *args) -> None:
+        self.timers.pending.append((self.index, self.timers.clock(lambda: self.step.run(*args), args)))
+
+    def __getattr__(self, name: str):
+        return getattr(self.step, name)
+
+
+def _host_clock(run, args):
+    start = time.perf_counter()
+    run()
+    elapsed = time.perf_counter() - start
+    return lambda: elapsed
+
+
+def _cuda_clock(run, args):
+    from tilewise.backends.cuda.runtime import Event
+
+    stream = args[-1]
+    start, end = Event(enable_timing=True), Event(enable_timing=True)
+    start.record(stream)
+    run()
+    end.record(stream)
+
+    def elapsed() -> float:
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    return elapsed
+
+
+def _shown_programs(compiled) -> list[_Shown]:
+    shown = []
+    for k, variant in enumerate(compiled.variants):
+        built = [p for p in (variant.forward, variant.backward) if p is not None]
+        labels = _labels(len(built), k + 1 if len(compiled.variants) > 1 else None)
+        shown += [_from_program(label, p) for label, p in zip(labels, built)]
+    for k, program in enumerate(compiled.segments.programs.values()):
+        shown.append(_from_program(f"segment {k + 1}", program))
+    return shown
+
+
+def _from_program(label: str, program) -> _Shown:
+    return _Shown(label, program.graph, program.kernels, program.schedules, program.source, program.sources,
+                  program.passes, program)
+
+
+def _add_resources(records: list[StepRecord], programs: list[_Shown], target: Target, arch: str | None) -> None:
+    """Registers, shared memory, spills and theoretical occupancy of each CUDA kernel, from its cubin."""
+    if target.machine_code is None:  # resources are read from the machine code (the cubin)
+        return
+    from tilewise.codegen.toolchain import compile_cached, resource_usage
+    from tilewise.compiler.program_cuda import default_arch
+
+    arch = arch or default_arch()
+    blocks = {s.kernel.name: s.block for p in programs for s in p.schedules}
+    sources = {name: source for p in programs for name, source in p.sources.items()}
+    for r in records:
+        if r.kind != "kernel" or r.name not in sources:
+            continue
+        usage = (resource_usage(compile_cached(sources[r.name], r.name, arch).cubin) or {}).get(r.name)
+        if usage is None:
+            continue
+        occupancy, limiter = theoretical_occupancy(arch, blocks.get(r.name) or 1, usage.registers, usage.shared_bytes)
+        r.resources = (f"{usage.registers} registers/thread, {usage.shared_bytes} B shared/block, "
+                       f"{usage.local_bytes} B spilled/thread, theoretical occupancy {100 * occupancy:.0f}% "
+                       f"(limited by {limiter}, {arch})")
+
+
+def _roofline_text(records: list[StepRecord], roof: Roofline | None, how: str) -> str:
+    lines = [roof.describe() if roof is not None else "no roofline: nothing ran", f"({how})"]
+    for r in records:
+        lines.append(r.describe())
+        if r.resources:
+            lines.append(f"    {r.resources}")
+    timed = [r.seconds for r in records if r.seconds is not None]
+    if timed:
+        lines.append(f"steps together: {1e3 * sum(timed):.4f} ms per call")
+    return "\n".join(lines)
+
+
+def _run_text(compiled, fn, args, call_times: list[float], first: float, device) -> str:
+    ours = statistics.median(call_times) * 1e3
+    sync = _synchronizer(device)
+    eager_times = []
+    for _ in range(len(call_times)):
+        start = time.perf_counter()
+        fn(*args)
         sync()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            f(*inputs)
-            sync()
-            times.append(time.perf_counter() - start)
-        return float(np.median(times)) * 1e3
-
-    got, want = compiled(*inputs), fn(*inputs)
-    outs = [(got, want)] if isinstance(got, tw.Tensor) else list(zip(got, want))
-    diff = max(float((a.double() - b.double()).abs().max()) for a, b in outs)
-    ours, eager = timed(compiled), timed(fn)
+        eager_times.append(time.perf_counter() - start)
+    eager = statistics.median(eager_times) * 1e3
     kernels = sum(p.kernel_count for p in compiled.programs())
-    return (f"on {inputs[0].device}: compiled {ours:.3f} ms per call ({kernels} kernel(s)); eager {eager:.3f} ms; "
-            f"{eager / ours:.2f}x; largest difference from eager {diff:.3g} (median of {repeats} calls, "
-            "wall clock including the host)")
+    text = (f"on {device}: first call (record, compile, run) {first * 1e3:.1f} ms; compiled {ours:.3f} ms per call "
+            f"({kernels} kernel(s), steps timed one by one); eager {eager:.3f} ms; {eager / ours:.2f}x "
+            f"(median of {len(call_times)} calls, wall clock including the host)")
+    if _is_pure(compiled):
+        got, want = compiled(*args), fn(*args)
+        pairs = [(got, want)] if isinstance(got, Tensor) else list(zip(flatten(got)[0], flatten(want)[0]))
+        diffs = [float(np.max(np.abs(a.double().cpu().numpy() - b.double().cpu().numpy()), initial=0.0))
+                 for a, b in pairs if isinstance(a, Tensor)]
+        text += f"; largest difference from eager {max(diffs, default=0.0):.3g}"
+    else:
+        text += "; not compared with eager (the call updates state: each call changes what the next computes)"
+    return text
+
+
+def _is_pure(compiled) -> bool:
+    return not compiled.segments.programs and all(
+        not v.traced.grad_effects and not v.traced.state_effects and not v.forward.graph.writes
+        for v in compiled.variants)
+
+
+def _synchronizer(device):
+    if device.type != "cuda":
+        return lambda: None
+    from tilewise.backends.cuda.runtime import synchronize
+
+    return synchronize

@@ -24,13 +24,19 @@ Pass = Callable[[Graph], Graph]
 PIPELINE: tuple[Pass, ...] = (functionalize, decompose, simplify, simplify_indexing, cse, dce, legalize_views)
 
 
-def run_pipeline(graph: Graph, passes: tuple[Pass, ...] = PIPELINE) -> Graph:
+def run_pipeline(graph: Graph, passes: tuple[Pass, ...] = PIPELINE, history: list | None = None) -> Graph:
+    """Run ``passes`` in order; ``history``, when given, receives (stage, graph) for the captured graph and
+    the graph after each pass (what ``explain`` shows of a compiled program)."""
     log("graph", lambda: format_graph(graph, "captured"))
     checked(graph, "capture")
+    if history is not None:
+        history.append(("captured", graph))
     for p in passes:
         with stage(p.__name__):
             graph = checked(p(graph), p.__name__)
         log("graph", lambda g=graph, name=p.__name__: format_graph(g, f"after {name}"))
+        if history is not None:
+            history.append((p.__name__, graph))
     return graph
 
 
