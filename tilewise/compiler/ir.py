@@ -185,8 +185,9 @@ class Graph:
         return format_graph(self)
 
 
-def toposort(roots: list[Node], stop: frozenset | set = frozenset()) -> list[Node]:
-    """Nodes reachable from ``roots`` (excluding ``stop``), each after its sources; roots keep their order."""
+def toposort(roots: list[Node], stop: frozenset | set = frozenset(), sources=None) -> list[Node]:
+    """Nodes reachable from ``roots`` (excluding ``stop``), each after its sources; roots keep their order.
+    ``sources(node)``, if given, says what a node depends on instead of its ``srcs``."""
     order, seen = [], set(stop)
     for root in roots:
         if root in seen:
@@ -201,7 +202,8 @@ def toposort(roots: list[Node], stop: frozenset | set = frozenset()) -> list[Nod
                 continue
             seen.add(node)
             stack.append((node, True))
-            stack.extend((s, False) for s in reversed(node.srcs) if s not in seen)
+            deps = node.srcs if sources is None else sources(node)
+            stack.extend((s, False) for s in reversed(deps) if s not in seen)
     return order
 
 

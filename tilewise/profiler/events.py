@@ -42,8 +42,19 @@ class DeviceKernel:
     start: float = 0.0  # microseconds on the profiler's clock, where known
 
 
+class _TimeStrings:
+    """torch's formatted-time attributes (``cpu_time_str``, ...) of an event or an average of events."""
+
+    cpu_time_str = property(lambda self: format_time(self.cpu_time))
+    cpu_time_total_str = property(lambda self: format_time(self.cpu_time_total))
+    self_cpu_time_total_str = property(lambda self: format_time(self.self_cpu_time_total))
+    device_time_str = property(lambda self: format_time(self.device_time))
+    device_time_total_str = property(lambda self: format_time(self.device_time_total))
+    self_device_time_total_str = property(lambda self: format_time(self.self_device_time_total))
+
+
 @dataclass(eq=False)
-class FunctionEvent:
+class FunctionEvent(_TimeStrings):
     id: int
     name: str
     thread: int
@@ -129,13 +140,6 @@ class FunctionEvent:
     cuda_memory_usage = device_memory_usage
     self_cuda_memory_usage = self_device_memory_usage
 
-    cpu_time_str = property(lambda self: format_time(self.cpu_time))
-    cpu_time_total_str = property(lambda self: format_time(self.cpu_time_total))
-    self_cpu_time_total_str = property(lambda self: format_time(self.self_cpu_time_total))
-    device_time_str = property(lambda self: format_time(self.device_time))
-    device_time_total_str = property(lambda self: format_time(self.device_time_total))
-    self_device_time_total_str = property(lambda self: format_time(self.self_device_time_total))
-
     def __repr__(self) -> str:
         return (f"<FunctionEvent id={self.id} name={self.name} thread={self.thread} "
                 f"cpu_time={self.cpu_time_total_str} start_us={self.start_us:.3f} end_us={self.end_us:.3f} "
@@ -143,7 +147,7 @@ class FunctionEvent:
                 f"cpu_memory_usage={self.cpu_memory_usage}>")
 
 
-class FunctionEventAvg:
+class FunctionEventAvg(_TimeStrings):
     """Events of one key, summed (torch's ``FunctionEventAvg``: the same attributes, averages over ``count``)."""
 
     def __init__(self, key: str, input_shapes=None, stack=None, use_device: str | None = None):
@@ -207,13 +211,6 @@ class FunctionEventAvg:
     @property
     def cuda_time_total(self) -> float:
         return self.device_time_total
-
-    cpu_time_str = property(lambda self: format_time(self.cpu_time))
-    cpu_time_total_str = property(lambda self: format_time(self.cpu_time_total))
-    self_cpu_time_total_str = property(lambda self: format_time(self.self_cpu_time_total))
-    device_time_str = property(lambda self: format_time(self.device_time))
-    device_time_total_str = property(lambda self: format_time(self.device_time_total))
-    self_device_time_total_str = property(lambda self: format_time(self.self_device_time_total))
 
     def __repr__(self) -> str:
         return (f"<FunctionEventAvg key={self.key} self_cpu_time={self.self_cpu_time_total_str} "

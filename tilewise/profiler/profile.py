@@ -185,10 +185,12 @@ class profile:  # noqa: N801 — torch's name
             self.step_rec_fn.__enter__()
 
     def stop(self) -> None:
-        if self.record_steps and self.step_rec_fn:
-            self.step_rec_fn.__exit__(None, None, None)
-            self.step_rec_fn = None
-        self._transit_action(self.current_action, None)
+        try:
+            if self.record_steps and self.step_rec_fn:
+                self.step_rec_fn.__exit__(None, None, None)
+                self.step_rec_fn = None
+        finally:  # whatever failed, the dispatcher stops recording
+            self._transit_action(self.current_action, None)
 
     def step(self) -> None:
         """Signal that the next step has started: the schedule's next action decides what happens."""

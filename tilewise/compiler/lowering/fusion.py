@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tilewise.compiler.ir import Graph, Node, in_program_order
+from tilewise.compiler.ir import Graph, Node, in_program_order, toposort
 from tilewise.compiler.lowering.orders import order_of
 from tilewise.config import log
 
@@ -820,26 +820,12 @@ def _kernel_order(graph: Graph, kernels: list[FusedKernel], member_of: dict) -> 
     through the values inside kernels), in the order the function made them, every kernel's inputs before its
     first output is mapped."""
 
-    def walk(roots, seen: set[Node]) -> list[Node]:
-        order: list[Node] = []
-        for root in roots:
-            stack = [(root, False)]
-            while stack:
-                node, ready = stack.pop()
-                if ready:
-                    order.append(node)
-                    continue
-                if node in seen:
-                    continue
-                seen.add(node)
-                kernel = member_of.get(node)
-                deps = list(kernel.inputs) if kernel is not None else list(node.srcs)
-                stack.append((node, True))
-                stack.extend((d, False) for d in reversed(deps) if d not in seen)
-        return order
+    def sources(node: Node):
+        kernel = member_of.get(node)
+        return kernel.inputs if kernel is not None else node.srcs
 
-    needed = set(walk(graph.roots(), set(graph.inputs)))
-    return walk([n for n in graph.body if n in needed], set(graph.inputs))
+    needed = set(toposort(graph.roots(), set(graph.inputs), sources))
+    return toposort([n for n in graph.body if n in needed], set(graph.inputs), sources)
 
 
 def _log_kernels(kernels: list[FusedKernel]) -> None:
