@@ -207,6 +207,12 @@ def test_the_script_form_runs_the_scripts_function_with_its_args(tmp_path):
     assert re.search(r"step \d+ kernel \w+: [\d.]+ ms; ", run.stdout)
 
 
+def test_the_readmes_example_step_explains(capsys):
+    assert main(["explain", str(ROOT / "examples" / "explain_step.py") + ":train_step", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "== roofline" in out and re.search(r"step \d+ library call mm: [\d.]+ ms; ", out), out[-2000:]
+
+
 def test_args_may_be_a_function(tmp_path, capsys):
     path = _script(tmp_path, "import tilewise as tw\n\ndef f(x):\n    return x + 1\n\n"
                    "def ARGS():\n    return (tw.ones(4),)\n")
