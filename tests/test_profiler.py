@@ -78,6 +78,23 @@ def test_a_composite_nests_its_primitives_and_self_time_excludes_them():
     assert sum(e.self_cpu_time_total for e in events) == pytest.approx(top)
 
 
+def test_the_backward_runs_inside_torchs_engine_ranges():
+    """Each autograd node's work is an ``autograd::engine::evaluate_function: <node>`` range holding ``<node>``,
+    with the node's operators inside, and a leaf's accumulation is ``torch::autograd::AccumulateGrad``."""
+    def ranges(lib, profiler):
+        x = lib.ones(3, requires_grad=True)
+        with profiler() as prof:
+            (x * x.exp()).sum().backward()
+        events = [e for e in prof.events() if "Backward" in e.name or "autograd" in e.name]
+        return [(e.name, [c.name for c in e.cpu_children if "Backward" in c.name or "autograd" in c.name])
+                for e in events], prof
+
+    ours, prof = ranges(tw, twp.profile)
+    assert ours == ranges(torch, tp.profile)[0]
+    (mul,) = [e for e in prof.events() if e.name == "MulBackward0"]
+    assert "aten::mul" in [c.name for c in mul.cpu_children]
+
+
 def test_the_profiler_never_changes_results():
     prof, profiled = _profiled(tw, twp)
     (x, y), _ = _inputs()

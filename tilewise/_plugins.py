@@ -31,6 +31,8 @@ PLUG_INS: tuple[PlugIn, ...] = (
            "the Trace key: record ops while tilewise.compile captures a function"),
     PlugIn("tilewise.dispatch:profile_op", "tilewise.profiler.recorder",
            "the Profiler key: an operator call inside a profiler event while tilewise.profiler.profile records"),
+    PlugIn("tilewise.autograd.engine:profile_node", "tilewise.profiler.recorder",
+           "an autograd node's work inside torch's engine ranges while a profile records"),
     # the tensor model (see [Note: methods from above] in tensor.py)
     PlugIn("tilewise.tensor:FACTORIES.empty", "tilewise.ops.creation",
            "Tensor(2, 3) and the legacy types' constructors make tensors with the empty factory"),

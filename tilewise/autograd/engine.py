@@ -11,10 +11,27 @@ node finishes unless ``retain_graph`` is set.
 
 from __future__ import annotations
 
+from tilewise import dispatch
 from tilewise.autograd.anomaly_mode import ANOMALY, check_node_outputs
 from tilewise.autograd.graph import AccumulateGrad, Node, edge
 from tilewise.dispatch import STATE
 from tilewise.tensor import Tensor
+
+# the profiler's ranges around a node's work (``autograd::engine::evaluate_function: MmBackward0`` holding
+# ``MmBackward0``, as torch names them): ``profile_node(name)`` is a context manager, filled by the profiler
+profile_node = None
+
+
+def register_node_profiler(fn) -> None:
+    global profile_node
+    profile_node = fn
+
+
+def _apply(node: Node, grads: list) -> list:
+    if dispatch.profiling and profile_node is not None:
+        with profile_node(node.name()):
+            return node.apply(grads)
+    return node.apply(grads)
 
 
 def _dependencies(roots: list[Node]) -> dict[Node, int]:
@@ -140,7 +157,11 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                         if (node, 0) in captures:
                             for k in captures[(node, 0)]:
                                 captured[k] = g
-                    node.accumulate(g, create_graph)
+                    if dispatch.profiling and profile_node is not None:
+                        with profile_node("torch::autograd::AccumulateGrad"):
+                            node.accumulate(g, create_graph)
+                    else:
+                        node.accumulate(g, create_graph)
                     for hook in node.variable.__dict__.get("_post_accumulate_grad_hooks", ()):
                         hook(node.variable)
                 elif grads[0] is not None and node.variable._hooks:
@@ -149,7 +170,7 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                         captured[k] = g
                 continue
             run_it = needed is None or node in needed
-            in_grads = node.apply(grads) if run_it else [None] * len(node.next_functions)
+            in_grads = _apply(node, grads) if run_it else [None] * len(node.next_functions)
             if ANOMALY.enabled and ANOMALY.check_nan and run_it:
                 check_node_outputs(node, in_grads)
             for hook in node.__dict__.get("post_hooks", ()):

@@ -20,6 +20,7 @@ composite's device time is its primitives'.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -28,6 +29,7 @@ import time
 import weakref
 
 from tilewise import dispatch
+from tilewise.autograd import engine as autograd_engine
 from tilewise.compiler import program as compiled_programs
 from tilewise.dispatch import call_below_profiler, device_of
 from tilewise.profiler.events import DeviceKernel, DeviceType, EventList, FunctionEvent
@@ -376,5 +378,21 @@ def _profiled(step, program, recorders: list[Recorder]) -> ProfiledStep:
     return wrapped
 
 
+@contextlib.contextmanager
+def profile_node(name: str):
+    """An autograd node's work inside ``autograd::engine::evaluate_function: <name>`` and ``<name>``, as torch's
+    engine records it."""
+    opened = []
+    for r in ACTIVE:
+        opened.append((r, r.open(f"autograd::engine::evaluate_function: {name}", "cpu_op")))
+        opened.append((r, r.open(name, "cpu_op")))
+    try:
+        yield
+    finally:
+        for r, event in reversed(opened):
+            r.close(event)
+
+
 dispatch.register_profiler(profile_op)
+autograd_engine.register_node_profiler(profile_node)
 compiled_programs.register_program_profiler(profile_program)
