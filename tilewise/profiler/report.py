@@ -265,13 +265,16 @@ def _kernel_block(p, kernel, schedule, record: StepRecord | None, page: _Page, a
 
 
 def _c_function(source: str, name: str) -> str:
-    """The definition of the C function ``name`` in a whole program's source (it ends at a closing brace on
-    a line of its own)."""
-    match = re.search(rf"^[^\n]*\b{re.escape(name)}\(", source or "", flags=re.M)
-    if match is None:
-        return ""
-    end = source.find("\n}\n", match.start())
-    return source[match.start():end + 2 if end >= 0 else len(source)]
+    """The definition of the C function ``name`` in a whole program's source: from the line that starts it (not
+    indented, unlike a call) to the closing brace on a line of its own."""
+    at = source.find(f" {name}(")
+    while at >= 0:
+        start = source.rfind("\n", 0, at) + 1
+        if not source[start].isspace():
+            end = source.find("\n}\n", at)
+            return source[start:end + 2 if end >= 0 else len(source)]
+        at = source.find(f" {name}(", at + 1)
+    return ""
 
 
 def _machine_code(source: str, name: str, arch: str) -> tuple[str, str, str]:
