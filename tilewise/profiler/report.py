@@ -169,13 +169,16 @@ def _pass_history(history: list, page: _Page, key: str) -> str:
     blocks, before = [], None
     for k, (name, graph) in enumerate(history):
         now = format_graph(graph).splitlines()
+        title = _e(name if k == 0 else f"after {name}")
+        if before == now:  # an unchanged graph is not repeated: it is the one above
+            blocks.append(f'<p class="same">{title} <span class="tag">unchanged</span></p>')
+            continue
         if before is None:
             marker, contents = f' <span class="tag">{len(now)} lines</span>', _pre("\n".join(now))
         else:
             added, removed, contents = _diff(before, now)
-            marker = (f' <span class="tag changed">+{added} &minus;{removed}</span>' if added or removed
-                      else ' <span class="tag">unchanged</span>')
-        blocks.append(page.lazy(_e(name if k == 0 else f"after {name}"), contents, f"{key}-pass-{k}", marker))
+            marker = f' <span class="tag changed">+{added} &minus;{removed}</span>'
+        blocks.append(page.lazy(title, contents, f"{key}-pass-{k}", marker))
         before = now
     return "\n".join(blocks)
 
@@ -528,7 +531,7 @@ text-align:right}
 .pt{fill:#2563eb;fill-opacity:.75;stroke:#1e3a8a}.pt.library-call{fill:#f59e0b;stroke:#92400e}
 .pt.copy{fill:#6b7280}.pt.untimed,.pt.noflops{fill-opacity:.15}
 .bar{fill:#2563eb;stroke:#fff;stroke-width:.3}.bar.library-call{fill:#f59e0b}.bar.copy{fill:#6b7280}
-.life{fill:#0d9488}
+.life{fill:#0d9488}.same{margin:.25em 0 .25em 1em}
 .key{display:inline-block;width:.8em;height:.8em;border-radius:50%;background:#2563eb;margin:0 .3em 0 .8em}
 .key.library-call{background:#f59e0b}.key.copy{background:#6b7280}
 """
