@@ -159,6 +159,7 @@ from tilewise.autograd.anomaly_mode import (  # noqa: E402
 from tilewise.backends import get_default_device, set_default_device  # noqa: E402
 from tilewise.compiler import compile  # noqa: E402, A004 — tilewise.compile, like torch.compile
 from tilewise.profiler.explain import explain  # noqa: E402 — every layer of one compiled call, timed
+from tilewise.profiler.report import report  # noqa: E402 — the same call as one self-contained HTML page
 from tilewise.serialization import load, save  # noqa: E402
 
 # isort: split

@@ -1,8 +1,9 @@
-"""The ``tilewise`` command line (also ``python -m tilewise``): ``demo``, ``info``, ``explain``, ``coverage``,
-``bench``.
+"""The ``tilewise`` command line (also ``python -m tilewise``): ``demo``, ``info``, ``explain``, ``report``,
+``coverage``, ``bench``.
 
 ``demo`` is the main job: it trains the character-level GPT of ``tilewise.models`` and reports as it goes.
-``explain`` follows one call through every layer (``tilewise.profiler.explain``); ``bench`` says where the
+``explain`` follows one call through every layer (``tilewise.profiler.explain``), ``report`` draws the same
+call as one HTML page (``tilewise.profiler.report``); ``bench`` says where the
 benchmark scripts are (they need torch, which tilewise itself never imports).
 """
 
@@ -80,6 +81,22 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--repeats", type=_positive, default=20, help="timed calls (default: %(default)s)")
     explain.add_argument("--no-run", action="store_true", help="stop before running (no device needed)")
     explain.set_defaults(parser=explain)
+    report = commands.add_parser(
+        "report", help="one self-contained HTML page of a compiled call: passes, kernels, roofline, timeline, memory",
+        description="Write what explain shows as one HTML page that opens offline: the graph after each pass with "
+        "what it changed, the fused graph, every kernel's IR, schedule and source (PTX and SASS side by side for "
+        "the CUDA target), a roofline chart, a timeline of the steps and each program's memory plan. "
+        + REPORT_FORMS)
+    report.add_argument("what", metavar="SCRIPT.py:FUNCTION",
+                        help="a function of a script whose ARGS give the call's arguments")
+    report.add_argument("--out", type=Path, default=Path("report.html"), help="the page (default: %(default)s)")
+    report.add_argument("--target", choices=("c", "cuda"), default=None,
+                        help="code to generate (default: the arguments' device's; cuda works without a GPU)")
+    report.add_argument("--arch", type=_arch, default=None,
+                        help="CUDA architecture of the PTX and SASS, e.g. sm_90 (implies --target cuda)")
+    report.add_argument("--repeats", type=_positive, default=20, help="timed calls (default: %(default)s)")
+    report.add_argument("--no-run", action="store_true", help="stop before running (no device needed)")
+    report.set_defaults(parser=report)
     commands.add_parser("bench", help="where the benchmarks against PyTorch are")
     return parser
 
@@ -112,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_info()
     if args.command == "explain":
         return run_explain(args)
+    if args.command == "report":
+        return run_report(args)
     if args.command == "coverage":
         return run_coverage(args)
     print("tilewise bench: the benchmarks against torch eager and torch.compile are scripts in the source tree's "
@@ -219,6 +238,39 @@ def _expression_call(expr: str, shapes: list, dtype: str, device: str) -> tuple:
     fn = eval(f"lambda {', '.join(names)}: {expr}", scope)  # noqa: S307 — the user's own expression, as python -c
     tw.manual_seed(0)
     return fn, tuple(tw.randn(*s, dtype=getattr(tw, dtype), device=device) for s in shapes)
+
+
+# ---------------------------------------------------------------------------- report
+
+REPORT_FORMS = ("Accepted form: tilewise report path/to/script.py:function [--out report.html] (the script defines "
+                "ARGS, a tuple of the call's arguments, or a function ARGS() returning one).")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    import tilewise as tw
+
+    if args.out.is_dir():
+        args.parser.error(f"--out {str(args.out)!r} is a folder; name the page, as in {args.out / 'report.html'}")
+    if not args.out.parent.is_dir():
+        args.parser.error(f"--out {str(args.out)!r}: no folder {str(args.out.parent)!r} to write it in")
+    try:
+        fn, inputs = _reported_call(args.what)
+    except ExplainInputError as exc:
+        args.parser.error(f"{exc}\n{REPORT_FORMS}")
+    path = tw.report(fn, *inputs, out=args.out, target=args.target, arch=args.arch, repeats=args.repeats,
+                     run=not args.no_run)
+    print(f"tilewise report: wrote {path} ({path.stat().st_size / 1e3:.0f} kB)", flush=True)
+    return 0
+
+
+def _reported_call(what: str) -> tuple:
+    """(function, its arguments) of the script form, the one form ``report`` takes."""
+    script = _SCRIPT_FORM.match(what)
+    if script is None:
+        hint = f"; name the function after the script, as in {what.split(':')[0]}:train_step" \
+            if what.endswith(".py") or ".py:" in what else ""
+        raise ExplainInputError(f"{what!r} is not SCRIPT.py:FUNCTION{hint}")
+    return _script_call(Path(script["path"]), script["function"])
 
 
 # ---------------------------------------------------------------------------- demo

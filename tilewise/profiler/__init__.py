@@ -2,9 +2,9 @@
 
 ``explain`` follows one call, or a whole function such as a training step, through every layer down to CUDA
 C, PTX and SASS, reading what ``compile`` built and ran, each step timed and placed on the device's measured
-roofline (``roofline``). ``profile`` is torch.profiler's API: operator, program-step, memory and device events,
-``key_averages().table()`` and Chrome/Perfetto traces. Both are built over the whole public API, above the
-compiler.
+roofline (``roofline``); ``report`` draws the same as one self-contained HTML page. ``profile`` is
+torch.profiler's API: operator, program-step, memory and device events, ``key_averages().table()`` and
+Chrome/Perfetto traces. All are built over the whole public API, above the compiler.
 """
 
 from tilewise.profiler.explain import Explanation, StepRecord  # noqa: F401 — tilewise.explain returns one

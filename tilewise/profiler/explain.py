@@ -96,6 +96,7 @@ class Explanation:
     kernels: list[StepRecord]
     roofline: Roofline | None = None
     compiled: object = None  # the ``CompiledFunction`` whose programs these are
+    programs: list = field(default_factory=list)  # each program as shown (``_Shown``): what ``report`` draws
 
     def __iter__(self):
         return iter(self.sections)
@@ -150,7 +151,7 @@ def explain(fn, *args, target: str | None = None, arch: str | None = None, repea
     _add_resources(records, programs, chosen, arch)
     sections.append(("roofline", _roofline_text(records, None, f"not run ({why}): work per step only")))
     sections.append(("run", f"not run: {why}"))
-    return Explanation(call, sections, records, compiled=compiled)
+    return Explanation(call, sections, records, compiled=compiled, programs=programs)
 
 
 # ---------------------------------------------------------------------------- the call and its layers
@@ -354,7 +355,7 @@ def _explain_run(compiled, fn, args, target: Target, arch, repeats: int, rooflin
     how = "CUDA events per launch, CUDA graphs off" if device.type == "cuda" else "wall clock per step"
     sections.append(("roofline", _roofline_text(records, roof, f"median of {repeats} calls, {how}")))
     sections.append(("run", _run_text(compiled, fn, args, call_times, first, device)))
-    return Explanation(call, sections, records, roof, compiled)
+    return Explanation(call, sections, records, roof, compiled, programs)
 
 
 WARMUP_CALLS = 3

@@ -230,3 +230,13 @@ def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: di
             plan.of[v] = _add(plan, Buffer("arena", v.type, offset + byte))
         plan.arena_bytes = max(plan.arena_bytes, offset + size)
         plan.unshared_bytes += size
+
+
+def lifetimes(graph: Graph) -> dict[Node, tuple[int, int]]:
+    """Each materialised value's first and last step: the step that writes it and the last that reads it
+    (``len(steps_of(graph))`` for a value the call returns or writes back), as the arena placement sees them."""
+    steps = steps_of(graph)
+    position = {s: k for k, s in enumerate(steps)}
+    last_use = _last_uses(graph, steps, position)
+    return {value: (position[step], max(last_use.get(value, position[step]), position[step]))
+            for value, step in _produced_values(graph, steps).items()}
