@@ -4,6 +4,7 @@ import sys
 
 import numpy as np
 import pytest
+from childenv import python_path
 
 os.environ.setdefault("TILEWISE_VERIFY", "1")  # every compiler pass's output is checked against the IR invariants
 sys.path.insert(0, os.path.dirname(__file__))  # the op table (opinfo, opinfos/) imports as top-level
@@ -56,8 +57,7 @@ def _seeded():
 def outputs_of_two_processes(tmp_path):
     """Run a Python script in two fresh processes sharing one ``TILEWISE_CACHE_DIR``; the words each printed."""
     def run(script: str) -> tuple[list[str], list[str]]:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path), "PYTHONPATH": root}
+        env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path), "PYTHONPATH": python_path()}
         first, second = (subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                                         check=True).stdout.split() for _ in range(2))
         return first, second

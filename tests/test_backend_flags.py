@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from childenv import python_path
 
 import tilewise as tw
 from tilewise.backends import flags
@@ -221,9 +222,8 @@ def test_interop_threads_can_be_set_once():
               "print(tw.get_num_interop_threads() == tw.get_num_threads())\n"
               "tw.set_num_interop_threads(3); print(tw.get_num_interop_threads())\n"
               "try:\n    tw.set_num_interop_threads(3)\nexcept RuntimeError as e:\n    print('refused')\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": root}).stdout.split()
+                         env={**os.environ, "PYTHONPATH": python_path()}).stdout.split()
     assert out == ["True", "3", "refused"]
 
 
@@ -256,9 +256,8 @@ def test_flag_modules_import_without_gpu_packages():
               "tw.backends.cuda.matmul.allow_tf32 = True\n"
               "print(tw.get_float32_matmul_precision(), tw.backends.cudnn.is_available(), tw.backends.cudnn.version(),"
               " tw.backends.cuda.is_built(), tw.cuda.is_available(), tw.accelerator.is_available())\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": root}).stdout.split()
+                         env={**os.environ, "PYTHONPATH": python_path()}).stdout.split()
     assert out == ["high", "False", "None", "False", "False", "False"]
 
 

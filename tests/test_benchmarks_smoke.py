@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from childenv import python_path
 
 ROOT = Path(__file__).resolve().parent.parent
 VISION = ROOT / "benchmarks" / "vision_train_step.py"
@@ -19,7 +20,7 @@ TINY = ["--quick", "--formats", "contiguous"]
 
 def run_vision(*args: str, tmp_path: Path, device: str = "cpu") -> str:
     env = dict(os.environ, TILEWISE_CACHE_DIR=os.environ.get("TILEWISE_CACHE_DIR", str(tmp_path / "cache")),
-               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), PYTHONPATH=str(ROOT))
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), PYTHONPATH=python_path())
     if device == "cpu":
         # one thread a library: on a shared few-core host, torch's and tilewise's thread pools waiting on each
         # other's cores made a tiny step take seconds instead of tens of milliseconds

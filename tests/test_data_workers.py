@@ -19,6 +19,7 @@ from collections import namedtuple
 import numpy as np
 import pytest
 import torch
+from childenv import python_path
 
 import tilewise as tw
 from tilewise.utils import data
@@ -549,7 +550,7 @@ SCRIPT = textwrap.dedent("""
 def _start_loader_process(tmp_path):
     script = tmp_path / "loader.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": python_path(os.getcwd())}
     process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env=env, start_new_session=True, text=True)
     assert process.stdout.readline() == "ready\n"

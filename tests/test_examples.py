@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from childenv import python_path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -48,7 +49,7 @@ def run(script: Path, framework: str, args: list[str], tmp: Path) -> str:
     if framework == "torch":
         path = tmp / f"torch_{script.name}"
         path.write_text(as_torch(script.read_text()))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(EXAMPLES), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=python_path(EXAMPLES))
     done = subprocess.run([sys.executable, str(path), "--device", "cpu", *args], capture_output=True, text=True,
                           env=env, timeout=600, cwd=tmp)
     assert done.returncode == 0, f"{framework} {script.name} {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"

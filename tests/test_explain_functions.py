@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from childenv import python_path
 from torch.utils.flop_counter import FlopCounterMode
 
 import tilewise as tw
@@ -198,7 +199,7 @@ def test_the_script_form_runs_the_scripts_function_with_its_args(tmp_path):
     path = _script(tmp_path, MLP_SCRIPT + "ARGS = (tw.randn(8, 16), tw.randint(0, 4, (8,)))\n")
     run = subprocess.run([sys.executable, "-m", "tilewise", "explain", f"{path}:train_step", "--repeats", "2"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": python_path()})
     assert run.returncode == 0, run.stderr
     titles = _titles(run.stdout)
     assert titles[:3] == ["the call", "operators", "eager"] and titles[-2:] == ["roofline", "run"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from childenv import python_path
 from torch.utils.flop_counter import FlopCounterMode
 
 import tilewise as tw
@@ -148,7 +149,7 @@ def test_theoretical_occupancy_as_the_occupancy_calculator_gives_it(arch, block,
 # ---------------------------------------------------------------------------- tilewise info
 
 def test_info_shows_the_measured_roofline_and_measures_only_once(tmp_path):
-    env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "TILEWISE_CACHE_DIR": str(tmp_path), "PYTHONPATH": python_path()}
     runs = [subprocess.run([sys.executable, "-m", "tilewise", "info"], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=300) for _ in range(2)]
     for run in runs:

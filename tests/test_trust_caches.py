@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from childenv import python_path
 
 from tilewise.codegen.toolchain import disk, nvrtc_available
 from tilewise.codegen.toolchain.cache import TOOLCHAIN_RECORD, KernelCache
@@ -55,7 +56,7 @@ DAMAGE = ["truncated_early", "truncated_half", "truncated_trailer", "garbage", "
 
 def run_script(body: str, cache_dir, *argv: str) -> dict:
     """Run ``body`` in a fresh interpreter with ``TILEWISE_CACHE_DIR=cache_dir``; what it reported."""
-    environment = {**os.environ, "TILEWISE_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
+    environment = {**os.environ, "TILEWISE_CACHE_DIR": str(cache_dir), "PYTHONPATH": python_path()}
     done = subprocess.run([sys.executable, "-c", PRELUDE + body, *argv], capture_output=True, text=True,
                           env=environment, cwd=ROOT, timeout=300)
     assert done.returncode == 0, f"the process died ({done.returncode}):\n{done.stderr[-3000:]}"
@@ -327,7 +328,7 @@ def test_two_processes_writing_the_same_entries_at_once(tmp_path):
     script = PRELUDE + CONCURRENT.replace("report(seen", "report(**c_report, seen")
     processes = []
     for who in "AB":
-        environment = {**os.environ, "TILEWISE_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT),
+        environment = {**os.environ, "TILEWISE_CACHE_DIR": str(cache_dir), "PYTHONPATH": python_path(),
                        "GO_FILE": str(go), "WHO": who, "PROGRAMS": str(programs)}
         processes.append(subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, env=environment, cwd=ROOT))

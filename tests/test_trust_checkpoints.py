@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from childenv import python_path
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -276,7 +277,7 @@ KILLED_SAVE = textwrap.dedent("""
 
 
 def _start_killed_save(path: Path, numel: int, pause: bool) -> subprocess.Popen:
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "NUMEL": str(numel), "PAUSE": "1" if pause else ""}
+    environment = {**os.environ, "PYTHONPATH": python_path(), "NUMEL": str(numel), "PAUSE": "1" if pause else ""}
     return subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(path)], stdout=subprocess.PIPE, text=True,
                             env=environment, cwd=ROOT)
 
@@ -387,7 +388,7 @@ def test_saving_streams_the_tensors_by_resident_memory(tmp_path):
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("needs Linux's /proc/self/clear_refs")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "big.safetensors")],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": python_path()}, cwd=ROOT,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from childenv import python_path
 
 import tilewise as tw
 
@@ -200,8 +201,7 @@ print(json.dumps(results))
 
 @pytest.fixture(scope="module")
 def compiled_results(tmp_path_factory):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root}
+    env = {**os.environ, "PYTHONPATH": python_path()}
     done = subprocess.run([sys.executable, "-c", COMPILED_SCRIPT], capture_output=True, text=True, env=env,
                           timeout=600)
     assert done.returncode == 0, f"compiled integer division ended the process (code {done.returncode}):\n" \
