@@ -26,8 +26,10 @@ from tilewise.codegen.toolchain.nvrtc import (
     nvrtc_version,
     source_excerpt,
 )
+from tilewise.codegen.toolchain import sass as sass_module
 from tilewise.codegen.toolchain.sass import (
     disassemble,
+    disassemble_all,
     elf_resource_usage,
     find_binary_utility,
     parse_res_usage,
@@ -264,6 +266,35 @@ def test_nvdisasm_gives_sass_with_the_kernel_name(fill_kernel):
     sass = disassemble(fill_kernel.cubin)
     assert ".text.fill" in sass and "fill:" in sass
     assert "STG" in sass and "EXIT" in sass
+
+
+@pytest.mark.skipif(find_binary_utility("nvdisasm") is None, reason="nvdisasm not installed")
+def test_sass_is_remembered_per_cubin_in_memory_and_on_disk(fill_kernel, tmp_path, monkeypatch):
+    """The disassembler runs once per cubin: later calls, in this process or a later one, read the text."""
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(sass_module, "_remembered", {})
+    runs = []
+    real = sass_module._run_on_cubin
+    monkeypatch.setattr(sass_module, "_run_on_cubin", lambda *a: runs.append(a[0]) or real(*a))
+    other = compile_cuda(FILL.replace("value + (float)i", "value * (float)i"), "fill", "sm_90")
+    first = disassemble(fill_kernel.cubin)
+    assert disassemble(fill_kernel.cubin) == first and len(runs) == 1
+    assert [p.suffix for p in (tmp_path / "sass-v1").iterdir()] == [".sass"]
+    monkeypatch.setattr(sass_module, "_remembered", {})  # as a new process: the disk copy answers
+    assert disassemble(fill_kernel.cubin) == first and len(runs) == 1
+    assert "FMUL" in disassemble(other.cubin) and len(runs) == 2  # another cubin is another entry
+
+
+@pytest.mark.skipif(find_binary_utility("nvdisasm") is None, reason="nvdisasm not installed")
+def test_disassemble_all_keeps_the_order_of_its_cubins(fill_kernel, tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(sass_module, "_remembered", {})
+    kernels = [compile_cuda(FILL.replace("out[i] = value", f"out[i] = {k}.f * value"), "fill", "sm_90")
+               for k in (2, 3, 5)]
+    texts = disassemble_all([k.cubin for k in [*kernels, fill_kernel]])
+    monkeypatch.setattr(sass_module, "_remembered", {})
+    assert texts == [disassemble(k.cubin) for k in [*kernels, fill_kernel]]
+    assert len(set(texts)) == 4
 
 
 def test_elf_resource_usage_reads_registers_shared_and_local():

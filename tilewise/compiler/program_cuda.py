@@ -540,19 +540,22 @@ def default_arch() -> str:
 def machine_code(low: Lowered | Program, arch: str | None = None) -> Iterator[tuple[str, str]]:
     """What ``explain`` shows below the CUDA C: each kernel's PTX, SASS and resource use (NVRTC and nvdisasm,
     for ``arch``, by default the current GPU's architecture, or sm_90 without one)."""
-    from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble, resource_usage
+    from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble_all, resource_usage
 
     arch = arch or default_arch()
-    for name, source in low.sources.items():
-        compiled = compile_cached(source, name, arch)
+    kernels = {name: compile_cached(source, name, arch) for name, source in low.sources.items()}
+    try:
+        texts = dict(zip(kernels, disassemble_all([k.cubin for k in kernels.values()])))
+    except ToolNotFoundError as exc:
+        texts = exc
+    for name, compiled in kernels.items():
         ptx = compiled.ptx.splitlines()
         more = f"\n... ({len(ptx) - PTX_LINES} more lines)" if len(ptx) > PTX_LINES else ""
         yield f"kernel {name}: PTX ({arch})", "\n".join(ptx[:PTX_LINES]) + more
-        try:
-            sass = disassemble(compiled.cubin).splitlines()
-        except ToolNotFoundError as exc:
-            yield f"kernel {name}: SASS", str(exc)
+        if isinstance(texts, ToolNotFoundError):
+            yield f"kernel {name}: SASS", str(texts)
             continue
+        sass = texts[name].splitlines()
         more = f"\n... ({len(sass) - SASS_LINES} more lines)" if len(sass) > SASS_LINES else ""
         usage = resource_usage(compiled.cubin) or {}
         resources = "; ".join(f"{u.registers} registers/thread, {u.shared_bytes} B shared/block, "

@@ -229,6 +229,8 @@ def _kernels_section(explained: Explanation, page: _Page, arch: str | None) -> s
     records = {(r.program, r.name): r for r in explained.kernels if r.kind == "kernel"}
     cuda = any(p.sources for p in explained.programs)
     arch = arch or (_default_arch() if cuda else None)
+    if arch is not None:
+        _disassemble_ahead(explained.programs, arch)
     parts = []
     for p in explained.programs:
         parts.append(f"<h3>{_e(p.label or 'program')}: {len(p.kernels)} kernel(s)</h3>")
@@ -278,6 +280,19 @@ def _c_function(source: str, name: str) -> str:
             return source[start:end + 2 if end >= 0 else len(source)]
         at = source.find(f" {name}(", at + 1)
     return ""
+
+
+def _disassemble_ahead(programs, arch: str) -> None:
+    """Disassemble every kernel at once (each run of the disassembler costs about a second of start-up; the
+    text is remembered, so the per-kernel calls below then read it)."""
+    from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble_all
+
+    cubins = [compile_cached(source, name, arch).cubin for p in programs if p.sources
+              for name, source in p.sources.items()]
+    try:
+        disassemble_all(cubins)
+    except ToolNotFoundError:
+        pass  # each kernel's block says so
 
 
 def _machine_code(source: str, name: str, arch: str) -> tuple[str, str, str]:

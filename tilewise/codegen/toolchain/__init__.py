@@ -27,6 +27,7 @@ from tilewise.codegen.toolchain.sass import (
     ResourceUsage,
     ToolNotFoundError,
     disassemble,
+    disassemble_all,
     find_binary_utility,
     resource_usage,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "default_cache",
     "default_cache_dir",
     "disassemble",
+    "disassemble_all",
     "find_binary_utility",
     "nvrtc_available",
     "nvrtc_version",

@@ -13,25 +13,38 @@ the kernel's ``.nv.shared.<kernel>`` section. Both readers give the same :class:
 LOCAL_SIZE_BYTES. On sm_90 and later the shared figure (the section, and cuobjdump's SHARED) includes
 1 KiB that the toolchain reserves per block, so it is 1 KiB more than the driver's SHARED_SIZE_BYTES,
 which counts only the kernel's own ``__shared__`` arrays.
+
+nvdisasm costs about a second per run whatever the kernel's size (its start-up), and a training step has a
+few hundred kernels: SASS text is therefore kept per cubin (in memory, and on disk beside the kernel cache,
+keyed by the cubin's bytes and the disassembler's identity, written atomically), and
+:func:`disassemble_all` runs the disassembler on many cubins at once, one process per core.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import struct
 import subprocess
 import tempfile
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+from tilewise.fileio import atomic_write_bytes
 
 _EIATTR_FRAME_SIZE = 0x11
 _EIATTR_REGCOUNT = 0x2F
 _EIFMT_SVAL = 0x04
 _SHT_SYMTAB = 2
 _TOOL_TIMEOUT_S = 120
+_SASS_FORMAT_VERSION = 1  # of the files under ``sass-v<N>/`` in the kernel cache's directory
+_DISASSEMBLY_ARGUMENTS = ("-c", "-g")
 
 
 class ToolNotFoundError(RuntimeError):
@@ -86,7 +99,7 @@ def _run_on_cubin(tool: str, arguments: list[str], cubin: bytes) -> str:
 
 
 def disassemble(cubin: bytes) -> str:
-    """SASS text of a cubin (``nvdisasm -c -g``).
+    """SASS text of a cubin (``nvdisasm -c -g``), remembered per cubin (see [Note: SASS]).
 
     >>> from tilewise.codegen.toolchain.nvrtc import compile_cuda
     >>> k = compile_cuda('extern "C" __global__ void one(float* o) { *o = 1.f; }', "one")  # doctest: +SKIP
@@ -96,7 +109,49 @@ def disassemble(cubin: bytes) -> str:
     tool = find_binary_utility("nvdisasm")
     if tool is None:
         raise ToolNotFoundError("nvdisasm not found: pip install nvidia-cuda-nvdisasm, or put a CUDA toolkit on PATH")
-    return _run_on_cubin(tool, ["-c", "-g"], cubin)
+    key = _sass_key(tool, cubin)
+    with _remembered_lock:
+        text = _remembered.get(key)
+    if text is None:
+        path = _sass_path(key)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError):
+            text = _run_on_cubin(tool, list(_DISASSEMBLY_ARGUMENTS), cubin)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(path, text.encode(), durable=False)
+            except OSError:
+                pass  # a read-only cache directory: the text is still remembered in this process
+        with _remembered_lock:
+            _remembered[key] = text
+    return text
+
+
+def disassemble_all(cubins: Sequence[bytes]) -> list[str]:
+    """:func:`disassemble` of each cubin, in order, with the disassembler run on several at once."""
+    workers = max(1, min(len(cubins), os.cpu_count() or 1))
+    if workers == 1:
+        return [disassemble(c) for c in cubins]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tilewise-nvdisasm") as pool:
+        return list(pool.map(disassemble, cubins))
+
+
+_remembered: dict[str, str] = {}
+_remembered_lock = threading.Lock()
+
+
+def _sass_key(tool: str, cubin: bytes) -> str:
+    """What determines the text: the cubin's bytes, the disassembler (its path, size and time) and its flags."""
+    stat = os.stat(tool)
+    identity = f"{_SASS_FORMAT_VERSION}\0{tool}\0{stat.st_size}\0{stat.st_mtime_ns}\0{' '.join(_DISASSEMBLY_ARGUMENTS)}"
+    return hashlib.sha256(identity.encode() + b"\0" + cubin).hexdigest()
+
+
+def _sass_path(key: str) -> Path:
+    from tilewise.codegen.toolchain.cache import default_cache_dir
+
+    return default_cache_dir() / f"sass-v{_SASS_FORMAT_VERSION}" / f"{key}.sass"
 
 
 def resource_usage(cubin: bytes) -> dict[str, ResourceUsage] | None:
