@@ -259,3 +259,15 @@ def test_cuda_steps_are_timed_with_events():
     assert "theoretical occupancy" in kernel.resources
     assert explained.roofline.device == "cuda:0"
     assert "CUDA events per launch" in explained.section("roofline")
+
+
+def test_a_library_call_whose_tuple_result_leaves_outputs_out_is_recorded():
+    """cuDNN attention's optional outputs are None where nothing asked for them: its bytes are the rest's."""
+    from tilewise.compiler.ir import Node, TensorType
+    from tilewise.profiler.explain import _library_record
+
+    t = TensorType((4, 8), tw.float32, tw.device("cpu"))
+    a = Node("input", (), (0,), t)
+    call = Node("_scaled_dot_product_cudnn_attention", (a, a, a), (), (t, None, None))
+    record = _library_record("", 3, call, "text")
+    assert (record.kind, record.nbytes, record.dtype) == ("library call", 4 * t.nbytes, "float32")

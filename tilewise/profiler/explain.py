@@ -298,7 +298,8 @@ def _kernel_record(label: str, index: int, kernel, text: str) -> StepRecord:
 
 
 def _library_record(label: str, index: int, node, text: str) -> StepRecord:
-    results = [t for t in (node.type if node.is_tuple else (node.type,))]
+    # a tuple result may leave entries out (None: an attention's optional outputs where none was asked for)
+    results = [t for t in (node.type if node.is_tuple else (node.type,)) if t is not None]
     nbytes = sum(s.type.nbytes for s in node.srcs) + sum(t.nbytes for t in results)
     flops = gemm_flops(node.op, list(node.srcs), node) if node.op in GEMM_OPS and not node.is_tuple else 0
     dtype = results[0].dtype.name if results else "float32"
