@@ -70,12 +70,41 @@ def test_sum_over_the_leading_dim_reads_columns_a_vector_per_lane():
 
 
 def test_columns_of_several_phases_or_odd_widths_take_one_per_lane():
-    _, (plan,) = cuda_plans(lambda x: x.softmax(0), tw.randn(4096, 768))  # a later phase reads the totals
+    _, (plan,) = cuda_plans(lambda x: x.softmax(0), tw.randn(512, 768))  # a later phase reads the totals
     assert (plan.strategy, plan.vector, plan.rows_per_block) == ("columns", 1, 32)
     _, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(4096, 766))
     assert (plan.strategy, plan.vector) == ("columns", 2)
     _, (plan,) = cuda_plans(lambda x: x.sum(0), tw.randn(4096, 765))
     assert (plan.strategy, plan.vector, plan.rows_per_block) == ("columns", 1, 32)
+
+
+def test_long_columns_of_few_groups_are_not_folded_in_phases():
+    """A softmax down 4096 rows of 768 columns in phases would run on 768 / 32 = 24 blocks, each walking every
+    row three times: the statistics are reductions split across the GPU instead, the normalisation an
+    element-wise pass (the batch norms of a channels-last ResNet's later stages are the case that matters)."""
+    low, plans = cuda_plans(lambda x: x.softmax(0), tw.randn(4096, 768))
+    assert len(plans) > 1 and all(p.blocks >= 96 for p in plans)
+    assert all(s.nests[0].nest.phases <= 1 for s in low.schedules)
+
+
+def test_a_reduction_reads_columns_where_most_of_its_bytes_run_along_them():
+    """A channels-last batch norm's gradient statistics with one operand laid out channels-first (a max pool's
+    scattered gradient): three of four operands run along the channels, so the nest reads columns, with 16-byte
+    vectors along the channels, not rows with vectors that gather a 2-byte element per 128-byte line."""
+    shape = (8, 64, 28, 28)
+    x, dy = (tw.randn(*shape).bfloat16().to(memory_format=tw.channels_last) for _ in range(2))
+    g = tw.randn(*shape).bfloat16()  # contiguous: channels-first
+
+    def stats(x, dy, g):
+        d = (dy.float() + g.float()) * (x > 0)
+        return d.sum((0, 2, 3)), (d * x.float()).sum((0, 2, 3))
+
+    low, plans = cuda_plans(stats, x, dy, g)
+    (plan,) = plans
+    assert plan.strategy == "columns" and plan.vector == 8
+    from tilewise.codegen.toolchain import compile_cached
+
+    compile_cached(low.source, low.schedules[0].kernel.name, "sm_90")
 
 
 def _column_step(x):

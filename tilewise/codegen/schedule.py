@@ -510,16 +510,23 @@ def _index_type(nest: Nest) -> str:
 
 
 def _prefer_columns(nest: Nest) -> bool:
-    """Accesses walk the innermost kept dim contiguously and never the innermost reduced one, leaving out
-    those the same for every kept index (a row statistic of a layer norm's weight gradient: one load all
-    the columns of a warp share)."""
+    """More of the bytes accessed walk the innermost kept dim contiguously than the innermost reduced one,
+    leaving out accesses the same for every kept index (a row statistic of a layer norm's weight gradient: one
+    load all the columns of a warp share). Bytes decide where operands disagree: a channels-last batch norm's
+    gradient reading one operand laid out channels-first reads the other three down columns (as rows, with
+    vectors along the reduced dim, those three would each load a 2-byte element per 32-byte sector)."""
     outer = nest.outer
     if not outer:
         return False
     last_reduced, last_kept = nest.reduce[-1], outer[-1]
     accesses = [(ix, dt) for ix, dt in _accesses(nest) if ix.dims() & set(outer)]
-    return (not any(_stride(ix, last_reduced) == 1 for ix, _ in accesses)
-            and any(_stride(ix, last_kept) == 1 for ix, _ in accesses))
+    along_reduced = sum(dt.itemsize for ix, dt in accesses if _stride(ix, last_reduced) == 1)
+    if not along_reduced:
+        return any(_stride(ix, last_kept) == 1 for ix, _ in accesses)
+    # only accesses that also walk the reduced dims weigh: one that is the same along them (a row's target
+    # class) is read once per row whichever way the rows go
+    streamed = [(ix, dt) for ix, dt in accesses if ix.dims() & set(nest.reduce)]
+    return sum(dt.itemsize for ix, dt in streamed if _stride(ix, last_kept) == 1) > along_reduced
 
 
 def _capped(width: int, knobs: Knobs) -> int:
