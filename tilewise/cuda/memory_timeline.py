@@ -1,0 +1,192 @@
+"""Live device memory over time, one band per allocation: a memory snapshot's history drawn as one file.
+
+[Note: memory timeline] This is the picture torch's memory_viz calls the active memory timeline, drawn
+without a browser-side script: the x axis counts the trace's alloc and free actions (so a burst of small
+frees is as wide as a slow one), the y axis is live bytes. Live allocations are stacked in the order they
+were made; when one is freed, those above it drop by its size, so every band is a step polygon and the top of
+the stack is the total. The ``LABELLED`` largest allocations get a colour of their own and a legend entry
+naming their size and the innermost Python frames that made them; every band carries its size and frames as
+a tooltip. An allocation freed in the trace but made before it began starts at the left edge; one still live
+at the end runs to the right edge. HTML is self-contained (inline SVG); a ``.png`` path draws the same with
+matplotlib, where it is installed.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+LABELLED = 10
+WIDTH, HEIGHT, MARGIN = 1000, 420, 60
+COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
+           "#bab0ac")
+UNLABELLED = "#c9d3df"
+
+
+@dataclass(eq=False)
+class Band:
+    """One allocation's place in the stack: (action index, offset in bytes) at every change."""
+
+    addr: int
+    size: int
+    frames: list
+    start: int
+    end: int = -1
+    steps: list = field(default_factory=list)
+
+    def outline(self) -> list[tuple[float, float]]:
+        """The band's polygon in (index, bytes): along its bottom edge, then back along its top."""
+        bottom = []
+        for k, (t, offset) in enumerate(self.steps):
+            if k:
+                bottom.append((t, self.steps[k - 1][1]))
+            bottom.append((t, offset))
+        bottom.append((self.end, self.steps[-1][1]))
+        return bottom + [(t, offset + self.size) for t, offset in reversed(bottom)]
+
+
+def stack_bands(trace: list[dict]) -> tuple[list[Band], list[int], int]:
+    """The bands of a device trace, the total live bytes after each action, and the number of actions."""
+    events = [e for e in trace if e["action"] in ("alloc", "free_requested")]
+    live: list[Band] = []
+    bands: list[Band] = []
+    totals: list[int] = []
+    freed_unseen = _made_before_trace(events)
+    for band in freed_unseen:
+        band.steps.append((0, sum(b.size for b in live)))
+        live.append(band)
+        bands.append(band)
+    total = sum(b.size for b in live)
+    for t, event in enumerate(events, start=1):
+        if event["action"] == "alloc":
+            band = Band(event["addr"], event["size"], event.get("frames", []), t, steps=[(t, total)])
+            live.append(band)
+            bands.append(band)
+            total += band.size
+        else:
+            total -= _free(live, event["addr"], t)
+        totals.append(total)
+    end = len(events) + 1
+    for band in live:
+        band.end = end
+    return bands, totals, end
+
+
+def _made_before_trace(events: list[dict]) -> list[Band]:
+    """Allocations the trace frees but never made (recording began while they were live), in free order."""
+    seen, found = set(), []
+    for event in events:
+        if event["action"] == "alloc":
+            seen.add(event["addr"])
+        elif event["addr"] not in seen:
+            found.append(Band(event["addr"], event["size"], event.get("frames", []), 0))
+        else:
+            seen.discard(event["addr"])
+    return found
+
+
+def _free(live: list[Band], addr: int, t: int) -> int:
+    """Close the live band at ``addr`` and drop the bands above it; its size, or 0 if none was live there."""
+    for k in range(len(live) - 1, -1, -1):
+        band = live[k]
+        if band.addr == addr:
+            del live[k]
+            band.end = t
+            for above in live[k:]:
+                above.steps.append((t, above.steps[-1][1] - band.size))
+            return band.size
+    return 0
+
+
+def describe(frames: list, depth: int = 3) -> str:
+    return " ← ".join(f"{f['name']} ({f['filename']}:{f['line']})" for f in frames[:depth]) or "(no frames recorded)"
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def device_trace(snapshot: dict, device: int | None) -> tuple[int, list[dict]]:
+    traces = snapshot["device_traces"]
+    if device is None:
+        device = next((d for d, trace in enumerate(traces) if trace), 0)
+    if device >= len(traces) or not traces[device]:
+        raise ValueError(f"plot_timeline: the snapshot has no recorded actions for cuda:{device} (record them "
+                         f"with tilewise.cuda.memory._record_memory_history(enabled='all') before taking it)")
+    return device, traces[device]
+
+
+def plot_timeline(snapshot: dict, path: str, device: int | None = None) -> None:
+    """Draw ``snapshot``'s history of ``device`` (default: the first with one) to ``path``: self-contained HTML,
+    or PNG through matplotlib when ``path`` ends in ``.png``."""
+    device, trace = device_trace(snapshot, device)
+    bands, totals, end = stack_bands(trace)
+    labelled = sorted(bands, key=lambda b: -b.size)[:LABELLED]
+    if str(path).endswith(".png"):
+        _write_png(path, bands, labelled, end, device)
+        return
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(render_html(bands, labelled, totals, end, device))
+
+
+def render_html(bands: list[Band], labelled: list[Band], totals: list[int], end: int, device: int) -> str:
+    peak = max(totals + [sum(b.size for b in bands if b.start == 0)], default=0) or 1
+    colour = {id(b): COLOURS[k % len(COLOURS)] for k, b in enumerate(labelled)}
+
+    def point(t: float, y: float) -> str:
+        return f"{MARGIN + t * (WIDTH - 2 * MARGIN) / end:.1f},{HEIGHT - MARGIN - y * (HEIGHT - 2 * MARGIN) / peak:.1f}"
+
+    polygons = []
+    for band in bands:
+        tip = html.escape(f"{format_bytes(band.size)} at {band.addr:#x}\n{describe(band.frames, 8)}")
+        points = " ".join(point(t, y) for t, y in band.outline())
+        polygons.append(f'<polygon class="allocation" data-addr="{band.addr}" data-size="{band.size}" '
+                        f'points="{points}" fill="{colour.get(id(band), UNLABELLED)}" stroke="white" '
+                        f'stroke-width="0.3"><title>{tip}</title></polygon>')
+    total_line = " ".join(point(t, y) for t, y in enumerate(totals, start=1))
+    legend = "".join(f'<li><span style="background:{colour[id(b)]}"></span>{format_bytes(b.size)} — '
+                     f'{html.escape(describe(b.frames))}</li>' for b in labelled)
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>cuda:{device} memory timeline</title>
+<style>body{{font-family:sans-serif;margin:20px}} li span{{display:inline-block;width:12px;height:12px;
+margin-right:6px}} ul{{list-style:none;padding:0;font-size:13px}}</style></head><body>
+<h2>cuda:{device}: live memory over {end - 1} allocator actions (peak <span id="peak">{format_bytes(peak)}</span>,
+{len(bands)} allocations)</h2>
+<svg width="{WIDTH}" height="{HEIGHT}" xmlns="http://www.w3.org/2000/svg">
+<line x1="{MARGIN}" y1="{HEIGHT - MARGIN}" x2="{WIDTH - MARGIN}" y2="{HEIGHT - MARGIN}" stroke="black"/>
+<line x1="{MARGIN}" y1="{MARGIN}" x2="{MARGIN}" y2="{HEIGHT - MARGIN}" stroke="black"/>
+<text x="{MARGIN - 4}" y="{MARGIN}" text-anchor="end" font-size="11">{format_bytes(peak)}</text>
+<text x="{MARGIN - 4}" y="{HEIGHT - MARGIN}" text-anchor="end" font-size="11">0</text>
+<text x="{WIDTH / 2}" y="{HEIGHT - MARGIN / 3}" text-anchor="middle" font-size="12">allocator action</text>
+{chr(10).join(polygons)}
+<polyline id="total" points="{total_line}" fill="none" stroke="black" stroke-width="1"/>
+</svg>
+<h3>Largest allocations</h3><ul id="legend">{legend}</ul>
+</body></html>
+"""
+
+
+def _write_png(path: str, bands: list[Band], labelled: list[Band], end: int, device: int) -> None:
+    try:
+        from matplotlib import pyplot
+    except ImportError as exc:
+        raise RuntimeError("plot_timeline: a .png needs matplotlib, which is not installed; write .html "
+                           "instead") from exc
+    figure, axes = pyplot.subplots(figsize=(12, 5))
+    colour = {id(b): COLOURS[k % len(COLOURS)] for k, b in enumerate(labelled)}
+    for band in bands:
+        xs, ys = zip(*band.outline(), strict=True)
+        label = f"{format_bytes(band.size)}: {describe(band.frames, 1)}" if id(band) in colour else None
+        axes.fill(xs, ys, color=colour.get(id(band), UNLABELLED), linewidth=0.2, edgecolor="white", label=label)
+    axes.set_xlim(0, end)
+    axes.set_xlabel("allocator action")
+    axes.set_ylabel("live bytes")
+    axes.set_title(f"cuda:{device} memory timeline")
+    axes.legend(fontsize=7, loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path)
+    pyplot.close(figure)
