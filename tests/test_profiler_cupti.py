@@ -1,0 +1,297 @@
+"""The profiler's device activity from CUPTI (``profiler/device_activity``), on the CPU through a fake ``cupti``
+module that behaves as cupti-python's activity API does (per-thread external correlation stacks, records handed
+to the completion callback at a flush): records become device rows hung on the range that launched them, with
+times on the host timeline, torch's table columns and a Chrome trace with stream tracks and ac2g flows; the
+fallback to CUDA events without cupti warns once. Marked ``cuda``: the same on a GPU with the real CUPTI."""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+import threading
+import types
+import warnings
+
+import pytest
+
+import tilewise as tw
+import tilewise.profiler as twp
+from tilewise.profiler import device_activity
+from tilewise.profiler.device_activity import ActivityRecord, ClockPair, attach, copy_record, to_host_us
+from tilewise.profiler.events import FunctionEvent
+
+ACTIVITIES = [twp.ProfilerActivity.CPU, twp.ProfilerActivity.CUDA]
+
+
+class FakeCupti:
+    """cupti-python's activity API, as far as the profiler uses it, with kernels "launched" by ``launch``."""
+
+    class ActivityKind(enum.IntEnum):
+        KERNEL = 3
+        MEMCPY = 1
+        MEMSET = 2
+        DRIVER = 5
+        RUNTIME = 6
+        CONCURRENT_KERNEL = 10
+        EXTERNAL_CORRELATION = 38
+
+    class ExternalCorrelationKind(enum.IntEnum):
+        CUSTOM0 = 4
+
+    def __init__(self):
+        self.enabled: set[int] = set()
+        self.local = threading.local()
+        self.pending: list = []
+        self.callbacks = None
+        self.registrations = 0
+        self.clock = 5_000_000_000  # CUPTI's clock: far from the host's, and twice its rate
+        self.next_correlation = 100
+
+    def stack(self) -> list:
+        if not hasattr(self.local, "stack"):
+            self.local.stack = []
+        return self.local.stack
+
+    def activity_register_callbacks(self, requested, completed):
+        self.callbacks = (requested, completed)
+        self.registrations += 1
+
+    def activity_enable(self, kind):
+        self.enabled.add(int(kind))
+
+    def activity_disable(self, kind):
+        self.enabled.discard(int(kind))
+
+    def activity_push_external_correlation_id(self, kind, external_id):
+        assert kind == self.ExternalCorrelationKind.CUSTOM0
+        self.stack().append(external_id)
+
+    def activity_pop_external_correlation_id(self, kind):
+        return self.stack().pop()
+
+    def get_timestamp(self):
+        return self.clock + 2 * (tw.profiler.recorder.now_ns())
+
+    def launch(self, name, duration_ns=2000, stream=7, kind="kernel"):
+        """An API call launching work: its record, and the external correlation of the range on top."""
+        if self.ActivityKind.CONCURRENT_KERNEL not in self.enabled:
+            return
+        self.next_correlation += 1
+        correlation = self.next_correlation
+        start = self.get_timestamp()
+        common = dict(start=start, end=start + duration_ns, device_id=0, stream_id=stream,
+                      correlation_id=correlation)
+        if kind == "kernel":
+            record = types.SimpleNamespace(kind=self.ActivityKind.CONCURRENT_KERNEL, name=name, grid_x=4, grid_y=1,
+                                           grid_z=1, block_x=128, block_y=1, block_z=1, registers_per_thread=32,
+                                           static_shared_memory=1024, dynamic_shared_memory=512, **common)
+        else:
+            record = types.SimpleNamespace(kind=self.ActivityKind.MEMCPY, copy_kind=1, src_kind=1, dst_kind=3,
+                                           bytes=4096, **common)
+        self.pending.append(record)
+        if self.stack():
+            self.pending.append(types.SimpleNamespace(kind=self.ActivityKind.EXTERNAL_CORRELATION,
+                                                      correlation_id=correlation, external_id=self.stack()[-1],
+                                                      external_kind=4))
+        self.pending.append(types.SimpleNamespace(kind=self.ActivityKind.DRIVER, correlation_id=correlation))
+
+    def activity_flush_all(self, flag):
+        records, self.pending = self.pending, []
+        if records:
+            self.callbacks[1](records)
+
+
+@pytest.fixture
+def fake_cupti(monkeypatch):
+    fake = FakeCupti()
+    package = types.ModuleType("cupti")
+    package.cupti = fake
+    monkeypatch.setitem(sys.modules, "cupti", package)
+    monkeypatch.setattr(device_activity, "_tracer", None)
+    return fake
+
+
+def test_records_hang_on_the_range_that_launched_them(fake_cupti):
+    x = tw.ones(4)
+    fake_cupti.launch("before_profiling")
+    with twp.profile(activities=ACTIVITIES) as prof:
+        with twp.record_function("outer"):
+            x + x
+            fake_cupti.launch("gemm_kernel", duration_ns=6000)
+            with twp.record_function("inner"):
+                fake_cupti.launch("copy", kind="memcpy")
+                fake_cupti.launch("reduce_kernel")
+        fake_cupti.launch("outside_any_range")
+    events = prof.events()
+    outer = next(e for e in events if e.name == "outer")
+    inner = next(e for e in events if e.name == "inner")
+    assert [k.name for k in outer.kernels] == ["gemm_kernel"]
+    assert [k.name for k in inner.kernels] == ["Memcpy HtoD (Pageable -> Device)", "reduce_kernel"]
+    gemm = outer.kernels[0]
+    assert gemm.duration == pytest.approx(3.0, rel=0.05)  # 6000 CUPTI ns at twice the host's rate: 3 us
+    assert outer.start_us <= gemm.start <= inner.start_us + 1  # on the host timeline, where it was launched
+    assert (gemm.grid, gemm.block, gemm.registers, gemm.shared_memory, gemm.stream) == ((4, 1, 1), (128, 1, 1), 32,
+                                                                                          1536, 7)
+    assert outer.self_device_time_total == gemm.duration
+    assert outer.device_time_total == pytest.approx(gemm.duration + inner.device_time_total)
+    device_rows = [e.name for e in events if e.device_type.name == "CUDA"]
+    assert sorted(device_rows) == sorted(["gemm_kernel", "Memcpy HtoD (Pageable -> Device)", "reduce_kernel",
+                                          "outside_any_range"])
+    assert "before_profiling" not in device_rows  # CUPTI was not recording then
+    assert fake_cupti.enabled == set() and fake_cupti.stack() == []  # stopped, every push popped
+
+
+def test_key_averages_lists_kernels_as_torch_does(fake_cupti):
+    with twp.profile(activities=ACTIVITIES) as prof:
+        for _ in range(3):
+            with twp.record_function("step"):
+                fake_cupti.launch("my_kernel", duration_ns=4000)
+    averages = {a.key: a for a in prof.key_averages()}
+    kernel = averages["my_kernel"]
+    assert kernel.count == 3 and kernel.self_cuda_time_total == pytest.approx(6.0, rel=0.05)
+    assert kernel.self_cpu_time_total == 0 and kernel.cpu_time_total == 0
+    assert averages["step"].cuda_time_total == pytest.approx(kernel.self_cuda_time_total)
+    table = prof.key_averages().table(sort_by="self_cuda_time_total")
+    header = table.splitlines()[1].split("  ")
+    assert [h.strip() for h in header if h.strip()][6:10] == ["Self CUDA", "Self CUDA %", "CUDA total",
+                                                               "CUDA time avg"]
+    rows = {row.split()[0]: row for row in table.splitlines()[3:5]}  # the largest self CUDA times first
+    assert set(rows) == {"my_kernel", "step"}  # the range that launched it counts it as its own, as in torch
+    assert rows["my_kernel"].split()[1:3] == ["0.00%", "0.000us"] and "100.00%" in rows["my_kernel"]
+    assert table.splitlines()[-1].startswith("Self CUDA time total: ")
+
+
+def test_chrome_trace_has_stream_tracks_and_flows(fake_cupti, tmp_path):
+    with twp.profile(activities=ACTIVITIES) as prof:
+        with twp.record_function("launcher"):
+            fake_cupti.launch("k_a", stream=7)
+            fake_cupti.launch("copy", kind="memcpy", stream=13)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    device = [e for e in events if e["ph"] == "X" and e["cat"] in ("kernel", "gpu_memcpy")]
+    assert {(e["name"], e["cat"], e["tid"]) for e in device} == {
+        ("k_a", "kernel", 7), ("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 13)}
+    kernel = next(e for e in device if e["name"] == "k_a")
+    assert kernel["args"]["grid"] == [4, 1, 1] and kernel["args"]["registers per thread"] == 32
+    launcher = next(e for e in events if e["ph"] == "X" and e["name"] == "launcher")
+    assert kernel["args"]["External id"] == launcher["args"]["External id"]
+    streams = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"
+               and e["pid"] == kernel["pid"]}
+    assert streams == {7: "stream 7", 13: "stream 13"}
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    finishes = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert set(starts) == set(finishes) == {e["args"]["correlation"] for e in device}
+    for flow, start in starts.items():
+        assert start["cat"] == "ac2g" and start["tid"] == launcher["tid"] and start["pid"] == launcher["pid"]
+        assert finishes[flow]["bp"] == "e" and finishes[flow]["pid"] == kernel["pid"]
+
+
+def test_callbacks_register_once_and_one_recording_owns_cupti(fake_cupti):
+    with twp.profile(activities=ACTIVITIES):
+        with twp.profile(activities=ACTIVITIES) as inner:  # CUPTI is taken: this one falls back to CUDA events
+            assert inner.recorder.tracer is None and inner.recorder.times_with_events
+    with twp.profile(activities=ACTIVITIES) as again:
+        assert again.recorder.tracer is not None
+    assert fake_cupti.registrations == 1
+
+
+def test_cpu_only_profiles_leave_cupti_alone(fake_cupti):
+    with twp.profile(activities=[twp.ProfilerActivity.CPU]) as prof:
+        assert prof.recorder.tracer is None
+    assert fake_cupti.callbacks is None
+
+
+def test_without_cupti_the_fallback_warns_once(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupti", None)  # import cupti raises ImportError
+    monkeypatch.setattr(device_activity, "_tracer", None)
+    monkeypatch.setattr(device_activity, "_warned", False)
+    with pytest.warns(UserWarning, match="cupti-python is not installed"):
+        with twp.profile(activities=ACTIVITIES) as prof:
+            tw.ones(2) + 1
+    assert prof.profiler.tracer is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with twp.profile(activities=ACTIVITIES):
+            pass
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+def test_clock_conversion_is_the_line_through_both_pairs():
+    first, last = ClockPair(1_000_000, 0), ClockPair(3_000_000, 1_000_000)
+    assert to_host_us(1_000_000, first, last) == 0
+    assert to_host_us(2_000_000, first, last) == 500  # half-way in CUPTI's time: half-way on the host's
+    assert to_host_us(5_000_000, first, last) == 2000
+    assert to_host_us(7, ClockPair(7, 3000), ClockPair(7, 3000)) == 3  # no span: the offset alone
+
+
+def test_attach_follows_correlation_to_event_ids():
+    launcher = FunctionEvent(41, "aten::mm", 1, 0.0, 10.0)
+    records = [ActivityRecord("kernel", "sgemm", 2000, 5000, 0, 7, 900),
+               ActivityRecord("memset", "Device", 1000, 1500, 0, 7, 901, nbytes=64),
+               ActivityRecord("kernel", "stray", 6000, 7000, 0, 7, 902)]
+    clock = ClockPair(0, 0), ClockPair(10_000, 10_000)
+    unclaimed = attach(records, {900: 41, 901: 41}, {41: launcher}, *clock)
+    assert [(k.name, k.start, k.duration, k.kind) for k in launcher.kernels] == [
+        ("Memset (Device)", 1.0, 0.5, "memset"), ("sgemm", 2.0, 3.0, "kernel")]
+    assert [k.name for k in unclaimed] == ["stray"]
+
+
+def test_copy_record_keeps_what_is_read_later():
+    kinds = FakeCupti.ActivityKind
+    kernel = types.SimpleNamespace(kind=kinds.CONCURRENT_KERNEL, name="k", start=1, end=2, device_id=1, stream_id=3,
+                                   correlation_id=4, grid_x=1, grid_y=2, grid_z=3, block_x=4, block_y=5, block_z=6,
+                                   registers_per_thread=40, static_shared_memory=10, dynamic_shared_memory=20)
+    assert copy_record(kernel, kinds) == ActivityRecord("kernel", "k", 1, 2, 1, 3, 4, (1, 2, 3), (4, 5, 6), 40, 30)
+    copy = types.SimpleNamespace(kind=kinds.MEMCPY, copy_kind=2, src_kind=3, dst_kind=2, start=1, end=2, device_id=0,
+                                 stream_id=0, correlation_id=5, bytes=8)
+    assert copy_record(copy, kinds).name == "DtoH/Device/Pinned"
+    assert copy_record(types.SimpleNamespace(kind=kinds.DRIVER), kinds) is None
+
+
+# ---------------------------------------------------------------------------------------------- on a GPU
+
+def _needs_cupti():
+    if not tw.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("cupti")
+
+
+@pytest.mark.cuda
+def test_real_kernel_names_of_a_matmul_and_a_compiled_program(tmp_path):
+    _needs_cupti()
+    x = tw.randn(256, 256, device="cuda")
+    compiled = tw.compile(lambda x: (x * 2 + 1).relu().sum(1))
+    compiled(x)
+    tw.cuda.synchronize()
+    with twp.profile(activities=ACTIVITIES) as prof:
+        (x @ x).sum()
+        compiled(x)
+    events = prof.events()
+    mm = next(e for e in events if e.name == "aten::mm")
+    assert mm.kernels and all(k.correlation and k.duration > 0 for k in mm.kernels)
+    assert mm.kernels[0].name != "aten::mm"  # the kernel's own name, not the operator's
+    program = next(e for e in events if e.name.startswith("CompiledProgram"))
+    launched = program.kernels + [k for e in events if e.cpu_parent is program for k in e.kernels]
+    assert launched and all(mm.start_us <= k.start for k in launched)
+    rows = {a.key for a in prof.key_averages() if a.self_cuda_time_total > 0}
+    assert {k.name for k in mm.kernels} <= rows
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    document = json.loads((tmp_path / "trace.json").read_text())
+    assert any(e["ph"] == "M" and e["args"].get("name", "").startswith("stream ") for e in document["traceEvents"])
+
+
+@pytest.mark.cuda
+def test_a_profiled_compiled_training_step_gives_the_same_loss():
+    _needs_cupti()
+    from benchmarks.profiler_overhead import make_step
+
+    step, batch = make_step(tw, "cuda", layers=2, width=128, sequence=64, vocab=512, batch=4, seed=0)
+    unprofiled = [float(step(*batch)) for _ in range(3)]
+    step, batch = make_step(tw, "cuda", layers=2, width=128, sequence=64, vocab=512, batch=4, seed=0)
+    with twp.profile(activities=ACTIVITIES) as prof:
+        profiled = [float(step(*batch)) for _ in range(3)]
+    assert profiled == unprofiled
+    assert any(e.device_type.name == "CUDA" and e.self_cuda_time_total > 0 for e in prof.events())
