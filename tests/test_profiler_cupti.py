@@ -283,15 +283,33 @@ def test_real_kernel_names_of_a_matmul_and_a_compiled_program(tmp_path):
     assert any(e["ph"] == "M" and e["args"].get("name", "").startswith("stream ") for e in document["traceEvents"])
 
 
+def _compiled_gpt_step():
+    from tilewise.models import gpt
+
+    tw.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=64)).to("cuda")
+    optimizer = tw.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(x, y):
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    x = tw.randint(0, 256, (4, 32), device="cuda")
+    return tw.compile(step), x, x.roll(1, 1)
+
+
 @pytest.mark.cuda
 def test_a_profiled_compiled_training_step_gives_the_same_loss():
     _needs_cupti()
-    from benchmarks.profiler_overhead import make_step
-
-    step, batch = make_step(tw, "cuda", layers=2, width=128, sequence=64, vocab=512, batch=4, seed=0)
-    unprofiled = [float(step(*batch)) for _ in range(3)]
-    step, batch = make_step(tw, "cuda", layers=2, width=128, sequence=64, vocab=512, batch=4, seed=0)
+    step, x, y = _compiled_gpt_step()
+    unprofiled = [float(step(x, y)) for _ in range(4)]
+    step, x, y = _compiled_gpt_step()
+    profiled = [float(step(x, y))]
     with twp.profile(activities=ACTIVITIES) as prof:
-        profiled = [float(step(*batch)) for _ in range(3)]
+        profiled += [float(step(x, y)) for _ in range(3)]
     assert profiled == unprofiled
+    assert prof.profiler.device_timing == "CUPTI"
     assert any(e.device_type.name == "CUDA" and e.self_cuda_time_total > 0 for e in prof.events())

@@ -76,6 +76,7 @@ class Recorder:
         self.clock: dict[int, tuple] = {}  # device index -> (reference Event, its host time in ns)
         self.tracer: device_activity.CuptiTracer | None = None  # CUPTI, while it records device activity
         self.unclaimed_kernels: list[DeviceKernel] = []  # CUPTI's records no range of this recording launched
+        self.device_timing = "CUDA events" if use_cuda else "none"  # "CUPTI" once CUPTI records for this one
         self.active = False
         self._local = threading.local()
         self._memory_lock = threading.Lock()
@@ -172,7 +173,7 @@ class Recorder:
         if tracer is None:
             return
         tracer.start(self.host_ns)
-        self.tracer = tracer
+        self.tracer, self.device_timing = tracer, "CUPTI"
 
     def stop_device_activity(self) -> None:
         tracer, self.tracer = self.tracer, None
