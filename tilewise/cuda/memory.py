@@ -1,4 +1,5 @@
-"""``tilewise.cuda.memory``: torch.cuda.memory's statistics, and the memory history of the caching allocator.
+"""``tilewise.cuda.memory``: torch.cuda.memory's history of the caching allocator (its statistics,
+``memory_allocated`` and the rest, are ``tilewise.cuda``'s).
 
 ``_record_memory_history`` starts (or stops) the allocator's log of every alloc, free and segment (see
 [Note: memory history] in ``backends/cuda/runtime/memory_history``), ``_snapshot`` returns it with the
@@ -21,17 +22,6 @@ from typing import Any
 
 from tilewise.backends.cuda.runtime import allocator as _allocator
 from tilewise.backends.cuda.runtime.memory_history import check_settings, snapshot_of
-from tilewise.cuda import (  # noqa: F401 — torch.cuda.memory holds these too
-    empty_cache,
-    max_memory_allocated,
-    max_memory_reserved,
-    mem_get_info,
-    memory_allocated,
-    memory_reserved,
-    memory_stats,
-    memory_summary,
-    reset_peak_memory_stats,
-)
 from tilewise.cuda.memory_timeline import plot_timeline  # noqa: F401
 
 

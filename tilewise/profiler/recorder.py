@@ -89,7 +89,9 @@ class Recorder:
             stack = local.stack = []
         return stack
 
-    def open(self, name: str, kind: str) -> FunctionEvent:
+    def open(self, name: str, kind: str, args: tuple | None = None) -> FunctionEvent:
+        """Open a range named ``name`` on this thread (``args``: an operator's, for stand-ins that name ranges
+        by their shapes; see ``nvtx_ranges``)."""
         stack = self.stack()
         event = FunctionEvent(next(_ids), name, threading.get_native_id(), 0.0, kind=kind,
                               use_device="cuda" if self.use_cuda else None)
@@ -314,7 +316,7 @@ def profile_op(op, args: tuple):
     name = "aten::" + op.name
     opened = []
     for r in recorders:
-        event = r.open(name, "cpu_op")
+        event = r.open(name, "cpu_op", args)
         if r.record_shapes:
             event.input_shapes = input_shapes(args)
         if r.with_flops:
