@@ -18,8 +18,18 @@ import pytest
 import tilewise as tw
 import tilewise.profiler as twp
 from tilewise.profiler import device_activity
-from tilewise.profiler.device_activity import ActivityRecord, ClockPair, attach, copy_record, to_host_us
-from tilewise.profiler.events import FunctionEvent
+from tilewise.profiler.chrome_trace import FlowIds, device_events
+from tilewise.profiler.device_activity import (
+    Activity,
+    ActivityRecord,
+    ApiCall,
+    ClockPair,
+    Launch,
+    attach,
+    copy_record,
+    to_host_us,
+)
+from tilewise.profiler.events import DeviceKernel, FunctionEvent
 
 ACTIVITIES = [twp.ProfilerActivity.CPU, twp.ProfilerActivity.CUDA]
 
@@ -38,6 +48,12 @@ class FakeCupti:
 
     class ExternalCorrelationKind(enum.IntEnum):
         CUSTOM0 = 4
+
+    class CallbackDomain(enum.IntEnum):
+        DRIVER_API = 1
+        RUNTIME_API = 2
+
+    NAMES = {(1, 307): "cuLaunchKernel", (2, 211): "cudaLaunchKernel_v7000", (2, 41): "cudaMemcpyAsync_v3020"}
 
     def __init__(self):
         self.enabled: set[int] = set()
@@ -70,6 +86,9 @@ class FakeCupti:
     def activity_pop_external_correlation_id(self, kind):
         return self.stack().pop()
 
+    def get_callback_name(self, domain, cbid):
+        return self.NAMES[(int(domain), cbid)]
+
     def get_timestamp(self):
         return self.clock + 2 * (tw.profiler.recorder.now_ns())
 
@@ -79,6 +98,7 @@ class FakeCupti:
             return
         self.next_correlation += 1
         correlation = self.next_correlation
+        call_start = self.get_timestamp()
         start = self.get_timestamp()
         common = dict(start=start, end=start + duration_ns, device_id=0, stream_id=stream,
                       correlation_id=correlation)
@@ -94,7 +114,10 @@ class FakeCupti:
             self.pending.append(types.SimpleNamespace(kind=self.ActivityKind.EXTERNAL_CORRELATION,
                                                       correlation_id=correlation, external_id=self.stack()[-1],
                                                       external_kind=4))
-        self.pending.append(types.SimpleNamespace(kind=self.ActivityKind.DRIVER, correlation_id=correlation))
+        domain, cbid = (self.ActivityKind.DRIVER, 307) if kind == "kernel" else (self.ActivityKind.RUNTIME, 41)
+        self.pending.append(types.SimpleNamespace(kind=domain, cbid=cbid, correlation_id=correlation,
+                                                  start=call_start, end=self.get_timestamp(),
+                                                  thread_id=threading.get_native_id()))
 
     def activity_flush_all(self, flag):
         records, self.pending = self.pending, []
@@ -135,6 +158,10 @@ def test_records_hang_on_the_range_that_launched_them(fake_cupti):
                                                                                           1536, 7)
     assert outer.self_device_time_total == gemm.duration
     assert outer.device_time_total == pytest.approx(gemm.duration + inner.device_time_total)
+    launches = [c for c in outer.cpu_children if c.kind == "cuda_driver"]
+    assert [c.name for c in launches] == ["cuLaunchKernel"]  # the call that launched it, a host range inside
+    assert outer.start_us <= launches[0].start_us <= gemm.launch_us + 1e-3 and launches[0].end_us <= outer.end_us
+    assert [c.name for c in inner.cpu_children] == ["cudaMemcpyAsync", "cuLaunchKernel"]  # "_v3020" dropped
     device_rows = [e.name for e in events if e.device_type.name == "CUDA"]
     assert sorted(device_rows) == sorted(["gemm_kernel", "Memcpy HtoD (Pageable -> Device)", "reduce_kernel",
                                           "outside_any_range"])
@@ -183,9 +210,24 @@ def test_chrome_trace_has_stream_tracks_and_flows(fake_cupti, tmp_path):
     starts = {e["id"]: e for e in events if e["ph"] == "s"}
     finishes = {e["id"]: e for e in events if e["ph"] == "f"}
     assert set(starts) == set(finishes) == {e["args"]["correlation"] for e in device}
+    calls = {e["args"]["correlation"]: e for e in events if e["ph"] == "X" and e["cat"] in ("cuda_driver",
+                                                                                           "cuda_runtime")}
+    assert {e["name"] for e in calls.values()} == {"cuLaunchKernel", "cudaMemcpyAsync"}
     for flow, start in starts.items():
         assert start["cat"] == "ac2g" and start["tid"] == launcher["tid"] and start["pid"] == launcher["pid"]
+        assert start["ts"] == calls[flow]["ts"]  # the flow leaves from the launching call, as in torch's traces
         assert finishes[flow]["bp"] == "e" and finishes[flow]["pid"] == kernel["pid"]
+    _check_nesting(events)
+
+
+def test_kernels_of_one_launch_get_flows_of_their_own():
+    launcher = FunctionEvent(3, "CompiledProgram (cuda)", 1, 0.0, 10.0)
+    launcher.kernels = [DeviceKernel("k0", 0, 1.0, 2.0, correlation=55),  # a graph launch's kernels share its id
+                        DeviceKernel("k1", 0, 1.0, 3.0, correlation=55), DeviceKernel("event_timed", 0, 1.0, 4.0)]
+    events = device_events(launcher, 1, FlowIds())
+    starts = [e["id"] for e in events if e["ph"] == "s"]
+    assert starts[0] == 55 and len(set(starts)) == 3
+    assert sorted(e["id"] for e in events if e["ph"] == "f") == sorted(starts)
 
 
 def test_callbacks_register_once_and_one_recording_owns_cupti(fake_cupti):
@@ -217,6 +259,21 @@ def test_without_cupti_the_fallback_warns_once(monkeypatch):
             pass
 
 
+def _check_nesting(events):
+    """On each track, ranges nest (as test_profiler's trace check has it)."""
+    tracks: dict = {}
+    for e in events:
+        if e["ph"] == "X":
+            tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    for track in tracks.values():
+        open_ends: list = []
+        for e in sorted(track, key=lambda e: (e["ts"], -e["dur"])):
+            while open_ends and open_ends[-1] <= e["ts"] + 1e-3:
+                open_ends.pop()
+            assert not open_ends or e["ts"] + e["dur"] <= open_ends[-1] + 2e-3, e
+            open_ends.append(e["ts"] + e["dur"])
+
+
 # ---------------------------------------------------------------------------------------------- parsing
 
 def test_clock_conversion_is_the_line_through_both_pairs():
@@ -231,12 +288,16 @@ def test_attach_follows_correlation_to_event_ids():
     launcher = FunctionEvent(41, "aten::mm", 1, 0.0, 10.0)
     records = [ActivityRecord("kernel", "sgemm", 2000, 5000, 0, 7, 900),
                ActivityRecord("memset", "Device", 1000, 1500, 0, 7, 901, nbytes=64),
+               ActivityRecord("kernel", "sgemm_tail", 5000, 5500, 0, 7, 900),
                ActivityRecord("kernel", "stray", 6000, 7000, 0, 7, 902)]
-    clock = ClockPair(0, 0), ClockPair(10_000, 10_000)
-    unclaimed = attach(records, {900: 41, 901: 41}, {41: launcher}, *clock)
-    assert [(k.name, k.start, k.duration, k.kind) for k in launcher.kernels] == [
-        ("Memset (Device)", 1.0, 0.5, "memset"), ("sgemm", 2.0, 3.0, "kernel")]
+    calls = [ApiCall("runtime", 211, 900, 300, 800, 1), ApiCall("driver", 5, 903, 900, 950, 1)]
+    activity = Activity(records, calls, {900: 41, 901: 41}, ClockPair(0, 0), ClockPair(10_000, 10_000))
+    unclaimed, launches = attach(activity, {41: launcher}, lambda domain, cbid: f"{domain}{cbid}_v7000")
+    assert [(k.name, k.start, k.duration, k.kind, k.launch_us) for k in launcher.kernels] == [
+        ("Memset (Device)", 1.0, 0.5, "memset", None), ("sgemm", 2.0, 3.0, "kernel", 0.3),
+        ("sgemm_tail", 5.0, 0.5, "kernel", 0.3)]  # one call launching two kernels: both flows leave from it
     assert [k.name for k in unclaimed] == ["stray"]
+    assert launches == [Launch(launcher, "runtime211", 0.3, 0.8, 900)]  # the call of no recorded work is dropped
 
 
 def test_copy_record_keeps_what_is_read_later():

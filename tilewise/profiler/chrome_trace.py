@@ -1,15 +1,16 @@
 """Chrome trace-event JSON of one recording, as Perfetto and chrome://tracing read it.
 
-[Note: chrome trace] Host ranges are complete ("X") events on the process's track, one thread track per
-native thread id; since each thread's ranges were opened and closed on a stack, each track nests properly.
-Device kernels, copies and memsets are "X" events (categories ``kernel``, ``gpu_memcpy``, ``gpu_memset``, with
-torch's args: stream, correlation, grid, block, registers per thread, shared memory) on a pseudo-process per
-device ("CUDA GPU k") with one track per stream ("stream N"), and a flow ("s" at the launching host range, "f"
-binding to the kernel's start, numbered by CUPTI's correlation id where there is one) links each launch to its
-kernel, as torch's ``ac2g`` flows do. Memory records are torch's ``[memory]`` instant events ("i", thread
-scope, with Bytes / Total Allocated / Device Type / Device Id / Addr) plus a counter ("C") per device, so the
-allocated bytes draw as a graph. Times are microseconds on the profiler's clock; the file is written through
-``fileio.atomic_writer``, so a reader never sees half a trace.
+[Note: chrome trace] Host ranges are complete ("X") events on the process's track, one thread track per native
+thread id; since each thread's ranges were opened and closed on a stack, each track nests properly. Device
+kernels, copies and memsets are "X" events (categories ``kernel``, ``gpu_memcpy``, ``gpu_memset``, with torch's
+args: stream, correlation, grid, block, registers per thread, shared memory) on a pseudo-process per device
+("CUDA GPU k") with one track per stream ("stream N"), and a flow ("s" at the launching host range, "f" binding
+to the kernel's start, numbered by CUPTI's correlation id where there is one, leaving from the API call that
+launched it where CUPTI saw one) links each launch to its kernel, as torch's ``ac2g`` flows do. Memory records
+are torch's ``[memory]`` instant events ("i", thread scope, with Bytes / Total Allocated / Device Type / Device
+Id / Addr) plus a counter ("C") per device, so the allocated bytes draw as a graph. Times are microseconds on
+the profiler's clock; the file is written through ``fileio.atomic_writer``, so a reader never sees half a
+trace.
 """
 
 from __future__ import annotations
@@ -56,17 +57,33 @@ def device_event(kernel, external_id: int | None) -> dict:
             "dur": _us(kernel.duration), "args": args}
 
 
-def device_events(event, pid: int, flow_id: int) -> list[dict]:
+class FlowIds:
+    """A flow's id: CUPTI's correlation id of the launch where it has one and it is still free (a graph launch
+    correlates all its kernels with one call; each flow needs its own id), else the next unused number."""
+
+    def __init__(self):
+        self.used: set[int] = set()
+        self.next = 1 << 40  # above any correlation id CUPTI hands out in one recording
+
+    def take(self, correlation: int) -> int:
+        if correlation and correlation not in self.used:
+            self.used.add(correlation)
+            return correlation
+        self.next += 1
+        return self.next
+
+
+def device_events(event, pid: int, flows: FlowIds) -> list[dict]:
     """The kernels ``event`` launched, each with the flow that ties it to the launch."""
     found = []
     for kernel in event.kernels:
-        flow = kernel.correlation or flow_id
+        flow = flows.take(kernel.correlation)
         found.append(device_event(kernel, event.id))
+        launched = kernel.launch_us if kernel.launch_us is not None else event.start_us
         found.append({"ph": "s", "id": flow, "cat": "ac2g", "name": "ac2g", "pid": pid, "tid": event.thread,
-                      "ts": _us(event.start_us)})
+                      "ts": _us(launched)})
         found.append({"ph": "f", "id": flow, "cat": "ac2g", "name": "ac2g", "bp": "e",
                       "pid": DEVICE_PID_BASE + kernel.device, "tid": kernel.stream, "ts": _us(kernel.start)})
-        flow_id += 1
     return found
 
 
@@ -100,12 +117,10 @@ def metadata_events(pid: int, threads: set[int], streams: set[tuple[int, int]]) 
 def trace_events(recorder, events) -> list[dict]:
     pid = os.getpid()
     host = [e for e in events if e.device_type is DeviceType.CPU]
-    found, flow_id = [], 1
+    found, flows = [], FlowIds()
     for event in host:
         found.append(host_event(event, pid))
-        launched = device_events(event, pid, flow_id)
-        flow_id += len(event.kernels)
-        found += launched
+        found += device_events(event, pid, flows)
     unclaimed = getattr(recorder, "unclaimed_kernels", [])
     found += [device_event(kernel, None) for kernel in unclaimed]
     for record in recorder.memory:

@@ -1,14 +1,16 @@
 """Device activity from CUPTI: every kernel, copy and memset the GPU ran, tied to the host range that launched it.
 
 [Note: device activity] When CUDA activity is profiled and cupti-python is installed, a recording asks CUPTI
-for activity records (CONCURRENT_KERNEL, MEMCPY, MEMSET, and the RUNTIME and DRIVER API records that
-EXTERNAL_CORRELATION records hang on) instead of timing ranges with CUDA events. Each record carries the
+for activity records (CONCURRENT_KERNEL, MEMCPY, MEMSET, EXTERNAL_CORRELATION, and the RUNTIME and DRIVER
+API records that the external correlations hang on) instead of timing ranges with CUDA events. Each record carries the
 device's own start and end, the stream, and a correlation id naming the API call that launched it; while a
 host range is open on a thread, the recorder keeps its event id pushed on CUPTI's per-thread stack of
 external correlation ids (``push``/``pop``, two calls per range), so CUPTI also writes one EXTERNAL_CORRELATION
 record per API call pairing its correlation id with the innermost range's id. After the recording stops,
 ``attach`` follows record -> correlation id -> event id and hangs each kernel on that event as torch's profiler
-does (a kernel of a replayed CUDA graph lands on the compiled program's event, whose launch it was).
+does (a kernel of a replayed CUDA graph lands on the compiled program's event, whose launch it was); the API
+call that launched it (``cudaLaunchKernel``, ``cuLaunchKernel``, ``cuGraphLaunch``) becomes a host range inside
+that event, where the kernel's flow arrow starts, as in torch's traces. Other API calls are not kept.
 
 Cost: CUPTI fills buffers of ``BUFFER_BYTES`` (32 MiB) that it hands back only when full or flushed, so the
 completion callback runs at the flush, when the recording stops, not during the step; the callback copies the
@@ -56,11 +58,42 @@ class ActivityRecord(NamedTuple):
     nbytes: int = 0  # of a copy or memset
 
 
+class ApiCall(NamedTuple):
+    """What is kept of one CUPTI runtime or driver API record: the host call that may have launched work."""
+
+    domain: str  # "runtime" or "driver"
+    cbid: int  # CUPTI's callback id: the function's number
+    correlation: int
+    start_ns: int
+    end_ns: int
+    thread: int  # the OS thread id (threading.get_native_id's)
+
+
 class ClockPair(NamedTuple):
     """Simultaneous readings of CUPTI's clock and the profiler's host clock (both in ns)."""
 
     device_ns: int
     host_ns: int
+
+
+class Activity(NamedTuple):
+    """Everything one recording collected from CUPTI."""
+
+    records: list[ActivityRecord]
+    calls: list[ApiCall]
+    correlations: dict[int, int]  # CUPTI correlation id -> the external id (event id) on top when it was made
+    first: ClockPair
+    last: ClockPair
+
+
+class Launch(NamedTuple):
+    """An API call that launched device work, as a host range inside the range that made it."""
+
+    launcher: object  # the FunctionEvent
+    name: str  # cudaLaunchKernel, cuLaunchKernel, cudaMemcpyAsync, ...
+    start_us: float
+    end_us: float
+    correlation: int
 
 
 def to_host_us(device_ns: int, first: ClockPair, last: ClockPair) -> float:
@@ -81,25 +114,41 @@ def display_name(record: ActivityRecord) -> str:
     return record.name
 
 
-def attach(records: list[ActivityRecord], correlations: dict[int, int], events: dict[int, object],
-           first: ClockPair, last: ClockPair) -> list:
-    """Hang each record, as a ``DeviceKernel``, on the event whose id CUPTI correlated with its launch; return the
-    kernels no event launched (started before the recording, or from a thread outside any range)."""
+def function_name(name: str) -> str:
+    """CUPTI's name of an API function without its version suffix (``cudaLaunchKernel_v7000``), as torch shows it."""
+    base, _, version = name.rpartition("_v")
+    return base if base and version.isdigit() else name
+
+
+def attach(activity: Activity, events: dict[int, object], name_of) -> tuple[list, list[Launch]]:
+    """Hang each record, as a ``DeviceKernel``, on the event whose id CUPTI correlated with its launch. Returns the
+    kernels no event launched (started before the recording, or from a thread outside any range) and the API calls
+    that launched the rest (``name_of(domain, cbid)`` names them), each kernel's ``launch_us`` set to its call's
+    start so that its flow leaves from there."""
     from tilewise.profiler.events import DeviceKernel
 
-    unclaimed = []
-    for record in sorted(records, key=lambda r: r.start_ns):
+    first, last = activity.first, activity.last
+    calls = {call.correlation: call for call in activity.calls}
+    unclaimed, launches, launched_at = [], [], {}
+    for record in sorted(activity.records, key=lambda r: r.start_ns):
         start = to_host_us(record.start_ns, first, last)
         kernel = DeviceKernel(display_name(record), record.device, to_host_us(record.end_ns, first, last) - start,
                               start, stream=record.stream, correlation=record.correlation, grid=record.grid,
                               block=record.block, registers=record.registers, shared_memory=record.shared_memory,
                               kind=record.kind, nbytes=record.nbytes)
-        launcher = events.get(correlations.get(record.correlation, -1))
+        launcher = events.get(activity.correlations.get(record.correlation, -1))
         if launcher is None:
             unclaimed.append(kernel)
-        else:
-            launcher.kernels.append(kernel)
-    return unclaimed
+            continue
+        launcher.kernels.append(kernel)
+        call = calls.pop(record.correlation, None)  # a call launching several records is listed once
+        if call is not None:
+            launched_at[call.correlation] = to_host_us(call.start_ns, first, last)
+            launches.append(Launch(launcher, function_name(name_of(call.domain, call.cbid)),
+                                   launched_at[call.correlation], to_host_us(call.end_ns, first, last),
+                                   call.correlation))
+        kernel.launch_us = launched_at.get(record.correlation)
+    return unclaimed, launches
 
 
 # ---------------------------------------------------------------------------------------------- CUPTI itself
@@ -138,7 +187,9 @@ class CuptiTracer:
         self.push_id = cupti.activity_push_external_correlation_id
         self.pop_id = cupti.activity_pop_external_correlation_id
         self.records: list[ActivityRecord] = []
+        self.calls: list[ApiCall] = []
         self.correlations: dict[int, int] = {}
+        self.names: dict[tuple[str, int], str] = {}
         self.first: ClockPair | None = None
         self.registered = False
         self.owner = None
@@ -149,10 +200,14 @@ class CuptiTracer:
 
     def _buffer_completed(self, activities: list) -> None:
         kinds = self.cupti.ActivityKind
-        correlations, records = self.correlations, self.records
+        correlations, records, calls = self.correlations, self.records, self.calls
         for activity in activities:
-            if activity.kind == kinds.EXTERNAL_CORRELATION:
+            kind = activity.kind
+            if kind == kinds.EXTERNAL_CORRELATION:
                 correlations[activity.correlation_id] = activity.external_id
+            elif kind == kinds.RUNTIME or kind == kinds.DRIVER:
+                calls.append(ApiCall("runtime" if kind == kinds.RUNTIME else "driver", activity.cbid,
+                                     activity.correlation_id, activity.start, activity.end, activity.thread_id))
             else:
                 record = copy_record(activity, kinds)
                 if record is not None:
@@ -167,7 +222,7 @@ class CuptiTracer:
         if not self.registered:
             self.cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
             self.registered = True
-        self.records, self.correlations = [], {}
+        self.records, self.calls, self.correlations = [], [], {}
         for kind in self.kinds:
             self.cupti.activity_enable(kind)
         self.first = self.clock_pair(host_now)
@@ -178,7 +233,17 @@ class CuptiTracer:
     def pop(self) -> None:
         self.pop_id(self.external_kind)
 
-    def stop(self, host_now) -> tuple[list[ActivityRecord], dict[int, int], ClockPair, ClockPair]:
+    def name_of(self, domain: str, cbid: int) -> str:
+        """The API function CUPTI numbers ``cbid`` in ``domain`` ("runtime" or "driver")."""
+        key = (domain, cbid)
+        name = self.names.get(key)
+        if name is None:
+            domains = self.cupti.CallbackDomain
+            which = domains.RUNTIME_API if domain == "runtime" else domains.DRIVER_API
+            name = self.names[key] = str(self.cupti.get_callback_name(which, cbid))
+        return name
+
+    def stop(self, host_now) -> Activity:
         """Wait for the devices, flush every buffer (the completion callback runs now) and stop collecting."""
         from tilewise import cuda
 
@@ -188,8 +253,9 @@ class CuptiTracer:
         self.cupti.activity_flush_all(1)
         for kind in self.kinds:
             self.cupti.activity_disable(kind)
-        records, correlations, self.records, self.correlations = self.records, self.correlations, [], {}
-        return records, correlations, self.first, last
+        activity = Activity(self.records, self.calls, self.correlations, self.first, last)
+        self.records, self.calls, self.correlations = [], [], {}
+        return activity
 
 
 _tracer: CuptiTracer | None = None

@@ -49,6 +49,7 @@ class DeviceKernel:
     shared_memory: int = 0  # bytes per block, static and dynamic
     kind: str = "kernel"  # "kernel", "memcpy" or "memset"
     nbytes: int = 0  # of a copy or memset
+    launch_us: float | None = None  # when the API call that launched it began (CUPTI), on the profiler's clock
 
 
 class _TimeStrings:

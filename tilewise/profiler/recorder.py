@@ -182,11 +182,28 @@ class Recorder:
         if tracer is None:
             return
         try:
-            records, correlations, first, last = tracer.stop(self.host_ns)
+            activity = tracer.stop(self.host_ns)
         finally:
             device_activity.release(tracer)
         by_id = {event.id: event for event in self.events}
-        self.unclaimed_kernels = device_activity.attach(records, correlations, by_id, first, last)
+        self.unclaimed_kernels, launches = device_activity.attach(activity, by_id, tracer.name_of)
+        for launch in launches:
+            self.add_launch(launch)
+
+    def add_launch(self, launch) -> None:
+        """The API call that launched device work, as torch lists it: a host range (``cuda_runtime`` or
+        ``cuda_driver``) inside the range that made it, placed among that range's children by its start."""
+        launcher = launch.launcher
+        start = min(max(launch.start_us, launcher.start_us), launcher.end_us)  # the clocks' fit is good to ~1 us
+        end = min(max(launch.end_us, start), launcher.end_us)
+        event = FunctionEvent(next(_ids), launch.name, launcher.thread, start, end,
+                              kind="cuda_runtime" if launch.name.startswith("cuda") else "cuda_driver",
+                              use_device=launcher.use_device, cpu_parent=launcher)
+        event.args["correlation"] = launch.correlation
+        children = launcher.cpu_children
+        position = next((k for k, c in enumerate(children) if c.start_us > start), len(children))
+        children.insert(position, event)
+        self.events.append(event)
 
     def device_range_start(self, device: int, stream=None):
         from tilewise.cuda import Event
