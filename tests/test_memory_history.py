@@ -248,3 +248,10 @@ def test_snapshot_of_real_allocations(tmp_path):
     assert any(blk["address"] == b.data_ptr() for blk in blocks)
     memory.plot_timeline(snapshot, str(tmp_path / "t.html"))
     memory_viz.trace(snapshot)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    result = doctest.testmod(memory, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0

@@ -144,3 +144,14 @@ def test_emit_nvtx_beside_a_profile_leaves_the_profile_alone(fake_nvtx):
     assert [e.name for e in prof.events()] == ["aten::mul", "aten::add"]
     assert fake_nvtx.pushed() == ["aten::mul"]
     assert not dispatch.profiling
+
+
+@pytest.mark.parametrize("module", ["tilewise.cuda.nvtx", "tilewise.autograd.profiler"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the nvtx package is missing here: its one warning
+        result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0

@@ -5,8 +5,8 @@ without a browser-side script: the x axis counts the trace's alloc and free acti
 frees is as wide as a slow one), the y axis is live bytes. Live allocations are stacked in the order they
 were made; when one is freed, those above it drop by its size, so every band is a step polygon and the top of
 the stack is the total. The ``LABELLED`` largest allocations get a colour of their own and a legend entry
-naming their size and the innermost Python frames that made them; every band carries its size and frames as
-a tooltip. An allocation freed in the trace but made before it began starts at the left edge; one still live
+naming their size and the innermost Python frames that made them outside tilewise; every band carries its
+size and frames as a tooltip. An allocation freed in the trace but made before it began starts at the left edge; one still live
 at the end runs to the right edge. HTML is self-contained (inline SVG); a ``.png`` path draws the same with
 matplotlib, where it is installed.
 """
@@ -14,8 +14,10 @@ matplotlib, where it is installed.
 from __future__ import annotations
 
 import html
+import os
 from dataclasses import dataclass, field
 
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 LABELLED = 10
 WIDTH, HEIGHT, MARGIN = 1000, 420, 60
 COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
@@ -99,7 +101,10 @@ def _free(live: list[Band], addr: int, t: int) -> int:
 
 
 def describe(frames: list, depth: int = 3) -> str:
-    return " ← ".join(f"{f['name']} ({f['filename']}:{f['line']})" for f in frames[:depth]) or "(no frames recorded)"
+    """The innermost frames of the code that asked for the memory (tilewise's own frames skipped where others
+    remain: the line of the model or script is what names an allocation)."""
+    outside = [f for f in frames if not f["filename"].startswith(PACKAGE_DIR)] or frames
+    return " ← ".join(f"{f['name']} ({f['filename']}:{f['line']})" for f in outside[:depth]) or "(no frames recorded)"
 
 
 def format_bytes(n: float) -> str:
