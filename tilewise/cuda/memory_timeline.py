@@ -1,14 +1,14 @@
 """Live device memory over time, one band per allocation: a memory snapshot's history drawn as one file.
 
-[Note: memory timeline] This is the picture torch's memory_viz calls the active memory timeline, drawn
-without a browser-side script: the x axis counts the trace's alloc and free actions (so a burst of small
-frees is as wide as a slow one), the y axis is live bytes. Live allocations are stacked in the order they
-were made; when one is freed, those above it drop by its size, so every band is a step polygon and the top of
-the stack is the total. The ``LABELLED`` largest allocations get a colour of their own and a legend entry
-naming their size and the innermost Python frames that made them outside tilewise; every band carries its
-size and frames as a tooltip. An allocation freed in the trace but made before it began starts at the left edge; one still live
-at the end runs to the right edge. HTML is self-contained (inline SVG); a ``.png`` path draws the same with
-matplotlib, where it is installed.
+[Note: memory timeline] This is the picture torch's memory_viz calls the active memory timeline, drawn without a
+browser-side script: the x axis counts the trace's alloc and free actions (so a burst of small frees is as wide
+as a slow one), the y axis is live bytes. Live allocations are stacked in the order they were made; when one is
+freed, those above it drop by its size, so every band is a step polygon and the top of the stack is the total.
+The ``LABELLED`` largest allocations get a colour of their own and a legend entry naming their size and the
+innermost Python frames that made them outside tilewise; every band carries its size and frames as a tooltip. An
+allocation freed in the trace but made before it began starts at the left edge; one still live at the end runs
+to the right edge. HTML is self-contained (inline SVG); a ``.png`` path draws the same with matplotlib, where it
+is installed.
 """
 
 from __future__ import annotations
