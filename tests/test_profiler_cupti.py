@@ -239,6 +239,20 @@ def test_callbacks_register_once_and_one_recording_owns_cupti(fake_cupti):
     assert fake_cupti.registrations == 1
 
 
+def test_cupti_refusing_to_start_falls_back_to_events(fake_cupti, monkeypatch):
+    def refuse(kind):
+        if kind == FakeCupti.ActivityKind.DRIVER:
+            raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+        fake_cupti.enabled.add(int(kind))
+
+    monkeypatch.setattr(fake_cupti, "activity_enable", refuse)
+    with pytest.warns(UserWarning, match="CUPTI could not start .*MULTIPLE_SUBSCRIBERS"):
+        with twp.profile(activities=ACTIVITIES) as prof:
+            pass
+    assert prof.profiler.device_timing == "CUDA events" and fake_cupti.enabled == set()
+    assert device_activity._tracer.owner is None
+
+
 def test_cpu_only_profiles_leave_cupti_alone(fake_cupti):
     with twp.profile(activities=[twp.ProfilerActivity.CPU]) as prof:
         assert prof.recorder.tracer is None

@@ -227,6 +227,14 @@ class CuptiTracer:
             self.cupti.activity_enable(kind)
         self.first = self.clock_pair(host_now)
 
+    def abandon(self) -> None:
+        """Undo a start that failed part way: whatever kinds it enabled are disabled again."""
+        for kind in self.kinds:
+            try:
+                self.cupti.activity_disable(kind)
+            except Exception:  # noqa: BLE001, S112 — a kind that was never enabled
+                continue
+
     def push(self, event_id: int) -> None:
         self.push_id(self.external_kind, event_id)
 

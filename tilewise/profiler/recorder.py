@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 
 from tilewise import dispatch
@@ -174,7 +175,14 @@ class Recorder:
         tracer = device_activity.acquire(self)
         if tracer is None:
             return
-        tracer.start(self.host_ns)
+        try:
+            tracer.start(self.host_ns)
+        except Exception as exc:  # noqa: BLE001 — CUPTI refused (another profiler attached, no permission): events
+            device_activity.release(tracer)
+            tracer.abandon()
+            warnings.warn(f"tilewise.profiler: CUPTI could not start ({exc}); CUDA activity is timed with CUDA "
+                          f"events instead", stacklevel=4)
+            return
         self.tracer, self.device_timing = tracer, "CUPTI"
 
     def stop_device_activity(self) -> None:
