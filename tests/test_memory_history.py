@@ -155,6 +155,18 @@ def test_enabling_again_keeps_history_unless_cleared(fake_device):
     assert memory._snapshot()["device_traces"][0] == []
 
 
+def test_signatures_are_torchs():
+    import inspect
+
+    ours = inspect.signature(memory._record_memory_history).parameters
+    theirs = inspect.signature(torch_memory._record_memory_history_impl).parameters
+    assert list(ours) == list(theirs)
+    assert all(ours[name].default == theirs[name].default for name in ours)
+    for name in ("_snapshot", "_dump_snapshot"):
+        assert list(inspect.signature(getattr(memory, name)).parameters) == list(
+            inspect.signature(getattr(torch_memory, name)).parameters)
+
+
 def test_out_of_memory_is_recorded():
     allocator = CachingAllocator(FakeBackend(capacity=4 * MiB), FakeEvents())
     allocator.history = MemoryHistory(0)

@@ -388,3 +388,20 @@ def test_a_profiled_compiled_training_step_gives_the_same_loss():
     assert profiled == unprofiled
     assert prof.profiler.device_timing == "CUPTI"
     assert any(e.device_type.name == "CUDA" and e.self_cuda_time_total > 0 for e in prof.events())
+
+
+@pytest.mark.slow
+def test_overhead_benchmark_runs_on_the_cpu(tmp_path):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "i"))
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "profiler_overhead.py"), "--quick", "--device",
+                           "cpu"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| tilewise compiled (whole step) |" in done.stdout and "ratio" in done.stdout
+    losses = done.stdout.split("losses ")[-1].split("; ")
+    ours, theirs = (part.split(": ")[1].split() for part in losses)
+    assert [float(v) for v in ours] == pytest.approx([float(v) for v in theirs], rel=1e-3)
