@@ -22,8 +22,9 @@ beside the profiler's host clock when activity starts and when it stops, and map
 timeline linearly between the two samples (an offset and a rate, so neither clock's drift matters).
 
 CUPTI takes one set of buffer callbacks per process, so one recording at a time owns the tracer
-(``acquire``); another recording that asks for CUDA activity meanwhile falls back to CUDA events. Without
-cupti-python the fallback is the same, with a warning the first time.
+(``acquire``); another recording that asks for CUDA activity meanwhile falls back to CUDA events. The
+callbacks are registered again at each start, since another profiler in the process may have replaced them.
+Without cupti-python the fallback is the same, with a warning the first time.
 """
 
 from __future__ import annotations
@@ -191,7 +192,6 @@ class CuptiTracer:
         self.correlations: dict[int, int] = {}
         self.names: dict[tuple[str, int], str] = {}
         self.first: ClockPair | None = None
-        self.registered = False
         self.owner = None
 
     # called from CUPTI's thread at a flush
@@ -219,9 +219,9 @@ class CuptiTracer:
         return ClockPair(device, (before + host_now()) // 2)
 
     def start(self, host_now) -> None:
-        if not self.registered:
-            self.cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-            self.registered = True
+        # registered at every start: CUPTI keeps one pair of callbacks per process, and another profiler in the
+        # process (torch's Kineto, say) may have put its own there since
+        self.cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
         self.records, self.calls, self.correlations = [], [], {}
         for kind in self.kinds:
             self.cupti.activity_enable(kind)
