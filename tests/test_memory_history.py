@@ -217,6 +217,17 @@ def test_stacked_bands_follow_live_bytes():
     assert by_addr[4].end == end
 
 
+def test_long_traces_are_sampled_to_the_plot_width():
+    trace = [{"action": "alloc", "addr": 0, "size": 100, "frames": []}]
+    for k in range(1, 1000):  # a short-lived allocation per two actions, the first one live throughout
+        trace += [{"action": "alloc", "addr": k, "size": 1, "frames": []},
+                  {"action": "free_requested", "addr": k, "size": 1, "frames": []}]
+    bands, totals, end = stack_bands(trace, columns=50)
+    assert len(totals) == len(trace) and end == len(trace) + 1  # totals stay exact
+    assert all(len(b.steps) <= 51 for b in bands) and len(bands[0].steps) == 1
+    assert sum(1 for b in bands if b.steps) <= 51  # those living between two samples are not drawn
+
+
 def test_plot_timeline_writes_bands_and_labels_the_largest(fake_device, tmp_path):
     memory._record_memory_history()
     ptrs = [make_tensor_like(fake_device, (k + 1) * 1024) for k in range(12)]

@@ -47,31 +47,42 @@ class Band:
         return bottom + [(t, offset + self.size) for t, offset in reversed(bottom)]
 
 
-def stack_bands(trace: list[dict]) -> tuple[list[Band], list[int], int]:
-    """The bands of a device trace, the total live bytes after each action, and the number of actions."""
+def stack_bands(trace: list[dict], columns: int | None = None) -> tuple[list[Band], list[int], int]:
+    """The bands of a device trace, the total live bytes after each action, and the number of actions + 1.
+    Bands' offsets are sampled after every action, or, with ``columns`` fewer than the actions, ``columns`` times
+    evenly (what a plot that wide can show; a band living between two samples then has no steps)."""
     events = [e for e in trace if e["action"] in ("alloc", "free_requested")]
-    live: list[Band] = []
-    bands: list[Band] = []
+    live: list[Band] = _made_before_trace(events)
+    bands: list[Band] = list(live)
     totals: list[int] = []
-    freed_unseen = _made_before_trace(events)
-    for band in freed_unseen:
-        band.steps.append((0, sum(b.size for b in live)))
-        live.append(band)
-        bands.append(band)
-    total = sum(b.size for b in live)
+    every = 1.0 if columns is None or len(events) <= columns else len(events) / columns
+    _sample(live, 0)
+    total, next_sample = sum(b.size for b in live), every
     for t, event in enumerate(events, start=1):
         if event["action"] == "alloc":
-            band = Band(event["addr"], event["size"], event.get("frames", []), t, steps=[(t, total)])
+            band = Band(event["addr"], event["size"], event.get("frames", []), t)
             live.append(band)
             bands.append(band)
             total += band.size
         else:
             total -= _free(live, event["addr"], t)
         totals.append(total)
+        if t >= next_sample:
+            _sample(live, t)
+            next_sample += every
     end = len(events) + 1
     for band in live:
         band.end = end
     return bands, totals, end
+
+
+def _sample(live: list[Band], t: int) -> None:
+    """Note each live band's offset at ``t`` where it changed (the bands below it were freed) or is new."""
+    offset = 0
+    for band in live:
+        if not band.steps or band.steps[-1][1] != offset:
+            band.steps.append((t, offset))
+        offset += band.size
 
 
 def _made_before_trace(events: list[dict]) -> list[Band]:
@@ -88,14 +99,12 @@ def _made_before_trace(events: list[dict]) -> list[Band]:
 
 
 def _free(live: list[Band], addr: int, t: int) -> int:
-    """Close the live band at ``addr`` and drop the bands above it; its size, or 0 if none was live there."""
+    """Close the live band at ``addr`` (the latest made there); its size, or 0 if none was live there."""
     for k in range(len(live) - 1, -1, -1):
         band = live[k]
         if band.addr == addr:
             del live[k]
             band.end = t
-            for above in live[k:]:
-                above.steps.append((t, above.steps[-1][1] - band.size))
             return band.size
     return 0
 
@@ -129,7 +138,7 @@ def plot_timeline(snapshot: dict, path: str, device: int | None = None) -> None:
     """Draw ``snapshot``'s history of ``device`` (default: the first with one) to ``path``: self-contained HTML,
     or PNG through matplotlib when ``path`` ends in ``.png``."""
     device, trace = device_trace(snapshot, device)
-    bands, totals, end = stack_bands(trace)
+    bands, totals, end = stack_bands(trace, columns=WIDTH - 2 * MARGIN)
     labelled = sorted(bands, key=lambda b: -b.size)[:LABELLED]
     if str(path).endswith(".png"):
         _write_png(path, bands, labelled, end, device)
@@ -138,21 +147,48 @@ def plot_timeline(snapshot: dict, path: str, device: int | None = None) -> None:
         file.write(render_html(bands, labelled, totals, end, device))
 
 
+class Canvas:
+    """Bytes and action indices to the SVG's pixels, and polygons cut down to what a pixel can show."""
+
+    def __init__(self, end: int, peak: int):
+        self.x_scale = (WIDTH - 2 * MARGIN) / end
+        self.y_scale = (HEIGHT - 2 * MARGIN) / peak
+
+    def pixel(self, t: float, y: float) -> tuple[float, float]:
+        return round(MARGIN + t * self.x_scale, 1), round(HEIGHT - MARGIN - y * self.y_scale, 1)
+
+    def path(self, points) -> str:
+        """The points in pixels, each run within one pixel column kept only by its first and last point (a band
+        of a long trace changes level many times per column; the eye sees only the extremes)."""
+        kept: list[tuple[float, float]] = []
+        for x, y in (self.pixel(t, v) for t, v in points):
+            if kept and kept[-1] == (x, y):
+                continue
+            if len(kept) >= 2 and int(kept[-1][0]) == int(x) == int(kept[-2][0]):
+                kept[-1] = (x, y)
+            else:
+                kept.append((x, y))
+        return " ".join(f"{x},{y}" for x, y in kept)
+
+
 def render_html(bands: list[Band], labelled: list[Band], totals: list[int], end: int, device: int) -> str:
+    """The page: the total as a filled area, then a polygon per allocation at least half a pixel tall (smaller
+    ones show as the area beneath), the labelled ones coloured."""
     peak = max(totals + [sum(b.size for b in bands if b.start == 0)], default=0) or 1
     colour = {id(b): COLOURS[k % len(COLOURS)] for k, b in enumerate(labelled)}
-
-    def point(t: float, y: float) -> str:
-        return f"{MARGIN + t * (WIDTH - 2 * MARGIN) / end:.1f},{HEIGHT - MARGIN - y * (HEIGHT - 2 * MARGIN) / peak:.1f}"
-
+    canvas = Canvas(end, peak)
+    visible = 0.5 / canvas.y_scale
     polygons = []
     for band in bands:
+        if not band.steps or (band.size < visible and id(band) not in colour):
+            continue
         tip = html.escape(f"{format_bytes(band.size)} at {band.addr:#x}\n{describe(band.frames, 8)}")
-        points = " ".join(point(t, y) for t, y in band.outline())
         polygons.append(f'<polygon class="allocation" data-addr="{band.addr}" data-size="{band.size}" '
-                        f'points="{points}" fill="{colour.get(id(band), UNLABELLED)}" stroke="white" '
-                        f'stroke-width="0.3"><title>{tip}</title></polygon>')
-    total_line = " ".join(point(t, y) for t, y in enumerate(totals, start=1))
+                        f'points="{canvas.path(band.outline())}" fill="{colour.get(id(band), UNLABELLED)}" '
+                        f'stroke="white" stroke-width="0.3"><title>{tip}</title></polygon>')
+    steps = [(0, totals[0] if totals else 0)] + list(enumerate(totals, start=1)) + [(end, totals[-1] if totals else 0)]
+    total_line = canvas.path(steps)
+    area = canvas.path([(0, 0)] + steps + [(end, 0)])
     legend = "".join(f'<li><span style="background:{colour[id(b)]}"></span>{format_bytes(b.size)} — '
                      f'{html.escape(describe(b.frames))}</li>' for b in labelled)
     return f"""<!DOCTYPE html>
@@ -167,6 +203,7 @@ margin-right:6px}} ul{{list-style:none;padding:0;font-size:13px}}</style></head>
 <text x="{MARGIN - 4}" y="{MARGIN}" text-anchor="end" font-size="11">{format_bytes(peak)}</text>
 <text x="{MARGIN - 4}" y="{HEIGHT - MARGIN}" text-anchor="end" font-size="11">0</text>
 <text x="{WIDTH / 2}" y="{HEIGHT - MARGIN / 3}" text-anchor="middle" font-size="12">allocator action</text>
+<polygon id="total-area" points="{area}" fill="{UNLABELLED}"/>
 {chr(10).join(polygons)}
 <polyline id="total" points="{total_line}" fill="none" stroke="black" stroke-width="1"/>
 </svg>
@@ -183,7 +220,7 @@ def _write_png(path: str, bands: list[Band], labelled: list[Band], end: int, dev
                            "instead") from exc
     figure, axes = pyplot.subplots(figsize=(12, 5))
     colour = {id(b): COLOURS[k % len(COLOURS)] for k, b in enumerate(labelled)}
-    for band in bands:
+    for band in (b for b in bands if b.steps):
         xs, ys = zip(*band.outline(), strict=True)
         label = f"{format_bytes(band.size)}: {describe(band.frames, 1)}" if id(band) in colour else None
         axes.fill(xs, ys, color=colour.get(id(band), UNLABELLED), linewidth=0.2, edgecolor="white", label=label)
