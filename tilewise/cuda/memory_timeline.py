@@ -7,8 +7,10 @@ freed, those above it drop by its size, so every band is a step polygon and the 
 The ``LABELLED`` largest allocations get a colour of their own and a legend entry naming their size and the
 innermost Python frames that made them outside tilewise; every band carries its size and frames as a tooltip. An
 allocation freed in the trace but made before it began starts at the left edge; one still live at the end runs
-to the right edge. HTML is self-contained (inline SVG); a ``.png`` path draws the same with matplotlib, where it
-is installed.
+to the right edge. A long trace is sampled once per pixel column (the totals stay exact; an allocation living
+between two samples shows only in the total's area beneath the bands), and a band thinner than half a pixel is
+left to that area too, so a step of tens of thousands of actions draws in a second or two. HTML is
+self-contained (inline SVG); a ``.png`` path draws the same with matplotlib, where it is installed.
 """
 
 from __future__ import annotations
