@@ -278,3 +278,43 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(memory, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_png_goes_through_matplotlib(fake_device, tmp_path, monkeypatch):
+    """matplotlib is not a dependency of the CPU tests: a stand-in for pyplot checks what the plot asks of it."""
+    import sys
+    import types
+
+    drawn = []
+
+    class Axes:
+        def fill(self, xs, ys, **kwargs):
+            drawn.append((len(xs), kwargs.get("label")))
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+    class Figure:
+        def tight_layout(self):
+            pass
+
+        def savefig(self, path):
+            open(path, "wb").write(b"\x89PNG")
+
+    pyplot = types.ModuleType("matplotlib.pyplot")
+    pyplot.subplots = lambda **kwargs: (Figure(), Axes())
+    pyplot.close = lambda figure: None
+    package = types.ModuleType("matplotlib")
+    package.pyplot = pyplot
+    monkeypatch.setitem(sys.modules, "matplotlib", package)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
+    memory._record_memory_history()
+    for k in range(3):
+        make_tensor_like(fake_device, (k + 1) * 1024)
+    memory.plot_timeline(memory._snapshot(), str(tmp_path / "t.png"))
+    assert (tmp_path / "t.png").read_bytes() == b"\x89PNG"
+    assert [label.split(" (")[0] for _, label in drawn] == [
+        "1.0 KiB: make_tensor_like", "2.0 KiB: make_tensor_like", "3.0 KiB: make_tensor_like"]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(RuntimeError, match="needs matplotlib"):
+        memory.plot_timeline(memory._snapshot(), str(tmp_path / "u.png"))
