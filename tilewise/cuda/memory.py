@@ -37,8 +37,8 @@ def _record_memory_history(enabled: str | bool | None = "all", context: str | No
     check_settings(enabled, context, stacks, max_entries, skip_actions)
     settings = None if enabled is None else {"enabled": enabled, "context": context, "stacks": stacks,
                                              "max_entries": max_entries, "skip_actions": skip_actions}
+    _bypass_free_lists(settings is not None)  # first: the blocks the free lists give back are no frees to record
     _allocator.set_history(settings, keep=not clear_history)
-    _bypass_free_lists(settings is not None)
 
 
 def _bypass_free_lists(bypass: bool) -> None:
@@ -54,8 +54,8 @@ def _bypass_free_lists(bypass: bool) -> None:
 
 def _snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict:
     """torch's ``Snapshot``: ``segments`` (each with its ``blocks``), ``device_traces`` (one list of actions per
-    device) and ``allocator_settings``. The segments are the allocator's whatever history records; the
-    traces are empty unless ``_record_memory_history(enabled="all")`` runs."""
+    device) and ``allocator_settings``. The segments are there whether or not history records (their blocks'
+    frames only while it does); the traces are empty unless ``_record_memory_history(enabled="all")`` runs."""
     return snapshot_of(_allocator.device_allocators())
 
 
