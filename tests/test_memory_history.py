@@ -114,6 +114,26 @@ def test_cross_stream_free_completes_later(fake_device):
     assert actions[-2:] == ["free_completed", "alloc"]
 
 
+def test_the_backends_free_lists_are_bypassed_while_recording(fake_device, monkeypatch):
+    from tilewise.backends.cuda import device_memory
+
+    monkeypatch.setattr(device_memory, "_memories", {})
+    buffer = device_memory.DeviceBuffer(1000, 0, 0)
+    del buffer  # cached on the backend's free list: the allocator never hears of it
+    assert device_memory._memories[0].cached == 1024
+    memory._record_memory_history()
+    mem = device_memory._memories[0]
+    assert mem.cached == 0 and mem.cache_limit == -1
+    assert memory._snapshot()["device_traces"][0] == []  # giving the cached block back is not a free
+    buffer = device_memory.DeviceBuffer(1000, 0, 0)
+    del buffer
+    assert [e["action"] for e in memory._snapshot()["device_traces"][0]] == ["alloc", "free_requested",
+                                                                              "free_completed"]
+    memory._record_memory_history(enabled=None)
+    assert mem.cache_limit == device_memory.SMALL_CACHE_LIMIT
+    assert device_memory.DeviceMemory(0).cache_limit == device_memory.SMALL_CACHE_LIMIT
+
+
 def test_contexts_decide_where_frames_are_kept(fake_device):
     for context, alloc_frames, free_frames, block_frames in (
             (None, False, False, False), ("state", False, False, True), ("alloc", True, False, True),
