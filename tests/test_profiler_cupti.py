@@ -169,6 +169,21 @@ def test_records_hang_on_the_range_that_launched_them(fake_cupti):
     assert fake_cupti.enabled == set() and fake_cupti.stack() == []  # stopped, every push popped
 
 
+def test_compiled_programs_and_autograd_run_unchanged_under_cupti(fake_cupti):
+    compiled = tw.compile(lambda a: (a * 2).exp().sum())
+    a = tw.linspace(-1, 1, 6).reshape(2, 3)
+    expected = compiled(a).item()
+    w = tw.ones(3, requires_grad=True)
+    with twp.profile(activities=ACTIVITIES) as prof:
+        got = compiled(a).item()
+        (a * w).sum().backward()
+    assert got == expected and w.grad.tolist() == (a.sum(0)).tolist()
+    assert fake_cupti.stack() == [] and prof.profiler.device_timing == "CUPTI"
+    names = [e.name for e in prof.events()]
+    assert any(n.startswith("CompiledProgram") for n in names) and "autograd::engine::evaluate_function: " \
+        "SumBackward0" in names
+
+
 def test_key_averages_lists_kernels_as_torch_does(fake_cupti):
     with twp.profile(activities=ACTIVITIES) as prof:
         for _ in range(3):
