@@ -33,6 +33,8 @@ PLUG_INS: tuple[PlugIn, ...] = (
            "the Profiler key: an operator call inside a profiler event while tilewise.profiler.profile records"),
     PlugIn("tilewise.autograd.engine:profile_node", "tilewise.profiler.recorder",
            "an autograd node's work inside torch's engine ranges while a profile records"),
+    PlugIn("tilewise.autograd.profiler:nvtx_ranges", "tilewise.profiler.nvtx_ranges",
+           "emit_nvtx: NVTX ranges from the profiler's hooks while it is entered"),
     # the tensor model (see [Note: methods from above] in tensor.py)
     PlugIn("tilewise.tensor:FACTORIES.empty", "tilewise.ops.creation",
            "Tensor(2, 3) and the legacy types' constructors make tensors with the empty factory"),

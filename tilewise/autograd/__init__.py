@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from tilewise.autograd import profiler  # noqa: F401 — torch.autograd.profiler.emit_nvtx
 from tilewise.autograd.anomaly_mode import detect_anomaly, set_detect_anomaly
 from tilewise.autograd.engine import run_backward
 from tilewise.autograd.function import Function, FunctionCtx

@@ -108,9 +108,9 @@ def _sleep(cycles: int) -> None:
 # ---------------------------------------------------------------------------------------------- memory
 
 def _memory(device: Any):
-    from tilewise.backends.cuda import memory
+    from tilewise.backends.cuda import memory as device_memory
 
-    return memory(_index(device))
+    return device_memory(_index(device))
 
 
 def memory_allocated(device: Any = None) -> int:
@@ -172,3 +172,5 @@ manual_seed_all = manual_seed
 
 
 globals().update({cls.__name__: cls for cls in _CUDA_TYPES.values()})  # tilewise.cuda.FloatTensor, ...
+
+from tilewise.cuda import memory, nvtx  # noqa: E402, F401 — torch.cuda.memory and torch.cuda.nvtx

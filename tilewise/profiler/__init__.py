@@ -7,6 +7,7 @@ torch.profiler's API: operator, program-step, memory and device events, ``key_av
 Chrome/Perfetto traces. All are built over the whole public API, above the compiler.
 """
 
+from tilewise.profiler import nvtx_ranges  # noqa: F401 — fills emit_nvtx's slot in tilewise.autograd.profiler
 from tilewise.profiler.explain import Explanation, StepRecord  # noqa: F401 — tilewise.explain returns one
 from tilewise.profiler.profile import (
     ProfilerAction,  # noqa: F401

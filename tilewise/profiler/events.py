@@ -34,12 +34,22 @@ class Interval:
 
 @dataclass
 class DeviceKernel:
-    """A kernel (or library call) a host event launched, timed on the device."""
+    """A kernel, copy or memset a host event launched, timed on the device: from CUPTI's records (with its
+    stream, launch shape and correlation id), or, without CUPTI, a CUDA-event range named after the event."""
 
     name: str
     device: int
     duration: float  # microseconds
     start: float = 0.0  # microseconds on the profiler's clock, where known
+    stream: int = 0
+    correlation: int = 0  # CUPTI's id of the launching API call; 0 for a CUDA-event range
+    grid: tuple = ()
+    block: tuple = ()
+    registers: int = 0  # per thread
+    shared_memory: int = 0  # bytes per block, static and dynamic
+    kind: str = "kernel"  # "kernel", "memcpy" or "memset"
+    nbytes: int = 0  # of a copy or memset
+    launch_us: float | None = None  # when the API call that launched it began (CUPTI), on the profiler's clock
 
 
 class _TimeStrings:

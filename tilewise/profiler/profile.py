@@ -7,6 +7,8 @@ picks the same transitions torch's ``action_map`` does (prepare a recording, sta
 one is started the dispatcher's Profiler key puts every operator call, compiled program and program step into
 it (see [Note: the Profiler key]). What the user reads — ``events()``, ``key_averages()``, the table,
 ``export_chrome_trace`` — is built from the last recording that stopped, as torch reports only the last cycle.
+With CUDA among the activities, the device's kernels, copies and memsets come from CUPTI where cupti-python is
+installed (see [Note: device activity]), each its own row under its kernel's name.
 
 >>> import tilewise as tw
 >>> from tilewise.profiler import profile, ProfilerActivity
@@ -217,6 +219,7 @@ class profile:  # noqa: N801 — torch's name
     def start_trace(self) -> None:
         if self.recorder is None:
             self.prepare_trace()
+        self.recorder.start_device_activity()
         activate(self.recorder)
 
     def stop_trace(self) -> None:
@@ -224,6 +227,7 @@ class profile:  # noqa: N801 — torch's name
         if recorder is None or not recorder.active:
             return
         deactivate(recorder)
+        recorder.stop_device_activity()
         recorder.finish()
         self.profiler, self.recorder, self._events = recorder, None, None
         if self.acc_events:

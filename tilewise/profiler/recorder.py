@@ -12,10 +12,12 @@ Every thread has its own stack (``threading.local``), so events of other threads
 nest only among themselves; the event list itself is appended to from any thread (a ``list.append`` is atomic).
 Memory is followed per tensor storage: a storage an operator returns that none of its inputs held is an
 allocation of that operator, and a finalizer on it records the free against whatever range is innermost on the
-thread that drops it. Device time, when CUDA activity is asked for, comes from CUDA events recorded on the
-current stream around each operator on a CUDA device and each step of a compiled CUDA program; they are read
-when the recording stops (one synchronisation), and only events without children keep theirs, so that a
-composite's device time is its primitives'.
+thread that drops it. Device time, when CUDA activity is asked for, comes from CUPTI's records of every
+kernel, copy and memset, each hung on the innermost range open when it was launched (see [Note: device
+activity] in ``device_activity``). Without CUPTI it comes from CUDA events recorded on the current stream
+around each operator on a CUDA device and each step of a compiled CUDA program; they are read when the
+recording stops (one synchronisation), and only events without children keep theirs, so that a composite's
+device time is its primitives'.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 
 from tilewise import dispatch
 from tilewise.autograd import engine as autograd_engine
 from tilewise.compiler import program as compiled_programs
 from tilewise.dispatch import call_below_profiler, device_of
+from tilewise.profiler import device_activity
 from tilewise.profiler.events import DeviceKernel, DeviceType, EventList, FunctionEvent
 from tilewise.tensor import Tensor
 
@@ -71,6 +75,9 @@ class Recorder:
         self.known = weakref.WeakSet()  # storages already counted
         self.device_ranges: list = []  # (event, start Event, end Event, device index), read at ``finish``
         self.clock: dict[int, tuple] = {}  # device index -> (reference Event, its host time in ns)
+        self.tracer: device_activity.CuptiTracer | None = None  # CUPTI, while it records device activity
+        self.unclaimed_kernels: list[DeviceKernel] = []  # CUPTI's records no range of this recording launched
+        self.device_timing = "CUDA events" if use_cuda else "none"  # "CUPTI" once CUPTI records for this one
         self.active = False
         self._local = threading.local()
         self._memory_lock = threading.Lock()
@@ -83,7 +90,9 @@ class Recorder:
             stack = local.stack = []
         return stack
 
-    def open(self, name: str, kind: str) -> FunctionEvent:
+    def open(self, name: str, kind: str, args: tuple | None = None) -> FunctionEvent:
+        """Open a range named ``name`` on this thread (``args``: an operator's, for stand-ins that name ranges
+        by their shapes; see ``nvtx_ranges``)."""
         stack = self.stack()
         event = FunctionEvent(next(_ids), name, threading.get_native_id(), 0.0, kind=kind,
                               use_device="cuda" if self.use_cuda else None)
@@ -96,11 +105,15 @@ class Recorder:
             stack[-1].cpu_children.append(event)
         stack.append(event)
         self.events.append(event)
+        if self.tracer is not None:
+            self.tracer.push(event.id)
         event.start_us = (now_ns() - self.origin_ns) / 1000
         return event
 
     def close(self, event: FunctionEvent) -> None:
         event.end_us = (now_ns() - self.origin_ns) / 1000
+        if self.tracer is not None:
+            self.tracer.pop()
         stack = self.stack()
         if stack and stack[-1] is event:
             stack.pop()
@@ -147,6 +160,59 @@ class Recorder:
                 stack[-1].own_device_memory -= nbytes
 
     # ------------------------------------------------------------------ device time
+    @property
+    def times_with_events(self) -> bool:
+        """Whether device time comes from CUDA events around ranges (CUDA asked for, CUPTI not recording)."""
+        return self.use_cuda and self.tracer is None
+
+    def host_ns(self) -> int:
+        return now_ns() - self.origin_ns
+
+    def start_device_activity(self) -> None:
+        """Record CUPTI's kernel, copy and memset records while this recording is active, where CUPTI can."""
+        if not self.use_cuda:
+            return
+        tracer = device_activity.acquire(self)
+        if tracer is None:
+            return
+        try:
+            tracer.start(self.host_ns)
+        except Exception as exc:  # noqa: BLE001 — CUPTI refused (another profiler attached, no permission): events
+            device_activity.release(tracer)
+            tracer.abandon()
+            warnings.warn(f"tilewise.profiler: CUPTI could not start ({exc}); CUDA activity is timed with CUDA "
+                          f"events instead", stacklevel=4)
+            return
+        self.tracer, self.device_timing = tracer, "CUPTI"
+
+    def stop_device_activity(self) -> None:
+        tracer, self.tracer = self.tracer, None
+        if tracer is None:
+            return
+        try:
+            activity = tracer.stop(self.host_ns)
+        finally:
+            device_activity.release(tracer)
+        by_id = {event.id: event for event in self.events}
+        self.unclaimed_kernels, launches = device_activity.attach(activity, by_id, tracer.name_of)
+        for launch in launches:
+            self.add_launch(launch)
+
+    def add_launch(self, launch) -> None:
+        """The API call that launched device work, as torch lists it: a host range (``cuda_runtime`` or
+        ``cuda_driver``) inside the range that made it, placed among that range's children by its start."""
+        launcher = launch.launcher
+        start = min(max(launch.start_us, launcher.start_us), launcher.end_us)  # the clocks' fit is good to ~1 us
+        end = min(max(launch.end_us, start), launcher.end_us)
+        event = FunctionEvent(next(_ids), launch.name, launcher.thread, start, end,
+                              kind="cuda_runtime" if launch.name.startswith("cuda") else "cuda_driver",
+                              use_device=launcher.use_device, cpu_parent=launcher)
+        event.args["correlation"] = launch.correlation
+        children = launcher.cpu_children
+        position = next((k for k, c in enumerate(children) if c.start_us > start), len(children))
+        children.insert(position, event)
+        self.events.append(event)
+
     def device_range_start(self, device: int, stream=None):
         from tilewise.cuda import Event
 
@@ -181,13 +247,15 @@ class Recorder:
     def event_list(self) -> EventList:
         events = sorted(self.events, key=lambda e: (e.start_us, -e.end_us))
         kernels = [kernel_event(e, k) for e in events for k in e.kernels]
+        kernels += [kernel_event(None, k) for k in self.unclaimed_kernels]
         return EventList(events + kernels, "cuda" if self.use_cuda else None, self.profile_memory, self.with_flops)
 
 
-def kernel_event(launcher: FunctionEvent, kernel: DeviceKernel) -> FunctionEvent:
+def kernel_event(launcher: FunctionEvent | None, kernel: DeviceKernel) -> FunctionEvent:
     """A device kernel as torch lists one beside the host events: its own row, device time only."""
-    event = FunctionEvent(next(_ids), kernel.name, launcher.thread, kernel.start, kernel.start, kind="kernel",
-                          use_device=launcher.use_device, device_type=DeviceType.CUDA)
+    thread = launcher.thread if launcher is not None else 0
+    event = FunctionEvent(next(_ids), kernel.name, thread, kernel.start, kernel.start, kind=kernel.kind,
+                          use_device="cuda", device_type=DeviceType.CUDA)
     event.kernels.append(kernel)
     return event
 
@@ -273,21 +341,21 @@ def profile_op(op, args: tuple):
     name = "aten::" + op.name
     opened = []
     for r in recorders:
-        event = r.open(name, "cpu_op")
+        event = r.open(name, "cpu_op", args)
         if r.record_shapes:
             event.input_shapes = input_shapes(args)
         if r.with_flops:
             event.flops = matmul_flops(op, args)
         opened.append((r, event))
     device = _cuda_index(op, args, recorders)
-    starts = [r.device_range_start(device) for r in recorders if r.use_cuda] if device is not None else ()
+    starts = [r.device_range_start(device) for r in recorders if r.times_with_events] if device is not None else ()
     try:
         result = call_below_profiler(op, args)
     finally:
         for r, event in reversed(opened):
             r.close(event)
         if device is not None:
-            cuda = [(r, e) for r, e in opened if r.use_cuda]
+            cuda = [(r, e) for r, e in opened if r.times_with_events]
             for (r, event), start in zip(cuda, starts):
                 r.device_range_end(event, start, device)
     for r, event in opened:
@@ -297,7 +365,7 @@ def profile_op(op, args: tuple):
 
 
 def _cuda_index(op, args: tuple, recorders: list[Recorder]) -> int | None:
-    if not any(r.use_cuda for r in recorders) or op.kind == "view":
+    if not any(r.times_with_events for r in recorders) or op.kind == "view":
         return None
     device = device_of(op, args)
     return (device.index or 0) if device.type == "cuda" else None
@@ -316,7 +384,8 @@ class ProfiledStep:
         for _, event in opened:
             event.args["step"] = self.step.describe()
         stream = args[1] if len(args) == 2 and isinstance(args[1], int) else None  # a CUDA step: (pointers, stream)
-        timed = [(r, event, r.device_range_start(self.device, stream)) for r, event in opened if r.use_cuda] \
+        timed = [(r, event, r.device_range_start(self.device, stream)) for r, event in opened
+                 if r.times_with_events] \
             if stream is not None and self.timed else []
         try:
             self.step.run(*args)
@@ -356,7 +425,7 @@ def profile_program(program, inputs: list, staged: frozenset):
         program.steps = [_profiled(s, program, recorders) for s in steps]
     device = getattr(program.runtime, "device", None)  # a CUDA program: its whole run is timed on the device too
     index = (device.index or 0) if device is not None else None
-    timed = [(r, event, r.device_range_start(index)) for r, event in opened if r.use_cuda] \
+    timed = [(r, event, r.device_range_start(index)) for r, event in opened if r.times_with_events] \
         if device is not None else []
     try:
         return program.runtime.run(inputs, staged)

@@ -35,7 +35,9 @@ class DeviceMemory:
     2 MiB GEMM output cost more host time than the GEMM's launch. A block on these lists cannot be merged
     with its neighbours, so they hold at most :data:`SMALL_CACHE_LIMIT` bytes. ``allocated`` counts what tensors
     hold, so the figures of ``tilewise.cuda.memory_allocated`` stay exact; the free lists are returned to
-    the allocator by ``empty_cache`` and before an out-of-memory error is allowed to escape.
+    the allocator by ``empty_cache`` and before an out-of-memory error is allowed to escape. While the
+    allocator records its memory history, ``cache_limit`` is -1: the free lists stay empty and every malloc and
+    free reaches the allocator, so the history sees each one.
     """
 
     def __init__(self, device: int) -> None:
@@ -43,6 +45,7 @@ class DeviceMemory:
 
         self.device = device
         self.allocator = get_allocator(device)
+        self.cache_limit = SMALL_CACHE_LIMIT if self.allocator.history is None else -1
         self.free_lists: dict[tuple[int, int], list[int]] = {}
         self.cached = 0
         self.allocated = 0
@@ -62,7 +65,7 @@ class DeviceMemory:
 
     def free(self, ptr: int, size: int, stream: int) -> None:
         self.allocated -= size
-        if size <= SMALL_BLOCK and self.cached + size <= SMALL_CACHE_LIMIT:
+        if size <= SMALL_BLOCK and self.cached + size <= self.cache_limit:
             self.free_lists.setdefault((stream, size), []).append(ptr)
             self.cached += size
         else:
@@ -74,6 +77,11 @@ class DeviceMemory:
                 self.allocator.free(ptr)
         self.free_lists.clear()
         self.cached = 0
+
+    def bypass_free_lists(self, bypass: bool) -> None:
+        """Send every malloc and free to the allocator (while its history records), or use the free lists again."""
+        self.release_free_lists()
+        self.cache_limit = -1 if bypass else SMALL_CACHE_LIMIT
 
     def reset_peak(self) -> None:
         self.peak = self.allocated
@@ -118,7 +126,7 @@ class DeviceBuffer:
     def __del__(self) -> None:
         try:
             mem, size = self._memory, self.size
-            if size <= SMALL_BLOCK and mem.cached + size <= SMALL_CACHE_LIMIT:  # DeviceMemory.free's fast path, inline
+            if size <= SMALL_BLOCK and mem.cached + size <= mem.cache_limit:  # DeviceMemory.free's fast path, inline
                 mem.allocated -= size
                 found = mem.free_lists.get((self.stream, size))
                 if found is None:

@@ -23,6 +23,9 @@ from tilewise.nn.parameter import Parameter
 from tilewise.tensor import Tensor
 from tilewise.utils.hooks import RemovableHandle
 
+# (module) -> a context manager around its forward, set by tilewise.profiler.nvtx_ranges while emit_nvtx is entered
+forward_range = None
+
 
 class IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
     def __repr__(self) -> str:
@@ -125,6 +128,14 @@ class Module:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args, **kwargs):
+        if forward_range is not None:  # emit_nvtx: the forward inside a range of its own
+            with forward_range(self):
+                return self._call_unranged(args, kwargs)
+        if not self._forward_pre_hooks and not self._forward_hooks and not self._backward_hooks:
+            return self.forward(*args, **kwargs)
+        return self._call_with_hooks(args, kwargs)
+
+    def _call_unranged(self, args: tuple, kwargs: dict):
         if not self._forward_pre_hooks and not self._forward_hooks and not self._backward_hooks:
             return self.forward(*args, **kwargs)
         return self._call_with_hooks(args, kwargs)

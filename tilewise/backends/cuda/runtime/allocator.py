@@ -31,6 +31,10 @@ events, releases every fully free cached segment, and retries once; if that fail
 :class:`OutOfMemoryError` with a report (requested size, allocated, reserved, largest free block,
 fragmentation, and what to do), leaving its bookkeeping intact so later allocations still work.
 
+History: while ``tilewise.cuda.memory._record_memory_history`` records, ``history`` holds a
+``memory_history.MemoryHistory`` that each action is reported to (see [Note: memory history]); otherwise it
+is ``None`` and costs one attribute check per malloc and free.
+
 The real backend, :class:`DriverBackend`, uses ``cuMemAlloc``/``cuMemFree`` rather than the stream-ordered
 ``cuMemAllocAsync`` pool: this cache already provides the stream-ordered reuse, and a second cache
 underneath would hold memory that our statistics and ``empty_cache`` cannot see (or need a release
@@ -46,6 +50,8 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from tilewise.backends.cuda.runtime.memory_history import MemoryHistory
 
 MIN_BLOCK_SIZE = 512
 SMALL_SIZE = 1 << 20  # largest request served from the small pool
@@ -225,6 +231,7 @@ class CachingAllocator:
         )
         self._allocated = self._reserved = self._requested = 0
         self._peak_allocated = self._peak_reserved = 0
+        self.history: MemoryHistory | None = None  # set while memory history records (see the note above)
 
     # ---- allocation -------------------------------------------------------------------------------
 
@@ -245,6 +252,8 @@ class CachingAllocator:
                 pool.remove(block)
             self._split(block, size, pool)
             self._mark_allocated(block, nbytes)
+            if self.history is not None:
+                self.history.record("alloc", block.ptr, nbytes, stream)
             return block.ptr
 
     def free(self, ptr: int) -> None:
@@ -258,6 +267,8 @@ class CachingAllocator:
             self._counters["num_frees"] += 1
             self._allocated -= block.size
             self._requested -= block.requested
+            if self.history is not None:
+                self.history.record("free_requested", ptr, block.requested, block.stream)
             if block.stream_uses:
                 self._defer_until_streams_done(block)
             else:
@@ -301,6 +312,8 @@ class CachingAllocator:
 
     def _insert_free(self, block: _Block) -> None:
         """Return a block to its pool, merged with free neighbours in its segment."""
+        if self.history is not None:
+            self.history.record("free_completed", block.ptr, block.requested, block.stream)
         pool = block.segment.pool
         block.state = FREE
         block.requested = 0
@@ -328,6 +341,8 @@ class CachingAllocator:
             return self._allocate_segment(size, pool, stream)
         except RawOutOfMemory as exc:
             self._counters["num_ooms"] += 1
+            if self.history is not None:
+                self.history.record("oom", 0, nbytes, stream, device_free=getattr(exc, "device_free", 0))
             raise self._out_of_memory_error(nbytes, size, stream, exc) from exc
 
     def _allocate_segment(self, size: int, pool: _Pool, stream: int) -> _Block:
@@ -343,6 +358,8 @@ class CachingAllocator:
             self._counters["num_segment_allocs"] += 1
             self._reserved += segment_size
             self._peak_reserved = max(self._peak_reserved, self._reserved)
+            if self.history is not None:
+                self.history.record("segment_alloc", ptr, segment_size, stream)
             segment.head = _Block(ptr=ptr, size=segment_size, segment=segment)
             return segment.head
         assert error is not None
@@ -358,6 +375,8 @@ class CachingAllocator:
     def _release_segment(self, segment: _Segment) -> None:
         del self._segments[segment.ptr]
         self.backend.free(segment.ptr)
+        if self.history is not None:
+            self.history.record("segment_free", segment.ptr, segment.size, segment.stream)
         self._reserved -= segment.size
         self._counters["num_segment_frees"] += 1
 
@@ -466,6 +485,12 @@ class CachingAllocator:
         with self._lock:
             return [self._segment_info(segment) for _, segment in sorted(self._segments.items())]
 
+    def segments_and_history(self) -> tuple[list[SegmentInfo], MemoryHistory | None]:
+        """:meth:`segments` and the history recorded so far, read together (a snapshot's two halves agree)."""
+        with self._lock:
+            infos = [self._segment_info(segment) for _, segment in sorted(self._segments.items())]
+            return infos, self.history
+
     def _segment_info(self, segment: _Segment) -> SegmentInfo:
         blocks = []
         block = segment.head
@@ -534,10 +559,12 @@ class DriverBackend:
         result = driver_api().cuMemAlloc(nbytes)
         if is_status(result, "CUDA_ERROR_OUT_OF_MEMORY"):
             free, total = mem_get_info(self.device)
-            raise RawOutOfMemory(
+            error = RawOutOfMemory(
                 f"cuMemAlloc({nbytes}) on cuda:{self.device}: CUDA_ERROR_OUT_OF_MEMORY; the driver reports "
                 f"{format_bytes(free)} free of {format_bytes(total)}"
             )
+            error.device_free = free  # the memory history's oom entry reports it, as torch's does
+            raise error
         return int(check(result, "cuMemAlloc"))
 
     def free(self, ptr: int) -> None:
@@ -562,6 +589,28 @@ def driver_event_factory(device: int) -> EventFactory:
 
 _device_allocators: dict[int, CachingAllocator] = {}
 _device_allocators_lock = threading.Lock()
+history_settings: dict | None = None  # MemoryHistory's arguments while history records (new allocators record too)
+
+
+def set_history(settings: dict | None, keep: bool = False) -> None:
+    """Start (``settings``: ``MemoryHistory``'s keyword arguments) or stop recording on every device's
+    allocator, now and for those made later; with ``keep``, a history already recording goes on into the new
+    one (torch's ``clear_history=False``)."""
+    global history_settings
+    with _device_allocators_lock:
+        history_settings = settings
+        allocators = dict(_device_allocators)
+    for device, allocator in allocators.items():
+        previous = allocator.history
+        allocator.history = MemoryHistory(device, **settings) if settings is not None else None
+        if keep and previous is not None and allocator.history is not None:
+            allocator.history.continue_from(previous)
+
+
+def device_allocators() -> dict[int, CachingAllocator]:
+    """The allocators made so far, by device index."""
+    with _device_allocators_lock:
+        return dict(_device_allocators)
 
 
 def get_allocator(device: int | None = None) -> CachingAllocator:
@@ -573,5 +622,7 @@ def get_allocator(device: int | None = None) -> CachingAllocator:
         allocator = _device_allocators.get(index)
         if allocator is None:
             allocator = CachingAllocator(DriverBackend(index), driver_event_factory(index), name=f"cuda:{index}")
+            if history_settings is not None:
+                allocator.history = MemoryHistory(index, **history_settings)
             _device_allocators[index] = allocator
     return allocator
