@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilewise import strides
-from tilewise.distributed.backend import Backend, Work
+from tilewise.distributed.backend import Backend, Future, Work
 from tilewise.tensor import Tensor
 
 # NCCL's data type (a name in nccl4py's DataType) for each tilewise dtype, as torch's ProcessGroupNCCL maps them:
@@ -61,6 +61,12 @@ def _bindings() -> Any:
     from nccl.bindings import nccl as nb
 
     return nb
+
+
+def _core() -> Any:
+    import nccl.core as nc
+
+    return nc
 
 
 # ---- what NCCL is told about a tensor --------------------------------------------------------------------------
@@ -188,20 +194,24 @@ def nccl_group(nb: Any, active: bool) -> Iterator[None]:
         nb.group_end()
 
 
-class CudaFuture:
-    """torch.futures.Future's surface for the result of CUDA work: done once the work's end event has
-    completed; ``wait()`` and ``then()`` order the caller's current stream after it instead of blocking the
-    host (torch's CUDA futures behave so, and DDP's communication hooks rely on it).
+class CudaFuture(Future):
+    """The future of CUDA work: its value (the output tensors) is there at once, in stream order, as torch's
+    CUDA futures have it. It is done once the work's end event has completed; ``wait()`` and ``then()`` order
+    the caller's current stream after the work instead of blocking the host (DDP's communication hooks chain
+    their division and copies this way).
 
     >>> fut = work.get_future()  # doctest: +SKIP
     >>> averaged = fut.then(lambda f: f.value()[0].div_(world_size))  # doctest: +SKIP
     """
 
     def __init__(self, value: Any, device: int, event: Any | None, error: BaseException | None = None) -> None:
-        self._value = value
+        super().__init__()
         self._device = device
         self._event = event
-        self._error = error
+        if error is None:
+            self.set_result(value)
+        else:
+            self.set_exception(error)
 
     def done(self) -> bool:
         return self._event is None or self._event.query()
@@ -210,11 +220,6 @@ class CudaFuture:
         if self._event is not None:
             _runtime().current_stream(self._device).wait_event(self._event)
         return self.value()
-
-    def value(self) -> Any:
-        if self._error is not None:
-            raise self._error
-        return self._value
 
     def then(self, callback: Callable[[CudaFuture], Any]) -> CudaFuture:
         """A future of ``callback(self)``, run now with the current stream ordered after this future's work, so
@@ -230,18 +235,16 @@ class CudaFuture:
         self.wait()
         callback(self)
 
-    def exception(self) -> BaseException | None:
-        return self._error
-
 
 class NCCLWork(Work):
     """One NCCL call in flight: its end event, the device it ran on and its output tensors."""
 
     def __init__(self, outputs: list[Tensor], device: int, end: Any | None, *, blocking: bool = False) -> None:
-        self._outputs = outputs
+        super().__init__(outputs)
         self._device = device
         self._end = end  # None: issued on the caller's stream (graph capture), already in order
         self._blocking = blocking
+        self._future = CudaFuture(outputs, device, end)
 
     def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
         """Order the caller's current stream after the call (a barrier's wait blocks the host until it is done)."""
@@ -278,13 +281,13 @@ class NCCLWork(Work):
         return self.is_completed()
 
     def exception(self) -> BaseException | None:
-        return None
+        return None  # NCCL reports failures when a call is issued, which raises there
 
     def result(self) -> list[Tensor]:
         return self._outputs
 
     def get_future(self) -> CudaFuture:
-        return CudaFuture(self._outputs, self._device, self._end)
+        return self._future
 
 
 # ---- the backend -----------------------------------------------------------------------------------------------
@@ -309,13 +312,11 @@ class ProcessGroupNCCL(Backend):
     >>> dist.all_reduce(tw.ones(4, device="cuda"))  # doctest: +SKIP
     """
 
+    device_type = "cuda"
+
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(store, rank, size, timeout)
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast hangs init on the hosts we run on
-        self._store = store
-        self._group_rank = rank
-        self._group_size = size
-        self._timeout = timeout
         self._communicators: dict[int, Communicator] = {}  # device -> the whole group's communicator
         self._pair_communicators: dict[tuple[int, int], Communicator] = {}  # (device, peer) -> a 2-rank one
         self._made = 0  # communicators of the whole group made so far: their store keys
@@ -329,33 +330,31 @@ class ProcessGroupNCCL(Backend):
         if found is None:
             key = f"nccl/{self._made}"
             self._made += 1
-            found = self._communicators[device] = self._init(key, device, self._group_rank, self._group_size)
+            found = self._communicators[device] = self._init(key, device, self._rank, self._size)
         return found
 
     def _pair_communicator(self, device: int, peer: int) -> Communicator:
-        if self._group_size <= 2:
+        if self._size <= 2:
             return self._communicator(device)
         found = self._pair_communicators.get((device, peer))
         if found is None:
-            low, high = sorted((self._group_rank, peer))
+            low, high = sorted((self._rank, peer))
             count = self._pairs_made.get(peer, 0)
             self._pairs_made[peer] = count + 1
             key = f"nccl/p2p/{low}:{high}/{count}"
-            found = self._init(key, device, int(self._group_rank == high), 2)
+            found = self._init(key, device, int(self._rank == high), 2)
             self._pair_communicators[(device, peer)] = found
         return found
 
     def _init(self, key: str, device: int, rank: int, size: int) -> Communicator:
         """Make a communicator of ``size`` ranks on ``device``, its unique id shared under ``key``."""
-        import nccl.core as nc
-
-        nb = _bindings()
+        nc, nb = _core(), _bindings()
         _runtime().ensure_context(device)  # NCCL takes the device (and its primary context) current on the thread
         if rank == 0:
             unique_id = nc.get_unique_id()
-            self._store.set(key, bytes(unique_id))
+            self.store.set(key, bytes(unique_id))
         else:
-            unique_id = nc.UniqueId.from_bytes(bytes(self._store.get(key)))
+            unique_id = nc.UniqueId.from_bytes(bytes(self.store.get(key)))
         try:
             comm = nc.Communicator.init(nranks=size, rank=rank, unique_id=unique_id)
         except nb.NCCLError as error:
@@ -392,8 +391,8 @@ class ProcessGroupNCCL(Backend):
         try:
             call(comm.handle, stream)
         except nb.NCCLError as error:
-            raise RuntimeError(f"NCCL error in {name} on cuda:{comm.device} (group rank {self._group_rank} of "
-                               f"{self._group_size}): {error}") from error
+            raise RuntimeError(f"NCCL error in {name} on cuda:{comm.device} (group rank {self._rank} of "
+                               f"{self._size}): {error}") from error
 
     # ---- collectives
 
@@ -432,9 +431,9 @@ class ProcessGroupNCCL(Backend):
         if output.dtype != input.dtype:
             raise TypeError(f"output tensor must have the same type as input tensor (got {output.dtype} and "
                             f"{input.dtype})")
-        if input.numel() * self._group_size != output.numel():
+        if input.numel() * self._size != output.numel():
             raise ValueError(f"output tensor size must be equal to world_size times input tensor size (world_size "
-                             f"{self._group_size}, input {input.numel()}, output {output.numel()} elements)")
+                             f"{self._size}, input {input.numel()}, output {output.numel()} elements)")
         nb = _bindings()
         src, dst = buffer_of(input), buffer_of(output)
 
@@ -448,9 +447,9 @@ class ProcessGroupNCCL(Backend):
         if output.dtype != input.dtype:
             raise TypeError(f"input tensor must be the same type as the output tensor. (got {input.dtype} and "
                             f"{output.dtype})")
-        if output.numel() * self._group_size != input.numel():
+        if output.numel() * self._size != input.numel():
             raise ValueError(f"input tensor must be the same size as output size times world size (world_size "
-                             f"{self._group_size}, input {input.numel()}, output {output.numel()} elements)")
+                             f"{self._size}, input {input.numel()}, output {output.numel()} elements)")
         nb = _bindings()
         src, dst = buffer_of(input), buffer_of(output)
         nccl_op = int(getattr(nb.RedOp, nccl_op_name(op, input)))
@@ -466,8 +465,8 @@ class ProcessGroupNCCL(Backend):
         if output.dtype != input.dtype:
             raise TypeError(f"all_to_all_single: output and input must have the same dtype (got {output.dtype} "
                             f"and {input.dtype})")
-        sends = split_ranges(input, input_split_sizes, self._group_size)
-        receives = split_ranges(output, output_split_sizes, self._group_size)
+        sends = split_ranges(input, input_split_sizes, self._size)
+        receives = split_ranges(output, output_split_sizes, self._size)
         nb = _bindings()
         src, dst = buffer_of(input), buffer_of(output)
         scale = 2 if input.dtype.name in COMPLEX else 1  # NCCL elements per tensor element
@@ -493,11 +492,11 @@ class ProcessGroupNCCL(Backend):
     def _point_to_point(self, name: str, tensors: list[Tensor], peer: int) -> Work:
         device = common_device(tensors, p2p=True)
         self._check_rank(peer, name, "peer")
-        if peer == self._group_rank:
+        if peer == self._rank:
             raise ValueError(f"Invalid {name}: a rank cannot {name} to itself (rank {peer})")
         nb = _bindings()
         comm = self._pair_communicator(device, peer)
-        nccl_peer = peer if self._group_size <= 2 else int(peer > self._group_rank)
+        nccl_peer = peer if self._size <= 2 else int(peer > self._rank)
         buffers = [buffer_of(t) for t in tensors]
         transfer = nb.send if name == "send" else nb.recv
 
@@ -529,8 +528,8 @@ class ProcessGroupNCCL(Backend):
         self._pair_communicators.clear()
 
     def _check_rank(self, rank: int, name: str, what: str) -> None:
-        if not 0 <= int(rank) < self._group_size:
-            raise ValueError(f"Invalid {what} {rank} for {name}: the group has ranks 0..{self._group_size - 1}")
+        if not 0 <= int(rank) < self._size:
+            raise ValueError(f"Invalid {what} {rank} for {name}: the group has ranks 0..{self._size - 1}")
 
 
 def split_ranges(t: Tensor, split_sizes: list[int] | None, group_size: int) -> list[tuple[int, int]]:
