@@ -169,8 +169,8 @@ def cuda_tensor(shape, dtype=tw.float32, device: int = 0, strides=None) -> Tenso
     return Tensor._make(storage, tuple(shape), tuple(strides), 0, dtype, dev)
 
 
-def group(rank: int = 0, size: int = 2, store=None) -> N.ProcessGroupNCCL:
-    return N.ProcessGroupNCCL(store or FakeStore(), rank, size, datetime.timedelta(seconds=5))
+def group(rank: int = 0, size: int = 2, store=None) -> N.NCCLBackend:
+    return N.NCCLBackend(store or FakeStore(), rank, size, datetime.timedelta(seconds=5))
 
 
 def collective_calls(nb: FakeNccl) -> list[tuple]:

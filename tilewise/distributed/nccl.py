@@ -302,7 +302,7 @@ class Communicator:
     device: int
 
 
-class ProcessGroupNCCL(Backend):
+class NCCLBackend(Backend):
     """Backend "nccl": CUDA tensors between processes, one NCCL communicator per device this group uses.
 
     Ranks are ranks within the group; c10d maps torch's global ranks onto them.
