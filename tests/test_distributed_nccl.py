@@ -13,7 +13,9 @@ from __future__ import annotations
 import datetime
 import multiprocessing
 import os
+import queue
 import socket
+import time
 import traceback
 from types import SimpleNamespace
 
@@ -463,16 +465,23 @@ def run_ranks(target, world: int, timeout: float = 120.0) -> list:
     processes = [context.Process(target=_rank_main, args=(target, rank, world, port, results)) for rank in range(world)]
     for p in processes:
         p.start()
-    answers = {}
+    answers: dict[int, tuple[bool, object]] = {}
+    deadline = time.monotonic() + timeout
     try:
-        for _ in range(world):
-            rank, ok, value = results.get(timeout=timeout)
-            answers[rank] = (ok, value)
+        while len(answers) < world and time.monotonic() < deadline:
+            try:
+                rank, ok, value = results.get(timeout=1)
+                answers[rank] = (ok, value)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(processes) if r not in answers and p.exitcode not in (None, 0)]
+                assert not dead, f"rank(s) {dead} died without an answer (exit codes " \
+                                 f"{[processes[r].exitcode for r in dead]})"
     finally:
         for p in processes:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+    assert len(answers) == world, f"ranks {sorted(set(range(world)) - set(answers))} did not answer in {timeout:g} s"
     failures = [f"rank {r}: {v}" for r, (ok, v) in sorted(answers.items()) if not ok]
     assert not failures, "\n".join(failures)
     return [answers[r][1] for r in range(world)]
@@ -588,8 +597,6 @@ def test_broadcast_gather_scatter_all_to_all_and_point_to_point_on_two_gpus():
 
 
 def _async_order_and_record_stream(rank: int, world: int) -> dict:
-    import time
-
     import tilewise.distributed as dist
 
     found = {}
