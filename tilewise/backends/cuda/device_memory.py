@@ -181,8 +181,8 @@ def record_stream(t: Tensor, stream: int) -> None:
     """Mark ``t``'s memory as used by the work queued so far on ``stream`` (a raw handle), as torch's
     ``Tensor.record_stream``: once the tensor is freed, its block is reused only after that work is done."""
     buffer = t._storage.data
-    if int(stream) == buffer.stream:
-        return
+    if not isinstance(buffer, DeviceBuffer) or int(stream) == buffer.stream:
+        return  # memory the allocator does not own is never handed out again by it
     buffer._memory.allocator.record_stream(buffer.ptr, int(stream))
     buffer.__class__ = StreamSharedDeviceBuffer
 
