@@ -400,6 +400,30 @@ def test_nvlink_multicast_stays_off_unless_set(monkeypatch):
     assert os.environ["NCCL_NVLS_ENABLE"] == "1"
 
 
+def test_the_module_level_collectives_reach_nccl_in_stream_order(fakes):
+    import tilewise.distributed as dist
+
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x, out = cuda_tensor((4,)), cuda_tensor((4,))
+        assert dist.all_reduce(x) is None
+        assert fakes.runtime.log[-1] == ("wait_event", 7, 101), "async_op=False: the caller's stream waits"
+        work = dist.all_reduce(x, op=dist.ReduceOp.AVG, async_op=True)
+        assert isinstance(work, N.NCCLWork) and fakes.runtime.log[-1] == ("wait_stream", 101, 7)
+        dist.all_gather_into_tensor(out, x)
+        dist.reduce_scatter_tensor(x, out)
+        dist.broadcast(x, src=0)
+        dist.all_to_all_single(out, x)
+        assert [c[0] for c in fakes.nb.calls] == ["all_reduce", "all_reduce", "all_gather", "reduce_scatter",
+                                                  "broadcast", "group_start", "send", "recv", "group_end"]
+        assert fakes.nb.calls[1][5] == FakeNccl.RedOp.Avg
+        with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+            dist.all_reduce(tw.ones(3))
+    finally:
+        dist.destroy_process_group()
+    assert fakes.core.destroyed == [1000]
+
+
 # ---- record_stream and the small-block free lists ------------------------------------------------------------
 
 
