@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib
 import json
 import os
 import signal
@@ -325,7 +326,7 @@ def library(name: str) -> Any:
 
 def start_group(lib: Any, device_type: str) -> tuple[Any, str]:
     """Join the job's process group; return the module and this rank's device."""
-    dist = lib.distributed
+    dist = importlib.import_module(f"{lib.__name__}.distributed")
     _, _, local = rank_env()
     if device_type == "cuda":
         if not lib.cuda.is_available():
@@ -534,7 +535,8 @@ def gpt_worker(lib_name: str, compiled: bool, config: dict) -> dict:
     dist, device = start_group(lib, config["device"])
     rank, _, local = rank_env()
     model = gpt_model(lib, config, device)
-    ddp = lib.nn.parallel.DistributedDataParallel(model, device_ids=[local] if device.startswith("cuda") else None)
+    parallel = importlib.import_module(f"{lib.__name__}.nn.parallel")
+    ddp = parallel.DistributedDataParallel(model, device_ids=[local] if device.startswith("cuda") else None)
     note = ""
     if lib_name == "torch":
         fused = {"fused": True} if device.startswith("cuda") else {}
