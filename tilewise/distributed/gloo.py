@@ -171,6 +171,7 @@ class _Mesh:
             for _ in range(self.rank + 1, self.size):
                 sock, _address = listener.accept()
                 sock.settimeout(None)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 (peer,) = struct.unpack("<q", self._read_greeting(sock))
                 self.peers[peer] = _Peer(self, peer, sock)
         except TimeoutError:
