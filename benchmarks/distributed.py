@@ -66,6 +66,7 @@ _TORCH_IMPORTS = {
     "from tilewise.tensor import Tensor, tensor": "from torch import Tensor, tensor",
 }
 NAN = float("nan")
+EXIT_GRACE = 30.0  # seconds a launch may take to end after every rank has written its figures
 
 
 # ============================================================================================= the driver
@@ -104,8 +105,8 @@ def launch(side: str, worker: str, config: dict, nproc: int | None, timeout: flo
         script = [str(Path(__file__).resolve()), "--worker", worker, "--config", json.dumps(config)]
         command = [sys.executable, *script] if nproc is None else [*launcher(library, nproc), *script]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-        done = run_bounded(command, env, timeout)
         ranks = 1 if nproc is None else nproc
+        done = run_bounded(command, env, timeout, [Path(out) / f"{rank}.json" for rank in range(ranks)])
         for rank in range(ranks):
             path = Path(out) / f"{rank}.json"
             if path.exists():
@@ -113,22 +114,36 @@ def launch(side: str, worker: str, config: dict, nproc: int | None, timeout: flo
         errors = [r["error"] for r in found.results if r.get("error")]
         if errors:
             found.error = errors[0]
-        elif done.returncode != 0 or len(found.results) != ranks:
+        elif len(found.results) != ranks:
             found.error = f"exit status {done.returncode}: {last_error_line(done.stdout)}"
+        elif done.returncode != 0:  # the figures are whole; say that the ranks did not end cleanly
+            first = found.results[0]
+            first["note"] = "; ".join(filter(None, [first.get("note", ""), last_error_line(done.stdout)]))
     return found
 
 
-def run_bounded(command: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """Run ``command`` in its own process group; on timeout, kill the whole group (ranks included)."""
-    process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        output += f"\nTimeoutError: the launch ran past {timeout:g} s and was killed"
+def run_bounded(command: list[str], env: dict, timeout: float, answers: list[Path]) -> subprocess.CompletedProcess:
+    """Run ``command`` in its own process group, its output in a file (a rank left behind cannot hold a pipe
+    open); kill the group past ``timeout``, or once every rank has answered and the launch has had
+    :data:`EXIT_GRACE` seconds to end (a rank stuck on its way out must not stall the run)."""
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True)
+        deadline, answered_at, note = time.monotonic() + timeout, None, ""
+        while process.poll() is None:
+            now = time.monotonic()
+            if answered_at is None and all(path.exists() for path in answers):
+                answered_at = now
+            if now > deadline or (answered_at is not None and now - answered_at > EXIT_GRACE):
+                note = (f"\nTimeoutError: the launch ran past {timeout:g} s and was killed" if now > deadline
+                        else f"\nevery rank answered, but the launch had not ended {EXIT_GRACE:g} s later: killed")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                break
+            time.sleep(0.2)
+        log.seek(0)
+        output = log.read() + note
     if process.returncode != 0:
         sys.stderr.write(output[-4000:])
     return subprocess.CompletedProcess(command, process.returncode, output, "")
@@ -244,7 +259,7 @@ def write_weights(config: dict, folder: str) -> tuple[str, int]:
 
 def run_gpt(args: argparse.Namespace) -> str:
     base = gpt_config(args)
-    lines, launched = [], []
+    lines, launched, losses = [], [], []
     with tempfile.TemporaryDirectory(prefix="tw-dist-gpt-") as folder:
         weights, params = write_weights(base, folder)
         base["weights"] = weights
@@ -257,7 +272,8 @@ def run_gpt(args: argparse.Namespace) -> str:
                   "|---:|---|---:|---:|---:|---:|---:|---|"]
         for world in args.worlds:
             config = dict(base, world=world)
-            reference = launch("reference", "tilewise-gpt-reference", config, None, args.timeout, {"tilewise"})
+            reference = launch("1 process, global batch", "tilewise-gpt-reference", config, None, args.timeout,
+                               {"tilewise"})
             peer = (peer_name(args), "torch-gpt-eager" if args.cpu else "torch-gpt-compiled")
             sides = [launch("tilewise DDP, compiled step", "tilewise-gpt-compiled", config, world, args.timeout,
                             args.sides),
@@ -273,7 +289,10 @@ def run_gpt(args: argparse.Namespace) -> str:
                              f"{first_steps(side)} | {loss_difference(side, reference)} | {cell(note)} |")
             if reference.error:
                 lines.append(f"| {world} | 1-GPU reference: error | | | | | | {cell(reference.error)} |")
-    return "\n".join([*lines[:1], "", versions(*launched), *lines[1:]])
+            losses += [f"{world} rank(s), {side.side:<28}: " + " ".join(f"{v:.4f}" for v in global_losses(side)[:8])
+                       for side in (reference, *sides)]
+    return "\n".join([*lines[:1], "", versions(*launched), "", "First global losses:", "```", *losses, "```",
+                      *lines[1:]])
 
 
 def peer_name(args: argparse.Namespace) -> str:
@@ -296,7 +315,7 @@ def first_steps(side: Launch) -> str:
 
 def global_losses(side: Launch) -> list[float]:
     """The loss of the whole global batch at each step: the mean of the ranks' losses (equal-sized parts)."""
-    per_rank = [r["losses"] for r in side.results]
+    per_rank = [r["losses"] for r in side.results] if not side.error else []
     return [float(np.mean(step)) for step in zip(*per_rank)] if per_rank else []
 
 
@@ -610,7 +629,9 @@ def worker_main(worker: str, config: dict) -> int:
     except Exception as exc:  # noqa: BLE001 -- the driver reports it as the side's error row
         result = {"error": describe(exc)}
     result["version"] = version_of(worker)
-    Path(config["out"], f"{rank}.json").write_text(json.dumps(result))
+    answer = Path(config["out"], f"{rank}.json")
+    answer.with_suffix(".part").write_text(json.dumps(result))
+    answer.with_suffix(".part").rename(answer)  # whole, or not there: the driver reads it as soon as it appears
     return 1 if "error" in result else 0
 
 
