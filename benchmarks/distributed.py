@@ -137,9 +137,7 @@ def run_bounded(command: list[str], env: dict, timeout: float, answers: list[Pat
             if now > deadline or (answered_at is not None and now - answered_at > EXIT_GRACE):
                 note = (f"\nTimeoutError: the launch ran past {timeout:g} s and was killed" if now > deadline
                         else f"\nevery rank answered, but the launch had not ended {EXIT_GRACE:g} s later: killed")
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                stop(process, answers)
                 break
             time.sleep(0.2)
         log.seek(0)
@@ -147,6 +145,24 @@ def run_bounded(command: list[str], env: dict, timeout: float, answers: list[Pat
     if process.returncode != 0:
         sys.stderr.write(output[-4000:])
     return subprocess.CompletedProcess(command, process.returncode, output, "")
+
+
+def stop(process: subprocess.Popen, answers: list[Path]) -> None:
+    """End a launch: SIGTERM first (a launcher then stops its ranks, which run in sessions of their own), SIGKILL
+    to its process group and to every rank that gave its pid if that is not enough."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    for path in answers:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            pid = json.loads(path.read_text())["pid"]
+            if b"--worker" in Path(f"/proc/{pid}/cmdline").read_bytes():  # still that rank, not a reused pid
+                os.kill(pid, signal.SIGKILL)
 
 
 def last_error_line(output: str) -> str:
@@ -629,6 +645,7 @@ def worker_main(worker: str, config: dict) -> int:
     except Exception as exc:  # noqa: BLE001 -- the driver reports it as the side's error row
         result = {"error": describe(exc)}
     result["version"] = version_of(worker)
+    result["pid"] = os.getpid()
     answer = Path(config["out"], f"{rank}.json")
     answer.with_suffix(".part").write_text(json.dumps(result))
     answer.with_suffix(".part").rename(answer)  # whole, or not there: the driver reads it as soon as it appears
