@@ -580,7 +580,7 @@ def _data_movement(rank: int, world: int) -> dict:
         x = tw.full((5,), rank + 1.0).to(kind).cuda()
         dist.broadcast(x, src=1)
         found[f"broadcast {dtype}"] = x.cpu().float().numpy().tolist()
-        out = tw.zeros(5 * world, dtype=kind, device="cuda")
+        out = tw.zeros(5 * world, dtype=kind).cuda()
         dist.all_gather_into_tensor(out, tw.full((5,), rank + 1.0).to(kind).cuda())
         found[f"all_gather {dtype}"] = out.cpu().float().numpy().tolist()
     big = tw.arange(4 * world, dtype=tw.float32, device="cuda") * (rank + 1)
