@@ -27,6 +27,7 @@ from tilewise.backends.cuda.device_memory import (
     empty,
     empty_fast,
     memory,
+    record_stream,
     stream_handle,
 )
 from tilewise.backends.cuda.transfers import download, empty_pinned, is_pinned, pin_memory, upload
@@ -167,8 +168,8 @@ def _load_kernels() -> None:
 
 
 __all__ = ["SMALL_BLOCK", "SMALL_CACHE_LIMIT", "CUDABackend", "DeviceBuffer", "DeviceMemory", "backend", "cpu",
-           "data_ptr", "download", "empty", "empty_fast", "empty_pinned", "is_pinned", "memory", "pin_memory", "run",
-           "stream_handle", "upload"]
+           "data_ptr", "download", "empty", "empty_fast", "empty_pinned", "is_pinned", "memory", "pin_memory",
+           "record_stream", "run", "stream_handle", "upload"]
 
 
 # torch.backends.cuda's functions (see backends/cuda/torch_api.py)

@@ -143,6 +143,25 @@ class DeviceBuffer:
         return f"DeviceBuffer(ptr={self.ptr:#x}, nbytes={self.nbytes}, device=cuda:{self.device})"
 
 
+class StreamSharedDeviceBuffer(DeviceBuffer):
+    """A :class:`DeviceBuffer` that was used on another stream too (:func:`record_stream`).
+
+    The small-block free lists hand a block back on its own stream at once, which would let a later kernel
+    overwrite memory that work on the other stream still reads; such a block therefore goes back through the
+    caching allocator, which keeps it out of reuse until the other streams' work queued before the free has
+    completed. A buffer changes to this class when first recorded, so the hot path of every other buffer
+    pays nothing for the check."""
+
+    __slots__ = ()
+
+    def __del__(self) -> None:
+        try:
+            self._memory.allocated -= self.size
+            self._memory.allocator.free(self.ptr)
+        except Exception:  # noqa: S110 — at interpreter shutdown the allocator may already be gone
+            pass
+
+
 def stream_handle(device: int) -> int:
     """The raw handle of this thread's current stream on ``device`` (0: the legacy default stream)."""
     streams = _stream_state.streams
@@ -164,6 +183,16 @@ def empty_fast(shape: tuple, strides: tuple, numel: int, dtype: DType, device: D
     """:func:`empty` for callers that already know the strides, element count and stream (the hot path)."""
     buffer = DeviceBuffer(numel * dtype.itemsize, device.index, stream)
     return Tensor._make(Storage(buffer, device, dtype, numel), shape, strides, 0, dtype, device)
+
+
+def record_stream(t: Tensor, stream: int) -> None:
+    """Mark ``t``'s memory as used by the work queued so far on ``stream`` (a raw handle), as torch's
+    ``Tensor.record_stream``: once the tensor is freed, its block is reused only after that work is done."""
+    buffer = t._storage.data
+    if not isinstance(buffer, DeviceBuffer) or int(stream) == buffer.stream:
+        return  # memory the allocator does not own is never handed out again by it
+    buffer._memory.allocator.record_stream(buffer.ptr, int(stream))
+    buffer.__class__ = StreamSharedDeviceBuffer
 
 
 def data_ptr(t: Tensor) -> int:
