@@ -1,0 +1,223 @@
+"""DistributedDataParallel on two gloo processes against single-process training of the same global batch.
+
+The ranks run scenarios from ``ddp_workers.py`` in one job that stays up for the module (see ``Cluster``); the
+test process computes the reference with tilewise alone: averaged over ranks, each rank's loss is the mean over
+its share of the batch, so the averaged gradient is the gradient of the mean over the concatenated batch (up to
+float32 rounding). With batch norm each rank normalises its own share, so there the reference runs the ranks'
+shares one after the other on one model, with rank 0's buffers at the start of each step, as DDP broadcasts them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from ddp_workers import FEATURES, IMAGE, Cluster, TwoHeads, cnn, global_batch, mlp, shard
+
+import tilewise as tw
+from tilewise.nn.parallel._reducer import compute_bucket_assignment_by_size
+
+WORLD = 2
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    job = Cluster(WORLD)
+    yield job
+    job.close()
+
+
+def close(ours, reference, rtol=1e-5, atol=1e-6):
+    assert len(ours) == len(reference)
+    for a, b in zip(ours, reference):
+        if b is None:
+            assert a is None
+        else:
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------------------- the single-process reference
+
+def reference_training(model_name: str, steps: int, micro_steps: int = 1) -> list:
+    """What ``ddp_workers.train`` records, computed in one process (see the module's docstring)."""
+    module = mlp(seed=0) if model_name == "mlp" else cnn(seed=0)
+    opt = tw.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    shape = (FEATURES,) if model_name == "mlp" else IMAGE
+    record = [[p.detach().numpy().copy() for p in module.parameters()]]
+    for step in range(steps):
+        opt.zero_grad()
+        for micro in range(micro_steps):
+            x, y = global_batch(step * micro_steps + micro, WORLD, shape)
+            if model_name == "mlp":
+                tw.nn.functional.cross_entropy(module(tw.tensor(x)), tw.tensor(y)).backward()
+            else:
+                _replicas_backward(module, x, y)
+        record.append([p.grad.numpy().copy() for p in module.parameters()])
+        opt.step()
+        record.append(([p.detach().numpy().copy() for p in module.parameters()],
+                       [b.numpy().copy() for b in module.buffers()]))
+    return record
+
+
+def _replicas_backward(module, x, y) -> None:
+    """Each rank's share through the model with rank 0's buffers, gradients averaged; rank 0's buffers after."""
+    start = [b.clone() for b in module.buffers()]
+    after_rank0 = None
+    for rank in range(WORLD):
+        with tw.no_grad():
+            for b, saved in zip(module.buffers(), start):
+                b.copy_(saved)
+        loss = tw.nn.functional.cross_entropy(module(tw.tensor(shard(x, rank))), tw.tensor(shard(y, rank)))
+        (loss / WORLD).backward()
+        if rank == 0:
+            after_rank0 = [b.clone() for b in module.buffers()]
+    with tw.no_grad():
+        for b, value in zip(module.buffers(), after_rank0):
+            b.copy_(value)
+
+
+def check_against_reference(ranks: list, reference: list, rtol=1e-5, atol=1e-6, buffers_of_rank0_only=False):
+    for rank, record in enumerate(ranks):
+        close(record[0], reference[0])  # construction broadcast rank 0's parameters
+        for step in range(STEPS):
+            _, grads = record[1 + 2 * step]
+            close(grads, reference[1 + 2 * step], rtol, atol)
+            params, buffers = record[2 + 2 * step]
+            ref_params, ref_buffers = reference[2 + 2 * step]
+            close(params, ref_params, rtol, atol)
+            if rank == 0 or not buffers_of_rank0_only:
+                close(buffers, ref_buffers, rtol, atol)
+
+
+# ---------------------------------------------------------------------------- gradients
+
+def test_mlp_gradients_equal_single_process_training_on_the_whole_batch(cluster):
+    check_against_reference(cluster.run("train", "mlp", STEPS, {}), reference_training("mlp", STEPS))
+
+
+@pytest.mark.parametrize("as_view", [False, True], ids=["copied", "gradient_as_bucket_view"])
+def test_several_buckets_reduce_the_same_gradients(cluster, as_view):
+    kwargs = dict(bucket_cap_mb=200 / 2**20, gradient_as_bucket_view=as_view)  # 200 bytes: 4 buckets
+    check_against_reference(cluster.run("train", "mlp", STEPS, kwargs), reference_training("mlp", STEPS))
+
+
+def test_cnn_with_batch_norm_follows_rank0_buffers(cluster):
+    ranks = cluster.run("train", "cnn", STEPS, {})
+    check_against_reference(ranks, reference_training("cnn", STEPS), rtol=1e-4, atol=1e-5,
+                            buffers_of_rank0_only=True)
+
+
+def test_no_sync_accumulates_locally_and_the_next_backward_reduces_the_sum(cluster):
+    ranks = cluster.run("train", "mlp", STEPS, {}, None, 3)
+    check_against_reference(ranks, reference_training("mlp", STEPS, micro_steps=3))
+
+
+# ---------------------------------------------------------------------------- unused parameters
+
+def _error_text(outcome) -> str:
+    return outcome[-1][1] if outcome[-1][0] == "error" else ""
+
+
+def test_unused_parameter_without_the_option_is_torchs_error_on_the_next_forward(cluster):
+    ranks = cluster.run("unused_parameters", False, -1)
+    for rank, outcome in enumerate(ranks):
+        assert outcome[0][0] == "grads" and len(outcome) == 2
+        text = _error_text(outcome)
+        assert text.startswith("Expected to have finished reduction in the prior iteration before starting a new "
+                               "one. This error indicates that your module has parameters that were not used in "
+                               "producing loss.")
+        assert text.endswith(f"Parameter indices which did not receive grad for rank {rank}: 4 5")
+
+
+def test_find_unused_parameters_leaves_a_parameter_no_rank_used_untouched(cluster):
+    ranks = cluster.run("unused_parameters", True, -1)
+    reference = TwoHeads.build(seed=0, unused_on=-1)
+    for step in range(2):
+        x, _ = global_batch(step, WORLD)
+        reference(tw.tensor(x), 0).sum().div(WORLD).backward()
+        for outcome in ranks:
+            kind, grads = outcome[step]
+            assert kind == "grads" and grads[4] is None and grads[5] is None
+            close(grads, [None if p.grad is None else p.grad.numpy() for p in reference.parameters()])
+
+
+def test_find_unused_parameters_reduces_a_locally_unused_parameter_as_zeros(cluster):
+    ranks = cluster.run("unused_parameters", True, 1, 1)
+    reference = TwoHeads.build(seed=0, unused_on=1)
+    x, _ = global_batch(0, WORLD)
+    for rank in range(WORLD):
+        reference(tw.tensor(shard(x, rank)), rank).sum().div(WORLD).backward()
+    for outcome in ranks:
+        close(outcome[0][1], [p.grad.numpy() for p in reference.parameters()])
+
+
+# ---------------------------------------------------------------------------- communication hooks
+
+def test_allreduce_hook_gives_the_default_average(cluster):
+    default = cluster.run("train", "mlp", STEPS, {})
+    hooked = cluster.run("train", "mlp", STEPS, {}, "allreduce_hook")
+    for ours, theirs in zip(hooked, default):
+        for step in range(STEPS):
+            close(ours[1 + 2 * step][1], theirs[1 + 2 * step][1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("hook,tolerance", [("fp16_compress_hook", 2e-3), ("bf16_compress_hook", 2e-2)])
+def test_compress_hooks_average_in_16_bits(cluster, hook, tolerance):
+    ranks = cluster.run("train", "mlp", 1, {}, hook)
+    reference = reference_training("mlp", 1)[1]
+    for record in ranks:
+        close(record[1][1], reference, rtol=tolerance, atol=tolerance)
+    assert not all(np.array_equal(a, b) for a, b in zip(ranks[0][1][1], reference))  # it did round
+
+
+def test_comm_hook_registration_errors(cluster):
+    for outcome in cluster.run("comm_hook_errors"):
+        assert outcome == [("TypeError", "Communication hook must be callable."),
+                           ("ValueError", "Communication hook: bucket annotation should be dist.GradBucket."),
+                           ("RuntimeError", "register_comm_hook or register_builtin_comm_hook can only be called "
+                                            "once.")]
+
+
+# ---------------------------------------------------------------------------- the module around the module
+
+def test_state_dict_keys_are_prefixed_with_module_as_in_torch(cluster):
+    inner = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(4 * 5 * 5, 3))
+    theirs = ["module." + key for key in inner.state_dict()]
+    assert cluster.run("state_dict_keys") == [theirs] * WORLD
+
+
+def test_different_parameter_counts_are_torchs_error_on_every_rank(cluster):
+    errors = cluster.run("mismatched_models")
+    assert errors == [
+        "DDP expects same model across all ranks, but Rank 0 has 2 params, while rank 1 has inconsistent 4 params.",
+        "DDP expects same model across all ranks, but Rank 1 has 4 params, while rank 0 has inconsistent 2 params.",
+    ]
+
+
+def test_wrapping_without_a_process_group_is_torchs_error():
+    errors = []
+    for lib in (tw, torch):
+        with pytest.raises(ValueError) as info:
+            lib.nn.parallel.DistributedDataParallel(lib.nn.Linear(2, 2))
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] == ("Default process group has not been initialized, please make sure to call "
+                                      "init_process_group.")
+
+
+def test_bucket_assignment_is_torchs():
+    shapes = [(100, "float32"), (10, "float64"), (300, "float32"), (50, "float32"), (20, "float64"), (1000, "float32"),
+              (7, "float32")]
+    ours = [tw.zeros(n, dtype=getattr(tw, d)) for n, d in shapes]
+    theirs = [torch.zeros(n, dtype=getattr(torch, d)) for n, d in shapes]
+    for limits in ([400, 800], [1600], [10**9], [1, 1], [4000, 400]):
+        assert compute_bucket_assignment_by_size(ours, limits) == \
+            [list(b) for b in torch.distributed._compute_bucket_assignment_by_size(theirs, limits)[0]]
+
+
+def test_distributed_sampler_reads_rank_and_world_size_from_the_process_group(cluster):
+    shares = cluster.run("sampler_shares", 11)
+    theirs = [list(torch.utils.data.DistributedSampler(range(11), num_replicas=WORLD, rank=r, seed=3)) for r in
+              range(WORLD)]
+    assert shares == theirs
