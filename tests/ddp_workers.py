@@ -159,9 +159,11 @@ def buffers(module) -> list:
 # ---------------------------------------------------------------------------- scenarios (run on every rank)
 
 def train(rank, world_size, model_name: str, steps: int, ddp_kwargs: dict, hook: str | None = None,
-          micro_steps: int = 1) -> list:
+          micro_steps: int = 1, amp: bool = False) -> list:
     """``steps`` SGD steps of a DDP-wrapped model, each ``micro_steps`` backward passes (all but the last under
-    ``no_sync``); per step the loss, the averaged gradients, and after it the parameters and buffers."""
+    ``no_sync``); per step the loss, the averaged gradients, and after it the parameters and buffers. With
+    ``amp`` the forward runs under bfloat16 autocast and the loss is scaled by a GradScaler (the gradients
+    recorded are the unscaled ones)."""
     import tilewise as tw
     from tilewise.nn.parallel import DistributedDataParallel
 
@@ -172,6 +174,7 @@ def train(rank, world_size, model_name: str, steps: int, ddp_kwargs: dict, hook:
 
         model.register_comm_hook(None, getattr(default_hooks, hook))
     opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scaler = tw.amp.GradScaler("cpu", enabled=amp)
     shape = (FEATURES,) if model_name == "mlp" else IMAGE
     record = [params(module)]
     for step in range(steps):
@@ -181,11 +184,15 @@ def train(rank, world_size, model_name: str, steps: int, ddp_kwargs: dict, hook:
             x, y = global_batch(step * micro_steps + micro, world_size, shape)
             sync = micro == micro_steps - 1
             with (model.no_sync() if not sync else _nothing()):
-                loss = tw.nn.functional.cross_entropy(model(tw.tensor(shard(x, rank))), tw.tensor(shard(y, rank)))
-                loss.backward()
+                with tw.autocast("cpu", dtype=tw.bfloat16, enabled=amp):
+                    logits = model(tw.tensor(shard(x, rank)))
+                    loss = tw.nn.functional.cross_entropy(logits, tw.tensor(shard(y, rank)))
+                scaler.scale(loss).backward()
             losses.append(loss.item())
+        scaler.unscale_(opt)
         record.append((losses, grads(module)))
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         record.append((params(module), buffers(module)))
     return record
 
@@ -257,3 +264,29 @@ def sampler_shares(rank, world_size, n: int) -> list:
     from tilewise.utils.data import DistributedSampler
 
     return list(DistributedSampler(range(n), seed=3))
+
+
+def compiled_train(rank, world_size, steps: int) -> list:
+    """``train``'s MLP steps with the whole step (forward, backward, optimizer) under ``tilewise.compile``."""
+    import tilewise as tw
+    from tilewise.nn.parallel import DistributedDataParallel
+
+    module = mlp(seed=rank)
+    model = DistributedDataParallel(module)
+    opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @tw.compile
+    def step(x, y):
+        opt.zero_grad()
+        loss = tw.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    record = [params(module)]
+    for k in range(steps):
+        x, y = global_batch(k, world_size)
+        losses = [step(tw.tensor(shard(x, rank)), tw.tensor(shard(y, rank))).item()]
+        record.append((losses, grads(module)))
+        record.append((params(module), buffers(module)))
+    return record

@@ -39,10 +39,11 @@ def close(ours, reference, rtol=1e-5, atol=1e-6):
 
 # ---------------------------------------------------------------------------- the single-process reference
 
-def reference_training(model_name: str, steps: int, micro_steps: int = 1) -> list:
+def reference_training(model_name: str, steps: int, micro_steps: int = 1, amp: bool = False) -> list:
     """What ``ddp_workers.train`` records, computed in one process (see the module's docstring)."""
     module = mlp(seed=0) if model_name == "mlp" else cnn(seed=0)
     opt = tw.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    scaler = tw.amp.GradScaler("cpu", enabled=amp)
     shape = (FEATURES,) if model_name == "mlp" else IMAGE
     record = [[p.detach().numpy().copy() for p in module.parameters()]]
     for step in range(steps):
@@ -50,11 +51,15 @@ def reference_training(model_name: str, steps: int, micro_steps: int = 1) -> lis
         for micro in range(micro_steps):
             x, y = global_batch(step * micro_steps + micro, WORLD, shape)
             if model_name == "mlp":
-                tw.nn.functional.cross_entropy(module(tw.tensor(x)), tw.tensor(y)).backward()
+                with tw.autocast("cpu", dtype=tw.bfloat16, enabled=amp):
+                    loss = tw.nn.functional.cross_entropy(module(tw.tensor(x)), tw.tensor(y))
+                scaler.scale(loss).backward()
             else:
                 _replicas_backward(module, x, y)
+        scaler.unscale_(opt)
         record.append([p.grad.numpy().copy() for p in module.parameters()])
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         record.append(([p.detach().numpy().copy() for p in module.parameters()],
                        [b.numpy().copy() for b in module.buffers()]))
     return record
@@ -111,6 +116,11 @@ def test_cnn_with_batch_norm_follows_rank0_buffers(cluster):
 def test_no_sync_accumulates_locally_and_the_next_backward_reduces_the_sum(cluster):
     ranks = cluster.run("train", "mlp", STEPS, {}, None, 3)
     check_against_reference(ranks, reference_training("mlp", STEPS, micro_steps=3))
+
+
+def test_autocast_and_grad_scaler_unscale_the_averaged_gradients(cluster):
+    ranks = cluster.run("train", "mlp", STEPS, {}, None, 1, True)
+    check_against_reference(ranks, reference_training("mlp", STEPS, amp=True), rtol=2e-2, atol=2e-3)
 
 
 # ---------------------------------------------------------------------------- unused parameters
@@ -221,3 +231,9 @@ def test_distributed_sampler_reads_rank_and_world_size_from_the_process_group(cl
     theirs = [list(torch.utils.data.DistributedSampler(range(11), num_replicas=WORLD, rank=r, seed=3)) for r in
               range(WORLD)]
     assert shares == theirs
+
+
+# ---------------------------------------------------------------------------- compiled steps
+
+def test_a_compiled_training_step_averages_the_same_gradients(cluster):
+    check_against_reference(cluster.run("compiled_train", STEPS), reference_training("mlp", STEPS))

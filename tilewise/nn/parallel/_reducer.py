@@ -18,6 +18,12 @@ without it the buckets holding them never start, the reduction stays unfinished 
 torch's "Expected to have finished reduction in the prior iteration" naming their indices. torch finds unused
 parameters by walking the autograd graph from the forward's outputs, to start their buckets early; here they are
 found at the end of backward, which reduces the same values later.
+
+Under ``tilewise.compile`` the gradients that reach the hooks are trace tensors and the bucket copies are
+recorded, not run; before a bucket's all-reduce reads the buffer, ``with_values`` breaks the graph so that it
+holds the gradients. The step's operators run as compiled segments between the collectives; a program that
+holds the collectives themselves (a collective node in the graph IR whose step calls the transport) would
+remove the breaks.
 """
 
 from __future__ import annotations
@@ -54,6 +60,14 @@ def compute_bucket_assignment_by_size(tensors: list[Tensor], size_limits: list[i
             closed_count[key] = closed_count.get(key, 0) + 1
     buckets.extend(open_buckets.values())
     return sorted(buckets, key=min)
+
+
+def with_values(t: Tensor) -> Tensor:
+    """``t``, its memory up to date before a collective reads or writes it from the transport's thread: inside a
+    ``tilewise.compile``d function this is a graph break (the operators recorded so far run, and the trace
+    tensors become real), or with ``fullgraph=True`` an error naming the user's line."""
+    t._require_real("a collective (DistributedDataParallel's gradient all-reduce)")
+    return t
 
 
 @dataclass(eq=False)
@@ -228,6 +242,7 @@ class Reducer:
 
     def _launch(self, bucket: Bucket) -> None:
         if self.comm_hook is None:
+            with_values(bucket.buffer)
             bucket.work = dist.all_reduce(bucket.buffer, group=self.process_group, async_op=True)
         else:
             bucket.future = self.comm_hook(self.comm_state, GradBucket(bucket))
@@ -250,7 +265,7 @@ class Reducer:
 
     def _globally_used(self) -> list[bool]:
         """Whether any rank's backward gave each parameter a gradient (torch's ``local_used_map``)."""
-        used = tensor([float(flag) for flag in self.used], device=self.params[0].device)
+        used = with_values(tensor([float(flag) for flag in self.used], device=self.params[0].device))
         dist.all_reduce(used, group=self.process_group)
         return [count > 0 for count in used.tolist()]
 

@@ -26,6 +26,7 @@ from tilewise.nn.parallel._reducer import (
     GradBucket,
     Reducer,
     compute_bucket_assignment_by_size,
+    with_values,
 )
 from tilewise.nn.parameter import UninitializedParameter
 from tilewise.ops.creation import zeros
@@ -278,7 +279,7 @@ def _broadcast_coalesced(tensors: list[Tensor], bucket_bytes: int, group) -> Non
     root = _group_root(group)
     with no_grad():
         for chunk in _coalesced_chunks(tensors, bucket_bytes):
-            flat = cat([t.reshape(-1) for t in chunk])
+            flat = with_values(cat([t.reshape(-1) for t in chunk]))
             dist.broadcast(flat, src=root, group=group)
             offset = 0
             for t in chunk:
