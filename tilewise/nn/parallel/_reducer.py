@@ -28,6 +28,7 @@ remove the breaks.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -179,8 +180,12 @@ class Reducer:
         return bucket
 
     def _hook_for(self, index: int):
+        reducer = weakref.ref(self)  # a parameter's hook must not keep the reducer (and its process group) alive
+
         def ready(param: Tensor) -> None:
-            self.autograd_hook(index)
+            alive = reducer()
+            if alive is not None:
+                alive.autograd_hook(index)
         return ready
 
     def remove_hooks(self) -> None:
