@@ -12,9 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from ddp_workers import FEATURES, IMAGE, Cluster, TwoHeads, cnn, global_batch, mlp, shard
+from ddp_workers import FEATURES, IMAGE, Cluster, TwoHeads, cnn, free_port, global_batch, mlp, shard
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_default_hooks
 
 import tilewise as tw
+from tilewise.distributed.algorithms.ddp_comm_hooks import default_hooks as tw_default_hooks
 from tilewise.nn.parallel._reducer import compute_bucket_assignment_by_size
 
 WORLD = 2
@@ -26,6 +28,18 @@ def cluster():
     job = Cluster(WORLD)
     yield job
     job.close()
+
+
+@pytest.fixture
+def one_process():
+    """A gloo process group of this process alone, for tilewise and for torch, for checks that need no peer."""
+    import tilewise.distributed as dist
+
+    for lib in (dist, torch.distributed):
+        lib.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    for lib in (dist, torch.distributed):
+        lib.destroy_process_group()
 
 
 def close(ours, reference, rtol=1e-5, atol=1e-6):
@@ -181,21 +195,74 @@ def test_compress_hooks_average_in_16_bits(cluster, hook, tolerance):
     assert not all(np.array_equal(a, b) for a, b in zip(ranks[0][1][1], reference))  # it did round
 
 
-def test_comm_hook_registration_errors(cluster):
-    for outcome in cluster.run("comm_hook_errors"):
-        assert outcome == [("TypeError", "Communication hook must be callable."),
-                           ("ValueError", "Communication hook: bucket annotation should be dist.GradBucket."),
-                           ("RuntimeError", "register_comm_hook or register_builtin_comm_hook can only be called "
-                                            "once.")]
+def test_comm_hook_registration_errors_are_torchs(one_process):
+    def not_a_bucket(state, bucket: int):
+        return None
+
+    errors = []
+    for lib, hooks in ((tw, tw_default_hooks), (torch, torch_default_hooks)):
+        model = lib.nn.parallel.DistributedDataParallel(lib.nn.Linear(2, 2))
+        for hook in (None, not_a_bucket, hooks.allreduce_hook, hooks.allreduce_hook):
+            try:
+                model.register_comm_hook(None, hook)
+            except Exception as error:  # noqa: BLE001 (the error is the result)
+                errors.append((lib.__name__, type(error).__name__, str(error)))
+    ours, theirs = errors[:len(errors) // 2], errors[len(errors) // 2:]
+    assert [e[1:] for e in ours] == [e[1:] for e in theirs] and len(ours) == 3
 
 
 # ---------------------------------------------------------------------------- the module around the module
 
-def test_state_dict_keys_are_prefixed_with_module_as_in_torch(cluster):
+def test_state_dict_keys_and_repr_are_torchs(one_process):
+    ours = tw.nn.parallel.DistributedDataParallel(cnn(seed=0))
     inner = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
                                 torch.nn.Flatten(), torch.nn.Linear(4 * 5 * 5, 3))
-    theirs = ["module." + key for key in inner.state_dict()]
-    assert cluster.run("state_dict_keys") == [theirs] * WORLD
+    theirs = torch.nn.parallel.DistributedDataParallel(inner)
+    assert list(ours.state_dict()) == list(theirs.state_dict()) and repr(ours) == repr(theirs)
+    assert ours.module.__class__.__name__ == "Sequential"
+
+
+def test_buckets_are_torchs_in_size_and_order(one_process):
+    """torch's buckets for ``find_unused_parameters=True``, the assignment it starts every run with (without it
+    torch 2.13 starts from one bucket and rebuilds them after the first iteration)."""
+    for cap in (200 / 2**20, None, 1000 / 2**20):
+        ours = tw.nn.parallel.DistributedDataParallel(mlp(seed=0), bucket_cap_mb=cap)
+        inner = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16),
+                                    torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        theirs = torch.nn.parallel.DistributedDataParallel(inner, bucket_cap_mb=cap, find_unused_parameters=True)
+        sizes = [b.flat.numel() * b.flat.element_size() for b in ours.reducer.buckets]
+        assert ", ".join(map(str, sizes)) == theirs._get_ddp_logging_data()["bucket_sizes"]
+
+
+@pytest.mark.parametrize("case", ["no_trainable_parameters", "device_ids_on_cpu", "two_device_ids"])
+def test_construction_errors_are_torchs(one_process, case):
+    errors = []
+    for lib in (tw, torch):
+        module, kwargs = lib.nn.Linear(2, 2), {}
+        if case == "no_trainable_parameters":
+            module.requires_grad_(False)
+        else:
+            kwargs = dict(device_ids=[0] if case == "device_ids_on_cpu" else [0, 1])
+        with pytest.raises(Exception) as info:
+            lib.nn.parallel.DistributedDataParallel(module, **kwargs)
+        errors.append((type(info.value).__name__, str(info.value).replace("torch.", "")))
+    assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize("kwargs", [dict(check_reduction=True), dict(broadcast_buffers=False)])
+def test_deprecated_arguments_warn_as_in_torch(one_process, kwargs):
+    messages = []
+    for lib in (tw, torch):
+        with pytest.warns(FutureWarning) as record:
+            lib.nn.parallel.DistributedDataParallel(lib.nn.Linear(2, 2), **kwargs)
+        messages.append([str(w.message) for w in record if issubclass(w.category, FutureWarning)])
+    assert messages[0] == messages[1]
+
+
+def test_join_is_not_supported(one_process):
+    model = tw.nn.parallel.DistributedDataParallel(tw.nn.Linear(2, 2))
+    with pytest.raises(NotImplementedError, match=r"join\(\) .*same number of batches"):
+        model.join()
 
 
 def test_different_parameter_counts_are_torchs_error_on_every_rank(cluster):
