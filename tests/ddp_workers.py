@@ -30,10 +30,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _serve(rank: int, world_size: int, port: int, requests, responses) -> None:
+def _serve(rank: int, world_size: int, backend: str | None, port: int, requests, responses) -> None:
     import tilewise.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=30))
     while True:
         request = requests.get()
@@ -49,13 +49,13 @@ def _serve(rank: int, world_size: int, port: int, requests, responses) -> None:
 
 
 class Cluster:
-    def __init__(self, world_size: int = 2) -> None:
+    def __init__(self, world_size: int = 2, backend: str | None = "gloo") -> None:
         context = multiprocessing.get_context("spawn")
         self.world_size = world_size
         self.requests = [context.Queue() for _ in range(world_size)]
         self.responses = context.Queue()
         port = free_port()
-        self.processes = [context.Process(target=_serve, args=(rank, world_size, port, self.requests[rank],
+        self.processes = [context.Process(target=_serve, args=(rank, world_size, backend, port, self.requests[rank],
                                                                self.responses), daemon=True)
                           for rank in range(world_size)]
         for process in self.processes:
@@ -147,36 +147,51 @@ class TwoHeads:
 
 
 def grads(module) -> list:
-    return [None if p.grad is None else p.grad.numpy().copy() for p in module.parameters()]
+    return [None if p.grad is None else p.grad.cpu().numpy().copy() for p in module.parameters()]
 
 
 def params(module) -> list:
-    return [p.detach().numpy().copy() for p in module.parameters()]
+    return [p.detach().cpu().numpy().copy() for p in module.parameters()]
 
 
 def buffers(module) -> list:
-    return [b.numpy().copy() for b in module.buffers()]
+    return [b.cpu().numpy().copy() for b in module.buffers()]
+
+
+def device_of_rank(rank: int, device_type: str) -> str:
+    """The rank's device: its own GPU (float32 matmuls and convolutions without TF32, as on the CPU)."""
+    import tilewise as tw
+
+    if device_type == "cpu":
+        return "cpu"
+    tw.backends.cuda.matmul.allow_tf32 = tw.backends.cudnn.allow_tf32 = False
+    tw.cuda.set_device(rank)
+    return f"cuda:{rank}"
 
 
 # ---------------------------------------------------------------------------- scenarios (run on every rank)
 
 def train(rank, world_size, model_name: str, steps: int, ddp_kwargs: dict, hook: str | None = None,
-          micro_steps: int = 1, amp: bool = False) -> list:
+          micro_steps: int = 1, amp: bool = False, device_type: str = "cpu") -> list:
     """``steps`` SGD steps of a DDP-wrapped model, each ``micro_steps`` backward passes (all but the last under
     ``no_sync``); per step the loss, the averaged gradients, and after it the parameters and buffers. With
     ``amp`` the forward runs under bfloat16 autocast and the loss is scaled by a GradScaler (the gradients
-    recorded are the unscaled ones)."""
+    recorded are the unscaled ones). On ``device_type`` "cuda" each rank trains on its own GPU."""
     import tilewise as tw
     from tilewise.nn.parallel import DistributedDataParallel
 
+    device = device_of_rank(rank, device_type)
     module = mlp(seed=rank) if model_name == "mlp" else cnn(seed=rank)  # DDP makes rank 0's the parameters
+    module.to(device)
+    if device != "cpu":
+        ddp_kwargs = dict(ddp_kwargs, device_ids=[rank])
     model = DistributedDataParallel(module, **ddp_kwargs)
     if hook is not None:
         from tilewise.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         model.register_comm_hook(None, getattr(default_hooks, hook))
     opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    scaler = tw.amp.GradScaler("cpu", enabled=amp)
+    scaler = tw.amp.GradScaler(device_type, enabled=amp)
     shape = (FEATURES,) if model_name == "mlp" else IMAGE
     record = [params(module)]
     for step in range(steps):
@@ -186,9 +201,9 @@ def train(rank, world_size, model_name: str, steps: int, ddp_kwargs: dict, hook:
             x, y = global_batch(step * micro_steps + micro, world_size, shape)
             sync = micro == micro_steps - 1
             with (model.no_sync() if not sync else _nothing()):
-                with tw.autocast("cpu", dtype=tw.bfloat16, enabled=amp):
-                    logits = model(tw.tensor(shard(x, rank)))
-                    loss = tw.nn.functional.cross_entropy(logits, tw.tensor(shard(y, rank)))
+                with tw.autocast(device_type, dtype=tw.bfloat16, enabled=amp):
+                    logits = model(tw.tensor(shard(x, rank), device=device))
+                    loss = tw.nn.functional.cross_entropy(logits, tw.tensor(shard(y, rank), device=device))
                 scaler.scale(loss).backward()
             losses.append(loss.item())
         scaler.unscale_(opt)
@@ -244,13 +259,14 @@ def sampler_shares(rank, world_size, n: int) -> list:
     return list(DistributedSampler(range(n), seed=3))
 
 
-def compiled_train(rank, world_size, steps: int) -> list:
+def compiled_train(rank, world_size, steps: int, device_type: str = "cpu") -> list:
     """``train``'s MLP steps with the whole step (forward, backward, optimizer) under ``tilewise.compile``."""
     import tilewise as tw
     from tilewise.nn.parallel import DistributedDataParallel
 
-    module = mlp(seed=rank)
-    model = DistributedDataParallel(module)
+    device = device_of_rank(rank, device_type)
+    module = mlp(seed=rank).to(device)
+    model = DistributedDataParallel(module, device_ids=None if device == "cpu" else [rank])
     opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     @tw.compile
@@ -264,7 +280,7 @@ def compiled_train(rank, world_size, steps: int) -> list:
     record = [params(module)]
     for k in range(steps):
         x, y = global_batch(k, world_size)
-        losses = [step(tw.tensor(shard(x, rank)), tw.tensor(shard(y, rank))).item()]
+        losses = [step(tw.tensor(shard(x, rank), device=device), tw.tensor(shard(y, rank), device=device)).item()]
         record.append((losses, grads(module)))
         record.append((params(module), buffers(module)))
     return record

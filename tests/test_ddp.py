@@ -132,6 +132,12 @@ def test_no_sync_accumulates_locally_and_the_next_backward_reduces_the_sum(clust
     check_against_reference(ranks, reference_training("mlp", STEPS, micro_steps=3))
 
 
+def test_no_sync_with_batch_norm(cluster):
+    ranks = cluster.run("train", "cnn", STEPS, {}, None, 2)
+    check_against_reference(ranks, reference_training("cnn", STEPS, micro_steps=2), rtol=1e-4, atol=1e-5,
+                            buffers_of_rank0_only=True)
+
+
 def test_autocast_and_grad_scaler_unscale_the_averaged_gradients(cluster):
     ranks = cluster.run("train", "mlp", STEPS, {}, None, 1, True)
     check_against_reference(ranks, reference_training("mlp", STEPS, amp=True), rtol=2e-2, atol=2e-3)
@@ -304,3 +310,35 @@ def test_distributed_sampler_reads_rank_and_world_size_from_the_process_group(cl
 
 def test_a_compiled_training_step_averages_the_same_gradients(cluster):
     check_against_reference(cluster.run("compiled_train", STEPS), reference_training("mlp", STEPS))
+
+
+# ---------------------------------------------------------------------------- on GPUs, over NCCL
+
+@pytest.fixture(scope="module")
+def gpu_cluster():
+    if tw.cuda.device_count() < WORLD:
+        pytest.skip(f"needs {WORLD} GPUs")
+    job = Cluster(WORLD, backend=None)  # "cpu:gloo,cuda:nccl"
+    yield job
+    job.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("hook", [None, "allreduce_hook", "bf16_compress_hook"])
+def test_on_two_gpus_gradients_equal_single_process_training(gpu_cluster, hook):
+    ranks = gpu_cluster.run("train", "mlp", STEPS, dict(bucket_cap_mb=200 / 2**20), hook, 1, False, "cuda")
+    tolerance = 2e-2 if hook == "bf16_compress_hook" else 1e-4
+    check_against_reference(ranks, reference_training("mlp", STEPS), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.cuda
+def test_on_two_gpus_batch_norm_and_no_sync(gpu_cluster):
+    ranks = gpu_cluster.run("train", "cnn", STEPS, {}, None, 2, False, "cuda")
+    check_against_reference(ranks, reference_training("cnn", STEPS, micro_steps=2), rtol=1e-4, atol=1e-5,
+                            buffers_of_rank0_only=True)
+
+
+@pytest.mark.cuda
+def test_on_two_gpus_a_compiled_step(gpu_cluster):
+    check_against_reference(gpu_cluster.run("compiled_train", STEPS, "cuda"), reference_training("mlp", STEPS),
+                            rtol=1e-4, atol=1e-5)
