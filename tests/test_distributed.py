@@ -269,3 +269,32 @@ def test_new_group_subset_and_non_members(three_ranks):
     assert outsider["pair_rank"] == (-1, -1) and outsider["non_member_all_reduce"] is None
     assert outsider["non_member_is"] == -100
     assert "does not belong to the given group" in outsider["non_member_warning"]
+
+
+def failing_peer_job(rank: int, world: int) -> list[str] | None:
+    """Rank 1 stalls past the timeout, then dies; rank 0 sees a timeout, then a closed connection."""
+    import os
+    import time
+
+    import tilewise as tw
+    import tilewise.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=2))
+    dist.all_reduce(tw.ones(1))
+    if rank == 1:
+        time.sleep(3)
+        os._exit(0)  # gone without a word
+    messages = []
+    for _ in range(2):
+        try:
+            dist.all_reduce(tw.ones(1000))
+            messages.append("no error")
+        except RuntimeError as error:
+            messages.append(str(error))
+    return messages
+
+
+def test_a_hung_or_dead_peer_fails_the_collective_instead_of_hanging():
+    timed_out, closed = run_ranks(failing_peer_job, 2, timeout=40)[0]
+    assert "Timed out waiting 2000ms for recv operation to complete" in timed_out
+    assert "Connection closed by peer" in closed
