@@ -205,6 +205,7 @@ def composed_job(rank: int, world: int) -> dict:
             out["non_member_all_reduce"] = dist.all_reduce(tw.ones(2), group=pair)
         out["non_member_warning"] = str(caught[0].message)
         out["non_member_is"] = pair
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=20), wait_all_ranks=True)
     dist.barrier()
     dist.destroy_process_group()
     return out
@@ -291,10 +292,15 @@ def failing_peer_job(rank: int, world: int) -> list[str] | None:
             messages.append("no error")
         except RuntimeError as error:
             messages.append(str(error))
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(milliseconds=300))
+    except RuntimeError as error:
+        messages.append(str(error))
     return messages
 
 
 def test_a_hung_or_dead_peer_fails_the_collective_instead_of_hanging():
-    timed_out, closed = run_ranks(failing_peer_job, 2, timeout=40)[0]
+    timed_out, closed, barrier = run_ranks(failing_peer_job, 2, timeout=40)[0]
     assert "Timed out waiting 2000ms for recv operation to complete" in timed_out
     assert "Connection closed by peer" in closed
+    assert barrier == "Rank 1 failed to pass monitoredBarrier in 300 ms"

@@ -191,3 +191,54 @@ def test_rendezvous_errors_match_torch(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert_same_error(lambda: dist.init_process_group("gloo"), lambda: tdist.init_process_group("gloo"),
                       "environment variable MASTER_ADDR expected, but not set")
+
+
+def torch_and_tilewise_job(rank: int, world: int, torch_port: int) -> dict:
+    """The same collectives through torch's gloo and ours, where rounding or semantics could differ."""
+    import ml_dtypes
+
+    dist.init_process_group(timeout=datetime.timedelta(seconds=20))
+    tdist.init_process_group(init_method=f"tcp://127.0.0.1:{torch_port}", rank=rank, world_size=world)
+    values = np.array([0.1, 1000.3, 3.3, 65000.0, -7.7, 1e-3], dtype=np.float32) * (rank + 1.7)
+    out = {"backend": (dist.get_backend(), tdist.get_backend())}
+    for dtype, tw_dtype, torch_dtype in (("bfloat16", tw.bfloat16, torch.bfloat16),
+                                         ("float16", tw.float16, torch.float16)):
+        for op in ("SUM", "AVG", "PRODUCT"):
+            ours = tw.from_numpy(values.copy()).to(tw_dtype)
+            theirs = torch.from_numpy(values.copy()).to(torch_dtype)
+            dist.all_reduce(ours, op=getattr(dist.ReduceOp, op))
+            tdist.all_reduce(theirs, op=getattr(tdist.ReduceOp, op))
+            out[f"{dtype}/{op}"] = (ours.float().numpy(), theirs.float().numpy())
+    ours, theirs = [None] * world, [None] * world
+    dist.all_gather_object(ours, {"rank": rank, "nested": [rank, (rank, "x")]})
+    tdist.all_gather_object(theirs, {"rank": rank, "nested": [rank, (rank, "x")]})
+    out["all_gather_object"] = (ours, theirs)
+    ours, theirs = ([rank, "a", {1: 2}] if rank == 0 else [None] * 3 for _ in range(2))
+    dist.broadcast_object_list(ours, src=0)
+    tdist.broadcast_object_list(theirs, src=0)
+    out["broadcast_object_list"] = (ours, theirs)
+    bools = [np.array([True, False, rank == 0, False])] * 2
+    ours, theirs = tw.from_numpy(bools[0].copy()), torch.from_numpy(bools[1].copy())
+    dist.all_reduce(ours)
+    tdist.all_reduce(theirs)
+    out["bool"] = (ours.numpy(), theirs.numpy())
+    wraps = np.array([100, -100, 127], dtype=np.int8)
+    ours, theirs = tw.from_numpy(wraps.copy()), torch.from_numpy(wraps.copy())
+    dist.all_reduce(ours)
+    tdist.all_reduce(theirs)
+    out["int8"] = (ours.numpy(), theirs.numpy())
+    del ml_dtypes
+    dist.destroy_process_group()
+    tdist.destroy_process_group()
+    return out
+
+
+def test_rounding_and_object_collectives_match_torch_gloo_on_two_ranks():
+    from distributed_util import run_ranks
+
+    for result in run_ranks(torch_and_tilewise_job, 2, free_port(), timeout=50):
+        for key, (ours, theirs) in result.items():
+            if isinstance(ours, np.ndarray):
+                np.testing.assert_array_equal(ours, theirs, err_msg=key)
+            else:
+                assert ours == theirs, key

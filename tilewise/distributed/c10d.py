@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import importlib.util
 import io
 import os
 import pickle
@@ -125,6 +126,7 @@ class ProcessGroup:
         self._store, self._rank, self._size, self._ranks = store, rank, size, list(ranks)
         self._config, self._timeout, self.group_name = config, timeout, group_name
         self.group_desc = group_name
+        self._backend_name: str | None = None  # as given to init_process_group / new_group: get_backend's answer
         self._backends: dict[str, TransportBackend] = {}
         self._lock = threading.Lock()
 
@@ -205,11 +207,7 @@ def is_gloo_available() -> bool:
 
 def is_nccl_available() -> bool:
     """True where nccl4py imports (the CUDA extra is installed), as torch reports whether it was built with NCCL."""
-    try:
-        importlib.import_module("nccl")
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("nccl") is not None  # without loading libnccl
 
 
 def is_mpi_available() -> bool:
@@ -321,6 +319,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     default_store = PrefixStore("default_pg", store)
     pg = ProcessGroup(default_store, rank, world_size, list(range(world_size)), config, timeout,
                       group_name or "0")
+    pg._backend_name = backend
     _store_based_barrier(default_store, "store_based_barrier_key:init", world_size, timeout)
     _world.default_pg = pg
     _world.groups = {pg: pg.group_name}
@@ -366,6 +365,7 @@ def new_group(ranks: list[int] | None = None, timeout: datetime.timedelta | None
     store = PrefixStore(f"{name}/", _world.store)
     pg = ProcessGroup(store, ranks.index(world.rank()), len(ranks), ranks, config, timeout, name)
     pg.group_desc = group_desc or name
+    pg._backend_name = backend if backend is not None else world._backend_name
     _store_based_barrier(store, "store_based_barrier_key", len(ranks), timeout)
     _world.groups[pg] = name
     return pg
@@ -405,7 +405,8 @@ def get_world_size(group: ProcessGroup | None = None) -> int:
 def get_backend(group: ProcessGroup | None = None) -> str:
     if _not_member(group):
         raise ValueError("Invalid process group specified")
-    return Backend(_resolve(group).name())
+    pg = _resolve(group)
+    return Backend(pg._backend_name) if pg._backend_name else Backend.UNDEFINED
 
 
 def get_process_group_ranks(group) -> list[int]:
