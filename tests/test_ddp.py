@@ -182,6 +182,45 @@ def test_find_unused_parameters_reduces_a_locally_unused_parameter_as_zeros(clus
         close(outcome[0][1], [p.grad.numpy() for p in reference.parameters()])
 
 
+def test_a_parameter_used_outside_forward_is_torchs_error(one_process):
+    """With ``find_unused_parameters`` a parameter the forward's outputs do not reach is reduced early as unused;
+    a gradient reaching it later (the loss used it directly) is torch's error."""
+    errors = []
+    for lib in (tw, torch):
+        model = lib.nn.parallel.DistributedDataParallel(with_a_spare_layer(lib), find_unused_parameters=True)
+        with pytest.raises(RuntimeError) as info:
+            (model(lib.ones(2, 3)).sum() + model.module.spare.weight.sum()).backward()
+        errors.append(str(info.value).split(". ")[0])
+    assert errors[0] == errors[1] == "Expected to mark a variable ready only once"
+
+
+def test_an_output_left_out_of_the_loss_leaves_its_parameters_untouched(one_process):
+    """The search finds the second output's layer reached, yet backward gives it no gradient: torch (through
+    its DDPSink) and the end-of-backward callback here reduce it as unused, twice without error."""
+    grads = []
+    for lib in (tw, torch):
+        lib.manual_seed(0)
+        module = with_a_spare_layer(lib, both_outputs=True)
+        model = lib.nn.parallel.DistributedDataParallel(module, find_unused_parameters=True)
+        for _ in range(2):
+            model(lib.ones(2, 3))[0].sum().backward()
+        grads.append([None if p.grad is None else p.grad.tolist() for p in module.parameters()])
+    assert grads[0][2:] == grads[1][2:] == [None, None]
+    assert grads[0][:2] == grads[1][:2]
+
+
+def with_a_spare_layer(lib, both_outputs=False):
+    class Net(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.spare = lib.nn.Linear(3, 3), lib.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return (self.a(x), self.spare(x)) if both_outputs else self.a(x)
+
+    return Net()
+
+
 # ---------------------------------------------------------------------------- communication hooks
 
 def test_allreduce_hook_gives_the_default_average(cluster):

@@ -12,12 +12,14 @@ hook) — in bucket order, so every rank issues its collectives in the same sequ
 queues an end-of-backward callback (``Variable._execution_engine.queue_callback``) that waits for every bucket
 and writes the averaged gradients back into ``.grad``.
 
-Parameters that got no gradient: with ``find_unused_parameters`` the callback reduces them as zeros (their
-``.grad`` is written only where some rank used them, as in torch: a parameter no rank used keeps its ``.grad``);
-without it the buckets holding them never start, the reduction stays unfinished and the next forward raises
-torch's "Expected to have finished reduction in the prior iteration" naming their indices. torch finds unused
-parameters by walking the autograd graph from the forward's outputs, to start their buckets early; here they are
-found at the end of backward, which reduces the same values later.
+Parameters that get no gradient: with ``find_unused_parameters`` the forward's outputs are searched, as torch
+does, for the parameters no path of the autograd graph reaches; the first hook of the backward marks those
+ready (reduced as zeros, or as the gradient they already hold), so their buckets need not wait, and the
+end-of-backward callback does the same for any other parameter that got no gradient (one reached only through
+an output the loss left out). Their ``.grad`` is written only where some rank used them, as in torch: a
+parameter no rank used keeps its ``.grad``. Without the option the buckets holding them never start, the
+reduction stays unfinished, and the next forward raises torch's "Expected to have finished reduction in the
+prior iteration" naming their indices.
 
 Under ``tilewise.compile`` the gradients that reach the hooks are trace tensors and the bucket copies are
 recorded, not run; before a bucket's all-reduce reads the buffer, ``with_values`` breaks the graph so that it
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 
 import tilewise.distributed as dist
 from tilewise.autograd.grad_mode import no_grad
+from tilewise.autograd.graph import AccumulateGrad, edge
 from tilewise.autograd.variable import Variable
 from tilewise.ops.creation import zeros
 from tilewise.tensor import Tensor, tensor
@@ -154,6 +157,7 @@ class Reducer:
     next_bucket: int = 0
     ready: list[bool] = field(default_factory=list)
     used: list[bool] = field(default_factory=list)
+    unused: list[int] = field(default_factory=list)  # parameters the forward's outputs do not reach
     handles: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -194,9 +198,11 @@ class Reducer:
         self.handles = []
 
     # ------------------------------------------------------------------ forward
-    def prepare_for_backward(self) -> None:
-        """A forward that will be differentiated has run: its backward reduces the gradients."""
+    def prepare_for_backward(self, outputs: list[Tensor]) -> None:
+        """A forward that will be differentiated has run (``outputs`` are its tensors, searched for unused
+        parameters with ``find_unused_parameters``): its backward reduces the gradients."""
         self.ensure_prior_reduction_finished()
+        self.unused = self._unreached(outputs) if self.find_unused_parameters else []
         self.expect_hooks = True
         self.next_bucket = 0
         self.ready = [False] * len(self.params)
@@ -205,6 +211,20 @@ class Reducer:
             bucket.pending = len(bucket.params)
             bucket.work = bucket.future = None
             bucket.buffer = bucket.flat
+
+    def _unreached(self, outputs: list[Tensor]) -> list[int]:
+        """Indices of the parameters whose gradient accumulators no path from ``outputs`` reaches."""
+        reached, seen = set(), set()
+        stack = [edge(t)[0] for t in outputs]
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if isinstance(node, AccumulateGrad):
+                reached.add(id(node.variable))
+            stack.extend(nxt for nxt, _ in node.next_functions)
+        return [index for index, p in enumerate(self.params) if id(p) not in reached]
 
     def ensure_prior_reduction_finished(self) -> None:
         if self.require_finalize:
@@ -221,6 +241,10 @@ class Reducer:
         if not self.require_finalize:
             self.require_finalize = True
             Variable._execution_engine.queue_callback(self.finalize_backward)
+            for unused in self.unused:
+                self.mark_ready(unused)
+        if self.ready[index]:  # found unreached by the forward's outputs, yet given a gradient
+            raise RuntimeError(_MARKED_TWICE.format(index=index))
         self.mark_ready(index)
 
     def mark_ready(self, index: int) -> None:

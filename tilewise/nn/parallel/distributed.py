@@ -12,6 +12,7 @@ between them, and the averaged gradients are the eager ones.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import warnings
 from contextlib import contextmanager
@@ -126,7 +127,7 @@ class DistributedDataParallel(Module):
         output = self.module(*inputs, **kwargs)
         if is_grad_enabled() and self.require_backward_grad_sync:
             self.require_forward_param_sync = True
-            self.reducer.prepare_for_backward()
+            self.reducer.prepare_for_backward(_find_tensors(output) if self.find_unused_parameters else [])
         else:
             self.require_forward_param_sync = False
         return output
@@ -234,6 +235,19 @@ def _to_device(value, device: str):
     if isinstance(value, dict):
         return {k: _to_device(v, device) for k, v in value.items()}
     return value
+
+
+def _find_tensors(value) -> list[Tensor]:
+    """The tensors in a forward's output (nested in lists, tuples, dicts and dataclasses), as torch finds them."""
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _find_tensors(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _find_tensors(item)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [t for f in dataclasses.fields(value) for t in _find_tensors(getattr(value, f.name))]
+    return []
 
 
 def _group_root(group) -> int:
