@@ -241,13 +241,18 @@ def unused_parameters(rank, world_size, find_unused: bool, unused_on: int, steps
     return out
 
 
-def mismatched_models(rank, world_size) -> str:
-    """Rank 0 wraps one linear layer, the others two: every rank raises at construction."""
+def mismatched_models(rank, world_size, what: str) -> str:
+    """Rank 0 wraps one linear layer, the others two (``what`` "count") or a wider one ("sizes"): the error each
+    rank raises at construction."""
     import tilewise as tw
     from tilewise.nn.parallel import DistributedDataParallel
 
+    if what == "count":
+        module = tw.nn.Sequential(*[tw.nn.Linear(3, 3) for _ in range(1 + min(rank, 1))])
+    else:
+        module = tw.nn.Linear(3, 3 + min(rank, 1))
     try:
-        DistributedDataParallel(tw.nn.Sequential(*[tw.nn.Linear(3, 3) for _ in range(1 + min(rank, 1))]))
+        DistributedDataParallel(module)
     except RuntimeError as error:
         return str(error)
     return "no error"

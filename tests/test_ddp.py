@@ -311,11 +311,21 @@ def test_join_is_not_supported(one_process):
 
 
 def test_different_parameter_counts_are_torchs_error_on_every_rank(cluster):
-    errors = cluster.run("mismatched_models")
+    errors = cluster.run("mismatched_models", "count")
     assert errors == [
         "DDP expects same model across all ranks, but Rank 0 has 2 params, while rank 1 has inconsistent 4 params.",
         "DDP expects same model across all ranks, but Rank 1 has 4 params, while rank 0 has inconsistent 2 params.",
     ]
+
+
+def test_different_parameter_sizes_stop_every_rank(cluster):
+    """The mismatching rank raises torch's error; rank 0, which torch leaves waiting in its next collective,
+    raises too."""
+    errors = cluster.run("mismatched_models", "sizes")
+    assert errors[1] == ("[1]: params[0] in this process with sizes [4, 3] appears not to match sizes of the same "
+                         "param in process 0.")
+    assert errors[0].startswith("DDP expects same model across all ranks, but the parameters of 1 rank(s) do not "
+                                "match")
 
 
 def test_wrapping_without_a_process_group_is_torchs_error():

@@ -192,11 +192,6 @@ class Reducer:
                 alive.autograd_hook(index)
         return ready
 
-    def remove_hooks(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-
     # ------------------------------------------------------------------ forward
     def prepare_for_backward(self, outputs: list[Tensor]) -> None:
         """A forward that will be differentiated has run (``outputs`` are its tensors, searched for unused

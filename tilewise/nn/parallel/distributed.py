@@ -272,19 +272,33 @@ def _verify_param_shape_across_processes(group, params: list[Tensor]) -> None:
     length = counts[0][1]
     control = tensor((metadata + [0] * length)[:length], dtype=int64, device=device)
     dist.broadcast(control, src=_group_root(group), group=group)
-    expected = control.tolist()
+    mismatch = _first_mismatch(rank, params, control.tolist())
+    # torch raises on the mismatching ranks only, and the others hang in the next collective: every rank stops
+    anywhere = tensor([int(mismatch is not None)], dtype=int64, device=device)
+    dist.all_reduce(anywhere, group=group)
+    if mismatch is not None:
+        raise RuntimeError(mismatch)
+    if anywhere.item():
+        raise RuntimeError(f"DDP expects same model across all ranks, but the parameters of {anywhere.item()} "
+                           f"rank(s) do not match the sizes or strides of those in process 0 (their errors name "
+                           f"the parameter); rank {rank} matches.")
+
+
+def _first_mismatch(rank: int, params: list[Tensor], expected: list[int]) -> str | None:
+    """torch's error for the first parameter whose sizes or strides differ from process 0's, if any."""
     position = 0
     for index, p in enumerate(params):
         for size in p.shape:
-            if position >= length or size != expected[position]:
-                raise RuntimeError(f"[{rank}]: params[{index}] in this process with sizes {list(p.shape)} appears "
-                                   "not to match sizes of the same param in process 0.")
+            if position >= len(expected) or size != expected[position]:
+                return (f"[{rank}]: params[{index}] in this process with sizes {list(p.shape)} appears not to match "
+                        "sizes of the same param in process 0.")
             position += 1
         for stride in p.stride():
-            if position >= length or stride != expected[position]:
-                raise RuntimeError(f"params[{index}] in this process with sizes {list(p.shape)} appears not to "
-                                   "match strides of the same param in process 0.")
+            if position >= len(expected) or stride != expected[position]:
+                return (f"params[{index}] in this process with sizes {list(p.shape)} appears not to match strides "
+                        "of the same param in process 0.")
             position += 1
+    return None
 
 
 def _broadcast_coalesced(tensors: list[Tensor], bucket_bytes: int, group) -> None:
