@@ -36,7 +36,7 @@ def collectives_job(rank: int, world: int) -> dict:
     import tilewise as tw
     import tilewise.distributed as dist
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     out = {"rank": dist.get_rank(), "world": dist.get_world_size(), "backend": dist.get_backend()}
     for dtype in DTYPES:
         ops = ["SUM", "MAX", "MIN", "PRODUCT"] + (["BAND", "BOR", "BXOR"] if dtype in ("bool", "int32") else [])
@@ -133,7 +133,7 @@ def composed_job(rank: int, world: int) -> dict:
     import tilewise as tw
     import tilewise.distributed as dist
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     out = {}
     mine = _tw(rank_input(rank, 6, "float32")).reshape(2, 3)
     gathered = [tw.empty(2, 3) for _ in range(world)]
@@ -280,20 +280,21 @@ def failing_peer_job(rank: int, world: int) -> list[str] | None:
     import tilewise as tw
     import tilewise.distributed as dist
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=2))
-    dist.all_reduce(tw.ones(1))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))  # ranks may start seconds apart
+    impatient = dist.new_group(timeout=datetime.timedelta(seconds=2))
+    dist.all_reduce(tw.ones(1), group=impatient)
     if rank == 1:
         time.sleep(3)
         os._exit(0)  # gone without a word
     messages = []
     for _ in range(2):
         try:
-            dist.all_reduce(tw.ones(1000))
+            dist.all_reduce(tw.ones(1000), group=impatient)
             messages.append("no error")
         except RuntimeError as error:
             messages.append(str(error))
     try:
-        dist.monitored_barrier(timeout=datetime.timedelta(milliseconds=300))
+        dist.monitored_barrier(impatient, timeout=datetime.timedelta(milliseconds=300))
     except RuntimeError as error:
         messages.append(str(error))
     return messages

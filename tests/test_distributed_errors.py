@@ -197,7 +197,7 @@ def torch_and_tilewise_job(rank: int, world: int, torch_port: int) -> dict:
     """The same collectives through torch's gloo and ours, where rounding or semantics could differ."""
     import ml_dtypes
 
-    dist.init_process_group(timeout=datetime.timedelta(seconds=20))
+    dist.init_process_group(timeout=datetime.timedelta(seconds=30))
     tdist.init_process_group(init_method=f"tcp://127.0.0.1:{torch_port}", rank=rank, world_size=world)
     values = np.array([0.1, 1000.3, 3.3, 65000.0, -7.7, 1e-3], dtype=np.float32) * (rank + 1.7)
     out = {"backend": (dist.get_backend(), tdist.get_backend())}

@@ -14,7 +14,8 @@ Transports implement the primitives of ``backend.Backend``; this module maps tor
 from the primitives: ``all_gather`` into a list is an ``all_gather_into_tensor`` into one buffer,
 ``reduce`` an all-reduce of a copy, ``gather`` and ``scatter`` are ``all_to_all_single`` with empty
 splits for the ranks that send nothing, the object collectives pickle into byte tensors. A composed
-operation returns a ``_ComposedWork`` whose finishing copies run when its parts are done.
+operation returns a ``backend.ComposedWork`` whose finishing copies run when its parts are done. The
+object collectives (objects.py) and the rendezvous (rendezvous.py) are modules of their own.
 
 For code built on groups (DDP, sharding): ``group._get_backend(device)`` is the transport serving a device,
 ``get_process_group_ranks(group)`` the global ranks, ``get_group_rank`` / ``get_global_rank`` map between
@@ -26,20 +27,16 @@ from __future__ import annotations
 import datetime
 import importlib
 import importlib.util
-import io
 import os
-import pickle
 import threading
-import urllib.parse
 import warnings
 from collections.abc import Callable
 
-import numpy as np
-
 import tilewise
 from tilewise.distributed.backend import Backend as TransportBackend
-from tilewise.distributed.backend import RedOpType, ReduceOp, Work
-from tilewise.distributed.store import FileStore, PrefixStore, Store, TCPStore
+from tilewise.distributed.backend import ComposedWork, RedOpType, ReduceOp, Work
+from tilewise.distributed.rendezvous import rendezvous, store_based_barrier
+from tilewise.distributed.store import PrefixStore, Store
 
 default_pg_timeout = datetime.timedelta(minutes=30)
 
@@ -232,69 +229,6 @@ def _default_pg() -> ProcessGroup:
     return _world.default_pg
 
 
-# rendezvous
-
-
-def _rendezvous_error(scheme: str, message: str) -> ValueError:
-    return ValueError(f"Error initializing torch.distributed using {scheme} rendezvous: {message}")
-
-
-def _env_int(name: str, given: int, scheme: str) -> int:
-    if given is not None and given >= 0:
-        return given
-    if name not in os.environ:
-        raise _rendezvous_error(scheme, f"environment variable {name} expected, but not set")
-    return int(os.environ[name])
-
-
-def _rendezvous(init_method: str, rank: int, world_size: int,
-                timeout: datetime.timedelta) -> tuple[Store, int, int]:
-    url = urllib.parse.urlparse(init_method)
-    query = dict(urllib.parse.parse_qsl(url.query))
-    rank = int(query.get("rank", rank))
-    world_size = int(query.get("world_size", world_size))
-    if url.scheme == "env":
-        rank = _env_int("RANK", rank, "env://")
-        world_size = _env_int("WORLD_SIZE", world_size if world_size > 0 else None, "env://")
-        for name in ("MASTER_ADDR", "MASTER_PORT"):
-            if name not in os.environ:
-                raise _rendezvous_error("env://", f"environment variable {name} expected, but not set")
-        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    elif url.scheme == "tcp":
-        if rank < 0:
-            raise _rendezvous_error("tcp://", "rank parameter missing")
-        if world_size < 0:
-            raise _rendezvous_error("tcp://", "world size parameter missing")
-        if url.port is None:
-            raise _rendezvous_error("tcp://", "port number missing")
-        host, port = url.hostname, url.port
-    elif url.scheme == "file":
-        if rank < 0:
-            raise _rendezvous_error("file://", "rank parameter missing")
-        if world_size < 0:
-            raise _rendezvous_error("file://", "world size parameter missing")
-        store = FileStore(url.path, world_size)
-        store.set_timeout(timeout)
-        return store, rank, world_size
-    else:
-        raise RuntimeError(f"No rendezvous handler for {url.scheme}://")
-    store = TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout)
-    return store, rank, world_size
-
-
-def _store_based_barrier(store: Store, key: str, size: int, timeout: datetime.timedelta) -> None:
-    """Every member adds itself; the last one releases the rest (bounded by ``timeout``)."""
-    if store.add(key, 1) == size:
-        store.set(f"{key}/released", "1")
-    try:
-        store.wait([f"{key}/released"], timeout)
-    except RuntimeError:
-        arrived = int(store.get(key))
-        raise RuntimeError(f"Timed out initializing process group in store based barrier on rank "
-                           f"{get_rank() if is_initialized() else '?'}, for key: {key} (world_size={size}, "
-                           f"num_workers_joined={arrived}, timeout={timeout})") from None
-
-
 def init_process_group(backend: str | None = None, init_method: str | None = None,
                        timeout: datetime.timedelta | None = None, world_size: int = -1, rank: int = -1,
                        store: Store | None = None, group_name: str = "", pg_options=None, device_id=None) -> None:
@@ -311,7 +245,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     config = _parse_backend_config(backend)
     timeout = timeout if timeout is not None else default_pg_timeout
     if store is None:
-        store, rank, world_size = _rendezvous(init_method or "env://", rank, world_size, timeout)
+        store, rank, world_size = rendezvous(init_method or "env://", rank, world_size, timeout)
     store.set_timeout(timeout)
     if not 0 <= rank < world_size:
         raise ValueError(f"Invalid rank {rank}: the rank must be in [0, {world_size}) for world_size {world_size}")
@@ -320,7 +254,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     pg = ProcessGroup(default_store, rank, world_size, list(range(world_size)), config, timeout,
                       group_name or "0")
     pg._backend_name = backend
-    _store_based_barrier(default_store, "store_based_barrier_key:init", world_size, timeout)
+    store_based_barrier(default_store, "store_based_barrier_key:init", rank, world_size, timeout)
     _world.default_pg = pg
     _world.groups = {pg: pg.group_name}
     _world.group_count = 1
@@ -366,7 +300,7 @@ def new_group(ranks: list[int] | None = None, timeout: datetime.timedelta | None
     pg = ProcessGroup(store, ranks.index(world.rank()), len(ranks), ranks, config, timeout, name)
     pg.group_desc = group_desc or name
     pg._backend_name = backend if backend is not None else world._backend_name
-    _store_based_barrier(store, "store_based_barrier_key", len(ranks), timeout)
+    store_based_barrier(store, "store_based_barrier_key", world.rank(), len(ranks), timeout)
     _world.groups[pg] = name
     return pg
 
@@ -480,7 +414,7 @@ def _staged(output) -> tuple:
 
 
 def _with_copy_back(work: Work, copy_back, output) -> Work:
-    return work if copy_back is None else _ComposedWork([work], copy_back, [output])
+    return work if copy_back is None else ComposedWork([work], copy_back, [output])
 
 
 _TORCH_SCALAR_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int",
@@ -534,56 +468,6 @@ def _finish(work: Work, async_op: bool) -> Work | None:
     return None
 
 
-class _ComposedWork(Work):
-    """Work made of other works, with a finishing step (copies out of a buffer) run once they are done."""
-
-    def __init__(self, parts: list[Work], finish: Callable[[], None] | None, outputs: list):
-        super().__init__(outputs)
-        self._parts, self._finish_step, self._finished = parts, finish, False
-        self._lock = threading.Lock()
-        self._pending = len(parts)
-        if not parts:
-            self._run_finish_and_complete()
-        for part in parts:
-            part.get_future().add_done_callback(self._part_done)
-
-    def _run_finish(self) -> None:
-        with self._lock:
-            if self._finished:
-                return
-            self._finished = True
-        if self._finish_step is not None:
-            self._finish_step()
-
-    def _run_finish_and_complete(self) -> None:
-        try:
-            self._run_finish()
-        except BaseException as error:  # noqa: BLE001 (handed to whoever waits)
-            self._fail(error)
-            return
-        self._complete()
-
-    def _part_done(self, future) -> None:
-        if future._error is not None:
-            if not self._future.done():
-                self._fail(future._error)
-            return
-        with self._lock:
-            self._pending -= 1
-            last = self._pending == 0
-        if last:
-            self._run_finish_and_complete()
-
-    def source_rank(self) -> int:
-        return self._parts[0].source_rank() if self._parts else -1
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        for part in self._parts:
-            part.wait(timeout)
-        self._run_finish()
-        return True
-
-
 # collectives
 
 
@@ -600,7 +484,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     else:  # torch accepts strided tensors here: reduce a contiguous copy and write it back
         staged = tensor.contiguous()
         inner = _tensor_backend(pg, staged, "all_reduce").allreduce([staged], op)
-        work = _ComposedWork([inner], lambda: tensor.copy_(staged), [tensor])
+        work = ComposedWork([inner], lambda: tensor.copy_(staged), [tensor])
     return _finish(work, async_op)
 
 
@@ -617,7 +501,7 @@ def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False
     else:
         staged = tensor.contiguous()
         inner = _tensor_backend(pg, staged, "broadcast").broadcast([staged], root)
-        work = _ComposedWork([inner], lambda: tensor.copy_(staged), [tensor])
+        work = ComposedWork([inner], lambda: tensor.copy_(staged), [tensor])
     return _finish(work, async_op)
 
 
@@ -688,7 +572,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
         for i, out in enumerate(tensor_list):
             out.copy_(buffer[i * n:(i + 1) * n].reshape(out.shape))
 
-    return _finish(_ComposedWork([inner], scatter_out, tensor_list), async_op)
+    return _finish(ComposedWork([inner], scatter_out, tensor_list), async_op)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False):
@@ -709,7 +593,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     backend = _tensor_backend(pg, output, "reduce_scatter")
     stacked = tilewise.cat([t.reshape(-1) for t in input_list])
     inner = backend.reduce_scatter_tensor(output, stacked, op)
-    return _finish(_ComposedWork([inner], None, [output]), async_op)
+    return _finish(ComposedWork([inner], None, [output]), async_op)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,  # noqa: A002
@@ -771,7 +655,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
             out.copy_(received[offset:offset + out.numel()].reshape(out.shape))
             offset += out.numel()
 
-    return _finish(_ComposedWork([inner], copy_out, output_tensor_list), async_op)
+    return _finish(ComposedWork([inner], copy_out, output_tensor_list), async_op)
 
 
 def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -787,7 +671,7 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op
     staged = tensor.contiguous().clone()
     inner = _tensor_backend(pg, staged, "reduce").allreduce([staged], op)
     finish = (lambda: tensor.copy_(staged)) if pg.rank() == root else None
-    return _finish(_ComposedWork([inner], finish, [tensor]), async_op)
+    return _finish(ComposedWork([inner], finish, [tensor]), async_op)
 
 
 def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_op: bool = False,
@@ -825,7 +709,7 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
         for i, out in enumerate(gather_list):
             out.copy_(received[i * n:(i + 1) * n].reshape(out.shape))
 
-    return _finish(_ComposedWork([inner], copy_out, gather_list), async_op)
+    return _finish(ComposedWork([inner], copy_out, gather_list), async_op)
 
 
 def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async_op: bool = False,
@@ -861,7 +745,7 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
     sent_splits = [n] * size if pg.rank() == root else [0] * size
     received_splits = [n if r == root else 0 for r in range(size)]
     inner = backend.alltoall_base(received, sent, received_splits, sent_splits)
-    return _finish(_ComposedWork([inner], lambda: tensor.copy_(received.reshape(tensor.shape)), [tensor]),
+    return _finish(ComposedWork([inner], lambda: tensor.copy_(received.reshape(tensor.shape)), [tensor]),
                    async_op)
 
 
@@ -997,121 +881,10 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     return works
 
 
-# object collectives: pickled into uint8 tensors on the group's CPU transport (else the current CUDA device)
-
-
-def _object_device(pg: ProcessGroup):
-    if pg._has_backend("cpu"):
-        return tilewise.device("cpu")
-    return tilewise.device("cuda", tilewise.cuda.current_device())
-
-
-def _object_to_tensor(obj, device):
-    buffer = io.BytesIO()
-    pickle.Pickler(buffer).dump(obj)
-    data = tilewise.from_numpy(np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy())
-    return data.to(device), tilewise.tensor([data.numel()], dtype=tilewise.int64).to(device)
-
-
-def _tensor_to_object(tensor, size: int):
-    return pickle.loads(tensor.cpu().numpy()[:size].tobytes())
-
-
-def _all_gather_sizes(size_tensor, pg: ProcessGroup) -> list[int]:
-    sizes = _flat_buffer(size_tensor, pg.size())
-    all_gather_into_tensor(sizes, size_tensor, group=pg)
-    return [int(s) for s in sizes.cpu().numpy()]
-
-
-def all_gather_object(object_list: list, obj, group=None) -> None:
-    """``object_list[i]`` = rank i's picklable ``obj``."""
-    if _not_member(group):
-        _warn_not_in_group("all_gather_object")
-        return
-    pg = _resolve(group)
-    data, size = _object_to_tensor(obj, _object_device(pg))
-    sizes = _all_gather_sizes(size, pg)
-    longest = max(sizes)
-    padded = tilewise.cat([data, _flat_buffer(data, longest - data.numel())]) if longest > data.numel() else data
-    gathered = _flat_buffer(data, longest * pg.size())
-    all_gather_into_tensor(gathered, padded, group=pg)
-    for i, n in enumerate(sizes):
-        object_list[i] = _tensor_to_object(gathered[i * longest:(i + 1) * longest], n)
-
-
-def broadcast_object_list(object_list: list, src: int | None = None, group=None, device=None,
-                          group_src: int | None = None) -> None:
-    """Replace ``object_list`` on every rank with rank ``src``'s (same length on every rank)."""
-    if _not_member(group):
-        _warn_not_in_group("broadcast_object_list")
-        return
-    pg = _resolve(group)
-    root = _group_peer(pg, src, group_src, "src")
-    device = tilewise.device(device) if device is not None else _object_device(pg)
-    sizes = tilewise.zeros(len(object_list), dtype=tilewise.int64, device=device)
-    if pg.rank() == root:
-        pieces = [_object_to_tensor(obj, device) for obj in object_list]
-        sizes = tilewise.cat([n for _, n in pieces]) if pieces else sizes
-    broadcast(sizes, group=pg, group_src=root)
-    counts = [int(s) for s in sizes.cpu().numpy()]
-    if pg.rank() == root:
-        payload = tilewise.cat([d for d, _ in pieces]) if pieces else _flat_buffer(sizes, 0)
-        payload = payload.to(tilewise.uint8)
-    else:
-        payload = tilewise.empty(sum(counts), dtype=tilewise.uint8, device=device)
-    broadcast(payload, group=pg, group_src=root)
-    if pg.rank() != root:
-        offset = 0
-        for i, n in enumerate(counts):
-            object_list[i] = _tensor_to_object(payload[offset:offset + n], n)
-            offset += n
-
-
-def gather_object(obj, object_gather_list: list | None = None, dst: int | None = None, group=None,
-                  group_dst: int | None = None) -> None:
-    """On rank ``dst``, ``object_gather_list[i]`` = rank i's ``obj``."""
-    if _not_member(group):
-        _warn_not_in_group("gather_object")
-        return
-    pg = _resolve(group)
-    root = _group_peer(pg, dst, group_dst, "dst")
-    if pg.rank() == root and (object_gather_list is None or len(object_gather_list) != pg.size()):
-        raise ValueError(f"Argument ``object_gather_list`` must be a list of world_size={pg.size()} elements on "
-                         "the destination rank")
-    data, size = _object_to_tensor(obj, _object_device(pg))
-    sizes = _all_gather_sizes(size, pg)
-    longest = max(sizes)
-    padded = tilewise.cat([data, _flat_buffer(data, longest - data.numel())]) if longest > data.numel() else data
-    outputs = [_flat_buffer(data, longest) for _ in range(pg.size())] if pg.rank() == root else None
-    gather(padded, outputs, group=pg, group_dst=root)
-    if pg.rank() == root:
-        for i, n in enumerate(sizes):
-            object_gather_list[i] = _tensor_to_object(outputs[i], n)
-
-
-def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
-                        src: int | None = None, group=None, group_src: int | None = None) -> None:
-    """``scatter_object_output_list[0]`` on rank i = ``scatter_object_input_list[i]`` of rank ``src``."""
-    if _not_member(group):
-        _warn_not_in_group("scatter_object_list")
-        return
-    if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
-        raise ValueError("Expected argument scatter_object_output_list to be a list of size at least 1.")
-    pg = _resolve(group)
-    root = _group_peer(pg, src, group_src, "src")
-    device = _object_device(pg)
-    longest = tilewise.zeros(1, dtype=tilewise.int64, device=device)
-    if pg.rank() == root:
-        pieces = [_object_to_tensor(obj, device) for obj in scatter_object_input_list]
-        longest = tilewise.tensor([max(int(n.item()) for _, n in pieces)], dtype=tilewise.int64).to(device)
-    broadcast(longest, group=pg, group_src=root)
-    width = int(longest.item())
-    mine = _flat_buffer(tilewise.empty(0, dtype=tilewise.uint8, device=device), width)
-    my_size = tilewise.zeros(1, dtype=tilewise.int64, device=device)
-    padded = sizes = None
-    if pg.rank() == root:
-        padded = [tilewise.cat([d, _flat_buffer(d, width - d.numel())]) for d, _ in pieces]
-        sizes = [n for _, n in pieces]
-    scatter(mine, padded, group=pg, group_src=root)
-    scatter(my_size, sizes, group=pg, group_src=root)
-    scatter_object_output_list[0] = _tensor_to_object(mine, int(my_size.item()))
+# torch keeps the object collectives in this module; they live in objects.py, composed from the collectives above.
+from tilewise.distributed.objects import (  # noqa: E402, F401
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    scatter_object_list,
+)
