@@ -264,7 +264,7 @@ def sampler_shares(rank, world_size, n: int) -> list:
     return list(DistributedSampler(range(n), seed=3))
 
 
-def compiled_train(rank, world_size, steps: int, device_type: str = "cpu") -> list:
+def compiled_train(rank, world_size, steps: int, device_type: str = "cpu", hook: str | None = None) -> list:
     """``train``'s MLP steps with the whole step (forward, backward, optimizer) under ``tilewise.compile``."""
     import tilewise as tw
     from tilewise.nn.parallel import DistributedDataParallel
@@ -272,6 +272,10 @@ def compiled_train(rank, world_size, steps: int, device_type: str = "cpu") -> li
     device = device_of_rank(rank, device_type)
     module = mlp(seed=rank).to(device)
     model = DistributedDataParallel(module, device_ids=None if device == "cpu" else [rank])
+    if hook is not None:
+        from tilewise.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        model.register_comm_hook(None, getattr(default_hooks, hook))
     opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     @tw.compile

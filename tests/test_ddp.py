@@ -361,6 +361,11 @@ def test_a_compiled_training_step_averages_the_same_gradients(cluster):
     check_against_reference(cluster.run("compiled_train", STEPS), reference_training("mlp", STEPS))
 
 
+def test_a_compiled_training_step_with_a_comm_hook(cluster):
+    ranks = cluster.run("compiled_train", STEPS, "cpu", "fp16_compress_hook")
+    check_against_reference(ranks, reference_training("mlp", STEPS), rtol=2e-3, atol=2e-3)
+
+
 # ---------------------------------------------------------------------------- on GPUs, over NCCL
 
 @pytest.fixture(scope="module")

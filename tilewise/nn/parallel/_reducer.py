@@ -23,7 +23,8 @@ prior iteration" naming their indices.
 
 Under ``tilewise.compile`` the gradients that reach the hooks are trace tensors and the bucket copies are
 recorded, not run; before a bucket's all-reduce reads the buffer, ``with_values`` breaks the graph so that it
-holds the gradients. The step's operators run as compiled segments between the collectives; a program that
+holds the gradients, and a communication hook then runs untraced on the real buffer (its casts and divisions
+feed its own collectives). The step's operators run as compiled segments between the collectives; a program that
 holds the collectives themselves (a collective node in the graph IR whose step calls the transport) would
 remove the breaks.
 """
@@ -39,7 +40,7 @@ from tilewise.autograd.grad_mode import no_grad
 from tilewise.autograd.graph import AccumulateGrad, edge
 from tilewise.autograd.variable import Variable
 from tilewise.ops.creation import zeros
-from tilewise.tensor import Tensor, tensor
+from tilewise.tensor import TRACE_HOOKS, Tensor, tensor
 
 DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES
 MB = 1024 * 1024
@@ -265,11 +266,12 @@ class Reducer:
                 view.copy_(grad.mul(1.0 / self.world_size))  # torch scales while copying (mul_out)
 
     def _launch(self, bucket: Bucket) -> None:
+        with_values(bucket.buffer)
         if self.comm_hook is None:
-            with_values(bucket.buffer)
             bucket.work = dist.all_reduce(bucket.buffer, group=self.process_group, async_op=True)
         else:
-            bucket.future = self.comm_hook(self.comm_state, GradBucket(bucket))
+            with TRACE_HOOKS.untraced():  # the hook's casts feed its collectives: they run, not recorded
+                bucket.future = self.comm_hook(self.comm_state, GradBucket(bucket))
 
     def finalize_backward(self) -> None:
         """The end-of-backward callback: reduce what got no gradient (if allowed), wait, write ``.grad``."""
