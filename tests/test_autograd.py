@@ -677,3 +677,27 @@ def test_variable_is_torchs_legacy_alias():
     for lib in (tw, torch):
         v = lib.autograd.Variable(lib.ones(2), requires_grad=True)
         assert v.requires_grad and v.is_leaf and isinstance(lib.ones(1), lib.autograd.Variable)
+
+
+@pytest.mark.parametrize("lib", [tw, torch], ids=["tilewise", "torch"])
+def test_queue_callback_belongs_to_the_thread_running_backward(lib):
+    import threading
+
+    engine = lib.autograd.Variable._execution_engine
+    errors = []
+
+    def from_another_thread():
+        try:
+            engine.queue_callback(lambda: None)
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    def hook(p):
+        thread = threading.Thread(target=from_another_thread)
+        thread.start()
+        thread.join()
+
+    x = lib.ones(2, requires_grad=True)
+    x.register_post_accumulate_grad_hook(hook)
+    (x * 2).sum().backward()
+    assert errors == ["Final callbacks can only be installed during backward pass."]

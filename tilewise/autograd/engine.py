@@ -13,6 +13,8 @@ callback may queue more. DistributedDataParallel waits for its gradient all-redu
 
 from __future__ import annotations
 
+import threading
+
 from tilewise import dispatch
 from tilewise.autograd.anomaly_mode import ANOMALY, check_node_outputs
 from tilewise.autograd.graph import AccumulateGrad, Node, edge
@@ -29,7 +31,14 @@ def register_node_profiler(fn) -> None:
     profile_node = fn
 
 
-_final_callbacks: list[list] = []  # one list per running backward (innermost last): callbacks it runs at its end
+class _FinalCallbacks(threading.local):
+    """Per thread, one list per running backward (innermost last): the callbacks it runs at its end."""
+
+    def __init__(self) -> None:
+        self.passes: list[list] = []
+
+
+_final_callbacks = _FinalCallbacks()
 
 
 class ExecutionEngine:
@@ -37,9 +46,9 @@ class ExecutionEngine:
 
     def queue_callback(self, callback) -> None:
         """Run ``callback()`` once the innermost running backward pass has finished every node."""
-        if not _final_callbacks:
+        if not _final_callbacks.passes:
             raise RuntimeError("Final callbacks can only be installed during backward pass.")
-        _final_callbacks[-1].append(callback)
+        _final_callbacks.passes[-1].append(callback)
 
 
 def _run_final_callbacks(callbacks: list) -> None:
@@ -161,7 +170,7 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
     prev_mode, prev_autocast = STATE.grad_enabled, STATE.autocast
     STATE.grad_enabled = create_graph
     STATE.autocast = None  # the casts recorded in forward already fix every dtype backward sees, as in torch
-    _final_callbacks.append([])
+    _final_callbacks.passes.append([])
     try:
         while ready:
             node = ready.pop()
@@ -211,10 +220,10 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                     ready.append(nxt)
             in_grads = g = buf = None  # the buffers alone hold the gradients now (see AccumulateGrad.accumulate)
         STATE.grad_enabled, STATE.autocast = prev_mode, prev_autocast
-        _run_final_callbacks(_final_callbacks[-1])
+        _run_final_callbacks(_final_callbacks.passes[-1])
     finally:
         STATE.grad_enabled, STATE.autocast = prev_mode, prev_autocast
-        _final_callbacks.pop()
+        _final_callbacks.passes.pop()
     if inputs is not None and not allow_unused:
         for k, g in enumerate(captured):
             if g is None and accumulate is False:
