@@ -105,10 +105,11 @@ def test_an_example_trains_like_torch(script, extra, tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("tilewise.distributed.run") is None,
                     reason="needs the launcher, python -m tilewise.distributed.run")
 def test_gpt_on_two_processes_takes_the_single_process_steps(tmp_path):
-    """Launched on two CPU processes (gloo), the GPT trainer deals each step's micro-batches out to the ranks and
-    averages their gradients: its losses and its final validation loss are those of one process."""
+    """Launched on two CPU processes (gloo), the GPT trainer deals each step's micro-batches out to the ranks,
+    accumulates two of them per rank (the first without synchronising) and averages the gradients: its losses and
+    its final validation loss are those of one process."""
     path = EXAMPLES / "train_gpt.py"
-    args = [*SMALL["train_gpt.py"], "--device", "cpu", "--steps", "3"]
+    args = [*SMALL["train_gpt.py"], "--device", "cpu", "--steps", "3", "--grad-accum", "4"]  # 2 micro-steps a rank
     init = tmp_path / "init.pt"
     run(path, "tilewise", [*args, "--save-init", str(init)], tmp_path)
     single = run(path, "tilewise", [*args, "--init-from", str(init), "--out", str(tmp_path / "one")], tmp_path)
