@@ -4,6 +4,12 @@ GradScaler, TF32 flags, gradient clipping, periodic evaluation and resumable che
 
     python examples/train_gpt.py --steps 200            # CPU or GPU
     python examples/train_gpt.py --resume --steps 400   # continue from out/ckpt.pt
+    python -m tilewise.distributed.run --nproc-per-node 2 examples/train_gpt.py --steps 200   # data parallel
+
+Started by the launcher (RANK set), every process trains a DistributedDataParallel replica: the micro-batches of
+a step are drawn from one stream seeded alike on every rank and dealt out round-robin, each rank runs
+``grad_accum / world_size`` of them, and the gradients are averaged in the last one's backward; so a step sees the
+same global batch and takes the same update as a single process with the same flags.
 
 It is written against torch's API: replacing ``tilewise`` by ``torch`` in the imports gives the same program for
 PyTorch (the tests run both and compare).
@@ -26,8 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import add_run_flags, read_text  # noqa: E402
 
 import tilewise as torch  # noqa: E402
+import tilewise.distributed as dist  # noqa: E402
 import tilewise.nn as nn  # noqa: E402
 from tilewise.nn import functional as F  # noqa: E402
+from tilewise.nn.parallel import DistributedDataParallel as DDP  # noqa: E402, N817
 
 
 @dataclass
@@ -164,6 +172,17 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    ddp = int(os.environ.get("RANK", -1)) != -1  # started by the launcher
+    rank, world_size = 0, 1
+    if ddp:
+        dist.init_process_group(backend="nccl" if "cuda" in device else "gloo")
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        if "cuda" in device:
+            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+            torch.cuda.set_device(device)
+        if args.grad_accum % world_size:
+            parser.error(f"--grad-accum {args.grad_accum} must be a multiple of the {world_size} processes")
+    master_process = rank == 0
     device_type = "cuda" if "cuda" in device else "cpu"
     dtype = args.dtype or ("bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32")
     torch.manual_seed(args.seed)
@@ -179,15 +198,26 @@ def main(argv=None) -> int:
     n = int(0.9 * len(data))
     train_data, val_data = data[:n], data[n:]
 
-    def get_batch(split):
+    def get_batch(split, keep=True):
+        """A batch of random windows; with ``keep=False`` only the random draws (another rank's batch)."""
         source = train_data if split == "train" else val_data
         ix = torch.randint(len(source) - args.block_size, (args.batch_size,))
+        if not keep:
+            return None
         x = torch.stack([torch.from_numpy(source[i:i + args.block_size].astype(np.int64)) for i in ix.tolist()])
         y = torch.stack([torch.from_numpy(source[i + 1:i + 1 + args.block_size].astype(np.int64))
                          for i in ix.tolist()])
         if device_type == "cuda":
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         return x.to(device), y.to(device)
+
+    def train_batches():
+        """This rank's micro-batches: of the stream every rank draws alike, every ``world_size``-th."""
+        while True:
+            for owner in range(world_size):
+                batch = get_batch("train", keep=owner == rank)
+                if batch is not None:
+                    yield batch
 
     def fixed_val_batches():
         """Evenly spaced validation windows, the same on every run (so losses compare across runs)."""
@@ -220,23 +250,30 @@ def main(argv=None) -> int:
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
     checkpoint = None
-    raw_model = model
+    raw_model = model  # the bare module (not compiled, not wrapped): what is saved and sampled from
     if args.compile:
         model = torch.compile(model)
+    eval_model = model
+    if ddp:
+        model = DDP(model, device_ids=[int(os.environ["LOCAL_RANK"])] if device_type == "cuda" else None)
+    micro_steps = args.grad_accum // world_size
 
     @torch.no_grad()
     def estimate_loss():
-        model.eval()
+        eval_model.eval()
         losses = torch.zeros(args.eval_batches)
         for k, (x, y) in enumerate(fixed_val_batches()):
             with ctx:
-                _, loss = model(x, y)
+                _, loss = eval_model(x, y)
             losses[k] = loss.item()
-        model.train()
+        eval_model.train()
         return losses.mean().item()
 
     if args.eval_only:
-        print(f"val loss {estimate_loss():.6f}")
+        if master_process:
+            print(f"val loss {estimate_loss():.6f}")
+        if ddp:
+            dist.destroy_process_group()
         return 0
 
     warmup, lr_decay_iters, min_lr = max(1, args.steps // 10), args.steps, args.lr / 10
@@ -249,37 +286,49 @@ def main(argv=None) -> int:
         ratio = (it - warmup) / max(1, lr_decay_iters - warmup)
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (args.lr - min_lr)
 
-    x, y = get_batch("train")
+    batches = train_batches()
+    x, y = next(batches)
     t0 = time.time()
     while iter_num < args.steps:
         lr = get_lr(iter_num)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        for _ in range(args.grad_accum):
+        step_loss = torch.zeros((), device=device)
+        for micro_step in range(micro_steps):
+            if ddp:  # average the gradients in the last micro-step's backward only
+                model.require_backward_grad_sync = micro_step == micro_steps - 1
             with ctx:
                 _, loss = model(x, y)
-                loss = loss / args.grad_accum
-            x, y = get_batch("train")
+                loss = loss / micro_steps  # DDP's average over the ranks divides by world_size
+            step_loss += loss.detach()
+            x, y = next(batches)
             scaler.scale(loss).backward()
+        if ddp:  # the mean over the whole step's batch, as one process reports it
+            dist.all_reduce(step_loss)
+            step_loss /= world_size
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
-        print(f"step {iter_num} loss {loss.item() * args.grad_accum:.6f} lr {lr:.2e} "
-              f"time {(time.time() - t0) * 1000:.0f}ms", flush=True)
+        if master_process:
+            print(f"step {iter_num} loss {step_loss.item():.6f} lr {lr:.2e} "
+                  f"time {(time.time() - t0) * 1000:.0f}ms", flush=True)
         t0 = time.time()
-        if iter_num % args.eval_interval == 0 or iter_num == args.steps:
+        if master_process and (iter_num % args.eval_interval == 0 or iter_num == args.steps):
             val = estimate_loss()
             print(f"step {iter_num}: val loss {val:.6f}", flush=True)
             best_val_loss = min(best_val_loss, val)
             os.makedirs(args.out, exist_ok=True)
             torch.save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": iter_num,
                         "best_val_loss": best_val_loss, "config": vars(config)}, ckpt_path)
-    context = torch.tensor([[stoi["\n"]]], device=device)
-    sample = raw_model.generate(context, 60, top_k=10)[0].tolist()
-    print("sample:", "".join(chars[i] for i in sample).replace("\n", " | "))
+    if master_process:
+        context = torch.tensor([[stoi["\n"]]], device=device)
+        sample = raw_model.generate(context, 60, top_k=10)[0].tolist()
+        print("sample:", "".join(chars[i] for i in sample).replace("\n", " | "))
+    if ddp:
+        dist.destroy_process_group()
     return 0
 
 

@@ -608,3 +608,96 @@ def test_checkpoint_reentrant_rejects_kwargs():
         checkpoint(lambda t, scale: t * scale, tw.ones(2, requires_grad=True), scale=2.0, use_reentrant=True)
     y = checkpoint(lambda t, scale: t * scale, tw.ones(2, requires_grad=True), scale=2.0)
     np.testing.assert_allclose(y.detach().numpy(), [2.0, 2.0])
+
+
+# ---------------------------------------------------------------------------- end-of-backward callbacks
+
+def _callback_order(lib) -> list:
+    """What a leaf's post-accumulate hook queues, and when it runs, on one backward pass."""
+    engine = lib.autograd.Variable._execution_engine
+    order = []
+
+    def queue_nested():
+        order.append("second")
+        engine.queue_callback(lambda: order.append("queued by a callback"))
+
+    def hook(p):
+        order.append(("accumulated", p.grad.tolist()))
+        engine.queue_callback(lambda: order.append(("first", p.grad.tolist())))
+        engine.queue_callback(queue_nested)
+
+    x = lib.ones(2, requires_grad=True)
+    x.register_post_accumulate_grad_hook(hook)
+    (x * 3).sum().backward()
+    order.append("returned")
+    return order
+
+
+def test_queued_callbacks_run_at_the_end_of_backward_in_order():
+    assert _callback_order(tw) == _callback_order(torch)
+
+
+@pytest.mark.parametrize("lib", [tw, torch], ids=["tilewise", "torch"])
+def test_queue_callback_outside_backward_is_an_error(lib):
+    with pytest.raises(RuntimeError, match="Final callbacks can only be installed during backward pass"):
+        lib.autograd.Variable._execution_engine.queue_callback(lambda: None)
+
+
+@pytest.mark.parametrize("lib", [tw, torch], ids=["tilewise", "torch"])
+def test_a_failing_callback_raises_from_backward_and_the_next_backward_is_clean(lib):
+    def fail():
+        raise ValueError("from the callback")
+
+    engine = lib.autograd.Variable._execution_engine
+    x = lib.ones(2, requires_grad=True)
+    handle = x.register_post_accumulate_grad_hook(lambda p: engine.queue_callback(fail))
+    with pytest.raises(ValueError, match="from the callback"):
+        (x * 2).sum().backward()
+    handle.remove()
+    (x * 2).sum().backward()  # the failed pass's callbacks are gone
+    assert x.grad.tolist() == [4.0, 4.0]
+    with pytest.raises(RuntimeError, match="Final callbacks"):
+        engine.queue_callback(lambda: None)
+
+
+def test_callbacks_queued_in_autograd_grad_run_before_it_returns():
+    def run(lib):
+        order = []
+        x = lib.ones(2, requires_grad=True)
+        y = x * 2
+        y.register_hook(lambda g: lib.autograd.Variable._execution_engine.queue_callback(lambda: order.append("cb")))
+        (g,) = lib.autograd.grad(y.sum(), x)
+        order.append(g.tolist())
+        return order
+
+    assert run(tw) == run(torch)
+
+
+def test_variable_is_torchs_legacy_alias():
+    for lib in (tw, torch):
+        v = lib.autograd.Variable(lib.ones(2), requires_grad=True)
+        assert v.requires_grad and v.is_leaf and isinstance(lib.ones(1), lib.autograd.Variable)
+
+
+@pytest.mark.parametrize("lib", [tw, torch], ids=["tilewise", "torch"])
+def test_queue_callback_belongs_to_the_thread_running_backward(lib):
+    import threading
+
+    engine = lib.autograd.Variable._execution_engine
+    errors = []
+
+    def from_another_thread():
+        try:
+            engine.queue_callback(lambda: None)
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    def hook(p):
+        thread = threading.Thread(target=from_another_thread)
+        thread.start()
+        thread.join()
+
+    x = lib.ones(2, requires_grad=True)
+    x.register_post_accumulate_grad_hook(hook)
+    (x * 2).sum().backward()
+    assert errors == ["Final callbacks can only be installed during backward pass."]

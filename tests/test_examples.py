@@ -10,6 +10,7 @@ tilewise's own evaluation of it). A run with ``--resume`` continues from the che
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import subprocess
@@ -100,3 +101,24 @@ def test_an_example_trains_like_torch(script, extra, tmp_path):
     assert checked == pytest.approx(ours_after, rel=1e-4), "torch reads tilewise's checkpoint differently"
     resumed = run(path, "tilewise", [*args, "--out", str(out), "--resume", "--steps", "5"], tmp_path)
     assert len(train_losses(resumed)) >= 1, resumed
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tilewise.distributed.run") is None,
+                    reason="needs the launcher, python -m tilewise.distributed.run")
+def test_gpt_on_two_processes_takes_the_single_process_steps(tmp_path):
+    """Launched on two CPU processes (gloo), the GPT trainer deals each step's micro-batches out to the ranks,
+    accumulates two of them per rank (the first without synchronising) and averages the gradients: its losses and
+    its final validation loss are those of one process."""
+    path = EXAMPLES / "train_gpt.py"
+    args = [*SMALL["train_gpt.py"], "--device", "cpu", "--steps", "3", "--grad-accum", "4"]  # 2 micro-steps a rank
+    init = tmp_path / "init.pt"
+    run(path, "tilewise", [*args, "--save-init", str(init)], tmp_path)
+    single = run(path, "tilewise", [*args, "--init-from", str(init), "--out", str(tmp_path / "one")], tmp_path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(EXAMPLES), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "tilewise.distributed.run", "--nproc-per-node", "2", str(path),
+                           *args, "--init-from", str(init), "--out", str(tmp_path / "two")],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, f"the two-process run failed:\n{done.stdout}\n{done.stderr}"
+    assert len(train_losses(done.stdout)) == 3, done.stdout  # rank 0 alone reports
+    assert train_losses(done.stdout) == pytest.approx(train_losses(single), rel=1e-5)
+    assert val_loss(done.stdout) == pytest.approx(val_loss(single), rel=1e-5)

@@ -6,10 +6,14 @@ hooks and ``retain_grad`` fire on that complete gradient. ``autograd.grad`` capt
 reaches each requested input instead of accumulating into ``.grad``, and runs only the nodes from which
 a requested input can be reached. With ``create_graph=True`` the formulas run in grad mode, so the
 gradients carry their own graph (higher-order derivatives); otherwise saved tensors are freed as each
-node finishes unless ``retain_graph`` is set.
+node finishes unless ``retain_graph`` is set. Callbacks queued while a backward runs
+(``Variable._execution_engine.queue_callback``) run once its last node has finished, before it returns; a
+callback may queue more. DistributedDataParallel waits for its gradient all-reduces there.
 """
 
 from __future__ import annotations
+
+import threading
 
 from tilewise import dispatch
 from tilewise.autograd.anomaly_mode import ANOMALY, check_node_outputs
@@ -25,6 +29,33 @@ profile_node = None
 def register_node_profiler(fn) -> None:
     global profile_node
     profile_node = fn
+
+
+class _FinalCallbacks(threading.local):
+    """Per thread, one list per running backward (innermost last): the callbacks it runs at its end."""
+
+    def __init__(self) -> None:
+        self.passes: list[list] = []
+
+
+_final_callbacks = _FinalCallbacks()
+
+
+class ExecutionEngine:
+    """torch's ``Variable._execution_engine``: the hook into the running backward pass."""
+
+    def queue_callback(self, callback) -> None:
+        """Run ``callback()`` once the innermost running backward pass has finished every node."""
+        if not _final_callbacks.passes:
+            raise RuntimeError("Final callbacks can only be installed during backward pass.")
+        _final_callbacks.passes[-1].append(callback)
+
+
+def _run_final_callbacks(callbacks: list) -> None:
+    k = 0
+    while k < len(callbacks):  # a callback may queue another, which runs in this same pass
+        callbacks[k]()
+        k += 1
 
 
 def _apply(node: Node, grads: list) -> list:
@@ -139,6 +170,7 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
     prev_mode, prev_autocast = STATE.grad_enabled, STATE.autocast
     STATE.grad_enabled = create_graph
     STATE.autocast = None  # the casts recorded in forward already fix every dtype backward sees, as in torch
+    _final_callbacks.passes.append([])
     try:
         while ready:
             node = ready.pop()
@@ -187,8 +219,11 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                 if deps[nxt] == 0:
                     ready.append(nxt)
             in_grads = g = buf = None  # the buffers alone hold the gradients now (see AccumulateGrad.accumulate)
+        STATE.grad_enabled, STATE.autocast = prev_mode, prev_autocast
+        _run_final_callbacks(_final_callbacks.passes[-1])
     finally:
         STATE.grad_enabled, STATE.autocast = prev_mode, prev_autocast
+        _final_callbacks.passes.pop()
     if inputs is not None and not allow_unused:
         for k, g in enumerate(captured):
             if g is None and accumulate is False:

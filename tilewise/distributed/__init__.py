@@ -10,6 +10,8 @@ same names, signatures, defaults and errors. The package is layered like torch's
   ``Future`` its operations return, and ``ReduceOp``;
 - ``c10d.py`` — process groups (``init_process_group``, ``new_group``, ``group.WORLD``), one transport per
   device type in each group, and every module-level collective composed from the transport primitives;
+- ``rendezvous.py`` — ``env://``, ``tcp://``, ``file://`` to a store, a rank and a world size;
+- ``objects.py`` — the object collectives (pickled into byte tensors);
 - ``gloo.py`` — CPU tensors over a TCP mesh with ring algorithms (backend "gloo");
 - ``nccl.py`` — CUDA tensors through nccl4py (backend "nccl"), imported on the first CUDA collective;
 - ``run.py`` — the launcher, ``python -m tilewise.distributed.run`` (torchrun's flags).
@@ -33,18 +35,15 @@ from tilewise.distributed.c10d import (
     ProcessGroup,
     all_gather,
     all_gather_into_tensor,
-    all_gather_object,
     all_reduce,
     all_to_all,
     all_to_all_single,
     barrier,
     batch_isend_irecv,
     broadcast,
-    broadcast_object_list,
     default_pg_timeout,
     destroy_process_group,
     gather,
-    gather_object,
     get_backend,
     get_global_rank,
     get_group_rank,
@@ -69,9 +68,9 @@ from tilewise.distributed.c10d import (
     reduce_scatter,
     reduce_scatter_tensor,
     scatter,
-    scatter_object_list,
     send,
 )
+from tilewise.distributed.objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from tilewise.distributed.store import (
     DistError,
     DistNetworkError,

@@ -163,6 +163,56 @@ class CompletedWork(Work):
         self._complete()
 
 
+class ComposedWork(Work):
+    """Work made of other works, with a finishing step (copies out of a buffer) run once they are done."""
+
+    def __init__(self, parts: list[Work], finish: Callable[[], None] | None, outputs: list):
+        super().__init__(outputs)
+        self._parts, self._finish_step, self._finished = parts, finish, False
+        self._lock = threading.Lock()
+        self._pending = len(parts)
+        if not parts:
+            self._run_finish_and_complete()
+        for part in parts:
+            part.get_future().add_done_callback(self._part_done)
+
+    def _run_finish(self) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+        if self._finish_step is not None:
+            self._finish_step()
+
+    def _run_finish_and_complete(self) -> None:
+        try:
+            self._run_finish()
+        except BaseException as error:  # noqa: BLE001 (handed to whoever waits)
+            self._fail(error)
+            return
+        self._complete()
+
+    def _part_done(self, future) -> None:
+        if future._error is not None:
+            if not self._future.done():
+                self._fail(future._error)
+            return
+        with self._lock:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self._run_finish_and_complete()
+
+    def source_rank(self) -> int:
+        return self._parts[0].source_rank() if self._parts else -1
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        for part in self._parts:
+            part.wait(timeout)
+        self._run_finish()
+        return True
+
+
 class Backend:
     """A transport serving one device type for one process group (ranks are group ranks).
 

@@ -14,7 +14,8 @@ Transports implement the primitives of ``backend.Backend``; this module maps tor
 from the primitives: ``all_gather`` into a list is an ``all_gather_into_tensor`` into one buffer,
 ``reduce`` an all-reduce of a copy, ``gather`` and ``scatter`` are ``all_to_all_single`` with empty
 splits for the ranks that send nothing, the object collectives pickle into byte tensors. A composed
-operation returns a ``_ComposedWork`` whose finishing copies run when its parts are done.
+operation returns a ``backend.ComposedWork`` whose finishing copies run when its parts are done. The
+object collectives (objects.py) and the rendezvous (rendezvous.py) are modules of their own.
 
 For code built on groups (DDP, sharding): ``group._get_backend(device)`` is the transport serving a device,
 ``get_process_group_ranks(group)`` the global ranks, ``get_group_rank`` / ``get_global_rank`` map between
@@ -25,20 +26,17 @@ from __future__ import annotations
 
 import datetime
 import importlib
-import io
+import importlib.util
 import os
-import pickle
 import threading
-import urllib.parse
 import warnings
 from collections.abc import Callable
 
-import numpy as np
-
 import tilewise
 from tilewise.distributed.backend import Backend as TransportBackend
-from tilewise.distributed.backend import RedOpType, ReduceOp, Work
-from tilewise.distributed.store import FileStore, PrefixStore, Store, TCPStore
+from tilewise.distributed.backend import ComposedWork, RedOpType, ReduceOp, Work
+from tilewise.distributed.rendezvous import rendezvous, store_based_barrier
+from tilewise.distributed.store import PrefixStore, Store
 
 default_pg_timeout = datetime.timedelta(minutes=30)
 
@@ -125,6 +123,7 @@ class ProcessGroup:
         self._store, self._rank, self._size, self._ranks = store, rank, size, list(ranks)
         self._config, self._timeout, self.group_name = config, timeout, group_name
         self.group_desc = group_name
+        self._backend_name: str | None = None  # as given to init_process_group / new_group: get_backend's answer
         self._backends: dict[str, TransportBackend] = {}
         self._lock = threading.Lock()
 
@@ -205,11 +204,7 @@ def is_gloo_available() -> bool:
 
 def is_nccl_available() -> bool:
     """True where nccl4py imports (the CUDA extra is installed), as torch reports whether it was built with NCCL."""
-    try:
-        importlib.import_module("nccl")
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("nccl") is not None  # without loading libnccl
 
 
 def is_mpi_available() -> bool:
@@ -234,69 +229,6 @@ def _default_pg() -> ProcessGroup:
     return _world.default_pg
 
 
-# rendezvous
-
-
-def _rendezvous_error(scheme: str, message: str) -> ValueError:
-    return ValueError(f"Error initializing torch.distributed using {scheme} rendezvous: {message}")
-
-
-def _env_int(name: str, given: int, scheme: str) -> int:
-    if given is not None and given >= 0:
-        return given
-    if name not in os.environ:
-        raise _rendezvous_error(scheme, f"environment variable {name} expected, but not set")
-    return int(os.environ[name])
-
-
-def _rendezvous(init_method: str, rank: int, world_size: int,
-                timeout: datetime.timedelta) -> tuple[Store, int, int]:
-    url = urllib.parse.urlparse(init_method)
-    query = dict(urllib.parse.parse_qsl(url.query))
-    rank = int(query.get("rank", rank))
-    world_size = int(query.get("world_size", world_size))
-    if url.scheme == "env":
-        rank = _env_int("RANK", rank, "env://")
-        world_size = _env_int("WORLD_SIZE", world_size if world_size > 0 else None, "env://")
-        for name in ("MASTER_ADDR", "MASTER_PORT"):
-            if name not in os.environ:
-                raise _rendezvous_error("env://", f"environment variable {name} expected, but not set")
-        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    elif url.scheme == "tcp":
-        if rank < 0:
-            raise _rendezvous_error("tcp://", "rank parameter missing")
-        if world_size < 0:
-            raise _rendezvous_error("tcp://", "world size parameter missing")
-        if url.port is None:
-            raise _rendezvous_error("tcp://", "port number missing")
-        host, port = url.hostname, url.port
-    elif url.scheme == "file":
-        if rank < 0:
-            raise _rendezvous_error("file://", "rank parameter missing")
-        if world_size < 0:
-            raise _rendezvous_error("file://", "world size parameter missing")
-        store = FileStore(url.path, world_size)
-        store.set_timeout(timeout)
-        return store, rank, world_size
-    else:
-        raise RuntimeError(f"No rendezvous handler for {url.scheme}://")
-    store = TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout)
-    return store, rank, world_size
-
-
-def _store_based_barrier(store: Store, key: str, size: int, timeout: datetime.timedelta) -> None:
-    """Every member adds itself; the last one releases the rest (bounded by ``timeout``)."""
-    if store.add(key, 1) == size:
-        store.set(f"{key}/released", "1")
-    try:
-        store.wait([f"{key}/released"], timeout)
-    except RuntimeError:
-        arrived = int(store.get(key))
-        raise RuntimeError(f"Timed out initializing process group in store based barrier on rank "
-                           f"{get_rank() if is_initialized() else '?'}, for key: {key} (world_size={size}, "
-                           f"num_workers_joined={arrived}, timeout={timeout})") from None
-
-
 def init_process_group(backend: str | None = None, init_method: str | None = None,
                        timeout: datetime.timedelta | None = None, world_size: int = -1, rank: int = -1,
                        store: Store | None = None, group_name: str = "", pg_options=None, device_id=None) -> None:
@@ -313,7 +245,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     config = _parse_backend_config(backend)
     timeout = timeout if timeout is not None else default_pg_timeout
     if store is None:
-        store, rank, world_size = _rendezvous(init_method or "env://", rank, world_size, timeout)
+        store, rank, world_size = rendezvous(init_method or "env://", rank, world_size, timeout)
     store.set_timeout(timeout)
     if not 0 <= rank < world_size:
         raise ValueError(f"Invalid rank {rank}: the rank must be in [0, {world_size}) for world_size {world_size}")
@@ -321,7 +253,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     default_store = PrefixStore("default_pg", store)
     pg = ProcessGroup(default_store, rank, world_size, list(range(world_size)), config, timeout,
                       group_name or "0")
-    _store_based_barrier(default_store, "store_based_barrier_key:init", world_size, timeout)
+    pg._backend_name = backend
+    store_based_barrier(default_store, "store_based_barrier_key:init", rank, world_size, timeout)
     _world.default_pg = pg
     _world.groups = {pg: pg.group_name}
     _world.group_count = 1
@@ -366,7 +299,8 @@ def new_group(ranks: list[int] | None = None, timeout: datetime.timedelta | None
     store = PrefixStore(f"{name}/", _world.store)
     pg = ProcessGroup(store, ranks.index(world.rank()), len(ranks), ranks, config, timeout, name)
     pg.group_desc = group_desc or name
-    _store_based_barrier(store, "store_based_barrier_key", len(ranks), timeout)
+    pg._backend_name = backend if backend is not None else world._backend_name
+    store_based_barrier(store, "store_based_barrier_key", world.rank(), len(ranks), timeout)
     _world.groups[pg] = name
     return pg
 
@@ -374,6 +308,9 @@ def new_group(ranks: list[int] | None = None, timeout: datetime.timedelta | None
 def _resolve(group) -> ProcessGroup:
     if group is None or group is GroupMember.WORLD:
         return _default_pg()
+    if not isinstance(group, ProcessGroup) or group not in _world.groups:
+        raise ValueError(f"Process group {group} is not initialized in the world group map. Please initialize the "
+                         "group first.")
     return group
 
 
@@ -402,7 +339,8 @@ def get_world_size(group: ProcessGroup | None = None) -> int:
 def get_backend(group: ProcessGroup | None = None) -> str:
     if _not_member(group):
         raise ValueError("Invalid process group specified")
-    return Backend(_resolve(group).name())
+    pg = _resolve(group)
+    return Backend(pg._backend_name) if pg._backend_name else Backend.UNDEFINED
 
 
 def get_process_group_ranks(group) -> list[int]:
@@ -423,7 +361,8 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
     return pg._ranks[group_rank]
 
 
-def _group_peer(pg: ProcessGroup, global_rank: int | None, group_rank: int | None, what: str) -> int:
+def _group_peer(pg: ProcessGroup, global_rank: int | None, group_rank: int | None, what: str,
+                op_name: str = "") -> int:
     """The group rank of a ``src``/``dst`` given as a global rank or (``group_src``) as a group rank."""
     if global_rank is not None and group_rank is not None:
         raise ValueError(f"Can only specify {what} or group_{what}")
@@ -436,8 +375,14 @@ def _group_peer(pg: ProcessGroup, global_rank: int | None, group_rank: int | Non
             return 0
         raise ValueError(f"Must specify either {what} or group_{what}")
     if global_rank not in pg._ranks:
+        if pg is _world.default_pg and op_name:
+            raise RuntimeError(f"ProcessGroup{_transport_label(pg)}::{op_name}: invalid root rank: {global_rank}")
         raise ValueError(f"Global rank {global_rank} is not part of group {pg}")
     return pg._ranks.index(global_rank)
+
+
+def _transport_label(pg: ProcessGroup) -> str:
+    return "Gloo" if pg._config.get("cpu") == Backend.GLOO else "NCCL"
 
 
 # tensors
@@ -456,38 +401,64 @@ def _check_tensor_list(tensors, param: str) -> None:
 
 
 def _tensor_backend(pg: ProcessGroup, tensor, op_name: str) -> TransportBackend:
-    """The transport for ``tensor``'s device, after torch's checks on the tensor."""
-    if not tensor.is_contiguous():
-        raise ValueError(f"{op_name}: Tensors must be contiguous (got a tensor of shape {tuple(tensor.shape)} with "
-                         f"strides {tuple(tensor.stride())}); call .contiguous() first")
+    """The transport serving ``tensor``'s device (torch's error when the group has none for it)."""
     return pg._get_backend(tensor.device)
+
+
+def _staged(output) -> tuple:
+    """A contiguous tensor to receive into, and the copy back into ``output`` when that is a strided view."""
+    if output.is_contiguous():
+        return output, None
+    buffer = output.contiguous()
+    return buffer, lambda: output.copy_(buffer)
+
+
+def _with_copy_back(work: Work, copy_back, output) -> Work:
+    return work if copy_back is None else ComposedWork([work], copy_back, [output])
+
+
+_TORCH_SCALAR_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int",
+                       "int64": "Long", "float16": "Half", "bfloat16": "BFloat16", "float32": "Float",
+                       "float64": "Double"}
+
+
+def _label(tensor) -> str:
+    return "ProcessGroupNCCL" if tensor.device.type == "cuda" else "ProcessGroupGloo"
+
+
+def _sizes(shape) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _check_same_dtype(tensors: list) -> None:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1:
+        first, other = tensors[0].dtype, next(t.dtype for t in tensors if t.dtype != tensors[0].dtype)
+        raise ValueError(f"Invalid usage of tensors with different dtypes. Found {other} and {first}")
 
 
 def _check_same_kind(op_name: str, expected, got, index: int | str) -> None:
     if got.dtype != expected.dtype or got.device != expected.device:
-        raise RuntimeError(f"ProcessGroup::{op_name}: invalid tensor type at index {index} (expected dtype="
+        raise RuntimeError(f"{_label(expected)}::{op_name}: invalid tensor type at index {index} (expected dtype="
                            f"{expected.dtype}, device={expected.device}, got dtype={got.dtype}, device={got.device})")
 
 
 def _check_same_size(op_name: str, expected_shape, got, index: int | str) -> None:
     if tuple(got.shape) != tuple(expected_shape):
-        raise RuntimeError(f"ProcessGroup::{op_name}: invalid tensor size at index {index} (expected "
-                           f"{tuple(expected_shape)}, got {tuple(got.shape)})")
+        raise RuntimeError(f"{_label(got)}::{op_name}: invalid tensor size at index {index} (expected "
+                           f"{_sizes(expected_shape)}, got {_sizes(got.shape)})")
 
 
 def _check_op(op, tensor, op_name: str) -> RedOpType:
     op = RedOpType(op)
     if op in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR) and tensor.dtype.is_floating_point:
         raise RuntimeError(f"Cannot use ReduceOp.{op.name} with non-integral dtype")
+    if op == RedOpType.AVG and not tensor.dtype.is_floating_point:
+        raise RuntimeError(f"result type Float can't be cast to the desired output type "
+                           f"{_TORCH_SCALAR_NAMES.get(tensor.dtype.name, tensor.dtype.name)}")
     if op == RedOpType.PREMUL_SUM:
         raise RuntimeError(f"{op_name}: ReduceOp.PREMUL_SUM is only supported by the nccl backend")
     return op
-
-
-def _bump_versions(*tensors) -> None:
-    """Collectives write their outputs in place, so autograd must see a new version (torch bumps it too)."""
-    for tensor in tensors:
-        tensor._storage.version += 1
 
 
 def _finish(work: Work, async_op: bool) -> Work | None:
@@ -495,53 +466,6 @@ def _finish(work: Work, async_op: bool) -> Work | None:
         return work
     work.wait()
     return None
-
-
-class _ComposedWork(Work):
-    """Work made of other works, with a finishing step (copies out of a buffer) run once they are done."""
-
-    def __init__(self, parts: list[Work], finish: Callable[[], None] | None, outputs: list):
-        super().__init__(outputs)
-        self._parts, self._finish_step, self._finished = parts, finish, False
-        self._lock = threading.Lock()
-        self._pending = len(parts)
-        if not parts:
-            self._run_finish_and_complete()
-        for part in parts:
-            part.get_future().add_done_callback(self._part_done)
-
-    def _run_finish(self) -> None:
-        with self._lock:
-            if self._finished:
-                return
-            self._finished = True
-        if self._finish_step is not None:
-            self._finish_step()
-
-    def _run_finish_and_complete(self) -> None:
-        try:
-            self._run_finish()
-        except BaseException as error:  # noqa: BLE001 (handed to whoever waits)
-            self._fail(error)
-            return
-        self._complete()
-
-    def _part_done(self, future) -> None:
-        if future._error is not None:
-            if not self._future.done():
-                self._fail(future._error)
-            return
-        with self._lock:
-            self._pending -= 1
-            last = self._pending == 0
-        if last:
-            self._run_finish_and_complete()
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        for part in self._parts:
-            part.wait(timeout)
-        self._run_finish()
-        return True
 
 
 # collectives
@@ -560,8 +484,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     else:  # torch accepts strided tensors here: reduce a contiguous copy and write it back
         staged = tensor.contiguous()
         inner = _tensor_backend(pg, staged, "all_reduce").allreduce([staged], op)
-        work = _ComposedWork([inner], lambda: tensor.copy_(staged), [tensor])
-    _bump_versions(tensor)
+        work = ComposedWork([inner], lambda: tensor.copy_(staged), [tensor])
     return _finish(work, async_op)
 
 
@@ -572,14 +495,13 @@ def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False
         _warn_not_in_group("broadcast")
         return None
     pg = _resolve(group)
-    root = _group_peer(pg, src, group_src, "src")
+    root = _group_peer(pg, src, group_src, "src", "broadcast")
     if tensor.is_contiguous():
         work = _tensor_backend(pg, tensor, "broadcast").broadcast([tensor], root)
     else:
         staged = tensor.contiguous()
         inner = _tensor_backend(pg, staged, "broadcast").broadcast([staged], root)
-        work = _ComposedWork([inner], lambda: tensor.copy_(staged), [tensor])
-    _bump_versions(tensor)
+        work = ComposedWork([inner], lambda: tensor.copy_(staged), [tensor])
     return _finish(work, async_op)
 
 
@@ -593,14 +515,13 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     pg = _resolve(group)
     _check_same_kind("allgather_into_tensor", output_tensor, input_tensor, 0)
     if output_tensor.numel() != input_tensor.numel() * pg.size():
-        raise ValueError(f"all_gather_into_tensor: output tensor size must be equal to world_size times input "
-                         f"tensor size (output {tuple(output_tensor.shape)}, input {tuple(input_tensor.shape)}, "
-                         f"world_size {pg.size()})")
+        raise RuntimeError(f"{_label(input_tensor)}::allgather_into_tensor: invalid tensor size (the output "
+                           f"{_sizes(output_tensor.shape)} must hold world_size ({pg.size()}) times the input "
+                           f"{_sizes(input_tensor.shape)})")
     backend = _tensor_backend(pg, output_tensor, "all_gather_into_tensor")
-    _tensor_backend(pg, input_tensor, "all_gather_into_tensor")
-    work = backend.allgather_into_tensor(output_tensor, input_tensor)
-    _bump_versions(output_tensor)
-    return _finish(work, async_op)
+    output, copy_back = _staged(output_tensor)
+    work = backend.allgather_into_tensor(output, input_tensor.contiguous())
+    return _finish(_with_copy_back(work, copy_back, output_tensor), async_op)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):  # noqa: A002
@@ -614,14 +535,13 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
     _check_same_kind("reduce_scatter_tensor", output, input, 0)
     op = _check_op(op, input, "reduce_scatter_tensor")
     if input.numel() != output.numel() * pg.size():
-        raise ValueError(f"reduce_scatter_tensor: input tensor size must be equal to world_size times output "
-                         f"tensor size (input {tuple(input.shape)}, output {tuple(output.shape)}, world_size "
-                         f"{pg.size()})")
+        raise RuntimeError(f"{_label(input)}::reduce_scatter_tensor: invalid tensor size (the input "
+                           f"{_sizes(input.shape)} must hold world_size ({pg.size()}) times the output "
+                           f"{_sizes(output.shape)})")
     backend = _tensor_backend(pg, input, "reduce_scatter_tensor")
-    _tensor_backend(pg, output, "reduce_scatter_tensor")
-    work = backend.reduce_scatter_tensor(output, input, op)
-    _bump_versions(output)
-    return _finish(work, async_op)
+    staged, copy_back = _staged(output)
+    work = backend.reduce_scatter_tensor(staged, input.contiguous(), op)
+    return _finish(_with_copy_back(work, copy_back, output), async_op)
 
 
 def _flat_buffer(like, numel: int):
@@ -636,8 +556,9 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
         _warn_not_in_group("all_gather")
         return None
     pg = _resolve(group)
+    _check_same_dtype([tensor, *tensor_list])
     if len(tensor_list) != pg.size():
-        raise RuntimeError(f"ProcessGroup::allgather: invalid output tensor list at index 0 (expected length "
+        raise RuntimeError(f"{_label(tensor)}::allgather: invalid output tensor list at index 0 (expected length "
                            f"{pg.size()}, got {len(tensor_list)})")
     for i, out in enumerate(tensor_list):
         _check_same_kind("allgather", tensor, out, i)
@@ -651,8 +572,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
         for i, out in enumerate(tensor_list):
             out.copy_(buffer[i * n:(i + 1) * n].reshape(out.shape))
 
-    _bump_versions(*tensor_list)
-    return _finish(_ComposedWork([inner], scatter_out, tensor_list), async_op)
+    return _finish(ComposedWork([inner], scatter_out, tensor_list), async_op)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False):
@@ -664,8 +584,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
         return None
     pg = _resolve(group)
     if len(input_list) != pg.size():
-        raise ValueError(f"reduce_scatter: the input list must have world_size={pg.size()} tensors, got "
-                         f"{len(input_list)}")
+        raise RuntimeError(f"invalid input tensor list size, must be world size (world size {pg.size()}, got "
+                           f"{len(input_list)} tensors)")
     for i, item in enumerate(input_list):
         _check_same_kind("reduce_scatter", output, item, i)
         _check_same_size("reduce_scatter", output.shape, item, i)
@@ -673,8 +593,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     backend = _tensor_backend(pg, output, "reduce_scatter")
     stacked = tilewise.cat([t.reshape(-1) for t in input_list])
     inner = backend.reduce_scatter_tensor(output, stacked, op)
-    _bump_versions(output)
-    return _finish(_ComposedWork([inner], None, [output]), async_op)
+    return _finish(ComposedWork([inner], None, [output]), async_op)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,  # noqa: A002
@@ -690,11 +609,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     _check_splits(output, output_split_sizes, pg.size(), "output")
     _check_splits(input, input_split_sizes, pg.size(), "input")
     backend = _tensor_backend(pg, input, "all_to_all_single")
-    _tensor_backend(pg, output, "all_to_all_single")
-    work = backend.alltoall_base(output, input, list(output_split_sizes or []) or None,
+    staged, copy_back = _staged(output)
+    work = backend.alltoall_base(staged, input.contiguous(), list(output_split_sizes or []) or None,
                                  list(input_split_sizes or []) or None)
-    _bump_versions(output)
-    return _finish(work, async_op)
+    return _finish(_with_copy_back(work, copy_back, output), async_op)
 
 
 def _check_splits(tensor, splits, size: int, what: str) -> None:
@@ -705,8 +623,9 @@ def _check_splits(tensor, splits, size: int, what: str) -> None:
                                f"world size {size} when no split sizes are given")
         return
     if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != rows:
-        raise RuntimeError(f"all_to_all_single: {what}_split_sizes {list(splits)} must have world size {size} "
-                           f"non-negative entries summing to the {what} tensor's dim 0 ({rows})")
+        raise RuntimeError(f"Split sizes doesn't match total dim 0 size: {what}_split_sizes {list(splits)} must "
+                           f"have world size ({size}) non-negative entries summing to the {what} tensor's dim 0 "
+                           f"({rows})")
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
@@ -720,6 +639,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     if len(output_tensor_list) != pg.size() or len(input_tensor_list) != pg.size():
         raise RuntimeError(f"all_to_all: the tensor lists must have world_size={pg.size()} tensors (got "
                            f"{len(output_tensor_list)} outputs, {len(input_tensor_list)} inputs)")
+    _check_same_dtype([*output_tensor_list, *input_tensor_list])
     first = input_tensor_list[0]
     for i, t in enumerate([*input_tensor_list, *output_tensor_list]):
         _check_same_kind("alltoall", first, t, i)
@@ -735,8 +655,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
             out.copy_(received[offset:offset + out.numel()].reshape(out.shape))
             offset += out.numel()
 
-    _bump_versions(*output_tensor_list)
-    return _finish(_ComposedWork([inner], copy_out, output_tensor_list), async_op)
+    return _finish(ComposedWork([inner], copy_out, output_tensor_list), async_op)
 
 
 def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -747,13 +666,12 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op
         _warn_not_in_group("reduce")
         return None
     pg = _resolve(group)
-    root = _group_peer(pg, dst, group_dst, "dst")
+    root = _group_peer(pg, dst, group_dst, "dst", "reduce")
     op = _check_op(op, tensor, "reduce")
     staged = tensor.contiguous().clone()
     inner = _tensor_backend(pg, staged, "reduce").allreduce([staged], op)
     finish = (lambda: tensor.copy_(staged)) if pg.rank() == root else None
-    _bump_versions(tensor)
-    return _finish(_ComposedWork([inner], finish, [tensor]), async_op)
+    return _finish(ComposedWork([inner], finish, [tensor]), async_op)
 
 
 def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_op: bool = False,
@@ -768,11 +686,13 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
         _warn_not_in_group("gather")
         return None
     pg = _resolve(group)
-    root = _group_peer(pg, dst, group_dst, "dst")
+    root = _group_peer(pg, dst, group_dst, "dst", "gather")
     if pg.rank() == root:
+        if not gather_list:
+            raise ValueError("Argument ``gather_list`` must be specified on destination rank.")
         if len(gather_list) != pg.size():
-            raise ValueError(f"Argument ``gather_list`` must be specified on destination rank with world_size="
-                             f"{pg.size()} tensors (got {len(gather_list)})")
+            raise RuntimeError(f"ProcessGroup{_transport_label(pg)}::gather: requires a list of world_size "
+                               f"({pg.size()}) output tensors, got {len(gather_list)}")
         for i, out in enumerate(gather_list):
             _check_same_kind("gather", tensor, out, i)
             _check_same_size("gather", tensor.shape, out, i)
@@ -789,8 +709,7 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
         for i, out in enumerate(gather_list):
             out.copy_(received[i * n:(i + 1) * n].reshape(out.shape))
 
-    _bump_versions(*gather_list)
-    return _finish(_ComposedWork([inner], copy_out, gather_list), async_op)
+    return _finish(ComposedWork([inner], copy_out, gather_list), async_op)
 
 
 def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async_op: bool = False,
@@ -805,11 +724,13 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
         _warn_not_in_group("scatter")
         return None
     pg = _resolve(group)
-    root = _group_peer(pg, src, group_src, "src")
+    root = _group_peer(pg, src, group_src, "src", "scatter")
     if pg.rank() == root:
+        if not scatter_list:
+            raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
         if len(scatter_list) != pg.size():
-            raise ValueError(f"Argument ``scatter_list`` must be specified on source rank with world_size="
-                             f"{pg.size()} tensors (got {len(scatter_list)})")
+            raise RuntimeError(f"ProcessGroup{_transport_label(pg)}::scatter: requires a list of world_size "
+                               f"({pg.size()}) input tensors, got {len(scatter_list)}")
         for i, item in enumerate(scatter_list):
             _check_same_kind("scatter", tensor, item, i)
             _check_same_size("scatter", tensor.shape, item, i)
@@ -824,8 +745,7 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
     sent_splits = [n] * size if pg.rank() == root else [0] * size
     received_splits = [n if r == root else 0 for r in range(size)]
     inner = backend.alltoall_base(received, sent, received_splits, sent_splits)
-    _bump_versions(tensor)
-    return _finish(_ComposedWork([inner], lambda: tensor.copy_(received.reshape(tensor.shape)), [tensor]),
+    return _finish(ComposedWork([inner], lambda: tensor.copy_(received.reshape(tensor.shape)), [tensor]),
                    async_op)
 
 
@@ -894,7 +814,7 @@ def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: i
         return None
     pg = _resolve(group)
     peer = _group_peer(pg, dst, group_dst, "dst")
-    return _p2p_backend(pg, tensor, peer, "isend").send([tensor], peer, tag)
+    return _p2p_backend(pg, tensor, peer, "isend").send([tensor.contiguous()], peer, tag)
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None):
@@ -904,13 +824,13 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: i
         _warn_not_in_group("irecv")
         return None
     pg = _resolve(group)
+    staged, copy_back = _staged(tensor)
     if src is None and group_src is None:
-        work = _tensor_backend(pg, tensor, "irecv").recv([tensor], -1, tag)
+        work = _tensor_backend(pg, tensor, "irecv").recv([staged], -1, tag)
     else:
         peer = _group_peer(pg, src, group_src, "src")
-        work = _p2p_backend(pg, tensor, peer, "irecv").recv([tensor], peer, tag)
-    _bump_versions(tensor)
-    return work
+        work = _p2p_backend(pg, tensor, peer, "irecv").recv([staged], peer, tag)
+    return _with_copy_back(work, copy_back, tensor)
 
 
 def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> None:
@@ -961,121 +881,10 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     return works
 
 
-# object collectives: pickled into uint8 tensors on the group's CPU transport (else the current CUDA device)
-
-
-def _object_device(pg: ProcessGroup):
-    if pg._has_backend("cpu"):
-        return tilewise.device("cpu")
-    return tilewise.device("cuda", tilewise.cuda.current_device())
-
-
-def _object_to_tensor(obj, device):
-    buffer = io.BytesIO()
-    pickle.Pickler(buffer).dump(obj)
-    data = tilewise.from_numpy(np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy())
-    return data.to(device), tilewise.tensor([data.numel()], dtype=tilewise.int64).to(device)
-
-
-def _tensor_to_object(tensor, size: int):
-    return pickle.loads(tensor.cpu().numpy()[:size].tobytes())
-
-
-def _all_gather_sizes(size_tensor, pg: ProcessGroup) -> list[int]:
-    sizes = _flat_buffer(size_tensor, pg.size())
-    all_gather_into_tensor(sizes, size_tensor, group=pg)
-    return [int(s) for s in sizes.cpu().numpy()]
-
-
-def all_gather_object(object_list: list, obj, group=None) -> None:
-    """``object_list[i]`` = rank i's picklable ``obj``."""
-    if _not_member(group):
-        _warn_not_in_group("all_gather_object")
-        return
-    pg = _resolve(group)
-    data, size = _object_to_tensor(obj, _object_device(pg))
-    sizes = _all_gather_sizes(size, pg)
-    longest = max(sizes)
-    padded = tilewise.cat([data, _flat_buffer(data, longest - data.numel())]) if longest > data.numel() else data
-    gathered = _flat_buffer(data, longest * pg.size())
-    all_gather_into_tensor(gathered, padded, group=pg)
-    for i, n in enumerate(sizes):
-        object_list[i] = _tensor_to_object(gathered[i * longest:(i + 1) * longest], n)
-
-
-def broadcast_object_list(object_list: list, src: int | None = None, group=None, device=None,
-                          group_src: int | None = None) -> None:
-    """Replace ``object_list`` on every rank with rank ``src``'s (same length on every rank)."""
-    if _not_member(group):
-        _warn_not_in_group("broadcast_object_list")
-        return
-    pg = _resolve(group)
-    root = _group_peer(pg, src, group_src, "src")
-    device = tilewise.device(device) if device is not None else _object_device(pg)
-    sizes = tilewise.zeros(len(object_list), dtype=tilewise.int64, device=device)
-    if pg.rank() == root:
-        pieces = [_object_to_tensor(obj, device) for obj in object_list]
-        sizes = tilewise.cat([n for _, n in pieces]) if pieces else sizes
-    broadcast(sizes, group=pg, group_src=root)
-    counts = [int(s) for s in sizes.cpu().numpy()]
-    if pg.rank() == root:
-        payload = tilewise.cat([d for d, _ in pieces]) if pieces else _flat_buffer(sizes, 0)
-        payload = payload.to(tilewise.uint8)
-    else:
-        payload = tilewise.empty(sum(counts), dtype=tilewise.uint8, device=device)
-    broadcast(payload, group=pg, group_src=root)
-    if pg.rank() != root:
-        offset = 0
-        for i, n in enumerate(counts):
-            object_list[i] = _tensor_to_object(payload[offset:offset + n], n)
-            offset += n
-
-
-def gather_object(obj, object_gather_list: list | None = None, dst: int | None = None, group=None,
-                  group_dst: int | None = None) -> None:
-    """On rank ``dst``, ``object_gather_list[i]`` = rank i's ``obj``."""
-    if _not_member(group):
-        _warn_not_in_group("gather_object")
-        return
-    pg = _resolve(group)
-    root = _group_peer(pg, dst, group_dst, "dst")
-    if pg.rank() == root and (object_gather_list is None or len(object_gather_list) != pg.size()):
-        raise ValueError(f"Argument ``object_gather_list`` must be a list of world_size={pg.size()} elements on "
-                         "the destination rank")
-    data, size = _object_to_tensor(obj, _object_device(pg))
-    sizes = _all_gather_sizes(size, pg)
-    longest = max(sizes)
-    padded = tilewise.cat([data, _flat_buffer(data, longest - data.numel())]) if longest > data.numel() else data
-    outputs = [_flat_buffer(data, longest) for _ in range(pg.size())] if pg.rank() == root else None
-    gather(padded, outputs, group=pg, group_dst=root)
-    if pg.rank() == root:
-        for i, n in enumerate(sizes):
-            object_gather_list[i] = _tensor_to_object(outputs[i], n)
-
-
-def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
-                        src: int | None = None, group=None, group_src: int | None = None) -> None:
-    """``scatter_object_output_list[0]`` on rank i = ``scatter_object_input_list[i]`` of rank ``src``."""
-    if _not_member(group):
-        _warn_not_in_group("scatter_object_list")
-        return
-    if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
-        raise ValueError("Expected argument scatter_object_output_list to be a list of size at least 1.")
-    pg = _resolve(group)
-    root = _group_peer(pg, src, group_src, "src")
-    device = _object_device(pg)
-    longest = tilewise.zeros(1, dtype=tilewise.int64, device=device)
-    if pg.rank() == root:
-        pieces = [_object_to_tensor(obj, device) for obj in scatter_object_input_list]
-        longest = tilewise.tensor([max(int(n.item()) for _, n in pieces)], dtype=tilewise.int64).to(device)
-    broadcast(longest, group=pg, group_src=root)
-    width = int(longest.item())
-    mine = _flat_buffer(tilewise.empty(0, dtype=tilewise.uint8, device=device), width)
-    my_size = tilewise.zeros(1, dtype=tilewise.int64, device=device)
-    padded = sizes = None
-    if pg.rank() == root:
-        padded = [tilewise.cat([d, _flat_buffer(d, width - d.numel())]) for d, _ in pieces]
-        sizes = [n for _, n in pieces]
-    scatter(mine, padded, group=pg, group_src=root)
-    scatter(my_size, sizes, group=pg, group_src=root)
-    scatter_object_output_list[0] = _tensor_to_object(mine, int(my_size.item()))
+# torch keeps the object collectives in this module; they live in objects.py, composed from the collectives above.
+from tilewise.distributed.objects import (  # noqa: E402, F401
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    scatter_object_list,
+)

@@ -10,9 +10,10 @@ Sequential(
 )
 """
 
-from tilewise.nn import functional, init, utils
+from tilewise.nn import functional, init, parallel, utils
 from tilewise.nn.modules import *  # noqa: F403 — the layer classes, listed in modules.__all__
 from tilewise.nn.modules import __all__ as _modules_all
 from tilewise.nn.parameter import Parameter, UninitializedBuffer, UninitializedParameter
 
-__all__ = ["Parameter", "UninitializedParameter", "UninitializedBuffer", "functional", "init", "utils", *_modules_all]
+__all__ = ["Parameter", "UninitializedParameter", "UninitializedBuffer", "functional", "init", "parallel", "utils",
+           *_modules_all]

@@ -3,6 +3,13 @@
 Every replica computes the same order (a permutation seeded by ``seed + epoch``, or the natural order), pads it
 by repeating its start until it divides evenly (or, with ``drop_last``, cuts the tail), and keeps every
 ``num_replicas``-th index from ``rank``: the shares are disjoint and equally long, as in torch.
+
+[Note: torch's permutation] Replicas and resumed runs must agree with torch on which sample each rank reads, so
+the shuffled order is torch's own: ``torch.randperm(n, generator=torch.Generator().manual_seed(s))`` on the CPU is
+a Fisher-Yates pass whose ``i``-th swap partner is ``i + x_i % (n - i)``, ``x_i`` the ``i``-th 32-bit output of
+a Mersenne Twister seeded by the low 32 bits of ``s``; numpy's legacy ``RandomState(s)`` is that same twister
+with the same seeding. tilewise's own ``randperm`` draws from Philox (the same numbers on CPU and GPU) and gives
+a different permutation.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import importlib.util
 import math
 from collections.abc import Iterator
 from typing import TypeVar
+
+import numpy as np
 
 from tilewise.utils.data.dataset import Dataset
 from tilewise.utils.data.sampler import Sampler
@@ -53,10 +62,7 @@ class DistributedSampler(Sampler[T_co]):
 
     def __iter__(self) -> Iterator[T_co]:
         if self.shuffle:
-            from tilewise.ops.creation import Generator, randperm
-
-            g = Generator().manual_seed(self.seed + self.epoch)
-            indices = randperm(len(self.dataset), generator=g).tolist()
+            indices = torch_cpu_randperm(len(self.dataset), self.seed + self.epoch)
         else:
             indices = list(range(len(self.dataset)))
         if not self.drop_last:
@@ -76,6 +82,23 @@ class DistributedSampler(Sampler[T_co]):
         """Use ``epoch`` in the seed of the next permutation, so that every epoch is shuffled differently (and
         identically on every replica)."""
         self.epoch = epoch
+
+
+_SMALL_PERMUTATION = 2**32 // 20  # torch swaps by 32-bit draws below this length, by 64-bit draws above
+
+
+def torch_cpu_randperm(n: int, seed: int) -> list[int]:
+    """The permutation torch's CPU ``randperm(n)`` gives under a generator seeded with ``seed`` (see [Note:
+    torch's permutation])."""
+    if n >= _SMALL_PERMUTATION:
+        raise NotImplementedError(f"DistributedSampler: shuffling {n} samples (torch draws 64-bit numbers for "
+                                  f"{_SMALL_PERMUTATION} or more); use shuffle=False or a smaller dataset")
+    draws = np.random.RandomState(seed & 0xFFFFFFFF).randint(0, 2**32, size=max(n - 1, 0), dtype=np.uint32)
+    partners = (np.arange(n - 1) + draws.astype(np.int64) % np.arange(n, 1, -1)).tolist()
+    order = list(range(n))
+    for i, j in enumerate(partners):
+        order[i], order[j] = order[j], order[i]
+    return order
 
 
 def _process_group():

@@ -1,0 +1,2 @@
+"""tilewise.distributed.algorithms: torch.distributed.algorithms' communication hooks for DistributedDataParallel
+(``ddp_comm_hooks``)."""
