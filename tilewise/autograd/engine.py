@@ -27,6 +27,24 @@ def register_node_profiler(fn) -> None:
     profile_node = fn
 
 
+# callbacks to run when a backward finishes, one list per backward running (innermost last)
+_final_callbacks: list[list] = []
+
+
+def queue_callback(callback) -> None:
+    """Run ``callback()`` once the backward now running has finished all its nodes (torch's
+    ``Variable._execution_engine.queue_callback``): data-parallel wrappers finish their gradient communication
+    there, after the last gradient of the iteration exists."""
+    if not _final_callbacks:
+        raise RuntimeError("Final callbacks can only be installed during backward pass.")
+    _final_callbacks[-1].append(callback)
+
+
+def _run_final_callbacks(callbacks: list) -> None:
+    while callbacks:  # a callback may queue another
+        callbacks.pop(0)()
+
+
 def _apply(node: Node, grads: list) -> list:
     if dispatch.profiling and profile_node is not None:
         with profile_node(node.name()):
@@ -139,6 +157,7 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
     prev_mode, prev_autocast = STATE.grad_enabled, STATE.autocast
     STATE.grad_enabled = create_graph
     STATE.autocast = None  # the casts recorded in forward already fix every dtype backward sees, as in torch
+    _final_callbacks.append([])
     try:
         while ready:
             node = ready.pop()
@@ -187,7 +206,9 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                 if deps[nxt] == 0:
                     ready.append(nxt)
             in_grads = g = buf = None  # the buffers alone hold the gradients now (see AccumulateGrad.accumulate)
+        _run_final_callbacks(_final_callbacks[-1])
     finally:
+        _final_callbacks.pop()
         STATE.grad_enabled, STATE.autocast = prev_mode, prev_autocast
     if inputs is not None and not allow_unused:
         for k, g in enumerate(captured):

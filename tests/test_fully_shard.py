@@ -1,0 +1,197 @@
+"""fully_shard (FSDP2's API) on two gloo ranks against single-process training on the full batch."""
+
+import copy
+
+import numpy as np
+import pytest
+from shard_harness import run_on_ranks
+
+import tilewise as tw
+from tilewise.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+WIDTH = 7  # odd, and 3 * WIDTH + 1 rows in the first Linear: dim-0 sizes that do not split evenly over 2 ranks
+
+
+class Block(tw.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = tw.nn.LayerNorm(WIDTH)
+        self.fc1 = tw.nn.Linear(WIDTH, 3 * WIDTH + 1)
+        self.fc2 = tw.nn.Linear(3 * WIDTH + 1, WIDTH)
+
+    def forward(self, x):
+        return x + self.fc2(tw.nn.functional.gelu(self.fc1(self.norm(x))))
+
+
+class Stack(tw.nn.Module):
+    def __init__(self, depth: int = 3):
+        super().__init__()
+        self.embed = tw.nn.Linear(5, WIDTH)
+        self.blocks = tw.nn.ModuleList([Block() for _ in range(depth)])
+        self.norm = tw.nn.LayerNorm(WIDTH)
+        self.head = tw.nn.Linear(WIDTH, 3)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def _stack() -> Stack:
+    tw.manual_seed(0)
+    return Stack()
+
+
+def _shard(model: Stack, **kwargs) -> Stack:
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    return fully_shard(model, **kwargs)
+
+
+def _batch(step: int):
+    tw.manual_seed(1000 + step)
+    return tw.randn(8, 5), tw.randn(8, 3)
+
+
+def _loss(model, x, y):
+    return (model(x) - y).square().mean()
+
+
+def _numel(tensors) -> int:
+    return sum(t.numel() for t in tensors)
+
+
+def _state_numel(opt) -> int:
+    return sum(v.numel() for s in opt.state.values() for v in s.values() if isinstance(v, tw.Tensor) and v.dim())
+
+
+def _train_sharded(rank, world_size, steps):
+    reference = _stack()
+    model = _shard(copy.deepcopy(reference))
+    opt = tw.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = tw.optim.AdamW(reference.parameters(), lr=1e-2)
+    rows = slice(rank * 4, rank * 4 + 4)
+    freed_between = []
+    for step in range(steps):
+        x, y = _batch(step)
+        ref_opt.zero_grad()
+        _loss(reference, x, y).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        loss = _loss(model, x[rows], y[rows])
+        gathered = [b._fsdp_state.group.unsharded for b in model.blocks]
+        root_gathered = model._fsdp_state.group.unsharded
+        loss.backward()
+        leaves = [p.unsharded.numel() for s in model._fsdp_state.states for p in s.group.params]
+        freed_between.append((gathered, root_gathered, leaves))
+        opt.step()
+    full = {name: p.full_tensor().numpy() for name, p in model.named_parameters()}
+    return dict(full=full, reference={n: p.detach().numpy() for n, p in reference.named_parameters()},
+                freed=freed_between, shard_shapes={n: tuple(p.shape) for n, p in model.named_parameters()},
+                mine=_numel(model.parameters()) + _state_numel(opt),
+                unsharded=_numel(reference.parameters()) + _state_numel(ref_opt),
+                classes=[type(model).__name__, type(model.blocks[0]).__name__],
+                is_fsdp=isinstance(model, FSDPModule))
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return run_on_ranks(_train_sharded, 2, 3)
+
+
+def test_training_equals_single_process_on_the_full_batch(trained):
+    for result in trained:
+        assert sorted(result["full"]) == sorted(result["reference"])
+        for name, want in result["reference"].items():
+            np.testing.assert_allclose(result["full"][name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_each_rank_holds_its_rows_only(trained):
+    for name, full in trained[0]["reference"].items():
+        rows = full.shape[0]
+        per_rank = -(-rows // 2)
+        expected = [(min(per_rank, rows), *full.shape[1:]), (rows - min(per_rank, rows), *full.shape[1:])]
+        assert [r["shard_shapes"][name] for r in trained] == expected, name
+    assert trained[0]["classes"] == ["FSDPStack", "FSDPBlock"] and trained[0]["is_fsdp"]
+
+
+def test_blocks_are_freed_after_forward_and_everything_after_backward(trained):
+    for result in trained:
+        for gathered, root_gathered, leaves in result["freed"]:
+            assert gathered == [False, False, False] and root_gathered
+            assert leaves and all(n == 0 for n in leaves)
+
+
+def test_parameters_and_optimizer_state_are_about_half(trained):
+    """The memory point of sharding: each rank keeps about half of the parameters and of AdamW's moments."""
+    total = trained[0]["unsharded"]
+    assert trained[0]["mine"] + trained[1]["mine"] == total
+    for result in trained:
+        assert abs(result["mine"] - total / 2) <= 0.06 * total, (result["mine"], total)
+
+
+def _refusals(rank, world_size):
+    errors = {}
+    shared = Stack(depth=2)
+    shared.blocks[1].fc1 = shared.blocks[0].fc1
+    fully_shard(shared.blocks[0])
+    try:
+        fully_shard(shared.blocks[1])
+    except ValueError as e:
+        errors["shared"] = str(e)
+    top_down = Stack(depth=1)
+    fully_shard(top_down)
+    try:
+        fully_shard(top_down.blocks[0])
+    except ValueError as e:
+        errors["top_down"] = str(e)
+    try:
+        fully_shard(top_down)
+    except ValueError as e:
+        errors["twice"] = str(e)
+    try:
+        fully_shard(Stack(), reshard_after_forward=2)
+    except NotImplementedError as e:
+        errors["int_reshard"] = str(e)
+    tied = Stack(depth=1)  # a weight shared inside one group (the root's) is fine
+    tied.blocks[0].fc2.bias = tied.embed.bias
+    fully_shard(tied)
+    tied(tw.randn(2, 5)).sum().backward()
+    errors["tied_grad_shape"] = tuple(tied.embed.bias.grad.shape)
+    return errors
+
+
+def test_unsupported_uses_are_refused_clearly():
+    errors = run_on_ranks(_refusals, 2)[0]
+    assert "parameter 'fc1.weight'" in errors["shared"] and "shared" in errors["shared"]
+    assert "bottom-up" in errors["top_down"]
+    assert "already sharded" in errors["twice"]
+    assert "reshard_after_forward=2" in errors["int_reshard"]
+    assert errors["tied_grad_shape"] == (4,)
+
+
+def _mixed_precision(rank, world_size):
+    reference = _stack()
+    model = _shard(copy.deepcopy(reference), mp_policy=MixedPrecisionPolicy(param_dtype=tw.bfloat16,
+                                                                              reduce_dtype=tw.float32))
+    x, y = _batch(0)
+    out = model(x[rank * 4:rank * 4 + 4])
+    (out.float() - y[rank * 4:rank * 4 + 4]).square().mean().backward()
+    low = copy.deepcopy(reference).to(tw.bfloat16)
+    (low(x.to(tw.bfloat16)).float() - y).square().mean().backward()
+    return dict(out_dtype=str(out.dtype), param_dtypes={str(p.dtype) for p in model.parameters()},
+                grad_dtypes={str(p.grad.dtype) for p in model.parameters()},
+                grads={n: p.grad.numpy() for n, p in model.named_parameters()},
+                low={n: p.grad.float().numpy() for n, p in low.named_parameters()})
+
+
+def test_mixed_precision_gathers_in_param_dtype_and_keeps_float32_shards():
+    results = run_on_ranks(_mixed_precision, 2)
+    for rank, result in enumerate(results):
+        assert result["out_dtype"] == str(tw.bfloat16)
+        assert result["param_dtypes"] == {str(tw.float32)} and result["grad_dtypes"] == {str(tw.float32)}
+        for name, low in result["low"].items():
+            rows = -(-low.shape[0] // 2)
+            np.testing.assert_allclose(result["grads"][name], low[rank * rows:(rank + 1) * rows], rtol=0.05,
+                                       atol=0.02, err_msg=name)
