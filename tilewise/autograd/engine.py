@@ -6,7 +6,9 @@ hooks and ``retain_grad`` fire on that complete gradient. ``autograd.grad`` capt
 reaches each requested input instead of accumulating into ``.grad``, and runs only the nodes from which
 a requested input can be reached. With ``create_graph=True`` the formulas run in grad mode, so the
 gradients carry their own graph (higher-order derivatives); otherwise saved tensors are freed as each
-node finishes unless ``retain_graph`` is set.
+node finishes unless ``retain_graph`` is set. Callbacks queued while a backward runs
+(``Variable._execution_engine.queue_callback``) run once its last node has finished, before it returns; a
+callback may queue more. DistributedDataParallel waits for its gradient all-reduces there.
 """
 
 from __future__ import annotations
@@ -27,22 +29,24 @@ def register_node_profiler(fn) -> None:
     profile_node = fn
 
 
-# callbacks to run when a backward finishes, one list per backward running (innermost last)
-_final_callbacks: list[list] = []
+_final_callbacks: list[list] = []  # one list per running backward (innermost last): callbacks it runs at its end
 
 
-def queue_callback(callback) -> None:
-    """Run ``callback()`` once the backward now running has finished all its nodes (torch's
-    ``Variable._execution_engine.queue_callback``): data-parallel wrappers finish their gradient communication
-    there, after the last gradient of the iteration exists."""
-    if not _final_callbacks:
-        raise RuntimeError("Final callbacks can only be installed during backward pass.")
-    _final_callbacks[-1].append(callback)
+class ExecutionEngine:
+    """torch's ``Variable._execution_engine``: the hook into the running backward pass."""
+
+    def queue_callback(self, callback) -> None:
+        """Run ``callback()`` once the innermost running backward pass has finished every node."""
+        if not _final_callbacks:
+            raise RuntimeError("Final callbacks can only be installed during backward pass.")
+        _final_callbacks[-1].append(callback)
 
 
 def _run_final_callbacks(callbacks: list) -> None:
-    while callbacks:  # a callback may queue another
-        callbacks.pop(0)()
+    k = 0
+    while k < len(callbacks):  # a callback may queue another, which runs in this same pass
+        callbacks[k]()
+        k += 1
 
 
 def _apply(node: Node, grads: list) -> list:
@@ -206,10 +210,11 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                 if deps[nxt] == 0:
                     ready.append(nxt)
             in_grads = g = buf = None  # the buffers alone hold the gradients now (see AccumulateGrad.accumulate)
+        STATE.grad_enabled, STATE.autocast = prev_mode, prev_autocast
         _run_final_callbacks(_final_callbacks[-1])
     finally:
-        _final_callbacks.pop()
         STATE.grad_enabled, STATE.autocast = prev_mode, prev_autocast
+        _final_callbacks.pop()
     if inputs is not None and not allow_unused:
         for k, g in enumerate(captured):
             if g is None and accumulate is False:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewise.autograd.engine import queue_callback
+from tilewise.autograd.engine import ExecutionEngine
 from tilewise.autograd.graph import saved_tensors_hooks
 from tilewise.dispatch import STATE
 from tilewise.distributed.fsdp.api import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
@@ -173,7 +173,7 @@ class FSDPState:
         root = self.root
         if not root.backward_queued:
             root.backward_queued = True
-            queue_callback(root.finish_backward)
+            ExecutionEngine().queue_callback(root.finish_backward)
         if self.group is not None:
             self.group.pre_backward()
             previous = root._neighbour(self, -1)
