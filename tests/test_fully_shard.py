@@ -5,53 +5,10 @@ import copy
 import numpy as np
 import pytest
 from shard_harness import run_on_ranks
+from shard_models import Stack, batch, shard, stack
 
 import tilewise as tw
 from tilewise.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
-WIDTH = 7  # odd, and 3 * WIDTH + 1 rows in the first Linear: dim-0 sizes that do not split evenly over 2 ranks
-
-
-class Block(tw.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = tw.nn.LayerNorm(WIDTH)
-        self.fc1 = tw.nn.Linear(WIDTH, 3 * WIDTH + 1)
-        self.fc2 = tw.nn.Linear(3 * WIDTH + 1, WIDTH)
-
-    def forward(self, x):
-        return x + self.fc2(tw.nn.functional.gelu(self.fc1(self.norm(x))))
-
-
-class Stack(tw.nn.Module):
-    def __init__(self, depth: int = 3):
-        super().__init__()
-        self.embed = tw.nn.Linear(5, WIDTH)
-        self.blocks = tw.nn.ModuleList([Block() for _ in range(depth)])
-        self.norm = tw.nn.LayerNorm(WIDTH)
-        self.head = tw.nn.Linear(WIDTH, 3)
-
-    def forward(self, x):
-        x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
-
-
-def _stack() -> Stack:
-    tw.manual_seed(0)
-    return Stack()
-
-
-def _shard(model: Stack, **kwargs) -> Stack:
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
-    return fully_shard(model, **kwargs)
-
-
-def _batch(step: int):
-    tw.manual_seed(1000 + step)
-    return tw.randn(8, 5), tw.randn(8, 3)
 
 
 def _loss(model, x, y):
@@ -67,14 +24,14 @@ def _state_numel(opt) -> int:
 
 
 def _train_sharded(rank, world_size, steps):
-    reference = _stack()
-    model = _shard(copy.deepcopy(reference))
+    reference = stack()
+    model = shard(copy.deepcopy(reference))
     opt = tw.optim.AdamW(model.parameters(), lr=1e-2)
     ref_opt = tw.optim.AdamW(reference.parameters(), lr=1e-2)
     rows = slice(rank * 4, rank * 4 + 4)
     freed_between = []
     for step in range(steps):
-        x, y = _batch(step)
+        x, y = batch(step)
         ref_opt.zero_grad()
         _loss(reference, x, y).backward()
         ref_opt.step()
@@ -100,7 +57,7 @@ def trained():
     return run_on_ranks(_train_sharded, 2, 3)
 
 
-def test_training_equals_single_process_on_the_full_batch(trained):
+def test_training_equals_single_process_on_the_fullbatch(trained):
     for result in trained:
         assert sorted(result["full"]) == sorted(result["reference"])
         for name, want in result["reference"].items():
@@ -172,10 +129,10 @@ def test_unsupported_uses_are_refused_clearly():
 
 
 def _mixed_precision(rank, world_size):
-    reference = _stack()
-    model = _shard(copy.deepcopy(reference), mp_policy=MixedPrecisionPolicy(param_dtype=tw.bfloat16,
+    reference = stack()
+    model = shard(copy.deepcopy(reference), mp_policy=MixedPrecisionPolicy(param_dtype=tw.bfloat16,
                                                                               reduce_dtype=tw.float32))
-    x, y = _batch(0)
+    x, y = batch(0)
     out = model(x[rank * 4:rank * 4 + 4])
     (out.float() - y[rank * 4:rank * 4 + 4]).square().mean().backward()
     low = copy.deepcopy(reference).to(tw.bfloat16)
