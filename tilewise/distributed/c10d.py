@@ -1,0 +1,1081 @@
+"""Process groups and torch.distributed's module-level collectives.
+
+[Note: process groups] ``init_process_group`` finds the other processes through a store (``env://``,
+``tcp://host:port``, ``file://path`` or a given ``store``) and makes the default group, ``group.WORLD``.
+A ``ProcessGroup`` is a set of global ranks, a namespace in the store, and one transport per device type,
+named by its backend configuration (``"gloo"`` serves CPU tensors, ``"nccl"`` CUDA tensors, ``None`` means
+``"cpu:gloo,cuda:nccl"`` as in torch). A transport is created on the group's first collective on that
+device type (every rank calls collectives in the same order, so they create it together), in its own
+``PrefixStore``. Ranks outside a ``new_group`` get ``GroupMember.NON_GROUP_MEMBER``; collectives on it warn
+and return None, as torch's do.
+
+Transports implement the primitives of ``backend.Backend``; this module maps torch's global ranks
+(``src=``, ``dst=``) to group ranks, checks arguments with torch's errors, and composes everything else
+from the primitives: ``all_gather`` into a list is an ``all_gather_into_tensor`` into one buffer,
+``reduce`` an all-reduce of a copy, ``gather`` and ``scatter`` are ``all_to_all_single`` with empty
+splits for the ranks that send nothing, the object collectives pickle into byte tensors. A composed
+operation returns a ``_ComposedWork`` whose finishing copies run when its parts are done.
+
+For code built on groups (DDP, sharding): ``group._get_backend(device)`` is the transport serving a device,
+``get_process_group_ranks(group)`` the global ranks, ``get_group_rank`` / ``get_global_rank`` map between
+the two, and ``_tensor_backend(group, tensor)`` the checked transport for a tensor.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import io
+import os
+import pickle
+import threading
+import urllib.parse
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+
+import tilewise
+from tilewise.distributed.backend import Backend as TransportBackend
+from tilewise.distributed.backend import RedOpType, ReduceOp, Work
+from tilewise.distributed.store import FileStore, PrefixStore, Store, TCPStore
+
+default_pg_timeout = datetime.timedelta(minutes=30)
+
+_NOT_INITIALIZED = "Default process group has not been initialized, please make sure to call init_process_group."
+
+
+class Backend(str):
+    """Backend names (torch's ``torch.distributed.Backend``): ``Backend("GLOO") == Backend.GLOO == "gloo"``."""
+
+    UNDEFINED = "undefined"
+    GLOO = "gloo"
+    NCCL = "nccl"
+    UCC = "ucc"
+    MPI = "mpi"
+    XCCL = "xccl"
+    backend_list = [UNDEFINED, GLOO, NCCL, UCC, MPI, XCCL]
+    default_device_backend_map: dict[str, str] = {"cpu": GLOO, "cuda": NCCL}
+    backend_capability: dict[str, list[str]] = {GLOO: ["cpu"], NCCL: ["cuda"]}
+
+    def __new__(cls, name: str):
+        if not isinstance(name, str):
+            raise ValueError(f"Backend constructor parameter must be string-ish, but got: {type(name)}")
+        value = getattr(Backend, name.upper(), Backend.UNDEFINED)
+        return name.lower() if value == Backend.UNDEFINED else value
+
+    @classmethod
+    def register_backend(cls, name: str, func: Callable, extended_api: bool = False,
+                         devices: str | list[str] | None = None) -> None:
+        """Add a transport ``func(store, group_rank, group_size, timeout) -> backend.Backend``."""
+        devices = [devices] if isinstance(devices, str) else list(devices or ["cpu", "cuda"])
+        setattr(cls, name.upper(), name.lower())
+        cls.backend_list.append(name.lower())
+        cls.backend_capability[name.lower()] = devices
+        _TRANSPORTS[name.lower()] = func
+
+
+def _transport_class(module: str, name: str) -> Callable:
+    def make(store, rank: int, size: int, timeout: datetime.timedelta) -> TransportBackend:
+        return getattr(importlib.import_module(module), name)(store, rank, size, timeout)
+    return make
+
+
+# The transports by name; nccl.py is imported on the first CUDA collective only (it needs nccl4py).
+_TRANSPORTS: dict[str, Callable] = {
+    Backend.GLOO: _transport_class("tilewise.distributed.gloo", "GlooBackend"),
+    Backend.NCCL: _transport_class("tilewise.distributed.nccl", "NCCLBackend"),
+}
+
+
+def _parse_backend_config(backend: str | None) -> dict[str, str]:
+    """``"gloo"`` -> {"cpu": "gloo"}; ``"cpu:gloo,cuda:nccl"`` -> both; None -> torch's default map."""
+    if backend is None or str(backend).lower() == Backend.UNDEFINED:
+        return dict(Backend.default_device_backend_map)
+    config = {}
+    for item in str(backend).lower().split(","):
+        if ":" in item:
+            device_type, name = item.split(":", 1)
+            config[device_type.strip()] = name.strip()
+            continue
+        name = Backend(item.strip())
+        if name not in Backend.backend_capability:
+            raise ValueError(f"Invalid backend: '{item}'. Valid backends are: "
+                             f"{', '.join(sorted(Backend.backend_capability))}")
+        for device_type in Backend.backend_capability[name]:
+            config[device_type] = name
+    for name in config.values():
+        if name not in _TRANSPORTS:
+            raise ValueError(f"Invalid backend: '{name}'. Valid backends are: {', '.join(sorted(_TRANSPORTS))}")
+    return config
+
+
+def _config_string(config: dict[str, str]) -> str:
+    names = set(config.values())
+    if len(names) == 1:
+        return names.pop()
+    return ",".join(f"{device}:{name}" for device, name in config.items())
+
+
+class ProcessGroup:
+    """Global ranks, a store namespace, and a transport per device type (made on first use)."""
+
+    def __init__(self, store: Store, rank: int, size: int, ranks: list[int], config: dict[str, str],
+                 timeout: datetime.timedelta, group_name: str):
+        self._store, self._rank, self._size, self._ranks = store, rank, size, list(ranks)
+        self._config, self._timeout, self.group_name = config, timeout, group_name
+        self.group_desc = group_name
+        self._backends: dict[str, TransportBackend] = {}
+        self._lock = threading.Lock()
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def name(self) -> str:
+        return _config_string(self._config)
+
+    @property
+    def bound_device_id(self):
+        return None
+
+    def _device_types(self) -> list[str]:
+        return list(self._config)
+
+    def _has_backend(self, device_type: str) -> bool:
+        return device_type in self._config
+
+    def _get_backend(self, device) -> TransportBackend:
+        """The transport serving ``device`` (a device, or its type as a string), made on first use."""
+        device_type = device if isinstance(device, str) else device.type
+        device_type = device_type.split(":")[0]
+        if device_type not in self._config:
+            raise RuntimeError(f"No backend type associated with device type {device_type}")
+        with self._lock:
+            if device_type not in self._backends:
+                name = self._config[device_type]
+                store = PrefixStore(f"{device_type}/{name}", self._store)
+                self._backends[device_type] = _TRANSPORTS[name](store, self._rank, self._size, self._timeout)
+            return self._backends[device_type]
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            backends, self._backends = list(self._backends.values()), {}
+        for backend in backends:
+            backend.shutdown()
+
+    def __repr__(self) -> str:
+        return f"ProcessGroup(name={self.group_name!r}, backend={self.name()!r}, ranks={self._ranks})"
+
+
+class _World:
+    def __init__(self) -> None:
+        self.default_pg: ProcessGroup | None = None
+        self.store: Store | None = None  # the rendezvous store; groups live under prefixes of it
+        self.groups: dict[ProcessGroup, str] = {}
+        self.group_count = 0
+
+
+_world = _World()
+
+
+class _WorldMeta(type):
+    @property
+    def WORLD(cls) -> ProcessGroup | None:  # noqa: N802 (torch's name)
+        return _world.default_pg
+
+
+class GroupMember(metaclass=_WorldMeta):
+    NON_GROUP_MEMBER = -100
+
+
+class group(GroupMember):  # noqa: N801 (torch's name: dist.group.WORLD)
+    pass
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_gloo_available() -> bool:
+    return True
+
+
+def is_nccl_available() -> bool:
+    """True where nccl4py imports (the CUDA extra is installed), as torch reports whether it was built with NCCL."""
+    try:
+        importlib.import_module("nccl")
+    except ImportError:
+        return False
+    return True
+
+
+def is_mpi_available() -> bool:
+    return False
+
+
+def is_ucc_available() -> bool:
+    return False
+
+
+def is_torchelastic_launched() -> bool:
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
+def is_initialized() -> bool:
+    return _world.default_pg is not None
+
+
+def _default_pg() -> ProcessGroup:
+    if _world.default_pg is None:
+        raise ValueError(_NOT_INITIALIZED)
+    return _world.default_pg
+
+
+# rendezvous
+
+
+def _rendezvous_error(scheme: str, message: str) -> ValueError:
+    return ValueError(f"Error initializing torch.distributed using {scheme} rendezvous: {message}")
+
+
+def _env_int(name: str, given: int, scheme: str) -> int:
+    if given is not None and given >= 0:
+        return given
+    if name not in os.environ:
+        raise _rendezvous_error(scheme, f"environment variable {name} expected, but not set")
+    return int(os.environ[name])
+
+
+def _rendezvous(init_method: str, rank: int, world_size: int,
+                timeout: datetime.timedelta) -> tuple[Store, int, int]:
+    url = urllib.parse.urlparse(init_method)
+    query = dict(urllib.parse.parse_qsl(url.query))
+    rank = int(query.get("rank", rank))
+    world_size = int(query.get("world_size", world_size))
+    if url.scheme == "env":
+        rank = _env_int("RANK", rank, "env://")
+        world_size = _env_int("WORLD_SIZE", world_size if world_size > 0 else None, "env://")
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if name not in os.environ:
+                raise _rendezvous_error("env://", f"environment variable {name} expected, but not set")
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    elif url.scheme == "tcp":
+        if rank < 0:
+            raise _rendezvous_error("tcp://", "rank parameter missing")
+        if world_size < 0:
+            raise _rendezvous_error("tcp://", "world size parameter missing")
+        if url.port is None:
+            raise _rendezvous_error("tcp://", "port number missing")
+        host, port = url.hostname, url.port
+    elif url.scheme == "file":
+        if rank < 0:
+            raise _rendezvous_error("file://", "rank parameter missing")
+        if world_size < 0:
+            raise _rendezvous_error("file://", "world size parameter missing")
+        store = FileStore(url.path, world_size)
+        store.set_timeout(timeout)
+        return store, rank, world_size
+    else:
+        raise RuntimeError(f"No rendezvous handler for {url.scheme}://")
+    store = TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout)
+    return store, rank, world_size
+
+
+def _store_based_barrier(store: Store, key: str, size: int, timeout: datetime.timedelta) -> None:
+    """Every member adds itself; the last one releases the rest (bounded by ``timeout``)."""
+    if store.add(key, 1) == size:
+        store.set(f"{key}/released", "1")
+    try:
+        store.wait([f"{key}/released"], timeout)
+    except RuntimeError:
+        arrived = int(store.get(key))
+        raise RuntimeError(f"Timed out initializing process group in store based barrier on rank "
+                           f"{get_rank() if is_initialized() else '?'}, for key: {key} (world_size={size}, "
+                           f"num_workers_joined={arrived}, timeout={timeout})") from None
+
+
+def init_process_group(backend: str | None = None, init_method: str | None = None,
+                       timeout: datetime.timedelta | None = None, world_size: int = -1, rank: int = -1,
+                       store: Store | None = None, group_name: str = "", pg_options=None, device_id=None) -> None:
+    """Join the job's processes into the default group, ``group.WORLD`` (torch's signature and rules)."""
+    if _world.default_pg is not None:
+        raise ValueError("trying to initialize the default process group twice!")
+    if store is not None and init_method is not None:
+        raise AssertionError("Cannot specify both init_method and store.")
+    if store is not None:
+        if world_size <= 0:
+            raise AssertionError("world_size must be positive if using store")
+        if rank < 0:
+            raise AssertionError("rank must be non-negative if using store")
+    config = _parse_backend_config(backend)
+    timeout = timeout if timeout is not None else default_pg_timeout
+    if store is None:
+        store, rank, world_size = _rendezvous(init_method or "env://", rank, world_size, timeout)
+    store.set_timeout(timeout)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"Invalid rank {rank}: the rank must be in [0, {world_size}) for world_size {world_size}")
+    _world.store = store
+    default_store = PrefixStore("default_pg", store)
+    pg = ProcessGroup(default_store, rank, world_size, list(range(world_size)), config, timeout,
+                      group_name or "0")
+    _store_based_barrier(default_store, "store_based_barrier_key:init", world_size, timeout)
+    _world.default_pg = pg
+    _world.groups = {pg: pg.group_name}
+    _world.group_count = 1
+
+
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Shut down ``group``'s transports (all groups when ``group`` is None or WORLD)."""
+    if group == GroupMember.NON_GROUP_MEMBER:
+        return
+    target = _world.default_pg if group is None else group
+    if target is None:
+        raise AssertionError("Process group cannot be None")
+    if target is _world.default_pg:
+        for pg in list(_world.groups):
+            pg._shutdown()
+        _world.__init__()
+        return
+    target._shutdown()
+    _world.groups.pop(target, None)
+
+
+def new_group(ranks: list[int] | None = None, timeout: datetime.timedelta | None = None, backend: str | None = None,
+              pg_options=None, use_local_synchronization: bool = False, group_desc: str | None = None,
+              device_id=None, sort_ranks: bool = True):
+    """A group of some global ranks; every rank of the world must call it, in the same order."""
+    world = _default_pg()
+    ranks = list(range(world.size())) if not ranks else list(ranks)
+    if len(ranks) > world.size():
+        raise ValueError("the new group's world size should be less or equal to the world size set by "
+                         "init_process_group")
+    for r in ranks:
+        if not 0 <= r < world.size():
+            raise ValueError("The new group's rank should be within the world_size set by init_process_group")
+    if sort_ranks:
+        ranks = sorted(ranks)
+    config = _parse_backend_config(backend) if backend is not None else dict(world._config)
+    timeout = timeout if timeout is not None else world._timeout
+    name = str(_world.group_count)
+    _world.group_count += 1
+    if world.rank() not in ranks:
+        return GroupMember.NON_GROUP_MEMBER
+    store = PrefixStore(f"{name}/", _world.store)
+    pg = ProcessGroup(store, ranks.index(world.rank()), len(ranks), ranks, config, timeout, name)
+    pg.group_desc = group_desc or name
+    _store_based_barrier(store, "store_based_barrier_key", len(ranks), timeout)
+    _world.groups[pg] = name
+    return pg
+
+
+def _resolve(group) -> ProcessGroup:
+    if group is None or group is GroupMember.WORLD:
+        return _default_pg()
+    return group
+
+
+def _not_member(group) -> bool:
+    return isinstance(group, int) and group == GroupMember.NON_GROUP_MEMBER
+
+
+def _warn_not_in_group(op_name: str) -> None:
+    global_rank = -1 if _world.default_pg is None else _world.default_pg.rank()
+    warnings.warn(f"Running {op_name} on global rank {global_rank} which does not belong to the given group.",
+                  stacklevel=3)
+
+
+def get_rank(group: ProcessGroup | None = None) -> int:
+    if _not_member(group):
+        return -1
+    return _resolve(group).rank()
+
+
+def get_world_size(group: ProcessGroup | None = None) -> int:
+    if _not_member(group):
+        return -1
+    return _resolve(group).size()
+
+
+def get_backend(group: ProcessGroup | None = None) -> str:
+    if _not_member(group):
+        raise ValueError("Invalid process group specified")
+    return Backend(_resolve(group).name())
+
+
+def get_process_group_ranks(group) -> list[int]:
+    return list(_resolve(group)._ranks)
+
+
+def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
+    pg = _resolve(group)
+    if global_rank not in pg._ranks:
+        raise ValueError(f"Global rank {global_rank} is not part of group {pg}")
+    return pg._ranks.index(global_rank)
+
+
+def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
+    pg = _resolve(group)
+    if not 0 <= group_rank < pg.size():
+        raise ValueError(f"Group rank {group_rank} is not part of group {pg}")
+    return pg._ranks[group_rank]
+
+
+def _group_peer(pg: ProcessGroup, global_rank: int | None, group_rank: int | None, what: str) -> int:
+    """The group rank of a ``src``/``dst`` given as a global rank or (``group_src``) as a group rank."""
+    if global_rank is not None and group_rank is not None:
+        raise ValueError(f"Can only specify {what} or group_{what}")
+    if group_rank is not None:
+        if not 0 <= group_rank < pg.size():
+            raise ValueError(f"Group rank {group_rank} is not part of group {pg}")
+        return group_rank
+    if global_rank is None:
+        if pg is _world.default_pg:
+            return 0
+        raise ValueError(f"Must specify either {what} or group_{what}")
+    if global_rank not in pg._ranks:
+        raise ValueError(f"Global rank {global_rank} is not part of group {pg}")
+    return pg._ranks.index(global_rank)
+
+
+# tensors
+
+
+def _check_tensor(tensor, param: str) -> None:
+    if not isinstance(tensor, tilewise.Tensor):
+        raise TypeError(f"Invalid function argument. Expected parameter `{param}` of type torch.Tensor\n"
+                        f"             but got {type(tensor)} instead.")
+
+
+def _check_tensor_list(tensors, param: str) -> None:
+    if not isinstance(tensors, list) or not all(isinstance(t, tilewise.Tensor) for t in tensors):
+        raise TypeError(f"Invalid function argument. Expected parameter `{param}` of type List[torch.Tensor]\n"
+                        f"             but got {type(tensors)} instead.")
+
+
+def _tensor_backend(pg: ProcessGroup, tensor, op_name: str) -> TransportBackend:
+    """The transport for ``tensor``'s device, after torch's checks on the tensor."""
+    if not tensor.is_contiguous():
+        raise ValueError(f"{op_name}: Tensors must be contiguous (got a tensor of shape {tuple(tensor.shape)} with "
+                         f"strides {tuple(tensor.stride())}); call .contiguous() first")
+    return pg._get_backend(tensor.device)
+
+
+def _check_same_kind(op_name: str, expected, got, index: int | str) -> None:
+    if got.dtype != expected.dtype or got.device != expected.device:
+        raise RuntimeError(f"ProcessGroup::{op_name}: invalid tensor type at index {index} (expected dtype="
+                           f"{expected.dtype}, device={expected.device}, got dtype={got.dtype}, device={got.device})")
+
+
+def _check_same_size(op_name: str, expected_shape, got, index: int | str) -> None:
+    if tuple(got.shape) != tuple(expected_shape):
+        raise RuntimeError(f"ProcessGroup::{op_name}: invalid tensor size at index {index} (expected "
+                           f"{tuple(expected_shape)}, got {tuple(got.shape)})")
+
+
+def _check_op(op, tensor, op_name: str) -> RedOpType:
+    op = RedOpType(op)
+    if op in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR) and tensor.dtype.is_floating_point:
+        raise RuntimeError(f"Cannot use ReduceOp.{op.name} with non-integral dtype")
+    if op == RedOpType.PREMUL_SUM:
+        raise RuntimeError(f"{op_name}: ReduceOp.PREMUL_SUM is only supported by the nccl backend")
+    return op
+
+
+def _bump_versions(*tensors) -> None:
+    """Collectives write their outputs in place, so autograd must see a new version (torch bumps it too)."""
+    for tensor in tensors:
+        tensor._storage.version += 1
+
+
+def _finish(work: Work, async_op: bool) -> Work | None:
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+class _ComposedWork(Work):
+    """Work made of other works, with a finishing step (copies out of a buffer) run once they are done."""
+
+    def __init__(self, parts: list[Work], finish: Callable[[], None] | None, outputs: list):
+        super().__init__(outputs)
+        self._parts, self._finish_step, self._finished = parts, finish, False
+        self._lock = threading.Lock()
+        self._pending = len(parts)
+        if not parts:
+            self._run_finish_and_complete()
+        for part in parts:
+            part.get_future().add_done_callback(self._part_done)
+
+    def _run_finish(self) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+        if self._finish_step is not None:
+            self._finish_step()
+
+    def _run_finish_and_complete(self) -> None:
+        try:
+            self._run_finish()
+        except BaseException as error:  # noqa: BLE001 (handed to whoever waits)
+            self._fail(error)
+            return
+        self._complete()
+
+    def _part_done(self, future) -> None:
+        if future._error is not None:
+            if not self._future.done():
+                self._fail(future._error)
+            return
+        with self._lock:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self._run_finish_and_complete()
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        for part in self._parts:
+            part.wait(timeout)
+        self._run_finish()
+        return True
+
+
+# collectives
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    """Reduce ``tensor`` over the group, in place on every rank."""
+    _check_tensor(tensor, "tensor")
+    if _not_member(group):
+        _warn_not_in_group("all_reduce")
+        return None
+    pg = _resolve(group)
+    op = _check_op(op, tensor, "all_reduce")
+    if tensor.is_contiguous():
+        work = _tensor_backend(pg, tensor, "all_reduce").allreduce([tensor], op)
+    else:  # torch accepts strided tensors here: reduce a contiguous copy and write it back
+        staged = tensor.contiguous()
+        inner = _tensor_backend(pg, staged, "all_reduce").allreduce([staged], op)
+        work = _ComposedWork([inner], lambda: tensor.copy_(staged), [tensor])
+    _bump_versions(tensor)
+    return _finish(work, async_op)
+
+
+def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False, group_src: int | None = None):
+    """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank."""
+    _check_tensor(tensor, "tensor")
+    if _not_member(group):
+        _warn_not_in_group("broadcast")
+        return None
+    pg = _resolve(group)
+    root = _group_peer(pg, src, group_src, "src")
+    if tensor.is_contiguous():
+        work = _tensor_backend(pg, tensor, "broadcast").broadcast([tensor], root)
+    else:
+        staged = tensor.contiguous()
+        inner = _tensor_backend(pg, staged, "broadcast").broadcast([staged], root)
+        work = _ComposedWork([inner], lambda: tensor.copy_(staged), [tensor])
+    _bump_versions(tensor)
+    return _finish(work, async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False):
+    """``output_tensor`` = every rank's ``input_tensor`` concatenated on dim 0 (or stacked), in rank order."""
+    _check_tensor(output_tensor, "output_tensor")
+    _check_tensor(input_tensor, "input_tensor")
+    if _not_member(group):
+        _warn_not_in_group("all_gather_into_tensor")
+        return None
+    pg = _resolve(group)
+    _check_same_kind("allgather_into_tensor", output_tensor, input_tensor, 0)
+    if output_tensor.numel() != input_tensor.numel() * pg.size():
+        raise ValueError(f"all_gather_into_tensor: output tensor size must be equal to world_size times input "
+                         f"tensor size (output {tuple(output_tensor.shape)}, input {tuple(input_tensor.shape)}, "
+                         f"world_size {pg.size()})")
+    backend = _tensor_backend(pg, output_tensor, "all_gather_into_tensor")
+    _tensor_backend(pg, input_tensor, "all_gather_into_tensor")
+    work = backend.allgather_into_tensor(output_tensor, input_tensor)
+    _bump_versions(output_tensor)
+    return _finish(work, async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):  # noqa: A002
+    """``output`` = this rank's dim-0 slice of ``input`` reduced over the group."""
+    _check_tensor(output, "output")
+    _check_tensor(input, "input")
+    if _not_member(group):
+        _warn_not_in_group("reduce_scatter_tensor")
+        return None
+    pg = _resolve(group)
+    _check_same_kind("reduce_scatter_tensor", output, input, 0)
+    op = _check_op(op, input, "reduce_scatter_tensor")
+    if input.numel() != output.numel() * pg.size():
+        raise ValueError(f"reduce_scatter_tensor: input tensor size must be equal to world_size times output "
+                         f"tensor size (input {tuple(input.shape)}, output {tuple(output.shape)}, world_size "
+                         f"{pg.size()})")
+    backend = _tensor_backend(pg, input, "reduce_scatter_tensor")
+    _tensor_backend(pg, output, "reduce_scatter_tensor")
+    work = backend.reduce_scatter_tensor(output, input, op)
+    _bump_versions(output)
+    return _finish(work, async_op)
+
+
+def _flat_buffer(like, numel: int):
+    return tilewise.empty(numel, dtype=like.dtype, device=like.device)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
+    """``tensor_list[i]`` = rank i's ``tensor``."""
+    _check_tensor_list(tensor_list, "tensor_list")
+    _check_tensor(tensor, "tensor")
+    if _not_member(group):
+        _warn_not_in_group("all_gather")
+        return None
+    pg = _resolve(group)
+    if len(tensor_list) != pg.size():
+        raise RuntimeError(f"ProcessGroup::allgather: invalid output tensor list at index 0 (expected length "
+                           f"{pg.size()}, got {len(tensor_list)})")
+    for i, out in enumerate(tensor_list):
+        _check_same_kind("allgather", tensor, out, i)
+        _check_same_size("allgather", tensor.shape, out, i)
+    backend = _tensor_backend(pg, tensor, "all_gather")
+    n = tensor.numel()
+    buffer = _flat_buffer(tensor, n * pg.size())
+    inner = backend.allgather_into_tensor(buffer, tensor.contiguous())
+
+    def scatter_out() -> None:
+        for i, out in enumerate(tensor_list):
+            out.copy_(buffer[i * n:(i + 1) * n].reshape(out.shape))
+
+    _bump_versions(*tensor_list)
+    return _finish(_ComposedWork([inner], scatter_out, tensor_list), async_op)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False):
+    """``output`` = ``input_list[rank]`` reduced over the group."""
+    _check_tensor(output, "output")
+    _check_tensor_list(input_list, "input_list")
+    if _not_member(group):
+        _warn_not_in_group("reduce_scatter")
+        return None
+    pg = _resolve(group)
+    if len(input_list) != pg.size():
+        raise ValueError(f"reduce_scatter: the input list must have world_size={pg.size()} tensors, got "
+                         f"{len(input_list)}")
+    for i, item in enumerate(input_list):
+        _check_same_kind("reduce_scatter", output, item, i)
+        _check_same_size("reduce_scatter", output.shape, item, i)
+    op = _check_op(op, output, "reduce_scatter")
+    backend = _tensor_backend(pg, output, "reduce_scatter")
+    stacked = tilewise.cat([t.reshape(-1) for t in input_list])
+    inner = backend.reduce_scatter_tensor(output, stacked, op)
+    _bump_versions(output)
+    return _finish(_ComposedWork([inner], None, [output]), async_op)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,  # noqa: A002
+                      group=None, async_op: bool = False):
+    """Rank i's dim-0 slice j of ``input`` goes to rank j's slice i of ``output`` (even or given splits)."""
+    _check_tensor(output, "output")
+    _check_tensor(input, "input")
+    if _not_member(group):
+        _warn_not_in_group("all_to_all_single")
+        return None
+    pg = _resolve(group)
+    _check_same_kind("alltoall_base", output, input, 0)
+    _check_splits(output, output_split_sizes, pg.size(), "output")
+    _check_splits(input, input_split_sizes, pg.size(), "input")
+    backend = _tensor_backend(pg, input, "all_to_all_single")
+    _tensor_backend(pg, output, "all_to_all_single")
+    work = backend.alltoall_base(output, input, list(output_split_sizes or []) or None,
+                                 list(input_split_sizes or []) or None)
+    _bump_versions(output)
+    return _finish(work, async_op)
+
+
+def _check_splits(tensor, splits, size: int, what: str) -> None:
+    rows = tensor.shape[0] if tensor.dim() else 1
+    if not splits:
+        if rows % size:
+            raise RuntimeError(f"all_to_all_single: the {what} tensor's dim 0 ({rows}) must divide equally by "
+                               f"world size {size} when no split sizes are given")
+        return
+    if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != rows:
+        raise RuntimeError(f"all_to_all_single: {what}_split_sizes {list(splits)} must have world size {size} "
+                           f"non-negative entries summing to the {what} tensor's dim 0 ({rows})")
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
+    """``output_tensor_list[i]`` on rank j = ``input_tensor_list[j]`` of rank i."""
+    _check_tensor_list(output_tensor_list, "output_tensor_list")
+    _check_tensor_list(input_tensor_list, "input_tensor_list")
+    if _not_member(group):
+        _warn_not_in_group("all_to_all")
+        return None
+    pg = _resolve(group)
+    if len(output_tensor_list) != pg.size() or len(input_tensor_list) != pg.size():
+        raise RuntimeError(f"all_to_all: the tensor lists must have world_size={pg.size()} tensors (got "
+                           f"{len(output_tensor_list)} outputs, {len(input_tensor_list)} inputs)")
+    first = input_tensor_list[0]
+    for i, t in enumerate([*input_tensor_list, *output_tensor_list]):
+        _check_same_kind("alltoall", first, t, i)
+    backend = _tensor_backend(pg, first, "all_to_all")
+    sent = tilewise.cat([t.reshape(-1) for t in input_tensor_list])
+    received = _flat_buffer(first, sum(t.numel() for t in output_tensor_list))
+    inner = backend.alltoall_base(received, sent, [t.numel() for t in output_tensor_list],
+                                  [t.numel() for t in input_tensor_list])
+
+    def copy_out() -> None:
+        offset = 0
+        for out in output_tensor_list:
+            out.copy_(received[offset:offset + out.numel()].reshape(out.shape))
+            offset += out.numel()
+
+    _bump_versions(*output_tensor_list)
+    return _finish(_ComposedWork([inner], copy_out, output_tensor_list), async_op)
+
+
+def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
+           group_dst: int | None = None):
+    """``tensor`` of rank ``dst`` = ``tensor`` reduced over the group; the others' tensors are unchanged."""
+    _check_tensor(tensor, "tensor")
+    if _not_member(group):
+        _warn_not_in_group("reduce")
+        return None
+    pg = _resolve(group)
+    root = _group_peer(pg, dst, group_dst, "dst")
+    op = _check_op(op, tensor, "reduce")
+    staged = tensor.contiguous().clone()
+    inner = _tensor_backend(pg, staged, "reduce").allreduce([staged], op)
+    finish = (lambda: tensor.copy_(staged)) if pg.rank() == root else None
+    _bump_versions(tensor)
+    return _finish(_ComposedWork([inner], finish, [tensor]), async_op)
+
+
+def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_op: bool = False,
+           group_dst: int | None = None):
+    """On rank ``dst``, ``gather_list[i]`` = rank i's ``tensor``; other ranks pass no list."""
+    _check_tensor(tensor, "tensor")
+    if gather_list:
+        _check_tensor_list(gather_list, "gather_list")
+    else:
+        gather_list = []
+    if _not_member(group):
+        _warn_not_in_group("gather")
+        return None
+    pg = _resolve(group)
+    root = _group_peer(pg, dst, group_dst, "dst")
+    if pg.rank() == root:
+        if len(gather_list) != pg.size():
+            raise ValueError(f"Argument ``gather_list`` must be specified on destination rank with world_size="
+                             f"{pg.size()} tensors (got {len(gather_list)})")
+        for i, out in enumerate(gather_list):
+            _check_same_kind("gather", tensor, out, i)
+            _check_same_size("gather", tensor.shape, out, i)
+    elif gather_list:
+        raise ValueError("Argument ``gather_list`` must NOT be specified on non-destination ranks.")
+    backend = _tensor_backend(pg, tensor, "gather")
+    n, size = tensor.numel(), pg.size()
+    received = _flat_buffer(tensor, n * size if pg.rank() == root else 0)
+    sent_splits = [n if r == root else 0 for r in range(size)]
+    received_splits = [n] * size if pg.rank() == root else [0] * size
+    inner = backend.alltoall_base(received, tensor.contiguous().reshape(-1), received_splits, sent_splits)
+
+    def copy_out() -> None:
+        for i, out in enumerate(gather_list):
+            out.copy_(received[i * n:(i + 1) * n].reshape(out.shape))
+
+    _bump_versions(*gather_list)
+    return _finish(_ComposedWork([inner], copy_out, gather_list), async_op)
+
+
+def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async_op: bool = False,
+            group_src: int | None = None):
+    """``tensor`` of rank i = ``scatter_list[i]`` of rank ``src``; other ranks pass no list."""
+    _check_tensor(tensor, "tensor")
+    if scatter_list:
+        _check_tensor_list(scatter_list, "scatter_list")
+    else:
+        scatter_list = []
+    if _not_member(group):
+        _warn_not_in_group("scatter")
+        return None
+    pg = _resolve(group)
+    root = _group_peer(pg, src, group_src, "src")
+    if pg.rank() == root:
+        if len(scatter_list) != pg.size():
+            raise ValueError(f"Argument ``scatter_list`` must be specified on source rank with world_size="
+                             f"{pg.size()} tensors (got {len(scatter_list)})")
+        for i, item in enumerate(scatter_list):
+            _check_same_kind("scatter", tensor, item, i)
+            _check_same_size("scatter", tensor.shape, item, i)
+        sent = tilewise.cat([t.reshape(-1) for t in scatter_list])
+    else:
+        if scatter_list:
+            raise ValueError("Argument ``scatter_list`` must NOT be specified on non-source ranks.")
+        sent = _flat_buffer(tensor, 0)
+    backend = _tensor_backend(pg, tensor, "scatter")
+    n, size = tensor.numel(), pg.size()
+    received = _flat_buffer(tensor, n)
+    sent_splits = [n] * size if pg.rank() == root else [0] * size
+    received_splits = [n if r == root else 0 for r in range(size)]
+    inner = backend.alltoall_base(received, sent, received_splits, sent_splits)
+    _bump_versions(tensor)
+    return _finish(_ComposedWork([inner], lambda: tensor.copy_(received.reshape(tensor.shape)), [tensor]),
+                   async_op)
+
+
+def barrier(group=None, async_op: bool = False, device_ids=None, timeout: datetime.timedelta | None = None):
+    """Return once every rank of the group has called barrier."""
+    if _not_member(group):
+        _warn_not_in_group("barrier")
+        return None
+    pg = _resolve(group)
+    device_type = "cpu" if pg._has_backend("cpu") else pg._device_types()[0]
+    work = pg._get_backend(device_type).barrier()
+    if async_op:
+        return work
+    work.wait(timeout)
+    return None
+
+
+def monitored_barrier(group=None, timeout: datetime.timedelta | None = None, wait_all_ranks: bool = False) -> None:
+    """A barrier through the store in which rank 0 names the ranks that did not arrive within ``timeout``."""
+    if _not_member(group):
+        _warn_not_in_group("monitored_barrier")
+        return None
+    pg = _resolve(group)
+    if not pg._has_backend("cpu"):
+        raise ValueError("monitored_barrier is only implemented for GLOO backend.")
+    timeout = timeout if timeout is not None else pg._timeout
+    pg._monitored_count = getattr(pg, "_monitored_count", 0) + 1
+    key = f"monitored_barrier/{pg._monitored_count}"
+    if pg.rank() != 0:
+        pg._store.set(f"{key}/{pg.rank()}", "1")
+        pg._store.wait([f"{key}/released"], timeout)
+        return None
+    missing = []
+    for r in range(1, pg.size()):
+        try:
+            pg._store.wait([f"{key}/{r}"], timeout if not missing else datetime.timedelta(milliseconds=1))
+        except RuntimeError:
+            missing.append(r)
+            if not wait_all_ranks:
+                break
+    if missing:
+        ms = int(timeout.total_seconds() * 1000)
+        if wait_all_ranks:
+            raise RuntimeError(f"Ranks {', '.join(map(str, missing))} failed to pass monitoredBarrier in {ms} ms")
+        raise RuntimeError(f"Rank {missing[0]} failed to pass monitoredBarrier in {ms} ms")
+    pg._store.set(f"{key}/released", "1")
+    return None
+
+
+# point to point
+
+
+def _p2p_backend(pg: ProcessGroup, tensor, peer: int, op_name: str) -> TransportBackend:
+    if peer == pg.rank():
+        word = "destination" if op_name in ("send", "isend") else "source"
+        raise ValueError(f"Invalid {word} rank: {word} rank should not be the same as the rank of the current "
+                         "process.")
+    return _tensor_backend(pg, tensor, op_name)
+
+
+def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None):
+    """Send ``tensor`` to rank ``dst``; returns a Work (None outside the group)."""
+    _check_tensor(tensor, "tensor")
+    if _not_member(group):
+        _warn_not_in_group("isend")
+        return None
+    pg = _resolve(group)
+    peer = _group_peer(pg, dst, group_dst, "dst")
+    return _p2p_backend(pg, tensor, peer, "isend").send([tensor], peer, tag)
+
+
+def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None):
+    """Receive into ``tensor`` from rank ``src`` (any rank when both src and group_src are None)."""
+    _check_tensor(tensor, "tensor")
+    if _not_member(group):
+        _warn_not_in_group("irecv")
+        return None
+    pg = _resolve(group)
+    if src is None and group_src is None:
+        work = _tensor_backend(pg, tensor, "irecv").recv([tensor], -1, tag)
+    else:
+        peer = _group_peer(pg, src, group_src, "src")
+        work = _p2p_backend(pg, tensor, peer, "irecv").recv([tensor], peer, tag)
+    _bump_versions(tensor)
+    return work
+
+
+def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> None:
+    work = isend(tensor, dst, group, tag, group_dst)
+    if work is not None:
+        work.wait()
+
+
+def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> int:
+    """Receive into ``tensor``; returns the sender's global rank (-1 outside the group)."""
+    work = irecv(tensor, src, group, tag, group_src)
+    if work is None:
+        return -1
+    work.wait()
+    return get_global_rank(_resolve(group), work.source_rank())
+
+
+class P2POp:
+    """One point-to-point operation for ``batch_isend_irecv``: ``P2POp(dist.isend, tensor, peer)``."""
+
+    def __init__(self, op: Callable, tensor, peer: int | None = None, group=None, tag: int = 0,
+                 group_peer: int | None = None):
+        if op not in (isend, irecv):
+            raise ValueError("Invalid ``op``. Expected ``op`` to be of type ``torch.distributed.isend`` or "
+                             "``torch.distributed.irecv``.")
+        _check_tensor(tensor, "tensor")
+        self.op, self.tensor, self.peer, self.tag = op, tensor, peer, tag
+        self.group, self.group_peer = group, group_peer
+
+    def __repr__(self) -> str:
+        return f"P2POp(op={self.op.__name__}, peer={self.peer}, tensor shape={tuple(self.tensor.shape)})"
+
+
+def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
+    """Issue every operation of the list; returns their works in order."""
+    if not isinstance(p2p_op_list, list) or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise ValueError("Invalid ``p2p_op_list``. Each op is expected to to be of type "
+                         "``torch.distributed.P2POp``.")
+    groups = {id(_resolve(p.group)) for p in p2p_op_list}
+    if len(groups) > 1:
+        raise ValueError("All ops need to use the same group.")
+    works = []
+    for p in p2p_op_list:
+        if p.op is isend:
+            works.append(isend(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+        else:
+            works.append(irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+    return works
+
+
+# object collectives: pickled into uint8 tensors on the group's CPU transport (else the current CUDA device)
+
+
+def _object_device(pg: ProcessGroup):
+    if pg._has_backend("cpu"):
+        return tilewise.device("cpu")
+    return tilewise.device("cuda", tilewise.cuda.current_device())
+
+
+def _object_to_tensor(obj, device):
+    buffer = io.BytesIO()
+    pickle.Pickler(buffer).dump(obj)
+    data = tilewise.from_numpy(np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy())
+    return data.to(device), tilewise.tensor([data.numel()], dtype=tilewise.int64).to(device)
+
+
+def _tensor_to_object(tensor, size: int):
+    return pickle.loads(tensor.cpu().numpy()[:size].tobytes())
+
+
+def _all_gather_sizes(size_tensor, pg: ProcessGroup) -> list[int]:
+    sizes = _flat_buffer(size_tensor, pg.size())
+    all_gather_into_tensor(sizes, size_tensor, group=pg)
+    return [int(s) for s in sizes.cpu().numpy()]
+
+
+def all_gather_object(object_list: list, obj, group=None) -> None:
+    """``object_list[i]`` = rank i's picklable ``obj``."""
+    if _not_member(group):
+        _warn_not_in_group("all_gather_object")
+        return
+    pg = _resolve(group)
+    data, size = _object_to_tensor(obj, _object_device(pg))
+    sizes = _all_gather_sizes(size, pg)
+    longest = max(sizes)
+    padded = tilewise.cat([data, _flat_buffer(data, longest - data.numel())]) if longest > data.numel() else data
+    gathered = _flat_buffer(data, longest * pg.size())
+    all_gather_into_tensor(gathered, padded, group=pg)
+    for i, n in enumerate(sizes):
+        object_list[i] = _tensor_to_object(gathered[i * longest:(i + 1) * longest], n)
+
+
+def broadcast_object_list(object_list: list, src: int | None = None, group=None, device=None,
+                          group_src: int | None = None) -> None:
+    """Replace ``object_list`` on every rank with rank ``src``'s (same length on every rank)."""
+    if _not_member(group):
+        _warn_not_in_group("broadcast_object_list")
+        return
+    pg = _resolve(group)
+    root = _group_peer(pg, src, group_src, "src")
+    device = tilewise.device(device) if device is not None else _object_device(pg)
+    sizes = tilewise.zeros(len(object_list), dtype=tilewise.int64, device=device)
+    if pg.rank() == root:
+        pieces = [_object_to_tensor(obj, device) for obj in object_list]
+        sizes = tilewise.cat([n for _, n in pieces]) if pieces else sizes
+    broadcast(sizes, group=pg, group_src=root)
+    counts = [int(s) for s in sizes.cpu().numpy()]
+    if pg.rank() == root:
+        payload = tilewise.cat([d for d, _ in pieces]) if pieces else _flat_buffer(sizes, 0)
+        payload = payload.to(tilewise.uint8)
+    else:
+        payload = tilewise.empty(sum(counts), dtype=tilewise.uint8, device=device)
+    broadcast(payload, group=pg, group_src=root)
+    if pg.rank() != root:
+        offset = 0
+        for i, n in enumerate(counts):
+            object_list[i] = _tensor_to_object(payload[offset:offset + n], n)
+            offset += n
+
+
+def gather_object(obj, object_gather_list: list | None = None, dst: int | None = None, group=None,
+                  group_dst: int | None = None) -> None:
+    """On rank ``dst``, ``object_gather_list[i]`` = rank i's ``obj``."""
+    if _not_member(group):
+        _warn_not_in_group("gather_object")
+        return
+    pg = _resolve(group)
+    root = _group_peer(pg, dst, group_dst, "dst")
+    if pg.rank() == root and (object_gather_list is None or len(object_gather_list) != pg.size()):
+        raise ValueError(f"Argument ``object_gather_list`` must be a list of world_size={pg.size()} elements on "
+                         "the destination rank")
+    data, size = _object_to_tensor(obj, _object_device(pg))
+    sizes = _all_gather_sizes(size, pg)
+    longest = max(sizes)
+    padded = tilewise.cat([data, _flat_buffer(data, longest - data.numel())]) if longest > data.numel() else data
+    outputs = [_flat_buffer(data, longest) for _ in range(pg.size())] if pg.rank() == root else None
+    gather(padded, outputs, group=pg, group_dst=root)
+    if pg.rank() == root:
+        for i, n in enumerate(sizes):
+            object_gather_list[i] = _tensor_to_object(outputs[i], n)
+
+
+def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
+                        src: int | None = None, group=None, group_src: int | None = None) -> None:
+    """``scatter_object_output_list[0]`` on rank i = ``scatter_object_input_list[i]`` of rank ``src``."""
+    if _not_member(group):
+        _warn_not_in_group("scatter_object_list")
+        return
+    if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
+        raise ValueError("Expected argument scatter_object_output_list to be a list of size at least 1.")
+    pg = _resolve(group)
+    root = _group_peer(pg, src, group_src, "src")
+    device = _object_device(pg)
+    longest = tilewise.zeros(1, dtype=tilewise.int64, device=device)
+    if pg.rank() == root:
+        pieces = [_object_to_tensor(obj, device) for obj in scatter_object_input_list]
+        longest = tilewise.tensor([max(int(n.item()) for _, n in pieces)], dtype=tilewise.int64).to(device)
+    broadcast(longest, group=pg, group_src=root)
+    width = int(longest.item())
+    mine = _flat_buffer(tilewise.empty(0, dtype=tilewise.uint8, device=device), width)
+    my_size = tilewise.zeros(1, dtype=tilewise.int64, device=device)
+    padded = sizes = None
+    if pg.rank() == root:
+        padded = [tilewise.cat([d, _flat_buffer(d, width - d.numel())]) for d, _ in pieces]
+        sizes = [n for _, n in pieces]
+    scatter(mine, padded, group=pg, group_src=root)
+    scatter(my_size, sizes, group=pg, group_src=root)
+    scatter_object_output_list[0] = _tensor_to_object(mine, int(my_size.item()))
