@@ -23,7 +23,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(fn, rank: int, world_size: int, port: int, results, args) -> None:
+def _rank_main(fn, rank: int, world_size: int, port: int, results, args, backend: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     import datetime
@@ -31,7 +31,11 @@ def _rank_main(fn, rank: int, world_size: int, port: int, results, args) -> None
     import tilewise.distributed as dist
 
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+        if "nccl" in backend:
+            import tilewise
+
+            tilewise.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=30))
         results.put((rank, True, fn(rank, world_size, *args)))
     except BaseException:  # noqa: BLE001 — the parent reports it
@@ -41,12 +45,13 @@ def _rank_main(fn, rank: int, world_size: int, port: int, results, args) -> None
             dist.destroy_process_group()
 
 
-def run_on_ranks(fn, world_size: int = 2, *args, timeout: float = 60) -> list:
-    """What ``fn(rank, world_size, *args)`` returned on each rank, in rank order (results must pickle)."""
+def run_on_ranks(fn, world_size: int = 2, *args, timeout: float = 60, backend: str = "gloo") -> list:
+    """What ``fn(rank, world_size, *args)`` returned on each rank, in rank order (results must pickle). With a
+    backend that names nccl, rank ``r`` uses GPU ``r``."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, results, args), daemon=True)
+    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, results, args, backend), daemon=True)
              for rank in range(world_size)]
     for p in procs:
         p.start()

@@ -24,7 +24,8 @@ FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def _step(model, opt, rows=slice(None)) -> None:
-    x, y = batch(0)
+    device = next(model.parameters()).device
+    x, y = (t.to(device) for t in batch(0))
     opt.zero_grad()
     (model(x[rows]) - y[rows]).square().mean().backward()
     opt.step()
@@ -32,14 +33,14 @@ def _step(model, opt, rows=slice(None)) -> None:
 
 def _numpy(state):
     if isinstance(state, tw.Tensor):
-        return state.detach().numpy()
+        return state.detach().cpu().numpy()
     if isinstance(state, dict):
         return {k: _numpy(v) for k, v in state.items()}
     return state
 
 
-def _save_on_two(rank, world_size, directory):
-    model = shard(stack())
+def _save_on_two(rank, world_size, directory, device="cpu"):
+    model = shard(stack().to(device))
     opt = tw.optim.AdamW(model.parameters(), lr=1e-2)
     _step(model, opt, slice(rank * 4, rank * 4 + 4))
     dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
@@ -58,7 +59,17 @@ def _fresh_single():
 
 def test_saved_on_two_ranks_loads_on_one(tmp_path):
     directory = tmp_path / "ckpt"
-    results = run_on_ranks(_save_on_two, 2, str(directory))
+    _check_loads_on_one(tmp_path, directory, run_on_ranks(_save_on_two, 2, str(directory)))
+
+
+@pytest.mark.cuda
+def test_saved_on_two_gpus_loads_on_one_cpu_process(tmp_path):
+    directory = tmp_path / "ckpt"
+    results = run_on_ranks(_save_on_two, 2, str(directory), "cuda", backend="cpu:gloo,cuda:nccl")
+    _check_loads_on_one(tmp_path, directory, results)
+
+
+def _check_loads_on_one(tmp_path, directory, results):
     full_model, full_optim = results[0]["full_model"], results[0]["full_optim"]
     assert results[1]["full_model"] == {} and results[1]["full_optim"] == {}
     index = json.loads((directory / "metadata.json").read_text())

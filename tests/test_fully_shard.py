@@ -23,15 +23,15 @@ def _state_numel(opt) -> int:
     return sum(v.numel() for s in opt.state.values() for v in s.values() if isinstance(v, tw.Tensor) and v.dim())
 
 
-def _train_sharded(rank, world_size, steps):
-    reference = stack()
+def _train_sharded(rank, world_size, steps, device="cpu"):
+    reference = stack().to(device)
     model = shard(copy.deepcopy(reference))
     opt = tw.optim.AdamW(model.parameters(), lr=1e-2)
     ref_opt = tw.optim.AdamW(reference.parameters(), lr=1e-2)
     rows = slice(rank * 4, rank * 4 + 4)
     freed_between = []
     for step in range(steps):
-        x, y = batch(step)
+        x, y = (t.to(device) for t in batch(step))
         ref_opt.zero_grad()
         _loss(reference, x, y).backward()
         ref_opt.step()
@@ -43,8 +43,8 @@ def _train_sharded(rank, world_size, steps):
         leaves = [p.unsharded.numel() for s in model._fsdp_state.states for p in s.group.params]
         freed_between.append((gathered, root_gathered, leaves))
         opt.step()
-    full = {name: p.full_tensor().numpy() for name, p in model.named_parameters()}
-    return dict(full=full, reference={n: p.detach().numpy() for n, p in reference.named_parameters()},
+    full = {name: p.full_tensor().cpu().numpy() for name, p in model.named_parameters()}
+    return dict(full=full, reference={n: p.detach().cpu().numpy() for n, p in reference.named_parameters()},
                 freed=freed_between, shard_shapes={n: tuple(p.shape) for n, p in model.named_parameters()},
                 mine=_numel(model.parameters()) + _state_numel(opt),
                 unsharded=_numel(reference.parameters()) + _state_numel(ref_opt),
@@ -57,8 +57,21 @@ def trained():
     return run_on_ranks(_train_sharded, 2, 3)
 
 
-def test_training_equals_single_process_on_the_fullbatch(trained):
-    for result in trained:
+def test_training_equals_single_process_on_the_full_batch(trained):
+    _check_equal_training(trained)
+
+
+@pytest.mark.cuda
+def test_training_on_two_gpus_over_nccl_equals_single_gpu_training():
+    results = run_on_ranks(_train_sharded, 2, 3, "cuda", backend="cpu:gloo,cuda:nccl")
+    _check_equal_training(results)
+    for result in results:
+        for gathered, root_gathered, leaves in result["freed"]:
+            assert gathered == [False, False, False] and root_gathered and all(n == 0 for n in leaves)
+
+
+def _check_equal_training(results):
+    for result in results:
         assert sorted(result["full"]) == sorted(result["reference"])
         for name, want in result["reference"].items():
             np.testing.assert_allclose(result["full"][name], want, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -16,23 +16,23 @@ OPTIMIZERS = {
 }
 
 
-def _model() -> tw.nn.Module:
+def _model(device="cpu") -> tw.nn.Module:
     tw.manual_seed(0)
     return tw.nn.Sequential(tw.nn.Linear(6, 16), tw.nn.Tanh(), tw.nn.Linear(16, 8), tw.nn.LayerNorm(8),
-                            tw.nn.Linear(8, 3))
+                            tw.nn.Linear(8, 3)).to(device)
 
 
 def _train(model, opt, steps: int) -> None:
     for step in range(steps):
         tw.manual_seed(100 + step)  # the same batch on every rank: the gradients agree without DDP
-        x = tw.randn(5, 6)
+        x = tw.randn(5, 6).to(next(model.parameters()).device)
         opt.zero_grad()
         model(x).square().mean().backward()
         opt.step()
 
 
 def _numpy_state(state: dict) -> dict:
-    return {k: {name: v.numpy() if isinstance(v, tw.Tensor) else v for name, v in s.items()}
+    return {k: {name: v.cpu().numpy() if isinstance(v, tw.Tensor) else v for name, v in s.items()}
             for k, s in state.items()}
 
 
@@ -42,9 +42,9 @@ def _every_configuration(rank, world_size, steps):
             for name in OPTIMIZERS for bucket_view in (False, True)}
 
 
-def _sharded_against_plain(rank, name, steps, bucket_view):
+def _sharded_against_plain(rank, name, steps, bucket_view, device="cpu"):
     cls, kwargs = OPTIMIZERS[name]
-    model = _model()
+    model = _model(device)
     reference = copy.deepcopy(model)
     opt = ZeroRedundancyOptimizer(model.parameters(), cls, parameters_as_bucket_view=bucket_view, **kwargs)
     plain = cls(reference.parameters(), **kwargs)
@@ -54,8 +54,8 @@ def _sharded_against_plain(rank, name, steps, bucket_view):
     owned = sorted(index[id(p)] for p in opt.optim.state)
     opt.consolidate_state_dict(to=0)
     consolidated = _numpy_state(opt.state_dict()["state"]) if rank == 0 else None
-    return dict(params=[p.detach().numpy() for p in model.parameters()],
-                reference=[p.detach().numpy() for p in reference.parameters()],
+    return dict(params=[p.detach().cpu().numpy() for p in model.parameters()],
+                reference=[p.detach().cpu().numpy() for p in reference.parameters()],
                 owned=owned, consolidated=consolidated, plain_state=_numpy_state(plain.state_dict()["state"]),
                 groups=opt.state_dict()["param_groups"] if rank == 0 else None,
                 plain_groups=plain.state_dict()["param_groups"])
@@ -69,7 +69,19 @@ def two_rank_runs():
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("bucket_view", [False, True])
 def test_steps_equal_the_unsharded_optimizer(two_rank_runs, name, bucket_view):
-    results = [runs[name, bucket_view] for runs in two_rank_runs]
+    _check_against_plain([runs[name, bucket_view] for runs in two_rank_runs])
+
+
+def _on_gpu(rank, world_size):
+    return _sharded_against_plain(rank, "adamw", 3, False, "cuda")
+
+
+@pytest.mark.cuda
+def test_steps_on_two_gpus_over_nccl_equal_the_unsharded_optimizer():
+    _check_against_plain(run_on_ranks(_on_gpu, 2, backend="cpu:gloo,cuda:nccl"))
+
+
+def _check_against_plain(results):
     for result in results:
         for got, want in zip(result["params"], result["reference"]):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
