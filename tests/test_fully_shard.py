@@ -101,6 +101,54 @@ def test_parameters_and_optimizer_state_are_about_half(trained):
         assert abs(result["mine"] - total / 2) <= 0.06 * total, (result["mine"], total)
 
 
+def _collective_order(rank, world_size):
+    """The all-gathers (by the block whose parameters they carry) and block runs, in the order they happen,
+    in the second iteration (the first learns the order)."""
+    import tilewise.distributed as dist
+
+    model = shard(stack())
+    owner = {}
+    for k, block in enumerate(model.blocks):
+        for p in block.parameters():
+            owner[id(p._fsdp_shard)] = f"block{k}"
+    events = []
+    all_gather = dist.all_gather_into_tensor
+
+    def logged_all_gather(output, input, group=None, async_op=False):  # noqa: A002 — torch's name
+        events.append(("gather", async_op))
+        return all_gather(output, input, group=group, async_op=async_op)
+
+    def gathering(param_group):
+        start = param_group.unshard
+
+        def unshard(async_op=False):
+            if not param_group.unsharded and not param_group.gathering:
+                events.append(("issue", param_group.name, async_op))
+            return start(async_op)
+        return unshard
+
+    for k, block in enumerate(model.blocks):
+        block._fsdp_state.group.name = f"block{k}"
+        block._fsdp_state.group.unshard = gathering(block._fsdp_state.group)
+        block.fc1.register_forward_pre_hook(lambda m, a, k=k: events.append(("run", f"block{k}")))
+        block.fc1.register_full_backward_hook(lambda m, gi, go, k=k: events.append(("backward", f"block{k}")))
+    dist.all_gather_into_tensor = logged_all_gather
+    for step in range(2):
+        events.clear()
+        x, y = batch(step)
+        _loss(model, x[rank * 4:rank * 4 + 4], y[rank * 4:rank * 4 + 4]).backward()
+    return [e for e in events if e[0] != "gather"], sum(1 for e in events if e == ("gather", True))
+
+
+def test_the_next_blocks_all_gather_is_issued_before_the_current_block_runs():
+    events, async_gathers = run_on_ranks(_collective_order, 2)[0]
+    assert events == [("issue", "block0", True), ("issue", "block1", True), ("run", "block0"),
+                      ("issue", "block2", True), ("run", "block1"), ("run", "block2"),
+                      ("issue", "block2", True), ("issue", "block1", True), ("backward", "block2"),
+                      ("issue", "block0", True), ("backward", "block1"), ("backward", "block0")]
+    assert async_gathers > 0
+
+
 def _refusals(rank, world_size):
     errors = {}
     shared = Stack(depth=2)

@@ -70,8 +70,8 @@ class FSDPState:
         self.root: FSDPState | None = None  # set at the first forward; ``self`` for the root
         # the root's iteration
         self.states: list[FSDPState] = []
-        self.forward_order: list[FSDPState] = []
-        self.order_known = False
+        self.forward_order: list[FSDPState] = []  # this iteration's, so far
+        self.learned_order: list[FSDPState] = []  # the last complete iteration's: whom a forward prefetches
         self.saved_hooks: saved_tensors_hooks | None = None
         self.backward_queued = False
 
@@ -92,7 +92,7 @@ class FSDPState:
         if self.saved_hooks is not None:  # a forward that raised left them on
             self.saved_hooks.__exit__(None, None, None)
         if self.forward_order:
-            self.order_known = True
+            self.learned_order = self.forward_order
         self.forward_order = []
         self.saved_hooks = saved_tensors_hooks(pack_saved, unpack_saved)
         self.saved_hooks.__enter__()
@@ -102,12 +102,18 @@ class FSDPState:
             self.saved_hooks.__exit__(None, None, None)
             self.saved_hooks = None
 
-    def _neighbour(self, state: FSDPState, step: int) -> FSDPState | None:
-        """The state that runs ``step`` places after ``state`` in the forward order (negative: before)."""
-        if not self.order_known or state not in self.forward_order:
+    @staticmethod
+    def _neighbour(order: list[FSDPState], state: FSDPState, step: int) -> FSDPState | None:
+        """The state ``step`` places after ``state`` in a forward order (negative: before)."""
+        if state not in order:
             return None
-        k = self.forward_order.index(state) + step
-        return self.forward_order[k] if 0 <= k < len(self.forward_order) else None
+        k = order.index(state) + step
+        return order[k] if 0 <= k < len(order) else None
+
+    def _next_in_backward(self, state: FSDPState) -> FSDPState | None:
+        """Whose backward follows ``state``'s: the reverse of this iteration's forward order, the root first."""
+        order = [self] + [s for s in reversed(self.forward_order) if s is not self]
+        return self._neighbour(order, state, 1)
 
     def finish_backward(self) -> None:
         """End of the backward: groups whose post-backward did not run (unused parameters) run it now, and every
@@ -142,7 +148,7 @@ class FSDPState:
             root.forward_order.append(self)
         if self.group is not None:
             self.group.unshard()
-            following = root._neighbour(self, 1)
+            following = root._neighbour(root.learned_order, self, 1)
             if following is not None and following.group is not None:
                 following.group.unshard(async_op=True)
             self.group.use_unsharded()
@@ -176,9 +182,9 @@ class FSDPState:
             ExecutionEngine().queue_callback(root.finish_backward)
         if self.group is not None:
             self.group.pre_backward()
-            previous = root._neighbour(self, -1)
-            if previous is not None and previous.group is not None and previous is not root:
-                previous.group.unshard(async_op=True)
+        following = root._next_in_backward(self)
+        if following is not None and following.group is not None:
+            following.group.unshard(async_op=True)
 
 
 class UnshardHandle:
