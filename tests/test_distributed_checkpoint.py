@@ -109,12 +109,27 @@ def _load_on_two(rank, world_size, directory):
                 lr=opt.param_groups[0]["lr"], full_model=full_model)
 
 
-def test_saved_on_one_process_loads_on_two_ranks(tmp_path):
+def _both_loads_on_two(rank, world_size, directory, full_path):
+    return dict(checkpoint=_load_on_two(rank, world_size, directory),
+                full=_set_full_on_two(rank, world_size, full_path))
+
+
+@pytest.fixture(scope="module")
+def loaded_on_two(tmp_path_factory):
+    """A model trained one step in this process, saved as a checkpoint and as a full state with tilewise.save;
+    both loaded by two fully_shard ranks (one spawn)."""
+    directory = tmp_path_factory.mktemp("one_process")
     model = stack()
     opt = tw.optim.AdamW(model.parameters(), lr=1e-2)
     _step(model, opt)
-    dcp.save({"model": model.state_dict(), "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=tmp_path)
-    results = run_on_ranks(_load_on_two, 2, str(tmp_path))
+    dcp.save({"model": model.state_dict(), "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=directory)
+    tw.save(model.state_dict(), directory / "full.safetensors")
+    return model, opt, run_on_ranks(_both_loads_on_two, 2, str(directory), str(directory / "full.safetensors"))
+
+
+def test_saved_on_one_process_loads_on_two_ranks(loaded_on_two):
+    model, opt, runs = loaded_on_two
+    results = [r["checkpoint"] for r in runs]
     for result in results:
         assert result["lr"] == 1e-2
         for name, p in model.named_parameters():
@@ -127,11 +142,9 @@ def test_saved_on_one_process_loads_on_two_ranks(tmp_path):
     assert sum(r["shards"]["blocks.0.fc1.weight"][1].shape[0] for r in results) == 22
 
 
-def test_full_state_dict_loads_into_a_sharded_model_through_set_model_state_dict(tmp_path):
-    model = stack()
-    tw.save(model.state_dict(), tmp_path / "full.safetensors")
-    results = run_on_ranks(_set_full_on_two, 2, str(tmp_path / "full.safetensors"))
-    for result in results:
+def test_full_state_dict_loads_into_a_sharded_model_through_set_model_state_dict(loaded_on_two):
+    model, _, runs = loaded_on_two
+    for result in (r["full"] for r in runs):
         for name, p in model.named_parameters():
             start, rows = result[name]
             np.testing.assert_array_equal(rows, p.detach().numpy()[start:start + rows.shape[0]])

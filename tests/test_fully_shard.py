@@ -107,10 +107,6 @@ def _collective_order(rank, world_size):
     import tilewise.distributed as dist
 
     model = shard(stack())
-    owner = {}
-    for k, block in enumerate(model.blocks):
-        for p in block.parameters():
-            owner[id(p._fsdp_shard)] = f"block{k}"
     events = []
     all_gather = dist.all_gather_into_tensor
 
@@ -133,15 +129,29 @@ def _collective_order(rank, world_size):
         block.fc1.register_forward_pre_hook(lambda m, a, k=k: events.append(("run", f"block{k}")))
         block.fc1.register_full_backward_hook(lambda m, gi, go, k=k: events.append(("backward", f"block{k}")))
     dist.all_gather_into_tensor = logged_all_gather
-    for step in range(2):
-        events.clear()
-        x, y = batch(step)
-        _loss(model, x[rank * 4:rank * 4 + 4], y[rank * 4:rank * 4 + 4]).backward()
+    try:
+        for step in range(2):
+            events.clear()
+            x, y = batch(step)
+            _loss(model, x[rank * 4:rank * 4 + 4], y[rank * 4:rank * 4 + 4]).backward()
+    finally:
+        dist.all_gather_into_tensor = all_gather
     return [e for e in events if e[0] != "gather"], sum(1 for e in events if e == ("gather", True))
 
 
-def test_the_next_blocks_all_gather_is_issued_before_the_current_block_runs():
-    events, async_gathers = run_on_ranks(_collective_order, 2)[0]
+def _more_checks(rank, world_size):
+    """One spawn for the smaller checks (starting ranks costs more than running them)."""
+    return dict(order=_collective_order(rank, world_size), refusals=_refusals(rank, world_size),
+                mixed=_mixed_precision(rank, world_size))
+
+
+@pytest.fixture(scope="module")
+def checks():
+    return run_on_ranks(_more_checks, 2)
+
+
+def test_the_next_blocks_all_gather_is_issued_before_the_current_block_runs(checks):
+    events, async_gathers = checks[0]["order"]
     assert events == [("issue", "block0", True), ("issue", "block1", True), ("run", "block0"),
                       ("issue", "block2", True), ("run", "block1"), ("run", "block2"),
                       ("issue", "block2", True), ("issue", "block1", True), ("backward", "block2"),
@@ -180,8 +190,8 @@ def _refusals(rank, world_size):
     return errors
 
 
-def test_unsupported_uses_are_refused_clearly():
-    errors = run_on_ranks(_refusals, 2)[0]
+def test_unsupported_uses_are_refused_clearly(checks):
+    errors = checks[0]["refusals"]
     assert "parameter 'fc1.weight'" in errors["shared"] and "shared" in errors["shared"]
     assert "bottom-up" in errors["top_down"]
     assert "already sharded" in errors["twice"]
@@ -204,8 +214,8 @@ def _mixed_precision(rank, world_size):
                 low={n: p.grad.float().numpy() for n, p in low.named_parameters()})
 
 
-def test_mixed_precision_gathers_in_param_dtype_and_keeps_float32_shards():
-    results = run_on_ranks(_mixed_precision, 2)
+def test_mixed_precision_gathers_in_param_dtype_and_keeps_float32_shards(checks):
+    results = [c["mixed"] for c in checks]
     for rank, result in enumerate(results):
         assert result["out_dtype"] == str(tw.bfloat16)
         assert result["param_dtypes"] == {str(tw.float32)} and result["grad_dtypes"] == {str(tw.float32)}
