@@ -139,10 +139,49 @@ def _collective_order(rank, world_size):
     return [e for e in events if e[0] != "gather"], sum(1 for e in events if e == ("gather", True))
 
 
+class SkipsBlocks(Stack):
+    def forward(self, x):
+        return self.head(self.norm(self.embed(x)))
+
+
+def _accumulated_without_sync(rank, world_size):
+    """Two micro-batches, the first without gradient sync, against one backward of both losses; and a block
+    whose output is not used, whose parameters keep no gradient."""
+    x, y = batch(0)
+    rows = [slice(rank * 4, rank * 4 + 2), slice(rank * 4 + 2, rank * 4 + 4)]
+    accumulated = shard(stack())
+    accumulated.set_requires_gradient_sync(False)
+    _loss(accumulated, x[rows[0]], y[rows[0]]).backward()
+    synced_early = [p.grad is not None for p in accumulated.parameters()]
+    accumulated.set_requires_gradient_sync(True)
+    _loss(accumulated, x[rows[1]], y[rows[1]]).backward()
+    at_once = shard(stack())
+    (_loss(at_once, x[rows[0]], y[rows[0]]) + _loss(at_once, x[rows[1]], y[rows[1]])).backward()
+    unused = shard(SkipsBlocks())
+    unused(x[rows[0]]).sum().backward()
+    return dict(synced_early=any(synced_early),
+                accumulated=[p.grad.numpy() for p in accumulated.parameters()],
+                at_once=[p.grad.numpy() for p in at_once.parameters()],
+                unused_grads={n: p.grad is not None for n, p in unused.named_parameters()})
+
+
 def _more_checks(rank, world_size):
     """One spawn for the smaller checks (starting ranks costs more than running them)."""
     return dict(order=_collective_order(rank, world_size), refusals=_refusals(rank, world_size),
-                mixed=_mixed_precision(rank, world_size))
+                mixed=_mixed_precision(rank, world_size), no_sync=_accumulated_without_sync(rank, world_size))
+
+
+def test_gradients_accumulate_without_sync_then_reduce_once(checks):
+    for result in (c["no_sync"] for c in checks):
+        assert not result["synced_early"]
+        for got, want in zip(result["accumulated"], result["at_once"]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_parameters_without_a_gradient_keep_none(checks):
+    grads = checks[0]["no_sync"]["unused_grads"]
+    assert grads["embed.weight"] and grads["norm.weight"] and grads["head.bias"]
+    assert not any(grads[n] for n in grads if n.startswith("blocks."))
 
 
 @pytest.fixture(scope="module")

@@ -204,14 +204,15 @@ class FSDPParam:
             self.group.grad_accumulated(self)
 
     def reduce_scatter_grad(self) -> None:
-        """Reduce-scatter the leaf's gradient (zeros where this rank has none, so all ranks run the same
-        collectives) and add this rank's rows, averaged over the ranks, to the shard's ``.grad``."""
+        """Reduce-scatter the leaf's gradient and add this rank's rows, averaged over the ranks, to the shard's
+        ``.grad``. A parameter backward gave no gradient keeps none (as without sharding); like torch's FSDP,
+        this relies on every rank running the same graph, so that all of them skip it."""
         spec = self.spec
         with no_grad():
             grad = self.unsharded.grad
-            self.unsharded.grad = None
             if grad is None:
-                grad = zeros(spec.full_shape, dtype=self.reduce_dtype, device=self.device)
+                return
+            self.unsharded.grad = None
             padded = padded_rows(grad.to(self.reduce_dtype), spec.rows_per_rank * spec.world_size)
             out = empty((spec.rows_per_rank, *spec.full_shape[1:]), dtype=self.reduce_dtype, device=self.device)
             dist = _dist()
