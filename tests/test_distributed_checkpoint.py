@@ -167,3 +167,14 @@ def test_load_errors_name_the_key(tmp_path):
         dcp.load({"w": tw.zeros(2, 3)}, checkpoint_id=tmp_path / "nowhere")
     with pytest.raises(ValueError, match="checkpoint_id"):
         dcp.save({"w": tw.ones(1)})
+
+
+@pytest.mark.parametrize("module", ["tilewise.distributed.checkpoint.api", "tilewise.distributed.fsdp.api",
+                                    "tilewise.distributed.fsdp.fully_shard",
+                                    "tilewise.distributed.optim.zero_redundancy_optimizer"])
+def test_module_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
