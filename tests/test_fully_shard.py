@@ -97,8 +97,11 @@ def test_parameters_and_optimizer_state_are_about_half(trained):
     """The memory point of sharding: each rank keeps about half of the parameters and of AdamW's moments."""
     total = trained[0]["unsharded"]
     assert trained[0]["mine"] + trained[1]["mine"] == total
+    one_row_each = sum(w.size // w.shape[0] for w in trained[0]["reference"].values())
+    padding = 3 * one_row_each  # a rank holds at most one row more than half, of the parameter and both moments
     for result in trained:
-        assert abs(result["mine"] - total / 2) <= 0.06 * total, (result["mine"], total)
+        assert abs(result["mine"] - total / 2) <= padding / 2, (result["mine"], total, padding)
+        assert result["mine"] < 0.55 * total
 
 
 def _collective_order(rank, world_size):
