@@ -9,6 +9,7 @@ from shard_models import Stack, batch, shard, stack
 
 import tilewise as tw
 from tilewise.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from tilewise.utils.checkpoint import checkpoint
 
 
 def _loss(model, x, y):
@@ -142,6 +143,27 @@ def _collective_order(rank, world_size):
     return [e for e in events if e[0] != "gather"], sum(1 for e in events if e == ("gather", True))
 
 
+class CheckpointsBlocks(Stack):
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False)
+        return self.head(self.norm(x))
+
+
+def _with_activation_checkpointing(rank, world_size):
+    x, y = batch(0)
+    rows = slice(rank * 4, rank * 4 + 4)
+    grads = []
+    for cls in (Stack, CheckpointsBlocks):
+        tw.manual_seed(0)
+        model = shard(cls())
+        for _ in range(2):  # the second iteration prefetches
+            _loss(model, x[rows], y[rows]).backward()
+        grads.append([p.grad.numpy() for p in model.parameters()])
+    return grads
+
+
 class SkipsBlocks(Stack):
     def forward(self, x):
         return self.head(self.norm(self.embed(x)))
@@ -171,7 +193,14 @@ def _accumulated_without_sync(rank, world_size):
 def _more_checks(rank, world_size):
     """One spawn for the smaller checks (starting ranks costs more than running them)."""
     return dict(order=_collective_order(rank, world_size), refusals=_refusals(rank, world_size),
-                mixed=_mixed_precision(rank, world_size), no_sync=_accumulated_without_sync(rank, world_size))
+                mixed=_mixed_precision(rank, world_size), no_sync=_accumulated_without_sync(rank, world_size),
+                checkpointed=_with_activation_checkpointing(rank, world_size))
+
+
+def test_activation_checkpointed_blocks_give_the_same_gradients(checks):
+    for plain, checkpointed in (c["checkpointed"] for c in checks):
+        for got, want in zip(checkpointed, plain):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
 def test_gradients_accumulate_without_sync_then_reduce_once(checks):

@@ -149,7 +149,7 @@ class FSDPState:
         if self.group is not None:
             self.group.unshard()
             following = root._neighbour(root.learned_order, self, 1)
-            if following is not None and following.group is not None:
+            if following is not None and following.group is not None and not root.backward_queued:
                 following.group.unshard(async_op=True)
             self.group.use_unsharded()
         if self.mp_policy.param_dtype is not None and self.mp_policy.cast_forward_inputs:
@@ -160,7 +160,8 @@ class FSDPState:
     def post_forward(self, module, args: tuple, output):
         if self.group is not None:
             self.group.use_sharded()
-            if self.group.reshard_after_forward:
+            # a forward run again inside backward (activation checkpointing) keeps its parameters for its backward
+            if self.group.reshard_after_forward and not self.root.backward_queued:
                 self.group.reshard()
         if self.root is self:
             self._root_post_forward()
