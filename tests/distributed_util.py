@@ -5,7 +5,7 @@ tests do), each with RANK, WORLD_SIZE, MASTER_ADDR and a free MASTER_PORT set, c
 *args)`` in each and returns the list of their return values in rank order. ``fn`` must be a module-level
 function (spawn pickles it by name) and return something picklable (numpy arrays, not tensors). A rank that
 raises fails the call with its traceback; a job that outlives ``timeout`` seconds is killed and fails the call,
-so a test never hangs.
+so a test never hangs. A rank that exits with status 0 without returning (``os._exit(0)``) returns None.
 """
 
 from __future__ import annotations
@@ -51,6 +51,11 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 45.0) -> list:
             try:
                 rank, ok, value = results.get(timeout=min(left, 0.5))
             except queue.Empty:
+                silent = [r for r in range(world_size) if r not in outcomes]
+                if all(processes[r].exitcode is not None for r in silent):  # gone without reporting
+                    for r in silent:
+                        code = processes[r].exitcode
+                        outcomes[r] = (code == 0, None if code == 0 else f"exited with code {code}")
                 continue
             outcomes[rank] = (ok, value)
     finally:

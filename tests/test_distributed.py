@@ -127,3 +127,180 @@ def test_async_work_and_future(two_ranks):
         for i, value in enumerate(result["async"]):
             np.testing.assert_array_equal(value, np.full(5, float(2 * i + 1), dtype=np.float32))
         np.testing.assert_array_equal(result["future_then"], np.full(2, 20.0, dtype=np.float32))
+
+
+def composed_job(rank: int, world: int) -> dict:
+    import tilewise as tw
+    import tilewise.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    out = {}
+    mine = _tw(rank_input(rank, 6, "float32")).reshape(2, 3)
+    gathered = [tw.empty(2, 3) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    out["all_gather"] = [g.numpy().copy() for g in gathered]
+    t = _tw(rank_input(rank, 5, "int64"))
+    dist.reduce(t, dst=1, op=dist.ReduceOp.MAX)
+    out["reduce"] = t.numpy().copy()
+    gather_list = [tw.empty(2, 3) for _ in range(world)] if rank == 2 else None
+    dist.gather(mine, gather_list, dst=2)
+    out["gather"] = [g.numpy().copy() for g in gather_list] if gather_list else None
+    received = tw.empty(4, dtype=tw.int32)
+    sources = [_tw(rank_input(r, 4, "int32")) for r in range(world)] if rank == 0 else None
+    dist.scatter(received, sources, src=0)
+    out["scatter"] = received.numpy().copy()
+    reduced = tw.empty(3, dtype=tw.float64)
+    dist.reduce_scatter(reduced, [_tw(rank_input(rank + i, 3, "float64")) for i in range(world)])
+    out["reduce_scatter"] = reduced.numpy().copy()
+    outputs = [tw.empty(rank + 1, dtype=tw.int16) for _ in range(world)]  # every rank sends rank j j+1 values
+    dist.all_to_all(outputs, [_tw(rank_input(rank, j + 1, "int16")) for j in range(world)])
+    out["all_to_all"] = [o.numpy().copy() for o in outputs]
+    splits_in = [(rank + j) % 3 for j in range(world)]
+    splits_out = [(j + rank) % 3 for j in range(world)]
+    single = tw.empty(sum(splits_out), 2)
+    dist.all_to_all_single(single, _tw(rank_input(rank, 2 * sum(splits_in), "float32")).reshape(-1, 2),
+                           splits_out, splits_in)
+    out["all_to_all_single"] = single.numpy().copy()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    recv_later, recv_first = tw.empty(3), tw.empty(3)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, recv_later, left, tag=7),
+                                    dist.P2POp(dist.irecv, recv_first, left, tag=3),
+                                    dist.P2POp(dist.isend, tw.full((3,), float(rank)), right, tag=3),
+                                    dist.P2POp(dist.isend, tw.full((3,), 10.0 + rank), right, tag=7)])
+    for work in works:
+        work.wait()
+    out["p2p"] = (recv_first.numpy().copy(), recv_later.numpy().copy())
+    if rank == 0:
+        senders = sorted(dist.recv(tw.empty(1)) for _ in range(world - 1))  # from any source
+        out["recv_any"] = senders
+    else:
+        dist.send(tw.ones(1), dst=0)
+    objects = [None] * world
+    dist.all_gather_object(objects, {"rank": rank, "payload": "x" * (rank * 100)})
+    out["all_gather_object"] = objects
+    listed = [f"from {rank}", rank, None] if rank == 1 else [None, None, None]
+    dist.broadcast_object_list(listed, src=1)
+    out["broadcast_object_list"] = listed
+    collected = [None] * world if rank == 0 else None
+    dist.gather_object((rank, "g" * rank), collected, dst=0)
+    out["gather_object"] = collected
+    scattered = [None]
+    dist.scatter_object_list(scattered, [{"to": r} for r in range(world)] if rank == 2 else None, src=2)
+    out["scatter_object_list"] = scattered[0]
+    pair = dist.new_group([2, 0])
+    out["pair_rank"] = dist.get_rank(pair), dist.get_world_size(pair)
+    if pair != dist.GroupMember.NON_GROUP_MEMBER:
+        t = tw.full((2,), float(rank + 1))
+        dist.all_reduce(t, group=pair)
+        out["pair_sum"] = t.numpy().copy()
+        out["pair_ranks"] = dist.get_process_group_ranks(pair)
+        t = tw.zeros(2)
+        dist.broadcast(t if rank == 0 else tw.full((2,), 9.0), src=2, group=pair)
+        dist.barrier(group=pair)
+    else:
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out["non_member_all_reduce"] = dist.all_reduce(tw.ones(2), group=pair)
+        out["non_member_warning"] = str(caught[0].message)
+        out["non_member_is"] = pair
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=20), wait_all_ranks=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.fixture(scope="module")
+def three_ranks() -> list[dict]:
+    return run_ranks(composed_job, 3)
+
+
+def test_all_gather_reduce_gather_scatter(three_ranks):
+    inputs = [rank_input(r, 6, "float32").reshape(2, 3) for r in range(3)]
+    for rank, result in enumerate(three_ranks):
+        for got, expected in zip(result["all_gather"], inputs):
+            np.testing.assert_array_equal(got, expected)
+        expected_reduce = _reduce([rank_input(r, 5, "int64") for r in range(3)], "MAX") if rank == 1 else \
+            rank_input(rank, 5, "int64")
+        np.testing.assert_array_equal(result["reduce"], expected_reduce)
+        np.testing.assert_array_equal(result["scatter"], rank_input(rank, 4, "int32"))
+        reduced = sum(rank_input(r + rank, 3, "float64") for r in range(3))
+        np.testing.assert_array_equal(result["reduce_scatter"], reduced)
+    assert three_ranks[0]["gather"] is None and three_ranks[1]["gather"] is None
+    for got, expected in zip(three_ranks[2]["gather"], inputs):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_all_to_all(three_ranks):
+    for rank, result in enumerate(three_ranks):
+        for source, got in enumerate(result["all_to_all"]):
+            np.testing.assert_array_equal(got, rank_input(source, rank + 1, "int16"))
+        pieces = []
+        for source in range(3):
+            splits = [(source + j) % 3 for j in range(3)]
+            rows = rank_input(source, 2 * sum(splits), "float32").reshape(-1, 2)
+            pieces.append(rows[sum(splits[:rank]):sum(splits[:rank + 1])])
+        np.testing.assert_array_equal(result["all_to_all_single"], np.concatenate(pieces))
+
+
+def test_point_to_point_matches_tags_and_any_source(three_ranks):
+    for rank, result in enumerate(three_ranks):
+        left = (rank - 1) % 3
+        np.testing.assert_array_equal(result["p2p"][0], np.full(3, float(left), dtype=np.float32))
+        np.testing.assert_array_equal(result["p2p"][1], np.full(3, 10.0 + left, dtype=np.float32))
+    assert three_ranks[0]["recv_any"] == [1, 2]
+
+
+def test_object_collectives(three_ranks):
+    for rank, result in enumerate(three_ranks):
+        assert result["all_gather_object"] == [{"rank": r, "payload": "x" * (r * 100)} for r in range(3)]
+        assert result["broadcast_object_list"] == ["from 1", 1, None]
+        assert result["scatter_object_list"] == {"to": rank}
+    assert three_ranks[0]["gather_object"] == [(r, "g" * r) for r in range(3)]
+    assert three_ranks[1]["gather_object"] is None
+
+
+def test_new_group_subset_and_non_members(three_ranks):
+    for rank in (0, 2):
+        assert three_ranks[rank]["pair_rank"] == ((0, 2) if rank == 0 else (1, 2))
+        np.testing.assert_array_equal(three_ranks[rank]["pair_sum"], np.full(2, 4.0, dtype=np.float32))
+        assert three_ranks[rank]["pair_ranks"] == [0, 2]
+    outsider = three_ranks[1]
+    assert outsider["pair_rank"] == (-1, -1) and outsider["non_member_all_reduce"] is None
+    assert outsider["non_member_is"] == -100
+    assert "does not belong to the given group" in outsider["non_member_warning"]
+
+
+def failing_peer_job(rank: int, world: int) -> list[str] | None:
+    """Rank 1 stalls past the timeout, then dies; rank 0 sees a timeout, then a closed connection."""
+    import os
+    import time
+
+    import tilewise as tw
+    import tilewise.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=2))
+    dist.all_reduce(tw.ones(1))
+    if rank == 1:
+        time.sleep(3)
+        os._exit(0)  # gone without a word
+    messages = []
+    for _ in range(2):
+        try:
+            dist.all_reduce(tw.ones(1000))
+            messages.append("no error")
+        except RuntimeError as error:
+            messages.append(str(error))
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(milliseconds=300))
+    except RuntimeError as error:
+        messages.append(str(error))
+    return messages
+
+
+def test_a_hung_or_dead_peer_fails_the_collective_instead_of_hanging():
+    timed_out, closed, barrier = run_ranks(failing_peer_job, 2, timeout=40)[0]
+    assert "Timed out waiting 2000ms for recv operation to complete" in timed_out
+    assert "Connection closed by peer" in closed
+    assert barrier == "Rank 1 failed to pass monitoredBarrier in 300 ms"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import importlib.util
 import io
 import os
 import pickle
@@ -125,6 +126,7 @@ class ProcessGroup:
         self._store, self._rank, self._size, self._ranks = store, rank, size, list(ranks)
         self._config, self._timeout, self.group_name = config, timeout, group_name
         self.group_desc = group_name
+        self._backend_name: str | None = None  # as given to init_process_group / new_group: get_backend's answer
         self._backends: dict[str, TransportBackend] = {}
         self._lock = threading.Lock()
 
@@ -205,11 +207,7 @@ def is_gloo_available() -> bool:
 
 def is_nccl_available() -> bool:
     """True where nccl4py imports (the CUDA extra is installed), as torch reports whether it was built with NCCL."""
-    try:
-        importlib.import_module("nccl")
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("nccl") is not None  # without loading libnccl
 
 
 def is_mpi_available() -> bool:
@@ -321,6 +319,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     default_store = PrefixStore("default_pg", store)
     pg = ProcessGroup(default_store, rank, world_size, list(range(world_size)), config, timeout,
                       group_name or "0")
+    pg._backend_name = backend
     _store_based_barrier(default_store, "store_based_barrier_key:init", world_size, timeout)
     _world.default_pg = pg
     _world.groups = {pg: pg.group_name}
@@ -366,6 +365,7 @@ def new_group(ranks: list[int] | None = None, timeout: datetime.timedelta | None
     store = PrefixStore(f"{name}/", _world.store)
     pg = ProcessGroup(store, ranks.index(world.rank()), len(ranks), ranks, config, timeout, name)
     pg.group_desc = group_desc or name
+    pg._backend_name = backend if backend is not None else world._backend_name
     _store_based_barrier(store, "store_based_barrier_key", len(ranks), timeout)
     _world.groups[pg] = name
     return pg
@@ -374,6 +374,9 @@ def new_group(ranks: list[int] | None = None, timeout: datetime.timedelta | None
 def _resolve(group) -> ProcessGroup:
     if group is None or group is GroupMember.WORLD:
         return _default_pg()
+    if not isinstance(group, ProcessGroup) or group not in _world.groups:
+        raise ValueError(f"Process group {group} is not initialized in the world group map. Please initialize the "
+                         "group first.")
     return group
 
 
@@ -402,7 +405,8 @@ def get_world_size(group: ProcessGroup | None = None) -> int:
 def get_backend(group: ProcessGroup | None = None) -> str:
     if _not_member(group):
         raise ValueError("Invalid process group specified")
-    return Backend(_resolve(group).name())
+    pg = _resolve(group)
+    return Backend(pg._backend_name) if pg._backend_name else Backend.UNDEFINED
 
 
 def get_process_group_ranks(group) -> list[int]:
@@ -423,7 +427,8 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
     return pg._ranks[group_rank]
 
 
-def _group_peer(pg: ProcessGroup, global_rank: int | None, group_rank: int | None, what: str) -> int:
+def _group_peer(pg: ProcessGroup, global_rank: int | None, group_rank: int | None, what: str,
+                op_name: str = "") -> int:
     """The group rank of a ``src``/``dst`` given as a global rank or (``group_src``) as a group rank."""
     if global_rank is not None and group_rank is not None:
         raise ValueError(f"Can only specify {what} or group_{what}")
@@ -436,8 +441,14 @@ def _group_peer(pg: ProcessGroup, global_rank: int | None, group_rank: int | Non
             return 0
         raise ValueError(f"Must specify either {what} or group_{what}")
     if global_rank not in pg._ranks:
+        if pg is _world.default_pg and op_name:
+            raise RuntimeError(f"ProcessGroup{_transport_label(pg)}::{op_name}: invalid root rank: {global_rank}")
         raise ValueError(f"Global rank {global_rank} is not part of group {pg}")
     return pg._ranks.index(global_rank)
+
+
+def _transport_label(pg: ProcessGroup) -> str:
+    return "Gloo" if pg._config.get("cpu") == Backend.GLOO else "NCCL"
 
 
 # tensors
@@ -456,38 +467,64 @@ def _check_tensor_list(tensors, param: str) -> None:
 
 
 def _tensor_backend(pg: ProcessGroup, tensor, op_name: str) -> TransportBackend:
-    """The transport for ``tensor``'s device, after torch's checks on the tensor."""
-    if not tensor.is_contiguous():
-        raise ValueError(f"{op_name}: Tensors must be contiguous (got a tensor of shape {tuple(tensor.shape)} with "
-                         f"strides {tuple(tensor.stride())}); call .contiguous() first")
+    """The transport serving ``tensor``'s device (torch's error when the group has none for it)."""
     return pg._get_backend(tensor.device)
+
+
+def _staged(output) -> tuple:
+    """A contiguous tensor to receive into, and the copy back into ``output`` when that is a strided view."""
+    if output.is_contiguous():
+        return output, None
+    buffer = output.contiguous()
+    return buffer, lambda: output.copy_(buffer)
+
+
+def _with_copy_back(work: Work, copy_back, output) -> Work:
+    return work if copy_back is None else _ComposedWork([work], copy_back, [output])
+
+
+_TORCH_SCALAR_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int",
+                       "int64": "Long", "float16": "Half", "bfloat16": "BFloat16", "float32": "Float",
+                       "float64": "Double"}
+
+
+def _label(tensor) -> str:
+    return "ProcessGroupNCCL" if tensor.device.type == "cuda" else "ProcessGroupGloo"
+
+
+def _sizes(shape) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _check_same_dtype(tensors: list) -> None:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1:
+        first, other = tensors[0].dtype, next(t.dtype for t in tensors if t.dtype != tensors[0].dtype)
+        raise ValueError(f"Invalid usage of tensors with different dtypes. Found {other} and {first}")
 
 
 def _check_same_kind(op_name: str, expected, got, index: int | str) -> None:
     if got.dtype != expected.dtype or got.device != expected.device:
-        raise RuntimeError(f"ProcessGroup::{op_name}: invalid tensor type at index {index} (expected dtype="
+        raise RuntimeError(f"{_label(expected)}::{op_name}: invalid tensor type at index {index} (expected dtype="
                            f"{expected.dtype}, device={expected.device}, got dtype={got.dtype}, device={got.device})")
 
 
 def _check_same_size(op_name: str, expected_shape, got, index: int | str) -> None:
     if tuple(got.shape) != tuple(expected_shape):
-        raise RuntimeError(f"ProcessGroup::{op_name}: invalid tensor size at index {index} (expected "
-                           f"{tuple(expected_shape)}, got {tuple(got.shape)})")
+        raise RuntimeError(f"{_label(got)}::{op_name}: invalid tensor size at index {index} (expected "
+                           f"{_sizes(expected_shape)}, got {_sizes(got.shape)})")
 
 
 def _check_op(op, tensor, op_name: str) -> RedOpType:
     op = RedOpType(op)
     if op in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR) and tensor.dtype.is_floating_point:
         raise RuntimeError(f"Cannot use ReduceOp.{op.name} with non-integral dtype")
+    if op == RedOpType.AVG and not tensor.dtype.is_floating_point:
+        raise RuntimeError(f"result type Float can't be cast to the desired output type "
+                           f"{_TORCH_SCALAR_NAMES.get(tensor.dtype.name, tensor.dtype.name)}")
     if op == RedOpType.PREMUL_SUM:
         raise RuntimeError(f"{op_name}: ReduceOp.PREMUL_SUM is only supported by the nccl backend")
     return op
-
-
-def _bump_versions(*tensors) -> None:
-    """Collectives write their outputs in place, so autograd must see a new version (torch bumps it too)."""
-    for tensor in tensors:
-        tensor._storage.version += 1
 
 
 def _finish(work: Work, async_op: bool) -> Work | None:
@@ -537,6 +574,9 @@ class _ComposedWork(Work):
         if last:
             self._run_finish_and_complete()
 
+    def source_rank(self) -> int:
+        return self._parts[0].source_rank() if self._parts else -1
+
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         for part in self._parts:
             part.wait(timeout)
@@ -561,7 +601,6 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
         staged = tensor.contiguous()
         inner = _tensor_backend(pg, staged, "all_reduce").allreduce([staged], op)
         work = _ComposedWork([inner], lambda: tensor.copy_(staged), [tensor])
-    _bump_versions(tensor)
     return _finish(work, async_op)
 
 
@@ -572,14 +611,13 @@ def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False
         _warn_not_in_group("broadcast")
         return None
     pg = _resolve(group)
-    root = _group_peer(pg, src, group_src, "src")
+    root = _group_peer(pg, src, group_src, "src", "broadcast")
     if tensor.is_contiguous():
         work = _tensor_backend(pg, tensor, "broadcast").broadcast([tensor], root)
     else:
         staged = tensor.contiguous()
         inner = _tensor_backend(pg, staged, "broadcast").broadcast([staged], root)
         work = _ComposedWork([inner], lambda: tensor.copy_(staged), [tensor])
-    _bump_versions(tensor)
     return _finish(work, async_op)
 
 
@@ -593,14 +631,13 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     pg = _resolve(group)
     _check_same_kind("allgather_into_tensor", output_tensor, input_tensor, 0)
     if output_tensor.numel() != input_tensor.numel() * pg.size():
-        raise ValueError(f"all_gather_into_tensor: output tensor size must be equal to world_size times input "
-                         f"tensor size (output {tuple(output_tensor.shape)}, input {tuple(input_tensor.shape)}, "
-                         f"world_size {pg.size()})")
+        raise RuntimeError(f"{_label(input_tensor)}::allgather_into_tensor: invalid tensor size (the output "
+                           f"{_sizes(output_tensor.shape)} must hold world_size ({pg.size()}) times the input "
+                           f"{_sizes(input_tensor.shape)})")
     backend = _tensor_backend(pg, output_tensor, "all_gather_into_tensor")
-    _tensor_backend(pg, input_tensor, "all_gather_into_tensor")
-    work = backend.allgather_into_tensor(output_tensor, input_tensor)
-    _bump_versions(output_tensor)
-    return _finish(work, async_op)
+    output, copy_back = _staged(output_tensor)
+    work = backend.allgather_into_tensor(output, input_tensor.contiguous())
+    return _finish(_with_copy_back(work, copy_back, output_tensor), async_op)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):  # noqa: A002
@@ -614,14 +651,13 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
     _check_same_kind("reduce_scatter_tensor", output, input, 0)
     op = _check_op(op, input, "reduce_scatter_tensor")
     if input.numel() != output.numel() * pg.size():
-        raise ValueError(f"reduce_scatter_tensor: input tensor size must be equal to world_size times output "
-                         f"tensor size (input {tuple(input.shape)}, output {tuple(output.shape)}, world_size "
-                         f"{pg.size()})")
+        raise RuntimeError(f"{_label(input)}::reduce_scatter_tensor: invalid tensor size (the input "
+                           f"{_sizes(input.shape)} must hold world_size ({pg.size()}) times the output "
+                           f"{_sizes(output.shape)})")
     backend = _tensor_backend(pg, input, "reduce_scatter_tensor")
-    _tensor_backend(pg, output, "reduce_scatter_tensor")
-    work = backend.reduce_scatter_tensor(output, input, op)
-    _bump_versions(output)
-    return _finish(work, async_op)
+    staged, copy_back = _staged(output)
+    work = backend.reduce_scatter_tensor(staged, input.contiguous(), op)
+    return _finish(_with_copy_back(work, copy_back, output), async_op)
 
 
 def _flat_buffer(like, numel: int):
@@ -636,8 +672,9 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
         _warn_not_in_group("all_gather")
         return None
     pg = _resolve(group)
+    _check_same_dtype([tensor, *tensor_list])
     if len(tensor_list) != pg.size():
-        raise RuntimeError(f"ProcessGroup::allgather: invalid output tensor list at index 0 (expected length "
+        raise RuntimeError(f"{_label(tensor)}::allgather: invalid output tensor list at index 0 (expected length "
                            f"{pg.size()}, got {len(tensor_list)})")
     for i, out in enumerate(tensor_list):
         _check_same_kind("allgather", tensor, out, i)
@@ -651,7 +688,6 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
         for i, out in enumerate(tensor_list):
             out.copy_(buffer[i * n:(i + 1) * n].reshape(out.shape))
 
-    _bump_versions(*tensor_list)
     return _finish(_ComposedWork([inner], scatter_out, tensor_list), async_op)
 
 
@@ -664,8 +700,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
         return None
     pg = _resolve(group)
     if len(input_list) != pg.size():
-        raise ValueError(f"reduce_scatter: the input list must have world_size={pg.size()} tensors, got "
-                         f"{len(input_list)}")
+        raise RuntimeError(f"invalid input tensor list size, must be world size (world size {pg.size()}, got "
+                           f"{len(input_list)} tensors)")
     for i, item in enumerate(input_list):
         _check_same_kind("reduce_scatter", output, item, i)
         _check_same_size("reduce_scatter", output.shape, item, i)
@@ -673,7 +709,6 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     backend = _tensor_backend(pg, output, "reduce_scatter")
     stacked = tilewise.cat([t.reshape(-1) for t in input_list])
     inner = backend.reduce_scatter_tensor(output, stacked, op)
-    _bump_versions(output)
     return _finish(_ComposedWork([inner], None, [output]), async_op)
 
 
@@ -690,11 +725,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     _check_splits(output, output_split_sizes, pg.size(), "output")
     _check_splits(input, input_split_sizes, pg.size(), "input")
     backend = _tensor_backend(pg, input, "all_to_all_single")
-    _tensor_backend(pg, output, "all_to_all_single")
-    work = backend.alltoall_base(output, input, list(output_split_sizes or []) or None,
+    staged, copy_back = _staged(output)
+    work = backend.alltoall_base(staged, input.contiguous(), list(output_split_sizes or []) or None,
                                  list(input_split_sizes or []) or None)
-    _bump_versions(output)
-    return _finish(work, async_op)
+    return _finish(_with_copy_back(work, copy_back, output), async_op)
 
 
 def _check_splits(tensor, splits, size: int, what: str) -> None:
@@ -705,8 +739,9 @@ def _check_splits(tensor, splits, size: int, what: str) -> None:
                                f"world size {size} when no split sizes are given")
         return
     if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != rows:
-        raise RuntimeError(f"all_to_all_single: {what}_split_sizes {list(splits)} must have world size {size} "
-                           f"non-negative entries summing to the {what} tensor's dim 0 ({rows})")
+        raise RuntimeError(f"Split sizes doesn't match total dim 0 size: {what}_split_sizes {list(splits)} must "
+                           f"have world size ({size}) non-negative entries summing to the {what} tensor's dim 0 "
+                           f"({rows})")
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False):
@@ -720,6 +755,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     if len(output_tensor_list) != pg.size() or len(input_tensor_list) != pg.size():
         raise RuntimeError(f"all_to_all: the tensor lists must have world_size={pg.size()} tensors (got "
                            f"{len(output_tensor_list)} outputs, {len(input_tensor_list)} inputs)")
+    _check_same_dtype([*output_tensor_list, *input_tensor_list])
     first = input_tensor_list[0]
     for i, t in enumerate([*input_tensor_list, *output_tensor_list]):
         _check_same_kind("alltoall", first, t, i)
@@ -735,7 +771,6 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
             out.copy_(received[offset:offset + out.numel()].reshape(out.shape))
             offset += out.numel()
 
-    _bump_versions(*output_tensor_list)
     return _finish(_ComposedWork([inner], copy_out, output_tensor_list), async_op)
 
 
@@ -747,12 +782,11 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op
         _warn_not_in_group("reduce")
         return None
     pg = _resolve(group)
-    root = _group_peer(pg, dst, group_dst, "dst")
+    root = _group_peer(pg, dst, group_dst, "dst", "reduce")
     op = _check_op(op, tensor, "reduce")
     staged = tensor.contiguous().clone()
     inner = _tensor_backend(pg, staged, "reduce").allreduce([staged], op)
     finish = (lambda: tensor.copy_(staged)) if pg.rank() == root else None
-    _bump_versions(tensor)
     return _finish(_ComposedWork([inner], finish, [tensor]), async_op)
 
 
@@ -768,11 +802,13 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
         _warn_not_in_group("gather")
         return None
     pg = _resolve(group)
-    root = _group_peer(pg, dst, group_dst, "dst")
+    root = _group_peer(pg, dst, group_dst, "dst", "gather")
     if pg.rank() == root:
+        if not gather_list:
+            raise ValueError("Argument ``gather_list`` must be specified on destination rank.")
         if len(gather_list) != pg.size():
-            raise ValueError(f"Argument ``gather_list`` must be specified on destination rank with world_size="
-                             f"{pg.size()} tensors (got {len(gather_list)})")
+            raise RuntimeError(f"ProcessGroup{_transport_label(pg)}::gather: requires a list of world_size "
+                               f"({pg.size()}) output tensors, got {len(gather_list)}")
         for i, out in enumerate(gather_list):
             _check_same_kind("gather", tensor, out, i)
             _check_same_size("gather", tensor.shape, out, i)
@@ -789,7 +825,6 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
         for i, out in enumerate(gather_list):
             out.copy_(received[i * n:(i + 1) * n].reshape(out.shape))
 
-    _bump_versions(*gather_list)
     return _finish(_ComposedWork([inner], copy_out, gather_list), async_op)
 
 
@@ -805,11 +840,13 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
         _warn_not_in_group("scatter")
         return None
     pg = _resolve(group)
-    root = _group_peer(pg, src, group_src, "src")
+    root = _group_peer(pg, src, group_src, "src", "scatter")
     if pg.rank() == root:
+        if not scatter_list:
+            raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
         if len(scatter_list) != pg.size():
-            raise ValueError(f"Argument ``scatter_list`` must be specified on source rank with world_size="
-                             f"{pg.size()} tensors (got {len(scatter_list)})")
+            raise RuntimeError(f"ProcessGroup{_transport_label(pg)}::scatter: requires a list of world_size "
+                               f"({pg.size()}) input tensors, got {len(scatter_list)}")
         for i, item in enumerate(scatter_list):
             _check_same_kind("scatter", tensor, item, i)
             _check_same_size("scatter", tensor.shape, item, i)
@@ -824,7 +861,6 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
     sent_splits = [n] * size if pg.rank() == root else [0] * size
     received_splits = [n if r == root else 0 for r in range(size)]
     inner = backend.alltoall_base(received, sent, received_splits, sent_splits)
-    _bump_versions(tensor)
     return _finish(_ComposedWork([inner], lambda: tensor.copy_(received.reshape(tensor.shape)), [tensor]),
                    async_op)
 
@@ -894,7 +930,7 @@ def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: i
         return None
     pg = _resolve(group)
     peer = _group_peer(pg, dst, group_dst, "dst")
-    return _p2p_backend(pg, tensor, peer, "isend").send([tensor], peer, tag)
+    return _p2p_backend(pg, tensor, peer, "isend").send([tensor.contiguous()], peer, tag)
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None):
@@ -904,13 +940,13 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: i
         _warn_not_in_group("irecv")
         return None
     pg = _resolve(group)
+    staged, copy_back = _staged(tensor)
     if src is None and group_src is None:
-        work = _tensor_backend(pg, tensor, "irecv").recv([tensor], -1, tag)
+        work = _tensor_backend(pg, tensor, "irecv").recv([staged], -1, tag)
     else:
         peer = _group_peer(pg, src, group_src, "src")
-        work = _p2p_backend(pg, tensor, peer, "irecv").recv([tensor], peer, tag)
-    _bump_versions(tensor)
-    return work
+        work = _p2p_backend(pg, tensor, peer, "irecv").recv([staged], peer, tag)
+    return _with_copy_back(work, copy_back, tensor)
 
 
 def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> None:
