@@ -8,7 +8,7 @@ from shard_harness import run_on_ranks
 from shard_models import Stack, batch, shard, stack
 
 import tilewise as tw
-from tilewise.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from tilewise.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from tilewise.utils.checkpoint import checkpoint
 
 
@@ -190,11 +190,28 @@ def _accumulated_without_sync(rank, world_size):
                 unused_grads={n: p.grad is not None for n, p in unused.named_parameters()})
 
 
+def _offloaded(rank, world_size):
+    """CPUOffloadPolicy runs its copies (no-ops on a CPU) and trains as without it."""
+    x, y = batch(0)
+    grads = []
+    for policy in (OffloadPolicy(), CPUOffloadPolicy()):
+        model = shard(stack(), offload_policy=policy)
+        _loss(model, x[rank * 4:rank * 4 + 4], y[rank * 4:rank * 4 + 4]).backward()
+        grads.append([p.grad.numpy() for p in model.parameters()])
+    return grads
+
+
 def _more_checks(rank, world_size):
     """One spawn for the smaller checks (starting ranks costs more than running them)."""
     return dict(order=_collective_order(rank, world_size), refusals=_refusals(rank, world_size),
                 mixed=_mixed_precision(rank, world_size), no_sync=_accumulated_without_sync(rank, world_size),
-                checkpointed=_with_activation_checkpointing(rank, world_size))
+                checkpointed=_with_activation_checkpointing(rank, world_size), offloaded=_offloaded(rank, world_size))
+
+
+def test_cpu_offload_policy_trains_as_without_it(checks):
+    for plain, offloaded in (c["offloaded"] for c in checks):
+        for got, want in zip(offloaded, plain):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_activation_checkpointed_blocks_give_the_same_gradients(checks):
