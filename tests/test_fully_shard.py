@@ -105,42 +105,38 @@ def test_parameters_and_optimizer_state_are_about_half(trained):
         assert result["mine"] < 0.55 * total
 
 
-def _collective_order(rank, world_size):
-    """The all-gathers (by the block whose parameters they carry) and block runs, in the order they happen,
-    in the second iteration (the first learns the order)."""
-    import tilewise.distributed as dist
-
-    model = shard(stack())
+def _events_of(model, rank: int, iterations: int) -> list:
+    """The all-gathers issued (by block, and whether asynchronously) and the block runs, in the order they
+    happen, in the last of ``iterations`` training iterations."""
     events = []
-    all_gather = dist.all_gather_into_tensor
 
-    def logged_all_gather(output, input, group=None, async_op=False):  # noqa: A002 — torch's name
-        events.append(("gather", async_op))
-        return all_gather(output, input, group=group, async_op=async_op)
-
-    def gathering(param_group):
+    def logged(param_group, name):
         start = param_group.unshard
 
         def unshard(async_op=False):
             if not param_group.unsharded and not param_group.gathering:
-                events.append(("issue", param_group.name, async_op))
+                events.append(("issue", name, async_op))
             return start(async_op)
         return unshard
 
     for k, block in enumerate(model.blocks):
-        block._fsdp_state.group.name = f"block{k}"
-        block._fsdp_state.group.unshard = gathering(block._fsdp_state.group)
+        block._fsdp_state.group.unshard = logged(block._fsdp_state.group, f"block{k}")
         block.fc1.register_forward_pre_hook(lambda m, a, k=k: events.append(("run", f"block{k}")))
         block.fc1.register_full_backward_hook(lambda m, gi, go, k=k: events.append(("backward", f"block{k}")))
-    dist.all_gather_into_tensor = logged_all_gather
-    try:
-        for step in range(2):
-            events.clear()
-            x, y = batch(step)
-            _loss(model, x[rank * 4:rank * 4 + 4], y[rank * 4:rank * 4 + 4]).backward()
-    finally:
-        dist.all_gather_into_tensor = all_gather
-    return [e for e in events if e[0] != "gather"], sum(1 for e in events if e == ("gather", True))
+    for step in range(iterations):
+        events.clear()
+        x, y = batch(step)
+        _loss(model, x[rank * 4:rank * 4 + 4], y[rank * 4:rank * 4 + 4]).backward()
+    return events
+
+
+def _collective_order(rank, world_size):
+    """In the learnt order (the second iteration), and in the order set by hand (in the first)."""
+    learnt = _events_of(shard(stack()), rank, 2)
+    by_hand = shard(stack())
+    by_hand.blocks[0].set_modules_to_forward_prefetch([by_hand.blocks[1], by_hand.blocks[2]])
+    by_hand.blocks[2].set_modules_to_backward_prefetch([by_hand.blocks[0]])
+    return learnt, _events_of(by_hand, rank, 1)
 
 
 class CheckpointsBlocks(Stack):
@@ -239,12 +235,15 @@ def checks():
 
 
 def test_the_next_blocks_all_gather_is_issued_before_the_current_block_runs(checks):
-    events, async_gathers = checks[0]["order"]
-    assert events == [("issue", "block0", True), ("issue", "block1", True), ("run", "block0"),
+    learnt, by_hand = checks[0]["order"]
+    assert learnt == [("issue", "block0", True), ("issue", "block1", True), ("run", "block0"),
                       ("issue", "block2", True), ("run", "block1"), ("run", "block2"),
                       ("issue", "block2", True), ("issue", "block1", True), ("backward", "block2"),
                       ("issue", "block0", True), ("backward", "block1"), ("backward", "block0")]
-    assert async_gathers > 0
+    assert by_hand == [("issue", "block0", False), ("issue", "block1", True), ("issue", "block2", True),
+                       ("run", "block0"), ("run", "block1"), ("run", "block2"),
+                       ("issue", "block2", True), ("issue", "block0", True), ("backward", "block2"),
+                       ("issue", "block1", False), ("backward", "block1"), ("backward", "block0")]
 
 
 def _refusals(rank, world_size):

@@ -73,6 +73,9 @@ class FSDPState:
         self.forward_order: list[FSDPState] = []  # this iteration's, so far
         self.learned_order: list[FSDPState] = []  # the last complete iteration's: whom a forward prefetches
         self.saved_hooks: saved_tensors_hooks | None = None
+        # set_modules_to_forward_prefetch / set_modules_to_backward_prefetch (None: the learnt order's next)
+        self.forward_prefetch: list[FSDPState] | None = None
+        self.backward_prefetch: list[FSDPState] | None = None
         self.backward_queued = False
 
     # ------------------------------------------------------------------ root
@@ -124,7 +127,8 @@ class FSDPState:
                 continue
             if group.needs_post_backward:
                 group.post_backward()
-            group.reshard()
+            if group.reshard_after_backward:
+                group.reshard()
         self.backward_queued = False
 
     # ------------------------------------------------------------------ hooks
@@ -148,9 +152,11 @@ class FSDPState:
             root.forward_order.append(self)
         if self.group is not None:
             self.group.unshard()
-            following = root._neighbour(root.learned_order, self, 1)
-            if following is not None and following.group is not None and not root.backward_queued:
-                following.group.unshard(async_op=True)
+            if not root.backward_queued:
+                following = self.forward_prefetch
+                if following is None:
+                    following = [root._neighbour(root.learned_order, self, 1)]
+                _prefetch(following)
             self.group.use_unsharded()
         if self.mp_policy.param_dtype is not None and self.mp_policy.cast_forward_inputs:
             args, kwargs = _cast_floating(args, self.mp_policy.param_dtype), \
@@ -183,9 +189,14 @@ class FSDPState:
             ExecutionEngine().queue_callback(root.finish_backward)
         if self.group is not None:
             self.group.pre_backward()
-        following = root._next_in_backward(self)
-        if following is not None and following.group is not None:
-            following.group.unshard(async_op=True)
+        following = self.backward_prefetch
+        _prefetch(following if following is not None else [root._next_in_backward(self)])
+
+
+def _prefetch(states: list[FSDPState | None]) -> None:
+    for state in states:
+        if state is not None and state.group is not None:
+            state.group.unshard(async_op=True)
 
 
 class UnshardHandle:
@@ -230,12 +241,36 @@ class FSDPModule:
             if state.group is not None and state.root is not state:
                 state.group.reshard_after_forward = bool(reshard_after_forward)
 
+    def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
+        """False: keep the gathered parameters after backward (for several backwards in a row); ``reshard()``
+        frees them."""
+        for state in self._fsdp_states_below(recurse):
+            if state.group is not None:
+                state.group.reshard_after_backward = bool(reshard_after_backward)
+
+    def set_modules_to_forward_prefetch(self, modules: list) -> None:
+        """Issue the all-gathers of ``modules`` (fully_shard modules) when this module's forward starts, instead
+        of the next module's in the learnt order."""
+        self._fsdp_state.forward_prefetch = _states_of(modules, "set_modules_to_forward_prefetch")
+
+    def set_modules_to_backward_prefetch(self, modules: list) -> None:
+        """Issue the all-gathers of ``modules`` when this module's backward starts, instead of the next one's in
+        reverse forward order."""
+        self._fsdp_state.backward_prefetch = _states_of(modules, "set_modules_to_backward_prefetch")
+
     def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
         """False: backward keeps accumulating full gradients locally (no reduce-scatter), as for the first
         micro-batches of gradient accumulation; the next backward with True reduce-scatters their sum."""
         for state in self._fsdp_states_below(recurse):
             if state.group is not None:
                 state.group.requires_gradient_sync = bool(requires_gradient_sync)
+
+
+def _states_of(modules, what: str) -> list[FSDPState]:
+    for m in modules:
+        if not isinstance(m, FSDPModule):
+            raise ValueError(f"{what}: expects a list of fully_shard modules, but got {type(m).__name__}")
+    return [m._fsdp_state for m in modules]
 
 
 _FSDP_CLASSES: dict[type, type] = {}

@@ -232,6 +232,7 @@ class FSDPParamGroup:
     def __init__(self, params: list[FSDPParam], reshard_after_forward: bool):
         self.params = params
         self.reshard_after_forward = reshard_after_forward
+        self.reshard_after_backward = True
         self.requires_gradient_sync = True
         self.unsharded = False
         self.gathering = False
@@ -292,4 +293,5 @@ class FSDPParamGroup:
             for p in self.params:
                 if p.requires_grad:
                     p.reduce_scatter_grad()
-        self.reshard()
+        if self.reshard_after_backward:
+            self.reshard()
