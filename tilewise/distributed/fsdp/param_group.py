@@ -80,20 +80,21 @@ def padded_rows(t: Tensor, rows: int) -> Tensor:
 
 
 def gather_rows(local: Tensor, spec: ShardSpec, *, async_op: bool = False):
-    """Start (or run) the all-gather of the ranks' padded shards: ``(buffer, work)``; the full tensor is then
-    ``buffer[:rows]``."""
+    """Start (or run) the all-gather of the ranks' padded shards: ``(buffer, work, input)``; the full tensor is
+    then ``buffer[:rows]``. The caller holds ``input`` until the work is waited on: on a GPU the collective
+    reads it on its own stream, and freeing it earlier would let the allocator hand its memory out meanwhile."""
     padded = padded_rows(local, spec.rows_per_rank)
     buffer = empty((spec.rows_per_rank * spec.world_size, *spec.full_shape[1:]), dtype=local.dtype,
                    device=local.device)
     work = _dist().all_gather_into_tensor(buffer, padded, group=spec.group, async_op=async_op)
-    return buffer, work
+    return buffer, work, padded
 
 
 def full_tensor(shard: Tensor) -> Tensor:
     """The whole parameter a shard is part of, gathered from every rank (a collective: call it on all ranks)."""
     spec = shard.__dict__["_fsdp_shard"]
     with no_grad():
-        buffer, _ = gather_rows(shard.detach(), spec)
+        buffer, _, _ = gather_rows(shard.detach(), spec)
     return buffer[:spec.full_shape[0]]
 
 
@@ -187,10 +188,10 @@ class FSDPParam:
             self._gathering = gather_rows(local, self.spec, async_op=True)
 
     def finish_all_gather(self) -> None:
-        buffer, work = self._gathering
-        self._gathering = None
+        buffer, work, _sent = self._gathering
         if work is not None:
             work.wait()
+        self._gathering = None
         self.unsharded.data = buffer[:self.spec.full_shape[0]]
         _UNSHARDED_STORAGES[id(self.unsharded._storage)] = self
 
