@@ -8,8 +8,10 @@ Parameter holding those rows, with a :class:`ShardSpec` saying where they sit in
 ``full_tensor()`` method that gathers it (what checkpoints read). A shard is padded with zero rows to the chunk
 size only on its way into a collective, so an optimizer over the shards sees exactly the rank's elements.
 
-For compute, each parameter has one *unsharded* leaf tensor, kept for the life of the module: an all-gather
-gives it its full data (``leaf.data = gathered``) and resharding takes it away (``leaf.data = empty``). Autograd
+For compute, each parameter has one *unsharded* leaf tensor, kept for the life of the module: the group's one
+all-gather (every parameter's padded rows, flattened one after the other, so one collective per block) is
+copied out into each leaf's full data (``leaf.data = gathered``); resharding takes it away (``leaf.data =
+empty``). Autograd
 accumulates the parameter's gradient into that leaf; once every leaf of the group has its gradient, the group
 reduce-scatters them (summed, then divided by the world size) into the shards' ``.grad``. Because the leaf
 object never changes, what autograd saved for backward can refer to it by identity: while a root forward runs,
@@ -90,6 +92,13 @@ def gather_rows(local: Tensor, spec: ShardSpec, *, async_op: bool = False):
     return buffer, work, padded
 
 
+def _row_numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape[1:]:
+        n *= size
+    return n
+
+
 def full_tensor(shard: Tensor) -> Tensor:
     """The whole parameter a shard is part of, gathered from every rank (a collective: call it on all ranks)."""
     spec = shard.__dict__["_fsdp_shard"]
@@ -158,7 +167,6 @@ class FSDPParam:
         self.sharded = mark_shard(Parameter(rows, requires_grad=param.requires_grad), spec)
         self.unsharded = empty(0, dtype=self.compute_dtype, device=self.device).requires_grad_(param.requires_grad)
         self.group: FSDPParamGroup | None = None
-        self._gathering = None
         _LEAVES[id(self.unsharded)] = self
         if param.requires_grad:
             self.unsharded.register_post_accumulate_grad_hook(self._grad_accumulated)
@@ -178,21 +186,23 @@ class FSDPParam:
             module._parameters[name] = self.unsharded
 
     # ------------------------------------------------------------------ all-gather
-    def start_all_gather(self) -> None:
+    def padded_local(self) -> Tensor:
+        """This rank's rows as the all-gather sends them: on the compute device, in the compute dtype, padded."""
         with no_grad():
             local = self.sharded.detach()
             if local.device != self.device:
                 local = local.to(self.device)
             if local.dtype != self.compute_dtype:
                 local = local.to(self.compute_dtype)
-            self._gathering = gather_rows(local, self.spec, async_op=True)
+            return padded_rows(local, self.spec.rows_per_rank)
 
-    def finish_all_gather(self) -> None:
-        buffer, work, _sent = self._gathering
-        if work is not None:
-            work.wait()
-        self._gathering = None
-        self.unsharded.data = buffer[:self.spec.full_shape[0]]
+    @property
+    def padded_numel(self) -> int:
+        return self.spec.rows_per_rank * _row_numel(self.spec.full_shape)
+
+    def set_gathered(self, full: Tensor) -> None:
+        """``full`` (the gathered rows of every rank, padding included) becomes the unsharded leaf's data."""
+        self.unsharded.data = full[:self.spec.full_shape[0]]
         _UNSHARDED_STORAGES[id(self.unsharded._storage)] = self
 
     def free_unsharded(self) -> None:
@@ -227,6 +237,18 @@ class FSDPParam:
                 self.sharded.grad.add_(mine)
 
 
+def _check_one_gather(params: list[FSDPParam]) -> None:
+    """One flat all-gather serves a group whose parameters share compute dtype, device and process group."""
+    first = params[0]
+    for p in params[1:]:
+        if (p.compute_dtype, p.device) != (first.compute_dtype, first.device):
+            raise NotImplementedError(
+                f"fully_shard: parameters of {first.compute_dtype} on {first.device} and of {p.compute_dtype} on "
+                f"{p.device} in one module: a fully_shard group gathers its parameters as one buffer; apply "
+                "fully_shard to submodules whose parameters share a dtype and device, or set "
+                "MixedPrecisionPolicy(param_dtype=...) to gather them all in one dtype")
+
+
 class FSDPParamGroup:
     """The parameters of one ``fully_shard`` call, gathered and resharded together."""
 
@@ -239,6 +261,8 @@ class FSDPParamGroup:
         self.gathering = False
         self.needs_post_backward = False
         self._accumulated: set[int] = set()
+        self._gathering = None
+        _check_one_gather(params)
         for p in params:
             p.group = self
 
@@ -246,16 +270,35 @@ class FSDPParamGroup:
         if self.unsharded:
             return
         if not self.gathering:
-            for p in self.params:
-                p.start_all_gather()
+            self._start_all_gather()
             self.gathering = True
         if not async_op:
             self.wait_for_unshard()
 
+    def _start_all_gather(self) -> None:
+        """One all-gather for the whole group: every parameter's padded rows, flattened one after the other."""
+        first = self.params[0]
+        with no_grad():
+            sent = call("cat", [p.padded_local().reshape(-1) for p in self.params])
+            received = empty(sent.numel() * first.spec.world_size, dtype=sent.dtype, device=sent.device)
+            work = _dist().all_gather_into_tensor(received, sent, group=first.spec.group, async_op=True)
+        self._gathering = (received, work, sent)  # ``sent`` held until waited on (see gather_rows)
+
     def wait_for_unshard(self) -> None:
         if self.gathering:
-            for p in self.params:
-                p.finish_all_gather()
+            received, work, _sent = self._gathering
+            if work is not None:
+                work.wait()
+            self._gathering = None
+            world_size = self.params[0].spec.world_size
+            per_rank = received.view(world_size, -1)
+            offset = 0
+            with no_grad():
+                for p in self.params:  # copy out: each parameter's rows of every rank, one after the other
+                    n = p.padded_numel
+                    rows = per_rank[:, offset:offset + n]
+                    p.set_gathered(rows.reshape(world_size * p.spec.rows_per_rank, *p.spec.full_shape[1:]))
+                    offset += n
             self.gathering, self.unsharded = False, True
 
     def reshard(self) -> None:
