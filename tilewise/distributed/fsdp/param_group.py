@@ -214,27 +214,26 @@ class FSDPParam:
         if self.group is not None:
             self.group.grad_accumulated(self)
 
-    def reduce_scatter_grad(self) -> None:
-        """Reduce-scatter the leaf's gradient and add this rank's rows, averaged over the ranks, to the shard's
-        ``.grad``. A parameter backward gave no gradient keeps none (as without sharding); like torch's FSDP,
-        this relies on every rank running the same graph, so that all of them skip it."""
+    def take_padded_grad(self) -> Tensor:
+        """The leaf's gradient (taken from it) in the reduce dtype, padded to every rank's rows, flattened per
+        rank: shape ``(world_size, rows_per_rank * row size)``."""
         spec = self.spec
-        with no_grad():
-            grad = self.unsharded.grad
-            if grad is None:
-                return
-            self.unsharded.grad = None
-            padded = padded_rows(grad.to(self.reduce_dtype), spec.rows_per_rank * spec.world_size)
-            out = empty((spec.rows_per_rank, *spec.full_shape[1:]), dtype=self.reduce_dtype, device=self.device)
-            dist = _dist()
-            dist.reduce_scatter_tensor(out, padded, op=dist.ReduceOp.SUM, group=spec.group)
-            mine = (out[:spec.stop - spec.start] / spec.world_size).to(self.sharded.dtype)
-            if self.offload:
-                mine = mine.to("cpu")
-            if self.sharded.grad is None:
-                self.sharded.grad = mine.contiguous()
-            else:
-                self.sharded.grad.add_(mine)
+        grad = self.unsharded.grad
+        self.unsharded.grad = None
+        padded = padded_rows(grad.to(self.reduce_dtype), spec.rows_per_rank * spec.world_size)
+        return padded.reshape(spec.world_size, -1)
+
+    def add_reduced_grad(self, summed: Tensor) -> None:
+        """Add this rank's rows of the summed gradient (flat, padded), averaged over the ranks, to ``.grad``."""
+        spec = self.spec
+        rows = summed.view(spec.rows_per_rank, *spec.full_shape[1:])[:spec.stop - spec.start]
+        mine = (rows / spec.world_size).to(self.sharded.dtype)
+        if self.offload:
+            mine = mine.to("cpu")
+        if self.sharded.grad is None:
+            self.sharded.grad = mine.contiguous()
+        else:
+            self.sharded.grad.add_(mine)
 
 
 def _check_one_gather(params: list[FSDPParam]) -> None:
@@ -330,12 +329,28 @@ class FSDPParamGroup:
         if all(id(p) in self._accumulated for p in self.params if p.requires_grad):
             self.post_backward()
 
+    def _reduce_scatter_grads(self) -> None:
+        """One reduce-scatter (summed) for the group's gradients, laid out as the all-gather lays out the
+        parameters. A parameter backward gave no gradient keeps none (as without sharding); like torch's FSDP,
+        this relies on every rank running the same graph, so that all of them leave out the same parameters."""
+        params = [p for p in self.params if p.requires_grad and p.unsharded.grad is not None]
+        if not params:
+            return
+        spec = params[0].spec
+        with no_grad():
+            sent = call("cat", [p.take_padded_grad() for p in params], 1).reshape(-1)
+            summed = empty(sent.numel() // spec.world_size, dtype=sent.dtype, device=sent.device)
+            dist = _dist()
+            dist.reduce_scatter_tensor(summed, sent, op=dist.ReduceOp.SUM, group=spec.group)
+            offset = 0
+            for p in params:
+                p.add_reduced_grad(summed[offset:offset + p.padded_numel])
+                offset += p.padded_numel
+
     def post_backward(self) -> None:
         """Reduce-scatter the group's gradients into its shards and free the gathered parameters."""
         self.needs_post_backward = False
         if self.requires_gradient_sync:
-            for p in self.params:
-                if p.requires_grad:
-                    p.reduce_scatter_grad()
+            self._reduce_scatter_grads()
         if self.reshard_after_backward:
             self.reshard()
