@@ -65,17 +65,17 @@ def test_training_equals_single_process_on_the_full_batch(trained):
 @pytest.mark.cuda
 def test_training_on_two_gpus_over_nccl_equals_single_gpu_training():
     results = run_on_ranks(_train_sharded, 2, 3, "cuda", backend="cpu:gloo,cuda:nccl")
-    _check_equal_training(results)
+    _check_equal_training(results, rtol=1e-4, atol=1e-5)  # GEMMs of 4 and of 8 rows may sum in other orders
     for result in results:
         for gathered, root_gathered, leaves in result["freed"]:
             assert gathered == [False, False, False] and root_gathered and all(n == 0 for n in leaves)
 
 
-def _check_equal_training(results):
+def _check_equal_training(results, rtol=1e-5, atol=1e-6):
     for result in results:
         assert sorted(result["full"]) == sorted(result["reference"])
         for name, want in result["reference"].items():
-            np.testing.assert_allclose(result["full"][name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+            np.testing.assert_allclose(result["full"][name], want, rtol=rtol, atol=atol, err_msg=name)
 
 
 def test_each_rank_holds_its_rows_only(trained):
