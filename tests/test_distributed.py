@@ -64,6 +64,17 @@ def collectives_job(rank: int, world: int) -> dict:
     out["async_completed"] = all(w.is_completed() and w.is_success() for w in works)
     future = dist.all_reduce(tw.ones(2), async_op=True).get_future().then(lambda f: f.value()[0].numpy() * 10)
     out["future_then"] = future.wait()
+    gathered = [tw.empty(2) for _ in range(world)]
+    pending = [dist.all_gather(gathered, tw.full((2,), float(rank)), async_op=True),
+               dist.broadcast(tw.arange(4.).reshape(2, 2).t(), src=0, async_op=True),
+               dist.barrier(async_op=True)]
+    strided = tw.zeros(2, 2).t()
+    pending.append(dist.broadcast(strided if rank == 1 else tw.arange(4.).reshape(2, 2), src=0, async_op=True))
+    out["composed_futures"] = [np.asarray(v.numpy()) for v in pending[0].get_future().wait()]
+    for work in pending:
+        work.wait()
+    out["async_all_gather"] = [g.numpy().copy() for g in gathered]
+    out["async_strided_broadcast"] = strided.numpy().copy()
     dist.barrier()
     dist.destroy_process_group()
     out["initialized_after_destroy"] = dist.is_initialized()
@@ -122,7 +133,14 @@ def test_broadcast_gather_scatter_tensor(two_ranks):
 
 
 def test_async_work_and_future(two_ranks):
-    for result in two_ranks:
+    for rank, result in enumerate(two_ranks):
+        expected = [np.full(2, float(r), dtype=np.float32) for r in range(2)]
+        for got, want in zip(result["composed_futures"], expected):
+            np.testing.assert_array_equal(got, want)
+        for got, want in zip(result["async_all_gather"], expected):
+            np.testing.assert_array_equal(got, want)
+        if rank == 1:
+            np.testing.assert_array_equal(result["async_strided_broadcast"], np.arange(4.0).reshape(2, 2))
         assert result["async_completed"]
         for i, value in enumerate(result["async"]):
             np.testing.assert_array_equal(value, np.full(5, float(2 * i + 1), dtype=np.float32))

@@ -242,3 +242,17 @@ def test_rounding_and_object_collectives_match_torch_gloo_on_two_ranks():
                 np.testing.assert_array_equal(ours, theirs, err_msg=key)
             else:
                 assert ours == theirs, key
+
+
+def test_a_process_that_never_destroys_its_group_still_exits():
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = ("import tilewise as tw, tilewise.distributed as dist\n"
+              f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n"
+              "dist.all_reduce(tw.ones(2))\n")
+    env = dict(os.environ, PYTHONPATH=root)
+    result = subprocess.run([sys.executable, "-c", script], env=env, timeout=40, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

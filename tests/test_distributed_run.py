@@ -82,3 +82,23 @@ def test_job_configuration_follows_torchruns_flags():
         JobConfig(_parser().parse_args(["--max-restarts", "2", "train.py"]))
     with pytest.raises(SystemExit, match="node-rank 2 must be in"):
         JobConfig(_parser().parse_args(["--nnodes", "2", "--node-rank", "2", "train.py"]))
+
+
+def test_ctrl_c_stops_every_rank(tmp_path):
+    import signal
+
+    path = tmp_path / "job.py"
+    path.write_text("import os, time\nprint('ready', os.getpid(), flush=True)\ntime.sleep(120)\n")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    launcher = subprocess.Popen([sys.executable, "-m", "tilewise.distributed.run", "--nproc-per-node", "2",
+                                 "--master-port", str(free_port()), str(path)], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        pids = [int(launcher.stdout.readline().split()[1]) for _ in range(2)]
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(timeout=20) == 128 + signal.SIGINT
+    finally:
+        launcher.kill()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -15,7 +15,8 @@ from the primitives: ``all_gather`` into a list is an ``all_gather_into_tensor``
 ``reduce`` an all-reduce of a copy, ``gather`` and ``scatter`` are ``all_to_all_single`` with empty
 splits for the ranks that send nothing, the object collectives pickle into byte tensors. A composed
 operation returns a ``backend.ComposedWork`` whose finishing copies run when its parts are done. The
-object collectives (objects.py) and the rendezvous (rendezvous.py) are modules of their own.
+object collectives (objects.py, composed from the collectives here) and the rendezvous (rendezvous.py) are
+modules of their own.
 
 For code built on groups (DDP, sharding): ``group._get_backend(device)`` is the transport serving a device,
 ``get_process_group_ranks(group)`` the global ranks, ``get_group_rank`` / ``get_global_rank`` map between
@@ -32,11 +33,13 @@ import threading
 import warnings
 from collections.abc import Callable
 
-import tilewise
 from tilewise.distributed.backend import Backend as TransportBackend
 from tilewise.distributed.backend import ComposedWork, RedOpType, ReduceOp, Work
 from tilewise.distributed.rendezvous import rendezvous, store_based_barrier
 from tilewise.distributed.store import PrefixStore, Store
+from tilewise.ops.creation import empty
+from tilewise.ops.functions import cat
+from tilewise.tensor import Tensor
 
 default_pg_timeout = datetime.timedelta(minutes=30)
 
@@ -389,13 +392,13 @@ def _transport_label(pg: ProcessGroup) -> str:
 
 
 def _check_tensor(tensor, param: str) -> None:
-    if not isinstance(tensor, tilewise.Tensor):
+    if not isinstance(tensor, Tensor):
         raise TypeError(f"Invalid function argument. Expected parameter `{param}` of type torch.Tensor\n"
                         f"             but got {type(tensor)} instead.")
 
 
 def _check_tensor_list(tensors, param: str) -> None:
-    if not isinstance(tensors, list) or not all(isinstance(t, tilewise.Tensor) for t in tensors):
+    if not isinstance(tensors, list) or not all(isinstance(t, Tensor) for t in tensors):
         raise TypeError(f"Invalid function argument. Expected parameter `{param}` of type List[torch.Tensor]\n"
                         f"             but got {type(tensors)} instead.")
 
@@ -545,7 +548,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
 
 
 def _flat_buffer(like, numel: int):
-    return tilewise.empty(numel, dtype=like.dtype, device=like.device)
+    return empty(numel, dtype=like.dtype, device=like.device)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
@@ -591,7 +594,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
         _check_same_size("reduce_scatter", output.shape, item, i)
     op = _check_op(op, output, "reduce_scatter")
     backend = _tensor_backend(pg, output, "reduce_scatter")
-    stacked = tilewise.cat([t.reshape(-1) for t in input_list])
+    stacked = cat([t.reshape(-1) for t in input_list])
     inner = backend.reduce_scatter_tensor(output, stacked, op)
     return _finish(ComposedWork([inner], None, [output]), async_op)
 
@@ -644,7 +647,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     for i, t in enumerate([*input_tensor_list, *output_tensor_list]):
         _check_same_kind("alltoall", first, t, i)
     backend = _tensor_backend(pg, first, "all_to_all")
-    sent = tilewise.cat([t.reshape(-1) for t in input_tensor_list])
+    sent = cat([t.reshape(-1) for t in input_tensor_list])
     received = _flat_buffer(first, sum(t.numel() for t in output_tensor_list))
     inner = backend.alltoall_base(received, sent, [t.numel() for t in output_tensor_list],
                                   [t.numel() for t in input_tensor_list])
@@ -734,7 +737,7 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
         for i, item in enumerate(scatter_list):
             _check_same_kind("scatter", tensor, item, i)
             _check_same_size("scatter", tensor.shape, item, i)
-        sent = tilewise.cat([t.reshape(-1) for t in scatter_list])
+        sent = cat([t.reshape(-1) for t in scatter_list])
     else:
         if scatter_list:
             raise ValueError("Argument ``scatter_list`` must NOT be specified on non-source ranks.")
@@ -879,12 +882,3 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         else:
             works.append(irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer))
     return works
-
-
-# torch keeps the object collectives in this module; they live in objects.py, composed from the collectives above.
-from tilewise.distributed.objects import (  # noqa: E402, F401
-    all_gather_object,
-    broadcast_object_list,
-    gather_object,
-    scatter_object_list,
-)

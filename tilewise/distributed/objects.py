@@ -13,7 +13,8 @@ import pickle
 
 import numpy as np
 
-import tilewise
+from tilewise.cuda import current_device
+from tilewise.device import Device
 from tilewise.distributed.c10d import (
     ProcessGroup,
     _flat_buffer,
@@ -26,19 +27,23 @@ from tilewise.distributed.c10d import (
     gather,
     scatter,
 )
+from tilewise.dtypes import int64, uint8
+from tilewise.ops.creation import empty, zeros
+from tilewise.ops.functions import cat
+from tilewise.tensor import from_numpy, tensor
 
 
 def _object_device(pg: ProcessGroup):
     if pg._has_backend("cpu"):
-        return tilewise.device("cpu")
-    return tilewise.device("cuda", tilewise.cuda.current_device())
+        return Device("cpu")
+    return Device("cuda", current_device())
 
 
 def _object_to_tensor(obj, device):
     buffer = io.BytesIO()
     pickle.Pickler(buffer).dump(obj)
-    data = tilewise.from_numpy(np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy())
-    return data.to(device), tilewise.tensor([data.numel()], dtype=tilewise.int64).to(device)
+    data = from_numpy(np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy())
+    return data.to(device), tensor([data.numel()], dtype=int64).to(device)
 
 
 def _tensor_to_object(tensor, size: int):
@@ -60,7 +65,7 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
     data, size = _object_to_tensor(obj, _object_device(pg))
     sizes = _all_gather_sizes(size, pg)
     longest = max(sizes)
-    padded = tilewise.cat([data, _flat_buffer(data, longest - data.numel())]) if longest > data.numel() else data
+    padded = cat([data, _flat_buffer(data, longest - data.numel())]) if longest > data.numel() else data
     gathered = _flat_buffer(data, longest * pg.size())
     all_gather_into_tensor(gathered, padded, group=pg)
     for i, n in enumerate(sizes):
@@ -75,18 +80,18 @@ def broadcast_object_list(object_list: list, src: int | None = None, group=None,
         return
     pg = _resolve(group)
     root = _group_peer(pg, src, group_src, "src")
-    device = tilewise.device(device) if device is not None else _object_device(pg)
-    sizes = tilewise.zeros(len(object_list), dtype=tilewise.int64, device=device)
+    device = Device(device) if device is not None else _object_device(pg)
+    sizes = zeros(len(object_list), dtype=int64, device=device)
     if pg.rank() == root:
         pieces = [_object_to_tensor(obj, device) for obj in object_list]
-        sizes = tilewise.cat([n for _, n in pieces]) if pieces else sizes
+        sizes = cat([n for _, n in pieces]) if pieces else sizes
     broadcast(sizes, group=pg, group_src=root)
     counts = [int(s) for s in sizes.cpu().numpy()]
     if pg.rank() == root:
-        payload = tilewise.cat([d for d, _ in pieces]) if pieces else _flat_buffer(sizes, 0)
-        payload = payload.to(tilewise.uint8)
+        payload = cat([d for d, _ in pieces]) if pieces else _flat_buffer(sizes, 0)
+        payload = payload.to(uint8)
     else:
-        payload = tilewise.empty(sum(counts), dtype=tilewise.uint8, device=device)
+        payload = empty(sum(counts), dtype=uint8, device=device)
     broadcast(payload, group=pg, group_src=root)
     if pg.rank() != root:
         offset = 0
@@ -109,7 +114,7 @@ def gather_object(obj, object_gather_list: list | None = None, dst: int | None =
     data, size = _object_to_tensor(obj, _object_device(pg))
     sizes = _all_gather_sizes(size, pg)
     longest = max(sizes)
-    padded = tilewise.cat([data, _flat_buffer(data, longest - data.numel())]) if longest > data.numel() else data
+    padded = cat([data, _flat_buffer(data, longest - data.numel())]) if longest > data.numel() else data
     outputs = [_flat_buffer(data, longest) for _ in range(pg.size())] if pg.rank() == root else None
     gather(padded, outputs, group=pg, group_dst=root)
     if pg.rank() == root:
@@ -128,17 +133,17 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     pg = _resolve(group)
     root = _group_peer(pg, src, group_src, "src")
     device = _object_device(pg)
-    longest = tilewise.zeros(1, dtype=tilewise.int64, device=device)
+    longest = zeros(1, dtype=int64, device=device)
     if pg.rank() == root:
         pieces = [_object_to_tensor(obj, device) for obj in scatter_object_input_list]
-        longest = tilewise.tensor([max(int(n.item()) for _, n in pieces)], dtype=tilewise.int64).to(device)
+        longest = tensor([max(int(n.item()) for _, n in pieces)], dtype=int64).to(device)
     broadcast(longest, group=pg, group_src=root)
     width = int(longest.item())
-    mine = _flat_buffer(tilewise.empty(0, dtype=tilewise.uint8, device=device), width)
-    my_size = tilewise.zeros(1, dtype=tilewise.int64, device=device)
+    mine = _flat_buffer(empty(0, dtype=uint8, device=device), width)
+    my_size = zeros(1, dtype=int64, device=device)
     padded = sizes = None
     if pg.rank() == root:
-        padded = [tilewise.cat([d, _flat_buffer(d, width - d.numel())]) for d, _ in pieces]
+        padded = [cat([d, _flat_buffer(d, width - d.numel())]) for d, _ in pieces]
         sizes = [n for _, n in pieces]
     scatter(mine, padded, group=pg, group_src=root)
     scatter(my_size, sizes, group=pg, group_src=root)

@@ -278,12 +278,22 @@ class _StoreRequestHandler(socketserver.BaseRequestHandler):
 
 
 class _StoreServer(socketserver.ThreadingTCPServer):
+    """Serves until ``stopping`` is set. Not ``serve_forever``: its ``shutdown()`` waits for the serving thread,
+    which never runs again once the interpreter is exiting, so a store dropped at exit would hang the process."""
+
     daemon_threads = True
     allow_reuse_address = True
+    timeout = 0.2  # seconds handle_request waits, so ``stopping`` is seen promptly
 
     def __init__(self, port: int):
         super().__init__(("", port), _StoreRequestHandler)
         self.table = _KeyValueTable()
+        self.stopping = False
+
+    def serve_until_stopped(self) -> None:
+        while not self.stopping:
+            self.handle_request()
+        self.server_close()
 
 
 class TCPStore(Store):
@@ -304,7 +314,7 @@ class TCPStore(Store):
         if is_master:
             self._server = _StoreServer(int(port))
             port = self._server.server_address[1]
-            threading.Thread(target=self._server.serve_forever, name="tilewise-tcpstore", daemon=True).start()
+            threading.Thread(target=self._server.serve_until_stopped, name="tilewise-tcpstore", daemon=True).start()
         self.port = int(port)
         self._lock = threading.Lock()
         self._socket = self._connect(host_name, self.port, timeout)
@@ -391,13 +401,11 @@ class TCPStore(Store):
         return self._socket.getsockname()[0]
 
     def __del__(self) -> None:
-        try:
-            self._socket.close()
-            if self._server is not None:
-                self._server.shutdown()
-                self._server.server_close()
-        except Exception:  # noqa: BLE001 (interpreter shutdown)
-            pass
+        socket_ = getattr(self, "_socket", None)
+        if socket_ is not None:
+            socket_.close()
+        if getattr(self, "_server", None) is not None:
+            self._server.stopping = True  # never wait here: see _StoreServer
 
 
 class FileStore(Store):
