@@ -12,6 +12,7 @@ import pytest
 from tilewise._cuda_api import is_available
 from tilewise.backends.cuda.runtime.module import Function, pack_arguments
 from tilewise.codegen.toolchain import cache as cache_module
+from tilewise.codegen.toolchain import sass as sass_module
 from tilewise.codegen.toolchain.cache import (
     KernelCache,
     cache_key,
@@ -26,7 +27,6 @@ from tilewise.codegen.toolchain.nvrtc import (
     nvrtc_version,
     source_excerpt,
 )
-from tilewise.codegen.toolchain import sass as sass_module
 from tilewise.codegen.toolchain.sass import (
     disassemble,
     disassemble_all,

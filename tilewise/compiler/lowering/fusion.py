@@ -286,8 +286,9 @@ def _starves_phases(group: Group) -> bool:
     runs down columns (it keeps the innermost dim) of too few of them: a nest of several phases cannot be split
     across blocks (every block would need every other block's result), so it runs one block per 32 columns. A
     channels-last batch norm's normalisation after its statistics over [64, 112, 112] per channel would run on
-    2 blocks (one over [64, 14, 14] rows of 1024 channels on 32); apart, the statistics split across the GPU and the normalisation is an element-wise pass. (Rows
-    keep their phases together: a block per row reads it once for all of them, see ``codegen.schedule``.)"""
+    2 blocks (one over [64, 14, 14] rows of 1024 channels on 32); apart, the statistics split across the GPU
+    and the normalisation is an element-wise pass. (Rows keep their phases together: a block per row reads it
+    once for all of them, see ``codegen.schedule``.)"""
     if not group.reduce:
         return False
     shape = group.shape
