@@ -408,6 +408,11 @@ def _tensor_backend(pg: ProcessGroup, tensor, op_name: str) -> TransportBackend:
     return pg._get_backend(tensor.device)
 
 
+def _dense(tensor):
+    """``tensor`` itself when it is contiguous (no copy, no dispatch), else a contiguous copy to send from."""
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
 def _staged(output) -> tuple:
     """A contiguous tensor to receive into, and the copy back into ``output`` when that is a strided view."""
     if output.is_contiguous():
@@ -523,7 +528,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
                            f"{_sizes(input_tensor.shape)})")
     backend = _tensor_backend(pg, output_tensor, "all_gather_into_tensor")
     output, copy_back = _staged(output_tensor)
-    work = backend.allgather_into_tensor(output, input_tensor.contiguous())
+    work = backend.allgather_into_tensor(output, _dense(input_tensor))
     return _finish(_with_copy_back(work, copy_back, output_tensor), async_op)
 
 
@@ -543,7 +548,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
                            f"{_sizes(output.shape)})")
     backend = _tensor_backend(pg, input, "reduce_scatter_tensor")
     staged, copy_back = _staged(output)
-    work = backend.reduce_scatter_tensor(staged, input.contiguous(), op)
+    work = backend.reduce_scatter_tensor(staged, _dense(input), op)
     return _finish(_with_copy_back(work, copy_back, output), async_op)
 
 
@@ -569,7 +574,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
     backend = _tensor_backend(pg, tensor, "all_gather")
     n = tensor.numel()
     buffer = _flat_buffer(tensor, n * pg.size())
-    inner = backend.allgather_into_tensor(buffer, tensor.contiguous())
+    inner = backend.allgather_into_tensor(buffer, _dense(tensor))
 
     def scatter_out() -> None:
         for i, out in enumerate(tensor_list):
@@ -613,7 +618,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     _check_splits(input, input_split_sizes, pg.size(), "input")
     backend = _tensor_backend(pg, input, "all_to_all_single")
     staged, copy_back = _staged(output)
-    work = backend.alltoall_base(staged, input.contiguous(), list(output_split_sizes or []) or None,
+    work = backend.alltoall_base(staged, _dense(input), list(output_split_sizes or []) or None,
                                  list(input_split_sizes or []) or None)
     return _finish(_with_copy_back(work, copy_back, output), async_op)
 
@@ -817,7 +822,7 @@ def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: i
         return None
     pg = _resolve(group)
     peer = _group_peer(pg, dst, group_dst, "dst")
-    return _p2p_backend(pg, tensor, peer, "isend").send([tensor.contiguous()], peer, tag)
+    return _p2p_backend(pg, tensor, peer, "isend").send([_dense(tensor)], peer, tag)
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None):

@@ -510,10 +510,10 @@ class NCCLBackend(Backend):
 
     def barrier(self) -> Work:
         """A one-element all_reduce on the current device, whose ``wait()`` blocks the host (as torch's)."""
-        import tilewise as tw
+        from tilewise.ops.creation import zeros
 
         device = _runtime().current_device()
-        token = tw.zeros(1, device=f"cuda:{device}")
+        token = zeros(1, device=f"cuda:{device}")
         nb = _bindings()
         plan = [(buffer_of(token), int(nb.RedOp.Sum))]
         return self._allreduce(device, [token], plan, blocking=True)

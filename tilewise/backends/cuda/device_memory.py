@@ -40,6 +40,8 @@ class DeviceMemory:
     free reaches the allocator, so the history sees each one.
     """
 
+    cache_limit = SMALL_CACHE_LIMIT  # -1 while the allocator records its history (see above)
+
     def __init__(self, device: int) -> None:
         from tilewise.backends.cuda.runtime import get_allocator
 
