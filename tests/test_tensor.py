@@ -261,6 +261,33 @@ def test_device_equality_and_repr():
         tw.device("cpu").type = "cuda"
 
 
+def test_an_indexless_cuda_device_is_the_threads_current_one(monkeypatch):
+    """``"cuda"`` names the current device, as torch resolves it when allocating: after ``set_device(1)`` a
+    rank's ``.cuda()`` and ``device="cuda"`` land on cuda:1 (with the index fixed at 0, every rank of a
+    one-GPU-per-process job put its tensors on GPU 0)."""
+    import threading
+
+    from tilewise.device import BACKENDS, Backend
+
+    class TwoGPUs(Backend):
+        current = threading.local()
+
+        def current_index(self) -> int:
+            return getattr(self.current, "index", 0)
+
+    fake = TwoGPUs()
+    monkeypatch.setitem(BACKENDS, "cuda", fake)
+    assert tw.device("cuda") is tw.device("cuda:0")
+    fake.current.index = 1
+    assert tw.device("cuda") is tw.device("cuda:1") and Device("cuda") == "cuda:1"
+    assert tw.device("cuda:0").index == 0 and tw.device("cuda", 0).index == 0  # an explicit index stays
+    seen = []
+    other = threading.Thread(target=lambda: seen.append(tw.device("cuda")))  # another thread's current device
+    other.start()
+    other.join()
+    assert seen == [tw.device("cuda:0")]
+
+
 def test_cpu_tensor_device_properties():
     x = tw.zeros(2)
     assert x.device == "cpu" and x.is_cpu and not x.is_cuda

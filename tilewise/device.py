@@ -47,8 +47,9 @@ class Device:
             raise ValueError(f"Device(): unknown device type {kind!r}; valid types: {', '.join(_VALID_TYPES)}")
         if kind == "cpu":
             index = None
-        if kind == "cuda" and index is None:
-            index = 0
+        if kind == "cuda" and index is None:  # the thread's current device, as torch resolves "cuda" when it allocates
+            backend = BACKENDS.get("cuda")
+            index = backend.current_index() if backend is not None else 0
         key = (kind, index)
         dev = _interned.get(key)
         if dev is None:
@@ -133,6 +134,10 @@ class Backend:
     def pin_memory(self, t: Tensor) -> Tensor:
         """A contiguous copy of CPU tensor ``t`` in page-locked memory."""
         raise RuntimeError(f"pin_memory(): the {type(self).__name__} cannot pin host memory")
+
+    def current_index(self) -> int:
+        """The index ``Device(type)`` stands for on this thread (the current device, for CUDA)."""
+        return 0
 
     def is_pinned(self, t: Tensor) -> bool:
         """Whether CPU tensor ``t`` lives in page-locked memory this backend allocated."""

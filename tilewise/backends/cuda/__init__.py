@@ -30,6 +30,7 @@ from tilewise.backends.cuda.device_memory import (
     record_stream,
     stream_handle,
 )
+from tilewise.backends.cuda.runtime.device import current_device
 from tilewise.backends.cuda.transfers import download, empty_pinned, is_pinned, pin_memory, upload
 from tilewise.device import Backend, Device, cpu
 from tilewise.tensor import Tensor
@@ -123,6 +124,7 @@ class CUDABackend(Backend):
     pin_memory = staticmethod(pin_memory)
     is_pinned = staticmethod(is_pinned)
     empty_pinned = staticmethod(empty_pinned)
+    current_index = staticmethod(current_device)  # Device("cuda") is the thread's current device
 
     def __repr__(self) -> str:
         return "<CUDA backend>"
