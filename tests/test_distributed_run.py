@@ -94,7 +94,9 @@ def test_ctrl_c_stops_every_rank(tmp_path):
                                  "--master-port", str(free_port()), str(path)], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:
-        pids = [int(launcher.stdout.readline().split()[1]) for _ in range(2)]
+        ready = [launcher.stdout.readline() for _ in range(2)]
+        assert all(line.startswith("ready") for line in ready), (ready, launcher.communicate(timeout=20))
+        pids = [int(line.split()[1]) for line in ready]
         launcher.send_signal(signal.SIGINT)
         assert launcher.wait(timeout=20) == 128 + signal.SIGINT
     finally:
