@@ -33,8 +33,9 @@ def test_every_rank_gets_torchruns_environment_and_joins_the_group(tmp_path):
         t = tw.ones(1) * (dist.get_rank() + 1)
         dist.all_reduce(t)
         keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "NCCL_NVLS_ENABLE"]
-        print("|".join([os.environ[k] for k in keys] + [str(dist.is_torchelastic_launched()), str(t.item()),
-                        " ".join(sys.argv[1:])]), flush=True)
+        line = "|".join([os.environ[k] for k in keys] + [str(dist.is_torchelastic_launched()), str(t.item()),
+                         " ".join(sys.argv[1:])])
+        os.write(1, (line + "\\n").encode())  # one write: the ranks share the pipe
         dist.destroy_process_group()
     """, "--nproc-per-node", "2", "--standalone", as_module=True)
     assert result.returncode == 0, result.stderr
@@ -88,13 +89,15 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     import signal
 
     path = tmp_path / "job.py"
-    path.write_text("import os, time\nprint('ready', os.getpid(), flush=True)\ntime.sleep(120)\n")
+    path.write_text("import os, time\nos.write(1, f'ready {os.getpid()}\\n'.encode())\ntime.sleep(120)\n")
     env = dict(os.environ, PYTHONPATH=ROOT)
     launcher = subprocess.Popen([sys.executable, "-m", "tilewise.distributed.run", "--nproc-per-node", "2",
                                  "--master-port", str(free_port()), str(path)], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:
-        pids = [int(launcher.stdout.readline().split()[1]) for _ in range(2)]
+        ready = [launcher.stdout.readline() for _ in range(2)]
+        assert all(line.startswith("ready") for line in ready), (ready, launcher.communicate(timeout=20))
+        pids = [int(line.split()[1]) for line in ready]
         launcher.send_signal(signal.SIGINT)
         assert launcher.wait(timeout=20) == 128 + signal.SIGINT
     finally:

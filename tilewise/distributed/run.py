@@ -110,8 +110,8 @@ class JobConfig:
         if args.no_python:
             return [args.training_script, *script_args]
         if args.module:
-            return [sys.executable, "-u", "-m", args.training_script, *script_args]
-        return [sys.executable, "-u", args.training_script, *script_args]
+            return [sys.executable, "-m", args.training_script, *script_args]
+        return [sys.executable, args.training_script, *script_args]
 
     def environment(self, local_rank: int) -> dict[str, str]:
         rank = self.node_rank * self.nproc + local_rank
