@@ -151,6 +151,7 @@ def fakes(monkeypatch):
     monkeypatch.setattr(N, "_core", lambda: core)
     monkeypatch.setattr(N, "_runtime", lambda: runtime)
     monkeypatch.setattr(N, "is_capturing", lambda stream: capturing["on"])
+    monkeypatch.setattr(N, "_INTERNAL_STREAMS", {})  # the process's streams: each test's fake runtime makes its own
     monkeypatch.setattr(N, "record_on", lambda tensors, stream: recorded.append(([t.data_ptr() for t in tensors],
                                                                                  stream.handle)))
     return SimpleNamespace(nb=nb, core=core, runtime=runtime, recorded=recorded, capturing=capturing)
@@ -422,6 +423,20 @@ def test_the_module_level_collectives_reach_nccl_in_stream_order(fakes):
     finally:
         dist.destroy_process_group()
     assert fakes.core.destroyed == [1000]
+
+
+def test_the_internal_stream_outlives_its_process_group(fakes):
+    """A tensor a collective used is recorded on the internal stream; freed after destroy_process_group, its
+    block's event is recorded there, so the stream must still exist (a destroyed one crashed the process)."""
+    import tilewise.distributed as dist
+
+    for _ in range(2):
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            dist.all_reduce(cuda_tensor((4,)))
+        finally:
+            dist.destroy_process_group()
+    assert fakes.runtime.made == 1 and list(N._INTERNAL_STREAMS) == [0]
 
 
 # ---- record_stream and the small-block free lists ------------------------------------------------------------

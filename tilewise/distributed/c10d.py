@@ -461,7 +461,8 @@ def _check_op(op, tensor, op_name: str) -> RedOpType:
     op = RedOpType(op)
     if op in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR) and tensor.dtype.is_floating_point:
         raise RuntimeError(f"Cannot use ReduceOp.{op.name} with non-integral dtype")
-    if op == RedOpType.AVG and not tensor.dtype.is_floating_point:
+    # gloo averages in float and cannot cast back (torch's error); NCCL's ncclAvg divides integers itself
+    if op == RedOpType.AVG and not tensor.dtype.is_floating_point and tensor.device.type != "cuda":
         raise RuntimeError(f"result type Float can't be cast to the desired output type "
                            f"{_TORCH_SCALAR_NAMES.get(tensor.dtype.name, tensor.dtype.name)}")
     if op == RedOpType.PREMUL_SUM:

@@ -302,6 +302,12 @@ class Communicator:
     device: int
 
 
+# The internal stream of each device, shared by every backend and kept for the life of the process (as torch's
+# stream pool): a tensor a collective used is recorded on it, and when that tensor is freed, maybe long after
+# its process group was destroyed, the allocator records an event there, which a destroyed stream would crash.
+_INTERNAL_STREAMS: dict[int, Any] = {}
+
+
 class NCCLBackend(Backend):
     """Backend "nccl": CUDA tensors between processes, one NCCL communicator per device this group uses.
 
@@ -321,7 +327,6 @@ class NCCLBackend(Backend):
         self._pair_communicators: dict[tuple[int, int], Communicator] = {}  # (device, peer) -> a 2-rank one
         self._made = 0  # communicators of the whole group made so far: their store keys
         self._pairs_made: dict[int, int] = {}  # peer -> 2-rank communicators made with it so far
-        self._streams: dict[int, Any] = {}  # device -> the internal stream collectives run on
 
     # ---- communicators and streams
 
@@ -363,9 +368,9 @@ class NCCLBackend(Backend):
         return Communicator(comm, nb.Comm(comm.ptr), device)
 
     def _stream(self, device: int) -> Any:
-        found = self._streams.get(device)
+        found = _INTERNAL_STREAMS.get(device)
         if found is None:
-            found = self._streams[device] = _runtime().Stream(device)
+            found = _INTERNAL_STREAMS[device] = _runtime().Stream(device)
         return found
 
     # ---- issuing a call
