@@ -12,6 +12,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from test_explain_functions import MLP_SCRIPT as EXPLAIN_MLP_SCRIPT
+from test_explain_functions import SMALL
 
 import tilewise as tw
 from tilewise import nn
@@ -19,27 +21,8 @@ from tilewise.cli import main
 from tilewise.fileio import is_temporary_of
 from tilewise.profiler.report import HOT_PTX, HOT_SASS, SECTIONS, classify, render
 
-SMALL = 1 << 20  # bytes per roofline measurement
-
-MLP_SCRIPT = """
-import tilewise as tw
-from tilewise import nn
-
-tw.manual_seed(0)
-model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-opt = tw.optim.SGD(model.parameters(), lr=0.1)
-
-
-def train_step(x, y):
-    opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-    return loss
-
-
-ARGS = (tw.randn(8, 16), tw.randint(0, 4, (8,)))
-"""
+# the MLP training step of the explain tests, as a script whose ARGS give the call
+MLP_SCRIPT = EXPLAIN_MLP_SCRIPT + "ARGS = (tw.randn(8, 16), tw.randint(0, 4, (8,)))\n"
 
 
 def _mlp_step():

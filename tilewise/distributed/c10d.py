@@ -683,6 +683,22 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op
     return _finish(ComposedWork([inner], finish, [tensor]), async_op)
 
 
+def _check_root_list(pg, root: int, tensor, tensors: list, op_name: str, role: str, kind: str) -> None:
+    """gather's and scatter's list: given on the ``role`` rank only, of world_size tensors like ``tensor``."""
+    if pg.rank() != root:
+        if tensors:
+            raise ValueError(f"Argument ``{op_name}_list`` must NOT be specified on non-{role} ranks.")
+        return
+    if not tensors:
+        raise ValueError(f"Argument ``{op_name}_list`` must be specified on {role} rank.")
+    if len(tensors) != pg.size():
+        raise RuntimeError(f"ProcessGroup{_transport_label(pg)}::{op_name}: requires a list of world_size "
+                           f"({pg.size()}) {kind} tensors, got {len(tensors)}")
+    for i, item in enumerate(tensors):
+        _check_same_kind(op_name, tensor, item, i)
+        _check_same_size(op_name, tensor.shape, item, i)
+
+
 def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_op: bool = False,
            group_dst: int | None = None):
     """On rank ``dst``, ``gather_list[i]`` = rank i's ``tensor``; other ranks pass no list."""
@@ -696,17 +712,7 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
         return None
     pg = _resolve(group)
     root = _group_peer(pg, dst, group_dst, "dst", "gather")
-    if pg.rank() == root:
-        if not gather_list:
-            raise ValueError("Argument ``gather_list`` must be specified on destination rank.")
-        if len(gather_list) != pg.size():
-            raise RuntimeError(f"ProcessGroup{_transport_label(pg)}::gather: requires a list of world_size "
-                               f"({pg.size()}) output tensors, got {len(gather_list)}")
-        for i, out in enumerate(gather_list):
-            _check_same_kind("gather", tensor, out, i)
-            _check_same_size("gather", tensor.shape, out, i)
-    elif gather_list:
-        raise ValueError("Argument ``gather_list`` must NOT be specified on non-destination ranks.")
+    _check_root_list(pg, root, tensor, gather_list, "gather", "destination", "output")
     backend = _tensor_backend(pg, tensor, "gather")
     n, size = tensor.numel(), pg.size()
     received = _flat_buffer(tensor, n * size if pg.rank() == root else 0)
@@ -734,20 +740,8 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
         return None
     pg = _resolve(group)
     root = _group_peer(pg, src, group_src, "src", "scatter")
-    if pg.rank() == root:
-        if not scatter_list:
-            raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
-        if len(scatter_list) != pg.size():
-            raise RuntimeError(f"ProcessGroup{_transport_label(pg)}::scatter: requires a list of world_size "
-                               f"({pg.size()}) input tensors, got {len(scatter_list)}")
-        for i, item in enumerate(scatter_list):
-            _check_same_kind("scatter", tensor, item, i)
-            _check_same_size("scatter", tensor.shape, item, i)
-        sent = cat([t.reshape(-1) for t in scatter_list])
-    else:
-        if scatter_list:
-            raise ValueError("Argument ``scatter_list`` must NOT be specified on non-source ranks.")
-        sent = _flat_buffer(tensor, 0)
+    _check_root_list(pg, root, tensor, scatter_list, "scatter", "source", "input")
+    sent = cat([t.reshape(-1) for t in scatter_list]) if pg.rank() == root else _flat_buffer(tensor, 0)
     backend = _tensor_backend(pg, tensor, "scatter")
     n, size = tensor.numel(), pg.size()
     received = _flat_buffer(tensor, n)
