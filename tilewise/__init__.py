@@ -212,3 +212,13 @@ def is_complex(t: Tensor) -> bool:
 
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``tilewise.distributed`` on first use, as ``torch.distributed`` is there after ``import torch`` (importing
+    it with every ``import tilewise`` would cost its sockets, stores and transports where nothing uses them)."""
+    if name == "distributed":
+        import importlib
+
+        return importlib.import_module("tilewise.distributed")
+    raise AttributeError(f"module 'tilewise' has no attribute {name!r}")

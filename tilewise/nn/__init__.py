@@ -10,10 +10,19 @@ Sequential(
 )
 """
 
-from tilewise.nn import functional, init, parallel, utils
+from tilewise.nn import functional, init, utils
 from tilewise.nn.modules import *  # noqa: F403 — the layer classes, listed in modules.__all__
 from tilewise.nn.modules import __all__ as _modules_all
 from tilewise.nn.parameter import Parameter, UninitializedBuffer, UninitializedParameter
 
-__all__ = ["Parameter", "UninitializedParameter", "UninitializedBuffer", "functional", "init", "parallel", "utils",
+__all__ = ["Parameter", "UninitializedParameter", "UninitializedBuffer", "functional", "init", "utils",
            *_modules_all]
+
+
+def __getattr__(name: str):
+    """``nn.parallel`` (DistributedDataParallel) on first use: it brings tilewise.distributed with it."""
+    if name == "parallel":
+        import importlib
+
+        return importlib.import_module("tilewise.nn.parallel")
+    raise AttributeError(f"module 'tilewise.nn' has no attribute {name!r}")
