@@ -115,6 +115,21 @@ def test_key_averages_count_calls_and_sum_times():
     assert add.self_cpu_time_total == pytest.approx(sum(e.self_cpu_time_total for e in events))
 
 
+def test_a_device_row_named_like_its_launcher_keeps_its_own_average():
+    """Without CUPTI a device range is named after the host event that launched it; key_averages keeps the two
+    apart (folded, the call count doubled and the footer's device total came out 0 with NaN shares)."""
+    from tilewise.profiler.events import DeviceKernel, EventList, FunctionEvent
+    from tilewise.profiler.recorder import kernel_event
+
+    host = FunctionEvent(1, "CompiledProgram (cuda)", 1, 0.0, 900.0, use_device="cuda")
+    host.kernels.append(DeviceKernel("CompiledProgram (cuda)", 0, 750.0, 10.0))
+    events = EventList([host, kernel_event(host, host.kernels[0])], "cuda")
+    rows = [a for a in events.key_averages() if a.key == "CompiledProgram (cuda)"]
+    assert sorted((a.device_type.name, a.count) for a in rows) == [("CPU", 1), ("CUDA", 1)]
+    footer = events.key_averages().table(row_limit=5).splitlines()[-1]
+    assert footer == "Self CUDA time total: 750.000us" and "NaN" not in events.key_averages().table()
+
+
 # ---------------------------------------------------------------------------- the table
 
 @pytest.mark.parametrize("options", [{}, {"profile_memory": True}, {"record_shapes": True}])

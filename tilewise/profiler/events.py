@@ -242,7 +242,9 @@ class EventList(list):
     def key_averages(self, group_by_input_shapes: bool = False, group_by_stack_n: int = 0) -> EventList:
         groups: dict[tuple, FunctionEventAvg] = {}
         for event in self:
-            key = (event.key,)
+            # a device row apart from the host event of the same name (without CUPTI a device range is named
+            # after the operator that launched it): folded together, the sum of device time lost its rows
+            key = (event.key, event.device_type)
             if group_by_input_shapes:
                 key += (str(event.input_shapes),)
             if group_by_stack_n > 0:
