@@ -635,3 +635,39 @@ def test_driver_allocator_record_stream_and_oom_recovery():
     allocator.empty_cache()
     assert allocator.memory_reserved() == 0
     print(message)
+
+
+def test_record_stream_takes_a_stream_as_torchs_does():
+    import torch
+
+    import tilewise as tw
+
+    with pytest.raises(RuntimeError) as ours:
+        tw.ones(2).record_stream(None)
+    with pytest.raises(RuntimeError) as theirs:
+        torch.ones(2).record_stream(None)
+    assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.cuda
+def test_a_stream_object_gone_before_the_memory_recorded_on_it_is_freed():
+    """The block's event is recorded on the stream's handle when the tensor is freed: the handle outlives its
+    Stream object (kept for the next Stream), so freeing afterwards neither crashes nor reuses early."""
+    import gc
+
+    import tilewise as tw
+    from tilewise.backends.cuda.runtime import Stream
+
+    s = Stream()
+    handle = s.handle
+    x = tw.ones(1 << 20, device="cuda")
+    x.record_stream(s)
+    del s
+    gc.collect()
+    del x  # the allocator records an event on the old stream's handle here
+    gc.collect()
+    again = Stream()
+    assert again.handle == handle  # the handle was kept for reuse
+    y = tw.full((1 << 20,), 2.0, device="cuda")
+    tw.cuda.synchronize()
+    assert float(y.sum()) == 2.0 * (1 << 20)

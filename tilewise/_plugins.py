@@ -47,6 +47,8 @@ PLUG_INS: tuple[PlugIn, ...] = (
            "hooks a leaf after the engine accumulated its gradient"),
     PlugIn("tilewise.tensor:Tensor.__repr__", "tilewise._tensor_str", "printing, with torch's format"),
     PlugIn("tilewise.tensor:Tensor.type", "tilewise.tensortypes", "legacy type names and conversions"),
+    PlugIn("tilewise.tensor:Tensor.record_stream", "tilewise.cuda",
+           "a CUDA tensor's memory marked as used by another stream, for the caching allocator"),
     PlugIn("tilewise.tensor:TRACE_HOOKS.value_needed", "tilewise.compiler.capture",
            "Python reading a traced tensor's values: a graph break or an error naming the user's line"),
     PlugIn("tilewise.tensor:TRACE_HOOKS.shares_memory", "tilewise.compiler.capture",

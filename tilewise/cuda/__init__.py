@@ -159,6 +159,26 @@ def empty_cache() -> None:
     mem.allocator.empty_cache()
 
 
+# ---------------------------------------------------------------------------------------------- streams
+
+def _record_stream(self, stream) -> None:
+    """``Tensor.record_stream(stream)``, torch's: the tensor's memory, once freed, is not handed out again until
+    the work queued on ``stream`` by then has completed (for memory that another stream reads or writes)."""
+    if not isinstance(stream, Stream):
+        raise RuntimeError("unknown parameter type")  # torch's words for an argument that is not a Stream
+    if self.device.type != "cuda":
+        raise RuntimeError(f"record_stream: the tensor is on {self.device}; only CUDA tensors' memory is "
+                           "managed by the caching allocator")
+    from tilewise.backends.cuda import record_stream
+
+    record_stream(self, stream.handle)
+
+
+from tilewise.tensor import Tensor as _Tensor  # noqa: E402
+
+_Tensor.record_stream = _record_stream
+
+
 # ---------------------------------------------------------------------------------------------- random
 
 def manual_seed(seed: int) -> None:

@@ -55,10 +55,13 @@ class Stream:
 
     def __init__(self, device: int | None = None, priority: int = 0) -> None:
         self.device = ensure_context(device)
-        cu = driver_api()
-        flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
-        handle = check(cu.cuStreamCreateWithPriority(flags, priority), "cuStreamCreateWithPriority")
-        self.handle = int(handle)
+        self.priority = priority
+        try:
+            self.handle = _released.get((self.device, priority), []).pop()
+        except IndexError:
+            cu = driver_api()
+            flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+            self.handle = int(check(cu.cuStreamCreateWithPriority(flags, priority), "cuStreamCreateWithPriority"))
         self._owned = True
 
     @classmethod
@@ -114,10 +117,16 @@ class Stream:
         return event
 
     def __del__(self) -> None:
+        # The handle is kept for the next Stream of its device and priority, never destroyed (torch pools its
+        # streams too): a block freed after its stream object is gone (``record_stream``, a collective's
+        # internal stream) has an event recorded on that handle, which a destroyed stream would crash.
         if getattr(self, "_owned", False) and self.handle:
-            with contextlib.suppress(Exception):  # at interpreter shutdown the driver may be gone
-                ensure_context(self.device)
-                driver_api().cuStreamDestroy(self.handle)
+            with contextlib.suppress(Exception):  # at interpreter shutdown the module's globals may be gone
+                _released.setdefault((self.device, self.priority), []).append(self.handle)
+
+
+# (device, priority) -> handles of owned streams whose Stream objects are gone, reused by the next ones made
+_released: dict[tuple[int, int], list[int]] = {}
 
 
 def default_stream(device: int | None = None) -> Stream:
