@@ -48,8 +48,8 @@ class Device:
         if kind == "cpu":
             index = None
         if kind == "cuda" and index is None:  # the thread's current device, as torch resolves "cuda" when it allocates
-            backend = BACKENDS.get("cuda")
-            index = backend.current_index() if backend is not None else 0
+            current = getattr(BACKENDS.get("cuda"), "current_index", None)  # a stand-in backend may lack it
+            index = current() if current is not None else 0
         key = (kind, index)
         dev = _interned.get(key)
         if dev is None:
