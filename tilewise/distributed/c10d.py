@@ -718,7 +718,7 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
     received = _flat_buffer(tensor, n * size if pg.rank() == root else 0)
     sent_splits = [n if r == root else 0 for r in range(size)]
     received_splits = [n] * size if pg.rank() == root else [0] * size
-    inner = backend.alltoall_base(received, tensor.contiguous().reshape(-1), received_splits, sent_splits)
+    inner = backend.alltoall_base(received, _dense(tensor).reshape(-1), received_splits, sent_splits)
 
     def copy_out() -> None:
         for i, out in enumerate(gather_list):
