@@ -20,8 +20,13 @@ error on a rank, a timeout) gets its error text in the table, and the other side
   eager, the global batch as gradient accumulation over the ranks' parts, which is the same update).
 * ``--cpu``: the same over gloo between 2 CPU processes at tiny sizes (a smoke test; no nccl4py side).
 
-    python benchmarks/distributed.py [--collectives] [--gpt] [--quick] [--cpu] [--nproc N] [--worlds 1,2,4]
-        [--steps 50] [--warmup 5] [--append FILE]
+* ``--sharded``: GPT-2 XL (1.56B parameters, fp32 weights, bf16 autocast, AdamW, one sequence a rank) trained
+  unsharded in one process on the global batch, which gives the memory the model needs, and with ``fully_shard``
+  on every block and the root over 2 (and 4) ranks: each rank's peak memory against that need, step times, and
+  the loss difference between tilewise's sharded and unsharded training; torch's FSDP2 beside it.
+
+    python benchmarks/distributed.py [--collectives] [--gpt] [--sharded] [--quick] [--cpu] [--nproc N]
+        [--worlds 1,2,4] [--sizes 1M,128M] [--variants compiled,eager] [--steps 50] [--warmup 5] [--append FILE]
 """
 
 from __future__ import annotations
@@ -57,6 +62,11 @@ CPU_SIZES = [KB, 64 * KB]
 GPT2 = {"layers": 12, "heads": 12, "embd": 768, "block": 1024, "batch": 8, "vocab": 50304, "autocast": "bfloat16"}
 QUICK_GPT = {"layers": 2, "heads": 4, "embd": 128, "block": 128, "batch": 4, "vocab": 512, "autocast": "bfloat16"}
 CPU_GPT = {"layers": 1, "heads": 2, "embd": 32, "block": 16, "batch": 2, "vocab": 20, "autocast": "fp32"}
+# GPT-2 XL (1.56B parameters with the tied head): fp32 weights (the master copy), bf16 autocast, AdamW, one
+# sequence a rank, so that the optimizer state (not the activations) is what sharding has to divide
+GPT2_XL = {"layers": 48, "heads": 25, "embd": 1600, "block": 1024, "batch": 1, "vocab": 50304,
+           "autocast": "bfloat16"}
+QUICK_XL = {"layers": 4, "heads": 4, "embd": 256, "block": 256, "batch": 1, "vocab": 4096, "autocast": "bfloat16"}
 _TORCH_IMPORTS = {
     "from tilewise import nn": "from torch import nn",
     "from tilewise.autograd.grad_mode import no_grad": "from torch import no_grad",
@@ -66,6 +76,7 @@ _TORCH_IMPORTS = {
     "from tilewise.tensor import Tensor, tensor": "from torch import Tensor, tensor",
 }
 NAN = float("nan")
+VARIANTS = {"compiled": "compiled step", "eager": "eager"}  # --variants: how tilewise runs the DDP step
 EXIT_GRACE = 30.0  # seconds a launch may take to end after every rank has written its figures
 
 
@@ -100,6 +111,7 @@ def launch(side: str, worker: str, config: dict, nproc: int | None, timeout: flo
     if library not in chosen:
         found.error = "not run (--sides)"
         return found
+    began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tw-dist-bench-") as out:
         config = dict(config, out=out)
         script = [str(Path(__file__).resolve()), "--worker", worker, "--config", json.dumps(config)]
@@ -119,6 +131,9 @@ def launch(side: str, worker: str, config: dict, nproc: int | None, timeout: flo
         elif done.returncode != 0:  # the figures are whole; say that the ranks did not end cleanly
             first = found.results[0]
             first["note"] = "; ".join(filter(None, [first.get("note", ""), last_error_line(done.stdout)]))
+    # progress on stderr, so that a run stopped from outside still tells how far it came
+    print(f"[distributed.py] {worker} on {ranks} rank(s): {found.error or 'ok'} ({time.perf_counter() - began:.0f} s)",
+          file=sys.stderr, flush=True)
     return found
 
 
@@ -188,7 +203,7 @@ def figure(value: float) -> str:
 # ---- collectives
 
 def collectives_config(args: argparse.Namespace) -> dict:
-    sizes = CPU_SIZES if args.cpu else QUICK_SIZES if args.quick else SIZES
+    sizes = args.sizes or (CPU_SIZES if args.cpu else QUICK_SIZES if args.quick else SIZES)
     return {"device": "cpu" if args.cpu else "cuda", "sizes": sizes, "dtypes": ["bfloat16", "float32"],
             "collectives": list(COLLECTIVES), "quick": bool(args.quick or args.cpu)}
 
@@ -291,10 +306,9 @@ def run_gpt(args: argparse.Namespace) -> str:
             reference = launch("1 process, global batch", "tilewise-gpt-reference", config, None, args.timeout,
                                {"tilewise"})
             peer = (peer_name(args), "torch-gpt-eager" if args.cpu else "torch-gpt-compiled")
-            sides = [launch("tilewise DDP, compiled step", "tilewise-gpt-compiled", config, world, args.timeout,
-                            args.sides),
-                     launch("tilewise DDP, eager", "tilewise-gpt-eager", config, world, args.timeout, args.sides),
-                     launch(*peer, config, world, args.timeout, args.sides)]
+            sides = [launch(f"tilewise DDP, {VARIANTS[variant]}", f"tilewise-gpt-{variant}", config, world,
+                            args.timeout, args.sides) for variant in args.variants]
+            sides.append(launch(*peer, config, world, args.timeout, args.sides))
             launched += sides
             peer_ms = step_ms(sides[-1], base["warmup"])
             for side in sides:
@@ -315,6 +329,53 @@ def peer_name(args: argparse.Namespace) -> str:
     """torch DDP with torch.compile on GPUs; eager on the CPU smoke run, where Inductor's C++ build would take
     longer than the whole run should."""
     return "torch DDP, eager" if args.cpu else "torch DDP + torch.compile"
+
+
+# ---- a model that needs sharding
+
+def sharded_config(args: argparse.Namespace) -> dict:
+    model = CPU_GPT if args.cpu else QUICK_XL if args.quick else GPT2_XL
+    steps = args.steps if args.steps is not None else (3 if args.cpu else 6 if args.quick else 10)
+    warmup = args.warmup if args.warmup is not None else (1 if args.cpu else 2 if args.quick else 3)
+    return dict(model, device="cpu" if args.cpu else "cuda", steps=steps, warmup=warmup, lr=1e-4)
+
+
+def run_sharded(args: argparse.Namespace) -> str:
+    """GPT-2 XL with AdamW: one unsharded process (the memory it needs), then ``fully_shard`` on each block and
+    the root across ``--worlds`` ranks (each rank's peak memory against that need), tilewise beside torch's
+    FSDP2. Each library starts from its own seeded initialisation; tilewise's sharded losses are compared with
+    its unsharded ones on the same global batch."""
+    base = sharded_config(args)
+    rows, launched = [], []
+    worlds = [w for w in args.worlds if w > 1] or [2]
+    for world in worlds:
+        config = dict(base, world=world)
+        single = {lib: launch(f"{lib}, 1 process, unsharded, global batch", f"{lib}-gpt-unsharded", config, None,
+                              args.timeout, args.sides) for lib in ("tilewise", "torch")}
+        sharded = {lib: launch(f"{lib} fully_shard, {world} ranks", f"{lib}-gpt-sharded", config, world,
+                               args.timeout, args.sides) for lib in ("tilewise", "torch")}
+        launched += [*single.values(), *sharded.values()]
+        for lib in ("tilewise", "torch"):
+            need, side = peak_gib(single[lib]), sharded[lib]
+            peak = peak_gib(side)
+            diff = loss_difference(side, single[lib]) if lib == "tilewise" else "(own initialisation)"
+            note = side.error or single[lib].error
+            rows.append(f"| {world} | {lib} | {figure(need)} | {figure(peak)} | {ratio(peak, need)} | "
+                        f"{figure(step_ms(single[lib], base['warmup']))} | {figure(step_ms(side, base['warmup']))} | "
+                        f"{diff} | {cell(note)} |")
+    params = base["layers"] * 12 * base["embd"] ** 2 + (base["vocab"] + base["block"]) * base["embd"]
+    return "\n".join([f"### Sharded training: GPT {base['layers']}L {base['embd']}d (~{params / 1e9:.2f}B params), "
+                      f"fp32 weights, {base['autocast']} autocast, AdamW, batch {base['batch']}x{base['block']} "
+                      "a rank, "
+                      f"{base['steps']} steps, median after {base['warmup']}", "", versions(*launched), "",
+                      "| ranks | side | unsharded peak GiB (1 GPU, global batch) | sharded peak GiB a rank | "
+                      "sharded / unsharded | unsharded step (ms) | sharded step (ms) | max loss diff vs unsharded | "
+                      "note |", "|---:|---|---:|---:|---:|---:|---:|---:|---|", *rows])
+
+
+def peak_gib(side: Launch) -> float:
+    peaks = [r["peak"] for r in side.results if "peak" in r]
+    return max(peaks) / GB if peaks else NAN
 
 
 def step_ms(side: Launch, warmup: int) -> float:
@@ -590,6 +651,65 @@ def gpt_worker(lib_name: str, compiled: bool, config: dict) -> dict:
     return dict(result, note=note)
 
 
+def fresh_gpt(lib: Any, config: dict, device: str) -> Any:
+    """A GPT of ``config`` from the library's own seeded initialisation (no weights file: GPT-2 XL's would be
+    6 GB), made on ``device`` (initialising 1.5B parameters on the CPU takes minutes)."""
+    module = torch_gpt_module() if lib.__name__ == "torch" else importlib.import_module("tilewise.models.gpt")
+    lib.manual_seed(0)
+    with lib.device(device):
+        return module.GPT(module.GPTConfig(vocab_size=config["vocab"], block_size=config["block"],
+                                           n_layer=config["layers"], n_head=config["heads"], n_embd=config["embd"]))
+
+
+def sharded_worker(lib_name: str, sharded: bool, config: dict) -> dict:
+    """Train with AdamW: unsharded in one process on the whole global batch (gradient accumulation over the
+    ranks' parts), or sharded with ``fully_shard`` per block and at the root, a part a rank."""
+    lib = library(lib_name)
+    if sharded:
+        dist, device = start_group(lib, config["device"])
+        rank, world, _ = rank_env()
+        parts = [rank]
+    else:
+        dist, device, world = None, "cuda:0" if config["device"] == "cuda" else "cpu", config["world"]
+        if device.startswith("cuda"):
+            lib.cuda.set_device(0)
+        parts = list(range(world))
+    model = fresh_gpt(lib, config, device)
+    if sharded:
+        fully_shard = importlib.import_module(f"{lib.__name__}.distributed.fsdp").fully_shard
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    optimizer = lib.optim.AdamW(model.parameters(), lr=config["lr"])
+    cuda = device.startswith("cuda")
+    if cuda:
+        lib.cuda.synchronize()
+        lib.cuda.reset_peak_memory_stats()
+    times, losses = [], []
+    for k in range(config["steps"]):
+        batches = [batch(lib, config, k, part, device) for part in parts]
+        if cuda:
+            lib.cuda.synchronize()
+        begin = time.perf_counter()
+        total = 0.0
+        for x, y in batches:
+            with autocast(lib, config, device):
+                _, loss = model(x, y)
+            (loss / len(parts)).backward()
+            total += float(loss.item()) / len(parts)
+        lib.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            lib.cuda.synchronize()
+        times.append(time.perf_counter() - begin)
+        losses.append(total)
+    peak = lib.cuda.max_memory_allocated() if cuda else 0
+    if dist is not None:
+        dist.destroy_process_group()
+    return {"times": times, "losses": losses, "peak": peak}
+
+
 def gpt_reference_worker(config: dict) -> dict:
     """Single-GPU training on the whole global batch, as gradient accumulation over the ranks' parts."""
     import tilewise as tw
@@ -622,6 +742,10 @@ WORKERS = {
     "torch-gpt-compiled": lambda c: gpt_worker("torch", True, c),
     "torch-gpt-eager": lambda c: gpt_worker("torch", False, c),
     "tilewise-gpt-reference": gpt_reference_worker,
+    "tilewise-gpt-unsharded": lambda c: sharded_worker("tilewise", False, c),
+    "tilewise-gpt-sharded": lambda c: sharded_worker("tilewise", True, c),
+    "torch-gpt-unsharded": lambda c: sharded_worker("torch", False, c),
+    "torch-gpt-sharded": lambda c: sharded_worker("torch", True, c),
 }
 
 
@@ -658,6 +782,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--collectives", action="store_true", help="bus bandwidth of the collectives")
     parser.add_argument("--gpt", action="store_true", help="GPT-2 124M DDP training tokens/s")
+    parser.add_argument("--sharded", action="store_true",
+                        help="GPT-2 XL with fully_shard: peak memory a rank against one unsharded process")
+    parser.add_argument("--sizes", help="message sizes for --collectives, e.g. 1M,16M,128M (K, M, G suffixes)")
+    parser.add_argument("--variants", default="compiled,eager",
+                        help="how tilewise runs the DDP step for --gpt: compiled, eager or both")
     parser.add_argument("--quick", action="store_true", help="few sizes, a small GPT, few steps")
     parser.add_argument("--cpu", action="store_true", help="gloo between 2 CPU processes at tiny sizes (smoke test)")
     parser.add_argument("--nproc", type=int, help="ranks for --collectives (default: every GPU; 2 with --cpu)")
@@ -671,8 +800,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.sides = set(args.sides.split(","))
-    if not (args.collectives or args.gpt):
+    if not (args.collectives or args.gpt or args.sharded):
         args.collectives = args.gpt = True
+    args.sizes = [parse_size(text) for text in args.sizes.split(",")] if args.sizes else None
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
     gpus = 0 if args.cpu else gpu_count()
     args.nproc = args.nproc or (2 if args.cpu else max(gpus, 1))
     if args.worlds:
@@ -680,6 +814,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     else:
         args.worlds = [2] if args.cpu else [w for w in (1, 2, 4) if w <= max(gpus, 1)]
     return args
+
+
+def parse_size(text: str) -> int:
+    """``128M`` -> 134217728 (K, M and G are powers of 1024; a bare number is bytes)."""
+    units = {"K": KB, "M": MB, "G": GB}
+    text = text.strip().upper().removesuffix("B")
+    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
 
 
 def gpu_count() -> int:
@@ -698,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = [f"## Several processes — `benchmarks/distributed.py` ({datetime.date.today()}, {where}, "
                 f"python {sys.version.split()[0]})"]
     print(sections[0] + "\n", flush=True)
-    for wanted, run in ((args.collectives, run_collectives), (args.gpt, run_gpt)):
+    for wanted, run in ((args.collectives, run_collectives), (args.gpt, run_gpt), (args.sharded, run_sharded)):
         if wanted:
             sections.append(run(args))
             print(sections[-1] + "\n", flush=True)

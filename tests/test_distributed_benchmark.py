@@ -60,3 +60,15 @@ def test_the_whole_cpu_run_beside_torch(tmp_path):
         assert float(row[2]) > 0, (side, row)
         difference, steps = row[6].split(" over ")
         assert float(difference) < 1e-4 and steps == "4", (side, row)
+
+
+def test_sharded_training_on_the_cpu_follows_the_unsharded_losses(tmp_path):
+    """--sharded: fully_shard over 2 gloo ranks trains to the losses of one unsharded process on the global
+    batch (the memory columns read 0 on the CPU, where the allocator keeps no peak)."""
+    out = run_benchmark("--cpu", "--sharded", "--sides", "tilewise", tmp_path=tmp_path)
+    rows = {r[1]: r for r in table_rows(out, "2")}
+    assert set(rows) == {"tilewise", "torch"}, out
+    assert "not run (--sides)" in rows["torch"][8], out
+    difference, steps = rows["tilewise"][7].split(" over ")
+    assert float(difference) < 1e-4 and steps == "3", out
+    assert float(rows["tilewise"][6]) > 0, out

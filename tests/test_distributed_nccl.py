@@ -88,6 +88,9 @@ class FakeEvent:
     def synchronize(self) -> None:
         self.synchronized = self.done = True
 
+    def record(self, stream) -> None:
+        self.stream, self.done = stream.handle, False
+
 
 class FakeStream:
     def __init__(self, runtime, device: int, handle: int) -> None:
@@ -152,6 +155,9 @@ def fakes(monkeypatch):
     monkeypatch.setattr(N, "_runtime", lambda: runtime)
     monkeypatch.setattr(N, "is_capturing", lambda stream: capturing["on"])
     monkeypatch.setattr(N, "_INTERNAL_STREAMS", {})  # the process's streams: each test's fake runtime makes its own
+    monkeypatch.setattr(N, "_ORDER_EVENTS", {})
+    monkeypatch.setattr(N, "_TYPE_CODES", {})
+    monkeypatch.setattr(N, "_OP_CODES", {})
     monkeypatch.setattr(N, "record_on", lambda tensors, stream: recorded.append(([t.data_ptr() for t in tensors],
                                                                                  stream.handle)))
     return SimpleNamespace(nb=nb, core=core, runtime=runtime, recorded=recorded, capturing=capturing)
@@ -190,7 +196,7 @@ def test_all_reduce_runs_on_the_internal_stream_after_the_callers_work(fakes):
     assert made == [{"nranks": 2, "rank": 0, "id": b"id-0", "ptr": 1000}]
     assert pg.store.values == {"nccl/0": b"id-0"}
     internal = 101
-    assert ("wait_stream", internal, 7) in fakes.runtime.log, "the collective must wait for the caller's stream"
+    assert ("wait_event", internal, 7) in fakes.runtime.log, "the collective must wait for the caller's stream"
     assert fakes.nb.calls == [("all_reduce", x.data_ptr(), x.data_ptr(), 12, FakeNccl.DataType.Float32,
                                FakeNccl.RedOp.Sum, ("comm", 1000), internal)]
     assert fakes.recorded == [([x.data_ptr()], internal)], "its tensors are recorded on the internal stream"
@@ -410,7 +416,7 @@ def test_the_module_level_collectives_reach_nccl_in_stream_order(fakes):
         assert dist.all_reduce(x) is None
         assert fakes.runtime.log[-1] == ("wait_event", 7, 101), "async_op=False: the caller's stream waits"
         work = dist.all_reduce(x, op=dist.ReduceOp.AVG, async_op=True)
-        assert isinstance(work, N.NCCLWork) and fakes.runtime.log[-1] == ("wait_stream", 101, 7)
+        assert isinstance(work, N.NCCLWork) and fakes.runtime.log[-1] == ("wait_event", 101, 7)
         dist.all_gather_into_tensor(out, x)
         dist.reduce_scatter_tensor(x, out)
         dist.broadcast(x, src=0)

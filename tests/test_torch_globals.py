@@ -344,3 +344,36 @@ def test_repr_of_complex_bool_and_grad_tensors():
     _same_repr([1 + 2j, -0.5 - 1j], "complex64")
     _same_repr([[True, False]], "bool")
     assert repr(tw.ones(2, requires_grad=True) * 2) == repr(torch.ones(2, requires_grad=True) * 2)
+
+
+def test_a_device_block_is_where_factories_and_modules_put_tensors_on_this_thread():
+    """``with torch.device(...)``: the default device inside the block (nested blocks too), restored after, and
+    other threads unaffected; meta tensors are refused with a message saying what to do instead."""
+    import threading
+
+    import torch
+
+    assert tw.get_default_device() == tw.device("cpu")
+    with tw.device("cpu") as inside:
+        assert inside == tw.device("cpu") and tw.get_default_device() == tw.device("cpu")
+        layer = tw.nn.Linear(3, 2)
+        assert layer.weight.device == tw.device("cpu")
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append(tw.get_default_device()))
+        worker.start()
+        worker.join()
+        assert seen == [tw.device("cpu")]
+    with torch.device("meta"):
+        assert str(torch.get_default_device()) == "meta"
+        with torch.device("cpu"):
+            assert str(torch.get_default_device()) == "cpu"
+        assert str(torch.get_default_device()) == "meta"
+    with tw.device("meta"):
+        assert str(tw.get_default_device()) == "meta"
+        with tw.device("cpu"):
+            assert str(tw.get_default_device()) == "cpu"
+            assert tw.zeros(2).device == tw.device("cpu")
+        assert str(tw.get_default_device()) == "meta"
+        with pytest.raises(RuntimeError, match="tilewise has no meta tensors"):
+            tw.nn.Linear(3, 2)
+    assert str(tw.get_default_device()) == "cpu" == str(torch.get_default_device())

@@ -14,6 +14,7 @@ checks that the object has every method and names the one missing.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -80,6 +81,16 @@ class Device:
 
     def __reduce__(self):
         return (Device, (str(self),))
+
+    def __enter__(self) -> Device:
+        """``with tilewise.device("cuda"):``: factories on this thread put tensors here when given no device (a
+        module built inside has its parameters made there), as torch's device context does."""
+        stack = _device_context.__dict__.setdefault("stack", [])
+        stack.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _device_context.stack.pop()
 
 
 cpu = Device("cpu")
@@ -205,9 +216,14 @@ def is_pinned(t: Tensor) -> bool:
 _default_device: Device = cpu
 
 
+_device_context = threading.local()  # .stack: the devices of the ``with device(...)`` blocks open on this thread
+
+
 def default_device() -> Device:
-    """Where factories put tensors when given no device (``tilewise.set_default_device``)."""
-    return _default_device
+    """Where factories put tensors when given no device: the innermost ``with tilewise.device(...)`` block of this
+    thread, else ``tilewise.set_default_device``'s."""
+    stack = _device_context.__dict__.get("stack")
+    return stack[-1] if stack else _default_device
 
 
 def set_default_device(device) -> None:

@@ -189,9 +189,15 @@ def run(op, args: tuple):
     device = device_of(op, args)
     backend = BACKENDS.get(device.type)
     if backend is None:
-        raise RuntimeError(f"{op.name}: no backend for device {device}; is the CUDA extra installed? "
-                           "(pip install -e '.[cuda]')")
+        raise RuntimeError(_no_backend_message(op, device))
     return backend.run(op, args, device)
+
+
+def _no_backend_message(op, device: Device) -> str:
+    if device.type == "meta":
+        return (f"{op.name}: tilewise has no meta tensors (device 'meta'); make the tensors or the module on 'cpu' "
+                "or 'cuda' (e.g. inside `with tilewise.device('cuda'):`)")
+    return f"{op.name}: no backend for device {device}; is the CUDA extra installed? (pip install -e '.[cuda]')"
 
 
 def device_of(op, args: tuple) -> Device:

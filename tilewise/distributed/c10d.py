@@ -151,6 +151,9 @@ class ProcessGroup:
 
     def _get_backend(self, device) -> TransportBackend:
         """The transport serving ``device`` (a device, or its type as a string), made on first use."""
+        found = self._backends.get(device) if isinstance(device, str) else self._backends.get(device.type)
+        if found is not None:  # the hot path: a transport made before
+            return found
         device_type = device if isinstance(device, str) else device.type
         device_type = device_type.split(":")[0]
         if device_type not in self._config:

@@ -146,11 +146,33 @@ def common_device(tensors: list[Tensor], *, p2p: bool = False) -> int:
     return devices.pop()
 
 
+# (bindings, dtype name) -> (NCCL data type, NCCL elements per tensor element): looked up once per dtype, as a
+# collective's host cost bounds the bus bandwidth of small messages
+_TYPE_CODES: dict[tuple[Any, str], tuple[int, int]] = {}
+_OP_CODES: dict[tuple[Any, Any, str], int] = {}  # (bindings, reduce op, dtype name) -> NCCL reduction
+
+
 def buffer_of(t: Tensor) -> Buffer:
     nb = _bindings()
-    name = nccl_type_name(t)
-    parts = 2 if t.dtype.name in COMPLEX else 1
-    return Buffer(t.data_ptr(), t.numel() * parts, int(getattr(nb.DataType, name)), t.dtype.itemsize // parts)
+    key = (nb, t.dtype.name)
+    found = _TYPE_CODES.get(key)
+    if found is None:
+        parts = 2 if t.dtype.name in COMPLEX else 1
+        found = _TYPE_CODES[key] = (int(getattr(nb.DataType, nccl_type_name(t))), parts)
+    code, parts = found
+    return Buffer(t.data_ptr(), t.numel() * parts, code, t.dtype.itemsize // parts)
+
+
+def nccl_op_code(nb: Any, op: Any, t: Tensor) -> int:
+    """nccl4py's reduction code of ``op`` on ``t``'s dtype (:func:`nccl_op_name`, remembered)."""
+    try:
+        key = (nb, op, t.dtype.name)
+        found = _OP_CODES.get(key)
+    except TypeError:  # an unhashable spelling of the op
+        return int(getattr(nb.RedOp, nccl_op_name(op, t)))
+    if found is None:
+        found = _OP_CODES[key] = int(getattr(nb.RedOp, nccl_op_name(op, t)))
+    return found
 
 
 # ---- CUDA plumbing ---------------------------------------------------------------------------------------------
@@ -240,11 +262,14 @@ class NCCLWork(Work):
     """One NCCL call in flight: its end event, the device it ran on and its output tensors."""
 
     def __init__(self, outputs: list[Tensor], device: int, end: Any | None, *, blocking: bool = False) -> None:
-        super().__init__(outputs)
+        # Work.__init__ is not called: its host-side Future (a lock and a threading.Event) is not needed here,
+        # and a collective's host cost bounds small messages' bandwidth; the CUDA future is made when asked for
+        self._outputs = outputs
+        self._source_rank = -1
         self._device = device
         self._end = end  # None: issued on the caller's stream (graph capture), already in order
         self._blocking = blocking
-        self._future = CudaFuture(outputs, device, end)
+        self._future: CudaFuture | None = None
 
     def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
         """Order the caller's current stream after the call (a barrier's wait blocks the host until it is done)."""
@@ -287,6 +312,8 @@ class NCCLWork(Work):
         return self._outputs
 
     def get_future(self) -> CudaFuture:
+        if self._future is None:
+            self._future = CudaFuture(self._outputs, self._device, self._end)
         return self._future
 
 
@@ -306,6 +333,7 @@ class Communicator:
 # stream pool): a tensor a collective used is recorded on it, and when that tensor is freed, maybe long after
 # its process group was destroyed, the allocator records an event there, which a destroyed stream would crash.
 _INTERNAL_STREAMS: dict[int, Any] = {}
+_ORDER_EVENTS: dict[int, Any] = {}  # device -> the event each call's internal stream waits on (see _order_event)
 
 
 class NCCLBackend(Backend):
@@ -373,6 +401,16 @@ class NCCLBackend(Backend):
             found = _INTERNAL_STREAMS[device] = _runtime().Stream(device)
         return found
 
+    def _order_event(self, device: int, caller: Any) -> Any:
+        """An event recorded now on ``caller``: one per device, re-recorded for each call (a stream's wait takes
+        the event's state when it is queued, so reuse is safe and saves an event per collective)."""
+        event = _ORDER_EVENTS.get(device)
+        if event is None:
+            event = _ORDER_EVENTS[device] = caller.record_event()
+        else:
+            event.record(caller)
+        return event
+
     # ---- issuing a call
 
     def _issue(self, name: str, comm: Communicator, tensors: list[Tensor], outputs: list[Tensor],
@@ -386,7 +424,7 @@ class NCCLBackend(Backend):
             self._call(name, comm, call, caller.handle)
             return NCCLWork(outputs, device, None)
         internal = self._stream(device)
-        internal.wait_stream(caller)
+        internal.wait_event(self._order_event(device, caller))
         self._call(name, comm, call, internal.handle)
         record_on(tensors, internal)
         return NCCLWork(outputs, device, internal.record_event(), blocking=blocking)
@@ -404,7 +442,7 @@ class NCCLBackend(Backend):
     def allreduce(self, tensors: list[Tensor], op: Any) -> Work:
         device = common_device(tensors)
         nb = _bindings()
-        plan = [(buffer_of(t), int(getattr(nb.RedOp, nccl_op_name(op, t)))) for t in tensors]
+        plan = [(buffer_of(t), nccl_op_code(nb, op, t)) for t in tensors]
         return self._allreduce(device, tensors, plan)
 
     def _allreduce(self, device: int, tensors: list[Tensor], plan: list[tuple[Buffer, int]], *,
@@ -457,7 +495,7 @@ class NCCLBackend(Backend):
                              f"{self._size}, input {input.numel()}, output {output.numel()} elements)")
         nb = _bindings()
         src, dst = buffer_of(input), buffer_of(output)
-        nccl_op = int(getattr(nb.RedOp, nccl_op_name(op, input)))
+        nccl_op = nccl_op_code(nb, op, input)
 
         def call(comm: Any, stream: int) -> None:
             nb.reduce_scatter(src.ptr, dst.ptr, dst.count, dst.dtype, nccl_op, comm, stream)

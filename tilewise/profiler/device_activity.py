@@ -296,10 +296,12 @@ def _import_cupti():
     global _warned
     try:
         from cupti import cupti
-    except ImportError:
+    except ImportError as error:
         if not _warned:
             _warned = True
-            warnings.warn("tilewise.profiler: cupti-python is not installed, so CUDA activity is timed with CUDA "
+            cause = "is not installed" if isinstance(error, ModuleNotFoundError) and error.name == "cupti" else \
+                f"could not be imported ({type(error).__name__}: {error})"
+            warnings.warn(f"tilewise.profiler: cupti-python {cause}, so CUDA activity is timed with CUDA "
                           "events around each operator and program step (no kernel names, grids or streams); "
                           "pip install cupti-python for CUPTI's kernel records", stacklevel=4)
         return None
