@@ -692,3 +692,20 @@ def _one_rank_world(rank: int, world: int) -> dict:
 def test_a_one_process_world_on_one_gpu():
     (found,) = run_ranks(_one_rank_world, 1)
     assert found == {"x": [0.0, 1.0, 2.0, 3.0], "out": [0.0, 1.0, 2.0, 3.0]}
+
+
+def test_a_barrier_whose_peer_never_answers_raises_after_the_groups_timeout(fakes, monkeypatch):
+    import tilewise.ops.creation as creation
+
+    monkeypatch.setattr(creation, "zeros", lambda *shape, **kwargs: cuda_tensor(shape))
+    backend = N.NCCLBackend(FakeStore(), 0, 2, datetime.timedelta(seconds=0.2))
+    work = backend.barrier()  # the fake event never completes, as when a peer died
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"NCCL work on cuda:0 timed out after 0.2 s: a rank of the group may"):
+        work.wait()
+    assert time.monotonic() - began < 5
+
+
+def test_a_receive_names_its_sender(fakes):
+    work = group(rank=0).recv([cuda_tensor((3,))], 1)
+    assert work.source_rank() == 1

@@ -851,7 +851,10 @@ def recv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: in
     if work is None:
         return -1
     work.wait()
-    return get_global_rank(_resolve(group), work.source_rank())
+    pg = _resolve(group)
+    if src is None and group_src is None:  # from any rank: the transport says which (torch's recv_anysource)
+        return get_global_rank(pg, work.source_rank())
+    return get_global_rank(pg, _group_peer(pg, src, group_src, "src"))
 
 
 class P2POp:

@@ -261,7 +261,8 @@ class CudaFuture(Future):
 class NCCLWork(Work):
     """One NCCL call in flight: its end event, the device it ran on and its output tensors."""
 
-    def __init__(self, outputs: list[Tensor], device: int, end: Any | None, *, blocking: bool = False) -> None:
+    def __init__(self, outputs: list[Tensor], device: int, end: Any | None, *, blocking: bool = False,
+                 timeout: datetime.timedelta | None = None) -> None:
         # Work.__init__ is not called: its host-side Future (a lock and a threading.Event) is not needed here,
         # and a collective's host cost bounds small messages' bandwidth; the CUDA future is made when asked for
         self._outputs = outputs
@@ -269,6 +270,7 @@ class NCCLWork(Work):
         self._device = device
         self._end = end  # None: issued on the caller's stream (graph capture), already in order
         self._blocking = blocking
+        self._timeout = timeout  # a blocking wait given none: the process group's (a peer that died never answers)
         self._future: CudaFuture | None = None
 
     def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
@@ -276,7 +278,7 @@ class NCCLWork(Work):
         if self._end is None:
             return True
         if self._blocking:
-            self._block_host(timeout)
+            self._block_host(timeout or self._timeout)
         else:
             _runtime().current_stream(self._device).wait_event(self._end)
         return True
@@ -289,7 +291,8 @@ class NCCLWork(Work):
         deadline = time.monotonic() + seconds
         while not self._end.query():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"NCCL work on cuda:{self._device} timed out after {seconds:g} s")
+                raise RuntimeError(f"NCCL work on cuda:{self._device} timed out after {seconds:g} s: a rank of the "
+                                   "group may have died, or be waiting in a different collective")
             time.sleep(1e-4)
 
     def synchronize(self) -> None:
@@ -427,7 +430,7 @@ class NCCLBackend(Backend):
         internal.wait_event(self._order_event(device, caller))
         self._call(name, comm, call, internal.handle)
         record_on(tensors, internal)
-        return NCCLWork(outputs, device, internal.record_event(), blocking=blocking)
+        return NCCLWork(outputs, device, internal.record_event(), blocking=blocking, timeout=self.timeout)
 
     def _call(self, name: str, comm: Communicator, call: Callable[[Any, int], None], stream: int) -> None:
         nb = _bindings()
@@ -549,7 +552,9 @@ class NCCLBackend(Backend):
                     transfer(buf.ptr, buf.count, buf.dtype, nccl_peer, handle, stream)
 
         outputs = tensors if name == "recv" else []
-        return self._issue(name, comm, tensors, outputs, call)
+        work = self._issue(name, comm, tensors, outputs, call)
+        work._source_rank = peer
+        return work
 
     def barrier(self) -> Work:
         """A one-element all_reduce on the current device, whose ``wait()`` blocks the host (as torch's)."""
