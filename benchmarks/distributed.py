@@ -132,8 +132,10 @@ def launch(side: str, worker: str, config: dict, nproc: int | None, timeout: flo
             first = found.results[0]
             first["note"] = "; ".join(filter(None, [first.get("note", ""), last_error_line(done.stdout)]))
     # progress on stderr, so that a run stopped from outside still tells how far it came
-    print(f"[distributed.py] {worker} on {ranks} rank(s): {found.error or 'ok'} ({time.perf_counter() - began:.0f} s)",
-          file=sys.stderr, flush=True)
+    times = [t for r in found.results[:1] for t in r.get("times", [])][config.get("warmup", 0):]
+    median = f", median step {statistics.median(times) * 1e3:.2f} ms" if times else ""
+    print(f"[distributed.py] {worker} on {ranks} rank(s): {found.error or 'ok'}{median} "
+          f"({time.perf_counter() - began:.0f} s)", file=sys.stderr, flush=True)
     return found
 
 
