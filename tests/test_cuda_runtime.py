@@ -654,10 +654,12 @@ def test_a_stream_object_gone_before_the_memory_recorded_on_it_is_freed():
     """The block's event is recorded on the stream's handle when the tensor is freed: the handle outlives its
     Stream object (kept for the next Stream), so freeing afterwards neither crashes nor reuses early."""
     import gc
+    import importlib
 
     import tilewise as tw
     from tilewise.backends.cuda.runtime import Stream
-    from tilewise.backends.cuda.runtime import stream as stream_module
+
+    stream_module = importlib.import_module("tilewise.backends.cuda.runtime.stream")  # the package's stream() hides it
 
     gc.collect()  # finalizers of earlier tests' garbage would otherwise run in the middle of this one
     s = Stream()

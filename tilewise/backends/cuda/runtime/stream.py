@@ -121,8 +121,10 @@ class Stream:
         # streams too): a block freed after its stream object is gone (``record_stream``, a collective's
         # internal stream) has an event recorded on that handle, which a destroyed stream would crash.
         if getattr(self, "_owned", False) and self.handle:
-            with contextlib.suppress(Exception):  # at interpreter shutdown the module's globals may be gone
+            try:
                 _released.setdefault((self.device, self.priority), []).append(self.handle)
+            except Exception:  # noqa: BLE001, S110 -- at interpreter shutdown the module's globals may be gone
+                pass
 
 
 # (device, priority) -> handles of owned streams whose Stream objects are gone, reused by the next ones made
@@ -260,9 +262,11 @@ class Event:
 
     def __del__(self) -> None:
         if getattr(self, "_handle", 0):
-            with contextlib.suppress(Exception):  # at interpreter shutdown the driver may be gone
+            try:
                 ensure_context(self.device)
                 driver_api().cuEventDestroy(self._handle)
+            except Exception:  # noqa: BLE001, S110 -- at interpreter shutdown the driver (or contextlib) may be gone
+                pass
 
 
 def _stream_handle_and_device(stream: Stream | int | None) -> tuple[int, int]:
