@@ -21,7 +21,6 @@ A stream records events and an event is recorded on a stream, so the two share t
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
