@@ -80,7 +80,7 @@ def _default_text(name: str, default, fail: Callable) -> str:
 
 
 def _return_text(annotation, fail: Callable) -> str:
-    if annotation is None:
+    if annotation is None or annotation is type(None):
         return "()"
     if annotation is inspect.Parameter.empty:
         fail("No return type annotation was provided. Please add one.")
@@ -96,6 +96,22 @@ def _return_text(annotation, fail: Callable) -> str:
     return f"(({text}))" if len(items) == 1 else f"({text})"
 
 
+def _type_hints(fn: Callable, sig: inspect.Signature, fail: Callable) -> dict:
+    """The annotations as types, strings (``from __future__ import annotations``) evaluated in ``fn``'s module."""
+    raw = {name: p.annotation for name, p in sig.parameters.items()} | {"return": sig.return_annotation}
+    hints = {}
+    for name, annotation in raw.items():
+        if isinstance(annotation, str):
+            try:
+                annotation = eval(annotation, getattr(fn, "__globals__", {}))  # noqa: S307 — the user's own annotation
+            except Exception as exc:  # noqa: BLE001 — any failure is an annotation that is not a type
+                fail(f"Unsupported type annotation {annotation}. It is not a type. ({type(exc).__name__}: {exc}). "
+                     "With 'from __future__ import annotations', the types an annotation names must be importable "
+                     "at module scope.")
+        hints[name] = annotation
+    return hints
+
+
 def infer_schema(fn: Callable, /, *, mutates_args, op_name: str | None = None) -> str:
     """The schema torch.library.infer_schema writes for ``fn``'s annotations.
 
@@ -104,10 +120,11 @@ def infer_schema(fn: Callable, /, *, mutates_args, op_name: str | None = None) -
     '(Tensor x, float alpha=2.0) -> Tensor'
     """
     sig = inspect.signature(fn)
-    hints = typing.get_type_hints(fn)
 
     def fail(what: str):
         raise ValueError(f"infer_schema(func): {what} Got func with signature {sig})")
+
+    hints = _type_hints(fn, sig, fail)
 
     if type(mutates_args) is str and mutates_args != UNKNOWN_MUTATES:
         raise ValueError("mutates_args must either be a sequence of the names of the arguments that are mutated or "
@@ -122,7 +139,7 @@ def infer_schema(fn: Callable, /, *, mutates_args, op_name: str | None = None) -
             kwarg_only = True
         if p.annotation is inspect.Parameter.empty:
             fail(f"Parameter {name} must have a type annotation.")
-        annotation = hints.get(name, p.annotation)
+        annotation = hints[name]
         if annotation not in PARAM_TYPES:
             fail(f"Parameter {name} has unsupported type {p.annotation}. The valid types are: {list(PARAM_TYPES)}.")
         ty = PARAM_TYPES[annotation]
@@ -139,7 +156,7 @@ def infer_schema(fn: Callable, /, *, mutates_args, op_name: str | None = None) -
         if unseen:
             fail(f"{unseen} in mutates_args were not found in the custom op's signature. mutates_args should contain "
                  "the names of all args that the custom op mutates, or just the string 'unknown' if you don't know.")
-    returns = _return_text(hints.get("return", sig.return_annotation), fail)
+    returns = _return_text(hints["return"], fail)
     return f"{op_name or ''}({', '.join(params)}) -> {returns}"
 
 
@@ -310,11 +327,11 @@ class CustomOpDef:
                 if p.type == "Tensor"}
 
     def _gradients(self, env: dict) -> tuple:
-        names = self.op.param_names()
-        inputs = tuple(env[n] for n in names)
         if self._backward is None:
             raise RuntimeError(f"Trying to backward through {self.qualname} but no autograd formula was registered. "
                                f"Please use register_autograd to add one.")
+        names = self.op.param_names()
+        inputs = tuple(env[n] for n in names)
         ctx = _Context(tuple(type(a) is Tensor and a.requires_grad for a in inputs))
         if self._setup_context is not None:
             self._setup_context(ctx, inputs, env["result"])
@@ -357,7 +374,7 @@ def _name_backward_node(op, namespace: str, name: str) -> None:
 
 def _declare(qualname: str, schema: str, custom: CustomOpDef):
     _undeclare(qualname)  # torch lets a script run its registrations again; the newest one wins
-    op = declare(f"{qualname}{schema}", "custom", differentiable=True, run=custom._run,
+    op = declare(f"{qualname}{schema}", "custom", differentiable=True, public=False, run=custom._run,
                  fake=custom._fake_results, custom=custom)
     custom.op = op
     _name_backward_node(op, custom.namespace, custom._name)
@@ -384,6 +401,8 @@ def custom_op(name: str, fn: Callable | None = None, /, *, mutates_args, device_
     >>> scale(tilewise.ones(2), 3.0)
     tensor([3., 3.])
     """
+    _split_name(name)
+
     def make(fn: Callable) -> CustomOpDef:
         text = schema if schema is not None else infer_schema(fn, mutates_args=mutates_args)
         return CustomOpDef(name, text, fn, device_types, mutates_args)

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from numbers import Number
 
-_ARG_RE = re.compile(r"^(?P<type>[A-Za-z]+(?:\[\d*\])?(?:\([a-z]!?\))?\??(?:\[\])?\??)"
+_ARG_RE = re.compile(r"^(?P<type>[A-Za-z]+(?:\[\d*\])?(?:\([a-z]\d*!?\))?\??(?:\[\])?\??)"
                      r"\s+(?P<name>\w+)(?:=(?P<default>.+))?$")
 
 
@@ -124,7 +124,7 @@ def _parse_default(text: str, type_name: str):
 
 def _parse_type(text: str) -> tuple[str, bool, int | None, bool, str | None]:
     alias = None
-    m = re.search(r"\(([a-z]!?)\)", text)
+    m = re.search(r"\(([a-z]\d*!?)\)", text)
     if m:
         alias = m.group(1)
         text = text[: m.start()] + text[m.end():]
