@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from numbers import Number
 
 from tilewise.autograd import graph
+from tilewise.cuda.extension import ACTIVE_OPERATOR
 from tilewise.device import Device
 from tilewise.dtypes import DType, float32
 from tilewise.ops import registry
@@ -205,6 +206,7 @@ class CustomOpDef:
         self._fake: Callable | None = None
         self._checked: set[str] = set()  # device types whose first real call checked the fake
         self._backward = self._setup_context = None
+        self.modules: dict = {}  # name -> tilewise.cuda.load_inline module its kernels launch
         self.op = _declare(qualname, schema, self)
         self._fn = fn
         if fn is not None:
@@ -275,11 +277,28 @@ class CustomOpDef:
             raise NotImplementedError(f"{self.qualname}: no kernel registered for device type {device.type!r} "
                                       f"(registered: {sorted(self._kernels) or 'none'}); add one with "
                                       f"@{self._name}.register_kernel({device.type!r})")
-        out = kernel(*_below_autograd(args))
+        if device.type == "cuda":
+            out = self._run_cuda(kernel, args)
+        else:
+            out = kernel(*_below_autograd(args))
         self._check_aliasing(args, out)
         if device.type not in self._checked and self._fake is not None:
             self._check_fake(args, out, device)
         return tuple(out) if isinstance(out, list) else out
+
+    def _run_cuda(self, kernel: Callable, args: tuple):
+        """Run a CUDA kernel function; the ``load_inline`` kernels it launches are remembered (``launched``)."""
+        active = ACTIVE_OPERATOR.__dict__.get("custom")
+        ACTIVE_OPERATOR.custom = self
+        try:
+            return kernel(*_below_autograd(args))
+        finally:
+            ACTIVE_OPERATOR.custom = active
+
+    def launched(self, module) -> None:
+        """A ``tilewise.cuda.load_inline`` module one of this operator's kernels launched (``explain`` shows its
+        PTX and SASS); also to be called directly, to show a module's code before anything ran."""
+        self.modules.setdefault(module.name, module)
 
     def _check_aliasing(self, args: tuple, out) -> None:
         storages = {id(a._storage) for a in _tensor_args(args)}
