@@ -34,7 +34,7 @@ from tilewise.ops.registry import Formula, declare, joint_formula_output
 from tilewise.tensor import Tensor
 
 __all__ = ["CustomOpDef", "custom_op", "infer_schema", "register_autocast", "register_autograd", "register_fake",
-           "register_kernel", "triton_op"]
+           "register_kernel", "triton_op", "wrap_triton"]
 
 UNKNOWN_MUTATES = "unknown"
 DEVICE_TYPES = ("cpu", "cuda")
@@ -431,8 +431,17 @@ def custom_op(name: str, fn: Callable | None = None, /, *, mutates_args, device_
 
 def triton_op(name: str, fn: Callable | None = None, /, *, mutates_args, schema: str | None = None):
     """A Python function that launches Triton kernels on its tensors, as one operator (``torch.library.
-    triton_op``): ``compile`` holds it as one step, like any custom operator (its fake: ``register_fake``)."""
+    triton_op``): ``compile`` holds it as one step, like any custom operator (its fake: ``register_fake``).
+    Triton reads a tilewise tensor as it reads a torch one (``data_ptr()`` and ``dtype``), and launches on the
+    stream its driver reports current (torch's, where torch is installed: the legacy default stream unless torch
+    code switched it, as tilewise's is)."""
     return custom_op(name, fn, mutates_args=mutates_args, device_types="cuda", schema=schema)
+
+
+def wrap_triton(kernel):
+    """torch.library.wrap_triton's spelling inside a ``triton_op``: the compiler holds the whole operator as one
+    step, so a kernel is launched as it is (``wrap_triton(k)[grid](...)`` is ``k[grid](...)``)."""
+    return kernel
 
 
 def _custom(op) -> CustomOpDef:
