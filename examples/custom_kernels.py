@@ -201,8 +201,9 @@ def main() -> None:
     from tilewise.codegen.toolchain import nvrtc_available
 
     if nvrtc_available():  # compiled here even without a GPU: PTX, SASS and registers
+        on_gpu = args.device == "cuda"
         module = tw.cuda.load_inline("rms_norm", RMS_NORM_CUDA, ["rms_norm_forward", "rms_norm_backward"],
-                                     compile_only=args.device != "cuda", arch=None if args.device == "cuda" else "sm_90")
+                                     compile_only=not on_gpu, arch=None if on_gpu else "sm_90")
         for kernel in module.kernels.values():
             print(f"{kernel.describe()}, {kernel.shared_bytes} B shared/block, "
                   f"{len(kernel.sass.splitlines())} lines of SASS")
