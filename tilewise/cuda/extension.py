@@ -190,15 +190,17 @@ def _global_functions(source: str) -> list[str]:
 
 
 def _target(device, arch: str | None, compile_only: bool) -> tuple[Device, str]:
-    from tilewise.backends.cuda.runtime import get_device_properties, is_available
+    from tilewise.backends.cuda.runtime import current_device, get_device_properties, is_available
 
-    device = Device(device) if device is not None else Device("cuda", 0) if compile_only else Device("cuda")
+    device = Device(device) if device is not None else Device("cuda")
     if device.type != "cuda":
         raise ValueError(f"load_inline: kernels run on a CUDA device, not {device}")
+    if device.index is None:  # tensors name their device's index: compare like with like
+        device = Device("cuda", current_device() if is_available() else 0)
     if arch is not None:
         return device, arch
     if is_available():
-        return device, get_device_properties(device.index or 0).arch
+        return device, get_device_properties(device.index).arch
     if compile_only:
         return device, "sm_90"
     raise RuntimeError("load_inline: no CUDA GPU is available to load the kernels on; pass compile_only=True (and "
