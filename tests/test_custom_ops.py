@@ -177,14 +177,44 @@ def test_backward_without_registration_raises_torchs_error():
         y.sum().backward()
 
 
-def test_wrong_backward_arity_is_an_error():
+def test_wrong_backward_arity_is_torchs_error():
     @custom_op("twtest::twice", mutates_args=())
     def twice(x: tw.Tensor, k: float) -> tw.Tensor:
         return x * k
 
     twice.register_autograd(lambda ctx, g: g)
-    with pytest.raises(RuntimeError, match="twtest::twice: the backward returned 1 gradient.*expected one per input"):
+    with pytest.raises(RuntimeError, match="function GeneratedBackwardFor_twtest_twice_defaultBackward returned an "
+                                           r"incorrect number of gradients \(expected 2, got 1\)"):
         twice(tw.ones(2, requires_grad=True), 2.0).sum().backward()
+
+
+def test_setup_context_saves_what_it_chooses():
+    """As in torch, setup_context runs right after the kernel: an input it did not save may change in place before
+    backward, and one it saved may not."""
+    calls = []
+
+    @custom_op("twtest::cube", mutates_args=())
+    def cube(x: tw.Tensor, y: tw.Tensor) -> tw.Tensor:
+        return x * x * x + y
+
+    def setup_context(ctx, inputs, output):
+        calls.append("setup")
+        ctx.save_for_backward(inputs[0])
+        assert ctx.needs_input_grad == (True, True)
+
+    cube.register_autograd(lambda ctx, g: (3 * ctx.saved_tensors[0] ** 2 * g, g), setup_context=setup_context)
+    x, y = tw.tensor([1.0, 2.0], requires_grad=True), tw.tensor([0.5, 0.5], requires_grad=True)
+    z = y * 1
+    out = cube(x, z)
+    assert calls == ["setup"]
+    z.add_(1.0)  # not saved: no error
+    out.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [3.0, 12.0])
+    out = cube(x * 1, y)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved = out.grad_fn.ctx.saved_tensors[0]
+        saved.add_(1.0)
+        out.sum().backward()
 
 
 def test_fake_with_wrong_shape_fails_at_first_call():

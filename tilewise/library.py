@@ -4,9 +4,10 @@
 operator of the operator table, as torch.library does: its schema is inferred from the annotations
 (``infer_schema``, torch's rules and spellings), it is declared with kind ``"custom"``, and from then on it is
 an operator like any declared one. Calls bind through the schema and walk the dispatcher: the Profiler key
-names it, the Autocast key casts it once ``register_autocast`` gave it a policy, the Autograd key records a node
-whose derivative is the registered backward (one joint formula over every input, run with a ``ctx`` that
-``setup_context`` filled from the saved inputs and output), and the backend key calls the kernel registered for
+names it, the Autocast key casts it once ``register_autocast`` gave it a policy, the Autograd key records it as
+an ``autograd.Function`` as torch.library does (``setup_context`` runs right after the kernel and saves what it
+chooses; the node is torch's ``GeneratedBackwardFor_<ns>_<name>_defaultBackward``; a gradient reaching an operator
+without a registered backward raises torch's error), and the backend key calls the kernel registered for
 the inputs' device type (``register_kernel``, or the decorated function itself). While ``tilewise.compile``
 traces, the operator is one opaque node of the graph: its result types come from the fake implementation
 (``register_fake``), called on the trace tensors (what it builds is never read and dead-code elimination drops
@@ -25,12 +26,13 @@ import typing
 from collections.abc import Callable, Iterable
 from numbers import Number
 
-from tilewise.autograd import graph
+from tilewise import dispatch
+from tilewise.autograd.function import Function
 from tilewise.cuda.extension import ACTIVE_OPERATOR
 from tilewise.device import Device
 from tilewise.dtypes import DType, float32
 from tilewise.ops import registry
-from tilewise.ops.registry import Formula, declare, joint_formula_output
+from tilewise.ops.registry import declare
 from tilewise.tensor import Tensor
 
 __all__ = ["CustomOpDef", "custom_op", "infer_schema", "register_autocast", "register_autograd", "register_fake",
@@ -185,17 +187,6 @@ def _outputs(out) -> tuple:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-class _Context:
-    """The ``ctx`` of a registered backward: what ``setup_context`` saved, and which inputs need a gradient."""
-
-    def __init__(self, needs_input_grad: tuple[bool, ...]):
-        self.needs_input_grad = needs_input_grad
-        self.saved_tensors: tuple = ()
-
-    def save_for_backward(self, *tensors) -> None:
-        self.saved_tensors = tensors
-
-
 class CustomOpDef:
     """A custom operator: call it like a function; register its fake, kernels, autograd and autocast on it."""
 
@@ -257,10 +248,6 @@ class CustomOpDef:
             raise RuntimeError(f"{self.qualname}: register_autograd is not supported for operators that mutate "
                                "their inputs (mutates_args); declare a functional operator instead.")
         self._backward, self._setup_context = backward, setup_context
-        self.op.derivatives = self._derivatives(self._gradients)
-        self.op.saved_params = frozenset(self.op.param_names())
-        self.op.saves_result = True
-        _forget_recipe(self.op)
 
     def register_autocast(self, device_type: str, cast_inputs: DType) -> None:
         """Inside ``tilewise.autocast``, cast floating inputs to ``cast_inputs``, then run with autocast off (the
@@ -336,30 +323,28 @@ class CustomOpDef:
 
     # ------------------------------------------------------------------------ autograd
 
-    def _derivatives(self, gradients: Callable) -> dict[str, Formula]:
-        """One joint formula for every tensor input; before a backward is registered it reads nothing (so
-        nothing is saved) and raises torch's error when a gradient reaches it."""
-        names = self.op.param_names()
-        uses = frozenset((*names, "result", "grads")) if self._backward is not None else frozenset()
-        joint = Formula(f"{self.qualname} backward", uses, gradients, None)
-        return {p.name: joint_formula_output(joint, k) for k, p in enumerate(self.op.schema.params)
-                if p.type == "Tensor"}
+    def _record(self, args: tuple):
+        """The Autograd key: the operator's call as an ``autograd.Function``, as torch.library makes it, so that
+        ``setup_context`` runs right after the kernel and saves exactly what it chooses."""
+        return self._function.apply(*args)
 
-    def _gradients(self, env: dict) -> tuple:
-        if self._backward is None:
-            raise RuntimeError(f"Trying to backward through {self.qualname} but no autograd formula was registered. "
-                               f"Please use register_autograd to add one.")
-        names = self.op.param_names()
-        inputs = tuple(env[n] for n in names)
-        ctx = _Context(tuple(type(a) is Tensor and a.requires_grad for a in inputs))
-        if self._setup_context is not None:
-            self._setup_context(ctx, inputs, env["result"])
-        grads = self._backward(ctx, *env["grads"])
-        grads = grads if isinstance(grads, (tuple, list)) else (grads,)
-        if len(grads) != len(names):
-            raise RuntimeError(f"{self.qualname}: the backward returned {len(grads)} gradient(s); expected one per "
-                               f"input ({len(names)}: {', '.join(names)}), None for inputs without one")
-        return tuple(grads)
+    def _make_function(self) -> type:
+        custom = self
+
+        def forward(ctx, *args):
+            out = dispatch.run(custom.op, args)  # below autograd: the backend's kernel, or the Trace key
+            if custom._setup_context is not None:
+                custom._setup_context(ctx, args, out)
+            return out
+
+        def backward(ctx, *grads):
+            if custom._backward is None:
+                raise RuntimeError(f"Trying to backward through {custom.qualname} but no autograd formula was "
+                                   "registered. Please use register_autograd to add one.")
+            return custom._backward(ctx, *grads)
+
+        name = f"GeneratedBackwardFor_{self.namespace}_{self._name}_default"  # its node: torch's name + "Backward"
+        return type(name, (Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
 def _below_autograd(args: tuple) -> tuple:
@@ -381,23 +366,12 @@ def _tensor_args(args: tuple) -> Iterable[Tensor]:
             yield from (x for x in a if type(x) is Tensor)
 
 
-def _forget_recipe(op) -> None:
-    """Autograd keeps per-operator recording recipes; a new registration must not reuse the old one."""
-    graph._RECIPES.pop(op, None)
-
-
-def _name_backward_node(op, namespace: str, name: str) -> None:
-    """torch's name for the node of a custom operator's backward."""
-    graph._NODE_NAMES[op] = f"GeneratedBackwardFor_{namespace}_{name}_defaultBackward"
-
-
 def _declare(qualname: str, schema: str, custom: CustomOpDef):
     _undeclare(qualname)  # torch lets a script run its registrations again; the newest one wins
     op = declare(f"{qualname}{schema}", "custom", differentiable=True, public=False, run=custom._run,
-                 fake=custom._fake_results, custom=custom)
+                 record=custom._record, fake=custom._fake_results, custom=custom)
     custom.op = op
-    _name_backward_node(op, custom.namespace, custom._name)
-    op.derivatives = custom._derivatives(custom._gradients)
+    custom._function = custom._make_function()
     return op
 
 
