@@ -131,16 +131,15 @@ def reference_rms_norm(x, weight, eps):
 
 # ---------------------------------------------------------------------------- Triton, where installed
 
-def triton_rms_norm_forward():
-    """The forward as a Triton kernel behind ``triton_op`` (None without Triton)."""
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
 
+if triton is not None:
     @triton.jit
-    def kernel(x_ptr, w_ptr, y_ptr, cols, eps, BLOCK_COLS: tl.constexpr):  # noqa: N803 — Triton's spelling
+    def rms_norm_triton_kernel(x_ptr, w_ptr, y_ptr, cols, eps, BLOCK_COLS: tl.constexpr):  # noqa: N803 — Triton's
         row = tl.program_id(0)
         offsets = tl.arange(0, BLOCK_COLS)
         mask = offsets < cols
@@ -148,12 +147,18 @@ def triton_rms_norm_forward():
         r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / cols + eps)
         tl.store(y_ptr + row * cols + offsets, x * r * tl.load(w_ptr + offsets, mask=mask), mask=mask)
 
+
+def triton_rms_norm_forward():
+    """The forward as a Triton kernel behind ``triton_op`` (None without Triton)."""
+    if triton is None:
+        return None
+
     @tw.library.triton_op("ext::rms_norm_triton", mutates_args=())
     def rms_norm_triton(x: tw.Tensor, weight: tw.Tensor, eps: float) -> tw.Tensor:
         x, cols = x.contiguous(), x.shape[-1]
         y = tw.empty_like(x)
-        tw.library.wrap_triton(kernel)[(x.numel() // cols,)](x, weight, y, cols, eps,
-                                                             BLOCK_COLS=triton.next_power_of_2(cols))
+        tw.library.wrap_triton(rms_norm_triton_kernel)[(x.numel() // cols,)](
+            x, weight, y, cols, eps, BLOCK_COLS=triton.next_power_of_2(cols))
         return y
 
     rms_norm_triton.register_fake(lambda x, weight, eps: tw.empty_like(x))
