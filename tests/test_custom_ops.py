@@ -253,8 +253,10 @@ def test_mutating_operator_writes_its_argument():
         out.copy_(x * 2)
 
     out = tw.zeros(3)
+    version = out._version
     assert fill_twos(tw.ones(3), out) is None
     np.testing.assert_allclose(out.numpy(), [2.0, 2.0, 2.0])
+    assert out._version > version
     with pytest.raises(RuntimeError, match="mutate"):
         fill_twos.register_autograd(lambda ctx, g: (g, None))
 

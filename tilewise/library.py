@@ -199,7 +199,7 @@ class CustomOpDef:
         self._backward = self._setup_context = None
         self.modules: dict = {}  # name -> tilewise.cuda.load_inline module its kernels launch
         self.op = _declare(qualname, schema, self)
-        self._fn = fn
+        self._mutated = tuple(k for k, p in enumerate(self.op.schema.params) if p.mutated)
         if fn is not None:
             for device_type in _device_types(device_types) if device_types is not None else DEVICE_TYPES:
                 self._kernels[device_type] = fn
@@ -268,6 +268,9 @@ class CustomOpDef:
             out = self._run_cuda(kernel, args)
         else:
             out = kernel(*_below_autograd(args))
+        for k in self._mutated:  # a kernel may write through pointers: the version counter says it wrote
+            for t in _tensor_args((args[k],)):
+                t._storage.version += 1
         self._check_aliasing(args, out)
         if device.type not in self._checked and self._fake is not None:
             self._check_fake(args, out, device)
