@@ -15,3 +15,4 @@ timeout 300 python3 benchmarks/compiled_cuda.py ${2:+--quick} --append "$log/com
 timeout 240 python3 benchmarks/gpt_train_step.py --compile ${2:+--quick} 2>&1 | tee "$log/gpt_step_compiled.log" | tail -16
 timeout 240 python3 benchmarks/gpt_train_step.py --compile --optimizer sgd ${2:+--quick} 2>&1 | tee "$log/gpt_step_compiled_sgd.log" | tail -16
 timeout 90 python3 -m tilewise demo --device cuda --steps 300 --out "$log/demo" 2>&1 | tail -12 | tee "$log/demo.log"
+timeout 120 python3 benchmarks/custom_ops.py 2>&1 | tee "$log/custom_ops.log"

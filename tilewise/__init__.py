@@ -117,6 +117,7 @@ from tilewise import (  # noqa: E402
     autograd,  # noqa: E402
     distributions,
     fft,
+    library,
     linalg,
     nn,
     optim,

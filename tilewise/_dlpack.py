@@ -8,7 +8,18 @@ garbage-collected unconsumed, which its destructor handles. Importing reads the 
 in a flat numpy buffer for the Storage, and calls the producer's deleter when that buffer dies, so every
 view and every ``.numpy()`` array made from the tensor keeps the producer's memory alive. Both the
 legacy capsule (``"dltensor"``) and the versioned one of DLPack 1.x (``"dltensor_versioned"``) are
-produced and understood. Only CPU memory is exchanged for now.
+produced and understood.
+
+[Note: CUDA DLPack] CUDA memory crosses with a stream handshake (the DLPack spec's ``__dlpack__(stream=)``): the
+consumer names the stream it will use the memory on (1: the legacy default stream, 2: the per-thread one, else a
+raw handle; -1: no synchronisation; None: the legacy default), and the producer, when that is not the stream its
+pending writes are ordered on, records an event on its current stream and makes the consumer's stream wait for it,
+so no host synchronisation happens either way. Importing, tilewise is the consumer and names its current stream.
+The imported memory is wrapped, not allocated: a ``ForeignMemory`` (``ptr``, ``nbytes``) whose death calls the
+producer's deleter, so any view keeps the producer's memory alive, as on the CPU. ``__cuda_array_interface__``
+(version 3) is the other protocol CuPy and Numba speak: tilewise tensors expose it (``stream``: their current
+stream), and ``from_dlpack`` takes an object that has only it, waits for its ``stream`` in the same way, and keeps
+the object alive while the tensor lives.
 """
 
 from __future__ import annotations
@@ -19,7 +30,7 @@ import weakref
 import numpy as np
 
 from tilewise import dtypes
-from tilewise.device import cpu
+from tilewise.device import Device, cpu
 from tilewise.storage import Storage
 from tilewise.strides import contiguous_strides
 from tilewise.tensor import Tensor
@@ -126,16 +137,18 @@ def _device_tuple(t: Tensor) -> tuple[int, int]:
 
 
 def _dlpack(self: Tensor, *, stream=None, max_version=None, dl_device=None, copy: bool | None = None):
-    """Export this tensor as a DLPack capsule (zero-copy unless ``copy=True``)."""
+    """Export this tensor as a DLPack capsule (zero-copy unless ``copy=True``); on CUDA, ``stream`` is the
+    consumer's (see [Note: CUDA DLPack])."""
     if self.requires_grad:
         raise RuntimeError("Can't export tensors that require gradient, use tensor.detach()")
-    if self.device.type != "cpu":
-        raise BufferError(f"__dlpack__: tilewise exchanges CPU tensors only for now; this one is on {self.device}. "
-                          "Copy it with .cpu() first")
-    if dl_device is not None and tuple(dl_device) != (_CPU, 0):
-        raise BufferError(f"__dlpack__: cannot export a CPU tensor to DLPack device {tuple(dl_device)}")
+    if dl_device is not None and tuple(dl_device) != _device_tuple(self):
+        raise BufferError(f"__dlpack__: cannot export a tensor on {self.device} to DLPack device {tuple(dl_device)}")
+    if self.device.type == "cuda":
+        _check_stream_argument(stream)
     if copy is True:
         self = self.clone()
+    if self.device.type == "cuda" and stream != -1:
+        _order_for_consumer(self.device.index or 0, stream)
     versioned = max_version is not None and tuple(max_version)[0] >= 1
     managed = _ManagedTensorVersioned() if versioned else _ManagedTensor()
     keep: list = [self.detach(), managed]
@@ -151,6 +164,88 @@ def _dlpack(self: Tensor, *, stream=None, max_version=None, dl_device=None, copy
 
 def _dlpack_device(self: Tensor) -> tuple[int, int]:
     return _device_tuple(self)
+
+
+# ---------------------------------------------------------------------------- CUDA streams (the handshake)
+
+_LEGACY, _PER_THREAD = 1, 2  # DLPack's and CUDA array interface's names for the default streams
+
+
+def _check_stream_argument(stream) -> None:
+    if stream is not None and (type(stream) is not int or stream == 0 or stream < -1):
+        raise BufferError(f"__dlpack__: stream must be None, -1, 1, 2 or a CUDA stream handle for a CUDA tensor, got "
+                          f"{stream!r} (0 is ambiguous and not allowed)")
+
+
+def _driver_stream(stream: int | None) -> int:
+    """The driver handle of a stream as DLPack names it (None and 1: the legacy default stream)."""
+    if stream is None or stream == _LEGACY:
+        return 0
+    return stream  # 2 is CU_STREAM_PER_THREAD to the driver too
+
+
+def _current_stream(device: int) -> int:
+    from tilewise.backends.cuda.device_memory import stream_handle
+
+    return stream_handle(device)
+
+
+def _wait(waiter: int, producer: int, device: int) -> None:
+    """Make stream ``waiter`` wait for the work queued on ``producer`` so far (an event; the host does not wait)."""
+    if waiter == producer:
+        return
+    from tilewise._cuda_api import check, driver_api
+    from tilewise.backends.cuda.runtime import ensure_context
+
+    ensure_context(device)
+    cu = driver_api()
+    event = check(cu.cuEventCreate(int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)), "cuEventCreate")
+    try:
+        check(cu.cuEventRecord(event, producer), "cuEventRecord")
+        check(cu.cuStreamWaitEvent(waiter, event, 0), "cuStreamWaitEvent")
+    finally:
+        check(cu.cuEventDestroy(event), "cuEventDestroy")  # released once the wait has happened
+
+
+def _order_for_consumer(device: int, stream: int | None) -> None:
+    """The producer's side: the consumer's stream waits for this thread's current stream."""
+    _wait(_driver_stream(stream), _current_stream(device), device)
+
+
+def _consumer_stream(device: int) -> int:
+    """The stream tilewise consumes on, as DLPack names it (the legacy default stream is 1, never 0)."""
+    handle = _current_stream(device)
+    return handle if handle else _LEGACY
+
+
+# ---------------------------------------------------------------------------- __cuda_array_interface__
+
+_TYPESTR = {dtypes.bool_: "|b1", dtypes.uint8: "|u1", dtypes.int8: "|i1", dtypes.int16: "<i2", dtypes.int32: "<i4",
+            dtypes.int64: "<i8", dtypes.float16: "<f2", dtypes.float32: "<f4", dtypes.float64: "<f8",
+            dtypes.complex64: "<c8", dtypes.complex128: "<c16"}
+_FROM_TYPESTR = {np.dtype(text).str: dtype for dtype, text in _TYPESTR.items()}
+
+
+def _cuda_array_interface(self: Tensor) -> dict:
+    """Version 3 of Numba's CUDA array interface (``__cuda_array_interface__``), as torch exposes it."""
+    if self.device.type != "cuda":
+        raise AttributeError(f"Can't get __cuda_array_interface__ on non-CUDA tensor type: {self.type()} If CUDA "
+                             "data is required use tensor.cuda() to copy tensor to device memory.")
+    if self.requires_grad:
+        raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad. If gradients aren't "
+                           "needed, use var.detach() to get Variable that doesn't require grad.")
+    typestr = _TYPESTR.get(self.dtype)
+    if typestr is None:
+        raise TypeError(f"dtype {self.dtype} is not supported by __cuda_array_interface__ (no numpy type string)")
+    itemsize = self.dtype.itemsize
+    contiguous = self.is_contiguous()
+    return {"typestr": typestr, "shape": tuple(self.shape),
+            "strides": None if contiguous else tuple(s * itemsize for s in self.stride()),
+            "data": (self.data_ptr(), False), "version": 3,
+            "stream": _consumer_stream(self.device.index or 0)}
+
+
+Tensor.__cuda_array_interface__ = property(_cuda_array_interface)
 
 
 Tensor.__dlpack__ = _dlpack
@@ -171,12 +266,16 @@ def _capsule_of(obj):
     if type(obj).__name__ == "PyCapsule":
         return obj
     if not hasattr(obj, "__dlpack__"):
-        raise TypeError(f"from_dlpack(): expected an object with __dlpack__ (a numpy array, a torch tensor, ...) or a "
-                        f"DLPack capsule, got {type(obj).__name__}")
+        raise TypeError(f"from_dlpack(): expected an object with __dlpack__ (a numpy array, a torch tensor, ...), "
+                        f"__cuda_array_interface__, or a DLPack capsule, got {type(obj).__name__}")
+    kwargs = {}
+    device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (_CPU, 0)
+    if device[0] == _CUDA:  # the handshake: the producer orders its writes before our current stream's work
+        kwargs["stream"] = _consumer_stream(device[1])
     try:
-        return obj.__dlpack__(max_version=_VERSION)
+        return obj.__dlpack__(max_version=_VERSION, **kwargs)
     except TypeError:  # producers that predate DLPack 1.0 take no max_version
-        return obj.__dlpack__()
+        return obj.__dlpack__(**kwargs)
 
 
 def _consume(capsule) -> tuple[int, ctypes.Structure]:
@@ -211,6 +310,8 @@ def from_dlpack(ext) -> Tensor:
     """
     if isinstance(ext, Tensor):
         return ext
+    if not hasattr(ext, "__dlpack__") and hasattr(ext, "__cuda_array_interface__"):
+        return _from_cuda_array_interface(ext)
     address, managed = _consume(_capsule_of(ext))
     try:
         dtype, shape, strides, span = _layout(managed.dl_tensor)
@@ -220,6 +321,11 @@ def from_dlpack(ext) -> Tensor:
     dl = managed.dl_tensor
     nbytes = span * dtype.itemsize
     start = (dl.data or 0) + dl.byte_offset
+    if dl.device.device_type == _CUDA:
+        memory = ForeignMemory(start, nbytes)
+        weakref.finalize(memory, _release, address, managed)
+        device = Device("cuda", dl.device.device_id)
+        return Tensor._make(Storage(memory, device, dtype, span), shape, strides, 0, dtype, device)
     buffer = (ctypes.c_uint8 * nbytes).from_address(start) if nbytes else (ctypes.c_uint8 * 0)()
     weakref.finalize(buffer, _release, address, managed)
     flat = np.frombuffer(buffer, dtype=dtype.np, count=span)
@@ -228,9 +334,9 @@ def from_dlpack(ext) -> Tensor:
 
 def _layout(dl: _DLTensor) -> tuple:
     """(dtype, shape, strides, span in elements) of a CPU DLTensor, or a BufferError saying what is unsupported."""
-    if dl.device.device_type not in (_CPU, _CUDA_HOST):
-        raise BufferError(f"from_dlpack(): tilewise imports CPU memory only for now; got DLPack device type "
-                          f"{dl.device.device_type} (2 is CUDA). Move the tensor to the CPU first")
+    if dl.device.device_type not in (_CPU, _CUDA_HOST, _CUDA):
+        raise BufferError(f"from_dlpack(): tilewise imports CPU (1), CUDA (2) and CUDA host (3) memory; got DLPack "
+                          f"device type {dl.device.device_type}. Move the tensor to the CPU first")
     dtype = _DTYPES.get((dl.dtype.code, dl.dtype.bits))
     if dtype is None or dl.dtype.lanes != 1:
         raise BufferError(f"from_dlpack(): unsupported DLPack dtype (code={dl.dtype.code}, bits={dl.dtype.bits}, "
@@ -244,3 +350,50 @@ def _layout(dl: _DLTensor) -> tuple:
         raise BufferError(f"from_dlpack(): negative strides {list(strides)} are not supported; copy the array first")
     span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
     return dtype, shape, strides, span
+
+
+class ForeignMemory:
+    """CUDA memory another library owns, as a storage's ``data`` (``ptr``, ``nbytes``): ``owner`` (the producer's
+    object, for the CUDA array interface) stays alive while it does, and a finalizer calls a DLPack deleter."""
+
+    __slots__ = ("__weakref__", "nbytes", "owner", "ptr")
+
+    def __init__(self, ptr: int, nbytes: int, owner=None) -> None:
+        self.ptr, self.nbytes, self.owner = ptr, nbytes, owner
+
+
+def _from_cuda_array_interface(obj) -> Tensor:
+    """A tensor over the memory an object describes with ``__cuda_array_interface__`` (versions 0 to 3)."""
+    cai = obj.__cuda_array_interface__
+    typestr = np.dtype(cai["typestr"]).str
+    dtype = _FROM_TYPESTR.get(typestr)
+    if dtype is None:
+        raise BufferError(f"from_dlpack(): unsupported __cuda_array_interface__ typestr {cai['typestr']!r}")
+    if cai.get("mask") is not None:
+        raise BufferError("from_dlpack(): masked __cuda_array_interface__ arrays are not supported")
+    shape = tuple(int(n) for n in cai["shape"])
+    itemsize = dtype.itemsize
+    if cai.get("strides") is None:
+        strides = tuple(contiguous_strides(shape))
+    else:
+        if any(s % itemsize or s < 0 for s in cai["strides"]):
+            raise BufferError(f"from_dlpack(): strides {list(cai['strides'])} (bytes) are not non-negative multiples "
+                              f"of the item size {itemsize}")
+        strides = tuple(s // itemsize for s in cai["strides"])
+    ptr = int(cai["data"][0] or 0)
+    device = Device("cuda", _device_of_pointer(ptr) if ptr else 0)
+    stream = cai.get("stream")
+    if stream is not None and stream != -1:  # their pending writes come before our stream's work
+        _wait(_current_stream(device.index), _driver_stream(stream), device.index)
+    span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    memory = ForeignMemory(ptr, span * itemsize, obj)
+    return Tensor._make(Storage(memory, device, dtype, span), shape, strides, 0, dtype, device)
+
+
+def _device_of_pointer(ptr: int) -> int:
+    """The ordinal of the device a CUDA pointer's memory is on."""
+    from tilewise._cuda_api import check, driver_api
+
+    cu = driver_api()
+    return int(check(cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr),
+                     "cuPointerGetAttribute"))

@@ -393,6 +393,8 @@ def record(op, args: tuple):
     """Run ``op`` below autograd and attach a backward node to its outputs."""
     if op.kind == "composite" and not op.derivatives:
         return op.decomposition(*args)  # autograd flows through the primitives it calls
+    if op.kind == "custom":  # a custom operator records itself, as an autograd.Function (tilewise.library)
+        return op.attrs["record"](args)
     STATE.grad_enabled = False
     try:
         out = run(op, args)

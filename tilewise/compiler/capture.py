@@ -491,6 +491,9 @@ class Capture:
         if op.attrs.get("compiled") is False:  # the whole function runs eagerly (see targets.target_of)
             raise UnsupportedTargetError(f"it calls {op.name}, which checks its results on the host and runs eagerly "
                                          "(compile the code around it separately)")
+        if op.kind == "custom" and op.schema.is_inplace:
+            return self.run_uncompiled(op, args, "mutates its arguments", "the graph holds custom operators that "
+                                       "return new tensors only")
         what = f"{op.name}() (its result's shape depends on tensor values)"
         if op.full_name in DATA_DEPENDENT_OPS or op.attrs.get("data_dependent"):
             return self.run_real(op, args, device, what)

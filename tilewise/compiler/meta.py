@@ -203,7 +203,16 @@ def _indexed_shape(x, indices) -> tuple[int, ...] | None:
     return (*(x._shape[d] for d in before), *joined, *(x._shape[d] for d in after))
 
 
-_RULES = {"pointwise": _pointwise, "reduction": _reduction, "view": _view, "matmul": _matmul,
+def _custom(op, args, device):
+    """A custom operator's fake implementation (``tilewise.library``), called on the trace tensors: only the
+    types of what it returns are read, so the operators it calls to make them are dead code the graph drops."""
+    out = op.attrs["fake"](args)
+    if isinstance(out, (tuple, list)):
+        return tuple(TensorType(o._shape, o._dtype, device) if o is not None else None for o in out)
+    return TensorType(out._shape, out._dtype, device)
+
+
+_RULES = {"custom": _custom, "pointwise": _pointwise, "reduction": _reduction, "view": _view, "matmul": _matmul,
           "creation": _creation, "random": _random, "copy": _copy, "index": _index}
 
 

@@ -194,3 +194,4 @@ manual_seed_all = manual_seed
 globals().update({cls.__name__: cls for cls in _CUDA_TYPES.values()})  # tilewise.cuda.FloatTensor, ...
 
 from tilewise.cuda import memory, nvtx  # noqa: E402, F401 — torch.cuda.memory and torch.cuda.nvtx
+from tilewise.cuda.extension import load, load_inline  # noqa: E402 — one's own CUDA C kernels (torch's cpp_extension)

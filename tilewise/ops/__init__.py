@@ -150,3 +150,27 @@ def make_copy_():
         return copy_into(self, src, "copy_", non_blocking)
 
     return copy_
+
+
+class OpNamespace:
+    """``tilewise.ops.mylib``: the custom operators registered under one namespace (``tilewise.library``), by
+    name, as ``torch.ops.mylib.name``."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, op: str):
+        if f"{self.name}::{op}" not in OVERLOADS:
+            raise AttributeError(f"'_OpNamespace' '{self.name}' object has no attribute '{op}'")
+        return public_function(f"{self.name}::{op}")
+
+    def __repr__(self) -> str:
+        return f"tilewise.ops.{self.name}"
+
+
+def __getattr__(name: str):
+    """``tilewise.ops.<namespace>`` for a namespace that holds custom operators."""
+    if not name.startswith("_") and any(qualname.startswith(f"{name}::") for qualname in OVERLOADS):
+        return OpNamespace(name)
+    raise AttributeError(f"module 'tilewise.ops' has no attribute {name!r} (nor a custom operator namespace of that "
+                         "name: register one with tilewise.library.custom_op)")

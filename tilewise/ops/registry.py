@@ -26,7 +26,7 @@ from tilewise.ops.expr import Expr
 from tilewise.ops.schema import Schema, make_binder, parse_schema
 
 KINDS = ("pointwise", "reduction", "view", "composite", "creation", "random", "index", "matmul", "scan", "sort",
-         "copy", "other")
+         "copy", "other", "custom")  # custom: registered at run time through tilewise.library (see its note)
 AUTOCAST_POLICIES = ("lower", "fp32", "promote", "banned")  # see [Note: autocast] in amp/autocast_mode.py
 
 _FORMULA_NAMESPACE: dict = {}

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from numbers import Number
 
-_ARG_RE = re.compile(r"^(?P<type>[A-Za-z]+(?:\[\d*\])?(?:\([a-z]!?\))?\??(?:\[\])?\??)"
+_ARG_RE = re.compile(r"^(?P<type>[A-Za-z]+(?:\[\d*\])?(?:\([a-z]\d*!?\))?\??(?:\[\])?\??)"
                      r"\s+(?P<name>\w+)(?:=(?P<default>.+))?$")
 
 
@@ -124,7 +124,7 @@ def _parse_default(text: str, type_name: str):
 
 def _parse_type(text: str) -> tuple[str, bool, int | None, bool, str | None]:
     alias = None
-    m = re.search(r"\(([a-z]!?)\)", text)
+    m = re.search(r"\(([a-z]\d*!?)\)", text)
     if m:
         alias = m.group(1)
         text = text[: m.start()] + text[m.end():]
@@ -143,7 +143,7 @@ def _parse_type(text: str) -> tuple[str, bool, int | None, bool, str | None]:
 
 
 def parse_schema(text: str) -> Schema:
-    m = re.fullmatch(r"\s*([\w.]+)\s*\((.*)\)\s*->\s*(.+?)\s*", text)
+    m = re.fullmatch(r"\s*((?:\w+::)?[\w.]+)\s*\((.*)\)\s*->\s*(.+?)\s*", text)
     if not m:
         raise ValueError(f"malformed schema: {text!r}")
     full, args, rets = m.groups()
@@ -453,7 +453,8 @@ def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool
     if dispatch:
         ns["_call"], ns["_op"] = dispatch
         bound = f"_call(_op, {bound})"
-    fn_name = op_name if op_name.isidentifier() else "op"
+    fn_name = op_name.rpartition("::")[2]  # a custom operator's own name, without its namespace
+    fn_name = fn_name if fn_name.isidentifier() else "op"
     src = f"def {fn_name}({', '.join(sig)}):\n" + "".join(f"{line}\n" for line in body) + f"    return {bound}\n"
     from tilewise.tensor import Tensor
 

@@ -222,6 +222,19 @@ def _layers(programs: list[_Shown], target: Target, arch: str | None, device: st
         out.append((_titled(p.label, f"generated {target.source_name}"), p.source or "(no generated kernel)"))
         if target.machine_code is not None and p.sources:
             out += [(_titled(p.label, title), text) for title, text in target.machine_code(p, arch)]
+        out += _custom_machine_code(p)
+    return out
+
+
+def _custom_machine_code(p: _Shown) -> list[tuple[str, str]]:
+    """The PTX and SASS of the ``load_inline`` kernels each custom operator of the program launches."""
+    out = []
+    for node in p.fused.body:
+        op = node.opdef
+        if op is None or op.kind != "custom":
+            continue
+        for module in op.attrs["custom"].modules.values():
+            out += [(_titled(p.label, f"{op.name} {title}"), text) for title, text in module.machine_code()]
     return out
 
 

@@ -335,10 +335,15 @@ def deactivate(recorder: Recorder) -> None:
         dispatch.set_profiling(bool(ACTIVE))
 
 
+def event_name(op) -> str:
+    """torch's name for an operator's event: ``aten::add``; a custom operator keeps its own namespace."""
+    return op.name if "::" in op.name else "aten::" + op.name
+
+
 def profile_op(op, args: tuple):
     """The Profiler key (see [Note: the Profiler key])."""
     recorders = ACTIVE
-    name = "aten::" + op.name
+    name = event_name(op)
     opened = []
     for r in recorders:
         event = r.open(name, "cpu_op", args)
@@ -409,7 +414,7 @@ def step_name(step) -> str:
         return kernel.name
     op = getattr(step, "op", None)
     if op is not None:
-        return "aten::" + op.name
+        return event_name(op)
     return "Memcpy" if "copy" in type(step).__name__.lower() else type(step).__name__
 
 
