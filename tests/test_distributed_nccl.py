@@ -709,3 +709,23 @@ def test_a_barrier_whose_peer_never_answers_raises_after_the_groups_timeout(fake
 def test_a_receive_names_its_sender(fakes):
     work = group(rank=0).recv([cuda_tensor((3,))], 1)
     assert work.source_rank() == 1
+
+
+def test_the_functional_all_reduce_of_compiled_programs_is_one_out_of_place_call(fakes):
+    """What a compiled DDP step's program runs for a bucket: NCCL reads the gradients and writes the planned
+    output, on the caller's stream order (the caller then waits for the internal stream)."""
+    import tilewise.distributed as dist
+    from tilewise.backends.cuda.kernels import INTO
+    from tilewise.distributed import _functional_collectives as funcol
+
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        grads, out = cuda_tensor((6,)), cuda_tensor((6,))
+        assert INTO["_c10d_functional::all_reduce"](out, grads, "sum", "0") is True
+        (name, src, dst, count, _, op, _, stream), = collective_calls(fakes.nb)
+        assert (name, src, dst, count, op) == ("all_reduce", grads.data_ptr(), out.data_ptr(), 6, FakeNccl.RedOp.Sum)
+        assert fakes.runtime.log[-1] == ("wait_event", 7, stream), "the caller's stream waits for the call"
+        with pytest.raises(ValueError, match="unknown reduceOp 'bor'"):
+            funcol.all_reduce(grads, "bor", None)
+    finally:
+        dist.destroy_process_group()

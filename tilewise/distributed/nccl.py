@@ -459,6 +459,19 @@ class NCCLBackend(Backend):
 
         return self._issue("all_reduce", self._communicator(device), tensors, tensors, call, blocking=blocking)
 
+    def allreduce_into(self, output: Tensor, input: Tensor, op: Any) -> NCCLWork:  # noqa: A002 -- torch's name
+        """``output`` = ``input`` reduced over the group, out of place (one NCCL call reading one buffer and
+        writing the other): the functional all_reduce of compiled programs, capturable in their CUDA graphs."""
+        device = common_device([output, input])
+        nb = _bindings()
+        src, dst = buffer_of(input), buffer_of(output)
+        nccl_op = nccl_op_code(nb, op, input)
+
+        def call(comm: Any, stream: int) -> None:
+            nb.all_reduce(src.ptr, dst.ptr, src.count, src.dtype, nccl_op, comm, stream)
+
+        return self._issue("all_reduce", self._communicator(device), [output, input], [output], call)
+
     def broadcast(self, tensors: list[Tensor], root: int) -> Work:
         device = common_device(tensors)
         self._check_rank(root, "broadcast", "root")

@@ -22,11 +22,11 @@ reduction stays unfinished, and the next forward raises torch's "Expected to hav
 prior iteration" naming their indices.
 
 Under ``tilewise.compile`` the gradients that reach the hooks are trace tensors and the bucket copies are
-recorded, not run; before a bucket's all-reduce reads the buffer, ``with_values`` breaks the graph so that it
-holds the gradients, and a communication hook then runs untraced on the real buffer (its casts and divisions
-feed its own collectives). The step's operators run as compiled segments between the collectives; a program that
-holds the collectives themselves (a collective node in the graph IR whose step calls the transport) would
-remove the breaks.
+recorded, not run. A bucket's all-reduce is then the functional collective (``_c10d_functional::all_reduce``,
+see [Note: collectives in compiled programs]): a node of the step's graph like any operator, so the whole step,
+forward, backward, all-reduces and optimizer, is one program. A communication hook runs Python on real buffers:
+with one, ``with_values`` breaks the graph before the bucket's collective, so that the buffer holds the
+gradients, and the hook runs untraced on it (its casts and divisions feed its own collectives).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ import tilewise.distributed as dist
 from tilewise.autograd.grad_mode import no_grad
 from tilewise.autograd.graph import AccumulateGrad, edge
 from tilewise.autograd.variable import Variable
+from tilewise.dispatch import STATE
+from tilewise.distributed._functional_collectives import all_reduce as functional_all_reduce
 from tilewise.ops.creation import zeros
 from tilewise.tensor import TRACE_HOOKS, Tensor, tensor
 
@@ -87,6 +89,7 @@ class Bucket:
     pending: int = 0
     work: object = None  # the all-reduce in flight
     future: object = None  # what a communication hook returned
+    reduced: Tensor | None = None  # under tilewise.compile: the functional all-reduce's (traced) result
     is_last: bool = False
 
 
@@ -205,7 +208,7 @@ class Reducer:
         self.used = [False] * len(self.params)
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)
-            bucket.work = bucket.future = None
+            bucket.work = bucket.future = bucket.reduced = None
             bucket.buffer = bucket.flat
 
     def _unreached(self, outputs: list[Tensor]) -> list[int]:
@@ -266,6 +269,9 @@ class Reducer:
                 view.copy_(grad.mul(1.0 / self.world_size))  # torch scales while copying (mul_out)
 
     def _launch(self, bucket: Bucket) -> None:
+        if self.comm_hook is None and STATE.trace_depth:  # traced by tilewise.compile: see the note
+            bucket.reduced = functional_all_reduce(bucket.buffer, "sum", self.process_group)
+            return
         with_values(bucket.buffer)
         if self.comm_hook is None:
             bucket.work = dist.all_reduce(bucket.buffer, group=self.process_group, async_op=True)
@@ -296,6 +302,11 @@ class Reducer:
         return [count > 0 for count in used.tolist()]
 
     def _wait(self, bucket: Bucket) -> None:
+        if bucket.reduced is not None:
+            with no_grad():
+                bucket.flat.copy_(bucket.reduced)
+            bucket.reduced = None
+            return
         if bucket.future is None:
             bucket.work.wait()
             return

@@ -125,11 +125,11 @@ class DistributedDataParallel(Module):
         if self.device_ids:
             inputs, kwargs = _to_device((inputs, kwargs), f"{self.device_type}:{self.device_ids[0]}")
         output = self.module(*inputs, **kwargs)
-        if is_grad_enabled() and self.require_backward_grad_sync:
-            self.require_forward_param_sync = True
+        sync = bool(is_grad_enabled() and self.require_backward_grad_sync)
+        if sync:
             self.reducer.prepare_for_backward(_find_tensors(output) if self.find_unused_parameters else [])
-        else:
-            self.require_forward_param_sync = False
+        if self.require_forward_param_sync != sync:  # written only when it changes: a compiled step that writes
+            self.require_forward_param_sync = sync  # module state each call would break its graph there
         return output
 
     def will_sync_module_buffers(self) -> bool:
