@@ -12,6 +12,7 @@ from numbers import Number
 
 from tilewise.ops import (  # noqa: F401 — each module declares its operators on import
     assemble,
+    batching,
     aten_spellings,
     complex,
     conversions,
