@@ -61,8 +61,9 @@ STATE = _State()
 def values_readable(t: Tensor) -> bool:
     """Whether an argument check may read ``t``'s values now: not while this thread traces a function for
     ``tilewise.compile`` (a trace tensor has none, and a real tensor's memory may not yet hold what the traced
-    program writes before this point; the program's kernels check what they can)."""
-    return t._trace is None and not STATE.trace_depth
+    program writes before this point; the program's kernels check what they can), nor a batched tensor of vmap
+    (one value per example: its kernels check the physical tensor)."""
+    return t._trace is None and not STATE.trace_depth and t._vmap is None
 
 
 def call(op, args: tuple):

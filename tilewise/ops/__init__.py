@@ -12,8 +12,8 @@ from numbers import Number
 
 from tilewise.ops import (  # noqa: F401 — each module declares its operators on import
     assemble,
-    batching,
     aten_spellings,
+    batching,
     complex,
     conversions,
     creation,

@@ -28,6 +28,7 @@ gets its gradient when the caller differentiates vmap's result: both levels reco
 
 from __future__ import annotations
 
+import math
 import warnings
 
 from tilewise import dispatch
@@ -98,6 +99,8 @@ def batch(op, args: tuple):
         STATE.vmap, STATE.grad_enabled = stack, grad
     if isinstance(out, _Unbatched):
         return out.value
+    if out is _Decompose:
+        return op.decomposition(*args)
     if op.schema.params and op.schema.params[0].mutated and not op.schema.returns[0].name:
         return args[0]  # an in-place primitive returns the tensor it wrote, the batched one
     return _wrap_outputs(out, level)
@@ -117,11 +120,11 @@ def _innermost_level(op, args: tuple) -> Level | None:
     found = None
     for k in op.tensor_idx:
         a = args[k]
-        if a is not None and a._vmap is not None and (found is None or a._vmap[0].depth > found.depth):
+        if type(a) is Tensor and a._vmap is not None and (found is None or a._vmap[0].depth > found.depth):
             found = a._vmap[0]
     for k in op.list_idx:
         for a in args[k]:
-            if a is not None and a._vmap is not None and (found is None or a._vmap[0].depth > found.depth):
+            if type(a) is Tensor and a._vmap is not None and (found is None or a._vmap[0].depth > found.depth):
                 found = a._vmap[0]
     return found
 
@@ -130,11 +133,11 @@ def _unwrap(op, args: tuple, level: Level) -> tuple[list, list]:
     physical, batched = list(args), [False] * len(args)
     for k in op.tensor_idx:
         a = args[k]
-        p = physical_of(a, level) if a is not None else None
+        p = physical_of(a, level) if type(a) is Tensor else None
         if p is not None:
             physical[k], batched[k] = p, True
     for k in op.list_idx:
-        items = [physical_of(a, level) if a is not None else None for a in args[k]]
+        items = [physical_of(a, level) if type(a) is Tensor else None for a in args[k]]
         physical[k] = [a if p is None else p for a, p in zip(args[k], items)]
         batched[k] = tuple(p is not None for p in items)
     return physical, batched
@@ -209,7 +212,7 @@ def broadcast(op, args, batched, size):
     """Pointwise: each batched operand gets size-1 dims after its batch dim up to the widest operand's rank,
     so broadcasting lines up the examples. A 0-dim example joins type promotion as a 0-dim tensor would
     (torch's rule for dimensionless operands): cast to the dtype the logical call computes in."""
-    tensors = [k for k in op.tensor_idx if args[k] is not None]
+    tensors = [k for k in op.tensor_idx if type(args[k]) is Tensor]
     ranks = {k: logical_rank(args[k], batched[k]) for k in tensors}
     rank = max(ranks.values())
     args = list(args)
@@ -229,7 +232,7 @@ def _logical_dtype(op, args, batched):
     0-dim tensor), from its dtype rule on stand-ins of the logical shapes."""
     stand_ins = list(args)
     for k in op.tensor_idx:
-        if args[k] is not None and batched[k]:
+        if batched[k]:
             stand_ins[k] = args[k][0]
     out, compute = op.dtype_rule(op, stand_ins)
     return compute if out.name == "bool" else out
@@ -293,13 +296,7 @@ def apply_directly(op, args, batched, size):
 def apply_batched(op, args, batched, size):
     """Operators over several tensors with shared leading batch dims (linalg solvers, attention): every
     tensor argument is given the batch dim, then one physical call."""
-    args = list(args)
-    for k in op.tensor_idx:
-        if args[k] is not None:
-            args[k] = batched_everywhere(args[k], batched[k], size)
-    for k in op.list_idx:
-        args[k] = [a if a is None else batched_everywhere(a, b, size) for a, b in zip(args[k], batched[k])]
-    return call(op, args)
+    return call(op, apply_batched_args(op, args, batched, size))
 
 
 DIM_PARAMS = ("dim", "dims", "dim0", "dim1", "dim2", "dimension")
@@ -324,10 +321,10 @@ def shift_dims(op, args, batched, size):
 def apply_batched_args(op, args, batched, size) -> list:
     args = list(args)
     for k in op.tensor_idx:
-        if args[k] is not None:
+        if type(args[k]) is Tensor:
             args[k] = batched_everywhere(args[k], batched[k], size)
     for k in op.list_idx:
-        args[k] = [a if a is None else batched_everywhere(a, b, size) for a, b in zip(args[k], batched[k])]
+        args[k] = [batched_everywhere(a, b, size) if type(a) is Tensor else a for a, b in zip(args[k], batched[k])]
     return args
 
 
@@ -415,3 +412,202 @@ KIND_RULES = {
 
 
 dispatch.register_batcher(batch)
+
+
+# ---------------------------------------------------------------- rules written out (declared with their ops)
+
+def matrix_product(op, args, batched, size):
+    """mm and bmm: an operand batched on one side only is folded into the rows of a single product when it is
+    the left one (one GEMM for the whole batch, the common case of a per-example input times a weight);
+    otherwise both get the batch and the product is a bmm over batch times the op's own batch."""
+    a, b = args[0], args[1]
+    from tilewise.ops.registry import OPS
+
+    if batched[0] and not batched[1]:
+        out = call(op, [a.reshape(-1, a._shape[-1]), b] if op.name == "mm" else
+                   [a.reshape(-1, *a._shape[-2:]), b.unsqueeze(0).expand((size, *b._shape)).reshape(-1, *b._shape[1:])])
+        return out.reshape((size, *a._shape[1:-1], out._shape[-1]))
+    a, b = batched_everywhere(a, batched[0], size), batched_everywhere(b, batched[1], size)
+    if op.name == "mm":
+        return OPS["bmm"](a, b)
+    out = OPS["bmm"](a.reshape(-1, *a._shape[-2:]), b.reshape(-1, *b._shape[-2:]))
+    return out.reshape((size, a._shape[1], *out._shape[1:]))
+
+
+INPLACE_ERROR = ("vmap: inplace arithmetic(self, *extra_args) is not possible because there exists a Tensor `other` "
+                 "in extra_args that has more elements than `self`. This happened due to `other` being vmapped over "
+                 "but `self` not being vmapped over in a vmap. Please try to use out-of-place operators instead of "
+                 "inplace arithmetic. If said operator is being called inside the PyTorch framework, please file a "
+                 "bug report instead.")
+
+
+def write_into(op, args, batched, size):
+    """_write_, the one write every in-place op ends in: a batched target takes each example's value; an
+    unbatched one cannot hold several (torch's error)."""
+    if not batched[0]:
+        raise RuntimeError(INPLACE_ERROR)
+    self, src = args
+    return call(op, [self, src if batched[1] else src.unsqueeze(0).expand(self._shape)])
+
+
+def _batch_index(size: int, rank: int, like: Tensor) -> Tensor:
+    from tilewise.ops.registry import call as registry_call
+
+    index = registry_call("arange", size, device=like.device)
+    return index.reshape((size,) + (1,) * rank)
+
+
+def _index_layout(indices) -> tuple[int, bool]:
+    """(position of the first index tensor, whether the index tensors are adjacent): torch places the indexed
+    dims where the first index is when they are adjacent, else in front."""
+    where = [k for k, i in enumerate(indices) if i is not None]
+    return where[0], where == list(range(where[0], where[-1] + 1))
+
+
+def _expanded_masks(indices: list, batched: list) -> tuple[list, list]:
+    """Boolean masks as the index tensors of their true elements (an unbatched mask has fixed positions)."""
+    out, flags = [], []
+    for i, b in zip(indices, batched):
+        if i is not None and i._dtype.name in ("bool", "uint8"):
+            if b:
+                raise RuntimeError("vmap: We do not support batching operators that can output dynamic shape. "
+                                   "Attempted to vmap over aten::index with a batched boolean mask. Please file an "
+                                   "issue at https://github.com/pytorch/pytorch/issues if you need this feature.")
+            parts = i.nonzero().unbind(1)
+            out.extend(parts)
+            flags.extend([False] * len(parts))
+        else:
+            out.append(i)
+            flags.append(b)
+    return out, flags
+
+
+def _physical_indices(indices, flags, size, like):
+    """The logical index tensors with the batch index in front; every index broadcasts to (batch, *shape)."""
+    rank = max((i.ndim - (1 if b else 0) for i, b in zip(indices, flags) if i is not None), default=0)
+    phys = [_batch_index(size, rank, like)]
+    for i, b in zip(indices, flags):
+        phys.append(pad_to_rank(i, rank) if (i is not None and b) else i)
+    return phys, rank
+
+
+def _index_permutation(first: int, adjacent: bool, rank: int, total: int) -> list | None:
+    """Physical indexing puts (batch, *index dims) in front; the logical result puts the index dims at
+    ``first`` when they are adjacent: the permutation from one to the other, or None when it is the identity."""
+    if not adjacent or first == 0:
+        return None
+    rest = list(range(1 + rank, total))
+    return [0, *rest[:first], *range(1, 1 + rank), *rest[first:]]
+
+
+def index_rule(op, args, batched, size):
+    """Advanced indexing ``x[i, j]`` per example: the batch becomes one more index (``arange(batch)``) in front,
+    so one gather serves the whole batch; the index dims are then moved where torch puts them."""
+    x = batched_everywhere(args[0], batched[0], size)
+    indices, flags = _expanded_masks(list(args[1]), list(batched[1]))
+    first, adjacent = _index_layout(indices)
+    phys, rank = _physical_indices(indices, flags, size, x)
+    out = call(op, [x, phys])
+    order = _index_permutation(first, adjacent, rank, out.ndim)
+    return out if order is None else out.permute(order)
+
+
+def index_put_rule(op, args, batched, size):
+    """``x[i, j] = v`` per example, the same way: the values are laid out as the physical indexing reads."""
+    x, values = batched_everywhere(args[0], batched[0], size), args[2]
+    if not batched[0] and any(batched[1]) or not batched[0] and batched[2]:
+        x = x.clone()  # the expanded target must become a tensor of its own before the batch writes into it
+    indices, flags = _expanded_masks(list(args[1]), list(batched[1]))
+    first, adjacent = _index_layout(indices)
+    phys, rank = _physical_indices(indices, flags, size, x)
+    indexed = _indexed_shape(x._shape[1:], indices, flags, first, adjacent)
+    v = pad_to_rank(values, len(indexed)) if batched[2] else values
+    v = v.expand((size, *indexed)) if batched[2] else v.expand(indexed).unsqueeze(0).expand((size, *indexed))
+    order = _index_permutation(first, adjacent, rank, 1 + len(indexed))
+    if order is not None:
+        inverse = [order.index(k) for k in range(len(order))]
+        v = v.permute(inverse)
+    return call(op, [x, phys, v, *args[3:]])
+
+
+def _indexed_shape(shape, indices, flags, first: int, adjacent: bool) -> tuple:
+    index_shape = S.broadcast_shapes(*[i._shape[1:] if b else i._shape for i, b in zip(indices, flags)
+                                       if i is not None])
+    rest = [shape[k] for k in range(len(shape)) if k >= len(indices) or indices[k] is None]
+    if adjacent:
+        return (*rest[:first], *index_shape, *rest[first:])
+    return (*index_shape, *rest)
+
+
+def view_scatter_add_rule(op, args, batched, size):
+    """The backward of a strided view: the view's geometry on a contiguous input of one example, repeated at
+    one example's numel apart."""
+    grad, input_shape, view_shape, view_strides, offset = args
+    n = math.prod(input_shape)
+    return call(op, [grad, (size, *input_shape), (size, *view_shape), (n, *view_strides), offset])
+
+
+def view_scatter_rule(op, args, batched, size):
+    self, src, view_shape, view_strides, offset = args
+    self = batched_everywhere(self, batched[0], size).contiguous()
+    src = batched_everywhere(src, batched[1], size)
+    n = math.prod(self._shape[1:])
+    return call(op, [self, src, (size, *view_shape), (n, *view_strides), offset])
+
+
+def searchsorted_rule(op, args, batched, size):
+    """searchsorted: a 1-dim sorted sequence per example searches all of that example's values, so the values
+    are flattened per example; a sequence with leading dims pairs them with the values' as it would."""
+    seq, values = batched_everywhere(args[0], batched[0], size), batched_everywhere(args[1], batched[1], size)
+    rest = list(args[2:])
+    sorter_k = op.param_names().index("sorter")
+    if type(rest[sorter_k - 2]) is Tensor:
+        rest[sorter_k - 2] = batched_everywhere(rest[sorter_k - 2], batched[sorter_k], size)
+    if seq.ndim == 2 and values.ndim != 2:
+        out = call(op, [seq, values.reshape(size, -1), *rest])
+        return out.reshape(values._shape)
+    return call(op, [seq, values, *rest])
+
+
+def leading_batch_first_only(op, args, batched, size):
+    """Operators that treat the leading dims of their first tensor as a batch while their other tensors (a
+    weight, a bias) apply to every element: direct when only the first is batched, else the decomposition."""
+    if any(batched[k] for k in op.tensor_idx[1:]) or any(any(batched[k]) for k in op.list_idx):
+        return _Decompose
+    return call(op, args)
+
+
+class _Decompose:
+    """A rule's answer that the operator is better run as its decomposition for these arguments."""
+
+
+def attention_rule(op, args, batched, size):
+    """scaled_dot_product_attention over (..., L, E): query, key and value all get the batch in front and
+    size-1 dims up to one rank, then their leading dims are expanded alike; a batched mask is given the same
+    size-1 dims, an unbatched one broadcasts against the scores from the right as it would per example."""
+    rank = max(logical_rank(args[k], batched[k]) for k in range(3))
+    args = list(args)
+    qkv = [pad_to_rank(batched_everywhere(args[k], batched[k], size), rank) for k in range(3)]
+    lead = S.broadcast_shapes(*(t._shape[:-2] for t in qkv))
+    args[:3] = [t.expand((*lead, *t._shape[-2:])) for t in qkv]
+    m = op.param_names().index("attn_mask")
+    if type(args[m]) is Tensor and batched[m]:
+        args[m] = pad_to_rank(args[m], rank)
+    return call(op, args)
+
+
+def stack_rule(op, args, batched, size):
+    """stack: every tensor gets the batch; the new dim is counted among one example's dims plus one."""
+    tensors = args[0]
+    rank = logical_rank(tensors[0], batched[0][0])
+    tensors = [batched_everywhere(t, b, size) for t, b in zip(tensors, batched[0])]
+    return call(op, [tensors, S.normalize_dim(args[1], rank + 1, op.name) + 1])
+
+
+def index_select_rule(op, args, batched, size):
+    """index_select with one index for every example: the batched input is selected from along the shifted dim;
+    a batched index runs the decomposition (advanced indexing, which batches)."""
+    if batched[2]:
+        return _Decompose
+    x = args[0]
+    return call(op, [x, shifted_dim(args[1], max(x.ndim - 1, 1), op.name), args[2]])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tilewise import strides as S
 from tilewise.dtypes import compute_dtype
+from tilewise.ops.batching import matrix_product
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
 
@@ -38,9 +39,9 @@ def matmul_operands(op, args):
 
 
 declare("mm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operands, autocast="lower",
-        grad={"self": "grad.mm(mat2.t())", "mat2": "self.t().mm(grad)"})
+        grad={"self": "grad.mm(mat2.t())", "mat2": "self.t().mm(grad)"}, batch=matrix_product)
 declare("bmm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operands, autocast="lower",
-        grad={"self": "grad.bmm(mat2.transpose(1, 2))", "mat2": "self.transpose(1, 2).bmm(grad)"})
+        grad={"self": "grad.bmm(mat2.transpose(1, 2))", "mat2": "self.transpose(1, 2).bmm(grad)"}, batch=matrix_product)
 
 
 def _check_matmul(a, b):
