@@ -65,18 +65,31 @@ def _compare(actual, expected, where, rtol, atol):
 
 
 def _in_dims_variants(n: int):
-    """All tensors batched (out_dims 0), then each one alone (out_dims -1, so the batch lands last)."""
+    """All tensors batched, then each one alone (out_dims are tested apart: torch.func.vmap returns garbage
+    for an unbatched output with a negative out_dim)."""
     yield (0,) * n, 0
     if n > 1:
         for k in range(n):
-            yield tuple(0 if j == k else None for j in range(n)), -1
-    else:
-        yield (0,), -1
+            yield tuple(0 if j == k else None for j in range(n)), 0
 
 
 RANDOM = {"dropout", "bernoulli", "multinomial", "rand_like", "randn_like", "randint_like", "normal", "rrelu",
           "gumbel_softmax", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
           "randperm", "rand", "randn", "randint"}
+
+
+# operators where torch.func.vmap itself departs from a loop over the examples: compared with that loop instead
+TORCH_VMAP_BUGS = {
+    "index_fill": "a batched 0-dim fill value: every example is filled with the last example's value",
+    "linalg.qr": "mode='r': the empty Q comes back without the batch dim",
+}
+
+
+def _torch_loop(fn, inputs, in_dims):
+    outs = [fn(*[t[b] if d == 0 else t for t, d in zip(inputs, in_dims)]) for b in range(BATCH)]
+    if isinstance(outs[0], torch.Tensor):
+        return torch.stack(outs)
+    return tuple(torch.stack(list(parts)) for parts in zip(*outs))
 
 
 def check_vmap(info, sample, dtype: str, seed: int = 0):
@@ -93,7 +106,10 @@ def check_vmap(info, sample, dtype: str, seed: int = 0):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                expected = torch.func.vmap(th_fn, in_dims=in_dims, out_dims=out_dims)(*th_in)
+                if info.name in TORCH_VMAP_BUGS:
+                    expected = _torch_loop(th_fn, th_in, in_dims)
+                else:
+                    expected = torch.func.vmap(th_fn, in_dims=in_dims, out_dims=out_dims)(*th_in)
         except Exception:  # noqa: BLE001 — torch refuses this case (a data-dependent op, a non-tensor output)
             continue
         with warnings.catch_warnings():
@@ -117,7 +133,8 @@ def test_vmap_matches_torch(info, sample):
 # ---------------------------------------------------------------- transforms and arguments
 
 def test_nested_vmap_matches_torch():
-    x, y = np.random.default_rng(1).standard_normal((2, 4, 5, 6))
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((4, 6)), rng.standard_normal((6, 5))
     def f(a, b):
         return (a * b).sum(-1).softmax(0)
     exp = torch.func.vmap(torch.func.vmap(f, in_dims=(0, None)), in_dims=(None, 1))(torch.tensor(x), torch.tensor(y))

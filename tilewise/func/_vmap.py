@@ -63,7 +63,7 @@ class Spec:
 
 
 def tree_flatten(tree) -> tuple[list, Spec]:
-    if isinstance(tree, (tuple, list)) and type(tree) in (tuple, list):
+    if isinstance(tree, (tuple, list)) and (type(tree) in (tuple, list) or hasattr(tree, "_fields")):
         pairs = [tree_flatten(c) for c in tree]
         return [leaf for leaves, _ in pairs for leaf in leaves], Spec(type(tree), None, [s for _, s in pairs])
     if type(tree) is dict:
@@ -84,6 +84,8 @@ def _build(it, spec: Spec):
     children = [_build(it, c) for c in spec.children]
     if spec.kind is dict:
         return dict(zip(spec.keys, children))
+    if hasattr(spec.kind, "_fields"):  # a named tuple (torch.return_types): rebuilt by position
+        return spec.kind(*children)
     return spec.kind(children)
 
 
@@ -100,7 +102,7 @@ def broadcast_prefix(prefix, tree, spec: Spec | None = None) -> list | None:
         if isinstance(prefix, (tuple, list, dict)) and spec.kind is None:
             return None
         return [prefix] * _leaf_count(spec)
-    if type(prefix) is not spec.kind and not (spec.kind in (tuple, list) and type(prefix) in (tuple, list)):
+    if type(prefix) is not spec.kind and not (issubclass(spec.kind, (tuple, list)) and type(prefix) in (tuple, list)):
         return None
     if spec.kind is dict:
         if sorted(prefix) != sorted(spec.keys):

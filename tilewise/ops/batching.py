@@ -34,6 +34,7 @@ import warnings
 from tilewise import dispatch
 from tilewise import strides as S
 from tilewise.dispatch import GRAD_OFF_FOR_RECORDING, NOT_BATCHED, STATE
+from tilewise.dtypes import int64
 from tilewise.tensor import VMAP_HOOKS, Tensor
 
 
@@ -84,7 +85,7 @@ def batch(op, args: tuple):
         level = STATE.vmap[-1]  # a random op batches over the vmap it runs in, batched arguments or not
     rule = rule_of(op)
     if rule is decompose:
-        return op.decomposition(*args)  # on the batched tensors themselves: each primitive batches
+        return _decompose_or_loop(op, args, level)
     physical, batched = _unwrap(op, args, level)
     stack, grad = STATE.vmap, STATE.grad_enabled
     STATE.vmap = stack[:level.depth - 1]
@@ -100,10 +101,34 @@ def batch(op, args: tuple):
     if isinstance(out, _Unbatched):
         return out.value
     if out is _Decompose:
-        return op.decomposition(*args)
+        return _decompose_or_loop(op, args, level)
     if op.schema.params and op.schema.params[0].mutated and not op.schema.returns[0].name:
         return args[0]  # an in-place primitive returns the tensor it wrote, the batched one
     return _wrap_outputs(out, level)
+
+
+def _decompose_or_loop(op, args: tuple, level: Level):
+    """A composite runs its decomposition on the batched tensors; one whose decomposition reads values in Python
+    (a data-dependent size or check) loops over the examples instead, as torch falls back for an operator
+    without a rule."""
+    try:
+        return op.decomposition(*args)  # on the batched tensors themselves: each primitive batches
+    except RuntimeError as exc:
+        if not str(exc).startswith(DATA_DEPENDENT_ERRORS):
+            raise
+    physical, batched = _unwrap(op, args, level)
+    stack = STATE.vmap
+    STATE.vmap = stack[:level.depth - 1]
+    try:
+        out = loop(op, physical, batched, level.size)
+    finally:
+        STATE.vmap = stack
+    return _wrap_outputs(out, level)
+
+
+# a decomposition that reads values, or writes an example into a fresh unbatched tensor (``clone`` then ``copy_``)
+DATA_DEPENDENT_ERRORS = ("vmap: It looks like", "vmap: We do not support batching operators that can output dynamic",
+                         "vmap: inplace arithmetic")
 
 
 class _Unbatched:
@@ -145,10 +170,18 @@ def _unwrap(op, args: tuple, level: Level) -> tuple[list, list]:
 
 def _wrap_outputs(out, level: Level):
     if type(out) is Tensor:
-        return wrap(out, level)
+        return _wrap_output(out, level)
     if isinstance(out, (tuple, list)):
-        return type(out)(wrap(o, level) if type(o) is Tensor else o for o in out)
+        return type(out)(_wrap_output(o, level) if type(o) is Tensor else o for o in out)
     return out
+
+
+def _wrap_output(out: Tensor, level: Level) -> Tensor:
+    """An output that a rule's physical call gave without the batch (one that does not depend on the values,
+    like lstsq's empty residuals) is the same for every example: expanded to the batch (a view)."""
+    if not out._shape or out._shape[0] != level.size:
+        out = out.unsqueeze(0).expand((level.size, *out._shape))
+    return wrap(out, level)
 
 
 def rule_of(op):
@@ -216,7 +249,8 @@ def broadcast(op, args, batched, size):
     ranks = {k: logical_rank(args[k], batched[k]) for k in tensors}
     rank = max(ranks.values())
     args = list(args)
-    scalars = [k for k in tensors if batched[k] and ranks[k] == 0]
+    names = op.param_names()
+    scalars = [k for k in tensors if batched[k] and ranks[k] == 0 and names[k] != "condition"]
     if scalars and len({args[k]._dtype for k in tensors}) > 1:
         target = _logical_dtype(op, args, batched)
         for k in scalars:
@@ -315,7 +349,18 @@ def shift_dims(op, args, batched, size):
     for k, name in enumerate(op.param_names()):
         if name in DIM_PARAMS and args[k] is not None:
             args[k] = shifted_dims(args[k], max(rank, 1), op.name)
+    if rank == 0 and first is not None and len(op.tensor_idx) == 1:
+        return _on_scalar_examples(op, args, first)
     return call(op, args)
+
+
+def _on_scalar_examples(op, args: list, k: int):
+    """A 0-dim example has no dim 1 to work along: its physical tensor gets one of size 1 for the call."""
+    args[k] = args[k].unsqueeze(1)
+    out = call(op, args)
+    if type(out) is Tensor:
+        return out.squeeze(1)
+    return type(out)(o.squeeze(1) if type(o) is Tensor else o for o in out)
 
 
 def apply_batched_args(op, args, batched, size) -> list:
@@ -453,7 +498,7 @@ def write_into(op, args, batched, size):
 def _batch_index(size: int, rank: int, like: Tensor) -> Tensor:
     from tilewise.ops.registry import call as registry_call
 
-    index = registry_call("arange", size, device=like.device)
+    index = registry_call("arange", 0, size, dtype=int64, device=like.device)
     return index.reshape((size,) + (1,) * rank)
 
 
@@ -521,6 +566,8 @@ def index_put_rule(op, args, batched, size):
     first, adjacent = _index_layout(indices)
     phys, rank = _physical_indices(indices, flags, size, x)
     indexed = _indexed_shape(x._shape[1:], indices, flags, first, adjacent)
+    if type(values) is not Tensor:
+        return call(op, [x, phys, values, *args[3:]])
     v = pad_to_rank(values, len(indexed)) if batched[2] else values
     v = v.expand((size, *indexed)) if batched[2] else v.expand(indexed).unsqueeze(0).expand((size, *indexed))
     order = _index_permutation(first, adjacent, rank, 1 + len(indexed))

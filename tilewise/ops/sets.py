@@ -144,7 +144,7 @@ def _bincount_dtype(op, args):
 
 
 declare("bincount(Tensor self, Tensor? weights=None, int minlength=0) -> Tensor", "other", dtype=_bincount_dtype,
-        differentiable=False, data_dependent=True, batch=dynamic_shape)  # its length is the largest value's
+        differentiable=False, data_dependent=True, batch=loop)  # its length is the largest value's
 declare("histc(Tensor self, int bins=100, Scalar min=0, Scalar max=0) -> Tensor", "other", dtype=R.first_input,
         differentiable=False, data_dependent=True, batch=loop)  # min == max: the range is the values' own
 
