@@ -28,6 +28,7 @@ gets its gradient when the caller differentiates vmap's result: both levels reco
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -86,16 +87,15 @@ def batch(op, args: tuple):
     rule = rule_of(op)
     if rule is decompose:
         return _decompose_or_loop(op, args, level)
+    if rule is random_rule:
+        rule = functools.partial(random_rule, level=level)
     physical, batched = _unwrap(op, args, level)
     stack, grad = STATE.vmap, STATE.grad_enabled
     STATE.vmap = stack[:level.depth - 1]
     if grad is GRAD_OFF_FOR_RECORDING:
         STATE.grad_enabled = True
     try:
-        if op.kind == "random":
-            out = random_rule(op, physical, batched, level)
-        else:
-            out = (rule or loop)(op, physical, batched, level.size)
+        out = (rule or loop)(op, physical, batched, level.size)
     finally:
         STATE.vmap, STATE.grad_enabled = stack, grad
     if isinstance(out, _Unbatched):
@@ -417,11 +417,11 @@ RANDOM_ERROR = ("vmap: called random operation while in randomness error mode. P
                 "'different' randomness flags on vmap or perform the randomness operation out of vmap")
 
 
-def random_rule(op, args, batched, level: Level):
+def random_rule(op, args, batched, size, *, level: Level):
     """randomness='error' refuses; 'same' draws one tensor for every example (and refuses a batched input, as
     torch does); 'different' draws one per example: sized ops draw the batch at once, ops on a tensor draw on
     its batched form."""
-    mode, size = level.randomness, level.size
+    mode = level.randomness
     if mode == "error":
         raise RuntimeError(RANDOM_ERROR)
     any_batched = any(b is True for b in batched)
@@ -447,7 +447,14 @@ def random_rule(op, args, batched, level: Level):
     return loop(op, args, batched, size)
 
 
+def no_tensor_inputs(op, args, batched, size):
+    """Creation operators take sizes, not tensors: nothing of theirs is ever batched."""
+    raise AssertionError(f"{op.name} has no tensor argument to batch")
+
+
 KIND_RULES = {
+    "creation": no_tensor_inputs,
+    "random": random_rule,
     "pointwise": broadcast,
     "reduction": reduce_dims,
     "view": view_geometry,
