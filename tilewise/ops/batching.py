@@ -102,6 +102,8 @@ def batch(op, args: tuple):
         return out.value
     if out is _Decompose:
         return _decompose_or_loop(op, args, level)
+    if isinstance(out, DecomposeBatched):
+        return op.decomposition(*_wrap_arguments(op, out.args, level))
     if op.schema.params and op.schema.params[0].mutated and not op.schema.returns[0].name:
         return args[0]  # an in-place primitive returns the tensor it wrote, the batched one
     return _wrap_outputs(out, level)
@@ -633,6 +635,29 @@ def leading_batch_first_only(op, args, batched, size):
 
 class _Decompose:
     """A rule's answer that the operator is better run as its decomposition for these arguments."""
+
+
+class DecomposeBatched:
+    """A rule's answer: run the decomposition on these physical arguments, every tensor batched."""
+
+    def __init__(self, args: list):
+        self.args = args
+
+
+def _wrap_arguments(op, args: list, level: Level) -> list:
+    args = list(args)
+    for k in op.tensor_idx:
+        if type(args[k]) is Tensor:
+            args[k] = wrap(args[k], level)
+    for k in op.list_idx:
+        args[k] = [wrap(a, level) if type(a) is Tensor else a for a in args[k]]
+    return args
+
+
+def batched_then_decompose(op, args, batched, size):
+    """Composites that write an example into a fresh copy of one argument (``clone`` then ``copy_``): with every
+    tensor argument batched the copy is batched too, and the decomposition batches."""
+    return DecomposeBatched(apply_batched_args(op, args, batched, size))
 
 
 def attention_rule(op, args, batched, size):
