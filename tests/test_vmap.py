@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
-from opinfo import Named, T, _build, _materialise, to_numpy, tolerances
+from opinfo import T, _build, _materialise, to_numpy, tolerances
 from test_ops import OPINFOS
 
 import tilewise as tw
@@ -157,6 +157,17 @@ def test_in_dims_and_out_dims_pytrees():
     np.testing.assert_allclose(act["aux"][1].numpy(), exp["aux"][1].numpy())
 
 
+@pytest.mark.parametrize("out_dims", [0, 1, -1, (2, 0)])
+def test_out_dims_place_the_batch(out_dims):
+    x = np.random.default_rng(7).standard_normal((4, 2, 3))
+
+    def f(a):
+        return a.exp(), a.sum(0)
+
+    for a, e in zip(vmap(f, out_dims=out_dims)(tw.tensor(x)), torch.func.vmap(f, out_dims=out_dims)(torch.tensor(x))):
+        np.testing.assert_allclose(a.numpy(), e.numpy())
+
+
 def test_unbatched_output_is_expanded():
     x = tw.ones(4, 3)
     out = vmap(lambda a: tw.zeros(2))(x)
@@ -230,6 +241,22 @@ def test_per_example_gradients_with_autograd_grad_inside_vmap():
                                                                                torch.tensor(ys))
     for k, g in enumerate(grads):
         np.testing.assert_allclose(g.numpy(), expected[str(k)].numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_per_example_gradients_example_agrees_with_its_loop():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "per_example_gradients.py"
+    spec = importlib.util.spec_from_file_location("per_example_gradients", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    params = example.make_params([5, 7, 7, 3], "cpu")
+    xs, ys = tw.randn(8, 5), tw.randint(0, 3, (8,))
+    batched = example.per_example_norms_vmap(params, xs, ys)
+    looped = example.per_example_norms_loop(params, xs, ys)
+    assert batched.shape == (8,)
+    np.testing.assert_allclose(batched.numpy(), looped.numpy(), rtol=1e-5)
 
 
 def test_backward_through_vmap_reaches_parameters_and_inputs():
@@ -325,5 +352,18 @@ def test_fallback_warns_once_naming_the_operator():
         vmap(lambda t: tw.histc(t, bins=4, min=0, max=2))(tw.tensor(X))
 
 
-def test_named_constant_unused():
-    assert Named("channels_last").name == "channels_last"
+def test_printing_a_batched_tensor_as_torch():
+    import contextlib
+    import io
+
+    def show(a):
+        print(a)
+        return a
+
+    outputs = []
+    for lib, fn in ((tw, vmap), (torch, torch.func.vmap)):
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            fn(show)(lib.ones(2, 3))
+        outputs.append(buffer.getvalue())
+    assert outputs[0] == outputs[1]
