@@ -367,3 +367,38 @@ def test_printing_a_batched_tensor_as_torch():
             fn(show)(lib.ones(2, 3))
         outputs.append(buffer.getvalue())
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.cuda
+def test_per_example_gradients_on_cuda_match_the_cpu():
+    rng = np.random.default_rng(8)
+    params = [p.astype(np.float32) for p in _mlp_params(rng)]
+    xs, ys = rng.standard_normal((6, 5)).astype(np.float32), rng.integers(0, 2, 6)
+
+    def run(device):
+        ps = [tw.tensor(p, device=device, requires_grad=True) for p in params]
+
+        def loss_grads(x, y):
+            h = tw.nn.functional.linear(x, ps[0], ps[1]).softmax(-1)
+            out = tw.nn.functional.linear(h, ps[2], ps[3])
+            return tw.autograd.grad(tw.nn.functional.cross_entropy(out.unsqueeze(0), y.unsqueeze(0)), ps)
+
+        return [g.cpu().numpy() for g in vmap(loss_grads)(tw.tensor(xs, device=device), tw.tensor(ys, device=device))]
+
+    for on_gpu, on_cpu in zip(run("cuda"), run("cpu")):
+        np.testing.assert_allclose(on_gpu, on_cpu, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_indexing_and_in_place_writes_batch_on_cuda():
+    x = np.random.default_rng(9).standard_normal((4, 5, 3)).astype(np.float32)
+    index = np.array([2, 0, 4])
+
+    def f(a, i):
+        b = a[i].clone()
+        b[1] = a.sum(0)
+        return b.flip(0)
+
+    on_gpu = vmap(f, in_dims=(0, None))(tw.tensor(x, device="cuda"), tw.tensor(index, device="cuda"))
+    expected = torch.func.vmap(f, in_dims=(0, None))(torch.tensor(x), torch.tensor(index))
+    np.testing.assert_allclose(on_gpu.cpu().numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)

@@ -407,7 +407,7 @@ class Tensor:
             TRACE_HOOKS.shares_memory(value, self)
 
     def detach(self) -> Tensor:
-        if self._vmap is not None:
+        if self._storage is None and self._vmap is not None:  # the storage test first: one slot read in the common case
             return VMAP_HOOKS.detach(self)
         out = Tensor._make(self._storage, self._shape, self._strides, self._offset, self._dtype, self._device)
         out._array = self._array  # same storage and geometry, so the same numpy view
