@@ -128,9 +128,9 @@ def _decompose_or_loop(op, args: tuple, level: Level):
     return _wrap_outputs(out, level)
 
 
-# a decomposition that reads values, or writes an example into a fresh unbatched tensor (``clone`` then ``copy_``)
-DATA_DEPENDENT_ERRORS = ("vmap: It looks like", "vmap: We do not support batching operators that can output dynamic",
-                         "vmap: inplace arithmetic")
+# a decomposition that reads values in Python; one that writes a batched value into an unbatched argument (a
+# running statistic) is refused as torch refuses it, not looped, which would write into it once per example
+DATA_DEPENDENT_ERRORS = ("vmap: It looks like", "vmap: We do not support batching operators that can output dynamic")
 
 
 class _Unbatched:
@@ -690,3 +690,21 @@ def index_select_rule(op, args, batched, size):
         return _Decompose
     x = args[0]
     return call(op, [x, shifted_dim(args[1], max(x.ndim - 1, 1), op.name), args[2]])
+
+
+BATCH_NORM_ERROR = ("Batch norm got a batched tensor as input while the running_mean or running_var, which will be "
+                    "updated in place, were not batched.\nIf you are using a module and do not need eval mode, please "
+                    "set `track_running_stats` to be False.If you are using a prebuilt module and do not need eval "
+                    "mode, please see the functorch website for resources on how to patch your module to work with "
+                    "vmap")
+
+
+def batch_norm_rule(op, args, batched, size):
+    """Batch norm normalises each example over its own batch (the decomposition, on the batched tensors); in
+    training it would also write every example's statistics into one unbatched running mean: torch refuses."""
+    names = op.param_names()
+    stats = (names.index("running_mean"), names.index("running_var"))
+    if args[names.index("training")] and batched[0] and any(type(args[k]) is Tensor and not batched[k]
+                                                             for k in stats):
+        raise RuntimeError(BATCH_NORM_ERROR)
+    return _Decompose

@@ -21,7 +21,7 @@ from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import compute_dtype, finfo
 from tilewise.layouts import suggest_memory_format
-from tilewise.ops.batching import attention_rule, leading_batch_first_only
+from tilewise.ops.batching import attention_rule, batch_norm_rule, leading_batch_first_only
 from tilewise.ops.movement import _index_errors_named, check_index_range
 from tilewise.ops.registry import OPS, declare, public_function
 
@@ -302,7 +302,7 @@ private("native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? r
         "bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)", _native_batch_norm,
         {"input, weight, bias": "OPS['_batch_norm_backward'](grad, input, weight, running_mean, running_var, "
                                 "result[1], result[2], training, eps)",
-         "running_mean": None, "running_var": None}, nondiff_outputs=(1, 2))
+         "running_mean": None, "running_var": None}, nondiff_outputs=(1, 2), batch=batch_norm_rule)
 private("_batch_norm_backward(Tensor grad, Tensor input, Tensor? weight, Tensor? running_mean, Tensor? running_var, "
         "Tensor save_mean, Tensor save_invstd, bool training, float eps) -> (Tensor, Tensor, Tensor)",
         _batch_norm_backward)
