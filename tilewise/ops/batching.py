@@ -708,3 +708,16 @@ def batch_norm_rule(op, args, batched, size):
                                                              for k in stats):
         raise RuntimeError(BATCH_NORM_ERROR)
     return _Decompose
+
+
+def convolution_rule(op, args, batched, size):
+    """Convolutions with one weight for every example: the batch joins the images' own batch dim (one call over
+    batch x N images); an example without a batch dim of its own (C, *spatial) is one image of the batch."""
+    if any(batched[k] for k in op.tensor_idx[1:]):
+        return _Decompose
+    x = args[0]
+    spatial = int(op.name.rstrip("d")[-1])
+    if x.ndim - 1 == spatial + 1:
+        return call(op, args)
+    out = call(op, [x.reshape(-1, *x._shape[2:]), *args[1:]])
+    return out.reshape((size, x._shape[1], *out._shape[1:]))
