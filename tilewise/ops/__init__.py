@@ -14,6 +14,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     assemble,
     aten_spellings,
     batching,
+    batching_rules,
     complex,
     conversions,
     creation,

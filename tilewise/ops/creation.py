@@ -17,7 +17,8 @@ from tilewise.device import Device, as_device, default_device, pinning_backend
 from tilewise.dtypes import DType, as_dtype, checked_scalar, default_complex_dtype, get_default_dtype, scalar_dtype
 from tilewise.layouts import copy_strides, format_name
 from tilewise.ops import dtype_rules as R
-from tilewise.ops.batching import apply_directly, write_into
+from tilewise.ops.batching import apply_directly
+from tilewise.ops.batching_rules import write_into
 from tilewise.ops.inplace import copy_into
 from tilewise.ops.registry import declare
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory

@@ -13,7 +13,8 @@ from numbers import Number
 from tilewise import strides as S
 from tilewise.dtypes import checked_scalar
 from tilewise.ops import dtype_rules as R
-from tilewise.ops.batching import dynamic_shape, index_put_rule, index_rule, shift_dims
+from tilewise.ops.batching import dynamic_shape, shift_dims
+from tilewise.ops.batching_rules import index_put_rule, index_rule
 from tilewise.ops.inplace import read_only_error, shares_read_only_array
 from tilewise.ops.registry import call, declare
 from tilewise.tensor import Tensor

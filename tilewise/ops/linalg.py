@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tilewise import strides as S
 from tilewise.dtypes import compute_dtype
-from tilewise.ops.batching import leading_batch_first_only, matrix_product
+from tilewise.ops.batching_rules import leading_batch_first_only, matrix_product
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
 

@@ -22,7 +22,8 @@ from tilewise.dispatch import values_readable
 from tilewise.dtypes import checked_scalar, result_type
 from tilewise.layouts import suggest_memory_format
 from tilewise.ops import dtype_rules as R
-from tilewise.ops.batching import dynamic_shape, index_select_rule, shift_dims, stack_rule
+from tilewise.ops.batching import dynamic_shape, shift_dims
+from tilewise.ops.batching_rules import index_select_rule, stack_rule
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor

@@ -21,7 +21,7 @@ from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import compute_dtype, finfo
 from tilewise.layouts import suggest_memory_format
-from tilewise.ops.batching import attention_rule, batch_norm_rule, leading_batch_first_only
+from tilewise.ops.batching_rules import attention_rule, batch_norm_rule, leading_batch_first_only
 from tilewise.ops.movement import _index_errors_named, check_index_range
 from tilewise.ops.registry import OPS, declare, public_function
 

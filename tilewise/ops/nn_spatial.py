@@ -20,7 +20,7 @@ import warnings
 
 from tilewise import strides as S
 from tilewise.layouts import channels_last, channels_last_3d, contiguous_format
-from tilewise.ops.batching import convolution_rule
+from tilewise.ops.batching_rules import convolution_rule
 from tilewise.ops.nn_functional import functional, int_tuple, private
 from tilewise.ops.registry import OPS
 

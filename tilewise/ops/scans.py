@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from tilewise import strides as S
 from tilewise.ops import dtype_rules as R
-from tilewise.ops.batching import searchsorted_rule, shift_dims
+from tilewise.ops.batching import shift_dims
+from tilewise.ops.batching_rules import searchsorted_rule
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tilewise import dispatch
 from tilewise import strides as S
-from tilewise.ops.batching import view_scatter_add_rule, view_scatter_rule
+from tilewise.ops.batching_rules import view_scatter_add_rule, view_scatter_rule
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
