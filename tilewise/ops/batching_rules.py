@@ -22,7 +22,8 @@ from tilewise.tensor import Tensor
 def matrix_product(op, args, batched, size):
     """mm and bmm: an operand batched on one side only is folded into the rows of a single product when it is
     the left one (one GEMM for the whole batch, the common case of a per-example input times a weight);
-    otherwise both get the batch and the product is a bmm over batch times the op's own batch."""
+    otherwise both get the batch and the product is a bmm over batch times the op's own batch, or, when the
+    contracted dim has size 1 (outer products), a broadcast multiply, which a batched GEMM runs far slower."""
     a, b = args[0], args[1]
     from tilewise.ops.registry import OPS
 
@@ -31,6 +32,8 @@ def matrix_product(op, args, batched, size):
                    [a.reshape(-1, *a._shape[-2:]), b.unsqueeze(0).expand((size, *b._shape)).reshape(-1, *b._shape[1:])])
         return out.reshape((size, *a._shape[1:-1], out._shape[-1]))
     a, b = batched_everywhere(a, batched[0], size), batched_everywhere(b, batched[1], size)
+    if a._shape[-1] == 1 and a._dtype is b._dtype:
+        return a * b  # outer products (per-example weight gradients): one product per element, no sum to run
     if op.name == "mm":
         return OPS["bmm"](a, b)
     out = OPS["bmm"](a.reshape(-1, *a._shape[-2:]), b.reshape(-1, *b._shape[-2:]))
