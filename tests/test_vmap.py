@@ -200,6 +200,11 @@ def test_randomness_modes():
         vmap(lambda a: tw.bernoulli(a * 0.5), randomness="same")(x)
 
 
+def test_same_randomness_is_the_same_across_chunks():
+    out = vmap(lambda a: a * tw.rand(10), randomness="same", chunk_size=2)(tw.ones(5, 10))
+    assert (out == out[0]).all()
+
+
 def test_in_place_on_batched_and_unbatched():
     x = np.random.default_rng(4).standard_normal((3, 4))
     def f(a):
@@ -294,8 +299,12 @@ def test_error_item_and_data_dependent_control_flow():
     def branch(t):
         return t if t.sum() > 0 else -t
 
+    def numpy(t):
+        return t.numpy()
+
     _same_error(*_both("item", item, item))
     _same_error(*_both("branch", branch, branch))
+    _same_error(*_both("numpy", numpy, numpy))
 
 
 def test_error_random_in_error_mode():

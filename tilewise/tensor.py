@@ -72,7 +72,7 @@ def vmap_value_error(what: str) -> str:
     if what == "bool()":
         return ("vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow. We "
                 "don't support that yet, please file an issue at https://github.com/pytorch/pytorch/issues .")
-    return f"{what}: Cannot access data pointer of Tensor that doesn't have storage (a batched tensor inside vmap)"
+    return "Cannot access data pointer of Tensor that doesn't have storage"
 
 
 class _Factories:

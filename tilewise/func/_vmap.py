@@ -17,6 +17,7 @@ import functools
 
 from tilewise.dispatch import STATE
 from tilewise.ops.batching import Level, physical_of, wrap
+from tilewise.ops.creation import get_rng_state, set_rng_state
 from tilewise.tensor import Tensor
 
 RANDOMNESS = ("error", "different", "same")
@@ -129,10 +130,13 @@ def _vmap_call(func, in_dims, out_dims, randomness, chunk_size, args, kwargs):
     size = _batch_size(leaves, dims)
     if chunk_size is None or chunk_size >= size:
         return _run(func, leaves, dims, spec, kwargs, out_dims, randomness, size)
+    state = get_rng_state() if randomness == "same" else None  # every chunk draws what the first draws
     chunks = []
     for start in range(0, size, chunk_size):
         n = min(chunk_size, size - start)
         part = [x.narrow(d, start, n) if d is not None else x for x, d in zip(leaves, dims)]
+        if state is not None:
+            set_rng_state(state)
         chunks.append(_run(func, part, dims, spec, kwargs, out_dims, randomness, n))
     return _concat_chunks(func, chunks, out_dims)
 
