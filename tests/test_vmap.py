@@ -264,6 +264,21 @@ def test_per_example_gradients_example_agrees_with_its_loop():
     np.testing.assert_allclose(batched.numpy(), looped.numpy(), rtol=1e-5)
 
 
+def test_jacobian_and_hessian_rows_from_vmap_over_autograd_grad():
+    """The pattern jacrev builds on: vmap over vector-Jacobian products of one graph built outside vmap."""
+    xn = np.random.default_rng(11).standard_normal(4)
+    x = tw.tensor(xn, requires_grad=True)
+    y = (x.sin() * x).softmax(0)
+    jacobian = vmap(lambda v: tw.autograd.grad(y, x, v, retain_graph=True)[0])(tw.eye(4, dtype=tw.float64))
+    gradient = tw.autograd.grad((x.sin() * x).sum(), x, create_graph=True)[0]
+    hessian = vmap(lambda v: tw.autograd.grad(gradient, x, v, retain_graph=True)[0])(tw.eye(4, dtype=tw.float64))
+    xt = torch.tensor(xn)
+    expected_j = torch.autograd.functional.jacobian(lambda a: (a.sin() * a).softmax(0), xt)
+    expected_h = torch.autograd.functional.hessian(lambda a: (a.sin() * a).sum(), xt)
+    np.testing.assert_allclose(jacobian.numpy(), expected_j.numpy(), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(hessian.numpy(), expected_h.numpy(), rtol=1e-10, atol=1e-14)
+
+
 def test_backward_through_vmap_reaches_parameters_and_inputs():
     rng = np.random.default_rng(6)
     w, x = rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
