@@ -463,6 +463,7 @@ def no_tensor_inputs(op, args, batched, size):
 
 
 KIND_RULES = {
+    "custom": loop,  # an operator registered at run time loops unless it was given batch=
     "creation": no_tensor_inputs,
     "random": random_rule,
     "pointwise": broadcast,
