@@ -73,3 +73,21 @@ def test_every_public_operator_is_in_the_table():
         if op.name not in covered and op.full_name not in covered:
             missing.append(op.full_name)
     assert not missing, f"operators without OpInfo samples: {sorted(missing)}"
+
+
+# operators that vmap runs one example at a time (with torch's performance warning): shrink this list
+BATCHING_FALLBACKS = {"bincount", "histc"}
+
+
+@pytest.mark.parametrize("op", ALL, ids=_ids(ALL))
+def test_operator_has_a_batching_rule(op):
+    from tilewise.ops.batching import has_batching_rule, loop, rule_of
+
+    if op.kind == "custom":  # registered at run time by users: its own batch= rule, else the loop
+        assert rule_of(op) is not None
+    elif op.full_name in BATCHING_FALLBACKS:
+        assert rule_of(op) is loop, f"{op.full_name} has a batching rule now: remove it from BATCHING_FALLBACKS"
+    else:
+        assert has_batching_rule(op), (f"{op.full_name} ({op.kind}) has no batching rule: declare one with "
+                                       "batch=... (see ops/batching.py) or derive it from its kind")
+

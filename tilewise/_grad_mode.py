@@ -105,7 +105,7 @@ class set_grad_enabled(_GradModeContext):  # noqa: N801
 
 
 def is_grad_enabled() -> bool:
-    return STATE.grad_enabled
+    return bool(STATE.grad_enabled)  # falsy GRAD_OFF_FOR_RECORDING while autograd runs an op it records
 
 
 def is_inference_mode_enabled() -> bool:

@@ -199,6 +199,9 @@ def _add_suffixes(text: str, suffixes: list[str], indent: int) -> str:
 
 
 def tensor_repr(t) -> str:
+    if t._vmap is not None:  # a batched tensor of vmap prints its level and physical tensor, as torch's does
+        level, physical = t._vmap
+        return f"BatchedTensor(lvl={level.depth}, bdim=0, value=\n{_indented(repr(physical), 4)}\n)"
     hook = TRACE_HOOKS.value_needed
     if hook is not None:
         hook(t, "printing a tensor", False)  # inside a traced function: a graph break gives it values, if allowed
@@ -227,6 +230,10 @@ def tensor_repr(t) -> str:
     elif t.requires_grad:
         suffixes.append("requires_grad=True")
     return _add_suffixes(prefix + body, suffixes, indent)
+
+
+def _indented(text: str, spaces: int) -> str:
+    return "\n".join(" " * spaces + line for line in text.splitlines())
 
 
 Tensor.__repr__ = tensor_repr  # see [Note: methods from above] in tensor.py

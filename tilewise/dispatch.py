@@ -9,6 +9,10 @@ Keys are consulted in a fixed order, each cheap to skip:
               decomposition included, with autocast off;
   Autograd  — when grad mode is on and a tensor input requires grad, runs the op below this key and
               records a node holding exactly the values its derivative formulas read;
+  Vmap      — inside ``tilewise.func.vmap`` (``STATE.vmap``, one entry per active level), an op with a batched
+              tensor argument, or a random op, runs its batching rule on the physical tensors instead
+              (``batch``; see [Note: batched tensors] in ``ops/batching.py``). It sits below autograd so
+              that a gradient taken inside vmap is recorded on the per-example (logical) tensors;
   backend   — picks the device of the tensor inputs (CPU, CUDA) and runs the kernel; views never reach a
               kernel, they are stride arithmetic on any device. While ``tilewise.compile`` captures a
               function (``trace_depth > 0``) every operator goes to the Trace backend instead.
@@ -23,6 +27,7 @@ of them: each fills its slot when it loads, through one registration function �
   ``register_view_applier(fn)`` a view's stride arithmetic ``apply_view(op, args)`` (``ops.views``)
   ``register_tracer(fn)``       the Trace key's ``run(op, args, device)``        (``compiler.capture``)
   ``register_profiler(fn)``     the Profiler key's ``profile_op(op, args)``      (``profiler.profile``)
+  ``register_batcher(fn)``      the Vmap key's ``batch(op, args)``               (``ops.batching``)
 and device backends register in ``tilewise.device`` (``register_backend``), whose ``BACKENDS`` this module
 reads. ``tilewise/_plugins.py`` lists every plug-in point of the core in one table.
 """
@@ -47,6 +52,7 @@ class _State(threading.local):
     captures = ()  # the compiler's active captures, innermost last (see compiler/capture.py)
     saved_tensor_hooks = ()  # active (pack_hook, unpack_hook) pairs, innermost last
     into = None  # (tensor, op name): an in-place op's target, for the next call (see call_into)
+    vmap = ()  # the active vmap levels, innermost last (see ops/batching.py); empty outside vmap
 
 
 STATE = _State()
@@ -55,8 +61,9 @@ STATE = _State()
 def values_readable(t: Tensor) -> bool:
     """Whether an argument check may read ``t``'s values now: not while this thread traces a function for
     ``tilewise.compile`` (a trace tensor has none, and a real tensor's memory may not yet hold what the traced
-    program writes before this point; the program's kernels check what they can)."""
-    return t._trace is None and not STATE.trace_depth
+    program writes before this point; the program's kernels check what they can), nor a batched tensor of vmap
+    (one value per example: its kernels check the physical tensor)."""
+    return t._trace is None and not STATE.trace_depth and t._vmap is None
 
 
 def call(op, args: tuple):
@@ -133,6 +140,7 @@ record = _unfilled("record", "tilewise.autograd")  # (op, args) -> run below aut
 apply_view = _unfilled("apply_view", "tilewise.ops")  # (op, args) -> the view's stride arithmetic
 trace = _unfilled("trace", "tilewise.compiler")  # (op, args, device) -> record op into the active capture
 profile_op = _unfilled("profile_op", "tilewise.profiler")  # (op, args) -> run the call inside a profiler event
+batch = _unfilled("batch", "tilewise.ops")  # (op, args) -> the op's batching rule on batched arguments, or None
 profiling = False  # whether any profiler records, in any thread: the Profiler key's one check per call
 
 
@@ -160,6 +168,20 @@ def register_profiler(fn) -> None:
     profile_op = fn
 
 
+def register_batcher(fn) -> None:
+    """The Vmap key: ``fn(op, args)`` runs the op's batching rule when an argument is batched (or the op is
+    random) and returns its result, or returns ``NOT_BATCHED`` when the call has nothing to batch."""
+    global batch
+    batch = fn
+
+
+# ``STATE.grad_enabled`` while the Autograd key runs the op it records: falsy like no_grad's False, yet distinct
+# from it, so that a batching rule below knows grad mode is on for the physical tensors (see ops/batching.py)
+GRAD_OFF_FOR_RECORDING = None
+
+NOT_BATCHED = object()  # the Vmap key's answer for a call it leaves to the keys below
+
+
 def set_profiling(on: bool) -> None:
     """Turn the Profiler key on or off for every thread (``tilewise.profiler.profile`` starting and stopping)."""
     global profiling
@@ -180,6 +202,10 @@ def _requires_grad(op, args: tuple) -> bool:
 
 def run(op, args: tuple):
     """Below autograd: run the operator on the backend of its inputs' device."""
+    if STATE.vmap:
+        out = batch(op, args)
+        if out is not NOT_BATCHED:
+            return out
     if STATE.trace_depth:  # capturing: every operator, views and reads of real tensors included, is recorded
         return trace(op, args, device_of(op, args))
     if op.kind == "view":

@@ -52,6 +52,29 @@ class _TraceHooks:
 TRACE_HOOKS = _TraceHooks()
 
 
+class _VmapHooks:
+    """Where vmap plugs into tensors (filled when ``tilewise.ops.batching`` loads): ``detach(t)`` detaches a
+    batched tensor's physical tensor and wraps it again at the same level."""
+
+    detach = None
+
+
+VMAP_HOOKS = _VmapHooks()
+
+
+def vmap_value_error(what: str) -> str:
+    """torch's vmap errors for Python reading a batched tensor's values: ``item()`` and the scalar conversions
+    built on it have their own, every other read is data-dependent control flow."""
+    if what in ("item()", "float()", "int()"):
+        return ("vmap: It looks like you're calling .item() on a Tensor. We don't support vmap over calling .item() "
+                "on a Tensor, please try to rewrite what you're doing with other operations. If error is occurring "
+                "somewhere inside PyTorch internals, please file a bug report.")
+    if what == "bool()":
+        return ("vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow. We "
+                "don't support that yet, please file an issue at https://github.com/pytorch/pytorch/issues .")
+    return "Cannot access data pointer of Tensor that doesn't have storage"
+
+
 class _Factories:
     """Where the operator library plugs in the factory tensors' own constructors call (filled when
     ``tilewise.ops.creation`` loads): ``empty(sizes, dtype=, device=)`` makes ``Tensor(2, 3)`` and the legacy
@@ -77,6 +100,10 @@ class Tensor:
     __slots__ = ("_storage", "_shape", "_strides", "_offset", "_dtype", "_device", "_array", "_requires_grad",
                  "_grad", "grad_fn", "_output_nr", "_base", "_hooks", "_retains_grad", "_trace", "_wrapped",
                  "__weakref__", "__dict__")
+
+    # A batched tensor of vmap (see [Note: batched tensors] in ops/batching.py) holds ``(level, physical)`` here,
+    # in its ``__dict__``; every other tensor reads this class default, so constructing one costs nothing more.
+    _vmap = None
 
     # ------------------------------------------------------------------ construction
     def __new__(cls, *args, **kwargs):
@@ -194,6 +221,8 @@ class Tensor:
     def _version(self) -> int:
         if self._storage is not None:
             return self._storage.version
+        if self._vmap is not None:
+            return self._vmap[1]._version
         return TRACE_HOOKS.version(self) if self._trace is not None else 0
 
     def _bump_version(self) -> None:
@@ -201,12 +230,17 @@ class Tensor:
             self._storage.version += 1
         elif self._trace is not None:
             TRACE_HOOKS.bump_version(self)
+        elif self._vmap is not None:
+            self._vmap[1]._bump_version()
         self._array = None
 
     # ------------------------------------------------------------------ host access
     def _require_real(self, what: str) -> None:
         """Python code is about to read this tensor's values: while a function is traced, the tracer decides
-        (a graph break, or an error naming the user's line); see ``TRACE_HOOKS``."""
+        (a graph break, or an error naming the user's line); see ``TRACE_HOOKS``. A batched tensor of vmap
+        has one value per example, so Python cannot read one: torch's vmap errors."""
+        if self._vmap is not None:
+            raise RuntimeError(vmap_value_error(what))
         hook = TRACE_HOOKS.value_needed
         if hook is not None:
             hook(self, what, True)
@@ -373,6 +407,8 @@ class Tensor:
             TRACE_HOOKS.shares_memory(value, self)
 
     def detach(self) -> Tensor:
+        if self._storage is None and self._vmap is not None:  # the storage test first: one slot read in the common case
+            return VMAP_HOOKS.detach(self)
         out = Tensor._make(self._storage, self._shape, self._strides, self._offset, self._dtype, self._device)
         out._array = self._array  # same storage and geometry, so the same numpy view
         if self._trace is not None:

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 from tilewise import dispatch
 from tilewise import strides as S
-from tilewise.dispatch import STATE, run
+from tilewise.dispatch import GRAD_OFF_FOR_RECORDING, STATE, run
 from tilewise.dtypes import FLOAT as FLOATING
 from tilewise.layouts import contiguous_format
 from tilewise.tensor import TRACE_HOOKS, Tensor
@@ -395,7 +395,7 @@ def record(op, args: tuple):
         return op.decomposition(*args)  # autograd flows through the primitives it calls
     if op.kind == "custom":  # a custom operator records itself, as an autograd.Function (tilewise.library)
         return op.attrs["record"](args)
-    STATE.grad_enabled = False
+    STATE.grad_enabled = GRAD_OFF_FOR_RECORDING
     try:
         out = run(op, args)
     finally:

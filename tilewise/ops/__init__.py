@@ -13,6 +13,8 @@ from numbers import Number
 from tilewise.ops import (  # noqa: F401 — each module declares its operators on import
     assemble,
     aten_spellings,
+    batching,
+    batching_rules,
     complex,
     conversions,
     creation,

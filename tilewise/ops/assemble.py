@@ -12,6 +12,7 @@ import itertools
 
 from tilewise import dtypes
 from tilewise import strides as S
+from tilewise.ops.batching import batched_then_decompose
 from tilewise.ops.registry import call, declare
 from tilewise.tensor import Tensor
 
@@ -336,13 +337,14 @@ def _slice_view(t, dim=0, start=None, end=None, step=1):
 
 
 composite("select_scatter(Tensor self, Tensor src, int dim, int index) -> Tensor",
-          _replacing_view(lambda t, dim, index: t.select(dim, index)))
+          _replacing_view(lambda t, dim, index: t.select(dim, index)), batch=batched_then_decompose)
 composite("slice_scatter(Tensor self, Tensor src, int dim=0, int? start=None, int? end=None, int step=1) -> Tensor",
-          _replacing_view(_slice_view))
+          _replacing_view(_slice_view), batch=batched_then_decompose)
 composite("diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1) -> Tensor",
-          _replacing_view(lambda t, offset, dim1, dim2: t.diagonal(offset, dim1, dim2)))
+          _replacing_view(lambda t, offset, dim1, dim2: t.diagonal(offset, dim1, dim2)), batch=batched_then_decompose)
 composite("as_strided_scatter(Tensor self, Tensor src, int[] size, int[] stride, int? storage_offset=None) -> Tensor",
-          _replacing_view(lambda t, size, stride, storage_offset=None: t.as_strided(size, stride, storage_offset)))
+          _replacing_view(lambda t, size, stride, storage_offset=None: t.as_strided(size, stride, storage_offset)),
+          batch=batched_then_decompose)
 composite("narrow_copy(Tensor self, int dim, int start, int length) -> Tensor",
           lambda self, dim, start, length: self.narrow(dim, start, length).clone())
 

@@ -17,6 +17,8 @@ from tilewise.device import Device, as_device, default_device, pinning_backend
 from tilewise.dtypes import DType, as_dtype, checked_scalar, default_complex_dtype, get_default_dtype, scalar_dtype
 from tilewise.layouts import copy_strides, format_name
 from tilewise.ops import dtype_rules as R
+from tilewise.ops.batching import apply_directly
+from tilewise.ops.batching_rules import write_into
 from tilewise.ops.inplace import copy_into
 from tilewise.ops.registry import declare
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
@@ -35,10 +37,11 @@ declare("eye(int n, int? m=None, *, ScalarType? dtype=None, Device? device=None)
         differentiable=False, public=False)
 declare("_to_copy(Tensor self, ScalarType? dtype=None, Device? device=None, bool non_blocking=False, *, "
         "MemoryFormat? memory_format=None) -> Tensor",
-        "copy", grad={"self": "grad"}, public=False)
-declare("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", "copy", grad={"self": "grad"})
+        "copy", grad={"self": "grad"}, public=False, batch=apply_directly)
+declare("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", "copy", grad={"self": "grad"},
+        batch=apply_directly)
 declare("_write_(Tensor(a!) self, Tensor src) -> Tensor(a!)", "copy", differentiable=False, public=False,
-        doc="Copy src (already of self's shape, dtype and device) into self's memory; no autograd.")
+        doc="Copy src (already of self's shape, dtype and device) into self's memory; no autograd.", batch=write_into)
 declare("uniform(int[] size, float low=0.0, float high=1.0, *, ScalarType? dtype=None, Device? device=None, "
         "Generator? generator=None) -> Tensor", "random", differentiable=False, public=False)
 declare("normal_sample(int[] size, *, ScalarType? dtype=None, Device? device=None, Generator? generator=None) "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from tilewise import dtypes
 from tilewise.ops import dtype_rules as R
+from tilewise.ops.batching import shift_dims
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import call, declare
 
@@ -83,7 +84,7 @@ HELPERS.update(scatter_reduce_backward=scatter_reduce_backward)
 declare("scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True)"
         " -> Tensor", "index", dtype=R.first_input, inplace=True,
         grad={"self, src": "scatter_reduce_backward(grad, self, dim, index, src, reduce, include_self, result)",
-              "index": None})
+              "index": None}, batch=shift_dims)
 
 
 def _index_reduce(self, dim, index, source, reduce, include_self=True):

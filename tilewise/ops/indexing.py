@@ -13,29 +13,34 @@ from numbers import Number
 from tilewise import strides as S
 from tilewise.dtypes import checked_scalar
 from tilewise.ops import dtype_rules as R
+from tilewise.ops.batching import dynamic_shape, shift_dims
+from tilewise.ops.batching_rules import index_put_rule, index_rule
 from tilewise.ops.inplace import read_only_error, shares_read_only_array
 from tilewise.ops.registry import call, declare
 from tilewise.tensor import Tensor
 
 declare("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", "index", dtype=R.first_input,
         grad={"self": "index_put(zeros(self_shape, dtype=grad.dtype, device=grad.device), indices, grad, True)",
-              "indices": None}, method=False)
+              "indices": None}, method=False, batch=index_rule)
 declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor", "index",
         dtype=R.first_input,
         grad={"self": "grad if accumulate else "
                       "index_put(grad, indices, zeros((), dtype=grad.dtype, device=grad.device), False)",
-              "values": "grad[indices_tuple(indices)]", "indices": None}, inplace=True, autocast="promote")
+              "values": "grad[indices_tuple(indices)]", "indices": None}, inplace=True, autocast="promote",
+        batch=index_put_rule)
 declare("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", "index",
-        dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)", "index": None})
+        dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)", "index": None},
+        batch=shift_dims)
 declare("scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
         grad={"self": "grad.scatter(dim, index, 0)", "src": "grad.gather(dim, index)", "index": None},
-        inplace=True)
+        inplace=True, batch=shift_dims)
 declare("scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "grad.scatter(dim, index, 0)", "index": None}, inplace=True)
+        grad={"self": "grad.scatter(dim, index, 0)", "index": None}, inplace=True, batch=shift_dims)
 declare("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "grad", "src": "grad.gather(dim, index)", "index": None}, inplace=True, autocast="promote")
+        grad={"self": "grad", "src": "grad.gather(dim, index)", "index": None}, inplace=True, autocast="promote",
+        batch=shift_dims)
 declare("nonzero(Tensor self) -> Tensor", "index", differentiable=False,
-        doc="Positions of non-zero elements, one row of coordinates each (data-dependent shape).")
+        doc="Positions of non-zero elements, one row of coordinates each (data-dependent shape).", batch=dynamic_shape)
 
 
 def _nonzero_static(self, size, fill_value=-1):

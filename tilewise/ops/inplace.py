@@ -93,7 +93,7 @@ def make_inplace(fn, name: str):
             check_inplace_allowed(self, f"{name}_")
         source = self.clone() if recording and saves_self and self._requires_grad else self
         autocast, STATE.autocast = STATE.autocast, None  # torch's autocast lists no in-place op
-        if not recording and not STATE.trace_depth:
+        if not recording and not STATE.trace_depth and not STATE.vmap:
             STATE.into = (self, name)
         try:
             result = fn(source, *args, **kwargs)

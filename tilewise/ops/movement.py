@@ -22,6 +22,8 @@ from tilewise.dispatch import values_readable
 from tilewise.dtypes import checked_scalar, result_type
 from tilewise.layouts import suggest_memory_format
 from tilewise.ops import dtype_rules as R
+from tilewise.ops.batching import dynamic_shape, shift_dims
+from tilewise.ops.batching_rules import index_select_rule, stack_rule
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
@@ -149,10 +151,10 @@ def _vstack(tensors):
 declare("cat(Tensor[] tensors, int dim=0) -> Tensor", "copy", dtype=_cat_dtype,
         grad={"tensors": "cat_backward(grad, tensors_shape, dim)"}, method=False, aliases=("concat", "concatenate"),
         doc="Join tensors along an existing dim; dtypes promote.\n\n"
-            ">>> tw.cat([tw.zeros(1, 2), tw.ones(2, 2)]).shape\ntilewise.Size([3, 2])")
+            ">>> tw.cat([tw.zeros(1, 2), tw.ones(2, 2)]).shape\ntilewise.Size([3, 2])", batch=shift_dims)
 composite("stack(Tensor[] tensors, int dim=0) -> Tensor", _stack, method=False,
           doc="Join equal-shaped tensors along a new dim.\n\n"
-              ">>> tw.stack([tw.zeros(2), tw.ones(2)], 1).shape\ntilewise.Size([2, 2])")
+              ">>> tw.stack([tw.zeros(2), tw.ones(2)], 1).shape\ntilewise.Size([2, 2])", batch=stack_rule)
 composite("hstack(Tensor[] tensors) -> Tensor", _hstack, method=False)
 composite("vstack(Tensor[] tensors) -> Tensor", _vstack, method=False)
 
@@ -193,7 +195,8 @@ def _roll(self, shifts, dims=()):
 
 declare("flip(Tensor self, int[] dims) -> Tensor", "copy", dtype=R.first_input,
         grad={"self": "grad.flip(dims)"},
-        doc="Reverse the order of elements along ``dims`` (a copy).\n\n>>> tw.arange(3).flip(0)\ntensor([2, 1, 0])")
+        doc="Reverse the order of elements along ``dims`` (a copy).\n\n>>> tw.arange(3).flip(0)\ntensor([2, 1, 0])",
+        batch=shift_dims)
 composite("fliplr(Tensor self) -> Tensor", _fliplr)
 composite("flipud(Tensor self) -> Tensor", _flipud)
 composite("roll(Tensor self, int[1] shifts, int[1] dims=[]) -> Tensor", _roll,
@@ -381,7 +384,7 @@ composite("repeat_interleave.self_Tensor(Tensor self, Tensor repeats, int? dim=N
           "Tensor", _repeat_interleave_tensor)
 declare("repeat_interleave.Tensor(Tensor repeats, *, int? output_size=None) -> Tensor", "index",
         differentiable=False, doc="``arange(len(repeats))`` with element ``i`` repeated ``repeats[i]`` times, in "
-                                  "repeats' dtype when it is int32 (as torch), else int64.")
+                                  "repeats' dtype when it is int32 (as torch), else int64.", batch=dynamic_shape)
 
 
 def check_repeats(repeats):
@@ -541,7 +544,8 @@ def _masked_scatter(self, mask, source):
 
 composite("index_select(Tensor self, int dim, Tensor index) -> Tensor", _index_select,
           doc="The slices ``index`` names along ``dim``.\n\n"
-              ">>> tw.arange(6).view(2, 3).index_select(1, tw.tensor([2, 0]))\ntensor([[2, 0],\n        [5, 3]])")
+              ">>> tw.arange(6).view(2, 3).index_select(1, tw.tensor([2, 0]))\ntensor([[2, 0],\n        [5, 3]])",
+          batch=index_select_rule)
 composite("index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor", _index_add,
           grad={"self": "grad", "source": "index_source_backward(grad, dim, index, source, alpha)", "index": None},
           inplace=True, doc="``self`` with ``alpha * source`` added into the slices ``index`` names along ``dim``.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tilewise import strides as S
 from tilewise.dtypes import compute_dtype
+from tilewise.ops.batching import shift_dims
 from tilewise.ops.registry import declare
 
 
@@ -52,9 +53,10 @@ def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
 
 
 composite("softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", _softmax,
-          {"self": "OPS['_softmax_backward_data'](grad, result, dim, result.dtype)"}, autocast="fp32")
+          {"self": "OPS['_softmax_backward_data'](grad, result, dim, result.dtype)"}, autocast="fp32", batch=shift_dims)
 composite("log_softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", _log_softmax,
-          {"self": "OPS['_log_softmax_backward_data'](grad, result, dim, result.dtype)"}, autocast="fp32")
+          {"self": "OPS['_log_softmax_backward_data'](grad, result, dim, result.dtype)"}, autocast="fp32",
+          batch=shift_dims)
 # The backward of softmax and log_softmax as operators of their own (torch's schemas), so that a backend can run
 # each as one kernel (one read of grad and output, one write) instead of four; they have no derivative of their
 # own, so a second derivative flows through their decompositions.

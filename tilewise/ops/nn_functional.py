@@ -21,6 +21,7 @@ from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import compute_dtype, finfo
 from tilewise.layouts import suggest_memory_format
+from tilewise.ops.batching_rules import attention_rule, batch_norm_rule, leading_batch_first_only
 from tilewise.ops.movement import _index_errors_named, check_index_range
 from tilewise.ops.registry import OPS, declare, public_function
 
@@ -157,7 +158,7 @@ private("_fused_rms_norm(Tensor input, int[] normalized_shape, Tensor? weight, f
 private("_layer_norm_backward(Tensor grad, Tensor input, Tensor? mean, Tensor rstd, Tensor? weight, Tensor? bias, "
         "int normalized_ndim, float eps) -> (Tensor, Tensor, Tensor)", _layer_norm_backward)
 functional("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
-           "float eps=1e-05) -> Tensor", _layer_norm, autocast="fp32")
+           "float eps=1e-05) -> Tensor", _layer_norm, autocast="fp32", batch=leading_batch_first_only)
 functional("rms_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor",
            _rms_norm, autocast="fp32")
 
@@ -301,7 +302,7 @@ private("native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? r
         "bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)", _native_batch_norm,
         {"input, weight, bias": "OPS['_batch_norm_backward'](grad, input, weight, running_mean, running_var, "
                                 "result[1], result[2], training, eps)",
-         "running_mean": None, "running_var": None}, nondiff_outputs=(1, 2))
+         "running_mean": None, "running_var": None}, nondiff_outputs=(1, 2), batch=batch_norm_rule)
 private("_batch_norm_backward(Tensor grad, Tensor input, Tensor? weight, Tensor? running_mean, Tensor? running_var, "
         "Tensor save_mean, Tensor save_invstd, bool training, float eps) -> (Tensor, Tensor, Tensor)",
         _batch_norm_backward)
@@ -453,7 +454,7 @@ def _embedding_backward(grad, indices, num_weights, padding_idx, scale_grad_by_f
 functional("embedding(Tensor input, Tensor weight, int? padding_idx=None, float? max_norm=None, float norm_type=2.0, "
            "bool scale_grad_by_freq=False, bool sparse=False) -> Tensor", _embedding,
            {"weight": "OPS['_embedding_backward'](grad, input, weight_shape[0], padding_idx, scale_grad_by_freq)",
-            "input": None}, function=False)
+            "input": None}, function=False, batch=leading_batch_first_only)
 private("_embedding_backward(Tensor grad, Tensor indices, int num_weights, int? padding_idx, bool scale_grad_by_freq)"
         " -> Tensor", _embedding_backward)
 
@@ -593,7 +594,7 @@ private("_scaled_dot_product_attention_backward(Tensor grad, Tensor query, Tenso
         _scaled_dot_product_attention_backward)
 functional("scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
            "float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor",
-           _scaled_dot_product_attention, function=False, autocast="lower")
+           _scaled_dot_product_attention, function=False, autocast="lower", batch=attention_rule)
 
 
 # ---------------------------------------------------------------- one_hot

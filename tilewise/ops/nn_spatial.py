@@ -20,6 +20,7 @@ import warnings
 
 from tilewise import strides as S
 from tilewise.layouts import channels_last, channels_last_3d, contiguous_format
+from tilewise.ops.batching_rules import convolution_rule
 from tilewise.ops.nn_functional import functional, int_tuple, private
 from tilewise.ops.registry import OPS
 
@@ -358,9 +359,10 @@ for _spatial in (1, 2, 3):
     _conv = _convolution(_name, _spatial)
     functional(f"{_name}(Tensor input, Tensor weight, Tensor? bias=None, int[{_spatial}] stride=1, "
                f"int[{_spatial}] padding=0, int[{_spatial}] dilation=1, int groups=1) -> Tensor", _conv,
-               autocast="lower")
+               autocast="lower", batch=convolution_rule)
     functional(f"{_name}.padding(Tensor input, Tensor weight, Tensor? bias=None, int[{_spatial}] stride=1, "
-               f"str padding='valid', int[{_spatial}] dilation=1, int groups=1) -> Tensor", _conv, autocast="lower")
+               f"str padding='valid', int[{_spatial}] dilation=1, int groups=1) -> Tensor", _conv, autocast="lower",
+               batch=convolution_rule)
 
 
 # ============================================================================ transposed convolution
@@ -426,7 +428,8 @@ for _spatial in (1, 2, 3):
     _name = f"conv_transpose{_spatial}d"
     functional(f"{_name}(Tensor input, Tensor weight, Tensor? bias=None, int[{_spatial}] stride=1, "
                f"int[{_spatial}] padding=0, int[{_spatial}] output_padding=0, int groups=1, "
-               f"int[{_spatial}] dilation=1) -> Tensor", _transposed_convolution(_name, _spatial), autocast="lower")
+               f"int[{_spatial}] dilation=1) -> Tensor", _transposed_convolution(_name, _spatial), autocast="lower",
+               batch=convolution_rule)
 
 
 def _conv_tbc(input, weight, bias, pad=0):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from tilewise import strides as S
 from tilewise.ops import dtype_rules as R
+from tilewise.ops.batching import shift_dims
+from tilewise.ops.batching_rules import searchsorted_rule
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
 
@@ -102,17 +104,17 @@ declare("sort(Tensor self, int dim=-1, bool descending=False, *, bool? stable=Fa
         grad={"self": "picked_backward(grad, self_shape, dim, result[1])"}, nondiff_outputs=(1,),
         doc="Sorted values along ``dim`` and their original positions. Always stable: equal elements keep their "
             "order, also when descending. NaN sorts above every number.\n\n"
-            ">>> tw.tensor([3., 1., 2.]).sort()[1]\ntensor([1, 2, 0])")
+            ">>> tw.tensor([3., 1., 2.]).sort()[1]\ntensor([1, 2, 0])", batch=shift_dims)
 declare("topk(Tensor self, int k, int dim=-1, bool largest=True, bool sorted=True) -> "
         "(Tensor values, Tensor indices)", "sort", dtype=R.first_input,
         grad={"self": "picked_backward(grad, self_shape, dim, result[1])"}, nondiff_outputs=(1,),
         doc="The ``k`` largest (or smallest) elements along ``dim``, always in sorted order. A primitive rather than "
             "a slice of ``sort``: selecting k of n elements costs O(n), not O(n log n).\n\n"
-            ">>> tw.tensor([1., 5., 3.]).topk(2)[0]\ntensor([5., 3.])")
+            ">>> tw.tensor([1., 5., 3.]).topk(2)[0]\ntensor([5., 3.])", batch=shift_dims)
 declare("searchsorted(Tensor sorted_sequence, Tensor self, *, bool out_int32=False, bool right=False, "
         "str? side=None, Tensor? sorter=None) -> Tensor", "sort", differentiable=False, method=False,
         doc="Insertion positions of ``self``'s values in the innermost dim of ``sorted_sequence``.\n\n"
-            ">>> tw.searchsorted(tw.tensor([1, 3, 5]), tw.tensor([3, 6]))\ntensor([1, 3])")
+            ">>> tw.searchsorted(tw.tensor([1, 3, 5]), tw.tensor([3, 6]))\ntensor([1, 3])", batch=searchsorted_rule)
 
 
 def check_searchsorted(sorted_sequence, self, out_int32: bool, right: bool, side, sorter):

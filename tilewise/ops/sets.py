@@ -13,6 +13,7 @@ import math
 
 from tilewise import dtypes
 from tilewise.ops import dtype_rules as R
+from tilewise.ops.batching import dynamic_shape, loop, shift_dims
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import call, declare
 from tilewise.tensor import Tensor
@@ -72,7 +73,8 @@ composite("equal(Tensor self, Tensor other) -> bool", _equal, differentiable=Fal
 # ---------------------------------------------------------------- unique values and membership
 declare("unique_dim(Tensor self, bool sorted=True, bool return_inverse=False, bool return_counts=False, "
         "int? dim=None, bool consecutive=False) -> (Tensor, Tensor, Tensor)", "other", differentiable=False,
-        public=False, data_dependent=True)  # how many values are unique: a graph break under compile
+        public=False, data_dependent=True,
+        batch=dynamic_shape)  # how many values are unique: a graph break under compile
 
 
 def _unique(self, sorted=True, return_inverse=False, return_counts=False, dim=None):
@@ -142,9 +144,9 @@ def _bincount_dtype(op, args):
 
 
 declare("bincount(Tensor self, Tensor? weights=None, int minlength=0) -> Tensor", "other", dtype=_bincount_dtype,
-        differentiable=False, data_dependent=True)  # its length is the largest value's
+        differentiable=False, data_dependent=True, batch=loop)  # its length is the largest value's
 declare("histc(Tensor self, int bins=100, Scalar min=0, Scalar max=0) -> Tensor", "other", dtype=R.first_input,
-        differentiable=False, data_dependent=True)  # min == max: the range is the values' own
+        differentiable=False, data_dependent=True, batch=loop)  # min == max: the range is the values' own
 
 
 # ---------------------------------------------------------------- NaN-ignoring and paired reductions
@@ -197,7 +199,7 @@ def logcumsumexp_backward(grad, self, result, dim):
 
 HELPERS.update(logcumsumexp_backward=logcumsumexp_backward)
 declare("logcumsumexp(Tensor self, int dim) -> Tensor", "other", dtype=R.floating_only,
-        grad={"self": "logcumsumexp_backward(grad, self, result, dim)"})
+        grad={"self": "logcumsumexp_backward(grad, self, result, dim)"}, batch=shift_dims)
 
 
 def _argwhere(self):

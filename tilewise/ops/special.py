@@ -17,6 +17,7 @@ import math
 from tilewise import dtypes
 from tilewise.dtypes import DType, compute_dtype, result_type, to_float
 from tilewise.ops import dtype_rules as R
+from tilewise.ops.batching import broadcast
 from tilewise.ops.expr import Expr, where
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.pointwise import pointwise, unary
@@ -204,11 +205,11 @@ pointwise("fmin(Tensor self, Tensor other) -> Tensor",
 
 # ---------------------------------------------------------------- integers and floating-point parts
 declare("gcd(Tensor self, Tensor other) -> Tensor", "other", dtype=integer_kernel, differentiable=False,
-        inplace=True)
+        inplace=True, batch=broadcast)
 declare("lcm(Tensor self, Tensor other) -> Tensor", "other", dtype=integer_kernel, differentiable=False,
-        inplace=True)
+        inplace=True, batch=broadcast)
 declare("frexp.Tensor(Tensor self) -> (Tensor mantissa, Tensor exponent)", "other",
-        grad={"self": "grad / exp2(result[1].to(grad.dtype))"}, nondiff_outputs=(1,))
+        grad={"self": "grad / exp2(result[1].to(grad.dtype))"}, nondiff_outputs=(1,), batch=broadcast)
 
 
 def composite(schema: str, decomposition, **attrs):
