@@ -30,8 +30,8 @@ class LlamaConfig:
     eps: float = 1e-5
 
 
-# layers, heads, key/value heads, width, SwiGLU width: ~110M and ~350M parameters with a 32000-token vocabulary
-SIZES = {"110M": (12, 12, 4, 768, 2048), "350M": (24, 16, 4, 1024, 2816)}
+# layers, heads, key/value heads, width, SwiGLU width: 125M and 340M parameters with a 32000-token vocabulary
+SIZES = {"125M": (12, 12, 4, 768, 2048), "340M": (24, 16, 4, 1024, 2816)}
 
 
 class RMSNorm(nn.Module):
