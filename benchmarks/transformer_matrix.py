@@ -20,7 +20,9 @@ kernel count per compiled program, and the largest difference of the losses from
 ``--breakdown`` (the default), where a step's time goes: for torch, from ``torch.profiler`` over a few steps
 (on CUDA its kernels, on the CPU its operators, each as GEMM, attention or other, and the rest of the step's wall
 time as gaps); for tilewise compiled, from ``tilewise.explain`` of the step (each program step timed, library
-GEMMs, attention and generated kernels apart, the rest of the call as gaps).
+GEMMs, attention and generated kernels apart, the rest of the call as gaps). ``--cuda-lowering`` runs nothing and
+lists, per model, the generated kernels and library calls of tilewise's compiled step lowered for CUDA: what the
+matrix will show unfused, seen without a GPU.
 
 Model names: ``gpt2`` (biases, tanh GELU, tied LM head, as GPT-2), variants of it named by their differences in
 any order (``gpt2-nobias-erf-tied``, ``gpt2-untied``), ``llama`` and ``vit``. A size names a class that every
@@ -31,8 +33,9 @@ model has one of: ``124M`` is GPT-2 124M, Llama 125M and ViT-B/16 (86M); ``350M`
     python benchmarks/transformer_matrix.py [--models gpt2,gpt2-nobias-erf-tied,llama,vit] [--sizes 124M,350M]
         [--sides tilewise-eager,tilewise-compiled,torch-eager,torch-compile,torch-compile-max-autotune]
         [--steps 10] [--warmup 3] [--device cuda|cpu] [--dtype bf16|fp32] [--batch N] [--seq N] [--tiny]
-        [--breakdown | --no-breakdown] [--append FILE]
+        [--breakdown | --no-breakdown] [--cuda-lowering] [--append FILE]
     python benchmarks/transformer_matrix.py --tiny --device cpu   # every model, a check in seconds
+    python benchmarks/transformer_matrix.py --cuda-lowering --device cpu   # the CUDA kernels, without a GPU
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import statistics
 import tempfile
 import time
 import types
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +67,8 @@ from torch_source import module_for  # noqa: E402
 from vision_train_step import comma_list, free_memory  # noqa: E402
 
 import tilewise as tw  # noqa: E402
+from tilewise.compiler.lowering.memory import steps_of  # noqa: E402
+from tilewise.compiler.targets import get_target  # noqa: E402
 
 MODELS_DIR = Path(__file__).with_name("models")
 FAMILIES = ("gpt2", "llama", "vit")
@@ -375,6 +381,43 @@ def add_breakdowns(all_sides: list[Side], case: Case, weights: dict[str, np.ndar
         free_memory(side.library, case.device)
 
 
+# ---------------------------------------------------------------------------------------------- CUDA lowering
+
+@dataclass
+class Lowering:
+    """What tilewise's compiled step becomes on the CUDA target: generated kernels and library calls."""
+
+    kernels: list[str]  # each kernel's name without its index: the operators it fuses
+    calls: Counter  # library calls by operator
+
+
+def cuda_lowering(case: Case, weights: dict[str, np.ndarray], batch: tuple) -> Lowering:
+    """The compiled step lowered for the CUDA target from CPU tensors: generated, neither built nor run, so
+    it needs no GPU (cuDNN's attention and convolution are kept whole only where the cuDNN frontend imports)."""
+    x, y = on_device(tw, case, batch)
+    compiled = tw.compile(raw_tilewise_step(case, weights))
+    _, programs, _ = compiled.lowered(get_target("cuda"), x, y)
+    kernels, calls = [], Counter()
+    for low in programs:
+        for node in steps_of(low.fused):
+            if node in low.kernels:
+                kernels.append(re.sub(r"^k\d+_", "", low.kernels[node].name))
+            else:
+                calls[node.op] += 1
+    return Lowering(kernels, calls)
+
+
+def lowering_report(case: Case, params: int, lowering: Lowering) -> str:
+    kernels = Counter(lowering.kernels)
+    lines = [f"### {case.title}, {params / 1e6:.1f}M parameters: the compiled step on the CUDA target (lowered, "
+             "not run)", "",
+             f"{len(lowering.kernels)} generated kernels, {sum(lowering.calls.values())} library calls "
+             f"({', '.join(f'{op} x{n}' for op, n in lowering.calls.most_common())})", "",
+             "| generated kernel (the operators it fuses) | count |", "|---|---:|"]
+    lines += [f"| {name} | {n} |" for name, n in kernels.most_common()]
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 def loss_note(side: Side, reference: Side | None) -> str:
@@ -457,6 +500,8 @@ def summary(rows: list[tuple[Case, list[Side]]], sides: list[str]) -> str:
 
 def run_case(case: Case, args: argparse.Namespace) -> tuple[str, list[Side]]:
     weights, params = initial_weights(case)
+    if args.cuda_lowering:
+        return lowering_report(case, params, cuda_lowering(case, weights, sample_batches(case, 1)[0])), []
     batches = sample_batches(case, args.steps)
     all_sides = [Side(name, tw if name.startswith("tilewise") else torch, step_builder(name, case, weights))
                  for name in args.sides]
@@ -507,6 +552,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="2 layers, width 64, sequence 32: seconds on the CPU")
     parser.add_argument("--breakdown", action=argparse.BooleanOptionalAction, default=True,
                         help="where each side's step time goes (torch.profiler; tilewise.explain)")
+    parser.add_argument("--cuda-lowering", action="store_true",
+                        help="run nothing: list the kernels and library calls of tilewise's compiled step lowered for "
+                             "CUDA (no GPU needed)")
     parser.add_argument("--append", help="append the report to this markdown file")
     if parser.parse_known_args(argv)[0].tiny:
         parser.set_defaults(steps=4, warmup=1)
@@ -526,8 +574,9 @@ def main(argv: list[str] | None = None) -> None:
         text, all_sides = run_case(case, args)
         sections.append(text)
         rows.append((case, all_sides))
-    sections.append("### Summary: step ms, and speed against torch.compile (default mode)\n\n"
-                    + summary(rows, args.sides))
+    if not args.cuda_lowering:
+        sections.append("### Summary: step ms, and speed against torch.compile (default mode)\n\n"
+                        + summary(rows, args.sides))
     text = "\n\n".join(sections) + "\n"
     print(text)
     if args.append:
