@@ -81,6 +81,19 @@ def test_size_classes_pick_each_models_own_size():
                       ("vit", "124M"): 86_567_656, ("vit", "350M"): 304_326_632}
 
 
+def test_cuda_lowering_lists_the_compiled_steps_kernels_without_a_gpu(capsys):
+    matrix.main(["--tiny", "--device", "cpu", "--cuda-lowering", "--models", "llama"])
+    out = capsys.readouterr().out
+    counts = re.search(r"^(\d+) generated kernels, (\d+) library calls \((.*)\)$", out, flags=re.M)
+    assert counts and int(counts.group(1)) > 0, out
+    calls = dict(re.findall(r"(\S+) x(\d+)", counts.group(3)))
+    # per layer 7 weight GEMMs forward (q, k, v, o, w1, w2, w3) and 14 backward, and the head's 3
+    assert calls["mm"] == str(2 * 21 + 3), calls
+    kernels = dict(re.findall(r"^\| (\S+) \| (\d+) \|$", out, flags=re.M))
+    assert kernels.get("silu_mul") == "2", kernels  # SwiGLU's forward: one kernel a layer
+    assert "Summary" not in out
+
+
 def run_script(*args: str, tmp_path: Path) -> str:
     env = dict(os.environ, TILEWISE_CACHE_DIR=os.environ.get("TILEWISE_CACHE_DIR", str(tmp_path / "cache")),
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), PYTHONPATH=python_path(), OMP_NUM_THREADS="1")
