@@ -134,7 +134,8 @@ def bias_into_product(graph: Graph) -> Graph:
     for node in graph.body:
         srcs = tuple(mapping[s] for s in node.srcs)
         new = node.replace(srcs=srcs) if srcs != node.srcs else node
-        found = _bias_add(node, readers) if node.type.dtype.name in ("float16", "bfloat16") else None
+        low_precision = node.op == "add" and node.type.dtype.name in ("float16", "bfloat16")
+        found = _bias_add(node, readers) if low_precision else None
         if found is not None:
             prod, bias, reshape = found
             new = Node("addmm", (mapping[bias], mapping[prod.srcs[0]], mapping[prod.srcs[1]]),
