@@ -286,10 +286,11 @@ def run_side(side: Side, case: Case, batches: list, warmup: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- where time goes
 
-GEMM_NAME = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|aten::(mm|addmm|bmm|baddbmm|matmul|linear)\b|^(mm|addmm|bmm"
-                       r"|baddbmm|matmul|_addmm_activation)$", re.I)
+# GEMMs and convolutions: torch's kernels and operators, and tilewise's library calls
+GEMM_NAME = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|conv(?!ert)|^aten::(mm|addmm_?|bmm|baddbmm_?|matmul|linear)$"
+                       r"|^(mm|addmm|bmm|baddbmm|_addmm_activation|_addmm_gelu|_mm_gelu_backward)$", re.I)
 ATTENTION_NAME = re.compile(r"flash|fmha|attention|sdpa|scaled_dot_product", re.I)
-PARTS = ("GEMM", "attention", "other", "gaps")
+PARTS = ("GEMM", "attention", "other", "gaps")  # GEMM includes convolutions
 
 
 def part_of(name: str) -> str:

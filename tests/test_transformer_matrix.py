@@ -94,6 +94,17 @@ def test_cuda_lowering_lists_the_compiled_steps_kernels_without_a_gpu(capsys):
     assert "Summary" not in out
 
 
+@pytest.mark.parametrize("name,part", [
+    ("aten::linear", "GEMM"), ("aten::addmm_", "GEMM"), ("sm90_xmma_gemm_bf16bf16_bf16f32", "GEMM"),
+    ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", "GEMM"), ("aten::convolution", "GEMM"), ("_addmm_gelu", "GEMM"),
+    ("mm", "GEMM"), ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),
+    ("pytorch_flash::flash_fwd_kernel", "attention"), ("_scaled_dot_product_attention_backward", "attention"),
+    ("triton_poi_fused_convert_element_type_0", "other"), ("k3_add_sum_div_sub_mul_rsqrt_etc", "other"),
+    ("aten::add", "other")])
+def test_where_time_goes_names_each_kernel_or_operator(name, part):
+    assert matrix.part_of(name) == part
+
+
 def run_script(*args: str, tmp_path: Path) -> str:
     env = dict(os.environ, TILEWISE_CACHE_DIR=os.environ.get("TILEWISE_CACHE_DIR", str(tmp_path / "cache")),
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), PYTHONPATH=python_path(), OMP_NUM_THREADS="1")
