@@ -165,6 +165,7 @@ def test_script_runs_every_model_and_side_on_a_gpu(tmp_path):
     models = ["gpt2", "llama", "vit"]
     out = run_script("--device", "cuda", "--models", ",".join(models), tmp_path=tmp_path)
     assert_matrix_complete(out, models, list(matrix.SIDES), rel=2e-2)
-    rows = [line.split(" | ") for line in out.splitlines() if re.match(r"^\| (tilewise|torch)-\S+ \| [\d.]+ \| [\d,]+ \| [\d.]+x \|", line)]
+    step_row = re.compile(r"^\| (tilewise|torch)-\S+ \| [\d.]+ \| [\d,]+ \| [\d.]+x \|")
+    rows = [line.split(" | ") for line in out.splitlines() if step_row.match(line)]
     assert len(rows) == len(models) * len(matrix.SIDES), out
     assert all(re.fullmatch(r"\d+\.\d\d", row[6]) for row in rows), rows  # peak memory, in GiB, on every side
