@@ -49,9 +49,7 @@ import datetime
 import functools
 import gc
 import os
-import re
 import statistics
-import sys
 import tempfile
 import time
 import types
@@ -68,6 +66,7 @@ os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton-bench-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from gpt_train_step import no_kernels, ratio, report_error, seconds, whole_step_compiled  # noqa: E402
+from torch_source import module_for  # noqa: E402
 
 import tilewise as tw  # noqa: E402
 
@@ -87,26 +86,9 @@ NO_CHANNELS_LAST = "n/a (no channels_last)"
 NAN = float("nan")
 
 
-def as_torch(source: str) -> str:
-    """The same program for PyTorch: ``tilewise`` becomes ``torch`` in the import lines, nothing else changes."""
-    lines = []
-    for line in source.splitlines(keepends=True):
-        if re.match(r"\s*(import|from)\s+tilewise\b", line):
-            line = re.sub(r"\btilewise\b", "torch", line)
-        lines.append(line)
-    return "".join(lines)
-
-
-@functools.cache
 def models_for(library: types.ModuleType) -> types.ModuleType:
     """``vision_models.py`` as a module of ``library`` (tilewise or torch)."""
-    source = MODELS_SOURCE.read_text()
-    if library is torch:
-        source = as_torch(source)
-    module = types.ModuleType(f"vision_models_on_{library.__name__}")
-    sys.modules[module.__name__] = module
-    exec(compile(source, f"vision_models.py ({library.__name__} imports)", "exec"), module.__dict__)
-    return module
+    return module_for(MODELS_SOURCE, library)
 
 
 def build_model(library: types.ModuleType, case: Case):

@@ -177,6 +177,25 @@ def test_a_training_step_down_to_sass_for_an_arch_without_a_gpu(arch):
         assert tw.equal(old, new)
 
 
+def test_a_bf16_attention_step_lowers_for_cuda_without_a_gpu():
+    """Whether cuDNN keeps an attention whole depends on the GPU's compute capability; lowering from CPU
+    tensors there is no GPU to ask (it raised CUDA's unavailability), so the target's architecture decides."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    tw.manual_seed(0)
+    proj = nn.Linear(32, 96)
+    x = tw.randn(2, 16, 32)
+
+    def step(x):
+        with tw.autocast("cpu", dtype=tw.bfloat16):
+            q, k, v = proj(x).view(2, 16, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            y = tw.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y.float().square().mean().backward()
+
+    explained = tw.explain(step, x, arch="sm_90")
+    assert explained.section("run").startswith("not run: the arguments are on cpu, the code is for the cuda")
+    assert any(r.kind == "kernel" for r in explained.kernels)
+
+
 # ---------------------------------------------------------------------------- the command line
 
 def _script(tmp_path: Path, body: str) -> Path:

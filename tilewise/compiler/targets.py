@@ -6,7 +6,7 @@ select in ``if target == ...`` branches across the compiler:
 - ``passes``: the graph passes (``compiler.passes.PIPELINE``; on CUDA, ``decompose`` keeps whole the
   composites the backend runs as one library call: cuDNN attention and convolution, an LSTM layer's time loop);
 - ``lowering``: stages run on the optimised graph before fusion (on CUDA, GEMM epilogues for cuBLASLt and
-  channels-last convolutions);
+  channels-last convolutions; on C, a float16/bfloat16 product's bias added before it is rounded);
 - ``scheduler`` and ``variants``: a kernel's heuristic schedule and the knobs ``mode="max-autotune"``
   tries (``codegen.schedule``), with ``policy``, how long candidates are timed;
 - ``render``: the program's source from its schedules (one C translation unit; one CUDA unit per kernel);
@@ -40,7 +40,7 @@ from tilewise.compiler.autotune import Policy
 from tilewise.compiler.errors import UnsupportedTargetError
 from tilewise.compiler.ir import Graph
 from tilewise.compiler.lowering.channels_last import channels_last
-from tilewise.compiler.lowering.epilogues import gemm_epilogues
+from tilewise.compiler.lowering.epilogues import bias_into_product, gemm_epilogues
 from tilewise.compiler.passes import PIPELINE, Pass, decompose
 from tilewise.compiler.program import Arena, Lowered, Program, aliased_kernels
 from tilewise.device import Device, cpu
@@ -150,6 +150,7 @@ C_TARGET = register_target(Target(
     policy=Policy(warmup=0.002, sample=2e-4, budget=0.1), render=program_c.render_c,
     build=program_c.build_c_program, arena=lambda device: program_c.host_arena(),
     tuning=lambda device, low: program_c.HostTuning(C_TARGET),
+    lowering=(("bias_into_product", bias_into_product),),
 ))
 
 CUDA_TARGET = register_target(Target(

@@ -288,6 +288,66 @@ def matmul(self, mat2):
     return _out(np.matmul(a, b), self.dtype)
 
 
+# [Note: a product and its bias, rounded once] torch's CPU linear, addmm and baddbmm in float16 and bfloat16 add
+# beta * bias to alpha times the float32 product and round the sum once; their decompositions (a product rounded
+# to the low precision, then an add) round twice and differ in the last bit of a quarter of the elements. These
+# kernels compute the sum in float32 where that matters, and leave every other case to the decomposition.
+
+def _rounds_once(product_shape: tuple | None, bias, *tensors) -> bool:
+    """Whether the sum of ``bias`` and the product of ``tensors`` (of ``product_shape``) rounds once here: all of one
+    floating dtype narrower than float32, and a bias that broadcasts to the product without growing it."""
+    if bias is None or product_shape is None or _matmul_dtype_work(bias.dtype) is None:
+        return False
+    if any(t.dtype is not bias.dtype for t in tensors):
+        return False
+    try:
+        return np.broadcast_shapes(tuple(bias.shape), product_shape) == product_shape
+    except ValueError:
+        return False
+
+
+def _sum_rounded_once(bias, a: np.ndarray, b: np.ndarray, beta, alpha, dtype) -> Tensor:
+    total = np.matmul(a.astype(np.float32), b.astype(np.float32))
+    if alpha != 1:
+        total = total * np.float32(alpha)
+    if beta != 0:  # torch: beta 0 ignores the bias, NaN and infinity included
+        total = total + bias._np().astype(np.float32) * np.float32(beta)
+    return _out(total.astype(np.float32), dtype)
+
+
+def _decomposed(name: str, *args):
+    from tilewise.ops.registry import OPS
+
+    return OPS[name].decomposition(*args)
+
+
+@kernel("linear")
+def linear(input, weight, bias=None):
+    fits = weight.ndim == 2 and input.ndim >= 1 and input.shape[-1] == weight.shape[1]
+    shape = (*input.shape[:-1], weight.shape[0]) if fits else None
+    if not _rounds_once(shape, bias, input, weight):
+        return _decomposed("linear", input, weight, bias)
+    return _sum_rounded_once(bias, input._np(), weight._np().T, 1, 1, input.dtype)
+
+
+@kernel("addmm")
+def addmm(self, mat1, mat2, beta=1, alpha=1):
+    fits = mat1.ndim == 2 and mat2.ndim == 2 and mat1.shape[1] == mat2.shape[0]
+    if not _rounds_once((mat1.shape[0], mat2.shape[1]) if fits else None, self, mat1, mat2):
+        return _decomposed("addmm", self, mat1, mat2, beta, alpha)
+    return _sum_rounded_once(self, mat1._np(), mat2._np(), beta, alpha, self.dtype)
+
+
+@kernel("baddbmm")
+def baddbmm(self, batch1, batch2, beta=1, alpha=1):
+    fits = (batch1.ndim == 3 and batch2.ndim == 3 and batch1.shape[0] == batch2.shape[0]
+            and batch1.shape[2] == batch2.shape[1])
+    shape = (batch1.shape[0], batch1.shape[1], batch2.shape[2]) if fits else None
+    if not _rounds_once(shape, self, batch1, batch2):
+        return _decomposed("baddbmm", self, batch1, batch2, beta, alpha)
+    return _sum_rounded_once(self, batch1._np(), batch2._np(), beta, alpha, self.dtype)
+
+
 def _check_mm(a, b):
     """The shape check of mm (2-D operands) or bmm (otherwise), for kernels that do not know which they run."""
     from tilewise.ops.linalg import check_mm_shapes

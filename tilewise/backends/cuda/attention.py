@@ -71,11 +71,18 @@ def unsupported(dtype, query_shape, key_shape, value_shape, has_bias: bool, devi
                f"equal head dims that are multiples of 8 up to {MAX_HEAD_DIM}"
     if 0 in query_shape or 0 in key_shape:
         return "an empty operand"
-    from tilewise.backends.cuda.runtime import get_device_properties
-
-    if get_device_properties(device.index).major < 8:
+    # lowered for the CUDA target from tensors elsewhere (``explain`` without a GPU) there is no GPU to ask: the
+    # target builds for compute capability 8.0 or newer
+    if device.type == "cuda" and _capability_major(device) < 8:
         return "cuDNN flash attention needs compute capability 8.0 or newer"
     return cudnn.unavailable()
+
+
+def _capability_major(device: Device) -> int:
+    """The major number of the GPU's compute capability."""
+    from tilewise.backends.cuda.runtime import get_device_properties
+
+    return get_device_properties(device.index).major
 
 
 def _fits(t: Tensor) -> bool:

@@ -14,6 +14,11 @@ A training step reads the sum before a tanh GELU again in its backward, so there
 ``gelu_backward(mm(a, b), pre)`` becomes ``_mm_gelu_backward``, one call applying GELU's derivative to the
 product as it writes it (DGELU). See [Note: GELU epilogues with a second matrix] in
 ``backends/cuda/matmul.py``.
+
+The C target folds only the bias, and only in float16 and bfloat16: ``bias_into_product`` makes the same
+``addmm``, which the CPU backend computes in float32 and rounds once, as torch's CPU ``linear`` does (see [Note: a
+product and its bias, rounded once] in ``backends/cpu/kernels.py``); a product rounded before its bias is added
+differs from torch's in the last bit.
 """
 
 from __future__ import annotations
@@ -115,6 +120,27 @@ def gemm_epilogues(graph: Graph) -> Graph:
             if prod is not None:
                 operands = (mapping[prod.srcs[0]], mapping[prod.srcs[1]], _like(mapping[node.srcs[1]], prod.type.shape))
                 new = _like(Node("_mm_gelu_backward", operands, (Ref(0), Ref(1), Ref(2)), prod.type), node.type.shape)
+        mapping[node] = new
+    out = Graph(list(graph.inputs), [], [mapping[o] for o in graph.outputs],
+                [(i, mapping[v]) for i, v in graph.writes])
+    out.body = in_program_order([mapping[n] for n in graph.body], out)
+    return out
+
+
+def bias_into_product(graph: Graph) -> Graph:
+    """Each float16 or bfloat16 ``add(mm(a, b), bias)`` (through a view of the product too) as ``addmm``."""
+    readers = _readers(graph)
+    mapping: dict[Node, Node] = {n: n for n in graph.inputs}
+    for node in graph.body:
+        srcs = tuple(mapping[s] for s in node.srcs)
+        new = node.replace(srcs=srcs) if srcs != node.srcs else node
+        low_precision = node.op == "add" and node.type.dtype.name in ("float16", "bfloat16")
+        found = _bias_add(node, readers) if low_precision else None
+        if found is not None:
+            prod, bias, reshape = found
+            new = Node("addmm", (mapping[bias], mapping[prod.srcs[0]], mapping[prod.srcs[1]]),
+                       (Ref(0), Ref(1), Ref(2), 1, 1), prod.type)
+            new = reshape.replace(srcs=(new,)) if reshape is not None else new
         mapping[node] = new
     out = Graph(list(graph.inputs), [], [mapping[o] for o in graph.outputs],
                 [(i, mapping[v]) for i, v in graph.writes])
