@@ -127,3 +127,22 @@ def test_a_unet_step_under_bfloat16_autocast_keeps_eagers_gradients(channels_las
         # bfloat16 rounds differently where a kernel fuses differently: a few parts in a hundred, not wrong values
         error = float(np.abs(got[name] - e).max() / (np.abs(e).max() + 1e-12))
         assert error < 0.05, (name, error)
+
+
+def test_a_value_of_several_results_beside_a_convolution(channels_last_c_target):
+    """An operator of two results (a tuple-typed node, as attention with its statistics in a ViT step) read from a
+    convolution's output: the lowering passes it by (it once asked the tuple for its shape)."""
+    tw.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3, padding=1)
+    x = tw.randn(2, 3, 6, 6)
+
+    def f(x):
+        with tw.no_grad():
+            values, indices = conv(x).max(dim=1)
+            return values * 2, indices
+
+    compiled = tw.compile(f)
+    got, want = compiled(x), f(x)
+    assert not compiled.eager_reason, compiled.eager_reason
+    np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())

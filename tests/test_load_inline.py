@@ -103,7 +103,7 @@ def test_launch_on_the_current_stream_matches_numpy():
     with tw.cuda.stream(stream):
         m.axpy(tx, ty, 2.5, n, grid=(n + 255) // 256, block=256)
     stream.synchronize()
-    np.testing.assert_allclose(ty.cpu().numpy(), 2.5 * x + y, rtol=1e-6)
+    np.testing.assert_allclose(ty.cpu().numpy(), 2.5 * x.astype(np.float64) + y, rtol=1e-5, atol=1e-6)  # one fma
     out = tw.empty(n, dtype=tw.float64, device="cuda")
     m.fill(out, 0.25, n, grid=(n + 127) // 128, block=128)
     np.testing.assert_array_equal(out.cpu().numpy(), np.full(n, 0.25))

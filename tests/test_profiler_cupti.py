@@ -394,17 +394,15 @@ def _compiled_gpt_step():
 @pytest.mark.cuda
 def test_a_profiled_compiled_training_step_gives_the_same_loss():
     _needs_cupti()
-    tw.use_deterministic_algorithms(True)  # cuDNN attention's backward adds with atomics: runs differ by an ulp
-    try:
-        step, x, y = _compiled_gpt_step()
-        unprofiled = [float(step(x, y)) for _ in range(4)]
-        step, x, y = _compiled_gpt_step()
-        profiled = [float(step(x, y))]
-        with twp.profile(activities=ACTIVITIES) as prof:
-            profiled += [float(step(x, y)) for _ in range(3)]
-    finally:
-        tw.use_deterministic_algorithms(False)
-    assert profiled == unprofiled
+    step, x, y = _compiled_gpt_step()
+    unprofiled = [float(step(x, y)) for _ in range(4)]
+    step, x, y = _compiled_gpt_step()
+    profiled = [float(step(x, y))]
+    with twp.profile(activities=ACTIVITIES) as prof:
+        profiled += [float(step(x, y)) for _ in range(3)]
+    # the embedding's and attention's backward add with atomics (no deterministic form of either), so two runs of
+    # one step may differ in the last bits, profiled or not
+    assert profiled == pytest.approx(unprofiled, rel=1e-6)
     assert prof.profiler.device_timing == "CUPTI"
     assert any(e.device_type.name == "CUDA" and e.self_cuda_time_total > 0 for e in prof.events())
 

@@ -92,8 +92,10 @@ class _Layouts:
         mark_channels_last(value)  # see [Note: value orders]
 
     def rewrite(self, node: Node) -> Node | None:
+        if node.is_tuple:  # several results (attention with its statistics, ...): their type is a tuple
+            return None
         rank = len(node.type.shape)
-        if rank not in (4, 5) or node.is_tuple:
+        if rank not in (4, 5):
             return None
         if node.op == "permute" and self.is_view(node.srcs[0]) and tuple(node.args[1]) == to_channels_last(rank):
             return node.srcs[0].srcs[0]  # a channels-last value seen back in its own order
