@@ -1,9 +1,11 @@
-"""The dispatcher: every operator call walks Profiler → Autocast → Autograd → backend.
+"""The dispatcher: every operator call walks Profiler → ForwardAD → Autocast → Autograd → backend.
 
 [Note: dispatch] ``call(op, args)`` receives arguments already bound by the operator's schema binder.
 Keys are consulted in a fixed order, each cheap to skip:
   Profiler  — while ``tilewise.profiler.profile`` records (``profiling``, one module flag for every thread),
               the call runs inside a host event (``profile_op``), so a composite's primitives nest under it;
+  ForwardAD — while a dual level is open (``autograd.forward_ad``, ``func.jvp``), a call whose inputs carry
+              tangents runs below this key for its primal and its tangent rule (see [Note: forward-mode AD]);
   Autocast  — inside ``tilewise.autocast``, casts floating inputs of ops that declare a policy
               (``op.autocast``; see [Note: autocast] in ``amp/autocast_mode.py``), then runs the op, its
               decomposition included, with autocast off;
@@ -23,6 +25,7 @@ of them: each fills its slot when it loads, through one registration function �
   ``register_view_applier(fn)`` a view's stride arithmetic ``apply_view(op, args)`` (``ops.views``)
   ``register_tracer(fn)``       the Trace key's ``run(op, args, device)``        (``compiler.capture``)
   ``register_profiler(fn)``     the Profiler key's ``profile_op(op, args)``      (``profiler.profile``)
+  ``register_forward_ad(fn)``   the ForwardAD key's ``forward_ad(op, args)``     (``autograd.forward_ad``)
 and device backends register in ``tilewise.device`` (``register_backend``), whose ``BACKENDS`` this module
 reads. ``tilewise/_plugins.py`` lists every plug-in point of the core in one table.
 """
@@ -47,6 +50,7 @@ class _State(threading.local):
     captures = ()  # the compiler's active captures, innermost last (see compiler/capture.py)
     saved_tensor_hooks = ()  # active (pack_hook, unpack_hook) pairs, innermost last
     into = None  # (tensor, op name): an in-place op's target, for the next call (see call_into)
+    dual_masked = ()  # forward-AD levels whose tangents this thread's calls ignore (see autograd/forward_ad.py)
 
 
 STATE = _State()
@@ -62,6 +66,10 @@ def values_readable(t: Tensor) -> bool:
 def call(op, args: tuple):
     if profiling:  # the Profiler key: while no profiler records, this one flag read is all it costs
         return profile_op(op, args)
+    if dual_levels:  # the ForwardAD key: while no dual level is open, this one flag read is all it costs
+        out = forward_ad(op, args)
+        if out is not NO_TANGENT:
+            return out
     state = STATE
     if state.into is not None:
         return call_into(op, args)
@@ -75,6 +83,10 @@ def call(op, args: tuple):
 def call_below_profiler(op, args: tuple):
     """The keys below the Profiler key: ``call`` without its first check, spelled out again rather than called
     from ``call`` so that an unprofiled operator pays no extra Python call for the profiler."""
+    if dual_levels:
+        out = forward_ad(op, args)
+        if out is not NO_TANGENT:
+            return out
     state = STATE
     if state.into is not None:
         return call_into(op, args)
@@ -134,6 +146,9 @@ apply_view = _unfilled("apply_view", "tilewise.ops")  # (op, args) -> the view's
 trace = _unfilled("trace", "tilewise.compiler")  # (op, args, device) -> record op into the active capture
 profile_op = _unfilled("profile_op", "tilewise.profiler")  # (op, args) -> run the call inside a profiler event
 profiling = False  # whether any profiler records, in any thread: the Profiler key's one check per call
+forward_ad = _unfilled("forward_ad", "tilewise.autograd")  # (op, args) -> the call with tangents, or NO_TANGENT
+dual_levels: tuple = ()  # the open forward-AD levels, innermost last: the ForwardAD key's one check per call
+NO_TANGENT = object()  # forward_ad's answer when no input of the call carries a tangent at an open level
 
 
 def register_recorder(fn) -> None:
@@ -158,6 +173,19 @@ def register_profiler(fn) -> None:
     """The Profiler key: ``fn(op, args)`` runs ``call_below_profiler`` inside an event while ``profiling``."""
     global profile_op
     profile_op = fn
+
+
+def register_forward_ad(fn) -> None:
+    """The ForwardAD key: ``fn(op, args)`` runs a call whose inputs carry tangents and gives its outputs theirs,
+    or returns ``NO_TANGENT`` for a call none of whose inputs carries one."""
+    global forward_ad
+    forward_ad = fn
+
+
+def set_dual_levels(levels: tuple) -> None:
+    """The open forward-AD levels (``autograd.forward_ad`` entering and leaving a level)."""
+    global dual_levels
+    dual_levels = levels
 
 
 def set_profiling(on: bool) -> None:
