@@ -43,8 +43,8 @@ def _expand_ties(module, values: dict) -> dict:
 
 def _check_strict(module, values: dict) -> None:
     known = list(_tied_names(module))
-    unexpected = [k for k in values if k not in known]
-    missing = [k for k in known if k not in values]
+    unexpected = sorted(k for k in values if k not in known)
+    missing = sorted(k for k in known if k not in values)
     if unexpected or missing:
         lines = []
         if unexpected:
