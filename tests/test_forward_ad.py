@@ -18,8 +18,8 @@ DIFFERENTIABLE = [info for info in OPINFOS if info.grad and "float64" in info.dt
 
 
 def _random_values(rng, shape, is_complex: bool) -> np.ndarray:
-    values = rng.standard_normal(tuple(shape))
-    return values + 1j * rng.standard_normal(tuple(shape)) if is_complex else values
+    values = np.asarray(rng.standard_normal(tuple(shape)))
+    return np.asarray(values + 1j * rng.standard_normal(tuple(shape))) if is_complex else values
 
 
 def _inputs(info, sample, seed: int):
@@ -103,8 +103,11 @@ def test_jvp_agrees_with_vjp(info):
             if t is not None:
                 forward += _pairing(u.numpy(), t.detach().numpy())
         reverse = sum(_pairing(g.detach().numpy(), tangents[k]) for k, g in grads.items() if g is not None)
+        if not (np.isfinite(forward) and np.isfinite(reverse)):
+            continue  # a sample about NaN or inf (the comparison with torch checks where they appear)
         scale = 1.0 + abs(forward) + abs(reverse)
-        assert abs(forward - reverse) <= 1e-10 * scale, \
+        exact = all(arrays[k].dtype in (np.float64, np.complex128) for k in wanted)  # else float32 rounding
+        assert abs(forward - reverse) <= (1e-10 if exact else 1e-5) * scale, \
             f"{info.name}[{sample.name or n}]: <u, J v> = {forward!r} but <J^T u, v> = {reverse!r}"
 
 

@@ -339,10 +339,20 @@ def test_vmap_is_exported_lazily():
         F.not_a_transform  # noqa: B018
 
 
-def test_compile_of_a_transformed_function_is_one_program():
-    x, xt = _pair(4)
-    compiled = tw.compile(F.grad(f_scalar(tw)))
-    _close(compiled(x), TF.grad(f_scalar(torch))(xt))
-    compiled_jvp = tw.compile(lambda x, v: F.jvp(f_vector(tw), (x,), (v,)))
-    (v, vt) = _pair(4, seed=1)
-    _close(compiled_jvp(x, v), TF.jvp(f_vector(torch), (xt,), (vt,)))
+@pytest.mark.parametrize("transform", ["grad", "jvp", "hessian", "jacrev"])
+def test_compile_of_a_transformed_function_is_one_program(transform):
+    """The capture records the transform's forward and backward (or tangent) operators into one graph: no graph
+    break (fullgraph), one program, and the replayed call agrees with torch.func too."""
+    (x, xt), (v, vt) = _pair(4), _pair(4, seed=1)
+    ours, theirs = {
+        "grad": (F.grad(f_scalar(tw)), TF.grad(f_scalar(torch))),
+        "jvp": (lambda x, v: F.jvp(f_vector(tw), (x,), (v,)), lambda x, v: TF.jvp(f_vector(torch), (x,), (v,))),
+        "hessian": (F.hessian(f_scalar(tw)), TF.hessian(f_scalar(torch))),
+        "jacrev": (F.jacrev(f_vector(tw)), TF.jacrev(f_vector(torch))),
+    }[transform]
+    args, targs = ((x, v), (xt, vt)) if transform == "jvp" else ((x,), (xt,))
+    compiled = tw.compile(ours, fullgraph=True)
+    expected = theirs(*targs)
+    _close(compiled(*args), expected, rtol=1e-9)
+    _close(compiled(*args), expected, rtol=1e-9)  # replayed
+    assert len(compiled.programs()) == 1

@@ -147,6 +147,7 @@ trace = _unfilled("trace", "tilewise.compiler")  # (op, args, device) -> record 
 profile_op = _unfilled("profile_op", "tilewise.profiler")  # (op, args) -> run the call inside a profiler event
 profiling = False  # whether any profiler records, in any thread: the Profiler key's one check per call
 forward_ad = _unfilled("forward_ad", "tilewise.autograd")  # (op, args) -> the call with tangents, or NO_TANGENT
+forward_ad_write = _unfilled("forward_ad_write", "tilewise.autograd")  # (target, result): an in-place write's tangents
 dual_levels: tuple = ()  # the open forward-AD levels, innermost last: the ForwardAD key's one check per call
 NO_TANGENT = object()  # forward_ad's answer when no input of the call carries a tangent at an open level
 
@@ -175,11 +176,12 @@ def register_profiler(fn) -> None:
     profile_op = fn
 
 
-def register_forward_ad(fn) -> None:
+def register_forward_ad(fn, write) -> None:
     """The ForwardAD key: ``fn(op, args)`` runs a call whose inputs carry tangents and gives its outputs theirs,
-    or returns ``NO_TANGENT`` for a call none of whose inputs carries one."""
-    global forward_ad
-    forward_ad = fn
+    or returns ``NO_TANGENT`` for a call none of whose inputs carries one; ``write(target, result)`` gives an
+    in-place write's target (and, through a view, its base) the tangents of what was written."""
+    global forward_ad, forward_ad_write
+    forward_ad, forward_ad_write = fn, write
 
 
 def set_dual_levels(levels: tuple) -> None:

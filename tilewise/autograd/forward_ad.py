@@ -308,6 +308,12 @@ def _zeros_like(a):
     return zeros_like(a)
 
 
+def _ones_like(a):
+    from tilewise.ops.creation import ones_like
+
+    return ones_like(a)
+
+
 def _args_with_tangents(op, args: tuple, tangents: dict) -> list:
     """The arguments with every differentiable tensor input replaced by its tangent (zeros where it has none)."""
     new = list(args)
@@ -403,7 +409,9 @@ def transposed_rule(op, args: tuple, out, tangents: dict):
     names = op.param_names()
     tracked = _tracked_by_autograd(args, tangents)
     with enable_grad():
-        cotangents = [_zeros_like(o).requires_grad_() if d else None for o, d in zip(outputs, differentiable)]
+        # any point will do, the formula being linear in it: ones, where a formula's log or division of the
+        # cotangent (logcumsumexp's) would make zeros NaN
+        cotangents = [_ones_like(o).requires_grad_() if d else None for o, d in zip(outputs, differentiable)]
         env = formula_env(op, args, out)
         filled = tuple(u if u is not None else o for u, o in zip(cotangents, outputs))
         env.update(grad=filled[0], grads=filled, output_grads=tuple(cotangents))
@@ -444,4 +452,31 @@ def _tracked_by_autograd(args: tuple, tangents: dict) -> bool:
     return False
 
 
-dispatch.register_forward_ad(forward_call)
+def write_tangents(target: Tensor, result: Tensor) -> None:
+    """An in-place write of ``result`` into ``target``: at each open level where either has a tangent, the target's
+    becomes the result's (zeros where it has none); written through a view, the base's tangent gets the view's
+    part replaced, as its values do."""
+    base = target._base
+    for level in dispatch.dual_levels:
+        if level in STATE.dual_masked:  # a primal computed below that level: its tangents are not this write's
+            continue
+        theirs = tangent_at(result, level)
+        mine = tangent_at(target, level)
+        based = tangent_at(base, level) if base is not None else None
+        if theirs is None and mine is None and based is None:
+            continue
+        with masked(level):
+            if theirs is None:
+                theirs = _zeros_like(target)
+            elif theirs._shape != target._shape or theirs._dtype is not target._dtype:
+                theirs = _fit_tangent(theirs, target)
+            set_tangent(target, level, theirs)
+            if base is not None and base.is_contiguous():  # view_scatter's geometry is a contiguous tensor's
+                from tilewise.ops.registry import OPS
+
+                whole = (based if based is not None else _zeros_like(base)).contiguous()
+                geometry = (target._shape, target._strides, target._offset - base._offset)
+                set_tangent(base, level, OPS["view_scatter"](whole, theirs, *geometry))
+
+
+dispatch.register_forward_ad(forward_call, write_tangents)

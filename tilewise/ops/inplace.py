@@ -160,12 +160,7 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
 def _take_tangents(self: Tensor, result: Tensor) -> None:
     """Forward AD: the written tensor's tangents become the result's (none where the result has none)."""
     if dispatch.dual_levels:
-        mine, theirs = self.__dict__.get("_tangents"), result.__dict__.get("_tangents")
-        if mine is not None:
-            mine.clear()
-            mine.update(theirs or {})
-        elif theirs:
-            self.__dict__["_tangents"] = dict(theirs)
+        dispatch.forward_ad_write(self, result)
 
 
 def copy_into(self, src, name: str, non_blocking: bool = False):

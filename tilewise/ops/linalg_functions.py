@@ -53,10 +53,11 @@ def torch_form(schema: str, decomposition, grad: dict | None = None, **attrs):
 
 
 def _grad_wanted(A) -> bool:
-    """Whether a backward will need the singular vectors or eigenvectors (torch computes them then, too)."""
-    from tilewise.dispatch import STATE
+    """Whether a backward or a tangent will need the singular vectors or eigenvectors (torch computes them then,
+    too)."""
+    from tilewise.dispatch import STATE, dual_levels
 
-    return A.requires_grad and STATE.grad_enabled
+    return (A.requires_grad and STATE.grad_enabled) or bool(dual_levels and A.__dict__.get("_tangents"))
 
 
 def bool_dtype():
