@@ -219,7 +219,7 @@ declare("kthvalue(Tensor self, int k, int dim=-1, bool keepdim=False) -> (Tensor
         "composite", decomposition=_kthvalue, grad={"self": _PICKED_ALONG_DIM}, nondiff_outputs=(1,),
         doc="The ``k``-th smallest element along ``dim`` (1-based) and its position.")
 declare("median(Tensor self) -> Tensor", "composite", decomposition=_median,
-        grad={"self": "evenly_distribute_backward(grad, self, result)"},
+        grad={"self": "evenly_distribute_backward(grad, self, result)"}, fwd="evenly_read_jvp(self_t, self, result)",
         doc="The lower median of all elements; its gradient is shared evenly among the elements equal to it (among "
             "the NaNs when it is NaN).")
 declare("median.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",
