@@ -328,6 +328,8 @@ def _args_with_tangents(op, args: tuple, tangents: dict) -> list:
         elif type(value) is Tensor:
             t = tangents.get((k, None))
             new[k] = t if t is not None else _zeros_like(value)
+        elif isinstance(value, (bool, int, float, complex)):  # a Python number where a tensor may go: a constant
+            new[k] = type(value)(0)
     return new
 
 

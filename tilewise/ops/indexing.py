@@ -19,21 +19,25 @@ from tilewise.tensor import Tensor
 
 declare("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", "index", dtype=R.first_input,
         grad={"self": "index_put(zeros(self_shape, dtype=grad.dtype, device=grad.device), indices, grad, True)",
-              "indices": None}, method=False)
+              "indices": None}, fwd="auto_linear", method=False)
 declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor", "index",
         dtype=R.first_input,
         grad={"self": "grad if accumulate else "
                       "index_put(grad, indices, zeros((), dtype=grad.dtype, device=grad.device), False)",
-              "values": "grad[indices_tuple(indices)]", "indices": None}, inplace=True, autocast="promote")
+              "values": "grad[indices_tuple(indices)]", "indices": None}, fwd="auto_linear", inplace=True,
+        autocast="promote")
 declare("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", "index",
-        dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)", "index": None})
+        dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)", "index": None},
+        fwd="auto_linear")
 declare("scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
         grad={"self": "grad.scatter(dim, index, 0)", "src": "grad.gather(dim, index)", "index": None},
-        inplace=True)
+        fwd="auto_linear", inplace=True)
 declare("scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "grad.scatter(dim, index, 0)", "index": None}, inplace=True)
+        grad={"self": "grad.scatter(dim, index, 0)", "index": None}, fwd="self_t.scatter(dim, index, 0)",
+        inplace=True)
 declare("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "grad", "src": "grad.gather(dim, index)", "index": None}, inplace=True, autocast="promote")
+        grad={"self": "grad", "src": "grad.gather(dim, index)", "index": None}, fwd="auto_linear", inplace=True,
+        autocast="promote")
 declare("nonzero(Tensor self) -> Tensor", "index", differentiable=False,
         doc="Positions of non-zero elements, one row of coordinates each (data-dependent shape).")
 

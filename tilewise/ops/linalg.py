@@ -38,9 +38,10 @@ def matmul_operands(op, args):
 
 
 declare("mm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operands, autocast="lower",
-        grad={"self": "grad.mm(mat2.t())", "mat2": "self.t().mm(grad)"})
+        grad={"self": "grad.mm(mat2.t())", "mat2": "self.t().mm(grad)"}, fwd="self_t.mm(mat2) + self.mm(mat2_t)")
 declare("bmm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operands, autocast="lower",
-        grad={"self": "grad.bmm(mat2.transpose(1, 2))", "mat2": "self.transpose(1, 2).bmm(grad)"})
+        grad={"self": "grad.bmm(mat2.transpose(1, 2))", "mat2": "self.transpose(1, 2).bmm(grad)"},
+        fwd="self_t.bmm(mat2) + self.bmm(mat2_t)")
 
 
 def _check_matmul(a, b):
@@ -98,7 +99,8 @@ def _linear(x, weight, bias=None):
 # cuBLASLt call with the bias as its epilogue) instead of recording a product and a separate bias add.
 declare("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", "composite", decomposition=_linear,
         grad={"input": "linear_input_grad(grad, weight)", "weight": "linear_weight_grad(grad, input, weight)",
-              "bias": "grad"}, method=False, autocast="lower")
+              "bias": "grad"}, fwd="linear(input_t, weight) + linear(input, weight_t, bias_t)", method=False,
+        autocast="lower")
 declare("addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
         decomposition=lambda s, m1, m2, beta=1, alpha=1: s * beta + m1.mm(m2) * alpha, autocast="lower")
 

@@ -26,7 +26,8 @@ def reduced_count(shape, dim) -> int:
 
 # ---------------------------------------------------------------- primitives
 reduction("sum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", "add",
-          {"self": "expand_reduced(grad, self_shape, dim, keepdim)"}, R.reduction_sum, autocast="fp32")
+          {"self": "expand_reduced(grad, self_shape, dim, keepdim)"}, R.reduction_sum, autocast="fp32",
+          fwd="auto_linear")
 reduction("prod(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", "mul",
           {"self": "prod_backward(grad, self, result, dim, keepdim)"}, R.reduction_sum, autocast="fp32")
 reduction("amax(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "max",

@@ -85,7 +85,7 @@ HELPERS.update(reverse_cumsum=reverse_cumsum, picked_backward=picked_backward, c
 # ---------------------------------------------------------------- primitives
 
 declare("cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", "scan", dtype=R.reduction_sum,
-        grad={"self": "reverse_cumsum(grad, dim)"}, inplace=True, autocast="fp32",
+        grad={"self": "reverse_cumsum(grad, dim)"}, fwd="auto_linear", inplace=True, autocast="fp32",
         doc="Cumulative sum along ``dim``; integer and bool inputs accumulate in int64.\n\n"
             ">>> tw.tensor([1, 2, 3]).cumsum(0)\ntensor([1, 3, 6])")
 declare("cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", "scan", dtype=R.reduction_sum,
