@@ -138,12 +138,9 @@ def test_jvp_agrees_with_vjp(info):
         if not pairs:
             continue
         jvp_outs, _ = _tilewise_jvp(info, args, kwargs, arrays, tangents)
-        tangent_of = {}
         diff_outs = [(o, t) for o, t in jvp_outs if _differentiable(o)]
-        for (o, u), (_, t) in zip(pairs, diff_outs):
-            tangent_of[id(o)] = t
         forward = 0.0
-        for (o, u), (_, t) in zip(pairs, diff_outs):
+        for (_, u), (_, t) in zip(pairs, diff_outs):
             if t is not None:
                 forward += _pairing(u.numpy(), t.detach().numpy())
         reverse = sum(_pairing(g.detach().numpy(), tangents[k]) for k, g in grads.items() if g is not None)
@@ -162,8 +159,6 @@ def test_jvp_agrees_with_vjp(info):
 
 @pytest.mark.parametrize("info", DIFFERENTIABLE, ids=[i.name for i in DIFFERENTIABLE])
 def test_jvp_matches_torch_func(info):
-    import torch.nn.functional as TF
-
     if info.name in TORCH_FORWARD_INEXACT:
         return _check_against_finite_differences(info)
     for n, sample in enumerate(info.samples()):
@@ -171,17 +166,10 @@ def test_jvp_matches_torch_func(info):
         if not wanted:
             continue
         ours, made = _tilewise_jvp(info, args, kwargs, arrays, tangents)
-        with torch_fwad.dual_level():
-            def make(k):
-                t = torch.from_numpy(arrays[k].copy())
-                return torch_fwad.make_dual(t, torch.from_numpy(tangents[k].copy())) if k in tangents else t
-
-            try:
-                out, _ = _call(info, torch, TF, args, kwargs, arrays, make)
-            except (NotImplementedError, RuntimeError):
-                continue  # torch has no forward rule for it (or fails inside one): the vjp test still checks ours
-            theirs = [torch_fwad.unpack_dual(o).tangent if isinstance(o, torch.Tensor) else None
-                      for o in _outputs(out, info)]
+        try:
+            theirs = _torch_jvp(info, args, kwargs, arrays, tangents)
+        except (NotImplementedError, RuntimeError):
+            continue  # torch has no forward rule for it (or fails inside one): the vjp test still checks ours
         for k, ((o, t), e) in enumerate(zip(ours, theirs)):
             if e is None or not _differentiable(o):
                 continue
@@ -196,19 +184,32 @@ def test_jvp_matches_torch_func(info):
                                        err_msg=where)
 
 
+def _torch_jvp(info, args, kwargs, arrays, tangents) -> list:
+    import torch.nn.functional as TF
+
+    with torch_fwad.dual_level():
+        def make(k):
+            t = torch.from_numpy(arrays[k].copy())
+            return torch_fwad.make_dual(t, torch.from_numpy(tangents[k].copy())) if k in tangents else t
+
+        out, _ = _call(info, torch, TF, args, kwargs, arrays, make)
+        return [torch_fwad.unpack_dual(o).tangent if isinstance(o, torch.Tensor) else None for o in _outputs(out, info)]
+
+
+def _shifted_outputs(info, args, kwargs, arrays, tangents, step: float) -> list:
+    shifted = [arrays[k] + step * tangents[k] if k in tangents else arrays[k] for k in range(len(arrays))]
+    out, _ = _call(info, tw, F, args, kwargs, arrays, lambda k: tw.from_numpy(np.array(shifted[k])))
+    return _outputs(out, info)
+
+
 def _check_against_finite_differences(info):
+    step = 1e-6
     for n, sample in enumerate(info.samples()):
         args, kwargs, arrays, wanted, tangents = _inputs(info, sample, seed=n)
         ours, _ = _tilewise_jvp(info, args, kwargs, arrays, tangents)
-        step = 1e-6
-
-        def at(sign):
-            shifted = {k: arrays[k] + sign * step * tangents[k] if k in tangents else arrays[k]
-                       for k in range(len(arrays))}
-            out, _ = _call(info, tw, F, args, kwargs, arrays, lambda k: tw.from_numpy(np.array(shifted[k])))
-            return _outputs(out, info)
-
-        for (o, t), plus, minus in zip(ours, at(1), at(-1)):
+        above = _shifted_outputs(info, args, kwargs, arrays, tangents, step)
+        below = _shifted_outputs(info, args, kwargs, arrays, tangents, -step)
+        for (o, t), plus, minus in zip(ours, above, below):
             if _differentiable(o) and t is not None:
                 difference = (plus.numpy() - minus.numpy()) / (2 * step)
                 np.testing.assert_allclose(t.detach().numpy(), difference, rtol=1e-5, atol=1e-6,

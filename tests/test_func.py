@@ -277,33 +277,33 @@ def test_functional_call_matches_torch(case):
 X = np.arange(3.0)
 
 
-def _error_cases(lib, M):
+def _error_cases(lib, transforms):
     x = lib.tensor(X)
     return {
-        "not_scalar": lambda: M.grad(lambda x: x * 2)(x),
-        "aux_not_tuple": lambda: M.grad(lambda x: x.sum(), has_aux=True)(x),
-        "aux_wrong_length": lambda: M.grad(lambda x: (x.sum(), 1, 2), has_aux=True)(x),
-        "argnum_range": lambda: M.grad(lambda x, y: x.sum(), argnums=2)(x, x),
-        "argnum_negative": lambda: M.grad(lambda x, y: x.sum(), argnums=-3)(x, x),
-        "argnums_empty": lambda: M.grad(lambda x, y: x.sum(), argnums=())(x, x),
-        "argnums_type": lambda: M.grad(lambda x, y: x.sum(), argnums=1.0)(x, x),
-        "argnums_repeat": lambda: M.grad(lambda x, y: x.sum(), argnums=(0, 0))(x, x),
-        "not_tensor_input": lambda: M.grad(lambda x: x.sum())(3.0),
-        "not_tensor_output": lambda: M.grad(lambda x: 3.0)(x),
-        "no_inputs": lambda: M.grad(lambda: x.sum())(),
-        "jvp_primals_tuple": lambda: M.jvp(lambda x: x, x, x),
-        "jvp_structure": lambda: M.jvp(lambda x: x, (x,), (x, x)),
-        "jvp_tangent_shape": lambda: M.jvp(lambda x: x, (x,), (lib.tensor(np.arange(4.0)),)),
-        "jvp_output": lambda: M.jvp(lambda x: 3, (x,), (x,)),
-        "jvp_aux": lambda: M.jvp(lambda x: x, (x,), (x,), has_aux=True),
-        "jvp_integer": lambda: M.jvp(lambda x: x, (lib.arange(3),), (lib.arange(3),)),
-        "vjp_output": lambda: M.vjp(lambda x: 3, x),
-        "vjp_aux": lambda: M.vjp(lambda x: x, x, has_aux=True),
-        "jacrev_argnums": lambda: M.jacrev(lambda x: x, argnums=3)(x),
-        "jacfwd_argnums": lambda: M.jacfwd(lambda x: x, argnums=3)(x),
-        "jacrev_output": lambda: M.jacrev(lambda x: 3)(x),
-        "jacfwd_aux": lambda: M.jacfwd(lambda x: x, has_aux=True)(x),
-        "grad_integer": lambda: M.grad(lambda x: x.sum())(lib.arange(3)),
+        "not_scalar": lambda: transforms.grad(lambda x: x * 2)(x),
+        "aux_not_tuple": lambda: transforms.grad(lambda x: x.sum(), has_aux=True)(x),
+        "aux_wrong_length": lambda: transforms.grad(lambda x: (x.sum(), 1, 2), has_aux=True)(x),
+        "argnum_range": lambda: transforms.grad(lambda x, y: x.sum(), argnums=2)(x, x),
+        "argnum_negative": lambda: transforms.grad(lambda x, y: x.sum(), argnums=-3)(x, x),
+        "argnums_empty": lambda: transforms.grad(lambda x, y: x.sum(), argnums=())(x, x),
+        "argnums_type": lambda: transforms.grad(lambda x, y: x.sum(), argnums=1.0)(x, x),
+        "argnums_repeat": lambda: transforms.grad(lambda x, y: x.sum(), argnums=(0, 0))(x, x),
+        "not_tensor_input": lambda: transforms.grad(lambda x: x.sum())(3.0),
+        "not_tensor_output": lambda: transforms.grad(lambda x: 3.0)(x),
+        "no_inputs": lambda: transforms.grad(lambda: x.sum())(),
+        "jvp_primals_tuple": lambda: transforms.jvp(lambda x: x, x, x),
+        "jvp_structure": lambda: transforms.jvp(lambda x: x, (x,), (x, x)),
+        "jvp_tangent_shape": lambda: transforms.jvp(lambda x: x, (x,), (lib.tensor(np.arange(4.0)),)),
+        "jvp_output": lambda: transforms.jvp(lambda x: 3, (x,), (x,)),
+        "jvp_aux": lambda: transforms.jvp(lambda x: x, (x,), (x,), has_aux=True),
+        "jvp_integer": lambda: transforms.jvp(lambda x: x, (lib.arange(3),), (lib.arange(3),)),
+        "vjp_output": lambda: transforms.vjp(lambda x: 3, x),
+        "vjp_aux": lambda: transforms.vjp(lambda x: x, x, has_aux=True),
+        "jacrev_argnums": lambda: transforms.jacrev(lambda x: x, argnums=3)(x),
+        "jacfwd_argnums": lambda: transforms.jacfwd(lambda x: x, argnums=3)(x),
+        "jacrev_output": lambda: transforms.jacrev(lambda x: 3)(x),
+        "jacfwd_aux": lambda: transforms.jacfwd(lambda x: x, has_aux=True)(x),
+        "grad_integer": lambda: transforms.grad(lambda x: x.sum())(lib.arange(3)),
     }
 
 

@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
-from tilewise.autograd import forward_ad  # noqa: F401 — fills the dispatcher's ForwardAD key
-from tilewise.autograd import profiler  # noqa: F401 — torch.autograd.profiler.emit_nvtx
+from tilewise.autograd import (
+    forward_ad,  # noqa: F401 — fills the dispatcher's ForwardAD key
+    profiler,  # noqa: F401 — torch.autograd.profiler.emit_nvtx
+)
 from tilewise.autograd.anomaly_mode import detect_anomaly, set_detect_anomaly
 from tilewise.autograd.engine import run_backward
 from tilewise.autograd.function import Function, FunctionCtx

@@ -402,8 +402,8 @@ def element_wise_rule(op, args: tuple, out, tangents: dict):
 def transposed_rule(op, args: tuple, out, tangents: dict):
     """``J t`` from the backward formula alone: the gradient in the cotangent ``u`` of ``<vjp(u), t>``."""
     from tilewise.autograd import grad as autograd_grad
-    from tilewise.autograd.graph import _fit_grad
     from tilewise.autograd.grad_mode import enable_grad
+    from tilewise.autograd.graph import _fit_grad
 
     outputs = out if isinstance(out, tuple) else (out,)
     differentiable = [type(o) is Tensor and i not in op.nondiff_outputs and o._dtype.category >= FLOATING

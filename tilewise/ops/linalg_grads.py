@@ -273,7 +273,8 @@ def cholesky_inverse_backward(grad, L, upper: bool, inverse):
 
 def cholesky_inverse_jvp(L, L_t, upper: bool, inverse):
     """d (A^-1) = -A^-1 dA A^-1 with A = L L^H (U^H U when upper); the factor's other triangle is never read, so
-    neither it nor its tangent there counts (torch 2.13's rule, -X dL X L^H + h.c., disagrees with finite differences)."""
+    neither it nor its tangent there counts (torch 2.13's rule, -X dL X L^H + h.c., disagrees with finite
+    differences)."""
     L, L_t = (L.triu(), L_t.triu()) if upper else (L.tril(), L_t.tril())
     dA = L_t.mH.matmul(L) + L.mH.matmul(L_t) if upper else L_t.matmul(L.mH) + L.matmul(L_t.mH)
     return -inverse.matmul(dA.matmul(inverse))

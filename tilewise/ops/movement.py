@@ -545,7 +545,8 @@ composite("index_select(Tensor self, int dim, Tensor index) -> Tensor", _index_s
               ">>> tw.arange(6).view(2, 3).index_select(1, tw.tensor([2, 0]))\ntensor([[2, 0],\n        [5, 3]])")
 composite("index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor", _index_add,
           grad={"self": "grad", "source": "index_source_backward(grad, dim, index, source, alpha)", "index": None},
-          fwd="auto_linear", inplace=True, doc="``self`` with ``alpha * source`` added into the slices ``index`` names along ``dim``.")
+          fwd="auto_linear", inplace=True,
+          doc="``self`` with ``alpha * source`` added into the slices ``index`` names along ``dim``.")
 composite("index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor", _index_copy,
           grad={"self": "grad.index_fill(dim, index, 0)", "source": "index_source_backward(grad, dim, index, source)",
                 "index": None}, fwd="auto_linear", inplace=True)

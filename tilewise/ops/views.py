@@ -203,7 +203,8 @@ declare("view_scatter(Tensor self, Tensor src, int[] view_shape, int[] view_stri
         "index", grad={"self": "view_scatter(grad, zeros(src_shape, dtype=grad.dtype, device=grad.device), view_shape, "
                                "view_strides, view_offset)",
                        "src": "strided_read(grad, view_shape, view_strides, view_offset)"},
-        fwd="auto_linear", method=False, doc="A copy of contiguous ``self`` with the elements a strided view selects replaced by "
-                          "``src``: how an in-place write through a view is recorded on its base.")
+        fwd="auto_linear", method=False,
+        doc="A copy of contiguous ``self`` with the elements a strided view selects replaced by "
+            "``src``: how an in-place write through a view is recorded on its base.")
 
 dispatch.register_view_applier(apply_view)
