@@ -356,3 +356,40 @@ def test_compile_of_a_transformed_function_is_one_program(transform):
     _close(compiled(*args), expected, rtol=1e-9)
     _close(compiled(*args), expected, rtol=1e-9)  # replayed
     assert len(compiled.programs()) == 1
+
+
+# ---------------------------------------------------------------------------- tilewise.autograd.functional
+
+@pytest.mark.parametrize("api", ["vjp", "jvp", "jacobian", "jacobian_forward", "hessian", "hvp", "vhp"])
+def test_autograd_functional_matches_torch(api):
+    (x, xt), (y, yt) = _pair(3), _pair(3, seed=1)
+    (u, ut), (w, wt) = _pair(3, seed=2), _pair(3, seed=3)
+
+    def two(lib):
+        return lambda a, b: ((a * b).sin(), (a.exp() * b).sum())
+
+    def scalar(lib):
+        return lambda a, b: (a.sin() * b.exp()).sum() + (a * a * b).sum()
+
+    def call(lib, ns, a, b, c, d):
+        if api == "vjp":
+            return ns.vjp(two(lib), (a, b), (c, d.sum()))
+        if api == "jvp":
+            return ns.jvp(two(lib), (a, b), (c, d))
+        if api == "jacobian":
+            return ns.jacobian(two(lib), (a, b))
+        if api == "jacobian_forward":
+            return ns.jacobian(two(lib), (a, b), vectorize=True, strategy="forward-mode")
+        if api == "hessian":
+            return ns.hessian(scalar(lib), (a, b))
+        return getattr(ns, api)(scalar(lib), (a, b), (c, d))
+
+    ours = call(tw, tw.autograd.functional, x, y, u, w)
+    theirs = call(torch, torch.autograd.functional, xt, yt, ut, wt)
+    _close(ours, theirs, rtol=1e-9)
+
+
+def test_autograd_functional_forward_mode_needs_vectorize_as_in_torch():
+    for lib in (torch, tw):
+        with pytest.raises(NotImplementedError, match="only implemented for `vectorize=True`"):
+            lib.autograd.functional.jacobian(lambda a: a.sin(), lib.ones(2), strategy="forward-mode")
