@@ -401,7 +401,6 @@ def element_wise_rule(op, args: tuple, out, tangents: dict):
 
 def transposed_rule(op, args: tuple, out, tangents: dict):
     """``J t`` from the backward formula alone: the gradient in the cotangent ``u`` of ``<vjp(u), t>``."""
-    from tilewise.autograd import grad as autograd_grad
     from tilewise.autograd.grad_mode import enable_grad
     from tilewise.autograd.graph import _fit_grad
 
@@ -434,10 +433,22 @@ def transposed_rule(op, args: tuple, out, tangents: dict):
         live = [u for u in cotangents if u is not None]
         if pairing is None or not pairing.requires_grad:
             return tuple(None for _ in outputs) if isinstance(out, tuple) else None
-        found = autograd_grad(pairing, live, create_graph=tracked, allow_unused=True)
+        found = gradients([pairing], live, None, create_graph=tracked)
     found = iter(found)
     result = [next(found) if u is not None else None for u in cotangents]
     return tuple(result) if isinstance(out, tuple) else result[0]
+
+
+def gradients(outputs: list, inputs: list, cotangents, *, create_graph: bool) -> list:
+    """``autograd.grad(outputs, inputs, cotangents, allow_unused=True)``, from the engine directly (the package's
+    ``grad`` sits above this module); ``cotangents`` None means ones, for single-element outputs."""
+    from tilewise.autograd.engine import run_backward
+    from tilewise.ops.creation import ones_like
+
+    if cotangents is None:
+        cotangents = [ones_like(o) for o in outputs]
+    return run_backward(tuple(outputs), list(cotangents), retain_graph=True, create_graph=create_graph,
+                        inputs=tuple(inputs), allow_unused=True, accumulate=False)
 
 
 def _tracked_by_autograd(args: tuple, tangents: dict) -> bool:

@@ -7,7 +7,8 @@ forward-mode AD (``autograd.forward_ad``), where torch's differentiates a vjp a 
 
 from __future__ import annotations
 
-from tilewise.autograd import forward_ad
+import tilewise.autograd.forward_ad as forward_ad
+from tilewise.autograd.forward_ad import gradients
 from tilewise.autograd.grad_mode import enable_grad
 from tilewise.tensor import Tensor
 
@@ -45,7 +46,6 @@ def _outputs(func, fresh: tuple, fn: str) -> tuple[bool, tuple]:
 
 def vjp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
     """``(func(inputs), v^T J)``."""
-    from tilewise.autograd import grad
 
     many_in, inputs = _as_tuple(inputs, "inputs", "vjp")
     with enable_grad():
@@ -59,8 +59,8 @@ def vjp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
         else:
             cotangents = _as_tuple(v, "v", "vjp")[1]
         live = [k for k, o in enumerate(outputs) if o.requires_grad]
-        found = grad([outputs[k] for k in live], fresh, None if cotangents is None else [cotangents[k] for k in live],
-                     create_graph=create_graph, allow_unused=True) if live else (None,) * len(fresh)
+        found = gradients([outputs[k] for k in live], fresh, None if cotangents is None else
+                          [cotangents[k] for k in live], create_graph=create_graph) if live else (None,) * len(fresh)
     result = _done(_zeros_where_unused(found, inputs), create_graph)
     outputs = _done(outputs, create_graph)
     return (outputs if many_out else outputs[0]), (result if many_in else result[0])
@@ -164,7 +164,6 @@ def hessian(func, inputs, create_graph: bool = False, strict: bool = False, vect
 
 
 def _second_order(func, inputs, v, create_graph: bool, name: str, transpose: bool):
-    from tilewise.autograd import grad
 
     many_in, inputs = _as_tuple(inputs, "inputs", name)
     vectors = _as_tuple(v, "v", name)[1]
@@ -174,9 +173,9 @@ def _second_order(func, inputs, v, create_graph: bool, name: str, transpose: boo
         if not isinstance(out, Tensor) or out.numel() != 1:
             raise RuntimeError(f"The function given to {name} should return a single Tensor containing a single "
                                "element.")
-        first = _zeros_where_unused(grad(out, fresh, create_graph=True, allow_unused=True), fresh)
+        first = _zeros_where_unused(gradients([out], fresh, None, create_graph=True), fresh)
         pairing = sum((g * w).sum() for g, w in zip(first, vectors))
-        second = grad(pairing, fresh, create_graph=create_graph, allow_unused=True) if pairing.requires_grad \
+        second = gradients([pairing], fresh, None, create_graph=create_graph) if pairing.requires_grad \
             else (None,) * len(fresh)
     result = _done(_zeros_where_unused(second, inputs), create_graph)
     value = out if create_graph else out.detach()
