@@ -159,9 +159,20 @@ def test_jvp_agrees_with_vjp(info):
 
 @pytest.mark.parametrize("info", DIFFERENTIABLE, ids=[i.name for i in DIFFERENTIABLE])
 def test_jvp_matches_torch_func(info):
+    """Each entry's first sample; the slow test below runs every sample."""
+    _check_against_torch(info, info.samples()[:1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("info", DIFFERENTIABLE, ids=[i.name for i in DIFFERENTIABLE])
+def test_jvp_matches_torch_func_on_every_sample(info):
+    _check_against_torch(info, info.samples())
+
+
+def _check_against_torch(info, samples: list):
     if info.name in TORCH_FORWARD_INEXACT:
         return _check_against_finite_differences(info)
-    for n, sample in enumerate(info.samples()):
+    for n, sample in enumerate(samples):
         args, kwargs, arrays, wanted, tangents = _inputs(info, sample, seed=n)
         if not wanted:
             continue
