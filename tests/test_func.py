@@ -393,3 +393,13 @@ def test_autograd_functional_forward_mode_needs_vectorize_as_in_torch():
     for lib in (torch, tw):
         with pytest.raises(NotImplementedError, match="only implemented for `vectorize=True`"):
             lib.autograd.functional.jacobian(lambda a: a.sin(), lib.ones(2), strategy="forward-mode")
+
+
+@pytest.mark.cuda
+def test_transforms_on_cuda_match_the_cpu():
+    x, _ = _pair(5)
+    v, _ = _pair(5, seed=1)
+    xc, vc = x.to("cuda"), v.to("cuda")
+    _close(F.jvp(F.grad(f_scalar(tw)), (xc,), (vc,))[1].cpu(), F.jvp(F.grad(f_scalar(tw)), (x,), (v,))[1])
+    _close(F.jacfwd(f_vector(tw))(xc).cpu(), F.jacrev(f_vector(tw))(x))
+    _close(F.hessian(f_scalar(tw))(xc).cpu(), F.hessian(f_scalar(tw))(x), rtol=1e-9)
