@@ -122,3 +122,12 @@ def test_gpt_on_two_processes_takes_the_single_process_steps(tmp_path):
     assert len(train_losses(done.stdout)) == 3, done.stdout  # rank 0 alone reports
     assert train_losses(done.stdout) == pytest.approx(train_losses(single), rel=1e-5)
     assert val_loss(done.stdout) == pytest.approx(val_loss(single), rel=1e-5)
+
+
+@pytest.mark.parametrize("script", ["hessian_vector_product.py", "physics_jacobian.py"])
+def test_function_transform_examples_check_themselves_against_torch(script, tmp_path):
+    """Each checks its derivatives against closed forms, the other AD mode and torch.func, and exits non-zero on a
+    mismatch; both run in seconds."""
+    output = run(EXAMPLES / script, "tilewise", [], tmp_path)
+    assert "torch.func" in output
+

@@ -8,8 +8,9 @@ import pytest
 from test_ops import OPINFOS
 
 import tilewise  # noqa: F401 — loads every declaration
+from tilewise.autograd.forward_ad import forward_rule_kind
 from tilewise.backends.cpu import KERNELS
-from tilewise.ops.registry import _FORMULA_NAMESPACE, OPS
+from tilewise.ops.registry import _FORMULA_NAMESPACE, OPS, Formula
 
 # operators whose behaviour is random or creates tensors from sizes: tested in test_creation_random.py
 NOT_IN_TABLE = {"full", "empty", "arange", "linspace", "eye", "_to_copy", "_write_", "uniform", "normal_sample",
@@ -56,6 +57,52 @@ def test_derivative_formulas_only_use_known_names(op):
         names = {i.argval for i in dis.get_instructions(formula.fn) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
         unknown = {n for n in names if n not in env and n not in _FORMULA_NAMESPACE and n not in dir(__builtins__)}
         assert not unknown, f"derivative of {name} uses unknown names {unknown}: {formula.text}"
+
+
+# Operators whose tangents still come from the transposed backward formula (see [Note: forward-mode AD] in
+# autograd/forward_ad.py): exact, but a second backward per call. The list only shrinks: give an operator a
+# ``fwd=`` rule beside its derivative (a formula, "auto_linear" or "auto_element_wise") and take it off.
+TRANSPOSED_FORWARD = {
+    '_adaptive_avg_pool2d', '_adaptive_avg_pool3d', '_binary_cross_entropy', '_binary_cross_entropy_with_logits',
+    '_conv2d', '_conv3d', '_conv_transpose2d', '_conv_transpose3d', '_cross_entropy_loss', '_cross_map_lrn2d',
+    '_fused_rms_norm', '_gru_cell', '_linalg_cholesky_ex', '_linalg_det', '_linalg_eigh', '_linalg_inv_ex',
+    '_linalg_lstsq', '_linalg_matrix_exp', '_linalg_qr', '_linalg_slogdet', '_linalg_solve',
+    '_linalg_solve_triangular', '_linalg_svd', '_lstm_cell', '_lstm_layer', '_nll_loss', '_pointwise_loss',
+    '_rnn_hidden_projection', '_scaled_dot_product_attention_math', '_soft_margin', '_split_steps',
+    'adaptive_max_pool1d_with_indices', 'adaptive_max_pool2d_with_indices', 'adaptive_max_pool3d_with_indices',
+    'amax', 'amin', 'avg_pool1d', 'avg_pool2d', 'avg_pool3d', 'cholesky_solve', 'cummax', 'cummin', 'cumprod',
+    'fractional_max_pool2d_with_indices', 'fractional_max_pool3d_with_indices', 'frexp.Tensor', 'kthvalue', 'ldexp',
+    'linalg_pinv', 'logsumexp', 'max.dim', 'max_pool1d_with_indices', 'max_pool2d_with_indices',
+    'max_pool3d_with_indices', 'median.dim', 'min.dim', 'mode', 'mvlgamma', 'nanmedian.dim', 'nansum',
+    'native_batch_norm', 'native_layer_norm', 'norm', 'prod', 'scatter_reduce.two', 'sort', 'topk',
+
+}
+
+
+@pytest.mark.parametrize("op", ALL, ids=_ids(ALL))
+def test_differentiable_operators_have_a_forward_rule(op):
+    kind = forward_rule_kind(op)
+    has_derivative = any(f is not None for f in op.derivatives.values())
+    if has_derivative:
+        assert kind is not None, "an operator with a derivative but no forward (tangent) rule"
+    if kind == "transposed":
+        assert op.full_name in TRANSPOSED_FORWARD, (
+            "a new differentiable operator needs a forward rule beside its derivative: fwd='auto_linear' (linear in "
+            "its inputs), 'auto_element_wise' (pointwise), or a formula over the arguments, their tangents <name>_t "
+            "and result")
+    else:
+        assert op.full_name not in TRANSPOSED_FORWARD, "has its own forward rule now: take it off TRANSPOSED_FORWARD"
+
+
+def test_forward_formulas_only_use_known_names():
+    for op in ALL:
+        if not isinstance(op.forward, Formula):
+            continue
+        params = op.param_names()
+        env = {"result", *params, *(f"{p}_t" for p in params), *(f"{p}_shape" for p in params)}
+        names = {i.argval for i in dis.get_instructions(op.forward.fn) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+        unknown = {n for n in names if n not in env and n not in _FORMULA_NAMESPACE and n not in dir(__builtins__)}
+        assert not unknown, f"{op.full_name}: forward formula uses unknown names {unknown}: {op.forward.text}"
 
 
 def test_every_public_operator_is_in_the_table():

@@ -218,8 +218,8 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     """``tilewise.distributed`` on first use, as ``torch.distributed`` is there after ``import torch`` (importing
     it with every ``import tilewise`` would cost its sockets, stores and transports where nothing uses them)."""
-    if name == "distributed":
+    if name in ("distributed", "func"):  # tilewise.func, too, only where a program uses it
         import importlib
 
-        return importlib.import_module("tilewise.distributed")
+        return importlib.import_module(f"tilewise.{name}")
     raise AttributeError(f"module 'tilewise' has no attribute {name!r}")

@@ -26,6 +26,10 @@ PLUG_INS: tuple[PlugIn, ...] = (
     # the dispatcher's keys (see [Note: dispatcher plug-ins] in dispatch.py)
     PlugIn("tilewise.dispatch:record", "tilewise.autograd.graph",
            "the Autograd key: run an op below autograd and record its node"),
+    PlugIn("tilewise.dispatch:forward_ad", "tilewise.autograd.forward_ad",
+           "the ForwardAD key: a call whose inputs carry tangents, with its tangent rule"),
+    PlugIn("tilewise.dispatch:forward_ad_write", "tilewise.autograd.forward_ad",
+           "an in-place write hands the written tensor (and a view's base) the tangents of what was written"),
     PlugIn("tilewise.dispatch:apply_view", "tilewise.ops.views", "a view op's stride arithmetic"),
     PlugIn("tilewise.dispatch:trace", "tilewise.compiler.capture",
            "the Trace key: record ops while tilewise.compile captures a function"),

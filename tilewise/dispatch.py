@@ -1,9 +1,11 @@
-"""The dispatcher: every operator call walks Profiler → Autocast → Autograd → backend.
+"""The dispatcher: every operator call walks Profiler → ForwardAD → Autocast → Autograd → backend.
 
 [Note: dispatch] ``call(op, args)`` receives arguments already bound by the operator's schema binder.
 Keys are consulted in a fixed order, each cheap to skip:
   Profiler  — while ``tilewise.profiler.profile`` records (``profiling``, one module flag for every thread),
               the call runs inside a host event (``profile_op``), so a composite's primitives nest under it;
+  ForwardAD — while a dual level is open (``autograd.forward_ad``, ``func.jvp``), a call whose inputs carry
+              tangents runs below this key for its primal and its tangent rule (see [Note: forward-mode AD]);
   Autocast  — inside ``tilewise.autocast``, casts floating inputs of ops that declare a policy
               (``op.autocast``; see [Note: autocast] in ``amp/autocast_mode.py``), then runs the op, its
               decomposition included, with autocast off;
@@ -28,6 +30,7 @@ of them: each fills its slot when it loads, through one registration function �
   ``register_tracer(fn)``       the Trace key's ``run(op, args, device)``        (``compiler.capture``)
   ``register_profiler(fn)``     the Profiler key's ``profile_op(op, args)``      (``profiler.profile``)
   ``register_batcher(fn)``      the Vmap key's ``batch(op, args)``               (``ops.batching``)
+  ``register_forward_ad(fn)``   the ForwardAD key's ``forward_ad(op, args)``     (``autograd.forward_ad``)
 and device backends register in ``tilewise.device`` (``register_backend``), whose ``BACKENDS`` this module
 reads. ``tilewise/_plugins.py`` lists every plug-in point of the core in one table.
 """
@@ -53,6 +56,7 @@ class _State(threading.local):
     saved_tensor_hooks = ()  # active (pack_hook, unpack_hook) pairs, innermost last
     into = None  # (tensor, op name): an in-place op's target, for the next call (see call_into)
     vmap = ()  # the active vmap levels, innermost last (see ops/batching.py); empty outside vmap
+    dual_masked = ()  # forward-AD levels whose tangents this thread's calls ignore (see autograd/forward_ad.py)
 
 
 STATE = _State()
@@ -69,6 +73,10 @@ def values_readable(t: Tensor) -> bool:
 def call(op, args: tuple):
     if profiling:  # the Profiler key: while no profiler records, this one flag read is all it costs
         return profile_op(op, args)
+    if dual_levels:  # the ForwardAD key: while no dual level is open, this one flag read is all it costs
+        out = forward_ad(op, args)
+        if out is not NO_TANGENT:
+            return out
     state = STATE
     if state.into is not None:
         return call_into(op, args)
@@ -82,6 +90,10 @@ def call(op, args: tuple):
 def call_below_profiler(op, args: tuple):
     """The keys below the Profiler key: ``call`` without its first check, spelled out again rather than called
     from ``call`` so that an unprofiled operator pays no extra Python call for the profiler."""
+    if dual_levels:
+        out = forward_ad(op, args)
+        if out is not NO_TANGENT:
+            return out
     state = STATE
     if state.into is not None:
         return call_into(op, args)
@@ -142,6 +154,10 @@ trace = _unfilled("trace", "tilewise.compiler")  # (op, args, device) -> record 
 profile_op = _unfilled("profile_op", "tilewise.profiler")  # (op, args) -> run the call inside a profiler event
 batch = _unfilled("batch", "tilewise.ops")  # (op, args) -> the op's batching rule on batched arguments, or None
 profiling = False  # whether any profiler records, in any thread: the Profiler key's one check per call
+forward_ad = _unfilled("forward_ad", "tilewise.autograd")  # (op, args) -> the call with tangents, or NO_TANGENT
+forward_ad_write = _unfilled("forward_ad_write", "tilewise.autograd")  # (target, result): an in-place write's tangents
+dual_levels: tuple = ()  # the open forward-AD levels, innermost last: the ForwardAD key's one check per call
+NO_TANGENT = object()  # forward_ad's answer when no input of the call carries a tangent at an open level
 
 
 def register_recorder(fn) -> None:
@@ -180,6 +196,20 @@ def register_batcher(fn) -> None:
 GRAD_OFF_FOR_RECORDING = None
 
 NOT_BATCHED = object()  # the Vmap key's answer for a call it leaves to the keys below
+
+
+def register_forward_ad(fn, write) -> None:
+    """The ForwardAD key: ``fn(op, args)`` runs a call whose inputs carry tangents and gives its outputs theirs,
+    or returns ``NO_TANGENT`` for a call none of whose inputs carries one; ``write(target, result)`` gives an
+    in-place write's target (and, through a view, its base) the tangents of what was written."""
+    global forward_ad, forward_ad_write
+    forward_ad, forward_ad_write = fn, write
+
+
+def set_dual_levels(levels: tuple) -> None:
+    """The open forward-AD levels (``autograd.forward_ad`` entering and leaving a level)."""
+    global dual_levels
+    dual_levels = levels
 
 
 def set_profiling(on: bool) -> None:

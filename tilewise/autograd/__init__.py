@@ -9,7 +9,11 @@
 
 from __future__ import annotations
 
-from tilewise.autograd import profiler  # noqa: F401 — torch.autograd.profiler.emit_nvtx
+from tilewise.autograd import (
+    forward_ad,  # noqa: F401 — fills the dispatcher's ForwardAD key
+    functional,  # noqa: F401 — torch.autograd.functional
+    profiler,  # noqa: F401 — torch.autograd.profiler.emit_nvtx
+)
 from tilewise.autograd.anomaly_mode import detect_anomaly, set_detect_anomaly
 from tilewise.autograd.engine import run_backward
 from tilewise.autograd.function import Function, FunctionCtx
@@ -27,7 +31,7 @@ from tilewise.tensor import Tensor
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad", "set_grad_enabled",
            "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "Node", "detect_anomaly",
-           "set_detect_anomaly", "Variable"]
+           "set_detect_anomaly", "Variable", "forward_ad", "functional"]
 
 
 def _as_tuple(x) -> tuple:

@@ -189,7 +189,7 @@ class SavedTensor:
             self.node_ref = weakref.ref(node) if is_output else None
         elif is_output:
             # keep the data, not the Python object: an output saved by its own grad_fn would be a cycle
-            self.tensor = t.detach()
+            self.tensor = _share_tangents(t, t.detach())
             self.node_ref = weakref.ref(node)
         else:
             self.tensor = t
@@ -209,7 +209,7 @@ class SavedTensor:
         if self.is_output:
             node = self.node_ref()
             if node is not None and STATE.grad_enabled:
-                out = t.detach()
+                out = _share_tangents(t, t.detach())
                 out.grad_fn, out._output_nr, out._requires_grad = node, self.output_nr, True
                 return out
         return t
@@ -227,6 +227,17 @@ class SavedTensor:
 
     def release(self) -> None:
         self.tensor = None
+
+
+def _share_tangents(t: Tensor, copy: Tensor) -> Tensor:
+    """A saved output keeps the forward-AD tangents its tensor has or will get (the ForwardAD key attaches them
+    after the call that saved it), so that a backward formula reading it carries them (forward-over-reverse)."""
+    if dispatch.dual_levels:
+        tangents = t.__dict__.get("_tangents")
+        if tangents is None:
+            tangents = t.__dict__["_tangents"] = {}
+        copy.__dict__["_tangents"] = tangents
+    return copy
 
 
 def _short_node_name(name: str) -> str:

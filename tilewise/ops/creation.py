@@ -37,9 +37,9 @@ declare("eye(int n, int? m=None, *, ScalarType? dtype=None, Device? device=None)
         differentiable=False, public=False)
 declare("_to_copy(Tensor self, ScalarType? dtype=None, Device? device=None, bool non_blocking=False, *, "
         "MemoryFormat? memory_format=None) -> Tensor",
-        "copy", grad={"self": "grad"}, public=False, batch=apply_directly)
+        "copy", grad={"self": "grad"}, fwd="auto_linear", public=False, batch=apply_directly)
 declare("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", "copy", grad={"self": "grad"},
-        batch=apply_directly)
+        fwd="auto_linear", batch=apply_directly)
 declare("_write_(Tensor(a!) self, Tensor src) -> Tensor(a!)", "copy", differentiable=False, public=False,
         doc="Copy src (already of self's shape, dtype and device) into self's memory; no autograd.", batch=write_into)
 declare("uniform(int[] size, float low=0.0, float high=1.0, *, ScalarType? dtype=None, Device? device=None, "

@@ -51,14 +51,14 @@ def _c2c_dtype(op, args):
 
 
 declare("_fft_r2c(Tensor self, int[] dim, int normalization, bool onesided) -> Tensor", "other", dtype=_r2c_dtype,
-        grad={"self": "fft_r2c_backward(grad, dim, normalization, onesided, self_shape)"}, method=False, public=False,
-        compiles=False, batch=shift_dims)
+        grad={"self": "fft_r2c_backward(grad, dim, normalization, onesided, self_shape)"}, fwd="auto_linear",
+        method=False, public=False, compiles=False, batch=shift_dims)
 declare("_fft_c2r(Tensor self, int[] dim, int normalization, int last_dim_size) -> Tensor", "other",
-        dtype=_c2r_dtype, grad={"self": "fft_c2r_backward(grad, dim, normalization)"}, method=False, public=False,
-        compiles=False, batch=shift_dims)
+        dtype=_c2r_dtype, grad={"self": "fft_c2r_backward(grad, dim, normalization)"}, fwd="auto_linear", method=False,
+        public=False, compiles=False, batch=shift_dims)
 declare("_fft_c2c(Tensor self, int[] dim, int normalization, bool forward) -> Tensor", "other", dtype=_c2c_dtype,
-        grad={"self": "OPS['_fft_c2c'](grad, dim, normalization, not forward)"}, method=False, public=False,
-        compiles=False, batch=shift_dims)
+        grad={"self": "OPS['_fft_c2c'](grad, dim, normalization, not forward)"}, fwd="auto_linear", method=False,
+        public=False, compiles=False, batch=shift_dims)
 
 
 def fft_r2c_backward(grad, dim, normalization, onesided, self_shape):

@@ -52,6 +52,12 @@ def extremum_pair_backward(grad, self, other, loses):
     return grad.where(~loses, 0).where(self != other, grad * 0.5)
 
 
+def extremum_pair_jvp(self_t, other_t, self, other, result):
+    """maximum/minimum, forward (torch's): the winner's tangent, the mean of both at a tie, and the other's where
+    ``self`` is not the result (a NaN in either)."""
+    return ((self_t + other_t) / 2).where(self == other, self_t.where(self == result, other_t))
+
+
 def norm_backward(grad, self, result, p, dim, keepdim):
     """torch's norm_backward: finite (zero) gradient where the norm is zero, for every p."""
     if p == "nuc":

@@ -21,24 +21,25 @@ from tilewise.tensor import Tensor
 
 declare("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", "index", dtype=R.first_input,
         grad={"self": "index_put(zeros(self_shape, dtype=grad.dtype, device=grad.device), indices, grad, True)",
-              "indices": None}, method=False, batch=index_rule)
+              "indices": None}, fwd="auto_linear", method=False, batch=index_rule)
 declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor", "index",
         dtype=R.first_input,
         grad={"self": "grad if accumulate else "
                       "index_put(grad, indices, zeros((), dtype=grad.dtype, device=grad.device), False)",
-              "values": "grad[indices_tuple(indices)]", "indices": None}, inplace=True, autocast="promote",
-        batch=index_put_rule)
+              "values": "grad[indices_tuple(indices)]", "indices": None}, fwd="auto_linear", inplace=True,
+        autocast="promote", batch=index_put_rule)
 declare("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", "index",
         dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)", "index": None},
-        batch=shift_dims)
+        fwd="auto_linear", batch=shift_dims)
 declare("scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
         grad={"self": "grad.scatter(dim, index, 0)", "src": "grad.gather(dim, index)", "index": None},
-        inplace=True, batch=shift_dims)
+        fwd="auto_linear", inplace=True, batch=shift_dims)
 declare("scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "grad.scatter(dim, index, 0)", "index": None}, inplace=True, batch=shift_dims)
+        grad={"self": "grad.scatter(dim, index, 0)", "index": None}, fwd="self_t.scatter(dim, index, 0)",
+        inplace=True, batch=shift_dims)
 declare("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
-        grad={"self": "grad", "src": "grad.gather(dim, index)", "index": None}, inplace=True, autocast="promote",
-        batch=shift_dims)
+        grad={"self": "grad", "src": "grad.gather(dim, index)", "index": None}, fwd="auto_linear", inplace=True,
+        autocast="promote", batch=shift_dims)
 declare("nonzero(Tensor self) -> Tensor", "index", differentiable=False,
         doc="Positions of non-zero elements, one row of coordinates each (data-dependent shape).", batch=dynamic_shape)
 

@@ -13,6 +13,7 @@ shares the target's memory; one kernel instead of two, and no temporary. ``commi
 
 from __future__ import annotations
 
+from tilewise import dispatch
 from tilewise.dispatch import STATE
 from tilewise.dtypes import castable
 from tilewise.tensor import Tensor, tensor
@@ -91,9 +92,10 @@ def make_inplace(fn, name: str):
         recording = STATE.grad_enabled and (self._requires_grad or _any_requires_grad(args, kwargs))
         if recording:
             check_inplace_allowed(self, f"{name}_")
-        source = self.clone() if recording and saves_self and self._requires_grad else self
+        dual = bool(dispatch.dual_levels)  # a tangent rule may read ``self`` after the write: give it the value
+        source = self.clone() if (recording and self._requires_grad or dual) and saves_self else self
         autocast, STATE.autocast = STATE.autocast, None  # torch's autocast lists no in-place op
-        if not recording and not STATE.trace_depth and not STATE.vmap:
+        if not recording and not STATE.trace_depth and not STATE.vmap and not dual:
             STATE.into = (self, name)
         try:
             result = fn(source, *args, **kwargs)
@@ -125,6 +127,7 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
     if result is self:  # written in place already (see [Note: in-place writes])
         self._bump_version()
         return self
+    _take_tangents(self, result)
     if result._shape != self._shape:
         raise RuntimeError(f"{name}: output with shape {list(self._shape)} doesn't match the broadcast shape "
                            f"{list(result._shape)}")
@@ -152,6 +155,12 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
             self.grad_fn, self._output_nr, self._requires_grad = result.grad_fn, result._output_nr, True
     self._bump_version()
     return self
+
+
+def _take_tangents(self: Tensor, result: Tensor) -> None:
+    """Forward AD: the written tensor's tangents become the result's (none where the result has none)."""
+    if dispatch.dual_levels:
+        dispatch.forward_ad_write(self, result)
 
 
 def copy_into(self, src, name: str, non_blocking: bool = False):

@@ -39,9 +39,11 @@ def matmul_operands(op, args):
 
 
 declare("mm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operands, autocast="lower",
-        grad={"self": "grad.mm(mat2.t())", "mat2": "self.t().mm(grad)"}, batch=matrix_product)
+        grad={"self": "grad.mm(mat2.t())", "mat2": "self.t().mm(grad)"}, fwd="self_t.mm(mat2) + self.mm(mat2_t)",
+        batch=matrix_product)
 declare("bmm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operands, autocast="lower",
-        grad={"self": "grad.bmm(mat2.transpose(1, 2))", "mat2": "self.transpose(1, 2).bmm(grad)"}, batch=matrix_product)
+        grad={"self": "grad.bmm(mat2.transpose(1, 2))", "mat2": "self.transpose(1, 2).bmm(grad)"},
+        fwd="self_t.bmm(mat2) + self.bmm(mat2_t)", batch=matrix_product)
 
 
 def _check_matmul(a, b):
@@ -99,7 +101,8 @@ def _linear(x, weight, bias=None):
 # cuBLASLt call with the bias as its epilogue) instead of recording a product and a separate bias add.
 declare("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", "composite", decomposition=_linear,
         grad={"input": "linear_input_grad(grad, weight)", "weight": "linear_weight_grad(grad, input, weight)",
-              "bias": "grad"}, method=False, autocast="lower", batch=leading_batch_first_only)
+              "bias": "grad"}, fwd="linear(input_t, weight) + linear(input, weight_t, bias_t)", method=False,
+        autocast="lower", batch=leading_batch_first_only)
 declare("addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
         decomposition=lambda s, m1, m2, beta=1, alpha=1: s * beta + m1.mm(m2) * alpha, autocast="lower")
 

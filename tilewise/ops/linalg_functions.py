@@ -53,10 +53,11 @@ def torch_form(schema: str, decomposition, grad: dict | None = None, **attrs):
 
 
 def _grad_wanted(A) -> bool:
-    """Whether a backward will need the singular vectors or eigenvectors (torch computes them then, too)."""
-    from tilewise.dispatch import STATE
+    """Whether a backward or a tangent will need the singular vectors or eigenvectors (torch computes them then,
+    too)."""
+    from tilewise.dispatch import STATE, dual_levels
 
-    return A.requires_grad and STATE.grad_enabled
+    return (A.requires_grad and STATE.grad_enabled) or bool(dual_levels and A.__dict__.get("_tangents"))
 
 
 def bool_dtype():
@@ -223,7 +224,8 @@ def _cholesky_inverse(L, upper=False):
 
 
 torch_form("cholesky_inverse(Tensor self, bool upper=False) -> Tensor", _cholesky_inverse,
-           {"self": "cholesky_inverse_backward(grad, self, upper, result)"})
+           {"self": "cholesky_inverse_backward(grad, self, upper, result)"},
+           fwd="cholesky_inverse_jvp(self, self_t, upper, result)")
 
 
 # ---------------------------------------------------------------- triangular solves
@@ -261,7 +263,8 @@ def _triangular_solve(b, A, upper=True, transpose=False, unitriangular=False):
 # its own node, as in torch: it saves b, A and the solution (changing b in place before backward is an error)
 torch_form("triangular_solve(Tensor self, Tensor A, bool upper=True, bool transpose=False, bool unitriangular=False) "
            "-> (Tensor solution, Tensor cloned_coefficient)", _triangular_solve,
-           {"self, A": "triangular_solve_backward(output_grads, self, A, result[0], upper, transpose, unitriangular)"})
+           {"self, A": "triangular_solve_backward(output_grads, self, A, result[0], upper, transpose, unitriangular)"},
+           fwd="triangular_solve_jvp(self_t, A, A_t, result[0], upper, transpose, unitriangular)")
 
 
 # ---------------------------------------------------------------- qr, svd, eigh

@@ -271,6 +271,26 @@ def cholesky_inverse_backward(grad, L, upper: bool, inverse):
     return -L.matmul(common) if upper else -common.matmul(L)
 
 
+def cholesky_inverse_jvp(L, L_t, upper: bool, inverse):
+    """d (A^-1) = -A^-1 dA A^-1 with A = L L^H (U^H U when upper); the factor's other triangle is never read, so
+    neither it nor its tangent there counts (torch 2.13's rule, -X dL X L^H + h.c., disagrees with finite
+    differences)."""
+    L, L_t = (L.triu(), L_t.triu()) if upper else (L.tril(), L_t.tril())
+    dA = L_t.mH.matmul(L) + L.mH.matmul(L_t) if upper else L_t.matmul(L.mH) + L.matmul(L_t.mH)
+    return -inverse.matmul(dA.matmul(inverse))
+
+
+def triangular_solve_jvp(b_t, A, A_t, X, upper: bool, transpose: bool, unitriangular: bool):
+    """op(A) X = b: d X = op(A)^-1 (d b - op(d A) X), with d A restricted to the triangle the solve reads; the
+    cloned coefficient's tangent is A's."""
+    from tilewise.ops.registry import OPS
+
+    read = A_t.triu(int(unitriangular)) if upper else A_t.tril(-int(unitriangular))
+    rhs = b_t - (read.mT if transpose else read).matmul(X)
+    return OPS["triangular_solve"](rhs, A, upper, transpose, unitriangular)[0], A_t
+
+
+HELPERS.update(cholesky_inverse_jvp=cholesky_inverse_jvp, triangular_solve_jvp=triangular_solve_jvp)
 HELPERS.update(linalg_solve_backward=linalg_solve_backward, linalg_inv_backward=linalg_inv_backward,
                linalg_det_backward=linalg_det_backward, slogdet_backward=slogdet_backward,
                cholesky_backward=cholesky_backward, linalg_qr_backward=linalg_qr_backward, svd_backward=svd_backward,

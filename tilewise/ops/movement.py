@@ -149,7 +149,8 @@ def _vstack(tensors):
 
 
 declare("cat(Tensor[] tensors, int dim=0) -> Tensor", "copy", dtype=_cat_dtype,
-        grad={"tensors": "cat_backward(grad, tensors_shape, dim)"}, method=False, aliases=("concat", "concatenate"),
+        grad={"tensors": "cat_backward(grad, tensors_shape, dim)"}, fwd="auto_linear", method=False,
+        aliases=("concat", "concatenate"),
         doc="Join tensors along an existing dim; dtypes promote.\n\n"
             ">>> tw.cat([tw.zeros(1, 2), tw.ones(2, 2)]).shape\ntilewise.Size([3, 2])", batch=shift_dims)
 composite("stack(Tensor[] tensors, int dim=0) -> Tensor", _stack, method=False,
@@ -194,7 +195,7 @@ def _roll(self, shifts, dims=()):
 
 
 declare("flip(Tensor self, int[] dims) -> Tensor", "copy", dtype=R.first_input,
-        grad={"self": "grad.flip(dims)"},
+        grad={"self": "grad.flip(dims)"}, fwd="auto_linear",
         doc="Reverse the order of elements along ``dims`` (a copy).\n\n>>> tw.arange(3).flip(0)\ntensor([2, 1, 0])",
         batch=shift_dims)
 composite("fliplr(Tensor self) -> Tensor", _fliplr)
@@ -548,13 +549,14 @@ composite("index_select(Tensor self, int dim, Tensor index) -> Tensor", _index_s
           batch=index_select_rule)
 composite("index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor", _index_add,
           grad={"self": "grad", "source": "index_source_backward(grad, dim, index, source, alpha)", "index": None},
-          inplace=True, doc="``self`` with ``alpha * source`` added into the slices ``index`` names along ``dim``.")
+          fwd="auto_linear", inplace=True,
+          doc="``self`` with ``alpha * source`` added into the slices ``index`` names along ``dim``.")
 composite("index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor", _index_copy,
           grad={"self": "grad.index_fill(dim, index, 0)", "source": "index_source_backward(grad, dim, index, source)",
-                "index": None}, inplace=True)
+                "index": None}, fwd="auto_linear", inplace=True)
 composite("index_fill(Tensor self, int dim, Tensor index, Tensor value) -> Tensor", _index_fill, inplace=True)
 composite("take(Tensor self, Tensor index) -> Tensor", _take, grad={"self": "take_backward(grad, self, index)",
-                                                                   "index": None},
+                                                                   "index": None}, fwd="auto_linear",
           doc="Elements of the flattened tensor at ``index`` (negative indices count from the end).")
 composite("take_along_dim(Tensor self, Tensor indices, int? dim=None) -> Tensor", _take_along_dim)
 composite("masked_select(Tensor self, Tensor mask) -> Tensor", _masked_select,

@@ -454,7 +454,7 @@ def _embedding_backward(grad, indices, num_weights, padding_idx, scale_grad_by_f
 functional("embedding(Tensor input, Tensor weight, int? padding_idx=None, float? max_norm=None, float norm_type=2.0, "
            "bool scale_grad_by_freq=False, bool sparse=False) -> Tensor", _embedding,
            {"weight": "OPS['_embedding_backward'](grad, input, weight_shape[0], padding_idx, scale_grad_by_freq)",
-            "input": None}, function=False, batch=leading_batch_first_only)
+            "input": None}, function=False, fwd="weight_t[input]", batch=leading_batch_first_only)
 private("_embedding_backward(Tensor grad, Tensor indices, int num_weights, int? padding_idx, bool scale_grad_by_freq)"
         " -> Tensor", _embedding_backward)
 

@@ -225,10 +225,15 @@ def _homoscedastic_var(input, var):
 
 
 def _clamped_without_grad(t, low: float):
-    """``t`` clamped below at ``low`` where the clamp is invisible to autograd (torch clamps a clone in place
-    under no_grad, so the gradient reaches var even where it was clamped)."""
-    detached = t.detach()
-    return t + (detached.clamp(min=low) - detached)
+    """``t`` clamped below at ``low`` where the clamp is invisible to autograd: torch clamps a clone in place under
+    no_grad, so the gradient reaches var even where it was clamped, while forward AD (which no_grad does not stop)
+    sees the clamp and zeroes the tangent there."""
+    from tilewise._grad_mode import no_grad
+
+    clamped = t.clone()
+    with no_grad():
+        clamped.clamp_(min=low)
+    return clamped
 
 
 def _gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):

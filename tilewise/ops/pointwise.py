@@ -166,10 +166,12 @@ pointwise("atan2(Tensor self, Tensor other) -> Tensor", lambda a, b: a.atan2(b),
           autocast="promote")
 pointwise("maximum(Tensor self, Tensor other) -> Tensor", lambda a, b: a.maximum(b),
           {"self": "extremum_pair_backward(grad, self, other, self < other)",
-           "other": "extremum_pair_backward(grad, self, other, other < self)"})
+           "other": "extremum_pair_backward(grad, self, other, other < self)"},
+          fwd="extremum_pair_jvp(self_t, other_t, self, other, result)")
 pointwise("minimum(Tensor self, Tensor other) -> Tensor", lambda a, b: a.minimum(b),
           {"self": "extremum_pair_backward(grad, self, other, self > other)",
-           "other": "extremum_pair_backward(grad, self, other, other > self)"})
+           "other": "extremum_pair_backward(grad, self, other, other > self)"},
+          fwd="extremum_pair_jvp(self_t, other_t, self, other, result)")
 pointwise("clamp(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor", None,
           {"self": "grad * clamp_mask(self, min, max)", "min": "grad * (self < min)", "max": "grad * (self > max)"},
           R.clamp_rule, aliases=("clip",), expr_builder=_clamp)

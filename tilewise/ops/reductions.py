@@ -26,7 +26,8 @@ def reduced_count(shape, dim) -> int:
 
 # ---------------------------------------------------------------- primitives
 reduction("sum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", "add",
-          {"self": "expand_reduced(grad, self_shape, dim, keepdim)"}, R.reduction_sum, autocast="fp32")
+          {"self": "expand_reduced(grad, self_shape, dim, keepdim)"}, R.reduction_sum, autocast="fp32",
+          fwd="auto_linear")
 reduction("prod(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", "mul",
           {"self": "prod_backward(grad, self, result, dim, keepdim)"}, R.reduction_sum, autocast="fp32")
 reduction("amax(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "max",
@@ -54,9 +55,11 @@ def _min_all(self):
     return self.amin()
 
 
-composite("max(Tensor self) -> Tensor", _max_all, {"self": "evenly_distribute_backward(grad, self, result)"})
+composite("max(Tensor self) -> Tensor", _max_all, {"self": "evenly_distribute_backward(grad, self, result)"},
+          fwd="evenly_read_jvp(self_t, self, result)")
 composite("max.other(Tensor self, Tensor other) -> Tensor", lambda self, other: self.maximum(other))
-composite("min(Tensor self) -> Tensor", _min_all, {"self": "evenly_distribute_backward(grad, self, result)"})
+composite("min(Tensor self) -> Tensor", _min_all, {"self": "evenly_distribute_backward(grad, self, result)"},
+          fwd="evenly_read_jvp(self_t, self, result)")
 composite("min.other(Tensor self, Tensor other) -> Tensor", lambda self, other: self.minimum(other))
 
 
@@ -156,21 +159,54 @@ def moments_backward(grads, self, std, dim, unbiased, correction, keepdim):
     return from_spread + grad_expanded(mean_grad, self.shape, dim, keepdim) / reduced_count(self.shape, dim)
 
 
-HELPERS.update(var_backward=var_backward, std_backward=std_backward, moments_backward=moments_backward)
+def var_jvp(self, self_t, dim, unbiased, correction, keepdim):
+    """d var = 2 / (n - correction) * sum((self - mean) * self_t) over the reduced dims."""
+    dims = _reduced_dims(self.shape, dim)
+    dof = reduced_count(self.shape, dim) - _var_correction(unbiased, correction)
+    scale = 2.0 / dof if dof else float("inf")
+    centered = self - self.mean(dims, keepdim=True)
+    return (scale * centered * self_t).sum(dims, keepdim=keepdim)
+
+
+def std_jvp(self, self_t, result, dim, unbiased, correction, keepdim):
+    """d std = d var / (2 std), and 0 where the standard deviation is 0 (torch's, as its backward)."""
+    return (var_jvp(self, self_t, dim, unbiased, correction, keepdim) / (result * 2)).masked_fill(result == 0, 0)
+
+
+def moments_jvp(self, self_t, std, dim, unbiased, correction, keepdim):
+    """var_mean/std_mean: the spread's tangent and the mean's."""
+    spread = (std_jvp(self, self_t, std, dim, unbiased, correction, keepdim) if std is not None
+              else var_jvp(self, self_t, dim, unbiased, correction, keepdim))
+    return spread, self_t.mean(_reduced_dims(self.shape, dim), keepdim=keepdim)
+
+
+def evenly_read_jvp(self_t, self, result):
+    """max()/min()/median() of every element, forward (torch's): the mean tangent of the elements equal to the
+    result; NaN where none is (a NaN result)."""
+    attains = self == result
+    return self_t.where(attains, 0).sum() / attains.sum()
+
+
+HELPERS.update(var_backward=var_backward, std_backward=std_backward, moments_backward=moments_backward,
+               var_jvp=var_jvp, std_jvp=std_jvp, moments_jvp=moments_jvp, evenly_read_jvp=evenly_read_jvp)
 
 _MOMENT_ARGS = "dim, unbiased, correction, keepdim"
 _VAR = composite("var(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
                  "Scalar? correction=None) -> Tensor", _var,
-                 {"self": f"var_backward(grad, self, {_MOMENT_ARGS})"})
+                 {"self": f"var_backward(grad, self, {_MOMENT_ARGS})"},
+                 fwd=f"var_jvp(self, self_t, {_MOMENT_ARGS})")
 _STD = composite("std(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
                  "Scalar? correction=None) -> Tensor", _std,
-                 {"self": f"std_backward(grad, self, result, {_MOMENT_ARGS})"})
+                 {"self": f"std_backward(grad, self, result, {_MOMENT_ARGS})"},
+                 fwd=f"std_jvp(self, self_t, result, {_MOMENT_ARGS})")
 _VAR_MEAN = composite("var_mean(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
                       "Scalar? correction=None) -> (Tensor, Tensor)", _var_mean,
-                      {"self": f"moments_backward(grads, self, None, {_MOMENT_ARGS})"})
+                      {"self": f"moments_backward(grads, self, None, {_MOMENT_ARGS})"},
+                      fwd=f"moments_jvp(self, self_t, None, {_MOMENT_ARGS})")
 _STD_MEAN = composite("std_mean(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
                       "Scalar? correction=None) -> (Tensor, Tensor)", _std_mean,
-                      {"self": f"moments_backward(grads, self, result[0], {_MOMENT_ARGS})"})
+                      {"self": f"moments_backward(grads, self, result[0], {_MOMENT_ARGS})"},
+                      fwd=f"moments_jvp(self, self_t, result[0], {_MOMENT_ARGS})")
 
 
 def _logsumexp(self, dim, keepdim=False):

@@ -11,6 +11,12 @@ reads (only output k where it reads ``result[k]``, as torch saves ``result1`` of
 output). Saving what torch saves is what makes torch's in-place idioms work and fail alike here
 (``tests/test_trust_saved.py``). Backends look operators up here by name; nothing else keeps a list of
 operators.
+
+A forward-mode (tangent) rule sits beside the derivative, as derivatives.yaml's ``result:`` line: ``fwd=`` is a
+formula over the arguments, their tangents ``<name>_t`` and ``result`` (``"self_t.matmul(other) +
+self.matmul(other_t)"``), or ``"auto_linear"`` (the operator applied to the tangents) or
+``"auto_element_wise"`` (the backward formula with the tangent for ``grad``). Without one it is derived from the
+kind (see [Note: forward-mode AD] in ``autograd/forward_ad.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from tilewise.dispatch import call as dispatch_call
 from tilewise.ops.expr import Expr
 from tilewise.ops.schema import Schema, make_binder, parse_schema
 
+FORWARD_AUTO = ("auto_linear", "auto_element_wise")
 KINDS = ("pointwise", "reduction", "view", "composite", "creation", "random", "index", "matmul", "scan", "sort",
          "copy", "other", "custom")  # custom: registered at run time through tilewise.library (see its note)
 AUTOCAST_POLICIES = ("lower", "fp32", "promote", "banned")  # see [Note: autocast] in amp/autocast_mode.py
@@ -75,6 +82,15 @@ def compile_formula(text: str, param_names: tuple[str, ...]) -> Formula:
     return Formula(text, uses, scope["_formula"], outputs)
 
 
+def compile_forward_formula(text: str, schema: Schema) -> Formula | str:
+    """A tangent formula reads the arguments, ``result`` and each tensor argument's tangent ``<name>_t`` (zeros
+    where it has none)."""
+    if text in FORWARD_AUTO:
+        return text
+    names = tuple(p.name for p in schema.params)
+    return compile_formula(text, (*names, *(f"{p.name}_t" for p in schema.params if p.is_tensor or p.is_tensor_list)))
+
+
 def joint_formula_output(formula: Formula, k: int) -> Formula:
     """Output ``k`` of a joint formula: ``grad={"input, weight, bias": "f(...)"}`` where ``f`` returns one
     gradient per listed input, as in derivatives.yaml. The tuple is computed once per backward call and kept in
@@ -100,6 +116,7 @@ class OpDef:
     differentiable: bool = True
     nondiff_outputs: tuple[int, ...] = ()
     autocast: str | None = None  # one of AUTOCAST_POLICIES, or None (untouched by autocast)
+    forward: Formula | str | None = None  # the tangent rule: a Formula, one of FORWARD_AUTO, or None (derived)
     doc: str = ""
     binder: Callable = None
     tensor_idx: tuple[int, ...] = ()
@@ -148,7 +165,8 @@ def _symbolic_expr(fn: Callable, schema: Schema) -> Expr:
 def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Callable | None = None,
             grad: dict[str, str | None] | None = None, decomposition: Callable | None = None,
             view: Callable | None = None, reduce: str | None = None, differentiable: bool | None = None,
-            nondiff_outputs: tuple[int, ...] = (), autocast: str | None = None, doc: str = "", **attrs) -> OpDef:
+            nondiff_outputs: tuple[int, ...] = (), autocast: str | None = None, fwd: str | None = None, doc: str = "",
+            **attrs) -> OpDef:
     if kind not in KINDS:
         raise ValueError(f"unknown operator kind {kind!r}; kinds: {KINDS}")
     if autocast is not None and autocast not in AUTOCAST_POLICIES:
@@ -170,6 +188,7 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
         schema=s, kind=kind, dtype_rule=dtype, derivatives=derivatives, decomposition=decomposition, view=view,
         reduce=reduce, differentiable=(bool(grad) or kind == "composite") if differentiable is None else differentiable,
         nondiff_outputs=nondiff_outputs, autocast=autocast, doc=doc, attrs=attrs,
+        forward=compile_forward_formula(fwd, s) if fwd is not None else None,
         saved_params=frozenset(n for n in uses if n in param_names), saves_result="result" in uses,
     )
     if expr is not None:

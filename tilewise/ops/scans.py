@@ -87,7 +87,7 @@ HELPERS.update(reverse_cumsum=reverse_cumsum, picked_backward=picked_backward, c
 # ---------------------------------------------------------------- primitives
 
 declare("cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", "scan", dtype=R.reduction_sum,
-        grad={"self": "reverse_cumsum(grad, dim)"}, inplace=True, autocast="fp32",
+        grad={"self": "reverse_cumsum(grad, dim)"}, fwd="auto_linear", inplace=True, autocast="fp32",
         doc="Cumulative sum along ``dim``; integer and bool inputs accumulate in int64.\n\n"
             ">>> tw.tensor([1, 2, 3]).cumsum(0)\ntensor([1, 3, 6])")
 declare("cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", "scan", dtype=R.reduction_sum,
@@ -221,7 +221,7 @@ declare("kthvalue(Tensor self, int k, int dim=-1, bool keepdim=False) -> (Tensor
         "composite", decomposition=_kthvalue, grad={"self": _PICKED_ALONG_DIM}, nondiff_outputs=(1,),
         doc="The ``k``-th smallest element along ``dim`` (1-based) and its position.")
 declare("median(Tensor self) -> Tensor", "composite", decomposition=_median,
-        grad={"self": "evenly_distribute_backward(grad, self, result)"},
+        grad={"self": "evenly_distribute_backward(grad, self, result)"}, fwd="evenly_read_jvp(self_t, self, result)",
         doc="The lower median of all elements; its gradient is shared evenly among the elements equal to it (among "
             "the NaNs when it is NaN).")
 declare("median.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",

@@ -197,9 +197,21 @@ def logcumsumexp_backward(grad, self, result, dim):
     return from_end(log_pos) - from_end(log_neg)
 
 
-HELPERS.update(logcumsumexp_backward=logcumsumexp_backward)
+def logcumsumexp_jvp(self, self_t, result, dim):
+    """sum over j <= i of exp(self_j - result_i) * self_t_j, with exps scaled by the slice's largest input so none
+    overflows; 0 where the result is -inf (no element yet contributes)."""
+    if self.numel() == 0:
+        return self_t
+    peak = self.amax(dim, keepdim=True)
+    peak = peak.masked_fill(~peak.isfinite(), 0)
+    scaled = (self_t * (self - peak).exp()).cumsum(dim)
+    return (scaled * (peak - result).exp()).masked_fill(result == -math.inf, 0)
+
+
+HELPERS.update(logcumsumexp_backward=logcumsumexp_backward, logcumsumexp_jvp=logcumsumexp_jvp)
 declare("logcumsumexp(Tensor self, int dim) -> Tensor", "other", dtype=R.floating_only,
-        grad={"self": "logcumsumexp_backward(grad, self, result, dim)"}, batch=shift_dims)
+        grad={"self": "logcumsumexp_backward(grad, self, result, dim)"},
+        fwd="logcumsumexp_jvp(self, self_t, result, dim)", batch=shift_dims)
 
 
 def _argwhere(self):
@@ -308,7 +320,7 @@ def _nanmedian(self):
 
 
 composite("nanmedian(Tensor self) -> Tensor", _nanmedian,
-          grad={"self": "evenly_distribute_backward(grad, self, result)"})
+          grad={"self": "evenly_distribute_backward(grad, self, result)"}, fwd="evenly_read_jvp(self_t, self, result)")
 composite("nanmedian.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
           _nanmedian_dim, grad={"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"},
           nondiff_outputs=(1,))

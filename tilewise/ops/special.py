@@ -197,11 +197,13 @@ pointwise("heaviside(Tensor self, Tensor values) -> Tensor",
 pointwise("fmax(Tensor self, Tensor other) -> Tensor",
           lambda a, b: where(a.isnan(), b, where(b.isnan(), a, a.maximum(b))),
           {"self": "grad * ((self >= other) | isnan(other))",
-           "other": "grad * ((self >= other) | isnan(other)).logical_not()"}, inplace=False)
+           "other": "grad * ((self >= other) | isnan(other)).logical_not()"}, inplace=False,
+          fwd="self_t.where((self > other) | isnan(other), other_t)")
 pointwise("fmin(Tensor self, Tensor other) -> Tensor",
           lambda a, b: where(a.isnan(), b, where(b.isnan(), a, a.minimum(b))),
           {"self": "grad * ((self <= other) | isnan(other))",
-           "other": "grad * ((self <= other) | isnan(other)).logical_not()"}, inplace=False)
+           "other": "grad * ((self <= other) | isnan(other)).logical_not()"}, inplace=False,
+          fwd="self_t.where((self <= other) | isnan(other), other_t)")
 
 # ---------------------------------------------------------------- integers and floating-point parts
 declare("gcd(Tensor self, Tensor other) -> Tensor", "other", dtype=integer_kernel, differentiable=False,

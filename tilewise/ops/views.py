@@ -197,15 +197,15 @@ def strided_read(grad, view_shape, view_strides, view_offset):
 HELPERS.update(strided_read=strided_read)
 declare("view_scatter_add(Tensor grad, int[] input_shape, int[] view_shape, int[] view_strides, int view_offset)"
         " -> Tensor", "index",
-        grad={"grad": "strided_read(grad, view_shape, view_strides, view_offset)"}, method=False,
+        grad={"grad": "strided_read(grad, view_shape, view_strides, view_offset)"}, fwd="auto_linear", method=False,
         doc="Zeros of input_shape, with ``grad`` added at the elements a (view_shape, view_strides, view_offset) "
             "view of a contiguous tensor would read: the backward of every strided view.", batch=view_scatter_add_rule)
 declare("view_scatter(Tensor self, Tensor src, int[] view_shape, int[] view_strides, int view_offset) -> Tensor",
         "index", grad={"self": "view_scatter(grad, zeros(src_shape, dtype=grad.dtype, device=grad.device), view_shape, "
                                "view_strides, view_offset)",
                        "src": "strided_read(grad, view_shape, view_strides, view_offset)"},
-        method=False, doc="A copy of contiguous ``self`` with the elements a strided view selects replaced by "
-                          "``src``: how an in-place write through a view is recorded on its base.",
-        batch=view_scatter_rule)
+        fwd="auto_linear", method=False,
+        doc="A copy of contiguous ``self`` with the elements a strided view selects replaced by "
+            "``src``: how an in-place write through a view is recorded on its base.", batch=view_scatter_rule)
 
 dispatch.register_view_applier(apply_view)
