@@ -1,9 +1,9 @@
 """Per-example gradient norms of a 3-layer MLP with vmap, checked against a Python loop over the examples.
 
 Differential privacy (DP-SGD) clips each example's gradient before averaging, so it needs every example's
-gradient, not their sum. ``vmap`` over a function that takes one example's loss gradient computes all of them
-in one batched pass: inside it, ``tilewise.autograd.grad`` differentiates one example's loss, and each
-operator runs once for the whole batch.
+gradient, not their sum. ``vmap(grad(loss))`` computes all of them in one batched pass, as torch.func writes
+it: ``grad`` differentiates one example's loss, ``vmap`` maps it over the batch, and each operator runs once for
+the whole batch.
 
     python examples/per_example_gradients.py [--batch 1024] [--device cpu]
 """
@@ -15,7 +15,7 @@ import time
 
 import tilewise
 import tilewise.nn.functional as F
-from tilewise.func import vmap
+from tilewise.func import grad, vmap
 
 
 def make_params(sizes: list[int], device) -> list:
@@ -35,11 +35,14 @@ def mlp(params: list, x):
     return F.linear(h, w3, b3)
 
 
+def example_loss(params: list, x, y):
+    """One example's loss."""
+    return F.cross_entropy(mlp(params, x.unsqueeze(0)), y.unsqueeze(0))
+
+
 def example_gradients(params: list, x, y) -> tuple:
     """One example's loss gradient with respect to every parameter."""
-    logits = mlp(params, x.unsqueeze(0))
-    loss = F.cross_entropy(logits, y.unsqueeze(0))
-    return tilewise.autograd.grad(loss, params)
+    return tilewise.autograd.grad(example_loss(params, x, y), params)
 
 
 def norms(grads) -> object:
@@ -49,7 +52,7 @@ def norms(grads) -> object:
 
 
 def per_example_norms_vmap(params, xs, ys):
-    return norms(vmap(lambda x, y: example_gradients(params, x, y))(xs, ys))
+    return norms(vmap(grad(example_loss), in_dims=(None, 0, 0))(params, xs, ys))
 
 
 def per_example_norms_loop(params, xs, ys):
