@@ -25,7 +25,7 @@ def make_params(sizes: list[int], device) -> list:
         bound = fan_in ** -0.5
         params.append((tilewise.rand(fan_out, fan_in, generator=generator) * 2 - 1) * bound)
         params.append((tilewise.rand(fan_out, generator=generator) * 2 - 1) * bound)
-    return [p.to(device).requires_grad_() for p in params]
+    return [p.to(device) for p in params]
 
 
 def mlp(params: list, x):
@@ -40,11 +40,6 @@ def example_loss(params: list, x, y):
     return F.cross_entropy(mlp(params, x.unsqueeze(0)), y.unsqueeze(0))
 
 
-def example_gradients(params: list, x, y) -> tuple:
-    """One example's loss gradient with respect to every parameter."""
-    return tilewise.autograd.grad(example_loss(params, x, y), params)
-
-
 def norms(grads) -> object:
     """Each example's gradient norm over all parameters: grads[k] holds parameter k's gradients, batch first."""
     squares = [g.reshape(g.shape[0], -1).pow(2).sum(1) for g in grads]
@@ -56,7 +51,7 @@ def per_example_norms_vmap(params, xs, ys):
 
 
 def per_example_norms_loop(params, xs, ys):
-    grads = [example_gradients(params, xs[i], ys[i]) for i in range(xs.shape[0])]
+    grads = [grad(example_loss)(params, xs[i], ys[i]) for i in range(xs.shape[0])]
     return norms([tilewise.stack(parts) for parts in zip(*grads)])
 
 

@@ -16,7 +16,8 @@ class TreeSpec:
     def __repr__(self) -> str:
         if self.kind is None:
             return "*"
-        return f"TreeSpec({self.kind.__name__}, {self.context}, [{', '.join(map(repr, self.children))}])"
+        children = ",\n  ".join(map(repr, self.children))  # torch's TreeSpec repr, which error messages show
+        return f"TreeSpec({self.kind.__name__}, {self.context}, [{children}])"
 
     @property
     def num_leaves(self) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 
 from tilewise.dispatch import STATE
+from tilewise.func._pytree import TreeSpec, tree_flatten, tree_unflatten
 from tilewise.ops.batching import Level, physical_of, wrap
 from tilewise.ops.creation import get_rng_state, set_rng_state
 from tilewise.tensor import Tensor
@@ -46,55 +47,7 @@ def vmap(func, in_dims=0, out_dims=0, randomness: str = "error", *, chunk_size: 
 
 # ---------------------------------------------------------------- pytrees
 
-class Spec:
-    """The structure of a pytree: its container type, keys (dicts) and children; a leaf is ``Spec(None)``."""
-
-    def __init__(self, kind, keys=None, children=()):
-        self.kind, self.keys, self.children = kind, keys, children
-
-    def __eq__(self, other) -> bool:
-        return (isinstance(other, Spec) and self.kind is other.kind and self.keys == other.keys
-                and self.children == other.children)
-
-    def __repr__(self) -> str:
-        if self.kind is None:
-            return "*"
-        children = ",\n  ".join(repr(c) for c in self.children)
-        return f"TreeSpec({self.kind.__name__}, {self.keys}, [{children}])"
-
-
-def tree_flatten(tree) -> tuple[list, Spec]:
-    if isinstance(tree, (tuple, list)) and (type(tree) in (tuple, list) or hasattr(tree, "_fields")):
-        pairs = [tree_flatten(c) for c in tree]
-        return [leaf for leaves, _ in pairs for leaf in leaves], Spec(type(tree), None, [s for _, s in pairs])
-    if type(tree) is dict:
-        keys = list(tree)
-        pairs = [tree_flatten(tree[k]) for k in keys]
-        return [leaf for leaves, _ in pairs for leaf in leaves], Spec(dict, keys, [s for _, s in pairs])
-    return [tree], Spec(None)
-
-
-def tree_unflatten(leaves: list, spec: Spec):
-    it = iter(leaves)
-    return _build(it, spec)
-
-
-def _build(it, spec: Spec):
-    if spec.kind is None:
-        return next(it)
-    children = [_build(it, c) for c in spec.children]
-    if spec.kind is dict:
-        return dict(zip(spec.keys, children))
-    if hasattr(spec.kind, "_fields"):  # a named tuple (torch.return_types): rebuilt by position
-        return spec.kind(*children)
-    return spec.kind(children)
-
-
-def _leaf_count(spec: Spec) -> int:
-    return 1 if spec.kind is None else sum(_leaf_count(c) for c in spec.children)
-
-
-def broadcast_prefix(prefix, tree, spec: Spec | None = None) -> list | None:
+def broadcast_prefix(prefix, tree, spec: TreeSpec | None = None) -> list | None:
     """One entry of ``prefix`` per leaf of ``tree`` (an int or None in ``prefix`` stands for its whole subtree),
     or None when ``prefix`` is not a prefix of ``tree``'s structure."""
     if spec is None:
@@ -102,13 +55,14 @@ def broadcast_prefix(prefix, tree, spec: Spec | None = None) -> list | None:
     if prefix is None or isinstance(prefix, int) or spec.kind is None:
         if isinstance(prefix, (tuple, list, dict)) and spec.kind is None:
             return None
-        return [prefix] * _leaf_count(spec)
-    if type(prefix) is not spec.kind and not (issubclass(spec.kind, (tuple, list)) and type(prefix) in (tuple, list)):
+        return [prefix] * spec.num_leaves
+    same_kind = type(prefix) is spec.kind or type(prefix) is spec.context  # a named tuple's class is its context
+    if not same_kind and not (issubclass(spec.kind, (tuple, list)) and type(prefix) in (tuple, list)):
         return None
     if spec.kind is dict:
-        if sorted(prefix) != sorted(spec.keys):
+        if sorted(prefix) != sorted(spec.context):
             return None
-        parts = [broadcast_prefix(prefix[k], None, c) for k, c in zip(spec.keys, spec.children)]
+        parts = [broadcast_prefix(prefix[k], None, c) for k, c in zip(spec.context, spec.children)]
     else:
         if len(prefix) != len(spec.children):
             return None
