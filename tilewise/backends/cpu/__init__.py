@@ -14,8 +14,10 @@ import math
 
 import numpy as np
 
+from tilewise.backends.cpu.allocator import keep_freed_memory
 from tilewise.backends.cpu.registry import KERNELS, kernel  # noqa: F401 — kernel: the decorator, re-exported
 from tilewise.backends.cpu.render import render_numpy, run_quietly
+from tilewise.config import settings
 from tilewise.device import Backend, Device
 from tilewise.dtypes import ALL as ALL_DTYPES
 from tilewise.dtypes import get_default_dtype
@@ -343,6 +345,8 @@ backend = CPUBackend()
 
 
 def _load_kernels() -> None:
+    if settings.cpu_malloc:
+        keep_freed_memory()
     from tilewise.backends.cpu import (  # noqa: F401 — registers the kernels
         api_kernels,
         fft_kernels,

@@ -7,6 +7,7 @@ import numpy as np
 from tilewise import _philox
 from tilewise import strides as S
 from tilewise.backends.cpu.registry import kernel
+from tilewise.backends.cpu.threads import gemm_threads, use_blas_threads
 from tilewise.device import backend_for, cpu
 from tilewise.layouts import copy_strides
 from tilewise.ops.indexing import check_gather_shapes
@@ -285,6 +286,7 @@ def matmul(self, mat2):
     work = _matmul_dtype_work(self.dtype)
     if work is not None:
         a, b = a.astype(work), b.astype(work)
+    use_blas_threads(gemm_threads(2 * a.size * b.shape[-1]))
     return _out(np.matmul(a, b), self.dtype)
 
 
