@@ -58,9 +58,14 @@ def set_num_threads(n: int) -> None:
 
 
 def get_num_threads() -> int:
-    """The number of threads CPU operators use (torch.get_num_threads): by default, the CPUs this process may
-    run on."""
-    return _counts["intra"] or _cpu_count()
+    """The number of threads CPU operators use (torch.get_num_threads): by default, as in torch, the CPUs this
+    process may run on, or fewer where ``OMP_NUM_THREADS`` asks for fewer."""
+    return _counts["intra"] or min(_environment_count() or _cpu_count(), _cpu_count())
+
+
+def _environment_count() -> int | None:
+    text = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 def gemm_threads(flops: float) -> int:
@@ -110,7 +115,7 @@ def set_num_interop_threads(n: int) -> None:
 
 
 def get_num_interop_threads() -> int:
-    return _counts["interop"] or get_num_threads()
+    return _counts["interop"] or _cpu_count()
 
 
 def init_num_threads() -> None:
