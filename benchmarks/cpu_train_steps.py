@@ -146,13 +146,13 @@ class TorchNet(torch.nn.Module):
         self.fc2 = torch.nn.Linear(128, 10)
 
     def forward(self, x):
-        F = torch.nn.functional
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x))
-        x = F.max_pool2d(x, 2)
+        nnf = torch.nn.functional
+        x = nnf.relu(self.conv1(x))
+        x = nnf.relu(self.conv2(x))
+        x = nnf.max_pool2d(x, 2)
         x = torch.flatten(self.dropout1(x), 1)
-        x = self.dropout2(F.relu(self.fc1(x)))
-        return F.log_softmax(self.fc2(x), dim=1)
+        x = self.dropout2(nnf.relu(self.fc1(x)))
+        return nnf.log_softmax(self.fc2(x), dim=1)
 
 
 def mnist_sides(rounds: int, compiled: bool) -> list[Side]:
