@@ -29,6 +29,12 @@ variable                  meaning
 ``TILEWISE_VERIFY``       ``1`` checks the graph IR's invariants after capture and after every compiler pass
                           (``ir.verify``), naming the pass that broke one; off by default (the test suite turns
                           it on), as it costs a tenth of a large graph's compile time
+``TILEWISE_CPU_MALLOC``   ``1`` (default) asks glibc's malloc, when the CPU backend loads, to keep freed blocks for
+                          reuse ([Note: host allocator] in ``backends/cpu/allocator.py``); ``0`` leaves it alone
+``TILEWISE_CPU_FUSED``    elements from which an eager CPU call of a hot composite or costly pointwise operator
+                          (softmax, layer_norm, cross_entropy, gelu, their backwards) runs as one compiled C kernel
+                          ([Note: fused composites] in ``compiler/composites.py``); default 16384, ``0``: always,
+                          ``-1``: never
 ``TILEWISE_GEMM_TUNE``    ``1`` (default) times the few best cuBLASLt heuristic candidates once per GEMM shape
                           and keeps the fastest; ``0`` takes cuBLASLt's first choice
 ========================  =====================================================================================
@@ -61,6 +67,8 @@ class Settings:
     recompile_limit: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_RECOMPILES", "8")))
     cc: str = field(default_factory=lambda: os.environ.get("TILEWISE_CC", "cc"))
     verify: bool = field(default_factory=lambda: os.environ.get("TILEWISE_VERIFY", "0") == "1")
+    cpu_malloc: bool = field(default_factory=lambda: os.environ.get("TILEWISE_CPU_MALLOC", "1") != "0")
+    cpu_fused_min_elements: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_CPU_FUSED", "16384")))
 
     def logs(self, channel: str) -> bool:
         return channel in self.log

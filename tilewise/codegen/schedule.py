@@ -69,7 +69,10 @@ from tilewise.codegen.kernel_ir import Index, Kernel, Nest, extent, known
 from tilewise.dtypes import DType, bool_
 from tilewise.ops.expr import Expr, substitute, toposort
 
-PARALLEL_MIN_ELEMENTS = 1 << 15  # below this a nest runs on one thread
+# Below this a nest runs on one thread. A parallel loop is a fork and a barrier; where other work holds a core
+# (BLAS workers, other processes), the barrier waits for a descheduled thread. A compiled nanoGPT step (2 layers
+# of width 64: nests of 50-200k elements) on 2 busy cores: 300-1200 ms at 1 << 15, 40-60 ms at 1 << 18.
+PARALLEL_MIN_ELEMENTS = 1 << 18
 PARALLEL_MIN_ROWS = 8  # fewer kept-dim iterations than this: split the reduction instead
 SPLIT_CHUNKS = 64
 SCRATCH_BYTES = 1 << 16  # per row and thread: what the values kept between phases may occupy (stays in L2)

@@ -18,6 +18,7 @@ from functools import partial
 import numpy as np
 
 from tilewise.backends.cpu.render import zero_division_error
+from tilewise.backends.cpu.threads import gemm_threads, use_blas_threads
 from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.render.c import C
 from tilewise.codegen.render.cstyle import ZERO_DIVISION_FLAG
@@ -96,7 +97,9 @@ class ExternStep:
         tensors = [strided_tensor(arrays[b], value, geom) for b, value, geom in self.inputs]
         if self.direct:
             buffer, value = self.outputs[0]
-            np.matmul(tensors[0]._np(), tensors[1]._np(), out=arrays[buffer].reshape(value.type.shape))
+            a = tensors[0]._np()
+            use_blas_threads(gemm_threads(2 * a.size * value.type.shape[-1]))
+            np.matmul(a, tensors[1]._np(), out=arrays[buffer].reshape(value.type.shape))
             return
         from tilewise.backends.cpu import run as cpu_run
 

@@ -1,8 +1,8 @@
 """The main job: train a character-level GPT on the shipped text, report against a unigram baseline, sample.
 
 [Note: the demo] The model and the training loop use only the public API a user would write
-(``tilewise.nn``, ``tilewise.optim``, ``tilewise.save``); only ``tune_cpu_process`` reaches below it, to the
-process's allocator and BLAS, and says so in the output. The text is split 90/10 into training and validation
+(``tilewise.nn``, ``tilewise.optim``, ``tilewise.save``); only ``tune_cpu_process`` reaches below it, to report
+the CPU backend's allocator and BLAS settings in the output. The text is split 90/10 into training and validation
 characters; batches are random windows drawn with tilewise's own generator, so ``--seed`` fixes the whole
 run. The baseline is the unigram model of the training characters (add-one smoothed), scored on the
 validation characters in nats per character — the cross-entropy a model gets by knowing letter frequencies
@@ -13,8 +13,6 @@ previous ones whole.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 import os
 import time
@@ -24,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 import tilewise as tw
-from tilewise.backends.cpu.threads import blas_thread_counts
+from tilewise.backends.cpu.allocator import keep_freed_memory
+from tilewise.backends.cpu.threads import GEMM_PARALLEL_MIN_FLOPS, blas_thread_counts
 from tilewise.data import load_text
 from tilewise.fileio import atomic_writer
 from tilewise.models.gpt import GPT, CharTokenizer, GPTConfig
@@ -81,27 +80,18 @@ def best_device() -> str:
 
 
 def tune_cpu_process() -> list[str]:
-    """Process settings under which numpy-backed eager execution runs fast on a small, possibly busy CPU.
-
-    Measured on the 2-core machine the demo targets: (1) glibc returns every freed multi-megabyte numpy
-    temporary to the kernel and page-faults it back in on the next allocation, which made a chain of
-    pointwise ops 3-5x slower than the arithmetic; keeping freed memory in the heap removes that. (2)
-    OpenBLAS's worker threads spin between calls and compete with the Python thread for the two cores; one
-    BLAS thread was faster for every GEMM shape of the demo, by 2-10x when the machine was also busy.
-    Returns a description of what was changed (nothing on platforms where neither applies).
+    """The process settings under which numpy-backed eager execution runs fast on a small, possibly busy CPU,
+    which the CPU backend now makes by default: malloc keeps freed memory ([Note: host allocator] in
+    ``backends/cpu/allocator.py``) and GEMMs too small to gain from BLAS threads run on one
+    ([Note: CPU threads] in ``backends/cpu/threads.py``). Returns a description of what is in force (nothing
+    on platforms where neither applies).
     """
-    changed = []
-    libc_name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(libc_name) if libc_name else None
-    if libc is not None and hasattr(libc, "mallopt"):
-        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-        if (libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)
-                and libc.mallopt(m_top_pad, 64 << 20)):
-            changed.append("malloc keeps freed memory")
+    in_force = []
+    if keep_freed_memory():
+        in_force.append("malloc keeps freed memory")
     if blas_thread_counts():
-        tw.set_num_threads(1)
-        changed.append("BLAS on 1 thread")
-    return changed
+        in_force.append(f"GEMMs under {GEMM_PARALLEL_MIN_FLOPS / 1e6:.0f} MFLOP on 1 BLAS thread")
+    return in_force
 
 
 def unigram_baseline(train_ids: np.ndarray, val_ids: np.ndarray, vocab_size: int) -> float:

@@ -3,9 +3,11 @@
 [Note: CPU kernels] Pointwise operators run their declared ``Expr`` rendered to numpy (one cached function
 per operator and argument variant); reductions run the declared combiner through numpy's reduce.
 Operators that are not expressions (sort, gather, matmul, random, ...) have a hand-written numpy kernel in
-``kernels.py``, registered under the operator's name; ``tests/test_op_rules.py`` checks that every
-operator has one or is a composite or view. Inputs are cast to the operator's compute dtype first, so
-half-precision arithmetic rounds once, at the end, like torch's CPU kernels.
+``kernels.py``, registered under the operator's name; ``tests/test_op_rules.py`` checks that every operator has
+one or is a composite or view. Hot composites and costly pointwise operators on large enough tensors run as
+one compiled C kernel instead (``register_composite_runner``; [Note: fused composites]). Inputs are cast to
+the operator's compute dtype first, so half-precision arithmetic rounds once, at the end, like torch's CPU
+kernels.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import math
 
 import numpy as np
 
+from tilewise.backends.cpu.allocator import keep_freed_memory
 from tilewise.backends.cpu.registry import KERNELS, kernel  # noqa: F401 — kernel: the decorator, re-exported
 from tilewise.backends.cpu.render import render_numpy, run_quietly
+from tilewise.config import settings
 from tilewise.device import Backend, Device
 from tilewise.dtypes import ALL as ALL_DTYPES
 from tilewise.dtypes import get_default_dtype
@@ -25,10 +29,17 @@ from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
 from tilewise.strides import WRAPPED_NUMBER, broadcast_shapes, contiguous_strides, normalize_dims, pointwise_strides
 from tilewise.tensor import Tensor, cast_array, from_array, from_array_strided
 
+_fused = None  # the compiler's runner of composite operators as one C kernel (register_composite_runner)
+_fused_ops: frozenset = frozenset()
+
 
 def run(op, args: tuple, device):
     try:
         kind = op.kind
+        if op.name in _fused_ops:
+            out = _fused(op, args)
+            if out is not None:
+                return out
         if kind == "pointwise":
             return run_pointwise(op, args)
         if kind == "reduction" and op.reduce is not None:
@@ -43,6 +54,14 @@ def run(op, args: tuple, device):
     except MemoryError as exc:
         raise out_of_memory(op.name, exc) from None
     raise NotImplementedError(f"{op.full_name}: no CPU kernel and no decomposition")
+
+
+def register_composite_runner(names: frozenset, runner) -> None:
+    """[Plug-in point] Run the operators ``names`` (composites, and pointwise operators whose numpy form is slow)
+    through ``runner(op, args)`` (which returns None to decline) before their kernel or decomposition. The
+    compiler registers itself here at import (``compiler.composites``): the backend never imports the compiler."""
+    global _fused, _fused_ops
+    _fused, _fused_ops = runner, frozenset(names)
 
 
 def out_of_memory(op: str, exc: MemoryError) -> RuntimeError:
@@ -345,6 +364,8 @@ backend = CPUBackend()
 
 
 def _load_kernels() -> None:
+    if settings.cpu_malloc:
+        keep_freed_memory()
     from tilewise.backends.cpu import (  # noqa: F401 — registers the kernels
         api_kernels,
         fft_kernels,
