@@ -403,3 +403,26 @@ def test_transforms_on_cuda_match_the_cpu():
     _close(F.jvp(F.grad(f_scalar(tw)), (xc,), (vc,))[1].cpu(), F.jvp(F.grad(f_scalar(tw)), (x,), (v,))[1])
     _close(F.jacfwd(f_vector(tw))(xc).cpu(), F.jacrev(f_vector(tw))(x))
     _close(F.hessian(f_scalar(tw))(xc).cpu(), F.hessian(f_scalar(tw))(x), rtol=1e-9)
+
+
+def test_per_example_gradients_compile_into_one_program():
+    """vmap(grad(loss)) under tilewise.compile with fullgraph=True: one program, eager's per-example gradients."""
+    import tilewise.nn.functional as nnf
+    from tilewise.func import grad, vmap
+
+    rng = np.random.default_rng(0)
+    params = [tw.tensor(rng.standard_normal(s).astype(np.float32) * 0.1) for s in [(16, 8), (16,), (3, 16), (3,)]]
+
+    def loss(p, x, y):
+        h = nnf.relu(nnf.linear(x.unsqueeze(0), p[0], p[1]))
+        return nnf.cross_entropy(nnf.linear(h, p[2], p[3]), y.unsqueeze(0))
+
+    xs = tw.tensor(rng.standard_normal((12, 8)).astype(np.float32))
+    ys = tw.tensor(rng.integers(0, 3, 12))
+    per_example = vmap(grad(loss), in_dims=(None, 0, 0))
+    compiled = tw.compile(per_example, fullgraph=True)
+    for _ in range(2):  # the first call compiles, the second replays the program
+        got = compiled(params, xs, ys)
+    for a, b in zip(got, per_example(params, xs, ys)):
+        assert a.shape == b.shape and a.shape[0] == 12
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
