@@ -292,3 +292,15 @@ def test_cpu_tensor_device_properties():
     x = tw.zeros(2)
     assert x.device == "cpu" and x.is_cpu and not x.is_cuda
     assert x.to("cpu") is x and x.cpu() is x
+
+
+def test_numpy_of_a_tensor_that_requires_grad_is_refused_only_while_grad_is_on():
+    import torch
+
+    for lib in (tw, torch):
+        x = lib.ones(2, requires_grad=True)
+        with pytest.raises(RuntimeError, match=r"Can't call numpy\(\) on Tensor that requires grad"):
+            x.numpy()
+        with lib.no_grad():
+            np.testing.assert_array_equal(x.numpy(), [1.0, 1.0])
+        np.testing.assert_array_equal(x.detach().numpy(), [1.0, 1.0])
