@@ -54,7 +54,7 @@ def _all_reduce_into(out: Tensor, input: Tensor, reduce_op: str, group_name: str
     the program's CUDA graph captures it."""
     backend = _group_named(group_name)._get_backend(out.device)
     allreduce_into = getattr(backend, "allreduce_into", None)
-    if allreduce_into is None:
+    if allreduce_into is None or not input.is_contiguous():  # NCCL reads a dense buffer: the eager kernel copies
         return False
     allreduce_into(out, input, _OPS[reduce_op]).wait()
     return True
