@@ -46,7 +46,6 @@ import datetime
 import functools
 import os
 import re
-import statistics
 import tempfile
 import time
 import types
@@ -64,7 +63,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from gpt_train_step import no_kernels, ratio, report_error, whole_step_compiled  # noqa: E402
 from torch_source import module_for  # noqa: E402
-from vision_train_step import comma_list, free_memory  # noqa: E402
+from vision_train_step import comma_list, free_memory, measure_side  # noqa: E402
 
 import tilewise as tw  # noqa: E402
 from tilewise.compiler.lowering.memory import steps_of  # noqa: E402
@@ -262,26 +261,7 @@ def synchronizer(library: types.ModuleType, device: str) -> Callable[[], None]:
 
 
 def run_side(side: Side, case: Case, batches: list, warmup: int) -> None:
-    on_cuda = case.device.startswith("cuda")
-    sync = synchronizer(side.library, case.device)
-    try:
-        if on_cuda:
-            side.library.cuda.reset_peak_memory_stats()
-        step, kernels = side.build()
-        for batch in batches:
-            x, y = on_device(side.library, case, batch)
-            sync()
-            start = time.perf_counter()
-            loss = step(x, y)
-            sync()
-            side.times.append(time.perf_counter() - start)
-            side.losses.append(float(loss.float().item()))
-        side.step_ms = statistics.median(side.times[warmup:]) * 1e3
-        if on_cuda:
-            side.peak_bytes = side.library.cuda.max_memory_allocated()
-        side.kernels = kernels()
-    except Exception as exc:  # noqa: BLE001 — report what a side cannot do, measure the others
-        side.error = report_error(exc)
+    measure_side(side, case.device, batches, lambda batch: on_device(side.library, case, batch), warmup)
 
 
 # ---------------------------------------------------------------------------------------------- where time goes

@@ -203,17 +203,24 @@ def on_device(library: types.ModuleType, case: Case, x: np.ndarray, y: np.ndarra
 
 
 def run_side(side: Side, case: Case, batches: list, warmup: int) -> None:
-    on_cuda = case.device.startswith("cuda")
-    sync = side.library.cuda.synchronize if on_cuda else (lambda: None)
     if memory_format(side.library, case.fmt) is None:
         side.error = NO_CHANNELS_LAST
         return
+    # one batch at a time on the device: peak memory is the step's
+    measure_side(side, case.device, batches, lambda batch: on_device(side.library, case, *batch), warmup)
+
+
+def measure_side(side, device: str, batches: list, put: Callable, warmup: int) -> None:
+    """Run ``side``'s step on every batch (``put(batch)`` gives its inputs on ``device``), each step timed between
+    synchronisations; fill in its times, losses, median, peak memory and kernel count, or its error."""
+    on_cuda = device.startswith("cuda")
+    sync = side.library.cuda.synchronize if on_cuda else (lambda: None)
     try:
         if on_cuda:
             side.library.cuda.reset_peak_memory_stats()
         step, kernels = side.build()
-        for images, labels in batches:
-            x, y = on_device(side.library, case, images, labels)  # one batch at a time: peak memory is the step's
+        for batch in batches:
+            x, y = put(batch)
             sync()
             start = time.perf_counter()
             loss = step(x, y)
