@@ -12,6 +12,7 @@ import functools
 import threading
 
 from tilewise.dispatch import STATE
+from tilewise.tensor import register_grad_mode
 
 
 class _InferenceMode(threading.local):
@@ -106,6 +107,9 @@ class set_grad_enabled(_GradModeContext):  # noqa: N801
 
 def is_grad_enabled() -> bool:
     return bool(STATE.grad_enabled)  # falsy GRAD_OFF_FOR_RECORDING while autograd runs an op it records
+
+
+register_grad_mode(is_grad_enabled)
 
 
 def is_inference_mode_enabled() -> bool:

@@ -62,6 +62,17 @@ class _VmapHooks:
 VMAP_HOOKS = _VmapHooks()
 
 
+def grad_enabled() -> bool:
+    """Whether grad mode is on, for the few tensor methods whose meaning depends on it (``numpy()``): the grad
+    modes sit above tensors, so ``tilewise._grad_mode`` installs its reader (``register_grad_mode``) on load."""
+    return True
+
+
+def register_grad_mode(reader) -> None:
+    global grad_enabled
+    grad_enabled = reader
+
+
 def vmap_value_error(what: str) -> str:
     """torch's vmap errors for Python reading a batched tensor's values: ``item()`` and the scalar conversions
     built on it have their own, every other read is data-dependent control flow."""
@@ -265,7 +276,7 @@ class Tensor:
 
     def numpy(self, *, force: bool = False) -> np.ndarray:
         self._require_real("numpy()")
-        if self.requires_grad and not force and _grad_enabled():  # under no_grad torch hands the values out
+        if self.requires_grad and not force and grad_enabled():  # under no_grad torch hands the values out
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
         if self._device.type != "cpu":
             if not force:
@@ -780,9 +791,3 @@ def wrap_scalar(value: Number, dtype: DType, device: Device) -> Tensor:
         t = t.to(device)
     t._wrapped = True
     return t
-
-
-def _grad_enabled() -> bool:
-    from tilewise._grad_mode import is_grad_enabled  # the grad modes sit above tensors: imported when asked
-
-    return is_grad_enabled()
