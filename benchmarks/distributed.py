@@ -687,11 +687,21 @@ def sharded_worker(lib_name: str, sharded: bool, config: dict) -> dict:
     if cuda:
         lib.cuda.synchronize()
         lib.cuda.reset_peak_memory_stats()
+    result = accumulated_training(lib, model, optimizer, config, parts, device)
+    result["peak"] = lib.cuda.max_memory_allocated() if cuda else 0
+    if dist is not None:
+        dist.destroy_process_group()
+    return result
+
+
+def accumulated_training(lib: Any, model: Any, optimizer: Any, config: dict, parts: list[int], device: str) -> dict:
+    """``config["steps"]`` AdamW steps, each on the batch parts ``parts`` as gradient accumulation (the mean of
+    their losses), gradients clipped to norm 1: each step's seconds between synchronisations and its loss."""
+    sync = lib.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times, losses = [], []
     for k in range(config["steps"]):
         batches = [batch(lib, config, k, part, device) for part in parts]
-        if cuda:
-            lib.cuda.synchronize()
+        sync()
         begin = time.perf_counter()
         total = 0.0
         for x, y in batches:
@@ -702,14 +712,10 @@ def sharded_worker(lib_name: str, sharded: bool, config: dict) -> dict:
         lib.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if cuda:
-            lib.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - begin)
         losses.append(total)
-    peak = lib.cuda.max_memory_allocated() if cuda else 0
-    if dist is not None:
-        dist.destroy_process_group()
-    return {"times": times, "losses": losses, "peak": peak}
+    return {"times": times, "losses": losses}
 
 
 def gpt_reference_worker(config: dict) -> dict:
@@ -719,21 +725,8 @@ def gpt_reference_worker(config: dict) -> dict:
     device = "cuda:0" if config["device"] == "cuda" else "cpu"
     model = gpt_model(tw, config, device)
     optimizer = tw.optim.AdamW(model.parameters(), lr=config["lr"])
-    world = config["world"]
-    losses = []
-    for k in range(config["steps"]):
-        total = 0.0
-        for part in range(world):
-            x, y = batch(tw, config, k, part, device)
-            with autocast(tw, config, device):
-                _, loss = model(x, y)
-            (loss / world).backward()
-            total += float(loss.item()) / world
-        tw.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(total)
-    return {"times": [], "losses": losses}
+    result = accumulated_training(tw, model, optimizer, config, list(range(config["world"])), device)
+    return {"times": [], "losses": result["losses"]}
 
 
 WORKERS = {
