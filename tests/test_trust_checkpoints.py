@@ -419,3 +419,14 @@ def test_the_demo_plot_is_replaced_atomically(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         plot_losses(result, path)
     assert path.read_bytes() == png and [p.name for p in tmp_path.iterdir()] == ["loss_curve.png"]
+
+
+def test_saving_into_a_missing_folder_names_the_file_not_a_temporary(tmp_path):
+    # torch.save into a folder that does not exist raises FileNotFoundError; ours names the file asked for
+    # and the missing folder, not the hidden temporary written first
+    target = tmp_path / "no_such_folder" / "model.pt"
+    with pytest.raises(FileNotFoundError) as caught:
+        tw.save({"w": tw.ones(2)}, target)
+    assert caught.value.filename == str(target)
+    assert "no_such_folder" in str(caught.value) and ".tmp" not in str(caught.value)
+    assert not target.parent.exists()

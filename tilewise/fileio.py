@@ -14,6 +14,7 @@ process's umask, as ``open`` would create the destination, rather than ``mkstemp
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from collections.abc import Iterator
@@ -95,6 +96,9 @@ def _create_temporary(path: Path) -> tuple[int, Path]:
             return os.open(temporary, flags, 0o666), temporary
         except FileExistsError:
             continue
+        except FileNotFoundError:  # as open(path, "w") would say it, naming the file asked for
+            raise FileNotFoundError(errno.ENOENT, f"No such file or directory (the folder {str(path.parent)!r} "
+                                    "does not exist)", str(path)) from None
     raise FileExistsError(f"could not create a temporary file beside {path}")
 
 
