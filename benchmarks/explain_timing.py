@@ -84,8 +84,8 @@ def compare(explained, profiled: dict[str, float]) -> list[str]:
         if record.seconds is None:
             untimed += 1
             continue
-        if record.kind == "kernel":
-            ours[record.name] += record.seconds * 1e6
+        if record.kind == "kernel":  # under the name the device runs it by, as the profiler sees it
+            ours[record.symbol or record.name] += record.seconds * 1e6
         else:
             library_ours += record.seconds * 1e6
     generated = [name for name in ours if name in profiled]

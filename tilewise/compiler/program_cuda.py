@@ -31,6 +31,7 @@ import hashlib
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
 
 from tilewise import strides as S
@@ -537,28 +538,71 @@ def default_arch() -> str:
     return get_device_properties(current_device()).arch if is_available() else "sm_90"
 
 
+@dataclass
+class MachineCode:
+    """One kernel's PTX, SASS (or why there is none) and resource line, for ``arch``."""
+
+    ptx: str
+    sass: str
+    resources: str
+    sass_missing: bool = False  # ``sass`` says why there is no disassembly (no nvdisasm)
+    usage: object = None  # the kernel's ``ResourceUsage``, where the cubin tells it
+
+
+def kernels_machine_code(sources: dict[str, str], arch: str) -> dict[str, MachineCode]:
+    """The machine code of each kernel (name -> its translation unit), as ``compile`` builds it: kernels whose
+    text differs only in their name are compiled and disassembled once, under their shared name (see
+    :func:`compile_units`; a program's own build has put those cubins in the kernel cache), and the disassembler
+    runs on the different texts at once. Each kernel's text is shown under its own name."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble_all, resource_usage
+
+    keys = {name: shared_name(name, source) for name, source in sources.items()}
+    unique = list(dict.fromkeys(keys.values()))
+    workers = max(1, min(len(unique), os.cpu_count() or 1, 16))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        compiled = dict(zip(unique, pool.map(lambda key: compile_cached(key[1], key[0], arch), unique)))
+        usages = dict(zip(unique, pool.map(lambda key: _resource_usage(resource_usage, compiled[key].cubin), unique)))
+    try:
+        texts = dict(zip(unique, disassemble_all([compiled[key].cubin for key in unique])))
+        missing = None
+    except ToolNotFoundError as exc:
+        texts, missing = {}, str(exc)
+    out = {}
+    for name, key in keys.items():
+        shown = (lambda text: text.replace(key[0], name)) if key[0] != name else (lambda text: text)
+        usage = usages[key]
+        resources = "; ".join(f"{u.registers} registers/thread, {u.shared_bytes} B shared/block, "
+                              f"{u.local_bytes} B local (spills)/thread" for u in usage.values())
+        out[name] = MachineCode(shown(compiled[key].ptx), missing if missing else shown(texts[key]), resources,
+                                missing is not None, usage.get(key[0]))
+    return out
+
+
+_usages: dict[bytes, dict] = {}  # a cubin's digest -> its kernels' resource use (the cubin alone determines it)
+
+
+def _resource_usage(read, cubin: bytes) -> dict:
+    key = hashlib.sha256(cubin).digest()
+    found = _usages.get(key)
+    if found is None:
+        found = _usages[key] = read(cubin) or {}
+    return found
+
+
 def machine_code(low: Lowered | Program, arch: str | None = None) -> Iterator[tuple[str, str]]:
     """What ``explain`` shows below the CUDA C: each kernel's PTX, SASS and resource use (NVRTC and nvdisasm,
     for ``arch``, by default the current GPU's architecture, or sm_90 without one)."""
-    from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble_all, resource_usage
-
     arch = arch or default_arch()
-    kernels = {name: compile_cached(source, name, arch) for name, source in low.sources.items()}
-    try:
-        texts = dict(zip(kernels, disassemble_all([k.cubin for k in kernels.values()])))
-    except ToolNotFoundError as exc:
-        texts = exc
-    for name, compiled in kernels.items():
-        ptx = compiled.ptx.splitlines()
+    for name, code in kernels_machine_code(low.sources, arch).items():
+        ptx = code.ptx.splitlines()
         more = f"\n... ({len(ptx) - PTX_LINES} more lines)" if len(ptx) > PTX_LINES else ""
         yield f"kernel {name}: PTX ({arch})", "\n".join(ptx[:PTX_LINES]) + more
-        if isinstance(texts, ToolNotFoundError):
-            yield f"kernel {name}: SASS", str(texts)
+        if code.sass_missing:
+            yield f"kernel {name}: SASS", code.sass
             continue
-        sass = texts[name].splitlines()
+        sass = code.sass.splitlines()
         more = f"\n... ({len(sass) - SASS_LINES} more lines)" if len(sass) > SASS_LINES else ""
-        usage = resource_usage(compiled.cubin) or {}
-        resources = "; ".join(f"{u.registers} registers/thread, {u.shared_bytes} B shared/block, "
-                              f"{u.local_bytes} B local (spills)/thread" for u in usage.values())
-        yield f"kernel {name}: SASS ({arch})", (resources + "\n" if resources else "") + "\n".join(sass[:SASS_LINES]) \
-            + more
+        yield f"kernel {name}: SASS ({arch})", (code.resources + "\n" if code.resources else "") \
+            + "\n".join(sass[:SASS_LINES]) + more

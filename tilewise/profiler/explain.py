@@ -70,6 +70,7 @@ class StepRecord:
     placement: Placement | None = None
     resources: str = ""  # CUDA: registers, shared memory, spills, occupancy
     untimed: str = ""  # why a step has no time
+    symbol: str = ""  # the function the device runs (kernels of one text share one, see ``compile_units``)
 
     @property
     def seconds(self) -> float | None:
@@ -298,16 +299,17 @@ def _records(p: _Shown) -> list[StepRecord]:
 
 def _record(label: str, index: int, step) -> StepRecord:
     if getattr(step, "kernel", None) is not None:
-        return _kernel_record(label, index, step.kernel, step.describe())
+        return _kernel_record(label, index, step.kernel, step.describe(),
+                              getattr(getattr(step, "function", None), "name", ""))
     if getattr(step, "node", None) is not None:
         return _library_record(label, index, step.node, step.describe())
     value = step.value
     return StepRecord(label, index, "copy", "copy", step.describe(), 2 * value.type.nbytes, 0, value.type.dtype.name)
 
 
-def _kernel_record(label: str, index: int, kernel, text: str) -> StepRecord:
+def _kernel_record(label: str, index: int, kernel, text: str, symbol: str = "") -> StepRecord:
     return StepRecord(label, index, "kernel", kernel.name, text, kernel_bytes(kernel), kernel_flops(kernel),
-                      kernel_dtype(kernel))
+                      kernel_dtype(kernel), symbol=symbol or kernel.name)
 
 
 def _library_record(label: str, index: int, node, text: str) -> StepRecord:
@@ -459,16 +461,16 @@ def _add_resources(records: list[StepRecord], programs: list[_Shown], target: Ta
     """Registers, shared memory, spills and theoretical occupancy of each CUDA kernel, from its cubin."""
     if target.machine_code is None:  # resources are read from the machine code (the cubin)
         return
-    from tilewise.codegen.toolchain import compile_cached, resource_usage
-    from tilewise.compiler.program_cuda import default_arch
+    from tilewise.compiler.program_cuda import default_arch, kernels_machine_code
 
     arch = arch or default_arch()
     blocks = {s.kernel.name: s.block for p in programs for s in p.schedules}
     sources = {name: source for p in programs for name, source in p.sources.items()}
+    code = kernels_machine_code(sources, arch) if sources else {}
     for r in records:
         if r.kind != "kernel" or r.name not in sources:
             continue
-        usage = (resource_usage(compile_cached(sources[r.name], r.name, arch).cubin) or {}).get(r.name)
+        usage = code[r.name].usage
         if usage is None:
             continue
         occupancy, limiter = theoretical_occupancy(arch, blocks.get(r.name) or 1, usage.registers, usage.shared_bytes)

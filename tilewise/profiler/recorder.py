@@ -77,6 +77,7 @@ class Recorder:
         self.clock: dict[int, tuple] = {}  # device index -> (reference Event, its host time in ns)
         self.tracer: device_activity.CuptiTracer | None = None  # CUPTI, while it records device activity
         self.unclaimed_kernels: list[DeviceKernel] = []  # CUPTI's records no range of this recording launched
+        self.stand_ins: dict[int, tuple] = {}  # id(program) -> (its steps, the recorders, their ProfiledSteps)
         self.device_timing = "CUDA events" if use_cuda else "none"  # "CUPTI" once CUPTI records for this one
         self.active = False
         self._local = threading.local()
@@ -400,8 +401,13 @@ class ProfiledStep:
             for r, event, start in timed:
                 r.device_range_end(event, start, self.device, stream)
 
-    timed = True  # False while a CUDA program may capture its steps into a graph: no events there
+    runtime = None  # a CUDA program's runtime: while it may capture its steps into a graph, no events there
     device = 0
+
+    @property
+    def timed(self) -> bool:
+        runtime = self.runtime
+        return runtime is None or not getattr(runtime, "use_graphs", False) or bool(runtime.why_not)
 
     def __getattr__(self, name):
         return getattr(self.step, name)
@@ -427,7 +433,7 @@ def profile_program(program, inputs: list, staged: frozenset):
         event.args.update(steps=len(program.steps), kernels=program.kernel_count)
     steps = program.steps
     if program.tuner is None:  # the tuner's first run may replace steps: leave them alone then
-        program.steps = [_profiled(s, program, recorders) for s in steps]
+        program.steps = _stand_ins(program, steps, recorders)
     device = getattr(program.runtime, "device", None)  # a CUDA program: its whole run is timed on the device too
     index = (device.index or 0) if device is not None else None
     timed = [(r, event, r.device_range_start(index)) for r, event in opened if r.times_with_events] \
@@ -442,13 +448,24 @@ def profile_program(program, inputs: list, staged: frozenset):
             r.device_range_end(event, start, index)
 
 
+def _stand_ins(program, steps: list, recorders: list[Recorder]) -> list[ProfiledStep]:
+    """The program's steps wrapped for these recorders, made once per recording and program (a program replayed
+    from a CUDA graph runs none of them, and wrapping every step on every call would delay its launch)."""
+    kept = recorders[0].stand_ins.get(id(program))
+    if kept is not None and kept[0] is steps and kept[1] == recorders:
+        return kept[2]
+    wrapped = [_profiled(s, program, recorders) for s in steps]
+    recorders[0].stand_ins[id(program)] = (steps, list(recorders), wrapped)
+    return wrapped
+
+
 def _profiled(step, program, recorders: list[Recorder]) -> ProfiledStep:
     wrapped = ProfiledStep(step, recorders)
     runtime = program.runtime
     device = getattr(runtime, "device", None)
     if device is not None:
         wrapped.device = device.index or 0
-        wrapped.timed = not getattr(runtime, "use_graphs", False) or bool(runtime.why_not)
+        wrapped.runtime = runtime
     return wrapped
 
 

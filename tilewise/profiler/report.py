@@ -229,14 +229,13 @@ def _kernels_section(explained: Explanation, page: _Page, arch: str | None) -> s
     records = {(r.program, r.name): r for r in explained.kernels if r.kind == "kernel"}
     cuda = any(p.sources for p in explained.programs)
     arch = arch or (_default_arch() if cuda else None)
-    if arch is not None:
-        _disassemble_ahead(explained.programs, arch)
     parts = []
     for p in explained.programs:
         parts.append(f"<h3>{_e(p.label or 'program')}: {len(p.kernels)} kernel(s)</h3>")
+        code = _machine_code(p.sources, arch) if p.sources and arch is not None else {}
         for kernel, schedule in zip(p.kernels, p.schedules):
             record = records.get((p.label, kernel.name))
-            parts.append(_kernel_block(p, kernel, schedule, record, page, arch))
+            parts.append(_kernel_block(p, kernel, schedule, record, page, arch, code.get(kernel.name)))
         source_name = "CUDA C" if p.sources else "C"
         parts.append(page.lazy(f"the whole generated {source_name} of {_e(p.label or 'the program')}",
                                _pre(p.source or "(no generated kernel)", "code")))
@@ -249,13 +248,13 @@ def _default_arch() -> str:
     return default_arch()
 
 
-def _kernel_block(p, kernel, schedule, record: StepRecord | None, page: _Page, arch: str | None) -> str:
+def _kernel_block(p, kernel, schedule, record: StepRecord | None, page: _Page, arch: str | None, code) -> str:
     source = p.sources.get(kernel.name) if p.sources else _c_function(p.source, kernel.name)
     parts = [f"<h4>IR</h4>{_pre(str(kernel))}", f"<h4>schedule</h4>{_pre(schedule.describe())}",
              f"<h4>source</h4>{_pre(source or '(not found in the program source)', 'code')}"]
     marker = ""
-    if p.sources and arch is not None:
-        ptx, sass, resources = _machine_code(source, kernel.name, arch)
+    if code is not None:
+        ptx, sass, resources = code.ptx, code.sass, code.resources
         ptx_html, ptx_counts = _marked(ptx, HOT_PTX)
         sass_html, sass_counts = _marked(sass, HOT_SASS)
         parts.append(f'<h4>PTX and SASS ({_e(arch)})</h4><p>{_e(resources)}</p><div class="side">'
@@ -282,32 +281,12 @@ def _c_function(source: str, name: str) -> str:
     return ""
 
 
-def _disassemble_ahead(programs, arch: str) -> None:
-    """Disassemble every kernel at once (each run of the disassembler costs about a second of start-up; the
-    text is remembered, so the per-kernel calls below then read it)."""
-    from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble_all
+def _machine_code(sources: dict[str, str], arch: str) -> dict:
+    """The whole PTX and SASS of each CUDA kernel and its resource line (NVRTC and nvdisasm, no GPU needed),
+    each different text compiled and disassembled once."""
+    from tilewise.compiler.program_cuda import kernels_machine_code
 
-    cubins = [compile_cached(source, name, arch).cubin for p in programs if p.sources
-              for name, source in p.sources.items()]
-    try:
-        disassemble_all(cubins)
-    except ToolNotFoundError:
-        pass  # each kernel's block says so
-
-
-def _machine_code(source: str, name: str, arch: str) -> tuple[str, str, str]:
-    """The whole PTX and SASS of one CUDA kernel and its resource line (NVRTC and nvdisasm, no GPU needed)."""
-    from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble, resource_usage
-
-    compiled = compile_cached(source, name, arch)
-    try:
-        sass = disassemble(compiled.cubin)
-    except ToolNotFoundError as exc:
-        return compiled.ptx, str(exc), ""
-    usage = (resource_usage(compiled.cubin) or {}).get(name)
-    resources = (f"{usage.registers} registers/thread, {usage.shared_bytes} B shared/block, "
-                 f"{usage.local_bytes} B local (spills)/thread" if usage is not None else "")
-    return compiled.ptx, sass, resources
+    return kernels_machine_code(sources, arch)
 
 
 def _marked(text: str, rules) -> tuple[str, dict[str, int]]:
