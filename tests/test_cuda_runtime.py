@@ -26,6 +26,7 @@ from tilewise.backends.cuda.runtime.allocator import (
     SMALL_BUFFER,
     CachingAllocator,
     OutOfMemoryError,
+    PrivatePool,
     RawOutOfMemory,
     round_size,
 )
@@ -246,6 +247,55 @@ def test_blocks_are_reused_only_on_their_own_stream():
     assert on_two != on_one and backend.malloc_calls == 2
     assert allocator.malloc(4096, stream=1) == on_one
     assert {s.stream for s in allocator.segments()} == {1, 2}
+
+
+def _private_ranges(allocator: CachingAllocator) -> list[tuple[int, int]]:
+    return [(s.ptr, s.ptr + s.size) for s in allocator.segments() if s.pool.startswith("graph")]
+
+
+def test_a_graphs_private_pool_keeps_its_blocks_from_every_other_request():
+    allocator, backend, _ = make_allocator()
+    cached = allocator.malloc(4096, stream=7)
+    allocator.free(cached)  # a block cached for the capture's stream before the capture
+    pool = PrivatePool()
+    allocator.route(7, pool)
+    a = allocator.malloc(4096, stream=7)
+    assert a != cached, "a capture never takes a block of the shared cache"
+    allocator.free(a)
+    assert allocator.malloc(4096, stream=7) == a  # reused inside the same capture, in its stream order
+    large = allocator.malloc(3 * MiB, stream=7)
+    elsewhere = allocator.malloc(4096, stream=8)  # another stream meanwhile: the shared pools
+    assert elsewhere != a
+    allocator.route(7, None)
+    private = _private_ranges(allocator)
+    assert len(private) == 2 and any(lo <= large < hi for lo, hi in private)
+    allocator.free(large)  # freed after the capture (a tensor that outlived it): back into the pool
+    later = [allocator.malloc(n, stream=st) for n in (512, 4096, 3 * MiB) for st in (0, 7, 8)]
+    assert not any(lo <= p < hi for p in later for lo, hi in private)
+    allocator.empty_cache()
+    assert _private_ranges(allocator) == private, "a live graph keeps its memory through empty_cache"
+    allocator.release_pool(pool)
+    allocator.empty_cache()
+    assert _private_ranges(allocator) == [(lo, hi) for lo, hi in private if lo <= a < hi]  # `a` is still live
+    allocator.free(a)
+    allocator.empty_cache()
+    assert _private_ranges(allocator) == []
+    for p in [*later, elsewhere]:
+        allocator.free(p)
+    allocator.empty_cache()
+    assert backend.live == {} and allocator.memory_reserved() == 0
+
+
+def test_a_released_pool_is_returned_to_the_driver_before_an_out_of_memory_error():
+    allocator, backend, _ = make_allocator(capacity=8 * MiB)
+    pool = PrivatePool()
+    allocator.route(1, pool)
+    allocator.free(allocator.malloc(5 * MiB, stream=1))
+    allocator.route(1, None)
+    with pytest.raises(OutOfMemoryError):
+        allocator.malloc(5 * MiB, stream=1)  # the graph still lives: its 6 MiB stay its own
+    allocator.release_pool(pool)
+    assert allocator.malloc(5 * MiB, stream=1) and not _private_ranges(allocator)
 
 
 def test_record_stream_defers_reuse_until_the_event_completes():
