@@ -25,6 +25,7 @@ from tilewise._cuda_api import CudaError, check, driver_api
 from tilewise.backends.cuda.device_memory import memory
 from tilewise.backends.cuda.runtime.allocator import PrivatePool
 from tilewise.backends.cuda.runtime.capturing import capture_scope
+from tilewise.backends.cuda.runtime.device import ensure_context
 from tilewise.backends.cuda.runtime.stream import Stream
 from tilewise.backends.cuda.runtime.stream import stream as using
 
@@ -109,14 +110,22 @@ def _ended_graph(ended: tuple, raised: Exception | None):
 
 
 def _take_stream(device: int) -> Stream:
-    """A stream used for captures only: once it is one, no ``Stream()`` gets its handle, so no eager work
-    allocates on it (its free lists are emptied before each capture, in case it was an eager stream before)."""
+    """A stream used for captures only: no eager work allocates on it (its free lists are emptied before each
+    capture all the same)."""
     free = _capture_streams.get(device)
     return free.pop() if free else _CaptureStream(device)
 
 
 class _CaptureStream(Stream):
-    """A stream kept for captures: never handed back to the pool of streams that ``Stream()`` draws from."""
+    """A stream kept for captures: a new driver stream (never one a ``Stream()`` had, whose buffers could still come
+    back to its free lists), never handed back to the pool of streams that ``Stream()`` draws from."""
+
+    def __init__(self, device: int) -> None:
+        self.device = ensure_context(device)
+        self.priority = 0
+        flags = driver_api().CUstream_flags.CU_STREAM_NON_BLOCKING
+        self.handle = int(check(driver_api().cuStreamCreateWithPriority(flags, 0), "cuStreamCreateWithPriority"))
+        self._owned = True
 
     def __del__(self) -> None:
         pass

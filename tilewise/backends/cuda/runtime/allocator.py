@@ -55,6 +55,7 @@ plainly with ``CUDA_ERROR_OUT_OF_MEMORY``. Its cost, a device-wide sync on ``cuM
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -144,9 +145,10 @@ class _Block:
 class _Pool:
     """The free blocks of one size class, per stream, sorted by (size, address) for best-fit lookup."""
 
-    def __init__(self, name: str, split_threshold: int) -> None:
+    def __init__(self, name: str, split_threshold: int, pool_id: int = 0) -> None:
         self.name = name
         self.split_threshold = split_threshold  # split only if the remainder is at least this big
+        self.pool_id = pool_id  # 0: the shared pools; else the PrivatePool it belongs to
         self._sorted: dict[int, list[tuple[int, int]]] = {}
         self._blocks: dict[int, _Block] = {}
 
@@ -172,11 +174,15 @@ class _Pool:
 
 class PrivatePool:
     """The memory of one captured CUDA graph (see "Private pools" in the note above): its own small and large
-    pools, whose segments serve no request outside the capture."""
+    pools, whose segments serve no request outside the capture. ``id`` numbers the pools of a process from 1
+    (segments report it as their ``pool_id``, and memory snapshots as torch's graph pool id)."""
 
-    def __init__(self, name: str = "graph") -> None:
-        self._small = _Pool(f"{name} small", MIN_BLOCK_SIZE)
-        self._large = _Pool(f"{name} large", SMALL_SIZE + 1)
+    _ids = itertools.count(1)
+
+    def __init__(self) -> None:
+        self.id = next(self._ids)
+        self._small = _Pool("small", MIN_BLOCK_SIZE, self.id)
+        self._large = _Pool("large", SMALL_SIZE + 1, self.id)
         self.released = False
 
     def pools(self) -> tuple[_Pool, _Pool]:
@@ -198,6 +204,7 @@ class SegmentInfo:
     stream: int
     pool: str
     blocks: tuple[BlockInfo, ...]
+    pool_id: int = 0  # 0: the shared pools; else the private pool of a CUDA graph (PrivatePool.id)
 
 
 def round_size(nbytes: int) -> int:
@@ -547,7 +554,8 @@ class CachingAllocator:
         while block is not None:
             blocks.append(BlockInfo(block.ptr, block.size, block.state, block.requested))
             block = block.next
-        return SegmentInfo(segment.ptr, segment.size, segment.stream, segment.pool.name, tuple(blocks))
+        return SegmentInfo(segment.ptr, segment.size, segment.stream, segment.pool.name, tuple(blocks),
+                           segment.pool.pool_id)
 
     def memory_summary(self) -> str:
         """A short human-readable report of :meth:`memory_stats`."""
