@@ -429,11 +429,11 @@ def test_tags_are_torchs():
 def test_host_operations_are_refused_while_capturing():
     from tilewise.backends.cuda.kernels import random as cuda_random
     from tilewise.backends.cuda.runtime import copy_dtoh, copy_htod
-    from tilewise.backends.cuda.runtime.capturing import StreamCaptureError, capture_scope
+    from tilewise.backends.cuda.runtime.capturing import StreamCaptureError, capture_scope, is_current_stream_capturing
 
-    assert not tw.cuda.is_current_stream_capturing()
+    assert not is_current_stream_capturing()
     with capture_scope(0x1234):
-        assert tw.cuda.is_current_stream_capturing()
+        assert is_current_stream_capturing()
         for refused, what in ((lambda: copy_dtoh(0, 0, 4), "reading device memory on the host"),
                               (lambda: copy_htod(0, 0, 4), "copying host memory to the device"),
                               (lambda: tw.cuda.synchronize(0), "synchronizing the device"),
@@ -441,7 +441,7 @@ def test_host_operations_are_refused_while_capturing():
                               (lambda: cuda_random._claim(None, 1), "drawing random numbers")):
             with pytest.raises(StreamCaptureError, match=f"{what} is not permitted while a CUDA graph"):
                 refused()
-    assert not tw.cuda.is_current_stream_capturing()
+    assert not is_current_stream_capturing()
 
 
 def test_triton_op_launches_go_to_tilewises_current_stream(monkeypatch):

@@ -26,7 +26,6 @@ from tilewise.backends.cuda.runtime import (
     is_available,
     stream,
 )
-from tilewise.backends.cuda.runtime.capturing import is_current_stream_capturing
 from tilewise.device import Device
 from tilewise.tensortypes import CUDA_TYPES as _CUDA_TYPES
 
@@ -36,7 +35,6 @@ __all__ = [
     "get_device_properties", "init", "is_available", "is_bf16_supported", "manual_seed", "manual_seed_all",
     "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
     "memory_stats", "memory_summary", "reset_peak_memory_stats", "set_device", "stream", "synchronize",
-    "is_current_stream_capturing",
 ]
 
 
