@@ -11,7 +11,9 @@ without a registered backward raises torch's error), and the backend key calls t
 the inputs' device type (``register_kernel``, or the decorated function itself). While ``tilewise.compile``
 traces, the operator is one opaque node of the graph: its result types come from the fake implementation
 (``register_fake``), called on the trace tensors (what it builds is never read and dead-code elimination drops
-it), and the program runs it as one library-call step over planned buffers, like the cuBLAS and cuDNN calls.
+it), and the program runs it as one library-call step over planned buffers, like the cuBLAS and cuDNN calls; on
+CUDA that step is captured into the program's CUDA graph with the rest unless the operator is tagged
+``Tag.cudagraph_unsafe`` or its capture fails (see [Note: custom operators in CUDA graphs]).
 Operators that mutate an argument run between compiled segments (a graph break), since the compiler's graph
 holds functional steps only. torch checks a fake implementation against the kernel only in ``opcheck``; here the
 first real call on each device type compares the two (shapes and dtypes) and names the operator when they
