@@ -26,6 +26,7 @@ from tilewise.backends.cuda.runtime.allocator import (
     SMALL_BUFFER,
     CachingAllocator,
     OutOfMemoryError,
+    PrivatePool,
     RawOutOfMemory,
     round_size,
 )
@@ -246,6 +247,55 @@ def test_blocks_are_reused_only_on_their_own_stream():
     assert on_two != on_one and backend.malloc_calls == 2
     assert allocator.malloc(4096, stream=1) == on_one
     assert {s.stream for s in allocator.segments()} == {1, 2}
+
+
+def _private_ranges(allocator: CachingAllocator) -> list[tuple[int, int]]:
+    return [(s.ptr, s.ptr + s.size) for s in allocator.segments() if s.pool_id]
+
+
+def test_a_graphs_private_pool_keeps_its_blocks_from_every_other_request():
+    allocator, backend, _ = make_allocator()
+    cached = allocator.malloc(4096, stream=7)
+    allocator.free(cached)  # a block cached for the capture's stream before the capture
+    pool = PrivatePool()
+    allocator.route(7, pool)
+    a = allocator.malloc(4096, stream=7)
+    assert a != cached, "a capture never takes a block of the shared cache"
+    allocator.free(a)
+    assert allocator.malloc(4096, stream=7) == a  # reused inside the same capture, in its stream order
+    large = allocator.malloc(3 * MiB, stream=7)
+    elsewhere = allocator.malloc(4096, stream=8)  # another stream meanwhile: the shared pools
+    assert elsewhere != a
+    allocator.route(7, None)
+    private = _private_ranges(allocator)
+    assert len(private) == 2 and any(lo <= large < hi for lo, hi in private)
+    allocator.free(large)  # freed after the capture (a tensor that outlived it): back into the pool
+    later = [allocator.malloc(n, stream=st) for n in (512, 4096, 3 * MiB) for st in (0, 7, 8)]
+    assert not any(lo <= p < hi for p in later for lo, hi in private)
+    allocator.empty_cache()
+    assert _private_ranges(allocator) == private, "a live graph keeps its memory through empty_cache"
+    allocator.release_pool(pool)
+    allocator.empty_cache()
+    assert _private_ranges(allocator) == [(lo, hi) for lo, hi in private if lo <= a < hi]  # `a` is still live
+    allocator.free(a)
+    allocator.empty_cache()
+    assert _private_ranges(allocator) == []
+    for p in [*later, elsewhere]:
+        allocator.free(p)
+    allocator.empty_cache()
+    assert backend.live == {} and allocator.memory_reserved() == 0
+
+
+def test_a_released_pool_is_returned_to_the_driver_before_an_out_of_memory_error():
+    allocator, backend, _ = make_allocator(capacity=8 * MiB)
+    pool = PrivatePool()
+    allocator.route(1, pool)
+    allocator.free(allocator.malloc(5 * MiB, stream=1))
+    allocator.route(1, None)
+    with pytest.raises(OutOfMemoryError):
+        allocator.malloc(5 * MiB, stream=1)  # the graph still lives: its 6 MiB stay its own
+    allocator.release_pool(pool)
+    assert allocator.malloc(5 * MiB, stream=1) and not _private_ranges(allocator)
 
 
 def test_record_stream_defers_reuse_until_the_event_completes():
@@ -676,3 +726,107 @@ def test_a_stream_object_gone_before_the_memory_recorded_on_it_is_freed():
     y = tw.full((1 << 20,), 2.0, device="cuda")
     tw.cuda.synchronize()
     assert float(y.sum()) == 2.0 * (1 << 20)
+
+
+# ---- capturing a CUDA graph, on a fake driver ----------------------------------------------------------
+
+
+class FakeCaptureDriver:
+    """The driver calls ``backends.cuda.graphs.capture`` makes, recorded; ``end_status`` is what ending returns."""
+
+    def __init__(self, end_status: str = "CUDA_SUCCESS") -> None:
+        from cuda.bindings import driver
+
+        self.CUstreamCaptureMode = driver.CUstreamCaptureMode
+        self.CUresult = driver.CUresult
+        self.end_status = end_status
+        self.calls: list[str] = []
+
+    def _ok(self, name: str, *values):
+        self.calls.append(name)
+        return (self.CUresult.CUDA_SUCCESS, *values)
+
+    def cuStreamBeginCapture(self, stream, mode):
+        return self._ok("begin")
+
+    def cuStreamEndCapture(self, stream):
+        self.calls.append("end")
+        if self.end_status != "CUDA_SUCCESS":
+            return (getattr(self.CUresult, self.end_status), None)
+        return (self.CUresult.CUDA_SUCCESS, "graph")
+
+    def cuGraphInstantiate(self, graph, flags):
+        return self._ok("instantiate", "exec")
+
+    def cuGraphDestroy(self, graph):
+        return self._ok("destroy graph")
+
+    def cuGraphExecDestroy(self, executable):
+        return self._ok("destroy exec")
+
+
+@pytest.fixture
+def fake_capture(monkeypatch):
+    """``graphs.capture`` over a fake driver, a fake-backed allocator and a stream that needs no GPU."""
+    from types import SimpleNamespace
+
+    from tilewise.backends.cuda import graphs
+    from tilewise.backends.cuda.runtime.stream import Stream
+
+    allocator, backend, _ = make_allocator()
+    mem = SimpleNamespace(allocator=allocator, release_free_list=lambda stream: None)
+    driver = FakeCaptureDriver()
+    monkeypatch.setattr(graphs, "driver_api", lambda: driver)
+    monkeypatch.setattr(graphs, "memory", lambda device: mem)
+    monkeypatch.setattr(graphs, "_take_stream", lambda device: Stream.from_handle(0xCA97, 0))
+    monkeypatch.setattr(graphs, "_capture_streams", {})
+    return graphs, driver, allocator
+
+
+def test_capture_runs_the_body_on_its_stream_with_its_allocations_in_the_graphs_pool(fake_capture):
+    from tilewise.backends.cuda.runtime import current_stream
+    from tilewise.backends.cuda.runtime.capturing import is_current_stream_capturing
+
+    graphs, driver, allocator = fake_capture
+    seen = {}
+
+    def body(stream: int) -> None:
+        seen["stream"], seen["current"] = stream, current_stream(0).handle
+        seen["capturing"] = is_current_stream_capturing()
+        seen["ptr"] = allocator.malloc(4096, stream)
+
+    graph = graphs.capture(body, 0)
+    assert seen == {"stream": 0xCA97, "current": 0xCA97, "capturing": True, "ptr": seen["ptr"]}
+    assert not is_current_stream_capturing() and current_stream(0).handle == 0 and not allocator.routes
+    assert driver.calls == ["begin", "end", "instantiate"]
+    (segment,) = allocator.segments()
+    assert segment.pool_id == graph.pool.id and segment.ptr <= seen["ptr"] < segment.ptr + segment.size
+    del graph  # the graph goes: its pool is released, its memory returned once free
+    assert driver.calls == ["begin", "end", "instantiate", "destroy exec", "destroy graph"]
+    allocator.free(seen["ptr"])
+    allocator.empty_cache()
+    assert allocator.segments() == []
+
+
+def test_a_capture_whose_body_raises_ends_cleanly_and_says_why(fake_capture):
+    from tilewise.backends.cuda.runtime.capturing import StreamCaptureError, refuse_under_capture
+
+    graphs, driver, allocator = fake_capture
+
+    def body(stream: int) -> None:
+        allocator.malloc(4096, stream)
+        refuse_under_capture("reading device memory on the host")
+
+    with pytest.raises(graphs.GraphCaptureError, match="StreamCaptureError: reading device memory") as err:
+        graphs.capture(body, 0)
+    assert isinstance(err.value.__cause__, StreamCaptureError)
+    assert driver.calls == ["begin", "end", "destroy graph"]  # the stream left capture mode; the partial graph went
+    assert not allocator.routes and allocator._released_pools  # the pool is released: freed once its block is
+
+
+def test_a_capture_the_driver_invalidated_is_an_error_naming_the_status(fake_capture):
+    graphs, driver, allocator = fake_capture
+    driver.end_status = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
+    with pytest.raises(graphs.GraphCaptureError, match="the driver invalidated the capture .*INVALIDATED"):
+        graphs.capture(lambda stream: None, 0)
+    assert driver.calls == ["begin", "end"] and not allocator.routes

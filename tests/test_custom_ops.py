@@ -1,6 +1,7 @@
 """Custom operators (``tilewise.library``) against torch.library: schemas, kernels, fakes, autograd, dispatcher keys,
 ``compile`` holding one as a single step, and torch's errors for bad registrations."""
 
+import sys
 import typing
 from collections.abc import Sequence
 
@@ -370,6 +371,284 @@ def test_triton_op_launches_on_tilewise_tensors_and_compiles_as_one_step():
     np.testing.assert_allclose(fn(x, y).item(), (0.5 * x.exp() + y).sum().item(), rtol=1e-5)
     (program,) = fn.programs()
     assert sum(getattr(s, "op", None) is scaled_add.op for s in program.steps) == 1
+
+
+# ---------------------------------------------------------------------------- CUDA graphs: what is captured, and why not
+
+
+def _cuda_steps(fn, *args) -> dict:
+    """The library-call steps a CUDA program of ``fn`` would hold, by operator name (lowered for the CUDA target on
+    any machine; the steps are made without launching anything)."""
+    from tilewise.compiler.program import step_nodes
+    from tilewise.compiler.program_cuda import CudaExternStep
+    from tilewise.compiler.targets import get_target
+
+    _, (low,), _ = tw.compile(fn).lowered(get_target("cuda"), *args)
+    return {node.op: CudaExternStep(node, low.plan, results, tw.device("cuda"))
+            for node, results in step_nodes(low.fused) if node.op != "fused"}
+
+
+def _doubling(name: str, **kwargs):
+    @custom_op(name, mutates_args=(), **kwargs)
+    def double(x: tw.Tensor) -> tw.Tensor:
+        return x * 2
+
+    double.register_fake(lambda x: tw.empty_like(x))
+    return double
+
+
+def test_custom_operator_steps_are_capturable_and_the_opt_out_tag_names_the_operator():
+    plain = _doubling("twtest::graph_plain")
+    unsafe = _doubling("twtest::graph_unsafe", tags=(tw.Tag.cudagraph_unsafe,))
+    steps = _cuda_steps(lambda x: unsafe(plain(x.exp()).relu()).sum() + x.cumsum(0).sum(), tw.randn(8))
+    assert steps["twtest::graph_plain"].capturable
+    assert "[custom operator]" in steps["twtest::graph_plain"].describe()
+    assert not steps["twtest::graph_unsafe"].capturable
+    reason = steps["twtest::graph_unsafe"].capture_blocker()
+    assert reason.startswith("call twtest::graph_unsafe [custom operator]")
+    assert reason.endswith(": the operator is tagged cudagraph_unsafe")
+    # a built-in operator run by the eager backend (it may allocate and read back) keeps the old rule
+    assert not steps["cumsum"].capturable and "call cumsum [eager]" in steps["cumsum"].capture_blocker()
+
+
+def test_tags_are_torchs():
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    ours = _doubling("twtest::tagged", tags=tw.Tag.cudagraph_unsafe)
+    theirs = torch.library.custom_op("twtest::tagged", mutates_args=(), tags=torch.Tag.cudagraph_unsafe)(twice)
+    assert [(t.name, t.value) for t in ours.default.tags] == [(t.name, int(t)) for t in theirs._opoverload.tags]
+    assert [t.name for t in tw.Tag] == list(torch.Tag.__members__)
+    assert _doubling("twtest::untagged").default.tags == [tw.Tag.pt2_compliant_tag]
+    with pytest.raises(TypeError, match="tags must be tilewise.Tag values"):
+        _doubling("twtest::badly_tagged", tags=("cudagraph_unsafe",))
+    with pytest.raises(TypeError):
+        torch.library.custom_op("twtest::badly_tagged", mutates_args=(), tags=("cudagraph_unsafe",))(twice)
+
+
+def test_host_operations_are_refused_while_capturing():
+    from tilewise.backends.cuda.kernels import random as cuda_random
+    from tilewise.backends.cuda.runtime import copy_dtoh, copy_htod
+    from tilewise.backends.cuda.runtime.capturing import StreamCaptureError, capture_scope, is_current_stream_capturing
+
+    assert not is_current_stream_capturing()
+    with capture_scope(0x1234):
+        assert is_current_stream_capturing()
+        for refused, what in ((lambda: copy_dtoh(0, 0, 4), "reading device memory on the host"),
+                              (lambda: copy_htod(0, 0, 4), "copying host memory to the device"),
+                              (lambda: tw.cuda.synchronize(0), "synchronizing the device"),
+                              (lambda: tw.cuda.Event().synchronize(), "waiting for an event on the host"),
+                              (lambda: cuda_random._claim(None, 1), "drawing random numbers")):
+            with pytest.raises(StreamCaptureError, match=f"{what} is not permitted while a CUDA graph"):
+                refused()
+    assert not is_current_stream_capturing()
+
+
+def test_triton_op_launches_go_to_tilewises_current_stream(monkeypatch):
+    """Triton asks its driver for the current stream (torch's): inside a triton_op it gets tilewise's, which is the
+    capture stream while a program's graph is captured; everywhere else what it got before."""
+    import types
+
+    from tilewise.backends.cuda.runtime.stream import Stream, stream
+    from tilewise.library import _triton_on_current_stream
+
+    driver = types.SimpleNamespace(get_current_stream=lambda device: 1000 + device)
+    fake = types.SimpleNamespace(runtime=types.SimpleNamespace(driver=types.SimpleNamespace(active=driver)))
+    monkeypatch.setitem(sys.modules, "triton", fake)
+    ours = Stream.from_handle(0x5EED, 0)
+    with stream(ours):
+        assert driver.get_current_stream(0) == 1000
+        with _triton_on_current_stream():
+            assert driver.get_current_stream(0) == 0x5EED
+        assert driver.get_current_stream(0) == 1000
+        with _triton_on_current_stream():  # hooked once
+            assert driver.get_current_stream(0) == 0x5EED
+
+
+# ---------------------------------------------------------------------------- CUDA graphs on a GPU
+
+
+def _example():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "custom_kernels.py"
+    spec = importlib.util.spec_from_file_location("custom_kernels_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _train(step_of, make_model, calls: int, compiled: bool):
+    """Losses and final parameters of ``calls`` training steps (the same data every call), and the program."""
+    tw.manual_seed(0)
+    model = make_model()
+    optimizer = tw.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = tw.randn(32, 64, device="cuda"), tw.randn(32, 64, device="cuda")
+    step = step_of(model, optimizer)
+    fn = tw.compile(step) if compiled else step
+    losses = [fn(x, y).item() for _ in range(calls)]
+    params = [p.detach().cpu().numpy() for p in model.parameters()]
+    return losses, params, fn.programs() if compiled else None
+
+
+def _training_step(model, optimizer):
+    def step(x, y):
+        loss = tw.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    return step
+
+
+def _captured_like_eager(make_model, calls: int = 6):
+    eager_losses, eager_params, _ = _train(_training_step, make_model, calls, compiled=False)
+    losses, params, programs = _train(_training_step, make_model, calls, compiled=True)
+    program = programs[-1]  # the variant with the optimizer's state made (the first call makes it)
+    runtime = program.runtime
+    assert not runtime.why_not and len(runtime.graphs) == 1, runtime.why_not
+    assert runtime.calls >= calls - 1 and runtime.replays == runtime.calls - 1  # captured at its second call
+    np.testing.assert_allclose(losses, eager_losses, rtol=1e-4)
+    for ours, theirs in zip(params, eager_params):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+    return program
+
+
+@pytest.mark.cuda
+def test_compiled_training_step_with_a_load_inline_operator_is_captured_and_matches_eager():
+    example = _example()
+    module = tw.cuda.load_inline("rms_norm", example.RMS_NORM_CUDA, ["rms_norm_forward", "rms_norm_backward"])
+    example.register_cuda_kernels(module)
+    norm = lambda x, w: example.rms_norm(x, w, 1e-6)[0]
+    program = _captured_like_eager(lambda: example.Block(64, norm).to("cuda"))
+    ops = {s.node.op for s in program.steps if getattr(s, "custom", False)}
+    assert ops == {"ext::rms_norm", "ext::rms_norm_backward"}
+
+
+@pytest.mark.cuda
+def test_compiled_training_step_with_a_triton_op_is_captured_and_matches_eager():
+    triton = pytest.importorskip("triton")
+    from _triton_kernels import scaled_add_kernel
+
+    @tw.library.triton_op("twtest::triton_scaled_add_trained", mutates_args=())
+    def scaled_add(x: tw.Tensor, y: tw.Tensor, alpha: float) -> tw.Tensor:
+        x, y = x.contiguous(), y.contiguous()
+        out = tw.empty_like(x)
+        n = x.numel()
+        tw.library.wrap_triton(scaled_add_kernel)[(triton.cdiv(n, 256),)](x, y, out, n, alpha, BLOCK=256)
+        return out
+
+    scaled_add.register_fake(lambda x, y, alpha: tw.empty_like(x))
+    scaled_add.register_autograd(lambda ctx, grad: (grad * ctx.alpha, grad, None),
+                                 setup_context=lambda ctx, inputs, output: setattr(ctx, "alpha", inputs[2]))
+
+    class Residual(tw.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = tw.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return scaled_add(tw.tanh(self.linear(x)), x, 0.5)
+
+    program = _captured_like_eager(lambda: Residual().to("cuda"))
+    assert sum(getattr(s, "op", None) is scaled_add.op for s in program.steps) == 1
+
+
+def _uncapturable(kind: str):
+    """A CUDA custom operator that cannot be captured, for each reason the runtime refuses one."""
+    @custom_op(f"twtest::uncapturable_{kind}", mutates_args=(), device_types="cuda")
+    def op(x: tw.Tensor) -> tw.Tensor:
+        if kind == "host_read":
+            return x / float(x.abs().max())
+        if kind == "upload":
+            return x + tw.tensor([1.5], device=x.device)
+        if kind == "synchronize":
+            tw.cuda.synchronize()
+            return x * 3
+        return x + tw.rand_like(x)  # random: the draw would be fixed in the graph
+
+    op.register_fake(lambda x: tw.empty_like(x))
+    return op
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["host_read", "upload", "synchronize", "random"])
+def test_an_operator_that_cannot_be_captured_falls_back_with_the_reason_logged(kind, capsys):
+    from tilewise.config import settings
+
+    op = _uncapturable(kind)
+    fn = lambda x: op(x.exp()).relu() + 1
+    compiled = tw.compile(fn)
+    x = tw.randn(256, device="cuda")
+    settings.log.add("graphs")
+    try:
+        tw.manual_seed(3)
+        ours = [compiled(x).cpu().numpy() for _ in range(4)]
+    finally:
+        settings.log.discard("graphs")
+    tw.manual_seed(3)
+    eager = [fn(x).cpu().numpy() for _ in range(4)]
+    for a, b in zip(ours, eager):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    (program,) = compiled.programs()
+    assert program.runtime.replays == 0 and not program.runtime.graphs
+    assert f"call twtest::uncapturable_{kind}" in program.runtime.why_not
+    assert "StreamCaptureError" in program.runtime.why_not
+    assert f"its steps run uncaptured: capturing call twtest::uncapturable_{kind}" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+def test_an_operator_tagged_cudagraph_unsafe_is_never_captured(capsys):
+    from tilewise.config import settings
+
+    launches = []
+
+    @custom_op("twtest::opted_out", mutates_args=(), device_types="cuda", tags=tw.Tag.cudagraph_unsafe)
+    def opted_out(x: tw.Tensor) -> tw.Tensor:
+        launches.append(1)
+        return x * 2
+
+    opted_out.register_fake(lambda x: tw.empty_like(x))
+    compiled = tw.compile(lambda x: opted_out(x.exp()).relu())
+    x = tw.randn(64, device="cuda")
+    settings.log.add("graphs")
+    try:
+        results = [compiled(x).cpu().numpy() for _ in range(3)]
+    finally:
+        settings.log.discard("graphs")
+    assert len(launches) == 3  # its Python ran on every call: no capture, no replay
+    np.testing.assert_allclose(results[-1], (2 * x.exp()).relu().cpu().numpy(), rtol=1e-6)
+    (program,) = compiled.programs()
+    assert program.runtime.replays == 0
+    assert "twtest::opted_out" in capsys.readouterr().err and "tagged cudagraph_unsafe" in program.runtime.why_not
+
+
+@pytest.mark.cuda
+def test_memory_a_captured_operator_allocates_is_never_handed_to_another_tensor():
+    from tilewise.backends.cuda.runtime import get_allocator
+
+    @custom_op("twtest::with_temporaries", mutates_args=(), device_types="cuda")
+    def with_temporaries(x: tw.Tensor) -> tw.Tensor:
+        scratch = x * 2  # a temporary, freed inside the capture
+        return scratch + x.exp()
+
+    with_temporaries.register_fake(lambda x: tw.empty_like(x))
+    fn = lambda x: with_temporaries(x.relu()) - 1
+    compiled = tw.compile(fn)
+    x = tw.randn(1000, device="cuda")
+    for _ in range(2):  # the second call captures
+        compiled(x)
+    private = [(s.ptr, s.ptr + s.size) for s in get_allocator().segments() if s.pool_id]
+    assert private, "the operator's allocations during the capture come from the graph's pool"
+    others = [tw.empty(n, device="cuda") for n in (1000, 1000, 4000, 1 << 20) for _ in range(4)]
+    assert not any(lo <= t.data_ptr() < hi for t in others for lo, hi in private)
+    for t in others:
+        t.fill_(7.0)  # were any of them the graph's temporaries, the replays below would read sevens
+    for _ in range(3):
+        np.testing.assert_allclose(compiled(x).cpu().numpy(), fn(x).cpu().numpy(), rtol=1e-6)
+    assert compiled.programs()[0].runtime.replays == 4
 
 
 # ---------------------------------------------------------------------------- the example

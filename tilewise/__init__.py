@@ -125,6 +125,7 @@ from tilewise import (  # noqa: E402
     utils,
 )
 from tilewise._dlpack import from_dlpack, to_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
+from tilewise.ops.tags import Tag  # noqa: E402 — torch.Tag: operator tags (custom_op(..., tags=...))
 from tilewise.amp import (  # noqa: E402
     GradScaler,
     autocast,

@@ -11,7 +11,9 @@ without a registered backward raises torch's error), and the backend key calls t
 the inputs' device type (``register_kernel``, or the decorated function itself). While ``tilewise.compile``
 traces, the operator is one opaque node of the graph: its result types come from the fake implementation
 (``register_fake``), called on the trace tensors (what it builds is never read and dead-code elimination drops
-it), and the program runs it as one library-call step over planned buffers, like the cuBLAS and cuDNN calls.
+it), and the program runs it as one library-call step over planned buffers, like the cuBLAS and cuDNN calls; on
+CUDA that step is captured into the program's CUDA graph with the rest unless the operator is tagged
+``Tag.cudagraph_unsafe`` or its capture fails (see [Note: custom operators in CUDA graphs]).
 Operators that mutate an argument run between compiled segments (a graph break), since the compiler's graph
 holds functional steps only. torch checks a fake implementation against the kernel only in ``opcheck``; here the
 first real call on each device type compares the two (shapes and dtypes) and names the operator when they
@@ -22,8 +24,11 @@ from __future__ import annotations
 
 import collections.abc
 import inspect
+import sys
+import threading
 import typing
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from numbers import Number
 
 from tilewise import dispatch
@@ -33,6 +38,7 @@ from tilewise.device import Device
 from tilewise.dtypes import DType, float32
 from tilewise.ops import registry
 from tilewise.ops.registry import declare
+from tilewise.ops.tags import Tag
 from tilewise.tensor import Tensor
 
 __all__ = ["CustomOpDef", "custom_op", "infer_schema", "register_autocast", "register_autograd", "register_fake",
@@ -190,8 +196,11 @@ def _outputs(out) -> tuple:
 class CustomOpDef:
     """A custom operator: call it like a function; register its fake, kernels, autograd and autocast on it."""
 
-    def __init__(self, qualname: str, schema: str, fn: Callable | None, device_types, mutates_args):
+    def __init__(self, qualname: str, schema: str, fn: Callable | None, device_types, mutates_args, tags=(),
+                 launches_triton: bool = False):
         self.namespace, self._name = _split_name(qualname)
+        self.tags = _tags(qualname, tags)
+        self._launches_triton = launches_triton  # triton_op: Triton launches on tilewise's current stream
         self.qualname = qualname
         self._kernels: dict[str, Callable] = {}
         self._fake: Callable | None = None
@@ -205,6 +214,7 @@ class CustomOpDef:
                 self._kernels[device_type] = fn
         self._public = registry.public_function(qualname)
         self._public.default = self._public
+        self._public.tags = list(self.tags)
         self.__name__ = self._name
         self.__doc__ = getattr(fn, "__doc__", None)
 
@@ -281,6 +291,9 @@ class CustomOpDef:
         active = ACTIVE_OPERATOR.__dict__.get("custom")
         ACTIVE_OPERATOR.custom = self
         try:
+            if self._launches_triton:
+                with _triton_on_current_stream():
+                    return kernel(*_below_autograd(args))
             return kernel(*_below_autograd(args))
         finally:
             ACTIVE_OPERATOR.custom = active
@@ -369,10 +382,20 @@ def _tensor_args(args: tuple) -> Iterable[Tensor]:
             yield from (x for x in a if type(x) is Tensor)
 
 
+def _tags(qualname: str, tags) -> tuple[Tag, ...]:
+    """An operator's tags as torch.library.custom_op takes them (one Tag or a sequence), pt2_compliant_tag first."""
+    given = (tags,) if isinstance(tags, Tag) else tuple(tags or ())
+    for tag in given:
+        if not isinstance(tag, Tag):
+            raise TypeError(f"custom_op({qualname!r}): tags must be tilewise.Tag values (such as "
+                            f"tilewise.Tag.cudagraph_unsafe), got {tag!r} of type {type(tag).__name__}")
+    return tuple(dict.fromkeys((Tag.pt2_compliant_tag, *given)))
+
+
 def _declare(qualname: str, schema: str, custom: CustomOpDef):
     _undeclare(qualname)  # torch lets a script run its registrations again; the newest one wins
     op = declare(f"{qualname}{schema}", "custom", differentiable=True, public=False, run=custom._run,
-                 record=custom._record, fake=custom._fake_results, custom=custom)
+                 record=custom._record, fake=custom._fake_results, custom=custom, tags=custom.tags)
     custom.op = op
     custom._function = custom._make_function()
     return op
@@ -388,8 +411,12 @@ def _undeclare(qualname: str) -> None:
 
 
 def custom_op(name: str, fn: Callable | None = None, /, *, mutates_args, device_types=None,
-              schema: str | None = None):
+              schema: str | None = None, tags=None):
     """Make ``fn`` an operator named ``name`` ("namespace::op"), with a schema inferred from its annotations.
+
+    ``tags``: a :class:`tilewise.Tag` or a sequence of them; ``tilewise.Tag.cudagraph_unsafe`` keeps compiled
+    programs that call the operator out of CUDA graphs (for a kernel that synchronizes, reads results on the
+    host, or launches on a stream other than the current one).
 
     >>> @custom_op("demo::scale", mutates_args=())
     ... def scale(x: tilewise.Tensor, alpha: float) -> tilewise.Tensor:
@@ -401,7 +428,7 @@ def custom_op(name: str, fn: Callable | None = None, /, *, mutates_args, device_
 
     def make(fn: Callable) -> CustomOpDef:
         text = schema if schema is not None else infer_schema(fn, mutates_args=mutates_args)
-        return CustomOpDef(name, text, fn, device_types, mutates_args)
+        return CustomOpDef(name, text, fn, device_types, mutates_args, tags)
 
     return make(fn) if fn is not None else make
 
@@ -409,10 +436,54 @@ def custom_op(name: str, fn: Callable | None = None, /, *, mutates_args, device_
 def triton_op(name: str, fn: Callable | None = None, /, *, mutates_args, schema: str | None = None):
     """A Python function that launches Triton kernels on its tensors, as one operator (``torch.library.
     triton_op``): ``compile`` holds it as one step, like any custom operator (its fake: ``register_fake``).
-    Triton reads a tilewise tensor as it reads a torch one (``data_ptr()`` and ``dtype``), and launches on the
-    stream its driver reports current (torch's, where torch is installed: the legacy default stream unless torch
-    code switched it, as tilewise's is)."""
-    return custom_op(name, fn, mutates_args=mutates_args, device_types="cuda", schema=schema)
+    Triton reads a tilewise tensor as it reads a torch one (``data_ptr()`` and ``dtype``). Its launches inside the
+    operator go to tilewise's current stream (Triton's driver otherwise reports torch's), so they are ordered
+    with tilewise's work and captured with it into a compiled program's CUDA graph."""
+    _split_name(name)
+
+    def make(fn: Callable) -> CustomOpDef:
+        text = schema if schema is not None else infer_schema(fn, mutates_args=mutates_args)
+        return CustomOpDef(name, text, fn, "cuda", mutates_args, launches_triton=True)
+
+    return make(fn) if fn is not None else make
+
+
+_TRITON_STREAM = threading.local()  # .active: this thread is inside a triton_op's kernel
+
+
+@contextmanager
+def _triton_on_current_stream():
+    """Within the block, Triton launches on this thread's tilewise current stream (see ``triton_op``)."""
+    _hook_triton_stream()
+    previous = getattr(_TRITON_STREAM, "active", False)
+    _TRITON_STREAM.active = True
+    try:
+        yield
+    finally:
+        _TRITON_STREAM.active = previous
+
+
+def _hook_triton_stream() -> None:
+    """Wrap the active Triton driver's ``get_current_stream`` once: on a thread inside a triton_op it reports
+    tilewise's current stream of the device, elsewhere what it reported before (torch's)."""
+    triton = sys.modules.get("triton")
+    if triton is None:  # the kernel launches no Triton kernel, or imports Triton itself (hooked at the next call)
+        return
+    config = triton.runtime.driver
+    driver = getattr(config, "active", config)  # Triton 3: DriverConfig.active; before: the driver itself
+    original = driver.get_current_stream
+    if getattr(original, "tilewise_hook", False):
+        return
+    from tilewise.backends.cuda import stream_handle
+    from tilewise.backends.cuda.runtime import current_device
+
+    def get_current_stream(device=None):
+        if getattr(_TRITON_STREAM, "active", False):
+            return stream_handle(device if device is not None else current_device())
+        return original(device) if device is not None else original()
+
+    get_current_stream.tilewise_hook = True
+    driver.get_current_stream = get_current_stream
 
 
 def wrap_triton(kernel):

@@ -9,8 +9,8 @@ planned buffer (the last two with a bias epilogue); other library operators run 
 backend on tensors viewing the planned buffers, their results copied in.
 
 CUDA graphs: from the second call on, a program of several steps that are all capturable (generated
-kernels, GEMMs that need no operand copy, end-of-call copies) is captured once into a CUDA graph and
-replayed, so a call costs one ``cuGraphLaunch`` instead of a launch per step. A graph bakes in
+kernels, GEMMs that need no operand copy, end-of-call copies, custom operators) is captured once into a CUDA
+graph (``backends.cuda.graphs``, see [Note: graph capture]) and replayed, so a call costs one ``cuGraphLaunch`` instead of a launch per step. A graph bakes in
 addresses, so: arguments of the compiled function are copied into static staging buffers the graph reads (one
 device-to-device copy each, as torch's CUDA graphs do); the other inputs (parameters, gradients,
 optimizer state: what a training step updates in place) are read where they live, and a graph is kept
@@ -19,6 +19,18 @@ graph's own buffers and copied to fresh ones for the caller. Those copies are wh
 arguments and outputs exceed ``GRAPH_COPY_BYTES`` is not captured: its kernels are long enough that
 launching them one by one costs less than copying. ``TILEWISE_LOG=graphs`` reports captures and why a
 program is not captured.
+
+[Note: custom operators in CUDA graphs] A custom operator (``tilewise.library``) is captured as torch captures
+one: its Python kernel runs once under capture, and what it launches on the current stream (the capture
+stream: a ``load_inline`` kernel, a Triton kernel behind ``triton_op``, tilewise's own operators) becomes part of
+the graph. What it allocates meanwhile, its results and temporaries, comes from the graph's private pool, so
+those addresses stay the graph's while it may replay; its results are copied into their planned buffers inside
+the graph (one copy kernel each). An operator that cannot be captured is found in one of two ways: tagged
+``tilewise.Tag.cudagraph_unsafe``, as torch's opt-out, its program never captures; or its capture fails (it
+synchronizes, reads device memory on the host, uploads from the host, draws random numbers: refused while
+capturing, [Note: host operations under capture]; or the driver invalidates the capture), and the program
+runs its steps uncaptured from then on. Nothing that was captured ran, so that call runs uncaptured too, and
+its results are the eager walk's; ``TILEWISE_LOG=graphs`` names the step and the cause.
 
 Autotuning (``mode="max-autotune"``) happens in the first call, which never replays a graph: the walk goes
 through the program's ``Tuner``, which times each pending kernel's candidates with CUDA events on the
@@ -38,7 +50,8 @@ from tilewise import strides as S
 from tilewise._cuda_api import driver_api, is_available
 from tilewise._stages import stage
 from tilewise.backends.cuda import DeviceBuffer, stream_handle
-from tilewise.backends.cuda.runtime import Event, Stream, check, copy_dtod, current_device, get_device_properties
+from tilewise.backends.cuda.graphs import CudaGraph, GraphCaptureError, capture
+from tilewise.backends.cuda.runtime import Event, check, copy_dtod, current_device, get_device_properties
 from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.schedule import KernelSchedule
 from tilewise.compiler.autotune import Pending, Sampler, clobbered, renamed
@@ -48,6 +61,7 @@ from tilewise.compiler.lowering.memory import MemoryPlan
 from tilewise.compiler.program import Arena, Lowered, Program, log_program, step_nodes
 from tilewise.config import log
 from tilewise.device import Device
+from tilewise.ops.tags import Tag, tags_of
 from tilewise.storage import Storage
 from tilewise.tensor import Tensor
 
@@ -123,15 +137,19 @@ class CudaExternStep:
         self.gemm = node.op in ("mm", "bmm", "addmm", "_addmm_activation") and node.type.dtype.name in SUPPORTED
         dense = node.is_tuple or (len(self.outputs) == 1 and self.outputs[0] is not None)
         self.into = INTO.get(self.op.full_name) if dense else None  # an op of several results takes a tuple
-        # a GEMM, or a kernel into the planned buffer, becomes capturable once a run showed it needs no temporary
-        self.capturable = False
+        self.custom = self.op.kind == "custom"
+        self.unsafe = Tag.cudagraph_unsafe in tags_of(self.op)
+        # a custom operator is captured as it runs ([Note: custom operators in CUDA graphs]); a GEMM, or a kernel
+        # into the planned buffer, becomes capturable once a run showed it needs no temporary
+        self.capturable = self.custom and not self.unsafe
 
     def run(self, pointers: list, stream: int) -> None:
         tensors = [device_tensor(pointers[b], value, geom, self.device) for b, value, geom in self.inputs]
         if self.into is not None:
             outs = tuple(self._dense(pointers, out) for out in self.outputs)
-            self.capturable = self.into(outs if self.node.is_tuple else outs[0], *self.node.bound_args(tensors))
-            if self.capturable:
+            done = self.into(outs if self.node.is_tuple else outs[0], *self.node.bound_args(tensors))
+            self.capturable = (done or self.custom) and not self.unsafe
+            if done:
                 return
         if self.gemm:
             from tilewise.backends.cuda.matmul import bias_epilogue, gemm_into
@@ -166,8 +184,15 @@ class CudaExternStep:
 
     def describe(self) -> str:
         outs = ", ".join(f"b{o[0]}" for o in self.outputs if o is not None)
-        what = "cuBLASLt" if self.gemm else "into its buffer" if self.into is not None else "eager"
+        what = ("cuBLASLt" if self.gemm else "into its buffer" if self.into is not None else
+                "custom operator" if self.custom else "eager")
         return f"call {self.node.op} [{what}]({', '.join(f'b{b}' for b, _, _ in self.inputs)}) -> {outs}"
+
+    def capture_blocker(self) -> str:
+        """Why this step keeps its program out of CUDA graphs (when it is not ``capturable``)."""
+        if self.unsafe:
+            return f"{self.describe()}: the operator is tagged cudagraph_unsafe"
+        return f"{self.describe()} cannot be captured"
 
 
 class CudaCopyStep:
@@ -192,18 +217,10 @@ class CudaCopyStep:
 
 
 class _Graph:
-    """One captured CUDA graph: its executable and the static output buffers it writes."""
+    """One captured CUDA graph of a program and the static output buffers it writes."""
 
-    def __init__(self, exec_handle, graph_handle, outputs: list[DeviceBuffer]):
-        self.exec, self.graph, self.outputs = exec_handle, graph_handle, outputs
-
-    def __del__(self) -> None:
-        try:
-            cu = driver_api()
-            cu.cuGraphExecDestroy(self.exec)
-            cu.cuGraphDestroy(self.graph)
-        except Exception:  # noqa: S110 — at interpreter shutdown the driver may already be gone
-            pass
+    def __init__(self, graph: CudaGraph, outputs: list[DeviceBuffer]):
+        self.graph, self.outputs = graph, outputs
 
 
 class CudaRuntime:
@@ -215,6 +232,7 @@ class CudaRuntime:
         self.graphs: dict[tuple, _Graph] = {}
         self.staging: dict[int, DeviceBuffer] = {}
         self.calls = 0
+        self.replays = 0  # calls served by launching a captured graph
         self.why_not = "" if use_graphs else "CUDA graphs off"
         if use_graphs and len(program.steps) < 2:
             self.why_not = "one step: a graph would save nothing"
@@ -287,7 +305,7 @@ class CudaRuntime:
         if self.use_graphs and not self.why_not:
             blockers = [s for s in self.program.steps if not s.capturable]
             if blockers:
-                self.why_not = f"{blockers[0].describe()} cannot be captured"
+                self.why_not = blockers[0].capture_blocker()
                 log("graphs", f"program not captured into a CUDA graph: {self.why_not}")
         return outputs
 
@@ -309,12 +327,18 @@ class CudaRuntime:
                 self.why_not = f"more than {MAX_GRAPHS} sets of input addresses"
                 log("graphs", f"program stops using CUDA graphs: {self.why_not}")
                 return None
-            graph = self._capture(inputs, staged, input_slots, stream)
+            try:
+                graph = self._capture(inputs, staged, input_slots, stream)
+            except _CaptureFailed as failed:
+                self.why_not = str(failed)
+                log("graphs", f"program not captured into a CUDA graph, its steps run uncaptured: {self.why_not}")
+                return None
             self.graphs[key] = graph
         for k, slot in input_slots:
             if slot in staged:
                 copy_dtod(self.staging[slot].ptr, inputs[slot].ptr, plan.buffers[k].ty.nbytes, stream)
-        check(driver_api().cuGraphLaunch(graph.exec, stream), "cuGraphLaunch")
+        graph.graph.replay(stream)
+        self.replays += 1
         results = []
         for buf, static in zip(self._output_buffers(), graph.outputs):
             out = DeviceBuffer(buf.ty.nbytes, self.device.index, stream)
@@ -327,8 +351,8 @@ class CudaRuntime:
         return [b for b in self.program.plan.buffers if b.kind == "output"]
 
     def _capture(self, inputs: list, staged: frozenset[int], input_slots: list, stream: int) -> _Graph:
+        from tilewise.backends.cuda import cudnn
         from tilewise.backends.cuda.runtime.bounds import keeping_sites
-        from tilewise.backends.cuda.runtime.stream import stream as using
 
         plan = self.program.plan
         index = self.device.index
@@ -344,22 +368,37 @@ class CudaRuntime:
                 out = DeviceBuffer(buf.ty.nbytes, index, stream)
                 outputs.append(out)
                 pointers[k] = out.ptr
-        cu = driver_api()
-        capture = Stream(index)
-        from tilewise.backends.cuda import cudnn
-
         cudnn.note_capture()  # the cuDNN calls captured keep their workspace's address
-        check(cu.cuStreamBeginCapture(capture.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED),
-              "cuStreamBeginCapture")
+        running: list = [None]  # the step being captured, for the report of a capture that fails
+
+        def walk(capture_stream: int) -> None:
+            with keeping_sites():
+                for step in self.program.steps:
+                    running[0] = step
+                    step.run(pointers, capture_stream)
+            running[0] = None
+
         try:
-            with using(capture), keeping_sites():
-                self._walk(pointers, capture.handle)
-        finally:
-            graph = check(cu.cuStreamEndCapture(capture.handle), "cuStreamEndCapture")
-        executable = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-        log("graphs", f"captured a CUDA graph of {len(self.program.steps)} step(s) "
+            graph = capture(walk, index)
+        except GraphCaptureError as exc:
+            raise _CaptureFailed(self._failure(exc, running[0])) from exc
+        custom = sum(getattr(s, "custom", False) for s in self.program.steps)
+        log("graphs", f"captured a CUDA graph of {len(self.program.steps)} step(s)"
+                      f"{f', {custom} custom operator call(s) among them' if custom else ''} "
                       f"({len(self.graphs) + 1} graph(s) for this program)")
-        return _Graph(executable, graph, outputs)
+        return _Graph(graph, outputs)
+
+    def _failure(self, exc: GraphCaptureError, step) -> str:
+        """Why a capture failed: the step that raised, or, where the driver ended it, its custom operators."""
+        if step is not None:
+            return f"capturing {step.describe()} failed: {exc}"
+        custom = [s.node.op for s in self.program.steps if getattr(s, "custom", False)]
+        among = f"; its custom operators: {', '.join(custom)}" if custom else ""
+        return f"capturing it failed: {exc}{among}"
+
+
+class _CaptureFailed(Exception):
+    """A program's capture failed; the message says at which step and why."""
 
 
 def device_arena(device: Device) -> Arena:

@@ -80,6 +80,14 @@ class DeviceMemory:
         self.free_lists.clear()
         self.cached = 0
 
+    def release_free_list(self, stream: int) -> None:
+        """Give the blocks cached for ``stream`` back to the allocator (before a capture on it: see
+        ``PrivateDeviceBuffer``)."""
+        for key in [key for key in self.free_lists if key[0] == stream]:
+            for ptr in self.free_lists.pop(key):
+                self.allocator.free(ptr)
+                self.cached -= key[1]
+
     def bypass_free_lists(self, bypass: bool) -> None:
         """Send every malloc and free to the allocator (while its history records), or use the free lists again."""
         self.release_free_lists()
@@ -116,6 +124,8 @@ class DeviceBuffer:
             mem.cached -= size
         else:
             self.ptr = mem.malloc_uncached(size, stream)
+            if mem.allocator.routes and stream in mem.allocator.routes:  # a graph's capture: its own memory
+                self.__class__ = PrivateDeviceBuffer
         mem.allocated += size
         if mem.allocated > mem.peak:
             mem.peak = mem.allocated
@@ -153,6 +163,25 @@ class StreamSharedDeviceBuffer(DeviceBuffer):
     caching allocator, which keeps it out of reuse until the other streams' work queued before the free has
     completed. A buffer changes to this class when first recorded, so the hot path of every other buffer
     pays nothing for the check."""
+
+    __slots__ = ()
+
+    def __del__(self) -> None:
+        try:
+            self._memory.allocated -= self.size
+            self._memory.allocator.free(self.ptr)
+        except Exception:  # noqa: S110 — at interpreter shutdown the allocator may already be gone
+            pass
+
+
+class PrivateDeviceBuffer(DeviceBuffer):
+    """A :class:`DeviceBuffer` allocated while a CUDA graph was captured on its stream: a block of the graph's
+    private pool (see "Private pools" in [Note: caching allocator]).
+
+    It goes back to the allocator, hence to that pool, when freed, never onto the free lists, which would hand it
+    to the next request of its size on that stream after the capture; and a capture starts with its stream's
+    free lists emptied, so every block it gets comes from the pool. A buffer gets this class when allocated
+    during a capture (a free-list miss, which every request of a capture is), so other buffers pay nothing."""
 
     __slots__ = ()
 

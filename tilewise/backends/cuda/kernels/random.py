@@ -29,6 +29,7 @@ from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load, load_rendered
 from tilewise.backends.cuda.kernels.copy import cast, contiguous
 from tilewise.backends.cuda.kernels.creation import fill
+from tilewise.backends.cuda.runtime.capturing import refuse_under_capture
 from tilewise.codegen.render import CUDA
 from tilewise.codegen.render.cstyle import SUFFIX, Source, compute_of, load_code, store_code
 from tilewise.device import Device
@@ -82,17 +83,24 @@ def render_draw(kind: str, dtype: DType) -> tuple[str, str]:
     return name, source.text(_philox.PHILOX_CUDA_SOURCE + "\n" + text)
 
 
+def _claim(generator, counters: int) -> tuple[int, int]:
+    """The (seed, offset) of a draw of ``counters`` Philox blocks, advancing the generator. Not while a CUDA graph
+    is captured: the graph would bake them in and every replay would repeat the same numbers."""
+    from tilewise.ops.creation import generator_or_default
+
+    refuse_under_capture("drawing random numbers")
+    return generator_or_default(generator).claim(counters)
+
+
 def _draw_kernel(kind: str, dtype: DType, device: int):
     name, text = render_draw(kind, dtype)
     return load(text, name, device), _VALUES[kind][0]
 
 
 def _generate(kind: str, size, dtype: DType, device: Device, generator, work, extra: tuple) -> Tensor:
-    from tilewise.ops.creation import generator_or_default
-
     out = empty(tuple(size), dtype, device)
     n = out.numel()
-    seed, offset = generator_or_default(generator).claim(_philox.counters_needed(n, work))
+    seed, offset = _claim(generator, _philox.counters_needed(n, work))
     if n:
         fn, per_block = _draw_kernel(kind, dtype, device.index)
         threads = ceil_div(n, per_block)
@@ -130,12 +138,10 @@ def randint(device: Device, low, high, size, dtype=None, target=None, generator=
 
 @kernel("bernoulli")
 def bernoulli(device: Device, self: Tensor, generator=None) -> Tensor:
-    from tilewise.ops.creation import generator_or_default
-
     p = contiguous(self)
     out = empty(p._shape, p._dtype, device)
     n = out.numel()
-    seed, offset = generator_or_default(generator).claim(_philox.counters_needed(n, np.float32))
+    seed, offset = _claim(generator, _philox.counters_needed(n, np.float32))
     if n:
         compare = compute_of(p._dtype)
         source = Source(CUDA)
@@ -336,7 +342,7 @@ def render_multinomial_search() -> tuple[str, str]:
 def multinomial(device: Device, self: Tensor, num_samples: int, replacement: bool = False,
                 generator=None) -> Tensor:
     from tilewise.backends.cuda.kernels.search import read_back
-    from tilewise.ops.creation import MULTINOMIAL_TILES, check_multinomial, check_probabilities, generator_or_default
+    from tilewise.ops.creation import MULTINOMIAL_TILES, check_multinomial, check_probabilities
 
     check_multinomial(self, num_samples, replacement)
     n, rows = self._shape[-1], S.numel(self._shape[:-1])
@@ -349,7 +355,7 @@ def multinomial(device: Device, self: Tensor, num_samples: int, replacement: boo
                [data_ptr(w), n, data_ptr(status)], stream)
         (flags,) = read_back(status)
         check_probabilities(bool(flags & 1), bool(flags & 2))
-    seed, offset = generator_or_default(generator).claim(_philox.counters_needed(rows * num_samples, np.float64))
+    seed, offset = _claim(generator, _philox.counters_needed(rows * num_samples, np.float64))
     if not rows:
         return out
     if replacement and num_samples > 1:

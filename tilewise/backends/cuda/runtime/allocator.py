@@ -31,6 +31,15 @@ events, releases every fully free cached segment, and retries once; if that fail
 :class:`OutOfMemoryError` with a report (requested size, allocated, reserved, largest free block,
 fragmentation, and what to do), leaving its bookkeeping intact so later allocations still work.
 
+Private pools (CUDA graphs): a captured graph bakes in every address its work touched, so the memory it
+allocates while captured must stay its own for as long as it may replay, as torch's graph pools do. While
+:meth:`CachingAllocator.route` sends a stream's requests to a :class:`PrivatePool`, they are served from that
+pool's own segments; a block freed into it is reused only by later requests of the same capture (the graph
+replays them in the same stream order). The pool's blocks never reach the shared pools. Once its graph is
+gone, :meth:`CachingAllocator.release_pool` marks the pool released, and its segments are returned to the driver
+when fully free by ``empty_cache`` or the out-of-memory retry (``cuMemFree`` waits for the device, so a replay
+still in flight has finished by then), never handed to another tensor.
+
 History: while ``tilewise.cuda.memory._record_memory_history`` records, ``history`` holds a
 ``memory_history.MemoryHistory`` that each action is reported to (see [Note: memory history]); otherwise it
 is ``None`` and costs one attribute check per malloc and free.
@@ -46,6 +55,7 @@ plainly with ``CUDA_ERROR_OUT_OF_MEMORY``. Its cost, a device-wide sync on ``cuM
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -135,9 +145,10 @@ class _Block:
 class _Pool:
     """The free blocks of one size class, per stream, sorted by (size, address) for best-fit lookup."""
 
-    def __init__(self, name: str, split_threshold: int) -> None:
+    def __init__(self, name: str, split_threshold: int, pool_id: int = 0) -> None:
         self.name = name
         self.split_threshold = split_threshold  # split only if the remainder is at least this big
+        self.pool_id = pool_id  # 0: the shared pools; else the PrivatePool it belongs to
         self._sorted: dict[int, list[tuple[int, int]]] = {}
         self._blocks: dict[int, _Block] = {}
 
@@ -161,6 +172,23 @@ class _Pool:
         return list(self._blocks.values())
 
 
+class PrivatePool:
+    """The memory of one captured CUDA graph (see "Private pools" in the note above): its own small and large
+    pools, whose segments serve no request outside the capture. ``id`` numbers the pools of a process from 1
+    (segments report it as their ``pool_id``, and memory snapshots as torch's graph pool id)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self) -> None:
+        self.id = next(self._ids)
+        self._small = _Pool("small", MIN_BLOCK_SIZE, self.id)
+        self._large = _Pool("large", SMALL_SIZE + 1, self.id)
+        self.released = False
+
+    def pools(self) -> tuple[_Pool, _Pool]:
+        return self._small, self._large
+
+
 @dataclass(frozen=True)
 class BlockInfo:
     ptr: int
@@ -176,6 +204,7 @@ class SegmentInfo:
     stream: int
     pool: str
     blocks: tuple[BlockInfo, ...]
+    pool_id: int = 0  # 0: the shared pools; else the private pool of a CUDA graph (PrivatePool.id)
 
 
 def round_size(nbytes: int) -> int:
@@ -226,6 +255,8 @@ class CachingAllocator:
         self._segments: dict[int, _Segment] = {}
         self._live: dict[int, _Block] = {}
         self._pending: list[tuple[_Block, list[StreamEvent]]] = []
+        self.routes: dict[int, PrivatePool] = {}  # stream -> the private pool its requests come from (capture)
+        self._released_pools: list[PrivatePool] = []  # pools of graphs that are gone: freed once fully free
         self._counters = dict.fromkeys(
             ("num_allocs", "num_frees", "num_ooms", "num_alloc_retries", "num_segment_allocs", "num_segment_frees"), 0
         )
@@ -242,7 +273,8 @@ class CachingAllocator:
         stream = int(stream)
         with self._lock:
             size = round_size(nbytes)
-            pool = self._small if size <= SMALL_SIZE else self._large
+            owner = self.routes.get(stream, self) if self.routes else self
+            pool = owner._small if size <= SMALL_SIZE else owner._large
             if self._pending:
                 self._release_completed_pending()
             block = pool.best_fit(stream, size)
@@ -289,6 +321,28 @@ class CachingAllocator:
             if block.stream_uses is None:
                 block.stream_uses = set()
             block.stream_uses.add(stream)
+
+    # ---- private pools (CUDA graphs) ---------------------------------------------------------------
+
+    def route(self, stream: int, pool: PrivatePool | None) -> None:
+        """Serve ``stream``'s requests from ``pool`` from now on (a graph being captured on it), or from the shared
+        pools again (``None``)."""
+        with self._lock:
+            if pool is None:
+                self.routes.pop(int(stream), None)
+            else:
+                self.routes[int(stream)] = pool
+
+    def release_pool(self, pool: PrivatePool) -> None:
+        """The graph that owned ``pool`` is gone: its segments go back to the driver once fully free (at the next
+        ``empty_cache`` or out-of-memory retry), and are never handed to another request."""
+        with self._lock:
+            if pool.released:
+                return
+            pool.released = True
+            for stream in [s for s, p in self.routes.items() if p is pool]:
+                del self.routes[stream]
+            self._released_pools.append(pool)
 
     def _mark_allocated(self, block: _Block, nbytes: int) -> None:
         block.state = ALLOCATED
@@ -366,11 +420,14 @@ class CachingAllocator:
         raise error
 
     def _release_free_segments(self) -> None:
-        for pool in (self._small, self._large):
+        released = [p for private in self._released_pools for p in private.pools()]
+        for pool in (self._small, self._large, *released):
             for block in pool.blocks():
                 if block.fills_segment:
                     pool.remove(block)
                     self._release_segment(block.segment)
+        self._released_pools = [p for p in self._released_pools if any(q.blocks() for q in p.pools())
+                                or any(s.pool in p.pools() for s in self._segments.values())]
 
     def _release_segment(self, segment: _Segment) -> None:
         del self._segments[segment.ptr]
@@ -497,7 +554,8 @@ class CachingAllocator:
         while block is not None:
             blocks.append(BlockInfo(block.ptr, block.size, block.state, block.requested))
             block = block.next
-        return SegmentInfo(segment.ptr, segment.size, segment.stream, segment.pool.name, tuple(blocks))
+        return SegmentInfo(segment.ptr, segment.size, segment.stream, segment.pool.name, tuple(blocks),
+                           segment.pool.pool_id)
 
     def memory_summary(self) -> str:
         """A short human-readable report of :meth:`memory_stats`."""

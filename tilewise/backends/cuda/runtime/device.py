@@ -23,6 +23,7 @@ from tilewise._cuda_api import (
     init,
 )
 from tilewise.backends.cuda.runtime.bounds import raise_index_errors
+from tilewise.backends.cuda.runtime.capturing import refuse_under_capture
 
 _retain_lock = threading.Lock()
 _primary_contexts: dict[int, object] = {}
@@ -119,6 +120,7 @@ def current_device() -> int:
 def synchronize(device: int | None = None) -> None:
     """Wait until all work queued on ``device`` (default: current) has finished; raise the index error an
     indexing kernel found meanwhile, if any (see [Note: device-side bounds checks])."""
+    refuse_under_capture("synchronizing the device")
     ensure_context(device)
     check(driver_api().cuCtxSynchronize(), "cuCtxSynchronize")
     raise_index_errors()

@@ -119,7 +119,8 @@ def segment_dict(device: int, info, history: MemoryHistory | None) -> dict:
     active = sum(b["size"] for b in blocks if b["state"] != "inactive")
     return {"device": device, "address": info.ptr, "total_size": info.size, "allocated_size": allocated,
             "active_size": active, "requested_size": sum(b["requested_size"] for b in blocks),
-            "stream": info.stream, "segment_type": info.pool, "segment_pool_id": (0, 0), "is_expandable": False,
+            "stream": info.stream, "segment_type": info.pool,
+            "segment_pool_id": (info.pool_id, 0), "is_expandable": False,
             "frames": history.segment_frames(info.ptr) if history is not None else [], "blocks": blocks}
 
 

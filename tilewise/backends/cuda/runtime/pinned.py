@@ -19,6 +19,7 @@ import ctypes
 import numpy as np
 
 from tilewise._cuda_api import check, driver_api
+from tilewise.backends.cuda.runtime.capturing import refuse_under_capture
 from tilewise.backends.cuda.runtime.device import ensure_context
 
 
@@ -74,12 +75,14 @@ def pinned_empty(shape: tuple[int, ...], dtype: np.dtype | type = np.float32) ->
 
 def copy_htod(dst: int, src: int, nbytes: int, stream: int = 0) -> None:
     """Copy ``nbytes`` from host address ``src`` to device address ``dst``, ordered on ``stream``."""
+    refuse_under_capture("copying host memory to the device")
     ensure_context()
     check(driver_api().cuMemcpyHtoDAsync(dst, src, nbytes, int(stream)), "cuMemcpyHtoDAsync")
 
 
 def copy_dtoh(dst: int, src: int, nbytes: int, stream: int = 0) -> None:
     """Copy ``nbytes`` from device address ``src`` to host address ``dst``, ordered on ``stream``."""
+    refuse_under_capture("reading device memory on the host")
     ensure_context()
     check(driver_api().cuMemcpyDtoHAsync(dst, src, nbytes, int(stream)), "cuMemcpyDtoHAsync")
 

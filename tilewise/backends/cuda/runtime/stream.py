@@ -27,6 +27,7 @@ from contextlib import contextmanager
 
 from tilewise._cuda_api import check, driver_api, is_status
 from tilewise.backends.cuda.runtime.bounds import raise_index_errors
+from tilewise.backends.cuda.runtime.capturing import refuse_under_capture
 from tilewise.backends.cuda.runtime.device import (
     current_device,
     ensure_context,
@@ -87,6 +88,7 @@ class Stream:
     def synchronize(self) -> None:
         """Wait until everything queued on this stream has finished; raise the index error an indexing kernel
         found meanwhile, if any."""
+        refuse_under_capture("synchronizing a stream")
         ensure_context(self.device)
         check(driver_api().cuStreamSynchronize(self.handle), "cuStreamSynchronize")
         raise_index_errors()
@@ -238,6 +240,7 @@ class Event:
     def synchronize(self) -> None:
         """Block the host until the event has completed; raise the index error an indexing kernel found
         meanwhile, if any."""
+        refuse_under_capture("waiting for an event on the host")
         if self._handle:
             ensure_context(self.device)
             check(driver_api().cuEventSynchronize(self._handle), "cuEventSynchronize")

@@ -1,0 +1,131 @@
+"""CUDA graphs: the work one Python function queues, captured once and replayed with one launch.
+
+[Note: graph capture] :func:`capture` runs a function with a stream of its own as the current stream, under
+``cuStreamBeginCapture``, and returns a :class:`CudaGraph` to replay. What it owns, and why:
+- memory: a graph bakes in the addresses its work touched, so what the function allocates meanwhile (a custom
+  operator's outputs and temporaries) comes from a private pool of the caching allocator that the graph keeps
+  for its life, and that no other tensor is handed while the graph may replay (see "Private pools" in
+  [Note: caching allocator]). The capture stream is one kept for captures only, its free lists emptied first,
+  so no block cached for eager work ends up inside a graph;
+- host operations: downloads, uploads, synchronizations and random draws are refused while it captures
+  ([Note: host operations under capture]), since a replay would not repeat them;
+- failure: anything the function raises, a capture the driver invalidated (work that waited on the capturing
+  stream, joined another one, or was not permitted), or a graph that does not instantiate ends the capture
+  cleanly (the stream leaves capture mode, the pool is released) and raises :class:`GraphCaptureError` with the
+  cause. Nothing captured ran, so the caller can run the same work uncaptured instead.
+The capture mode is ``RELAXED``: the allocator may call ``cuMemAlloc`` while capturing (torch relaxes its mode
+around its own ``cudaMalloc`` for the same reason).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tilewise._cuda_api import CudaError, check, driver_api
+from tilewise.backends.cuda.device_memory import memory
+from tilewise.backends.cuda.runtime.allocator import PrivatePool
+from tilewise.backends.cuda.runtime.capturing import capture_scope
+from tilewise.backends.cuda.runtime.device import ensure_context
+from tilewise.backends.cuda.runtime.stream import Stream
+from tilewise.backends.cuda.runtime.stream import stream as using
+
+_capture_streams: dict[int, list[Stream]] = {}  # device -> streams kept for captures, not in use now
+
+
+class GraphCaptureError(RuntimeError):
+    """Work could not be captured into a CUDA graph; ``__cause__`` holds what the captured function raised."""
+
+
+class CudaGraph:
+    """One captured graph: the executable, the graph, and the private pool its captured allocations live in."""
+
+    def __init__(self, exec_handle, graph_handle, pool: PrivatePool, device: int):
+        self.exec, self.graph, self.pool, self.device = exec_handle, graph_handle, pool, device
+
+    def replay(self, stream: int) -> None:
+        check(driver_api().cuGraphLaunch(self.exec, stream), "cuGraphLaunch")
+
+    def __del__(self) -> None:
+        try:
+            cu = driver_api()
+            cu.cuGraphExecDestroy(self.exec)
+            cu.cuGraphDestroy(self.graph)
+            memory(self.device).allocator.release_pool(self.pool)
+        except Exception:  # noqa: S110 — at interpreter shutdown the driver may already be gone
+            pass
+
+
+def capture(body: Callable[[int], None], device: int) -> CudaGraph:
+    """Capture what ``body(stream)`` queues on ``stream`` (the current stream while it runs) into a graph."""
+    mem = memory(device)
+    stream = _take_stream(device)
+    pool = PrivatePool()
+    cu = driver_api()
+    try:
+        mem.release_free_list(stream.handle)
+        began = cu.cuStreamBeginCapture(stream.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+        try:
+            check(began, "cuStreamBeginCapture")
+        except CudaError as exc:
+            raise GraphCaptureError(f"the capture did not begin: {exc}") from exc
+        raised = None
+        mem.allocator.route(stream.handle, pool)
+        try:
+            with using(stream), capture_scope(stream.handle):
+                body(stream.handle)
+        except Exception as exc:  # noqa: BLE001 — whatever it was, the capture cannot be used
+            raised = exc
+        finally:
+            mem.allocator.route(stream.handle, None)
+            ended = cu.cuStreamEndCapture(stream.handle)  # always: the stream must leave capture mode
+        graph = _ended_graph(ended, raised)
+    except BaseException:
+        mem.allocator.release_pool(pool)
+        raise
+    finally:
+        _capture_streams.setdefault(device, []).append(stream)
+    try:
+        executable = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    except CudaError as exc:
+        cu.cuGraphDestroy(graph)
+        mem.allocator.release_pool(pool)
+        raise GraphCaptureError(f"the captured graph does not instantiate: {exc}") from exc
+    return CudaGraph(executable, graph, pool, device)
+
+
+def _ended_graph(ended: tuple, raised: Exception | None):
+    """The graph ``cuStreamEndCapture`` returned, or :class:`GraphCaptureError` saying why there is none."""
+    try:
+        graph = check(ended, "cuStreamEndCapture")
+    except CudaError as exc:
+        if raised is not None:
+            raise GraphCaptureError(f"{type(raised).__name__}: {raised}") from raised
+        raise GraphCaptureError(f"the driver invalidated the capture ({exc}): something waited on the stream "
+                                "being captured, or queued work on the legacy default stream or another stream "
+                                "that the capture could not hold") from exc
+    if raised is not None:
+        driver_api().cuGraphDestroy(graph)
+        raise GraphCaptureError(f"{type(raised).__name__}: {raised}") from raised
+    return graph
+
+
+def _take_stream(device: int) -> Stream:
+    """A stream used for captures only: no eager work allocates on it (its free lists are emptied before each
+    capture all the same)."""
+    free = _capture_streams.get(device)
+    return free.pop() if free else _CaptureStream(device)
+
+
+class _CaptureStream(Stream):
+    """A stream kept for captures: a new driver stream (never one a ``Stream()`` had, whose buffers could still come
+    back to its free lists), never handed back to the pool of streams that ``Stream()`` draws from."""
+
+    def __init__(self, device: int) -> None:
+        self.device = ensure_context(device)
+        self.priority = 0
+        flags = driver_api().CUstream_flags.CU_STREAM_NON_BLOCKING
+        self.handle = int(check(driver_api().cuStreamCreateWithPriority(flags, 0), "cuStreamCreateWithPriority"))
+        self._owned = True
+
+    def __del__(self) -> None:
+        pass
