@@ -36,7 +36,7 @@ from tilewise import strides as S
 from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.schedule import VECTOR_BYTES
 from tilewise.compiler.ir import Graph, Node, format_type
-from tilewise.compiler.lowering.fusion import fusion_kind
+from tilewise.compiler.lowering.fusion import fusion_kind, is_collective
 from tilewise.compiler.lowering.lower import buffer_of, geometry
 
 ALIGN = 64
@@ -97,9 +97,6 @@ def plan_memory(graph: Graph, kernels: dict[Node, Kernel]) -> MemoryPlan:
     return plan
 
 
-def is_collective(node: Node) -> bool:
-    """Whether a step is a collective, which a CUDA program runs on its communication stream."""
-    return node.opdef is not None and bool(node.opdef.attrs.get("collective"))
 
 
 def _add(plan: MemoryPlan, buffer: Buffer) -> int:
