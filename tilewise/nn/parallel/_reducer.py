@@ -339,7 +339,7 @@ class Reducer:
                 return _split(reduced, bucket.params)
             with no_grad():
                 bucket.flat.copy_(reduced)
-            return bucket.views
+            return _split(bucket.flat, bucket.params)  # views made while traced: values of the program
         if bucket.future is None:
             bucket.work.wait()
             return bucket.views
