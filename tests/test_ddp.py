@@ -541,6 +541,49 @@ def test_on_two_gpus_batch_norm_and_no_sync(gpu_cluster):
 
 
 @pytest.mark.cuda
+def test_on_two_gpus_a_compiled_step_with_several_buckets(gpu_cluster):
+    ranks = gpu_cluster.run("compiled_train", STEPS, "cuda", None, dict(bucket_cap_mb=200 / 2**20))
+    check_against_reference(ranks, reference_training("mlp", STEPS), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_on_one_gpu_the_compiled_step_overlaps_its_all_reduces_inside_its_cuda_graph():
+    """World size 1 over NCCL: the step's program runs its all-reduces on the communication stream, is captured
+    into a CUDA graph (fork and join included), and trains as eager DDP does."""
+    import tilewise.distributed as dist
+    from tilewise.nn.parallel import DistributedDataParallel
+
+    if not tw.cuda.is_available():
+        pytest.skip("needs a GPU")
+    tw.backends.cuda.matmul.allow_tf32 = False
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        results = []
+        for compiled in (False, True):
+            model = DistributedDataParallel(mlp(seed=0).to("cuda"), bucket_cap_mb=200 / 2**20)
+            opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+            def step(x, y):
+                loss = tw.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                return loss
+
+            run = tw.compile(step) if compiled else step
+            for k in range(4):
+                x, y = global_batch(k, 1)
+                run(tw.tensor(x, device="cuda"), tw.tensor(y, device="cuda"))
+            results.append([p.detach().cpu().numpy() for p in model.parameters()])
+        (program,) = run.programs()
+        assert program.runtime.order is not None and len(program.runtime.order.done) == 4
+        assert program.runtime.graphs and not program.runtime.why_not
+        close(results[1], results[0], rtol=1e-5, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.cuda
 def test_on_two_gpus_a_compiled_step(gpu_cluster):
     check_against_reference(gpu_cluster.run("compiled_train", STEPS, "cuda"), reference_training("mlp", STEPS),
                             rtol=1e-4, atol=1e-5)
