@@ -106,7 +106,14 @@ class Program:
 
     def describe(self) -> str:
         lines = [self.plan.describe(), "steps:"]
-        lines += [f"  {k}: {step.describe()}" for k, step in enumerate(self.steps)]
+        order = getattr(self.runtime, "order", None)  # CUDA: collectives on the communication stream
+        for k, step in enumerate(self.steps):
+            where = ""
+            if order is not None and k in order.done:
+                where = " [on the communication stream]"
+            elif order is not None and order.waits[k]:
+                where = f" [after collective step(s) {', '.join(map(str, order.waits[k]))}]"
+            lines.append(f"  {k}: {step.describe()}{where}")
         return "\n".join(lines)
 
     @property
