@@ -36,7 +36,7 @@ its input's buffer (NCCL reduces in place), and the CUDA program runs the all-re
 as soon as the bucket's last gradient is written, overlapped with the rest of backward ([Note: collectives on
 their own stream] in ``compiler/lowering/streams``). The end of backward reads each parameter's gradient out of
 the reduced bucket (``.grad`` copies it, as eager's does, unless the step drops it); the persistent bucket
-buffer is written only with ``gradient_as_bucket_view``, whose gradients are views of it. At world size 1 the
+buffer is written only with ``gradient_as_bucket_view`` (one copy a bucket, at the end). At world size 1 the
 scaling is a multiplication by one, which the compiler removes; what is left beside a step without DDP is the
 collective itself.
 """
