@@ -26,7 +26,7 @@ error on a rank, a timeout) gets its error text in the table, and the other side
   the loss difference between tilewise's sharded and unsharded training; torch's FSDP2 beside it.
 
     python benchmarks/distributed.py [--collectives] [--gpt] [--sharded] [--quick] [--cpu] [--nproc N]
-        [--worlds 1,2,4] [--sizes 1M,128M] [--variants compiled,eager] [--steps 50] [--warmup 5] [--append FILE]
+        [--worlds 1,2,4] [--sizes 1M,128M] [--variants compiled,eager,plain] [--steps 50] [--warmup 5] [--append FILE]
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ _TORCH_IMPORTS = {
     "from tilewise.tensor import Tensor, tensor": "from torch import Tensor, tensor",
 }
 NAN = float("nan")
-VARIANTS = {"compiled": "compiled step", "eager": "eager"}  # --variants: how tilewise runs the DDP step
+# --variants: how tilewise runs the step ("plain": the compiled step without DDP, each rank on its own part of the
+# batch, no communication: what DDP's compiled step is measured against, in the same launch)
+VARIANTS = {"compiled": "compiled step", "eager": "eager", "plain": "compiled, no DDP"}
 EXIT_GRACE = 30.0  # seconds a launch may take to end after every rank has written its figures
 
 
@@ -308,8 +310,8 @@ def run_gpt(args: argparse.Namespace) -> str:
             reference = launch("1 process, global batch", "tilewise-gpt-reference", config, None, args.timeout,
                                {"tilewise"})
             peer = (peer_name(args), "torch-gpt-eager" if args.cpu else "torch-gpt-compiled")
-            sides = [launch(f"tilewise DDP, {VARIANTS[variant]}", f"tilewise-gpt-{variant}", config, world,
-                            args.timeout, args.sides) for variant in args.variants]
+            sides = [launch(side_name(variant), f"tilewise-gpt-{variant}", config, world, args.timeout, args.sides)
+                     for variant in args.variants]
             sides.append(launch(*peer, config, world, args.timeout, args.sides))
             launched += sides
             peer_ms = step_ms(sides[-1], base["warmup"])
@@ -325,6 +327,10 @@ def run_gpt(args: argparse.Namespace) -> str:
                        for side in (reference, *sides)]
     return "\n".join([*lines[:1], "", versions(*launched), "", "First global losses:", "```", *losses, "```",
                       *lines[1:]])
+
+
+def side_name(variant: str) -> str:
+    return f"tilewise, {VARIANTS[variant]}" if variant == "plain" else f"tilewise DDP, {VARIANTS[variant]}"
 
 
 def peer_name(args: argparse.Namespace) -> str:
@@ -628,13 +634,16 @@ def train(lib: Any, step: Any, config: dict, part: int, device: str) -> dict:
     return {"times": times, "losses": losses}
 
 
-def gpt_worker(lib_name: str, compiled: bool, config: dict) -> dict:
+def gpt_worker(lib_name: str, compiled: bool, config: dict, ddp: bool = True) -> dict:
     lib = library(lib_name)
     dist, device = start_group(lib, config["device"])
     rank, _, local = rank_env()
     model = gpt_model(lib, config, device)
     parallel = importlib.import_module(f"{lib.__name__}.nn.parallel")
-    ddp = parallel.DistributedDataParallel(model, device_ids=[local] if device.startswith("cuda") else None)
+    if ddp:
+        ddp = parallel.DistributedDataParallel(model, device_ids=[local] if device.startswith("cuda") else None)
+    else:
+        ddp = model
     note = ""
     if lib_name == "torch":
         fused = {"fused": True} if device.startswith("cuda") else {}
@@ -734,6 +743,7 @@ WORKERS = {
     "torch-collectives": lambda c: collectives_worker("torch", c),
     "tilewise-gpt-compiled": lambda c: gpt_worker("tilewise", True, c),
     "tilewise-gpt-eager": lambda c: gpt_worker("tilewise", False, c),
+    "tilewise-gpt-plain": lambda c: gpt_worker("tilewise", True, c, ddp=False),
     "torch-gpt-compiled": lambda c: gpt_worker("torch", True, c),
     "torch-gpt-eager": lambda c: gpt_worker("torch", False, c),
     "tilewise-gpt-reference": gpt_reference_worker,
@@ -781,7 +791,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="GPT-2 XL with fully_shard: peak memory a rank against one unsharded process")
     parser.add_argument("--sizes", help="message sizes for --collectives, e.g. 1M,16M,128M (K, M, G suffixes)")
     parser.add_argument("--variants", default="compiled,eager",
-                        help="how tilewise runs the DDP step for --gpt: compiled, eager or both")
+                        help="how tilewise runs the step for --gpt: compiled, eager, plain (compiled without DDP)")
     parser.add_argument("--quick", action="store_true", help="few sizes, a small GPT, few steps")
     parser.add_argument("--cpu", action="store_true", help="gloo between 2 CPU processes at tiny sizes (smoke test)")
     parser.add_argument("--nproc", type=int, help="ranks for --collectives (default: every GPU; 2 with --cpu)")

@@ -264,14 +264,15 @@ def sampler_shares(rank, world_size, n: int) -> list:
     return list(DistributedSampler(range(n), seed=3))
 
 
-def compiled_train(rank, world_size, steps: int, device_type: str = "cpu", hook: str | None = None) -> list:
+def compiled_train(rank, world_size, steps: int, device_type: str = "cpu", hook: str | None = None,
+                   ddp_kwargs: dict | None = None) -> list:
     """``train``'s MLP steps with the whole step (forward, backward, optimizer) under ``tilewise.compile``."""
     import tilewise as tw
     from tilewise.nn.parallel import DistributedDataParallel
 
     device = device_of_rank(rank, device_type)
     module = mlp(seed=rank).to(device)
-    model = DistributedDataParallel(module, device_ids=None if device == "cpu" else [rank])
+    model = DistributedDataParallel(module, device_ids=None if device == "cpu" else [rank], **(ddp_kwargs or {}))
     if hook is not None:
         from tilewise.distributed.algorithms.ddp_comm_hooks import default_hooks
 

@@ -366,6 +366,154 @@ def test_a_compiled_training_step_with_a_comm_hook(cluster):
     check_against_reference(ranks, reference_training("mlp", STEPS), rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("as_view", [False, True], ids=["copied", "gradient_as_bucket_view"])
+def test_a_compiled_step_with_several_buckets(cluster, as_view):
+    kwargs = dict(bucket_cap_mb=200 / 2**20, gradient_as_bucket_view=as_view)  # 200 bytes: 4 buckets
+    ranks = cluster.run("compiled_train", STEPS, "cpu", None, kwargs)
+    check_against_reference(ranks, reference_training("mlp", STEPS))
+
+
+# ---------------------------------------------------------------------------- compiled steps, lowered for CUDA
+
+def lowered_gpt_step(ddp: bool, bucket_cap_mb: float = 0.03):
+    """A small GPT's training step (bf16 autocast, gradient clipping, AdamW, gradients dropped at the end, as
+    ``benchmarks/distributed.py`` trains), with or without DistributedDataParallel, lowered for the CUDA target
+    (nothing runs): the program, and the DDP wrapper."""
+    from tilewise.compiler.targets import get_target
+    from tilewise.models import gpt
+
+    tw.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    wrapped = tw.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb) if ddp else model
+    opt = tw.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(x, y):
+        with tw.autocast("cpu", dtype=tw.bfloat16):
+            _, loss = wrapped(x, y)
+        loss.backward()
+        tw.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    x, y = tw.randint(0, 64, (2, 16)), tw.randint(0, 64, (2, 16))
+    _, lowered, _ = tw.compile(step).lowered(get_target("cuda"), x, y)
+    assert len(lowered) == 1  # forward, backward, clipping and the optimizer: one program
+    return lowered[0], wrapped
+
+
+ALL_REDUCE = "_c10d_functional::all_reduce"
+
+
+def same_buffer(plan, a, b) -> bool:
+    first, second = plan.buffers[plan.of[a]], plan.buffers[plan.of[b]]
+    return (first.kind, first.slot) == (second.kind, second.slot)
+
+
+def test_a_compiled_ddp_step_is_the_plain_step_and_one_all_reduce_a_bucket(one_process):
+    """At world size 1 the scaling is a multiplication by one (removed), each gradient is written straight into
+    its slice of its bucket (the bucket's cat copies nothing), and the all-reduce writes over its input: beside
+    the step without DDP there is nothing but the collectives."""
+    from collections import Counter
+
+    from tilewise.compiler.lowering.lower import buffer_of
+    from tilewise.compiler.lowering.memory import steps_of
+
+    plain, _ = lowered_gpt_step(ddp=False)
+    low, model = lowered_gpt_step(ddp=True)
+    buckets = len(model.reducer.buckets)
+    assert buckets == 4
+    steps = steps_of(low.fused)
+    extra = Counter(n.op for n in steps) - Counter(n.op for n in steps_of(plain.fused))
+    assert extra[ALL_REDUCE] == extra["cat"] == buckets
+    assert extra["fused"] <= buckets  # kernels that read a reduced bucket are kept apart (see the next test)
+    assert set(extra) <= {ALL_REDUCE, "cat", "fused"}  # no view_scatter, no copy of a bucket
+    plan = low.plan
+    assert len(plan.copies) == len(plain.plan.copies) == 0
+    for node in steps:
+        if node.op == ALL_REDUCE:
+            (flat,) = node.srcs
+            assert flat.op == "cat" and plan.cat_copies[flat] == []  # every gradient was made in its slice
+            assert same_buffer(plan, node, buffer_of(flat))  # reduced in place
+    # what DDP must move beyond the plain step: the float32 gradients written into the buckets (the plain
+    # step's optimizer makes some of them again from bfloat16), the clipping's norms read from the reduced
+    # buckets (the plain step takes them inside backward's kernels), the optimizer reading float32 gradients
+    gradients = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert data_bytes(low) <= data_bytes(plain) + 2.5 * gradients
+
+
+def data_bytes(low) -> int:
+    """The bytes a lowered program's kernels, copies and data-moving library calls read and write."""
+    from tilewise.compiler.lowering.memory import steps_of
+    from tilewise.profiler.roofline import kernel_bytes
+
+    total = sum(kernel_bytes(k) for k in low.kernels.values())
+    total += sum(2 * c.value.type.nbytes for c in low.plan.copies)
+    for node in steps_of(low.fused):
+        if node.op == "cat":
+            total += sum(2 * src.type.nbytes for src, _ in low.plan.cat_copies.get(node, [(node, 0)]))
+        elif node.op in ("view_scatter", "clone", "copy", "_to_copy"):
+            total += sum(s.type.nbytes for s in node.srcs) + node.type.nbytes
+    return total
+
+
+def test_the_all_reduces_run_on_the_communication_stream_overlapped_with_backward(one_process):
+    """Each bucket's all-reduce is issued right after the step that writes its last gradient, on the
+    communication stream; the program's stream waits for none of them until backward is done (the clipping's
+    norms and the optimizer read the reduced buckets), and for all of them by the end."""
+    from tilewise.compiler.lowering.memory import steps_of
+    from tilewise.compiler.lowering.streams import COMM
+
+    low, model = lowered_gpt_step(ddp=True)
+    steps, schedule = steps_of(low.fused), low.streams
+    collectives = [k for k, n in enumerate(steps) if n.op == ALL_REDUCE]
+    assert len(collectives) == len(model.reducer.buckets)
+    assert [k for k, s in enumerate(schedule.streams) if s == COMM] == collectives
+    waited = {c: k for k, waits in enumerate(schedule.waits) for c in waits}
+    assert set(waited) | set(schedule.at_end) == set(collectives)
+    assert min(waited.values(), default=len(steps)) > collectives[-1]  # nothing waits while backward runs
+    gemms_after_first = [n for n in steps[collectives[0]:collectives[-1]] if n.op in ("mm", "bmm")]
+    assert len(gemms_after_first) >= 8  # the rest of backward runs beside the first all-reduce
+    for c in collectives:  # issued as soon as its bucket is complete: the step before writes a gradient of it
+        assert steps[c - 1].op == "cat" and steps[c].srcs[0] is steps[c - 1]
+
+
+def test_a_collectives_result_goes_in_place_only_where_nothing_reads_its_input_later(one_process):
+    from tilewise.compiler.lowering.lower import buffer_of
+    from tilewise.compiler.lowering.memory import steps_of
+    from tilewise.compiler.targets import get_target
+    from tilewise.distributed import _functional_collectives as fc
+
+    def reduced(x, reread: bool):
+        y = x.cumsum(0)  # a library call: a later reader loads it rather than making it again
+        r = fc.all_reduce(y, "sum", None)
+        return r + y if reread else r + 1
+
+    x = tw.randn(64)
+    for reread in (False, True):
+        _, (low,), _ = tw.compile(reduced).lowered(get_target("cuda"), x, reread)
+        (node,) = [n for n in steps_of(low.fused) if n.op == ALL_REDUCE]
+        assert same_buffer(low.plan, node, buffer_of(node.srcs[0])) is not reread
+        assert [n.op for n in steps_of(low.fused)] == ["cumsum", ALL_REDUCE, "fused"]
+        assert low.streams.waits[2] == (1,)  # the reader waits for the collective
+        assert tw.allclose(tw.compile(reduced)(x, reread), x.cumsum(0) * (2 if reread else 1) + (0 if reread else 1))
+
+
+def test_step_order_maps_the_schedule_onto_the_steps_nodes_made():
+    """A node may make no step (a cat laid out in place) or several (a cat's copies): a wait goes to the next
+    step the program's stream runs; what the end waits for goes to the first end-of-call copy, if any."""
+    from tilewise.compiler.lowering.streams import COMM, MAIN, StreamSchedule
+    from tilewise.compiler.program_cuda import StepOrder
+
+    schedule = StreamSchedule((MAIN, COMM, MAIN, MAIN, COMM, MAIN), ((), (), (), (1,), (), ()), (4,))
+    made = [[0], [1], [2, 3], [], [4], [5]]  # node 3 (a cat in place) waits for the collective and makes no step
+    order = StepOrder.of(schedule, made, 6)
+    assert order.waits == [(), (), (), (), (), (1,)] and order.at_end == (4,)
+    assert sorted(order.done) == sorted(order.forks) == [1, 4]
+    with_copy = StepOrder.of(schedule, made, 7)  # an end-of-call copy after the last node's step
+    assert with_copy.waits[5:] == [(1,), (4,)] and with_copy.at_end == ()
+
+
 # ---------------------------------------------------------------------------- on GPUs, over NCCL
 
 @pytest.fixture(scope="module")
@@ -390,6 +538,49 @@ def test_on_two_gpus_batch_norm_and_no_sync(gpu_cluster):
     ranks = gpu_cluster.run("train", "cnn", STEPS, {}, None, 2, False, "cuda")
     check_against_reference(ranks, reference_training("cnn", STEPS, micro_steps=2), rtol=1e-4, atol=1e-5,
                             buffers_of_rank0_only=True)
+
+
+@pytest.mark.cuda
+def test_on_two_gpus_a_compiled_step_with_several_buckets(gpu_cluster):
+    ranks = gpu_cluster.run("compiled_train", STEPS, "cuda", None, dict(bucket_cap_mb=200 / 2**20))
+    check_against_reference(ranks, reference_training("mlp", STEPS), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_on_one_gpu_the_compiled_step_overlaps_its_all_reduces_inside_its_cuda_graph():
+    """World size 1 over NCCL: the step's program runs its all-reduces on the communication stream, is captured
+    into a CUDA graph (fork and join included), and trains as eager DDP does."""
+    import tilewise.distributed as dist
+    from tilewise.nn.parallel import DistributedDataParallel
+
+    if not tw.cuda.is_available():
+        pytest.skip("needs a GPU")
+    tw.backends.cuda.matmul.allow_tf32 = False
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        results = []
+        for compiled in (False, True):
+            model = DistributedDataParallel(mlp(seed=0).to("cuda"), bucket_cap_mb=200 / 2**20)
+            opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+            def step(x, y):
+                loss = tw.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                return loss
+
+            run = tw.compile(step) if compiled else step
+            for k in range(4):
+                x, y = global_batch(k, 1)
+                run(tw.tensor(x, device="cuda"), tw.tensor(y, device="cuda"))
+            results.append([p.detach().cpu().numpy() for p in model.parameters()])
+        (program,) = run.programs()
+        assert program.runtime.order is not None and len(program.runtime.order.done) == 4
+        assert program.runtime.graphs and not program.runtime.why_not
+        close(results[1], results[0], rtol=1e-5, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.cuda

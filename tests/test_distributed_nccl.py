@@ -729,3 +729,19 @@ def test_the_functional_all_reduce_of_compiled_programs_is_one_out_of_place_call
             funcol.all_reduce(grads, "bor", None)
     finally:
         dist.destroy_process_group()
+
+
+def test_the_functional_all_reduce_written_over_its_input_is_one_in_place_call(fakes):
+    """Where the memory plan gives the all-reduce its input's buffer, NCCL reads and writes that one buffer."""
+    import tilewise.distributed as dist
+    import tilewise.distributed._functional_collectives  # noqa: F401 -- registers the program's step
+    from tilewise.backends.cuda.kernels import INTO
+
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        grads = cuda_tensor((6,))
+        assert INTO["_c10d_functional::all_reduce"](grads, grads, "sum", "0") is True
+        (name, src, dst, count, _, _, _, _), = collective_calls(fakes.nb)
+        assert (name, src, dst, count) == ("all_reduce", grads.data_ptr(), grads.data_ptr(), 6)
+    finally:
+        dist.destroy_process_group()

@@ -30,6 +30,7 @@ from tilewise.compiler.ir import Graph, Node, checked, format_graph
 from tilewise.compiler.lowering.fusion import fuse
 from tilewise.compiler.lowering.lower import lower
 from tilewise.compiler.lowering.memory import MemoryPlan, plan_memory, steps_of
+from tilewise.compiler.lowering.streams import StreamSchedule, schedule_streams
 from tilewise.config import log, settings
 
 if TYPE_CHECKING:
@@ -105,7 +106,14 @@ class Program:
 
     def describe(self) -> str:
         lines = [self.plan.describe(), "steps:"]
-        lines += [f"  {k}: {step.describe()}" for k, step in enumerate(self.steps)]
+        order = getattr(self.runtime, "order", None)  # CUDA: collectives on the communication stream
+        for k, step in enumerate(self.steps):
+            where = ""
+            if order is not None and k in order.done:
+                where = " [on the communication stream]"
+            elif order is not None and order.waits[k]:
+                where = f" [after collective step(s) {', '.join(map(str, order.waits[k]))}]"
+            lines.append(f"  {k}: {step.describe()}{where}")
         return "\n".join(lines)
 
     @property
@@ -123,6 +131,7 @@ class Lowered:
     plan: MemoryPlan
     source: str  # the whole program's text (CUDA: the kernels' translation units one after another)
     sources: dict[str, str] = field(default_factory=dict)  # CUDA: kernel name -> its translation unit
+    streams: StreamSchedule | None = None  # the stream of each step (see [Note: collectives on their own stream])
 
 
 def lower_program(graph: Graph, target: Target) -> Lowered:
@@ -141,10 +150,11 @@ def lower_program(graph: Graph, target: Target) -> Lowered:
                 kernels[node] = lower(node.args[0])
     with stage("plan memory"):
         plan = plan_memory(fused, kernels)
+        streams = schedule_streams(fused, plan)
     with stage("schedule"):
         schedules = [target.schedule(k) for k in kernels.values()]
     with stage("render"):
-        return render_lowered(Lowered(fused, kernels, schedules, plan, ""), target)
+        return render_lowered(Lowered(fused, kernels, schedules, plan, "", streams=streams), target)
 
 
 def render_lowered(low: Lowered, target: Target) -> Lowered:

@@ -32,6 +32,11 @@ capturing, [Note: host operations under capture]; or the driver invalidates the 
 runs its steps uncaptured from then on. Nothing that was captured ran, so that call runs uncaptured too, and
 its results are the eager walk's; ``TILEWISE_LOG=graphs`` names the step and the cause.
 
+Collectives (a DDP bucket's all-reduce) run on a communication stream of the runtime, with events between it and
+the program's stream as the lowering's ``StreamSchedule`` says ([Note: collectives on their own stream]): the
+same events and waits are captured into the CUDA graph, which forks onto the communication stream and joins it
+back before the graph ends.
+
 Autotuning (``mode="max-autotune"``) happens in the first call, which never replays a graph: the walk goes
 through the program's ``Tuner``, which times each pending kernel's candidates with CUDA events on the
 program's stream (``CudaBench``); a graph captured from the second call on launches the winners.
@@ -58,6 +63,7 @@ from tilewise.compiler.autotune import Pending, Sampler, clobbered, renamed
 from tilewise.compiler.ir import Node
 from tilewise.compiler.lowering.lower import buffer_of, geometry
 from tilewise.compiler.lowering.memory import MemoryPlan
+from tilewise.compiler.lowering.streams import COMM, StreamSchedule
 from tilewise.compiler.program import Arena, Lowered, Program, log_program, step_nodes
 from tilewise.config import log
 from tilewise.device import Device
@@ -238,6 +244,8 @@ class CudaRuntime:
             self.why_not = "one step: a graph would save nothing"
         self.generation = -1  # the arena generation ``base_pointers`` (and the graphs) were made for
         self.base_pointers: list = []
+        self.order: StepOrder | None = None  # where collectives run and who waits for them; None: all in order
+        self.comm: Stream | None = None  # the communication stream, made by the first overlapped walk
 
     def _bind_arena(self) -> None:
         arena = self.program.arena
@@ -274,8 +282,36 @@ class CudaRuntime:
         if self.program.tuner is not None:
             self.program.tuner.walk(self.program, CudaBench(pointers, stream, self.program.plan, self.device))
             return
+        if self.order is not None:
+            self._walk_overlapped(pointers, stream)
+            return
         for step in self.program.steps:
             step.run(pointers, stream)
+
+    def _walk_overlapped(self, pointers: list, stream: int, running: list | None = None) -> None:
+        """The steps, each collective on the communication stream (see [Note: collectives on their own stream]).
+        ``running[0]`` follows the step being run (for the report of a capture that fails)."""
+        from tilewise.backends.cuda.runtime.stream import stream as using
+
+        order, cu = self.order, driver_api()
+        if self.comm is None:
+            self.comm = Stream(self.device.index)
+        comm = self.comm.handle
+        for k, step in enumerate(self.program.steps):
+            if running is not None:
+                running[0] = step
+            for c in order.waits[k]:
+                check(cu.cuStreamWaitEvent(stream, order.done[c].handle, 0), "cuStreamWaitEvent")
+            if k in order.done:
+                order.forks[k].record(stream)
+                check(cu.cuStreamWaitEvent(comm, order.forks[k].handle, 0), "cuStreamWaitEvent")
+                with using(self.comm):
+                    step.run(pointers, comm)
+                order.done[k].record(comm)
+            else:
+                step.run(pointers, stream)
+        for c in order.at_end:
+            check(cu.cuStreamWaitEvent(stream, order.done[c].handle, 0), "cuStreamWaitEvent")
 
     def run(self, inputs: list, staged: frozenset[int]) -> list:
         stream = stream_handle(self.device.index)
@@ -373,9 +409,12 @@ class CudaRuntime:
 
         def walk(capture_stream: int) -> None:
             with keeping_sites():
-                for step in self.program.steps:
-                    running[0] = step
-                    step.run(pointers, capture_stream)
+                if self.order is not None:  # collectives fork onto the communication stream and join back
+                    self._walk_overlapped(pointers, capture_stream, running)
+                else:
+                    for step in self.program.steps:
+                        running[0] = step
+                        step.run(pointers, capture_stream)
             running[0] = None
 
         try:
@@ -539,6 +578,34 @@ def render_cuda(schedules: list[KernelSchedule], aliased: dict[str, frozenset[in
     return "\n".join(sources.values()), sources
 
 
+class StepOrder:
+    """A ``StreamSchedule`` on a program's steps (a node may make several steps, or none): per step the
+    collectives (by step index) the program's stream waits for before it; the events of each collective step."""
+
+    def __init__(self, waits: list[tuple[int, ...]], collectives: list[int], at_end: tuple[int, ...]):
+        self.waits, self.at_end = waits, at_end
+        self.forks = {k: Event() for k in collectives}  # recorded on the program's stream before the collective
+        self.done = {k: Event() for k in collectives}  # recorded on the communication stream after it
+
+    @staticmethod
+    def of(schedule: StreamSchedule, made: list[list[int]], step_count: int) -> StepOrder:
+        """``made[k]``: the indices of the steps node ``k`` of the schedule made; the steps after the last node's
+        (end-of-call copies) come after every collective."""
+        waits: list[tuple[int, ...]] = [() for _ in range(step_count)]
+        collectives, carried = [], []
+        for k, indices in enumerate(made):
+            carried += [made[c][0] for c in schedule.waits[k]]
+            if schedule.streams[k] == COMM:
+                collectives.append(indices[0])
+            elif indices:
+                waits[indices[0]], carried = tuple(carried), []
+        carried += [made[c][0] for c in schedule.at_end]
+        tail = sum(len(i) for i in made)
+        if tail < step_count:
+            waits[tail], carried = tuple(carried), []
+        return StepOrder(waits, collectives, tuple(carried))
+
+
 def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Program:
     """The CUDA target's program: compile and load each kernel (NVRTC), make the steps, and the runtime that
     launches them (or replays them as one CUDA graph)."""
@@ -547,7 +614,9 @@ def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Pro
         functions = compile_kernels(low.sources, device)
     by_kernel = {s.kernel.name: s for s in low.schedules}
     steps: list = []
+    made: list[list[int]] = []  # per step node, the steps it made
     for node, results in step_nodes(fused):
+        made.append([len(steps)])
         if node.op == "fused":
             kernel = low.kernels[node]
             sched = by_kernel[kernel.name]
@@ -558,11 +627,14 @@ def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Pro
                       for src, byte in plan.cat_copies[node]]
         else:
             steps.append(CudaExternStep(node, plan, results, device))
+        made[-1] = list(range(made[-1][0], len(steps)))
     for copy in plan.copies:
         steps.append(CudaCopyStep(copy.value, plan.of[buffer_of(copy.value)], copy.dst, device))
     program = Program(fused, plan, steps, list(low.kernels.values()), low.schedules, low.source, "cuda",
                       sources=low.sources)
     program.runtime = CudaRuntime(program, device, graphs)
+    if low.streams is not None and low.streams.overlapped:
+        program.runtime.order = StepOrder.of(low.streams, made, len(steps))
     return program
 
 

@@ -5,10 +5,12 @@
 ``tilewise.compile`` it needs the tensor's values in memory: a graph break. The functional form is an operator
 of the table (a custom operator, ``tilewise.library``) that returns its result: while a step is traced it is one
 opaque node typed by its fake implementation, and the program runs it as one library-call step over planned
-buffers, in program order on the program's stream, so a whole training step with its gradient all-reduces is
+buffers, its result written over its input where nothing reads the input after it, on a communication stream
+that waits for the steps before it and that later readers of its buffers wait for (see [Note: collectives on
+their own stream] in ``compiler/lowering/streams``), so a whole training step with its gradient all-reduces is
 one program (DistributedDataParallel's reducer issues it when its buckets hold trace tensors). Every rank's
 program issues the same collectives in the same order, since the rank's programs are built from the same
-Python.
+Python, and one stream runs them in that order.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ def _all_reduce(input: Tensor, reduce_op: str, group_name: str) -> Tensor:  # no
     out = input.clone()
     c10d.all_reduce(out, op=_OPS[reduce_op], group=group)
     return out
+
+
+# the compiler may write the result over the input (NCCL reduces in place) and run the step on a communication
+# stream of its own, overlapped with the steps that do not touch its buffers (see ``compiler/lowering/streams``)
+_all_reduce.op.attrs.update(collective=True, in_place_of=0)
 
 
 @_all_reduce.register_fake

@@ -15,7 +15,10 @@ derivable and the group stays convex (no path leaves the group and comes back, w
 depend on itself); operands from several compatible groups merge them. Then *sibling* groups with the same
 domain that read a common input of more than one element merge into one nest (the input is loaded once), and
 independent groups of the same dependency level share one kernel as separate nests (horizontal fusion: an
-optimizer step over many parameters becomes a few kernels, not one per tensor). Operators no group can hold
+optimizer step over many parameters becomes a few kernels, not one per tensor) — but a group that needs a
+collective's result never shares a kernel with one that does not: that kernel would run where the earlier
+one does, waiting for the collective there (a gradient norm of DDP's first reduced bucket inside a kernel of
+the rest of backward would stop the overlap of every later all-reduce). Operators no group can hold
 (matmul, indexing, random, sorts) stay nodes of their own: library calls and fallbacks at run time.
 
 A cheap value another group made is *recomputed* where reading it from memory costs more than making it again:
@@ -72,6 +75,12 @@ def fusion_kind(node: Node) -> str:
     if kind == "view":
         return "view"
     return "extern"
+
+
+def is_collective(node: Node) -> bool:
+    """Whether a node is a collective (an operator declared ``collective``), which a CUDA program runs on its
+    communication stream (see [Note: collectives on their own stream] in ``streams``)."""
+    return node.opdef is not None and bool(node.opdef.attrs.get("collective"))
 
 
 def _reduces_something(node: Node) -> bool:
@@ -644,8 +653,9 @@ def _mark_outputs(graph: Graph, groups: list[Group]) -> None:
 
 # ---------------------------------------------------------------------------- siblings and horizontal fusion
 
-def _levels(graph: Graph, groups: list[Group]) -> list[int]:
-    """Each group's depth in the DAG of kernels and library calls (groups of equal depth are independent)."""
+def _levels(graph: Graph, groups: list[Group]) -> list[tuple[int, bool]]:
+    """Each group's depth in the DAG of kernels and library calls (groups of equal depth are independent), and
+    whether it needs a collective's result."""
     owner = {m: k for k, g in enumerate(groups) for m in g.owned()}
     producers: dict[Node, frozenset] = {}
     for node in graph.body:  # the units (groups, library calls) whose results each value needs
@@ -665,6 +675,7 @@ def _levels(graph: Graph, groups: list[Group]) -> list[int]:
         if node not in owner and fusion_kind(node) == "extern" and node.kind != "getitem":
             deps[("call", node)] = set().union(*(producers.get(s, frozenset()) for s in node.srcs))
     level: dict[tuple, int] = {}
+    after_collective: dict[tuple, bool] = {}
     for unit in deps:
         stack, visiting = [(unit, False)], set()
         while stack:
@@ -672,6 +683,8 @@ def _levels(graph: Graph, groups: list[Group]) -> list[int]:
             if ready:
                 visiting.discard(u)
                 level[u] = max((level[d] + 1 for d in deps[u]), default=0)
+                after_collective[u] = any(after_collective[d] or (d[0] == "call" and is_collective(d[1]))
+                                          for d in deps[u])
                 continue
             if u in level:
                 continue
@@ -680,7 +693,7 @@ def _levels(graph: Graph, groups: list[Group]) -> list[int]:
             visiting.add(u)
             stack.append((u, True))
             stack.extend((d, False) for d in deps[u] if d not in level)
-    return [level[("group", k)] for k in range(len(groups))]
+    return [(level[("group", k)], after_collective[("group", k)]) for k in range(len(groups))]
 
 
 def _external_bases(group: Group) -> set[Node]:
@@ -715,10 +728,10 @@ def plan_kernels(graph: Graph, groups: list[Group]) -> list[FusedKernel]:
     levels = _levels(graph, groups)
     by_level: dict[tuple, list[Group]] = {}
     for k, group in enumerate(groups):
-        by_level.setdefault((levels[k], str(_device(group))), []).append(group)
+        by_level.setdefault((*levels[k], str(_device(group))), []).append(group)
     kernels = []
     order = {n: k for k, n in enumerate(graph.body)}
-    for key in sorted(by_level, key=lambda k: k[0]):
+    for key in sorted(by_level, key=lambda k: k[:2]):
         batch = _merge_siblings(by_level[key], order)
         for start in range(0, len(batch), MAX_NESTS_PER_KERNEL):
             kernels.append(_kernel(f"k{len(kernels)}", batch[start:start + MAX_NESTS_PER_KERNEL]))

@@ -19,6 +19,13 @@ nothing for it (``cat_copies`` lists what it still copies: graph inputs, views, 
 that does not start on a 16-byte boundary is placed only for a one-element value a generated kernel stores
 (such stores are never vectorised; kernels and libraries assume aligned buffers otherwise). The placed
 inputs and the result share one arena interval, from the first input's step to the last read of any.
+
+An operator declared with ``in_place_of`` (the functional all-reduce: NCCL reduces in place) writes its result
+into the buffer of that argument when the argument is a whole arena value nothing reads after the step (nor any
+cat input placed in it): result and argument then share one buffer and one interval. A *collective* (an
+operator declared ``collective``) may run on a stream of its own (see [Note: collectives on their own stream]
+in ``streams``): what it reads stays live until the first step that reads its result, so that no value the
+program writes meanwhile lands in memory the collective may still be reading.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from tilewise import strides as S
 from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.schedule import VECTOR_BYTES
 from tilewise.compiler.ir import Graph, Node, format_type
-from tilewise.compiler.lowering.fusion import fusion_kind
+from tilewise.compiler.lowering.fusion import fusion_kind, is_collective
 from tilewise.compiler.lowering.lower import buffer_of, geometry
 
 ALIGN = 64
@@ -84,9 +91,12 @@ def plan_memory(graph: Graph, kernels: dict[Node, Kernel]) -> MemoryPlan:
     last_use = _last_uses(graph, steps, position)
     _assign_outputs(graph, plan, produced)
     _assign_writes(graph, plan, produced, position, kernels, steps)
-    cats = _cats_in_place(plan, produced, steps)
-    _assign_arena(plan, produced, position, last_use, cats)
+    shared = _cats_in_place(plan, produced, steps)
+    _results_in_place(plan, produced, steps, position, _last_reads(graph, steps, position), shared)
+    _assign_arena(plan, produced, position, last_use, shared)
     return plan
+
+
 
 
 def _add(plan: MemoryPlan, buffer: Buffer) -> int:
@@ -110,15 +120,38 @@ def _reads(step: Node) -> list[Node]:
     return [buffer_of(s) for s in step.srcs]
 
 
-def _last_uses(graph: Graph, steps: list[Node], position: dict) -> dict[Node, int]:
+def _last_reads(graph: Graph, steps: list[Node], position: dict) -> dict[Node, int]:
+    """Each value's last reading step (``len(steps)`` for what the call returns or writes back)."""
     last: dict[Node, int] = {}
     for step in steps:
         for value in _reads(step):
             last[value] = max(last.get(value, -1), position[step])
-    end = len(steps)
     for root in graph.roots():
-        last[buffer_of(root)] = end
+        last[buffer_of(root)] = len(steps)
     return last
+
+
+def _last_uses(graph: Graph, steps: list[Node], position: dict) -> dict[Node, int]:
+    """Each value's last read, where a collective's inputs count as read until its result is first read."""
+    last = _last_reads(graph, steps, position)
+    end = len(steps)
+    produced = _produced_values(graph, steps)
+    for step in steps:
+        if is_collective(step):  # its inputs stay put while it may run: until its result is first read
+            results = {v for v, s in produced.items() if s is step}
+            join = _first_reader(results, steps[position[step] + 1:], end)
+            for value in _reads(step):
+                last[value] = max(last.get(value, -1), join)
+    return last
+
+
+def _first_reader(values: set[Node], later: list[Node], end: int) -> int:
+    """The position of the first of the ``later`` steps that reads one of ``values`` (``end`` if none does)."""
+    first = end - len(later)
+    for k, step in enumerate(later):
+        if values & set(_reads(step)):
+            return first + k
+    return end
 
 
 def _assign_outputs(graph: Graph, plan: MemoryPlan, produced: dict) -> None:
@@ -203,6 +236,27 @@ def _cats_in_place(plan: MemoryPlan, produced: dict, steps: list[Node]) -> dict[
     return cats
 
 
+def _results_in_place(plan: MemoryPlan, produced: dict, steps: list[Node], position: dict, last_read: dict,
+                      shared: dict[Node, list[tuple[Node, int]]]) -> None:
+    """Add to ``shared`` (value -> the values placed in its buffer) each result that an ``in_place_of`` operator
+    writes over its argument (see the note)."""
+    members = {v for placed in shared.values() for v, _ in placed}
+    for node in steps:
+        argument = node.opdef.attrs.get("in_place_of") if node.opdef is not None else None
+        if argument is None or node.is_tuple or node in plan.of or node not in produced:
+            continue
+        src = node.srcs[argument]  # the position of the tensor argument
+        host = buffer_of(src)
+        placed_here = [v for v, _ in shared.get(host, ())]
+        if (host not in produced or host in plan.of or host in members or host.type.nbytes != node.type.nbytes
+                or host.type.dtype is not node.type.dtype
+                or geometry(src) != (host.type.shape, S.contiguous_strides(host.type.shape), 0)
+                or any(last_read.get(v, -1) > position[node] for v in (host, *placed_here))):
+            continue
+        shared.setdefault(host, []).append((node, 0))
+        members.add(node)
+
+
 def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: dict,
                   cats: dict[Node, list[tuple[Node, int]]]) -> None:
     members = {v for placed in cats.values() for v, _ in placed}
@@ -212,7 +266,7 @@ def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: di
             continue
         start = position[step]
         end = max(last_use.get(value, start), start)
-        for v, _ in cats.get(value, ()):  # a cat in place: its inputs' lifetimes are its own
+        for v, _ in cats.get(value, ()):  # a cat in place, a result in place: the lifetimes of its members
             start = min(start, position[produced[v]])
             end = max(end, last_use.get(v, position[produced[v]]))
         size = -(-value.type.nbytes // ALIGN) * ALIGN

@@ -21,12 +21,24 @@ parameter no rank used keeps its ``.grad``. Without the option the buckets holdi
 reduction stays unfinished, and the next forward raises torch's "Expected to have finished reduction in the
 prior iteration" naming their indices.
 
-Under ``tilewise.compile`` the gradients that reach the hooks are trace tensors and the bucket copies are
-recorded, not run. A bucket's all-reduce is then the functional collective (``_c10d_functional::all_reduce``,
-see [Note: collectives in compiled programs]): a node of the step's graph like any operator, so the whole step,
-forward, backward, all-reduces and optimizer, is one program. A communication hook runs Python on real buffers:
-with one, ``with_values`` breaks the graph before the bucket's collective, so that the buffer holds the
+Under ``tilewise.compile`` the gradients that reach the hooks are trace tensors, and the reducer records the
+bucket's reduction instead of running it (see [Note: compiled DDP]). A communication hook runs Python on real
+buffers: with one, ``with_values`` breaks the graph before the bucket's collective, so that the buffer holds the
 gradients, and the hook runs untraced on it (its casts and divisions feed its own collectives).
+
+[Note: compiled DDP] Traced, a bucket is not a buffer the gradients are copied into: the hook records each
+gradient times ``1 / world_size`` (the operator eager mode copies with), and the bucket's launch records
+``cat`` of them, flattened, and the functional all-reduce (``_c10d_functional::all_reduce``, see [Note:
+collectives in compiled programs]) of that. The compiler does the rest as torch's ``gradient_as_bucket_view``
+does by hand: the scaling fuses into the kernel that produces each gradient, the memory planner lays the
+``cat`` out in place (each gradient is written straight into its slice of the bucket) and gives the all-reduce
+its input's buffer (NCCL reduces in place), and the CUDA program runs the all-reduce on a communication stream
+as soon as the bucket's last gradient is written, overlapped with the rest of backward ([Note: collectives on
+their own stream] in ``compiler/lowering/streams``). The end of backward reads each parameter's gradient out of
+the reduced bucket (``.grad`` copies it, as eager's does, unless the step drops it); the persistent bucket
+buffer is written only with ``gradient_as_bucket_view`` (one copy a bucket, at the end). At world size 1 the
+scaling is a multiplication by one, which the compiler removes; what is left beside a step without DDP is the
+collective itself.
 """
 
 from __future__ import annotations
@@ -41,7 +53,8 @@ from tilewise.autograd.graph import AccumulateGrad, edge
 from tilewise.autograd.variable import Variable
 from tilewise.dispatch import STATE
 from tilewise.distributed._functional_collectives import all_reduce as functional_all_reduce
-from tilewise.ops.creation import zeros
+from tilewise.ops.creation import zeros, zeros_like
+from tilewise.ops.functions import cat
 from tilewise.tensor import TRACE_HOOKS, Tensor, tensor
 
 DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES
@@ -90,6 +103,7 @@ class Bucket:
     work: object = None  # the all-reduce in flight
     future: object = None  # what a communication hook returned
     reduced: Tensor | None = None  # under tilewise.compile: the functional all-reduce's (traced) result
+    traced: list = field(default_factory=list)  # under tilewise.compile: each gradient, scaled (see the note)
     is_last: bool = False
 
 
@@ -178,11 +192,7 @@ class Reducer:
     def _make_bucket(self, b: int, indices: list[int]) -> Bucket:
         params = [self.params[i] for i in indices]
         flat = zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
-        views, offset = [], 0
-        for p in params:
-            views.append(flat[offset:offset + p.numel()].view(p.shape))
-            offset += p.numel()
-        bucket = Bucket(b, params, list(indices), flat, views, flat)
+        bucket = Bucket(b, params, list(indices), flat, _split(flat, params), flat)
         for k, i in enumerate(indices):
             self.place[i] = (bucket, k)
         return bucket
@@ -210,6 +220,7 @@ class Reducer:
             bucket.pending = len(bucket.params)
             bucket.work = bucket.future = bucket.reduced = None
             bucket.buffer = bucket.flat
+            bucket.traced = [None] * len(bucket.params)
 
     def _unreached(self, outputs: list[Tensor]) -> list[int]:
         """Indices of the parameters whose gradient accumulators no path from ``outputs`` reaches."""
@@ -248,7 +259,10 @@ class Reducer:
 
     def mark_ready(self, index: int) -> None:
         bucket, k = self.place[index]
-        self._copy_grad_to_bucket(self.params[index], bucket.views[k])
+        if self._traced():
+            bucket.traced[k] = self._scaled_grad(self.params[index], bucket.views[k])
+        else:
+            self._copy_grad_to_bucket(self.params[index], bucket.views[k])
         self.ready[index] = True
         bucket.pending -= 1
         while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
@@ -268,9 +282,25 @@ class Reducer:
             else:
                 view.copy_(grad.mul(1.0 / self.world_size))  # torch scales while copying (mul_out)
 
+    def _traced(self) -> bool:
+        """Whether the reduction is recorded into a compiled step (see [Note: compiled DDP])."""
+        return self.comm_hook is None and STATE.trace_depth > 0
+
+    def _scaled_grad(self, param: Tensor, view: Tensor) -> Tensor:
+        """What ``_copy_grad_to_bucket`` would write into ``view``, as a value of the traced step."""
+        grad = param.grad
+        with no_grad():
+            if grad is None:
+                return zeros_like(view)
+            if grad is view:
+                return grad.div(self.world_size)
+            return grad.mul(1.0 / self.world_size)
+
     def _launch(self, bucket: Bucket) -> None:
-        if self.comm_hook is None and STATE.trace_depth:  # traced by tilewise.compile: see the note
-            bucket.reduced = functional_all_reduce(bucket.buffer, "sum", self.process_group)
+        if self._traced():
+            with no_grad():
+                flat = cat([g.reshape(-1) for g in bucket.traced])
+            bucket.reduced = functional_all_reduce(flat, "sum", self.process_group)
             return
         with_values(bucket.buffer)
         if self.comm_hook is None:
@@ -289,10 +319,10 @@ class Reducer:
                     self.mark_ready(index)
         globally_used = self._globally_used() if self.find_unused_parameters else None
         for bucket in self.buckets:
-            self._wait(bucket)
+            views = self._wait(bucket)
             for k, index in enumerate(bucket.indices):
                 if globally_used is None or globally_used[index]:
-                    self._copy_bucket_to_grad(self.params[index], bucket.views[k])
+                    self._copy_bucket_to_grad(self.params[index], views[k])
         self.expect_hooks = self.require_finalize = False
 
     def _globally_used(self) -> list[bool]:
@@ -301,15 +331,18 @@ class Reducer:
         dist.all_reduce(used, group=self.process_group)
         return [count > 0 for count in used.tolist()]
 
-    def _wait(self, bucket: Bucket) -> None:
+    def _wait(self, bucket: Bucket) -> list[Tensor]:
+        """Wait for the bucket's reduction; the reduced gradients, one view per parameter."""
         if bucket.reduced is not None:
+            reduced, bucket.reduced = bucket.reduced, None
+            if not self.gradient_as_bucket_view:  # traced: the gradients are read out of the result itself
+                return _split(reduced, bucket.params)
             with no_grad():
-                bucket.flat.copy_(bucket.reduced)
-            bucket.reduced = None
-            return
+                bucket.flat.copy_(reduced)
+            return _split(bucket.flat, bucket.params)  # views made while traced: values of the program
         if bucket.future is None:
             bucket.work.wait()
-            return
+            return bucket.views
         result = bucket.future.wait()
         if isinstance(result, (list, tuple)):
             result = result[0]
@@ -322,6 +355,7 @@ class Reducer:
                                    f"{bucket.index} holds {bucket.flat.numel()}")
             with no_grad():
                 bucket.flat.copy_(result.reshape(bucket.flat.shape))
+        return bucket.views
 
     def _copy_bucket_to_grad(self, param: Tensor, view: Tensor) -> None:
         with no_grad():
@@ -331,3 +365,12 @@ class Reducer:
                 param.grad = view.clone()
             else:
                 param.grad.copy_(view)
+
+
+def _split(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
+    """Views of ``flat`` in the shapes of ``params``, one after another."""
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset:offset + p.numel()].view(p.shape))
+        offset += p.numel()
+    return views

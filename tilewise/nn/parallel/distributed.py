@@ -6,8 +6,8 @@ errors), broadcasts parameters and buffers from the group's first rank, and buil
 the buffers (``broadcast_buffers``, so batch-norm statistics follow rank 0), runs the module, and — when grad is
 enabled outside ``no_sync()`` — arms the reducer for the backward that follows. Under ``no_sync()`` nothing is
 armed: gradients accumulate in ``.grad`` locally, and the next synced backward reduces the accumulated sum.
-Under ``tilewise.compile`` each collective is a graph break: the step's operators run as compiled segments
-between them, and the averaged gradients are the eager ones.
+Under ``tilewise.compile`` the whole step, with its bucket all-reduces, is one program ([Note: compiled DDP] in
+``_reducer.py``); a communication hook breaks the graph before each bucket's collective.
 """
 
 from __future__ import annotations

@@ -1,0 +1,97 @@
+"""Which stream runs each step of a program, and which collectives a step waits for.
+
+[Note: collectives on their own stream] A collective step (an operator declared ``collective``: the functional
+all-reduce of a DDP bucket) moves bytes between GPUs while the GPU's SMs could run the rest of backward. A CUDA
+program therefore runs each collective on a *communication stream*, at its place in program order (DDP records
+a bucket's all-reduce right after the step that writes its last gradient): the communication stream first
+waits for an event recorded on the program's stream after the steps before it (so it sees its buffer
+written), then the program's stream goes on with the steps after it. One communication stream runs the
+program's collectives one after another in program order, the order every rank issues them in.
+
+A later step on the program's stream waits for a collective's end (an event recorded on the communication stream
+after it) before it runs if it reads or writes bytes the collective reads or writes: the first step that reads
+the reduced bucket (the optimizer, the end of backward), or one whose buffer the planner laid over the
+collective's. The memory plan keeps a collective's input live until its result is first read ([Note: memory
+planning]), so in a training step the first such step is the first reader. Waiting once suffices: a stream is
+ordered, so every later step follows too. The end of the program waits for every collective not yet waited for,
+so a caller, and the next program on the stream, see their results, and a CUDA graph's capture joins the
+communication stream back before it ends (events and cross-stream waits are captured as graph edges).
+
+``schedule_streams`` computes this from the fused graph and its plan, for every target; the C target runs its
+steps in order on the host (its collectives are synchronous), the CUDA target as the schedule says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tilewise.compiler.ir import Graph, Node
+from tilewise.compiler.lowering.fusion import is_collective
+from tilewise.compiler.lowering.lower import buffer_of
+from tilewise.compiler.lowering.memory import MemoryPlan, steps_of
+
+MAIN, COMM = "main", "comm"
+
+
+@dataclass(frozen=True)
+class StreamSchedule:
+    """Per step of ``steps_of(graph)``: its stream, and the positions of the collectives the program's stream
+    waits for before it; ``at_end``: the collectives waited for after the last step."""
+
+    streams: tuple[str, ...]
+    waits: tuple[tuple[int, ...], ...]
+    at_end: tuple[int, ...]
+
+    @property
+    def overlapped(self) -> bool:
+        return COMM in self.streams
+
+    def describe(self, steps: list[Node]) -> str:
+        lines = []
+        for k, (node, stream, waits) in enumerate(zip(steps, self.streams, self.waits)):
+            after = f" after collective(s) {', '.join(map(str, waits))}" if waits else ""
+            lines.append(f"  {k}: {node.op} on {stream}{after}")
+        if self.at_end:
+            lines.append(f"  end: after collective(s) {', '.join(map(str, self.at_end))}")
+        return "\n".join(lines)
+
+
+def schedule_streams(graph: Graph, plan: MemoryPlan) -> StreamSchedule:
+    """The streams of ``graph``'s steps and their waits (see the note)."""
+    steps = steps_of(graph)
+    results: dict[Node, list[Node]] = {}
+    for value in plan.of:
+        step = value.srcs[0] if value.op == "getitem" else value
+        results.setdefault(step, []).append(value)
+    streams, waits = [], []
+    in_flight: dict[int, list[tuple]] = {}  # collective position -> the byte regions it reads and writes
+    for k, node in enumerate(steps):
+        if is_collective(node):
+            streams.append(COMM)
+            waits.append(())
+            in_flight[k] = _regions(node, results.get(node, []), plan)
+            continue
+        regions = _regions(node, results.get(node, []), plan) if in_flight else []
+        touched = tuple(c for c, theirs in in_flight.items() if _overlap(regions, theirs))
+        for c in touched:
+            del in_flight[c]
+        streams.append(MAIN)
+        waits.append(touched)
+    return StreamSchedule(tuple(streams), tuple(waits), tuple(sorted(in_flight)))
+
+
+def _regions(node: Node, results: list[Node], plan: MemoryPlan) -> list[tuple]:
+    """The buffers a step reads and writes, as (kind, slot, first byte, end byte): arena buffers by their bytes,
+    inputs and outputs whole (each its own memory)."""
+    out = []
+    for value in [buffer_of(s) for s in node.srcs] + results:
+        buffer = plan.buffers[plan.of[value]]
+        if buffer.kind == "arena":
+            out.append(("arena", 0, buffer.slot, buffer.slot + buffer.ty.nbytes))
+        else:
+            out.append((buffer.kind, buffer.slot, 0, 1))
+    return out
+
+
+def _overlap(ours: list[tuple], theirs: list[tuple]) -> bool:
+    return any(a[0] == b[0] and a[1] == b[1] and a[2] < b[3] and b[2] < a[3] for a in ours for b in theirs)
