@@ -27,6 +27,8 @@ from tilewise.dtypes import (
     float,
     float8_e4m3fn,
     float8_e5m2,
+    float8_e8m0fnu,
+    float4_e2m1fn_x2,
     float16,
     float32,
     float64,

@@ -170,6 +170,8 @@ def _summarized(a: np.ndarray) -> np.ndarray:
 
 def _host_values(t) -> np.ndarray:
     a = t._host()
+    if a.dtype.names:  # float4_e2m1fn_x2: torch prints each byte's value, as a float
+        return a.view(np.uint8).astype(np.float32)
     if a.dtype.kind == "V" or str(a.dtype).startswith(("bfloat", "float8")) or a.dtype == np.float16:
         a = a.astype(np.float32)  # torch prints half types through their float values too
     return a

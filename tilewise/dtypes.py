@@ -68,6 +68,12 @@ class DType:
         return self.name.startswith("float8")
 
     @property
+    def is_storage_only(self) -> bool:
+        """float8_e8m0fnu (MX block scales) and float4_e2m1fn_x2 (two FP4 values per byte) have no arithmetic,
+        as in torch: they are created, copied, viewed, compared for equality and cast (e8m0 only)."""
+        return self in _STORAGE_ONLY
+
+    @property
     def bits(self) -> int:
         return self.itemsize * 8
 
@@ -94,11 +100,15 @@ float32 = _make("float32", np.float32, FLOAT, True, "float")
 float64 = _make("float64", np.float64, FLOAT, True, "double")
 float8_e4m3fn = _make("float8_e4m3fn", ml_dtypes.float8_e4m3fn, FLOAT, True, "fp8e4m3")
 float8_e5m2 = _make("float8_e5m2", ml_dtypes.float8_e5m2, FLOAT, True, "fp8e5m2")
+float8_e8m0fnu = _make("float8_e8m0fnu", ml_dtypes.float8_e8m0fnu, FLOAT, False, "fp8e8m0")
+# two e2m1 values per byte, the first in the low nibble (torch's layout); stored as raw bytes on the CPU
+float4_e2m1fn_x2 = _make("float4_e2m1fn_x2", np.dtype([("float4_e2m1fn_x2", np.uint8)]), FLOAT, True, "fp4e2m1x2")
 complex64 = _make("complex64", np.complex64, COMPLEX, True, "float2")
 complex128 = _make("complex128", np.complex128, COMPLEX, True, "double2")
 
 ALL = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2,
-       complex64, complex128)
+       float8_e8m0fnu, float4_e2m1fn_x2, complex64, complex128)
+_STORAGE_ONLY = frozenset({float8_e8m0fnu, float4_e2m1fn_x2})
 _BY_NAME = {d.name: d for d in ALL}
 _ALIASES = {"half": float16, "float": float32, "double": float64, "long": int64, "int": int32, "short": int16,
             "cfloat": complex64, "cdouble": complex128}
@@ -242,6 +252,9 @@ def checked_scalar(value, dtype: DType, op: str):
         value = value.item()
     if dtype.is_complex:
         return value
+    if dtype is float4_e2m1fn_x2 and value != 0:  # zeros and empty are the only fills torch has for packed FP4
+        raise NotImplementedError(f"{op}: float4_e2m1fn_x2 tensors can only be filled with zeros, as in torch (got "
+                                  f"{value!r}); make FP4 data with tilewise.quantize(t, 'nvfp4')")
     if isinstance(value, builtins.complex):
         raise RuntimeError(f"{op}: value cannot be converted to type {dtype.name} without overflow: got {value!r}; "
                            "a complex number fits only a complex dtype (complex64, complex128)")
@@ -266,6 +279,7 @@ def checked_scalar(value, dtype: DType, op: str):
 # float64 takes every Python float; float8 types saturate (their casts clip to the largest finite value)
 _FLOAT_MAX = {d: builtins.float(ml_dtypes.finfo(d.np).max) if d.itemsize > 1 else math.inf
               for d in ALL if d.is_floating_point}
+_FLOAT_MAX[float8_e8m0fnu] = builtins.float(np.finfo(np.float32).max)  # torch: NaN past 2**128, refused past float
 _INT_BOUNDS = {d: (builtins.int(np.iinfo(d.np).min), builtins.int(np.iinfo(d.np).max)) for d in ALL
                if d.category == INT}
 
@@ -352,6 +366,9 @@ def castable(src: DType, dst: DType) -> bool:
 class finfo:  # noqa: N801 — torch's name
     def __init__(self, dtype: DType | None = None):
         dtype = (as_dtype(dtype) if dtype is not None else _default).to_real()
+        if dtype is float4_e2m1fn_x2:
+            raise TypeError("finfo: float4_e2m1fn_x2 packs two FP4 values in a byte and has no finfo, as in torch; "
+                            "its values are 0, ±0.5, ±1, ±1.5, ±2, ±3, ±4 and ±6 (tilewise.dtypes.describe shows bits)")
         if not dtype.is_floating_point:
             raise TypeError(f"finfo: {dtype} is not a floating point dtype; use iinfo for integers")
         info = ml_dtypes.finfo(dtype.np)
