@@ -30,7 +30,7 @@ from tilewise import strides as _strides
 from tilewise.device import Device, as_device, cpu, pinning_backend
 from tilewise.device import is_pinned as pinned_by_a_backend
 from tilewise.dtypes import (DType, as_dtype, checked_scalar, float4_e2m1fn_x2, float8_e4m3fn, float8_e5m2,
-                             float8_e8m0fnu, get_default_dtype)
+                             float8_e8m0fnu, get_default_dtype, round_to_e8m0)
 from tilewise.dtypes import from_numpy as dtype_from_numpy
 from tilewise.layouts import format_name, strided
 from tilewise.storage import Storage
@@ -531,7 +531,7 @@ def cast_array(a: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
     if a.dtype.kind == "c" and np_dtype.kind != "c":  # torch keeps the real part (bool: whether either is nonzero)
         a = a != 0 if np_dtype.kind == "b" else a.real
     if np_dtype == float8_e8m0fnu.np:
-        return _to_e8m0(a)
+        return round_to_e8m0(a)
     if np_dtype == float8_e4m3fn.np and a.dtype != np_dtype and a.dtype.kind != "b":
         a = np.clip(a if a.dtype.kind == "f" else a.astype(np.float32), -_E4M3FN_MAX, _E4M3FN_MAX)
     if a.dtype.kind in "fV" and np_dtype.kind in "iu":  # NaN, inf and out-of-range values: torch gives the
@@ -549,18 +549,6 @@ def fp4_cast_error(source: np.dtype, target: np.dtype) -> NotImplementedError:
                                "float4_e2m1fn_x2 holds two packed FP4 values per byte and converts to nothing; read "
                                "its bytes with .view(tilewise.uint8), or make and read FP4 data with "
                                "tilewise.quantize(t, 'nvfp4') and tilewise.dequantize(q)")
-
-
-def _to_e8m0(a: np.ndarray) -> np.ndarray:
-    """torch's float -> float8_e8m0fnu: the float32 exponent, rounded up when the first dropped mantissa bit is
-    set (a float32 subnormal rounds up only past half); the sign is dropped; NaN and infinity give NaN (0xFF)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        bits = np.asarray(a, np.float32).view(np.uint32)
-    exponent = (bits >> 23) & 0xFF
-    guard = (bits & 0x400000) != 0
-    rest = (bits & 0x3FFFFF) != 0
-    round_up = guard & (rest | (exponent > 0)) & (exponent != 0xFF)
-    return (exponent + round_up).astype(np.uint8).view(float8_e8m0fnu.np)
 
 
 def from_array(a: np.ndarray, dtype: DType | None = None) -> Tensor:
