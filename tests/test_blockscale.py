@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tilewise as tw
+import tilewise.quant  # noqa: F401 — tw.quant
 from tilewise.quant import reference as R
 
 E4M3_CODES = np.arange(256, dtype=np.uint8)

@@ -196,7 +196,7 @@ from tilewise.backends.flags import (  # noqa: E402
 from tilewise.cpu import amp as _cpu_amp  # noqa: E402
 from tilewise.cuda import OutOfMemoryError  # noqa: E402 — torch.OutOfMemoryError is torch.cuda's
 from tilewise.cuda import amp as _cuda_amp  # noqa: E402
-from tilewise.quant import QuantizedTensor, dequantize, quantize  # noqa: E402
+from tilewise.quant.tensor import QuantizedTensor, dequantize, quantize  # noqa: E402
 
 
 def result_type(*operands) -> DType:

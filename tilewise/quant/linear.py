@@ -20,7 +20,7 @@ from tilewise import dtypes
 from tilewise.nn import functional as F
 from tilewise.nn.modules.linear import Linear
 from tilewise.nn.modules.module import Module
-from tilewise.quant import FORMATS, QuantizedTensor, dequantize, quantize
+from tilewise.quant.tensor import FORMATS, QuantizedTensor, dequantize, quantize
 from tilewise.tensor import Tensor
 
 # cuBLASLt (through nvmath.bindings.cublasLt and cuda.bindings' cudaDataType) for a native block-scaled GEMM
