@@ -232,3 +232,29 @@ def test_cuda_quantized_linear_matches_cpu(fmt):
     expected = q(x).detach().numpy()
     got = q.cuda()(x.cuda().bfloat16()).float().cpu().detach().numpy()
     np.testing.assert_allclose(got, expected, rtol=2e-2, atol=2e-2)
+
+
+def _benchmark():
+    import importlib.util
+    from pathlib import Path
+
+    torch = pytest.importorskip("torch")  # noqa: F841 — the benchmark's peer
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "lowprec_quant.py"
+    spec = importlib.util.spec_from_file_location("lowprec_quant", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_error_section_reports_nvfp4_under_a_third_of_bf16():
+    shapes = {"c_fc rows": (64, 768), "c_proj rows": (32, 3072)}  # GPT-2's in_features, fewer rows
+    lines = _benchmark().error_section(weights=shapes)
+    nvfp4 = [line for line in lines if "| nvfp4 |" in line]
+    assert len(nvfp4) == 2
+    assert all(float(line.split("|")[-2].strip().rstrip("x")) <= 0.3 for line in nvfp4)
+
+
+@pytest.mark.slow
+def test_benchmark_perplexity_section_runs():
+    lines = _benchmark().perplexity_section(steps=5)
+    assert sum(line.startswith(("| mxfp8", "| nvfp4", "| float32")) for line in lines) == 3
