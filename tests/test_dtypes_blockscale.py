@@ -169,3 +169,17 @@ def test_e2m1_codes_match_ml_dtypes():
     grid = np.concatenate([grid, -grid])
     expected = np.clip(grid, -6, 6).astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
     np.testing.assert_array_equal(tw.dtypes.decode_e2m1(tw.dtypes.encode_e2m1(grid)), expected)
+
+
+@pytest.mark.cuda
+def test_cuda_e8m0_casts_and_fp4_copies_match_the_cpu():
+    values = E8M0_SOURCES + list(np.random.default_rng(5).standard_normal(500) * 10.0 ** np.arange(-25, 25, 0.1))
+    x = tw.tensor(values, dtype=tw.float32)
+    on_gpu = x.cuda().to(tw.float8_e8m0fnu)
+    assert _bytes(on_gpu.cpu()) == _bytes(x.to(tw.float8_e8m0fnu))
+    np.testing.assert_array_equal(on_gpu.float().cpu().numpy(), on_gpu.cpu().float().numpy())
+    packed = tw.tensor([[0x21, 0xF7, 0x00, 0x3C]] * 3, dtype=tw.uint8).view(tw.float4_e2m1fn_x2)
+    strided = packed.cuda().t().contiguous().t()
+    assert _bytes(strided.contiguous().cpu()) == _bytes(packed)
+    with pytest.raises(NotImplementedError, match="float4_e2m1fn_x2"):
+        packed.cuda().float()

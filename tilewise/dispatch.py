@@ -232,6 +232,8 @@ def _requires_grad(op, args: tuple) -> bool:
 
 def run(op, args: tuple):
     """Below autograd: run the operator on the backend of its inputs' device."""
+    if op.kind in _ARITHMETIC_KINDS and op.name not in _BYTEWISE_OPS:
+        _refuse_storage_only(op, args)
     if STATE.vmap:
         out = batch(op, args)
         if out is not NOT_BATCHED:
@@ -242,8 +244,6 @@ def run(op, args: tuple):
         return apply_view(op, args)
     if op.kind == "matmul":
         op.dtype_rule(op, args)  # library GEMMs take one dtype: refuse a mix on every device, before any kernel
-    if op.kind in _ARITHMETIC_KINDS and op.name not in _BYTEWISE_OPS:
-        _refuse_storage_only(op, args)
     device = device_of(op, args)
     backend = BACKENDS.get(device.type)
     if backend is None:
