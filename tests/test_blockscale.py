@@ -189,6 +189,8 @@ def test_block_scaled_kernels_compile(arch):
             assert compiled.cubin and name in compiled.ptx
     quantize_ptx = compile_cached(blockscale.source("tw_mxfp8_quantize", tw.bfloat16), "tw_mxfp8_quantize", arch).ptx
     assert "ld.global.nc.v4" in quantize_ptx or "ld.global.v4" in quantize_ptx  # one 16-byte load per lane
+    nvfp4_ptx = compile_cached(blockscale.source("tw_nvfp4_quantize", tw.float32), "tw_nvfp4_quantize", arch).ptx
+    assert "div.rn.f32" in nvfp4_ptx and "div.approx" not in nvfp4_ptx  # IEEE divisions, as the reference's
 
 
 def _special_input(rows: int, cols: int) -> tw.Tensor:
