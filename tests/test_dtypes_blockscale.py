@@ -183,3 +183,16 @@ def test_cuda_e8m0_casts_and_fp4_copies_match_the_cpu():
     assert _bytes(strided.contiguous().cpu()) == _bytes(packed)
     with pytest.raises(NotImplementedError, match="float4_e2m1fn_x2"):
         packed.cuda().float()
+
+
+def test_torch_checkpoints_round_trip(tmp_path):
+    fp4 = torch.tensor([[0x21, 0xF7], [3, 4]], dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    e8 = torch.tensor([1.0, 2.0, 0.25], dtype=torch.float8_e8m0fnu)
+    torch.save({"fp4": fp4, "e8": e8}, tmp_path / "theirs.pt")
+    ours = tw.load(tmp_path / "theirs.pt")
+    assert ours["fp4"].dtype is tw.float4_e2m1fn_x2 and _bytes(ours["fp4"]) == _bytes(fp4)
+    assert ours["e8"].dtype is tw.float8_e8m0fnu and _bytes(ours["e8"]) == _bytes(e8)
+    tw.save(ours, tmp_path / "ours.pt")
+    back = torch.load(tmp_path / "ours.pt")
+    assert back["fp4"].dtype == torch.float4_e2m1fn_x2 and _bytes(back["fp4"]) == _bytes(fp4)
+    assert back["e8"].dtype == torch.float8_e8m0fnu and _bytes(back["e8"]) == _bytes(e8)
