@@ -27,6 +27,8 @@ from tilewise.dtypes import (
     float,
     float8_e4m3fn,
     float8_e5m2,
+    float8_e8m0fnu,
+    float4_e2m1fn_x2,
     float16,
     float32,
     float64,
@@ -195,6 +197,7 @@ from tilewise.backends.flags import (  # noqa: E402
 from tilewise.cpu import amp as _cpu_amp  # noqa: E402
 from tilewise.cuda import OutOfMemoryError  # noqa: E402 — torch.OutOfMemoryError is torch.cuda's
 from tilewise.cuda import amp as _cuda_amp  # noqa: E402
+from tilewise.quant.tensor import QuantizedTensor, dequantize, quantize  # noqa: E402
 
 
 def result_type(*operands) -> DType:

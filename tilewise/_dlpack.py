@@ -71,12 +71,15 @@ class _ManagedTensorVersioned(ctypes.Structure):
                 ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
 
 
-# DLPack type codes: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLBool 6, kDLFloat8_e4m3fn 10, kDLFloat8_e5m2 12
+# DLPack type codes: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLBool 6, kDLFloat8_e4m3fn 10, kDLFloat8_e5m2 12,
+# kDLFloat8_e8m0fnu 14, kDLFloat4_e2m1fn 17
 _CODES = {
     dtypes.bool_: (6, 8), dtypes.uint8: (1, 8), dtypes.int8: (0, 8), dtypes.int16: (0, 16), dtypes.int32: (0, 32),
     dtypes.int64: (0, 64), dtypes.float16: (2, 16), dtypes.bfloat16: (4, 16), dtypes.float32: (2, 32),
     dtypes.float64: (2, 64), dtypes.float8_e4m3fn: (10, 8), dtypes.float8_e5m2: (12, 8),
+    dtypes.float8_e8m0fnu: (14, 8), dtypes.float4_e2m1fn_x2: (17, 4),  # kDLFloat8_e8m0fnu, kDLFloat4_e2m1fn
 }
+_LANES = {dtypes.float4_e2m1fn_x2: 2}  # torch exports packed FP4 as two 4-bit lanes per element
 _DTYPES = {code: dtype for dtype, code in _CODES.items()}
 
 _capsule_new = ctypes.pythonapi.PyCapsule_New
@@ -124,7 +127,7 @@ def _fill(dl: _DLTensor, t: Tensor, keep: list) -> None:
     dl.data = t.data_ptr() if t.numel() else t.untyped_storage().data_ptr()
     dl.device = _Device(*_device_tuple(t))
     dl.ndim = t.ndim
-    dl.dtype = _DataType(code, bits, 1)
+    dl.dtype = _DataType(code, bits, _LANES.get(t.dtype, 1))
     dl.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
     dl.strides = ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
     dl.byte_offset = 0
@@ -338,7 +341,7 @@ def _layout(dl: _DLTensor) -> tuple:
         raise BufferError(f"from_dlpack(): tilewise imports CPU (1), CUDA (2) and CUDA host (3) memory; got DLPack "
                           f"device type {dl.device.device_type}. Move the tensor to the CPU first")
     dtype = _DTYPES.get((dl.dtype.code, dl.dtype.bits))
-    if dtype is None or dl.dtype.lanes != 1:
+    if dtype is None or dl.dtype.lanes != _LANES.get(dtype, 1):
         raise BufferError(f"from_dlpack(): unsupported DLPack dtype (code={dl.dtype.code}, bits={dl.dtype.bits}, "
                           f"lanes={dl.dtype.lanes}); tilewise supports {', '.join(d.name for d in _CODES)}")
     shape = tuple(dl.shape[k] for k in range(dl.ndim))

@@ -17,8 +17,10 @@ import math
 
 import numpy as np
 
-from tilewise.dtypes import default_complex_dtype, get_default_dtype
+from tilewise.dtypes import default_complex_dtype, float8_e8m0fnu, get_default_dtype
 from tilewise.tensor import TRACE_HOOKS, Tensor
+
+_E8M0_SMALLEST = np.float32(2.0**-127)
 
 
 @dataclasses.dataclass
@@ -77,7 +79,7 @@ def printoptions(**kwargs):
 class _Formatter:
     """One notation and width for every element of a (real) array, chosen as torch's ``_Formatter`` chooses."""
 
-    def __init__(self, values: np.ndarray) -> None:
+    def __init__(self, values: np.ndarray, e8m0: bool = False) -> None:
         self.floating = values.dtype.kind == "f"
         self.int_mode, self.sci_mode, self.max_width = True, False, 1
         flat = values.reshape(-1)
@@ -85,7 +87,10 @@ class _Formatter:
             for value in flat.tolist():
                 self.max_width = max(self.max_width, len(f"{value}"))
             return
-        finite = flat[np.isfinite(flat) & (flat != 0)].astype(np.float64)
+        if e8m0:  # torch's isfinite calls every e8m0 value finite, NaN too, and 0 compares equal to 2^-127
+            finite = flat[flat != _E8M0_SMALLEST].astype(np.float64)
+        else:
+            finite = flat[np.isfinite(flat) & (flat != 0)].astype(np.float64)
         if finite.size == 0:
             return
         magnitudes = np.abs(finite)
@@ -170,6 +175,8 @@ def _summarized(a: np.ndarray) -> np.ndarray:
 
 def _host_values(t) -> np.ndarray:
     a = t._host()
+    if a.dtype.names:  # float4_e2m1fn_x2: torch prints each byte's value, as a float
+        return a.view(np.uint8).astype(np.float32)
     if a.dtype.kind == "V" or str(a.dtype).startswith(("bfloat", "float8")) or a.dtype == np.float16:
         a = a.astype(np.float32)  # torch prints half types through their float values too
     return a
@@ -181,7 +188,7 @@ def _values_str(t, indent: int) -> str:
     measured = _summarized(a) if summarize else a
     if a.dtype.kind == "c":
         return _nested_str(a, indent, summarize, _Formatter(measured.real), _Formatter(measured.imag))
-    return _nested_str(a, indent, summarize, _Formatter(measured), None)
+    return _nested_str(a, indent, summarize, _Formatter(measured, t.dtype is float8_e8m0fnu), None)
 
 
 def _add_suffixes(text: str, suffixes: list[str], indent: int) -> str:

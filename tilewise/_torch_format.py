@@ -55,8 +55,8 @@ _TYPED_STORAGES = {
     "complex64": "ComplexFloatStorage",
 }
 _TORCH_ONLY_DTYPES = (  # torch dtypes a checkpoint may name that tilewise cannot hold
-    "complex32", "uint16", "uint32", "uint64", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
-    "float4_e2m1fn_x2", "qint8", "qint32", "quint8", "quint4x2", "quint2x4", "bits1x8", "bits2x4", "bits4x2", "bits8",
+    "complex32", "uint16", "uint32", "uint64", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "qint8", "qint32", "quint8", "quint4x2", "quint2x4", "bits1x8", "bits2x4", "bits4x2", "bits8",
     "bits16",
 )
 

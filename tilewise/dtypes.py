@@ -68,6 +68,12 @@ class DType:
         return self.name.startswith("float8")
 
     @property
+    def is_storage_only(self) -> bool:
+        """float8_e8m0fnu (MX block scales) and float4_e2m1fn_x2 (two FP4 values per byte) have no arithmetic,
+        as in torch: they are created, copied, viewed, compared for equality and cast (e8m0 only)."""
+        return self in _STORAGE_ONLY
+
+    @property
     def bits(self) -> int:
         return self.itemsize * 8
 
@@ -94,11 +100,15 @@ float32 = _make("float32", np.float32, FLOAT, True, "float")
 float64 = _make("float64", np.float64, FLOAT, True, "double")
 float8_e4m3fn = _make("float8_e4m3fn", ml_dtypes.float8_e4m3fn, FLOAT, True, "fp8e4m3")
 float8_e5m2 = _make("float8_e5m2", ml_dtypes.float8_e5m2, FLOAT, True, "fp8e5m2")
+float8_e8m0fnu = _make("float8_e8m0fnu", ml_dtypes.float8_e8m0fnu, FLOAT, False, "fp8e8m0")
+# two e2m1 values per byte, the first in the low nibble (torch's layout); stored as raw bytes on the CPU
+float4_e2m1fn_x2 = _make("float4_e2m1fn_x2", np.dtype([("float4_e2m1fn_x2", np.uint8)]), FLOAT, True, "fp4e2m1x2")
 complex64 = _make("complex64", np.complex64, COMPLEX, True, "float2")
 complex128 = _make("complex128", np.complex128, COMPLEX, True, "double2")
 
 ALL = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2,
-       complex64, complex128)
+       float8_e8m0fnu, float4_e2m1fn_x2, complex64, complex128)
+_STORAGE_ONLY = frozenset({float8_e8m0fnu, float4_e2m1fn_x2})
 _BY_NAME = {d.name: d for d in ALL}
 _ALIASES = {"half": float16, "float": float32, "double": float64, "long": int64, "int": int32, "short": int16,
             "cfloat": complex64, "cdouble": complex128}
@@ -242,6 +252,9 @@ def checked_scalar(value, dtype: DType, op: str):
         value = value.item()
     if dtype.is_complex:
         return value
+    if dtype is float4_e2m1fn_x2 and value != 0:  # zeros and empty are the only fills torch has for packed FP4
+        raise NotImplementedError(f"{op}: float4_e2m1fn_x2 tensors can only be filled with zeros, as in torch (got "
+                                  f"{value!r}); make FP4 data with tilewise.quantize(t, 'nvfp4')")
     if isinstance(value, builtins.complex):
         raise RuntimeError(f"{op}: value cannot be converted to type {dtype.name} without overflow: got {value!r}; "
                            "a complex number fits only a complex dtype (complex64, complex128)")
@@ -266,6 +279,7 @@ def checked_scalar(value, dtype: DType, op: str):
 # float64 takes every Python float; float8 types saturate (their casts clip to the largest finite value)
 _FLOAT_MAX = {d: builtins.float(ml_dtypes.finfo(d.np).max) if d.itemsize > 1 else math.inf
               for d in ALL if d.is_floating_point}
+_FLOAT_MAX[float8_e8m0fnu] = builtins.float(np.finfo(np.float32).max)  # torch: NaN past 2**128, refused past float
 _INT_BOUNDS = {d: (builtins.int(np.iinfo(d.np).min), builtins.int(np.iinfo(d.np).max)) for d in ALL
                if d.category == INT}
 
@@ -352,6 +366,9 @@ def castable(src: DType, dst: DType) -> bool:
 class finfo:  # noqa: N801 — torch's name
     def __init__(self, dtype: DType | None = None):
         dtype = (as_dtype(dtype) if dtype is not None else _default).to_real()
+        if dtype is float4_e2m1fn_x2:
+            raise TypeError("finfo: float4_e2m1fn_x2 packs two FP4 values in a byte and has no finfo, as in torch; "
+                            "its values are 0, ±0.5, ±1, ±1.5, ±2, ±3, ±4 and ±6 (tilewise.dtypes.describe shows bits)")
         if not dtype.is_floating_point:
             raise TypeError(f"finfo: {dtype} is not a floating point dtype; use iinfo for integers")
         info = ml_dtypes.finfo(dtype.np)
@@ -378,3 +395,104 @@ class iinfo:  # noqa: N801 — torch's name
 
     def __repr__(self) -> str:
         return f"iinfo(min={self.min}, max={self.max}, dtype={self.dtype.name})"
+
+
+# ---------------------------------------------------------------- bit fields
+
+# (sign bits, exponent bits, mantissa bits, exponent bias) of each floating format; float4_e2m1fn_x2 describes
+# one of its two e2m1 values
+_FIELDS = {float16: (1, 5, 10, 15), bfloat16: (1, 8, 7, 127), float32: (1, 8, 23, 127), float64: (1, 11, 52, 1023),
+           float8_e4m3fn: (1, 4, 3, 7), float8_e5m2: (1, 5, 2, 15), float8_e8m0fnu: (0, 8, 0, 127),
+           float4_e2m1fn_x2: (1, 2, 1, 1)}
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the magnitudes of e2m1 codes 0..7; bit 3 is the sign
+
+
+def encode_e2m1(values: np.ndarray) -> np.ndarray:
+    """float32 values -> e2m1 codes (uint8, 0..15): round to nearest, ties to even, saturating at ±6. A tie goes
+    to the even code, so the midpoints after an even code (0.25, 1.25, 2.5, 5) round down and those after an odd
+    one (0.75, 1.75, 3.5) round up. NaN has no e2m1 code: callers flag it in the block scale."""
+    a = np.abs(values)
+    code = ((a > 0.25).astype(np.uint8) + (a >= 0.75) + (a > 1.25) + (a >= 1.75) + (a > 2.5) + (a >= 3.5) + (a > 5))
+    return (code | (np.signbit(values).astype(np.uint8) << 3)).astype(np.uint8)
+
+
+def decode_e2m1(codes: np.ndarray) -> np.ndarray:
+    magnitude = np.asarray(E2M1_VALUES, np.float32)[codes & 7]
+    return np.where(codes & 8, -magnitude, magnitude).astype(np.float32)
+
+
+def round_to_e8m0(values) -> np.ndarray:
+    """torch's float -> float8_e8m0fnu: the float32 exponent, rounded up when the first dropped mantissa bit is
+    set (a float32 subnormal rounds up only past half); the sign is dropped; NaN and infinity give NaN (0xFF)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        bits = np.asarray(values, np.float32).view(np.uint32)
+    exponent = (bits >> 23) & 0xFF
+    guard = (bits & 0x400000) != 0
+    rest = (bits & 0x3FFFFF) != 0
+    round_up = guard & (rest | (exponent > 0)) & (exponent != 0xFF)
+    return (exponent + round_up).astype(np.uint8).view(float8_e8m0fnu.np)
+
+
+def _bits_of(value, dtype: DType) -> builtins.int:
+    if dtype is float4_e2m1fn_x2:
+        return builtins.int(encode_e2m1(np.float32(value))) & 0xF
+    if dtype is float8_e8m0fnu:
+        return builtins.int(round_to_e8m0(np.float32(value)).view(np.uint8))
+    x = np.asarray(value, np.float64)
+    if dtype is float8_e4m3fn:
+        x = np.clip(x, -448.0, 448.0)  # tilewise's (and torch's) cast saturates
+    return builtins.int(x.astype(dtype.np).reshape(1).view(f"u{dtype.itemsize}")[0])
+
+
+def _field_value(sign: builtins.int, exponent: builtins.int, mantissa: builtins.int, fields) -> str:
+    sign_bits, exponent_bits, mantissa_bits, bias = fields
+    top = (1 << exponent_bits) - 1
+    scale = 1 << mantissa_bits
+    if sign_bits == 0:  # e8m0: a power of two, 0xFF is NaN
+        return "NaN" if exponent == top else f"2^{exponent - bias}"
+    sign_text = "-" if sign else "+"
+    if exponent == 0:
+        return f"{sign_text}(0 + {mantissa}/{scale}) × 2^{1 - bias} (subnormal)" if mantissa else f"{sign_text}0"
+    return f"{sign_text}(1 + {mantissa}/{scale}) × 2^{exponent - bias}"
+
+
+def describe(value, dtype) -> str:
+    """The bits of ``value`` once stored as ``dtype``: sign, exponent and mantissa fields and what they encode.
+    The value is first rounded as a cast to ``dtype`` rounds it (float4_e2m1fn_x2: one of its two e2m1 values).
+
+    >>> import tilewise as tw
+    >>> print(tw.dtypes.describe(1.75, tw.float8_e4m3fn))
+    float8_e4m3fn 0x3e = 0|0111|110: sign + exponent 7 (bias 7) mantissa 6/8 -> +(1 + 6/8) × 2^0 = 1.75
+    """
+    dtype = as_dtype(dtype)
+    fields = _FIELDS.get(dtype)
+    if fields is None:
+        raise TypeError(f"describe: {dtype.name} is not a floating-point format; valid: "
+                        f"{', '.join(d.name for d in _FIELDS)}")
+    sign_bits, exponent_bits, mantissa_bits, bias = fields
+    bits = _bits_of(value, dtype)
+    mantissa = bits & ((1 << mantissa_bits) - 1)
+    exponent = (bits >> mantissa_bits) & ((1 << exponent_bits) - 1)
+    sign = (bits >> (mantissa_bits + exponent_bits)) & 1 if sign_bits else 0
+    width = sign_bits + exponent_bits + mantissa_bits
+    groups = ([format(sign, "b")] if sign_bits else []) + [format(exponent, f"0{exponent_bits}b")]
+    if mantissa_bits:
+        groups.append(format(mantissa, f"0{mantissa_bits}b"))
+    stored = _stored_value(bits, dtype)
+    name = "float4_e2m1fn_x2 (one e2m1 nibble)" if dtype is float4_e2m1fn_x2 else dtype.name
+    parts = [f"{name} 0x{bits:0{(width + 3) // 4}x} = {'|'.join(groups)}:"]
+    if sign_bits:
+        parts.append(f"sign {'-' if sign else '+'}")
+    parts.append(f"exponent {exponent} (bias {bias})")
+    if mantissa_bits:
+        parts.append(f"mantissa {mantissa}/{1 << mantissa_bits}")
+    meaning = _field_value(sign, exponent, mantissa, fields) if math.isfinite(stored) else "special"
+    parts.append(f"-> {meaning} = {stored!r}")
+    return " ".join(parts)
+
+
+def _stored_value(bits: builtins.int, dtype: DType) -> builtins.float:
+    if dtype is float4_e2m1fn_x2:
+        return builtins.float(decode_e2m1(np.uint8(bits)))
+    raw = np.array([bits], f"u{dtype.itemsize}").view(dtype.np)
+    return builtins.float(raw.astype(np.float64)[0])

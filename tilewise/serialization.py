@@ -54,7 +54,8 @@ from tilewise.tensor import Tensor, from_array
 _SAFETENSORS_DTYPES = {
     dtypes.bool_: "BOOL", dtypes.uint8: "U8", dtypes.int8: "I8", dtypes.int16: "I16", dtypes.int32: "I32",
     dtypes.int64: "I64", dtypes.float16: "F16", dtypes.bfloat16: "BF16", dtypes.float32: "F32", dtypes.float64: "F64",
-    dtypes.float8_e4m3fn: "F8_E4M3", dtypes.float8_e5m2: "F8_E5M2",
+    dtypes.float8_e4m3fn: "F8_E4M3", dtypes.float8_e5m2: "F8_E5M2", dtypes.float8_e8m0fnu: "F8_E8M0",
+    dtypes.float4_e2m1fn_x2: "F4",  # safetensors counts F4 in 4-bit elements: the last dimension doubles
 }
 _FROM_SAFETENSORS = {code: dtype for dtype, code in _SAFETENSORS_DTYPES.items()}
 _METADATA_KEY = "tilewise"
@@ -238,6 +239,25 @@ def _writer_of_safetensors(obj: Any):
     return lambda file: _write(file, header, stored)
 
 
+def _file_shape(dtype: dtypes.DType, shape: list) -> list:
+    """The shape safetensors records: F4 counts FP4 values, two per float4_e2m1fn_x2 element."""
+    if dtype is dtypes.float4_e2m1fn_x2:
+        if not shape:
+            raise RuntimeError("tilewise.save: a 0-dim float4_e2m1fn_x2 tensor has no safetensors shape (F4 counts "
+                               "values along the last dimension); reshape it to (1,)")
+        return shape[:-1] + [2 * shape[-1]]
+    return shape
+
+
+def _tensor_shape(dtype: dtypes.DType, shape) -> list | None:
+    """The tensor shape of a safetensors entry, or None where F4's last dimension is missing or odd."""
+    if dtype is not dtypes.float4_e2m1fn_x2 or not isinstance(shape, list):
+        return shape
+    if not shape or not isinstance(shape[-1], int) or shape[-1] % 2:
+        return None
+    return shape[:-1] + [shape[-1] // 2]
+
+
 def _header(stored: list[tuple[str, Tensor]], structure: str, orders: str | None = None) -> bytes:
     """The safetensors header: 8-byte length, then JSON padded with spaces to a multiple of 8 bytes. ``orders``
     (JSON: name -> strides) names the tensors to lay out again on load (see ``_keeps_strides``)."""
@@ -247,7 +267,7 @@ def _header(stored: list[tuple[str, Tensor]], structure: str, orders: str | None
     offset = 0
     for name, t in stored:
         size = t.numel() * t.dtype.itemsize
-        entries[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+        entries[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": _file_shape(t.dtype, list(t.shape)),
                          "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(entries, separators=(",", ":")).encode()
@@ -366,7 +386,7 @@ def _read_header(file: BinaryIO, where: str) -> tuple[dict, dict, int]:
     for name, entry in sorted(header.items(), key=lambda item: _offsets(item[1])):
         begin, stop = _offsets(entry)
         dtype = _FROM_SAFETENSORS.get(entry.get("dtype")) if isinstance(entry, dict) else None
-        shape = entry.get("shape") if isinstance(entry, dict) else None
+        shape = _tensor_shape(dtype, entry.get("shape")) if isinstance(entry, dict) else None
         if dtype is None and isinstance(entry, dict) and isinstance(entry.get("dtype"), str):
             raise TypeError(f"tilewise.load: tensor {name!r} has safetensors dtype {entry['dtype']}, which tilewise "
                             f"does not support; supported: {', '.join(_FROM_SAFETENSORS)}")
@@ -396,7 +416,7 @@ def _corrupt(where: str, why: str) -> RuntimeError:
 def _read_tensor(file: BinaryIO, data_start: int, name: str, entry: dict, where: str, map_location) -> Tensor:
     dtype = _FROM_SAFETENSORS[entry["dtype"]]
     begin, stop = entry["data_offsets"]
-    array = np.empty(entry["shape"], dtype.np)
+    array = np.empty(_tensor_shape(dtype, entry["shape"]), dtype.np)
     file.seek(data_start + begin)
     target = memoryview(array.reshape(-1).view(np.uint8))
     if _read_into(file, target) != stop - begin:

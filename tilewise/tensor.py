@@ -29,7 +29,8 @@ from tilewise import dtypes
 from tilewise import strides as _strides
 from tilewise.device import Device, as_device, cpu, pinning_backend
 from tilewise.device import is_pinned as pinned_by_a_backend
-from tilewise.dtypes import DType, as_dtype, checked_scalar, float8_e4m3fn, float8_e5m2, get_default_dtype
+from tilewise.dtypes import (DType, as_dtype, checked_scalar, float4_e2m1fn_x2, float8_e4m3fn, float8_e5m2,
+                             float8_e8m0fnu, get_default_dtype, round_to_e8m0)
 from tilewise.dtypes import from_numpy as dtype_from_numpy
 from tilewise.layouts import format_name, strided
 from tilewise.storage import Storage
@@ -525,8 +526,12 @@ def cast_array(a: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
     """``a`` converted to ``np_dtype`` bit for bit as torch converts: float8_e4m3fn has no infinity, so finite
     values beyond its range and infinities become ±448 rather than NaN; a float8_e5m2 NaN has every mantissa
     bit set."""
+    if np_dtype == float4_e2m1fn_x2.np or a.dtype == float4_e2m1fn_x2.np:
+        raise fp4_cast_error(a.dtype, np_dtype)
     if a.dtype.kind == "c" and np_dtype.kind != "c":  # torch keeps the real part (bool: whether either is nonzero)
         a = a != 0 if np_dtype.kind == "b" else a.real
+    if np_dtype == float8_e8m0fnu.np:
+        return round_to_e8m0(a)
     if np_dtype == float8_e4m3fn.np and a.dtype != np_dtype and a.dtype.kind != "b":
         a = np.clip(a if a.dtype.kind == "f" else a.astype(np.float32), -_E4M3FN_MAX, _E4M3FN_MAX)
     if a.dtype.kind in "fV" and np_dtype.kind in "iu":  # NaN, inf and out-of-range values: torch gives the
@@ -536,6 +541,14 @@ def cast_array(a: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
     if np_dtype == float8_e5m2.np:
         out.view(np.uint8)[np.isnan(out)] |= 1
     return out
+
+
+def fp4_cast_error(source: np.dtype, target: np.dtype) -> NotImplementedError:
+    names = [dtype_from_numpy(d).name for d in (source, target)]
+    return NotImplementedError(f"_to_copy: a cast from {names[0]} to {names[1]} is not implemented, as in torch: "
+                               "float4_e2m1fn_x2 holds two packed FP4 values per byte and converts to nothing; read "
+                               "its bytes with .view(tilewise.uint8), or make and read FP4 data with "
+                               "tilewise.quantize(t, 'nvfp4') and tilewise.dequantize(q)")
 
 
 def from_array(a: np.ndarray, dtype: DType | None = None) -> Tensor:

@@ -23,6 +23,7 @@ from tilewise.compiler.ir import TensorType
 from tilewise.device import cpu
 from tilewise.dispatch import STATE
 from tilewise.dtypes import get_default_dtype, int64
+from tilewise.ops.views import view_output
 from tilewise.tensor import TRACE_HOOKS, Tensor, from_array
 
 DATA_DEPENDENT_OPS = frozenset({"nonzero"})
@@ -83,10 +84,8 @@ def _reduction(op, args, device):
 
 
 def _view(op, args, device):
-    x = args[0]
-    shape, _, _ = op.view(x._shape, x._strides, x._offset, *args[1:])
-    reinterpret = op.attrs.get("view_dtype")  # view_as_real / view_as_complex: the same bytes as another dtype
-    return TensorType(tuple(shape), x._dtype if reinterpret is None else reinterpret(x), device)
+    dtype, (shape, _, _) = view_output(op, args)
+    return TensorType(tuple(shape), dtype, device)
 
 
 def _matmul(op, args, device):

@@ -9,6 +9,7 @@ tensor of the input's shape and add the gradient into it.
 from __future__ import annotations
 
 from tilewise import dispatch
+from tilewise.dtypes import as_dtype
 from tilewise import strides as S
 from tilewise.ops.batching_rules import view_scatter_add_rule, view_scatter_rule
 from tilewise.ops.formulas import HELPERS
@@ -18,15 +19,25 @@ from tilewise.tensor import Tensor
 
 def apply_view(op, args: tuple) -> Tensor:
     x = args[0]
-    reinterpret = op.attrs.get("view_dtype")  # view_as_real / view_as_complex: the same bytes as another dtype
-    dtype = x._dtype if reinterpret is None else reinterpret(x)
-    shape, strides, offset = op.view(x._shape, x._strides, x._offset, *args[1:])
+    dtype, (shape, strides, offset) = view_output(op, args)
     if op.name == "as_strided" and x._storage is not None:
         _check_in_storage(shape, strides, offset, x)
     out = Tensor._make(x._storage, tuple(shape), tuple(strides), offset, dtype, x._device)
     out._base = x._base if x._base is not None else x
     out._trace = x._trace
     return out
+
+
+def view_output(op, args: tuple) -> tuple:
+    """The dtype and the geometry ``(shape, strides, offset)`` of a view's result."""
+    x = args[0]
+    reinterpret = op.attrs.get("view_dtype")  # view_as_real/complex, view.dtype: the same bytes as another dtype
+    if reinterpret is None:
+        return x._dtype, op.view(x._shape, x._strides, x._offset, *args[1:])
+    dtype = reinterpret(*args)
+    if op.attrs.get("regroups_bytes"):
+        return dtype, op.view(x._shape, x._strides, x._offset, x._dtype, dtype)
+    return dtype, op.view(x._shape, x._strides, x._offset, *args[1:])
 
 
 def _check_in_storage(shape, strides, offset, x: Tensor) -> None:
@@ -164,9 +175,40 @@ def _unfold(shape, strides, offset, dimension, size, step):
             (strides[d],), offset)
 
 
+def _view_dtype(shape, strides, offset, source, target):
+    """torch's view(dtype): the same bytes read as ``target``; with another element size the last dimension
+    regroups its bytes, so it must be dense and every other stride and the offset must fall on whole elements."""
+    if source.itemsize == target.itemsize:
+        return shape, strides, offset
+    what = f"to view {source.name} as {target.name} (different element sizes)"
+    if not shape:
+        raise RuntimeError(f"view.dtype: self.dim() cannot be 0 {what}")
+    if strides[-1] != 1:
+        raise RuntimeError(f"view.dtype: self.stride(-1) must be 1 {what}, but got {strides[-1]}")
+    if target.itemsize > source.itemsize:
+        ratio = target.itemsize // source.itemsize
+        for name, value in (("size(-1)", shape[-1]), *((f"stride({d})", s) for d, s in enumerate(strides[:-1])),
+                            ("storage_offset()", offset)):
+            if value % ratio:
+                raise RuntimeError(f"view.dtype: self.{name} must be divisible by {ratio} {what}, but got {value}")
+        return (shape[:-1] + (shape[-1] // ratio,), tuple(s // ratio for s in strides[:-1]) + (1,), offset // ratio)
+    ratio = source.itemsize // target.itemsize
+    return shape[:-1] + (shape[-1] * ratio,), tuple(s * ratio for s in strides[:-1]) + (1,), offset * ratio
+
+
+def _target_dtype(x: Tensor, dtype):
+    target = as_dtype(dtype)
+    if (x._dtype.is_complex or target.is_complex) and target is not x._dtype:
+        raise RuntimeError(f"view.dtype: a complex tensor cannot be viewed as another dtype here (got {x._dtype.name} "
+                           f"-> {target.name}); use view_as_real / view_as_complex")
+    return target
+
+
 # ---------------------------------------------------------------- declarations
 
 view("view(Tensor(a) self, int[] size) -> Tensor(a)", _view, "grad.reshape(self_shape)")
+declare("view.dtype(Tensor(a) self, ScalarType dtype) -> Tensor(a)", "view", view=_view_dtype,
+        view_dtype=_target_dtype, regroups_bytes=True, compiles=False)
 view("permute(Tensor(a) self, int[] dims) -> Tensor(a)", _permute, "grad.permute(inverse_permutation(dims))")
 view("transpose(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", _transpose, "grad.transpose(dim0, dim1)",
      aliases=("swapaxes", "swapdims"))

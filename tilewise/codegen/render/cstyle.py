@@ -43,7 +43,7 @@ from tilewise.ops.expr import BINARY, UNARY, Expr, toposort
 
 SUFFIX = {"bool": "b", "uint8": "u8", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
           "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
-          "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+          "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "float8_e8m0fnu": "e8m0", "float4_e2m1fn_x2": "e2m1x2"}
 
 
 class WeakType:

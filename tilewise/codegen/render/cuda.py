@@ -31,6 +31,9 @@ _MINMAX_NAN = """{{FN}} {{T}} tw_{name}_{{S}}({{T}} a, {{T}} b) {{{{
     return a != a ? a : (b != b ? b : (a {cmp} b ? a : b));
 }}}}"""
 
+_E8M0_STORE = ("(unsigned char)((({b} >> 23) & 0xFFu) + ((({b} >> 23) & 0xFFu) != 0xFFu && ({b} & 0x400000u) "
+               "&& (({b} & 0x3FFFFFu) || (({b} >> 23) & 0xFFu))))")
+
 CUDA = Language(
     name="cuda",
     kernel_prefix='extern "C" __global__ void __launch_bounds__({block})',
@@ -40,6 +43,7 @@ CUDA = Language(
         "bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short", "int32": "int",
         "int64": "long long", "float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float",
         "float64": "double", "float8_e4m3fn": "__nv_fp8_storage_t", "float8_e5m2": "__nv_fp8_storage_t",
+        "float8_e8m0fnu": "unsigned char", "float4_e2m1fn_x2": "unsigned char",  # bytes; fp4 is never converted
     },
     headers={"float16": "#include <cuda_fp16.h>", "bfloat16": "#include <cuda_bf16.h>",
              "float8_e4m3fn": _FP8_HEADER, "float8_e5m2": _FP8_HEADER},
@@ -48,6 +52,9 @@ CUDA = Language(
         "bfloat16": "__bfloat162float({0})",
         "float8_e4m3fn": "__half2float(__half(__nv_cvt_fp8_to_halfraw({0}, __NV_E4M3)))",
         "float8_e5m2": "__half2float(__half(__nv_cvt_fp8_to_halfraw({0}, __NV_E5M2)))",
+        # e8m0 code c is 2^(c - 127): code 0 is 2^-127 (a float32 subnormal), 0xFF is NaN
+        "float8_e8m0fnu": "(({0}) == 0 ? __int_as_float(0x00400000) : ({0}) == 0xFF ? __int_as_float(0x7fffffff) "
+                          ": __int_as_float((unsigned int)({0}) << 23))",
     },
     stores={
         ("float16", "float"): "__float2half_rn({0})", ("float16", "double"): "__double2half({0})",
@@ -57,6 +64,10 @@ CUDA = Language(
         ("float8_e4m3fn", "double"): "__nv_cvt_double_to_fp8({0}, __NV_SATFINITE, __NV_E4M3)",
         ("float8_e5m2", "float"): "__nv_cvt_float_to_fp8({0}, {sat}, __NV_E5M2)",
         ("float8_e5m2", "double"): "__nv_cvt_double_to_fp8({0}, {sat}, __NV_E5M2)",
+        # torch's rounding (see dtypes.round_to_e8m0): the float32 exponent, up by one when the guard bit is set
+        # and the rest or the implicit bit is; NaN and infinity give 0xFF
+        ("float8_e8m0fnu", "float"): _E8M0_STORE.replace("{b}", "__float_as_uint({0})"),
+        ("float8_e8m0fnu", "double"): _E8M0_STORE.replace("{b}", "__float_as_uint((float)({0}))"),
     },
     math={"rsqrt": "rsqrt{f}({0})", "erfinv": "erfinv{f}({0})", "isinf": "(isinf({0}) != 0)"},
     helpers={"maximum:float": _MINMAX_NAN.format(name="maximum", ptx="max", cmp=">"),

@@ -280,7 +280,8 @@ class Module:
         if isinstance(value, Module):
             if modules is None:
                 raise AttributeError("cannot assign module before Module.__init__() call")
-            self._forget(name)
+            if name not in modules:  # replacing a child keeps its place in the order, as in torch
+                self._forget(name)
             modules[name] = value
             return
         if modules is not None and name in modules:

@@ -10,6 +10,7 @@ expect.
 
 from __future__ import annotations
 
+from tilewise import dtypes
 from tilewise import strides as S
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel, kernel_into
@@ -19,7 +20,7 @@ from tilewise.device import Device
 from tilewise.dtypes import DType
 from tilewise.layouts import copy_strides
 from tilewise.ops.expr import Expr
-from tilewise.tensor import Tensor
+from tilewise.tensor import Tensor, fp4_cast_error
 
 _IDENTITY = Expr("input", (), 0)
 
@@ -34,7 +35,19 @@ def copy_into(out: Tensor, src: Tensor, saturate: bool = False) -> Tensor:
     """Write ``src`` (same shape, or broadcastable to it) into ``out``, converting dtypes."""
     if out._dtype.is_complex or src._dtype.is_complex:
         return _copy_parts(out, src)
+    if out._dtype is dtypes.float4_e2m1fn_x2 or src._dtype is dtypes.float4_e2m1fn_x2:
+        if out._dtype is not src._dtype:
+            raise fp4_cast_error(src._dtype.np, out._dtype.np)
+        copy_into(_as_bytes(out), _as_bytes(src))  # packed pairs have no value to convert: copy the bytes
+        return out
     return elementwise("copy", _IDENTITY, compute_of(src._dtype), [src], out, saturate)
+
+
+def _as_bytes(t: Tensor) -> Tensor:
+    """A one-byte-per-element tensor as uint8, with the same geometry and memory."""
+    out = Tensor._make(t._storage, t._shape, t._strides, t._offset, dtypes.uint8, t._device)
+    out._base = t._base if t._base is not None else t
+    return out
 
 
 def _copy_parts(out: Tensor, src: Tensor) -> Tensor:
