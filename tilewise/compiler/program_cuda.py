@@ -10,8 +10,8 @@ backend on tensors viewing the planned buffers, their results copied in.
 
 CUDA graphs: from the second call on, a program of several steps that are all capturable (generated
 kernels, GEMMs that need no operand copy, end-of-call copies, custom operators) is captured once into a CUDA
-graph (``backends.cuda.graphs``, see [Note: graph capture]) and replayed, so a call costs one ``cuGraphLaunch`` instead of a launch per step. A graph bakes in
-addresses, so: arguments of the compiled function are copied into static staging buffers the graph reads (one
+graph (``backends.cuda.graphs``, see [Note: graph capture]) and replayed, so a call costs one
+``cuGraphLaunch`` instead of a launch per step. A graph bakes in addresses, so: arguments of the compiled function are copied into static staging buffers the graph reads (one
 device-to-device copy each, as torch's CUDA graphs do); the other inputs (parameters, gradients,
 optimizer state: what a training step updates in place) are read where they live, and a graph is kept
 per set of their addresses (a few; beyond that the program stops capturing); outputs are written to the

@@ -12,10 +12,11 @@ device's roofline (``roofline``), and the whole call compiled against eager.
 
 Times are per step of the program as it runs: the function is called ``repeats`` times after the call that
 compiles it, with each program's steps timed where they run (wall clock around each step on the CPU; CUDA
-events around each launch on CUDA, where the steps are then launched one by one rather than replayed as a
-CUDA graph). The call that compiles is not timed, nor are the calls after it that compile again (a training
-step's second call, now that gradients exist, up to ``WARMUP_CALLS``): a training step therefore trains a
-few more steps than ``repeats``, as it would under a profiler.
+events around each step on CUDA, each queued behind a short device-side wait so that the events time the
+kernels and not their launch ([Note: explain's device clock]), where the steps are then launched one by one
+rather than replayed as a CUDA graph). The call that compiles is not timed, nor are the calls after it that
+compile again (a training step's second call, now that gradients exist, up to ``WARMUP_CALLS``): a training
+step therefore trains a few more steps than ``repeats``, as it would under a profiler.
 
 For a target other than the device the arguments live on (``target="cuda"`` on a machine without a GPU),
 nothing can run: the call is lowered for that target by ``CompiledFunction.lowered`` (the same recording,
@@ -28,6 +29,7 @@ from __future__ import annotations
 import inspect
 import statistics
 import time
+from functools import partial
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -368,7 +370,8 @@ def _explain_run(compiled, fn, args, target: Target, arch, repeats: int, rooflin
             records.append(record)
     _add_resources(records, programs, target, arch)
     sections += [(_titled(p.label, "steps"), p.program.describe()) for p in programs]
-    how = "CUDA events per launch, CUDA graphs off" if device.type == "cuda" else "wall clock per step"
+    how = "CUDA events per step, each queued behind a device-side wait, CUDA graphs off" if device.type == "cuda" \
+        else "wall clock per step"
     sections.append(("roofline", _roofline_text(records, roof, f"median of {repeats} calls, {how}")))
     sections.append(("run", _run_text(compiled, fn, args, call_times, first, device)))
     return Explanation(call, sections, records, roof, compiled, programs)
@@ -384,7 +387,7 @@ class _Timers:
         self.program = program
         self.steps = list(program.steps)
         self.times: list[list[float]] = [[] for _ in self.steps]
-        self.clock = _cuda_clock if device.type == "cuda" else _host_clock
+        self.clock = partial(_cuda_clock, device.index or 0) if device.type == "cuda" else _host_clock
         self.pending: list = []
         self.runtime_graphs = None
 
@@ -410,25 +413,49 @@ class _TimedStep:
 
     def __init__(self, step, index: int, timers: _Timers):
         self.step, self.index, self.timers = step, index, timers
+        self.host = 0.0  # seconds the host took to issue this step last time (the device wait before it covers it)
 
     def run(self, *args) -> None:
-        self.timers.pending.append((self.index, self.timers.clock(lambda: self.step.run(*args), args)))
+        start = time.perf_counter()
+        self.timers.pending.append((self.index, self.timers.clock(lambda: self.step.run(*args), args, self.host)))
+        self.host = time.perf_counter() - start
 
     def __getattr__(self, name: str):
         return getattr(self.step, name)
 
 
-def _host_clock(run, args):
+def _host_clock(run, args, host: float):
     start = time.perf_counter()
     run()
     elapsed = time.perf_counter() - start
     return lambda: elapsed
 
 
-def _cuda_clock(run, args):
+# [Note: explain's device clock] CUDA events around a launch on an idle device also time the launch's own
+# latency: the start event is passed as soon as it is queued, while the kernel starts only once the host has
+# issued it (microseconds for a kernel, more for a library call's host work). The profiler's kernel records
+# (CUPTI) have no such gap. So each step is queued behind a short device-side wait, longer than the host took to
+# issue that step the last time: by the time the device reaches the start event, the step's kernels are queued
+# behind it and run back to back, as they do in a replayed graph.
+_DELAY_SOURCE = r"""extern "C" __global__ void tilewise_explain_wait(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(256);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+"""
+_MIN_WAIT_S, _FIRST_WAIT_S, _MAX_WAIT_S = 20e-6, 200e-6, 5e-3
+
+
+def _cuda_clock(device: int, run, args, host: float):
+    from tilewise.backends.cuda.kernels import launch, load
     from tilewise.backends.cuda.runtime import Event
 
     stream = args[-1]
+    wait = min(_MAX_WAIT_S, max(_MIN_WAIT_S, 2 * host + 10e-6)) if host else _FIRST_WAIT_S
+    launch(load(_DELAY_SOURCE, "tilewise_explain_wait", device), 1, 1, [int(wait * 1e9)], stream)
     start, end = Event(enable_timing=True), Event(enable_timing=True)
     start.record(stream)
     run()
