@@ -173,7 +173,8 @@ def _aminmax(self, dim=None, keepdim=False):
 
 
 composite("nansum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", _nansum,
-          grad={"self": "(expand_reduced(grad, self_shape, dim, keepdim) * isnan(self).logical_not()).to(self.dtype)"})
+          grad={"self": "(expand_reduced(grad, self_shape, dim, keepdim) * isnan(self).logical_not()).to(self.dtype)"},
+          fwd="nansum_jvp(self, self_t, dim, keepdim)")
 composite("nanmean(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
           _nanmean)
 composite("aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor min, Tensor max)", _aminmax)
@@ -323,4 +324,5 @@ composite("nanmedian(Tensor self) -> Tensor", _nanmedian,
           grad={"self": "evenly_distribute_backward(grad, self, result)"}, fwd="evenly_read_jvp(self_t, self, result)")
 composite("nanmedian.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
           _nanmedian_dim, grad={"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"},
-          nondiff_outputs=(1,))
+          nondiff_outputs=(1,),
+          fwd="selected_jvp(self_t, dim, result[1], keepdim)")
