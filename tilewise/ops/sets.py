@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from tilewise import dtypes
+from tilewise.dispatch import values_readable
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import dynamic_shape, loop, shift_dims
 from tilewise.ops.formulas import HELPERS
@@ -244,7 +245,7 @@ def _quantile_checks(self, q, interpolation, op):
         q = tensor(q, dtype=self.dtype, device=self.device)
     elif q.ndim > 1:
         raise RuntimeError(f"{op}() q must be a scalar or 1D tensor (got {q.ndim} dims)")
-    elif q.numel() and (bool((q < 0).any()) or bool((q > 1).any())):
+    elif q.numel() and values_readable(q) and (bool((q < 0).any()) or bool((q > 1).any())):
         raise RuntimeError(f"{op}() q values must be in the range [0, 1]")
     if self.numel() == 0:
         raise RuntimeError(f"{op}() input tensor must be non-empty")
