@@ -277,3 +277,29 @@ AGAINST_REVERSE_MODE = {  # torch has no forward rule for these (or a rule that 
 def test_tangent_is_the_adjoint_of_the_gradient(case):
     fn, primals = AGAINST_REVERSE_MODE[case]
     _check_adjoint(fn, primals)
+
+
+ON_THE_GPU = ["conv2d_groups", "conv_transpose2d_output_padding", "sdpa_causal", "sdpa_float_mask", "layer_norm_affine",
+              "rms_norm_weight", "batch_norm_training", "max_pool2d_indices", "avg_pool2d_no_pad_count",
+              "cumprod_zeros", "logsumexp_dims", "amax_ties", "sort_descending", "lstm_cell", "svd_reduced", "det"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", ON_THE_GPU)
+def test_tangent_on_the_gpu_matches_torch(case):
+    """The same rules on CUDA tensors (float32): tilewise's tangents against torch's on the CPU."""
+    fn, primals = AGAINST_TORCH[case]
+    primals = [np.asarray(p, dtype=np.float32) for p in primals]
+    tangents = [_normal(*np.shape(p)).astype(np.float32) for p in primals]
+    with fwAD.dual_level():
+        duals = [fwAD.make_dual(_lib_tensor(tw, p).to("cuda"), _lib_tensor(tw, t).to("cuda"))
+                 for p, t in zip(primals, tangents)]
+        out = fn(tw, *duals)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        ours = [fwAD.unpack_dual(o).tangent if o.dtype.is_floating_point else None for o in outs]
+        ours = [None if t is None else t.cpu().numpy() for t in ours]
+    theirs = _jvp(torch, torch_fwad, fn, primals, tangents)
+    for k, (t, (_, expected)) in enumerate(zip(ours, theirs)):
+        if expected is not None:
+            got = np.zeros_like(expected) if t is None else t
+            np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-4, err_msg=f"{case}: tangent {k}")
