@@ -24,7 +24,7 @@ from tilewise.dtypes import checked_scalar, int64, result_type
 from tilewise.layouts import suggest_memory_format
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import dynamic_shape, shift_dims
-from tilewise.ops.batching_rules import index_select_rule, stack_rule
+from tilewise.ops.batching_rules import cat_rule, index_select_rule, stack_rule
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
@@ -153,7 +153,7 @@ declare("cat(Tensor[] tensors, int dim=0) -> Tensor", "copy", dtype=_cat_dtype,
         grad={"tensors": "cat_backward(grad, tensors_shape, dim)"}, fwd="auto_linear", method=False,
         aliases=("concat", "concatenate"),
         doc="Join tensors along an existing dim; dtypes promote.\n\n"
-            ">>> tw.cat([tw.zeros(1, 2), tw.ones(2, 2)]).shape\ntilewise.Size([3, 2])", batch=shift_dims)
+            ">>> tw.cat([tw.zeros(1, 2), tw.ones(2, 2)]).shape\ntilewise.Size([3, 2])", batch=cat_rule)
 composite("stack(Tensor[] tensors, int dim=0) -> Tensor", _stack, method=False,
           doc="Join equal-shaped tensors along a new dim.\n\n"
               ">>> tw.stack([tw.zeros(2), tw.ones(2)], 1).shape\ntilewise.Size([2, 2])", batch=stack_rule)
