@@ -168,11 +168,10 @@ def searchsorted_rule(op, args, batched, size):
     """searchsorted: a 1-dim sorted sequence per example searches all of that example's values, so the values
     are flattened per example; a sequence with leading dims pairs them with the values' as it would."""
     if type(args[1]) is not Tensor:  # a number searched in every example's sequence: one value per example
-        from tilewise.ops.creation import full
+        from tilewise.tensor import tensor
 
-        value = args[1]
         seq = batched_everywhere(args[0], batched[0], size)
-        values = full((size, *(1,) * max(seq.ndim - 1, 1)), value, device=seq.device)
+        values = tensor(args[1], device=seq.device).expand((size, *(1,) * max(seq.ndim - 1, 1)))
         return searchsorted_rule(op, [seq, values, *args[2:]], (True, True, *batched[2:]), size).reshape(size)
     seq, values = batched_everywhere(args[0], batched[0], size), batched_everywhere(args[1], batched[1], size)
     rest = list(args[2:])
