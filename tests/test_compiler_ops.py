@@ -21,7 +21,7 @@ from tilewise.codegen.toolchain import nvrtc_available
 from tilewise.compiler import DataDependentError, UnsupportedTargetError
 
 # operators whose result shape (or, for one_hot without num_classes, an argument) depends on tensor values
-DATA_DEPENDENT = {"nonzero", "masked_select", "masked_scatter", "masked_scatter_", "unique", "argwhere",
+DATA_DEPENDENT = {"nonzero", "masked_select", "unique", "argwhere",
                   "repeat_interleave", "one_hot", "unique_consecutive", "bincount", "histc", "equal", "allclose",
                   "unravel_index", "quantile", "nanquantile", "nonzero_static", "histogram", "histogramdd"}
 # complex tensors run eagerly: the compiler's targets have no complex types (test_complex_functions_refuse_compile)

@@ -66,21 +66,7 @@ def test_derivative_formulas_only_use_known_names(op):
 # Operators whose tangents still come from the transposed backward formula (see [Note: forward-mode AD] in
 # autograd/forward_ad.py): exact, but a second backward per call. The list only shrinks: give an operator a
 # ``fwd=`` rule beside its derivative (a formula, "auto_linear" or "auto_element_wise") and take it off.
-TRANSPOSED_FORWARD = {
-    '_adaptive_avg_pool2d', '_adaptive_avg_pool3d', '_binary_cross_entropy', '_binary_cross_entropy_with_logits',
-    '_conv2d', '_conv3d', '_conv_transpose2d', '_conv_transpose3d', '_cross_entropy_loss', '_cross_map_lrn2d',
-    '_fused_rms_norm', '_gru_cell', '_linalg_cholesky_ex', '_linalg_det', '_linalg_eigh', '_linalg_inv_ex',
-    '_linalg_lstsq', '_linalg_matrix_exp', '_linalg_qr', '_linalg_slogdet', '_linalg_solve',
-    '_linalg_solve_triangular', '_linalg_svd', '_lstm_cell', '_lstm_layer', '_nll_loss', '_pointwise_loss',
-    '_rnn_hidden_projection', '_scaled_dot_product_attention_math', '_soft_margin', '_split_steps',
-    'adaptive_max_pool1d_with_indices', 'adaptive_max_pool2d_with_indices', 'adaptive_max_pool3d_with_indices',
-    'amax', 'amin', 'avg_pool1d', 'avg_pool2d', 'avg_pool3d', 'cholesky_solve', 'cummax', 'cummin', 'cumprod',
-    'fractional_max_pool2d_with_indices', 'fractional_max_pool3d_with_indices', 'frexp.Tensor', 'kthvalue', 'ldexp',
-    'linalg_pinv', 'logsumexp', 'max.dim', 'max_pool1d_with_indices', 'max_pool2d_with_indices',
-    'max_pool3d_with_indices', 'median.dim', 'min.dim', 'mode', 'mvlgamma', 'nanmedian.dim', 'nansum',
-    'native_batch_norm', 'native_layer_norm', 'norm', 'prod', 'scatter_reduce.two', 'sort', 'topk',
-
-}
+TRANSPOSED_FORWARD: set[str] = set()
 
 
 @pytest.mark.parametrize("op", ALL, ids=_ids(ALL))

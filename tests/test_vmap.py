@@ -15,6 +15,7 @@ from test_ops import OPINFOS
 import tilewise as tw
 import tilewise.nn.functional as F
 from tilewise.func import vmap
+from tilewise.ops.batching import _WARNED
 
 BATCH = 3
 
@@ -82,7 +83,14 @@ RANDOM = {"dropout", "bernoulli", "multinomial", "rand_like", "randn_like", "ran
 TORCH_VMAP_BUGS = {
     "index_fill": "a batched 0-dim fill value: every example is filled with the last example's value",
     "linalg.qr": "mode='r': the empty Q comes back without the batch dim",
+    "roll": "0-dim examples: the batch itself is rolled, where each example's roll is the example",
+    "index_select": "a 0-dim index: every column comes back, where each example selects one",
+    "aminmax": "keepdim without dim: a dim of each example is dropped",
 }
+
+# operators that vmap runs one example at a time, with torch's performance warning: not differentiable, and their
+# output's shape or bins come from the values (tests/test_op_rules.py lists those without any rule)
+LOOPING = {"bincount", "histc", "histogram", "nonzero_static", "unravel_index"}
 
 
 def _torch_loop(fn, inputs, in_dims):
@@ -112,9 +120,12 @@ def check_vmap(info, sample, dtype: str, seed: int = 0):
                     expected = torch.func.vmap(th_fn, in_dims=in_dims, out_dims=out_dims)(*th_in)
         except Exception:  # noqa: BLE001 — torch refuses this case (a data-dependent op, a non-tensor output)
             continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _WARNED.clear()  # the loop warns once per operator and process
             actual = vmap(tw_fn, in_dims=in_dims, out_dims=out_dims)(*tw_in)
+        looped = [str(w.message) for w in caught if "performance drop" in str(w.message)]
+        assert not looped or info.name in LOOPING, f"{info.name}: runs one example at a time: {looped[0]}"
         _compare(actual, expected, f"{info.name}[{sample.name or sample.args}] in_dims={in_dims}", rtol, atol)
         compared += 1
     return compared
@@ -128,6 +139,17 @@ CASES = [(info, s) for info in OPINFOS if info.name not in RANDOM for s in info.
 @pytest.mark.parametrize("info,sample", CASES, ids=[f"{i.name}-{k}" for k, (i, _) in enumerate(CASES)])
 def test_vmap_matches_torch(info, sample):
     check_vmap(info, sample, info.dtypes[-1] if "float64" in info.dtypes else info.dtypes[0])
+
+
+EVERY_SAMPLE = [info for info in OPINFOS if info.name not in RANDOM and len(info.samples()) > 1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("info", EVERY_SAMPLE, ids=[f"{i.name}-{k}" for k, i in enumerate(EVERY_SAMPLE)])
+def test_vmap_matches_torch_on_every_sample(info):
+    """The samples after the first (the test above runs the first), each batched as it is there."""
+    for sample in info.samples()[1:]:
+        check_vmap(info, sample, info.dtypes[-1] if "float64" in info.dtypes else info.dtypes[0])
 
 
 # ---------------------------------------------------------------- transforms and arguments
@@ -246,6 +268,38 @@ def test_per_example_gradients_with_autograd_grad_inside_vmap():
                                                                                torch.tensor(ys))
     for k, g in enumerate(grads):
         np.testing.assert_allclose(g.numpy(), expected[str(k)].numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["masked_scatter", "quantile", "cat_legacy_empty", "sort_topk"])
+def test_per_example_gradients_through_data_dependent_looking_operators(case):
+    """vmap(grad) through operators whose meaning reads values (a mask's running count, ranks, sorted order):
+    each batches without the per-example loop and gives torch.func's gradients."""
+    rng = np.random.default_rng(9)
+    xs, ss = rng.standard_normal((4, 3, 5)), rng.standard_normal((4, 15))
+    masks = rng.random((4, 3, 5)) < 0.5
+
+    def loss(lib, x, s, m):
+        if case == "masked_scatter":
+            y = x.masked_scatter(m, s)
+        elif case == "quantile":
+            y = lib.quantile(x, lib.tensor([0.25, 0.9], dtype=x.dtype), dim=1)
+        elif case == "cat_legacy_empty":
+            y = lib.cat([x, s[:0], s.reshape(3, 5)])
+        else:
+            y = x.sort(1, descending=True)[0] * x.topk(2, 0)[0].sum()
+        return (y * y.cos()).sum()
+
+    def ours(x, s, m):
+        x, s = x.requires_grad_(), s.requires_grad_()
+        return tw.autograd.grad(loss(tw, x, s, m), (x, s), allow_unused=True, materialize_grads=True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the loop's performance warning would fail the test
+        got = vmap(ours)(tw.tensor(xs), tw.tensor(ss), tw.tensor(masks))
+    expected = torch.func.vmap(torch.func.grad(lambda x, s, m: loss(torch, x, s, m), argnums=(0, 1)))(
+        torch.tensor(xs), torch.tensor(ss), torch.tensor(masks))
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-10, atol=1e-12)
 
 
 def test_per_example_gradients_example_agrees_with_its_loop():

@@ -18,8 +18,10 @@ The rule of an operator comes from its one declaration (``ops/registry.py``), as
   - a composite without a derivative of its own: its decomposition, whose primitives carry the tangents;
   - any other operator with a derivative: the *transposed* backward formula. The formula is linear in ``grad``,
     so with ``u`` a zero cotangent that requires grad, ``<vjp(u), t>`` is linear in ``u`` and its gradient in
-    ``u`` is ``J t``. Exact and automatic, at the price of a second backward; ``tests/test_op_rules.py`` lists
-    the operators that still take it, so that the list only shrinks.
+    ``u`` is ``J t``. Exact and automatic, at the price of a second backward: the fallback of an operator that
+    has no rule yet. ``tests/test_op_rules.py`` lists the operators that take it (none, now: every declared
+    operator writes its rule, the formulas in ``ops/forward_formulas.py`` and ``ops/linalg_forward.py``), so
+    that the list only shrinks.
 A level's tangents are removed from every tensor that got one when the level is left, as torch does.
 """
 

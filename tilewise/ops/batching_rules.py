@@ -7,13 +7,14 @@ from __future__ import annotations
 import math
 
 from tilewise import strides as S
-from tilewise.dtypes import int64
+from tilewise.dtypes import int64, result_type
 from tilewise.ops.batching import (
     Decompose,
     batched_everywhere,
     call,
     logical_rank,
     pad_to_rank,
+    shift_dims,
     shifted_dim,
 )
 from tilewise.tensor import Tensor
@@ -166,6 +167,12 @@ def view_scatter_rule(op, args, batched, size):
 def searchsorted_rule(op, args, batched, size):
     """searchsorted: a 1-dim sorted sequence per example searches all of that example's values, so the values
     are flattened per example; a sequence with leading dims pairs them with the values' as it would."""
+    if type(args[1]) is not Tensor:  # a number searched in every example's sequence: one value per example
+        from tilewise.tensor import tensor
+
+        seq = batched_everywhere(args[0], batched[0], size)
+        values = tensor(args[1], device=seq.device).expand((size, *(1,) * max(seq.ndim - 1, 1)))
+        return searchsorted_rule(op, [seq, values, *args[2:]], (True, True, *batched[2:]), size).reshape(size)
     seq, values = batched_everywhere(args[0], batched[0], size), batched_everywhere(args[1], batched[1], size)
     rest = list(args[2:])
     sorter_k = op.param_names().index("sorter")
@@ -192,12 +199,29 @@ def attention_rule(op, args, batched, size):
     rank = max(logical_rank(args[k], batched[k]) for k in range(3))
     args = list(args)
     qkv = [pad_to_rank(batched_everywhere(args[k], batched[k], size), rank) for k in range(3)]
-    lead = S.broadcast_shapes(*(t._shape[:-2] for t in qkv))
-    args[:3] = [t.expand((*lead, *t._shape[-2:])) for t in qkv]
+    # with enable_gqa, key and value have fewer heads (dim -3) than the query: only the dims before them broadcast
+    kept = 3 if args[op.param_names().index("enable_gqa")] and rank >= 3 else 2
+    lead = S.broadcast_shapes(*(t._shape[:-kept] for t in qkv))
+    args[:3] = [t.expand((*lead, *t._shape[-kept:])) for t in qkv]
     m = op.param_names().index("attn_mask")
     if type(args[m]) is Tensor and batched[m]:
         args[m] = pad_to_rank(args[m], rank)
     return call(op, args)
+
+
+def cat_rule(op, args, batched, size):
+    """cat: torch skips 1-dim empty tensors beside tensors of another rank (the legacy empty tensor); batched, such a
+    tensor would have two dims, so it is left out here (its dtype still promotes), and the dim shifts as for any
+    operator along a dim."""
+    tensors, flags = args[0], batched[0]
+    shapes = [tuple(t._shape[1:]) if b else tuple(t._shape) for t, b in zip(tensors, flags)]
+    keep = [k for k, s in enumerate(shapes) if s != (0,)]
+    if len(keep) == len(tensors) or not keep or all(len(shapes[k]) == 1 for k in keep):
+        return shift_dims(op, args, batched, size)
+    dtype = result_type(*tensors)
+    out = shift_dims(op, [[tensors[k] for k in keep], *args[1:]], (tuple(flags[k] for k in keep), *batched[1:]),
+                     size)
+    return out if out._dtype is dtype else out.to(dtype)
 
 
 def stack_rule(op, args, batched, size):
@@ -211,9 +235,9 @@ def stack_rule(op, args, batched, size):
 def index_select_rule(op, args, batched, size):
     """index_select with one index for every example: the batched input is selected from along the shifted dim;
     a batched index runs the decomposition (advanced indexing, which batches)."""
-    if batched[2]:
-        return Decompose
     x = args[0]
+    if batched[2] or x.ndim == 1:  # a batched index, or 0-dim examples (no dim to shift to)
+        return Decompose
     return call(op, [x, shifted_dim(args[1], max(x.ndim - 1, 1), op.name), args[2]])
 
 

@@ -84,7 +84,8 @@ HELPERS.update(scatter_reduce_backward=scatter_reduce_backward)
 declare("scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True)"
         " -> Tensor", "index", dtype=R.first_input, inplace=True,
         grad={"self, src": "scatter_reduce_backward(grad, self, dim, index, src, reduce, include_self, result)",
-              "index": None}, batch=shift_dims)
+              "index": None}, batch=shift_dims,
+        fwd="scatter_reduce_jvp(self_t, src_t, dim, index, self, src, reduce, include_self, result)")
 
 
 def _index_reduce(self, dim, index, source, reduce, include_self=True):

@@ -213,7 +213,8 @@ def _cholesky_solve(B, L, upper=False):
 
 
 torch_form("cholesky_solve(Tensor self, Tensor input2, bool upper=False) -> Tensor", _cholesky_solve,
-           {"self, input2": "cholesky_solve_backward(grad, self, input2, result, upper)"})
+           {"self, input2": "cholesky_solve_backward(grad, self, input2, result, upper)"},
+           fwd="cholesky_solve_jvp(result, input2, input2_t, self_t, upper)")
 
 
 def _cholesky_inverse(L, upper=False):
@@ -423,7 +424,8 @@ def _pinv_public(A, rcond=None, hermitian=False, atol=None, rtol=None):
 
 
 linalg("linalg_pinv(Tensor A, float? rcond=None, bool hermitian=False, *, float? atol=None, float? rtol=None) "
-       "-> Tensor", _pinv_public, {"A": "pinv_backward(grad, result, A)"})
+       "-> Tensor", _pinv_public, {"A": "pinv_backward(grad, result, A)"},
+       fwd="pinv_jvp(A, A_t, result)")
 torch_form("pinverse(Tensor self, float rcond=1e-15) -> Tensor", lambda A, rcond=1e-15: OPS["linalg_pinv"](A, rcond))
 
 

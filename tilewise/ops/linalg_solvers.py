@@ -86,35 +86,46 @@ def raise_from_info(op: str, info, message) -> None:
 declare("_linalg_solve(Tensor A, Tensor B) -> (Tensor result, Tensor info)", "other",
         grad={"A, B": "linalg_solve_backward(grad, A, result[0])"}, nondiff_outputs=(1,), public=False,
         doc="A X = B for A [..., n, n] and B [..., n, k] of one batch shape; info > 0 where A is singular.",
-        batch=apply_batched)
+        batch=apply_batched,
+        fwd="linalg_solve_jvp(A, A_t, B_t, result[0])")
 declare("_linalg_inv_ex(Tensor A) -> (Tensor inverse, Tensor info)", "other",
         grad={"A": "linalg_inv_backward(grad, result[0])"}, nondiff_outputs=(1,), public=False,
-        batch=apply_batched)
+        batch=apply_batched,
+        fwd="linalg_inv_jvp(A_t, result[0])")
 declare("_linalg_det(Tensor A) -> Tensor", "other", grad={"A": "linalg_det_backward(grad, result, A)"}, public=False,
-        batch=apply_batched)
+        batch=apply_batched,
+        fwd="linalg_det_jvp(A, A_t, result)")
 declare("_linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet)", "other",
         grad={"A": "slogdet_backward(output_grads[1], A, result[0])"}, public=False,
-        batch=apply_batched)
+        batch=apply_batched,
+        fwd="slogdet_jvp(A, A_t)")
 declare("_linalg_cholesky_ex(Tensor A, bool upper=False) -> (Tensor L, Tensor info)", "other",
         grad={"A": "cholesky_backward(grad, upper, result[0])"}, nondiff_outputs=(1,), public=False,
-        batch=apply_batched)
+        batch=apply_batched,
+        fwd="cholesky_jvp(A_t, result[0], upper)")
 declare("_linalg_qr(Tensor A, str mode='reduced') -> (Tensor Q, Tensor R)", "other",
-        grad={"A": "linalg_qr_backward(output_grads, result[0], result[1], mode)"}, public=False, batch=apply_batched)
+        grad={"A": "linalg_qr_backward(output_grads, result[0], result[1], mode)"}, public=False, batch=apply_batched,
+        fwd="linalg_qr_jvp(A_t, result[0], result[1], mode)")
 declare("_linalg_svd(Tensor A, bool full_matrices=False, bool compute_uv=True) -> (Tensor U, Tensor S, Tensor Vh)",
         "other", grad={"A": "svd_backward(output_grads, result[0], result[1], result[2], full_matrices)"},
-        public=False, batch=apply_batched)
+        public=False, batch=apply_batched,
+        fwd="svd_jvp(A, A_t, result[0], result[1], result[2], full_matrices, compute_uv)")
 declare("_linalg_eigh(Tensor A, str UPLO='L', bool compute_v=True) -> (Tensor eigenvalues, Tensor eigenvectors)",
-        "other", grad={"A": "eigh_backward(output_grads, result[0], result[1])"}, public=False, batch=apply_batched)
+        "other", grad={"A": "eigh_backward(output_grads, result[0], result[1])"}, public=False, batch=apply_batched,
+        fwd="eigh_jvp(A, A_t, UPLO, result[0], result[1])")
 declare("_linalg_solve_triangular(Tensor A, Tensor B, *, bool upper, bool left=True, bool unitriangular=False) "
         "-> Tensor", "other", grad={"A, B": "solve_triangular_backward(grad, A, result, upper, left, unitriangular)"},
         public=False,
-        batch=apply_batched)
+        batch=apply_batched,
+        fwd="solve_triangular_jvp(A_t, B_t, A, result, upper, left, unitriangular)")
 declare("_linalg_lstsq(Tensor A, Tensor B, float? rcond=None, str driver='gelsy') -> (Tensor solution, "
         "Tensor residuals, Tensor rank, Tensor singular_values)", "other",
         grad={"A, B": "lstsq_backward(output_grads, A, B, result[0])"}, nondiff_outputs=(2, 3), public=False,
-        batch=apply_batched)
+        batch=apply_batched,
+        fwd="lstsq_jvp(A, B, A_t, B_t, result[0], result[1])")
 declare("_linalg_matrix_exp(Tensor A) -> Tensor", "other", grad={"A": "matrix_exp_backward(A, grad)"}, public=False,
-        batch=apply_batched)
+        batch=apply_batched,
+        fwd="matrix_exp_jvp(A, A_t)")
 
 # The solvers read their info codes on the host (LinAlgError) and call LAPACK/cuSOLVER: a function that uses them
 # runs eagerly under tilewise.compile (with a warning), where the codes are read and the errors raised.

@@ -13,17 +13,18 @@ the composite's name.
 
 from __future__ import annotations
 
+import math
 import threading
 from contextlib import contextmanager
 from numbers import Number
 
 from tilewise import strides as S
 from tilewise.dispatch import values_readable
-from tilewise.dtypes import checked_scalar, result_type
+from tilewise.dtypes import checked_scalar, int64, result_type
 from tilewise.layouts import suggest_memory_format
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import dynamic_shape, shift_dims
-from tilewise.ops.batching_rules import index_select_rule, stack_rule
+from tilewise.ops.batching_rules import cat_rule, index_select_rule, stack_rule
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
@@ -152,7 +153,7 @@ declare("cat(Tensor[] tensors, int dim=0) -> Tensor", "copy", dtype=_cat_dtype,
         grad={"tensors": "cat_backward(grad, tensors_shape, dim)"}, fwd="auto_linear", method=False,
         aliases=("concat", "concatenate"),
         doc="Join tensors along an existing dim; dtypes promote.\n\n"
-            ">>> tw.cat([tw.zeros(1, 2), tw.ones(2, 2)]).shape\ntilewise.Size([3, 2])", batch=shift_dims)
+            ">>> tw.cat([tw.zeros(1, 2), tw.ones(2, 2)]).shape\ntilewise.Size([3, 2])", batch=cat_rule)
 composite("stack(Tensor[] tensors, int dim=0) -> Tensor", _stack, method=False,
           doc="Join equal-shaped tensors along a new dim.\n\n"
               ">>> tw.stack([tw.zeros(2), tw.ones(2)], 1).shape\ntilewise.Size([2, 2])", batch=stack_rule)
@@ -533,14 +534,39 @@ def _masked_scatter(self, mask, source):
         raise RuntimeError(f"masked_scatter(): self ({self.dtype}) and source ({source.dtype}) must have the same "
                            "dtype")
     shape = S.broadcast_shapes(self.shape, mask.shape, op="masked_scatter")
-    flat = (-1,) if not shape else shape
-    positions = mask.expand(shape).reshape(flat).nonzero().unbind(1)
-    count = positions[0].shape[0]
-    if source.numel() < count:
-        raise RuntimeError(f"masked_scatter(): the mask selects {count} elements but source has only "
-                           f"{source.numel()} (shape {list(source.shape)})")
-    values = source.reshape(-1).narrow(0, 0, count)
-    return OPS["index_put"](self.expand(shape).reshape(flat), positions, values, False).reshape(shape)
+    flat_mask = mask.expand(shape).reshape(-1)
+    if values_readable(mask):
+        count = int(flat_mask.sum())
+        if source.numel() < count:
+            raise RuntimeError(f"masked_scatter(): the mask selects {count} elements but source has only "
+                               f"{source.numel()} (shape {list(source.shape)})")
+    # the k-th selected position takes source's k-th element: a gather at the running count of the mask, with no
+    # data-dependent size, so that vmap batches it and a compiled program keeps it on the device
+    values = source.reshape(-1) if source.numel() else source.new_zeros((1,))
+    picked = values.gather(0, _running_positions(flat_mask, values.shape[0]))
+    return picked.where(flat_mask, self.expand(shape).reshape(-1)).reshape(shape)
+
+
+def _running_positions(flat_mask, size: int):
+    """For each True of a flat mask, how many Trues precede it (clamped into [0, size), so that the positions where
+    the mask is False, which nothing reads, stay in range)."""
+    return (flat_mask.to(int64).cumsum(0) - 1).clamp(0, max(size - 1, 0))
+
+
+def masked_scatter_backward(grad, mask, source_shape):
+    """torch's: the gradients at the positions the mask selects, in row-major order, into a zero tensor of the
+    source's shape; added at the running positions, with no data-dependent size (vmap batches it)."""
+    from tilewise.ops.creation import zeros
+
+    count = math.prod(source_shape)
+    flat_mask = mask.expand(grad.shape).reshape(-1)
+    kept = grad.reshape(-1).where(flat_mask, 0)
+    total = zeros((max(count, 1),), dtype=grad.dtype, device=grad.device)
+    total = total.scatter_add(0, _running_positions(flat_mask, count), kept)
+    return total.narrow(0, 0, count).reshape(source_shape)
+
+
+HELPERS.update(masked_scatter_backward=masked_scatter_backward)
 
 
 composite("index_select(Tensor self, int dim, Tensor index) -> Tensor", _index_select,
@@ -562,6 +588,8 @@ composite("take_along_dim(Tensor self, Tensor indices, int? dim=None) -> Tensor"
 composite("masked_select(Tensor self, Tensor mask) -> Tensor", _masked_select,
           doc="The elements where the (broadcast) mask is True, as a 1-D tensor.")
 composite("masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor", _masked_scatter, inplace=True,
+          grad={"self": "grad.masked_fill(mask, 0)", "mask": None,
+                "source": "masked_scatter_backward(grad, mask, source_shape)"}, fwd="auto_linear",
           doc="``self`` with the positions where ``mask`` is True filled from ``source`` in row-major order.")
 
 

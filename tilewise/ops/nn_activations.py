@@ -295,7 +295,8 @@ functional("local_response_norm(Tensor input, int size, float alpha=0.0001, floa
            _local_response_norm, function=False, autocast="fp32")
 private("_cross_map_lrn2d(Tensor input, int size, float alpha=0.0001, float beta=0.75, float k=1.0) -> Tensor",
         _cross_map_lrn2d, {"input": "OPS['_cross_map_lrn2d_backward'](grad, input, result, size, alpha, beta, k)"},
-        autocast="fp32")
+        autocast="fp32",
+        fwd="cross_map_lrn2d_jvp(input, input_t, result, size, alpha, beta, k)")
 private("_cross_map_lrn2d_backward(Tensor grad, Tensor input, Tensor output, int size, float alpha, float beta, "
         "float k) -> Tensor", _cross_map_lrn2d_backward)
 

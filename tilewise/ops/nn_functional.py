@@ -149,12 +149,14 @@ def _rms_norm(input, normalized_shape, weight=None, eps=None):
 private("native_layer_norm(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> "
         "(Tensor, Tensor, Tensor)", _native_layer_norm,
         {"input, weight, bias": "OPS['_layer_norm_backward'](grad, input, result[1], result[2], weight, bias, "
-                                "len(normalized_shape), eps)"}, nondiff_outputs=(1, 2))
+                                "len(normalized_shape), eps)"}, nondiff_outputs=(1, 2),
+        fwd="layer_norm_jvp(input, input_t, normalized_shape, weight, weight_t, bias_t, result[1], result[2])")
 private("_fused_rms_norm(Tensor input, int[] normalized_shape, Tensor? weight, float eps) -> (Tensor, Tensor)",
         _fused_rms_norm,
         {"input, weight": "OPS['_layer_norm_backward'](grad, input, None, result[1], weight, None, "
                           "len(normalized_shape), eps)"},
-        nondiff_outputs=(1,))
+        nondiff_outputs=(1,),
+        fwd="layer_norm_jvp(input, input_t, normalized_shape, weight, weight_t, None, None, result[1])")
 private("_layer_norm_backward(Tensor grad, Tensor input, Tensor? mean, Tensor rstd, Tensor? weight, Tensor? bias, "
         "int normalized_ndim, float eps) -> (Tensor, Tensor, Tensor)", _layer_norm_backward)
 functional("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
@@ -302,7 +304,8 @@ private("native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? r
         "bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)", _native_batch_norm,
         {"input, weight, bias": "OPS['_batch_norm_backward'](grad, input, weight, running_mean, running_var, "
                                 "result[1], result[2], training, eps)",
-         "running_mean": None, "running_var": None}, nondiff_outputs=(1, 2), batch=batch_norm_rule)
+         "running_mean": None, "running_var": None}, nondiff_outputs=(1, 2), batch=batch_norm_rule,
+        fwd="batch_norm_jvp(input, input_t, weight, weight_t, bias_t, running_mean, running_var, training, eps, result[1], result[2])")
 private("_batch_norm_backward(Tensor grad, Tensor input, Tensor? weight, Tensor? running_mean, Tensor? running_var, "
         "Tensor save_mean, Tensor save_invstd, bool training, float eps) -> (Tensor, Tensor, Tensor)",
         _batch_norm_backward)
@@ -588,7 +591,8 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
 private("_scaled_dot_product_attention_math(Tensor query, Tensor key, Tensor value, Tensor? bias, float scale, "
         "bool is_causal=False) -> (Tensor output, Tensor logsumexp)", _scaled_dot_product_attention_math,
         {"query, key, value, bias": "OPS['_scaled_dot_product_attention_backward'](grad, query, key, value, bias, "
-                                    "scale, is_causal, result[0], result[1])"}, nondiff_outputs=(1,))
+                                    "scale, is_causal, result[0], result[1])"}, nondiff_outputs=(1,),
+        fwd="attention_jvp(query, key, value, bias, query_t, key_t, value_t, bias_t, scale, is_causal, result[1])")
 private("_scaled_dot_product_attention_backward(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor? bias, "
         "float scale, bool is_causal, Tensor out, Tensor logsumexp) -> (Tensor, Tensor, Tensor, Tensor)",
         _scaled_dot_product_attention_backward)

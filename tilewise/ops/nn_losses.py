@@ -98,7 +98,8 @@ def _pointwise_loss_backward(grad, input, target, kind, parameter):
 
 
 private("_pointwise_loss(Tensor input, Tensor target, str kind, float parameter) -> Tensor", _pointwise_loss_forward,
-        {"input, target": "OPS['_pointwise_loss_backward'](grad, input, target, kind, parameter)"})
+        {"input, target": "OPS['_pointwise_loss_backward'](grad, input, target, kind, parameter)"},
+        fwd="auto_element_wise")
 private("_pointwise_loss_backward(Tensor grad, Tensor input, Tensor target, str kind, float parameter) -> "
         "(Tensor, Tensor)", _pointwise_loss_backward)
 
@@ -331,7 +332,8 @@ def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-
 private("_nll_loss(Tensor input, Tensor target, Tensor? weight, str reduction, int ignore_index) -> (Tensor, Tensor)",
         _nll_loss_forward,
         {"input": "OPS['_nll_loss_backward'](grad, input, target, weight, reduction, ignore_index, result[1])",
-         "target": None, "weight": None}, nondiff_outputs=(1,))
+         "target": None, "weight": None}, nondiff_outputs=(1,),
+        fwd="(OPS['_nll_loss'](input_t, target, weight, reduction, ignore_index)[0], None)")
 private("_nll_loss_backward(Tensor grad, Tensor input, Tensor target, Tensor? weight, str reduction, "
         "int ignore_index, Tensor total_weight) -> Tensor", _nll_loss_backward)
 functional("nll_loss(Tensor input, Tensor target, Tensor? weight=None, bool? size_average=None, "
@@ -346,7 +348,8 @@ private("_cross_entropy_loss(Tensor input, Tensor target, Tensor? weight, str re
                   "label_smoothing)",
          "target": "OPS['_cross_entropy_target_backward'](grad, result[1], target, weight, reduction, "
                    "label_smoothing)",
-         "weight": None})
+         "weight": None},
+        fwd="cross_entropy_jvp(input_t, target, target_t, weight, reduction, ignore_index, label_smoothing, result[0], result[1])")
 private("_cross_entropy_backward(Tensor grad, Tensor logp, Tensor target, Tensor? weight, str reduction, "
         "int ignore_index, float label_smoothing) -> Tensor", _cross_entropy_backward)
 private("_cross_entropy_target_backward(Tensor grad, Tensor logp, Tensor target, Tensor? weight, str reduction, "
@@ -378,7 +381,9 @@ _BCE_SCALE = "(1 if weight is None else weight) / (input.numel() if reduction ==
 private("_binary_cross_entropy(Tensor input, Tensor target, Tensor? weight, str reduction) -> Tensor",
         _binary_cross_entropy_loss,
         {"input": f"grad * (input - target) / clamp((1 - input) * input, min=1e-12) * {_BCE_SCALE}",
-         "target": f"grad * (log1p(-input) - log(input)) * {_BCE_SCALE}", "weight": None})
+         "target": f"grad * (log1p(-input) - log(input)) * {_BCE_SCALE}", "weight": None},
+        fwd=f"loss_jvp((input_t * (input - target) / clamp((1 - input) * input, min=1e-12) + target_t * "
+            f"(log1p(-input) - log(input))) * {_BCE_SCALE}, reduction)")
 functional("binary_cross_entropy(Tensor input, Tensor target, Tensor? weight=None, bool? size_average=None, "
            "bool? reduce=None, str reduction='mean') -> Tensor", _binary_cross_entropy, function=False,
            autocast="banned")
@@ -426,7 +431,8 @@ def _bce_with_logits_backward(grad, input, target, weight, pos_weight, reduction
 private("_binary_cross_entropy_with_logits(Tensor input, Tensor target, Tensor? weight, Tensor? pos_weight, "
         "str reduction) -> Tensor", _bce_with_logits_loss,
         {"input, target, weight, pos_weight": "OPS['_binary_cross_entropy_with_logits_backward'](grad, input, "
-                                              "target, weight, pos_weight, reduction)"})
+                                              "target, weight, pos_weight, reduction)"},
+        fwd="bce_with_logits_jvp(input_t, target_t, weight_t, pos_weight_t, input, target, weight, pos_weight, result, reduction)")
 private("_binary_cross_entropy_with_logits_backward(Tensor grad, Tensor input, Tensor target, Tensor? weight, "
         "Tensor? pos_weight, str reduction) -> (Tensor, Tensor, Tensor, Tensor)", _bce_with_logits_backward)
 functional("binary_cross_entropy_with_logits(Tensor input, Tensor target, Tensor? weight=None, "

@@ -73,7 +73,8 @@ def _soft_margin_loss(input, target, size_average=None, reduce=None, reduction="
 # (as torch's does: changing either in place before backward is an error)
 private("_soft_margin(Tensor input, Tensor target) -> Tensor", lambda input, target: (-(input * target)).exp().log1p(),
         {"input": "grad * -target * sigmoid(-(input * target))",
-         "target": "grad * -input * sigmoid(-(input * target))"})
+         "target": "grad * -input * sigmoid(-(input * target))"},
+        fwd="auto_element_wise")
 
 
 functional("cosine_embedding_loss(Tensor input1, Tensor input2, Tensor target, float margin=0.0, "

@@ -318,18 +318,21 @@ for _n in (1, 2, 3):
     functional(f"max_pool{_n}d_with_indices(Tensor input, int[{_n}] kernel_size, int[{_n}]? stride=None, "
                f"int[{_n}] padding=0, int[{_n}] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)",
                _max_pool_with_indices(_n), {"input": f"max_pool_backward(grad, input, result[1], {_n})"},
-               function=False, nondiff_outputs=(1,))
+               function=False, nondiff_outputs=(1,),
+               fwd=f"max_pool_jvp(input_t, result[1], {_n})")
     functional(f"max_pool{_n}d(Tensor input, int[{_n}] kernel_size, int[{_n}]? stride=None, int[{_n}] padding=0, "
                f"int[{_n}] dilation=1, bool ceil_mode=False, bool return_indices=False) -> Tensor", _max_pool(_n))
 functional("avg_pool1d(Tensor input, int[1] kernel_size, int[1]? stride=None, int[1] padding=0, "
            "bool ceil_mode=False, bool count_include_pad=True) -> Tensor", _avg_pool(1),
            {"input": "avg_pool_backward(grad, input, kernel_size, stride, padding, ceil_mode, count_include_pad, "
-                     "None, 1)"})
+                     "None, 1)"},
+           fwd="auto_linear")
 for _n in (2, 3):
     functional(f"avg_pool{_n}d(Tensor input, int[{_n}] kernel_size, int[{_n}]? stride=None, int[{_n}] padding=0, "
                "bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
                _avg_pool(_n), {"input": "avg_pool_backward(grad, input, kernel_size, stride, padding, ceil_mode, "
-                                        f"count_include_pad, divisor_override, {_n})"}, function=False)
+                                        f"count_include_pad, divisor_override, {_n})"}, function=False,
+               fwd="auto_linear")
 
 
 # ============================================================================ adaptive pooling
@@ -453,7 +456,8 @@ for _n in (1, 2, 3):
                function=_n == 1)
 for _n in (2, 3):
     private(f"_adaptive_avg_pool{_n}d(Tensor self, int[{_n}] output_size) -> Tensor", _adaptive_avg_pool_separably,
-            {"self": f"adaptive_avg_pool_backward(grad, self, {_n})"})
+            {"self": f"adaptive_avg_pool_backward(grad, self, {_n})"},
+            fwd="auto_linear")
 
 
 def _adaptive_window_indices(size: int, out: int, device):
@@ -535,7 +539,8 @@ def _adaptive_max_pool(spatial: int):
 for _n in (1, 2, 3):
     functional(f"adaptive_max_pool{_n}d_with_indices(Tensor input, Scalar[{_n}] output_size) -> (Tensor, Tensor)",
                _adaptive_max_pool_with_indices(_n), {"input": f"max_pool_backward(grad, input, result[1], {_n})"},
-               function=False, nondiff_outputs=(1,))
+               function=False, nondiff_outputs=(1,),
+               fwd=f"max_pool_jvp(input_t, result[1], {_n})")
     functional(f"adaptive_max_pool{_n}d(Tensor input, Scalar[{_n}] output_size, bool return_indices=False) -> Tensor",
                _adaptive_max_pool(_n), function=_n == 1)
 
@@ -733,7 +738,8 @@ for _n in (2, 3):
                f"output_size=None, float[{_n}]? output_ratio=None, Tensor? _random_samples=None) -> (Tensor, Tensor)",
                _fractional_max_pool_with_indices(_n),
                {"input": f"max_pool_backward(grad, input, result[1], {_n})", "_random_samples": None}, function=False,
-               nondiff_outputs=(1,))
+               nondiff_outputs=(1,),
+               fwd=f"max_pool_jvp(input_t, result[1], {_n})")
     functional(f"fractional_max_pool{_n}d(Tensor input, int[{_n}] kernel_size, int[{_n}]? output_size=None, "
                f"float[{_n}]? output_ratio=None, bool return_indices=False, Tensor? _random_samples=None) -> Tensor",
                _fractional_max_pool(_n), function=False)

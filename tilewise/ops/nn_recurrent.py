@@ -134,20 +134,24 @@ def _split_steps(input, sizes):
 _cell_op("_lstm_cell(Tensor input_gates, Tensor hidden_gates, Tensor cx) -> (Tensor, Tensor)", _lstm_cell,
          {"input_gates, hidden_gates, cx":
           "(lambda p: (p[:, :4].flatten(1), p[:, :4].flatten(1), p[:, 4].to(cx.dtype)))("
-          "OPS['_lstm_cell_backward'](grads[0], grads[1], input_gates, hidden_gates, cx))"})
+          "OPS['_lstm_cell_backward'](grads[0], grads[1], input_gates, hidden_gates, cx))"},
+         fwd="lstm_cell_jvp(input_gates, hidden_gates, cx, input_gates_t, hidden_gates_t, cx_t)")
 _cell_op("_lstm_cell_backward(Tensor grad_hy, Tensor grad_cy, Tensor input_gates, Tensor hidden_gates, Tensor cx) "
          "-> Tensor", _lstm_cell_backward)
 _cell_op("_gru_cell(Tensor input_gates, Tensor hidden_gates, Tensor hx) -> Tensor", _gru_cell,
          {"input_gates, hidden_gates, hx":
           "(lambda p: (p[:, :3].flatten(1), p[:, 3:6].flatten(1).to(hidden_gates.dtype), p[:, 6].to(hx.dtype)))("
-          "OPS['_gru_cell_backward'](grad, input_gates, hidden_gates, hx))"})
+          "OPS['_gru_cell_backward'](grad, input_gates, hidden_gates, hx))"},
+         fwd="gru_cell_jvp(input_gates, hidden_gates, hx, input_gates_t, hidden_gates_t, hx_t)")
 _cell_op("_gru_cell_backward(Tensor grad, Tensor input_gates, Tensor hidden_gates, Tensor hx) -> Tensor",
          _gru_cell_backward)
 # A time step's hidden projection ``h @ W_hh^T`` that gives W_hh no gradient: a layer gives W_hh its gradient in
 # one product over all steps (nn/modules/rnn.py). Its input's gradient reads W_hh, so a second derivative does.
 _cell_op("_rnn_hidden_projection(Tensor input, Tensor weight) -> Tensor", _rnn_hidden_projection,
-         {"input": "grad.mm(weight)", "weight": None}, autocast="lower")
-_cell_op("_split_steps(Tensor input, int[] sizes) -> Tensor[]", _split_steps, {"input": "cat(grads, 0)"})
+         {"input": "grad.mm(weight)", "weight": None}, autocast="lower",
+         fwd="auto_linear")
+_cell_op("_split_steps(Tensor input, int[] sizes) -> Tensor[]", _split_steps, {"input": "cat(grads, 0)"},
+         fwd="auto_linear")
 
 
 # [Note: an LSTM layer as one operator]
@@ -243,7 +247,8 @@ _cell_op("_lstm_layer(Tensor input_gates, Tensor h0, Tensor c0, Tensor w_hh) -> 
          "Tensor)", _lstm_layer,
          {"input_gates, h0, c0, w_hh":
           "OPS['_lstm_layer_backward'](*output_grads, input_gates, h0, c0, w_hh, result[0], result[3], result[4])"},
-         autocast="lower")
+         autocast="lower",
+         fwd="lstm_layer_jvp(input_gates, h0, c0, w_hh, input_gates_t, h0_t, c0_t, w_hh_t, result)")
 _cell_op("_lstm_layer_backward(Tensor? grad_output, Tensor? grad_hy, Tensor? grad_cy, Tensor? grad_cs, "
          "Tensor? grad_hidden_gates, Tensor input_gates, Tensor h0, Tensor c0, Tensor w_hh, Tensor output, Tensor cs, "
          "Tensor hidden_gates) -> (Tensor, Tensor, Tensor, Tensor)", _lstm_layer_backward)

@@ -287,13 +287,15 @@ def _conv_transpose_weight_grad(grad, input, weight, stride, pads, dilation, gro
 _CONV_ARGS = "stride, pads, dilation, groups"
 for _n in (2, 3):
     _params = f"int[{_n}] stride, int[{2 * _n}] pads, int[{_n}] dilation, int groups"
-    for _name, _forward, _input_grad, _weight_grad, _extra in (
-            (f"_conv{_n}d", _convolution_forward, _conv_input_grad, _conv_weight_grad, ""),
+    for _name, _forward, _input_grad, _weight_grad, _extra, _extra_args in (
+            (f"_conv{_n}d", _convolution_forward, _conv_input_grad, _conv_weight_grad, "", ""),
             (f"_conv_transpose{_n}d", _conv_transpose_forward, _conv_transpose_input_grad,
-             _conv_transpose_weight_grad, f", int[{_n}] output_padding")):
+             _conv_transpose_weight_grad, f", int[{_n}] output_padding", ", output_padding")):
         private(f"{_name}(Tensor input, Tensor weight, {_params}{_extra}) -> Tensor", _forward,
                 {"input": f"OPS['{_name}_backward_input'](grad, input, weight, {_CONV_ARGS})",
-                 "weight": f"OPS['{_name}_backward_weight'](grad, input, weight, {_CONV_ARGS})"})
+                 "weight": f"OPS['{_name}_backward_weight'](grad, input, weight, {_CONV_ARGS})"},
+                fwd=f"OPS['{_name}'](input_t, weight, {_CONV_ARGS}{_extra_args}) + "
+                    f"OPS['{_name}'](input, weight_t, {_CONV_ARGS}{_extra_args})")  # bilinear
         private(f"{_name}_backward_input(Tensor grad, Tensor input, Tensor weight, {_params}) -> Tensor",
                 _input_grad)
         private(f"{_name}_backward_weight(Tensor grad, Tensor input, Tensor weight, {_params}) -> Tensor",

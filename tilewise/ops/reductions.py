@@ -29,11 +29,14 @@ reduction("sum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType?
           {"self": "expand_reduced(grad, self_shape, dim, keepdim)"}, R.reduction_sum, autocast="fp32",
           fwd="auto_linear")
 reduction("prod(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", "mul",
-          {"self": "prod_backward(grad, self, result, dim, keepdim)"}, R.reduction_sum, autocast="fp32")
+          {"self": "prod_backward(grad, self, result, dim, keepdim)"}, R.reduction_sum, autocast="fp32",
+          fwd="prod_jvp(self, self_t, result, dim, keepdim)")
 reduction("amax(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "max",
-          {"self": "minmax_backward(grad, self, result, dim, keepdim)"})
+          {"self": "minmax_backward(grad, self, result, dim, keepdim)"},
+          fwd="amaxamin_jvp(self, self_t, result, dim, keepdim)")
 reduction("amin(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "min",
-          {"self": "minmax_backward(grad, self, result, dim, keepdim)"})
+          {"self": "minmax_backward(grad, self, result, dim, keepdim)"},
+          fwd="amaxamin_jvp(self, self_t, result, dim, keepdim)")
 reduction("any(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "or", None, R.logical,
           differentiable=False)
 reduction("all(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "and", None, R.logical,
@@ -41,9 +44,11 @@ reduction("all(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "a
 reduction("argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor", None, None, differentiable=False)
 reduction("argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor", None, None, differentiable=False)
 reduction("max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)", None,
-          {"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"}, nondiff_outputs=(1,))
+          {"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"}, nondiff_outputs=(1,),
+          fwd="selected_jvp(self_t, dim, result[1], keepdim)")
 reduction("min.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)", None,
-          {"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"}, nondiff_outputs=(1,))
+          {"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"}, nondiff_outputs=(1,),
+          fwd="selected_jvp(self_t, dim, result[1], keepdim)")
 
 
 # ---------------------------------------------------------------- composites
@@ -223,7 +228,8 @@ def _logsumexp(self, dim, keepdim=False):
 
 composite("logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor", _logsumexp,
           {"self": "grad_expanded(grad, self_shape, dim, keepdim) * exp(self - "
-                   "grad_expanded(result, self_shape, dim, keepdim))"}, autocast="fp32")
+                   "grad_expanded(result, self_shape, dim, keepdim))"}, autocast="fp32",
+          fwd="logsumexp_jvp(self, self_t, result, dim, keepdim)")
 
 
 def _norm(self, p=2, dim=None, keepdim=False, dtype=None):
@@ -248,6 +254,7 @@ def _norm(self, p=2, dim=None, keepdim=False, dtype=None):
 
 
 composite("norm(Tensor self, Any? p=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
-          _norm, {"self": "norm_backward(grad, self, result, p, dim, keepdim)"}, autocast="fp32")
+          _norm, {"self": "norm_backward(grad, self, result, p, dim, keepdim)"}, autocast="fp32",
+          fwd="norm_jvp(self, self_t, result, p, dim, keepdim)")
 composite("count_nonzero(Tensor self, int[1]? dim=None) -> Tensor", lambda self, dim=None: (self != 0).sum(dim),
           differentiable=False)

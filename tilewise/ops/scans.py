@@ -92,25 +92,30 @@ declare("cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", "sc
             ">>> tw.tensor([1, 2, 3]).cumsum(0)\ntensor([1, 3, 6])")
 declare("cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", "scan", dtype=R.reduction_sum,
         grad={"self": "cumprod_backward(grad, self, result, dim)"}, inplace=True, autocast="fp32",
-        doc="Cumulative product along ``dim``.\n\n>>> tw.tensor([1., 2., 3.]).cumprod(0)\ntensor([1., 2., 6.])")
+        doc="Cumulative product along ``dim``.\n\n>>> tw.tensor([1., 2., 3.]).cumprod(0)\ntensor([1., 2., 6.])",
+        fwd="cumprod_jvp(self, self_t, result, dim)")
 declare("cummax(Tensor self, int dim) -> (Tensor values, Tensor indices)", "scan", dtype=R.first_input,
         grad={"self": "cummaxmin_backward(grad, self, result[1], dim)"}, nondiff_outputs=(1,),
-        doc="Running maximum along ``dim`` and where it was attained (the latest position among ties).")
+        doc="Running maximum along ``dim`` and where it was attained (the latest position among ties).",
+        fwd="picked_jvp(self_t, dim, result[1])")
 declare("cummin(Tensor self, int dim) -> (Tensor values, Tensor indices)", "scan", dtype=R.first_input,
         grad={"self": "cummaxmin_backward(grad, self, result[1], dim)"}, nondiff_outputs=(1,),
-        doc="Running minimum along ``dim`` and where it was attained (the latest position among ties).")
+        doc="Running minimum along ``dim`` and where it was attained (the latest position among ties).",
+        fwd="picked_jvp(self_t, dim, result[1])")
 declare("sort(Tensor self, int dim=-1, bool descending=False, *, bool? stable=False) -> "
         "(Tensor values, Tensor indices)", "sort", dtype=R.first_input,
         grad={"self": "picked_backward(grad, self_shape, dim, result[1])"}, nondiff_outputs=(1,),
         doc="Sorted values along ``dim`` and their original positions. Always stable: equal elements keep their "
             "order, also when descending. NaN sorts above every number.\n\n"
-            ">>> tw.tensor([3., 1., 2.]).sort()[1]\ntensor([1, 2, 0])", batch=shift_dims)
+            ">>> tw.tensor([3., 1., 2.]).sort()[1]\ntensor([1, 2, 0])", batch=shift_dims,
+        fwd="picked_jvp(self_t, dim, result[1])")
 declare("topk(Tensor self, int k, int dim=-1, bool largest=True, bool sorted=True) -> "
         "(Tensor values, Tensor indices)", "sort", dtype=R.first_input,
         grad={"self": "picked_backward(grad, self_shape, dim, result[1])"}, nondiff_outputs=(1,),
         doc="The ``k`` largest (or smallest) elements along ``dim``, always in sorted order. A primitive rather than "
             "a slice of ``sort``: selecting k of n elements costs O(n), not O(n log n).\n\n"
-            ">>> tw.tensor([1., 5., 3.]).topk(2)[0]\ntensor([5., 3.])", batch=shift_dims)
+            ">>> tw.tensor([1., 5., 3.]).topk(2)[0]\ntensor([5., 3.])", batch=shift_dims,
+        fwd="picked_jvp(self_t, dim, result[1])")
 declare("searchsorted(Tensor sorted_sequence, Tensor self, *, bool out_int32=False, bool right=False, "
         "str? side=None, Tensor? sorter=None) -> Tensor", "sort", differentiable=False, method=False,
         doc="Insertion positions of ``self``'s values in the innermost dim of ``sorted_sequence``.\n\n"
@@ -219,11 +224,13 @@ declare("argsort(Tensor self, int dim=-1, bool descending=False, *, bool stable=
         decomposition=_argsort, differentiable=False)
 declare("kthvalue(Tensor self, int k, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)",
         "composite", decomposition=_kthvalue, grad={"self": _PICKED_ALONG_DIM}, nondiff_outputs=(1,),
-        doc="The ``k``-th smallest element along ``dim`` (1-based) and its position.")
+        doc="The ``k``-th smallest element along ``dim`` (1-based) and its position.",
+        fwd="selected_jvp(self_t, dim, result[1], keepdim)")
 declare("median(Tensor self) -> Tensor", "composite", decomposition=_median,
         grad={"self": "evenly_distribute_backward(grad, self, result)"}, fwd="evenly_read_jvp(self_t, self, result)",
         doc="The lower median of all elements; its gradient is shared evenly among the elements equal to it (among "
             "the NaNs when it is NaN).")
 declare("median.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",
         decomposition=_median_dim, grad={"self": _PICKED_ALONG_DIM}, nondiff_outputs=(1,),
-        doc="The lower median along ``dim`` and its position.")
+        doc="The lower median along ``dim`` and its position.",
+        fwd="selected_jvp(self_t, dim, result[1], keepdim)")

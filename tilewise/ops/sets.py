@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from tilewise import dtypes
+from tilewise.dispatch import values_readable
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import dynamic_shape, loop, shift_dims
 from tilewise.ops.formulas import HELPERS
@@ -173,7 +174,8 @@ def _aminmax(self, dim=None, keepdim=False):
 
 
 composite("nansum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", _nansum,
-          grad={"self": "(expand_reduced(grad, self_shape, dim, keepdim) * isnan(self).logical_not()).to(self.dtype)"})
+          grad={"self": "(expand_reduced(grad, self_shape, dim, keepdim) * isnan(self).logical_not()).to(self.dtype)"},
+          fwd="nansum_jvp(self, self_t, dim, keepdim)")
 composite("nanmean(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
           _nanmean)
 composite("aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor min, Tensor max)", _aminmax)
@@ -243,7 +245,7 @@ def _quantile_checks(self, q, interpolation, op):
         q = tensor(q, dtype=self.dtype, device=self.device)
     elif q.ndim > 1:
         raise RuntimeError(f"{op}() q must be a scalar or 1D tensor (got {q.ndim} dims)")
-    elif q.numel() and (bool((q < 0).any()) or bool((q > 1).any())):
+    elif q.numel() and values_readable(q) and (bool((q < 0).any()) or bool((q > 1).any())):
         raise RuntimeError(f"{op}() q values must be in the range [0, 1]")
     if self.numel() == 0:
         raise RuntimeError(f"{op}() input tensor must be non-empty")
@@ -323,4 +325,5 @@ composite("nanmedian(Tensor self) -> Tensor", _nanmedian,
           grad={"self": "evenly_distribute_backward(grad, self, result)"}, fwd="evenly_read_jvp(self_t, self, result)")
 composite("nanmedian.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
           _nanmedian_dim, grad={"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"},
-          nondiff_outputs=(1,))
+          nondiff_outputs=(1,),
+          fwd="selected_jvp(self_t, dim, result[1], keepdim)")

@@ -211,7 +211,8 @@ declare("gcd(Tensor self, Tensor other) -> Tensor", "other", dtype=integer_kerne
 declare("lcm(Tensor self, Tensor other) -> Tensor", "other", dtype=integer_kernel, differentiable=False,
         inplace=True, batch=broadcast)
 declare("frexp.Tensor(Tensor self) -> (Tensor mantissa, Tensor exponent)", "other",
-        grad={"self": "grad / exp2(result[1].to(grad.dtype))"}, nondiff_outputs=(1,), batch=broadcast)
+        grad={"self": "grad / exp2(result[1].to(grad.dtype))"}, nondiff_outputs=(1,), batch=broadcast,
+        fwd="self_t / exp2(result[1].to(self_t.dtype))")
 
 
 def composite(schema: str, decomposition, **attrs):
@@ -241,7 +242,8 @@ def _positive(self):
 
 
 composite("ldexp(Tensor self, Tensor other) -> Tensor", _ldexp, inplace=True,
-          grad={"self": "grad * exp2(other)", "other": f"grad * result * {math.log(2.0)}"})
+          grad={"self": "grad * exp2(other)", "other": f"grad * result * {math.log(2.0)}"},
+          fwd="self_t * exp2(other) + other_t * result * 0.6931471805599453")
 composite("float_power(Tensor self, Tensor exponent) -> Tensor", _float_power, inplace=True)
 composite("logit(Tensor self, float? eps=None) -> Tensor", _logit, inplace=True)
 composite("positive(Tensor(a) self) -> Tensor(a)", _positive)
@@ -269,4 +271,5 @@ def mvlgamma_backward(grad, self, p):
 
 HELPERS.update(mvlgamma_backward=mvlgamma_backward)
 composite("mvlgamma(Tensor self, int p) -> Tensor", _mvlgamma, inplace=True,
-          grad={"self": "mvlgamma_backward(grad, self, p)"})
+          grad={"self": "mvlgamma_backward(grad, self, p)"},
+          fwd="auto_element_wise")

@@ -131,7 +131,8 @@ def _mode(self, dim=-1, keepdim=False):
 
 declare("mode(Tensor self, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",
         decomposition=_mode, nondiff_outputs=(1,),
-        grad={"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"})
+        grad={"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"},
+        fwd="selected_jvp(self_t, dim, result[1], keepdim)")
 
 
 # ---------------------------------------------------------------------------- histograms
