@@ -173,3 +173,23 @@ def test_max_pool_of_integers_compiled(always_fused):
     ours, theirs = _pooled(values, dict(kernel_size=2, padding=1))
     np.testing.assert_array_equal(ours[0], theirs[0])
     np.testing.assert_array_equal(ours[1], theirs[1])
+
+
+@pytest.mark.parametrize("mask", ["causal", "float", "bool", "none"])
+def test_attention_compiled_matches_torch(mask, always_fused):
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((2, 3, 10, 8)).astype(np.float32) for _ in range(3))
+    bias = rng.standard_normal((10, 10)).astype(np.float32)
+    results = []
+    for lib in (tw, torch):
+        tensors = [lib.from_numpy(a.copy()).requires_grad_() for a in (q, k, v)]
+        kwargs = {"causal": dict(is_causal=True), "none": {},
+                  "float": dict(attn_mask=lib.from_numpy(bias.copy())),
+                  "bool": dict(attn_mask=lib.from_numpy(bias > 0))}[mask]
+        y = lib.nn.functional.scaled_dot_product_attention(*tensors, **kwargs)
+        seed = lib.from_numpy(np.random.default_rng(1).standard_normal(tuple(y.shape)).astype(np.float32))
+        (y * seed).sum().backward()
+        results.append([y.detach().numpy(), *(t.grad.numpy() for t in tensors)])
+    assert {"_scaled_dot_product_attention_math", "_scaled_dot_product_attention_backward"} <= compiled_ops()
+    for ours, theirs in zip(*results):
+        np.testing.assert_allclose(ours, theirs, rtol=2e-5, atol=2e-5)
