@@ -73,8 +73,9 @@ def _out_sizes(padded_sizes, kernel, stride, dilation) -> tuple:
     return tuple((n - d * (k - 1) - 1) // s + 1 for n, k, s, d in zip(padded_sizes, kernel, stride, dilation))
 
 
-def _gemm_threads(*shapes_mnk) -> None:
-    m, n, k = shapes_mnk
+def _gemm_threads(m: int, n: int, k: int) -> None:
+    """BLAS threads for GEMMs of (m, k) by (k, n): by the size of each one (one image's, where numpy's matmul loops
+    over the batch), as for every GEMM (see [Note: CPU threads])."""
     use_blas_threads(gemm_threads(2 * m * n * k))
 
 
@@ -95,7 +96,7 @@ def _forward(name: str):
         kernel = w.shape[2:]
         columns, out_sizes = _columns_per_image(x, kernel, stride, _pad_pairs(pads), dilation)
         flat_weight = w.reshape(w.shape[0], -1)
-        _gemm_threads(x.shape[0] * flat_weight.shape[0], columns.shape[2], columns.shape[1])
+        _gemm_threads(flat_weight.shape[0], columns.shape[2], columns.shape[1])
         out = np.matmul(flat_weight, columns)  # (N, OC, prod(O)), row-major: torch's layout
         return from_array(out.reshape(x.shape[0], w.shape[0], *out_sizes), input._dtype)
 
@@ -112,7 +113,7 @@ def _backward_input(name: str):
         kernel, out_sizes = w.shape[2:], g.shape[2:]
         flat_grad = g.reshape(batch, g.shape[1], -1)
         flat_weight = w.reshape(w.shape[0], -1)
-        _gemm_threads(batch * flat_weight.shape[1], flat_grad.shape[2], flat_weight.shape[0])
+        _gemm_threads(flat_weight.shape[1], flat_grad.shape[2], flat_weight.shape[0])
         columns = np.matmul(flat_weight.T, flat_grad).reshape(batch, channels, *kernel, *out_sizes)
         pairs = _pad_pairs(pads)
         padded = np.zeros((batch, channels, *(n + b + a for n, (b, a) in zip(sizes, pairs))), g.dtype)
