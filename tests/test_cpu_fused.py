@@ -110,3 +110,86 @@ def test_never_when_switched_off(monkeypatch):
     before = dict(composites._programs)
     check("gelu", np.random.default_rng(6).standard_normal((300, 300)).astype(np.float32))
     assert composites._programs == before
+
+
+POOLS = {  # name -> (input shape, keyword arguments)
+    "2d": ((2, 3, 9, 10), dict(kernel_size=2)),
+    "2d padded ceil": ((2, 3, 9, 10), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    "2d dilated": ((1, 2, 11, 11), dict(kernel_size=2, stride=1, dilation=2)),
+    "1d": ((2, 3, 17), dict(kernel_size=3, stride=2)),
+    "3d": ((1, 2, 5, 6, 7), dict(kernel_size=2, padding=1)),
+}
+
+
+def _max_pool(nnf, x, kwargs):
+    return getattr(nnf, f"max_pool{x.ndim - 2}d")(x, return_indices=True, **kwargs)
+
+
+def _pooled(values: np.ndarray, kwargs: dict, channels_last: bool = False):
+    """(values, indices, input gradient) of max pooling ``values``, tilewise then torch."""
+    results = []
+    for lib, wrap in ((tw, tw.from_numpy), (torch, torch.from_numpy)):
+        x = wrap(values.copy())
+        if channels_last:
+            x = x.contiguous(memory_format=lib.channels_last)
+        x.requires_grad_(values.dtype.kind == "f")
+        y, indices = _max_pool(lib.nn.functional, x, kwargs)
+        grad = None
+        if x.requires_grad:
+            seed = np.random.default_rng(1).standard_normal(tuple(y.shape)).astype(values.dtype)
+            (y * wrap(seed)).sum().backward()
+            grad = x.grad.numpy()
+        results.append((y.detach().numpy(), indices.numpy(), grad, x.grad.stride() if x.requires_grad else None))
+    return results
+
+
+@pytest.mark.parametrize("case", sorted(POOLS))
+def test_max_pool_compiled_matches_numpy_and_torch_bit_for_bit(case, monkeypatch):
+    """Max pooling with indices takes the compiled path from the threshold on: its values, indices (NaN and ties
+    by torch's rule) and input gradient are those of the numpy path and of torch, exactly."""
+    shape, kwargs = POOLS[case]
+    values = np.random.default_rng(6).integers(-3, 4, shape).astype(np.float32)  # many ties
+    values.reshape(-1)[::7] = np.nan
+    monkeypatch.setattr(settings, "cpu_fused_min_elements", 1 << 30)
+    numpy_path = _pooled(values, kwargs)[0]
+    monkeypatch.setattr(settings, "cpu_fused_min_elements", 0)
+    compiled, theirs = _pooled(values, kwargs)
+    assert f"max_pool{len(shape) - 2}d_with_indices" in compiled_ops(), "the call did not take the compiled path"
+    for ours in (numpy_path, compiled):
+        for a, b in zip(ours[:3], theirs[:3]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_max_pool_compiled_keeps_channels_last(always_fused):
+    values = np.random.default_rng(7).standard_normal((2, 4, 8, 8)).astype(np.float32)
+    ours, theirs = _pooled(values, dict(kernel_size=2), channels_last=True)
+    for a, b in zip(ours[:3], theirs[:3]):
+        np.testing.assert_array_equal(a, b)
+    assert ours[3] == theirs[3]
+
+
+def test_max_pool_of_integers_compiled(always_fused):
+    values = np.random.default_rng(8).integers(-50, 50, (2, 3, 8, 9)).astype(np.int32)
+    ours, theirs = _pooled(values, dict(kernel_size=2, padding=1))
+    np.testing.assert_array_equal(ours[0], theirs[0])
+    np.testing.assert_array_equal(ours[1], theirs[1])
+
+
+@pytest.mark.parametrize("mask", ["causal", "float", "bool", "none"])
+def test_attention_compiled_matches_torch(mask, always_fused):
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((2, 3, 10, 8)).astype(np.float32) for _ in range(3))
+    bias = rng.standard_normal((10, 10)).astype(np.float32)
+    results = []
+    for lib in (tw, torch):
+        tensors = [lib.from_numpy(a.copy()).requires_grad_() for a in (q, k, v)]
+        kwargs = {"causal": dict(is_causal=True), "none": {},
+                  "float": dict(attn_mask=lib.from_numpy(bias.copy())),
+                  "bool": dict(attn_mask=lib.from_numpy(bias > 0))}[mask]
+        y = lib.nn.functional.scaled_dot_product_attention(*tensors, **kwargs)
+        seed = lib.from_numpy(np.random.default_rng(1).standard_normal(tuple(y.shape)).astype(np.float32))
+        (y * seed).sum().backward()
+        results.append([y.detach().numpy(), *(t.grad.numpy() for t in tensors)])
+    assert {"_scaled_dot_product_attention_math", "_scaled_dot_product_attention_backward"} <= compiled_ops()
+    for ours, theirs in zip(*results):
+        np.testing.assert_allclose(ours, theirs, rtol=2e-5, atol=2e-5)

