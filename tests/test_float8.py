@@ -256,3 +256,47 @@ def test_compiled_c_casts_match_eager_bit_for_bit(name):
     (compiled, widened), (eager, eager_widened) = tw.compile(cast)(tw.from_numpy(x)), cast(tw.from_numpy(x))
     np.testing.assert_array_equal(compiled.numpy().view(np.uint8), eager.numpy().view(np.uint8))
     np.testing.assert_array_equal(widened.numpy(), eager_widened.numpy())  # NaN == NaN here, whatever its payload
+
+
+def _cuda_kernels(fn, *args):
+    """(kernel name, blocks, outputs written) of each nest ``fn`` compiles to for the CUDA target (no GPU needed)."""
+    from tilewise.compiler.capture import trace
+    from tilewise.compiler.passes import run_pipeline
+    from tilewise.compiler.program import lower_program
+    from tilewise.compiler.targets import CUDA_TARGET
+
+    low = lower_program(run_pipeline(trace(fn, args, {}).graph), CUDA_TARGET)
+    return [(s.kernel, ns.cuda) for s in low.schedules for ns in s.nests]
+
+
+def test_lowering_delayed_scaling_casts_in_the_producing_kernel():
+    """With a delayed scale the e4m3 cast is one more output of the kernel that makes the activation (here a
+    layer norm's rows); the amax recorded for the next step is a reduction split across the GPU that reads
+    the activation again."""
+    from tilewise.float8.linear import cast_to_float8, tensor_amax
+
+    w, b = tw.randn(768), tw.randn(768)
+
+    def delayed(x, scale):
+        h = tw.nn.functional.layer_norm(x, (768,), w, b).bfloat16()
+        return cast_to_float8(h, scale, tw.float8_e4m3fn), tensor_amax(h)
+
+    (norm, norm_plan), (amax, amax_plan) = _cuda_kernels(delayed, tw.randn(8192, 768), tw.tensor(3.0))
+    assert any(p.written and p.dtype is tw.float8_e4m3fn for p in norm.params) and norm_plan.blocks == 8192
+    assert amax_plan.split > 1
+
+
+def test_lowering_current_scaling_splits_the_amax_across_the_gpu():
+    """With the current amax the cast needs the whole tensor's amax first: an amax split across blocks, then one
+    element-wise pass (scale and cast), not one nest on a single block."""
+    from tilewise.float8.linear import amax_to_scale, cast_to_float8, tensor_amax
+
+    def current(h):
+        scale = amax_to_scale(tensor_amax(h), tw.float8_e4m3fn)
+        return cast_to_float8(h, scale, tw.float8_e4m3fn), scale.reciprocal()
+
+    plans = _cuda_kernels(current, tw.randn(8192, 768).bfloat16())
+    assert plans[0][1].split > 1
+    cast = [plan for kernel, plan in plans if any(p.written and p.dtype is tw.float8_e4m3fn for p in kernel.params)
+            and plan.blocks > 1]
+    assert cast and cast[0].strategy == "elements"
