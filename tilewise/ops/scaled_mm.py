@@ -46,16 +46,16 @@ def scaling_of(a, b, scale_a, scale_b) -> str | None:
 def _invalid_scaling(a, b, scale_a, scale_b) -> ValueError:
     m, n = a.shape[0], b.shape[1]
 
-    def described(mat, scale, side):
+    def described(mat, scale, side, last=", "):
         return (f"mat_{side}.dtype()={c10_name(mat.dtype)}, scale_{side}.dtype()={c10_name(scale.dtype)}, "
-                f"scale_{side}.size()={list(scale.shape)}, scale_{side}.stride()={list(scale.stride())}")
+                f"scale_{side}.size()={list(scale.shape)}{last}scale_{side}.stride()={list(scale.stride())}")
 
     return ValueError(
         "Invalid scaling configuration.\n"
         "- For TensorWise scaling, a and b should be float8, scales should be float and singletons.\n"
         f"- For RowWise scaling, a and b should be float8, scales should be float, scale_a should be ({m}, 1) and "
         f"scale_b should be (1, {n}), and both should be contiguous.\n"
-        f"Got {described(a, scale_a, 'a')}, {described(b, scale_b, 'b').replace(', scale_b.stride', ' and scale_b.stride')}")
+        f"Got {described(a, scale_a, 'a')}, {described(b, scale_b, 'b', ' and ')}")
 
 
 def check_scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None) -> str:
