@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tilewise import dtypes
+from tilewise._grad_mode import no_grad
 from tilewise.float8.config import (
     CastConfig,
     DelayedScalingConfig,
@@ -46,8 +48,6 @@ def convert_to_float8_training(module: Module, *, module_filter_fn: Callable[[Mo
 def sync_float8_amax_and_scale_history(model: Module) -> None:
     """Delayed scaling, once per step (after the backward): each history takes the amax recorded this step at
     its front (the oldest drops off) and each scale is recomputed from its reduced history."""
-    from tilewise import dtypes, no_grad
-
     with no_grad():
         for mod in model.modules():
             if not isinstance(mod, Float8Linear) or not mod.config.uses_delayed_scaling:

@@ -19,10 +19,13 @@ requires; the error says so on every device, so a model that trains here trains 
 from __future__ import annotations
 
 from tilewise import dtypes
+from tilewise._grad_mode import no_grad
 from tilewise.autograd import Function
 from tilewise.dispatch import STATE
 from tilewise.float8.config import Float8LinearConfig, ScalingType
 from tilewise.nn import Linear
+from tilewise.ops.creation import zeros
+from tilewise.ops.functions import where
 from tilewise.ops.registry import OPS
 from tilewise.tensor import Tensor
 
@@ -111,8 +114,6 @@ class Float8Linear(Linear):
             self._make_delayed_buffers(self.weight.device)
 
     def _make_delayed_buffers(self, device) -> None:
-        from tilewise import zeros
-
         length = self.config.delayed_scaling_config.history_len
         for name in self.OPERANDS:
             if self.cast_config(name).scaling_type is ScalingType.DELAYED:
@@ -148,8 +149,6 @@ class Float8Linear(Linear):
         current = amax_to_scale(amax, dtype)
         if self.cast_config(name).scaling_type is ScalingType.DYNAMIC:
             return current
-        from tilewise import no_grad, where
-
         stored = getattr(self, f"fp8_scale_{name}")
         with no_grad():
             getattr(self, f"fp8_amax_{name}").copy_(amax.reshape(1))
@@ -163,8 +162,6 @@ class Float8Linear(Linear):
         key = (weight._version, id(weight))
         if not STATE.captures and not delayed and self._weight_cache is not None and self._weight_cache[0] == key:
             return self._weight_cache[1]
-        from tilewise import no_grad
-
         with no_grad():
             scale = self.scale_for("weight", weight.detach())
             cast = (cast_to_float8(weight.detach(), scale, dtypes.float8_e4m3fn), scale.reciprocal())
