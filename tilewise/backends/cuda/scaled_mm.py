@@ -23,7 +23,7 @@ import numpy as np
 
 from tilewise import dtypes
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
-from tilewise.backends.cuda.kernels import kernel
+from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.backends.cuda.matmul import (
     _COMPUTE_32F,
     _DATA_TYPE,
@@ -150,17 +150,17 @@ def _plan(key: tuple, handle: int, a: Tensor, b: Tensor, a_op: Operand, b_op: Op
 
 def scaled_gemm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Tensor | None = None,
                 scale_result: Tensor | None = None, out_dtype=None, use_fast_accum: bool = False,
-                amax: Tensor | None = None) -> Tensor:
+                amax: Tensor | None = None, out: Tensor | None = None) -> Tensor:
     """The FP8 GEMM; ``amax``: a one-element float32 device tensor that receives ``max|D|`` (before the D scale),
-    for a float8 result only."""
+    for a float8 result only; ``out``: a dense tensor of the result's shape and dtype to write."""
     device = a._device
     out_dtype = out_dtype or a.dtype
     scaling = check_cuda(a, b, scale_a, scale_b, bias, scale_result, out_dtype, device)
     m, k = a.shape
     n = b.shape[1]
-    out = empty((m, n), out_dtype, device)
+    out = empty((m, n), out_dtype, device) if out is None else out
     if m == 0 or n == 0 or k == 0:
-        return out.zero_() if k == 0 else out
+        return out.zero_() if k == 0 and out.numel() else out
     a_op, b_op = _operands(a, b)
     if amax is not None and (not out_dtype.is_float8 or amax.dtype is not dtypes.float32 or amax.numel() != 1):
         raise RuntimeError(f"scaled_gemm: amax wants a one-element float32 tensor and a float8 result; got "
@@ -197,3 +197,16 @@ def scaled_gemm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Te
 def scaled_mm(device: Device, self: Tensor, mat2: Tensor, scale_a: Tensor, scale_b: Tensor, bias=None,
               scale_result=None, out_dtype=None, use_fast_accum: bool = False) -> Tensor:
     return scaled_gemm(self, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
+
+
+@kernel_into("_scaled_mm")
+def scaled_mm_into(out: Tensor, self: Tensor, mat2: Tensor, scale_a: Tensor, scale_b: Tensor, bias=None,
+                   scale_result=None, out_dtype=None, use_fast_accum: bool = False) -> bool:
+    """Into a compiled program's planned buffer (and so into its CUDA graph) when nothing needs a temporary:
+    the scales and the bias already contiguous, on the operands' device (see [Note: kernels into a given
+    output])."""
+    operands = (scale_a, scale_b, bias, scale_result)
+    if out is None or any(t is not None and (not t.is_contiguous() or t._device != self._device) for t in operands):
+        return False
+    scaled_gemm(self, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out=out)
+    return True
