@@ -58,14 +58,16 @@ def _invalid_scaling(a, b, scale_a, scale_b) -> ValueError:
         f"Got {described(a, scale_a, 'a')}, {described(b, scale_b, 'b', ' and ')}")
 
 
-def check_scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None) -> str:
-    """torch's checks on every device, in its order; returns the scaling ("tensorwise" or "rowwise")."""
+def check_scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, cuda: bool = False) -> str:
+    """torch's checks on every device, in its order (its CUDA kernel names the operands mat1/mat2 where its CPU
+    kernel says mat_a/mat_b); returns the scaling ("tensorwise" or "rowwise")."""
     if a.ndim != 2:
         raise RuntimeError("mat1 must be a matrix")
     if b.ndim != 2:
         raise RuntimeError("mat2 must be a matrix")
     if a.shape[1] != b.shape[0]:
-        raise RuntimeError(f"mat_a and mat_b shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
+        names = "mat1 and mat2" if cuda else "mat_a and mat_b"
+        raise RuntimeError(f"{names} shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
                            f"{b.shape[0]}x{b.shape[1]})")
     scaling = scaling_of(a, b, scale_a, scale_b)
     if scaling is None:

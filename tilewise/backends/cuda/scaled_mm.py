@@ -58,7 +58,7 @@ def check_cuda(a: Tensor, b: Tensor, scale_a, scale_b, bias, scale_result, out_d
     if (props.major, props.minor) < (8, 9):
         raise RuntimeError("torch._scaled_mm is only supported on CUDA devices with compute capability >= 9.0 or "
                            f"8.9, or ROCm MI300+ (this device: sm_{props.major}{props.minor})")
-    scaling = check_scaled_mm(a, b, scale_a, scale_b, bias, scale_result)
+    scaling = check_scaled_mm(a, b, scale_a, scale_b, bias, scale_result, cuda=True)
     if a.shape[1] % 16:
         raise RuntimeError(f"Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: "
                            f"({a.shape[0]}x{a.shape[1]}).")
