@@ -300,3 +300,56 @@ def test_lowering_current_scaling_splits_the_amax_across_the_gpu():
     cast = [plan for kernel, plan in plans if any(p.written and p.dtype is tw.float8_e4m3fn for p in kernel.params)
             and plan.blocks > 1]
     assert cast and cast[0].strategy == "elements"
+
+
+def test_compiled_step_with_delayed_scaling_and_its_sync_matches_eager():
+    """The amax histories and scales are buffers written inside the compiled step (forward, backward and the
+    sync): they end as eager leaves them."""
+    def run(compiled):
+        tw.manual_seed(5)
+        model = convert_to_float8_training(
+            tw.nn.Sequential(tw.nn.Linear(32, 64), tw.nn.ReLU(), tw.nn.Linear(64, 16)),
+            config=Float8LinearConfig.from_recipe_name("delayed"))
+        opt = tw.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, target):
+            loss = tw.nn.functional.mse_loss(model(x), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sync_float8_amax_and_scale_history(model)
+            return loss
+
+        step = tw.compile(step) if compiled else step
+        gen = tw.Generator().manual_seed(6)
+        x, target = tw.randn(32, 32, generator=gen), tw.randn(32, 16, generator=gen)
+        losses = [step(x * (k + 1), target).item() for k in range(4)]
+        return losses, model[0].fp8_amax_history_input.numpy(), model[2].fp8_scale_grad_output.numpy()
+
+    (eager, history, scale), (compiled, compiled_history, compiled_scale) = run(False), run(True)
+    np.testing.assert_allclose(compiled, eager, rtol=1e-5)
+    np.testing.assert_allclose(compiled_history, history, rtol=1e-6)
+    np.testing.assert_allclose(compiled_scale, scale, rtol=1e-6)
+    assert history[:4].tolist() == pytest.approx(sorted(history[:4].tolist(), reverse=True))  # newest first
+
+
+@pytest.mark.slow
+def test_lowprec_benchmark_curve_runs_on_the_cpu(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from childenv import python_path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=python_path(), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "lowprec.py"), "--only", "curve", "--curve", "4",
+                           "--curve-size", "tiny", "--device", "cpu", "--out", str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads((tmp_path / "lowprec_curve.json").read_text())
+    bf16, fp8 = record["losses"]["bf16"], record["losses"]["fp8"]
+    assert len(bf16) == len(fp8) == 4 and bf16 != fp8  # two runs, and FP8 is not the bf16 run again
+    assert abs(fp8[-1] - bf16[-1]) < 0.02 * bf16[-1]

@@ -69,6 +69,9 @@ def check_cuda(a: Tensor, b: Tensor, scale_a, scale_b, bias, scale_result, out_d
                            f"{', '.join(OUTPUT_DTYPES)}")
     if a.dtype is dtypes.float8_e5m2 and b.dtype is dtypes.float8_e5m2:
         raise ValueError("Multiplication of two Float8_e5m2 matrices is not supported")
+    if scaling == "rowwise" and props.major < 9:
+        raise NotImplementedError(f"_scaled_mm: rowwise scales need cuBLASLt's OUTER_VEC_32F mode, which runs on sm_90 "
+                                  f"and later (this device: sm_{props.major}{props.minor}); use tensorwise scales")
     if bias is not None:
         _check_bias(bias, out_dtype)
     for name, t in (("mat1", a), ("mat2", b), ("bias", bias), ("scale_a", scale_a), ("scale_b", scale_b),
