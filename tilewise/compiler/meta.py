@@ -2,8 +2,9 @@
 
 [Note: meta functions] Pointwise, reduction, view, matmul, creation, random and copy operators get their
 result shape and dtype from the same rules the eager kernels use (the operator's dtype rule, broadcasting,
-``reduction_dims``, view rules), as do gather/scatter, advanced indexing and cat. Operators without such a
-rule (scans, sorts, boolean masks, anything new) are run by the CPU backend on stand-ins of their inputs'
+``reduction_dims``, view rules), as do gather/scatter, advanced indexing, cat and operators that declare
+their own (``meta=``, a function of the arguments giving shape and dtype: ``_scaled_mm``). Operators without
+such a rule (scans, sorts, boolean masks, anything new) are run by the CPU backend on stand-ins of their inputs'
 types, once filled with zeros and once with ones: when the two results' shapes differ, the shape depends on
 the values (``repeat_interleave`` by a tensor, ``nonzero``) and capture refuses the operator with a
 ``DataDependentError``. What that run finds is kept per signature (operator, argument shapes, dtypes and
@@ -54,6 +55,10 @@ def reduction_dims(op, args: tuple) -> tuple[tuple[int, ...], bool]:
 
 def infer(op, args: tuple, device) -> TensorType | tuple:
     """The result type(s) of ``op`` on ``args`` (tensors may be trace tensors; only metadata is read)."""
+    declared = op.attrs.get("meta")  # (args) -> (shape, dtype): an operator's own result rule
+    if declared is not None:
+        shape, dtype = declared(args)
+        return TensorType(tuple(shape), dtype, device)
     rule = _RULES.get(op.kind)
     if rule is not None:
         out = rule(op, args, device)

@@ -43,6 +43,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     norms,
     pointwise,
     products,
+    scaled_mm,
     reductions,
     removed,
     scans,

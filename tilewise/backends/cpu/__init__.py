@@ -373,6 +373,7 @@ def _load_kernels() -> None:
         kernels,
         linalg_kernels,  # noqa: F401
         movement_kernels,
+        scaled_mm_kernels,
     )
 
 

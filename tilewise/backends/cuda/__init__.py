@@ -4,7 +4,8 @@
 Its pieces: ``device_memory`` (a tensor's :class:`DeviceBuffer` from the caching allocator), ``transfers``
 (host <-> device copies, pinned memory), ``kernels/`` (the eager kernels), ``matmul``, ``attention`` and
 ``convolution`` (cuDNN graphs, ``cudnn``), ``fft``,
-``linalg`` (library calls), ``recurrent`` (an LSTM layer's time loop on raw buffers), ``runtime/`` (the driver).
+``linalg`` (library calls), ``scaled_mm`` (the FP8 GEMM), ``recurrent`` (an LSTM layer's time loop on raw
+buffers), ``runtime/`` (the driver).
 This module only ties them to the protocol; each piece imports what it needs from the others directly, never this
 package, so none of them depends on all.
 
@@ -152,6 +153,7 @@ def _load_kernels() -> None:
         linalg,
         matmul,
         recurrent,
+        scaled_mm,
     )
     from tilewise.backends.cuda.kernels import (  # noqa: F401 — each module registers its kernels
         KERNELS,

@@ -215,8 +215,9 @@ def _heuristics(handle: int, desc: int, layouts, aligns, schemes: int = _SCHEME_
         _set(setter, dtype_of, pref, attr, align)
     results = lt.MatmulHeuristicResult(_CANDIDATES)
     count = np.zeros(1, np.int32)
-    a, b, d = layouts
-    lt.matmul_algo_get_heuristic(handle, desc, a, b, d, d, pref, _CANDIDATES, results.ptr,
+    a, b, d = layouts[0], layouts[1], layouts[-1]
+    c = layouts[2] if len(layouts) == 4 else d  # (A, B, D), or (A, B, C, D) where C's type differs from D's
+    lt.matmul_algo_get_heuristic(handle, desc, a, b, c, d, pref, _CANDIDATES, results.ptr,
                                  count.ctypes.data)
     lt.matmul_preference_destroy(pref)
     if count[0] == 0:

@@ -1,8 +1,10 @@
 """The C target: the data that makes ``cstyle`` emit host C (C99 with ``_Float16``; GCC or Clang on x86-64).
 
 A kernel is a plain function whose loop runs over every element; the C compiler vectorises it. bfloat16 is
-stored as its 16 raw bits and converted by the helpers in the prelude (round to nearest even); float8 types
-have no C spelling here. Compile with ``-ffp-contract=off`` for results that match numpy bit for bit.
+stored as its 16 raw bits and converted by the helpers in the prelude (round to nearest even); float8 types are
+their raw byte, converted as torch converts (round to nearest even; e4m3fn saturates to +-448, e5m2 overflows
+to inf unless the store saturates; NaN has every mantissa bit set); a double is rounded to float first.
+Compile with ``-ffp-contract=off`` for results that match numpy bit for bit.
 """
 
 from __future__ import annotations
@@ -21,6 +23,35 @@ static inline unsigned short tw_float_to_bf16(float f) {
     unsigned int u; memcpy(&u, &f, 4);
     if (f != f) return (unsigned short)((u >> 16) | 0x40);
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float tw_e4m3_to_float(unsigned char b) {
+    unsigned int e = (b >> 3) & 0xfu, m = b & 7u, u; float f;
+    if (e == 0xfu && m == 7u) f = NAN;
+    else if (e == 0) f = (float)m * 0.001953125f;
+    else { u = ((e + 120u) << 23) | (m << 20); memcpy(&f, &u, 4); }
+    return (b & 0x80u) ? -f : f;
+}
+static inline float tw_e5m2_to_float(unsigned char b) {
+    unsigned short h = (unsigned short)(b << 8); _Float16 f; memcpy(&f, &h, 2); return (float)f;
+}
+static inline unsigned char tw_float_to_e4m3(float f) {
+    unsigned int u, a; float x; memcpy(&u, &f, 4);
+    unsigned char sign = (unsigned char)((u >> 24) & 0x80u);
+    a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7fu;
+    if (a >= 0x43e00000u) return sign | 0x7eu;  /* |f| >= 448, and infinity */
+    if (a < 0x3c800000u) { memcpy(&x, &a, 4); return sign | (unsigned char)nearbyintf(x * 512.0f); }  /* < 2^-6 */
+    return sign | (unsigned char)(((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - 960u);
+}
+static inline unsigned char tw_float_to_e5m2(float f, int saturate) {
+    unsigned int u, a, r; float x; memcpy(&u, &f, 4);
+    unsigned char sign = (unsigned char)((u >> 24) & 0x80u), top = saturate ? 0x7bu : 0x7cu;
+    a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7fu;
+    if (a >= 0x47800000u) return sign | top;  /* |f| >= 2^16, and infinity */
+    if (a < 0x38800000u) { memcpy(&x, &a, 4); return sign | (unsigned char)nearbyintf(x * 65536.0f); }  /* < 2^-14 */
+    r = ((a + 0xfffffu + ((a >> 21) & 1u)) >> 21) - 448u;
+    return sign | (unsigned char)(r >= 0x7cu ? top : r);
 }
 #endif"""
 
@@ -51,12 +82,17 @@ C = Language(
     type_names={
         "bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short", "int32": "int",
         "int64": "long long", "float16": "_Float16", "bfloat16": "unsigned short", "float32": "float",
-        "float64": "double",
+        "float64": "double", "float8_e4m3fn": "unsigned char", "float8_e5m2": "unsigned char",
     },
     headers={},
-    loads={"float16": "(float)({0})", "bfloat16": "tw_bf16_to_float({0})"},
+    loads={"float16": "(float)({0})", "bfloat16": "tw_bf16_to_float({0})", "float8_e4m3fn": "tw_e4m3_to_float({0})",
+           "float8_e5m2": "tw_e5m2_to_float({0})"},
     stores={("float16", "float"): "(_Float16)({0})", ("float16", "double"): "(_Float16)({0})",
-            ("bfloat16", "float"): "tw_float_to_bf16({0})", ("bfloat16", "double"): "tw_float_to_bf16((float)({0}))"},
+            ("bfloat16", "float"): "tw_float_to_bf16({0})", ("bfloat16", "double"): "tw_float_to_bf16((float)({0}))",
+            ("float8_e4m3fn", "float"): "tw_float_to_e4m3({0})",
+            ("float8_e4m3fn", "double"): "tw_float_to_e4m3((float)({0}))",
+            ("float8_e5m2", "float"): "tw_float_to_e5m2({0}, {sat})",
+            ("float8_e5m2", "double"): "tw_float_to_e5m2((float)({0}), {sat})"},
     math={},
     constants={("inf", "float"): "INFINITY", ("nan", "float"): "NAN", ("inf", "double"): "((double)INFINITY)",
                ("nan", "double"): "((double)NAN)"},
@@ -64,4 +100,5 @@ C = Language(
     helpers={"erfinv:float": _ERFINV},
     on_zero_division="__atomic_store_n(&tw_zero_division, 1, __ATOMIC_RELAXED); ",
     zero_division_flag="int tw_zero_division;",
+    saturation=("0", "1"),
 )

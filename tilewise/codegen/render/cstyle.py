@@ -81,6 +81,7 @@ class Language:
     # the declaration it needs
     on_zero_division: str = ""
     zero_division_flag: str = ""
+    saturation: tuple[str, str] = ("__NV_NOSAT", "__NV_SATFINITE")  # what "{sat}" becomes: (wraps, saturates)
 
     def ctype(self, dtype: DType) -> str:
         try:
@@ -297,7 +298,7 @@ def store_code(lang: Language, storage: DType, value: str, value_type: DType, sa
     if fmt is not None:
         if value_type is not dtypes.float64 and value_type is not dtypes.float32:
             value = f"(float)({value})"
-        return fmt.format(value, sat="__NV_SATFINITE" if saturate else "__NV_NOSAT")
+        return fmt.format(value, sat=lang.saturation[saturate])
     return f"({lang.ctype(storage)})({value})"
 
 

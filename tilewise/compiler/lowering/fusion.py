@@ -288,6 +288,11 @@ FEW_COLUMNS = 1 << 15  # kept elements below which a columns nest cannot keep th
 # rows) fused in phases ran on 32 blocks in 0.24-0.30 ms; split, a statistics kernel and an element-wise one
 # read the same bytes at full bandwidth in a tenth of that
 LONG_COLUMNS = 1 << 10
+# The same for a whole-tensor reduction with a later phase over the tensor: an amax with the cast it scales (FP8
+# current scaling, ``x * (448 / amax(|x|))``) as one nest runs on one block (8192 x 768 elements, at one SM's
+# bandwidth); apart, the amax splits across the GPU and the cast is an element-wise pass. Rows of softmax, layer
+# norm or logsumexp (several rows: a few long ones fold their phases into one split pass) are untouched.
+FEW_ROWS, LONG_ROWS = 2, 1 << 16
 
 
 def _starves_phases(group: Group) -> bool:
@@ -296,13 +301,14 @@ def _starves_phases(group: Group) -> bool:
     across blocks (every block would need every other block's result), so it runs one block per 32 columns. A
     channels-last batch norm's normalisation after its statistics over [64, 112, 112] per channel would run on
     2 blocks (one over [64, 14, 14] rows of 1024 channels on 32); apart, the statistics split across the GPU
-    and the normalisation is an element-wise pass. (Rows keep their phases together: a block per row reads it
-    once for all of them, see ``codegen.schedule``.)"""
+    and the normalisation is an element-wise pass. Rows keep their phases together (a block per row reads it
+    once for all of them, see ``codegen.schedule``) unless there are fewer than ``FEW_ROWS`` rows of at least
+    ``LONG_ROWS`` elements: a whole-tensor reduction feeding an element-wise pass over the same tensor."""
     if not group.reduce:
         return False
     shape = group.shape
     innermost = max((d for d, n in enumerate(shape) if n != 1), default=None)
-    if innermost is None or innermost in group.reduce:
+    if innermost is None:
         return False
     kept = 1
     for d, n in enumerate(shape):
@@ -311,7 +317,11 @@ def _starves_phases(group: Group) -> bool:
     reduced = 1
     for d in group.reduce:
         reduced *= shape[d]
-    if kept >= FEW_COLUMNS or reduced < LONG_COLUMNS:
+    rows = innermost in group.reduce
+    if rows:  # a block per row, so few long rows leave the GPU idle
+        if kept >= FEW_ROWS or reduced < LONG_ROWS:
+            return False
+    elif kept >= FEW_COLUMNS or reduced < LONG_COLUMNS:
         return False
     late: set[Node] = set()
     for member in group.members:
@@ -320,6 +330,8 @@ def _starves_phases(group: Group) -> bool:
             if base in group.dims and base is not member and (fusion_kind(base) == "reduction" or base in late):
                 late.add(member)
                 break
+    if rows:  # a later phase over the row itself; a scalar epilogue (the sqrt of a norm) runs once anyway
+        return any(d in group.reduce for member in late for d in group.dims[member] if d is not None)
     return bool(late)
 
 

@@ -1,0 +1,340 @@
+"""Low-precision training on CUDA: FP8 GEMMs and FP8 training steps of tilewise, beside torch in the same process.
+
+Sections (all by default; ``--only gemm|step|curve`` picks one):
+
+* **gemm**: ``_scaled_mm`` (e4m3 x e4m3, tensorwise scales, bf16 result) and a bf16 ``mm`` at 8192^3 and at
+  GPT-2 124M / Llama-7B layer shapes (8192 tokens), tilewise beside ``torch._scaled_mm`` and torch's bf16 mm.
+  Each side's median time of ``--repeats`` runs timed with its own CUDA events, in TFLOP/s, and the ratios
+  (FP8 over our bf16, ours over torch's FP8).
+* **step**: a GPT-2 (124M, 350M: ``--models``; ``benchmarks/models/gpt2.py``, one source run by both libraries)
+  training step, the whole step (forward, backward, AdamW) compiled
+  by ``tw.compile``, parameters in bf16, its ``nn.Linear`` layers (all but the tied LM head) swapped by
+  ``tilewise.float8.convert_to_float8_training`` (current scaling) against the same step in bf16; torchao's
+  float8 training beside them when torchao is importable (the table says when it is not). Median step time
+  after ``--warmup`` steps, tokens/s, ratio, and each side's first and last loss.
+* **curve**: ``--curve N`` trains the demo's char-GPT (``--curve-size``, on the shipped text) N steps in FP8 and
+  in bf16 from the same weights on the same batches and writes both loss curves (``lowprec_curve.json`` and a
+  PNG beside it, ``--out``), with the final losses (mean of the last 10%) and their relative difference.
+
+If ``benchmarks/lowprec_quant.py`` exists, its ``main_section()`` (quantization figures) runs after these.
+
+    python benchmarks/lowprec.py [--only gemm|step|curve] [--repeats 20] [--models 124M,350M] [--steps 20]
+        [--warmup 5] [--batch 8] [--curve 300] [--curve-size medium] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("TILEWISE_CACHE_DIR", tempfile.mkdtemp(prefix="tilewise-bench-cache-"))
+
+import numpy as np  # noqa: E402
+
+import tilewise as tw  # noqa: E402
+from tilewise.float8 import convert_to_float8_training  # noqa: E402
+from tilewise.models.gpt import GPT, GPTConfig  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch_source import module_for  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+TOKENS = 8192
+GEMM_SHAPES = {  # name: (M, K, N) of x[M, K] @ W[N, K]^T
+    "8192^3": (8192, 8192, 8192),
+    "gpt2 qkv": (TOKENS, 768, 2304), "gpt2 attn proj": (TOKENS, 768, 768),
+    "gpt2 mlp fc": (TOKENS, 768, 3072), "gpt2 mlp proj": (TOKENS, 3072, 768),
+    "llama qkv": (TOKENS, 4096, 12288), "llama o": (TOKENS, 4096, 4096),
+    "llama gate+up": (TOKENS, 4096, 22016), "llama down": (TOKENS, 11008, 4096),
+}
+VOCAB = 50304  # GPT-2's 50257, padded to a multiple of 64
+
+
+def not_head(module, fqn: str) -> bool:
+    """FP8 for every Linear but the char-GPT's vocabulary head (its size is not a multiple of 16)."""
+    return fqn != "head"
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+def median_ms(run, repeats: int, lib) -> float:
+    """Median of ``repeats`` runs, each between two CUDA events of ``lib`` (tilewise or torch)."""
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(repeats):
+        start, end = lib.cuda.Event(enable_timing=True), lib.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------------------------- GEMMs
+
+def gemm_section(repeats: int) -> list[dict]:
+    import torch
+
+    rows = []
+    print("\n## FP8 and bf16 GEMMs (TFLOP/s, median of CUDA-event timings; result bf16)")
+    print(f"device: {tw.cuda.get_device_name()}")
+    header = ("shape", "M x K x N", "tw fp8", "torch fp8", "tw bf16", "torch bf16", "fp8/bf16 (tw)",
+              "tw/torch fp8")
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for name, (m, k, n) in GEMM_SHAPES.items():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        xa = torch.randn(m, k, device="cuda", generator=g)
+        wa = torch.randn(n, k, device="cuda", generator=g)
+        x8, w8 = xa.to(torch.float8_e4m3fn), wa.to(torch.float8_e4m3fn)
+        one = torch.tensor(1.0, device="cuda")
+        xb, wb = xa.bfloat16(), wa.bfloat16()
+        ours = {k_: tw.from_dlpack(v) for k_, v in (("x8", x8), ("w8", w8), ("one", one), ("xb", xb), ("wb", wb))}
+        flops = 2 * m * n * k
+
+        def tflops(ms):
+            return flops / (ms * 1e-3) / 1e12
+
+        row = {"shape": name, "mkn": (m, k, n)}
+        runs = {
+            "tw fp8": (lambda: tw._scaled_mm(ours["x8"], ours["w8"].t(), ours["one"], ours["one"],
+                                             out_dtype=tw.bfloat16), tw),
+            "torch fp8": (lambda: torch._scaled_mm(x8, w8.t(), one, one, out_dtype=torch.bfloat16), torch),
+            "tw bf16": (lambda: ours["xb"].mm(ours["wb"].t()), tw),
+            "torch bf16": (lambda: xb.mm(wb.t()), torch),
+        }
+        for side, (fn, lib) in runs.items():
+            try:
+                row[side] = tflops(median_ms(fn, repeats, lib))
+            except Exception as exc:  # noqa: BLE001 — a side that fails is reported, the others still measured
+                row[side] = f"error: {type(exc).__name__}: {str(exc)[:80]}"
+        check = tw._scaled_mm(ours["x8"], ours["w8"].t(), ours["one"], ours["one"], out_dtype=tw.float32)
+        ref = torch._scaled_mm(x8, w8.t(), one, one, out_dtype=torch.float32)
+        row["max rel diff vs torch"] = float((torch.from_dlpack(check) - ref).abs().max() / ref.abs().max())
+        rows.append(row)
+
+        def ratio(a, b):
+            return f"{row[a] / row[b]:.2f}x" if all(isinstance(row[s], float) for s in (a, b)) else "-"
+
+        cells = [name, f"{m}x{k}x{n}"] + [f"{row[s]:.0f}" if isinstance(row[s], float) else row[s]
+                                           for s in ("tw fp8", "torch fp8", "tw bf16", "torch bf16")]
+        print("| " + " | ".join(cells + [ratio("tw fp8", "tw bf16"), ratio("tw fp8", "torch fp8")]) + " |")
+    print("(max |ours - torch| / max |torch| of the FP8 products, float32 results: "
+          + ", ".join(f"{r['shape']} {r['max rel diff vs torch']:.1e}" for r in rows) + ")")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- training steps
+
+def gpt2(lib, size: str):
+    """``benchmarks/models/gpt2.py`` (one source for both libraries) as a model of ``lib``, in bf16 on CUDA."""
+    module = module_for(HERE / "models" / "gpt2.py", lib)
+    layers, heads, width = module.SIZES[size]
+    lib.manual_seed(0)
+    model = module.GPT(module.GPTConfig(vocab_size=VOCAB, block_size=1024, n_layer=layers, n_head=heads,
+                                        n_embd=width))
+    return model.to(device="cuda", dtype=lib.bfloat16)
+
+
+def not_lm_head(module, fqn: str) -> bool:
+    return "lm_head" not in fqn  # tied to the token embedding; torchao's recipes keep the output layer too
+
+
+def compiled_step(model, lr: float = 3e-4, loss_of=None):
+    """The whole step (forward, backward, AdamW) as one ``tw.compile``; ``loss_of(model, x, y)`` gives the loss
+    (default: the model's own, ``model(x, y)``)."""
+    opt = tw.optim.AdamW(model.parameters(), lr=lr)
+    loss_of = loss_of or (lambda m, x, y: m(x, y))
+
+    def step(x, y):
+        loss = loss_of(model, x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return tw.compile(step)
+
+
+def time_steps(step, batches, warmup: int, sync) -> tuple[float, list[float]]:
+    losses, times = [], []
+    for k, (x, y) in enumerate(batches):
+        started = time.perf_counter()
+        loss = step(x, y)
+        sync()
+        if k >= warmup:
+            times.append(time.perf_counter() - started)
+        losses.append(float(loss.float().item()))
+    return statistics.median(times) * 1e3, losses
+
+
+def tilewise_side(size: str, fp8: bool, batches, warmup: int) -> tuple[float, list[float]]:
+    model = gpt2(tw, size)
+    if fp8:
+        convert_to_float8_training(model, module_filter_fn=not_lm_head)
+    return time_steps(compiled_step(model), batches, warmup, tw.cuda.synchronize)
+
+
+def torchao_side(size: str, batches, warmup: int):
+    """torchao's float8 training of the same model in torch (torch.compile'd model, fused AdamW), or the reason
+    it cannot run."""
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao is not installed: no torch FP8 training peer in this run"
+    import torch
+    from torchao.float8 import convert_to_float8_training as ao_convert
+
+    model = gpt2(torch, size)
+    ao_convert(model, module_filter_fn=not_lm_head)
+    model = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+
+    def step(x, y):
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    torch_batches = [(torch.from_dlpack(x), torch.from_dlpack(y)) for x, y in batches]
+    return time_steps(step, torch_batches, warmup, torch.cuda.synchronize)
+
+
+def step_section(sizes: list[str], steps: int, warmup: int, batch: int) -> list[dict]:
+    print(f"\n## GPT-2 compiled training steps, bf16 parameters, batch {batch}x1024, AdamW "
+          f"(median of {steps - warmup} steps after {warmup})")
+    print("| model | side | ms/step | tokens/s | vs tw bf16 | first loss | last loss |\n|---|---|---|---|---|---|---|")
+    rows = []
+    for size in sizes:
+        gen = tw.Generator(device="cuda").manual_seed(1)
+        batches = []
+        for _ in range(steps):
+            x = tw.randint(0, VOCAB, (batch, 1024), device="cuda", generator=gen)
+            batches.append((x, x.roll(-1, 1)))
+        results = {}
+        for side, run in (("tw bf16", lambda: tilewise_side(size, False, batches, warmup)),
+                          ("tw fp8", lambda: tilewise_side(size, True, batches, warmup)),
+                          ("torchao fp8", lambda: torchao_side(size, batches, warmup))):
+            try:
+                results[side] = run()
+            except Exception as exc:  # noqa: BLE001
+                traceback.print_exc(limit=3)
+                results[side] = f"error: {type(exc).__name__}: {str(exc)[:100]}"
+        base = results["tw bf16"][0] if isinstance(results["tw bf16"], tuple) else None
+        for side, res in results.items():
+            if isinstance(res, str):
+                print(f"| {size} | {side} | {res} | | | | |")
+                continue
+            ms, losses = res
+            speed = f"{base / ms:.2f}x" if base else "-"
+            print(f"| {size} | {side} | {ms:.1f} | {batch * 1024 / ms * 1e3:,.0f} | {speed} | {losses[0]:.4f} | "
+                  f"{losses[-1]:.4f} |")
+            rows.append({"model": size, "side": side, "ms": ms, "losses": losses})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- loss curves
+
+def float32_loss(model, x, y):
+    """The char-GPT's cross entropy taken in float32 on its bf16 logits (a bf16 loss moves in steps of 0.4%)."""
+    logits, _ = model(x)
+    return tw.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+
+def curve_section(steps: int, size: str, out: Path, device: str) -> dict:
+    from tilewise.data import load_text
+    from tilewise.models.demo import MODEL_SIZES, Batches
+    from tilewise.models.gpt import CharTokenizer
+
+    text = load_text("kjv")
+    tokenizer = CharTokenizer(text)
+    ids = tw.from_numpy(np.asarray(tokenizer.encode(text), dtype=np.int64)).to(device)
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, **MODEL_SIZES[size])
+    batch = 32
+    tw.manual_seed(0)
+    base = GPT(config).to(device, tw.bfloat16)
+    curves = {}
+    for side in ("bf16", "fp8"):
+        model = copy.deepcopy(base)
+        if side == "fp8":
+            convert_to_float8_training(model, module_filter_fn=not_head)
+        step = compiled_step(model, lr=1e-3, loss_of=float32_loss)
+        batches = Batches(ids, config.block_size, batch, tw.Generator(device=device).manual_seed(2))
+        curves[side] = [float(step(*batches.next()).float().item()) for _ in range(steps)]
+    tail = max(1, steps // 10)
+    final = {side: float(np.mean(c[-tail:])) for side, c in curves.items()}
+    diff = (final["fp8"] - final["bf16"]) / final["bf16"]
+    print(f"\n## Loss curves, char-GPT '{size}' on the demo text, {steps} steps, batch {batch}x{config.block_size}, "
+          f"bf16 parameters, AdamW 1e-3 ({device})")
+    print(f"final loss (mean of the last {tail} steps): bf16 {final['bf16']:.4f}, fp8 {final['fp8']:.4f}, "
+          f"fp8 relative to bf16 {diff:+.2%}")
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"steps": steps, "size": size, "device": device, "losses": curves, "final": final}
+    (out / "lowprec_curve.json").write_text(json.dumps(record))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+        for side, color in (("bf16", "#1f5f99"), ("fp8", "#d1495b")):
+            ax.plot(np.arange(1, steps + 1), curves[side], color=color, linewidth=1.0, label=side)
+        ax.set_xlabel("step")
+        ax.set_ylabel("cross-entropy (nats / character)")
+        ax.set_title(f"FP8 vs bf16 training, char-GPT '{size}' ({device})")
+        ax.legend(frameon=False)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "lowprec_curve.png")
+        plt.close(fig)
+        print(f"wrote {out / 'lowprec_curve.json'} and {out / 'lowprec_curve.png'}")
+    except ImportError:
+        print(f"wrote {out / 'lowprec_curve.json'} (matplotlib is not installed: no PNG)")
+    return record
+
+
+def quant_section() -> None:
+    path = HERE / "lowprec_quant.py"
+    if not path.exists():
+        return
+    spec = importlib.util.spec_from_file_location("lowprec_quant", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main_section()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", choices=("gemm", "step", "curve"))
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--models", default="124M,350M")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--curve", type=int, default=300)
+    p.add_argument("--curve-size", default="medium")
+    p.add_argument("--device", default="cuda", help="the curve's device (the other sections need CUDA)")
+    p.add_argument("--out", type=Path, default=Path("lowprec_out"))
+    args = p.parse_args(argv)
+    if args.only in (None, "gemm"):
+        gemm_section(args.repeats)
+    if args.only in (None, "step"):
+        step_section(args.models.split(","), args.steps, args.warmup, args.batch)
+    if args.only in (None, "curve") and args.curve > 0:
+        curve_section(args.curve, args.curve_size, args.out, args.device)
+    if args.only is None:
+        quant_section()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,355 @@
+"""FP8 training (tilewise.float8): the layer against an FP8 reference written with numpy and against float32,
+scaling state, conversion, errors, and a compiled training step."""
+
+from __future__ import annotations
+
+import copy
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tilewise as tw
+from tilewise.float8 import (
+    CastConfig,
+    DelayedScalingConfig,
+    Float8Linear,
+    Float8LinearConfig,
+    ScalingType,
+    convert_to_float8_training,
+    sync_float8_amax_and_scale_history,
+)
+
+E4M3, E5M2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
+MAX = {E4M3: 448.0, E5M2: 57344.0}
+
+
+def _quantized(x: np.ndarray, dtype) -> tuple[np.ndarray, np.float32]:
+    """numpy's FP8 cast with a current scale: the values the FP8 GEMMs see, and the inverse scale."""
+    scale = np.float32(MAX[dtype]) / np.maximum(np.abs(x).max().astype(np.float32), np.float32(1e-12))
+    q = np.clip(x.astype(np.float32) * scale, -MAX[dtype], MAX[dtype]).astype(dtype).astype(np.float32)
+    return q, np.float32(1) / scale
+
+
+def _reference(x, w, b, g):
+    """Forward and gradients of ``x @ w.T + b`` with FP8 operands, in float32 numpy."""
+    xq, xi = _quantized(x, E4M3)
+    wq, wi = _quantized(w, E4M3)
+    gq, gi = _quantized(g, E5M2)
+    y = (xq * xi) @ (wq * wi).T + b
+    return y, (gq * gi) @ (wq * wi), (gq * gi).T @ (xq * xi), g.sum(0)
+
+
+def _layer(seed=0, inp=32, out=48, config=None):
+    tw.manual_seed(seed)
+    return Float8Linear.from_float(tw.nn.Linear(inp, out), config or Float8LinearConfig())
+
+
+def test_forward_and_gradients_match_the_numpy_fp8_reference():
+    layer = _layer()
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((64, 32)).astype(np.float32)
+    g_np = rng.standard_normal((64, 48)).astype(np.float32) * 1e-3
+    x = tw.tensor(x_np, requires_grad=True)
+    y = layer(x)
+    y.backward(tw.tensor(g_np))
+    ref = _reference(x_np, layer.weight.detach().numpy(), layer.bias.detach().numpy(), g_np)
+    for ours, theirs in zip((y.detach(), x.grad, layer.weight.grad, layer.bias.grad), ref):
+        np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-5, atol=1e-5 * np.abs(theirs).max())
+
+
+def test_close_to_float32_within_fp8_tolerance():
+    tw.manual_seed(1)
+    dense = tw.nn.Sequential(tw.nn.Linear(64, 128), tw.nn.GELU(), tw.nn.Linear(128, 32))
+    fp8 = convert_to_float8_training(copy.deepcopy(dense))
+    x = tw.randn(32, 64)
+    for model in (dense, fp8):
+        model(x).square().mean().backward()
+    out_err = (fp8(x) - dense(x)).norm() / dense(x).norm()
+    assert out_err.item() < 0.06  # e4m3: 3 mantissa bits, 2^-4 relative per element at most
+    for (name, p), (_, q) in zip(fp8.named_parameters(), dense.named_parameters()):
+        rel = ((p.grad - q.grad).norm() / q.grad.norm()).item()
+        assert rel < 0.2, f"{name}: relative gradient error {rel}"  # e5m2 gradients: 2 mantissa bits
+
+
+def test_training_loss_follows_float32():
+    def run(convert):
+        tw.manual_seed(3)
+        model = tw.nn.Sequential(tw.nn.Linear(32, 64), tw.nn.ReLU(), tw.nn.Linear(64, 16))
+        if convert:
+            convert_to_float8_training(model)
+        opt = tw.optim.SGD(model.parameters(), lr=0.1)
+        gen = tw.Generator().manual_seed(4)
+        x, target = tw.randn(64, 32, generator=gen), tw.randn(64, 16, generator=gen)
+        losses = []
+        for _ in range(20):
+            loss = tw.nn.functional.mse_loss(model(x), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    dense, fp8 = run(False), run(True)
+    assert fp8[-1] < 0.9 * fp8[0]  # it trains
+    assert abs(fp8[-1] - dense[-1]) < 0.03 * dense[-1]
+
+
+def test_master_weights_and_optimizer_state_stay_float32():
+    layer = _layer()
+    opt = tw.optim.Adam(layer.parameters(), lr=1e-3)
+    layer(tw.randn(16, 32)).sum().backward()
+    opt.step()
+    assert layer.weight.dtype is tw.float32 and layer.weight.grad.dtype is tw.float32
+    assert all(v.dtype is tw.float32 for s in opt.state.values() for v in s.values() if isinstance(v, tw.Tensor)
+               and v.ndim > 0)
+
+
+def test_weight_cast_is_made_once_while_the_weight_is_unchanged():
+    layer = _layer()
+    first = layer._cast_weight()
+    assert layer._cast_weight()[0] is first[0]  # a second micro-batch reuses it
+    with tw.no_grad():
+        layer.weight.mul_(2)
+    assert layer._cast_weight()[0] is not first[0]  # an optimizer step (a write) recasts
+
+
+def test_convert_swaps_linears_keeps_order_and_parameters():
+    model = tw.nn.Sequential(tw.nn.Linear(32, 32), tw.nn.ReLU(), tw.nn.Linear(32, 8))
+    weight = model[0].weight
+    convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn != "2")
+    assert [type(m).__name__ for m in model] == ["Float8Linear", "ReLU", "Linear"]
+    assert model[0].weight is weight
+
+
+def test_shapes_not_multiple_of_16_name_the_requirement():
+    with pytest.raises(ValueError, match="in_features is 30, not a multiple of 16.*module_filter_fn"):
+        convert_to_float8_training(tw.nn.Linear(30, 32))
+    with pytest.raises(ValueError, match="out_features is 8, not a multiple of 16"):
+        Float8Linear(32, 8)
+    with pytest.raises(ValueError, match="rows of the input.*is 10, not a multiple of 16"):
+        _layer()(tw.randn(2, 5, 32))
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="history_len must be at least 1"):
+        DelayedScalingConfig(history_len=0)
+    with pytest.raises(ValueError, match="unknown recipe 'rowwise_x'"):
+        Float8LinearConfig.from_recipe_name("rowwise_x")
+
+
+def test_delayed_scaling_records_amax_and_syncs_the_history():
+    config = Float8LinearConfig.from_recipe_name("delayed")
+    config = Float8LinearConfig(config.cast_config_input, config.cast_config_weight, config.cast_config_grad_output,
+                                DelayedScalingConfig(history_len=4))
+    layer = _layer(config=config)
+    amaxes = []
+    for step in range(3):
+        x = tw.randn(16, 32) * (step + 1)
+        layer(x).sum().backward()
+        amaxes.append(x.abs().max().item())
+        assert layer.fp8_amax_input.item() == pytest.approx(amaxes[-1])
+        sync_float8_amax_and_scale_history(layer)
+    history = layer.fp8_amax_history_input.tolist()
+    assert history == pytest.approx([amaxes[2], amaxes[1], amaxes[0], 0.0])
+    assert layer.fp8_scale_input.item() == pytest.approx(448.0 / max(amaxes))
+    assert layer.fp8_amax_grad_output.item() == pytest.approx(1.0)  # d(sum)/dy is all ones
+    # the next forward casts with the synced (delayed) scale, not this input's amax
+    x = tw.randn(16, 32) * 0.01
+    y = layer(x)
+    xq = np.clip(x.numpy() * (448.0 / max(amaxes)), -448, 448).astype(E4M3).astype(np.float32)
+    w = layer.weight.detach().numpy()
+    wscale = layer.fp8_scale_weight.item()
+    wq = np.clip(w * wscale, -448, 448).astype(E4M3).astype(np.float32)
+    ref = (xq / (448.0 / max(amaxes))) @ (wq / wscale).T + layer.bias.detach().numpy()
+    np.testing.assert_allclose(y.detach().numpy(), ref, rtol=1e-4, atol=1e-6)
+
+
+def test_delayed_scaling_before_any_sync_uses_the_current_amax():
+    layer = _layer(config=Float8LinearConfig.from_recipe_name("delayed"))
+    dynamic = _layer()
+    x = tw.randn(16, 32)
+    np.testing.assert_array_equal(layer(x).detach().numpy(), dynamic(x).detach().numpy())
+
+
+def test_mixed_recipe_dynamic_input_delayed_weight():
+    config = Float8LinearConfig(cast_config_weight=CastConfig(ScalingType.DELAYED))
+    layer = _layer(config=config)
+    assert not hasattr(layer, "fp8_amax_history_input") and hasattr(layer, "fp8_amax_history_weight")
+    layer(tw.randn(16, 32)).sum().backward()
+    assert layer.fp8_amax_weight.item() == pytest.approx(layer.weight.abs().max().item())
+
+
+def _train_step(model, opt):
+    def step(x, target):
+        loss = tw.nn.functional.mse_loss(model(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def test_compiled_training_step_matches_eager():
+    def run(compiled):
+        tw.manual_seed(5)
+        model = convert_to_float8_training(tw.nn.Sequential(tw.nn.Linear(32, 64), tw.nn.ReLU(),
+                                                            tw.nn.Linear(64, 16)))
+        opt = tw.optim.SGD(model.parameters(), lr=0.1)
+        step = _train_step(model, opt)
+        step = tw.compile(step) if compiled else step
+        gen = tw.Generator().manual_seed(6)
+        x, target = tw.randn(32, 32, generator=gen), tw.randn(32, 16, generator=gen)
+        return [step(x, target).item() for _ in range(3)]
+
+    eager, compiled = run(False), run(True)
+    np.testing.assert_allclose(compiled, eager, rtol=1e-5)
+
+
+@pytest.mark.cuda
+def test_cuda_layer_matches_the_cpu_reference():
+    layer = _layer(inp=64, out=128)
+    x = tw.randn(256, 64)
+    cpu = layer(x).detach().numpy()
+    layer.to("cuda")
+    layer._weight_cache = None
+    out = layer(x.to("cuda")).detach().cpu().numpy()
+    np.testing.assert_allclose(out, cpu, rtol=1e-3, atol=1e-3 * np.abs(cpu).max())
+
+
+@pytest.mark.cuda
+def test_cuda_compiled_step_matches_eager_bf16():
+    def run(compiled):
+        tw.manual_seed(7)
+        model = tw.nn.Sequential(tw.nn.Linear(128, 256), tw.nn.GELU(), tw.nn.Linear(256, 128)).to("cuda",
+                                                                                                  tw.bfloat16)
+        convert_to_float8_training(model)
+        opt = tw.optim.AdamW(model.parameters(), lr=1e-3)
+        step = _train_step(model, opt)
+        step = tw.compile(step) if compiled else step
+        gen = tw.Generator().manual_seed(8)
+        x = tw.randn(512, 128, generator=gen).to("cuda", tw.bfloat16)
+        target = tw.randn(512, 128, generator=gen).to("cuda", tw.bfloat16)
+        return [step(x, target).float().item() for _ in range(5)]
+
+    np.testing.assert_allclose(run(True), run(False), rtol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_compiled_c_casts_match_eager_bit_for_bit(name):
+    """The C target's float8 conversions: every code, every midpoint between neighbours and just beside it,
+    overflow, specials and random magnitudes."""
+    dtype = getattr(tw, name)
+    values = np.arange(256, dtype=np.uint8).view(dtype.np).astype(np.float32)
+    finite = np.unique(values[np.isfinite(values)])
+    mids = ((finite[:-1].astype(np.float64) + finite[1:]) / 2).astype(np.float32)
+    rng = np.random.default_rng(0)
+    x = np.concatenate([values, mids, np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf)),
+                        np.array([np.inf, -np.inf, np.nan, 448, 464, 480, 1e6, 57344, 61440, 65536, 1e-10, -0.0],
+                                 np.float32),
+                        (rng.standard_normal(2000) * np.exp(rng.uniform(-25, 15, 2000))).astype(np.float32)])
+
+    def cast(t):
+        return t.to(dtype), t.to(dtype).float()
+
+    (compiled, widened), (eager, eager_widened) = tw.compile(cast)(tw.from_numpy(x)), cast(tw.from_numpy(x))
+    np.testing.assert_array_equal(compiled.numpy().view(np.uint8), eager.numpy().view(np.uint8))
+    np.testing.assert_array_equal(widened.numpy(), eager_widened.numpy())  # NaN == NaN here, whatever its payload
+
+
+def _cuda_kernels(fn, *args):
+    """(kernel name, blocks, outputs written) of each nest ``fn`` compiles to for the CUDA target (no GPU needed)."""
+    from tilewise.compiler.capture import trace
+    from tilewise.compiler.passes import run_pipeline
+    from tilewise.compiler.program import lower_program
+    from tilewise.compiler.targets import CUDA_TARGET
+
+    low = lower_program(run_pipeline(trace(fn, args, {}).graph), CUDA_TARGET)
+    return [(s.kernel, ns.cuda) for s in low.schedules for ns in s.nests]
+
+
+def test_lowering_delayed_scaling_casts_in_the_producing_kernel():
+    """With a delayed scale the e4m3 cast is one more output of the kernel that makes the activation (here a
+    layer norm's rows); the amax recorded for the next step is a reduction split across the GPU that reads
+    the activation again."""
+    from tilewise.float8.linear import cast_to_float8, tensor_amax
+
+    w, b = tw.randn(768), tw.randn(768)
+
+    def delayed(x, scale):
+        h = tw.nn.functional.layer_norm(x, (768,), w, b).bfloat16()
+        return cast_to_float8(h, scale, tw.float8_e4m3fn), tensor_amax(h)
+
+    (norm, norm_plan), (amax, amax_plan) = _cuda_kernels(delayed, tw.randn(8192, 768), tw.tensor(3.0))
+    assert any(p.written and p.dtype is tw.float8_e4m3fn for p in norm.params) and norm_plan.blocks == 8192
+    assert amax_plan.split > 1
+
+
+def test_lowering_current_scaling_splits_the_amax_across_the_gpu():
+    """With the current amax the cast needs the whole tensor's amax first: an amax split across blocks, then one
+    element-wise pass (scale and cast), not one nest on a single block."""
+    from tilewise.float8.linear import amax_to_scale, cast_to_float8, tensor_amax
+
+    def current(h):
+        scale = amax_to_scale(tensor_amax(h), tw.float8_e4m3fn)
+        return cast_to_float8(h, scale, tw.float8_e4m3fn), scale.reciprocal()
+
+    plans = _cuda_kernels(current, tw.randn(8192, 768).bfloat16())
+    assert plans[0][1].split > 1
+    cast = [plan for kernel, plan in plans if any(p.written and p.dtype is tw.float8_e4m3fn for p in kernel.params)
+            and plan.blocks > 1]
+    assert cast and cast[0].strategy == "elements"
+
+
+def test_compiled_step_with_delayed_scaling_and_its_sync_matches_eager():
+    """The amax histories and scales are buffers written inside the compiled step (forward, backward and the
+    sync): they end as eager leaves them."""
+    def run(compiled):
+        tw.manual_seed(5)
+        model = convert_to_float8_training(
+            tw.nn.Sequential(tw.nn.Linear(32, 64), tw.nn.ReLU(), tw.nn.Linear(64, 16)),
+            config=Float8LinearConfig.from_recipe_name("delayed"))
+        opt = tw.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, target):
+            loss = tw.nn.functional.mse_loss(model(x), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sync_float8_amax_and_scale_history(model)
+            return loss
+
+        step = tw.compile(step) if compiled else step
+        gen = tw.Generator().manual_seed(6)
+        x, target = tw.randn(32, 32, generator=gen), tw.randn(32, 16, generator=gen)
+        losses = [step(x * (k + 1), target).item() for k in range(4)]
+        return losses, model[0].fp8_amax_history_input.numpy(), model[2].fp8_scale_grad_output.numpy()
+
+    (eager, history, scale), (compiled, compiled_history, compiled_scale) = run(False), run(True)
+    np.testing.assert_allclose(compiled, eager, rtol=1e-5)
+    np.testing.assert_allclose(compiled_history, history, rtol=1e-6)
+    np.testing.assert_allclose(compiled_scale, scale, rtol=1e-6)
+    assert history[:4].tolist() == pytest.approx(sorted(history[:4].tolist(), reverse=True))  # newest first
+
+
+@pytest.mark.slow
+def test_lowprec_benchmark_curve_runs_on_the_cpu(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from childenv import python_path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=python_path(), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "lowprec.py"), "--only", "curve", "--curve", "4",
+                           "--curve-size", "tiny", "--device", "cpu", "--out", str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads((tmp_path / "lowprec_curve.json").read_text())
+    bf16, fp8 = record["losses"]["bf16"], record["losses"]["fp8"]
+    assert len(bf16) == len(fp8) == 4 and bf16 != fp8  # two runs, and FP8 is not the bf16 run again
+    assert abs(fp8[-1] - bf16[-1]) < 0.02 * bf16[-1]
