@@ -107,7 +107,7 @@ def test_launch_on_the_current_stream_matches_numpy():
     out = tw.empty(n, dtype=tw.float64, device="cuda")
     m.fill(out, 0.25, n, grid=(n + 127) // 128, block=128)
     np.testing.assert_array_equal(out.cpu().numpy(), np.full(n, 0.25))
-    assert m.axpy.registers == m.axpy.function.attributes.num_regs
+    assert m.axpy.registers == m.axpy.function.attributes().num_regs
 
 
 @pytest.mark.cuda

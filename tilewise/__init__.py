@@ -25,10 +25,10 @@ from tilewise.dtypes import (
     double,
     finfo,
     float,
+    float4_e2m1fn_x2,
     float8_e4m3fn,
     float8_e5m2,
     float8_e8m0fnu,
-    float4_e2m1fn_x2,
     float16,
     float32,
     float64,
@@ -127,7 +127,6 @@ from tilewise import (  # noqa: E402
     utils,
 )
 from tilewise._dlpack import from_dlpack, to_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
-from tilewise.ops.tags import Tag  # noqa: E402 — torch.Tag: operator tags (custom_op(..., tags=...))
 from tilewise.amp import (  # noqa: E402
     GradScaler,
     autocast,
@@ -162,6 +161,7 @@ from tilewise.autograd.anomaly_mode import (  # noqa: E402
 )
 from tilewise.backends import get_default_device, set_default_device  # noqa: E402
 from tilewise.compiler import compile  # noqa: E402, A004 — tilewise.compile, like torch.compile
+from tilewise.ops.tags import Tag  # noqa: E402 — torch.Tag: operator tags (custom_op(..., tags=...))
 from tilewise.profiler.explain import explain  # noqa: E402 — every layer of one compiled call, timed
 from tilewise.profiler.report import report  # noqa: E402 — the same call as one self-contained HTML page
 from tilewise.serialization import load, save  # noqa: E402

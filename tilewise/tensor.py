@@ -29,8 +29,17 @@ from tilewise import dtypes
 from tilewise import strides as _strides
 from tilewise.device import Device, as_device, cpu, pinning_backend
 from tilewise.device import is_pinned as pinned_by_a_backend
-from tilewise.dtypes import (DType, as_dtype, checked_scalar, float4_e2m1fn_x2, float8_e4m3fn, float8_e5m2,
-                             float8_e8m0fnu, get_default_dtype, round_to_e8m0)
+from tilewise.dtypes import (
+    DType,
+    as_dtype,
+    checked_scalar,
+    float4_e2m1fn_x2,
+    float8_e4m3fn,
+    float8_e5m2,
+    float8_e8m0fnu,
+    get_default_dtype,
+    round_to_e8m0,
+)
 from tilewise.dtypes import from_numpy as dtype_from_numpy
 from tilewise.layouts import format_name, strided
 from tilewise.storage import Storage

@@ -8,16 +8,16 @@ of its module; ``mm``/``bmm``/``addmm``/``_addmm_activation`` call cuBLASLt writ
 planned buffer (the last two with a bias epilogue); other library operators run through the eager CUDA
 backend on tensors viewing the planned buffers, their results copied in.
 
-CUDA graphs: from the second call on, a program of several steps that are all capturable (generated
-kernels, GEMMs that need no operand copy, end-of-call copies, custom operators) is captured once into a CUDA
-graph (``backends.cuda.graphs``, see [Note: graph capture]) and replayed, so a call costs one
-``cuGraphLaunch`` instead of a launch per step. A graph bakes in addresses, so: arguments of the compiled function are copied into static staging buffers the graph reads (one
-device-to-device copy each, as torch's CUDA graphs do); the other inputs (parameters, gradients,
-optimizer state: what a training step updates in place) are read where they live, and a graph is kept
-per set of their addresses (a few; beyond that the program stops capturing); outputs are written to the
-graph's own buffers and copied to fresh ones for the caller. Those copies are why a program whose
-arguments and outputs exceed ``GRAPH_COPY_BYTES`` is not captured: its kernels are long enough that
-launching them one by one costs less than copying. ``TILEWISE_LOG=graphs`` reports captures and why a
+CUDA graphs: from the second call on, a program of several steps that are all capturable (generated kernels,
+GEMMs that need no operand copy, end-of-call copies, custom operators) is captured once into a CUDA graph
+(``backends.cuda.graphs``, see [Note: graph capture]) and replayed, so a call costs one ``cuGraphLaunch``
+instead of a launch per step. A graph bakes in addresses, so: arguments of the compiled function are copied
+into static staging buffers the graph reads (one device-to-device copy each, as torch's CUDA graphs do); the
+other inputs (parameters, gradients, optimizer state: what a training step updates in place) are read where
+they live, and a graph is kept per set of their addresses (a few; beyond that the program stops capturing);
+outputs are written to the graph's own buffers and copied to fresh ones for the caller. Those copies are why a
+program whose arguments and outputs exceed ``GRAPH_COPY_BYTES`` is not captured: its kernels are long enough
+that launching them one by one costs less than copying. ``TILEWISE_LOG=graphs`` reports captures and why a
 program is not captured.
 
 [Note: custom operators in CUDA graphs] A custom operator (``tilewise.library``) is captured as torch captures
@@ -56,7 +56,7 @@ from tilewise._cuda_api import driver_api, is_available
 from tilewise._stages import stage
 from tilewise.backends.cuda import DeviceBuffer, stream_handle
 from tilewise.backends.cuda.graphs import CudaGraph, GraphCaptureError, capture
-from tilewise.backends.cuda.runtime import Event, check, copy_dtod, current_device, get_device_properties
+from tilewise.backends.cuda.runtime import Event, Stream, check, copy_dtod, current_device, get_device_properties
 from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.schedule import KernelSchedule
 from tilewise.compiler.autotune import Pending, Sampler, clobbered, renamed
@@ -365,7 +365,7 @@ class CudaRuntime:
                 return None
             try:
                 graph = self._capture(inputs, staged, input_slots, stream)
-            except _CaptureFailed as failed:
+            except _CaptureFailedError as failed:
                 self.why_not = str(failed)
                 log("graphs", f"program not captured into a CUDA graph, its steps run uncaptured: {self.why_not}")
                 return None
@@ -420,7 +420,7 @@ class CudaRuntime:
         try:
             graph = capture(walk, index)
         except GraphCaptureError as exc:
-            raise _CaptureFailed(self._failure(exc, running[0])) from exc
+            raise _CaptureFailedError(self._failure(exc, running[0])) from exc
         custom = sum(getattr(s, "custom", False) for s in self.program.steps)
         log("graphs", f"captured a CUDA graph of {len(self.program.steps)} step(s)"
                       f"{f', {custom} custom operator call(s) among them' if custom else ''} "
@@ -436,7 +436,7 @@ class CudaRuntime:
         return f"capturing it failed: {exc}{among}"
 
 
-class _CaptureFailed(Exception):
+class _CaptureFailedError(Exception):
     """A program's capture failed; the message says at which step and why."""
 
 
@@ -682,13 +682,18 @@ def kernels_machine_code(sources: dict[str, str], arch: str) -> dict[str, Machin
         texts, missing = {}, str(exc)
     out = {}
     for name, key in keys.items():
-        shown = (lambda text: text.replace(key[0], name)) if key[0] != name else (lambda text: text)
+        shown = partial(_renamed, key[0], name)
         usage = usages[key]
         resources = "; ".join(f"{u.registers} registers/thread, {u.shared_bytes} B shared/block, "
                               f"{u.local_bytes} B local (spills)/thread" for u in usage.values())
         out[name] = MachineCode(shown(compiled[key].ptx), missing if missing else shown(texts[key]), resources,
                                 missing is not None, usage.get(key[0]))
     return out
+
+
+def _renamed(shared: str, name: str, text: str) -> str:
+    """Machine code of a kernel compiled under its shared name, shown under the kernel's own."""
+    return text.replace(shared, name) if shared != name else text
 
 
 _usages: dict[bytes, dict] = {}  # a cubin's digest -> its kernels' resource use (the cubin alone determines it)

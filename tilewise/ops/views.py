@@ -9,8 +9,8 @@ tensor of the input's shape and add the gradient into it.
 from __future__ import annotations
 
 from tilewise import dispatch
-from tilewise.dtypes import as_dtype
 from tilewise import strides as S
+from tilewise.dtypes import as_dtype
 from tilewise.ops.batching_rules import view_scatter_add_rule, view_scatter_rule
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare

@@ -29,8 +29,8 @@ from __future__ import annotations
 import inspect
 import statistics
 import time
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
