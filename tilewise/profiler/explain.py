@@ -11,10 +11,11 @@ CUDA its PTX and SASS, then the steps of each program with their measured per-ca
 device's roofline (``roofline``), and the whole call compiled against eager.
 
 Times are per step of the program as it runs: the function is called ``repeats`` times after the call that
-compiles it, with each program's steps timed where they run (wall clock around each step on the CPU; CUDA
-events around each step on CUDA, each queued behind a short device-side wait so that the events time the
-kernels and not their launch ([Note: explain's device clock]), where the steps are then launched one by one
-rather than replayed as a CUDA graph). The call that compiles is not timed, nor are the calls after it that
+compiles it, with each program's steps timed where they run (wall clock around each step on the CPU; on CUDA,
+where the steps are then launched one by one rather than replayed as a CUDA graph, the device time of what
+each step launched from CUPTI's records, as the profiler reads them, or without CUPTI CUDA events around each
+step queued behind a short device-side wait, so that they time the kernels and not their launch: [Note:
+explain's device clock]). The call that compiles is not timed, nor are the calls after it that
 compile again (a training step's second call, now that gradients exist, up to ``WARMUP_CALLS``): a training
 step therefore trains a few more steps than ``repeats``, as it would under a profiler.
 
@@ -337,21 +338,28 @@ def _explain_run(compiled, fn, args, target: Target, arch, repeats: int, rooflin
             break
     timers: dict[int, _Timers] = {}
     call_times = []
-    for _ in range(repeats):
-        for program in compiled.programs():
-            if id(program) not in timers:
-                timers[id(program)] = _Timers(program, device)
-        for t in timers.values():
-            t.install()
-        start = time.perf_counter()
-        try:
-            compiled(*args)
+    cupti = _CuptiClock.start() if device.type == "cuda" else None
+    try:
+        for _ in range(repeats):
+            for program in compiled.programs():
+                if id(program) not in timers:
+                    timers[id(program)] = _Timers(program, device, cupti)
             for t in timers.values():
-                t.collect()
-        finally:
-            for t in timers.values():
-                t.remove()
-        call_times.append(time.perf_counter() - start)
+                t.install()
+            start = time.perf_counter()
+            try:
+                compiled(*args)
+                for t in timers.values():
+                    t.collect()
+            finally:
+                for t in timers.values():
+                    t.remove()
+            call_times.append(time.perf_counter() - start)
+    finally:
+        if cupti is not None:
+            cupti.stop()
+    for t in timers.values():
+        t.resolve()
     programs = _shown_programs(compiled)
     if not programs:
         sections.append(("run", f"compile ran the function eagerly: {compiled.eager_reason}"))
@@ -370,8 +378,9 @@ def _explain_run(compiled, fn, args, target: Target, arch, repeats: int, rooflin
             records.append(record)
     _add_resources(records, programs, target, arch)
     sections += [(_titled(p.label, "steps"), p.program.describe()) for p in programs]
-    how = "CUDA events per step, each queued behind a device-side wait, CUDA graphs off" if device.type == "cuda" \
-        else "wall clock per step"
+    how = ("CUPTI's kernel records per step" if cupti is not None else
+           "CUDA events per step, each queued behind a device-side wait") + ", CUDA graphs off" \
+        if device.type == "cuda" else "wall clock per step"
     sections.append(("roofline", _roofline_text(records, roof, f"median of {repeats} calls, {how}")))
     sections.append(("run", _run_text(compiled, fn, args, call_times, first, device)))
     return Explanation(call, sections, records, roof, compiled, programs)
@@ -383,12 +392,14 @@ WARMUP_CALLS = 3
 class _Timers:
     """Times each step of one program while installed: its steps are wrapped in place and restored after."""
 
-    def __init__(self, program, device):
+    def __init__(self, program, device, cupti: _CuptiClock | None = None):
         self.program = program
         self.steps = list(program.steps)
         self.times: list[list[float]] = [[] for _ in self.steps]
-        self.clock = partial(_cuda_clock, device.index or 0) if device.type == "cuda" else _host_clock
+        self.clock = cupti if cupti is not None else partial(_cuda_clock, device.index or 0) \
+            if device.type == "cuda" else _host_clock
         self.pending: list = []
+        self.measured: list = []
         self.runtime_graphs = None
 
     def install(self) -> None:
@@ -403,9 +414,14 @@ class _Timers:
             self.program.runtime.use_graphs = self.runtime_graphs
 
     def collect(self) -> None:
-        for k, measured in self.pending:
-            self.times[k].append(measured())
+        self.measured += self.pending
         self.pending = []
+
+    def resolve(self) -> None:
+        """Read the times (CUPTI's records arrive once its tracer has stopped)."""
+        for k, measured in self.measured:
+            self.times[k].append(measured())
+        self.measured = []
 
 
 class _TimedStep:
@@ -429,6 +445,54 @@ def _host_clock(run, args, host: float):
     run()
     elapsed = time.perf_counter() - start
     return lambda: elapsed
+
+
+class _CuptiClock:
+    """Device time per step from CUPTI's kernel, copy and memset records, as the profiler reads them: each step
+    runs with its own id on CUPTI's external correlation stack, and every record its launches made is added to
+    that step's time. Used when cupti-python is there and no profiler holds CUPTI; else CUDA events."""
+
+    def __init__(self, tracer):
+        self.tracer = tracer
+        self.count = 0
+        self.seconds: dict[int, float] = {}
+
+    @classmethod
+    def start(cls) -> _CuptiClock | None:
+        from tilewise.profiler import device_activity
+
+        tracer = device_activity.acquire(cls)
+        if tracer is None:
+            return None
+        try:
+            tracer.start(time.perf_counter_ns)
+        except Exception:  # noqa: BLE001 — CUPTI refused (another tool attached, no permission): CUDA events
+            device_activity.release(tracer)
+            tracer.abandon()
+            return None
+        return cls(tracer)
+
+    def __call__(self, run, args, host: float):
+        self.count += 1
+        token = self.count
+        self.tracer.push(token)
+        try:
+            run()
+        finally:
+            self.tracer.pop()
+        return lambda: self.seconds.get(token, 0.0)
+
+    def stop(self) -> None:
+        from tilewise.profiler import device_activity
+
+        try:
+            activity = self.tracer.stop(time.perf_counter_ns)
+        finally:
+            device_activity.release(self.tracer)
+        for record in activity.records:
+            token = activity.correlations.get(record.correlation)
+            if token is not None:
+                self.seconds[token] = self.seconds.get(token, 0.0) + (record.end_ns - record.start_ns) / 1e9
 
 
 # [Note: explain's device clock] CUDA events around a launch on an idle device also time the launch's own
