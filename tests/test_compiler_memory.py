@@ -1,0 +1,99 @@
+"""Memory planning: a kernel's result takes the arena bytes of an operand it reads last, element by element."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import tilewise as tw
+import tilewise.nn.functional as F
+
+
+def close(a, b, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=rtol, atol=atol)
+
+
+def arena_offsets(program, shape) -> list[int]:
+    """Arena byte offsets of the program's planned values of ``shape``, in program order."""
+    plan = program.plan
+    return [plan.buffers[k].slot for v, k in plan.of.items()
+            if plan.buffers[k].kind == "arena" and tuple(v.type.shape) == shape]
+
+
+def test_elementwise_result_takes_its_operands_bytes():
+    w = tw.randn(32, 32) * 0.1
+
+    def f(x):
+        a = x @ w  # a library call's result, read last by the kernel below
+        return (a.exp() * 2) @ w
+
+    cf = tw.compile(f)
+    x = tw.randn(32, 32)
+    close(cf(x), f(x), rtol=1e-4, atol=1e-4)
+    (program,) = cf.programs()
+    first, second = arena_offsets(program, (32, 32))
+    assert first == second
+    assert program.plan.arena_bytes == 32 * 32 * 4
+
+
+def test_operand_read_elsewhere_keeps_its_bytes():
+    w = tw.randn(32, 32) * 0.1
+
+    def transposed(x):
+        a = x @ w
+        return a.t().exp() @ w  # the kernel reads a[j, i] where it stores b[i, j]
+
+    def read_later(x):
+        a = x @ w
+        return (a.exp() @ w) + a  # a is still read after the kernel
+
+    for f in (transposed, read_later):
+        cf = tw.compile(f)
+        x = tw.randn(32, 32)
+        close(cf(x), f(x), rtol=1e-4, atol=1e-4)
+        offsets = arena_offsets(cf.programs()[0], (32, 32))
+        assert len(set(offsets)) == len(offsets), f.__name__
+
+
+def test_row_reduction_stores_in_place_in_its_last_phase():
+    w = tw.randn(16, 48)
+
+    def f(x):
+        a = x @ w
+        return a.softmax(-1) @ w.t()
+
+    cf = tw.compile(f)
+    x = tw.randn(24, 16)
+    close(cf(x), f(x), rtol=1e-4, atol=1e-5)
+    first, second = arena_offsets(cf.programs()[0], (24, 48))
+    assert first == second
+
+
+def test_cross_entropy_gradient_replaces_the_logits():
+    """A training step's loss gradient overwrites the logits: one logits-sized buffer, not two (the loss's
+    gather of the target logits is moved before the kernel that writes the gradient)."""
+    tw.manual_seed(0)
+    head = tw.nn.Linear(32, 500, bias=False)
+    opt = tw.optim.SGD(head.parameters(), lr=0.1)
+
+    def step(h, y):
+        loss = F.cross_entropy(head(h), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    h, y = tw.randn(64, 32), tw.randint(0, 500, (64,))
+    reference = tw.nn.Linear(32, 500, bias=False)
+    reference.load_state_dict(head.state_dict())
+    ref_opt = tw.optim.SGD(reference.parameters(), lr=0.1)
+    ref_loss = F.cross_entropy(reference(h), y)
+    ref_loss.backward()
+    ref_opt.step()
+    cf = tw.compile(step)
+    close(cf(h, y), ref_loss.detach(), rtol=1e-5)
+    close(head.weight.detach(), reference.weight.detach(), rtol=1e-5, atol=1e-6)
+    (program,) = cf.programs()
+    offsets = arena_offsets(program, (64, 500))
+    assert len(offsets) == 2 and offsets[0] == offsets[1]
+    logits = 64 * 500 * 4
+    assert program.plan.arena_bytes < 2 * logits
