@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import tilewise as tw
 import tilewise.nn.functional as F
@@ -97,3 +98,63 @@ def test_cross_entropy_gradient_replaces_the_logits():
     assert len(offsets) == 2 and offsets[0] == offsets[1]
     logits = 64 * 500 * 4
     assert program.plan.arena_bytes < 2 * logits
+
+
+def mlp_step(approximate: str):
+    """A training step of four Linear-GELU-Linear blocks under bfloat16 autocast, and its model."""
+    tw.manual_seed(0)
+    blocks = [[tw.nn.Linear(32, 128), tw.nn.GELU(approximate), tw.nn.Linear(128, 32)] for _ in range(4)]
+    mlp = tw.nn.Sequential(*[layer for block in blocks for layer in block])
+    opt = tw.optim.SGD(mlp.parameters(), lr=0.1)
+
+    def step(x):
+        with tw.autocast(device_type="cpu", dtype=tw.bfloat16):
+            loss = mlp(x).float().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return mlp, step
+
+
+@pytest.fixture
+def recompute_small(monkeypatch):
+    """Recomputation thresholds for tiny tests, and the pass in the C target's lowering too (the CUDA target's
+    has it) so that its results can be compared with eager's here."""
+    from tilewise.compiler.lowering import recompute
+    from tilewise.compiler.targets import C_TARGET
+
+    monkeypatch.setattr(recompute, "MIN_BYTES", 1024 * 128 * 2)  # the GELUs' outputs below, not the weights
+    monkeypatch.setattr(recompute, "MIN_DISTANCE", 4)
+    lowering = C_TARGET.lowering
+    object.__setattr__(C_TARGET, "lowering", (("recompute_activations", recompute.recompute_activations), *lowering))
+    yield recompute
+    object.__setattr__(C_TARGET, "lowering", lowering)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_activation_read_by_the_backward_is_recomputed_there(recompute_small, monkeypatch, approximate):
+    """The GELU's output, read by the next layer's forward and again by its weight gradient, is computed again
+    in the backward from the GELU's input (which the GELU's derivative reads there anyway): it lives through the
+    forward only, the CUDA program's arena shrinks by the GELUs' outputs, and the step's results are eager's."""
+    from tilewise.compiler.targets import get_target
+
+    x = tw.randn(1024, 32)
+    arenas, results = [], []
+    for distance in (10**9, 4):  # recomputing nothing, then the GELUs
+        monkeypatch.setattr(recompute_small, "MIN_DISTANCE", distance)
+        _, step = mlp_step(approximate)
+        _, programs, _ = tw.compile(step).lowered(get_target("cuda"), x)
+        arenas.append(max(low.plan.arena_bytes for low in programs))
+        mlp, step = mlp_step(approximate)
+        cf = tw.compile(step)
+        losses = [cf(x).numpy() for _ in range(2)]
+        results.append(losses + [p.detach().numpy() for p in mlp.parameters()])
+    eager_mlp, eager_step = mlp_step(approximate)
+    eager = [eager_step(x).numpy() for _ in range(2)] + [p.detach().numpy() for p in eager_mlp.parameters()]
+    for kept, recomputed, reference in zip(*results, eager):
+        np.testing.assert_allclose(recomputed, kept, rtol=1e-5, atol=1e-7)  # (a sum's kernel may fold differently)
+        np.testing.assert_allclose(recomputed, reference, rtol=2e-3, atol=1e-5)
+    before, after = arenas
+    assert after <= before - 3 * 1024 * 128 * 2, arenas  # the bfloat16 GELU outputs of the first three blocks
