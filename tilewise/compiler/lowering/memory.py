@@ -108,33 +108,40 @@ def order_for_reuse(graph: Graph, kernels: dict[Node, Kernel]) -> Graph:
     that kernel, where their operands are ready there and their results are smaller than the operand (see
     [Note: memory planning]); the graph itself when nothing moves."""
     body = list(graph.body)
+    readers: dict[Node, list[Node]] = {}  # a buffer -> the steps reading it
+    for step in _steps_in(body):
+        for value in _reads(step):
+            readers.setdefault(value, []).append(step)
+    position = {n: k for k, n in enumerate(body)}
     moved = False
     for step in [n for n in body if n in kernels]:
-        at = body.index(step)
-        for operand in _replaceable_operands(kernels[step], step):
-            later = [n for n in _steps_in(body[at + 1:]) if operand in map(buffer_of, n.srcs)]
-            hoisted = _hoistable(later, body, at, operand.type.nbytes)
+        for operand in _replaceable_operands(kernels[step], step, readers):
+            at = position[step]
+            later = [r for r in readers[operand] if position[r] > at]
+            hoisted = _hoistable(later, position, at, operand.type.nbytes)
             if hoisted:
-                body = body[:at] + hoisted + [n for n in body[at:] if n not in set(hoisted)]
-                at += len(hoisted)
+                moving = set(hoisted)
+                body = body[:at] + hoisted + [n for n in body[at:] if n not in moving]
+                position = {n: k for k, n in enumerate(body)}
                 moved = True
     return Graph(graph.inputs, body, graph.outputs, graph.writes) if moved else graph
 
 
-def _replaceable_operands(kernel: Kernel, step: Node) -> list[Node]:
-    """The operands of ``step``'s kernel one of its results could overwrite as the kernel goes."""
+def _replaceable_operands(kernel: Kernel, step: Node, readers: dict[Node, list[Node]]) -> list[Node]:
+    """The operands of ``step``'s kernel, made by other steps and read after it, that one of its results could
+    overwrite as the kernel goes."""
     results = [v for v in kernel.values if v is step or (v.op == "getitem" and v.srcs[0] is step)]
-    return [operand for operand in kernel.values if operand not in results and any(
+    candidates = [v for v in kernel.values if v not in results and v.op != "input" and len(readers.get(v, ())) > 1]
+    return [operand for operand in candidates if any(
         operand.type.nbytes == v.type.nbytes and operand.type.dtype.itemsize == v.type.dtype.itemsize
         and _reads_only_where_stored(kernel, operand, v) for v in results)]
 
 
-def _hoistable(readers: list[Node], body: list[Node], at: int, limit: int) -> list[Node]:
-    """``readers`` with the views they read through, in body order, if all can run before ``body[at]``
-    (their other operands are ready there) and their results take fewer than ``limit`` bytes; else []."""
+def _hoistable(readers: list[Node], position: dict[Node, int], at: int, limit: int) -> list[Node]:
+    """``readers`` with the views they read through, in program order, if all can run before the node at
+    ``at`` (their other operands are ready there) and their results take fewer than ``limit`` bytes; else []."""
     if not readers:
         return []
-    position = {n: k for k, n in enumerate(body)}
     needed: set[Node] = set()
 
     def ready(node: Node) -> bool:

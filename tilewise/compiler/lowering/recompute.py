@@ -26,7 +26,7 @@ from __future__ import annotations
 from tilewise.compiler.ir import Graph, Node, in_program_order
 from tilewise.compiler.lowering.fusion import RECOMPUTED, fusion_kind
 
-MIN_BYTES = 1 << 20  # smaller values are not worth a kernel
+MIN_BYTES = 16 << 20  # smaller values are not worth a kernel of their own (a launch, a pass over memory)
 SMALL_BYTES = 1 << 16  # inputs this small may be read by the recomputation whatever their lifetime
 MIN_DISTANCE = 64  # graph nodes between the last early read and the first late one
 MAX_CONE = 32  # nodes a recomputation may copy
