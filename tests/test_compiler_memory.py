@@ -100,15 +100,15 @@ def test_cross_entropy_gradient_replaces_the_logits():
     assert program.plan.arena_bytes < 2 * logits
 
 
-def mlp_step(approximate: str):
+def mlp_step(approximate: str, device: str = "cpu"):
     """A training step of four Linear-GELU-Linear blocks under bfloat16 autocast, and its model."""
     tw.manual_seed(0)
     blocks = [[tw.nn.Linear(32, 128), tw.nn.GELU(approximate), tw.nn.Linear(128, 32)] for _ in range(4)]
-    mlp = tw.nn.Sequential(*[layer for block in blocks for layer in block])
+    mlp = tw.nn.Sequential(*[layer for block in blocks for layer in block]).to(device)
     opt = tw.optim.SGD(mlp.parameters(), lr=0.1)
 
     def step(x):
-        with tw.autocast(device_type="cpu", dtype=tw.bfloat16):
+        with tw.autocast(device_type=device, dtype=tw.bfloat16):
             loss = mlp(x).float().square().mean()
         loss.backward()
         opt.step()
@@ -158,3 +158,22 @@ def test_activation_read_by_the_backward_is_recomputed_there(recompute_small, mo
         np.testing.assert_allclose(recomputed, reference, rtol=2e-3, atol=1e-5)
     before, after = arenas
     assert after <= before - 3 * 1024 * 128 * 2, arenas  # the bfloat16 GELU outputs of the first three blocks
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_recomputed_activations_on_cuda_match_eager(monkeypatch, approximate):
+    """On the GPU (where the tanh GELU joins its GEMM as cuBLASLt's GELU_AUX_BIAS epilogue and is recomputed
+    from the epilogue's auxiliary output), the compiled step with its GELUs recomputed follows eager's."""
+    from tilewise.compiler.lowering import recompute
+
+    monkeypatch.setattr(recompute, "MIN_BYTES", 1024 * 128 * 2)
+    monkeypatch.setattr(recompute, "MIN_DISTANCE", 4)
+    x = tw.randn(1024, 32).cuda()
+    mlp, step = mlp_step(approximate, "cuda")
+    eager_mlp, eager_step = mlp_step(approximate, "cuda")
+    cf = tw.compile(step)
+    for _ in range(3):
+        np.testing.assert_allclose(cf(x).cpu().numpy(), eager_step(x).cpu().numpy(), rtol=2e-3, atol=1e-5)
+    for p, q in zip(mlp.parameters(), eager_mlp.parameters()):
+        np.testing.assert_allclose(p.detach().cpu().numpy(), q.detach().cpu().numpy(), rtol=2e-3, atol=1e-5)
