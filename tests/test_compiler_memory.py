@@ -98,6 +98,8 @@ def test_cross_entropy_gradient_replaces_the_logits():
     assert len(offsets) == 2 and offsets[0] == offsets[1]
     logits = 64 * 500 * 4
     assert program.plan.arena_bytes < 2 * logits
+    assert logits <= program.plan.live_bytes <= program.plan.arena_bytes
+    assert "largest live set" in program.plan.describe()
 
 
 def mlp_step(approximate: str, device: str = "cpu"):

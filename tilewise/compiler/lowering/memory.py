@@ -68,11 +68,14 @@ class MemoryPlan:
     outputs: list[int] = field(default_factory=list)  # graph output k -> buffer
     arena_bytes: int = 0
     unshared_bytes: int = 0  # what the arena would need without reuse
+    live_bytes: int = 0  # the largest set of arena bytes live at one step (values sharing bytes counted once)
+    live_step: str = ""  # that step: "k op"
 
     def describe(self) -> str:
         lines = [f"memory plan: arena {self.arena_bytes} bytes (without reuse {self.unshared_bytes}), "
                  f"{sum(b.kind == 'output' for b in self.buffers)} output buffer(s), {len(self.copies)} copy(ies), "
-                 f"{len(self.cat_copies)} cat(s) in place"]
+                 f"{len(self.cat_copies)} cat(s) in place; largest live set {self.live_bytes} bytes at step "
+                 f"{self.live_step}"]
         for k, b in enumerate(self.buffers):
             lines.append(f"  buffer {k}: {b.kind} {b.slot} : {format_type(b.ty)}")
         return "\n".join(lines)
@@ -100,7 +103,29 @@ def plan_memory(graph: Graph, kernels: dict[Node, Kernel]) -> MemoryPlan:
     cats = _cats_in_place(plan, produced, steps)
     reused = _reuse_in_place(plan, produced, position, last_use, kernels, cats)
     _assign_arena(plan, produced, position, last_use, cats, reused)
+    _largest_live_set(plan, produced, position, last_use, steps)
     return plan
+
+
+def _largest_live_set(plan: MemoryPlan, produced: dict, position: dict, last_use: dict, steps: list[Node]) -> None:
+    """``plan.live_bytes`` and ``plan.live_step``: what the arena must hold at its fullest step (its size less
+    what placement wastes)."""
+    live: dict[int, list[tuple[int, int]]] = {}
+    for value, step in produced.items():
+        buffer = plan.buffers[plan.of[value]]
+        if buffer.kind != "arena":
+            continue
+        start = position[step]
+        for k in range(start, max(last_use.get(value, start), start) + 1):
+            live.setdefault(k, []).append((buffer.slot, buffer.slot + value.type.nbytes))
+    for k, spans in live.items():
+        covered, end = 0, 0
+        for lo, hi in sorted(spans):
+            covered += max(0, hi - max(lo, end))
+            end = max(end, hi)
+        if covered > plan.live_bytes:
+            plan.live_bytes = covered
+            plan.live_step = f"{k} {steps[k].op}" if k < len(steps) else f"{k} (end)"
 
 
 def order_for_reuse(graph: Graph, kernels: dict[Node, Kernel]) -> Graph:
