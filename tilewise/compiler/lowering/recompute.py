@@ -10,15 +10,18 @@ rather than saving their results). A value is recomputed for its *late* reads wh
 
 * it and everything it is computed from, back to values that exist anyway, is pointwise (its *cone*; no
   random draws, which are extern steps here) and the cone is small; no copied node reads a matrix product
-  that nothing else reads (a second reader would stop the product's bias and activation from joining the GEMM, ``epilogues.py``,
-  and change how the forward rounds);
+  that nothing else reads (a second reader would stop the product's bias and activation from joining the
+  GEMM, ``epilogues.py``, and change how the forward rounds);
 * every large value the cone reads is read at or after the first late read anyway, so recomputing extends no
   lifetime; small values (scalars, per-channel vectors) may be read regardless;
 * the late reads come long after the early ones (``MIN_DISTANCE`` nodes): only then does a lifetime shrink.
 
 The copy is the cone's nodes again, tagged ``recomputed`` (the IR is hash-consed: an untagged copy would be
-the original node), placed just before the first late read; fusion makes it one kernel feeding its readers.
-Recomputed values are bitwise the values first computed: the same operators on the same inputs.
+the original node), placed just before the first late read; fusion gives it a kernel of its own (merged with
+siblings of its dependency level it would run in the forward again). Recomputed values are the same
+operators on the same inputs, with one exception on CUDA: a tanh GELU whose forward joins its GEMM
+(cuBLASLt's GELU_AUX_BIAS) is computed there from the float32 product, and recomputed from the bfloat16
+input the epilogue stores (as torch's eager GELU computes it), so the two may differ in the last bit.
 """
 
 from __future__ import annotations
