@@ -14,7 +14,9 @@ rather than saving their results). A value is recomputed for its *late* reads wh
   GEMM, ``epilogues.py``, and change how the forward rounds);
 * every large value the cone reads is read at or after the first late read anyway, so recomputing extends no
   lifetime; small values (scalars, per-channel vectors) may be read regardless;
-* the late reads come long after the early ones (``MIN_DISTANCE`` nodes): only then does a lifetime shrink.
+* the late reads come long after the early ones (``MIN_DISTANCE`` nodes): only then does a lifetime shrink;
+* a library call (a GEMM) is among the late readers: generated kernels that read it late make a cheap value
+  again themselves (fusion's own recomputation), and a separate kernel would only add a pass over memory.
 
 The copy is the cone's nodes again, tagged ``recomputed`` (the IR is hash-consed: an untagged copy would be
 the original node), placed just before the first late read; fusion gives it a kernel of its own (merged with
@@ -89,6 +91,8 @@ def _plan(value: Node, position: dict, uses: dict, last_use: dict):
     if gap < MIN_DISTANCE:
         return None
     late = reads[split:]
+    if all(fusion_kind(reader) != "extern" for _, reader, _ in late):
+        return None  # kernels that read it late make it again themselves where it is cheap (fusion.py)
     start = late[0][0]
     cone = _cone(value, start, last_use, uses)
     return (cone, late) if cone is not None else None
