@@ -370,6 +370,8 @@ class Lowering:
 
     kernels: list[str]  # each kernel's name without its index: the operators it fuses
     calls: Counter  # library calls by operator
+    arena_bytes: int = 0  # the programs' planned arena (they share one: the largest)
+    input_bytes: int = 0  # what the step reads in place: parameters, optimizer state, the batch
 
 
 def cuda_lowering(case: Case, weights: dict[str, np.ndarray], batch: tuple) -> Lowering:
@@ -385,7 +387,9 @@ def cuda_lowering(case: Case, weights: dict[str, np.ndarray], batch: tuple) -> L
                 kernels.append(re.sub(r"^k\d+_", "", low.kernels[node].name))
             else:
                 calls[node.op] += 1
-    return Lowering(kernels, calls)
+    arena = max((low.plan.arena_bytes for low in programs), default=0)
+    inputs = max((sum(n.type.nbytes for n in low.fused.inputs) for low in programs), default=0)
+    return Lowering(kernels, calls, arena, inputs)
 
 
 def lowering_report(case: Case, params: int, lowering: Lowering) -> str:
@@ -394,6 +398,9 @@ def lowering_report(case: Case, params: int, lowering: Lowering) -> str:
              "not run)", "",
              f"{len(lowering.kernels)} generated kernels, {sum(lowering.calls.values())} library calls "
              f"({', '.join(f'{op} x{n}' for op, n in lowering.calls.most_common())})", "",
+             f"planned device memory: arena {lowering.arena_bytes / 2**30:.2f} GiB, read in place (parameters, "
+             f"optimizer state, the batch) {lowering.input_bytes / 2**30:.2f} GiB; library workspaces come on top",
+             "",
              "| generated kernel (the operators it fuses) | count |", "|---|---:|"]
     lines += [f"| {name} | {n} |" for name, n in kernels.most_common()]
     return "\n".join(lines)

@@ -91,6 +91,8 @@ def test_cuda_lowering_lists_the_compiled_steps_kernels_without_a_gpu(capsys):
     assert calls["mm"] == str(2 * 21 + 3), calls
     kernels = dict(re.findall(r"^\| (\S+) \| (\d+) \|$", out, flags=re.M))
     assert kernels.get("silu_mul") == "2", kernels  # SwiGLU's forward: one kernel a layer
+    planned = re.search(r"^planned device memory: arena ([\d.]+) GiB, read in place .* ([\d.]+) GiB", out, flags=re.M)
+    assert planned, out
     assert "Summary" not in out
 
 

@@ -29,7 +29,7 @@ from tilewise.compiler.autotune import Tuner, choose, default_decisions
 from tilewise.compiler.ir import Graph, Node, checked, format_graph
 from tilewise.compiler.lowering.fusion import fuse
 from tilewise.compiler.lowering.lower import lower
-from tilewise.compiler.lowering.memory import MemoryPlan, plan_memory, steps_of
+from tilewise.compiler.lowering.memory import MemoryPlan, order_for_reuse, plan_memory, steps_of
 from tilewise.compiler.lowering.streams import StreamSchedule, schedule_streams
 from tilewise.config import log, settings
 
@@ -149,6 +149,7 @@ def lower_program(graph: Graph, target: Target) -> Lowered:
             if node.op == "fused":
                 kernels[node] = lower(node.args[0])
     with stage("plan memory"):
+        fused = order_for_reuse(fused, kernels)
         plan = plan_memory(fused, kernels)
         streams = schedule_streams(fused, plan)
     with stage("schedule"):

@@ -5,7 +5,8 @@ select in ``if target == ...`` branches across the compiler:
 - ``language``: the C-style language its kernels are rendered in (``codegen.render.C``/``CUDA``);
 - ``passes``: the graph passes (``compiler.passes.PIPELINE``; on CUDA, ``decompose`` keeps whole the
   composites the backend runs as one library call: cuDNN attention and convolution, an LSTM layer's time loop);
-- ``lowering``: stages run on the optimised graph before fusion (on CUDA, GEMM epilogues for cuBLASLt and
+- ``lowering``: stages run on the optimised graph before fusion (on CUDA, pointwise values the backward reads
+  again recomputed there rather than kept (``lowering/recompute.py``), GEMM epilogues for cuBLASLt and
   channels-last convolutions; on C, a float16/bfloat16 product's bias added before it is rounded);
 - ``scheduler`` and ``variants``: a kernel's heuristic schedule and the knobs ``mode="max-autotune"``
   tries (``codegen.schedule``), with ``policy``, how long candidates are timed;
@@ -41,6 +42,7 @@ from tilewise.compiler.errors import UnsupportedTargetError
 from tilewise.compiler.ir import Graph
 from tilewise.compiler.lowering.channels_last import channels_last
 from tilewise.compiler.lowering.epilogues import bias_into_product, gemm_epilogues
+from tilewise.compiler.lowering.recompute import recompute_activations
 from tilewise.compiler.passes import PIPELINE, Pass, decompose
 from tilewise.compiler.program import Arena, Lowered, Program, aliased_kernels
 from tilewise.device import Device, cpu
@@ -160,6 +162,7 @@ CUDA_TARGET = register_target(Target(
     policy=Policy(warmup=0.02, sample=2e-5, budget=0.1),  # 20 ms: what cuBLASLt's tuning needs from idle
     render=program_cuda.render_cuda, build=program_cuda.build_cuda_program, arena=program_cuda.device_arena,
     tuning=lambda device, low: program_cuda.CudaTuning(CUDA_TARGET, device, aliased_kernels(low.kernels, low.plan)),
-    lowering=(("gemm_epilogues", gemm_epilogues), ("channels_last", channels_last)),
+    lowering=(("recompute_activations", recompute_activations), ("gemm_epilogues", gemm_epilogues),
+              ("channels_last", channels_last)),
     machine_code=program_cuda.machine_code,
 ))

@@ -217,8 +217,15 @@ HOT_PTX = (("mma", re.compile(r"\b(?:mma|wgmma|tcgen05\.mma)\.")),
 HOT_NAMES = {"mma": "tensor-core MMA", "vector": "vector load/store", "spill": "local-memory spill"}
 
 
+_ANY = {id(rules): re.compile("|".join(f"(?:{pattern.pattern})" for _, pattern in rules))
+        for rules in (HOT_SASS, HOT_PTX)}  # one search rules out most lines
+
+
 def classify(line: str, rules=HOT_SASS) -> str:
     """The kind of a PTX or SASS line worth marking ("mma", "vector", "spill"), or "" for the others."""
+    any_rule = _ANY.get(id(rules))
+    if any_rule is not None and not any_rule.search(line):
+        return ""
     for kind, pattern in rules:
         if pattern.search(line):
             return kind
@@ -230,12 +237,13 @@ def _kernels_section(explained: Explanation, page: _Page, arch: str | None) -> s
     cuda = any(p.sources for p in explained.programs)
     arch = arch or (_default_arch() if cuda else None)
     parts = []
+    marked: dict = {}  # kernels of one text (a transformer's layers) are marked once
     for p in explained.programs:
         parts.append(f"<h3>{_e(p.label or 'program')}: {len(p.kernels)} kernel(s)</h3>")
         code = _machine_code(p.sources, arch) if p.sources and arch is not None else {}
         for kernel, schedule in zip(p.kernels, p.schedules):
             record = records.get((p.label, kernel.name))
-            parts.append(_kernel_block(p, kernel, schedule, record, page, arch, code.get(kernel.name)))
+            parts.append(_kernel_block(p, kernel, schedule, record, page, arch, code.get(kernel.name), marked))
         source_name = "CUDA C" if p.sources else "C"
         parts.append(page.lazy(f"the whole generated {source_name} of {_e(p.label or 'the program')}",
                                _pre(p.source or "(no generated kernel)", "code")))
@@ -248,15 +256,16 @@ def _default_arch() -> str:
     return default_arch()
 
 
-def _kernel_block(p, kernel, schedule, record: StepRecord | None, page: _Page, arch: str | None, code) -> str:
+def _kernel_block(p, kernel, schedule, record: StepRecord | None, page: _Page, arch: str | None, code,
+                  marked: dict | None = None) -> str:
     source = p.sources.get(kernel.name) if p.sources else _c_function(p.source, kernel.name)
     parts = [f"<h4>IR</h4>{_pre(str(kernel))}", f"<h4>schedule</h4>{_pre(schedule.describe())}",
              f"<h4>source</h4>{_pre(source or '(not found in the program source)', 'code')}"]
     marker = ""
     if code is not None:
         ptx, sass, resources = code.ptx, code.sass, code.resources
-        ptx_html, ptx_counts = _marked(ptx, HOT_PTX)
-        sass_html, sass_counts = _marked(sass, HOT_SASS)
+        ptx_html, ptx_counts = _marked_as(ptx, HOT_PTX, kernel.name, marked)
+        sass_html, sass_counts = _marked_as(sass, HOT_SASS, kernel.name, marked)
         parts.append(f'<h4>PTX and SASS ({_e(arch)})</h4><p>{_e(resources)}</p><div class="side">'
                      f'<div><h5>PTX</h5>{ptx_html}</div><div><h5>SASS</h5>{sass_html}</div></div>')
         marker = "".join(f' <span class="tag {kind}">{n} {HOT_NAMES[kind]}</span>'
@@ -287,6 +296,18 @@ def _machine_code(sources: dict[str, str], arch: str) -> dict:
     from tilewise.compiler.program_cuda import kernels_machine_code
 
     return kernels_machine_code(sources, arch)
+
+
+def _marked_as(text: str, rules, name: str, memo: dict | None) -> tuple[str, dict[str, int]]:
+    """``_marked`` of a kernel's text, remembered in ``memo`` for texts that differ only in the kernel's name."""
+    if memo is None or not name or "\0" in text:
+        return _marked(text, rules)
+    key = (text.replace(name, "\0"), id(rules))
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = _marked(key[0], rules)
+    html, counts = found
+    return html.replace("\0", _e(name)), counts
 
 
 def _marked(text: str, rules) -> tuple[str, dict[str, int]]:

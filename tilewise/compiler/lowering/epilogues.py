@@ -24,6 +24,7 @@ differs from torch's in the last bit.
 from __future__ import annotations
 
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType, in_program_order
+from tilewise.compiler.lowering.recompute import RECOMPUTED
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -85,7 +86,10 @@ def _like(value: Node, shape: tuple) -> Node:
 
 def gemm_epilogues(graph: Graph) -> Graph:
     readers = _readers(graph)
-    gelu_of = {n.srcs[0]: n for n in graph.body if _activation(n) == "gelu"}
+    gelu_of: dict[Node, Node] = {}  # a GELU's input -> the GELU (not a recomputation of it in the backward)
+    for n in graph.body:
+        if _activation(n) == "gelu" and n.tag != RECOMPUTED:
+            gelu_of.setdefault(n.srcs[0], n)
     mapping: dict[Node, Node] = {n: n for n in graph.inputs}
     later: dict[Node, Node] = {}  # a node already replaced by a call made when an earlier node was visited
     for node in graph.body:

@@ -46,6 +46,7 @@ from tilewise.compiler.lowering.orders import order_of
 from tilewise.config import log
 
 MAX_NESTS_PER_KERNEL = 32
+RECOMPUTED = ("recomputed",)  # the tag of a value ``recompute.py`` computes again for late readers
 RECOMPUTE_DEPTH = 2  # how many levels of made values a recomputed value may be made from
 # A node joins no group whose latest member came this many nodes before it with a library call (a GEMM, a
 # convolution) in between: a backward's ``grad * (relu_out > 0)`` would otherwise put the mask into the forward's
@@ -740,7 +741,9 @@ def plan_kernels(graph: Graph, groups: list[Group]) -> list[FusedKernel]:
     levels = _levels(graph, groups)
     by_level: dict[tuple, list[Group]] = {}
     for k, group in enumerate(groups):
-        by_level.setdefault((*levels[k], str(_device(group))), []).append(group)
+        # a recomputation (``recompute.py``) runs where its late readers need it, so it shares no kernel
+        alone = k if any(m.tag == RECOMPUTED for m in group.members) else -1
+        by_level.setdefault((*levels[k], str(_device(group)), alone), []).append(group)
     kernels = []
     order = {n: k for k, n in enumerate(graph.body)}
     for key in sorted(by_level, key=lambda k: k[:2]):

@@ -26,6 +26,15 @@ cat input placed in it): result and argument then share one buffer and one inter
 operator declared ``collective``) may run on a stream of its own (see [Note: collectives on their own stream]
 in ``streams``): what it reads stays live until the first step that reads its result, so that no value the
 program writes meanwhile lands in memory the collective may still be reading.
+
+A generated kernel's result may also take the arena bytes of an operand it is the last reader of (*in-place
+reuse*): same size and element size, and the kernel reads the operand only at the element it stores, either
+in a nest without reduction or in the last phase of a reduction nest (whose earlier phases have read the whole
+row before any of it is stored; such nests are never split across blocks). The gradient of a cross-entropy
+over a 50k vocabulary is the case that matters: it replaces the logits it is computed from (786 MiB for
+8x1024 tokens in bfloat16) instead of needing a second buffer as large. ``order_for_reuse`` moves the steps
+that still read such an operand afterwards (the loss's ``gather`` of the target logits) before the kernel when
+they can run there, so that the kernel becomes the last reader.
 """
 
 from __future__ import annotations
@@ -66,11 +75,14 @@ class MemoryPlan:
     outputs: list[int] = field(default_factory=list)  # graph output k -> buffer
     arena_bytes: int = 0
     unshared_bytes: int = 0  # what the arena would need without reuse
+    live_bytes: int = 0  # the largest set of arena bytes live at one step (values sharing bytes counted once)
+    live_step: str = ""  # that step: "k op"
 
     def describe(self) -> str:
         lines = [f"memory plan: arena {self.arena_bytes} bytes (without reuse {self.unshared_bytes}), "
                  f"{sum(b.kind == 'output' for b in self.buffers)} output buffer(s), {len(self.copies)} copy(ies), "
-                 f"{len(self.cat_copies)} cat(s) in place"]
+                 f"{len(self.cat_copies)} cat(s) in place; largest live set {self.live_bytes} bytes at step "
+                 f"{self.live_step}"]
         for k, b in enumerate(self.buffers):
             lines.append(f"  buffer {k}: {b.kind} {b.slot} : {format_type(b.ty)}")
         return "\n".join(lines)
@@ -78,7 +90,11 @@ class MemoryPlan:
 
 def steps_of(graph: Graph) -> list[Node]:
     """The nodes that run: kernels and library calls, in program order."""
-    return [n for n in graph.body if n.op == "fused" or (n.op != "getitem" and fusion_kind(n) == "extern")]
+    return _steps_in(graph.body)
+
+
+def _steps_in(body: list[Node]) -> list[Node]:
+    return [n for n in body if n.op == "fused" or (n.op != "getitem" and fusion_kind(n) == "extern")]
 
 
 def plan_memory(graph: Graph, kernels: dict[Node, Kernel]) -> MemoryPlan:
@@ -93,10 +109,92 @@ def plan_memory(graph: Graph, kernels: dict[Node, Kernel]) -> MemoryPlan:
     _assign_writes(graph, plan, produced, position, kernels, steps)
     shared = _cats_in_place(plan, produced, steps)
     _results_in_place(plan, produced, steps, position, _last_reads(graph, steps, position), shared)
-    _assign_arena(plan, produced, position, last_use, shared)
+    reused = _reuse_in_place(plan, produced, position, last_use, kernels, shared)
+    _assign_arena(plan, produced, position, last_use, shared, reused)
+    _largest_live_set(plan, produced, position, last_use, steps)
     return plan
 
 
+def _largest_live_set(plan: MemoryPlan, produced: dict, position: dict, last_use: dict, steps: list[Node]) -> None:
+    """``plan.live_bytes`` and ``plan.live_step``: what the arena must hold at its fullest step (its size less
+    what placement wastes)."""
+    live: dict[int, list[tuple[int, int]]] = {}
+    for value, step in produced.items():
+        buffer = plan.buffers[plan.of[value]]
+        if buffer.kind != "arena":
+            continue
+        start = position[step]
+        for k in range(start, max(last_use.get(value, start), start) + 1):
+            live.setdefault(k, []).append((buffer.slot, buffer.slot + value.type.nbytes))
+    for k, spans in live.items():
+        covered, end = 0, 0
+        for lo, hi in sorted(spans):
+            covered += max(0, hi - max(lo, end))
+            end = max(end, hi)
+        if covered > plan.live_bytes:
+            plan.live_bytes = covered
+            plan.live_step = f"{k} {steps[k].op}" if k < len(steps) else f"{k} (end)"
+
+
+def order_for_reuse(graph: Graph, kernels: dict[Node, Kernel]) -> Graph:
+    """``graph`` with the steps that read an operand after a kernel that could write in place of it moved before
+    that kernel, where their operands are ready there and their results are smaller than the operand (see
+    [Note: memory planning]); the graph itself when nothing moves."""
+    body = list(graph.body)
+    readers: dict[Node, list[Node]] = {}  # a buffer -> the steps reading it
+    for step in _steps_in(body):
+        for value in _reads(step):
+            readers.setdefault(value, []).append(step)
+    position = {n: k for k, n in enumerate(body)}
+    moved = False
+    for step in [n for n in body if n in kernels]:
+        for operand in _replaceable_operands(kernels[step], step, readers):
+            at = position[step]
+            later = [r for r in readers[operand] if position[r] > at]
+            hoisted = _hoistable(later, position, at, operand.type.nbytes)
+            if hoisted:
+                moving = set(hoisted)
+                body = body[:at] + hoisted + [n for n in body[at:] if n not in moving]
+                position = {n: k for k, n in enumerate(body)}
+                moved = True
+    return Graph(graph.inputs, body, graph.outputs, graph.writes) if moved else graph
+
+
+def _replaceable_operands(kernel: Kernel, step: Node, readers: dict[Node, list[Node]]) -> list[Node]:
+    """The operands of ``step``'s kernel, made by other steps and read after it, that one of its results could
+    overwrite as the kernel goes."""
+    results = [v for v in kernel.values if v is step or (v.op == "getitem" and v.srcs[0] is step)]
+    candidates = [v for v in kernel.values if v not in results and v.op != "input" and len(readers.get(v, ())) > 1]
+    return [operand for operand in candidates if any(
+        operand.type.nbytes == v.type.nbytes and operand.type.dtype.itemsize == v.type.dtype.itemsize
+        and _reads_only_where_stored(kernel, operand, v) for v in results)]
+
+
+def _hoistable(readers: list[Node], position: dict[Node, int], at: int, limit: int) -> list[Node]:
+    """``readers`` with the views they read through, in program order, if all can run before the node at
+    ``at`` (their other operands are ready there) and their results take fewer than ``limit`` bytes; else []."""
+    if not readers:
+        return []
+    needed: set[Node] = set()
+
+    def ready(node: Node) -> bool:
+        for src in node.srcs:
+            if position.get(src, -1) < at or src in needed:
+                continue
+            if src.op == "fused" or src.op == "getitem" or fusion_kind(src) == "extern" or not ready(src):
+                return False  # produced by a step at or after ``body[at]``
+            needed.add(src)
+        return True
+
+    if not all(ready(r) for r in readers):
+        return []
+    if sum(_result_bytes(r) for r in readers) >= limit:
+        return []
+    return sorted(needed | set(readers), key=position.__getitem__)
+
+
+def _result_bytes(step: Node) -> int:
+    return sum(t.nbytes for t in step.type) if step.is_tuple else step.type.nbytes
 
 
 def _add(plan: MemoryPlan, buffer: Buffer) -> int:
@@ -205,6 +303,46 @@ def _in_place_ok(inp: Node, value: Node, step: Node, position: dict, kernels: di
     return True
 
 
+def _reuse_in_place(plan: MemoryPlan, produced: dict, position: dict, last_use: dict, kernels: dict,
+                    cats: dict) -> dict[Node, Node]:
+    """value -> the operand whose arena bytes it takes (see [Note: memory planning])."""
+    in_cats = set(cats) | {v for placed in cats.values() for v, _ in placed}
+    reused: dict[Node, Node] = {}
+    taken: set[Node] = set()
+    for value, step in produced.items():
+        kernel = kernels.get(step)
+        if kernel is None or value in plan.of or value in in_cats:
+            continue
+        for operand in kernel.values:
+            if (operand in produced and operand not in plan.of and operand not in in_cats and operand not in taken
+                    and operand is not value and last_use.get(operand) == position[step]
+                    and operand.type.nbytes == value.type.nbytes
+                    and operand.type.dtype.itemsize == value.type.dtype.itemsize
+                    and _reads_only_where_stored(kernel, operand, value)):
+                reused[value] = operand
+                taken.add(operand)
+                break
+    return reused
+
+
+def _reads_only_where_stored(kernel: Kernel, operand: Node, value: Node) -> bool:
+    """Whether every read of ``operand`` in ``kernel`` is of the element the same iteration stores of ``value``,
+    after every other read of its row: so ``value`` may overwrite ``operand`` as it goes."""
+    read, written = kernel.values.index(operand), kernel.values.index(value)
+    for nest in kernel.nests:
+        loads = [ld for ld in nest.loads if ld.param == read]
+        stores = [st for st in nest.stores if st.param == written]
+        if not loads and not stores:
+            continue
+        if not loads or not stores or any(ld.index != stores[0].index for ld in loads):
+            return False
+        if any(st.index != stores[0].index for st in stores):
+            return False
+        if nest.reduce and any(st.phase is None or st.phase != nest.phases - 1 for st in stores):
+            return False
+    return True
+
+
 def _cats_in_place(plan: MemoryPlan, produced: dict, steps: list[Node]) -> dict[Node, list[tuple[Node, int]]]:
     """cat -> [(input value placed in its slab, byte offset)] for the cats laid out in place; fills
     ``plan.cat_copies`` with the inputs those cats still copy."""
@@ -258,8 +396,11 @@ def _results_in_place(plan: MemoryPlan, produced: dict, steps: list[Node], posit
 
 
 def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: dict,
-                  cats: dict[Node, list[tuple[Node, int]]]) -> None:
-    members = {v for placed in cats.values() for v, _ in placed}
+                  cats: dict[Node, list[tuple[Node, int]]], reused: dict[Node, Node]) -> None:
+    members = {v for placed in cats.values() for v, _ in placed} | set(reused)
+    heirs: dict[Node, list[Node]] = {}  # an operand -> the chain of values that take its bytes in turn
+    for value, operand in reused.items():
+        heirs.setdefault(operand, []).append(value)
     intervals = []
     for value, step in produced.items():
         if value in plan.of or value in members:
@@ -269,6 +410,8 @@ def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: di
         for v, _ in cats.get(value, ()):  # a cat in place, a result in place: the lifetimes of its members
             start = min(start, position[produced[v]])
             end = max(end, last_use.get(v, position[produced[v]]))
+        for v in _chain(value, heirs):  # values written in place of it, in turn: the interval runs to the last
+            end = max(end, last_use.get(v, position[produced[v]]), position[produced[v]])
         size = -(-value.type.nbytes // ALIGN) * ALIGN
         intervals.append((size, start, end, value))
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
@@ -282,8 +425,19 @@ def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: di
         plan.of[value] = _add(plan, Buffer("arena", value.type, offset))
         for v, byte in cats.get(value, ()):
             plan.of[v] = _add(plan, Buffer("arena", v.type, offset + byte))
+        for v in _chain(value, heirs):
+            plan.of[v] = _add(plan, Buffer("arena", v.type, offset))
         plan.arena_bytes = max(plan.arena_bytes, offset + size)
         plan.unshared_bytes += size
+
+
+def _chain(value: Node, heirs: dict[Node, list[Node]]) -> list[Node]:
+    out, todo = [], list(heirs.get(value, ()))
+    while todo:
+        v = todo.pop()
+        out.append(v)
+        todo.extend(heirs.get(v, ()))
+    return out
 
 
 def lifetimes(graph: Graph) -> dict[Node, tuple[int, int]]:
