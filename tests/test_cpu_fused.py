@@ -35,13 +35,17 @@ EXPECTED_PROGRAMS = {"softmax": {"softmax", "_softmax_backward_data"},
                      "log_softmax": {"log_softmax", "_log_softmax_backward_data"},
                      "layer_norm": {"native_layer_norm", "_layer_norm_backward"}, "gelu": {"gelu", "gelu_backward"},
                      "gelu_tanh": {"gelu", "gelu_backward"}, "cross_entropy": {"_cross_entropy_loss"}}
-TOLERANCE = {"float32": (2e-5, 2e-6), "float64": (1e-12, 1e-13)}
+# float32 atol: tanh-GELU's gradient far in the negative tail is 1 + tanh(u) and 1 - tanh(u)^2 with tanh(u) near
+# -1, which float32 evaluates to a few 1e-6 of absolute error (torch's float32 kernels included)
+TOLERANCE = {"float32": (2e-5, 5e-6), "float64": (1e-12, 1e-13)}
 
 
 def both(values: np.ndarray):
+    """Our tensor, and torch's reference: float32 is checked against torch in float64, since torch's own float32
+    results depend on the host's vector unit (with AVX-512, its float32 gelu(inf) is nan, its scalar path's inf)."""
     ours = tw.from_numpy(values.copy()).requires_grad_()
-    theirs = torch.from_numpy(values.copy()).requires_grad_()
-    return ours, theirs
+    theirs = torch.from_numpy(values.astype(np.float64) if values.dtype == np.float32 else values.copy())
+    return ours, theirs.requires_grad_()
 
 
 def check(case: str, values: np.ndarray, transposed: bool = False) -> None:

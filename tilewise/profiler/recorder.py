@@ -451,11 +451,13 @@ def profile_program(program, inputs: list, staged: frozenset):
 def _stand_ins(program, steps: list, recorders: list[Recorder]) -> list[ProfiledStep]:
     """The program's steps wrapped for these recorders, made once per recording and program (a program replayed
     from a CUDA graph runs none of them, and wrapping every step on every call would delay its launch)."""
-    kept = recorders[0].stand_ins.get(id(program))
+    store = getattr(recorders[0], "stand_ins", None)  # a recording's (an NVTX emitter keeps none)
+    kept = store.get(id(program)) if store is not None else None
     if kept is not None and kept[0] is steps and kept[1] == recorders:
         return kept[2]
     wrapped = [_profiled(s, program, recorders) for s in steps]
-    recorders[0].stand_ins[id(program)] = (steps, list(recorders), wrapped)
+    if store is not None:
+        store[id(program)] = (steps, list(recorders), wrapped)
     return wrapped
 
 
