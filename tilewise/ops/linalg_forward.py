@@ -11,7 +11,7 @@ Each returns one tangent per output of its operator (None for outputs without on
 from __future__ import annotations
 
 from tilewise.ops.formulas import HELPERS
-from tilewise.ops.linalg_grads import _diag_embed, _solve, _solve_triangular
+from tilewise.ops.linalg_grads import _diag_embed, _solve, _solve_triangular, check_qr_differentiable
 
 
 def _op(name: str):
@@ -82,12 +82,7 @@ def linalg_qr_jvp(A_t, Q, R, mode: str):
     """torch's linalg_qr_jvp. m >= n: with dX = dA R^-1, dR R^-1 = syminv(sym(Q^H dX)) (the upper triangle with
     half the diagonal of Q^H dX + dX^H Q) and dQ = dX - Q dR R^-1. m < n: the square QR of A's first m columns,
     and dR = Q^H (dA - dQ R)."""
-    if mode == "r":
-        raise RuntimeError("The derivative of linalg.qr depends on Q, which is not computed when mode='r'. Please use "
-                           "linalg.qr(A, mode='reduced') if you are going to differentiate through linalg.qr.")
-    m, n = Q.shape[-2], R.shape[-1]
-    if mode == "complete" and m > n:
-        raise RuntimeError("The QR decomposition is not differentiable when mode='complete' and nrows > ncols.")
+    m, n = check_qr_differentiable(Q, R, mode)
     if m >= n:
         return _qr_jvp_tall(A_t, Q, R)
     dQ, _ = _qr_jvp_tall(A_t.narrow(-1, 0, m), Q, R.narrow(-1, 0, m))

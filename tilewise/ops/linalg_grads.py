@@ -92,14 +92,20 @@ def _copyltu(X):
     return lower - lower.mT
 
 
-def linalg_qr_backward(output_grads, Q, R, mode: str):
-    gQ, gR = output_grads
+def check_qr_differentiable(Q, R, mode: str) -> tuple[int, int]:
+    """(m, n) of a QR whose derivative exists (either direction), else torch's error."""
     if mode == "r":
         raise RuntimeError("The derivative of linalg.qr depends on Q, which is not computed when mode='r'. Please use "
                            "linalg.qr(A, mode='reduced') if you are going to differentiate through linalg.qr.")
     m, n = Q.shape[-2], R.shape[-1]
     if mode == "complete" and m > n:
         raise RuntimeError("The QR decomposition is not differentiable when mode='complete' and nrows > ncols.")
+    return m, n
+
+
+def linalg_qr_backward(output_grads, Q, R, mode: str):
+    gQ, gR = output_grads
+    m, n = check_qr_differentiable(Q, R, mode)
     if m >= n:
         return _qr_backward_tall(gQ, gR, Q, R)
     # A = Q [X | Y] with X = Q R1 square: Y's gradient goes through Q only
