@@ -290,3 +290,18 @@ def test_a_library_call_whose_tuple_result_leaves_outputs_out_is_recorded():
     call = Node("_scaled_dot_product_cudnn_attention", (a, a, a), (), (t, None, None))
     record = _library_record("", 3, call, "text")
     assert (record.kind, record.nbytes, record.dtype) == ("library call", 4 * t.nbytes, "float32")
+
+
+def test_explaining_a_compiled_function_reuses_its_programs():
+    def f(x):
+        return (x * 2 + 1).relu().sum()
+
+    compiled = tw.compile(f)
+    x = tw.randn(64)
+    compiled(x)
+    programs = compiled.programs()
+    explained = tw.explain(compiled, x, repeats=2)
+    assert explained.compiled is compiled
+    assert compiled.programs() == programs  # nothing compiled again
+    assert explained.call.startswith("test_explaining_a_compiled_function_reuses_its_programs.<locals>.f")
+    assert all(r.seconds is not None for r in explained.kernels)

@@ -37,6 +37,7 @@ import numpy as np
 
 from tilewise.compiler import compile
 from tilewise.compiler.capture import flatten
+from tilewise.compiler.function import CompiledFunction
 from tilewise.compiler.ir import IR_OPS, format_graph
 from tilewise.compiler.lowering.memory import steps_of
 from tilewise.compiler.targets import Target, get_target, target_for_device
@@ -126,7 +127,8 @@ def explain(fn, *args, target: str | None = None, arch: str | None = None, repea
     default: the current GPU's, or sm_90); given alone, it picks the CUDA target. ``repeats``: timed calls after
     those that compile. ``run``: False stops before anything runs. ``roofline_size``: bytes per roofline
     measurement (once per device, then cached). ``name``: how the call is shown (default: the function's name and
-    line). The result's ``kernels`` are the steps of every program, ``compiled`` the compiled function.
+    line). The result's ``kernels`` are the steps of every program, ``compiled`` the compiled function. ``fn`` may
+    be a function ``tilewise.compile`` made: its programs are explained and timed as they are, not compiled again.
 
     >>> import tilewise as tw
     >>> e = tw.explain(lambda x, y: (x + y).relu(), tw.randn(64), tw.randn(64), repeats=2)  # doctest: +SKIP
@@ -141,9 +143,11 @@ def explain(fn, *args, target: str | None = None, arch: str | None = None, repea
     if arch is not None and chosen.machine_code is None:
         raise ValueError(f"explain: arch={arch!r} picks the machine code of the CUDA target; the {chosen.name} "
                          "target generates none (pass target='cuda')")
+    # a function ``tilewise.compile`` already made is explained as it is, its programs reused (not compiled again)
+    compiled = fn if isinstance(fn, CompiledFunction) else compile(fn)
+    fn = compiled.fn
     call = name or _call_name(fn)
     sections = [("the call", f"{call}\n  with {_describe_args(args)}")]
-    compiled = compile(fn)
     if chosen is own and run:
         return _explain_run(compiled, fn, args, chosen, arch, repeats, roofline_size, call, sections, device)
     traced, lowered, history = compiled.lowered(chosen, *args)
