@@ -123,3 +123,27 @@ def test_empty_batch():
     x, w = np.zeros((0, 3, 5, 5), np.float32), np.ones((2, 3, 3, 3), np.float32)
     y = tw.nn.functional.conv2d(tw.from_numpy(x), tw.from_numpy(w))
     assert tuple(y.shape) == (0, 2, 3, 3)
+
+
+def test_compiled_cpu_programs_call_these_kernels_for_their_convolutions():
+    """The C target keeps a one-group float32 convolution and its two gradients whole (one call of these
+    kernels each) instead of im2col in generated code, and gives eager's gradients."""
+    conv = tw.nn.Conv2d(3, 8, 3, padding=1)
+    x = tw.randn(4, 3, 16, 16, requires_grad=True)
+
+    def step(x):
+        loss = conv(x).relu().sum()
+        loss.backward()
+        return loss
+
+    compiled = tw.compile(step)
+    for _ in range(2):
+        x.grad, conv.weight.grad = None, None
+        compiled(x)
+    got = (x.grad.numpy().copy(), conv.weight.grad.numpy().copy())
+    x.grad, conv.weight.grad = None, None
+    step(x)
+    np.testing.assert_allclose(got[0], x.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], conv.weight.grad.numpy(), rtol=1e-5, atol=1e-5)
+    ops = [getattr(getattr(s, "node", None), "op", None) for s in compiled.programs()[-1].steps]
+    assert {"_conv2d", "_conv2d_backward_input", "_conv2d_backward_weight"} <= set(ops)

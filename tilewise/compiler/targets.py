@@ -146,8 +146,19 @@ def _decompose_keeping_library_calls(graph: Graph) -> Graph:
 
 _decompose_keeping_library_calls.__name__ = "decompose"
 
+
+def _decompose_keeping_host_calls(graph: Graph) -> Graph:
+    # the CPU's convolution kernels beat im2col + GEMM in generated code (see [Note: convolution columns per image])
+    from tilewise.backends.cpu import conv_kernels
+
+    return decompose(graph, conv_kernels.keeps)
+
+
+_decompose_keeping_host_calls.__name__ = "decompose"
+
 C_TARGET = register_target(Target(
-    name="c", device_type="cpu", language=C, source_name="C", passes=PIPELINE, scheduler=schedule_c,
+    name="c", device_type="cpu", language=C, source_name="C",
+    passes=tuple(_decompose_keeping_host_calls if p is decompose else p for p in PIPELINE), scheduler=schedule_c,
     variants=variants_c,
     policy=Policy(warmup=0.002, sample=2e-4, budget=0.1), render=program_c.render_c,
     build=program_c.build_c_program, arena=lambda device: program_c.host_arena(),

@@ -42,6 +42,20 @@ def _served(groups: int, *tensors) -> bool:
     return True
 
 
+KEPT = frozenset(f"_conv{n}d{suffix}" for n in (2, 3) for suffix in ("", "_backward_input", "_backward_weight"))
+
+
+def keeps(op_name: str, args: tuple) -> bool:
+    """Whether the C target should keep a convolution operator whole, as one call of these kernels, rather than
+    decompose it (``compiler.targets``): one group and one float32/float64 dtype. ``args`` are its bound
+    arguments, tensors standing for anything with ``shape`` and ``dtype``; a call whose buffers turn out not to
+    be row-major runs the decomposition inside the kernel, as in eager mode."""
+    if op_name not in KEPT or args[-1] != 1:
+        return False
+    dtypes = {t.dtype for t in args if hasattr(t, "shape") and hasattr(t, "dtype")}
+    return len(dtypes) == 1 and next(iter(dtypes)).name in DTYPES
+
+
 def _decomposed(name: str, *args):
     from tilewise.ops.registry import OPS
 
