@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 import tilewise as tw
 import tilewise.nn.functional as F
@@ -596,3 +597,24 @@ def test_a_fractional_arange_read_by_a_fused_kernel_is_a_buffer_not_an_integer_i
     header = re.search(r'extern "C" __global__ void[^{]*', source).group(0)
     assert header.count("const float*") == 2, header  # x and the arange's buffer
     np.testing.assert_allclose(tw.compile(shifted)(x).numpy(), shifted(x).numpy(), rtol=1e-6)
+
+
+def test_a_column_reduction_on_the_cpu_runs_the_kept_dims_innermost():
+    """A sum over the leading dims of a row-major tensor (a bias gradient) reads each row across memory: the C
+    schedule runs the reduced dims outside and keeps one accumulator per row, with the same results."""
+    x = np.random.default_rng(0).standard_normal((12, 64, 96)).astype(np.float32)
+
+    def f(a):
+        g = tw.nn.functional.gelu(a, approximate="tanh")
+        return g.sum((0, 1)), g * 2
+
+    compiled = tw.compile(f)
+    got = compiled(tw.tensor(x))
+    want = f(tw.tensor(x))
+    np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
+    explained = tw.explain(f, tw.tensor(x), repeats=1)
+    schedules = "\n".join(text for title, text in explained.sections if title.endswith("schedule"))
+    assert "reducing [0]: columns" in schedules
+    ref = torch.nn.functional.gelu(torch.from_numpy(x).double(), approximate="tanh").sum((0, 1))
+    np.testing.assert_allclose(got[0].numpy(), ref.numpy(), rtol=1e-5, atol=1e-4)

@@ -65,7 +65,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from tilewise import strides as S
-from tilewise.codegen.kernel_ir import Index, Kernel, Nest, extent, known
+from tilewise.codegen.kernel_ir import ARG_COMBINERS, Index, Kernel, Nest, extent, known
 from tilewise.dtypes import DType, bool_
 from tilewise.ops.expr import Expr, substitute, toposort
 
@@ -380,6 +380,7 @@ class CudaPlan:
 class NestSchedule:
     nest: Nest
     parallel: str  # "none" | "rows" (kept loops shared among threads) | "split" (reduction cut in chunks)
+    #                | "columns" (serial: reduced dims outside, kept dims inside, one accumulator per row)
     chunks: int = 0
     simd: bool = False  # innermost loops vectorised
     notes: list[str] = field(default_factory=list)
@@ -447,7 +448,26 @@ def schedule_c_nest(nest: Nest, knobs: Knobs = HEURISTIC) -> NestSchedule:
     if cached:
         notes.append(f"{len(cached)} value(s) kept between phases instead of recomputed")
     chunks = (knobs.chunks or SPLIT_CHUNKS) if parallel == "split" else 0
+    if parallel == "none" and _by_columns(nest, rows, cached):
+        parallel = "columns"
+        notes.append("reduced dims outside the kept ones (rows read across memory): one accumulator per row, "
+                     "the kept dims innermost")
     return NestSchedule(nest, parallel, chunks, knobs.simd, notes, cached)
+
+
+C_COLUMN_ROWS = 4096  # accumulators a nest reduced by columns keeps on the stack
+
+
+def _by_columns(nest: Nest, rows: int, cached: list) -> bool:
+    """Whether a serial nest reduces better column-wise: its innermost dim is a kept one (so a row's elements
+    lie across memory), one phase, no arg-reductions and no values kept between phases: then the loops run the
+    reduced dims outside and the kept dims inside (contiguous, vectorised), each row folding into its own
+    accumulator, in the same order along the reduced dims as a row at a time."""
+    if not nest.reduce or not nest.outer or nest.phases != 1 or cached or rows > C_COLUMN_ROWS:
+        return False
+    if any(r.combiner in ARG_COMBINERS for r in nest.reductions):
+        return False
+    return max(nest.outer) > max(nest.reduce)
 
 
 # ---------------------------------------------------------------------------- CUDA

@@ -278,6 +278,8 @@ class _NestRenderer:
         self.w.open(f"/* nest {self.k}: {self.ns.parallel} */")
         if self.ns.parallel == "split":
             self.split()
+        elif self.ns.parallel == "columns":
+            self.columns()
         else:
             self.rows()
         self.w.close()
@@ -301,6 +303,52 @@ class _NestRenderer:
         self.row_stores()
         for _ in outer:
             self.w.close()
+
+    def kept_index(self) -> str:
+        """The position of the current row among the rows (row-major over the kept dims)."""
+        parts, sizes = [], []
+        for d in reversed(self.nest.outer):
+            stride = extent(sizes)
+            parts.append(dim_name(d) if stride == 1 else f"{size_code(stride)} * {dim_name(d)}")
+            sizes.append(self.nest.shape[d])
+        return " + ".join(reversed(parts)) or "0"
+
+    def columns(self) -> None:
+        """One phase, serial: the reduced dims outside, the kept dims inside (the innermost one contiguous and
+        vectorised), each row folding into its own accumulator ``acc<j>[row]`` in the reduced dims' order."""
+        nest = self.nest
+        rows = extent([nest.shape[d] for d in nest.outer])
+        reds = list(range(len(nest.reductions)))
+        for j in reds:
+            r = nest.reductions[j]
+            value = literal(identity(r.combiner, r.dtype), r.dtype, self.lang)
+            self.w.line(f"{self.lang.ctype(r.dtype)} acc{j}[{rows}];")
+            self.w.line(f"for ({INDEX} row = 0; row < {rows}LL; ++row) acc{j}[row] = {value};")
+        for d in nest.reduce:
+            self.loop(d)
+        for k, d in enumerate(nest.outer):
+            if k == len(nest.outer) - 1 and self.ns.simd:
+                self.w.line(self.simd_line([]))
+            self.loop(d)
+        stores = [st for st in nest.stores if st.phase == 0]
+        _, results = self.emit([nest.reductions[j].value for j in reds] + [st.value for st in stores], {}, "_p0")
+        row = self.kept_index()
+        for j, (code, _) in zip(reds, results):
+            self.w.line(f"acc{j}[{row}] = {self.folds[j][0]}(acc{j}[{row}], {code});")
+        for st, (code, t) in zip(stores, results[len(reds):]):
+            self.store(st, code, t)
+        for _ in (*nest.reduce, *nest.outer):
+            self.w.close()
+        row_stores = [st for st in nest.stores if st.phase is None]
+        if row_stores:
+            for d in nest.outer:
+                self.loop(d)
+            leaves = {("scalar", f"acc{j}"): (f"acc{j}[{row}]", r.dtype) for j, r in enumerate(nest.reductions)}
+            _, results = self.emit([st.value for st in row_stores], leaves, "_r")
+            for st, (code, t) in zip(row_stores, results):
+                self.store(st, code, t)
+            for _ in nest.outer:
+                self.w.close()
 
     def split(self) -> None:
         """One row, one phase: each chunk of the outermost reduced dim folds into its own partial."""
