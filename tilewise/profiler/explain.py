@@ -252,14 +252,29 @@ def _titled(label: str, title: str) -> str:
 
 def _passes(history: list) -> str:
     lines, before = [], None
-    for name, graph in history:
-        now = format_graph(graph)
+    for (name, _), now in zip(history, pass_texts(history)):
         if name == "captured":
-            lines.append(format_graph(graph, "captured"))
+            lines.append("captured: " + now)
         else:
-            lines.append(format_graph(graph, f"after {name}") if now != before else f"after {name}: unchanged")
+            lines.append(f"after {name}: " + now if now != before else f"after {name}: unchanged")
         before = now
     return "\n\n".join(lines)
+
+
+_pass_texts: dict[int, tuple[list, list[str]]] = {}  # id(history) -> (the history, its graphs' text), a few kept
+
+
+def pass_texts(history: list) -> list[str]:
+    """``format_graph`` of each graph of a pass history, made once for explain's text and the report's page (a
+    transformer step's history is tens of thousands of lines)."""
+    kept = _pass_texts.get(id(history))
+    if kept is not None and kept[0] is history:
+        return kept[1]
+    texts = [format_graph(graph) for _, graph in history]
+    if len(_pass_texts) >= 8:
+        _pass_texts.pop(next(iter(_pass_texts)))
+    _pass_texts[id(history)] = (history, texts)
+    return texts
 
 
 def _operators(graph) -> str:

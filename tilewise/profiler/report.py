@@ -29,7 +29,7 @@ from pathlib import Path
 from tilewise.compiler.ir import format_graph
 from tilewise.compiler.lowering.memory import lifetimes, steps_of
 from tilewise.fileio import atomic_write_bytes
-from tilewise.profiler.explain import Explanation, StepRecord, explain
+from tilewise.profiler.explain import Explanation, StepRecord, explain, pass_texts
 from tilewise.profiler.roofline import DEFAULT_SIZE, Roofline
 
 SECTIONS = ("call", "passes", "fusion", "kernels", "roofline", "timeline", "memory")
@@ -167,8 +167,8 @@ def _passes_section(explained: Explanation, page: _Page) -> str:
 
 def _pass_history(history: list, page: _Page, key: str) -> str:
     blocks, before = [], None
-    for k, (name, graph) in enumerate(history):
-        now = format_graph(graph).splitlines()
+    for k, ((name, _), text) in enumerate(zip(history, pass_texts(history))):
+        now = text.splitlines()
         title = _e(name if k == 0 else f"after {name}")
         if before == now:  # an unchanged graph is not repeated: it is the one above
             blocks.append(f'<p class="same">{title} <span class="tag">unchanged</span></p>')
