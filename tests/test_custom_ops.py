@@ -147,6 +147,50 @@ def test_gradcheck_float64(scale_add):
     assert abs(float((tx.grad * tw.tensor(v)).sum()) - numeric) < 1e-6
 
 
+def test_tilewise_gradcheck_of_a_custom_op(scale_add):
+    rng = np.random.default_rng(2)
+    x = tw.tensor(rng.standard_normal((3, 4)), requires_grad=True)
+    y = tw.tensor(rng.standard_normal((3, 4)), requires_grad=True)
+    assert tw.autograd.gradcheck(lambda a, b: scale_add(a, b, 1.5), (x, y))
+
+
+@pytest.mark.cuda
+def test_tilewise_gradcheck_of_a_custom_op_with_a_cuda_kernel():
+    """A custom operator whose CUDA kernel is a load_inline kernel, in float64, checked by gradcheck."""
+    if not tw.cuda.is_available():
+        pytest.skip("needs a GPU")
+    module = tw.cuda.load_inline("twtest_axpby64", r"""
+extern "C" __global__ void axpby(const double* x, const double* y, double* out, double a, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a * x[i] * x[i] + y[i];
+}""", ["axpby"])
+
+    @tw.library.custom_op("twtest::square_axpy", mutates_args=(), device_types="cuda")
+    def square_axpy(x: tw.Tensor, y: tw.Tensor, a: float) -> tw.Tensor:
+        out = tw.empty_like(x)
+        n = x.numel()
+        module.axpby(x.contiguous(), y.contiguous(), out, a, n, grid=(n + 255) // 256, block=256)
+        return out
+
+    @square_axpy.register_fake
+    def _(x, y, a):
+        return tw.empty_like(x)
+
+    def setup_context(ctx, inputs, output):
+        ctx.a = inputs[2]
+        ctx.save_for_backward(inputs[0])
+
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 2 * ctx.a * x, grad, None
+
+    square_axpy.register_autograd(backward, setup_context=setup_context)
+    rng = np.random.default_rng(3)
+    x = tw.tensor(rng.standard_normal((5, 7)), device="cuda", requires_grad=True)
+    y = tw.tensor(rng.standard_normal((5, 7)), device="cuda", requires_grad=True)
+    assert tw.autograd.gradcheck(lambda a, b: square_axpy(a, b, 0.75), (x, y))
+
+
 def test_ops_namespace_and_registration_by_name(scale_add):
     assert tw.ops.twtest.scale_add is tw.ops.twtest.scale_add.default
     np.testing.assert_allclose(tw.ops.twtest.scale_add(tw.ones(2), tw.ones(2)).numpy(), [3.0, 3.0])
@@ -373,7 +417,7 @@ def test_triton_op_launches_on_tilewise_tensors_and_compiles_as_one_step():
     assert sum(getattr(s, "op", None) is scaled_add.op for s in program.steps) == 1
 
 
-# ---------------------------------------------------------------------------- CUDA graphs: what is captured, and why not
+# ------------------------------------------------------------------------- CUDA graphs: what is captured, and why not
 
 
 def _cuda_steps(fn, *args) -> dict:

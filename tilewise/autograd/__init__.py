@@ -25,13 +25,14 @@ from tilewise.autograd.grad_mode import (
     no_grad,
     set_grad_enabled,
 )
+from tilewise.autograd.gradcheck import gradcheck, gradgradcheck
 from tilewise.autograd.graph import Node
 from tilewise.autograd.variable import Variable
 from tilewise.tensor import Tensor
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad", "set_grad_enabled",
            "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "Node", "detect_anomaly",
-           "set_detect_anomaly", "Variable", "forward_ad", "functional"]
+           "set_detect_anomaly", "Variable", "forward_ad", "functional", "gradcheck", "gradgradcheck"]
 
 
 def _as_tuple(x) -> tuple:
