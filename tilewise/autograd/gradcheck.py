@@ -18,6 +18,7 @@ import warnings
 
 import numpy as np
 
+from tilewise.autograd.engine import run_backward
 from tilewise.tensor import Tensor
 
 
@@ -76,7 +77,6 @@ def _numerical(func, inputs: tuple, k: int, eps: float) -> list[np.ndarray]:
 
 def _analytical(func, inputs: tuple, k: int) -> list[np.ndarray]:
     """d(outputs)/d(inputs[k]) row by row, one vector-Jacobian product per output element."""
-    from tilewise.autograd import grad
     from tilewise.ops.creation import zeros_like
 
     outs = _outputs(func, inputs)
@@ -87,7 +87,8 @@ def _analytical(func, inputs: tuple, k: int) -> list[np.ndarray]:
             for r in range(out.numel()):
                 cotangent = zeros_like(out).reshape(-1)
                 cotangent[r] = 1.0
-                (g,) = grad(out, inputs[k], cotangent.reshape(out.shape), retain_graph=True, allow_unused=True)
+                (g,) = run_backward((out,), (cotangent.reshape(out.shape),), retain_graph=True, create_graph=False,
+                                    inputs=(inputs[k],), allow_unused=True, accumulate=False)
                 if g is not None:
                     rows[r] = g.detach().cpu().numpy().astype(np.float64).reshape(-1)
         jacobians.append(rows)
@@ -142,7 +143,6 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps: float = 1e-6, atol: f
                   check_batched_grad: bool = False, check_fwd_over_rev: bool = False,
                   check_rev_over_rev: bool = True, fast_mode: bool = False, masked: bool = False) -> bool:
     """``gradcheck`` of ``func``'s vector-Jacobian product with ``grad_outputs`` (random ones by default)."""
-    from tilewise.autograd import grad
     from tilewise.ops.creation import randn_like
 
     inputs = _tuple(inputs)
@@ -157,7 +157,8 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps: float = 1e-6, atol: f
     def first_derivative(*values):
         ins, cots = values[:count], values[count:]
         outs = [o for o in _outputs(func, ins) if o.requires_grad and o.dtype.is_floating_point]
-        grads = grad(outs, [ins[k] for k in wrt], list(cots), create_graph=True, allow_unused=True)
+        grads = run_backward(tuple(outs), tuple(cots), retain_graph=True, create_graph=True,
+                             inputs=tuple(ins[k] for k in wrt), allow_unused=True, accumulate=False)
         return tuple(g for g in grads if g is not None)
 
     return gradcheck(first_derivative, inputs + grad_outputs, eps=eps, atol=atol, rtol=rtol,
