@@ -232,8 +232,10 @@ def _requires_grad(op, args: tuple) -> bool:
 
 def run(op, args: tuple):
     """Below autograd: run the operator on the backend of its inputs' device."""
-    if op.kind in _ARITHMETIC_KINDS and op.name not in _BYTEWISE_OPS:
-        _refuse_storage_only(op, args)
+    for k in op.arithmetic_tensor_idx:  # storage-only dtypes have no arithmetic (see the property)
+        a = args[k]
+        if type(a) is Tensor and a._dtype.is_storage_only:
+            _refuse_storage_only(op, a)
     if STATE.vmap:
         out = batch(op, args)
         if out is not NOT_BATCHED:
@@ -251,19 +253,12 @@ def run(op, args: tuple):
     return backend.run(op, args, device)
 
 
-_ARITHMETIC_KINDS = frozenset({"pointwise", "reduction", "matmul", "scan", "sort", "random", "other"})
-_BYTEWISE_OPS = frozenset({"eq", "ne"})  # torch compares float8_e8m0fnu and float4_e2m1fn_x2 values bit for bit
-
-
-def _refuse_storage_only(op, args: tuple) -> None:
+def _refuse_storage_only(op, a: Tensor) -> None:
     """float8_e8m0fnu and float4_e2m1fn_x2 have no arithmetic in torch (no kernel is compiled for them)."""
-    for k in op.tensor_idx:
-        a = args[k]
-        if type(a) is Tensor and a._dtype.is_storage_only:
-            raise NotImplementedError(
-                f'"{op.name}" not implemented for \'{a._dtype.name}\', as in torch: it is a storage format '
-                "(created, copied, viewed, compared with == and !=, cast when it is float8_e8m0fnu); cast to float32 "
-                "first, or use tilewise.dequantize for block-scaled data")
+    raise NotImplementedError(
+        f'"{op.name}" not implemented for \'{a._dtype.name}\', as in torch: it is a storage format '
+        "(created, copied, viewed, compared with == and !=, cast when it is float8_e8m0fnu); cast to float32 "
+        "first, or use tilewise.dequantize for block-scaled data")
 
 
 def _no_backend_message(op, device: Device) -> str:

@@ -103,6 +103,10 @@ def joint_formula_output(formula: Formula, k: int) -> Formula:
     return Formula(f"({formula.text})[{k}]", formula.uses, output, formula.outputs)
 
 
+_ARITHMETIC_KINDS = frozenset({"pointwise", "reduction", "matmul", "scan", "sort", "random", "other"})
+_BYTEWISE_OPS = frozenset({"eq", "ne"})  # torch compares float8_e8m0fnu and float4_e2m1fn_x2 values bit for bit
+
+
 @dataclass(eq=False)
 class OpDef:
     schema: Schema
@@ -125,6 +129,15 @@ class OpDef:
     saves_result: bool = False
     attrs: dict = field(default_factory=dict)
     _param_names: tuple[str, ...] | None = field(default=None, repr=False)
+
+    @cached_property  # read on every call by the dispatcher: after the first read, a plain attribute
+    def arithmetic_tensor_idx(self) -> tuple[int, ...]:
+        """The tensor arguments that may not be of a storage-only dtype (float8_e8m0fnu, float4_e2m1fn_x2: no
+        arithmetic in torch): every tensor argument of an arithmetic operator; none for views, copies, casts
+        and factories, nor for ``eq``/``ne``, which compare those values bit for bit."""
+        if self.kind not in _ARITHMETIC_KINDS or self.schema.name in _BYTEWISE_OPS:
+            return ()
+        return self.tensor_idx
 
     @cached_property  # read on every call by backends and errors: after the first read, a plain attribute
     def name(self) -> str:
