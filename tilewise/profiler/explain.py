@@ -261,7 +261,7 @@ def _passes(history: list) -> str:
     return "\n\n".join(lines)
 
 
-_pass_texts: dict[int, tuple[list, list[str]]] = {}  # id(history) -> (the history, its graphs' text), a few kept
+_pass_texts: dict[int, tuple[list, list[str]]] = {}  # id(history) -> (the history, its graphs' text)
 
 
 def pass_texts(history: list) -> list[str]:
@@ -271,7 +271,7 @@ def pass_texts(history: list) -> list[str]:
     if kept is not None and kept[0] is history:
         return kept[1]
     texts = [format_graph(graph) for _, graph in history]
-    if len(_pass_texts) >= 8:
+    if len(_pass_texts) >= 2:  # a call's histories (a forward and a backward share one), kept until the next
         _pass_texts.pop(next(iter(_pass_texts)))
     _pass_texts[id(history)] = (history, texts)
     return texts

@@ -198,14 +198,18 @@ class _NestRenderer:
         del renderer.lines[:]
         return renderer, results
 
-    def row_index(self) -> str:
-        """The position of the current element within its row (row-major over the reduced dims)."""
+    def flat_index(self, dims) -> str:
+        """The row-major position over ``dims`` of the current iteration."""
         parts, sizes = [], []
-        for d in reversed(self.nest.reduce):
+        for d in reversed(dims):
             stride = extent(sizes)
             parts.append(dim_name(d) if stride == 1 else f"{size_code(stride)} * {dim_name(d)}")
             sizes.append(self.nest.shape[d])
         return " + ".join(reversed(parts)) or "0"
+
+    def row_index(self) -> str:
+        """The position of the current element within its row (row-major over the reduced dims)."""
+        return self.flat_index(self.nest.reduce)
 
     def cache_leaves(self, phase: int) -> dict:
         return {("scalar", f"scr{k}"): (f"tw_scr{k}[{self.row_index()}]", c.dtype)
@@ -304,15 +308,6 @@ class _NestRenderer:
         for _ in outer:
             self.w.close()
 
-    def kept_index(self) -> str:
-        """The position of the current row among the rows (row-major over the kept dims)."""
-        parts, sizes = [], []
-        for d in reversed(self.nest.outer):
-            stride = extent(sizes)
-            parts.append(dim_name(d) if stride == 1 else f"{size_code(stride)} * {dim_name(d)}")
-            sizes.append(self.nest.shape[d])
-        return " + ".join(reversed(parts)) or "0"
-
     def columns(self) -> None:
         """One phase, serial: the reduced dims outside, the kept dims inside (the innermost one contiguous and
         vectorised), each row folding into its own accumulator ``acc<j>[row]`` in the reduced dims' order."""
@@ -332,7 +327,7 @@ class _NestRenderer:
             self.loop(d)
         stores = [st for st in nest.stores if st.phase == 0]
         _, results = self.emit([nest.reductions[j].value for j in reds] + [st.value for st in stores], {}, "_p0")
-        row = self.kept_index()
+        row = self.flat_index(nest.outer)  # the current row among the rows
         for j, (code, _) in zip(reds, results):
             self.w.line(f"acc{j}[{row}] = {self.folds[j][0]}(acc{j}[{row}], {code});")
         for st, (code, t) in zip(stores, results[len(reds):]):
