@@ -272,7 +272,7 @@ def pass_texts(history: list) -> list[str]:
         return kept[1]
     texts = [format_graph(graph) for _, graph in history]
     if len(_pass_texts) >= 2:  # a call's histories (a forward and a backward share one), kept until the next
-        _pass_texts.pop(next(iter(_pass_texts)))
+        _pass_texts.pop(next(iter(_pass_texts), None), None)  # another thread may have emptied it
     _pass_texts[id(history)] = (history, texts)
     return texts
 
