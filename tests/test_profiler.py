@@ -4,6 +4,7 @@ Chrome trace's structure, and a Profiler key that costs nothing (is never called
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import threading
@@ -428,7 +429,7 @@ def test_events_of_another_thread_go_to_its_own_track():
 # ---------------------------------------------------------------------------- chrome trace
 
 def _check_trace(path):
-    document = json.loads(path.read_text())
+    document = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
     events = document["traceEvents"]
     complete = [e for e in events if e["ph"] == "X"]
     for e in events:
@@ -501,6 +502,36 @@ def test_tensorboard_trace_handler_writes_one_trace_per_saved_cycle(tmp_path):
     assert len(files) == 2 and all(f.name.startswith("w.") and f.name.endswith(".pt.trace.json") for f in files)
     for f in files:
         _check_trace(f)
+
+
+def test_tensorboard_trace_handler_keeps_recordings_saved_within_one_millisecond(tmp_path, monkeypatch):
+    # torch names the file with nanoseconds for this reason; a clock that stands still in milliseconds is the test
+    import sys
+    import types
+
+    profile_module = sys.modules[twp.tensorboard_trace_handler.__module__]
+    ticks = iter(range(1_000_000_000_000, 1_000_000_000_000 + 1000, 7))
+    monkeypatch.setattr(profile_module, "time", types.SimpleNamespace(time_ns=lambda: next(ticks)))
+    handler = twp.tensorboard_trace_handler(str(tmp_path), worker_name="w")
+    with twp.profile(schedule=twp.schedule(wait=0, warmup=1, active=1, repeat=3), on_trace_ready=handler) as p:
+        for _ in range(6):
+            tw.ones(2) + 1
+            p.step()
+    assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_tensorboard_trace_handler_gzip_writes_what_torchs_would(tmp_path):
+    handler = twp.tensorboard_trace_handler(str(tmp_path), worker_name="w", use_gzip=True)
+    with twp.profile(on_trace_ready=handler):
+        tw.ones(2) + 1
+    (path,) = tmp_path.iterdir()
+    assert path.name.endswith(".pt.trace.json.gz")
+    _check_trace(path)
+    prof = twp.profile()
+    with prof:
+        tw.ones(2) * 2
+    prof.export_chrome_trace(str(tmp_path / "direct.json.gz"))
+    _check_trace(tmp_path / "direct.json.gz")
 
 
 # ---------------------------------------------------------------------------- CUDA

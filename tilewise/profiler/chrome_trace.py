@@ -15,6 +15,7 @@ trace.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 
@@ -133,5 +134,8 @@ def trace_events(recorder, events) -> list[dict]:
 def write_chrome_trace(path: str, recorder, events, metadata: dict) -> None:
     document = {"schemaVersion": 1, **metadata, "displayTimeUnit": "ms", "traceEvents": trace_events(recorder, events),
                 "traceName": os.fspath(path)}
+    data = json.dumps(document).encode()
+    if os.fspath(path).endswith(".gz"):  # as torch's export: a path ending in .gz is written gzip-compressed
+        data = gzip.compress(data)
     with atomic_writer(path, durable=False) as file:
-        file.write(json.dumps(document).encode())
+        file.write(data)

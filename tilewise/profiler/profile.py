@@ -263,15 +263,22 @@ class profile:  # noqa: N801 — torch's name
                 "record_shapes": self.record_shapes, "host_name": socket.gethostname()}
 
 
-def tensorboard_trace_handler(dir_name: str, worker_name: str | None = None, use_gzip: bool = False) -> Callable:
-    """An ``on_trace_ready`` that writes each saved recording to ``dir_name`` as torch's handler names it."""
-    if use_gzip:
-        raise NotImplementedError("tensorboard_trace_handler: use_gzip is not supported by tilewise")
+def tensorboard_trace_handler(dir_name: str, worker_name: str | None = None, use_gzip: bool = False,
+                              use_python_export: bool = False) -> Callable:
+    """An ``on_trace_ready`` that writes each saved recording to ``dir_name`` as torch's handler names it:
+    ``{worker}.{time in ns}.pt.trace.json``, with ``.gz`` and gzip-compressed when ``use_gzip``. The name carries
+    nanoseconds, so two recordings saved within one millisecond do not overwrite each other.
+    ``use_python_export`` picks torch's exporter; tilewise has one, so it changes nothing."""
+    del use_python_export
 
     def handler(prof: profile) -> None:
-        os.makedirs(dir_name, exist_ok=True)
+        try:
+            os.makedirs(dir_name, exist_ok=True)
+        except OSError as error:
+            raise RuntimeError(f"tensorboard_trace_handler: can't create directory: {dir_name}") from error
         worker = worker_name or f"{socket.gethostname()}_{os.getpid()}"
-        prof.export_chrome_trace(os.path.join(dir_name, f"{worker}.{time.time_ns() // 1_000_000}.pt.trace.json"))
+        name = f"{worker}.{time.time_ns()}.pt.trace.json" + (".gz" if use_gzip else "")
+        prof.export_chrome_trace(os.path.join(dir_name, name))
 
     return handler
 
