@@ -8,11 +8,15 @@ the row-major ``D[M,N] = A[M,K] @ B[K,N]`` computed as the column-major ``D^T = 
 and fail. Tensorwise scales are device fp32 pointers (``A/B_SCALE_POINTER``), read by the GEMM, so a scale
 computed on the GPU is never copied to the host; rowwise scales use the ``OUTER_VEC_32F`` scale mode, which
 cuBLASLt offers from 12.9 on sm_90 (an older cuBLASLt refuses with an error saying so: there is no fallback).
+beta is 0, so C is never read; its pointer is mat1's, as torch passes it, since cuBLASLt takes neither a null C
+nor the result's own buffer in these FP8 calls.
 A float8 result is multiplied by ``scale_result`` (``D_SCALE_POINTER``, torch's CUDA semantics), and
 ``scaled_gemm(..., amax=t)`` asks cuBLASLt for the result's absolute maximum (``AMAX_D_POINTER``) in the same
 pass, for a recipe that scales the next cast from it. ``use_fast_accum`` sets ``FAST_ACCUM`` (Hopper's
 faster, less precise FP8 accumulation). Plans (descriptor, layouts, heuristic algorithm) are cached per shape,
-dtypes and scaling; the scale pointers are set at each call.
+dtypes, scaling and which of the optional pointers (D scale, amax) are given, as the algorithm cuBLASLt picks
+depends on them; the heuristic is asked with every pointer set, as torch asks it, and the pointers are set again
+at each call.
 """
 
 from __future__ import annotations
@@ -120,8 +124,26 @@ class _FP8Plan:
 _plans: dict[tuple, _FP8Plan] = {}
 
 
+def _pointers(scale_a: Tensor, scale_b: Tensor, scale_result, amax, bias, out_dtype) -> list[tuple[str, int]]:
+    """The descriptor's pointer attributes for one call, by attribute name (0: not given)."""
+    pointers = [("A_SCALE_POINTER", data_ptr(scale_b)), ("B_SCALE_POINTER", data_ptr(scale_a))]  # cuBLASLt's A: b
+    if out_dtype.is_float8:
+        pointers += [("D_SCALE_POINTER", data_ptr(scale_result) if scale_result is not None else 0),
+                     ("AMAX_D_POINTER", data_ptr(amax) if amax is not None else 0)]
+    if bias is not None:
+        pointers.append(("BIAS_POINTER", data_ptr(bias)))
+    return pointers
+
+
+def _set_pointers(desc: int, pointers: list[tuple[str, int]]) -> None:
+    lt = _lt()
+    setter, dtype_of, attr = lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, lt.MatmulDescAttribute
+    for name, pointer in pointers:
+        _set(setter, dtype_of, desc, getattr(attr, name), pointer)
+
+
 def _plan(key: tuple, handle: int, a: Tensor, b: Tensor, a_op: Operand, b_op: Operand, out_dtype, bias,
-          scaling: str, fast_accum: bool, aligns: tuple) -> _FP8Plan:
+          scaling: str, fast_accum: bool, aligns: tuple, pointers: list[tuple[str, int]]) -> _FP8Plan:
     lt = _lt()
     if scaling == "rowwise" and lt.get_version() < _ROWWISE_MIN_VERSION:
         raise NotImplementedError(f"_scaled_mm: rowwise scales need cuBLASLt >= 12.9 (OUTER_VEC_32F scale mode); "
@@ -146,6 +168,7 @@ def _plan(key: tuple, handle: int, a: Tensor, b: Tensor, a_op: Operand, b_op: Op
                lt.matrix_layout_create(_data_type(a.dtype), a_op.rows, a_op.cols, a_op.ld),
                lt.matrix_layout_create(c_type, n, m, n),
                lt.matrix_layout_create(_data_type(out_dtype), n, m, n))
+    _set_pointers(desc, pointers)
     alpha, beta = np.array([1.0], np.float32), np.array([0.0], np.float32)
     algos, results = _heuristics(handle, desc, layouts, aligns)
     return _FP8Plan(desc, layouts, algos[0], [results, alpha, beta], (alpha.ctypes.data, beta.ctypes.data))
@@ -170,28 +193,24 @@ def scaled_gemm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Te
                            f"{amax.dtype.name} {list(amax.shape)} for a {out_dtype.name} result")
     ctx = _context(device)
     ptrs = (data_ptr(a), data_ptr(b), data_ptr(out))
-    aligns = tuple(_alignment(p) for p in (ptrs[1], ptrs[0], ptrs[2], ptrs[2]))
+    # C is never read (beta is 0), but cuBLASLt refuses a null C and, for FP8, C == D when their types or
+    # layouts differ: like torch, C points at mat1 (see [Note: cuBLASLt FP8 GEMM])
+    aligns = tuple(_alignment(p) for p in (ptrs[1], ptrs[0], ptrs[0], ptrs[2]))
     bias = bias.contiguous() if bias is not None else None
+    scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
+    pointers = _pointers(scale_a, scale_b, scale_result, amax, bias, out_dtype)
     key = (device.index, a.dtype, b.dtype, out_dtype, a_op, b_op, m, n, k, scaling, bool(use_fast_accum),
-           bias.dtype if bias is not None else None, aligns)
+           bias.dtype if bias is not None else None, aligns, tuple(p != 0 for _, p in pointers))
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _plan(key, ctx.handle, a, b, a_op, b_op, out_dtype, bias, scaling, use_fast_accum,
-                                   aligns)
+                                   aligns, pointers)
+    else:
+        _set_pointers(plan.desc, pointers)
     lt = _lt()
-    setter, dtype_of, attr = lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, lt.MatmulDescAttribute
-    scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
-    _set(setter, dtype_of, plan.desc, attr.A_SCALE_POINTER, data_ptr(scale_b))  # cuBLASLt's A is our b
-    _set(setter, dtype_of, plan.desc, attr.B_SCALE_POINTER, data_ptr(scale_a))
-    if out_dtype.is_float8:
-        _set(setter, dtype_of, plan.desc, attr.D_SCALE_POINTER, data_ptr(scale_result) if scale_result is not None
-             else 0)
-        _set(setter, dtype_of, plan.desc, attr.AMAX_D_POINTER, data_ptr(amax) if amax is not None else 0)
-    if bias is not None:
-        _set(setter, dtype_of, plan.desc, attr.BIAS_POINTER, data_ptr(bias))
     alpha, beta = plan.scalars
     a_layout, b_layout, c_layout, d_layout = plan.layouts
-    lt.matmul(ctx.handle, plan.desc, alpha, ptrs[1], a_layout, ptrs[0], b_layout, beta, ptrs[2], c_layout, ptrs[2],
+    lt.matmul(ctx.handle, plan.desc, alpha, ptrs[1], a_layout, ptrs[0], b_layout, beta, ptrs[0], c_layout, ptrs[2],
               d_layout, plan.algo, data_ptr(ctx.workspace), WORKSPACE_BYTES, stream_handle(device.index))
     return out
 
