@@ -126,6 +126,19 @@ SEQUENCES = {
                    "lib.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = (True, 1)"],
     "sdp": ["lib.backends.cuda.enable_flash_sdp(False)", "lib.backends.cuda.enable_cudnn_sdp(False)",
             "lib.backends.cuda.enable_math_sdp(1)", "lib.backends.cuda.enable_mem_efficient_sdp(False)"],
+    "sdpa_kernel": ["ctx = lib.nn.attention.sdpa_kernel(lib.nn.attention.SDPBackend.FLASH_ATTENTION); "
+                    "ctx.__enter__()",
+                    "inner = lib.nn.attention.sdpa_kernel([lib.nn.attention.SDPBackend.MATH, "
+                    "lib.nn.attention.SDPBackend.CUDNN_ATTENTION, lib.nn.attention.SDPBackend.MATH]); "
+                    "inner.__enter__()",
+                    "inner.__exit__(None, None, None)", "ctx.__exit__(None, None, None)",
+                    "lib.nn.attention.sdpa_kernel((lib.nn.attention.SDPBackend.MATH,)).__enter__()",
+                    "lib.nn.attention.sdpa_kernel('math').__enter__()",
+                    "ctx = lib.nn.attention.sdpa_kernel([lib.nn.attention.SDPBackend.EFFICIENT_ATTENTION], "
+                    "set_priority=True); ctx.__enter__()", "ctx.__exit__(None, None, None)",
+                    "assert [int(getattr(lib.nn.attention.SDPBackend, name)) for name in ('ERROR', 'MATH', "
+                    "'FLASH_ATTENTION', 'EFFICIENT_ATTENTION', 'CUDNN_ATTENTION', 'OVERRIDEABLE')] "
+                    "== [-1, 0, 1, 2, 3, 4]"],
     "deterministic": ["lib.use_deterministic_algorithms(True)",
                       "lib.use_deterministic_algorithms(True, warn_only=True)",
                       "lib.use_deterministic_algorithms(False, warn_only=True)", "lib.use_deterministic_algorithms(1)",

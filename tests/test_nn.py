@@ -305,6 +305,25 @@ def test_names_of_parameters_buffers_and_state_dict_match_torch():
     assert [tuple(p.shape) for p in model.parameters()] == [tuple(p.shape) for p in ref.parameters()]
 
 
+def test_reassigning_a_parameter_keeps_its_place_in_the_order():
+    """Tying a decoder to its embedding (``decoder.weight = encoder.weight``) or putting a new Parameter in place of
+    a layer's weight keeps the parameter where it was, so parameters(), the state dict and an optimizer's parameter
+    indices are torch's."""
+    def make(nn, lib):
+        encoder, decoder, head = nn.Embedding(6, 4), nn.Linear(4, 6), nn.Linear(4, 3)
+        decoder.weight = encoder.weight
+        head.weight = nn.Parameter(lib.zeros(3, 4))
+        return nn.ModuleDict({"encoder": encoder, "decoder": decoder, "head": head})
+
+    ours, theirs = make(tw.nn, tw), make(torch.nn, torch)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    assert [n for n, _ in ours.named_parameters(remove_duplicate=False)] == \
+        [n for n, _ in theirs.named_parameters(remove_duplicate=False)]
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    ours_shapes = [tuple(p.shape) for p in ours.parameters()]
+    assert ours_shapes == [tuple(p.shape) for p in theirs.parameters()] == [(6, 4), (6,), (3, 4), (3,)]
+
+
 def test_repr_matches_torch():
     def make(nn):
         return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),

@@ -302,6 +302,21 @@ def test_torch_format_save_is_atomic(tmp_path):
     assert torch.load(path)["step"] == 1 and [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
 
 
+@pytest.mark.parametrize("name", ["model.pt", "model.safetensors"])
+def test_saving_a_whole_module_says_to_save_its_state_dict(tmp_path, name):
+    model = tw.nn.Linear(2, 2)
+    optimizer = tw.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"cannot store a Linear at 'the top level'.*Save its state_dict\(\) and load "
+                                        r"that into a new Linear with load_state_dict\(\)"):
+        tw.save(model, tmp_path / name)
+    with pytest.raises(TypeError, match=r"cannot store a SGD at 'opt'.*Save its state_dict\(\)"):
+        tw.save({"opt": optimizer}, tmp_path / name)
+    tw.save(model.state_dict(), tmp_path / name)
+    other = tw.nn.Linear(2, 2)
+    other.load_state_dict(tw.load(tmp_path / name))
+    assert tw.equal(other.weight, model.weight) and tw.equal(other.bias, model.bias)
+
+
 # ---------------------------------------------------------------------------- optimizer state through torch's format
 
 def test_an_optimizer_state_saved_here_resumes_in_torch_and_back(tmp_path):

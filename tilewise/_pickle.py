@@ -376,7 +376,7 @@ class PickleWriter:
             where = path or "the top level"
             raise TypeError(f"{self.what}: cannot store a {type(obj).__name__} at {where!r} in a torch checkpoint; "
                             "it holds tensors, numbers, strings, bytes, None, dtypes, devices, lists, tuples, sets "
-                            "and dicts")
+                            f"and dicts{state_dict_hint(obj)}")
 
     def _save_atom(self, obj: Any) -> bool:
         write = self.out.write
@@ -490,6 +490,14 @@ class PickleWriter:
 
     def _get(self, index: int) -> None:
         self.out.write(pickle.BINGET + bytes([index]) if index < 256 else pickle.LONG_BINGET + struct.pack("<I", index))
+
+
+def state_dict_hint(obj: Any) -> str:
+    """For an object with a state dict (a module, an optimizer, a scheduler): what to save instead of it."""
+    if not callable(getattr(obj, "state_dict", None)):
+        return ""
+    return (f". Save its state_dict() and load that into a new {type(obj).__name__} with load_state_dict(): "
+            "tilewise.load never imports or calls code from a file, so a pickled object could not be loaded back")
 
 
 def _join(path: str, key: str) -> str:

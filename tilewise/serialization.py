@@ -47,6 +47,7 @@ import numpy as np
 
 from tilewise import _torch_format, dtypes
 from tilewise import strides as _strides
+from tilewise._pickle import state_dict_hint
 from tilewise.fileio import atomic_writer
 from tilewise.tensor import Tensor, from_array
 
@@ -94,7 +95,8 @@ class _Encoder:
                 return dict(items)
             return {"__items__": [[self.encode(k, ""), v] for k, v in items]}
         raise TypeError(f"tilewise.save: cannot store a {type(obj).__name__} at {path or 'the top level'!r}; "
-                        "checkpoints hold tensors, numbers, strings, None, dtypes, lists, tuples and dicts")
+                        "checkpoints hold tensors, numbers, strings, None, dtypes, lists, tuples and dicts"
+                        f"{state_dict_hint(obj)}")
 
     def _tensor(self, t: Tensor, path: str) -> dict:
         node = self.seen.get(id(t))

@@ -10,7 +10,7 @@ Sequential(
 )
 """
 
-from tilewise.nn import functional, init, utils
+from tilewise.nn import attention, functional, init, utils
 from tilewise.nn.modules import *  # noqa: F403 — the layer classes, listed in modules.__all__
 from tilewise.nn.modules import __all__ as _modules_all
 from tilewise.nn.parameter import Parameter, UninitializedBuffer, UninitializedParameter

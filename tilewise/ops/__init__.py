@@ -19,6 +19,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     conversions,
     creation,
     fft,
+    foreach,
     forward_formulas,
     host_methods,
     indexed,
@@ -146,6 +147,7 @@ def _attach_special_methods(functions: dict) -> None:
     host_methods.attach()
     functions.update(removed.attach())
     functions.update(statistics.FUNCTIONS)
+    functions.update(foreach.FUNCTIONS)
     functions["resize_as_"] = host_methods.resize_as_
 
 

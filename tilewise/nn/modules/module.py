@@ -267,7 +267,8 @@ class Module:
         if isinstance(value, Parameter):
             if params is None:
                 raise AttributeError("cannot assign parameters before Module.__init__() call")
-            self._forget(name)
+            if name not in params:  # replacing a parameter (tying weights) keeps its place in the order, as in torch
+                self._forget(name)
             self.register_parameter(name, value)
             return
         if params is not None and name in params:
