@@ -129,3 +129,37 @@ def test_overflow_and_invalid_results_do_not_warn_like_torch():
         assert tw.isinf(tw.full((2,), 3e38) * tw.full((2,), 10.0)).all()
         assert tw.isnan(tw.zeros(2) / tw.zeros(2)).all()
         assert tw.isinf(tw.ones(3, dtype=tw.float16) + 1e10).all()  # computed in float32, overflows in the cast
+
+
+@pytest.mark.parametrize("name", ["sum", "amax", "amin", "prod"])
+def test_reduction_of_a_zero_dim_tensor_is_a_new_tensor_like_torch(name):
+    x, tx = tw.tensor(3.0), torch.tensor(3.0)
+    ours, theirs = getattr(x, name)(), getattr(tx, name)()
+    ours.add_(1)
+    theirs.add_(1)
+    assert x.item() == tx.item() == 3.0 and ours.item() == theirs.item() == 4.0
+
+
+_REDUCTIONS = {
+    "sum": lambda t: t.sum(),
+    "sum(1)": lambda t: t.sum(1),
+    "sum(0, keepdim=True)": lambda t: t.sum(0, keepdim=True),
+    "amax(1)": lambda t: t.amax(1),
+    "prod": lambda t: t.prod(),
+    "mean(1)": lambda t: t.mean(1),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "bool"])
+@pytest.mark.parametrize("call", sorted(_REDUCTIONS))
+def test_reductions_match_torch_without_warnings(call, dtype):
+    if call.startswith("mean") and dtype in ("int32", "bool"):
+        pytest.skip("torch refuses the mean of integers; tests/test_ops.py checks the error")
+    values = np.array([[1.0, 2.0, 3.0], [60000.0, 60000.0, -1.0]], np.float32)  # float16 sums overflow to inf
+    x = tw.from_numpy(values).to(getattr(tw, dtype))
+    tx = torch.from_numpy(values).to(getattr(torch, dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours, theirs = _REDUCTIONS[call](x), _REDUCTIONS[call](tx)
+    assert ours.dtype.name == str(theirs.dtype).removeprefix("torch.") and ours.shape == tuple(theirs.shape)
+    np.testing.assert_allclose(ours.double().numpy(), theirs.double().numpy(), rtol=1e-3)

@@ -12,6 +12,7 @@ kernels.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -328,27 +329,25 @@ def run_reduction(op, args: tuple):
     plan = _reduction_plans.get(key)
     if plan is None:
         plan = _reduction_plans[key] = _reduction_plan(op, args)
-    dims, keepdim, out_dtype, compute = plan
+    dims, reduce, out_dtype, compute = plan
     a = x._np()
     if a.dtype is not compute.np and a.dtype != compute.np:
         a = a.astype(compute.np)
     if op.reduce in ("max", "min") and any(x._shape[d] == 0 for d in dims):
         raise IndexError(f"{op.name}(): Expected reduction dim {dims[0]} to have non-zero size; the input has shape "
                          f"{list(x._shape)}. Specify an identity or reduce over a non-empty dim.")
-    if x._shape:
-        with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf propagate silently, as in torch
-            res = _REDUCERS[op.reduce](a, axis=dims, keepdims=keepdim)
-    else:
-        res = a
-    res = np.asarray(res)
-    if res.dtype is not out_dtype.np and res.dtype != out_dtype.np:
+    # NaN and inf propagate silently, as in torch; a 0-dim input's result is a new tensor all the same
+    res = np.asarray(run_quietly(reduce, [a])) if x._shape else a.copy()
+    if res.dtype is out_dtype.np and res.flags.c_contiguous:
+        return from_contiguous_array(res, out_dtype)
+    if res.dtype != out_dtype.np:
         res = cast_array(res, out_dtype.np)
     return from_array(res, out_dtype)
 
 
 def _reduction_plan(op, args: tuple) -> tuple:
-    """(dims, keepdim, out dtype, compute dtype) of a reduction call: functions of the input's dtype and rank
-    and of the other arguments, hence computed once per combination of those."""
+    """(dims, the numpy reduction of an array over them, out dtype, compute dtype) of a reduction call: functions
+    of the input's dtype and rank and of the other arguments, hence computed once per combination of those."""
     ndim = len(args[0]._shape)
     names = op.param_names()
     dim = args[1] if len(args) > 1 and names[1] == "dim" else None
@@ -357,7 +356,7 @@ def _reduction_plan(op, args: tuple) -> tuple:
         dims = tuple(range(ndim))  # torch: sum(dim=[]) reduces everything
     keepdim = args[names.index("keepdim")] if "keepdim" in names else False
     out_dtype, compute = op.dtype_rule(op, args)
-    return dims, keepdim, out_dtype, compute
+    return dims, functools.partial(_REDUCERS[op.reduce], axis=dims, keepdims=keepdim), out_dtype, compute
 
 
 class CPUBackend(Backend):
