@@ -31,6 +31,7 @@ import ml_dtypes
 import numpy as np
 
 BOOL, INT, FLOAT, COMPLEX = 0, 1, 2, 3
+_STORAGE_ONLY_NAMES = frozenset({"float8_e8m0fnu", "float4_e2m1fn_x2"})
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,10 +43,15 @@ class DType:
     c_name: str
     itemsize: int = field(init=False)  # plain attributes, not properties: every kernel launch reads them
     is_floating_point: bool = field(init=False)
+    # float8_e8m0fnu (MX block scales) and float4_e2m1fn_x2 (two FP4 values per byte) have no arithmetic, as in
+    # torch: they are created, copied, viewed, compared for equality and cast (e8m0 only). The dispatcher reads
+    # this for every tensor argument of every arithmetic call.
+    is_storage_only: bool = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "itemsize", self.np.itemsize)
         object.__setattr__(self, "is_floating_point", self.category == FLOAT)
+        object.__setattr__(self, "is_storage_only", self.name in _STORAGE_ONLY_NAMES)
 
     @property
     def is_complex(self) -> bool:
@@ -66,12 +72,6 @@ class DType:
     @property
     def is_float8(self) -> bool:
         return self.name.startswith("float8")
-
-    @property
-    def is_storage_only(self) -> bool:
-        """float8_e8m0fnu (MX block scales) and float4_e2m1fn_x2 (two FP4 values per byte) have no arithmetic,
-        as in torch: they are created, copied, viewed, compared for equality and cast (e8m0 only)."""
-        return self in _STORAGE_ONLY
 
     @property
     def bits(self) -> int:
@@ -108,7 +108,6 @@ complex128 = _make("complex128", np.complex128, COMPLEX, True, "double2")
 
 ALL = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2,
        float8_e8m0fnu, float4_e2m1fn_x2, complex64, complex128)
-_STORAGE_ONLY = frozenset({float8_e8m0fnu, float4_e2m1fn_x2})
 _BY_NAME = {d.name: d for d in ALL}
 _ALIASES = {"half": float16, "float": float32, "double": float64, "long": int64, "int": int32, "short": int16,
             "cfloat": complex64, "cdouble": complex128}

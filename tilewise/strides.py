@@ -19,6 +19,9 @@ def numel(shape: Sequence[int]) -> int:
 
 
 _CONTIGUOUS: dict[Shape, Shape] = {}  # every eager result asks; a few hundred shapes cover a program
+# The row-major strides of a tuple shape already asked for, else None: what the eager path reads before calling
+# ``contiguous_strides`` (a dict lookup rather than a Python call, per operator call).
+cached_contiguous_strides = _CONTIGUOUS.get
 
 
 def contiguous_strides(shape: Sequence[int]) -> Shape:

@@ -125,6 +125,9 @@ class Tensor:
     # A batched tensor of vmap (see [Note: batched tensors] in ops/batching.py) holds ``(level, physical)`` here,
     # in its ``__dict__``; every other tensor reads this class default, so constructing one costs nothing more.
     _vmap = None
+    # A leaf that requires grad keeps a weak reference to its AccumulateGrad node here, in its ``__dict__``, once
+    # autograd has made one (``autograd.graph.accumulate_node``); reading the class default costs no dict lookup.
+    _acc = None
 
     # ------------------------------------------------------------------ construction
     def __new__(cls, *args, **kwargs):
@@ -531,6 +534,26 @@ def _rebuild(array: np.ndarray, device: str, requires_grad: bool) -> Tensor:
 _E4M3FN_MAX = 448.0
 
 
+try:  # numpy >= 2 keeps its floating-point error state in a context variable: setting it costs a tenth of errstate
+    from numpy._core._ufunc_config import _extobj_contextvar as _numpy_errors
+    from numpy._core._ufunc_config import _make_extobj
+
+    _IGNORE_ALL = _make_extobj(all="ignore")
+except ImportError:
+    _numpy_errors = None
+
+
+def _astype_quietly(a: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
+    if _numpy_errors is None:
+        with np.errstate(all="ignore"):
+            return a.astype(np_dtype)
+    token = _numpy_errors.set(_IGNORE_ALL)
+    try:
+        return a.astype(np_dtype)
+    finally:
+        _numpy_errors.reset(token)
+
+
 def cast_array(a: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
     """``a`` converted to ``np_dtype`` bit for bit as torch converts: float8_e4m3fn has no infinity, so finite
     values beyond its range and infinities become ±448 rather than NaN; a float8_e5m2 NaN has every mantissa
@@ -543,10 +566,9 @@ def cast_array(a: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
         return round_to_e8m0(a)
     if np_dtype == float8_e4m3fn.np and a.dtype != np_dtype and a.dtype.kind != "b":
         a = np.clip(a if a.dtype.kind == "f" else a.astype(np.float32), -_E4M3FN_MAX, _E4M3FN_MAX)
-    if a.dtype.kind in "fV" and np_dtype.kind in "iu":  # NaN, inf and out-of-range values: torch gives the
-        with np.errstate(invalid="ignore", over="ignore"):  # CPU's conversion, without a warning
-            return a.astype(np_dtype)
-    out = a.astype(np_dtype)
+    # From floating values, NaN, inf and out-of-range values (1e10 to float16, 3e38 to an int): torch gives the
+    # CPU's conversion, without a warning
+    out = _astype_quietly(a, np_dtype) if a.dtype.kind in "fcV" else a.astype(np_dtype)
     if np_dtype == float8_e5m2.np:
         out.view(np.uint8)[np.isnan(out)] |= 1
     return out
@@ -566,11 +588,7 @@ def from_array(a: np.ndarray, dtype: DType | None = None) -> Tensor:
     if a.dtype is not dtype.np and a.dtype != dtype.np:  # identity first: numpy's own dtypes are singletons
         a = cast_array(a, dtype.np)
     if a.flags.c_contiguous:
-        shape = a.shape
-        t = Tensor._make(Storage(a.ravel(), cpu, dtype, a.size), shape, _strides.contiguous_strides(shape), 0,
-                         dtype, cpu)
-        t._array = a
-        return t
+        return from_contiguous_array(a, dtype)
     size = a.itemsize
     strides = a.strides
     if all(s >= 0 and s % size == 0 for s in strides) and a.size:
@@ -587,6 +605,31 @@ def from_array(a: np.ndarray, dtype: DType | None = None) -> Tensor:
                 return Tensor._make(Storage(flat, cpu, dtype, flat.shape[0]), a.shape,
                                     tuple(s // size for s in strides), 0, dtype, cpu)
     return from_array(np.ascontiguousarray(a), dtype)
+
+
+_new_object = object.__new__
+
+
+def from_contiguous_array(a: np.ndarray, dtype: DType) -> Tensor:
+    """A CPU tensor on ``a`` itself, which must be C-contiguous and of ``dtype``'s numpy type (a kernel's fresh
+    result): ``from_array`` without its checks, and ``Tensor._make`` spelled out (every slot as there, which a test
+    asserts), since every eager CPU operator ends here and a call costs a tenth of a tiny operator's time."""
+    shape = a.shape
+    strides = _strides.cached_contiguous_strides(shape)
+    if strides is None:
+        strides = _strides.contiguous_strides(shape)
+    t = _new_object(Tensor)
+    t._storage = Storage(a.ravel(), cpu, dtype, a.size)
+    t._shape = shape
+    t._strides = strides
+    t._offset = 0
+    t._dtype = dtype
+    t._device = cpu
+    t._array = a
+    t._grad = t.grad_fn = t._base = t._hooks = t._trace = None
+    t._requires_grad = t._retains_grad = t._wrapped = False
+    t._output_nr = 0
+    return t
 
 
 def from_array_strided(a: np.ndarray, strides: tuple, dtype: DType | None = None) -> Tensor:

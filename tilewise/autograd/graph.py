@@ -177,7 +177,8 @@ class SavedTensor:
     __slots__ = ("tensor", "version", "is_output", "node_ref", "output_nr", "op_name", "unpack_hook")
 
     def __init__(self, t: Tensor, is_output: bool = False, node=None, output_nr: int = 0, op_name: str = ""):
-        self.version = t._version
+        storage = t._storage
+        self.version = storage.version if storage is not None else t._version  # the property's common case inline
         self.is_output = is_output
         self.output_nr = output_nr if is_output else t._output_nr
         self.op_name = op_name
@@ -357,7 +358,7 @@ def _fit_grad(g, meta, op_name: str, input_name: str):
 # ---------------------------------------------------------------------------- edges and recording
 
 def accumulate_node(t: Tensor) -> AccumulateGrad:
-    ref = t.__dict__.get("_acc")
+    ref = t._acc  # a weak reference once the leaf has a node (Tensor's class default: None)
     node = ref() if ref is not None else None
     if node is None:
         node = AccumulateGrad(t)
@@ -415,27 +416,47 @@ def record(op, args: tuple):
     if recipe is None:
         recipe = _RECIPES[op] = _Recipe(op)
     edges, metas, wanted = [], [], 0  # wanted: the bits of the inputs that need a gradient
-    for bit, k, is_list, diff in recipe.inputs:
-        value = args[k]
-        for a in value if is_list else (value,):
+    slots = recipe.slots
+    if slots is not None:  # no tensor lists, the common case: one input per tensor parameter
+        for bit, k, _, diff in recipe.inputs:
+            a = args[k]
             if diff and type(a) is Tensor and a._requires_grad:
-                edges.append((a.grad_fn, a._output_nr) if a.grad_fn is not None else (accumulate_node(a), 0))
+                producer = a.grad_fn
+                edges.append((producer, a._output_nr) if producer is not None else (accumulate_node(a), 0))
                 metas.append((a._shape, a._dtype, a._device))
                 wanted |= bit
             else:
                 edges.append(_NO_EDGE)
                 metas.append(None)
+    else:
+        for bit, k, is_list, diff in recipe.inputs:
+            value = args[k]
+            for a in value if is_list else (value,):
+                if diff and type(a) is Tensor and a._requires_grad:
+                    edges.append((a.grad_fn, a._output_nr) if a.grad_fn is not None else (accumulate_node(a), 0))
+                    metas.append((a._shape, a._dtype, a._device))
+                    wanted |= bit
+                else:
+                    edges.append(_NO_EDGE)
+                    metas.append(None)
+        slots = _list_slots(recipe, args)
     if not wanted:  # no input that needs a gradient has a derivative here
         return out
-    outputs = out if isinstance(out, tuple) else (out,)
-    output_meta = []
-    slots = recipe.slots if recipe.slots is not None else _list_slots(recipe, args)
-    node = OpNode(op, slots, tuple(edges), metas, output_meta)
-    for i, o in enumerate(outputs):
-        differentiable = i not in op.nondiff_outputs and type(o) is Tensor and o._dtype.category >= FLOATING
-        output_meta.append((o._shape, o._dtype, o._device) if differentiable else None)
-        if differentiable:
-            o.grad_fn, o._output_nr, o._requires_grad = node, i, True
+    if type(out) is Tensor and not op.nondiff_outputs:  # one output, the common case
+        if out._dtype.category >= FLOATING:
+            node = OpNode(op, slots, tuple(edges), metas, [(out._shape, out._dtype, out._device)])
+            out.grad_fn, out._output_nr, out._requires_grad = node, 0, True
+        else:
+            node = OpNode(op, slots, tuple(edges), metas, [None])
+    else:
+        outputs = out if isinstance(out, tuple) else (out,)
+        output_meta = []
+        node = OpNode(op, slots, tuple(edges), metas, output_meta)
+        for i, o in enumerate(outputs):
+            differentiable = i not in op.nondiff_outputs and type(o) is Tensor and o._dtype.category >= FLOATING
+            output_meta.append((o._shape, o._dtype, o._device) if differentiable else None)
+            if differentiable:
+                o.grad_fn, o._output_nr, o._requires_grad = node, i, True
     if recipe.shape_params:
         node.shapes = _input_shapes(recipe, args)
     saves = recipe.saves.get(wanted)

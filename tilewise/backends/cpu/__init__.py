@@ -12,13 +12,14 @@ kernels.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from tilewise.backends.cpu.allocator import keep_freed_memory
 from tilewise.backends.cpu.registry import KERNELS, kernel  # noqa: F401 — kernel: the decorator, re-exported
-from tilewise.backends.cpu.render import render_numpy, run_quietly
+from tilewise.backends.cpu.render import render_numpy, run_quietly, single_ufunc
 from tilewise.config import settings
 from tilewise.device import Backend, Device
 from tilewise.dtypes import ALL as ALL_DTYPES
@@ -26,8 +27,15 @@ from tilewise.dtypes import get_default_dtype
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, inputs_of
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
-from tilewise.strides import WRAPPED_NUMBER, broadcast_shapes, contiguous_strides, normalize_dims, pointwise_strides
-from tilewise.tensor import Tensor, cast_array, from_array, from_array_strided
+from tilewise.strides import (
+    WRAPPED_NUMBER,
+    broadcast_shapes,
+    cached_contiguous_strides,
+    contiguous_strides,
+    normalize_dims,
+    pointwise_strides,
+)
+from tilewise.tensor import Tensor, cast_array, from_array, from_array_strided, from_contiguous_array
 
 _fused = None  # the compiler's runner of composite operators as one C kernel (register_composite_runner)
 _fused_ops: frozenset = frozenset()
@@ -102,6 +110,9 @@ def _pick_static(entry: tuple, args: tuple) -> tuple:
     fn, scalar_idx, defaults, at_defaults = entry
     if at_defaults is None:
         return fn, scalar_idx
+    if len(scalar_idx) == 1:  # add's and sub's alpha: one comparison, without a loop's cost
+        value, d = args[scalar_idx[0]], defaults[0]
+        return at_defaults if value == d and type(value) is type(d) else (fn, scalar_idx)
     for k, d in zip(scalar_idx, defaults):
         if args[k] != d or type(args[k]) is not type(d):  # alpha=True is not alpha=1
             return fn, scalar_idx
@@ -112,13 +123,18 @@ def _static_kernels(op) -> tuple:
     """The general kernel, its scalar positions and defaults, and a kernel specialised to those defaults
     (``add``'s ``alpha=1`` then costs no multiply); the specialisation exists when every default is a number."""
     params = op.schema.params
+    n_inputs = len(op.tensor_idx)
     scalar_idx = tuple(k for k in range(len(params)) if k not in op.tensor_idx)
-    fn = render_numpy(op.expr, len(op.tensor_idx), tuple(params[k].name for k in scalar_idx), op.name)
+    if scalar_idx:
+        fn = render_numpy(op.expr, n_inputs, tuple(params[k].name for k in scalar_idx), op.name)
+    else:
+        fn = single_ufunc(op.expr, n_inputs) or render_numpy(op.expr, n_inputs, (), op.name)
     defaults = tuple(params[k].default for k in scalar_idx)
     at_defaults = None
     if scalar_idx and all(type(d) in (int, float) for d in defaults):
         expr = _with_constants(op.expr, {params[k].name: d for k, d in zip(scalar_idx, defaults)})
-        at_defaults = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_defaults", op.name), ())
+        at_defaults = (single_ufunc(expr, n_inputs) or render_numpy(expr, n_inputs, (), f"{op.name}_defaults", op.name),
+                       ())
     return fn, scalar_idx, defaults, at_defaults
 
 
@@ -192,8 +208,9 @@ _UNPLANNED = object()
 
 
 def run_pointwise(op, args: tuple):
-    arrays = _uniform_arrays(op, args)
-    if arrays:
+    operands = _uniform_operands(op, args)
+    if operands is not None:
+        arrays, row_major = operands
         first = args[op.tensor_idx[0]]
         key = (op, first._dtype)
         plan = _uniform_plans.get(key, _UNPLANNED)
@@ -205,7 +222,11 @@ def run_pointwise(op, args: tuple):
             values = arrays if cast_to is None else [a.astype(cast_to) for a in arrays]
             for k in scalar_idx:
                 values.append(args[k])
-            return _torch_layout(_result(run_quietly(fn, values), first._shape, out_dtype), op, args)
+            res = run_quietly(fn, values)
+            if row_major and type(res) is np.ndarray and res.dtype is out_dtype.np and res.flags.c_contiguous \
+                    and res.shape == first._shape:
+                return from_contiguous_array(res, out_dtype)  # what _result and _torch_layout would make of it
+            return _torch_layout(_result(res, first._shape, out_dtype), op, args)
     shape = _broadcast_shape(op, args)  # first, so a mismatch is reported with the operator's name
     out_dtype, compute = _dtypes(op, args)
     cnp = compute.np
@@ -236,20 +257,25 @@ def _torch_layout(out: Tensor, op, args: tuple) -> Tensor:
     return from_array_strided(out._np(), pointwise_strides(out._shape, operands), out._dtype)
 
 
-def _uniform_arrays(op, args: tuple) -> list[np.ndarray] | None:
-    """The tensor operands' arrays, when every tensor operand is a Tensor of the first one's dtype and shape."""
+def _uniform_operands(op, args: tuple) -> tuple[list[np.ndarray], bool] | None:
+    """The tensor operands' arrays, when every tensor operand is a Tensor of the first one's dtype and shape, and
+    whether every one of them is row-major (then numpy's result is row-major, as torch's)."""
     first = None
     arrays = []
+    row_major = True
     for k in op.tensor_idx:
         a = args[k]
         if type(a) is not Tensor:
             return None
         if first is None:
             first = a
+            strides = cached_contiguous_strides(a._shape)
         elif a._dtype is not first._dtype or a._shape != first._shape:
             return None
+        if a._strides != strides:
+            row_major = False
         arrays.append(a._np())
-    return arrays
+    return arrays, row_major
 
 
 def _uniform_plan(op, args: tuple, dtype) -> tuple | None:
@@ -303,27 +329,25 @@ def run_reduction(op, args: tuple):
     plan = _reduction_plans.get(key)
     if plan is None:
         plan = _reduction_plans[key] = _reduction_plan(op, args)
-    dims, keepdim, out_dtype, compute = plan
+    dims, reduce, out_dtype, compute = plan
     a = x._np()
     if a.dtype is not compute.np and a.dtype != compute.np:
         a = a.astype(compute.np)
     if op.reduce in ("max", "min") and any(x._shape[d] == 0 for d in dims):
         raise IndexError(f"{op.name}(): Expected reduction dim {dims[0]} to have non-zero size; the input has shape "
                          f"{list(x._shape)}. Specify an identity or reduce over a non-empty dim.")
-    if x._shape:
-        with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf propagate silently, as in torch
-            res = _REDUCERS[op.reduce](a, axis=dims, keepdims=keepdim)
-    else:
-        res = a
-    res = np.asarray(res)
-    if res.dtype is not out_dtype.np and res.dtype != out_dtype.np:
+    # NaN and inf propagate silently, as in torch; a 0-dim input's result is a new tensor all the same
+    res = np.asarray(run_quietly(reduce, [a])) if x._shape else a.copy()
+    if res.dtype is out_dtype.np and res.flags.c_contiguous:
+        return from_contiguous_array(res, out_dtype)
+    if res.dtype != out_dtype.np:
         res = cast_array(res, out_dtype.np)
     return from_array(res, out_dtype)
 
 
 def _reduction_plan(op, args: tuple) -> tuple:
-    """(dims, keepdim, out dtype, compute dtype) of a reduction call: functions of the input's dtype and rank
-    and of the other arguments, hence computed once per combination of those."""
+    """(dims, the numpy reduction of an array over them, out dtype, compute dtype) of a reduction call: functions
+    of the input's dtype and rank and of the other arguments, hence computed once per combination of those."""
     ndim = len(args[0]._shape)
     names = op.param_names()
     dim = args[1] if len(args) > 1 and names[1] == "dim" else None
@@ -332,7 +356,7 @@ def _reduction_plan(op, args: tuple) -> tuple:
         dims = tuple(range(ndim))  # torch: sum(dim=[]) reduces everything
     keepdim = args[names.index("keepdim")] if "keepdim" in names else False
     out_dtype, compute = op.dtype_rule(op, args)
-    return dims, keepdim, out_dtype, compute
+    return dims, functools.partial(_REDUCERS[op.reduce], axis=dims, keepdims=keepdim), out_dtype, compute
 
 
 class CPUBackend(Backend):

@@ -11,11 +11,20 @@ from tilewise.backends.cpu.threads import gemm_threads, use_blas_threads
 from tilewise.device import backend_for, cpu
 from tilewise.layouts import copy_strides
 from tilewise.ops.indexing import check_gather_shapes
-from tilewise.tensor import Tensor, cast_array, from_array, from_array_strided, strided_copy
+from tilewise.tensor import (
+    Tensor,
+    cast_array,
+    from_array,
+    from_array_strided,
+    from_contiguous_array,
+    strided_copy,
+)
 
 
 def _out(array, dtype) -> Tensor:
     array = np.asarray(array)
+    if array.dtype is dtype.np and array.flags.c_contiguous:  # a kernel's fresh result, usually
+        return from_contiguous_array(array, dtype)
     return from_array(array, dtype)
 
 
@@ -283,11 +292,12 @@ def _matmul_dtype_work(dtype):
 def matmul(self, mat2):
     """Shapes and dtypes were checked by the operator's rule (``ops/linalg.py``) before dispatch."""
     a, b = self._np(), mat2._np()
-    work = _matmul_dtype_work(self.dtype)
+    dtype = self._dtype
+    work = _matmul_dtype_work(dtype)
     if work is not None:
         a, b = a.astype(work), b.astype(work)
     use_blas_threads(gemm_threads(2 * a.size * b.shape[-1]))
-    return _out(np.matmul(a, b), self.dtype)
+    return _out(np.matmul(a, b), dtype)
 
 
 # [Note: a product and its bias, rounded once] torch's CPU linear, addmm and baddbmm in float16 and bfloat16 add

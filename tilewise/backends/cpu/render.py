@@ -264,12 +264,33 @@ def run_quietly(fn, values: list):
         context = _quiet.context
     except AttributeError:  # the thread's first kernel
         context = _quiet_context()
-    return context.run(fn, *values)  # kernels do not call run_quietly: a context cannot be entered twice
+    # kernels do not call run_quietly: a context cannot be entered twice. Context.run called with *values costs
+    # half a numpy call more than with its arguments spelled out, hence the common arities spelled out.
+    n = len(values)
+    if n == 2:
+        return context.run(fn, values[0], values[1])
+    if n == 1:
+        return context.run(fn, values[0])
+    return context.run(fn, *values)
 
 
 NAMESPACE = {"np": np, "_rsqrt": _rsqrt, "_reciprocal": _reciprocal, "_pow": _pow, "_erf": _erf, "_erfinv": _erfinv,
              "_lgamma": _lgamma, "_erfc": _erfc,
              "_floordiv": _floordiv, "_truncdiv": _truncdiv, "_mod": _mod, "_fmod": _fmod}
+
+
+def single_ufunc(expr: Expr, n_inputs: int):
+    """The numpy ufunc that is the whole kernel when ``expr`` is one unary or binary numpy operation on the inputs
+    in order (``add(x0, x1)``, ``exp(x0)``), else None: calling it directly spares the eager path a Python frame
+    around it. Kernels with scalar parameters, constants or helpers of this module are always rendered."""
+    names = _UNARY if len(expr.srcs) == 1 else _BINARY if len(expr.srcs) == 2 else {}
+    spelled = names.get(expr.op, "")
+    if not spelled.startswith("np.") or len(expr.srcs) != n_inputs:
+        return None
+    if any(s.op != "input" or s.arg != k for k, s in enumerate(expr.srcs)):
+        return None
+    ufunc = getattr(np, spelled[3:])
+    return ufunc if isinstance(ufunc, np.ufunc) else None
 
 
 def render_numpy(expr: Expr, n_inputs: int, scalar_names: tuple[str, ...], name: str = "kernel",
