@@ -539,7 +539,7 @@ try:  # numpy >= 2 keeps its floating-point error state in a context variable: s
     from numpy._core._ufunc_config import _make_extobj
 
     _IGNORE_ALL = _make_extobj(all="ignore")
-except ImportError:
+except (ImportError, AttributeError, TypeError):  # a numpy whose private names moved: errstate, slower
     _numpy_errors = None
 
 
