@@ -335,6 +335,20 @@ def test_repr_matches_torch():
     assert repr(model) == repr(ref)
 
 
+def test_parameter_and_load_result_reprs_match_torch():
+    def texts(lib):
+        lib.manual_seed(0)
+        p = lib.nn.Parameter(lib.tensor([[1.5, -2.0], [0.25, 3.0]]))
+        frozen = lib.nn.Parameter(lib.tensor([1.0, 2.0]), requires_grad=False)
+        layer = lib.nn.Linear(2, 2)
+        full = layer.load_state_dict(layer.state_dict())
+        partial = layer.load_state_dict({"weight": lib.zeros(2, 2), "extra": lib.zeros(1)}, strict=False)
+        return [repr(p), str(p), f"{frozen}", repr(p.data), repr(p.detach()), repr(p * 1), repr(p[0]), repr(full),
+                repr(partial), type(partial).__name__, partial.missing_keys, partial.unexpected_keys]
+
+    assert texts(tw) == texts(torch)
+
+
 def test_load_state_dict_names_every_missing_unexpected_and_mismatched_key():
     model = tw.nn.Sequential(tw.nn.Linear(3, 4), tw.nn.BatchNorm1d(4), tw.nn.Linear(4, 2))
     state = dict(model.state_dict())

@@ -9,6 +9,8 @@ against torch's CPU answer, to float32 rounding.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -241,3 +243,17 @@ def test_compiled_gradients_at_a_constant_input_match_torch(device):
     a[2] = [1.0, 2.0, 3.0, 5.0]
     ours, theirs = pair(a, "float32", device, requires_grad=True)
     np.testing.assert_allclose(as_numpy(compiled(ours)), as_numpy(both(torch, theirs)), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int32", "uint8"])
+def test_tensor_of_an_ndarray_converts_out_of_range_values_as_torch_without_a_warning(dtype):
+    values = np.array([1e10, -1e10, np.nan, np.inf, -np.inf, 3.5, -2.7, 1e-9])
+    if dtype in ("int32", "uint8"):
+        values = np.array([1e10, -3.7, 2.9, 300.0, 0.5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = tw.tensor(values, dtype=getattr(tw, dtype))
+    theirs = torch.tensor(values, dtype=getattr(torch, dtype))
+    np.testing.assert_array_equal(ours.double().numpy(), theirs.double().numpy())
+    values[0] = 7.0  # a copy, as torch's
+    assert float(ours[0].double()) == float(theirs[0].double())

@@ -236,7 +236,8 @@ def tensor_repr(t) -> str:
         suffixes.append(f"grad_fn=<{t.grad_fn.name()}>")
     elif t.requires_grad:
         suffixes.append("requires_grad=True")
-    return _add_suffixes(prefix + body, suffixes, indent)
+    text = _add_suffixes(prefix + body, suffixes, indent)
+    return f"Parameter containing:\n{text}" if t.__dict__.get("_is_param") else text  # torch's Parameter.__repr__
 
 
 def _indented(text: str, spaces: int) -> str:

@@ -774,7 +774,7 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False, pin_me
         return out.requires_grad_(requires_grad) if requires_grad else out
     if isinstance(data, np.ndarray):
         dt = as_dtype(dtype) if dtype is not None else dtype_from_numpy(_supported(data, "tensor").dtype)
-        out = from_array(np.array(data, dtype=dt.np, copy=True), dt)
+        out = from_array(cast_array(data, dt.np), dt)  # a copy, converted as torch converts (no overflow warning)
     else:
         if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flatten_first_level(data)):
             data = _tensors_to_lists(data)

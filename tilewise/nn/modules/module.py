@@ -27,7 +27,7 @@ from tilewise.utils.hooks import RemovableHandle
 forward_range = None
 
 
-class IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
+class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
     def __repr__(self) -> str:
         if not self.missing_keys and not self.unexpected_keys:
             return "<All keys matched successfully>"
@@ -595,7 +595,7 @@ class Module:
                                          missing, unexpected, errors)
         missing = list(dict.fromkeys(missing))
         unexpected = list(dict.fromkeys(unexpected))
-        result = IncompatibleKeys(missing, unexpected)
+        result = _IncompatibleKeys(missing, unexpected)
         for module in self.modules():
             for hook in module._load_state_dict_post_hooks.values():
                 hook(module, result)
