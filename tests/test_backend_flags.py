@@ -376,3 +376,18 @@ def test_a_compiled_function_recompiles_when_a_gemm_flag_changes():
     tw.backends.cuda.matmul.allow_tf32 = False
     f(x)
     assert len(f.variants) == 3  # the first variant applies again
+
+
+@pytest.mark.parametrize("chosen", [("MATH",), ("FLASH_ATTENTION",), ("EFFICIENT_ATTENTION",), ("CUDNN_ATTENTION",),
+                                    ("EFFICIENT_ATTENTION", "CUDNN_ATTENTION"), ("MATH", "CUDNN_ATTENTION")])
+def test_sdpa_kernel_on_the_cpu_runs_or_refuses_as_torch(chosen):
+    def outcome(lib):
+        q = lib.ones(1, 2, 4, 8)
+        backends = [getattr(lib.nn.attention.SDPBackend, name) for name in chosen]
+        try:
+            with lib.nn.attention.sdpa_kernel(backends):
+                return lib.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).tolist()
+        except RuntimeError as error:
+            return str(error)
+
+    assert outcome(tw) == outcome(torch)

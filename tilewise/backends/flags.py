@@ -251,6 +251,15 @@ def enable_sdp(kind: str, enabled: bool) -> None:
     _sdp[kind] = _check_bool(enabled, f"set_sdp_use_{kind}")
 
 
+def _fill_attention_slot() -> None:
+    from tilewise.ops import nn_functional
+
+    nn_functional.ATTENTION_HOOKS.sdp_enabled = sdp_enabled  # the operator refuses as torch when all are off
+
+
+_fill_attention_slot()
+
+
 # ---------------------------------------------------------------------------------------------- what GEMMs read
 
 _derived: dict[str, tuple] = {}  # emptied by every setter that changes a GEMM's numerics

@@ -16,6 +16,7 @@ explicit derivative instead:
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 from tilewise import strides as S
 from tilewise.dispatch import values_readable
@@ -569,9 +570,31 @@ def _scaled_dot_product_attention_backward(grad, query, key, value, bias, scale,
             grad_scores if bias is not None and not is_causal else None)
 
 
+_NO_VIABLE_BACKEND = ("No viable backend for scaled_dot_product_attention was found. This is likely due to turning "
+                      "off both the math kernel and the fused kernels.")
+
+
+# The attention switches (``sdpa_kernel``, ``enable_*_sdp``) live with the backends that read them
+# (``backends/flags.py``), which fill this slot when they load: ``sdp_enabled(kind)`` (see [Note: plug-in points])
+ATTENTION_HOOKS = SimpleNamespace(sdp_enabled=None)
+
+
+def _check_backend_enabled(device) -> None:
+    """torch's refusal when the switches leave no kernel that runs on the device: on the CPU its math and flash
+    kernels; on CUDA tilewise's cuDNN call or its decomposition, which stands for torch's math, flash and
+    memory-efficient kernels."""
+    enabled = ATTENTION_HOOKS.sdp_enabled
+    if enabled is None:
+        return
+    kinds = ("math", "flash") if device.type == "cpu" else ("math", "flash", "mem_efficient", "cudnn")
+    if not any(enabled(kind) for kind in kinds):
+        raise RuntimeError(_NO_VIABLE_BACKEND)
+
+
 def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                   enable_gqa=False):
     _check_attention(query, key, value, dropout_p, enable_gqa)
+    _check_backend_enabled(query.device)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     if enable_gqa:
         groups = query.shape[-3] // key.shape[-3]
