@@ -117,18 +117,37 @@ def plan_memory(graph: Graph, kernels: dict[Node, Kernel]) -> MemoryPlan:
 
 def _largest_live_set(plan: MemoryPlan, produced: dict, position: dict, last_use: dict, steps: list[Node]) -> None:
     """``plan.live_bytes`` and ``plan.live_step``: what the arena must hold at its fullest step (its size less
-    what placement wastes)."""
-    live: dict[int, list[tuple[int, int]]] = {}
+    what placement wastes): the union of the byte spans of the values live at a step, a value live from the step
+    making it to its last reader. A sweep over the steps: the spans starting at a step join the live set, those
+    whose last reader came before it leave, and the union is measured where spans joined (it grows only there).
+    Spans of one buffer all begin at its slot, so the live set keeps, per start, how many spans end where."""
+    joining: dict[int, list[tuple[int, int]]] = {}
+    leaving: dict[int, list[tuple[int, int]]] = {}
     for value, step in produced.items():
         buffer = plan.buffers[plan.of[value]]
         if buffer.kind != "arena":
             continue
         start = position[step]
-        for k in range(start, max(last_use.get(value, start), start) + 1):
-            live.setdefault(k, []).append((buffer.slot, buffer.slot + value.type.nbytes))
-    for k, spans in live.items():
+        span = (buffer.slot, buffer.slot + value.type.nbytes)
+        joining.setdefault(start, []).append(span)
+        leaving.setdefault(max(last_use.get(value, start), start) + 1, []).append(span)
+    live: dict[int, dict[int, int]] = {}  # span start -> {span end: how many live spans}
+    for k in sorted(joining.keys() | leaving.keys()):
+        for lo, hi in leaving.get(k, ()):
+            ends = live[lo]
+            ends[hi] -= 1
+            if not ends[hi]:
+                del ends[hi]
+                if not ends:
+                    del live[lo]
+        if k not in joining:
+            continue
+        for lo, hi in joining[k]:
+            ends = live.setdefault(lo, {})
+            ends[hi] = ends.get(hi, 0) + 1
         covered, end = 0, 0
-        for lo, hi in sorted(spans):
+        for lo in sorted(live):
+            hi = max(live[lo])
             covered += max(0, hi - max(lo, end))
             end = max(end, hi)
         if covered > plan.live_bytes:
