@@ -17,7 +17,8 @@ error on a rank, a timeout) gets its error text in the table, and the other side
   ``torch.compile``, both from the same initial weights on the same batches. Reported: the median step time after
   the warm-up, global tokens/s, and the largest difference of the global loss (the mean of the ranks' losses) over
   the first steps (50 unless ``--steps`` is smaller) from single-GPU training of the same global batch (tilewise
-  eager, the global batch as gradient accumulation over the ranks' parts, which is the same update).
+  eager, the global batch as gradient accumulation over the ranks' parts, which is the same update). Where the
+  host has a GPU the ranks leave free, that reference runs on it at the same time as the timed launches.
 * ``--cpu``: the same over gloo between 2 CPU processes at tiny sizes (a smoke test; no nccl4py side).
 
 * ``--sharded``: GPT-2 XL (1.56B parameters, fp32 weights, bf16 autocast, AdamW, one sequence a rank) trained
@@ -46,6 +47,7 @@ import tempfile
 import time
 import traceback
 import types
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,9 +107,10 @@ def launcher(library: str, nproc: int) -> list[str]:
             "127.0.0.1", "--master-port", str(free_port())]
 
 
-def launch(side: str, worker: str, config: dict, nproc: int | None, timeout: float, chosen: set[str]) -> Launch:
+def launch(side: str, worker: str, config: dict, nproc: int | None, timeout: float, chosen: set[str],
+           gpus: str | None = None) -> Launch:
     """Run ``worker`` on ``nproc`` ranks (None: one plain process) and collect each rank's JSON; a library left
-    out by ``--sides`` is not launched."""
+    out by ``--sides`` is not launched. ``gpus``: the launch's CUDA_VISIBLE_DEVICES (default: as inherited)."""
     found = Launch(side)
     library = "torch" if worker.startswith("torch") else "tilewise"
     if library not in chosen:
@@ -119,6 +122,8 @@ def launch(side: str, worker: str, config: dict, nproc: int | None, timeout: flo
         script = [str(Path(__file__).resolve()), "--worker", worker, "--config", json.dumps(config)]
         command = [sys.executable, *script] if nproc is None else [*launcher(library, nproc), *script]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
         ranks = 1 if nproc is None else nproc
         done = run_bounded(command, env, timeout, [Path(out) / f"{rank}.json" for rank in range(ranks)])
         for rank in range(ranks):
@@ -292,6 +297,13 @@ def write_weights(config: dict, folder: str) -> tuple[str, int]:
     return path, model.num_parameters()
 
 
+def visible_gpus() -> int:
+    """How many GPUs this process may use (CUDA_VISIBLE_DEVICES respected), without making a CUDA context."""
+    import tilewise as tw
+
+    return tw.cuda.device_count() if tw.cuda.is_available() else 0
+
+
 def run_gpt(args: argparse.Namespace) -> str:
     base = gpt_config(args)
     lines, launched, losses = [], [], []
@@ -307,12 +319,19 @@ def run_gpt(args: argparse.Namespace) -> str:
                   "|---:|---|---:|---:|---:|---:|---:|---|"]
         for world in args.worlds:
             config = dict(base, world=world)
-            reference = launch("1 process, global batch", "tilewise-gpt-reference", config, None, args.timeout,
-                               {"tilewise"})
-            peer = (peer_name(args), "torch-gpt-eager" if args.cpu else "torch-gpt-compiled")
-            sides = [launch(side_name(variant), f"tilewise-gpt-{variant}", config, world, args.timeout, args.sides)
-                     for variant in args.variants]
-            sides.append(launch(*peer, config, world, args.timeout, args.sides))
+            # the reference gives losses only: on a GPU the ranks leave free it runs beside them, else before them
+            spare = not args.cpu and visible_gpus() > world
+            ranks_on = ",".join(str(g) for g in range(world)) if spare else None
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                pending = pool.submit(launch, "1 process, global batch", "tilewise-gpt-reference", config, None,
+                                      args.timeout, {"tilewise"}, str(world) if spare else None)
+                if not spare:
+                    pending.result()
+                peer = (peer_name(args), "torch-gpt-eager" if args.cpu else "torch-gpt-compiled")
+                sides = [launch(side_name(variant), f"tilewise-gpt-{variant}", config, world, args.timeout,
+                                args.sides, ranks_on) for variant in args.variants]
+                sides.append(launch(*peer, config, world, args.timeout, args.sides, ranks_on))
+                reference = pending.result()
             launched += sides
             peer_ms = step_ms(sides[-1], base["warmup"])
             for side in sides:
