@@ -388,6 +388,28 @@ def test_custom_function_backward_contract_errors():
         WrongShape.apply(x, 2.0).sum().backward()
 
 
+@pytest.mark.parametrize("extra", ["none", "tensor"])
+def test_custom_function_backward_may_return_trailing_nones_beyond_its_inputs_as_in_torch(extra):
+    def outcome(lib):
+        class Twice(lib.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad * 2, None, (grad if extra == "tensor" else None)
+
+        x = lib.ones(3, requires_grad=True)
+        try:
+            Twice.apply(x).sum().backward()
+        except RuntimeError as error:
+            return str(error).split(":")[0]
+        return x.grad.tolist()
+
+    assert outcome(tw) == outcome(torch)
+
+
 def test_custom_function_without_grad_is_plain_call():
     out, _ = ScaledProduct.apply(tw.ones(2), tw.ones(2), 3.0)
     assert out.grad_fn is None and not out.requires_grad

@@ -58,6 +58,8 @@ class FunctionNode(Node):
                      for g, m in zip(grads, self.output_meta)]
         out = self.cls.backward(self.ctx, *grads)
         out = out if isinstance(out, tuple) else (out,)
+        if len(out) > self.n_args and all(g is None for g in out[self.n_args:]):
+            out = out[:self.n_args]  # torch drops trailing Nones beyond the inputs (an optional input not given)
         if len(out) != self.n_args:
             raise RuntimeError(f"function {self.name()} returned an incorrect number of gradients (expected "
                                f"{self.n_args}, got {len(out)}): backward returns one per forward input, None for "

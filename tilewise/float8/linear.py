@@ -49,11 +49,18 @@ def cast_to_float8(x: Tensor, scale: Tensor, dtype) -> Tensor:
     return (x.float() * scale).clamp(-top, top).to(dtype)
 
 
-def _scaled_mm(a, b, inv_a, inv_b, out_dtype, emulate: bool):
+def _scaled_mm(a, b, inv_a, inv_b, out_dtype, emulate: bool, bias=None):
     if emulate and a.device.type != "cpu":  # the CPU reference, on the operands' device
-        out = OPS["_scaled_mm"](a.cpu(), b.cpu(), inv_a.cpu(), inv_b.cpu(), out_dtype=out_dtype)
+        out = OPS["_scaled_mm"](a.cpu(), b.cpu(), inv_a.cpu(), inv_b.cpu(), bias.cpu() if bias is not None else None,
+                                out_dtype=out_dtype)
         return out.to(a.device)
-    return OPS["_scaled_mm"](a, b, inv_a, inv_b, out_dtype=out_dtype)
+    return OPS["_scaled_mm"](a, b, inv_a, inv_b, bias, out_dtype=out_dtype)
+
+
+def _fusable_bias(bias, out_dtype) -> bool:
+    """Whether the GEMM adds the bias itself (cuBLASLt's bias epilogue, torch's ``_scaled_mm(bias=)``): a bf16 or
+    fp16 bias to a result of its dtype, added in float32 before the one rounding of the result."""
+    return bias is not None and bias.dtype is out_dtype and out_dtype in (dtypes.bfloat16, dtypes.float16)
 
 
 def _column_major(t: Tensor) -> Tensor:
@@ -65,12 +72,13 @@ class _Float8Matmul(Function):
     """``x @ W^T`` with FP8 GEMMs in both directions; the weight arrives already cast (``w8``, ``w_inv``)."""
 
     @staticmethod
-    def forward(ctx, x, weight, w8, w_inv, x_scale, module):
+    def forward(ctx, x, weight, w8, w_inv, x_scale, module, bias=None):
         x8 = cast_to_float8(x, x_scale, dtypes.float8_e4m3fn)
         x_inv = x_scale.reciprocal()
         ctx.save_for_backward(x8, x_inv, w8, w_inv)
         ctx.module, ctx.x_dtype, ctx.w_dtype = module, x.dtype, weight.dtype
-        return _scaled_mm(x8, w8.t(), x_inv, w_inv, x.dtype, module.config.emulate)
+        ctx.has_bias = bias is not None
+        return _scaled_mm(x8, w8.t(), x_inv, w_inv, x.dtype, module.config.emulate, bias)
 
     @staticmethod
     def backward(ctx, grad):
@@ -82,7 +90,8 @@ class _Float8Matmul(Function):
         emulate = module.config.emulate
         grad_x = _scaled_mm(g8, _column_major(w8), g_inv, w_inv, ctx.x_dtype, emulate)
         grad_w = _scaled_mm(g8.t().contiguous(), _column_major(x8), g_inv, x_inv, ctx.w_dtype, emulate)
-        return grad_x, grad_w, None, None, None, None
+        grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[6] else None
+        return grad_x, grad_w, None, None, None, None, grad_bias
 
 
 def check_float8_shape(what: str, size: int, detail: str) -> None:
@@ -175,9 +184,12 @@ class Float8Linear(Linear):
                            f"input shape {list(input.shape)}; pad the batch or sequence")
         w8, w_inv = self._cast_weight()
         x_scale = self.scale_for("input", rows.detach())
-        out = _Float8Matmul.apply(rows, self.weight, w8, w_inv, x_scale, self)
-        if self.bias is not None:
-            out = out + self.bias
+        if _fusable_bias(self.bias, input.dtype):
+            out = _Float8Matmul.apply(rows, self.weight, w8, w_inv, x_scale, self, self.bias)
+        else:
+            out = _Float8Matmul.apply(rows, self.weight, w8, w_inv, x_scale, self)
+            if self.bias is not None:
+                out = out + self.bias
         return out.reshape(*input.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
