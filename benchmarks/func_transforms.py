@@ -168,7 +168,8 @@ def main() -> None:
         print(f"  {name:18s} failed: {reason}")
     print(f"  tilewise vmap / torch vmap(grad): {medians['tilewise vmap'] / medians['torch vmap(grad)']:.2f}x time")
     print(f"  torch vmap(grad) / tilewise compiled: "
-          f"{medians['torch vmap(grad)'] / medians['tilewise compiled']:.2f}x (above 1: the compiled program is faster)")
+          f"{medians['torch vmap(grad)'] / medians['tilewise compiled']:.2f}x "
+          "(above 1: the compiled program is faster)")
     if "torch compiled" in medians:
         print(f"  torch compiled / tilewise compiled:   "
               f"{medians['torch compiled'] / medians['tilewise compiled']:.2f}x (above 1: tilewise is faster)")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib.util
 import json
 import os
@@ -102,16 +103,17 @@ def gemm_section(repeats: int) -> list[dict]:
         ours = {k_: tw.from_dlpack(v) for k_, v in (("x8", x8), ("w8", w8), ("one", one), ("xb", xb), ("wb", wb))}
         flops = 2 * m * n * k
 
-        def tflops(ms):
+        def tflops(ms, flops=flops):
             return flops / (ms * 1e-3) / 1e12
 
         row = {"shape": name, "mkn": (m, k, n)}
         runs = {
-            "tw fp8": (lambda: tw._scaled_mm(ours["x8"], ours["w8"].t(), ours["one"], ours["one"],
-                                             out_dtype=tw.bfloat16), tw),
-            "torch fp8": (lambda: torch._scaled_mm(x8, w8.t(), one, one, out_dtype=torch.bfloat16), torch),
-            "tw bf16": (lambda: ours["xb"].mm(ours["wb"].t()), tw),
-            "torch bf16": (lambda: xb.mm(wb.t()), torch),
+            "tw fp8": (lambda ours=ours: tw._scaled_mm(ours["x8"], ours["w8"].t(), ours["one"], ours["one"],
+                                                       out_dtype=tw.bfloat16), tw),
+            "torch fp8": (lambda x8=x8, w8=w8, one=one: torch._scaled_mm(x8, w8.t(), one, one,
+                                                                          out_dtype=torch.bfloat16), torch),
+            "tw bf16": (lambda ours=ours: ours["xb"].mm(ours["wb"].t()), tw),
+            "torch bf16": (lambda xb=xb, wb=wb: xb.mm(wb.t()), torch),
         }
         for side, (fn, lib) in runs.items():
             try:
@@ -123,7 +125,7 @@ def gemm_section(repeats: int) -> list[dict]:
         row["max rel diff vs torch"] = float((torch.from_dlpack(check) - ref).abs().max() / ref.abs().max())
         rows.append(row)
 
-        def ratio(a, b):
+        def ratio(a, b, row=row):
             return f"{row[a] / row[b]:.2f}x" if all(isinstance(row[s], float) for s in (a, b)) else "-"
 
         cells = [name, f"{m}x{k}x{n}"] + [f"{row[s]:.0f}" if isinstance(row[s], float) else row[s]
@@ -221,9 +223,9 @@ def step_section(sizes: list[str], steps: int, warmup: int, batch: int) -> list[
             x = tw.randint(0, VOCAB, (batch, 1024), device="cuda", generator=gen)
             batches.append((x, x.roll(-1, 1)))
         results = {}
-        for side, run in (("tw bf16", lambda: tilewise_side(size, False, batches, warmup)),
-                          ("tw fp8", lambda: tilewise_side(size, True, batches, warmup)),
-                          ("torchao fp8", lambda: torchao_side(size, batches, warmup))):
+        for side, run in (("tw bf16", functools.partial(tilewise_side, size, False, batches, warmup)),
+                          ("tw fp8", functools.partial(tilewise_side, size, True, batches, warmup)),
+                          ("torchao fp8", functools.partial(torchao_side, size, batches, warmup))):
             try:
                 results[side] = run()
             except Exception as exc:  # noqa: BLE001

@@ -26,15 +26,15 @@ TOLERANCE = {np.float32: (1e-5, 1e-5), np.float64: (1e-12, 1e-12)}
 
 
 def conv_and_grads(lib, x: np.ndarray, w: np.ndarray, kwargs: dict, memory_format=None):
-    X, W = lib.from_numpy(x.copy()), lib.from_numpy(w.copy())
+    inp, weight = lib.from_numpy(x.copy()), lib.from_numpy(w.copy())
     if memory_format is not None:
-        X = X.contiguous(memory_format=getattr(lib, memory_format))
-    X.requires_grad_()
-    W.requires_grad_()
-    y = getattr(lib.nn.functional, f"conv{x.ndim - 2}d")(X, W, **kwargs)
+        inp = inp.contiguous(memory_format=getattr(lib, memory_format))
+    inp.requires_grad_()
+    weight.requires_grad_()
+    y = getattr(lib.nn.functional, f"conv{x.ndim - 2}d")(inp, weight, **kwargs)
     seed = np.random.default_rng(1).standard_normal(tuple(y.shape)).astype(x.dtype)
     (y * lib.from_numpy(seed)).sum().backward()
-    return y, X.grad, W.grad
+    return y, inp.grad, weight.grad
 
 
 @pytest.fixture
@@ -105,11 +105,11 @@ def test_calls_not_served_take_the_decomposition(variant, served):
         assert served["columns"] == 0
         return
     if variant == "expanded grad":  # sum's gradient reaches the convolution as a stride-0 tensor
-        X = tw.from_numpy(x.copy()).requires_grad_()
-        TX = torch.from_numpy(x.copy()).requires_grad_()
-        tw.nn.functional.conv2d(X, tw.from_numpy(w)).sum().backward()
-        torch.nn.functional.conv2d(TX, torch.from_numpy(w)).sum().backward()
-        np.testing.assert_allclose(X.grad.numpy(), TX.grad.numpy(), rtol=1e-5, atol=1e-5)
+        inp = tw.from_numpy(x.copy()).requires_grad_()
+        torch_inp = torch.from_numpy(x.copy()).requires_grad_()
+        tw.nn.functional.conv2d(inp, tw.from_numpy(w)).sum().backward()
+        torch.nn.functional.conv2d(torch_inp, torch.from_numpy(w)).sum().backward()
+        np.testing.assert_allclose(inp.grad.numpy(), torch_inp.grad.numpy(), rtol=1e-5, atol=1e-5)
         return
     ours = conv_and_grads(tw, x, w, kwargs, memory_format)
     theirs = conv_and_grads(torch, x, w, kwargs, memory_format)

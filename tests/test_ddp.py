@@ -546,6 +546,19 @@ def test_on_two_gpus_a_compiled_step_with_several_buckets(gpu_cluster):
     check_against_reference(ranks, reference_training("mlp", STEPS), rtol=1e-4, atol=1e-5)
 
 
+def _sgd_step(model, opt):
+    """A training step of ``model`` with ``opt``, both held as its closure variables (as a step written inline
+    holds them), so that each model of a loop gets a step of its own."""
+    def step(x, y):
+        loss = tw.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
 @pytest.mark.cuda
 def test_on_one_gpu_the_compiled_step_overlaps_its_all_reduces_inside_its_cuda_graph():
     """World size 1 over NCCL: the step's program runs its all-reduces on the communication stream, is captured
@@ -562,14 +575,7 @@ def test_on_one_gpu_the_compiled_step_overlaps_its_all_reduces_inside_its_cuda_g
         for compiled in (False, True):
             model = DistributedDataParallel(mlp(seed=0).to("cuda"), bucket_cap_mb=200 / 2**20)
             opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-            def step(x, y):
-                loss = tw.nn.functional.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                return loss
-
+            step = _sgd_step(model, opt)
             run = tw.compile(step) if compiled else step
             for k in range(4):
                 x, y = global_batch(k, 1)

@@ -45,7 +45,8 @@ def test_e8m0_to_other_dtypes_like_torch(target):
 
 
 def test_e8m0_fills_and_finfo_like_torch():
-    assert _bytes(tw.full((2,), 3.0, dtype=tw.float8_e8m0fnu)) == _bytes(torch.full((2,), 3.0, dtype=torch.float8_e8m0fnu))
+    assert _bytes(tw.full((2,), 3.0, dtype=tw.float8_e8m0fnu)) == _bytes(
+        torch.full((2,), 3.0, dtype=torch.float8_e8m0fnu))
     assert _bytes(tw.zeros(2, dtype=tw.float8_e8m0fnu)) == [0, 0]
     assert _bytes(tw.ones(2, dtype=tw.float8_e8m0fnu)) == _bytes(torch.ones(2, dtype=torch.float8_e8m0fnu))
     assert _bytes(tw.tensor([1.0, 2.0], dtype=tw.float8_e8m0fnu)) == [127, 128]

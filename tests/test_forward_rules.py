@@ -88,10 +88,10 @@ def _sign_free(factors):
     if len(factors) == 2:
         values, vectors = factors
         return values, vectors * vectors
-    U, S, Vh = factors
-    k = S.shape[-1]
-    U, Vh = U[..., :k], Vh[..., :k, :]
-    return U * U, S, Vh * Vh
+    u, s, vh = factors
+    k = s.shape[-1]
+    u, vh = u[..., :k], vh[..., :k, :]
+    return u * u, s, vh * vh
 
 
 def F(lib):  # noqa: N802 — torch's spelling
@@ -223,7 +223,8 @@ AGAINST_TORCH = {
     "cholesky_upper": (lambda lib, a: lib.linalg.cholesky(a, upper=True), [_spd(3, (2,))]),
     "cholesky_solve_upper": (lambda lib, b, u: lib.cholesky_solve(b, u, upper=True),
                              [_normal(3, 2), np.linalg.cholesky(_spd(3)).T]),
-    "cholesky_solve_lower": (lambda lib, b, low: lib.cholesky_solve(b, low), [_normal(3, 2), np.linalg.cholesky(_spd(3))]),
+    "cholesky_solve_lower": (lambda lib, b, low: lib.cholesky_solve(b, low),
+                             [_normal(3, 2), np.linalg.cholesky(_spd(3))]),
     "qr_tall": (lambda lib, a: lib.linalg.qr(a), [_normal(5, 3)]),
     "qr_wide": (lambda lib, a: lib.linalg.qr(a), [_normal(3, 5)]),
     "qr_complete_wide": (lambda lib, a: lib.linalg.qr(a, mode="complete"), [_normal(2, 4)]),
@@ -236,7 +237,8 @@ AGAINST_TORCH = {
     "solve_triangular_right_upper_unit": (lambda lib, a, b: lib.linalg.solve_triangular(
         a, b, upper=True, left=False, unitriangular=True), [_normal(3, 3), _normal(2, 3)]),
     "solve_triangular_lower": (lambda lib, a, b: lib.linalg.solve_triangular(a + 3 * lib.eye(3, dtype=a.dtype), b,
-                                                                              upper=False), [_normal(3, 3), _normal(3, 2)]),
+                                                                              upper=False),
+                               [_normal(3, 3), _normal(3, 2)]),
     "lstsq_tall_residuals": (lambda lib, a, b: lib.linalg.lstsq(a, b, driver="gelsd")[:2],
                              [_normal(5, 3), _normal(5, 2)]),
     "lstsq_wide": (lambda lib, a, b: lib.linalg.lstsq(a, b)[0], [_normal(2, 4), _normal(2, 3)]),

@@ -135,7 +135,8 @@ def cross_entropy_jvp(input_t, target, target_t, weight, reduction, ignore_index
     over the classes."""
     logp_t = input_t - (logp.exp() * input_t).sum(1, keepdim=True)
     ones = ones_like(loss)
-    terms = OPS["_cross_entropy_backward"](ones, logp, target, weight, reduction, ignore_index, label_smoothing) * input_t
+    terms = OPS["_cross_entropy_backward"](ones, logp, target, weight, reduction, ignore_index,
+                                           label_smoothing) * input_t
     if target.dtype.is_floating_point:
         terms = terms + OPS["_cross_entropy_target_backward"](ones, logp, target, weight, reduction,
                                                               label_smoothing) * target_t

@@ -306,7 +306,8 @@ private("native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? r
         {"input, weight, bias": "OPS['_batch_norm_backward'](grad, input, weight, running_mean, running_var, "
                                 "result[1], result[2], training, eps)",
          "running_mean": None, "running_var": None}, nondiff_outputs=(1, 2), batch=batch_norm_rule,
-        fwd="batch_norm_jvp(input, input_t, weight, weight_t, bias_t, running_mean, running_var, training, eps, result[1], result[2])")
+        fwd="batch_norm_jvp(input, input_t, weight, weight_t, bias_t, running_mean, running_var, training, eps, "
+            "result[1], result[2])")
 private("_batch_norm_backward(Tensor grad, Tensor input, Tensor? weight, Tensor? running_mean, Tensor? running_var, "
         "Tensor save_mean, Tensor save_invstd, bool training, float eps) -> (Tensor, Tensor, Tensor)",
         _batch_norm_backward)

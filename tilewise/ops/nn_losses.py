@@ -349,7 +349,8 @@ private("_cross_entropy_loss(Tensor input, Tensor target, Tensor? weight, str re
          "target": "OPS['_cross_entropy_target_backward'](grad, result[1], target, weight, reduction, "
                    "label_smoothing)",
          "weight": None},
-        fwd="cross_entropy_jvp(input_t, target, target_t, weight, reduction, ignore_index, label_smoothing, result[0], result[1])")
+        fwd="cross_entropy_jvp(input_t, target, target_t, weight, reduction, ignore_index, label_smoothing, "
+            "result[0], result[1])")
 private("_cross_entropy_backward(Tensor grad, Tensor logp, Tensor target, Tensor? weight, str reduction, "
         "int ignore_index, float label_smoothing) -> Tensor", _cross_entropy_backward)
 private("_cross_entropy_target_backward(Tensor grad, Tensor logp, Tensor target, Tensor? weight, str reduction, "
@@ -432,7 +433,8 @@ private("_binary_cross_entropy_with_logits(Tensor input, Tensor target, Tensor? 
         "str reduction) -> Tensor", _bce_with_logits_loss,
         {"input, target, weight, pos_weight": "OPS['_binary_cross_entropy_with_logits_backward'](grad, input, "
                                               "target, weight, pos_weight, reduction)"},
-        fwd="bce_with_logits_jvp(input_t, target_t, weight_t, pos_weight_t, input, target, weight, pos_weight, result, reduction)")
+        fwd="bce_with_logits_jvp(input_t, target_t, weight_t, pos_weight_t, input, target, weight, pos_weight, "
+            "result, reduction)")
 private("_binary_cross_entropy_with_logits_backward(Tensor grad, Tensor input, Tensor target, Tensor? weight, "
         "Tensor? pos_weight, str reduction) -> (Tensor, Tensor, Tensor, Tensor)", _bce_with_logits_backward)
 functional("binary_cross_entropy_with_logits(Tensor input, Tensor target, Tensor? weight=None, "

@@ -153,7 +153,8 @@ extern "C" __global__ void __launch_bounds__(256) tw_finite_amax(
         const in_t* __restrict__ x, unsigned int* __restrict__ amax, long long n8) {
     float m = 0.0f;
     bool bad = false;
-    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < n8; t += (long long)gridDim.x * blockDim.x) {
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < n8;
+         t += (long long)gridDim.x * blockDim.x) {
         float v[8];
         load8(x + t * 8, v);
         m = fmaxf(m, lane_amax(v, &bad));

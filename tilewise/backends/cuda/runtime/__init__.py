@@ -6,10 +6,10 @@ go through the same :func:`check`). It is deliberately thin, in the spirit of ti
 bindings themselves, ``check`` and the availability queries sit one floor lower, in ``tilewise._cuda_api``,
 so that the code generator's toolchain (NVRTC) can use them without importing a backend; here are
 ``device`` (primary contexts, properties), ``module`` (loading cubins, launching kernels), ``stream``
-(streams and events), ``allocator`` (the caching allocator, with the private pools of CUDA graphs), ``pinned`` (page-locked host memory
-and copies), ``bounds`` (the record through which indexing kernels report bad indices), ``capturing`` (whether
-this thread captures a CUDA graph, and the host operations refused meanwhile). Importing it never
-touches the driver, so it is safe on machines without a GPU.
+(streams and events), ``allocator`` (the caching allocator, with the private pools of CUDA graphs),
+``pinned`` (page-locked host memory and copies), ``bounds`` (the record through which indexing kernels
+report bad indices), ``capturing`` (whether this thread captures a CUDA graph, and the host operations
+refused meanwhile). Importing it never touches the driver, so it is safe on machines without a GPU.
 """
 
 from tilewise._cuda_api import (
