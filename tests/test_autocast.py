@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from opinfo import Sample, T, check_op
+from opinfo import check_op
 from test_ops import OPINFOS
 
 import tilewise as tw

@@ -144,7 +144,8 @@ declare("angle(Tensor self) -> Tensor", "composite", decomposition=_angle,
         doc="The argument of each element in radians (0 or pi for real tensors, NaN kept).")
 declare("complex(Tensor real, Tensor imag) -> Tensor", "composite", decomposition=_complex, method=False,
         doc=">>> tw.complex(tw.tensor([1.0]), tw.tensor([2.0]))\ntensor([1.+2.j])")
-declare("polar(Tensor abs, Tensor angle) -> Tensor", "composite", decomposition=_polar, method=False, autocast={"cpu": "fp32"},
+declare("polar(Tensor abs, Tensor angle) -> Tensor", "composite", decomposition=_polar, method=False,
+        autocast={"cpu": "fp32"},
         doc="abs * (cos(angle) + i sin(angle)).")
 
 

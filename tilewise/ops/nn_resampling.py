@@ -413,7 +413,8 @@ def _affine_grid(theta, size, align_corners=None):
     return base.bmm(theta.transpose(1, 2)).reshape(batch, *sizes, spatial)
 
 
-functional("affine_grid(Tensor theta, int[] size, bool? align_corners=None) -> Tensor", _affine_grid, function=False, autocast={"cpu": "lower"})
+functional("affine_grid(Tensor theta, int[] size, bool? align_corners=None) -> Tensor", _affine_grid, function=False,
+           autocast={"cpu": "lower"})  # torch's reaches bmm
 
 
 def _unnormalize(coordinate, size: int, align_corners: bool):

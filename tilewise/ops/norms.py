@@ -23,7 +23,8 @@ def _dist(self, other, p=2):
     return _vector_norm(self - other, p, None)
 
 
-declare("dist(Tensor self, Tensor other, Scalar p=2) -> Tensor", "composite", decomposition=_dist, autocast={"cuda": "fp32"})
+declare("dist(Tensor self, Tensor other, Scalar p=2) -> Tensor", "composite", decomposition=_dist,
+        autocast={"cuda": "fp32"})
 
 _COMPUTE_MODES = (None, "use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist",
                   "donot_use_mm_for_euclid_dist")
