@@ -9,10 +9,12 @@ random output gradient and compares every input gradient.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,26 @@ def _flatten_outputs(out):
     return [out]
 
 
-def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous: bool, device: str = "cpu"):
+LOW_PRECISION = ("bfloat16", "float16")
+# a few units in the last place of the autocast dtype on sums of the samples' magnitude (products of tens of
+# terms up to 4 reach 16 to 32, where bfloat16's unit in the last place is 0.125), whose rounding order differs
+AUTOCAST_TOLERANCES = {"bfloat16": (2e-2, 1e-1), "float16": (5e-3, 2e-2)}
+
+
+def _forward_context(lib, device: str, autocast: str | None):
+    """``lib.autocast(device type, dtype=autocast)``, or no context when ``autocast`` is None."""
+    if autocast is None:
+        return contextlib.nullcontext()
+    return lib.autocast(device.split(":")[0], dtype=getattr(lib, autocast))
+
+
+def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous: bool, device: str = "cpu",
+             autocast: str | None = None, mixed: bool = False):
+    """Compare one sample's forward and backward with torch's. ``autocast`` (``"bfloat16"`` or ``"float16"``) runs
+    both forwards under their framework's autocast for ``device``'s type with that dtype, compared at that dtype's
+    tolerance; ``dtype`` may then be a low-precision one too (floating inputs are drawn in float32 and cast; with
+    ``mixed``, only the first floating input is cast and the others stay float32). If torch's forward raises,
+    tilewise's must raise the same type of error."""
     import torch
     import torch.nn.functional as TF
 
@@ -200,9 +221,12 @@ def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous:
 
     rng = np.random.default_rng(seed)
     made: list = []
-    args = _materialise(sample.args, rng, dtype, made)
-    kwargs = {k: _materialise(v, rng, dtype, made) for k, v in sample.kwargs.items()}
+    drawn = "float32" if dtype in LOW_PRECISION else dtype
+    args = _materialise(sample.args, rng, drawn, made)
+    kwargs = {k: _materialise(v, rng, drawn, made) for k, v in sample.kwargs.items()}
     arrays = [m[0] for m in made]
+    floating = [k for k, (a, spec) in enumerate(made) if a.dtype.kind == "f" and spec.dtype is None]
+    lowered = set(floating[:1] if mixed else floating) if dtype in LOW_PRECISION else set()
 
     def grad_wanted(k):
         arr, spec = made[k]
@@ -211,6 +235,8 @@ def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous:
     def tw_tensor(k):
         a = arrays[k]
         t = tw.from_numpy(a.copy())
+        if k in lowered:
+            t = t.to(getattr(tw, dtype))
         if noncontiguous and a.ndim:
             big = tw.zeros(*a.shape[:-1], a.shape[-1] * 2, dtype=t.dtype)
             big[..., ::2] = t
@@ -224,6 +250,8 @@ def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous:
     def torch_tensor(k):
         a = arrays[k]
         t = torch.from_numpy(a.copy()).to("cpu" if info.torch_on_cpu else device)
+        if k in lowered:
+            t = t.to(getattr(torch, dtype))
         if grad_wanted(k):
             t.requires_grad_(True)
         return t
@@ -235,14 +263,29 @@ def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous:
     th_kwargs = {k: _build(v, arrays, lambda i: torch_made.setdefault(i, torch_tensor(i)), torch)
                  for k, v in kwargs.items()}
 
-    expected = info.resolve(torch, TF)(*th_args, **th_kwargs)
-    actual = info.resolve(tw, F)(*tw_args, **tw_kwargs)
+    try:
+        with _forward_context(torch, device, autocast):
+            expected = info.resolve(torch, TF)(*th_args, **th_kwargs)
+    except Exception as exc:
+        if autocast is None:
+            raise
+        with pytest.raises(type(exc)), _forward_context(tw, device, autocast):
+            info.resolve(tw, F)(*tw_args, **tw_kwargs)
+        return
+    with _forward_context(tw, device, autocast):
+        actual = info.resolve(tw, F)(*tw_args, **tw_kwargs)
     exp_list, act_list = _flatten_outputs(expected), _flatten_outputs(actual)
     if info.output_index is not None:
         exp_list, act_list = [exp_list[info.output_index]], [act_list[info.output_index]]
     assert len(exp_list) == len(act_list), f"{info.name}: {len(act_list)} outputs, torch gives {len(exp_list)}"
     rtol, atol = tolerances(dtype, info)
-    where = f"{info.name}[{sample.name or sample.args}] dtype={dtype} seed={seed} noncontig={noncontiguous}"
+    if autocast is not None:
+        low_rtol, low_atol = AUTOCAST_TOLERANCES[autocast]
+        rtol, atol = max(rtol, low_rtol), max(atol, low_atol)
+    where = f"{info.name}[{sample.name or sample.args}] dtype={dtype}{' (first input)' if mixed else ''} seed={seed} " \
+            f"noncontig={noncontiguous}"
+    if autocast is not None:
+        where += f" under autocast({device.split(':')[0]!r}, dtype={autocast})"
     for e, a in zip(exp_list, act_list):
         if not isinstance(e, torch.Tensor):
             assert e == a, f"{where}: {a} != {e}"
@@ -257,24 +300,29 @@ def check_op(info: OpInfo, sample: Sample, dtype: str, seed: int, noncontiguous:
                  if isinstance(e, torch.Tensor) and e.requires_grad and (e.dtype.is_floating_point or e.is_complex())]
     if not (info.grad and grad_inputs and diff_outs):
         return
-    gouts = [_random_like(rng, e, dtype) for e, _ in diff_outs]
+    gouts = [_random_like(rng, e, drawn) for e, _ in diff_outs]
     th_inputs = [torch_made[k] for k in grad_inputs]
     try:
-        th_grads = torch.autograd.grad([e for e, _ in diff_outs], th_inputs,
-                                       [torch.from_numpy(g).to(e.device) for g, (e, _) in zip(gouts, diff_outs)],
-                                       allow_unused=True)
-    except RuntimeError as exc:  # the oracle cannot differentiate it here (e.g. an older torch on the GPU host)
+        th_gouts = [torch.from_numpy(g).to(e.device, e.dtype) for g, (e, _) in zip(gouts, diff_outs)]
+        th_grads = torch.autograd.grad([e for e, _ in diff_outs], th_inputs, th_gouts, allow_unused=True)
+    except RuntimeError as exc:  # the oracle cannot differentiate it here (e.g. an older torch on the GPU host, or
+        # a backward kernel without this low-precision dtype on the CPU)
         if "derivative for" in str(exc) and "is not implemented" in str(exc):
+            return
+        if isinstance(exc, NotImplementedError) and autocast is not None and "not implemented for" in str(exc):
             return
         raise
     tw_inputs = [tw_made[k] for k in grad_inputs]
-    tw_grads = tw.autograd.grad([a for _, a in diff_outs], tw_inputs,
-                                [tw.from_numpy(g.copy()).to(device) for g in gouts], allow_unused=True)
+    tw_gouts = [tw.from_numpy(g.copy()).to(device, a.dtype) for g, (_, a) in zip(gouts, diff_outs)]
+    tw_grads = tw.autograd.grad([a for _, a in diff_outs], tw_inputs, tw_gouts, allow_unused=True)
     for k, eg, ag in zip(grad_inputs, th_grads, tw_grads):
         if eg is None:
             assert ag is None or np.allclose(to_numpy(ag.cpu()), 0), f"{where}: input {k} grad should be None/0"
             continue
         assert ag is not None, f"{where}: input {k} got no gradient (torch has one)"
         assert tuple(ag.shape) == tuple(eg.shape), f"{where}: grad shape {tuple(ag.shape)} != {tuple(eg.shape)}"
+        if autocast is not None:  # a gradient comes back in its input's dtype, whatever autocast cast it to
+            assert ag.dtype.name == str(eg.dtype).removeprefix("torch."), \
+                f"{where}: grad dtype {ag.dtype} != torch {eg.dtype}"
         np.testing.assert_allclose(to_numpy(ag.cpu()), to_numpy(eg.cpu()), rtol=rtol * 10, atol=atol * 10,
                                    equal_nan=True, err_msg=f"{where}: gradient mismatch for input {k}")

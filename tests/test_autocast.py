@@ -1,19 +1,24 @@
-"""tilewise.autocast against torch. torch's CPU autocast lists differ from its CUDA lists, which tilewise follows
-on every device type, so on the CPU the result dtypes are checked against an explicit table (tilewise's policy)
-and the values and gradients against torch running the same computation with the casts written out. Also:
-regions (nesting, enabled=False, decorators, exceptions), what autocast leaves alone, the weight-cast cache,
-a module trained a step, custom autograd Functions, errors, and tilewise.compile's autocast guard."""
+"""tilewise.autocast against torch's own autocast, run live. torch keeps one list of operators per device type
+(its CPU lists differ widely from its CUDA lists), and so does each declaration: on the CPU every operator with an
+autocast policy on either device type, and a sample of others, runs its samples from the operator table under
+tilewise's and torch's CPU autocast, for float16 and bfloat16, on float32, low-precision and mixed inputs; result
+dtypes, values and gradients must match (a census makes sure a newly declared policy is run). torch's dispatcher
+says which operators its lists name on each device type, checked against the declarations. Also: regions (nesting,
+enabled=False, decorators, exceptions), what autocast leaves alone, the weight-cast cache, a module trained a step,
+custom autograd Functions, errors, and tilewise.compile's autocast guard."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from opinfo import check_op
+from test_ops import OPINFOS
 
 import tilewise as tw
 from tilewise.amp.autocast_mode import _REGIONS, POLICIES
 from tilewise.config import settings
-from tilewise.ops.registry import AUTOCAST_POLICIES, OPS
+from tilewise.ops.registry import AUTOCAST_DEVICE_TYPES, AUTOCAST_POLICIES, OPS, OVERLOADS, declare
 
 TW_DTYPES = {"f32": tw.float32, "bf16": tw.bfloat16, "f16": tw.float16, "f64": tw.float64, "i64": tw.int64}
 TORCH_DTYPES = {tw.float32: torch.float32, tw.bfloat16: torch.bfloat16, tw.float16: torch.float16,
@@ -44,106 +49,142 @@ def _close(ours, theirs, rtol: float, atol: float, what: str = "") -> None:
                                atol=atol, err_msg=what)
 
 
-def _tolerance(dtype) -> float:
-    return 2e-2 if dtype in (tw.bfloat16, tw.float16) else 1e-5
+# ---------------------------------------------------------------------------- the CPU policy, live against torch
+
+def _exercised(info) -> set[str]:
+    """The declared operators an operator-table entry calls, by name (as tests/test_op_rules.py counts them)."""
+    names = {info.name, info.name.replace(".", "_"), *info.covers, *((info.torch_name,) if info.torch_name else ())}
+    return {op.full_name for name in names for op in OVERLOADS.get(name, [OPS.get(name)]) if op is not None}
 
 
-# ---------------------------------------------------------------------------- the policy, op by op
+WITH_POLICY = {name for name, op in OPS.items() if op.autocast}
+# operators with a policy that the live comparison does not run, and why
+NOT_RUN_LIVE = {
+    "rmatmul": "reached only through Tensor.__rmatmul__ with a non-tensor left operand; matmul's entries run it",
+    "_lstm_layer": "tilewise's fused LSTM layer, whose table entry compares with a torch emulation, not torch's own "
+                   "operator; tests/test_lstm_layer.py runs the layer under autocast",
+    "rdiv": "no table entry (a reflected operator): CASES below runs it", "rpow": "as rdiv",
+    "_cross_map_lrn2d": "nn.CrossMapLRN2d's operator, no table entry: CASES below runs the module",
+}
+# operators without a policy on either device type, run too: torch lists them on neither, on CUDA only (where
+# tilewise has no policy yet), or reaches listed operators from them
+OTHERS_RUN_LIVE = ("relu", "mean", "add", "mul", "gelu", "clamp", "where", "var", "embedding", "batch_norm",
+                   "max_pool2d", "avg_pool2d", "hstack", "addmv", "addr", "linalg.vector_norm", "linalg.matrix_norm",
+                   "nuclear_norm", "renorm")
+LIVE_INFOS = [info for info in OPINFOS
+              if (_exercised(info) & WITH_POLICY - set(NOT_RUN_LIVE)) or info.name in OTHERS_RUN_LIVE]
+INPUTS = ("float32", "low", "mixed")  # every floating input in float32, in the autocast dtype, or only the first
+MIXED_REFUSED = "torch refuses two floating dtypes here (its CPU lists do not promote this operator); tilewise " \
+                "accepts them, outside autocast too"
+NO_LOW_KERNEL = "torch's CPU has no bfloat16/float16 kernel for it and raises; tilewise computes it"
+# where tilewise and torch part ways for reasons other than the autocast policy (or, for matrix_power, where no
+# cast of the inputs expresses torch's): each fails today, and passing would mean the list should shrink
+KNOWN_DIVERGENCES = {
+    ("scatter_add", "mixed"): MIXED_REFUSED, ("index_put", "mixed"): MIXED_REFUSED, ("dot", "mixed"): MIXED_REFUSED,
+    ("cross", "mixed"): MIXED_REFUSED, ("addmv", "mixed"): MIXED_REFUSED,
+    ("einsum", "mixed"): "tilewise's einsum refuses a float32 and a low-precision operand in a broadcast product, "
+                         "which torch promotes (outside autocast too)",
+    ("linalg.solve_ex", "low"): "tilewise raises RuntimeError for low-precision inputs to LAPACK-backed solvers, "
+                                "torch's CPU NotImplementedError",
+    **dict.fromkeys([("linalg.matrix_power", m) for m in INPUTS],
+                    "n <= -2: torch inverts in float32 and multiplies in the autocast dtype, which no cast of the "
+                    "inputs expresses"),
+    **dict.fromkeys([("interpolate", "low"), ("interpolate", "mixed")],
+                    "tilewise's low-precision bilinear and bicubic interpolation rounds otherwise than torch's CPU "
+                    "kernels (outside autocast too)"),
+    **dict.fromkeys([("pdist", "low"), ("pdist", "mixed"), ("affine_grid", "low"), ("affine_grid", "mixed")],
+                    NO_LOW_KERNEL),
+    **dict.fromkeys([("cov[int]", m) for m in INPUTS],
+                    "an integer input: torch's cov makes it float32 and its mm runs in the autocast dtype; autocast "
+                    "casts no integer input"),
+    ("grid_sample", "low", "bfloat16"): "reflection padding's gradient for a grid point exactly on the border (where "
+                                        "bfloat16 grids land) differs from torch's",
+}
 
-# (name, function of (framework module, *tensors), input dtypes and shapes, policy, result dtype under
-# autocast("cpu") with bfloat16). The same function runs on tilewise under autocast and on torch without it,
-# after the casts the policy implies.
-def _F(m):
-    return m.nn.functional
+
+def _live_case(info, autocast: str, inputs: str):
+    samples = info.samples()
+    name = f"{info.name}[{samples[0].name}]" if samples and samples[0].name == "int" else info.name
+    reason = KNOWN_DIVERGENCES.get((name, inputs)) or KNOWN_DIVERGENCES.get((name, inputs, autocast))
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    return pytest.param(info, autocast, inputs, marks=marks, id=f"{info.name}-{autocast}-{inputs}")
 
 
+LIVE = [_live_case(info, autocast, inputs) for info in LIVE_INFOS for autocast in ("bfloat16", "float16")
+        for inputs in INPUTS]
+
+
+def test_every_operator_with_an_autocast_policy_runs_live():
+    run = set().union(*(_exercised(info) for info in LIVE_INFOS))
+    missing = sorted(WITH_POLICY - run - set(NOT_RUN_LIVE))
+    assert not missing, (f"operators with an autocast policy but no entry in the operator table (tests/opinfos/) to "
+                         f"run them live against torch's autocast: {missing}")
+    assert {info.name for info in LIVE_INFOS} >= set(OTHERS_RUN_LIVE)
+    assert set(NOT_RUN_LIVE) <= WITH_POLICY, "NOT_RUN_LIVE names an operator without a policy: drop it"
+
+
+@pytest.mark.parametrize("info, autocast, inputs", LIVE)
+def test_cpu_autocast_matches_torchs_live(info, autocast, inputs):
+    dtype = "float32" if inputs == "float32" else autocast
+    for sample in info.samples():
+        check_op(info, sample, dtype, 0, noncontiguous=False, autocast=autocast, mixed=inputs == "mixed")
+
+
+# (name, function of (framework module, *tensors), input dtypes and shapes): what autocast leaves alone or where
+# its casts meet, compared live with torch's CPU autocast
 CASES = [
-    # "lower": run in the autocast dtype, whatever floating dtypes come in
-    ("linear", lambda m, x, w, b: _F(m).linear(x, w, b), [("f32", (4, 8)), ("f32", (3, 8)), ("f32", (3,))],
-     "lower", tw.bfloat16),
-    ("matmul", lambda m, a, b: a @ b, [("f32", (2, 4, 8)), ("f32", (8, 3))], "lower", tw.bfloat16),
-    ("matmul-mixed", lambda m, a, b: a @ b, [("bf16", (4, 8)), ("f32", (8, 3))], "lower", tw.bfloat16),
-    ("mm", lambda m, a, b: m.mm(a, b), [("f32", (4, 8)), ("f32", (8, 3))], "lower", tw.bfloat16),
-    ("bmm", lambda m, a, b: m.bmm(a, b), [("f32", (2, 4, 8)), ("f32", (2, 8, 3))], "lower", tw.bfloat16),
-    ("addmm", lambda m, s, a, b: m.addmm(s, a, b), [("f32", (3,)), ("f32", (4, 8)), ("f32", (8, 3))], "lower",
-     tw.bfloat16),
-    ("baddbmm", lambda m, s, a, b: m.baddbmm(s, a, b), [("f32", (2, 4, 3)), ("f32", (2, 4, 8)), ("f32", (2, 8, 3))],
-     "lower", tw.bfloat16),
-    ("einsum", lambda m, a, b: m.einsum("bij,bjk->bik", a, b), [("f32", (2, 4, 8)), ("f32", (2, 8, 3))], "lower",
-     tw.bfloat16),
-    ("conv2d", lambda m, x, w, b: _F(m).conv2d(x, w, b, padding=1),
-     [("f32", (1, 2, 5, 5)), ("f32", (3, 2, 3, 3)), ("f32", (3,))], "lower", tw.bfloat16),
-    ("sdpa", lambda m, q, k, v: _F(m).scaled_dot_product_attention(q, k, v),
-     [("f32", (1, 2, 4, 8)), ("f32", (1, 2, 4, 8)), ("f32", (1, 2, 4, 8))], "lower", tw.bfloat16),
-    # "fp32": low-precision inputs run in float32
-    ("softmax", lambda m, x: x.softmax(-1), [("bf16", (4, 8))], "fp32", tw.float32),
-    ("log_softmax", lambda m, x: _F(m).log_softmax(x, -1), [("bf16", (4, 8))], "fp32", tw.float32),
-    ("layer_norm", lambda m, x, w, b: _F(m).layer_norm(x, (8,), w, b), [("bf16", (4, 8)), ("f32", (8,)),
-                                                                       ("f32", (8,))], "fp32", tw.float32),
-    ("group_norm", lambda m, x: _F(m).group_norm(x, 2), [("bf16", (2, 4, 3))], "fp32", tw.float32),
-    ("cross_entropy", lambda m, x, t: _F(m).cross_entropy(x, t), [("bf16", (4, 5)), ("i64", (4,))], "fp32",
-     tw.float32),
-    ("nll_loss", lambda m, x, t: _F(m).nll_loss(x, t), [("bf16", (4, 5)), ("i64", (4,))], "fp32", tw.float32),
-    ("mse_loss", lambda m, x, y: _F(m).mse_loss(x, y), [("bf16", (4, 5)), ("f32", (4, 5))], "fp32", tw.float32),
-    ("kl_div", lambda m, x, y: _F(m).kl_div(x, y, reduction="batchmean"), [("bf16", (4, 5)), ("bf16", (4, 5))],
-     "fp32", tw.float32),
-    ("bce_with_logits", lambda m, x, y: _F(m).binary_cross_entropy_with_logits(x, y),
-     [("bf16", (4, 5)), ("f32", (4, 5))], "fp32", tw.float32),
-    ("exp", lambda m, x: x.exp(), [("bf16", (4, 5))], "fp32", tw.float32),
-    ("log", lambda m, x: x.log(), [("bf16", (4, 5))], "fp32", tw.float32),
-    ("pow", lambda m, x: x ** 3, [("bf16", (4, 5))], "fp32", tw.float32),
-    ("rsqrt", lambda m, x: x.rsqrt(), [("f16", (4, 5))], "fp32", tw.float32),
-    ("sum", lambda m, x: x.sum(), [("bf16", (4, 5))], "fp32", tw.float32),
-    ("prod", lambda m, x: x.prod(-1), [("bf16", (4, 5))], "fp32", tw.float32),
-    ("cumsum", lambda m, x: x.cumsum(0), [("bf16", (4, 5))], "fp32", tw.float32),
-    ("logsumexp", lambda m, x: x.logsumexp(-1), [("bf16", (4, 5))], "fp32", tw.float32),
-    ("norm", lambda m, x: x.norm(), [("bf16", (4, 5))], "fp32", tw.float32),
-    ("softplus", lambda m, x: _F(m).softplus(x), [("bf16", (4, 5))], "fp32", tw.float32),
-    ("sum-with-dtype", lambda m, x: x.sum(dtype=m.float16), [("bf16", (4, 5))], None, tw.float16),
-    # "promote": several floating tensors meet in the widest of their dtypes
-    ("addcmul", lambda m, s, a, b: m.addcmul(s, a, b), [("bf16", (4,)), ("f32", (4,)), ("bf16", (4,))], "promote",
-     tw.float32),
-    ("dot", lambda m, a, b: m.dot(a, b), [("bf16", (5,)), ("f32", (5,))], "promote", tw.float32),
-    # no policy: the dtypes the op is given (and a decomposition that calls listed ops is not cast inside)
-    ("relu", lambda m, x: x.relu(), [("bf16", (4, 5))], None, tw.bfloat16),
-    ("mean", lambda m, x: x.mean(-1), [("bf16", (4, 5))], None, tw.bfloat16),
-    ("add-promotes", lambda m, a, b: a + b, [("bf16", (4, 5)), ("f32", (4, 5))], None, tw.float32),
-    ("gelu", lambda m, x: _F(m).gelu(x), [("bf16", (4, 5))], None, tw.bfloat16),
-    # what autocast never touches: float64 and integer tensors
-    ("linear-f64", lambda m, x, w: _F(m).linear(x, w), [("f64", (4, 8)), ("f64", (3, 8))], None, tw.float64),
-    ("exp-f64", lambda m, x: x.exp(), [("f64", (4, 5))], None, tw.float64),
-    ("sum-int", lambda m, x: x.sum(), [("i64", (4, 5))], None, tw.int64),
-    ("embedding", lambda m, i, w: _F(m).embedding(i, w), [("i64", (3,)), ("f32", (4, 6))], None, tw.float32),
+    ("matmul-mixed", lambda m, a, b: a @ b, [("bf16", (4, 8)), ("f32", (8, 3))]),
+    ("rdiv", lambda m, x: 2.0 / x, [("bf16", (4, 5))]),
+    ("rpow", lambda m, x: 2.0 ** x, [("bf16", (4, 5))]),
+    ("cross_map_lrn2d", lambda m, x: m.nn.CrossMapLRN2d(3)(x), [("bf16", (1, 4, 3, 3))]),
+    ("einsum-list", lambda m, a, b: m.einsum("ij,jk->ik", a, b), [("f32", (2, 3)), ("f16", (3, 4))]),
+    ("prod-with-dtype", lambda m, x: x.prod(-1, dtype=m.float16), [("bf16", (4, 5))]),
+    ("sum-with-dtype", lambda m, x: x.sum(dtype=m.float16), [("bf16", (4, 5))]),
+    ("softmax-in-low", lambda m, x: x.softmax(-1), [("bf16", (4, 8))]),
+    ("layer_norm-in-low", lambda m, x, w, b: m.nn.functional.layer_norm(x, (8,), w, b),
+     [("bf16", (4, 8)), ("f32", (8,)), ("f32", (8,))]),
+    ("add-promotes", lambda m, a, b: a + b, [("bf16", (4, 5)), ("f32", (4, 5))]),
+    ("cat-promotes", lambda m, a, b: m.cat([a, b]), [("bf16", (2, 5)), ("f32", (3, 5))]),
+    ("index_copy-promotes", lambda m, a, b: a.index_copy(0, m.tensor([2, 0]), b), [("f32", (3, 5)), ("bf16", (2, 5))]),
+    ("linear-f64", lambda m, x, w: m.nn.functional.linear(x, w), [("f64", (4, 8)), ("f64", (3, 8))]),
+    ("mse_loss-f64", lambda m, x, y: m.nn.functional.mse_loss(x, y), [("f64", (4, 5)), ("bf16", (4, 5))]),
+    ("sum-int", lambda m, x: x.sum(), [("i64", (4, 5))]),
+    ("prod-int", lambda m, x: x.prod(), [("i64", (4, 5))]),
+    ("embedding", lambda m, i, w: m.nn.functional.embedding(i, w), [("i64", (3,)), ("f32", (4, 6))]),
+    ("pad-reflect", lambda m, x: m.nn.functional.pad(x, (1, 2), mode="reflect"), [("bf16", (1, 2, 5))]),
+    ("pad-reflect-3d", lambda m, x: m.nn.functional.pad(x, (1, 1, 1, 1, 1, 1), mode="reflect"),
+     [("bf16", (1, 1, 3, 3, 3))]),
+    ("pad-replicate-3d", lambda m, x: m.nn.functional.pad(x, (1, 1, 1, 1, 1, 1), mode="replicate"),
+     [("bf16", (1, 1, 3, 3, 3))]),
+    ("pad-circular", lambda m, x: m.nn.functional.pad(x, (1, 1), mode="circular"), [("bf16", (1, 2, 5))]),
+    ("pad-constant", lambda m, x: m.nn.functional.pad(x, (1, 1)), [("bf16", (1, 2, 5))]),
+    ("max_pool3d", lambda m, x: m.nn.functional.max_pool3d(x, 2), [("bf16", (1, 1, 4, 4, 4))]),
+    ("max_pool3d-indices", lambda m, x: m.nn.functional.max_pool3d(x, 2, return_indices=True)[0],
+     [("bf16", (1, 1, 4, 4, 4))]),
+    ("matrix_power-2", lambda m, x: m.linalg.matrix_power(x, 2), [("f32", (3, 3))]),
+    ("matrix_power-1", lambda m, x: m.linalg.matrix_power(x, 1), [("f32", (3, 3))]),
+    ("matrix_power-0", lambda m, x: m.linalg.matrix_power(x, 0), [("f32", (3, 3))]),
+    ("inverse-bf16", lambda m, x: m.linalg.matrix_power(x + 2 * m.eye(3, dtype=x.dtype), -1), [("bf16", (3, 3))]),
 ]
 
 
-def _torch_casts(tensors: list, policy: str | None, dtype) -> list:
-    """torch's inputs after the casts ``policy`` makes under autocast with ``dtype`` (on the CPU)."""
-    eligible = [t.is_floating_point() and t.dtype != torch.float64 for t in tensors]
-    if policy == "lower":
-        target = [dtype if e else None for e in eligible]
-    elif policy == "fp32":
-        target = [torch.float32 if e else None for e in eligible]
-    elif policy == "promote":
-        widest = torch.float32 if any(e and t.dtype == torch.float32 for t, e in zip(tensors, eligible)) else dtype
-        target = [widest if e else None for e in eligible]
-    else:
-        target = [None] * len(tensors)
-    return [t.to(d) if d is not None else t for t, d in zip(tensors, target)]
-
-
-@pytest.mark.parametrize("name, fn, specs, policy, result", CASES, ids=[c[0] for c in CASES])
-def test_policy_forward_and_backward_match_torch_with_explicit_casts(name, fn, specs, policy, result):
+@pytest.mark.parametrize("autocast", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name, fn, specs", CASES, ids=[c[0] for c in CASES])
+def test_what_cpu_autocast_casts_and_leaves_alone_matches_torch(name, fn, specs, autocast):
     rng = np.random.default_rng(0)
     pairs = [_pair(spec, shape, rng) for spec, shape in specs]
     ours_in, theirs_in = [p[0] for p in pairs], [p[1] for p in pairs]
-    with tw.autocast("cpu"):
+    try:
+        with torch.autocast("cpu", dtype=getattr(torch, autocast)):
+            theirs = fn(torch, *theirs_in)
+    except RuntimeError as exc:
+        with pytest.raises(type(exc)), tw.autocast("cpu", dtype=getattr(tw, autocast)):
+            fn(tw, *ours_in)
+        return
+    with tw.autocast("cpu", dtype=getattr(tw, autocast)):
         ours = fn(tw, *ours_in)
-    theirs = fn(torch, *_torch_casts(theirs_in, policy, torch.bfloat16))
-    assert ours.dtype is result, f"{name}: {ours.dtype}, expected {result}"
-    tol = _tolerance(result)
-    _close(ours, theirs, tol, tol, name)
-    if not result.is_floating_point:
+    _close(ours, theirs, 2e-2, 2e-2, name)
+    if not ours.dtype.is_floating_point:
         return
     cotangent = rng.standard_normal(tuple(ours.shape)).astype(np.float32)
     (ours.float() * tw.from_numpy(cotangent)).sum().backward()
@@ -152,6 +193,67 @@ def test_policy_forward_and_backward_match_torch_with_explicit_casts(name, fn, s
         if a.requires_grad:
             assert a.grad is not None and a.grad.dtype is a.dtype, f"{name}: grad of input {k} is {a.grad}"
             _close(a.grad, b.grad, 3e-2, 3e-2, f"{name}: grad of input {k}")
+
+
+# ---------------------------------------------------------------------------- the lists, from torch's dispatcher
+
+def _torch_lists(dispatch_key: str) -> set[str]:
+    """The aten operators (without overload) that torch registers an autocast kernel for under ``dispatch_key``."""
+    names = torch._C._dispatch_get_all_op_names()
+    return {n.removeprefix("aten::").split(".")[0] for n in names
+            if n.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(n, dispatch_key)}
+
+
+def _tilewise_policies(device_type: str) -> dict[str, set]:
+    """Operator name (without overload) -> the policies its overloads declare for ``device_type``."""
+    found: dict[str, set] = {}
+    for op in OPS.values():
+        found.setdefault(op.name, set()).add((op.autocast or {}).get(device_type))
+    return found
+
+
+def test_every_operator_on_torchs_cpu_list_has_a_cpu_policy():
+    declared = _tilewise_policies("cpu")
+    listed = {name for name in _torch_lists("AutocastCPU") if name in declared}
+    without = sorted(name for name in listed if declared[name] == {None})
+    assert not without, f"on torch's CPU autocast lists, without a CPU policy here: {without}"
+    # the other way: a CPU policy on an operator torch does not list stands for the listed operators torch's
+    # composite reaches (einsum -> bmm, cov -> mm, pad -> reflection_pad1d, ...), each checked live above
+    emulated = sorted(name for name, policies in declared.items() if policies - {None} and name not in listed)
+    assert emulated == CPU_POLICIES_OF_COMPOSITES, "a CPU policy on an operator torch's CPU lists do not name"
+
+
+# operators whose torch counterparts are composites reaching listed operators (their policy is checked live)
+CPU_POLICIES_OF_COMPOSITES = sorted({
+    "einsum", "tensordot", "rmatmul", "chain_matmul", "linalg_multi_dot", "linalg_matrix_power", "matrix_power", "cov",
+    "corrcoef", "affine_grid",  # torch's composites reach mm/bmm/matmul
+    "_addmm_gelu",  # torch's _addmm_activation
+    "_rnn_hidden_projection", "_lstm_layer",  # tilewise's recurrent kernels: torch's RNN layers reach linear
+    "cross_entropy",  # torch's cross_entropy_loss
+    "pad",  # reflection_pad1d/2d, replication_pad1d/2d/3d
+    "lp_pool3d",  # avg_pool3d
+    "max_unpool1d",  # max_unpool2d
+    "adaptive_max_pool3d_with_indices", "fractional_max_pool2d_with_indices",
+    "fractional_max_pool3d_with_indices",  # torch's operators of these names return the indices too
+    "grid_sample",  # grid_sampler
+    "local_response_norm",  # avg_pool3d, for inputs of 4 or more dims
+})
+
+
+# on torch's CUDA lists, without a CUDA policy here: tilewise's CUDA policies are unchanged since they were first
+# written, and these are what torch's dispatcher names beyond them (shrink this list, never grow it)
+CUDA_POLICIES_MISSING = {"addbmm", "addmv", "addr", "chain_matmul", "conv_tbc", "linalg_matrix_norm",
+                         "linalg_multi_dot", "linalg_vecdot", "linalg_vector_norm", "native_layer_norm", "nuclear_norm",
+                         "prelu", "renorm"}
+
+
+def test_every_operator_on_torchs_cuda_list_has_a_cuda_policy():
+    declared = _tilewise_policies("cuda")
+    listed = {name for name in _torch_lists("AutocastCUDA") if name in declared}
+    without = {name for name in listed if declared[name] == {None}}
+    assert without == CUDA_POLICIES_MISSING, (f"new: {sorted(without - CUDA_POLICIES_MISSING)}; has a CUDA policy "
+                                              f"now (drop from CUDA_POLICIES_MISSING): "
+                                              f"{sorted(CUDA_POLICIES_MISSING - without)}")
 
 
 # torch's CUDA lists (ATen/autocast_mode.h), for every operator tilewise has under the same name
@@ -170,13 +272,28 @@ TORCH_CUDA_POLICY = {
 
 @pytest.mark.parametrize("policy", list(TORCH_CUDA_POLICY))
 def test_declarations_follow_torchs_cuda_lists(policy):
-    wrong = {name: OPS[name].autocast for name in TORCH_CUDA_POLICY[policy] if OPS[name].autocast != policy}
-    assert not wrong, f"declared with another autocast policy than torch's {policy!r}: {wrong}"
+    wrong = {name: OPS[name].autocast for name in TORCH_CUDA_POLICY[policy]
+             if (OPS[name].autocast or {}).get("cuda") != policy}
+    assert not wrong, f"declared with another CUDA autocast policy than torch's {policy!r}: {wrong}"
 
 
 def test_every_policy_has_an_implementation():
     assert set(AUTOCAST_POLICIES) == set(POLICIES)
-    assert {op.autocast for op in OPS.values()} <= {*AUTOCAST_POLICIES, None}
+    for op in OPS.values():
+        for device_type, policy in (op.autocast or {}).items():
+            assert device_type in AUTOCAST_DEVICE_TYPES and (callable(policy) or policy in AUTOCAST_POLICIES), op
+
+
+@pytest.mark.parametrize("autocast, error", [
+    ("fp16", "unknown autocast policy 'fp16'; policies"),
+    ({"tpu": "fp32"}, "unknown device type(s) ['tpu']"),
+    ({"cuda": "lowest"}, "unknown autocast policy 'lowest' for 'cuda'"),
+])
+def test_a_declaration_with_a_bad_policy_says_what_is_valid(autocast, error):
+    with pytest.raises(ValueError) as info:
+        declare("_autocast_probe(Tensor self) -> Tensor", "composite", decomposition=lambda x: x, autocast=autocast)
+    assert error in str(info.value) and "_autocast_probe" in str(info.value)
+    assert "_autocast_probe" not in OPS
 
 
 def test_inplace_ops_are_not_cast():
@@ -348,7 +465,7 @@ def test_checkpoint_recomputes_under_the_forwards_autocast_state(use_reentrant):
 
 # ---------------------------------------------------------------------------- a module, forward and backward
 
-def test_mlp_with_layer_norm_and_cross_entropy_matches_torch_with_explicit_casts():
+def test_mlp_with_layer_norm_and_cross_entropy_matches_torchs_autocast():
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(),
                               torch.nn.Linear(16, 5))
@@ -358,24 +475,23 @@ def test_mlp_with_layer_norm_and_cross_entropy_matches_torch_with_explicit_casts
     x, t = rng.standard_normal((6, 8)).astype(np.float32), rng.integers(0, 5, 6)
 
     with tw.autocast("cpu"):
-        logits = model(tw.from_numpy(x))
+        hidden = model[1](model[0](tw.from_numpy(x)))
+        logits = model[3](model[2](hidden))
         loss = tw.nn.functional.cross_entropy(logits, tw.from_numpy(t))
     loss.backward()
-
-    tf = torch.nn.functional
-    lin1, norm, lin2 = ref[0], ref[1], ref[3]
-    h = tf.linear(torch.from_numpy(x).bfloat16(), lin1.weight.bfloat16(), lin1.bias.bfloat16())
-    h = tf.gelu(tf.layer_norm(h.float(), (16,), norm.weight, norm.bias))
-    ref_logits = tf.linear(h.bfloat16(), lin2.weight.bfloat16(), lin2.bias.bfloat16())
-    ref_loss = tf.cross_entropy(ref_logits.float(), torch.from_numpy(t))
+    with torch.autocast("cpu"):
+        ref_hidden = ref[1](ref[0](torch.from_numpy(x)))
+        ref_logits = ref[3](ref[2](ref_hidden))
+        ref_loss = torch.nn.functional.cross_entropy(ref_logits, torch.from_numpy(t))
     ref_loss.backward()
 
-    assert logits.dtype is tw.bfloat16 and loss.dtype is tw.float32
-    _close(logits, ref_logits, 2e-2, 2e-2, "logits")
-    _close(loss, ref_loss, 1e-3, 1e-3, "loss")
+    assert hidden.dtype is tw.bfloat16 and logits.dtype is tw.bfloat16 and loss.dtype is tw.float32
+    _close(hidden, ref_hidden, 3e-2, 3e-2, "layer norm")
+    _close(logits, ref_logits, 3e-2, 3e-2, "logits")
+    _close(loss, ref_loss, 1e-2, 1e-2, "loss")
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert p.grad.dtype is tw.float32, name
-        _close(p.grad, q.grad, 3e-2, 3e-2, f"grad of {name}")
+        _close(p.grad, q.grad, 5e-2, 5e-2, f"grad of {name}")
 
 
 # ---------------------------------------------------------------------------- custom autograd Functions
@@ -471,7 +587,7 @@ def test_compiled_function_is_guarded_on_autocast(capsys):
 
     def f(x):
         y = tw.nn.functional.linear(x, w)
-        return y.softmax(-1), y.mean(-1)
+        return y.prod(-1), y.mean(-1)  # prod runs in float32 under CPU autocast, mean in the autocast dtype
 
     compiled = tw.compile(f)
     settings.log.add("recompiles")

@@ -331,6 +331,26 @@ def test_autocast_policy():
     assert seen == [tw.float32, tw.bfloat16]
 
 
+def test_autocast_policy_is_registered_for_one_device_type():
+    """torch.library.register_autocast registers for the device type it names: a CUDA policy leaves CPU autocast
+    alone, and each device type keeps its own."""
+    seen = []
+
+    @custom_op("twtest::dtype_seen", mutates_args=())
+    def dtype_seen(x: tw.Tensor) -> tw.Tensor:
+        seen.append(x.dtype)
+        return x.clone()
+
+    dtype_seen.register_autocast("cuda", tw.float16)
+    with tw.autocast("cpu", dtype=tw.bfloat16):
+        dtype_seen(tw.ones(2))
+    dtype_seen.register_autocast("cpu", tw.float32)
+    with tw.autocast("cpu", dtype=tw.bfloat16):
+        dtype_seen(tw.ones(2, dtype=tw.bfloat16))
+    assert seen == [tw.float32, tw.float32]
+    assert dtype_seen.op.autocast == {"cuda": "lower", "cpu": "fp32"}
+
+
 # ---------------------------------------------------------------------------- compile
 
 

@@ -260,11 +260,11 @@ class CustomOpDef:
         self._backward, self._setup_context = backward, setup_context
 
     def register_autocast(self, device_type: str, cast_inputs: DType) -> None:
-        """Inside ``tilewise.autocast``, cast floating inputs to ``cast_inputs``, then run with autocast off (the
-        operator's policy is shared by every device type: float32 keeps it in float32, a lower dtype lowers it
-        to the autocast dtype)."""
-        _device_types(device_type)
-        self.op.autocast = "fp32" if cast_inputs is float32 else "lower"
+        """Inside ``tilewise.autocast`` for ``device_type``, cast floating inputs to ``cast_inputs``, then run with
+        autocast off (a policy for that device type alone, as torch registers it: float32 keeps the operator in
+        float32, a lower dtype lowers it to the autocast dtype)."""
+        (kind,) = _device_types(device_type)
+        self.op.autocast = {**(self.op.autocast or {}), kind: "fp32" if cast_inputs is float32 else "lower"}
 
     # ------------------------------------------------------------------------ running
 

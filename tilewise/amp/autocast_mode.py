@@ -1,23 +1,30 @@
 """``tilewise.autocast``: automatic mixed precision, with torch.autocast's interface and casting policy.
 
 [Note: autocast] Inside ``with tilewise.autocast(device_type):`` the dispatcher's Autocast key
-(``dispatch.autocast_call``) looks at each operator that user code calls. An operator declares its policy
-once, in its declaration (``declare(..., autocast=...)``), after torch's CUDA lists:
+(``dispatch.autocast_call``) looks at each operator that user code calls. torch keeps one list of operators per
+device type (ATen's ``autocast_mode.cpp``: its CUDA lists and its CPU lists differ widely), so an operator declares
+its policy once, per device type, in its declaration: ``declare(..., autocast="lower")`` on every device type, or
+``autocast={"cuda": "fp32", "cpu": None}`` where the lists differ (see ``ops/registry.py``). The policies:
   "lower"   — matrix products, convolutions, attention: floating tensors run in the autocast dtype
               (float16 or bfloat16);
-  "fp32"    — ops whose range or accumulation needs float32 (exp, log, pow, sum, softmax, norms, losses):
-              low-precision floating tensors are cast to float32; an op given an explicit ``dtype=`` is left
-              alone (torch's "fp32_set_opt_dtype");
-  "promote" — ops that take several floating tensors (addcmul, dot, index_put, ...): all are cast to the
-              widest floating dtype among them;
-  "banned"  — binary_cross_entropy: refused under CUDA autocast with torch's advice, float32 under CPU
-              autocast (torch's CPU list).
-Only tensors on the device type autocast is enabled for are touched, and never float64 ones; operators
-without a policy run on the dtypes they are given (ordinary type promotion). Casts are ordinary ``to``
-calls, recorded by autograd and by ``tilewise.compile``'s trace, so a gradient returns in its input's
-dtype. An operator's own decomposition runs with autocast off (torch's autocast wrappers exclude their
-key the same way), so only the operators user code calls are cast; backward runs with autocast off too
-(the recorded casts already fix its dtypes). In-place operators are not cast (torch lists none).
+  "fp32"    — ops whose range or accumulation needs float32: low-precision floating tensors are cast to
+              float32; an op given an explicit ``dtype=`` is left alone (torch's "fp32_set_opt_dtype"). On CUDA
+              these are exp, log, pow, sums, softmax, norms and losses; on the CPU torch keeps pointwise math,
+              sums, softmax and normalisations in the low dtype and lists losses, 3-d pooling, reflection and
+              replication padding, FFTs, LAPACK-backed linear algebra and a few others instead;
+  "promote" — ops that take several floating tensors (addcmul, dot, index_put on CUDA; cat, stack, index_copy
+              on the CPU): all are cast to the widest floating dtype among them;
+  "banned"  — binary_cross_entropy on CUDA: refused with torch's advice (float32 on the CPU).
+A per-device-type entry may also be a function of the bound arguments that names the policy (``pad`` is float32
+on the CPU only for the modes and ranks torch sends to its reflection and replication kernels). Each device type's
+policy touches only the tensors on that device type, and never float64 ones; operators without a policy run on
+the dtypes they are given (ordinary type promotion). Casts are ordinary ``to`` calls, recorded by autograd and by
+``tilewise.compile``'s trace, so a gradient returns in its input's dtype. An operator's own decomposition runs with
+autocast off (torch's autocast wrappers exclude their key the same way), so only the operators user code calls
+are cast; where torch's operator is a composite of listed ones (einsum and tensordot reach bmm/mm, chain_matmul
+and matrix_power reach mm, cov and affine_grid reach mm/bmm), tilewise's declaration states the policy the
+composite ends up with. Backward runs with autocast off too (the recorded casts already fix its dtypes).
+In-place operators are not cast (torch lists none).
 
 Within the outermost region, the cast of a float32 leaf that requires grad (a weight) is cached and reused
 (``cache_enabled``), keyed by the tensor, its version (an optimizer step in the region makes a new cast),
@@ -55,29 +62,52 @@ class _Regions(threading.local):
 _REGIONS = _Regions()
 
 
+DEVICE_ORDER = ("cuda", "cpu")  # torch's dispatch key order: AutocastCUDA runs before AutocastCPU
+
+
 class AutocastState:
     """What the dispatcher's Autocast key reads: the device types autocast is on for, each with its dtype."""
 
-    __slots__ = ("dtypes", "key")
+    __slots__ = ("dtypes", "key", "regions")
 
     def __init__(self, dtypes: dict[str, DType]) -> None:
         self.dtypes = dtypes
         self.key = tuple(sorted((device_type, dtype.name) for device_type, dtype in dtypes.items()))
+        self.regions = tuple((device_type, dtypes[device_type]) for device_type in DEVICE_ORDER
+                             if device_type in dtypes)
 
     def __repr__(self) -> str:
         return describe(self.key)
 
     def cast_args(self, op, args: tuple) -> tuple:
-        return POLICIES[op.autocast](self, op, args)
+        """``args`` after each device type's policy for ``op`` (its declaration's ``autocast``) cast its tensors."""
+        policies = op.autocast
+        for device_type, dtype in self.regions:
+            policy = policies.get(device_type)
+            if policy is not None and not isinstance(policy, str):
+                policy = policy(op, args)
+            if policy is not None:
+                args = POLICIES[policy](Region(device_type, dtype), op, args)
+        return args
+
+
+class Region:
+    """One device type's autocast: the tensors a policy may cast (floating, not float64, on that device type)
+    and the dtype "lower" ops run in there."""
+
+    __slots__ = ("device_type", "dtype")
+
+    def __init__(self, device_type: str, dtype: DType) -> None:
+        self.device_type, self.dtype = device_type, dtype
 
     def target(self, t) -> DType | None:
-        """The autocast dtype for ``t``'s device type, when autocast may cast ``t`` at all."""
-        if type(t) is not Tensor:
+        """The autocast dtype, when autocast may cast ``t`` at all."""
+        if type(t) is not Tensor or t._device.type != self.device_type:
             return None
         dtype = t._dtype
         if not dtype.is_floating_point or dtype is float64:
             return None
-        return self.dtypes.get(t._device.type)
+        return self.dtype
 
 
 def describe(key: tuple) -> str:
@@ -108,7 +138,7 @@ def _map_tensors(op, args: tuple, cast: Callable) -> tuple:
     return tuple(out) if out is not None else args
 
 
-def _lower(state: AutocastState, op, args: tuple) -> tuple:
+def _lower(state: Region, op, args: tuple) -> tuple:
     def cast(t):
         dtype = state.target(t)
         return t if dtype is None else cast_to(t, dtype)
@@ -121,7 +151,7 @@ def _dtype_given(op, args: tuple) -> bool:
     return "dtype" in names and args[names.index("dtype")] is not None
 
 
-def _fp32(state: AutocastState, op, args: tuple) -> tuple:
+def _fp32(state: Region, op, args: tuple) -> tuple:
     if _dtype_given(op, args):
         return args
 
@@ -131,15 +161,11 @@ def _fp32(state: AutocastState, op, args: tuple) -> tuple:
     return _map_tensors(op, args, cast)
 
 
-def _promote(state: AutocastState, op, args: tuple) -> tuple:
-    widest = None
-    for k in op.tensor_idx:
-        widest = _wider(state, widest, args[k])
-    for k in op.list_idx:
-        for a in args[k]:
-            widest = _wider(state, widest, a)
-    if widest is None:
-        return args
+def _promote(state: Region, op, args: tuple) -> tuple:
+    widest = state.dtype
+    for k in sorted(op.tensor_idx + op.list_idx):
+        for t in (args[k],) if k in op.tensor_idx else args[k]:
+            widest = _prioritize(state, op, widest, t)
 
     def cast(t):
         return t if state.target(t) is None else cast_to(t, widest)
@@ -147,11 +173,18 @@ def _promote(state: AutocastState, op, args: tuple) -> tuple:
     return _map_tensors(op, args, cast)
 
 
-def _wider(state: AutocastState, widest: DType | None, t) -> DType | None:
+def _prioritize(state: Region, op, widest: DType, t) -> DType:
+    """torch's ``at::autocast::prioritize``: float32 wins once met; another low-precision dtype than the autocast
+    dtype before any float32 is an error."""
     if state.target(t) is None:
         return widest
-    if widest is None or t._dtype is float32:
-        return t._dtype
+    if widest is float32 or t._dtype is float32:
+        return float32
+    if t._dtype is not state.dtype:
+        raise RuntimeError(f"{op.name}: under autocast({state.device_type!r}, dtype={state.dtype.name}) its floating "
+                           f"inputs meet in float32 or {state.dtype.name}, but a {t._dtype.name} input came before "
+                           f"any float32 one (torch: Unexpected floating ScalarType in at::autocast::prioritize); cast "
+                           f"it to {state.dtype.name} or float32 first")
     return widest
 
 
@@ -161,16 +194,14 @@ BCE_BANNED = ("{op} (and nn.BCELoss) is unsafe to autocast on CUDA: models usual
               "autocast, or compute this loss outside the autocast region on float32 inputs.")
 
 
-def _banned_on_cuda(state: AutocastState, op, args: tuple) -> tuple:
-    if "cuda" in state.dtypes:
-        for k in op.tensor_idx:
-            t = args[k]
-            if state.target(t) is not None and t._device.type == "cuda":
-                raise RuntimeError(BCE_BANNED.format(op=op.name))
+def _banned(state: Region, op, args: tuple) -> tuple:
+    for k in op.tensor_idx:
+        if state.target(args[k]) is not None:
+            raise RuntimeError(BCE_BANNED.format(op=op.name))
     return _fp32(state, op, args)
 
 
-POLICIES: dict[str, Callable] = {"lower": _lower, "fp32": _fp32, "promote": _promote, "banned": _banned_on_cuda}
+POLICIES: dict[str, Callable] = {"lower": _lower, "fp32": _fp32, "promote": _promote, "banned": _banned}
 
 
 def cast_to(t: Tensor, dtype: DType) -> Tensor:
@@ -217,17 +248,20 @@ def _check_dtype(dtype, device_type: str) -> DType:
 
 class autocast:  # noqa: N801 — torch's name
     """Run the ops of a region in mixed precision: matrix products and convolutions in ``dtype`` (float16 on
-    "cuda", bfloat16 on "cpu" unless given), precision-sensitive ops in float32, as ``torch.autocast`` does.
-    A context manager or a decorator; regions nest, and ``enabled=False`` turns autocast off inside one.
+    "cuda", bfloat16 on "cpu" unless given), precision-sensitive ops in float32, after torch's lists for the
+    device type (on "cpu", softmax and normalisations stay in ``dtype``; losses run in float32), as
+    ``torch.autocast`` does. A context manager or a decorator; regions nest, and ``enabled=False`` turns autocast
+    off inside one.
 
     >>> import tilewise as tw
     >>> x, w = tw.randn(4, 8), tw.randn(3, 8, requires_grad=True)
     >>> with tw.autocast("cpu"):
     ...     y = tw.nn.functional.linear(x, w)
     ...     p = y.softmax(-1)
-    >>> y.dtype, p.dtype
-    (tilewise.bfloat16, tilewise.float32)
-    >>> p.sum().backward()
+    ...     loss = tw.nn.functional.mse_loss(p, tw.zeros(4, 3))
+    >>> y.dtype, p.dtype, loss.dtype
+    (tilewise.bfloat16, tilewise.bfloat16, tilewise.float32)
+    >>> loss.backward()
     >>> w.grad.dtype
     tilewise.float32
     """

@@ -63,7 +63,7 @@ def _as_complex_geometry(shape, strides, offset):
 declare("view_as_real(Tensor(a) self) -> Tensor(a)", "view", view=_as_real_geometry, view_dtype=_parts_dtype,
         grad={"self": "view_as_complex(grad.contiguous())"}, method=False, compiles=False)
 declare("view_as_complex(Tensor(a) self) -> Tensor(a)", "view", view=_as_complex_geometry, view_dtype=_complex_dtype,
-        grad={"self": "view_as_real(grad.contiguous())"}, method=False, compiles=False)
+        grad={"self": "view_as_real(grad.contiguous())"}, method=False, compiles=False, autocast={"cpu": "fp32"})
 
 
 def real_view(t: Tensor) -> Tensor:
@@ -145,6 +145,7 @@ declare("angle(Tensor self) -> Tensor", "composite", decomposition=_angle,
 declare("complex(Tensor real, Tensor imag) -> Tensor", "composite", decomposition=_complex, method=False,
         doc=">>> tw.complex(tw.tensor([1.0]), tw.tensor([2.0]))\ntensor([1.+2.j])")
 declare("polar(Tensor abs, Tensor angle) -> Tensor", "composite", decomposition=_polar, method=False,
+        autocast={"cpu": "fp32"},
         doc="abs * (cos(angle) + i sin(angle)).")
 
 

@@ -146,4 +146,4 @@ declare("addmv(Tensor self, Tensor mat, Tensor vec, *, Scalar beta=1, Scalar alp
 declare("addr(Tensor self, Tensor vec1, Tensor vec2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
         decomposition=_addr, inplace=True)
 declare("addbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor",
-        "composite", decomposition=_addbmm, inplace=True)
+        "composite", decomposition=_addbmm, inplace=True, autocast={"cpu": "lower"})

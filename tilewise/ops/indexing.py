@@ -27,7 +27,7 @@ declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulat
         grad={"self": "grad if accumulate else "
                       "index_put(grad, indices, zeros((), dtype=grad.dtype, device=grad.device), False)",
               "values": "grad[indices_tuple(indices)]", "indices": None}, fwd="auto_linear", inplace=True,
-        autocast="promote", batch=index_put_rule)
+        autocast={"cuda": "promote"}, batch=index_put_rule)
 declare("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", "index",
         dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)", "index": None},
         fwd="auto_linear", batch=shift_dims)
@@ -39,7 +39,7 @@ declare("scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tens
         inplace=True, batch=shift_dims)
 declare("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
         grad={"self": "grad", "src": "grad.gather(dim, index)", "index": None}, fwd="auto_linear", inplace=True,
-        autocast="promote", batch=shift_dims)
+        autocast={"cuda": "promote"}, batch=shift_dims)
 declare("nonzero(Tensor self) -> Tensor", "index", differentiable=False,
         doc="Positions of non-zero elements, one row of coordinates each (data-dependent shape).", batch=dynamic_shape)
 

@@ -136,7 +136,7 @@ def _mm_gelu_backward(m1, m2, pre):
 
 
 declare("_addmm_gelu(Tensor self, Tensor mat1, Tensor mat2) -> (Tensor output, Tensor preactivation)", "composite",
-        decomposition=_addmm_gelu, method=False)
+        decomposition=_addmm_gelu, method=False, autocast={"cpu": "lower"})  # torch's _addmm_activation
 declare("_mm_gelu_backward(Tensor mat1, Tensor mat2, Tensor preactivation) -> Tensor",
         "composite", decomposition=_mm_gelu_backward, method=False)
 declare("baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
@@ -162,7 +162,7 @@ def _dot(a, b):
 
 
 declare("dot(Tensor self, Tensor tensor) -> Tensor", "composite", decomposition=_dot, aliases=("inner",),
-        autocast="promote")
+        autocast={"cuda": "promote"})
 
 
 def _vdot(a, b):
@@ -173,7 +173,7 @@ def _vdot(a, b):
     return _dot(a.conj() if a.dtype.is_complex else a, b)
 
 
-declare("vdot(Tensor self, Tensor other) -> Tensor", "composite", decomposition=_vdot, autocast="promote")
+declare("vdot(Tensor self, Tensor other) -> Tensor", "composite", decomposition=_vdot, autocast={"cuda": "promote"})
 
 
 def _mv(matrix, vec):
@@ -190,7 +190,7 @@ def _mv(matrix, vec):
     return matrix.matmul(vec)
 
 
-declare("mv(Tensor self, Tensor vec) -> Tensor", "composite", decomposition=_mv, autocast="lower")
+declare("mv(Tensor self, Tensor vec) -> Tensor", "composite", decomposition=_mv, autocast={"cuda": "lower"})
 
 
 def _tensordot_dims(a, b, dims) -> tuple[list[int], list[int]]:
@@ -230,8 +230,16 @@ def _tensordot(a, b, dims=2):
     return left.mm(right).reshape(tuple(a.shape[d] for d in free_a) + tuple(b.shape[d] for d in free_b))
 
 
+def _tensordot_autocast_on_cpu(op, args) -> str | None:
+    """torch's tensordot is one mm, which its CPU autocast list lowers, unless every dim of both is contracted (or
+    the two dtypes differ, which it refuses)."""
+    a, b, dims = args
+    dims_a, dims_b = _tensordot_dims(a, b, dims)
+    return None if a.dtype is not b.dtype or (len(dims_a) == a.ndim and len(dims_b) == b.ndim) else "lower"
+
+
 declare("tensordot(Tensor a, Tensor b, Any dims=2) -> Tensor", "composite", decomposition=_tensordot, method=False,
-        autocast="lower")
+        autocast={"cuda": "lower", "cpu": _tensordot_autocast_on_cpu})
 
 
 def _chain_matmul(matrices):
@@ -251,5 +259,12 @@ def _chain_matmul(matrices):
     return OPS["linalg_multi_dot"](list(matrices))
 
 
+def chain_autocast_on_cpu(op, args) -> str | None:
+    """torch's chain_matmul and linalg.multi_dot are chains of mm, which its CPU autocast list lowers, after checking
+    that every matrix has one dtype; one matrix is returned as is."""
+    tensors = args[0]
+    return "lower" if len(tensors) > 1 and len({t.dtype for t in tensors}) == 1 else None
+
+
 declare("chain_matmul(Tensor[] matrices) -> Tensor", "composite", decomposition=_chain_matmul, method=False,
-        varargs=True)
+        varargs=True, autocast={"cpu": chain_autocast_on_cpu})

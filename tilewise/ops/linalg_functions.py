@@ -15,6 +15,7 @@ import math
 import warnings
 
 from tilewise import strides as S
+from tilewise.ops.linalg import chain_autocast_on_cpu
 from tilewise.ops.linalg_solvers import (
     LinAlgError,
     check_floating,
@@ -27,17 +28,34 @@ from tilewise.ops.linalg_solvers import (
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
 
-# torch's autocast runs these in float32 (LAPACK and cuSOLVER have no half precision): low-precision inputs are
-# cast up under autocast rather than refused
+# torch's CPU autocast runs these in float32 (LAPACK has no half precision): low-precision inputs are cast up
+# under autocast rather than refused; tilewise does the same under CUDA autocast
 _AUTOCAST_FP32 = frozenset({
-    "linalg_solve", "linalg_solve_ex", "linalg_inv", "linalg_inv_ex", "inverse", "linalg_cholesky",
+    "linalg_solve", "linalg_inv", "linalg_inv_ex", "inverse", "linalg_cholesky",
     "linalg_cholesky_ex", "cholesky", "cholesky_solve", "cholesky_inverse", "linalg_qr", "qr", "linalg_svd", "svd",
     "linalg_svdvals", "linalg_eigh", "linalg_eigvalsh", "linalg_lstsq", "pinverse", "linalg_matrix_rank",
     "linalg_tensorinv", "linalg_tensorsolve", "triangular_solve"})
 
 
-def _autocast_policy(schema: str) -> str | None:
-    return "fp32" if schema.split("(", 1)[0] in _AUTOCAST_FP32 else None
+def _matrix_power_on_cpu(op, args) -> str | None:
+    """torch's matrix_power under CPU autocast: its matmuls run in the low dtype (n >= 2), its inverse in float32
+    (n < 0); n = 0 and 1 call neither."""
+    n = args[1]
+    return "lower" if n >= 2 else "fp32" if n < 0 else None
+
+
+_AUTOCAST_OTHER = {
+    "linalg_solve_ex": {"cuda": "fp32"},  # torch's CPU list has linalg_solve, not its _ex form
+    "linalg_vecdot": {"cpu": "lower"},
+    "linalg_multi_dot": {"cpu": chain_autocast_on_cpu},
+    "linalg_matrix_power": {"cpu": _matrix_power_on_cpu},
+    "matrix_power": {"cpu": _matrix_power_on_cpu},
+}
+
+
+def _autocast_policy(schema: str):
+    name = schema.split("(", 1)[0]
+    return "fp32" if name in _AUTOCAST_FP32 else _AUTOCAST_OTHER.get(name)
 
 
 def linalg(schema: str, decomposition, grad: dict | None = None, **attrs):

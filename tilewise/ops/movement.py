@@ -151,10 +151,10 @@ def _vstack(tensors):
 
 declare("cat(Tensor[] tensors, int dim=0) -> Tensor", "copy", dtype=_cat_dtype,
         grad={"tensors": "cat_backward(grad, tensors_shape, dim)"}, fwd="auto_linear", method=False,
-        aliases=("concat", "concatenate"),
+        aliases=("concat", "concatenate"), autocast={"cpu": "promote"},
         doc="Join tensors along an existing dim; dtypes promote.\n\n"
             ">>> tw.cat([tw.zeros(1, 2), tw.ones(2, 2)]).shape\ntilewise.Size([3, 2])", batch=cat_rule)
-composite("stack(Tensor[] tensors, int dim=0) -> Tensor", _stack, method=False,
+composite("stack(Tensor[] tensors, int dim=0) -> Tensor", _stack, method=False, autocast={"cpu": "promote"},
           doc="Join equal-shaped tensors along a new dim.\n\n"
               ">>> tw.stack([tw.zeros(2), tw.ones(2)], 1).shape\ntilewise.Size([2, 2])", batch=stack_rule)
 composite("hstack(Tensor[] tensors) -> Tensor", _hstack, method=False)
@@ -308,8 +308,15 @@ def _pad(input, pad, mode="constant", value=None):
     return input.clone() if out is input else out
 
 
+def _pad_autocast_on_cpu(op, args) -> str | None:
+    """torch's CPU autocast list has its reflection_pad1d/2d and replication_pad1d/2d/3d kernels, which ``pad``
+    reaches for those modes with 2, 4 (reflect) or 2, 4, 6 (replicate) padding values."""
+    mode, pads = args[2], len(args[1])
+    return "fp32" if (mode == "reflect" and pads in (2, 4)) or (mode == "replicate" and pads in (2, 4, 6)) else None
+
+
 composite("pad(Tensor input, int[] pad, str mode=\"constant\", float? value=None) -> Tensor", _pad, functional=True,
-          function=False, method=False,
+          function=False, method=False, autocast={"cpu": _pad_autocast_on_cpu},
           doc="torch.nn.functional.pad: ``pad`` lists (before, after) pairs starting from the last dim; modes "
               "constant (negative values crop), reflect, replicate, circular.\n\n"
               ">>> F.pad(tw.ones(2, 2), (1, 1)).shape\ntilewise.Size([2, 4])")
@@ -579,7 +586,7 @@ composite("index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scala
           doc="``self`` with ``alpha * source`` added into the slices ``index`` names along ``dim``.")
 composite("index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor", _index_copy,
           grad={"self": "grad.index_fill(dim, index, 0)", "source": "index_source_backward(grad, dim, index, source)",
-                "index": None}, fwd="auto_linear", inplace=True)
+                "index": None}, fwd="auto_linear", inplace=True, autocast={"cpu": "promote"})
 composite("index_fill(Tensor self, int dim, Tensor index, Tensor value) -> Tensor", _index_fill, inplace=True)
 composite("take(Tensor self, Tensor index) -> Tensor", _take, grad={"self": "take_backward(grad, self, index)",
                                                                    "index": None}, fwd="auto_linear",
@@ -703,7 +710,7 @@ composite("diag_embed(Tensor self, int offset=0, int dim1=-2, int dim2=-1) -> Te
 composite("diag(Tensor self, int diagonal=0) -> Tensor", _diag,
           doc="A 1-D tensor's diagonal matrix, or a copy of a matrix's diagonal.\n\n"
               ">>> tw.diag(tw.tensor([1, 2]))\ntensor([[1, 0],\n        [0, 2]])")
-composite("trace(Tensor self) -> Tensor", _trace)
+composite("trace(Tensor self) -> Tensor", _trace, autocast={"cpu": "fp32"})
 composite("tensor_split.sections(Tensor self, int sections, int dim=0) -> Tensor[]", _tensor_split_sections)
 composite("tensor_split.indices(Tensor self, int[] indices, int dim=0) -> Tensor[]", _tensor_split_indices)
 composite("meshgrid(Tensor[] tensors, *, str? indexing=None) -> Tensor[]", _meshgrid, method=False, varargs=True,

@@ -53,10 +53,10 @@ def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
 
 
 composite("softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", _softmax,
-          {"self": "OPS['_softmax_backward_data'](grad, result, dim, result.dtype)"}, autocast="fp32",
+          {"self": "OPS['_softmax_backward_data'](grad, result, dim, result.dtype)"}, autocast={"cuda": "fp32"},
           fwd="result * (self_t.to(result.dtype) - (self_t.to(result.dtype) * result).sum(dim, keepdim=True))")
 composite("log_softmax(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", _log_softmax,
-          {"self": "OPS['_log_softmax_backward_data'](grad, result, dim, result.dtype)"}, autocast="fp32",
+          {"self": "OPS['_log_softmax_backward_data'](grad, result, dim, result.dtype)"}, autocast={"cuda": "fp32"},
           fwd="self_t.to(result.dtype) - (self_t.to(result.dtype) * result.exp()).sum(dim, keepdim=True)",
           batch=shift_dims)
 # The backward of softmax and log_softmax as operators of their own (torch's schemas), so that a backend can run

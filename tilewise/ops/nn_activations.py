@@ -100,8 +100,8 @@ def _prelu(input, weight):
 
 functional("glu(Tensor input, int dim=-1) -> Tensor", _glu, function=False)
 functional("softmin(Tensor input, int? dim=None, int _stacklevel=3, ScalarType? dtype=None) -> Tensor", _softmin,
-           function=False, autocast="fp32")
-functional("prelu(Tensor input, Tensor weight) -> Tensor", _prelu, method=True)
+           function=False, autocast={"cuda": "fp32"})
+functional("prelu(Tensor input, Tensor weight) -> Tensor", _prelu, method=True, autocast={"cpu": "lower"})
 
 
 # ---------------------------------------------------------------------------- randomized leaky ReLU
@@ -229,7 +229,7 @@ def _bilinear(input1, input2, weight, bias=None):
 
 
 functional("bilinear(Tensor input1, Tensor input2, Tensor weight, Tensor? bias=None) -> Tensor", _bilinear,
-           autocast="lower")
+           autocast={"cuda": "lower"})
 
 
 # ---------------------------------------------------------------------------- local response normalization
@@ -291,11 +291,17 @@ def _cross_map_lrn2d_backward(grad, input, output, size, alpha, beta, k):
     return scale ** -beta * grad - (2 * alpha * beta / size) * input * ratio
 
 
+def _local_response_norm_autocast_on_cpu(op, args) -> str | None:
+    """torch's local_response_norm averages over channels with avg_pool3d (on its CPU autocast list) for inputs of
+    4 or more dims, with avg_pool2d (not on it) for 3-d ones."""
+    return "fp32" if args[0].ndim >= 4 else None
+
+
 functional("local_response_norm(Tensor input, int size, float alpha=0.0001, float beta=0.75, float k=1.0) -> Tensor",
-           _local_response_norm, function=False, autocast="fp32")
+           _local_response_norm, function=False, autocast={"cuda": "fp32", "cpu": _local_response_norm_autocast_on_cpu})
 private("_cross_map_lrn2d(Tensor input, int size, float alpha=0.0001, float beta=0.75, float k=1.0) -> Tensor",
         _cross_map_lrn2d, {"input": "OPS['_cross_map_lrn2d_backward'](grad, input, result, size, alpha, beta, k)"},
-        autocast="fp32",
+        autocast={"cuda": "fp32"},
         fwd="cross_map_lrn2d_jvp(input, input_t, result, size, alpha, beta, k)")
 private("_cross_map_lrn2d_backward(Tensor grad, Tensor input, Tensor output, int size, float alpha, float beta, "
         "float k) -> Tensor", _cross_map_lrn2d_backward)

@@ -161,9 +161,9 @@ private("_fused_rms_norm(Tensor input, int[] normalized_shape, Tensor? weight, f
 private("_layer_norm_backward(Tensor grad, Tensor input, Tensor? mean, Tensor rstd, Tensor? weight, Tensor? bias, "
         "int normalized_ndim, float eps) -> (Tensor, Tensor, Tensor)", _layer_norm_backward)
 functional("layer_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
-           "float eps=1e-05) -> Tensor", _layer_norm, autocast="fp32", batch=leading_batch_first_only)
+           "float eps=1e-05) -> Tensor", _layer_norm, autocast={"cuda": "fp32"}, batch=leading_batch_first_only)
 functional("rms_norm(Tensor input, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor",
-           _rms_norm, autocast="fp32")
+           _rms_norm, autocast={"cuda": "fp32"})
 
 
 def _channel_shape(input) -> tuple[int, ...]:
@@ -315,7 +315,7 @@ functional("batch_norm(Tensor input, Tensor? running_mean, Tensor? running_var, 
            "Tensor? bias=None, bool training=False, float momentum=0.1, float eps=1e-05) -> Tensor", _batch_norm,
            function=False)
 functional("group_norm(Tensor input, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) "
-           "-> Tensor", _group_norm, autocast="fp32")
+           "-> Tensor", _group_norm, autocast={"cuda": "fp32"})
 functional("instance_norm(Tensor input, Tensor? running_mean=None, Tensor? running_var=None, Tensor? weight=None, "
            "Tensor? bias=None, bool use_input_stats=True, float momentum=0.1, float eps=1e-05) -> Tensor",
            _instance_norm, function=False)
@@ -342,9 +342,9 @@ def _cosine_similarity(x1, x2, dim=1, eps=1e-8):
 
 
 functional("normalize(Tensor input, float p=2.0, int dim=1, float eps=1e-12) -> Tensor", _normalize,
-           function=False, autocast="fp32")
+           function=False, autocast={"cuda": "fp32"})
 functional("cosine_similarity(Tensor x1, Tensor x2, int dim=1, float eps=1e-08) -> Tensor", _cosine_similarity,
-           autocast="fp32")
+           autocast={"cuda": "fp32"})
 
 
 # ============================================================================ dropout

@@ -136,10 +136,18 @@ def _huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
                                                                                             weight)
 
 
+def _unweighted_in_float32_on_cpu(op, args) -> str | None:
+    """torch's mse_loss and l1_loss call their listed aten operator only without ``weight``; with one,
+    torch.nn.functional computes the loss from unlisted operators, in the given dtypes."""
+    return "fp32" if args[op.param_names().index("weight")] is None else None
+
+
+WEIGHTED_LOSS_AUTOCAST = {"cuda": "fp32", "cpu": _unweighted_in_float32_on_cpu}
+
 functional("mse_loss(Tensor input, Tensor target, bool? size_average=None, bool? reduce=None, str reduction='mean', "
-           "Tensor? weight=None) -> Tensor", _mse_loss, function=False, autocast="fp32")
+           "Tensor? weight=None) -> Tensor", _mse_loss, function=False, autocast=WEIGHTED_LOSS_AUTOCAST)
 functional("l1_loss(Tensor input, Tensor target, bool? size_average=None, bool? reduce=None, str reduction='mean', "
-           "Tensor? weight=None) -> Tensor", _l1_loss, function=False, autocast="fp32")
+           "Tensor? weight=None) -> Tensor", _l1_loss, function=False, autocast=WEIGHTED_LOSS_AUTOCAST)
 functional("smooth_l1_loss(Tensor input, Tensor target, bool? size_average=None, bool? reduce=None, "
            "str reduction='mean', float beta=1.0) -> Tensor", _smooth_l1_loss, function=False, autocast="fp32")
 functional("huber_loss(Tensor input, Tensor target, str reduction='mean', float delta=1.0, Tensor? weight=None) "
@@ -387,7 +395,7 @@ private("_binary_cross_entropy(Tensor input, Tensor target, Tensor? weight, str 
             f"(log1p(-input) - log(input))) * {_BCE_SCALE}, reduction)")
 functional("binary_cross_entropy(Tensor input, Tensor target, Tensor? weight=None, bool? size_average=None, "
            "bool? reduce=None, str reduction='mean') -> Tensor", _binary_cross_entropy, function=False,
-           autocast="banned")
+           autocast={"cuda": "banned", "cpu": "fp32"})
 
 
 def _binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",

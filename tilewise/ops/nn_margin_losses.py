@@ -195,7 +195,7 @@ functional("multilabel_margin_loss(Tensor input, Tensor target, bool? size_avera
            "str reduction='mean') -> Tensor", _multilabel_margin_loss, function=False, autocast="fp32")
 functional("multilabel_soft_margin_loss(Tensor input, Tensor target, Tensor? weight=None, bool? size_average=None, "
            "bool? reduce=None, str reduction='mean') -> Tensor", _multilabel_soft_margin_loss, function=False,
-           autocast="fp32")
+           autocast={"cuda": "fp32"})
 
 
 # ---------------------------------------------------------------------------- likelihoods
@@ -260,9 +260,9 @@ functional("poisson_nll_loss(Tensor input, Tensor target, bool log_input=True, b
            "bool? size_average=None, float eps=1e-08, bool? reduce=None, str reduction='mean') -> Tensor",
            _poisson_nll_loss, function=False, autocast="fp32")
 functional("gaussian_nll_loss(Tensor input, Tensor target, Tensor var, bool full=False, float eps=1e-06, "
-           "str reduction='mean') -> Tensor", _gaussian_nll_loss, function=False, autocast="fp32")
+           "str reduction='mean') -> Tensor", _gaussian_nll_loss, function=False, autocast={"cuda": "fp32"})
 functional("gaussian_nll_loss.float(Tensor input, Tensor target, float var, bool full=False, float eps=1e-06, "
-           "str reduction='mean') -> Tensor", _gaussian_nll_loss, function=False, autocast="fp32")
+           "str reduction='mean') -> Tensor", _gaussian_nll_loss, function=False, autocast={"cuda": "fp32"})
 
 
 # ---------------------------------------------------------------------------- distances and triplet loss
@@ -324,8 +324,8 @@ def _triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6
 
 
 functional("pairwise_distance(Tensor x1, Tensor x2, float p=2.0, float eps=1e-06, bool keepdim=False) -> Tensor",
-           _pairwise_distance, autocast="fp32")
-functional("pdist(Tensor input, float p=2.0) -> Tensor", _pdist, autocast="fp32")
+           _pairwise_distance, autocast={"cuda": "fp32"})
+functional("pdist(Tensor input, float p=2.0) -> Tensor", _pdist, autocast={"cuda": "fp32"})
 functional("triplet_margin_loss(Tensor anchor, Tensor positive, Tensor negative, float margin=1.0, float p=2.0, "
            "float eps=1e-06, bool swap=False, bool? size_average=None, bool? reduce=None, str reduction='mean') "
            "-> Tensor", _triplet_margin_loss, function=False, autocast="fp32")

@@ -314,6 +314,20 @@ def avg_pool_backward(grad, input, kernel_size, stride, padding, ceil_mode, coun
 
 HELPERS.update(max_pool_backward=max_pool_backward, avg_pool_backward=avg_pool_backward)
 
+# torch's CPU autocast list runs 3-d pooling (max, average, adaptive, and lp pooling through average pooling),
+# unpooling and fractional max pooling in float32; CUDA's lists none of them
+ON_CPU_IN_FLOAT32 = {"cpu": "fp32"}
+
+
+def _max_pool3d_autocast_on_cpu(op, args) -> str | None:
+    """torch lists max_pool3d, not max_pool3d_with_indices, which its max_pool3d(return_indices=True) calls."""
+    return None if args[6] else "fp32"
+
+
+def _in_3d(spatial: int) -> dict | None:
+    return ON_CPU_IN_FLOAT32 if spatial == 3 else None
+
+
 for _n in (1, 2, 3):
     functional(f"max_pool{_n}d_with_indices(Tensor input, int[{_n}] kernel_size, int[{_n}]? stride=None, "
                f"int[{_n}] padding=0, int[{_n}] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)",
@@ -321,7 +335,8 @@ for _n in (1, 2, 3):
                function=False, nondiff_outputs=(1,),
                fwd=f"max_pool_jvp(input_t, result[1], {_n})")
     functional(f"max_pool{_n}d(Tensor input, int[{_n}] kernel_size, int[{_n}]? stride=None, int[{_n}] padding=0, "
-               f"int[{_n}] dilation=1, bool ceil_mode=False, bool return_indices=False) -> Tensor", _max_pool(_n))
+               f"int[{_n}] dilation=1, bool ceil_mode=False, bool return_indices=False) -> Tensor", _max_pool(_n),
+               autocast={"cpu": _max_pool3d_autocast_on_cpu} if _n == 3 else None)
 functional("avg_pool1d(Tensor input, int[1] kernel_size, int[1]? stride=None, int[1] padding=0, "
            "bool ceil_mode=False, bool count_include_pad=True) -> Tensor", _avg_pool(1),
            {"input": "avg_pool_backward(grad, input, kernel_size, stride, padding, ceil_mode, count_include_pad, "
@@ -332,7 +347,7 @@ for _n in (2, 3):
                "bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
                _avg_pool(_n), {"input": "avg_pool_backward(grad, input, kernel_size, stride, padding, ceil_mode, "
                                         f"count_include_pad, divisor_override, {_n})"}, function=False,
-               fwd="auto_linear")
+               fwd="auto_linear", autocast=_in_3d(_n))
 
 
 # ============================================================================ adaptive pooling
@@ -453,7 +468,7 @@ def _adaptive_avg_pool(spatial: int):
 HELPERS.update(adaptive_avg_pool_backward=adaptive_avg_pool_backward)
 for _n in (1, 2, 3):
     functional(f"adaptive_avg_pool{_n}d(Tensor input, Scalar[{_n}] output_size) -> Tensor", _adaptive_avg_pool(_n),
-               function=_n == 1)
+               function=_n == 1, autocast=_in_3d(_n))
 for _n in (2, 3):
     private(f"_adaptive_avg_pool{_n}d(Tensor self, int[{_n}] output_size) -> Tensor", _adaptive_avg_pool_separably,
             {"self": f"adaptive_avg_pool_backward(grad, self, {_n})"},
@@ -540,9 +555,9 @@ for _n in (1, 2, 3):
     functional(f"adaptive_max_pool{_n}d_with_indices(Tensor input, Scalar[{_n}] output_size) -> (Tensor, Tensor)",
                _adaptive_max_pool_with_indices(_n), {"input": f"max_pool_backward(grad, input, result[1], {_n})"},
                function=False, nondiff_outputs=(1,),
-               fwd=f"max_pool_jvp(input_t, result[1], {_n})")
+               fwd=f"max_pool_jvp(input_t, result[1], {_n})", autocast=_in_3d(_n))
     functional(f"adaptive_max_pool{_n}d(Tensor input, Scalar[{_n}] output_size, bool return_indices=False) -> Tensor",
-               _adaptive_max_pool(_n), function=_n == 1)
+               _adaptive_max_pool(_n), function=_n == 1, autocast=_in_3d(_n))
 
 
 # ============================================================================ power-average pooling
@@ -566,7 +581,8 @@ def _lp_pool(spatial: int):
 
 for _n in (1, 2, 3):
     functional(f"lp_pool{_n}d(Tensor input, float norm_type, int[{_n}] kernel_size, int[{_n}]? stride=None, "
-               "bool ceil_mode=False) -> Tensor", _lp_pool(_n), function=False)
+               "bool ceil_mode=False) -> Tensor", _lp_pool(_n), function=False,
+               autocast=_in_3d(_n))
 
 
 # ============================================================================ max unpooling
@@ -637,7 +653,8 @@ def _max_unpool(spatial: int):
 
 for _n in (1, 2, 3):
     functional(f"max_unpool{_n}d(Tensor input, Tensor indices, int[{_n}] kernel_size, int[{_n}]? stride=None, "
-               f"int[{_n}] padding=0, int[]? output_size=None) -> Tensor", _max_unpool(_n), function=False)
+               f"int[{_n}] padding=0, int[]? output_size=None) -> Tensor", _max_unpool(_n), function=False,
+               autocast=ON_CPU_IN_FLOAT32)
 
 
 # ============================================================================ fractional max pooling
@@ -739,7 +756,7 @@ for _n in (2, 3):
                _fractional_max_pool_with_indices(_n),
                {"input": f"max_pool_backward(grad, input, result[1], {_n})", "_random_samples": None}, function=False,
                nondiff_outputs=(1,),
-               fwd=f"max_pool_jvp(input_t, result[1], {_n})")
+               fwd=f"max_pool_jvp(input_t, result[1], {_n})", autocast=ON_CPU_IN_FLOAT32)
     functional(f"fractional_max_pool{_n}d(Tensor input, int[{_n}] kernel_size, int[{_n}]? output_size=None, "
                f"float[{_n}]? output_ratio=None, bool return_indices=False, Tensor? _random_samples=None) -> Tensor",
-               _fractional_max_pool(_n), function=False)
+               _fractional_max_pool(_n), function=False, autocast=ON_CPU_IN_FLOAT32)

@@ -256,7 +256,7 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
 
 functional("interpolate(Tensor input, int[]? size=None, float[]? scale_factor=None, str mode='nearest', "
            "bool? align_corners=None, bool? recompute_scale_factor=None, bool antialias=False) -> Tensor",
-           _interpolate, function=False, autocast="fp32")
+           _interpolate, function=False, autocast={"cuda": "fp32"})
 
 
 def _pixel_shuffle(input, upscale_factor):
@@ -413,7 +413,8 @@ def _affine_grid(theta, size, align_corners=None):
     return base.bmm(theta.transpose(1, 2)).reshape(batch, *sizes, spatial)
 
 
-functional("affine_grid(Tensor theta, int[] size, bool? align_corners=None) -> Tensor", _affine_grid, function=False)
+functional("affine_grid(Tensor theta, int[] size, bool? align_corners=None) -> Tensor", _affine_grid, function=False,
+           autocast={"cpu": "lower"})  # torch's reaches bmm
 
 
 def _unnormalize(coordinate, size: int, align_corners: bool):
@@ -555,7 +556,7 @@ def _grid_bicubic(plane, raw, sizes, padding_mode, align):
 
 
 functional("grid_sample(Tensor input, Tensor grid, str mode='bilinear', str padding_mode='zeros', "
-           "bool? align_corners=None) -> Tensor", _grid_sample, function=False)
+           "bool? align_corners=None) -> Tensor", _grid_sample, function=False, autocast={"cpu": "fp32"})
 
 
 def _upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None):

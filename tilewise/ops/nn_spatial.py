@@ -450,4 +450,5 @@ def _conv_tbc(input, weight, bias, pad=0):
     return out.permute(2, 0, 1)
 
 
-functional("conv_tbc(Tensor input, Tensor weight, Tensor bias, int pad=0) -> Tensor", _conv_tbc)
+functional("conv_tbc(Tensor input, Tensor weight, Tensor bias, int pad=0) -> Tensor", _conv_tbc,
+           autocast={"cpu": "lower"})

@@ -23,7 +23,8 @@ def _dist(self, other, p=2):
     return _vector_norm(self - other, p, None)
 
 
-declare("dist(Tensor self, Tensor other, Scalar p=2) -> Tensor", "composite", decomposition=_dist, autocast="fp32")
+declare("dist(Tensor self, Tensor other, Scalar p=2) -> Tensor", "composite", decomposition=_dist,
+        autocast={"cuda": "fp32"})
 
 _COMPUTE_MODES = (None, "use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist",
                   "donot_use_mm_for_euclid_dist")
@@ -77,7 +78,7 @@ def _frobenius_norm(self, dim, keepdim=False):
 
 
 declare("frobenius_norm(Tensor self, int[1] dim, bool keepdim=False) -> Tensor", "composite",
-        decomposition=_frobenius_norm, method=False, autocast="fp32")
+        decomposition=_frobenius_norm, method=False, autocast={"cuda": "fp32"})
 
 
 def _nuclear_norm(self, dim=(-2, -1), keepdim=False):

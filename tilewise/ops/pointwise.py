@@ -129,7 +129,7 @@ pointwise("div(Tensor self, Tensor other, *, str? rounding_mode=None) -> Tensor"
 pointwise("rdiv(Tensor self, Tensor other) -> Tensor",
           lambda a, b: b / a,
           {"self": "-grad * conj_if_complex(other / (self * self))", "other": "grad / conj_if_complex(self)"},
-          R.promote_float, method=False, dunder=("rtruediv",), inplace=False, autocast="fp32")
+          R.promote_float, method=False, dunder=("rtruediv",), inplace=False, autocast={"cuda": "fp32"})
 pointwise("floor_divide(Tensor self, Tensor other) -> Tensor", lambda a, b: a.floordiv(b), None, R.numeric,
           dunder=("floordiv", "rfloordiv"), differentiable=False)
 pointwise("remainder(Tensor self, Tensor other) -> Tensor", lambda a, b: a.mod(b),
@@ -139,10 +139,10 @@ pointwise("fmod(Tensor self, Tensor other) -> Tensor", lambda a, b: a.fmod(b),
 pointwise("pow(Tensor self, Tensor exponent) -> Tensor", lambda a, b: a ** b,
           {"self": "grad * exponent * where(exponent == 0, ones_like(self), self ** (exponent - 1))",
            "exponent": "grad * where((self == 0) & (exponent >= 0), zeros_like(result), result * log(self))"},
-          R.power, dunder=("pow",), autocast="fp32")
+          R.power, dunder=("pow",), autocast={"cuda": "fp32"})
 pointwise("rpow(Tensor self, Tensor other) -> Tensor", lambda a, b: b ** a,
           {"self": "grad * result * log(other)", "other": "grad * self * other ** (self - 1)"}, R.numeric,
-          method=False, inplace=False, dunder=("rpow",), autocast="fp32")
+          method=False, inplace=False, dunder=("rpow",), autocast={"cuda": "fp32"})
 pointwise("neg(Tensor self) -> Tensor", lambda x: -x, {"self": "-grad"}, R.negation, dunder=("neg",),
           aliases=("negative",))
 pointwise("abs(Tensor self) -> Tensor", lambda x: x.abs(), {"self": "grad * sgn(self)"}, R.magnitude, dunder=("abs",),
@@ -155,15 +155,15 @@ pointwise("lerp(Tensor self, Tensor end, Tensor weight) -> Tensor",
 pointwise("addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
           lambda a, t1, t2, value: a + value * t1 * t2,
           {"self": "grad", "tensor1": "grad * value * tensor2", "tensor2": "grad * value * tensor1"},
-          autocast="promote")
+          autocast={"cuda": "promote"})
 pointwise("addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
           lambda a, t1, t2, value: a + value * t1 / t2,
           {"self": "grad", "tensor1": "grad * value / tensor2",
-           "tensor2": "-grad * value * tensor1 / (tensor2 * tensor2)"}, R.promote_float, autocast="promote")
+           "tensor2": "-grad * value * tensor1 / (tensor2 * tensor2)"}, R.promote_float, autocast={"cuda": "promote"})
 pointwise("atan2(Tensor self, Tensor other) -> Tensor", lambda a, b: a.atan2(b),
           {"self": "grad * other / (self * self + other * other)",
            "other": "-grad * self / (self * self + other * other)"}, R.promote_float, aliases=("arctan2",),
-          autocast="promote")
+          autocast={"cuda": "promote"})
 pointwise("maximum(Tensor self, Tensor other) -> Tensor", lambda a, b: a.maximum(b),
           {"self": "extremum_pair_backward(grad, self, other, self < other)",
            "other": "extremum_pair_backward(grad, self, other, other < self)"},
@@ -180,32 +180,32 @@ pointwise("copysign(Tensor self, Tensor other) -> Tensor", lambda a, b: a.copysi
           R.promote_float)
 
 # ---------------------------------------------------------------- exponentials, logs, powers
-unary("exp", lambda x: x.exp(), "grad * conj_if_complex(result)", autocast="fp32")
+unary("exp", lambda x: x.exp(), "grad * conj_if_complex(result)", autocast={"cuda": "fp32"})
 unary("exp2", lambda x: x.exp2(), f"grad * result * {math.log(2.0)}")
-unary("expm1", lambda x: x.expm1(), "grad * (result + 1)", autocast="fp32")
-unary("log", lambda x: x.log(), "grad / conj_if_complex(self)", autocast="fp32")
-unary("log2", lambda x: x.log2(), f"grad / (self * {math.log(2.0)})", autocast="fp32")
-unary("log10", lambda x: x.log10(), f"grad / (self * {math.log(10.0)})", autocast="fp32")
-unary("log1p", lambda x: x.log1p(), "grad / (self + 1)", autocast="fp32")
+unary("expm1", lambda x: x.expm1(), "grad * (result + 1)", autocast={"cuda": "fp32"})
+unary("log", lambda x: x.log(), "grad / conj_if_complex(self)", autocast={"cuda": "fp32"})
+unary("log2", lambda x: x.log2(), f"grad / (self * {math.log(2.0)})", autocast={"cuda": "fp32"})
+unary("log10", lambda x: x.log10(), f"grad / (self * {math.log(10.0)})", autocast={"cuda": "fp32"})
+unary("log1p", lambda x: x.log1p(), "grad / (self + 1)", autocast={"cuda": "fp32"})
 unary("sqrt", lambda x: x.sqrt(), "grad / (2 * conj_if_complex(result))")
-unary("rsqrt", lambda x: x.rsqrt(), "-0.5 * grad * result * result * result", autocast="fp32")
-unary("reciprocal", lambda x: x.reciprocal(), "-grad * conj_if_complex(result * result)", autocast="fp32")
+unary("rsqrt", lambda x: x.rsqrt(), "-0.5 * grad * result * result * result", autocast={"cuda": "fp32"})
+unary("reciprocal", lambda x: x.reciprocal(), "-grad * conj_if_complex(result * result)", autocast={"cuda": "fp32"})
 unary("square", lambda x: x * x, "2 * grad * conj_if_complex(self)", dtype=R.promote)
 
 # ---------------------------------------------------------------- trigonometric and hyperbolic
 unary("sin", lambda x: x.sin(), "grad * cos(self)")
 unary("cos", lambda x: x.cos(), "-grad * sin(self)")
-unary("tan", lambda x: x.tan(), "grad * (1 + result * result)", autocast="fp32")
-unary("asin", lambda x: x.asin(), "grad * rsqrt(1 - self * self)", aliases=("arcsin",), autocast="fp32")
-unary("acos", lambda x: x.acos(), "-grad * rsqrt(1 - self * self)", aliases=("arccos",), autocast="fp32")
+unary("tan", lambda x: x.tan(), "grad * (1 + result * result)", autocast={"cuda": "fp32"})
+unary("asin", lambda x: x.asin(), "grad * rsqrt(1 - self * self)", aliases=("arcsin",), autocast={"cuda": "fp32"})
+unary("acos", lambda x: x.acos(), "-grad * rsqrt(1 - self * self)", aliases=("arccos",), autocast={"cuda": "fp32"})
 unary("atan", lambda x: x.atan(), "grad / (1 + self * self)", aliases=("arctan",))
-unary("sinh", lambda x: x.sinh(), "grad * cosh(self)", autocast="fp32")
-unary("cosh", lambda x: x.cosh(), "grad * sinh(self)", autocast="fp32")
+unary("sinh", lambda x: x.sinh(), "grad * cosh(self)", autocast={"cuda": "fp32"})
+unary("cosh", lambda x: x.cosh(), "grad * sinh(self)", autocast={"cuda": "fp32"})
 unary("tanh", lambda x: x.tanh(), "grad * (1 - result * result)")
 unary("sigmoid", lambda x: 1 / (1 + (-x).exp()), "grad * result * (1 - result)")
 unary("erf", lambda x: x.erf(), f"grad * {2 / math.sqrt(math.pi)} * exp(-self * self)")
 unary("erfinv", lambda x: x.erfinv(), f"grad * {math.sqrt(math.pi) / 2} * exp(erfinv(self) ** 2)",
-      autocast="fp32")
+      autocast={"cuda": "fp32"})
 
 # ---------------------------------------------------------------- rounding (zero gradient, like torch)
 for _name in ("floor", "ceil", "round", "trunc"):
@@ -269,7 +269,7 @@ pointwise("mish(Tensor self) -> Tensor", lambda x: x * softplus_expr(x).tanh(),
 pointwise("softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor",
           lambda x, beta, threshold: where((x * beta).gt(threshold), x, ((x * beta).exp().log1p()) / beta),
           {"self": "where(self * beta > threshold, grad, grad * sigmoid(self * beta))"}, R.floating_only,
-          method=False, autocast="fp32")
+          method=False, autocast={"cuda": "fp32"})
 pointwise("hardswish(Tensor self) -> Tensor", lambda x: x * (x + 3).maximum(0).minimum(6) / 6,
           {"self": "where(self < -3, zeros_like(grad), where(self <= 3, grad * (self / 3 + 0.5), grad))"},
           R.floating_only, method=False)

@@ -31,7 +31,7 @@ def _cross(self, other, dim=None):
     return _stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], d)
 
 
-composite("cross(Tensor self, Tensor other, int? dim=None) -> Tensor", _cross, autocast="promote",
+composite("cross(Tensor self, Tensor other, int? dim=None) -> Tensor", _cross, autocast={"cuda": "promote"},
           doc="Cross product of 3-vectors along ``dim`` (the first dim of size 3 when None).")
 
 
@@ -190,8 +190,29 @@ def _einsum(equation, tensors, path=None):
     return t.permute([labels.index(label) for label in output])
 
 
+def _einsum_autocast_on_cpu(op, args) -> str | None:
+    """torch's einsum multiplies two operands with bmm, which its CPU autocast list lowers, only where an index of
+    size above 1 in both is summed away; one operand, outer, element-wise and broadcast products run as mul and sum,
+    in the given dtypes."""
+    equation, tensors = args[0].replace(" ", ""), args[1]
+    if len(tensors) < 2:
+        return None
+    lhs, arrow, out = equation.partition("->")
+    terms = lhs.split(",")
+    if not arrow:  # implicit output: the indices written once
+        out = "".join(c for c in lhs if c.isalpha() and lhs.count(c) == 1)
+    wide: dict[str, int] = {}  # summed index -> how many operands hold it with a size above 1
+    for term, t in zip(terms, tensors):
+        before, _, after = term.partition("...")
+        sizes = {**dict(zip(before, t.shape)), **dict(zip(after, t.shape[t.ndim - len(after):] if after else ()))}
+        for c, size in sizes.items():
+            if c not in out and size > 1:
+                wide[c] = wide.get(c, 0) + 1
+    return "lower" if any(n > 1 for n in wide.values()) else None
+
+
 composite("einsum(str equation, Tensor[] tensors, *, int[]? path=None) -> Tensor", _einsum, method=False,
-          varargs=True, autocast="lower",
+          varargs=True, autocast={"cuda": "lower", "cpu": _einsum_autocast_on_cpu},
           doc="Einstein summation: ``einsum('bij,bjk->bik', a, b)``. Supports ``...``, repeated subscripts "
               "(diagonals), implicit output and broadcasting of size-1 dims.\n\n"
               ">>> tw.einsum('ij,j->i', tw.ones(2, 3), tw.ones(3))\ntensor([3., 3.])")

@@ -26,7 +26,7 @@ def reduced_count(shape, dim) -> int:
 
 # ---------------------------------------------------------------- primitives
 reduction("sum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", "add",
-          {"self": "expand_reduced(grad, self_shape, dim, keepdim)"}, R.reduction_sum, autocast="fp32",
+          {"self": "expand_reduced(grad, self_shape, dim, keepdim)"}, R.reduction_sum, autocast={"cuda": "fp32"},
           fwd="auto_linear")
 reduction("prod(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", "mul",
           {"self": "prod_backward(grad, self, result, dim, keepdim)"}, R.reduction_sum, autocast="fp32",
@@ -228,7 +228,7 @@ def _logsumexp(self, dim, keepdim=False):
 
 composite("logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor", _logsumexp,
           {"self": "grad_expanded(grad, self_shape, dim, keepdim) * exp(self - "
-                   "grad_expanded(result, self_shape, dim, keepdim))"}, autocast="fp32",
+                   "grad_expanded(result, self_shape, dim, keepdim))"}, autocast={"cuda": "fp32"},
           fwd="logsumexp_jvp(self, self_t, result, dim, keepdim)")
 
 
@@ -254,7 +254,7 @@ def _norm(self, p=2, dim=None, keepdim=False, dtype=None):
 
 
 composite("norm(Tensor self, Any? p=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
-          _norm, {"self": "norm_backward(grad, self, result, p, dim, keepdim)"}, autocast="fp32",
+          _norm, {"self": "norm_backward(grad, self, result, p, dim, keepdim)"}, autocast={"cuda": "fp32"},
           fwd="norm_jvp(self, self_t, result, p, dim, keepdim)")
 composite("count_nonzero(Tensor self, int[1]? dim=None) -> Tensor", lambda self, dim=None: (self != 0).sum(dim),
           differentiable=False)

@@ -35,6 +35,7 @@ FORWARD_AUTO = ("auto_linear", "auto_element_wise")
 KINDS = ("pointwise", "reduction", "view", "composite", "creation", "random", "index", "matmul", "scan", "sort",
          "copy", "other", "custom")  # custom: registered at run time through tilewise.library (see its note)
 AUTOCAST_POLICIES = ("lower", "fp32", "promote", "banned")  # see [Note: autocast] in amp/autocast_mode.py
+AUTOCAST_DEVICE_TYPES = ("cuda", "cpu")  # torch keeps one list per device type; each declares its policy for both
 
 _FORMULA_NAMESPACE: dict = {}
 OPS: dict[str, OpDef] = {}  # full name (name or name.overload) -> OpDef
@@ -119,7 +120,9 @@ class OpDef:
     reduce: str | None = None
     differentiable: bool = True
     nondiff_outputs: tuple[int, ...] = ()
-    autocast: str | None = None  # one of AUTOCAST_POLICIES, or None (untouched by autocast)
+    # device type -> one of AUTOCAST_POLICIES (or a function of the bound arguments naming one); None where no
+    # device type has a policy (untouched by autocast). See autocast_policies.
+    autocast: dict[str, str | Callable] | None = None
     forward: Formula | str | None = None  # the tangent rule: a Formula, one of FORWARD_AUTO, or None (derived)
     doc: str = ""
     binder: Callable = None
@@ -182,9 +185,8 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
             **attrs) -> OpDef:
     if kind not in KINDS:
         raise ValueError(f"unknown operator kind {kind!r}; kinds: {KINDS}")
-    if autocast is not None and autocast not in AUTOCAST_POLICIES:
-        raise ValueError(f"{schema}: unknown autocast policy {autocast!r}; policies: {AUTOCAST_POLICIES} or None")
     s = parse_schema(schema)
+    autocast = autocast_policies(s.full_name, autocast)
     if s.full_name in OPS:
         raise ValueError(f"operator {s.full_name} declared twice")
     param_names = tuple(p.name for p in s.params)
@@ -212,6 +214,27 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
     OPS[s.full_name] = op
     OVERLOADS.setdefault(s.name, []).append(op)
     return op
+
+
+def autocast_policies(name: str, autocast) -> dict[str, str | Callable] | None:
+    """A declaration's ``autocast=`` as one policy per device type: a policy name (``"fp32"``) holds on every
+    device type, a dict (``{"cuda": "fp32", "cpu": None}``) names each device type's, a device type left out having
+    none; a function of (op, bound arguments) returning a policy name or None decides per call. None: no policy."""
+    if autocast is None:
+        return None
+    given = autocast if isinstance(autocast, dict) else dict.fromkeys(AUTOCAST_DEVICE_TYPES, autocast)
+    unknown = [d for d in given if d not in AUTOCAST_DEVICE_TYPES]
+    if unknown:
+        raise ValueError(f"{name}: autocast policy given for unknown device type(s) {unknown}; device types: "
+                         f"{AUTOCAST_DEVICE_TYPES}")
+    for device_type, policy in given.items():
+        if policy is not None and not callable(policy) and policy not in AUTOCAST_POLICIES:
+            where = f" for {device_type!r}" if isinstance(autocast, dict) else ""
+            raise ValueError(f"{name}: unknown autocast policy {policy!r}{where}; policies: {AUTOCAST_POLICIES}, a "
+                             "function of (op, args) naming one, or None; per device type, a dict such as "
+                             "{'cuda': 'fp32', 'cpu': None}")
+    policies = {d: p for d, p in given.items() if p is not None}
+    return policies or None
 
 
 def get(name: str) -> OpDef:

@@ -87,11 +87,11 @@ HELPERS.update(reverse_cumsum=reverse_cumsum, picked_backward=picked_backward, c
 # ---------------------------------------------------------------- primitives
 
 declare("cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", "scan", dtype=R.reduction_sum,
-        grad={"self": "reverse_cumsum(grad, dim)"}, fwd="auto_linear", inplace=True, autocast="fp32",
+        grad={"self": "reverse_cumsum(grad, dim)"}, fwd="auto_linear", inplace=True, autocast={"cuda": "fp32"},
         doc="Cumulative sum along ``dim``; integer and bool inputs accumulate in int64.\n\n"
             ">>> tw.tensor([1, 2, 3]).cumsum(0)\ntensor([1, 3, 6])")
 declare("cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", "scan", dtype=R.reduction_sum,
-        grad={"self": "cumprod_backward(grad, self, result, dim)"}, inplace=True, autocast="fp32",
+        grad={"self": "cumprod_backward(grad, self, result, dim)"}, inplace=True, autocast={"cuda": "fp32"},
         doc="Cumulative product along ``dim``.\n\n>>> tw.tensor([1., 2., 3.]).cumprod(0)\ntensor([1., 2., 6.])",
         fwd="cumprod_jvp(self, self_t, result, dim)")
 declare("cummax(Tensor self, int dim) -> (Tensor values, Tensor indices)", "scan", dtype=R.first_input,

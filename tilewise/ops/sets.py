@@ -286,9 +286,9 @@ def _nanquantile(self, q, dim=None, keepdim=False, interpolation="linear"):
 
 composite("quantile(Tensor self, Tensor q, int? dim=None, bool keepdim=False, *, str interpolation='linear') -> "
           "Tensor", lambda self, q, dim=None, keepdim=False, interpolation="linear":
-          _quantile(self, q, dim, keepdim, interpolation))
+          _quantile(self, q, dim, keepdim, interpolation), autocast={"cpu": "fp32"})
 composite("nanquantile(Tensor self, Tensor q, int? dim=None, bool keepdim=False, *, str interpolation='linear') -> "
-          "Tensor", _nanquantile)
+          "Tensor", _nanquantile, autocast={"cpu": "fp32"})
 
 
 def _nanmedian_dim(self, dim, keepdim=False):

@@ -84,7 +84,7 @@ def _warn_degrees_of_freedom() -> None:
 
 
 declare("cov(Tensor self, *, int correction=1, Tensor? fweights=None, Tensor? aweights=None) -> Tensor", "composite",
-        decomposition=_cov)
+        decomposition=_cov, autocast={"cpu": "lower"})
 
 
 def _corrcoef(self):
@@ -100,7 +100,7 @@ def _corrcoef(self):
     return c.clip(-1, 1)
 
 
-declare("corrcoef(Tensor self) -> Tensor", "composite", decomposition=_corrcoef)
+declare("corrcoef(Tensor self) -> Tensor", "composite", decomposition=_corrcoef, autocast={"cpu": "lower"})
 
 
 def _mode(self, dim=-1, keepdim=False):
