@@ -348,7 +348,29 @@ def test_autocast_policy_is_registered_for_one_device_type():
     with tw.autocast("cpu", dtype=tw.bfloat16):
         dtype_seen(tw.ones(2, dtype=tw.bfloat16))
     assert seen == [tw.float32, tw.float32]
-    assert dtype_seen.op.autocast == {"cuda": "lower", "cpu": "fp32"}
+    assert dtype_seen.op.autocast == {"cuda": "cast_inputs_float16", "cpu": "cast_inputs_float32"}
+
+
+def test_autocast_casts_to_cast_inputs_whatever_the_region_dtype_as_torch():
+    """register_autocast(op, device_type, cast_inputs): floating inputs other than float64 become cast_inputs itself
+    (float16 under a bfloat16 region too), integers and float64 stay, and the kernel runs with autocast off."""
+    def seen_by(lib, name):
+        seen = []
+
+        @lib.library.custom_op(f"{name}::pair", mutates_args=())
+        def pair(x: lib.Tensor, y: lib.Tensor) -> lib.Tensor:
+            seen.append((str(x.dtype).split(".")[-1], str(y.dtype).split(".")[-1], lib.is_autocast_enabled("cpu")))
+            return x + y.to(x.dtype)
+
+        lib.library.register_autocast(f"{name}::pair", "cpu", lib.float16)
+        for region in (lib.bfloat16, lib.float16):
+            with lib.autocast("cpu", dtype=region):
+                for xd, yd in ((lib.float32, lib.float64), (lib.bfloat16, lib.float32), (lib.int64, lib.float32)):
+                    out = pair(lib.ones(2, dtype=xd), lib.ones(2, dtype=yd))
+                    seen.append(str(out.dtype).split(".")[-1])
+        return seen
+
+    assert seen_by(tw, "twtest_cast") == seen_by(torch, "twtest_cast")
 
 
 # ---------------------------------------------------------------------------- compile

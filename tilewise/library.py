@@ -32,10 +32,11 @@ from contextlib import contextmanager
 from numbers import Number
 
 from tilewise import dispatch
+from tilewise.amp.autocast_mode import cast_inputs_policy
 from tilewise.autograd.function import Function
 from tilewise.cuda.extension import ACTIVE_OPERATOR
 from tilewise.device import Device
-from tilewise.dtypes import DType, float32
+from tilewise.dtypes import DType, as_dtype
 from tilewise.ops import registry
 from tilewise.ops.registry import declare
 from tilewise.ops.tags import Tag
@@ -260,11 +261,11 @@ class CustomOpDef:
         self._backward, self._setup_context = backward, setup_context
 
     def register_autocast(self, device_type: str, cast_inputs: DType) -> None:
-        """Inside ``tilewise.autocast`` for ``device_type``, cast floating inputs to ``cast_inputs``, then run with
-        autocast off (a policy for that device type alone, as torch registers it: float32 keeps the operator in
-        float32, a lower dtype lowers it to the autocast dtype)."""
+        """Inside ``tilewise.autocast`` for ``device_type``, cast the floating inputs (float64 and integers left
+        alone) to ``cast_inputs`` itself, whatever the region's autocast dtype, then run with autocast off: a policy
+        for that device type alone, as torch registers it."""
         (kind,) = _device_types(device_type)
-        self.op.autocast = {**(self.op.autocast or {}), kind: "fp32" if cast_inputs is float32 else "lower"}
+        self.op.autocast = {**(self.op.autocast or {}), kind: cast_inputs_policy(as_dtype(cast_inputs))}
 
     # ------------------------------------------------------------------------ running
 

@@ -204,6 +204,19 @@ def _banned(state: Region, op, args: tuple) -> tuple:
 POLICIES: dict[str, Callable] = {"lower": _lower, "fp32": _fp32, "promote": _promote, "banned": _banned}
 
 
+def cast_inputs_policy(dtype: DType) -> str:
+    """The name of the policy that casts an operator's floating tensors (not float64) to ``dtype`` itself, whatever
+    the region's autocast dtype: what ``tilewise.library.register_autocast(op, device_type, cast_inputs)`` asks
+    for, as torch's does. Made on first use."""
+    name = f"cast_inputs_{dtype.name}"
+    if name not in POLICIES:
+        def policy(state: Region, op, args: tuple) -> tuple:
+            return _lower(Region(state.device_type, dtype), op, args)
+
+        POLICIES[name] = policy
+    return name
+
+
 def cast_to(t: Tensor, dtype: DType) -> Tensor:
     """``t.to(dtype)``, reusing this region's cast of a weight (a float32 leaf that requires grad)."""
     if t._dtype is dtype:
