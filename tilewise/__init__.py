@@ -56,7 +56,7 @@ from tilewise.layouts import (
     strided,
 )
 from tilewise.storage import is_storage
-from tilewise.tensor import Size, Tensor, as_tensor, from_numpy, is_tensor, tensor
+from tilewise.tensor import Size, Tensor, as_tensor, from_numpy, is_inference, is_tensor, tensor
 from tilewise.tensortypes import CPU_TYPES as _CPU_TYPES
 from tilewise.tensortypes import set_default_tensor_type, typename
 

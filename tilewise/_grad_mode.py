@@ -9,29 +9,34 @@ their public name, as in torch.
 from __future__ import annotations
 
 import functools
-import threading
 
 from tilewise.dispatch import STATE
 from tilewise.tensor import register_grad_mode
 
 
-class _InferenceMode(threading.local):
-    enabled = False
+def _grad_mode():
+    """The grad mode ``is_grad_enabled`` reports. Inside inference mode the dispatcher's flag stays off (torch's
+    InferenceMode records nothing whatever the grad mode), so there the grad modes change only what is reported."""
+    return STATE.inference_grad if STATE.inference else STATE.grad_enabled
 
 
-_INFERENCE = _InferenceMode()
+def _set_grad_mode(enabled) -> None:
+    if STATE.inference:
+        STATE.inference_grad = enabled
+    else:
+        STATE.grad_enabled = enabled
 
 
 class _GradModeContext:
     enabled: bool = True
 
     def __enter__(self):
-        self._prev = STATE.grad_enabled
-        STATE.grad_enabled = self.enabled
+        self._prev = _grad_mode()
+        _set_grad_mode(self.enabled)
         return self
 
     def __exit__(self, *exc):
-        STATE.grad_enabled = self._prev
+        _set_grad_mode(self._prev)
         return False
 
     def __call__(self, fn):
@@ -39,12 +44,12 @@ class _GradModeContext:
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            prev = STATE.grad_enabled
-            STATE.grad_enabled = enabled
+            prev = _grad_mode()
+            _set_grad_mode(enabled)
             try:
                 return fn(*args, **kwargs)
             finally:
-                STATE.grad_enabled = prev
+                _set_grad_mode(prev)
 
         return wrapper
 
@@ -66,25 +71,45 @@ class enable_grad(_GradModeContext):  # noqa: N801
     enabled = True
 
 
-class inference_mode(_GradModeContext):  # noqa: N801
-    """no_grad that ``is_inference_mode_enabled`` sees (tensors made inside are ordinary tensors here)."""
+class inference_mode:  # noqa: N801
+    """no_grad that also makes every tensor created inside an *inference tensor*, as torch's: such a tensor cannot
+    be written in place, saved for backward or made to require grad outside the mode (clone it to get a normal
+    one), and nothing inside is recorded for autograd, whatever the grad mode. ``inference_mode(False)`` turns
+    it off again (grad mode on, new tensors normal). Usable as ``with``, ``@inference_mode()`` and
+    ``@inference_mode``.
+
+    >>> import tilewise as tw
+    >>> with tw.inference_mode():
+    ...     y = tw.ones(2) * 2
+    >>> y.is_inference(), y.requires_grad
+    (True, False)
+    """
+
+    def __new__(cls, mode=True):
+        if mode is None or isinstance(mode, bool):
+            return super().__new__(cls)
+        return cls()(mode)  # ``@inference_mode`` without parentheses: mode is the function
 
     def __init__(self, mode: bool = True):
-        self.enabled = not mode
         self.mode = bool(mode)
 
     def __enter__(self):
-        self._prev_inference, _INFERENCE.enabled = _INFERENCE.enabled, self.mode
-        return super().__enter__()
+        state = STATE
+        self._prev = (state.inference, state.grad_enabled, state.inference_grad)
+        state.inference = self.mode
+        state.grad_enabled = state.inference_grad = not self.mode
+        return self
 
     def __exit__(self, *exc):
-        _INFERENCE.enabled = self._prev_inference
-        return super().__exit__(*exc)
+        STATE.inference, STATE.grad_enabled, STATE.inference_grad = self._prev
+        return False
 
     def __call__(self, fn):
+        mode = self.mode
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with inference_mode(self.mode):
+            with inference_mode(mode):
                 return fn(*args, **kwargs)
 
         return wrapper
@@ -93,24 +118,24 @@ class inference_mode(_GradModeContext):  # noqa: N801
 class set_grad_enabled(_GradModeContext):  # noqa: N801
     def __init__(self, mode: bool):
         self.enabled = bool(mode)
-        self._prev = STATE.grad_enabled
-        STATE.grad_enabled = self.enabled  # takes effect as a plain function call too, like torch
+        self._prev = _grad_mode()
+        _set_grad_mode(self.enabled)  # takes effect as a plain function call too, like torch
 
     def __enter__(self):
-        STATE.grad_enabled = self.enabled
+        _set_grad_mode(self.enabled)
         return self
 
     def __call__(self, fn):
-        STATE.grad_enabled = self._prev  # as a decorator it only applies inside fn, like torch
+        _set_grad_mode(self._prev)  # as a decorator it only applies inside fn, like torch
         return super().__call__(fn)
 
 
 def is_grad_enabled() -> bool:
-    return bool(STATE.grad_enabled)  # falsy GRAD_OFF_FOR_RECORDING while autograd runs an op it records
-
-
-register_grad_mode(is_grad_enabled)
+    return bool(_grad_mode())  # falsy GRAD_OFF_FOR_RECORDING while autograd runs an op it records
 
 
 def is_inference_mode_enabled() -> bool:
-    return _INFERENCE.enabled
+    return STATE.inference
+
+
+register_grad_mode(is_grad_enabled, is_inference_mode_enabled)

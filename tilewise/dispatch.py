@@ -11,6 +11,11 @@ Keys are consulted in a fixed order, each cheap to skip:
               decomposition included, with autocast off;
   Autograd  — when grad mode is on and a tensor input requires grad, runs the op below this key and
               records a node holding exactly the values its derivative formulas read;
+  Inference — inside ``tilewise.inference_mode`` (``STATE.inference``; grad mode is then off for the dispatcher,
+              whatever ``is_grad_enabled`` says, as torch's InferenceMode excludes its Autograd key), the
+              call runs below and its outputs become inference tensors (``mark_inference``; see
+              [Note: inference tensors] in ``storage.py``). Outside the mode this is no check at all: it
+              sits on the grad-off branch, behind the Autograd key's own flag;
   Vmap      — inside ``tilewise.func.vmap`` (``STATE.vmap``, one entry per active level), an op with a batched
               tensor argument, or a random op, runs its batching rule on the physical tensors instead
               (``batch``; see [Note: batched tensors] in ``ops/batching.py``). It sits below autograd so
@@ -57,6 +62,8 @@ class _State(threading.local):
     into = None  # (tensor, op name): an in-place op's target, for the next call (see call_into)
     vmap = ()  # the active vmap levels, innermost last (see ops/batching.py); empty outside vmap
     dual_masked = ()  # forward-AD levels whose tangents this thread's calls ignore (see autograd/forward_ad.py)
+    inference = False  # inside tilewise.inference_mode (where grad_enabled stays False: nothing is recorded)
+    inference_grad = False  # inside it, the grad mode is_grad_enabled reports (enable_grad there changes only this)
 
 
 STATE = _State()
@@ -82,8 +89,11 @@ def call(op, args: tuple):
         return call_into(op, args)
     if state.autocast is not None:
         return autocast_call(op, args)
-    if state.grad_enabled and op.differentiable and _requires_grad(op, args):
-        return record(op, args)
+    if state.grad_enabled:
+        if op.differentiable and _requires_grad(op, args):
+            return record(op, args)
+    elif state.inference:
+        return mark_inference(run(op, args), op, args)
     return run(op, args)
 
 
@@ -99,8 +109,11 @@ def call_below_profiler(op, args: tuple):
         return call_into(op, args)
     if state.autocast is not None:
         return autocast_call(op, args)
-    if state.grad_enabled and op.differentiable and _requires_grad(op, args):
-        return record(op, args)
+    if state.grad_enabled:
+        if op.differentiable and _requires_grad(op, args):
+            return record(op, args)
+    elif state.inference:
+        return mark_inference(run(op, args), op, args)
     return run(op, args)
 
 
@@ -216,6 +229,34 @@ def set_profiling(on: bool) -> None:
     """Turn the Profiler key on or off for every thread (``tilewise.profiler.profile`` starting and stopping)."""
     global profiling
     profiling = on
+
+
+def mark_inference(out, op, args: tuple):
+    """The Inference key: ``out``, whose tensors are now inference tensors, except those on the memory of a tensor
+    argument (a view of a normal tensor made inside inference mode stays normal, as in torch)."""
+    if type(out) is Tensor:
+        outputs = (out,)
+    elif isinstance(out, (tuple, list)):
+        outputs = out
+    else:
+        return out
+    for t in outputs:
+        if type(t) is Tensor and t._storage is not None and not t._storage.inference \
+                and not _is_argument_storage(t._storage, op, args):
+            t._storage.inference = True
+    return out
+
+
+def _is_argument_storage(storage, op, args: tuple) -> bool:
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is Tensor and a._storage is storage:
+            return True
+    for k in op.list_idx:
+        for a in args[k]:
+            if type(a) is Tensor and a._storage is storage:
+                return True
+    return False
 
 
 def _requires_grad(op, args: tuple) -> bool:

@@ -4,6 +4,16 @@
 from the caching allocator (``data`` is then an object with ``ptr`` and ``nbytes``). The storage also
 carries the version counter that in-place operators bump and autograd checks, so every view of one
 buffer sees the same version, as in torch.
+
+[Note: inference tensors] A tensor made inside ``tilewise.inference_mode`` is an *inference tensor*, as in torch:
+it may not be written in place, nor saved for backward, nor made to require grad outside the mode. What makes
+one is its memory, so the flag is the storage's (``Storage.inference``): every view of an inference tensor,
+made inside the mode or after it, ``detach()`` and ``.data`` among them, is one too, at no cost to any view
+operator, while a view of a normal tensor made inside the mode shares normal memory and stays normal (torch
+marks it the same way). Only the dispatcher's Inference key and the tensor factories that bypass it set the
+flag, and only inside the mode; everywhere else it is read from the class default, which costs no lookup
+in the instance's (never created) ``__dict__``. The refusals are checked where they are already rare: in-place
+writes (``ops/inplace.py``), saving for backward (``autograd/graph.py``) and ``requires_grad_``.
 """
 
 from __future__ import annotations
@@ -36,7 +46,9 @@ def out_of_host_memory(what: str, nbytes: int, detail: str) -> HostOutOfMemoryEr
 
 
 class Storage:
-    __slots__ = ("data", "device", "dtype", "size", "version", "__weakref__")
+    __slots__ = ("data", "device", "dtype", "size", "version", "__weakref__", "__dict__")
+
+    inference = False  # set, in the instance, on the memory of inference tensors (see [Note: inference tensors])
 
     def __init__(self, data, device: Device, dtype: DType, size: int):
         self.data = data

@@ -78,9 +78,32 @@ def grad_enabled() -> bool:
     return True
 
 
-def register_grad_mode(reader) -> None:
-    global grad_enabled
-    grad_enabled = reader
+def inference_mode_enabled() -> bool:
+    """Whether ``tilewise.inference_mode`` is on, for the refusals of inference tensors and the factories below
+    that make tensors without the dispatcher; installed with ``grad_enabled``'s reader."""
+    return False
+
+
+def register_grad_mode(reader, inference_reader) -> None:
+    global grad_enabled, inference_mode_enabled
+    grad_enabled, inference_mode_enabled = reader, inference_reader
+
+
+def made_here(t: Tensor) -> Tensor:
+    """``t``, a tensor a factory made on memory of its own: an inference tensor when made inside inference mode
+    (see [Note: inference tensors] in ``storage.py``); operators' outputs are marked by the dispatcher."""
+    if inference_mode_enabled() and t._storage is not None:
+        t._storage.inference = True
+    return t
+
+
+INFERENCE_INPLACE = ("Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone to "
+                     "get a normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 for "
+                     "more details.")
+INFERENCE_SAVED = ("Inference tensors cannot be saved for backward. Please do not use Tensors created in inference "
+                   "mode in computation tracked by autograd. To work around this, you can make a clone to get a "
+                   "normal tensor and use it in autograd, or use `tilewise.no_grad()` instead of "
+                   "`tilewise.inference_mode()`.")
 
 
 def vmap_value_error(what: str) -> str:
@@ -243,6 +266,12 @@ class Tensor:
 
     @property
     def _version(self) -> int:
+        if self._storage is not None and self._storage.inference:
+            raise RuntimeError("Inference tensors do not track version counter.")
+        return self._write_count()
+
+    def _write_count(self) -> int:
+        """The version counter, an inference tensor's included (for caches keyed on a tensor's writes)."""
         if self._storage is not None:
             return self._storage.version
         if self._vmap is not None:
@@ -400,6 +429,8 @@ class Tensor:
         if requires_grad and not (self._dtype.is_floating_point or self._dtype.is_complex):
             raise RuntimeError(f"only Tensors of floating point and complex dtype can require gradients, got "
                                f"{self._dtype}")
+        if requires_grad and self.is_inference() and not inference_mode_enabled():
+            raise RuntimeError("Setting requires_grad=True on inference tensor outside InferenceMode is not allowed.")
         self._requires_grad = requires_grad
         return self
 
@@ -448,6 +479,20 @@ class Tensor:
     @property
     def retains_grad(self) -> bool:
         return self._retains_grad
+
+    def is_inference(self) -> bool:
+        """Whether this is an inference tensor: made inside ``tilewise.inference_mode``, or a view of one.
+
+        >>> import tilewise as tw
+        >>> with tw.inference_mode():
+        ...     x = tw.ones(2)
+        >>> x.is_inference(), x[0].is_inference(), x.clone().is_inference()
+        (True, True, False)
+        """
+        storage = self._storage
+        if storage is None:
+            return self._vmap is not None and self._vmap[1].is_inference()
+        return storage.inference
 
     # ------------------------------------------------------------------ device / dtype conversion
     def cpu(self) -> Tensor:
@@ -525,7 +570,7 @@ def _parse_to(t: Tensor, *args, **kwargs):
 
 
 def _rebuild(array: np.ndarray, device: str, requires_grad: bool) -> Tensor:
-    out = from_array(array.copy()).to(device)
+    out = made_here(from_array(array.copy())).to(device)
     return out.requires_grad_(requires_grad) if requires_grad else out
 
 
@@ -774,13 +819,13 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False, pin_me
         return out.requires_grad_(requires_grad) if requires_grad else out
     if isinstance(data, np.ndarray):
         dt = as_dtype(dtype) if dtype is not None else dtype_from_numpy(_supported(data, "tensor").dtype)
-        out = from_array(cast_array(data, dt.np), dt)  # a copy, converted as torch converts (no overflow warning)
+        out = made_here(from_array(cast_array(data, dt.np), dt))  # a copy, converted as torch converts (quietly)
     else:
         if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flatten_first_level(data)):
             data = _tensors_to_lists(data)
         arr = _numbers_array(data, "tensor")
         dt = as_dtype(dtype) if dtype is not None else _infer_dtype(data, arr)
-        out = from_array(cast_array(_fitted(arr, dt, "tensor"), dt.np), dt)
+        out = made_here(from_array(cast_array(_fitted(arr, dt, "tensor"), dt.np), dt))
     if device is not None and as_device(device) is not cpu:
         out = out.to(as_device(device))
     return out.requires_grad_(True) if requires_grad else out
@@ -816,7 +861,7 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
     if isinstance(data, np.ndarray) and device in (None, "cpu", cpu):
         if dtype is None or as_dtype(dtype).np == data.dtype:
             _warn_if_read_only(data, "as_tensor")
-            return from_array(_supported(data, "as_tensor"))
+            return made_here(from_array(_supported(data, "as_tensor")))
     return tensor(data, dtype=dtype, device=device)
 
 
@@ -842,11 +887,18 @@ def from_numpy(array: np.ndarray) -> Tensor:
     t = from_array(_supported(array, "from_numpy"))
     if not np.shares_memory(t._np(), array) and array.size:
         raise ValueError("from_numpy(): arrays with negative strides are not supported; use array.copy() first")
-    return t
+    return made_here(t)
 
 
 def is_tensor(obj) -> bool:
     return isinstance(obj, Tensor)
+
+
+def is_inference(input: Tensor) -> bool:  # noqa: A002 — torch's parameter name
+    """Whether ``input`` is an inference tensor (see :meth:`Tensor.is_inference`)."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"is_inference(): argument 'input' (position 1) must be Tensor, not {type(input).__name__}")
+    return input.is_inference()
 
 
 def wrap_scalar(value: Number, dtype: DType, device: Device) -> Tensor:

@@ -225,7 +225,7 @@ def cast_to(t: Tensor, dtype: DType) -> Tensor:
             and t._dtype is float32 and not STATE.trace_depth):
         return t._to_dtype(dtype)
     key = (id(t), dtype, STATE.grad_enabled)
-    version = t._version
+    version = t._write_count()  # an inference weight has no public _version, as in torch
     hit = _REGIONS.cache.get(key)
     if hit is not None and hit[0] is t and hit[1] == version:
         return hit[2]

@@ -24,7 +24,7 @@ from tilewise import strides as S
 from tilewise.dispatch import GRAD_OFF_FOR_RECORDING, STATE, run
 from tilewise.dtypes import FLOAT as FLOATING
 from tilewise.layouts import contiguous_format
-from tilewise.tensor import TRACE_HOOKS, Tensor
+from tilewise.tensor import INFERENCE_SAVED, TRACE_HOOKS, Tensor
 
 
 class Node:
@@ -178,6 +178,8 @@ class SavedTensor:
 
     def __init__(self, t: Tensor, is_output: bool = False, node=None, output_nr: int = 0, op_name: str = ""):
         storage = t._storage
+        if storage is not None and storage.inference:  # see [Note: inference tensors] in storage.py
+            raise RuntimeError(INFERENCE_SAVED)
         self.version = storage.version if storage is not None else t._version  # the property's common case inline
         self.is_output = is_output
         self.output_nr = output_nr if is_output else t._output_nr

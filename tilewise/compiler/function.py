@@ -51,6 +51,7 @@ from tilewise.compiler.segments import Segments
 from tilewise.compiler.targets import Target, target_of
 from tilewise.config import log, settings
 from tilewise.dispatch import STATE
+from tilewise.ops.inplace import check_inference_write
 from tilewise.storage import Storage
 from tilewise.tensor import Tensor, from_array
 
@@ -106,6 +107,9 @@ class Variant:
             outputs = CompiledCall.apply(self, flat, *inputs)
         else:
             outputs, _ = self.run_forward(flat)
+        if STATE.inference:  # as eager's, the outputs of a call inside inference mode are inference tensors
+            for t in outputs:
+                t._storage.inference = True
         values = [outputs[k] if kind == "out" else flat[k] if kind == "arg" else k for kind, k in traced.output_leaves]
         return unflatten(traced.output_spec, values)
 
@@ -113,6 +117,8 @@ class Variant:
         """Run the forward program and apply its effects; return the function's outputs and what backward reads."""
         traced, graph = self.traced, self.forward.graph
         tensors = [source.fetch(flat) for source in self.entries]
+        for k in self.written:  # before any write, as eager refuses it
+            check_inference_write(tensors[k])
         inputs = [t._storage.data for t in tensors]
         arrays = self.forward.run(inputs, self.staged)
         outputs = [_tensor(a, node) for a, node in zip(arrays, graph.outputs)]

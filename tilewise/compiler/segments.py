@@ -26,6 +26,7 @@ from tilewise.compiler.capture import Capture, StorageEntry
 from tilewise.compiler.ir import Graph
 from tilewise.compiler.meta import suspended
 from tilewise.config import log
+from tilewise.dispatch import STATE
 from tilewise.storage import Storage
 from tilewise.tensor import Tensor
 
@@ -150,6 +151,8 @@ def _materialize(roots: list[Tensor], views: list, outputs: list, first: dict, a
                 storage = _storage_copy(storage)
         taken.add(k)
         storage.version = version
+        if STATE.inference:  # made inside inference mode: an inference tensor, as eagerly
+            storage.inference = True
         _make_real(t, storage)
     for t, root in views:
         _make_real(t, root.storage if isinstance(root, StorageEntry) else root._storage)

@@ -168,7 +168,7 @@ class Float8Linear(Linear):
         step recomputes it inside its graph, where it fuses with the weight's amax)."""
         weight = self.weight
         delayed = self.cast_config("weight").scaling_type is ScalingType.DELAYED
-        key = (weight._version, id(weight))
+        key = (weight._write_count(), id(weight))  # an inference weight has no public _version
         if not STATE.captures and not delayed and self._weight_cache is not None and self._weight_cache[0] == key:
             return self._weight_cache[1]
         with no_grad():

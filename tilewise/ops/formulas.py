@@ -202,9 +202,11 @@ def linear_input_grad(grad, weight):
     return grad.unsqueeze(-1) * weight if weight.ndim == 1 else grad.matmul(weight)
 
 
-def linear_weight_grad(grad, input, weight):
-    """``linear``'s gradient for its weight: ``grad^T @ input`` over every leading dim of input, one GEMM."""
-    if weight.ndim == 1:
+def linear_weight_grad(grad, input, weight_shape):
+    """``linear``'s gradient for its weight: ``grad^T @ input`` over every leading dim of input, one GEMM. It reads
+    the weight's shape only, so the weight is not saved for it (as torch saves none: the weight may be an
+    inference tensor, which cannot be saved)."""
+    if len(weight_shape) == 1:
         return (grad.unsqueeze(-1) * input).reshape(-1, input.shape[-1]).sum(0)
     return grad.reshape(-1, grad.shape[-1]).t().mm(input.reshape(-1, input.shape[-1]))
 

@@ -18,6 +18,7 @@ from numbers import Number
 from tilewise import strides as S
 from tilewise._grad_mode import is_grad_enabled, no_grad
 from tilewise.layouts import format_name, preserve_format, suggest_memory_format
+from tilewise.ops.inplace import check_inference_write
 from tilewise.tensor import Size, Tensor
 
 _DEVICE_PREDICATES = ("is_meta", "is_mps", "is_xpu", "is_maia")
@@ -82,6 +83,7 @@ def _sizes(args: tuple) -> tuple[int, ...]:
 
 def resize_(self: Tensor, *sizes, memory_format=None) -> Tensor:
     """Give the tensor a new size in place (see [Note: resize_])."""
+    check_inference_write(self)
     if self.requires_grad:
         raise RuntimeError("cannot resize variables that require grad")
     shape = _sizes(sizes)
@@ -262,6 +264,7 @@ def set_(self: Tensor, source=None, storage_offset: int = 0, size=None, stride=N
     from tilewise.ops.creation import empty
     from tilewise.storage import Storage
 
+    check_inference_write(self)
     if self.requires_grad and self.grad_fn is None and is_grad_enabled():
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
     if source is None:

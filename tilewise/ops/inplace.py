@@ -16,7 +16,7 @@ from __future__ import annotations
 from tilewise import dispatch
 from tilewise.dispatch import STATE
 from tilewise.dtypes import castable
-from tilewise.tensor import Tensor, tensor
+from tilewise.tensor import INFERENCE_INPLACE, Tensor, tensor
 
 
 def _any_requires_grad(args, kwargs) -> bool:
@@ -48,6 +48,19 @@ def mark_multi_output_views(views: tuple, node_name: str) -> tuple:
             if view._requires_grad:
                 view.__dict__["_multi_output_view"] = (node_name, k)
     return views
+
+
+def written_outside_inference(self: Tensor) -> bool:
+    """Whether writing into ``self`` now would change an inference tensor outside inference mode (see
+    [Note: inference tensors] in ``storage.py``): for a normal tensor, one read of a class default."""
+    storage = self._storage
+    return storage is not None and storage.inference and not STATE.inference
+
+
+def check_inference_write(self: Tensor) -> None:
+    """torch's refusal of an in-place change to an inference tensor outside inference mode."""
+    if written_outside_inference(self):
+        raise RuntimeError(INFERENCE_INPLACE)
 
 
 def check_inplace_allowed(self: Tensor, name: str) -> None:
@@ -95,7 +108,8 @@ def make_inplace(fn, name: str):
         dual = bool(dispatch.dual_levels)  # a tangent rule may read ``self`` after the write: give it the value
         source = self.clone() if (recording and self._requires_grad or dual) and saves_self else self
         autocast, STATE.autocast = STATE.autocast, None  # torch's autocast lists no in-place op
-        if not recording and not STATE.trace_depth and not STATE.vmap and not dual:
+        if not recording and not STATE.trace_depth and not STATE.vmap and not dual \
+                and not written_outside_inference(self):  # commit refuses it, after torch's shape checks
             STATE.into = (self, name)
         try:
             result = fn(source, *args, **kwargs)
@@ -127,10 +141,11 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
     if result is self:  # written in place already (see [Note: in-place writes])
         self._bump_version()
         return self
-    _take_tangents(self, result)
     if result._shape != self._shape:
         raise RuntimeError(f"{name}: output with shape {list(self._shape)} doesn't match the broadcast shape "
                            f"{list(result._shape)}")
+    check_inference_write(self)
+    _take_tangents(self, result)
     if result._dtype is not self._dtype:
         if not allow_any_cast and not castable(result._dtype, self._dtype):
             raise RuntimeError(f"{name}: result type {result._dtype.name} can't be cast to the desired output type "

@@ -101,7 +101,7 @@ def _linear(x, weight, bias=None):
 # One autograd node with its own derivative, so that eager training reaches the backend's linear (on CUDA one
 # cuBLASLt call with the bias as its epilogue) instead of recording a product and a separate bias add.
 declare("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", "composite", decomposition=_linear,
-        grad={"input": "linear_input_grad(grad, weight)", "weight": "linear_weight_grad(grad, input, weight)",
+        grad={"input": "linear_input_grad(grad, weight)", "weight": "linear_weight_grad(grad, input, weight_shape)",
               "bias": "grad"}, fwd="linear(input_t, weight) + linear(input, weight_t, bias_t)", method=False,
         autocast="lower", batch=leading_batch_first_only)
 declare("addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",

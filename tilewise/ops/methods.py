@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tilewise import strides as S
 from tilewise.ops.creation import empty_strided
-from tilewise.ops.inplace import make_inplace
+from tilewise.ops.inplace import check_inference_write, make_inplace
 from tilewise.tensor import Size, Tensor
 
 COMPARISON_ALIASES = {"greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le", "not_equal": "ne"}
@@ -35,6 +35,7 @@ def broadcast_shapes(*shapes) -> Size:
 
 def _inplace_view(name: str, view_name: str):
     def method(self, *args, **kwargs):
+        check_inference_write(self)
         if self.requires_grad:
             raise RuntimeError(f"{name}(): changing the shape of a tensor that requires grad in place is not "
                                f"supported (autograd records views, not shape changes); use {view_name}() instead")
