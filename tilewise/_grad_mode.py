@@ -1,6 +1,7 @@
 """Grad modes: no_grad, enable_grad, set_grad_enabled, inference_mode — context managers and decorators.
 
-They switch the dispatcher's Autograd key (``STATE.grad_enabled``) and nothing else, so they belong to the
+They switch the dispatcher's Autograd key (``STATE.grad_enabled``) and, for inference_mode, its Inference key
+(``STATE.inference``; see [Note: inference tensors] in ``storage.py``) and nothing else, so they belong to the
 dispatcher's layer, where the operator library's composites can use them (``with no_grad():`` around a
 statistic that needs no gradient) without reaching up into autograd; ``tilewise.autograd.grad_mode`` is
 their public name, as in torch.

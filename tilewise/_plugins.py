@@ -57,6 +57,8 @@ PLUG_INS: tuple[PlugIn, ...] = (
            "a CUDA tensor's memory marked as used by another stream, for the caching allocator"),
     PlugIn("tilewise.tensor:grad_enabled", "tilewise._grad_mode",
            "whether grad mode is on, for numpy() of a tensor that requires grad (allowed under no_grad)"),
+    PlugIn("tilewise.tensor:inference_mode_enabled", "tilewise._grad_mode",
+           "whether inference mode is on, for the refusals of inference tensors and the factories that mark them"),
     PlugIn("tilewise.ops.nn_functional:ATTENTION_HOOKS.sdp_enabled", "tilewise.backends.flags",
            "scaled_dot_product_attention refuses as torch when the attention switches leave no kernel"),
     PlugIn("tilewise.tensor:VMAP_HOOKS.detach", "tilewise.ops.batching",
