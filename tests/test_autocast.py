@@ -242,9 +242,7 @@ CPU_POLICIES_OF_COMPOSITES = sorted({
 
 # on torch's CUDA lists, without a CUDA policy here: tilewise's CUDA policies are unchanged since they were first
 # written, and these are what torch's dispatcher names beyond them (shrink this list, never grow it)
-CUDA_POLICIES_MISSING = {"addbmm", "addmv", "addr", "chain_matmul", "conv_tbc", "linalg_matrix_norm",
-                         "linalg_multi_dot", "linalg_vecdot", "linalg_vector_norm", "native_layer_norm", "nuclear_norm",
-                         "prelu", "renorm"}
+CUDA_POLICIES_MISSING: set[str] = set()
 
 
 def test_every_operator_on_torchs_cuda_list_has_a_cuda_policy():
@@ -259,13 +257,16 @@ def test_every_operator_on_torchs_cuda_list_has_a_cuda_policy():
 # torch's CUDA lists (ATen/autocast_mode.h), for every operator tilewise has under the same name
 TORCH_CUDA_POLICY = {
     "lower": ["conv1d", "conv2d", "addmm", "matmul", "einsum", "mm", "linear", "baddbmm", "bmm",
-              "scaled_dot_product_attention"],
+              "scaled_dot_product_attention", "addbmm", "addmv", "addr", "chain_matmul", "conv_tbc",
+              "linalg_multi_dot", "linalg_vecdot", "prelu"],
     "fp32": ["acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
              "sinh", "tan", "pow", "rpow", "rdiv", "softplus", "layer_norm", "rms_norm", "group_norm",
              "cosine_similarity", "nll_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
              "binary_cross_entropy_with_logits", "logsumexp", "interpolate", "prod", "softmax", "log_softmax",
-             "cumprod", "cumsum", "sum", "norm", "cross_entropy", "normalize"],
-    "promote": ["addcdiv", "addcmul", "atan2", "cross", "dot", "index_put", "scatter_add"],
+             "cumprod", "cumsum", "sum", "norm", "cross_entropy", "normalize", "linalg_vector_norm",
+             "linalg_matrix_norm", "native_layer_norm", "nuclear_norm", "renorm"],
+    "promote": ["addcdiv", "addcmul", "atan2", "cross", "dot", "vdot", "index_put", "scatter_add", "bilinear",
+                "tensordot", "grid_sample"],
     "banned": ["binary_cross_entropy"],
 }
 

@@ -142,8 +142,8 @@ def _addbmm(self, batch1, batch2, beta=1, alpha=1):
 
 
 declare("addmv(Tensor self, Tensor mat, Tensor vec, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
-        decomposition=_addmv, inplace=True)
+        decomposition=_addmv, inplace=True, autocast={"cuda": "lower"})
 declare("addr(Tensor self, Tensor vec1, Tensor vec2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
-        decomposition=_addr, inplace=True)
+        decomposition=_addr, inplace=True, autocast={"cuda": "lower"})
 declare("addbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor",
-        "composite", decomposition=_addbmm, inplace=True, autocast={"cpu": "lower"})
+        "composite", decomposition=_addbmm, inplace=True, autocast="lower")

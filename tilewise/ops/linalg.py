@@ -239,7 +239,7 @@ def _tensordot_autocast_on_cpu(op, args) -> str | None:
 
 
 declare("tensordot(Tensor a, Tensor b, Any dims=2) -> Tensor", "composite", decomposition=_tensordot, method=False,
-        autocast={"cuda": "lower", "cpu": _tensordot_autocast_on_cpu})
+        autocast={"cuda": "promote", "cpu": _tensordot_autocast_on_cpu})
 
 
 def _chain_matmul(matrices):
@@ -267,4 +267,4 @@ def chain_autocast_on_cpu(op, args) -> str | None:
 
 
 declare("chain_matmul(Tensor[] matrices) -> Tensor", "composite", decomposition=_chain_matmul, method=False,
-        varargs=True, autocast={"cpu": chain_autocast_on_cpu})
+        varargs=True, autocast={"cpu": chain_autocast_on_cpu, "cuda": "lower"})

@@ -46,8 +46,11 @@ def _matrix_power_on_cpu(op, args) -> str | None:
 
 _AUTOCAST_OTHER = {
     "linalg_solve_ex": {"cuda": "fp32"},  # torch's CPU list has linalg_solve, not its _ex form
-    "linalg_vecdot": {"cpu": "lower"},
-    "linalg_multi_dot": {"cpu": chain_autocast_on_cpu},
+    "linalg_vecdot": "lower",
+    "linalg_multi_dot": {"cpu": chain_autocast_on_cpu, "cuda": "lower"},
+    # torch's CUDA list: float32 unless a dtype= is given ("fp32_set_opt_dtype"); its CPU list has neither
+    "linalg_vector_norm": {"cuda": "fp32"},
+    "linalg_matrix_norm": {"cuda": "fp32"},
     "linalg_matrix_power": {"cpu": _matrix_power_on_cpu},
     "matrix_power": {"cpu": _matrix_power_on_cpu},
 }

@@ -101,7 +101,7 @@ def _prelu(input, weight):
 functional("glu(Tensor input, int dim=-1) -> Tensor", _glu, function=False)
 functional("softmin(Tensor input, int? dim=None, int _stacklevel=3, ScalarType? dtype=None) -> Tensor", _softmin,
            function=False, autocast={"cuda": "fp32"})
-functional("prelu(Tensor input, Tensor weight) -> Tensor", _prelu, method=True, autocast={"cpu": "lower"})
+functional("prelu(Tensor input, Tensor weight) -> Tensor", _prelu, method=True, autocast="lower")
 
 
 # ---------------------------------------------------------------------------- randomized leaky ReLU
@@ -229,7 +229,7 @@ def _bilinear(input1, input2, weight, bias=None):
 
 
 functional("bilinear(Tensor input1, Tensor input2, Tensor weight, Tensor? bias=None) -> Tensor", _bilinear,
-           autocast={"cuda": "lower"})
+           autocast={"cuda": "promote"})
 
 
 # ---------------------------------------------------------------------------- local response normalization

@@ -151,7 +151,8 @@ private("native_layer_norm(Tensor input, int[] normalized_shape, Tensor? weight,
         "(Tensor, Tensor, Tensor)", _native_layer_norm,
         {"input, weight, bias": "OPS['_layer_norm_backward'](grad, input, result[1], result[2], weight, bias, "
                                 "len(normalized_shape), eps)"}, nondiff_outputs=(1, 2),
-        fwd="layer_norm_jvp(input, input_t, normalized_shape, weight, weight_t, bias_t, result[1], result[2])")
+        fwd="layer_norm_jvp(input, input_t, normalized_shape, weight, weight_t, bias_t, result[1], result[2])",
+        autocast={"cuda": "fp32"})
 private("_fused_rms_norm(Tensor input, int[] normalized_shape, Tensor? weight, float eps) -> (Tensor, Tensor)",
         _fused_rms_norm,
         {"input, weight": "OPS['_layer_norm_backward'](grad, input, None, result[1], weight, None, "

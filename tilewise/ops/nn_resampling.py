@@ -556,7 +556,8 @@ def _grid_bicubic(plane, raw, sizes, padding_mode, align):
 
 
 functional("grid_sample(Tensor input, Tensor grid, str mode='bilinear', str padding_mode='zeros', "
-           "bool? align_corners=None) -> Tensor", _grid_sample, function=False, autocast={"cpu": "fp32"})
+           "bool? align_corners=None) -> Tensor", _grid_sample, function=False,
+           autocast={"cpu": "fp32", "cuda": "promote"})
 
 
 def _upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None):

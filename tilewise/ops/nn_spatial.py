@@ -451,4 +451,4 @@ def _conv_tbc(input, weight, bias, pad=0):
 
 
 functional("conv_tbc(Tensor input, Tensor weight, Tensor bias, int pad=0) -> Tensor", _conv_tbc,
-           autocast={"cpu": "lower"})
+           autocast="lower")

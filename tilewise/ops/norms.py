@@ -67,7 +67,7 @@ def _renorm(self, p, dim, maxnorm):
 
 
 declare("renorm(Tensor self, Scalar p, int dim, Scalar maxnorm) -> Tensor", "composite", decomposition=_renorm,
-        inplace=True)
+        inplace=True, autocast={"cuda": "fp32"})
 
 
 def _frobenius_norm(self, dim, keepdim=False):
@@ -89,6 +89,7 @@ def _nuclear_norm(self, dim=(-2, -1), keepdim=False):
 
 
 declare("nuclear_norm(Tensor self, bool keepdim=False) -> Tensor", "composite",
-        decomposition=lambda self, keepdim=False: _nuclear_norm(self, (-2, -1), keepdim), method=False)
+        decomposition=lambda self, keepdim=False: _nuclear_norm(self, (-2, -1), keepdim), method=False,
+        autocast={"cuda": "fp32"})
 declare("nuclear_norm.dim(Tensor self, int[2] dim, bool keepdim=False) -> Tensor", "composite",
-        decomposition=_nuclear_norm, method=False)
+        decomposition=_nuclear_norm, method=False, autocast={"cuda": "fp32"})
