@@ -233,6 +233,24 @@ def test_enable_grad_inside_no_grad_and_as_decorator():
     assert tw.is_grad_enabled()
 
 
+def test_no_grad_and_enable_grad_decorate_without_parentheses_as_in_torch():
+    def outcome(lib):
+        @lib.no_grad
+        def off(t):
+            return (t * 2).requires_grad, lib.is_grad_enabled()
+
+        @lib.enable_grad
+        def on(t):
+            return (t * 2).requires_grad, lib.is_grad_enabled()
+
+        x = lib.ones(2, requires_grad=True)
+        with lib.no_grad():
+            inside = on(x)
+        return off(x), inside, lib.is_grad_enabled(), off.__name__, on.__name__
+
+    assert outcome(tw) == outcome(torch)
+
+
 def test_set_grad_enabled_as_function_and_restores_on_error():
     tw.set_grad_enabled(False)
     try:

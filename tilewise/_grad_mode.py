@@ -55,8 +55,18 @@ class _GradModeContext:
         return wrapper
 
 
-class no_grad(_GradModeContext):  # noqa: N801 — torch's name
-    """Disable gradient recording. Usable as ``with no_grad():`` or ``@no_grad()``.
+class _NoParameterDecorator(_GradModeContext):
+    """A grad mode that takes no argument, so that ``@no_grad`` without parentheses decorates too (torch's
+    ``_NoParamDecoratorContextManager``)."""
+
+    def __new__(cls, orig_func=None):
+        if orig_func is None:
+            return super().__new__(cls)
+        return cls()(orig_func)
+
+
+class no_grad(_NoParameterDecorator):  # noqa: N801 — torch's name
+    """Disable gradient recording. Usable as ``with no_grad():``, ``@no_grad()`` or ``@no_grad``.
 
     >>> import tilewise as tw
     >>> x = tw.ones(2, requires_grad=True)
@@ -68,7 +78,7 @@ class no_grad(_GradModeContext):  # noqa: N801 — torch's name
     enabled = False
 
 
-class enable_grad(_GradModeContext):  # noqa: N801
+class enable_grad(_NoParameterDecorator):  # noqa: N801
     enabled = True
 
 
