@@ -432,3 +432,31 @@ def test_index_index_put_and_cat_types_come_from_rules_that_agree_with_the_kerne
         assert meta._copy(cat, (parts, dim), x.device) == TensorType(made.shape, made.dtype, x.device)
     with pytest.raises(RuntimeError, match="cat"):
         meta._copy(cat, ((tw.randn(2, 3), tw.randn(2, 4)), 0), x.device)
+
+
+def test_a_compile_pauses_the_cyclic_collector_and_restores_it():
+    import gc
+
+    from tilewise._stages import collector_paused
+
+    seen = []
+
+    def step(x):
+        seen.append(gc.isenabled())  # traced: this runs during the compile
+        return (x * 2).sum()
+
+    assert gc.isenabled()
+    tw.compile(step)(tw.ones(3))
+    assert seen == [False] and gc.isenabled()
+    with collector_paused():
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause still holds
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # a collector the user turned off stays off
+    finally:
+        gc.enable()

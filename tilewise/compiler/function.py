@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tilewise import strides as S
-from tilewise._stages import Stages, stage
+from tilewise._stages import Stages, collector_paused, stage
 from tilewise.autograd.function import Function
 from tilewise.compiler.capture import Source, Traced, capturing, flatten, start, unflatten
 from tilewise.compiler.errors import UnsupportedTargetError, user_frame
@@ -268,7 +268,7 @@ class CompiledFunction:
         recorder = Recorder(self.fn, flat, self.fullgraph)
         cap.on_operator = recorder.operator_called
         traced, effects = None, []
-        with Stages() as stages:
+        with Stages() as stages, collector_paused():
             synced = self.segments.syncs
             try:
                 with stage("trace"), recorder, capturing(cap):
@@ -354,14 +354,15 @@ class CompiledFunction:
         programs, and the graph after each pass. A graph break raises, as with ``fullgraph=True``."""
         flat, _ = _flatten_call(args, kwargs)
         cap, _ = self._start(args, kwargs)
-        try:
-            with capturing(cap):
-                traced = cap.finish(self.fn(*args, **kwargs), flat)
-        finally:
-            cap.restore()
-        history: list = []
-        graphs, _ = program_graphs(traced, target, history)
-        return traced, [lower_program(g, target) for g in graphs], history
+        with collector_paused():
+            try:
+                with capturing(cap):
+                    traced = cap.finish(self.fn(*args, **kwargs), flat)
+            finally:
+                cap.restore()
+            history: list = []
+            graphs, _ = program_graphs(traced, target, history)
+            return traced, [lower_program(g, target) for g in graphs], history
 
     def _build_segment(self, graph):
         """The program of one segment of a call that runs its Python (see [Note: segmented calls])."""
