@@ -75,8 +75,14 @@ class Ref:
         return f"Ref({self.i})"
 
 
+_ATOMS = {int: "int", bool: "bool", str: "str", type(None): "NoneType", Ref: "Ref"}
+
+
 def _freeze(value):
     """A hashable key for an argument that tells apart values Python considers equal (1, 1.0, True, -0.0)."""
+    kind = _ATOMS.get(type(value))  # the common arguments first, by exact type (a node is made for every op)
+    if kind is not None:
+        return (kind, value)
     if isinstance(value, (tuple, list)):
         return (type(value).__name__, tuple(_freeze(v) for v in value))
     if isinstance(value, float):
