@@ -324,3 +324,17 @@ def test_compiled_function_outputs_inside_inference_mode_cuda():
     outside = compiled(x)
     assert inside.is_inference() and not outside.is_inference()
     assert inside.cpu().tolist() == outside.cpu().tolist() == [2.0] * 4
+
+
+def test_views_of_inference_tensors_are_not_tracked_as_views_as_in_torch():
+    def outcome(lib):
+        normal = lib.ones(4)
+        with lib.inference_mode():
+            x = lib.ones(4)
+            inside = x.view(2, 2)
+            of_normal = normal.view(2, 2)
+        outside = x.view(2, 2)
+        return [(v._base is None, v._is_view(), v.is_inference()) for v in (inside, outside, of_normal)] + \
+            [of_normal._base is normal, normal.view(4)._is_view(), normal._is_view()]
+
+    assert outcome(tw) == outcome(torch)

@@ -494,6 +494,10 @@ class Tensor:
             return self._vmap is not None and self._vmap[1].is_inference()
         return storage.inference
 
+    def _is_view(self) -> bool:
+        """Whether autograd tracks this tensor as a view of another (its ``_base``), as torch's ``_is_view``."""
+        return self._base is not None
+
     # ------------------------------------------------------------------ device / dtype conversion
     def cpu(self) -> Tensor:
         return self.to(cpu)

@@ -22,8 +22,11 @@ def apply_view(op, args: tuple) -> Tensor:
     dtype, (shape, strides, offset) = view_output(op, args)
     if op.name == "as_strided" and x._storage is not None:
         _check_in_storage(shape, strides, offset, x)
-    out = Tensor._make(x._storage, tuple(shape), tuple(strides), offset, dtype, x._device)
-    out._base = x._base if x._base is not None else x
+    storage = x._storage
+    out = Tensor._make(storage, tuple(shape), tuple(strides), offset, dtype, x._device)
+    # an inference tensor's views are not tracked as views, as in torch (nothing can record through them)
+    if storage is None or not storage.inference:
+        out._base = x._base if x._base is not None else x
     out._trace = x._trace
     return out
 
