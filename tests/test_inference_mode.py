@@ -338,3 +338,13 @@ def test_views_of_inference_tensors_are_not_tracked_as_views_as_in_torch():
             [of_normal._base is normal, normal.view(4)._is_view(), normal._is_view()]
 
     assert outcome(tw) == outcome(torch)
+
+
+def test_from_dlpack_of_foreign_memory_inside_the_mode_is_an_inference_tensor():
+    def outcome(lib):
+        with lib.inference_mode():
+            made = lib.from_dlpack(np.ones(3, dtype=np.float32))
+        later = lib.from_dlpack(np.ones(3, dtype=np.float32))
+        return made.is_inference(), later.is_inference()
+
+    assert outcome(tw) == outcome(torch)
