@@ -305,3 +305,21 @@ def test_cuda_singular_matrices_raise_linalg_error():
     with pytest.raises(tw.linalg.LinAlgError, match="leading minor of order 1"):
         tw.linalg.cholesky(-tw.eye(3, device="cuda"))
     assert tw.linalg.inv_ex(A).info.item() == 3
+
+
+@pytest.mark.parametrize("case", ["dot", "dot-int", "cross", "linalg.cross", "dot-shape"])
+def test_dot_and_cross_refuse_two_dtypes_as_torch(case):
+    def outcome(lib):
+        calls = {
+            "dot": lambda: lib.dot(lib.ones(3), lib.ones(3, dtype=lib.float64)),
+            "dot-int": lambda: lib.dot(lib.ones(3, dtype=lib.int64), lib.ones(3)),
+            "cross": lambda: lib.cross(lib.ones(2, 3), lib.ones(2, 3, dtype=lib.float64), dim=1),
+            "linalg.cross": lambda: lib.linalg.cross(lib.ones(3, dtype=lib.bfloat16), lib.ones(3)),
+            "dot-shape": lambda: lib.dot(lib.ones(2, 2), lib.ones(3, dtype=lib.float64)),
+        }
+        try:
+            return calls[case]().dtype
+        except RuntimeError as error:
+            return str(error).removeprefix("dot: ").split(";")[0].split(" (cross")[0]
+
+    assert outcome(tw) == outcome(torch)

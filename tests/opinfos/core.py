@@ -205,6 +205,8 @@ OPINFOS += [
     OpInfo("baddbmm", lambda: [Sample((T((2, 3, 5)), T((2, 3, 4)), T((2, 4, 5))))]),
     OpInfo("outer", lambda: [Sample((T((3,)), T((4,))))]),
     OpInfo("dot", lambda: [Sample((T((4,)), T((4,))))]),
+    OpInfo("inner", lambda: [Sample((T((4,)), T((4,)))), Sample((T((2, 4)), T((3, 4)))),
+                             Sample((T((2, 1, 4)), T((4,)))), Sample((T((3,)), T(())))]),
     OpInfo("softmax", lambda: [Sample((T((3, 4)), 1)), Sample((T((2, 3, 4)), 0))], call="F",
            covers=("_softmax_backward_data",)),
     OpInfo("log_softmax", lambda: [Sample((T((3, 4)), 1)), Sample((T((2, 3, 4)), -1))], call="F",

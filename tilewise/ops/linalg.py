@@ -6,6 +6,7 @@ from tilewise import strides as S
 from tilewise.dtypes import compute_dtype
 from tilewise.ops.batching_rules import leading_batch_first_only, matrix_product
 from tilewise.ops.registry import OPS, declare
+from tilewise.ops.scaled_mm import c10_name
 from tilewise.tensor import Tensor
 
 
@@ -155,13 +156,16 @@ declare("outer(Tensor self, Tensor vec2) -> Tensor", "composite", decomposition=
 def _dot(a, b):
     if a.ndim != 1 or b.ndim != 1:
         raise RuntimeError(f"dot: 1D tensors expected, but got {a.ndim}D and {b.ndim}D tensors")
+    if a.dtype is not b.dtype:  # torch converts neither (under autocast, its promote policy made them one)
+        raise RuntimeError(f"dot : expected both vectors to have same dtype, but found {c10_name(a.dtype)} and "
+                           f"{c10_name(b.dtype)}; convert one with .to()")
     if a.shape != b.shape:
         raise RuntimeError(f"dot: inconsistent tensor size, expected tensor [{a.shape[0]}] and src [{b.shape[0]}] to "
                            "have the same number of elements")
     return (a * b).sum()
 
 
-declare("dot(Tensor self, Tensor tensor) -> Tensor", "composite", decomposition=_dot, aliases=("inner",),
+declare("dot(Tensor self, Tensor tensor) -> Tensor", "composite", decomposition=_dot,
         autocast={"cuda": "promote"})
 
 
@@ -213,6 +217,9 @@ def _tensordot_dims(a, b, dims) -> tuple[list[int], list[int]]:
 
 def _tensordot(a, b, dims=2):
     """Contract dims of a with dims of b: both are permuted so the contracted dims meet, then one matrix product."""
+    if a.dtype is not b.dtype:
+        raise RuntimeError(f"both inputs should have same dtype (tensordot: got {a.dtype.name} and {b.dtype.name}; "
+                           "convert one with .to())")
     dims_a, dims_b = _tensordot_dims(a, b, dims)
     dims_a = [S.normalize_dim(d, a.ndim, "tensordot") for d in dims_a]
     dims_b = [S.normalize_dim(d, b.ndim, "tensordot") for d in dims_b]
@@ -240,6 +247,20 @@ def _tensordot_autocast_on_cpu(op, args) -> str | None:
 
 declare("tensordot(Tensor a, Tensor b, Any dims=2) -> Tensor", "composite", decomposition=_tensordot, method=False,
         autocast={"cuda": "promote", "cpu": _tensordot_autocast_on_cpu})
+
+
+def _inner(a, b):
+    """torch.inner: a scalar operand multiplies; otherwise the sum of products along both last dims (a dot product
+    for vectors), the result shaped ``a.shape[:-1] + b.shape[:-1]``."""
+    if a.ndim == 0 or b.ndim == 0:
+        return a * b
+    if a.shape[-1] != b.shape[-1]:
+        raise RuntimeError(f"inner() the last dimension must match on both input tensors but got shapes "
+                           f"{list(a.shape)} and {list(b.shape)}")
+    return _tensordot(a, b, ([-1], [-1]))
+
+
+declare("inner(Tensor self, Tensor other) -> Tensor", "composite", decomposition=_inner)
 
 
 def _chain_matmul(matrices):

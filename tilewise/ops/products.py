@@ -12,6 +12,7 @@ from math import prod
 
 from tilewise import strides as S
 from tilewise.ops.movement import _stack, composite
+from tilewise.ops.scaled_mm import c10_name
 from tilewise.tensor import Tensor
 
 
@@ -26,6 +27,9 @@ def _cross(self, other, dim=None):
         if shape[d] != 3:
             raise RuntimeError(f"cross(): dimension {dim} must have length 3, got shapes {list(self.shape)} and "
                                f"{list(other.shape)}")
+    if self.dtype is not other.dtype:  # torch's kernel converts neither (CUDA autocast promotes them to one first)
+        raise RuntimeError(f"expected scalar type {c10_name(self.dtype)} but found {c10_name(other.dtype)} (cross: "
+                           f"both operands must have one dtype; convert one with .to())")
     a0, a1, a2 = self.expand(shape).unbind(d)
     b0, b1, b2 = other.expand(shape).unbind(d)
     return _stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], d)
