@@ -257,3 +257,15 @@ def test_float8_from_data_and_fill_saturate_like_torch(target):
     np.testing.assert_array_equal(ours, theirs)
     assert tw.full((), 1000.0, dtype=getattr(tw, target)).float().item() == \
         torch.full((), 1000.0, dtype=getattr(torch, target)).float().item()
+
+
+def test_c10_names_are_those_torchs_messages_print():
+    """The one table of torch's scalar-type names: read off torch's own index_put message for every dtype."""
+    from tilewise.dtypes import ALL, c10_name
+
+    for d in ALL:
+        kind = getattr(torch, d.name)
+        dest = torch.float64 if d.name == "float32" else torch.float32
+        with pytest.raises(RuntimeError) as error:
+            torch.empty(2, dtype=dest).index_put_((torch.tensor([0]),), torch.empty(1, dtype=kind))
+        assert f"and {c10_name(d)} for the source" in str(error.value), (d.name, str(error.value))

@@ -109,6 +109,17 @@ complex128 = _make("complex128", np.complex128, COMPLEX, True, "double2")
 ALL = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2,
        float8_e8m0fnu, float4_e2m1fn_x2, complex64, complex128)
 _BY_NAME = {d.name: d for d in ALL}
+# c10's ScalarType names, which torch's error messages print ("Float", "Long", "Float8_e4m3fn")
+_C10_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long",
+              "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "float64": "Double",
+              "float8_e4m3fn": "Float8_e4m3fn", "float8_e5m2": "Float8_e5m2", "float8_e8m0fnu": "Float8_e8m0fnu",
+              "float4_e2m1fn_x2": "Float4_e2m1fn_x2", "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
+
+
+def c10_name(dtype: DType) -> str:
+    """torch's name of ``dtype`` in its messages: ``c10_name(float32) == "Float"``."""
+    return _C10_NAMES[dtype.name]
+
 _ALIASES = {"half": float16, "float": float32, "double": float64, "long": int64, "int": int32, "short": int16,
             "cfloat": complex64, "cdouble": complex128}
 _REAL_OF = {complex64: float32, complex128: float64}

@@ -37,6 +37,7 @@ from tilewise.distributed.backend import Backend as TransportBackend
 from tilewise.distributed.backend import ComposedWork, RedOpType, ReduceOp, Work
 from tilewise.distributed.rendezvous import rendezvous, store_based_barrier
 from tilewise.distributed.store import PrefixStore, Store
+from tilewise.dtypes import c10_name
 from tilewise.ops.creation import empty
 from tilewise.ops.functions import cat
 from tilewise.tensor import Tensor
@@ -428,11 +429,6 @@ def _with_copy_back(work: Work, copy_back, output) -> Work:
     return work if copy_back is None else ComposedWork([work], copy_back, [output])
 
 
-_TORCH_SCALAR_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int",
-                       "int64": "Long", "float16": "Half", "bfloat16": "BFloat16", "float32": "Float",
-                       "float64": "Double"}
-
-
 def _label(tensor) -> str:
     return "ProcessGroupNCCL" if tensor.device.type == "cuda" else "ProcessGroupGloo"
 
@@ -467,7 +463,7 @@ def _check_op(op, tensor, op_name: str) -> RedOpType:
     # gloo averages in float and cannot cast back (torch's error); NCCL's ncclAvg divides integers itself
     if op == RedOpType.AVG and not tensor.dtype.is_floating_point and tensor.device.type != "cuda":
         raise RuntimeError(f"result type Float can't be cast to the desired output type "
-                           f"{_TORCH_SCALAR_NAMES.get(tensor.dtype.name, tensor.dtype.name)}")
+                           f"{c10_name(tensor.dtype)}")
     if op == RedOpType.PREMUL_SUM:
         raise RuntimeError(f"{op_name}: ReduceOp.PREMUL_SUM is only supported by the nccl backend")
     return op

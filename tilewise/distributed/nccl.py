@@ -33,6 +33,7 @@ from typing import Any
 
 from tilewise import strides
 from tilewise.distributed.backend import Backend, Future, Work
+from tilewise.dtypes import as_dtype, c10_name
 from tilewise.tensor import Tensor
 
 # NCCL's data type (a name in nccl4py's DataType) for each tilewise dtype, as torch's ProcessGroupNCCL maps them:
@@ -46,13 +47,6 @@ NCCL_TYPES = {
 NO_REDUCTIONS = frozenset({"float8_e4m3fn", "float8_e5m2"})
 COMPLEX = frozenset({"complex64", "complex128"})
 
-# torch's ScalarType names, which its errors print
-SCALAR_TYPE_NAMES = {
-    "bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long",
-    "float16": "Half", "bfloat16": "BFloat16", "float32": "Float", "float64": "Double",
-    "float8_e4m3fn": "Float8_e4m3fn", "float8_e5m2": "Float8_e5m2", "complex64": "ComplexFloat",
-    "complex128": "ComplexDouble",
-}
 
 NCCL_OPS = {"SUM": "Sum", "PRODUCT": "Prod", "MIN": "Min", "MAX": "Max", "AVG": "Avg"}
 
@@ -92,8 +86,8 @@ def nccl_type_name(t: Tensor) -> str:
     name = NCCL_TYPES.get(t.dtype.name)
     if name is None:
         raise TypeError(
-            f"Input tensor data type is not supported for NCCL process group: {SCALAR_TYPE_NAMES[t.dtype.name]} "
-            f"(NCCL carries {', '.join(SCALAR_TYPE_NAMES[n] for n in NCCL_TYPES)})"
+            f"Input tensor data type is not supported for NCCL process group: {c10_name(t.dtype)} "
+            f"(NCCL carries {', '.join(c10_name(as_dtype(n)) for n in NCCL_TYPES)})"
         )
     return name
 

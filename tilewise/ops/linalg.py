@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from tilewise import strides as S
-from tilewise.dtypes import compute_dtype
+from tilewise.dtypes import c10_name, compute_dtype
 from tilewise.ops.batching_rules import leading_batch_first_only, matrix_product
 from tilewise.ops.registry import OPS, declare
-from tilewise.ops.scaled_mm import c10_name
 from tilewise.tensor import Tensor
 
 

@@ -15,6 +15,7 @@ Everything users call (``linalg.solve``, ``linalg.norm``, ``torch.svd``'s old AP
 
 from __future__ import annotations
 
+from tilewise.dtypes import c10_name
 from tilewise.ops import linalg_grads  # noqa: F401 — registers the derivative helpers the formulas below name
 from tilewise.ops.batching import apply_batched
 from tilewise.ops.registry import OPS, declare
@@ -26,14 +27,7 @@ class LinAlgError(RuntimeError):
 
 LinAlgError.__module__ = "tilewise.linalg"
 
-# torch's names of scalar types, as its linalg messages print them
-TORCH_TYPE_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
-                    "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
-                    "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
-
-
-def type_name(dtype) -> str:
-    return TORCH_TYPE_NAMES.get(dtype.name, dtype.name)
+type_name = c10_name  # torch's names of scalar types, as its linalg messages print them
 
 
 def check_floating(op: str, A, low_precision: bool = False) -> None:

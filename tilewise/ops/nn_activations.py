@@ -14,20 +14,18 @@ import math
 import warnings
 
 from tilewise import strides as S
+from tilewise.dtypes import c10_name
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import where as expr_where
 from tilewise.ops.nn_functional import call_public, check_dropout_p, functional, private, where
 from tilewise.ops.pointwise import pointwise
-
-_TORCH_TYPE_NAMES = {"float64": "Double", "float32": "Float", "float16": "Half", "bfloat16": "BFloat16"}
-
 
 # ---------------------------------------------------------------------------- shrinkage
 
 def _check_lambda(lambd, dtype) -> None:
     if lambd < 0:
         raise RuntimeError(f"lambda must be in range [0, 3.40282e+38] for input dtype "
-                           f"{_TORCH_TYPE_NAMES.get(dtype.name, dtype.name)}, but found {lambd}")
+                           f"{c10_name(dtype)}, but found {lambd}")
 
 
 def _softshrink_expr(x, lambd):

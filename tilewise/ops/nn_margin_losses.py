@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from tilewise import strides as S
+from tilewise.dtypes import c10_name
 from tilewise.ops.nn_functional import call_public, concrete_cpu, functional, private, where
 from tilewise.ops.nn_losses import _reduce, _reduction_mode
 
@@ -92,13 +93,9 @@ functional("soft_margin_loss(Tensor input, Tensor target, bool? size_average=Non
 
 # ---------------------------------------------------------------------------- multi-class margin losses
 
-_TORCH_TYPE_NAMES = {"float64": "Double", "float32": "Float", "float16": "Half", "bfloat16": "BFloat16",
-                     "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool"}
-
-
 def _require_long_target(target) -> None:
     if target.dtype.name != "int64":
-        found = _TORCH_TYPE_NAMES.get(target.dtype.name, target.dtype.name)
+        found = c10_name(target.dtype)
         raise RuntimeError(f"expected scalar type Long but found {found} (the target holds class indices: int64)")
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from math import prod
 
 from tilewise import strides as S
+from tilewise.dtypes import c10_name
 from tilewise.ops.movement import _stack, composite
-from tilewise.ops.scaled_mm import c10_name
 from tilewise.tensor import Tensor
 
 

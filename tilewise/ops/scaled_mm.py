@@ -15,18 +15,9 @@ training (``tilewise.float8``) differentiates through an autograd Function that 
 from __future__ import annotations
 
 from tilewise import dtypes
+from tilewise.dtypes import c10_name
 from tilewise.ops.batching import loop
 from tilewise.ops.registry import declare
-
-# c10's names of the dtypes, as torch's messages print them
-C10_NAMES = {"float8_e4m3fn": "Float8_e4m3fn", "float8_e5m2": "Float8_e5m2", "bfloat16": "BFloat16",
-             "float16": "Half", "float32": "Float", "float64": "Double", "int8": "Char", "uint8": "Byte",
-             "int16": "Short", "int32": "Int", "int64": "Long", "bool": "Bool", "complex64": "ComplexFloat",
-             "complex128": "ComplexDouble"}
-
-
-def c10_name(dtype) -> str:
-    return C10_NAMES.get(dtype.name, dtype.name)
 
 
 def scaling_of(a, b, scale_a, scale_b) -> str | None:

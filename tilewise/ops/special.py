@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from tilewise import dtypes
-from tilewise.dtypes import DType, compute_dtype, result_type, to_float
+from tilewise.dtypes import DType, c10_name, compute_dtype, result_type, to_float
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import broadcast
 from tilewise.ops.expr import Expr, where
@@ -23,13 +23,9 @@ from tilewise.ops.formulas import HELPERS
 from tilewise.ops.pointwise import pointwise, unary
 from tilewise.ops.registry import declare
 
-_TORCH_TYPE_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
-                     "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte",
-                     "bool": "Bool"}
-
 
 def _not_implemented(op, dtype: DType) -> NotImplementedError:
-    name = _TORCH_TYPE_NAMES.get(dtype.name, dtype.name)
+    name = c10_name(dtype)
     return NotImplementedError(f'"{op.name}_cpu" not implemented for \'{name}\' (got a {dtype.name} input)')
 
 

@@ -41,7 +41,8 @@ from tilewise.backends.cuda.matmul import (
     column_major,
 )
 from tilewise.device import Device
-from tilewise.ops.scaled_mm import c10_name, check_scaled_mm
+from tilewise.dtypes import c10_name
+from tilewise.ops.scaled_mm import check_scaled_mm
 from tilewise.tensor import Tensor
 
 FP8_DATA_TYPE = {"float8_e4m3fn": 28, "float8_e5m2": 29}  # cudaDataType_t: CUDA_R_8F_E4M3, CUDA_R_8F_E5M2
