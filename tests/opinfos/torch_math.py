@@ -10,7 +10,9 @@ def _tensordot():
     return [Sample((T((3, 4)), T((4, 5)), 1)), Sample((T((2, 3, 4)), T((3, 4, 5))), name="dims2"),
             Sample((T((2, 3, 4)), T((4, 2, 5)), ([0, 2], [1, 0])), name="lists"),
             Sample((T((2, 3)), T((4,)), 0), name="outer"), Sample((T((3, 4)), T((3, 4)), ([1, 0], [1, 0])),
-                                                                   name="all")]
+                                                                   name="all"),
+            Sample((T((2, 0)), T((0, 3)), 1), name="empty-contraction"), Sample((T((0, 4)), T((4, 5)), 1),
+                                                                                 name="empty-free")]
 
 
 def _cdist():

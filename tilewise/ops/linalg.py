@@ -228,11 +228,9 @@ def _tensordot(a, b, dims=2):
                                f"and second has size {b.shape[db]} in dim {db}")
     free_a = [d for d in range(a.ndim) if d not in dims_a]
     free_b = [d for d in range(b.ndim) if d not in dims_b]
-    size = 1
-    for d in dims_a:
-        size *= a.shape[d]
-    left = a.permute((*free_a, *dims_a)).reshape(-1, size)
-    right = b.permute((*dims_b, *free_b)).reshape(size, -1)
+    size = S.numel(tuple(a.shape[d] for d in dims_a))  # sizes spelled out: -1 cannot be inferred beside a 0
+    left = a.permute((*free_a, *dims_a)).reshape(S.numel(tuple(a.shape[d] for d in free_a)), size)
+    right = b.permute((*dims_b, *free_b)).reshape(size, S.numel(tuple(b.shape[d] for d in free_b)))
     return left.mm(right).reshape(tuple(a.shape[d] for d in free_a) + tuple(b.shape[d] for d in free_b))
 
 
