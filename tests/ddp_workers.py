@@ -295,3 +295,40 @@ def compiled_train(rank, world_size, steps: int, device_type: str = "cpu", hook:
         record.append((losses, grads(module)))
         record.append((params(module), buffers(module)))
     return record
+
+
+def destroy_with_a_live_graph(rank, world_size, steps: int = 4) -> dict:
+    """A compiled DDP step over a group of its own, replayed from a CUDA graph that captured its NCCL all-reduce;
+    the step is kept alive while the group is destroyed (as a training script ends), which must return: NCCL's
+    ``ncclCommDestroy`` waits for every graph holding the communicator, so the graph is released first."""
+    import threading
+
+    import tilewise as tw
+    import tilewise.distributed as dist
+    from tilewise.nn.parallel import DistributedDataParallel
+
+    group = dist.new_group([0, 1])
+    device = device_of_rank(rank, "cuda")
+    module = mlp(seed=0).to(device)
+    model = DistributedDataParallel(module, device_ids=[rank], process_group=group)
+    opt = tw.optim.SGD(model.parameters(), lr=0.1)
+
+    @tw.compile
+    def step(x, y):
+        opt.zero_grad()
+        loss = tw.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for k in range(steps):
+        x, y = global_batch(k, world_size)
+        step(tw.tensor(shard(x, rank), device=device), tw.tensor(shard(y, rank), device=device)).item()
+    runtime = step.programs()[-1].runtime
+    graphs = [g.graph for g in runtime.graphs.values()]
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (dist.destroy_process_group(group), done.set()), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    return {"replays": runtime.replays, "graphs": len(graphs), "destroyed": done.is_set(),
+            "released": [g.released for g in graphs], "holds": [len(g.holds) for g in graphs]}

@@ -764,6 +764,9 @@ class FakeCaptureDriver:
     def cuGraphExecDestroy(self, executable):
         return self._ok("destroy exec")
 
+    def cuCtxSynchronize(self):
+        return self._ok("synchronize")
+
 
 @pytest.fixture
 def fake_capture(monkeypatch):
@@ -780,7 +783,37 @@ def fake_capture(monkeypatch):
     monkeypatch.setattr(graphs, "memory", lambda device: mem)
     monkeypatch.setattr(graphs, "_take_stream", lambda device: Stream.from_handle(0xCA97, 0))
     monkeypatch.setattr(graphs, "_capture_streams", {})
+    monkeypatch.setattr(graphs, "ensure_context", lambda device: device)
     return graphs, driver, allocator
+
+
+def test_a_graph_holding_a_communicator_is_released_before_it_is_destroyed(fake_capture):
+    """What captured work notes it holds (a NCCL communicator) is listed on its graph; releasing the graphs
+    holding it destroys them at once (NCCL waits for them before destroying the communicator) and only them,
+    and a released graph refuses to replay. Outside a capture, noting is a no-op."""
+    from tilewise.backends.cuda.runtime.capturing import note_capture_holds
+
+    graphs, driver, _ = fake_capture
+    comm, other = object(), object()
+    note_capture_holds(comm)  # no capture under way: nothing to note it on
+
+    def body(stream: int) -> None:
+        note_capture_holds(comm)
+        note_capture_holds(comm)  # twice: listed once
+
+    holding, plain = graphs.capture(body, 0), graphs.capture(lambda stream: None, 0)
+    assert holding.holds == (comm,) and plain.holds == ()
+    assert graphs.release_graphs_holding(other) == 0 and not holding.released
+    driver.calls.clear()
+    assert graphs.release_graphs_holding(comm) == 1
+    assert holding.released and not plain.released
+    assert driver.calls == ["synchronize", "destroy exec", "destroy graph"]
+    assert graphs.release_graphs_holding(comm) == 0
+    with pytest.raises(RuntimeError, match="was released .* cannot be replayed"):
+        holding.replay(0)
+    driver.calls.clear()
+    del holding  # already destroyed: nothing destroyed twice
+    assert driver.calls == []
 
 
 def test_capture_runs_the_body_on_its_stream_with_its_allocations_in_the_graphs_pool(fake_capture):

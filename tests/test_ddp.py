@@ -591,6 +591,15 @@ def test_on_one_gpu_the_compiled_step_overlaps_its_all_reduces_inside_its_cuda_g
 
 
 @pytest.mark.cuda
+def test_on_two_gpus_destroying_the_group_releases_the_graphs_that_captured_its_collectives(gpu_cluster):
+    """A compiled step whose CUDA graph captured NCCL all-reduces, still alive when its group is destroyed (a
+    training script's end): ``destroy_process_group`` returns (NCCL would wait for the graph for ever)."""
+    for rank in gpu_cluster.run("destroy_with_a_live_graph", timeout=120):
+        assert rank["graphs"] == 1 and rank["replays"] >= 1 and rank["holds"] == [1]
+        assert rank["destroyed"] and rank["released"] == [True]
+
+
+@pytest.mark.cuda
 def test_on_two_gpus_a_compiled_step(gpu_cluster):
     check_against_reference(gpu_cluster.run("compiled_train", STEPS, "cuda"), reference_training("mlp", STEPS),
                             rtol=1e-4, atol=1e-5)

@@ -150,7 +150,8 @@ def test_cuda_rowwise_and_bias():
     a, b, ca, cb = _cuda_operands(64, 128, 96)
     sa, sb = torch.rand(64, 1) + 0.5, torch.rand(1, 96) + 0.5
     bias = torch.randn(96).to(torch.bfloat16)
-    ref = _call(torch, a, b, sa, sb, bias=bias, out_dtype=torch.float32).numpy()
+    # torch's CPU _scaled_mm takes tensor-wise scales only: the reference is its definition, in float32
+    ref = ((a.float() @ b.float()) * sa * sb + bias.float()).numpy()
     out = tw._scaled_mm(ca, cb, _tw(sa, "cuda"), _tw(sb, "cuda"), bias=_tw(bias, "cuda"),
                         out_dtype=tw.bfloat16).float().cpu().numpy()
     np.testing.assert_allclose(out, ref, rtol=8e-3, atol=8e-3 * np.abs(ref).max())

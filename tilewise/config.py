@@ -37,6 +37,8 @@ variable                  meaning
                           ``-1``: never
 ``TILEWISE_GEMM_TUNE``    ``1`` (default) times the few best cuBLASLt heuristic candidates once per GEMM shape
                           and keeps the fastest; ``0`` takes cuBLASLt's first choice
+``TILEWISE_CUDA_GRAPHS``  ``1`` (default) lets a compiled CUDA program replay its steps as one captured CUDA graph
+                          from its second call; ``0`` launches its steps one by one on every call
 ========================  =====================================================================================
 """
 
@@ -64,6 +66,7 @@ def _channels(text: str) -> set[str]:
 class Settings:
     log: set[str] = field(default_factory=lambda: _channels(os.environ.get("TILEWISE_LOG", "")))
     gemm_tune: bool = field(default_factory=lambda: os.environ.get("TILEWISE_GEMM_TUNE", "1") != "0")
+    cuda_graphs: bool = field(default_factory=lambda: os.environ.get("TILEWISE_CUDA_GRAPHS", "1") != "0")
     recompile_limit: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_RECOMPILES", "8")))
     cc: str = field(default_factory=lambda: os.environ.get("TILEWISE_CC", "cc"))
     verify: bool = field(default_factory=lambda: os.environ.get("TILEWISE_VERIFY", "0") == "1")

@@ -194,7 +194,7 @@ def build_program(graph: Graph, target: Target, device=None, graphs: bool = True
         low.schedules, pending = choose(low.schedules, tuning, default_decisions())
         render_lowered(low, target)
         tuner = Tuner(pending, tuning, default_decisions()) if pending else None
-    program = target.build(low, device, graphs)
+    program = target.build(low, device, graphs and settings.cuda_graphs)
     program.arena = arena if arena is not None else target.arena(device)
     program.arena.reserve(low.plan.arena_bytes)
     program.tuner = tuner

@@ -358,6 +358,9 @@ class CudaRuntime:
                 return None
         key = tuple(inputs[slot].ptr for _, slot in input_slots if slot not in staged)
         graph = self.graphs.get(key)
+        if graph is not None and graph.graph.released:  # its communicator was destroyed: capture again
+            del self.graphs[key]
+            graph = None
         if graph is None:
             if len(self.graphs) >= MAX_GRAPHS:
                 self.why_not = f"more than {MAX_GRAPHS} sets of input addresses"

@@ -418,6 +418,9 @@ class NCCLBackend(Backend):
         runtime.ensure_context(device)
         caller = runtime.current_stream(device)
         if is_capturing(caller):
+            from tilewise.backends.cuda.runtime.capturing import note_capture_holds
+
+            note_capture_holds(comm)  # the graph will hold the communicator: released before it is destroyed
             self._call(name, comm, call, caller.handle)
             return NCCLWork(outputs, device, None)
         internal = self._stream(device)
@@ -574,10 +577,15 @@ class NCCLBackend(Backend):
         return self._allreduce(device, [token], plan, blocking=True)
 
     def shutdown(self) -> None:
-        """Destroy every communicator (after the work queued on them); the backend is unusable afterwards."""
+        """Destroy every communicator (after the work queued on them); the backend is unusable afterwards. The
+        CUDA graphs that captured collectives on them are released first: NCCL waits for them to be gone, so
+        destroying the group would otherwise hang (see [Note: graphs that hold a communicator])."""
+        from tilewise.backends.cuda.graphs import release_graphs_holding
+
         runtime = _runtime()
         for comm in [*self._communicators.values(), *self._pair_communicators.values()]:
             runtime.ensure_context(comm.device)
+            release_graphs_holding(comm)
             comm.comm.destroy()
         self._communicators.clear()
         self._pair_communicators.clear()

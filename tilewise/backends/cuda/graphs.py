@@ -13,12 +13,16 @@
   stream, joined another one, or was not permitted), or a graph that does not instantiate ends the capture
   cleanly (the stream leaves capture mode, the pool is released) and raises :class:`GraphCaptureError` with the
   cause. Nothing captured ran, so the caller can run the same work uncaptured instead.
+- communicators: a graph that captured NCCL collectives holds their communicators, which cannot be destroyed
+  while it lives; :func:`release_graphs_holding` releases such graphs first ([Note: graphs that hold a
+  communicator] in ``runtime/capturing``).
 The capture mode is ``RELAXED``: the allocator may call ``cuMemAlloc`` while capturing (torch relaxes its mode
 around its own ``cudaMalloc`` for the same reason).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 from tilewise._cuda_api import CudaError, check, driver_api
@@ -30,6 +34,7 @@ from tilewise.backends.cuda.runtime.stream import Stream
 from tilewise.backends.cuda.runtime.stream import stream as using
 
 _capture_streams: dict[int, list[Stream]] = {}  # device -> streams kept for captures, not in use now
+_holding: weakref.WeakSet = weakref.WeakSet()  # live graphs whose captured work holds a resource (a communicator)
 
 
 class GraphCaptureError(RuntimeError):
@@ -37,15 +42,38 @@ class GraphCaptureError(RuntimeError):
 
 
 class CudaGraph:
-    """One captured graph: the executable, the graph, and the private pool its captured allocations live in."""
+    """One captured graph: the executable, the graph, and the private pool its captured allocations live in;
+    ``holds``: the resources (communicators) its captured work holds references on."""
 
-    def __init__(self, exec_handle, graph_handle, pool: PrivatePool, device: int):
-        self.exec, self.graph, self.pool, self.device = exec_handle, graph_handle, pool, device
+    def __init__(self, exec_handle, graph_handle, pool: PrivatePool, device: int, holds: tuple = ()):
+        self.exec, self.graph, self.pool, self.device, self.holds = exec_handle, graph_handle, pool, device, holds
+        self.released = False
+        if holds:
+            _holding.add(self)
 
     def replay(self, stream: int) -> None:
+        if self.released:
+            raise RuntimeError("this CUDA graph was released (it captured collectives of a communicator that has "
+                               "since been destroyed) and cannot be replayed")
         check(driver_api().cuGraphLaunch(self.exec, stream), "cuGraphLaunch")
 
+    def release(self) -> None:
+        """Destroy the graph now (after the device has finished what it queued): its executable, its graph and
+        its pool; a released graph never replays."""
+        if self.released:
+            return
+        self.released = True
+        _holding.discard(self)
+        cu = driver_api()
+        ensure_context(self.device)
+        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")  # a replay in flight may still read the pool
+        cu.cuGraphExecDestroy(self.exec)
+        cu.cuGraphDestroy(self.graph)
+        memory(self.device).allocator.release_pool(self.pool)
+
     def __del__(self) -> None:
+        if self.released:
+            return
         try:
             cu = driver_api()
             cu.cuGraphExecDestroy(self.exec)
@@ -55,11 +83,21 @@ class CudaGraph:
             pass
 
 
+def release_graphs_holding(resource: object) -> int:
+    """Release every live graph whose captured work holds ``resource`` (a communicator about to be destroyed:
+    NCCL waits for such graphs to be gone first); how many were released."""
+    found = [g for g in list(_holding) if any(held is resource for held in g.holds)]
+    for graph in found:
+        graph.release()
+    return len(found)
+
+
 def capture(body: Callable[[int], None], device: int) -> CudaGraph:
     """Capture what ``body(stream)`` queues on ``stream`` (the current stream while it runs) into a graph."""
     mem = memory(device)
     stream = _take_stream(device)
     pool = PrivatePool()
+    holds: list = []
     cu = driver_api()
     try:
         mem.release_free_list(stream.handle)
@@ -71,7 +109,7 @@ def capture(body: Callable[[int], None], device: int) -> CudaGraph:
         raised = None
         mem.allocator.route(stream.handle, pool)
         try:
-            with using(stream), capture_scope(stream.handle):
+            with using(stream), capture_scope(stream.handle, holds):
                 body(stream.handle)
         except Exception as exc:  # noqa: BLE001 — whatever it was, the capture cannot be used
             raised = exc
@@ -90,7 +128,7 @@ def capture(body: Callable[[int], None], device: int) -> CudaGraph:
         cu.cuGraphDestroy(graph)
         mem.allocator.release_pool(pool)
         raise GraphCaptureError(f"the captured graph does not instantiate: {exc}") from exc
-    return CudaGraph(executable, graph, pool, device)
+    return CudaGraph(executable, graph, pool, device, tuple(holds))
 
 
 def _ended_graph(ended: tuple, raised: Exception | None):

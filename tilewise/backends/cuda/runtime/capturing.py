@@ -11,6 +11,14 @@ refuses them itself, with one thread-local check in each: while :func:`capture_s
 :func:`refuse_under_capture` raises :class:`StreamCaptureError`, which the capture turns into "this cannot be
 captured" (a compiled program then runs its steps uncaptured). Other threads are not affected: their work is
 not on the capturing stream.
+
+[Note: graphs that hold a communicator] A NCCL collective captured into a CUDA graph makes the graph hold a
+reference on its communicator (NCCL's persistent plans), and ``ncclCommDestroy`` waits until every such graph is
+destroyed: a process group destroyed while a compiled step's graph is alive would hang for ever (torch has the
+same hang, pytorch#115388). So what a capture records on a communicator is noted here
+(:func:`note_capture_holds`); the capture lists it on its graph, and before a communicator is destroyed its owner
+releases every live graph that holds it (``graphs.release_graphs_holding``). A released graph is never replayed:
+a compiled program drops it and captures again, or runs uncaptured, on its next call.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ class StreamCaptureError(RuntimeError):
 
 class _CaptureState(threading.local):
     stream: int | None = None  # the handle of the stream this thread is capturing on, if any
+    holds: list | None = None  # what the capture under way records references to (see the note)
 
 
 _state = _CaptureState()
@@ -44,12 +53,20 @@ def refuse_under_capture(what: str) -> None:
                                  "and addresses of the capture")
 
 
+def note_capture_holds(resource: object) -> None:
+    """Note that the capture under way on this thread records work holding ``resource`` (a communicator); no-op
+    when none is (see [Note: graphs that hold a communicator])."""
+    if _state.holds is not None and all(held is not resource for held in _state.holds):
+        _state.holds.append(resource)
+
+
 @contextmanager
-def capture_scope(stream: int) -> Iterator[None]:
-    """Mark this thread as capturing on ``stream`` for the duration of the block."""
-    previous = _state.stream
-    _state.stream = int(stream)
+def capture_scope(stream: int, holds: list | None = None) -> Iterator[None]:
+    """Mark this thread as capturing on ``stream`` for the duration of the block; what the captured work holds
+    (:func:`note_capture_holds`) is appended to ``holds``."""
+    previous, previous_holds = _state.stream, _state.holds
+    _state.stream, _state.holds = int(stream), holds
     try:
         yield
     finally:
-        _state.stream = previous
+        _state.stream, _state.holds = previous, previous_holds
