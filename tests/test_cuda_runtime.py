@@ -863,3 +863,55 @@ def test_a_capture_the_driver_invalidated_is_an_error_naming_the_status(fake_cap
     with pytest.raises(graphs.GraphCaptureError, match="the driver invalidated the capture .*INVALIDATED"):
         graphs.capture(lambda stream: None, 0)
     assert driver.calls == ["begin", "end"] and not allocator.routes
+
+
+# ---- choosing among cuBLASLt's candidates, with fake timings -------------------------------------------------
+
+
+def test_choose_fastest_times_every_candidate_and_keeps_the_fastest(monkeypatch):
+    """Each candidate is queued in every round and the one of least median time wins; tuning off, a single
+    candidate, a GEMM too small to time, or a CUDA graph capture under way keep cuBLASLt's first choice."""
+    from types import SimpleNamespace
+
+    import tilewise.backends.cuda.kernels as kernels
+    import tilewise.backends.cuda.runtime as runtime
+    from tilewise.backends.cuda import matmul
+    from tilewise.backends.cuda.runtime.capturing import capture_scope
+    from tilewise.config import settings
+
+    cost = {11: 3.0, 22: 1.0, 33: 2.0}  # ms a run of each fake algorithm takes
+    clock = {"now": 0.0, "last": None}
+    runs: list[int] = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            self.at = None
+
+        def record(self, stream):
+            self.at = clock["now"]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    def run(algo):
+        runs.append(algo)
+        clock["now"] += cost[algo]
+
+    monkeypatch.setattr(runtime, "Event", FakeEvent)
+    monkeypatch.setattr(kernels, "spin", lambda cycles, device, stream: None)
+    monkeypatch.setattr(runtime, "get_device_properties", lambda device: SimpleNamespace(clock_rate_khz=1_980_000))
+    monkeypatch.setattr(matmul, "_clocks_up_until", 0.0)
+    big = 1 << 30
+    assert matmul.choose_fastest(0, "test", [11, 22, 33], big, run, 0) == 22
+    assert {11, 22, 33} <= set(runs) and runs.count(22) >= matmul._ROUNDS * matmul._RUNS_PER_ROUND
+    runs.clear()
+    assert matmul.choose_fastest(0, "test", [11, 22, 33], 16, run, 0) == 11  # too small to time
+    assert matmul.choose_fastest(0, "test", [33], big, run, 0) == 33
+    with capture_scope(0x1234):
+        assert matmul.choose_fastest(0, "test", [11, 22, 33], big, run, 0) == 11
+    monkeypatch.setattr(settings, "gemm_tune", False)
+    assert matmul.choose_fastest(0, "test", [11, 22, 33], big, run, 0) == 11
+    assert runs == []

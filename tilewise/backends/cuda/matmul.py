@@ -27,6 +27,7 @@ import ctypes
 import sys
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -230,7 +231,20 @@ def _heuristics(handle: int, desc: int, layouts, aligns, schemes: int = _SCHEME_
 
 
 def _choose(key: tuple, plan: _Plan, algos: list[int], work: int, args: tuple) -> int:
-    """The fastest of the heuristic's candidates on this GEMM, timed on its real operands.
+    """The fastest of the heuristic's candidates on this GEMM, timed on its real operands (see
+    :func:`choose_fastest`)."""
+    def run(algo: int) -> None:
+        plan.algo = algo
+        _run(plan, *args)
+
+    return choose_fastest(key[0], f"GEMM {key[1:]}", algos, work, run, args[6])
+
+
+def choose_fastest(device: int, label: str, algos: list[int], work: int, run: Callable[[int], None],
+                   stream: int) -> int:
+    """The fastest of cuBLASLt's heuristic candidates ``algos``, where ``run(algo)`` queues the GEMM once with
+    that algorithm on ``stream`` (its result the same whichever runs); the first where there is one, tuning is
+    off (``TILEWISE_GEMM_TUNE=0``) or the GEMM is too small to time.
 
     The GPU is first kept busy long enough to leave its idle clocks (unless a GEMM was timed a moment ago),
     and the candidates are then timed in interleaved rounds, each round queued whole before the host waits:
@@ -240,27 +254,28 @@ def _choose(key: tuple, plan: _Plan, algos: list[int], work: int, args: tuple) -
 
     Each round is queued behind a spinning kernel that outlasts the queueing: a GEMM of a few microseconds
     runs faster than the host queues it, and timed as it is queued every candidate measured the host's rate
-    (1024^3 bf16 chose a kernel at 0.84x of torch's)."""
-    if len(algos) == 1 or not settings.gemm_tune or work * 2 < _TUNE_MIN_FLOPS:
+    (1024^3 bf16 chose a kernel at 0.84x of torch's).
+
+    Under a CUDA graph capture nothing can be timed (the host cannot wait for work that has not run): the first
+    candidate is kept."""
+    from tilewise.backends.cuda.runtime.capturing import is_current_stream_capturing
+
+    if len(algos) == 1 or not settings.gemm_tune or work * 2 < _TUNE_MIN_FLOPS or is_current_stream_capturing():
         return algos[0]
     from tilewise.backends.cuda.kernels import spin
     from tilewise.backends.cuda.runtime import get_device_properties
 
     global _clocks_up_until
     with stage("cuBLASLt algorithm choice"):
-        plan.algo = algos[0]
         if time.perf_counter() > _clocks_up_until:
-            _timed(plan, args, _warmup_runs(plan, args))
+            _timed(run, algos[0], stream, _warmup_runs(run, algos[0], stream))
         times: list[list[float]] = [[] for _ in algos]
         hold_us = _FIRST_HOLD_US
-        cycles_per_us = get_device_properties(key[0]).clock_rate_khz // 1000  # the top clock: spins last as asked
+        cycles_per_us = get_device_properties(device).clock_rate_khz // 1000  # the top clock: spins last as asked
         for _ in range(_ROUNDS):
-            spin(hold_us * cycles_per_us, key[0], args[6])
+            spin(hold_us * cycles_per_us, device, stream)
             queued = time.perf_counter()
-            events = []
-            for algo in algos:
-                plan.algo = algo
-                events.append(_queued(plan, args, _RUNS_PER_ROUND))
+            events = [_queued(run, algo, stream, _RUNS_PER_ROUND) for algo in algos]
             hold_us = int(2e6 * (time.perf_counter() - queued)) + 50  # twice this round's queueing
             events[-1][1].synchronize()
             for k, (start, end) in enumerate(events):
@@ -268,8 +283,7 @@ def _choose(key: tuple, plan: _Plan, algos: list[int], work: int, args: tuple) -
         _clocks_up_until = time.perf_counter() + _CLOCKS_HOLD_S
     medians = [sorted(t)[len(t) // 2] for t in times]
     best = min(range(len(algos)), key=medians.__getitem__)
-    log("matmul", f"GEMM {key[1:]}: candidate medians (ms) {[round(t, 4) for t in medians]}, "
-        f"chose #{best}")
+    log("matmul", f"{label}: candidate medians (ms) {[round(t, 4) for t in medians]}, chose #{best}")
     return algos[best]
 
 
@@ -280,29 +294,28 @@ _CLOCKS_HOLD_S = 0.1  # after timing a GEMM, the GPU is taken to be at its clock
 _clocks_up_until = 0.0
 
 
-def _queued(plan: _Plan, args: tuple, runs: int) -> tuple:
-    """(start, end) events around ``runs`` back-to-back runs of ``plan``, queued on the GEMM's stream."""
+def _queued(run: Callable[[int], None], algo: int, stream: int, runs: int) -> tuple:
+    """(start, end) events around ``runs`` back-to-back runs with ``algo``, queued on ``stream``."""
     from tilewise.backends.cuda.runtime import Event
 
     start, end = Event(enable_timing=True), Event(enable_timing=True)
-    stream = args[6]
-    _run(plan, *args)  # queued ahead of the start event, so host latency is not timed
+    run(algo)  # queued ahead of the start event, so host latency is not timed
     start.record(stream)
     for _ in range(runs):
-        _run(plan, *args)
+        run(algo)
     end.record(stream)
     return start, end
 
 
-def _timed(plan: _Plan, args: tuple, runs: int) -> float:
-    """Milliseconds per run of ``runs`` back-to-back runs of ``plan``, by events on the GEMM's stream."""
-    start, end = _queued(plan, args, runs)
+def _timed(run: Callable[[int], None], algo: int, stream: int, runs: int) -> float:
+    """Milliseconds per run of ``runs`` back-to-back runs with ``algo``, by events on ``stream``."""
+    start, end = _queued(run, algo, stream, runs)
     end.synchronize()
     return start.elapsed_time(end) / runs
 
 
-def _warmup_runs(plan: _Plan, args: tuple) -> int:
-    one = _timed(plan, args, 1)
+def _warmup_runs(run: Callable[[int], None], algo: int, stream: int) -> int:
+    one = _timed(run, algo, stream, 1)
     return max(1, min(200, int(_WARMUP_MS / max(one, 1e-3))))
 
 
