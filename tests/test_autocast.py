@@ -80,8 +80,6 @@ NO_LOW_KERNEL = "torch's CPU has no bfloat16/float16 kernel for it and raises; t
 # where tilewise and torch part ways for reasons other than the autocast policy (or, for matrix_power, where no
 # cast of the inputs expresses torch's): each fails today, and passing would mean the list should shrink
 KNOWN_DIVERGENCES = {
-    ("scatter_add", "mixed"): MIXED_REFUSED, ("index_put", "mixed"): MIXED_REFUSED,
-    ("addmv", "mixed"): MIXED_REFUSED,
     ("einsum", "mixed"): "tilewise's einsum refuses a float32 and a low-precision operand in a broadcast product, "
                          "which torch promotes (outside autocast too)",
     ("linalg.solve_ex", "low"): "tilewise raises RuntimeError for low-precision inputs to LAPACK-backed solvers, "

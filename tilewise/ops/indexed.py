@@ -11,6 +11,7 @@ index_reduce and put compose scatter_reduce and index_put.
 from __future__ import annotations
 
 from tilewise import dtypes
+from tilewise.dtypes import c10_name
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import shift_dims
 from tilewise.ops.formulas import HELPERS
@@ -123,8 +124,18 @@ def _scaled_sum(self, product, beta, alpha):
 
 
 def _addmv(self, mat, vec, beta=1, alpha=1):
-    if mat.ndim != 2 or vec.ndim != 1:
+    """torch's checks in its order: the dims, the sizes (``self`` of one element or ``mat``'s rows), one dtype."""
+    if mat.ndim != 2 or vec.ndim != 1 or self.ndim > 1:
         raise RuntimeError(f"vector + matrix @ vector expected, got {self.ndim}, {mat.ndim}, {vec.ndim}")
+    if self.ndim == 0 and mat.shape[1] != vec.shape[0]:
+        raise IndexError("Dimension specified as 0 but tensor has no dimensions")
+    if mat.shape[1] != vec.shape[0] or (self.ndim == 1 and self.shape[0] not in (1, mat.shape[0])):
+        rows = self.shape[0] if self.ndim else 1
+        raise RuntimeError(f"size mismatch, got input ({rows}), mat ({mat.shape[0]}x{mat.shape[1]}), "
+                           f"vec ({vec.shape[0]})")
+    if not (self.dtype is mat.dtype and mat.dtype is vec.dtype):
+        raise RuntimeError(f"addmv input tensors must have the same dtype, but got {c10_name(self.dtype)}, "
+                           f"{c10_name(mat.dtype)}, and {c10_name(vec.dtype)}")
     return _scaled_sum(self, mat.matmul(vec), beta, alpha)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from numbers import Number
 
 from tilewise import strides as S
-from tilewise.dtypes import checked_scalar
+from tilewise.dtypes import c10_name, checked_scalar
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import dynamic_shape, shift_dims
 from tilewise.ops.batching_rules import index_put_rule, index_rule
@@ -84,6 +84,8 @@ def check_gather_shapes(self, dim, index, op, src=None) -> int:
     """gather/scatter's checks of dims, sizes and dtypes (what the compiler can check before values exist); the
     normalised dim. torch's rule: the index is no larger than ``self`` along every dim but ``dim`` (and, for a
     scatter, no larger than ``src`` along every dim)."""
+    if isinstance(src, Tensor) and src.dtype is not self.dtype:  # torch's first check, in its words for every scatter
+        raise RuntimeError("scatter(): Expected self.dtype to be equal to src.dtype")
     d = S.normalize_dim(dim, max(self.ndim, 1), op)
     if index.dtype.name != "int64":
         raise RuntimeError(f"{op}(): Expected dtype int64 for index, got {index.dtype}")
@@ -102,6 +104,46 @@ def check_gather_shapes(self, dim, index, op, src=None) -> int:
         raise RuntimeError(f"{op}(): Expected index {list(index.shape)} to be no larger than self {list(self.shape)} "
                            f"apart from dimension {d}{also}")
     return d
+
+
+def mask_error(mask: Tensor, x: Tensor, first: int) -> IndexError | None:
+    """torch's error for a bool mask indexing ``x`` from dim ``first`` whose shape does not match, or None."""
+    for j, n in enumerate(mask.shape):
+        if first + j >= x.ndim or n != x.shape[first + j]:
+            return IndexError(f"The shape of the mask {list(mask.shape)} at index {j} does not match the shape of "
+                              f"the indexed tensor {list(x.shape)} at index {first + j}")
+    return None
+
+
+def mask_positions(self: Tensor, indices) -> tuple:
+    """``index_put``'s indices with each bool mask replaced by the positions it selects (one index tensor per dim
+    it covers), as torch expands them."""
+    if not any(isinstance(t, Tensor) and t.dtype.name in ("bool", "uint8") for t in indices):
+        return tuple(indices)
+    out, dim = [], 0
+    for t in indices:
+        if isinstance(t, Tensor) and t.dtype.name in ("bool", "uint8") and t.ndim:
+            error = mask_error(t, self, dim)
+            if error is not None:
+                raise error
+            out.extend(t.nonzero().unbind(1))
+            dim += t.ndim
+        else:
+            out.append(t)
+            dim += 1
+    return tuple(out)
+
+
+def check_index_put_dtypes(self: Tensor, indices, values, accumulate: bool) -> None:
+    """torch's rule: ``values`` has ``self``'s dtype, except where one bool mask and a one-element value make the
+    write a ``masked_fill`` (which converts the value)."""
+    if not isinstance(values, Tensor) or values.dtype is self.dtype:
+        return
+    masked_fill = (not accumulate and len(indices) == 1 and isinstance(indices[0], Tensor)
+                   and indices[0].dtype.name == "bool" and values.numel() == 1)
+    if not masked_fill:
+        raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
+                           f"{c10_name(self.dtype)} for the destination and {c10_name(values.dtype)} for the source.")
 
 
 # ---------------------------------------------------------------------------- __getitem__ / __setitem__
@@ -178,9 +220,9 @@ def parse_index(x: Tensor, item):
         elif _is_advanced(it):
             t = _to_index_tensor(it, x.device)
             if t.dtype.name in ("bool", "uint8"):
-                if t.shape != out.shape[dim:dim + t.ndim]:
-                    raise IndexError(f"The shape of the mask {list(t.shape)} at index {dim} does not match the shape "
-                                     f"of the indexed tensor {list(out.shape)}")
+                error = mask_error(t, out, dim)
+                if error is not None:
+                    raise error
                 for nz in t.nonzero().unbind(1) if t.ndim else (t.long().nonzero().reshape(-1),):
                     advanced.append(nz)
                 dim += max(t.ndim, 1)
@@ -247,6 +289,11 @@ def setitem(x: Tensor, item, value) -> None:
             value = value.to(x.dtype, x.device) if value.dtype is not x.dtype or value.device != x.device else value
         view.copy_(value)
         return
+    if isinstance(value, Tensor) and value.dtype is not x.dtype:
+        if advanced is not None:  # torch's index_put rule, judged on the tensor indices as written
+            key = item if isinstance(item, tuple) else (item,)
+            check_index_put_dtypes(x, [k for k in key if _is_advanced(k) or isinstance(k, Tensor)], value, False)
+        value = value.to(x.dtype)  # basic indexing copies into the view, converting, as torch's does
     x.index_put_(_full_indices(x, item), _as_value(value, x), False)
 
 

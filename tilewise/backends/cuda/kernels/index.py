@@ -37,7 +37,7 @@ from tilewise.codegen.render import CUDA
 from tilewise.codegen.render.cstyle import SUFFIX, Source
 from tilewise.device import Device
 from tilewise.dtypes import DType
-from tilewise.ops.indexing import check_gather_shapes
+from tilewise.ops.indexing import check_gather_shapes, check_index_put_dtypes, mask_positions
 from tilewise.ops.movement import INDEX_NAMING
 from tilewise.tensor import Tensor
 
@@ -144,6 +144,8 @@ def _alert_atomic(dtype: DType, op: str) -> None:
 # ---------------------------------------------------------------------------------------------- gather/scatter
 
 def _check_index(self: Tensor, dim: int, index: Tensor, op: str, src=None) -> int:
+    if isinstance(src, Tensor) and src.dtype is not self.dtype:  # the dtype check first, as torch's
+        check_gather_shapes(self, dim, index, op, src)
     return check_gather_shapes(self, dim, index, op, src if isinstance(src, Tensor) and src.ndim else None)
 
 
@@ -269,6 +271,8 @@ def index_into(out: Tensor, self: Tensor, indices) -> bool:
 
 @kernel("index_put")
 def index_put(device: Device, self: Tensor, indices, values, accumulate: bool = False) -> Tensor:
+    check_index_put_dtypes(self, indices, values, accumulate)
+    indices = mask_positions(self, indices)
     if not isinstance(values, Tensor):
         values = fill(empty((), self._dtype, device), values)
     values = values if values._dtype is self._dtype else cast(values, self._dtype)
