@@ -200,6 +200,92 @@ def test_a_finetuning_checkpoint_saved_by_tilewise_resumes_in_torch(tmp_path):
     assert our_lrs == lrs
 
 
+# --- 2. parametrizations ----------------------------------------------------------------------------------------
+
+def parametrized_model(torch, orthogonal_map):
+    nn = torch.nn
+    parametrize = torch.nn.utils.parametrize
+    parametrizations = torch.nn.utils.parametrizations
+
+    class Symmetric(nn.Module):
+        def forward(self, x):
+            return x.triu() + x.triu(1).transpose(-1, -2)
+
+        def right_inverse(self, a):
+            return a.triu()
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.tensor(0.5))
+
+        def forward(self, x):
+            return x * self.scale
+
+        def right_inverse(self, a):
+            return a / self.scale
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = parametrizations.weight_norm(nn.Linear(6, 8))
+            self.square = parametrize.register_parametrization(nn.Linear(8, 8), "weight", Symmetric())
+            parametrize.register_parametrization(self.square, "weight", Scaled())
+            self.orth = parametrizations.orthogonal(nn.Linear(8, 5), orthogonal_map=orthogonal_map)
+            self.conv = parametrizations.spectral_norm(nn.Conv1d(4, 4, 3, padding=1))
+            self.out = parametrizations.weight_norm(nn.Linear(5 + 4, 3), dim=None)
+
+        def forward(self, x, seq):
+            h = torch.tanh(self.square(torch.relu(self.inp(x))))
+            h = torch.cat([self.orth(h), self.conv(seq).mean(dim=-1)], dim=-1)
+            return self.out(h)
+
+    return Net()
+
+
+def train_parametrized(torch, model, steps=4):
+    parametrize = torch.nn.utils.parametrize
+    rng = np.random.default_rng(3)
+    x = torch.from_numpy(rng.standard_normal((8, 6)).astype(np.float32))
+    seq = torch.from_numpy(rng.standard_normal((8, 4, 7)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 3, size=8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    keys = list(model.state_dict())
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x, seq), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    with torch.no_grad(), parametrize.cached():
+        losses.append(torch.nn.functional.cross_entropy(model(x, seq), y).item())
+    weights = {name: getattr(model, name).weight.detach().clone()
+               for name in ("inp", "square", "orth", "conv", "out")}
+    gram = weights["orth"] @ weights["orth"].T
+    assert torch.allclose(gram, torch.eye(5), atol=1e-5), "the orthogonal weight left the orthogonal matrices"
+    assert torch.equal(weights["square"], weights["square"].T), "the symmetric weight is not symmetric"
+    model.square.weight = weights["square"] * 2  # right_inverse of each parametrization, in reverse order
+    assigned = model.square.weight.detach().clone()
+    classes = [type(m).__name__ for m in (model.inp, model.orth)]
+    for name in ("inp", "square", "orth", "conv", "out"):
+        parametrize.remove_parametrizations(getattr(model, name), "weight")
+    assert not any(parametrize.is_parametrized(m) for m in model.modules())
+    after_removal = {name: getattr(model, name).weight.detach().clone() for name in weights}
+    return {"losses": losses, "params": {**_named_parameters(model), **{f"{k}.parametrized": v for k, v in
+                                                                        weights.items()},
+                                         "assigned": assigned, **{f"{k}.removed": v for k, v in
+                                                                   after_removal.items()}},
+            "keys": keys, "keys_after_removal": list(model.state_dict()), "classes": classes}
+
+
+@pytest.mark.parametrize("orthogonal_map", ["matrix_exp", "cayley", "householder"])
+def test_parametrizations_train_assign_and_remove_as_in_torch(orthogonal_map):
+    theirs, ours = _run_both(train_parametrized, lambda fw: parametrized_model(fw, orthogonal_map))
+    _assert_runs_agree(theirs, ours, rtol=1e-4, atol=1e-5)
+
+
 # --- 3. text classification, as the torchtext tutorial writes it -----------------------------------------------
 
 WORDS = ("the a match goal team market stock price rocket orbit planet vote party minister chip phone app "

@@ -2,8 +2,7 @@
 folding batch norms into the layer before them, module construction helpers, (``rnn``) padded and packed
 sequences, and (``parametrize``, ``parametrizations``) tensors of a module computed from others at every read."""
 
-from tilewise.nn.utils import parametrize, rnn
-from tilewise.nn.utils import parametrizations  # after parametrize, which it uses
+from tilewise.nn.utils import parametrizations, parametrize, rnn
 from tilewise.nn.utils.clip_grad import (
     clip_grad_norm,
     clip_grad_norm_,

@@ -15,30 +15,35 @@ from __future__ import annotations
 
 from enum import Enum, auto
 
-import tilewise
-from tilewise import linalg
 from tilewise.autograd import no_grad
+from tilewise.dtypes import finfo
+from tilewise.linalg import householder_product, qr, solve
 from tilewise.nn import functional as F  # noqa: N812 — torch's spelling
 from tilewise.nn.modules.conv import ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from tilewise.nn.modules.module import Module
 from tilewise.nn.utils import parametrize
 from tilewise.nn.utils.reparametrize import _weight_norm as weight_norm_of
 from tilewise.nn.utils.reparametrize import norm_except_dim
+from tilewise.ops.creation import eye, randn, zeros_like
+from tilewise.ops.functions import cat
+from tilewise.ops.registry import public_function
 from tilewise.tensor import Tensor
+
+add, allclose, matrix_exp, mv, vdot = (public_function(op) for op in ("add", "allclose", "matrix_exp", "mv", "vdot"))
 
 __all__ = ["orthogonal", "spectral_norm", "weight_norm"]
 
 
 def _is_orthogonal(Q) -> bool:
     n, k = Q.size(-2), Q.size(-1)
-    identity = tilewise.eye(k, dtype=Q.dtype, device=Q.device)
-    eps = 10.0 * n * tilewise.finfo(Q.dtype).eps
-    return tilewise.allclose(Q.mH @ Q, identity, atol=eps)
+    identity = eye(k, dtype=Q.dtype, device=Q.device)
+    eps = 10.0 * n * finfo(Q.dtype).eps
+    return allclose(Q.mH @ Q, identity, atol=eps)
 
 
 def _make_orthogonal(A):
     """The Q of A's QR decomposition, with R's diagonal made positive (torch: geqrf, then householder_product)."""
-    Q, R = linalg.qr(A)
+    Q, R = qr(A)
     return Q * R.diagonal(dim1=-2, dim2=-1).sgn().unsqueeze(-2)
 
 
@@ -67,19 +72,19 @@ class _Orthogonal(Module):
         if self.orthogonal_map in (_OrthMaps.matrix_exp, _OrthMaps.cayley):
             X = X.tril()
             if n != k:
-                X = tilewise.cat([X, X.new_zeros(n, n - k).expand(*X.shape[:-2], -1, -1)], dim=-1)
+                X = cat([X, X.new_zeros(n, n - k).expand(*X.shape[:-2], -1, -1)], dim=-1)
             A = X - X.mH
             if self.orthogonal_map == _OrthMaps.matrix_exp:
-                Q = tilewise.matrix_exp(A)
+                Q = matrix_exp(A)
             else:
-                identity = tilewise.eye(n, dtype=A.dtype, device=A.device)
-                Q = linalg.solve(tilewise.add(identity, A, alpha=-0.5), tilewise.add(identity, A, alpha=0.5))
+                identity = eye(n, dtype=A.dtype, device=A.device)
+                Q = solve(add(identity, A, alpha=-0.5), add(identity, A, alpha=0.5))
             if n != k:
                 Q = Q[..., :k]
         else:
             A = X.tril(diagonal=-1)
             tau = 2.0 / (1.0 + (A * A).sum(dim=-2))
-            Q = linalg.householder_product(A, tau)
+            Q = householder_product(A, tau)
             Q = Q * X.diagonal(dim1=-2, dim2=-1).int().unsqueeze(-2)
         if hasattr(self, "base"):
             Q = self.base @ Q
@@ -111,10 +116,10 @@ class _Orthogonal(Module):
         if n == k:
             Q = _make_orthogonal(Q) if not _is_orthogonal(Q) else Q.clone()
         else:  # complete Q to a square orthogonal base with random columns, as torch
-            N = tilewise.randn(*(Q.size()[:-2] + (n, n - k)), dtype=Q.dtype, device=Q.device)
-            Q = _make_orthogonal(tilewise.cat([Q, N], dim=-1))
+            N = randn(*(Q.size()[:-2] + (n, n - k)), dtype=Q.dtype, device=Q.device)
+            Q = _make_orthogonal(cat([Q, N], dim=-1))
         self.base = Q
-        neg_identity = tilewise.zeros_like(Q_init)
+        neg_identity = zeros_like(Q_init)
         neg_identity.diagonal(dim1=-2, dim2=-1).fill_(-1.0)
         return neg_identity
 
@@ -212,8 +217,8 @@ class _SpectralNorm(Module):
         ``out=`` does)."""
         with no_grad():
             for _ in range(n_power_iterations):
-                self._u.copy_(F.normalize(tilewise.mv(weight_mat, self._v), dim=0, eps=self.eps))
-                self._v.copy_(F.normalize(tilewise.mv(weight_mat.H, self._u), dim=0, eps=self.eps))
+                self._u.copy_(F.normalize(mv(weight_mat, self._v), dim=0, eps=self.eps))
+                self._v.copy_(F.normalize(mv(weight_mat.H, self._u), dim=0, eps=self.eps))
 
     def forward(self, weight: Tensor) -> Tensor:
         if weight.ndim == 1:
@@ -222,7 +227,7 @@ class _SpectralNorm(Module):
         if self.training:
             self._power_method(weight_mat, self.n_power_iterations)
         u, v = self._u.clone(), self._v.clone()
-        sigma = tilewise.vdot(u, tilewise.mv(weight_mat, v))
+        sigma = vdot(u, mv(weight_mat, v))
         return weight / sigma
 
     def right_inverse(self, value: Tensor) -> Tensor:
