@@ -110,9 +110,10 @@ class _Orthogonal(Module):
             if self.orthogonal_map in (_OrthMaps.cayley, _OrthMaps.matrix_exp):
                 raise NotImplementedError("It is not possible to assign to the matrix exponential or the Cayley "
                                           "parametrizations when use_trivialization=False.")
-            raise NotImplementedError("orthogonal: assigning to the householder parametrization with "
-                                      "use_trivialization=False needs geqrf, which tilewise does not have yet; "
-                                      "keep use_trivialization=True (the default)")
+            # not NotImplementedError: registration would take that as "keep the tensor as it is"
+            raise RuntimeError("orthogonal: the householder map with use_trivialization=False starts from geqrf's "
+                               "reflectors, and tilewise has no geqrf yet; keep use_trivialization=True (the "
+                               "default) or choose orthogonal_map='matrix_exp' or 'cayley'")
         if n == k:
             Q = _make_orthogonal(Q) if not _is_orthogonal(Q) else Q.clone()
         else:  # complete Q to a square orthogonal base with random columns, as torch
