@@ -178,6 +178,10 @@ OPINFOS = [
                                          Sample((T((3, 3), low=-4, high=4),), name="squaring")],
            covers=("_linalg_matrix_exp",)),
     OpInfo("matrix_exp", lambda: [Sample((T((3, 3), low=-1, high=1),))]),
+    OpInfo("linalg.householder_product", lambda: [Sample((T((4, 3)), T((2,)))), Sample((T((2, 4, 4)), T((2, 4))),
+                                                                                        name="batch"),
+                                                  Sample((T((3, 3)), T((0,))), name="no_reflectors")]),
+    OpInfo("orgqr", lambda: [Sample((T((4, 2)), T((2,))))]),
     OpInfo("linalg.vector_norm", lambda: [
         Sample((T((3, 4)),)), Sample((T((3, 4)), 1), name="l1"), Sample((T((3, 4)), math.inf), name="inf"),
         Sample((T((3, 4)), -math.inf, 1), name="-inf-dim"), Sample((T((3, 4)), 3, (0, 1), True), name="p3-keepdim"),

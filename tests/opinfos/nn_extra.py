@@ -210,7 +210,10 @@ def _embedding_bag():
                            name=f"{mode}-2d")]
     samples += [Sample((bag_input, rows, offsets), {"mode": "sum", "per_sample_weights": T((8,))},
                        name="per-sample-weights"),
-                Sample((bag_input, rows, offsets), {"scale_grad_by_freq": True}, name="freq")]
+                Sample((bag_input, rows, offsets), {"scale_grad_by_freq": True}, name="freq"),
+                # input past the last offset: torch's max runs the last bag to the input's end
+                Sample((bag_input, rows, Fixed([0, 3, 3, 5])), {"mode": "max", "include_last_offset": True},
+                       name="max-past-last-offset")]
     return samples
 
 

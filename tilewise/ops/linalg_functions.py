@@ -310,6 +310,48 @@ linalg("linalg_qr(Tensor A, str mode='reduced') -> (Tensor Q, Tensor R)", _qr)
 torch_form("qr(Tensor self, bool some=True) -> (Tensor Q, Tensor R)", _qr_old)
 
 
+def _householder_product(A, tau):
+    """The first n columns of H_1 H_2 ... H_k, H_i = I - tau_i v_i v_i^H, v_i column i of A below the diagonal
+    under a unit diagonal (LAPACK's orgqr: the Q of geqrf's output). Applied right to left to the identity's
+    first n columns, one reflector at a time, each a differentiable product."""
+    op = "torch.linalg.householder_product"
+    if A.ndim < 2:
+        raise RuntimeError(f"{op}: input must have at least 2 dimensions.")
+    if A.shape[-2] < A.shape[-1]:
+        raise RuntimeError(f"{op}: input.shape[-2] must be greater than or equal to input.shape[-1]")
+    if A.shape[-1] < tau.shape[-1]:
+        raise RuntimeError(f"{op}: input.shape[-1] must be greater than or equal to tau.shape[-1]")
+    if tau.ndim != A.ndim - 1:
+        raise RuntimeError(f"{op}: Expected tau to have one dimension less than input, but got tau.ndim equal to "
+                           f"{tau.ndim} and input.ndim is equal to {A.ndim}")
+    if tuple(tau.shape[:-1]) != tuple(A.shape[:-2]):
+        raise RuntimeError(f"{op}: Expected batch dimensions of tau to be equal to input.shape[:-2], but got "
+                           f"{list(tau.shape[:-1])}")
+    if tau.dtype != A.dtype:
+        raise RuntimeError(f"{op}: tau dtype {type_name(tau.dtype)} does not match input dtype "
+                           f"{type_name(A.dtype)}")
+    if not A.dtype.is_floating_point and not A.dtype.is_complex:
+        raise NotImplementedError(f'"orgqr_{A.device.type}" not implemented for \'{type_name(A.dtype)}\'')
+    m, n = A.shape[-2], A.shape[-1]
+    from tilewise.ops.creation import eye
+
+    unit = eye(m, n, dtype=A.dtype, device=A.device)
+    V = A.tril(-1) + unit
+    if tau.shape[-1] == 0:  # as torch, the identity stays in A's graph (with a zero gradient)
+        from tilewise.ops.creation import ones
+
+        return A.masked_fill(ones(A.shape, dtype=bool_dtype(), device=A.device), 0) + unit
+    Q = unit.expand(*A.shape[:-2], m, n)
+    for i in reversed(range(tau.shape[-1])):
+        v = V[..., :, i:i + 1]
+        Q = Q - tau[..., i:i + 1].unsqueeze(-1) * (v @ (v.mH @ Q))
+    return Q
+
+
+linalg("linalg_householder_product(Tensor input, Tensor tau) -> Tensor", _householder_product)
+torch_form("orgqr(Tensor self, Tensor input2) -> Tensor", _householder_product)
+
+
 def _svd(A, full_matrices=True):
     check_matrix("linalg.svd", A)
     check_floating("linalg.svd", A)

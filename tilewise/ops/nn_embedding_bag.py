@@ -77,17 +77,16 @@ def _padding_index(padding_idx, rows: int):
     return padding_idx % rows
 
 
-def _bag_bounds(offsets, length: int, include_last_offset: bool, last_offset_ends_bag: bool):
-    """(start, end) of each bag, as tensors. torch's kernels differ on where the last bag of
-    ``include_last_offset`` ends: at the last offset for max without padding_idx, else at the input's end."""
+def _bag_bounds(offsets, length: int, include_last_offset: bool):
+    """(start, end) of each bag, as tensors. With ``include_last_offset``, torch's CPU kernels run the last bag to
+    the input's end, not to the last offset, where the input goes past it (max and float64 sum and mean; torch's
+    float32 sum and mean, by another kernel, stop their sum at the last offset but count to the end)."""
     from tilewise.ops.creation import full
     from tilewise.ops.registry import call
 
     offsets = offsets.long()
     end = full((1,), length, dtype=offsets.dtype, device=offsets.device)
     if include_last_offset:
-        if last_offset_ends_bag:
-            return offsets[:-1], offsets[1:]
         return offsets[:-1], call("cat", [offsets[1:-1], end])
     return offsets, call("cat", [offsets[1:], end])
 
@@ -159,7 +158,7 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
     counted = input != (padding_idx if padding_idx is not None else -1)  # indices are >= 0: every row counts
     if input.ndim == 2:
         return _reduce_dense(rows, counted, mode)
-    starts, ends = _bag_bounds(offsets, input.shape[0], include_last_offset, mode == "max" and padding_idx is None)
+    starts, ends = _bag_bounds(offsets, input.shape[0], include_last_offset)
     return _bags_of_offsets(rows, counted, starts, ends, mode)
 
 

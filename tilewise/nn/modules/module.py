@@ -10,6 +10,7 @@ so that optimizers and hooks that hold a parameter keep holding the moved one.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
@@ -121,6 +122,7 @@ class Module:
         setattr_(self, "_forward_hooks", _Members())
         setattr_(self, "_forward_hooks_with_kwargs", set())
         setattr_(self, "_state_dict_hooks", _Members())
+        setattr_(self, "_load_state_dict_pre_hooks", _Members())
         setattr_(self, "_load_state_dict_post_hooks", _Members())
 
     def forward(self, *args, **kwargs):
@@ -536,6 +538,8 @@ class Module:
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
                               missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+        for hook in self.__dict__.get("_load_state_dict_pre_hooks", {}).values():
+            hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
         persistent_buffers = {k: v for k, v in self._buffers.items() if k not in self._non_persistent_buffers_set}
         local_state = {k: v for k, v in {**self._parameters, **persistent_buffers}.items() if v is not None}
         assign = local_metadata.get("assign_to_params_buffers", False)
@@ -586,6 +590,7 @@ class Module:
         """
         if not hasattr(state_dict, "items"):
             raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict).__name__}.")
+        state_dict = OrderedDict(state_dict)  # load-state-dict pre-hooks may rename keys: the caller's dict stays
         missing: list[str] = []
         unexpected: list[str] = []
         errors: list[str] = []
@@ -613,6 +618,22 @@ class Module:
         handle = RemovableHandle(self._state_dict_hooks)
         self._state_dict_hooks[handle.id] = hook
         return handle
+
+    def _register_load_state_dict_pre_hook(self, hook: Callable, with_module: bool = False) -> RemovableHandle:
+        """``hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)`` (with the
+        module first where ``with_module``) runs before this module takes its entries from a state dict, and may
+        edit it (rename old keys, for one)."""
+        if with_module:
+            hook = functools.partial(hook, self)
+        hooks = self.__dict__.setdefault("_load_state_dict_pre_hooks", _Members())
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_dict_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """``hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)``
+        runs before this module takes its entries from a state dict."""
+        return self._register_load_state_dict_pre_hook(hook, with_module=True)
 
     def register_load_state_dict_post_hook(self, hook: Callable) -> RemovableHandle:
         handle = RemovableHandle(self._load_state_dict_post_hooks)
