@@ -133,6 +133,7 @@ def test_structure_and_shared_storage_written_here_load_in_torch_as_saved():
 
 
 def test_a_torch_model_loads_a_state_dict_saved_here(tmp_path):
+    tw.manual_seed(0)
     model = tw.nn.Sequential(tw.nn.Linear(3, 4), tw.nn.Tanh(), tw.nn.Linear(4, 2))
     path = tmp_path / "model.pt"
     tw.save(model.state_dict(), path)
@@ -141,7 +142,7 @@ def test_a_torch_model_loads_a_state_dict_saved_here(tmp_path):
     theirs.load_state_dict(torch.load(path, weights_only=True))
     x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
     np.testing.assert_allclose(theirs(torch.tensor(x)).detach().numpy(), model(tw.tensor(x)).detach().numpy(),
-                               rtol=1e-6)
+                               rtol=1e-6, atol=1e-6)  # an output near zero differs in its last bits only
     theirs_mapped = torch.load(path, weights_only=True, mmap=True)  # records are aligned as torch's own
     assert torch.equal(theirs_mapped["0.weight"], as_torch(model[0].weight))
 
