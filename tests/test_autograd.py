@@ -598,7 +598,7 @@ def test_checkpoint_captured_parameter_and_autograd_grad():
     tw.manual_seed(0)
     expected = tw.autograd.grad(fn(x).sum(), [x, w])
     tw.manual_seed(0)
-    actual = tw.autograd.grad(checkpoint(fn, x).sum(), [x, w])
+    actual = tw.autograd.grad(checkpoint(fn, x, use_reentrant=False).sum(), [x, w])
     for a, e in zip(actual, expected):
         np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-12)
 
@@ -622,14 +622,14 @@ def test_checkpoint_saves_only_handles():
 
     x = tw.ones(3, 4, dtype=tw.float64, requires_grad=True)
     w = tw.tensor(W_DATA, requires_grad=True)
-    y = checkpoint(lambda a: (a @ w).tanh().exp(), x)
+    y = checkpoint(lambda a: (a @ w).tanh().exp(), x, use_reentrant=False)
     saved = [v for v in y.grad_fn.saved.values() if isinstance(v, SavedTensor)]
     assert saved and all(isinstance(s.tensor, int) for s in saved)
 
 
 def test_checkpoint_retain_graph_recomputes_twice():
     x = tw.tensor([0.3, 0.6], requires_grad=True)
-    y = checkpoint(lambda t: (t.exp() * t).sum(), x)
+    y = checkpoint(lambda t: (t.exp() * t).sum(), x, use_reentrant=False)
     y.backward(retain_graph=True)
     y.backward()
     e = np.exp([0.3, 0.6]) * (1 + np.array([0.3, 0.6]))
@@ -639,15 +639,38 @@ def test_checkpoint_retain_graph_recomputes_twice():
 def test_checkpoint_under_no_grad_is_plain_call():
     x = tw.ones(2, requires_grad=True)
     with tw.no_grad():
-        y = checkpoint(lambda t: t * 2, x)
+        y = checkpoint(lambda t: t * 2, x, use_reentrant=False)
     assert not y.requires_grad
 
 
 def test_checkpoint_reentrant_rejects_kwargs():
     with pytest.raises(ValueError, match="keyword arguments"):
         checkpoint(lambda t, scale: t * scale, tw.ones(2, requires_grad=True), scale=2.0, use_reentrant=True)
-    y = checkpoint(lambda t, scale: t * scale, tw.ones(2, requires_grad=True), scale=2.0)
+    y = checkpoint(lambda t, scale: t * scale, tw.ones(2, requires_grad=True), scale=2.0, use_reentrant=False)
     np.testing.assert_allclose(y.detach().numpy(), [2.0, 2.0])
+
+
+@pytest.mark.parametrize("which", ["checkpoint", "checkpoint_sequential"])
+def test_checkpoint_without_use_reentrant_warns_and_is_reentrant_as_torchs(which):
+    """Left out, ``use_reentrant`` is True in torch, with a warning: a block whose input needs no grad then gives
+    its parameters no gradient, and keyword arguments are refused."""
+    import torch
+    import torch.utils.checkpoint as torch_checkpoint
+
+    from tilewise.utils import checkpoint as tw_checkpoint
+
+    def run(lib, module):
+        lib.manual_seed(0)
+        layer = lib.nn.Linear(3, 2)
+        x = lib.ones(4, 3)  # needs no grad: the reentrant form leaves the layer's weight without a gradient
+        with pytest.warns(UserWarning, match="use_reentrant parameter should be passed explicitly"):
+            if which == "checkpoint":
+                out = module.checkpoint(layer, x)
+            else:
+                out = module.checkpoint_sequential(lib.nn.Sequential(layer, lib.nn.Tanh()), 2, x)
+        return layer.weight.grad is None, out.requires_grad
+
+    assert run(tw, tw_checkpoint) == run(torch, torch_checkpoint)
 
 
 # ---------------------------------------------------------------------------- end-of-backward callbacks

@@ -12,7 +12,8 @@ checkpointing (torch's non-reentrant variant).
 
 ``use_reentrant=True`` gives torch's older form instead: ``fn`` runs without grad inside an
 ``autograd.Function`` whose backward recomputes it and calls ``backward`` on the recomputed outputs, so
-gradients flow to tensor arguments and accumulate into captured parameters' ``.grad``.
+gradients flow to tensor arguments and accumulate into captured parameters' ``.grad``. As in torch, leaving
+``use_reentrant`` out warns (pass it explicitly) and uses this older form.
 
 Random operators in ``fn`` (dropout, rand, bernoulli, randperm, multinomial, ...) draw the same numbers when
 recomputed: with ``preserve_rng_state`` (the default) the recomputation starts from the generator state the
@@ -23,13 +24,14 @@ draw (see [Note: random draws in a trace]), so the compiled program draws those 
 >>> import tilewise as tw
 >>> from tilewise.utils.checkpoint import checkpoint
 >>> x = tw.tensor([1.0, 2.0], requires_grad=True)
->>> checkpoint(lambda t: (t.exp() * t).sum(), x).backward()
+>>> checkpoint(lambda t: (t.exp() * t).sum(), x, use_reentrant=False).backward()
 >>> [round(g, 4) for g in x.grad.tolist()]
 [5.4366, 22.1672]
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 from tilewise.autograd.function import Function
@@ -42,9 +44,20 @@ from tilewise.tensor import Tensor
 __all__ = ["checkpoint", "checkpoint_sequential"]
 
 
-def checkpoint(function: Callable, *args, use_reentrant: bool = False, preserve_rng_state: bool = True,
+def _unspecified_reentrant(where: str) -> bool:
+    warnings.warn(f"{where}: the use_reentrant parameter should be passed explicitly; left out, it is True (the "
+                  "older, reentrant variant), as in torch. use_reentrant=False is recommended: it supports "
+                  "autograd.grad, keyword arguments and inputs that do not require grad; pass use_reentrant=True to "
+                  "keep the current behaviour.", UserWarning, stacklevel=3)
+    return True
+
+
+def checkpoint(function: Callable, *args, use_reentrant: bool | None = None, preserve_rng_state: bool = True,
                **kwargs):
-    """Run ``function(*args, **kwargs)`` without keeping its activations; recompute them during backward."""
+    """Run ``function(*args, **kwargs)`` without keeping its activations; recompute them during backward.
+    ``use_reentrant`` left out warns and means True, as in torch."""
+    if use_reentrant is None:
+        use_reentrant = _unspecified_reentrant("tilewise.utils.checkpoint")
     if use_reentrant:
         if kwargs:
             raise ValueError(f"checkpoint(use_reentrant=True) does not take keyword arguments for the function, got "
@@ -55,9 +68,11 @@ def checkpoint(function: Callable, *args, use_reentrant: bool = False, preserve_
     return _Segment(function, args, kwargs, preserve_rng_state).run()
 
 
-def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool = False, **kwargs):
+def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool | None = None, **kwargs):
     """Run ``functions`` (a Sequential or a list of callables) in order on ``input``, checkpointing all but the
     last of ``segments`` consecutive groups, as torch.utils.checkpoint.checkpoint_sequential does."""
+    if use_reentrant is None:
+        use_reentrant = _unspecified_reentrant("tilewise.utils.checkpoint.checkpoint_sequential")
     preserve_rng_state = kwargs.pop("preserve_rng_state", True)
     if kwargs:
         raise ValueError(f"checkpoint_sequential: unexpected keyword arguments {sorted(kwargs)}; it takes "
