@@ -1,0 +1,328 @@
+"""Training programs written the way pytorch/examples and the common tutorials write them (DCGAN, VAE, REINFORCE,
+actor-critic, word_language_model) run under torch and under tilewise, and agree step by step.
+
+Each program is a function of the framework's modules (``torch``, ``nn``, ``F``, ``optim``), so its body reads as the
+published script does after ``import tilewise as torch``. The torch run is the reference: its initial weights are
+loaded into tilewise's model, and its random draws (``torch.randn``, ``torch.randn_like``, ``Categorical.sample``)
+are recorded and handed back, in order, to the tilewise run, which still makes each draw and must give it the
+recorded shape and dtype. Losses and parameters after a few steps then agree to float32 tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque, namedtuple
+
+import numpy as np
+import pytest
+import torch as real_torch
+
+import tilewise
+
+RTOL, ATOL = 2e-4, 2e-5
+
+
+class Draws:
+    """The torch run's random draws, recorded in order and replayed to the tilewise run."""
+
+    def __init__(self):
+        self.values: list[np.ndarray] = []
+        self.cursor = 0
+
+    def replayed(self, framework, value):
+        if framework is real_torch:
+            self.values.append(value.detach().cpu().numpy().copy())
+            return value
+        assert self.cursor < len(self.values), "tilewise drew more random values than torch"
+        expected = self.values[self.cursor]
+        self.cursor += 1
+        assert tuple(value.shape) == expected.shape, f"draw {self.cursor}: shape {tuple(value.shape)} != torch's"
+        assert str(value.dtype).split(".")[-1] == str(expected.dtype), f"draw {self.cursor}: dtype {value.dtype}"
+        return framework.tensor(expected, dtype=value.dtype, device=value.device)
+
+    def function(self, framework, fn):
+        return lambda *args, **kwargs: self.replayed(framework, fn(*args, **kwargs))
+
+
+class Framework:
+    """A framework module with its random functions replaced by a shared draw record; the rest passes through."""
+
+    def __init__(self, module, draws: Draws):
+        self._module = module
+        self.randn = draws.function(module, module.randn)
+        self.randn_like = draws.function(module, module.randn_like)
+
+        class Categorical(module.distributions.Categorical):
+            def sample(self, sample_shape=()):
+                action = super().sample(sample_shape)
+                assert bool(((action >= 0) & (action < self.probs.shape[-1])).all()), "sample outside the support"
+                return draws.replayed(module, action)
+
+        self.Categorical = Categorical
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def modules(framework):
+    return framework, framework.nn, framework.nn.functional, framework.optim
+
+
+def start_from(framework, model, init):
+    """The torch run returns its model's initial state; the tilewise run loads it."""
+    if init is not None:
+        model.load_state_dict({k: framework.tensor(v) for k, v in init.items()})
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def numpy_state(model):
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def run_both(program, **kwargs):
+    draws = Draws()
+    theirs = program(Framework(real_torch, draws), init=None, **kwargs)
+    ours = program(Framework(tilewise, draws), init=theirs["init"], **kwargs)
+    assert draws.cursor == len(draws.values), "tilewise drew fewer random values than torch"
+    return ours, theirs
+
+
+def assert_same_run(ours, theirs, rtol=RTOL, atol=ATOL):
+    for key, expected in theirs.items():
+        if key == "init":
+            continue
+        got = ours[key]
+        if isinstance(expected, dict):
+            assert got.keys() == expected.keys(), key
+            for name in expected:
+                np.testing.assert_allclose(got[name], expected[name], rtol=rtol, atol=atol, err_msg=f"{key}/{name}")
+        else:
+            np.testing.assert_allclose(np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64),
+                                       rtol=rtol, atol=atol, err_msg=key)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# examples/dcgan/main.py, at 16x16
+
+
+def dcgan(torch, init, steps=3, nz=8, ngf=4, ndf=4, nc=3, batch_size=8):
+    torch, nn, F, optim = modules(torch)
+
+    def weights_init(m):
+        classname = m.__class__.__name__
+        if classname.find('Conv') != -1:
+            torch.nn.init.normal_(m.weight, 0.0, 0.02)
+        elif classname.find('BatchNorm') != -1:
+            torch.nn.init.normal_(m.weight, 1.0, 0.02)
+            torch.nn.init.zeros_(m.bias)
+
+    class Generator(nn.Module):
+        def __init__(self, ngpu):
+            super(Generator, self).__init__()
+            self.ngpu = ngpu
+            self.main = nn.Sequential(
+                nn.ConvTranspose2d(nz, ngf * 2, 4, 1, 0, bias=False),
+                nn.BatchNorm2d(ngf * 2),
+                nn.ReLU(True),
+                nn.ConvTranspose2d(ngf * 2, ngf, 4, 2, 1, bias=False),
+                nn.BatchNorm2d(ngf),
+                nn.ReLU(True),
+                nn.ConvTranspose2d(ngf, nc, 4, 2, 1, bias=False),
+                nn.Tanh()
+            )
+
+        def forward(self, input):
+            if input.is_cuda and self.ngpu > 1:
+                output = nn.parallel.data_parallel(self.main, input, range(self.ngpu))
+            else:
+                output = self.main(input)
+            return output
+
+    class Discriminator(nn.Module):
+        def __init__(self, ngpu):
+            super(Discriminator, self).__init__()
+            self.ngpu = ngpu
+            self.main = nn.Sequential(
+                nn.Conv2d(nc, ndf, 4, 2, 1, bias=False),
+                nn.LeakyReLU(0.2, inplace=True),
+                nn.Conv2d(ndf, ndf * 2, 4, 2, 1, bias=False),
+                nn.BatchNorm2d(ndf * 2),
+                nn.LeakyReLU(0.2, inplace=True),
+                nn.Conv2d(ndf * 2, 1, 4, 1, 0, bias=False),
+                nn.Sigmoid()
+            )
+
+        def forward(self, input):
+            output = self.main(input)
+            return output.view(-1, 1).squeeze(1)
+
+    device = torch.device("cpu")
+    netG = Generator(1).to(device)
+    netG.apply(weights_init)
+    netD = Discriminator(1).to(device)
+    netD.apply(weights_init)
+    bn_bias = [m.bias for m in [*netG.modules(), *netD.modules()] if m.__class__.__name__ == "BatchNorm2d"]
+    assert all(float(b.detach().abs().max()) == 0.0 for b in bn_bias), "weights_init did not zero the BatchNorm biases"
+    conv_std = float(netD.main[2].weight.detach().std())
+    assert 0.01 < conv_std < 0.03, f"weights_init drew conv weights with std {conv_std}, not about 0.02"
+    init = {"G": start_from(torch, netG, init and init["G"]), "D": start_from(torch, netD, init and init["D"])}
+
+    criterion = nn.BCELoss()
+    fixed_noise = torch.randn(batch_size, nz, 1, 1, device=device)
+    real_label = 1
+    fake_label = 0
+    optimizerD = optim.Adam(netD.parameters(), lr=0.0002, betas=(0.5, 0.999))
+    optimizerG = optim.Adam(netG.parameters(), lr=0.0002, betas=(0.5, 0.999))
+
+    images = np.random.default_rng(0).uniform(-1, 1, (steps * batch_size, nc, 16, 16)).astype(np.float32)
+    dataset = torch.utils.data.TensorDataset(torch.from_numpy(images), torch.zeros(len(images)))
+    dataloader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    record = {"errD": [], "errG": [], "D_x": [], "D_G_z1": [], "D_G_z2": []}
+    for i, data in enumerate(dataloader, 0):
+        # (1) Update D network: maximize log(D(x)) + log(1 - D(G(z)))
+        netD.zero_grad()
+        real_cpu = data[0].to(device)
+        batch_size = real_cpu.size(0)
+        label = torch.full((batch_size,), real_label, dtype=real_cpu.dtype, device=device)
+        output = netD(real_cpu)
+        errD_real = criterion(output, label)
+        errD_real.backward()
+        D_x = output.mean().item()
+        noise = torch.randn(batch_size, nz, 1, 1, device=device)
+        fake = netG(noise)
+        label.fill_(fake_label)
+        output = netD(fake.detach())
+        errD_fake = criterion(output, label)
+        errD_fake.backward()
+        D_G_z1 = output.mean().item()
+        errD = errD_real + errD_fake
+        optimizerD.step()
+        # (2) Update G network: maximize log(D(G(z)))
+        netG.zero_grad()
+        label.fill_(real_label)  # fake labels are real for generator cost
+        output = netD(fake)
+        errG = criterion(output, label)
+        errG.backward()
+        D_G_z2 = output.mean().item()
+        optimizerG.step()
+        for key, value in [("errD", errD.item()), ("errG", errG.item()), ("D_x", D_x), ("D_G_z1", D_G_z1),
+                           ("D_G_z2", D_G_z2)]:
+            record[key].append(value)
+    with torch.no_grad():
+        fake = netG(fixed_noise).detach().cpu()
+    netG.eval()
+    with torch.no_grad():
+        fixed_eval = netG(fixed_noise)
+    return {"init": init, **record, "fake": fake.numpy(), "fixed_eval": fixed_eval.numpy(),
+            "G": numpy_state(netG), "D": numpy_state(netD)}
+
+
+def test_dcgan_trains_like_torch():
+    ours, theirs = run_both(dcgan)
+    assert_same_run(ours, theirs, rtol=1e-3, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# examples/vae/main.py, with narrower layers
+
+
+def vae(torch, init, epochs=2, batch_size=16, hidden=64, latent=8):
+    torch, nn, F, optim = modules(torch)
+
+    class VAE(nn.Module):
+        def __init__(self):
+            super(VAE, self).__init__()
+            self.fc1 = nn.Linear(784, hidden)
+            self.fc21 = nn.Linear(hidden, latent)
+            self.fc22 = nn.Linear(hidden, latent)
+            self.fc3 = nn.Linear(latent, hidden)
+            self.fc4 = nn.Linear(hidden, 784)
+
+        def encode(self, x):
+            h1 = F.relu(self.fc1(x))
+            return self.fc21(h1), self.fc22(h1)
+
+        def reparameterize(self, mu, logvar):
+            std = torch.exp(0.5*logvar)
+            eps = torch.randn_like(std)
+            return mu + eps*std
+
+        def decode(self, z):
+            h3 = F.relu(self.fc3(z))
+            return torch.sigmoid(self.fc4(h3))
+
+        def forward(self, x):
+            mu, logvar = self.encode(x.view(-1, 784))
+            z = self.reparameterize(mu, logvar)
+            return self.decode(z), mu, logvar
+
+    device = torch.device("cpu")
+    model = VAE().to(device)
+    init = start_from(torch, model, init)
+    optimizer = optim.Adam(model.parameters(), lr=1e-3)
+
+    # Reconstruction + KL divergence losses summed over all elements and batch
+    def loss_function(recon_x, x, mu, logvar):
+        BCE = F.binary_cross_entropy(recon_x, x.view(-1, 784), reduction='sum')
+        # 0.5 * sum(1 + log(sigma^2) - mu^2 - sigma^2)
+        KLD = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+        return BCE + KLD
+
+    rng = np.random.default_rng(1)
+    pixels = (rng.uniform(0, 1, (48, 1, 28, 28)) ** 3).astype(np.float32)  # mostly dark, like MNIST
+    labels = rng.integers(0, 10, 48)
+    train_loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.from_numpy(pixels[:32]), torch.from_numpy(labels[:32])),
+        batch_size=batch_size, shuffle=False)
+    test_loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.from_numpy(pixels[32:]), torch.from_numpy(labels[32:])),
+        batch_size=batch_size, shuffle=False)
+
+    record = {"batch_loss": [], "train_loss": [], "test_loss": []}
+
+    def train(epoch):
+        model.train()
+        train_loss = 0
+        for batch_idx, (data, _) in enumerate(train_loader):
+            data = data.to(device)
+            optimizer.zero_grad()
+            recon_batch, mu, logvar = model(data)
+            loss = loss_function(recon_batch, data, mu, logvar)
+            loss.backward()
+            train_loss += loss.item()
+            optimizer.step()
+            record["batch_loss"].append(loss.item() / len(data))
+        record["train_loss"].append(train_loss / len(train_loader.dataset))
+
+    def test(epoch):
+        model.eval()
+        test_loss = 0
+        with torch.no_grad():
+            for i, (data, _) in enumerate(test_loader):
+                data = data.to(device)
+                recon_batch, mu, logvar = model(data)
+                test_loss += loss_function(recon_batch, data, mu, logvar).item()
+                if i == 0:
+                    n = min(data.size(0), 8)
+                    comparison = torch.cat([data[:n], recon_batch.view(batch_size, 1, 28, 28)[:n]])
+                    assert not comparison.requires_grad and tuple(comparison.shape) == (2 * n, 1, 28, 28)
+                    record["comparison"] = comparison.cpu().numpy()
+        test_loss /= len(test_loader.dataset)
+        record["test_loss"].append(test_loss)
+
+    for epoch in range(1, epochs + 1):
+        train(epoch)
+        test(epoch)
+        with torch.no_grad():
+            sample = torch.randn(4, latent).to(device)
+            sample = model.decode(sample).cpu()
+            record["sample"] = sample.view(4, 1, 28, 28).numpy()
+    return {"init": init, **record, "model": numpy_state(model)}
+
+
+def test_vae_trains_like_torch():
+    """Adam moves a weight whose gradient is near its eps (a unit ReLU kept off for most of a batch) by an amount
+    that float32 rounding of that gradient changes visibly; the weights get a tolerance of a tenth of lr."""
+    ours, theirs = run_both(vae)
+    assert_same_run({k: v for k, v in ours.items() if k != "model"}, {k: v for k, v in theirs.items() if k != "model"})
+    assert_same_run({"model": ours["model"]}, {"model": theirs["model"]}, atol=1e-4)
