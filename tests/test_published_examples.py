@@ -59,9 +59,38 @@ class Framework:
                 return draws.replayed(module, action)
 
         self.Categorical = Categorical
+        self.nn = Namespace(module.nn, Dropout=replayed_dropout(module, draws))
 
     def __getattr__(self, name):
         return getattr(self._module, name)
+
+
+class Namespace:
+    def __init__(self, module, **overrides):
+        self._module = module
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def replayed_dropout(module, draws: Draws):
+    """nn.Dropout whose training-mode mask is torch's: tilewise's own dropout still runs and must zero or scale
+    every element, and then the recorded mask is applied in its place."""
+
+    class Dropout(module.nn.Dropout):
+        def forward(self, input):
+            output = super().forward(input)
+            if not self.training or self.p == 0:
+                return output
+            kept = draws.replayed(module, output != 0)
+            scaled = input / (1 - self.p)
+            check = module.where(output != 0, output - scaled, output)
+            assert float(check.detach().abs().max()) <= 1e-5 * (1 + float(scaled.detach().abs().max())), \
+                "dropout's kept elements are not scaled by 1/(1-p)"
+            return input * kept * (1.0 / (1 - self.p))
+
+    return Dropout
 
 
 def modules(framework):
@@ -326,3 +355,186 @@ def test_vae_trains_like_torch():
     ours, theirs = run_both(vae)
     assert_same_run({k: v for k, v in ours.items() if k != "model"}, {k: v for k, v in theirs.items() if k != "model"})
     assert_same_run({"model": ours["model"]}, {"model": theirs["model"]}, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# examples/reinforcement_learning/reinforce.py and actor_critic.py, on a CartPole-like environment in numpy
+
+
+class FakeCartPole:
+    """CartPole's dynamics (gym's constants) with gym's step API; episodes stop at 12 steps."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def reset(self, seed=None):
+        self.state, self.t = self.rng.uniform(-0.05, 0.05, 4), 0
+        return self.state.copy(), {}
+
+    def step(self, action):
+        x, x_dot, theta, theta_dot = self.state
+        force = 10.0 if action == 1 else -10.0
+        temp = (force + 0.05 * theta_dot ** 2 * math.sin(theta)) / 1.1
+        theta_acc = (9.8 * math.sin(theta) - math.cos(theta) * temp) / (0.5 * (4.0 / 3.0 - 0.1 * math.cos(theta) ** 2
+                                                                              / 1.1))
+        x_acc = temp - 0.05 * theta_acc * math.cos(theta) / 1.1
+        self.state = np.array([x + 0.02 * x_dot, x_dot + 0.02 * x_acc, theta + 0.02 * theta_dot,
+                               theta_dot + 0.02 * theta_acc])
+        self.t += 1
+        terminated = bool(abs(self.state[0]) > 2.4 or abs(self.state[2]) > 0.21) and self.t > 2
+        return self.state.copy(), 1.0, terminated, self.t >= 12, {}
+
+
+def reinforce(torch, init, episodes=3, gamma=0.99):
+    torch, nn, F, optim = modules(torch)
+    Categorical = torch.Categorical
+
+    class Policy(nn.Module):
+        def __init__(self):
+            super(Policy, self).__init__()
+            self.affine1 = nn.Linear(4, 128)
+            self.dropout = nn.Dropout(p=0.6)
+            self.affine2 = nn.Linear(128, 2)
+
+            self.saved_log_probs = []
+            self.rewards = []
+
+        def forward(self, x):
+            x = self.affine1(x)
+            x = self.dropout(x)
+            x = F.relu(x)
+            action_scores = self.affine2(x)
+            return F.softmax(action_scores, dim=1)
+
+    policy = Policy()
+    init = start_from(torch, policy, init)
+    optimizer = optim.Adam(policy.parameters(), lr=1e-2)
+    eps = torch.finfo(torch.float32).eps
+    env = FakeCartPole(seed=543)
+    record = {"loss": [], "running_reward": []}
+
+    def select_action(state):
+        state = torch.from_numpy(state).float().unsqueeze(0)
+        probs = policy(state)
+        m = Categorical(probs)
+        action = m.sample()
+        policy.saved_log_probs.append(m.log_prob(action))
+        return action.item()
+
+    def finish_episode():
+        R = 0
+        policy_loss = []
+        returns = deque()
+        for r in policy.rewards[::-1]:
+            R = r + gamma * R
+            returns.appendleft(R)
+        returns = torch.tensor(returns)
+        returns = (returns - returns.mean()) / (returns.std() + eps)
+        for log_prob, R in zip(policy.saved_log_probs, returns):
+            policy_loss.append(-log_prob * R)
+        optimizer.zero_grad()
+        policy_loss = torch.cat(policy_loss).sum()
+        policy_loss.backward()
+        optimizer.step()
+        record["loss"].append(policy_loss.item())
+        del policy.rewards[:]
+        del policy.saved_log_probs[:]
+
+    running_reward = 10
+    for i_episode in range(episodes):
+        state, _ = env.reset()
+        ep_reward = 0
+        for t in range(1, 10000):
+            action = select_action(state)
+            state, reward, done, truncated, _ = env.step(action)
+            policy.rewards.append(reward)
+            ep_reward += reward
+            if done or truncated:
+                break
+        running_reward = 0.05 * ep_reward + (1 - 0.05) * running_reward
+        finish_episode()
+        record["running_reward"].append(running_reward)
+    return {"init": init, **record, "policy": numpy_state(policy)}
+
+
+def actor_critic(torch, init, episodes=3, gamma=0.99, entropy_coef=0.01):
+    torch, nn, F, optim = modules(torch)
+    Categorical = torch.Categorical
+    SavedAction = namedtuple('SavedAction', ['log_prob', 'value'])
+
+    class Policy(nn.Module):
+        """implements both actor and critic in one model"""
+
+        def __init__(self):
+            super(Policy, self).__init__()
+            self.affine1 = nn.Linear(4, 128)
+            self.action_head = nn.Linear(128, 2)  # actor's layer
+            self.value_head = nn.Linear(128, 1)  # critic's layer
+            self.saved_actions = []
+            self.rewards = []
+            self.entropies = []
+
+        def forward(self, x):
+            x = F.relu(self.affine1(x))
+            action_prob = F.softmax(self.action_head(x), dim=-1)
+            state_values = self.value_head(x)
+            return action_prob, state_values
+
+    model = Policy()
+    init = start_from(torch, model, init)
+    optimizer = optim.Adam(model.parameters(), lr=3e-2)
+    eps = torch.finfo(torch.float32).eps
+    env = FakeCartPole(seed=7)
+    record = {"loss": [], "value_loss": []}
+
+    def select_action(state):
+        state = torch.from_numpy(state).float()
+        probs, state_value = model(state)
+        m = Categorical(probs)
+        action = m.sample()
+        model.saved_actions.append(SavedAction(m.log_prob(action), state_value))
+        model.entropies.append(m.entropy())
+        return action.item()
+
+    def finish_episode():
+        R = 0
+        saved_actions = model.saved_actions
+        policy_losses = []  # list to save actor (policy) loss
+        value_losses = []  # list to save critic (value) loss
+        returns = []  # list to save the true values
+        for r in model.rewards[::-1]:
+            R = r + gamma * R
+            returns.insert(0, R)
+        returns = torch.tensor(returns)
+        returns = (returns - returns.mean()) / (returns.std() + eps)
+        for (log_prob, value), R in zip(saved_actions, returns):
+            advantage = R - value.item()
+            policy_losses.append(-log_prob * advantage)
+            value_losses.append(F.smooth_l1_loss(value, torch.tensor([R])))
+        optimizer.zero_grad()
+        entropy = torch.stack(model.entropies).mean()
+        loss = torch.stack(policy_losses).sum() + torch.stack(value_losses).sum() - entropy_coef * entropy
+        loss.backward()
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["value_loss"].append(torch.stack(value_losses).sum().item())
+        del model.rewards[:]
+        del model.saved_actions[:]
+        del model.entropies[:]
+
+    for i_episode in range(episodes):
+        state, _ = env.reset()
+        for t in range(1, 10000):
+            action = select_action(state)
+            state, reward, done, truncated, _ = env.step(action)
+            model.rewards.append(reward)
+            if done or truncated:
+                break
+        finish_episode()
+    return {"init": init, **record, "model": numpy_state(model)}
+
+
+@pytest.mark.parametrize("program", [reinforce, actor_critic], ids=["reinforce", "actor_critic"])
+def test_policy_gradient_trains_like_torch(program):
+    ours, theirs = run_both(program)
+    assert_same_run(ours, theirs, atol=1e-4)
