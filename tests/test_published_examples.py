@@ -7,6 +7,8 @@ loaded into tilewise's model, and its random draws (``torch.randn``, ``torch.ran
 are recorded and handed back, in order, to the tilewise run, which still makes each draw and must give it the
 recorded shape and dtype. Losses and parameters after a few steps then agree to float32 tolerance.
 """
+# ruff: noqa: N806, UP008, B007 — the programs keep the published scripts' names (netD, errG, R, F), their
+# super(Class, self) calls and their unused loop variables, so that they read as the scripts do
 
 from __future__ import annotations
 
