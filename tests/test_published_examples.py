@@ -540,3 +540,241 @@ def actor_critic(torch, init, episodes=3, gamma=0.99, entropy_coef=0.01):
 def test_policy_gradient_trains_like_torch(program):
     ours, theirs = run_both(program)
     assert_same_run(ours, theirs, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# examples/word_language_model (model.py, main.py): the Transformer and the tied-weight LSTM, trained by hand-written
+# SGD after clip_grad_norm_, annealed when validation stops improving
+
+
+def word_language_model(torch, init, model_type="Transformer", epochs=2, bptt=8, batch_size=4, emsize=16, nhid=32):
+    torch, nn, F, optim = modules(torch)
+
+    class Dictionary(object):
+        def __init__(self):
+            self.word2idx = {}
+            self.idx2word = []
+
+        def add_word(self, word):
+            if word not in self.word2idx:
+                self.idx2word.append(word)
+                self.word2idx[word] = len(self.idx2word) - 1
+            return self.word2idx[word]
+
+        def __len__(self):
+            return len(self.idx2word)
+
+    class Corpus(object):
+        def __init__(self, texts):
+            self.dictionary = Dictionary()
+            self.train, self.valid = (self.tokenize(text) for text in texts)
+
+        def tokenize(self, lines):
+            for line in lines:
+                for word in line.split() + ['<eos>']:
+                    self.dictionary.add_word(word)
+            idss = []
+            for line in lines:
+                words = line.split() + ['<eos>']
+                ids = []
+                for word in words:
+                    ids.append(self.dictionary.word2idx[word])
+                idss.append(torch.tensor(ids).type(torch.int64))
+            return torch.cat(idss)
+
+    class RNNModel(nn.Module):
+        def __init__(self, rnn_type, ntoken, ninp, nhid, nlayers, dropout=0.5, tie_weights=False):
+            super(RNNModel, self).__init__()
+            self.ntoken = ntoken
+            self.drop = nn.Dropout(dropout)
+            self.encoder = nn.Embedding(ntoken, ninp)
+            self.rnn = getattr(nn, rnn_type)(ninp, nhid, nlayers, dropout=dropout)
+            self.decoder = nn.Linear(nhid, ntoken)
+            if tie_weights:
+                if nhid != ninp:
+                    raise ValueError('When using the tied flag, nhid must be equal to emsize')
+                self.decoder.weight = self.encoder.weight
+            self.init_weights()
+            self.rnn_type = rnn_type
+            self.nhid = nhid
+            self.nlayers = nlayers
+
+        def init_weights(self):
+            initrange = 0.1
+            nn.init.uniform_(self.encoder.weight, -initrange, initrange)
+            nn.init.zeros_(self.decoder.bias)
+            nn.init.uniform_(self.decoder.weight, -initrange, initrange)
+
+        def forward(self, input, hidden):
+            emb = self.drop(self.encoder(input))
+            output, hidden = self.rnn(emb, hidden)
+            output = self.drop(output)
+            decoded = self.decoder(output)
+            decoded = decoded.view(-1, self.ntoken)
+            return F.log_softmax(decoded, dim=1), hidden
+
+        def init_hidden(self, bsz):
+            weight = next(self.parameters())
+            if self.rnn_type == 'LSTM':
+                return (weight.new_zeros(self.nlayers, bsz, self.nhid),
+                        weight.new_zeros(self.nlayers, bsz, self.nhid))
+            return weight.new_zeros(self.nlayers, bsz, self.nhid)
+
+    class PositionalEncoding(nn.Module):
+        def __init__(self, d_model, dropout=0.1, max_len=5000):
+            super(PositionalEncoding, self).__init__()
+            self.dropout = nn.Dropout(p=dropout)
+
+            pe = torch.zeros(max_len, d_model)
+            position = torch.arange(0, max_len, dtype=torch.float).unsqueeze(1)
+            div_term = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
+            pe[:, 0::2] = torch.sin(position * div_term)
+            pe[:, 1::2] = torch.cos(position * div_term)
+            pe = pe.unsqueeze(0).transpose(0, 1)
+            self.register_buffer('pe', pe)
+
+        def forward(self, x):
+            x = x + self.pe[:x.size(0), :]
+            return self.dropout(x)
+
+    class TransformerModel(nn.Module):
+        def __init__(self, ntoken, ninp, nhead, nhid, nlayers, dropout=0.5, layer_dropout=0.0):
+            super(TransformerModel, self).__init__()
+            from_nn = nn.TransformerEncoder, nn.TransformerEncoderLayer
+            TransformerEncoder, TransformerEncoderLayer = from_nn
+            self.model_type = 'Transformer'
+            self.src_mask = None
+            self.pos_encoder = PositionalEncoding(ninp, dropout)
+            # the layers' own dropout masks are drawn inside the layer, where they cannot be handed over
+            encoder_layers = TransformerEncoderLayer(ninp, nhead, nhid, layer_dropout)
+            self.transformer_encoder = TransformerEncoder(encoder_layers, nlayers)
+            self.encoder = nn.Embedding(ntoken, ninp)
+            self.ninp = ninp
+            self.decoder = nn.Linear(ninp, ntoken)
+            self.init_weights()
+
+        def _generate_square_subsequent_mask(self, sz):
+            mask = (torch.triu(torch.ones(sz, sz)) == 1).transpose(0, 1)
+            mask = mask.float().masked_fill(mask == 0, float('-inf')).masked_fill(mask == 1, float(0.0))
+            return mask
+
+        def init_weights(self):
+            initrange = 0.1
+            nn.init.uniform_(self.encoder.weight, -initrange, initrange)
+            nn.init.zeros_(self.decoder.bias)
+            nn.init.uniform_(self.decoder.weight, -initrange, initrange)
+
+        def forward(self, src, has_mask=True):
+            if has_mask:
+                device = src.device
+                if self.src_mask is None or self.src_mask.size(0) != len(src):
+                    mask = nn.Transformer.generate_square_subsequent_mask(len(src)).to(device)
+                    assert torch.equal(mask, self._generate_square_subsequent_mask(len(src)))
+                    self.src_mask = mask
+            else:
+                self.src_mask = None
+
+            src = self.encoder(src) * math.sqrt(self.ninp)
+            src = self.pos_encoder(src)
+            output = self.transformer_encoder(src, self.src_mask)
+            output = self.decoder(output)
+            return F.log_softmax(output, dim=-1)
+
+    rng = np.random.default_rng(3)
+    vocabulary = [f"w{i}" for i in range(24)]
+    texts = [[" ".join(rng.choice(vocabulary, rng.integers(3, 9))) for _ in range(n)] for n in (24, 8)]
+    device = torch.device("cpu")
+    corpus = Corpus(texts)
+
+    def batchify(data, bsz):
+        nbatch = data.size(0) // bsz
+        data = data.narrow(0, 0, nbatch * bsz)
+        data = data.view(bsz, -1).t().contiguous()
+        return data.to(device)
+
+    eval_batch_size = 2
+    train_data = batchify(corpus.train, batch_size)
+    val_data = batchify(corpus.valid, eval_batch_size)
+    ntokens = len(corpus.dictionary)
+    if model_type == 'Transformer':
+        model = TransformerModel(ntokens, emsize, 2, nhid, 2, dropout=0.2).to(device)
+    else:
+        with pytest.warns(UserWarning, match="non-zero dropout expects num_layers greater than 1"):
+            model = RNNModel(model_type, ntokens, emsize, emsize, 1, dropout=0.2, tie_weights=True).to(device)
+    init = start_from(torch, model, init)
+    criterion = nn.NLLLoss()
+
+    def repackage_hidden(h):
+        """Wraps hidden states in new Tensors, to detach them from their history."""
+        if isinstance(h, torch.Tensor):
+            return h.detach()
+        else:
+            return tuple(repackage_hidden(v) for v in h)
+
+    def get_batch(source, i):
+        seq_len = min(bptt, len(source) - 1 - i)
+        data = source[i:i+seq_len]
+        target = source[i+1:i+1+seq_len].view(-1)
+        return data, target
+
+    def evaluate(data_source):
+        model.eval()
+        total_loss = 0.
+        if model_type != 'Transformer':
+            hidden = model.init_hidden(eval_batch_size)
+        with torch.no_grad():
+            for i in range(0, data_source.size(0) - 1, bptt):
+                data, targets = get_batch(data_source, i)
+                if model_type == 'Transformer':
+                    output = model(data)
+                    output = output.view(-1, ntokens)
+                else:
+                    output, hidden = model(data, hidden)
+                    hidden = repackage_hidden(hidden)
+                total_loss += len(data) * criterion(output, targets).item()
+        return total_loss / (len(data_source) - 1)
+
+    record = {"loss": [], "val_loss": [], "lr": []}
+
+    def train():
+        model.train()
+        if model_type != 'Transformer':
+            hidden = model.init_hidden(batch_size)
+        for batch, i in enumerate(range(0, train_data.size(0) - 1, bptt)):
+            data, targets = get_batch(train_data, i)
+            model.zero_grad()
+            if model_type == 'Transformer':
+                output = model(data)
+                output = output.view(-1, ntokens)
+            else:
+                hidden = repackage_hidden(hidden)
+                output, hidden = model(data, hidden)
+            loss = criterion(output, targets)
+            loss.backward()
+
+            # `clip_grad_norm` helps prevent the exploding gradient problem in RNNs / LSTMs.
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-lr)
+            record["loss"].append(loss.item())
+
+    record["val_loss"].append(evaluate(val_data))
+    lr = 20
+    best_val_loss = None
+    for epoch in range(1, epochs + 1):
+        train()
+        val_loss = evaluate(val_data)
+        if not best_val_loss or val_loss < best_val_loss:
+            best_val_loss = val_loss
+        else:
+            # Anneal the learning rate if no improvement has been seen in the validation dataset.
+            lr /= 4.0
+        record["val_loss"].append(val_loss)
+        record["lr"].append(lr)
+    return {"init": init, **record, "model": numpy_state(model)}
+
+
+@pytest.mark.parametrize("model_type", ["Transformer", "LSTM"])
+def test_word_language_model_trains_like_torch(model_type):
+    ours, theirs = run_both(word_language_model, model_type=model_type)
+    assert_same_run(ours, theirs, rtol=1e-3, atol=1e-4)
