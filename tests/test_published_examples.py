@@ -7,8 +7,8 @@ loaded into tilewise's model, and its random draws (``torch.randn``, ``torch.ran
 are recorded and handed back, in order, to the tilewise run, which still makes each draw and must give it the
 recorded shape and dtype. Losses and parameters after a few steps then agree to float32 tolerance.
 """
-# ruff: noqa: N806, UP008, B007 — the programs keep the published scripts' names (netD, errG, R, F), their
-# super(Class, self) calls and their unused loop variables, so that they read as the scripts do
+# ruff: noqa: N806, UP004, UP008, UP018, B007 — the programs keep the published scripts' names (netD, errG, R, F),
+# their super(Class, self), class X(object), float(0.0) and unused loop variables, so that they read as the scripts do
 
 from __future__ import annotations
 
@@ -111,6 +111,7 @@ def numpy_state(model):
 
 
 def run_both(program, **kwargs):
+    real_torch.manual_seed(0)  # the reference's weights, whatever ran before
     draws = Draws()
     theirs = program(Framework(real_torch, draws), init=None, **kwargs)
     ours = program(Framework(tilewise, draws), init=theirs["init"], **kwargs)
@@ -547,7 +548,8 @@ def test_policy_gradient_trains_like_torch(program):
 # SGD after clip_grad_norm_, annealed when validation stops improving
 
 
-def word_language_model(torch, init, model_type="Transformer", epochs=2, bptt=8, batch_size=4, emsize=16, nhid=32):
+def word_language_model(torch, init, model_type="Transformer", epochs=2, initial_lr=20, bptt=8, batch_size=4, emsize=16,
+                        nhid=32):
     torch, nn, F, optim = modules(torch)
 
     class Dictionary(object):
@@ -759,7 +761,7 @@ def word_language_model(torch, init, model_type="Transformer", epochs=2, bptt=8,
             record["loss"].append(loss.item())
 
     record["val_loss"].append(evaluate(val_data))
-    lr = 20
+    lr = initial_lr
     best_val_loss = None
     for epoch in range(1, epochs + 1):
         train()
@@ -774,7 +776,11 @@ def word_language_model(torch, init, model_type="Transformer", epochs=2, bptt=8,
     return {"init": init, **record, "model": numpy_state(model)}
 
 
-@pytest.mark.parametrize("model_type", ["Transformer", "LSTM"])
-def test_word_language_model_trains_like_torch(model_type):
-    ours, theirs = run_both(word_language_model, model_type=model_type)
-    assert_same_run(ours, theirs, rtol=1e-3, atol=1e-4)
+@pytest.mark.parametrize("model_type,initial_lr", [("Transformer", 2), ("LSTM", 20)])
+def test_word_language_model_trains_like_torch(model_type, initial_lr):
+    """The script's lr of 20 throws this small Transformer's attention into saturation, where each step multiplies a
+    rounding difference several times over (torch against itself, from weights perturbed by one part in 1e7, drifts
+    apart by 1e-4 in ten steps too); at lr 2 the ten steps agree
+    to an ulp of the loss. The LSTM takes the script's lr."""
+    ours, theirs = run_both(word_language_model, model_type=model_type, initial_lr=initial_lr)
+    assert_same_run(ours, theirs, atol=1e-4)
