@@ -122,3 +122,43 @@ def test_embedding_and_loss_argument_errors():
         F.binary_cross_entropy(tw.tensor([0.5, 1.5]), tw.tensor([0.0, 1.0]))
     with pytest.raises(ValueError, match=r"'avg' is not a valid value for reduction"):
         F.mse_loss(tw.randn(3), tw.randn(3), reduction="avg")
+
+
+@pytest.mark.parametrize("target_dtype", ["float64", "int64", "float16", "bool"])
+def test_binary_cross_entropy_refuses_a_target_of_another_dtype_like_torch(target_dtype):
+    """An integer label (torch.full((n,), 1) without dtype=) is the usual way to meet this; torch's kernel refuses
+    it, and so must we rather than quietly promote."""
+    import torch
+
+    names = {"float64": "Double", "int64": "Long", "float16": "Half", "bool": "Bool"}
+    for m in (torch, tw):
+        target = m.tensor([1, 0]).to(getattr(m, target_dtype))
+        with pytest.raises(RuntimeError, match=rf"Found dtype {names[target_dtype]} but expected Float"):
+            m.nn.functional.binary_cross_entropy(m.tensor([0.7, 0.2]), target)
+        with pytest.raises(RuntimeError, match=rf"Found dtype {names[target_dtype]} but expected Float"):
+            m.nn.BCELoss(weight=m.tensor([1.0, 2.0]))(m.tensor([0.7, 0.2]), target)
+    with pytest.raises(RuntimeError, match=r"Found dtype Float but expected Double"):
+        F.binary_cross_entropy(tw.tensor([0.5], dtype=tw.float64), tw.tensor([1.0]))
+
+
+def test_binary_cross_entropy_weight_of_another_dtype_keeps_input_dtype_like_torch():
+    import torch
+
+    for weight in ([2.0, 1.0], [2, 1]):
+        ours = F.binary_cross_entropy(tw.tensor([0.7, 0.2]), tw.tensor([1.0, 0.0]),
+                                      weight=tw.tensor(weight, dtype=tw.float64 if weight[1] == 1.0 else tw.int64))
+        theirs = torch.nn.functional.binary_cross_entropy(
+            torch.tensor([0.7, 0.2]), torch.tensor([1.0, 0.0]),
+            weight=torch.tensor(weight, dtype=torch.float64 if weight[1] == 1.0 else torch.int64))
+        assert ours.dtype == tw.float32 and theirs.dtype == torch.float32
+        assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("target_dtype,name", [("int64", "Long"), ("int32", "Int")])
+def test_binary_cross_entropy_with_logits_refuses_an_integer_target_like_torch(target_dtype, name):
+    import torch
+
+    for m in (torch, tw):
+        with pytest.raises(RuntimeError, match=rf"result type Float can't be cast to the desired output type {name}"):
+            m.nn.functional.binary_cross_entropy_with_logits(m.tensor([0.5, -1.0]),
+                                                             m.tensor([1, 0], dtype=getattr(m, target_dtype)))

@@ -378,11 +378,15 @@ def _binary_cross_entropy(input, target, weight=None, size_average=None, reduce=
     if tuple(target.shape) != tuple(input.shape):
         raise ValueError(f"{op}: Using a target size ({list(target.shape)}) that is different to the input size "
                          f"({list(input.shape)}) is deprecated. Please ensure they have the same size.")
+    if target.dtype != input.dtype:  # torch.full((n,), 1) as a label is int64: DCGAN passes dtype= for this
+        raise RuntimeError(f"{op}: Found dtype {dtypes.c10_name(target.dtype)} but expected "
+                           f"{dtypes.c10_name(input.dtype)}: target must have input's dtype ({input.dtype}), but "
+                           f"it is {target.dtype}; convert it with target.to(input.dtype)")
     if concrete_cpu(input) and input.numel() and not bool(((input >= 0) & (input <= 1)).all()):
         raise RuntimeError(f"{op}: all elements of input should be between 0 and 1 (input holds probabilities; for "
                            "logits use binary_cross_entropy_with_logits)")
-    if weight is not None:
-        weight = weight.expand(S.broadcast_shapes(target.shape, weight.shape, op=op))
+    if weight is not None:  # torch scales the loss in place: the result keeps input's dtype
+        weight = weight.expand(S.broadcast_shapes(target.shape, weight.shape, op=op)).to(input.dtype)
     return OPS["_binary_cross_entropy"](input, target, weight, reduction)
 
 
@@ -404,6 +408,12 @@ def _binary_cross_entropy_with_logits(input, target, weight=None, size_average=N
     if tuple(target.shape) != tuple(input.shape):
         raise ValueError(f"binary_cross_entropy_with_logits: Target size ({list(target.shape)}) must be the same as "
                          f"input size ({list(input.shape)})")
+    if not (target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == dtypes.bool_):
+        # torch computes (1 - target).mul_(input) in target's dtype; bool targets fail in the subtraction itself
+        raise RuntimeError(f"binary_cross_entropy_with_logits: result type {dtypes.c10_name(input.dtype)} can't be "
+                           f"cast to the desired output type {dtypes.c10_name(target.dtype)}: the target must be "
+                           f"floating point (probabilities), but it is {target.dtype}; convert it with "
+                           "target.to(input.dtype)")
     return OPS["_binary_cross_entropy_with_logits"](input, target, weight, pos_weight, reduction)
 
 
