@@ -3,12 +3,13 @@ actor-critic, word_language_model) run under torch and under tilewise, and agree
 
 Each program is a function of the framework's modules (``torch``, ``nn``, ``F``, ``optim``), so its body reads as the
 published script does after ``import tilewise as torch``. The torch run is the reference: its initial weights are
-loaded into tilewise's model, and its random draws (``torch.randn``, ``torch.randn_like``, ``Categorical.sample``)
-are recorded and handed back, in order, to the tilewise run, which still makes each draw and must give it the
-recorded shape and dtype. Losses and parameters after a few steps then agree to float32 tolerance.
+loaded into tilewise's model, and its random draws (``torch.randn``, ``randn_like``, ``randint``, ``multinomial``,
+``Categorical.sample``, dropout masks) are recorded and handed back, in order, to the tilewise run, which still makes
+each draw and must give it the recorded shape and dtype. Losses and parameters after a few steps then agree to
+float32 tolerance.
 """
-# ruff: noqa: N806, UP004, UP008, UP018, B007 — the programs keep the published scripts' names (netD, errG, R, F),
-# their super(Class, self), class X(object), float(0.0) and unused loop variables, so that they read as the scripts do
+# ruff: noqa: N806, UP004, UP008, UP018, UP031, B007 — the programs keep the published scripts' names (netD, errG, R, F),
+# their super(Class, self), class X(object), float(0.0), % formatting and unused loop variables, as the scripts do
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ class Framework:
         self._module = module
         self.randn = draws.function(module, module.randn)
         self.randn_like = draws.function(module, module.randn_like)
+        self.randint = draws.function(module, module.randint)
+        self.multinomial = draws.function(module, module.multinomial)
 
         class Categorical(module.distributions.Categorical):
             def sample(self, sample_shape=()):
@@ -137,7 +140,7 @@ def assert_same_run(ours, theirs, rtol=RTOL, atol=ATOL):
 # examples/dcgan/main.py, at 16x16
 
 
-def dcgan(torch, init, steps=3, nz=8, ngf=4, ndf=4, nc=3, batch_size=8):
+def dcgan(torch, init, outf, steps=3, nz=8, ngf=4, ndf=4, nc=3, batch_size=8):
     torch, nn, F, optim = modules(torch)
 
     def weights_init(m):
@@ -242,6 +245,11 @@ def dcgan(torch, init, steps=3, nz=8, ngf=4, ndf=4, nc=3, batch_size=8):
             record[key].append(value)
     with torch.no_grad():
         fake = netG(fixed_noise).detach().cpu()
+    # do checkpointing
+    torch.save(netG.state_dict(), '%s/netG_epoch_%d.pth' % (outf, 0))
+    torch.save(netD.state_dict(), '%s/netD_epoch_%d.pth' % (outf, 0))
+    netG = Generator(1).to(device)
+    netG.load_state_dict(torch.load('%s/netG_epoch_%d.pth' % (outf, 0)))
     netG.eval()
     with torch.no_grad():
         fixed_eval = netG(fixed_noise)
@@ -249,8 +257,9 @@ def dcgan(torch, init, steps=3, nz=8, ngf=4, ndf=4, nc=3, batch_size=8):
             "G": numpy_state(netG), "D": numpy_state(netD)}
 
 
-def test_dcgan_trains_like_torch():
-    ours, theirs = run_both(dcgan)
+def test_dcgan_trains_like_torch(tmp_path):
+    ours, theirs = run_both(dcgan, outf=tmp_path)
+    assert real_torch.load(tmp_path / "netD_epoch_0.pth").keys() == ours["D"].keys()  # tilewise wrote it last
     assert_same_run(ours, theirs, rtol=1e-3, atol=1e-4)
 
 
@@ -773,6 +782,30 @@ def word_language_model(torch, init, model_type="Transformer", epochs=2, initial
             lr /= 4.0
         record["val_loss"].append(val_loss)
         record["lr"].append(lr)
+
+    # generate.py
+    model.eval()
+    is_transformer_model = model_type == 'Transformer'
+    if not is_transformer_model:
+        hidden = model.init_hidden(1)
+    input = torch.randint(ntokens, (1, 1), dtype=torch.long).to(device)
+    words = []
+    with torch.no_grad():  # no tracking history
+        for i in range(6):
+            if is_transformer_model:
+                output = model(input, False)
+                word_weights = output[-1].squeeze().div(1.0).exp().cpu()
+                word_idx = torch.multinomial(word_weights, 1)[0]
+                word_tensor = torch.Tensor([[word_idx]]).long().to(device)
+                input = torch.cat([input, word_tensor], 0)
+            else:
+                output, hidden = model(input, hidden)
+                word_weights = output.squeeze().div(1.0).exp().cpu()
+                word_idx = torch.multinomial(word_weights, 1)[0]
+                input.fill_(word_idx)
+            words.append(corpus.dictionary.idx2word[word_idx])
+            record.setdefault("word_weights", []).append(word_weights.numpy())
+    assert all(word in corpus.dictionary.word2idx for word in words)
     return {"init": init, **record, "model": numpy_state(model)}
 
 
