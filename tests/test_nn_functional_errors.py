@@ -162,3 +162,45 @@ def test_binary_cross_entropy_with_logits_refuses_an_integer_target_like_torch(t
         with pytest.raises(RuntimeError, match=rf"result type Float can't be cast to the desired output type {name}"):
             m.nn.functional.binary_cross_entropy_with_logits(m.tensor([0.5, -1.0]),
                                                              m.tensor([1, 0], dtype=getattr(m, target_dtype)))
+
+
+@pytest.mark.parametrize("loss", ["mse_loss", "smooth_l1_loss", "huber_loss"])
+def test_pointwise_losses_take_a_bool_target_or_input_as_torch_does(loss):
+    """torch's mse, smooth_l1 and huber kernels compute in the promoted dtype: a bool counts as 0 and 1."""
+    import torch
+
+    for args in (([0.7, 0.2], [True, False]), ([True, False], [0.7, 0.2])):
+        if loss == "huber_loss" and args[0][0] is True:  # huber's result takes input's dtype
+            for m in (torch, tw):
+                with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type "
+                                                       "Bool"):
+                    m.nn.functional.huber_loss(*(m.tensor(a) for a in args))
+            continue
+        ours = getattr(F, loss)(*(tw.tensor(a) for a in args), reduction="none")
+        theirs = getattr(torch.nn.functional, loss)(*(torch.tensor(a) for a in args), reduction="none")
+        assert ours.dtype == tw.float32 and ours.tolist() == pytest.approx(theirs.tolist())
+    with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with a bool tensor is not supported"):
+        F.l1_loss(tw.tensor([0.7, 0.2]), tw.tensor([True, False]))
+
+
+def test_huber_loss_result_has_input_dtype_like_torch():
+    import torch
+
+    for a, b in ((tw.float32, tw.float64), (tw.float64, tw.float32)):
+        ours = F.huber_loss(tw.tensor([0.7, 3.0], dtype=a), tw.tensor([1.0, 0.0], dtype=b), reduction="none")
+        theirs = torch.nn.functional.huber_loss(torch.tensor([0.7, 3.0], dtype=getattr(torch, a.name)),
+                                                torch.tensor([1.0, 0.0], dtype=getattr(torch, b.name)),
+                                                reduction="none")
+        assert ours.dtype == a and str(theirs.dtype) == f"torch.{a.name}"
+        assert ours.tolist() == pytest.approx(theirs.tolist())
+
+
+@pytest.mark.parametrize("which", ["input", "target"])
+def test_kl_div_refuses_integral_inputs_like_torch(which):
+    import torch
+
+    for m in (torch, tw):
+        x, i = m.tensor([0.7, 0.2]), m.tensor([1, 0])
+        args = (i, x) if which == "input" else (x, i)
+        with pytest.raises(RuntimeError, match="kl_div: Integral inputs not supported"):
+            m.nn.functional.kl_div(*args, reduction="batchmean")

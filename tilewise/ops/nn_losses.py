@@ -50,11 +50,11 @@ def _broadcast_pair(op: str, input, target):
 
 def _elementwise_loss(op: str, loss_of_difference, mean_over_weight: bool):
     """A loss of (input - target) per element; an optional per-element weight divides 'mean' by its sum
-    (mse, l1) or, for huber, by the element count, as torch does. ``loss_of_difference`` takes the difference
-    and the broadcast input and target."""
+    (mse, l1) or, for huber, by the element count, as torch does. ``loss_of_difference`` takes the broadcast
+    input and target."""
     def loss_fn(input, target, reduction, weight):
         a, b = _broadcast_pair(op, input, target)
-        loss = loss_of_difference(a - b, a, b)
+        loss = loss_of_difference(a, b)
         if weight is None:
             return _reduce(loss, reduction)
         if tuple(weight.shape) != tuple(input.shape):
@@ -70,8 +70,20 @@ def _elementwise_loss(op: str, loss_of_difference, mean_over_weight: bool):
 
 def _saving_input_and_target(kind: str, parameter: float = 0.0):
     """The per-element loss of (input - target) by ``_pointwise_loss``, which saves input and target as torch's
-    mse_loss, huber_loss and smooth_l1_loss do (changing either in place before backward is an error there)."""
-    return lambda d, a, b: OPS["_pointwise_loss"](a, b, kind, parameter)
+    mse_loss, huber_loss and smooth_l1_loss do (changing either in place before backward is an error there).
+    Their kernels compute in the promoted dtype, so a bool target (or input) counts as 0 and 1 rather than failing
+    as bool subtraction does; huber's result has input's dtype, as torch writes it into a tensor like input."""
+    def loss(a, b):
+        common = dtypes.promote_types(a.dtype, b.dtype)
+        if kind == "huber" and common != a.dtype and not a.dtype.is_floating_point:
+            raise RuntimeError(f"huber_loss: result type {dtypes.c10_name(common)} can't be cast to the desired "
+                               f"output type {dtypes.c10_name(a.dtype)}: the result takes input's dtype, so input "
+                               f"must be floating point, but it is {a.dtype}")
+        out = OPS["_pointwise_loss"](a.to(common) if a.dtype == dtypes.bool_ else a,
+                                     b.to(common) if b.dtype == dtypes.bool_ else b, kind, parameter)
+        return out.to(a.dtype) if kind == "huber" and a.dtype.is_floating_point else out
+
+    return loss
 
 
 def _pointwise_loss_forward(input, target, kind, parameter):
@@ -103,8 +115,13 @@ private("_pointwise_loss(Tensor input, Tensor target, str kind, float parameter)
 private("_pointwise_loss_backward(Tensor grad, Tensor input, Tensor target, str kind, float parameter) -> "
         "(Tensor, Tensor)", _pointwise_loss_backward)
 
-_mse = _elementwise_loss("mse_loss", lambda d, a, b: d * d, True)
-_l1 = _elementwise_loss("l1_loss", lambda d, a, b: d.abs(), True)
+def _squared_difference(a, b):
+    d = a - b
+    return d * d
+
+
+_mse = _elementwise_loss("mse_loss", _squared_difference, True)
+_l1 = _elementwise_loss("l1_loss", lambda a, b: (a - b).abs(), True)
 
 
 def _mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
@@ -461,6 +478,10 @@ functional("binary_cross_entropy_with_logits(Tensor input, Tensor target, Tensor
 
 
 def _kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    if not (input.dtype.is_floating_point or input.dtype.is_complex) or \
+            not (target.dtype.is_floating_point or target.dtype.is_complex):
+        raise RuntimeError(f"kl_div: Integral inputs not supported. (got input {input.dtype} and target "
+                           f"{target.dtype}; kl_div takes log-probabilities and probabilities in a floating dtype)")
     if reduction == "batchmean" and size_average is None and reduce is None:
         mode = "batchmean"
     else:
