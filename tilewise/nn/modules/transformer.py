@@ -18,7 +18,7 @@ from tilewise.nn import functional as F  # noqa: N812 — torch's spelling
 from tilewise.nn import init
 from tilewise.nn.modules.container import ModuleList
 from tilewise.nn.modules.dropout import Dropout
-from tilewise.nn.modules.linear import Linear
+from tilewise.nn.modules.linear import Linear, NonDynamicallyQuantizableLinear
 from tilewise.nn.modules.module import Module
 from tilewise.nn.modules.normalization import LayerNorm
 from tilewise.nn.parameter import Parameter
@@ -74,7 +74,7 @@ class MultiheadAttention(Module):
             self.in_proj_bias = Parameter(empty(3 * embed_dim, **factory))
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **factory)
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
@@ -149,9 +149,6 @@ class MultiheadAttention(Module):
             out = out.squeeze(1)
             weights = weights.squeeze(0) if weights is not None else None
         return out, weights
-
-    def extra_repr(self) -> str:
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
 
 
 def _activation(activation: str | Callable) -> Callable:
