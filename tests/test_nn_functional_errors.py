@@ -204,3 +204,18 @@ def test_kl_div_refuses_integral_inputs_like_torch(which):
         args = (i, x) if which == "input" else (x, i)
         with pytest.raises(RuntimeError, match="kl_div: Integral inputs not supported"):
             m.nn.functional.kl_div(*args, reduction="batchmean")
+
+
+@pytest.mark.parametrize("loss", ["nll_loss", "cross_entropy"])
+@pytest.mark.parametrize("target_dtype,name", [("int32", "Int"), ("int16", "Short"), ("bool", "Bool"),
+                                               ("float32", "Float")])
+def test_class_index_losses_take_only_int64_or_uint8_targets_like_torch(loss, target_dtype, name):
+    import torch
+
+    for m in (torch, tw):
+        target = m.tensor([1, 2, 0]).to(getattr(m, target_dtype))
+        with pytest.raises(RuntimeError, match=f"expected target dtype to be Long or Byte, but got {name}"):
+            getattr(m.nn.functional, loss)(m.zeros(3, 5), target)
+    ours = getattr(F, loss)(tw.zeros(3, 5), tw.tensor([1, 2, 0], dtype=tw.uint8))
+    theirs = getattr(torch.nn.functional, loss)(torch.zeros(3, 5), torch.tensor([1, 2, 0], dtype=torch.uint8))
+    assert ours.item() == pytest.approx(theirs.item())

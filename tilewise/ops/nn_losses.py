@@ -175,9 +175,10 @@ functional("huber_loss(Tensor input, Tensor target, str reduction='mean', float 
 
 def _class_layout(op: str, input, target):
     """Class-index targets: (input with classes at dim 1 and a batch dim, int64 target, whether unbatched)."""
-    if target.dtype.is_floating_point or target.dtype.name == "bool":
-        raise RuntimeError(f"{op}: expected a target of class indices with an integer dtype (int64), got "
-                           f"{target.dtype}; class probabilities need a floating target of the input's shape "
+    if target.dtype not in (dtypes.int64, dtypes.uint8):
+        raise RuntimeError(f"{op}: expected target dtype to be Long or Byte, but got {dtypes.c10_name(target.dtype)}"
+                           f": a target of class indices is int64 (or uint8), got {target.dtype}; convert it with "
+                           f"target.long(); class probabilities need a floating target of the input's shape "
                            f"{list(input.shape)}")
     if input.ndim == 0:
         raise ValueError(f"{op}: input must have a class dimension, got a 0-dimensional input")
