@@ -556,6 +556,36 @@ def test_docstring_examples_run(module):
     assert result.failed == 0 and result.attempted > 0
 
 
+MHA_BAD_MASKS = {  # (query shape, call keywords, exception type, message fragment) for MultiheadAttention(8, 2)
+    "2d-mask": ((5, 3, 8), lambda m: {"attn_mask": m.zeros(4, 4)}, RuntimeError,
+                r"The shape of the 2D attn_mask is .*Size\(\[4, 4\]\), but should be \(5, 5\)"),
+    "3d-mask": ((5, 3, 8), lambda m: {"attn_mask": m.zeros(2, 5, 5)}, RuntimeError,
+                r"The shape of the 3D attn_mask is .*Size\(\[2, 5, 5\]\), but should be \(6, 5, 5\)"),
+    "4d-mask": ((5, 3, 8), lambda m: {"attn_mask": m.zeros(1, 1, 5, 5)}, AssertionError,
+                r"For batched \(3-D\) `query`, expected `attn_mask` to be `None`, 2-D or 3-D but found 4-D"),
+    "padding": ((5, 3, 8), lambda m: {"key_padding_mask": m.zeros(3, 4, dtype=m.bool)}, AssertionError, ""),
+    "unbatched-padding": ((5, 8), lambda m: {"key_padding_mask": m.zeros(4, dtype=m.bool)}, AssertionError, ""),
+}
+
+
+@pytest.mark.parametrize("case", MHA_BAD_MASKS)
+def test_multihead_attention_refuses_masks_of_the_wrong_shape_like_torch(case):
+    shape, call, kind, message = MHA_BAD_MASKS[case]
+    for m in (torch, tw):
+        x = m.zeros(*shape)
+        with pytest.raises(kind, match=message):
+            m.nn.MultiheadAttention(8, 2)(x, x, x, **call(m))
+    x = tw.zeros(*shape)
+    with pytest.raises(kind, match=r"MultiheadAttention.*key length 5"):
+        tw.nn.MultiheadAttention(8, 2)(x, x, x, **call(tw))
+
+
+def test_multihead_attention_embed_dim_not_divisible_by_heads_is_torch_assertion():
+    for m in (torch, tw):
+        with pytest.raises(AssertionError, match="embed_dim must be divisible by num_heads"):
+            m.nn.MultiheadAttention(6, 4)
+
+
 @pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
 @pytest.mark.parametrize("variant", ["masks-weights", "masks-no-weights", "per-head-weights", "kdim-vdim",
                                      "unbatched", "causal-encoder"])

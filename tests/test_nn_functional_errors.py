@@ -122,3 +122,100 @@ def test_embedding_and_loss_argument_errors():
         F.binary_cross_entropy(tw.tensor([0.5, 1.5]), tw.tensor([0.0, 1.0]))
     with pytest.raises(ValueError, match=r"'avg' is not a valid value for reduction"):
         F.mse_loss(tw.randn(3), tw.randn(3), reduction="avg")
+
+
+@pytest.mark.parametrize("target_dtype", ["float64", "int64", "float16", "bool"])
+def test_binary_cross_entropy_refuses_a_target_of_another_dtype_like_torch(target_dtype):
+    """An integer label (torch.full((n,), 1) without dtype=) is the usual way to meet this; torch's kernel refuses
+    it, and so must we rather than quietly promote."""
+    import torch
+
+    names = {"float64": "Double", "int64": "Long", "float16": "Half", "bool": "Bool"}
+    for m in (torch, tw):
+        target = m.tensor([1, 0]).to(getattr(m, target_dtype))
+        with pytest.raises(RuntimeError, match=rf"Found dtype {names[target_dtype]} but expected Float"):
+            m.nn.functional.binary_cross_entropy(m.tensor([0.7, 0.2]), target)
+        with pytest.raises(RuntimeError, match=rf"Found dtype {names[target_dtype]} but expected Float"):
+            m.nn.BCELoss(weight=m.tensor([1.0, 2.0]))(m.tensor([0.7, 0.2]), target)
+    with pytest.raises(RuntimeError, match=r"Found dtype Float but expected Double"):
+        F.binary_cross_entropy(tw.tensor([0.5], dtype=tw.float64), tw.tensor([1.0]))
+
+
+def test_binary_cross_entropy_weight_of_another_dtype_keeps_input_dtype_like_torch():
+    import torch
+
+    for weight in ([2.0, 1.0], [2, 1]):
+        ours = F.binary_cross_entropy(tw.tensor([0.7, 0.2]), tw.tensor([1.0, 0.0]),
+                                      weight=tw.tensor(weight, dtype=tw.float64 if weight[1] == 1.0 else tw.int64))
+        theirs = torch.nn.functional.binary_cross_entropy(
+            torch.tensor([0.7, 0.2]), torch.tensor([1.0, 0.0]),
+            weight=torch.tensor(weight, dtype=torch.float64 if weight[1] == 1.0 else torch.int64))
+        assert ours.dtype == tw.float32 and theirs.dtype == torch.float32
+        assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("target_dtype,name", [("int64", "Long"), ("int32", "Int")])
+def test_binary_cross_entropy_with_logits_refuses_an_integer_target_like_torch(target_dtype, name):
+    import torch
+
+    for m in (torch, tw):
+        with pytest.raises(RuntimeError, match=rf"result type Float can't be cast to the desired output type {name}"):
+            m.nn.functional.binary_cross_entropy_with_logits(m.tensor([0.5, -1.0]),
+                                                             m.tensor([1, 0], dtype=getattr(m, target_dtype)))
+
+
+@pytest.mark.parametrize("loss", ["mse_loss", "smooth_l1_loss", "huber_loss"])
+def test_pointwise_losses_take_a_bool_target_or_input_as_torch_does(loss):
+    """torch's mse, smooth_l1 and huber kernels compute in the promoted dtype: a bool counts as 0 and 1."""
+    import torch
+
+    for args in (([0.7, 0.2], [True, False]), ([True, False], [0.7, 0.2])):
+        if loss == "huber_loss" and args[0][0] is True:  # huber's result takes input's dtype
+            for m in (torch, tw):
+                with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type "
+                                                       "Bool"):
+                    m.nn.functional.huber_loss(*(m.tensor(a) for a in args))
+            continue
+        ours = getattr(F, loss)(*(tw.tensor(a) for a in args), reduction="none")
+        theirs = getattr(torch.nn.functional, loss)(*(torch.tensor(a) for a in args), reduction="none")
+        assert ours.dtype == tw.float32 and ours.tolist() == pytest.approx(theirs.tolist())
+    with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with a bool tensor is not supported"):
+        F.l1_loss(tw.tensor([0.7, 0.2]), tw.tensor([True, False]))
+
+
+def test_huber_loss_result_has_input_dtype_like_torch():
+    import torch
+
+    for a, b in ((tw.float32, tw.float64), (tw.float64, tw.float32)):
+        ours = F.huber_loss(tw.tensor([0.7, 3.0], dtype=a), tw.tensor([1.0, 0.0], dtype=b), reduction="none")
+        theirs = torch.nn.functional.huber_loss(torch.tensor([0.7, 3.0], dtype=getattr(torch, a.name)),
+                                                torch.tensor([1.0, 0.0], dtype=getattr(torch, b.name)),
+                                                reduction="none")
+        assert ours.dtype == a and str(theirs.dtype) == f"torch.{a.name}"
+        assert ours.tolist() == pytest.approx(theirs.tolist())
+
+
+@pytest.mark.parametrize("which", ["input", "target"])
+def test_kl_div_refuses_integral_inputs_like_torch(which):
+    import torch
+
+    for m in (torch, tw):
+        x, i = m.tensor([0.7, 0.2]), m.tensor([1, 0])
+        args = (i, x) if which == "input" else (x, i)
+        with pytest.raises(RuntimeError, match="kl_div: Integral inputs not supported"):
+            m.nn.functional.kl_div(*args, reduction="batchmean")
+
+
+@pytest.mark.parametrize("loss", ["nll_loss", "cross_entropy"])
+@pytest.mark.parametrize("target_dtype,name", [("int32", "Int"), ("int16", "Short"), ("bool", "Bool"),
+                                               ("float32", "Float")])
+def test_class_index_losses_take_only_int64_or_uint8_targets_like_torch(loss, target_dtype, name):
+    import torch
+
+    for m in (torch, tw):
+        target = m.tensor([1, 2, 0]).to(getattr(m, target_dtype))
+        with pytest.raises(RuntimeError, match=f"expected target dtype to be Long or Byte, but got {name}"):
+            getattr(m.nn.functional, loss)(m.zeros(3, 5), target)
+    ours = getattr(F, loss)(tw.zeros(3, 5), tw.tensor([1, 2, 0], dtype=tw.uint8))
+    theirs = getattr(torch.nn.functional, loss)(torch.zeros(3, 5), torch.tensor([1, 2, 0], dtype=torch.uint8))
+    assert ours.item() == pytest.approx(theirs.item())

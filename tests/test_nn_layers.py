@@ -192,6 +192,23 @@ def test_reprs_match_torch():
         assert repr(make(tw.nn)) == repr(make(torch.nn))
 
 
+def test_reprs_of_the_models_published_examples_print_match_torch():
+    """DCGAN prints its generator and discriminator, word_language_model its Transformer or RNN model."""
+    makers = [lambda nn: nn.Sequential(nn.ConvTranspose2d(8, 8, 4, 1, 0, bias=False), nn.BatchNorm2d(8), nn.ReLU(True),
+                                       nn.Tanh(), nn.Conv2d(3, 4, 4, 2, 1, bias=False),
+                                       nn.LeakyReLU(0.2, inplace=True), nn.Sigmoid()),
+              lambda nn: nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, 0.2), 1,
+                                               enable_nested_tensor=False),
+              lambda nn: nn.Transformer(d_model=8, nhead=2, dim_feedforward=16, num_encoder_layers=1,
+                                        num_decoder_layers=1),
+              lambda nn: nn.MultiheadAttention(8, 2, batch_first=True),
+              lambda nn: nn.LSTM(4, 4, 2, dropout=0.2), lambda nn: nn.Embedding(10, 4), lambda nn: nn.Dropout(p=0.6)]
+    for make in makers:
+        assert repr(make(tw.nn)) == repr(make(torch.nn))
+    layer = tw.nn.MultiheadAttention(8, 2).out_proj
+    assert type(layer).__name__ == "NonDynamicallyQuantizableLinear" and isinstance(layer, tw.nn.Linear)
+
+
 # ---------------------------------------------------------------------------- lazy modules
 
 LAZY = {

@@ -168,6 +168,38 @@ def test_tensor_dtype_and_shape_inference_like_torch(data):
     assert tuple(ours.shape) == tuple(theirs.shape)
 
 
+TENSORS_IN_LISTS = {  # data built by each framework: a tensor inside a list is one number, of its own dtype
+    "one-element": lambda m: [m.tensor([1.5])],
+    "two-one-element": lambda m: [m.tensor([1.5]), m.tensor([2.0])],
+    "matrix-leaf": lambda m: [m.tensor([[1.5]])],
+    "nested": lambda m: [[m.tensor([1.5])], [m.tensor(2.5)]],
+    "0-d-and-1-d": lambda m: [m.tensor(1), m.tensor([2])],
+    "float64-leaf": lambda m: [m.tensor(1.5, dtype=m.float64), 2.0],
+    "float16-and-int": lambda m: [m.tensor(1.0, dtype=m.float16), 3],
+    "int-leaf-and-float": lambda m: [m.tensor(1), 2.5],
+    "uint8-and-int": lambda m: (m.tensor(1, dtype=m.uint8), 3),
+    "bool-leaf-and-int": lambda m: [m.tensor(True), 2],
+    "numpy-float64-later": lambda m: [1.0, np.float64(2.0)],
+    "numpy-int32-and-float": lambda m: [np.int32(2), 1.5],
+    "numpy-float64-array": lambda m: [np.array([1.0, 2.0]), [3.0, 4.0]],
+}
+
+
+@pytest.mark.parametrize("case", TENSORS_IN_LISTS)
+def test_tensor_of_a_list_holding_tensors_or_numpy_values_like_torch(case):
+    ours, theirs = tw.tensor(TENSORS_IN_LISTS[case](tw)), torch.tensor(TENSORS_IN_LISTS[case](torch))
+    assert ours.dtype.name == str(theirs.dtype).removeprefix("torch.")
+    assert tuple(ours.shape) == tuple(theirs.shape) and ours.tolist() == theirs.tolist()
+
+
+@pytest.mark.parametrize("leaf", [[1.0, 2.0], [], [[1.0]] * 2])
+def test_tensor_of_a_list_holding_a_tensor_of_other_than_one_element_is_refused_like_torch(leaf):
+    with pytest.raises(ValueError, match="only one element tensors can be converted to Python scalars"):
+        torch.tensor([torch.tensor(leaf)])
+    with pytest.raises(ValueError, match=r"only one element tensors .*tensor\(\): .*shape \[.*tilewise.stack"):
+        tw.tensor([tw.tensor(leaf)])
+
+
 def test_host_access():
     ours, theirs = pair((2, 3))
     assert ours.tolist() == theirs.tolist()

@@ -825,10 +825,11 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False, pin_me
         dt = as_dtype(dtype) if dtype is not None else dtype_from_numpy(_supported(data, "tensor").dtype)
         out = made_here(from_array(cast_array(data, dt.np), dt))  # a copy, converted as torch converts (quietly)
     else:
-        if isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in _flatten_first_level(data)):
-            data = _tensors_to_lists(data)
+        typed = _typed_leaves_dtype(data) if isinstance(data, (list, tuple)) else None
+        if typed is not None:
+            data = _tensor_leaves_as_numbers(data)
         arr = _numbers_array(data, "tensor")
-        dt = as_dtype(dtype) if dtype is not None else _infer_dtype(data, arr)
+        dt = as_dtype(dtype) if dtype is not None else typed or _infer_dtype(data, arr)
         out = made_here(from_array(cast_array(_fitted(arr, dt, "tensor"), dt.np), dt))
     if device is not None and as_device(device) is not cpu:
         out = out.to(as_device(device))
@@ -843,19 +844,49 @@ def check_pinnable(device: Device, factory: str) -> None:
                            f"on {device}; only CPU tensors can be pinned")
 
 
-def _flatten_first_level(data):
-    for x in data:
-        if isinstance(x, (list, tuple)):
-            yield from _flatten_first_level(x)
+def _python_number_dtype(x) -> DType:
+    if isinstance(x, (bool, np.bool_)):
+        return dtypes.bool_
+    if isinstance(x, int):
+        return dtypes.int64
+    if isinstance(x, complex):
+        return dtypes.default_complex_dtype()
+    return get_default_dtype()
+
+
+def _typed_leaves_dtype(data) -> DType | None:
+    """[Note: tensors inside lists] torch.tensor infers a nested list's dtype by promoting the type of every leaf:
+    a tensor, numpy array or numpy scalar brings its own dtype (``[tensor(1., dtype=float64), 2.]`` is float64,
+    ``[1., np.float64(2.)]`` too), a Python number the dtype it would have alone. The promoted dtype, where some
+    leaf carries one; None for lists of Python numbers alone, whose inference numpy's array already does."""
+    leaves = list(_leaves(data))
+    if not any(isinstance(x, (Tensor, np.ndarray, np.generic)) for x in leaves):
+        return None
+    out = None
+    for x in leaves:
+        if isinstance(x, Tensor):
+            leaf = x.dtype
+        elif isinstance(x, (np.ndarray, np.generic)) and x.dtype in _NUMPY_DTYPES:
+            leaf = dtype_from_numpy(x.dtype)
+        elif isinstance(x, Number):
+            leaf = _python_number_dtype(x)
         else:
-            yield x
+            return None  # not numbers: _numbers_array names the offending leaf
+        out = leaf if out is None else dtypes.promote_types(out, leaf)
+    return out
 
 
-def _tensors_to_lists(data):
+def _tensor_leaves_as_numbers(data):
+    """A tensor inside a list is one number, as torch reads it (a tensor is not a sequence to torch.tensor):
+    ``[tensor([1.5])]`` has shape (1,), and a leaf of more or fewer than one element is an error."""
     if isinstance(data, Tensor):
-        return data.tolist()
+        if data.numel() != 1:
+            raise ValueError("only one element tensors can be converted to Python scalars (tensor(): a tensor inside "
+                             f"a list is read as one number, but one of shape {list(data.shape)} was given; stack "
+                             "tensors with tilewise.stack instead)")
+        return data.item()
     if isinstance(data, (list, tuple)):
-        return [_tensors_to_lists(x) for x in data]
+        return [_tensor_leaves_as_numbers(x) for x in data]
     return data
 
 

@@ -50,11 +50,11 @@ def _broadcast_pair(op: str, input, target):
 
 def _elementwise_loss(op: str, loss_of_difference, mean_over_weight: bool):
     """A loss of (input - target) per element; an optional per-element weight divides 'mean' by its sum
-    (mse, l1) or, for huber, by the element count, as torch does. ``loss_of_difference`` takes the difference
-    and the broadcast input and target."""
+    (mse, l1) or, for huber, by the element count, as torch does. ``loss_of_difference`` takes the broadcast
+    input and target."""
     def loss_fn(input, target, reduction, weight):
         a, b = _broadcast_pair(op, input, target)
-        loss = loss_of_difference(a - b, a, b)
+        loss = loss_of_difference(a, b)
         if weight is None:
             return _reduce(loss, reduction)
         if tuple(weight.shape) != tuple(input.shape):
@@ -70,8 +70,20 @@ def _elementwise_loss(op: str, loss_of_difference, mean_over_weight: bool):
 
 def _saving_input_and_target(kind: str, parameter: float = 0.0):
     """The per-element loss of (input - target) by ``_pointwise_loss``, which saves input and target as torch's
-    mse_loss, huber_loss and smooth_l1_loss do (changing either in place before backward is an error there)."""
-    return lambda d, a, b: OPS["_pointwise_loss"](a, b, kind, parameter)
+    mse_loss, huber_loss and smooth_l1_loss do (changing either in place before backward is an error there).
+    Their kernels compute in the promoted dtype, so a bool target (or input) counts as 0 and 1 rather than failing
+    as bool subtraction does; huber's result has input's dtype, as torch writes it into a tensor like input."""
+    def loss(a, b):
+        common = dtypes.promote_types(a.dtype, b.dtype)
+        if kind == "huber" and common != a.dtype and not a.dtype.is_floating_point:
+            raise RuntimeError(f"huber_loss: result type {dtypes.c10_name(common)} can't be cast to the desired "
+                               f"output type {dtypes.c10_name(a.dtype)}: the result takes input's dtype, so input "
+                               f"must be floating point, but it is {a.dtype}")
+        out = OPS["_pointwise_loss"](a.to(common) if a.dtype == dtypes.bool_ else a,
+                                     b.to(common) if b.dtype == dtypes.bool_ else b, kind, parameter)
+        return out.to(a.dtype) if kind == "huber" and a.dtype.is_floating_point else out
+
+    return loss
 
 
 def _pointwise_loss_forward(input, target, kind, parameter):
@@ -103,8 +115,13 @@ private("_pointwise_loss(Tensor input, Tensor target, str kind, float parameter)
 private("_pointwise_loss_backward(Tensor grad, Tensor input, Tensor target, str kind, float parameter) -> "
         "(Tensor, Tensor)", _pointwise_loss_backward)
 
-_mse = _elementwise_loss("mse_loss", lambda d, a, b: d * d, True)
-_l1 = _elementwise_loss("l1_loss", lambda d, a, b: d.abs(), True)
+def _squared_difference(a, b):
+    d = a - b
+    return d * d
+
+
+_mse = _elementwise_loss("mse_loss", _squared_difference, True)
+_l1 = _elementwise_loss("l1_loss", lambda a, b: (a - b).abs(), True)
 
 
 def _mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
@@ -158,9 +175,10 @@ functional("huber_loss(Tensor input, Tensor target, str reduction='mean', float 
 
 def _class_layout(op: str, input, target):
     """Class-index targets: (input with classes at dim 1 and a batch dim, int64 target, whether unbatched)."""
-    if target.dtype.is_floating_point or target.dtype.name == "bool":
-        raise RuntimeError(f"{op}: expected a target of class indices with an integer dtype (int64), got "
-                           f"{target.dtype}; class probabilities need a floating target of the input's shape "
+    if target.dtype not in (dtypes.int64, dtypes.uint8):
+        raise RuntimeError(f"{op}: expected target dtype to be Long or Byte, but got {dtypes.c10_name(target.dtype)}"
+                           f": a target of class indices is int64 (or uint8), got {target.dtype}; convert it with "
+                           f"target.long(); class probabilities need a floating target of the input's shape "
                            f"{list(input.shape)}")
     if input.ndim == 0:
         raise ValueError(f"{op}: input must have a class dimension, got a 0-dimensional input")
@@ -378,11 +396,15 @@ def _binary_cross_entropy(input, target, weight=None, size_average=None, reduce=
     if tuple(target.shape) != tuple(input.shape):
         raise ValueError(f"{op}: Using a target size ({list(target.shape)}) that is different to the input size "
                          f"({list(input.shape)}) is deprecated. Please ensure they have the same size.")
+    if target.dtype != input.dtype:  # torch.full((n,), 1) as a label is int64: DCGAN passes dtype= for this
+        raise RuntimeError(f"{op}: Found dtype {dtypes.c10_name(target.dtype)} but expected "
+                           f"{dtypes.c10_name(input.dtype)}: target must have input's dtype ({input.dtype}), but "
+                           f"it is {target.dtype}; convert it with target.to(input.dtype)")
     if concrete_cpu(input) and input.numel() and not bool(((input >= 0) & (input <= 1)).all()):
         raise RuntimeError(f"{op}: all elements of input should be between 0 and 1 (input holds probabilities; for "
                            "logits use binary_cross_entropy_with_logits)")
-    if weight is not None:
-        weight = weight.expand(S.broadcast_shapes(target.shape, weight.shape, op=op))
+    if weight is not None:  # torch scales the loss in place: the result keeps input's dtype
+        weight = weight.expand(S.broadcast_shapes(target.shape, weight.shape, op=op)).to(input.dtype)
     return OPS["_binary_cross_entropy"](input, target, weight, reduction)
 
 
@@ -404,6 +426,12 @@ def _binary_cross_entropy_with_logits(input, target, weight=None, size_average=N
     if tuple(target.shape) != tuple(input.shape):
         raise ValueError(f"binary_cross_entropy_with_logits: Target size ({list(target.shape)}) must be the same as "
                          f"input size ({list(input.shape)})")
+    if not (target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == dtypes.bool_):
+        # torch computes (1 - target).mul_(input) in target's dtype; bool targets fail in the subtraction itself
+        raise RuntimeError(f"binary_cross_entropy_with_logits: result type {dtypes.c10_name(input.dtype)} can't be "
+                           f"cast to the desired output type {dtypes.c10_name(target.dtype)}: the target must be "
+                           f"floating point (probabilities), but it is {target.dtype}; convert it with "
+                           "target.to(input.dtype)")
     return OPS["_binary_cross_entropy_with_logits"](input, target, weight, pos_weight, reduction)
 
 
@@ -451,6 +479,10 @@ functional("binary_cross_entropy_with_logits(Tensor input, Tensor target, Tensor
 
 
 def _kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    if not (input.dtype.is_floating_point or input.dtype.is_complex) or \
+            not (target.dtype.is_floating_point or target.dtype.is_complex):
+        raise RuntimeError(f"kl_div: Integral inputs not supported. (got input {input.dtype} and target "
+                           f"{target.dtype}; kl_div takes log-probabilities and probabilities in a floating dtype)")
     if reduction == "batchmean" and size_average is None and reduce is None:
         mode = "batchmean"
     else:

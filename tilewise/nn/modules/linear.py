@@ -1,4 +1,4 @@
-"""Affine layers: Identity, Linear, Bilinear, and Flatten/Unflatten."""
+"""Affine layers: Identity, Linear (and NonDynamicallyQuantizableLinear), Bilinear, and Flatten/Unflatten."""
 
 from __future__ import annotations
 
@@ -51,6 +51,11 @@ class Linear(Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class NonDynamicallyQuantizableLinear(Linear):
+    """torch's name for MultiheadAttention's output projection (a Linear its quantization tools leave alone); the
+    name shows when a model is printed."""
 
 
 class Bilinear(Module):

@@ -18,7 +18,7 @@ from tilewise.nn import functional as F  # noqa: N812 — torch's spelling
 from tilewise.nn import init
 from tilewise.nn.modules.container import ModuleList
 from tilewise.nn.modules.dropout import Dropout
-from tilewise.nn.modules.linear import Linear
+from tilewise.nn.modules.linear import Linear, NonDynamicallyQuantizableLinear
 from tilewise.nn.modules.module import Module
 from tilewise.nn.modules.normalization import LayerNorm
 from tilewise.nn.parameter import Parameter
@@ -51,9 +51,9 @@ class MultiheadAttention(Module):
                  kdim: int | None = None, vdim: int | None = None, batch_first: bool = False, device=None,
                  dtype=None) -> None:
         super().__init__()
-        if embed_dim % num_heads:
-            raise ValueError(f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible by num_heads "
-                             f"({num_heads})")
+        if embed_dim % num_heads:  # torch asserts this
+            raise AssertionError(f"embed_dim must be divisible by num_heads (MultiheadAttention: embed_dim "
+                                 f"{embed_dim}, num_heads {num_heads})")
         self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
         self.head_dim = embed_dim // num_heads
         self.kdim = kdim if kdim is not None else embed_dim
@@ -74,7 +74,7 @@ class MultiheadAttention(Module):
             self.in_proj_bias = Parameter(empty(3 * embed_dim, **factory))
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **factory)
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
@@ -103,6 +103,25 @@ class MultiheadAttention(Module):
         n, length, _ = x.shape
         return x.view(n, length, self.num_heads, self.head_dim).transpose(1, 2)
 
+    def _check_mask_shapes(self, attn_mask, key_padding_mask, n: int, tgt: int, src: int, unbatched: bool) -> None:
+        """torch's checks, with its exception types: a mask of the wrong shape would otherwise broadcast or fail
+        deep inside the attention with a message about some other operation."""
+        if attn_mask is not None:
+            if attn_mask.dim() not in (2, 3):
+                kind = "unbatched (2-D)" if unbatched else "batched (3-D)"
+                raise AssertionError(f"For {kind} `query`, expected `attn_mask` to be `None`, 2-D or 3-D but found "
+                                     f"{attn_mask.dim()}-D tensor instead (MultiheadAttention: a 2-D mask is (query "
+                                     f"length {tgt}, key length {src}), a 3-D one (batch * heads, {tgt}, {src}))")
+            expected = (tgt, src) if attn_mask.dim() == 2 else (n * self.num_heads, tgt, src)
+            if tuple(attn_mask.shape) != expected:
+                raise RuntimeError(f"The shape of the {attn_mask.dim()}D attn_mask is {attn_mask.shape}, but should "
+                                   f"be {expected}. (MultiheadAttention with {self.num_heads} heads, query length "
+                                   f"{tgt}, key length {src}, batch {n})")
+        if key_padding_mask is not None and tuple(key_padding_mask.shape) != (n, src):
+            shape = tuple(key_padding_mask.shape[1:] if unbatched else key_padding_mask.shape)
+            raise AssertionError(f"expecting key_padding_mask shape of {(src,) if unbatched else (n, src)}, but got "
+                                 f"{shape} (MultiheadAttention: one entry per key, key length {src})")
+
     def _merged_mask(self, attn_mask, key_padding_mask, is_causal: bool, n: int, tgt: int, src: int,
                      dtype) -> Tensor | None:
         if is_causal and attn_mask is None:
@@ -128,6 +147,7 @@ class MultiheadAttention(Module):
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
         n, tgt, _ = query.shape
         src = key.shape[1]
+        self._check_mask_shapes(attn_mask, key_padding_mask, n, tgt, src, unbatched)
         q, k, v = (self._split_heads(t) for t in self._project(query, key, value))
         mask = self._merged_mask(attn_mask, key_padding_mask, is_causal, n, tgt, src, q.dtype)
         dropout_p = self.dropout if self.training else 0.0
@@ -149,9 +169,6 @@ class MultiheadAttention(Module):
             out = out.squeeze(1)
             weights = weights.squeeze(0) if weights is not None else None
         return out, weights
-
-    def extra_repr(self) -> str:
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
 
 
 def _activation(activation: str | Callable) -> Callable:
