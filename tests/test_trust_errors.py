@@ -262,7 +262,7 @@ def test_read_only_numpy_array_warns_like_torch_and_refuses_writes(make):
     assert (t + 1).tolist() == [2.0, 2.0, 2.0]  # reading is fine
     for write, name in ((lambda: t.add_(1), "add_"), (lambda: t.zero_(), "(zero_|fill_)"), (lambda: t.exp_(), "exp_"),
                         (lambda: setitem(t, 0, 5.0), "setitem"),
-                        (lambda: t.index_put_((tw.tensor([0]),), tw.tensor(2.0)), "index_put_")):
+                        (lambda: t.index_put_((tw.tensor([0]),), tw.tensor(2.0, dtype=t.dtype)), "index_put_")):
         with pytest.raises(RuntimeError, match=f"{name}: cannot write .* read-only numpy array .* copy it first"):
             write()
     assert array.tolist() == [1.0, 1.0, 1.0]
