@@ -122,6 +122,20 @@ def test_convert_swaps_linears_keeps_order_and_parameters():
     assert model[0].weight is weight
 
 
+def test_convert_swaps_linear_subclasses_once():
+    """torchao swaps every ``isinstance(mod, nn.Linear)`` (an attention's output projection, a user's subclass);
+    a layer already converted stays as it is."""
+    class Tagged(tw.nn.Linear):
+        pass
+
+    model = tw.nn.Sequential(Tagged(32, 32), tw.nn.MultiheadAttention(32, 2))
+    convert_to_float8_training(model)
+    assert type(model[0]) is Float8Linear and type(model[1].out_proj) is Float8Linear
+    converted = model[0]
+    convert_to_float8_training(model)
+    assert model[0] is converted
+
+
 def test_shapes_not_multiple_of_16_name_the_requirement():
     with pytest.raises(ValueError, match="in_features is 30, not a multiple of 16.*module_filter_fn"):
         convert_to_float8_training(tw.nn.Linear(30, 32))

@@ -34,7 +34,9 @@ def convert_to_float8_training(module: Module, *, module_filter_fn: Callable[[Mo
     config = config or Float8LinearConfig()
 
     def swap(mod: Module, fqn: str) -> Module:
-        if type(mod) is Linear and (module_filter_fn is None or module_filter_fn(mod, fqn)):
+        # every Linear, subclasses too (torchao's isinstance), but not one already converted
+        if isinstance(mod, Linear) and not isinstance(mod, Float8Linear) and (
+                module_filter_fn is None or module_filter_fn(mod, fqn)):
             return Float8Linear.from_float(mod, config)
         for name, child in list(mod.named_children()):
             new = swap(child, f"{fqn}.{name}" if fqn else name)
