@@ -129,8 +129,12 @@ def test_convert_swaps_linear_subclasses_once():
         pass
 
     model = tw.nn.Sequential(Tagged(32, 32), tw.nn.MultiheadAttention(32, 2))
+    x = tw.randn(16, 2, 32)
+    before = model[1](x, x, x)[0]
     convert_to_float8_training(model)
     assert type(model[0]) is Float8Linear and type(model[1].out_proj) is Float8Linear
+    # attention reads the projection's weight, not its module, as torch's does: its result is unchanged
+    assert tw.equal(model[1](x, x, x)[0], before)
     converted = model[0]
     convert_to_float8_training(model)
     assert model[0] is converted

@@ -162,7 +162,9 @@ class MultiheadAttention(Module):
                 weights = weights.mean(1)
         else:
             heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        out = self.out_proj(heads.transpose(1, 2).reshape(n, tgt, self.embed_dim))
+        # the projection's weight and bias, not its module (as torch's): its hooks and a swap of its class
+        # (convert_to_float8_training) leave attention as it is
+        out = F.linear(heads.transpose(1, 2).reshape(n, tgt, self.embed_dim), self.out_proj.weight, self.out_proj.bias)
         if not self.batch_first or unbatched:
             out = out.transpose(0, 1)
         if unbatched:
