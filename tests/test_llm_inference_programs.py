@@ -395,3 +395,290 @@ def test_llama_reference_generation_in_bfloat16_matches_torch():
     ours, theirs = run_both(llama_program, draws_tolerance=(BF16_RTOL, 1e-3), attention="sdpa_float",
                             temperature=1.0, top_p=None, dtype=real_torch.bfloat16)
     assert_same(ours, theirs, BF16_RTOL, BF16_ATOL)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# HuggingFace-style Llama (modeling_llama.py before its Cache classes: tuples of key/value tensors grown with torch.cat),
+# a left-padded batch, and the generation loop of GenerationMixin with its logits processors
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int = 67
+    hidden_size: int = 32
+    intermediate_size: int = 48
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    attn_implementation: str = "eager"  # eager, sdpa, sdpa_bool
+
+
+def hf_program(torch, init, attn_implementation="eager", do_sample=False, temperature=1.0, top_k=0, top_p=1.0,
+               repetition_penalty=1.0, eos_token_id=None, max_new_tokens=8):
+    nn = torch.nn
+
+    class LlamaRMSNorm(nn.Module):
+        def __init__(self, hidden_size, eps=1e-6):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(hidden_size))
+            self.variance_epsilon = eps
+
+        def forward(self, hidden_states):
+            input_dtype = hidden_states.dtype
+            hidden_states = hidden_states.to(torch.float32)
+            variance = hidden_states.pow(2).mean(-1, keepdim=True)
+            hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+            return self.weight * hidden_states.to(input_dtype)
+
+    class LlamaRotaryEmbedding(nn.Module):
+        def __init__(self, dim, base=10000):
+            super().__init__()
+            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+            self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+        @torch.no_grad()
+        def forward(self, x, position_ids):
+            inv_freq_expanded = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+            position_ids_expanded = position_ids[:, None, :].float()
+            freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos = emb.cos()
+            sin = emb.sin()
+            return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+    def rotate_half(x):
+        """Rotates half the hidden dims of the input."""
+        x1 = x[..., : x.shape[-1] // 2]
+        x2 = x[..., x.shape[-1] // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        cos = cos.unsqueeze(unsqueeze_dim)
+        sin = sin.unsqueeze(unsqueeze_dim)
+        q_embed = (q * cos) + (rotate_half(q) * sin)
+        k_embed = (k * cos) + (rotate_half(k) * sin)
+        return q_embed, k_embed
+
+    def repeat_kv(hidden_states, n_rep):
+        batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+        if n_rep == 1:
+            return hidden_states
+        hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+        return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+    class LlamaMLP(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+            self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+            self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+            self.act_fn = nn.SiLU()
+
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    class LlamaAttention(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.num_heads = config.num_attention_heads
+            self.head_dim = config.hidden_size // self.num_heads
+            self.num_key_value_heads = config.num_key_value_heads
+            self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+            self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+            self.k_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=False)
+            self.v_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=False)
+            self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+        def forward(self, hidden_states, attention_mask, position_embeddings, past_key_value):
+            bsz, q_len, _ = hidden_states.size()
+            query_states = self.q_proj(hidden_states).view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+            key_states = self.k_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+            value_states = self.v_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+            cos, sin = position_embeddings
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+            if past_key_value is not None:
+                key_states = torch.cat([past_key_value[0], key_states], dim=2)
+                value_states = torch.cat([past_key_value[1], value_states], dim=2)
+            past_key_value = (key_states, value_states)
+
+            key_states = repeat_kv(key_states, self.num_key_value_groups)
+            value_states = repeat_kv(value_states, self.num_key_value_groups)
+            if self.config.attn_implementation == "eager":
+                attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(self.head_dim)
+                causal_mask = attention_mask[:, :, :, : key_states.shape[-2]]
+                attn_weights = attn_weights + causal_mask
+                attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_states.dtype)
+                attn_output = torch.matmul(attn_weights, value_states)
+            else:
+                attn_output = torch.nn.functional.scaled_dot_product_attention(
+                    query_states.contiguous(), key_states.contiguous(), value_states.contiguous(),
+                    attn_mask=attention_mask, dropout_p=0.0)
+            attn_output = attn_output.transpose(1, 2).contiguous()
+            attn_output = attn_output.reshape(bsz, q_len, -1)
+            return self.o_proj(attn_output), past_key_value
+
+    class LlamaDecoderLayer(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.self_attn = LlamaAttention(config)
+            self.mlp = LlamaMLP(config)
+            self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+        def forward(self, hidden_states, attention_mask, position_embeddings, past_key_value):
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+            hidden_states, present = self.self_attn(hidden_states, attention_mask, position_embeddings, past_key_value)
+            hidden_states = residual + hidden_states
+            residual = hidden_states
+            hidden_states = self.post_attention_layernorm(hidden_states)
+            hidden_states = self.mlp(hidden_states)
+            hidden_states = residual + hidden_states
+            return hidden_states, present
+
+    def _make_causal_mask(input_ids_shape, dtype, device, past_key_values_length=0):
+        bsz, tgt_len = input_ids_shape
+        mask = torch.full((tgt_len, tgt_len), torch.finfo(dtype).min, device=device)
+        mask_cond = torch.arange(mask.size(-1), device=device)
+        mask.masked_fill_(mask_cond < (mask_cond + 1).view(mask.size(-1), 1), 0)
+        mask = mask.to(dtype)
+        if past_key_values_length > 0:
+            mask = torch.cat([torch.zeros(tgt_len, past_key_values_length, dtype=dtype, device=device), mask], dim=-1)
+        return mask[None, None, :, :].expand(bsz, 1, tgt_len, tgt_len + past_key_values_length)
+
+    def _expand_mask(mask, dtype, tgt_len=None):
+        bsz, src_len = mask.size()
+        tgt_len = tgt_len if tgt_len is not None else src_len
+        expanded_mask = mask[:, None, None, :].expand(bsz, 1, tgt_len, src_len).to(dtype)
+        inverted_mask = 1.0 - expanded_mask
+        return inverted_mask.masked_fill(inverted_mask.to(torch.bool), torch.finfo(dtype).min)
+
+    def _bool_mask(attention_mask, q_len):
+        kv_len = attention_mask.shape[-1]
+        causal = torch.ones(q_len, kv_len, dtype=torch.bool).tril(diagonal=kv_len - q_len)
+        allowed = causal[None, None, :, :] & attention_mask[:, None, None, :].bool()
+        # rows that may attend to nothing (padding queries) attend to everything, as _unmask_unattended does
+        return allowed | ~torch.any(allowed, dim=-1, keepdim=True)
+
+    class LlamaForCausalLM(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.layers = nn.ModuleList([LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers)])
+            self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            self.rotary_emb = LlamaRotaryEmbedding(config.hidden_size // config.num_attention_heads,
+                                                   base=config.rope_theta)
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+        def forward(self, input_ids, attention_mask, position_ids, past_key_values=None):
+            inputs_embeds = self.embed_tokens(input_ids)
+            batch_size, seq_length = input_ids.shape
+            past_length = 0 if past_key_values is None else past_key_values[0][0].shape[2]
+            if self.config.attn_implementation == "sdpa_bool":
+                mask = _bool_mask(attention_mask, seq_length)
+            else:
+                mask = _expand_mask(attention_mask, inputs_embeds.dtype, tgt_len=seq_length)
+                if seq_length > 1:
+                    mask = mask + _make_causal_mask((batch_size, seq_length), inputs_embeds.dtype,
+                                                    inputs_embeds.device, past_length)
+            hidden_states = inputs_embeds
+            position_embeddings = self.rotary_emb(hidden_states, position_ids)
+            presents = ()
+            for idx, decoder_layer in enumerate(self.layers):
+                past = past_key_values[idx] if past_key_values is not None else None
+                hidden_states, present = decoder_layer(hidden_states, mask, position_embeddings, past)
+                presents += (present,)
+            hidden_states = self.norm(hidden_states)
+            logits = self.lm_head(hidden_states)
+            logits = logits.float()
+            return logits, presents
+
+    # logits processors
+    def repetition_penalty_processor(input_ids, scores, penalty):
+        score = torch.gather(scores, 1, input_ids)
+        score = torch.where(score < 0, score * penalty, score / penalty)
+        return scores.scatter(1, input_ids, score)
+
+    def top_k_top_p_filtering(logits, top_k=0, top_p=1.0, filter_value=-float("Inf"), min_tokens_to_keep=1):
+        if top_k > 0:
+            top_k = min(max(top_k, min_tokens_to_keep), logits.size(-1))  # Safety check
+            indices_to_remove = logits < torch.topk(logits, top_k)[0][..., -1, None]
+            logits[indices_to_remove] = filter_value
+        if top_p < 1.0:
+            sorted_logits, sorted_indices = torch.sort(logits, descending=True)
+            cumulative_probs = torch.cumsum(torch.nn.functional.softmax(sorted_logits, dim=-1), dim=-1)
+            sorted_indices_to_remove = cumulative_probs > top_p
+            if min_tokens_to_keep > 1:
+                sorted_indices_to_remove[..., :min_tokens_to_keep] = 0
+            sorted_indices_to_remove[..., 1:] = sorted_indices_to_remove[..., :-1].clone()
+            sorted_indices_to_remove[..., 0] = 0
+            indices_to_remove = sorted_indices_to_remove.scatter(1, sorted_indices, sorted_indices_to_remove)
+            logits[indices_to_remove] = filter_value
+        return logits
+
+    config = LlamaConfig(attn_implementation=attn_implementation)
+    model = LlamaForCausalLM(config)
+    init = load_from(torch, model, init)
+    model.eval()
+
+    # a left-padded batch, as a tokenizer with padding_side="left" gives it
+    pad_token_id = 0
+    input_ids = torch.tensor([[0, 0, 0, 11, 12, 13], [21, 22, 23, 24, 25, 26], [0, 31, 32, 33, 34, 35]])
+    attention_mask = (input_ids != pad_token_id).long()
+    eos = torch.tensor(eos_token_id or [], dtype=torch.long)
+    batch_size = input_ids.shape[0]
+    unfinished_sequences = torch.ones(batch_size, dtype=torch.long, device=input_ids.device)
+    past_key_values = None
+    logits_per_step, keys_per_step, positions_per_step = [], [], []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            # prepare_inputs_for_generation
+            position_ids = attention_mask.long().cumsum(-1) - 1
+            position_ids.masked_fill_(attention_mask == 0, 1)
+            if past_key_values is not None:
+                model_input_ids = input_ids[:, -1:]
+                position_ids = position_ids[:, -input_ids.shape[1] + past_key_values[0][0].shape[2]:]
+            else:
+                model_input_ids = input_ids
+            logits, past_key_values = model(model_input_ids, attention_mask, position_ids, past_key_values)
+            logits_per_step.append(as_numpy(logits))
+            keys_per_step.append(as_numpy(past_key_values[-1][0]))
+            positions_per_step.append(as_numpy(position_ids))
+
+            next_token_logits = logits[:, -1, :].clone().float()
+            next_token_scores = next_token_logits
+            if repetition_penalty != 1.0:
+                next_token_scores = repetition_penalty_processor(input_ids, next_token_scores, repetition_penalty)
+            if do_sample:
+                next_token_scores = next_token_scores / temperature
+                next_token_scores = top_k_top_p_filtering(next_token_scores, top_k=top_k, top_p=top_p)
+                probs = nn.functional.softmax(next_token_scores, dim=-1)
+                next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
+            else:
+                next_tokens = torch.argmax(next_token_scores, dim=-1)
+            next_tokens = next_tokens * unfinished_sequences + pad_token_id * (1 - unfinished_sequences)
+            input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=-1)
+            unfinished_sequences = unfinished_sequences & ~torch.isin(input_ids[:, -1], eos)
+            if unfinished_sequences.max() == 0:
+                break
+    return {"init": init, "logits": logits_per_step, "keys": keys_per_step, "position_ids": positions_per_step,
+            "sequences": as_numpy(input_ids), "unfinished": as_numpy(unfinished_sequences)}
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa", "sdpa_bool"])
+def test_hf_style_greedy_generation_with_left_padding_matches_torch(attn_implementation):
+    ours, theirs = run_both(hf_program, attn_implementation=attn_implementation, repetition_penalty=1.3)
+    assert_same(ours, theirs)
+
+
+def test_hf_style_sampling_with_top_k_top_p_and_eos_matches_torch():
+    ours, theirs = run_both(hf_program, do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.2,
+                            eos_token_id=[61, 51, 45], max_new_tokens=10)
+    assert_same(ours, theirs)
+    assert len(theirs["logits"]) < 10, "every sequence was to reach an end-of-sequence token"
+    assert (theirs["sequences"][:, -1] == 0).sum() == 2, "the sequences that ended first continue with padding"
