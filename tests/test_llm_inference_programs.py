@@ -43,6 +43,10 @@ def as_numpy(value):
     return value.detach().cpu().numpy().copy()
 
 
+def dtype_name(tensor):
+    return str(tensor.dtype).split(".")[-1]
+
+
 class Draws:
     """torch's multinomial draws with the probabilities they were drawn from, replayed to the tilewise run."""
 
@@ -55,12 +59,12 @@ class Draws:
         def multinomial(input, num_samples, replacement=False, *, generator=None):
             drawn = framework.multinomial(input, num_samples, replacement, generator=generator)
             if framework is real_torch:
-                self.records.append((as_numpy(input), as_numpy(drawn), str(input.dtype).split(".")[-1]))
+                self.records.append((as_numpy(input), as_numpy(drawn), dtype_name(input)))
                 return drawn
             assert self.cursor < len(self.records), "tilewise drew more often than torch"
             probs, expected, dtype = self.records[self.cursor]
             self.cursor += 1
-            assert str(input.dtype).split(".")[-1] == dtype, f"draw {self.cursor}: probabilities in {input.dtype}"
+            assert dtype_name(input) == dtype, f"draw {self.cursor}: probabilities in {input.dtype}"
             np.testing.assert_allclose(as_numpy(input), probs, rtol=self.rtol, atol=self.atol,
                                        err_msg=f"draw {self.cursor}: the probabilities differ from torch's")
             assert tuple(drawn.shape) == expected.shape and str(drawn.dtype) == "tilewise.int64"
@@ -116,7 +120,7 @@ def assert_same(ours, theirs, rtol=RTOL, atol=ATOL):
 def compare(got, expected, rtol, atol, name):
     got, expected = np.asarray(got), np.asarray(expected)
     assert got.shape == expected.shape, f"{name}: shape {got.shape}, torch {expected.shape}"
-    if expected.dtype.kind in "biu":
+    if expected.dtype.kind in "biuU":
         np.testing.assert_array_equal(got, expected, err_msg=name)
     else:
         np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, err_msg=name)
@@ -372,8 +376,9 @@ def llama_program(torch, init, attention="matmul", kv_repeat="expand", temperatu
             prev_pos = cur_pos
             if all(eos_reached):
                 break
+    cache_v = model.layers[0].attention.cache_v
     return {"init": init, "logits": logits_per_step, "cache_k": caches_per_step, "tokens": as_numpy(tokens),
-            "cache_v": as_numpy(model.layers[0].attention.cache_v)}
+            "cache_v": as_numpy(cache_v), "dtypes": [dtype_name(logits), dtype_name(cache_v)]}
 
 
 @pytest.mark.parametrize(("attention", "kv_repeat"), [
@@ -682,3 +687,197 @@ def test_hf_style_sampling_with_top_k_top_p_and_eos_matches_torch():
     assert_same(ours, theirs)
     assert len(theirs["logits"]) < 10, "every sequence was to reach an end-of-sequence token"
     assert (theirs["sequences"][:, -1] == 0).sum() == 2, "the sequences that ended first continue with padding"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# nanoGPT (model.py and sample.py), with a tiny config
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 12
+    vocab_size: int = 53
+    n_layer: int = 2
+    n_head: int = 2
+    n_embd: int = 32
+    dropout: float = 0.0
+    bias: bool = True
+
+
+def nanogpt_program(torch, init, flash=True, dtype="float32", temperature=0.8, top_k=200, max_new_tokens=10):
+    nn, F = torch.nn, torch.nn.functional
+
+    class LayerNorm(nn.Module):
+        """ LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False """
+
+        def __init__(self, ndim, bias):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(ndim))
+            self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+        def forward(self, input):
+            return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            assert config.n_embd % config.n_head == 0
+            self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+            self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+            self.attn_dropout = nn.Dropout(config.dropout)
+            self.resid_dropout = nn.Dropout(config.dropout)
+            self.n_head = config.n_head
+            self.n_embd = config.n_embd
+            self.dropout = config.dropout
+            self.flash = flash and hasattr(torch.nn.functional, "scaled_dot_product_attention")
+            if not self.flash:
+                self.register_buffer("bias", torch.tril(torch.ones(config.block_size, config.block_size))
+                                     .view(1, 1, config.block_size, config.block_size))
+
+        def forward(self, x):
+            B, T, C = x.size()
+            q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+            k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+            q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+            v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+            if self.flash:
+                y = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0, is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+                att = F.softmax(att, dim=-1)
+                att = self.attn_dropout(att)
+                y = att @ v  # (B, nh, T, T) x (B, nh, T, hs) -> (B, nh, T, hs)
+            y = y.transpose(1, 2).contiguous().view(B, T, C)
+            y = self.resid_dropout(self.c_proj(y))
+            return y
+
+    class MLP(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+            self.gelu = nn.GELU()
+            self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+            self.dropout = nn.Dropout(config.dropout)
+
+        def forward(self, x):
+            return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+    class Block(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+            self.attn = CausalSelfAttention(config)
+            self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+            self.mlp = MLP(config)
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            x = x + self.mlp(self.ln_2(x))
+            return x
+
+    class GPT(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.transformer = nn.ModuleDict(dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            ))
+            self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+            self.transformer.wte.weight = self.lm_head.weight  # https://paperswithcode.com/method/weight-tying
+            self.apply(self._init_weights)
+            for pn, p in self.named_parameters():
+                if pn.endswith("c_proj.weight"):
+                    torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+        def _init_weights(self, module):
+            if isinstance(module, nn.Linear):
+                torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if module.bias is not None:
+                    torch.nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+        def forward(self, idx, targets=None):
+            device = idx.device
+            b, t = idx.size()
+            assert t <= self.config.block_size, f"Cannot forward sequence of length {t}"
+            pos = torch.arange(0, t, dtype=torch.long, device=device)  # shape (t)
+            tok_emb = self.transformer.wte(idx)  # token embeddings of shape (b, t, n_embd)
+            pos_emb = self.transformer.wpe(pos)  # position embeddings of shape (t, n_embd)
+            x = self.transformer.drop(tok_emb + pos_emb)
+            for block in self.transformer.h:
+                x = block(x)
+            x = self.transformer.ln_f(x)
+            if targets is not None:
+                logits = self.lm_head(x)
+                loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            else:
+                # inference-time mini-optimization: only forward the lm_head on the very last position
+                logits = self.lm_head(x[:, [-1], :])  # note: using list [-1] to preserve the time dim
+                loss = None
+            return logits, loss
+
+        @torch.no_grad()
+        def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+            for _ in range(max_new_tokens):
+                # if the sequence context is growing too long we must crop it at block_size
+                idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
+                logits, _ = self(idx_cond)
+                logits_per_step.append(as_numpy(logits))
+                last_logits[:] = [logits]
+                logits = logits[:, -1, :] / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("Inf")
+                probs = F.softmax(logits, dim=-1)
+                idx_next = torch.multinomial(probs, num_samples=1)
+                idx = torch.cat((idx, idx_next), dim=1)
+            return idx
+
+    # sample.py
+    seed = 1337
+    device = "cpu"
+    torch.manual_seed(seed)
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True  # allow tf32 on matmul
+    torch.backends.cudnn.allow_tf32 = True  # allow tf32 on cudnn
+    device_type = "cuda" if "cuda" in device else "cpu"  # for later use in torch.autocast
+    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    ctx = nullcontext() if ptdtype == torch.float32 else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+
+    model = GPT(GPTConfig())
+    init = load_from(torch, model, init)
+    model.eval()
+    model.to(device)
+    logits_per_step, last_logits = [], []
+    start_ids = [3, 14, 15, 9, 26]
+    x = (torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...])
+    samples = []
+    try:
+        with torch.no_grad():
+            with ctx:
+                for _k in range(2):
+                    y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k)
+                    samples.append(y[0].tolist())
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    return {"init": init, "logits": logits_per_step, "samples": np.array(samples),
+            "dtypes": [dtype_name(logits) for logits in last_logits]}
+
+
+@pytest.mark.parametrize("flash", [True, False])
+def test_nanogpt_sample_matches_torch(flash):
+    # ten new tokens after five: the context is cropped to block_size for the last three steps
+    ours, theirs = run_both(nanogpt_program, flash=flash, top_k=5)
+    assert_same(ours, theirs)
+
+
+def test_nanogpt_sample_under_bfloat16_autocast_matches_torch():
+    ours, theirs = run_both(nanogpt_program, draws_tolerance=(BF16_RTOL, 1e-3), dtype="bfloat16")
+    assert_same(ours, theirs, BF16_RTOL, BF16_ATOL)
