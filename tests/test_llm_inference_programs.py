@@ -403,7 +403,7 @@ def test_llama_reference_generation_in_bfloat16_matches_torch():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# HuggingFace-style Llama (modeling_llama.py before its Cache classes: tuples of key/value tensors grown with torch.cat),
+# HuggingFace-style Llama (modeling_llama.py before its Cache classes: key/value tuples grown with torch.cat),
 # a left-padded batch, and the generation loop of GenerationMixin with its logits processors
 
 
