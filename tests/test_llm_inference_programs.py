@@ -120,7 +120,7 @@ def assert_same(ours, theirs, rtol=RTOL, atol=ATOL):
 def compare(got, expected, rtol, atol, name):
     got, expected = np.asarray(got), np.asarray(expected)
     assert got.shape == expected.shape, f"{name}: shape {got.shape}, torch {expected.shape}"
-    if expected.dtype.kind in "biuU":
+    if expected.dtype.kind in "biuU?":
         np.testing.assert_array_equal(got, expected, err_msg=name)
     else:
         np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, err_msg=name)
@@ -148,7 +148,8 @@ class ModelArgs:
     kv_repeat: str = "expand"  # expand (Llama), repeat_interleave (Mistral)
 
 
-def llama_program(torch, init, attention="matmul", kv_repeat="expand", temperature=0.0, top_p=0.9, dtype=None):
+def llama_program(torch, init, attention="matmul", kv_repeat="expand", temperature=0.0, top_p=0.9, dtype=None,
+                  autocast=False, stop_tokens=None):
     nn, F = torch.nn, torch.nn.functional
 
     class RMSNorm(torch.nn.Module):
@@ -355,7 +356,10 @@ def llama_program(torch, init, attention="matmul", kv_repeat="expand", temperatu
     prev_pos = 0
     eos_reached = torch.tensor([False] * bsz)
     input_text_mask = tokens != pad_id
-    with torch.inference_mode():
+    if stop_tokens is not None:  # Llama 3's generation.py
+        stop_tokens = torch.tensor(stop_tokens)
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else nullcontext()
+    with torch.inference_mode(), ctx:
         for cur_pos in range(min_prompt_len, total_len):
             logits = model.forward(tokens[:, prev_pos:cur_pos], prev_pos)
             logits_per_step.append(as_numpy(logits))
@@ -372,13 +376,18 @@ def llama_program(torch, init, attention="matmul", kv_repeat="expand", temperatu
             # only replace token if prompt has already been generated
             next_token = torch.where(input_text_mask[:, cur_pos], tokens[:, cur_pos], next_token)
             tokens[:, cur_pos] = next_token
-            eos_reached |= (~input_text_mask[:, cur_pos]) & (next_token == eos_id)
+            if stop_tokens is None:
+                eos_reached |= (~input_text_mask[:, cur_pos]) & (next_token == eos_id)
+            else:
+                eos_reached |= (~input_text_mask[:, cur_pos]) & (torch.isin(next_token, stop_tokens))
             prev_pos = cur_pos
             if all(eos_reached):
                 break
     cache_v = model.layers[0].attention.cache_v
+    inference = [t.is_inference() for t in (logits, tokens, cache_v, model.freqs_cis, model.output.weight)]
     return {"init": init, "logits": logits_per_step, "cache_k": caches_per_step, "tokens": as_numpy(tokens),
-            "cache_v": as_numpy(cache_v), "dtypes": [dtype_name(logits), dtype_name(cache_v)]}
+            "cache_v": as_numpy(cache_v), "dtypes": [dtype_name(logits), dtype_name(cache_v)],
+            "inference": np.array(inference)}
 
 
 @pytest.mark.parametrize(("attention", "kv_repeat"), [
@@ -387,6 +396,18 @@ def llama_program(torch, init, attention="matmul", kv_repeat="expand", temperatu
 def test_llama_reference_generation_greedy_matches_torch(attention, kv_repeat):
     ours, theirs = run_both(llama_program, attention=attention, kv_repeat=kv_repeat)
     assert_same(ours, theirs)
+
+
+def test_llama_reference_generation_stops_on_stop_tokens_as_torch():
+    ours, theirs = run_both(llama_program, stop_tokens=[35, 13])
+    assert_same(ours, theirs)
+    assert len(theirs["logits"]) == 8, "every sequence was to reach a stop token before the length limit"
+
+
+def test_llama_reference_generation_under_bfloat16_autocast_matches_torch():
+    ours, theirs = run_both(llama_program, draws_tolerance=(BF16_RTOL, 1e-3), attention="sdpa_causal",
+                            temperature=1.0, top_p=None, autocast=True)
+    assert_same(ours, theirs, BF16_RTOL, BF16_ATOL)
 
 
 def test_llama_reference_generation_top_p_sampling_matches_torch():
