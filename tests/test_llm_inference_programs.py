@@ -335,6 +335,7 @@ def llama_program(torch, init, attention="matmul", kv_repeat="expand", temperatu
     model = Transformer(args)
     init = load_from(torch, model, init)
     if dtype is not None:
+        dtype = getattr(torch, dtype)
         model.to(dtype)
         for layer in model.layers:  # the reference code allocates its caches in the default dtype, then
             layer.attention.cache_k = layer.attention.cache_k.to(dtype)  # moves them as it writes
@@ -419,7 +420,7 @@ def test_llama_reference_generation_in_bfloat16_matches_torch():
     # sampled at temperature 1 from every token in vocabulary order, so that the two runs follow torch's tokens however
     # bfloat16 rounds (after a sort, near-equal probabilities may change places)
     ours, theirs = run_both(llama_program, draws_tolerance=(BF16_RTOL, 1e-3), attention="sdpa_float",
-                            temperature=1.0, top_p=None, dtype=real_torch.bfloat16)
+                            temperature=1.0, top_p=None, dtype="bfloat16")
     assert_same(ours, theirs, BF16_RTOL, BF16_ATOL)
 
 
@@ -442,7 +443,7 @@ class LlamaConfig:
 
 
 def hf_program(torch, init, attn_implementation="eager", do_sample=False, temperature=1.0, top_k=0, top_p=1.0,
-               repetition_penalty=1.0, eos_token_id=None, max_new_tokens=8):
+               repetition_penalty=1.0, eos_token_id=None, max_new_tokens=8, dtype=None):
     nn = torch.nn
 
     class LlamaRMSNorm(nn.Module):
@@ -650,6 +651,8 @@ def hf_program(torch, init, attn_implementation="eager", do_sample=False, temper
     model = LlamaForCausalLM(config)
     init = load_from(torch, model, init)
     model.eval()
+    if dtype is not None:
+        model.to(getattr(torch, dtype))
 
     # a left-padded batch, as a tokenizer with padding_side="left" gives it
     pad_token_id = 0
@@ -693,13 +696,22 @@ def hf_program(torch, init, attn_implementation="eager", do_sample=False, temper
             if unfinished_sequences.max() == 0:
                 break
     return {"init": init, "logits": logits_per_step, "keys": keys_per_step, "position_ids": positions_per_step,
-            "sequences": as_numpy(input_ids), "unfinished": as_numpy(unfinished_sequences)}
+            "sequences": as_numpy(input_ids), "unfinished": as_numpy(unfinished_sequences),
+            "dtypes": [dtype_name(t) for t in (logits, past_key_values[0][0], model.rotary_emb.inv_freq)]}
 
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa", "sdpa_bool"])
 def test_hf_style_greedy_generation_with_left_padding_matches_torch(attn_implementation):
     ours, theirs = run_both(hf_program, attn_implementation=attn_implementation, repetition_penalty=1.3)
     assert_same(ours, theirs)
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_hf_style_generation_in_bfloat16_matches_torch(attn_implementation):
+    # masks from torch.finfo(torch.bfloat16).min; sampled over the whole vocabulary so that both runs follow torch
+    ours, theirs = run_both(hf_program, draws_tolerance=(BF16_RTOL, 1e-3), attn_implementation=attn_implementation,
+                            do_sample=True, dtype="bfloat16")
+    assert_same(ours, theirs, BF16_RTOL, BF16_ATOL)
 
 
 def test_hf_style_sampling_with_top_k_top_p_and_eos_matches_torch():
