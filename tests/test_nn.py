@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -463,6 +464,38 @@ def test_to_dtype_keeps_parameter_identity():
     assert optimizer.param_groups[0]["params"][0] is weight
     model.float()
     assert weight.dtype is tw.float32
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64", "complex64", "complex128"])
+def test_module_to_casts_complex_buffers_and_accepts_complex_dtypes_as_torch(dtype):
+    # a rotary table kept as a complex buffer (Llama's freqs_cis) is cast by model.to(dtype) like a float one
+    def run(lib):
+        model = lib.nn.Linear(2, 2)
+        angles = lib.outer(lib.arange(3.0), lib.tensor([1.0, 0.5]))
+        model.register_buffer("freqs_cis", lib.polar(lib.ones_like(angles), angles), persistent=False)
+        model.register_buffer("steps", lib.arange(3))
+        with pytest.warns(UserWarning) as caught:
+            model.to(getattr(lib, dtype))
+            warnings.warn("a marker, so that pytest.warns holds one warning at least", UserWarning, stacklevel=1)
+        # torch says "Casting complex values to real discards the imaginary part" once a process; tilewise each time
+        messages = [str(w.message).split(" Please file")[0] for w in caught if "Casting complex" not in str(w.message)]
+        if lib is tw:
+            assert any("Casting complex" in str(w.message) for w in caught) == (not dtype.startswith("complex"))
+        state = {name: (str(t.dtype).split(".")[-1], t.tolist()) for name, t in model.named_buffers()}
+        return state, str(model.weight.dtype).split(".")[-1], messages
+
+    ours, theirs = run(tw), run(torch)
+    assert ours[1:] == theirs[1:]
+    assert ours[0].keys() == theirs[0].keys()
+    for name, (got_dtype, got) in ours[0].items():
+        assert got_dtype == theirs[0][name][0], name
+        np.testing.assert_allclose(np.array(got), np.array(theirs[0][name][1]), rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_module_to_refuses_an_integer_dtype_naming_the_valid_kinds():
+    with pytest.raises(TypeError, match=r"nn.Module.to only accepts floating point or complex dtypes, but got "
+                                        r"desired dtype=tilewise.int64"):
+        tw.nn.Linear(2, 2).to(tw.int64)
 
 
 def test_deepcopy_gives_independent_parameters():

@@ -87,6 +87,29 @@ def test_sdpa_other_argument_errors():
                                        enable_gqa=True)
 
 
+@pytest.mark.parametrize(("query_dtype", "mask_dtype"), [
+    ("float32", "float64"), ("float32", "bfloat16"), ("bfloat16", "float16"), ("bfloat16", "float64"),
+    ("float32", "int64"), ("bfloat16", "float32"), ("float64", "float32"), ("bfloat16", "bfloat16"),
+    ("float32", "bool")])
+def test_sdpa_attn_mask_dtype_is_bool_float32_or_the_querys_as_in_torch(query_dtype, mask_dtype):
+    import torch
+
+    def attend(lib):
+        q = lib.ones(1, 2, 3, 4, dtype=getattr(lib, query_dtype))
+        mask = lib.zeros(3, 3, dtype=getattr(lib, mask_dtype))
+        return lib.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+    try:
+        expected = attend(torch)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match=rf"scaled_dot_product_attention: Expected attn_mask dtype to be bool "
+                                               rf"or float or to match query dtype, but got attn_mask.dtype: "
+                                               rf"tilewise.{mask_dtype} and query.dtype: tilewise.{query_dtype}"):
+            attend(tw)
+    else:
+        assert str(attend(tw).dtype) == str(expected.dtype).replace("torch", "tilewise")
+
+
 def test_normalization_argument_errors():
     with pytest.raises(RuntimeError, match=r"running_mean must be defined in evaluation mode"):
         F.batch_norm(tw.randn(4, 3), None, None, training=False)

@@ -8,6 +8,8 @@ loads (see [Note: methods from above] in ``tensor.py``). The spellings built on 
 
 from __future__ import annotations
 
+import warnings
+
 from tilewise import strides as S
 from tilewise.dtypes import DType
 from tilewise.layouts import preserve_format
@@ -20,6 +22,8 @@ def to(self: Tensor, *args, **kwargs) -> Tensor:
     device, dtype, non_blocking, copy, memory_format = _parse_to(self, *args, **kwargs)
     out = self
     casts = dtype is not None and dtype is not self._dtype
+    if casts and self._dtype.is_complex and not dtype.is_complex:
+        warnings.warn("Casting complex values to real discards the imaginary part", UserWarning, stacklevel=2)
     if memory_format is preserve_format:
         memory_format = None
     if device is not None and device is not self._device:

@@ -467,7 +467,7 @@ private("_embedding_backward(Tensor grad, Tensor indices, int num_weights, int? 
 
 # ============================================================================ attention
 
-def _check_attention(query, key, value, dropout_p, enable_gqa) -> None:
+def _check_attention(query, key, value, attn_mask, dropout_p, enable_gqa) -> None:
     op = "scaled_dot_product_attention"
     if min(query.ndim, key.ndim, value.ndim) < 2:
         raise RuntimeError(f"{op}: query, key and value need at least 2 dims (..., L or S, E), got query "
@@ -482,6 +482,9 @@ def _check_attention(query, key, value, dropout_p, enable_gqa) -> None:
     if not (query.dtype is key.dtype is value.dtype):
         raise RuntimeError(f"{op}: Expected query, key, and value to have the same dtype, but got query.dtype: "
                            f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
+    if attn_mask is not None and attn_mask.dtype.name not in ("bool", "float32", query.dtype.name):
+        raise RuntimeError(f"{op}: Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+                           f"attn_mask.dtype: {attn_mask.dtype} and query.dtype: {query.dtype} instead.")
     check_dropout_p(dropout_p, op)
     if enable_gqa:
         if min(query.ndim, key.ndim, value.ndim) < 3 or key.shape[-3] != value.shape[-3] or \
@@ -595,7 +598,7 @@ def _check_backend_enabled(device) -> None:
 
 def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                   enable_gqa=False):
-    _check_attention(query, key, value, dropout_p, enable_gqa)
+    _check_attention(query, key, value, attn_mask, dropout_p, enable_gqa)
     _check_backend_enabled(query.device)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     if enable_gqa:

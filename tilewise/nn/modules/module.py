@@ -11,6 +11,7 @@ so that optimizers and hooks that hold a parameter keep holding the moved one.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
@@ -465,18 +466,24 @@ class Module:
 
     def to(self, *args, **kwargs) -> Module:
         """Move and/or cast parameters and buffers: ``to(device)``, ``to(dtype)``, ``to(device, dtype)``,
-        ``to(tensor)``, ``to(memory_format=...)``. Only floating-point tensors change dtype and only 4-d and 5-d
-        ones change memory format, as in torch."""
+        ``to(tensor)``, ``to(memory_format=...)``. Only floating-point and complex tensors change dtype (a
+        complex buffer cast to a real dtype keeps its real part) and only 4-d and 5-d ones change memory format, as
+        in torch."""
         from tilewise.tensor import _parse_to
 
         device, dtype, non_blocking, _, memory_format = _parse_to(None, *args, **kwargs)
-        if dtype is not None and not dtype.is_floating_point:
-            raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired dtype={dtype}")
+        if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+            raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, but got desired "
+                            f"dtype={dtype}")
+        if dtype is not None and dtype.is_complex:
+            warnings.warn("Complex modules are a new feature under active development whose design may change, and "
+                          "some modules might not work as expected when using complex tensors as parameters or "
+                          "buffers.", UserWarning, stacklevel=2)
 
         def convert(t: Tensor) -> Tensor:
             layout = {"memory_format": memory_format} if memory_format is not None and t.dim() in (4, 5) else {}
-            return t.to(device=device, dtype=dtype if t.is_floating_point() else None, non_blocking=non_blocking,
-                        **layout)
+            cast = dtype if t.is_floating_point() or t.is_complex() else None
+            return t.to(device=device, dtype=cast, non_blocking=non_blocking, **layout)
 
         return self._apply(convert)
 
