@@ -34,7 +34,7 @@ _AUTOCAST_FP32 = frozenset({
     "linalg_solve", "linalg_inv", "linalg_inv_ex", "inverse", "linalg_cholesky",
     "linalg_cholesky_ex", "cholesky", "cholesky_solve", "cholesky_inverse", "linalg_qr", "qr", "linalg_svd", "svd",
     "linalg_svdvals", "linalg_eigh", "linalg_eigvalsh", "linalg_lstsq", "pinverse", "linalg_matrix_rank",
-    "linalg_tensorinv", "linalg_tensorsolve", "triangular_solve"})
+    "linalg_tensorinv", "linalg_tensorsolve", "triangular_solve", "linalg_householder_product", "orgqr"})
 
 
 def _matrix_power_on_cpu(op, args) -> str | None:
