@@ -87,6 +87,15 @@ def power(op, args) -> tuple[DType, DType]:
     return numeric(op, args) if hasattr(args[1], "dtype") else promote(op, args)
 
 
+def no_negative_integer_power(op, args) -> None:
+    """pow's check: an integer or bool tensor to a negative Python-int power is refused, as torch does (a tensor
+    of negative exponents gives 1 / base rounded toward zero instead)."""
+    base, exponent = args[0], args[1]
+    if type(exponent) is int and exponent < 0 and getattr(base, "dtype", dtypes.float32).category < dtypes.FLOAT:
+        raise RuntimeError(f"Integers to negative integer powers are not allowed. ({op.name}: a {base.dtype.name} "
+                           f"tensor to the power {exponent}; make the base floating, e.g. .double(), for fractions)")
+
+
 def promote_float(op, args) -> tuple[DType, DType]:
     """Integer inputs give the default float dtype (exp, sqrt, true division, ...)."""
     out = to_float(result_type(*_operands(op, args)))

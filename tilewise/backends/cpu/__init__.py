@@ -96,8 +96,8 @@ def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
             entry = _compiled[(op,)] = _static_kernels(op)
         return _pick_static(entry, args)
     variant = tuple(a for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
-    present = tuple(args[k] is not None for k in op.tensor_idx)
-    key = (op, variant, present, compute_dtype)
+    present = tuple(None if args[k] is None else getattr(args[k], "_dtype", True) for k in op.tensor_idx)
+    key = (op, variant, present, compute_dtype)  # a builder may read its inputs' dtypes (nan_to_num's extremes)
     entry = _compiled.get(key)
     if entry is None:
         expr = builder(args, compute_dtype)
@@ -333,9 +333,7 @@ def run_reduction(op, args: tuple):
     a = x._np()
     if a.dtype is not compute.np and a.dtype != compute.np:
         a = a.astype(compute.np)
-    if op.reduce in ("max", "min") and any(x._shape[d] == 0 for d in dims):
-        raise IndexError(f"{op.name}(): Expected reduction dim {dims[0]} to have non-zero size; the input has shape "
-                         f"{list(x._shape)}. Specify an identity or reduce over a non-empty dim.")
+    # max and min over an empty dim never reach here (see [Note: empty reductions]).
     # NaN and inf propagate silently, as in torch; a 0-dim input's result is a new tensor all the same
     res = np.asarray(run_quietly(reduce, [a])) if x._shape else a.copy()
     if res.dtype is out_dtype.np and res.flags.c_contiguous:
