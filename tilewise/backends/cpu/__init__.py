@@ -23,7 +23,7 @@ from tilewise.backends.cpu.render import render_numpy, run_quietly, single_ufunc
 from tilewise.config import settings
 from tilewise.device import Backend, Device
 from tilewise.dtypes import ALL as ALL_DTYPES
-from tilewise.dtypes import get_default_dtype
+from tilewise.dtypes import bfloat16, float16, get_default_dtype, result_type
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, inputs_of
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
@@ -232,10 +232,40 @@ def run_pointwise(op, args: tuple):
     cnp = compute.np
     fn, scalar_idx = pointwise_fn(op, args, compute)
     values = [_as_compute(args[k], cnp, op) for k in op.tensor_idx]
+    if cnp is _FLOAT32 and op.dtype_rule in _COMMON_DTYPE_RULES:
+        _round_to_common_half(op, args, values)
     names = op.schema.params
     for k in scalar_idx:
         values.append(R.checked_scalar_argument(op, names[k].name, args[k], out_dtype))
     return _torch_layout(_result(run_quietly(fn, values), shape, out_dtype), op, args)
+
+
+_FLOAT32 = np.dtype(np.float32)
+_HALVES = (float16, bfloat16)
+_COMMON_DTYPE_RULES = _OPERAND_RULES | {R.clamp_rule}  # rules whose operands torch casts to one common dtype
+
+
+def _round_to_common_half(op, args: tuple, values: list) -> None:
+    """torch casts operands to their common dtype before a float16/bfloat16 kernel computes in float32: a Python
+    number or an integer tensor beside a half tensor is first rounded to that half (``half_tensor == 0.1``
+    compares with 0.1 rounded to float16, so it is True for a tensor made from 0.1; 70000 becomes inf).
+    ``values`` (the operands in the compute dtype) are rounded in place. Comparisons round a 0-dim tensor of
+    another dtype too; torch's add, sub, mul and div read it at its own precision, so there it is left alone."""
+    for k in op.tensor_idx:
+        a = args[k]
+        if type(a) is Tensor and a._dtype in _HALVES:
+            break
+    else:
+        return
+    common = result_type(*[args[k] for k in op.tensor_idx if args[k] is not None])
+    if common not in _HALVES:
+        return
+    for position, k in enumerate(op.tensor_idx):
+        a = args[k]
+        if type(a) in _PYTHON_NUMBERS or type(a) is Tensor and a._dtype is not common and (
+                a._shape or op.dtype_rule is R.compare):
+            with np.errstate(over="ignore"):
+                values[position] = values[position].astype(common.np).astype(_FLOAT32)
 
 
 def _torch_layout(out: Tensor, op, args: tuple) -> Tensor:
