@@ -210,10 +210,11 @@ _add(PROMOTION, {
     "div(3)": lambda m, x: x / 3, "div(0.1)": lambda m, x: x / 0.1, "add(2**40)": lambda m, x: x + 2**40,
     "eq(0.1)": lambda m, x: x == 0.1, "lt(1/3)": lambda m, x: x < 1 / 3, "ge(70000)": lambda m, x: x >= 70000,
     "ne(1e-8)": lambda m, x: x != 1e-8, "eq(0-d 0.1)": lambda m, x: x == m.tensor(0.1),
-    "lt(0-d f64)": lambda m, x: x < m.tensor(1 / 3, dtype=m.float64), "add(0-d f64)": lambda m, x: x + m.tensor(
-        1 / 3, dtype=m.float64), "mul(0-d i64)": lambda m, x: x * m.tensor(3), "add(0-d bool)": lambda m, x: x + m.tensor(
-        True), "add(int32)": lambda m, x: x + _other(x).to(m.int32), "mul(float16)": lambda m, x: x * _other(x).to(
-        m.float16), "sub(bfloat16)": lambda m, x: x.to(m.float16) - _other(x).to(m.bfloat16),
+    "lt(0-d f64)": lambda m, x: x < m.tensor(1 / 3, dtype=m.float64),
+    "add(0-d f64)": lambda m, x: x + m.tensor(1 / 3, dtype=m.float64),
+    "mul(0-d i64)": lambda m, x: x * m.tensor(3), "add(0-d bool)": lambda m, x: x + m.tensor(True),
+    "add(int32)": lambda m, x: x + _other(x).to(m.int32), "mul(float16)": lambda m, x: x * _other(x).to(m.float16),
+    "sub(bfloat16)": lambda m, x: x.to(m.float16) - _other(x).to(m.bfloat16),
     "add(uint8,int8)": lambda m, x: x.to(m.uint8) + _other(x).to(m.int8),
     "where(0.1)": lambda m, x: m.where(x > 0, x, 0.1), "where(2)": lambda m, x: m.where(x > 0, 2, x),
     "maximum(0-d f64)": lambda m, x: m.maximum(x, m.tensor(0.1, dtype=m.float64)),
@@ -259,6 +260,26 @@ FAMILIES = {"reductions": REDUCTIONS, "sorting": SORTING, "integers": INTEGER_AR
 def test_edge_inputs_match_torch(family):
     found = mismatches(FAMILIES[family])
     assert not found, f"{len(found)} mismatches:\n" + "\n".join(found[:200])
+
+
+# calls whose C/CUDA helpers changed with the eager fixes: compiled (the C target here) as eager, on the rows of
+# every edge pattern at once
+COMPILED = {"sign": INTEGER_ARITHMETIC, "sgn": INTEGER_ARITHMETIC, "remainder": INTEGER_ARITHMETIC,
+            "remainder(-1)": INTEGER_ARITHMETIC, "pow(tensor)": INTEGER_ARITHMETIC, "nan_to_num": COMPARISONS}
+
+
+@pytest.mark.parametrize("label", COMPILED)
+def test_compiled_pointwise_on_edge_inputs_matches_torch(label):
+    case = COMPILED[label][label]
+    compiled = tw.compile(lambda x: case.call(tw, x))
+    found = []
+    for dtype in sorted(set(case.dtypes) & {"float16", "float32", "float64", "int8", "int64"}):
+        ours, theirs = pair(edge_arrays(dtype)["matrix"], dtype)
+        difference = differences(outcome(lambda m, x: compiled(x), tw, ours), outcome(case.call, torch, theirs),
+                                 case.ulps, case.zero_sign)
+        if difference:
+            found.append(f"compiled {label} {dtype}: {difference}")
+    assert not found, "\n".join(found)
 
 
 if __name__ == "__main__":
