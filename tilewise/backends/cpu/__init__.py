@@ -23,7 +23,7 @@ from tilewise.backends.cpu.render import render_numpy, run_quietly, single_ufunc
 from tilewise.config import settings
 from tilewise.device import Backend, Device
 from tilewise.dtypes import ALL as ALL_DTYPES
-from tilewise.dtypes import bfloat16, float16, get_default_dtype, result_type
+from tilewise.dtypes import get_default_dtype
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, inputs_of
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
@@ -232,7 +232,7 @@ def run_pointwise(op, args: tuple):
     cnp = compute.np
     fn, scalar_idx = pointwise_fn(op, args, compute)
     values = [_as_compute(args[k], cnp, op) for k in op.tensor_idx]
-    if cnp is _FLOAT32 and op.dtype_rule in _COMMON_DTYPE_RULES:
+    if cnp is _FLOAT32:
         _round_to_common_half(op, args, values)
     names = op.schema.params
     for k in scalar_idx:
@@ -241,29 +241,15 @@ def run_pointwise(op, args: tuple):
 
 
 _FLOAT32 = np.dtype(np.float32)
-_HALVES = (float16, bfloat16)
-_COMMON_DTYPE_RULES = _OPERAND_RULES | {R.clamp_rule}  # rules whose operands torch casts to one common dtype
 
 
 def _round_to_common_half(op, args: tuple, values: list) -> None:
-    """torch casts operands to their common dtype before a float16/bfloat16 kernel computes in float32: a Python
-    number or an integer tensor beside a half tensor is first rounded to that half (``half_tensor == 0.1``
-    compares with 0.1 rounded to float16, so it is True for a tensor made from 0.1; 70000 becomes inf).
-    ``values`` (the operands in the compute dtype) are rounded in place. Comparisons round a 0-dim tensor of
-    another dtype too; torch's add, sub, mul and div read it at its own precision, so there it is left alone."""
-    for k in op.tensor_idx:
-        a = args[k]
-        if type(a) is Tensor and a._dtype in _HALVES:
-            break
-    else:
-        return
-    common = result_type(*[args[k] for k in op.tensor_idx if args[k] is not None])
-    if common not in _HALVES:
+    """``values`` (the operands in float32) rounded in place as torch rounds them: see [Note: half operands]."""
+    common = R.common_half(op, args, op.tensor_idx)
+    if common is None:
         return
     for position, k in enumerate(op.tensor_idx):
-        a = args[k]
-        if type(a) in _PYTHON_NUMBERS or type(a) is Tensor and a._dtype is not common and (
-                a._shape or op.dtype_rule is R.compare):
+        if args[k] is not None and R.rounds_to_common(op, args[k], common):
             with np.errstate(over="ignore"):
                 values[position] = values[position].astype(common.np).astype(_FLOAT32)
 
