@@ -277,6 +277,8 @@ def run(op, args: tuple):
         a = args[k]
         if type(a) is Tensor and a._dtype.is_storage_only:
             _refuse_storage_only(op, a)
+    if op.check is not None:
+        op.check(op, args)
     if STATE.vmap:
         out = batch(op, args)
         if out is not NOT_BATCHED:

@@ -87,6 +87,15 @@ def power(op, args) -> tuple[DType, DType]:
     return numeric(op, args) if hasattr(args[1], "dtype") else promote(op, args)
 
 
+def no_negative_integer_power(op, args) -> None:
+    """pow's check: an integer or bool tensor to a negative Python-int power is refused, as torch does (a tensor
+    of negative exponents gives 1 / base rounded toward zero instead)."""
+    base, exponent = args[0], args[1]
+    if type(exponent) is int and exponent < 0 and getattr(base, "dtype", dtypes.float32).category < dtypes.FLOAT:
+        raise RuntimeError(f"Integers to negative integer powers are not allowed. ({op.name}: a {base.dtype.name} "
+                           f"tensor to the power {exponent}; make the base floating, e.g. .double(), for fractions)")
+
+
 def promote_float(op, args) -> tuple[DType, DType]:
     """Integer inputs give the default float dtype (exp, sqrt, true division, ...)."""
     out = to_float(result_type(*_operands(op, args)))
@@ -206,3 +215,34 @@ def checked_scalar_argument(op, name: str, value, out: DType):
             raise RuntimeError(f"{op.name}: Boolean alpha only supported for Boolean results (got alpha={value}, "
                                f"result dtype {out.name})")
     return dtypes.checked_scalar(value, out, op.name) if out.category == dtypes.INT else value
+
+
+# [Note: half operands] torch casts every operand to the operands' common dtype before a float16/bfloat16 kernel
+# computes in float32: a Python number or an integer tensor beside a half tensor is first rounded to that half
+# (``half_tensor == 0.1`` compares with 0.1 rounded to float16, so it is True for a tensor made from 0.1; 70000
+# becomes inf). Comparisons round a 0-dim tensor of another dtype too; torch's add, sub, mul and div read one at
+# its own precision. Eager kernels ask these two functions; the compiler rounds Python numbers (a compiled kernel
+# computes halves in float32 and rounds only what it stores, so it does not round tensor operands yet).
+_HALVES = (dtypes.float16, dtypes.bfloat16)
+_COMMON_DTYPE_RULES = frozenset({promote, promote_float, compare, first_input, negation, subtraction, numeric, power,
+                                 floating_only, clamp_rule})  # the rules of operators whose operands torch casts
+
+
+def common_half(op, args, tensor_idx) -> DType | None:
+    """The float16/bfloat16 that ``op``'s operands (``args`` at ``tensor_idx``) are rounded to before computing,
+    or None."""
+    if op.dtype_rule not in _COMMON_DTYPE_RULES:
+        return None
+    if not any(getattr(args[k], "dtype", None) in _HALVES for k in tensor_idx):
+        return None
+    common = result_type(*[args[k] for k in tensor_idx if args[k] is not None])
+    return common if common in _HALVES else None
+
+
+def rounds_to_common(op, operand, common: DType) -> bool:
+    """Whether ``operand`` (a Python number or a tensor-like) is rounded to ``common`` before the kernel reads it."""
+    if type(operand) in (int, float, bool):
+        return True
+    dtype = getattr(operand, "dtype", None)
+    return dtype is not None and dtype is not common and (len(operand.shape) > 0 or op.dtype_rule is compare)
+

@@ -106,7 +106,8 @@ def _div_dtype(op, args):
 
 
 def _nan_to_num(args, dtype):
-    return nan_to_num_expr(_in(0), args[1], args[2], args[3], dtype)
+    # the default replacements are the extremes of the input's dtype, not of the (wider) dtype it is computed in
+    return nan_to_num_expr(_in(0), args[1], args[2], args[3], args[0].dtype if dtype.is_floating_point else dtype)
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -139,7 +140,7 @@ pointwise("fmod(Tensor self, Tensor other) -> Tensor", lambda a, b: a.fmod(b),
 pointwise("pow(Tensor self, Tensor exponent) -> Tensor", lambda a, b: a ** b,
           {"self": "grad * exponent * where(exponent == 0, ones_like(self), self ** (exponent - 1))",
            "exponent": "grad * where((self == 0) & (exponent >= 0), zeros_like(result), result * log(self))"},
-          R.power, dunder=("pow",), autocast={"cuda": "fp32"})
+          R.power, dunder=("pow",), autocast={"cuda": "fp32"}, check=R.no_negative_integer_power)
 pointwise("rpow(Tensor self, Tensor other) -> Tensor", lambda a, b: b ** a,
           {"self": "grad * result * log(other)", "other": "grad * self * other ** (self - 1)"}, R.numeric,
           method=False, inplace=False, dunder=("rpow",), autocast={"cuda": "fp32"})

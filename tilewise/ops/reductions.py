@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from math import prod
 
+from tilewise import dtypes
 from tilewise import strides as S
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.formulas import HELPERS, grad_expanded
@@ -24,6 +25,55 @@ def reduced_count(shape, dim) -> int:
     return prod(shape[d] for d in dims)
 
 
+# ---------------------------------------------------------------- reductions without an identity
+# [Note: empty reductions] max, argmax, kthvalue, median, mode and the like have no value for an empty slice:
+# torch refuses a reduction over the whole of an empty tensor (a RuntimeError, an IndexError for argmax/argmin)
+# and one along a dim of size 0 (an IndexError), but reduces an empty tensor along a dim of non-zero size to an
+# empty result. One check, run by the dispatcher on every call (``check=``), gives every backend these rules.
+def reduced_dims_given(dim) -> tuple | None:
+    """The dims a reduction's ``dim`` argument names as given (negative ones kept, for torch's messages), or None
+    for the whole tensor."""
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
+        return None
+    return tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
+
+
+def check_nonempty_reduction(name: str, shape: tuple, dim, whole_error: type = RuntimeError) -> None:
+    dims = reduced_dims_given(dim)
+    if dims is None:
+        if prod(shape) == 0:
+            raise whole_error(f"{name}(): Expected reduction dim to be specified for input.numel() == 0 (the input "
+                              f"has shape {list(shape)}). Specify the reduction dim with the 'dim' argument: there is "
+                              "no identity to give an empty reduction.")
+        return
+    for d in dims:
+        if shape and shape[S.normalize_dim(d, len(shape), name)] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size (the input has shape "
+                             f"{list(shape)}); reduce along a dim of non-zero size.")
+
+
+def nonempty_reduction(dim_position: int | None = 1, whole_error: type = RuntimeError):
+    """The ``check=`` of a reduction without an identity whose dim is argument ``dim_position`` (None: no dim)."""
+    def check(op, args: tuple) -> None:
+        shape = args[0]._shape
+        if 0 not in shape:  # every call but those on empty tensors: nothing to refuse
+            return
+        dim = args[dim_position] if dim_position is not None and len(args) > dim_position else None
+        check_nonempty_reduction(op.name, tuple(shape), dim, whole_error)
+    return check
+
+
+_NONEMPTY = nonempty_reduction()
+_NONEMPTY_INDEX = nonempty_reduction(whole_error=IndexError)
+
+
+def _check_arg_reduction(op, args: tuple) -> None:
+    """argmax/argmin: torch refuses bool input (before looking at its size), then applies [Note: empty reductions]."""
+    if args[0].dtype.category == dtypes.BOOL:
+        raise RuntimeError(f"{op.name}(): does not support bool input (convert it first, e.g. x.to(tilewise.uint8))")
+    _NONEMPTY_INDEX(op, args)
+
+
 # ---------------------------------------------------------------- primitives
 reduction("sum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", "add",
           {"self": "expand_reduced(grad, self_shape, dim, keepdim)"}, R.reduction_sum, autocast={"cuda": "fp32"},
@@ -33,22 +83,24 @@ reduction("prod(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType
           fwd="prod_jvp(self, self_t, result, dim, keepdim)")
 reduction("amax(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "max",
           {"self": "minmax_backward(grad, self, result, dim, keepdim)"},
-          fwd="amaxamin_jvp(self, self_t, result, dim, keepdim)")
+          fwd="amaxamin_jvp(self, self_t, result, dim, keepdim)", check=_NONEMPTY)
 reduction("amin(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "min",
           {"self": "minmax_backward(grad, self, result, dim, keepdim)"},
-          fwd="amaxamin_jvp(self, self_t, result, dim, keepdim)")
+          fwd="amaxamin_jvp(self, self_t, result, dim, keepdim)", check=_NONEMPTY)
 reduction("any(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "or", None, R.logical,
           differentiable=False)
 reduction("all(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "and", None, R.logical,
           differentiable=False)
-reduction("argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor", None, None, differentiable=False)
-reduction("argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor", None, None, differentiable=False)
+reduction("argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor", None, None, differentiable=False,
+          check=_check_arg_reduction)
+reduction("argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor", None, None, differentiable=False,
+          check=_check_arg_reduction)
 reduction("max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)", None,
           {"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"}, nondiff_outputs=(1,),
-          fwd="selected_jvp(self_t, dim, result[1], keepdim)")
+          fwd="selected_jvp(self_t, dim, result[1], keepdim)", check=_NONEMPTY)
 reduction("min.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)", None,
           {"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"}, nondiff_outputs=(1,),
-          fwd="selected_jvp(self_t, dim, result[1], keepdim)")
+          fwd="selected_jvp(self_t, dim, result[1], keepdim)", check=_NONEMPTY)
 
 
 # ---------------------------------------------------------------- composites
@@ -61,10 +113,10 @@ def _min_all(self):
 
 
 composite("max(Tensor self) -> Tensor", _max_all, {"self": "evenly_distribute_backward(grad, self, result)"},
-          fwd="evenly_read_jvp(self_t, self, result)")
+          fwd="evenly_read_jvp(self_t, self, result)", check=_NONEMPTY)
 composite("max.other(Tensor self, Tensor other) -> Tensor", lambda self, other: self.maximum(other))
 composite("min(Tensor self) -> Tensor", _min_all, {"self": "evenly_distribute_backward(grad, self, result)"},
-          fwd="evenly_read_jvp(self_t, self, result)")
+          fwd="evenly_read_jvp(self_t, self, result)", check=_NONEMPTY)
 composite("min.other(Tensor self, Tensor other) -> Tensor", lambda self, other: self.minimum(other))
 
 
@@ -219,6 +271,8 @@ def _logsumexp(self, dim, keepdim=False):
 
     if not self.dtype.is_floating_point:
         self = self.float()
+    if self.numel() == 0:  # torch: an empty sum's log, -inf (amax, below, has no identity)
+        return self.exp().sum(dim, keepdim).log()
     with no_grad():
         m = self.amax(dim, keepdim=True)
         m = m.masked_fill(m.isinf(), 0.0)
@@ -234,6 +288,9 @@ composite("logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor", _l
 
 def _norm(self, p=2, dim=None, keepdim=False, dtype=None):
     x = self if dtype is None else self.to(dtype)
+    if x.dtype.itemsize == 2 and x.is_floating_point() and p != "nuc":  # torch accumulates halves in float32:
+        return _norm(x.float(), p, dim, keepdim).to(x.dtype)  # squares of 300 or of 1e-4 stay finite and nonzero
+    _check_norm_identity(x, p, dim)
     if p == "nuc":  # torch.norm's matrix order: the nuclear norm over two dims (the last two by default)
         from tilewise.ops.registry import OPS
 
@@ -251,6 +308,21 @@ def _norm(self, p=2, dim=None, keepdim=False, dtype=None):
     if p == 0:
         return (x != 0).to(x.dtype).sum(dim, keepdim)
     return (x.abs() ** p).sum(dim, keepdim) ** (1.0 / p)
+
+
+def _check_norm_identity(x, p, dim) -> None:
+    """torch's vector_norm refuses an empty reduction for the orders without an identity (inf, -inf, p < 0)."""
+    if isinstance(p, str) or p is None or p >= 0 and p != float("inf"):
+        return
+    dims = reduced_dims_given(dim)
+    if dims is None and x.numel() == 0:
+        raise RuntimeError(f"linalg.vector_norm cannot compute the {p} norm on an empty tensor because the operation "
+                           f"does not have an identity (input shape {list(x.shape)})")
+    for d in dims or ():
+        if x.ndim and x.shape[S.normalize_dim(d, x.ndim, "norm")] == 0:
+            raise RuntimeError(f"linalg.vector_norm cannot compute the {p} norm on the dimension {d} because this "
+                               f"dimension is empty and the operation does not have an identity (input shape "
+                               f"{list(x.shape)})")
 
 
 composite("norm(Tensor self, Any? p=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",

@@ -130,6 +130,9 @@ class OpDef:
     list_idx: tuple[int, ...] = ()
     saved_params: frozenset[str] = frozenset()
     saves_result: bool = False
+    # a check of argument values that a dtype rule (kept per operand signature by the backends) cannot see, such
+    # as the sign of a Python-number exponent; run by the dispatcher on every call, before any backend
+    check: Callable | None = None
     attrs: dict = field(default_factory=dict)
     _param_names: tuple[str, ...] | None = field(default=None, repr=False)
 
@@ -182,7 +185,7 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
             grad: dict[str, str | None] | None = None, decomposition: Callable | None = None,
             view: Callable | None = None, reduce: str | None = None, differentiable: bool | None = None,
             nondiff_outputs: tuple[int, ...] = (), autocast: str | None = None, fwd: str | None = None, doc: str = "",
-            **attrs) -> OpDef:
+            check: Callable | None = None, **attrs) -> OpDef:
     if kind not in KINDS:
         raise ValueError(f"unknown operator kind {kind!r}; kinds: {KINDS}")
     s = parse_schema(schema)
@@ -202,7 +205,7 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
     op = OpDef(
         schema=s, kind=kind, dtype_rule=dtype, derivatives=derivatives, decomposition=decomposition, view=view,
         reduce=reduce, differentiable=(bool(grad) or kind == "composite") if differentiable is None else differentiable,
-        nondiff_outputs=nondiff_outputs, autocast=autocast, doc=doc, attrs=attrs,
+        nondiff_outputs=nondiff_outputs, autocast=autocast, doc=doc, check=check, attrs=attrs,
         forward=compile_forward_formula(fwd, s) if fwd is not None else None,
         saved_params=frozenset(n for n in uses if n in param_names), saves_result="result" in uses,
     )

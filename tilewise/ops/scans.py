@@ -18,6 +18,7 @@ from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import shift_dims
 from tilewise.ops.batching_rules import searchsorted_rule
 from tilewise.ops.formulas import HELPERS
+from tilewise.ops.reductions import nonempty_reduction
 from tilewise.ops.registry import OPS, declare
 
 # ---------------------------------------------------------------- derivative helpers
@@ -196,9 +197,6 @@ def _median_dim(self, dim, keepdim=False):
     read back at the index, where the derivative sends the gradient, NaN or not."""
     d = S.normalize_dim(dim, self.ndim, "median")
     n = self.shape[d] if self.ndim else 1
-    if n == 0:
-        raise IndexError(f"median(): expected reduction dim {d} to have non-zero size; the input has shape "
-                         f"{list(self.shape)}")
     k = (n - 1) // 2 + 1
     if not self.dtype.is_floating_point or self.ndim == 0:
         return _kthvalue(self, k, d, keepdim)
@@ -224,6 +222,7 @@ declare("argsort(Tensor self, int dim=-1, bool descending=False, *, bool stable=
         decomposition=_argsort, differentiable=False)
 declare("kthvalue(Tensor self, int k, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)",
         "composite", decomposition=_kthvalue, grad={"self": _PICKED_ALONG_DIM}, nondiff_outputs=(1,),
+        check=nonempty_reduction(dim_position=2),
         doc="The ``k``-th smallest element along ``dim`` (1-based) and its position.",
         fwd="selected_jvp(self_t, dim, result[1], keepdim)")
 declare("median(Tensor self) -> Tensor", "composite", decomposition=_median,
@@ -231,6 +230,6 @@ declare("median(Tensor self) -> Tensor", "composite", decomposition=_median,
         doc="The lower median of all elements; its gradient is shared evenly among the elements equal to it (among "
             "the NaNs when it is NaN).")
 declare("median.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",
-        decomposition=_median_dim, grad={"self": _PICKED_ALONG_DIM}, nondiff_outputs=(1,),
+        decomposition=_median_dim, grad={"self": _PICKED_ALONG_DIM}, nondiff_outputs=(1,), check=nonempty_reduction(),
         doc="The lower median along ``dim`` and its position.",
         fwd="selected_jvp(self_t, dim, result[1], keepdim)")

@@ -16,6 +16,7 @@ from tilewise.dispatch import values_readable
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import dynamic_shape, loop, shift_dims
 from tilewise.ops.formulas import HELPERS
+from tilewise.ops.reductions import nonempty_reduction
 from tilewise.ops.registry import call, declare
 from tilewise.tensor import Tensor
 
@@ -178,7 +179,8 @@ composite("nansum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarTy
           fwd="nansum_jvp(self, self_t, dim, keepdim)")
 composite("nanmean(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
           _nanmean)
-composite("aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor min, Tensor max)", _aminmax)
+composite("aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor min, Tensor max)", _aminmax,
+          check=nonempty_reduction())
 
 
 def logcumsumexp_backward(grad, self, result, dim):
@@ -275,7 +277,7 @@ def _quantile(self, q, dim=None, keepdim=False, interpolation="linear", ignore_n
         weights = ranks - below if interpolation == "linear" else (ranks > below).to(self.dtype) * 0.5
         values = values.lerp(above, weights)
     out = values.movedim(-1, 0)  # (len(q), reduced dims...)
-    if keepdim:
+    if keepdim and self.ndim:  # a 0-dim input keeps no dim
         out = out.reshape((q.numel(), *((1,) * self.ndim))) if dim is None else out.unsqueeze(d + 1)
     return out[0] if q.ndim == 0 else out
 
@@ -299,9 +301,6 @@ def _nanmedian_dim(self, dim, keepdim=False):
     d = S.normalize_dim(dim, self.ndim, "nanmedian")
     if self.ndim == 0:
         return self.clone(), self.new_zeros((), dtype=dtypes.int64)
-    if self.shape[d] == 0:
-        raise IndexError(f"nanmedian(): expected reduction dim {d} to have non-zero size; the input has shape "
-                         f"{list(self.shape)}")
     order = self.sort(d).indices
     if self.dtype.is_floating_point:
         counts = self.isnan().logical_not().sum(d, keepdim=True)
@@ -316,8 +315,8 @@ def _nanmedian_dim(self, dim, keepdim=False):
 
 def _nanmedian(self):
     flat = self.reshape(-1)
-    if flat.numel() == 0:
-        return self.new_full((), float("nan"))
+    if flat.numel() == 0:  # NaN, cast to an integer dtype as torch casts it (int64's minimum, uint8's 0)
+        return self.new_full((), float("nan"), dtype=dtypes.float64).to(self.dtype)
     return _nanmedian_dim(flat, 0)[0]
 
 
@@ -325,5 +324,5 @@ composite("nanmedian(Tensor self) -> Tensor", _nanmedian,
           grad={"self": "evenly_distribute_backward(grad, self, result)"}, fwd="evenly_read_jvp(self_t, self, result)")
 composite("nanmedian.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
           _nanmedian_dim, grad={"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"},
-          nondiff_outputs=(1,),
+          nondiff_outputs=(1,), check=nonempty_reduction(),
           fwd="selected_jvp(self_t, dim, result[1], keepdim)")

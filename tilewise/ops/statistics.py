@@ -19,6 +19,7 @@ from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import int64
 from tilewise.ops.creation import ones, zeros
+from tilewise.ops.reductions import nonempty_reduction
 from tilewise.ops.registry import OPS, declare
 
 
@@ -107,9 +108,7 @@ def _mode(self, dim=-1, keepdim=False):
     dim = S.normalize_dim(dim, self.ndim, "mode")
     if self.ndim == 0:
         return self.clone(), zeros((), dtype=int64, device=self.device)
-    if self.numel() == 0:
-        if self.shape[dim] == 0:
-            raise IndexError(f"mode(): Expected reduction dim {dim} to have non-zero size.")
+    if self.numel() == 0:  # along a dim of non-zero size (see [Note: empty reductions])
         shape = tuple(n for d, n in enumerate(self.shape) if d != dim) if not keepdim else \
             tuple(1 if d == dim else n for d, n in enumerate(self.shape))
         return self.new_empty(shape), zeros(shape, dtype=int64, device=self.device)
@@ -130,7 +129,7 @@ def _mode(self, dim=-1, keepdim=False):
 
 
 declare("mode(Tensor self, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",
-        decomposition=_mode, nondiff_outputs=(1,),
+        decomposition=_mode, nondiff_outputs=(1,), check=nonempty_reduction(),
         grad={"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"},
         fwd="selected_jvp(self_t, dim, result[1], keepdim)")
 

@@ -96,8 +96,8 @@ def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
             entry = _compiled[(op,)] = _static_kernels(op)
         return _pick_static(entry, args)
     variant = tuple(a for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
-    present = tuple(args[k] is not None for k in op.tensor_idx)
-    key = (op, variant, present, compute_dtype)
+    present = tuple(None if args[k] is None else getattr(args[k], "_dtype", True) for k in op.tensor_idx)
+    key = (op, variant, present, compute_dtype)  # a builder may read its inputs' dtypes (nan_to_num's extremes)
     entry = _compiled.get(key)
     if entry is None:
         expr = builder(args, compute_dtype)
@@ -232,10 +232,26 @@ def run_pointwise(op, args: tuple):
     cnp = compute.np
     fn, scalar_idx = pointwise_fn(op, args, compute)
     values = [_as_compute(args[k], cnp, op) for k in op.tensor_idx]
+    if cnp is _FLOAT32:
+        _round_to_common_half(op, args, values)
     names = op.schema.params
     for k in scalar_idx:
         values.append(R.checked_scalar_argument(op, names[k].name, args[k], out_dtype))
     return _torch_layout(_result(run_quietly(fn, values), shape, out_dtype), op, args)
+
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _round_to_common_half(op, args: tuple, values: list) -> None:
+    """``values`` (the operands in float32) rounded in place as torch rounds them: see [Note: half operands]."""
+    common = R.common_half(op, args, op.tensor_idx)
+    if common is None:
+        return
+    for position, k in enumerate(op.tensor_idx):
+        if args[k] is not None and R.rounds_to_common(op, args[k], common):
+            with np.errstate(over="ignore"):
+                values[position] = values[position].astype(common.np).astype(_FLOAT32)
 
 
 def _torch_layout(out: Tensor, op, args: tuple) -> Tensor:
@@ -333,9 +349,7 @@ def run_reduction(op, args: tuple):
     a = x._np()
     if a.dtype is not compute.np and a.dtype != compute.np:
         a = a.astype(compute.np)
-    if op.reduce in ("max", "min") and any(x._shape[d] == 0 for d in dims):
-        raise IndexError(f"{op.name}(): Expected reduction dim {dims[0]} to have non-zero size; the input has shape "
-                         f"{list(x._shape)}. Specify an identity or reduce over a non-empty dim.")
+    # max and min over an empty dim never reach here (see [Note: empty reductions]).
     # NaN and inf propagate silently, as in torch; a 0-dim input's result is a new tensor all the same
     res = np.asarray(run_quietly(reduce, [a])) if x._shape else a.copy()
     if res.dtype is out_dtype.np and res.flags.c_contiguous:

@@ -61,6 +61,21 @@ def _group_starts(rows: np.ndarray) -> np.ndarray:
     return differs
 
 
+def _unique_of_empty(self, dim: int) -> tuple:
+    """torch's unique along ``dim`` of an empty tensor: empty results when ``dim`` is its only dim of size 0, an
+    error otherwise (the slices along ``dim`` would be empty and could not be told apart)."""
+    zero_dims = [k for k, n in enumerate(self.shape) if n == 0]
+    if self.shape[dim] != 0:
+        raise RuntimeError(f"There are 0 sized dimensions, and they aren't selected, so unique cannot be applied "
+                           f"(unique along dim {dim} of a tensor of shape {list(self.shape)}; dims {zero_dims} have "
+                           "size 0)")
+    if len(zero_dims) > 1:
+        raise RuntimeError(f"Number of zero sized dimensions is more than one, so unique cannot be applied (unique "
+                           f"along dim {dim} of a tensor of shape {list(self.shape)})")
+    inverse, counts = (from_array(np.zeros(0, dtype=np.int64), dtypes.int64) for _ in range(2))
+    return from_array(self._np().copy(), self.dtype), inverse, counts
+
+
 @kernel("unique_dim")
 def unique_dim(self, sorted=True, return_inverse=False, return_counts=False, dim=None, consecutive=False):
     a = self._np()
@@ -68,6 +83,8 @@ def unique_dim(self, sorted=True, return_inverse=False, return_counts=False, dim
         dim = S.normalize_dim(dim, a.ndim, "unique")
         if a.ndim == 0:
             raise IndexError(f"unique: Dimension out of range (expected to be in range of [-1, 0], but got {dim})")
+        if a.size == 0:
+            return _unique_of_empty(self, dim)
     rows = _moved(a, dim)
     order = np.arange(rows.shape[0])
     if not consecutive:

@@ -233,10 +233,7 @@ def _arg(self, dim, keepdim, fn, name):
     from tilewise import dtypes
     from tilewise import strides as S
 
-    a = self._np()
-    if a.size == 0:
-        raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0, or the reduced "
-                           "dim to be non-empty")
+    a = self._np()  # an empty input reaches here only along a dim of non-zero size (see [Note: empty reductions])
     if dim is None:
         res = fn(a.reshape(-1), axis=0)
         return _out(np.reshape(res, (1,) * a.ndim) if keepdim else res, dtypes.int64)

@@ -15,7 +15,7 @@ import numpy as np
 from tilewise.ops.expr import Expr, toposort
 
 _UNARY = {
-    "neg": "np.negative", "abs": "np.abs", "sign": "np.sign", "exp": "np.exp", "exp2": "np.exp2",
+    "neg": "np.negative", "abs": "np.abs", "sign": "_sign", "exp": "np.exp", "exp2": "np.exp2",
     "expm1": "np.expm1", "log": "np.log", "log2": "np.log2", "log10": "np.log10", "log1p": "np.log1p",
     "sqrt": "np.sqrt", "rsqrt": "_rsqrt", "reciprocal": "_reciprocal", "sin": "np.sin", "cos": "np.cos",
     "tan": "np.tan", "asin": "np.arcsin", "acos": "np.arccos", "atan": "np.arctan", "sinh": "np.sinh",
@@ -34,6 +34,14 @@ _BINARY = {
     "lshift": "np.left_shift", "rshift": "np.right_shift", "copysign": "np.copysign", "hypot": "np.hypot",
     "nextafter": "np.nextafter",
 }
+
+
+def _sign(x):
+    """torch's sign: 0 at NaN (``(0 < x) - (x < 0)``), where numpy's is NaN."""
+    out = np.sign(x)
+    if out.dtype.kind == "f":
+        out = np.where(np.isnan(out), out.dtype.type(0), out)
+    return out
 
 
 def _rsqrt(x):
@@ -78,15 +86,29 @@ def _divide_toward_zero(a, b):
     return q + ((r != 0) & (q < 0))  # numpy wraps INT_MIN // -1 to INT_MIN, the answer, with a remainder of 0
 
 
-_floordiv, _truncdiv, _mod, _fmod = (_integer_checked(u) for u in (np.floor_divide, _divide_toward_zero, np.remainder,
+def _remainder(a, b):
+    """torch's remainder: fmod moved into the divisor's sign, so a zero keeps the dividend's sign (-2.0 % 1.0 is
+    -0.0, where numpy gives 0.0)."""
+    if np.result_type(a, b).kind != "f":
+        return np.remainder(a, b)
+    mod = np.fmod(a, b)
+    return np.where((mod != 0) & (np.less(b, 0) != (mod < 0)), mod + b, mod)
+
+
+_floordiv, _truncdiv, _mod, _fmod = (_integer_checked(u) for u in (np.floor_divide, _divide_toward_zero, _remainder,
                                                                    np.fmod))
 _DIVISIONS = ("floordiv", "truncdiv", "mod", "fmod")  # their kernels take the operator's name, for the error
 
 
 def _pow(a, b):
-    if isinstance(a, np.ndarray) and a.dtype.kind in "iu" and np.any(np.asarray(b) < 0):
-        raise RuntimeError("pow: integers to negative integer powers are not allowed")
-    return np.power(a, b)
+    """numpy's power, except that an integer to a negative integer power is torch's (and C's) 1 / a rounded
+    toward zero: 1 for a base of 1, +-1 for -1 by the exponent's parity, 0 otherwise (numpy raises)."""
+    if np.result_type(a, b).kind not in "iu" or not np.any(np.less(b, 0)):
+        return np.power(a, b)
+    negative = np.less(b, 0)
+    powers = np.power(a, np.where(negative, 0, b))
+    reciprocal = np.where(np.equal(a, 1), 1, np.where(np.equal(a, -1), 1 - 2 * (np.asarray(b) & 1), 0))
+    return np.where(negative, reciprocal.astype(powers.dtype), powers)
 
 
 # ---------------------------------------------------------------- erf
@@ -274,7 +296,8 @@ def run_quietly(fn, values: list):
     return context.run(fn, *values)
 
 
-NAMESPACE = {"np": np, "_rsqrt": _rsqrt, "_reciprocal": _reciprocal, "_pow": _pow, "_erf": _erf, "_erfinv": _erfinv,
+NAMESPACE = {"np": np, "_sign": _sign,
+             "_rsqrt": _rsqrt, "_reciprocal": _reciprocal, "_pow": _pow, "_erf": _erf, "_erfinv": _erfinv,
              "_lgamma": _lgamma, "_erfc": _erfc,
              "_floordiv": _floordiv, "_truncdiv": _truncdiv, "_mod": _mod, "_fmod": _fmod}
 

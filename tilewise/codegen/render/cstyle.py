@@ -142,7 +142,7 @@ HELPERS = {
                           "    return a != a ? a : (b != b ? b : (a > b ? a : b));\n}}",
     ("minimum", "float"): "{FN} {T} tw_minimum_{S}({T} a, {T} b) {{\n"
                           "    return a != a ? a : (b != b ? b : (a < b ? a : b));\n}}",
-    ("sign", "float"): "{FN} {T} tw_sign_{S}({T} a) {{ return a > 0 ? ({T})1 : (a < 0 ? ({T})-1 : a); }}",
+    ("sign", "float"): "{FN} {T} tw_sign_{S}({T} a) {{ return a > 0 ? ({T})1 : (a < 0 ? ({T})-1 : ({T})0); }}",
     ("floordiv", "float"): """{FN} {T} tw_floordiv_{S}({T} a, {T} b) {{
     if (b == 0) return a / b;
     {T} mod = fmod{f}(a, b);
@@ -154,9 +154,7 @@ HELPERS = {
 }}""",
     ("mod", "float"): """{FN} {T} tw_mod_{S}({T} a, {T} b) {{
     {T} mod = fmod{f}(a, b);
-    if (b == 0) return mod;
-    if (mod != 0) return ((b < 0) != (mod < 0)) ? mod + b : mod;
-    return copysign{f}(({T})0, b);
+    return (mod != 0 && ((b < 0) != (mod < 0))) ? mod + b : mod;  /* a zero keeps the dividend's sign */
 }}""",
     ("abs", "int"): "{FN} {T} tw_abs_{S}({T} a) {{ return a < 0 ? ({T})-a : a; }}",
     ("floordiv", "int"): """{FN} {T} tw_floordiv_{S}({T} a, {T} b) {{

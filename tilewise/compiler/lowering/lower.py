@@ -10,12 +10,15 @@ accumulator of the nest.
 
 from __future__ import annotations
 
+import numpy as np
+
 from tilewise import strides as S
 from tilewise.codegen.kernel_ir import Index, Kernel, Load, LoweringError, Nest, Param, Reduce, Store, cast
 from tilewise.compiler.ir import Node, Ref, format_type
 from tilewise.compiler.lowering.fusion import FusedKernel, Group, fusion_kind, view_chain
 from tilewise.compiler.meta import Stand
-from tilewise.dtypes import bool_
+from tilewise.dtypes import bool_, float32
+from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, rebuild, toposort, with_srcs
 
 
@@ -138,6 +141,7 @@ class _NestBuilder:
         template = builder(args, compute) if builder is not None else op.expr
         mapping: dict[int, Expr] = {}
         tensor_params = [k for k, p in enumerate(op.schema.params) if p.type == "Tensor"]
+        common = R.common_half(op, args, tensor_params) if compute is float32 else None
         for position, k in enumerate(tensor_params):
             a = member.args[k]
             if a is None:
@@ -145,6 +149,8 @@ class _NestBuilder:
             leaf = Expr("input", (), position)
             if type(a) is Ref:
                 value = self.operand(member, member.srcs[a.i])
+            elif common is not None and type(a) in (int, float):  # rounded to the half: see [Note: half operands]
+                value = Expr("const", (), float(np.asarray(a, dtype=np.float64).astype(common.np)))
             else:
                 value = Expr("const", (), a)
             mapping[id(leaf)] = cast(value, compute)

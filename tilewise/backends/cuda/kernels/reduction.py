@@ -299,9 +299,6 @@ def _plan_op(op, args: tuple) -> tuple:
         dims = S.normalize_dims(dim, x.ndim, op.name)
     keepdim = args[names.index("keepdim")] if "keepdim" in names else False
     out_dtype, compute = op.dtype_rule(op, args)
-    if op.reduce in ("max", "min") and any(x._shape[d] == 0 for d in dims):
-        raise IndexError(f"{op.name}(): Expected reduction dim {dims[0]} to have non-zero size; the input has shape "
-                         f"{list(x._shape)}. Specify an identity or reduce over a non-empty dim.")
     combiner = _COMBINER[op.reduce]
     acc = accumulator(combiner, x._dtype, compute)
     key = (op.name, combiner, x._dtype, x._shape, x._strides, dims, acc, out_dtype, False)
@@ -312,10 +309,7 @@ def _plan_op(op, args: tuple) -> tuple:
 
 
 def _arg_reduce(name: str, combiner: str, x: Tensor, dim, keepdim: bool, values: bool):
-    if x.numel() == 0:
-        raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0, or the reduced "
-                           "dim to be non-empty")
-    if dim is None:
+    if dim is None:  # an empty x reaches here only along a dim of non-zero size: see [Note: empty reductions]
         dims = tuple(range(x.ndim))
         shape = (1,) * x.ndim if keepdim else ()
     else:
