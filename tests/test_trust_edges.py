@@ -269,23 +269,33 @@ COMPILED = {"sign": INTEGER_ARITHMETIC, "sgn": INTEGER_ARITHMETIC, "remainder": 
             "eq(0.1)": PROMOTION, "add(0.1)": PROMOTION, "add(70000)": PROMOTION, "clamp(0.1,1/3)": PROMOTION}
 
 
-# compiled int8 + 70000 (a number past the dtype's range) does not wrap as torch's does: not fixed yet
-FLOATS_ONLY_WHEN_COMPILED = {"add(70000)"}
-
-
 @pytest.mark.parametrize("label", COMPILED)
 def test_compiled_pointwise_on_edge_inputs_matches_torch(label):
     case = COMPILED[label][label]
     compiled = tw.compile(lambda x: case.call(tw, x))
     found = []
-    for dtype in sorted(set(case.dtypes) & ({"float16", "float32", "float64"} if label in FLOATS_ONLY_WHEN_COMPILED
-                                            else {"float16", "float32", "float64", "int8", "int64"})):
+    for dtype in sorted(set(case.dtypes) & {"float16", "float32", "float64", "uint8", "int8", "int16", "int64"}):
         ours, theirs = pair(edge_arrays(dtype)["matrix"], dtype)
         difference = differences(outcome(lambda m, x: compiled(x), tw, ours), outcome(case.call, torch, theirs),
                                  case.ulps, case.zero_sign)
         if difference:
             found.append(f"compiled {label} {dtype}: {difference}")
     assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "int64"])
+def test_compiled_integer_arithmetic_wraps_python_numbers_past_the_range_as_torch(dtype):
+    """A Python int beyond an integer tensor's range is wrapped into it (int8 + 70000 adds 112), as torch's eager
+    and tilewise's eager do; the compiled kernels rendered it as a float that C saturated."""
+    values = [1, 2, 255, 0] if dtype == "uint8" else [1, -2, 127, 0]
+    calls = {"add 70000": lambda t: t + 70000, "mul 300": lambda t: t * 300, "sub 1000": lambda t: t - 1000,
+             "add -200": lambda t: t + -200, "mul -3": lambda t: t * -3, "add 2**40": lambda t: t + 2**40,
+             "remainder 300": lambda t: t % 300, "and 0x1ff": lambda t: t & 0x1FF, "eq 70000": lambda t: t == 70000}
+    for name, call in calls.items():
+        ours = tw.compile(call)(tw.tensor(values, dtype=getattr(tw, dtype)))
+        theirs = call(torch.tensor(values, dtype=getattr(torch, dtype)))
+        assert (str(ours.dtype).split(".")[-1], ours.tolist()) == (str(theirs.dtype).split(".")[-1],
+                                                                    theirs.tolist()), name
 
 
 if __name__ == "__main__":

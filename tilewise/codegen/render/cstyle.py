@@ -261,12 +261,25 @@ class Source:
         return "\n".join(p for p in parts if p) + "\n"
 
 
+def wrapped(value: int, dtype: DType) -> int:
+    """``value`` wrapped into an integer dtype's range, as torch converts a Python int for an integer tensor
+    (``int8 + 70000`` adds 112; ``uint8 * -3`` multiplies by 253)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0  # what C's conversion leaves undefined: no kernel of an integer result is given one
+    bits = 8 * dtype.itemsize
+    v = int(value) & ((1 << bits) - 1)
+    return v - (1 << bits) if dtype.is_signed and v >= 1 << (bits - 1) else v
+
+
 def literal(value, dtype: DType, lang: Language) -> str:
-    """A C literal of ``value`` typed as ``dtype``."""
+    """A C literal of ``value`` typed as ``dtype``; an integer one wrapped into the dtype's range."""
     if dtype is dtypes.bool_:
         return "true" if value else "false"
     if not dtype.is_floating_point:
-        text = str(int(value))
+        v = wrapped(value, dtype)
+        if v == -(1 << 63):  # no literal spells it: -9223372036854775807LL - 1
+            return "(-9223372036854775807LL - 1)"
+        text = str(v)
         return f"{text}LL" if dtype.itemsize == 8 else text
     c = lang.ctype(dtype)
     value = float(value)
@@ -370,7 +383,9 @@ class ExprRenderer:
         (a,) = node.srcs
         src_code, src_t = self.done[id(a)]
         target: DType = node.arg
-        if isinstance(src_t, WeakType):
+        if isinstance(src_t, WeakType):  # a Python number: an integer target wraps it, a half one computes in float
+            if not target.is_floating_point:
+                return literal(a.arg, target, self.lang)
             return literal(a.arg, target if target.itemsize >= 4 else dtypes.float32, self.lang)
         if target is dtypes.bool_:
             return f"({src_code} != 0)"
