@@ -299,6 +299,36 @@ def test_worker_seeds_follow_torchs_rule():
             assert own == lib.rand(1, dtype=lib.float64, generator=lib.Generator().manual_seed(seed)).item()
 
 
+class InitialSeeds(data.Dataset):
+    """Each sample is the framework's ``initial_seed()`` inside the worker that read it, and that worker's id."""
+
+    def __init__(self, lib) -> None:
+        self.lib = lib
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i):
+        return self.lib.initial_seed(), worker_info().id
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_initial_seed_in_workers_changes_per_worker_and_per_epoch_like_torch(persistent):
+    """Each worker's ``initial_seed()`` is the epoch's base seed plus its id; a new epoch draws a new base seed,
+    unless the workers persist (they keep the seed they started with), as in torch."""
+    def pattern(lib, loader_module):
+        lib.manual_seed(0)
+        loader = loader_module.DataLoader(InitialSeeds(lib), batch_size=None, num_workers=2,
+                                          persistent_workers=persistent)
+        epochs = [[(int(seed), int(worker)) for seed, worker in loader] for _ in range(3)]
+        bases = [epoch[0][0] for epoch in epochs]
+        assert all(seed == base + worker for epoch, base in zip(epochs, bases) for seed, worker in epoch)
+        assert all(0 <= base < 2**63 for base in bases)
+        return [worker for epoch in epochs for _, worker in epoch], len(set(bases))
+
+    assert pattern(tw, data) == pattern(torch, torch.utils.data)
+
+
 def test_numpy_seed_mix_is_torchs():
     from torch.utils.data._utils.worker import _generate_state as theirs
 

@@ -10,6 +10,7 @@ seed gives bit-identical tensors on CPU and GPU.
 from __future__ import annotations
 
 import math
+import operator
 from numbers import Number
 
 from tilewise import strides as S
@@ -97,6 +98,17 @@ def check_probabilities(invalid: bool, weightless: bool) -> None:
         raise RuntimeError("multinomial: probability tensor contains either `inf`, `nan` or element < 0")
     if weightless:
         raise RuntimeError("multinomial: invalid multinomial distribution (sum of probabilities <= 0)")
+
+
+def _as_count(n):
+    """``n`` as a Python int where torch reads it as one (a numpy integer, a one-element integer tensor such as
+    ``sum`` of a tensor of lengths gives); anything else as given, for the argument parser to refuse."""
+    if isinstance(n, bool):
+        return n
+    try:
+        return operator.index(n)
+    except TypeError:
+        return n
 
 
 def check_randperm(n: int, dtype: DType) -> None:
@@ -469,7 +481,9 @@ def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: 
     from tilewise import dtypes
 
     dtype = as_dtype(dtype or dtypes.int64)
-    check_randperm(n, dtype)
+    n = _as_count(n)
+    if isinstance(n, int) and not isinstance(n, bool):
+        check_randperm(n, dtype)
     return _finish(_call("randperm", n, dtype=dtype, device=device, generator=generator), requires_grad)
 
 
