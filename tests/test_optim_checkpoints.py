@@ -93,7 +93,8 @@ def test_hyperparameters_edited_in_param_groups_apply_at_the_next_step(name, kwa
     hand-written schedules do; a compiled update must read the new values, not the ones it was traced with."""
     def run(lib):
         p = lib.nn.Parameter(lib.tensor([1.0, -1.0, 0.5]))
-        opt = getattr(lib.optim, name)([p], **{k: v for k, v in kwargs.items() if lib is tw or k not in ("foreach", "fused")})
+        options = {k: v for k, v in kwargs.items() if lib is tw or k not in ("foreach", "fused")}
+        opt = getattr(lib.optim, name)([p], **options)
         group = opt.param_groups[0]
         out = []
         for t in range(6):
@@ -119,9 +120,9 @@ def test_cycled_momentum_needs_an_optimizer_with_momentum_as_in_torch():
         schedules = lib.optim.lr_scheduler
         opt = lib.optim.Adagrad([lib.nn.Parameter(lib.zeros(1))], lr=0.1)
         caught = []
-        for make in (lambda: schedules.CyclicLR(opt, 0.01, 0.1), lambda: schedules.OneCycleLR(opt, 1.0, 10)):
+        for make, args in ((schedules.CyclicLR, (0.01, 0.1)), (schedules.OneCycleLR, (1.0, 10))):
             with pytest.raises(ValueError) as info:
-                make()
+                make(opt, *args)
             caught.append(str(info.value))
         schedules.CyclicLR(opt, 0.01, 0.1, cycle_momentum=False)
         schedules.OneCycleLR(opt, 1.0, 10, cycle_momentum=False)
