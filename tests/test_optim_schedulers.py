@@ -289,3 +289,43 @@ def test_resuming_with_last_epoch_continues_from_the_saved_epoch():
         first = five_steps(opt, schedules.ExponentialLR(opt, 0.9, last_epoch=4))
         seqs.append(first + five_steps(opt, schedules.StepLR(opt, 3, 0.5, last_epoch=7)))
     assert seqs[0] == seqs[1]
+
+
+def _checkpoint_through_a_file(source, target, state, tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    source.save(state, path)
+    return tw.load(path) if target is tw else torch.load(path, weights_only=True)
+
+
+@pytest.mark.parametrize("direction", ["torch-to-tilewise", "tilewise-to-torch"])
+@pytest.mark.parametrize("name", ["MultiStepLR", "OneCycleLR", "CyclicLR-exp_range", "SequentialLR",
+                                  "ChainedScheduler", "CosineAnnealingWarmRestarts"])
+def test_a_scheduler_checkpoint_written_by_one_library_continues_in_the_other(name, direction, tmp_path):
+    """``save({"optimizer": ..., "scheduler": ...})`` by one library, ``load`` and ``load_state_dict`` by the other
+    (torch's default ``weights_only`` load included), and the rest of the sequence is the uninterrupted one."""
+    source, target = (torch, tw) if direction == "torch-to-tilewise" else (tw, torch)
+    make = SCHEDULES[name]
+    straight = _lr_sequence(torch, make, steps=30, optimizer="SGD", momentum=0.9)
+
+    def pair(lib):
+        params = [lib.nn.Parameter(lib.zeros(1)) for _ in range(2)]
+        groups = [{"params": [p], "lr": 0.1 * (k + 1)} for k, p in enumerate(params)]
+        opt = lib.optim.SGD(groups, lr=0.1, momentum=0.9)
+        return opt, make(opt, lib.optim.lr_scheduler)
+
+    opt, sched = pair(source)
+    for _ in range(12):
+        opt.step()
+        sched.step()
+    saved = _checkpoint_through_a_file(source, target, {"optimizer": opt.state_dict(),
+                                                        "scheduler": sched.state_dict()}, tmp_path)
+    opt, sched = pair(target)
+    opt.load_state_dict(saved["optimizer"])
+    sched.load_state_dict(saved["scheduler"])
+    rest = []
+    for _ in range(12, 30):
+        momenta = tuple(g.get("momentum") for g in opt.param_groups)
+        rest.append((tuple(sched.get_last_lr()), tuple(g["lr"] for g in opt.param_groups), momenta))
+        opt.step()
+        sched.step()
+    assert rest == straight[12:]

@@ -455,6 +455,10 @@ class PickleWriter:
             self.out.write(pickle.EMPTY_LIST if isinstance(obj, list) else pickle.EMPTY_DICT)
         elif isinstance(obj, OrderedDict):
             self._save_node(Call(Global("collections", "OrderedDict"), ()), path)
+        elif type(obj) is Counter:  # as Counter.__reduce__ spells it (MultiStepLR's milestones are one)
+            self._save_node(Call(Global("collections", "Counter"), (dict(obj),)), path)
+            self._memoize(key, obj)
+            return
         else:
             raise TypeError(f"{self.what}: cannot store a {type(obj).__name__} (a {type(obj).__base__.__name__} "
                             f"subclass) at {path or 'the top level'!r}; convert it to a plain one first")
