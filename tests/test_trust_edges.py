@@ -7,6 +7,7 @@ last place. Each family's test lists every mismatch at once.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -281,6 +282,14 @@ def test_compiled_pointwise_on_edge_inputs_matches_torch(label):
         if difference:
             found.append(f"compiled {label} {dtype}: {difference}")
     assert not found, "\n".join(found)
+
+
+def test_a_compiled_half_beside_a_number_past_its_range_is_inf_without_a_warning():
+    x = tw.ones(3, dtype=tw.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = tw.compile(lambda a: a + 70000)(x)
+    assert out.tolist() == (torch.ones(3, dtype=torch.float16) + 70000).tolist() == [float("inf")] * 3
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "int64"])

@@ -150,7 +150,8 @@ class _NestBuilder:
             if type(a) is Ref:
                 value = self.operand(member, member.srcs[a.i])
             elif common is not None and type(a) in (int, float):  # rounded to the half: see [Note: half operands]
-                value = Expr("const", (), float(np.asarray(a, dtype=np.float64).astype(common.np)))
+                with np.errstate(over="ignore"):  # 70000 becomes inf, as in torch, without a warning
+                    value = Expr("const", (), float(np.asarray(a, dtype=np.float64).astype(common.np)))
             else:
                 value = Expr("const", (), a)
             mapping[id(leaf)] = cast(value, compute)
