@@ -142,6 +142,8 @@ def call_into(op, args: tuple):
             and not STATE.trace_depth and STATE.autocast is None:
         backend = BACKENDS.get(out._device.type)
         if backend is not None and device_of(op, args) is out._device:
+            if op.check is not None:  # as run does: the operator's own argument check, before any kernel
+                op.check(op, args)
             result = backend.run_into(op, args, out._device, out)
             if result is not None:
                 return result

@@ -159,7 +159,7 @@ def _copy(op, args, device):
 def _index(op, args, device):
     """gather/scatter and the backward of a view: their result types follow from their operands' shapes (the
     kernels' own dim and dtype checks run here too), so the CPU kernel need not run on full-size stand-ins."""
-    from tilewise.ops.indexing import check_gather_shapes, check_index_put_dtypes
+    from tilewise.ops.indexing import check_gather_shapes
 
     name = op.name
     if name == "gather":
@@ -174,7 +174,6 @@ def _index(op, args, device):
         shape = _indexed_shape(args[0], args[1])
         return TensorType(shape, args[0]._dtype, device) if shape is not None else None
     if name == "index_put" and isinstance(args[2], Tensor):
-        check_index_put_dtypes(args[0], args[1], args[2], bool(args[3]) if len(args) > 3 else False)
         shape = _indexed_shape(args[0], args[1])
         try:
             fits = shape is not None and S.broadcast_shapes(args[2]._shape, shape, op="index_put") == shape

@@ -23,7 +23,7 @@ declare("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", "index", dtype
         grad={"self": "index_put(zeros(self_shape, dtype=grad.dtype, device=grad.device), indices, grad, True)",
               "indices": None}, fwd="auto_linear", method=False, batch=index_rule)
 declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor", "index",
-        dtype=R.first_input,
+        dtype=R.first_input, check=lambda op, args: check_index_put_dtypes(*args),
         grad={"self": "grad if accumulate else "
                       "index_put(grad, indices, zeros((), dtype=grad.dtype, device=grad.device), False)",
               "values": "grad[indices_tuple(indices)]", "indices": None}, fwd="auto_linear", inplace=True,
@@ -134,9 +134,10 @@ def mask_positions(self: Tensor, indices) -> tuple:
     return tuple(out)
 
 
-def check_index_put_dtypes(self: Tensor, indices, values, accumulate: bool) -> None:
-    """torch's rule: ``values`` has ``self``'s dtype, except where one bool mask and a one-element value make the
-    write a ``masked_fill`` (which converts the value)."""
+def check_index_put_dtypes(self: Tensor, indices, values, accumulate: bool = False) -> None:
+    """index_put's ``check=`` (and setitem's, on the index as written), torch's rule: ``values`` has ``self``'s
+    dtype, except where one bool mask and a one-element value make the write a ``masked_fill`` (which converts
+    the value)."""
     if not isinstance(values, Tensor) or values.dtype is self.dtype:
         return
     masked_fill = (not accumulate and len(indices) == 1 and isinstance(indices[0], Tensor)

@@ -10,7 +10,7 @@ from tilewise.backends.cpu.registry import kernel
 from tilewise.backends.cpu.threads import gemm_threads, use_blas_threads
 from tilewise.device import backend_for, cpu
 from tilewise.layouts import copy_strides
-from tilewise.ops.indexing import check_gather_shapes, check_index_put_dtypes, mask_positions
+from tilewise.ops.indexing import check_gather_shapes, mask_positions
 from tilewise.tensor import (
     Tensor,
     cast_array,
@@ -486,7 +486,6 @@ def index(self, indices):
 
 @kernel("index_put")
 def index_put(self, indices, values, accumulate=False):
-    check_index_put_dtypes(self, indices, values, accumulate)
     indices = mask_positions(self, indices)
     out = self._np().copy()
     idx = _np_indices(self, indices, "index_put")

@@ -37,7 +37,7 @@ from tilewise.codegen.render import CUDA
 from tilewise.codegen.render.cstyle import SUFFIX, Source
 from tilewise.device import Device
 from tilewise.dtypes import DType
-from tilewise.ops.indexing import check_gather_shapes, check_index_put_dtypes, mask_positions
+from tilewise.ops.indexing import check_gather_shapes, mask_positions
 from tilewise.ops.movement import INDEX_NAMING
 from tilewise.tensor import Tensor
 
@@ -271,7 +271,6 @@ def index_into(out: Tensor, self: Tensor, indices) -> bool:
 
 @kernel("index_put")
 def index_put(device: Device, self: Tensor, indices, values, accumulate: bool = False) -> Tensor:
-    check_index_put_dtypes(self, indices, values, accumulate)
     indices = mask_positions(self, indices)
     if not isinstance(values, Tensor):
         values = fill(empty((), self._dtype, device), values)
