@@ -15,6 +15,7 @@ from tilewise.dtypes import c10_name
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import shift_dims
 from tilewise.ops.formulas import HELPERS
+from tilewise.ops.indexing import check_scatter_src
 from tilewise.ops.registry import call, declare
 
 SCATTER_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
@@ -83,7 +84,7 @@ def _prod_backward(grad, self, dim, index, src, include_self, result, written):
 
 HELPERS.update(scatter_reduce_backward=scatter_reduce_backward)
 declare("scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True)"
-        " -> Tensor", "index", dtype=R.first_input, inplace=True,
+        " -> Tensor", "index", dtype=R.first_input, inplace=True, check=check_scatter_src,
         grad={"self, src": "scatter_reduce_backward(grad, self, dim, index, src, reduce, include_self, result)",
               "index": None}, batch=shift_dims,
         fwd="scatter_reduce_jvp(self_t, src_t, dim, index, self, src, reduce, include_self, result)")

@@ -31,13 +31,22 @@ declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulat
 declare("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", "index",
         dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)", "index": None},
         fwd="auto_linear", batch=shift_dims)
+def check_scatter_src(op, args: tuple) -> None:
+    """Every scatter's first check (its ``check=``), in torch's words whichever scatter it is."""
+    self, src = args[0], args[3]
+    if isinstance(src, Tensor) and src.dtype is not self.dtype:
+        raise RuntimeError("scatter(): Expected self.dtype to be equal to src.dtype")
+
+
 declare("scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
+        check=check_scatter_src,
         grad={"self": "grad.scatter(dim, index, 0)", "src": "grad.gather(dim, index)", "index": None},
         fwd="auto_linear", inplace=True, batch=shift_dims)
 declare("scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor", "index", dtype=R.first_input,
         grad={"self": "grad.scatter(dim, index, 0)", "index": None}, fwd="self_t.scatter(dim, index, 0)",
         inplace=True, batch=shift_dims)
 declare("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", "index", dtype=R.first_input,
+        check=check_scatter_src,
         grad={"self": "grad", "src": "grad.gather(dim, index)", "index": None}, fwd="auto_linear", inplace=True,
         autocast={"cuda": "promote"}, batch=shift_dims)
 declare("nonzero(Tensor self) -> Tensor", "index", differentiable=False,
@@ -84,8 +93,6 @@ def check_gather_shapes(self, dim, index, op, src=None) -> int:
     """gather/scatter's checks of dims, sizes and dtypes (what the compiler can check before values exist); the
     normalised dim. torch's rule: the index is no larger than ``self`` along every dim but ``dim`` (and, for a
     scatter, no larger than ``src`` along every dim)."""
-    if isinstance(src, Tensor) and src.dtype is not self.dtype:  # torch's first check, in its words for every scatter
-        raise RuntimeError("scatter(): Expected self.dtype to be equal to src.dtype")
     d = S.normalize_dim(dim, max(self.ndim, 1), op)
     if index.dtype.name != "int64":
         raise RuntimeError(f"{op}(): Expected dtype int64 for index, got {index.dtype}")

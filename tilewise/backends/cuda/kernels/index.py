@@ -144,8 +144,6 @@ def _alert_atomic(dtype: DType, op: str) -> None:
 # ---------------------------------------------------------------------------------------------- gather/scatter
 
 def _check_index(self: Tensor, dim: int, index: Tensor, op: str, src=None) -> int:
-    if isinstance(src, Tensor) and src.dtype is not self.dtype:  # the dtype check first, as torch's
-        check_gather_shapes(self, dim, index, op, src)
     return check_gather_shapes(self, dim, index, op, src if isinstance(src, Tensor) and src.ndim else None)
 
 
