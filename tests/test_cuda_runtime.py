@@ -442,6 +442,91 @@ def test_unexpected_backend_errors_propagate_and_leave_state_alone():
     assert allocator.memory_reserved() == 0 and allocator.memory_stats()["num_ooms"] == 0
 
 
+# ---- frees from finalizers (the collector runs them inside the allocator's own operations) -----------
+
+
+def _on_a_thread(fn, timeout: float = 20.0):
+    """Run ``fn`` on a daemon thread; a hang fails the test instead of the suite."""
+    import threading
+
+    outcome: dict = {}
+
+    def body():
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 — handed back to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), "the allocator hung: a free from a finalizer waited on the allocator's own lock"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def test_a_finalizer_freeing_inside_malloc_neither_hangs_nor_corrupts_the_cache():
+    """A tensor in a reference cycle is collected while the allocator makes a new segment's bookkeeping (a ResNet
+    eager step hung there on a GPU): its free waits until the malloc is done, then lands."""
+    import gc
+
+    class Collecting(FakeBackend):
+        def malloc(self, nbytes: int) -> int:
+            ptr = super().malloc(nbytes)
+            gc.collect()  # what an allocation of the allocator's own objects may set off
+            return ptr
+
+    backend, events = Collecting(), FakeEvents()
+    allocator = CachingAllocator(backend, events, name="fake")
+
+    class Holder:  # a DeviceBuffer-like owner whose finalizer gives its block back
+        def __init__(self, ptr):
+            self.ptr, self.me = ptr, self  # a cycle: only the collector frees it
+
+        def __del__(self):
+            allocator.free(self.ptr)
+
+    def run():
+        first = allocator.malloc(24 * MiB)  # a segment of its own
+        Holder(first)  # garbage now, in a cycle
+        second = allocator.malloc(30 * MiB)  # a new segment: the collector runs inside this malloc
+        assert allocator.memory_stats()["num_frees"] == 1, "the finalizer's free must have landed"
+        check_invariants(allocator, backend)
+        assert allocator.malloc(24 * MiB) == first, "the freed block is cached for reuse"
+        return second
+
+    gc.collect()
+    _on_a_thread(run)
+    check_invariants(allocator, backend)
+
+
+def test_a_graph_pool_released_by_a_finalizer_inside_malloc_is_released_after_it():
+    allocator, backend, _ = make_allocator()
+    pool = PrivatePool()
+    allocator.route(7, pool)
+    original = backend.malloc
+
+    def malloc(nbytes):
+        allocator.release_pool(pool)  # a graph's __del__, run by the collector here
+        assert not pool.released, "the release waits until the malloc is done"
+        return original(nbytes)
+
+    backend.malloc = malloc
+    _on_a_thread(lambda: allocator.malloc(100))
+    assert pool.released and 7 not in allocator.routes
+
+
+def test_a_malloc_re_entering_the_allocator_is_an_error_not_a_hang():
+    allocator, backend, _ = make_allocator()
+    original = backend.malloc
+    backend.malloc = lambda nbytes: (allocator.malloc(100), original(nbytes))[1]
+    with pytest.raises(RuntimeError, match="re-entered"):
+        _on_a_thread(lambda: allocator.malloc(100))
+    backend.malloc = original
+    assert allocator.malloc(100), "the lock is free again after the error"
+
+
 # ---- property test ------------------------------------------------------------------------------------
 
 sizes = st.one_of(st.integers(0, 4096), st.integers(4096, 2 * MiB), st.integers(2 * MiB, 24 * MiB))

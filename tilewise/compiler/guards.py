@@ -290,6 +290,7 @@ class Recorder:
 
     def __exit__(self, *exc) -> bool:
         _CURRENT.recorder = None
+        self._base = None  # the frame holds this recorder: keeping it would make a cycle of every traced call
         _unwatch_output()
         self._unpatch()
         return False

@@ -74,11 +74,12 @@ class DeviceMemory:
             self.allocator.free(ptr)
 
     def release_free_lists(self) -> None:
-        for ptrs in self.free_lists.values():
+        # the lists are taken first: a finalizer run by the collector during a free below may add to new ones
+        lists, self.free_lists = self.free_lists, {}
+        for (_, size), ptrs in lists.items():
             for ptr in ptrs:
+                self.cached -= size
                 self.allocator.free(ptr)
-        self.free_lists.clear()
-        self.cached = 0
 
     def release_free_list(self, stream: int) -> None:
         """Give the blocks cached for ``stream`` back to the allocator (before a capture on it: see

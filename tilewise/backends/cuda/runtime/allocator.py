@@ -73,6 +73,47 @@ ROUND_LARGE = 2 << 20  # granularity of large segments
 ALLOCATED, PENDING, FREE = "allocated", "pending", "free"
 
 
+class _AllocatorLock:
+    """The allocator's lock, safe against a finalizer that frees inside one of the allocator's own operations.
+
+    [Note: frees from finalizers]
+    Device memory goes back from ``DeviceBuffer.__del__``, and the garbage collector runs finalizers wherever
+    Python allocates an object, including inside the allocator's own ``malloc`` while it holds this lock (a
+    tensor kept alive by a reference cycle, collected while a new segment's bookkeeping is made). A plain lock
+    would then wait on itself forever, and a re-entrant one would let the free merge blocks that the
+    interrupted operation is halfway through splitting. So a free (or a pool's release) arriving on the thread
+    that holds the lock is queued, and runs when that operation is done, still under the lock. Any other call
+    re-entering on the same thread is a bug, reported as one rather than a hang."""
+
+    __slots__ = ("_lock", "deferred", "owner")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.owner: int | None = None  # the thread holding the lock
+        self.deferred: list[tuple[Callable[[Any], None], Any]] = []
+
+    def held_here(self) -> bool:
+        return self.owner == threading.get_ident()
+
+    def __enter__(self) -> None:
+        if self.owner == threading.get_ident():
+            raise RuntimeError("the caching allocator was re-entered on the thread that is inside it")
+        self._lock.acquire()
+        self.owner = threading.get_ident()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            while self.deferred:
+                fn, arg = self.deferred.pop(0)
+                try:
+                    fn(arg)
+                except Exception:  # noqa: BLE001, S110 — a finalizer's free, which its __del__ would have swallowed
+                    pass
+        finally:
+            self.owner = None
+            self._lock.release()
+
+
 class RawOutOfMemory(MemoryError):  # noqa: N818 -- the name the backend protocol is specified with
     """Raised by a raw backend's ``malloc`` when it cannot serve the request."""
 
@@ -249,7 +290,7 @@ class CachingAllocator:
         self.backend = backend
         self.event_factory = event_factory
         self.name = name
-        self._lock = threading.Lock()  # public methods only; they never call each other under it
+        self._lock = _AllocatorLock()  # public methods only; they never call each other under it
         self._small = _Pool("small", MIN_BLOCK_SIZE)
         self._large = _Pool("large", SMALL_SIZE + 1)
         self._segments: dict[int, _Segment] = {}
@@ -290,21 +331,25 @@ class CachingAllocator:
 
     def free(self, ptr: int) -> None:
         """Give back a pointer from :meth:`malloc`; the memory stays cached for reuse."""
+        if self._lock.held_here():  # a finalizer inside one of our operations: [Note: frees from finalizers]
+            self._lock.deferred.append((self._free, ptr))
+            return
         with self._lock:
-            block = self._live.pop(ptr, None)
-            if block is None:
-                raise ValueError(
-                    f"free({ptr:#x}): this pointer was not allocated by this allocator, or was already freed"
-                )
-            self._counters["num_frees"] += 1
-            self._allocated -= block.size
-            self._requested -= block.requested
-            if self.history is not None:
-                self.history.record("free_requested", ptr, block.requested, block.stream)
-            if block.stream_uses:
-                self._defer_until_streams_done(block)
-            else:
-                self._insert_free(block)
+            self._free(ptr)
+
+    def _free(self, ptr: int) -> None:
+        block = self._live.pop(ptr, None)
+        if block is None:
+            raise ValueError(f"free({ptr:#x}): this pointer was not allocated by this allocator, or was already freed")
+        self._counters["num_frees"] += 1
+        self._allocated -= block.size
+        self._requested -= block.requested
+        if self.history is not None:
+            self.history.record("free_requested", ptr, block.requested, block.stream)
+        if block.stream_uses:
+            self._defer_until_streams_done(block)
+        else:
+            self._insert_free(block)
 
     def record_stream(self, ptr: int, stream: int) -> None:
         """Note that the block at ``ptr`` is used on ``stream`` too: once freed, it is reused only after the
@@ -336,13 +381,19 @@ class CachingAllocator:
     def release_pool(self, pool: PrivatePool) -> None:
         """The graph that owned ``pool`` is gone: its segments go back to the driver once fully free (at the next
         ``empty_cache`` or out-of-memory retry), and are never handed to another request."""
+        if self._lock.held_here():  # a graph's finalizer inside one of our operations (see the note above)
+            self._lock.deferred.append((self._release_pool, pool))
+            return
         with self._lock:
-            if pool.released:
-                return
-            pool.released = True
-            for stream in [s for s, p in self.routes.items() if p is pool]:
-                del self.routes[stream]
-            self._released_pools.append(pool)
+            self._release_pool(pool)
+
+    def _release_pool(self, pool: PrivatePool) -> None:
+        if pool.released:
+            return
+        pool.released = True
+        for stream in [s for s, p in self.routes.items() if p is pool]:
+            del self.routes[stream]
+        self._released_pools.append(pool)
 
     def _mark_allocated(self, block: _Block, nbytes: int) -> None:
         block.state = ALLOCATED
