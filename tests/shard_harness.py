@@ -47,7 +47,13 @@ def _rank_main(fn, rank: int, world_size: int, port: int, results, args, backend
 
 def run_on_ranks(fn, world_size: int = 2, *args, timeout: float = 60, backend: str = "gloo") -> list:
     """What ``fn(rank, world_size, *args)`` returned on each rank, in rank order (results must pickle). With a
-    backend that names nccl, rank ``r`` uses GPU ``r``."""
+    backend that names nccl, rank ``r`` uses GPU ``r`` (the test is skipped where there are fewer GPUs than ranks)."""
+    if "nccl" in backend:
+        import tilewise
+
+        found = tilewise.cuda.device_count()
+        if found < world_size:
+            pytest.skip(f"needs {world_size} GPUs for {world_size} NCCL ranks; {found} found")
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()

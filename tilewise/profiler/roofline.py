@@ -105,7 +105,17 @@ class Placement:
     def describe(self) -> str:
         return (f"{_size(self.nbytes)}, {_count(self.flops)}FLOP, {self.intensity:.3g} FLOP/B (ridge "
                 f"{self.ridge:.3g}): {self.bound} bound; achieved {self.achieved_gbs:.2f} GB/s, "
-                f"{_rate(self.achieved_gflops)} = {100 * self.fraction:.1f}% of the roofline")
+                f"{_rate(self.achieved_gflops)} = {100 * self.fraction:.1f}% of the roofline{self._above()}")
+
+    def _above(self) -> str:
+        """Why a step can pass the roofline: the bytes counted are the fewest it must move to and from memory, so
+        beating the measured copy bandwidth means it found operands still in the cache (a small step timed
+        repeatedly); beating the compute peak means the peak was measured on a GEMM the device runs slower."""
+        if self.fraction <= 1.0:
+            return ""
+        if self.bound == "memory":
+            return " (above the memory roofline: the step read operands the cache still held from the step before)"
+        return " (above the measured peak: the peak GEMM ran slower than this step)"
 
 
 def _rate(gflops: float) -> str:
