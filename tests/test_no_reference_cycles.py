@@ -92,3 +92,89 @@ def test_a_compiled_function_with_a_graph_break_leaves_no_cycle_per_call(no_cycl
 
     x = tw.randn(16)
     no_cycles(lambda: f(x))
+
+
+def test_an_lstm_language_model_step_with_packed_sequences_leaves_no_cycle(no_cycles):
+    tw.manual_seed(0)
+    emb, lstm, head = nn.Embedding(30, 8), nn.LSTM(8, 16, num_layers=2, batch_first=True), nn.Linear(16, 30)
+    params = [*emb.parameters(), *lstm.parameters(), *head.parameters()]
+    opt = tw.optim.Adam(params, lr=1e-3)
+    tokens, lengths = tw.randint(0, 30, (3, 7)), tw.tensor([7, 5, 2])
+
+    def step():
+        packed = nn.utils.rnn.pack_padded_sequence(emb(tokens), lengths, batch_first=True)
+        out, _ = lstm(packed)
+        padded, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        loss = head(padded).logsumexp(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+
+    no_cycles(step)
+
+
+def test_a_transformer_encoder_step_with_a_padding_mask_and_a_scheduler_leaves_no_cycle(no_cycles):
+    tw.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.1, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    opt = tw.optim.AdamW(encoder.parameters(), lr=1e-3)
+    sched = tw.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=10)
+    x = tw.randn(2, 5, 16)
+    pad = tw.tensor([[False] * 5, [False, False, False, True, True]])
+
+    def step():
+        loss = encoder(x, src_key_padding_mask=pad).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+
+    no_cycles(step)
+
+
+def test_mixed_precision_with_a_grad_scaler_and_checkpointing_leaves_no_cycle(no_cycles):
+    from tilewise.utils.checkpoint import checkpoint
+
+    tw.manual_seed(0)
+    block = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+    opt = tw.optim.SGD(block.parameters(), lr=0.1, momentum=0.9)
+    scaler = tw.amp.GradScaler("cpu")
+    x = tw.randn(4, 8, requires_grad=True)
+
+    def step():
+        with tw.autocast("cpu", dtype=tw.bfloat16):
+            loss = checkpoint(block, x, use_reentrant=False).float().pow(2).mean()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+
+    no_cycles(step)
+
+
+def test_a_whole_compiled_training_step_leaves_no_cycle_per_call(no_cycles):
+    tw.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = tw.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = tw.randn(6, 8), tw.randint(0, 4, (6,))
+
+    @tw.compile
+    def step(x, y):
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    step(x, y)  # compiles
+    no_cycles(lambda: step(x, y))
+
+
+def test_iterating_a_data_loader_leaves_no_cycle(no_cycles):
+    from tilewise.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(tw.randn(20, 3), tw.randint(0, 2, (20,)))
+    loader = DataLoader(data, batch_size=6, shuffle=True, drop_last=False)
+    no_cycles(lambda: [b for b in loader])
