@@ -14,7 +14,7 @@ from test_training_recipes import ADAM_ATOL, _assert_runs_agree, _named_paramete
 
 
 def ddpm_model(torch):
-    nn, F = torch.nn, torch.nn.functional
+    nn, F = torch.nn, torch.nn.functional  # noqa: N806 — the tutorials' names
 
     class TimeEmbedding(nn.Module):
         def __init__(self, dim):
@@ -59,7 +59,7 @@ def ddpm_model(torch):
 
 
 def ddpm_recipe(torch, model, images, timesteps, noises):
-    F = torch.nn.functional
+    F = torch.nn.functional  # noqa: N806 — the tutorials' name
     betas = torch.linspace(1e-4, 0.02, 100)
     alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
     sqrt_ab, sqrt_1m_ab = alphas_cumprod.sqrt(), (1.0 - alphas_cumprod).sqrt()
@@ -100,7 +100,7 @@ def simclr_model(torch):
 
 
 def nt_xent(torch, z1, z2, temperature=0.5):
-    F = torch.nn.functional
+    F = torch.nn.functional  # noqa: N806 — the tutorials' name
     z = F.normalize(torch.cat([z1, z2], dim=0), dim=1)
     sim = z @ z.T / temperature
     n = z1.shape[0]
