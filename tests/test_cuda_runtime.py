@@ -517,6 +517,37 @@ def test_a_graph_pool_released_by_a_finalizer_inside_malloc_is_released_after_it
     assert pool.released and 7 not in allocator.routes
 
 
+def test_the_backends_free_lists_are_emptied_even_when_finalizers_add_to_them_meanwhile(monkeypatch):
+    """Giving the small-block free lists back (empty_cache, the out-of-memory retry, before a capture) frees into the
+    allocator, where the collector may run a buffer's finalizer that puts a block on the lists being emptied."""
+    from tilewise.backends.cuda import device_memory as dm
+
+    allocator, backend, _ = make_allocator()
+    memory = dm.DeviceMemory.__new__(dm.DeviceMemory)
+    memory.device, memory.allocator, memory.free_lists, memory.cached, memory.allocated, memory.peak = (
+        98, allocator, {}, 0, 0, 0)
+    memory.cache_limit = dm.SMALL_CACHE_LIMIT
+    monkeypatch.setitem(dm._memories, 98, memory)
+    buffers = [dm.DeviceBuffer(4096 * (k + 1), 98, k % 2) for k in range(6)]
+    late = [dm.DeviceBuffer(512, 98, 1), dm.DeviceBuffer(1024, 98, 1)]  # freed by "finalizers" during the emptying
+    del buffers
+    original = allocator.free
+
+    def free(ptr):
+        original(ptr)
+        if late:
+            late.pop()  # its __del__ puts its block on the free list of stream 1, under a new key
+
+    allocator.free = free
+    memory.release_free_list(1)
+    assert not [key for key in memory.free_lists if key[0] == 1], "a capture on stream 1 must find its lists empty"
+    late.clear()
+    memory.release_free_lists()
+    assert memory.free_lists == {} and memory.cached == 0 and memory.allocated == 0
+    allocator.empty_cache()
+    assert backend.live == {}
+
+
 def test_a_malloc_re_entering_the_allocator_is_an_error_not_a_hang():
     allocator, backend, _ = make_allocator()
     original = backend.malloc

@@ -84,10 +84,11 @@ class DeviceMemory:
     def release_free_list(self, stream: int) -> None:
         """Give the blocks cached for ``stream`` back to the allocator (before a capture on it: see
         ``PrivateDeviceBuffer``)."""
-        for key in [key for key in self.free_lists if key[0] == stream]:
-            for ptr in self.free_lists.pop(key):
-                self.allocator.free(ptr)
-                self.cached -= key[1]
+        while keys := [key for key in self.free_lists if key[0] == stream]:  # again: a finalizer may add to them
+            for key in keys:
+                for ptr in self.free_lists.pop(key, ()):
+                    self.allocator.free(ptr)
+                    self.cached -= key[1]
 
     def bypass_free_lists(self, bypass: bool) -> None:
         """Send every malloc and free to the allocator (while its history records), or use the free lists again."""
