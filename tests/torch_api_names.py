@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.utils.parametrizations  # noqa: F401 — the submodules whose names are recorded
+import torch.nn.utils.parametrize  # noqa: F401
+import torch.nn.utils.prune  # noqa: F401
 
 OUT = Path(__file__).resolve().parent.parent / "tilewise" / "data" / "torch_api.json"
 
@@ -107,6 +110,11 @@ def namespaces() -> dict[str, list[str]]:
         "nn.init": module_names(torch.nn.init, "torch.nn.init", lambda n, o: inspect.isfunction(o)),
         "nn.utils": module_names(torch.nn.utils, "torch.nn.utils", lambda n, o: callable(o)),
         "nn.utils.rnn": module_names(torch.nn.utils.rnn, "torch.nn.utils.rnn", lambda n, o: callable(o)),
+        "nn.utils.prune": module_names(torch.nn.utils.prune, "torch.nn.utils.prune", lambda n, o: callable(o)),
+        "nn.utils.parametrize": module_names(torch.nn.utils.parametrize, "torch.nn.utils.parametrize",
+                                             lambda n, o: callable(o)),
+        "nn.utils.parametrizations": module_names(torch.nn.utils.parametrizations, "torch.nn.utils.parametrizations",
+                                                  lambda n, o: callable(o)),
         "optim": module_names(torch.optim, "torch.optim", lambda n, o: inspect.isclass(o)),
         "optim.lr_scheduler": module_names(lr_scheduler, "torch.optim.lr_scheduler",
                                            lambda n, o: inspect.isclass(o) and n not in ("Optimizer",)),
