@@ -90,6 +90,7 @@ from tilewise.nn.modules.normalization import (
     InstanceNorm3d,
     LayerNorm,
     RMSNorm,
+    SyncBatchNorm,
 )
 from tilewise.nn.modules.padding import (
     CircularPad1d,
@@ -208,6 +209,7 @@ __all__ = [
     "Softmax",
     "LogSoftmax",
     "Softmin",
+    "SyncBatchNorm",
     "Softmax2d",
     "Tanhshrink",
     "Hardshrink",

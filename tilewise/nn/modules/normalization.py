@@ -182,6 +182,72 @@ class BatchNorm3d(_BatchNorm):
     _expected_dims = (5,)
 
 
+class SyncBatchNorm(_BatchNorm):
+    """Batch norm whose training statistics cover the batches of every rank of ``process_group`` (default: the
+    whole job), as torch's: the module of data-parallel training where each GPU sees too few examples for good
+    statistics (see [Note: synchronised batch norm] in ``nn/parallel/_sync_batch_norm.py``). Outside training,
+    without an initialised process group, or in a group of one rank it is a plain batch norm. Unlike torch's,
+    it also synchronises CPU tensors (over gloo), where torch raises."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, process_group=None, device=None, dtype=None, *,
+                 bias: bool = True) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
+        self.process_group = process_group
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        if input.shape[1] == 0:
+            raise ValueError("SyncBatchNorm number of input channels should be non-zero")
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked.item())
+        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        track = not self.training or self.track_running_stats
+        running_mean = self.running_mean if track else None
+        running_var = self.running_var if track else None
+        import tilewise.distributed as dist
+
+        world_size, group = 1, None
+        if use_batch_stats and self.training and dist.is_available() and dist.is_initialized():
+            group = self.process_group if self.process_group else dist.group.WORLD
+            world_size = dist.get_world_size(group)
+        if world_size <= 1:
+            return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, use_batch_stats, factor,
+                                self.eps)
+        from tilewise.nn.parallel._sync_batch_norm import SyncBatchNormFunction
+
+        return SyncBatchNormFunction.apply(input, self.weight, self.bias, running_mean, running_var, self.eps,
+                                           factor, group, world_size)
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module: Module, process_group=None) -> Module:
+        """``module`` with every batch norm in it (BatchNorm1d/2d/3d) replaced by a SyncBatchNorm that shares its
+        parameters and buffers; the module itself when it is one."""
+        converted = module
+        if isinstance(module, _BatchNorm) and not isinstance(module, _InstanceNorm):
+            converted = cls(module.num_features, module.eps, module.momentum, module.affine,
+                            module.track_running_stats, process_group)
+            if module.affine:
+                converted.weight = module.weight
+                converted.bias = module.bias
+            converted.running_mean = module.running_mean
+            converted.running_var = module.running_var
+            converted.num_batches_tracked = module.num_batches_tracked
+            converted.training = module.training
+            if hasattr(module, "qconfig"):
+                converted.qconfig = module.qconfig
+        for name, child in module.named_children():
+            converted.add_module(name, cls.convert_sync_batchnorm(child, process_group))
+        return converted
+
+
 class _InstanceNorm(_BatchNorm):
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
                  track_running_stats: bool = False, device=None, dtype=None) -> None:
