@@ -1,13 +1,15 @@
 """Generative and self-supervised training programs in the styles their tutorials publish — a DDPM denoiser, a
 SimCLR contrastive step, a VQ-VAE with a straight-through codebook — run with ``torch`` and with ``tilewise`` as
 the module named ``torch`` inside them, from torch's initial weights and numpy data: losses and parameters agree
-step by step (see ``test_training_recipes.py`` for the method)."""
+step by step (see ``test_training_recipes.py`` for the method), eagerly and with each training step compiled by
+``tilewise.compile``."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pytest
 from test_training_recipes import ADAM_ATOL, _assert_runs_agree, _named_parameters, _run_both
 
 # --- 1. DDPM: a noise-prediction step over a linear beta schedule -------------------------------------------
@@ -58,7 +60,12 @@ def ddpm_model(torch):
     return UNetTiny()
 
 
-def ddpm_recipe(torch, model, images, timesteps, noises):
+def _compiled_if(torch, compiled: bool):
+    """The step as written, or through ``tilewise.compile`` (the torch side always runs eagerly)."""
+    return torch.compile if compiled and torch.__name__ == "tilewise" else (lambda fn: fn)
+
+
+def ddpm_recipe(torch, model, images, timesteps, noises, compiled=False):
     F = torch.nn.functional  # noqa: N806 — the tutorials' name
     betas = torch.linspace(1e-4, 0.02, 100)
     alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
@@ -66,8 +73,9 @@ def ddpm_recipe(torch, model, images, timesteps, noises):
     ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
     losses = []
-    for x0, t, noise in zip(images, timesteps, noises):
-        x0, t, noise = torch.from_numpy(x0), torch.from_numpy(t), torch.from_numpy(noise)
+
+    @_compiled_if(torch, compiled)
+    def train_step(x0, t, noise):
         a = sqrt_ab.gather(0, t).view(-1, 1, 1, 1)
         b = sqrt_1m_ab[t].reshape(-1, 1, 1, 1)
         loss = F.mse_loss(model(a * x0 + b * noise, t), noise)
@@ -78,16 +86,20 @@ def ddpm_recipe(torch, model, images, timesteps, noises):
         with torch.no_grad():
             for k, v in model.state_dict().items():
                 ema[k].lerp_(v, 0.1) if v.dtype.is_floating_point else ema[k].copy_(v)
-        losses.append(loss.item())
+        return loss.detach()
+
+    for x0, t, noise in zip(images, timesteps, noises):
+        losses.append(train_step(torch.from_numpy(x0), torch.from_numpy(t), torch.from_numpy(noise)).item())
     return {"losses": losses, "params": {**_named_parameters(model), **{f"ema.{k}": v for k, v in ema.items()}}}
 
 
-def test_a_ddpm_denoiser_trains_as_torchs():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_ddpm_denoiser_trains_as_torchs(compiled):
     rng = np.random.default_rng(0)
     images = [rng.standard_normal((4, 1, 8, 8), dtype=np.float32) for _ in range(5)]
     timesteps = [rng.integers(0, 100, size=4) for _ in range(5)]
     noises = [rng.standard_normal((4, 1, 8, 8), dtype=np.float32) for _ in range(5)]
-    theirs, ours = _run_both(ddpm_recipe, ddpm_model, images, timesteps, noises)
+    theirs, ours = _run_both(ddpm_recipe, ddpm_model, images, timesteps, noises, compiled=compiled)
     _assert_runs_agree(theirs, ours, rtol=1e-4, atol=ADAM_ATOL)
 
 
@@ -109,30 +121,38 @@ def nt_xent(torch, z1, z2, temperature=0.5):
     return F.cross_entropy(sim, targets)
 
 
-def simclr_recipe(torch, model, batches):
+def simclr_recipe(torch, model, batches, compiled=False):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=len(batches))
     losses, accuracy = [], []
-    for view1, view2 in batches:
-        z1, z2 = model(torch.from_numpy(view1)), model(torch.from_numpy(view2))
+
+    @_compiled_if(torch, compiled)
+    def train_step(view1, view2):
+        z1, z2 = model(view1), model(view2)
         loss = nt_xent(torch, z1, z2)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        sched.step()
-        losses.append(loss.item())
         with torch.no_grad():  # top-1: does each view find its partner?
             sim = torch.nn.functional.cosine_similarity(z1[:, None, :], z2[None, :, :], dim=-1)
-            accuracy.append(int((sim.argmax(dim=1) == torch.arange(len(view1))).sum()))
+            hits = (sim.argmax(dim=1) == torch.arange(len(view1))).sum()
+        return loss.detach(), hits
+
+    for view1, view2 in batches:
+        loss, hits = train_step(torch.from_numpy(view1), torch.from_numpy(view2))
+        sched.step()
+        losses.append(loss.item())
+        accuracy.append(int(hits))
     return {"losses": losses, "params": _named_parameters(model), "accuracy": accuracy}
 
 
-def test_a_simclr_contrastive_step_trains_as_torchs():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_simclr_contrastive_step_trains_as_torchs(compiled):
     rng = np.random.default_rng(1)
     base = [rng.standard_normal((8, 12), dtype=np.float32) for _ in range(6)]
     batches = [(b + 0.1 * rng.standard_normal(b.shape, dtype=np.float32),
                 b + 0.1 * rng.standard_normal(b.shape, dtype=np.float32)) for b in base]
-    theirs, ours = _run_both(simclr_recipe, simclr_model, batches)
+    theirs, ours = _run_both(simclr_recipe, simclr_model, batches, compiled=compiled)
     _assert_runs_agree(theirs, ours, rtol=1e-4, atol=1e-5)
 
 
@@ -165,16 +185,21 @@ def vqvae_model(torch):
     return VQVAE()
 
 
-def vqvae_recipe(torch, model, images):
+def vqvae_recipe(torch, model, images, compiled=False):
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses, used = [], []
-    for x in images:
-        x = torch.from_numpy(x)
+
+    @_compiled_if(torch, compiled)
+    def train_step(x):
         recon, vq_loss, indices = model(x)
         loss = torch.nn.functional.mse_loss(recon, x) + vq_loss
         opt.zero_grad()
         loss.backward()
         opt.step()
+        return loss.detach(), indices
+
+    for x in images:
+        loss, indices = train_step(torch.from_numpy(x))
         losses.append(loss.item())
         used.append(sorted(torch.unique(indices).tolist()))
     perplexity = torch.bincount(indices, minlength=16).float().div(indices.numel())
@@ -182,8 +207,9 @@ def vqvae_recipe(torch, model, images):
             "perplexity": round(float(torch.exp(-(perplexity * (perplexity + 1e-10).log()).sum())), 4)}
 
 
-def test_a_vq_vae_with_a_straight_through_codebook_trains_as_torchs():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_vq_vae_with_a_straight_through_codebook_trains_as_torchs(compiled):
     rng = np.random.default_rng(2)
     images = [rng.standard_normal((3, 1, 8, 8), dtype=np.float32) for _ in range(5)]
-    theirs, ours = _run_both(vqvae_recipe, vqvae_model, images)
+    theirs, ours = _run_both(vqvae_recipe, vqvae_model, images, compiled=compiled)
     _assert_runs_agree(theirs, ours, rtol=1e-4, atol=ADAM_ATOL)
