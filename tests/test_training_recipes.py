@@ -334,7 +334,7 @@ class TextClassificationModel:
         return Model()
 
 
-def text_classification(torch, model, rows, vocab, with_offsets):
+def text_classification(torch, model, rows, vocab, with_offsets, compiled=False):
     from_torch = torch.utils.data
     pad_sequence = torch.nn.utils.rnn.pad_sequence
 
@@ -359,16 +359,21 @@ def text_classification(torch, model, rows, vocab, with_offsets):
     optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1.0, gamma=0.1)
     losses, accuracies = [], []
+
+    @_compiled_if(torch, compiled)  # batches of several lengths: one variant per shape
+    def train_step(label, text, offsets):
+        optimizer.zero_grad()
+        predicted_label = model(text, offsets)
+        loss = criterion(predicted_label, label)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        optimizer.step()
+        return loss.detach()
+
     for _ in range(2):
         model.train()
         for label, text, offsets in loader:
-            optimizer.zero_grad()
-            predicted_label = model(text, offsets)
-            loss = criterion(predicted_label, label)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
-            optimizer.step()
-            losses.append(loss.item())
+            losses.append(train_step(label, text, offsets).item())
         scheduler.step()
         model.eval()
         total_acc, total_count = 0, 0
@@ -381,12 +386,13 @@ def text_classification(torch, model, rows, vocab, with_offsets):
     return {"losses": losses, "params": _named_parameters(model), "accuracy": accuracies}
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("mode,with_offsets", [("mean", True), ("sum", True), ("mean", False), ("sum", False)])
-def test_text_classification_with_embedding_bag_matches_torch(mode, with_offsets):
+def test_text_classification_with_embedding_bag_matches_torch(mode, with_offsets, compiled):
     rows = news_corpus()
     vocab = build_vocab(rows)
     theirs, ours = _run_both(
-        lambda fw, model: text_classification(fw, model, rows, vocab, with_offsets),
+        lambda fw, model: text_classification(fw, model, rows, vocab, with_offsets, compiled),
         lambda fw: TextClassificationModel.make(fw, len(vocab), mode, with_offsets))
     _assert_runs_agree(theirs, ours)
 
@@ -571,24 +577,33 @@ def graph_model(torch, features=5, hidden=8, classes=3):
     return GraphNet
 
 
-def train_graph(torch, model, x, edge_index, y, steps=5):
+def _compiled_if(torch, compiled: bool):
+    """The step as written, or through ``tilewise.compile`` (the torch side always runs eagerly)."""
+    return torch.compile if compiled and torch.__name__ == "tilewise" else (lambda fn: fn)
+
+
+def train_graph(torch, model, x, edge_index, y, steps=5, compiled=False):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
     x, edge_index, y = torch.from_numpy(x), torch.from_numpy(edge_index), torch.from_numpy(y)
-    losses = []
-    for _ in range(steps):
+
+    @_compiled_if(torch, compiled)
+    def step():
         optimizer.zero_grad()
         out = model(x, edge_index)
         loss = torch.nn.functional.cross_entropy(out, y)
         loss.backward()
         optimizer.step()
-        losses.append(loss.item())
+        return loss.detach()
+
+    losses = [step().item() for _ in range(steps)]
     return {"losses": losses, "params": _named_parameters(model)}
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("aggr,include_self", [("add", True), ("counts", True), ("sum", True), ("sum", False),
                                                ("mean", True), ("mean", False), ("amax", True), ("amax", False)])
-def test_message_passing_graph_network_matches_torch(aggr, include_self):
+def test_message_passing_graph_network_matches_torch(aggr, include_self, compiled):
     x, edge_index, y = graph_data()
-    theirs, ours = _run_both(lambda fw, model: train_graph(fw, model, x, edge_index, y),
+    theirs, ours = _run_both(lambda fw, model: train_graph(fw, model, x, edge_index, y, compiled=compiled),
                              lambda fw: graph_model(fw)(aggr, include_self))
     _assert_runs_agree(theirs, ours)
