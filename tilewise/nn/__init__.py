@@ -20,9 +20,11 @@ __all__ = ["Parameter", "UninitializedParameter", "UninitializedBuffer", "functi
 
 
 def __getattr__(name: str):
-    """``nn.parallel`` (DistributedDataParallel) on first use: it brings tilewise.distributed with it."""
-    if name == "parallel":
+    """``nn.parallel`` (DistributedDataParallel) and ``nn.DataParallel`` on first use: they bring
+    tilewise.distributed with them."""
+    if name in ("parallel", "DataParallel"):
         import importlib
 
-        return importlib.import_module("tilewise.nn.parallel")
+        parallel = importlib.import_module("tilewise.nn.parallel")
+        return parallel if name == "parallel" else parallel.DataParallel
     raise AttributeError(f"module 'tilewise.nn' has no attribute {name!r}")
