@@ -393,6 +393,27 @@ def test_non_persistent_buffers_stay_out_of_the_state_dict():
     assert [n for n, _ in module.named_buffers()] == ["kept", "scratch"]
 
 
+def test_buffers_assigned_as_nn_buffer_are_registered_as_torchs():
+    results = {}
+    for lib in (torch, tw):
+        module = lib.nn.Linear(2, 2)
+        module.steps = lib.nn.Buffer(lib.zeros(()), persistent=False)
+        module.mask = lib.nn.Buffer(lib.ones(2))
+        module.grads = lib.nn.Buffer(lib.ones(2, requires_grad=True))
+        module.mask = lib.zeros(2)  # a plain tensor into a registered buffer stays a buffer, persistence kept
+        module.plain = lib.ones(1)
+        errors = []
+        for name, value in (("plain", lib.nn.Buffer(lib.ones(1))), ("mask", 3)):
+            with pytest.raises((KeyError, TypeError)) as info:
+                setattr(module, name, value)
+            errors.append(type(info.value).__name__)
+        results[lib.__name__] = (list(module.state_dict()), [n for n, _ in module.named_buffers()],
+                                 isinstance(module.steps, lib.nn.Buffer), isinstance(lib.ones(1), lib.nn.Buffer),
+                                 module.grads.requires_grad, module.grads.is_leaf, module.steps.persistent, errors,
+                                 module.mask.tolist())
+    assert results["tilewise"] == results["torch"]
+
+
 def test_attribute_registration_rules():
     module = tw.nn.Module()
     module.w = tw.nn.Parameter(tw.zeros(2))

@@ -13,9 +13,9 @@ Sequential(
 from tilewise.nn import attention, functional, init, utils
 from tilewise.nn.modules import *  # noqa: F403 — the layer classes, listed in modules.__all__
 from tilewise.nn.modules import __all__ as _modules_all
-from tilewise.nn.parameter import Parameter, UninitializedBuffer, UninitializedParameter
+from tilewise.nn.parameter import Buffer, Parameter, UninitializedBuffer, UninitializedParameter
 
-__all__ = ["Parameter", "UninitializedParameter", "UninitializedBuffer", "functional", "init", "utils",
+__all__ = ["Buffer", "Parameter", "UninitializedParameter", "UninitializedBuffer", "functional", "init", "utils",
            *_modules_all]
 
 

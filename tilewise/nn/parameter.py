@@ -41,6 +41,33 @@ class Parameter(metaclass=_ParameterMeta):
         return param
 
 
+class _BufferMeta(type):
+    def __instancecheck__(cls, obj) -> bool:
+        return type(obj) is Tensor and obj.__dict__.get("_is_buffer", False)
+
+
+class Buffer(metaclass=_BufferMeta):
+    """A tensor that a Module registers as a buffer when assigned to one of its attributes (``persistent=False``:
+    left out of the state dict), as torch.nn.Buffer.
+
+    >>> import tilewise as tw
+    >>> m = tw.nn.Module()
+    >>> m.steps = tw.nn.Buffer(tw.zeros(()), persistent=False)
+    >>> list(dict(m.named_buffers())), list(m.state_dict())
+    (['steps'], [])
+    """
+
+    def __new__(cls, data: Tensor | None = None, *, persistent: bool = True) -> Tensor:
+        if data is None:
+            from tilewise.ops.creation import empty
+
+            data = empty(0)
+        buffer = data.detach().requires_grad_(data.requires_grad)
+        buffer.persistent = persistent
+        buffer._is_buffer = True
+        return buffer
+
+
 def is_parameter(obj) -> bool:
     return isinstance(obj, Parameter)
 

@@ -21,7 +21,7 @@ from tilewise.autograd.grad_mode import no_grad
 from tilewise.dispatch import STATE
 from tilewise.nn.init import zeros_
 from tilewise.nn.modules.backward_hooks import BackwardHookRun, hooked_inputs, hooked_output
-from tilewise.nn.parameter import Parameter
+from tilewise.nn.parameter import Buffer, Parameter
 from tilewise.tensor import Tensor
 from tilewise.utils.hooks import RemovableHandle
 
@@ -295,10 +295,15 @@ class Module:
             modules[name] = None
             return
         buffers = self.__dict__.get("_buffers")
+        if isinstance(value, Buffer):  # torch.nn.Buffer: registered, persistent as it says
+            if buffers is None:
+                raise AttributeError("cannot assign buffer before Module.__init__() call")
+            self.register_buffer(name, value, value.persistent)
+            return
         if buffers is not None and name in buffers:
             if value is not None and not isinstance(value, Tensor):
-                raise TypeError(f"cannot assign '{type(value).__name__}' as buffer '{name}' (Tensor or None "
-                                "expected)")
+                raise TypeError(f"cannot assign '{type(value).__name__}' as buffer '{name}' (tilewise.nn.Buffer, "
+                                "Tensor or None expected)")
             buffers[name] = value
             return
         object.__setattr__(self, name, value)
