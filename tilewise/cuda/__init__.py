@@ -35,6 +35,10 @@ __all__ = [
     "get_device_properties", "init", "is_available", "is_bf16_supported", "manual_seed", "manual_seed_all",
     "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
     "memory_stats", "memory_summary", "reset_peak_memory_stats", "set_device", "stream", "synchronize",
+    "StreamContext", "can_device_access_peer", "device", "device_of", "get_arch_list", "get_gencode_flags",
+    "get_rng_state", "get_rng_state_all", "initial_seed", "ipc_collect", "is_current_stream_capturing",
+    "is_initialized", "is_tf32_supported", "max_memory_cached", "memory_cached", "reset_max_memory_allocated",
+    "reset_max_memory_cached", "seed", "seed_all", "set_rng_state", "set_rng_state_all", "set_stream",
 ]
 
 
@@ -194,4 +198,28 @@ manual_seed_all = manual_seed
 globals().update({cls.__name__: cls for cls in _CUDA_TYPES.values()})  # tilewise.cuda.FloatTensor, ...
 
 from tilewise.cuda import memory, nvtx  # noqa: E402, F401 — torch.cuda.memory and torch.cuda.nvtx
+from tilewise.cuda._more import (  # noqa: E402 — the rest of torch.cuda's contexts, random state and spellings
+    StreamContext,
+    can_device_access_peer,
+    device,
+    device_of,
+    get_arch_list,
+    get_gencode_flags,
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    ipc_collect,
+    is_current_stream_capturing,
+    is_initialized,
+    is_tf32_supported,
+    max_memory_cached,
+    memory_cached,
+    reset_max_memory_allocated,
+    reset_max_memory_cached,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+    set_stream,
+)
 from tilewise.cuda.extension import load, load_inline  # noqa: E402 — one's own CUDA C kernels (torch's cpp_extension)
