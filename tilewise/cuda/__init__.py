@@ -39,6 +39,7 @@ __all__ = [
     "get_rng_state", "get_rng_state_all", "initial_seed", "ipc_collect", "is_current_stream_capturing",
     "is_initialized", "is_tf32_supported", "max_memory_cached", "memory_cached", "reset_max_memory_allocated",
     "reset_max_memory_cached", "seed", "seed_all", "set_rng_state", "set_rng_state_all", "set_stream",
+    "CUDAGraph", "graph", "graph_pool_handle",
 ]
 
 
@@ -197,7 +198,7 @@ manual_seed_all = manual_seed
 
 globals().update({cls.__name__: cls for cls in _CUDA_TYPES.values()})  # tilewise.cuda.FloatTensor, ...
 
-from tilewise.cuda import memory, nvtx  # noqa: E402, F401 — torch.cuda.memory and torch.cuda.nvtx
+from tilewise.cuda import graphs, memory, nvtx  # noqa: E402, F401 — torch.cuda.graphs, .memory and .nvtx
 from tilewise.cuda._more import (  # noqa: E402 — the rest of torch.cuda's contexts, random state and spellings
     StreamContext,
     can_device_access_peer,
@@ -223,3 +224,4 @@ from tilewise.cuda._more import (  # noqa: E402 — the rest of torch.cuda's con
     set_stream,
 )
 from tilewise.cuda.extension import load, load_inline  # noqa: E402 — one's own CUDA C kernels (torch's cpp_extension)
+from tilewise.cuda.graphs import CUDAGraph, graph, graph_pool_handle  # noqa: E402 — capturing eager work

@@ -69,7 +69,7 @@ class CudaGraph:
         check(cu.cuCtxSynchronize(), "cuCtxSynchronize")  # a replay in flight may still read the pool
         cu.cuGraphExecDestroy(self.exec)
         cu.cuGraphDestroy(self.graph)
-        memory(self.device).allocator.release_pool(self.pool)
+        _drop_pool(self.device, self.pool)
 
     def __del__(self) -> None:
         if self.released:
@@ -78,9 +78,16 @@ class CudaGraph:
             cu = driver_api()
             cu.cuGraphExecDestroy(self.exec)
             cu.cuGraphDestroy(self.graph)
-            memory(self.device).allocator.release_pool(self.pool)
+            _drop_pool(self.device, self.pool)
         except Exception:  # noqa: S110 — at interpreter shutdown the driver may already be gone
             pass
+
+
+def _drop_pool(device: int, pool: PrivatePool) -> None:
+    """One graph (or failed capture) less using ``pool``; the last one gives it back to the allocator."""
+    pool.users -= 1
+    if pool.users <= 0:
+        memory(device).allocator.release_pool(pool)
 
 
 def release_graphs_holding(resource: object) -> int:
@@ -92,43 +99,70 @@ def release_graphs_holding(resource: object) -> int:
     return len(found)
 
 
-def capture(body: Callable[[int], None], device: int) -> CudaGraph:
-    """Capture what ``body(stream)`` queues on ``stream`` (the current stream while it runs) into a graph."""
-    mem = memory(device)
-    stream = _take_stream(device)
-    pool = PrivatePool()
-    holds: list = []
-    cu = driver_api()
-    try:
-        mem.release_free_list(stream.handle)
-        began = cu.cuStreamBeginCapture(stream.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+class Recording:
+    """A capture under way on ``stream`` (a Stream of ``device``), from :meth:`begin` to :meth:`end`: the stream in
+    capture mode, the thread marked as capturing, and the allocations on the stream routed to ``pool``."""
+
+    def __init__(self, stream: Stream, device: int, pool: PrivatePool) -> None:
+        self.stream, self.device, self.pool = stream, device, pool
+        pool.users += 1  # graphs may share a pool (torch's pool=): it goes back when the last of them is gone
+        self.holds: list = []
+        self._scope = None
+
+    def begin(self) -> None:
+        mem, cu = memory(self.device), driver_api()
+        mem.release_free_list(self.stream.handle)
+        began = cu.cuStreamBeginCapture(self.stream.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
         try:
             check(began, "cuStreamBeginCapture")
         except CudaError as exc:
             raise GraphCaptureError(f"the capture did not begin: {exc}") from exc
-        raised = None
-        mem.allocator.route(stream.handle, pool)
+        mem.allocator.route(self.stream.handle, self.pool)
+        self._scope = capture_scope(self.stream.handle, self.holds)
+        self._scope.__enter__()
+
+    def end(self, raised: Exception | None = None) -> CudaGraph:
+        """End the capture (always: the stream leaves capture mode) and instantiate the graph; ``raised``: what the
+        captured work raised, which makes the capture unusable (:class:`GraphCaptureError` from it)."""
+        mem, cu = memory(self.device), driver_api()
         try:
-            with using(stream), capture_scope(stream.handle, holds):
+            try:
+                self._scope.__exit__(None, None, None)
+            finally:
+                mem.allocator.route(self.stream.handle, None)
+                ended = cu.cuStreamEndCapture(self.stream.handle)
+            graph = _ended_graph(ended, raised)
+        except BaseException:
+            _drop_pool(self.device, self.pool)
+            raise
+        try:
+            executable = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        except CudaError as exc:
+            cu.cuGraphDestroy(graph)
+            _drop_pool(self.device, self.pool)
+            raise GraphCaptureError(f"the captured graph does not instantiate: {exc}") from exc
+        return CudaGraph(executable, graph, self.pool, self.device, tuple(self.holds))
+
+
+def capture(body: Callable[[int], None], device: int) -> CudaGraph:
+    """Capture what ``body(stream)`` queues on ``stream`` (the current stream while it runs) into a graph."""
+    stream = _take_stream(device)
+    try:
+        recording = Recording(stream, device, PrivatePool())
+        try:
+            recording.begin()
+        except BaseException:
+            _drop_pool(device, recording.pool)
+            raise
+        raised = None
+        try:
+            with using(stream):
                 body(stream.handle)
         except Exception as exc:  # noqa: BLE001 — whatever it was, the capture cannot be used
             raised = exc
-        finally:
-            mem.allocator.route(stream.handle, None)
-            ended = cu.cuStreamEndCapture(stream.handle)  # always: the stream must leave capture mode
-        graph = _ended_graph(ended, raised)
-    except BaseException:
-        mem.allocator.release_pool(pool)
-        raise
+        return recording.end(raised)
     finally:
         _capture_streams.setdefault(device, []).append(stream)
-    try:
-        executable = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-    except CudaError as exc:
-        cu.cuGraphDestroy(graph)
-        mem.allocator.release_pool(pool)
-        raise GraphCaptureError(f"the captured graph does not instantiate: {exc}") from exc
-    return CudaGraph(executable, graph, pool, device, tuple(holds))
 
 
 def _ended_graph(ended: tuple, raised: Exception | None):

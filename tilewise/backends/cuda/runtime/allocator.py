@@ -225,6 +225,7 @@ class PrivatePool:
         self._small = _Pool("small", MIN_BLOCK_SIZE, self.id)
         self._large = _Pool("large", SMALL_SIZE + 1, self.id)
         self.released = False
+        self.users = 0  # the graphs that captured into it (see backends/cuda/graphs.py)
 
     def pools(self) -> tuple[_Pool, _Pool]:
         return self._small, self._large
