@@ -109,6 +109,26 @@ def test_not_differentiable():
     assert not out.requires_grad
 
 
+def test_a_plans_pointer_attributes_are_set_only_when_they_change(monkeypatch):
+    """Every attribute set is a call into cuBLASLt; a small FP8 GEMM called again with the same scales sets none."""
+    from types import SimpleNamespace
+
+    from tilewise.backends.cuda import scaled_mm as module
+
+    calls = []
+    fake = SimpleNamespace(matmul_desc_set_attribute=lambda desc, attr, ptr, size: calls.append(attr),
+                           get_matmul_desc_attribute_dtype=lambda attr: np.int64,
+                           MatmulDescAttribute=SimpleNamespace(A_SCALE_POINTER=1, B_SCALE_POINTER=2, BIAS_POINTER=3))
+    monkeypatch.setattr(module, "_lt", lambda: fake)
+    held = {"A_SCALE_POINTER": 100, "B_SCALE_POINTER": 200}
+    module._set_pointers(7, [("A_SCALE_POINTER", 100), ("B_SCALE_POINTER", 200)], held)
+    assert calls == []
+    module._set_pointers(7, [("A_SCALE_POINTER", 100), ("B_SCALE_POINTER", 300), ("BIAS_POINTER", 400)], held)
+    assert calls == [2, 3] and held == {"A_SCALE_POINTER": 100, "B_SCALE_POINTER": 300, "BIAS_POINTER": 400}
+    module._set_pointers(7, [("A_SCALE_POINTER", 100)])  # no record of what is held: always set
+    assert calls == [2, 3, 1]
+
+
 def test_compiled_matches_eager():
     a, b = _operands()
     ta, tb = _tw(a), _tw(b)

@@ -23,7 +23,7 @@ deterministic mode keep the first): cuBLASLt's first choice for e4m3 8192^3 ran 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -125,6 +125,7 @@ class _FP8Plan:
     keep: list
     scalars: tuple[int, int]
     candidates: list[int]  # the heuristic's usable algorithms, best first by its estimate
+    pointers: dict = field(default_factory=dict)  # the pointer attributes the descriptor holds now, by name
 
 
 _plans: dict[tuple, _FP8Plan] = {}
@@ -141,10 +142,17 @@ def _pointers(scale_a: Tensor, scale_b: Tensor, scale_result, amax, bias, out_dt
     return pointers
 
 
-def _set_pointers(desc: int, pointers: list[tuple[str, int]]) -> None:
+def _set_pointers(desc: int, pointers: list[tuple[str, int]], held: dict | None = None) -> None:
+    """Set the descriptor's pointer attributes; with ``held`` (what the descriptor holds now, updated here), only
+    those that changed: each set is a call into cuBLASLt, and a GEMM small enough to run in tens of microseconds
+    is otherwise paced by them."""
     lt = _lt()
     setter, dtype_of, attr = lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, lt.MatmulDescAttribute
     for name, pointer in pointers:
+        if held is not None:
+            if held.get(name) == pointer:
+                continue
+            held[name] = pointer
         _set(setter, dtype_of, desc, getattr(attr, name), pointer)
 
 
@@ -177,7 +185,8 @@ def _plan(key: tuple, handle: int, a: Tensor, b: Tensor, a_op: Operand, b_op: Op
     _set_pointers(desc, pointers)
     alpha, beta = np.array([1.0], np.float32), np.array([0.0], np.float32)
     algos, results = _heuristics(handle, desc, layouts, aligns)
-    return _FP8Plan(desc, layouts, algos[0], [results, alpha, beta], (alpha.ctypes.data, beta.ctypes.data), algos)
+    return _FP8Plan(desc, layouts, algos[0], [results, alpha, beta], (alpha.ctypes.data, beta.ctypes.data), algos,
+                    dict(pointers))
 
 
 def scaled_gemm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Tensor | None = None,
@@ -202,8 +211,9 @@ def scaled_gemm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Te
     # C is never read (beta is 0), but cuBLASLt refuses a null C and, for FP8, C == D when their types or
     # layouts differ: like torch, C points at mat1 (see [Note: cuBLASLt FP8 GEMM])
     aligns = tuple(_alignment(p) for p in (ptrs[1], ptrs[0], ptrs[0], ptrs[2]))
-    bias = bias.contiguous() if bias is not None else None
-    scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
+    bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
+    scale_a = scale_a if scale_a.is_contiguous() else scale_a.contiguous()
+    scale_b = scale_b if scale_b.is_contiguous() else scale_b.contiguous()
     pointers = _pointers(scale_a, scale_b, scale_result, amax, bias, out_dtype)
     key = (device.index, a.dtype, b.dtype, out_dtype, a_op, b_op, m, n, k, scaling, bool(use_fast_accum),
            bias.dtype if bias is not None else None, aligns, tuple(p != 0 for _, p in pointers))
@@ -213,7 +223,7 @@ def scaled_gemm(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Te
         plan = _plans[key] = _plan(key, ctx.handle, a, b, a_op, b_op, out_dtype, bias, scaling, use_fast_accum,
                                    aligns, pointers)
     else:
-        _set_pointers(plan.desc, pointers)
+        _set_pointers(plan.desc, pointers, plan.pointers)
     lt = _lt()
     alpha, beta = plan.scalars
     a_layout, b_layout, c_layout, d_layout = plan.layouts
