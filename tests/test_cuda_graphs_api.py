@@ -30,8 +30,11 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(graphs, "driver_api", lambda: driver)
     monkeypatch.setattr(graphs, "memory", lambda device: mem)
     monkeypatch.setattr(graphs, "ensure_context", lambda device: device)
-    monkeypatch.setattr(tw.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(tw.cuda, "empty_cache", lambda: None)
+    import importlib
+
+    api = importlib.import_module("tilewise.cuda.graphs")
+    monkeypatch.setattr(api, "_synchronize", lambda: None)
+    monkeypatch.setattr(api, "_empty_cache", lambda: None)
     return driver, allocator, Stream.from_handle(0x5EED, 0)
 
 

@@ -11,6 +11,7 @@ True
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from tilewise.backends.cuda import runtime as _rt
@@ -26,7 +27,7 @@ from tilewise.backends.cuda.runtime import (
     is_available,
     stream,
 )
-from tilewise.device import Device
+from tilewise.cuda._more import _index
 from tilewise.tensortypes import CUDA_TYPES as _CUDA_TYPES
 
 __all__ = [
@@ -41,18 +42,6 @@ __all__ = [
     "reset_max_memory_cached", "seed", "seed_all", "set_rng_state", "set_rng_state_all", "set_stream",
     "CUDAGraph", "graph", "graph_pool_handle",
 ]
-
-
-def _index(device: Any) -> int:
-    """A device index from None (the current device), an int, 'cuda', 'cuda:1' or a Device."""
-    if device is None:
-        return _rt.current_device()
-    if isinstance(device, int) and not isinstance(device, bool):
-        return device
-    dev = Device(str(device)) if not isinstance(device, Device) else device
-    if dev.type != "cuda":
-        raise ValueError(f"expected a CUDA device, got {dev}")
-    return dev.index
 
 
 def init() -> None:
@@ -137,6 +126,30 @@ def max_memory_reserved(device: Any = None) -> int:
     return _memory(device).allocator.max_memory_reserved()
 
 
+def memory_cached(device: Any = None) -> int:
+    warnings.warn("`torch.cuda.memory_cached` has been renamed to `torch.cuda.memory_reserved`", FutureWarning,
+                  stacklevel=2)
+    return memory_reserved(device)
+
+
+def max_memory_cached(device: Any = None) -> int:
+    warnings.warn("`torch.cuda.max_memory_cached` has been renamed to `torch.cuda.max_memory_reserved`",
+                  FutureWarning, stacklevel=2)
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    warnings.warn("torch.cuda.reset_max_memory_allocated now calls torch.cuda.reset_peak_memory_stats, which resets "
+                  "/all/ peak memory stats.", FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
+
+
+def reset_max_memory_cached(device: Any = None) -> None:
+    warnings.warn("torch.cuda.reset_max_memory_cached now calls torch.cuda.reset_peak_memory_stats, which resets "
+                  "/all/ peak memory stats.", FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
+
+
 def reset_peak_memory_stats(device: Any = None) -> None:
     _memory(device).reset_peak()
 
@@ -213,10 +226,6 @@ from tilewise.cuda._more import (  # noqa: E402 — the rest of torch.cuda's con
     is_current_stream_capturing,
     is_initialized,
     is_tf32_supported,
-    max_memory_cached,
-    memory_cached,
-    reset_max_memory_allocated,
-    reset_max_memory_cached,
     seed,
     seed_all,
     set_rng_state,

@@ -9,19 +9,29 @@ a GPU, as torch's (queued until CUDA starts) do in a process that never uses one
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from tilewise.backends.cuda import runtime as _rt
+from tilewise.device import Device
 from tilewise.tensor import Tensor
+
+
+def _index(device: Any) -> int:
+    """A device index from None (the current device), an int, 'cuda', 'cuda:1' or a Device."""
+    if device is None:
+        return _rt.current_device()
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    dev = Device(str(device)) if not isinstance(device, Device) else device
+    if dev.type != "cuda":
+        raise ValueError(f"expected a CUDA device, got {dev}")
+    return dev.index
 
 
 class device:  # noqa: N801 — torch's name
     """Within the block, ``device`` is the current CUDA device (a negative index or None: nothing changes)."""
 
     def __init__(self, device: Any) -> None:
-        from tilewise.cuda import _index
-
         self.idx = -1 if device is None else (device if isinstance(device, int) else _index(device))
         self.prev_idx = -1
 
@@ -87,7 +97,7 @@ def is_current_stream_capturing() -> bool:
 
 
 def _check_device(index: int) -> None:
-    from tilewise.cuda import device_count, is_available
+    from tilewise.backends.cuda.runtime import device_count, is_available
 
     if not is_available():
         raise RuntimeError("CUDA is not available: tilewise found no GPU, so there is no CUDA generator")
@@ -97,7 +107,6 @@ def _check_device(index: int) -> None:
 
 def get_rng_state(device: Any = "cuda") -> Tensor:
     """The generator's state as a uint8 tensor (see [Note: one random stream])."""
-    from tilewise.cuda import _index
     from tilewise.ops.creation import get_rng_state as state
 
     _check_device(_index(device))
@@ -105,7 +114,6 @@ def get_rng_state(device: Any = "cuda") -> Tensor:
 
 
 def set_rng_state(new_state: Tensor, device: Any = "cuda") -> None:
-    from tilewise.cuda import _index
     from tilewise.ops.creation import set_rng_state as restore
 
     _check_device(_index(device))
@@ -113,7 +121,7 @@ def set_rng_state(new_state: Tensor, device: Any = "cuda") -> None:
 
 
 def get_rng_state_all() -> list[Tensor]:
-    from tilewise.cuda import device_count, is_available
+    from tilewise.backends.cuda.runtime import device_count, is_available
 
     return [get_rng_state(i) for i in range(device_count())] if is_available() else []
 
@@ -125,7 +133,7 @@ def set_rng_state_all(new_states) -> None:
 
 def seed() -> None:
     """Seed the generator from a non-deterministic source (nothing without a GPU)."""
-    from tilewise.cuda import is_available
+    from tilewise.backends.cuda.runtime import is_available
     from tilewise.ops.creation import seed as reseed
 
     if is_available():
@@ -136,46 +144,10 @@ seed_all = seed
 
 
 def initial_seed() -> int:
-    from tilewise.cuda import current_device
     from tilewise.ops.creation import initial_seed as first
 
-    _check_device(current_device())
+    _check_device(_rt.current_device())
     return first()
-
-
-# ---------------------------------------------------------------------------- memory: deprecated spellings
-
-
-def memory_cached(device: Any = None) -> int:
-    from tilewise.cuda import memory_reserved
-
-    warnings.warn("`torch.cuda.memory_cached` has been renamed to `torch.cuda.memory_reserved`", FutureWarning,
-                  stacklevel=2)
-    return memory_reserved(device)
-
-
-def max_memory_cached(device: Any = None) -> int:
-    from tilewise.cuda import max_memory_reserved
-
-    warnings.warn("`torch.cuda.max_memory_cached` has been renamed to `torch.cuda.max_memory_reserved`", FutureWarning,
-                  stacklevel=2)
-    return max_memory_reserved(device)
-
-
-def reset_max_memory_allocated(device: Any = None) -> None:
-    from tilewise.cuda import reset_peak_memory_stats
-
-    warnings.warn("torch.cuda.reset_max_memory_allocated now calls torch.cuda.reset_peak_memory_stats, which resets "
-                  "/all/ peak memory stats.", FutureWarning, stacklevel=2)
-    reset_peak_memory_stats(device)
-
-
-def reset_max_memory_cached(device: Any = None) -> None:
-    from tilewise.cuda import reset_peak_memory_stats
-
-    warnings.warn("torch.cuda.reset_max_memory_cached now calls torch.cuda.reset_peak_memory_stats, which resets "
-                  "/all/ peak memory stats.", FutureWarning, stacklevel=2)
-    reset_peak_memory_stats(device)
 
 
 def ipc_collect() -> None:
@@ -187,15 +159,15 @@ def ipc_collect() -> None:
 
 def is_tf32_supported() -> bool:
     """Whether the current GPU has TF32 tensor cores (compute capability 8.0 or newer); False without a GPU."""
-    from tilewise.cuda import get_device_properties, is_available
+    from tilewise.backends.cuda.runtime import get_device_properties, is_available
 
-    return is_available() and get_device_properties(None).major >= 8
+    return is_available() and get_device_properties(_rt.current_device()).major >= 8
 
 
 def get_arch_list() -> list[str]:
     """The architectures tilewise can build kernels for, as ``sm_XY`` (NVRTC's list); empty without a GPU, as
     torch's on a machine without CUDA."""
-    from tilewise.cuda import is_available
+    from tilewise.backends.cuda.runtime import is_available
 
     if not is_available():
         return []
@@ -215,7 +187,6 @@ def get_gencode_flags() -> str:
 def can_device_access_peer(device: Any, peer_device: Any) -> bool:
     """Whether ``device`` can read and write ``peer_device``'s memory directly (NVLink or PCIe peer access)."""
     from tilewise._cuda_api import check, driver_api
-    from tilewise.cuda import _index
 
     a, b = _index(device), _index(peer_device)
     _check_device(a)

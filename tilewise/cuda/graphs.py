@@ -114,6 +114,21 @@ class CUDAGraph:
                            "and does nothing)")
 
 
+def _synchronize() -> None:
+    from tilewise.backends.cuda.runtime import current_device, synchronize
+
+    synchronize(current_device())
+
+
+def _empty_cache() -> None:
+    from tilewise.backends.cuda import memory
+    from tilewise.backends.cuda.runtime import current_device
+
+    mem = memory(current_device())
+    mem.release_free_lists()
+    mem.allocator.empty_cache()
+
+
 class graph:  # noqa: N801 — torch's name
     """``with graph(g): ...`` captures the block's work into ``g`` on a side stream (``stream``), after
     synchronising, collecting garbage and emptying the cache, as torch's does."""
@@ -133,11 +148,10 @@ class graph:  # noqa: N801 — torch's name
 
     def __enter__(self) -> None:
         from tilewise.backends.cuda.runtime import stream as using
-        from tilewise.cuda import empty_cache, synchronize
 
-        synchronize()
+        _synchronize()
         gc.collect()
-        empty_cache()
+        _empty_cache()
         self._stream_context = using(self.capture_stream)
         self._stream_context.__enter__()
         try:

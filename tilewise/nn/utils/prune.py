@@ -20,7 +20,8 @@ import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
-import tilewise
+from tilewise.layouts import contiguous_format
+from tilewise.ops.creation import ones_like, rand, rand_like, zeros_like
 from tilewise.tensor import Tensor
 
 
@@ -62,9 +63,9 @@ class BasePruningMethod(ABC):
         if not isinstance(method, PruningContainer):  # the first pruning of this tensor
             module.register_parameter(name + "_orig", orig)
             del module._parameters[name]
-            default_mask = tilewise.ones_like(orig)
+            default_mask = ones_like(orig)
         else:
-            default_mask = getattr(module, name + "_mask").detach().clone(memory_format=tilewise.contiguous_format)
+            default_mask = getattr(module, name + "_mask").detach().clone(memory_format=contiguous_format)
         try:
             mask = method.compute_mask(importance_scores, default_mask=default_mask)
             module.register_buffer(name + "_mask", mask)
@@ -85,7 +86,7 @@ class BasePruningMethod(ABC):
                 raise AssertionError("importance_scores should have the same shape as tensor t")
         else:
             importance_scores = t
-        default_mask = default_mask if default_mask is not None else tilewise.ones_like(t)
+        default_mask = default_mask if default_mask is not None else ones_like(t)
         return t * self.compute_mask(importance_scores, default_mask=default_mask)
 
     def remove(self, module) -> None:
@@ -210,9 +211,9 @@ class RandomUnstructured(BasePruningMethod):
         size = t.nelement()
         count = _compute_nparams_toprune(self.amount, size)
         _validate_pruning_amount(count, size)
-        mask = default_mask.clone(memory_format=tilewise.contiguous_format)
+        mask = default_mask.clone(memory_format=contiguous_format)
         if count != 0:
-            chosen = tilewise.topk(tilewise.rand_like(t).view(-1), k=count).indices
+            chosen = rand_like(t).view(-1).topk(count).indices
             mask.view(-1)[chosen] = 0
         return mask
 
@@ -234,9 +235,9 @@ class L1Unstructured(BasePruningMethod):
         size = t.nelement()
         count = _compute_nparams_toprune(self.amount, size)
         _validate_pruning_amount(count, size)
-        mask = default_mask.clone(memory_format=tilewise.contiguous_format)
+        mask = default_mask.clone(memory_format=contiguous_format)
         if count != 0:
-            smallest = tilewise.topk(tilewise.abs(t).view(-1), k=count, largest=False).indices
+            smallest = t.abs().view(-1).topk(count, largest=False).indices
             mask.view(-1)[smallest] = 0
         return mask
 
@@ -263,8 +264,8 @@ class RandomStructured(BasePruningMethod):
         _validate_pruning_amount(count, channels)
         if count == 0:
             return default_mask
-        draws = tilewise.rand(channels)
-        threshold = tilewise.kthvalue(draws, k=count).values
+        draws = rand(channels)
+        threshold = draws.kthvalue(count).values
         mask = _channels_mask(t, self.dim, draws > threshold)
         mask *= default_mask.to(dtype=mask.dtype)
         return mask
@@ -292,7 +293,7 @@ class LnStructured(BasePruningMethod):
         count = _compute_nparams_toprune(self.amount, channels)
         _validate_pruning_amount(count, channels)
         norm = _compute_norm(t, self.n, self.dim)
-        kept = tilewise.topk(norm, k=channels - count, largest=True).indices
+        kept = norm.topk(channels - count, largest=True).indices
         if count == 0:
             return default_mask
         mask = _channels_mask(t, self.dim, kept)
@@ -370,7 +371,7 @@ def global_unstructured(parameters, pruning_method, importance_scores=None, **kw
 
     scores = parameters_to_vector([importance_scores.get((module, name), getattr(module, name))
                                    for module, name in parameters])
-    default_mask = parameters_to_vector([getattr(module, name + "_mask", tilewise.ones_like(getattr(module, name)))
+    default_mask = parameters_to_vector([getattr(module, name + "_mask", ones_like(getattr(module, name)))
                                          for module, name in parameters])
     container = PruningContainer()
     container._tensor_name = "temp"
@@ -442,11 +443,11 @@ def _validate_pruning_dim(t: Tensor, dim: int) -> None:
 def _compute_norm(t: Tensor, n, dim: int) -> Tensor:
     dims = list(range(t.dim()))
     dims.remove(dims[dim])
-    return tilewise.norm(t, p=n, dim=dims)
+    return t.norm(p=n, dim=dims)
 
 
 def _channels_mask(t: Tensor, dim: int, channels) -> Tensor:
     """Ones on the chosen channels of ``dim`` (a bool mask or indices), zeros elsewhere."""
-    mask = tilewise.zeros_like(t)
+    mask = zeros_like(t)
     mask[tuple(channels if d == dim % t.dim() else slice(None) for d in range(t.dim()))] = 1
     return mask
