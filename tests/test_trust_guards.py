@@ -374,3 +374,61 @@ def test_a_step_that_clears_the_gradient_itself_compiles_twice_at_most():
     for _ in range(4):
         assert compiled().tolist() == [2.0, 2.0, 2.0]
     assert len(compiled.variants) == 2
+
+
+def _linear_with(lib, weights):
+    model = lib.nn.Linear(4, 2)
+    with lib.no_grad():
+        model.weight.copy_(lib.tensor(weights))
+        model.bias.fill_(0.5)
+    return model
+
+
+def test_a_backward_through_history_made_before_each_call():
+    """REINFORCE's update: log-probabilities taken before the call (a new autograd graph each episode, over new
+    states and with new scaling) are summed and backpropagated inside the compiled step. Their graph is no input a
+    guard sees, so a replay would differentiate the first call's graph again."""
+    weights = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+
+    def scenario(lib, compile_):
+        model = _linear_with(lib, weights)
+        opt = lib.optim.Adam(model.parameters(), lr=0.05)
+
+        @compile_
+        def finish_episode(saved_log_probs):
+            opt.zero_grad()
+            loss = lib.cat(saved_log_probs).sum()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        out = []
+        for episode in range(4):
+            saved = [lib.log_softmax(model(lib.full((1, 4), 0.1 * (episode + t))), -1)[:, 0] * (t + 1.5 * episode)
+                     for t in range(3)]
+            out += [finish_episode(saved), model.weight.detach().clone()]
+        return out
+
+    check(scenario)
+
+
+def test_a_backward_from_a_loss_made_before_each_call():
+    weights = np.random.default_rng(4).standard_normal((2, 4)).astype(np.float32)
+
+    def scenario(lib, compile_):
+        model = _linear_with(lib, weights)
+        opt = lib.optim.SGD(model.parameters(), lr=0.1)
+
+        @compile_
+        def update(loss):
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        out = []
+        for k in range(4):
+            update((model(lib.full((3, 4), float(k))) ** 2).mean() * (k + 1))
+            out.append(model.weight.detach().clone())
+        return out
+
+    check(scenario)

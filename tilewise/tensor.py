@@ -57,6 +57,7 @@ class _TraceHooks:
     bump_version = None
     untraced = contextlib.nullcontext  # () -> a context in which operators run, not recorded
     grad_assigned = None  # (t) -> None, before ``t.grad = ...`` (a trace learns what .grad was before the call)
+    backward_started = None  # (roots, nodes) -> None, as a backward starts while tracing, with every node it reaches
 
 
 TRACE_HOOKS = _TraceHooks()

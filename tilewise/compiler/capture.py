@@ -222,6 +222,11 @@ class Capture:
         self.sourced: set[int] = set()  # ids of the real tensors already in tensor_sources
         self.owners: list[tuple[Tensor, Source]] = []  # real tensors whose .grad may be read or set
         self.saved_grads: dict[int, tuple[Tensor, object]] = {}
+        self.histories: list[Tensor] = []  # real tensors read with autograd history made before the call
+        # ids of the autograd nodes backward passes in the trace reached (a history's node lives as long as its
+        # tensor in ``histories``, so no other node can take its id)
+        self.backward_nodes: set[int] = set()
+        self.backward_from_history = False  # a backward in the trace started at a real tensor's history
         self.arg_sources: dict[int, Source] = {}  # id of an argument tensor -> its Source
         self.arg_index: dict[int, int] = {}  # id of an argument tensor -> its position among the flat arguments
         self.states: list[tuple[dict, dict]] = []  # optimizer state tables and what they held before the trace
@@ -297,9 +302,16 @@ class Capture:
             entry = StorageEntry(st, source, node, node, st.version)
             self.entries[key] = entry
         self.sourced.add(id(t))
+        if t.grad_fn is not None and not any(h is t for h in self.histories):
+            self.histories.append(t)
         self.tensor_sources.append(TensorSource(source, signature(t), list(self.entries).index(key)))
         self.add_owner(t, source)
         return entry
+
+    def backward_through_history(self) -> bool:
+        """Whether a backward in the trace ran autograd nodes recorded before the call: their structure and
+        saved values belong to that one call's history, which no guard sees, so a replay would reuse them."""
+        return self.backward_from_history or any(id(t.grad_fn) in self.backward_nodes for t in self.histories)
 
     def add_owner(self, t: Tensor, source: Source) -> None:
         if t._requires_grad and not any(o is t for o, _ in self.owners):
@@ -740,6 +752,16 @@ def _grad_assigned(t: Tensor) -> None:
 
 
 TRACE_HOOKS.grad_assigned = _grad_assigned
+
+
+def _backward_started(roots, nodes) -> None:
+    cap = STATE.captures[-1]
+    cap.backward_nodes.update(map(id, nodes))
+    if any(type(t) is Tensor and t._trace is None and t.grad_fn is not None for t in roots):
+        cap.backward_from_history = True
+
+
+TRACE_HOOKS.backward_started = _backward_started
 
 
 @contextlib.contextmanager

@@ -274,6 +274,8 @@ class CompiledFunction:
                 with stage("trace"), recorder, capturing(cap):
                     result = self.fn(*args, **kwargs)
                     effects = recorder.side_effects() if self.segments.syncs == synced else []
+                    if self.segments.syncs == synced and cap.backward_through_history():
+                        effects.append("its backward runs through autograd history made before the call")
                     if self.segments.syncs == synced and not effects:
                         traced = cap.finish(result, flat)
             except UnsupportedTargetError as exc:
