@@ -432,3 +432,47 @@ def test_a_backward_from_a_loss_made_before_each_call():
         return out
 
     check(scenario)
+
+
+def test_a_detached_argument_is_read_anew_on_every_call():
+    """``h.detach()`` (and ``h.data``) make a new tensor object over the argument's memory on every call: a replay
+    must read the argument it is given, not the first call's."""
+    weights = np.arange(3, dtype=np.float32)
+
+    def scenario(lib, compile_):
+        w = lib.tensor(weights, requires_grad=True)
+        detached = compile_(lambda h: (h.detach() * w).sum() + h.data.sum())
+        return [detached(lib.full((3,), float(k))) for k in range(3)]
+
+    check(scenario)
+
+
+def test_truncated_backpropagation_through_time_carries_the_hidden_state():
+    """word_language_model's step: the hidden state a call returns comes back, detached, in the next call."""
+    weights = np.random.default_rng(5).standard_normal((4, 4)).astype(np.float32) * 0.5
+
+    def scenario(lib, compile_):
+        rnn = lib.nn.RNN(4, 4, 1)
+        with lib.no_grad():
+            for p in rnn.parameters():
+                p.copy_(lib.tensor(weights[: p.shape[0]].reshape(-1)[: p.numel()].reshape(p.shape)))
+
+        @compile_
+        def step(x, hidden):
+            rnn.zero_grad()
+            out, hidden = rnn(x, hidden.detach())
+            loss = out.pow(2).mean()
+            loss.backward()
+            for p in rnn.parameters():
+                p.data.add_(p.grad, alpha=-0.5)
+            return loss.detach(), hidden
+
+        out = []
+        for epoch in range(2):
+            hidden = lib.zeros(1, 2, 4)
+            for k in range(2):
+                loss, hidden = step(lib.full((3, 2, 4), 0.3 * (k + 1)), hidden)
+                out += [loss, hidden]
+        return out
+
+    check(scenario)

@@ -229,6 +229,7 @@ class Capture:
         self.backward_from_history = False  # a backward in the trace started at a real tensor's history
         self.arg_sources: dict[int, Source] = {}  # id of an argument tensor -> its Source
         self.arg_index: dict[int, int] = {}  # id of an argument tensor -> its position among the flat arguments
+        self.arg_tensors: list[Tensor] = []
         self.states: list[tuple[dict, dict]] = []  # optimizer state tables and what they held before the trace
         self.live: list[weakref.ref] = []  # every trace tensor made since the last sync (see segments.py)
         # what a data-dependent read does: None raises DataDependentError; a callable(capture, what) runs what
@@ -292,8 +293,15 @@ class Capture:
         entry = self.entries.get(key)
         if entry is not None and source is None and id(t) in self.sourced:
             return entry
+        described = t  # the tensor the guards fetch through ``source`` and compare with what the trace saw
         if source is None:
-            source = self.arg_sources.get(id(t)) or self._source_for(t)
+            source = self.arg_sources.get(id(t))
+        if source is None:
+            aliased = self._aliased(t)
+            if aliased is not None:
+                described, source = aliased
+            else:
+                source = self._source_for(t)
         if entry is None:
             st = t._storage
             dense = t._offset == 0 and t.numel() == st.size and S.is_contiguous(t._shape, t._strides)
@@ -304,7 +312,7 @@ class Capture:
         self.sourced.add(id(t))
         if t.grad_fn is not None and not any(h is t for h in self.histories):
             self.histories.append(t)
-        self.tensor_sources.append(TensorSource(source, signature(t), list(self.entries).index(key)))
+        self.tensor_sources.append(TensorSource(source, signature(described), list(self.entries).index(key)))
         self.add_owner(t, source)
         return entry
 
@@ -327,6 +335,17 @@ class Capture:
             k += 1
         return f"{label}#{k}"
 
+    def _aliased(self, t: Tensor) -> tuple[Tensor, Source] | None:
+        """The argument or held tensor, with its source, whose memory and geometry a real tensor made outside the
+        dispatcher (``detach()``, ``.data``) shares: that tensor is a new object on every call, which only the
+        tensor it came from finds again."""
+        known = [(a, self.arg_sources[id(a)]) for a in self.arg_tensors] + self.owners
+        for other, source in known:
+            if other is not t and other._storage is t._storage and other._dtype == t._dtype and \
+                    (other._shape, other._strides, other._offset) == (t._shape, t._strides, t._offset):
+                return other, source
+        return None
+
     def _source_for(self, t: Tensor) -> Source:
         for owner, owner_source in self.owners:
             if owner._grad is t:
@@ -339,6 +358,7 @@ class Capture:
         storage to a graph input fetched from that argument on every call (an unused argument is never
         guarded), and autograd records on the caller's own tensor."""
         self.arg_sources[id(leaf)] = Source("arg", label, index=index)
+        self.arg_tensors.append(leaf)
         self.arg_index.setdefault(id(leaf), index)
 
     # ------------------------------------------------------------------ reading and writing values
