@@ -899,3 +899,34 @@ def test_word_language_model_trains_like_torch(model_type, initial_lr, transform
     ours, theirs = run_both(word_language_model, model_type=model_type, initial_lr=initial_lr,
                             transformer_class=transformer_class, compiled=compiled)
     assert_same_run(ours, theirs, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The compiled steps against tilewise's own eager run, each drawing its own random numbers: the replay of torch's
+# draws above is a side effect of every step, so those runs compile segments; here the steps that have no graph break
+# (the VAE's, word_language_model's) become whole replayed programs, with their dropout and randn_like in the graph.
+
+
+class OwnDraws:
+    """tilewise as a program sees it, drawing its own random numbers (compiled and eager draw the same Philox
+    stream from the same seed)."""
+
+    def __init__(self, module):
+        self._module = module
+        self.Categorical = module.distributions.Categorical
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+@pytest.mark.parametrize("program,options", [
+    (vae, {}), (word_language_model, {"model_type": "LSTM", "transformer_class": None}),
+    (word_language_model, {"initial_lr": 2}), (reinforce, {}), (actor_critic, {})],
+    ids=["vae", "LSTM", "TransformerEncoder", "reinforce", "actor_critic"])
+def test_compiled_steps_train_like_tilewise_eager(program, options):
+    runs = []
+    for compiled in (False, True):
+        tilewise.manual_seed(0)
+        runs.append(program(OwnDraws(tilewise), init=None, compiled=compiled, **options))
+    eager, compiled = runs
+    assert_same_run(compiled, eager)
