@@ -468,7 +468,7 @@ def test_truncated_backpropagation_through_time_carries_the_hidden_state():
             return loss.detach(), hidden
 
         out = []
-        for epoch in range(2):
+        for _epoch in range(2):
             hidden = lib.zeros(1, 2, 4)
             for k in range(2):
                 loss, hidden = step(lib.full((3, 2, 4), 0.3 * (k + 1)), hidden)
