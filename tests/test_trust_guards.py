@@ -476,3 +476,17 @@ def test_truncated_backpropagation_through_time_carries_the_hidden_state():
         return out
 
     check(scenario)
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_a_held_tensor_read_through_detach_after_its_data_is_replaced(requires_grad):
+    def scenario(lib, compile_):
+        w = lib.ones(3, requires_grad=requires_grad)
+        scaled = compile_(lambda x: x * w.detach())
+        out = []
+        for k in range(3):
+            out.append(scaled(lib.ones(3)))
+            w.data = lib.full((3,), float(k + 2))
+        return out
+
+    check(scenario)

@@ -229,7 +229,7 @@ class Capture:
         self.backward_from_history = False  # a backward in the trace started at a real tensor's history
         self.arg_sources: dict[int, Source] = {}  # id of an argument tensor -> its Source
         self.arg_index: dict[int, int] = {}  # id of an argument tensor -> its position among the flat arguments
-        self.arg_tensors: list[Tensor] = []
+        self.detached: dict[int, tuple[Tensor, Tensor]] = {}  # id of a real tensor detached here -> (it, origin)
         self.states: list[tuple[dict, dict]] = []  # optimizer state tables and what they held before the trace
         self.live: list[weakref.ref] = []  # every trace tensor made since the last sync (see segments.py)
         # what a data-dependent read does: None raises DataDependentError; a callable(capture, what) runs what
@@ -297,11 +297,9 @@ class Capture:
         if source is None:
             source = self.arg_sources.get(id(t))
         if source is None:
-            aliased = self._aliased(t)
-            if aliased is not None:
-                described, source = aliased
-            else:
-                source = self._source_for(t)
+            described = self.origin_of(t)
+            source = self.arg_sources.get(id(described)) or self._owner_source(described) or \
+                self._source_for(described)
         if entry is None:
             st = t._storage
             dense = t._offset == 0 and t.numel() == st.size and S.is_contiguous(t._shape, t._strides)
@@ -335,16 +333,17 @@ class Capture:
             k += 1
         return f"{label}#{k}"
 
-    def _aliased(self, t: Tensor) -> tuple[Tensor, Source] | None:
-        """The argument or held tensor, with its source, whose memory and geometry a real tensor made outside the
-        dispatcher (``detach()``, ``.data``) shares: that tensor is a new object on every call, which only the
-        tensor it came from finds again."""
-        known = [(a, self.arg_sources[id(a)]) for a in self.arg_tensors] + self.owners
-        for other, source in known:
-            if other is not t and other._storage is t._storage and other._dtype == t._dtype and \
-                    (other._shape, other._strides, other._offset) == (t._shape, t._strides, t._offset):
-                return other, source
-        return None
+    def origin_of(self, t: Tensor) -> Tensor:
+        """The tensor a real tensor was detached from in this call (``detach()``, ``.data``), through any chain
+        of detaches: the detached tensor is a new object on every call, which only its origin finds again."""
+        found = self.detached.get(id(t))
+        while found is not None and found[0] is t:
+            t = found[1]
+            found = self.detached.get(id(t))
+        return t
+
+    def _owner_source(self, t: Tensor) -> Source | None:
+        return next((source for owner, source in self.owners if owner is t), None)
 
     def _source_for(self, t: Tensor) -> Source:
         for owner, owner_source in self.owners:
@@ -358,7 +357,6 @@ class Capture:
         storage to a graph input fetched from that argument on every call (an unused argument is never
         guarded), and autograd records on the caller's own tensor."""
         self.arg_sources[id(leaf)] = Source("arg", label, index=index)
-        self.arg_tensors.append(leaf)
         self.arg_index.setdefault(id(leaf), index)
 
     # ------------------------------------------------------------------ reading and writing values
@@ -784,14 +782,28 @@ def _backward_started(roots, nodes) -> None:
 TRACE_HOOKS.backward_started = _backward_started
 
 
+def _detached(src: Tensor, out: Tensor) -> None:
+    """A real tensor detached while this thread traces: the capture remembers where it came from."""
+    if STATE.trace_depth:
+        STATE.captures[-1].detached[id(out)] = (out, src)
+
+
+_CAPTURING = [0]  # captures in progress, all threads: eager detaches pay for the hook only while there are some
+
+
 @contextlib.contextmanager
 def capturing(cap: Capture):
     state = STATE  # this thread's: another thread's operators are never recorded into this capture
     state.captures = (*state.captures, cap)
     state.trace_depth += 1
+    _CAPTURING[0] += 1
+    TRACE_HOOKS.detached = _detached
     try:
         yield cap
     finally:
+        _CAPTURING[0] -= 1
+        if not _CAPTURING[0]:
+            TRACE_HOOKS.detached = None
         state.trace_depth -= 1
         state.captures = state.captures[:-1]
 
