@@ -490,3 +490,16 @@ def test_a_held_tensor_read_through_detach_after_its_data_is_replaced(requires_g
         return out
 
     check(scenario)
+
+
+def test_fullgraph_refuses_a_backward_through_history_made_before_the_call():
+    model = tw.nn.Linear(2, 1)
+
+    @tw.compile(fullgraph=True)
+    def update(loss):
+        loss.backward()
+        return loss.detach()
+
+    with pytest.raises(tw.compiler.errors.DataDependentError, match=r"update runs through autograd history made"):
+        update(model(tw.ones(1, 2)).sum())
+    assert model.weight.grad is None, "the refused call left a gradient behind"

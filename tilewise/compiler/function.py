@@ -41,7 +41,7 @@ from tilewise import strides as S
 from tilewise._stages import Stages, collector_paused, stage
 from tilewise.autograd.function import Function
 from tilewise.compiler.capture import Source, Traced, capturing, flatten, start, unflatten
-from tilewise.compiler.errors import UnsupportedTargetError, user_frame
+from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, user_frame
 from tilewise.compiler.guards import Guards, Recorder, make_guards
 from tilewise.compiler.lowering.partition import partition
 from tilewise.compiler.meta import suspended
@@ -275,6 +275,8 @@ class CompiledFunction:
                     result = self.fn(*args, **kwargs)
                     effects = recorder.side_effects() if self.segments.syncs == synced else []
                     if self.segments.syncs == synced and cap.backward_through_history():
+                        if self.fullgraph:
+                            raise self._history_error()
                         effects.append("its backward runs through autograd history made before the call")
                     if self.segments.syncs == synced and not effects:
                         traced = cap.finish(result, flat)
@@ -303,6 +305,15 @@ class CompiledFunction:
         log("compile", lambda: stages.report(f"compiled {self.__name__} (variant {len(self.variants)}) and ran "
                                              "it once"))
         return result
+
+    def _history_error(self) -> DataDependentError:
+        path, line, text = user_frame()
+        return DataDependentError(
+            f"tilewise.compile(fullgraph=True): the backward inside {self.__name__} runs through autograd history "
+            f"made before the call (a tensor with a grad_fn it was given or holds), which no graph can replay: each "
+            f"call brings a new history.\n  at {path}:{line}: {text}\nCompute the loss from leaf tensors inside the "
+            "function, or compile without fullgraph=True (such a call then runs as compiled segments, its backward "
+            "over the caller's graph); torch.compile(fullgraph=True) refuses any Tensor.backward().")
 
     def _start(self, args: tuple, kwargs: dict):
         """A capture of a call of the function, with the optimizers it reaches."""
