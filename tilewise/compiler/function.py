@@ -14,7 +14,9 @@ caller's own tensors while the capture records every operator instead of running
   - a call with a graph break or a side effect ran its Python once, as eagerly, its operators executed as
     compiled segments ([Note: segmented calls]); nothing is replayed, so the next call records again (and
     becomes a variant if it turns out free of breaks and effects, as a function that fills a cache on its
-    first call does).
+    first call does). A backward that runs through autograd history made before the call (REINFORCE's saved
+    log-probabilities, a loss passed in) counts as such an effect: that history is new on every call and
+    reachable from no guarded tensor.
 At most ``settings.recompile_limit`` variants (and eight times as many segment programs) are kept; calls
 that fit none of them then run eagerly, with one warning. ``TILEWISE_LOG=recompiles`` says which guard
 failed, ``TILEWISE_LOG=graph_breaks`` where and why a function's Python has to run. With ``fullgraph=True``
