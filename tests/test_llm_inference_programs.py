@@ -85,6 +85,12 @@ class Framework:
         return getattr(self._module, name)
 
 
+def compiled_if(framework, compiled: bool):
+    """``torch.compile`` around the decode step a program marks, when ``compiled`` and the framework is tilewise; the
+    torch reference always runs eagerly."""
+    return framework.compile if compiled and framework.__name__ == "tilewise" else (lambda fn: fn)
+
+
 def run_both(program, draws_tolerance=(1e-4, 1e-6), **kwargs):
     """Runs ``program(torch, init=None)`` and then ``program(tilewise, init=torch's state_dict)``; returns both
     results (dicts of name -> array or list of arrays)."""
@@ -149,7 +155,7 @@ class ModelArgs:
 
 
 def llama_program(torch, init, attention="matmul", kv_repeat="expand", temperature=0.0, top_p=0.9, dtype=None,
-                  autocast=False, stop_tokens=None):
+                  autocast=False, stop_tokens=None, compiled=False):
     nn, F = torch.nn, torch.nn.functional
 
     class RMSNorm(torch.nn.Module):
@@ -360,9 +366,10 @@ def llama_program(torch, init, attention="matmul", kv_repeat="expand", temperatu
     if stop_tokens is not None:  # Llama 3's generation.py
         stop_tokens = torch.tensor(stop_tokens)
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else nullcontext()
+    forward = compiled_if(torch, compiled)(model.forward)  # one decode step: the prompt, then a token at a time
     with torch.inference_mode(), ctx:
         for cur_pos in range(min_prompt_len, total_len):
-            logits = model.forward(tokens[:, prev_pos:cur_pos], prev_pos)
+            logits = forward(tokens[:, prev_pos:cur_pos], prev_pos)
             logits_per_step.append(as_numpy(logits))
             caches_per_step.append(as_numpy(model.layers[-1].attention.cache_k[:bsz, :cur_pos]))
             if temperature > 0:
@@ -394,8 +401,9 @@ def llama_program(torch, init, attention="matmul", kv_repeat="expand", temperatu
 @pytest.mark.parametrize(("attention", "kv_repeat"), [
     ("matmul", "expand"), ("sdpa_causal", "repeat_interleave"), ("sdpa_bool", "expand"),
     ("sdpa_float", "repeat_interleave")])
-def test_llama_reference_generation_greedy_matches_torch(attention, kv_repeat):
-    ours, theirs = run_both(llama_program, attention=attention, kv_repeat=kv_repeat)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_llama_reference_generation_greedy_matches_torch(attention, kv_repeat, compiled):
+    ours, theirs = run_both(llama_program, attention=attention, kv_repeat=kv_repeat, compiled=compiled)
     assert_same(ours, theirs)
 
 
@@ -405,9 +413,10 @@ def test_llama_reference_generation_stops_on_stop_tokens_as_torch():
     assert len(theirs["logits"]) == 8, "every sequence was to reach a stop token before the length limit"
 
 
-def test_llama_reference_generation_under_bfloat16_autocast_matches_torch():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_llama_reference_generation_under_bfloat16_autocast_matches_torch(compiled):
     ours, theirs = run_both(llama_program, draws_tolerance=(BF16_RTOL, 1e-3), attention="sdpa_causal",
-                            temperature=1.0, top_p=None, autocast=True)
+                            temperature=1.0, top_p=None, autocast=True, compiled=compiled)
     assert_same(ours, theirs, BF16_RTOL, BF16_ATOL)
 
 
@@ -416,11 +425,12 @@ def test_llama_reference_generation_top_p_sampling_matches_torch():
     assert_same(ours, theirs)
 
 
-def test_llama_reference_generation_in_bfloat16_matches_torch():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_llama_reference_generation_in_bfloat16_matches_torch(compiled):
     # sampled at temperature 1 from every token in vocabulary order, so that the two runs follow torch's tokens however
     # bfloat16 rounds (after a sort, near-equal probabilities may change places)
     ours, theirs = run_both(llama_program, draws_tolerance=(BF16_RTOL, 1e-3), attention="sdpa_float",
-                            temperature=1.0, top_p=None, dtype="bfloat16")
+                            temperature=1.0, top_p=None, dtype="bfloat16", compiled=compiled)
     assert_same(ours, theirs, BF16_RTOL, BF16_ATOL)
 
 
@@ -443,7 +453,7 @@ class LlamaConfig:
 
 
 def hf_program(torch, init, attn_implementation="eager", do_sample=False, temperature=1.0, top_k=0, top_p=1.0,
-               repetition_penalty=1.0, eos_token_id=None, max_new_tokens=8, dtype=None):
+               repetition_penalty=1.0, eos_token_id=None, max_new_tokens=8, dtype=None, compiled=False):
     nn = torch.nn
 
     class LlamaRMSNorm(nn.Module):
@@ -663,6 +673,7 @@ def hf_program(torch, init, attn_implementation="eager", do_sample=False, temper
     unfinished_sequences = torch.ones(batch_size, dtype=torch.long, device=input_ids.device)
     past_key_values = None
     logits_per_step, keys_per_step, positions_per_step = [], [], []
+    decode_step = compiled_if(torch, compiled)(model)
     with torch.no_grad():
         for _ in range(max_new_tokens):
             # prepare_inputs_for_generation
@@ -673,7 +684,7 @@ def hf_program(torch, init, attn_implementation="eager", do_sample=False, temper
                 position_ids = position_ids[:, -input_ids.shape[1] + past_key_values[0][0].shape[2]:]
             else:
                 model_input_ids = input_ids
-            logits, past_key_values = model(model_input_ids, attention_mask, position_ids, past_key_values)
+            logits, past_key_values = decode_step(model_input_ids, attention_mask, position_ids, past_key_values)
             logits_per_step.append(as_numpy(logits))
             keys_per_step.append(as_numpy(past_key_values[-1][0]))
             positions_per_step.append(as_numpy(position_ids))
@@ -700,17 +711,20 @@ def hf_program(torch, init, attn_implementation="eager", do_sample=False, temper
             "dtypes": [dtype_name(t) for t in (logits, past_key_values[0][0], model.rotary_emb.inv_freq)]}
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa", "sdpa_bool"])
-def test_hf_style_greedy_generation_with_left_padding_matches_torch(attn_implementation):
-    ours, theirs = run_both(hf_program, attn_implementation=attn_implementation, repetition_penalty=1.3)
+def test_hf_style_greedy_generation_with_left_padding_matches_torch(attn_implementation, compiled):
+    ours, theirs = run_both(hf_program, attn_implementation=attn_implementation, repetition_penalty=1.3,
+                            compiled=compiled)
     assert_same(ours, theirs)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
-def test_hf_style_generation_in_bfloat16_matches_torch(attn_implementation):
+def test_hf_style_generation_in_bfloat16_matches_torch(attn_implementation, compiled):
     # masks from torch.finfo(torch.bfloat16).min; sampled over the whole vocabulary so that both runs follow torch
     ours, theirs = run_both(hf_program, draws_tolerance=(BF16_RTOL, 1e-3), attn_implementation=attn_implementation,
-                            do_sample=True, dtype="bfloat16")
+                            do_sample=True, dtype="bfloat16", compiled=compiled)
     assert_same(ours, theirs, BF16_RTOL, BF16_ATOL)
 
 
@@ -737,7 +751,8 @@ class GPTConfig:
     bias: bool = True
 
 
-def nanogpt_program(torch, init, flash=True, dtype="float32", temperature=0.8, top_k=200, max_new_tokens=10):
+def nanogpt_program(torch, init, flash=True, dtype="float32", temperature=0.8, top_k=200, max_new_tokens=10,
+                    compiled=False):
     nn, F = torch.nn, torch.nn.functional
 
     class LayerNorm(nn.Module):
@@ -888,6 +903,7 @@ def nanogpt_program(torch, init, flash=True, dtype="float32", temperature=0.8, t
     init = load_from(torch, model, init)
     model.eval()
     model.to(device)
+    model.forward = compiled_if(torch, compiled)(model.forward)  # generate's self(idx_cond) calls it
     logits_per_step, last_logits = [], []
     start_ids = [3, 14, 15, 9, 26]
     x = (torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...])
@@ -904,13 +920,15 @@ def nanogpt_program(torch, init, flash=True, dtype="float32", temperature=0.8, t
             "dtypes": [dtype_name(logits) for logits in last_logits]}
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("flash", [True, False])
-def test_nanogpt_sample_matches_torch(flash):
+def test_nanogpt_sample_matches_torch(flash, compiled):
     # ten new tokens after five: the context is cropped to block_size for the last three steps
-    ours, theirs = run_both(nanogpt_program, flash=flash, top_k=5)
+    ours, theirs = run_both(nanogpt_program, flash=flash, top_k=5, compiled=compiled)
     assert_same(ours, theirs)
 
 
-def test_nanogpt_sample_under_bfloat16_autocast_matches_torch():
-    ours, theirs = run_both(nanogpt_program, draws_tolerance=(BF16_RTOL, 1e-3), dtype="bfloat16")
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_nanogpt_sample_under_bfloat16_autocast_matches_torch(compiled):
+    ours, theirs = run_both(nanogpt_program, draws_tolerance=(BF16_RTOL, 1e-3), dtype="bfloat16", compiled=compiled)
     assert_same(ours, theirs, BF16_RTOL, BF16_ATOL)

@@ -109,6 +109,12 @@ def inner_dropout_off(framework, model):
     return model
 
 
+def compiled_if(framework, compiled: bool):
+    """``torch.compile`` around the step a program marks, when ``compiled`` and the framework is tilewise; the torch
+    reference always runs eagerly."""
+    return framework.compile if compiled and framework.__name__ == "tilewise" else (lambda fn: fn)
+
+
 def modules(framework):
     return framework, framework.nn, framework.nn.functional, framework.optim
 
@@ -151,7 +157,7 @@ def assert_same_run(ours, theirs, rtol=RTOL, atol=ATOL):
 # examples/dcgan/main.py, at 16x16
 
 
-def dcgan(torch, init, outf, steps=3, nz=8, ngf=4, ndf=4, nc=3, batch_size=8):
+def dcgan(torch, init, outf, steps=3, nz=8, ngf=4, ndf=4, nc=3, batch_size=8, compiled=False):
     torch, nn, F, optim = modules(torch)
 
     def weights_init(m):
@@ -224,7 +230,9 @@ def dcgan(torch, init, outf, steps=3, nz=8, ngf=4, ndf=4, nc=3, batch_size=8):
     dataset = torch.utils.data.TensorDataset(torch.from_numpy(images), torch.zeros(len(images)))
     dataloader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False)
     record = {"errD": [], "errG": [], "D_x": [], "D_G_z1": [], "D_G_z2": []}
-    for i, data in enumerate(dataloader, 0):
+
+    @compiled_if(torch, compiled)  # the loop's body as one step; its .item() calls stay where the script has them
+    def train_step(data):
         # (1) Update D network: maximize log(D(x)) + log(1 - D(G(z)))
         netD.zero_grad()
         real_cpu = data[0].to(device)
@@ -251,6 +259,10 @@ def dcgan(torch, init, outf, steps=3, nz=8, ngf=4, ndf=4, nc=3, batch_size=8):
         errG.backward()
         D_G_z2 = output.mean().item()
         optimizerG.step()
+        return errD, errG, D_x, D_G_z1, D_G_z2
+
+    for i, data in enumerate(dataloader, 0):
+        errD, errG, D_x, D_G_z1, D_G_z2 = train_step(data)
         for key, value in [("errD", errD.item()), ("errG", errG.item()), ("D_x", D_x), ("D_G_z1", D_G_z1),
                            ("D_G_z2", D_G_z2)]:
             record[key].append(value)
@@ -268,8 +280,9 @@ def dcgan(torch, init, outf, steps=3, nz=8, ngf=4, ndf=4, nc=3, batch_size=8):
             "G": numpy_state(netG), "D": numpy_state(netD)}
 
 
-def test_dcgan_trains_like_torch(tmp_path):
-    ours, theirs = run_both(dcgan, outf=tmp_path)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_dcgan_trains_like_torch(tmp_path, compiled):
+    ours, theirs = run_both(dcgan, outf=tmp_path, compiled=compiled)
     assert real_torch.load(tmp_path / "netD_epoch_0.pth").keys() == ours["D"].keys()  # tilewise wrote it last
     assert_same_run(ours, theirs, rtol=1e-3, atol=1e-4)
 
@@ -278,7 +291,7 @@ def test_dcgan_trains_like_torch(tmp_path):
 # examples/vae/main.py, with narrower layers
 
 
-def vae(torch, init, epochs=2, batch_size=16, hidden=64, latent=8):
+def vae(torch, init, epochs=2, batch_size=16, hidden=64, latent=8, compiled=False):
     torch, nn, F, optim = modules(torch)
 
     class VAE(nn.Module):
@@ -332,17 +345,22 @@ def vae(torch, init, epochs=2, batch_size=16, hidden=64, latent=8):
 
     record = {"batch_loss": [], "train_loss": [], "test_loss": []}
 
+    @compiled_if(torch, compiled)
+    def train_step(data):
+        optimizer.zero_grad()
+        recon_batch, mu, logvar = model(data)
+        loss = loss_function(recon_batch, data, mu, logvar)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
     def train(epoch):
         model.train()
         train_loss = 0
         for batch_idx, (data, _) in enumerate(train_loader):
             data = data.to(device)
-            optimizer.zero_grad()
-            recon_batch, mu, logvar = model(data)
-            loss = loss_function(recon_batch, data, mu, logvar)
-            loss.backward()
+            loss = train_step(data)
             train_loss += loss.item()
-            optimizer.step()
             record["batch_loss"].append(loss.item() / len(data))
         record["train_loss"].append(train_loss / len(train_loader.dataset))
 
@@ -372,10 +390,11 @@ def vae(torch, init, epochs=2, batch_size=16, hidden=64, latent=8):
     return {"init": init, **record, "model": numpy_state(model)}
 
 
-def test_vae_trains_like_torch():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_vae_trains_like_torch(compiled):
     """Adam moves a weight whose gradient is near its eps (a unit ReLU kept off for most of a batch) by an amount
     that float32 rounding of that gradient changes visibly; the weights get a tolerance of a tenth of lr."""
-    ours, theirs = run_both(vae)
+    ours, theirs = run_both(vae, compiled=compiled)
     assert_same_run({k: v for k, v in ours.items() if k != "model"}, {k: v for k, v in theirs.items() if k != "model"})
     assert_same_run({"model": ours["model"]}, {"model": theirs["model"]}, atol=1e-4)
 
@@ -408,7 +427,7 @@ class FakeCartPole:
         return self.state.copy(), 1.0, terminated, self.t >= 12, {}
 
 
-def reinforce(torch, init, episodes=3, gamma=0.99):
+def reinforce(torch, init, episodes=3, gamma=0.99, compiled=False):
     torch, nn, F, optim = modules(torch)
     Categorical = torch.Categorical
 
@@ -444,6 +463,7 @@ def reinforce(torch, init, episodes=3, gamma=0.99):
         policy.saved_log_probs.append(m.log_prob(action))
         return action.item()
 
+    @compiled_if(torch, compiled)  # the episode's update: returns, loss, backward and optimizer step
     def finish_episode():
         R = 0
         policy_loss = []
@@ -480,7 +500,7 @@ def reinforce(torch, init, episodes=3, gamma=0.99):
     return {"init": init, **record, "policy": numpy_state(policy)}
 
 
-def actor_critic(torch, init, episodes=3, gamma=0.99, entropy_coef=0.01):
+def actor_critic(torch, init, episodes=3, gamma=0.99, entropy_coef=0.01, compiled=False):
     torch, nn, F, optim = modules(torch)
     Categorical = torch.Categorical
     SavedAction = namedtuple('SavedAction', ['log_prob', 'value'])
@@ -519,6 +539,7 @@ def actor_critic(torch, init, episodes=3, gamma=0.99, entropy_coef=0.01):
         model.entropies.append(m.entropy())
         return action.item()
 
+    @compiled_if(torch, compiled)  # the episode's update: returns, loss, backward and optimizer step
     def finish_episode():
         R = 0
         saved_actions = model.saved_actions
@@ -557,9 +578,10 @@ def actor_critic(torch, init, episodes=3, gamma=0.99, entropy_coef=0.01):
     return {"init": init, **record, "model": numpy_state(model)}
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("program", [reinforce, actor_critic], ids=["reinforce", "actor_critic"])
-def test_policy_gradient_trains_like_torch(program):
-    ours, theirs = run_both(program)
+def test_policy_gradient_trains_like_torch(program, compiled):
+    ours, theirs = run_both(program, compiled=compiled)
     assert_same_run(ours, theirs, atol=1e-4)
 
 
@@ -569,7 +591,7 @@ def test_policy_gradient_trains_like_torch(program):
 
 
 def word_language_model(torch, init, model_type="Transformer", epochs=2, initial_lr=20, bptt=8, batch_size=4, emsize=16,
-                        nhid=32, transformer_class="TransformerEncoder"):
+                        nhid=32, transformer_class="TransformerEncoder", compiled=False):
     framework = torch
     torch, nn, F, optim = modules(torch)
 
@@ -799,26 +821,30 @@ def word_language_model(torch, init, model_type="Transformer", epochs=2, initial
 
     record = {"loss": [], "val_loss": [], "lr": []}
 
+    @compiled_if(torch, compiled)  # the body of train()'s loop, the hidden state passed in and out
+    def train_step(data, targets, hidden):
+        model.zero_grad()
+        if model_type == 'Transformer':
+            output = model(data)
+            output = output.view(-1, ntokens)
+        else:
+            hidden = repackage_hidden(hidden)
+            output, hidden = model(data, hidden)
+        loss = criterion(output, targets)
+        loss.backward()
+
+        # `clip_grad_norm` helps prevent the exploding gradient problem in RNNs / LSTMs.
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-lr)
+        return loss.detach(), hidden
+
     def train():
         model.train()
-        if model_type != 'Transformer':
-            hidden = model.init_hidden(batch_size)
+        hidden = model.init_hidden(batch_size) if model_type != 'Transformer' else None
         for batch, i in enumerate(range(0, train_data.size(0) - 1, bptt)):
             data, targets = get_batch(train_data, i)
-            model.zero_grad()
-            if model_type == 'Transformer':
-                output = model(data)
-                output = output.view(-1, ntokens)
-            else:
-                hidden = repackage_hidden(hidden)
-                output, hidden = model(data, hidden)
-            loss = criterion(output, targets)
-            loss.backward()
-
-            # `clip_grad_norm` helps prevent the exploding gradient problem in RNNs / LSTMs.
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
-            for p in model.parameters():
-                p.data.add_(p.grad, alpha=-lr)
+            loss, hidden = train_step(data, targets, hidden)
             record["loss"].append(loss.item())
 
     record["val_loss"].append(evaluate(val_data))
@@ -861,14 +887,46 @@ def word_language_model(torch, init, model_type="Transformer", epochs=2, initial
     return {"init": init, **record, "model": numpy_state(model)}
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("model_type,initial_lr,transformer_class",
                          [("Transformer", 2, "TransformerEncoder"), ("Transformer", 2, "nn.Transformer"),
                           ("LSTM", 20, None)], ids=["TransformerEncoder", "nn.Transformer", "LSTM"])
-def test_word_language_model_trains_like_torch(model_type, initial_lr, transformer_class):
+def test_word_language_model_trains_like_torch(model_type, initial_lr, transformer_class, compiled):
     """The script's lr of 20 throws this small Transformer's attention into saturation, where each step multiplies a
     rounding difference several times over (torch against itself, from weights perturbed by one part in 1e7, drifts
     apart by 1e-4 in ten steps too); at lr 2 the ten steps agree
     to an ulp of the loss. The LSTM takes the script's lr."""
     ours, theirs = run_both(word_language_model, model_type=model_type, initial_lr=initial_lr,
-                            transformer_class=transformer_class)
+                            transformer_class=transformer_class, compiled=compiled)
     assert_same_run(ours, theirs, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The compiled steps against tilewise's own eager run, each drawing its own random numbers: the replay of torch's
+# draws above is a side effect of every step, so those runs compile segments; here the steps that have no graph break
+# (the VAE's, word_language_model's) become whole replayed programs, with their dropout and randn_like in the graph.
+
+
+class OwnDraws:
+    """tilewise as a program sees it, drawing its own random numbers (compiled and eager draw the same Philox
+    stream from the same seed)."""
+
+    def __init__(self, module):
+        self._module = module
+        self.Categorical = module.distributions.Categorical
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+@pytest.mark.parametrize("program,options", [
+    (vae, {}), (word_language_model, {"model_type": "LSTM", "transformer_class": None}),
+    (word_language_model, {"initial_lr": 2}), (reinforce, {}), (actor_critic, {})],
+    ids=["vae", "LSTM", "TransformerEncoder", "reinforce", "actor_critic"])
+def test_compiled_steps_train_like_tilewise_eager(program, options):
+    runs = []
+    for compiled in (False, True):
+        tilewise.manual_seed(0)
+        runs.append(program(OwnDraws(tilewise), init=None, compiled=compiled, **options))
+    eager, compiled = runs
+    assert_same_run(compiled, eager)

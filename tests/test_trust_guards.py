@@ -374,3 +374,132 @@ def test_a_step_that_clears_the_gradient_itself_compiles_twice_at_most():
     for _ in range(4):
         assert compiled().tolist() == [2.0, 2.0, 2.0]
     assert len(compiled.variants) == 2
+
+
+def _linear_with(lib, weights):
+    model = lib.nn.Linear(4, 2)
+    with lib.no_grad():
+        model.weight.copy_(lib.tensor(weights))
+        model.bias.fill_(0.5)
+    return model
+
+
+def test_a_backward_through_history_made_before_each_call():
+    """REINFORCE's update: log-probabilities taken before the call (a new autograd graph each episode, over new
+    states and with new scaling) are summed and backpropagated inside the compiled step. Their graph is no input a
+    guard sees, so a replay would differentiate the first call's graph again."""
+    weights = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+
+    def scenario(lib, compile_):
+        model = _linear_with(lib, weights)
+        opt = lib.optim.Adam(model.parameters(), lr=0.05)
+
+        @compile_
+        def finish_episode(saved_log_probs):
+            opt.zero_grad()
+            loss = lib.cat(saved_log_probs).sum()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        out = []
+        for episode in range(4):
+            saved = [lib.log_softmax(model(lib.full((1, 4), 0.1 * (episode + t))), -1)[:, 0] * (t + 1.5 * episode)
+                     for t in range(3)]
+            out += [finish_episode(saved), model.weight.detach().clone()]
+        return out
+
+    check(scenario)
+
+
+def test_a_backward_from_a_loss_made_before_each_call():
+    weights = np.random.default_rng(4).standard_normal((2, 4)).astype(np.float32)
+
+    def scenario(lib, compile_):
+        model = _linear_with(lib, weights)
+        opt = lib.optim.SGD(model.parameters(), lr=0.1)
+
+        @compile_
+        def update(loss):
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        out = []
+        for k in range(4):
+            update((model(lib.full((3, 4), float(k))) ** 2).mean() * (k + 1))
+            out.append(model.weight.detach().clone())
+        return out
+
+    check(scenario)
+
+
+def test_a_detached_argument_is_read_anew_on_every_call():
+    """``h.detach()`` (and ``h.data``) make a new tensor object over the argument's memory on every call: a replay
+    must read the argument it is given, not the first call's."""
+    weights = np.arange(3, dtype=np.float32)
+
+    def scenario(lib, compile_):
+        w = lib.tensor(weights, requires_grad=True)
+        detached = compile_(lambda h: (h.detach() * w).sum() + h.data.sum())
+        return [detached(lib.full((3,), float(k))) for k in range(3)]
+
+    check(scenario)
+
+
+def test_truncated_backpropagation_through_time_carries_the_hidden_state():
+    """word_language_model's step: the hidden state a call returns comes back, detached, in the next call."""
+    weights = np.random.default_rng(5).standard_normal((4, 4)).astype(np.float32) * 0.5
+
+    def scenario(lib, compile_):
+        rnn = lib.nn.RNN(4, 4, 1)
+        with lib.no_grad():
+            for p in rnn.parameters():
+                p.copy_(lib.tensor(weights[: p.shape[0]].reshape(-1)[: p.numel()].reshape(p.shape)))
+
+        @compile_
+        def step(x, hidden):
+            rnn.zero_grad()
+            out, hidden = rnn(x, hidden.detach())
+            loss = out.pow(2).mean()
+            loss.backward()
+            for p in rnn.parameters():
+                p.data.add_(p.grad, alpha=-0.5)
+            return loss.detach(), hidden
+
+        out = []
+        for _epoch in range(2):
+            hidden = lib.zeros(1, 2, 4)
+            for k in range(2):
+                loss, hidden = step(lib.full((3, 2, 4), 0.3 * (k + 1)), hidden)
+                out += [loss, hidden]
+        return out
+
+    check(scenario)
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_a_held_tensor_read_through_detach_after_its_data_is_replaced(requires_grad):
+    def scenario(lib, compile_):
+        w = lib.ones(3, requires_grad=requires_grad)
+        scaled = compile_(lambda x: x * w.detach())
+        out = []
+        for k in range(3):
+            out.append(scaled(lib.ones(3)))
+            w.data = lib.full((3,), float(k + 2))
+        return out
+
+    check(scenario)
+
+
+def test_fullgraph_refuses_a_backward_through_history_made_before_the_call():
+    model = tw.nn.Linear(2, 1)
+
+    @tw.compile(fullgraph=True)
+    def update(loss):
+        loss.backward()
+        return loss.detach()
+
+    with pytest.raises(tw.compiler.errors.DataDependentError, match=r"update runs through autograd history made"):
+        update(model(tw.ones(1, 2)).sum())
+    assert model.weight.grad is None, "the refused call left a gradient behind"

@@ -57,6 +57,8 @@ class _TraceHooks:
     bump_version = None
     untraced = contextlib.nullcontext  # () -> a context in which operators run, not recorded
     grad_assigned = None  # (t) -> None, before ``t.grad = ...`` (a trace learns what .grad was before the call)
+    detached = None  # (src, out) -> None, when a real tensor is detached while any thread traces
+    backward_started = None  # (roots, nodes) -> None, as a backward starts while tracing, with every node it reaches
 
 
 TRACE_HOOKS = _TraceHooks()
@@ -469,6 +471,8 @@ class Tensor:
         if self._trace is not None:
             out._trace = self._trace
             TRACE_HOOKS.shares_memory(self, out)
+        elif TRACE_HOOKS.detached is not None:
+            TRACE_HOOKS.detached(self, out)
         return out
 
     def detach_(self) -> Tensor:

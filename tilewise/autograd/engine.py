@@ -19,7 +19,7 @@ from tilewise import dispatch
 from tilewise.autograd.anomaly_mode import ANOMALY, check_node_outputs
 from tilewise.autograd.graph import AccumulateGrad, Node, edge
 from tilewise.dispatch import STATE
-from tilewise.tensor import Tensor
+from tilewise.tensor import TRACE_HOOKS, Tensor
 
 # the profiler's ranges around a node's work (``autograd::engine::evaluate_function: MmBackward0`` holding
 # ``MmBackward0``, as torch names them): ``profile_node(name)`` is a context manager, filled by the profiler
@@ -160,6 +160,8 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
 
     roots = [e[0] for e in root_edges]
     deps = _dependencies(roots)
+    if STATE.trace_depth and TRACE_HOOKS.backward_started is not None:
+        TRACE_HOOKS.backward_started(tensors, [*roots, *deps])
     needed = _reaching(roots, {e[0] for e in input_edges}) if inputs is not None else None
     buffers: dict[Node, list] = {}
     for (node, nr), g in zip(root_edges, grad_tensors):

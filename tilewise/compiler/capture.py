@@ -222,8 +222,14 @@ class Capture:
         self.sourced: set[int] = set()  # ids of the real tensors already in tensor_sources
         self.owners: list[tuple[Tensor, Source]] = []  # real tensors whose .grad may be read or set
         self.saved_grads: dict[int, tuple[Tensor, object]] = {}
+        self.histories: list[Tensor] = []  # real tensors read with autograd history made before the call
+        # ids of the autograd nodes backward passes in the trace reached (a history's node lives as long as its
+        # tensor in ``histories``, so no other node can take its id)
+        self.backward_nodes: set[int] = set()
+        self.backward_from_history = False  # a backward in the trace started at a real tensor's history
         self.arg_sources: dict[int, Source] = {}  # id of an argument tensor -> its Source
         self.arg_index: dict[int, int] = {}  # id of an argument tensor -> its position among the flat arguments
+        self.detached: dict[int, tuple[Tensor, Tensor]] = {}  # id of a real tensor detached here -> (it, origin)
         self.states: list[tuple[dict, dict]] = []  # optimizer state tables and what they held before the trace
         self.live: list[weakref.ref] = []  # every trace tensor made since the last sync (see segments.py)
         # what a data-dependent read does: None raises DataDependentError; a callable(capture, what) runs what
@@ -287,8 +293,13 @@ class Capture:
         entry = self.entries.get(key)
         if entry is not None and source is None and id(t) in self.sourced:
             return entry
+        described = t  # the tensor the guards fetch through ``source`` and compare with what the trace saw
         if source is None:
-            source = self.arg_sources.get(id(t)) or self._source_for(t)
+            source = self.arg_sources.get(id(t))
+        if source is None:
+            described = self.origin_of(t)
+            source = self.arg_sources.get(id(described)) or self._owner_source(described) or \
+                self._source_for(described)
         if entry is None:
             st = t._storage
             dense = t._offset == 0 and t.numel() == st.size and S.is_contiguous(t._shape, t._strides)
@@ -297,9 +308,16 @@ class Capture:
             entry = StorageEntry(st, source, node, node, st.version)
             self.entries[key] = entry
         self.sourced.add(id(t))
-        self.tensor_sources.append(TensorSource(source, signature(t), list(self.entries).index(key)))
+        if t.grad_fn is not None and not any(h is t for h in self.histories):
+            self.histories.append(t)
+        self.tensor_sources.append(TensorSource(source, signature(described), list(self.entries).index(key)))
         self.add_owner(t, source)
         return entry
+
+    def backward_through_history(self) -> bool:
+        """Whether a backward in the trace ran autograd nodes recorded before the call: their structure and
+        saved values belong to that one call's history, which no guard sees, so a replay would reuse them."""
+        return self.backward_from_history or any(id(t.grad_fn) in self.backward_nodes for t in self.histories)
 
     def add_owner(self, t: Tensor, source: Source) -> None:
         if t._requires_grad and not any(o is t for o, _ in self.owners):
@@ -314,6 +332,18 @@ class Capture:
         while f"{label}#{k}" in taken:
             k += 1
         return f"{label}#{k}"
+
+    def origin_of(self, t: Tensor) -> Tensor:
+        """The tensor a real tensor was detached from in this call (``detach()``, ``.data``), through any chain
+        of detaches: the detached tensor is a new object on every call, which only its origin finds again."""
+        found = self.detached.get(id(t))
+        while found is not None and found[0] is t:
+            t = found[1]
+            found = self.detached.get(id(t))
+        return t
+
+    def _owner_source(self, t: Tensor) -> Source | None:
+        return next((source for owner, source in self.owners if owner is t), None)
 
     def _source_for(self, t: Tensor) -> Source:
         for owner, owner_source in self.owners:
@@ -742,14 +772,38 @@ def _grad_assigned(t: Tensor) -> None:
 TRACE_HOOKS.grad_assigned = _grad_assigned
 
 
+def _backward_started(roots, nodes) -> None:
+    cap = STATE.captures[-1]
+    cap.backward_nodes.update(map(id, nodes))
+    if any(type(t) is Tensor and t._trace is None and t.grad_fn is not None for t in roots):
+        cap.backward_from_history = True
+
+
+TRACE_HOOKS.backward_started = _backward_started
+
+
+def _detached(src: Tensor, out: Tensor) -> None:
+    """A real tensor detached while this thread traces: the capture remembers where it came from."""
+    if STATE.trace_depth:
+        STATE.captures[-1].detached[id(out)] = (out, src)
+
+
+_CAPTURING = [0]  # captures in progress, all threads: eager detaches pay for the hook only while there are some
+
+
 @contextlib.contextmanager
 def capturing(cap: Capture):
     state = STATE  # this thread's: another thread's operators are never recorded into this capture
     state.captures = (*state.captures, cap)
     state.trace_depth += 1
+    _CAPTURING[0] += 1
+    TRACE_HOOKS.detached = _detached
     try:
         yield cap
     finally:
+        _CAPTURING[0] -= 1
+        if not _CAPTURING[0]:
+            TRACE_HOOKS.detached = None
         state.trace_depth -= 1
         state.captures = state.captures[:-1]
 

@@ -14,7 +14,9 @@ caller's own tensors while the capture records every operator instead of running
   - a call with a graph break or a side effect ran its Python once, as eagerly, its operators executed as
     compiled segments ([Note: segmented calls]); nothing is replayed, so the next call records again (and
     becomes a variant if it turns out free of breaks and effects, as a function that fills a cache on its
-    first call does).
+    first call does). A backward that runs through autograd history made before the call (REINFORCE's saved
+    log-probabilities, a loss passed in) counts as such an effect: that history is new on every call and
+    reachable from no guarded tensor.
 At most ``settings.recompile_limit`` variants (and eight times as many segment programs) are kept; calls
 that fit none of them then run eagerly, with one warning. ``TILEWISE_LOG=recompiles`` says which guard
 failed, ``TILEWISE_LOG=graph_breaks`` where and why a function's Python has to run. With ``fullgraph=True``
@@ -41,7 +43,7 @@ from tilewise import strides as S
 from tilewise._stages import Stages, collector_paused, stage
 from tilewise.autograd.function import Function
 from tilewise.compiler.capture import Source, Traced, capturing, flatten, start, unflatten
-from tilewise.compiler.errors import UnsupportedTargetError, user_frame
+from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, user_frame
 from tilewise.compiler.guards import Guards, Recorder, make_guards
 from tilewise.compiler.lowering.partition import partition
 from tilewise.compiler.meta import suspended
@@ -274,6 +276,10 @@ class CompiledFunction:
                 with stage("trace"), recorder, capturing(cap):
                     result = self.fn(*args, **kwargs)
                     effects = recorder.side_effects() if self.segments.syncs == synced else []
+                    if self.segments.syncs == synced and cap.backward_through_history():
+                        if self.fullgraph:
+                            raise self._history_error()
+                        effects.append("its backward runs through autograd history made before the call")
                     if self.segments.syncs == synced and not effects:
                         traced = cap.finish(result, flat)
             except UnsupportedTargetError as exc:
@@ -301,6 +307,15 @@ class CompiledFunction:
         log("compile", lambda: stages.report(f"compiled {self.__name__} (variant {len(self.variants)}) and ran "
                                              "it once"))
         return result
+
+    def _history_error(self) -> DataDependentError:
+        path, line, text = user_frame()
+        return DataDependentError(
+            f"tilewise.compile(fullgraph=True): the backward inside {self.__name__} runs through autograd history "
+            f"made before the call (a tensor with a grad_fn it was given or holds), which no graph can replay: each "
+            f"call brings a new history.\n  at {path}:{line}: {text}\nCompute the loss from leaf tensors inside the "
+            "function, or compile without fullgraph=True (such a call then runs as compiled segments, its backward "
+            "over the caller's graph); torch.compile(fullgraph=True) refuses any Tensor.backward().")
 
     def _start(self, args: tuple, kwargs: dict):
         """A capture of a call of the function, with the optimizers it reaches."""
