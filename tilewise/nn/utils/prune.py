@@ -198,8 +198,8 @@ class Identity(BasePruningMethod):
         return super().apply(module, name)
 
 
-class RandomUnstructured(BasePruningMethod):
-    """Prunes ``amount`` elements drawn at random."""
+class _UnstructuredByCount(BasePruningMethod):
+    """Prunes ``amount`` single elements, the ones :meth:`_chosen` picks."""
 
     PRUNING_TYPE = "unstructured"
 
@@ -213,33 +213,29 @@ class RandomUnstructured(BasePruningMethod):
         _validate_pruning_amount(count, size)
         mask = default_mask.clone(memory_format=contiguous_format)
         if count != 0:
-            chosen = rand_like(t).view(-1).topk(count).indices
-            mask.view(-1)[chosen] = 0
+            mask.view(-1)[self._chosen(t, count)] = 0
         return mask
+
+    def _chosen(self, t: Tensor, count: int) -> Tensor:
+        raise NotImplementedError
+
+
+class RandomUnstructured(_UnstructuredByCount):
+    """Prunes ``amount`` elements drawn at random."""
+
+    def _chosen(self, t: Tensor, count: int) -> Tensor:
+        return rand_like(t).view(-1).topk(count).indices
 
     @classmethod
     def apply(cls, module, name: str, amount):  # noqa: D102
         return super().apply(module, name, amount=amount)
 
 
-class L1Unstructured(BasePruningMethod):
+class L1Unstructured(_UnstructuredByCount):
     """Prunes the ``amount`` elements of smallest magnitude (of the importance scores)."""
 
-    PRUNING_TYPE = "unstructured"
-
-    def __init__(self, amount) -> None:
-        _validate_pruning_amount_init(amount)
-        self.amount = amount
-
-    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-        size = t.nelement()
-        count = _compute_nparams_toprune(self.amount, size)
-        _validate_pruning_amount(count, size)
-        mask = default_mask.clone(memory_format=contiguous_format)
-        if count != 0:
-            smallest = t.abs().view(-1).topk(count, largest=False).indices
-            mask.view(-1)[smallest] = 0
-        return mask
+    def _chosen(self, t: Tensor, count: int) -> Tensor:
+        return t.abs().view(-1).topk(count, largest=False).indices
 
     @classmethod
     def apply(cls, module, name: str, amount, importance_scores=None):  # noqa: D102
@@ -257,11 +253,7 @@ class RandomStructured(BasePruningMethod):
         self.dim = dim
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-        _validate_structured_pruning(t)
-        _validate_pruning_dim(t, self.dim)
-        channels = t.shape[self.dim]
-        count = _compute_nparams_toprune(self.amount, channels)
-        _validate_pruning_amount(count, channels)
+        channels, count = _structured_count(t, self.amount, self.dim)
         if count == 0:
             return default_mask
         draws = rand(channels)
@@ -287,11 +279,7 @@ class LnStructured(BasePruningMethod):
         self.dim = dim
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-        _validate_structured_pruning(t)
-        _validate_pruning_dim(t, self.dim)
-        channels = t.shape[self.dim]
-        count = _compute_nparams_toprune(self.amount, channels)
-        _validate_pruning_amount(count, channels)
+        channels, count = _structured_count(t, self.amount, self.dim)
         norm = _compute_norm(t, self.n, self.dim)
         kept = norm.topk(channels - count, largest=True).indices
         if count == 0:
@@ -438,6 +426,16 @@ def _compute_nparams_toprune(amount, tensor_size: int) -> int:
 def _validate_pruning_dim(t: Tensor, dim: int) -> None:
     if dim >= t.dim():
         raise IndexError(f"Invalid index {dim} for tensor of size {t.shape}")
+
+
+def _structured_count(t: Tensor, amount, dim: int) -> tuple[int, int]:
+    """(channels along ``dim``, how many of them to prune), after torch's checks of the tensor and the amount."""
+    _validate_structured_pruning(t)
+    _validate_pruning_dim(t, dim)
+    channels = t.shape[dim]
+    count = _compute_nparams_toprune(amount, channels)
+    _validate_pruning_amount(count, channels)
+    return channels, count
 
 
 def _compute_norm(t: Tensor, n, dim: int) -> Tensor:
