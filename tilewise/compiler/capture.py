@@ -775,7 +775,10 @@ TRACE_HOOKS.grad_assigned = _grad_assigned
 def _backward_started(roots, nodes) -> None:
     cap = STATE.captures[-1]
     cap.backward_nodes.update(map(id, nodes))
-    if any(type(t) is Tensor and t._trace is None and t.grad_fn is not None for t in roots):
+    # a root the call was given (a loss passed in) or read with its history; not a real tensor made during the call
+    # (a function transform's wrapper of traced values, whose history is the call's own)
+    if any(type(t) is Tensor and t._trace is None and t.grad_fn is not None
+           and (id(t) in cap.arg_sources or any(t is h for h in cap.histories)) for t in roots):
         cap.backward_from_history = True
 
 
