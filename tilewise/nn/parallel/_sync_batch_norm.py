@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from tilewise import dtypes
 from tilewise.autograd.function import Function
+from tilewise.dispatch import STATE
 from tilewise.ops.creation import empty, zeros
 from tilewise.ops.functions import cat, where
 from tilewise.tensor import Tensor, tensor
@@ -23,6 +24,35 @@ from tilewise.tensor import Tensor, tensor
 
 def _compute(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (dtypes.float16, dtypes.bfloat16) else x
+
+
+def _gathered(combined: Tensor, world_size: int, group) -> Tensor:
+    """Every rank's ``combined`` as the rows of one tensor. Eagerly one all_gather; recorded into a compiled step,
+    the functional all_reduce (its collective a compiled program holds) of a matrix where each rank fills its own
+    row, so the step stays one program."""
+    import tilewise.distributed as dist
+
+    if STATE.trace_depth:
+        from tilewise.distributed._functional_collectives import all_reduce as functional_all_reduce
+
+        rows = zeros((world_size, combined.numel()), dtype=combined.dtype, device=combined.device)
+        rows[dist.get_rank(group)] = combined
+        return functional_all_reduce(rows, "sum", group)
+    gathered = empty((world_size, combined.numel()), dtype=combined.dtype, device=combined.device)
+    dist.all_gather_into_tensor(gathered, combined, group)
+    return gathered
+
+
+def _summed(t: Tensor, group) -> Tensor:
+    """``t`` summed over the ranks (in place eagerly; the functional all_reduce in a compiled step)."""
+    import tilewise.distributed as dist
+
+    if STATE.trace_depth:
+        from tilewise.distributed._functional_collectives import all_reduce as functional_all_reduce
+
+        return functional_all_reduce(t, "sum", group)
+    dist.all_reduce(t, dist.ReduceOp.SUM, group)
+    return t
 
 
 def _channel_view(t: Tensor, ndim: int) -> Tensor:
@@ -33,7 +63,6 @@ def _channel_view(t: Tensor, ndim: int) -> Tensor:
 class SyncBatchNormFunction(Function):
     @staticmethod
     def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, process_group, world_size):
-        import tilewise.distributed as dist
 
         channels = input.shape[1]
         size = input.numel() // channels
@@ -47,8 +76,7 @@ class SyncBatchNormFunction(Function):
             combined = cat([mean, invstd, tensor([float(size)], dtype=x.dtype, device=x.device)])
         else:
             combined = zeros(2 * channels + 1, dtype=x.dtype, device=x.device)
-        gathered = empty((world_size, 2 * channels + 1), dtype=combined.dtype, device=combined.device)
-        dist.all_gather_into_tensor(gathered, combined, process_group)
+        gathered = _gathered(combined, world_size, process_group)
         # a rank with an empty batch has count 0 (and mean and invstd 0), so it weighs nothing; no indexing by
         # value, so the shapes never depend on the data (a CUDA graph can hold this)
         means, invstds, weights = gathered[:, :channels], gathered[:, channels:2 * channels], \
@@ -77,7 +105,6 @@ class SyncBatchNormFunction(Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        import tilewise.distributed as dist
 
         saved_input, weight, mean, invstd, total = ctx.saved_tensors
         needs_input, needs_weight, needs_bias = ctx.needs_input_grad[:3]
@@ -94,14 +121,13 @@ class SyncBatchNormFunction(Function):
             if weight is not None and needs_bias:
                 grad_bias = sum_dy.to(weight.dtype)
             if needs_input:
-                combined = cat([sum_dy, sum_dy_xmu])
-                dist.all_reduce(combined, dist.ReduceOp.SUM, ctx.process_group)
+                combined = _summed(cat([sum_dy, sum_dy_xmu]), ctx.process_group)
                 mean_dy, mean_dy_xmu = combined[:channels] / total, combined[channels:] / total
                 scale = invstd if weight is None else invstd * weight.to(invstd.dtype)
                 grad = (dy - _channel_view(mean_dy, ndim)
                         - xmu * _channel_view(invstd.square() * mean_dy_xmu, ndim)) * _channel_view(scale, ndim)
                 grad_input = grad.to(saved_input.dtype)
         elif needs_input:  # an empty batch here: the other ranks' all_reduce still needs this one
-            combined = zeros(2 * channels, dtype=_compute(saved_input).dtype, device=saved_input.device)
-            dist.all_reduce(combined, dist.ReduceOp.SUM, ctx.process_group)
+            nothing = zeros(2 * channels, dtype=_compute(saved_input).dtype, device=saved_input.device)
+            _summed(nothing, ctx.process_group)
         return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
