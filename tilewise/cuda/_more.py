@@ -1,5 +1,5 @@
 """The rest of torch.cuda that training scripts call around their models: device and stream contexts, the random
-generator's state, deprecated memory spellings, and the device's architecture list.
+generator's state and the device's architecture list (the deprecated memory spellings are in ``cuda/__init__``).
 
 [Note: one random stream] tilewise draws CPU and GPU random numbers from one Philox stream (see
 ``tilewise.cuda.manual_seed``), so the CUDA generator's state is that stream's state: ``get_rng_state`` saves what
