@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from compiled_steps import compiled_if
 from test_training_recipes import ADAM_ATOL, _assert_runs_agree, _named_parameters, _run_both
 
 # --- 1. DDPM: a noise-prediction step over a linear beta schedule -------------------------------------------
@@ -60,10 +61,6 @@ def ddpm_model(torch):
     return UNetTiny()
 
 
-def _compiled_if(torch, compiled: bool):
-    """The step as written, or through ``tilewise.compile`` (the torch side always runs eagerly)."""
-    return torch.compile if compiled and torch.__name__ == "tilewise" else (lambda fn: fn)
-
 
 def ddpm_recipe(torch, model, images, timesteps, noises, compiled=False):
     F = torch.nn.functional  # noqa: N806 — the tutorials' name
@@ -74,7 +71,7 @@ def ddpm_recipe(torch, model, images, timesteps, noises, compiled=False):
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
     losses = []
 
-    @_compiled_if(torch, compiled)
+    @compiled_if(torch, compiled)
     def train_step(x0, t, noise):
         a = sqrt_ab.gather(0, t).view(-1, 1, 1, 1)
         b = sqrt_1m_ab[t].reshape(-1, 1, 1, 1)
@@ -128,7 +125,7 @@ def simclr_recipe(torch, model, batches, compiled=False):
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=len(batches))
     losses, accuracy = [], []
 
-    @_compiled_if(torch, compiled)
+    @compiled_if(torch, compiled)
     def train_step(view1, view2):
         z1, z2 = model(view1), model(view2)
         loss = nt_xent(torch, z1, z2)
@@ -191,7 +188,7 @@ def vqvae_recipe(torch, model, images, compiled=False):
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses, used = [], []
 
-    @_compiled_if(torch, compiled)
+    @compiled_if(torch, compiled)
     def train_step(x):
         recon, vq_loss, indices = model(x)
         loss = torch.nn.functional.mse_loss(recon, x) + vq_loss

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch as real_torch
+from compiled_steps import compiled_if
 
 import tilewise
 
@@ -84,11 +85,6 @@ class Framework:
     def __getattr__(self, name):
         return getattr(self._module, name)
 
-
-def compiled_if(framework, compiled: bool):
-    """``torch.compile`` around the decode step a program marks, when ``compiled`` and the framework is tilewise; the
-    torch reference always runs eagerly."""
-    return framework.compile if compiled and framework.__name__ == "tilewise" else (lambda fn: fn)
 
 
 def run_both(program, draws_tolerance=(1e-4, 1e-6), **kwargs):

@@ -19,6 +19,7 @@ from collections import deque, namedtuple
 import numpy as np
 import pytest
 import torch as real_torch
+from compiled_steps import compiled_if
 
 import tilewise
 
@@ -108,11 +109,6 @@ def inner_dropout_off(framework, model):
             m.p = 0.0
     return model
 
-
-def compiled_if(framework, compiled: bool):
-    """``torch.compile`` around the step a program marks, when ``compiled`` and the framework is tilewise; the torch
-    reference always runs eagerly."""
-    return framework.compile if compiled and framework.__name__ == "tilewise" else (lambda fn: fn)
 
 
 def modules(framework):

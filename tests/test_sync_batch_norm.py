@@ -167,7 +167,9 @@ def _cnn(lib):
     return model
 
 
-def _ddp_on_rank(rank, world_size, steps):
+def _ddp_on_rank(rank, world_size, steps, compiled):
+    from compiled_steps import compiled_if
+
     import tilewise as tw
 
     x_all, _, _, _ = _batch((4,) * world_size)
@@ -175,42 +177,8 @@ def _ddp_on_rank(rank, world_size, steps):
     model = tw.nn.parallel.DistributedDataParallel(tw.nn.SyncBatchNorm.convert_sync_batchnorm(_cnn(tw)))
     opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     part = slice(4 * rank, 4 * rank + 4)
-    for _ in range(steps):
-        loss = tw.nn.functional.cross_entropy(model(tw.tensor(x_all[part])), tw.tensor(labels[part]))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return {name: v.detach().numpy().copy() for name, v in model.module.state_dict().items()}
 
-
-def test_data_parallel_training_with_converted_batch_norms_equals_one_process_on_the_whole_batch():
-    steps = 3
-    results = run_on_ranks(_ddp_on_rank, 2, steps)
-    x_all, _, _, _ = _batch((4, 4))
-    labels = np.arange(len(x_all)) % 2
-    model = _cnn(torch)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for _ in range(steps):
-        loss = torch.nn.functional.cross_entropy(model(torch.tensor(x_all)), torch.tensor(labels))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    for name, want in model.state_dict().items():
-        for rank, got in enumerate(results):
-            np.testing.assert_allclose(got[name], want.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"rank {rank} {name}")
-
-
-def _compiled_on_rank(rank, world_size, steps):
-    import tilewise as tw
-
-    x_all, _, _, _ = _batch((4,) * world_size)
-    labels = np.arange(len(x_all)) % 2
-    model = tw.nn.parallel.DistributedDataParallel(tw.nn.SyncBatchNorm.convert_sync_batchnorm(_cnn(tw)))
-    opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    part = slice(4 * rank, 4 * rank + 4)
-    x, y = tw.tensor(x_all[part]), tw.tensor(labels[part])
-
-    @tw.compile
+    @compiled_if(tw, compiled)
     def step(x, y):
         loss = tw.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
@@ -218,15 +186,16 @@ def _compiled_on_rank(rank, world_size, steps):
         opt.step()
         return loss.detach()
 
-    losses = [step(x, y).item() for _ in range(steps)]
+    losses = [step(tw.tensor(x_all[part]), tw.tensor(labels[part])).item() for _ in range(steps)]
     return losses, {name: v.detach().numpy().copy() for name, v in model.module.state_dict().items()}
 
 
-def test_a_compiled_data_parallel_step_with_converted_batch_norms_equals_one_process():
-    """The collectives inside a compiled step (the functional all_reduce that a compiled program holds on a GPU; on
-    gloo the step runs as compiled segments around them): the same training as one process on the whole batch."""
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_data_parallel_training_with_converted_batch_norms_equals_one_process_on_the_whole_batch(compiled):
+    """Compiled, the collectives sit inside the step (the functional all_reduce that a compiled program holds on a
+    GPU; on gloo the step runs as compiled segments around them)."""
     steps = 3
-    results = run_on_ranks(_compiled_on_rank, 2, steps, timeout=120)
+    results = run_on_ranks(_ddp_on_rank, 2, steps, compiled, timeout=120)
     x_all, _, _, _ = _batch((4, 4))
     labels = np.arange(len(x_all)) % 2
     model = _cnn(torch)

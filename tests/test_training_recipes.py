@@ -18,6 +18,7 @@ import pytest
 import torch as real_torch
 import torch.utils.checkpoint  # noqa: F401 — binds torch.utils.checkpoint as the recipes use it
 import torch.utils.data  # noqa: F401
+from compiled_steps import compiled_if
 
 import tilewise
 import tilewise.utils.checkpoint  # noqa: F401
@@ -360,7 +361,7 @@ def text_classification(torch, model, rows, vocab, with_offsets, compiled=False)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1.0, gamma=0.1)
     losses, accuracies = [], []
 
-    @_compiled_if(torch, compiled)  # batches of several lengths: one variant per shape
+    @compiled_if(torch, compiled)  # batches of several lengths: one variant per shape
     def train_step(label, text, offsets):
         optimizer.zero_grad()
         predicted_label = model(text, offsets)
@@ -577,16 +578,12 @@ def graph_model(torch, features=5, hidden=8, classes=3):
     return GraphNet
 
 
-def _compiled_if(torch, compiled: bool):
-    """The step as written, or through ``tilewise.compile`` (the torch side always runs eagerly)."""
-    return torch.compile if compiled and torch.__name__ == "tilewise" else (lambda fn: fn)
-
 
 def train_graph(torch, model, x, edge_index, y, steps=5, compiled=False):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
     x, edge_index, y = torch.from_numpy(x), torch.from_numpy(edge_index), torch.from_numpy(y)
 
-    @_compiled_if(torch, compiled)
+    @compiled_if(torch, compiled)
     def step():
         optimizer.zero_grad()
         out = model(x, edge_index)
