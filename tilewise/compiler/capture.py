@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import operator
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -792,6 +793,7 @@ def _detached(src: Tensor, out: Tensor) -> None:
 
 
 _CAPTURING = [0]  # captures in progress, all threads: eager detaches pay for the hook only while there are some
+_CAPTURING_LOCK = threading.Lock()  # the count is shared by threads that capture at once
 
 
 @contextlib.contextmanager
@@ -799,14 +801,16 @@ def capturing(cap: Capture):
     state = STATE  # this thread's: another thread's operators are never recorded into this capture
     state.captures = (*state.captures, cap)
     state.trace_depth += 1
-    _CAPTURING[0] += 1
-    TRACE_HOOKS.detached = _detached
+    with _CAPTURING_LOCK:
+        _CAPTURING[0] += 1
+        TRACE_HOOKS.detached = _detached
     try:
         yield cap
     finally:
-        _CAPTURING[0] -= 1
-        if not _CAPTURING[0]:
-            TRACE_HOOKS.detached = None
+        with _CAPTURING_LOCK:
+            _CAPTURING[0] -= 1
+            if not _CAPTURING[0]:
+                TRACE_HOOKS.detached = None
         state.trace_depth -= 1
         state.captures = state.captures[:-1]
 
