@@ -4,8 +4,9 @@ Sections (all by default; ``--only gemm|step|curve`` picks one):
 
 * **gemm**: ``_scaled_mm`` (e4m3 x e4m3, tensorwise scales, bf16 result) and a bf16 ``mm`` at 8192^3 and at
   GPT-2 124M / Llama-7B layer shapes (8192 tokens), tilewise beside ``torch._scaled_mm`` and torch's bf16 mm.
-  Each side's median time of ``--repeats`` runs timed with its own CUDA events, in TFLOP/s, and the ratios
-  (FP8 over our bf16, ours over torch's FP8).
+  Each side's median device time per call over ``--repeats`` rounds, the sides alternating round by round, each
+  round ten calls queued behind a spin kernel and timed with that side's own CUDA events (the GEMMs' time, not
+  the host's pace of issuing them), in TFLOP/s, and the ratios (FP8 over our bf16, ours over torch's FP8).
 * **step**: a GPT-2 (124M, 350M: ``--models``; ``benchmarks/models/gpt2.py``, one source run by both libraries)
   training step, the whole step (forward, backward, AdamW) compiled
   by ``tw.compile``, parameters in bf16, its ``nn.Linear`` layers (all but the tied LM head) swapped by
@@ -67,19 +68,37 @@ def not_head(module, fqn: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------- timing
 
-def median_ms(run, repeats: int, lib) -> float:
-    """Median of ``repeats`` runs, each between two CUDA events of ``lib`` (tilewise or torch)."""
-    for _ in range(3):
-        run()
-    times = []
+CALLS_PER_ROUND = 10
+SLEEP_CYCLES = 4_000_000  # about 2 ms of an H100/H200's clock: longer than the host takes to queue a round
+
+
+def interleaved_device_ms(runs: dict, repeats: int) -> dict:
+    """Each side's median device time of one call, in ms: ``runs`` maps a side to ``(run, lib)``. In every round
+    each side in turn queues a spin kernel (``lib.cuda._sleep``), then ``CALLS_PER_ROUND`` calls between two
+    CUDA events of its own library: the calls are queued while the GPU spins, so the events time the GEMMs back
+    to back, not the host's pace of issuing them, and alternating the sides each round spreads clock and
+    temperature drift over both. A side that raises is reported as the error."""
+    times: dict = {side: [] for side in runs}
+    for side, (run, lib) in runs.items():
+        try:
+            for _ in range(3):
+                run()
+            lib.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 — a side that fails is reported, the others still measured
+            times[side] = f"error: {type(exc).__name__}: {str(exc)[:80]}"
     for _ in range(repeats):
-        start, end = lib.cuda.Event(enable_timing=True), lib.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        for side, (run, lib) in runs.items():
+            if isinstance(times[side], str):
+                continue
+            start, end = lib.cuda.Event(enable_timing=True), lib.cuda.Event(enable_timing=True)
+            lib.cuda._sleep(SLEEP_CYCLES)
+            start.record()
+            for _ in range(CALLS_PER_ROUND):
+                run()
+            end.record()
+            end.synchronize()
+            times[side].append(start.elapsed_time(end) / CALLS_PER_ROUND)
+    return {side: t if isinstance(t, str) else statistics.median(t) for side, t in times.items()}
 
 
 # ---------------------------------------------------------------------------------------------- GEMMs
@@ -88,7 +107,7 @@ def gemm_section(repeats: int) -> list[dict]:
     import torch
 
     rows = []
-    print("\n## FP8 and bf16 GEMMs (TFLOP/s, median of CUDA-event timings; result bf16)")
+    print("\n## FP8 and bf16 GEMMs (TFLOP/s of device time, calls queued back to back, sides interleaved; result bf16)")
     print(f"device: {tw.cuda.get_device_name()}")
     header = ("shape", "M x K x N", "tw fp8", "torch fp8", "tw bf16", "torch bf16", "fp8/bf16 (tw)",
               "tw/torch fp8")
@@ -115,11 +134,8 @@ def gemm_section(repeats: int) -> list[dict]:
             "tw bf16": (lambda ours=ours: ours["xb"].mm(ours["wb"].t()), tw),
             "torch bf16": (lambda xb=xb, wb=wb: xb.mm(wb.t()), torch),
         }
-        for side, (fn, lib) in runs.items():
-            try:
-                row[side] = tflops(median_ms(fn, repeats, lib))
-            except Exception as exc:  # noqa: BLE001 — a side that fails is reported, the others still measured
-                row[side] = f"error: {type(exc).__name__}: {str(exc)[:80]}"
+        for side, ms in interleaved_device_ms(runs, repeats).items():
+            row[side] = ms if isinstance(ms, str) else tflops(ms)
         check = tw._scaled_mm(ours["x8"], ours["w8"].t(), ours["one"], ours["one"], out_dtype=tw.float32)
         ref = torch._scaled_mm(x8, w8.t(), one, one, out_dtype=torch.float32)
         row["max rel diff vs torch"] = float((torch.from_dlpack(check) - ref).abs().max() / ref.abs().max())

@@ -51,6 +51,23 @@ def test_rng_state_round_trip():
     assert np.array_equal(x.numpy(), tw.randn(4).numpy())
 
 
+def test_rng_state_is_a_byte_tensor_and_other_states_are_refused_as_torch_refuses_them():
+    """torch's generator states are ByteTensors (its CUDA generator's: 16 bytes, the seed then the offset)."""
+    import torch
+
+    tw.manual_seed(2**40 + 3)
+    tw.randn(5)
+    state = tw.get_rng_state()
+    assert state.dtype == tw.uint8 and tuple(state.shape) == (16,)
+    seed, offset = np.frombuffer(state.numpy().tobytes(), "<u8")
+    assert seed == 2**40 + 3 and offset == tw.default_generator.offset > 0
+    for lib in (tw, torch):
+        with pytest.raises(TypeError, match="RNG state must be a torch.ByteTensor"):
+            lib.set_rng_state(lib.zeros(16, dtype=lib.int64))
+    with pytest.raises(RuntimeError, match="RNG state is wrong size"):
+        tw.set_rng_state(tw.zeros(4, dtype=tw.uint8))
+
+
 def test_distributions_have_the_right_moments_and_ranges():
     tw.manual_seed(0)
     u = tw.rand(200_000).numpy()

@@ -56,7 +56,15 @@ from tilewise._cuda_api import driver_api, is_available
 from tilewise._stages import stage
 from tilewise.backends.cuda import DeviceBuffer, stream_handle
 from tilewise.backends.cuda.graphs import CudaGraph, GraphCaptureError, capture
-from tilewise.backends.cuda.runtime import Event, Stream, check, copy_dtod, current_device, get_device_properties
+from tilewise.backends.cuda.runtime import (
+    Event,
+    Stream,
+    check,
+    copy_dtod,
+    current_device,
+    ensure_context,
+    get_device_properties,
+)
 from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.schedule import KernelSchedule
 from tilewise.compiler.autotune import Pending, Sampler, clobbered, renamed
@@ -314,6 +322,7 @@ class CudaRuntime:
             check(cu.cuStreamWaitEvent(stream, order.done[c].handle, 0), "cuStreamWaitEvent")
 
     def run(self, inputs: list, staged: frozenset[int]) -> list:
+        ensure_context(self.device.index)  # see [Note: the operation's device]
         stream = stream_handle(self.device.index)
         self.calls += 1
         self._bind_arena()

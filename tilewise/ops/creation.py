@@ -13,6 +13,8 @@ import math
 import operator
 from numbers import Number
 
+import numpy as np
+
 from tilewise import strides as S
 from tilewise.device import Device, as_device, default_device, pinning_backend
 from tilewise.dtypes import DType, as_dtype, checked_scalar, default_complex_dtype, get_default_dtype, scalar_dtype
@@ -153,9 +155,12 @@ class Generator:
         return self._seed
 
     def get_state(self) -> Tensor:
-        from tilewise.tensor import tensor
+        """The state as torch's CUDA generator gives it: a uint8 tensor of 16 bytes, the seed and then the offset,
+        each a little-endian 64-bit integer."""
+        from tilewise.dtypes import uint8
+        from tilewise.tensor import from_array
 
-        return tensor([self._seed & 0xFFFFFFFF, self._seed >> 32, self._offset & 0xFFFFFFFF, self._offset >> 32])
+        return from_array(np.array([self._seed, self._offset], dtype="<u8").view(np.uint8).copy(), uint8)
 
     def position(self) -> tuple[int, int]:
         """(seed, offset) as Python numbers: the state ``get_state`` returns, without a tensor to read back (a
@@ -166,8 +171,15 @@ class Generator:
         self._seed, self._offset = position
 
     def set_state(self, state: Tensor) -> None:
-        a, b, c, d = (int(v) for v in state.tolist())
-        self._seed, self._offset = a | (b << 32), c | (d << 32)
+        from tilewise.dtypes import uint8
+
+        if getattr(state, "dtype", None) is not uint8:
+            raise TypeError("RNG state must be a torch.ByteTensor")
+        if state.numel() != 16:
+            raise RuntimeError(f"RNG state is wrong size: expected 16 bytes (a 64-bit seed and a 64-bit offset), "
+                               f"got {state.numel()}")
+        seed, offset = (int(v) for v in np.ascontiguousarray(state.cpu().numpy().reshape(16)).view("<u8"))
+        self._seed, self._offset = seed, offset
 
     def claim(self, counters: int) -> tuple[int, int]:
         """Reserve ``counters`` Philox counters; return the (seed, offset) the draw must use."""

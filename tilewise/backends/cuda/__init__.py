@@ -31,7 +31,7 @@ from tilewise.backends.cuda.device_memory import (
     record_stream,
     stream_handle,
 )
-from tilewise.backends.cuda.runtime.device import current_device
+from tilewise.backends.cuda.runtime.device import _thread_state, current_device, ensure_context
 from tilewise.backends.cuda.transfers import download, empty_pinned, is_pinned, pin_memory, upload
 from tilewise.device import Backend, Device, cpu
 from tilewise.tensor import Tensor
@@ -45,10 +45,22 @@ def run_into(op, args: tuple, device: Device, out: Tensor) -> Tensor | None:
     """A pointwise op's result written into ``out`` (an in-place op's target), or None: see ``dispatch.call_into``."""
     if out._dtype.is_complex:
         return None  # computed as complex operands are (see run), then written back
+    if _thread_state.context_device != device.index:
+        ensure_context(device.index)
     return _pointwise_into(op, args, device, out)
 
 
 def run(op, args: tuple, device: Device):
+    """Run ``op`` on ``device``, whose primary context is made current first.
+
+    [Note: the operation's device]
+    Library calls (cuBLASLt, cuDNN, cuFFT) and copies on the legacy default stream run in the thread's current
+    context, not the operands' device, so every operator makes its device's context current before it starts:
+    a thread may meet tensors of several GPUs in turn (``DataParallel``'s backward runs every replica's nodes on
+    the caller's thread), and a kernel of one GPU reading another's memory stops the process's CUDA context
+    with an illegal address."""
+    if _thread_state.context_device != device.index:
+        ensure_context(device.index)
     try:
         return _run(op, args, device)
     except (NotImplementedError, KeyError):  # kernels are generated for real dtypes: see _run_complex

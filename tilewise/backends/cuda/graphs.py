@@ -55,6 +55,7 @@ class CudaGraph:
         if self.released:
             raise RuntimeError("this CUDA graph was released (it captured collectives of a communicator that has "
                                "since been destroyed) and cannot be replayed")
+        ensure_context(self.device)  # stream 0 is the current context's: see [Note: the operation's device]
         check(driver_api().cuGraphLaunch(self.exec, stream), "cuGraphLaunch")
 
     def release(self) -> None:

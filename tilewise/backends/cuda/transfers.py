@@ -180,11 +180,33 @@ def _converted(x: Tensor, dtype: DType, memory_format) -> Tensor:
 
 
 def _peer_copy(x: Tensor, target: Device) -> Tensor:
+    """Contiguous ``x`` copied to another GPU, ordered as torch orders a copy between devices: it runs on the
+    source's current stream once the target's current stream is done with the new block's memory, and the
+    target's stream waits for it, so work queued next on either device sees the copy in order. (Each stream
+    handle, 0 included, means a stream of its own device: the legacy default stream is per context.)"""
     from tilewise._cuda_api import check, driver_api
+    from tilewise.backends.cuda.runtime import Event, Stream, ensure_context
+    from tilewise.backends.cuda.runtime.capturing import is_current_stream_capturing
 
+    source, dest = x._device.index, target.index
     out = empty(x._shape, x._dtype, target)
     nbytes = x.numel() * x._dtype.itemsize
-    if nbytes:
-        check(driver_api().cuMemcpyAsync(data_ptr(out), data_ptr(x), nbytes, stream_handle(x._device.index)),
-              "cuMemcpyAsync")
+    if not nbytes:
+        return out
+    cu = driver_api()
+    source_stream, dest_stream = stream_handle(source), stream_handle(dest)
+    ordered = not is_current_stream_capturing()  # a capture holds one stream: the copy joins it as it is
+    if ordered:
+        ready = Event()
+        ready.record(Stream.from_handle(dest_stream, dest))
+    ensure_context(source)
+    if ordered:
+        check(cu.cuStreamWaitEvent(source_stream, ready.handle, 0), "cuStreamWaitEvent")
+    check(cu.cuMemcpyAsync(data_ptr(out), data_ptr(x), nbytes, source_stream), "cuMemcpyAsync")
+    if ordered:
+        done = Event()
+        done.record(Stream.from_handle(source_stream, source))
+        ensure_context(dest)
+        check(cu.cuStreamWaitEvent(dest_stream, done.handle, 0), "cuStreamWaitEvent")
+        ensure_context(source)  # the operation's device again (see [Note: the operation's device])
     return out

@@ -236,7 +236,7 @@ def reduce(name: str, combiner: str, x: Tensor, dims: tuple[int, ...], acc: DTyp
            indices: bool = False, shape: tuple | None = None) -> tuple[Tensor | None, Tensor | None]:
     """Reduce ``x`` over ``dims`` (normalised, sorted); returns (values, indices), contiguous, shaped like the
     kept dims or like ``shape`` (the same elements, e.g. with keepdim's 1s)."""
-    key = (name, combiner, x._dtype, x._shape, x._strides, dims, acc, output, indices)
+    key = (name, combiner, x._device.index, x._dtype, x._shape, x._strides, dims, acc, output, indices)
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = plan_reduction(name, combiner, x, dims, acc, output, indices)
@@ -281,7 +281,7 @@ _op_plans: dict[tuple, tuple] = {}
 
 def run_reduction(op, args: tuple, device: Device) -> Tensor:
     x = args[0]
-    key = (op, x._dtype, x._shape, x._strides, *args[1:])
+    key = (op, x._device.index, x._dtype, x._shape, x._strides, *args[1:])  # a plan's kernels are one GPU's
     entry = _op_plans.get(key)
     if entry is None:
         entry = _op_plans[key] = _plan_op(op, args)
@@ -301,7 +301,7 @@ def _plan_op(op, args: tuple) -> tuple:
     out_dtype, compute = op.dtype_rule(op, args)
     combiner = _COMBINER[op.reduce]
     acc = accumulator(combiner, x._dtype, compute)
-    key = (op.name, combiner, x._dtype, x._shape, x._strides, dims, acc, out_dtype, False)
+    key = (op.name, combiner, x._device.index, x._dtype, x._shape, x._strides, dims, acc, out_dtype, False)
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = plan_reduction(op.name, combiner, x, dims, acc, out_dtype, False)

@@ -105,6 +105,21 @@ def ensure_context(device: int | None = None) -> int:
     return index
 
 
+def call_in_context(device: int, fn, *args):
+    """``fn(*args)`` with ``device``'s primary context current, then the thread's previous context current again.
+
+    For finalizers (an event's, a module's, a pinned buffer's), which the garbage collector may run in the middle of
+    an operation on another device: switching the thread's context there would send that operation's next library
+    call (which runs in the current context) to the wrong GPU."""
+    previous = _thread_state.context_device
+    ensure_context(device)
+    try:
+        return fn(*args)
+    finally:
+        if previous is not None and previous != device:
+            ensure_context(previous)
+
+
 def set_device(device: int) -> None:
     """Make ``device`` this thread's current device and bind its primary context."""
     index = _validated_index(device)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from tilewise._cuda_api import CudaError, check, driver_api
-from tilewise.backends.cuda.runtime.device import ensure_context
+from tilewise.backends.cuda.runtime.device import call_in_context, ensure_context
 
 Dim3 = int | Sequence[int]
 _FLOAT_FORMATS = {2: "e", 4: "f", 8: "d"}
@@ -74,8 +74,7 @@ class Module:
     def __del__(self) -> None:
         if getattr(self, "handle", 0):
             with contextlib.suppress(Exception):  # at interpreter shutdown the driver may be gone
-                ensure_context(self.device)
-                driver_api().cuModuleUnload(self.handle)
+                call_in_context(self.device, driver_api().cuModuleUnload, self.handle)
 
 
 def load_module(image: bytes, device: int | None = None) -> Module:

@@ -20,7 +20,7 @@ import numpy as np
 
 from tilewise._cuda_api import check, driver_api
 from tilewise.backends.cuda.runtime.capturing import refuse_under_capture
-from tilewise.backends.cuda.runtime.device import ensure_context
+from tilewise.backends.cuda.runtime.device import call_in_context, ensure_context
 
 
 class PinnedBuffer:
@@ -54,8 +54,7 @@ class PinnedBuffer:
     def __del__(self) -> None:
         if getattr(self, "ptr", 0):
             with contextlib.suppress(Exception):  # at interpreter shutdown the driver may be gone
-                ensure_context(self.device)
-                driver_api().cuMemFreeHost(self.ptr)
+                call_in_context(self.device, driver_api().cuMemFreeHost, self.ptr)
 
 
 def is_pinned(array: np.ndarray) -> bool:

@@ -29,6 +29,7 @@ from tilewise._cuda_api import check, driver_api, is_status
 from tilewise.backends.cuda.runtime.bounds import raise_index_errors
 from tilewise.backends.cuda.runtime.capturing import refuse_under_capture
 from tilewise.backends.cuda.runtime.device import (
+    call_in_context,
     current_device,
     ensure_context,
     set_device,
@@ -265,8 +266,7 @@ class Event:
     def __del__(self) -> None:
         if getattr(self, "_handle", 0):
             try:
-                ensure_context(self.device)
-                driver_api().cuEventDestroy(self._handle)
+                call_in_context(self.device, driver_api().cuEventDestroy, self._handle)
             except Exception:  # noqa: BLE001, S110 -- at interpreter shutdown the driver (or contextlib) may be gone
                 pass
 
