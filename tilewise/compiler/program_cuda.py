@@ -65,6 +65,7 @@ from tilewise.backends.cuda.runtime import (
     ensure_context,
     get_device_properties,
 )
+from tilewise.backends.cuda.runtime.capturing import is_current_stream_capturing
 from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.schedule import KernelSchedule
 from tilewise.compiler.autotune import Pending, Sampler, clobbered, renamed
@@ -333,7 +334,9 @@ class CudaRuntime:
         """Order this run after the arena's last use when that was on another stream (another thread's): an
         event recorded on that stream now follows everything it was given, that use included."""
         arena = self.program.arena
-        if arena.stream is not None and arena.stream != stream:
+        if arena.stream is not None and arena.stream != stream and not is_current_stream_capturing():
+            # (a capture cannot wait on work outside it; a graph's capture begins after the device has finished
+            # all earlier work, as ``tilewise.cuda.graph`` synchronises first, as torch's does)
             if arena.event is None:
                 arena.event = Event()
             arena.event.record(arena.stream)
@@ -341,7 +344,9 @@ class CudaRuntime:
         arena.stream = stream
 
     def _run(self, inputs: list, staged: frozenset[int], stream: int) -> list:
-        if self.use_graphs and self.calls > 1 and not self.why_not:
+        # under a capture of the caller's own (``tilewise.cuda.graph``), the steps are launched and so join that
+        # graph: a graph of the program's own can be neither captured nor launched inside it
+        if self.use_graphs and self.calls > 1 and not self.why_not and not is_current_stream_capturing():
             replayed = self._replay(inputs, staged, stream)
             if replayed is not None:
                 return replayed
