@@ -98,3 +98,16 @@ def test_on_two_gpus_a_copy_waits_for_its_source_and_is_waited_for_on_the_target
             tw.cuda._sleep(20_000_000)
             back = (z - 1).to("cuda:0") / 2
         np.testing.assert_array_equal(back.cpu().numpy(), np.arange(1 << 20, dtype=np.float32))
+
+
+@pytest.mark.cuda
+def test_on_two_gpus_an_asynchronous_upload_to_the_second_is_ordered_on_its_own_stream():
+    """From a thread whose current device is 0 and busy, a pinned upload to cuda:1 and a kernel reading it there:
+    the copy once went to GPU 0's stream, behind its work, and the kernel on GPU 1 read the memory before it."""
+    _gpus(2)
+    host = tw.arange(1 << 20, dtype=tw.float32).pin_memory()
+    want = np.arange(1 << 20, dtype=np.float32) + 1
+    for _ in range(3):
+        tw.cuda._sleep(40_000_000)  # GPU 0, the current device, busy for about 20 ms
+        on_second = host.to("cuda:1", non_blocking=True) + 1
+        np.testing.assert_array_equal(on_second.cpu().numpy(), want)

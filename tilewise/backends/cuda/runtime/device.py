@@ -105,6 +105,16 @@ def ensure_context(device: int | None = None) -> int:
     return index
 
 
+def context_device() -> int:
+    """The device whose primary context is current on this thread, the current device's made current if none is.
+
+    A raw stream handle (0, the legacy default stream, included) belongs to the context current when it is used,
+    and an operator makes its operands' device's context current before it starts (see [Note: the operation's
+    device]): copies and event records given a raw handle run there, not on the thread's current device."""
+    found = _thread_state.context_device
+    return found if found is not None else ensure_context()
+
+
 def call_in_context(device: int, fn, *args):
     """``fn(*args)`` with ``device``'s primary context current, then the thread's previous context current again.
 

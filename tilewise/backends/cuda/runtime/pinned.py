@@ -20,7 +20,7 @@ import numpy as np
 
 from tilewise._cuda_api import check, driver_api
 from tilewise.backends.cuda.runtime.capturing import refuse_under_capture
-from tilewise.backends.cuda.runtime.device import call_in_context, ensure_context
+from tilewise.backends.cuda.runtime.device import call_in_context, context_device, ensure_context
 
 
 class PinnedBuffer:
@@ -33,7 +33,8 @@ class PinnedBuffer:
     def __init__(self, nbytes: int, device: int | None = None) -> None:
         if nbytes < 0:
             raise ValueError(f"PinnedBuffer size must be >= 0, got {nbytes}")
-        self.device = ensure_context(device)
+        # portable memory: any context will do, so the one current stays (see device.py's context_device)
+        self.device = ensure_context(device) if device is not None else context_device()
         cu = driver_api()
         self.nbytes = nbytes
         self.ptr = int(check(cu.cuMemHostAlloc(max(nbytes, 1), cu.CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc"))
@@ -75,18 +76,18 @@ def pinned_empty(shape: tuple[int, ...], dtype: np.dtype | type = np.float32) ->
 def copy_htod(dst: int, src: int, nbytes: int, stream: int = 0) -> None:
     """Copy ``nbytes`` from host address ``src`` to device address ``dst``, ordered on ``stream``."""
     refuse_under_capture("copying host memory to the device")
-    ensure_context()
+    context_device()  # the operation's context, see device.py's context_device
     check(driver_api().cuMemcpyHtoDAsync(dst, src, nbytes, int(stream)), "cuMemcpyHtoDAsync")
 
 
 def copy_dtoh(dst: int, src: int, nbytes: int, stream: int = 0) -> None:
     """Copy ``nbytes`` from device address ``src`` to host address ``dst``, ordered on ``stream``."""
     refuse_under_capture("reading device memory on the host")
-    ensure_context()
+    context_device()  # the operation's context, see device.py's context_device
     check(driver_api().cuMemcpyDtoHAsync(dst, src, nbytes, int(stream)), "cuMemcpyDtoHAsync")
 
 
 def copy_dtod(dst: int, src: int, nbytes: int, stream: int = 0) -> None:
     """Copy ``nbytes`` between two device addresses, ordered on ``stream``."""
-    ensure_context()
+    context_device()  # the operation's context, see device.py's context_device
     check(driver_api().cuMemcpyDtoDAsync(dst, src, nbytes, int(stream)), "cuMemcpyDtoDAsync")

@@ -30,6 +30,7 @@ from tilewise.backends.cuda.runtime.bounds import raise_index_errors
 from tilewise.backends.cuda.runtime.capturing import refuse_under_capture
 from tilewise.backends.cuda.runtime.device import (
     call_in_context,
+    context_device,
     current_device,
     ensure_context,
     set_device,
@@ -276,4 +277,4 @@ def _stream_handle_and_device(stream: Stream | int | None) -> tuple[int, int]:
         stream = current_stream()
     if isinstance(stream, Stream):
         return stream.handle, stream.device
-    return int(stream), ensure_context()
+    return int(stream), context_device()  # a raw handle is the current context's (see context_device)
