@@ -210,10 +210,6 @@ def _compile(op, args: tuple, last: frozenset = frozenset()):
     decomposition.__name__ = decomposition.__qualname__ = op.name
     fn = compile_fn(decomposition)
     fn.arenas = _ARENAS  # see [Note: one arena for every fused composite]
-    # A fused composite's program is a few kernels whose arguments are new on every eager call: a CUDA graph of
-    # it would copy each argument in and each result out (a driver call and a pass through memory apiece) to save
-    # the launches of those few kernels. A batch norm's replay made six copies for three launches.
-    fn.cuda_graphs = False
     return fn
 
 

@@ -218,7 +218,6 @@ class CompiledFunction:
         self.module = module
         self.variants: list[Variant] = []
         self.arenas: dict = {}  # (target, device) -> the Arena its programs share
-        self.cuda_graphs = True  # whether its programs may replay as CUDA graphs (fused composites: see there)
         self.segments = Segments(getattr(fn, "__name__", type(fn).__name__), self._build_segment)
         self.eager_reason: str | None = None  # set when the function runs eagerly from now on, and why
         self.limit_warned = False
@@ -357,8 +356,7 @@ class CompiledFunction:
         graphs, saved = program_graphs(traced, target, history)
         arena = self._arena(target, device)
         # a differentiable call's programs exchange activations that are fresh on every call: no CUDA graphs
-        programs = [build_program(g, target, device, traced.backward is None and self.cuda_graphs, arena,
-                                  self.mode == "max-autotune")
+        programs = [build_program(g, target, device, traced.backward is None, arena, self.mode == "max-autotune")
                     for g in graphs]
         for program in programs:
             program.passes = history
