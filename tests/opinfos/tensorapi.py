@@ -185,6 +185,12 @@ OPINFOS += [
            grad=False, dtypes=("int64",)),
     OpInfo("scatter_reduce", lambda: [Sample((T((3, 5), "distinct"), 1, T((3, 4), "index", high=5),
                                               T((3, 4), "distinct"), "amax"))], call="method"),
+    # torch's older spelling (reduce="add" | "multiply"), which has no derivative in torch
+    OpInfo("scatter", lambda: [
+        Sample((T((3, 5), "distinct"), 1, T((3, 4), "index", high=5), T((3, 4), "distinct")), {"reduce": r},
+               name=f"reduce-{r}") for r in ("add", "multiply")] + [
+        Sample((T((3, 5), "distinct"), 0, T((2, 5), "index", high=3), 2.5), {"reduce": r}, name=f"value-{r}")
+        for r in ("add", "multiply")], grad=False, covers=("scatter.reduce", "scatter.value_reduce")),
     OpInfo("index_reduce", lambda: [Sample((T((4, 3), "distinct"), 0, T((5,), "index", high=4),
                                             T((5, 3), "distinct"), r), {"include_self": s}, name=f"{r}-{s}")
                                     for r in ("mean", "amax", "amin") for s in (True, False)] + [

@@ -10,6 +10,8 @@ index_reduce and put compose scatter_reduce and index_put.
 
 from __future__ import annotations
 
+import warnings
+
 from tilewise import dtypes
 from tilewise.dtypes import c10_name
 from tilewise.ops import dtype_rules as R
@@ -17,6 +19,7 @@ from tilewise.ops.batching import shift_dims
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.indexing import check_scatter_src
 from tilewise.ops.registry import call, declare
+from tilewise.tensor import Tensor
 
 SCATTER_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
 
@@ -88,6 +91,40 @@ declare("scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str 
         grad={"self, src": "scatter_reduce_backward(grad, self, dim, index, src, reduce, include_self, result)",
               "index": None}, batch=shift_dims,
         fwd="scatter_reduce_jvp(self_t, src_t, dim, index, self, src, reduce, include_self, result)")
+
+
+_LEGACY_SCATTER = {"add": "sum", "multiply": "prod"}
+
+
+def _legacy_reduction(reduce: str) -> str:
+    found = _LEGACY_SCATTER.get(reduce)
+    if found is None:
+        raise RuntimeError("reduce argument must be either add or multiply.")
+    return found
+
+
+def _scatter_reduce_legacy(self, dim, index, src, reduce):
+    """``scatter(dim, index, src, reduce="add" | "multiply")``: torch's older spelling of ``scatter_reduce`` with
+    ``self``'s values included ("sum", "prod"), deprecated in torch for tensor sources."""
+    if not isinstance(src, Tensor):  # a number reaches this overload first: scatter.value_reduce's meaning
+        return _scatter_value_reduce(self, dim, index, src, reduce)
+    reduction = _legacy_reduction(reduce)
+    warnings.warn("The reduce argument of torch.scatter with Tensor src is deprecated and will be removed in a "
+                  "future PyTorch release. Use torch.scatter_reduce instead for more reduction options.",
+                  UserWarning, stacklevel=4)
+    return call("scatter_reduce", self, dim, index, src, reduction, include_self=True)
+
+
+def _scatter_value_reduce(self, dim, index, value, reduce):
+    """``scatter(dim, index, value, reduce=...)``: each indexed position reduced with the number."""
+    reduction = _legacy_reduction(reduce)
+    return call("scatter_reduce", self, dim, index, self.new_full(index.shape, value), reduction, include_self=True)
+
+
+declare("scatter.reduce(Tensor self, int dim, Tensor index, Tensor src, *, str reduce) -> Tensor", "composite",
+        decomposition=_scatter_reduce_legacy, inplace=True)
+declare("scatter.value_reduce(Tensor self, int dim, Tensor index, Scalar value, *, str reduce) -> Tensor",
+        "composite", decomposition=_scatter_value_reduce, inplace=True)
 
 
 def _index_reduce(self, dim, index, source, reduce, include_self=True):
