@@ -234,8 +234,9 @@ def checked_scalar_argument(op, name: str, value, out: DType):
 # on the CPU and nothing is rounded on CUDA. The eager CPU kernels, the eager CUDA kernels and the compiler read
 # the declaration through ``half_rounded`` (cached per operator and device type).
 _HALVES = (dtypes.float16, dtypes.bfloat16)
+# the rules of operators whose operands torch casts
 _COMMON_DTYPE_RULES = frozenset({promote, promote_float, compare, first_input, negation, subtraction, numeric, power,
-                                 floating_only, clamp_rule, where_rule})  # the rules of operators whose operands torch casts
+                                 floating_only, clamp_rule, where_rule})
 # declarations shared by several operators
 ADD_HALF_ROUNDED = {"cpu": ("self", "other", "alpha")}  # add, sub, rsub: the number and alpha are cast on the CPU
 OTHER_AT_OPMATH = {"cpu": ("self",)}  # mul, div, floor_divide: the second operand is read at float32 on the CPU

@@ -270,7 +270,7 @@ pointwise("leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor",
           method=False)
 pointwise("threshold(Tensor self, Scalar threshold, Scalar value) -> Tensor",
           lambda x, t, v: where(x.gt(t), x, v), {"self": "grad * (self > threshold)"}, method=False,
-          half_rounded={"cpu": ("self", "threshold", "value")})
+          half_rounded={"cpu": ("self", "value")})
 pointwise("hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor",
           lambda x, lo, hi: x.maximum(lo).minimum(hi), {"self": "grad * ((self > min_val) & (self < max_val))"},
           method=False, half_rounded={"cpu": ("self", "min_val", "max_val")})
