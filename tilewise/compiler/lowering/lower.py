@@ -149,7 +149,10 @@ class _NestBuilder:
                 continue
             leaf = Expr("input", (), position)
             if type(a) is Ref:
-                value = self.operand(member, member.srcs[a.i])
+                src = member.srcs[a.i]
+                value = self.operand(member, src)
+                if params[k].name in rounded and src.type.dtype is not common:  # a 0-dim tensor of another dtype
+                    value = cast(cast(value, src.type.dtype), common)
             elif params[k].name in rounded and type(a) in (int, float):  # 70000 becomes inf, as in torch
                 value = Expr("const", (), R.round_to_half(a, common))
             else:
