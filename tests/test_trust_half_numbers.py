@@ -32,7 +32,8 @@ CALLS = {
     "rpow": lambda m, x, s: s ** x,
     "clamp": lambda m, x, s: m.clamp(x, -abs(s), abs(s)), "clamp_min": lambda m, x, s: m.clamp_min(x, s),
     "clamp_max": lambda m, x, s: m.clamp_max(x, s), "clip(max=)": lambda m, x, s: x.clip(max=s),
-    "maximum(0-d)": lambda m, x, s: m.maximum(x, m.tensor(s)), "minimum(0-d)": lambda m, x, s: m.minimum(x, m.tensor(s)),
+    "maximum(0-d)": lambda m, x, s: m.maximum(x, m.tensor(s)),
+    "minimum(0-d)": lambda m, x, s: m.minimum(x, m.tensor(s)),
     "add(0-d)": lambda m, x, s: x + m.tensor(s), "mul(0-d)": lambda m, x, s: x * m.tensor(s),
     "div(0-d)": lambda m, x, s: x / m.tensor(s), "mul(0-d float64)": lambda m, x, s: x * m.tensor(s, dtype=m.float64),
     "0-d * x": lambda m, x, s: m.tensor(s) * x,
@@ -98,8 +99,10 @@ def outcome(call, m, x, s):
 
 def difference(ours, theirs, zero_sign: bool = True) -> str:
     if isinstance(ours, type) or isinstance(theirs, type):
-        return "" if ours is theirs or (isinstance(ours, type) and isinstance(theirs, type)) else \
-            f"tilewise {ours if isinstance(ours, type) else 'returns'}, torch {theirs if isinstance(theirs, type) else 'returns'}"
+        if isinstance(ours, type) and isinstance(theirs, type):
+            return ""
+        described = [o.__name__ if isinstance(o, type) else "a result" for o in (ours, theirs)]
+        return f"tilewise gives {described[0]}, torch {described[1]}"
     (a, da), (b, db) = ours, theirs
     if a.shape != b.shape or da != db:
         return f"{a.shape} {da} against {b.shape} {db}"
