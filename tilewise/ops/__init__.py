@@ -64,6 +64,11 @@ _INPLACE_DUNDERS = {"add": "iadd", "sub": "isub", "mul": "imul", "div": "itruedi
                     "bitwise_xor": "ixor", "bitwise_left_shift": "ilshift", "bitwise_right_shift": "irshift"}
 
 
+# reflected dunders that torch binds to the operator itself, the tensor first (``0.1 * x`` is ``x.mul(0.1)``, which
+# reads the number as mul's second operand: see [Note: half operands]); ``__rshift__`` is no reflection
+_UNSWAPPED = frozenset({"rshift", "radd", "rmul", "rand", "ror", "rxor"})
+
+
 def _swapped(fn):
     def reflected(self, other):
         return fn(other, self)
@@ -119,7 +124,7 @@ def build_api() -> dict:
     for op in OPS.values():
         for dunder in op.attrs.get("dunder", ()):
             fn = public_function(op.name)
-            reflected = dunder.startswith("r") and not _reverses_operands(op) and dunder not in ("rshift",)
+            reflected = dunder.startswith("r") and not _reverses_operands(op) and dunder not in _UNSWAPPED
             method = _swapped(fn) if reflected else fn
             setattr(Tensor, f"__{dunder}__", _binary_dunder(method) if len(op.tensor_idx) >= 2 else method)
     _attach_special_methods(functions)

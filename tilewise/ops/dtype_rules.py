@@ -6,6 +6,8 @@ result and the dtype its arithmetic runs in (half types compute in float32, like
 
 from __future__ import annotations
 
+import numpy as np
+
 from tilewise import dtypes
 from tilewise.dtypes import COMPLEX, DType, compute_dtype, result_type, to_float
 
@@ -137,7 +139,8 @@ def where_rule(op, args) -> tuple[DType, DType]:
                            f"{condition.dtype.name}; compare it (e.g. condition != 0) to make a mask")
     values = _operands(op, args)[1:]
     out = result_type(*values)
-    _check_numbers_fit(op, values, out)
+    if out not in _HALVES:  # torch casts a number past a half's range to inf without a word
+        _check_numbers_fit(op, values, out)
     return out, compute_dtype(out)
 
 
@@ -217,32 +220,79 @@ def checked_scalar_argument(op, name: str, value, out: DType):
     return dtypes.checked_scalar(value, out, op.name) if out.category == dtypes.INT else value
 
 
-# [Note: half operands] torch casts every operand to the operands' common dtype before a float16/bfloat16 kernel
-# computes in float32: a Python number or an integer tensor beside a half tensor is first rounded to that half
-# (``half_tensor == 0.1`` compares with 0.1 rounded to float16, so it is True for a tensor made from 0.1; 70000
-# becomes inf). Comparisons round a 0-dim tensor of another dtype too; torch's add, sub, mul and div read one at
-# its own precision. Eager kernels ask these two functions; the compiler rounds Python numbers (a compiled kernel
-# computes halves in float32 and rounds only what it stores, so it does not round tensor operands yet).
+# [Note: half operands] Beside a float16/bfloat16 tensor, torch's CPU kernels compute in float32 from operands cast
+# to the operands' common dtype first: a Python number, a 0-dim tensor of another dtype or an integer tensor is
+# rounded to that half (``half_tensor == 0.1`` compares with 0.1 rounded to float16, so it is True for a tensor
+# made from 0.1; 70000 becomes inf). Some kernels read the number at float32 instead (``original_scalar_value``
+# of an opmath type): ``mul`` and the three ``div`` modes for their second operand, ``lerp`` for its weight. Scalar
+# arguments (``alpha``, ``value``, ``negative_slope``, ...) are float32 in most kernels; ``add``'s and ``sub``'s
+# alpha and ``hardtanh``'s, ``threshold``'s and ``hardshrink``'s bounds are cast to the half (and refused when
+# past its range). torch's CUDA kernels do not cast Python numbers (TensorIterator leaves a CPU scalar as it is and
+# ``opmath_gpu_kernel_with_scalars`` reads it in float32): ``half + 0.1`` adds 0.1, not float16(0.1).
+# Each operator declares what torch does on each device type, ``half_rounded={device type: parameter names}``
+# beside its dtype rule; without a declaration, the operands of the rules in ``_COMMON_DTYPE_RULES`` are rounded
+# on the CPU and nothing is rounded on CUDA. The eager CPU kernels, the eager CUDA kernels and the compiler read
+# the declaration through ``half_rounded`` (cached per operator and device type).
 _HALVES = (dtypes.float16, dtypes.bfloat16)
+# the rules of operators whose operands torch casts
 _COMMON_DTYPE_RULES = frozenset({promote, promote_float, compare, first_input, negation, subtraction, numeric, power,
-                                 floating_only, clamp_rule})  # the rules of operators whose operands torch casts
+                                 floating_only, clamp_rule, where_rule})
+# declarations shared by several operators
+ADD_HALF_ROUNDED = {"cpu": ("self", "other", "alpha")}  # add, sub, rsub: the number and alpha are cast on the CPU
+OTHER_AT_OPMATH = {"cpu": ("self",)}  # mul, div, floor_divide: the second operand is read at float32 on the CPU
+_half_rounded: dict[tuple, frozenset] = {}  # (op, device type) -> names of the parameters rounded to the half
+
+
+def half_rounded(op, device_type: str) -> frozenset:
+    """The names of ``op``'s parameters (tensor operands and Scalar arguments) whose Python numbers torch rounds to
+    the operands' float16/bfloat16 before computing on ``device_type``: see [Note: half operands]."""
+    key = (op, device_type)
+    found = _half_rounded.get(key)
+    if found is None:
+        declared = op.attrs.get("half_rounded", {})
+        if device_type in declared:
+            found = frozenset(declared[device_type])
+        elif device_type == "cpu" and op.dtype_rule in _COMMON_DTYPE_RULES:
+            found = frozenset(op.schema.params[k].name for k in op.tensor_idx)
+        else:
+            found = frozenset()
+        _half_rounded[key] = found
+    return found
+
+
+def is_half(dtype: DType) -> bool:
+    return dtype in _HALVES
 
 
 def common_half(op, args, tensor_idx) -> DType | None:
     """The float16/bfloat16 that ``op``'s operands (``args`` at ``tensor_idx``) are rounded to before computing,
     or None."""
-    if op.dtype_rule not in _COMMON_DTYPE_RULES:
-        return None
     if not any(getattr(args[k], "dtype", None) in _HALVES for k in tensor_idx):
         return None
     common = result_type(*[args[k] for k in tensor_idx if args[k] is not None])
     return common if common in _HALVES else None
 
 
-def rounds_to_common(op, operand, common: DType) -> bool:
-    """Whether ``operand`` (a Python number or a tensor-like) is rounded to ``common`` before the kernel reads it."""
+def rounds_to_common(operand, common: DType) -> bool:
+    """Whether ``operand`` (a Python number or a tensor-like) of a parameter that ``half_rounded`` names changes
+    when it is cast to ``common``."""
     if type(operand) in (int, float, bool):
         return True
     dtype = getattr(operand, "dtype", None)
-    return dtype is not None and dtype is not common and (len(operand.shape) > 0 or op.dtype_rule is compare)
+    return dtype is not None and dtype is not common
 
+
+def rounded_scalar(op, value, common: DType):
+    """A Scalar argument that torch casts to ``common`` (add's ``alpha``, hardtanh's bounds): refused past its
+    range with torch's error, else rounded."""
+    if type(value) not in (int, float):
+        return value
+    dtypes.checked_scalar(value, common, op.name)
+    return round_to_half(value, common)
+
+
+def round_to_half(value, common: DType) -> float:
+    """A Python number as torch casts it to ``common``: through float32 (c10's Half and BFloat16 are made from a
+    float), past the range to inf."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(value).astype(common.np))

@@ -100,6 +100,16 @@ def _div(args, dtype):
     return (a / b).trunc() if dtype.is_floating_point else a.truncdiv(b)
 
 
+def _rdiv(args, dtype):
+    """``number / tensor`` is ``tensor.reciprocal() * number`` in torch (``Tensor.__rtruediv__``): the reciprocal
+    is rounded to the tensor's dtype, then multiplied (for a half, by the number at float32)."""
+    reciprocal = 1 / _in(0)
+    own = getattr(args[0], "dtype", dtype)
+    if own.is_floating_point and own is not dtype and not own.is_complex:
+        reciprocal = reciprocal.cast(own).cast(dtype)
+    return reciprocal * _in(1)
+
+
 def _div_dtype(op, args):
     """True division makes integers float; rounding division keeps the promoted type (torch's rule)."""
     return R.promote_float(op, args) if args[2] is None else R.numeric(op, args)
@@ -112,27 +122,29 @@ def _nan_to_num(args, dtype):
 
 # ---------------------------------------------------------------- arithmetic
 pointwise("add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
-          lambda a, b, alpha: a + b * alpha, {"self": "grad", "other": "grad * alpha"}, dunder=("add", "radd"))
+          lambda a, b, alpha: a + b * alpha, {"self": "grad", "other": "grad * alpha"}, dunder=("add", "radd"),
+          half_rounded=R.ADD_HALF_ROUNDED)
 pointwise("sub(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
           lambda a, b, alpha: a - b * alpha, {"self": "grad", "other": "-grad * alpha"}, R.subtraction,
-          dunder=("sub",), aliases=("subtract",))
+          dunder=("sub",), aliases=("subtract",), half_rounded=R.ADD_HALF_ROUNDED)
 pointwise("rsub(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
           lambda a, b, alpha: b - a * alpha, {"self": "-grad * alpha", "other": "grad"}, R.subtraction,
-          method=False, dunder=("rsub",), inplace=False)
+          method=False, dunder=("rsub",), inplace=False, half_rounded=R.ADD_HALF_ROUNDED)
 pointwise("mul(Tensor self, Tensor other) -> Tensor",
           lambda a, b: a * b,
           {"self": "grad * conj_if_complex(other)", "other": "grad * conj_if_complex(self)"}, dunder=("mul", "rmul"),
-          aliases=("multiply",))
+          aliases=("multiply",), half_rounded=R.OTHER_AT_OPMATH)
 pointwise("div(Tensor self, Tensor other, *, str? rounding_mode=None) -> Tensor", None,
           {"self": "grad / conj_if_complex(other) if rounding_mode is None else zeros_like(grad)",
            "other": "-grad * conj_if_complex(self / (other * other)) if rounding_mode is None else zeros_like(grad)"},
-          _div_dtype, dunder=("truediv",), aliases=("divide", "true_divide"), expr_builder=_div)
-pointwise("rdiv(Tensor self, Tensor other) -> Tensor",
-          lambda a, b: b / a,
+          _div_dtype, dunder=("truediv",), aliases=("divide", "true_divide"), expr_builder=_div,
+          half_rounded=R.OTHER_AT_OPMATH)
+pointwise("rdiv(Tensor self, Tensor other) -> Tensor", None,
           {"self": "-grad * conj_if_complex(other / (self * self))", "other": "grad / conj_if_complex(self)"},
-          R.promote_float, method=False, dunder=("rtruediv",), inplace=False, autocast={"cuda": "fp32"})
+          R.promote_float, method=False, dunder=("rtruediv",), inplace=False, autocast={"cuda": "fp32"},
+          expr_builder=_rdiv, half_rounded={"cpu": ("self",)})
 pointwise("floor_divide(Tensor self, Tensor other) -> Tensor", lambda a, b: a.floordiv(b), None, R.numeric,
-          dunder=("floordiv", "rfloordiv"), differentiable=False)
+          dunder=("floordiv", "rfloordiv"), differentiable=False, half_rounded=R.OTHER_AT_OPMATH)
 pointwise("remainder(Tensor self, Tensor other) -> Tensor", lambda a, b: a.mod(b),
           {"self": "grad", "other": "-grad * floor_divide(self, other)"}, R.numeric, dunder=("mod", "rmod"))
 pointwise("fmod(Tensor self, Tensor other) -> Tensor", lambda a, b: a.fmod(b),
@@ -152,7 +164,8 @@ pointwise("sign(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_lik
 pointwise("sgn(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "sgn_backward(grad, self, result)"})
 pointwise("lerp(Tensor self, Tensor end, Tensor weight) -> Tensor",
           lambda a, b, w: where(w.abs().lt(0.5), a + w * (b - a), b - (b - a) * (1 - w)),
-          {"self": "grad * (1 - weight)", "end": "grad * weight", "weight": "grad * (end - self)"})
+          {"self": "grad * (1 - weight)", "end": "grad * weight", "weight": "grad * (end - self)"},
+          half_rounded={"cpu": ("self", "end")})
 pointwise("addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
           lambda a, t1, t2, value: a + value * t1 * t2,
           {"self": "grad", "tensor1": "grad * value * tensor2", "tensor2": "grad * value * tensor1"},
@@ -256,10 +269,11 @@ pointwise("leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor",
           lambda x, s: where(x.gt(0), x, x * s), {"self": "where(self > 0, grad, grad * negative_slope)"},
           method=False)
 pointwise("threshold(Tensor self, Scalar threshold, Scalar value) -> Tensor",
-          lambda x, t, v: where(x.gt(t), x, v), {"self": "grad * (self > threshold)"}, method=False)
+          lambda x, t, v: where(x.gt(t), x, v), {"self": "grad * (self > threshold)"}, method=False,
+          half_rounded={"cpu": ("self", "value")})
 pointwise("hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor",
           lambda x, lo, hi: x.maximum(lo).minimum(hi), {"self": "grad * ((self > min_val) & (self < max_val))"},
-          method=False)
+          method=False, half_rounded={"cpu": ("self", "min_val", "max_val")})
 pointwise("gelu(Tensor self, *, str approximate='none') -> Tensor", None,
           {"self": "gelu_backward(grad, self, approximate)"}, R.floating_only, expr_builder=_gelu, method=False)
 pointwise("silu(Tensor self) -> Tensor", lambda x: x / (1 + (-x).exp()),

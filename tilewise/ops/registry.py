@@ -193,6 +193,7 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
     if s.full_name in OPS:
         raise ValueError(f"operator {s.full_name} declared twice")
     param_names = tuple(p.name for p in s.params)
+    _check_half_rounded(s.full_name, attrs.get("half_rounded"), param_names)
     derivatives = {}
     for names, text in (grad or {}).items():
         formula = compile_formula(text, param_names) if text is not None else None
@@ -217,6 +218,18 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
     OPS[s.full_name] = op
     OVERLOADS.setdefault(s.name, []).append(op)
     return op
+
+
+def _check_half_rounded(name: str, declared, param_names: tuple) -> None:
+    """``half_rounded={device type: parameter names}`` (see [Note: half operands]) names known device types and
+    parameters."""
+    for device_type, names in (declared or {}).items():
+        if device_type not in AUTOCAST_DEVICE_TYPES:
+            raise ValueError(f"{name}: half_rounded given for unknown device type {device_type!r}; device types: "
+                             f"{AUTOCAST_DEVICE_TYPES}")
+        unknown = [n for n in names if n not in param_names]
+        if unknown:
+            raise ValueError(f"{name}: half_rounded names unknown parameter(s) {unknown}; parameters: {param_names}")
 
 
 def autocast_policies(name: str, autocast) -> dict[str, str | Callable] | None:

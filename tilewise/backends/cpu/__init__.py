@@ -203,7 +203,8 @@ def _operand_signature(op, args: tuple) -> tuple | None:
 
 # Calls whose tensor operands are all tensors of one floating dtype and shape (no Python numbers, so neither
 # scalar types nor the default dtype play a part) also reuse the kernel, per (operator, dtype).
-_uniform_plans: dict[tuple, tuple | None] = {}  # (op, dtype) -> (out dtype, compute numpy dtype or None, kernels)
+# (op, dtype) -> (out dtype, compute numpy dtype or None, kernels, positions of the Scalar arguments rounded to dtype)
+_uniform_plans: dict[tuple, tuple | None] = {}
 _UNPLANNED = object()
 
 
@@ -217,11 +218,11 @@ def run_pointwise(op, args: tuple):
         if plan is _UNPLANNED:
             plan = _uniform_plans[key] = _uniform_plan(op, args, first._dtype)
         if plan is not None:  # the general path below, with the dtype rule and the kernel lookup done once
-            out_dtype, cast_to, kernels = plan
+            out_dtype, cast_to, kernels, rounded = plan
             fn, scalar_idx = _pick_static(kernels, args)
             values = arrays if cast_to is None else [a.astype(cast_to) for a in arrays]
             for k in scalar_idx:
-                values.append(args[k])
+                values.append(R.rounded_scalar(op, args[k], first._dtype) if k in rounded else args[k])
             res = run_quietly(fn, values)
             if row_major and type(res) is np.ndarray and res.dtype is out_dtype.np and res.flags.c_contiguous \
                     and res.shape == first._shape:
@@ -232,24 +233,29 @@ def run_pointwise(op, args: tuple):
     cnp = compute.np
     fn, scalar_idx = pointwise_fn(op, args, compute)
     values = [_as_compute(args[k], cnp, op) for k in op.tensor_idx]
-    if cnp is _FLOAT32:
-        _round_to_common_half(op, args, values)
+    common = R.common_half(op, args, op.tensor_idx) if cnp is _FLOAT32 else None
+    if common is not None:
+        _round_to_common_half(op, args, values, common)
     names = op.schema.params
     for k in scalar_idx:
-        values.append(R.checked_scalar_argument(op, names[k].name, args[k], out_dtype))
+        name = names[k].name
+        value = R.checked_scalar_argument(op, name, args[k], out_dtype)
+        if common is not None and name in R.half_rounded(op, "cpu"):
+            value = R.rounded_scalar(op, value, common)
+        values.append(value)
     return _torch_layout(_result(run_quietly(fn, values), shape, out_dtype), op, args)
 
 
 _FLOAT32 = np.dtype(np.float32)
 
 
-def _round_to_common_half(op, args: tuple, values: list) -> None:
-    """``values`` (the operands in float32) rounded in place as torch rounds them: see [Note: half operands]."""
-    common = R.common_half(op, args, op.tensor_idx)
-    if common is None:
-        return
+def _round_to_common_half(op, args: tuple, values: list, common) -> None:
+    """``values`` (the operands in float32) rounded in place to ``common`` as torch rounds them: see
+    [Note: half operands]."""
+    rounded = R.half_rounded(op, "cpu")
+    params = op.schema.params
     for position, k in enumerate(op.tensor_idx):
-        if args[k] is not None and R.rounds_to_common(op, args[k], common):
+        if args[k] is not None and params[k].name in rounded and R.rounds_to_common(args[k], common):
             with np.errstate(over="ignore"):
                 values[position] = values[position].astype(common.np).astype(_FLOAT32)
 
@@ -303,7 +309,9 @@ def _uniform_plan(op, args: tuple, dtype) -> tuple | None:
     entry = _compiled.get((op,))
     if entry is None:
         entry = _compiled[(op,)] = _static_kernels(op)
-    return out_dtype, None if compute is dtype else compute.np, entry
+    rounded = R.half_rounded(op, "cpu") if R.is_half(dtype) else frozenset()
+    positions = frozenset(k for k, p in enumerate(op.schema.params) if p.name in rounded and k not in op.tensor_idx)
+    return out_dtype, None if compute is dtype else compute.np, entry, positions
 
 
 def _result(res, shape: tuple, out_dtype) -> Tensor:

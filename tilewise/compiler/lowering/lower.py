@@ -10,8 +10,6 @@ accumulator of the nest.
 
 from __future__ import annotations
 
-import numpy as np
-
 from tilewise import strides as S
 from tilewise.codegen.kernel_ir import Index, Kernel, Load, LoweringError, Nest, Param, Reduce, Store, cast
 from tilewise.compiler.ir import Node, Ref, format_type
@@ -142,22 +140,30 @@ class _NestBuilder:
         mapping: dict[int, Expr] = {}
         tensor_params = [k for k, p in enumerate(op.schema.params) if p.type == "Tensor"]
         common = R.common_half(op, args, tensor_params) if compute is float32 else None
+        # the parameters whose numbers torch rounds to the half on this device: see [Note: half operands]
+        rounded = R.half_rounded(op, member.type.device.type) if common is not None else frozenset()
+        params = op.schema.params
         for position, k in enumerate(tensor_params):
             a = member.args[k]
             if a is None:
                 continue
             leaf = Expr("input", (), position)
             if type(a) is Ref:
-                value = self.operand(member, member.srcs[a.i])
-            elif common is not None and type(a) in (int, float):  # rounded to the half: see [Note: half operands]
-                with np.errstate(over="ignore"):  # 70000 becomes inf, as in torch, without a warning
-                    value = Expr("const", (), float(np.asarray(a, dtype=np.float64).astype(common.np)))
+                src = member.srcs[a.i]
+                value = self.operand(member, src)
+                if params[k].name in rounded and src.type.dtype is not common:  # a 0-dim tensor of another dtype
+                    value = cast(cast(value, src.type.dtype), common)
+            elif params[k].name in rounded and type(a) in (int, float):  # 70000 becomes inf, as in torch
+                value = Expr("const", (), R.round_to_half(a, common))
             else:
                 value = Expr("const", (), a)
             mapping[id(leaf)] = cast(value, compute)
-        for k, p in enumerate(op.schema.params):
+        for k, p in enumerate(params):
             if p.type != "Tensor":
-                mapping[id(Expr("scalar", (), p.name))] = Expr("const", (), member.args[k])
+                value = member.args[k]
+                if p.name in rounded:
+                    value = R.rounded_scalar(op, value, common)
+                mapping[id(Expr("scalar", (), p.name))] = Expr("const", (), value)
         return cast(spliced(template, mapping), member.type.dtype)
 
     def _reduction(self, member: Node) -> Expr:

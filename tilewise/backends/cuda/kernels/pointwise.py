@@ -32,6 +32,7 @@ from tilewise.codegen.render.cstyle import SUFFIX, compute_of
 from tilewise.codegen.render.kernel_cuda import render_source
 from tilewise.codegen.schedule import KernelSchedule, Knobs, schedule_cuda
 from tilewise.dtypes import DType, get_default_dtype
+from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, inputs_of, render_text, substitute, toposort
 from tilewise.tensor import Tensor
 
@@ -384,10 +385,32 @@ def op_geometry(op, args: tuple):
     """(compute dtype, expr, scalar names, described inputs, output (dtype, shape, strides)) of an op call."""
     out_dtype, compute = op.dtype_rule(op, args)
     expr, scalar_names, _ = _expression(op, args, compute)
+    expr = _half_numbers_rounded(op, args, expr, compute)
     shapes = [args[k]._shape for k in op.tensor_idx if type(args[k]) is Tensor]
     shape = S.broadcast_shapes(*shapes, op=op.name) if shapes else ()
     described = [_describe(args[k]) for k in op.tensor_idx]
     return compute, expr, scalar_names, described, (out_dtype, shape, _result_strides(op, args, shape))
+
+
+def _half_numbers_rounded(op, args: tuple, expr: Expr, compute: DType) -> Expr:
+    """``expr`` with the numbers that torch's CUDA kernel rounds to the operands' half (``R.half_rounded``; see
+    [Note: half operands]) rounded in the kernel: a number travels by value in the compute dtype."""
+    rounded = R.half_rounded(op, "cuda")
+    common = R.common_half(op, args, op.tensor_idx) if rounded else None
+    if common is None:
+        return expr
+    params = op.schema.params
+    mapping = {}
+    for node in toposort(expr):
+        if node.op == "input":
+            k = op.tensor_idx[node.arg]
+            a = args[k]
+            number = type(a) is not Tensor or a._device.type == "cpu" and a._dtype is not common
+            if params[k].name in rounded and a is not None and number:
+                mapping[id(node)] = cast(cast(node, common), compute)
+        elif node.op == "scalar" and node.arg in rounded:
+            mapping[id(node)] = cast(cast(node, common), compute)
+    return substitute(expr, mapping) if mapping else expr
 
 
 def _result_strides(op, args: tuple, shape: tuple) -> tuple:

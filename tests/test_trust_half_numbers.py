@@ -1,0 +1,158 @@
+"""Python numbers beside float16/bfloat16 tensors, bit for bit as torch computes them on the CPU.
+
+torch's CPU kernels round a number to the half before computing for most operators, but read it at float32 for
+some (``mul``, ``div``, ``lerp``'s weight), and round some Scalar arguments (``add``'s alpha, ``hardtanh``'s bounds)
+while reading others at float32 (see [Note: half operands] in tilewise/ops/dtype_rules.py). Each call of the table
+runs over tensors holding the number rounded to the half and its neighbours, where the two readings part, and
+over many Python numbers whose rounding matters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tilewise as tw
+
+F = {tw: tw.nn.functional, torch: torch.nn.functional}
+HALVES = ("float16", "bfloat16")
+NUMBERS = (0.1, 1 / 3, 1e-4, 2**-25, 7.77, 65519.0, 65520.0, 1e5, 3.0, -2.5, 1e-8, 3e38, 1e-30, 0.7, -0.3, 2, 5,
+           -7, 2049, 1 / 7)
+
+CALLS = {
+    "add": lambda m, x, s: x + s, "radd": lambda m, x, s: s + x, "sub": lambda m, x, s: x - s,
+    "rsub": lambda m, x, s: s - x, "torch.rsub": lambda m, x, s: m.rsub(x, s),
+    "mul": lambda m, x, s: x * s, "rmul": lambda m, x, s: s * x, "torch.mul": lambda m, x, s: m.mul(x, s),
+    "div": lambda m, x, s: x / s, "rdiv": lambda m, x, s: s / x, "true_divide": lambda m, x, s: m.true_divide(x, s),
+    "div(floor)": lambda m, x, s: m.div(x, s, rounding_mode="floor"),
+    "div(trunc)": lambda m, x, s: m.div(x, s, rounding_mode="trunc"),
+    "floor_divide": lambda m, x, s: m.floor_divide(x, s), "remainder": lambda m, x, s: m.remainder(x, s),
+    "rmod": lambda m, x, s: s % x, "fmod": lambda m, x, s: m.fmod(x, s), "pow": lambda m, x, s: x ** s,
+    "rpow": lambda m, x, s: s ** x,
+    "clamp": lambda m, x, s: m.clamp(x, -abs(s), abs(s)), "clamp_min": lambda m, x, s: m.clamp_min(x, s),
+    "clamp_max": lambda m, x, s: m.clamp_max(x, s), "clip(max=)": lambda m, x, s: x.clip(max=s),
+    "maximum(0-d)": lambda m, x, s: m.maximum(x, m.tensor(s)),
+    "minimum(0-d)": lambda m, x, s: m.minimum(x, m.tensor(s)),
+    "add(0-d)": lambda m, x, s: x + m.tensor(s), "mul(0-d)": lambda m, x, s: x * m.tensor(s),
+    "div(0-d)": lambda m, x, s: x / m.tensor(s), "mul(0-d float64)": lambda m, x, s: x * m.tensor(s, dtype=m.float64),
+    "0-d * x": lambda m, x, s: m.tensor(s) * x,
+    "where(x, s)": lambda m, x, s: m.where(x > 0, x, s), "where(s, x)": lambda m, x, s: m.where(x > 0, s, x),
+    "lerp(weight=s)": lambda m, x, s: m.lerp(x, x * 2 + 1, s),
+    "addcmul(value=s)": lambda m, x, s: m.addcmul(x, x, x + 1, value=s),
+    "addcdiv(value=s)": lambda m, x, s: m.addcdiv(x, x, x + 3, value=s),
+    "add(alpha=s)": lambda m, x, s: m.add(x, x + 1, alpha=s), "sub(alpha=s)": lambda m, x, s: m.sub(x, x + 1, alpha=s),
+    "add(s, alpha=2)": lambda m, x, s: m.add(x, s, alpha=2), "sub(s, alpha=3)": lambda m, x, s: m.sub(x, s, alpha=3),
+    "mul_": lambda m, x, s: x.clone().mul_(s), "div_": lambda m, x, s: x.clone().div_(s),
+    "add_": lambda m, x, s: x.clone().add_(s), "sub_": lambda m, x, s: x.clone().sub_(s),
+    "add_(alpha=s)": lambda m, x, s: x.clone().add_(x, alpha=s), "x *= s": lambda m, x, s: _imul(x.clone(), s),
+    "eq": lambda m, x, s: x == s, "ne": lambda m, x, s: x != s, "lt": lambda m, x, s: x < s,
+    "le": lambda m, x, s: x <= s, "gt": lambda m, x, s: x > s, "ge": lambda m, x, s: x >= s,
+    "hardtanh": lambda m, x, s: F[m].hardtanh(x, -abs(s), abs(s)), "leaky_relu": lambda m, x, s: F[m].leaky_relu(x, s),
+    "threshold": lambda m, x, s: F[m].threshold(x, s, -s), "elu(alpha=s)": lambda m, x, s: F[m].elu(x, s),
+    "celu(alpha=s)": lambda m, x, s: F[m].celu(x, s), "softplus(beta=s)": lambda m, x, s: F[m].softplus(x, s),
+    "softplus(threshold=s)": lambda m, x, s: F[m].softplus(x, 1.0, s),
+    "hardshrink": lambda m, x, s: F[m].hardshrink(x, abs(s)), "softshrink": lambda m, x, s: F[m].softshrink(x, abs(s)),
+    "masked_fill": lambda m, x, s: x.masked_fill(x > 0, s), "fill_": lambda m, x, s: x.clone().fill_(s),
+    "full_like": lambda m, x, s: m.full_like(x, s), "copysign": lambda m, x, s: m.copysign(x, s),
+}
+# differences that are not the reading of the number, left for their own fixes: signed zeros of clamp's and the
+# activations' bounds (numpy's minimum/maximum pick the other zero), torch's division-free floor algorithm for
+# number // tensor, bfloat16 x ** 3 multiplied in bfloat16, and lerp's vectorised fused multiply-add
+ZERO_SIGN_IGNORED = {"clamp", "clamp_min", "clamp_max", "clip(max=)", "hardtanh", "elu(alpha=s)", "softshrink",
+                     "minimum(0-d)", "maximum(0-d)", "celu(alpha=s)"}
+# and: torch's refusal of a float16 exponent or softshrink lambda past the half's range, its bfloat16 remainder of
+# 3e38, and its add/sub of 3e38 with an alpha (tilewise's overflows to inf)
+LEFT = {("pow", "bfloat16", 3.0), ("pow", "bfloat16", 5), ("pow", "bfloat16", -7), ("rmod", "bfloat16", 3e38),
+        ("add(s, alpha=2)", "bfloat16", 3e38), ("sub(s, alpha=3)", "bfloat16", 3e38),
+        *((label, "float16", s) for label in ("pow", "softshrink") for s in (65519.0, 65520.0, 1e5, 3e38))}
+
+
+def _imul(x, s):
+    x *= s
+    return x
+
+
+def inputs(dtype: str, s) -> np.ndarray:
+    """float32 values exact in ``dtype``: random ones, and ``s`` rounded to the half with its neighbours."""
+    rng = np.random.default_rng(abs(hash((dtype, s))) % 2**32)
+    half = torch.tensor([s, -s], dtype=torch.float32).to(getattr(torch, dtype))
+    up = torch.nextafter(half, torch.full_like(half, float("inf")))
+    down = torch.nextafter(half, torch.full_like(half, -float("inf")))
+    near = torch.cat([half, up, down]).float().numpy()
+    spread = np.concatenate([rng.standard_normal(48) * 3, rng.standard_normal(12) * 1e-3,
+                             [0.0, -0.0, 1.0, -1.0, 0.5, 100.0, 60000.0, 1e-7]]).astype(np.float32)
+    values = np.concatenate([near[np.isfinite(near)], spread])
+    # 128 elements: torch's vectorised loop covers them all (its scalar tail of add with alpha rounds alpha * other
+    # to the half before adding, unlike the vector body)
+    values = np.resize(values, 128)
+    return torch.tensor(values).to(getattr(torch, dtype)).float().numpy()
+
+
+def outcome(call, m, x, s):
+    try:
+        out = call(m, x, s)
+    except Exception as e:  # noqa: BLE001 — torch's refusals are part of what is compared
+        return type(e)
+    return (out.float() if out.dtype in (m.float16, m.bfloat16) else out).numpy(), str(out.dtype).split(".")[-1]
+
+
+def difference(ours, theirs, zero_sign: bool = True) -> str:
+    if isinstance(ours, type) or isinstance(theirs, type):
+        if isinstance(ours, type) and isinstance(theirs, type):
+            return ""
+        described = [o.__name__ if isinstance(o, type) else "a result" for o in (ours, theirs)]
+        return f"tilewise gives {described[0]}, torch {described[1]}"
+    (a, da), (b, db) = ours, theirs
+    if a.shape != b.shape or da != db:
+        return f"{a.shape} {da} against {b.shape} {db}"
+    nan = np.isnan(a) & np.isnan(b) if a.dtype.kind == "f" else np.zeros(a.shape, bool)
+    same = (a == b) & (np.signbit(a) == np.signbit(b) if zero_sign and a.dtype.kind == "f" else True)
+    bad = np.flatnonzero(~(same | nan))
+    if not len(bad):
+        return ""
+    i = bad[0]
+    return f"{len(bad)} elements, first at {i}: tilewise {a.flat[i]!r}, torch {b.flat[i]!r}"
+
+
+def mismatches(label: str, run_ours) -> list[str]:
+    call = CALLS[label]
+    found = []
+    for dtype in HALVES:
+        for s in NUMBERS:
+            if (label, dtype, s) in LEFT:
+                continue
+            values = inputs(dtype, s)
+            x_tw = tw.tensor(values).to(getattr(tw, dtype))
+            x_torch = torch.tensor(values).to(getattr(torch, dtype))
+            theirs = outcome(call, torch, x_torch, s)
+            if isinstance(theirs, type):  # torch refuses this number (clamp's 65519 for float16): so must we
+                pass
+            ours = run_ours(call, x_tw, s)
+            d = difference(ours, theirs, label not in ZERO_SIGN_IGNORED)
+            if d:
+                found.append(f"{label} {dtype} {s!r}: {d}")
+    return found
+
+
+@pytest.mark.parametrize("label", CALLS)
+def test_python_numbers_beside_halves_match_torch_bit_for_bit(label):
+    found = mismatches(label, lambda call, x, s: outcome(call, tw, x, s))
+    assert not found, "\n".join(found)
+
+
+# compiled hardshrink, masked_fill and copysign with a number still differ from torch (left for their own fixes)
+COMPILED = [k for k in CALLS if not k.endswith("_")
+            and k not in ("x *= s", "full_like", "fill_", "hardshrink", "masked_fill", "copysign")]
+
+
+@pytest.mark.parametrize("label", COMPILED)
+def test_compiled_python_numbers_beside_halves_match_torch_eager(label):
+    def compiled(call, x, s):
+        try:
+            return outcome(lambda m, t, n: tw.compile(lambda v: call(tw, v, n))(t), tw, x, s)
+        except Exception as e:  # noqa: BLE001
+            return type(e)
+
+    found = mismatches(label, compiled)
+    assert not found, "\n".join(found)
