@@ -22,6 +22,17 @@ that fit none of them then run eagerly, with one warning. ``TILEWISE_LOG=recompi
 failed, ``TILEWISE_LOG=graph_breaks`` where and why a function's Python has to run. With ``fullgraph=True``
 a graph break raises ``DataDependentError`` naming the user's line instead.
 
+[Note: sliced arguments] A batch is often a slice of a tensor loaded whole (``x[i:i + batch]``): same shape and
+strides at every step, a new storage offset. A program is specialised on each tensor's offset, so such a loop would
+compile a variant per batch and run the rest eagerly past the recompile limit. A tensor argument given at the top
+level that is a slice of a larger storage, needs no gradient and shares its storage with no other argument is
+handed to the function as a tensor of its own: a window of that memory from the 16-byte boundary at or before its
+first element (compiler/composites.py's ``rebased``), so the slices of a tensor share a variant or a few (an
+offset within the boundary keeps its alignment, on which vector loads depend). A window is memory to read: a
+function that writes such an argument in place, returns it, or also reads a tensor held elsewhere (a parameter, an
+optimizer's state) that lies in the same storage, is recorded again on its own arguments, and its later calls pass
+them as they are.
+
 Running a variant reproduces every effect the traced function had: outputs are fresh tensors, inputs
 written in place are updated in their own memory (their version counters bump, as eager in-place ops
 do), ``.grad`` of parameters is set or cleared as the function did, and optimizer state the function
@@ -203,6 +214,55 @@ def _flatten_call(args: tuple, kwargs: dict) -> tuple[list, object]:
     return flatten((list(args), kwargs))
 
 
+def _slices_rebased(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict | None]:
+    """The arguments with each top-level slice rebased onto a window of its memory (see [Note: sliced arguments]),
+    and the windows' storages (by id) mapped to the storages they lie in; None when nothing was rebased."""
+    count = 0
+    for a in args:
+        if type(a) is Tensor:
+            count += 1
+    for a in kwargs.values():
+        if type(a) is Tensor:
+            count += 1
+    if not count:
+        return args, kwargs, None
+    from tilewise.compiler.composites import rebased
+
+    storages = [a._storage for a in (*args, *kwargs.values()) if type(a) is Tensor]
+    windows: dict = {}
+
+    def window(a):
+        if type(a) is not Tensor or a._requires_grad or a._trace is not None or a._vmap is not None \
+                or a._offset == 0 and a._storage.size == S.numel(a._shape) or a._device.type not in ("cpu", "cuda") \
+                or a._storage.data is None or sum(s is a._storage for s in storages) > 1:
+            return a
+        out = rebased(a)
+        if out is not a:
+            windows[id(out._storage)] = a._storage
+        return out
+
+    args = tuple(window(a) for a in args)
+    kwargs = {k: window(v) for k, v in kwargs.items()} if kwargs else kwargs
+    return args, kwargs, windows or None
+
+
+def _window_misused(traced: Traced, flat: list, windows: dict) -> bool:
+    """Whether the recorded call writes a rebased argument, returns one, or reads a held tensor in the storage one
+    was cut from."""
+    written = {id(node) for node, _ in traced.graph.writes}
+    originals = {id(s) for s in windows.values()}
+    for ts in traced.tensor_sources:
+        t = ts.source.fetch(flat)
+        if type(t) is not Tensor:
+            continue
+        if id(t._storage) in windows and id(traced.graph.inputs[ts.entry]) in written:
+            return True
+        if ts.source.kind == "object" and id(t._storage) in originals:
+            return True
+    return any(kind == "arg" and type(flat[k]) is Tensor and id(flat[k]._storage) in windows
+               for kind, k in (leaf for leaf in traced.output_leaves if leaf[0] == "arg"))
+
+
 class CompiledFunction:
     """A function compiled per specialisation; see [Note: compiled functions]."""
 
@@ -218,6 +278,7 @@ class CompiledFunction:
         self.module = module
         self.variants: list[Variant] = []
         self.arenas: dict = {}  # (target, device) -> the Arena its programs share
+        self.rebase_slices = True  # see [Note: sliced arguments]
         self.segments = Segments(getattr(fn, "__name__", type(fn).__name__), self._build_segment)
         self.eager_reason: str | None = None  # set when the function runs eagerly from now on, and why
         self.limit_warned = False
@@ -229,16 +290,24 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         if STATE.trace_depth or self.eager_reason:  # inside another capture, or given up: the original function
             return self.fn(*args, **kwargs)
+        given = (args, kwargs)
+        windows = None
+        if self.rebase_slices:  # see [Note: sliced arguments]
+            args, kwargs, windows = _slices_rebased(args, kwargs)
         flat, spec = _flatten_call(args, kwargs)
         reasons = []
         for variant in self.variants:
             reason = variant.guards.failure(flat, spec, self.module)
             if reason is None:
+                if windows and variant.guards.holds_any(windows):
+                    return self._unrebased(given)
                 return variant.run(flat)
             reasons.append(reason)
         with self._lock:
             for variant in self.variants[len(reasons):]:  # compiled by another thread while this one waited
                 if variant.guards.failure(flat, spec, self.module) is None:
+                    if windows and variant.guards.holds_any(windows):
+                        return self._unrebased(given)
                     return variant.run(flat)
             if self.eager_reason:
                 return self.fn(*args, **kwargs)
@@ -247,7 +316,15 @@ class CompiledFunction:
                 return self._over_limit(reasons, args, kwargs)
             if reasons:
                 log("recompiles", f"recompiling {self.__name__} (variant {len(self.variants) + 1}): {reasons[-1]}")
-            return self._record(args, kwargs, flat, spec)
+            return self._record(args, kwargs, flat, spec, windows, given)
+
+    def _unrebased(self, given: tuple):
+        """The call again, its arguments as given and no longer rebased from now on (see [Note: sliced
+        arguments])."""
+        self.rebase_slices = False
+        log("recompiles", f"{self.__name__}: its sliced arguments are passed as they are from now on (one is "
+                          "written, returned, or shares its storage with a tensor the function holds)")
+        return self(*given[0], **given[1])
 
     def _over_limit(self, reasons: list[str], args: tuple, kwargs: dict):
         """Calls that fit no variant run eagerly once the limit is reached (calls its variants fit still run
@@ -260,7 +337,8 @@ class CompiledFunction:
                           f"them run eagerly. Last guard failure: {last}", RuntimeWarning, stacklevel=3)
         return self.fn(*args, **kwargs)
 
-    def _record(self, args: tuple, kwargs: dict, flat: list, spec):
+    def _record(self, args: tuple, kwargs: dict, flat: list, spec, windows: dict | None = None,
+                given: tuple | None = None):
         """Run the function with its operators recorded (see [Note: compiled functions]): a call without graph
         breaks or side effects becomes a variant, replayed by later calls its guards admit; any other call
         ran its Python once, as eagerly, and its recorded segments run as compiled programs."""
@@ -269,7 +347,7 @@ class CompiledFunction:
             cap.breaks = self._break
         recorder = Recorder(self.fn, flat, self.fullgraph)
         cap.on_operator = recorder.operator_called
-        traced, effects = None, []
+        traced, effects, misused = None, [], False
         with Stages() as stages, collector_paused():
             synced = self.segments.syncs
             try:
@@ -282,6 +360,7 @@ class CompiledFunction:
                         effects.append("its backward runs through autograd history made before the call")
                     if self.segments.syncs == synced and not effects:
                         traced = cap.finish(result, flat)
+                        misused = bool(windows) and _window_misused(traced, flat, windows)
             except UnsupportedTargetError as exc:
                 if self.fullgraph or self.segments.syncs != synced:
                     raise
@@ -291,6 +370,9 @@ class CompiledFunction:
                 if self.segments.syncs == synced:
                     cap.restore()  # nothing ran: the tensors and optimizer state are as before the call
                 raise
+            if misused:  # nothing ran yet: record the call on the arguments as given
+                cap.restore()
+                return self._unrebased(given)
             if traced is None:
                 why = effects[0] if effects else "a graph break"
                 self._log_break(why)

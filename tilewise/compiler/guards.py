@@ -771,6 +771,7 @@ class Guards:
         self._others = [self.tensors[k][0] for k in others]
         self._expected = [self.tensors[k][1] for k in self._order]
         self._passed: tuple | None = None  # (held layouts, other storages) of the last call that passed
+        self._held_storages: frozenset = frozenset()  # ids of the held tensors' storages at that call
 
     def _tensor_failure(self, flat: list) -> str | None:
         others = [source.fetch(flat) for source in self._others]
@@ -794,7 +795,14 @@ class Guards:
         # one assignment, so that a thread checking at the same time sees one call's pair; holding the layouts
         # holds the storages: no other storage can take their ids while compared
         self._passed = (held, other_storages)
+        self._held_storages = frozenset(id(t._storage) for t in self._objects)
         return None
+
+    def holds_any(self, windows: dict) -> bool:
+        """Whether a tensor held by the function lies in a storage a rebased argument was cut from (see [Note:
+        sliced arguments] in function.py); read after ``failure`` admitted the call."""
+        held = self._held_storages
+        return any(id(s) in held for s in windows.values())
 
     def _explain(self, flat: list) -> str | None:
         for source, expected in self.tensors:
