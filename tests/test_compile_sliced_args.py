@@ -14,8 +14,8 @@ import tilewise as tw
 
 def _loop(compiled: bool, batches: int = 20):
     tw.manual_seed(0)
-    X = tw.randn(batches * 50, 20)
-    Y = tw.randint(0, 3, (batches * 50,))
+    features = tw.randn(batches * 50, 20)
+    labels = tw.randint(0, 3, (batches * 50,))
     tw.manual_seed(1)
     model = tw.nn.Sequential(tw.nn.Linear(20, 32), tw.nn.ReLU(), tw.nn.Linear(32, 3))
     opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -28,7 +28,7 @@ def _loop(compiled: bool, batches: int = 20):
         return loss
 
     f = tw.compile(step) if compiled else step
-    losses = [float(f(X[i:i + 50], Y[i:i + 50])) for _ in range(2) for i in range(0, batches * 50, 50)]
+    losses = [float(f(features[i:i + 50], labels[i:i + 50])) for _ in range(2) for i in range(0, batches * 50, 50)]
     return losses, f
 
 
