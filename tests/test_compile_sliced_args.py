@@ -107,3 +107,15 @@ def test_a_slice_that_needs_a_gradient_keeps_its_history():
     for start in (0, 4):
         expected[start:start + 3] += 2 * wn[start:start + 3]
     np.testing.assert_allclose(w.grad.numpy(), expected, rtol=1e-6)
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_slices_of_a_tensor_share_a_variant_and_its_graph():
+    if not tw.cuda.is_available():
+        pytest.skip("needs a GPU")
+    data = tw.arange(1 << 16, dtype=tw.float32, device="cuda")
+    f = tw.compile(lambda x: (x * 2 + 1).sum(0))
+    for start in range(0, 1 << 15, 1 << 11):
+        piece = data[start:start + (1 << 14)].view(128, 128)
+        np.testing.assert_array_equal(f(piece).cpu().numpy(), (piece * 2 + 1).sum(0).cpu().numpy())
+    assert len(f.variants) == 1
