@@ -756,6 +756,10 @@ class Guards:
             if (owner._grad is not None) != had:
                 return f"{source.label}.grad is {'set' if owner._grad is not None else 'None'}; compiled with it " \
                        f"{'set' if had else 'None'}"
+        for o in self.optimizers:  # the rates the program reads at run time, refilled for this call
+            refresh = getattr(o, "refresh_runtime_hyperparameters", None)
+            if refresh is not None:
+                refresh()
         return None
 
     def __post_init__(self) -> None:
@@ -851,9 +855,16 @@ def _state_layout(optimizers: list) -> list:
 
 def _hyperparameters(optimizers: list) -> tuple:
     """What the optimizers' param groups hold besides their parameters (lr, betas, weight_decay, ...), by value:
-    a trace reads them as Python numbers, so the program holds them as constants."""
-    return tuple(tuple(tuple((k, value_key(v, 2)) for k, v in group.items() if k != "params")
-                       for group in o.param_groups) for o in optimizers)
+    a trace reads them as Python numbers, so the program holds them as constants; a learning rate the program
+    reads at run time only by type (see [Note: learning rates in compiled steps] in optim/optimizer.py)."""
+    out = []
+    for o in optimizers:
+        runtime = o.runtime_hyperparameters() if hasattr(o, "runtime_hyperparameters") else {}
+        out.append(tuple(tuple((name, (float, "a number read at run time") if name == "lr" and g in runtime
+                                       and isinstance(v, (int, float)) else value_key(v, 2))
+                               for name, v in group.items() if name != "params")
+                         for g, group in enumerate(o.param_groups)))
+    return tuple(out)
 
 
 def _hyperparameter_change(optimizers: list, compiled: tuple) -> str:

@@ -56,6 +56,11 @@ class ScalarTensors:
     def __init__(self) -> None:
         self._held: dict = {}
 
+    def find(self, name: str, value: float, device) -> Tensor | None:
+        """The tensor held for ``name`` on ``device`` if it holds ``value`` now, else None (nothing is filled)."""
+        held = self._held.get((name, device))
+        return held[1] if held is not None and held[0] == value else None
+
     def get(self, name: str, value: float, device) -> Tensor:
         from tilewise import dtypes
         from tilewise.ops.creation import full

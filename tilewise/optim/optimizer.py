@@ -12,6 +12,15 @@ as torch computes it from the step's Python value: no value is read back to the 
 captures a whole training step, and ``capturable`` needs nothing more. State dicts follow torch's layout:
 ``{"state": {index: {...}}, "param_groups": [{..., "params": [index, ...]}]}``, with parameters numbered in
 group order, so they round-trip through ``tilewise.save``/``load`` and a torch optimizer's state dict loads.
+
+[Note: learning rates in compiled steps] A scheduler (or a trainer that sets ``param_group["lr"]`` itself, as
+nanoGPT does) gives the optimizer a new learning rate at every step. A compiled training step read it as a number,
+baked it into its program and guarded it by value, so it recompiled at every step and ran eagerly past the
+recompile limit. Before a trace, ``init_state`` makes each group's rate a 0-dim tensor (the one the compiled
+multi-tensor update reads, ``_scalar``); the update traced inside a compiled step reads that tensor, so the
+program reads the rate from memory at run time; the compiled function refills the tensors from the param groups
+before every call it admits (``refresh_runtime_hyperparameters``) and guards those rates by type only. An
+optimizer whose ``step`` reads ``group["lr"]`` itself (one written outside tilewise) keeps the guard by value.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from typing import Any
 
 from tilewise import dtypes
 from tilewise.autograd.grad_mode import enable_grad, set_grad_enabled
+from tilewise.dispatch import STATE
 from tilewise.nn.init import zeros_
 from tilewise.ops.creation import zeros_like
 from tilewise.optim._foreach import ScalarTensors, compiled, use_compiled
@@ -219,10 +229,13 @@ class Optimizer:
         then traces once, with the state it will have from then on, instead of once with empty state and
         again at the second call. A parameter that never receives a gradient keeps zero state that ``step()``
         never touches."""
-        for group in self.param_groups:
+        for k, group in enumerate(self.param_groups):
             for p in group["params"]:
                 if p.requires_grad and not self.state.get(p):
                     self._init_param_state(p, group)
+            trained = [p for p in group["params"] if p.requires_grad]
+            if trained and not isinstance(group["lr"], Tensor):  # see [Note: learning rates in compiled steps]
+                self._scalar(f"lr{k}", group["lr"], trained[0].device)
 
     def _init_param_state(self, p: Tensor, group: dict) -> None:
         """The state of ``p`` before its first step, where it is known before the gradient (see init_state)."""
@@ -251,7 +264,36 @@ class Optimizer:
             lr = lr if isinstance(lr, Tensor) else self._scalar(f"lr{k}", lr, params[0].device)
             self._compiled(k, update)(*tensors, lr, *hyper)
         else:
-            update(*tensors, group["lr"], *hyper)
+            update(*tensors, self._traced_lr(k, group, params[0].device), *hyper)
+
+    def _traced_lr(self, k: int, group: dict, device):
+        """The learning rate a (looped) update of group ``k`` reads: inside a function being compiled, the group's
+        0-dim learning-rate tensor when it was made before the trace (``init_state``), so the program reads the
+        rate at run time and a scheduler's new rate does not recompile it (see [Note: learning rates in compiled
+        steps]); else the group's value as it is."""
+        lr = group["lr"]
+        if isinstance(lr, Tensor) or not STATE.trace_depth:
+            return lr
+        held = self.__dict__.get("_scalars")
+        found = held.find(f"lr{k}", lr, device) if held is not None else None
+        if found is None:
+            return lr
+        self.__dict__.setdefault("_runtime_lr", {})[k] = device
+        return found
+
+    def refresh_runtime_hyperparameters(self) -> None:
+        """Refill the learning-rate tensors compiled steps read at run time from the param groups (a scheduler
+        changes the numbers); a compiled function calls it before each call it admits."""
+        for k, device in self.__dict__.get("_runtime_lr", {}).items():
+            if k < len(self.param_groups):
+                lr = self.param_groups[k]["lr"]
+                if not isinstance(lr, Tensor):
+                    self._scalar(f"lr{k}", lr, device)
+
+    def runtime_hyperparameters(self) -> dict:
+        """{group index: the device of its learning-rate tensor} for the groups whose rate compiled steps read at
+        run time: the compiler guards these rates by type, not by value."""
+        return self.__dict__.get("_runtime_lr", {})
 
     _loops_when_differentiable = False  # SGD: torch's multi-tensor SGD records autograd, so a loop stands in
 
