@@ -108,3 +108,38 @@ def test_other_hyperparameters_are_still_compiled_by_value():
     np.testing.assert_allclose(losses, eager_losses, rtol=1e-5, atol=1e-6)
     for got, want in zip(params, eager_params):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_a_scheduled_rate_reaches_the_replayed_graph():
+    if not tw.cuda.is_available():
+        pytest.skip("needs a GPU")
+    tw.manual_seed(0)
+    x, y = tw.randn(64, 20, device="cuda"), tw.randint(0, 3, (64,), device="cuda")
+
+    def train(compiled):
+        tw.manual_seed(1)
+        model = tw.nn.Sequential(tw.nn.Linear(20, 32), tw.nn.ReLU(), tw.nn.Linear(32, 3)).cuda()
+        opt = tw.optim.AdamW(model.parameters(), lr=1e-2)
+        sched = tw.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-2, total_steps=30)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = tw.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        f = tw.compile(step) if compiled else step
+        losses = []
+        for _ in range(30):
+            losses.append(float(f(x, y)))
+            sched.step()
+        return np.array(losses), f
+
+    eager, _ = train(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        compiled, f = train(True)
+    assert len(f.variants) <= 2
+    np.testing.assert_allclose(compiled, eager, rtol=1e-4, atol=1e-5)
