@@ -460,3 +460,16 @@ def test_a_compile_pauses_the_cyclic_collector_and_restores_it():
         assert not gc.isenabled()  # a collector the user turned off stays off
     finally:
         gc.enable()
+
+
+def test_a_negative_zero_constant_is_its_own_expression_and_keeps_its_sign_compiled():
+    """Expressions are hash-consed, and -0.0 == 0.0 in Python: merged, a kernel compiled after another held the
+    other zero's sign (``t * -0.0`` gave +0.0 once ``t * 0.0`` had been compiled in the process)."""
+    from tilewise.ops.expr import Expr
+
+    assert Expr("const", (), 0.0) is not Expr("const", (), -0.0)
+    assert Expr("const", (), 0.5) is Expr("const", (), 0.5)
+    x = tw.ones(4)
+    positive = tw.compile(lambda t: t * 0.0)(x)
+    negative = tw.compile(lambda t: t * -0.0)(x)
+    assert not np.signbit(positive.numpy()).any() and np.signbit(negative.numpy()).all()

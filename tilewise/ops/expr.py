@@ -13,6 +13,8 @@ from __future__ import annotations
 import weakref
 from numbers import Number
 
+import numpy as np
+
 # name -> arity; the primitive scalar vocabulary every renderer must cover
 UNARY = (
     "neg", "abs", "sign", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
@@ -29,6 +31,9 @@ COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "signbit",
                "logical_not", "logical_and", "logical_or", "logical_xor")
 
 
+_FLOATS = (float, np.floating)
+
+
 class Expr:
     """An immutable, hash-consed scalar expression node.
 
@@ -40,7 +45,8 @@ class Expr:
     _cache: weakref.WeakValueDictionary[tuple, Expr] = weakref.WeakValueDictionary()
 
     def __new__(cls, op: str, srcs: tuple[Expr, ...] = (), arg=None):
-        key = (op, tuple(id(s) for s in srcs), type(arg), arg)
+        # a float by its text: -0.0 == 0.0 in Python, and merging them lost the sign of a zero constant
+        key = (op, tuple(id(s) for s in srcs), type(arg), repr(arg) if isinstance(arg, _FLOATS) else arg)
         node = cls._cache.get(key)
         if node is None:
             node = object.__new__(cls)
