@@ -154,6 +154,13 @@ def test_vmap_matches_torch_on_every_sample(info):
 
 # ---------------------------------------------------------------- transforms and arguments
 
+def test_the_top_level_vmap_is_func_vmap_as_in_torch():
+    x = np.random.default_rng(0).standard_normal((3, 4))
+    np.testing.assert_allclose(tw.vmap(lambda r: r.softmax(0))(tw.tensor(x)).numpy(),
+                               torch.vmap(lambda r: r.softmax(0))(torch.tensor(x)).numpy(), rtol=1e-12)
+    assert tw.vmap is tw.func.vmap and torch.vmap is torch.func.vmap
+
+
 def test_nested_vmap_matches_torch():
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal((4, 6)), rng.standard_normal((6, 5))

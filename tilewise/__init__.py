@@ -226,4 +226,8 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module(f"tilewise.{name}")
+    if name == "vmap":  # torch.vmap is torch.func.vmap
+        from tilewise.func import vmap
+
+        return vmap
     raise AttributeError(f"module 'tilewise' has no attribute {name!r}")
