@@ -10,6 +10,7 @@ object, so structural equality is identity and nodes are usable as cache keys.
 
 from __future__ import annotations
 
+import math
 import weakref
 from numbers import Number
 
@@ -40,7 +41,9 @@ class Expr:
     _cache: weakref.WeakValueDictionary[tuple, Expr] = weakref.WeakValueDictionary()
 
     def __new__(cls, op: str, srcs: tuple[Expr, ...] = (), arg=None):
-        key = (op, tuple(id(s) for s in srcs), type(arg), arg)
+        # -0.0 == 0.0 (and hashes alike): a zero constant is keyed by its sign too, or clamp(x, -0.0, 0.0) would
+        # read one bound twice
+        key = (op, tuple(id(s) for s in srcs), type(arg), arg, type(arg) is float and math.copysign(1.0, arg) < 0)
         node = cls._cache.get(key)
         if node is None:
             node = object.__new__(cls)

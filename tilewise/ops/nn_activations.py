@@ -29,8 +29,9 @@ def _check_lambda(lambd, dtype) -> None:
 
 
 def _softshrink_expr(x, lambd):
-    # x * 0 keeps NaN (and the sign of zero) where torch's kernel keeps them
-    return expr_where(x.gt(lambd), x - lambd, expr_where(x.lt(-lambd), x + lambd, x * 0))
+    # torch's vectorised loop: NaN stays NaN, everything in [-lambd, lambd] becomes +0 (its scalar tail, x * 0,
+    # keeps the sign of a zero input)
+    return expr_where(x.gt(lambd), x - lambd, expr_where(x.lt(-lambd), x + lambd, expr_where(x.isnan(), x, 0)))
 
 
 # torch's vectorised backward (what all but the shortest tensors take) passes no gradient to NaN

@@ -96,13 +96,20 @@ def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
             entry = _compiled[(op,)] = _static_kernels(op)
         return _pick_static(entry, args)
     variant = tuple(a for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
-    present = tuple(None if args[k] is None else getattr(args[k], "_dtype", True) for k in op.tensor_idx)
-    key = (op, variant, present, compute_dtype)  # a builder may read its inputs' dtypes (nan_to_num's extremes)
+    present = tuple(None if args[k] is None else (getattr(args[k], "_dtype", True), _one_element(args[k]))
+                    for k in op.tensor_idx)
+    # a builder may read its inputs' dtypes (nan_to_num's extremes) and whether they hold one element (clamp's ties)
+    key = (op, variant, present, compute_dtype)
     entry = _compiled.get(key)
     if entry is None:
         expr = builder(args, compute_dtype)
         entry = _compiled[key] = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_variant", op.name), ())
     return entry
+
+
+def _one_element(value) -> bool:
+    shape = getattr(value, "_shape", None)
+    return shape is None or math.prod(shape) == 1
 
 
 def _pick_static(entry: tuple, args: tuple) -> tuple:
