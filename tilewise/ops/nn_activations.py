@@ -14,7 +14,7 @@ import math
 import warnings
 
 from tilewise import strides as S
-from tilewise.dtypes import c10_name
+from tilewise.dtypes import c10_name, finfo, float32
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import where as expr_where
 from tilewise.ops.nn_functional import call_public, check_dropout_p, functional, private, where
@@ -23,9 +23,11 @@ from tilewise.ops.pointwise import pointwise
 # ---------------------------------------------------------------------------- shrinkage
 
 def _check_lambda(lambd, dtype) -> None:
-    if lambd < 0:
-        raise RuntimeError(f"lambda must be in range [0, 3.40282e+38] for input dtype "
-                           f"{c10_name(dtype)}, but found {lambd}")
+    """torch's range for softshrink's lambda: [0, the largest finite value of the input's dtype]."""
+    top = float(finfo(dtype).max) if dtype.is_floating_point else float(finfo(float32).max)
+    if not 0 <= lambd <= top:  # NaN is refused too, as torch's check refuses it
+        raise RuntimeError(f"lambda must be in range [0, {top:g}] for input dtype {c10_name(dtype)}, but found "
+                           f"{lambd:g}")
 
 
 def _softshrink_expr(x, lambd):

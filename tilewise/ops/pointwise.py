@@ -124,6 +124,35 @@ def _rdiv(args, dtype):
     return reciprocal * _in(1)
 
 
+# [Note: pow by a number] torch's CPU kernel of ``tensor ** number`` (pow_tensor_scalar) special-cases some
+# exponents for float32, float64 and bfloat16 (not float16): sqrt, rsqrt and reciprocal for 0.5, -0.5 and -1, and
+# products for 2, 3 and -2 (``base * base * base``). bfloat16's products round each step to bfloat16 (its rsqrt
+# does too in the scalar tail, but not in the vector body, matched here). Other exponents go to the vector
+# library's pow (Sleef), not matched bit for bit.
+_POW_BY_NUMBER = {
+    2: lambda x, r: x * x, 3: lambda x, r: r(x * x) * x, -2: lambda x, r: 1 / r(x * x),
+    0.5: lambda x, r: x.sqrt(), -0.5: lambda x, r: 1 / x.sqrt(), -1: lambda x, r: 1 / x,
+}
+
+
+def _pow_special_exponent(args):
+    """The exponent of ``_POW_BY_NUMBER`` that this call takes, or None."""
+    exponent, base_dtype = args[1], getattr(args[0], "dtype", None)
+    if type(exponent) not in (int, float) or base_dtype not in (R.dtypes.float32, R.dtypes.float64,
+                                                                R.dtypes.bfloat16):
+        return None
+    return exponent if exponent in _POW_BY_NUMBER else None
+
+
+def _pow(args, dtype):
+    base, exponent = _in(0), _in(1)
+    special = _pow_special_exponent(args)
+    if special is None:
+        return base ** exponent
+    own = args[0].dtype
+    return _POW_BY_NUMBER[special](base, lambda e: e.cast(own).cast(dtype) if own is not dtype else e)
+
+
 def _div_dtype(op, args):
     """True division makes integers float; rounding division keeps the promoted type (torch's rule)."""
     return R.promote_float(op, args) if args[2] is None else R.numeric(op, args)
@@ -163,10 +192,11 @@ pointwise("remainder(Tensor self, Tensor other) -> Tensor", lambda a, b: a.mod(b
           {"self": "grad", "other": "-grad * floor_divide(self, other)"}, R.numeric, dunder=("mod", "rmod"))
 pointwise("fmod(Tensor self, Tensor other) -> Tensor", lambda a, b: a.fmod(b),
           {"self": "grad", "other": "-grad * trunc(self / other)"}, R.numeric)
-pointwise("pow(Tensor self, Tensor exponent) -> Tensor", lambda a, b: a ** b,
+pointwise("pow(Tensor self, Tensor exponent) -> Tensor", None,
           {"self": "grad * exponent * where(exponent == 0, ones_like(self), self ** (exponent - 1))",
            "exponent": "grad * where((self == 0) & (exponent >= 0), zeros_like(result), result * log(self))"},
-          R.power, dunder=("pow",), autocast={"cuda": "fp32"}, check=R.no_negative_integer_power)
+          R.power, dunder=("pow",), autocast={"cuda": "fp32"}, check=R.power_check, expr_builder=_pow,
+          expr_variant=_pow_special_exponent)
 pointwise("rpow(Tensor self, Tensor other) -> Tensor", lambda a, b: b ** a,
           {"self": "grad * result * log(other)", "other": "grad * self * other ** (self - 1)"}, R.numeric,
           method=False, inplace=False, dunder=("rpow",), autocast={"cuda": "fp32"})

@@ -99,7 +99,8 @@ def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
     present = tuple(None if args[k] is None else (getattr(args[k], "_dtype", True), _one_element(args[k]))
                     for k in op.tensor_idx)
     # a builder may read its inputs' dtypes (nan_to_num's extremes) and whether they hold one element (clamp's ties)
-    key = (op, variant, present, compute_dtype)
+    chooser = op.attrs.get("expr_variant")  # a builder that reads an operand's value (pow's exponent) says so
+    key = (op, variant, present, compute_dtype, chooser(args) if chooser is not None else None)
     entry = _compiled.get(key)
     if entry is None:
         expr = builder(args, compute_dtype)
