@@ -54,6 +54,7 @@ CALLS = {
     "softplus(threshold=s)": lambda m, x, s: F[m].softplus(x, 1.0, s),
     "hardtanh(min > max)": lambda m, x, s: F[m].hardtanh(x, abs(s), -abs(s)),
     "hardshrink": lambda m, x, s: F[m].hardshrink(x, abs(s)), "softshrink": lambda m, x, s: F[m].softshrink(x, abs(s)),
+    "xlogy(x, s)": lambda m, x, s: m.xlogy(x, s), "xlogy(s, x)": lambda m, x, s: m.xlogy(s, x),
     "masked_fill": lambda m, x, s: x.masked_fill(x > 0, s), "fill_": lambda m, x, s: x.clone().fill_(s),
     "full_like": lambda m, x, s: m.full_like(x, s), "copysign": lambda m, x, s: m.copysign(x, s),
 }
