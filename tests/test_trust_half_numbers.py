@@ -208,3 +208,11 @@ def test_power_by_small_integer_matches_torch(exponent, dtype):
     compiled = outcome(lambda m, x, s: tw.compile(lambda v: v ** s)(x), tw, tw.tensor(values).to(getattr(tw, dtype)),
                        exponent)
     assert not difference(compiled, theirs), f"compiled: {difference(compiled, theirs)}"
+
+
+def test_kernels_told_apart_by_the_sign_of_a_zero_argument():
+    """-0.0 == 0.0: a kernel made for one must not serve the other."""
+    for m in (tw, torch):
+        x = m.tensor([float("nan")] * 4)
+        assert not m.nan_to_num(x, nan=0.0).signbit().any()
+        assert m.nan_to_num(x, nan=-0.0).signbit().all()

@@ -41,9 +41,8 @@ class Expr:
     _cache: weakref.WeakValueDictionary[tuple, Expr] = weakref.WeakValueDictionary()
 
     def __new__(cls, op: str, srcs: tuple[Expr, ...] = (), arg=None):
-        # -0.0 == 0.0 (and hashes alike): a zero constant is keyed by its sign too, or clamp(x, -0.0, 0.0) would
-        # read one bound twice
-        key = (op, tuple(id(s) for s in srcs), type(arg), arg, type(arg) is float and math.copysign(1.0, arg) < 0)
+        # a zero constant is keyed by its sign too, or clamp(x, -0.0, 0.0) would read one bound twice
+        key = (op, tuple(id(s) for s in srcs), type(arg), value_key(arg))
         node = cls._cache.get(key)
         if node is None:
             node = object.__new__(cls)
@@ -85,6 +84,11 @@ class Expr:
 
     def __repr__(self) -> str:
         return render_text(self)
+
+
+def value_key(value):
+    """``value`` as a cache key: -0.0 == 0.0 and hashes alike, so a float carries its sign as well."""
+    return (value, math.copysign(1.0, value) < 0) if type(value) is float else value
 
 
 def lift(value) -> Expr:

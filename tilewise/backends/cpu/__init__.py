@@ -25,7 +25,7 @@ from tilewise.device import Backend, Device
 from tilewise.dtypes import ALL as ALL_DTYPES
 from tilewise.dtypes import get_default_dtype
 from tilewise.ops import dtype_rules as R
-from tilewise.ops.expr import Expr, inputs_of
+from tilewise.ops.expr import Expr, inputs_of, value_key
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
 from tilewise.strides import (
     WRAPPED_NUMBER,
@@ -95,7 +95,7 @@ def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
         if entry is None:
             entry = _compiled[(op,)] = _static_kernels(op)
         return _pick_static(entry, args)
-    variant = tuple(a for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
+    variant = tuple(value_key(a) for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
     present = tuple(None if args[k] is None else (getattr(args[k], "_dtype", True), _one_element(args[k]))
                     for k in op.tensor_idx)
     # a builder may read its inputs' dtypes (nan_to_num's extremes) and whether they hold one element (clamp's ties)

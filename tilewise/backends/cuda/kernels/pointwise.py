@@ -33,7 +33,7 @@ from tilewise.codegen.render.kernel_cuda import render_source
 from tilewise.codegen.schedule import KernelSchedule, Knobs, schedule_cuda
 from tilewise.dtypes import DType, get_default_dtype
 from tilewise.ops import dtype_rules as R
-from tilewise.ops.expr import Expr, inputs_of, render_text, substitute, toposort
+from tilewise.ops.expr import Expr, inputs_of, render_text, substitute, toposort, value_key
 from tilewise.tensor import Tensor
 
 BLOCK = 128
@@ -276,7 +276,7 @@ def _op_plan(op, args: tuple, device) -> tuple[Plan, tuple, tuple, DType]:
     # a plan holds kernels loaded on one device; Python numbers take the default dtype's category
     chooser = op.attrs.get("expr_variant")
     key = (op, device.index, get_default_dtype(), *[_describe(args[k]) for k in op.tensor_idx],
-           *[args[k] if by_value else type(args[k]) for k in positions], chooser(args) if chooser else None)
+           *[value_key(args[k]) if by_value else type(args[k]) for k in positions], chooser(args) if chooser else None)
     entry = _plans.get(key)
     if entry is None:
         entry = _plans[key] = _plan_op(op, args, device)
