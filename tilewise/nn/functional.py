@@ -47,5 +47,16 @@ for _name in _INPLACE_FORMS:
     globals()[f"{_name}_"] = make_inplace(public_function(_name), _name)
 for _name, _options in _INPLACE_OPTION.items():
     globals()[_name] = _accepting_inplace(_name, _options)
+_hardtanh_of_aten = hardtanh  # noqa: F821 — defined by the loop above
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace: bool = False):
+    """torch.nn.functional.hardtanh: its own check of the bounds first (aten's kernel and ``hardtanh_`` have none)."""
+    if min_val > max_val:
+        raise ValueError(f"min_val cannot be greater than max_val (hardtanh: min_val={min_val!r}, max_val={max_val!r})")
+    return _hardtanh_of_aten(input, min_val, max_val, inplace=inplace)
+
+
+hardtanh.__doc__ = _hardtanh_of_aten.__doc__
 unfold = public_function("im2col")  # torch.nn.functional's names for its im2col and col2im
 fold = public_function("col2im")

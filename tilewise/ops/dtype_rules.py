@@ -98,6 +98,15 @@ def no_negative_integer_power(op, args) -> None:
                            f"tensor to the power {exponent}; make the base floating, e.g. .double(), for fractions)")
 
 
+def power_check(op, args) -> None:
+    """pow's checks: ``no_negative_integer_power``, and a Python-number exponent of a float16 or bfloat16 base must fit
+    the half (torch's kernel casts it there: ``value cannot be converted to type c10::Half without overflow``)."""
+    no_negative_integer_power(op, args)
+    base_dtype = getattr(args[0], "dtype", None)
+    if base_dtype in _HALVES and type(args[1]) in (int, float):
+        dtypes.checked_scalar(args[1], base_dtype, op.name)
+
+
 def promote_float(op, args) -> tuple[DType, DType]:
     """Integer inputs give the default float dtype (exp, sqrt, true division, ...)."""
     out = to_float(result_type(*_operands(op, args)))

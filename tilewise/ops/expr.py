@@ -10,6 +10,7 @@ object, so structural equality is identity and nodes are usable as cache keys.
 
 from __future__ import annotations
 
+import math
 import weakref
 from numbers import Number
 
@@ -31,9 +32,6 @@ COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "signbit",
                "logical_not", "logical_and", "logical_or", "logical_xor")
 
 
-_FLOATS = (float, np.floating)
-
-
 class Expr:
     """An immutable, hash-consed scalar expression node.
 
@@ -45,8 +43,8 @@ class Expr:
     _cache: weakref.WeakValueDictionary[tuple, Expr] = weakref.WeakValueDictionary()
 
     def __new__(cls, op: str, srcs: tuple[Expr, ...] = (), arg=None):
-        # a float by its text: -0.0 == 0.0 in Python, and merging them lost the sign of a zero constant
-        key = (op, tuple(id(s) for s in srcs), type(arg), repr(arg) if isinstance(arg, _FLOATS) else arg)
+        # a zero constant is keyed by its sign too, or clamp(x, -0.0, 0.0) would read one bound twice
+        key = (op, tuple(id(s) for s in srcs), type(arg), value_key(arg))
         node = cls._cache.get(key)
         if node is None:
             node = object.__new__(cls)
@@ -88,6 +86,13 @@ class Expr:
 
     def __repr__(self) -> str:
         return render_text(self)
+
+
+def value_key(value):
+    """``value`` as a cache key: -0.0 == 0.0 and hashes alike, so a float (a numpy one too) carries its sign."""
+    if type(value) is float or isinstance(value, np.floating):
+        return (value, math.copysign(1.0, value) < 0)
+    return value
 
 
 def lift(value) -> Expr:

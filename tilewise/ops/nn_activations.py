@@ -14,7 +14,7 @@ import math
 import warnings
 
 from tilewise import strides as S
-from tilewise.dtypes import c10_name
+from tilewise.dtypes import c10_name, finfo, float32
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import where as expr_where
 from tilewise.ops.nn_functional import call_public, check_dropout_p, functional, private, where
@@ -23,14 +23,17 @@ from tilewise.ops.pointwise import pointwise
 # ---------------------------------------------------------------------------- shrinkage
 
 def _check_lambda(lambd, dtype) -> None:
-    if lambd < 0:
-        raise RuntimeError(f"lambda must be in range [0, 3.40282e+38] for input dtype "
-                           f"{c10_name(dtype)}, but found {lambd}")
+    """torch's range for softshrink's lambda: [0, the largest finite value of the input's dtype]."""
+    top = float(finfo(dtype).max) if dtype.is_floating_point else float(finfo(float32).max)
+    if not 0 <= lambd <= top:  # NaN is refused too, as torch's check refuses it
+        raise RuntimeError(f"lambda must be in range [0, {top:g}] for input dtype {c10_name(dtype)}, but found "
+                           f"{lambd:g}")
 
 
 def _softshrink_expr(x, lambd):
-    # x * 0 keeps NaN (and the sign of zero) where torch's kernel keeps them
-    return expr_where(x.gt(lambd), x - lambd, expr_where(x.lt(-lambd), x + lambd, x * 0))
+    # torch's vectorised loop: NaN stays NaN, everything in [-lambd, lambd] becomes +0 (its scalar tail, x * 0,
+    # keeps the sign of a zero input)
+    return expr_where(x.gt(lambd), x - lambd, expr_where(x.lt(-lambd), x + lambd, expr_where(x.isnan(), x, 0)))
 
 
 # torch's vectorised backward (what all but the shortest tensors take) passes no gradient to NaN

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from tilewise.ops import dtype_rules as R
-from tilewise.ops.expr import Expr, where
+from tilewise.ops.expr import Expr, lift, where
 from tilewise.ops.registry import declare
 
 
@@ -53,12 +53,17 @@ def gelu_backward_expr(g, x, approximate: str):
     return g * (cdf + x * pdf)
 
 
-def clamp_expr(x, lo, hi):
+def clamp_expr(x, lo, hi, input_at_ties: bool = False):
+    """[Note: ties of clamp] At ``x == bound`` (+0 against -0) torch's vectorised CPU loop returns one operand or
+    the other: ``vec::clamp(a, min, max)`` of a number bound is ``min(max, max(min, a))`` and keeps the input,
+    while a tensor bound goes through ``vec::maximum(a, min)``, which keeps the bound. (Its scalar loop, which runs
+    the last elements short of a vector and every call whose two bounds are both one element, keeps the input.)
+    ``maximum`` and ``minimum`` here return their second operand at a tie, as the vector instructions do."""
     out = x
     if lo is not None:
-        out = out.maximum(lo)
+        out = lift(lo).maximum(out) if input_at_ties else out.maximum(lo)
     if hi is not None:
-        out = out.minimum(hi)
+        out = lift(hi).minimum(out) if input_at_ties else out.minimum(hi)
     return out
 
 
@@ -84,8 +89,17 @@ def _gelu_backward(args, dtype):
     return gelu_backward_expr(_in(0), _in(1), args[2])
 
 
+def _one_element(value) -> bool:
+    return math.prod(getattr(value, "_shape", ())) == 1
+
+
 def _clamp(args, dtype):
-    return clamp_expr(_in(0), None if args[1] is None else _in(1), None if args[2] is None else _in(2))
+    """See [Note: ties of clamp]: numbers keep the input at a tie, and so do two bounds of one element each (torch's
+    loop takes no vector path with two broadcast operands); a tensor bound otherwise wins it."""
+    bounds = [b for b in args[1:3] if b is not None]
+    keeps_input = all(isinstance(b, (int, float)) for b in bounds) or (
+        len(bounds) == 2 and all(_one_element(b) for b in bounds))
+    return clamp_expr(_in(0), None if args[1] is None else _in(1), None if args[2] is None else _in(2), keeps_input)
 
 
 def _div(args, dtype):
@@ -108,6 +122,35 @@ def _rdiv(args, dtype):
     if own.is_floating_point and own is not dtype and not own.is_complex:
         reciprocal = reciprocal.cast(own).cast(dtype)
     return reciprocal * _in(1)
+
+
+# [Note: pow by a number] torch's CPU kernel of ``tensor ** number`` (pow_tensor_scalar) special-cases some
+# exponents for float32, float64 and bfloat16 (not float16): sqrt, rsqrt and reciprocal for 0.5, -0.5 and -1, and
+# products for 2, 3 and -2 (``base * base * base``). bfloat16's products round each step to bfloat16 (its rsqrt
+# does too in the scalar tail, but not in the vector body, matched here). Other exponents go to the vector
+# library's pow (Sleef), not matched bit for bit.
+_POW_BY_NUMBER = {
+    2: lambda x, r: x * x, 3: lambda x, r: r(x * x) * x, -2: lambda x, r: 1 / r(x * x),
+    0.5: lambda x, r: x.sqrt(), -0.5: lambda x, r: 1 / x.sqrt(), -1: lambda x, r: 1 / x,
+}
+
+
+def _pow_special_exponent(args):
+    """The exponent of ``_POW_BY_NUMBER`` that this call takes, or None."""
+    exponent, base_dtype = args[1], getattr(args[0], "dtype", None)
+    if type(exponent) not in (int, float) or base_dtype not in (R.dtypes.float32, R.dtypes.float64,
+                                                                R.dtypes.bfloat16):
+        return None
+    return exponent if exponent in _POW_BY_NUMBER else None
+
+
+def _pow(args, dtype):
+    base, exponent = _in(0), _in(1)
+    special = _pow_special_exponent(args)
+    if special is None:
+        return base ** exponent
+    own = args[0].dtype
+    return _POW_BY_NUMBER[special](base, lambda e: e.cast(own).cast(dtype) if own is not dtype else e)
 
 
 def _div_dtype(op, args):
@@ -149,10 +192,11 @@ pointwise("remainder(Tensor self, Tensor other) -> Tensor", lambda a, b: a.mod(b
           {"self": "grad", "other": "-grad * floor_divide(self, other)"}, R.numeric, dunder=("mod", "rmod"))
 pointwise("fmod(Tensor self, Tensor other) -> Tensor", lambda a, b: a.fmod(b),
           {"self": "grad", "other": "-grad * trunc(self / other)"}, R.numeric)
-pointwise("pow(Tensor self, Tensor exponent) -> Tensor", lambda a, b: a ** b,
+pointwise("pow(Tensor self, Tensor exponent) -> Tensor", None,
           {"self": "grad * exponent * where(exponent == 0, ones_like(self), self ** (exponent - 1))",
            "exponent": "grad * where((self == 0) & (exponent >= 0), zeros_like(result), result * log(self))"},
-          R.power, dunder=("pow",), autocast={"cuda": "fp32"}, check=R.no_negative_integer_power)
+          R.power, dunder=("pow",), autocast={"cuda": "fp32"}, check=R.power_check, expr_builder=_pow,
+          expr_variant=_pow_special_exponent)
 pointwise("rpow(Tensor self, Tensor other) -> Tensor", lambda a, b: b ** a,
           {"self": "grad * result * log(other)", "other": "grad * self * other ** (self - 1)"}, R.numeric,
           method=False, inplace=False, dunder=("rpow",), autocast={"cuda": "fp32"})
@@ -262,8 +306,9 @@ pointwise("nan_to_num(Tensor self, float? nan=0.0, float? posinf=None, float? ne
           None, {"self": "grad * isfinite(self)"}, expr_builder=_nan_to_num)
 
 # ---------------------------------------------------------------- activations
-pointwise("relu(Tensor self) -> Tensor", lambda x: x.maximum(0), {"self": "grad * (result > 0)"})
-pointwise("relu6(Tensor self) -> Tensor", lambda x: x.maximum(0).minimum(6),
+# relu is clamp_min(self, 0), relu6 hardtanh(self, 0, 6): number bounds, which keep the input at a tie (-0 stays -0)
+pointwise("relu(Tensor self) -> Tensor", lambda x: clamp_expr(x, 0, None, True), {"self": "grad * (result > 0)"})
+pointwise("relu6(Tensor self) -> Tensor", lambda x: clamp_expr(x, 0, 6, True),
           {"self": "grad * ((self > 0) & (self < 6))"}, method=False)
 pointwise("leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor",
           lambda x, s: where(x.gt(0), x, x * s), {"self": "where(self > 0, grad, grad * negative_slope)"},
@@ -272,7 +317,7 @@ pointwise("threshold(Tensor self, Scalar threshold, Scalar value) -> Tensor",
           lambda x, t, v: where(x.gt(t), x, v), {"self": "grad * (self > threshold)"}, method=False,
           half_rounded={"cpu": ("self", "value")})
 pointwise("hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor",
-          lambda x, lo, hi: x.maximum(lo).minimum(hi), {"self": "grad * ((self > min_val) & (self < max_val))"},
+          lambda x, lo, hi: clamp_expr(x, lo, hi, True), {"self": "grad * ((self > min_val) & (self < max_val))"},
           method=False, half_rounded={"cpu": ("self", "min_val", "max_val")})
 pointwise("gelu(Tensor self, *, str approximate='none') -> Tensor", None,
           {"self": "gelu_backward(grad, self, approximate)"}, R.floating_only, expr_builder=_gelu, method=False)
@@ -291,7 +336,7 @@ pointwise("hardswish(Tensor self) -> Tensor", lambda x: x * (x + 3).maximum(0).m
 pointwise("hardsigmoid(Tensor self) -> Tensor", lambda x: (x + 3).maximum(0).minimum(6) / 6,
           {"self": "grad * ((self > -3) & (self < 3)) / 6"}, R.floating_only, method=False)
 pointwise("elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor",
-          lambda x, alpha, scale, iscale: where(x.gt(0), x * scale, ((x * iscale).expm1()) * (alpha * scale)),
+          lambda x, alpha, scale, iscale: where(x.ge(0), x * scale, ((x * iscale).expm1()) * (alpha * scale)),
           {"self": "where(self > 0, grad * scale, grad * input_scale * alpha * scale * exp(self * input_scale))"},
           R.floating_only, method=False)
 pointwise("selu(Tensor self) -> Tensor",
@@ -300,7 +345,7 @@ pointwise("selu(Tensor self) -> Tensor",
           {"self": "where(self > 0, grad * 1.0507009873554804934193349852946, "
                    "grad * 1.7580993408473768599402175208123 * exp(self))"}, R.floating_only, method=False)
 pointwise("celu(Tensor self, Scalar alpha=1.0) -> Tensor",
-          lambda x, alpha: where(x.gt(0), x, (x / alpha).expm1() * alpha),
+          lambda x, alpha: where(x.ge(0), x, (x / alpha).expm1() * alpha),
           {"self": "where(self > 0, grad, grad * exp(self / alpha))"}, R.floating_only, method=False)
 pointwise("softsign(Tensor self) -> Tensor", lambda x: x / (1 + x.abs()),
           {"self": "grad / ((1 + abs(self)) * (1 + abs(self)))"}, R.floating_only, method=False)

@@ -173,10 +173,20 @@ pointwise("logaddexp2(Tensor self, Tensor other) -> Tensor",
           lambda a, b: where(a.eq(b).logical_and(a.isinf()), a,
                              a.maximum(b) + (-(a - b).abs()).exp2().log1p() / math.log(2.0)),
           {"self": "grad / (1 + exp2(other - self))", "other": "grad / (1 + exp2(self - other))"}, floating_kernel)
-pointwise("xlogy(Tensor self, Tensor other) -> Tensor",
-          lambda a, b: where(b.isnan(), b, where(a.eq(0), 0, a * b.log())),
+def _xlogy(args, dtype):
+    """torch's CPU kernel computes in the result's own type: for float16 and bfloat16, log(other) is rounded to it
+    before the product (c10's ``std::log`` of a Half returns a Half)."""
+    a, b = _in(0), _in(1)
+    out = to_float(result_type(*[v for v in args[:2] if v is not None]))
+    log = b.log()
+    if out is not dtype and out in (dtypes.float16, dtypes.bfloat16):
+        log = log.cast(out).cast(dtype)
+    return where(b.isnan(), b, where(a.eq(0), 0, a * log))
+
+
+pointwise("xlogy(Tensor self, Tensor other) -> Tensor", None,
           {"self": "where((self == 0) & (other <= 0), zeros_like(grad), grad * log(other))",
-           "other": "grad * self / other"}, R.promote_float)
+           "other": "grad * self / other"}, R.promote_float, expr_builder=_xlogy)
 unary("sinc", lambda x: where(x.eq(0), 1.0, (x * math.pi).sin() / (x * math.pi)),
       f"where(self == 0, zeros_like(grad), grad * ({math.pi} * self * cos({math.pi} * self) - sin({math.pi} * self))"
       f" / ({math.pi} * self * self))")

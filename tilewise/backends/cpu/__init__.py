@@ -25,7 +25,7 @@ from tilewise.device import Backend, Device
 from tilewise.dtypes import ALL as ALL_DTYPES
 from tilewise.dtypes import get_default_dtype
 from tilewise.ops import dtype_rules as R
-from tilewise.ops.expr import Expr, inputs_of
+from tilewise.ops.expr import Expr, inputs_of, value_key
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
 from tilewise.strides import (
     WRAPPED_NUMBER,
@@ -95,14 +95,22 @@ def pointwise_fn(op, args: tuple, compute_dtype) -> tuple:
         if entry is None:
             entry = _compiled[(op,)] = _static_kernels(op)
         return _pick_static(entry, args)
-    variant = tuple(a for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
-    present = tuple(None if args[k] is None else getattr(args[k], "_dtype", True) for k in op.tensor_idx)
-    key = (op, variant, present, compute_dtype)  # a builder may read its inputs' dtypes (nan_to_num's extremes)
+    variant = tuple(value_key(a) for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
+    present = tuple(None if args[k] is None else (getattr(args[k], "_dtype", True), _one_element(args[k]))
+                    for k in op.tensor_idx)
+    # a builder may read its inputs' dtypes (nan_to_num's extremes) and whether they hold one element (clamp's ties)
+    chooser = op.attrs.get("expr_variant")  # a builder that reads an operand's value (pow's exponent) says so
+    key = (op, variant, present, compute_dtype, chooser(args) if chooser is not None else None)
     entry = _compiled.get(key)
     if entry is None:
         expr = builder(args, compute_dtype)
         entry = _compiled[key] = (render_numpy(expr, len(op.tensor_idx), (), f"{op.name}_variant", op.name), ())
     return entry
+
+
+def _one_element(value) -> bool:
+    shape = getattr(value, "_shape", None)
+    return shape is None or math.prod(shape) == 1
 
 
 def _pick_static(entry: tuple, args: tuple) -> tuple:

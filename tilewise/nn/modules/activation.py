@@ -128,6 +128,7 @@ class Hardtanh(Module):
     def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> None:
         super().__init__()
         self.min_val, self.max_val, self.inplace = min_val, max_val, inplace
+        assert self.max_val > self.min_val, f"max_val ({max_val}) must be greater than min_val ({min_val})"
 
     def forward(self, input: Tensor) -> Tensor:
         return F.hardtanh(input, self.min_val, self.max_val, self.inplace)

@@ -33,7 +33,7 @@ from tilewise.codegen.render.kernel_cuda import render_source
 from tilewise.codegen.schedule import KernelSchedule, Knobs, schedule_cuda
 from tilewise.dtypes import DType, get_default_dtype
 from tilewise.ops import dtype_rules as R
-from tilewise.ops.expr import Expr, inputs_of, render_text, substitute, toposort
+from tilewise.ops.expr import Expr, inputs_of, render_text, substitute, toposort, value_key
 from tilewise.tensor import Tensor
 
 BLOCK = 128
@@ -259,7 +259,8 @@ def _expression(op, args: tuple, compute: DType) -> tuple[Expr, tuple, tuple]:
     if builder is None:
         return op.expr, tuple(n.arg for n in inputs_of(op.expr) if n.op == "scalar"), ()
     variant = tuple(a for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
-    return builder(args, compute), (), variant
+    chooser = op.attrs.get("expr_variant")  # a builder that reads an operand's value (pow's exponent) says so
+    return builder(args, compute), (), variant + ((chooser(args),) if chooser is not None else ())
 
 
 _op_rest: dict = {}  # op -> (positions of its non-tensor arguments, whether their values pick the expression)
@@ -273,8 +274,9 @@ def _op_plan(op, args: tuple, device) -> tuple[Plan, tuple, tuple, DType]:
                                "expr_builder" in op.attrs)
     positions, by_value = rest
     # a plan holds kernels loaded on one device; Python numbers take the default dtype's category
+    chooser = op.attrs.get("expr_variant")
     key = (op, device.index, get_default_dtype(), *[_describe(args[k]) for k in op.tensor_idx],
-           *[args[k] if by_value else type(args[k]) for k in positions])
+           *[value_key(args[k]) if by_value else type(args[k]) for k in positions], chooser(args) if chooser else None)
     entry = _plans.get(key)
     if entry is None:
         entry = _plans[key] = _plan_op(op, args, device)
