@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+from compiled_steps import classifier_step
 
 import tilewise as tw
 
@@ -25,14 +26,7 @@ def _train(compiled: bool, make_opt, schedule, steps: int = 24):
     model = tw.nn.Sequential(tw.nn.Linear(20, 32), tw.nn.ReLU(), tw.nn.Linear(32, 3))
     opt = make_opt(model.parameters())
     scheduler = schedule(opt)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = tw.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
+    step = classifier_step(model, opt, tw.nn.functional.cross_entropy)
     f = tw.compile(step) if compiled else step
     losses = []
     for k in range(steps):
@@ -122,14 +116,7 @@ def test_on_the_gpu_a_scheduled_rate_reaches_the_replayed_graph():
         model = tw.nn.Sequential(tw.nn.Linear(20, 32), tw.nn.ReLU(), tw.nn.Linear(32, 3)).cuda()
         opt = tw.optim.AdamW(model.parameters(), lr=1e-2)
         sched = tw.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-2, total_steps=30, cycle_momentum=False)
-
-        def step(x, y):
-            opt.zero_grad()
-            loss = tw.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-
+        step = classifier_step(model, opt, tw.nn.functional.cross_entropy)
         f = tw.compile(step) if compiled else step
         losses = []
         for _ in range(30):

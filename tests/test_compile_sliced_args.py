@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+from compiled_steps import classifier_step
 
 import tilewise as tw
 
@@ -19,14 +20,7 @@ def _loop(compiled: bool, batches: int = 20):
     tw.manual_seed(1)
     model = tw.nn.Sequential(tw.nn.Linear(20, 32), tw.nn.ReLU(), tw.nn.Linear(32, 3))
     opt = tw.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = tw.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
+    step = classifier_step(model, opt, tw.nn.functional.cross_entropy)
     f = tw.compile(step) if compiled else step
     losses = [float(f(features[i:i + 50], labels[i:i + 50])) for _ in range(2) for i in range(0, batches * 50, 50)]
     return losses, f
