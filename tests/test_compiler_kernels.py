@@ -254,12 +254,14 @@ def test_guard_miss_recompiles_and_says_why(capsys):
     assert "float64" in err
 
 
-def test_a_changed_learning_rate_recompiles_the_step(capsys):
-    """The trace reads param-group values (lr, momentum, ...) as numbers: a change must not run the old program."""
-    data = [(tw.randn(16, 8), tw.randn(16, 4)) for _ in range(4)]
+def test_a_changed_learning_rate_reaches_the_step_and_other_hyperparameters_recompile_it(capsys):
+    """The trace reads the learning rate from a tensor the guards refill (see [Note: learning rates in compiled
+    steps]): a new rate runs the same program with it; other param-group values (momentum, ...) are numbers the
+    program holds, and a change must not run the old program."""
+    data = [(tw.randn(16, 8), tw.randn(16, 4)) for _ in range(6)]
     eager_model, compiled_model = _mlp(), _mlp()
-    eager_opt = tw.optim.SGD(eager_model.parameters(), lr=0.05)
-    compiled_opt = tw.optim.SGD(compiled_model.parameters(), lr=0.05)
+    eager_opt = tw.optim.SGD(eager_model.parameters(), lr=0.05, momentum=0.5)
+    compiled_opt = tw.optim.SGD(compiled_model.parameters(), lr=0.05, momentum=0.5)
     eager_step = _training_step(eager_model, eager_opt)
     compiled_step = tw.compile(_training_step(compiled_model, compiled_opt))
     settings.log.add("recompiles")
@@ -267,11 +269,14 @@ def test_a_changed_learning_rate_recompiles_the_step(capsys):
         for k, (x, y) in enumerate(data):
             for opt in (eager_opt, compiled_opt):
                 opt.param_groups[0]["lr"] = 0.05 if k < 2 else 0.01
+                opt.param_groups[0]["momentum"] = 0.5 if k < 4 else 0.9
             np.testing.assert_allclose(compiled_step(x, y).item(), eager_step(x, y).item(), rtol=1e-5)
     finally:
         settings.log.discard("recompiles")
-    assert len(compiled_step.variants) == 2
-    assert "SGD.param_groups[0]['lr'] is 0.01, compiled for 0.05" in capsys.readouterr().err
+    # the first step (momentum buffers made), the steady step, and the steady step for the new momentum
+    assert len(compiled_step.variants) == 3
+    err = capsys.readouterr().err
+    assert "SGD.param_groups[0]['momentum'] is 0.9, compiled for 0.5" in err and "'lr'" not in err
     for a, b in zip(compiled_model.parameters(), eager_model.parameters()):
         close(a, b, rtol=1e-4, atol=1e-5)
 

@@ -27,11 +27,13 @@ strides at every step, a new storage offset. A program is specialised on each te
 compile a variant per batch and run the rest eagerly past the recompile limit. A tensor argument given at the top
 level that is a slice of a larger storage, needs no gradient and shares its storage with no other argument is
 handed to the function as a tensor of its own: a window of that memory from the 16-byte boundary at or before its
-first element (compiler/composites.py's ``rebased``), so the slices of a tensor share a variant or a few (an
-offset within the boundary keeps its alignment, on which vector loads depend). A window is memory to read: a
-function that writes such an argument in place, returns it, or also reads a tensor held elsewhere (a parameter, an
-optimizer's state) that lies in the same storage, is recorded again on its own arguments, and its later calls pass
-them as they are.
+first element (``compiler/windows.py``), so the slices of a tensor share a variant or a few (an
+offset within the boundary keeps its alignment, on which vector loads depend). A function that writes such an
+argument in place or returns it runs that call on the window (the same memory: the write lands where it would, the
+argument's version counter moves as the window's did, and the argument as given is returned), and its later calls
+pass their arguments as they are. One that also reads a tensor held elsewhere (a parameter, an optimizer's state)
+in the storage a window was cut from would take the two for separate memory: that call is recorded again on the
+arguments as given (its Python runs a second time, the one case where it does), and so are its later calls.
 
 Running a variant reproduces every effect the traced function had: outputs are fresh tensors, inputs
 written in place are updated in their own memory (their version counters bump, as eager in-place ops
@@ -62,6 +64,7 @@ from tilewise.compiler.passes import dce, run_pipeline
 from tilewise.compiler.program import Lowered, Program, build_program, lower_program
 from tilewise.compiler.segments import Segments
 from tilewise.compiler.targets import Target, target_of
+from tilewise.compiler.windows import rebased
 from tilewise.config import log, settings
 from tilewise.dispatch import STATE
 from tilewise.ops.inplace import check_inference_write
@@ -216,7 +219,7 @@ def _flatten_call(args: tuple, kwargs: dict) -> tuple[list, object]:
 
 def _slices_rebased(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict | None]:
     """The arguments with each top-level slice rebased onto a window of its memory (see [Note: sliced arguments]),
-    and the windows' storages (by id) mapped to the storages they lie in; None when nothing was rebased."""
+    and ``{id(window storage): (window tensor, the argument as given)}``; None when nothing was rebased."""
     count = 0
     for a in args:
         if type(a) is Tensor:
@@ -226,8 +229,6 @@ def _slices_rebased(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict | None
             count += 1
     if not count:
         return args, kwargs, None
-    from tilewise.compiler.composites import rebased
-
     storages = [a._storage for a in (*args, *kwargs.values()) if type(a) is Tensor]
     windows: dict = {}
 
@@ -238,7 +239,7 @@ def _slices_rebased(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict | None
             return a
         out = rebased(a)
         if out is not a:
-            windows[id(out._storage)] = a._storage
+            windows[id(out._storage)] = (out, a)
         return out
 
     args = tuple(window(a) for a in args)
@@ -246,21 +247,39 @@ def _slices_rebased(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict | None
     return args, kwargs, windows or None
 
 
-def _window_misused(traced: Traced, flat: list, windows: dict) -> bool:
-    """Whether the recorded call writes a rebased argument, returns one, or reads a held tensor in the storage one
-    was cut from."""
+def _window_misused(traced: Traced, flat: list, windows: dict) -> str | None:
+    """"held" when the recorded call reads a held tensor in the storage a rebased argument was cut from (the
+    program would take them for separate memory); "written" when it writes a rebased argument or returns one; else
+    None."""
     written = {id(node) for node, _ in traced.graph.writes}
-    originals = {id(s) for s in windows.values()}
+    originals = {id(given._storage) for _, given in windows.values()}
+    found = None
     for ts in traced.tensor_sources:
         t = ts.source.fetch(flat)
         if type(t) is not Tensor:
             continue
-        if id(t._storage) in windows and id(traced.graph.inputs[ts.entry]) in written:
-            return True
         if ts.source.kind == "object" and id(t._storage) in originals:
-            return True
-    return any(kind == "arg" and type(flat[k]) is Tensor and id(flat[k]._storage) in windows
-               for kind, k in (leaf for leaf in traced.output_leaves if leaf[0] == "arg"))
+            return "held"
+        if id(t._storage) in windows and id(traced.graph.inputs[ts.entry]) in written:
+            found = "written"
+    if any(type(flat[k]) is Tensor and id(flat[k]._storage) in windows
+           for kind, k in traced.output_leaves if kind == "arg"):
+        found = "written"
+    return found
+
+
+def _windows_undone(result, windows: dict):
+    """After a call run on rebased arguments: the arguments as given bump their version counters by what their
+    windows' did, and a window the function returned is the argument as given again."""
+    for window, given in windows.values():
+        if window._storage.version:
+            given._storage.version += window._storage.version
+            window._storage.version = 0
+    by_window = {id(window): given for window, given in windows.values()}
+    leaves, spec = flatten(result)
+    if not any(id(leaf) in by_window for leaf in leaves):
+        return result
+    return unflatten(spec, [by_window.get(id(leaf), leaf) for leaf in leaves])
 
 
 class CompiledFunction:
@@ -347,7 +366,7 @@ class CompiledFunction:
             cap.breaks = self._break
         recorder = Recorder(self.fn, flat, self.fullgraph)
         cap.on_operator = recorder.operator_called
-        traced, effects, misused = None, [], False
+        traced, effects, misused = None, [], None
         with Stages() as stages, collector_paused():
             synced = self.segments.syncs
             try:
@@ -360,7 +379,7 @@ class CompiledFunction:
                         effects.append("its backward runs through autograd history made before the call")
                     if self.segments.syncs == synced and not effects:
                         traced = cap.finish(result, flat)
-                        misused = bool(windows) and _window_misused(traced, flat, windows)
+                        misused = _window_misused(traced, flat, windows) if windows else None
             except UnsupportedTargetError as exc:
                 if self.fullgraph or self.segments.syncs != synced:
                     raise
@@ -370,14 +389,16 @@ class CompiledFunction:
                 if self.segments.syncs == synced:
                     cap.restore()  # nothing ran: the tensors and optimizer state are as before the call
                 raise
-            if misused:  # nothing ran yet: record the call on the arguments as given
-                cap.restore()
+            if misused == "held":  # nothing ran yet: record the call again on the arguments as given (its Python runs
+                cap.restore()  # a second time: the one case where it does, and a rare one)
                 return self._unrebased(given)
+            if misused:  # it writes or returns a window: this call keeps it, later calls pass arguments as given
+                self.rebase_slices = False
             if traced is None:
                 why = effects[0] if effects else "a graph break"
                 self._log_break(why)
                 self.segments.sync(cap, "the end of the call")
-                return result
+                return _windows_undone(result, windows) if windows else result
             cap.restore()
             try:
                 variant = self._compile(traced, flat, spec, optimizers, recorder)
@@ -386,6 +407,8 @@ class CompiledFunction:
             self.variants.append(variant)
             with stage("first run"):
                 result = variant.run(flat)
+            if windows:
+                result = _windows_undone(result, windows)
         log("compile", lambda: stages.report(f"compiled {self.__name__} (variant {len(self.variants)}) and ran "
                                              "it once"))
         return result

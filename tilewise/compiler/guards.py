@@ -806,7 +806,7 @@ class Guards:
         """Whether a tensor held by the function lies in a storage a rebased argument was cut from (see [Note:
         sliced arguments] in function.py); read after ``failure`` admitted the call."""
         held = self._held_storages
-        return any(id(s) in held for s in windows.values())
+        return any(id(given._storage) in held for _, given in windows.values())
 
     def _explain(self, flat: list) -> str | None:
         for source, expected in self.tensors:
