@@ -91,7 +91,7 @@ def outcome(call, m, x, s):
         out = call(m, x, s)
     except Exception as e:  # noqa: BLE001 — torch's refusals are part of what is compared
         return type(e)
-    return (out.float() if out.dtype in (m.float16, m.bfloat16) else out).numpy(), str(out.dtype).split(".")[-1]
+    return (out.float() if out.dtype in (m.float16, m.bfloat16) else out).cpu().numpy(), str(out.dtype).split(".")[-1]
 
 
 def difference(ours, theirs, zero_sign: bool = True) -> str:
@@ -112,16 +112,16 @@ def difference(ours, theirs, zero_sign: bool = True) -> str:
     return f"{len(bad)} elements, first at {i}: tilewise {a.flat[i]!r}, torch {b.flat[i]!r}"
 
 
-def mismatches(label: str, run_ours) -> list[str]:
+def mismatches(label: str, run_ours, device: str = "cpu", numbers=NUMBERS, left=LEFT) -> list[str]:
     call = CALLS[label]
     found = []
     for dtype in HALVES:
-        for s in NUMBERS:
-            if (label, dtype, s) in LEFT:
+        for s in numbers:
+            if (label, dtype, s) in left:
                 continue
             values = inputs(dtype, s)
-            x_tw = tw.tensor(values).to(getattr(tw, dtype))
-            x_torch = torch.tensor(values).to(getattr(torch, dtype))
+            x_tw = tw.tensor(values).to(getattr(tw, dtype)).to(device)
+            x_torch = torch.tensor(values).to(getattr(torch, dtype)).to(device)
             theirs = outcome(call, torch, x_torch, s)
             if isinstance(theirs, type):  # torch refuses this number (clamp's 65519 for float16): so must we
                 pass
@@ -152,6 +152,39 @@ def test_compiled_python_numbers_beside_halves_match_torch_eager(label):
             return type(e)
 
     found = mismatches(label, compiled)
+    assert not found, "\n".join(found)
+
+
+# ------------------------------------------------------------------ the same table on CUDA, against torch's CUDA
+# torch's CUDA kernels read numbers their own way (see [Note: half operands]): tilewise's CUDA kernels, eager and
+# compiled, must match them, not the CPU's. Left: addcmul's and addcdiv's value of 3e38 beside bfloat16 (torch's
+# CUDA kernel computes value * (t1 * t2), tilewise value * t1 * t2, which overflows), and compiled sub(s, alpha=3),
+# whose s * alpha the compiled kernel folds to a rounded constant where torch's fuses it into a multiply-add.
+CUDA_LEFT = {("addcmul(value=s)", "bfloat16", 3e38), ("addcdiv(value=s)", "bfloat16", 3e38)}
+CUDA_COMPILED_NUMBERS = (0.1, 1 / 3, 7.77, 65519.0, -2.5)
+needs_torch_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch built without CUDA")
+
+
+@pytest.mark.cuda
+@needs_torch_cuda
+@pytest.mark.parametrize("label", CALLS)
+def test_python_numbers_beside_cuda_halves_match_torch_cuda(label):
+    found = mismatches(label, lambda call, x, s: outcome(call, tw, x, s), "cuda", left=CUDA_LEFT)
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.cuda
+@needs_torch_cuda
+@pytest.mark.parametrize("label", COMPILED)
+def test_compiled_python_numbers_beside_cuda_halves_match_torch_cuda(label):
+    def compiled(call, x, s):
+        try:
+            return outcome(lambda m, t, n: tw.compile(lambda v: call(tw, v, n))(t), tw, x, s)
+        except Exception as e:  # noqa: BLE001
+            return type(e)
+
+    left = CUDA_LEFT | {("sub(s, alpha=3)", dtype, 1 / 3) for dtype in HALVES}
+    found = mismatches(label, compiled, "cuda", CUDA_COMPILED_NUMBERS, left)
     assert not found, "\n".join(found)
 
 
@@ -216,3 +249,69 @@ def test_kernels_told_apart_by_the_sign_of_a_zero_argument():
         x = m.tensor([float("nan")] * 4)
         assert not m.nan_to_num(x, nan=0.0).signbit().any()
         assert m.nan_to_num(x, nan=-0.0).signbit().all()
+
+
+# ------------------------------------------------------------------ what the CUDA kernels are built from, on the CPU
+# The rules and expressions the CUDA kernels (eager and compiled) are made from, read for a CUDA operand without a
+# GPU: the compiler's stand-in for a tensor carries the device.
+def _cuda_stand(dtype):
+    from tilewise.compiler.ir import TensorType
+    from tilewise.compiler.meta import Stand
+
+    return Stand(TensorType((4,), dtype, tw.device("cuda")))
+
+
+# torch's CUDA kernels (aten/src/ATen/native/cuda): the parameters they cast to the half (gpu_kernel_with_scalars
+# over scalar_t, Scalar.to<scalar_t>()); add, mul, div and clamp read theirs at float32
+CUDA_ROUNDED = {"eq": {"self", "other"}, "lt": {"self", "other"}, "remainder": {"self", "other"},
+                "fmod": {"self", "other"}, "pow": {"exponent"}, "rpow": {"self", "other"},
+                "threshold": {"self", "threshold", "value"}, "hardshrink": {"self", "lambd"},
+                "_softshrink": {"self", "lambd"}, "add": set(), "mul": set(), "div": set(), "clamp": set()}
+
+
+@pytest.mark.parametrize("name", CUDA_ROUNDED)
+def test_cuda_declarations_follow_torchs_cuda_kernels(name):
+    from tilewise.ops import dtype_rules as R
+    from tilewise.ops.registry import OPS
+
+    assert set(R.half_rounded(OPS[name], "cuda")) == CUDA_ROUNDED[name]
+
+
+def test_cuda_clamp_reads_a_bound_past_the_half_without_refusing_it():
+    from tilewise.compiler.ir import TensorType
+    from tilewise.compiler.meta import Stand
+    from tilewise.ops import dtype_rules as R
+    from tilewise.ops.registry import OPS
+
+    op = OPS["clamp"]
+    assert R.clamp_rule(op, (_cuda_stand(tw.float16), -65519.0, 65519.0))[0] is tw.float16
+    with pytest.raises(RuntimeError, match="overflow"):
+        R.clamp_rule(op, (Stand(TensorType((4,), tw.float16, tw.device("cpu"))), -65519.0, 65519.0))
+    with pytest.raises(RuntimeError, match="overflow"):  # torch's CUDA kernel refuses an int8 bound past int8
+        R.clamp_rule(op, (_cuda_stand(tw.int8), 0, 1000))
+
+
+def test_cuda_division_by_a_number_multiplies_by_its_reciprocal():
+    from tilewise.ops.expr import render_text
+    from tilewise.ops.registry import OPS
+
+    op = OPS["div"]
+    builder = op.attrs["expr_builder"]
+    for mode in (None, "trunc"):
+        on_cuda = render_text(builder((_cuda_stand(tw.float16), 7.77, mode), tw.float32))
+        on_cpu = render_text(builder((tw.ones(4, dtype=tw.float16), 7.77, mode), tw.float32))
+        assert on_cuda != on_cpu and "mul" in on_cuda and "mul" not in on_cpu, (on_cuda, on_cpu)
+    tensor_by_tensor = (_cuda_stand(tw.float16), _cuda_stand(tw.float16), None)
+    assert "mul" not in render_text(builder(tensor_by_tensor, tw.float32))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_cuda_pow_takes_products_for_exponents_that_round_to_them(dtype):
+    from tilewise.ops.registry import OPS
+
+    chooser = OPS["pow"].attrs["expr_variant"]
+    x = _cuda_stand(getattr(tw, dtype))
+    assert chooser((x, 3.0)) == 3 and chooser((x, -2)) == -2 and chooser((x, 0.5)) == 0.5
+    assert chooser((x, 2.0004)) == 2  # 2.0004 is 2 in either half
+    assert chooser((x, 2.5)) is None
+    assert chooser((tw.ones(4, dtype=tw.float16), 3.0)) is None  # torch's CPU kernel: float16 takes pow

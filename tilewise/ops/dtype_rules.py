@@ -161,8 +161,22 @@ def clamp_rule(op, args) -> tuple[DType, DType]:
     out = result_type(*operands)
     if out.category == COMPLEX:
         raise NotImplementedError(f"{op.name} is not supported for complex types (got {out.name})")
-    _check_numbers_fit(op, operands[1:], out)
+    bounds = op.tensor_idx[1:]
+    if out in _HALVES:  # a bound torch reads at float32 (its CUDA kernel) is not refused: see [Note: half operands]
+        rounded = half_rounded(op, device_type_of(op, args))
+        bounds = [k for k in bounds if op.schema.params[k].name in rounded]
+    _check_numbers_fit(op, [args[k] for k in bounds], out)
     return out, compute_dtype(out)
+
+
+def device_type_of(op, args) -> str:
+    """The device type of ``op``'s first tensor operand (a Tensor or the compiler's stand-in for one): "cpu" when
+    there is none."""
+    for k in op.tensor_idx:
+        device = getattr(args[k], "device", None)
+        if device is not None:
+            return device.type
+    return "cpu"
 
 
 def _check_numbers_fit(op, operands, dtype: DType) -> None:
@@ -237,7 +251,12 @@ def checked_scalar_argument(op, name: str, value, out: DType):
 # arguments (``alpha``, ``value``, ``negative_slope``, ...) are float32 in most kernels; ``add``'s and ``sub``'s
 # alpha and ``hardtanh``'s, ``threshold``'s and ``hardshrink``'s bounds are cast to the half (and refused when
 # past its range). torch's CUDA kernels do not cast Python numbers (TensorIterator leaves a CPU scalar as it is and
-# ``opmath_gpu_kernel_with_scalars`` reads it in float32): ``half + 0.1`` adds 0.1, not float16(0.1).
+# ``opmath_gpu_kernel_with_scalars`` reads it in float32): ``half + 0.1`` adds 0.1, not float16(0.1). Those whose
+# functor takes ``scalar_t`` (``gpu_kernel_with_scalars``: the comparisons, ``remainder``, ``fmod``, ``pow`` on
+# either side) or that read a Scalar with ``to<scalar_t>()`` (``threshold``'s bounds, the shrinks' lambda, ``pow``'s
+# exponent) round it, and refuse a Scalar past the half's range; ``clamp``'s CUDA kernel reads its bounds at
+# float32 and refuses none. Where the CUDA kernel computes differently, the operator's expression says so for CUDA:
+# division by a CPU scalar is a multiplication by its float32 reciprocal (``div_true_kernel_cuda``).
 # Each operator declares what torch does on each device type, ``half_rounded={device type: parameter names}``
 # beside its dtype rule; without a declaration, the operands of the rules in ``_COMMON_DTYPE_RULES`` are rounded
 # on the CPU and nothing is rounded on CUDA. The eager CPU kernels, the eager CUDA kernels and the compiler read
@@ -249,6 +268,8 @@ _COMMON_DTYPE_RULES = frozenset({promote, promote_float, compare, first_input, n
 # declarations shared by several operators
 ADD_HALF_ROUNDED = {"cpu": ("self", "other", "alpha")}  # add, sub, rsub: the number and alpha are cast on the CPU
 OTHER_AT_OPMATH = {"cpu": ("self",)}  # mul, div, floor_divide: the second operand is read at float32 on the CPU
+# comparisons, remainder, fmod: cast on the CPU (the default) and on CUDA (``gpu_kernel_with_scalars`` of scalar_t)
+BOTH_ROUNDED = {"cuda": ("self", "other")}
 _half_rounded: dict[tuple, frozenset] = {}  # (op, device type) -> names of the parameters rounded to the half
 
 
@@ -267,6 +288,19 @@ def half_rounded(op, device_type: str) -> frozenset:
             found = frozenset()
         _half_rounded[key] = found
     return found
+
+
+def half_scalars_fit(op, args) -> None:
+    """The Scalar arguments that torch casts to a float16/bfloat16 input's dtype on its device (``half_rounded``)
+    must fit it: torch's ``to<scalar_t>()`` refuses a value past the half's range (``threshold`` on CUDA)."""
+    x = args[op.tensor_idx[0]]
+    dtype = getattr(x, "dtype", None)
+    if dtype not in _HALVES:
+        return
+    rounded = half_rounded(op, device_type_of(op, args))
+    for k, p in enumerate(op.schema.params):
+        if p.name in rounded and k not in op.tensor_idx:
+            rounded_scalar(op, args[k], dtype)
 
 
 def is_half(dtype: DType) -> bool:

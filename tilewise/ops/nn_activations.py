@@ -40,9 +40,10 @@ def _softshrink_expr(x, lambd):
 _OUTSIDE = "where((self < -lambd) | (self > lambd), grad, zeros_like(grad))"
 pointwise("hardshrink(Tensor self, Scalar lambd=0.5) -> Tensor",
           lambda x, lambd: expr_where(x.ge(-lambd).logical_and(x.le(lambd)), 0, x), {"self": _OUTSIDE},
-          R.floating_only, inplace=False, functional=True, half_rounded={"cpu": ("self", "lambd")})
+          R.floating_only, inplace=False, functional=True, check=R.half_scalars_fit,
+          half_rounded={"cpu": ("self", "lambd"), "cuda": ("self", "lambd")})
 pointwise("_softshrink(Tensor self, Scalar lambd) -> Tensor", _softshrink_expr, {"self": _OUTSIDE},
-          R.floating_only, public=False, method=False)
+          R.floating_only, public=False, method=False, half_rounded={"cuda": ("self", "lambd")})
 
 
 def _softshrink(input, lambd=0.5):

@@ -102,16 +102,34 @@ def _clamp(args, dtype):
     return clamp_expr(_in(0), None if args[1] is None else _in(1), None if args[2] is None else _in(2), keeps_input)
 
 
+def _on_cuda(args) -> bool:
+    return any(getattr(getattr(a, "device", None), "type", None) == "cuda" for a in args)
+
+
+def _cpu_scalar(value) -> bool:
+    """A Python number, or a 0-dim tensor on the CPU: what torch's TensorIterator calls a CPU scalar."""
+    if type(value) in (int, float, bool):
+        return True
+    device = getattr(value, "device", None)
+    return device is not None and device.type == "cpu" and getattr(value, "ndim", None) == 0
+
+
 def _div(args, dtype):
     mode = args[2]
     if mode not in (None, "trunc", "floor"):
         raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{mode}'")
     a, b = _in(0), _in(1)
-    if mode is None:
-        return a / b
     if mode == "floor":
         return a.floordiv(b)
-    return (a / b).trunc() if dtype.is_floating_point else a.truncdiv(b)
+    if dtype.is_floating_point and not dtype.is_complex and _cpu_scalar(args[1]) and _on_cuda(args):
+        # torch's CUDA kernels (div_true_kernel_cuda, div_trunc_kernel_cuda) multiply by the reciprocal of a CPU
+        # scalar, computed once in the compute dtype (float32 for the halves): a last bit may differ from a / b
+        quotient = a * (1 / b)
+    else:
+        quotient = a / b
+    if mode is None:
+        return quotient
+    return quotient.trunc() if dtype.is_floating_point else a.truncdiv(b)
 
 
 def _rdiv(args, dtype):
@@ -135,11 +153,23 @@ _POW_BY_NUMBER = {
 }
 
 
+# torch's CUDA kernel (pow_tensor_scalar_kernel) takes them for every floating dtype, float16 too: sqrt, rsqrt and
+# reciprocal when the number is 0.5, -0.5 or -1, the products when the number cast to the base's dtype is 2, 3 or -2
+# (each product rounded to a half base's dtype: c10's Half and BFloat16 multiply to their own type).
+_POW_PRODUCTS = (2, 3, -2)
+
+
 def _pow_special_exponent(args):
     """The exponent of ``_POW_BY_NUMBER`` that this call takes, or None."""
     exponent, base_dtype = args[1], getattr(args[0], "dtype", None)
-    if type(exponent) not in (int, float) or base_dtype not in (R.dtypes.float32, R.dtypes.float64,
-                                                                R.dtypes.bfloat16):
+    if type(exponent) not in (int, float):
+        return None
+    if _on_cuda(args) and base_dtype in (R.dtypes.float16, R.dtypes.bfloat16):
+        if exponent in _POW_BY_NUMBER and exponent not in _POW_PRODUCTS:
+            return exponent
+        exponent = R.round_to_half(exponent, base_dtype)
+        return int(exponent) if exponent in _POW_PRODUCTS else None
+    if base_dtype not in (R.dtypes.float32, R.dtypes.float64, R.dtypes.bfloat16):
         return None
     return exponent if exponent in _POW_BY_NUMBER else None
 
@@ -189,17 +219,18 @@ pointwise("rdiv(Tensor self, Tensor other) -> Tensor", None,
 pointwise("floor_divide(Tensor self, Tensor other) -> Tensor", lambda a, b: a.floordiv(b), None, R.numeric,
           dunder=("floordiv", "rfloordiv"), differentiable=False, half_rounded=R.OTHER_AT_OPMATH)
 pointwise("remainder(Tensor self, Tensor other) -> Tensor", lambda a, b: a.mod(b),
-          {"self": "grad", "other": "-grad * floor_divide(self, other)"}, R.numeric, dunder=("mod", "rmod"))
+          {"self": "grad", "other": "-grad * floor_divide(self, other)"}, R.numeric, dunder=("mod", "rmod"),
+          half_rounded=R.BOTH_ROUNDED)
 pointwise("fmod(Tensor self, Tensor other) -> Tensor", lambda a, b: a.fmod(b),
-          {"self": "grad", "other": "-grad * trunc(self / other)"}, R.numeric)
+          {"self": "grad", "other": "-grad * trunc(self / other)"}, R.numeric, half_rounded=R.BOTH_ROUNDED)
 pointwise("pow(Tensor self, Tensor exponent) -> Tensor", None,
           {"self": "grad * exponent * where(exponent == 0, ones_like(self), self ** (exponent - 1))",
            "exponent": "grad * where((self == 0) & (exponent >= 0), zeros_like(result), result * log(self))"},
           R.power, dunder=("pow",), autocast={"cuda": "fp32"}, check=R.power_check, expr_builder=_pow,
-          expr_variant=_pow_special_exponent)
+          expr_variant=_pow_special_exponent, half_rounded={"cuda": ("exponent",)})
 pointwise("rpow(Tensor self, Tensor other) -> Tensor", lambda a, b: b ** a,
           {"self": "grad * result * log(other)", "other": "grad * self * other ** (self - 1)"}, R.numeric,
-          method=False, inplace=False, dunder=("rpow",), autocast={"cuda": "fp32"})
+          method=False, inplace=False, dunder=("rpow",), autocast={"cuda": "fp32"}, half_rounded=R.BOTH_ROUNDED)
 pointwise("neg(Tensor self) -> Tensor", lambda x: -x, {"self": "-grad"}, R.negation, dunder=("neg",),
           aliases=("negative",))
 pointwise("abs(Tensor self) -> Tensor", lambda x: x.abs(), {"self": "grad * sgn(self)"}, R.magnitude, dunder=("abs",),
@@ -232,7 +263,7 @@ pointwise("minimum(Tensor self, Tensor other) -> Tensor", lambda a, b: a.minimum
           fwd="extremum_pair_jvp(self_t, other_t, self, other, result)")
 pointwise("clamp(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor", None,
           {"self": "grad * clamp_mask(self, min, max)", "min": "grad * (self < min)", "max": "grad * (self > max)"},
-          R.clamp_rule, aliases=("clip",), expr_builder=_clamp)
+          R.clamp_rule, aliases=("clip",), expr_builder=_clamp, half_rounded={"cuda": ()})
 pointwise("copysign(Tensor self, Tensor other) -> Tensor", lambda a, b: a.copysign(b),
           {"self": "grad * where(self == 0, zeros_like(result), result / self)", "other": "zeros_like(grad)"},
           R.promote_float)
@@ -274,7 +305,7 @@ unary("frac", lambda x: x - x.trunc(), "grad", dtype=R.promote)
 # ---------------------------------------------------------------- comparisons and logic
 for _name, _dunder in (("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge")):
     pointwise(f"{_name}(Tensor self, Tensor other) -> Tensor", lambda a, b, _n=_name: getattr(a, _n)(b), None,
-              R.compare, dunder=(_dunder,), differentiable=False)
+              R.compare, dunder=(_dunder,), differentiable=False, half_rounded=R.BOTH_ROUNDED)
 for _name in ("logical_and", "logical_or", "logical_xor"):
     pointwise(f"{_name}(Tensor self, Tensor other) -> Tensor", lambda a, b, _n=_name: getattr(a, _n)(b), None,
               R.logical, differentiable=False)
@@ -315,7 +346,7 @@ pointwise("leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor",
           method=False)
 pointwise("threshold(Tensor self, Scalar threshold, Scalar value) -> Tensor",
           lambda x, t, v: where(x.gt(t), x, v), {"self": "grad * (self > threshold)"}, method=False,
-          half_rounded={"cpu": ("self", "value")})
+          half_rounded={"cpu": ("self", "value"), "cuda": ("self", "threshold", "value")}, check=R.half_scalars_fit)
 pointwise("hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor",
           lambda x, lo, hi: clamp_expr(x, lo, hi, True), {"self": "grad * ((self > min_val) & (self < max_val))"},
           method=False, half_rounded={"cpu": ("self", "min_val", "max_val")})
