@@ -148,8 +148,8 @@ def where_rule(op, args) -> tuple[DType, DType]:
                            f"{condition.dtype.name}; compare it (e.g. condition != 0) to make a mask")
     values = _operands(op, args)[1:]
     out = result_type(*values)
-    if out not in _HALVES:  # torch casts a number past a half's range to inf without a word
-        _check_numbers_fit(op, values, out)
+    if out not in _HALVES or device_type_of(op, args) == "cuda":  # torch's CPU kernel casts a number past a
+        _check_numbers_fit(op, values, out)  # half's range to inf without a word; its CUDA kernel refuses it
     return out, compute_dtype(out)
 
 

@@ -106,14 +106,6 @@ def _on_cuda(args) -> bool:
     return any(getattr(getattr(a, "device", None), "type", None) == "cuda" for a in args)
 
 
-def _cpu_scalar(value) -> bool:
-    """A Python number, or a 0-dim tensor on the CPU: what torch's TensorIterator calls a CPU scalar."""
-    if type(value) in (int, float, bool):
-        return True
-    device = getattr(value, "device", None)
-    return device is not None and device.type == "cpu" and getattr(value, "ndim", None) == 0
-
-
 def _div(args, dtype):
     mode = args[2]
     if mode not in (None, "trunc", "floor"):
@@ -121,12 +113,10 @@ def _div(args, dtype):
     a, b = _in(0), _in(1)
     if mode == "floor":
         return a.floordiv(b)
-    if dtype.is_floating_point and not dtype.is_complex and _cpu_scalar(args[1]) and _on_cuda(args):
-        # torch's CUDA kernels (div_true_kernel_cuda, div_trunc_kernel_cuda) multiply by the reciprocal of a CPU
-        # scalar, computed once in the compute dtype (float32 for the halves): a last bit may differ from a / b
-        quotient = a * (1 / b)
-    else:
-        quotient = a / b
+    # torch's CUDA kernels multiply by the reciprocal of a CPU scalar (div_true_kernel_cuda): written so here, the
+    # halves still differed from torch on an H200 while the compiled decompositions that divide by a count (a mean,
+    # a variance) changed their rounding (std of a constant came out nonzero): division stays a division
+    quotient = a / b
     if mode is None:
         return quotient
     return quotient.trunc() if dtype.is_floating_point else a.truncdiv(b)
@@ -181,6 +171,23 @@ def _pow(args, dtype):
         return base ** exponent
     own = args[0].dtype
     return _POW_BY_NUMBER[special](base, lambda e: e.cast(own).cast(dtype) if own is not dtype else e)
+
+
+def _positive_side(x: Expr, args) -> Expr:
+    """Which inputs elu and celu take to their identity side: at a zero, torch's CPU loop takes ``x >= 0`` there,
+    its CUDA kernel ``x > 0`` (it sends ``x <= 0`` to ``alpha * expm1(x)``, which gives a zero the sign of the
+    product): the zero's sign differs between them."""
+    return x.gt(0) if _on_cuda(args) else x.ge(0)
+
+
+def _elu(args, dtype):
+    x, (alpha, scale, input_scale) = _in(0), args[1:4]
+    return where(_positive_side(x, args), x * scale, (x * input_scale).expm1() * (lift(alpha) * scale))
+
+
+def _celu(args, dtype):
+    x, alpha = _in(0), args[1]
+    return where(_positive_side(x, args), x, (x / alpha).expm1() * alpha)
 
 
 def _div_dtype(op, args):
@@ -366,18 +373,17 @@ pointwise("hardswish(Tensor self) -> Tensor", lambda x: x * (x + 3).maximum(0).m
           R.floating_only, method=False)
 pointwise("hardsigmoid(Tensor self) -> Tensor", lambda x: (x + 3).maximum(0).minimum(6) / 6,
           {"self": "grad * ((self > -3) & (self < 3)) / 6"}, R.floating_only, method=False)
-pointwise("elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor",
-          lambda x, alpha, scale, iscale: where(x.ge(0), x * scale, ((x * iscale).expm1()) * (alpha * scale)),
+pointwise("elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor", None,
           {"self": "where(self > 0, grad * scale, grad * input_scale * alpha * scale * exp(self * input_scale))"},
-          R.floating_only, method=False)
+          R.floating_only, method=False, expr_builder=_elu)
 pointwise("selu(Tensor self) -> Tensor",
           lambda x: where(x.gt(0), x * 1.0507009873554804934193349852946,
                           x.expm1() * (1.6732632423543772848170429916717 * 1.0507009873554804934193349852946)),
           {"self": "where(self > 0, grad * 1.0507009873554804934193349852946, "
                    "grad * 1.7580993408473768599402175208123 * exp(self))"}, R.floating_only, method=False)
-pointwise("celu(Tensor self, Scalar alpha=1.0) -> Tensor",
-          lambda x, alpha: where(x.ge(0), x, (x / alpha).expm1() * alpha),
-          {"self": "where(self > 0, grad, grad * exp(self / alpha))"}, R.floating_only, method=False)
+pointwise("celu(Tensor self, Scalar alpha=1.0) -> Tensor", None,
+          {"self": "where(self > 0, grad, grad * exp(self / alpha))"}, R.floating_only, method=False,
+          expr_builder=_celu)
 pointwise("softsign(Tensor self) -> Tensor", lambda x: x / (1 + x.abs()),
           {"self": "grad / ((1 + abs(self)) * (1 + abs(self)))"}, R.floating_only, method=False)
 pointwise("logsigmoid(Tensor self) -> Tensor", lambda x: x.minimum(0) - (-x.abs()).exp().log1p(),

@@ -179,7 +179,8 @@ def _xlogy(args, dtype):
     a, b = _in(0), _in(1)
     out = to_float(result_type(*[v for v in args[:2] if v is not None]))
     log = b.log()
-    if out is not dtype and out in (dtypes.float16, dtypes.bfloat16):
+    on_cuda = any(getattr(getattr(v, "device", None), "type", None) == "cuda" for v in args[:2])
+    if out is not dtype and out in (dtypes.float16, dtypes.bfloat16) and not on_cuda:  # CUDA's is float32 throughout
         log = log.cast(out).cast(dtype)
     return where(b.isnan(), b, where(a.eq(0), 0, a * log))
 
