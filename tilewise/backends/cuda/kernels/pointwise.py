@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tilewise import dtypes
 from tilewise import strides as S
 from tilewise.backends.cuda.device_memory import empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, launch, launch_packed, load, packer_for
@@ -280,7 +281,16 @@ def _op_plan(op, args: tuple, device) -> tuple[Plan, tuple, tuple, DType]:
     entry = _plans.get(key)
     if entry is None:
         entry = _plans[key] = _plan_op(op, args, device)
+    elif _checks_numbers(op, entry[3]) and any(type(args[k]) in (int, float) for k in (*op.tensor_idx, *positions)):
+        op.dtype_rule(op, args)  # the key holds a number's type, not its value: the rule refuses one out of range
     return entry
+
+
+def _checks_numbers(op, out_dtype: DType) -> bool:
+    """Whether ``op``'s dtype rule may refuse a Python number by its value for this result dtype: an integer result
+    (``int8_tensor + 1000``), or where's and clamp's values beside a half (see [Note: half operands])."""
+    return out_dtype.category == dtypes.INT or (
+        out_dtype in (dtypes.float16, dtypes.bfloat16) and op.dtype_rule in (R.where_rule, R.clamp_rule))
 
 
 # [Note: one memory order] Operands that all lie in the same dense order other than row-major (channels-last
