@@ -220,16 +220,9 @@ def _flatten_call(args: tuple, kwargs: dict) -> tuple[list, object]:
 def _slices_rebased(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict | None]:
     """The arguments with each top-level slice rebased onto a window of its memory (see [Note: sliced arguments]),
     and ``{id(window storage): (window tensor, the argument as given)}``; None when nothing was rebased."""
-    count = 0
-    for a in args:
-        if type(a) is Tensor:
-            count += 1
-    for a in kwargs.values():
-        if type(a) is Tensor:
-            count += 1
-    if not count:
-        return args, kwargs, None
     storages = [a._storage for a in (*args, *kwargs.values()) if type(a) is Tensor]
+    if not storages:
+        return args, kwargs, None
     windows: dict = {}
 
     def window(a):
@@ -328,11 +321,11 @@ class CompiledFunction:
                     if windows and variant.guards.holds_any(windows):
                         return self._unrebased(given)
                     return variant.run(flat)
-            if self.eager_reason:
-                return self.fn(*args, **kwargs)
+            if self.eager_reason:  # eagerly, on the arguments as given (not their windows)
+                return self.fn(*given[0], **given[1])
             if len(self.variants) >= settings.recompile_limit or \
                     len(self.segments.programs) >= settings.recompile_limit * 8:
-                return self._over_limit(reasons, args, kwargs)
+                return self._over_limit(reasons, *given)
             if reasons:
                 log("recompiles", f"recompiling {self.__name__} (variant {len(self.variants) + 1}): {reasons[-1]}")
             return self._record(args, kwargs, flat, spec, windows, given)
@@ -384,7 +377,7 @@ class CompiledFunction:
                 if self.fullgraph or self.segments.syncs != synced:
                     raise
                 cap.restore()  # nothing ran (e.g. complex tensors inside a composite, where no break can be)
-                return self._give_up(str(exc).split("\n")[0], args, kwargs)
+                return self._give_up(str(exc).split("\n")[0], *(given or (args, kwargs)))
             except BaseException:
                 if self.segments.syncs == synced:
                     cap.restore()  # nothing ran: the tensors and optimizer state are as before the call
@@ -403,7 +396,7 @@ class CompiledFunction:
             try:
                 variant = self._compile(traced, flat, spec, optimizers, recorder)
             except UnsupportedTargetError as exc:
-                return self._give_up(str(exc), args, kwargs)
+                return self._give_up(str(exc), *(given or (args, kwargs)))
             self.variants.append(variant)
             with stage("first run"):
                 result = variant.run(flat)
