@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_cuda_runtime import FakeCaptureDriver, make_allocator
+from test_cuda_runtime import FakeCaptureDriver, install_fake_graphs
 
 import tilewise as tw
 
@@ -19,17 +19,10 @@ class FakeGraphDriver(FakeCaptureDriver):
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """The capture machinery over a fake driver and a fake-backed allocator; a side stream that needs no GPU."""
-    from types import SimpleNamespace
-
-    from tilewise.backends.cuda import graphs
     from tilewise.backends.cuda.runtime.stream import Stream
 
-    allocator, backend, _ = make_allocator()
-    mem = SimpleNamespace(allocator=allocator, release_free_list=lambda stream: None)
     driver = FakeGraphDriver()
-    monkeypatch.setattr(graphs, "driver_api", lambda: driver)
-    monkeypatch.setattr(graphs, "memory", lambda device: mem)
-    monkeypatch.setattr(graphs, "ensure_context", lambda device: device)
+    allocator = install_fake_graphs(monkeypatch, driver)
     import importlib
 
     api = importlib.import_module("tilewise.cuda.graphs")

@@ -884,22 +884,31 @@ class FakeCaptureDriver:
         return self._ok("synchronize")
 
 
-@pytest.fixture
-def fake_capture(monkeypatch):
-    """``graphs.capture`` over a fake driver, a fake-backed allocator and a stream that needs no GPU."""
+def install_fake_graphs(monkeypatch, driver):
+    """``backends.cuda.graphs`` over ``driver`` and a fake-backed allocator, with no context to make current;
+    returns the allocator."""
     from types import SimpleNamespace
 
     from tilewise.backends.cuda import graphs
-    from tilewise.backends.cuda.runtime.stream import Stream
 
-    allocator, backend, _ = make_allocator()
+    allocator, _, _ = make_allocator()
     mem = SimpleNamespace(allocator=allocator, release_free_list=lambda stream: None)
-    driver = FakeCaptureDriver()
     monkeypatch.setattr(graphs, "driver_api", lambda: driver)
     monkeypatch.setattr(graphs, "memory", lambda device: mem)
+    monkeypatch.setattr(graphs, "ensure_context", lambda device: device)
+    return allocator
+
+
+@pytest.fixture
+def fake_capture(monkeypatch):
+    """``graphs.capture`` over a fake driver, a fake-backed allocator and a stream that needs no GPU."""
+    from tilewise.backends.cuda import graphs
+    from tilewise.backends.cuda.runtime.stream import Stream
+
+    driver = FakeCaptureDriver()
+    allocator = install_fake_graphs(monkeypatch, driver)
     monkeypatch.setattr(graphs, "_take_stream", lambda device: Stream.from_handle(0xCA97, 0))
     monkeypatch.setattr(graphs, "_capture_streams", {})
-    monkeypatch.setattr(graphs, "ensure_context", lambda device: device)
     return graphs, driver, allocator
 
 

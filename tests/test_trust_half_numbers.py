@@ -145,15 +145,17 @@ COMPILED = [k for k in CALLS if not k.endswith("_")
             and k not in ("x *= s", "full_like", "fill_", "hardshrink", "masked_fill", "copysign")]
 
 
+def _compiled(call, x, s):
+    """``call`` compiled by tilewise on ``x``, as ``outcome`` reports it (a refusal while compiling included)."""
+    try:
+        return outcome(lambda m, t, n: tw.compile(lambda v: call(tw, v, n))(t), tw, x, s)
+    except Exception as e:  # noqa: BLE001
+        return type(e)
+
+
 @pytest.mark.parametrize("label", COMPILED)
 def test_compiled_python_numbers_beside_halves_match_torch_eager(label):
-    def compiled(call, x, s):
-        try:
-            return outcome(lambda m, t, n: tw.compile(lambda v: call(tw, v, n))(t), tw, x, s)
-        except Exception as e:  # noqa: BLE001
-            return type(e)
-
-    found = mismatches(label, compiled)
+    found = mismatches(label, _compiled)
     assert not found, "\n".join(found)
 
 
@@ -184,14 +186,8 @@ def test_python_numbers_beside_cuda_halves_match_torch_cuda(label):
 @needs_torch_cuda
 @pytest.mark.parametrize("label", COMPILED)
 def test_compiled_python_numbers_beside_cuda_halves_match_torch_cuda(label):
-    def compiled(call, x, s):
-        try:
-            return outcome(lambda m, t, n: tw.compile(lambda v: call(tw, v, n))(t), tw, x, s)
-        except Exception as e:  # noqa: BLE001
-            return type(e)
-
     left = CUDA_LEFT | {("sub(s, alpha=3)", dtype, 1 / 3) for dtype in HALVES}
-    found = mismatches(label, compiled, "cuda", CUDA_COMPILED_NUMBERS, left)
+    found = mismatches(label, _compiled, "cuda", CUDA_COMPILED_NUMBERS, left)
     assert not found, "\n".join(found)
 
 
