@@ -157,6 +157,45 @@ def test_a_kernel_writing_in_place_of_its_input_drops_restrict_there_only():
         assert ("__restrict__" in declaration) != is_shared, declaration
 
 
+def _fp8_cast_both_ways(x, amax):
+    """Float8Linear's cast of an operand: scaled, saturated, stored as it is and transposed (the backward GEMM's
+    layout), one kernel."""
+    scale = 448.0 / amax.float().clamp(min=1e-12)
+    q = (x.float() * scale).clamp(-448.0, 448.0).to(tw.float8_e4m3fn)
+    return q, q.t().contiguous()
+
+
+def _transposing_cases():
+    return [  # (function, arguments, the transposed dim)
+        (lambda x: x.t().contiguous(), (tw.randn(8192, 768).to(tw.bfloat16),), 0),
+        (lambda x: x.transpose(1, 2).contiguous(), (tw.randn(4, 37, 65),), 1),
+        (lambda x, y: (x + y.t()) * 2, (tw.randn(50, 33), tw.randn(33, 50)), 0),
+        (_fp8_cast_both_ways, (tw.randn(300, 200).to(tw.bfloat16), tw.tensor(3.0)), 0),
+    ]
+
+
+def test_an_elementwise_nest_with_a_transposed_access_goes_through_tiles():
+    """[Note: transposing tiles]: a cast stored both as it is and transposed, a transposing copy, a sum with a
+    transposed operand are tiled over the transposed dim; NVRTC compiles each."""
+    from tilewise.codegen.toolchain import compile_cached
+
+    for fn, args, dim in _transposing_cases():
+        low, plans = cuda_plans(fn, *args)
+        tiled = [p for p in plans if p.strategy == "tiles"]
+        assert tiled and all(p.tile_dim == dim for p in tiled), plans
+        assert "__syncthreads();" in low.source
+        for sched in low.schedules:
+            compile_cached(low.source, sched.kernel.name, "sm_90")
+
+
+def test_elementwise_nests_without_a_transposed_access_are_not_tiled():
+    for fn, args in ((lambda x, b: x * 2 + b, (tw.randn(64, 96), tw.randn(96))),  # broadcast along rows
+                     (lambda x, b: x * b, (tw.randn(64, 96), tw.randn(64, 1))),  # constant along the inner dim
+                     (lambda x: x.t().contiguous(), (tw.randn(3, 500),))):  # too narrow to tile
+        _, plans = cuda_plans(fn, *args)
+        assert all(p.strategy == "elements" for p in plans), plans
+
+
 # ---------------------------------------------------------------------------- programs on the GPU
 
 def _close(a, b, rtol=1e-5, atol=1e-6):
@@ -835,3 +874,35 @@ def test_a_kernel_that_fails_to_compile_raises_before_the_step_updates_the_calle
     for p, b in zip(model.parameters(), before):
         np.testing.assert_array_equal(p.detach().cpu().numpy(), b)
     assert all(float(s["exp_avg"].abs().sum().item()) == 0 for s in opt.state.values())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", range(4))
+def test_transposing_tiles_on_cuda_match_eager_exactly(case):
+    fn, args, _ = _transposing_cases()[case]
+    args = tuple(a.to("cuda") for a in args)
+    f = tw.compile(fn)
+    want = fn(*args)
+    want = want if isinstance(want, tuple) else (want,)
+    for _ in range(2):
+        got = f(*args)
+        got = got if isinstance(got, tuple) else (got,)
+        for g, e in zip(got, want):
+            assert g.shape == e.shape and g.dtype == e.dtype
+            assert tw.equal(g.view(tw.uint8) if g.dtype == tw.float8_e4m3fn else g,
+                            e.view(tw.uint8) if e.dtype == tw.float8_e4m3fn else e)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(1, 1), (31, 33), (32, 32), (33, 31), (1000, 17), (17, 1000), (2, 3, 70, 45)])
+@pytest.mark.parametrize("dtype", [tw.float32, tw.bfloat16, tw.float64, tw.int8, tw.bool])
+def test_transposing_copies_on_cuda_at_ragged_sizes(shape, dtype):
+    """Tiles cut at the edges and a batch dim: every element of a transposing copy and of a sum with a
+    transposed operand lands where eager puts it."""
+    x = (tw.randn(*shape, device="cuda") * 50).to(dtype)
+    def fn(x):
+        return x.transpose(-1, -2).contiguous(), x != 0
+
+    f = tw.compile(fn)
+    for got, want in zip(f(x), fn(x)):
+        assert got.shape == want.shape and tw.equal(got, want)

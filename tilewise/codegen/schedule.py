@@ -322,6 +322,7 @@ class Knobs:
     columns: bool = True  # CUDA: the columns strategy where the accesses favour it
     online: bool = True  # CUDA rows: sums of exp(x - max) folded in the max's pass (``online_softmax``)
     strategy: str = ""  # CUDA reductions: "rows" or "columns", whatever the accesses favour
+    tiles: bool = True  # CUDA element-wise: an access walking another dim than the rest goes through tiles
     unroll: int = 0  # CUDA reductions: trips of the loop over a row unrolled (0: the CUDA compiler decides)
     threads: str = ""  # C: "serial" or "parallel", whatever the size
     chunks: int = 0  # C: chunks of a split reduction
@@ -357,7 +358,7 @@ class Tuned:
 class CudaPlan:
     """How one nest maps onto CUDA blocks and threads (see the module note)."""
 
-    strategy: str  # "elements" | "rows" | "columns"
+    strategy: str  # "elements" | "tiles" | "rows" | "columns"
     vector: int  # adjacent elements per thread access along ``vector_dim``
     vector_dim: int | None
     team: int  # threads sharing one row (1 for elements)
@@ -374,6 +375,7 @@ class CudaPlan:
     # ``tw_split`` and ``tw_chunk``), each storing its partial results for a second launch to combine
     partials: bool = False
     unroll: int = 0  # rows, columns: ``#pragma unroll`` of the loop over a row (0: none)
+    tile_dim: int | None = None  # tiles: the dim the transposed accesses walk (see [Note: transposing tiles])
 
 
 @dataclass
@@ -560,6 +562,9 @@ def _capped(width: int, knobs: Knobs) -> int:
 def _cuda_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]:
     """(strategy, vector, vector dim, preferred team or block size) of a coalesced nest."""
     if not nest.reduce:
+        tile = transposed_dim(nest) if knobs.tiles else None
+        if tile is not None:
+            return "tiles", 1, tile, knobs.block or POINTWISE_THREADS
         dim = nest.outer[-1] if nest.outer else None
         return "elements", _capped(vector_width(nest, dim), knobs), dim, knobs.block or POINTWISE_THREADS
     row = extent([nest.shape[d] for d in nest.reduce])
@@ -585,6 +590,34 @@ def _cuda_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]
     elif knobs.team == "block":
         team = max(team, 64)  # any team wider than a warp is the whole block (``_cuda_plan``)
     return "rows", vector, dim, team
+
+
+TILE = 32  # a tile's side (elements)
+
+
+def transposed(index: Index, inner: int) -> bool:
+    """Whether a thread of a warp walking ``inner`` would reach each element of this access in a sector of its
+    own: the access moves along ``inner``, but not contiguously."""
+    return _stride(index, inner) not in (0, 1)
+
+
+def transposed_dim(nest: Nest) -> int | None:
+    """The dim through which an element-wise nest is mapped onto tiles (``[Note: transposing tiles]``): the kept
+    dim, other than the innermost, that the most bytes of transposed accesses walk contiguously; None where no
+    access is transposed or the sizes are not literal (the eager kernels, whose accesses are the operands'
+    strides at launch)."""
+    if nest.reduce or len(nest.shape) < 2 or not known(*nest.shape):
+        return None
+    inner = len(nest.shape) - 1
+    if nest.shape[inner] < TILE // 2:
+        return None
+    weights: dict[int, int] = {}
+    for index, dtype in _accesses(nest):
+        if transposed(index, inner):
+            for d, s in index.terms:
+                if s == 1 and d != inner and nest.shape[d] >= TILE // 2:
+                    weights[d] = weights.get(d, 0) + dtype.itemsize
+    return max(weights, key=lambda d: (weights[d], d)) if weights else None
 
 
 def _symbolic_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]:
@@ -669,6 +702,11 @@ def _cuda_plan(nest: Nest, strategy: str, vector: int, dim: int | None, team: in
     index = _index_type(nest)
     if strategy == "elements":
         return CudaPlan(strategy, vector, dim, 1, 1, _blocks(rows, vector * block), 1, False, index)
+    if strategy == "tiles":
+        inner = len(nest.shape) - 1
+        tiles = _blocks(nest.shape[dim], TILE) * _blocks(nest.shape[inner], TILE)
+        rest = S.numel([n for d, n in enumerate(nest.shape) if d not in (dim, inner)])
+        return CudaPlan(strategy, 1, None, 1, 1, tiles * rest, 1, False, index, tile_dim=dim)
     if strategy == "columns":
         # [Note: vector columns] A lane folds ``vector`` adjacent columns (one 16-byte access per buffer and
         # row, an accumulator per column), a warp 32 x vector columns, the block's warps other rows of them.
@@ -713,14 +751,17 @@ def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
         plan = _cuda_plan(nest, strategy, vector, dim, team, block)
         if kernel.index:
             plan = replace(plan, index=kernel.index)
-        if strategy != "elements" and knobs.unroll:
+        if strategy not in ("elements", "tiles") and knobs.unroll:
             plan = replace(plan, unroll=knobs.unroll)
         if knobs.split:
             plan = split_columns(nest, plan) if strategy == "columns" else split_rows(nest, plan, block)
         plan, scratch = scratch_layout(nest, plan, scratch)
         notes = [f"{plan.blocks or 'as many as the sizes need'} block(s)", f"{plan.vector} element(s) per access" + (
             f" along d{dim}" if plan.vector > 1 else "")]
-        if strategy != "elements":
+        if strategy == "tiles":
+            notes.insert(0, f"{TILE}x{TILE} tiles over d{dim} and the innermost dim, the accesses that walk "
+                            f"d{dim} through shared memory")
+        elif strategy != "elements":
             rows = extent([nest.shape[d] for d in nest.outer])
             notes.insert(0, f"{rows} row(s) of {extent([nest.shape[d] for d in nest.reduce])}")
             notes.append(f"{plan.team} thread(s) per row, {plan.rows_per_block} row(s) per block, "
@@ -770,6 +811,8 @@ def variants_cuda(heuristic: KernelSchedule) -> list[Knobs]:
         variants.append(Knobs(columns=False))
     if any(p.online for p in plans):
         variants.append(Knobs(online=False))
+    if any(p.strategy == "tiles" for p in plans):
+        variants.append(Knobs(tiles=False))
     return variants
 
 
