@@ -109,6 +109,32 @@ def test_fp8_saturating_cast():
     np.testing.assert_array_equal(cast(big, tw.float8_e5m2, saturate=True).float().cpu().numpy(), [57344.0, -57344.0])
 
 
+def _e5m2_edges() -> np.ndarray:
+    """Every float16 value (e5m2's values and every midpoint between two of them among them), the floats just
+    beside each midpoint, and the overflow edge: where the conversion instruction and the library's
+    non-saturating path part ([Note: float8 conversions])."""
+    halves = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    edges = np.array([57344, 59392, 61440, 65504, 1e6, 3e38], dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        near = np.concatenate([np.nextafter(halves, np.float32(np.inf)), np.nextafter(halves, np.float32(-np.inf)),
+                               np.nextafter(edges, np.float32(-np.inf)), edges, -edges])
+    return np.concatenate([halves, near]).astype(np.float32)
+
+
+@pytest.mark.parametrize("saturate", [False, True])
+def test_e5m2_casts_match_the_cpu_at_every_rounding_edge(saturate):
+    from tilewise.backends.cuda.kernels.copy import cast
+
+    host = tw.from_numpy(_e5m2_edges())
+    expected = (host.clamp(-57344, 57344) if saturate else host).to(tw.float8_e5m2)
+    got = cast(host.cuda(), tw.float8_e5m2, saturate=True) if saturate else host.cuda().to(tw.float8_e5m2)
+    compiled = tw.compile(lambda x: (x * 1).to(tw.float8_e5m2))(host.cuda())
+    for result in ((got, compiled) if not saturate else (got,)):
+        mismatched = np.flatnonzero(result.cpu().view(tw.uint8).numpy() != expected.view(tw.uint8).numpy())
+        assert not mismatched.size, (host.numpy()[mismatched[:8]], result.cpu().float().numpy()[mismatched[:8]],
+                                     expected.float().numpy()[mismatched[:8]])
+
+
 def test_non_contiguous_copies_stay_on_the_device():
     a = _rand((32, 16, 8))
     x = tw.from_numpy(a).cuda()
