@@ -90,6 +90,19 @@ def test_error_record_names_a_composite_that_refuses_negative_indices(fake_recor
         bounds.raise_index_errors()
 
 
+def test_error_record_raises_the_launch_error_type_as_torch_does_on_the_cpu(fake_record):
+    """A gather or scatter launch notes RuntimeError (torch's for gather/scatter), advanced indexing IndexError."""
+    site = bounds.note_site("gather()", (0,), (5,), False, RuntimeError)
+    _publish(fake_record, site, 0, 9, 5)
+    with pytest.raises(RuntimeError, match=r"^gather\(\): index 9 is out of bounds for dimension 0 with size 5") as info:
+        bounds.raise_index_errors()
+    assert not isinstance(info.value, IndexError)
+    site = bounds.note_site("index_select()", (0,), (5,), False)
+    _publish(fake_record, site, 0, 9, 5)
+    with pytest.raises(IndexError):
+        bounds.raise_index_errors()
+
+
 def test_error_record_half_written_waits_for_the_next_check(fake_record):
     site = bounds.note_site("gather()", (0,), (5,), False)
     fake_record[bounds.STATE] = bounds.WRITING  # a kernel on another stream is still writing it
@@ -112,15 +125,15 @@ def test_launch_site_takes_the_composite_name_and_its_negative_rule():
     from tilewise.backends.cuda.kernels.index import _site
     from tilewise.ops.movement import _index_errors_named
 
-    assert _site("index", (0,), (5,), True) == ("index", (0,), (5,), True)
+    assert _site("index", (0,), (5,), True) == ("index", (0,), (5,), True, IndexError)
     with _index_errors_named("index_select", negative_wraps=False):
-        assert _site("index", (0,), (5,), True) == ("index_select()", (0,), (5,), False)
+        assert _site("index", (0,), (5,), True) == ("index_select()", (0,), (5,), False, IndexError)
         with _index_errors_named("take"):
-            assert _site("index", (0,), (5,), True) == ("take()", (0,), (5,), True)
+            assert _site("index", (0,), (5,), True) == ("take()", (0,), (5,), True, IndexError)
         assert _site("index", (0,), (5,), True)[0] == "index_select()"
-    with _index_errors_named("take_along_dim"):  # gather never wraps, whatever the composite says
-        assert _site("gather()", (0,), (5,), False)[3] is False
-    assert _site("index", (0,), (5,), True) == ("index", (0,), (5,), True)
+    with _index_errors_named("take_along_dim"):  # gather never wraps, and keeps its RuntimeError, under any name
+        assert _site("gather()", (0,), (5,), False, RuntimeError)[3:] == (False, RuntimeError)
+    assert _site("index", (0,), (5,), True) == ("index", (0,), (5,), True, IndexError)
 
 
 class _FakePinned:
