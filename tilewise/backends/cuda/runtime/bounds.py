@@ -11,8 +11,8 @@ and publishes the record (state ``DONE``) behind a system-wide fence, so the hos
 The host reads the state word where results become visible (``synchronize`` of a device, a stream or an
 event, and every download): one load from pinned memory, no copy and no driver call. If it is set, it
 raises the launch's error (torch's type on the CPU for that operator: :class:`RuntimeError` for gather and
-scatter, :class:`IndexError` for the others) and clears the record, so the process goes on working; like torch's device-side
-assert, the error surfaces at the next synchronisation rather than at the op, and the op's result is
+scatter, :class:`IndexError` for the others) and clears the record, so the process goes on working; like
+torch's device-side assert, the error surfaces at the next synchronisation rather than at the op, and the op's result is
 undefined. Each launch notes a *site* (the operator, which dim each index tensor indexes, whether
 negative indices count from the end, the indexed shape) in a ring of the latest :data:`SITES` launches, so
 the message can name the operator and the shapes while the device only writes five integers. Launches
@@ -142,10 +142,11 @@ def describe(fields: np.ndarray) -> str:
             "synchronisation)"
     if entry is None:
         return f"an indexing kernel: index {value} is out of bounds for a dimension with size {size}{found}"
-    _, op, dims, shape, negative_wraps, _ = entry
+    _, op, dims, shape, negative_wraps, error = entry
     dim = dims[which] if which < len(dims) else which
-    return (f"{op}: index {value} is out of bounds for dimension {dim} with size {size}; valid indices are "
-            f"{valid_range(size, negative_wraps)}; the indexed tensor has shape {list(shape)}{found}")
+    torch_words = "index out of range in self: " if error is IndexError and not negative_wraps else ""
+    return (f"{op}: {torch_words}index {value} is out of bounds for dimension {dim} with size {size}; valid indices "
+            f"are {valid_range(size, negative_wraps)}; the indexed tensor has shape {list(shape)}{found}")
 
 
 def valid_range(size: int, negative_wraps: bool) -> str:
