@@ -85,17 +85,31 @@ def test_error_record_raises_once_and_clears(fake_record):
 def test_error_record_names_a_composite_that_refuses_negative_indices(fake_record):
     site = bounds.note_site("index_select()", (1,), (2, 5), False)
     _publish(fake_record, site, 0, -1, 5)
-    with pytest.raises(IndexError, match=r"^index_select\(\): index -1 is out of bounds for dimension 1 with size 5; "
-                                         r"valid indices are 0\.\.4 \(negative indices are not counted from the end\)"):
+    with pytest.raises(IndexError, match=r"^index_select\(\): index out of range in self: index -1 is out of bounds "
+                                         r"for dimension 1 with size 5; valid indices are 0\.\.4 \(negative indices "
+                                         r"are not counted from the end\)"):
+        bounds.raise_index_errors()
+
+
+def test_error_record_raises_the_launch_error_type_as_torch_does_on_the_cpu(fake_record):
+    """A gather or scatter launch notes RuntimeError (torch's for gather/scatter), advanced indexing IndexError."""
+    site = bounds.note_site("gather()", (0,), (5,), False, RuntimeError)
+    _publish(fake_record, site, 0, 9, 5)
+    with pytest.raises(RuntimeError, match=r"^gather\(\): index 9 is out of bounds for dimension 0") as info:
+        bounds.raise_index_errors()
+    assert not isinstance(info.value, IndexError)
+    site = bounds.note_site("index_select()", (0,), (5,), False)
+    _publish(fake_record, site, 0, 9, 5)
+    with pytest.raises(IndexError):
         bounds.raise_index_errors()
 
 
 def test_error_record_half_written_waits_for_the_next_check(fake_record):
-    site = bounds.note_site("gather()", (0,), (5,), False)
+    site = bounds.note_site("gather()", (0,), (5,), False, RuntimeError)
     fake_record[bounds.STATE] = bounds.WRITING  # a kernel on another stream is still writing it
     bounds.raise_index_errors()
     _publish(fake_record, site, 0, 9, 5)
-    with pytest.raises(IndexError, match=r"gather\(\): index 9"):
+    with pytest.raises(RuntimeError, match=r"^gather\(\): index 9"):
         bounds.raise_index_errors()
 
 
@@ -112,15 +126,15 @@ def test_launch_site_takes_the_composite_name_and_its_negative_rule():
     from tilewise.backends.cuda.kernels.index import _site
     from tilewise.ops.movement import _index_errors_named
 
-    assert _site("index", (0,), (5,), True) == ("index", (0,), (5,), True)
+    assert _site("index", (0,), (5,), True) == ("index", (0,), (5,), True, IndexError)
     with _index_errors_named("index_select", negative_wraps=False):
-        assert _site("index", (0,), (5,), True) == ("index_select()", (0,), (5,), False)
+        assert _site("index", (0,), (5,), True) == ("index_select()", (0,), (5,), False, IndexError)
         with _index_errors_named("take"):
-            assert _site("index", (0,), (5,), True) == ("take()", (0,), (5,), True)
+            assert _site("index", (0,), (5,), True) == ("take()", (0,), (5,), True, IndexError)
         assert _site("index", (0,), (5,), True)[0] == "index_select()"
-    with _index_errors_named("take_along_dim"):  # gather never wraps, whatever the composite says
-        assert _site("gather()", (0,), (5,), False)[3] is False
-    assert _site("index", (0,), (5,), True) == ("index", (0,), (5,), True)
+    with _index_errors_named("take_along_dim"):  # gather never wraps, and keeps its RuntimeError, under any name
+        assert _site("gather()", (0,), (5,), False, RuntimeError)[3:] == (False, RuntimeError)
+    assert _site("index", (0,), (5,), True) == ("index", (0,), (5,), True, IndexError)
 
 
 class _FakePinned:
@@ -357,11 +371,14 @@ BAD = {
     "gather negative": (lambda x: x.gather(1, _cuda([[0], [-1], [0], [0], [0]])),
                         r"^gather\(\): index -1 is out of bounds for dimension 1 with size 3"),
     "index_select": (lambda x: x.index_select(0, _cuda([1, 5])),
-                     r"^index_select\(\): index 5 is out of bounds for dimension 0 with size 5"),
+                     r"^index_select\(\): index out of range in self: index 5 is out of bounds for dimension 0 "
+                     r"with size 5"),
     "index_select negative": (lambda x: x.index_select(0, _cuda([-1])),
-                              r"^index_select\(\): index -1 is out of bounds .* \(negative indices are not counted"),
+                              r"^index_select\(\): index out of range in self: index -1 is out of bounds .* "
+                              r"\(negative indices are not counted"),
     "embedding": (lambda x: tw.nn.functional.embedding(_cuda([[1, 10], [0, 2]]), x),
-                  r"^embedding\(\): index 10 is out of bounds for dimension 0 with size 5"),
+                  r"^embedding\(\): index out of range in self: index 10 is out of bounds for dimension 0 with "
+                  r"size 5"),
     "x[idx]": (lambda x: x[_cuda([0, 7])], r"^index: index 7 is out of bounds for dimension 0 with size 5; "
                                            r"valid indices are -5\.\.4; the indexed tensor has shape \[5, 3\]"),
     "x[idx] negative": (lambda x: x[_cuda([-6])], r"^index: index -6 is out of bounds for dimension 0 with size 5"),
@@ -374,8 +391,14 @@ BAD = {
     "scatter_add": (lambda x: x.scatter_add(0, _cuda([[5, 0, 0]]), tw.ones(1, 3, device="cuda")),
                     r"^scatter_add\(\): index 5 is out of bounds for dimension 0 with size 5"),
     "index_add": (lambda x: x.index_add(0, _cuda([0, 5]), tw.ones(2, 3, device="cuda")),
-                  r"^index_add\(\): index 5 is out of bounds for dimension 0 with size 5"),
+                  r"^index_add\(\): index out of range in self: index 5 is out of bounds for dimension 0 with "
+                  r"size 5"),
 }
+RUNTIME_ERROR_CASES = {"gather", "gather negative", "scatter_add"}  # torch's gather and scatter raise RuntimeError
+
+
+def _error_of(case: str) -> type[Exception]:
+    return RuntimeError if case in RUNTIME_ERROR_CASES else IndexError
 
 
 def _check_later_ops_work(host, x):
@@ -389,7 +412,7 @@ def test_bad_index_raises_at_the_next_download(case, x5):
     host, x = x5
     op, message = BAD[case]
     out = op(x)  # asynchronous: the kernel has only been queued
-    with pytest.raises(IndexError, match=message) as info:
+    with pytest.raises(_error_of(case), match=message) as info:
         out.cpu()
     assert ASYNC in str(info.value)
     _check_later_ops_work(host, x)
@@ -401,7 +424,7 @@ def test_bad_index_raises_at_synchronize(case, x5):
     host, x = x5
     op, message = BAD[case]
     op(x)
-    with pytest.raises(IndexError, match=message):
+    with pytest.raises(_error_of(case), match=message):
         tw.cuda.synchronize()
     tw.cuda.synchronize()  # cleared: raised once
     _check_later_ops_work(host, x)
@@ -429,11 +452,11 @@ def test_bad_index_raises_at_stream_and_event_synchronize_and_tolist(x5):
         side.synchronize()
     x.gather(0, _cuda([[6, 0, 0]]))
     event = tw.cuda.current_stream().record_event()
-    with pytest.raises(IndexError, match=r"^gather\(\): index 6"):
+    with pytest.raises(RuntimeError, match=r"^gather\(\): index 6"):
         event.synchronize()
     done.synchronize()
     out = x.index_select(0, _cuda([0, 8]))
-    with pytest.raises(IndexError, match=r"^index_select\(\): index 8"):
+    with pytest.raises(IndexError, match=r"^index_select\(\): index out of range in self: index 8"):
         out.tolist()
     assert x.index_select(0, _cuda([0])).tolist() == [[0.0, 1.0, 2.0]]
 
@@ -447,7 +470,7 @@ def test_only_the_first_bad_index_is_reported_until_cleared(x5):
         a.cpu()
     b.cpu()  # the second kernel found its bad index while the record was taken: it only skipped the access
     c = x.gather(0, _cuda([[8, 0, 0]]))
-    with pytest.raises(IndexError, match=r"^gather\(\): index 8"):
+    with pytest.raises(RuntimeError, match=r"^gather\(\): index 8"):
         c.cpu()
 
 

@@ -68,22 +68,32 @@ def test_stack_unequal_shapes():
     ("index_add", lambda x: x.index_add(0, tw.tensor([5]), tw.ones(1, 4))),
     ("index_copy", lambda x: x.index_copy(0, tw.tensor([5]), tw.ones(1, 4))),
     ("index_fill", lambda x: x.index_fill(0, tw.tensor([5]), 1.0)),
-    ("take_along_dim", lambda x: x.take_along_dim(tw.tensor([[5]]), 0)),
 ])
 def test_out_of_range_index_names_op_index_and_size(op, call):
-    with pytest.raises(IndexError, match=rf"^{op}\(\): index 5 is out of bounds for dimension 0 with size 3"):
+    with pytest.raises(IndexError, match=rf"^{op}\(\): .*index 5 is out of bounds for dimension 0 with size 3"):
         call(tw.zeros(3, 4))
 
 
+def test_take_along_dim_wraps_indices_along_a_dim_and_checks_them_flattened():
+    """torch takes every index modulo the dim's size when a dim is given; without one it gathers (and checks)."""
+    x = tw.arange(12.0).reshape(3, 4)
+    assert x.take_along_dim(tw.tensor([[5, -1, 1, 3]]), 0).tolist() == [[8.0, 9.0, 6.0, 3.0]]
+    with pytest.raises(RuntimeError, match=r"^take_along_dim\(\): index 12 is out of bounds for dimension 0 with "
+                                           r"size 12"):
+        x.take_along_dim(tw.tensor([12]))
+
+
 def test_take_out_of_range_counts_flattened_elements():
-    with pytest.raises(IndexError, match=r"take\(\): index 12 is out of bounds for dimension 0 with size 12"):
+    with pytest.raises(IndexError, match=r"take\(\): out of range: tried to access index 12 on a tensor of 12 "
+                                         r"elements"):
         tw.zeros(3, 4).take(tw.tensor([12]))
 
 
 def test_index_must_be_an_integer_vector():
-    with pytest.raises(IndexError, match=r"index_select\(\): index must be a vector.*\[2, 2\]"):
+    with pytest.raises(IndexError, match=r"index_select\(\): Index is supposed to be a vector.*\[2, 2\]"):
         tw.zeros(3).index_select(0, tw.zeros(2, 2).long())
-    with pytest.raises(RuntimeError, match=r"index_select\(\): expected an integer index tensor, got tilewise.float32"):
+    with pytest.raises(RuntimeError, match=r"index_select\(\): Expected dtype int32 or int64 for index \(got "
+                                           r"float32"):
         tw.zeros(3).index_select(0, tw.zeros(2))
 
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 import warnings
 
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.dtypes import c10_name
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import shift_dims
 from tilewise.ops.formulas import HELPERS
-from tilewise.ops.indexing import check_scatter_src
+from tilewise.ops.indexing import check_scatter_src, nonempty_shape
+from tilewise.ops.movement import _index_errors_named, check_flat_range, check_index_dtype, check_index_range
 from tilewise.ops.registry import call, declare
 from tilewise.tensor import Tensor
 
@@ -132,7 +134,13 @@ def _index_reduce(self, dim, index, source, reduce, include_self=True):
         raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
     if index.ndim > 1:
         raise IndexError(f"index_reduce_(): Index is supposed to be a vector, got {index.ndim} dimensions")
-    d = dim % max(self.ndim, 1)
+    check_index_dtype(index, "index_reduce")
+    d = S.normalize_dim(dim, self.ndim, "index_reduce")
+    if source.ndim != self.ndim:
+        raise RuntimeError(f"index_reduce(): source tensor shape must match self tensor shape, excluding the specified "
+                           f"dimension. Got self.shape = {list(self.shape)} source.shape = {list(source.shape)} "
+                           "(both need the same number of dims)")
+    check_index_range(index, nonempty_shape(self.shape)[d], d, "index_reduce")
     shape = [1] * source.ndim
     if source.ndim:
         shape[d] = -1
@@ -141,8 +149,11 @@ def _index_reduce(self, dim, index, source, reduce, include_self=True):
 
 
 def _put(self, index, source, accumulate=False):
+    check_index_dtype(index, "put")
+    check_flat_range(index, self.numel(), "put")
     flat = self.reshape(-1)
-    out = flat.index_put((index.reshape(-1),), source.reshape(-1).to(self.dtype), accumulate)
+    with _index_errors_named("put"):
+        out = flat.index_put((index.reshape(-1),), source.reshape(-1).to(self.dtype), accumulate)
     return out.reshape(self.shape)
 
 

@@ -20,6 +20,7 @@ from tilewise.ops.registry import call, declare
 from tilewise.tensor import Tensor
 
 declare("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", "index", dtype=R.first_input,
+        check=lambda op, args: check_index_tensor_dtypes(args[1], "index"),
         grad={"self": "index_put(zeros(self_shape, dtype=grad.dtype, device=grad.device), indices, grad, True)",
               "indices": None}, fwd="auto_linear", method=False, batch=index_rule)
 declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor", "index",
@@ -89,23 +90,36 @@ def _masked_fill(self, mask, value):
     return out if out.dtype is self.dtype else out.to(self.dtype)
 
 
+GATHER_INDEX_DTYPES = ("int32", "int64")
+
+
+def nonempty_shape(shape: tuple) -> tuple:
+    """torch's view of a 0-dim tensor in gather and scatter: one dim of one element."""
+    return tuple(shape) or (1,)
+
+
 def check_gather_shapes(self, dim, index, op, src=None) -> int:
     """gather/scatter's checks of dims, sizes and dtypes (what the compiler can check before values exist); the
-    normalised dim. torch's rule: the index is no larger than ``self`` along every dim but ``dim`` (and, for a
-    scatter, no larger than ``src`` along every dim)."""
+    normalised dim. torch's rule: a 0-dim tensor counts as one dim of size 1; an empty index is not checked;
+    the index is no larger than ``self`` along every dim but ``dim`` (and, for a scatter, no larger than ``src``
+    along every dim)."""
     d = S.normalize_dim(dim, max(self.ndim, 1), op)
-    if index.dtype.name != "int64":
-        raise RuntimeError(f"{op}(): Expected dtype int64 for index, got {index.dtype}")
-    if index.ndim != self.ndim:
-        raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as input tensor "
+    if index.numel() == 0:
+        return d
+    if index.dtype.name not in GATHER_INDEX_DTYPES:
+        raise RuntimeError(f"{op}(): Expected dtype int32/int64 for index, got {index.dtype}")
+    self_shape, index_shape = nonempty_shape(self.shape), nonempty_shape(index.shape)
+    if len(index_shape) != len(self_shape):
+        noun = "input" if op == "gather" else "self"
+        raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as {noun} tensor "
                            f"({index.ndim} vs {self.ndim})")
-    too_large = any(n > m for k, (n, m) in enumerate(zip(index.shape, self.shape)) if k != d)
+    too_large = any(n > m for k, (n, m) in enumerate(zip(index_shape, self_shape)) if k != d)
     src_shape = getattr(src, "shape", None)
-    if src_shape is not None and len(src_shape) == index.ndim:
-        too_large = too_large or any(n > m for n, m in zip(index.shape, src_shape))
-    elif src_shape is not None and len(src_shape):
-        raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as src tensor "
-                           f"({index.ndim} vs {len(src_shape)})")
+    if src_shape is not None:
+        too_large = too_large or any(n > m for n, m in zip(index_shape, nonempty_shape(src_shape)))
+        if len(nonempty_shape(src_shape)) != len(index_shape):
+            raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as src tensor "
+                               f"({index.ndim} vs {len(src_shape)})")
     if too_large:
         also = f" and to be no larger size than src {list(src_shape)}" if src_shape is not None else ""
         raise RuntimeError(f"{op}(): Expected index {list(index.shape)} to be no larger than self {list(self.shape)} "
@@ -141,10 +155,22 @@ def mask_positions(self: Tensor, indices) -> tuple:
     return tuple(out)
 
 
+INDEX_TENSOR_DTYPES = ("int64", "int32", "uint8", "bool")
+
+
+def check_index_tensor_dtypes(indices, op: str) -> None:
+    """Advanced indexing takes long, int, byte (a mask) or bool index tensors; torch raises IndexError for others."""
+    for k, t in enumerate(indices or ()):
+        if isinstance(t, Tensor) and t.dtype.name not in INDEX_TENSOR_DTYPES:
+            raise IndexError(f"{op}: tensors used as indices must be long, int, byte or bool tensors, got "
+                             f"{t.dtype.name} for dimension {k}")
+
+
 def check_index_put_dtypes(self: Tensor, indices, values, accumulate: bool = False) -> None:
-    """index_put's ``check=`` (and setitem's, on the index as written), torch's rule: ``values`` has ``self``'s
-    dtype, except where one bool mask and a one-element value make the write a ``masked_fill`` (which converts
-    the value)."""
+    """index_put's ``check=`` (and setitem's, on the index as written), torch's rule: the index tensors are long,
+    int, byte or bool; ``values`` has ``self``'s dtype, except where one bool mask and a one-element value make
+    the write a ``masked_fill`` (which converts the value)."""
+    check_index_tensor_dtypes(indices, "index_put")
     if not isinstance(values, Tensor) or values.dtype is self.dtype:
         return
     masked_fill = (not accumulate and len(indices) == 1 and isinstance(indices[0], Tensor)

@@ -20,7 +20,7 @@ from numbers import Number
 
 from tilewise import strides as S
 from tilewise.dispatch import values_readable
-from tilewise.dtypes import checked_scalar, int64, result_type
+from tilewise.dtypes import c10_name, checked_scalar, int64, result_type
 from tilewise.layouts import suggest_memory_format
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import dynamic_shape, shift_dims
@@ -55,6 +55,12 @@ class _IndexNaming(threading.local):
 INDEX_NAMING = _IndexNaming()
 
 
+def is_bounds_error(exc: Exception) -> bool:
+    """Whether ``exc`` is an indexing kernel's report of an index out of range (gather and scatter raise
+    RuntimeError for it, as torch does; the other indexing primitives IndexError)."""
+    return " is out of bounds for dimension " in str(exc)
+
+
 @contextmanager
 def _index_errors_named(op: str, negative_wraps: bool = True):
     """Report a bounds error of the indexing primitive a composite runs under the composite's own name, both
@@ -63,8 +69,10 @@ def _index_errors_named(op: str, negative_wraps: bool = True):
     INDEX_NAMING.op, INDEX_NAMING.negative_wraps = op, negative_wraps
     try:
         yield
-    except IndexError as exc:
-        raise IndexError(f"{op}(): {str(exc).partition(': ')[2] or exc}") from None
+    except (IndexError, RuntimeError) as exc:
+        if not isinstance(exc, IndexError) and not is_bounds_error(exc):
+            raise
+        raise type(exc)(f"{op}(): {str(exc).partition(': ')[2] or exc}") from None
     finally:
         INDEX_NAMING.op, INDEX_NAMING.negative_wraps = outer
 
@@ -420,12 +428,36 @@ def check_repeats_total(total: int, smallest: int, output_size) -> None:
 # ---------------------------------------------------------------- selection and updates by index
 
 
+# Which index dtypes each operator takes, and torch's exception and words for any other.
+_LONG_OR_INT = ("int32", "int64")
+INDEX_DTYPE_RULES = {
+    "index_select": (_LONG_OR_INT, RuntimeError, "Expected dtype int32 or int64 for index"),
+    "index_add": (_LONG_OR_INT, RuntimeError, "Expected dtype int32/int64 for index but got: {c10}"),
+    "index_reduce": (_LONG_OR_INT, RuntimeError, "Expected dtype int32/int64 for index but got: {c10}"),
+    "index_copy": (("int64",), RuntimeError, "Expected a long tensor for index, but got {c10}"),
+    "index_fill": (("int64",), IndexError, "Expected dtype int64 for index."),
+    "take": (("int64",), RuntimeError, "Expected a long tensor for index, but got {c10}"),
+    "put": (("int64",), RuntimeError, "Expected a long tensor for index, but got {c10}"),
+}
+
+
+def check_index_dtype(index, op: str) -> None:
+    """Refuse an index of a dtype ``op`` does not take, as torch does (its exception type and words)."""
+    allowed, error, words = INDEX_DTYPE_RULES[op]
+    dtype = getattr(index, "dtype", None)
+    if not isinstance(index, Tensor):
+        raise TypeError(f"{op}(): index must be a Tensor, got {type(index).__name__}")
+    if dtype.name not in allowed:
+        raise error(f"{op}(): {words.format(c10=c10_name(dtype))} (got {dtype.name}; valid index dtypes are "
+                    f"{' and '.join(allowed)})")
+
+
 def _index_vector(index, op: str) -> Tensor:
-    if not isinstance(index, Tensor) or index.dtype.is_floating_point or index.dtype.name == "bool":
-        raise RuntimeError(f"{op}(): expected an integer index tensor, got "
-                           f"{getattr(index, 'dtype', type(index).__name__)}")
-    if index.ndim > 1:
-        raise IndexError(f"{op}(): index must be a vector (0-D or 1-D), got shape {list(index.shape)}")
+    if isinstance(index, Tensor) and index.ndim > 1:
+        if op == "index_fill":
+            raise RuntimeError(f"index_fill(): Index has to be a vector/scalar, got shape {list(index.shape)}")
+        raise IndexError(f"{op}(): Index is supposed to be a vector (0-D or 1-D), got shape {list(index.shape)}")
+    check_index_dtype(index, op)
     return index.reshape(-1)
 
 
@@ -436,23 +468,48 @@ def _along(self, dim, index, op: str) -> tuple[Tensor, int, tuple]:
     return x, d, (None,) * d + (_index_vector(index, op),)
 
 
+def _index_bounds(index: Tensor) -> tuple[int, int] | None:
+    """(least, greatest) entry of an index whose values can be read here (without a trace or a device sync)."""
+    if not values_readable(index) or index.device.type != "cpu" or index.numel() == 0:
+        return None
+    return int(index.amin()), int(index.amax())
+
+
 def check_index_range(index: Tensor, size: int, dim: int, op: str) -> None:
     """Indices must lie in [0, size): unlike ``x[index]``, these operators do not wrap negative indices (torch
-    refuses them). Checked here where the values can be read without a trace or a device sync; elsewhere the
-    indexing kernel refuses them when the composite runs it under ``_index_errors_named(op, negative_wraps=False)``
-    (a CUDA kernel reports them at the next synchronisation)."""
-    if not values_readable(index) or index.device.type != "cpu" or index.numel() == 0:
+    refuses them with IndexError, "index out of range in self"). Checked here where the values can be read;
+    elsewhere the indexing kernel refuses them when the composite runs it under
+    ``_index_errors_named(op, negative_wraps=False)`` (a CUDA kernel reports them at the next synchronisation)."""
+    bounds = _index_bounds(index)
+    if bounds is None:
         return
-    low, high = int(index.amin()), int(index.amax())
+    low, high = bounds
     if low < 0 or high >= size:
         valid = f"0..{size - 1}" if size else "none (the dimension is empty)"
-        raise IndexError(f"{op}(): index {low if low < 0 else high} is out of bounds for dimension {dim} with size "
-                         f"{size}; valid indices are {valid} (negative indices are not counted from the end)")
+        raise IndexError(f"{op}(): index out of range in self: index {low if low < 0 else high} is out of bounds "
+                         f"for dimension {dim} with size {size}; valid indices are {valid} (negative indices are "
+                         "not counted from the end)")
 
 
-def _check_source(x: Tensor, d: int, index: Tensor, source, op: str) -> Tensor:
+def check_flat_range(index: Tensor, numel: int, op: str) -> None:
+    """take/put: an index into the flattened tensor lies in [-numel, numel), as torch's IndexError says."""
+    bounds = _index_bounds(index)
+    if bounds is None:
+        return
+    for value in bounds:
+        if not -numel <= value < numel:
+            valid = f"{-numel}..{numel - 1}" if numel else "none (the tensor is empty)"
+            raise IndexError(f"{op}(): out of range: tried to access index {value} on a tensor of {numel} elements "
+                             f"(valid indices are {valid})")
+
+
+def _check_source(x: Tensor, d: int, index: Tensor, source, op: str, self_ndim: int) -> Tensor:
     if not isinstance(source, Tensor):
         raise TypeError(f"{op}(): source must be a Tensor, got {type(source).__name__}")
+    if op in ("index_add", "index_reduce") and source.ndim != self_ndim:
+        raise RuntimeError(f"{op}(): source tensor shape must match self tensor shape, excluding the specified "
+                           f"dimension. Got self.shape = {list(x.shape) if self_ndim else []} source.shape = "
+                           f"{list(source.shape)} (both need the same number of dims)")
     src = source.reshape(1) if source.ndim == 0 else source
     expected = x.shape[:d] + (index.numel(),) + x.shape[d + 1:]
     if tuple(src.shape) != expected:
@@ -473,8 +530,8 @@ def _index_select(self, dim, index):
 
 def _index_update(self, dim, index, source, accumulate: bool, op: str):
     x, d, key = _along(self, dim, index, op)
+    src = _check_source(x, d, key[-1], source, op, self.ndim)
     check_index_range(key[-1], x.shape[d], d, op)
-    src = _check_source(x, d, key[-1], source, op)
     with _index_errors_named(op, negative_wraps=False):
         return OPS["index_put"](x, key, src, accumulate).reshape(self.shape)
 
@@ -498,29 +555,33 @@ def _index_fill(self, dim, index, value):
 
 
 def _take(self, index):
-    if index.dtype.is_floating_point or index.dtype.name == "bool":
-        raise RuntimeError(f"take(): expected an integer index tensor, got {index.dtype}")
+    check_index_dtype(index, "take")
+    check_flat_range(index, self.numel(), "take")
     with _index_errors_named("take"):
         return OPS["index.Tensor"](self.reshape(-1), (index,))
 
 
 def _take_along_dim(self, indices, dim=None):
-    if indices.dtype.is_floating_point or indices.dtype.name == "bool":
-        raise RuntimeError(f"take_along_dim(): expected an integer indices tensor, got {indices.dtype}")
-    indices = indices.long()
-    if dim is None:
+    if dim is None:  # torch gathers from the flattened tensor: gather's dtypes, and no wrapping
         with _index_errors_named("take_along_dim"):
             return self.reshape(-1).gather(0, indices.reshape(-1))
-    d = S.normalize_dim(dim, self.ndim, "take_along_dim")
     if self.ndim != indices.ndim:
         raise RuntimeError(f"take_along_dim(): input and indices should have the same number of dimensions, but got "
-                           f"shapes {list(self.shape)} and {list(indices.shape)}")
+                           f"{self.ndim} dimensions for input, and {indices.ndim} dimensions for indices (shapes "
+                           f"{list(self.shape)} and {list(indices.shape)})")
+    if indices.dtype is not int64:
+        raise RuntimeError(f"take_along_dim(): dtype of indices should be Long but got {c10_name(indices.dtype)} "
+                           "(convert them with .long())")
+    d = S.normalize_dim(dim, self.ndim, "take_along_dim")
+    if self.ndim == 0:
+        raise IndexError("take_along_dim(): Dimension specified as 0 but tensor has no dimensions (a 0-dim input "
+                         "takes dim=None)")
     other = S.broadcast_shapes(self.shape[:d] + (1,) + self.shape[d + 1:],
                                indices.shape[:d] + (1,) + indices.shape[d + 1:], op="take_along_dim")
     source = self.expand(other[:d] + (self.shape[d],) + other[d + 1:])
     broadcast = indices.expand(other[:d] + (indices.shape[d],) + other[d + 1:])
-    with _index_errors_named("take_along_dim"):  # gathers along a copy of the indices, as torch does
-        return source.gather(d, broadcast.contiguous() if broadcast._base is None else broadcast.clone())
+    # torch wraps every index into [0, size) (not only the negative ones) before it gathers
+    return source.gather(d, broadcast.remainder(self.shape[d]))
 
 
 def _check_mask(mask, op: str) -> None:
@@ -545,8 +606,9 @@ def _masked_scatter(self, mask, source):
     if values_readable(mask):
         count = int(flat_mask.sum())
         if source.numel() < count:
-            raise RuntimeError(f"masked_scatter(): the mask selects {count} elements but source has only "
-                               f"{source.numel()} (shape {list(source.shape)})")
+            raise RuntimeError(f"masked_scatter(): Number of elements of source < number of ones in mask: the mask "
+                               f"selects {count} elements but source has only {source.numel()} (shape "
+                               f"{list(source.shape)})")
     # the k-th selected position takes source's k-th element: a gather at the running count of the mask, with no
     # data-dependent size, so that vmap batches it and a compiled program keeps it on the device
     values = source.reshape(-1) if source.numel() else source.new_zeros((1,))

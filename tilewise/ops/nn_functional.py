@@ -425,7 +425,7 @@ def _embedding_padding_index(padding_idx, num_weights: int):
 
 def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
                sparse=False):
-    if input.dtype.is_floating_point or input.dtype.name == "bool":
+    if input.dtype.name not in ("int32", "int64"):
         raise RuntimeError(f"embedding: Expected tensor for argument #1 'indices' to have one of the following "
                            f"scalar types: Long, Int; but got {input.dtype} instead (convert with .long())")
     if weight.ndim != 2:

@@ -146,6 +146,9 @@ def _sum_to_size(self, size):
     size = tuple(size)
     if self._shape == size:
         return self
+    if len(size) > self.ndim:
+        raise RuntimeError(f"sum_to_size: size {list(size)} is not expandable to size {list(self._shape)} (the "
+                           "size has more dims than the tensor)")
     leading, kept = S.sum_to_dims(self._shape, size)
     out = self
     if kept:

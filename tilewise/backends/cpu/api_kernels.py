@@ -164,15 +164,17 @@ _SCATTER_UFUNCS = {"sum": np.add, "mean": np.add, "prod": np.multiply, "amax": n
 
 @kernel("scatter_reduce.two")
 def scatter_reduce(self, dim, index, src, reduce, include_self=True):
-    from tilewise.backends.cpu.kernels import _check_gather_index
+    from tilewise.backends.cpu.kernels import _at_least_1d, _check_gather_index
     from tilewise.ops.indexed import canonical_reduction
 
     reduce = canonical_reduction(reduce, "scatter_reduce")
     d, idx = _check_gather_index(self, dim, index, "scatter_reduce", src)
     dtype = self.dtype
+    if idx.size == 0:
+        return from_array(self._np().copy(), dtype)
     work = np.float32 if dtype.is_floating_point and dtype.itemsize < 4 else dtype.np
-    out = self._np().astype(work, copy=True)
-    values = src._np()[tuple(slice(0, n) for n in idx.shape)].astype(work)
+    out = _at_least_1d(self).astype(work, copy=True)
+    values = _at_least_1d(src)[tuple(slice(0, n) for n in idx.shape)].astype(work)
     grids = list(np.indices(idx.shape, sparse=True))
     grids[d] = idx
     where = tuple(grids)
@@ -193,7 +195,7 @@ def scatter_reduce(self, dim, index, src, reduce, include_self=True):
         np.add.at(counts, where, 1)
         counts = np.maximum(counts, 1)
         out = out / counts if out.dtype.kind == "f" else np.floor_divide(out, counts)
-    return from_array(np.asarray(out).astype(dtype.np), dtype)
+    return from_array(np.asarray(out).astype(dtype.np).reshape(self.shape), dtype)
 
 
 def _identity(reduce: str, dtype: np.dtype):

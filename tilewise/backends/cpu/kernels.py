@@ -10,7 +10,7 @@ from tilewise.backends.cpu.registry import kernel
 from tilewise.backends.cpu.threads import gemm_threads, use_blas_threads
 from tilewise.device import backend_for, cpu
 from tilewise.layouts import copy_strides
-from tilewise.ops.indexing import check_gather_shapes, mask_positions
+from tilewise.ops.indexing import check_gather_shapes, mask_positions, nonempty_shape
 from tilewise.tensor import (
     Tensor,
     cast_array,
@@ -505,35 +505,49 @@ def index_put(self, indices, values, accumulate=False):
 
 
 def _check_gather_index(self, dim, index, op, src=None):
+    """(the normalised dim, the index as an array of at least one dim): a 0-dim ``self``, index or ``src`` is one
+    element along one dim, as torch counts them. An index outside ``[0, size)`` raises torch's RuntimeError."""
     d = check_gather_shapes(self, dim, index, op, src)
-    a = index._np()
-    if a.size and (a.min() < 0 or a.max() >= self.shape[d]):
+    a = index._np().reshape(nonempty_shape(index.shape)).astype(np.int64, copy=False)
+    size = nonempty_shape(self.shape)[d]
+    if a.size and (a.min() < 0 or a.max() >= size):
         bad = int(a.min()) if a.min() < 0 else int(a.max())
-        raise IndexError(f"{op}(): index {bad} is out of bounds for dimension {d} with size {self.shape[d]}")
+        raise RuntimeError(f"{op}(): index {bad} is out of bounds for dimension {d} with size {size}; valid indices "
+                           f"are {f'0..{size - 1}' if size else 'none (the dimension is empty)'}")
     return d, a
+
+
+def _at_least_1d(t: Tensor) -> np.ndarray:
+    return t._np().reshape(nonempty_shape(t.shape))
 
 
 @kernel("gather")
 def gather(self, dim, index, sparse_grad=False):
     d, idx = _check_gather_index(self, dim, index, "gather")
-    src = self._np()
+    if idx.size == 0:
+        return _out(np.empty(index.shape, self.dtype.np), self.dtype)
+    src = _at_least_1d(self)
     slices = tuple(slice(0, n) for n in idx.shape)
     src = src[tuple(slices[k] if k != d else slice(None) for k in range(src.ndim))]
-    return _out(np.take_along_axis(src, idx, axis=d), self.dtype)
+    return _out(np.take_along_axis(src, idx, axis=d).reshape(index.shape), self.dtype)
 
 
 def _scatter(self, dim, index, src, accumulate, op):
     d, idx = _check_gather_index(self, dim, index, op, src if isinstance(src, Tensor) else None)
-    out = self._np().copy()
-    values = src._np() if isinstance(src, Tensor) else np.asarray(src, dtype=out.dtype)
-    values = np.broadcast_to(values, idx.shape) if values.ndim == 0 else values[tuple(slice(0, n) for n in idx.shape)]
+    out = _at_least_1d(self).copy()
+    if idx.size == 0:
+        return _out(out.reshape(self.shape), self.dtype)
+    if isinstance(src, Tensor):
+        values = _at_least_1d(src)[tuple(slice(0, n) for n in idx.shape)]
+    else:
+        values = np.broadcast_to(np.asarray(src, dtype=out.dtype), idx.shape)
     grids = list(np.indices(idx.shape, sparse=True))
     grids[d] = idx
     if accumulate:
         np.add.at(out.reshape(-1), _flat_positions(grids, out), values.astype(out.dtype).reshape(-1))
     else:
         out[tuple(grids)] = values.astype(out.dtype)
-    return _out(out, self.dtype)
+    return _out(out.reshape(self.shape), self.dtype)
 
 
 def _flat_positions(grids: list, out: np.ndarray) -> np.ndarray:
@@ -554,6 +568,8 @@ def scatter_src(self, dim, index, src):
 
 @kernel("scatter.value")
 def scatter_value(self, dim, index, value):
+    if isinstance(value, Tensor):  # a number given as a 0-dim tensor: broadcast, not checked as a source
+        value = value._np()[()]
     return _scatter(self, dim, index, value, False, "scatter")
 
 

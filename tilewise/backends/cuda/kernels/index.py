@@ -111,18 +111,21 @@ def indexed(mode: str, x: Tensor, v: Tensor, shape: tuple, a: tuple, v_strides: 
     for _, _, stride, size in indices:
         args += [stride, size]
     if indices:
-        op, dims, indexed_shape, wraps = site
+        op, dims, indexed_shape, wraps, error = site
         record = record_pointer(ensure_context(x._device.index))
-        args += [record, note_site(op, dims, indexed_shape, wraps), int(wraps)]
+        args += [record, note_site(op, dims, indexed_shape, wraps, error), int(wraps)]
     launch(fn, ceil_div(n, _BLOCK), _BLOCK, args, stream_handle(x._device.index))
 
 
-def _site(op: str, dims: tuple, shape: tuple, negative_wraps: bool) -> tuple[str, tuple, tuple, bool]:
+def _site(op: str, dims: tuple, shape: tuple, negative_wraps: bool,
+          error: type[Exception] = IndexError) -> tuple[str, tuple, tuple, bool, type[Exception]]:
     """How a launch names its bounds errors: under the composite that runs it, if one does (``index_select``,
-    ``embedding``, ...), which may also forbid negative indices; else as the primitive ``op``."""
+    ``embedding``, ...), which may also forbid negative indices; else as the primitive ``op``. The exception is
+    the primitive's, whatever the name (torch's gather and scatter raise RuntimeError, advanced indexing
+    IndexError)."""
     if INDEX_NAMING.op is not None:
-        return f"{INDEX_NAMING.op}()", dims, shape, negative_wraps and INDEX_NAMING.negative_wraps
-    return op, dims, shape, negative_wraps
+        return f"{INDEX_NAMING.op}()", dims, shape, negative_wraps and INDEX_NAMING.negative_wraps, error
+    return op, dims, shape, negative_wraps, error
 
 
 def _long(index: Tensor) -> Tensor:
@@ -143,8 +146,9 @@ def _alert_atomic(dtype: DType, op: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- gather/scatter
 
-def _check_index(self: Tensor, dim: int, index: Tensor, op: str, src=None) -> int:
-    return check_gather_shapes(self, dim, index, op, src if isinstance(src, Tensor) and src.ndim else None)
+def _check_index(self: Tensor, dim: int, index: Tensor, op: str, src: Tensor | None = None) -> int:
+    """torch's checks of gather and scatter (``src``: a scatter's source tensor, None for a number)."""
+    return check_gather_shapes(self, dim, index, op, src)
 
 
 def _along(self: Tensor, d: int) -> tuple[tuple, tuple]:
@@ -163,9 +167,12 @@ def gather(device: Device, self: Tensor, dim: int, index: Tensor, sparse_grad: b
 @kernel_into("gather")
 def gather_into(out: Tensor, self: Tensor, dim: int, index: Tensor, sparse_grad: bool = False) -> bool:
     d = _check_index(self, dim, index, "gather")
+    if index.numel() == 0:
+        return True
+    index = _long(index)
     a, stride = _along(self, d)
     indexed(TAKE, self, out, index._shape, a, (), [(index, index._strides, stride, self._shape[d] if self.ndim else 1)],
-            _site("gather()", (d,), self._shape, False))
+            _site("gather()", (d,), self._shape, False, RuntimeError))
     return True
 
 
@@ -176,9 +183,12 @@ def _scatter_values(self: Tensor, src) -> Tensor:
     return fill(empty((), self._dtype, self._device), src)
 
 
-def _scatter(out: Tensor, self: Tensor, dim: int, index: Tensor, values: Tensor, mode: str, op: str) -> Tensor:
-    """``out`` = ``self`` with ``values`` (of ``self``'s dtype) put or added at ``index`` along ``dim``."""
-    d = _check_index(self, dim, index, op, values)
+def _scatter(out: Tensor, self: Tensor, dim: int, index: Tensor, values: Tensor, mode: str, op: str,
+             src: Tensor | None) -> Tensor:
+    """``out`` = ``self`` with ``values`` (of ``self``'s dtype) put or added at ``index`` along ``dim`` (``src``:
+    the source tensor as given, None for a number)."""
+    d = _check_index(self, dim, index, op, src)
+    index = _long(index) if index.numel() else index
     if mode == ADD:
         _check_atomic(self._dtype, op)
         _alert_atomic(self._dtype, op)
@@ -187,33 +197,33 @@ def _scatter(out: Tensor, self: Tensor, dim: int, index: Tensor, values: Tensor,
     v_strides = values._strides if values.ndim else (0,) * index.ndim
     indexed(mode, out, values, index._shape, a, v_strides,
             [(index, index._strides, stride, out._shape[d] if out.ndim else 1)],
-            _site(f"{op}()", (d,), out._shape, False))
+            _site(f"{op}()", (d,), out._shape, False, RuntimeError))
     return out
 
 
 @kernel("scatter.src")
 def scatter_src(device: Device, self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     return _scatter(empty(self._shape, self._dtype, device), self, dim, index, _scatter_values(self, src), PUT,
-                    "scatter")
+                    "scatter", src)
 
 
 @kernel("scatter.value")
 def scatter_value(device: Device, self: Tensor, dim: int, index: Tensor, value) -> Tensor:
     return _scatter(empty(self._shape, self._dtype, device), self, dim, index, _scatter_values(self, value), PUT,
-                    "scatter")
+                    "scatter", None)
 
 
 @kernel("scatter_add")
 def scatter_add(device: Device, self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     return _scatter(empty(self._shape, self._dtype, device), self, dim, index, _scatter_values(self, src), ADD,
-                    "scatter_add")
+                    "scatter_add", src)
 
 
 def _scatter_into(mode: str, op: str):
     def into(out: Tensor, self: Tensor, dim: int, index: Tensor, src: Tensor) -> bool:
         if not isinstance(src, Tensor) or src._dtype is not self._dtype or src._device != self._device:
             return False  # converting or moving the source needs a temporary
-        _scatter(out, self, dim, index, src, mode, op)
+        _scatter(out, self, dim, index, src, mode, op, src)
         return True
 
     return into

@@ -10,8 +10,9 @@ writes which launch it was, which of the launch's index tensors, the value and t
 and publishes the record (state ``DONE``) behind a system-wide fence, so the host never sees half a record.
 The host reads the state word where results become visible (``synchronize`` of a device, a stream or an
 event, and every download): one load from pinned memory, no copy and no driver call. If it is set, it
-raises :class:`IndexError` and clears the record, so the process goes on working; like torch's device-side
-assert, the error surfaces at the next synchronisation rather than at the op, and the op's result is
+raises the launch's error (torch's type on the CPU for that operator: :class:`RuntimeError` for gather and
+scatter, :class:`IndexError` for the others) and clears the record, so the process goes on working; like
+torch's device-side assert, the error surfaces at the next synchronisation rather than at the op, and the op's result is
 undefined. Each launch notes a *site* (the operator, which dim each index tensor indexes, whether
 negative indices count from the end, the indexed shape) in a ring of the latest :data:`SITES` launches, so
 the message can name the operator and the shapes while the device only writes five integers. Launches
@@ -85,11 +86,13 @@ def record_pointer(device: int) -> int:
     return found.device_ptr
 
 
-def note_site(op: str, dims: tuple[int, ...], shape: tuple[int, ...], negative_wraps: bool) -> int:
+def note_site(op: str, dims: tuple[int, ...], shape: tuple[int, ...], negative_wraps: bool,
+              error: type[Exception] = IndexError) -> int:
     """Remember one indexing launch (``op`` as it prefixes its errors, e.g. ``"gather()"``; ``dims[k]``: the
-    dim index tensor ``k`` indexes in a tensor of ``shape``); return the number its kernel reports."""
+    dim index tensor ``k`` indexes in a tensor of ``shape``; ``error``: the exception a bad index raises);
+    return the number its kernel reports."""
     site = next(_site_numbers)
-    _sites[site % SITES] = entry = (site, op, dims, shape, negative_wraps)
+    _sites[site % SITES] = entry = (site, op, dims, shape, negative_wraps, error)
     if _keeping[0]:
         _kept[site] = entry
     return site
@@ -111,9 +114,9 @@ def raise_index_errors() -> None:
     for state in _watched:
         if state.value == DONE:
             fields = fields_at(ctypes.addressof(state))
-            message = describe(fields)
+            message, error = describe(fields), _error_of(int(fields[SITE]))
             clear(fields)
-            raise IndexError(message)
+            raise error(message)
 
 
 def clear(fields: np.ndarray) -> None:
@@ -121,18 +124,29 @@ def clear(fields: np.ndarray) -> None:
     fields[STATE] = FREE  # last: a kernel may claim the record again as soon as it reads FREE
 
 
+def _site_entry(site: int) -> tuple | None:
+    entry = _kept.get(site) or _sites[site % SITES]
+    return entry if entry is not None and entry[0] == site else None
+
+
+def _error_of(site: int) -> type[Exception]:
+    entry = _site_entry(site)
+    return entry[5] if entry is not None else IndexError
+
+
 def describe(fields: np.ndarray) -> str:
     """The message for a published record, worded as the CPU backend words the same error."""
     site, which, value, size = (int(fields[k]) for k in (SITE, WHICH, VALUE, SIZE))
-    entry = _kept.get(site) or _sites[site % SITES]
+    entry = _site_entry(site)
     found = " (a CUDA kernel found it; the index is checked asynchronously, so this error surfaces at the next " \
             "synchronisation)"
-    if entry is None or entry[0] != site:
+    if entry is None:
         return f"an indexing kernel: index {value} is out of bounds for a dimension with size {size}{found}"
-    _, op, dims, shape, negative_wraps = entry
+    _, op, dims, shape, negative_wraps, error = entry
     dim = dims[which] if which < len(dims) else which
-    return (f"{op}: index {value} is out of bounds for dimension {dim} with size {size}; valid indices are "
-            f"{valid_range(size, negative_wraps)}; the indexed tensor has shape {list(shape)}{found}")
+    torch_words = "index out of range in self: " if error is IndexError and not negative_wraps else ""
+    return (f"{op}: {torch_words}index {value} is out of bounds for dimension {dim} with size {size}; valid indices "
+            f"are {valid_range(size, negative_wraps)}; the indexed tensor has shape {list(shape)}{found}")
 
 
 def valid_range(size: int, negative_wraps: bool) -> str:
