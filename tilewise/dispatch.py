@@ -191,10 +191,14 @@ def register_number_resolver(fn) -> None:
     resolve_numbers = fn
 
 
+_NUMBERS_LOCK = threading.Lock()  # threads that trace at once share the count
+
+
 def numbers_traced(delta: int) -> None:
     """A trace with dynamic numbers starts (+1) or ends (-1): ``run`` resolves them while any is in progress."""
     global numbers_in_flight
-    numbers_in_flight += delta
+    with _NUMBERS_LOCK:
+        numbers_in_flight += delta
 
 
 def register_view_applier(fn) -> None:
