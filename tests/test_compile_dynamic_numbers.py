@@ -43,8 +43,13 @@ def test_torch_also_compiles_twice_for_a_float_and_an_int():
     """The choice follows torch 2.13: its first call specialises, its second makes the number dynamic."""
     for values in (FLOATS[:6], INTS[:6]):
         torch._dynamo.reset()
-        frames = []
-        f = torch.compile(lambda x, s: x * s, backend=lambda gm, inputs: frames.append(gm) or gm.forward)
+        frames: list = []
+
+        def backend(gm, inputs, frames=frames):
+            frames.append(gm)
+            return gm.forward
+
+        f = torch.compile(lambda x, s: x * s, backend=backend)
         for s in values:
             f(torch.ones(3), s)
         assert len(frames) == 2
