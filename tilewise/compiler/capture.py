@@ -43,7 +43,6 @@ from tilewise import strides as S
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, data_dependent_error, user_frame
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer, suspended
-from tilewise.compiler.numbers import number_tensor
 from tilewise.dispatch import STATE, register_tracer
 from tilewise.tensor import TRACE_HOOKS, Tensor
 
@@ -67,7 +66,7 @@ class Source:
     kind: str  # "arg" | "object" | "grad" | "number" (a dynamic number argument: see compiler/numbers.py)
     label: str
     index: int = -1  # "arg", "number": position among the flattened arguments
-    obj: object = None  # "object": the tensor; "number": (dtype, device) of the 0-dim tensor made from it
+    obj: object = None  # "object": the tensor; "number": what makes the 0-dim tensor read from the number
     owner: Source | None = None  # "grad"
 
     def fetch(self, flat_args: list):
@@ -76,7 +75,7 @@ class Source:
         if self.kind == "object":
             return self.obj
         if self.kind == "number":
-            return number_tensor(flat_args[self.index], *self.obj)
+            return self.obj(flat_args[self.index])
         owner = self.owner.fetch(flat_args)
         return owner._grad if type(owner) is Tensor else None
 

@@ -23,12 +23,14 @@ raises ``ZeroDivisionError`` as Python does).
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tilewise import dtypes
+from tilewise.compiler.capture import Source
 from tilewise.device import Device
 from tilewise.dispatch import register_number_resolver
 from tilewise.tensor import Tensor, from_array
@@ -62,12 +64,11 @@ class NumberTrace:
     nonzero: set[int] = field(default_factory=set)  # leaves a number was divided by
 
     def leaf(self, index: int, value, label: str) -> DynamicNumber:
-        from tilewise.compiler.capture import Source
-
         kind = type(value)
         dtype = dtypes.float64 if kind is float else dtypes.int64
         base = number_tensor(value, dtype, self.device)
-        self.sources[id(base)] = Source("number", label, index=index, obj=(dtype, self.device))
+        self.sources[id(base)] = Source("number", label, index=index, obj=functools.partial(
+            number_tensor, dtype=dtype, device=self.device))
         number = DynamicNumber(self, value, base, frozenset((index,)), index)
         self.leaves[index] = number
         return number
