@@ -17,6 +17,9 @@ caller's own tensors while the capture records every operator instead of running
     first call does). A backward that runs through autograd history made before the call (REINFORCE's saved
     log-probabilities, a loss passed in) counts as such an effect: that history is new on every call and
     reachable from no guarded tensor.
+An int or float argument is at first guarded by value; when a call fails no guard but such values, those arguments
+are made dynamic and the next variant reads them at run time ([Note: dynamic numbers] in ``numbers.py``), so a
+loss scale or a temperature that changes at every step compiles twice, as torch's automatic dynamic does.
 At most ``settings.recompile_limit`` variants (and eight times as many segment programs) are kept; calls
 that fit none of them then run eagerly, with one warning. ``TILEWISE_LOG=recompiles`` says which guard
 failed, ``TILEWISE_LOG=graph_breaks`` where and why a function's Python has to run. With ``fullgraph=True``

@@ -13,7 +13,8 @@ trace runs, by a ``Recorder``:
               (``__dict__``, slots, a module's parameters/buffers/submodules) and plain class attributes, and a
               ``__setattr__``/``__delattr__`` that notices writes. Methods and properties are code, not state.
 "User" code is every frame outside this package's own modules (``tilewise/models`` counts as user code).
-A value is compared by ``value_key``: numbers, strings and None by value, tuples element by element,
+A value is compared by ``value_key``: numbers (but a compiled function's dynamic number arguments, guarded by type:
+[Note: dynamic numbers] in ``numbers.py``), strings and None by value, tuples element by element,
 lists/dicts/sets by identity, length and (for up to 256 entries) their elements' keys, numpy arrays of up to
 4096 elements by value (larger ones by identity, shape and dtype), everything else by identity. The default
 dtype and device, grad mode, the autocast state and the backend flags that decide a GEMM's numerics (TF32,
