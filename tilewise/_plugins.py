@@ -33,6 +33,8 @@ PLUG_INS: tuple[PlugIn, ...] = (
     PlugIn("tilewise.dispatch:apply_view", "tilewise.ops.views", "a view op's stride arithmetic"),
     PlugIn("tilewise.dispatch:trace", "tilewise.compiler.capture",
            "the Trace key: record ops while tilewise.compile captures a function"),
+    PlugIn("tilewise.dispatch:resolve_numbers", "tilewise.compiler.numbers",
+           "a compiled function's dynamic numbers become operands an operator reads at run time, or their values"),
     PlugIn("tilewise.dispatch:profile_op", "tilewise.profiler.recorder",
            "the Profiler key: an operator call inside a profiler event while tilewise.profiler.profile records"),
     PlugIn("tilewise.dispatch:batch", "tilewise.ops.batching",

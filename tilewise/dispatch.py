@@ -33,6 +33,7 @@ of them: each fills its slot when it loads, through one registration function â€
   ``register_recorder(fn)``     the Autograd key's ``record(op, args)``          (``autograd.graph``)
   ``register_view_applier(fn)`` a view's stride arithmetic ``apply_view(op, args)`` (``ops.views``)
   ``register_tracer(fn)``       the Trace key's ``run(op, args, device)``        (``compiler.capture``)
+  ``register_number_resolver(fn)`` dynamic numbers as an op's operands ``resolve(op, args)`` (``compiler.numbers``)
   ``register_profiler(fn)``     the Profiler key's ``profile_op(op, args)``      (``profiler.profile``)
   ``register_batcher(fn)``      the Vmap key's ``batch(op, args)``               (``ops.batching``)
   ``register_forward_ad(fn)``   the ForwardAD key's ``forward_ad(op, args)``     (``autograd.forward_ad``)
@@ -173,12 +174,31 @@ forward_ad = _unfilled("forward_ad", "tilewise.autograd")  # (op, args) -> the c
 forward_ad_write = _unfilled("forward_ad_write", "tilewise.autograd")  # (target, result): an in-place write's tangents
 dual_levels: tuple = ()  # the open forward-AD levels, innermost last: the ForwardAD key's one check per call
 NO_TANGENT = object()  # forward_ad's answer when no input of the call carries a tangent at an open level
+resolve_numbers = _unfilled("resolve_numbers", "tilewise.compiler.numbers")  # (op, args) -> args, numbers resolved
+numbers_in_flight = 0  # traces with dynamic numbers in progress, in any thread: run's one check per call
 
 
 def register_recorder(fn) -> None:
     """The Autograd key: ``fn(op, args)`` runs ``op`` below autograd and records its node."""
     global record
     record = fn
+
+
+def register_number_resolver(fn) -> None:
+    """Dynamic numbers of a compiled function: ``fn(op, args)`` returns the arguments with each such number made a
+    0-dim tensor the operator reads as it would the number, or its value (see [Note: dynamic numbers])."""
+    global resolve_numbers
+    resolve_numbers = fn
+
+
+_NUMBERS_LOCK = threading.Lock()  # threads that trace at once share the count
+
+
+def numbers_traced(delta: int) -> None:
+    """A trace with dynamic numbers starts (+1) or ends (-1): ``run`` resolves them while any is in progress."""
+    global numbers_in_flight
+    with _NUMBERS_LOCK:
+        numbers_in_flight += delta
 
 
 def register_view_applier(fn) -> None:
@@ -275,6 +295,8 @@ def _requires_grad(op, args: tuple) -> bool:
 
 def run(op, args: tuple):
     """Below autograd: run the operator on the backend of its inputs' device."""
+    if numbers_in_flight and STATE.trace_depth:
+        args = resolve_numbers(op, args)
     for k in op.arithmetic_tensor_idx:  # storage-only dtypes have no arithmetic (see the property)
         a = args[k]
         if type(a) is Tensor and a._dtype.is_storage_only:

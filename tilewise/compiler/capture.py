@@ -63,10 +63,10 @@ def _complex_type(ty) -> bool:
 class Source:
     """How to fetch a tensor the graph reads, on every call: argument leaf, held object, or an owner's grad."""
 
-    kind: str  # "arg" | "object" | "grad"
+    kind: str  # "arg" | "object" | "grad" | "number" (a dynamic number argument: see compiler/numbers.py)
     label: str
-    index: int = -1  # "arg": position among the flattened arguments
-    obj: Tensor | None = None  # "object"
+    index: int = -1  # "arg", "number": position among the flattened arguments
+    obj: object = None  # "object": the tensor; "number": what makes the 0-dim tensor read from the number
     owner: Source | None = None  # "grad"
 
     def fetch(self, flat_args: list):
@@ -74,6 +74,8 @@ class Source:
             return flat_args[self.index]
         if self.kind == "object":
             return self.obj
+        if self.kind == "number":
+            return self.obj(flat_args[self.index])
         owner = self.owner.fetch(flat_args)
         return owner._grad if type(owner) is Tensor else None
 
@@ -849,11 +851,13 @@ def trace(fn, args: tuple, kwargs: dict, names: dict[int, str] | None = None,
 
 
 def start(fn, args: tuple, kwargs: dict, names: dict[int, str] | None = None, known: list[Tensor] = (),
-          states: list[dict] = ()) -> Capture:
-    """A capture ready to record a call of ``fn`` on these arguments (see ``trace``)."""
+          states: list[dict] = (), numbers: dict | None = None) -> Capture:
+    """A capture ready to record a call of ``fn`` on these arguments (see ``trace``); ``numbers`` maps the ids of
+    the 0-dim tensors dynamic numbers stand for to their sources (see compiler/numbers.py)."""
     flat, _ = flatten((list(args), kwargs))
     labels = leaf_labels(fn, args, kwargs)
     cap = Capture(names)
+    cap.arg_sources.update(numbers or {})
     for t in known:
         cap.add_owner(t, Source("object", cap.names.get(id(t), "captured"), obj=t))
     for state in states:

@@ -17,6 +17,9 @@ caller's own tensors while the capture records every operator instead of running
     first call does). A backward that runs through autograd history made before the call (REINFORCE's saved
     log-probabilities, a loss passed in) counts as such an effect: that history is new on every call and
     reachable from no guarded tensor.
+An int or float argument is at first guarded by value; when a call fails no guard but such values, those arguments
+are made dynamic and the next variant reads them at run time ([Note: dynamic numbers] in ``numbers.py``), so a
+loss scale or a temperature that changes at every step compiles twice, as torch's automatic dynamic does.
 At most ``settings.recompile_limit`` variants (and eight times as many segment programs) are kept; calls
 that fit none of them then run eagerly, with one warning. ``TILEWISE_LOG=recompiles`` says which guard
 failed, ``TILEWISE_LOG=graph_breaks`` where and why a function's Python has to run. With ``fullgraph=True``
@@ -45,6 +48,7 @@ program runs under its arena's lock, so compiled functions may be called from se
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import warnings
@@ -55,18 +59,20 @@ import numpy as np
 from tilewise import strides as S
 from tilewise._stages import Stages, collector_paused, stage
 from tilewise.autograd.function import Function
-from tilewise.compiler.capture import Source, Traced, capturing, flatten, start, unflatten
+from tilewise.compiler.capture import Source, Traced, capturing, flatten, leaf_labels, start, unflatten
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, user_frame
 from tilewise.compiler.guards import Guards, Recorder, make_guards
 from tilewise.compiler.lowering.partition import partition
 from tilewise.compiler.meta import suspended
+from tilewise.compiler.numbers import NumberTrace, admits, substituted, undone
 from tilewise.compiler.passes import dce, run_pipeline
 from tilewise.compiler.program import Lowered, Program, build_program, lower_program
 from tilewise.compiler.segments import Segments
 from tilewise.compiler.targets import Target, target_of
 from tilewise.compiler.windows import rebased
 from tilewise.config import log, settings
-from tilewise.dispatch import STATE
+from tilewise.device import default_device
+from tilewise.dispatch import STATE, numbers_traced
 from tilewise.ops.inplace import check_inference_write
 from tilewise.storage import Storage
 from tilewise.tensor import Tensor, from_array
@@ -114,7 +120,7 @@ class Variant:
         graph = self.forward.graph
         self.written = sorted({graph.inputs.index(i) for i, _ in graph.writes})
         self.staged = frozenset(k for k, source in enumerate(self.entries)
-                                if source.kind == "arg" and k not in self.written)
+                                if source.kind in ("arg", "number") and k not in self.written)
 
     def run(self, flat: list):
         traced = self.traced
@@ -295,6 +301,8 @@ class CompiledFunction:
         self.eager_reason: str | None = None  # set when the function runs eagerly from now on, and why
         self.limit_warned = False
         self.breaks_seen: set[str] = set()  # the graph breaks already logged
+        self.dynamic: dict[int, str] = {}  # argument leaves read at run time: see [Note: dynamic numbers]
+        self.specialised: set[int] = set()  # argument leaves a trace needed the value of: never dynamic again
         self._lock = threading.RLock()  # one recording at a time; variants are appended under it
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -327,8 +335,61 @@ class CompiledFunction:
                     len(self.segments.programs) >= settings.recompile_limit * 8:
                 return self._over_limit(reasons, *given)
             if reasons:
-                log("recompiles", f"recompiling {self.__name__} (variant {len(self.variants) + 1}): {reasons[-1]}")
+                made = self._made_dynamic(flat, spec, args, kwargs)
+                log("recompiles", f"recompiling {self.__name__} (variant {len(self.variants) + 1}): {reasons[-1]}"
+                                  + (f"; made {made} dynamic" if made else ""))
             return self._record(args, kwargs, flat, spec, windows, given)
+
+    def _made_dynamic(self, flat: list, spec, args: tuple, kwargs: dict) -> str:
+        """Make dynamic the int and float arguments whose values alone keep every variant from this call (see [Note:
+        dynamic numbers]); their names, or "" when there are none."""
+        for variant in self.variants:
+            changed = [k for k in variant.guards.numbers_changed(flat, spec, self.module)
+                       if k not in self.specialised and k not in self.dynamic]
+            if changed:
+                labels = leaf_labels(self.fn, args, kwargs)
+                for k in changed:
+                    self.dynamic[k] = labels[k] if k < len(labels) else f"argument leaf {k}"
+                return ", ".join(self.dynamic[k] for k in changed)
+        return ""
+
+    def _record(self, args: tuple, kwargs: dict, flat: list, spec, windows: dict | None = None,
+                given: tuple | None = None):
+        """``_record_once``, with the call's dynamic numbers if it has some; where that trace fails, once more with
+        them as given (see [Note: dynamic numbers])."""
+        numbers = self._number_trace(args, kwargs, flat)
+        if numbers is None:
+            return self._record_once(args, kwargs, flat, spec, windows, given)
+        try:
+            return self._record_once(args, kwargs, flat, spec, windows, given, numbers)
+        except _Respecialised as failed:
+            names = ", ".join(self.dynamic.get(k, str(k)) for k in failed.leaves)
+            log("recompiles", f"{self.__name__}: traced with {names} dynamic, it raised {failed.reason}; recorded "
+                              "again with their values, guarded by value from now on")
+            for k in failed.leaves:
+                self.dynamic.pop(k, None)
+            return self._record_once(args, kwargs, flat, spec, windows, given)
+
+    def _number_trace(self, args: tuple, kwargs: dict, flat: list) -> NumberTrace | None:
+        """The dynamic numbers of this call: its dynamic leaves that hold an int or a float."""
+        leaves = [k for k in self.dynamic if k < len(flat) and type(flat[k]) in (int, float)
+                  and admits(flat[k], type(flat[k]))]
+        if not leaves:
+            return None
+        numbers = NumberTrace(self._number_device(flat))
+        for k in leaves:
+            numbers.leaf(k, flat[k], self.dynamic[k])
+        return numbers
+
+    def _number_device(self, flat: list):
+        """Where a call's dynamic numbers live: the device of its first tensor argument, else of the module."""
+        for leaf in flat:
+            if type(leaf) is Tensor:
+                return leaf._device
+        _, known = _module_tensors(self.module)
+        if known:
+            return known[0]._device
+        return default_device()
 
     def _unrebased(self, given: tuple):
         """The call again, its arguments as given and no longer rebased from now on (see [Note: sliced
@@ -349,22 +410,29 @@ class CompiledFunction:
                           f"them run eagerly. Last guard failure: {last}", RuntimeWarning, stacklevel=3)
         return self.fn(*args, **kwargs)
 
-    def _record(self, args: tuple, kwargs: dict, flat: list, spec, windows: dict | None = None,
-                given: tuple | None = None):
+    def _record_once(self, args: tuple, kwargs: dict, flat: list, spec, windows: dict | None = None,
+                     given: tuple | None = None, numbers: NumberTrace | None = None):
         """Run the function with its operators recorded (see [Note: compiled functions]): a call without graph
         breaks or side effects becomes a variant, replayed by later calls its guards admit; any other call
-        ran its Python once, as eagerly, and its recorded segments run as compiled programs."""
-        cap, optimizers = self._start(args, kwargs)
+        ran its Python once, as eagerly, and its recorded segments run as compiled programs. With ``numbers``,
+        the function is given their dynamic numbers in place of those arguments."""
+        cap, optimizers = self._start(args, kwargs, numbers)
         if not self.fullgraph:
             cap.breaks = self._break
         recorder = Recorder(self.fn, flat, self.fullgraph)
         cap.on_operator = recorder.operator_called
         traced, effects, misused = None, [], None
+        call_args, call_kwargs, undo = substituted(args, kwargs, numbers.leaves) if numbers else (args, kwargs, [])
         with Stages() as stages, collector_paused():
             synced = self.segments.syncs
             try:
-                with stage("trace"), recorder, capturing(cap):
-                    result = self.fn(*args, **kwargs)
+                with stage("trace"), recorder, capturing(cap), _numbers_traced(numbers):
+                    try:
+                        result = self.fn(*call_args, **call_kwargs)
+                    finally:
+                        undone(undo)
+                    if numbers:
+                        result = numbers.concrete(result)
                     effects = recorder.side_effects() if self.segments.syncs == synced else []
                     if self.segments.syncs == synced and cap.backward_through_history():
                         if self.fullgraph:
@@ -377,10 +445,14 @@ class CompiledFunction:
                 if self.fullgraph or self.segments.syncs != synced:
                     raise
                 cap.restore()  # nothing ran (e.g. complex tensors inside a composite, where no break can be)
+                if numbers:
+                    raise _Respecialised(list(numbers.leaves), exc) from exc
                 return self._give_up(str(exc).split("\n")[0], *(given or (args, kwargs)))
-            except BaseException:
+            except BaseException as exc:
                 if self.segments.syncs == synced:
                     cap.restore()  # nothing ran: the tensors and optimizer state are as before the call
+                    if numbers and isinstance(exc, Exception):
+                        raise _Respecialised(list(numbers.leaves), exc) from exc
                 raise
             if misused == "held":  # nothing ran yet: record the call again on the arguments as given (its Python runs
                 cap.restore()  # a second time: the one case where it does, and a rare one)
@@ -393,8 +465,9 @@ class CompiledFunction:
                 self.segments.sync(cap, "the end of the call")
                 return _windows_undone(result, windows) if windows else result
             cap.restore()
+            dynamic = self._still_dynamic(numbers, flat)
             try:
-                variant = self._compile(traced, flat, spec, optimizers, recorder)
+                variant = self._compile(traced, flat, spec, optimizers, recorder, dynamic)
             except UnsupportedTargetError as exc:
                 return self._give_up(str(exc), *(given or (args, kwargs)))
             self.variants.append(variant)
@@ -406,6 +479,20 @@ class CompiledFunction:
                                              "it once"))
         return result
 
+    def _still_dynamic(self, numbers: NumberTrace | None, flat: list) -> dict:
+        """After a trace with dynamic numbers: {leaf: (int or float, divided by)} for those the variant reads at run
+        time; the leaves whose values the trace used are specialised from now on."""
+        if not numbers:
+            return {}
+        if numbers.specialised:
+            self.specialised |= numbers.specialised
+            log("recompiles", lambda: f"{self.__name__}: "
+                f"{', '.join(self.dynamic.get(k, str(k)) for k in sorted(numbers.specialised))} specialised again (the "
+                "function needs the value: a shape, an index, a comparison, a Scalar argument)")
+            for k in numbers.specialised:
+                self.dynamic.pop(k, None)
+        return {k: (type(flat[k]), k in numbers.nonzero) for k in numbers.leaves if k not in numbers.specialised}
+
     def _history_error(self) -> DataDependentError:
         path, line, text = user_frame()
         return DataDependentError(
@@ -415,7 +502,7 @@ class CompiledFunction:
             "function, or compile without fullgraph=True (such a call then runs as compiled segments, its backward "
             "over the caller's graph); torch.compile(fullgraph=True) refuses any Tensor.backward().")
 
-    def _start(self, args: tuple, kwargs: dict):
+    def _start(self, args: tuple, kwargs: dict, numbers: NumberTrace | None = None):
         """A capture of a call of the function, with the optimizers it reaches."""
         names, known = _module_tensors(self.module)
         optimizers = reachable_optimizers(self.fn, (*args, *kwargs.values()))
@@ -424,7 +511,8 @@ class CompiledFunction:
             if init is not None:
                 init()
         known = known + _optimizer_params(optimizers, known)
-        cap = start(self.fn, args, kwargs, names=names, known=known, states=[o.state for o in optimizers])
+        cap = start(self.fn, args, kwargs, names=names, known=known, states=[o.state for o in optimizers],
+                    numbers=numbers.sources if numbers else None)
         return cap, optimizers
 
     def _break(self, cap, what: str) -> None:
@@ -447,9 +535,10 @@ class CompiledFunction:
                       stacklevel=4)
         return self.fn(*args, **kwargs)
 
-    def _compile(self, traced: Traced, flat: list, spec, optimizers: list, recorder) -> Variant:
+    def _compile(self, traced: Traced, flat: list, spec, optimizers: list, recorder, numbers: dict | None = None
+                 ) -> Variant:
         target, device = target_of(traced.graph)
-        guards = make_guards(traced, flat, spec, self.module, optimizers, recorder)
+        guards = make_guards(traced, flat, spec, self.module, optimizers, recorder, numbers)
         history: list = []
         graphs, saved = program_graphs(traced, target, history)
         arena = self._arena(target, device)
@@ -514,6 +603,28 @@ def program_graphs(traced: Traced, target: Target, history: list | None = None) 
     saved = [("input", inputs.index(s)) if s not in parts.computed else
              ("output", traced.backward.n_forward + parts.computed.index(s)) for s in parts.saved]
     return [dce(parts.forward), dce(parts.backward)], saved
+
+
+class _Respecialised(Exception):  # noqa: N818 — not an error: the call is recorded again
+    """A trace with dynamic numbers failed before anything ran: it is recorded again with their values."""
+
+    def __init__(self, leaves: list[int], cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.leaves = leaves
+        self.reason = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+
+
+@contextlib.contextmanager
+def _numbers_traced(numbers: NumberTrace | None):
+    """The dispatcher resolves dynamic numbers in operators' arguments while this trace has some."""
+    if not numbers:
+        yield
+        return
+    numbers_traced(1)
+    try:
+        yield
+    finally:
+        numbers_traced(-1)
 
 
 def _optimizer_params(optimizers: list, known: list[Tensor]) -> list[Tensor]:

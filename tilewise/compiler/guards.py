@@ -13,7 +13,8 @@ trace runs, by a ``Recorder``:
               (``__dict__``, slots, a module's parameters/buffers/submodules) and plain class attributes, and a
               ``__setattr__``/``__delattr__`` that notices writes. Methods and properties are code, not state.
 "User" code is every frame outside this package's own modules (``tilewise/models`` counts as user code).
-A value is compared by ``value_key``: numbers, strings and None by value, tuples element by element,
+A value is compared by ``value_key``: numbers (but a compiled function's dynamic number arguments, guarded by type:
+[Note: dynamic numbers] in ``numbers.py``), strings and None by value, tuples element by element,
 lists/dicts/sets by identity, length and (for up to 256 entries) their elements' keys, numpy arrays of up to
 4096 elements by value (larger ones by identity, shape and dtype), everything else by identity. The default
 dtype and device, grad mode, the autocast state and the backend flags that decide a GEMM's numerics (TF32,
@@ -57,6 +58,7 @@ from tilewise.amp.autocast_mode import describe as describe_autocast
 from tilewise.backends import flags
 from tilewise.compiler.capture import LAYOUT_FIELDS, Source, Traced, signature
 from tilewise.compiler.errors import _GENERATED
+from tilewise.compiler.numbers import admits
 from tilewise.dispatch import STATE
 from tilewise.dtypes import get_default_dtype
 from tilewise.tensor import Tensor
@@ -725,6 +727,7 @@ class Guards:
     autocast: tuple = ()  # AutocastState.key when traced: the casts it recorded
     python: PythonGuards = field(default_factory=PythonGuards)
     held: list = field(default_factory=list)  # the constant arguments compared by identity (their ids stay theirs)
+    numbers: list = field(default_factory=list)  # (leaf, int or float, nonzero): dynamic numbers, guarded by type
 
     def failure(self, flat: list, spec, module) -> str | None:
         """None when this variant applies to the call, else which guard failed."""
@@ -733,6 +736,30 @@ class Guards:
         for index, key in self.constants:
             if constant_key(flat[index]) != key:
                 return f"argument leaf {index} is {describe_value(flat[index])}, compiled for another value"
+        for index, kind, nonzero in self.numbers:
+            value = flat[index]
+            if not admits(value, kind) or nonzero and value == 0:
+                return f"argument leaf {index} is {describe_value(value)}, compiled for any {kind.__name__}" + \
+                    (" but zero" if nonzero else "")
+        return self._state_failure(flat, module)
+
+    def numbers_changed(self, flat: list, spec, module) -> list[int]:
+        """The argument leaves, ints or floats, whose values alone keep this variant from the call (see [Note:
+        dynamic numbers] in numbers.py); empty when any other guard fails too."""
+        if spec != self.spec:
+            return []
+        changed = []
+        for index, key in self.constants:
+            if constant_key(flat[index]) != key:
+                if key[0] not in (int, float) or type(flat[index]) not in (int, float):
+                    return []
+                changed.append(index)
+        if not changed or any(not admits(flat[index], kind) or nonzero and flat[index] == 0
+                              for index, kind, nonzero in self.numbers):
+            return []
+        return changed if self._state_failure(flat, module) is None else []
+
+    def _state_failure(self, flat: list, module) -> str | None:
         if STATE.grad_enabled != self.grad_enabled:
             return f"grad mode is {'on' if STATE.grad_enabled else 'off'}, compiled with it " \
                    f"{'on' if self.grad_enabled else 'off'}"
@@ -878,11 +905,17 @@ def _hyperparameter_change(optimizers: list, compiled: tuple) -> str:
     return "an optimizer's param groups changed (groups or hyperparameters added or removed)"
 
 
-def make_guards(traced: Traced, flat: list, spec, module, optimizers: list, recorder: Recorder | None) -> Guards:
-    constants = [(k, constant_key(v)) for k, v in enumerate(flat) if type(v) is not Tensor]
+def make_guards(traced: Traced, flat: list, spec, module, optimizers: list, recorder: Recorder | None,
+                numbers: dict | None = None) -> Guards:
+    """The guards of a variant; ``numbers`` maps the leaves read at run time to (int or float, whether the trace
+    divided by it): they are guarded by type (see [Note: dynamic numbers] in numbers.py)."""
+    numbers = numbers or {}
+    constants = [(k, constant_key(v)) for k, v in enumerate(flat) if type(v) is not Tensor and k not in numbers]
     held = [v for v in flat if type(v) is not Tensor and type(v) not in (*_PLAIN_STATE, tuple)]
-    tensors = [(ts.source, ts.signature) for ts in traced.tensor_sources]
-    storages = [id(ts.source.fetch(flat)._storage) for ts in traced.tensor_sources]
+    sources = [ts for ts in traced.tensor_sources if ts.source.kind != "number"]
+    tensors = [(ts.source, ts.signature) for ts in sources]
+    storages = [id(ts.source.fetch(flat)._storage) for ts in sources]
     return Guards(spec, constants, tensors, _alias_pattern(storages), traced.grad_presence, STATE.grad_enabled,
                   _training_flags(module) if module is not None else (), optimizers, _state_layout(optimizers),
-                  _hyperparameters(optimizers), _autocast_key(), PythonGuards.from_recorder(recorder), held)
+                  _hyperparameters(optimizers), _autocast_key(), PythonGuards.from_recorder(recorder), held,
+                  [(k, kind, nonzero) for k, (kind, nonzero) in sorted(numbers.items())])

@@ -195,6 +195,12 @@ def bad_argument(op: str, param: str, expected: str, value) -> ArgumentError:
     return ArgumentError(f"{op}(): argument '{param}' must be {expected}, but got {_describe(value)}")
 
 
+def _value_of(value):
+    """A compiled function's dynamic number (``compiler/numbers.py``) as its value, which it then guards; anything
+    else as it is. Only parameters read as a Tensor keep such a number as it is."""
+    return value._tw_concrete() if hasattr(type(value), "_tw_concrete") else value
+
+
 def _as_int_list(op: str, p: Param, value) -> tuple[int, ...]:
     if type(value) is tuple and not (p.list_len and len(value) == 1):
         for v in value:  # a loop rather than all(...): no generator to create on the common path
@@ -202,6 +208,7 @@ def _as_int_list(op: str, p: Param, value) -> tuple[int, ...]:
                 break
         else:
             return value  # the common case, already normalised
+    value = _value_of(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,) * p.list_len if p.list_len and p.list_len > 1 else (value,)
     from tilewise.tensor import Tensor
@@ -230,6 +237,7 @@ def _is_int_like(v) -> bool:
 
 
 def _check_int(op: str, p: Param, value):
+    value = _value_of(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if _is_int_like(value):
@@ -242,6 +250,7 @@ def _check_int(op: str, p: Param, value):
 
 
 def _check_float(op: str, p: Param, value):
+    value = _value_of(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     import numpy as np
@@ -252,6 +261,7 @@ def _check_float(op: str, p: Param, value):
 
 
 def _check_scalar(op: str, p: Param, value):
+    value = _value_of(value)
     if isinstance(value, Number):
         return value
     from tilewise.tensor import Tensor
@@ -262,6 +272,7 @@ def _check_scalar(op: str, p: Param, value):
 
 
 def _check_bool(op: str, p: Param, value):
+    value = _value_of(value)
     if isinstance(value, bool):
         return value
     import numpy as np
