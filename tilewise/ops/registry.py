@@ -239,7 +239,7 @@ def _check_half_rounded(name: str, declared, param_names: tuple) -> None:
     """``half_rounded={device type: parameter names}`` (see [Note: half operands]) names known device types and
     parameters."""
     _check_device_types(name, "half_rounded", declared)
-    for device_type, names in (declared or {}).items():
+    for names in (declared or {}).values():
         unknown = [n for n in names if n not in param_names]
         if unknown:
             raise ValueError(f"{name}: half_rounded names unknown parameter(s) {unknown}; parameters: {param_names}")

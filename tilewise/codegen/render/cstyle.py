@@ -378,7 +378,8 @@ class ExprRenderer:
             out = dtypes.bool_ if op in BOOL_RESULT else t
             return self._emit(self._math(op, t, [self._operand(a, t), self._operand(b, t)]), out, k)
         if op in TERNARY:
-            t = join(join(self.done[id(node.srcs[0])][1], self.done[id(node.srcs[1])][1]), self.done[id(node.srcs[2])][1])
+            a, b, c = (self.done[id(s)][1] for s in node.srcs)
+            t = join(join(a, b), c)
             t = concrete(t) if isinstance(t, WeakType) else t
             return self._emit(self._math(op, t, [self._operand(s, t) for s in node.srcs]), t, k)
         raise NotImplementedError(f"{self.lang.name} renderer: no rule for scalar op {op!r}")

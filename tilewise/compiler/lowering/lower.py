@@ -49,10 +49,10 @@ def _is_one(expr: Expr) -> bool:
 
 
 def spliced(template: Expr, mapping: dict[int, Expr]) -> Expr:
-    """``template`` with the nodes keyed (by id) in ``mapping`` replaced, and its multiplications by a literal 1
-    of floating values (``alpha=1`` of add/sub, a multiply or a fused multiply-add), which change nothing, dropped. The replacements are values
-    built the same way already, so only the template's own nodes are visited: a chain of n operators costs n
-    steps, not n squared."""
+    """``template`` with the nodes keyed (by id) in ``mapping`` replaced, and its products by a literal 1 of
+    floating values (``alpha=1`` of add/sub: a multiply or a fused multiply-add), which change nothing, dropped
+    (``unit_product_dropped``). The replacements are values built the same way already, so only the template's
+    own nodes are visited: a chain of n operators costs n steps, not n squared."""
     def make(node: Expr, srcs: tuple[Expr, ...]) -> Expr:
         if id(node) in mapping:
             return mapping[id(node)]
