@@ -203,9 +203,10 @@ def _nan_to_num(args, dtype):
 # ---------------------------------------------------------------- arithmetic
 # [Note: fused multiply-adds of torch's kernels] torch's CPU kernels compute add and sub with an alpha, lerp and
 # addcmul with one fused multiply-add (see [Note: fused multiply-add] in backends/cpu/fma.py); its CUDA kernels
-# are built with nvcc's default --fmad=true, which contracts ``a + alpha * b``, lerp's two products and
-# addcmul's ``self + value * (t1 * t2)`` alike: the last in another order than on the CPU (``expr_on``). A fused
-# multiply-add of integers or bools multiplies and adds.
+# are built with nvcc's default --fmad=true (as NVRTC compiles tilewise's), which contracts ``a + alpha * b``, lerp's
+# two products and addcmul's ``self + value * (t1 * t2)`` and addcdiv's ``self + value * (t1 / t2)`` alike: the
+# last two in another order than on the CPU (``expr_on``), where addcdiv divides and adds. A fused multiply-add of
+# integers or bools multiplies and adds.
 pointwise("fma(Tensor self, Tensor other, Tensor addend) -> Tensor", lambda a, b, c: fma(a, b, c),
           {"self": "grad * conj_if_complex(other)", "other": "grad * conj_if_complex(self)", "addend": "grad"},
           public=False, method=False, inplace=False)
@@ -265,7 +266,8 @@ pointwise("addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=
 pointwise("addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
           lambda a, t1, t2, value: a + value * t1 / t2,
           {"self": "grad", "tensor1": "grad * value / tensor2",
-           "tensor2": "-grad * value * tensor1 / (tensor2 * tensor2)"}, R.promote_float, autocast={"cuda": "promote"})
+           "tensor2": "-grad * value * tensor1 / (tensor2 * tensor2)"}, R.promote_float, autocast={"cuda": "promote"},
+          expr_on={"cuda": lambda a, t1, t2, value: fma(value, t1 / t2, a)})
 pointwise("atan2(Tensor self, Tensor other) -> Tensor", lambda a, b: a.atan2(b),
           {"self": "grad * other / (self * self + other * other)",
            "other": "-grad * self / (self * self + other * other)"}, R.promote_float, aliases=("arctan2",),
