@@ -165,8 +165,9 @@ def test_compiled_python_numbers_beside_halves_match_torch_eager(label):
 # ------------------------------------------------------------------ the same table on CUDA, against torch's CUDA
 # torch's CUDA kernels read numbers their own way (see [Note: half operands]): tilewise's CUDA kernels, eager and
 # compiled, must match them, not the CPU's (addcmul and addcdiv take their value last there: value * (t1 * t2), where
-# the CPU's value * t1 * t2 overflows for 3e38 beside bfloat16). Left: division by a number, where torch's CUDA kernel multiplies by the number's float32 reciprocal and tilewise divides
-# (a last bit: see _div in ops/pointwise.py); and xlogy with a number, a last bit on an H200 not yet explained.
+# the CPU's value * t1 * t2 overflows for 3e38 beside bfloat16). Left: division by a number, where torch's CUDA
+# kernel multiplies by the number's float32 reciprocal and tilewise divides (a last bit: see _div in
+# ops/pointwise.py); and xlogy with a number, a last bit on an H200 not yet explained.
 CUDA_LEFT = {
     (label, dtype, s)
     for label in ("div", "div_", "true_divide", "div(trunc)", "div(0-d)", "xlogy(x, s)", "xlogy(s, x)")
