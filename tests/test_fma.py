@@ -136,7 +136,8 @@ BODY_ONLY = {"sub(number, alpha=3)"}
 def _inputs(m, dtype: str, n: int):
     rng = np.random.default_rng(n)
     values = [rng.standard_normal(n) * 3 for _ in range(3)] + [rng.uniform(-0.3, 1.3, n)]  # float64: every bit used
-    return [m.tensor(v).to(getattr(m, dtype)) for v in values]
+    exact = [torch.tensor(v).to(getattr(torch, dtype)).double().numpy() for v in values]  # what dtype holds
+    return [m.tensor(v).to(getattr(m, dtype)) for v in exact]
 
 
 def _differences(label: str, dtype: str, run, device: str = "cpu") -> list[str]:
