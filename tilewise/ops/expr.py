@@ -2,7 +2,7 @@
 
 [Note: expressions] A pointwise operator is declared by a Python function over symbolic scalars, e.g.
 ``lambda x: x.maximum(0)`` for relu. Calling it once builds an ``Expr`` tree over a handful of primitive
-scalar operations (``UNARY``, ``BINARY``, ``where``, ``cast``). That one tree is what the numpy backend
+scalar operations (``UNARY``, ``BINARY``, ``where``, ``fma``, ``cast``). That one tree is what the numpy backend
 evaluates, what the C and CUDA renderers print, and what the fusing compiler splices together, so a
 formula is written once. Nodes are hash-consed: building the same expression twice returns the same
 object, so structural equality is identity and nodes are usable as cache keys.
@@ -28,6 +28,10 @@ BINARY = (
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
     "bitwise_and", "bitwise_or", "bitwise_xor", "lshift", "rshift", "copysign", "hypot", "nextafter",
 )
+# a * b + c rounded once (IEEE 754 fusedMultiplyAdd) where it computes in floating point: torch's kernels compute
+# add and sub with an alpha, lerp and addcmul so (see [Note: fused multiply-add] in backends/cpu/fma.py); integers
+# and bools multiply and add
+TERNARY = ("fma",)
 COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "signbit",
                "logical_not", "logical_and", "logical_or", "logical_xor")
 
@@ -36,7 +40,7 @@ class Expr:
     """An immutable, hash-consed scalar expression node.
 
     op is "input" (arg: position), "scalar" (arg: parameter name), "const" (arg: the value),
-    a name from UNARY/BINARY, "where", or "cast" (arg: a DType).
+    a name from UNARY/BINARY/TERNARY, "where", or "cast" (arg: a DType).
     """
 
     __slots__ = ("op", "srcs", "arg", "__weakref__")
@@ -105,6 +109,23 @@ def lift(value) -> Expr:
 
 def where(cond, a, b) -> Expr:
     return Expr("where", (lift(cond), lift(a), lift(b)))
+
+
+def fma(a, b, c) -> Expr:
+    """``a * b + c`` with one rounding (see ``TERNARY``)."""
+    return Expr("fma", (lift(a), lift(b), lift(c)))
+
+
+def unit_product_dropped(node: Expr, is_one) -> Expr:
+    """``node`` without a product by one that changes nothing (``add``'s ``alpha=1``): ``mul(x, 1)`` is ``x``,
+    ``fma(x, 1, c)`` is ``c + x`` and ``fma(-x, 1, c)`` is ``c - x``, exactly (one rounding of an exact sum).
+    ``is_one(operand, factor)`` says whether ``factor`` is a literal 1 that may go."""
+    if node.op == "mul" and is_one(node.srcs[0], node.srcs[1]):
+        return node.srcs[0]
+    if node.op == "fma" and is_one(node.srcs[0], node.srcs[1]):
+        x, c = node.srcs[0], node.srcs[2]
+        return Expr("sub", (c, x.srcs[0])) if x.op == "neg" else Expr("add", (c, x))
+    return node
 
 
 def inputs_of(expr: Expr) -> list[Expr]:

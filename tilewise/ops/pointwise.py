@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from tilewise.ops import dtype_rules as R
-from tilewise.ops.expr import Expr, lift, where
+from tilewise.ops.expr import Expr, fma, lift, where
 from tilewise.ops.registry import declare
 
 
@@ -201,14 +201,23 @@ def _nan_to_num(args, dtype):
 
 
 # ---------------------------------------------------------------- arithmetic
+# [Note: fused multiply-adds of torch's kernels] torch's CPU kernels compute add and sub with an alpha, lerp and
+# addcmul with one fused multiply-add (see [Note: fused multiply-add] in backends/cpu/fma.py); its CUDA kernels
+# are built with nvcc's default --fmad=true (as NVRTC compiles tilewise's), which contracts ``a + alpha * b``, lerp's
+# two products and addcmul's ``self + value * (t1 * t2)`` and addcdiv's ``self + value * (t1 / t2)`` alike: the
+# last two in another order than on the CPU (``expr_on``), where addcdiv divides and adds. A fused multiply-add of
+# integers or bools multiplies and adds.
+pointwise("fma(Tensor self, Tensor other, Tensor addend) -> Tensor", lambda a, b, c: fma(a, b, c),
+          {"self": "grad * conj_if_complex(other)", "other": "grad * conj_if_complex(self)", "addend": "grad"},
+          public=False, method=False, inplace=False)
 pointwise("add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
-          lambda a, b, alpha: a + b * alpha, {"self": "grad", "other": "grad * alpha"}, dunder=("add", "radd"),
+          lambda a, b, alpha: fma(b, alpha, a), {"self": "grad", "other": "grad * alpha"}, dunder=("add", "radd"),
           half_rounded=R.ADD_HALF_ROUNDED)
 pointwise("sub(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
-          lambda a, b, alpha: a - b * alpha, {"self": "grad", "other": "-grad * alpha"}, R.subtraction,
+          lambda a, b, alpha: fma(-b, alpha, a), {"self": "grad", "other": "-grad * alpha"}, R.subtraction,
           dunder=("sub",), aliases=("subtract",), half_rounded=R.ADD_HALF_ROUNDED)
 pointwise("rsub(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
-          lambda a, b, alpha: b - a * alpha, {"self": "-grad * alpha", "other": "grad"}, R.subtraction,
+          lambda a, b, alpha: fma(-a, alpha, b), {"self": "-grad * alpha", "other": "grad"}, R.subtraction,
           method=False, dunder=("rsub",), inplace=False, half_rounded=R.ADD_HALF_ROUNDED)
 pointwise("mul(Tensor self, Tensor other) -> Tensor",
           lambda a, b: a * b,
@@ -245,17 +254,20 @@ pointwise("abs(Tensor self) -> Tensor", lambda x: x.abs(), {"self": "grad * sgn(
 pointwise("sign(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_like(grad)"})
 pointwise("sgn(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "sgn_backward(grad, self, result)"})
 pointwise("lerp(Tensor self, Tensor end, Tensor weight) -> Tensor",
-          lambda a, b, w: where(w.abs().lt(0.5), a + w * (b - a), b - (b - a) * (1 - w)),
+          lambda a, b, w: where(w.abs().lt(0.5), fma(w, b - a, a), fma(w - 1, b - a, b)),
           {"self": "grad * (1 - weight)", "end": "grad * weight", "weight": "grad * (end - self)"},
-          half_rounded={"cpu": ("self", "end")})
+          half_rounded={"cpu": ("self", "end")},
+          # ``end - (end - self) * (1 - weight)`` contracted: the same value but for the sign of a zero
+          expr_on={"cuda": lambda a, b, w: where(w.abs().lt(0.5), fma(w, b - a, a), fma(-(b - a), 1 - w, b))})
 pointwise("addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
-          lambda a, t1, t2, value: a + value * t1 * t2,
+          lambda a, t1, t2, value: fma(value * t1, t2, a),
           {"self": "grad", "tensor1": "grad * value * tensor2", "tensor2": "grad * value * tensor1"},
-          autocast={"cuda": "promote"})
+          autocast={"cuda": "promote"}, expr_on={"cuda": lambda a, t1, t2, value: fma(value, t1 * t2, a)})
 pointwise("addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
           lambda a, t1, t2, value: a + value * t1 / t2,
           {"self": "grad", "tensor1": "grad * value / tensor2",
-           "tensor2": "-grad * value * tensor1 / (tensor2 * tensor2)"}, R.promote_float, autocast={"cuda": "promote"})
+           "tensor2": "-grad * value * tensor1 / (tensor2 * tensor2)"}, R.promote_float, autocast={"cuda": "promote"},
+          expr_on={"cuda": lambda a, t1, t2, value: fma(value, t1 / t2, a)})
 pointwise("atan2(Tensor self, Tensor other) -> Tensor", lambda a, b: a.atan2(b),
           {"self": "grad * other / (self * self + other * other)",
            "other": "-grad * self / (self * self + other * other)"}, R.promote_float, aliases=("arctan2",),

@@ -165,6 +165,11 @@ class OpDef:
             names = self._param_names = tuple(p.name for p in self.schema.params)
         return names
 
+    def expr_on(self, device_type: str) -> Expr | None:
+        """The pointwise meaning on a device type: ``expr``, unless the declaration gives that device type its own
+        (``expr_on={"cuda": ...}``, where torch's kernels there compute in another order)."""
+        return self.attrs.get("expr_on", {}).get(device_type, self.expr)
+
     def differentiable_inputs(self) -> tuple[str, ...]:
         return tuple(name for name, f in self.derivatives.items() if f is not None)
 
@@ -212,6 +217,9 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
     )
     if expr is not None:
         op.expr = _symbolic_expr(expr, s)
+    if "expr_on" in attrs:
+        _check_device_types(s.full_name, "expr_on", attrs["expr_on"])
+        attrs["expr_on"] = {device_type: _symbolic_expr(fn, s) for device_type, fn in attrs["expr_on"].items()}
     op.binder = make_binder(s, s.name, tensor_varargs=attrs.get("varargs", False))
     op.tensor_idx = tuple(k for k, p in enumerate(s.params) if p.is_tensor)
     op.list_idx = tuple(k for k, p in enumerate(s.params) if p.is_tensor_list)
@@ -220,13 +228,18 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
     return op
 
 
+def _check_device_types(name: str, what: str, declared) -> None:
+    for device_type in declared or {}:
+        if device_type not in AUTOCAST_DEVICE_TYPES:
+            raise ValueError(f"{name}: {what} given for unknown device type {device_type!r}; device types: "
+                             f"{AUTOCAST_DEVICE_TYPES}")
+
+
 def _check_half_rounded(name: str, declared, param_names: tuple) -> None:
     """``half_rounded={device type: parameter names}`` (see [Note: half operands]) names known device types and
     parameters."""
-    for device_type, names in (declared or {}).items():
-        if device_type not in AUTOCAST_DEVICE_TYPES:
-            raise ValueError(f"{name}: half_rounded given for unknown device type {device_type!r}; device types: "
-                             f"{AUTOCAST_DEVICE_TYPES}")
+    _check_device_types(name, "half_rounded", declared)
+    for names in (declared or {}).values():
         unknown = [n for n in names if n not in param_names]
         if unknown:
             raise ValueError(f"{name}: half_rounded names unknown parameter(s) {unknown}; parameters: {param_names}")

@@ -25,7 +25,7 @@ from tilewise.device import Backend, Device
 from tilewise.dtypes import ALL as ALL_DTYPES
 from tilewise.dtypes import get_default_dtype
 from tilewise.ops import dtype_rules as R
-from tilewise.ops.expr import Expr, inputs_of, value_key
+from tilewise.ops.expr import Expr, inputs_of, unit_product_dropped, value_key
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
 from tilewise.strides import (
     WRAPPED_NUMBER,
@@ -147,15 +147,17 @@ def _static_kernels(op) -> tuple:
 
 
 def _with_constants(expr: Expr, values: dict) -> Expr:
-    """``expr`` with its scalar parameters replaced by constants, and multiplications by 1 dropped (exact)."""
+    """``expr`` with its scalar parameters replaced by constants, and products by 1 dropped (exact)."""
     if expr.op == "scalar":
         return Expr("const", (), values[expr.arg])
     srcs = tuple(_with_constants(s, values) for s in expr.srcs)
-    if expr.op == "mul":
-        for k in (0, 1):
-            if srcs[k].op == "const" and srcs[k].arg == 1 and type(srcs[k].arg) is not bool:
-                return srcs[1 - k]
-    return Expr(expr.op, srcs, expr.arg)
+    if expr.op == "mul" and _is_one(srcs[0]):
+        return srcs[1]
+    return unit_product_dropped(Expr(expr.op, srcs, expr.arg), lambda operand, factor: _is_one(factor))
+
+
+def _is_one(expr: Expr) -> bool:
+    return expr.op == "const" and expr.arg == 1 and type(expr.arg) is not bool
 
 
 def _as_compute(value, np_dtype, op):

@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 
+from tilewise.backends.cpu.fma import fma as _fma
 from tilewise.dtypes import ALL as ALL_DTYPES
 from tilewise.ops.expr import Expr, toposort
 
@@ -299,7 +300,7 @@ def run_quietly(fn, values: list):
 
 NAMESPACE = {"np": np, "_sign": _sign,
              "_rsqrt": _rsqrt, "_reciprocal": _reciprocal, "_pow": _pow, "_erf": _erf, "_erfinv": _erfinv,
-             "_lgamma": _lgamma, "_erfc": _erfc,
+             "_lgamma": _lgamma, "_erfc": _erfc, "_fma": _fma,
              "_floordiv": _floordiv, "_truncdiv": _truncdiv, "_mod": _mod, "_fmod": _fmod,
              **{f"_dtype_{d.name}": d.np for d in ALL_DTYPES}}
 
@@ -343,6 +344,8 @@ def render_numpy(expr: Expr, n_inputs: int, scalar_names: tuple[str, ...], name:
             code = f"{_BINARY[node.op]}({srcs[0]}, {srcs[1]})"
         elif node.op == "where":
             code = f"np.where({srcs[0]}, {srcs[1]}, {srcs[2]})"
+        elif node.op == "fma":
+            code = f"_fma({srcs[0]}, {srcs[1]}, {srcs[2]})"
         elif node.op == "cast":
             code = f"np.asarray({srcs[0]}).astype(_dtype_{node.arg.name})"  # bfloat16 has no numpy name
         else:

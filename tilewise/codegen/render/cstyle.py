@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from tilewise import dtypes
 from tilewise.dtypes import DType
-from tilewise.ops.expr import BINARY, UNARY, Expr, toposort
+from tilewise.ops.expr import BINARY, TERNARY, UNARY, Expr, toposort
 
 SUFFIX = {"bool": "b", "uint8": "u8", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
           "float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
@@ -108,7 +108,7 @@ MATH_FLOAT = {  # {0}, {1}: operands; {f}: "f" for float, "" for double; {T}: th
     "pow": "pow{f}({0}, {1})", "maximum": "tw_maximum_{S}({0}, {1})", "minimum": "tw_minimum_{S}({0}, {1})",
     "atan2": "atan2{f}({0}, {1})", "copysign": "copysign{f}({0}, {1})", "asinh": "asinh{f}({0})",
     "acosh": "acosh{f}({0})", "atanh": "atanh{f}({0})", "erfc": "erfc{f}({0})", "lgamma": "lgamma{f}({0})",
-    "hypot": "hypot{f}({0}, {1})", "nextafter": "nextafter{f}({0}, {1})",
+    "hypot": "hypot{f}({0}, {1})", "nextafter": "nextafter{f}({0}, {1})", "fma": "fma{f}({0}, {1}, {2})",
 }
 MATH_INT = {
     "neg": "(-{0})", "abs": "tw_abs_{S}({0})", "sign": "(({T})(({0} > 0) - ({0} < 0)))", "floor": "{0}",
@@ -119,14 +119,14 @@ MATH_INT = {
     "pow": "tw_pow_{S}({0}, {1})",
     "maximum": "({0} > {1} ? {0} : {1})", "minimum": "({0} < {1} ? {0} : {1})", "bitwise_and": "({0} & {1})",
     "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})", "lshift": "({0} << {1})",
-    "rshift": "({0} >> {1})",
+    "rshift": "({0} >> {1})", "fma": "({0} * {1} + {2})",
 }
 MATH_BOOL = {
     "logical_not": "(!{0})", "bitwise_not": "(!{0})", "isnan": "false", "isinf": "false", "signbit": "false",
     "abs": "{0}", "floor": "{0}", "ceil": "{0}", "round": "{0}", "trunc": "{0}", "sign": "{0}",
     "add": "({0} || {1})", "mul": "({0} && {1})", "maximum": "({0} || {1})", "minimum": "({0} && {1})",
     "bitwise_and": "({0} && {1})", "bitwise_or": "({0} || {1})", "bitwise_xor": "({0} != {1})",
-    "lshift": "({0} << {1})", "rshift": "({0} >> {1})",
+    "lshift": "({0} << {1})", "rshift": "({0} >> {1})", "fma": "(({0} && {1}) || {2})",
 }
 MATH_ANY = {
     "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
@@ -377,6 +377,11 @@ class ExprRenderer:
                 t = dtypes.int8  # numpy computes the remaining arithmetic on bools in int8
             out = dtypes.bool_ if op in BOOL_RESULT else t
             return self._emit(self._math(op, t, [self._operand(a, t), self._operand(b, t)]), out, k)
+        if op in TERNARY:
+            a, b, c = (self.done[id(s)][1] for s in node.srcs)
+            t = join(join(a, b), c)
+            t = concrete(t) if isinstance(t, WeakType) else t
+            return self._emit(self._math(op, t, [self._operand(s, t) for s in node.srcs]), t, k)
         raise NotImplementedError(f"{self.lang.name} renderer: no rule for scalar op {op!r}")
 
     def _cast(self, node: Expr) -> str:

@@ -9,6 +9,10 @@ a CUDA install or of the nvidia-cuda-runtime wheel can be found, it is added wit
 ``cuda_bf16.h``/``cuda_fp8.h`` resolve. NVRTC rejects options it does not know (``-O3`` is one), and a
 failed compile raises :class:`KernelCompileError` with the kernel name, the compiler log, and the source
 lines the log points at, numbered, so a codegen bug reads like a compiler error in one's own file.
+NVRTC contracts a multiply and an add into a fused multiply-add by default (``--fmad=true``), as nvcc does for
+torch's own CUDA kernels; where torch's results depend on one, the operator's expression says ``fma`` explicitly
+(see [Note: fused multiply-adds of torch's kernels] in ops/pointwise.py), so the C target, compiled without
+contraction, computes the same.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from tilewise.compiler.lowering.fusion import FusedKernel, Group, fusion_kind, v
 from tilewise.compiler.meta import Stand
 from tilewise.dtypes import bool_, float32
 from tilewise.ops import dtype_rules as R
-from tilewise.ops.expr import Expr, rebuild, toposort, with_srcs
+from tilewise.ops.expr import Expr, rebuild, toposort, unit_product_dropped, with_srcs
 
 
 def buffer_of(value: Node) -> Node:
@@ -49,19 +49,20 @@ def _is_one(expr: Expr) -> bool:
 
 
 def spliced(template: Expr, mapping: dict[int, Expr]) -> Expr:
-    """``template`` with the nodes keyed (by id) in ``mapping`` replaced, and its multiplications by a literal 1
-    of floating values (``alpha=1`` of add/sub), which change nothing, dropped. The replacements are values
-    built the same way already, so only the template's own nodes are visited: a chain of n operators costs n
-    steps, not n squared."""
+    """``template`` with the nodes keyed (by id) in ``mapping`` replaced, and its products by a literal 1 of
+    floating values (``alpha=1`` of add/sub: a multiply or a fused multiply-add), which change nothing, dropped
+    (``unit_product_dropped``). The replacements are values built the same way already, so only the template's
+    own nodes are visited: a chain of n operators costs n steps, not n squared."""
     def make(node: Expr, srcs: tuple[Expr, ...]) -> Expr:
         if id(node) in mapping:
             return mapping[id(node)]
-        out = with_srcs(node, srcs)
-        if out.op == "mul" and _is_floating(out.srcs[0]) and _is_one(out.srcs[1]):
-            return out.srcs[0]
-        return out
+        return unit_product_dropped(with_srcs(node, srcs), _floating_times_one)
 
     return rebuild(template, make, stop=mapping)
+
+
+def _floating_times_one(operand: Expr, factor: Expr) -> bool:
+    return _is_one(factor) and _is_floating(operand.srcs[0] if operand.op == "neg" else operand)
 
 
 def _is_floating(expr: Expr) -> bool:
@@ -136,7 +137,7 @@ class _NestBuilder:
         args = member.bound_args(stands)
         _, compute = op.dtype_rule(op, args)
         builder = op.attrs.get("expr_builder")
-        template = builder(args, compute) if builder is not None else op.expr
+        template = builder(args, compute) if builder is not None else op.expr_on(member.type.device.type)
         mapping: dict[int, Expr] = {}
         tensor_params = [k for k, p in enumerate(op.schema.params) if p.type == "Tensor"]
         common = R.common_half(op, args, tensor_params) if compute is float32 else None

@@ -258,7 +258,8 @@ def _expression(op, args: tuple, compute: DType) -> tuple[Expr, tuple, tuple]:
     """(expr, scalar parameter names, the argument values that select the expression variant)."""
     builder = op.attrs.get("expr_builder")
     if builder is None:
-        return op.expr, tuple(n.arg for n in inputs_of(op.expr) if n.op == "scalar"), ()
+        expr = op.expr_on("cuda")
+        return expr, tuple(n.arg for n in inputs_of(expr) if n.op == "scalar"), ()
     variant = tuple(a for k, a in enumerate(args) if k not in op.tensor_idx and not isinstance(a, Tensor))
     chooser = op.attrs.get("expr_variant")  # a builder that reads an operand's value (pow's exponent) says so
     return builder(args, compute), (), variant + ((chooser(args),) if chooser is not None else ())
