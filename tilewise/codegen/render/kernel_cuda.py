@@ -298,9 +298,12 @@ class _Nest:
         self.vector = 1
 
         def sweep(r: str, c: str) -> None:  # open a loop over this thread's elements of the tile and its test
-            w.open(f"for (int tw_i = tw_y; tw_i < {TILE}; tw_i += {rows})")
+            w.line("#pragma unroll")  # a thread's loads of the tile all in flight at once
+            w.open(f"for (int tw_k = 0; tw_k < {-(-TILE // rows)}; ++tw_k)")
+            w.line(f"const int tw_i = tw_y + tw_k * {rows};")
             w.line(f"const {idx} d{across} = tw_tr + {r}, d{inner} = tw_tc + {c};")
-            w.open(f"if (d{across} < {size_r} && d{inner} < {size_c})")
+            inside = "" if TILE % rows == 0 else f"tw_i < {TILE} && "
+            w.open(f"if ({inside}d{across} < {size_r} && d{inner} < {size_c})")
 
         def done() -> None:
             w.close()
@@ -334,7 +337,7 @@ class _Nest:
         if out:
             # the output tiles are declared before the loop that fills them
             at = next(k for k in range(len(w.lines) - 1, -1, -1) if w.lines[k].lstrip().startswith(
-                f"for (int tw_i = tw_y; tw_i < {TILE}"))
+                "for (int tw_k = 0;")) - 1  # before its pragma
             mark = len(w.lines)
             for s in out:
                 self.shared(CUDA.ctype(kinds[s]), f"tw_o{s}", TILE * pitch, kinds[s].itemsize)
