@@ -121,14 +121,15 @@ def _e5m2_edges() -> np.ndarray:
     return np.concatenate([halves, near]).astype(np.float32)
 
 
-@pytest.mark.parametrize("saturate", [False, True])
-def test_e5m2_casts_match_the_cpu_at_every_rounding_edge(saturate):
+@pytest.mark.parametrize("dtype, saturate", [("float8_e5m2", False), ("float8_e5m2", True), ("float8_e4m3fn", False)])
+def test_fp8_casts_match_the_cpu_at_every_rounding_edge(dtype, saturate):
     from tilewise.backends.cuda.kernels.copy import cast
 
+    dtype = tw.dtypes.from_name(dtype)
     host = tw.from_numpy(_e5m2_edges())
-    expected = (host.clamp(-57344, 57344) if saturate else host).to(tw.float8_e5m2)
-    got = cast(host.cuda(), tw.float8_e5m2, saturate=True) if saturate else host.cuda().to(tw.float8_e5m2)
-    compiled = tw.compile(lambda x: (x * 1).to(tw.float8_e5m2))(host.cuda())
+    expected = (host.clamp(-57344, 57344) if saturate else host).to(dtype)
+    got = cast(host.cuda(), dtype, saturate=True) if saturate else host.cuda().to(dtype)
+    compiled = tw.compile(lambda x: (x * 1).to(dtype))(host.cuda())
     for result in ((got, compiled) if not saturate else (got,)):
         mismatched = np.flatnonzero(result.cpu().view(tw.uint8).numpy() != expected.view(tw.uint8).numpy())
         assert not mismatched.size, (host.numpy()[mismatched[:8]], result.cpu().float().numpy()[mismatched[:8]],

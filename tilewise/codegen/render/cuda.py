@@ -20,13 +20,19 @@ from tilewise.dtypes import DType
 # infinity), is dozens of integer operations per element: the FP8 training step's gradient casts ran at a tenth
 # of memory speed. Below 61440 in magnitude (halfway from e5m2's largest finite value, 57344, to 2^16, from where
 # round-to-nearest-even gives infinity) both conversions give the same code, so the instruction does those; NaN,
-# infinities and overflows take the library's non-saturating path.
+# infinities and overflows take the library's non-saturating path. A NaN keeps its sign, as torch's conversion
+# keeps it (0x7F or 0xFF), where the library's gives 0x7F whatever the sign.
 _FP8_HEADER = """#include <cuda_fp8.h>
 #ifndef TW_FP8_E5M2_DEFINED
 #define TW_FP8_E5M2_DEFINED
 static __device__ __forceinline__ __nv_fp8_storage_t tw_float_to_e5m2(float x, __nv_saturation_t saturate) {
+    if (x != x) return (__nv_fp8_storage_t)(signbit(x) ? 0xFF : 0x7F);
     if (saturate == __NV_SATFINITE || fabsf(x) < 61440.0f) return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2);
     return __nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E5M2);
+}
+static __device__ __forceinline__ __nv_fp8_storage_t tw_float_to_e4m3(float x) {
+    if (x != x) return (__nv_fp8_storage_t)(signbit(x) ? 0xFF : 0x7F);
+    return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
 }
 #endif"""
 
@@ -73,7 +79,7 @@ CUDA = Language(
         ("float16", "float"): "__float2half_rn({0})", ("float16", "double"): "__double2half({0})",
         ("bfloat16", "float"): "__float2bfloat16_rn({0})", ("bfloat16", "double"): "__double2bfloat16({0})",
         # e4m3fn has no infinity: torch saturates out-of-range values (and infinities) to +-448
-        ("float8_e4m3fn", "float"): "__nv_cvt_float_to_fp8({0}, __NV_SATFINITE, __NV_E4M3)",
+        ("float8_e4m3fn", "float"): "tw_float_to_e4m3({0})",
         ("float8_e4m3fn", "double"): "__nv_cvt_double_to_fp8({0}, __NV_SATFINITE, __NV_E4M3)",
         ("float8_e5m2", "float"): "tw_float_to_e5m2({0}, {sat})",  # [Note: float8 conversions]
         ("float8_e5m2", "double"): "__nv_cvt_double_to_fp8({0}, {sat}, __NV_E5M2)",
