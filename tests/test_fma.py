@@ -175,6 +175,14 @@ def test_fma_takes_the_c_path_from_its_threshold(monkeypatch):
             assert same_bits(np.asarray(out, np.float64), np.asarray(emulated_fma(a, b, c[0]), np.float64)).all()
 
 
+def test_c_fma_refuses_operands_of_other_or_mixed_dtypes():
+    x32, x64 = np.ones(4, np.float32), np.ones(4, np.float64)
+    with pytest.raises(TypeError, match=r"native_fma: .*float32, float64 and float32"):
+        native_fma(x32, x64, x32)
+    with pytest.raises(TypeError, match=r"native_fma: .*float16"):
+        native_fma(*(x.astype(np.float16) for x in (x32, x32, x32)))
+
+
 def test_fma_without_a_c_compiler_is_the_emulation(monkeypatch, tmp_path):
     monkeypatch.setattr(settings, "cc", str(tmp_path / "no-such-cc"))
     a, b, c = operands(np.float64, 500, seed=4)

@@ -146,6 +146,9 @@ def _native_functions(cc: str) -> dict | None:
 def native_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray | None:
     """``fma(a, b, c)`` of three float32 or three float64 arrays by C's ``fma``, as a new C-contiguous array of
     their broadcast shape; None where no C compiler is available."""
+    if not a.dtype == b.dtype == c.dtype or a.dtype not in _C_FUNCTIONS:
+        raise TypeError(f"native_fma: the operands must be all float32 or all float64 arrays, got "
+                        f"{a.dtype}, {b.dtype} and {c.dtype}")
     functions = _native_functions(settings.cc)
     if functions is None:
         return None
