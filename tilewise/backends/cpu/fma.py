@@ -29,7 +29,8 @@ fixed cost (ctypes and the four pointers, the output's allocation) is about 8 us
 float32's emulation of 1024 elements (:data:`NATIVE_FLOAT32_MIN_ELEMENTS`; 16K: 10 against 33 us) and less than
 float64's at any size (one element: 9 against 29 us; 16K: 13 against 240 us). Below that, and wherever no C
 compiler works (the toolchain raises ``CCompileError``), the numpy emulation runs. It stays the reference: the
-tests compare the two bit for bit.
+tests compare the two bit for bit. Eager add_ with an alpha on a million elements went from 4.4-6.4 to 0.4-0.65 ms
+in float32 and from 28-33 to 1.1-2.9 ms in float64 (``benchmarks/cpu_fma.py``, torch on one thread 0.2 and 0.5 ms).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def _emulated(a: np.ndarray, b: np.ndarray, c: np.ndarray, dtype: np.dtype):
 @cache
 def _native_functions(cc: str) -> dict | None:
     """The C functions by dtype, compiled with ``cc``; None where it cannot build them (see the note)."""
-    try:
+    try:  # a cache of its own (same directory): the compiled programs' statistics stay theirs
         library = CLibraryCache().load(_C_SOURCE)
     except (CCompileError, OSError):
         return None
