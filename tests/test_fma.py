@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
 import tilewise as tw
-from tilewise.backends.cpu.fma import fma
+from tilewise.backends.cpu import fma as fma_module
+from tilewise.backends.cpu.fma import emulated_fma, fma, native_fma
+from tilewise.config import settings
 from tilewise.ops.registry import OPS
 
 _libm = ctypes.CDLL(ctypes.util.find_library("m"))
@@ -39,6 +42,9 @@ def same_bits(x, y) -> np.ndarray:
     return (x.view(BITS[x.dtype]) == y.view(BITS[y.dtype])) | (np.isnan(x) & np.isnan(y))
 
 
+FMA_PATHS = {"fma": fma, "emulated_fma": emulated_fma}
+
+
 def operands(dtype, n: int = 4000, seed: int = 0):
     """Normal values, values of every exponent, specials, near-cancellations and exact midpoints plus a tiny
     addend (where rounding the float64 sum to float32 rounds twice)."""
@@ -59,16 +65,131 @@ def operands(dtype, n: int = 4000, seed: int = 0):
     return [np.concatenate(parts) for parts in zip(normal, spread, specials, cancel, ties)]
 
 
+@pytest.mark.parametrize("path", ["fma", "emulated_fma"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numpy_fma_rounds_once_as_the_c_library_does(dtype):
+def test_numpy_fma_rounds_once_as_the_c_library_does(dtype, path):
     a, b, c = operands(dtype)
     with np.errstate(all="ignore"):
-        ours, reference = fma(a, b, c), c_fma(a, b, c)
+        ours, reference = FMA_PATHS[path](a, b, c), c_fma(a, b, c)
         wide = (a.astype(np.float64) * b + c).astype(dtype) if dtype is np.float32 else a * b + c
+        unfused = a * b + c
     bad = np.flatnonzero(~same_bits(ours, reference))
     assert not len(bad), [(a[i], b[i], c[i], ours[i], reference[i]) for i in bad[:5]]
     # the inputs hold cases where two roundings differ from one: the check could fail
-    assert (~same_bits(wide, reference)).sum() > 10
+    assert (~same_bits(wide, reference)).sum() > 10 and (~same_bits(unfused, reference)).sum() > 100
+
+
+# ------------------------------------------------------------------ the C path against the numpy emulation
+needs_cc = pytest.mark.skipif(shutil.which(settings.cc) is None, reason="no host C compiler")
+
+
+def assert_native_is_emulated(a, b, c):
+    """The C path's result, bit for bit that of the emulation (the reference), and in the same shape."""
+    native = native_fma(a, b, c)
+    assert native is not None, "the C path did not run"
+    with np.errstate(all="ignore"):
+        emulated = np.asarray(emulated_fma(a, b, c))
+    assert native.shape == emulated.shape and native.dtype == emulated.dtype == a.dtype
+    bad = np.flatnonzero(~same_bits(native, emulated))
+    assert not len(bad), [(native.ravel()[i], emulated.ravel()[i]) for i in bad[:5]]
+    assert native.flags.c_contiguous
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_c_fma_matches_the_emulation_on_random_and_hard_cases(dtype):
+    """Ties (a midpoint a tiny addend moves off), subnormals, overflow, infinities, NaN and -0.0 (``operands``),
+    and random values of every exponent, with every pairing of special values."""
+    for seed in range(3):
+        a, b, c = operands(dtype, 3000, seed)
+        assert_native_is_emulated(a, b, c)
+        with np.errstate(all="ignore"):
+            unfused = a * b + c
+        assert (~same_bits(unfused, native_fma(a, b, c))).sum() > 100  # a separate multiply and add would differ
+    info = np.finfo(dtype)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, info.max, -info.max, info.tiny, -info.tiny,
+                        info.smallest_subnormal, -info.smallest_subnormal, 1.0, -1.0, 0.5, 2.0], dtype)
+    a, b, c = np.meshgrid(special, special, special, indexing="ij")
+    assert_native_is_emulated(a.ravel(), b.ravel(), c.ravel())
+    # exact zeros: the sign of the sum of a (signed) zero product and a signed zero
+    zero, neg = np.array(0.0, dtype), np.array(-0.0, dtype)
+    for x, y, z in [(zero, neg, neg), (neg, neg, neg), (zero, zero, neg), (neg, zero, neg), (zero, neg, zero)]:
+        assert_native_is_emulated(np.full(8, x), y, z)
+
+
+LAYOUTS = {
+    "0-d": lambda x, y, z: (np.asarray(x[0, 0]), np.asarray(y[0, 0]), np.asarray(z[0, 0])),
+    "0-d and arrays": lambda x, y, z: (x, np.asarray(y[0, 0]), z),
+    "empty": lambda x, y, z: (x[:0], y[:0], z[:0]),
+    "empty broadcast": lambda x, y, z: (x[:0], y[:1], np.asarray(z[0, 0])),
+    "scalar multiplier": lambda x, y, z: (x, np.asarray(y[0, 0]), z),
+    "row and column": lambda x, y, z: (x[:, :1], y[:1, :], z),
+    "outer": lambda x, y, z: (x[:, :1], y[:1, :], z[:1, :1]),
+    "3-d broadcast": lambda x, y, z: (x[:6, :1, None], y[None, :5, :7], z[:1, :7]),
+    "transposed": lambda x, y, z: (x.T, y.T, z.T),
+    "mixed order": lambda x, y, z: (x, y.T.copy().T, z),
+    "stepped": lambda x, y, z: (x[::2, :60:3], y[1::2, 1:61:3], z[::2, 2:62:3]),
+    "reversed": lambda x, y, z: (x[::-1, ::-1], y, z[:, ::-1]),
+    "column of a matrix": lambda x, y, z: (x[:, 3], y[:, 4], z[:, 5]),
+    "unaligned": lambda x, y, z: (unaligned(x), y, unaligned(z.T).T),
+}
+
+
+def unaligned(x: np.ndarray) -> np.ndarray:
+    """A copy of ``x`` whose elements start one byte past an aligned address."""
+    raw = np.empty(x.nbytes + 1, np.uint8)
+    out = raw[1:].view(x.dtype).reshape(x.shape)
+    out[...] = x
+    return out
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_c_fma_walks_every_layout_as_the_emulation(layout, dtype):
+    base = [x[:2048].reshape(32, 64) for x in operands(dtype, 1000, seed=3)]
+    a, b, c = LAYOUTS[layout](*base)
+    assert_native_is_emulated(a, b, c)
+    assert_native_is_emulated(c, a, b)
+
+
+@needs_cc
+def test_fma_takes_the_c_path_from_its_threshold(monkeypatch):
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].dtype)
+        return native_fma(*args)
+
+    monkeypatch.setattr(fma_module, "native_fma", counted)
+    small, large = fma_module.NATIVE_FLOAT32_MIN_ELEMENTS - 1, fma_module.NATIVE_FLOAT32_MIN_ELEMENTS
+    rng = np.random.default_rng(0)
+    for n, dtype, taken in [(small, np.float32, 0), (large, np.float32, 1), (1, np.float64, 1),
+                            (large, np.float16, 1), (large, np.int32, 0)]:
+        calls.clear()
+        a, b, c = ((rng.standard_normal(n) * 100).astype(dtype) for _ in range(3))
+        out = fma(a, b, np.asarray(c[0]))
+        assert len(calls) == taken and out.dtype == dtype and out.shape == (n,)
+        assert all(d in (np.float32, np.float64) for d in calls)  # float16 computes in float32
+        with np.errstate(all="ignore"):
+            assert same_bits(np.asarray(out, np.float64), np.asarray(emulated_fma(a, b, c[0]), np.float64)).all()
+
+
+def test_c_fma_refuses_operands_of_other_or_mixed_dtypes():
+    x32, x64 = np.ones(4, np.float32), np.ones(4, np.float64)
+    with pytest.raises(TypeError, match=r"native_fma: .*float32, float64 and float32"):
+        native_fma(x32, x64, x32)
+    with pytest.raises(TypeError, match=r"native_fma: .*float16"):
+        native_fma(*(x.astype(np.float16) for x in (x32, x32, x32)))
+
+
+def test_fma_without_a_c_compiler_is_the_emulation(monkeypatch, tmp_path):
+    monkeypatch.setattr(settings, "cc", str(tmp_path / "no-such-cc"))
+    a, b, c = operands(np.float64, 500, seed=4)
+    assert native_fma(a, b, c) is None
+    with np.errstate(all="ignore"):
+        assert same_bits(fma(a, b, c), c_fma(a, b, c)).all()
+        assert same_bits(fma(a, b, c), emulated_fma(a, b, c)).all()
 
 
 def test_numpy_fma_of_other_dtypes_multiplies_and_adds():
