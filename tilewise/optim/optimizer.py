@@ -503,8 +503,10 @@ def check_betas(betas) -> None:
 def add_scaled(p: Tensor, t: Tensor, scale) -> None:
     """``p += scale * t``: torch's ``p.add_(t, alpha=scale)``; a tensor ``scale`` (a learning rate or a step-size
     expression, see [Note: optimizers]) rounds to ``p``'s dtype as the Python number would."""
-    if isinstance(scale, Tensor):
-        p.add_(t * scale)
+    if isinstance(scale, Tensor):  # one rounding, as the number's add_ (a fused multiply-add, as torch's kernels)
+        from tilewise.ops.registry import OPS
+
+        p.copy_(OPS["fma"](t, scale, p))
     else:
         p.add_(t, alpha=scale)
 

@@ -120,6 +120,8 @@ def emulated_fma(a, b, c):
 
 
 def _emulated(a: np.ndarray, b: np.ndarray, c: np.ndarray, dtype: np.dtype):
+    if a.ndim == b.ndim == c.ndim == 0:  # one element: the fix-ups below index by position
+        return _emulated(a.reshape(1), b.reshape(1), c.reshape(1), dtype).reshape(())
     if dtype.itemsize <= 4:  # float16 and bfloat16 operands compute in float32, as torch's opmath does
         return _fma_float32(a, b, c).astype(dtype, copy=False)
     if dtype == np.float64:
