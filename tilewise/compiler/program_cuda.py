@@ -21,8 +21,8 @@ program is captured only where they cost less than the launches a replay saves (
 one by one (``LAUNCH_US`` a kernel, ``CALL_US`` a library call, a host cost that a GPU can wait on). A training
 step's gradients (``zero_grad(set_to_none=True)``) are outputs: 249 MB for GPT-2 124M, about 0.12 ms of copying,
 where its FP8 step's 700 launches took 11-25 ms of host time a step (the step ran at 32 ms instead of its 21 ms
-of device work); a small composite's few kernels over a large activation stay uncaptured. ``TILEWISE_LOG=graphs`` reports captures and why a
-program is not captured.
+of device work); a small composite's few kernels over a large activation stay uncaptured. ``TILEWISE_LOG=graphs``
+reports captures and why a program is not captured.
 
 [Note: custom operators in CUDA graphs] A custom operator (``tilewise.library``) is captured as torch captures
 one: its Python kernel runs once under capture, and what it launches on the current stream (the capture
