@@ -125,15 +125,21 @@ def _e5m2_edges() -> np.ndarray:
 def test_fp8_casts_match_the_cpu_at_every_rounding_edge(dtype, saturate):
     from tilewise.backends.cuda.kernels.copy import cast
 
-    dtype = tw.dtypes.from_name(dtype)
-    host = tw.from_numpy(_e5m2_edges())
-    expected = (host.clamp(-57344, 57344) if saturate else host).to(dtype)
+    name, dtype = dtype, tw.dtypes.from_name(dtype)
+    values = _e5m2_edges()
+    host = tw.from_numpy(values)
+    oracle = torch.from_numpy(values)
+    oracle = (oracle.clamp(-57344, 57344) if saturate else oracle).to(getattr(torch, name)).view(torch.uint8)
+    expected = tw.from_numpy(oracle.numpy()).view(dtype)
     got = cast(host.cuda(), dtype, saturate=True) if saturate else host.cuda().to(dtype)
     compiled = tw.compile(lambda x: (x * 1).to(dtype))(host.cuda())
-    for result in ((got, compiled) if not saturate else (got,)):
-        mismatched = np.flatnonzero(result.cpu().view(tw.uint8).numpy() != expected.view(tw.uint8).numpy())
-        assert not mismatched.size, (host.numpy()[mismatched[:8]], result.cpu().float().numpy()[mismatched[:8]],
-                                     expected.float().numpy()[mismatched[:8]])
+    cpu = (host.clamp(-57344, 57344) if saturate else host).to(dtype)
+    results = {"cuda": got, "compiled": compiled, "cpu": cpu} if not saturate else {"cuda": got, "cpu": cpu}
+    want = expected.view(tw.uint8).numpy()
+    for which, result in results.items():
+        bits = result.cpu().view(tw.uint8).numpy()
+        bad = np.flatnonzero(bits != want)[:8]
+        assert not bad.size, (which, values.view(np.uint32)[bad], bits[bad], want[bad])
 
 
 def test_non_contiguous_copies_stay_on_the_device():
