@@ -123,18 +123,18 @@ def _e5m2_edges() -> np.ndarray:
 
 @pytest.mark.parametrize("dtype, saturate", [("float8_e5m2", False), ("float8_e5m2", True), ("float8_e4m3fn", False)])
 def test_fp8_casts_match_the_cpu_at_every_rounding_edge(dtype, saturate):
+    """Bit for bit the CPU's casts, which are torch's (``test_dtypes.py`` checks them against the pinned torch:
+    older torch builds, 2.11 among them, turn e4m3fn values from 464 up into NaN)."""
     from tilewise.backends.cuda.kernels.copy import cast
 
-    name, dtype = dtype, tw.dtypes.from_name(dtype)
+    dtype = tw.dtypes.from_name(dtype)
     values = _e5m2_edges()
     host = tw.from_numpy(values)
-    oracle = torch.from_numpy(values)
-    oracle = (oracle.clamp(-57344, 57344) if saturate else oracle).to(getattr(torch, name)).view(torch.uint8)
-    expected = tw.from_numpy(oracle.numpy()).view(dtype)
+    expected = (host.clamp(-57344, 57344) if saturate else host).to(dtype)
     got = cast(host.cuda(), dtype, saturate=True) if saturate else host.cuda().to(dtype)
-    compiled = tw.compile(lambda x: (x * 1).to(dtype))(host.cuda())
-    cpu = (host.clamp(-57344, 57344) if saturate else host).to(dtype)
-    results = {"cuda": got, "compiled": compiled, "cpu": cpu} if not saturate else {"cuda": got, "cpu": cpu}
+    results = {"cuda": got}
+    if not saturate:  # a pure cast (arithmetic on the GPU would make every NaN the canonical, positive one)
+        results["compiled"] = tw.compile(lambda x: x.to(dtype))(host.cuda())
     want = expected.view(tw.uint8).numpy()
     for which, result in results.items():
         bits = result.cpu().view(tw.uint8).numpy()

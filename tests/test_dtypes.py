@@ -251,6 +251,20 @@ def test_float8_casts_of_out_of_range_values_match_torch(source, target):
 
 
 @pytest.mark.parametrize("target", ["float8_e4m3fn", "float8_e5m2"])
+def test_float8_casts_at_every_rounding_edge_match_torch(target):
+    """Every float16 value (each float8 value and each midpoint between two among them, NaNs of both signs) and
+    the float32 values beside each: the reference the CUDA casts are checked against."""
+    halves = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        values = np.concatenate([halves, np.nextafter(halves, np.float32(np.inf)),
+                                 np.nextafter(halves, np.float32(-np.inf))]).astype(np.float32)
+    theirs = torch.from_numpy(values).to(getattr(torch, target)).view(torch.uint8).numpy()
+    ours = tw.from_numpy(values).to(getattr(tw, target)).view(tw.uint8).numpy()
+    bad = np.flatnonzero(ours != theirs)[:8]
+    assert not bad.size, (values.view(np.uint32)[bad], ours[bad], theirs[bad])
+
+
+@pytest.mark.parametrize("target", ["float8_e4m3fn", "float8_e5m2"])
 def test_float8_from_data_and_fill_saturate_like_torch(target):
     theirs = torch.tensor([1000.0, -np.inf, np.nan], dtype=getattr(torch, target)).view(torch.uint8).numpy()
     ours = tw.tensor([1000.0, -np.inf, np.nan], dtype=getattr(tw, target)).numpy().view(np.uint8)

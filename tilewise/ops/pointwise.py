@@ -204,10 +204,18 @@ def _nan_to_num(args, dtype):
 # [Note: fused multiply-adds of torch's kernels] torch's CPU kernels compute add and sub with an alpha, lerp and
 # addcmul with one fused multiply-add (see [Note: fused multiply-add] in backends/cpu/fma.py); its CUDA kernels
 # are built with nvcc's default --fmad=true (as NVRTC compiles tilewise's), which contracts ``a + alpha * b``, lerp's
-# two products, addcmul's ``self + value * t1 * t2`` (as on the CPU: the product with the value first; measured
-# against torch on an H200) and addcdiv's ``self + value * (t1 / t2)``: the last in another order than on the CPU
-# (``expr_on``), where addcdiv divides and adds. A fused multiply-add of
+# two products; addcmul and addcdiv have explicit fused multiply-adds there (``pointwise_op_impl``: addcmul
+# ``fma(t1, t2, self)`` for a value of 1, else ``fma(value, t1 * t2, self)``; addcdiv ``fma(value, t1 / t2, self)``),
+# in another order than on the CPU (``expr_on``), where addcdiv divides and adds. A fused multiply-add of
 # integers or bools multiplies and adds.
+def _addcmul_cuda(a, t1, t2, value):
+    """torch's CUDA addcmul (``pointwise_op_impl``): ``fma(t1, t2, self)`` for a value of 1, else
+    ``fma(value, t1 * t2, self)``."""
+    if isinstance(value, (int, float)):
+        return fma(t1, t2, a) if value == 1 else fma(value, t1 * t2, a)
+    return where(value.eq(1), fma(t1, t2, a), fma(value, t1 * t2, a))
+
+
 pointwise("fma(Tensor self, Tensor other, Tensor addend) -> Tensor", lambda a, b, c: fma(a, b, c),
           {"self": "grad * conj_if_complex(other)", "other": "grad * conj_if_complex(self)", "addend": "grad"},
           public=False, method=False, inplace=False)
@@ -263,7 +271,7 @@ pointwise("lerp(Tensor self, Tensor end, Tensor weight) -> Tensor",
 pointwise("addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
           lambda a, t1, t2, value: fma(value * t1, t2, a),
           {"self": "grad", "tensor1": "grad * value * tensor2", "tensor2": "grad * value * tensor1"},
-          autocast={"cuda": "promote"})
+          autocast={"cuda": "promote"}, expr_on={"cuda": _addcmul_cuda})
 pointwise("addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
           lambda a, t1, t2, value: a + value * t1 / t2,
           {"self": "grad", "tensor1": "grad * value / tensor2",
