@@ -188,6 +188,14 @@ def test_an_elementwise_nest_with_a_transposed_access_goes_through_tiles():
             compile_cached(low.source, sched.kernel.name, "sm_90")
 
 
+def test_a_tiled_float8_cast_takes_its_scale_once_a_block_and_converts_each_value_once():
+    low, _ = cuda_plans(_fp8_cast_both_ways, tw.randn(300, 200).to(tw.bfloat16), tw.tensor(3.0))
+    source = low.source[low.source.index("tiles"):]
+    loop = source.index("for (int tw_k")
+    assert "tw_h_0 =" in source[:loop] and "1.0f /" in source[:loop] and "1.0f /" not in source[loop:]
+    assert "__nv_cvt_fp8_to_halfraw" not in source  # no float8 -> float -> float8 round trip before a store
+
+
 def test_elementwise_nests_without_a_transposed_access_are_not_tiled():
     for fn, args in ((lambda x, b: x * 2 + b, (tw.randn(64, 96), tw.randn(96))),  # broadcast along rows
                      (lambda x, b: x * b, (tw.randn(64, 96), tw.randn(64, 1))),  # constant along the inner dim

@@ -31,7 +31,7 @@ from tilewise.codegen.render.cstyle import ExprRenderer, Source, compute_of, lit
 from tilewise.codegen.render.cuda import CUDA, identity
 from tilewise.codegen.render.kernel_c import LoopStyle, fold_helper, scalar_function, take_helper
 from tilewise.codegen.schedule import TILE, KernelSchedule, NestSchedule, transposed
-from tilewise.dtypes import DType, bfloat16, float16, int64
+from tilewise.dtypes import DType, bfloat16, float8_e4m3fn, float16, int64
 from tilewise.ops.expr import Expr, substitute, toposort, where
 
 _FOLDS = LoopStyle(parallel="", parallel_simd="", simd="", reduction="", declare_reduction="",
@@ -66,11 +66,16 @@ class _Writer:
 
 
 def _stored(store) -> Expr:
-    """What a store converts to its buffer's dtype: a value already cast to a 16-bit float is stored from
-    before the cast, since converting rounds the same way (one conversion per element, not a rounding to
-    bfloat16, a widening back and the store's own conversion)."""
+    """What a store converts to its buffer's dtype: a value already cast to a 16-bit float (or a float8) is
+    stored from before the cast, since converting rounds the same way (one conversion per element, not a
+    rounding to bfloat16, a widening back and the store's own conversion)."""
     value = store.value
     if value.op == "cast" and value.arg is store.dtype and store.dtype in (bfloat16, float16):
+        return value.srcs[0]
+    # a float8 cast converts as the store does (``[Note: float8 conversions]``), unless the store saturates where
+    # the cast overflows to infinity (e5m2)
+    if value.op == "cast" and value.arg is store.dtype and store.dtype.is_float8 and \
+            (store.dtype is float8_e4m3fn or not store.saturate):
         return value.srcs[0]
     return value
 
@@ -320,12 +325,15 @@ class _Nest:
                 w.line(f"tw_t{j}[tw_x * {pitch} + tw_i] = {value};")
             done()
             w.line("__syncthreads();")
+        # what is the same over the tile (a scale read from a one-element tensor and its reciprocal) once per block
+        mapping, hoisted = self.invariant_parts([_stored(st) for st in nest.stores], {across, inner}, set(), "tw_h",
+                                                {}, arguments=True)
         sweep("tw_i", "tw_x")
         for j in through:
             ctype = CUDA.ctype(compute_of(nest.loads[j].dtype))
             w.line(f"const {ctype} x{j}_t = tw_t{j}[tw_i * {pitch} + tw_x];")
             names[j] = [f"x{j}_t"]
-        results = self.lanes([_stored(st) for st in nest.stores], {}, "", names)
+        results = self.lanes([substitute(_stored(st), mapping) for st in nest.stores], hoisted, "", names)
         kinds: dict[int, DType] = {}
         for s, st in enumerate(nest.stores):
             if s in out:
@@ -449,23 +457,20 @@ class _Nest:
             for pos, j in enumerate(online):
                 self.w.line(f"acc{j} = {self.folds[j]}(acc{j}, {terms[v][pos][0]});")
 
-    def hoist(self, p: int) -> None:
-        """Compute, before phase ``p``'s loop over a row, the parts of its expressions that are the same for
-        every element of the row: per-row loads (a row's target, a statistic), accumulators of earlier phases
-        and what is made of them alone (``1 / sum``). The loop reads them as ``h<p>_<k>``. The row's
-        bounds hold here (callers hoist only where every thread of the loop has a row)."""
+    def invariant_parts(self, roots: list[Expr], varying: set[int], finished: set[str], tag: str,
+                        leaves: dict, arguments: bool = False) -> tuple[dict, dict]:
+        """Render now the largest parts of ``roots`` that read no load walking a dim of ``varying`` (and of the
+        named scalars only the accumulators ``finished``, and with ``arguments`` the kernel's by-value
+        arguments), as ``<tag>_<k>``; return the mapping that substitutes them into the roots and the leaves
+        that name them."""
         nest = self.nest
-        reduced = set(nest.reduce)
-        finished = {f"acc{j}" for j, r in enumerate(nest.reductions) if r.phase < p}
-        roots = [r.value for r in nest.reductions if r.phase == p]
-        roots += [_stored(st) for st in nest.stores if st.phase == p]
         invariant: dict[int, bool] = {}
         for root in roots:
             for n in toposort(root):  # operands first
                 if n.op == "input":
-                    invariant[id(n)] = not nest.loads[n.arg].index.dims() & reduced
+                    invariant[id(n)] = not nest.loads[n.arg].index.dims() & varying
                 elif n.op == "scalar":
-                    invariant[id(n)] = n.arg in finished
+                    invariant[id(n)] = n.arg in finished or (arguments and ("scalar", n.arg) in self.arguments)
                 else:
                     invariant[id(n)] = all(invariant[id(x)] for x in n.srcs)
         chosen: list[Expr] = []
@@ -482,22 +487,36 @@ class _Nest:
             elif not leafy:
                 chosen.append(node)
         if not chosen:
-            return
-        leaves = {**self.arguments, **self.acc_leaves(p)}
+            return {}, {}
+        leaves = {**self.arguments, **leaves}
         for j in sorted({n.arg for e in chosen for n in toposort(e) if n.op == "input"}):
             load = nest.loads[j]
-            leaves[("input", j)] = (self.load_lanes(j, load, f"_h{p}", 1)[0], compute_of(load.dtype))
-        renderer = ExprRenderer(self.source, leaves, f"_h{p}")
+            leaves[("input", j)] = (self.load_lanes(j, load, f"_{tag}", 1)[0], compute_of(load.dtype))
+        renderer = ExprRenderer(self.source, leaves, f"_{tag}")
         mapping, hoisted = {}, {}
         for k, node in enumerate(chosen):
             code, t = renderer.render(node)
-            name = f"h{p}_{k}"
+            name = f"{tag}_{k}"
             for line in renderer.lines:
                 self.w.line(line)
             renderer.lines.clear()
             self.w.line(f"const {CUDA.ctype(t)} {name} = {code};")
             mapping[id(node)] = Expr("scalar", (), name)
             hoisted[("scalar", name)] = (name, t)
+        return mapping, hoisted
+
+    def hoist(self, p: int) -> None:
+        """Compute, before phase ``p``'s loop over a row, the parts of its expressions that are the same for
+        every element of the row: per-row loads (a row's target, a statistic), accumulators of earlier phases
+        and what is made of them alone (``1 / sum``). The loop reads them as ``h<p>_<k>``. The row's
+        bounds hold here (callers hoist only where every thread of the loop has a row)."""
+        nest = self.nest
+        finished = {f"acc{j}" for j, r in enumerate(nest.reductions) if r.phase < p}
+        roots = [r.value for r in nest.reductions if r.phase == p]
+        roots += [_stored(st) for st in nest.stores if st.phase == p]
+        mapping, hoisted = self.invariant_parts(roots, set(nest.reduce), finished, f"h{p}", self.acc_leaves(p))
+        if not mapping:
+            return
         self.hoisted[p] = (mapping, hoisted)
 
     def rescale(self, j: int) -> str:
