@@ -204,6 +204,18 @@ def test_elementwise_nests_without_a_transposed_access_are_not_tiled():
         assert all(p.strategy == "elements" for p in plans), plans
 
 
+def test_a_program_replays_a_graph_where_copying_costs_less_than_launching():
+    """A training step's gradients are outputs: 249 MB for GPT-2, copied in a tenth of a millisecond, against
+    hundreds of launches; a composite of two kernels over a large activation launches them instead."""
+    from tilewise.compiler.program_cuda import GRAPH_COPY_BYTES, CudaExternStep, worth_a_graph
+
+    kernel, call = object(), CudaExternStep.__new__(CudaExternStep)
+    assert worth_a_graph(GRAPH_COPY_BYTES, [kernel])
+    assert worth_a_graph(249_000_000, [kernel] * 500 + [call] * 144)
+    assert not worth_a_graph(51_000_000, [kernel] * 3)
+    assert worth_a_graph(51_000_000, [call] * 3 + [kernel] * 20)
+
+
 # ---------------------------------------------------------------------------- programs on the GPU
 
 def _close(a, b, rtol=1e-5, atol=1e-6):
