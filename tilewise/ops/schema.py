@@ -197,7 +197,8 @@ def bad_argument(op: str, param: str, expected: str, value) -> ArgumentError:
 
 def _value_of(value):
     """A compiled function's dynamic number (``compiler/numbers.py``) as its value, which it then guards; anything
-    else as it is. Only parameters read as a Tensor keep such a number as it is."""
+    else as it is. Only parameters read as a Tensor keep such a number as it is. The checks below take plain
+    Python numbers before asking (a stand-in number is an instance of int or float, never of exactly that type)."""
     return value._tw_concrete() if hasattr(type(value), "_tw_concrete") else value
 
 
@@ -237,6 +238,8 @@ def _is_int_like(v) -> bool:
 
 
 def _check_int(op: str, p: Param, value):
+    if type(value) is int:
+        return value
     value = _value_of(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -250,6 +253,8 @@ def _check_int(op: str, p: Param, value):
 
 
 def _check_float(op: str, p: Param, value):
+    if type(value) is float:
+        return value
     value = _value_of(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
@@ -261,6 +266,8 @@ def _check_float(op: str, p: Param, value):
 
 
 def _check_scalar(op: str, p: Param, value):
+    if type(value) is int or type(value) is float:
+        return value
     value = _value_of(value)
     if isinstance(value, Number):
         return value
@@ -272,6 +279,8 @@ def _check_scalar(op: str, p: Param, value):
 
 
 def _check_bool(op: str, p: Param, value):
+    if value is True or value is False:
+        return value
     value = _value_of(value)
     if isinstance(value, bool):
         return value

@@ -37,6 +37,7 @@ from tilewise.autograd.grad_mode import enable_grad, set_grad_enabled
 from tilewise.dispatch import STATE
 from tilewise.nn.init import zeros_
 from tilewise.ops.creation import zeros_like
+from tilewise.ops.registry import OPS
 from tilewise.optim._foreach import ScalarTensors, compiled, use_compiled
 from tilewise.tensor import Tensor
 from tilewise.utils.hooks import RemovableHandle
@@ -504,8 +505,6 @@ def add_scaled(p: Tensor, t: Tensor, scale) -> None:
     """``p += scale * t``: torch's ``p.add_(t, alpha=scale)``; a tensor ``scale`` (a learning rate or a step-size
     expression, see [Note: optimizers]) rounds to ``p``'s dtype as the Python number would."""
     if isinstance(scale, Tensor):  # one rounding, as the number's add_ (a fused multiply-add, as torch's kernels)
-        from tilewise.ops.registry import OPS
-
         p.copy_(OPS["fma"](t, scale, p))
     else:
         p.add_(t, alpha=scale)
