@@ -503,3 +503,51 @@ def test_fullgraph_refuses_a_backward_through_history_made_before_the_call():
     with pytest.raises(tw.compiler.errors.DataDependentError, match=r"update runs through autograd history made"):
         update(model(tw.ones(1, 2)).sum())
     assert model.weight.grad is None, "the refused call left a gradient behind"
+
+
+def test_fresh_arguments_each_call_are_checked_for_shared_storage():
+    # a training loop passes new tensors at every call: each call's arguments may share storage with each other or
+    # with a tensor the function holds, and the variant compiled for separate storages must not serve those calls
+    def scenario(lib, compile_):
+        held = lib.arange(6.0)
+
+        def f(x, y):
+            x.mul_(2)  # read through y after the write when y shares x's storage
+            return x + y * held
+
+        fn = compile_(f)
+        out = []
+        for call in range(9):
+            base = lib.arange(6.0) + call
+            kind = call % 3 if call < 6 else 0
+            if kind == 0:
+                x, y = base.clone(), base.clone() + 1  # separate storages
+            elif kind == 1:
+                x = base.clone()
+                y = x  # the same tensor
+            else:
+                x, y = held, base.clone()  # the held tensor itself
+            out.append(fn(x, y).clone())
+            out.append(held.clone())
+        return out
+
+    check(scenario)
+
+
+def _same(got, want, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(_np(got), _np(want), rtol=rtol, atol=atol)
+
+
+def test_fresh_arguments_of_the_same_layout_do_not_recompile():
+    w = tw.randn(8, 8)
+    fn = tw.compile(lambda x, y: (x @ w + y).relu())
+    for _ in range(5):
+        x, y = tw.randn(4, 8), tw.randn(4, 8)
+        _same(fn(x, y), (x @ w + y).relu())
+    assert len(fn.variants) == 1
+    x = tw.randn(4, 8)
+    _same(fn(x, x), (x @ w + x).relu())  # shared: another variant, the right result
+    assert len(fn.variants) == 2
+    x, y = tw.randn(4, 8), tw.randn(4, 8)
+    _same(fn(x, y), (x @ w + y).relu())
+    assert len(fn.variants) == 2

@@ -174,6 +174,7 @@ def _compile(op, args: tuple, last: frozenset = frozenset()):
     decomposition.__name__ = decomposition.__qualname__ = op.name
     fn = compile_fn(decomposition)
     fn.arenas = _ARENAS  # see [Note: one arena for every fused composite]
+    fn.arena_keep = ARENA_KEEP
     return fn
 
 
@@ -187,8 +188,12 @@ def _through_dispatcher(op):
 # Each compiled function keeps an arena for its programs' intermediate values, as large as its largest plan. The
 # fused composites of a network are many functions (a batch norm and its backward per activation shape), and
 # their calls run one after another on the device's stream like the programs of one function, so they share one
-# arena per device: a ResNet-50 held one per batch-norm signature, about 2 GiB more than its largest.
+# arena per device: a ResNet-50 held one per batch-norm signature, about 2 GiB more than its largest. On CUDA
+# that arena keeps plans up to ``ARENA_KEEP``; a composite whose intermediates need more takes its arena from the
+# caching allocator for each call and gives it back after ([Note: transient arenas] in program.py), as an eager
+# operator's temporaries are, so a network's largest batch norm leaves nothing allocated behind it.
 _ARENAS: dict = {}
+ARENA_KEEP = {"cuda": 16 << 20}
 
 
 def run_fused_on_cpu(op, args: tuple):

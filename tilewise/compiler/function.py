@@ -139,13 +139,16 @@ class Variant:
         """Run the forward program and apply its effects; return the function's outputs and what backward reads."""
         traced, graph = self.traced, self.forward.graph
         tensors = [source.fetch(flat) for source in self.entries]
-        for k in self.written:  # before any write, as eager refuses it
-            check_inference_write(tensors[k])
+        written = [tensors[k] for k in self.written]
+        if not STATE.inference and any(t._storage.inference for t in written):
+            for t in written:  # before any write, as eager refuses it
+                check_inference_write(t)
         inputs = [t._storage.data for t in tensors]
         arrays = self.forward.run(inputs, self.staged)
         outputs = [_tensor(a, node) for a, node in zip(arrays, graph.outputs)]
-        for k in self.written:
-            tensors[k]._bump_version()
+        for t in written:  # a program's input is a tensor with storage: its version is its storage's
+            t._storage.version += 1
+            t._array = None
         for effect in traced.grad_effects:
             owner = effect.owner.fetch(flat)
             owner._grad = None if effect.clear else outputs[effect.output]
@@ -296,6 +299,8 @@ class CompiledFunction:
         self.module = module
         self.variants: list[Variant] = []
         self.arenas: dict = {}  # (target, device) -> the Arena its programs share
+        self.arena_keep: dict[str, int] = {}  # target name -> the largest plan its arena keeps (see [Note: transient
+        # arenas] in program.py)
         self.rebase_slices = True  # see [Note: sliced arguments]
         self.segments = Segments(getattr(fn, "__name__", type(fn).__name__), self._build_segment)
         self.eager_reason: str | None = None  # set when the function runs eagerly from now on, and why
@@ -582,6 +587,7 @@ class CompiledFunction:
         arena = self.arenas.get(key)
         if arena is None:
             arena = self.arenas[key] = target.arena(device)
+            arena.keep_up_to = self.arena_keep.get(target.name)
         return arena
 
     def programs(self) -> list[Program]:

@@ -728,11 +728,14 @@ class Guards:
     python: PythonGuards = field(default_factory=PythonGuards)
     held: list = field(default_factory=list)  # the constant arguments compared by identity (their ids stay theirs)
     numbers: list = field(default_factory=list)  # (leaf, int or float, nonzero): dynamic numbers, guarded by type
+    identities: tuple = ()  # _leaf_identities(flat) when traced: which tensor arguments were one object
 
     def failure(self, flat: list, spec, module) -> str | None:
         """None when this variant applies to the call, else which guard failed."""
         if spec != self.spec:
             return "the arguments have a different structure (number, nesting or keyword names)"
+        if _leaf_identities(flat) != self.identities:
+            return _identity_change(flat, self.identities)
         for index, key in self.constants:
             if constant_key(flat[index]) != key:
                 return f"argument leaf {index} is {describe_value(flat[index])}, compiled for another value"
@@ -746,7 +749,7 @@ class Guards:
     def numbers_changed(self, flat: list, spec, module) -> list[int]:
         """The argument leaves, ints or floats, whose values alone keep this variant from the call (see [Note:
         dynamic numbers] in numbers.py); empty when any other guard fails too."""
-        if spec != self.spec:
+        if spec != self.spec or _leaf_identities(flat) != self.identities:
             return []
         changed = []
         for index, key in self.constants:
@@ -795,6 +798,9 @@ class Guards:
         # steps' kernels. The tensors held as objects are checked with one C-level map of an attrgetter over a
         # fixed list, and the storages' sharing is recomputed only when some storage is another object than
         # at the last call that passed. A failure is then explained by the one-by-one walk.
+        # A training loop passes a new batch at every call: when only the arguments' storages are new, their
+        # sharing is checked against the held tensors' storage groups of the last call that passed (one dict
+        # lookup an argument) instead of the whole pattern being recomputed.
         objects = [k for k, (source, _) in enumerate(self.tensors) if source.kind == "object"]
         others = [k for k, (source, _) in enumerate(self.tensors) if source.kind != "object"]
         self._order = objects + others
@@ -803,18 +809,28 @@ class Guards:
         self._expected = [self.tensors[k][1] for k in self._order]
         self._passed: tuple | None = None  # (held layouts, other storages) of the last call that passed
         self._held_storages: frozenset = frozenset()  # ids of the held tensors' storages at that call
+        # the storage group (the pattern's first position) of each argument tensor, and of the held tensors
+        self._other_groups = [self.aliasing[k] if k < len(self.aliasing) else k for k in others]
+        self._held_group_ids = frozenset(self.aliasing[k] for k in objects if k < len(self.aliasing))
+        self._held_groups: dict[int, int] = {}  # held storage id -> its group, at the last call that passed
 
     def _tensor_failure(self, flat: list) -> str | None:
         others = [source.fetch(flat) for source in self._others]
         other_signatures = [signature(t) if type(t) is Tensor else None for t in others]
         other_storages = [id(t._storage) if type(t) is Tensor else 0 for t in others]
         held = list(map(_LAYOUT, self._objects))
-        if self._passed == (held, other_storages):
+        passed = self._passed
+        if passed is not None and passed[0] == held:
             # the held tensors are as at the last call that passed, their storages the same objects: only the
-            # arguments' signatures are left to check
-            if other_signatures == self._expected[len(held):]:
+            # arguments' signatures, and their storages' sharing, are left to check
+            if other_signatures != self._expected[len(held):]:
+                return self._explain(flat)
+            if passed[1] == other_storages:
                 return None
-            return self._explain(flat)
+            if not self._arguments_share_as_compiled(other_storages):
+                return "tensors that shared storage when compiled no longer do (or the reverse)"
+            self._passed = (held, other_storages)
+            return None
         if list(map(signature, self._objects)) + other_signatures != self._expected:
             return self._explain(flat)
         storages = [id(t._storage) for t in self._objects] + other_storages
@@ -825,9 +841,29 @@ class Guards:
             return "tensors that shared storage when compiled no longer do (or the reverse)"
         # one assignment, so that a thread checking at the same time sees one call's pair; holding the layouts
         # holds the storages: no other storage can take their ids while compared
+        self._held_groups = {in_order[k]: self.aliasing[k] for k in self._order[:len(held)]}
         self._passed = (held, other_storages)
         self._held_storages = frozenset(id(t._storage) for t in self._objects)
         return None
+
+    def _arguments_share_as_compiled(self, storages: list[int]) -> bool:
+        """Whether the argument tensors' storages (ids; 0 for a leaf that is no tensor) share with each other and
+        with the held tensors as when compiled, the held tensors' storages being those of the last call that
+        passed."""
+        held_groups, held_group_ids = self._held_groups, self._held_group_ids
+        by_storage: dict[int, int] = {}
+        by_group: dict[int, int] = {}
+        for storage, group in zip(storages, self._other_groups):
+            found = held_groups.get(storage)
+            if found is not None:
+                if found != group:
+                    return False
+                continue
+            if group in held_group_ids:  # compiled sharing a held tensor's storage; now it does not
+                return False
+            if by_storage.setdefault(storage, group) != group or by_group.setdefault(group, storage) != storage:
+                return False
+        return True
 
     def holds_any(self, windows: dict) -> bool:
         """Whether a tensor held by the function lies in a storage a rebased argument was cut from (see [Note:
@@ -850,6 +886,25 @@ _LAYOUT = operator.attrgetter(*LAYOUT_FIELDS, "_storage")  # ``signature`` with 
 def _autocast_key() -> tuple:
     state = STATE.autocast
     return state.key if state is not None else ()
+
+
+def _leaf_identities(flat: list) -> tuple:
+    """For each tensor among the argument leaves, the position of the first leaf that is the same object. A trace
+    reads an argument passed twice (``f(x, x)``) through one of its leaves only, so the variant it made serves a
+    call only where those leaves are again one tensor."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(id(v), k) for k, v in enumerate(flat) if type(v) is Tensor)
+
+
+def _identity_change(flat: list, compiled: tuple) -> str:
+    positions = [k for k, v in enumerate(flat) if type(v) is Tensor]
+    for k, (now, then) in enumerate(zip(_leaf_identities(flat), compiled)):
+        if now != then:
+            leaf = positions[k]
+            if then != positions[k]:
+                return f"argument leaves {then} and {leaf} were one tensor when compiled; now they are two"
+            return f"argument leaves {now} and {leaf} are one tensor; compiled for two"
+    return "the tensor arguments changed in number"
 
 
 def _alias_pattern(ids: list[int]) -> tuple:
@@ -918,4 +973,4 @@ def make_guards(traced: Traced, flat: list, spec, module, optimizers: list, reco
     return Guards(spec, constants, tensors, _alias_pattern(storages), traced.grad_presence, STATE.grad_enabled,
                   _training_flags(module) if module is not None else (), optimizers, _state_layout(optimizers),
                   _hyperparameters(optimizers), _autocast_key(), PythonGuards.from_recorder(recorder), held,
-                  [(k, kind, nonzero) for k, (kind, nonzero) in sorted(numbers.items())])
+                  [(k, kind, nonzero) for k, (kind, nonzero) in sorted(numbers.items())], _leaf_identities(flat))

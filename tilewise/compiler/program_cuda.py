@@ -261,6 +261,7 @@ class CudaRuntime:
         self.use_graphs = use_graphs
         self.graphs: dict[tuple, _Graph] = {}
         self.staging: dict[int, DeviceBuffer] = {}
+        self.slots: tuple | None = None  # (staged, input buffer slots, the slots read in place) of the last replay
         self.calls = 0
         self.replays = 0  # calls served by launching a captured graph
         self.why_not = "" if use_graphs else "CUDA graphs off"
@@ -341,6 +342,8 @@ class CudaRuntime:
         ensure_context(self.device.index)  # see [Note: the operation's device]
         stream = stream_handle(self.device.index)
         self.calls += 1
+        if self.calls == 1 and self.program.arena.transient and self.use_graphs and not self.why_not:
+            self.why_not = "its intermediates are allocated for each run (a transient arena)"
         self._bind_arena()
         self._after_last_use(stream)
         return self._run(inputs, staged, stream)
@@ -377,7 +380,11 @@ class CudaRuntime:
     # ------------------------------------------------------------------ graphs
     def _replay(self, inputs: list, staged: frozenset[int], stream: int) -> list | None:
         plan = self.program.plan
-        input_slots = [(k, b.slot) for k, b in enumerate(plan.buffers) if b.kind == "input"]
+        slots = self.slots
+        if slots is None or slots[0] is not staged:  # the same for every call of a variant
+            input_slots = [(k, b.slot) for k, b in enumerate(plan.buffers) if b.kind == "input"]
+            self.slots = slots = (staged, input_slots, [slot for _, slot in input_slots if slot not in staged])
+        _, input_slots, read_in_place = slots
         if not self.graphs:
             copied = sum(b.ty.nbytes for b in plan.buffers if b.kind == "output" or
                          (b.kind == "input" and b.slot in staged))
@@ -386,7 +393,7 @@ class CudaRuntime:
                                 f"longer than launching its {len(self.program.steps)} steps")
                 log("graphs", f"program not captured into a CUDA graph: {self.why_not}")
                 return None
-        key = tuple(inputs[slot].ptr for _, slot in input_slots if slot not in staged)
+        key = tuple([inputs[slot].ptr for slot in read_in_place])
         graph = self.graphs.get(key)
         if graph is not None and graph.graph.released:  # its communicator was destroyed: capture again
             del self.graphs[key]

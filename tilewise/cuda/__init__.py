@@ -11,6 +11,7 @@ True
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -171,9 +172,13 @@ def memory_summary(device: Any = None) -> str:
 
 
 def empty_cache() -> None:
-    """Return every cached, fully free segment of the current device to the driver."""
+    """Return every cached, fully free segment of the current device to the driver, with the cuDNN workspace no
+    CUDA graph holds (torch allocates its workspace for each call; tilewise keeps one between calls)."""
     mem = _memory(None)
     mem.release_free_lists()
+    cudnn = sys.modules.get("tilewise.backends.cuda.cudnn")
+    if cudnn is not None:
+        cudnn.release_workspace(mem.device)
     mem.allocator.empty_cache()
 
 

@@ -9,7 +9,8 @@ Workspaces: graphs share one workspace per device, grown (never shrunk) to the l
 every graph runs on the device's current stream, in order, so sharing it is safe, and the memory held is the
 largest single request instead of the sum of every graph's. A compiled program's CUDA graph bakes in the address
 a run used, so a workspace current when a capture begins (``note_capture``) stays allocated for good; one that
-no capture saw goes back to the allocator when a larger one replaces it.
+no capture saw goes back to the allocator when a larger one replaces it, or when ``tilewise.cuda.empty_cache`` runs
+(``release_workspace``; the next graph run allocates one again).
 """
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ def workspace(device: int, nbytes: int) -> int:
         held.append(DeviceBuffer(size, device, stream_handle(device)))
         _current_since[device] = _captures[0]
     return held[-1].ptr
+
+
+def release_workspace(device: int) -> None:
+    """Give the device's current workspace back to the allocator where no CUDA graph captured its address."""
+    held = _workspaces.get(device)
+    if held and _current_since.get(device) == _captures[0]:
+        held.pop()
+        _current_since[device] = -1  # what is left was captured: a larger one goes beside it, never in its place
 
 
 def note_capture() -> None:
