@@ -175,6 +175,7 @@ def _compile(op, args: tuple, last: frozenset = frozenset()):
     fn = compile_fn(decomposition)
     fn.arenas = _ARENAS  # see [Note: one arena for every fused composite]
     fn.arena_keep = ARENA_KEEP
+    fn.graph_bytes = GRAPH_BYTES
     return fn
 
 
@@ -194,6 +195,10 @@ def _through_dispatcher(op):
 # operator's temporaries are, so a network's largest batch norm leaves nothing allocated behind it.
 _ARENAS: dict = {}
 ARENA_KEEP = {"cuda": 16 << 20}
+# A CUDA graph holds the arguments' staging copies and the outputs it writes for as long as it lives, and a
+# composite's programs live as long as the process: a composite is captured only where those are at most 1 MiB
+# (the cost rule of [Note: CUDA programs] alone let a ResNet-50's batch norms keep 0.3-0.6 GiB in graphs).
+GRAPH_BYTES = 1 << 20
 
 
 def run_fused_on_cpu(op, args: tuple):

@@ -299,6 +299,7 @@ class CompiledFunction:
         self.module = module
         self.variants: list[Variant] = []
         self.arenas: dict = {}  # (target, device) -> the Arena its programs share
+        self.graph_bytes: int | None = None  # the most a program's CUDA graph may copy and hold (None: by cost)
         self.arena_keep: dict[str, int] = {}  # target name -> the largest plan its arena keeps (see [Note: transient
         # arenas] in program.py)
         self.rebase_slices = True  # see [Note: sliced arguments]
@@ -548,8 +549,8 @@ class CompiledFunction:
         graphs, saved = program_graphs(traced, target, history)
         arena = self._arena(target, device)
         # a differentiable call's programs exchange activations that are fresh on every call: no CUDA graphs
-        programs = [build_program(g, target, device, traced.backward is None, arena, self.mode == "max-autotune")
-                    for g in graphs]
+        programs = [build_program(g, target, device, traced.backward is None, arena, self.mode == "max-autotune",
+                                  self.graph_bytes) for g in graphs]
         for program in programs:
             program.passes = history
         forward, *backward = programs

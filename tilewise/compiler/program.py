@@ -122,6 +122,7 @@ class Program:
     arena: Arena | None = None
     tuner: Tuner | None = None  # max-autotune: kernels whose candidates the first run times
     autotune: bool = False  # max-autotune: the first run also times library calls' candidates (cuDNN plans)
+    graph_bytes: int | None = None  # the most its CUDA graphs may copy in and out (and so hold); None: by cost
     sources: dict[str, str] = field(default_factory=dict)  # CUDA: kernel name -> its translation unit
     passes: list = field(default_factory=list)  # (stage, graph): captured, then after each pass (``explain``)
 
@@ -219,11 +220,12 @@ def aliased_kernels(kernels: dict[Node, Kernel], plan: MemoryPlan) -> dict[str, 
 
 
 def build_program(graph: Graph, target: Target, device=None, graphs: bool = True,
-                  arena: Arena | None = None, autotune: bool = False) -> Program:
+                  arena: Arena | None = None, autotune: bool = False, graph_bytes: int | None = None) -> Program:
     """Lower, schedule, render, compile and plan memory for an optimised graph, for ``target``.
 
     ``arena``: shared with the other programs of the same function (the target's own when None).
-    ``graphs``: let the program replay its steps as one captured graph where the target can.
+    ``graphs``: let the program replay its steps as one captured graph where the target can; ``graph_bytes``: the
+    most such a graph may copy in and out, and so hold (None: where copying costs less than launching).
     ``autotune``: choose each kernel's schedule by timing its candidates (``mode="max-autotune"``)."""
     low = lower_program(graph, target)
     tuner = None
@@ -237,6 +239,7 @@ def build_program(graph: Graph, target: Target, device=None, graphs: bool = True
     program.arena.reserve(low.plan.arena_bytes)
     program.tuner = tuner
     program.autotune = autotune
+    program.graph_bytes = graph_bytes
     if tuner is None:  # else once the first run has chosen
         log_program(program)
     return program

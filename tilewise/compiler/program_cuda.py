@@ -18,7 +18,9 @@ they live, and a graph is kept per set of their addresses (a few; beyond that th
 outputs are written to the graph's own buffers and copied to fresh ones for the caller. Those copies are why a
 program is captured only where they cost less than the launches a replay saves (``worth_a_graph``): up to
 ``GRAPH_COPY_BYTES`` always; beyond, where copying at ``COPY_BYTES_PER_US`` takes less than launching the steps
-one by one (``LAUNCH_US`` a kernel, ``CALL_US`` a library call, a host cost that a GPU can wait on). A training
+one by one (``LAUNCH_US`` a kernel, ``CALL_US`` a library call, a host cost that a GPU can wait on). The staging
+and output buffers are the graph's for as long as it lives: a program given ``graph_bytes`` (an eager fused
+composite's, kept for the process: 1 MiB) is captured only up to that many. A training
 step's gradients (``zero_grad(set_to_none=True)``) are outputs: 249 MB for GPT-2 124M, about 0.12 ms of copying,
 where its FP8 step's 700 launches took 11-25 ms of host time a step (the step ran at 32 ms instead of its 21 ms
 of device work); a small composite's few kernels over a large activation stay uncaptured. ``TILEWISE_LOG=graphs``
@@ -90,11 +92,13 @@ COPY_BYTES_PER_US = 2_000_000  # a device-to-device copy, read and written, on a
 LAUNCH_US, CALL_US = 4.0, 20.0  # host time of a kernel launch, and of a library call, from a compiled program
 
 
-def worth_a_graph(copied: int, steps: list) -> bool:
+def worth_a_graph(copied: int, steps: list, most: int | None = None) -> bool:
     """Whether copying ``copied`` bytes in and out of a graph costs less than launching ``steps`` one by one (see
-    [Note: CUDA programs])."""
+    [Note: CUDA programs]); never beyond ``most`` bytes where that is given."""
     if copied <= GRAPH_COPY_BYTES:
         return True
+    if most is not None and copied > most:
+        return False
     launches = sum(CALL_US if isinstance(step, CudaExternStep) else LAUNCH_US for step in steps)
     return copied / COPY_BYTES_PER_US < launches
 
@@ -388,9 +392,11 @@ class CudaRuntime:
         if not self.graphs:
             copied = sum(b.ty.nbytes for b in plan.buffers if b.kind == "output" or
                          (b.kind == "input" and b.slot in staged))
-            if not worth_a_graph(copied, self.program.steps):
+            most = self.program.graph_bytes
+            if not worth_a_graph(copied, self.program.steps, most):
                 self.why_not = (f"arguments and outputs of {copied} bytes would be copied in and out of a graph, "
-                                f"longer than launching its {len(self.program.steps)} steps")
+                                + (f"more than the {most} its graphs may hold" if most is not None and copied > most
+                                   else f"longer than launching its {len(self.program.steps)} steps"))
                 log("graphs", f"program not captured into a CUDA graph: {self.why_not}")
                 return None
         key = tuple([inputs[slot].ptr for slot in read_in_place])
