@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import operator
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -121,6 +122,10 @@ class Variant:
         self.written = sorted({graph.inputs.index(i) for i, _ in graph.writes})
         self.staged = frozenset(k for k, source in enumerate(self.entries)
                                 if source.kind in ("arg", "number") and k not in self.written)
+        # the held tensors are the same objects at every call: a training step's ~600 are copied as one list, and
+        # only the arguments and gradients are fetched
+        self._held = [source.obj if source.kind == "object" else None for source in self.entries]
+        self._fetched = [(k, source) for k, source in enumerate(self.entries) if source.kind != "object"]
 
     def run(self, flat: list):
         traced = self.traced
@@ -138,12 +143,14 @@ class Variant:
     def run_forward(self, flat: list) -> tuple[list[Tensor], tuple]:
         """Run the forward program and apply its effects; return the function's outputs and what backward reads."""
         traced, graph = self.traced, self.forward.graph
-        tensors = [source.fetch(flat) for source in self.entries]
+        tensors = self._held.copy()
+        for k, source in self._fetched:
+            tensors[k] = source.fetch(flat)
         written = [tensors[k] for k in self.written]
         if not STATE.inference and any(t._storage.inference for t in written):
             for t in written:  # before any write, as eager refuses it
                 check_inference_write(t)
-        inputs = [t._storage.data for t in tensors]
+        inputs = list(map(_STORAGE_DATA, tensors))
         arrays = self.forward.run(inputs, self.staged)
         outputs = [_tensor(a, node) for a, node in zip(arrays, graph.outputs)]
         for t in written:  # a program's input is a tensor with storage: its version is its storage's
@@ -163,6 +170,9 @@ class Variant:
         saved = [inputs[k] if kind == "input" else arrays[k] for kind, k in self.saved]
         results = self.backward.run(tangents + saved)
         return [_tensor(a, node) for a, node in zip(results, self.backward.graph.outputs)]
+
+
+_STORAGE_DATA = operator.attrgetter("_storage.data")
 
 
 def _flat(t: Tensor):
