@@ -397,3 +397,12 @@ def test_assert_close_cuda_tensors():
         tw.testing.assert_close(on_gpu, tw.tensor([1.0, 2.5]), check_device=False)
     y = tw.testing.make_tensor(3, 4, dtype=tw.float16, device="cuda", noncontiguous=True, requires_grad=True)
     assert y.device.type == "cuda" and not y.is_contiguous() and y.requires_grad
+
+
+@pytest.mark.parametrize("module", ["tilewise.testing", "tilewise.testing._comparison", "tilewise.testing._creation"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0

@@ -93,7 +93,7 @@ def assert_close(actual: Any, expected: Any, *, allow_subclasses: bool = True, r
     <BLANKLINE>
     Mismatched elements: 1 / 2 (50.0%)
     Greatest absolute difference: 0.5 at index (1,) (up to 1e-05 allowed)
-    Greatest relative difference: 0.2 at index (1,) (up to 1.3e-06 allowed)
+    Greatest relative difference: 0.20000000298023224 at index (1,) (up to 1.3e-06 allowed)
     """
     __tracebackhide__ = True
     options = _Options(allow_subclasses, rtol, atol, equal_nan, check_device, check_dtype, check_layout,
