@@ -144,16 +144,16 @@ def _pairs(actual: Any, expected: Any, item: tuple, options: _Options) -> list[C
         if check is not None:
             return [check]
     raise _ComparisonError(TypeError, f"No comparison pair was able to handle inputs of type {type(actual)} and "
-                              f"{type(expected)}.", item)
+                                      f"{type(expected)}.", item)
 
 
 def _mapping_pairs(actual, expected, item: tuple, options: _Options) -> list[Callable[[], None]]:
     actual_keys, expected_keys = set(actual.keys()), set(expected.keys())
     if actual_keys != expected_keys:
+        missing, additional = sorted(expected_keys - actual_keys), sorted(actual_keys - expected_keys)
         raise _ComparisonError(AssertionError, "The keys of the mappings do not match:\n"
-                                       f"Missing keys in the actual mapping: {sorted(expected_keys - actual_keys)}\n"
-                                       f"Additional keys in the actual mapping: {sorted(actual_keys - expected_keys)}",
-                       item)
+                                               f"Missing keys in the actual mapping: {missing}\n"
+                                               f"Additional keys in the actual mapping: {additional}", item)
     keys: collections.abc.Collection = actual_keys
     with contextlib.suppress(Exception):  # a fixed order where the keys have one: the first failure is reported
         keys = sorted(keys)
@@ -169,7 +169,7 @@ def _tolerances(*kinds: DType, options: _Options, item: tuple) -> tuple[float, f
     rtol, atol = options.rtol, options.atol
     if (rtol is None) != (atol is None):
         raise _ComparisonError(ValueError, "Both 'rtol' and 'atol' must be either specified or omitted, but got no "
-                                   f"{'rtol' if rtol is None else 'atol'}.", item)
+                                           f"{'rtol' if rtol is None else 'atol'}.", item)
     if rtol is not None:
         return rtol, atol
     return _loosest(*kinds)
@@ -215,7 +215,8 @@ def _number_pair(actual, expected, item: tuple, options: _Options):
 
 def _compare_numbers(actual, expected, rtol: float, atol: float, options: _Options, item: tuple) -> None:
     if options.check_dtype and type(actual) is not type(expected):
-        raise _ComparisonError(AssertionError, f"The (d)types do not match: {type(actual)} != {type(expected)}.", item)
+        raise _ComparisonError(AssertionError, f"The (d)types do not match: {type(actual)} != {type(expected)}.",
+                               item)
     if actual == expected:
         return
     if options.equal_nan and cmath.isnan(actual) and cmath.isnan(expected):
@@ -261,7 +262,7 @@ def _compare_tensors(actual: Tensor, expected: Tensor, rtol: float, atol: float,
 def _compare_attributes(actual: Tensor, expected: Tensor, options: _Options, item: tuple) -> None:
     def differ(name: str, actual_value, expected_value):
         raise _ComparisonError(AssertionError, f"The values for attribute '{name}' do not match: {actual_value} != "
-                                       f"{expected_value}.", item)
+                                               f"{expected_value}.", item)
 
     if actual.shape != expected.shape:
         differ("shape", actual.shape, expected.shape)
