@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "tilewise", "tilewise.nn", "tilewise.optim", "tilewise.utils", "tilewise.distributions", "tilewise.amp",
         "tilewise.cuda", "tilewise.cpu", "tilewise.linalg", "tilewise.fft", "tilewise.serialization",
         "tilewise._pickle", "tilewise._torch_format", "tilewise._dlpack", "tilewise.accelerator",
-        "tilewise.models", "tilewise.coverage", "tilewise.quant", "tilewise.float8",
+        "tilewise.models", "tilewise.coverage", "tilewise.quant", "tilewise.float8", "tilewise.testing",
     )),
     ("cli", ("tilewise.cli", "tilewise.__main__")),
 ]

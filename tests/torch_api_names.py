@@ -126,6 +126,7 @@ def namespaces() -> dict[str, list[str]]:
         "linalg": module_names(torch.linalg, "torch", lambda n, o: callable(o)),
         "fft": module_names(torch.fft, "torch", lambda n, o: callable(o)),
         "distributions": list(DISTRIBUTION_BASICS),
+        "testing": module_names(torch.testing, "torch.testing", lambda n, o: callable(o)),
     }
 
 

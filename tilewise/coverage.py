@@ -3,9 +3,9 @@
 [Note: API coverage] The names come from ``tilewise/data/torch_api.json``, recorded from an installed torch by
 ``tests/torch_api_names.py`` (tilewise never imports torch), one list per namespace: ``torch``, ``Tensor``
 methods and properties, ``nn`` classes, ``nn.functional``, ``nn.init``, ``nn.utils(.rnn)``, ``optim``,
-``optim.lr_scheduler``, ``utils.data``, ``amp``, ``cuda``, the ``backends`` flags, ``linalg``, ``fft`` and the
-basic ``distributions``. Complex, sparse, quantized and named-tensor APIs, TorchScript internals and the like
-are left out by rules that the JSON file records beside each name it leaves out.
+``optim.lr_scheduler``, ``utils.data``, ``amp``, ``cuda``, the ``backends`` flags, ``linalg``, ``fft``,
+``testing`` and the basic ``distributions``. Complex, sparse, quantized and named-tensor APIs, TorchScript
+internals and the like are left out by rules that the JSON file records beside each name it leaves out.
 
 A name is *present* when the same path resolves in tilewise (``tilewise.nn.functional.glu``,
 ``tilewise.Tensor.addcmul_``). It is *tested* when a test file that compares with torch (one that imports
