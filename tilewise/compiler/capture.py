@@ -151,6 +151,24 @@ class BackwardSpec:
     n_forward: int
 
 
+@dataclass(frozen=True)
+class OutputView:
+    """A returned view, made again after each run over the memory it shares: ``base`` is a Source (a tensor the
+    function was given or holds) or a graph output's index; ``geometry`` is (shape, strides, storage offset)."""
+
+    base: object
+    geometry: tuple
+    requires_grad: bool
+
+
+@dataclass(frozen=True)
+class Detached:
+    """A returned ``detach()`` or ``.data`` of a tensor the function was given or holds: detached again per call."""
+
+    origin: Source
+    requires_grad: bool
+
+
 @dataclass
 class Traced:
     graph: Graph
@@ -159,7 +177,9 @@ class Traced:
     grad_effects: list[GradEffect]
     output_spec: object  # pytree spec of the function's result
     output_leaves: list[tuple]  # per leaf: ("out", graph output index), ("arg", the flat argument returned
-    # as it is: a tensor argument the function returns, updated in place or not) or ("const", the value itself)
+    # as it is: a tensor argument the function returns, updated in place or not), ("const", the value itself), or
+    # an output that aliases another tensor (see [Note: outputs that alias] in function.py): ("leaf", an earlier leaf's position),
+    # ("view", OutputView over a source), ("view_out", OutputView over a graph output), ("detached", Detached)
     output_requires_grad: list[bool]
     backward: BackwardSpec | None = None
     state_effects: list[StateEffect] = field(default_factory=list)
@@ -580,10 +600,34 @@ class Capture:
         outputs: list[Node] = []
         out_leaves, traced = [], []
         arguments = self.arg_index
-        for leaf in leaves:
-            if type(leaf) is Tensor and leaf._trace is None and id(leaf) in arguments:
+        position: dict[int, int] = {}  # id of a returned tensor -> its first leaf
+        bases = self._shared_bases(leaves)
+        for k, leaf in enumerate(leaves):
+            if type(leaf) is Tensor and position.setdefault(id(leaf), k) != k:
+                out_leaves.append(("leaf", position[id(leaf)]))  # returned twice: one object, as eager's
+            elif type(leaf) is Tensor and leaf._trace is None and id(leaf) in arguments:
                 out_leaves.append(("arg", arguments[id(leaf)]))  # the caller's own tensor (``out.copy_(x)``)
+            elif type(leaf) is Tensor and leaf._trace is None and id(leaf) in self.detached:
+                out_leaves.append(("detached", self._detached_output(leaf)))
             elif type(leaf) is Tensor and leaf._trace is not None:
+                view = self._input_view(leaf, flat_args)
+                if view is not None:
+                    out_leaves.append(("view", view))
+                    continue
+                alias = leaf.__dict__.get("_tw_alias")
+                base = alias.root if alias is not None else None
+                if id(base) in bases and base is not leaf and leaf._requires_grad == base._requires_grad:
+                    if bases[id(base)] is None:
+                        bases[id(base)] = len(outputs)  # the base itself is an output, returned or not
+                        outputs.append(self.value_of(base))
+                        traced.append(base)
+                    out_leaves.append(("view_out", OutputView(bases[id(base)], alias.geometry, leaf._requires_grad)))
+                    continue
+                if id(leaf) in bases:
+                    if bases[id(leaf)] is not None:  # already an output as an earlier leaf's base
+                        out_leaves.append(("out", bases[id(leaf)]))
+                        continue
+                    bases[id(leaf)] = len(outputs)
                 out_leaves.append(("out", len(outputs)))
                 outputs.append(self.value_of(leaf))
                 traced.append(leaf)
@@ -602,6 +646,40 @@ class Capture:
         graph = Graph(inputs, list(self.body), outputs, writes)
         return Traced(graph, self.tensor_sources, presence, effects, spec, out_leaves, requires, backward,
                       state_effects)
+
+    def _input_view(self, leaf: Tensor, flat_args: list) -> OutputView | None:
+        """A returned trace tensor that is a view of the memory of a tensor the function was given or holds (see
+        [Note: outputs that alias] in function.py); None for any other."""
+        alias = leaf.__dict__.get("_tw_alias")
+        entry = alias.root if alias is not None else None
+        if not isinstance(entry, StorageEntry) or entry.source.kind not in ("arg", "object"):
+            return None
+        base = entry.source.fetch(flat_args)
+        # a view that needs grad where its base does not was written in place by a differentiable value: the
+        # program's output carries that history, a view of the base would not
+        if leaf._requires_grad and not (base._requires_grad and base.grad_fn is None):
+            return None
+        return OutputView(entry.source, alias.geometry, leaf._requires_grad)
+
+    def _shared_bases(self, leaves: list) -> dict[int, None]:
+        """The root trace tensors that two returned tensors share (one returned with its view, or two views of
+        one): each is an output, and those views are made over it."""
+        count: dict[int, int] = {}
+        seen: set[int] = set()
+        for leaf in leaves:
+            if type(leaf) is not Tensor or leaf._trace is None or id(leaf) in seen:
+                continue
+            seen.add(id(leaf))
+            alias = leaf.__dict__.get("_tw_alias")
+            root = alias.root if alias is not None else leaf
+            if type(root) is Tensor and root._trace is not None:
+                count[id(root)] = count.get(id(root), 0) + 1
+        return {root: None for root, n in count.items() if n > 1}
+
+    def _detached_output(self, leaf: Tensor) -> Detached:
+        origin = self.origin_of(leaf)
+        source = self.arg_sources.get(id(origin)) or Source("object", "detached", obj=origin)
+        return Detached(source, leaf._requires_grad)
 
     def watch_state(self, state: dict) -> None:
         self.states.append((state, {owner: dict(entry) for owner, entry in state.items()}))
