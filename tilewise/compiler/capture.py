@@ -178,8 +178,9 @@ class Traced:
     output_spec: object  # pytree spec of the function's result
     output_leaves: list[tuple]  # per leaf: ("out", graph output index), ("arg", the flat argument returned
     # as it is: a tensor argument the function returns, updated in place or not), ("const", the value itself), or
-    # an output that aliases another tensor (see [Note: outputs that alias] in function.py): ("leaf", an earlier leaf's position),
-    # ("view", OutputView over a source), ("view_out", OutputView over a graph output), ("detached", Detached)
+    # an output that aliases another tensor (see [Note: outputs that alias] in function.py): ("leaf", an earlier
+    # leaf's position), ("view", OutputView over a source), ("view_out", OutputView over a graph output) or
+    # ("detached", Detached)
     output_requires_grad: list[bool]
     backward: BackwardSpec | None = None
     state_effects: list[StateEffect] = field(default_factory=list)
