@@ -185,3 +185,87 @@ def test_returning_views_keeps_one_variant():
         assert a._storage is x._storage and b._storage is x._storage
         np.testing.assert_array_equal(c.numpy(), x.numpy() * 2)
     assert len(f.variants) == 1
+
+
+def test_a_returned_gradient_is_the_parameters_gradient():
+    def scenario(lib, compile_):
+        w = lib.arange(3.0, requires_grad=True)
+        v = lib.ones(3, requires_grad=True)
+
+        def g(x):
+            (w * x).sum().backward()
+            return (v * x).sum() * 2, w.grad, w.grad[1:]
+
+        f = compile_(g)
+        out = []
+        for k in range(6):
+            loss, grad, tail = f(lib.ones(3) * (k + 1))
+            loss.backward()
+            tail.add_(10)  # eager: through w.grad, which the next call accumulates into
+            out += [grad.clone(), w.grad.clone(), v.grad.clone(), _flag(lib, grad is w.grad)]
+            if k % 2 == 1:
+                w.grad = None  # the next call makes a new gradient, the one after accumulates into it
+        return out
+
+    check(scenario)
+
+
+def test_a_gradient_read_through_a_held_tensor_is_read_anew():
+    # ``w`` itself meets no operator: only its ``.grad`` does, which the user replaces before each call
+    def scenario(lib, compile_):
+        w = lib.arange(3.0, requires_grad=True)
+        f = compile_(lambda x: (w.grad, x * w.grad))
+        out = []
+        for k in range(3):
+            w.grad = lib.full((3,), float(k))
+            a, b = f(lib.ones(3))
+            out += [a.clone(), b, _flag(lib, a is w.grad)]
+        return out
+
+    check(scenario)
+
+
+def test_returned_optimizer_state_is_the_optimizers():
+    def scenario(lib, compile_):
+        m = lib.nn.Linear(2, 1)
+        with lib.no_grad():
+            m.weight.fill_(0.5)
+            m.bias.fill_(0.1)
+        opt = lib.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x):
+            opt.zero_grad()
+            m(x).sum().backward()
+            opt.step()
+            return opt.state[m.weight]["momentum_buffer"]
+
+        f = compile_(step)
+        out = []
+        for _ in range(4):
+            buffer = f(lib.ones(1, 2))
+            out += [buffer.clone(), _flag(lib, buffer is opt.state[m.weight]["momentum_buffer"]),
+                    m.weight.detach().clone()]
+        return out
+
+    check(scenario)
+
+
+def test_a_tensor_returned_with_its_detached_alias():
+    weights = np.arange(3, dtype=np.float32)
+
+    def scenario(lib, compile_):
+        w = lib.tensor(weights, requires_grad=True)
+
+        def g(x):
+            loss = (w * x).sum()
+            return loss, loss.detach()
+
+        f = compile_(g)
+        out = []
+        for _ in range(3):
+            loss, detached = f(lib.ones(3))
+            detached.add_(1)  # eager: loss's memory too
+            out += [loss.detach().clone(), detached.clone()]
+        return out
+
+    check(scenario)

@@ -610,6 +610,8 @@ class Capture:
                 out_leaves.append(("arg", arguments[id(leaf)]))  # the caller's own tensor (``out.copy_(x)``)
             elif type(leaf) is Tensor and leaf._trace is None and id(leaf) in self.detached:
                 out_leaves.append(("detached", self._detached_output(leaf)))
+            elif type(leaf) is Tensor and leaf._trace is None and self._grad_of(leaf) is not None:
+                out_leaves.append(("grad", self._grad_of(leaf)))  # the gradient the owner holds after each call
             elif type(leaf) is Tensor and leaf._trace is not None:
                 view = self._input_view(leaf, flat_args)
                 if view is not None:
@@ -617,7 +619,7 @@ class Capture:
                     continue
                 alias = leaf.__dict__.get("_tw_alias")
                 base = alias.root if alias is not None else None
-                if id(base) in bases and base is not leaf and leaf._requires_grad == base._requires_grad:
+                if id(base) in bases and base is not leaf and (base._requires_grad or not leaf._requires_grad):
                     if bases[id(base)] is None:
                         bases[id(base)] = len(outputs)  # the base itself is an output, returned or not
                         outputs.append(self.value_of(base))
@@ -635,8 +637,9 @@ class Capture:
             else:
                 out_leaves.append(("const", leaf))
         requires = [leaf._requires_grad for leaf in traced]
-        effects, presence = self._grad_effects(outputs, requires, flat_args)
-        state_effects = self._state_effects(outputs, requires)
+        returned = {id(leaf): k for k, leaf in enumerate(traced)}
+        effects, presence = self._grad_effects(outputs, requires, returned)
+        state_effects = self._state_effects(outputs, requires, returned)
         differentiable = [(k, leaf) for k, leaf in enumerate(traced)
                           if leaf._requires_grad and leaf._dtype.is_floating_point]
         backward = self._backward(differentiable, outputs)
@@ -685,7 +688,7 @@ class Capture:
     def watch_state(self, state: dict) -> None:
         self.states.append((state, {owner: dict(entry) for owner, entry in state.items()}))
 
-    def _state_effects(self, outputs: list, requires: list) -> list[StateEffect]:
+    def _state_effects(self, outputs: list, requires: list, returned: dict[int, int]) -> list[StateEffect]:
         """What the function stored into optimizer state (buffers created on a first step): outputs to assign."""
         effects = []
         for state, before in self.states:
@@ -694,7 +697,9 @@ class Capture:
                 for key, value in entry.items():
                     if key in old and old[key] is value:
                         continue
-                    if type(value) is Tensor and value._trace is not None:
+                    if type(value) is Tensor and value._trace is not None and id(value) in returned:
+                        effects.append(StateEffect(state, owner, key, output=returned[id(value)]))
+                    elif type(value) is Tensor and value._trace is not None:
                         effects.append(StateEffect(state, owner, key, output=len(outputs)))
                         outputs.append(self.value_of(value))
                         requires.append(False)
@@ -726,9 +731,11 @@ class Capture:
                 sources.append(src)
         return BackwardSpec(tangents, [k for k, _ in differentiable], sources, n_forward)
 
-    def _grad_effects(self, outputs: list, requires: list, flat_args: list):
+    def _grad_effects(self, outputs: list, requires: list, returned: dict[int, int]):
         """How ``.grad`` of each owner changed, and for those that did, whether it was set when traced (a
-        gradient that already exists is accumulated into, so the program depends on it)."""
+        gradient that already exists is accumulated into, so the program depends on it). A gradient the function
+        also returns is that output (``returned``: id of a returned trace tensor -> its output): one tensor, as
+        eager's."""
         effects, presence = [], []
         for owner, source in self.owners:
             original = self.saved_grads[id(owner)][1]
@@ -738,11 +745,21 @@ class Capture:
             presence.append((source, original is not None))
             if final is None:
                 effects.append(GradEffect(source, None, clear=True))
+            elif type(final) is Tensor and final._trace is not None and id(final) in returned:
+                effects.append(GradEffect(source, returned[id(final)]))
             elif type(final) is Tensor and final._trace is not None:
                 effects.append(GradEffect(source, len(outputs)))
                 outputs.append(self.value_of(final))
                 requires.append(False)
         return effects, presence
+
+    def _grad_of(self, t: Tensor) -> Source | None:
+        """Where a real tensor the function returns is found after each call, when it is a parameter's ``.grad``
+        (read, or accumulated into in place): the owner's gradient then, not the one this trace saw."""
+        for owner, source in self.owners:
+            if owner._grad is t:
+                return Source("grad", f"{source.label}.grad", owner=source)
+        return None
 
     def restore(self) -> None:
         """Undo what tracing did to Python state; running the program redoes it with real tensors."""
@@ -854,6 +871,14 @@ def _grad_assigned(t: Tensor) -> None:
 TRACE_HOOKS.grad_assigned = _grad_assigned
 
 
+def _grad_read(t: Tensor) -> None:
+    """``t.grad`` read while this thread traces: ``t`` owns a gradient the trace may read or return, found again
+    through ``t`` on every call (a tensor held only as the gradient the first call saw would go stale)."""
+    if STATE.trace_depth and t._trace is None and t._requires_grad:
+        cap = STATE.captures[-1]
+        cap.add_owner(t, cap.arg_sources.get(id(t)) or cap._owner_source(t) or cap._source_for(t))
+
+
 def _backward_started(roots, nodes) -> None:
     cap = STATE.captures[-1]
     cap.backward_nodes.update(map(id, nodes))
@@ -885,6 +910,7 @@ def capturing(cap: Capture):
     with _CAPTURING_LOCK:
         _CAPTURING[0] += 1
         TRACE_HOOKS.detached = _detached
+        TRACE_HOOKS.grad_read = _grad_read
     try:
         yield cap
     finally:
@@ -892,6 +918,7 @@ def capturing(cap: Capture):
             _CAPTURING[0] -= 1
             if not _CAPTURING[0]:
                 TRACE_HOOKS.detached = None
+                TRACE_HOOKS.grad_read = None
         state.trace_depth -= 1
         state.captures = state.captures[:-1]
 

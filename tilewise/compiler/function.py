@@ -195,6 +195,8 @@ def _aliasing_outputs(leaves: list[tuple], outputs: list, flat: list) -> list:
             values.append(_view_over(outputs[k.base], k))
         elif kind == "detached":
             values.append(_detached_again(k.origin.fetch(flat), k.requires_grad))
+        elif kind == "grad":
+            values.append(k.fetch(flat))
         else:
             values.append(k)
     return values
