@@ -58,6 +58,7 @@ class _TraceHooks:
     untraced = contextlib.nullcontext  # () -> a context in which operators run, not recorded
     grad_assigned = None  # (t) -> None, before ``t.grad = ...`` (a trace learns what .grad was before the call)
     detached = None  # (src, out) -> None, when a real tensor is detached while any thread traces
+    grad_read = None  # (t) -> None, when ``t.grad`` is read while any thread traces
     backward_started = None  # (roots, nodes) -> None, as a backward starts while tracing, with every node it reaches
 
 
@@ -438,6 +439,9 @@ class Tensor:
 
     @property
     def grad(self) -> Tensor | None:
+        hook = TRACE_HOOKS.grad_read
+        if hook is not None:
+            hook(self)
         return self._grad
 
     @grad.setter

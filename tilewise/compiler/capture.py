@@ -151,6 +151,24 @@ class BackwardSpec:
     n_forward: int
 
 
+@dataclass(frozen=True)
+class OutputView:
+    """A returned view, made again after each run over the memory it shares: ``base`` is a Source (a tensor the
+    function was given or holds) or a graph output's index; ``geometry`` is (shape, strides, storage offset)."""
+
+    base: object
+    geometry: tuple
+    requires_grad: bool
+
+
+@dataclass(frozen=True)
+class Detached:
+    """A returned ``detach()`` or ``.data`` of a tensor the function was given or holds: detached again per call."""
+
+    origin: Source
+    requires_grad: bool
+
+
 @dataclass
 class Traced:
     graph: Graph
@@ -159,7 +177,10 @@ class Traced:
     grad_effects: list[GradEffect]
     output_spec: object  # pytree spec of the function's result
     output_leaves: list[tuple]  # per leaf: ("out", graph output index), ("arg", the flat argument returned
-    # as it is: a tensor argument the function returns, updated in place or not) or ("const", the value itself)
+    # as it is: a tensor argument the function returns, updated in place or not), ("const", the value itself), or
+    # an output that aliases another tensor (see [Note: outputs that alias] in function.py): ("leaf", an earlier
+    # leaf's position), ("view", OutputView over a source), ("view_out", OutputView over a graph output) or
+    # ("detached", Detached)
     output_requires_grad: list[bool]
     backward: BackwardSpec | None = None
     state_effects: list[StateEffect] = field(default_factory=list)
@@ -580,18 +601,45 @@ class Capture:
         outputs: list[Node] = []
         out_leaves, traced = [], []
         arguments = self.arg_index
-        for leaf in leaves:
-            if type(leaf) is Tensor and leaf._trace is None and id(leaf) in arguments:
+        position: dict[int, int] = {}  # id of a returned tensor -> its first leaf
+        bases = self._shared_bases(leaves)
+        for k, leaf in enumerate(leaves):
+            if type(leaf) is Tensor and position.setdefault(id(leaf), k) != k:
+                out_leaves.append(("leaf", position[id(leaf)]))  # returned twice: one object, as eager's
+            elif type(leaf) is Tensor and leaf._trace is None and id(leaf) in arguments:
                 out_leaves.append(("arg", arguments[id(leaf)]))  # the caller's own tensor (``out.copy_(x)``)
+            elif type(leaf) is Tensor and leaf._trace is None and id(leaf) in self.detached:
+                out_leaves.append(("detached", self._detached_output(leaf)))
+            elif type(leaf) is Tensor and leaf._trace is None and self._grad_of(leaf) is not None:
+                out_leaves.append(("grad", self._grad_of(leaf)))  # the gradient the owner holds after each call
             elif type(leaf) is Tensor and leaf._trace is not None:
+                view = self._input_view(leaf, flat_args)
+                if view is not None:
+                    out_leaves.append(("view", view))
+                    continue
+                alias = leaf.__dict__.get("_tw_alias")
+                base = alias.root if alias is not None else None
+                if id(base) in bases and base is not leaf and (base._requires_grad or not leaf._requires_grad):
+                    if bases[id(base)] is None:
+                        bases[id(base)] = len(outputs)  # the base itself is an output, returned or not
+                        outputs.append(self.value_of(base))
+                        traced.append(base)
+                    out_leaves.append(("view_out", OutputView(bases[id(base)], alias.geometry, leaf._requires_grad)))
+                    continue
+                if id(leaf) in bases:
+                    if bases[id(leaf)] is not None:  # already an output as an earlier leaf's base
+                        out_leaves.append(("out", bases[id(leaf)]))
+                        continue
+                    bases[id(leaf)] = len(outputs)
                 out_leaves.append(("out", len(outputs)))
                 outputs.append(self.value_of(leaf))
                 traced.append(leaf)
             else:
                 out_leaves.append(("const", leaf))
         requires = [leaf._requires_grad for leaf in traced]
-        effects, presence = self._grad_effects(outputs, requires, flat_args)
-        state_effects = self._state_effects(outputs, requires)
+        returned = {id(leaf): k for k, leaf in enumerate(traced)}
+        effects, presence = self._grad_effects(outputs, requires, returned)
+        state_effects = self._state_effects(outputs, requires, returned)
         differentiable = [(k, leaf) for k, leaf in enumerate(traced)
                           if leaf._requires_grad and leaf._dtype.is_floating_point]
         backward = self._backward(differentiable, outputs)
@@ -603,10 +651,44 @@ class Capture:
         return Traced(graph, self.tensor_sources, presence, effects, spec, out_leaves, requires, backward,
                       state_effects)
 
+    def _input_view(self, leaf: Tensor, flat_args: list) -> OutputView | None:
+        """A returned trace tensor that is a view of the memory of a tensor the function was given or holds (see
+        [Note: outputs that alias] in function.py); None for any other."""
+        alias = leaf.__dict__.get("_tw_alias")
+        entry = alias.root if alias is not None else None
+        if not isinstance(entry, StorageEntry) or entry.source.kind not in ("arg", "object"):
+            return None
+        base = entry.source.fetch(flat_args)
+        # a view that needs grad where its base does not was written in place by a differentiable value: the
+        # program's output carries that history, a view of the base would not
+        if leaf._requires_grad and not (base._requires_grad and base.grad_fn is None):
+            return None
+        return OutputView(entry.source, alias.geometry, leaf._requires_grad)
+
+    def _shared_bases(self, leaves: list) -> dict[int, None]:
+        """The root trace tensors that two returned tensors share (one returned with its view, or two views of
+        one): each is an output, and those views are made over it."""
+        count: dict[int, int] = {}
+        seen: set[int] = set()
+        for leaf in leaves:
+            if type(leaf) is not Tensor or leaf._trace is None or id(leaf) in seen:
+                continue
+            seen.add(id(leaf))
+            alias = leaf.__dict__.get("_tw_alias")
+            root = alias.root if alias is not None else leaf
+            if type(root) is Tensor and root._trace is not None:
+                count[id(root)] = count.get(id(root), 0) + 1
+        return {root: None for root, n in count.items() if n > 1}
+
+    def _detached_output(self, leaf: Tensor) -> Detached:
+        origin = self.origin_of(leaf)
+        source = self.arg_sources.get(id(origin)) or Source("object", "detached", obj=origin)
+        return Detached(source, leaf._requires_grad)
+
     def watch_state(self, state: dict) -> None:
         self.states.append((state, {owner: dict(entry) for owner, entry in state.items()}))
 
-    def _state_effects(self, outputs: list, requires: list) -> list[StateEffect]:
+    def _state_effects(self, outputs: list, requires: list, returned: dict[int, int]) -> list[StateEffect]:
         """What the function stored into optimizer state (buffers created on a first step): outputs to assign."""
         effects = []
         for state, before in self.states:
@@ -615,7 +697,9 @@ class Capture:
                 for key, value in entry.items():
                     if key in old and old[key] is value:
                         continue
-                    if type(value) is Tensor and value._trace is not None:
+                    if type(value) is Tensor and value._trace is not None and id(value) in returned:
+                        effects.append(StateEffect(state, owner, key, output=returned[id(value)]))
+                    elif type(value) is Tensor and value._trace is not None:
                         effects.append(StateEffect(state, owner, key, output=len(outputs)))
                         outputs.append(self.value_of(value))
                         requires.append(False)
@@ -647,9 +731,11 @@ class Capture:
                 sources.append(src)
         return BackwardSpec(tangents, [k for k, _ in differentiable], sources, n_forward)
 
-    def _grad_effects(self, outputs: list, requires: list, flat_args: list):
+    def _grad_effects(self, outputs: list, requires: list, returned: dict[int, int]):
         """How ``.grad`` of each owner changed, and for those that did, whether it was set when traced (a
-        gradient that already exists is accumulated into, so the program depends on it)."""
+        gradient that already exists is accumulated into, so the program depends on it). A gradient the function
+        also returns is that output (``returned``: id of a returned trace tensor -> its output): one tensor, as
+        eager's."""
         effects, presence = [], []
         for owner, source in self.owners:
             original = self.saved_grads[id(owner)][1]
@@ -659,11 +745,21 @@ class Capture:
             presence.append((source, original is not None))
             if final is None:
                 effects.append(GradEffect(source, None, clear=True))
+            elif type(final) is Tensor and final._trace is not None and id(final) in returned:
+                effects.append(GradEffect(source, returned[id(final)]))
             elif type(final) is Tensor and final._trace is not None:
                 effects.append(GradEffect(source, len(outputs)))
                 outputs.append(self.value_of(final))
                 requires.append(False)
         return effects, presence
+
+    def _grad_of(self, t: Tensor) -> Source | None:
+        """Where a real tensor the function returns is found after each call, when it is a parameter's ``.grad``
+        (read, or accumulated into in place): the owner's gradient then, not the one this trace saw."""
+        for owner, source in self.owners:
+            if owner._grad is t:
+                return Source("grad", f"{source.label}.grad", owner=source)
+        return None
 
     def restore(self) -> None:
         """Undo what tracing did to Python state; running the program redoes it with real tensors."""
@@ -775,6 +871,14 @@ def _grad_assigned(t: Tensor) -> None:
 TRACE_HOOKS.grad_assigned = _grad_assigned
 
 
+def _grad_read(t: Tensor) -> None:
+    """``t.grad`` read while this thread traces: ``t`` owns a gradient the trace may read or return, found again
+    through ``t`` on every call (a tensor held only as the gradient the first call saw would go stale)."""
+    if STATE.trace_depth and t._trace is None and t._requires_grad:
+        cap = STATE.captures[-1]
+        cap.add_owner(t, cap.arg_sources.get(id(t)) or cap._owner_source(t) or cap._source_for(t))
+
+
 def _backward_started(roots, nodes) -> None:
     cap = STATE.captures[-1]
     cap.backward_nodes.update(map(id, nodes))
@@ -806,6 +910,7 @@ def capturing(cap: Capture):
     with _CAPTURING_LOCK:
         _CAPTURING[0] += 1
         TRACE_HOOKS.detached = _detached
+        TRACE_HOOKS.grad_read = _grad_read
     try:
         yield cap
     finally:
@@ -813,6 +918,7 @@ def capturing(cap: Capture):
             _CAPTURING[0] -= 1
             if not _CAPTURING[0]:
                 TRACE_HOOKS.detached = None
+                TRACE_HOOKS.grad_read = None
         state.trace_depth -= 1
         state.captures = state.captures[:-1]
 

@@ -44,6 +44,16 @@ do), ``.grad`` of parameters is set or cleared as the function did, and optimize
 created (momentum buffers on a first step) is stored; the next call sees that state changed and compiles
 the steady-state step, which updates the buffers in place. Recording holds a per-function lock, and a
 program runs under its arena's lock, so compiled functions may be called from several threads.
+
+[Note: outputs that alias] A program's outputs are fresh memory, but what eager returns may share memory with
+another tensor: a view, ``detach()`` or ``.data`` of an argument or of a tensor the function holds, one tensor
+returned twice, a tensor returned with a view of it. A write through such a result after the call lands in that
+other tensor in eager (and in what the next call reads). So these outputs are made again after each run: a view of
+an argument's or a held tensor's memory is taken over that tensor once the program has written it back
+(``as_strided``, recording autograd where the view needs grad); a tensor returned twice is one object; an
+intermediate returned with its views, or two views of one, is one program output and the views are taken over it.
+A view of an intermediate returned alone stays a fresh contiguous output (taking it over the whole intermediate
+would make the program store all of it).
 """
 
 from __future__ import annotations
@@ -60,7 +70,8 @@ import numpy as np
 from tilewise import strides as S
 from tilewise._stages import Stages, collector_paused, stage
 from tilewise.autograd.function import Function
-from tilewise.compiler.capture import Source, Traced, capturing, flatten, leaf_labels, start, unflatten
+from tilewise.autograd.grad_mode import no_grad
+from tilewise.compiler.capture import OutputView, Source, Traced, capturing, flatten, leaf_labels, start, unflatten
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, user_frame
 from tilewise.compiler.guards import Guards, Recorder, make_guards
 from tilewise.compiler.lowering.partition import partition
@@ -126,6 +137,7 @@ class Variant:
         # only the arguments and gradients are fetched
         self._held = [source.obj if source.kind == "object" else None for source in self.entries]
         self._fetched = [(k, source) for k, source in enumerate(self.entries) if source.kind != "object"]
+        self.aliasing = any(kind not in ("out", "arg", "const") for kind, _ in self.traced.output_leaves)
 
     def run(self, flat: list):
         traced = self.traced
@@ -137,6 +149,8 @@ class Variant:
         if STATE.inference:  # as eager's, the outputs of a call inside inference mode are inference tensors
             for t in outputs:
                 t._storage.inference = True
+        if self.aliasing:
+            return unflatten(traced.output_spec, _aliasing_outputs(traced.output_leaves, outputs, flat))
         values = [outputs[k] if kind == "out" else flat[k] if kind == "arg" else k for kind, k in traced.output_leaves]
         return unflatten(traced.output_spec, values)
 
@@ -173,6 +187,42 @@ class Variant:
 
 
 _STORAGE_DATA = operator.attrgetter("_storage.data")
+
+
+def _aliasing_outputs(leaves: list[tuple], outputs: list, flat: list) -> list:
+    """The returned values of a call whose outputs alias other tensors (see [Note: outputs that alias])."""
+    values: list = []
+    for kind, k in leaves:
+        if kind == "out":
+            values.append(outputs[k])
+        elif kind == "arg":
+            values.append(flat[k])
+        elif kind == "leaf":
+            values.append(values[k])
+        elif kind == "view":
+            values.append(_view_over(k.base.fetch(flat), k))
+        elif kind == "view_out":
+            values.append(_view_over(outputs[k.base], k))
+        elif kind == "detached":
+            values.append(_detached_again(k.origin.fetch(flat), k.requires_grad))
+        elif kind == "grad":
+            values.append(k.fetch(flat))
+        else:
+            values.append(k)
+    return values
+
+
+def _view_over(base: Tensor, view: OutputView) -> Tensor:
+    shape, strides, offset = view.geometry
+    if view.requires_grad:
+        return base.as_strided(shape, strides, offset)
+    with no_grad():
+        return base.as_strided(shape, strides, offset)
+
+
+def _detached_again(origin: Tensor, requires_grad: bool) -> Tensor:
+    out = origin.detach()
+    return out.requires_grad_() if requires_grad else out
 
 
 def _flat(t: Tensor):
@@ -274,9 +324,19 @@ def _window_misused(traced: Traced, flat: list, windows: dict) -> str | None:
             return "held"
         if id(t._storage) in windows and id(traced.graph.inputs[ts.entry]) in written:
             found = "written"
-    if any(type(flat[k]) is Tensor and id(flat[k]._storage) in windows
-           for kind, k in traced.output_leaves if kind == "arg"):
+    if any(type(t) is Tensor and id(t._storage) in windows for t in _returned_arguments(traced, flat)):
         found = "written"
+    return found
+
+
+def _returned_arguments(traced: Traced, flat: list) -> list:
+    """The argument tensors a recorded call returns, or returns views or detached aliases of."""
+    found = []
+    for kind, k in traced.output_leaves:
+        if kind == "arg":
+            found.append(flat[k])
+        elif kind == "view" and k.base.kind == "arg" or kind == "detached" and k.origin.kind == "arg":
+            found.append((k.base if kind == "view" else k.origin).fetch(flat))
     return found
 
 
@@ -287,11 +347,23 @@ def _windows_undone(result, windows: dict):
         if window._storage.version:
             given._storage.version += window._storage.version
             window._storage.version = 0
-    by_window = {id(window): given for window, given in windows.values()}
     leaves, spec = flatten(result)
-    if not any(id(leaf) in by_window for leaf in leaves):
+    if not any(type(leaf) is Tensor and id(leaf._storage) in windows for leaf in leaves):
         return result
-    return unflatten(spec, [by_window.get(id(leaf), leaf) for leaf in leaves])
+    return unflatten(spec, [_over_given(leaf, windows) if type(leaf) is Tensor and id(leaf._storage) in windows
+                            else leaf for leaf in leaves])
+
+
+def _over_given(leaf: Tensor, windows: dict) -> Tensor:
+    """A returned tensor over a window's memory, over the memory of the argument as given instead."""
+    window, given = windows[id(leaf._storage)]
+    if leaf is window:
+        return given
+    if leaf._base is None and (leaf._shape, leaf._strides, leaf._offset) == \
+            (window._shape, window._strides, window._offset):
+        return given.detach()
+    with no_grad():
+        return given.as_strided(leaf._shape, leaf._strides, leaf._offset - window._offset + given._offset)
 
 
 class CompiledFunction:
