@@ -764,3 +764,29 @@ def test_queue_callback_belongs_to_the_thread_running_backward(lib):
     x.register_post_accumulate_grad_hook(hook)
     (x * 2).sum().backward()
     assert errors == ["Final callbacks can only be installed during backward pass."]
+
+
+@pytest.mark.parametrize("name", ["relu_", "sigmoid_", "tanh_", "exp_"])
+def test_an_in_place_operator_that_saves_its_result_saves_the_written_tensor(name):
+    """torch's in-place activations save ``self`` once written: no copy of the output is held for backward, and
+    writing ``self`` again before backward is refused, as torch refuses it."""
+    import torch
+
+    for lib in (tw, torch):
+        x = lib.tensor([-1.0, 0.5, 2.0], requires_grad=True)
+        y = x * 2
+        getattr(y, name)()
+        if lib is tw:
+            assert y.grad_fn.saved["result"].tensor._storage is y._storage
+        (y * y).sum().backward()
+        if lib is tw:
+            ours = x.grad.tolist()
+        else:
+            np.testing.assert_allclose(ours, x.grad.tolist(), rtol=1e-6, atol=1e-6)
+    for lib in (tw, torch):
+        x = lib.tensor([-1.0, 0.5, 2.0], requires_grad=True)
+        y = x * 2
+        getattr(y, name)()
+        y.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()

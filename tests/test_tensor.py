@@ -336,3 +336,17 @@ def test_numpy_of_a_tensor_that_requires_grad_is_refused_only_while_grad_is_on()
         with lib.no_grad():
             np.testing.assert_array_equal(x.numpy(), [1.0, 1.0])
         np.testing.assert_array_equal(x.detach().numpy(), [1.0, 1.0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "float64", "bfloat16"])
+def test_untyped_storage_counts_bytes_as_torchs(dtype):
+    """Memory accounting as users write it: ``t.untyped_storage().nbytes()``, ``element_size()`` and
+    ``data_ptr()`` of views and of copies."""
+    base = torch.arange(24).to(getattr(torch, dtype)).reshape(4, 6)
+    ours = tw.from_numpy(base.float().numpy()).to(getattr(tw, dtype))
+    for o, t in ((ours, base), (ours[1:, ::2], base[1:, ::2]), (ours.t(), base.t()),
+                 (ours[1:].clone(), base[1:].clone()), (ours[:0], base[:0])):
+        assert o.untyped_storage().nbytes() == t.untyped_storage().nbytes()
+        assert o.untyped_storage().element_size() == t.untyped_storage().element_size() == 1
+        same = o.untyped_storage().data_ptr() == ours.untyped_storage().data_ptr()
+        assert same == (t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr())

@@ -503,7 +503,7 @@ class _Saver:
         typed = _TYPED_STORAGES.get(storage.dtype.name)
         if typed:
             return Persistent(("storage", Global("torch", typed), key, location, storage.size))
-        return Persistent(("storage", Global("torch.storage", "UntypedStorage"), key, location, storage.nbytes))
+        return Persistent(("storage", Global("torch.storage", "UntypedStorage"), key, location, storage.nbytes()))
 
 
 def save_zip(obj: Any, file: BinaryIO, archive_name: str) -> None:
@@ -515,7 +515,7 @@ def save_zip(obj: Any, file: BinaryIO, archive_name: str) -> None:
                            ("byteorder", b"little")):
             _write_record(archive, f"{archive_name}/{name}", [data], len(data))
         for key, storage in saver.storages:
-            _write_record(archive, f"{archive_name}/data/{key}", _storage_pieces(storage), storage.nbytes)
+            _write_record(archive, f"{archive_name}/data/{key}", _storage_pieces(storage), storage.nbytes())
         _write_record(archive, f"{archive_name}/version", [b"3\n"], 2)
         serial = str(secrets.randbits(128)).zfill(40).encode()
         _write_record(archive, f"{archive_name}/.data/serialization_id", [serial], len(serial))

@@ -61,9 +61,13 @@ class Storage:
     def from_numpy(cls, flat: np.ndarray, dtype: DType) -> Storage:
         return cls(flat, cpu, dtype, flat.shape[0])
 
-    @property
     def nbytes(self) -> int:
+        """The storage's size in bytes (``UntypedStorage.nbytes()``)."""
         return self.size * self.dtype.itemsize
+
+    def element_size(self) -> int:
+        """1, as an untyped storage's: ``Tensor.untyped_storage()`` counts bytes."""
+        return 1
 
     def data_ptr(self) -> int:
         if self.device.type == "cpu":

@@ -146,6 +146,7 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
                            f"{list(result._shape)}")
     check_inference_write(self)
     _take_tangents(self, result)
+    computed = result  # before any cast: the value its node may have saved
     if result._dtype is not self._dtype:
         if not allow_any_cast and not castable(result._dtype, self._dtype):
             raise RuntimeError(f"{name}: result type {result._dtype.name} can't be cast to the desired output type "
@@ -169,7 +170,28 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
         else:
             self.grad_fn, self._output_nr, self._requires_grad = result.grad_fn, result._output_nr, True
     self._bump_version()
+    if prev and computed is result and result._requires_grad:
+        _save_written(self, result)
     return self
+
+
+def _save_written(self: Tensor, result: Tensor) -> None:
+    """A node that saved its result (``relu_``'s, ``sigmoid_``'s) keeps ``self`` instead, as torch's in-place
+    operators do: the same values, written now, so the temporary is freed (an in-place activation held a copy of
+    its output for backward: a ResNet's ``ReLU(inplace=True)`` saved a third more activation memory than torch)
+    and a later in-place write to ``self`` is refused at backward as torch refuses it."""
+    from tilewise.autograd.graph import _share_tangents
+
+    if self._storage is None or result._storage is None:  # traced (tilewise.compile) or batched tensors
+        return
+    node = result.grad_fn
+    saved = getattr(node, "saved", None)
+    entry = saved.get("result") if saved else None
+    if (entry is None or isinstance(entry, tuple) or not entry.is_output or entry.unpack_hook is not None
+            or entry.tensor is None or entry.tensor._storage is not result._storage):
+        return
+    entry.tensor = _share_tangents(self, self.detach())
+    entry.version = self._storage.version
 
 
 def _take_tangents(self: Tensor, result: Tensor) -> None:

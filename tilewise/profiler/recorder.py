@@ -132,7 +132,7 @@ class Recorder:
             if storage is None or id(storage) in inputs or storage in self.known:
                 continue
             self.known.add(storage)
-            nbytes = storage.nbytes
+            nbytes = storage.nbytes()
             if not nbytes:
                 continue
             device = str(storage.device)
