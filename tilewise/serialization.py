@@ -12,8 +12,9 @@ format runs code when loaded.
 [Note: checkpoint format] A checkpoint is one safetensors file. Its tensors are stored under the dotted
 path at which they sit in the saved object (``fc.weight`` for a state dict, ``state.0.exp_avg`` for an
 optimizer's), so any safetensors reader sees meaningful names. The rest of the object — dicts (with any
-key type), lists, tuples, numbers, strings, dtypes — is written as JSON into the file's ``__metadata__``
-under ``"tilewise"``, with ``{"__tensor__": name}`` where a tensor stood. No pickle is involved, so loading
+key type; an OrderedDict stays one, with a state dict's ``_metadata``), lists, tuples, numbers, strings,
+dtypes — is written as JSON into the file's ``__metadata__`` under ``"tilewise"``, with
+``{"__tensor__": name}`` where a tensor stood. No pickle is involved, so loading
 a checkpoint never runs code. A safetensors file written by another library (torch's ``save_file``, say)
 has no such entry and loads as a plain ``{name: tensor}`` dict. ``__metadata__`` is the one name the format
 reserves: a tensor at that path is stored under ``__metadata___`` and put back where it was by the JSON.
@@ -41,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections import OrderedDict
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -92,11 +94,22 @@ class _Encoder:
         if isinstance(obj, dict):
             items = [(k, self.encode(v, _join(path, str(k)))) for k, v in obj.items()]
             if all(isinstance(k, str) and not k.startswith("__") for k, _ in items):
-                return dict(items)
-            return {"__items__": [[self.encode(k, ""), v] for k, v in items]}
+                node = dict(items)
+            else:
+                node = {"__items__": [[self.encode(k, ""), v] for k, v in items]}
+            return self._ordered(obj, node, path) if isinstance(obj, OrderedDict) else node
         raise TypeError(f"tilewise.save: cannot store a {type(obj).__name__} at {path or 'the top level'!r}; "
                         "checkpoints hold tensors, numbers, strings, None, dtypes, lists, tuples and dicts"
                         f"{state_dict_hint(obj)}")
+
+    def _ordered(self, obj: OrderedDict, node: Any, path: str) -> dict:
+        """An OrderedDict comes back one, with a state dict's ``_metadata`` (module versions), as torch.load
+        gives it."""
+        ordered = {"__ordered__": node}
+        metadata = getattr(obj, "_metadata", None)
+        if metadata is not None:
+            ordered["_metadata"] = self.encode(metadata, _join(path, "_metadata"))
+        return ordered
 
     def _tensor(self, t: Tensor, path: str) -> dict:
         node = self.seen.get(id(t))
@@ -458,6 +471,11 @@ def _decode(node: Any, tensors: dict[str, Tensor], made: dict[str, Tensor]) -> A
         return tuple(_decode(v, tensors, made) for v in node["__tuple__"])
     if "__items__" in node:
         return {_decode(k, tensors, made): _decode(v, tensors, made) for k, v in node["__items__"]}
+    if "__ordered__" in node:
+        ordered = OrderedDict(_decode(node["__ordered__"], tensors, made))
+        if "_metadata" in node:
+            ordered._metadata = _decode(node["_metadata"], tensors, made)
+        return ordered
     return {k: _decode(v, tensors, made) for k, v in node.items()}
 
 
