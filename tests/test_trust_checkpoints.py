@@ -4,6 +4,7 @@ the previous checkpoint, and saving streams (its memory peak is measured on a ~2
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -444,7 +445,7 @@ def _both(fn):
             result = repr(fn(lib))
         except Exception as exc:  # noqa: BLE001 — the error is the result compared
             result = f"{type(exc).__name__}: {exc}"
-        out.append(result.replace(lib.__name__, "LIB"))
+        out.append(result.replace(f"{lib.__name__}.", "LIB."))
     return out
 
 
@@ -577,7 +578,7 @@ def test_post_hooks_run_after_the_submodules_and_may_edit_the_keys():
         try:
             model.load_state_dict({})
         except RuntimeError as exc:
-            seen.append(str(exc).replace(lib.__name__, "LIB"))
+            seen.append(str(exc).replace(f"{lib.__name__}.", "LIB."))
         return seen
 
     ours, theirs = _both(load)
@@ -593,3 +594,37 @@ def test_a_value_that_is_not_a_tensor_is_named_as_torch_names_it(value):
     assert ours == theirs
     ours, theirs = _both(lambda lib: lib.nn.Linear(1, 1).load_state_dict([("weight", 1)]))
     assert ours == theirs
+
+
+# ---------------------------------------------------------------------------- copy.deepcopy, as torch's
+
+def test_deepcopy_keeps_views_of_one_storage_views_of_one_copy():
+    def copied(lib):
+        base = lib.arange(12.0).reshape(3, 4)
+        out = copy.deepcopy({"base": base, "t": base.t(), "step": base[:, ::2], "row": base[1]})
+        out["base"][1, 2] = 100.0
+        return {k: (v.tolist(), v.stride(), v.storage_offset()) for k, v in out.items()}
+
+    ours, theirs = _both(copied)
+    assert ours == theirs
+
+
+def test_deepcopy_of_a_parameter_drops_its_grad_and_of_a_tensor_keeps_it():
+    def copied(lib):
+        param = lib.nn.Parameter(lib.ones(2))
+        param.grad = lib.full((2,), 3.0)
+        plain = lib.ones(2, requires_grad=True)
+        plain.grad = lib.full((2,), 4.0)
+        model = lib.nn.Linear(2, 1)
+        model(lib.ones(1, 2)).sum().backward()
+        twin_param, twin_plain, twin_model = copy.deepcopy((param, plain, model))
+        return (twin_param.grad, isinstance(twin_param, lib.nn.Parameter), twin_param.requires_grad, twin_plain.grad,
+                twin_model.weight.grad, twin_model.bias.grad)
+
+    ours, theirs = _both(copied)
+    assert ours == theirs
+
+
+def test_deepcopy_of_a_non_leaf_is_refused_as_in_torch():
+    ours, theirs = _both(lambda lib: copy.deepcopy(lib.ones(2, requires_grad=True) * 2))
+    assert ours == theirs and ours.startswith("RuntimeError: Only Tensors created explicitly by the user")
