@@ -628,3 +628,44 @@ def test_deepcopy_of_a_parameter_drops_its_grad_and_of_a_tensor_keeps_it():
 def test_deepcopy_of_a_non_leaf_is_refused_as_in_torch():
     ours, theirs = _both(lambda lib: copy.deepcopy(lib.ones(2, requires_grad=True) * 2))
     assert ours == theirs and ours.startswith("RuntimeError: Only Tensors created explicitly by the user")
+
+
+# ---------------------------------------------------------------------------- parameters and complex tensors saved
+
+@pytest.mark.parametrize("format", ["safetensors", "torch"])
+def test_a_parameter_comes_back_a_parameter_and_its_view_a_tensor(format):
+    """torch.load gives a saved Parameter back as one; a safetensors checkpoint gave a plain tensor."""
+    def saved(lib):
+        param = lib.nn.Parameter(lib.arange(4.0))
+        frozen = lib.nn.Parameter(lib.ones(2), requires_grad=False)
+        obj = {"p": param, "view": param[1:], "frozen": frozen}
+        if lib is torch:
+            return torch_round_trip(obj)
+        buf = io.BytesIO()
+        tw.save(obj, buf, format=format)
+        buf.seek(0)
+        return tw.load(buf)
+
+    ours, theirs = saved(tw), saved(torch)
+    for key in ours:
+        assert isinstance(ours[key], tw.nn.Parameter) == isinstance(theirs[key], torch.nn.Parameter), key
+        assert ours[key].requires_grad == theirs[key].requires_grad and ours[key].tolist() == theirs[key].tolist(), key
+    assert shares(ours["p"], ours["view"])
+
+
+def test_complex64_round_trips_and_reads_in_the_safetensors_library(tmp_path):
+    path = tmp_path / "c.safetensors"
+    value = tw.tensor([[1 + 2j, -3.5 - 0.25j]], dtype=tw.complex64)
+    tw.save({"c": value, "t": value.t()}, path)
+    out = tw.load(path)
+    assert same(out["c"], value) and out["t"].tolist() == value.t().tolist()
+    assert torch.equal(load_file(str(path))["c"], torch.tensor([[1 + 2j, -3.5 - 0.25j]], dtype=torch.complex64))
+
+
+def test_a_dtype_safetensors_cannot_hold_is_named_with_the_format_that_can():
+    with pytest.raises(TypeError, match=r"complex128 tensor at 'w' has no safetensors dtype.*format='torch'"):
+        round_trip({"w": tw.ones(2, dtype=tw.complex128)})
+    buf = io.BytesIO()
+    tw.save({"w": tw.tensor([1 + 1j], dtype=tw.complex128)}, buf, format="torch")
+    buf.seek(0)
+    assert torch.load(buf)["w"].tolist() == [1 + 1j]

@@ -51,6 +51,7 @@ from tilewise import _torch_format, dtypes
 from tilewise import strides as _strides
 from tilewise._pickle import state_dict_hint
 from tilewise.fileio import atomic_writer
+from tilewise.nn.parameter import Parameter
 from tilewise.tensor import Tensor, from_array
 
 # safetensors' header codes; its writer takes the torch-style names, which are tilewise's dtype names
@@ -58,6 +59,7 @@ _SAFETENSORS_DTYPES = {
     dtypes.bool_: "BOOL", dtypes.uint8: "U8", dtypes.int8: "I8", dtypes.int16: "I16", dtypes.int32: "I32",
     dtypes.int64: "I64", dtypes.float16: "F16", dtypes.bfloat16: "BF16", dtypes.float32: "F32", dtypes.float64: "F64",
     dtypes.float8_e4m3fn: "F8_E4M3", dtypes.float8_e5m2: "F8_E5M2", dtypes.float8_e8m0fnu: "F8_E8M0",
+    dtypes.complex64: "C64",
     dtypes.float4_e2m1fn_x2: "F4",  # safetensors counts F4 in 4-bit elements: the last dimension doubles
 }
 _FROM_SAFETENSORS = {code: dtype for dtype, code in _SAFETENSORS_DTYPES.items()}
@@ -116,6 +118,10 @@ class _Encoder:
         if node is not None:
             return node
         t._require_real("tilewise.save")
+        if t.dtype not in _SAFETENSORS_DTYPES:
+            raise TypeError(f"tilewise.save: the {t.dtype} tensor at {path or 'the top level'!r} has no safetensors "
+                            f"dtype (safetensors holds {', '.join(d.name for d in _SAFETENSORS_DTYPES)}); save it "
+                            "in torch's format (a .pt file, or format='torch'), which holds every dtype")
         name = path or "tensor"
         while name in self.names:
             name += "_"
@@ -123,6 +129,8 @@ class _Encoder:
         node = {"__tensor__": name}
         if t.requires_grad:
             node["requires_grad"] = True
+        if isinstance(t, Parameter):
+            node["parameter"] = True
         self.seen[id(t)] = node
         self.met.append((t, node))
         return node
@@ -491,7 +499,9 @@ def _load_tensor(node: dict, tensors: dict[str, Tensor], made: dict[str, Tensor]
         raise RuntimeError(f"tilewise.load: the checkpoint refers to tensor {name!r}, which the file does not "
                            "contain; the file is truncated or was edited")
     t = _view_of(tensors[name], view) if view else tensors[name]
-    if node.get("requires_grad"):
+    if node.get("parameter"):
+        t = Parameter(t, requires_grad=bool(node.get("requires_grad")))
+    elif node.get("requires_grad"):
         t.requires_grad_(True)
     made[own] = t
     return t
