@@ -4,10 +4,12 @@ the previous checkpoint, and saving streams (its memory peak is measured on a ~2
 
 from __future__ import annotations
 
+import collections
 import copy
 import io
 import json
 import os
+import pickle
 import signal
 import stat
 import subprocess
@@ -669,3 +671,26 @@ def test_a_dtype_safetensors_cannot_hold_is_named_with_the_format_that_can():
     tw.save({"w": tw.tensor([1 + 1j], dtype=tw.complex128)}, buf, format="torch")
     buf.seek(0)
     assert torch.load(buf)["w"].tolist() == [1 + 1j]
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+@pytest.mark.parametrize("format", ["safetensors", "torch"])
+def test_a_namedtuple_is_refused_by_name_rather_than_loaded_as_a_plain_tuple(format):
+    """torch.save keeps a namedtuple's class, which torch.load(weights_only=True) refuses; tilewise.load never
+    imports a class, and saving one gave back a plain tuple without a word."""
+    with pytest.raises(TypeError, match=r"cannot store a Point \(a namedtuple\) at 'p.0'.*_asdict\(\)"):
+        tw.save({"p": [Point(tw.ones(1), 2)]}, io.BytesIO(), format=format)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(io.BytesIO(torch_bytes({"p": Point(1, 2)})))
+    buf = io.BytesIO()
+    tw.save({"size": tw.ones(2, 3).shape, "plain": (1, 2)}, buf, format=format)
+    buf.seek(0)
+    assert tw.load(buf) == {"size": (2, 3), "plain": (1, 2)}
+
+
+def torch_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()

@@ -49,7 +49,7 @@ import numpy as np
 
 from tilewise import _torch_format, dtypes
 from tilewise import strides as _strides
-from tilewise._pickle import state_dict_hint
+from tilewise._pickle import refuse_named_tuple, state_dict_hint
 from tilewise.fileio import atomic_writer
 from tilewise.nn.parameter import Parameter
 from tilewise.tensor import Tensor, from_array
@@ -90,6 +90,7 @@ class _Encoder:
         if isinstance(obj, dtypes.DType):
             return {"__dtype__": obj.name}
         if isinstance(obj, tuple):
+            refuse_named_tuple(obj, "tilewise.save", path)
             return {"__tuple__": [self.encode(v, _join(path, str(k))) for k, v in enumerate(obj)]}
         if isinstance(obj, list):
             return [self.encode(v, _join(path, str(k))) for k, v in enumerate(obj)]
