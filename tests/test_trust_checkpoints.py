@@ -1,6 +1,8 @@
 """tilewise.save / tilewise.load under stress: every key and tensor round-trips, shared storage comes back as
 torch.load gives it, files interoperate with the safetensors library both ways, a save killed midway leaves
-the previous checkpoint, and saving streams (its memory peak is measured on a ~200 MB state dict)."""
+the previous checkpoint, and saving streams (its memory peak is measured on a ~200 MB state dict). Module state
+dicts load as torch's load them (keys, versions, assign, extra state, hooks), copy.deepcopy copies tensors as
+torch's does, and parameters, complex tensors and namedtuples are saved as torch would have them or refused."""
 
 from __future__ import annotations
 
