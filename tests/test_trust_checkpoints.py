@@ -1,12 +1,17 @@
 """tilewise.save / tilewise.load under stress: every key and tensor round-trips, shared storage comes back as
 torch.load gives it, files interoperate with the safetensors library both ways, a save killed midway leaves
-the previous checkpoint, and saving streams (its memory peak is measured on a ~200 MB state dict)."""
+the previous checkpoint, and saving streams (its memory peak is measured on a ~200 MB state dict). Module state
+dicts load as torch's load them (keys, versions, assign, extra state, hooks), copy.deepcopy copies tensors as
+torch's does, and parameters, complex tensors and namedtuples are saved as torch would have them or refused."""
 
 from __future__ import annotations
 
+import collections
+import copy
 import io
 import json
 import os
+import pickle
 import signal
 import stat
 import subprocess
@@ -14,6 +19,7 @@ import sys
 import textwrap
 import time
 import tracemalloc
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -430,3 +436,263 @@ def test_saving_into_a_missing_folder_names_the_file_not_a_temporary(tmp_path):
     assert caught.value.filename == str(target)
     assert "no_such_folder" in str(caught.value) and ".tmp" not in str(caught.value)
     assert not target.parent.exists()
+
+
+# ---------------------------------------------------------------------------- Module.load_state_dict, as torch's
+
+def _both(fn):
+    """``fn(lib)`` for tilewise and torch: its result, or the type and text of the error it raised, with the
+    library's name taken out so the two compare."""
+    out = []
+    for lib in (tw, torch):
+        try:
+            result = repr(fn(lib))
+        except Exception as exc:  # noqa: BLE001 — the error is the result compared
+            result = f"{type(exc).__name__}: {exc}"
+        out.append(result.replace(f"{lib.__name__}.", "LIB."))
+    return out
+
+
+def _net(lib):
+    return lib.nn.Sequential(lib.nn.Linear(2, 3), lib.nn.BatchNorm1d(3))
+
+
+@pytest.mark.parametrize("extra", [{"0.weight.x": 1.0}, {"0": 1.0}, {"1.running_mean.y": 1.0, "x": 1.0}],
+                         ids=["inside-a-parameter", "naming-a-submodule", "two"])
+@pytest.mark.parametrize("strict", [True, False])
+def test_keys_that_name_no_tensor_are_unexpected(extra, strict):
+    """A key under a parameter's name (``0.weight.x``), or one naming a submodule itself (``0``), is
+    unexpected, as in torch; they loaded silently."""
+    def load(lib):
+        model = _net(lib)
+        state = {**_net(lib).state_dict(), **{k: lib.tensor(v) for k, v in extra.items()}}
+        return model.load_state_dict(state, strict=strict)
+
+    ours, theirs = _both(load)
+    assert ours == theirs and ("Unexpected" in ours or "unexpected_keys=['" in ours)
+
+
+@pytest.mark.parametrize("case", ["plain-dict", "version-1", "version-2"])
+def test_batch_norm_checkpoints_without_num_batches_tracked_load_as_torch_loads_them(case):
+    """Before version 2 (and in a plain dict, which has no versions) BatchNorm's state had no
+    ``num_batches_tracked``: the module keeps its own; a version-2 state dict without it is missing a key."""
+    def load(lib):
+        source = lib.nn.BatchNorm1d(3)
+        state = source.state_dict()
+        del state["num_batches_tracked"]
+        if case == "plain-dict":
+            state = dict(state)
+        elif case == "version-1":
+            state._metadata[""]["version"] = 1
+        target = lib.nn.BatchNorm1d(3)
+        target.num_batches_tracked.fill_(9)
+        return target.load_state_dict(state), target.num_batches_tracked.item()
+
+    ours, theirs = _both(load)
+    assert ours == theirs
+
+
+def test_instance_norm_refuses_running_stats_it_does_not_track_from_a_plain_dict():
+    ours, theirs = _both(lambda lib: lib.nn.InstanceNorm1d(2).load_state_dict({"running_mean": lib.zeros(2)}))
+    assert ours == theirs and "Unexpected running stats buffer(s)" in ours
+
+
+def test_state_dict_metadata_records_module_versions_and_survives_saving():
+    expected = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3)).state_dict()._metadata
+    state = _net(tw).state_dict()
+    assert state._metadata == expected
+    for format in ("safetensors", "torch"):
+        buf = io.BytesIO()
+        tw.save(state, buf, format=format)
+        buf.seek(0)
+        out = tw.load(buf)
+        assert type(out) is OrderedDict and out._metadata == expected and list(out) == list(state), format
+    buf = io.BytesIO()
+    tw.save(state, buf, format="torch")
+    buf.seek(0)
+    assert torch.load(buf)._metadata == expected
+
+
+def test_a_one_element_vector_loads_into_a_0_dim_tensor_and_a_longer_one_does_not():
+    """torch before 0.4 saved scalars as shape (1,); torch.load_state_dict still takes them."""
+    for value in ([5.0], [5.0, 6.0], [[5.0]]):
+        def load(lib, value=value):
+            module = lib.nn.Module()
+            module.register_buffer("s", lib.tensor(0.0))
+            module.load_state_dict({"s": lib.tensor(value)})
+            return module.s
+
+        ours, theirs = _both(load)
+        assert ours == theirs, value
+
+
+def test_assign_keeps_the_checkpoint_tensor_its_dtype_and_parameter():
+    def load(lib):
+        model = lib.nn.Linear(2, 1)
+        model.bias.requires_grad_(False)
+        weight = lib.nn.Parameter(lib.ones(1, 2, dtype=lib.float64), requires_grad=False)
+        bias = lib.ones(1, dtype=lib.float16)
+        model.load_state_dict({"weight": weight, "bias": bias}, assign=True)
+        return (model.weight is weight, model.weight.dtype, model.weight.requires_grad, model.bias.dtype,
+                model.bias.requires_grad, isinstance(model.bias, lib.nn.Parameter), model.bias is bias)
+
+    ours, theirs = _both(load)
+    assert ours == theirs
+
+
+def test_extra_state_is_saved_and_restored():
+    def make(lib):
+        class Counter(lib.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.count, self.lin = 0, lib.nn.Linear(1, 1)
+
+            def get_extra_state(self):
+                return {"count": self.count}
+
+            def set_extra_state(self, state):
+                self.count = state["count"]
+
+        return Counter
+
+    def load(lib):
+        counter = make(lib)
+        source = counter()
+        source.count = 7
+        state = source.state_dict()
+        target = counter()
+        result = target.load_state_dict(state)
+        lacking = {k: v for k, v in state.items() if k != "_extra_state"}
+        return list(state), target.count, result, counter().load_state_dict(lacking, strict=False)
+
+    ours, theirs = _both(load)
+    assert ours == theirs
+    ours, theirs = _both(lambda lib: make(lib)().load_state_dict({"lin.weight": lib.ones(1, 1),
+                                                                  "lin.bias": lib.ones(1)}))
+    assert ours == theirs and 'Missing key(s) in state_dict: "_extra_state"' in ours
+
+
+def test_post_hooks_run_after_the_submodules_and_may_edit_the_keys():
+    def load(lib):
+        model, seen = _net(lib), []
+        for name, module in model.named_modules():
+            module.register_load_state_dict_post_hook(
+                lambda module, keys, name=name: seen.append((name, list(keys.missing_keys))))
+        model[0].register_load_state_dict_post_hook(lambda module, keys: keys.missing_keys.clear())
+        try:
+            model.load_state_dict({})
+        except RuntimeError as exc:
+            seen.append(str(exc).replace(f"{lib.__name__}.", "LIB."))
+        return seen
+
+    ours, theirs = _both(load)
+    assert ours == theirs
+    ours, theirs = _both(lambda lib: (lambda m: (m.register_load_state_dict_post_hook(lambda *a: 1),
+                                                 m.load_state_dict(m.state_dict())))(lib.nn.Linear(1, 1)))
+    assert ours == theirs and ours.startswith("AssertionError")
+
+
+@pytest.mark.parametrize("value", [[1.0], "x", None])
+def test_a_value_that_is_not_a_tensor_is_named_as_torch_names_it(value):
+    ours, theirs = _both(lambda lib: lib.nn.Linear(1, 1).load_state_dict({"weight": value, "bias": lib.ones(1)}))
+    assert ours == theirs
+    ours, theirs = _both(lambda lib: lib.nn.Linear(1, 1).load_state_dict([("weight", 1)]))
+    assert ours == theirs
+
+
+# ---------------------------------------------------------------------------- copy.deepcopy, as torch's
+
+def test_deepcopy_keeps_views_of_one_storage_views_of_one_copy():
+    def copied(lib):
+        base = lib.arange(12.0).reshape(3, 4)
+        out = copy.deepcopy({"base": base, "t": base.t(), "step": base[:, ::2], "row": base[1]})
+        out["base"][1, 2] = 100.0
+        return {k: (v.tolist(), v.stride(), v.storage_offset()) for k, v in out.items()}
+
+    ours, theirs = _both(copied)
+    assert ours == theirs
+
+
+def test_deepcopy_of_a_parameter_drops_its_grad_and_of_a_tensor_keeps_it():
+    def copied(lib):
+        param = lib.nn.Parameter(lib.ones(2))
+        param.grad = lib.full((2,), 3.0)
+        plain = lib.ones(2, requires_grad=True)
+        plain.grad = lib.full((2,), 4.0)
+        model = lib.nn.Linear(2, 1)
+        model(lib.ones(1, 2)).sum().backward()
+        twin_param, twin_plain, twin_model = copy.deepcopy((param, plain, model))
+        return (twin_param.grad, isinstance(twin_param, lib.nn.Parameter), twin_param.requires_grad, twin_plain.grad,
+                twin_model.weight.grad, twin_model.bias.grad)
+
+    ours, theirs = _both(copied)
+    assert ours == theirs
+
+
+def test_deepcopy_of_a_non_leaf_is_refused_as_in_torch():
+    ours, theirs = _both(lambda lib: copy.deepcopy(lib.ones(2, requires_grad=True) * 2))
+    assert ours == theirs and ours.startswith("RuntimeError: Only Tensors created explicitly by the user")
+
+
+# ---------------------------------------------------------------------------- parameters and complex tensors saved
+
+@pytest.mark.parametrize("format", ["safetensors", "torch"])
+def test_a_parameter_comes_back_a_parameter_and_its_view_a_tensor(format):
+    """torch.load gives a saved Parameter back as one; a safetensors checkpoint gave a plain tensor."""
+    def saved(lib):
+        param = lib.nn.Parameter(lib.arange(4.0))
+        frozen = lib.nn.Parameter(lib.ones(2), requires_grad=False)
+        obj = {"p": param, "view": param[1:], "frozen": frozen}
+        if lib is torch:
+            return torch_round_trip(obj)
+        buf = io.BytesIO()
+        tw.save(obj, buf, format=format)
+        buf.seek(0)
+        return tw.load(buf)
+
+    ours, theirs = saved(tw), saved(torch)
+    for key in ours:
+        assert isinstance(ours[key], tw.nn.Parameter) == isinstance(theirs[key], torch.nn.Parameter), key
+        assert ours[key].requires_grad == theirs[key].requires_grad and ours[key].tolist() == theirs[key].tolist(), key
+    assert shares(ours["p"], ours["view"])
+
+
+def test_complex64_round_trips_and_reads_in_the_safetensors_library(tmp_path):
+    path = tmp_path / "c.safetensors"
+    value = tw.tensor([[1 + 2j, -3.5 - 0.25j]], dtype=tw.complex64)
+    tw.save({"c": value, "t": value.t()}, path)
+    out = tw.load(path)
+    assert same(out["c"], value) and out["t"].tolist() == value.t().tolist()
+    assert torch.equal(load_file(str(path))["c"], torch.tensor([[1 + 2j, -3.5 - 0.25j]], dtype=torch.complex64))
+
+
+def test_a_dtype_safetensors_cannot_hold_is_named_with_the_format_that_can():
+    with pytest.raises(TypeError, match=r"complex128 tensor at 'w' has no safetensors dtype.*format='torch'"):
+        round_trip({"w": tw.ones(2, dtype=tw.complex128)})
+    buf = io.BytesIO()
+    tw.save({"w": tw.tensor([1 + 1j], dtype=tw.complex128)}, buf, format="torch")
+    buf.seek(0)
+    assert torch.load(buf)["w"].tolist() == [1 + 1j]
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+@pytest.mark.parametrize("format", ["safetensors", "torch"])
+def test_a_namedtuple_is_refused_by_name_rather_than_loaded_as_a_plain_tuple(format):
+    """torch.save keeps a namedtuple's class, which torch.load(weights_only=True) refuses; tilewise.load never
+    imports a class, and saving one gave back a plain tuple without a word."""
+    with pytest.raises(TypeError, match=r"cannot store a Point \(a namedtuple\) at 'p.0'.*_asdict\(\)"):
+        tw.save({"p": [Point(tw.ones(1), 2)]}, io.BytesIO(), format=format)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(io.BytesIO(torch_bytes({"p": Point(1, 2)})))
+    buf = io.BytesIO()
+    tw.save({"size": tw.ones(2, 3).shape, "plain": (1, 2)}, buf, format=format)
+    buf.seek(0)
+    assert tw.load(buf) == {"size": (2, 3), "plain": (1, 2)}
+
+
+def torch_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()

@@ -366,6 +366,7 @@ class PickleWriter:
         elif isinstance(obj, (list, dict)):
             self._save_container(obj, key, path)
         elif isinstance(obj, tuple):
+            refuse_named_tuple(obj, self.what, path)
             self._save_tuple(obj, path)
             self._memoize(key, obj)
         elif isinstance(obj, (set, frozenset)):
@@ -496,6 +497,15 @@ class PickleWriter:
         self.out.write(pickle.BINGET + bytes([index]) if index < 256 else pickle.LONG_BINGET + struct.pack("<I", index))
 
 
+def refuse_named_tuple(obj: tuple, what: str, path: str) -> None:
+    """A namedtuple would come back a plain tuple (its class is code, which loading never imports): refused by
+    name rather than changed silently. torch.load(weights_only=True) refuses one too."""
+    if type(obj) is not tuple and hasattr(obj, "_fields"):
+        raise TypeError(f"{what}: cannot store a {type(obj).__name__} (a namedtuple) at {path or 'the top level'!r}: "
+                        "tilewise.load never imports code from a file, so it could not come back as one; store its "
+                        "_asdict() or tuple(...) instead")
+
+
 def state_dict_hint(obj: Any) -> str:
     """For an object with a state dict (a module, an optimizer, a scheduler): what to save instead of it."""
     if not callable(getattr(obj, "state_dict", None)):
@@ -509,4 +519,4 @@ def _join(path: str, key: str) -> str:
 
 
 __all__ = ["Call", "Global", "Persistent", "PickleWriter", "RestrictedUnpickler", "UnpicklingError",
-           "restricted_loads"]
+           "refuse_named_tuple", "restricted_loads"]

@@ -12,8 +12,9 @@ format runs code when loaded.
 [Note: checkpoint format] A checkpoint is one safetensors file. Its tensors are stored under the dotted
 path at which they sit in the saved object (``fc.weight`` for a state dict, ``state.0.exp_avg`` for an
 optimizer's), so any safetensors reader sees meaningful names. The rest of the object — dicts (with any
-key type), lists, tuples, numbers, strings, dtypes — is written as JSON into the file's ``__metadata__``
-under ``"tilewise"``, with ``{"__tensor__": name}`` where a tensor stood. No pickle is involved, so loading
+key type; an OrderedDict stays one, with a state dict's ``_metadata``), lists, tuples, numbers, strings,
+dtypes — is written as JSON into the file's ``__metadata__`` under ``"tilewise"``, with
+``{"__tensor__": name}`` where a tensor stood. No pickle is involved, so loading
 a checkpoint never runs code. A safetensors file written by another library (torch's ``save_file``, say)
 has no such entry and loads as a plain ``{name: tensor}`` dict. ``__metadata__`` is the one name the format
 reserves: a tensor at that path is stored under ``__metadata___`` and put back where it was by the JSON.
@@ -41,14 +42,16 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections import OrderedDict
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from tilewise import _torch_format, dtypes
 from tilewise import strides as _strides
-from tilewise._pickle import state_dict_hint
+from tilewise._pickle import refuse_named_tuple, state_dict_hint
 from tilewise.fileio import atomic_writer
+from tilewise.nn.parameter import Parameter
 from tilewise.tensor import Tensor, from_array
 
 # safetensors' header codes; its writer takes the torch-style names, which are tilewise's dtype names
@@ -56,6 +59,7 @@ _SAFETENSORS_DTYPES = {
     dtypes.bool_: "BOOL", dtypes.uint8: "U8", dtypes.int8: "I8", dtypes.int16: "I16", dtypes.int32: "I32",
     dtypes.int64: "I64", dtypes.float16: "F16", dtypes.bfloat16: "BF16", dtypes.float32: "F32", dtypes.float64: "F64",
     dtypes.float8_e4m3fn: "F8_E4M3", dtypes.float8_e5m2: "F8_E5M2", dtypes.float8_e8m0fnu: "F8_E8M0",
+    dtypes.complex64: "C64",
     dtypes.float4_e2m1fn_x2: "F4",  # safetensors counts F4 in 4-bit elements: the last dimension doubles
 }
 _FROM_SAFETENSORS = {code: dtype for dtype, code in _SAFETENSORS_DTYPES.items()}
@@ -86,23 +90,39 @@ class _Encoder:
         if isinstance(obj, dtypes.DType):
             return {"__dtype__": obj.name}
         if isinstance(obj, tuple):
+            refuse_named_tuple(obj, "tilewise.save", path)
             return {"__tuple__": [self.encode(v, _join(path, str(k))) for k, v in enumerate(obj)]}
         if isinstance(obj, list):
             return [self.encode(v, _join(path, str(k))) for k, v in enumerate(obj)]
         if isinstance(obj, dict):
             items = [(k, self.encode(v, _join(path, str(k)))) for k, v in obj.items()]
             if all(isinstance(k, str) and not k.startswith("__") for k, _ in items):
-                return dict(items)
-            return {"__items__": [[self.encode(k, ""), v] for k, v in items]}
+                node = dict(items)
+            else:
+                node = {"__items__": [[self.encode(k, ""), v] for k, v in items]}
+            return self._ordered(obj, node, path) if isinstance(obj, OrderedDict) else node
         raise TypeError(f"tilewise.save: cannot store a {type(obj).__name__} at {path or 'the top level'!r}; "
                         "checkpoints hold tensors, numbers, strings, None, dtypes, lists, tuples and dicts"
                         f"{state_dict_hint(obj)}")
+
+    def _ordered(self, obj: OrderedDict, node: Any, path: str) -> dict:
+        """An OrderedDict comes back one, with a state dict's ``_metadata`` (module versions), as torch.load
+        gives it."""
+        ordered = {"__ordered__": node}
+        metadata = getattr(obj, "_metadata", None)
+        if metadata is not None:
+            ordered["_metadata"] = self.encode(metadata, _join(path, "_metadata"))
+        return ordered
 
     def _tensor(self, t: Tensor, path: str) -> dict:
         node = self.seen.get(id(t))
         if node is not None:
             return node
         t._require_real("tilewise.save")
+        if t.dtype not in _SAFETENSORS_DTYPES:
+            raise TypeError(f"tilewise.save: the {t.dtype} tensor at {path or 'the top level'!r} has no safetensors "
+                            f"dtype (safetensors holds {', '.join(d.name for d in _SAFETENSORS_DTYPES)}); save it "
+                            "in torch's format (a .pt file, or format='torch'), which holds every dtype")
         name = path or "tensor"
         while name in self.names:
             name += "_"
@@ -110,6 +130,8 @@ class _Encoder:
         node = {"__tensor__": name}
         if t.requires_grad:
             node["requires_grad"] = True
+        if isinstance(t, Parameter):
+            node["parameter"] = True
         self.seen[id(t)] = node
         self.met.append((t, node))
         return node
@@ -458,6 +480,11 @@ def _decode(node: Any, tensors: dict[str, Tensor], made: dict[str, Tensor]) -> A
         return tuple(_decode(v, tensors, made) for v in node["__tuple__"])
     if "__items__" in node:
         return {_decode(k, tensors, made): _decode(v, tensors, made) for k, v in node["__items__"]}
+    if "__ordered__" in node:
+        ordered = OrderedDict(_decode(node["__ordered__"], tensors, made))
+        if "_metadata" in node:
+            ordered._metadata = _decode(node["_metadata"], tensors, made)
+        return ordered
     return {k: _decode(v, tensors, made) for k, v in node.items()}
 
 
@@ -473,7 +500,9 @@ def _load_tensor(node: dict, tensors: dict[str, Tensor], made: dict[str, Tensor]
         raise RuntimeError(f"tilewise.load: the checkpoint refers to tensor {name!r}, which the file does not "
                            "contain; the file is truncated or was edited")
     t = _view_of(tensors[name], view) if view else tensors[name]
-    if node.get("requires_grad"):
+    if node.get("parameter"):
+        t = Parameter(t, requires_grad=bool(node.get("requires_grad")))
+    elif node.get("requires_grad"):
         t.requires_grad_(True)
     made[own] = t
     return t

@@ -407,13 +407,38 @@ class Tensor:
         return (_rebuild, data, self._attributes() or None)
 
     def __deepcopy__(self, memo):
-        out = self.detach().clone()
+        """torch's deepcopy: only of a leaf; a parameter becomes a fresh parameter (no grad, no attributes); any
+        other tensor keeps its grad, its attributes and its place on its storage, the storage copied once per
+        deepcopy, so views copied together stay views of one another."""
+        if self.grad_fn is not None:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                               "protocol at the moment.  If you were attempting to deepcopy a module, this may be "
+                               "because of a tilewise.nn.utils.weight_norm usage, see "
+                               "https://github.com/pytorch/pytorch/pull/103001")
+        if id(self) in memo:
+            return memo[id(self)]
+        if self.__dict__.get("_is_param") and "_uninitialized" not in self.__dict__:  # as Parameter.__deepcopy__
+            out = self.detach().clone().requires_grad_(self.requires_grad)
+            out._is_param = True
+            memo[id(self)] = out
+            return out
+        out = self._copy_on_copied_storage(memo)
         out.requires_grad_(self.requires_grad)
         if self._grad is not None:
-            out._grad = self._grad.clone()
-        memo[id(self)] = out
+            out._grad = self._grad.__deepcopy__(memo)
+        memo[id(self)] = out  # before the attributes: a bound method among them refers to the tensor
         out.__dict__.update(copy.deepcopy(self._attributes(), memo))
         return out
+
+    def _copy_on_copied_storage(self, memo) -> Tensor:
+        if self._storage is None or self._trace is not None:
+            return self.detach().clone()
+        storage = memo.get(id(self._storage))
+        if storage is None:
+            flat = Tensor._make(self._storage, (self._storage.size,), (1,), 0, self._storage.dtype, self._device)
+            storage = memo[id(self._storage)] = flat.clone()._storage
+            memo.setdefault(id(memo), []).append(self._storage)  # keeps the id above from being reused
+        return Tensor._make(storage, self._shape, self._strides, self._offset, self._dtype, self._device)
 
     # ------------------------------------------------------------------ autograd attributes
     @property

@@ -103,6 +103,7 @@ class Module:
     """
 
     training: bool
+    _version: int = 1  # of the state-dict layout; recorded in ``state_dict()._metadata`` (see load_state_dict)
     _tw_version = _STATE_VERSION  # the compiler's guards: one counter every module mutation bumps
     # backward hooks and pre-hooks by handle id (the pre-hooks' ids in _backward_pre_hook_ids); an instance gets
     # its own dict with its first backward hook
@@ -532,24 +533,46 @@ class Module:
         for name, buf in self._buffers.items():
             if buf is not None and name not in self._non_persistent_buffers_set:
                 destination[prefix + name] = buf if keep_vars else buf.detach()
+        if _overrides(self, "get_extra_state"):
+            destination[prefix + _EXTRA_STATE_KEY] = self.get_extra_state()
+
+    def get_extra_state(self) -> Any:
+        """State beyond parameters and buffers that ``state_dict`` stores under ``_extra_state``; a module that
+        has some overrides this and :meth:`set_extra_state`."""
+        raise RuntimeError("Reached a code path in Module.get_extra_state() that should never be called. Please file "
+                           "an issue to report this bug.")
+
+    def set_extra_state(self, state: Any) -> None:
+        """Restore what :meth:`get_extra_state` returned, from a state dict."""
+        raise RuntimeError("Reached a code path in Module.set_extra_state() that should never be called. Please file "
+                           "an issue to report this bug.")
 
     def state_dict(self, *, destination: dict | None = None, prefix: str = "",
                    keep_vars: bool = False) -> OrderedDict[str, Tensor]:
-        """Parameters and persistent buffers by dotted name, sharing storage with the module's tensors."""
+        """Parameters and persistent buffers by dotted name, sharing storage with the module's tensors. Its
+        ``_metadata`` records each module's ``_version`` by prefix, which ``load_state_dict`` hands to the
+        module that loads (BatchNorm reads it to accept checkpoints older than ``num_batches_tracked``)."""
         if destination is None:
             destination = OrderedDict()
+            destination._metadata = OrderedDict()
+        local_metadata = {"version": self._version}
+        if hasattr(destination, "_metadata"):
+            destination._metadata[prefix[:-1]] = local_metadata
         self._save_to_state_dict(destination, prefix, keep_vars)
         for name, module in self._modules.items():
             if module is not None:
                 module.state_dict(destination=destination, prefix=f"{prefix}{name}.", keep_vars=keep_vars)
         for hook in self._state_dict_hooks.values():
-            result = hook(self, destination, prefix, {})
+            result = hook(self, destination, prefix, local_metadata)
             if result is not None:
                 destination = result
         return destination
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
                               missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+        """Take this module's own entries (``prefix`` + name) from ``state_dict``, as torch's does: a missing
+        entry is reported (under ``strict``), and so is every key under ``prefix`` that names neither one of its
+        tensors nor a key inside one of its submodules."""
         for hook in self.__dict__.get("_load_state_dict_pre_hooks", {}).values():
             hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
         persistent_buffers = {k: v for k, v in self._buffers.items() if k not in self._non_persistent_buffers_set}
@@ -563,9 +586,11 @@ class Module:
                 continue
             value = _as_tilewise(state_dict[key])
             if value is None:
-                error_msgs.append(f'While copying the parameter named "{key}", expected a tensor-like object '
-                                  f"from checkpoint but received {type(state_dict[key]).__name__}")
+                error_msgs.append(f'While copying the parameter named "{key}", expected tilewise.Tensor or '
+                                  f"Tensor-like object from checkpoint but received {type(state_dict[key])}")
                 continue
+            if target.ndim == 0 and tuple(value.shape) == (1,):  # torch before 0.4 stored scalars as (1,)
+                value = value[0]
             if value.shape != target.shape:
                 error_msgs.append(f"size mismatch for {key}: copying a param with shape {value.shape} from "
                                   f"checkpoint, the shape in current model is {target.shape}.")
@@ -580,42 +605,69 @@ class Module:
                 error_msgs.append(f'While copying the parameter named "{key}", whose dimensions in the model are '
                                   f"{target.shape} and whose dimensions in the checkpoint are {value.shape}, an "
                                   f"exception occurred : {exc.args}.")
+        extra_key = prefix + _EXTRA_STATE_KEY
+        if _overrides(self, "set_extra_state"):
+            if extra_key in state_dict:
+                self.set_extra_state(state_dict[extra_key])
+            elif strict:
+                missing_keys.append(extra_key)
+        elif strict and extra_key in state_dict:
+            unexpected_keys.append(extra_key)
         if strict:
             for key in state_dict:
-                if not key.startswith(prefix):
+                if not key.startswith(prefix) or key == extra_key:
                     continue
-                name = key[len(prefix):].split(".", 1)[0]
-                if name not in self._modules and name not in local_state:
+                head, *rest = key[len(prefix):].split(".", 1)
+                if head not in (self._modules if rest else local_state):
                     unexpected_keys.append(key)
 
     def _assign(self, name: str, target: Tensor, value: Tensor) -> None:
-        if name in self._parameters:
-            self._parameters[name] = Parameter(value.to(dtype=target.dtype), requires_grad=target.requires_grad)
-        else:
-            self._buffers[name] = value
+        """``assign=True``: the module holds the checkpoint's tensor itself (its dtype and device), a parameter
+        made one with the requires_grad of the one it replaces."""
+        if isinstance(target, Parameter):
+            if isinstance(value, Parameter):
+                value.requires_grad_(target.requires_grad)
+            else:
+                value = Parameter(value, requires_grad=target.requires_grad)
+        setattr(self, name, value)
 
-    def load_state_dict(self, state_dict: dict, strict: bool = True, assign: bool = False):
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
         """Copy tensors from ``state_dict`` into this module's parameters and buffers.
 
         With ``strict`` every key must match; missing keys, unexpected keys and shape mismatches are all
-        reported, each by name, in one error. Returns ``(missing_keys, unexpected_keys)``.
+        reported, each by name, in one error. Returns ``(missing_keys, unexpected_keys)``. ``assign=True``
+        keeps the checkpoint's tensors (their dtype and device) instead of copying into the module's.
+        Each module sees only the keys under its prefix and runs its post-hooks after its submodules', and
+        the hooks may edit the keys reported, as in torch.
         """
-        if not hasattr(state_dict, "items"):
-            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict).__name__}.")
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
+        metadata = getattr(state_dict, "_metadata", None)
         state_dict = OrderedDict(state_dict)  # load-state-dict pre-hooks may rename keys: the caller's dict stays
+        if metadata is not None:
+            state_dict._metadata = metadata
         missing: list[str] = []
         unexpected: list[str] = []
         errors: list[str] = []
-        metadata = {"assign_to_params_buffers": assign}
-        for prefix, module in self.named_modules(prefix="", remove_duplicate=False):
-            module._load_from_state_dict(state_dict, f"{prefix}." if prefix else "", dict(metadata), True,
-                                         missing, unexpected, errors)
-        missing = list(dict.fromkeys(missing))
-        unexpected = list(dict.fromkeys(unexpected))
-        result = _IncompatibleKeys(missing, unexpected)
-        for module in self.modules():
+
+        def load(module: Module, local_state_dict: dict, prefix: str) -> None:
+            local_metadata = {} if metadata is None else dict(metadata.get(prefix[:-1], {}))
+            if assign:
+                local_metadata["assign_to_params_buffers"] = assign
+            module._load_from_state_dict(local_state_dict, prefix, local_metadata, True, missing, unexpected, errors)
+            for name, child in module._modules.items():
+                if child is not None:
+                    child_prefix = f"{prefix}{name}."
+                    load(child, {k: v for k, v in local_state_dict.items() if k.startswith(child_prefix)},
+                         child_prefix)
+            result = _IncompatibleKeys(missing, unexpected)
             for hook in module._load_state_dict_post_hooks.values():
-                hook(module, result)
+                if hook(module, result) is not None:
+                    raise AssertionError("Hooks registered with ``register_load_state_dict_post_hook`` are not "
+                                         "expected to return new values, if incompatible_keys need to be modified, it "
+                                         "should be done inplace.")
+
+        load(self, state_dict, "")
         if strict:
             if unexpected:
                 errors.insert(0, f"Unexpected key(s) in state_dict: {_quoted(unexpected)}. ")
@@ -624,7 +676,7 @@ class Module:
         if errors:
             raise RuntimeError("Error(s) in loading state_dict for {}:\n\t{}".format(type(self).__name__,
                                                                                   "\n\t".join(errors)))
-        return result
+        return _IncompatibleKeys(missing, unexpected)
 
     def register_state_dict_post_hook(self, hook: Callable) -> RemovableHandle:
         handle = RemovableHandle(self._state_dict_hooks)
@@ -669,6 +721,13 @@ class Module:
         if len(lines) == 1 and not self._modules:
             return head + lines[0] + ")"
         return head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+_EXTRA_STATE_KEY = "_extra_state"
+
+
+def _overrides(module: Module, method: str) -> bool:
+    return getattr(type(module), method) is not getattr(Module, method)
 
 
 def _quoted(keys: list[str]) -> str:

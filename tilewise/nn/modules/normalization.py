@@ -113,6 +113,7 @@ class GroupNorm(Module):
 
 class _BatchNorm(Module):
     _expected_dims: tuple[int, ...] = ()
+    _version = 2  # version 2 added num_batches_tracked
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, device=None, dtype=None, *, bias: bool = True) -> None:
@@ -147,6 +148,19 @@ class _BatchNorm(Module):
             init.ones_(self.weight)
             if self.bias is not None:
                 init.zeros_(self.bias)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        """A checkpoint older than version 2 (or a plain dict, which has no version) may lack
+        ``num_batches_tracked``: the module keeps its own, as torch's does."""
+        version = local_metadata.get("version")
+        key = prefix + "num_batches_tracked"
+        if (version is None or version < 2) and self.track_running_stats and key not in state_dict:
+            tracked = self.num_batches_tracked
+            state_dict[key] = tracked if tracked is not None and tracked.device.type != "meta" else \
+                zeros((), dtype=dtypes.int64)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def _check_input_dim(self, input: Tensor) -> None:
         if input.dim() not in self._expected_dims:
@@ -252,6 +266,25 @@ class _InstanceNorm(_BatchNorm):
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
                  track_running_stats: bool = False, device=None, dtype=None) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        """A plain dict (no version) with running statistics for a module that tracks none: a checkpoint of torch
+        before 0.4, whose InstanceNorm tracked them by default; refused by name, as torch refuses it."""
+        stats = [prefix + name for name in ("running_mean", "running_var") if prefix + name in state_dict]
+        if local_metadata.get("version") is None and not self.track_running_stats and stats:
+            names = " and ".join(f'"{k}"' for k in stats)
+            klass = type(self).__name__
+            error_msgs.append(f"Unexpected running stats buffer(s) {names} for {klass} with track_running_stats=False. "
+                              "If state_dict is a checkpoint saved before 0.4.0, this may be expected because "
+                              f"{klass} does not track running stats by default since 0.4.0. Please remove these "
+                              "keys from state_dict. If the running stats are actually needed, instead set "
+                              f"track_running_stats=True in {klass} to enable them. See the documentation of "
+                              f"{klass} for details.")
+            for key in stats:
+                state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def _check_input_dim(self, input: Tensor) -> None:
         batched = self._expected_dims[-1]
