@@ -525,3 +525,25 @@ def test_nonzero_as_tuple_gives_one_index_tensor_per_dimension():
                 assert numpy_of(got).tolist() == numpy_of(expected).tolist() and got.shape == expected.shape
     x = tilewise.tensor([[0.0, 1.0], [2.0, 0.0]])
     assert x[x.nonzero(as_tuple=True)].tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("strategy", ["reverse-mode", "forward-mode"])
+def test_autograd_functional_hessian_has_torch_structure_and_values(strategy):
+    """The Hessian of a function of one tensor is a tensor of shape input.shape * 2 (it came back as a 1-tuple), and
+    the forward-over-reverse strategy differentiates through the inner gradient (it returned zeros)."""
+    def f(v):
+        return (v ** 3).sum() + v.prod()
+
+    def g(a, b):
+        return (a * b ** 2).sum()
+
+    results = []
+    for torch in (real_torch, tilewise):
+        hessian = torch.autograd.functional.hessian
+        x, y = torch.tensor([1.0, 2.0]), torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+        one, square = (hessian(f, t, vectorize=True, outer_jacobian_strategy=strategy) for t in (x, y))
+        pair = hessian(g, (x, x), vectorize=True, outer_jacobian_strategy=strategy)
+        assert isinstance(one, torch.Tensor) and tuple(one.shape) == (2, 2) and tuple(square.shape) == (2, 2, 2, 2)
+        assert len(pair) == 2 and all(len(row) == 2 for row in pair)  # torch's forward mode gives lists, not tuples
+        results.append([numpy_of(one), numpy_of(square), [[numpy_of(h) for h in row] for row in pair]])
+    assert_same(results[1], results[0])
