@@ -366,6 +366,132 @@ def test_gpt_with_tied_weights_weight_norm_and_warmup_cosine_trains_like_torch_a
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# A sequence classifier over ragged sequences: pad_sequence and pack_padded_sequence into a bidirectional two-layer LSTM
+# with proj_size, a ReLU RNN over its packed output, the last valid step picked by fancy indexing, penalties on the
+# final states, clip_grad_value_, Nesterov SGD with weight decay and CosineAnnealingWarmRestarts stepped by epoch
+# fractions.
+
+def ragged_lstm(torch, init, batches):
+    nn, rnn_utils = torch.nn, torch.nn.utils.rnn
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(9, 6)
+            self.lstm = nn.LSTM(6, 8, num_layers=2, bidirectional=True, proj_size=4)
+            self.rnn = nn.RNN(8, 5, nonlinearity="relu")
+            self.out = nn.Linear(5, 3)
+
+        def forward(self, seqs):
+            lengths = torch.tensor([len(s) for s in seqs])
+            padded = rnn_utils.pad_sequence([self.emb(s) for s in seqs])
+            out, (h, c) = self.lstm(rnn_utils.pack_padded_sequence(padded, lengths, enforce_sorted=False))
+            out, _ = self.rnn(out)
+            out, lengths = rnn_utils.pad_packed_sequence(out)
+            return self.out(out[lengths - 1, torch.arange(len(seqs))]), h, c
+
+    model = Classifier()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "lr": []}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(optimizer, T_0=2, T_mult=2)
+    for i, (seqs, y) in enumerate(batches):
+        logits, h, c = model([torch.from_numpy(s) for s in seqs])
+        loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(y)) + 0.01 * h.pow(2).mean() \
+            + 0.01 * c.abs().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_value_(model.parameters(), 0.05)
+        record["grads"].append(gradients(model))
+        optimizer.step()
+        scheduler.step(i + 0.5)
+        record["loss"].append(loss.item())
+        record["lr"].append(scheduler.get_last_lr())
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    packed = rnn_utils.pack_sequence([torch.from_numpy(s) for s in sorted(batches[0][0], key=len, reverse=True)])
+    record["packed"] = [numpy_of(packed.data), numpy_of(packed.batch_sizes)]
+    return record
+
+
+def test_ragged_sequences_through_packed_bidirectional_lstm_and_rnn_train_like_torch():
+    rng = np.random.default_rng(4)
+    batches = [([rng.integers(0, 9, rng.integers(1, 6)) for _ in range(4)], rng.integers(0, 3, 4)) for _ in range(4)]
+    ours, theirs = run_both(ragged_lstm, batches)
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A contrastive encoder with a critic: the NT-Xent loss (normalised embeddings, a similarity matrix with its diagonal
+# masked to -inf, logsumexp), a WGAN-GP gradient penalty (autograd.grad with create_graph), MultiheadAttention with a
+# key padding mask and per-head weights, cosine_similarity and cdist terms, forward and full backward hooks, AMSGrad
+# with LambdaLR, and parameters_to_vector / vector_to_parameters at the end.
+
+def contrastive_with_penalty(torch, init, batches):
+    nn, F = torch.nn, torch.nn.functional
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(6, 16), nn.LeakyReLU(0.2), nn.Linear(16, 8))
+            self.critic = nn.Sequential(nn.Linear(6, 16), nn.Softplus(), nn.Linear(16, 1))
+            # no projection biases: the key's has a zero gradient in exact arithmetic (a shift of every score of a
+            # query), so its rounding noise, which AMSGrad scales up to a full step, would be what the runs compare
+            self.mha = nn.MultiheadAttention(8, 2, batch_first=True, bias=False)
+
+        def forward(self, x):
+            return self.net(x)
+
+    model = Model()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "activations": []}
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, amsgrad=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
+    activations, output_grads = {}, []
+    forward_hook = model.net[1].register_forward_hook(lambda m, i, o: activations.__setitem__("h", o.detach()))
+    backward_hook = model.net[2].register_full_backward_hook(lambda m, gi, go: output_grads.append(numpy_of(go[0])))
+    for x1, x2, real, fake, padding in batches:
+        x1, x2, real, fake, padding = (torch.from_numpy(a) for a in (x1, x2, real, fake, padding))
+        z1, z2 = F.normalize(model(x1), dim=1), F.normalize(model(x2), dim=1)
+        z = torch.cat([z1, z2], 0)
+        n = z1.shape[0]
+        sim = (z @ z.T / 0.5).masked_fill(torch.eye(2 * n, dtype=torch.bool), float("-inf"))
+        nt_xent = F.cross_entropy(sim, torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]))
+        alpha = torch.full((n, 1), 0.3)
+        between = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
+        score = model.critic(between)
+        grad, = torch.autograd.grad(score, between, grad_outputs=torch.ones_like(score), create_graph=True,
+                                    retain_graph=True)
+        penalty = ((grad.norm(2, dim=1) - 1) ** 2).mean()
+        wasserstein = model.critic(fake).mean() - model.critic(real).mean()
+        pair = torch.stack([z1, z2], 1)
+        attended, weights = model.mha(pair, pair, pair, key_padding_mask=padding, need_weights=True,
+                                      average_attn_weights=False)
+        loss = nt_xent + 10 * penalty + wasserstein + attended.pow(2).mean() \
+            + 0.1 * F.cosine_similarity(z1, z2).mean() + 0.1 * torch.cdist(z1, z2).mean() \
+            + 0.01 * torch.logsumexp(sim, dim=1).mean() + 0.1 * weights[:, 1].mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+        record["activations"].append(numpy_of(activations["h"]))
+    forward_hook.remove()
+    backward_hook.remove()
+    record["output_grads"] = output_grads
+    vector = torch.nn.utils.parameters_to_vector(model.parameters())
+    torch.nn.utils.vector_to_parameters(vector * 0.5, model.parameters())
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def test_contrastive_loss_gradient_penalty_attention_and_hooks_train_like_torch():
+    rng = np.random.default_rng(5)
+    padding = np.array([[False, True]] * 2 + [[False, False]] * 2)
+    batches = [tuple(rng.standard_normal((4, 6)).astype(np.float32) for _ in range(4)) + (padding,) for _ in range(3)]
+    ours, theirs = run_both(contrastive_with_penalty, batches)
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # A data pipeline: a map-style Dataset returning dicts, random_split by fractions, a WeightedRandomSampler and a
 # DataLoader with two persistent workers and a collate_fn returning dicts; shuffling reproducible from a seeded
 # Generator; an IterableDataset sharded over workers with get_worker_info; TensorDataset, ConcatDataset and the default
