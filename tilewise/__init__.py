@@ -124,6 +124,7 @@ from tilewise import (  # noqa: E402
     nn,
     optim,
     profiler,  # fills the dispatcher's Profiler key (torch.profiler, too, loads with torch)
+    random,
     utils,
 )
 from tilewise._dlpack import from_dlpack, to_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods

@@ -152,11 +152,14 @@ def hessian(func, inputs, create_graph: bool = False, strict: bool = False, vect
     many_in, inputs = _as_tuple(inputs, "inputs", "hessian")
 
     def gradient(*xs):
+        if outer_jacobian_strategy == "forward-mode":  # so that the inner vjp views the dual inputs, not detaches
+            xs = tuple(x.requires_grad_(True) for x in xs)
         out = func(*xs)
         if not isinstance(out, Tensor) or out.numel() != 1:
             raise RuntimeError("The function given to hessian should return a single Tensor containing a single "
                                "element.")
-        return vjp(func, xs, None, create_graph=True)[1]
+        grads = vjp(func, xs, None, create_graph=True)[1]
+        return grads if many_in else grads[0]
 
     found = jacobian(gradient, inputs if many_in else inputs[0], create_graph, vectorize=vectorize,
                      strategy=outer_jacobian_strategy)

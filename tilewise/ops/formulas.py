@@ -68,11 +68,11 @@ def norm_backward(grad, self, result, p, dim, keepdim):
     if p is None or p == 2 or p == "fro":
         return g * self / n.masked_fill(zero, 1.0) * ~zero
     if p == 1:
-        return g * self.sign()
+        return g * self.sgn()
     if p == 0:
         return g * 0
     if p in (float("inf"), float("-inf")):
-        return minmax_backward(grad, self.abs(), result, dim, keepdim) * self.sign()
+        return minmax_backward(grad, self.abs(), result, dim, keepdim) * self.sgn()
     scaled = self * self.abs() ** (p - 2) / n.masked_fill(zero, 1.0) ** (p - 1)
     return g * scaled * ~zero
 

@@ -553,7 +553,7 @@ torch_form("matrix_exp(Tensor self) -> Tensor", _matrix_exp)
 # ---------------------------------------------------------------- norms
 
 def _check_norm_dtype(op: str, x, dtype) -> None:
-    if not x.dtype.is_floating_point:
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
         raise RuntimeError(f"{op}: Expected a floating point or complex tensor as input. Got {type_name(x.dtype)}")
     if dtype is not None and not dtype.is_floating_point:
         raise RuntimeError(f"{op}: dtype should be floating point or complex. Got {type_name(dtype)}")

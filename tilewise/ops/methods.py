@@ -109,6 +109,28 @@ def _attach_polygamma(functions: dict) -> None:
     Tensor.polygamma, Tensor.polygamma_ = method, inplace
 
 
+def _attach_nonzero(functions: dict) -> dict:
+    """``nonzero(as_tuple=True)``: one 1-D tensor of indices per dimension (a 0-d tensor counts as 1-D), the form
+    ``x[x.nonzero(as_tuple=True)]`` indexes with."""
+    nonzero = functions["nonzero"]
+
+    def nonzero_or_tuple(input, *, out=None, as_tuple: bool = False):  # noqa: A002 — torch's argument name
+        if not as_tuple:
+            return nonzero(input) if out is None else nonzero(input, out=out)
+        if out is not None:
+            raise RuntimeError("nonzero(): as_tuple=True does not take out=")
+        if input.ndim == 0:
+            return (nonzero(input.reshape(1)).reshape(-1),)
+        return nonzero(input).unbind(1)
+
+    def method(self, *, as_tuple: bool = False):
+        return nonzero_or_tuple(self, as_tuple=as_tuple)
+
+    method.__name__ = nonzero_or_tuple.__name__ = "nonzero"
+    Tensor.nonzero = method
+    return {"nonzero": nonzero_or_tuple}
+
+
 def attach(functions: dict) -> dict:
     """Give Tensor the methods above; return the torch-level functions to export, by name."""
     exported = {}
@@ -121,6 +143,7 @@ def attach(functions: dict) -> dict:
     for name, view_name in INPLACE_VIEWS.items():
         setattr(Tensor, name, _inplace_view(name, view_name))
     _attach_polygamma(functions)
+    exported.update(_attach_nonzero(functions))
     Tensor.fill_diagonal_ = fill_diagonal_
     for fn in (is_nonzero, is_same_size, is_signed, get_device):
         setattr(Tensor, fn.__name__, fn)

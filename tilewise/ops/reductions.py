@@ -287,7 +287,13 @@ composite("logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor", _l
 
 
 def _norm(self, p=2, dim=None, keepdim=False, dtype=None):
+    if not (self.is_floating_point() or self.is_complex()):
+        op = "linalg.matrix_norm" if p == "nuc" else "linalg.vector_norm"
+        raise RuntimeError(f"{op}: Expected a floating point or complex tensor as input. "
+                           f"Got {dtypes.c10_name(self.dtype)}")
     x = self if dtype is None else self.to(dtype)
+    if x.is_complex():  # a complex vector's norm is that of its moduli, a real number (torch's, and its dtype)
+        return _norm(x.abs(), p, dim, keepdim)
     if x.dtype.itemsize == 2 and x.is_floating_point() and p != "nuc":  # torch accumulates halves in float32:
         return _norm(x.float(), p, dim, keepdim).to(x.dtype)  # squares of 300 or of 1e-4 stay finite and nonzero
     _check_norm_identity(x, p, dim)
