@@ -180,17 +180,15 @@ def _save_written(self: Tensor, result: Tensor) -> None:
     operators do: the same values, written now, so the temporary is freed (an in-place activation held a copy of
     its output for backward: a ResNet's ``ReLU(inplace=True)`` saved a third more activation memory than torch)
     and a later in-place write to ``self`` is refused at backward as torch refuses it."""
-    from tilewise.autograd.graph import _share_tangents
-
-    if self._storage is None or result._storage is None:  # traced (tilewise.compile) or batched tensors
-        return
+    if self._storage is None or result._storage is None or dispatch.dual_levels:  # traced or batched tensors, or
+        return  # forward AD (the saved value carries tangents)
     node = result.grad_fn
     saved = getattr(node, "saved", None)
     entry = saved.get("result") if saved else None
     if (entry is None or isinstance(entry, tuple) or not entry.is_output or entry.unpack_hook is not None
             or entry.tensor is None or entry.tensor._storage is not result._storage):
         return
-    entry.tensor = _share_tangents(self, self.detach())
+    entry.tensor = self.detach()
     entry.version = self._storage.version
 
 
