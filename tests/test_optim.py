@@ -325,3 +325,32 @@ def test_init_state_creates_what_a_first_step_would_and_changes_no_result(name):
             opt.zero_grad()
     for a, b in zip(*params):
         np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+
+
+def test_loading_an_optimizers_live_state_shares_it_as_torchs_does():
+    """torch's load_state_dict keeps the loaded tensors where they already have the parameter's device and dtype
+    (and ``step`` as loaded): an optimizer loading another's ``state_dict()`` shares its state, and both stepping
+    then move the same buffers. Cast or moved tensors are new."""
+    import torch
+
+    results = []
+    for lib in (torch, tw):
+        p = lib.nn.Parameter(lib.ones(3))
+        first = lib.optim.Adam([p], lr=0.1)
+        p.grad = lib.ones(3)
+        first.step()
+        q = lib.nn.Parameter(lib.ones(3))
+        second = lib.optim.Adam([q], lr=0.1)
+        second.load_state_dict(first.state_dict())
+        shared = second.state[q]["exp_avg"] is first.state[p]["exp_avg"]
+        same_step = second.state[q]["step"] is first.state[p]["step"]
+        q.grad = lib.full((3,), 2.0)
+        second.step()
+        first.step()
+        r = lib.nn.Parameter(lib.ones(3, dtype=lib.float64))
+        third = lib.optim.Adam([r], lr=0.1)
+        third.load_state_dict(first.state_dict())
+        cast = third.state[r]["exp_avg"]
+        results.append((shared, same_step, first.state[p]["exp_avg"].tolist(), p.tolist(), q.tolist(),
+                        str(cast.dtype).split(".")[-1], cast is first.state[p]["exp_avg"]))
+    assert results[0] == results[1]

@@ -424,13 +424,15 @@ class Optimizer:
                                  f"({len(group['params'])})")
         by_index = dict(zip(chain.from_iterable(g["params"] for g in saved_groups),
                             chain.from_iterable(g["params"] for g in self.param_groups)))
+        device_step = {p: bool(g.get("capturable") or g.get("fused")) for g in saved_groups for p in g["params"]}
         state: defaultdict = defaultdict(dict)
         for key, value in state_dict["state"].items():
             param = by_index.get(key)
             if param is None:
                 state[key] = copy.deepcopy(value)
             else:
-                state[param] = {name: _match(param, name, v) for name, v in value.items()}
+                state[param] = {name: _match(param, name, v, device_step.get(key, False))
+                                for name, v in value.items()}
         for group, saved in zip(self.param_groups, saved_groups):
             saved["params"] = group["params"]
             if "param_names" in group and "param_names" not in saved:
@@ -519,20 +521,27 @@ def add_scaled_ratio(p: Tensor, num: Tensor, den: Tensor, scale) -> None:
         p.addcdiv_(num, den, value=scale)
 
 
-def _match(param: Tensor, key, value):
-    """A loaded state value for ``param``: tensors follow their parameter's device, and its dtype when floating
-    (``step`` keeps its dtype); lists, tuples and dicts of them are walked. Tensors of another framework (a torch
-    optimizer's state dict) come in through DLPack."""
+def _match(param: Tensor, key, value, device_step: bool = False):
+    """A loaded state value for ``param``, as torch's ``_process_value_according_to_param_policy``: tensors follow
+    their parameter's device, and its dtype when floating, and are the loaded tensors themselves where they already
+    do (as torch's, an optimizer loading another's live state shares it); ``step`` stays as loaded, unless its group
+    is ``capturable`` or ``fused`` (``device_step``): then a float32 tensor on the parameter's device. Lists, tuples
+    and dicts of them are walked. Tensors of another framework (a torch optimizer's state dict) come in through
+    DLPack, copied."""
     if isinstance(value, dict):
-        return {k: _match(param, k, v) for k, v in value.items()}
+        return {k: _match(param, k, v, device_step) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_match(param, None, v) for v in value)
+        return type(value)(_match(param, None, v, device_step) for v in value)
     if not isinstance(value, Tensor) and hasattr(value, "__dlpack__"):
         from tilewise._dlpack import from_dlpack
 
-        value = from_dlpack(value.detach() if hasattr(value, "detach") else value)
+        # another framework's live state: copied, never shared with it
+        return _match(param, key, from_dlpack(value.detach() if hasattr(value, "detach") else value).clone(),
+                      device_step)
     if not isinstance(value, Tensor):
         return value
-    if key == "step" or not param.is_floating_point():
-        return value.to(param.device).clone()
-    return value.to(device=param.device, dtype=param.dtype).clone()
+    if key == "step":
+        return value.to(dtype=dtypes.float32, device=param.device) if device_step else value
+    if not param.is_floating_point():
+        return value.to(param.device)
+    return value.to(device=param.device, dtype=param.dtype)
