@@ -211,7 +211,8 @@ def reduction_float(op, args) -> tuple[DType, DType]:
         check_complex_supported(op, src)
     elif not src.is_floating_point:
         raise RuntimeError(f"{op.name}(): could not infer output dtype. Input dtype must be either a floating point "
-                           f"or complex dtype. Got: {dtypes.c10_name(src)}; pass dtype= or convert with .float()")
+                           f"or complex dtype. Got: {dtypes.c10_name(src)} ({src}); pass dtype= or convert with "
+                           ".float()")
     return src, compute_dtype(src)
 
 
