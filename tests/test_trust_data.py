@@ -68,3 +68,29 @@ def test_private_worker_module_reached_as_attributes(lib):
     assert callable(utils.pin_memory.pin_memory)
     loader = lib.utils.data.DataLoader(_WorkerInfoTypes(lib), batch_size=None, num_workers=1, timeout=30)
     assert list(loader) == [True]
+
+
+@pytest.mark.parametrize("lib", [torch, tw], ids=["torch", "tilewise"])
+def test_shuffle_with_a_generator_that_is_not_one_is_a_type_error(lib):
+    loader = lib.utils.data.DataLoader(list(range(4)), shuffle=True, generator=3)
+    with pytest.raises(TypeError, match="generator"):
+        list(loader)
+    with pytest.raises(TypeError, match="generator"):
+        list(lib.utils.data.RandomSampler(range(4), generator="seed"))
+    with pytest.raises(TypeError, match="generator"):
+        lib.utils.data.random_split(range(4), [2, 2], generator=0)
+
+
+@pytest.mark.parametrize("draw", [
+    lambda lib: lib.rand(2, generator=3),
+    lambda lib: lib.randperm(3, generator="x"),
+    lambda lib: lib.randint(0, 3, (2,), generator=1.5),
+    lambda lib: lib.multinomial(lib.ones(2), 1, generator=3),
+    lambda lib: lib.ones(2).uniform_(generator=3),
+    lambda lib: lib.zeros(1).random_(generator=3),
+], ids=["rand", "randperm", "randint", "multinomial", "uniform_", "random_"])
+def test_random_ops_refuse_a_generator_that_is_not_one(draw):
+    with pytest.raises(TypeError, match="generator"):
+        draw(torch)
+    with pytest.raises(TypeError, match="argument 'generator' must be tilewise.Generator or None, but got"):
+        draw(tw)
