@@ -24,6 +24,7 @@ from tilewise.ops.batching import apply_directly
 from tilewise.ops.batching_rules import write_into
 from tilewise.ops.inplace import copy_into
 from tilewise.ops.registry import declare
+from tilewise.ops.schema import register_generator_class
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
 from tilewise.tensor import FACTORIES, Tensor, check_pinnable
 
@@ -198,6 +199,7 @@ class Generator:
         self._offset = value
 
 
+register_generator_class(Generator)
 default_generator = Generator("cpu")
 
 

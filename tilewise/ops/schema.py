@@ -344,6 +344,20 @@ def _passthrough(op: str, p: Param, value):
     return value
 
 
+_generator_class: type | None = None  # ops.creation's Generator, registered where it is defined (it imports us)
+
+
+def register_generator_class(cls: type) -> None:
+    global _generator_class
+    _generator_class = cls
+
+
+def _check_generator(op: str, p: Param, value):
+    if _generator_class is None or isinstance(value, _generator_class):
+        return value
+    raise bad_argument(op, p.name, "tilewise.Generator" + (" or None" if p.optional else ""), value)
+
+
 def _check_memory_format(op: str, p: Param, value):
     from tilewise.layouts import format_name
 
@@ -361,7 +375,7 @@ _FAST_TYPES = {"Tensor": "is _Tensor", "int": "is int", "bool": "is bool", "str"
 _CHECKERS = {
     "int": _check_int, "float": _check_float, "Scalar": _check_scalar, "bool": _check_bool,
     "Tensor": _check_tensor, "ScalarType": _check_dtype, "Device": _check_device, "str": _check_str,
-    "Generator": _passthrough, "Layout": _passthrough, "MemoryFormat": _check_memory_format,
+    "Generator": _check_generator, "Layout": _passthrough, "MemoryFormat": _check_memory_format,
     "Any": _passthrough,  # a number or a string: linalg's matrix norm orders ('fro', 'nuc', 2, inf, ...)
 }
 

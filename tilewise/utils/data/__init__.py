@@ -12,6 +12,7 @@ their batches over through shared memory, so a batch's bytes are never pickled (
 [([0.0, 1.0, 2.0, 3.0], [0, 1, 2, 3]), ([4.0, 5.0], [4, 5])]
 """
 
+from tilewise.utils.data import _utils
 from tilewise.utils.data._pin_memory import pin_memory
 from tilewise.utils.data._worker_info import WorkerInfo, get_worker_info
 from tilewise.utils.data.collate import default_collate, default_convert
