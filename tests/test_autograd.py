@@ -790,3 +790,20 @@ def test_an_in_place_operator_that_saves_its_result_saves_the_written_tensor(nam
         y.add_(1)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             y.sum().backward()
+
+
+def test_copying_a_tensor_into_another_leaves_its_saved_result_alone():
+    """``buf.copy_(y)`` writes ``y``'s values into ``buf``; ``y``'s node keeps ``y``: changing ``buf`` afterwards does
+    not touch ``y``'s backward (as in torch)."""
+    import torch
+
+    grads = []
+    for lib in (tw, torch):
+        x = lib.tensor([0.5, 1.0, 2.0], requires_grad=True)
+        y = x.exp()
+        buf = lib.zeros(3)
+        buf.copy_(y)
+        buf.add_(1)
+        y.sum().backward()
+        grads.append(x.grad.tolist())
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-6)

@@ -116,7 +116,11 @@ def make_inplace(fn, name: str):
         finally:
             STATE.autocast = autocast
             STATE.into = None
-        return commit(self, result, f"{name}_")
+        commit(self, result, f"{name}_")
+        if (recording and result is not self and result._dtype is self._dtype and result._requires_grad
+                and all(result is not a for a in args)):
+            _save_written(self, result)
+        return self
 
     inplace.__name__ = f"{name}_"
     return inplace
@@ -146,7 +150,6 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
                            f"{list(result._shape)}")
     check_inference_write(self)
     _take_tangents(self, result)
-    computed = result  # before any cast: the value its node may have saved
     if result._dtype is not self._dtype:
         if not allow_any_cast and not castable(result._dtype, self._dtype):
             raise RuntimeError(f"{name}: result type {result._dtype.name} can't be cast to the desired output type "
@@ -170,16 +173,16 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
         else:
             self.grad_fn, self._output_nr, self._requires_grad = result.grad_fn, result._output_nr, True
     self._bump_version()
-    if prev and computed is result and result._requires_grad:
-        _save_written(self, result)
     return self
 
 
 def _save_written(self: Tensor, result: Tensor) -> None:
-    """A node that saved its result (``relu_``'s, ``sigmoid_``'s) keeps ``self`` instead, as torch's in-place
-    operators do: the same values, written now, so the temporary is freed (an in-place activation held a copy of
-    its output for backward: a ResNet's ``ReLU(inplace=True)`` saved a third more activation memory than torch)
-    and a later in-place write to ``self`` is refused at backward as torch refuses it."""
+    """After an in-place operator wrote ``result``, the temporary it computed, into ``self``: a node that saved
+    that result (``relu_``'s, ``sigmoid_``'s) keeps ``self`` instead, as torch's in-place operators do: the same
+    values, written now, so the temporary is freed (an in-place activation held a copy of its output for backward:
+    a ResNet's ``ReLU(inplace=True)`` saved a third more activation memory than torch) and a later in-place write
+    to ``self`` is refused at backward as torch refuses it. Only for the operator's own temporary: ``copy_`` of
+    a tensor the caller holds leaves that tensor's node as it is."""
     if self._storage is None or result._storage is None or dispatch.dual_levels:  # traced or batched tensors, or
         return  # forward AD (the saved value carries tangents)
     node = result.grad_fn
