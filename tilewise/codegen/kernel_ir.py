@@ -11,6 +11,13 @@ stores that do not vary along the reduced dims happen once per row, after the ph
 which loop is parallel, what is vectorised, or which thread does what: that is ``schedule``'s job, per
 target, and rendering follows the schedule.
 
+A load may be *guarded* (``Load.guard``): made only where one domain index lies in a range, and 0 elsewhere.
+That is how a kernel reads a concatenation without it being written out: the result's element at ``p`` along
+the joined dim is input ``k``'s element at ``p - start_k``, so input ``k`` is a load guarded by
+``[start_k, end_k)`` whose offset is moved back by ``start_k`` strides, and a ``where`` over the position picks
+the load whose range holds it (``compiler.lowering.lower``). Outside its range a guarded load's index may lie
+outside its buffer; the guard keeps it from being read.
+
 This module knows nothing of where a kernel comes from: the compiler lowers its fused groups into it
 (``compiler.lowering.lower``), and the eager CUDA backend builds one per operator specialisation. A
 kernel's ``values`` are the caller's handles for its parameters' buffers (graph values, for the compiler),
@@ -80,7 +87,8 @@ class Index:
         parts = [f"{names(d)}" if s == 1 else f"{s}*{names(d)}" for d, s in self.terms]
         if self.offset or not parts:
             parts.append(str(self.offset))
-        return " + ".join(parts)
+        text = " + ".join(parts)
+        return text.replace(" + -", " - ") if type(self.offset) is int and self.offset < 0 and len(parts) > 1 else text
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,18 @@ class Load:
     # (start, step): no buffer is read, element k of the virtual buffer is ``start + step * k`` (an integer
     # ``arange`` read by the nest: a one-hot compare reads positions, not a buffer of them)
     iota: tuple[int, int] | None = None
+    # (domain dim, lo, hi): read only where ``lo <= d[dim] < hi``, 0 elsewhere (see the module note)
+    guard: tuple[int, int, int] | None = None
+
+    def dims(self) -> set[int]:
+        """The domain dims the loaded value varies along: those its index walks, and its guard's."""
+        return self.index.dims() | ({self.guard[0]} if self.guard is not None else set())
+
+    def guard_code(self, names=lambda d: f"d{d}") -> str:
+        """C code of the guard's condition, the domain index named by ``names``."""
+        dim, lo, hi = self.guard
+        at = names(dim)
+        return f"{at} < {hi}" if lo == 0 else f"{at} >= {lo} && {at} < {hi}"
 
     def iota_code(self, where: str) -> str:
         """C code of an iota's element at position ``where``."""
@@ -179,10 +199,11 @@ def format_kernel(kernel: Kernel) -> str:
     for k, nest in enumerate(kernel.nests):
         lines.append(f"  nest {k} over {list(nest.shape)}, reducing dims {list(nest.reduce)}, {nest.phases} phase(s)")
         for j, load in enumerate(nest.loads):
+            guard = f" where {load.guard_code()}, else 0" if load.guard is not None else ""
             if load.iota is not None:
-                lines.append(f"    x{j} = {load.iota_code(load.index.text())}  (arange, {load.dtype.name})")
+                lines.append(f"    x{j} = {load.iota_code(load.index.text())}  (arange, {load.dtype.name}){guard}")
                 continue
-            lines.append(f"    x{j} = {kernel.params[load.param].name}[{load.index.text()}]")
+            lines.append(f"    x{j} = {kernel.params[load.param].name}[{load.index.text()}]{guard}")
         shared, texts = render_shared([r.value for r in nest.reductions] + [st.value for st in nest.stores])
         lines += [f"    {name} = {text}" for name, text in shared]
         for j, (red, text) in enumerate(zip(nest.reductions, texts)):

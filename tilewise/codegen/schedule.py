@@ -88,15 +88,17 @@ def _stride(index: Index, dim: int) -> int:
 
 
 def coalesce(nest: Nest) -> Nest:
-    """Merge adjacent dims (both kept or both reduced) that every index walks contiguously; drop size 1."""
+    """Merge adjacent dims (both kept or both reduced) that every index walks contiguously; drop size 1. A dim a
+    load is guarded on stays a dim of its own (its guard is a range of that dim's index)."""
     indices = [ld.index for ld in nest.loads] + [st.index for st in nest.stores]
+    guarded = {ld.guard[0] for ld in nest.loads if ld.guard is not None}
     groups: list[list[int]] = []
     for d in range(len(nest.shape)):
-        if nest.shape[d] == 1:
+        if nest.shape[d] == 1 and d not in guarded:
             continue
         if groups:
             prev = groups[-1][-1]
-            same_kind = (prev in nest.reduce) == (d in nest.reduce)
+            same_kind = (prev in nest.reduce) == (d in nest.reduce) and not {prev, d} & guarded
             literal = known(nest.shape[d], *(_stride(ix, prev) for ix in indices), *(_stride(ix, d) for ix in indices))
             if same_kind and literal and all(_stride(ix, prev) == _stride(ix, d) * nest.shape[d] for ix in indices):
                 groups[-1].append(d)
@@ -115,9 +117,12 @@ def coalesce(nest: Nest) -> Nest:
                 terms[k] = s
         return Index(index.offset, tuple(sorted(terms.items())))
 
+    def reguard(guard: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+        return guard if guard is None else (new_of[guard[0]], *guard[1:])
+
     shape = tuple(extent([nest.shape[d] for d in g]) for g in groups)
     reduce = tuple(k for k, g in enumerate(groups) if g[0] in nest.reduce)
-    out = Nest(shape, reduce, [replace(ld, index=reindex(ld.index)) for ld in nest.loads],
+    out = Nest(shape, reduce, [replace(ld, index=reindex(ld.index), guard=reguard(ld.guard)) for ld in nest.loads],
                list(nest.reductions), [replace(st, index=reindex(st.index)) for st in nest.stores])
     return out
 
@@ -140,7 +145,7 @@ class _NodeFacts:
 
     def __init__(self, nest: Nest) -> None:
         reduced = set(nest.reduce)
-        self.varying_loads = {k for k, load in enumerate(nest.loads) if load.index.dims() & reduced}
+        self.varying_loads = {k for k, load in enumerate(nest.loads) if load.dims() & reduced}
         self.expensive: dict[int, bool] = {}
         self.varies: dict[int, bool] = {}
 
@@ -503,9 +508,11 @@ def vector_width(nest: Nest, dim: int | None, accesses: list[tuple[Index, DType]
     if not known(nest.shape[dim]) and not _ragged_ok(nest, dim):
         return 1
     width = VECTOR_BYTES // max(dt.itemsize for _, dt in contiguous)
+    bounds = [b for ld in nest.loads if ld.guard is not None and ld.guard[0] == dim for b in ld.guard[1:]]
     while width > 1:
         aligned = all(_multiple(ix.offset, width) and all(_multiple(s, width) for d, s in ix.terms if d != dim)
                       for ix, _ in contiguous)
+        aligned = aligned and all(b % width == 0 for b in bounds)  # a vector lies wholly inside a guard or out
         if _multiple(nest.shape[dim], width) and aligned:
             return width
         width //= 2

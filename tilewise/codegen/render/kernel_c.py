@@ -189,7 +189,10 @@ class _NestRenderer:
                 code = load.iota_code(where)
             else:
                 code = load_code(self.lang, load.dtype, f"{self.kernel.params[load.param].name}[{where}]")
-            self.w.line(f"const {ctype} x{k}{suffix} = ({ctype})({code});")
+            code = f"({ctype})({code})"
+            if load.guard is not None:
+                code = f"({load.guard_code(dim_name)}) ? {code} : ({ctype})0"
+            self.w.line(f"const {ctype} x{k}{suffix} = {code};")
             leaves[("input", k)] = (f"x{k}{suffix}", compute_of(load.dtype))
         renderer = ExprRenderer(self.source, leaves, suffix)
         results = [renderer.render(e) for e in exprs]

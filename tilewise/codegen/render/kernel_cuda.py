@@ -164,32 +164,48 @@ class _Nest:
     def vec_type(self, dtype: DType) -> str:
         return f"tw_vec<{CUDA.ctype(dtype)}, {self.vector}>"
 
+    def guarded(self, load: Load, code: str, ctype: str, lane: int = 0) -> str:
+        """``code``, the value of ``load`` at vector lane ``lane``, under the load's guard (0 outside it)."""
+        if load.guard is None:
+            return code
+        dim = load.guard[0]
+        shift = lane if dim == self.plan.vector_dim and self.vector > 1 else 0
+        return f"({load.guard_code(lambda d: f'(d{d} + {shift})' if shift else f'd{d}')}) ? {code} : ({ctype})0"
+
     def load_lanes(self, j: int, load: Load, suffix: str, lanes: int) -> list[str]:
-        """Emit the load ``j`` for ``lanes`` lanes; return each lane's C name."""
+        """Emit the load ``j`` for ``lanes`` lanes; return each lane's C name. A guarded load reads memory only
+        inside its guard: a vector (whose lanes the schedule keeps on one side of the guard's bounds) reads the
+        buffer's start instead outside it, a lane never reads."""
         ctype = CUDA.ctype(compute_of(load.dtype))
         where = self.where(load.index)
         name = f"x{j}{suffix}"
         acc = self.access(load.index)
+        per_lane = lanes > 1 and load.guard is not None and load.guard[0] == self.plan.vector_dim
         if load.iota is not None:  # positions, not memory
-            steps = [0] if acc.how == "shared" or lanes == 1 else [v * acc.stride for v in range(lanes)]
+            steps = [0] if (acc.how == "shared" or lanes == 1) and not per_lane else [
+                v * acc.stride for v in range(lanes)]
             names = [f"{name}_{v}" for v in range(len(steps))]
             for v, (n, step) in enumerate(zip(names, steps)):
                 at = where if not step else f"{where} + {_step(self.idx, v, acc.stride)}"
-                self.w.line(f"const {ctype} {n} = ({ctype})({load.iota_code(at)});")
+                self.w.line(f"const {ctype} {n} = {self.guarded(load, f'({ctype})({load.iota_code(at)})', ctype, v)};")
             return names * (lanes if len(steps) == 1 else 1)
-        if acc.how == "shared" or lanes == 1:
+        if (acc.how == "shared" or lanes == 1) and not per_lane:
             code = load_code(CUDA, load.dtype, f"{self.param(load.param)}[{where}]")
-            self.w.line(f"const {ctype} {name} = ({ctype})({code});")
+            self.w.line(f"const {ctype} {name} = {self.guarded(load, f'({ctype})({code})', ctype)};")
             return [name] * lanes
         if acc.how == "vector":
             vt = self.vec_type(load.dtype)
-            self.w.line(f"const {vt} {name}v = *reinterpret_cast<const {vt}*>({self.param(load.param)} + {where});")
+            at = where if load.guard is None else f"(({self.guarded(load, where, self.idx)}))"
+            self.w.line(f"const {vt} {name}v = *reinterpret_cast<const {vt}*>({self.param(load.param)} + {at});")
             stored = [f"{name}v.v[{v}]" for v in range(lanes)]
+        elif acc.how == "shared":  # one element for every lane, each lane under its own guard
+            stored = [f"{self.param(load.param)}[{where}]"] * lanes
         else:
             stored = [f"{self.param(load.param)}[{where} + {_step(self.idx, v, acc.stride)}]" for v in range(lanes)]
         names = []
         for v, code in enumerate(stored):
-            self.w.line(f"const {ctype} {name}_{v} = ({ctype})({load_code(CUDA, load.dtype, code)});")
+            value = f"({ctype})({load_code(CUDA, load.dtype, code)})"
+            self.w.line(f"const {ctype} {name}_{v} = {self.guarded(load, value, ctype, v)};")
             names.append(f"{name}_{v}")
         return names
 
@@ -468,7 +484,7 @@ class _Nest:
         for root in roots:
             for n in toposort(root):  # operands first
                 if n.op == "input":
-                    invariant[id(n)] = not nest.loads[n.arg].index.dims() & varying
+                    invariant[id(n)] = not nest.loads[n.arg].dims() & varying
                 elif n.op == "scalar":
                     invariant[id(n)] = n.arg in finished or (arguments and ("scalar", n.arg) in self.arguments)
                 else:
@@ -579,7 +595,7 @@ class _Nest:
 
     def varying(self) -> list[int]:
         reduced = set(self.nest.reduce)
-        return [j for j, ld in enumerate(self.nest.loads) if ld.index.dims() & reduced]
+        return [j for j, ld in enumerate(self.nest.loads) if ld.dims() & reduced]
 
     def rows(self) -> None:
         nest, plan, idx = self.nest, self.plan, self.idx

@@ -41,11 +41,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tilewise import strides as S
 from tilewise.compiler.ir import Graph, Node, in_program_order, toposort
 from tilewise.compiler.lowering.orders import order_of
 from tilewise.config import log
 
 MAX_NESTS_PER_KERNEL = 32
+# A cat of more inputs is copied by a step of its own: its readers would test its element's position against every
+# input's range and carry a guarded load of each
+MAX_CAT_INPUTS = 8
 RECOMPUTED = ("recomputed",)  # the tag of a value ``recompute.py`` computes again for late readers
 RECOMPUTE_DEPTH = 2  # how many levels of made values a recomputed value may be made from
 # A node joins no group whose latest member came this many nodes before it with a library call (a GEMM, a
@@ -61,9 +65,12 @@ PERMUTES = ("permute", "transpose", "t")
 
 
 def fusion_kind(node: Node) -> str:
-    """"elementwise", "reduction", "view", "constant" (a ``full`` or an integer ``arange``: a literal or the
+    """"elementwise", "reduction", "cat" (a concatenation read in place by its readers' kernels, see [Note:
+    concatenations in kernels]), "view", "constant" (a ``full`` or an integer ``arange``: a literal or the
     position itself where read, see ``kernel_ir``) or "extern"."""
     kind = node.kind
+    if node.op == "cat":
+        return "cat" if fusable_cat(node) else "extern"
     if node.op == "full" or (node.op == "arange" and not node.type.dtype.is_floating_point
                              and all(isinstance(a, int) for a in node.args[:3])):
         return "constant"
@@ -76,6 +83,30 @@ def fusion_kind(node: Node) -> str:
     if kind == "view":
         return "view"
     return "extern"
+
+
+def cat_operands(node: Node) -> tuple[list[Node], int]:
+    """The tensors a ``cat`` joins, in order, and the dim it joins them along (not normalised)."""
+    args = node.bound_args(node.srcs)
+    return list(args[0]), args[1] if len(args) > 1 else 0
+
+
+def fusable_cat(node: Node) -> bool:
+    """Whether a ``cat`` is computed by the kernels that read it (see [Note: concatenations in kernels]): inputs
+    of its rank and device, at least two of them not empty (at most ``MAX_CAT_INPUTS``), and a dim before the
+    joined one longer than 1 (otherwise the inputs are contiguous slabs of the result, which memory planning lays
+    out in place)."""
+    if node.op != "cat" or node.is_tuple or not node.type.shape or not node.type.numel:
+        return False
+    shape = node.type.shape
+    tensors, dim = cat_operands(node)
+    if len(tensors) > MAX_CAT_INPUTS or any(
+            len(t.type.shape) != len(shape) or t.type.device != node.type.device for t in tensors):
+        return False
+    dim = dim + len(shape) if dim < 0 else dim
+    if sum(t.type.shape[dim] > 0 for t in tensors) < 2:
+        return False
+    return S.numel(shape[:dim]) != 1
 
 
 def is_collective(node: Node) -> bool:
@@ -208,6 +239,19 @@ def elementwise_dims(node: Node, group: Group) -> tuple | None:
     return _checked(tuple(dims), shape, domain)
 
 
+def cat_dims(node: Node, group: Group) -> tuple | None:
+    """The dims map of a ``cat`` joining ``group``: its inputs are always loaded (each from where it lies in the
+    result), so none of them may be a member; the cat then runs along the domain at its own positions."""
+    if any(group.owns_base(src) for src in node.srcs):
+        return None
+    return elementwise_dims(node, group)
+
+
+def member_dims(node: Node, group: Group) -> tuple | None:
+    """The dims map of an element-wise member or a cat joining ``group``."""
+    return cat_dims(node, group) if fusion_kind(node) == "cat" else elementwise_dims(node, group)
+
+
 def _checked(dims: tuple, shape: tuple, domain: tuple) -> tuple | None:
     used = [d for d in dims if d is not None]
     if len(set(used)) != len(used) or any(d is not None and domain[d] != shape[j] for j, d in enumerate(dims)):
@@ -256,7 +300,7 @@ def _reads_agree(group: Group, made: list[Node]) -> bool:
             found = reduction_dims_in(member, group)
             if found is None or found != (group.dims[member], group.reduce):
                 return False
-        elif elementwise_dims(member, group) != group.dims[member]:
+        elif member_dims(member, group) != group.dims[member]:
             return False
     return True
 
@@ -270,7 +314,7 @@ def _try_join(node: Node, group: Group) -> bool:
             return False
         group.dims[node], group.reduce = found
     else:
-        dims = elementwise_dims(node, group)
+        dims = member_dims(node, group)
         if dims is None:
             return False
         group.dims[node] = dims
@@ -406,7 +450,7 @@ class _Partition:
         return [s for s in member.srcs if group.edge_dims(s) is None]
 
     def add(self, node: Node) -> None:
-        if fusion_kind(node) in ("elementwise", "reduction"):
+        if fusion_kind(node) in ("elementwise", "reduction", "cat"):
             self._place(node)
         if node not in self.group_of:
             self.ancestors[node] = set().union(*(self.frontier(s) for s in node.srcs)) if node.srcs else set()
@@ -457,6 +501,8 @@ class _Partition:
         """Compute in ``node``'s group the operands other groups make that are cheaper to make again than to
         read (see the note)."""
         group = self.groups[gid]
+        if fusion_kind(node) == "cat":
+            return  # a cat loads its inputs; made again in its nest they would be read at other positions
         for src in node.srcs:
             base = view_chain(src)[0]
             owner = self.group_of.get(base)

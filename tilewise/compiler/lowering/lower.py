@@ -13,9 +13,9 @@ from __future__ import annotations
 from tilewise import strides as S
 from tilewise.codegen.kernel_ir import Index, Kernel, Load, LoweringError, Nest, Param, Reduce, Store, cast
 from tilewise.compiler.ir import Node, Ref, format_type
-from tilewise.compiler.lowering.fusion import FusedKernel, Group, fusion_kind, view_chain
+from tilewise.compiler.lowering.fusion import FusedKernel, Group, cat_operands, fusion_kind, view_chain
 from tilewise.compiler.meta import Stand
-from tilewise.dtypes import bool_, float32
+from tilewise.dtypes import bool_, float32, int32, int64
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, rebuild, toposort, unit_product_dropped, with_srcs
 
@@ -80,7 +80,10 @@ class _NestBuilder:
         self.acc_phase: dict[str, int] = {}
 
     # ------------------------------------------------------------------ leaves
-    def load(self, value: Node, src_dims: tuple) -> Expr:
+    def load(self, value: Node, src_dims: tuple, placed: tuple[int, int, int] | None = None) -> Expr:
+        """A load of ``value``, its dim ``k`` walking domain dim ``src_dims[k]``. ``placed`` (dim of ``value``, start,
+        end): ``value`` is read where it lies in a concatenation, at ``[start, end)`` of the domain dim its ``dim``
+        walks: guarded by that range, its index moved back by ``start`` along it."""
         shape, strides, offset = geometry(value)
         terms = []
         for k, (size, stride) in enumerate(zip(shape, strides)):
@@ -90,13 +93,19 @@ class _NestBuilder:
             if d is None:
                 raise LoweringError(f"a load of {format_type(value.type)} varies along a dim the nest does not have")
             terms.append((d, stride))
+        guard = None
+        if placed is not None:
+            dim, start, end = placed
+            guard = (src_dims[dim], start, end)
+            if shape[dim] != 1:
+                offset -= start * strides[dim]
         buffer = buffer_of(value)
         index = Index(offset, tuple(sorted(terms)))
         if buffer.op == "arange" and fusion_kind(buffer) == "constant":  # an integer iota, not a float buffer
             start, _, step = buffer.args[:3]
-            load = Load(-1, index, buffer.type.dtype, (int(start), int(step)))
+            load = Load(-1, index, buffer.type.dtype, (int(start), int(step)), guard)
         else:
-            load = Load(self.kernel.param(buffer, read=True), index, buffer.type.dtype)
+            load = Load(self.kernel.param(buffer, read=True), index, buffer.type.dtype, guard=guard)
         if load not in self.nest.loads:
             self.nest.loads.append(load)
         return Expr("input", (), self.nest.loads.index(load))
@@ -128,6 +137,8 @@ class _NestBuilder:
             self.values[member] = cast(Expr("const", (), member.args[1]), member.type.dtype)
         elif member.op == "arange":  # an arange stored for a reader outside the kernel
             self.values[member] = self.load(member, self.group.dims[member])
+        elif kind == "cat":
+            self.values[member] = self._cat(member)
         else:
             self.values[member] = self._pointwise(member)
 
@@ -167,6 +178,39 @@ class _NestBuilder:
                 mapping[id(Expr("scalar", (), p.name))] = Expr("const", (), value)
         return cast(spliced(template, mapping), member.type.dtype)
 
+    def _cat(self, member: Node) -> Expr:
+        """A concatenation as its readers see it: at each position along the joined dim, the input that lies
+        there (see [Note: concatenations in kernels] in ``fusion``)."""
+        tensors, dim = cat_operands(member)
+        dims = self.group.dims[member]
+        dim = S.normalize_dim(dim, len(dims))
+        along, length = dims[dim], member.type.shape[dim]
+        position = Expr("input", (), self._iota(along, length))
+        pieces, start = [], 0
+        for src in tensors:
+            end = start + src.type.shape[dim]
+            if end > start:
+                base = view_chain(src)[0]
+                if fusion_kind(base) == "constant" and base.op == "full":
+                    value = Expr("const", (), base.args[1])
+                    value = cast(value, base.type.dtype)
+                else:
+                    value = self.load(src, dims, (dim, start, end))
+                pieces.append((end, cast(value, member.type.dtype)))
+            start = end
+        value = pieces[-1][1]
+        for end, piece in reversed(pieces[:-1]):
+            value = Expr("where", (Expr("lt", (position, Expr("const", (), end))), piece, value))
+        return value
+
+    def _iota(self, dim: int, length: int) -> int:
+        """The nest's load of the position along domain dim ``dim`` (of ``length``)."""
+        dtype = int32 if length < 2**31 else int64
+        load = Load(-1, Index(0, ((dim, 1),)), dtype, (0, 1))
+        if load not in self.nest.loads:
+            self.nest.loads.append(load)
+        return self.nest.loads.index(load)
+
     def _reduction(self, member: Node) -> Expr:
         op = member.opdef
         args = member.bound_args([Stand(member.srcs[0].type)])
@@ -185,7 +229,7 @@ class _NestBuilder:
 
     def varies_along_reduce(self, expr: Expr) -> bool:
         reduced = set(self.nest.reduce)
-        return any(n.op == "input" and self.nest.loads[n.arg].index.dims() & reduced for n in toposort(expr))
+        return any(n.op == "input" and self.nest.loads[n.arg].dims() & reduced for n in toposort(expr))
 
     def store(self, member: Node) -> None:
         value = self.values[member]
