@@ -35,6 +35,16 @@ backward that compares two returned values (amax's ``self == result``) would fin
 operand costs to make is shared by the elements it is broadcast to: a layer norm's ``x_hat = (h - mean) * rstd``
 is made again by its backward from ``h`` (4 bytes an element; the row statistics come almost free) rather than
 stored by the forward as float32, with ``h - mean`` beside it, and read back.
+
+[Note: concatenations in kernels] A ``cat`` whose dims before the joined one have more than one element (RoPE's
+``cat((-x2, x1), -1)``, a q/k/v split's gradient along the heads) cannot be laid out in place by memory planning:
+its inputs are not contiguous slabs of the result, so it used to be a copy of its own. Such a cat (``fusable_cat``)
+is a member of kind "cat": the nest computes its element at position ``p`` along the joined dim as a ``where``
+over ``p`` picking the input that lies there, each input a load guarded by its range (``kernel_ir``), read at
+``p - start``. Its inputs are always loads, never members of its group (a member is computed at the nest's own
+position, not at ``p - start``), so a cat starts a group of its own, which its pointwise readers then join, and
+is made again, like a cheap pointwise value, by a reader in another group. Pointwise inputs are moved into the
+result's frame before fusion (``passes/cats.py``), so that the kernel computes them too.
 """
 
 from __future__ import annotations
@@ -560,6 +570,8 @@ class _Partition:
         it is broadcast to) when ``node`` is elementwise. An operand another group
         makes is made again too when that reads no more than loading it (at most ``RECOMPUTE_DEPTH`` deep),
         else loaded from the buffer its group stores. None when ``node`` cannot be made in ``gid``."""
+        if fusion_kind(node) == "cat" and depth <= RECOMPUTE_DEPTH and node not in self.roots:
+            return self._recomputable_cat(node, gid)
         if fusion_kind(node) != "elementwise" or node.op == "clone" or depth > RECOMPUTE_DEPTH or node in self.roots:
             return None
         chain: list[Node] = []
@@ -593,6 +605,15 @@ class _Partition:
                 width += src.type.dtype.itemsize
         return [*chain, node], width, loads
 
+    def _recomputable_cat(self, node: Node, gid: int) -> tuple[list[Node], int, set[Node]] | None:
+        """A cat is made again by loading each element from its input (an element of one input per element: its
+        width is theirs), never from values the group makes."""
+        bases = {view_chain(s)[0] for s in node.srcs}
+        if bases & set(self.groups[gid].dims):
+            return None
+        loads = {b for b in bases if fusion_kind(b) != "constant"}
+        return [node], max((b.type.dtype.itemsize for b in loads), default=0), loads
+
     def _join(self, node: Node, gid: int, external: list[Node]) -> None:
         self.group_of[node] = gid
         for src in external:
@@ -610,12 +631,14 @@ class _Partition:
         reduce = next((self.groups[g].reduce for g in candidates if self.groups[g].reduce), first.reduce)
         same = [g for g in candidates if self.groups[g].shape == first.shape and self.groups[g].reduce in ((), reduce)
                 and _device(self.groups[g]) == _device(first) and self.groups[g].order == first.order]
+        # a group another one depends on stays apart (a path would join them outside); the rest merge. A constant
+        # comparison that every layer shares (a cat's position test) belongs to the first layer's group: the
+        # groups of a later layer still merge without it
+        closures = {g: self.deps_closure(g) for g in same}
+        same = [g for g in same if not any(g in closures[h] for h in same if h != g)]
         if len(same) < 2:
             return None
-        gids = set(same)
-        for gid in same:
-            if self.deps_closure(gid) & (gids - {gid}):
-                return None
+        reduce = next((self.groups[g].reduce for g in same if self.groups[g].reduce), ())
         target = same[0]
         for gid in same[1:]:
             self.groups[target].absorb(self.groups.pop(gid))

@@ -13,7 +13,8 @@ and ``getitem`` only name parts of other buffers. Each step's results get a buff
   overlap share bytes (greedy placement, largest first). ``peak_bytes`` is the arena's size.
 
 A ``cat`` whose inputs are contiguous slabs of its result (it joins along its first dim of more than one
-element, and converts no dtype) is laid out *in place*: each input a step before it writes in full gets, as
+element, and converts no dtype) is laid out *in place* (other cats are read in place by their readers' kernels:
+see [Note: concatenations in kernels] in ``fusion``): each input a step before it writes in full gets, as
 its buffer, its slab of the result's buffer, so writing the input is writing the result and the cat copies
 nothing for it (``cat_copies`` lists what it still copies: graph inputs, views, values other cats placed). An input slab
 that does not start on a 16-byte boundary is placed only for a one-element value a generated kernel stores

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from tilewise._stages import stage
 from tilewise.compiler.ir import Graph, checked, format_graph
+from tilewise.compiler.passes.cats import cats_of_pointwise
 from tilewise.compiler.passes.cleanup import cse, dce
 from tilewise.compiler.passes.decompose import decompose
 from tilewise.compiler.passes.functionalize import functionalize
@@ -21,7 +22,8 @@ from tilewise.compiler.passes.simplify import simplify
 from tilewise.config import log
 
 Pass = Callable[[Graph], Graph]
-PIPELINE: tuple[Pass, ...] = (functionalize, decompose, simplify, simplify_indexing, cse, dce, legalize_views)
+PIPELINE: tuple[Pass, ...] = (functionalize, decompose, simplify, simplify_indexing, cats_of_pointwise, cse, dce,
+                              legalize_views)
 
 
 def run_pipeline(graph: Graph, passes: tuple[Pass, ...] = PIPELINE, history: list | None = None) -> Graph:
@@ -40,5 +42,5 @@ def run_pipeline(graph: Graph, passes: tuple[Pass, ...] = PIPELINE, history: lis
     return graph
 
 
-__all__ = ["PIPELINE", "Pass", "cse", "dce", "decompose", "functionalize", "legalize_views", "run_pipeline", "simplify",
-           "simplify_indexing"]
+__all__ = ["PIPELINE", "Pass", "cats_of_pointwise", "cse", "dce", "decompose", "functionalize", "legalize_views",
+           "run_pipeline", "simplify", "simplify_indexing"]
