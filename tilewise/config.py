@@ -37,6 +37,9 @@ variable                  meaning
                           ``-1``: never
 ``TILEWISE_GEMM_TUNE``    ``1`` (default) times the few best cuBLASLt heuristic candidates once per GEMM shape
                           and keeps the fastest; ``0`` takes cuBLASLt's first choice
+``TILEWISE_COMPILED_``    ``1`` runs each eager ``backward()`` whose graph was seen before as one compiled program
+``BACKWARD``              ([Note: compiled backward] in ``compiler/backward.py``); ``0`` (default): node by node.
+                          ``tilewise.autograd.compiled_backward()`` turns it on for a block of code
 ``TILEWISE_CUDA_GRAPHS``  ``1`` (default) lets a compiled CUDA program replay its steps as one captured CUDA graph
                           from its second call; ``0`` launches its steps one by one on every call
 ========================  =====================================================================================
@@ -72,6 +75,7 @@ class Settings:
     verify: bool = field(default_factory=lambda: os.environ.get("TILEWISE_VERIFY", "0") == "1")
     cpu_malloc: bool = field(default_factory=lambda: os.environ.get("TILEWISE_CPU_MALLOC", "1") != "0")
     cpu_fused_min_elements: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_CPU_FUSED", "16384")))
+    compiled_backward: bool = field(default_factory=lambda: os.environ.get("TILEWISE_COMPILED_BACKWARD", "0") == "1")
 
     def logs(self, channel: str) -> bool:
         return channel in self.log

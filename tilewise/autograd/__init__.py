@@ -32,7 +32,30 @@ from tilewise.tensor import Tensor
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad", "set_grad_enabled",
            "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "Node", "detect_anomaly",
-           "set_detect_anomaly", "Variable", "forward_ad", "functional", "gradcheck", "gradgradcheck"]
+           "set_detect_anomaly", "Variable", "forward_ad", "functional", "gradcheck", "gradgradcheck",
+           "compiled_backward"]
+
+
+class compiled_backward:  # noqa: N801 — a switch, named like set_detect_anomaly
+    """Run each eager ``backward()`` whose graph was seen before as one compiled program ([Note: compiled backward]
+    in ``compiler/backward.py``): on at construction, so it works as a plain call
+    (``tilewise.autograd.compiled_backward()`` or ``compiled_backward(False)``); as a context manager it restores
+    the previous setting on exit. ``TILEWISE_COMPILED_BACKWARD=1`` turns it on for the process."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        from tilewise.config import settings
+
+        self._prev = settings.compiled_backward
+        settings.compiled_backward = bool(enabled)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        from tilewise.config import settings
+
+        settings.compiled_backward = self._prev
+        return False
 
 
 def _as_tuple(x) -> tuple:

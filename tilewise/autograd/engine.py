@@ -18,6 +18,7 @@ import threading
 from tilewise import dispatch
 from tilewise.autograd.anomaly_mode import ANOMALY, check_node_outputs
 from tilewise.autograd.graph import AccumulateGrad, Node, edge
+from tilewise.config import settings
 from tilewise.dispatch import STATE
 from tilewise.tensor import TRACE_HOOKS, Tensor
 
@@ -29,6 +30,16 @@ profile_node = None
 def register_node_profiler(fn) -> None:
     global profile_node
     profile_node = fn
+
+
+# the compiled replay of a whole backward ([Note: compiled backward] in compiler/backward.py), registered by the
+# compiler: ``graph_runner(root_edges, grad_tensors, retain_graph)`` -> True when it ran the pass
+graph_runner = None
+
+
+def register_graph_runner(fn) -> None:
+    global graph_runner
+    graph_runner = fn
 
 
 class _FinalCallbacks(threading.local):
@@ -158,6 +169,10 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
         captures.setdefault((e[0], e[1]), []).append(k)
     captured: list = [None] * len(input_edges)
 
+    if (settings.compiled_backward and graph_runner is not None and inputs is None and accumulate
+            and not create_graph and not STATE.trace_depth and not STATE.vmap and not dispatch.dual_levels
+            and not dispatch.profiling and not ANOMALY.enabled and graph_runner(root_edges, grad_tensors, retain_graph)):
+        return captured
     roots = [e[0] for e in root_edges]
     deps = _dependencies(roots)
     if STATE.trace_depth and TRACE_HOOKS.backward_started is not None:

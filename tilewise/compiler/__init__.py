@@ -20,7 +20,7 @@ kernels,recompiles``):
 losses) run there as one compiled kernel each.
 """
 
-from tilewise.compiler import composites  # noqa: F401, E402 — registers the fused composites with the CUDA backend
+from tilewise.compiler import backward, composites  # noqa: F401, E402 — registers the compiled backward with the engine, the fused composites with the CUDA backend
 from tilewise.compiler.errors import DataDependentError
 from tilewise.compiler.function import CompiledFunction, UnsupportedTargetError, compile
 
