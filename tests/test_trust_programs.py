@@ -673,3 +673,50 @@ def test_autograd_functional_hessian_has_torch_structure_and_values(strategy):
         assert len(pair) == 2 and all(len(row) == 2 for row in pair)  # torch's forward mode gives lists, not tuples
         results.append([numpy_of(one), numpy_of(square), [[numpy_of(h) for h in row] for row in pair]])
     assert_same(results[1], results[0])
+
+
+@pytest.mark.parametrize("condition", [[[True, False], [False, True]], [0, 2, 0, 5], 3.0, 0, [[[1, 0]], [[0, 1]]]])
+def test_where_of_a_condition_alone_gives_the_indices_nonzero_gives_as_a_tuple(condition):
+    got, expected = tilewise.where(tilewise.tensor(condition)), real_torch.where(real_torch.tensor(condition))
+    assert isinstance(got, tuple) and len(got) == len(expected)
+    assert [numpy_of(g).tolist() for g in got] == [numpy_of(e).tolist() for e in expected]
+    assert [g.dtype for g in got] == [tilewise.int64] * len(got)
+    keyword = tilewise.where(condition=tilewise.tensor(condition))
+    assert [numpy_of(g).tolist() for g in keyword] == [numpy_of(e).tolist() for e in expected]
+
+
+def once_differentiable_square(torch, grad_modes):
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad):
+            x, = ctx.saved_tensors
+            grad_modes.append(torch.is_grad_enabled())
+            return 2 * x * grad
+
+    return Square
+
+
+def test_once_differentiable_backward_runs_without_a_graph_and_refuses_a_second_backward():
+    for torch in (real_torch, tilewise):
+        grad_modes = []
+        square = once_differentiable_square(torch, grad_modes)
+        x = torch.tensor([1.0, 2.0], requires_grad=True)
+        y = square.apply(x)
+        g, = torch.autograd.grad(y.sum(), x, create_graph=True)  # the incoming gradient needs no grad: plain result
+        assert g.tolist() == [2.0, 4.0] and not g.requires_grad
+        assert square.backward.__name__ == "backward"
+        v = torch.ones(2, requires_grad=True)
+        g, = torch.autograd.grad(square.apply(x), x, v, create_graph=True)
+        assert g.tolist() == [2.0, 4.0] and g.requires_grad and repr(g.grad_fn).startswith("<Error object")
+        with pytest.raises(RuntimeError, match="^trying to differentiate twice a function that was marked with "
+                                               "@once_differentiable$"):
+            g.sum().backward()
+        with pytest.raises(RuntimeError, match="The differentiated Tensor at index 0 appears to not have been used"):
+            torch.autograd.grad(g.sum(), v)
+        assert grad_modes == [False, False]
