@@ -11,6 +11,8 @@ under a seeded ``Generator`` are. Below the programs, the failures they met, eac
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch as real_torch
@@ -720,3 +722,38 @@ def test_once_differentiable_backward_runs_without_a_graph_and_refuses_a_second_
         with pytest.raises(RuntimeError, match="The differentiated Tensor at index 0 appears to not have been used"):
             torch.autograd.grad(g.sum(), v)
         assert grad_modes == [False, False]
+
+
+IN_PLACE_WITH_A_GRADIENT_THROUGH_ANOTHER_INPUT = {
+    "mul_": lambda t, x, w: x.mul_(w), "div_": lambda t, x, w: x.div_(w), "pow_": lambda t, x, w: x.pow_(w),
+    "imul": lambda t, x, w: x.__imul__(w), "xlogy_": lambda t, x, w: x.xlogy_(w),
+    "atan2_": lambda t, x, w: x.atan2_(w), "clamp_": lambda t, x, w: x.clamp_(min=w),
+    "clamp_min_": lambda t, x, w: x.clamp_min_(w), "clamp_max_": lambda t, x, w: x.clamp_max_(w),
+    "index_reduce_amax": lambda t, x, w: x.index_reduce_(0, t.tensor([1, 0]), w, "amax", include_self=False),
+    "index_reduce_prod": lambda t, x, w: x.index_reduce_(0, t.tensor([1, 1]), w, "prod"),
+    "scatter_reduce_amax": lambda t, x, w: x.scatter_reduce_(0, t.tensor([[1, 0], [1, 1]]), w, "amax"),
+    "scatter_reduce_mean": lambda t, x, w: x.scatter_reduce_(0, t.tensor([[1, 0], [1, 1]]), w, "mean",
+                                                             include_self=False),
+    "logit_": lambda t, x, w: x.mul_(w).mul_(0.1).logit_(eps=1e-3),
+}
+
+
+@pytest.mark.parametrize("self_requires_grad", [False, True])
+@pytest.mark.parametrize("name", sorted(IN_PLACE_WITH_A_GRADIENT_THROUGH_ANOTHER_INPUT))
+def test_in_place_operator_keeps_the_value_self_had_for_the_other_inputs_gradient(name, self_requires_grad):
+    """``x.mul_(w)`` with ``w`` requiring grad and ``x`` not (a buffer scaled by a parameter, a pooled tensor
+    filled by ``index_reduce_``): the node needs ``x``'s value before the write. It saved ``x`` itself, which the
+    write then changed, so backward refused (composites such as ``index_reduce_`` and ``clamp_min_`` even when ``x``
+    required grad)."""
+    op = IN_PLACE_WITH_A_GRADIENT_THROUGH_ANOTHER_INPUT[name]
+    results = []
+    for torch in (real_torch, tilewise):
+        w = torch.tensor([[2.0, 3.0], [0.5, 0.25]], requires_grad=True)
+        a = torch.tensor([[1.5, 0.5], [0.75, 2.0]], requires_grad=self_requires_grad)
+        x = a.clone() if self_requires_grad else a
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's index_reduce is in beta
+            y = op(torch, x, w)
+        (y * torch.tensor([[1.0, 2.0], [3.0, 4.0]])).sum().backward()
+        results.append([numpy_of(y), numpy_of(w.grad)] + ([numpy_of(a.grad)] if self_requires_grad else []))
+    assert_same(results[1], results[0])
