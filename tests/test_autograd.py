@@ -183,7 +183,8 @@ def test_create_graph_backward_gives_differentiable_grad():
 def test_allow_unused():
     x = tw.ones(2, requires_grad=True)
     unused = tw.ones(3, requires_grad=True)
-    with pytest.raises(RuntimeError, match="appears to not have been used in the graph.*allow_unused=True"):
+    with pytest.raises(RuntimeError, match="The differentiated Tensor at index 1 appears to not have been used in the "
+                                           "graph.*allow_unused=True"):
         tw.autograd.grad((x * 2).sum(), [x, unused])
     gx, gu = tw.autograd.grad((x * 2).sum(), [x, unused], allow_unused=True)
     assert gu is None

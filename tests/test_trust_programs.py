@@ -7,9 +7,12 @@ arrays both runs read. Random draws are not compared (the libraries' generators 
 (``multinomial`` in a generation loop, a ``WeightedRandomSampler``), the result's shape, range and reproducibility
 under a seeded ``Generator`` are. Below the programs, the failures they met, each reduced to a test.
 """
-# ruff: noqa: N806 — the programs keep the scripts' names (B, T, C)
+# ruff: noqa: N803, N806 — the programs keep the scripts' names (B, T, C, K, E)
 
 from __future__ import annotations
+
+import importlib
+import warnings
 
 import numpy as np
 import pytest
@@ -570,6 +573,280 @@ def test_data_pipeline_with_workers_samplers_splits_and_collate_behaves_as_torch
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# A VQ-VAE with a mixture-of-experts bottleneck: an EmbeddingBag encoder with per-sample weights and offsets, a codebook
+# found by argmin over distances, one-hot codes by scatter_, an EMA codebook update under no_grad, the straight-through
+# estimator z + (zq - z).detach(), a top-2 router dispatching rows with torch.where(mask) and index_add_, a load
+# balancing term from bincount, custom autograd Functions (a quantiser whose backward is once_differentiable and whose
+# second output is marked non-differentiable, a gradient reversal layer), Adagrad with lr_decay and CyclicLR.
+
+def vq_moe(torch, init, batches):
+    nn, F = torch.nn, torch.nn.functional
+
+    class GradReverse(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, alpha):
+            ctx.alpha = alpha
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            return grad_output.neg() * ctx.alpha, None
+
+    class STEQuant(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, levels):
+            ctx.save_for_backward(x)
+            ctx.mark_non_differentiable(levels)
+            return torch.round(x * 4) / 4, levels
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, g, _):
+            x, = ctx.saved_tensors
+            return g * (x.abs() <= 1).to(g.dtype), None
+
+    class VQ(nn.Module):
+        def __init__(self, K=6, D=4, decay=0.8):
+            super().__init__()
+            self.embedding = nn.Embedding(K, D)
+            self.embedding.weight.data.uniform_(-1 / K, 1 / K)
+            self.register_buffer("cluster_size", torch.zeros(K))
+            self.register_buffer("embed_avg", self.embedding.weight.data.clone())
+            self.decay, self.K = decay, K
+
+        def forward(self, z):
+            flat = z.reshape(-1, z.shape[-1])
+            distances = (flat.pow(2).sum(1, keepdim=True) - 2 * flat @ self.embedding.weight.t()
+                         + self.embedding.weight.pow(2).sum(1))
+            idx = torch.argmin(distances, dim=1)
+            enc = torch.zeros(idx.shape[0], self.K, device=z.device)
+            enc.scatter_(1, idx.unsqueeze(1), 1)
+            zq = torch.matmul(enc, self.embedding.weight).view(z.shape)
+            if self.training:
+                with torch.no_grad():
+                    self.cluster_size.mul_(self.decay).add_(enc.sum(0), alpha=1 - self.decay)
+                    self.embed_avg.mul_(self.decay).add_(enc.t() @ flat, alpha=1 - self.decay)
+                    n = self.cluster_size.sum()
+                    cs = (self.cluster_size + 1e-5) / (n + self.K * 1e-5) * n
+                    self.embedding.weight.data.copy_(self.embed_avg / cs.unsqueeze(1))
+            commit = F.mse_loss(zq.detach(), z)
+            zq = z + (zq - z).detach()
+            avg = enc.mean(0)
+            perplexity = torch.exp(-torch.sum(avg * torch.log(avg + 1e-10)))
+            return zq, commit, perplexity, idx
+
+    class MoE(nn.Module):
+        def __init__(self, d=4, E=4, k=2):
+            super().__init__()
+            self.gate = nn.Linear(d, E, bias=False)
+            self.experts = nn.ModuleList([nn.Sequential(nn.Linear(d, 8), nn.GELU(), nn.Linear(8, d))
+                                          for _ in range(E)])
+            self.k, self.E = k, E
+
+        def forward(self, x):
+            probs = self.gate(x).softmax(-1)
+            topv, topi = probs.topk(self.k, dim=-1)
+            topv = topv / topv.sum(-1, keepdim=True)
+            out = torch.zeros_like(x)
+            for e, expert in enumerate(self.experts):
+                rows, slot = torch.where(topi == e)
+                if rows.numel() == 0:
+                    continue
+                out.index_add_(0, rows, expert(x[rows]) * topv[rows, slot].unsqueeze(-1))
+            counts = torch.bincount(topi.flatten(), minlength=self.E).float()
+            return out, self.E * (counts / counts.sum() * probs.mean(0)).sum(), counts
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bag = nn.EmbeddingBag(15, 6, mode="sum")
+            self.enc = nn.Linear(6, 8)
+            self.vq = VQ()
+            self.moe = MoE()
+            self.dec = nn.Linear(8, 6)
+            self.domain = nn.Linear(8, 2)
+
+        def forward(self, tokens, offsets, weights):
+            e = self.bag(tokens, offsets, per_sample_weights=weights)
+            zq, commit, perplexity, idx = self.vq(self.enc(e).view(-1, 2, 4))
+            m, aux, counts = self.moe(zq.reshape(-1, 4))
+            q, _ = STEQuant.apply(m, torch.arange(3))
+            h = q.reshape(-1, 8)
+            return self.dec(h), e, commit, perplexity, aux, self.domain(GradReverse.apply(h, 0.5)), idx, counts
+
+    model = Model()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "stats": []}
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.05, lr_decay=0.01, initial_accumulator_value=0.1)
+    scheduler = torch.optim.lr_scheduler.CyclicLR(optimizer, base_lr=0.01, max_lr=0.05, step_size_up=2,
+                                                  cycle_momentum=False)
+    for tokens, offsets, weights, domain in batches:
+        tokens, offsets, weights, domain = (torch.from_numpy(a) for a in (tokens, offsets, weights, domain))
+        recon, target, commit, perplexity, aux, domain_logits, idx, counts = model(tokens, offsets, weights)
+        loss = F.mse_loss(recon, target.detach()) + 0.25 * commit + 0.01 * aux \
+            + F.cross_entropy(domain_logits, domain)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+        record["stats"].append([perplexity.item(), numpy_of(idx), numpy_of(counts), scheduler.get_last_lr()])
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def bags(rng, steps=5, batch=4):
+    out = []
+    for _ in range(steps):
+        lengths = rng.integers(1, 5, batch)
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        out.append((rng.integers(0, 15, lengths.sum()), offsets, rng.random(lengths.sum()).astype(np.float32),
+                    rng.integers(0, 2, batch)))
+    return out
+
+
+def test_vq_vae_with_a_routed_mixture_of_experts_and_custom_functions_trains_like_torch():
+    ours, theirs = run_both(vq_moe, bags(np.random.default_rng(6)))
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A graph attention network over a batch of small graphs, with a box head trained as detectors are: a segment softmax
+# over incoming edges (scatter_reduce amax, index_add_), messages summed with scatter_add_, graph pooling by
+# index_reduce_ "amax" into a fresh zeros tensor, box IoU by broadcasting, smooth L1, sigmoid focal loss, a weighted
+# cross-entropy, triplet, cosine-embedding and margin-ranking losses, kl_div; greedy NMS; RAdam with decoupled weight
+# decay under a ChainedScheduler; then pruning: l1_unstructured, ln_structured, remove, global_unstructured.
+
+def graph_detector(torch, init, graphs):
+    nn, F = torch.nn, torch.nn.functional
+    prune = importlib.import_module(f"{torch.__name__}.nn.utils.prune")
+
+    def segment_softmax(scores, index, n):
+        smax = torch.full((n, scores.size(1)), float("-inf")).scatter_reduce(
+            0, index[:, None].expand_as(scores), scores, reduce="amax", include_self=True)
+        ex = (scores - smax[index]).exp()
+        denom = torch.zeros(n, scores.size(1)).index_add_(0, index, ex)
+        return ex / denom[index].clamp_min(1e-16)
+
+    class GATLayer(nn.Module):
+        def __init__(self, d_in, d_out, heads=2):
+            super().__init__()
+            self.lin = nn.Linear(d_in, heads * d_out, bias=False)
+            self.att_src = nn.Parameter(torch.empty(1, heads, d_out))
+            self.att_dst = nn.Parameter(torch.empty(1, heads, d_out))
+            nn.init.xavier_uniform_(self.att_src)
+            nn.init.xavier_uniform_(self.att_dst)
+            self.heads, self.d_out = heads, d_out
+
+        def forward(self, x, edge_index):
+            n = x.size(0)
+            h = self.lin(x).view(n, self.heads, self.d_out)
+            src, dst = edge_index
+            a = (h * self.att_src).sum(-1)[src] + (h * self.att_dst).sum(-1)[dst]
+            msg = h[src] * segment_softmax(F.leaky_relu(a, 0.2), dst, n).unsqueeze(-1)
+            return torch.zeros_like(h).scatter_add_(0, dst.view(-1, 1, 1).expand_as(msg), msg).mean(1)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.g1, self.g2 = GATLayer(4, 8), GATLayer(8, 8)
+            self.box, self.cls, self.emb = nn.Linear(8, 4), nn.Linear(8, 3), nn.Linear(8, 4)
+
+        def forward(self, x, edge_index, batch, num_graphs):
+            h = F.elu(self.g1(x, edge_index))
+            h = F.elu(self.g2(h, edge_index)) + h
+            pooled = torch.zeros(num_graphs, 8).index_reduce_(0, batch, h, "amax", include_self=False)
+            mean = torch.zeros(num_graphs, 8).index_add_(0, batch, h) / torch.bincount(batch).unsqueeze(1)
+            return self.box(h).sigmoid(), self.cls(h), self.emb(pooled + mean)
+
+    def box_iou(a, b):
+        area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
+        area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+        wh = (torch.min(a[:, None, 2:], b[:, 2:]) - torch.max(a[:, None, :2], b[:, :2])).clamp(min=0)
+        inter = wh[..., 0] * wh[..., 1]
+        return inter / (area_a[:, None] + area_b - inter)
+
+    def nms(boxes, scores, threshold):
+        order, keep = scores.argsort(descending=True, stable=True), []
+        while order.numel() > 0:
+            keep.append(int(order[0]))
+            if order.numel() == 1:
+                break
+            iou = box_iou(boxes[order[0]].unsqueeze(0), boxes[order[1:]]).squeeze(0)
+            order = order[1:][iou <= threshold]
+        return torch.tensor(keep, dtype=torch.long)
+
+    def sigmoid_focal_loss(inputs, targets, alpha=0.25, gamma=2):
+        p = torch.sigmoid(inputs)
+        ce = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
+        p_t = p * targets + (1 - p) * (1 - targets)
+        alpha_t = alpha * targets + (1 - alpha) * (1 - targets)
+        return (alpha_t * ce * ((1 - p_t) ** gamma)).mean()
+
+    model = Model()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "keep": []}
+    optimizer = torch.optim.RAdam(model.parameters(), lr=1e-2, weight_decay=1e-3, decoupled_weight_decay=True)
+    scheduler = torch.optim.lr_scheduler.ChainedScheduler([
+        torch.optim.lr_scheduler.ConstantLR(optimizer, factor=0.5, total_iters=2),
+        torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.9)])
+    triplet = nn.TripletMarginLoss(margin=0.5, p=2)
+    for x, edge_index, batch, boxes, labels in graphs:
+        x, edge_index, batch, boxes, labels = (torch.from_numpy(a) for a in (x, edge_index, batch, boxes, labels))
+        corners, logits, g = model(x, edge_index, batch, 3)
+        corners = torch.cat([corners[:, :2] * 0.5, corners[:, :2] * 0.5 + 0.5 * corners[:, 2:]], 1)
+        onehot = F.one_hot(labels, 3).float()
+        gn = F.normalize(g, dim=-1)
+        loss = (1 - box_iou(corners, boxes).diagonal()).mean() + F.smooth_l1_loss(corners, boxes, beta=0.1) \
+            + sigmoid_focal_loss(logits, onehot) + F.cross_entropy(logits, labels, weight=torch.tensor([1, 2, 0.5])) \
+            + triplet(gn[0:1], gn[1:2], gn[2:3]) \
+            + F.cosine_embedding_loss(gn[:2], gn[1:], torch.tensor([1, -1]), margin=0.1) \
+            + F.margin_ranking_loss(g[:, 0], g[:, 1], torch.tensor([1.0, -1.0, 1.0]), margin=0.2) \
+            + F.kl_div(logits.log_softmax(-1), onehot * 0.9 + 0.1 / 3, reduction="batchmean")
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        with torch.no_grad():
+            record["keep"].append(numpy_of(nms(corners, logits.softmax(-1).amax(-1), 0.7)))
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+    prune.l1_unstructured(model.box, name="weight", amount=0.3)
+    prune.random_unstructured(model.cls, name="bias", amount=0.0)
+    prune.ln_structured(model.emb, name="weight", amount=0.5, n=2, dim=0)
+    record["masks"] = [numpy_of(model.box.weight_mask), numpy_of(model.emb.weight_mask)]
+    prune.remove(model.box, "weight")
+    prune.global_unstructured([(model.g1.lin, "weight"), (model.g2.lin, "weight")],
+                              pruning_method=prune.L1Unstructured, amount=10)
+    record["pruned"] = float((model.g1.lin.weight == 0).sum() + (model.g2.lin.weight == 0).sum())
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def small_graphs(rng, steps=4):
+    out = []
+    for _ in range(steps):
+        sizes = rng.integers(2, 5, 3)
+        n, start, edges = sizes.sum(), 0, []
+        for s in sizes:
+            edges += [(i, i) for i in range(start, start + s)]
+            for a, b in rng.integers(start, start + s, (s, 2)):
+                edges += [(a, b), (b, a)]
+            start += s
+        low = rng.uniform(0, 0.5, (n, 2))
+        boxes = np.concatenate([low, low + rng.uniform(0.1, 0.5, (n, 2))], 1).astype(np.float32)
+        out.append((rng.standard_normal((n, 4)).astype(np.float32), np.array(edges).T.astype(np.int64),
+                    np.repeat(np.arange(3), sizes), boxes, rng.integers(0, 3, n)))
+    return out
+
+
+def test_graph_attention_detector_with_segment_softmax_index_reduce_pooling_and_pruning_trains_like_torch():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's index_reduce is in beta
+        ours, theirs = run_both(graph_detector, small_graphs(np.random.default_rng(7)))
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # What the programs met, reduced.
 
 def test_random_fork_rng_restores_the_generator_as_torch_does():
@@ -672,4 +949,86 @@ def test_autograd_functional_hessian_has_torch_structure_and_values(strategy):
         assert isinstance(one, torch.Tensor) and tuple(one.shape) == (2, 2) and tuple(square.shape) == (2, 2, 2, 2)
         assert len(pair) == 2 and all(len(row) == 2 for row in pair)  # torch's forward mode gives lists, not tuples
         results.append([numpy_of(one), numpy_of(square), [[numpy_of(h) for h in row] for row in pair]])
+    assert_same(results[1], results[0])
+
+
+@pytest.mark.parametrize("condition", [[[True, False], [False, True]], [0, 2, 0, 5], 3.0, 0, [[[1, 0]], [[0, 1]]]])
+def test_where_of_a_condition_alone_gives_the_indices_nonzero_gives_as_a_tuple(condition):
+    got, expected = tilewise.where(tilewise.tensor(condition)), real_torch.where(real_torch.tensor(condition))
+    assert isinstance(got, tuple) and len(got) == len(expected)
+    assert [numpy_of(g).tolist() for g in got] == [numpy_of(e).tolist() for e in expected]
+    assert [g.dtype for g in got] == [tilewise.int64] * len(got)
+    keyword = tilewise.where(condition=tilewise.tensor(condition))
+    assert [numpy_of(g).tolist() for g in keyword] == [numpy_of(e).tolist() for e in expected]
+
+
+def once_differentiable_square(torch, grad_modes):
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad):
+            x, = ctx.saved_tensors
+            grad_modes.append(torch.is_grad_enabled())
+            return 2 * x * grad
+
+    return Square
+
+
+def test_once_differentiable_backward_runs_without_a_graph_and_refuses_a_second_backward():
+    for torch in (real_torch, tilewise):
+        grad_modes = []
+        square = once_differentiable_square(torch, grad_modes)
+        x = torch.tensor([1.0, 2.0], requires_grad=True)
+        y = square.apply(x)
+        g, = torch.autograd.grad(y.sum(), x, create_graph=True)  # the incoming gradient needs no grad: plain result
+        assert g.tolist() == [2.0, 4.0] and not g.requires_grad
+        assert square.backward.__name__ == "backward"
+        v = torch.ones(2, requires_grad=True)
+        g, = torch.autograd.grad(square.apply(x), x, v, create_graph=True)
+        assert g.tolist() == [2.0, 4.0] and g.requires_grad and repr(g.grad_fn).startswith("<Error object")
+        with pytest.raises(RuntimeError, match="^trying to differentiate twice a function that was marked with "
+                                               "@once_differentiable$"):
+            g.sum().backward()
+        with pytest.raises(RuntimeError, match="The differentiated Tensor at index 0 appears to not have been used"):
+            torch.autograd.grad(g.sum(), v)
+        assert grad_modes == [False, False]
+
+
+IN_PLACE_WITH_A_GRADIENT_THROUGH_ANOTHER_INPUT = {
+    "mul_": lambda t, x, w: x.mul_(w), "div_": lambda t, x, w: x.div_(w), "pow_": lambda t, x, w: x.pow_(w),
+    "imul": lambda t, x, w: x.__imul__(w), "xlogy_": lambda t, x, w: x.xlogy_(w),
+    "atan2_": lambda t, x, w: x.atan2_(w), "clamp_": lambda t, x, w: x.clamp_(min=w),
+    "clamp_min_": lambda t, x, w: x.clamp_min_(w), "clamp_max_": lambda t, x, w: x.clamp_max_(w),
+    "index_reduce_amax": lambda t, x, w: x.index_reduce_(0, t.tensor([1, 0]), w, "amax", include_self=False),
+    "index_reduce_prod": lambda t, x, w: x.index_reduce_(0, t.tensor([1, 1]), w, "prod"),
+    "scatter_reduce_amax": lambda t, x, w: x.scatter_reduce_(0, t.tensor([[1, 0], [1, 1]]), w, "amax"),
+    "scatter_reduce_mean": lambda t, x, w: x.scatter_reduce_(0, t.tensor([[1, 0], [1, 1]]), w, "mean",
+                                                             include_self=False),
+    "logit_": lambda t, x, w: x.mul_(w).mul_(0.1).logit_(eps=1e-3),
+}
+
+
+@pytest.mark.parametrize("self_requires_grad", [False, True])
+@pytest.mark.parametrize("name", sorted(IN_PLACE_WITH_A_GRADIENT_THROUGH_ANOTHER_INPUT))
+def test_in_place_operator_keeps_the_value_self_had_for_the_other_inputs_gradient(name, self_requires_grad):
+    """``x.mul_(w)`` with ``w`` requiring grad and ``x`` not (a buffer scaled by a parameter, a pooled tensor
+    filled by ``index_reduce_``): the node needs ``x``'s value before the write. It saved ``x`` itself, which the
+    write then changed, so backward refused (composites such as ``index_reduce_`` and ``clamp_min_`` even when ``x``
+    required grad)."""
+    op = IN_PLACE_WITH_A_GRADIENT_THROUGH_ANOTHER_INPUT[name]
+    results = []
+    for torch in (real_torch, tilewise):
+        w = torch.tensor([[2.0, 3.0], [0.5, 0.25]], requires_grad=True)
+        a = torch.tensor([[1.5, 0.5], [0.75, 2.0]], requires_grad=self_requires_grad)
+        x = a.clone() if self_requires_grad else a
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's index_reduce is in beta
+            y = op(torch, x, w)
+        (y * torch.tensor([[1.0, 2.0], [3.0, 4.0]])).sum().backward()
+        results.append([numpy_of(y), numpy_of(w.grad)] + ([numpy_of(a.grad)] if self_requires_grad else []))
     assert_same(results[1], results[0])

@@ -244,6 +244,6 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
     if inputs is not None and not allow_unused:
         for k, g in enumerate(captured):
             if g is None and accumulate is False:
-                raise RuntimeError(f"One of the differentiated Tensors (input {k}) appears to not have been used in "
-                                   "the graph. Set allow_unused=True if this is the desired behavior.")
+                raise RuntimeError(f"The differentiated Tensor at index {k} appears to not have been used in the "
+                                   "graph. Set allow_unused=True if this is the desired behavior.")
     return captured

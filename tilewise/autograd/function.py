@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tilewise.autograd.graph import Node, SavedTensor, edge
+import functools
+
+from tilewise.autograd.graph import Node, SavedTensor, accumulate_node, edge
 from tilewise.dispatch import STATE
 from tilewise.tensor import Tensor
 
@@ -136,3 +138,51 @@ class Function:
                 o.grad_fn, o._output_nr, o._requires_grad = node, i, True
             fixed.append(o)
         return tuple(fixed) if isinstance(out, tuple) else fixed[0]
+
+
+class DelayedError(Node):
+    """The grad_fn of what a ``once_differentiable`` backward returns under ``create_graph``: differentiating it
+    again raises (torch's ``torch.autograd._functions.DelayedError``, whose node is named ``Error``)."""
+
+    def __init__(self, message: str, inputs: list):
+        super().__init__()
+        self.message = message
+        self.next_functions = tuple((accumulate_node(t), 0) if isinstance(t, Tensor) else (None, 0) for t in inputs)
+        self.n_outputs = len(inputs)
+
+    def name(self) -> str:
+        return "Error"
+
+    def apply(self, grads: list):
+        raise RuntimeError(self.message)
+
+
+def once_differentiable(fn):
+    """Decorates a ``backward`` that is not itself differentiable: it runs without recording a graph, and where a
+    double backward would need it (``create_graph=True`` with gradients that require grad), what it returns leads to
+    an error at that second backward instead of to silently missing terms."""
+
+    @functools.wraps(fn)
+    def wrapper(ctx, *args, **kwargs):
+        prev = STATE.grad_enabled
+        STATE.grad_enabled = False
+        try:
+            outputs = fn(ctx, *args, **kwargs)
+        finally:
+            STATE.grad_enabled = prev
+        if not prev or not any(isinstance(a, Tensor) and a.requires_grad for a in args):
+            return outputs
+        several = isinstance(outputs, tuple)
+        leaves = [o.detach().requires_grad_(True) if isinstance(o, Tensor) else o for o in
+                  (outputs if several else (outputs,))]
+        node = DelayedError("trying to differentiate twice a function that was marked with @once_differentiable",
+                            leaves)
+        aliased = []
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, Tensor):
+                leaf = leaf.view_as(leaf).detach()
+                leaf.grad_fn, leaf._output_nr, leaf._requires_grad = node, i, True
+            aliased.append(leaf)
+        return tuple(aliased) if several else aliased[0]
+
+    return wrapper

@@ -98,7 +98,9 @@ def _rebase_view_history(view: Tensor, result: Tensor) -> None:
 def make_inplace(fn, name: str):
     from tilewise.ops.registry import OVERLOADS
 
-    saves_self = any("self" in op.saved_params for op in OVERLOADS[name])
+    # a composite records its primitives, which may save ``self`` (index_reduce_'s scatter_reduce, clamp_min_'s)
+    saves_self = any("self" in op.saved_params or (op.kind == "composite" and not op.derivatives)
+                     for op in OVERLOADS[name])
 
     def inplace(self, *args, **kwargs):
         check_no_internal_overlap(self, f"{name}_")
@@ -106,7 +108,10 @@ def make_inplace(fn, name: str):
         if recording:
             check_inplace_allowed(self, f"{name}_")
         dual = bool(dispatch.dual_levels)  # a tangent rule may read ``self`` after the write: give it the value
-        source = self.clone() if (recording and self._requires_grad or dual) and saves_self else self
+        # the node keeps the value ``self`` had before the write, whether or not ``self`` requires grad: the
+        # derivative for another input may read it (``x.mul_(w)`` with only ``w`` requiring grad), as torch's
+        # in-place operators keep ``original_self``
+        source = self.clone() if (recording or dual) and saves_self else self
         autocast, STATE.autocast = STATE.autocast, None  # torch's autocast lists no in-place op
         if not recording and not STATE.trace_depth and not STATE.vmap and not dual \
                 and not written_outside_inference(self):  # commit refuses it, after torch's shape checks

@@ -131,6 +131,20 @@ def _attach_nonzero(functions: dict) -> dict:
     return {"nonzero": nonzero_or_tuple}
 
 
+def _where_with_one_argument(where, nonzero) -> dict:
+    """``where(condition)`` alone is ``nonzero(condition, as_tuple=True)``, the form MoE routers and masks use as
+    ``rows, cols = torch.where(mask)``."""
+
+    def where_or_indices(condition, *args, **kwargs):
+        if not args and not kwargs:
+            return nonzero(condition, as_tuple=True)
+        return where(condition, *args, **kwargs)
+
+    where_or_indices.__name__ = "where"
+    where_or_indices.__doc__ = where.__doc__
+    return {"where": where_or_indices}
+
+
 def attach(functions: dict) -> dict:
     """Give Tensor the methods above; return the torch-level functions to export, by name."""
     exported = {}
@@ -144,6 +158,7 @@ def attach(functions: dict) -> dict:
         setattr(Tensor, name, _inplace_view(name, view_name))
     _attach_polygamma(functions)
     exported.update(_attach_nonzero(functions))
+    exported.update(_where_with_one_argument(functions["where"], exported["nonzero"]))
     Tensor.fill_diagonal_ = fill_diagonal_
     for fn in (is_nonzero, is_same_size, is_signed, get_device):
         setattr(Tensor, fn.__name__, fn)
