@@ -257,6 +257,14 @@ def _tile_host_cases():
         ("mixed dtypes", lambda x, y: (x.t().float() + y, (x.t().float() + y).to(tw.float8_e4m3fn)),
          dict(x=randn(64, 96).bfloat16(), y=randn(96, 64))),
     ]
+    bf16_nans = np.full((64, 48), 0x3F80, np.uint16)  # NaNs with payloads: a copy keeps them, as eager's does
+    bf16_nans[1, 2], bf16_nans[3, 4], bf16_nans[5, 6] = 0x7FA0, 0xFFC1, 0x7F81
+    e5m2_nans = np.full((64, 48), 0x38, np.uint8)
+    e5m2_nans[1, 2], e5m2_nans[3, 4], e5m2_nans[5, 6] = 0x7D, 0xFE, 0x7E
+    cases += [("bfloat16 NaN payloads", lambda x: x.t().contiguous(),
+               dict(x=tw.from_numpy(bf16_nans.view(np.int16)).view(tw.bfloat16))),
+              ("e5m2 NaN payloads", lambda x: x.t().contiguous(),
+               dict(x=tw.from_numpy(e5m2_nans).view(tw.float8_e5m2)))]
     for shape in [(31, 33), (33, 31), (1000, 17), (2, 3, 70, 45)]:
         for dtype in [tw.float32, tw.bfloat16, tw.float64, tw.int8, tw.bool]:
             cases.append((f"copy {shape} {dtype.name}", lambda x: x.transpose(-1, -2).contiguous(),

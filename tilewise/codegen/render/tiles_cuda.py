@@ -58,7 +58,7 @@ def render_tiles(host, stored: list[Expr]) -> None:
     block = _RegisterBlock(host, across, inner)
     roots = [substitute(value, mapping) for value in stored]
     used = sorted({n.arg for e in roots for n in toposort(e) if n.op == "input"})
-    values = {j: block.load(j) for j in used}
+    elements = {j: block.load(j) for j in used}
     outputs = [block.output(s) for s in range(len(nest.stores))]
     w.line("#pragma unroll")
     w.open(f"for (int tw_u = 0; tw_u < {shape.rows}; ++tw_u)")
@@ -66,14 +66,20 @@ def render_tiles(host, stored: list[Expr]) -> None:
     w.open(f"for (int tw_v = 0; tw_v < {shape.cols}; ++tw_v)")
     leaves = {**host.arguments, **hoisted}
     for j in used:
-        leaves[("input", j)] = (values[j], compute_of(nest.loads[j].dtype))
+        load = nest.loads[j]
+        value = elements[j] if load.iota is not None else load_code(CUDA, load.dtype, elements[j])
+        leaves[("input", j)] = (f"(({CUDA.ctype(compute_of(load.dtype))})({value}))", compute_of(load.dtype))
     renderer = ExprRenderer(host.source, leaves)
     converted: dict[str, str] = {}  # an element's conversion to a store's dtype, made once for stores that share it
     for s, st in enumerate(nest.stores):
-        code = store_code(CUDA, st.dtype, *renderer.render(roots[s]), st.saturate)
-        for line in renderer.lines:
-            w.line(line)
-        renderer.lines.clear()
+        copied = _copied(roots[s], nest, st.dtype)
+        if copied is not None:  # the bits as they are: a copy keeps a NaN's payload, as eager's copies do
+            code = elements[copied]
+        else:
+            code = store_code(CUDA, st.dtype, *renderer.render(roots[s]), st.saturate)
+            for line in renderer.lines:
+                w.line(line)
+            renderer.lines.clear()
         if code not in converted:
             converted[code] = f"tw_s{s}"
             w.line(f"const {CUDA.ctype(st.dtype)} tw_s{s} = {code};")
@@ -83,6 +89,16 @@ def render_tiles(host, stored: list[Expr]) -> None:
     for s in range(len(nest.stores)):
         block.write(s)
     w.close()
+
+
+def _copied(value: Expr, nest, dtype) -> int | None:
+    """The load that a store of ``dtype`` writes unchanged (a copy), or None."""
+    if value.op == "cast" and value.arg is dtype:
+        value = value.srcs[0]
+    if value.op != "input":
+        return None
+    load = nest.loads[value.arg]
+    return value.arg if load.iota is None and load.dtype is dtype else None
 
 
 class _RegisterBlock:
@@ -113,7 +129,8 @@ class _RegisterBlock:
         return " + ".join([self.host.where(index)] + steps)
 
     def load(self, j: int) -> str:
-        """Emit load ``j`` for the whole block; return the C expression of the element (tw_u, tw_v)."""
+        """Emit load ``j`` for the whole block; return the C expression of the element (tw_u, tw_v) as its buffer
+        holds it (an iota's: its value)."""
         load = self.nest.loads[j]
         ctype = CUDA.ctype(load.dtype)
         if load.iota is not None:
@@ -136,7 +153,7 @@ class _RegisterBlock:
                                       f"{self.at(load.index, u, v)});")
             lane = "tw_v" if how == "cols" else "tw_u"
             element = f"x{j}[{f'tw_{var}' if step else 0}].v[{lane}]"
-        return f"(({CUDA.ctype(compute_of(load.dtype))})({load_code(CUDA, load.dtype, element)}))"
+        return element
 
     def output(self, s: int) -> str:
         """Declare what store ``s`` writes from; return the statement (a format of the element's value) that
