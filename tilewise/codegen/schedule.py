@@ -21,9 +21,13 @@ picks a strategy and records why, so ``TILEWISE_LOG=kernels`` shows the choice n
   horizontally fused optimizer step is one launch), all with the kernel's block size. Each thread moves
   ``vector`` adjacent elements along one domain dim with 16-byte loads and stores where every access that
   walks that dim contiguously is aligned for it (other accesses load per lane, or once when they do not
-  vary along it). Three strategies:
+  vary along it). Four strategies:
 
   - ``elements`` (no reduction): one vector of elements per thread over the flattened domain;
+  - ``tiles`` (no reduction, some access walking another dim than the innermost: an FP8 cast stored as it is
+    and transposed, a transposing copy): a block per tile of the innermost dim and that one, each thread a
+    block of elements in registers, a vector of each access along the dim it walks (``TileShape``,
+    ``[Note: transposing tiles]``);
   - ``rows``: a *team* of threads per output row folds the reduced elements (a warp, several rows per
     block, for short rows; the whole block for long ones), combines partials with warp shuffles and one
     shared-memory step, and every member holds the result for the next phase. When a row needs several
