@@ -21,9 +21,13 @@ picks a strategy and records why, so ``TILEWISE_LOG=kernels`` shows the choice n
   horizontally fused optimizer step is one launch), all with the kernel's block size. Each thread moves
   ``vector`` adjacent elements along one domain dim with 16-byte loads and stores where every access that
   walks that dim contiguously is aligned for it (other accesses load per lane, or once when they do not
-  vary along it). Three strategies:
+  vary along it). Four strategies:
 
   - ``elements`` (no reduction): one vector of elements per thread over the flattened domain;
+  - ``tiles`` (no reduction, some access walking another dim than the innermost: an FP8 cast stored as it is
+    and transposed, a transposing copy): a block per tile of the innermost dim and that one, each thread a
+    block of elements in registers, a vector of each access along the dim it walks (``TileShape``,
+    ``[Note: transposing tiles]``);
   - ``rows``: a *team* of threads per output row folds the reduced elements (a warp, several rows per
     block, for short rows; the whole block for long ones), combines partials with warp shuffles and one
     shared-memory step, and every member holds the result for the next phase. When a row needs several
@@ -360,6 +364,29 @@ class Tuned:
 
 
 @dataclass(frozen=True)
+class TileShape:
+    """How a tiled nest's block covers its tile (``[Note: transposing tiles]``): each thread a block of ``rows``
+    elements along the transposed dim R by ``cols`` along the innermost dim C (one vector of each access walking
+    R per column, one of each walking C per row), a warp's lanes ``lanes_r`` by ``lanes_c`` such blocks, the
+    block's warps ``warps_r`` by ``warps_c`` warps' worth."""
+
+    rows: int
+    cols: int
+    lanes_r: int
+    lanes_c: int
+    warps_r: int
+    warps_c: int
+
+    @property
+    def block_rows(self) -> int:
+        return self.rows * self.lanes_r * self.warps_r
+
+    @property
+    def block_cols(self) -> int:
+        return self.cols * self.lanes_c * self.warps_c
+
+
+@dataclass(frozen=True)
 class CudaPlan:
     """How one nest maps onto CUDA blocks and threads (see the module note)."""
 
@@ -381,6 +408,7 @@ class CudaPlan:
     partials: bool = False
     unroll: int = 0  # rows, columns: ``#pragma unroll`` of the loop over a row (0: none)
     tile_dim: int | None = None  # tiles: the dim the transposed accesses walk (see [Note: transposing tiles])
+    tile: TileShape | None = None  # tiles: how a block's threads cover its tile
 
 
 @dataclass
@@ -571,7 +599,7 @@ def _cuda_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]
     if not nest.reduce:
         tile = transposed_dim(nest) if knobs.tiles else None
         if tile is not None:
-            return "tiles", 1, tile, knobs.block or POINTWISE_THREADS
+            return "tiles", knobs.vector, tile, knobs.block or POINTWISE_THREADS
         dim = nest.outer[-1] if nest.outer else None
         return "elements", _capped(vector_width(nest, dim), knobs), dim, knobs.block or POINTWISE_THREADS
     row = extent([nest.shape[d] for d in nest.reduce])
@@ -599,7 +627,47 @@ def _cuda_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]
     return "rows", vector, dim, team
 
 
-TILE = 32  # a tile's side (elements)
+TILE = 32  # the side (elements) below which a dim is not worth tiling
+TILE_ELEMENTS = 64  # per thread of a tiled nest: its block of rows x columns, each value kept in registers
+SECTOR = 32  # bytes: the unit of memory traffic; a warp's access should fill whole ones
+LINE = 128  # bytes: what a block's tile should span of each row it reads or writes, along either dim
+
+
+def _units_to_fill(size: int, width: int, accesses: list[tuple[Index, DType]]) -> int:
+    """How many units of ``width`` elements side by side (a power of two) fill ``size`` bytes of the narrowest
+    of ``accesses``."""
+    if not accesses:
+        return 1
+    narrowest = min(dt.itemsize for _, dt in accesses)
+    return _pow2_at_least(_ceil_div(size, width * narrowest))
+
+
+def tile_shape(nest: Nest, dim: int, widest: int, block: int) -> TileShape:
+    """The thread, warp and block shape of a tiled nest over ``dim`` (``[Note: transposing tiles]``). A thread
+    takes one vector of each access along the dim it walks contiguously (16 bytes where sizes and alignment
+    allow; at most ``widest`` elements unless that is 0), within ``TILE_ELEMENTS``; a warp's lanes sit side by
+    side along both dims so that every access fills whole sectors, and a block's warps so that its tile spans
+    a line of each row it touches, as far as the domain has room."""
+    inner = len(nest.shape) - 1
+    straight = [(ix, dt) for ix, dt in _accesses(nest) if _stride(ix, inner) == 1]
+    across = [(ix, dt) for ix, dt in _accesses(nest) if _stride(ix, dim) == 1 and _stride(ix, inner) != 1]
+    cap = Knobs(vector=widest)
+    cols, rows = _capped(vector_width(nest, inner, straight), cap), _capped(vector_width(nest, dim, across), cap)
+    while rows * cols > TILE_ELEMENTS:
+        if rows >= cols:
+            rows //= 2
+        else:
+            cols //= 2
+    need_c = min(32, _units_to_fill(SECTOR, cols, straight))
+    need_r = min(32, _units_to_fill(SECTOR, rows, across))
+    spare = 32 // (need_c * need_r)  # lanes beyond those needed, shared between the dims
+    lanes_c = need_c << (spare.bit_length() // 2) if spare else need_c
+    lanes_r = 32 // lanes_c
+    warps = block // 32
+    warps_c = min(warps, _units_to_fill(LINE, cols * lanes_c, straight),
+                  _pow2_at_least(_ceil_div(nest.shape[inner], cols * lanes_c)))
+    warps_r = min(warps // warps_c, _pow2_at_least(_ceil_div(nest.shape[dim], rows * lanes_r)))
+    return TileShape(rows, cols, lanes_r, lanes_c, warps_r, warps // warps_r)
 
 
 def transposed(index: Index, inner: int) -> bool:
@@ -711,9 +779,10 @@ def _cuda_plan(nest: Nest, strategy: str, vector: int, dim: int | None, team: in
         return CudaPlan(strategy, vector, dim, 1, 1, _blocks(rows, vector * block), 1, False, index)
     if strategy == "tiles":
         inner = len(nest.shape) - 1
-        tiles = _blocks(nest.shape[dim], TILE) * _blocks(nest.shape[inner], TILE)
+        shape = tile_shape(nest, dim, vector, block)
+        tiles = _blocks(nest.shape[dim], shape.block_rows) * _blocks(nest.shape[inner], shape.block_cols)
         rest = S.numel([n for d, n in enumerate(nest.shape) if d not in (dim, inner)])
-        return CudaPlan(strategy, 1, None, 1, 1, tiles * rest, 1, False, index, tile_dim=dim)
+        return CudaPlan(strategy, shape.cols, inner, 1, 1, tiles * rest, 1, False, index, tile_dim=dim, tile=shape)
     if strategy == "columns":
         # [Note: vector columns] A lane folds ``vector`` adjacent columns (one 16-byte access per buffer and
         # row, an accumulator per column), a warp 32 x vector columns, the block's warps other rows of them.
@@ -766,8 +835,11 @@ def schedule_cuda(kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
         notes = [f"{plan.blocks or 'as many as the sizes need'} block(s)", f"{plan.vector} element(s) per access" + (
             f" along d{dim}" if plan.vector > 1 else "")]
         if strategy == "tiles":
-            notes.insert(0, f"{TILE}x{TILE} tiles over d{dim} and the innermost dim, the accesses that walk "
-                            f"d{dim} through shared memory")
+            shape = plan.tile
+            notes[1] = f"{shape.rows}x{shape.cols} element(s) per thread, a vector of each access along the dim " \
+                       "it walks"
+            notes.insert(0, f"{shape.block_rows}x{shape.block_cols} tiles over d{dim} and the innermost dim, "
+                            f"{shape.lanes_r}x{shape.lanes_c} lanes, {shape.warps_r}x{shape.warps_c} warps")
         elif strategy != "elements":
             rows = extent([nest.shape[d] for d in nest.outer])
             notes.insert(0, f"{rows} row(s) of {extent([nest.shape[d] for d in nest.reduce])}")

@@ -30,7 +30,8 @@ from tilewise.codegen.kernel_ir import ARG_COMBINERS, Index, Kernel, Load, exten
 from tilewise.codegen.render.cstyle import ExprRenderer, Source, compute_of, literal, load_code, store_code
 from tilewise.codegen.render.cuda import CUDA, identity
 from tilewise.codegen.render.kernel_c import LoopStyle, fold_helper, scalar_function, take_helper
-from tilewise.codegen.schedule import TILE, KernelSchedule, NestSchedule, transposed
+from tilewise.codegen.render.tiles_cuda import render_tiles
+from tilewise.codegen.schedule import KernelSchedule, NestSchedule
 from tilewise.dtypes import DType, bfloat16, float8_e4m3fn, float16, int64
 from tilewise.ops.expr import Expr, substitute, toposort, where
 
@@ -290,92 +291,10 @@ class _Nest:
         self.w.close()
 
     def tiles(self) -> None:
-        """[Note: transposing tiles] An element-wise nest in which some access walks another dim than the rest
-        (the FP8 cast of an activation stored both as it is and transposed for the backward GEMMs; a transposing
-        copy) has no order in which every access is contiguous: walked along the innermost dim, each element of
-        a transposed access is a memory sector of its own (the cast took 387 us instead of about 20). The
-        domain is cut into TILE x TILE tiles over the transposed dim R and the innermost dim C, a block per tile
-        (and per index of the other dims). The warps first read each transposed load down R into a shared tile
-        (consecutive lanes, consecutive addresses), then compute every element with the lanes along C, reading
-        the transposed loads back from the tiles and writing the other stores directly; a transposed store goes
-        to a shared tile, written out down R after a barrier. Tiles are TILE + 1 wide so that a warp reading a
-        tile's column touches 32 banks."""
-        nest, plan, idx, w = self.nest, self.plan, self.idx, self.w
-        inner, across = len(nest.shape) - 1, plan.tile_dim
-        size_r, size_c = nest.shape[across], nest.shape[inner]
-        tiles_c = -(-size_c // TILE)
-        tiles_r = -(-size_r // TILE)
-        rows = min(TILE, self.block // 32)
-        pitch = TILE + 1
-        w.line(f"const {idx} tw_tc = ({idx})(tw_block % {tiles_c}u) * {TILE};")
-        w.line(f"const {idx} tw_tr = ({idx})((tw_block / {tiles_c}u) % {tiles_r}u) * {TILE};")
-        others = tuple(d for d in range(len(nest.shape)) if d not in (across, inner))
-        if others:
-            w.line(f"const {idx} tw_rest = ({idx})(tw_block / {tiles_c * tiles_r}u);")
-            self.decompose("tw_rest", others)
-        w.line("const int tw_x = threadIdx.x & 31, tw_y = threadIdx.x >> 5;")
-        through = [j for j, ld in enumerate(nest.loads) if ld.iota is None and transposed(ld.index, inner)]
-        out = [s for s, st in enumerate(nest.stores) if transposed(st.index, inner)]
+        """[Note: transposing tiles], in ``tiles_cuda``: each thread a block of elements in registers."""
         self.vector = 1
-
-        def sweep(r: str, c: str) -> None:  # open a loop over this thread's elements of the tile and its test
-            w.line("#pragma unroll")  # a thread's loads of the tile all in flight at once
-            w.open(f"for (int tw_k = 0; tw_k < {-(-TILE // rows)}; ++tw_k)")
-            w.line(f"const int tw_i = tw_y + tw_k * {rows};")
-            w.line(f"const {idx} d{across} = tw_tr + {r}, d{inner} = tw_tc + {c};")
-            inside = "" if TILE % rows == 0 else f"tw_i < {TILE} && "
-            w.open(f"if ({inside}d{across} < {size_r} && d{inner} < {size_c})")
-
-        def done() -> None:
-            w.close()
-            w.close()
-
-        names: dict[int, list[str]] = {}
-        if through:
-            for j in through:
-                self.shared(CUDA.ctype(compute_of(nest.loads[j].dtype)), f"tw_t{j}", TILE * pitch,
-                            compute_of(nest.loads[j].dtype).itemsize)
-            sweep("tw_x", "tw_i")
-            for j in through:
-                value = self.load_lanes(j, nest.loads[j], "_in", 1)[0]
-                w.line(f"tw_t{j}[tw_x * {pitch} + tw_i] = {value};")
-            done()
-            w.line("__syncthreads();")
-        # what is the same over the tile (a scale read from a one-element tensor and its reciprocal) once per block
-        mapping, hoisted = self.invariant_parts([_stored(st) for st in nest.stores], {across, inner}, set(), "tw_h",
-                                                {}, arguments=True)
-        sweep("tw_i", "tw_x")
-        for j in through:
-            ctype = CUDA.ctype(compute_of(nest.loads[j].dtype))
-            w.line(f"const {ctype} x{j}_t = tw_t{j}[tw_i * {pitch} + tw_x];")
-            names[j] = [f"x{j}_t"]
-        results = self.lanes([substitute(_stored(st), mapping) for st in nest.stores], hoisted, "", names)
-        kinds: dict[int, DType] = {}
-        for s, st in enumerate(nest.stores):
-            if s in out:
-                code, kinds[s] = results[0][s]
-                w.line(f"tw_o{s}[tw_i * {pitch} + tw_x] = {code};")
-            else:
-                self.store_lanes([st], [[results[0][s]]], 0)
-        done()
-        if out:
-            # the output tiles are declared before the loop that fills them
-            at = next(k for k in range(len(w.lines) - 1, -1, -1) if w.lines[k].lstrip().startswith(
-                "for (int tw_k = 0;")) - 1  # before its pragma
-            mark = len(w.lines)
-            for s in out:
-                self.shared(CUDA.ctype(kinds[s]), f"tw_o{s}", TILE * pitch, kinds[s].itemsize)
-            declared = w.lines[mark:]
-            del w.lines[mark:]
-            w.lines[at:at] = declared
-            w.line("__syncthreads();")
-            sweep("tw_x", "tw_i")
-            for s in out:
-                st = nest.stores[s]
-                code = store_code(CUDA, st.dtype, f"tw_o{s}[tw_x * {pitch} + tw_i]", kinds[s], st.saturate)
-                w.line(f"{self.param(st.param)}[{self.where(st.index)}] = {code};")
-            done()
-        self.vector = plan.vector
+        render_tiles(self, [_stored(st) for st in self.nest.stores])
+        self.vector = self.plan.vector
 
     def element_stores(self, var: str) -> None:
         self.decompose(var, self.nest.outer)
