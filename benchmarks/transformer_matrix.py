@@ -8,8 +8,10 @@ the same batches. A step is the forward and the loss under bf16 autocast (``--dt
 ``loss.backward()``, ``clip_grad_norm_(1.0)``, fused ``AdamW`` (both libraries have one) and
 ``zero_grad(set_to_none=True)``. The sides:
 
-* ``tilewise-eager``; ``tilewise-compiled``: the whole step in one ``tw.compile`` (``gpt_train_step.py``'s
-  ``whole_step_compiled``; AdamW's state exists from the first call, so a step compiles on its first call only);
+* ``tilewise-eager``; ``tilewise-eager-cb``: eager with compiled backward (``tw.autograd.compiled_backward()``: the
+  backward replayed as one compiled program from its second step); ``tilewise-compiled``: the whole step in one
+  ``tw.compile`` (``gpt_train_step.py``'s ``whole_step_compiled``; AdamW's state exists from the first call, so a
+  step compiles on its first call only);
 * ``torch-eager``; ``torch-compile``: ``torch.compile(model)`` with the optimizer eager, as torch users run it;
   ``torch-compile-max-autotune``: the same with ``mode="max-autotune-no-cudagraphs"``.
 
@@ -31,7 +33,8 @@ model has one of: ``124M`` is GPT-2 124M, Llama 125M and ViT-B/16 (86M); ``350M`
 8x8 patches), a run on the CPU in seconds. Nothing is written to RESULTS.md; ``--append FILE`` adds the report.
 
     python benchmarks/transformer_matrix.py [--models gpt2,gpt2-nobias-erf-tied,llama,vit] [--sizes 124M,350M]
-        [--sides tilewise-eager,tilewise-compiled,torch-eager,torch-compile,torch-compile-max-autotune]
+        [--sides tilewise-eager,tilewise-eager-cb,tilewise-compiled,torch-eager,torch-compile,
+                 torch-compile-max-autotune]
         [--steps 10] [--warmup 3] [--device cuda|cpu] [--dtype bf16|fp32] [--batch N] [--seq N] [--tiny]
         [--breakdown | --no-breakdown] [--cuda-lowering] [--append FILE]
     python benchmarks/transformer_matrix.py --tiny --device cpu   # every model, a check in seconds
@@ -78,7 +81,8 @@ SIZE_CLASSES = ("124M", "350M", "774M")
 FAMILY_SIZES = {"gpt2": {"124M": "124M", "350M": "350M", "774M": "774M"},
                 "llama": {"124M": "125M", "350M": "340M"},
                 "vit": {"124M": "B/16", "350M": "L/16"}}
-SIDES = ("tilewise-eager", "tilewise-compiled", "torch-eager", "torch-compile", "torch-compile-max-autotune")
+SIDES = ("tilewise-eager", "tilewise-eager-cb", "tilewise-compiled", "torch-eager", "torch-compile",
+         "torch-compile-max-autotune")
 REFERENCE, PEER = "torch-eager", "torch-compile"
 TINY = {"layers": 2, "width": 64, "heads": 4, "kv_heads": 2, "seq": 32, "batch": 2, "vocab": 96, "image": 32,
         "patch": 8, "classes": 10}
@@ -215,6 +219,15 @@ def adamw(library: types.ModuleType, model):
     return library.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
 
 
+def with_compiled_backward(step: Callable) -> Callable:
+    """``step`` with its ``backward()`` run as a compiled replay (``tilewise.autograd.compiled_backward``)."""
+    def run(x, y):
+        with tw.autograd.compiled_backward():
+            return step(x, y)
+
+    return run
+
+
 def step_builder(name: str, case: Case, weights: dict[str, np.ndarray]) -> Callable[[], tuple[Callable, Callable]]:
     """A function that builds side ``name``'s step afresh: (step, its kernel count text)."""
     library = tw if name.startswith("tilewise") else torch
@@ -227,6 +240,8 @@ def step_builder(name: str, case: Case, weights: dict[str, np.ndarray]) -> Calla
         elif name == "torch-compile-max-autotune":
             model = torch.compile(model, mode="max-autotune-no-cudagraphs")
         step = make_step(model, optimizer, library, autocast_for(library, case))
+        if name == "tilewise-eager-cb":
+            step = with_compiled_backward(step)
         return whole_step_compiled(step, "default") if name == "tilewise-compiled" else (step, no_kernels)
 
     return build
@@ -350,7 +365,7 @@ def call_milliseconds(explanation) -> float:
 
 def add_breakdowns(all_sides: list[Side], case: Case, weights: dict[str, np.ndarray], batches: list) -> None:
     for side in all_sides:
-        if side.error or side.name == "tilewise-eager":
+        if side.error or side.name.startswith("tilewise-eager"):
             continue
         try:
             if side.name == "tilewise-compiled":

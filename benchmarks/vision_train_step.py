@@ -8,7 +8,8 @@ initialisation, copied through numpy, batch-norm buffers included) and sees the 
 and ``cross_entropy`` (under autocast for bf16), ``loss.backward()``, ``SGD(momentum=0.9, weight_decay=1e-4)``'s
 step and ``zero_grad(set_to_none=True)``.
 
-* tilewise eager, and tilewise with the *whole step* compiled by one ``tw.compile`` (as ``gpt_train_step.py``
+* tilewise eager, eager with compiled backward (``tw.autograd.compiled_backward()``), and tilewise with the
+  *whole step* compiled by one ``tw.compile`` (as ``gpt_train_step.py``
   compiles its step; with momentum, whose state starts as the first gradient, the step compiles again on its
   second call);
 * torch eager, and torch.compile on the model with the optimizer eager;
@@ -35,7 +36,7 @@ wall time of tilewise's first call of each (a shape it has not seen: planning an
 
     python benchmarks/vision_train_step.py [--device cuda|cpu] [--quick] [--model resnet50,unet] [--batch 64]
         [--image 224] [--formats contiguous,channels_last] [--dtypes fp32,bf16] [--steps 12] [--warmup 3]
-        [--sides tilewise-eager,tilewise-compiled,torch-eager,torch-compile] [--no-torch-compile]
+        [--sides tilewise-eager,tilewise-eager-cb,tilewise-compiled,torch-eager,torch-compile] [--no-torch-compile]
         [--classes N] [--unet-base 32] [--resnet-width 64 --resnet-layers 3,4,6,3] [--lr 0.01]
         [--convs | --no-convs] [--no-steps] [--conv-repeats 15] [--conv-shapes N] [--append FILE]
     python benchmarks/vision_train_step.py --device cpu --quick --no-torch-compile   # a check in seconds
@@ -74,7 +75,7 @@ MODELS_SOURCE = Path(__file__).with_name("vision_models.py")
 MODELS = ("resnet50", "unet")
 FORMATS = ("contiguous", "channels_last")
 DTYPES = ("fp32", "bf16")
-SIDES = ("tilewise-eager", "tilewise-compiled", "torch-eager", "torch-compile")
+SIDES = ("tilewise-eager", "tilewise-eager-cb", "tilewise-compiled", "torch-eager", "torch-compile")
 SIZES = {"resnet50": {"batch": 64, "image": 224, "classes": 1000}, "unet": {"batch": 16, "image": 128, "classes": 21}}
 # a quick check: 48x48 leaves the ResNet's last stage 2x2, so its batch norm sees 8 values a channel (with 2,
 # the normalised values are +-1 and the gradients so ill-conditioned that the two libraries' roundings part)
@@ -171,6 +172,16 @@ def sides(case: Case, weights: dict[str, np.ndarray], chosen: list[str]) -> list
         model = loaded_model(tw, case, weights)
         return make_step(model, sgd(tw, model, case.lr), tw.nn.functional, tw_cast), no_kernels
 
+    def tilewise_eager_cb():  # eager, with the backward replayed as one compiled program from its second step
+        model = loaded_model(tw, case, weights)
+        step = make_step(model, sgd(tw, model, case.lr), tw.nn.functional, tw_cast)
+
+        def run(x, y):
+            with tw.autograd.compiled_backward():
+                return step(x, y)
+
+        return run, no_kernels
+
     def tilewise_compiled():
         model = loaded_model(tw, case, weights)
         return whole_step_compiled(make_step(model, sgd(tw, model, case.lr), tw.nn.functional, tw_cast), "default")
@@ -184,6 +195,7 @@ def sides(case: Case, weights: dict[str, np.ndarray], chosen: list[str]) -> list
         return make_step(torch.compile(model), sgd(torch, model, case.lr), torch.nn.functional, torch_cast), no_kernels
 
     every = {"tilewise-eager": Side("tilewise eager", tw, tilewise_eager),
+             "tilewise-eager-cb": Side("tilewise eager, compiled backward", tw, tilewise_eager_cb),
              "tilewise-compiled": Side("tilewise compiled (whole step)", tw, tilewise_compiled),
              "torch-eager": Side("torch eager", torch, torch_eager),
              "torch-compile": Side("torch.compile (model)", torch, torch_compiled)}

@@ -171,7 +171,8 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
 
     if (settings.compiled_backward and graph_runner is not None and inputs is None and accumulate
             and not create_graph and not STATE.trace_depth and not STATE.vmap and not dispatch.dual_levels
-            and not dispatch.profiling and not ANOMALY.enabled and graph_runner(root_edges, grad_tensors, retain_graph)):
+            and not dispatch.profiling and not ANOMALY.enabled
+            and graph_runner(root_edges, grad_tensors, retain_graph)):
         return captured
     roots = [e[0] for e in root_edges]
     deps = _dependencies(roots)

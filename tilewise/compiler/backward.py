@@ -30,6 +30,7 @@ from collections import OrderedDict
 from tilewise.autograd import engine
 from tilewise.autograd.graph import AccumulateGrad, OpNode, SavedTensor
 from tilewise.compiler.capture import signature
+from tilewise.dispatch import STATE
 from tilewise.tensor import Tensor
 
 SEEN_LIMIT = 64  # descriptions remembered (compiled or counted); the least recently used is forgotten
@@ -196,7 +197,7 @@ def run(root_edges: list, grad_tensors, retain_graph: bool) -> bool:
     try:
         description, flat, accumulators, op_nodes = describe(root_edges, grad_tensors)
         hash(description)
-    except (_Unsupported, TypeError):
+    except (_Unsupported, TypeError, AttributeError):  # AttributeError: a tensor without storage (no layout)
         stats["eager"] += 1
         return False
     with _lock:
@@ -216,12 +217,16 @@ def run(root_edges: list, grad_tensors, retain_graph: bool) -> bool:
         stats["eager"] += 1
         return False
     fn, produced = entry[1]
+    prev_mode, prev_autocast = STATE.grad_enabled, STATE.autocast
+    STATE.grad_enabled, STATE.autocast = False, None  # as the engine runs formulas without create_graph
     try:
         grads = list(fn(*flat))
     except Exception:  # noqa: BLE001 — the engine runs it and raises what is wrong in the user's terms
         entry[1] = None
         stats["eager"] += 1
         return False
+    finally:
+        STATE.grad_enabled, STATE.autocast = prev_mode, prev_autocast
     if fn.eager_reason is not None:  # the compiler gave up: the replay ran eagerly, later calls take the engine
         entry[1] = None
     stats["replayed"] += 1
