@@ -118,16 +118,16 @@ def test_per_head_views_of_a_fused_projection_need_no_copy():
     _close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), "bfloat16", "output")
 
 
-@pytest.mark.parametrize("case", ["float32", "mask", "head-dim-12", "dropout-free-gqa"])
+@pytest.mark.parametrize("case", ["float32", "mask", "head-dim-12", "float32-gqa"])
 def test_what_cudnn_does_not_take_runs_the_decomposition(case):
-    dtype = "float32" if case == "float32" else "bfloat16"
+    dtype = "float32" if case.startswith("float32") else "bfloat16"
     dim = 12 if case == "head-dim-12" else 32
-    heads_kv = 2 if case == "dropout-free-gqa" else 4
+    heads_kv = 2 if case == "float32-gqa" else 4
     q, k, v = _qkv((2, 4, 40, dim), (2, heads_kv, 40, dim), dtype, seed=5)
     kwargs = {"is_causal": True}
     if case == "mask":
         kwargs = {"attn_mask": torch.rand(40, 40, generator=torch.Generator().manual_seed(6)).cuda() > 0.3}
-    if case == "dropout-free-gqa":
+    if case == "float32-gqa":
         kwargs["enable_gqa"] = True
     if "attn_mask" in kwargs:
         tq, tk, tv = (t.clone().requires_grad_(True) for t in (q, k, v))
@@ -138,6 +138,74 @@ def test_what_cudnn_does_not_take_runs_the_decomposition(case):
         _close(out, expected, dtype, "output")
         return
     _compare(q, k, v, dtype, **kwargs)
+
+
+def _built_grouped(query_shape, key_shape, value_shape) -> bool:
+    """Whether cuDNN graphs were built, forward and backward, for these operands as they are (no repeat)."""
+    def built(backward):
+        return any(key[0] is backward and tuple(s for s, _ in key[-1][:3]) == (query_shape, key_shape, value_shape)
+                   and graph is not None for key, graph in cudnn_attention._graphs.items())
+
+    return built(False) and built(True)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize(("heads", "key_heads", "value_heads", "causal"), [
+    (12, 4, 4, True), (8, 1, 1, False), (8, 2, 4, True), (6, 3, 3, False)])
+def test_grouped_query_attention_runs_cudnn_on_the_key_value_heads(dtype, heads, key_heads, value_heads, causal):
+    """enable_gqa: cuDNN reads key and value with their own head counts and returns their gradients in them."""
+    length, dim = 128, 64
+    q, k, _ = _qkv((2, heads, length, dim), (2, key_heads, length, dim), dtype, seed=11)
+    _, _, v = _qkv((2, heads, length, dim), (2, value_heads, length, dim), dtype, seed=12)
+    _compare(q, k, v, dtype, is_causal=causal, enable_gqa=True)
+    assert _built_grouped((2, heads, length, dim), (2, key_heads, length, dim), (2, value_heads, length, dim))
+
+
+@pytest.mark.parametrize("how", ["repeat_interleave", "expand-reshape"])
+def test_compiled_head_repeat_runs_grouped_cudnn_attention(how):
+    """A Llama-style layer repeating its key/value heads: compiled, cuDNN reads the un-repeated tensors (no copy
+    kernel writes the repeated heads), and loss and gradients match eager (which runs the repeat as written)."""
+    batch, length, heads, kv_heads, dim = 2, 128, 8, 2, 64
+    groups = heads // kv_heads
+    tw.manual_seed(0)
+    wq = tw.nn.Linear(heads * dim, heads * dim, bias=False).cuda()
+    wkv = tw.nn.Linear(heads * dim, 2 * kv_heads * dim, bias=False).cuda()
+
+    def repeat(x):
+        if how == "repeat_interleave":
+            return x.repeat_interleave(groups, dim=1)
+        return x[:, :, None].expand(batch, kv_heads, groups, length, dim).reshape(batch, heads, length, dim)
+
+    def step(x):
+        with tw.autocast("cuda", dtype=tw.bfloat16):
+            q = wq(x).view(batch, length, heads, dim).transpose(1, 2)
+            k, v = wkv(x).view(batch, length, 2, kv_heads, dim).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, repeat(k.float() * 1.5), repeat(v), is_causal=True)
+        loss = y.float().square().mean()
+        loss.backward()
+        grads = [w.weight.grad.clone() for w in (wq, wkv)]
+        wq.zero_grad()
+        wkv.zero_grad()
+        return loss, *grads
+
+    compiled = tw.compile(step)
+    for seed in range(2):
+        tw.manual_seed(seed + 1)
+        x = tw.randn(batch, length, heads * dim, device="cuda")
+        got, expected = compiled(x), step(x)
+        np.testing.assert_allclose(float(got[0].item()), float(expected[0].item()), rtol=2e-2)
+        for ours, theirs in zip(got[1:], expected[1:]):
+            scale = float(theirs.float().abs().max().item())
+            np.testing.assert_allclose(ours.float().cpu().numpy(), theirs.float().cpu().numpy(), rtol=5e-2,
+                                       atol=3e-2 * scale)
+    (program,) = compiled.programs()
+    calls = [s.describe() for s in program.steps if "call" in s.describe()]
+    assert any("_scaled_dot_product_attention_math [into its buffer]" in c for c in calls), calls
+    assert any("_scaled_dot_product_attention_backward [into its buffer]" in c for c in calls), calls
+    assert _built_grouped((batch, heads, length, dim), (batch, kv_heads, length, dim), (batch, kv_heads, length, dim))
+    final = program.passes[-1][1]  # the graph fusion started from
+    assert not [n for n in final.body if n.op == "expand" and len(n.type.shape) == 5]
+    assert all(n.args[-1] is True for n in final.body if n.op.startswith("_scaled_dot_product_attention"))
 
 
 def test_double_backward_runs_the_decomposition():

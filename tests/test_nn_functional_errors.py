@@ -87,6 +87,30 @@ def test_sdpa_other_argument_errors():
                                        enable_gqa=True)
 
 
+@pytest.mark.parametrize(("query", "key", "value"), [
+    ((1, 4, 3, 8), (1, 3, 5, 8), (1, 3, 5, 8)), ((1, 4, 3, 8), (1, 8, 5, 8), (1, 8, 5, 8)),
+    ((1, 4, 3, 8), (1, 2, 5, 8), (1, 3, 5, 8)), ((6, 3, 8), (4, 5, 8), (4, 5, 8)), ((3, 8), (5, 8), (5, 8)),
+    ((4, 3, 8), (5, 8), (5, 8))])
+def test_sdpa_enable_gqa_head_counts_fail_as_in_torch(query, key, value):
+    """Key and value heads must each divide the query's (they may differ from each other); without a head dim
+    torch's dim -3 is out of range. Same exception type and torch's words, with the shapes and head counts."""
+    import torch
+
+    def attempt(lib):
+        try:
+            lib.nn.functional.scaled_dot_product_attention(*(lib.randn(s) for s in (query, key, value)),
+                                                           enable_gqa=True)
+        except (RuntimeError, IndexError) as e:
+            return e
+        raise AssertionError("no error")
+
+    ours, theirs = attempt(tw), attempt(torch)
+    assert type(ours) is type(theirs)
+    assert str(theirs).strip() in str(ours) and "scaled_dot_product_attention" in str(ours)
+    if isinstance(ours, RuntimeError):
+        assert f"query {list(query)} ({query[-3]} heads)" in str(ours) and f"key {list(key)}" in str(ours)
+
+
 @pytest.mark.parametrize(("query_dtype", "mask_dtype"), [
     ("float32", "float64"), ("float32", "bfloat16"), ("bfloat16", "float16"), ("bfloat16", "float64"),
     ("float32", "int64"), ("bfloat16", "float32"), ("float64", "float32"), ("bfloat16", "bfloat16"),

@@ -40,10 +40,6 @@ DIFFERENCES = {
         "pad input 0: 10,3d,6,7,9,reflect-negative"],
         "torch keeps a tensor whose shape alone its formula needs (or a mask tilewise turns into positions); "
         "tilewise's formula does not read it, so the gradient is right and the change is not an error"),
-    "scaled_dot_product_attention input 1: gqa": "enable_gqa: tilewise repeats key and value heads before the "
-                                                 "attention and keeps the repeated copies; torch's fused kernel "
-                                                 "keeps key and value",
-    "scaled_dot_product_attention input 2: gqa": "as for the key",
     **dict.fromkeys([
         "grid_sample input 1: 0,border-align,reflection,reflection-align,nearest,bicubic,bicubic-border,"
         "bicubic-reflection-align,3d,3d-reflection,3d-border-align,3d-nearest,nearest-border-align,empty-batch",

@@ -145,6 +145,11 @@ def _attention():
             Sample((T((2, 3, 4, 8)), T((2, 3, 6, 8)), T((2, 3, 6, 8))), {"is_causal": True, "scale": 0.3},
                    name="causal-rectangular-scale"),
             Sample((T((1, 4, 3, 8)), T((1, 2, 5, 8)), T((1, 2, 5, 8))), {"enable_gqa": True}, name="gqa"),
+            Sample((T((2, 6, 5, 8)), T((2, 2, 5, 8)), T((2, 3, 5, 6))), {"enable_gqa": True, "is_causal": True},
+                   name="gqa-key-value-heads-differ-causal"),
+            Sample((T((2, 4, 3, 8)), T((1, 1, 5, 8)), T((1, 2, 5, 8))), {"enable_gqa": True, "attn_mask": T((3, 5))},
+                   name="gqa-broadcast-batch-mask"),
+            Sample((T((4, 3, 8)), T((2, 5, 8)), T((2, 5, 8))), {"enable_gqa": True, "scale": 0.2}, name="gqa-3d"),
             Sample((T((4, 8)), T((5, 8)), T((5, 3))), name="2d")]
 
 

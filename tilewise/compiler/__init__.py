@@ -8,7 +8,8 @@ kernels,recompiles``):
 2. ``ir``        — the graph IR: SSA, hash-consed nodes, text form, ``verify``.
 3. ``passes``    — graph rewrites: functionalize, decompose, simplify (identities, constant folding),
                    simplify_indexing (gathers, scatters and view scatters rewritten so fusion sees through
-                   them), cse, dce.
+                   them), cse, dce; on CUDA, grouped_query_attention (a key/value head repeat before a kept
+                   attention becomes cuDNN's grouped-query attention).
 4. ``lowering``  — partition (forward/backward), GEMM epilogues, fusion (loop nests, kernels), ``lower``
                    (each fused kernel as kernel IR: ``codegen.kernel_ir``) and ``memory`` (static buffer plan).
 5. code generation (``tilewise.codegen``, shared with the eager CUDA kernels): schedules per target,

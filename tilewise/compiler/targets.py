@@ -4,7 +4,8 @@
 select in ``if target == ...`` branches across the compiler:
 - ``language``: the C-style language its kernels are rendered in (``codegen.render.C``/``CUDA``);
 - ``passes``: the graph passes (``compiler.passes.PIPELINE``; on CUDA, ``decompose`` keeps whole the
-  composites the backend runs as one library call: cuDNN attention and convolution, an LSTM layer's time loop);
+  composites the backend runs as one library call: cuDNN attention and convolution, an LSTM layer's time loop,
+  and ``grouped_query_attention`` then hands a kept attention the key/value heads a model repeated for it);
 - ``lowering``: stages run on the optimised graph before fusion (on CUDA, pointwise values the backward reads
   again recomputed there rather than kept (``lowering/recompute.py``), GEMM epilogues for cuBLASLt and
   channels-last convolutions; on C, a float16/bfloat16 product's bias added before it is rounded);
@@ -44,6 +45,7 @@ from tilewise.compiler.lowering.channels_last import channels_last
 from tilewise.compiler.lowering.epilogues import bias_into_product, gemm_epilogues
 from tilewise.compiler.lowering.recompute import recompute_activations
 from tilewise.compiler.passes import PIPELINE, Pass, decompose
+from tilewise.compiler.passes.attention import grouped_query_attention
 from tilewise.compiler.program import Arena, Lowered, Program, aliased_kernels
 from tilewise.device import Device, cpu
 
@@ -136,15 +138,35 @@ def target_of(graph: Graph) -> tuple[Target, Device | None]:
 
 # ---------------------------------------------------------------------------- the targets
 
-def _decompose_keeping_library_calls(graph: Graph) -> Graph:
+def _kept_by_cuda_libraries(op: str, args: tuple) -> bool:
+    """Whether the CUDA backend runs this composite as one library call (cuDNN, an LSTM layer's time loop)."""
     # the GPU extra is imported when a CUDA graph compiles
     from tilewise.backends.cuda import attention, convolution, recurrent
 
-    return decompose(graph, lambda op, args: attention.keeps(op, args) or convolution.keeps(op, args)
-                     or recurrent.keeps(op, args))
+    return attention.keeps(op, args) or convolution.keeps(op, args) or recurrent.keeps(op, args)
+
+
+def _decompose_keeping_library_calls(graph: Graph) -> Graph:
+    return decompose(graph, _kept_by_cuda_libraries)
 
 
 _decompose_keeping_library_calls.__name__ = "decompose"
+
+
+def _grouped_query_attention_for_cudnn(graph: Graph) -> Graph:
+    return grouped_query_attention(graph, _kept_by_cuda_libraries)
+
+
+_grouped_query_attention_for_cudnn.__name__ = "grouped_query_attention"
+
+
+def _cuda_passes() -> tuple[Pass, ...]:
+    """The pipeline with the library calls kept whole, then head repeats before a kept attention handed to it as
+    grouped-query attention."""
+    passes: list[Pass] = []
+    for p in PIPELINE:
+        passes += [_decompose_keeping_library_calls, _grouped_query_attention_for_cudnn] if p is decompose else [p]
+    return tuple(passes)
 
 
 def _decompose_keeping_host_calls(graph: Graph) -> Graph:
@@ -168,8 +190,7 @@ C_TARGET = register_target(Target(
 
 CUDA_TARGET = register_target(Target(
     name="cuda", device_type="cuda", language=CUDA, source_name="CUDA C",
-    passes=tuple(_decompose_keeping_library_calls if p is decompose else p for p in PIPELINE),
-    scheduler=schedule_cuda, variants=variants_cuda,
+    passes=_cuda_passes(), scheduler=schedule_cuda, variants=variants_cuda,
     policy=Policy(warmup=0.02, sample=2e-5, budget=0.1),  # 20 ms: what cuBLASLt's tuning needs from idle
     render=program_cuda.render_cuda, build=program_cuda.build_cuda_program, arena=program_cuda.device_arena,
     tuning=lambda device, low: program_cuda.CudaTuning(CUDA_TARGET, device, aliased_kernels(low.kernels, low.plan)),

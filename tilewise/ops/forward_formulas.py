@@ -184,13 +184,16 @@ def batch_norm_jvp(input, input_t, weight, weight_t, bias_t, running_mean, runni
     return affine_jvp((x - mean) * invstd, input_t.to(x.dtype) * invstd, w, w_t, b_t).to(input.dtype)
 
 
-def attention_jvp(query, key, value, bias, query_t, key_t, value_t, bias_t, scale, is_causal, lse):
+def attention_jvp(query, key, value, bias, query_t, key_t, value_t, bias_t, scale, is_causal, lse, enable_gqa=False):
     """softmax(S) v with S = q k^T * scale + bias: P_t = P * (S_t - sum(P * S_t)), out_t = P_t v + P v_t; the
-    probabilities recomputed from the saved log-sum-exp, as the backward does."""
+    probabilities recomputed from the saved log-sum-exp, as the backward does. With ``enable_gqa`` the key/value
+    heads (and their tangents) are repeated up to the query's first."""
     from tilewise.dtypes import compute_dtype
-    from tilewise.ops.nn_functional import _attention_scores, _causal_bias
+    from tilewise.ops.nn_functional import _attention_scores, _causal_bias, _grouped_key_value
 
     work = compute_dtype(query.dtype)
+    key, value = _grouped_key_value(query, key, value, enable_gqa)
+    key_t, value_t = _grouped_key_value(query, key_t, value_t, enable_gqa)
     q, k, v = query.to(work), key.to(work), value.to(work)
     q_t, k_t, v_t = query_t.to(work), key_t.to(work), value_t.to(work)
     if is_causal:

@@ -487,11 +487,21 @@ def _check_attention(query, key, value, attn_mask, dropout_p, enable_gqa) -> Non
                            f"attn_mask.dtype: {attn_mask.dtype} and query.dtype: {query.dtype} instead.")
     check_dropout_p(dropout_p, op)
     if enable_gqa:
-        if min(query.ndim, key.ndim, value.ndim) < 3 or key.shape[-3] != value.shape[-3] or \
-                query.shape[-3] % key.shape[-3]:
-            raise RuntimeError(f"{op}: enable_gqa needs the number of query heads (dim -3) to be a multiple of the "
-                               f"key/value heads, got query {list(query.shape)}, key {list(key.shape)}, value "
-                               f"{list(value.shape)}")
+        _check_grouped_heads(query, key, value)
+
+
+def _check_grouped_heads(query, key, value) -> None:
+    """torch's ``enable_gqa``: key and value each have a number of heads (dim -3) that divides the query's (they
+    may differ from each other); dim -3 must exist in all three, else torch's dim-out-of-range IndexError."""
+    op = "scaled_dot_product_attention"
+    for t in (query, key, value):
+        S.normalize_dim(-3, t.ndim, op)
+    heads = query.shape[-3]
+    if key.shape[-3] and value.shape[-3] and not heads % key.shape[-3] and not heads % value.shape[-3]:
+        return
+    raise RuntimeError(f"{op}: Number of heads in key and value must divide the number of heads in query "
+                       f"(enable_gqa=True): got query {list(query.shape)} ({heads} heads), key {list(key.shape)} "
+                       f"({key.shape[-3]} heads), value {list(value.shape)} ({value.shape[-3]} heads)")
 
 
 def _attention_bias(attn_mask, is_causal, target_len, source_len, dtype, device):
@@ -520,6 +530,23 @@ def _repeat_heads(x, groups: int):
     return x.unsqueeze(-3).expand(*lead, heads, groups, *tail).reshape(*lead, heads * groups, *tail)
 
 
+def _grouped_key_value(query, key, value, enable_gqa: bool):
+    """Key and value with their heads repeated up to the query's (``enable_gqa``: query head ``h`` reads key/value
+    head ``h // (H_q / H_kv)``, torch's ``repeat_interleave`` order); else as they are."""
+    if not enable_gqa:
+        return key, value
+    heads = query.shape[-3]
+    return _repeat_heads(key, heads // key.shape[-3]), _repeat_heads(value, heads // value.shape[-3])
+
+
+def _sum_heads(grad, heads: int):
+    """The gradient of :func:`_repeat_heads` to ``heads`` heads: each group of repeated heads summed."""
+    if grad.shape[-3] == heads:
+        return grad
+    lead, tail = grad.shape[:-3], grad.shape[-2:]
+    return grad.reshape(*lead, heads, grad.shape[-3] // heads, *tail).sum(-3, keepdim=True).squeeze(-3)
+
+
 def _attention_scores(query, key, bias, scale):
     scores = query.matmul(key.transpose(-2, -1)) * scale
     return scores + bias if bias is not None else scores
@@ -541,12 +568,15 @@ def _causal_bias(target_len, source_len, dtype, device):
     return _attention_bias(None, True, target_len, source_len, dtype, device)
 
 
-def _scaled_dot_product_attention_math(query, key, value, bias, scale, is_causal=False):
+def _scaled_dot_product_attention_math(query, key, value, bias, scale, is_causal=False, enable_gqa=False):
     """Attention without dropout, the part carrying the derivative: ``softmax(q k^T * scale + mask) v`` in the
     compute dtype, the output in the inputs' dtype, and the log-sum-exp of each row (compute dtype) for the
-    backward. A backend may run it as one fused kernel (on CUDA: cuDNN's flash attention, see
-    ``backends/cuda/attention.py``); this decomposition is its meaning."""
+    backward. With ``enable_gqa`` key and value may have fewer heads than the query (grouped-query attention),
+    each read by a group of query heads. A backend may run it as one fused kernel (on CUDA: cuDNN's flash
+    attention, which takes the key/value heads as they are, see ``backends/cuda/attention.py``); this
+    decomposition is its meaning, and repeats the key/value heads."""
     work = compute_dtype(query.dtype)
+    key, value = _grouped_key_value(query, key, value, enable_gqa)
     q, k, v = query.to(work), key.to(work), value.to(work)
     if is_causal:
         bias = _causal_bias(q.shape[-2], k.shape[-2], work, query.device)
@@ -554,10 +584,13 @@ def _scaled_dot_product_attention_math(query, key, value, bias, scale, is_causal
     return probs.matmul(v).to(query.dtype), logsumexp
 
 
-def _scaled_dot_product_attention_backward(grad, query, key, value, bias, scale, is_causal, out, logsumexp):
+def _scaled_dot_product_attention_backward(grad, query, key, value, bias, scale, is_causal, out, logsumexp,
+                                           enable_gqa=False):
     from tilewise._grad_mode import is_grad_enabled
 
     work = compute_dtype(query.dtype)
+    key_heads, value_heads = (key.shape[-3], value.shape[-3]) if enable_gqa else (None, None)
+    key, value = _grouped_key_value(query, key, value, enable_gqa)
     q, k, v = query.to(work), key.to(work), value.to(work)
     grad, out = grad.to(work), out.to(work)
     if is_causal:
@@ -571,8 +604,12 @@ def _scaled_dot_product_attention_backward(grad, query, key, value, bias, scale,
     grad_scores = probs * (grad.matmul(v.transpose(-2, -1)) - (grad * out).sum(-1, keepdim=True))
     grad_query = grad_scores.matmul(k) * scale
     grad_key = grad_scores.transpose(-2, -1).matmul(q) * scale
-    return (grad_query.to(query.dtype), grad_key.to(key.dtype), grad_value.to(value.dtype),
-            grad_scores if bias is not None and not is_causal else None)
+    # each repeated head's gradient rounded to the inputs' dtype, then summed per group: what the gradient of a
+    # head repeat written before the attention gives
+    grad_key, grad_value = grad_key.to(key.dtype), grad_value.to(value.dtype)
+    if enable_gqa:
+        grad_key, grad_value = _sum_heads(grad_key, key_heads), _sum_heads(grad_value, value_heads)
+    return grad_query.to(query.dtype), grad_key, grad_value, grad_scores if bias is not None and not is_causal else None
 
 
 _NO_VIABLE_BACKEND = ("No viable backend for scaled_dot_product_attention was found. This is likely due to turning "
@@ -601,11 +638,9 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     _check_attention(query, key, value, attn_mask, dropout_p, enable_gqa)
     _check_backend_enabled(query.device)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    if enable_gqa:
-        groups = query.shape[-3] // key.shape[-3]
-        key, value = _repeat_heads(key, groups), _repeat_heads(value, groups)
     work = compute_dtype(query.dtype)
     if dropout_p > 0:
+        key, value = _grouped_key_value(query, key, value, enable_gqa)
         q, k, v = query.to(work), key.to(work), value.to(work)
         bias = _attention_bias(attn_mask, is_causal, q.shape[-2], k.shape[-2], work, query.device)
         probs, _ = _softmax_with_logsumexp(_attention_scores(q, k, bias, scale))
@@ -613,16 +648,19 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     if is_causal and attn_mask is not None:
         raise RuntimeError("scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     bias = _attention_bias(attn_mask, False, query.shape[-2], key.shape[-2], work, query.device)
-    return OPS["_scaled_dot_product_attention_math"](query, key, value, bias, scale, is_causal)[0]
+    return OPS["_scaled_dot_product_attention_math"](query, key, value, bias, scale, is_causal, enable_gqa)[0]
 
 
 private("_scaled_dot_product_attention_math(Tensor query, Tensor key, Tensor value, Tensor? bias, float scale, "
-        "bool is_causal=False) -> (Tensor output, Tensor logsumexp)", _scaled_dot_product_attention_math,
+        "bool is_causal=False, bool enable_gqa=False) -> (Tensor output, Tensor logsumexp)",
+        _scaled_dot_product_attention_math,
         {"query, key, value, bias": "OPS['_scaled_dot_product_attention_backward'](grad, query, key, value, bias, "
-                                    "scale, is_causal, result[0], result[1])"}, nondiff_outputs=(1,),
-        fwd="attention_jvp(query, key, value, bias, query_t, key_t, value_t, bias_t, scale, is_causal, result[1])")
+                                    "scale, is_causal, result[0], result[1], enable_gqa)"}, nondiff_outputs=(1,),
+        fwd="attention_jvp(query, key, value, bias, query_t, key_t, value_t, bias_t, scale, is_causal, result[1], "
+            "enable_gqa)")
 private("_scaled_dot_product_attention_backward(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor? bias, "
-        "float scale, bool is_causal, Tensor out, Tensor logsumexp) -> (Tensor, Tensor, Tensor, Tensor)",
+        "float scale, bool is_causal, Tensor out, Tensor logsumexp, bool enable_gqa=False) -> (Tensor, Tensor, "
+        "Tensor, Tensor)",
         _scaled_dot_product_attention_backward)
 functional("scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
            "float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor",

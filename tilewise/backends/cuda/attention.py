@@ -11,6 +11,13 @@ float32 [B, H, L, 1], exactly what the decomposition returns) and the backward r
 probabilities from it. Anything else runs the decomposition; ``TILEWISE_LOG=attention`` says why, once per
 reason.
 
+Grouped-query attention (``enable_gqa``: key and value heads each dividing the query's) goes to cuDNN with key
+and value as they are: its graphs take a head count per operand, query head ``h`` reading key/value head
+``h // (H_q / H_kv)`` (torch's ``repeat_interleave`` order), and its backward returns dK and dV in the key/value
+head count, summed over each group in float32. The decomposition instead repeats the heads (a copy of key and
+value forward, a reduction of their gradients backward); compiled programs hand cuDNN the un-repeated tensors
+of a head repeat the model wrote itself (``compiler/passes/attention.py``).
+
 A graph is built once per (dtypes, shapes, strides, scale, causal, device) — validation, heuristics and
 kernel build take a while the first time — and kept, with a workspace that is never freed (see [Note: cuDNN
 graphs] in ``cudnn.py``), so that a CUDA graph of a compiled program that replays it finds it. Operands are
@@ -48,7 +55,8 @@ def _report(reason: str) -> None:
         log("attention", f"scaled_dot_product_attention runs its decomposition (matmul, softmax, matmul): {reason}")
 
 
-def unsupported(dtype, query_shape, key_shape, value_shape, has_bias: bool, device: Device) -> str | None:
+def unsupported(dtype, query_shape, key_shape, value_shape, has_bias: bool, device: Device,
+                enable_gqa: bool = False) -> str | None:
     """Why cuDNN cannot run this attention (None when it can), from types alone: what the compiler knows when
     it decides to keep the operator whole."""
     if not flags.sdp_enabled("cudnn"):
@@ -62,9 +70,9 @@ def unsupported(dtype, query_shape, key_shape, value_shape, has_bias: bool, devi
     if not (len(query_shape) == len(key_shape) == len(value_shape) == 4):
         return f"cuDNN attention takes [batch, heads, length, dim] operands, got ranks {len(query_shape)}, " \
                f"{len(key_shape)}, {len(value_shape)}"
-    if query_shape[:2] != key_shape[:2] or key_shape[:2] != value_shape[:2]:
-        return f"batch and head dims differ: query {list(query_shape)}, key {list(key_shape)}, value " \
-               f"{list(value_shape)}"
+    mismatch = _head_mismatch(query_shape, key_shape, value_shape, enable_gqa)
+    if mismatch:
+        return mismatch
     head_dim = query_shape[-1]
     if value_shape[-1] != head_dim or head_dim % 8 or head_dim > MAX_HEAD_DIM:
         return f"head dims {head_dim} (query/key) and {value_shape[-1]} (value): cuDNN attention here takes " \
@@ -76,6 +84,20 @@ def unsupported(dtype, query_shape, key_shape, value_shape, has_bias: bool, devi
     if device.type == "cuda" and _capability_major(device) < 8:
         return "cuDNN flash attention needs compute capability 8.0 or newer"
     return cudnn.unavailable()
+
+
+def _head_mismatch(query_shape, key_shape, value_shape, enable_gqa: bool) -> str | None:
+    """Why the batch and head dims do not fit cuDNN: one batch size; the query's head count, or with
+    ``enable_gqa`` key/value head counts that divide it."""
+    if not query_shape[0] == key_shape[0] == value_shape[0]:
+        return f"batch dims differ: query {list(query_shape)}, key {list(key_shape)}, value {list(value_shape)}"
+    heads = query_shape[1]
+    if enable_gqa and all(0 < s[1] <= heads and heads % s[1] == 0 for s in (key_shape, value_shape)):
+        return None
+    if key_shape[1] != heads or value_shape[1] != heads:
+        return f"head dims differ: query {list(query_shape)}, key {list(key_shape)}, value {list(value_shape)}" + \
+            ("" if enable_gqa else " (without enable_gqa)")
+    return None
 
 
 def _capability_major(device: Device) -> int:
@@ -156,9 +178,10 @@ def _run(backward: bool, tensors: list[Tensor | None], scale: float, causal: boo
 _decisions: dict[tuple, str | None] = {}
 
 
-def _checked(query, key, value, bias) -> str | None:
+def _checked(query, key, value, bias, enable_gqa: bool = False) -> str | None:
     """:func:`unsupported` for these operands, remembered per signature (this runs at every eager call)."""
-    signature = (query._dtype, query._shape, key._shape, value._shape, bias is not None, query._device)
+    signature = (query._dtype, query._shape, key._shape, value._shape, bias is not None, query._device,
+                 bool(enable_gqa))
     try:
         return _decisions[signature]
     except KeyError:
@@ -175,8 +198,8 @@ def _forward_into(out: Tensor, stats: Tensor | None, query: Tensor, key: Tensor,
 
 @kernel(FORWARD)
 def attention(device: Device, query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scale: float,
-              is_causal: bool = False):
-    reason = _checked(query, key, value, bias)
+              is_causal: bool = False, enable_gqa: bool = False):
+    reason = _checked(query, key, value, bias, enable_gqa)
     if reason is None:
         q, k, v = (t if _fits(t) else t.contiguous() for t in (query, key, value))
         out = empty((*query._shape[:-1], value._shape[-1]), query._dtype, device)
@@ -185,14 +208,16 @@ def attention(device: Device, query: Tensor, key: Tensor, value: Tensor, bias: T
             return out, stats
     else:
         _report(reason)
-    return OPS[FORWARD].decomposition(query, key, value, bias, scale, is_causal)
+    return OPS[FORWARD].decomposition(query, key, value, bias, scale, is_causal, enable_gqa)
 
 
 @kernel_into(FORWARD)
 def attention_into(outs: tuple, query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scale: float,
-                   is_causal: bool = False) -> bool:
+                   is_causal: bool = False, enable_gqa: bool = False) -> bool:
     out, stats = outs
-    if out is None or _checked(query, key, value, bias) is not None or not all(map(_fits, (query, key, value))):
+    if out is None or _checked(query, key, value, bias, enable_gqa) is not None:
+        return False
+    if not all(map(_fits, (query, key, value))):
         return False
     return _forward_into(out, stats, query, key, value, scale, is_causal)
 
@@ -204,30 +229,34 @@ def _backward_into(grads: tuple, grad: Tensor, query: Tensor, key: Tensor, value
     return _run(True, [query, key, value, out, grad, logsumexp, *grads], float(scale), bool(is_causal))
 
 
-def _backward_unsupported(grad, query, key, value, bias, out, logsumexp) -> bool:
-    return (_checked(query, key, value, bias) is not None or grad._dtype is not query._dtype
+def _backward_unsupported(grad, query, key, value, bias, out, logsumexp, enable_gqa) -> bool:
+    return (_checked(query, key, value, bias, enable_gqa) is not None or grad._dtype is not query._dtype
             or out._dtype is not query._dtype or logsumexp._dtype is not dtypes.float32
             or logsumexp._shape != (*query._shape[:-1], 1))
 
 
 @kernel(BACKWARD)
 def attention_backward(device: Device, grad: Tensor, query: Tensor, key: Tensor, value: Tensor,
-                       bias: Tensor | None, scale: float, is_causal: bool, out: Tensor, logsumexp: Tensor):
+                       bias: Tensor | None, scale: float, is_causal: bool, out: Tensor, logsumexp: Tensor,
+                       enable_gqa: bool = False):
     # differentiated again (create_graph), the backward must be built of differentiable primitives
-    if not STATE.grad_enabled and not _backward_unsupported(grad, query, key, value, bias, out, logsumexp):
+    if not STATE.grad_enabled and not _backward_unsupported(grad, query, key, value, bias, out, logsumexp,
+                                                            enable_gqa):
         operands = [t if _fits(t) else t.contiguous() for t in (grad, query, key, value, out)]
         operands.append(logsumexp if _fits_stats(logsumexp) else logsumexp.contiguous())
         grads = tuple(empty(t._shape, t._dtype, device) for t in (query, key, value))
         if _backward_into(grads, *operands, scale, is_causal):
             return (*grads, None)
-    return OPS[BACKWARD].decomposition(grad, query, key, value, bias, scale, is_causal, out, logsumexp)
+    return OPS[BACKWARD].decomposition(grad, query, key, value, bias, scale, is_causal, out, logsumexp,
+                                       enable_gqa)
 
 
 @kernel_into(BACKWARD)
 def attention_backward_into(outs: tuple, grad: Tensor, query: Tensor, key: Tensor, value: Tensor,
                             bias: Tensor | None, scale: float, is_causal: bool, out: Tensor,
-                            logsumexp: Tensor) -> bool:
-    if any(o is None for o in outs[:3]) or _backward_unsupported(grad, query, key, value, bias, out, logsumexp):
+                            logsumexp: Tensor, enable_gqa: bool = False) -> bool:
+    if any(o is None for o in outs[:3]) or _backward_unsupported(grad, query, key, value, bias, out, logsumexp,
+                                                                 enable_gqa):
         return False
     if not all(map(_fits, (grad, query, key, value, out))) or not _fits_stats(logsumexp):
         return False
@@ -245,4 +274,4 @@ def keeps(op_name: str, args: tuple) -> bool:
         return False
     query, key, value, bias = args[1:5] if op_name == BACKWARD else args[:4]
     return unsupported(query.dtype, tuple(query.shape), tuple(key.shape), tuple(value.shape), bias is not None,
-                       query.device) is None
+                       query.device, bool(args[-1])) is None
