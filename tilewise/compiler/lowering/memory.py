@@ -79,6 +79,14 @@ class MemoryPlan:
     live_bytes: int = 0  # the largest set of arena bytes live at one step (values sharing bytes counted once)
     live_step: str = ""  # that step: "k op"
 
+    def memory_of(self, value: Node) -> tuple[str, int, int]:
+        """Where ``value``'s buffer lies: (kind, first, end) in arena bytes for an arena value; an input or output
+        buffer is one allocation of its own, (kind, slot, slot + 1). Two values share memory where these overlap."""
+        buffer = self.buffers[self.of[value]]
+        if buffer.kind == "arena":
+            return buffer.kind, buffer.slot, buffer.slot + buffer.ty.nbytes
+        return buffer.kind, buffer.slot, buffer.slot + 1
+
     def describe(self) -> str:
         lines = [f"memory plan: arena {self.arena_bytes} bytes (without reuse {self.unshared_bytes}), "
                  f"{sum(b.kind == 'output' for b in self.buffers)} output buffer(s), {len(self.copies)} copy(ies), "
