@@ -208,15 +208,24 @@ def render_lowered(low: Lowered, target: Target) -> Lowered:
 
 
 def aliased_kernels(kernels: dict[Node, Kernel], plan: MemoryPlan) -> dict[str, frozenset[int]]:
-    """For each kernel some of whose parameters are one buffer (a value written in place of its input), those
-    parameters' positions: they are the ones not declared ``__restrict__``."""
+    """For each kernel some of whose parameters lie in the same memory, those parameters' positions: they are the
+    ones not declared ``__restrict__``. A value shares memory with an input of its kernel when it is written back
+    into that input (one buffer), and with an arena operand when it takes the operand's bytes (in-place reuse, see
+    [Note: memory planning]: its own buffer, at the same offset). Declared ``const __restrict__``, such an operand
+    is read through the non-coherent cache and may be loaded after the result was stored over it: the Llama
+    block's backward stored an RMSNorm gradient over the residual gradient, then read the residual back."""
     out = {}
     for kernel in kernels.values():
-        buffers = [plan.of[v] for v in kernel.values]
-        shared = frozenset(k for k, b in enumerate(buffers) if buffers.count(b) > 1)
+        spans = [plan.memory_of(v) for v in kernel.values]
+        shared = frozenset(k for k, span in enumerate(spans)
+                           if any(j != k and _overlap(span, other) for j, other in enumerate(spans)))
         if shared:
             out[kernel.name] = shared
     return out
+
+
+def _overlap(a: tuple[str, int, int], b: tuple[str, int, int]) -> bool:
+    return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
 
 def build_program(graph: Graph, target: Target, device=None, graphs: bool = True,

@@ -35,7 +35,10 @@ row before any of it is stored; such nests are never split across blocks). The g
 over a 50k vocabulary is the case that matters: it replaces the logits it is computed from (786 MiB for
 8x1024 tokens in bfloat16) instead of needing a second buffer as large. ``order_for_reuse`` moves the steps
 that still read such an operand afterwards (the loss's ``gather`` of the target logits) before the kernel when
-they can run there, so that the kernel becomes the last reader.
+they can run there, so that the kernel becomes the last reader. The kernel's parameters for the operand and the
+result then lie in the same memory (``MemoryPlan.memory_of`` overlaps), and the CUDA renderer declares neither
+``__restrict__`` (``program.aliased_kernels``): a compiler told they do not alias may load the operand after storing
+the result over it.
 """
 
 from __future__ import annotations
@@ -78,6 +81,14 @@ class MemoryPlan:
     unshared_bytes: int = 0  # what the arena would need without reuse
     live_bytes: int = 0  # the largest set of arena bytes live at one step (values sharing bytes counted once)
     live_step: str = ""  # that step: "k op"
+
+    def memory_of(self, value: Node) -> tuple[str, int, int]:
+        """Where ``value``'s buffer lies: (kind, first, end) in arena bytes for an arena value; an input or output
+        buffer is one allocation of its own, (kind, slot, slot + 1). Two values share memory where these overlap."""
+        buffer = self.buffers[self.of[value]]
+        if buffer.kind == "arena":
+            return buffer.kind, buffer.slot, buffer.slot + buffer.ty.nbytes
+        return buffer.kind, buffer.slot, buffer.slot + 1
 
     def describe(self) -> str:
         lines = [f"memory plan: arena {self.arena_bytes} bytes (without reuse {self.unshared_bytes}), "
