@@ -135,12 +135,13 @@ def assert_matrix_complete(output: str, models: list[str], sides: list[str], rel
     summary = output.split("### Summary")[1]
     rows = re.findall(r"^\| (\S+) \| tiny \| (.*) \|$", summary, flags=re.M)
     assert [r[0] for r in rows] == models and not any("failed" in r[1] or "n/a (" in r[1] for r in rows), summary
+    broken_down = [s for s in sides if not s.startswith("tilewise-eager")]  # the eager sides have no breakdown
     assert len(re.findall(r"^\| (tilewise-compiled|torch-\S+) \| \d+\.\d\d \| \d+\.\d\d \| \d+\.\d\d \| \d+\.\d\d \|",
-                          output, flags=re.M)) == len(models) * len([s for s in sides if s != "tilewise-eager"]), output
+                          output, flags=re.M)) == len(models) * len(broken_down), output
 
 
 def test_script_runs_end_to_end_on_the_cpu(tmp_path):
-    sides = ["tilewise-eager", "tilewise-compiled", "torch-eager"]
+    sides = ["tilewise-eager", "tilewise-eager-cb", "tilewise-compiled", "torch-eager"]
     out = run_script("--device", "cpu", "--dtype", "fp32", "--models", "llama", "--sides", ",".join(sides),
                      "--steps", "2", tmp_path=tmp_path)
     assert_matrix_complete(out, ["llama"], sides, rel=1e-4)
@@ -166,7 +167,9 @@ def test_script_with_torch_compile_sides_on_the_cpu(tmp_path):
 def test_script_runs_every_model_and_side_on_a_gpu(tmp_path):
     models = ["gpt2", "llama", "vit"]
     out = run_script("--device", "cuda", "--models", ",".join(models), tmp_path=tmp_path)
-    assert_matrix_complete(out, models, list(matrix.SIDES), rel=2e-2)
+    # 5e-3: a compiled Llama step whose bf16 input gradient lost its residual term still came within 2e-2 (1.4% off
+    # at step 2); rounding alone keeps the tiny models' losses within about 1e-4 of torch's
+    assert_matrix_complete(out, models, list(matrix.SIDES), rel=5e-3)
     step_row = re.compile(r"^\| (tilewise|torch)-\S+ \| [\d.]+ \| [\d,]+ \| [\d.]+x \|")
     rows = [line.split(" | ") for line in out.splitlines() if step_row.match(line)]
     assert len(rows) == len(models) * len(matrix.SIDES), out
