@@ -103,10 +103,23 @@ def describe(root_edges: list, grad_tensors) -> tuple:
         if kind is not OpNode:
             raise _Unsupported
         op_nodes.append(node)
-        saved = tuple((name, _saved_value(value, flat, index)) for name, value in node.saved.items())
-        edges = tuple((-1, 0) if nxt is None else (position[nxt], nr) for nxt, nr in node.next_functions)
-        shapes = tuple(node.shapes.items())
-        parts.append((node.op, node.slots, tuple(node.input_meta), tuple(node.output_meta), edges, shapes, saved))
+        saved = []
+        for name, value in node.saved.items():
+            if type(value) is SavedTensor:  # the common case inline: a tensor saved as it was
+                t = value.tensor
+                storage = t._storage if t is not None else None
+                if (storage is None or value.unpack_hook is not None or storage.version != value.version):
+                    raise _Unsupported  # freed, packed by a hook, modified in place: the engine says what is wrong
+                k = index.get(id(t))
+                if k is None:
+                    k = index[id(t)] = len(flat)
+                    flat.append(t)
+                saved.append((name, ("t", k, signature(t), t._requires_grad)))
+            else:
+                saved.append((name, _saved_value(value, flat, index)))
+        edges = tuple([(-1, 0) if nxt is None else (position[nxt], nr) for nxt, nr in node.next_functions])
+        parts.append((node.op, node.slots, tuple(node.input_meta), tuple(node.output_meta), edges,
+                      tuple(node.shapes.items()), tuple(saved)))
     roots = []
     for (node, nr), g in zip(root_edges, grad_tensors):
         if type(g) is not Tensor:
