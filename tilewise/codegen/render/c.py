@@ -5,6 +5,18 @@ stored as its 16 raw bits and converted by the helpers in the prelude (round to 
 their raw byte, converted as torch converts (round to nearest even; e4m3fn saturates to +-448, e5m2 overflows
 to inf unless the store saturates; NaN has every mantissa bit set); a double is rounded to float first.
 Compile with ``-ffp-contract=off`` for results that match numpy bit for bit.
+
+[Note: the C target's expf] A float32 ``exp`` is ``tw_exp_f32``, not libm's ``expf``. In a vectorised loop
+``expf`` becomes glibc's vector variant (libmvec), which computes lanes whose argument lies outside about
+[-87.3, 88.7] by calling the scalar ``expf`` for them; a causal attention's masked scores (-inf), and any
+softmax whose row spans more than 87, hit that path on most vectors: 196,608 exponentials of -inf took 600 us
+against 68 us for normal ones. ``tw_exp_f32`` takes one branch-free path for every lane: the argument clamped
+to [-104, 89] (beyond which the float result is 0 or infinity; NaN passes the clamp), x = q ln 2 + s with a
+two-part ln 2, e^s by its Taylor polynomial of degree 7 in fused multiply-adds (written out: they stay fused
+under ``-ffp-contract=off``), times 2^q built from its bits in two factors (a subnormal result is rounded
+once). 71 us and 95 us for the two cases above. Checked on every float32 against ``exp`` in double rounded to
+float: 1.8% of results differ, each by one ulp (libmvec promises 4 ulp; torch's vectorised ``exp``, SLEEF's,
+1 ulp).
 """
 
 from __future__ import annotations
@@ -74,6 +86,26 @@ _ERFINV = """{FN} {T} tw_erfinv_{S}({T} y) {{
     return ({T})x;
 }}"""
 
+
+_EXPF = """{FN} float tw_pow2i_{S}(int k) {{
+    unsigned int b = (unsigned int)(k + 127) << 23; float f; memcpy(&f, &b, 4); return f;
+}}
+{FN} {T} tw_exp_{S}({T} x) {{
+    const float c = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+    const float q = rintf(c * 1.44269502162933349609375f);  /* x = q ln 2 + s, |s| <= ln 2 / 2 */
+    float s = fmaf(q, -0.693145751953125f, c);
+    s = fmaf(q, -1.428606765330187045e-06f, s);
+    float u = 1.9841270e-4f;  /* e^s = 1 + s + s^2 (1/2! + s/3! + ... + s^5/7!) */
+    u = fmaf(u, s, 1.3888889e-3f);
+    u = fmaf(u, s, 8.3333333e-3f);
+    u = fmaf(u, s, 4.1666667e-2f);
+    u = fmaf(u, s, 1.6666667e-1f);
+    u = fmaf(u, s, 0.5f);
+    u = fmaf(s * s, u, s + 1.0f);
+    const int k = (int)q, half = k >> 1;  /* 2^k in two factors: k reaches -150 (a subnormal result) */
+    return u * tw_pow2i_{S}(half) * tw_pow2i_{S}(k - half);
+}}"""
+
 C = Language(
     name="c",
     kernel_prefix="void",
@@ -93,11 +125,11 @@ C = Language(
             ("float8_e4m3fn", "double"): "tw_float_to_e4m3((float)({0}))",
             ("float8_e5m2", "float"): "tw_float_to_e5m2({0}, {sat})",
             ("float8_e5m2", "double"): "tw_float_to_e5m2((float)({0}), {sat})"},
-    math={},
+    math={"exp:float32": "tw_exp_{S}({0})"},  # see [Note: the C target's expf]
     constants={("inf", "float"): "INFINITY", ("nan", "float"): "NAN", ("inf", "double"): "((double)INFINITY)",
                ("nan", "double"): "((double)NAN)"},
     prelude=_PRELUDE,
-    helpers={"erfinv:float": _ERFINV},
+    helpers={"erfinv:float": _ERFINV, "exp:float": _EXPF},
     on_zero_division="__atomic_store_n(&tw_zero_division, 1, __ATOMIC_RELAXED); ",
     zero_division_flag="int tw_zero_division;",
     saturation=("0", "1"),

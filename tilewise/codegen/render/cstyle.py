@@ -73,7 +73,8 @@ class Language:
     headers: Mapping[str, str]  # storage dtype name -> the #include it needs
     loads: Mapping[str, str]  # half-width storage dtype -> format turning a stored value into float
     stores: Mapping[tuple[str, str], str]  # (storage dtype, "float"|"double") -> format; "{sat}" for fp8
-    math: Mapping[str, str]  # float math ops the target spells differently from MATH_FLOAT
+    math: Mapping[str, str]  # float math ops the target spells differently from MATH_FLOAT ("op", or
+    # "op:dtype" for one float dtype only)
     constants: Mapping[tuple[str, str], str]  # ("inf"|"nan", "float"|"double") -> literal
     prelude: str = ""  # text every kernel source starts with
     helpers: Mapping[str, str] = field(default_factory=dict)  # extra helper bodies for this target
@@ -402,7 +403,8 @@ class ExprRenderer:
     def _math(self, op: str, t: DType, args: list[str]) -> str:
         kind = kind_of(t)
         table = {"float": MATH_FLOAT, "int": MATH_INT, "bool": MATH_BOOL}[kind]
-        fmt = MATH_ANY.get(op) or (self.lang.math.get(op) if kind == "float" else None) or table.get(op)
+        own = (self.lang.math.get(f"{op}:{t.name}") or self.lang.math.get(op)) if kind == "float" else None
+        fmt = MATH_ANY.get(op) or own or table.get(op)
         if fmt is None:
             raise NotImplementedError(f"{self.lang.name} renderer: {op} is not defined for {t.name}")
         if "tw_" in fmt:
