@@ -97,3 +97,58 @@ def test_index_put_with_a_mask_differentiates_as_torch():
         return out.tolist(), x.grad.tolist(), v.grad.tolist()
 
     assert run(tw) == run(torch)
+
+
+@pytest.mark.parametrize("case", ["rows", "negative rows", "two index arrays broadcast", "an index per dim",
+                                  "a slice then an index", "float64"])
+def test_index_put_accumulate_adds_repeated_positions_in_order_as_torch(case):
+    """Accumulating index_put (an embedding's backward) through one flat index adds each element's values in the
+    order of the indexing, as torch's sequential loop does: results equal bit for bit."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    dtype = np.float64 if case == "float64" else np.float32
+    base = rng.standard_normal((13, 6, 5)).astype(dtype)
+    rows = rng.integers(0, 13, 200)
+    if case == "negative rows":
+        rows = rows - 13
+    if case == "two index arrays broadcast":
+        indices = (rows[:40].reshape(40, 1), rng.integers(0, 6, 3).reshape(1, 3))
+    elif case == "an index per dim":
+        indices = (rows, rng.integers(-6, 6, 200), rng.integers(0, 5, 200))
+    elif case == "a slice then an index":
+        indices = (None, rng.integers(0, 6, 50))
+    else:
+        indices = (rows,)
+    target = np.zeros((13, 6, 5))[tuple(slice(None) if a is None else a for a in indices)].shape
+    values = (rng.standard_normal(target) * 1e3).astype(dtype)
+
+    def run(lib):
+        idx = [None if a is None else lib.from_numpy(a.copy()) for a in indices]
+        if lib is torch:  # its Python method takes no None (a full slice) among the indices; the operator does
+            return torch.ops.aten.index_put(torch.from_numpy(base.copy()), idx, torch.from_numpy(values), True)
+        return tw.from_numpy(base.copy()).index_put(tuple(idx), tw.from_numpy(values), accumulate=True)
+
+    assert np.array_equal(run(tw).numpy(), run(torch).numpy())
+
+
+def test_index_put_accumulate_of_rows_is_faster_than_numpys_add_at_of_rows():
+    """An embedding's backward (65x64 rows, 768 indices) took np.add.at's 450 us per call; through one flat index
+    90 us."""
+    import time
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rows, values = rng.integers(0, 65, 768), rng.standard_normal((768, 64)).astype(np.float32)
+    weight = tw.zeros(65, 64)
+    ours = lambda: weight.index_put((tw.from_numpy(rows),), tw.from_numpy(values), accumulate=True)
+    numpys = lambda: np.add.at(np.zeros((65, 64), np.float32), rows, values)
+    best = {ours: float("inf"), numpys: float("inf")}
+    for _ in range(10):
+        for fn in best:
+            start = time.perf_counter()
+            for _ in range(5):
+                fn()
+            best[fn] = min(best[fn], time.perf_counter() - start)
+    assert best[ours] < 0.6 * best[numpys], best
