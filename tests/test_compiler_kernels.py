@@ -674,3 +674,22 @@ def test_compiled_exp_of_masked_scores_costs_about_what_exp_of_ordinary_ones_doe
         set_num_threads(threads)
     close(f(inputs["masked"]), tw.from_numpy(np.exp(masked) * 2))
     assert best["masked"] < 2.5 * best["ordinary"], best
+
+
+def test_a_program_binds_read_only_and_empty_arrays():
+    """Programs take a writable array's address through its buffer; a read-only one, or an empty one, through
+    numpy's ctypes view."""
+    from tilewise.compiler.program_c import data_pointer
+
+    frozen = np.arange(12, dtype=np.float32)
+    frozen.flags.writeable = False
+    empty = np.empty(0, np.float32)
+    assert data_pointer(frozen) == frozen.ctypes.data and data_pointer(empty) == empty.ctypes.data
+    writable = np.ones(3)
+    assert data_pointer(writable) == writable.ctypes.data
+    f = tw.compile(lambda t: (t * 2).exp().sum(-1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that the array is not writable
+        x = tw.from_numpy(frozen.reshape(3, 4))
+    close(f(x), (x * 2).exp().sum(-1))
+    assert f(tw.from_numpy(empty.reshape(0, 4))).shape == (0,)

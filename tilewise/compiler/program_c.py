@@ -132,6 +132,15 @@ class CopyStep:
         return f"copy b{self.src} -> b{self.dst}" + (f" at byte {self.offset}" if self.offset else "")
 
 
+def data_pointer(array: np.ndarray) -> int:
+    """The address of a contiguous array's first element: through ``ctypes.c_char.from_buffer`` (0.3 us) where the
+    array is writable, else ``array.ctypes.data`` (1 us; a program binds several arrays per call)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    except (TypeError, ValueError, BufferError):
+        return array.ctypes.data
+
+
 class HostRuntime:
     """Walks a C program's steps on host memory: the arena's buffers viewed once per arena generation, the
     call's inputs and fresh outputs bound per call."""
@@ -141,20 +150,21 @@ class HostRuntime:
         self.arrays: list = []  # per buffer: the arena view, or None (bound per call)
         self.pointers: list = []
         self.arena_generation = -1  # the arena generation ``arrays`` and ``pointers`` view
+        buffers = program.plan.buffers
+        self.inputs = [(k, buf.slot) for k, buf in enumerate(buffers) if buf.kind == "input"]
+        self.outputs = [(k, buf.ty.numel, buf.ty.dtype.np) for k, buf in enumerate(buffers) if buf.kind == "output"]
 
     def run(self, inputs: list, staged: frozenset[int] = frozenset()) -> list:
         program = self.program
         if self.arena_generation != program.arena.generation:
             self._bind_arena()
         arrays, pointers = list(self.arrays), list(self.pointers)
-        for k, buf in enumerate(program.plan.buffers):
-            if buf.kind == "input":
-                array = inputs[buf.slot]
-            elif buf.kind == "output":
-                array = np.empty(buf.ty.numel, dtype=buf.ty.dtype.np)
-            else:
-                continue
-            arrays[k], pointers[k] = array, array.ctypes.data
+        for k, slot in self.inputs:
+            array = arrays[k] = inputs[slot]
+            pointers[k] = data_pointer(array)
+        for k, numel, dtype in self.outputs:
+            array = arrays[k] = np.empty(numel, dtype=dtype)
+            pointers[k] = data_pointer(array)
         if program.tuner is not None:
             program.tuner.walk(program, HostBench(arrays, pointers))
         else:
