@@ -693,3 +693,24 @@ def test_a_program_binds_read_only_and_empty_arrays():
         x = tw.from_numpy(frozen.reshape(3, 4))
     close(f(x), (x * 2).exp().sum(-1))
     assert f(tw.from_numpy(empty.reshape(0, 4))).shape == (0,)
+
+
+@pytest.mark.parametrize("reduce", ["amax", "amin", "softmax", "log_softmax", "max"])
+def test_row_max_and_min_fold_natively_and_keep_nans_as_torch(reduce):
+    """[Note: max and min with a NaN flag]: a serial row's float max/min folds with OpenMP's own reduction and a
+    NaN flag; a NaN anywhere in a row (first, middle, last element, or all) still gives NaN, a row of -inf
+    stays -inf."""
+    x = np.random.default_rng(0).standard_normal((7, 40)).astype(np.float32)
+    x[1, 0] = x[2, 17] = x[3, 39] = np.nan
+    x[4] = np.nan
+    x[5] = -np.inf
+    x[6, ::2] = np.inf
+    fns = {"amax": lambda t: t.amax(-1), "amin": lambda t: t.amin(-1), "softmax": lambda t: t.softmax(-1),
+           "log_softmax": lambda t: t.log_softmax(-1), "max": lambda t: t.max(-1).values}
+    f = tw.compile(fns[reduce])
+    got = f(tw.from_numpy(x)).numpy()
+    with np.errstate(invalid="ignore"):
+        want = fns[reduce](torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)
+    if reduce in ("amax", "softmax"):
+        assert "reduction(max:acc0)" in "".join(p.source for p in f.programs())

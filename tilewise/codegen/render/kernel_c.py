@@ -7,12 +7,20 @@ reduction's combine step is the combiner's own scalar operator (``maximum`` for 
 as in eager), emitted once per type as a ``tw_fold_*`` helper. What a target spells its own way about
 the loops — parallel and vector annotations, how a combiner becomes a vector reduction, vector math
 declarations — is the data in ``LOOPS``, keyed like the ``Language`` it completes.
+
+[Note: max and min with a NaN flag] A float ``max``/``min`` reduction of a serial row (the ``rows`` strategy)
+folds with the target's own reduction clause (``reduction(max:acc)``), which keeps the largest value that
+compares greater, and an int flag ``nanJ`` (``reduction(|:nan)``) set by any NaN element; once the row's loop
+ends, ``accJ`` becomes NaN where the flag is set: the value the NaN-propagating ``tw_fold_max`` gave, which as a
+user-defined OpenMP reduction the C compiler vectorised poorly. A 48x64x64 causal softmax (with its log-sum-exp)
+took 300 us against 186 (380 against 276 with the mask's -inf); with a bool flag, 295.
+Split and column strategies, and integers, keep the fold helper.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tilewise.codegen.kernel_ir import ARG_COMBINERS, COMBINER_OPS, Index, Kernel, Store, extent
 from tilewise.codegen.render.cstyle import (
@@ -54,6 +62,9 @@ class LoopStyle:
     declare_reduction: str  # a combiner as a reduction: "{name}", "{T}", "{fold}", "{identity}"
     builtin_reductions: Mapping[str, str]  # combiners the target reduces natively -> their clause operator
     prelude: str
+    # float max/min as the target's own reduction plus a NaN flag ([Note: max and min with a NaN flag]):
+    # combiner -> (clause operator, the flag's clause operator, comparison that keeps the new value)
+    flagged_reductions: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
 
 
 LOOPS = {
@@ -66,6 +77,7 @@ LOOPS = {
                           "initializer(omp_priv = {identity})",
         builtin_reductions={"add": "+", "mul": "*"},
         prelude=_C_PRELUDE,
+        flagged_reductions={"max": ("max", "|", ">"), "min": ("min", "|", "<")},
     ),
 }
 
@@ -159,6 +171,9 @@ class _NestRenderer:
         self.source, self.lang, self.loops, self.w = source, source.lang, loops, w
         self.folds = [(take_helper(source, r.combiner, r.dtype), "") if r.combiner in ARG_COMBINERS
                       else fold_helper(source, loops, r.combiner, r.dtype) for r in self.nest.reductions]
+        self.flagged = {j for j, r in enumerate(self.nest.reductions)
+                        if ns.parallel not in ("split", "columns") and r.dtype.is_floating_point
+                        and r.combiner in loops.flagged_reductions}
         self.arguments = {("scalar", a.name): (a.name, a.dtype) for a in kernel.arguments if a.dtype is not None}
 
     # ------------------------------------------------------------------ pieces
@@ -176,6 +191,8 @@ class _NestRenderer:
             self.w.line(f"{self.lang.ctype(r.dtype)} acc{j} = {value};")
             if r.combiner in ARG_COMBINERS:
                 self.w.line(f"long long pos{j} = -1;")
+            if j in self.flagged:
+                self.w.line(f"int nan{j} = 0;")  # an int: a bool flag's reduction vectorised no faster
 
     def emit(self, exprs: list[Expr], leaves: dict, suffix: str) -> tuple[ExprRenderer, list]:
         """Render ``exprs`` in the current scope: the loads they read, then their statements."""
@@ -232,6 +249,11 @@ class _NestRenderer:
         self.w.line(f"{param}[{index_code(st.index)}] = {store_code(self.lang, st.dtype, code, t, st.saturate)};")
 
     def fold(self, j: int, value_code: str) -> None:
+        if j in self.flagged:
+            _, _, keeps = self.loops.flagged_reductions[self.nest.reductions[j].combiner]
+            self.w.line(f"acc{j} = {value_code} {keeps} acc{j} ? {value_code} : acc{j};")
+            self.w.line(f"nan{j} |= {value_code} != {value_code};")
+            return
         if self.nest.reductions[j].combiner in ARG_COMBINERS:  # the element's position in its row
             where = self.row_index()
             self.w.line(f"if ({self.folds[j][0]}(acc{j}, pos{j}, {value_code}, {where})) "
@@ -242,6 +264,11 @@ class _NestRenderer:
     def simd_line(self, reds: list[int]) -> str:
         by_clause: dict[str, list[str]] = {}
         for j in reds:
+            if j in self.flagged:
+                clause, flag, _ = self.loops.flagged_reductions[self.nest.reductions[j].combiner]
+                by_clause.setdefault(clause, []).append(f"acc{j}")
+                by_clause.setdefault(flag, []).append(f"nan{j}")
+                continue
             by_clause.setdefault(self.folds[j][1], []).append(f"acc{j}")
         clauses = "".join(self.loops.reduction.format(op=op, vars=", ".join(v)) for op, v in by_clause.items())
         return self.loops.simd.format(reductions=clauses)
@@ -272,6 +299,10 @@ class _NestRenderer:
             self.store(st, code, t)
         for _ in reduced:
             self.w.close()
+        for j in reds:
+            if j in self.flagged:
+                nan = literal(float("nan"), self.nest.reductions[j].dtype, self.lang)
+                self.w.line(f"if (nan{j}) acc{j} = {nan};")
 
     def row_stores(self) -> None:
         stores = [s for s in self.nest.stores if s.phase is None]
