@@ -10,7 +10,8 @@ others are still measured.
 
 * nanoGPT: ``tilewise/models/gpt.py`` (2 layers, width 64, 4 heads, block 64, batch 12, AdamW); the torch
   side runs the same source with torch's imports (``gpt_train_step.torch_gpt_module``). Compiled: the whole
-  step by one ``tilewise.compile``; torch.compile of the model with eager AdamW.
+  step by one ``tilewise.compile``; torch.compile of the model with eager AdamW. With compilation on, also
+  tilewise eager with compiled backward (``tilewise.autograd.compiled_backward()``).
 * MNIST CNN: ``examples/train_mnist_cnn.py``'s ``Net`` (batch 64, Adadelta, NLL of log-softmax), and the same
   network written in torch.
 
@@ -81,6 +82,15 @@ def gpt_batches(rounds: int) -> list[tuple[np.ndarray, np.ndarray]]:
             for _ in range(rounds)]
 
 
+def with_compiled_backward(step: Callable) -> Callable:
+    """``step`` with its ``backward()`` replayed as one compiled program (``tilewise.autograd.compiled_backward``)."""
+    def run(*args):
+        with tw.autograd.compiled_backward():
+            return step(*args)
+
+    return run
+
+
 def gpt_sides(rounds: int, compiled: bool) -> list[Side]:
     config = tw_gpt.GPTConfig(**GPT_CONFIG)
     tw.manual_seed(0)
@@ -88,7 +98,7 @@ def gpt_sides(rounds: int, compiled: bool) -> list[Side]:
     batches = gpt_batches(rounds)
     torch_gpt = torch_gpt_module()
 
-    def tilewise_step(compile_whole: bool):
+    def tilewise_step(compile_whole: bool, compiled_backward: bool = False):
         def build():
             model = tw_gpt.GPT(config)
             model.load_state_dict({k: tw.from_numpy(v.copy()) for k, v in weights.items()})
@@ -101,7 +111,7 @@ def gpt_sides(rounds: int, compiled: bool) -> list[Side]:
                 optimizer.zero_grad(set_to_none=True)
                 return loss.detach()
 
-            run = tw.compile(step) if compile_whole else step
+            run = tw.compile(step) if compile_whole else with_compiled_backward(step) if compiled_backward else step
             feeds = [(tw.from_numpy(x), tw.from_numpy(y)) for x, y in batches]
             return lambda i: float(run(*feeds[i]).item())
         return build
@@ -125,6 +135,7 @@ def gpt_sides(rounds: int, compiled: bool) -> list[Side]:
 
     chosen = [Side("tilewise eager", tilewise_step(False)), Side("torch eager", torch_step(False))]
     if compiled:
+        chosen.insert(1, Side("tilewise eager, compiled backward", tilewise_step(False, True)))
         chosen += [Side("tilewise compiled (whole step)", tilewise_step(True)),
                    Side("torch.compile (model)", torch_step(True))]
     return chosen
@@ -162,7 +173,7 @@ def mnist_sides(rounds: int, compiled: bool) -> list[Side]:
     batches = [(rng.standard_normal((MNIST_BATCH, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, MNIST_BATCH))
                for _ in range(rounds)]
 
-    def tilewise_step(compile_whole: bool):
+    def tilewise_step(compile_whole: bool, compiled_backward: bool = False):
         def build():
             model = TilewiseNet()
             model.load_state_dict({k: tw.from_numpy(v.copy()) for k, v in weights.items()})
@@ -175,7 +186,7 @@ def mnist_sides(rounds: int, compiled: bool) -> list[Side]:
                 optimizer.step()
                 return loss.detach()
 
-            run = tw.compile(step) if compile_whole else step
+            run = tw.compile(step) if compile_whole else with_compiled_backward(step) if compiled_backward else step
             feeds = [(tw.from_numpy(x), tw.from_numpy(y)) for x, y in batches]
             return lambda i: float(run(*feeds[i]).item())
         return build
@@ -199,6 +210,7 @@ def mnist_sides(rounds: int, compiled: bool) -> list[Side]:
 
     chosen = [Side("tilewise eager", tilewise_step(False)), Side("torch eager", torch_step(False))]
     if compiled:
+        chosen.insert(1, Side("tilewise eager, compiled backward", tilewise_step(False, True)))
         chosen += [Side("tilewise compiled (whole step)", tilewise_step(True)),
                    Side("torch.compile (model)", torch_step(True))]
     return chosen
