@@ -173,8 +173,9 @@ class Lowered:
     streams: StreamSchedule | None = None  # the stream of each step (see [Note: collectives on their own stream])
 
 
-def lower_program(graph: Graph, target: Target) -> Lowered:
-    """The target's lowering stages, then fuse, lower to kernel IR, plan memory, schedule and render."""
+def lower_program(graph: Graph, target: Target, donated: frozenset[int] = frozenset()) -> Lowered:
+    """The target's lowering stages, then fuse, lower to kernel IR, plan memory, schedule and render.
+    ``donated``: inputs whose memory the program may reuse after their last read (see [Note: donated inputs])."""
     for name, lowering in target.lowering:
         with stage(name):
             graph = checked(lowering(graph), name)
@@ -189,7 +190,7 @@ def lower_program(graph: Graph, target: Target) -> Lowered:
                 kernels[node] = lower(node.args[0])
     with stage("plan memory"):
         fused = order_for_reuse(fused, kernels)
-        plan = plan_memory(fused, kernels)
+        plan = plan_memory(fused, kernels, donated)
         streams = schedule_streams(fused, plan)
     with stage("schedule"):
         schedules = [target.schedule(k) for k in kernels.values()]
@@ -229,14 +230,16 @@ def _overlap(a: tuple[str, int, int], b: tuple[str, int, int]) -> bool:
 
 
 def build_program(graph: Graph, target: Target, device=None, graphs: bool = True,
-                  arena: Arena | None = None, autotune: bool = False, graph_bytes: int | None = None) -> Program:
+                  arena: Arena | None = None, autotune: bool = False, graph_bytes: int | None = None,
+                  donated: frozenset[int] = frozenset()) -> Program:
     """Lower, schedule, render, compile and plan memory for an optimised graph, for ``target``.
 
     ``arena``: shared with the other programs of the same function (the target's own when None).
     ``graphs``: let the program replay its steps as one captured graph where the target can; ``graph_bytes``: the
     most such a graph may copy in and out, and so hold (None: where copying costs less than launching).
-    ``autotune``: choose each kernel's schedule by timing its candidates (``mode="max-autotune"``)."""
-    low = lower_program(graph, target)
+    ``autotune``: choose each kernel's schedule by timing its candidates (``mode="max-autotune"``).
+    ``donated``: the inputs whose memory it may reuse once read for the last time (see [Note: donated inputs])."""
+    low = lower_program(graph, target, donated)
     tuner = None
     if autotune and low.schedules:
         tuning = target.tuning(device, low)
