@@ -120,7 +120,11 @@ def test_rank_deficient_lstsq_reports_the_rank():
 
 
 def test_determinant_gradient_of_a_singular_matrix_is_zero_as_in_torch():
-    batch = np.stack([np.array(SINGULAR), np.diag([1.0, 2.0, 0.0]), np.eye(3) * 2])
+    # Matrices whose LU gives an exact zero pivot in every LAPACK: a rank-deficient matrix with distinct rows
+    # (SINGULAR) may come out at -3e-16 in one LAPACK and 0 in another, and its gradient then jumps from the
+    # cofactors to zero, in torch as here.
+    zero_row = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [0.0, 0.0, 0.0]])
+    batch = np.stack([zero_row, np.diag([1.0, 2.0, 0.0]), np.eye(3) * 2])
     a_tw, a_torch = _pair(batch)
     a_tw.requires_grad_(True)
     a_torch.requires_grad_(True)

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from tilewise import strides as S
 from tilewise.compiler.ir import Graph, Node, in_program_order, toposort
 from tilewise.compiler.lowering.orders import order_of
+from tilewise.compiler.lowering.views import geometry, view_chain
 from tilewise.config import log
 
 MAX_NESTS_PER_KERNEL = 32
@@ -138,15 +139,6 @@ def is_inlined_constant(src: Node, group: Group) -> bool:
     """A ``full`` read by a group is a literal in its kernel, an ``arange`` the position: neither is a buffer."""
     base = view_chain(src)[0]
     return fusion_kind(base) == "constant" and base not in group.dims
-
-
-def view_chain(node: Node) -> tuple[Node, list[Node]]:
-    """The first non-view ancestor of ``node`` and the views leading from it to ``node``."""
-    chain = []
-    while node.kind == "view":
-        chain.append(node)
-        node = node.srcs[0]
-    return node, chain[::-1]
 
 
 def view_dims(view: Node, dims: tuple) -> tuple | None:
@@ -362,11 +354,10 @@ def _starves_phases(group: Group) -> bool:
     if not group.reduce:
         return False
     shape = group.shape
-    innermost = _innermost_in_memory(group)
-    if innermost is None:
-        innermost = max((d for d, n in enumerate(shape) if n != 1), default=None)
-    if innermost is None:
+    order = _memory_order(group) or [d for d, n in enumerate(shape) if n != 1]
+    if not order:
         return False
+    innermost = order[-1]
     kept = 1
     for d, n in enumerate(shape):
         if d not in group.reduce:
@@ -375,6 +366,10 @@ def _starves_phases(group: Group) -> bool:
     for d in group.reduce:
         reduced *= shape[d]
     rows = innermost in group.reduce
+    kept_at = [k for k, d in enumerate(order) if d not in group.reduce]
+    if rows and kept_at and order[0] in group.reduce and kept_at[0] > 0:
+        rows = False  # reduced dims on both sides of a kept one in memory (N and H, W of an (N, C, H, W) batch
+        # norm): each row is strided pieces, which a block per row in phases reads slowly; as columns, below
     if rows:  # a block per row, so few long rows leave the GPU idle
         if kept >= FEW_ROWS or reduced < LONG_ROWS:
             return False
@@ -392,12 +387,10 @@ def _starves_phases(group: Group) -> bool:
     return bool(late)
 
 
-def _innermost_in_memory(group: Group) -> int | None:
-    """The domain dim along which the group's largest operand read whole from outside it is contiguous in memory
-    (None if there is none): a channels-last tensor's channels, which its (N, C, H, W) shape puts second. Reduced
-    down (N, H, W) it is a columns nest, whatever its logical innermost dim says."""
-    from tilewise.compiler.lowering.lower import geometry  # (lower builds on this module)
-
+def _memory_order(group: Group) -> list[int] | None:
+    """The domain dims of more than one element, outermost first, in the memory order of the group's largest
+    operand read whole from outside it (None if there is none): a channels-last tensor's (N, H, W, C) for its
+    (N, C, H, W) shape."""
     best, found = 0, None
     for member in group.members:
         dims = group.dims.get(member)
@@ -410,9 +403,10 @@ def _innermost_in_memory(group: Group) -> int | None:
                 src_shape, strides, _ = geometry(src)
             except Exception:  # noqa: BLE001 — a view the lowering cannot place: no opinion
                 continue
-            axes = [a for a, (n, st) in enumerate(zip(src_shape, strides)) if st == 1 and n != 1]
-            if axes and dims[axes[-1]] is not None:
-                best, found = src.type.numel, dims[axes[-1]]
+            axes = sorted((a for a, n in enumerate(src_shape) if n != 1 and dims[a] is not None),
+                          key=lambda a: -strides[a])
+            if axes:
+                best, found = src.type.numel, [dims[a] for a in axes]
     return found
 
 

@@ -13,35 +13,12 @@ from __future__ import annotations
 from tilewise import strides as S
 from tilewise.codegen.kernel_ir import Index, Kernel, Load, LoweringError, Nest, Param, Reduce, Store, cast
 from tilewise.compiler.ir import Node, Ref, format_type
-from tilewise.compiler.lowering.fusion import FusedKernel, Group, cat_operands, fusion_kind, view_chain
+from tilewise.compiler.lowering.fusion import FusedKernel, Group, cat_operands, fusion_kind
+from tilewise.compiler.lowering.views import buffer_of, geometry, view_chain  # noqa: F401 (re-exported)
 from tilewise.compiler.meta import Stand
 from tilewise.dtypes import bool_, float32, int32, int64
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, rebuild, toposort, unit_product_dropped, with_srcs
-
-
-def buffer_of(value: Node) -> Node:
-    """The graph value whose buffer holds ``value`` (views read their base's buffer)."""
-    return view_chain(value)[0]
-
-
-def geometry(value: Node) -> tuple[tuple, tuple, int]:
-    """(shape, strides, offset) of ``value`` on its buffer, by applying its views' rules to the buffer."""
-    base, chain = view_chain(value)
-    shape = base.type.shape
-    strides, offset = S.contiguous_strides(shape), 0
-    for view in chain:
-        if view.op == "as_strided":
-            if tuple(strides) != S.contiguous_strides(shape):
-                raise LoweringError(f"as_strided over a non-contiguous view ({list(shape)}, strides {list(strides)})")
-            _, size, stride, extra = view.args
-            shape, strides, offset = tuple(size), tuple(stride), offset + extra
-            continue
-        try:
-            shape, strides, offset = view.opdef.view(tuple(shape), tuple(strides), offset, *view.args[1:])
-        except RuntimeError as exc:
-            raise LoweringError(f"{view.op} cannot be applied to the layout of its source: {exc}") from None
-    return tuple(shape), tuple(strides), offset
 
 
 def _is_one(expr: Expr) -> bool:
