@@ -145,6 +145,19 @@ def view_backward(grad, op_name: str, input_shape, *args):
     return OPS["view_scatter_add"](grad, tuple(input_shape), tuple(shape), tuple(strides), offset)
 
 
+def slices_backward(grads, input_shape, dim: int, starts, ends):
+    """The gradient of the slices ``input[..., start:end, ...]`` along ``dim`` (tensor_split's outputs) from theirs:
+    those in a row when the slices tile the dim, as split's backward, else each added at its place."""
+    tiles = starts[0] == 0 and ends[-1] == input_shape[dim] and all(s == e for s, e in zip(starts[1:], ends[:-1]))
+    if tiles:
+        return OPS["cat"](grads, dim)
+    total = zeros(tuple(input_shape), dtype=grads[0].dtype, device=grads[0].device)
+    for grad, start, end in zip(grads, starts, ends):
+        if end > start:
+            total = total + view_backward(grad, "slice", input_shape, dim, start, end, 1)
+    return total
+
+
 def indices_tuple(indices):
     """index_put's list of optional index tensors as a getitem key."""
     return tuple(slice(None) if i is None else i for i in indices)
