@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tilewise import strides as S
 from tilewise.ops.creation import ones_like, zeros
+from tilewise.ops.linalg import rows_times_matrix
 from tilewise.ops.registry import OPS
 
 
@@ -212,7 +213,9 @@ def gelu_second_derivative(x, approximate: str):
 
 def linear_input_grad(grad, weight):
     """``linear``'s gradient for its input: ``grad @ weight`` (a 1-D weight made the output one dim shorter)."""
-    return grad.unsqueeze(-1) * weight if weight.ndim == 1 else grad.matmul(weight)
+    if weight.ndim == 1:
+        return grad.unsqueeze(-1) * weight
+    return grad.mm(weight) if grad.ndim == 2 else rows_times_matrix(grad, weight)
 
 
 def linear_weight_grad(grad, input, weight_shape):
