@@ -311,3 +311,26 @@ def test_inline_composites_keep_their_profiler_event_and_refuse_rules_of_their_o
     with pytest.raises(ValueError, match="inline=True is for composites with no rule of their own"):
         declare("_inline_with_grad(Tensor self) -> Tensor", "composite", decomposition=lambda s: s,
                 grad={"self": "grad"}, inline=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_groups_views_and_a_three_dim_linear_on_cuda_match_the_cpu(dtype):
+    rng = np.random.default_rng(0)
+    data = [rng.standard_normal(shape).astype(np.float32) for shape in ((2, 3, 12), (12, 12), (12,))]
+
+    def step(device):
+        x, w, b = (tw.tensor(d, device=device, dtype=getattr(tw, dtype), requires_grad=True) for d in data)
+        y = tw.nn.functional.linear(x, w, b)
+        assert y._base is None  # the product is the result, as torch's
+        q, k, v = y.split(4, dim=2)
+        heads = q.view(2, 3, 2, 2).transpose(1, 2)
+        rows = k.unbind(1)
+        loss = (heads.float().sum() + sum((r.float() * (n + 1)).sum() for n, r in enumerate(rows))
+                + (v.chunk(2, -1)[1].float() ** 2).sum() + sum(p.float().sum() for p in v.tensor_split([1, 3], 2)))
+        loss.backward()
+        return [t.grad.float().cpu().numpy() for t in (x, w, b)]
+
+    tolerance = 1e-5 if dtype == "float32" else 5e-2
+    for ours, reference in zip(step("cuda"), step("cpu")):
+        np.testing.assert_allclose(ours, reference, rtol=tolerance, atol=tolerance)
