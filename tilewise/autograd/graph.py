@@ -278,11 +278,16 @@ class OpNode(Node):
     def _env(self, grads: list) -> dict:
         env = dict(self.shapes)
         for key, value in self.saved.items():
-            if isinstance(value, SavedTensor):
+            if type(value) is SavedTensor:
                 value = value.unpack()
             elif isinstance(value, tuple) and any(isinstance(v, SavedTensor) for v in value):
                 value = tuple(v.unpack() if isinstance(v, SavedTensor) else v for v in value)
             env[key] = value
+        if len(grads) == 1 and grads[0] is not None:  # one output and its gradient: the common case
+            g = grads[0]
+            env["grads"] = env["output_grads"] = (g,)
+            env["grad"] = g
+            return env
         filled = []
         reads = _RECIPES[self.op].grad_reads
         for k, g in enumerate(grads):
