@@ -256,6 +256,9 @@ class OpNode(Node):
     """Backward of one operator call, driven by the operator's derivative formulas."""
 
     shapes: Mapping[str, tuple] = MappingProxyType({})  # "<input>_shape" -> shape, for the formulas that read one
+    # what the derivative formulas read, only that (holding ``args`` would keep every input alive): a node that saves
+    # nothing (add's, a view's) shares this empty default, and ``_save`` gives the others a dict of their own
+    saved: Mapping[str, object] = MappingProxyType({})
 
     def __init__(self, op, slots: tuple, edges: tuple, input_meta: list, output_meta: list):
         self.op = op
@@ -263,7 +266,6 @@ class OpNode(Node):
         self.next_functions = edges
         self.input_meta = input_meta  # (shape, dtype, device) per input that needs a gradient, else None
         self.output_meta = output_meta  # (shape, dtype, device) per differentiable output, else None
-        self.saved: dict = {}  # only what the derivative formulas read: holding ``args`` would keep every input alive
 
     def name(self) -> str:
         name = _NODE_NAMES.get(self.op)
@@ -494,7 +496,8 @@ def record(op, args: tuple):
     saves = recipe.saves.get(wanted)
     if saves is None:
         saves = recipe.saves[wanted] = _saves(op, recipe, wanted)
-    _save(node, args, out, saves)
+    if saves[0] or saves[1] is None or saves[1]:
+        _save(node, args, out, saves)
     return out
 
 
@@ -542,7 +545,7 @@ def _saved_output(o, node: OpNode, i: int, name: str):
 
 
 def _save(node: OpNode, args: tuple, out, saves: tuple) -> None:
-    saved = node.saved
+    saved = node.saved = {}
     arguments, outputs = saves
     for name, k in arguments:
         value = args[k]
