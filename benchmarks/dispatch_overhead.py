@@ -27,21 +27,35 @@ import torch
 import tilewise as tw
 
 CASES: dict[str, Callable] = {
-    "add": lambda lib, x, y: lib.add(x, y),
-    "mul": lambda lib, x, y: x * y,
-    "exp": lambda lib, x, y: lib.exp(x),
-    "sum": lambda lib, x, y: x.sum(),
-    "view": lambda lib, x, y: x.view(16),
-    "transpose": lambda lib, x, y: x.t(),
-    "matmul 4x4": lambda lib, x, y: x @ y,
+    "add": lambda lib, x, y, b: lib.add(x, y),
+    "mul": lambda lib, x, y, b: x * y,
+    "exp": lambda lib, x, y, b: lib.exp(x),
+    "sum": lambda lib, x, y, b: x.sum(),
+    "view": lambda lib, x, y, b: x.view(16),
+    "transpose": lambda lib, x, y, b: x.t(),
+    "matmul 4x4": lambda lib, x, y, b: x @ y,
+    "reshape": lambda lib, x, y, b: x.reshape(2, 8),
+    "narrow": lambda lib, x, y, b: x.narrow(1, 1, 2),
+    "permute": lambda lib, x, y, b: x.permute(1, 0),
+    "unsqueeze": lambda lib, x, y, b: x.unsqueeze(0),
+    "expand": lambda lib, x, y, b: x.unsqueeze(0).expand(3, 4, 4),
+    "split 2": lambda lib, x, y, b: x.split(2),
+    "unbind": lambda lib, x, y, b: x.unbind(),
+    "linear": lambda lib, x, y, b: lib.nn.functional.linear(x, y, b),
+}
+
+# forward and backward of one call, with inputs that require grad: the backward's host work (engine, formulas,
+# the gradients' operators) in one figure
+STEPS: dict[str, Callable] = {
+    "linear fwd+bwd": lambda lib, x, y, b: lib.nn.functional.linear(x, y, b).sum().backward(),
+    "split fwd+bwd": lambda lib, x, y, b: sum(p.sum() for p in (x * 1).split(1)).backward(),
 }
 
 
 def inputs(lib, requires_grad: bool):
     rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal((4, 4)).astype(np.float32) for _ in range(2))
-    x, y = lib.from_numpy(a), lib.from_numpy(b)
-    return x.requires_grad_(requires_grad), y.requires_grad_(requires_grad)
+    a, b, c = (rng.standard_normal(shape).astype(np.float32) for shape in ((4, 4), (4, 4), (4,)))
+    return tuple(lib.from_numpy(v).requires_grad_(requires_grad) for v in (a, b, c))
 
 
 def time_per_call(fn: Callable, repeats: int, number: int) -> float:
@@ -58,6 +72,11 @@ def measure(repeats: int, number: int) -> list[tuple[str, bool, float, float]]:
             ours = time_per_call(lambda case=case, args=tw_args: case(tw, *args), repeats, number)
             peer = time_per_call(lambda case=case, args=th_args: case(torch, *args), repeats, number)
             rows.append((name, requires_grad, ours, peer))
+    tw_args, th_args = inputs(tw, True), inputs(torch, True)
+    for name, case in STEPS.items():
+        ours = time_per_call(lambda case=case, args=tw_args: case(tw, *args), repeats, number // 4)
+        peer = time_per_call(lambda case=case, args=th_args: case(torch, *args), repeats, number // 4)
+        rows.append((name, True, ours, peer))
     return rows
 
 
@@ -74,13 +93,13 @@ def versions() -> str:
 
 
 def profile(op: str, requires_grad: bool, number: int) -> None:
-    x, y = inputs(tw, requires_grad)
-    case = CASES[op]
-    case(tw, x, y)
+    args = inputs(tw, requires_grad or op in STEPS)
+    case = CASES.get(op) or STEPS[op]
+    case(tw, *args)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(number):
-        case(tw, x, y)
+        case(tw, *args)
     profiler.disable()
     pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
@@ -89,7 +108,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--number", type=int, default=2000)
-    parser.add_argument("--profile", choices=sorted(CASES), help="cProfile tilewise's path for one op")
+    parser.add_argument("--profile", choices=sorted([*CASES, *STEPS]), help="cProfile tilewise's path for one op")
     parser.add_argument("--requires-grad", action="store_true", help="with --profile: inputs require grad")
     args = parser.parse_args()
     torch.set_num_threads(1)

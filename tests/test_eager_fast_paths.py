@@ -105,6 +105,35 @@ def test_uniform_pointwise_calls_match_torch(call, layout, dtype):
     assert ours.is_contiguous() == theirs.is_contiguous()
 
 
+_NUMBER_CALLS = {
+    "x * 2": lambda x: x * 2, "x * 0.1": lambda x: x * 0.1, "1 - x": lambda x: 1 - x, "x + 1e40": lambda x: x + 1e40,
+    "2.5 / x": lambda x: 2.5 / x, "x - 3 (alpha=2)": lambda x: x.sub(3, alpha=2), "x > 0.5": lambda x: x > 0.5,
+    "x == 1": lambda x: x == 1, "max(x, 0.25)": lambda x: x.clamp_min(0.25), "x // 0.3": lambda x: x // 0.3,
+    "div floor": lambda x: x.div(0.3, rounding_mode="floor"), "x ** 2": lambda x: x ** 2,
+    "int x * 0.5": lambda x: (x * 10).long() * 0.5, "x * True": lambda x: x * True,
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("layout", sorted(_LAYOUTS) + ["0-dim"])
+@pytest.mark.parametrize("call", sorted(_NUMBER_CALLS))
+def test_a_tensor_and_a_python_number_match_torch(call, layout, dtype):
+    """The plan kept per (operator, dtype, number type) for a tensor and a Python number gives torch's results."""
+    values = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    if layout == "0-dim":
+        x, tx = tw.tensor(values[0, 0]).to(getattr(tw, dtype)), torch.tensor(values[0, 0]).to(getattr(torch, dtype))
+    else:
+        x, tx = _operands(values, dtype, layout)
+    for _ in range(2):  # the second call runs the plan the first one kept
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ours, theirs = _NUMBER_CALLS[call](x), _NUMBER_CALLS[call](tx)
+        assert ours.dtype.name == str(theirs.dtype).removeprefix("torch.")
+        assert ours.shape == tuple(theirs.shape) and ours.stride() == theirs.stride()
+        np.testing.assert_array_equal(ours.float().numpy(), theirs.float().numpy())
+        assert ours._base is None and ours._storage is not x._storage
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_uniform_pointwise_results_own_their_memory_and_version(dtype):
     x = tw.ones(3, 3, dtype=getattr(tw, dtype))

@@ -23,6 +23,12 @@ Keys are consulted in a fixed order, each cheap to skip:
   backend   — picks the device of the tensor inputs (CPU, CUDA) and runs the kernel; views never reach a
               kernel, they are stride arithmetic on any device. While ``tilewise.compile`` captures a
               function (``trace_depth > 0``) every operator goes to the Trace backend instead.
+[Note: inline composites] A composite declared ``inline`` (reshape, narrow, split and the other shape composites:
+views and copies put together, with no derivative, tangent rule, autocast policy, check or batching rule of its
+own, and no backend kernel) would meet every key below the profiler only to be handed to its decomposition: the
+ForwardAD, Autograd, Vmap and Trace keys decompose such a composite, Autocast has nothing to cast, and backends
+run the decomposition. ``call`` runs the decomposition at once instead, whose operators then meet every key; the
+profiler still sees the composite as one event around them.
 The compiler's Trace backend sits *below* autograd on purpose: tracing a function that calls
 ``loss.backward()`` then records forward, backward and optimizer ops into one graph.
 Composite operators without their own kernel run their decomposition, so each primitive they call goes
@@ -81,6 +87,8 @@ def values_readable(t: Tensor) -> bool:
 def call(op, args: tuple):
     if profiling:  # the Profiler key: while no profiler records, this one flag read is all it costs
         return profile_op(op, args)
+    if op.inline:  # see [Note: inline composites]
+        return op.decomposition(*args)
     if dual_levels:  # the ForwardAD key: while no dual level is open, this one flag read is all it costs
         out = forward_ad(op, args)
         if out is not NO_TANGENT:

@@ -154,6 +154,10 @@ class Tensor:
     # A leaf that requires grad keeps a weak reference to its AccumulateGrad node here, in its ``__dict__``, once
     # autograd has made one (``autograd.graph.accumulate_node``); reading the class default costs no dict lookup.
     _acc = None
+    # A view whose later history autograd must watch (an output of split or unbind, a view made under no_grad of a
+    # tensor that requires grad, and views of those) keeps ``(version when made, kind)`` here, in its ``__dict__``;
+    # see [Note: watched views] in ops/inplace.py. Every other tensor reads this class default.
+    _view_meta = None
 
     # ------------------------------------------------------------------ construction
     def __new__(cls, *args, **kwargs):

@@ -24,6 +24,8 @@ from tilewise import strides as S
 from tilewise.dispatch import GRAD_OFF_FOR_RECORDING, STATE, run
 from tilewise.dtypes import FLOAT as FLOATING
 from tilewise.layouts import contiguous_format
+from tilewise.ops.inplace import REGENERATE, short_node_name, stale_view_error, watch_view
+from tilewise.ops.registry import OPS
 from tilewise.tensor import INFERENCE_SAVED, TRACE_HOOKS, Tensor
 
 
@@ -222,7 +224,7 @@ class SavedTensor:
         input the node that produced it last, as torch's SavedVariable does), and the versions."""
         kind = f"tilewise.{'' if t.device.type == 'cpu' else t.device.type + '.'}{t.dtype.name}"
         node = self.op_name if self.is_output else (t.grad_fn.name() if t.grad_fn is not None else None)
-        produced_by = f", which is output {self.output_nr} of {_short_node_name(node)}," if node else ""
+        produced_by = f", which is output {self.output_nr} of {short_node_name(node)}," if node else ""
         return ("one of the variables needed for gradient computation has been modified by an inplace operation: "
                 f"[{kind} {list(t.shape)}]{produced_by} is at version {t._version}; expected version {self.version} "
                 "instead. Hint: the operation that modified it ran after it was saved; use an out-of-place operation "
@@ -243,12 +245,6 @@ def _share_tangents(t: Tensor, copy: Tensor) -> Tensor:
     return copy
 
 
-def _short_node_name(name: str) -> str:
-    """A node's name as torch's version-counter error gives it: ``MulBackward0`` -> ``Mul``, ``PowBackward1`` ->
-    ``Pow1``."""
-    return re.sub(r"Backward0?$", "", name).replace("Backward", "")
-
-
 def _camel(name: str) -> str:
     return "".join(part.capitalize() for part in re.split(r"_+", name.strip("_")) if part)
 
@@ -260,6 +256,9 @@ class OpNode(Node):
     """Backward of one operator call, driven by the operator's derivative formulas."""
 
     shapes: Mapping[str, tuple] = MappingProxyType({})  # "<input>_shape" -> shape, for the formulas that read one
+    # what the derivative formulas read, only that (holding ``args`` would keep every input alive): a node that saves
+    # nothing (add's, a view's) shares this empty default, and ``_save`` gives the others a dict of their own
+    saved: Mapping[str, object] = MappingProxyType({})
 
     def __init__(self, op, slots: tuple, edges: tuple, input_meta: list, output_meta: list):
         self.op = op
@@ -267,7 +266,6 @@ class OpNode(Node):
         self.next_functions = edges
         self.input_meta = input_meta  # (shape, dtype, device) per input that needs a gradient, else None
         self.output_meta = output_meta  # (shape, dtype, device) per differentiable output, else None
-        self.saved: dict = {}  # only what the derivative formulas read: holding ``args`` would keep every input alive
 
     def name(self) -> str:
         name = _NODE_NAMES.get(self.op)
@@ -282,11 +280,16 @@ class OpNode(Node):
     def _env(self, grads: list) -> dict:
         env = dict(self.shapes)
         for key, value in self.saved.items():
-            if isinstance(value, SavedTensor):
+            if type(value) is SavedTensor:
                 value = value.unpack()
             elif isinstance(value, tuple) and any(isinstance(v, SavedTensor) for v in value):
                 value = tuple(v.unpack() if isinstance(v, SavedTensor) else v for v in value)
             env[key] = value
+        if len(grads) == 1 and grads[0] is not None:  # one output and its gradient: the common case
+            g = grads[0]
+            env["grads"] = env["output_grads"] = (g,)
+            env["grad"] = g
+            return env
         filled = []
         reads = _RECIPES[self.op].grad_reads
         for k, g in enumerate(grads):
@@ -371,11 +374,33 @@ def accumulate_node(t: Tensor) -> AccumulateGrad:
 def edge(t) -> tuple:
     if type(t) is not Tensor:
         return (None, 0)
+    if t._view_meta is not None and t._requires_grad:
+        check_view_history(t)
     if t.grad_fn is not None:
         return (t.grad_fn, t._output_nr)
     if t._requires_grad:
         return (accumulate_node(t), 0)
     return (None, 0)
+
+
+def check_view_history(view: Tensor) -> None:
+    """Before autograd takes a watched view as an input (see [Note: watched views] in ops/inplace.py): when its memory
+    was written since it was made, an output of split or unbind is refused, as torch refuses it, and an output of
+    tensor_split becomes a fresh strided view of its base, whose history holds the write."""
+    version, kind = view._view_meta
+    if view._write_count() == version:
+        return
+    if kind != REGENERATE:
+        raise stale_view_error(view)
+    base = view._base
+    if base is None or not base._requires_grad or not (base.is_contiguous() and base._offset == 0):
+        raise RuntimeError(f"a view of shape {list(view._shape)} (output {view._output_nr} of "
+                           f"{short_node_name(view.grad_fn.name())}) is used by autograd after its memory was modified "
+                           "in place, and its base is not a contiguous tensor that requires grad, from which it could "
+                           "be made afresh; take the view again after the in-place write")
+    fresh = OPS["as_strided"](base, view._shape, view._strides, view._offset)
+    view.grad_fn, view._output_nr = fresh.grad_fn, fresh._output_nr
+    watch_view(view, kind)
 
 
 class _Recipe:
@@ -423,6 +448,8 @@ def record(op, args: tuple):
         for bit, k, _, diff in recipe.inputs:
             a = args[k]
             if diff and type(a) is Tensor and a._requires_grad:
+                if a._view_meta is not None:
+                    check_view_history(a)
                 producer = a.grad_fn
                 edges.append((producer, a._output_nr) if producer is not None else (accumulate_node(a), 0))
                 metas.append((a._shape, a._dtype, a._device))
@@ -435,6 +462,8 @@ def record(op, args: tuple):
             value = args[k]
             for a in value if is_list else (value,):
                 if diff and type(a) is Tensor and a._requires_grad:
+                    if a._view_meta is not None:
+                        check_view_history(a)
                     edges.append((a.grad_fn, a._output_nr) if a.grad_fn is not None else (accumulate_node(a), 0))
                     metas.append((a._shape, a._dtype, a._device))
                     wanted |= bit
@@ -454,17 +483,21 @@ def record(op, args: tuple):
         outputs = out if isinstance(out, tuple) else (out,)
         output_meta = []
         node = OpNode(op, slots, tuple(edges), metas, output_meta)
+        group = op.attrs.get("view_group")  # views of the input sharing this node: watched (see [Note: view groups])
         for i, o in enumerate(outputs):
             differentiable = i not in op.nondiff_outputs and type(o) is Tensor and o._dtype.category >= FLOATING
             output_meta.append((o._shape, o._dtype, o._device) if differentiable else None)
             if differentiable:
                 o.grad_fn, o._output_nr, o._requires_grad = node, i, True
+                if group is not None:
+                    watch_view(o, group)
     if recipe.shape_params:
         node.shapes = _input_shapes(recipe, args)
     saves = recipe.saves.get(wanted)
     if saves is None:
         saves = recipe.saves[wanted] = _saves(op, recipe, wanted)
-    _save(node, args, out, saves)
+    if saves[0] or saves[1] is None or saves[1]:
+        _save(node, args, out, saves)
     return out
 
 
@@ -512,7 +545,7 @@ def _saved_output(o, node: OpNode, i: int, name: str):
 
 
 def _save(node: OpNode, args: tuple, out, saves: tuple) -> None:
-    saved = node.saved
+    saved = node.saved = {}
     arguments, outputs = saves
     for name, k in arguments:
         value = args[k]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+from tilewise import dispatch
 from tilewise import strides as S
 from tilewise.dtypes import DType
 from tilewise.layouts import preserve_format
@@ -30,6 +31,8 @@ def to(self: Tensor, *args, **kwargs) -> Tensor:
         # one copy that also casts: the backend picks the side to cast on (an upload from pinned memory
         # casts on the device, so the host never touches the bytes and the copy can stay asynchronous)
         out = to_device(self, device, non_blocking, dtype if casts else None, memory_format)
+    elif casts and memory_format is None:
+        out = dispatch.call(_TO_COPY, (self, dtype, None, False, None))  # bound already: no binder on the common path
     elif casts or _changes_format(self, memory_format):
         out = registry.call("_to_copy", self, dtype, memory_format=memory_format)
     if copy and out is self:
@@ -43,7 +46,10 @@ def _changes_format(self: Tensor, memory_format) -> bool:
 
 
 def _to_dtype(self: Tensor, dtype: DType) -> Tensor:
-    return registry.call("_to_copy", self, dtype)
+    return dispatch.call(_TO_COPY, (self, dtype, None, False, None))
+
+
+_TO_COPY = registry.OPS["_to_copy"]
 
 
 Tensor.to = to

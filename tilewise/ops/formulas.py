@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tilewise import strides as S
 from tilewise.ops.creation import ones_like, zeros
+from tilewise.ops.linalg import rows_times_matrix
 from tilewise.ops.registry import OPS
 
 
@@ -145,6 +146,19 @@ def view_backward(grad, op_name: str, input_shape, *args):
     return OPS["view_scatter_add"](grad, tuple(input_shape), tuple(shape), tuple(strides), offset)
 
 
+def slices_backward(grads, input_shape, dim: int, starts, ends):
+    """The gradient of the slices ``input[..., start:end, ...]`` along ``dim`` (tensor_split's outputs) from theirs:
+    those in a row when the slices tile the dim, as split's backward, else each added at its place."""
+    tiles = starts[0] == 0 and ends[-1] == input_shape[dim] and all(s == e for s, e in zip(starts[1:], ends[:-1]))
+    if tiles:
+        return OPS["cat"](grads, dim)
+    total = zeros(tuple(input_shape), dtype=grads[0].dtype, device=grads[0].device)
+    for grad, start, end in zip(grads, starts, ends):
+        if end > start:
+            total = total + view_backward(grad, "slice", input_shape, dim, start, end, 1)
+    return total
+
+
 def indices_tuple(indices):
     """index_put's list of optional index tensors as a getitem key."""
     return tuple(slice(None) if i is None else i for i in indices)
@@ -199,7 +213,9 @@ def gelu_second_derivative(x, approximate: str):
 
 def linear_input_grad(grad, weight):
     """``linear``'s gradient for its input: ``grad @ weight`` (a 1-D weight made the output one dim shorter)."""
-    return grad.unsqueeze(-1) * weight if weight.ndim == 1 else grad.matmul(weight)
+    if weight.ndim == 1:
+        return grad.unsqueeze(-1) * weight
+    return grad.mm(weight) if grad.ndim == 2 else rows_times_matrix(grad, weight)
 
 
 def linear_weight_grad(grad, input, weight_shape):

@@ -9,9 +9,24 @@ the op is given a clone, because the write would otherwise invalidate the saved 
 offered the target (``STATE.into``), and a backend with ``run_into`` (CUDA's pointwise kernels) writes the
 result straight into it when the result would have the target's shape, strides and dtype and no other input
 shares the target's memory; one kernel instead of two, and no temporary. ``commit`` then only bumps the version.
+
+[Note: watched views] Some views carry torch's creation meta (``Tensor._view_meta``: the version of their memory
+when made, and a kind), because what an in-place write means for them depends on how they were made:
+  ``MULTIPLE``   outputs of split, split_with_sizes, chunk and unbind, which share one autograd node whose backward
+                 concatenates their gradients (and views of them): no in-place write under grad mode ("is a view
+                 and is being modified inplace. This view is the output of a function that returns multiple
+                 views"), and, once their memory was written by anything else, no use by autograd either;
+  ``REGENERATE`` outputs of tensor_split (one node for the group, as split's, but torch's are separate slices
+                 that may be written): used by autograd after their memory was written, they become a fresh
+                 strided view of their base first, whose history holds the write (torch's view regeneration);
+  ``NO_GRAD``    views made under no_grad of a tensor that requires grad: no in-place write under grad mode.
+A view of a watched view is watched alike (under no_grad it becomes ``NO_GRAD``, as torch propagates the meta).
+Autograd checks the version whenever it takes such a view as an input (``autograd.graph.check_view_history``).
 """
 
 from __future__ import annotations
+
+import re
 
 from tilewise import dispatch
 from tilewise.dispatch import STATE
@@ -38,16 +53,44 @@ def check_no_internal_overlap(self: Tensor, name: str) -> None:
                            f"{list(self._strides)}). Please clone() the tensor before performing the operation.")
 
 
-def mark_multi_output_views(views: tuple, node_name: str) -> tuple:
-    """Outputs of split and unbind that autograd tracks: torch forbids changing them in place (their shared
-    backward could not be rebased onto the write)."""
-    from tilewise.dispatch import STATE
+MULTIPLE, REGENERATE, NO_GRAD = "multiple", "regenerate", "no_grad"  # kinds of watched views (see the note)
+_MULTIPLE_VIEWS = ("This view is the output of a function that returns multiple views. Such functions do not allow the "
+                   "output views to be modified inplace. You should replace the inplace operation by an out-of-place "
+                   "one.")
+_NO_GRAD_VIEW = ("Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify your code by "
+                 "moving both the view and the inplace either both inside the no_grad block (if you don't want the "
+                 "inplace to be tracked) or both outside (if you want the inplace to be tracked).")
 
-    if STATE.grad_enabled:
-        for k, view in enumerate(views):
-            if view._requires_grad:
-                view.__dict__["_multi_output_view"] = (node_name, k)
-    return views
+
+def short_node_name(name: str) -> str:
+    """A node's name as torch's errors give it: ``MulBackward0`` -> ``Mul``, ``PowBackward1`` -> ``Pow1``."""
+    return re.sub(r"Backward0?$", "", name).replace("Backward", "")
+
+
+def watch_view(view: Tensor, kind: str) -> None:
+    """Watch ``view`` from now on (see [Note: watched views])."""
+    view.__dict__["_view_meta"] = (view._write_count(), kind)
+
+
+def check_view_write(self: Tensor, name: str) -> None:
+    """torch's refusals of an in-place write under grad mode into a watched view."""
+    kind = self._view_meta[1]
+    if kind == NO_GRAD:
+        raise RuntimeError(f"{name}: A view was created in no_grad mode and is being modified inplace with grad mode "
+                           f"enabled. {_NO_GRAD_VIEW}")
+    if kind == MULTIPLE and self.grad_fn is not None:
+        raise RuntimeError(f"{name}: Output {self._output_nr} of {short_node_name(self.grad_fn.name())} is a view and "
+                           f"is being modified inplace. {_MULTIPLE_VIEWS}")
+
+
+def stale_view_error(view: Tensor) -> RuntimeError:
+    """torch's refusal to use a watched view whose memory was written since it was made."""
+    if view._view_meta[1] == NO_GRAD:
+        return RuntimeError("A view was created in no_grad mode and its base or another view of its base has been "
+                            f"modified inplace with grad mode enabled. {_NO_GRAD_VIEW}")
+    node = short_node_name(view.grad_fn.name()) if view.grad_fn is not None else "a function"
+    return RuntimeError(f"Output {view._output_nr} of {node} is a view and its base or another view of its base has "
+                        f"been modified inplace. {_MULTIPLE_VIEWS}")
 
 
 def written_outside_inference(self: Tensor) -> bool:
@@ -64,12 +107,8 @@ def check_inference_write(self: Tensor) -> None:
 
 
 def check_inplace_allowed(self: Tensor, name: str) -> None:
-    multi = self.__dict__.get("_multi_output_view")
-    if multi is not None:
-        raise RuntimeError(f"{name}: Output {multi[1]} of {multi[0]} is a view and is being modified inplace. This "
-                           "view is the output of a function that returns multiple views. Such functions do not "
-                           "allow the output views to be modified inplace. You should replace the inplace operation "
-                           "by an out-of-place one.")
+    if self._view_meta is not None:
+        check_view_write(self, name)
     if self.grad_fn is None and self._requires_grad and self._base is None:
         raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an in-place operation; "
                            "wrap it in `with tilewise.no_grad():` or use the out-of-place form")
@@ -104,6 +143,8 @@ def make_inplace(fn, name: str):
 
     def inplace(self, *args, **kwargs):
         check_no_internal_overlap(self, f"{name}_")
+        if self._view_meta is not None and STATE.grad_enabled:
+            check_view_write(self, f"{name}_")
         recording = STATE.grad_enabled and (self._requires_grad or _any_requires_grad(args, kwargs))
         if recording:
             check_inplace_allowed(self, f"{name}_")
@@ -160,8 +201,11 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
             raise RuntimeError(f"{name}: result type {result._dtype.name} can't be cast to the desired output type "
                                f"{self._dtype.name}")
         result = result.to(self._dtype)
-    if STATE.grad_enabled and result._requires_grad:
-        check_inplace_allowed(self, name)
+    if STATE.grad_enabled:
+        if result._requires_grad:
+            check_inplace_allowed(self, name)
+        elif self._view_meta is not None:
+            check_view_write(self, name)
     prev = STATE.grad_enabled
     STATE.grad_enabled = False
     try:
@@ -172,12 +216,15 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
         raise
     finally:
         STATE.grad_enabled = prev
-    if prev and result._requires_grad:
+    recorded = prev and result._requires_grad
+    if recorded:
         if self._base is not None:
             _rebase_view_history(self, result)
         else:
             self.grad_fn, self._output_nr, self._requires_grad = result.grad_fn, result._output_nr, True
     self._bump_version()
+    if recorded and self._view_meta is not None:  # its history now holds this write: it is current again
+        watch_view(self, self._view_meta[1])
     return self
 
 

@@ -66,6 +66,13 @@ def _check_matmul(a, b):
                            "the first must equal the second-to-last dim of the second")
 
 
+def private(view: Tensor) -> Tensor:
+    """A view of a product no one else holds, made the result itself: no view of anything, as torch's matmul
+    returns an ``_unsafe_view`` (so ``.grad`` takes it without a copy, and an in-place write needs no rebase)."""
+    view._base = None
+    return view
+
+
 def _matmul(a, b):
     _check_matmul(a, b)
     sa, sb = a._shape, b._shape  # the tuples themselves: ``shape`` builds a Size per read, on every call
@@ -75,16 +82,21 @@ def _matmul(a, b):
     if ra == 1 and rb == 1:
         return (a * b).sum()
     if ra == 1:
-        return _matmul(a.unsqueeze(0), b).squeeze(-2)
+        return private(_matmul(a.unsqueeze(0), b).squeeze(-2))
     if rb == 1:
-        return _matmul(a, b.unsqueeze(-1)).squeeze(-1)
+        return private(_matmul(a, b.unsqueeze(-1)).squeeze(-1))
     if rb == 2:  # fold the batch dims of a into rows: one GEMM
-        rows = a.reshape(-1, sa[-1])
-        return rows.mm(b).view(sa[:-1] + (sb[-1],))
+        return rows_times_matrix(a, b)
     batch = tuple(S.broadcast_shapes(sa[:-2], sb[:-2], op="matmul"))
     a3 = a.expand(batch + sa[-2:]).reshape(-1, *sa[-2:])
     b3 = b.expand(batch + sb[-2:]).reshape(-1, *sb[-2:])
-    return a3.bmm(b3).view(batch + (sa[-2], sb[-1]))
+    return private(a3.bmm(b3).view(batch + (sa[-2], sb[-1])))
+
+
+def rows_times_matrix(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` for a matrix ``b``, every leading dim of ``a`` folded into the rows of one GEMM."""
+    sa = a._shape
+    return private(a.reshape(-1, sa[-1]).mm(b).view(sa[:-1] + (b._shape[-1],)))
 
 
 declare("matmul(Tensor self, Tensor other) -> Tensor", "composite", decomposition=_matmul, dunder=("matmul",),

@@ -27,6 +27,7 @@ from tilewise.ops.batching import dynamic_shape, shift_dims
 from tilewise.ops.batching_rules import cat_rule, index_select_rule, stack_rule
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
+from tilewise.ops.shape import tensor_split_at
 from tilewise.tensor import Tensor
 
 
@@ -714,10 +715,6 @@ def _trace(self):
     return self.diagonal().sum()
 
 
-def _split_at(self, d: int, bounds) -> tuple:
-    return tuple(OPS["slice"](self, d, start, end) for start, end in zip(bounds[:-1], bounds[1:]))
-
-
 def _tensor_split_dim(self, dim) -> int:
     if self.ndim == 0:
         raise RuntimeError("tensor_split(): expected at least a 1-dimensional tensor, got a 0-dim tensor")
@@ -732,12 +729,12 @@ def _tensor_split_sections(self, sections, dim=0):
     bounds = [0]
     for k in range(sections):
         bounds.append(bounds[-1] + size + (k < extra))
-    return _split_at(self, d, bounds)
+    return tensor_split_at(self, d, bounds)
 
 
 def _tensor_split_indices(self, indices, dim=0):
     d = _tensor_split_dim(self, dim)
-    return _split_at(self, d, [0, *indices, None])
+    return tensor_split_at(self, d, [0, *indices, None])
 
 
 def _meshgrid(tensors, indexing=None):
@@ -773,7 +770,9 @@ composite("diag(Tensor self, int diagonal=0) -> Tensor", _diag,
           doc="A 1-D tensor's diagonal matrix, or a copy of a matrix's diagonal.\n\n"
               ">>> tw.diag(tw.tensor([1, 2]))\ntensor([[1, 0],\n        [0, 2]])")
 composite("trace(Tensor self) -> Tensor", _trace, autocast={"cpu": "fp32"})
-composite("tensor_split.sections(Tensor self, int sections, int dim=0) -> Tensor[]", _tensor_split_sections)
-composite("tensor_split.indices(Tensor self, int[] indices, int dim=0) -> Tensor[]", _tensor_split_indices)
+composite("tensor_split.sections(Tensor self, int sections, int dim=0) -> Tensor[]", _tensor_split_sections,
+          inline=True)
+composite("tensor_split.indices(Tensor self, int[] indices, int dim=0) -> Tensor[]", _tensor_split_indices,
+          inline=True)
 composite("meshgrid(Tensor[] tensors, *, str? indexing=None) -> Tensor[]", _meshgrid, method=False, varargs=True,
           doc="Coordinate grids from 1-D tensors (``indexing='ij'``: matrix order, ``'xy'``: Cartesian).")

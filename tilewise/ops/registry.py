@@ -133,6 +133,9 @@ class OpDef:
     # a check of argument values that a dtype rule (kept per operand signature by the backends) cannot see, such
     # as the sign of a Python-number exponent; run by the dispatcher on every call, before any backend
     check: Callable | None = None
+    # a composite of views and other operators, with no rule of its own for any dispatcher key: the dispatcher runs
+    # its decomposition straight away (see [Note: inline composites] in dispatch.py)
+    inline: bool = False
     attrs: dict = field(default_factory=dict)
     _param_names: tuple[str, ...] | None = field(default=None, repr=False)
 
@@ -215,6 +218,9 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
         forward=compile_forward_formula(fwd, s) if fwd is not None else None,
         saved_params=frozenset(n for n in uses if n in param_names), saves_result="result" in uses,
     )
+    if attrs.get("inline"):
+        _check_inline(op)
+        op.inline = True
     if expr is not None:
         op.expr = _symbolic_expr(expr, s)
     if "expr_on" in attrs:
@@ -226,6 +232,18 @@ def declare(schema: str, kind: str, *, expr: Callable | None = None, dtype: Call
     OPS[s.full_name] = op
     OVERLOADS.setdefault(s.name, []).append(op)
     return op
+
+
+def _check_inline(op: OpDef) -> None:
+    """An inline composite skips every dispatcher key but the profiler's, which is right only when no key would
+    treat the operator itself other than by running its decomposition."""
+    rules = {"a derivative": op.derivatives, "a tangent rule": op.forward, "an autocast policy": op.autocast,
+             "an argument check": op.check, "a batching rule": op.attrs.get("batch"),
+             "a decomposition": op.decomposition is None or None}
+    given = [what for what, rule in rules.items() if rule]
+    if op.kind != "composite" or given:
+        raise ValueError(f"{op.full_name}: inline=True is for composites with no rule of their own, but it is a "
+                         f"{op.kind} operator" + (f" with {', '.join(given)}" if given else ""))
 
 
 def _check_device_types(name: str, what: str, declared) -> None:

@@ -3,23 +3,49 @@ when strides forbid a view, as torch's reshape does)."""
 
 from __future__ import annotations
 
+from tilewise import dispatch
 from tilewise import strides as S
 from tilewise.layouts import contiguous_format, preserve_format
-from tilewise.ops.inplace import mark_multi_output_views
+from tilewise.ops.inplace import MULTIPLE, REGENERATE
 from tilewise.ops.registry import OPS, declare
+from tilewise.ops.views import GEOMETRY_LIMIT, make_view
 
 
 def composite(schema: str, decomposition, grad: dict | None = None, **attrs):
+    """Shape composites are views and copies put together: without a derivative of their own they are inline
+    (see [Note: inline composites] in dispatch.py)."""
+    attrs.setdefault("inline", not grad)
     return declare(schema, "composite", decomposition=decomposition, grad=grad, **attrs)
 
 
+_RESHAPES: dict[tuple, tuple] = {}  # (shape, strides, requested shape) -> (its -1 inferred, whether a view gives it)
+
+
 def _reshape(self, shape):
-    shape = S.infer_size(shape, self.numel(), "reshape")
-    if S.view_strides(self._shape, self._strides, shape) is not None:
-        return self.view(shape)
+    key = (self._shape, self._strides, shape)
+    try:
+        plan = _RESHAPES.get(key)
+    except TypeError:  # a list from a caller of the decomposition itself
+        key = (self._shape, self._strides, tuple(shape))
+        plan = _RESHAPES.get(key)
+    if plan is None:
+        plan = _reshape_plan(self, shape, key)
+    shape, viewable = plan
+    if viewable:  # one view, as cheap as ``view`` itself: its geometry is cached too
+        return dispatch.call(_VIEW, (self, shape))
     out = self.clone(memory_format=contiguous_format).view(shape)
     out._base = None  # the copy is private: like torch's _unsafe_view, the result is no view of anything
     return out
+
+
+def _reshape_plan(self, shape, key: tuple) -> tuple:
+    """Reshape's answer for this geometry, kept as view rules' answers are (see [Note: view geometry cache])."""
+    shape = S.infer_size(shape, S.numel(self._shape), "reshape")
+    plan = (shape, S.view_strides(self._shape, self._strides, shape) is not None)
+    if len(_RESHAPES) >= GEOMETRY_LIMIT:
+        _RESHAPES.clear()
+    _RESHAPES[key] = plan
+    return plan
 
 
 def _contiguous(self, memory_format=None):
@@ -63,45 +89,107 @@ def _movedim(self, source, destination):
     return self.permute([o if o is not None else next(rest) for o in order])
 
 
-def _split(self, split_size_or_sections, dim=0):
+# ---------------------------------------------------------------- view groups
+
+# [Note: view groups] split, split_with_sizes, chunk, unbind and tensor_split return several views of their input
+# along one dim. Each is one operator with one autograd node for the whole group, as torch's SplitBackward0 and
+# UnbindBackward0: its backward concatenates (stacks, for unbind) the outputs' gradients, zeros for the outputs no
+# gradient reached, in one kernel, where a node per output would add one scattered zero tensor per output. The
+# views themselves are made straight from the geometry, without a dispatch per output, except where a key below
+# must see each view (a traced function, a batched tensor of vmap). Autograd watches the outputs (``view_group``;
+# see [Note: watched views] in ops/inplace.py): an output of split or unbind may not be written in place, and none
+# may be used after its memory was written since, as in torch; an output of tensor_split, a slice in torch, may be
+# written, and becomes a fresh view of its base when its memory was written since it was made.
+
+def _direct(self) -> bool:
+    """Whether the group's views may be made without dispatching each (see [Note: view groups])."""
+    return self._trace is None and self._vmap is None and not dispatch.STATE.trace_depth
+
+
+def _slices(self, d: int, starts, ends) -> tuple:
+    """Views ``self[..., start:end, ...]`` along dim ``d``, for bounds already within the dim (start <= end)."""
+    if not _direct(self):
+        return tuple(dispatch.call(_SLICE, (self, d, start, end, 1)) for start, end in zip(starts, ends))
+    shape, strides, offset, dtype = self._shape, self._strides, self._offset, self._dtype
+    before, after, step = shape[:d], shape[d + 1:], strides[d]
+    return tuple(make_view(self, (*before, end - start, *after), strides, offset + start * step, dtype)
+                 for start, end in zip(starts, ends))
+
+
+def _selections(self, d: int) -> tuple:
+    """Views ``self.select(d, i)`` for every i."""
+    if not _direct(self):
+        return tuple(dispatch.call(_SELECT, (self, d, i)) for i in range(self._shape[d]))
+    shape, strides, offset, dtype = self._shape, self._strides, self._offset, self._dtype
+    kept_shape, kept_strides, step = shape[:d] + shape[d + 1:], strides[:d] + strides[d + 1:], strides[d]
+    return tuple(make_view(self, kept_shape, kept_strides, offset + i * step, dtype) for i in range(shape[d]))
+
+
+def _sized_slices(self, d: int, sizes) -> tuple:
+    starts, ends, start = [], [], 0
+    for size in sizes:
+        starts.append(start)
+        start += size
+        ends.append(start)
+    return _slices(self, d, starts, ends)
+
+
+def _split_sizes(n: int, step: int) -> list[int]:
+    if step <= 0 and n:
+        raise RuntimeError(f"split expects split_size be positive, but got split_size={step}")
+    return [min(step, n - start) for start in range(0, n, step)] if n else [0]
+
+
+def _split_size(self, split_size, dim=0):
     d = S.normalize_dim(dim, self.ndim, "split")
-    n = self.shape[d]
+    return _sized_slices(self, d, _split_sizes(self._shape[d], split_size))
+
+
+def _split(self, split_size_or_sections, dim=0):
     if len(split_size_or_sections) == 1:
-        step = split_size_or_sections[0]
-        if step <= 0 and n:
-            raise RuntimeError(f"split expects split_size be positive, but got split_size={step}")
-        sizes = [min(step, n - start) for start in range(0, n, step)] if n else [0]
-    else:
-        return _split_with_sizes(self, split_size_or_sections, dim)
-    return _narrowed(self, d, sizes, "Split")
+        return dispatch.call(_SPLIT_SIZE, (self, split_size_or_sections[0], dim))
+    return dispatch.call(_SPLIT_WITH_SIZES, (self, split_size_or_sections, dim))
 
 
 def _split_with_sizes(self, split_sizes, dim=0):
     d = S.normalize_dim(dim, self.ndim, "split_with_sizes")
-    sizes, n = list(split_sizes), self.shape[d]
+    sizes, n = list(split_sizes), self._shape[d]
     if any(size < 0 for size in sizes):
         raise RuntimeError(f"split_with_sizes expects split_sizes have only non-negative entries, but got "
                            f"split_sizes={sizes}")
     if sum(sizes) != n:
         raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at "
                            f"dimension {d}), but got split_sizes={sizes}")
-    return _narrowed(self, d, sizes, "SplitWithSizes")
-
-
-def _narrowed(self, d: int, sizes, name: str) -> tuple:
-    out, start = [], 0
-    for size in sizes:
-        out.append(self.narrow(d, start, size))
-        start += size
-    return mark_multi_output_views(tuple(out), name)
+    return _sized_slices(self, d, sizes)
 
 
 def _chunk(self, chunks, dim=0):
     if chunks <= 0:
         raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
     n = self.shape[S.normalize_dim(dim, self.ndim, "chunk")]
-    step = max(-(-n // chunks), 1)
-    return _split(self, [step], dim)
+    return dispatch.call(_SPLIT_SIZE, (self, max(-(-n // chunks), 1), dim))  # torch's chunk is this split
+
+
+def _unbind(self, dim=0):
+    return _selections(self, S.normalize_dim(dim, self.ndim, "unbind"))
+
+
+def _tensor_split(self, starts, ends, dim):
+    return _slices(self, dim, starts, ends)
+
+
+def tensor_split_at(self, d: int, bounds) -> tuple:
+    """tensor_split's outputs: the slices between consecutive ``bounds`` along dim ``d`` (Python's slice rules:
+    negative bounds count from the end, bounds past the ends are clamped, a slice that ends before it starts is
+    empty), made by one operator with one autograd node."""
+    n = self._shape[d]
+    starts, ends = [], []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        start = min(max(start + n if start < 0 else start, 0), n)
+        end = n if end is None else min(max(end + n if end < 0 else end, 0), n)
+        starts.append(start)
+        ends.append(max(end, start))
+    return dispatch.call(_TENSOR_SPLIT, (self, tuple(starts), tuple(ends), d))
 
 
 def _narrow(self, dim, start, length):
@@ -110,12 +198,7 @@ def _narrow(self, dim, start, length):
     start = start + n if start < 0 else start
     if start < 0 or length < 0 or start + length > n:
         raise IndexError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({n}) of dim {d}")
-    return OPS["slice"](self, d, start, start + length)
-
-
-def _unbind(self, dim=0):
-    d = S.normalize_dim(dim, self.ndim, "unbind")
-    return mark_multi_output_views(tuple(self.select(d, i) for i in range(self.shape[d])), "Unbind")
+    return dispatch.call(_SLICE, (self, d, start, start + length, 1))  # bound already: one dispatch, no binder
 
 
 def _squeeze_dims(self, dim):
@@ -123,15 +206,25 @@ def _squeeze_dims(self, dim):
 
 
 composite("reshape(Tensor(a) self, int[] shape) -> Tensor(a)", _reshape)
+_VIEW, _SLICE, _SELECT = OPS["view"], OPS["slice"], OPS["select"]
 composite("contiguous(Tensor(a) self, *, MemoryFormat? memory_format=None) -> Tensor(a)", _contiguous)
 composite("flatten(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)", _flatten)
 composite("unflatten(Tensor(a) self, int dim, int[] sizes) -> Tensor(a)", _unflatten)
 composite("movedim(Tensor(a) self, int[] source, int[] destination) -> Tensor(a)", _movedim, aliases=("moveaxis",))
 composite("split(Tensor(a) self, int[] split_size_or_sections, int dim=0) -> Tensor[]", _split)
-composite("split_with_sizes(Tensor(a) self, int[] split_sizes, int dim=0) -> Tensor[]", _split_with_sizes)
 composite("chunk(Tensor(a) self, int chunks, int dim=0) -> Tensor[]", _chunk)
 composite("narrow(Tensor(a) self, int dim, int start, int length) -> Tensor(a)", _narrow)
-composite("unbind(Tensor(a) self, int dim=0) -> Tensor[]", _unbind)
+# the view groups (see [Note: view groups]): one node each, named as torch's (``_split`` is SplitBackward0)
+composite("_split(Tensor(a) self, int split_size, int dim=0) -> Tensor[]", _split_size, public=False,
+          grad={"self": "cat(grads, dim)"}, fwd="auto_linear", view_group=MULTIPLE)
+composite("split_with_sizes(Tensor(a) self, int[] split_sizes, int dim=0) -> Tensor[]", _split_with_sizes,
+          grad={"self": "cat(grads, dim)"}, fwd="auto_linear", view_group=MULTIPLE)
+composite("unbind(Tensor(a) self, int dim=0) -> Tensor[]", _unbind, grad={"self": "stack(grads, dim)"},
+          fwd="auto_linear", view_group=MULTIPLE)
+composite("_tensor_split(Tensor(a) self, int[] starts, int[] ends, int dim) -> Tensor[]", _tensor_split, public=False,
+          grad={"self": "slices_backward(grads, self_shape, dim, starts, ends)"}, fwd="auto_linear",
+          view_group=REGENERATE)
+_SPLIT_SIZE, _SPLIT_WITH_SIZES, _TENSOR_SPLIT = OPS["_split"], OPS["split_with_sizes"], OPS["_tensor_split"]
 composite("view_as(Tensor(a) self, Tensor other) -> Tensor(a)", lambda self, other: self.view(other.shape),
           function=False)
 composite("reshape_as(Tensor(a) self, Tensor other) -> Tensor(a)", lambda self, other: self.reshape(other.shape),

@@ -4,31 +4,83 @@ A view's ``view`` rule maps the input geometry ``(shape, strides, offset)`` and 
 output geometry. Every strided view that selects a subset of elements (select, slice, diagonal, unfold,
 as_strided) shares one backward primitive, ``view_scatter_add``: replay the same geometry on a zero
 tensor of the input's shape and add the gradient into it.
+
+[Note: view geometry cache] A rule's answer depends on the input's shape and strides and the op's arguments
+only, its offset aside, which every rule but as_strided's moves by a fixed amount. A program asks the same few
+questions over and over (a model's ``view(b, t, h, d)``, ``transpose(1, 2)``, ``narrow`` of one qkv projection,
+every step), and a rule costs a microsecond of Python (normalising dims, inferring a -1, torch's stride
+algorithm) where the lookup costs a fifth of that. So answers are kept per (op, shape, strides, arguments) as
+(shape, strides, offset delta); an error is raised anew on each call, never kept. The table is cleared when it
+fills, so that a program of ever-changing shapes does not grow it without bound.
 """
 
 from __future__ import annotations
 
 from tilewise import dispatch
 from tilewise import strides as S
+from tilewise.dispatch import STATE
 from tilewise.dtypes import as_dtype
 from tilewise.ops.batching_rules import view_scatter_add_rule, view_scatter_rule
 from tilewise.ops.formulas import HELPERS
+from tilewise.ops.inplace import NO_GRAD, watch_view
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
+
+_GEOMETRY: dict[tuple, tuple] = {}  # (op, shape, strides, arguments) -> (shape, strides, offset delta)
+GEOMETRY_LIMIT = 4096  # answers kept before the table is cleared (see [Note: view geometry cache])
 
 
 def apply_view(op, args: tuple) -> Tensor:
     x = args[0]
+    if op.attrs.get("geometry_cached"):
+        key = (op, x._shape, x._strides, args[1:])
+        try:
+            found = _GEOMETRY.get(key)
+        except TypeError:  # an argument that is no hashable value: the rule answers for this call alone
+            found = key = None
+        if found is None:
+            found = cached_geometry(op, x, args, key)
+        shape, strides, delta = found
+        return make_view(x, shape, strides, x._offset + delta, x._dtype)
     dtype, (shape, strides, offset) = view_output(op, args)
     if op.name == "as_strided" and x._storage is not None:
         _check_in_storage(shape, strides, offset, x)
+    return make_view(x, tuple(shape), tuple(strides), offset, dtype)
+
+
+def cached_geometry(op, x: Tensor, args: tuple, key: tuple | None) -> tuple:
+    """The rule's answer for ``x`` at offset 0, as (shape, strides, offset delta), kept under ``key``."""
+    shape, strides, delta = op.view(x._shape, x._strides, 0, *args[1:])
+    found = (tuple(shape), tuple(strides), delta)
+    if key is not None:
+        if len(_GEOMETRY) >= GEOMETRY_LIMIT:
+            _GEOMETRY.clear()
+        _GEOMETRY[key] = found
+    return found
+
+
+def make_view(x: Tensor, shape: tuple, strides: tuple, offset: int, dtype) -> Tensor:
+    """A view of ``x`` with this geometry, tracked as a view of ``x``'s base."""
     storage = x._storage
-    out = Tensor._make(storage, tuple(shape), tuple(strides), offset, dtype, x._device)
+    out = Tensor._make(storage, shape, strides, offset, dtype, x._device)
     # an inference tensor's views are not tracked as views, as in torch (nothing can record through them)
     if storage is None or not storage.inference:
-        out._base = x._base if x._base is not None else x
+        base = x._base
+        out._base = x if base is None else base
     out._trace = x._trace
+    meta = x._view_meta
+    if meta is not None or (x._requires_grad and STATE.grad_enabled is False):
+        _watch_view_of(x, out, meta)
     return out
+
+
+def _watch_view_of(x: Tensor, out: Tensor, meta: tuple | None) -> None:
+    """A view of a watched view is watched alike; one made under no_grad of a tensor that requires grad is watched
+    as such (see [Note: watched views] in ops/inplace.py)."""
+    if STATE.grad_enabled is False and not STATE.inference:
+        watch_view(out, NO_GRAD)
+    elif meta is not None:
+        watch_view(out, meta[1])
 
 
 def view_output(op, args: tuple) -> tuple:
@@ -59,6 +111,9 @@ def view_geometry(op_name: str, shape: tuple, *args) -> tuple:
 
 
 def view(schema: str, rule, grad: str, **attrs):
+    """A view declared by its stride rule; its answers are kept (see [Note: view geometry cache]) unless
+    ``geometry_cached=False`` (a rule whose offset is not relative to the input's)."""
+    attrs.setdefault("geometry_cached", True)
     return declare(schema, "view", view=rule, grad={"self": grad}, **attrs)
 
 
@@ -225,7 +280,7 @@ view("select(Tensor(a) self, int dim, int index) -> Tensor(a)", _select,
 view("slice(Tensor(a) self, int dim=0, int? start=None, int? end=None, int step=1) -> Tensor(a)", _slice,
      "view_backward(grad, 'slice', self_shape, dim, start, end, step)", method=False)
 view("as_strided(Tensor(a) self, int[] size, int[] stride, int? storage_offset=None) -> Tensor(a)", _as_strided,
-     "view_backward(grad, 'as_strided', self_shape, size, stride, storage_offset)")
+     "view_backward(grad, 'as_strided', self_shape, size, stride, storage_offset)", geometry_cached=False)
 view("diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)", _diagonal,
      "view_backward(grad, 'diagonal', self_shape, offset, dim1, dim2)")
 view("unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)", _unfold,

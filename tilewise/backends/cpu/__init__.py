@@ -160,6 +160,13 @@ def _is_one(expr: Expr) -> bool:
     return expr.op == "const" and expr.arg == 1 and type(expr.arg) is not bool
 
 
+_FLOAT_MAX = {np.dtype(t): float(np.finfo(t).max) for t in (np.float16, np.float32, np.float64)}
+
+
+def _number_as(value, np_dtype):
+    return np.asarray(value, dtype=np_dtype)[()]
+
+
 def _as_compute(value, np_dtype, op):
     if type(value) is Tensor:
         a = value._np()
@@ -168,6 +175,8 @@ def _as_compute(value, np_dtype, op):
         return None
     if np_dtype.kind == "b":
         return bool(value)
+    if type(value) is float and not -_FLOAT_MAX.get(np_dtype, math.inf) <= value <= _FLOAT_MAX.get(np_dtype, math.inf):
+        return run_quietly(_number_as, [value, np_dtype])  # past the dtype's range (inf): numpy would warn, torch not
     try:
         return np.asarray(value, dtype=np_dtype)[()]
     except OverflowError:  # uint8_tensor + (-2): the scalar wraps to the tensor's width, as in torch
@@ -238,6 +247,10 @@ def run_pointwise(op, args: tuple):
                     and res.shape == first._shape:
                 return from_contiguous_array(res, out_dtype)  # what _result and _torch_layout would make of it
             return _torch_layout(_result(res, first._shape, out_dtype), op, args)
+    elif len(op.tensor_idx) == 2:
+        out = _tensor_and_number(op, args)
+        if out is not None:
+            return out
     shape = _broadcast_shape(op, args)  # first, so a mismatch is reported with the operator's name
     out_dtype, compute = _dtypes(op, args)
     cnp = compute.np
@@ -308,6 +321,65 @@ def _uniform_operands(op, args: tuple) -> tuple[list[np.ndarray], bool] | None:
             row_major = False
         arrays.append(a._np())
     return arrays, row_major
+
+
+# Calls of a binary operator on a float32 or float64 tensor and a Python int or float (``x * 0.5``, ``grad * 2``,
+# ``1 - p``) reuse the dtype rule's answer and the kernel too, per (operator, dtype, number type, tensor position):
+# (out dtype, compute numpy dtype, kernels) or None where the general path must run
+_number_plans: dict[tuple, tuple | None] = {}
+
+
+def _tensor_and_number(op, args: tuple) -> Tensor | None:
+    """``run_pointwise`` for a tensor and a Python number, without the general path's per-call work (the dtype
+    rule, the kernel lookup, the half-rounding checks), or None where that path must run."""
+    i, j = op.tensor_idx
+    a, b = args[i], args[j]
+    if type(a) is Tensor:
+        t, number, position = a, b, 0
+    elif type(b) is Tensor:
+        t, number, position = b, a, 1
+    else:
+        return None
+    kind = type(number)
+    if kind is not float and kind is not int:
+        return None
+    key = (op, t._dtype, kind, position, not t._shape)
+    plan = _number_plans.get(key, _UNPLANNED)
+    if plan is _UNPLANNED:
+        plan = _number_plans[key] = _number_plan(op, args, t)
+    if plan is None:
+        return None
+    out_dtype, compute, kernels = plan
+    fn, scalar_idx = _pick_static(kernels, args)
+    array = t._np()
+    if array.dtype is not compute:
+        array = array.astype(compute)
+    scalar = _as_compute(number, compute, op)
+    values = [array, scalar] if position == 0 else [scalar, array]
+    params = op.schema.params
+    for k in scalar_idx:
+        values.append(R.checked_scalar_argument(op, params[k].name, args[k], out_dtype))
+    res = run_quietly(fn, values)
+    if type(res) is np.ndarray and res.dtype is out_dtype.np and res.flags.c_contiguous and res.shape == t._shape \
+            and t._strides == cached_contiguous_strides(t._shape):
+        return from_contiguous_array(res, out_dtype)
+    return _torch_layout(_result(res, t._shape, out_dtype), op, args)
+
+
+def _number_plan(op, args: tuple, t: Tensor) -> tuple | None:
+    """What ``_tensor_and_number`` reuses, or None where the result's dtype or kernel may depend on more than the
+    key (a dtype rule outside ``_OPERAND_RULES``, an expression builder, a tensor that half rounding concerns)."""
+    if not t._dtype.is_floating_point or t._dtype.itemsize < 4 or t._dtype.is_complex:
+        return None
+    if op.dtype_rule not in _OPERAND_RULES or "expr_builder" in op.attrs:
+        return None
+    out_dtype, compute = _dtypes(op, args)
+    if out_dtype.is_complex or compute.is_complex:
+        return None
+    entry = _compiled.get((op,))
+    if entry is None:
+        entry = _compiled[(op,)] = _static_kernels(op)
+    return out_dtype, compute.np, entry
 
 
 def _uniform_plan(op, args: tuple, dtype) -> tuple | None:

@@ -641,7 +641,11 @@ def linear_activation(x: Tensor, weight: Tensor, bias: Tensor | None, activation
         epilogue = "bias" if activation == "none" else f"{activation}_bias"
         bias = bias if bias.is_contiguous() else bias.contiguous()
     out = gemm(rows, weight.t(), bias, epilogue)
-    return out.view(x._shape[:-1] + (weight._shape[0],)) if x.ndim != 2 else out
+    if x.ndim == 2:
+        return out
+    out = out.view(x._shape[:-1] + (weight._shape[0],))
+    out._base = None  # the product is the result, no view of anything (see ops.linalg.private)
+    return out
 
 
 @kernel("linear")
