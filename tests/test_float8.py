@@ -107,11 +107,13 @@ def test_master_weights_and_optimizer_state_stay_float32():
 
 def test_weight_cast_is_made_once_while_the_weight_is_unchanged():
     layer = _layer()
-    first = layer._cast_weight()
-    assert layer._cast_weight()[0] is first[0]  # a second micro-batch reuses it
+    first = layer._cast_weight(transposed=True)
+    assert layer._cast_weight(transposed=True).fp8 is first.fp8  # a second micro-batch reuses it
+    assert layer._cast_weight(transposed=False).fp8_t is first.fp8_t  # and its transposed copy
+    np.testing.assert_array_equal(first.fp8_t.float().numpy(), first.fp8.float().numpy().T)
     with tw.no_grad():
         layer.weight.mul_(2)
-    assert layer._cast_weight()[0] is not first[0]  # an optimizer step (a write) recasts
+    assert layer._cast_weight(transposed=True).fp8 is not first.fp8  # an optimizer step (a write) recasts
 
 
 def test_convert_swaps_linears_keeps_order_and_parameters():
