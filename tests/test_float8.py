@@ -117,6 +117,28 @@ def test_weight_cast_is_made_once_while_the_weight_is_unchanged():
     assert layer._cast_weight(transposed=True).fp8 is not first.fp8  # an optimizer step (a write) recasts
 
 
+def test_the_forward_gemm_takes_fast_accumulation_as_torchaos_default():
+    """``gemm_config_output`` (torchao's default: fast accumulation) and the backward's two GEMMs (float32
+    accumulation), as the compiled step passes them to ``_scaled_mm``."""
+    from tilewise.compiler.targets import CUDA_TARGET
+    from tilewise.float8 import Float8GemmConfig
+
+    def fast_accum_of_each_gemm(config):
+        layer = _layer(config=config)
+
+        def step(x):
+            y = layer(x)
+            y.sum().backward()
+            return y
+
+        _, programs, _ = tw.compile(step).lowered(CUDA_TARGET, tw.randn(16, 32, requires_grad=True))
+        return [n.bound_args(n.srcs)[-1] for low in programs for n in low.fused.body if n.op == "_scaled_mm"]
+
+    assert fast_accum_of_each_gemm(Float8LinearConfig()) == [True, False, False]
+    slow = Float8LinearConfig(gemm_config_output=Float8GemmConfig(), gemm_config_grad_weight=Float8GemmConfig(True))
+    assert fast_accum_of_each_gemm(slow) == [False, False, True]
+
+
 def test_convert_swaps_linears_keeps_order_and_parameters():
     model = tw.nn.Sequential(tw.nn.Linear(32, 32), tw.nn.ReLU(), tw.nn.Linear(32, 8))
     weight = model[0].weight

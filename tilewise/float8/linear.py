@@ -4,16 +4,18 @@
 Forward ``y = x W^T``, backward ``dx = dy W`` and ``dW = dy^T x`` each run as ``_scaled_mm``: ``x`` and ``W``
 cast to e4m3 (3 mantissa bits, range 448), ``dy`` to e5m2 (2 bits, range 57344: gradients need range more
 than precision). A cast multiplies by ``scale = max_fp8 / amax`` and saturates; the GEMM is given
-``1 / scale`` to undo it, and accumulates in float32. The scale of a tensor comes from the amax of this very
-tensor (*dynamic*, "current" scaling: one reduction over it before the cast) or from the amaxes of the last
-``history_len`` steps (*delayed*: the cast needs no reduction first, and this step's amax is recorded for the
-next; ``sync_float8_amax_and_scale_history(model)`` rolls the histories and recomputes the scales, once per
-step, as torchao asks). A delayed scale of 0 (never synced) falls back to the current amax, so the first step
-is scaled right. The master weight (and the optimizer's state) stay in their own dtype: the FP8 weight is a
-cast made in the forward and kept for the backward's ``dx`` GEMM, never recast there; in eager mode it is also
-reused by later forwards until the weight changes (its version counter: micro-batches of one step share it).
-The three GEMMs need every size (rows of ``x``, in and out features) to be a multiple of 16, which cuBLASLt
-requires; the error says so on every device, so a model that trains here trains on the GPU.
+``1 / scale`` to undo it, and accumulates in float32 (the forward's GEMM by default with Hopper's fast FP8
+accumulation, as torchao's ``gemm_config_output``; see ``Float8GemmConfig``). The scale of a tensor comes from
+the amax of this very tensor (*dynamic*, "current" scaling: one reduction over it before the cast) or from the
+amaxes of the last ``history_len`` steps (*delayed*: the cast needs no reduction first, and this step's amax is
+recorded for the next; ``sync_float8_amax_and_scale_history(model)`` rolls the histories and recomputes the
+scales, once per step, as torchao asks). A delayed scale of 0 (never synced) falls back to the current amax, so
+the first step is scaled right. The master weight (and the optimizer's state) stay in their own dtype: the FP8
+weight and its transposed copy are cast in the forward, the copy kept for the backward's ``dx`` GEMM, never
+recast there; in eager mode both are also reused by later forwards until the weight changes (its version
+counter: micro-batches of one step share them). The three GEMMs need every size (rows of ``x``, in and out
+features) to be a multiple of 16, which cuBLASLt requires; the error says so on every device, so a model that
+trains here trains on the GPU.
 
 [Note: FP8 casts in compiled steps]
 cuBLASLt's FP8 GEMMs take both operands K-major, so ``dW = dy^T x`` reads ``x`` and ``dy`` transposed and
@@ -86,12 +88,14 @@ def cast_to_float8(x: Tensor, scale: Tensor, dtype) -> Tensor:
     return (x.float() * scale).clamp(-top, top).to(dtype)
 
 
-def _scaled_mm(a, b, inv_a, inv_b, out_dtype, emulate: bool, bias=None):
-    if emulate and a.device.type != "cpu":  # the CPU reference, on the operands' device
+def _scaled_mm(a, b, inv_a, inv_b, out_dtype, config: Float8LinearConfig, gemm: str, bias=None):
+    """The FP8 GEMM ``gemm`` ("output", "grad_input" or "grad_weight") as ``config`` sets it."""
+    if config.emulate and a.device.type != "cpu":  # the CPU reference, on the operands' device
         out = OPS["_scaled_mm"](a.cpu(), b.cpu(), inv_a.cpu(), inv_b.cpu(), bias.cpu() if bias is not None else None,
                                 out_dtype=out_dtype)
         return out.to(a.device)
-    return OPS["_scaled_mm"](a, b, inv_a, inv_b, bias, out_dtype=out_dtype)
+    fast = getattr(config, f"gemm_config_{gemm}").use_fast_accum
+    return OPS["_scaled_mm"](a, b, inv_a, inv_b, bias, out_dtype=out_dtype, use_fast_accum=fast)
 
 
 def _fusable_bias(bias, out_dtype) -> bool:
@@ -133,7 +137,7 @@ class _Float8Matmul(Function):
         ctx.save_for_backward(x8_t, x_inv)
         ctx.cast, ctx.module, ctx.x_dtype, ctx.w_dtype, ctx.x_shape = cast, module, x.dtype, weight.dtype, x.shape
         ctx.has_bias = bias is not None
-        out = _scaled_mm(_rows(x8), cast.fp8.t(), x_inv, cast.inv_scale, x.dtype, module.config.emulate, bias)
+        out = _scaled_mm(_rows(x8), cast.fp8.t(), x_inv, cast.inv_scale, x.dtype, module.config, "output", bias)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     @staticmethod
@@ -143,13 +147,14 @@ class _Float8Matmul(Function):
         g_scale = module.scale_for("grad_output", grad)
         g8 = cast_to_float8(grad, g_scale, dtypes.float8_e5m2)
         g_inv = g_scale.reciprocal()
-        emulate = module.config.emulate
+        config = module.config
         grad_x = grad_w = grad_bias = None
         if ctx.needs_input_grad[0]:
             w8_t = cast.fp8_t if cast.fp8_t is not None else transposed_matrix(cast.fp8)
-            grad_x = _scaled_mm(_rows(g8), w8_t.t(), g_inv, cast.inv_scale, ctx.x_dtype, emulate).reshape(ctx.x_shape)
+            grad_x = _scaled_mm(_rows(g8), w8_t.t(), g_inv, cast.inv_scale, ctx.x_dtype, config, "grad_input")
+            grad_x = grad_x.reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            grad_w = _scaled_mm(transposed_matrix(g8), x8_t.t(), g_inv, x_inv, ctx.w_dtype, emulate)
+            grad_w = _scaled_mm(transposed_matrix(g8), x8_t.t(), g_inv, x_inv, ctx.w_dtype, config, "grad_weight")
         if ctx.has_bias and ctx.needs_input_grad[6]:
             grad_bias = grad.sum(tuple(range(grad.ndim - 1)))
         return grad_x, grad_w, None, None, None, None, grad_bias
