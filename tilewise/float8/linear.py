@@ -112,7 +112,8 @@ def transposed_matrix(t: Tensor) -> Tensor:
 
 
 def _rows(t: Tensor) -> Tensor:
-    return t.reshape(-1, t.shape[-1])
+    """``t`` as the row-major matrix [tokens, features] a GEMM reads first (a view where ``t`` is contiguous)."""
+    return t.reshape(-1, t.shape[-1]).contiguous()
 
 
 @dataclass(frozen=True)
