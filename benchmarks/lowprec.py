@@ -19,7 +19,7 @@ Sections (all but **lowering** by default; ``--only gemm|step|lowering|curve`` p
   fuse, and what FP8 adds (casts, reductions to a scale, the rest) per layer. ``--layers N`` lowers N layers of
   each model instead of all (the figures per layer hold; the LM head's and embedding's stay once). Where the
   cuDNN frontend does not import, attention is lowered as its decomposition (two batched GEMMs and a softmax),
-  on both sides alike.
+  on both sides alike; ``--cudnn-attention`` keeps it whole as a GPU host does (one cuDNN call each way).
 * **curve**: ``--curve N`` trains the demo's char-GPT (``--curve-size``, on the shipped text) N steps in FP8 and
   in bf16 from the same weights on the same batches and writes both loss curves (``lowprec_curve.json`` and a
   PNG beside it, ``--out``), with the final losses (mean of the last 10%) and their relative difference.
@@ -27,13 +27,15 @@ Sections (all but **lowering** by default; ``--only gemm|step|lowering|curve`` p
 If ``benchmarks/lowprec_quant.py`` exists, its ``main_section()`` (quantization figures) runs after these.
 
     python benchmarks/lowprec.py [--only gemm|step|lowering|curve] [--repeats 20] [--models 124M,350M]
-        [--steps 20] [--warmup 5] [--batch 8] [--layers N] [--curve 300] [--curve-size medium] [--out DIR]
+        [--steps 20] [--warmup 5] [--batch 8] [--layers N] [--cudnn-attention] [--curve 300] [--curve-size medium]
+        [--out DIR]
     python benchmarks/lowprec.py --only lowering --models 124M   # the kernels of both steps, no GPU needed
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import functools
 import importlib.util
@@ -288,7 +290,7 @@ class LoweredStep:
 
 def _call_bytes(node) -> int:
     outputs = node.type if node.is_tuple else (node.type,)
-    return sum(s.type.nbytes for s in node.srcs if not s.is_tuple) + sum(t.nbytes for t in outputs)
+    return sum(s.type.nbytes for s in node.srcs if not s.is_tuple) + sum(t.nbytes for t in outputs if t is not None)
 
 
 def lowered_step(size: str, fp8: bool, batch: int, layers: int | None) -> LoweredStep:
@@ -322,16 +324,34 @@ def _fp8_role(name: str, writes_fp8: bool) -> str:
     return ""
 
 
-def lowering_section(sizes: list[str], batch: int, layers: int | None) -> list[dict]:
+@contextlib.contextmanager
+def cudnn_assumed(assume: bool):
+    """Lowering as on a GPU host, where the cuDNN frontend imports: attention is kept whole (nothing is built)."""
+    from tilewise.backends.cuda import cudnn
+
+    saved = cudnn.unavailable
+    if assume:
+        cudnn.unavailable = lambda: None
+    try:
+        yield
+    finally:
+        cudnn.unavailable = saved
+
+
+def lowering_section(sizes: list[str], batch: int, layers: int | None, cudnn_attention: bool = False) -> list[dict]:
+    from tilewise.backends.cuda import cudnn
+
     gb = 1e-9
-    print(f"\n## GPT-2 compiled training steps lowered for CUDA (generated, not run), batch {batch}x1024"
-          + (f", {layers} layer(s) of each model" if layers else ""))
+    attention = "cuDNN" if cudnn_attention or cudnn.unavailable() is None else "decomposed"
+    print(f"\n## GPT-2 compiled training steps lowered for CUDA (generated, not run), batch {batch}x1024, attention "
+          f"{attention}" + (f", {layers} layer(s) of each model" if layers else ""))
     print("| model | side | generated kernels | library calls | GB moved by kernels | GB read and written by "
           "library calls |\n|---|---|---|---|---|---|")
     rows, sides = [], {}
     for size in sizes:
         for side, fp8 in (("bf16", False), ("fp8", True)):
-            low = sides[size, side] = lowered_step(size, fp8, batch, layers)
+            with cudnn_assumed(cudnn_attention):
+                low = sides[size, side] = lowered_step(size, fp8, batch, layers)
             calls = Counter(op for op, _ in low.calls)
             print(f"| {size} | {side} | {len(low.kernels)} | {len(low.calls)} ("
                   + ", ".join(f"{op} x{n}" for op, n in calls.most_common()) + f") | {low.kernel_bytes() * gb:.2f} | "
@@ -445,6 +465,8 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--layers", type=int, help="lowering: this many layers of each model instead of all")
+    p.add_argument("--cudnn-attention", action="store_true",
+                   help="lowering: keep attention whole, as where the cuDNN frontend imports")
     p.add_argument("--curve", type=int, default=300)
     p.add_argument("--curve-size", default="medium")
     p.add_argument("--device", default="cuda", help="the curve's device (the other sections need CUDA)")
@@ -455,7 +477,7 @@ def main(argv=None) -> None:
     if args.only in (None, "step"):
         step_section(args.models.split(","), args.steps, args.warmup, args.batch)
     if args.only == "lowering":
-        lowering_section(args.models.split(","), args.batch, args.layers)
+        lowering_section(args.models.split(","), args.batch, args.layers, args.cudnn_attention)
     if args.only in (None, "curve") and args.curve > 0:
         curve_section(args.curve, args.curve_size, args.out, args.device)
     if args.only is None:
