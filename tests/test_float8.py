@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -504,3 +505,22 @@ def test_lowprec_benchmark_curve_runs_on_the_cpu(tmp_path):
     bf16, fp8 = record["losses"]["bf16"], record["losses"]["fp8"]
     assert len(bf16) == len(fp8) == 4 and bf16 != fp8  # two runs, and FP8 is not the bf16 run again
     assert abs(fp8[-1] - bf16[-1]) < 0.02 * bf16[-1]
+
+
+@pytest.mark.slow
+def test_lowprec_benchmark_lowering_runs_without_a_gpu():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from childenv import python_path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=python_path(), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "lowprec.py"), "--only", "lowering", "--models",
+                           "124M", "--layers", "1", "--batch", "1", "--cudnn-attention"], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = dict(re.findall(r"^\| 124M \| (bf16|fp8) \| (\d+) \|", done.stdout, flags=re.M))
+    assert int(rows["fp8"]) > int(rows["bf16"]) and "casts to float8" in done.stdout
