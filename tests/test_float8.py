@@ -524,3 +524,12 @@ def test_lowprec_benchmark_lowering_runs_without_a_gpu():
     assert done.returncode == 0, done.stdout + done.stderr
     rows = dict(re.findall(r"^\| 124M \| (bf16|fp8) \| (\d+) \|", done.stdout, flags=re.M))
     assert int(rows["fp8"]) > int(rows["bf16"]) and "casts to float8" in done.stdout
+
+
+@pytest.mark.parametrize("module", ["tilewise.float8", "tilewise.float8.config", "tilewise.float8.linear"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0

@@ -57,7 +57,12 @@ class DelayedScalingConfig:
 class Float8GemmConfig:
     """One of the three FP8 GEMMs: ``use_fast_accum`` takes Hopper's faster FP8 accumulation, which adds the
     tensor cores' partial sums in less than float32's precision (cuBLASLt's ``FAST_ACCUM``; no effect on the CPU
-    reference or with ``emulate``)."""
+    reference or with ``emulate``).
+
+    >>> from tilewise.float8 import Float8GemmConfig, Float8LinearConfig
+    >>> Float8LinearConfig().gemm_config_output, Float8LinearConfig().gemm_config_grad_weight
+    (Float8GemmConfig(use_fast_accum=True), Float8GemmConfig(use_fast_accum=False))
+    """
 
     use_fast_accum: bool = False
 
