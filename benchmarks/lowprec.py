@@ -1,6 +1,6 @@
 """Low-precision training on CUDA: FP8 GEMMs and FP8 training steps of tilewise, beside torch in the same process.
 
-Sections (all by default; ``--only gemm|step|curve`` picks one):
+Sections (all but **lowering** by default; ``--only gemm|step|lowering|curve`` picks one):
 
 * **gemm**: ``_scaled_mm`` (e4m3 x e4m3, tensorwise scales, bf16 result) and a bf16 ``mm`` at 8192^3 and at
   GPT-2 124M / Llama-7B layer shapes (8192 tokens), tilewise beside ``torch._scaled_mm`` and torch's bf16 mm.
@@ -13,29 +13,42 @@ Sections (all by default; ``--only gemm|step|curve`` picks one):
   ``tilewise.float8.convert_to_float8_training`` (current scaling) against the same step in bf16; torchao's
   float8 training beside them when torchao is importable (the table says when it is not). Median step time
   after ``--warmup`` steps, tokens/s, ratio, and each side's first and last loss.
+* **lowering**: the same compiled steps (bf16 and FP8, ``--models``) lowered for the CUDA target on any machine,
+  a GPU or not (generated, neither built nor run): each side's generated kernels and library calls, the bytes
+  each moves (every buffer it reads once, every one it writes once), the kernels grouped by the operators they
+  fuse, and what FP8 adds (casts, reductions to a scale, the rest) per layer. ``--layers N`` lowers N layers of
+  each model instead of all (the figures per layer hold; the LM head's and embedding's stay once). Where the
+  cuDNN frontend does not import, attention is lowered as its decomposition (two batched GEMMs and a softmax),
+  on both sides alike; ``--cudnn-attention`` keeps it whole as a GPU host does (one cuDNN call each way).
 * **curve**: ``--curve N`` trains the demo's char-GPT (``--curve-size``, on the shipped text) N steps in FP8 and
   in bf16 from the same weights on the same batches and writes both loss curves (``lowprec_curve.json`` and a
   PNG beside it, ``--out``), with the final losses (mean of the last 10%) and their relative difference.
 
 If ``benchmarks/lowprec_quant.py`` exists, its ``main_section()`` (quantization figures) runs after these.
 
-    python benchmarks/lowprec.py [--only gemm|step|curve] [--repeats 20] [--models 124M,350M] [--steps 20]
-        [--warmup 5] [--batch 8] [--curve 300] [--curve-size medium] [--out DIR]
+    python benchmarks/lowprec.py [--only gemm|step|lowering|curve] [--repeats 20] [--models 124M,350M]
+        [--steps 20] [--warmup 5] [--batch 8] [--layers N] [--cudnn-attention] [--curve 300] [--curve-size medium]
+        [--out DIR]
+    python benchmarks/lowprec.py --only lowering --models 124M   # the kernels of both steps, no GPU needed
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import functools
 import importlib.util
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("TILEWISE_CACHE_DIR", tempfile.mkdtemp(prefix="tilewise-bench-cache-"))
@@ -154,14 +167,15 @@ def gemm_section(repeats: int) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------- training steps
 
-def gpt2(lib, size: str):
-    """``benchmarks/models/gpt2.py`` (one source for both libraries) as a model of ``lib``, in bf16 on CUDA."""
+def gpt2(lib, size: str, device: str = "cuda", layers: int | None = None):
+    """``benchmarks/models/gpt2.py`` (one source for both libraries) as a model of ``lib``, in bf16 on ``device``
+    (``layers``: that many blocks instead of the size's)."""
     module = module_for(HERE / "models" / "gpt2.py", lib)
-    layers, heads, width = module.SIZES[size]
+    size_layers, heads, width = module.SIZES[size]
     lib.manual_seed(0)
-    model = module.GPT(module.GPTConfig(vocab_size=VOCAB, block_size=1024, n_layer=layers, n_head=heads,
-                                        n_embd=width))
-    return model.to(device="cuda", dtype=lib.bfloat16)
+    model = module.GPT(module.GPTConfig(vocab_size=VOCAB, block_size=1024, n_layer=layers or size_layers,
+                                        n_head=heads, n_embd=width))
+    return model.to(device=device, dtype=lib.bfloat16)
 
 
 def not_lm_head(module, fqn: str) -> bool:
@@ -260,6 +274,117 @@ def step_section(sizes: list[str], steps: int, warmup: int, batch: int) -> list[
     return rows
 
 
+# ---------------------------------------------------------------------------------------------- lowering
+
+@dataclass
+class LoweredStep:
+    """One side's compiled step lowered for CUDA: per generated kernel its name (the operators it fuses, without
+    its index), bytes moved and whether it writes float8; per library call its operator and bytes."""
+
+    kernels: list[tuple[str, int, bool]] = field(default_factory=list)
+    calls: list[tuple[str, int]] = field(default_factory=list)
+
+    def kernel_bytes(self) -> int:
+        return sum(b for _, b, _ in self.kernels)
+
+
+def _call_bytes(node) -> int:
+    outputs = node.type if node.is_tuple else (node.type,)
+    return sum(s.type.nbytes for s in node.srcs if not s.is_tuple) + sum(t.nbytes for t in outputs if t is not None)
+
+
+def lowered_step(size: str, fp8: bool, batch: int, layers: int | None) -> LoweredStep:
+    """The compiled step of ``tilewise_side`` lowered for the CUDA target from CPU tensors (see the module note)."""
+    from tilewise.compiler.lowering.memory import steps_of
+    from tilewise.compiler.targets import get_target
+    from tilewise.profiler.roofline import kernel_bytes
+
+    model = gpt2(tw, size, device="cpu", layers=layers)
+    if fp8:
+        convert_to_float8_training(model, module_filter_fn=not_lm_head)
+    x = tw.randint(0, VOCAB, (batch, 1024), generator=tw.Generator().manual_seed(1))
+    _, programs, _ = compiled_step(model).lowered(get_target("cuda"), x, x.roll(-1, 1))
+    out = LoweredStep()
+    for low in programs:
+        for node in steps_of(low.fused):
+            kernel = low.kernels.get(node)
+            if kernel is None:
+                out.calls.append((node.op, _call_bytes(node)))
+                continue
+            writes_fp8 = any(p.written and p.dtype.is_float8 for p in kernel.params)
+            out.kernels.append((re.sub(r"^k\d+_", "", kernel.name), kernel_bytes(kernel), writes_fp8))
+    return out
+
+
+def _fp8_role(name: str, writes_fp8: bool) -> str:
+    if writes_fp8:
+        return "casts to float8 (both layouts where a GEMM reads it transposed)"
+    if name.startswith("amax_") or "_amax_" in name and "clamp_rdiv" in name:
+        return "amax reductions that end in a scale"
+    return ""
+
+
+@contextlib.contextmanager
+def cudnn_assumed(assume: bool):
+    """Lowering as on a GPU host, where the cuDNN frontend imports: attention is kept whole (nothing is built)."""
+    from tilewise.backends.cuda import cudnn
+
+    saved = cudnn.unavailable
+    if assume:
+        cudnn.unavailable = lambda: None
+    try:
+        yield
+    finally:
+        cudnn.unavailable = saved
+
+
+def lowering_section(sizes: list[str], batch: int, layers: int | None, cudnn_attention: bool = False) -> list[dict]:
+    from tilewise.backends.cuda import cudnn
+
+    gb = 1e-9
+    attention = "cuDNN" if cudnn_attention or cudnn.unavailable() is None else "decomposed"
+    print(f"\n## GPT-2 compiled training steps lowered for CUDA (generated, not run), batch {batch}x1024, attention "
+          f"{attention}" + (f", {layers} layer(s) of each model" if layers else ""))
+    print("| model | side | generated kernels | library calls | GB moved by kernels | GB read and written by "
+          "library calls |\n|---|---|---|---|---|---|")
+    rows, sides = [], {}
+    for size in sizes:
+        for side, fp8 in (("bf16", False), ("fp8", True)):
+            with cudnn_assumed(cudnn_attention):
+                low = sides[size, side] = lowered_step(size, fp8, batch, layers)
+            calls = Counter(op for op, _ in low.calls)
+            print(f"| {size} | {side} | {len(low.kernels)} | {len(low.calls)} ("
+                  + ", ".join(f"{op} x{n}" for op, n in calls.most_common()) + f") | {low.kernel_bytes() * gb:.2f} | "
+                  f"{sum(b for _, b in low.calls) * gb:.2f} |")
+            rows.append({"model": size, "side": side, "kernels": len(low.kernels), "calls": dict(calls),
+                         "kernel_bytes": low.kernel_bytes(), "call_bytes": sum(b for _, b in low.calls)})
+    for size in sizes:
+        bf16, fp8 = sides[size, "bf16"], sides[size, "fp8"]
+        n_layers = layers or module_for(HERE / "models" / "gpt2.py", tw).SIZES[size][0]
+        extra_k, extra_b = len(fp8.kernels) - len(bf16.kernels), fp8.kernel_bytes() - bf16.kernel_bytes()
+        print(f"\n{size}: FP8 adds {extra_k} generated kernels ({extra_k / n_layers:.1f} a layer) moving "
+              f"{extra_b * gb:+.2f} GB ({extra_b * gb / n_layers:+.3f} GB a layer); among the FP8 step's kernels:")
+        roles: dict[str, list[int]] = {}
+        for name, nbytes, writes_fp8 in fp8.kernels:
+            role = _fp8_role(name, writes_fp8)
+            if role:
+                roles.setdefault(role, []).append(nbytes)
+        for role, sizes_ in roles.items():
+            print(f"- {role}: {len(sizes_)} kernels, {sum(sizes_) * gb:.2f} GB")
+        print(f"\n| kernel of {size} (the operators it fuses) | bf16 count | bf16 GB | fp8 count | fp8 GB |\n"
+              "|---|---:|---:|---:|---:|")
+        table: dict[str, list] = {}
+        for k, low in enumerate((bf16, fp8)):
+            for name, nbytes, _ in low.kernels:
+                entry = table.setdefault(name, [0, 0, 0, 0])
+                entry[2 * k] += 1
+                entry[2 * k + 1] += nbytes
+        for name, (n0, b0, n1, b1) in sorted(table.items(), key=lambda item: -max(item[1][1], item[1][3])):
+            print(f"| {name} | {n0 or ''} | {f'{b0 * gb:.3f}' if n0 else ''} | {n1 or ''} | "
+                  f"{f'{b1 * gb:.3f}' if n1 else ''} |")
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------- loss curves
 
 def float32_loss(model, x, y):
@@ -333,12 +458,15 @@ def quant_section() -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", choices=("gemm", "step", "curve"))
+    p.add_argument("--only", choices=("gemm", "step", "lowering", "curve"))
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--models", default="124M,350M")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--layers", type=int, help="lowering: this many layers of each model instead of all")
+    p.add_argument("--cudnn-attention", action="store_true",
+                   help="lowering: keep attention whole, as where the cuDNN frontend imports")
     p.add_argument("--curve", type=int, default=300)
     p.add_argument("--curve-size", default="medium")
     p.add_argument("--device", default="cuda", help="the curve's device (the other sections need CUDA)")
@@ -348,6 +476,8 @@ def main(argv=None) -> None:
         gemm_section(args.repeats)
     if args.only in (None, "step"):
         step_section(args.models.split(","), args.steps, args.warmup, args.batch)
+    if args.only == "lowering":
+        lowering_section(args.models.split(","), args.batch, args.layers, args.cudnn_attention)
     if args.only in (None, "curve") and args.curve > 0:
         curve_section(args.curve, args.curve_size, args.out, args.device)
     if args.only is None:

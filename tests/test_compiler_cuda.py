@@ -165,6 +165,20 @@ def _fp8_cast_both_ways(x, amax):
     return q, q.t().contiguous()
 
 
+def _fp8_cast_of_an_activation(x, amax, dtype=tw.float8_e4m3fn):
+    """Float8Linear's cast of a [batch, sequence, features] activation (of a gradient: e5m2), the transposed copy
+    made from the tensor's own shape: [features, batch, sequence], which ``float8.linear.transposed_matrix`` then
+    views as the matrix [features, tokens]."""
+    from tilewise.float8.linear import amax_to_scale, cast_to_float8
+
+    q = cast_to_float8(x, amax_to_scale(amax, dtype), dtype)
+    return q, q.permute(2, 0, 1).contiguous()
+
+
+def _e5m2_cast_of_a_gradient(x, amax):
+    return _fp8_cast_of_an_activation(x, amax, tw.float8_e5m2)
+
+
 def _transposing_cases():
     return [  # (function, arguments, the transposed dim)
         (lambda x: x.t().contiguous(), (tw.randn(8192, 768).to(tw.bfloat16),), 0),
@@ -246,6 +260,10 @@ def _tile_host_cases():
         ("fp8 GPT-2 rows", _fp8_cast_both_ways, dict(x=(randn(256, 768) * 3).bfloat16(), amax=tw.tensor(2.5))),
         ("fp8 specials", _fp8_cast_both_ways, dict(x=specials.bfloat16(), amax=tw.tensor(2.5))),
         ("e5m2 saturating", _e5m2_cast_both_ways, dict(x=specials.bfloat16(), amax=tw.tensor(2.5))),
+        ("fp8 3-d activation", _fp8_cast_of_an_activation, dict(x=(randn(2, 64, 96) * 3).bfloat16(),
+                                                                 amax=tw.tensor(2.5))),
+        ("e5m2 3-d gradient", _e5m2_cast_of_a_gradient, dict(x=(specials.reshape(4, 32, 64) * 1e3).bfloat16(),
+                                                             amax=tw.tensor(2.5))),
         ("e5m2 overflowing", lambda x: (x.t().contiguous().to(tw.float8_e5m2), x.to(tw.float8_e5m2).t().contiguous()),
          dict(x=specials * 1e4)),
         ("fp8 copy", lambda x: x.t().contiguous(), dict(x=(randn(96, 40) * 100).to(tw.float8_e4m3fn))),

@@ -18,6 +18,7 @@ from tilewise._grad_mode import no_grad
 from tilewise.float8.config import (
     CastConfig,
     DelayedScalingConfig,
+    Float8GemmConfig,
     Float8LinearConfig,
     ScalingGranularity,
     ScalingType,
@@ -67,6 +68,6 @@ def sync_float8_amax_and_scale_history(model: Module) -> None:
                 getattr(mod, f"fp8_scale_{name}").copy_(amax_to_scale(amax, dtype).reshape(1))
 
 
-__all__ = ["CastConfig", "DelayedScalingConfig", "Float8Linear", "Float8LinearConfig", "ScalingGranularity",
-           "ScalingType", "amax_to_scale", "cast_to_float8", "convert_to_float8_training",
+__all__ = ["CastConfig", "DelayedScalingConfig", "Float8GemmConfig", "Float8Linear", "Float8LinearConfig",
+           "ScalingGranularity", "ScalingType", "amax_to_scale", "cast_to_float8", "convert_to_float8_training",
            "sync_float8_amax_and_scale_history"]

@@ -54,10 +54,25 @@ class DelayedScalingConfig:
 
 
 @dataclass(frozen=True)
+class Float8GemmConfig:
+    """One of the three FP8 GEMMs: ``use_fast_accum`` takes Hopper's faster FP8 accumulation, which adds the
+    tensor cores' partial sums in less than float32's precision (cuBLASLt's ``FAST_ACCUM``; no effect on the CPU
+    reference or with ``emulate``).
+
+    >>> from tilewise.float8 import Float8GemmConfig, Float8LinearConfig
+    >>> Float8LinearConfig().gemm_config_output, Float8LinearConfig().gemm_config_grad_weight
+    (Float8GemmConfig(use_fast_accum=True), Float8GemmConfig(use_fast_accum=False))
+    """
+
+    use_fast_accum: bool = False
+
+
+@dataclass(frozen=True)
 class Float8LinearConfig:
     """The casts of a ``Float8Linear``: ``cast_config_input``, ``cast_config_weight`` (e4m3) and
-    ``cast_config_grad_output`` (e5m2), the delayed-scaling history, and ``emulate`` (run the FP8 GEMMs by the
-    CPU reference on any device, for tests).
+    ``cast_config_grad_output`` (e5m2); its GEMMs: ``gemm_config_output`` (the forward's, fast accumulation by
+    default, as torchao's), ``gemm_config_grad_input`` and ``gemm_config_grad_weight``; the delayed-scaling
+    history, and ``emulate`` (run the FP8 GEMMs by the CPU reference on any device, for tests).
 
     >>> from tilewise.float8 import Float8LinearConfig, CastConfig, ScalingType
     >>> Float8LinearConfig(cast_config_weight=CastConfig(ScalingType.DELAYED)).cast_config_weight.scaling_type
@@ -70,6 +85,9 @@ class Float8LinearConfig:
     delayed_scaling_config: DelayedScalingConfig = field(default_factory=DelayedScalingConfig)
     emulate: bool = False
     pad_inner_dim: bool = False
+    gemm_config_output: Float8GemmConfig = field(default_factory=lambda: Float8GemmConfig(use_fast_accum=True))
+    gemm_config_grad_input: Float8GemmConfig = field(default_factory=Float8GemmConfig)
+    gemm_config_grad_weight: Float8GemmConfig = field(default_factory=Float8GemmConfig)
 
     def __post_init__(self):
         if self.pad_inner_dim:
