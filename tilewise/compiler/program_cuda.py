@@ -51,7 +51,6 @@ program's stream (``CudaBench``); a graph captured from the second call on launc
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -502,22 +501,26 @@ def compile_units(units: list[tuple[str, str]], device: Device) -> list:
 
     Units that differ only in the kernel's name (a transformer's layers make the same kernels once per layer)
     are compiled and loaded once, under a name made from their text (:func:`shared_name`): the program's steps
-    then launch one function, and the kernel cache serves it to every program and process that makes it."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    then launch one function, and the kernel cache serves it to every program and process that makes it. Each
+    module is loaded as soon as its compile is done, while the others compile ([Note: parallel compiles])."""
     from tilewise.backends.cuda.runtime.module import load_module
-    from tilewise.codegen.toolchain import compile_cached
+    from tilewise.codegen.toolchain import default_cache
+    from tilewise.codegen.toolchain.pool import compile_each
 
     arch = get_device_properties(device.index).arch
     keys = [shared_name(name, source) for name, source in units]
     unique = list(dict.fromkeys(keys))
-    with ThreadPoolExecutor(max_workers=max(1, min(len(unique), os.cpu_count() or 1, 16))) as pool:
-        compiled = dict(zip(unique, pool.map(lambda key: compile_cached(key[1], key[0], arch), unique)))
-    log("compile", lambda: _compile_summary(len(units), compiled))
+    with stage("toolchain"):  # on a first compile, NVRTC's version and the CUDA headers are looked up
+        default_cache().toolchain()
+    compiled: dict[tuple[str, str], object] = {}
     loaded: dict[tuple[str, str], object] = {}
-    for key in unique:
-        fn = loaded[key] = load_module(compiled[key].cubin, device.index).get_function(key[0])
+    for k, kernel in compile_each(unique, arch):
+        key = unique[k]
+        compiled[key] = kernel
+        with stage("load modules"):
+            fn = loaded[key] = load_module(kernel.cubin, device.index).get_function(key[0])
         fn.source = key[1]
+    log("compile", lambda: _compile_summary(len(units), {key: compiled[key] for key in unique}))
     return [loaded[key] for key in keys]
 
 
@@ -713,13 +716,13 @@ def kernels_machine_code(sources: dict[str, str], arch: str) -> dict[str, Machin
     runs on the different texts at once. Each kernel's text is shown under its own name."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble_all, resource_usage
+    from tilewise.codegen.toolchain import ToolNotFoundError, disassemble_all, resource_usage
+    from tilewise.codegen.toolchain.pool import compile_all, compile_threads
 
     keys = {name: shared_name(name, source) for name, source in sources.items()}
     unique = list(dict.fromkeys(keys.values()))
-    workers = max(1, min(len(unique), os.cpu_count() or 1, 16))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        compiled = dict(zip(unique, pool.map(lambda key: compile_cached(key[1], key[0], arch), unique)))
+    compiled = dict(zip(unique, compile_all(unique, arch)))
+    with ThreadPoolExecutor(max_workers=max(1, min(len(unique), compile_threads()))) as pool:
         usages = dict(zip(unique, pool.map(lambda key: _resource_usage(resource_usage, compiled[key].cubin), unique)))
     try:
         texts = dict(zip(unique, disassemble_all([compiled[key].cubin for key in unique])))
