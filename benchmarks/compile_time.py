@@ -4,7 +4,8 @@ The steps are the transformer matrix's (``transformer_matrix.py``: GPT-2 124M, L
 autocast, AdamW with ``clip_grad_norm_``), each compiled whole by ``tw.compile`` for the CUDA target on CPU tensors
 and taken as far as a GPU is not needed: the trace, every graph pass, every lowering stage (fusion, kernel IR,
 memory plan, schedules, CUDA C) and NVRTC's PTX and cubins, into a fresh kernel cache (its directory is new for
-each model, so the toolchain lookup of a first compile is counted too). Each stage has the name
+each model). As in a build for a GPU, each kernel's compile starts as soon as it is rendered; the NVRTC stage is what
+is left to wait for after the last. Each stage has the name
 ``TILEWISE_LOG=compile`` gives it in a real compile; what only a GPU does (loading modules, the first run with
 cuBLASLt's algorithm choices and cuDNN's graph builds) is measured by the matrix's first step on the GPU host.
 
@@ -31,13 +32,20 @@ import transformer_matrix as tm
 import tilewise as tw
 from tilewise._stages import Stages, collector_paused, stage
 from tilewise.codegen.toolchain.cache import KernelCache
-from tilewise.codegen.toolchain.pool import compile_all, compile_threads
+from tilewise.codegen.toolchain.pool import compile_all, compile_threads, finished
 from tilewise.compiler.capture import capturing
 from tilewise.compiler.function import _flatten_call, program_graphs
 from tilewise.compiler.program import lower_program
-from tilewise.compiler.program_cuda import shared_name
+from tilewise.compiler.program_cuda import KernelCompiles, shared_name
 from tilewise.compiler.targets import get_target
 from tilewise.config import settings
+
+
+class HostCompiles(KernelCompiles):
+    """A build's kernel compiles, started as each kernel is rendered, for ``arch`` rather than a device's."""
+
+    def __init__(self, arch: str, cache: KernelCache):
+        self.device, self.arch, self.cache, self.started = None, arch, cache, {}
 
 
 def first_compile(case: tm.Case, arch: str, cache_root: Path, serial: bool) -> tuple[Stages, dict]:
@@ -57,13 +65,14 @@ def first_compile(case: tm.Case, arch: str, cache_root: Path, serial: bool) -> t
             finally:
                 cap.restore()
         graphs, _ = program_graphs(traced, target)
-        lows = [lower_program(graph, target) for graph in graphs]
+        compiles = HostCompiles(arch, KernelCache(tempfile.mkdtemp(prefix="fresh-", dir=cache_root)))
+        lows = [lower_program(graph, target, compiles) for graph in graphs]  # each compile starts as rendered
         units = list(dict.fromkeys(shared_name(n, s) for low in lows for n, s in low.sources.items()))
-        with stage("compile kernels (NVRTC)"):
-            cache = KernelCache(tempfile.mkdtemp(prefix="fresh-", dir=cache_root))
-            with stage("toolchain"):
-                cache.toolchain()
-            kernels = compile_all(units, arch, cache)
+        with stage("compile kernels (NVRTC)"):  # what is left of them once everything is rendered
+            futures = [compiles.started[unit] for unit in units]
+            for _ in finished(futures):
+                pass
+            kernels = [future.result() for future in futures]
     facts["kernels"] = sum(len(low.sources) for low in lows)
     facts["texts"] = len(units)
     facts["characters"] = sum(len(source) for _, source in units)

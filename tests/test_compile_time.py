@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from childenv import python_path
@@ -23,9 +24,11 @@ from tilewise.codegen.toolchain import nvrtc_available
 from tilewise.codegen.toolchain import pool as compile_pool
 from tilewise.codegen.toolchain.cache import KernelCache
 from tilewise.codegen.toolchain.disk import unseal
+from tilewise.compiler.capture import trace
 from tilewise.compiler.lowering import fusion
-from tilewise.compiler.program import Lowered, aliased_kernels
-from tilewise.compiler.targets import get_target
+from tilewise.compiler.passes import run_pipeline
+from tilewise.compiler.program import Lowered, aliased_kernels, lower_program
+from tilewise.compiler.targets import CUDA_TARGET, get_target
 from tilewise.config import settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,6 +88,27 @@ def test_kernels_of_equal_schedules_render_once_to_the_same_text(step_low):
     assert len(texts) < len(one_by_one), "the layers' kernels share texts"
 
 
+def test_each_kernel_is_handed_to_its_compile_as_rendered_largest_first():
+    class Started:
+        def __init__(self):
+            self.units: list[tuple[str, str]] = []
+
+        def start(self, name: str, text: str) -> None:
+            self.units.append((name, text))
+
+    def fn(x, y):
+        return (x.softmax(-1) * y).sum(0), (x.exp() + 1).relu(), (x * y).mean(-1)
+
+    started = Started()
+    graph = run_pipeline(trace(fn, (tw.randn(64, 32), tw.randn(64, 32)), {}).graph, CUDA_TARGET.passes)
+    low = lower_program(graph, CUDA_TARGET, started)
+    assert len(started.units) == len(low.sources) >= 2 and dict(started.units) == low.sources
+    statements = {k.name: k.statements() for k in low.kernels.values()}
+    sizes = [statements[name] for name, _ in started.units]
+    assert sizes == sorted(sizes, reverse=True)
+    assert list(low.sources) == [s.kernel.name for s in low.schedules]  # the program's order is kept
+
+
 def test_kept_dependency_closures_are_the_ones_a_fresh_walk_finds(monkeypatch):
     asked = []
     kept = fusion._Partition.deps_closure
@@ -140,6 +164,38 @@ def test_parallel_and_serial_compiles_give_the_same_bytes(step_low, threads):
     for (name, _), a, b in zip(units, serial, parallel):
         assert a.names == b.names == (name,)
         assert a.ptx == b.ptx and a.cubin == b.cubin, name
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("count", [1, 4])
+def test_a_programs_kernels_load_once_per_text_from_the_compiles_started_as_rendered(step_low, threads, count,
+                                                                                      monkeypatch):
+    """``build_cuda_program``'s compile path without a GPU: the device's arch and the module loads stand in."""
+    import tilewise.backends.cuda.runtime.module as module
+    import tilewise.compiler.program_cuda as program_cuda
+
+    threads(count)
+    loads = []
+
+    def load_module(cubin, device):
+        loads.append(cubin)
+        return SimpleNamespace(get_function=lambda name: SimpleNamespace(name=name, cubin=cubin))
+
+    monkeypatch.setattr(program_cuda, "get_device_properties", lambda index: SimpleNamespace(arch="sm_90"))
+    monkeypatch.setattr(module, "load_module", load_module)
+    device = SimpleNamespace(index=0)
+    compiles = program_cuda.KernelCompiles(device)
+    for name, text in step_low.sources.items():  # as lower_program's render hands them over
+        compiles.start(name, text)
+    started = dict(compiles.started)
+    functions = program_cuda.compile_kernels(step_low.sources, device, compiles)
+    assert compiles.started == started, "every compile was started as its kernel was rendered"
+    texts = {program_cuda.shared_name(name, text) for name, text in step_low.sources.items()}
+    assert len(loads) == len(texts) < len(step_low.sources)
+    assert {(f.name, f.source) for f in functions.values()} == texts
+    for name, text in step_low.sources.items():
+        assert functions[name].source == program_cuda.shared_name(name, text)[1]
+        assert f".entry {functions[name].name}" in started[(functions[name].name, functions[name].source)].result().ptx
 
 
 @needs_nvrtc

@@ -188,6 +188,10 @@ class Kernel:
     def __str__(self) -> str:
         return format_kernel(self)
 
+    def statements(self) -> int:
+        """How many loads, reductions and stores the kernel's nests make: what its text and its compile grow with."""
+        return sum(len(n.loads) + len(n.reductions) + len(n.stores) for n in self.nests)
+
     def structure(self) -> tuple:
         """Everything the kernel computes, hashable, without its name and its values' handles: kernels of equal
         structure differ only in their name (a transformer's layers make the same kernels once per layer)."""

@@ -46,27 +46,45 @@ def compile_threads() -> int:
     return max(1, min(cpus, MAX_THREADS))
 
 
-def compile_each(units: Sequence[tuple[str, str]], arch: str, cache: KernelCache | None = None
-                 ) -> Iterator[tuple[int, CompiledKernel]]:
-    """Compile each (kernel name, CUDA source) of ``units`` for ``arch`` through the kernel cache, yielding
-    (its position in ``units``, the compiled kernel) as each is done: on the pool, longest source first, or in the
-    calling thread in order (see [Note: parallel compiles]). A compile error is raised when its kernel comes up;
-    the compiles not yet started are then dropped."""
+def start_compile(source: str, name: str, arch: str, cache: KernelCache | None = None) -> Future:
+    """The kernel ``name`` of ``source`` compiling for ``arch`` through the kernel cache, on the pool; with one
+    compile thread, or asked from a pool thread, it is compiled in the thread that first asks for its result."""
     cache = cache if cache is not None else default_cache()
     threads = compile_threads()
-    if threads == 1 or len(units) < 2 or getattr(_in_pool, "inside", False):
-        for k, (name, source) in enumerate(units):
-            yield k, cache.compile(source, name, arch)
+    if threads == 1 or getattr(_in_pool, "inside", False):
+        return _Deferred(cache.compile, source, name, arch)
+    return _shared_pool(threads).submit(cache.compile, source, name, arch)
+
+
+def finished(futures: Sequence[Future]) -> Iterator[int]:
+    """The positions of ``futures`` as each is done (those compiled on asking: in order, each compiled then).
+    A compile error is raised when its kernel comes up; the compiles not yet started are then dropped."""
+    if any(isinstance(f, _Deferred) for f in futures):
+        for k, future in enumerate(futures):
+            future.result()
+            yield k
         return
-    pool = _shared_pool(threads)
-    order = sorted(range(len(units)), key=lambda k: len(units[k][1]), reverse=True)
-    futures: dict[Future, int] = {pool.submit(cache.compile, units[k][1], units[k][0], arch): k for k in order}
+    position = {future: k for k, future in enumerate(futures)}
     try:
-        for future in as_completed(futures):
-            yield futures[future], future.result()
+        for future in as_completed(position):
+            future.result()
+            yield position[future]
     finally:
         for future in futures:
             future.cancel()
+
+
+def compile_each(units: Sequence[tuple[str, str]], arch: str, cache: KernelCache | None = None
+                 ) -> Iterator[tuple[int, CompiledKernel]]:
+    """Compile each (kernel name, CUDA source) of ``units`` for ``arch`` through the kernel cache, yielding
+    (its position in ``units``, the compiled kernel) as each is done: on the pool, longest source first, or one
+    after another in the calling thread (see [Note: parallel compiles])."""
+    order = sorted(range(len(units)), key=lambda k: len(units[k][1]), reverse=True)
+    futures: list[Future | None] = [None] * len(units)
+    for k in order:
+        futures[k] = start_compile(units[k][1], units[k][0], arch, cache)
+    for k in finished(futures):
+        yield k, futures[k].result()
 
 
 def compile_all(units: Sequence[tuple[str, str]], arch: str, cache: KernelCache | None = None
@@ -76,6 +94,24 @@ def compile_all(units: Sequence[tuple[str, str]], arch: str, cache: KernelCache 
     for k, kernel in compile_each(units, arch, cache):
         out[k] = kernel
     return out  # type: ignore[return-value]
+
+
+class _Deferred(Future):
+    """A compile that runs in the thread first asking for its result (the serial fallback)."""
+
+    def __init__(self, fn, *args) -> None:
+        super().__init__()
+        self._call = (fn, args)
+
+    def result(self, timeout: float | None = None):
+        if self._call is not None:
+            fn, args = self._call
+            self._call = None
+            try:
+                self.set_result(fn(*args))
+            except BaseException as exc:
+                self.set_exception(exc)
+        return super().result(timeout)
 
 
 def _shared_pool(threads: int) -> ThreadPoolExecutor:
