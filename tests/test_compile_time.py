@@ -300,3 +300,42 @@ def test_a_forked_child_compiles_on_a_pool_of_its_own():
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", FORKED], capture_output=True, text=True,
                           env=environment, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------- on a GPU
+
+def _three_gpu_steps() -> tuple[list[float], dict[str, str], object]:
+    tw.manual_seed(0)
+    model = tw.nn.Sequential(*(Block(64) for _ in range(3))).to("cuda")
+    optimizer = tw.optim.AdamW(model.parameters(), lr=1e-3)
+
+    @tw.compile
+    def step(x):
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    x = tw.randn(16, 64).to("cuda")
+    losses = [step(x).item() for _ in range(3)]
+    (program,) = step.programs()
+    return losses, program.sources, model[0].up.weight.detach().cpu().numpy()
+
+
+@pytest.mark.cuda
+def test_a_training_step_on_the_gpu_built_serially_or_on_the_pool_is_the_same(tmp_path, threads, monkeypatch):
+    """The whole path on a device: kernels started as rendered, waited for and loaded as each is done (on the pool)
+    or compiled one after another (``TILEWISE_COMPILE_THREADS=1``), each from an empty kernel cache."""
+    import tilewise.codegen.toolchain.cache as cache_module
+
+    runs = []
+    for count in (1, 4):
+        threads(count)
+        monkeypatch.setattr(cache_module, "_default_cache", KernelCache(tmp_path / f"cache{count}"))
+        runs.append(_three_gpu_steps())
+        assert cache_module.default_cache().stats.compiles > 0
+    (serial_losses, serial_sources, serial_weight), (pool_losses, pool_sources, pool_weight) = runs
+    assert serial_sources == pool_sources
+    assert pool_losses == pytest.approx(serial_losses, rel=1e-6, abs=1e-7)
+    assert abs(pool_weight - serial_weight).max() <= 1e-6
