@@ -66,7 +66,7 @@ def first_compile(case: tm.Case, arch: str, cache_root: Path, serial: bool) -> t
                 cap.restore()
         graphs, _ = program_graphs(traced, target)
         compiles = HostCompiles(arch, KernelCache(tempfile.mkdtemp(prefix="fresh-", dir=cache_root)))
-        lows = [lower_program(graph, target, compiles) for graph in graphs]  # each compile starts as rendered
+        lows = [lower_program(graph, target, compiling=compiles) for graph in graphs]  # each compile starts as rendered
         units = list(dict.fromkeys(shared_name(n, s) for low in lows for n, s in low.sources.items()))
         with stage("compile kernels (NVRTC)"):  # what is left of them once everything is rendered
             futures = [compiles.started[unit] for unit in units]

@@ -101,7 +101,7 @@ def test_each_kernel_is_handed_to_its_compile_as_rendered_largest_first():
 
     started = Started()
     graph = run_pipeline(trace(fn, (tw.randn(64, 32), tw.randn(64, 32)), {}).graph, CUDA_TARGET.passes)
-    low = lower_program(graph, CUDA_TARGET, started)
+    low = lower_program(graph, CUDA_TARGET, compiling=started)
     assert len(started.units) == len(low.sources) >= 2 and dict(started.units) == low.sources
     statements = {k.name: k.statements() for k in low.kernels.values()}
     sizes = [statements[name] for name, _ in started.units]

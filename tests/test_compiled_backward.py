@@ -309,3 +309,164 @@ def test_cuda_training_step_with_compiled_backward_matches_the_engine():
     assert delta(before)["replayed"] == 1
     for a, b in zip(replayed, engine):
         np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-3)
+
+
+# ------------------------------------------------------------------ donated saved tensors
+
+def deep_mlp(lib, width=48, depth=5):
+    lib.manual_seed(0)
+    layers = []
+    for _ in range(depth):
+        layers += [lib.nn.Linear(width, width), lib.nn.GELU(), lib.nn.LayerNorm(width)]
+    return lib.nn.Sequential(*layers, lib.nn.Linear(width, 5))
+
+
+def replayed_plans():
+    """The memory plans of every compiled replay, by its set of donated arguments."""
+    return {key[1]: [p.plan for p in entry[1][0].programs()] for key, entry in B._seen.items() if entry[1]}
+
+
+def donated_buffers(plan):
+    return sum(b.kind == "donated" for b in plan.buffers)
+
+
+def test_saved_activations_only_the_graph_holds_take_the_replays_intermediates():
+    rng = np.random.default_rng(1)
+    x = tw.tensor(rng.standard_normal((32, 48), dtype=np.float32))
+    y = tw.tensor(rng.integers(0, 5, 32))
+    model = deep_mlp(tw)
+    engine = [step(model, x, y) for _ in range(3)]
+
+    def replay_plan(donate):
+        settings.donate_saved = donate
+        B._seen.clear()
+        with tw.autograd.compiled_backward():
+            grads = [step(model, x, y) for _ in range(3)]
+        (donated, [plan]), = replayed_plans().items()
+        return grads, donated, plan
+
+    before = settings.donate_saved
+    try:
+        kept_grads, kept_donated, kept = replay_plan(False)
+        grads, donated, plan = replay_plan(True)
+    finally:
+        settings.donate_saved = before
+    assert not kept_donated and donated_buffers(kept) == 0
+    assert donated and donated_buffers(plan) > 0
+    assert plan.arena_bytes < kept.arena_bytes
+    for ours, plain, theirs in zip(grads, kept_grads, engine):
+        for a, b, c in zip(ours, plain, theirs):
+            np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(a, b)  # placement changes where values live, not what they are
+
+
+def test_tensors_the_user_can_reach_are_never_written_over():
+    """Activations held by the user (the tensors themselves, a NumPy view, a DLPack export) keep their values
+    through compiled backwards whose other saved tensors are donated."""
+    rng = np.random.default_rng(2)
+    x = tw.tensor(rng.standard_normal((32, 48), dtype=np.float32))
+    y = tw.tensor(rng.integers(0, 5, 32))
+    model = deep_mlp(tw)
+    held: list = []
+
+    def value(kind, v):
+        return v.detach().numpy() if kind in ("tensor", "input") else v
+
+    modules = list(model)
+    # the last layers' activations: their memory is what a replay reuses first (read early in backward)
+    modules[13].register_forward_hook(lambda m, i, o: held.append(("tensor", o)))
+    modules[10].register_forward_hook(lambda m, i, o: held.append(("numpy", o.detach().numpy())))
+    modules[7].register_forward_hook(lambda m, i, o: held.append(("dlpack", np.from_dlpack(o.detach()))))
+    modules[15].register_forward_hook(lambda m, i, o: held.append(("input", i[0])))
+    with tw.autograd.compiled_backward():
+        for _ in range(4):
+            held.clear()
+            for p in model.parameters():
+                p.grad = None
+            loss = F.cross_entropy(model(x), y)
+            copies = [(kind, np.array(value(kind, v), copy=True)) for kind, v in held]
+            loss.backward()
+            for (kind, v), (_, before) in zip(held, copies):
+                np.testing.assert_array_equal(value(kind, v), before, err_msg=kind)
+    assert B.stats["replayed"] > 0
+    (donated, _), = replayed_plans().items()
+    assert donated  # the others were donated
+
+
+def test_retain_graph_donates_nothing_and_a_second_backward_agrees():
+    rng = np.random.default_rng(3)
+    x = tw.tensor(rng.standard_normal((16, 48), dtype=np.float32))
+    y = tw.tensor(rng.integers(0, 5, 16))
+    model = deep_mlp(tw)
+    expected = step(model, x, y)
+    with tw.autograd.compiled_backward():
+        for _ in range(3):
+            for p in model.parameters():
+                p.grad = None
+            loss = F.cross_entropy(model(x), y)
+            loss.backward(retain_graph=True)
+            first = grads_of(model)
+            loss.backward()
+            for a, b in zip(grads_of(model), first):
+                np.testing.assert_allclose(a, 2 * b, rtol=1e-5, atol=1e-6)
+            for a, b in zip(first, expected):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert frozenset() in replayed_plans()  # the retaining backward's replay; the last one may donate
+
+
+def test_a_replay_that_fails_after_writing_donated_memory_raises(monkeypatch):
+    rng = np.random.default_rng(4)
+    x = tw.tensor(rng.standard_normal((16, 48), dtype=np.float32))
+    y = tw.tensor(rng.integers(0, 5, 16))
+    model = deep_mlp(tw)
+    with tw.autograd.compiled_backward():
+        step(model, x, y)
+        step(model, x, y)  # compiled, donating
+        (_, [plan]), = replayed_plans().items()
+        assert donated_buffers(plan) > 0
+        (fn, _), = [entry[1] for entry in B._seen.values() if entry[1]]
+        program, = fn.programs()
+        last = program.steps[-1]
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("device fault")
+
+        monkeypatch.setattr(last, "run", broken)
+        with pytest.raises(RuntimeError, match="compiled backward failed while running") as info:
+            step(model, x, y)
+        assert "device fault" in str(info.value.__cause__)
+        monkeypatch.undo()
+        step(model, x, y)  # a new graph: the engine runs it (the failed description is given up)
+
+
+@pytest.mark.cuda
+def test_cuda_donated_replay_matches_the_engine_and_keeps_held_tensors():
+    if not tw.cuda.is_available():
+        pytest.skip("needs a GPU")
+    rng = np.random.default_rng(5)
+    model = deep_mlp(tw, width=256).to("cuda")
+    x = tw.tensor(rng.standard_normal((512, 256), dtype=np.float32), device="cuda")
+    y = tw.tensor(rng.integers(0, 5, 512), device="cuda")
+    held: list = []
+    list(model)[4].register_forward_hook(lambda m, i, o: held.append(o))
+
+    def run():
+        held.clear()
+        for p in model.parameters():
+            p.grad = None
+        with tw.autocast("cuda", dtype=tw.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        before = held[0].detach().float().cpu().numpy()
+        loss.backward()
+        np.testing.assert_array_equal(held[0].detach().float().cpu().numpy(), before)
+        return [p.grad.cpu().numpy() for p in model.parameters()]
+
+    engine = run()
+    with tw.autograd.compiled_backward():
+        run()
+        replayed = [run() for _ in range(2)]
+    (donated, [plan]), = replayed_plans().items()
+    assert donated and donated_buffers(plan) > 0
+    for grads in replayed:
+        for a, b in zip(grads, engine):
+            np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-3)

@@ -146,3 +146,28 @@ def test_a_value_of_several_results_beside_a_convolution(channels_last_c_target)
     assert not compiled.eager_reason, compiled.eager_reason
     np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
+
+
+def test_statistics_down_a_channels_last_tensors_channels_are_split_from_their_normalisation():
+    """A batch norm's backward over channels-last arguments (a compiled backward's saved activations) reduces down
+    the channels, which lie innermost in memory though not in the (N, C, H, W) shape: fused with its normalisation
+    in phases it could not be split across blocks (2 blocks of a GPU for [64, 2048, 7, 7]), so the statistics are a
+    kernel of their own and the normalisation an element-wise one; in (N, C, H, W) order the rows keep their
+    phases together."""
+    import torch
+
+    def bn_backward_like(x, g):
+        n = x.shape[0] * x.shape[2] * x.shape[3]
+        s1 = g.sum((0, 2, 3), keepdim=True)
+        s2 = (g * x).sum((0, 2, 3), keepdim=True)
+        return g - s1 / n - x * s2 / n
+
+    rng = np.random.default_rng(0)
+    x, g = (rng.standard_normal((32, 64, 7, 7)).astype(np.float32) for _ in range(2))
+    want = bn_backward_like(torch.from_numpy(x), torch.from_numpy(g)).numpy()
+    for fmt, kernels in ((tw.contiguous_format, 1), (tw.channels_last, 2)):
+        f = tw.compile(bn_backward_like)
+        got = f(tw.from_numpy(x).to(memory_format=fmt), tw.from_numpy(g).to(memory_format=fmt))
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
+        program, = f.programs()
+        assert program.kernel_count == kernels, (fmt, program.describe())

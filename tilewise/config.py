@@ -40,6 +40,9 @@ variable                  meaning
 ``TILEWISE_COMPILED_``    ``1`` runs each eager ``backward()`` whose graph was seen before as one compiled program
 ``BACKWARD``              ([Note: compiled backward] in ``compiler/backward.py``); ``0`` (default): node by node.
                           ``tilewise.autograd.compiled_backward()`` turns it on for a block of code
+``TILEWISE_DONATE_``       ``1`` (default) lets a compiled backward write its intermediates into the memory of saved
+``SAVED``                 tensors nothing else can reach, once it has read them for the last time ([Note: donated
+                          saved tensors] in ``compiler/backward.py``); ``0`` keeps every saved tensor intact
 ``TILEWISE_CUDA_GRAPHS``  ``1`` (default) lets a compiled CUDA program replay its steps as one captured CUDA graph
                           from its second call; ``0`` launches its steps one by one on every call
 ``TILEWISE_COMPILE_``     how many kernels NVRTC compiles at once, on a pool of threads ([Note: parallel compiles] in
@@ -79,6 +82,7 @@ class Settings:
     cpu_malloc: bool = field(default_factory=lambda: os.environ.get("TILEWISE_CPU_MALLOC", "1") != "0")
     cpu_fused_min_elements: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_CPU_FUSED", "16384")))
     compiled_backward: bool = field(default_factory=lambda: os.environ.get("TILEWISE_COMPILED_BACKWARD", "0") == "1")
+    donate_saved: bool = field(default_factory=lambda: os.environ.get("TILEWISE_DONATE_SAVED", "1") != "0")
     compile_threads: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_COMPILE_THREADS", "0")))
 
     def logs(self, channel: str) -> bool:

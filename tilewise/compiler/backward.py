@@ -20,17 +20,37 @@ vmap and forward AD. Anything else, and a saved tensor modified in place since i
 torch's error for it), runs through the engine. A description is compiled on its second sighting (a graph built
 once is not worth a compile), and one whose compile gives up runs through the engine from then on. Results agree
 with the engine's to the compiler's tolerances (the fused kernels keep intermediates in registers, at float32).
+
+[Note: donated saved tensors] The engine frees each node's saved tensors as soon as the node has run, so the
+memory of a backward falls as it goes: the activations of the last layers are gone by the time the large gradients
+of the first layers are made. A replay holds its arguments until it returns, so its intermediates would need an
+arena of their own on top of every saved activation (a ResNet-50 bf16 backward: 1.68 GiB more at its peak). Where
+nothing outside the graph can reach a saved tensor's memory, the replay may reuse it instead: the compiled program
+places intermediates in the memory of such an argument after its last read (see [Note: donated inputs] in
+``compiler/lowering/memory.py``), as the engine's caching allocator would have reused the freed block. Nothing
+outside the graph can reach it when the tensor is referenced only by the graph's saved values (and the replay's own
+list), is the only tensor on its storage, and its storage's memory is its own (a plain device block, or a NumPy
+array that owns its data, viewed only through the tensor's own cached array): reference counts tell all three
+exactly, so a user's reference, a view, a ``.numpy()`` array or a DLPack export keeps a tensor intact. Which
+arguments are donated is part of the description, so each set compiles its own plan. ``retain_graph`` donates
+nothing; ``TILEWISE_DONATE_SAVED=0`` (``settings.donate_saved``) turns donation off. A replay that fails after a
+program wrote into donated memory cannot fall back to the engine (the saved tensors may be overwritten): it raises.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from sys import getrefcount
+
+import numpy as np
 
 from tilewise.autograd import engine
 from tilewise.autograd.graph import AccumulateGrad, OpNode, SavedTensor
 from tilewise.compiler.capture import signature
+from tilewise.config import settings
 from tilewise.dispatch import STATE
+from tilewise.storage import Storage
 from tilewise.tensor import Tensor
 
 SEEN_LIMIT = 64  # descriptions remembered (compiled or counted); the least recently used is forgotten
@@ -46,33 +66,36 @@ class _Unsupported(Exception):  # noqa: N818 — not an error: the engine runs t
     pass
 
 
-def _saved_value(value, flat: list, index: dict):
+def _saved_value(value, flat: list, index: dict, holders: list):
     """The description of one saved value: a tensor as ("t", position, layout), a tuple of optional tensors
     element by element, anything else as (type, value)."""
     if type(value) is SavedTensor:
         t = value.tensor
         if t is None or value.unpack_hook is not None or t._version != value.version:
             raise _Unsupported  # freed, packed by a hook, or modified in place: the engine says what is wrong
-        return _tensor_position(t, flat, index)
+        return _tensor_position(t, flat, index, holders)
     if type(value) is tuple and any(type(v) is SavedTensor for v in value):
-        return ("l", tuple(_saved_value(v, flat, index) for v in value))
+        return ("l", tuple(_saved_value(v, flat, index, holders) for v in value))
     if type(value) is Tensor:
-        return _tensor_position(value, flat, index)
+        return _tensor_position(value, flat, index, holders)
     hash(value)  # unhashable: TypeError, and the engine runs it
     return (type(value), value)
 
 
-def _tensor_position(t: Tensor, flat: list, index: dict) -> tuple:
+def _tensor_position(t: Tensor, flat: list, index: dict, holders: list, saved: bool = True) -> tuple:
+    """``saved``: a saved value holds one more reference to ``t`` (else a root gradient: the caller's)."""
     k = index.get(id(t))
     if k is None:
         k = index[id(t)] = len(flat)
         flat.append(t)
+        holders.append(0)
+    holders[k] = holders[k] + 1 if saved and holders[k] >= 0 else -1
     return ("t", k, signature(t), t._requires_grad)
 
 
 def describe(root_edges: list, grad_tensors) -> tuple:
-    """(description, flat tensors, live accumulators, live operator nodes) of the graph below ``root_edges``;
-    raises _Unsupported where the engine must run it."""
+    """(description, flat tensors, the graph's references to each, live accumulators, live operator nodes) of the
+    graph below ``root_edges``; raises _Unsupported where the engine must run it."""
     position: dict = {}
     order: list = []
     stack = [node for node, _ in reversed(root_edges)]
@@ -86,6 +109,7 @@ def describe(root_edges: list, grad_tensors) -> tuple:
             if nxt is not None and nxt not in position:
                 stack.append(nxt)
     flat: list = []
+    holders: list = []  # per flat tensor: the references the graph's saved values hold to it (-1: not the graph's)
     index: dict = {}
     parts = []
     accumulators, op_nodes = [], []
@@ -114,9 +138,12 @@ def describe(root_edges: list, grad_tensors) -> tuple:
                 if k is None:
                     k = index[id(t)] = len(flat)
                     flat.append(t)
+                    holders.append(0)
+                if holders[k] >= 0:
+                    holders[k] += 1
                 saved.append((name, ("t", k, signature(t), t._requires_grad)))
             else:
-                saved.append((name, _saved_value(value, flat, index)))
+                saved.append((name, _saved_value(value, flat, index, holders)))
         edges = tuple([(-1, 0) if nxt is None else (position[nxt], nr) for nxt, nr in node.next_functions])
         parts.append((node.op, node.slots, tuple(node.input_meta), tuple(node.output_meta), edges,
                       tuple(node.shapes.items()), tuple(saved)))
@@ -124,8 +151,45 @@ def describe(root_edges: list, grad_tensors) -> tuple:
     for (node, nr), g in zip(root_edges, grad_tensors):
         if type(g) is not Tensor:
             raise _Unsupported
-        roots.append((position[node], nr, _tensor_position(g, flat, index)))
-    return (tuple(parts), tuple(roots)), flat, accumulators, op_nodes
+        roots.append((position[node], nr, _tensor_position(g, flat, index, holders, saved=False)))
+    return (tuple(parts), tuple(roots)), flat, holders, accumulators, op_nodes
+
+
+def _donatable(flat: list, holders: list) -> frozenset[int]:
+    """The positions of the flat tensors whose memory nothing but the graph can reach: referenced only by the
+    graph's saved values and ``flat``, the only tensor on its storage, its storage's memory its own (see
+    [Note: donated saved tensors]). Each count below includes the reference of a local name and of
+    getrefcount's argument."""
+    out = []
+    for k in range(len(flat)):
+        t = flat[k]
+        if holders[k] <= 0 or getrefcount(t) != holders[k] + 3:  # the saved values' and ``flat``'s
+            continue
+        storage = t._storage
+        if type(storage) is not Storage or storage.__dict__ or getrefcount(storage) != 3:  # ``t._storage``
+            continue
+        data = storage.data
+        if type(data) is np.ndarray:
+            owner = data if data.base is None else data.base  # (numpy makes every view's base the owner)
+            view = t._array  # a tensor's cached array: the owner itself (``t._array`` and ``view``), or a view of it
+            views = 0 if view is None else 2 if view is owner else 1 if view.base is owner else -1
+            if (type(owner) is not np.ndarray or not owner.flags.owndata or views < 0
+                    or (owner is data and getrefcount(data) != 4 + views)  # ``storage.data``, ``owner``
+                    or (owner is not data and (getrefcount(data) != 3 or getrefcount(owner) != 3 + views))):
+                continue  # (``data.base``, ``owner``)
+        else:
+            from tilewise.backends.cuda.device_memory import DeviceBuffer  # (a device tensor: its backend is loaded)
+
+            if type(data) is not DeviceBuffer or getrefcount(data) != 3:  # ``storage.data``
+                continue
+        out.append(k)
+    return frozenset(out)
+
+
+def _donating_runs(fn) -> int:
+    """How many times ``fn``'s programs that write into donated memory have run."""
+    return sum(getattr(p.runtime, "calls", 0) for p in fn.programs()
+               if any(b.kind == "donated" for b in p.plan.buffers))
 
 
 def _resolved(desc, tensors: tuple):
@@ -194,13 +258,15 @@ def _outputs(part) -> int:
     return 1 if part[0] == "acc" else max(len(part[3]), 1)
 
 
-def _compiled(description: tuple):
+def _compiled(key: tuple):
     from tilewise.compiler.function import compile as compile_fn
 
+    description, donated = key
     produced: list = []
     fn = compile_fn(_replay_function(description, produced))
     fn.arena_keep = ARENA_KEEP
     fn.graph_bytes = GRAPH_BYTES
+    fn.donated = donated
     return fn, produced
 
 
@@ -208,11 +274,13 @@ def run(root_edges: list, grad_tensors, retain_graph: bool) -> bool:
     """Run the backward of ``root_edges`` as a compiled replay (see the note); False where the engine must run
     it (nothing has been changed then)."""
     try:
-        description, flat, accumulators, op_nodes = describe(root_edges, grad_tensors)
+        description, flat, holders, accumulators, op_nodes = describe(root_edges, grad_tensors)
         hash(description)
     except (_Unsupported, TypeError, AttributeError):  # AttributeError: a tensor without storage (no layout)
         stats["eager"] += 1
         return False
+    donated = frozenset() if retain_graph or not settings.donate_saved else _donatable(flat, holders)
+    description = (description, donated)
     with _lock:
         entry = _seen.get(description)
         if entry is None:
@@ -232,10 +300,15 @@ def run(root_edges: list, grad_tensors, retain_graph: bool) -> bool:
     fn, produced = entry[1]
     prev_mode, prev_autocast = STATE.grad_enabled, STATE.autocast
     STATE.grad_enabled, STATE.autocast = False, None  # as the engine runs formulas without create_graph
+    runs = _donating_runs(fn) if donated else 0
     try:
         grads = list(fn(*flat))
-    except Exception:  # noqa: BLE001 — the engine runs it and raises what is wrong in the user's terms
+    except Exception as exc:  # the engine runs it and raises what is wrong in the user's terms
         entry[1] = None
+        if donated and _donating_runs(fn) != runs:  # a program ran and may have written over saved tensors
+            raise RuntimeError("compiled backward failed while running, after it may have reused the memory of "
+                               "the graph's saved tensors: the graph cannot be run again (the error is below; "
+                               "tilewise.autograd.compiled_backward(False) runs backward through the engine)") from exc
         stats["eager"] += 1
         return False
     finally:

@@ -382,6 +382,9 @@ class CompiledFunction:
         self.variants: list[Variant] = []
         self.arenas: dict = {}  # (target, device) -> the Arena its programs share
         self.graph_bytes: int | None = None  # the most a program's CUDA graph may copy and hold (None: by cost)
+        # flattened argument positions whose storage the caller gives up to the call: its programs may write
+        # their intermediates there once the argument has been read for the last time (see [Note: donated inputs])
+        self.donated: frozenset[int] = frozenset()
         self.arena_keep: dict[str, int] = {}  # target name -> the largest plan its arena keeps (see [Note: transient
         # arenas] in program.py)
         self.rebase_slices = True  # see [Note: sliced arguments]
@@ -631,8 +634,12 @@ class CompiledFunction:
         graphs, saved = program_graphs(traced, target, history)
         arena = self._arena(target, device)
         # a differentiable call's programs exchange activations that are fresh on every call: no CUDA graphs
+        donated = frozenset()
+        if self.donated and traced.backward is None:  # (a differentiable call's backward reads its inputs later)
+            donated = frozenset(k for k, source in enumerate(_entry_sources(traced))
+                                if source.kind == "arg" and source.index in self.donated)
         programs = [build_program(g, target, device, traced.backward is None, arena, self.mode == "max-autotune",
-                                  self.graph_bytes) for g in graphs]
+                                  self.graph_bytes, donated) for g in graphs]
         for program in programs:
             program.passes = history
         forward, *backward = programs

@@ -174,9 +174,10 @@ class Lowered:
     compiling: object = None  # the target's compiles of the kernels, started as each was rendered (CUDA)
 
 
-def lower_program(graph: Graph, target: Target, compiling=None) -> Lowered:
-    """The target's lowering stages, then fuse, lower to kernel IR, plan memory, schedule and render. With
-    ``compiling`` (the target's ``compiles``), each kernel's compile starts as soon as it is rendered."""
+def lower_program(graph: Graph, target: Target, donated: frozenset[int] = frozenset(), compiling=None) -> Lowered:
+    """The target's lowering stages, then fuse, lower to kernel IR, plan memory, schedule and render.
+    ``donated``: inputs whose memory the program may reuse after their last read (see [Note: donated inputs]).
+    With ``compiling`` (the target's ``compiles``), each kernel's compile starts as soon as it is rendered."""
     for name, lowering in target.lowering:
         with stage(name):
             graph = checked(lowering(graph), name)
@@ -191,7 +192,7 @@ def lower_program(graph: Graph, target: Target, compiling=None) -> Lowered:
                 kernels[node] = lower(node.args[0])
     with stage("plan memory"):
         fused = order_for_reuse(fused, kernels)
-        plan = plan_memory(fused, kernels)
+        plan = plan_memory(fused, kernels, donated)
         streams = schedule_streams(fused, plan)
     with stage("schedule"):
         schedules = [target.schedule(k) for k in kernels.values()]
@@ -234,16 +235,18 @@ def _overlap(a: tuple[str, int, int], b: tuple[str, int, int]) -> bool:
 
 
 def build_program(graph: Graph, target: Target, device=None, graphs: bool = True,
-                  arena: Arena | None = None, autotune: bool = False, graph_bytes: int | None = None) -> Program:
+                  arena: Arena | None = None, autotune: bool = False, graph_bytes: int | None = None,
+                  donated: frozenset[int] = frozenset()) -> Program:
     """Lower, schedule, render, compile and plan memory for an optimised graph, for ``target``.
 
     ``arena``: shared with the other programs of the same function (the target's own when None).
     ``graphs``: let the program replay its steps as one captured graph where the target can; ``graph_bytes``: the
     most such a graph may copy in and out, and so hold (None: where copying costs less than launching).
-    ``autotune``: choose each kernel's schedule by timing its candidates (``mode="max-autotune"``)."""
+    ``autotune``: choose each kernel's schedule by timing its candidates (``mode="max-autotune"``).
+    ``donated``: the inputs whose memory it may reuse once read for the last time (see [Note: donated inputs])."""
     # autotuning renders its choices again: compiles start once they are made
     compiling = target.compiles(device) if target.compiles is not None and not autotune else None
-    low = lower_program(graph, target, compiling)
+    low = lower_program(graph, target, donated, compiling)
     tuner = None
     if autotune and low.schedules:
         tuning = target.tuning(device, low)

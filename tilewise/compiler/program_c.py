@@ -150,12 +150,17 @@ class HostRuntime:
         self.arrays: list = []  # per buffer: the arena view, or None (bound per call)
         self.pointers: list = []
         self.arena_generation = -1  # the arena generation ``arrays`` and ``pointers`` view
+        self.calls = 0
         buffers = program.plan.buffers
         self.inputs = [(k, buf.slot) for k, buf in enumerate(buffers) if buf.kind == "input"]
         self.outputs = [(k, buf.ty.numel, buf.ty.dtype.np) for k, buf in enumerate(buffers) if buf.kind == "output"]
+        # values in the memory of donated inputs (see [Note: donated inputs]): (buffer, input, first byte, end, dtype)
+        self.donated = [(k, buf.slot, buf.offset, buf.offset + buf.ty.nbytes, buf.ty.dtype.np)
+                        for k, buf in enumerate(buffers) if buf.kind == "donated"]
 
     def run(self, inputs: list, staged: frozenset[int] = frozenset()) -> list:
         program = self.program
+        self.calls += 1
         if self.arena_generation != program.arena.generation:
             self._bind_arena()
         arrays, pointers = list(self.arrays), list(self.pointers)
@@ -164,6 +169,9 @@ class HostRuntime:
             pointers[k] = data_pointer(array)
         for k, numel, dtype in self.outputs:
             array = arrays[k] = np.empty(numel, dtype=dtype)
+            pointers[k] = data_pointer(array)
+        for k, slot, first, end, dtype in self.donated:
+            array = arrays[k] = inputs[slot].view(np.uint8)[first:end].view(dtype)
             pointers[k] = data_pointer(array)
         if program.tuner is not None:
             program.tuner.walk(program, HostBench(arrays, pointers))

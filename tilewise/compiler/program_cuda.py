@@ -295,6 +295,8 @@ class CudaRuntime:
                 out = DeviceBuffer(buf.ty.nbytes, self.device.index, stream)
                 outputs.append(out)
                 pointers[k] = out.ptr
+            elif buf.kind == "donated":  # see [Note: donated inputs]
+                pointers[k] = inputs[buf.slot].ptr + buf.offset
         return pointers, outputs
 
     def _walk(self, pointers: list, stream: int) -> None:
@@ -449,6 +451,8 @@ class CudaRuntime:
                 out = DeviceBuffer(buf.ty.nbytes, index, stream)
                 outputs.append(out)
                 pointers[k] = out.ptr
+            elif buf.kind == "donated":  # in the memory the input is read from: its staging buffer if staged
+                pointers[k] = (self.staging[buf.slot].ptr if buf.slot in staged else inputs[buf.slot].ptr) + buf.offset
         cudnn.note_capture()  # the cuDNN calls captured keep their workspace's address
         running: list = [None]  # the step being captured, for the report of a capture that fails
 

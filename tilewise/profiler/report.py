@@ -489,7 +489,7 @@ def _memory_section(explained: Explanation, page: _Page) -> str:
         plan = _plan_of(p)
         arena = [(value, plan.buffers[index]) for value, index in plan.of.items()
                  if plan.buffers[index].kind == "arena"]
-        kinds = {kind: sum(b.kind == kind for b in plan.buffers) for kind in ("input", "output", "arena")}
+        kinds = {kind: sum(b.kind == kind for b in plan.buffers) for kind in ("input", "output", "arena", "donated")}
         head = (f"{_e(p.label or 'program')}: arena {_bytes(plan.arena_bytes)} (without reuse "
                 f"{_bytes(plan.unshared_bytes)}), {kinds['arena']} arena buffer(s), {kinds['input']} input(s), "
                 f"{kinds['output']} output(s), {len(plan.copies)} end-of-call copy(ies)")

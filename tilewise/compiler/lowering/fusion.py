@@ -362,7 +362,9 @@ def _starves_phases(group: Group) -> bool:
     if not group.reduce:
         return False
     shape = group.shape
-    innermost = max((d for d, n in enumerate(shape) if n != 1), default=None)
+    innermost = _innermost_in_memory(group)
+    if innermost is None:
+        innermost = max((d for d, n in enumerate(shape) if n != 1), default=None)
     if innermost is None:
         return False
     kept = 1
@@ -388,6 +390,30 @@ def _starves_phases(group: Group) -> bool:
     if rows:  # a later phase over the row itself; a scalar epilogue (the sqrt of a norm) runs once anyway
         return any(d in group.reduce for member in late for d in group.dims[member] if d is not None)
     return bool(late)
+
+
+def _innermost_in_memory(group: Group) -> int | None:
+    """The domain dim along which the group's largest operand read whole from outside it is contiguous in memory
+    (None if there is none): a channels-last tensor's channels, which its (N, C, H, W) shape puts second. Reduced
+    down (N, H, W) it is a columns nest, whatever its logical innermost dim says."""
+    from tilewise.compiler.lowering.lower import geometry  # (lower builds on this module)
+
+    best, found = 0, None
+    for member in group.members:
+        dims = group.dims.get(member)
+        if dims is None or fusion_kind(member) == "reduction":
+            continue
+        for src in member.srcs:
+            if view_chain(src)[0] in group.dims or src.type.shape != member.type.shape or src.type.numel <= best:
+                continue
+            try:
+                src_shape, strides, _ = geometry(src)
+            except Exception:  # noqa: BLE001 — a view the lowering cannot place: no opinion
+                continue
+            axes = [a for a, (n, st) in enumerate(zip(src_shape, strides)) if st == 1 and n != 1]
+            if axes and dims[axes[-1]] is not None:
+                best, found = src.type.numel, dims[axes[-1]]
+    return found
 
 
 def _device(group: Group):

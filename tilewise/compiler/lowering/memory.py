@@ -39,6 +39,14 @@ they can run there, so that the kernel becomes the last reader. The kernel's par
 result then lie in the same memory (``MemoryPlan.memory_of`` overlaps), and the CUDA renderer declares neither
 ``__restrict__`` (``program.aliased_kernels``): a compiler told they do not alias may load the operand after storing
 the result over it.
+
+[Note: donated inputs] A caller may *donate* inputs (``plan_memory``'s ``donated``): give the program their memory
+once it has read them for the last time, as a compiled backward gives the saved activations it alone holds (see
+[Note: donated saved tensors] in ``compiler/backward.py``). Arena values are then placed, largest first, in the
+memory of a donated input where they fit after its last reader (inputs smallest first, first fit, the same
+lifetimes as the arena's), and only the rest in the arena. Such a buffer is kind ``"donated"``: the input's
+position and a byte offset, bound at each call to the input's address plus the offset. An input the call writes
+back into, or returns, is never donated (its last use is the end of the call).
 """
 
 from __future__ import annotations
@@ -57,9 +65,10 @@ ALIGN = 64
 
 @dataclass
 class Buffer:
-    kind: str  # "input" | "output" | "arena"
+    kind: str  # "input" | "output" | "arena" | "donated"
     ty: object  # TensorType of the buffer (contiguous)
-    slot: int  # input index, output index, or arena byte offset
+    slot: int  # input index, output index, or arena byte offset; "donated": the input whose memory it is in
+    offset: int = 0  # "donated": the byte offset in that input's memory
 
 
 @dataclass
@@ -88,6 +97,8 @@ class MemoryPlan:
         buffer = self.buffers[self.of[value]]
         if buffer.kind == "arena":
             return buffer.kind, buffer.slot, buffer.slot + buffer.ty.nbytes
+        if buffer.kind == "donated":
+            return f"input {buffer.slot}", buffer.offset, buffer.offset + buffer.ty.nbytes
         return buffer.kind, buffer.slot, buffer.slot + 1
 
     def describe(self) -> str:
@@ -96,7 +107,8 @@ class MemoryPlan:
                  f"{len(self.cat_copies)} cat(s) in place; largest live set {self.live_bytes} bytes at step "
                  f"{self.live_step}"]
         for k, b in enumerate(self.buffers):
-            lines.append(f"  buffer {k}: {b.kind} {b.slot} : {format_type(b.ty)}")
+            at = f" +{b.offset}" if b.kind == "donated" else ""
+            lines.append(f"  buffer {k}: {b.kind} {b.slot}{at} : {format_type(b.ty)}")
         return "\n".join(lines)
 
 
@@ -109,7 +121,9 @@ def _steps_in(body: list[Node]) -> list[Node]:
     return [n for n in body if n.op == "fused" or (n.op != "getitem" and fusion_kind(n) == "extern")]
 
 
-def plan_memory(graph: Graph, kernels: dict[Node, Kernel]) -> MemoryPlan:
+def plan_memory(graph: Graph, kernels: dict[Node, Kernel], donated: frozenset[int] = frozenset()) -> MemoryPlan:
+    """``donated``: the positions of inputs whose memory the call may overwrite once it has read them for the last
+    time (see [Note: donated inputs])."""
     plan = MemoryPlan()
     steps = steps_of(graph)
     position = {s: k for k, s in enumerate(steps)}
@@ -122,7 +136,9 @@ def plan_memory(graph: Graph, kernels: dict[Node, Kernel]) -> MemoryPlan:
     shared = _cats_in_place(plan, produced, steps)
     _results_in_place(plan, produced, steps, position, _last_reads(graph, steps, position), shared)
     reused = _reuse_in_place(plan, produced, position, last_use, kernels, shared)
-    _assign_arena(plan, produced, position, last_use, shared, reused)
+    regions = [(graph.inputs[k], k) for k in sorted(donated)
+               if not any(i is graph.inputs[k] for i, _ in graph.writes)]
+    _assign_arena(plan, produced, position, last_use, shared, reused, regions)
     _largest_live_set(plan, produced, position, last_use, steps)
     return plan
 
@@ -427,7 +443,8 @@ def _results_in_place(plan: MemoryPlan, produced: dict, steps: list[Node], posit
 
 
 def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: dict,
-                  cats: dict[Node, list[tuple[Node, int]]], reused: dict[Node, Node]) -> None:
+                  cats: dict[Node, list[tuple[Node, int]]], reused: dict[Node, Node],
+                  regions: list[tuple[Node, int]] = ()) -> None:
     members = {v for placed in cats.values() for v, _ in placed} | set(reused)
     heirs: dict[Node, list[Node]] = {}  # an operand -> the chain of values that take its bytes in turn
     for value, operand in reused.items():
@@ -445,21 +462,43 @@ def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: di
             end = max(end, last_use.get(v, position[produced[v]]), position[produced[v]])
         size = -(-value.type.nbytes // ALIGN) * ALIGN
         intervals.append((size, start, end, value))
+    # donated inputs, smallest first: each holds its own bytes until its last reader, then what fits after it
+    donated = sorted(((inp.type.nbytes, k, [(0, inp.type.nbytes, -1, last_use.get(inp, len(position)))])
+                      for inp, k in regions), key=lambda r: r[:2])
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
     for size, start, end, value in sorted(intervals, key=lambda t: (-t[0], t[1])):
-        offset = 0
-        for o, s, _, _ in sorted(p for p in placed if not (p[3] < start or end < p[2])):
-            if offset + size <= o:
-                break
-            offset = max(offset, o + s)
-        placed.append((offset, size, start, end))
-        plan.of[value] = _add(plan, Buffer("arena", value.type, offset))
-        for v, byte in cats.get(value, ()):
-            plan.of[v] = _add(plan, Buffer("arena", v.type, offset + byte))
-        for v in _chain(value, heirs):
-            plan.of[v] = _add(plan, Buffer("arena", v.type, offset))
-        plan.arena_bytes = max(plan.arena_bytes, offset + size)
         plan.unshared_bytes += size
+        kind, slot, offset = "arena", 0, None
+        for capacity, k, taken in donated:
+            if size <= capacity and start > taken[0][3]:
+                offset = _first_fit(taken, size, start, end)
+                if offset + size <= capacity:
+                    kind, slot = "donated", k
+                    taken.append((offset, size, start, end))
+                    break
+        if kind == "arena":
+            offset = _first_fit(placed, size, start, end)
+            placed.append((offset, size, start, end))
+            plan.arena_bytes = max(plan.arena_bytes, offset + size)
+        plan.of[value] = _add(plan, _placed(kind, value.type, slot, offset))
+        for v, byte in cats.get(value, ()):
+            plan.of[v] = _add(plan, _placed(kind, v.type, slot, offset + byte))
+        for v in _chain(value, heirs):
+            plan.of[v] = _add(plan, _placed(kind, v.type, slot, offset))
+
+
+def _first_fit(placed: list[tuple[int, int, int, int]], size: int, start: int, end: int) -> int:
+    """The lowest offset where ``size`` bytes are free from step ``start`` to ``end`` among ``placed``."""
+    offset = 0
+    for o, s, _, _ in sorted(p for p in placed if not (p[3] < start or end < p[2])):
+        if offset + size <= o:
+            break
+        offset = max(offset, o + s)
+    return offset
+
+
+def _placed(kind: str, ty, slot: int, offset: int) -> Buffer:
+    return Buffer("arena", ty, offset) if kind == "arena" else Buffer("donated", ty, slot, offset)
 
 
 def _chain(value: Node, heirs: dict[Node, list[Node]]) -> list[Node]:

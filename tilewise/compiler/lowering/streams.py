@@ -88,8 +88,8 @@ def _regions(node: Node, results: list[Node], plan: MemoryPlan) -> list[tuple]:
         buffer = plan.buffers[plan.of[value]]
         if buffer.kind == "arena":
             out.append(("arena", 0, buffer.slot, buffer.slot + buffer.ty.nbytes))
-        else:
-            out.append((buffer.kind, buffer.slot, 0, 1))
+        else:  # a value in a donated input's memory counts as that input (see [Note: donated inputs])
+            out.append(("input" if buffer.kind == "donated" else buffer.kind, buffer.slot, 0, 1))
     return out
 
 
