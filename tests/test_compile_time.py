@@ -339,3 +339,15 @@ def test_a_training_step_on_the_gpu_built_serially_or_on_the_pool_is_the_same(tm
     assert serial_sources == pool_sources
     assert pool_losses == pytest.approx(serial_losses, rel=1e-6, abs=1e-7)
     assert abs(pool_weight - serial_weight).max() <= 1e-6
+
+
+@needs_nvrtc
+@pytest.mark.slow
+def test_the_compile_time_benchmark_reports_every_stage_and_equal_serial_kernels(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_time.py"), "--tiny", "--models", "gpt2",
+                           "--serial", "--threads", "2"], capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          env={**os.environ, "PYTHONPATH": python_path(ROOT / "benchmarks")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    for stage in ("trace", "passes", "fuse", "lower to kernel IR", "plan memory", "render", "compile kernels (NVRTC)"):
+        assert f"| {stage} |" in done.stdout, stage
+    assert "the same PTX and cubins as on the pool: yes" in done.stdout
