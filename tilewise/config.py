@@ -45,6 +45,9 @@ variable                  meaning
                           saved tensors] in ``compiler/backward.py``); ``0`` keeps every saved tensor intact
 ``TILEWISE_CUDA_GRAPHS``  ``1`` (default) lets a compiled CUDA program replay its steps as one captured CUDA graph
                           from its second call; ``0`` launches its steps one by one on every call
+``TILEWISE_COMPILE_``     how many kernels NVRTC compiles at once, on a pool of threads ([Note: parallel compiles] in
+``THREADS``               ``codegen/toolchain/pool.py``); ``0`` (default): one per CPU the process may run on, up to
+                          32; ``1``: one after another in the compiling thread (the serial fallback, same kernels)
 ========================  =====================================================================================
 """
 
@@ -80,6 +83,7 @@ class Settings:
     cpu_fused_min_elements: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_CPU_FUSED", "16384")))
     compiled_backward: bool = field(default_factory=lambda: os.environ.get("TILEWISE_COMPILED_BACKWARD", "0") == "1")
     donate_saved: bool = field(default_factory=lambda: os.environ.get("TILEWISE_DONATE_SAVED", "1") != "0")
+    compile_threads: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_COMPILE_THREADS", "0")))
 
     def logs(self, channel: str) -> bool:
         return channel in self.log

@@ -33,7 +33,7 @@ factor) to the caller at launch; the renderer writes the names where it would wr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from tilewise.dtypes import DType
@@ -187,6 +187,37 @@ class Kernel:
 
     def __str__(self) -> str:
         return format_kernel(self)
+
+    def statements(self) -> int:
+        """How many loads, reductions and stores the kernel's nests make: what its text and its compile grow with."""
+        return sum(len(n.loads) + len(n.reductions) + len(n.stores) for n in self.nests)
+
+    def structure(self) -> tuple:
+        """Everything the kernel computes, hashable, without its name and its values' handles: kernels of equal
+        structure differ only in their name (a transformer's layers make the same kernels once per layer)."""
+        return (structure(self.params), structure(self.nests), structure(self.arguments), self.index)
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def structure(value: Any) -> Any:
+    """A hashable image of ``value`` that is equal for equal values: lists and tuples as tuples, dicts as tuples of
+    items, a mutable dataclass as its type and fields; frozen dataclasses, expressions (hash-consed, so equal
+    trees are one object) and plain values as they are."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return tuple(map(structure, value))
+    if kind is dict:
+        return tuple((k, structure(v)) for k, v in value.items())
+    if kind is set:
+        return frozenset(value)
+    if is_dataclass(value) and not kind.__dataclass_params__.frozen:
+        names = _FIELDS.get(kind)
+        if names is None:
+            names = _FIELDS[kind] = tuple(f.name for f in fields(kind))
+        return (kind, *(structure(getattr(value, name)) for name in names))
+    return value
 
 
 # ---------------------------------------------------------------------------- text form

@@ -69,7 +69,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from tilewise import strides as S
-from tilewise.codegen.kernel_ir import ARG_COMBINERS, Index, Kernel, Nest, extent, known
+from tilewise.codegen.kernel_ir import ARG_COMBINERS, Index, Kernel, Nest, extent, known, structure
 from tilewise.dtypes import DType, bool_
 from tilewise.ops.expr import Expr, substitute, toposort
 
@@ -454,6 +454,12 @@ class KernelSchedule:
     def signature(self) -> tuple:
         """What rendering depends on besides the kernel: equal signatures render the same code."""
         return self.block, tuple((ns.parallel, ns.chunks, ns.simd, ns.cuda) for ns in self.nests)
+
+    def rendering_key(self) -> tuple:
+        """Everything rendering reads but the kernel's name: schedules of equal keys render the same text, but
+        for the name."""
+        return (self.kernel.structure(), self.target, structure(self.nests), self.block, self.scratch_bytes,
+                self.knobs, self.tuned)
 
 
 def schedule_c_nest(nest: Nest, knobs: Knobs = HEURISTIC) -> NestSchedule:

@@ -171,11 +171,13 @@ class Lowered:
     source: str  # the whole program's text (CUDA: the kernels' translation units one after another)
     sources: dict[str, str] = field(default_factory=dict)  # CUDA: kernel name -> its translation unit
     streams: StreamSchedule | None = None  # the stream of each step (see [Note: collectives on their own stream])
+    compiling: object = None  # the target's compiles of the kernels, started as each was rendered (CUDA)
 
 
-def lower_program(graph: Graph, target: Target, donated: frozenset[int] = frozenset()) -> Lowered:
+def lower_program(graph: Graph, target: Target, donated: frozenset[int] = frozenset(), compiling=None) -> Lowered:
     """The target's lowering stages, then fuse, lower to kernel IR, plan memory, schedule and render.
-    ``donated``: inputs whose memory the program may reuse after their last read (see [Note: donated inputs])."""
+    ``donated``: inputs whose memory the program may reuse after their last read (see [Note: donated inputs]).
+    With ``compiling`` (the target's ``compiles``), each kernel's compile starts as soon as it is rendered."""
     for name, lowering in target.lowering:
         with stage(name):
             graph = checked(lowering(graph), name)
@@ -195,16 +197,19 @@ def lower_program(graph: Graph, target: Target, donated: frozenset[int] = frozen
     with stage("schedule"):
         schedules = [target.schedule(k) for k in kernels.values()]
     with stage("render"):
-        return render_lowered(Lowered(fused, kernels, schedules, plan, "", streams=streams), target)
+        return render_lowered(Lowered(fused, kernels, schedules, plan, "", streams=streams, compiling=compiling),
+                              target)
 
 
 def render_lowered(low: Lowered, target: Target) -> Lowered:
-    """Render ``low``'s kernels as their schedules say (again, after autotuning replaced some)."""
+    """Render ``low``'s kernels as their schedules say (again, after autotuning replaced some), each handed to
+    ``low.compiling`` as it is made."""
     low.sources = {}
     if not low.schedules:
         low.source = ""
     else:
-        low.source, low.sources = target.render(low.schedules, aliased_kernels(low.kernels, low.plan))
+        started = low.compiling.start if low.compiling is not None else None
+        low.source, low.sources = target.render(low.schedules, aliased_kernels(low.kernels, low.plan), started)
     return low
 
 
@@ -239,7 +244,9 @@ def build_program(graph: Graph, target: Target, device=None, graphs: bool = True
     most such a graph may copy in and out, and so hold (None: where copying costs less than launching).
     ``autotune``: choose each kernel's schedule by timing its candidates (``mode="max-autotune"``).
     ``donated``: the inputs whose memory it may reuse once read for the last time (see [Note: donated inputs])."""
-    low = lower_program(graph, target, donated)
+    # autotuning renders its choices again: compiles start once they are made
+    compiling = target.compiles(device) if target.compiles is not None and not autotune else None
+    low = lower_program(graph, target, donated, compiling)
     tuner = None
     if autotune and low.schedules:
         tuning = target.tuning(device, low)

@@ -204,8 +204,9 @@ def build_c_program(low: Lowered, device=None, graphs: bool = False) -> Program:
     return program
 
 
-def render_c(schedules: list[KernelSchedule], aliased: dict[str, frozenset[int]]) -> tuple[str, dict[str, str]]:
-    """All kernels of a program as one C translation unit."""
+def render_c(schedules: list[KernelSchedule], aliased: dict[str, frozenset[int]], rendered=None
+             ) -> tuple[str, dict[str, str]]:
+    """All kernels of a program as one C translation unit (compiled whole by ``build_c_program``)."""
     return render_program(schedules, C), {}
 
 

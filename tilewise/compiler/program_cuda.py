@@ -51,7 +51,6 @@ program's stream (``CudaBench``); a graph captured from the second call on launc
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -495,33 +494,63 @@ def device_arena(device: Device) -> Arena:
     return Arena(lambda nbytes: DeviceBuffer(nbytes, device.index, stream_handle(device.index)))
 
 
-def compile_kernels(sources: dict[str, str], device: Device) -> dict:
-    """Compile each kernel's CUDA source for ``device`` (in parallel, through the kernel cache) and load it."""
-    return dict(zip(sources, compile_units(list(sources.items()), device)))
+class KernelCompiles:
+    """The compiles of a program's kernels on the compile pool, each started as soon as its unit is rendered
+    (``start``, which ``lower_program`` calls), so that NVRTC works while the rest are rendered, the largest first;
+    ``compile_units`` then waits for them. Units that differ only in the kernel's name start one compile (see
+    :func:`compile_units`)."""
+
+    def __init__(self, device: Device):
+        self.device = device
+        self.arch = get_device_properties(device.index).arch
+        self.cache = None  # the kernel cache compiled through (None: the process's)
+        self.started: dict[tuple[str, str], object] = {}  # (shared name, its unit) -> the compile's future
+
+    def start(self, name: str, source: str) -> None:
+        """Start compiling the kernel ``name`` of ``source`` (under its shared name)."""
+        self.start_shared(shared_name(name, source))
+
+    def start_shared(self, key: tuple[str, str]) -> None:
+        from tilewise.codegen.toolchain.pool import start_compile
+
+        if key not in self.started:
+            self.started[key] = start_compile(key[1], key[0], self.arch, self.cache)
 
 
-def compile_units(units: list[tuple[str, str]], device: Device) -> list:
+def compile_kernels(sources: dict[str, str], device: Device, compiles: KernelCompiles | None = None) -> dict:
+    """Compile each kernel's CUDA source for ``device`` (in parallel, through the kernel cache) and load it;
+    ``compiles``: the kernels' compiles started as they were rendered."""
+    return dict(zip(sources, compile_units(list(sources.items()), device, compiles)))
+
+
+def compile_units(units: list[tuple[str, str]], device: Device, compiles: KernelCompiles | None = None) -> list:
     """The function of each (kernel name, translation unit), compiled in parallel through the kernel cache and
     loaded: several units may define kernels of one name (a kernel's schedule candidates).
 
     Units that differ only in the kernel's name (a transformer's layers make the same kernels once per layer)
     are compiled and loaded once, under a name made from their text (:func:`shared_name`): the program's steps
-    then launch one function, and the kernel cache serves it to every program and process that makes it."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    then launch one function, and the kernel cache serves it to every program and process that makes it. The
+    compiles not started yet start longest first, and each module is loaded as soon as its compile is done, while
+    the others compile ([Note: parallel compiles])."""
     from tilewise.backends.cuda.runtime.module import load_module
-    from tilewise.codegen.toolchain import compile_cached
+    from tilewise.codegen.toolchain import default_cache
+    from tilewise.codegen.toolchain.pool import finished
 
-    arch = get_device_properties(device.index).arch
+    compiles = compiles if compiles is not None else KernelCompiles(device)
     keys = [shared_name(name, source) for name, source in units]
     unique = list(dict.fromkeys(keys))
-    with ThreadPoolExecutor(max_workers=max(1, min(len(unique), os.cpu_count() or 1, 16))) as pool:
-        compiled = dict(zip(unique, pool.map(lambda key: compile_cached(key[1], key[0], arch), unique)))
-    log("compile", lambda: _compile_summary(len(units), compiled))
+    with stage("toolchain"):  # on a first compile, NVRTC's version and the CUDA headers are looked up
+        default_cache().toolchain()
+    for key in sorted(unique, key=lambda key: len(key[1]), reverse=True):
+        compiles.start_shared(key)
+    futures = [compiles.started[key] for key in unique]
     loaded: dict[tuple[str, str], object] = {}
-    for key in unique:
-        fn = loaded[key] = load_module(compiled[key].cubin, device.index).get_function(key[0])
+    for k in finished(futures):
+        key = unique[k]
+        with stage("load modules"):
+            fn = loaded[key] = load_module(futures[k].result().cubin, device.index).get_function(key[0])
         fn.source = key[1]
+    log("compile", lambda: _compile_summary(len(units), {key: f.result() for key, f in zip(unique, futures)}))
     return [loaded[key] for key in keys]
 
 
@@ -620,11 +649,13 @@ class CudaTuning:
 
 # ---------------------------------------------------------------------------- building
 
-def render_cuda(schedules: list[KernelSchedule], aliased: dict[str, frozenset[int]]) -> tuple[str, dict[str, str]]:
-    """One translation unit per kernel (compiled in parallel, each cached on its own), and their text together."""
+def render_cuda(schedules: list[KernelSchedule], aliased: dict[str, frozenset[int]], rendered=None
+                ) -> tuple[str, dict[str, str]]:
+    """One translation unit per kernel (compiled in parallel, each cached on its own), and their text together;
+    ``rendered(name, text)`` hears of each unit as it is made."""
     from tilewise.codegen.render.kernel_cuda import render_program
 
-    sources = render_program(schedules, aliased)
+    sources = render_program(schedules, aliased, rendered)
     return "\n".join(sources.values()), sources
 
 
@@ -661,7 +692,7 @@ def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Pro
     launches them (or replays them as one CUDA graph)."""
     fused, plan = low.fused, low.plan
     with stage("compile kernels (NVRTC) and load"):
-        functions = compile_kernels(low.sources, device)
+        functions = compile_kernels(low.sources, device, low.compiling)
     by_kernel = {s.kernel.name: s for s in low.schedules}
     steps: list = []
     made: list[list[int]] = []  # per step node, the steps it made
@@ -717,13 +748,13 @@ def kernels_machine_code(sources: dict[str, str], arch: str) -> dict[str, Machin
     runs on the different texts at once. Each kernel's text is shown under its own name."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tilewise.codegen.toolchain import ToolNotFoundError, compile_cached, disassemble_all, resource_usage
+    from tilewise.codegen.toolchain import ToolNotFoundError, disassemble_all, resource_usage
+    from tilewise.codegen.toolchain.pool import compile_all, compile_threads
 
     keys = {name: shared_name(name, source) for name, source in sources.items()}
     unique = list(dict.fromkeys(keys.values()))
-    workers = max(1, min(len(unique), os.cpu_count() or 1, 16))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        compiled = dict(zip(unique, pool.map(lambda key: compile_cached(key[1], key[0], arch), unique)))
+    compiled = dict(zip(unique, compile_all(unique, arch)))
+    with ThreadPoolExecutor(max_workers=max(1, min(len(unique), compile_threads()))) as pool:
         usages = dict(zip(unique, pool.map(lambda key: _resource_usage(resource_usage, compiled[key].cubin), unique)))
     try:
         texts = dict(zip(unique, disassemble_all([compiled[key].cubin for key in unique])))

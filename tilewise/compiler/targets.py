@@ -11,7 +11,8 @@ select in ``if target == ...`` branches across the compiler:
   channels-last convolutions; on C, a float16/bfloat16 product's bias added before it is rounded);
 - ``scheduler`` and ``variants``: a kernel's heuristic schedule and the knobs ``mode="max-autotune"``
   tries (``codegen.schedule``), with ``policy``, how long candidates are timed;
-- ``render``: the program's source from its schedules (one C translation unit; one CUDA unit per kernel);
+- ``render``: the program's source from its schedules (one C translation unit; one CUDA unit per kernel), and
+  ``compiles``: where each CUDA unit starts compiling as soon as it is rendered;
 - ``build``: the program builder (toolchain, steps, runtime), ``arena``: memory for intermediates, and
   ``tuning``: its part of autotuning;
 - ``device_type``: the devices whose graphs it compiles; ``machine_code``: what ``explain`` shows below the
@@ -60,11 +61,15 @@ class Target:
     scheduler: Callable[[Kernel, Knobs], KernelSchedule]
     variants: Callable[[KernelSchedule], list[Knobs]]
     policy: Policy
-    render: Callable[[list[KernelSchedule], dict[str, frozenset[int]]], tuple[str, dict[str, str]]]
+    # (schedules, aliased parameters, each unit as it is rendered or None) -> (source, units)
+    render: Callable[[list[KernelSchedule], dict[str, frozenset[int]], Callable | None], tuple[str, dict[str, str]]]
     build: Callable[[Lowered, Device | None, bool], Program]
     arena: Callable[[Device | None], Arena]
     tuning: Callable[[Device | None, Lowered], object]
     lowering: tuple[tuple[str, Callable[[Graph], Graph]], ...] = ()
+    # device -> kernel compiles that start as each kernel is rendered (``start(name, text)``), which ``build``
+    # then waits for; None where a program is one translation unit (C)
+    compiles: Callable[[Device | None], object] | None = None
     # (lowered or built program, arch or None) -> (title, text) sections
     machine_code: Callable[[Lowered | Program, str | None], Iterator[tuple[str, str]]] | None = field(
         default=None, compare=False)
@@ -193,6 +198,7 @@ CUDA_TARGET = register_target(Target(
     passes=_cuda_passes(), scheduler=schedule_cuda, variants=variants_cuda,
     policy=Policy(warmup=0.02, sample=2e-5, budget=0.1),  # 20 ms: what cuBLASLt's tuning needs from idle
     render=program_cuda.render_cuda, build=program_cuda.build_cuda_program, arena=program_cuda.device_arena,
+    compiles=program_cuda.KernelCompiles,
     tuning=lambda device, low: program_cuda.CudaTuning(CUDA_TARGET, device, aliased_kernels(low.kernels, low.plan)),
     lowering=(("recompute_activations", recompute_activations), ("gemm_epilogues", gemm_epilogues),
               ("channels_last", channels_last)),

@@ -327,7 +327,7 @@ class ExprRenderer:
 
     def render(self, expr: Expr) -> tuple[str, DType]:
         """The C name (or literal) of ``expr``'s value and its concrete dtype."""
-        for node in toposort(expr):
+        for node in toposort(expr, stop=self.done):  # what is done was made with its operands
             if id(node) not in self.done:
                 self.done[id(node)] = self._node(node, len(self.done))
         code, t = self.done[id(expr)]

@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -104,7 +105,9 @@ class KernelCache:
         self._toolchain: tuple | None = None
         self.last_source: str | None = None
         self._memory: dict[str, CompiledKernel] = {}
+        self._compiling: dict[str, Future] = {}  # key -> the result of a compile another thread is doing
         self._lock = threading.Lock()
+        self._toolchain_lock = threading.Lock()
 
     def compile(
         self,
@@ -116,15 +119,37 @@ class KernelCache:
         filename: str = "kernel.cu",
         name_expressions: Sequence[str] = (),
     ) -> CompiledKernel:
-        """Like ``compile_cuda``, but served from memory or disk when this exact compile was done before."""
+        """Like ``compile_cuda``, but served from memory or disk when this exact compile was done before. Threads
+        may compile at once: one that asks for a kernel another is compiling waits for that compile."""
         names = (names,) if isinstance(names, str) else tuple(names)
         options = tuple(options)
         version, dirs = self.toolchain()
         key = cache_key(source, names, arch, build_options(arch, options, dirs), version, name_expressions, filename)
         with self._lock:
             kernel = self._memory.get(key)
+            underway = self._compiling.get(key)
+            if kernel is None and underway is None:
+                mine = self._compiling[key] = Future()
         if kernel is not None:
             return self._hit(kernel, "memory")
+        if underway is not None:
+            return self._hit(underway.result(), "memory")
+        try:
+            kernel = self._compile_missing(key, source, names, arch, options, version, dirs, filename,
+                                           name_expressions)
+        except BaseException as exc:
+            mine.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                del self._compiling[key]
+        mine.set_result(kernel)
+        return kernel
+
+    def _compile_missing(self, key: str, source: str, names: tuple[str, ...], arch: str, options: tuple[str, ...],
+                         version: tuple[int, int], dirs: tuple[str, ...], filename: str,
+                         name_expressions: Sequence[str]) -> CompiledKernel:
+        """A kernel not in memory: from disk, or compiled (and written there)."""
         kernel = self._read(key) if self.use_disk else None
         if kernel is not None:
             with self._lock:
@@ -134,35 +159,41 @@ class KernelCache:
             self.toolchain(refresh=True)
             return self.compile(source, names, arch, options, filename=filename, name_expressions=name_expressions)
         kernel = compile_cuda(source, names, arch, options, filename=filename, name_expressions=name_expressions)
-        self.stats.compiles += 1
-        self.last_source = "nvrtc"
         with self._lock:
+            self.stats.compiles += 1
             self._memory[key] = kernel
+        self.last_source = "nvrtc"
         if self.use_disk:
             self._write(key, kernel)
         return kernel
 
     def toolchain(self, refresh: bool = False) -> tuple[tuple[int, int], tuple[str, ...]]:
-        """(NVRTC version, CUDA header directories): remembered on disk per installation (see the note)."""
+        """(NVRTC version, CUDA header directories): remembered on disk per installation (see the note); looked up
+        once when several threads ask at once."""
         found = None if refresh else self._toolchain
         if found is not None:
             return found
-        stamp = installation_stamp()
-        if self.use_disk and not refresh:
-            found = _remembered_toolchain(self.disk.read(TOOLCHAIN_RECORD), stamp)
-        if found is None:
-            found = (nvrtc_version(), cuda_include_dirs())
-            if self.use_disk:
-                record = {"stamp": stamp, "nvrtc": list(found[0]), "include_dirs": list(found[1])}
-                self.disk.write(TOOLCHAIN_RECORD, json.dumps(record).encode())
-        self._toolchain = found
-        return found
+        with self._toolchain_lock:
+            found = None if refresh else self._toolchain
+            if found is not None:
+                return found
+            stamp = installation_stamp()
+            if self.use_disk and not refresh:
+                found = _remembered_toolchain(self.disk.read(TOOLCHAIN_RECORD), stamp)
+            if found is None:
+                found = (nvrtc_version(), cuda_include_dirs())
+                if self.use_disk:
+                    record = {"stamp": stamp, "nvrtc": list(found[0]), "include_dirs": list(found[1])}
+                    self.disk.write(TOOLCHAIN_RECORD, json.dumps(record).encode())
+            self._toolchain = found
+            return found
 
     def _hit(self, kernel: CompiledKernel, where: str) -> CompiledKernel:
-        if where == "memory":
-            self.stats.memory_hits += 1
-        else:
-            self.stats.disk_hits += 1
+        with self._lock:
+            if where == "memory":
+                self.stats.memory_hits += 1
+            else:
+                self.stats.disk_hits += 1
         self.last_source = where
         return replace(kernel, from_cache=True)
 

@@ -438,6 +438,12 @@ class _Partition:
     frontier of its members' external operands. A group's dependencies grow as it gains members, so what
     a node reaches is the closure over ``deps`` taken when asked (storing frontiers, not closures, keeps
     placing a node proportional to its operands, not to the number of groups).
+
+    Each group's closure is kept once taken (``closures``), until its dependencies change: a group whose
+    ``deps`` grow, or that merges, drops its own and those of the groups that depend on it (``dependents``,
+    followed only through groups whose closure is kept, since a kept closure is made of kept ones). Taken
+    afresh for each question, the closures were half of a GPT-2 training step's fusion (each walked some
+    three hundred groups).
     """
 
     def __init__(self, order: dict[Node, int], readers: dict[Node, int], roots: frozenset = frozenset(),
@@ -450,6 +456,8 @@ class _Partition:
         self.groups: dict[int, Group] = {}
         self.parent: dict[int, int] = {}
         self.deps: dict[int, set[int]] = {}
+        self.dependents: dict[int, set[int]] = {}  # group -> the groups whose ``deps`` name it
+        self.closures: dict[int, frozenset[int]] = {}  # group (a root) -> every group it depends on (roots)
         self.group_of: dict[Node, int] = {}
         self.ancestors: dict[Node, set[int]] = {}
 
@@ -465,16 +473,62 @@ class _Partition:
             return {self.find(self.group_of[node])}
         return {self.find(g) for g in self.ancestors.get(node, ())}
 
-    def reach(self, node: Node) -> set[int]:
-        """Every group ``node`` depends on, directly or through other groups (its own included)."""
-        todo = self.frontier(node)
+    def reaches(self, node: Node, gid: int) -> bool:
+        """Whether ``node`` depends on group ``gid`` (a root), directly or through other groups (its own
+        included)."""
+        frontier = self.frontier(node)
+        return gid in frontier or any(gid in self.deps_closure(f) for f in frontier)
+
+    def deps_closure(self, gid: int) -> frozenset[int]:
+        """Every group the group ``gid`` (a root) depends on, directly or through other groups."""
+        found = self.closures.get(gid)
+        if found is not None:
+            return found
+        closures, path = self.closures, set()
+        stack = [(gid, False)]
+        while stack:  # depth first: the closures of a group's dependencies before its own
+            g, expanded = stack.pop()
+            direct = {self.find(d) for d in self.deps[g]}
+            if expanded:
+                closures[g] = frozenset(direct.union(*(closures[d] for d in direct)))
+                path.discard(g)
+                continue
+            if g in closures:
+                continue
+            if g in path or g in direct or not path.isdisjoint(direct):
+                return self._walked_closure(gid)  # a cycle (no valid partition has one): nothing kept
+            path.add(g)
+            stack.append((g, True))
+            stack += [(d, False) for d in direct if d not in closures]
+        return closures[gid]
+
+    def _walked_closure(self, gid: int) -> frozenset[int]:
         found: set[int] = set()
+        todo = {self.find(d) for d in self.deps[gid]}
         while todo:
-            gid = todo.pop()
-            if gid not in found:
-                found.add(gid)
-                todo |= {self.find(d) for d in self.deps[gid]} - found
-        return found
+            g = todo.pop()
+            if g not in found:
+                found.add(g)
+                todo |= {self.find(d) for d in self.deps[g]} - found
+        return frozenset(found)
+
+    def add_deps(self, gid: int, groups: set[int]) -> None:
+        """Group ``gid`` depends on ``groups`` too."""
+        new = groups - self.deps[gid]
+        if not new:
+            return
+        self.forget_closures(gid)
+        self.deps[gid] |= new
+        for d in new:
+            self.dependents.setdefault(d, set()).add(gid)
+
+    def forget_closures(self, gid: int) -> None:
+        """Drop the kept closures that ``gid``'s dependencies are part of: its own, its dependents'."""
+        todo = [gid]
+        while todo:
+            g = self.find(todo.pop())
+            if self.closures.pop(g, None) is not None:
+                todo += self.dependents.get(g, ())
 
     def _external(self, group: Group, member: Node) -> list[Node]:
         return [s for s in member.srcs if group.edge_dims(s) is None]
@@ -507,7 +561,7 @@ class _Partition:
             if not _try_join(node, trial):
                 continue
             external = self._external(trial, node)
-            if any(gid in self.reach(src) for src in external):
+            if any(self.reaches(src, gid) for src in external):
                 continue
             self.groups[gid] = trial
             self._join(node, gid, external)
@@ -556,7 +610,7 @@ class _Partition:
             for m in chain:
                 for operand in m.srcs:
                     if view_chain(operand)[0] not in chain:
-                        self.deps[gid] |= self.frontier(operand) - {gid}
+                        self.add_deps(gid, self.frontier(operand) - {gid})
 
     def _worth_remaking(self, reader: Node, base: Node, width: int, loads: set[Node]) -> bool:
         """Whether ``reader``'s group should make ``base`` again from ``loads`` (``width`` bytes an element) rather
@@ -609,7 +663,7 @@ class _Partition:
                                                   and self._kept_longer(node, base, made[2]) == 0))
                 # a load must not make the group depend on itself (a group of the one node being placed cannot:
                 # whatever it reads comes before it)
-                loadable = cheap or len(self.groups[gid].members) == 1 or gid not in self.reach(base)
+                loadable = cheap or len(self.groups[gid].members) == 1 or not self.reaches(base, gid)
                 if loadable and base.type.numel * BROADCAST_RATIO <= node.type.numel:
                     made = None  # a broadcast operand (per-channel statistics) is loaded: its elements are shared
                 if made is not None and (cheap or not loadable):
@@ -637,7 +691,7 @@ class _Partition:
     def _join(self, node: Node, gid: int, external: list[Node]) -> None:
         self.group_of[node] = gid
         for src in external:
-            self.deps[gid] |= self.frontier(src) - {gid}
+            self.add_deps(gid, self.frontier(src) - {gid})
 
     def _merged_candidate(self, candidates: list[int]) -> int | None:
         """Merge several operand groups with one domain into the first, when no path joins them outside.
@@ -660,24 +714,17 @@ class _Partition:
             return None
         reduce = next((self.groups[g].reduce for g in same if self.groups[g].reduce), ())
         target = same[0]
+        for gid in same:
+            self.forget_closures(gid)
         for gid in same[1:]:
             self.groups[target].absorb(self.groups.pop(gid))
             self.deps[target] |= self.deps.pop(gid)
+            self.dependents.setdefault(target, set()).update(self.dependents.pop(gid, ()))
             self.parent[gid] = target
         self.groups[target].reduce = reduce
         self.deps[target] = {d for d in self.deps[target] if self.find(d) != target}
         self.groups[target].members.sort(key=self.order.__getitem__)
         return target
-
-    def deps_closure(self, gid: int) -> set[int]:
-        found: set[int] = set()
-        todo = {self.find(d) for d in self.deps[gid]}
-        while todo:
-            g = todo.pop()
-            if g not in found:
-                found.add(g)
-                todo |= {self.find(d) for d in self.deps[g]} - found
-        return found
 
     def materialize_constants(self, graph: Graph) -> None:
         """A constant read by something other than a group (a library call, an output) needs a buffer."""
