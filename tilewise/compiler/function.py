@@ -216,8 +216,10 @@ def _view_over(base: Tensor, view: OutputView) -> Tensor:
     shape, strides, offset = view.geometry
     if view.requires_grad:
         return base.as_strided(shape, strides, offset)
+    # a view of the detached base: a view made under no_grad of a tensor that requires grad would refuse in-place
+    # writes, which torch allows on what ``detach()`` (the usual source of such an output) returns
     with no_grad():
-        return base.as_strided(shape, strides, offset)
+        return base.detach().as_strided(shape, strides, offset)
 
 
 def _detached_again(origin: Tensor, requires_grad: bool) -> Tensor:
@@ -363,7 +365,7 @@ def _over_given(leaf: Tensor, windows: dict) -> Tensor:
             (window._shape, window._strides, window._offset):
         return given.detach()
     with no_grad():
-        return given.as_strided(leaf._shape, leaf._strides, leaf._offset - window._offset + given._offset)
+        return given.detach().as_strided(leaf._shape, leaf._strides, leaf._offset - window._offset + given._offset)
 
 
 class CompiledFunction:
