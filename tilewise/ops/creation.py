@@ -46,6 +46,11 @@ declare("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", "co
         fwd="auto_linear", batch=apply_directly)
 declare("_write_(Tensor(a!) self, Tensor src) -> Tensor(a!)", "copy", differentiable=False, public=False,
         doc="Copy src (already of self's shape, dtype and device) into self's memory; no autograd.", batch=write_into)
+declare("_overwrite(Tensor self, Tensor src) -> Tensor", "pointwise", expr=lambda a, b: b, dtype=R.first_input,
+        grad={"self": "zeros_like(grad)", "src": "grad"}, fwd="auto_linear", public=False,
+        doc="src's values standing for self after an in-place write of values that need no gradient into a tensor "
+            "that does (fill_, zero_, copy_ of a constant): the gradient reaching self's earlier history is zero, "
+            "as torch's FillBackward and CopyBackwards give.")
 declare("uniform(int[] size, float low=0.0, float high=1.0, *, ScalarType? dtype=None, Device? device=None, "
         "Generator? generator=None) -> Tensor", "random", differentiable=False, public=False)
 declare("normal_sample(int[] size, *, ScalarType? dtype=None, Device? device=None, Generator? generator=None) "

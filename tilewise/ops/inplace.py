@@ -16,9 +16,12 @@ when made, and a kind), because what an in-place write means for them depends on
                  concatenates their gradients (and views of them): no in-place write under grad mode ("is a view
                  and is being modified inplace. This view is the output of a function that returns multiple
                  views"), and, once their memory was written by anything else, no use by autograd either;
-  ``REGENERATE`` outputs of tensor_split (one node for the group, as split's, but torch's are separate slices
-                 that may be written): used by autograd after their memory was written, they become a fresh
-                 strided view of their base first, whose history holds the write (torch's view regeneration);
+  ``REGENERATE`` every other view made under grad mode of a tensor that requires grad, and the outputs of
+                 tensor_split (one node for the group, as split's, but torch's are separate slices that may be
+                 written): used by autograd after their memory was written (through the base, another view, or
+                 under no_grad), they become a fresh strided view of their base first, whose history holds the
+                 write (torch's view regeneration; without it ``v = b[:2]; b.mul_(3)`` gave ``v`` the gradient
+                 of the values before the write);
   ``NO_GRAD``    views made under no_grad of a tensor that requires grad: no in-place write under grad mode.
 A view of a watched view is watched alike (under no_grad it becomes ``NO_GRAD``, as torch propagates the meta).
 Autograd checks the version whenever it takes such a view as an input (``autograd.graph.check_view_history``).
@@ -202,10 +205,14 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
                                f"{self._dtype.name}")
         result = result.to(self._dtype)
     if STATE.grad_enabled:
-        if result._requires_grad:
+        if result._requires_grad or self._requires_grad:
             check_inplace_allowed(self, name)
         elif self._view_meta is not None:
             check_view_write(self, name)
+        if self._requires_grad and not result._requires_grad:
+            # values that need no gradient written over a tensor that does (``fill_``, ``zero_``, ``copy_`` of a
+            # constant): the write is recorded, so no gradient reaches what ``self`` held before
+            result = OPS["_overwrite"](self, result)
     prev = STATE.grad_enabled
     STATE.grad_enabled = False
     try:

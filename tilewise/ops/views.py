@@ -22,7 +22,7 @@ from tilewise.dispatch import STATE
 from tilewise.dtypes import as_dtype
 from tilewise.ops.batching_rules import view_scatter_add_rule, view_scatter_rule
 from tilewise.ops.formulas import HELPERS
-from tilewise.ops.inplace import NO_GRAD, watch_view
+from tilewise.ops.inplace import NO_GRAD, REGENERATE, watch_view
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
 
@@ -69,18 +69,21 @@ def make_view(x: Tensor, shape: tuple, strides: tuple, offset: int, dtype) -> Te
         out._base = x if base is None else base
     out._trace = x._trace
     meta = x._view_meta
-    if meta is not None or (x._requires_grad and STATE.grad_enabled is False):
+    if meta is not None or x._requires_grad:
         _watch_view_of(x, out, meta)
     return out
 
 
 def _watch_view_of(x: Tensor, out: Tensor, meta: tuple | None) -> None:
     """A view of a watched view is watched alike; one made under no_grad of a tensor that requires grad is watched
-    as such (see [Note: watched views] in ops/inplace.py)."""
+    as such; any other view of a tensor that requires grad is made afresh from its base if its memory is written
+    before autograd takes it (torch's view regeneration; see [Note: watched views] in ops/inplace.py)."""
     if STATE.grad_enabled is False and not STATE.inference:
         watch_view(out, NO_GRAD)
     elif meta is not None:
         watch_view(out, meta[1])
+    elif STATE.grad_enabled is not False:  # on, or recording this view (``dispatch.GRAD_OFF_FOR_RECORDING``)
+        watch_view(out, REGENERATE)
 
 
 def view_output(op, args: tuple) -> tuple:

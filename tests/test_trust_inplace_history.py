@@ -1,0 +1,144 @@
+"""In-place writes and the gradients that pass through what they overwrote, against torch.
+
+A write of values that need no gradient (``fill_``, ``zero_``, ``copy_`` of a constant) into a tensor that does ends
+the gradient's path to what the tensor held before; a view taken before its memory was written is made afresh from
+its base when autograd takes it, so its gradient sees the write. Both were silently wrong before (the gradient went
+on through the overwritten values, or skipped the write).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import tilewise as tw
+
+
+def _grads(lib, scenario):
+    a = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    c = lib.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    out = scenario(lib, a, c)
+    out.backward()
+    return [None if t.grad is None else t.grad.numpy().copy() for t in (a, c)], out.detach().numpy().copy()
+
+
+def _check(scenario):
+    (want_grads, want), (got_grads, got) = _grads(torch, scenario), _grads(tw, scenario)
+    np.testing.assert_allclose(got, want)
+    for g, w in zip(got_grads, want_grads):
+        if w is None:
+            assert g is None or not np.any(g)
+        else:
+            assert g is not None
+            np.testing.assert_allclose(g, w)
+
+
+def _fill(lib, a, c):
+    x = a * 2
+    x.fill_(5.0)
+    return (x * a).sum()
+
+
+def _fill_with_a_tensor(lib, a, c):
+    x = a * c
+    x.fill_(lib.tensor(1.5))
+    return (x * c).sum()
+
+
+def _zero(lib, a, c):
+    x = a * 3
+    x.zero_()
+    return (x + a * c).sum()
+
+
+def _copy_of_a_constant(lib, a, c):
+    x = a * c
+    x.copy_(lib.ones(3))
+    return (x * a).sum()
+
+
+def _zero_through_a_slice(lib, a, c):
+    x = a * c
+    x[1:].zero_()
+    return (x * a).sum()
+
+
+def _fill_through_a_view_then_read_whole(lib, a, c):
+    x = (a * c).view(3, 1)
+    x[0].fill_(2.0)
+    return (x.view(3) ** 2).sum()
+
+
+def _view_taken_before_its_base_was_written(lib, a, c):
+    b = a * 1
+    v = b[:2]
+    b.mul_(3)
+    return (v * v).sum()
+
+
+def _view_taken_before_another_view_was_written(lib, a, c):
+    b = a * c
+    first, second = b[:2], b[1:]
+    second.mul_(c[1:])
+    return (first * 2).sum() + second.sum()
+
+
+def _view_of_a_view_taken_before_the_write(lib, a, c):
+    b = (a + 1).view(3, 1)
+    v = b.t()
+    b.add_(c.view(3, 1))
+    return (v ** 2).sum()
+
+
+def _transposed_view_before_an_in_place_activation(lib, a, c):
+    b = (a.view(3, 1) * c.view(1, 3))
+    t = b.t()
+    b.relu_()
+    return (t * t).sum()
+
+
+@pytest.mark.parametrize("scenario", [
+    _fill, _fill_with_a_tensor, _zero, _copy_of_a_constant, _zero_through_a_slice,
+    _fill_through_a_view_then_read_whole, _view_taken_before_its_base_was_written,
+    _view_taken_before_another_view_was_written, _view_of_a_view_taken_before_the_write,
+    _transposed_view_before_an_in_place_activation,
+], ids=lambda f: f.__name__.strip("_"))
+def test_gradients_through_in_place_writes_equal_torchs(scenario):
+    _check(scenario)
+
+
+def test_zeroing_a_result_its_backward_needs_is_refused_at_backward_as_in_torch():
+    for lib in (torch, tw):
+        a = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        x = a.exp()  # exp's backward reads its result
+        x.zero_()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            x.sum().backward()
+
+
+@pytest.mark.parametrize("write", ["fill_", "zero_", "copy_"])
+def test_a_leaf_that_requires_grad_refuses_a_constant_written_into_it(write):
+    for lib in (torch, tw):
+        leaf = lib.ones(3, requires_grad=True)
+        args = {"fill_": (2.0,), "zero_": (), "copy_": (lib.zeros(3),)}[write]
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            getattr(leaf, write)(*args)
+        with lib.no_grad():  # as nn.init does
+            getattr(leaf, write)(*args)
+
+
+def test_a_compiled_function_that_fills_an_intermediate_has_torchs_gradients():
+    def f(lib, a, c):
+        x = a * c
+        x[0:2].fill_(1.0)
+        return (x * a).sum()
+
+    want_grads, want = _grads(torch, f)
+    compiled = tw.compile(lambda a, c: f(tw, a, c))
+    for _ in range(2):
+        a = tw.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        c = tw.tensor([0.5, -1.0, 2.0], requires_grad=True)
+        out = compiled(a, c)
+        out.backward()
+        np.testing.assert_allclose(out.detach().numpy(), want)
+        np.testing.assert_allclose(a.grad.numpy(), want_grads[0])
+        np.testing.assert_allclose(c.grad.numpy(), want_grads[1])
