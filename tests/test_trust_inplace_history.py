@@ -142,3 +142,33 @@ def test_a_compiled_function_that_fills_an_intermediate_has_torchs_gradients():
         np.testing.assert_allclose(out.detach().numpy(), want)
         np.testing.assert_allclose(a.grad.numpy(), want_grads[0])
         np.testing.assert_allclose(c.grad.numpy(), want_grads[1])
+
+
+def _data_written_between_forward_and_backward(lib, a, c):
+    y = (a * a * c).sum()
+    a.data.mul_(2)  # .data writes are hidden from autograd: the backward reads the new values, as in torch
+    a.data[0].zero_()
+    return y
+
+
+def test_writes_through_data_are_hidden_from_autograd_as_in_torch():
+    _check(_data_written_between_forward_and_backward)
+    for lib in (torch, tw):
+        a = lib.ones(3, requires_grad=True)
+        before = a._version
+        a.data.add_(1)
+        assert a._version == before
+        a.detach().add_(1)  # detach() shares the version counter
+        assert a._version == before + 1
+
+
+def test_a_compiled_function_sees_a_parameter_written_through_data():
+    w = tw.nn.Parameter(tw.ones(3))
+    f = tw.compile(lambda x: (x * w).sum())
+    x = tw.tensor([1.0, 2.0, 3.0])
+    assert f(x).item() == 6.0
+    w.data.mul_(2)
+    assert f(x).item() == 12.0
+    with tw.no_grad():
+        w.mul_(2)
+    assert f(x).item() == 24.0

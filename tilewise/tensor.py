@@ -158,6 +158,8 @@ class Tensor:
     # tensor that requires grad, and views of those) keeps ``(version when made, kind)`` here, in its ``__dict__``;
     # see [Note: watched views] in ops/inplace.py. Every other tensor reads this class default.
     _view_meta = None
+    # ``Tensor.data``'s result and its views: their writes are hidden from autograd (see ``Storage.untracked``).
+    _untracked = False
 
     # ------------------------------------------------------------------ construction
     def __new__(cls, *args, **kwargs):
@@ -273,8 +275,11 @@ class Tensor:
 
     @property
     def _version(self) -> int:
-        if self._storage is not None and self._storage.inference:
-            raise RuntimeError("Inference tensors do not track version counter.")
+        storage = self._storage
+        if storage is not None:
+            if storage.inference:
+                raise RuntimeError("Inference tensors do not track version counter.")
+            return storage.version - storage.untracked  # what autograd sees (writes through ``.data`` are not)
         return self._write_count()
 
     def _write_count(self) -> int:
@@ -288,6 +293,8 @@ class Tensor:
     def _bump_version(self) -> None:
         if self._storage is not None:
             self._storage.version += 1
+            if self._untracked:
+                self._storage.untracked += 1
         elif self._trace is not None:
             TRACE_HOOKS.bump_version(self)
         elif self._vmap is not None:
@@ -485,7 +492,13 @@ class Tensor:
 
     @property
     def data(self) -> Tensor:
-        return self.detach()
+        """The tensor's memory, detached, with writes that autograd does not see (torch gives ``.data`` a version
+        counter of its own: ``p.data.mul_(2)`` between forward and backward is not an error, and the backward reads
+        the new values)."""
+        out = self.detach()
+        if out._storage is not None:
+            out.__dict__["_untracked"] = True
+        return out
 
     @data.setter
     def data(self, value: Tensor) -> None:

@@ -182,7 +182,8 @@ class SavedTensor:
         storage = t._storage
         if storage is not None and storage.inference:  # see [Note: inference tensors] in storage.py
             raise RuntimeError(INFERENCE_SAVED)
-        self.version = storage.version if storage is not None else t._version  # the property's common case inline
+        # the property's common case inline: autograd's version of the memory (see ``Storage.untracked``)
+        self.version = storage.version - storage.untracked if storage is not None else t._version
         self.is_output = is_output
         self.output_nr = output_nr if is_output else t._output_nr
         self.op_name = op_name

@@ -132,7 +132,8 @@ def describe(root_edges: list, grad_tensors) -> tuple:
             if type(value) is SavedTensor:  # the common case inline: a tensor saved as it was
                 t = value.tensor
                 storage = t._storage if t is not None else None
-                if (storage is None or value.unpack_hook is not None or storage.version != value.version):
+                if (storage is None or value.unpack_hook is not None
+                        or storage.version - storage.untracked != value.version):
                     raise _Unsupported  # freed, packed by a hook, modified in place: the engine says what is wrong
                 k = index.get(id(t))
                 if k is None:

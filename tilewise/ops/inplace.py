@@ -251,7 +251,7 @@ def _save_written(self: Tensor, result: Tensor) -> None:
             or entry.tensor is None or entry.tensor._storage is not result._storage):
         return
     entry.tensor = self.detach()
-    entry.version = self._storage.version
+    entry.version = self._storage.version - self._storage.untracked
 
 
 def _take_tangents(self: Tensor, result: Tensor) -> None:

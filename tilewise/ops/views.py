@@ -68,6 +68,8 @@ def make_view(x: Tensor, shape: tuple, strides: tuple, offset: int, dtype) -> Te
         base = x._base
         out._base = x if base is None else base
     out._trace = x._trace
+    if x._untracked:
+        out.__dict__["_untracked"] = True
     meta = x._view_meta
     if meta is not None or x._requires_grad:
         _watch_view_of(x, out, meta)
