@@ -9,6 +9,7 @@ seed gives bit-identical tensors on CPU and GPU.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from numbers import Number
@@ -27,6 +28,34 @@ from tilewise.ops.registry import declare
 from tilewise.ops.schema import register_generator_class
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
 from tilewise.tensor import FACTORIES, Tensor, check_pinnable
+
+
+def _factory_out(name: str):
+    """``out=`` for a factory function (see [Note: out= arguments] in ``ops/out_args.py``): the values are made
+    with ``out``'s dtype and device unless given, as torch's factories do, and written into ``out``."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def factory(*args, out=None, **kwargs):
+            if out is None:
+                return fn(*args, **kwargs)
+            from tilewise.ops.out_args import write_out
+
+            if type(out) is not Tensor:
+                raise TypeError(f"{name}(): argument 'out' must be Tensor, not {type(out).__name__}")
+            dtype = kwargs.get("dtype")
+            if dtype is not None and as_dtype(dtype) is not out.dtype:
+                from tilewise.ops.out_args import _torch_name
+
+                raise RuntimeError(f"dtype {_torch_name(as_dtype(dtype))} does not match dtype of out parameter "
+                                   f"({_torch_name(out.dtype)})")
+            kwargs["dtype"] = out.dtype
+            kwargs.setdefault("device", out.device)
+            return write_out(name, fn(*args, **kwargs), out)
+
+        return factory
+
+    return wrap
+
 
 # ---------------------------------------------------------------- declarations
 declare("full(int[] size, Scalar fill_value, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
@@ -274,18 +303,22 @@ def _call(name: str, *args, **kwargs) -> Tensor:
     return OVERLOADS[name][0](*args, **kwargs)
 
 
+@_factory_out("full")
 def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
     return _full("full", size, fill_value, dtype, device, requires_grad, pin_memory)
 
 
-def zeros(*size, dtype=None, device=None, requires_grad: bool = False, out=None, pin_memory: bool = False) -> Tensor:
+@_factory_out("zeros")
+def zeros(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
     return _full("zeros", _size(size, "zeros"), 0, dtype or get_default_dtype(), device, requires_grad, pin_memory)
 
 
+@_factory_out("ones")
 def ones(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
     return _full("ones", _size(size, "ones"), 1, dtype or get_default_dtype(), device, requires_grad, pin_memory)
 
 
+@_factory_out("empty")
 def empty(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False,
           memory_format=None) -> Tensor:
     size = _size(size, "empty")
@@ -388,6 +421,7 @@ def empty_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = Fals
     return _empty("empty_like", x.shape, dt, dev, requires_grad, pin_memory, strides)
 
 
+@_factory_out("arange")
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     if end is None:
         start, end = 0, start
@@ -419,6 +453,7 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: b
     return _finish(out, requires_grad)
 
 
+@_factory_out("linspace")
 def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     if steps < 0:
         raise RuntimeError(f"linspace(): number of steps must be non-negative, got {steps}")
@@ -426,6 +461,7 @@ def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: 
                          device=device), requires_grad)
 
 
+@_factory_out("eye")
 def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     for name, value in (("n", n), ("m", m)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
@@ -446,6 +482,7 @@ def _require_non_negative_std(factory: str, std) -> None:
         raise RuntimeError(f"{factory}: normal expects std >= 0.0, but found std {std}")
 
 
+@_factory_out("rand")
 def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     size, dtype = _size(size, "rand"), as_dtype(dtype or get_default_dtype())
     _require_floating("rand", dtype)
@@ -454,6 +491,7 @@ def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = F
     return _finish(out, requires_grad)
 
 
+@_factory_out("randn")
 def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     size, dtype = _size(size, "randn"), as_dtype(dtype or get_default_dtype())
     _require_floating("randn", dtype)
@@ -474,6 +512,7 @@ def randn_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = Fals
     return _finish(_restrided(randn(x.shape, dtype=dt, device=dev), strides), requires_grad)
 
 
+@_factory_out("randint")
 def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None,
             requires_grad: bool = False) -> Tensor:
     if size is None:  # randint(high, size)

@@ -334,16 +334,26 @@ def public_function(name: str) -> Callable:
         return fn
     overloads = OVERLOADS[name]
     named = {op: return_type(op) for op in overloads if return_type(op) is not None}
+    from tilewise.ops.out_args import check_out_autograd, takes_out, write_out
+
     if len(overloads) == 1 and not named:
         op = overloads[0]
-        fn = make_binder(op.schema, op.name, op.attrs.get("varargs", False), dispatch=(dispatch_call, op))
+        out_arg = (check_out_autograd, write_out, None) if takes_out(op) else None
+        fn = make_binder(op.schema, op.name, op.attrs.get("varargs", False), dispatch=(dispatch_call, op),
+                         out_arg=out_arg)
     else:
+        with_out = {op for op in overloads if takes_out(op)}
 
-        def fn(*args, **kwargs):
+        def fn(*args, out=None, **kwargs):
             op, bound = resolve(name, args, kwargs)
-            out = dispatch_call(op, bound)
             cls = named.get(op)
-            return cls(*out) if cls is not None else out
+            if out is not None:
+                if op not in with_out:
+                    raise TypeError(f"{name}() got an unexpected keyword argument 'out'")
+                check_out_autograd(name, bound, out)
+                return write_out(name, dispatch_call(op, bound), out, cls)
+            result = dispatch_call(op, bound)
+            return cls(*result) if cls is not None else result
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = "\n".join(o.schema.text for o in overloads) + ("\n\n" + overloads[0].doc if overloads[0].doc else "")

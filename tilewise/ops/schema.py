@@ -439,10 +439,12 @@ def _alias_lines(op_name: str, name: str, aliases: tuple[str, ...], default_key:
     return lines + [f"    if {name} is _MISSING: {fallback}"]
 
 
-def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool = False, dispatch: tuple = ()):
+def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool = False, dispatch: tuple = (),
+                out_arg: tuple | None = None):
     """A function with the schema's signature that returns the normalised arguments as a tuple; with
     ``dispatch=(call, op)`` it returns ``call(op, arguments)`` instead (an operator's public function, one
-    Python frame shorter than a wrapper around the binder)."""
+    Python frame shorter than a wrapper around the binder). With ``out_arg=(check, write, named)`` it takes a
+    keyword ``out=`` too (see [Note: out= arguments] in ``ops/out_args.py``)."""
     op_name = op_name or schema.name
     sig, body, ns = [], [], {"_MISSING": MISSING}
     star_done = False
@@ -479,13 +481,19 @@ def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool
         if p.optional or (p.has_default and p.default is None):
             line = f"None if {p.name} is None else ({line})"
         body.append(f"    {p.name} = {line}")
-    if aliased and not star_done:
+    if (aliased or out_arg) and not star_done:
         sig.append("*")
     sig += [f"{a}=_MISSING" for k in sorted(aliased) for a in aliased[k]]
     names = ", ".join(p.name for p in schema.params)
     bound = f"({names}{',' if len(schema.params) == 1 else ''})"
     if dispatch:
         ns["_call"], ns["_op"] = dispatch
+        if out_arg:
+            sig.append("out=None")
+            ns["_check_out"], ns["_write_out"], ns["_named"] = out_arg
+            body.append("    if out is not None:")
+            body.append(f"        _check_out({op_name!r}, {bound}, out)")
+            body.append(f"        return _write_out({op_name!r}, _call(_op, {bound}), out, _named)")
         bound = f"_call(_op, {bound})"
     fn_name = op_name.rpartition("::")[2]  # a custom operator's own name, without its namespace
     fn_name = fn_name if fn_name.isidentifier() else "op"
