@@ -171,3 +171,52 @@ def test_statistics_down_a_channels_last_tensors_channels_are_split_from_their_n
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
         program, = f.programs()
         assert program.kernel_count == kernels, (fmt, program.describe())
+
+
+def test_a_compiled_function_returns_tensors_in_the_memory_format_eager_gives_them():
+    """Element-wise operators, convolutions, normalisations, pooling, interpolation and cat keep a channels-last
+    input's format in eager (as in torch); a softmax does not. A compiled function returns its results laid out the
+    same way (where they need no gradient), with the same values, not as views."""
+    import torch
+
+    def f(lib, x, w, w2):
+        fn = lib.nn.functional
+        y = fn.conv2d(x, w, padding=1)
+        y = fn.batch_norm(y, None, None, training=True).relu()
+        z = fn.max_pool2d(y, 2) + 1
+        u = fn.interpolate(z, scale_factor=2)
+        g = fn.group_norm(u, 2)
+        c = lib.cat([u, g], 1)
+        return (y, z, u, g, c, fn.conv_transpose2d(c, w2), fn.avg_pool2d(y, 2), y.double(),
+                lib.where(y > 0, y, 0.0), y.softmax(1), y.contiguous(), y * lib.ones(4, 8, 8))
+
+    rng = np.random.default_rng(0)
+    xs, ws, w2s = (rng.standard_normal(s).astype(np.float32) for s in ((2, 4, 8, 8), (4, 4, 3, 3), (8, 2, 2, 2)))
+
+    def channels_last(t, lib):
+        return t.dim() == 4 and t.is_contiguous(memory_format=lib.channels_last) and not t.is_contiguous()
+
+    tx = torch.from_numpy(xs).contiguous(memory_format=torch.channels_last)
+    tw_ = torch.from_numpy(ws).contiguous(memory_format=torch.channels_last)
+    want = [channels_last(t, torch) for t in f(torch, tx, tw_, torch.from_numpy(w2s))]
+    x = tw.from_numpy(xs).to(memory_format=tw.channels_last)
+    w = tw.from_numpy(ws).to(memory_format=tw.channels_last)
+    w2 = tw.from_numpy(w2s)
+    eager = f(tw, x, w, w2)
+    assert [channels_last(t, tw) for t in eager] == want
+    compiled = tw.compile(lambda x, w, w2: f(tw, x, w, w2))
+    for _ in range(2):  # the first call and the variant's replay
+        got = compiled(x, w, w2)
+        assert [channels_last(t, tw) for t in got] == want
+        for g, e in zip(got, eager):
+            assert g._base is None and tuple(g.shape) == tuple(e.shape)
+            np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-5, atol=1e-5)
+    # a result that needs a gradient comes back row-major, with the same values and gradients
+    xg = x.clone().requires_grad_()
+    out = tw.compile(lambda x, w: tw.nn.functional.conv2d(x, w, padding=1).relu())(xg, w)
+    ref_x = x.clone().requires_grad_()
+    ref = tw.nn.functional.conv2d(ref_x, w, padding=1).relu()
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    ref.sum().backward()
+    np.testing.assert_allclose(xg.grad.numpy(), ref_x.grad.numpy(), rtol=1e-5, atol=1e-5)

@@ -13,16 +13,16 @@ import torch
 import tilewise as tw
 
 
-def _grads(lib, scenario):
+def _grads(lib, scenario, compiled=False):
     a = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
     c = lib.tensor([0.5, -1.0, 2.0], requires_grad=True)
-    out = scenario(lib, a, c)
+    out = tw.compile(lambda a, c: scenario(lib, a, c))(a, c) if compiled else scenario(lib, a, c)
     out.backward()
     return [None if t.grad is None else t.grad.numpy().copy() for t in (a, c)], out.detach().numpy().copy()
 
 
-def _check(scenario):
-    (want_grads, want), (got_grads, got) = _grads(torch, scenario), _grads(tw, scenario)
+def _check(scenario, compiled=False):
+    (want_grads, want), (got_grads, got) = _grads(torch, scenario), _grads(tw, scenario, compiled)
     np.testing.assert_allclose(got, want)
     for g, w in zip(got_grads, want_grads):
         if w is None:
@@ -102,8 +102,9 @@ def _transposed_view_before_an_in_place_activation(lib, a, c):
     _view_taken_before_another_view_was_written, _view_of_a_view_taken_before_the_write,
     _transposed_view_before_an_in_place_activation,
 ], ids=lambda f: f.__name__.strip("_"))
-def test_gradients_through_in_place_writes_equal_torchs(scenario):
-    _check(scenario)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_gradients_through_in_place_writes_equal_torchs(scenario, compiled):
+    _check(scenario, compiled)
 
 
 def test_zeroing_a_result_its_backward_needs_is_refused_at_backward_as_in_torch():

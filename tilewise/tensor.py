@@ -255,9 +255,14 @@ class Tensor:
 
     def is_contiguous(self, memory_format=None) -> bool:
         """Dense in the order of ``memory_format`` (default: row-major); size-1 dims may have any stride."""
+        strides = self._strides
+        if self._trace is not None and "_tw_format" in self.__dict__:
+            # a traced result eager would lay out channels-last answers as eager would (``.contiguous()`` copies
+            # it then, as in eager; see [Note: returned memory formats] in compiler/formats.py)
+            strides = _strides.format_strides(self.__dict__["_tw_format"], self._shape)
         if memory_format is None:
-            return _strides.is_contiguous(self._shape, self._strides)
-        return _strides.is_contiguous_as(format_name(memory_format, "is_contiguous"), self._shape, self._strides)
+            return _strides.is_contiguous(self._shape, strides)
+        return _strides.is_contiguous_as(format_name(memory_format, "is_contiguous"), self._shape, strides)
 
     @property
     def layout(self):

@@ -41,9 +41,11 @@ from dataclasses import dataclass, field
 
 from tilewise import strides as S
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, data_dependent_error, user_frame
+from tilewise.compiler.formats import mark_result
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer, suspended
 from tilewise.dispatch import STATE, register_tracer
+from tilewise.ops.inplace import watch_view
 from tilewise.tensor import TRACE_HOOKS, Tensor
 
 
@@ -184,6 +186,9 @@ class Traced:
     output_requires_grad: list[bool]
     backward: BackwardSpec | None = None
     state_effects: list[StateEffect] = field(default_factory=list)
+    # graph output -> the memory format it is handed back in: the output holds its (N, *S, C) permutation
+    # (see [Note: returned memory formats] in compiler/formats.py)
+    output_formats: dict[int, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- pytrees
@@ -254,6 +259,7 @@ class Capture:
         self.arg_sources: dict[int, Source] = {}  # id of an argument tensor -> its Source
         self.arg_index: dict[int, int] = {}  # id of an argument tensor -> its position among the flat arguments
         self.detached: dict[int, tuple[Tensor, Tensor]] = {}  # id of a real tensor detached here -> (it, origin)
+        self.output_formats: dict[int, str] = {}  # see ``Traced.output_formats``
         self.states: list[tuple[dict, dict]] = []  # optimizer state tables and what they held before the trace
         self.live: list[weakref.ref] = []  # every trace tensor made since the last sync (see segments.py)
         # what a data-dependent read does: None raises DataDependentError; a callable(capture, what) runs what
@@ -477,6 +483,9 @@ class Capture:
             srcs, frozen = self.operands(op, args)
             out._trace = self.emit(op.full_name, srcs, frozen, TensorType(out._shape, out._dtype, device))
         out.__dict__["_tw_alias"] = Alias(root, geometry, self.root_value(root))
+        meta = out._view_meta
+        if meta is not None and meta[0] != out._write_count():  # taken on the real storage: count as the trace does
+            watch_view(out, meta[1])
         return self.track(out)
 
     def copy_alias(self, src: Tensor, dst: Tensor) -> None:
@@ -521,7 +530,9 @@ class Capture:
         else:
             ty = TensorType(out._shape, out._dtype, out._device)
         drew = self.rng_position() != position  # a random composite (dropout): named by its draws' position
-        return self.wrap(self.emit(op.full_name, srcs, frozen, ty, position if drew else None))
+        result = self.wrap(self.emit(op.full_name, srcs, frozen, ty, position if drew else None))
+        mark_result(op, args, result)
+        return result
 
     def _snapshot(self, args: tuple) -> tuple:
         tensors = [a for a in args if type(a) is Tensor] + [x for a in args if isinstance(a, tuple) for x in a
@@ -560,7 +571,9 @@ class Capture:
                                        "complex dtypes")
         srcs, frozen = self.operands(op, args)
         tag = self.draw(_generator_argument(op, args)) if op.kind == "random" else None
-        return self.wrap(self.emit(op.full_name, srcs, frozen, ty, tag))
+        out = self.wrap(self.emit(op.full_name, srcs, frozen, ty, tag))
+        mark_result(op, args, out)
+        return out
 
     def run_real(self, op, args: tuple, device, what: str):
         """An operator the graph cannot hold (its result's shape depends on values): a graph break runs what
@@ -632,7 +645,7 @@ class Capture:
                         continue
                     bases[id(leaf)] = len(outputs)
                 out_leaves.append(("out", len(outputs)))
-                outputs.append(self.value_of(leaf))
+                outputs.append(self._in_eager_format(leaf, len(outputs), id(leaf) in bases))
                 traced.append(leaf)
             else:
                 out_leaves.append(("const", leaf))
@@ -649,7 +662,22 @@ class Capture:
         inputs = [e.input for e in self.entries.values()] + (backward.tangents if backward else [])
         graph = Graph(inputs, list(self.body), outputs, writes)
         return Traced(graph, self.tensor_sources, presence, effects, spec, out_leaves, requires, backward,
-                      state_effects)
+                      state_effects, dict(self.output_formats))
+
+    def _in_eager_format(self, leaf: Tensor, k: int, is_base: bool) -> Node:
+        """The value of returned tensor ``k``; one that eager returns channels-last and that needs no gradient is
+        computed in its (N, *S, C) order and handed back through the inverse permutation (see [Note: returned
+        memory formats] in ``compiler/formats.py``)."""
+        value = self.value_of(leaf)
+        fmt = leaf.__dict__.get("_tw_format")
+        rank = len(value.type.shape)
+        if fmt is None or rank not in (4, 5) or leaf._requires_grad or is_base:
+            return value
+        dims = (0, *range(2, rank), 1)
+        ty = TensorType(tuple(value.type.shape[d] for d in dims), value.type.dtype, value.type.device)
+        last = self.emit("permute", (value,), (Ref(0), dims), ty)
+        self.output_formats[k] = fmt
+        return self.emit("clone", (last,), (Ref(0), None), ty)
 
     def _input_view(self, leaf: Tensor, flat_args: list) -> OutputView | None:
         """A returned trace tensor that is a view of the memory of a tensor the function was given or holds (see

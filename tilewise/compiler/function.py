@@ -167,6 +167,8 @@ class Variant:
         inputs = list(map(_STORAGE_DATA, tensors))
         arrays = self.forward.run(inputs, self.staged)
         outputs = [_tensor(a, node) for a, node in zip(arrays, graph.outputs)]
+        for k in traced.output_formats:
+            outputs[k] = _from_channels_last(outputs[k])
         for t in written:  # a program's input is a tensor with storage: its version is its storage's
             t._storage.version += 1
             t._array = None
@@ -244,6 +246,16 @@ def _tensor(data, node) -> Tensor:
     device = node.type.device
     storage = Storage(data, device, dtype, S.numel(shape))
     return Tensor._make(storage, shape, S.contiguous_strides(shape), 0, dtype, device)
+
+
+def _from_channels_last(t: Tensor) -> Tensor:
+    """A program output holding an (N, *S, C) value, handed back as the (N, C, *S) tensor it stands for: the same
+    memory, channels-last strides, no view of anything (see [Note: returned memory formats] in formats.py)."""
+    rank = len(t._shape)
+    order = (0, rank - 1, *range(1, rank - 1))
+    out = Tensor._make(t._storage, tuple(t._shape[d] for d in order), tuple(t._strides[d] for d in order), 0,
+                       t._dtype, t._device)
+    return out
 
 
 class CompiledCall(Function):
