@@ -38,7 +38,7 @@ def check_out_autograd(name: str, args, out) -> None:
 
 def write_out(name: str, result, out, named=None):
     """Write ``result`` (a tensor, or a tuple of them) into ``out`` by torch's rules; returns ``out``."""
-    from tilewise.autograd.grad_mode import no_grad
+    from tilewise._grad_mode import no_grad
 
     several = isinstance(result, (tuple, list))
     results = tuple(result) if several else (result,)
