@@ -11,12 +11,11 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from childenv import python_path
+from childenv import python_path, run_together
 
 import tilewise as tw
 from tilewise.codegen.render.kernel_cuda import render_program
@@ -258,18 +257,9 @@ def test_two_processes_compiling_the_same_kernels_at_once_both_succeed(tmp_path)
     go, cache_dir = tmp_path / "go", tmp_path / "cache"
     environment = {**os.environ, "TILEWISE_CACHE_DIR": str(cache_dir), "PYTHONPATH": python_path(),
                    "GO_FILE": str(go), "TILEWISE_COMPILE_THREADS": "4"}
-    processes = [subprocess.Popen([sys.executable, "-c", TWO_PROCESSES], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=environment, cwd=ROOT) for _ in range(2)]
-    time.sleep(1.0)  # both interpreters up and waiting
-    go.write_text("")
-    try:
-        finished = [process.communicate(timeout=300) for process in processes]
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait()
-    for process, (stdout, stderr) in zip(processes, finished):
-        assert process.returncode == 0, stderr[-3000:]
+    finished = run_together(TWO_PROCESSES, [environment, environment], go, cwd=ROOT)
+    for returncode, stdout, stderr in finished:
+        assert returncode == 0, stderr[-3000:]
         out = json.loads(stdout.strip().splitlines()[-1])
         assert out == {"same": True, "damaged": 0, "reread": 8}
     entries = list(cache_dir.rglob("*.kernel"))

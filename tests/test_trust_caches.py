@@ -14,11 +14,10 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from childenv import python_path
+from childenv import python_path, run_together
 
 from tilewise.codegen.toolchain import disk, nvrtc_available
 from tilewise.codegen.toolchain.cache import TOOLCHAIN_RECORD, KernelCache
@@ -326,23 +325,11 @@ def test_two_processes_writing_the_same_entries_at_once(tmp_path):
     go = tmp_path / "go"
     cache_dir = tmp_path / "cache"
     script = PRELUDE + CONCURRENT.replace("report(seen", "report(**c_report, seen")
-    processes = []
-    for who in "AB":
-        environment = {**os.environ, "TILEWISE_CACHE_DIR": str(cache_dir), "PYTHONPATH": python_path(),
-                       "GO_FILE": str(go), "WHO": who, "PROGRAMS": str(programs)}
-        processes.append(subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True, env=environment, cwd=ROOT))
-    time.sleep(1.0)  # both interpreters up and waiting
-    go.write_text("")
-    try:
-        finished = [process.communicate(timeout=300) for process in processes]
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait()
+    environments = [{**os.environ, "TILEWISE_CACHE_DIR": str(cache_dir), "PYTHONPATH": python_path(),
+                     "GO_FILE": str(go), "WHO": who, "PROGRAMS": str(programs)} for who in "AB"]
     outputs = []
-    for process, (stdout, stderr) in zip(processes, finished):
-        assert process.returncode == 0, stderr[-3000:]
+    for returncode, stdout, stderr in run_together(script, environments, go, cwd=ROOT):
+        assert returncode == 0, stderr[-3000:]
         outputs.append(json.loads(stdout.strip().splitlines()[-1]))
     for out in outputs:
         assert out["entry_damaged"] == out["damaged"] == 0 and out["same"] and not out["warnings"]
