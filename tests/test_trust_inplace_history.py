@@ -173,3 +173,44 @@ def test_a_compiled_function_sees_a_parameter_written_through_data():
     with tw.no_grad():
         w.mul_(2)
     assert f(x).item() == 24.0
+
+
+def _unsqueeze_in_place(lib, a, c):
+    x = a * c
+    x.unsqueeze_(0)
+    return (x * lib.arange(3.0).view(1, 3)).sum()
+
+
+def _transpose_in_place(lib, a, c):
+    x = (a.view(3, 1) * c.view(1, 3))
+    x.transpose_(0, 1)
+    x.mul_(2)
+    return (x * lib.arange(9.0).view(3, 3)).sum()
+
+
+def _squeeze_and_t_in_place_through_a_view(lib, a, c):
+    x = (a * c).view(1, 3, 1)
+    v = x[:, :2]
+    v.squeeze_()
+    v.mul_(c[:2])
+    x.t_() if x.dim() <= 2 else x.squeeze_(0)
+    return (x ** 2).sum() + v.sum()
+
+
+@pytest.mark.parametrize("scenario", [_unsqueeze_in_place, _transpose_in_place, _squeeze_and_t_in_place_through_a_view],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_shape_changes_in_place_are_recorded_as_torchs(scenario):
+    _check(scenario)
+
+
+def test_shape_changes_in_place_refuse_as_torch_does():
+    for lib in (torch, tw):
+        leaf = lib.ones(3, requires_grad=True)
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            leaf.unsqueeze_(0)
+        a = lib.ones(3, requires_grad=True)
+        x = a * 1
+        y = x.sin()  # saves x in its old shape
+        x.unsqueeze_(0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()

@@ -8,8 +8,9 @@ predicates (``is_nonzero``, ``is_same_size``, ``is_signed``) and shape arithmeti
 from __future__ import annotations
 
 from tilewise import strides as S
+from tilewise.dispatch import STATE
 from tilewise.ops.creation import empty_strided
-from tilewise.ops.inplace import check_inference_write, make_inplace
+from tilewise.ops.inplace import check_inference_write, make_inplace, watch_view
 from tilewise.tensor import Size, Tensor
 
 COMPARISON_ALIASES = {"greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le", "not_equal": "ne"}
@@ -36,11 +37,18 @@ def broadcast_shapes(*shapes) -> Size:
 def _inplace_view(name: str, view_name: str):
     def method(self, *args, **kwargs):
         check_inference_write(self)
-        if self.requires_grad:
-            raise RuntimeError(f"{name}(): changing the shape of a tensor that requires grad in place is not "
-                               f"supported (autograd records views, not shape changes); use {view_name}() instead")
-        view = getattr(Tensor, view_name)(self.detach(), *args, **kwargs)
+        recording = self._requires_grad and STATE.grad_enabled is not False
+        if recording and self.grad_fn is None and self._base is None:
+            raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an in-place operation.")
+        # under grad mode the shape change is recorded as the view it makes (torch's UnsqueezeBackward1 and the
+        # like), and the version moves on, so that a node that saved the tensor in its old shape refuses at backward
+        view = getattr(Tensor, view_name)(self if recording else self.detach(), *args, **kwargs)
         self._shape, self._strides, self._offset, self._array = view._shape, view._strides, view._offset, None
+        if recording:
+            self.grad_fn, self._output_nr = view.grad_fn, view._output_nr
+            self._bump_version()
+            if self._view_meta is not None:  # its history now holds the change: current again
+                watch_view(self, self._view_meta[1])
         return self
 
     method.__name__ = name
