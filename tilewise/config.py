@@ -40,7 +40,7 @@ variable                  meaning
 ``TILEWISE_COMPILED_``    ``1`` runs each eager ``backward()`` whose graph was seen before as one compiled program
 ``BACKWARD``              ([Note: compiled backward] in ``compiler/backward.py``); ``0`` (default): node by node.
                           ``tilewise.autograd.compiled_backward()`` turns it on for a block of code
-``TILEWISE_DONATE_``       ``1`` (default) lets a compiled backward write its intermediates into the memory of saved
+``TILEWISE_DONATE_``      ``1`` (default) lets a compiled backward write its intermediates into the memory of saved
 ``SAVED``                 tensors nothing else can reach, once it has read them for the last time ([Note: donated
                           saved tensors] in ``compiler/backward.py``); ``0`` keeps every saved tensor intact
 ``TILEWISE_CUDA_GRAPHS``  ``1`` (default) lets a compiled CUDA program replay its steps as one captured CUDA graph
