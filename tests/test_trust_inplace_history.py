@@ -214,3 +214,42 @@ def test_shape_changes_in_place_refuse_as_torch_does():
         x.unsqueeze_(0)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             y.sum().backward()
+
+
+def _channels_last_slice_written(lib, a):
+    x = (a.view(1, 4, 2, 2) * 1).contiguous(memory_format=lib.channels_last)
+    x[:, :2].mul_(3)
+    return (x * lib.arange(16.0).view(1, 4, 2, 2)).sum()
+
+
+def _channels_last_view_taken_before_a_write(lib, a):
+    x = (a.view(1, 4, 2, 2) * 1).contiguous(memory_format=lib.channels_last)
+    v = x[:, 1:3]
+    x.add_(1)
+    return (v * v).sum()
+
+
+def _row_of_a_transposed_root_written(lib, a):
+    x = a.view(4, 4) * 1
+    x.t_()
+    x[0].mul_(2)
+    return (x * lib.arange(16.0).view(4, 4)).sum()
+
+
+def _channels_last_activation_in_place_on_a_slice(lib, a):
+    x = (a.view(1, 4, 2, 2) - 7).contiguous(memory_format=lib.channels_last)
+    x[:, ::2].relu_()
+    return (x * x).sum()
+
+
+@pytest.mark.parametrize("scenario", [_channels_last_slice_written, _channels_last_view_taken_before_a_write,
+                                      _row_of_a_transposed_root_written, _channels_last_activation_in_place_on_a_slice],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_writes_through_views_of_a_base_that_is_not_row_major_have_torchs_gradients(scenario):
+    """A channels-last base, or one transposed in place, is written through its views as torch writes it (these
+    were refused: the view's storage geometry is replayed on the base's row-major permutation now)."""
+    want = torch.arange(16.0, requires_grad=True)
+    scenario(torch, want).backward()
+    got = tw.arange(16.0, requires_grad=True)
+    scenario(tw, got).backward()
+    np.testing.assert_allclose(got.grad.numpy(), want.grad.numpy())

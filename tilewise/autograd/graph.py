@@ -24,7 +24,7 @@ from tilewise import strides as S
 from tilewise.dispatch import GRAD_OFF_FOR_RECORDING, STATE, run
 from tilewise.dtypes import FLOAT as FLOATING
 from tilewise.layouts import contiguous_format
-from tilewise.ops.inplace import REGENERATE, short_node_name, stale_view_error, watch_view
+from tilewise.ops.inplace import REGENERATE, memory_order, row_major, short_node_name, stale_view_error, watch_view
 from tilewise.ops.registry import OPS
 from tilewise.tensor import INFERENCE_SAVED, TRACE_HOOKS, Tensor
 
@@ -394,12 +394,12 @@ def check_view_history(view: Tensor) -> None:
     if kind != REGENERATE:
         raise stale_view_error(view)
     base = view._base
-    if base is None or not base._requires_grad or not (base.is_contiguous() and base._offset == 0):
+    if base is None or not base._requires_grad or memory_order(base) is None:
         raise RuntimeError(f"a view of shape {list(view._shape)} (output {view._output_nr} of "
                            f"{short_node_name(view.grad_fn.name())}) is used by autograd after its memory was modified "
-                           "in place, and its base is not a contiguous tensor that requires grad, from which it could "
+                           "in place, and its base is not a dense tensor that requires grad, from which it could "
                            "be made afresh; take the view again after the in-place write")
-    fresh = OPS["as_strided"](base, view._shape, view._strides, view._offset)
+    fresh = OPS["as_strided"](row_major(base)[0], view._shape, view._strides, view._offset)
     view.grad_fn, view._output_nr = fresh.grad_fn, fresh._output_nr
     watch_view(view, kind)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 
 from tilewise import dispatch
+from tilewise import strides as S
 from tilewise.dispatch import STATE
 from tilewise.dtypes import castable
 from tilewise.tensor import INFERENCE_INPLACE, Tensor, tensor
@@ -119,21 +120,54 @@ def check_inplace_allowed(self: Tensor, name: str) -> None:
     if base is not None and base.grad_fn is None and base._requires_grad:
         raise RuntimeError(f"{name}: a view of a leaf Variable that requires grad is being used in an in-place "
                            "operation; wrap it in `with tilewise.no_grad():` or clone() the leaf first")
-    if base is not None and not (base.is_contiguous() and base._offset == 0):
-        raise RuntimeError(f"{name}: in-place writes through a view need a contiguous base to be recorded for "
-                           "autograd; call .contiguous() on the base tensor first")
+    if base is not None and memory_order(base) is None:
+        raise RuntimeError(f"{name}: in-place writes through a view need a base that covers its memory densely from "
+                           f"its start to be recorded for autograd (the base has shape {list(base._shape)}, strides "
+                           f"{list(base._strides)}, offset {base._offset}); call .contiguous() on the base first")
+
+
+def memory_order(base: Tensor) -> tuple | None:
+    """The permutation of ``base``'s dims that lays it out row-major in its memory: () for a row-major base,
+    (0, 2, 3, 1) for a channels-last one; None when there is none (gaps, overlaps, an offset), where views'
+    storage geometry cannot be replayed on the base's values."""
+    shape, strides = base._shape, base._strides
+    if base._offset != 0 or not S.is_non_overlapping_and_dense(shape, strides):
+        return None
+    if S.is_contiguous(shape, strides):
+        return ()
+    order = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
+    return order if S.is_contiguous(tuple(shape[d] for d in order), tuple(strides[d] for d in order)) else None
+
+
+def row_major(base: Tensor) -> tuple[Tensor, tuple]:
+    """``base`` seen row-major in its memory (a recorded permute, for a base that is not already) and that
+    permutation (see ``memory_order``), over which views' storage geometry addresses the base's values."""
+    from tilewise.ops.registry import OPS
+
+    order = memory_order(base)
+    if order is None:
+        raise RuntimeError(f"a view's base of shape {list(base._shape)}, strides {list(base._strides)}, offset "
+                           f"{base._offset} does not cover its memory densely from its start")
+    return (base if not order else OPS["permute"](base, order)), order
 
 
 def _rebase_view_history(view: Tensor, result: Tensor) -> None:
     """An in-place write through a view changes its base: record it as ``base = view_scatter(base, result)``
-    and make the view a fresh strided view of the new base (torch's CopySlices, in two ordinary ops)."""
+    and make the view a fresh strided view of the new base (torch's CopySlices, in two ordinary ops). A base
+    that is not row-major (channels-last) is scattered into through its row-major permutation."""
     from tilewise.ops.registry import OPS
 
     base = view._base
     geometry = (view._shape, view._strides, view._offset)
-    new_base = OPS["view_scatter"](base, result, *geometry)
+    dense, order = row_major(base)
+    new_dense = OPS["view_scatter"](dense, result, *geometry)
+    if order:
+        inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
+        new_base = OPS["permute"](new_dense, inverse)
+    else:
+        new_base = new_dense
     base.grad_fn, base._output_nr, base._requires_grad = new_base.grad_fn, new_base._output_nr, True
-    new_view = OPS["as_strided"](base, *geometry)
+    new_view = OPS["as_strided"](row_major(base)[0], *geometry)
     view.grad_fn, view._output_nr, view._requires_grad = new_view.grad_fn, new_view._output_nr, True
 
 
