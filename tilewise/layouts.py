@@ -69,7 +69,11 @@ def format_name(value, op: str) -> str:
 
 
 def suggest_memory_format(t) -> memory_format:
-    """The format tensor ``t``'s strides follow (torch's ``Tensor.suggest_memory_format``)."""
+    """The format tensor ``t``'s strides follow (torch's ``Tensor.suggest_memory_format``); for a value a compiled
+    function traces, the format eager would give it (see [Note: returned memory formats] in compiler/formats.py)."""
+    traced = t.__dict__.get("_tw_format") if t._trace is not None else None
+    if traced is not None:
+        return _INSTANCES[traced]
     return _INSTANCES[S.suggest_memory_format(t._shape, t._strides)]
 
 
