@@ -108,3 +108,20 @@ def test_out_refusals_as_torchs(case):
         else:
             with pytest.raises(TypeError):
                 lib.sort(x, out=lib.empty(2))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["add", "matmul", "sum_dim", "sort", "softmax", "zeros_int", "arange"])
+def test_out_on_cuda_matches_the_cpu(name):
+    call, kinds = CASES[name]
+    results = []
+    for device in ("cpu", "cuda"):
+        out = tuple(tw.empty(0, dtype=tw.float32 if k == "f" else tw.int64, device=device) for k in kinds) \
+            if isinstance(kinds, tuple) else tw.empty(0, dtype=tw.float32 if kinds == "f" else tw.int64, device=device)
+        got = call(tw, tw.tensor(A, device=device), tw.tensor(B, device=device), out)
+        outs = out if isinstance(out, tuple) else (out,)
+        assert all(o.device.type == device for o in outs)
+        assert (tuple(got) if isinstance(out, tuple) else (got,))[0] is outs[0]
+        results.append([o.cpu().numpy() for o in outs])
+    for c, g in zip(*results):
+        np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)

@@ -253,3 +253,33 @@ def test_writes_through_views_of_a_base_that_is_not_row_major_have_torchs_gradie
     got = tw.arange(16.0, requires_grad=True)
     scenario(tw, got).backward()
     np.testing.assert_allclose(got.grad.numpy(), want.grad.numpy())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("scenario", [_fill, _zero_through_a_slice, _view_taken_before_its_base_was_written,
+                                      _unsqueeze_in_place], ids=lambda f: f.__name__.strip("_"))
+def test_in_place_gradients_on_cuda_match_torchs(scenario):
+    want_grads, want = _grads(torch, scenario)
+
+    class OnCuda:  # the scenario's library, making its tensors on the GPU
+        def __getattr__(self, name):
+            return getattr(tw, name)
+
+        @staticmethod
+        def tensor(*args, **kwargs):
+            return tw.tensor(*args, device="cuda", **kwargs)
+
+        @staticmethod
+        def arange(*args, **kwargs):
+            return tw.arange(*args, device="cuda", **kwargs)
+
+    a = tw.tensor([1.0, 2.0, 3.0], device="cuda", requires_grad=True)
+    c = tw.tensor([0.5, -1.0, 2.0], device="cuda", requires_grad=True)
+    out = scenario(OnCuda(), a, c)
+    out.backward()
+    np.testing.assert_allclose(out.detach().cpu().numpy(), want, rtol=1e-6)
+    for t, w in zip((a, c), want_grads):
+        if w is None:
+            assert t.grad is None or not t.grad.cpu().numpy().any()
+        else:
+            np.testing.assert_allclose(t.grad.cpu().numpy(), w, rtol=1e-6)
