@@ -211,12 +211,16 @@ def test_a_compiled_function_returns_tensors_in_the_memory_format_eager_gives_th
         for g, e in zip(got, eager):
             assert g._base is None and tuple(g.shape) == tuple(e.shape)
             np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-5, atol=1e-5)
-    # a result that needs a gradient comes back row-major, with the same values and gradients
-    xg = x.clone().requires_grad_()
-    out = tw.compile(lambda x, w: tw.nn.functional.conv2d(x, w, padding=1).relu())(xg, w)
-    ref_x = x.clone().requires_grad_()
-    ref = tw.nn.functional.conv2d(ref_x, w, padding=1).relu()
-    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
-    out.sum().backward()
-    ref.sum().backward()
-    np.testing.assert_allclose(xg.grad.numpy(), ref_x.grad.numpy(), rtol=1e-5, atol=1e-5)
+    # a result that needs a gradient too, with eager's values and gradients, whatever layout its gradient comes in
+    g = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
+    compiled = tw.compile(lambda x, w: tw.nn.functional.conv2d(x, w, padding=1).relu() * 2)
+    for layout in (tw.channels_last, tw.contiguous_format, tw.channels_last):
+        xg = x.clone().requires_grad_()
+        out = compiled(xg, w)
+        ref_x = x.clone().requires_grad_()
+        ref = tw.nn.functional.conv2d(ref_x, w, padding=1).relu() * 2
+        assert channels_last(out, tw) and channels_last(ref, tw)
+        np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+        out.backward(tw.from_numpy(g).to(memory_format=layout))
+        ref.backward(tw.from_numpy(g))
+        np.testing.assert_allclose(xg.grad.numpy(), ref_x.grad.numpy(), rtol=1e-5, atol=1e-5)

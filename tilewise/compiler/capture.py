@@ -665,13 +665,13 @@ class Capture:
                       state_effects, dict(self.output_formats))
 
     def _in_eager_format(self, leaf: Tensor, k: int, is_base: bool) -> Node:
-        """The value of returned tensor ``k``; one that eager returns channels-last and that needs no gradient is
-        computed in its (N, *S, C) order and handed back through the inverse permutation (see [Note: returned
-        memory formats] in ``compiler/formats.py``)."""
+        """The value of returned tensor ``k``; one that eager returns channels-last is computed in its (N, *S, C)
+        order and handed back through the inverse permutation (its gradient, differentiated from the traced value,
+        comes in in the logical order; see [Note: returned memory formats] in ``compiler/formats.py``)."""
         value = self.value_of(leaf)
         fmt = leaf.__dict__.get("_tw_format")
         rank = len(value.type.shape)
-        if fmt is None or rank not in (4, 5) or leaf._requires_grad or is_base:
+        if fmt is None or rank not in (4, 5) or is_base:
             return value
         dims = (0, *range(2, rank), 1)
         ty = TensorType(tuple(value.type.shape[d] for d in dims), value.type.dtype, value.type.device)

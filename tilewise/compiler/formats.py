@@ -1,12 +1,13 @@
 """The memory format eager gives an operator's result, so that a compiled function returns its tensors in it.
 
 [Note: returned memory formats] Graph values are laid out row-major in their logical shape, but eager keeps a
-channels-last input's format through element-wise operators (after the first operand of the result's shape, as
-torch's TensorIterator does), convolutions (either operand channels-last), batch and group normalisation, pooling,
-interpolation and concatenation; a softmax or a layer norm returns row-major. While a function is traced, each
-4-d or 5-d result records the format eager would give it (``Tensor._tw_format``), and a returned tensor whose
-format is channels-last leaves the program as the (N, C, *S) view of a channels-last copy (``permute``, ``clone``,
-``permute``), which the CUDA target's channels-last lowering writes in place of the transposing copy it made
+channels-last input's format through element-wise operators (after the first operand of the result's shape, as torch's
+TensorIterator does), convolutions (either operand channels-last), batch and group normalisation, pooling,
+interpolation and concatenation; a softmax or a layer norm returns row-major. While a function is traced, each 4-d or
+5-d result records the format eager would give it (``Tensor._tw_format``), and a returned tensor whose format is
+channels-last leaves the program as its (N, *S, C) permutation (``permute``, ``clone``), handed back as the (N, C, *S)
+tensor with channels-last strides (its gradient, if it needs one, is the traced value's, taken in the logical order).
+The CUDA target's channels-last lowering writes such a value where it lies instead of the transposing copy it made
 before (``lowering/channels_last.py``). Values the function only uses inside are untouched. An operator this table
 does not know returns row-major, as most do; the values are the same either way.
 """

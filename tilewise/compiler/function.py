@@ -182,7 +182,7 @@ class Variant:
     def run_backward(self, residuals: tuple, grads: list) -> list[Tensor]:
         inputs, arrays = residuals
         spec = self.traced.backward
-        tangents = [_flat(grads[k]) for k in spec.outputs]
+        tangents = [_flat(grads[k]) for k in spec.outputs]  # in the returned tensors' logical (N, C, *S) order
         saved = [inputs[k] if kind == "input" else arrays[k] for kind, k in self.saved]
         results = self.backward.run(tangents + saved)
         return [_tensor(a, node) for a, node in zip(results, self.backward.graph.outputs)]
