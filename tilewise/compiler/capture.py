@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from tilewise import strides as S
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, data_dependent_error, user_frame
-from tilewise.compiler.formats import mark_result
+from tilewise.compiler.formats import mark_result, to_channels_last
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer, suspended
 from tilewise.dispatch import STATE, register_tracer
@@ -673,7 +673,7 @@ class Capture:
         rank = len(value.type.shape)
         if fmt is None or rank not in (4, 5) or is_base:
             return value
-        dims = (0, *range(2, rank), 1)
+        dims = to_channels_last(rank)
         ty = TensorType(tuple(value.type.shape[d] for d in dims), value.type.dtype, value.type.device)
         last = self.emit("permute", (value,), (Ref(0), dims), ty)
         self.output_formats[k] = fmt

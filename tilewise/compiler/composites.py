@@ -28,6 +28,7 @@ import warnings
 
 from tilewise import strides as S
 from tilewise.compiler.capture import signature
+from tilewise.compiler.formats import from_channels_last, to_channels_last
 from tilewise.compiler.windows import rebased
 from tilewise.config import settings
 from tilewise.dispatch import STATE
@@ -122,7 +123,7 @@ def _channels_last_positions(op, args: tuple) -> frozenset:
 
 
 def _order(rank: int, to_last: bool) -> tuple:
-    return (0, *range(2, rank), 1) if to_last else (0, rank - 1, *range(1, rank - 1))
+    return to_channels_last(rank) if to_last else from_channels_last(rank)
 
 
 def _permuted(t: Tensor, to_last: bool) -> Tensor:

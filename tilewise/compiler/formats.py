@@ -18,6 +18,18 @@ from tilewise import strides as S
 from tilewise.tensor import Tensor
 
 CONTIGUOUS = "contiguous_format"
+
+
+def to_channels_last(rank: int) -> tuple[int, ...]:
+    """The permutation (N, C, *S) -> (N, *S, C)."""
+    return (0, *range(2, rank), 1)
+
+
+def from_channels_last(rank: int) -> tuple[int, ...]:
+    """The permutation (N, *S, C) -> (N, C, *S)."""
+    return (0, rank - 1, *range(1, rank - 1))
+
+
 _LAST = {4: "channels_last", 5: "channels_last_3d"}
 
 CONVOLUTIONS = frozenset({"conv2d", "conv3d", "conv_transpose2d", "conv_transpose3d", "convolution",

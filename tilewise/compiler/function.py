@@ -73,6 +73,7 @@ from tilewise.autograd.function import Function
 from tilewise.autograd.grad_mode import no_grad
 from tilewise.compiler.capture import OutputView, Source, Traced, capturing, flatten, leaf_labels, start, unflatten
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, user_frame
+from tilewise.compiler.formats import from_channels_last
 from tilewise.compiler.guards import Guards, Recorder, make_guards
 from tilewise.compiler.lowering.partition import partition
 from tilewise.compiler.meta import suspended
@@ -251,11 +252,9 @@ def _tensor(data, node) -> Tensor:
 def _from_channels_last(t: Tensor) -> Tensor:
     """A program output holding an (N, *S, C) value, handed back as the (N, C, *S) tensor it stands for: the same
     memory, channels-last strides, no view of anything (see [Note: returned memory formats] in formats.py)."""
-    rank = len(t._shape)
-    order = (0, rank - 1, *range(1, rank - 1))
-    out = Tensor._make(t._storage, tuple(t._shape[d] for d in order), tuple(t._strides[d] for d in order), 0,
-                       t._dtype, t._device)
-    return out
+    order = from_channels_last(len(t._shape))
+    return Tensor._make(t._storage, tuple(t._shape[d] for d in order), tuple(t._strides[d] for d in order), 0,
+                        t._dtype, t._device)
 
 
 class CompiledCall(Function):

@@ -18,7 +18,15 @@ import numpy as np
 
 from tilewise import strides as S
 from tilewise.device import Device, as_device, default_device, pinning_backend
-from tilewise.dtypes import DType, as_dtype, checked_scalar, default_complex_dtype, get_default_dtype, scalar_dtype
+from tilewise.dtypes import (
+    DType,
+    as_dtype,
+    c10_name,
+    checked_scalar,
+    default_complex_dtype,
+    get_default_dtype,
+    scalar_dtype,
+)
 from tilewise.layouts import copy_strides, format_name
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import apply_directly
@@ -44,10 +52,8 @@ def _factory_out(name: str):
                 raise TypeError(f"{name}(): argument 'out' must be Tensor, not {type(out).__name__}")
             dtype = kwargs.get("dtype")
             if dtype is not None and as_dtype(dtype) is not out.dtype:
-                from tilewise.ops.out_args import _torch_name
-
-                raise RuntimeError(f"dtype {_torch_name(as_dtype(dtype))} does not match dtype of out parameter "
-                                   f"({_torch_name(out.dtype)})")
+                raise RuntimeError(f"dtype {c10_name(as_dtype(dtype))} does not match dtype of out parameter "
+                                   f"({c10_name(out.dtype)})")
             kwargs["dtype"] = out.dtype
             kwargs.setdefault("device", out.device)
             return write_out(name, fn(*args, **kwargs), out)

@@ -17,12 +17,14 @@ from __future__ import annotations
 import warnings
 
 from tilewise.dispatch import STATE
-from tilewise.dtypes import castable
+from tilewise.dtypes import c10_name, castable
 from tilewise.tensor import Tensor
 
 
-def _requires_grad(args) -> bool:
-    for a in args:
+def _requires_grad(values) -> bool:
+    # ops.inplace has the same test over args and kwargs; importing it from here would close an import cycle
+    # (registry -> out_args -> inplace -> registry)
+    for a in values:
         if type(a) is Tensor and a._requires_grad:
             return True
         if isinstance(a, (list, tuple)) and any(type(b) is Tensor and b._requires_grad for b in a):
@@ -31,7 +33,7 @@ def _requires_grad(args) -> bool:
 
 
 def check_out_autograd(name: str, args, out) -> None:
-    if STATE.grad_enabled and (_requires_grad(args) or _requires_grad(out if isinstance(out, tuple) else (out,))):
+    if STATE.grad_enabled and _requires_grad((*args, *(out if isinstance(out, tuple) else (out,)))):
         raise RuntimeError(f"{name}(): functions with out=... arguments don't support automatic differentiation, but "
                            "one of the arguments requires grad.")
 
@@ -54,8 +56,8 @@ def write_out(name: str, result, out, named=None):
         if o._device != r._device:
             raise RuntimeError(f"{name}(): Expected out tensor to have device {r._device}, but got {o._device} instead")
         if not castable(r._dtype, o._dtype):
-            raise RuntimeError(f"{name}(): result type {_torch_name(r._dtype)} can't be cast to the desired output "
-                               f"type {_torch_name(o._dtype)}")
+            raise RuntimeError(f"{name}(): result type {c10_name(r._dtype)} can't be cast to the desired output "
+                               f"type {c10_name(o._dtype)}")
     for r, o in zip(results, outs):
         if tuple(o._shape) != tuple(r._shape):
             if o.numel():
@@ -73,14 +75,6 @@ def write_out(name: str, result, out, named=None):
     if not several:
         return out
     return named(*outs) if named is not None else outs
-
-
-def _torch_name(dtype) -> str:
-    """torch's C++ spelling of a dtype in its messages (Float, Long, BFloat16)."""
-    names = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int64": "Long",
-             "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
-             "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
-    return names.get(dtype.name, dtype.name)
 
 
 def takes_out(op) -> bool:

@@ -26,6 +26,7 @@ order ([Note: value orders] in ``orders.py``).
 
 from __future__ import annotations
 
+from tilewise.compiler.formats import from_channels_last, to_channels_last
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType, rewrite
 from tilewise.compiler.lowering.fusion import fusion_kind
 from tilewise.compiler.lowering.orders import mark_channels_last, order_of
@@ -34,16 +35,6 @@ from tilewise.compiler.passes.layout import legalize_views
 CONVOLUTIONS = frozenset(f"{name}{suffix}" for n in (2, 3) for name in (f"_conv{n}d", f"_conv_transpose{n}d")
                          for suffix in ("", "_backward_input", "_backward_weight"))
 SUFFIX = "_channels_last"
-
-
-def to_channels_last(rank: int) -> tuple[int, ...]:
-    """The permutation (N, C, *S) -> (N, *S, C)."""
-    return (0, *range(2, rank), 1)
-
-
-def from_channels_last(rank: int) -> tuple[int, ...]:
-    """The permutation (N, *S, C) -> (N, C, *S)."""
-    return (0, rank - 1, *range(1, rank - 1))
 
 
 def _permuted(ty: TensorType, dims: tuple) -> TensorType:
