@@ -192,3 +192,61 @@ def test_reductions_match_torch_without_warnings(call, dtype):
         ours, theirs = _REDUCTIONS[call](x), _REDUCTIONS[call](tx)
     assert ours.dtype.name == str(theirs.dtype).removeprefix("torch.") and ours.shape == tuple(theirs.shape)
     np.testing.assert_allclose(ours.double().numpy(), theirs.double().numpy(), rtol=1e-3)
+
+
+def _backward_events(device: str, build) -> list[str]:
+    from tilewise.profiler import ProfilerActivity, profile
+
+    x, y, g = build(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        y.backward(g)
+        if device == "cuda":
+            tw.cuda.synchronize()
+    return [e.key for e in prof.key_averages() for _ in range(e.count)]
+
+
+def _relu_net(device: str):
+    x = tw.randn(4, 8, 5, 5, device=device).requires_grad_()
+    y = tw.nn.functional.relu(x * 2)
+    return x, y, tw.randn(4, 8, 5, 5, device=device)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_relu_backward_is_one_operator_as_in_torch(device):
+    """torch's ReluBackward0 is one threshold_backward: a comparison and a multiplication were two kernels."""
+    events = _backward_events(device, _relu_net)
+    assert events.count("aten::threshold_backward") == 1
+    assert "aten::gt" not in events and "aten::mul" in events  # the mul is x * 2's backward
+
+
+def _bf16_batch_norm(device: str):
+    x = tw.randn(4, 8, 5, 5, device=device, dtype=tw.bfloat16).requires_grad_()
+    bn = tw.nn.BatchNorm2d(8).to(device)
+    return x, bn(x), tw.randn(4, 8, 5, 5, device=device, dtype=tw.bfloat16)
+
+
+@pytest.mark.cuda
+def test_a_bfloat16_batch_norm_backward_writes_its_gradient_in_bfloat16():
+    """The input's gradient leaves the batch norm's backward kernel in the input's dtype, as torch's does, not as
+    float32 cast by a kernel of its own."""
+    events = _backward_events("cuda", _bf16_batch_norm)
+    assert not [e for e in events if e.startswith("tw_copy_f32") and "bf16" in e], events
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+def test_norm_backward_of_a_bfloat16_input_is_computed_in_float32_and_rounded_once_as_torch(norm):
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 5, 6).bfloat16().requires_grad_()
+    g = torch.randn(4, 8, 5, 6).bfloat16()
+    ours = tw.tensor(x.detach().float().numpy()).bfloat16().requires_grad_()
+    if norm == "batch":
+        theirs_mod, ours_mod = torch.nn.BatchNorm2d(8), tw.nn.BatchNorm2d(8)
+    else:
+        theirs_mod, ours_mod = torch.nn.LayerNorm(6).bfloat16(), tw.nn.LayerNorm(6).bfloat16()
+    theirs_mod(x).backward(g)
+    ours_mod(ours).backward(tw.tensor(g.float().numpy()).bfloat16())
+    assert ours.grad.dtype is tw.bfloat16
+    np.testing.assert_allclose(ours.grad.float().numpy(), x.grad.float().numpy(), rtol=1e-2, atol=1e-2)
+    for ours_p, theirs_p in zip(ours_mod.parameters(), theirs_mod.parameters()):
+        assert ours_p.grad.dtype.name == str(theirs_p.grad.dtype).removeprefix("torch.")

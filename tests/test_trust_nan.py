@@ -374,3 +374,60 @@ def test_sort_like_gradients_at_nan_match_torch(device):
                 x = np.where(np.isnan(x).any(1, keepdims=True), x, one_nan_per_row(seed, (4, 5)))
             ours, theirs = _grads(lambda _, t, fn=fn: fn(t), x, device=device)
             assert_same(ours, theirs, f"{name} seed={seed}")
+
+
+# Masked gradients: torch selects (``self <= threshold ? 0 : grad``), it does not multiply by a mask, so an infinite
+# or NaN gradient where the mask is off gives 0, not NaN, and a NaN input passes the gradient where the comparison
+# that would stop it is false. Boundary values (the thresholds themselves) are in every input.
+_BOUNDARIES = np.array([np.nan, -np.inf, -7.0, -5.0, -3.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 6.0, 7.0, np.inf])
+_MASKED = {
+    "relu": lambda lib, x: lib.nn.functional.relu(x),
+    "relu_inplace": lambda lib, x: lib.nn.functional.relu(x * 1, inplace=True),
+    "relu6": lambda lib, x: lib.nn.functional.relu6(x),
+    "hardtanh": lambda lib, x: lib.nn.functional.hardtanh(x),
+    "hardtanh_wide": lambda lib, x: lib.nn.functional.hardtanh(x, -3.0, 6.0),
+    "threshold": lambda lib, x: lib.nn.functional.threshold(x, 0.5, -2.0),
+    "hardsigmoid": lambda lib, x: lib.nn.functional.hardsigmoid(x),
+    "hardswish": lambda lib, x: lib.nn.functional.hardswish(x),
+    "clamp": lambda lib, x: x.clamp(-1.0, 3.0),
+    "clamp_min": lambda lib, x: x.clamp(min=0.0),
+    "clamp_max": lambda lib, x: x.clamp(max=0.5),
+    "leaky_relu": lambda lib, x: lib.nn.functional.leaky_relu(x, 0.1),
+}
+
+
+def _masked_gradient(lib, name: str, x, g):
+    y = _MASKED[name](lib, x)
+    return lib.autograd.grad(y, x, g)[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("grads", ["finite", "inf", "nan"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(_MASKED))
+def test_masked_activation_gradients_select_as_torch_does(name, dtype, grads, device):
+    rng = np.random.default_rng(len(name))
+    g = {"finite": rng.integers(1, 5, size=_BOUNDARIES.shape).astype(np.float64),
+         "inf": np.full(_BOUNDARIES.shape, np.inf), "nan": np.full(_BOUNDARIES.shape, np.nan)}[grads]
+    ours, theirs = pair(_BOUNDARIES, dtype, device, requires_grad=True)
+    g_ours, g_theirs = pair(g, dtype, device)
+    expected = _masked_gradient(torch, name, theirs, g_theirs)
+    assert_same(_masked_gradient(tw, name, ours, g_ours), expected, f"{name} eager")
+    compiled = tw.compile(lambda x, g: _masked_gradient(tw, name, x, g))
+    assert_same(compiled(ours, g_ours), expected, f"{name} compiled")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_clamp_by_tensors_and_fmax_fmin_gradients_select_as_torch_does(device):
+    b = np.array([1.0, np.nan, 0, 0, 0, 0, np.nan, 0, 0, -1, 3, 5, 0, 0, 0])
+    for grads in (np.full(_BOUNDARIES.shape, np.inf), np.arange(1.0, 16.0)):
+        for fn in (lambda lib, a, b: lib.fmax(a, b), lambda lib, a, b: lib.fmin(a, b),
+                   lambda lib, a, b: a.clamp(b - 2, b + 2), lambda lib, a, b: a.clamp(min=b),
+                   lambda lib, a, b: a.clamp(max=b)):
+            a_ours, a_theirs = pair(_BOUNDARIES, "float32", device, requires_grad=True)
+            b_ours, b_theirs = pair(b, "float32", device, requires_grad=True)
+            g_ours, g_theirs = pair(grads, "float32", device)
+            expected = torch.autograd.grad(fn(torch, a_theirs, b_theirs), (a_theirs, b_theirs), g_theirs)
+            got = tw.autograd.grad(fn(tw, a_ours, b_ours), (a_ours, b_ours), g_ours)
+            for e, o in zip(expected, got):
+                assert_same(o, e, "tensor bounds")

@@ -78,6 +78,14 @@ OPINFOS += [
     OpInfo("threshold", lambda: [Sample((T((3, 4)), 0.1, -1.0))], call="F"),
     OpInfo("hardtanh", lambda: [Sample((T((3, 4)), -0.5, 0.7))], call="F"),
     OpInfo("gelu", lambda: [Sample((T((3, 4)),)), Sample((T((3, 4)),), {"approximate": "tanh"})], call="F"),
+    # the activations' backward operators (torch's ATen ones): relu, threshold, hardtanh, relu6 and hardswish derive
+    # through them
+    OpInfo("threshold_backward", lambda: [Sample((T((3, 4)), T((3, 4)), 0.0)), Sample((T((3, 4)), T((4,)), 0.25))],
+           reference=lambda torch, nnf: torch.ops.aten.threshold_backward),
+    OpInfo("hardtanh_backward", lambda: [Sample((T((3, 4)), T((3, 4)), -0.5, 0.5))],
+           reference=lambda torch, nnf: torch.ops.aten.hardtanh_backward),
+    OpInfo("hardswish_backward", lambda: [Sample((T((3, 4)), T((3, 4))))],
+           reference=lambda torch, nnf: torch.ops.aten.hardswish_backward),
     OpInfo("softplus", lambda: [Sample((T((3, 4)),)), Sample((T((3, 4), "float", -30, 30), 2.0, 10.0))], call="F"),
     OpInfo("elu", lambda: [Sample((T((3, 4)),)), Sample((T((3, 4)), 0.5))], call="F"),
     OpInfo("celu", lambda: [Sample((T((3, 4)), 0.7))], call="F"),

@@ -174,6 +174,29 @@ def clamp_mask(self, lo, hi):
     return mask
 
 
+def _selected(mask, grad):
+    """``grad`` where ``mask`` holds, else 0 (see [Note: masked gradients select] in ops/pointwise.py)."""
+    return grad.where(mask, grad.new_zeros(()))
+
+
+def clamp_backward(grad, self, lo, hi):
+    """torch's clamp gradient for the input: ``grad`` where ``lo <= self <= hi`` (a NaN input gets none)."""
+    return _selected(clamp_mask(self, lo, hi), grad)
+
+
+def clamp_min_backward(grad, self, lo, hi):
+    """The lower bound's gradient, torch's: where the input is below it and it is below the upper bound (where the
+    bounds cross, the upper one gives the result)."""
+    mask = self < lo
+    return _selected(mask if hi is None else mask & (lo < hi), grad)
+
+
+def clamp_max_backward(grad, self, lo, hi):
+    """The upper bound's gradient, torch's: where the input is above it, or it is below the lower bound."""
+    mask = self > hi
+    return _selected(mask if lo is None else mask | (hi < lo), grad)
+
+
 def conj_if_complex(x):
     """The conjugate of a complex tensor, anything else as it is: formulas for operators that take complex operands
     multiply by conjugates, as torch's derivatives.yaml does (see [Note: complex tensors] in ops/complex.py)."""

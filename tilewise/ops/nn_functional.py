@@ -135,7 +135,9 @@ def _layer_norm_backward(grad, input, mean, rstd, weight, bias, normalized_ndim,
     xhat = (x - mean) * rstd if mean is not None else x * rstd
     g = grad.to(xhat.dtype)
     grad_input = _normalized_input_grad(g * weight if weight is not None else g, xhat, rstd, dims, mean is not None)
-    return grad_input, (g * xhat if weight is not None else None), (grad if bias is not None else None)
+    # in the input's dtype here, where the cast joins the kernel that computes it, rather than as a cast of its own
+    # after (autograd's); the weight's terms stay in the compute dtype until autograd has summed them
+    return grad_input.to(input.dtype), (g * xhat if weight is not None else None), (grad if bias is not None else None)
 
 
 def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -232,7 +234,10 @@ def _batch_norm_backward(grad, input, weight, running_mean, running_var, save_me
         grad_input = _normalized_input_grad(grad_xhat, xhat, invstd, dims, True)
     else:
         grad_input = grad_xhat * invstd
-    return grad_input, (g * xhat).sum(dims) if weight is not None else None, g.sum(dims)
+    # each gradient in its input's dtype, as torch's kernels write them: cast here, the casts join the kernels that
+    # compute them (a bf16 input's float32 gradient cast by autograd afterwards was a kernel and a float32 pass more)
+    grad_weight = (g * xhat).sum(dims).to(weight.dtype) if weight is not None else None
+    return grad_input.to(input.dtype), grad_weight, g.sum(dims)
 
 
 def _check_batch_norm(input, running_mean, running_var, weight, bias, training):

@@ -290,7 +290,8 @@ pointwise("minimum(Tensor self, Tensor other) -> Tensor", lambda a, b: a.minimum
            "other": "extremum_pair_backward(grad, self, other, other > self)"},
           fwd="extremum_pair_jvp(self_t, other_t, self, other, result)")
 pointwise("clamp(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor", None,
-          {"self": "grad * clamp_mask(self, min, max)", "min": "grad * (self < min)", "max": "grad * (self > max)"},
+          {"self": "clamp_backward(grad, self, min, max)", "min": "clamp_min_backward(grad, self, min, max)",
+           "max": "clamp_max_backward(grad, self, min, max)"},
           R.clamp_rule, aliases=("clip",), expr_builder=_clamp, half_rounded={"cuda": ()})
 pointwise("copysign(Tensor self, Tensor other) -> Tensor", lambda a, b: a.copysign(b),
           {"self": "grad * where(self == 0, zeros_like(result), result / self)", "other": "zeros_like(grad)"},
@@ -366,17 +367,30 @@ pointwise("nan_to_num(Tensor self, float? nan=0.0, float? posinf=None, float? ne
 
 # ---------------------------------------------------------------- activations
 # relu is clamp_min(self, 0), relu6 hardtanh(self, 0, 6): number bounds, which keep the input at a tie (-0 stays -0)
-pointwise("relu(Tensor self) -> Tensor", lambda x: clamp_expr(x, 0, None, True), {"self": "grad * (result > 0)"})
+# [Note: masked gradients select] The gradients of relu, hardtanh, threshold, clamp and their kin pass ``grad`` where
+# the input lies inside and give 0 elsewhere: selected, as torch's kernels select, never ``grad * mask``, which turns
+# an infinite or NaN gradient outside into NaN. Comparisons with a NaN input are false, so a NaN passes the gradient
+# where the test that would stop it is ``<=`` (relu, hardtanh) and stops it where the test that would pass it is
+# (clamp, hardsigmoid). The two backward operators below are one kernel each, as torch's.
+pointwise("threshold_backward(Tensor grad_output, Tensor self, Scalar threshold) -> Tensor",
+          lambda g, x, t: where(x.le(t), 0, g),
+          {"grad_output": "threshold_backward(grad, self, threshold)", "self": "zeros_like(grad)"}, method=False)
+pointwise("hardtanh_backward(Tensor grad_output, Tensor self, Scalar min_val, Scalar max_val) -> Tensor",
+          lambda g, x, lo, hi: where(x.le(lo).logical_or(x.ge(hi)), 0, g),
+          {"grad_output": "hardtanh_backward(grad, self, min_val, max_val)", "self": "zeros_like(grad)"},
+          method=False)
+pointwise("relu(Tensor self) -> Tensor", lambda x: clamp_expr(x, 0, None, True),
+          {"self": "threshold_backward(grad, result, 0)"})
 pointwise("relu6(Tensor self) -> Tensor", lambda x: clamp_expr(x, 0, 6, True),
-          {"self": "grad * ((self > 0) & (self < 6))"}, method=False)
+          {"self": "hardtanh_backward(grad, self, 0, 6)"}, method=False)
 pointwise("leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor",
           lambda x, s: where(x.gt(0), x, x * s), {"self": "where(self > 0, grad, grad * negative_slope)"},
           method=False)
 pointwise("threshold(Tensor self, Scalar threshold, Scalar value) -> Tensor",
-          lambda x, t, v: where(x.gt(t), x, v), {"self": "grad * (self > threshold)"}, method=False,
+          lambda x, t, v: where(x.gt(t), x, v), {"self": "threshold_backward(grad, self, threshold)"}, method=False,
           half_rounded={"cpu": ("self", "value"), "cuda": ("self", "threshold", "value")}, check=R.half_scalars_fit)
 pointwise("hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor",
-          lambda x, lo, hi: clamp_expr(x, lo, hi, True), {"self": "grad * ((self > min_val) & (self < max_val))"},
+          lambda x, lo, hi: clamp_expr(x, lo, hi, True), {"self": "hardtanh_backward(grad, self, min_val, max_val)"},
           method=False, half_rounded={"cpu": ("self", "min_val", "max_val")})
 pointwise("gelu(Tensor self, *, str approximate='none') -> Tensor", None,
           {"self": "gelu_backward(grad, self, approximate)"}, R.floating_only, expr_builder=_gelu, method=False)
@@ -390,10 +404,14 @@ pointwise("softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor",
           {"self": "where(self * beta > threshold, grad, grad * sigmoid(self * beta))"}, R.floating_only,
           method=False, autocast={"cuda": "fp32"})
 pointwise("hardswish(Tensor self) -> Tensor", lambda x: x * (x + 3).maximum(0).minimum(6) / 6,
-          {"self": "where(self < -3, zeros_like(grad), where(self <= 3, grad * (self / 3 + 0.5), grad))"},
+          {"self": "hardswish_backward(grad, self)"}, R.floating_only, method=False)
+pointwise("hardswish_backward(Tensor grad_output, Tensor self) -> Tensor",
+          lambda g, x: where(x.le(-3), 0, where(x.lt(3), g * (x / 3 + 0.5), g)),
+          {"grad_output": "hardswish_backward(grad, self)",
+           "self": "where((self > -3) & (self < 3), grad * grad_output / 3, zeros_like(grad))"},
           R.floating_only, method=False)
 pointwise("hardsigmoid(Tensor self) -> Tensor", lambda x: (x + 3).maximum(0).minimum(6) / 6,
-          {"self": "grad * ((self > -3) & (self < 3)) / 6"}, R.floating_only, method=False)
+          {"self": "where((self > -3) & (self < 3), grad / 6, zeros_like(grad))"}, R.floating_only, method=False)
 pointwise("elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor", None,
           {"self": "where(self > 0, grad * scale, grad * input_scale * alpha * scale * exp(self * input_scale))"},
           R.floating_only, method=False, expr_builder=_elu)

@@ -203,13 +203,13 @@ pointwise("heaviside(Tensor self, Tensor values) -> Tensor",
           lambda x, v: where(x.eq(0), v, where(x.gt(0), 1, 0)), None, same_dtype, differentiable=False)
 pointwise("fmax(Tensor self, Tensor other) -> Tensor",
           lambda a, b: where(a.isnan(), b, where(b.isnan(), a, a.maximum(b))),
-          {"self": "grad * ((self >= other) | isnan(other))",
-           "other": "grad * ((self >= other) | isnan(other)).logical_not()"}, inplace=False,
+          {"self": "where((self >= other) | isnan(other), grad, zeros_like(grad))",
+           "other": "where((self >= other) | isnan(other), zeros_like(grad), grad)"}, inplace=False,
           fwd="self_t.where((self > other) | isnan(other), other_t)")
 pointwise("fmin(Tensor self, Tensor other) -> Tensor",
           lambda a, b: where(a.isnan(), b, where(b.isnan(), a, a.minimum(b))),
-          {"self": "grad * ((self <= other) | isnan(other))",
-           "other": "grad * ((self <= other) | isnan(other)).logical_not()"}, inplace=False,
+          {"self": "where((self <= other) | isnan(other), grad, zeros_like(grad))",
+           "other": "where((self <= other) | isnan(other), zeros_like(grad), grad)"}, inplace=False,
           fwd="self_t.where((self <= other) | isnan(other), other_t)")
 
 # ---------------------------------------------------------------- integers and floating-point parts
