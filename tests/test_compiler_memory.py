@@ -179,3 +179,46 @@ def test_recomputed_activations_on_cuda_match_eager(monkeypatch, approximate):
         np.testing.assert_allclose(cf(x).cpu().numpy(), eager_step(x).cpu().numpy(), rtol=2e-3, atol=1e-5)
     for p, q in zip(mlp.parameters(), eager_mlp.parameters()):
         np.testing.assert_allclose(p.detach().cpu().numpy(), q.detach().cpu().numpy(), rtol=2e-3, atol=1e-5)
+
+
+class _ConvBlock(tw.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = tw.nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn = tw.nn.BatchNorm2d(16)
+        self.fc = tw.nn.Linear(32, 32)
+
+    def forward(self, x):
+        return self.fc(F.gelu(self.bn(self.conv(x)).relu()))
+
+
+def _saved_values(compiled, tangents: int = 1) -> list:
+    """The types of the values a compiled call's backward program reads from its forward (after the tangents)."""
+    _, backward = compiled.programs()
+    return [node.type for node in backward.graph.inputs[tangents:]]
+
+
+def test_the_backward_recomputes_what_is_cheaper_than_saving_it():
+    """A bf16 batch norm's normalised input is a float32 value made element-wise from the bf16 convolution
+    output: the backward computes it again from what it keeps instead of saving 4 bytes an element (see [Note:
+    saving less by recomputing]); the gradients are eager's."""
+    tw.manual_seed(0)
+    block = _ConvBlock()
+    x = tw.randn(8, 16, 32, 32)
+    compiled = tw.compile(lambda x: block(x))
+    with tw.autocast(device_type="cpu", dtype=tw.bfloat16):
+        y = compiled(x)
+    y.float().square().sum().backward()
+    got = [p.grad.clone() for p in block.parameters()]
+    block.zero_grad()
+    with tw.autocast(device_type="cpu", dtype=tw.bfloat16):
+        expected = block(x)
+    expected.float().square().sum().backward()
+    close(y.detach().float(), expected.detach().float(), rtol=2e-2, atol=2e-2)
+    for g, p in zip(got, block.parameters()):
+        close(g, p.grad, rtol=3e-2, atol=3e-2)
+    saved = _saved_values(compiled)
+    activation = 8 * 16 * 32 * 32
+    big = [t for t in saved if t.numel >= activation]
+    assert not [t for t in big if t.dtype is tw.float32], f"a float32 activation is saved: {saved}"
+    assert sum(t.nbytes for t in big) <= 4 * activation * 2, saved  # the padded input, the conv and GELU inputs
