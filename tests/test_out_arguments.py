@@ -173,6 +173,11 @@ NO_OUT = {
     "F.silu": lambda m, a, b, **o: m.nn.functional.silu(a, **o),
     "F.conv1d": lambda m, a, b, **o: m.nn.functional.conv1d(a[None], b[:, :2, None], **o),
     "F.mse_loss": lambda m, a, b, **o: m.nn.functional.mse_loss(a, b, **o),
+    # no Tensor method takes out=
+    "Tensor.add": lambda m, a, b, **o: a.add(b, **o),
+    "Tensor.sum": lambda m, a, b, **o: a.sum(1, **o),
+    "Tensor.matmul": lambda m, a, b, **o: a.matmul(b.T, **o),
+    "Tensor.sort": lambda m, a, b, **o: a.sort(1, **o),
 }
 
 
