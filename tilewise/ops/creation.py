@@ -35,7 +35,7 @@ from tilewise.ops.inplace import copy_into
 from tilewise.ops.registry import declare
 from tilewise.ops.schema import register_generator_class
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
-from tilewise.tensor import FACTORIES, Tensor, check_pinnable
+from tilewise.tensor import FACTORIES, TRACE_HOOKS, Tensor, check_pinnable
 
 
 def factory_out(name: str):
@@ -384,9 +384,13 @@ def _like_strides(x: Tensor, memory_format, factory: str) -> tuple:
 
 def _restrided(out: Tensor, strides: tuple | None) -> Tensor:
     """A new (hence dense, row-major) tensor with its memory read in another dense order: a fill or fresh random
-    values are the same in any order, so no copy is needed. A traced tensor stays row-major (the compiler lays
-    out its buffers itself)."""
-    if strides is None or strides == out._strides or out._storage is None:
+    values are the same in any order, so no copy is needed. A traced tensor takes the strides as the compiler's
+    other results do (see [Note: eager strides of traced values] in compiler/formats.py)."""
+    if strides is None or strides == out._strides:
+        return out
+    if out._storage is None:
+        if out._trace is not None and TRACE_HOOKS.lay_out is not None:
+            TRACE_HOOKS.lay_out(out, tuple(strides))
         return out
     return Tensor._make(out._storage, out._shape, tuple(strides), out._offset, out._dtype, out._device)
 

@@ -154,13 +154,7 @@ def memory_order(base: Tensor) -> tuple | None:
     """The permutation of ``base``'s dims that lays it out row-major in its memory: () for a row-major base,
     (0, 2, 3, 1) for a channels-last one; None when there is none (gaps, overlaps, an offset), where views'
     storage geometry cannot be replayed on the base's values."""
-    shape, strides = base._shape, base._strides
-    if base._offset != 0 or not S.is_non_overlapping_and_dense(shape, strides):
-        return None
-    if S.is_contiguous(shape, strides):
-        return ()
-    order = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
-    return order if S.is_contiguous(tuple(shape[d] for d in order), tuple(strides[d] for d in order)) else None
+    return S.dense_order(base._shape, base._strides) if base._offset == 0 else None
 
 
 def row_major(base: Tensor) -> tuple[Tensor, tuple]:
