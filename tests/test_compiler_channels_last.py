@@ -224,3 +224,97 @@ def test_a_compiled_function_returns_tensors_in_the_memory_format_eager_gives_th
         out.backward(tw.from_numpy(g).to(memory_format=layout))
         ref.backward(tw.from_numpy(g))
         np.testing.assert_allclose(xg.grad.numpy(), ref_x.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _layouts(lib, x, w, z):
+    """What ``stride()``, ``storage_offset()`` and ``is_contiguous()`` say of intermediate results: transposes and
+    element-wise operators on them, a channels-last convolution, batch norm and ReLU, and views of those."""
+    fn = lib.nn.functional
+    seen = {}
+
+    def note(name, t):
+        seen[name] = (tuple(t.stride()), t.storage_offset(), t.is_contiguous(), t.stride(-1))
+
+    t = x.transpose(1, 2)
+    note("transpose", t)
+    note("transpose * 2", t * 2)
+    note("transpose + transpose", t + t)
+    note("transpose.exp()", t.exp())
+    note("transpose.clone()", t.clone())
+    note("transpose.contiguous()", t.contiguous())
+    note("gelu(transpose)", fn.gelu(t))
+    c = fn.conv2d(x.contiguous(memory_format=lib.channels_last), w)
+    note("conv", c)
+    b = fn.batch_norm(c, None, None, training=True)
+    note("batch_norm", b)
+    r = fn.relu(b)
+    note("relu", r)
+    note("permute", r.permute(0, 2, 3, 1))
+    note("slice", r[:, :, 1:])
+    note("slice * 2", r[:, :, 1:] * 2)
+    note("select", r[1])
+    note("transpose of relu", r.transpose(2, 3))
+    note("flatten", r.flatten(2))
+    note("reshape", r.reshape(2, -1))
+    note("cat", lib.cat([r, r], 1))
+    note("softmax", fn.softmax(r, 1))
+    note("sum", r.sum(1))
+    note("as_strided of its own geometry", r.as_strided(r.shape, r.stride()))
+    note("matmul of a transpose", z.t() @ z)
+    note("transpose + 1", z.t() + 1)
+    note("expand * 2", z[:1].expand(4, 3) * 2)
+    note("zeros_like", lib.zeros_like(r))
+    note("empty_like of a transpose", lib.empty_like(z.t() + 1))
+    return seen
+
+
+def test_strides_of_traced_values_are_eagers():
+    """Inside a compiled function, ``stride()`` (and ``storage_offset()``, ``is_contiguous()``) of a traced value
+    answer what eager answers for the same computation (and torch): a channels-last result's strides, an element-wise
+    result in its operand's order, a view's own geometry over them."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    xs, ws, zs = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 5, 4), (6, 3, 3, 3), (4, 3)))
+    want = _layouts(torch, *(torch.from_numpy(a) for a in (xs, ws, zs)))
+    args = [tw.from_numpy(a) for a in (xs, ws, zs)]
+    assert _layouts(tw, *args) == want
+    compiled = tw.compile(lambda x, w, z: _layouts(tw, x, w, z))
+    for _ in range(2):
+        got = compiled(*args)
+        assert {k: v for k, v in got.items() if v != want[k]} == {}
+
+
+def test_views_and_as_strided_of_a_channels_last_intermediate_read_eagers_values():
+    """A traced channels-last value answers with channels-last strides, so ``as_strided`` over its memory and ``view``
+    read what eager reads (a flat walk over memory, a view eager refuses)."""
+    rng = np.random.default_rng(1)
+    x = tw.from_numpy(rng.standard_normal((2, 3, 4, 4)).astype(np.float32)).to(memory_format=tw.channels_last)
+
+    def walk(x):
+        y = x * 2  # channels-last, as x
+        flat = y.as_strided((y.numel(),), (1,))  # memory order: (N, H, W, C)
+        return flat + 0, y.permute(0, 2, 3, 1).reshape(2, -1) + 0
+
+    eager = walk(x)
+    got = tw.compile(walk)(x)
+    for g, e in zip(got, eager):
+        np.testing.assert_array_equal(g.numpy(), e.numpy())
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        (x * 2).view(2, -1)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        tw.compile(lambda x: (x * 2).view(2, -1) + 0)(x)
+
+
+def test_random_values_like_a_channels_last_intermediate_are_eagers():
+    """``rand_like`` of a channels-last value draws in its memory order: the compiled function reads the same values
+    (it read them in the logical order before)."""
+    x = tw.randn(2, 3, 4, 5).contiguous(memory_format=tw.channels_last)
+
+    def draw(x):
+        tw.manual_seed(3)
+        return tw.rand_like(x * 2) + 0, tw.randn_like(x + 1).stride()
+
+    eager, compiled = draw(x), tw.compile(draw)(x)
+    np.testing.assert_array_equal(compiled[0].numpy(), eager[0].numpy())
+    assert compiled[1] == eager[1] == (60, 1, 15, 3)

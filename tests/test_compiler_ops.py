@@ -261,3 +261,62 @@ def test_compiled_matches_eager_on_cuda(info, k):
         where = f"{info.name}[{sample.name or k}] call {call}"
         _compare([a.cpu() for a in actual[0]], [e.cpu() for e in expected[0]], f"{where}: outputs", info)
         _compare([a.cpu() for a in actual[1]], [e.cpu() for e in expected[1]], f"{where}: gradients", info)
+
+
+def _in_memory_order(lib, array: np.ndarray):
+    """``array`` as a tensor laid out in another order than row-major: channels-last for a 4-d one, else with its
+    dims reversed in memory (a transposed matrix)."""
+    if array.ndim == 4:
+        return lib.from_numpy(array.copy()).contiguous(memory_format=lib.channels_last)
+    if array.ndim < 2:
+        return lib.from_numpy(array.copy())
+    reverse = tuple(range(array.ndim))[::-1]
+    return lib.from_numpy(np.ascontiguousarray(array.transpose(reverse))).permute(reverse)
+
+
+def _layouts_of(lib, functional, info, sample):
+    """What ``stride()`` and ``storage_offset()`` say of the results of one sample, on inputs in other orders."""
+    rng = np.random.default_rng(0)
+    made: list = []
+    args = _materialise(sample.args, rng, "float32", made)
+    kwargs = {k: _materialise(v, rng, "float32", made) for k, v in sample.kwargs.items()}
+    tensors = [_in_memory_order(lib, array) for array, _ in made]
+    op = info.resolve(lib, functional)
+
+    def run(*ts):
+        out = op(*_build(args, None, lambda k: ts[k], lib), **{k: _build(v, None, lambda i: ts[i], lib)
+                                                                for k, v in kwargs.items()})
+        return tuple((tuple(o.stride()), o.storage_offset()) if isinstance(o, lib.Tensor) else None
+                     for o in (out if isinstance(out, (tuple, list)) else (out,)))
+
+    return run, tensors
+
+
+@pytest.mark.parametrize("info", [i for i in OPINFOS if id(i) not in EAGER_ONLY and i.reference is None],
+                         ids=lambda i: i.name)
+def test_compiled_strides_are_eagers(info):
+    """Inside a compiled function, ``stride()`` and ``storage_offset()`` of every operator's results answer what
+    eager answers, on inputs laid out channels-last or transposed (see [Note: eager strides of traced values] in
+    compiler/formats.py), wherever eager answers as torch does (where it does not, the disagreement is eager's)."""
+    import torch
+    import torch.nn.functional as TF
+
+    if info.name in HOST_CONSTANTS:  # fullgraph=True refuses their constants at the decompose pass (another matter)
+        pytest.skip("its decomposition makes constants on the host")
+    for sample in info.samples():
+        run, tensors = _layouts_of(tw, F, info, sample)
+        try:
+            tw.manual_seed(0)
+            eager = run(*tensors)
+            theirs, their_tensors = _layouts_of(torch, TF, info, sample)
+            torch.manual_seed(0)
+            if theirs(*their_tensors) != eager:
+                continue
+        except Exception:  # a sample of an error, or one torch runs otherwise: nothing to compare
+            continue
+        try:
+            tw.manual_seed(0)
+            compiled = tw.compile(run, fullgraph=True)(*tensors)
+        except (DataDependentError, UnsupportedTargetError):
+            continue
+        assert compiled == eager, f"{info.name}[{sample.name or sample.args}]"

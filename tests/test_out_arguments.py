@@ -5,6 +5,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from opinfo import _build, _materialise
+from test_ops import OPINFOS
 
 import tilewise as tw
 
@@ -38,6 +40,17 @@ CASES = {
     "arange": (lambda m, a, b, o: m.arange(1, 7, 2, out=o), "f"),
     "linspace": (lambda m, a, b, o: m.linspace(0, 1, 5, out=o), "f"),
     "eye": (lambda m, a, b, o: m.eye(3, 2, out=o), "f"),
+    # forms whose siblings torch refuses out= (NO_OUT below): argsort with stable=, prod and median with a dim
+    "argsort_stable": (lambda m, a, b, o: m.argsort(a, stable=True, out=o), "l"),
+    "sum_dim_none": (lambda m, a, b, o: m.sum(a, None, out=o), "f"),
+    "prod_dim": (lambda m, a, b, o: m.prod(a, 1, out=o), "f"),
+    "median_dim": (lambda m, a, b, o: m.median(a, 0, out=o), ("f", "l")),
+    "where_tensors": (lambda m, a, b, o: m.where(a > b, a, b, out=o), "f"),
+    "F.gelu": (lambda m, a, b, o: m.nn.functional.gelu(a, out=o), "f"),  # F's own aten binding
+    "F.normalize": (lambda m, a, b, o: m.nn.functional.normalize(a, out=o), "f"),
+    "range": (lambda m, a, b, o: m.range(1, 4, out=o), "f"),
+    "fft.fftfreq": (lambda m, a, b, o: m.fft.fftfreq(5, out=o), "f"),
+    "fft.rfftfreq": (lambda m, a, b, o: m.fft.rfftfreq(6, 0.5, out=o), "f"),
 }
 
 
@@ -52,7 +65,9 @@ def _outs(lib, kinds, shape=(0,)):
 def _run(lib, name, shape=(0,)):
     call, kinds = CASES[name]
     out = _outs(lib, kinds, shape)
-    got = call(lib, lib.tensor(A), lib.tensor(B), out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # range's deprecation
+        got = call(lib, lib.tensor(A), lib.tensor(B), out)
     return out, got
 
 
@@ -125,3 +140,128 @@ def test_out_on_cuda_matches_the_cpu(name):
         results.append([o.cpu().numpy() for o in outs])
     for c, g in zip(*results):
         np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
+
+
+# Forms torch gives no out= (its argument parser refuses the keyword): tilewise refuses it too, before computing.
+# name: call(lib, a, b, **out); the call without out= must work in both
+NO_OUT = {
+    "argsort": lambda m, a, b, **o: m.argsort(a, 1, **o),
+    "einsum": lambda m, a, b, **o: m.einsum("ij,kj->ik", a, b, **o),
+    "var_mean": lambda m, a, b, **o: m.var_mean(a, 1, **o),
+    "std_mean": lambda m, a, b, **o: m.std_mean(a, **o),
+    "sum": lambda m, a, b, **o: m.sum(a, **o),  # torch's sum takes out= only with dim given
+    "prod": lambda m, a, b, **o: m.prod(a, **o),
+    "median": lambda m, a, b, **o: m.median(a, **o),  # median(dim) takes it
+    "unique": lambda m, a, b, **o: m.unique(a, **o),
+    "flip": lambda m, a, b, **o: m.flip(a, [0], **o),
+    "isnan": lambda m, a, b, **o: m.isnan(a, **o),
+    "clone": lambda m, a, b, **o: m.clone(a, **o),
+    "relu": lambda m, a, b, **o: m.relu(a, **o),
+    "cdist": lambda m, a, b, **o: m.cdist(a, b, **o),
+    "split": lambda m, a, b, **o: m.split(a, 1, **o),
+    "meshgrid": lambda m, a, b, **o: m.meshgrid(a[0], b[0], indexing="ij", **o),
+    "repeat_interleave": lambda m, a, b, **o: m.repeat_interleave(a, 2, **o),
+    "conv1d": lambda m, a, b, **o: m.conv1d(a[None], b[:, :2, None], **o),
+    "layer_norm": lambda m, a, b, **o: m.layer_norm(a, [3], **o),
+    "matrix_exp": lambda m, a, b, **o: m.matrix_exp(a[:, :2], **o),
+    "linalg.matrix_exp": lambda m, a, b, **o: m.linalg.matrix_exp(a[:, :2], **o),
+    "fft.fftshift": lambda m, a, b, **o: m.fft.fftshift(a, **o),
+    # torch.nn.functional's functions are Python functions without out= (torch.softmax has it, F.softmax not)
+    "F.softmax": lambda m, a, b, **o: m.nn.functional.softmax(a, 1, **o),
+    "F.relu": lambda m, a, b, **o: m.nn.functional.relu(a, **o),
+    "F.threshold": lambda m, a, b, **o: m.nn.functional.threshold(a, 0.5, 0.0, **o),
+    "F.silu": lambda m, a, b, **o: m.nn.functional.silu(a, **o),
+    "F.conv1d": lambda m, a, b, **o: m.nn.functional.conv1d(a[None], b[:, :2, None], **o),
+    "F.mse_loss": lambda m, a, b, **o: m.nn.functional.mse_loss(a, b, **o),
+    # no Tensor method takes out=
+    "Tensor.add": lambda m, a, b, **o: a.add(b, **o),
+    "Tensor.sum": lambda m, a, b, **o: a.sum(1, **o),
+    "Tensor.matmul": lambda m, a, b, **o: a.matmul(b.T, **o),
+    "Tensor.sort": lambda m, a, b, **o: a.sort(1, **o),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NO_OUT))
+def test_out_is_refused_where_torch_has_no_out_form(name):
+    call = NO_OUT[name]
+    for lib in (torch, tw):
+        a, b = lib.tensor(A), lib.tensor(B)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # meshgrid's indexing warning
+            call(lib, a, b)  # the call itself is valid
+        with pytest.raises(TypeError) as refused:
+            call(lib, a, b, out=lib.empty(0))
+        if lib is tw:
+            assert name.rpartition(".")[2] in str(refused.value)
+            assert "unexpected keyword argument 'out'" in str(refused.value)
+
+
+@pytest.mark.parametrize("lib", [torch, tw], ids=["torch", "tilewise"])
+def test_random_factories_take_out_as_torchs(lib):
+    perm = lib.empty(0, dtype=lib.int64)
+    assert lib.randperm(6, out=perm) is perm and sorted(perm.tolist()) == list(range(6))
+    mean = lib.zeros(2, 3)
+    for call in (lambda o: lib.normal(mean, 1.0, out=o), lambda o: lib.normal(0.0, mean + 1, out=o),
+                 lambda o: lib.normal(mean, mean + 1, out=o), lambda o: lib.normal(0.0, 1.0, (2, 3), out=o)):
+        out = lib.empty(2, 3)  # torch's normal(Tensor, float, out=) fails on an out of another shape
+        assert call(out) is out and tuple(out.shape) == (2, 3) and out.dtype == lib.float32
+
+
+def _sweep_arguments(info, sample, lib, arrays_and_args):
+    args, kwargs, arrays = arrays_and_args
+    tensor = lambda k: lib.from_numpy(arrays[k].copy())  # noqa: E731
+    return _build(args, arrays, tensor, lib), {k: _build(v, arrays, tensor, lib) for k, v in kwargs.items()}
+
+
+def _empty_outs(lib, result):
+    """Empty tensors of ``result``'s dtypes (a tuple of them for several results), or None where it has others."""
+    results = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    if not results or not all(isinstance(r, torch.Tensor) for r in results):
+        return None
+    outs = tuple(lib.empty(0, dtype=getattr(lib, str(r.dtype).removeprefix("torch."))) for r in results)
+    return outs if isinstance(result, (tuple, list)) else outs[0]
+
+
+def _takes_out(fn, args, kwargs, out) -> bool:
+    try:
+        fn(*args, **kwargs, out=out)
+    except TypeError:
+        return False
+    return True
+
+
+SWEPT = [info for info in OPINFOS if info.call in ("function", "F") and info.reference is None]
+
+
+@pytest.mark.parametrize("info", SWEPT, ids=[f"{'F.' if i.call == 'F' else ''}{i.name}" for i in SWEPT])
+def test_out_is_taken_exactly_where_torch_takes_it(info):
+    """Every function of the op table, on each of its samples: tilewise takes out= where torch does, and refuses it
+    (a TypeError) where torch's has no out= form."""
+    import torch.nn.functional as TF
+
+    import tilewise.nn.functional as F
+
+    ours, theirs = info.resolve(tw, F), info.resolve(torch, TF)
+    for sample in info.samples():
+        made: list = []
+        rng = np.random.default_rng(0)
+        args = _materialise(sample.args, rng, "float32", made)
+        kwargs = {k: _materialise(v, rng, "float32", made) for k, v in sample.kwargs.items()}
+        arrays = [m[0] for m in made]
+        t_args, t_kwargs = _sweep_arguments(info, sample, torch, (args, kwargs, arrays))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                expected = theirs(*t_args, **t_kwargs)
+        except Exception:  # a sample of an error case: nothing to write into
+            continue
+        outs = _empty_outs(torch, expected)
+        if outs is None:
+            continue
+        m_args, m_kwargs = _sweep_arguments(info, sample, tw, (args, kwargs, arrays))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch_takes = _takes_out(theirs, t_args, t_kwargs, outs)
+            ours_takes = _takes_out(ours, m_args, m_kwargs, _empty_outs(tw, expected))
+        assert ours_takes == torch_takes, f"{info.name}[{sample.name or sample.args}]: torch " \
+            f"{'takes' if torch_takes else 'refuses'} out=, tilewise {'takes' if ours_takes else 'refuses'} it"

@@ -283,3 +283,137 @@ def test_in_place_gradients_on_cuda_match_torchs(scenario):
             assert t.grad is None or not t.grad.cpu().numpy().any()
         else:
             np.testing.assert_allclose(t.grad.cpu().numpy(), w, rtol=1e-6)
+
+
+# Views made under no_grad (or inference mode) of a tensor that requires grad: torch's answer is that they require
+# grad, through their base, with no grad_fn and no gradient accumulator of their own (a gradient that reaches them goes
+# nowhere), and that an in-place write into them under grad mode, or a use by autograd after their memory was written,
+# is refused. Each scenario returns what it observed; an error is observed as its type and message.
+
+def _leaf(lib):
+    return lib.tensor([1.0, -2.0, 3.0], requires_grad=True)
+
+
+def _made_under(lib, mode):
+    return lib.no_grad() if mode == "no_grad" else lib.inference_mode()
+
+
+def _flags(t):
+    return t.requires_grad, t.grad_fn is None, t.is_leaf, t._is_view()
+
+
+def _view_flags(lib, mode):
+    x = _leaf(lib)
+    b = x * 2
+    with _made_under(lib, mode):
+        made = {"slice": x[:2], "of a non-leaf": b[1:], "transpose": x.view(3, 1).t(), "expand": x.expand(2, 3),
+                "unbind": x.unbind()[1], "split": x.split(2)[0], "view of it": x[:2][1:], "detach": x.detach(),
+                "detach then slice": x.detach()[:2], "not a view": x * 2}
+    return {k: _flags(t) for k, t in made.items()}
+
+
+def _used_in_grad_mode(lib, mode):
+    x = _leaf(lib)
+    with _made_under(lib, mode):
+        v = x[:2]
+    y = (v * 2).sum()
+    y.backward()
+    return y.requires_grad, y.grad_fn is None, x.grad, v.grad
+
+
+def _differentiated_with_respect_to_it(lib, mode):
+    x = _leaf(lib)
+    with _made_under(lib, mode):
+        v = x[:2]
+    unused = lib.autograd.grad((v * 2).sum(), [v, x], allow_unused=True)
+    lib.autograd.grad((v * 3).sum(), v)  # "appears to not have been used in the graph"
+    return unused
+
+
+def _backward_from_it(lib, mode):
+    x = _leaf(lib)
+    with _made_under(lib, mode):
+        v = x[:2]
+    v.backward(lib.ones(2))  # no grad_fn, no accumulator: torch's "does not require grad and does not have a grad_fn"
+
+
+def _written_in_place_under_grad_mode(lib, mode):
+    x = _leaf(lib)
+    with _made_under(lib, mode):
+        v = x[:2]
+    v.mul_(2)
+
+
+def _a_view_of_it_written_in_place(lib, mode):
+    x = _leaf(lib)
+    with _made_under(lib, mode):
+        v = x[:2]
+    u = v[1:]
+    flags = _flags(u)
+    try:
+        u.mul_(2)
+    except RuntimeError as exc:
+        return flags, _message(exc)
+    return flags, None
+
+
+def _written_where_nothing_records_then_used(lib, mode):
+    x = _leaf(lib) * 1
+    with _made_under(lib, mode):
+        v = x[:2]
+    with lib.no_grad():
+        v.mul_(1)  # allowed: nothing records
+    return v * 2  # torch refuses to let autograd take it now
+
+
+def _base_written_then_used(lib, mode):
+    x = _leaf(lib) * 1
+    with _made_under(lib, mode):
+        v = x[:2]
+    x.add_(1)
+    return v * 2
+
+
+def _through_a_custom_function(lib, mode):
+    class Double(lib.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    x = _leaf(lib)
+    with _made_under(lib, mode):
+        v = x[:2]
+    y = Double.apply(v)
+    y.sum().backward()
+    return y.requires_grad, x.grad, v.grad
+
+
+UNDER_NO_GRAD = [_view_flags, _used_in_grad_mode, _differentiated_with_respect_to_it, _backward_from_it,
+                 _written_in_place_under_grad_mode, _a_view_of_it_written_in_place,
+                 _written_where_nothing_records_then_used, _base_written_then_used, _through_a_custom_function]
+
+
+def _message(exc: RuntimeError) -> str:
+    """The error's message without the name of the in-place operator that tilewise puts first."""
+    return str(exc).removeprefix("mul_: ")
+
+
+def _observe(lib, scenario, mode):
+    try:
+        seen = scenario(lib, mode)
+    except RuntimeError as exc:
+        return "error", _message(exc)
+    if isinstance(seen, (lib.Tensor, tuple)) and not isinstance(seen, dict):
+        seen = seen if isinstance(seen, tuple) else (seen.requires_grad, seen.grad_fn is None)
+    return "ok", tuple(t.tolist() if isinstance(t, lib.Tensor) else t for t in seen) if isinstance(seen, tuple) \
+        else seen
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("scenario", UNDER_NO_GRAD, ids=lambda f: f.__name__.strip("_"))
+def test_views_made_under_no_grad_require_grad_through_their_base_as_in_torch(scenario, mode):
+    assert _observe(tw, scenario, mode) == _observe(torch, scenario, mode)

@@ -76,6 +76,8 @@ PLUG_INS: tuple[PlugIn, ...] = (
            "operators run, not recorded, while a graph break reads values"),
     PlugIn("tilewise.tensor:TRACE_HOOKS.grad_assigned", "tilewise.compiler.capture",
            "t.grad = ... inside a traced function (the trace learns what .grad held)"),
+    PlugIn("tilewise.tensor:TRACE_HOOKS.lay_out", "tilewise.compiler.capture",
+           "a traced factory result (zeros_like of a channels-last tensor) takes the strides eager gives it"),
     # the compiler
     PlugIn("tilewise.compiler.program:profile_program", "tilewise.profiler.recorder",
            "a compiled program's run and each of its steps inside profiler events while a profile records"),

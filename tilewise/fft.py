@@ -11,6 +11,7 @@ tensor([10.+0.j, -2.+2.j, -2.+0.j])
 from __future__ import annotations
 
 from tilewise import dtypes
+from tilewise.ops.creation import factory_out
 from tilewise.ops.fft import TRANSFORMS
 from tilewise.ops.registry import public_function
 
@@ -49,6 +50,7 @@ def _frequencies(op: str, n: int, d: float, dtype, device, requires_grad: bool, 
     return out.requires_grad_(True) if requires_grad else out
 
 
+@factory_out("fftfreq")
 def fftfreq(n: int, d: float = 1.0, *, dtype=None, layout=None, device=None, requires_grad: bool = False):
     """The sample frequencies of an ``n``-point transform with sample spacing ``d``, as torch.fft.fftfreq.
 
@@ -58,6 +60,7 @@ def fftfreq(n: int, d: float = 1.0, *, dtype=None, layout=None, device=None, req
     return _frequencies("fftfreq", n, d, dtype, device, requires_grad, onesided=False)
 
 
+@factory_out("rfftfreq")
 def rfftfreq(n: int, d: float = 1.0, *, dtype=None, layout=None, device=None, requires_grad: bool = False):
     """The sample frequencies of ``rfft``'s output for an ``n``-point signal, as torch.fft.rfftfreq."""
     return _frequencies("rfftfreq", n, d, dtype, device, requires_grad, onesided=True)

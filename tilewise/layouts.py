@@ -69,11 +69,9 @@ def format_name(value, op: str) -> str:
 
 
 def suggest_memory_format(t) -> memory_format:
-    """The format tensor ``t``'s strides follow (torch's ``Tensor.suggest_memory_format``); for a value a compiled
-    function traces, the format eager would give it (see [Note: returned memory formats] in compiler/formats.py)."""
-    traced = t.__dict__.get("_tw_format") if t._trace is not None else None
-    if traced is not None:
-        return _INSTANCES[traced]
+    """The format tensor ``t``'s strides follow (torch's ``Tensor.suggest_memory_format``); a value a compiled
+    function traces has the strides eager would give it (see [Note: eager strides of traced values] in
+    compiler/formats.py)."""
     return _INSTANCES[S.suggest_memory_format(t._shape, t._strides)]
 
 

@@ -128,6 +128,21 @@ def preserved_strides(shape: Sequence[int], strides: Sequence[int]) -> Shape:
     return format_strides(suggest_memory_format(shape, strides), shape)
 
 
+def dense_order(shape: Sequence[int], strides: Sequence[int]) -> Shape | None:
+    """The permutation of the dims that lays a tensor of this geometry out row-major in its memory: () for a
+    row-major one, (0, 2, 3, 1) for a channels-last one; None when there is none (gaps, overlaps).
+
+    >>> dense_order((2, 3, 4, 5), (60, 1, 15, 3))
+    (0, 2, 3, 1)
+    """
+    if not is_non_overlapping_and_dense(shape, strides):
+        return None
+    if is_contiguous(shape, strides):
+        return ()
+    order = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
+    return order if is_contiguous(permuted(shape, order), permuted(strides, order)) else None
+
+
 def is_non_overlapping_and_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
     """Some permutation of the dimensions is contiguous: the tensor covers a dense block of memory once."""
     if 0 in shape:
@@ -171,7 +186,7 @@ def pointwise_strides(shape: Sequence[int], operands: Sequence[tuple[Shape, Shap
     if found is None:
         found = _fast_setup_strides(shape, operands)
         if found is None:
-            found = _strides_in_order(shape, _iteration_order(shape, operands))
+            found = strides_in_order(shape, iteration_order(shape, operands))
         if len(_POINTWISE) < 4096:
             _POINTWISE[key] = found
     return found
@@ -192,7 +207,7 @@ def _fast_setup_strides(shape: Sequence[int], operands: Sequence[tuple[Shape, Sh
     return None
 
 
-def _iteration_order(shape: Sequence[int], operands: Sequence[tuple[Shape, Shape]]) -> list[int]:
+def iteration_order(shape: Sequence[int], operands: Sequence[tuple[Shape, Shape]]) -> list[int]:
     """The dims from the fastest-moving to the slowest (torch's ``reorder_dimensions``): an insertion sort whose
     comparisons ask each operand in turn, skipping broadcast dims; ties stay undecided."""
     ndim = len(shape)
@@ -229,7 +244,7 @@ def _broadcast_walk(shape: Sequence[int], own_shape: Sequence[int], strides: Seq
                                for k, (size, stride) in enumerate(zip(own_shape, strides)))
 
 
-def _strides_in_order(shape: Sequence[int], perm: Sequence[int]) -> Shape:
+def strides_in_order(shape: Sequence[int], perm: Sequence[int]) -> Shape:
     """Dense strides with dims laid out from ``perm[0]`` (fastest) on; torch counts empty dims as 0 here, except
     that the row-major order gets plain contiguous strides."""
     if list(perm) == list(range(len(shape) - 1, -1, -1)):

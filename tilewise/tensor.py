@@ -60,6 +60,7 @@ class _TraceHooks:
     detached = None  # (src, out) -> None, when a real tensor is detached while any thread traces
     grad_read = None  # (t) -> None, when ``t.grad`` is read while any thread traces
     backward_started = None  # (roots, nodes) -> None, as a backward starts while tracing, with every node it reaches
+    lay_out = None  # (t, strides) -> None: a fresh traced tensor takes the strides eager gives it (``empty_like``)
 
 
 TRACE_HOOKS = _TraceHooks()
@@ -254,12 +255,10 @@ class Tensor:
         return self._dtype.is_complex
 
     def is_contiguous(self, memory_format=None) -> bool:
-        """Dense in the order of ``memory_format`` (default: row-major); size-1 dims may have any stride."""
+        """Dense in the order of ``memory_format`` (default: row-major); size-1 dims may have any stride. A traced
+        value's strides are those eager gives it (see [Note: eager strides of traced values] in compiler/formats.py),
+        so ``.contiguous()`` copies it where eager copies."""
         strides = self._strides
-        if self._trace is not None and "_tw_format" in self.__dict__:
-            # a traced result eager would lay out channels-last answers as eager would (``.contiguous()`` copies
-            # it then, as in eager; see [Note: returned memory formats] in compiler/formats.py)
-            strides = _strides.format_strides(self.__dict__["_tw_format"], self._shape)
         if memory_format is None:
             return _strides.is_contiguous(self._shape, strides)
         return _strides.is_contiguous_as(format_name(memory_format, "is_contiguous"), self._shape, strides)

@@ -47,6 +47,7 @@ OPINFOS = [
     OpInfo("real", lambda: [Sample((T((3, 4), "complex"),)), Sample((T((3, 4)),), name="real-input")]),
     OpInfo("imag", lambda: [Sample((T((3, 4), "complex"),))]),
     OpInfo("conj", lambda: _real_and_complex()),
+    OpInfo("conj_physical", lambda: _real_and_complex()),
     OpInfo("angle", lambda: [Sample((T((3, 4), "complex"),))]),
     OpInfo("angle", lambda: [Sample((T((3, 4)),))], grad=False),
     OpInfo("complex", lambda: [Sample((T((3, 4)), T((3, 4)))), Sample((T((3, 4)), T((4,))), name="broadcast")]),

@@ -17,7 +17,7 @@ import threading
 
 from tilewise import dispatch
 from tilewise.autograd.anomaly_mode import ANOMALY, check_node_outputs
-from tilewise.autograd.graph import AccumulateGrad, Node, edge
+from tilewise.autograd.graph import AccumulateGrad, Node, accumulate_node, edge
 from tilewise.config import settings
 from tilewise.dispatch import STATE
 from tilewise.tensor import TRACE_HOOKS, Tensor
@@ -163,7 +163,9 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
     input_edges = []
     for k, x in enumerate(inputs or ()):
         e = edge(x)
-        if e[0] is None:
+        if e[0] is None and type(x) is Tensor and x._requires_grad:  # through its base alone: no edge leads to it,
+            e = (accumulate_node(x), 0)  # so it is unused, as in torch
+        elif e[0] is None:
             raise RuntimeError(f"One of the differentiated Tensors (input {k}) does not require grad")
         input_edges.append(e)
         captures.setdefault((e[0], e[1]), []).append(k)

@@ -24,7 +24,15 @@ from tilewise import strides as S
 from tilewise.dispatch import GRAD_OFF_FOR_RECORDING, STATE, run
 from tilewise.dtypes import FLOAT as FLOATING
 from tilewise.layouts import contiguous_format
-from tilewise.ops.inplace import REGENERATE, memory_order, row_major, short_node_name, stale_view_error, watch_view
+from tilewise.ops.inplace import (
+    REGENERATE,
+    memory_order,
+    requires_grad_through_base_alone,
+    row_major,
+    short_node_name,
+    stale_view_error,
+    watch_view,
+)
 from tilewise.ops.registry import OPS
 from tilewise.tensor import INFERENCE_SAVED, TRACE_HOOKS, Tensor
 
@@ -380,8 +388,17 @@ def edge(t) -> tuple:
     if t.grad_fn is not None:
         return (t.grad_fn, t._output_nr)
     if t._requires_grad:
-        return (accumulate_node(t), 0)
+        return leaf_edge(t)
     return (None, 0)
+
+
+def leaf_edge(t: Tensor) -> tuple:
+    """The edge to a tensor that requires grad and has no grad_fn: its AccumulateGrad, or none for one that requires
+    grad through its base alone (a view made under no_grad or in inference mode): a gradient that reaches it goes
+    nowhere, as in torch, where such a view has no grad accumulator."""
+    if t._view_meta is not None and requires_grad_through_base_alone(t):
+        return _NO_EDGE
+    return (accumulate_node(t), 0)
 
 
 def check_view_history(view: Tensor) -> None:
@@ -452,7 +469,7 @@ def record(op, args: tuple):
                 if a._view_meta is not None:
                     check_view_history(a)
                 producer = a.grad_fn
-                edges.append((producer, a._output_nr) if producer is not None else (accumulate_node(a), 0))
+                edges.append((producer, a._output_nr) if producer is not None else leaf_edge(a))
                 metas.append((a._shape, a._dtype, a._device))
                 wanted |= bit
             else:
@@ -465,7 +482,7 @@ def record(op, args: tuple):
                 if diff and type(a) is Tensor and a._requires_grad:
                     if a._view_meta is not None:
                         check_view_history(a)
-                    edges.append((a.grad_fn, a._output_nr) if a.grad_fn is not None else (accumulate_node(a), 0))
+                    edges.append((a.grad_fn, a._output_nr) if a.grad_fn is not None else leaf_edge(a))
                     metas.append((a._shape, a._dtype, a._device))
                     wanted |= bit
                 else:

@@ -13,7 +13,9 @@ densely). In-place writes never mutate anything: ``_write_(dst, src)`` produces 
 a write through a view becomes ``view_scatter`` on its root, and views taken before the write are
 regenerated from the root the next time they are read (the ``Alias`` records where a view came from).
 What an input's storage holds at the end becomes a write-back. Trace tensors that are views remember
-their root in ``_tw_alias``; everything else about them is an ordinary Tensor.
+their root in ``_tw_alias``; everything else about them is an ordinary Tensor. A result that eager lays out in
+another order than row-major (channels-last, a transposed operand's order) is such a view too, with eager's
+strides, of a root holding it in that memory order (see [Note: eager strides of traced values] in formats.py).
 
 Real tensors a function reads without receiving them as arguments (module parameters, closure
 variables, gradients) are lifted to inputs the first time an operator sees them, with a ``Source`` that
@@ -41,7 +43,7 @@ from dataclasses import dataclass, field
 
 from tilewise import strides as S
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, data_dependent_error, user_frame
-from tilewise.compiler.formats import mark_result, to_channels_last
+from tilewise.compiler.formats import CONTIGUOUS, format_of, result_strides, to_channels_last
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer, suspended
 from tilewise.dispatch import STATE, register_tracer
@@ -187,7 +189,7 @@ class Traced:
     backward: BackwardSpec | None = None
     state_effects: list[StateEffect] = field(default_factory=list)
     # graph output -> the memory format it is handed back in: the output holds its (N, *S, C) permutation
-    # (see [Note: returned memory formats] in compiler/formats.py)
+    # (see [Note: eager strides of traced values] in compiler/formats.py)
     output_formats: dict[int, str] = field(default_factory=dict)
 
 
@@ -236,6 +238,42 @@ def trace_tensor(node: Node, strides: tuple | None = None, offset: int = 0) -> T
 
 def _contiguous_geometry(shape: tuple) -> tuple:
     return (tuple(shape), S.contiguous_strides(shape), 0)
+
+
+def _permutation(geometry: tuple, root_shape: tuple) -> tuple | None:
+    """The dims ``d`` for which ``root.permute(d)`` is the view of this geometry on a row-major root, if it is one
+    (all of the root from offset 0: a result that eager lays out in another order, over its memory)."""
+    shape, strides, offset = geometry
+    if offset or len(shape) != len(root_shape) or S.numel(shape) != S.numel(root_shape):
+        return None
+    root_strides = S.contiguous_strides(root_shape)
+    free, dims = list(range(len(root_shape))), []
+    for size, stride in zip(shape, strides):
+        d = next((d for d in free if root_shape[d] == size and (size == 1 or root_strides[d] == stride)), None)
+        if d is None:
+            return None
+        free.remove(d)
+        dims.append(d)
+    return tuple(dims)
+
+
+def _inverse(dims: tuple) -> tuple:
+    return tuple(sorted(range(len(dims)), key=dims.__getitem__))
+
+
+def _aliases_an_input(out, args: tuple) -> bool:
+    """Whether a decomposition returned one of its tensor arguments, or a view of one's memory."""
+    inputs = set()
+    for a in args:
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if type(t) is Tensor:
+                inputs.add(id(t))
+                if t._base is not None:
+                    inputs.add(id(t._base))
+    for o in out if isinstance(out, (tuple, list)) else (out,):
+        if type(o) is Tensor and (id(o) in inputs or (o._base is not None and id(o._base) in inputs)):
+            return True
+    return False
 
 
 class Capture:
@@ -398,8 +436,13 @@ class Capture:
         if geometry == _contiguous_geometry(value.type.shape):
             return value
         shape, strides, offset = geometry
-        return self.emit("as_strided", (value,), (Ref(0), tuple(shape), tuple(strides), offset),
-                         TensorType(tuple(shape), value.type.dtype, value.type.device))
+        ty = TensorType(tuple(shape), value.type.dtype, value.type.device)
+        dims = _permutation(geometry, value.type.shape)
+        if dims is not None and dims == tuple(range(len(dims))):  # row-major but for the strides of size-1 dims
+            return value
+        if dims is not None:
+            return self.emit("permute", (value,), (Ref(0), dims), ty)
+        return self.emit("as_strided", (value,), (Ref(0), tuple(shape), tuple(strides), offset), ty)
 
     def alias_of(self, t: Tensor) -> Alias | None:
         """Where ``t`` lives: its own Alias, or for a real tensor its storage entry."""
@@ -429,8 +472,11 @@ class Capture:
             dst._trace = new
             return dst
         root_value = self.root_value(alias.root)
-        if alias.geometry == _contiguous_geometry(root_value.type.shape):
+        dims = _permutation(alias.geometry, root_value.type.shape)
+        if dims is not None and dims == tuple(range(len(dims))):  # all of the root, in its order
             updated = new
+        elif dims is not None:  # all of the root, in another order: the new root is the value in its order
+            updated = self.emit("permute", (new,), (Ref(0), _inverse(dims)), root_value.type)
         else:
             shape, strides, offset = alias.geometry
             updated = self.emit("view_scatter", (root_value, new),
@@ -518,8 +564,9 @@ class Capture:
             needs_values = True
         finally:
             self.body, self.defined, self.breaks = body, defined, breaks
-        if needs_values or self._changed(state):
-            # the decomposition writes in place, or reads values (a graph break): record what it does, not the op
+        if needs_values or self._changed(state) or _aliases_an_input(out, args):
+            # the decomposition writes in place, reads values (a graph break), or returns an argument or a view of
+            # one (as eager does: the result shares its memory and strides): record what it does, not the op
             self._restore(args, state)
             _default_generator().offset -= self.rng_position() - position
             return op.decomposition(*args)
@@ -531,7 +578,11 @@ class Capture:
             ty = TensorType(out._shape, out._dtype, out._device)
         drew = self.rng_position() != position  # a random composite (dropout): named by its draws' position
         result = self.wrap(self.emit(op.full_name, srcs, frozen, ty, position if drew else None))
-        mark_result(op, args, result)
+        decomposed = out if isinstance(out, (tuple, list)) else (out,)
+        for r, o in zip(result if isinstance(result, tuple) else (result,), decomposed):
+            if type(r) is Tensor:  # the strides eager gives it are those its decomposition gave
+                self.lay_out(r, o._strides if type(o) is Tensor and o._offset == 0 else
+                             result_strides(op, args, r._shape))
         return result
 
     def _snapshot(self, args: tuple) -> tuple:
@@ -572,8 +623,34 @@ class Capture:
         srcs, frozen = self.operands(op, args)
         tag = self.draw(_generator_argument(op, args)) if op.kind == "random" else None
         out = self.wrap(self.emit(op.full_name, srcs, frozen, ty, tag))
-        mark_result(op, args, out)
+        for t in out if isinstance(out, tuple) else (out,):
+            if type(t) is Tensor:
+                self.lay_out(t, result_strides(op, args, t._shape))
         return out
+
+    def lay_out(self, t: Tensor, strides: tuple | None, reinterpret: bool = False) -> None:
+        """Give a result the strides eager gives it (see [Note: eager strides of traced values] in
+        compiler/formats.py): one that eager lays out in another dense order becomes a view, with those strides, of
+        its value in that memory order. With ``reinterpret``, its values were made in memory order (a factory's
+        fill or draws, which eager reads through the strides): the memory holds them as made."""
+        if strides is None or tuple(strides) == t._strides:
+            return
+        order = S.dense_order(t._shape, strides)
+        if order is None:  # no dense layout (no rule here gives one): left row-major
+            return
+        if not order or t.numel() == 0:  # row-major but for the strides of size-1 dims, or no element to address
+            t._strides = tuple(strides)
+            return
+        memory_shape = S.permuted(t._shape, order)
+        memory_type = TensorType(memory_shape, t._dtype, t._device)
+        made = self.emit("view", (t._trace,), (Ref(0), memory_shape), memory_type) if reinterpret else \
+            self.emit("permute", (t._trace,), (Ref(0), order), memory_type)
+        memory = self.track(trace_tensor(made))
+        t._strides = tuple(strides)
+        geometry = (t._shape, t._strides, t._offset)
+        if reinterpret:
+            t._trace = self.read(memory, geometry)
+        t.__dict__["_tw_alias"] = Alias(memory, geometry, memory._trace)
 
     def run_real(self, op, args: tuple, device, what: str):
         """An operator the graph cannot hold (its result's shape depends on values): a graph break runs what
@@ -667,11 +744,11 @@ class Capture:
     def _in_eager_format(self, leaf: Tensor, k: int, is_base: bool) -> Node:
         """The value of returned tensor ``k``; one that eager returns channels-last is computed in its (N, *S, C)
         order and handed back through the inverse permutation (its gradient, differentiated from the traced value,
-        comes in in the logical order; see [Note: returned memory formats] in ``compiler/formats.py``)."""
+        comes in in the logical order; see [Note: eager strides of traced values] in ``compiler/formats.py``)."""
         value = self.value_of(leaf)
-        fmt = leaf.__dict__.get("_tw_format")
+        fmt = format_of(leaf)
         rank = len(value.type.shape)
-        if fmt is None or rank not in (4, 5) or is_base:
+        if fmt == CONTIGUOUS or rank not in (4, 5) or is_base:
             return value
         dims = to_channels_last(rank)
         ty = TensorType(tuple(value.type.shape[d] for d in dims), value.type.dtype, value.type.device)
@@ -835,6 +912,11 @@ def run(op, args: tuple, device):
 register_tracer(run)
 
 
+def _lay_out(t: Tensor, strides: tuple) -> None:
+    """``TRACE_HOOKS.lay_out``: a fresh traced tensor of a factory takes the strides eager gives it."""
+    STATE.captures[-1].lay_out(t, strides, reinterpret=True)
+
+
 def _value_needed(t: Tensor, what: str, required: bool) -> None:
     """Before Python reads a tensor's values (``TRACE_HOOKS.value_needed``): while this thread traces, a real
     tensor's memory may be stale (the trace has not run) and a trace tensor has none, so the capture breaks
@@ -897,6 +979,7 @@ def _grad_assigned(t: Tensor) -> None:
 
 
 TRACE_HOOKS.grad_assigned = _grad_assigned
+TRACE_HOOKS.lay_out = _lay_out
 
 
 def _grad_read(t: Tensor) -> None:

@@ -1,15 +1,25 @@
-"""The memory format eager gives an operator's result, so that a compiled function returns its tensors in it.
+"""The strides eager gives an operator's result, so that a traced value answers as eager's does and a compiled
+function returns its tensors in eager's memory format.
 
-[Note: returned memory formats] Graph values are laid out row-major in their logical shape, but eager keeps a
-channels-last input's format through element-wise operators (after the first operand of the result's shape, as torch's
-TensorIterator does), convolutions (either operand channels-last), batch and group normalisation, pooling,
-interpolation and concatenation; a softmax or a layer norm returns row-major. While a function is traced, each 4-d or
-5-d result records the format eager would give it (``Tensor._tw_format``), and a returned tensor whose format is
-channels-last leaves the program as its (N, *S, C) permutation (``permute``, ``clone``), handed back as the (N, C, *S)
-tensor with channels-last strides (its gradient, if it needs one, is the traced value's, taken in the logical order).
-The CUDA target's channels-last lowering writes such a value where it lies instead of the transposing copy it made
-before (``lowering/channels_last.py``). Values the function only uses inside are untouched. An operator this table
-does not know returns row-major, as most do; the values are the same either way.
+[Note: eager strides of traced values] Graph values are laid out row-major in their logical shape, but eager lays
+out some results otherwise: element-wise operators in the order of their operands (torch's TensorIterator rule,
+``strides.pointwise_strides``: a transposed or channels-last operand gives a result in its order), copies under
+``preserve_format`` as their source, convolutions (either operand channels-last), batch and group normalisation,
+pooling, interpolation and concatenation in a channels-last input's format; a softmax or a layer norm returns
+row-major. While a function is traced, each result is given the strides eager would give it: a result eager lays
+out in another order becomes a view, with eager's strides, of a value holding it in that memory order (its
+``permute``, which the graph drops when nothing reads through it; ``Capture.lay_out``). So ``stride()``,
+``storage_offset()``, ``is_contiguous()``, ``suggest_memory_format()``, views (a view's geometry is its rule
+applied to those strides), ``view``'s refusals, ``reshape``'s choice between a view and a copy, and ``as_strided``
+over the memory answer as in eager. A composite's result takes the strides its decomposition gave (capture runs it
+anyway); a primitive's come from the rules here; an operator they do not know returns row-major, as most do.
+
+A returned tensor that eager lays out channels-last leaves the program as its (N, *S, C) permutation (``permute``,
+``clone``), handed back as the (N, C, *S) tensor with channels-last strides (its gradient, if it needs one, is the
+traced value's, taken in the logical order). The CUDA target's channels-last lowering writes such a value where it
+lies instead of the transposing copy it made before (``lowering/channels_last.py``). A returned tensor in another
+order than row-major or channels-last (a transposed matrix's element-wise result) comes back row-major, with the
+same values.
 """
 
 from __future__ import annotations
@@ -42,27 +52,45 @@ PRESERVE_FIRST = frozenset({
     "upsample_nearest2d", "upsample_bilinear2d", "upsample_nearest3d", "upsample_trilinear3d", "cat",
     "dropout", "alpha_dropout", "feature_alpha_dropout",
 })
-ELEMENTWISE = frozenset({"clone", "_to_copy", "to", "type_as"})
+COPIES = frozenset({"clone", "_to_copy", "to", "type_as"})  # a copy of their source, in its layout unless told
+ELEMENTWISE = frozenset({"frexp", "gcd", "lcm"})  # element-wise operators with kernels of their own
 
 
 def format_of(t: Tensor) -> str:
-    """The memory format of ``t``: from its strides for a real tensor, as recorded for a traced result."""
-    if t._trace is None:
-        return S.suggest_memory_format(t._shape, t._strides) if len(t._shape) in (4, 5) else CONTIGUOUS
-    return t.__dict__.get("_tw_format", CONTIGUOUS)
+    """The memory format of ``t``'s strides (a traced value's are eager's: see the note)."""
+    return S.suggest_memory_format(t._shape, t._strides) if len(t._shape) in (4, 5) else CONTIGUOUS
 
 
-def result_format(op, args: tuple, shape: tuple) -> str:
-    """The memory format eager gives ``op``'s result of ``shape`` for ``args``."""
-    if len(shape) not in (4, 5):
-        return CONTIGUOUS
-    name = op.name
-    params = op.schema.params
-    for k, p in enumerate(params):
+def _asked_format(op, args: tuple) -> str | None:
+    """The format a ``memory_format`` argument asks for; None where there is none or it preserves."""
+    for k, p in enumerate(op.schema.params):
         if p.name == "memory_format" and k < len(args) and args[k] is not None:
             fmt = getattr(args[k], "name", CONTIGUOUS)
-            if fmt != "preserve_format":
-                return fmt
+            return fmt if fmt != "preserve_format" else None
+    return None
+
+
+def _pointwise_strides(op, args: tuple, shape: tuple) -> tuple | None:
+    """As the eager kernels lay out an element-wise result: row-major from row-major operands, else by
+    ``strides.pointwise_strides`` over the tensor operands (a Python number counting as a 0-dim one)."""
+    operands, row_major = [], True
+    for k in op.tensor_idx:
+        a = args[k] if k < len(args) else None
+        if type(a) is Tensor:
+            operands.append((a._shape, a._strides))
+            row_major = row_major and a._strides == S.contiguous_strides(a._shape)
+        elif a is not None:
+            operands.append(S.WRAPPED_NUMBER)
+    return None if row_major else S.pointwise_strides(shape, operands)
+
+
+def result_strides(op, args: tuple, shape: tuple) -> tuple | None:
+    """The strides eager gives ``op``'s result of ``shape`` for ``args`` (whose traced tensors carry eager's strides);
+    None where they are row-major."""
+    asked = _asked_format(op, args)
+    if asked is not None:
+        order = S.FORMAT_ORDERS.get(asked)
+        return S.format_strides(asked, shape) if order is not None and len(order) == len(shape) else None
     tensors = []
     for a in args:
         if type(a) is Tensor:
@@ -70,25 +98,19 @@ def result_format(op, args: tuple, shape: tuple) -> str:
         elif isinstance(a, (list, tuple)):
             tensors += [b for b in a if type(b) is Tensor]
     if not tensors:
-        return CONTIGUOUS
+        return None
+    name = op.name
     if op.kind == "pointwise" or name in ELEMENTWISE:
-        for a in tensors:
-            if tuple(a._shape) == tuple(shape):
-                return format_of(a)
-        return CONTIGUOUS
+        return _pointwise_strides(op, args, shape)
+    if name in COPIES:
+        source = tensors[0]
+        return S.preserved_strides(source._shape, source._strides) if tuple(source._shape) == tuple(shape) else None
+    if len(shape) not in (4, 5):
+        return None
+    fmt = CONTIGUOUS
     if name in CONVOLUTIONS:
         last = _LAST[len(shape)]
-        return last if any(format_of(a) == last for a in tensors[:2]) else CONTIGUOUS
-    if name in PRESERVE_FIRST and len(tensors[0]._shape) == len(shape):
-        return format_of(tensors[0])
-    return CONTIGUOUS
-
-
-def mark_result(op, args: tuple, out) -> None:
-    """Record on a traced result (or each of a tuple's) the memory format eager would give it."""
-    for t in out if isinstance(out, (tuple, list)) else (out,):
-        if type(t) is Tensor and len(t._shape) in (4, 5):
-            fmt = result_format(op, args, tuple(t._shape))
-            if fmt != CONTIGUOUS:
-                t.__dict__["_tw_format"] = fmt
-            # a tuple's later results (a batch norm's statistics) are of other ranks: the check above skips them
+        fmt = last if any(format_of(a) == last for a in tensors[:2]) else CONTIGUOUS
+    elif name in PRESERVE_FIRST and len(tensors[0]._shape) == len(shape):
+        fmt = format_of(tensors[0])
+    return S.format_strides(fmt, shape) if fmt != CONTIGUOUS else None

@@ -251,7 +251,7 @@ def _tensor(data, node) -> Tensor:
 
 def _from_channels_last(t: Tensor) -> Tensor:
     """A program output holding an (N, *S, C) value, handed back as the (N, C, *S) tensor it stands for: the same
-    memory, channels-last strides, no view of anything (see [Note: returned memory formats] in formats.py)."""
+    memory, channels-last strides, no view of anything (see [Note: eager strides of traced values] in formats.py)."""
     order = from_channels_last(len(t._shape))
     return Tensor._make(t._storage, tuple(t._shape[d] for d in order), tuple(t._strides[d] for d in order), 0,
                         t._dtype, t._device)

@@ -2,7 +2,8 @@
 
 Everything here is a declared operator (``tilewise/ops``); this module only gathers the names, and gives the
 activations torch's ``inplace`` option and in-place forms (``relu_``), derived from the operators as the
-Tensor methods' in-place forms are.
+Tensor methods' in-place forms are. torch's functions here take no ``out=`` but where they are aten's own
+(``F.gelu``, ``F.avg_pool2d``): ``F.softmax(x, 1, out=o)`` is refused where ``torch.softmax`` takes it.
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ from tilewise.ops.registry import OVERLOADS, public_function
 _NN_OPS = ("relu", "relu6", "leaky_relu", "threshold", "hardtanh", "gelu", "silu", "mish", "softplus", "hardswish",
            "hardsigmoid", "elu", "selu", "celu", "softsign", "logsigmoid", "sigmoid", "tanh", "softmax",
            "log_softmax", "linear")
+# those of _NN_OPS that torch.nn.functional binds to aten directly, out= and all (the others are Python functions)
+_NN_OPS_WITH_OUT = ("gelu", "softplus", "logsigmoid", "linear")
 
 
-def _export(names) -> None:
+def _export(names, out: bool = True) -> None:
     for name in names:
         if name in OVERLOADS:
-            globals()[name] = public_function(name)
+            globals()[name] = public_function(name, out=out)
 
 
-_export(_NN_OPS)
-_export(name for name, ops in OVERLOADS.items() if ops[0].attrs.get("functional"))
+_export(_NN_OPS, out=False)
+_export(_NN_OPS_WITH_OUT)
+_export(name for name, ops in OVERLOADS.items() if ops[0].attrs.get("functional"))  # out= as declared
 
 
 # activation -> how many options precede ``inplace`` in torch's signature (``F.leaky_relu(x, 0.2, True)``)
@@ -34,7 +38,7 @@ _INPLACE_OPTION = {"relu": 0, "relu6": 0, "selu": 0, "silu": 0, "mish": 0, "hard
                    "elu": 1, "celu": 1, "leaky_relu": 1, "hardtanh": 2, "threshold": 2}
 _INPLACE_FORMS = ("relu", "elu", "selu", "celu", "leaky_relu", "hardtanh", "threshold", "rrelu")
 def _accepting_inplace(name: str, options: int):
-    out_of_place = public_function(name)
+    out_of_place = public_function(name, out=False)
     in_place = make_inplace(out_of_place, name)
     def activation(input, *args, inplace: bool = False, **kwargs):
         if len(args) > options:

@@ -112,9 +112,10 @@ def build_api() -> dict:
             for n in names:
                 functions[n] = fn
         if attrs.get("method", True):
+            method = public_function(name, out=False)  # no method of torch's Tensor takes out=
             for n in names:
                 if not hasattr(Tensor, n):
-                    setattr(Tensor, n, fn)
+                    setattr(Tensor, n, method)
         if _inplace_allowed(overloads):
             method = make_inplace(fn, name)
             for n in names:

@@ -41,8 +41,8 @@ def _atleast(n: int):
 
 for _n in (1, 2, 3):
     _one, _many = _atleast(_n)
-    composite(f"atleast_{_n}d(Tensor self) -> Tensor", _one, method=False)
-    composite(f"atleast_{_n}d.Sequence(Tensor[] tensors) -> Tensor[]", _many, method=False, varargs=True)
+    composite(f"atleast_{_n}d(Tensor self) -> Tensor", _one, method=False, out=False)
+    composite(f"atleast_{_n}d.Sequence(Tensor[] tensors) -> Tensor[]", _many, method=False, varargs=True, out=False)
 
 
 def _dstack(tensors):
@@ -87,8 +87,8 @@ def _directional_split(name: str, dim_of, min_ndim: int):
     def by_indices(self, indices):
         return call("tensor_split", self, list(indices), check(self))
 
-    composite(f"{name}.int(Tensor(a) self, int sections) -> Tensor[]", by_sections)
-    composite(f"{name}.array(Tensor(a) self, int[] indices) -> Tensor[]", by_indices)
+    composite(f"{name}.int(Tensor(a) self, int sections) -> Tensor[]", by_sections, out=False)
+    composite(f"{name}.array(Tensor(a) self, int[] indices) -> Tensor[]", by_indices, out=False)
 
 
 _directional_split("hsplit", lambda t: 0 if t.ndim == 1 else 1, 1)
@@ -145,7 +145,7 @@ def _along(part, like, dim):
     return part
 
 
-composite("rot90(Tensor self, int k=1, int[] dims=[0,1]) -> Tensor", _rot90)
+composite("rot90(Tensor self, int k=1, int[] dims=[0,1]) -> Tensor", _rot90, out=False)
 composite("diff(Tensor self, int n=1, int dim=-1, Tensor? prepend=None, Tensor? append=None) -> Tensor", _diff)
 
 
@@ -190,14 +190,15 @@ def _triangle_indices(lower: bool):
     return indices
 
 
-composite("cartesian_prod(Tensor[] tensors) -> Tensor", _cartesian_prod, method=False, varargs=True)
-composite("combinations(Tensor self, int r=2, bool with_replacement=False) -> Tensor", _combinations, method=False)
+composite("cartesian_prod(Tensor[] tensors) -> Tensor", _cartesian_prod, method=False, varargs=True, out=False)
+composite("combinations(Tensor self, int r=2, bool with_replacement=False) -> Tensor", _combinations, method=False,
+          out=False)
 composite("tril_indices(int row, int col, int offset=0, *, ScalarType? dtype=None, Layout? layout=None, "
           "Device? device=None, bool? pin_memory=None) -> Tensor", _triangle_indices(True), method=False,
-          differentiable=False)
+          differentiable=False, out=False)
 composite("triu_indices(int row, int col, int offset=0, *, ScalarType? dtype=None, Layout? layout=None, "
           "Device? device=None, bool? pin_memory=None) -> Tensor", _triangle_indices(False), method=False,
-          differentiable=False)
+          differentiable=False, out=False)
 
 
 def _kron(self, other):
@@ -245,10 +246,11 @@ def _vander(x, N=None, increasing=False):  # noqa: N803 — torch's keyword
 
 
 composite("kron(Tensor self, Tensor other) -> Tensor", _kron)
-composite("block_diag(Tensor[] tensors) -> Tensor", _block_diag, method=False, varargs=True)
-composite("vander(Tensor x, int? N=None, bool increasing=False) -> Tensor", _vander, method=False)
+composite("block_diag(Tensor[] tensors) -> Tensor", _block_diag, method=False, varargs=True, out=False)
+composite("vander(Tensor x, int? N=None, bool increasing=False) -> Tensor", _vander, method=False, out=False)
 composite("adjoint(Tensor(a) self) -> Tensor(a)", lambda self: self.transpose(-2, -1))
-composite("diagflat(Tensor self, int offset=0) -> Tensor", lambda self, offset=0: self.reshape(-1).diag(offset))
+composite("diagflat(Tensor self, int offset=0) -> Tensor", lambda self, offset=0: self.reshape(-1).diag(offset),
+          out=False)
 
 
 # ---------------------------------------------------------------- integration by the trapezoidal rule
@@ -305,12 +307,12 @@ def _cumulative_trapezoid_dx(y, dx=1, dim=-1):
 
 
 for _name in ("trapezoid", "trapz"):
-    composite(f"{_name}.x(Tensor y, Tensor x, *, int dim=-1) -> Tensor", _trapezoid_x, method=False)
-    composite(f"{_name}.dx(Tensor y, *, Scalar dx=1, int dim=-1) -> Tensor", _trapezoid_dx, method=False)
+    composite(f"{_name}.x(Tensor y, Tensor x, *, int dim=-1) -> Tensor", _trapezoid_x, method=False, out=False)
+    composite(f"{_name}.dx(Tensor y, *, Scalar dx=1, int dim=-1) -> Tensor", _trapezoid_dx, method=False, out=False)
 composite("cumulative_trapezoid.x(Tensor y, Tensor x, *, int dim=-1) -> Tensor", _cumulative_trapezoid_x,
-          method=False)
+          method=False, out=False)
 composite("cumulative_trapezoid.dx(Tensor y, *, Scalar dx=1, int dim=-1) -> Tensor", _cumulative_trapezoid_dx,
-          method=False)
+          method=False, out=False)
 
 
 # ---------------------------------------------------------------- a tensor with one view replaced
@@ -337,14 +339,15 @@ def _slice_view(t, dim=0, start=None, end=None, step=1):
 
 
 composite("select_scatter(Tensor self, Tensor src, int dim, int index) -> Tensor",
-          _replacing_view(lambda t, dim, index: t.select(dim, index)), batch=batched_then_decompose)
+          _replacing_view(lambda t, dim, index: t.select(dim, index)), batch=batched_then_decompose, out=False)
 composite("slice_scatter(Tensor self, Tensor src, int dim=0, int? start=None, int? end=None, int step=1) -> Tensor",
           _replacing_view(_slice_view), batch=batched_then_decompose)
 composite("diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1) -> Tensor",
-          _replacing_view(lambda t, offset, dim1, dim2: t.diagonal(offset, dim1, dim2)), batch=batched_then_decompose)
+          _replacing_view(lambda t, offset, dim1, dim2: t.diagonal(offset, dim1, dim2)), batch=batched_then_decompose,
+          out=False)
 composite("as_strided_scatter(Tensor self, Tensor src, int[] size, int[] stride, int? storage_offset=None) -> Tensor",
           _replacing_view(lambda t, size, stride, storage_offset=None: t.as_strided(size, stride, storage_offset)),
-          batch=batched_then_decompose)
+          batch=batched_then_decompose, out=False)
 composite("narrow_copy(Tensor self, int dim, int start, int length) -> Tensor",
           lambda self, dim, start, length: self.narrow(dim, start, length).clone())
 
@@ -382,9 +385,9 @@ def _logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None
     return out.requires_grad_(requires_grad) if requires_grad else out
 
 
-composite("broadcast_tensors(Tensor[] tensors) -> Tensor[]", _broadcast_tensors, method=False, varargs=True)
+composite("broadcast_tensors(Tensor[] tensors) -> Tensor[]", _broadcast_tensors, method=False, varargs=True, out=False)
 composite("unravel_index(Tensor indices, int[] shape) -> Tensor[]", _unravel_index, method=False,
-          differentiable=False)
+          differentiable=False, out=False)
 composite("logspace(Scalar start, Scalar end, int steps, float base=10.0, *, ScalarType? dtype=None, "
           "Layout? layout=None, Device? device=None, bool? pin_memory=None, bool requires_grad=False) -> Tensor",
           _logspace, method=False, differentiable=False)
@@ -462,4 +465,4 @@ def _gradient(self, spacing=1, dim=None, edge_order=1):
 
 
 composite("gradient(Tensor self, *, Any spacing=1, Any dim=None, int edge_order=1) -> Tensor[]", _gradient,
-          method=False)
+          method=False, out=False)

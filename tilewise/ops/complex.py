@@ -138,7 +138,9 @@ declare("real(Tensor(a) self) -> Tensor(a)", "composite", decomposition=_real, m
         doc="The real part of a complex tensor (a view); a real tensor itself. ``x.real`` is the same view.")
 declare("imag(Tensor(a) self) -> Tensor(a)", "composite", decomposition=_imag, method=False,
         doc="The imaginary part of a complex tensor (a view). ``x.imag`` is the same view.")
-declare("conj(Tensor self) -> Tensor", "composite", decomposition=_conj, aliases=("conj_physical",),
+declare("conj(Tensor self) -> Tensor", "composite", decomposition=_conj, out=False,
+        doc="The complex conjugate (a copy for complex tensors, ``self`` for real ones).")
+declare("conj_physical(Tensor self) -> Tensor", "composite", decomposition=_conj,  # conj with torch's out= form
         doc="The complex conjugate (a copy for complex tensors, ``self`` for real ones).")
 declare("angle(Tensor self) -> Tensor", "composite", decomposition=_angle,
         doc="The argument of each element in radians (0 or pi for real tensors, NaN kept).")

@@ -35,10 +35,10 @@ from tilewise.ops.inplace import copy_into
 from tilewise.ops.registry import declare
 from tilewise.ops.schema import register_generator_class
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
-from tilewise.tensor import FACTORIES, Tensor, check_pinnable
+from tilewise.tensor import FACTORIES, TRACE_HOOKS, Tensor, check_pinnable
 
 
-def _factory_out(name: str):
+def factory_out(name: str):
     """``out=`` for a factory function (see [Note: out= arguments] in ``ops/out_args.py``): the values are made
     with ``out``'s dtype and device unless given, as torch's factories do, and written into ``out``."""
     def wrap(fn):
@@ -78,7 +78,7 @@ declare("_to_copy(Tensor self, ScalarType? dtype=None, Device? device=None, bool
         "MemoryFormat? memory_format=None) -> Tensor",
         "copy", grad={"self": "grad"}, fwd="auto_linear", public=False, batch=apply_directly)
 declare("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", "copy", grad={"self": "grad"},
-        fwd="auto_linear", batch=apply_directly)
+        fwd="auto_linear", batch=apply_directly, out=False)
 declare("_write_(Tensor(a!) self, Tensor src) -> Tensor(a!)", "copy", differentiable=False, public=False,
         doc="Copy src (already of self's shape, dtype and device) into self's memory; no autograd.", batch=write_into)
 declare("_overwrite(Tensor self, Tensor src) -> Tensor", "pointwise", expr=lambda a, b: b, dtype=R.first_input,
@@ -309,22 +309,22 @@ def _call(name: str, *args, **kwargs) -> Tensor:
     return OVERLOADS[name][0](*args, **kwargs)
 
 
-@_factory_out("full")
+@factory_out("full")
 def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
     return _full("full", size, fill_value, dtype, device, requires_grad, pin_memory)
 
 
-@_factory_out("zeros")
+@factory_out("zeros")
 def zeros(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
     return _full("zeros", _size(size, "zeros"), 0, dtype or get_default_dtype(), device, requires_grad, pin_memory)
 
 
-@_factory_out("ones")
+@factory_out("ones")
 def ones(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
     return _full("ones", _size(size, "ones"), 1, dtype or get_default_dtype(), device, requires_grad, pin_memory)
 
 
-@_factory_out("empty")
+@factory_out("empty")
 def empty(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False,
           memory_format=None) -> Tensor:
     size = _size(size, "empty")
@@ -384,9 +384,13 @@ def _like_strides(x: Tensor, memory_format, factory: str) -> tuple:
 
 def _restrided(out: Tensor, strides: tuple | None) -> Tensor:
     """A new (hence dense, row-major) tensor with its memory read in another dense order: a fill or fresh random
-    values are the same in any order, so no copy is needed. A traced tensor stays row-major (the compiler lays
-    out its buffers itself)."""
-    if strides is None or strides == out._strides or out._storage is None:
+    values are the same in any order, so no copy is needed. A traced tensor takes the strides as the compiler's
+    other results do (see [Note: eager strides of traced values] in compiler/formats.py)."""
+    if strides is None or strides == out._strides:
+        return out
+    if out._storage is None:
+        if out._trace is not None and TRACE_HOOKS.lay_out is not None:
+            TRACE_HOOKS.lay_out(out, tuple(strides))
         return out
     return Tensor._make(out._storage, out._shape, tuple(strides), out._offset, out._dtype, out._device)
 
@@ -427,7 +431,7 @@ def empty_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = Fals
     return _empty("empty_like", x.shape, dt, dev, requires_grad, pin_memory, strides)
 
 
-@_factory_out("arange")
+@factory_out("arange")
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     if end is None:
         start, end = 0, start
@@ -459,7 +463,7 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: b
     return _finish(out, requires_grad)
 
 
-@_factory_out("linspace")
+@factory_out("linspace")
 def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     if steps < 0:
         raise RuntimeError(f"linspace(): number of steps must be non-negative, got {steps}")
@@ -467,7 +471,7 @@ def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: 
                          device=device), requires_grad)
 
 
-@_factory_out("eye")
+@factory_out("eye")
 def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     for name, value in (("n", n), ("m", m)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
@@ -488,7 +492,7 @@ def _require_non_negative_std(factory: str, std) -> None:
         raise RuntimeError(f"{factory}: normal expects std >= 0.0, but found std {std}")
 
 
-@_factory_out("rand")
+@factory_out("rand")
 def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     size, dtype = _size(size, "rand"), as_dtype(dtype or get_default_dtype())
     _require_floating("rand", dtype)
@@ -497,7 +501,7 @@ def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = F
     return _finish(out, requires_grad)
 
 
-@_factory_out("randn")
+@factory_out("randn")
 def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     size, dtype = _size(size, "randn"), as_dtype(dtype or get_default_dtype())
     _require_floating("randn", dtype)
@@ -518,7 +522,7 @@ def randn_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = Fals
     return _finish(_restrided(randn(x.shape, dtype=dt, device=dev), strides), requires_grad)
 
 
-@_factory_out("randint")
+@factory_out("randint")
 def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None,
             requires_grad: bool = False) -> Tensor:
     if size is None:  # randint(high, size)
@@ -541,6 +545,7 @@ def randint_like(x: Tensor, low, high=None, *, dtype=None, device=None, memory_f
     return _restrided(randint(low, high, x.shape, dtype=dt, device=dev), strides)
 
 
+@factory_out("randperm")
 def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     from tilewise import dtypes
 
@@ -551,6 +556,7 @@ def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: 
     return _finish(_call("randperm", n, dtype=dtype, device=device, generator=generator), requires_grad)
 
 
+@factory_out("normal")
 def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None) -> Tensor:
     _require_non_negative_std("normal", std)
     if isinstance(mean, Tensor) or isinstance(std, Tensor):
@@ -714,6 +720,7 @@ def scalar_tensor(value: Number, *, dtype=None, device=None) -> Tensor:
     return full((), value, dtype=dtype or get_default_dtype(), device=device)
 
 
+@factory_out("range")
 def deprecated_range(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Deprecated in torch: ``[start, end]`` with ``end`` included, in the default floating dtype unless given."""
     import warnings

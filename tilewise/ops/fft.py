@@ -329,7 +329,7 @@ TRANSFORMS = {
     "rfft2": (_TWO_DIM, _rfft2), "irfft2": (_TWO_DIM, _irfft2), "fftshift": (_SHIFT, _fftshift),
     "ifftshift": (_SHIFT, _ifftshift),
 }
-_SHIFTS = ("fftshift", "ifftshift")  # torch's CPU autocast lists every transform above, no shift
+_SHIFTS = ("fftshift", "ifftshift")  # torch's CPU autocast lists every transform above, no shift; nor out= for shifts
 for _name, (_signature, _decomposition) in TRANSFORMS.items():
     declare(f"fft_{_name}{_signature}", "composite", decomposition=_decomposition, method=False, function=False,
-            autocast=None if _name in _SHIFTS else {"cpu": "fp32"})
+            autocast=None if _name in _SHIFTS else {"cpu": "fp32"}, out=_name not in _SHIFTS)

@@ -160,7 +160,7 @@ def _put(self, index, source, accumulate=False):
 declare("index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, *, bool include_self=True)"
         " -> Tensor", "composite", decomposition=_index_reduce, inplace=True)
 declare("put(Tensor self, Tensor index, Tensor source, bool accumulate=False) -> Tensor", "composite",
-        decomposition=_put, inplace=True)
+        decomposition=_put, inplace=True, out=False)
 
 
 # ---------------------------------------------------------------- products with an added term

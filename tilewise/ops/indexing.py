@@ -28,7 +28,7 @@ declare("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulat
         grad={"self": "grad if accumulate else "
                       "index_put(grad, indices, zeros((), dtype=grad.dtype, device=grad.device), False)",
               "values": "grad[indices_tuple(indices)]", "indices": None}, fwd="auto_linear", inplace=True,
-        autocast={"cuda": "promote"}, batch=index_put_rule)
+        autocast={"cuda": "promote"}, batch=index_put_rule, out=False)
 declare("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", "index",
         dtype=R.first_input, grad={"self": "zeros_like(self).scatter_add(dim, index, grad)", "index": None},
         fwd="auto_linear", batch=shift_dims)
@@ -70,7 +70,7 @@ def _nonzero_static(self, size, fill_value=-1):
 declare("nonzero_static(Tensor self, *, int size, int fill_value=-1) -> Tensor", "composite",
         decomposition=_nonzero_static, differentiable=False)
 declare("masked_fill(Tensor self, Tensor mask, Tensor value) -> Tensor", "composite",
-        decomposition=lambda self, mask, value: _masked_fill(self, mask, value), inplace=True)
+        decomposition=lambda self, mask, value: _masked_fill(self, mask, value), inplace=True, out=False)
 
 
 def _masked_fill(self, mask, value):

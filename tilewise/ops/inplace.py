@@ -22,9 +22,14 @@ when made, and a kind), because what an in-place write means for them depends on
                  under no_grad), they become a fresh strided view of their base first, whose history holds the
                  write (torch's view regeneration; without it ``v = b[:2]; b.mul_(3)`` gave ``v`` the gradient
                  of the values before the write);
-  ``NO_GRAD``    views made under no_grad of a tensor that requires grad: no in-place write under grad mode.
-A view of a watched view is watched alike (under no_grad it becomes ``NO_GRAD``, as torch propagates the meta).
-Autograd checks the version whenever it takes such a view as an input (``autograd.graph.check_view_history``).
+  ``NO_GRAD``    views made under no_grad of a tensor that requires grad: they require grad through their base alone
+                 (no grad_fn and no gradient accumulator of their own: a gradient reaching them goes nowhere, as
+                 torch's), and take no in-place write under grad mode, nor, once their memory was written, any use
+                 by autograd;
+  ``INFERENCE``  the same, made in inference mode (of a tensor that is no inference tensor), in torch's words.
+A view of a watched view is watched alike (under no_grad it becomes ``NO_GRAD``, in inference mode ``INFERENCE``,
+as torch propagates the meta). Autograd checks the version whenever it takes such a view as an input
+(``autograd.graph.check_view_history``).
 """
 
 from __future__ import annotations
@@ -57,13 +62,20 @@ def check_no_internal_overlap(self: Tensor, name: str) -> None:
                            f"{list(self._strides)}). Please clone() the tensor before performing the operation.")
 
 
-MULTIPLE, REGENERATE, NO_GRAD = "multiple", "regenerate", "no_grad"  # kinds of watched views (see the note)
+# kinds of watched views (see the note)
+MULTIPLE, REGENERATE, NO_GRAD, INFERENCE = "multiple", "regenerate", "no_grad", "inference"
 _MULTIPLE_VIEWS = ("This view is the output of a function that returns multiple views. Such functions do not allow the "
                    "output views to be modified inplace. You should replace the inplace operation by an out-of-place "
                    "one.")
-_NO_GRAD_VIEW = ("Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify your code by "
-                 "moving both the view and the inplace either both inside the no_grad block (if you don't want the "
-                 "inplace to be tracked) or both outside (if you want the inplace to be tracked).")
+# a view made under no_grad or in inference mode: (where it was made, the mode a write is refused in, the block)
+_MADE_WHERE = {NO_GRAD: ("no_grad mode", "with grad mode enabled", "no_grad"),
+               INFERENCE: ("inference mode", "in normal mode", "inference_mode")}
+
+
+def _ambiguous(block: str) -> str:
+    return ("Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify your code by "
+            f"moving both the view and the inplace either both inside the {block} block (if you don't want the "
+            "inplace to be tracked) or both outside (if you want the inplace to be tracked).")
 
 
 def short_node_name(name: str) -> str:
@@ -76,12 +88,23 @@ def watch_view(view: Tensor, kind: str) -> None:
     view.__dict__["_view_meta"] = (view._write_count(), kind)
 
 
+def requires_grad_through_base_alone(t: Tensor) -> bool:
+    """Whether ``t`` requires grad as a view made under no_grad or in inference mode does: through its base, with no
+    grad_fn and no gradient accumulator of its own (torch's views of creation meta NO_GRAD_MODE / INFERENCE_MODE)."""
+    meta = t._view_meta
+    return meta is not None and meta[1] in _MADE_WHERE and t.grad_fn is None
+
+
 def check_view_write(self: Tensor, name: str) -> None:
     """torch's refusals of an in-place write under grad mode into a watched view."""
     kind = self._view_meta[1]
-    if kind == NO_GRAD:
-        raise RuntimeError(f"{name}: A view was created in no_grad mode and is being modified inplace with grad mode "
-                           f"enabled. {_NO_GRAD_VIEW}")
+    if kind in _MADE_WHERE:
+        made, refused_in, block = _MADE_WHERE[kind]
+        node = self.grad_fn
+        which = "A view was" if node is None else \
+            f"Output {self._output_nr} of {short_node_name(node.name())} is a view of a view which was"
+        raise RuntimeError(f"{name}: {which} created in {made} and is being modified inplace {refused_in}. "
+                           f"{_ambiguous(block)}")
     if kind == MULTIPLE and self.grad_fn is not None:
         raise RuntimeError(f"{name}: Output {self._output_nr} of {short_node_name(self.grad_fn.name())} is a view and "
                            f"is being modified inplace. {_MULTIPLE_VIEWS}")
@@ -89,9 +112,10 @@ def check_view_write(self: Tensor, name: str) -> None:
 
 def stale_view_error(view: Tensor) -> RuntimeError:
     """torch's refusal to use a watched view whose memory was written since it was made."""
-    if view._view_meta[1] == NO_GRAD:
-        return RuntimeError("A view was created in no_grad mode and its base or another view of its base has been "
-                            f"modified inplace with grad mode enabled. {_NO_GRAD_VIEW}")
+    if view._view_meta[1] in _MADE_WHERE:
+        made, refused_in, block = _MADE_WHERE[view._view_meta[1]]
+        return RuntimeError(f"A view was created in {made} and its base or another view of its base has been modified "
+                            f"inplace {refused_in}. {_ambiguous(block)}")
     node = short_node_name(view.grad_fn.name()) if view.grad_fn is not None else "a function"
     return RuntimeError(f"Output {view._output_nr} of {node} is a view and its base or another view of its base has "
                         f"been modified inplace. {_MULTIPLE_VIEWS}")
@@ -130,13 +154,7 @@ def memory_order(base: Tensor) -> tuple | None:
     """The permutation of ``base``'s dims that lays it out row-major in its memory: () for a row-major base,
     (0, 2, 3, 1) for a channels-last one; None when there is none (gaps, overlaps, an offset), where views'
     storage geometry cannot be replayed on the base's values."""
-    shape, strides = base._shape, base._strides
-    if base._offset != 0 or not S.is_non_overlapping_and_dense(shape, strides):
-        return None
-    if S.is_contiguous(shape, strides):
-        return ()
-    order = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
-    return order if S.is_contiguous(tuple(shape[d] for d in order), tuple(strides[d] for d in order)) else None
+    return S.dense_order(base._shape, base._strides) if base._offset == 0 else None
 
 
 def row_major(base: Tensor) -> tuple[Tensor, tuple]:

@@ -183,10 +183,10 @@ def _logdet(A):
 
 
 linalg("linalg_det(Tensor A) -> Tensor", _det)
-torch_form("det(Tensor self) -> Tensor", _det)
+torch_form("det(Tensor self) -> Tensor", _det, out=False)
 linalg("linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet)", _slogdet)
 torch_form("slogdet(Tensor self) -> (Tensor sign, Tensor logabsdet)", _slogdet)
-torch_form("logdet(Tensor self) -> Tensor", _logdet)
+torch_form("logdet(Tensor self) -> Tensor", _logdet, out=False)
 
 
 # ---------------------------------------------------------------- cholesky
@@ -489,7 +489,8 @@ def _pinv_public(A, rcond=None, hermitian=False, atol=None, rtol=None):
 linalg("linalg_pinv(Tensor A, float? rcond=None, bool hermitian=False, *, float? atol=None, float? rtol=None) "
        "-> Tensor", _pinv_public, {"A": "pinv_backward(grad, result, A)"},
        fwd="pinv_jvp(A, A_t, result)")
-torch_form("pinverse(Tensor self, float rcond=1e-15) -> Tensor", lambda A, rcond=1e-15: OPS["linalg_pinv"](A, rcond))
+torch_form("pinverse(Tensor self, float rcond=1e-15) -> Tensor", lambda A, rcond=1e-15: OPS["linalg_pinv"](A, rcond),
+           out=False)
 
 
 def _matrix_rank(A, tol=None, hermitian=False, atol=None, rtol=None):
@@ -546,8 +547,8 @@ def _matrix_exp(A):
     return OPS["_linalg_matrix_exp"](A)
 
 
-linalg("linalg_matrix_exp(Tensor A) -> Tensor", _matrix_exp)
-torch_form("matrix_exp(Tensor self) -> Tensor", _matrix_exp)
+linalg("linalg_matrix_exp(Tensor A) -> Tensor", _matrix_exp, out=False)
+torch_form("matrix_exp(Tensor self) -> Tensor", _matrix_exp, out=False)
 
 
 # ---------------------------------------------------------------- norms
@@ -691,7 +692,7 @@ def _vecdot(x, y, dim=-1):
 
 linalg("linalg_vecdot(Tensor x, Tensor y, *, int dim=-1) -> Tensor", _vecdot)
 linalg("linalg_diagonal(Tensor A, *, int offset=0, int dim1=-2, int dim2=-1) -> Tensor",
-       lambda A, offset=0, dim1=-2, dim2=-1: A.diagonal(offset, dim1, dim2))
+       lambda A, offset=0, dim1=-2, dim2=-1: A.diagonal(offset, dim1, dim2), out=False)
 
 
 def _tensorinv(A, ind=2):

@@ -141,11 +141,17 @@ def _attach_nonzero(functions: dict) -> dict:
 
 def _where_with_one_argument(where, nonzero) -> dict:
     """``where(condition)`` alone is ``nonzero(condition, as_tuple=True)``, the form MoE routers and masks use as
-    ``rows, cols = torch.where(mask)``."""
+    ``rows, cols = torch.where(mask)``. torch's ``where`` takes ``out=`` only with tensors for both values (its
+    overloads for a number have no out variant); the one operator here takes numbers for them either way."""
 
     def where_or_indices(condition, *args, **kwargs):
         if not args and not kwargs:
             return nonzero(condition, as_tuple=True)
+        if kwargs.get("out") is not None:
+            values = (*args, *(v for k, v in kwargs.items() if k in ("self", "input", "other")))
+            if any(not isinstance(v, Tensor) for v in values):
+                raise TypeError("where() got an unexpected keyword argument 'out' with a number for a value (torch's "
+                                "where takes out= only with tensors for both)")
         return where(condition, *args, **kwargs)
 
     where_or_indices.__name__ = "where"

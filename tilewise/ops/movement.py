@@ -207,12 +207,12 @@ def _roll(self, shifts, dims=()):
 declare("flip(Tensor self, int[] dims) -> Tensor", "copy", dtype=R.first_input,
         grad={"self": "grad.flip(dims)"}, fwd="auto_linear",
         doc="Reverse the order of elements along ``dims`` (a copy).\n\n>>> tw.arange(3).flip(0)\ntensor([2, 1, 0])",
-        batch=shift_dims)
-composite("fliplr(Tensor self) -> Tensor", _fliplr)
-composite("flipud(Tensor self) -> Tensor", _flipud)
+        batch=shift_dims, out=False)
+composite("fliplr(Tensor self) -> Tensor", _fliplr, out=False)
+composite("flipud(Tensor self) -> Tensor", _flipud, out=False)
 composite("roll(Tensor self, int[1] shifts, int[1] dims=[]) -> Tensor", _roll,
           doc="Shift elements cyclically along ``dims`` (the flattened tensor when no dims are given).\n\n"
-              ">>> tw.arange(4).roll(1)\ntensor([3, 0, 1, 2])")
+              ">>> tw.arange(4).roll(1)\ntensor([3, 0, 1, 2])", out=False)
 
 
 # ---------------------------------------------------------------- pad
@@ -328,7 +328,7 @@ composite("pad(Tensor input, int[] pad, str mode=\"constant\", float? value=None
           function=False, method=False, autocast={"cpu": _pad_autocast_on_cpu},
           doc="torch.nn.functional.pad: ``pad`` lists (before, after) pairs starting from the last dim; modes "
               "constant (negative values crop), reflect, replicate, circular.\n\n"
-              ">>> F.pad(tw.ones(2, 2), (1, 1)).shape\ntilewise.Size([2, 4])")
+              ">>> F.pad(tw.ones(2, 2), (1, 1)).shape\ntilewise.Size([2, 4])", out=False)
 
 
 # ---------------------------------------------------------------- repetition
@@ -393,16 +393,17 @@ def _repeat_interleave_tensor(self, repeats, dim=None, output_size=None):
 composite("repeat(Tensor self, int[] repeats) -> Tensor", _repeat, function=False,
           doc="Tile the tensor ``repeats[k]`` times along each dim (new leading dims when ``repeats`` is longer).\n\n"
               ">>> tw.tensor([1, 2]).repeat(2)\ntensor([1, 2, 1, 2])")
-composite("tile(Tensor self, int[] dims) -> Tensor", _tile)
+composite("tile(Tensor self, int[] dims) -> Tensor", _tile, out=False)
 composite("repeat_interleave.self_int(Tensor self, int repeats, int? dim=None, *, int? output_size=None) -> Tensor",
           _repeat_interleave_int,
           doc="Repeat each element ``repeats`` times along ``dim`` (of the flattened tensor when dim is None).\n\n"
-              ">>> tw.tensor([1, 2]).repeat_interleave(2)\ntensor([1, 1, 2, 2])")
+              ">>> tw.tensor([1, 2]).repeat_interleave(2)\ntensor([1, 1, 2, 2])", out=False)
 composite("repeat_interleave.self_Tensor(Tensor self, Tensor repeats, int? dim=None, *, int? output_size=None) -> "
-          "Tensor", _repeat_interleave_tensor)
+          "Tensor", _repeat_interleave_tensor, out=False)
 declare("repeat_interleave.Tensor(Tensor repeats, *, int? output_size=None) -> Tensor", "index",
         differentiable=False, doc="``arange(len(repeats))`` with element ``i`` repeated ``repeats[i]`` times, in "
-                                  "repeats' dtype when it is int32 (as torch), else int64.", batch=dynamic_shape)
+                                  "repeats' dtype when it is int32 (as torch), else int64.", batch=dynamic_shape,
+        out=False)
 
 
 def check_repeats(repeats):
@@ -650,7 +651,8 @@ composite("index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scala
 composite("index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor", _index_copy,
           grad={"self": "grad.index_fill(dim, index, 0)", "source": "index_source_backward(grad, dim, index, source)",
                 "index": None}, fwd="auto_linear", inplace=True, autocast={"cpu": "promote"})
-composite("index_fill(Tensor self, int dim, Tensor index, Tensor value) -> Tensor", _index_fill, inplace=True)
+composite("index_fill(Tensor self, int dim, Tensor index, Tensor value) -> Tensor", _index_fill, inplace=True,
+          out=False)
 composite("take(Tensor self, Tensor index) -> Tensor", _take, grad={"self": "take_backward(grad, self, index)",
                                                                    "index": None}, fwd="auto_linear",
           doc="Elements of the flattened tensor at ``index`` (negative indices count from the end).")
@@ -660,7 +662,8 @@ composite("masked_select(Tensor self, Tensor mask) -> Tensor", _masked_select,
 composite("masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor", _masked_scatter, inplace=True,
           grad={"self": "grad.masked_fill(mask, 0)", "mask": None,
                 "source": "masked_scatter_backward(grad, mask, source_shape)"}, fwd="auto_linear",
-          doc="``self`` with the positions where ``mask`` is True filled from ``source`` in row-major order.")
+          doc="``self`` with the positions where ``mask`` is True filled from ``source`` in row-major order.",
+          out=False)
 
 
 # ---------------------------------------------------------------- triangles, diagonals, splits
@@ -765,14 +768,15 @@ composite("tril(Tensor self, int diagonal=0) -> Tensor", _tril, inplace=True,
 composite("triu(Tensor self, int diagonal=0) -> Tensor", _triu, inplace=True,
           doc="Keep the elements on and above the ``diagonal``-th diagonal of the last two dims, zero the rest.")
 composite("diag_embed(Tensor self, int offset=0, int dim1=-2, int dim2=-1) -> Tensor", _diag_embed,
-          doc="Matrices (in dims ``dim1``, ``dim2``) whose ``offset``-th diagonal holds the last dim of ``self``.")
+          doc="Matrices (in dims ``dim1``, ``dim2``) whose ``offset``-th diagonal holds the last dim of ``self``.",
+          out=False)
 composite("diag(Tensor self, int diagonal=0) -> Tensor", _diag,
           doc="A 1-D tensor's diagonal matrix, or a copy of a matrix's diagonal.\n\n"
               ">>> tw.diag(tw.tensor([1, 2]))\ntensor([[1, 0],\n        [0, 2]])")
-composite("trace(Tensor self) -> Tensor", _trace, autocast={"cpu": "fp32"})
+composite("trace(Tensor self) -> Tensor", _trace, autocast={"cpu": "fp32"}, out=False)
 composite("tensor_split.sections(Tensor self, int sections, int dim=0) -> Tensor[]", _tensor_split_sections,
-          inline=True)
+          inline=True, out=False)
 composite("tensor_split.indices(Tensor self, int[] indices, int dim=0) -> Tensor[]", _tensor_split_indices,
-          inline=True)
+          inline=True, out=False)
 composite("meshgrid(Tensor[] tensors, *, str? indexing=None) -> Tensor[]", _meshgrid, method=False, varargs=True,
-          doc="Coordinate grids from 1-D tensors (``indexing='ij'``: matrix order, ``'xy'``: Cartesian).")
+          doc="Coordinate grids from 1-D tensors (``indexing='ij'``: matrix order, ``'xy'``: Cartesian).", out=False)

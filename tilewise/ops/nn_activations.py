@@ -53,7 +53,7 @@ def _softshrink(input, lambd=0.5):
     return OPS["_softshrink"](input, lambd)
 
 
-functional("softshrink(Tensor input, Scalar lambd=0.5) -> Tensor", _softshrink, function=False)
+functional("softshrink(Tensor input, Scalar lambd=0.5) -> Tensor", _softshrink, function=False, out=True)
 # torch's own definition (a Python function): its backward keeps tanh's output, not the input
 functional("tanhshrink(Tensor input) -> Tensor", lambda input: input - input.tanh(), function=False)
 

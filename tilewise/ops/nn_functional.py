@@ -28,8 +28,10 @@ from tilewise.ops.registry import OPS, declare, public_function
 
 
 def functional(schema: str, decomposition, grad: dict | None = None, **attrs):
-    """A public operator of tilewise.nn.functional (a Tensor method only where torch has one)."""
+    """A public operator of tilewise.nn.functional (a Tensor method only where torch has one), without ``out=`` unless
+    told ``out=True``: torch's functions there are Python functions, or aten's without an out variant (``conv2d``)."""
     attrs.setdefault("method", False)
+    attrs.setdefault("out", False)
     return declare(schema, "composite", decomposition=decomposition, grad=grad, functional=True, **attrs)
 
 
@@ -348,7 +350,7 @@ def _cosine_similarity(x1, x2, dim=1, eps=1e-8):
 
 
 functional("normalize(Tensor input, float p=2.0, int dim=1, float eps=1e-12) -> Tensor", _normalize,
-           function=False, autocast={"cuda": "fp32"})
+           function=False, autocast={"cuda": "fp32"}, out=True)
 functional("cosine_similarity(Tensor x1, Tensor x2, int dim=1, float eps=1e-08) -> Tensor", _cosine_similarity,
            autocast={"cuda": "fp32"})
 
@@ -695,4 +697,5 @@ def _one_hot(self, num_classes=-1):
 declare("one_hot(Tensor self, int num_classes=-1) -> Tensor", "composite", decomposition=_one_hot, functional=True,
         function=False,
           method=False, differentiable=False,
-          doc="int64 one-hot encoding in a new last dim (``num_classes=-1``: one more than the largest value).")
+          doc="int64 one-hot encoding in a new last dim (``num_classes=-1``: one more than the largest value).",
+          out=False)

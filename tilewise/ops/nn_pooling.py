@@ -347,7 +347,7 @@ for _n in (2, 3):
                "bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor",
                _avg_pool(_n), {"input": "avg_pool_backward(grad, input, kernel_size, stride, padding, ceil_mode, "
                                         f"count_include_pad, divisor_override, {_n})"}, function=False,
-               fwd="auto_linear", autocast=_in_3d(_n))
+               fwd="auto_linear", autocast=_in_3d(_n), out=True)
 
 
 # ============================================================================ adaptive pooling

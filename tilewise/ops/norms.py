@@ -24,7 +24,7 @@ def _dist(self, other, p=2):
 
 
 declare("dist(Tensor self, Tensor other, Scalar p=2) -> Tensor", "composite", decomposition=_dist,
-        autocast={"cuda": "fp32"})
+        autocast={"cuda": "fp32"}, out=False)
 
 _COMPUTE_MODES = (None, "use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist",
                   "donot_use_mm_for_euclid_dist")
@@ -47,7 +47,7 @@ def _cdist(x1, x2, p=2.0, compute_mode=None):
 
 
 declare("cdist(Tensor x1, Tensor x2, float p=2.0, str? compute_mode=None) -> Tensor", "composite",
-        decomposition=_cdist, method=False, autocast="fp32")
+        decomposition=_cdist, method=False, autocast="fp32", out=False)
 
 
 def _renorm(self, p, dim, maxnorm):

@@ -1,8 +1,13 @@
 """``out=``: an operator's result written into tensors the caller gives, as torch's functions do.
 
-[Note: out= arguments] Every public functional operator (not a view, not an in-place variant) accepts ``out=``: a
-tensor, or a tuple of them for an operator of several results (``sort``, ``max(dim)``). The result is computed as
-without it and then written into ``out``, with torch's rules:
+[Note: out= arguments] A public functional operator (not a view, not an in-place variant) accepts ``out=`` where
+torch's function of that name does: a tensor, or a tuple of them for an operator of several results (``sort``,
+``max(dim)``). torch's does where aten declares an out variant, which is not everywhere: a declaration says
+``out=False`` where torch has none (``argsort``, ``einsum``, ``var_mean``, ``flip``, ``conv2d``; the operators of
+tilewise.nn.functional by default, as torch's Python functions there take none), and ``out_needs="dim"`` where torch
+takes ``out=`` only with that argument given (``sum(x, out=o)`` is refused, ``sum(x, 1, out=o)`` taken). Refusing is
+a TypeError naming the function, before anything runs: code that runs here runs under torch.
+The result is computed as without it and then written into ``out``, with torch's rules:
   * under grad mode, no argument may require grad ("functions with out=... arguments don't support automatic
     differentiation"), checked before anything runs;
   * ``out`` is on the result's device, and the result's dtype can be cast to ``out``'s (float into an int tensor is
@@ -78,10 +83,18 @@ def write_out(name: str, result, out, named=None):
 
 
 def takes_out(op) -> bool:
-    """Whether the public function of ``op`` accepts ``out=``: a functional operator whose results are tensors."""
+    """Whether the public function of ``op`` accepts ``out=``: a functional operator whose results are tensors and
+    whose torch function has an out variant (its declaration does not say ``out=False``)."""
     schema = op.schema
     if schema.is_view or schema.is_inplace or op.name.endswith("_") or op.kind == "view":
+        return False
+    if not op.attrs.get("out", True):
         return False
     if any(p.name == "out" for p in schema.params) or not schema.returns:
         return False
     return all(r.type == "Tensor" and not r.alias for r in schema.returns)
+
+
+def out_needs(op) -> str | None:
+    """The parameter without which torch's function of ``op`` refuses ``out=`` (its declaration's ``out_needs=``)."""
+    return op.attrs.get("out_needs") if takes_out(op) else None

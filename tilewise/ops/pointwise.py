@@ -227,7 +227,7 @@ pointwise("sub(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
           dunder=("sub",), aliases=("subtract",), half_rounded=R.ADD_HALF_ROUNDED)
 pointwise("rsub(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
           lambda a, b, alpha: fma(-a, alpha, b), {"self": "-grad * alpha", "other": "grad"}, R.subtraction,
-          method=False, dunder=("rsub",), inplace=False, half_rounded=R.ADD_HALF_ROUNDED)
+          method=False, dunder=("rsub",), inplace=False, half_rounded=R.ADD_HALF_ROUNDED, out=False)
 pointwise("mul(Tensor self, Tensor other) -> Tensor",
           lambda a, b: a * b,
           {"self": "grad * conj_if_complex(other)", "other": "grad * conj_if_complex(self)"}, dunder=("mul", "rmul"),
@@ -349,10 +349,12 @@ pointwise("bitwise_left_shift(Tensor self, Tensor other) -> Tensor", lambda a, b
           dunder=("lshift",), differentiable=False)
 pointwise("bitwise_right_shift(Tensor self, Tensor other) -> Tensor", lambda a, b: a.rshift(b), None, R.integral,
           dunder=("rshift",), differentiable=False)
-pointwise("isnan(Tensor self) -> Tensor", lambda x: x.isnan(), None, R.logical_from_input, differentiable=False)
-pointwise("isinf(Tensor self) -> Tensor", lambda x: x.isinf(), None, R.logical_from_input, differentiable=False)
+pointwise("isnan(Tensor self) -> Tensor", lambda x: x.isnan(), None, R.logical_from_input, differentiable=False,
+          out=False)
+pointwise("isinf(Tensor self) -> Tensor", lambda x: x.isinf(), None, R.logical_from_input, differentiable=False,
+          out=False)
 pointwise("isfinite(Tensor self) -> Tensor", lambda x: (x.isnan().logical_or(x.isinf())).logical_not(), None,
-          R.logical_from_input, differentiable=False)
+          R.logical_from_input, differentiable=False, out=False)
 pointwise("isposinf(Tensor self) -> Tensor", lambda x: x.isinf().logical_and(x.gt(0)), None, R.logical_from_input,
           differentiable=False)
 pointwise("isneginf(Tensor self) -> Tensor", lambda x: x.isinf().logical_and(x.lt(0)), None, R.logical_from_input,
@@ -380,7 +382,7 @@ pointwise("hardtanh_backward(Tensor grad_output, Tensor self, Scalar min_val, Sc
           {"grad_output": "hardtanh_backward(grad, self, min_val, max_val)", "self": "zeros_like(grad)"},
           method=False)
 pointwise("relu(Tensor self) -> Tensor", lambda x: clamp_expr(x, 0, None, True),
-          {"self": "threshold_backward(grad, result, 0)"})
+          {"self": "threshold_backward(grad, result, 0)"}, out=False)
 pointwise("relu6(Tensor self) -> Tensor", lambda x: clamp_expr(x, 0, 6, True),
           {"self": "hardtanh_backward(grad, self, 0, 6)"}, method=False)
 pointwise("leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor",
@@ -419,10 +421,10 @@ pointwise("selu(Tensor self) -> Tensor",
           lambda x: where(x.gt(0), x * 1.0507009873554804934193349852946,
                           x.expm1() * (1.6732632423543772848170429916717 * 1.0507009873554804934193349852946)),
           {"self": "where(self > 0, grad * 1.0507009873554804934193349852946, "
-                   "grad * 1.7580993408473768599402175208123 * exp(self))"}, R.floating_only, method=False)
+                   "grad * 1.7580993408473768599402175208123 * exp(self))"}, R.floating_only, method=False, out=False)
 pointwise("celu(Tensor self, Scalar alpha=1.0) -> Tensor", None,
           {"self": "where(self > 0, grad, grad * exp(self / alpha))"}, R.floating_only, method=False,
-          expr_builder=_celu)
+          expr_builder=_celu, out=False)
 pointwise("softsign(Tensor self) -> Tensor", lambda x: x / (1 + x.abs()),
           {"self": "grad / ((1 + abs(self)) * (1 + abs(self)))"}, R.floating_only, method=False)
 pointwise("logsigmoid(Tensor self) -> Tensor", lambda x: x.minimum(0) - (-x.abs()).exp().log1p(),

@@ -219,4 +219,4 @@ composite("einsum(str equation, Tensor[] tensors, *, int[]? path=None) -> Tensor
           varargs=True, autocast={"cuda": "lower", "cpu": _einsum_autocast_on_cpu},
           doc="Einstein summation: ``einsum('bij,bjk->bik', a, b)``. Supports ``...``, repeated subscripts "
               "(diagonals), implicit output and broadcasting of size-1 dims.\n\n"
-              ">>> tw.einsum('ij,j->i', tw.ones(2, 3), tw.ones(3))\ntensor([3., 3.])")
+              ">>> tw.einsum('ij,j->i', tw.ones(2, 3), tw.ones(3))\ntensor([3., 3.])", out=False)

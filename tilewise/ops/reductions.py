@@ -77,10 +77,10 @@ def _check_arg_reduction(op, args: tuple) -> None:
 # ---------------------------------------------------------------- primitives
 reduction("sum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", "add",
           {"self": "expand_reduced(grad, self_shape, dim, keepdim)"}, R.reduction_sum, autocast={"cuda": "fp32"},
-          fwd="auto_linear")
+          fwd="auto_linear", out_needs="dim")
 reduction("prod(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", "mul",
           {"self": "prod_backward(grad, self, result, dim, keepdim)"}, R.reduction_sum, autocast="fp32",
-          fwd="prod_jvp(self, self_t, result, dim, keepdim)")
+          fwd="prod_jvp(self, self_t, result, dim, keepdim)", out_needs="dim")
 reduction("amax(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", "max",
           {"self": "minmax_backward(grad, self, result, dim, keepdim)"},
           fwd="amaxamin_jvp(self, self_t, result, dim, keepdim)", check=_NONEMPTY)
@@ -259,11 +259,11 @@ _STD = composite("std(Tensor self, int[1]? dim=None, bool? unbiased=None, bool k
 _VAR_MEAN = composite("var_mean(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
                       "Scalar? correction=None) -> (Tensor, Tensor)", _var_mean,
                       {"self": f"moments_backward(grads, self, None, {_MOMENT_ARGS})"},
-                      fwd=f"moments_jvp(self, self_t, None, {_MOMENT_ARGS})")
+                      fwd=f"moments_jvp(self, self_t, None, {_MOMENT_ARGS})", out=False)
 _STD_MEAN = composite("std_mean(Tensor self, int[1]? dim=None, bool? unbiased=None, bool keepdim=False, *, "
                       "Scalar? correction=None) -> (Tensor, Tensor)", _std_mean,
                       {"self": f"moments_backward(grads, self, result[0], {_MOMENT_ARGS})"},
-                      fwd=f"moments_jvp(self, self_t, result[0], {_MOMENT_ARGS})")
+                      fwd=f"moments_jvp(self, self_t, result[0], {_MOMENT_ARGS})", out=False)
 
 
 def _logsumexp(self, dim, keepdim=False):
@@ -335,4 +335,4 @@ composite("norm(Tensor self, Any? p=2, int[1]? dim=None, bool keepdim=False, *, 
           _norm, {"self": "norm_backward(grad, self, result, p, dim, keepdim)"}, autocast={"cuda": "fp32"},
           fwd="norm_jvp(self, self_t, result, p, dim, keepdim)")
 composite("count_nonzero(Tensor self, int[1]? dim=None) -> Tensor", lambda self, dim=None: (self != 0).sum(dim),
-          differentiable=False)
+          differentiable=False, out=False)

@@ -311,7 +311,7 @@ def resolve(name: str, args: tuple, kwargs: dict):
     raise TypeError(f"{name}() received an invalid combination of arguments. Valid signatures:\n" + "\n".join(errors))
 
 
-_PUBLIC: dict[str, Callable] = {}
+_PUBLIC: dict[str | tuple[str, str], Callable] = {}
 _RETURN_TYPES: dict[str, type] = {}
 
 
@@ -328,21 +328,29 @@ def return_type(op: OpDef) -> type | None:
     return cls
 
 
-def public_function(name: str) -> Callable:
-    fn = _PUBLIC.get(name)
+def public_function(name: str, out: bool = True) -> Callable:
+    """The operator's public function (``tilewise.<name>``); with ``out=False`` one that takes no ``out=`` even where
+    the operator has it (torch.nn.functional's Python functions: ``F.softmax`` beside ``torch.softmax``)."""
+    key = name if out else (name, "without out")
+    fn = _PUBLIC.get(key)
     if fn is not None:
         return fn
     overloads = OVERLOADS[name]
     named = {op: return_type(op) for op in overloads if return_type(op) is not None}
-    from tilewise.ops.out_args import check_out_autograd, takes_out, write_out
+    from tilewise.ops.out_args import check_out_autograd, out_needs, takes_out, write_out
 
     if len(overloads) == 1 and not named:
         op = overloads[0]
-        out_arg = (check_out_autograd, write_out, None) if takes_out(op) else None
+        out_arg = (check_out_autograd, write_out, None) if out and takes_out(op) else None
         fn = make_binder(op.schema, op.name, op.attrs.get("varargs", False), dispatch=(dispatch_call, op),
-                         out_arg=out_arg)
+                         out_arg=out_arg, out_needs=out_needs(op))
     else:
-        with_out = {op for op in overloads if takes_out(op)}
+        needing = [op.full_name for op in overloads if out_needs(op)]
+        if needing:
+            raise ValueError(f"{', '.join(needing)}: out_needs= is for an operator of one overload (the binder of "
+                             f"its public function tells a given argument from its default), but {name} has "
+                             f"{len(overloads)}")
+        with_out = {op for op in overloads if out and takes_out(op)}
 
         def fn(*args, out=None, **kwargs):
             op, bound = resolve(name, args, kwargs)
@@ -358,7 +366,7 @@ def public_function(name: str) -> Callable:
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = "\n".join(o.schema.text for o in overloads) + ("\n\n" + overloads[0].doc if overloads[0].doc else "")
     fn.__module__ = "tilewise"
-    _PUBLIC[name] = fn
+    _PUBLIC[key] = fn
     return fn
 
 

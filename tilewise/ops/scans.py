@@ -219,7 +219,7 @@ def _median(self):
 _PICKED_ALONG_DIM = "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"
 
 declare("argsort(Tensor self, int dim=-1, bool descending=False, *, bool stable=False) -> Tensor", "composite",
-        decomposition=_argsort, differentiable=False)
+        decomposition=_argsort, differentiable=False, out_needs="stable")
 declare("kthvalue(Tensor self, int k, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)",
         "composite", decomposition=_kthvalue, grad={"self": _PICKED_ALONG_DIM}, nondiff_outputs=(1,),
         check=nonempty_reduction(dim_position=2),
@@ -228,7 +228,7 @@ declare("kthvalue(Tensor self, int k, int dim=-1, bool keepdim=False) -> (Tensor
 declare("median(Tensor self) -> Tensor", "composite", decomposition=_median,
         grad={"self": "evenly_distribute_backward(grad, self, result)"}, fwd="evenly_read_jvp(self_t, self, result)",
         doc="The lower median of all elements; its gradient is shared evenly among the elements equal to it (among "
-            "the NaNs when it is NaN).")
+            "the NaNs when it is NaN).", out=False)
 declare("median.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)", "composite",
         decomposition=_median_dim, grad={"self": _PICKED_ALONG_DIM}, nondiff_outputs=(1,), check=nonempty_reduction(),
         doc="The lower median along ``dim`` and its position.",

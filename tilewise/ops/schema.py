@@ -425,36 +425,48 @@ def _aliases(schema: Schema, varargs: int | None) -> dict[int, tuple[str, ...]]:
             if p.name in NUMPY_ALIASES and k != varargs}
 
 
-def _alias_lines(op_name: str, name: str, aliases: tuple[str, ...], default_key: str | None) -> list[str]:
+def _alias_lines(op_name: str, name: str, aliases: tuple[str, ...], default_key: str | None,
+                 out_needs_it: bool = False) -> list[str]:
     """Body lines that take ``name`` from whichever of its spellings was given (torch refuses two) and fall back
-    to its default, or report it missing."""
+    to its default, or report it missing. With ``out_needs_it``, ``out=`` without ``name`` given is refused first."""
     lines = []
     for alias in aliases:
         lines += [f"    if {alias} is not _MISSING:",
                   f"        if {name} is not _MISSING:",
                   f"            raise TypeError(\"{op_name}() got an unexpected keyword argument '{alias}'\")",
                   f"        {name} = {alias}"]
+    if out_needs_it:
+        lines += [f"    if {name} is _MISSING and out is not None:",
+                  f"        raise TypeError(\"{op_name}() got an unexpected keyword argument 'out' (torch's {op_name} "
+                  f"takes out= only with '{name}' given)\")"]
     fallback = f"{name} = {default_key}" if default_key else \
         f"raise TypeError(\"{op_name}() missing 1 required positional argument: '{name}'\")"
     return lines + [f"    if {name} is _MISSING: {fallback}"]
 
 
 def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool = False, dispatch: tuple = (),
-                out_arg: tuple | None = None):
+                out_arg: tuple | None = None, out_needs: str | None = None):
     """A function with the schema's signature that returns the normalised arguments as a tuple; with
     ``dispatch=(call, op)`` it returns ``call(op, arguments)`` instead (an operator's public function, one
     Python frame shorter than a wrapper around the binder). With ``out_arg=(check, write, named)`` it takes a
-    keyword ``out=`` too (see [Note: out= arguments] in ``ops/out_args.py``)."""
+    keyword ``out=`` too (see [Note: out= arguments] in ``ops/out_args.py``), and with ``out_needs`` (a parameter's
+    name) only when that parameter is given, default or not: torch's ``sum(x, out=o)`` is refused where
+    ``sum(x, None, out=o)`` is taken."""
     op_name = op_name or schema.name
     sig, body, ns = [], [], {"_MISSING": MISSING}
     star_done = False
     varargs = _varargs_param(schema, tensor_varargs)
     aliased = {k: a for k, a in _aliases(schema, varargs).items() if a}
     first_aliased = min(aliased, default=len(schema.params))
+    needed = None
+    if out_arg and out_needs is not None:  # told apart from its default as an aliased parameter is: MISSING until given
+        needed = next(k for k, p in enumerate(schema.params) if p.name == out_needs and p.has_default)
+        aliased.setdefault(needed, ())
     for k, p in enumerate(schema.params):
         if k in aliased or (k > first_aliased and not p.has_default and k != varargs and not p.kwarg_only):
             # a parameter after a now-optional one needs a default too: MISSING, checked in the body
-            body += _alias_lines(op_name, p.name, aliased.get(k, ()), f"_d{k}" if p.has_default else None)
+            body += _alias_lines(op_name, p.name, aliased.get(k, ()), f"_d{k}" if p.has_default else None,
+                                 out_needs_it=k == needed)
         if k == varargs:
             sig.append(f"*{p.name}")
             star_done = True

@@ -66,7 +66,7 @@ def _equal(self, other) -> bool:
 
 
 composite("isclose(Tensor self, Tensor other, float rtol=1e-05, float atol=1e-08, bool equal_nan=False) -> Tensor",
-          _isclose, differentiable=False)
+          _isclose, differentiable=False, out=False)
 composite("allclose(Tensor self, Tensor other, float rtol=1e-05, float atol=1e-08, bool equal_nan=False) -> bool",
           _allclose, differentiable=False)
 composite("equal(Tensor self, Tensor other) -> bool", _equal, differentiable=False)
@@ -100,9 +100,9 @@ def _select_outputs(values, inverse, counts, return_inverse, return_counts):
 
 
 composite("unique(Tensor self, bool sorted=True, bool return_inverse=False, bool return_counts=False, int? dim=None)"
-          " -> Tensor[]", _unique, differentiable=False)
+          " -> Tensor[]", _unique, differentiable=False, out=False)
 composite("unique_consecutive(Tensor self, bool return_inverse=False, bool return_counts=False, int? dim=None)"
-          " -> Tensor[]", _unique_consecutive, differentiable=False)
+          " -> Tensor[]", _unique_consecutive, differentiable=False, out=False)
 
 
 def _isin(elements, test_elements, assume_unique=False, invert=False):
@@ -146,7 +146,7 @@ def _bincount_dtype(op, args):
 
 
 declare("bincount(Tensor self, Tensor? weights=None, int minlength=0) -> Tensor", "other", dtype=_bincount_dtype,
-        differentiable=False, data_dependent=True, batch=loop)  # its length is the largest value's
+        differentiable=False, data_dependent=True, batch=loop, out=False)  # its length is the largest value's
 declare("histc(Tensor self, int bins=100, Scalar min=0, Scalar max=0) -> Tensor", "other", dtype=R.first_input,
         differentiable=False, data_dependent=True, batch=loop)  # min == max: the range is the values' own
 
@@ -222,7 +222,7 @@ def _argwhere(self):
     return self.nonzero()
 
 
-composite("argwhere(Tensor self) -> Tensor", _argwhere, differentiable=False)
+composite("argwhere(Tensor self) -> Tensor", _argwhere, differentiable=False, out=False)
 composite("msort(Tensor self) -> Tensor", lambda self: self.sort(0).values)
 
 
@@ -321,7 +321,8 @@ def _nanmedian(self):
 
 
 composite("nanmedian(Tensor self) -> Tensor", _nanmedian,
-          grad={"self": "evenly_distribute_backward(grad, self, result)"}, fwd="evenly_read_jvp(self_t, self, result)")
+          grad={"self": "evenly_distribute_backward(grad, self, result)"}, fwd="evenly_read_jvp(self_t, self, result)",
+          out=False)
 composite("nanmedian.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
           _nanmedian_dim, grad={"self": "select_backward_indices(grad, self_shape, dim, result[1], keepdim)"},
           nondiff_outputs=(1,), check=nonempty_reduction(),

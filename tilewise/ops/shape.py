@@ -211,16 +211,16 @@ composite("contiguous(Tensor(a) self, *, MemoryFormat? memory_format=None) -> Te
 composite("flatten(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)", _flatten)
 composite("unflatten(Tensor(a) self, int dim, int[] sizes) -> Tensor(a)", _unflatten)
 composite("movedim(Tensor(a) self, int[] source, int[] destination) -> Tensor(a)", _movedim, aliases=("moveaxis",))
-composite("split(Tensor(a) self, int[] split_size_or_sections, int dim=0) -> Tensor[]", _split)
-composite("chunk(Tensor(a) self, int chunks, int dim=0) -> Tensor[]", _chunk)
+composite("split(Tensor(a) self, int[] split_size_or_sections, int dim=0) -> Tensor[]", _split, out=False)
+composite("chunk(Tensor(a) self, int chunks, int dim=0) -> Tensor[]", _chunk, out=False)
 composite("narrow(Tensor(a) self, int dim, int start, int length) -> Tensor(a)", _narrow)
 # the view groups (see [Note: view groups]): one node each, named as torch's (``_split`` is SplitBackward0)
 composite("_split(Tensor(a) self, int split_size, int dim=0) -> Tensor[]", _split_size, public=False,
           grad={"self": "cat(grads, dim)"}, fwd="auto_linear", view_group=MULTIPLE)
 composite("split_with_sizes(Tensor(a) self, int[] split_sizes, int dim=0) -> Tensor[]", _split_with_sizes,
-          grad={"self": "cat(grads, dim)"}, fwd="auto_linear", view_group=MULTIPLE)
+          grad={"self": "cat(grads, dim)"}, fwd="auto_linear", view_group=MULTIPLE, out=False)
 composite("unbind(Tensor(a) self, int dim=0) -> Tensor[]", _unbind, grad={"self": "stack(grads, dim)"},
-          fwd="auto_linear", view_group=MULTIPLE)
+          fwd="auto_linear", view_group=MULTIPLE, out=False)
 composite("_tensor_split(Tensor(a) self, int[] starts, int[] ends, int dim) -> Tensor[]", _tensor_split, public=False,
           grad={"self": "slices_backward(grads, self_shape, dim, starts, ends)"}, fwd="auto_linear",
           view_group=REGENERATE)

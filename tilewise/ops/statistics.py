@@ -85,7 +85,7 @@ def _warn_degrees_of_freedom() -> None:
 
 
 declare("cov(Tensor self, *, int correction=1, Tensor? fweights=None, Tensor? aweights=None) -> Tensor", "composite",
-        decomposition=_cov, autocast={"cpu": "lower"})
+        decomposition=_cov, autocast={"cpu": "lower"}, out=False)
 
 
 def _corrcoef(self):
@@ -101,7 +101,7 @@ def _corrcoef(self):
     return c.clip(-1, 1)
 
 
-declare("corrcoef(Tensor self) -> Tensor", "composite", decomposition=_corrcoef, autocast={"cpu": "lower"})
+declare("corrcoef(Tensor self) -> Tensor", "composite", decomposition=_corrcoef, autocast={"cpu": "lower"}, out=False)
 
 
 def _mode(self, dim=-1, keepdim=False):

@@ -22,7 +22,7 @@ from tilewise.dispatch import STATE
 from tilewise.dtypes import as_dtype
 from tilewise.ops.batching_rules import view_scatter_add_rule, view_scatter_rule
 from tilewise.ops.formulas import HELPERS
-from tilewise.ops.inplace import NO_GRAD, REGENERATE, watch_view
+from tilewise.ops.inplace import INFERENCE, NO_GRAD, REGENERATE, watch_view
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
 
@@ -77,11 +77,16 @@ def make_view(x: Tensor, shape: tuple, strides: tuple, offset: int, dtype) -> Te
 
 
 def _watch_view_of(x: Tensor, out: Tensor, meta: tuple | None) -> None:
-    """A view of a watched view is watched alike; one made under no_grad of a tensor that requires grad is watched
-    as such; any other view of a tensor that requires grad is made afresh from its base if its memory is written
-    before autograd takes it (torch's view regeneration; see [Note: watched views] in ops/inplace.py)."""
-    if STATE.grad_enabled is False and not STATE.inference:
-        watch_view(out, NO_GRAD)
+    """A view of a watched view is watched alike; one made under no_grad or inference mode is watched as such, and
+    requires grad where ``x`` does, through its base alone (no grad_fn, no gradient of its own); any other view of a
+    tensor that requires grad is made afresh from its base if its memory is written before autograd takes it
+    (torch's view regeneration; see [Note: watched views] in ops/inplace.py)."""
+    if STATE.grad_enabled is False:
+        if out._base is None:  # a view of an inference tensor is no view, as in torch
+            return
+        made_in_inference = STATE.inference or (meta is not None and meta[1] == INFERENCE)
+        watch_view(out, INFERENCE if made_in_inference else NO_GRAD)
+        out._requires_grad = x._requires_grad
     elif meta is not None:
         watch_view(out, meta[1])
     elif STATE.grad_enabled is not False:  # on, or recording this view (``dispatch.GRAD_OFF_FOR_RECORDING``)
