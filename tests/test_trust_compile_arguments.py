@@ -269,3 +269,35 @@ def test_a_tensor_returned_with_its_detached_alias():
         return out
 
     check(scenario)
+
+
+# Composites whose decomposition makes a tensor from host values (pdist's row pairs, quantile's positions): the
+# compiled program records what the decomposition does, so a later pass re-tracing the op alone finds no tensor it
+# cannot bind (these raised an AttributeError while the program was built).
+_HOST_CONSTANTS = {
+    "pdist": lambda lib, x: lib.nn.functional.pdist(x),
+    "quantile": lambda lib, x: lib.quantile(x, 0.3, dim=0),
+    "quantile_list": lambda lib, x: lib.quantile(x, lib.tensor([0.25, 0.5]), dim=1, keepdim=True),
+    "nanquantile": lambda lib, x: lib.nanquantile(x, 0.7),
+    "triu_gather": lambda lib, x: x[tuple(lib.triu_indices(5, 3, 1))],
+    "combinations": lambda lib, x: lib.combinations(x[0], 2),
+}
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+@pytest.mark.parametrize("name", sorted(_HOST_CONSTANTS))
+def test_composites_that_make_host_constants_compile(name, fullgraph):
+    import torch
+
+    fn = _HOST_CONSTANTS[name]
+    x = np.random.default_rng(3).standard_normal((5, 3)).astype(np.float32)
+    plain = tw.compile(lambda t: fn(tw, t), fullgraph=fullgraph)(tw.tensor(x))  # no gradient: the op kept whole
+    np.testing.assert_allclose(plain.numpy(), fn(torch, torch.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    ours = tw.tensor(x).requires_grad_()
+    theirs = torch.tensor(x).requires_grad_()
+    got = tw.compile(lambda t: fn(tw, t), fullgraph=fullgraph)(ours)
+    expected = fn(torch, theirs)
+    np.testing.assert_allclose(got.detach().numpy(), expected.detach().numpy(), rtol=1e-5, atol=1e-6)
+    got.sum().backward()
+    expected.sum().backward()
+    np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-5, atol=1e-6)

@@ -553,6 +553,7 @@ class Capture:
         srcs, frozen = self.operands(op, args)
         state = self._snapshot(args)
         position = self.rng_position()
+        entries = len(self.entries)
         body, defined, breaks = self.body, self.defined, self.breaks
         self.body, self.defined, self.breaks = [], set(defined), None  # no graph break inside a node's body
         needs_values = False
@@ -564,9 +565,11 @@ class Capture:
             needs_values = True
         finally:
             self.body, self.defined, self.breaks = body, defined, breaks
-        if needs_values or self._changed(state) or _aliases_an_input(out, args):
-            # the decomposition writes in place, reads values (a graph break), or returns an argument or a view of
-            # one (as eager does: the result shares its memory and strides): record what it does, not the op
+        if needs_values or self._changed(state) or _aliases_an_input(out, args) or len(self.entries) != entries:
+            # the decomposition writes in place, reads values (a graph break), returns an argument or a view of one
+            # (as eager does: the result shares its memory and strides), or makes a tensor from host values (pdist's
+            # row pairs, an input of this graph that a later re-trace of the op alone could not bind): record what
+            # it does, not the op
             self._restore(args, state)
             _default_generator().offset -= self.rng_position() - position
             return op.decomposition(*args)
