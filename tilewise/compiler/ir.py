@@ -114,9 +114,10 @@ class Node:
 
     A compile makes tens of thousands of nodes, over half of them again: every pass rebuilds the users of what it
     replaced (``replace``). A node keeps its arguments' part of the cache key (``_args_key``, which ``_freeze``
-    makes), so a rebuilt node does not make it again."""
+    makes), so a rebuilt node does not make it again. ``facts`` holds what a pass derived from the node alone
+    (``fusion_kind``): a node never changes, so neither does what follows from it."""
 
-    __slots__ = ("op", "srcs", "args", "type", "tag", "_args_key", "__weakref__")
+    __slots__ = ("op", "srcs", "args", "type", "tag", "_args_key", "facts", "__weakref__")
     _cache: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
 
     def __new__(cls, op: str, srcs: tuple = (), args: tuple = (), type=None, tag=None):
@@ -134,6 +135,7 @@ class Node:
             node = object.__new__(cls)
             node.op, node.srcs, node.args, node.type, node.tag = op, srcs, args, type, tag
             node._args_key = args_key if kept_key is None else kept_key
+            node.facts = {}
             cls._cache[key] = node
         return node
 

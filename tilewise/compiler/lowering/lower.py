@@ -89,7 +89,7 @@ class _NestBuilder:
 
     def operand(self, member: Node, src: Node) -> Expr:
         """The expression for ``src`` as ``member`` reads it: an in-group value, a constant or a load."""
-        base = view_chain(src)[0]
+        base = buffer_of(src)
         if base in self.values and self.group.edge_dims(src) is not None:
             return self.values[base]
         if fusion_kind(base) == "constant" and base.op == "full":
@@ -167,7 +167,7 @@ class _NestBuilder:
         for src in tensors:
             end = start + src.type.shape[dim]
             if end > start:
-                base = view_chain(src)[0]
+                base = buffer_of(src)
                 if fusion_kind(base) == "constant" and base.op == "full":
                     value = Expr("const", (), base.args[1])
                     value = cast(value, base.type.dtype)
