@@ -113,11 +113,11 @@ class Node:
     """One immutable, hash-consed SSA value (see [Note: graph IR]).
 
     A compile makes tens of thousands of nodes, over half of them again: every pass rebuilds the users of what it
-    replaced (``replace``). A node keeps its arguments' part of the cache key (``_args_key``, which ``_freeze``
+    replaced (``replace``). A node keeps its arguments' part of the cache key (``args_key``, which ``_freeze``
     makes), so a rebuilt node does not make it again. ``facts`` holds what a pass derived from the node alone
     (``fusion_kind``): a node never changes, so neither does what follows from it."""
 
-    __slots__ = ("op", "srcs", "args", "type", "tag", "_args_key", "facts", "__weakref__")
+    __slots__ = ("op", "srcs", "args", "type", "tag", "args_key", "facts", "__weakref__")
     _cache: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
 
     def __new__(cls, op: str, srcs: tuple = (), args: tuple = (), type=None, tag=None):
@@ -134,7 +134,7 @@ class Node:
         if node is None:
             node = object.__new__(cls)
             node.op, node.srcs, node.args, node.type, node.tag = op, srcs, args, type, tag
-            node._args_key = args_key if kept_key is None else kept_key
+            node.args_key = args_key if kept_key is None else kept_key
             node.facts = {}
             cls._cache[key] = node
         return node
@@ -163,7 +163,7 @@ class Node:
         if args is not None:
             return Node(self.op, self.srcs if srcs is None else srcs, args, self.type if type is None else type,
                         self.tag)
-        return Node._made(self.op, self.srcs if srcs is None else tuple(srcs), self.args, self._args_key,
+        return Node._made(self.op, self.srcs if srcs is None else tuple(srcs), self.args, self.args_key,
                           self.type if type is None else type, self.tag)
 
     def bound_args(self, values: list | tuple) -> tuple:
