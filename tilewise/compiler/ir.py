@@ -109,15 +109,29 @@ def _registry() -> dict:
     return _OPS[0]
 
 
+def _kind_of(op: str) -> str:
+    kind = _KINDS.get(op)
+    if kind is None:
+        if op in IR_OPS:
+            kind = op
+        else:
+            opdef = _registry().get(op)
+            kind = opdef.kind if opdef is not None else "unknown"
+        _KINDS[op] = kind
+    return kind
+
+
 class Node:
     """One immutable, hash-consed SSA value (see [Note: graph IR]).
 
     A compile makes tens of thousands of nodes, over half of them again: every pass rebuilds the users of what it
     replaced (``replace``). A node keeps its arguments' part of the cache key (``args_key``, which ``_freeze``
     makes), so a rebuilt node does not make it again. ``facts`` holds what a pass derived from the node alone
-    (``fusion_kind``): a node never changes, so neither does what follows from it."""
+    (``fusion_kind``): a node never changes, so neither does what follows from it. ``kind`` is its operator's
+    (pointwise, reduction, view, ...; the IR's own ops are their own kind), which passes ask for millions of
+    times a compile."""
 
-    __slots__ = ("op", "srcs", "args", "type", "tag", "args_key", "facts", "__weakref__")
+    __slots__ = ("op", "srcs", "args", "type", "tag", "args_key", "facts", "kind", "__weakref__")
     _cache: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
 
     def __new__(cls, op: str, srcs: tuple = (), args: tuple = (), type=None, tag=None):
@@ -136,24 +150,13 @@ class Node:
             node.op, node.srcs, node.args, node.type, node.tag = op, srcs, args, type, tag
             node.args_key = args_key if kept_key is None else kept_key
             node.facts = {}
+            node.kind = _KINDS.get(op) or _kind_of(op)
             cls._cache[key] = node
         return node
 
     @property
     def opdef(self):
         return _registry().get(self.op)
-
-    @property
-    def kind(self) -> str:
-        kind = _KINDS.get(self.op)
-        if kind is None:
-            if self.op in IR_OPS:
-                kind = self.op
-            else:
-                opdef = self.opdef
-                kind = opdef.kind if opdef is not None else "unknown"
-            _KINDS[self.op] = kind
-        return kind
 
     @property
     def is_tuple(self) -> bool:
