@@ -87,6 +87,23 @@ def test_kernels_of_equal_schedules_render_once_to_the_same_text(step_low):
     assert len(texts) < len(one_by_one), "the layers' kernels share texts"
 
 
+def test_alike_nests_of_a_kernel_share_one_rendering_of_their_body(step_low, monkeypatch):
+    """The optimizer kernel's nests of equal generic keys render their body once; each rendered on its own, every
+    kernel's text is the same."""
+    from tilewise.codegen.render import kernel_cuda
+
+    aliased = aliased_kernels(step_low.kernels, step_low.plan)
+    rendered = []
+    template = kernel_cuda._template
+    monkeypatch.setattr(kernel_cuda, "_template", lambda *args: rendered.append(args[2]) or template(*args))
+    shared, renders = render_program(step_low.schedules, aliased), len(rendered)
+    key = kernel_cuda._generic_key  # every nest a key of its own
+    monkeypatch.setattr(kernel_cuda, "_generic_key", lambda kernel, ns, shared: ((id(ns),), key(kernel, ns, shared)[1]))
+    rendered.clear()
+    assert render_program(step_low.schedules, aliased) == shared == step_low.sources
+    assert renders < len(rendered)
+
+
 def test_each_kernel_is_handed_to_its_compile_as_rendered_largest_first():
     class Started:
         def __init__(self):

@@ -222,3 +222,50 @@ def test_the_backward_recomputes_what_is_cheaper_than_saving_it():
     big = [t for t in saved if t.numel >= activation]
     assert not [t for t in big if t.dtype is tw.float32], f"a float32 activation is saved: {saved}"
     assert sum(t.nbytes for t in big) <= 4 * activation * 2, saved  # the padded input, the conv and GELU inputs
+
+
+def test_placement_and_live_set_helpers_agree_with_a_walk_over_every_block():
+    """The planner's first fit (``_Blocks``), its union of live spans (``_Coverage``) and the kernels' shared
+    parameters (``program._overlapping``) give what a plain walk over every block and span gives."""
+    import random
+
+    from tilewise.compiler.lowering.memory import _Blocks, _Coverage
+    from tilewise.compiler.program import _overlapping
+
+    def first_fit(placed, size, start, end):
+        offset = 0
+        for o, s, _, _ in sorted(p for p in placed if not (p[3] < start or end < p[2])):
+            if offset + size <= o:
+                break
+            offset = max(offset, o + s)
+        return offset
+
+    def union(spans):
+        covered, end = 0, 0
+        for lo, hi in sorted(spans):
+            covered, end = covered + max(0, hi - max(lo, end)), max(end, hi)
+        return covered
+
+    rng = random.Random(0)
+    for _ in range(100):
+        placed, blocks = [], _Blocks()
+        for _ in range(rng.randint(0, 100)):
+            size, start = rng.choice([0, 64, 128, 1024, rng.randint(0, 5000)]), rng.randint(-1, 40)
+            end = start + rng.randint(0, 20)
+            offset = blocks.first_fit(size, start, end)
+            assert offset == first_fit(placed, size, start, end)
+            placed.append((offset, size, start, end))
+            blocks.place(offset, size, start, end)
+        points = sorted({rng.randint(0, 100) for _ in range(rng.randint(1, 30))})
+        coverage, live = _Coverage(points), []
+        for _ in range(100):
+            if live and rng.random() < 0.4:
+                coverage.add(*live.pop(rng.randrange(len(live))), -1)
+            else:
+                lo = rng.choice(points)
+                live.append((lo, rng.choice([p for p in points if p >= lo])))
+                coverage.add(*live[-1], 1)
+            assert coverage.covered[1] == union(live)
+        spans = [(rng.choice("ab"), lo, lo + rng.randint(0, 6)) for lo in (rng.randint(0, 40) for _ in range(30))]
+        assert _overlapping(spans) == {k for k, (kind, lo, hi) in enumerate(spans) if any(
+            j != k and kind == other and lo < end and first < hi for j, (other, first, end) in enumerate(spans))}

@@ -76,8 +76,8 @@ class Device:
             other = Device(other)
         return self is other
 
-    def __hash__(self) -> int:
-        return hash((self.type, self.index))
+    # interned (one object per device), so hashed by identity: in C, for the compiler's hash-consed nodes' types
+    __hash__ = object.__hash__
 
     def __reduce__(self):
         return (Device, (str(self),))

@@ -98,6 +98,7 @@ class StorageEntry:
     input: Node
     current: Node
     version: int = 0  # the storage's version counter before the trace (in-place writes bump it as eager does)
+    position: int = 0  # its place among the capture's entries
 
     @property
     def root_shape(self) -> tuple[int, ...]:
@@ -285,9 +286,11 @@ class Capture:
         self.body: list[Node] = []
         self.defined: set[Node] = set()
         self.entries: dict[int, StorageEntry] = {}
+        self.labels: set[str] = set()  # the entries' input tags (a training step has hundreds of entries)
         self.tensor_sources: list[TensorSource] = []
         self.sourced: set[int] = set()  # ids of the real tensors already in tensor_sources
         self.owners: list[tuple[Tensor, Source]] = []  # real tensors whose .grad may be read or set
+        self.owner_sources: dict[int, Source] = {}  # id of an owner -> its source (the owners' first)
         self.saved_grads: dict[int, tuple[Tensor, object]] = {}
         self.histories: list[Tensor] = []  # real tensors read with autograd history made before the call
         # ids of the autograd nodes backward passes in the trace reached (a history's node lives as long as its
@@ -373,12 +376,13 @@ class Capture:
             dense = t._offset == 0 and t.numel() == st.size and S.is_contiguous(t._shape, t._strides)
             root = TensorType(t._shape if dense else (st.size,), t._dtype, t._device)
             node = Node("input", (), (), root, tag=self._unique_label(source.label))
-            entry = StorageEntry(st, source, node, node, st.version)
+            entry = StorageEntry(st, source, node, node, st.version, len(self.entries))
             self.entries[key] = entry
+            self.labels.add(node.tag)
         self.sourced.add(id(t))
         if t.grad_fn is not None and not any(h is t for h in self.histories):
             self.histories.append(t)
-        self.tensor_sources.append(TensorSource(source, signature(described), list(self.entries).index(key)))
+        self.tensor_sources.append(TensorSource(source, signature(described), entry.position))
         self.add_owner(t, source)
         return entry
 
@@ -388,12 +392,13 @@ class Capture:
         return self.backward_from_history or any(id(t.grad_fn) in self.backward_nodes for t in self.histories)
 
     def add_owner(self, t: Tensor, source: Source) -> None:
-        if t._requires_grad and not any(o is t for o, _ in self.owners):
+        if t._requires_grad and id(t) not in self.owner_sources:  # (``owners`` keeps ``t``, and so its id)
             self.owners.append((t, source))
+            self.owner_sources[id(t)] = source
             self.saved_grads.setdefault(id(t), (t, t._grad))
 
     def _unique_label(self, label: str) -> str:
-        taken = {e.input.tag for e in self.entries.values()}
+        taken = self.labels
         if label not in taken:
             return label
         k = 1
@@ -411,7 +416,7 @@ class Capture:
         return t
 
     def _owner_source(self, t: Tensor) -> Source | None:
-        return next((source for owner, source in self.owners if owner is t), None)
+        return self.owner_sources.get(id(t))
 
     def _source_for(self, t: Tensor) -> Source:
         for owner, owner_source in self.owners:

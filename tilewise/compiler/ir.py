@@ -75,7 +75,7 @@ class Ref:
         return f"Ref({self.i})"
 
 
-_ATOMS = {int: "int", bool: "bool", str: "str", type(None): "NoneType", Ref: "Ref"}
+_ATOMS = {int: "int", bool: "bool", str: "str", type(None): "NoneType"}
 
 
 def _freeze(value):
@@ -83,8 +83,10 @@ def _freeze(value):
     kind = _ATOMS.get(type(value))  # the common arguments first, by exact type (a node is made for every op)
     if kind is not None:
         return (kind, value)
+    if type(value) is Ref:
+        return ("Ref", value.i)  # hashed in C, not by Ref.__hash__
     if isinstance(value, (tuple, list)):
-        return (type(value).__name__, tuple(_freeze(v) for v in value))
+        return (type(value).__name__, tuple([_freeze(v) for v in value]))
     if isinstance(value, float):
         return ("float", repr(value))
     if isinstance(value, (bool, int, str, type(None), Ref, Number)):
@@ -107,18 +109,48 @@ def _registry() -> dict:
     return _OPS[0]
 
 
-class Node:
-    """One immutable, hash-consed SSA value (see [Note: graph IR])."""
+def _kind_of(op: str) -> str:
+    kind = _KINDS.get(op)
+    if kind is None:
+        if op in IR_OPS:
+            kind = op
+        else:
+            opdef = _registry().get(op)
+            kind = opdef.kind if opdef is not None else "unknown"
+        _KINDS[op] = kind
+    return kind
 
-    __slots__ = ("op", "srcs", "args", "type", "tag", "__weakref__")
+
+class Node:
+    """One immutable, hash-consed SSA value (see [Note: graph IR]).
+
+    A compile makes tens of thousands of nodes, over half of them again: every pass rebuilds the users of what it
+    replaced (``replace``). A node keeps its arguments' part of the cache key (``args_key``, which ``_freeze``
+    makes), so a rebuilt node does not make it again. ``facts`` holds what a pass derived from the node alone
+    (``fusion_kind``): a node never changes, so neither does what follows from it. ``kind`` is its operator's
+    (pointwise, reduction, view, ...; the IR's own ops are their own kind), which passes ask for millions of
+    times a compile."""
+
+    __slots__ = ("op", "srcs", "args", "type", "tag", "args_key", "facts", "kind", "__weakref__")
     _cache: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
 
     def __new__(cls, op: str, srcs: tuple = (), args: tuple = (), type=None, tag=None):
-        key = (op, tuple(id(s) for s in srcs), _freeze(args), type, _freeze(tag))
+        if args.__class__ is tuple:
+            return cls._made(op, tuple(srcs), args, _freeze(args), type, tag)
+        return cls._made(op, tuple(srcs), tuple(args), _freeze(args), type, tag, _freeze(tuple(args)))
+
+    @classmethod
+    def _made(cls, op: str, srcs: tuple, args: tuple, args_key: tuple, type, tag, kept_key=None) -> Node:
+        """The node of these parts, ``args_key`` being ``_freeze``'s key of the arguments as given (a list of them
+        keys apart from the same tuple, as it always has); ``kept_key``, that of ``args`` as the node keeps them."""
+        key = (op, tuple(map(id, srcs)), args_key, type, _freeze(tag))
         node = cls._cache.get(key)
         if node is None:
             node = object.__new__(cls)
-            node.op, node.srcs, node.args, node.type, node.tag = op, tuple(srcs), tuple(args), type, tag
+            node.op, node.srcs, node.args, node.type, node.tag = op, srcs, args, type, tag
+            node.args_key = args_key if kept_key is None else kept_key
+            node.facts = {}
+            node.kind = _KINDS.get(op) or _kind_of(op)
             cls._cache[key] = node
         return node
 
@@ -127,24 +159,15 @@ class Node:
         return _registry().get(self.op)
 
     @property
-    def kind(self) -> str:
-        kind = _KINDS.get(self.op)
-        if kind is None:
-            if self.op in IR_OPS:
-                kind = self.op
-            else:
-                opdef = self.opdef
-                kind = opdef.kind if opdef is not None else "unknown"
-            _KINDS[self.op] = kind
-        return kind
-
-    @property
     def is_tuple(self) -> bool:
         return isinstance(self.type, tuple)
 
     def replace(self, srcs: tuple | None = None, args: tuple | None = None, type=None) -> Node:
-        return Node(self.op, self.srcs if srcs is None else srcs, self.args if args is None else args,
-                    self.type if type is None else type, self.tag)
+        if args is not None:
+            return Node(self.op, self.srcs if srcs is None else srcs, args, self.type if type is None else type,
+                        self.tag)
+        return Node._made(self.op, self.srcs if srcs is None else tuple(srcs), self.args, self.args_key,
+                          self.type if type is None else type, self.tag)
 
     def bound_args(self, values: list | tuple) -> tuple:
         """``args`` with every ``Ref`` replaced by the corresponding entry of ``values``."""
@@ -193,23 +216,24 @@ class Graph:
 
 def toposort(roots: list[Node], stop: frozenset | set = frozenset(), sources=None) -> list[Node]:
     """Nodes reachable from ``roots`` (excluding ``stop``), each after its sources; roots keep their order.
-    ``sources(node)``, if given, says what a node depends on instead of its ``srcs``."""
+    ``sources(node)``, if given, says what a node depends on instead of its ``srcs``. A depth-first walk that keeps,
+    for each node on its path, where it is in the node's sources: every pass ends with one over the whole graph."""
     order, seen = [], set(stop)
     for root in roots:
         if root in seen:
             continue
-        stack = [(root, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if expanded:
+        seen.add(root)
+        path = [(root, iter(root.srcs if sources is None else sources(root)))]
+        while path:
+            node, deps = path[-1]
+            for dep in deps:
+                if dep not in seen:
+                    seen.add(dep)
+                    path.append((dep, iter(dep.srcs if sources is None else sources(dep))))
+                    break
+            else:
+                path.pop()
                 order.append(node)
-                continue
-            if node in seen:
-                continue
-            seen.add(node)
-            stack.append((node, True))
-            deps = node.srcs if sources is None else sources(node)
-            stack.extend((s, False) for s in reversed(deps) if s not in seen)
     return order
 
 
@@ -229,7 +253,7 @@ def rewrite(graph: Graph, fn, rebuilt=None) -> Graph:
     it may then know of ``new``)."""
     mapping: dict[Node, Node] = {n: n for n in graph.inputs}
     for node in graph.body:
-        srcs = tuple(mapping[s] for s in node.srcs)
+        srcs = tuple([mapping[s] for s in node.srcs])
         new = node.replace(srcs=srcs) if srcs != node.srcs else node
         if rebuilt is not None and new is not node:
             rebuilt(node, new)

@@ -185,7 +185,7 @@ def _reset(cap: Capture) -> None:
     """Start the next segment: what was recorded has run, and the real tensors hold its results."""
     cap.body = []
     cap.defined = set()
-    cap.entries = {}
+    cap.entries, cap.labels = {}, set()
     cap.tensor_sources = []
     cap.sourced = set()
     cap.live = []

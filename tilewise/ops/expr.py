@@ -16,6 +16,8 @@ from numbers import Number
 
 import numpy as np
 
+from tilewise.dtypes import DType
+
 # name -> arity; the primitive scalar vocabulary every renderer must cover
 UNARY = (
     "neg", "abs", "sign", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
@@ -48,7 +50,8 @@ class Expr:
 
     def __new__(cls, op: str, srcs: tuple[Expr, ...] = (), arg=None):
         # a zero constant is keyed by its sign too, or clamp(x, -0.0, 0.0) would read one bound twice
-        key = (op, tuple(id(s) for s in srcs), type(arg), value_key(arg))
+        kind = type(arg)
+        key = (op, tuple(map(id, srcs)), kind, arg if kind in _OWN_KEYS else value_key(arg))
         node = cls._cache.get(key)
         if node is None:
             node = object.__new__(cls)
@@ -90,6 +93,9 @@ class Expr:
 
     def __repr__(self) -> str:
         return render_text(self)
+
+
+_OWN_KEYS = frozenset({type(None), int, bool, str, DType})  # arguments that are their own cache key
 
 
 def value_key(value):
@@ -134,20 +140,23 @@ def inputs_of(expr: Expr) -> list[Expr]:
 
 def toposort(root: Expr, stop=()) -> list[Expr]:
     """Every node of ``root``, operands before their users; the operands of nodes whose id is in ``stop`` are
-    not visited. Iterative: a fused chain of pointwise operators nests thousands of nodes deep."""
+    not visited. Iterative (a fused chain of pointwise operators nests thousands of nodes deep): the path from
+    the root keeps, for each node, where it is in its operands."""
     order, seen = [], {id(root)}
-    stack: list[tuple[Expr, int]] = [(root, 0)]
-    while stack:
-        node, k = stack[-1]
-        if k < len(node.srcs) and id(node) not in stop:
-            stack[-1] = (node, k + 1)
-            src = node.srcs[k]
+    path = [(root, iter(() if id(root) in stop else root.srcs))]
+    while path:
+        node, srcs = path[-1]
+        for src in srcs:
             if id(src) not in seen:
                 seen.add(id(src))
-                stack.append((src, 0))
-            continue
-        stack.pop()
-        order.append(node)
+                if not src.srcs or id(src) in stop:  # a leaf, or a node not to enter: done as soon as reached
+                    order.append(src)
+                    continue
+                path.append((src, iter(src.srcs)))
+                break
+        else:
+            path.pop()
+            order.append(node)
     return order
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from tilewise import _philox
@@ -38,9 +40,19 @@ def _check_cpu(device, op: str) -> None:
 
 @kernel("full")
 def full(size, fill_value, dtype=None, device=None):
+    if _all_zero_bits(fill_value):
+        # calloc'd pages: no write until first touched (an optimizer's state, zeros a compile only traces through)
+        return _out(np.zeros(size, dtype=dtype.np), dtype)
     if dtype.is_float8:
         fill_value = cast_array(np.asarray(fill_value), dtype.np)
     return _out(np.full(size, fill_value, dtype=dtype.np), dtype)
+
+
+def _all_zero_bits(value) -> bool:
+    """Whether ``value`` is a zero whose bytes are all zero in every dtype (not -0.0, whose sign bit is set)."""
+    if type(value) is complex:
+        return _all_zero_bits(value.real) and _all_zero_bits(value.imag)
+    return type(value) in (int, float, bool) and value == 0 and math.copysign(1.0, value) > 0
 
 
 @kernel("empty")

@@ -314,6 +314,19 @@ def store_code(lang: Language, storage: DType, value: str, value_type: DType, sa
     return f"({lang.ctype(storage)})({value})"
 
 
+def new_nodes(exprs: list[Expr]) -> list[list[Expr]]:
+    """For each of ``exprs`` in turn, the nodes a fresh ``ExprRenderer`` rendering them in this order makes for it
+    (those no earlier expression made), operands first: the same for every vector lane of a nest, so the
+    expressions are walked once for all of them rather than once a lane."""
+    done: set[int] = set()
+    out = []
+    for expr in exprs:
+        new = [node for node in toposort(expr, stop=done) if id(node) not in done]
+        done.update(map(id, new))
+        out.append(new)
+    return out
+
+
 class ExprRenderer:
     """Renders ``Expr`` nodes into ``const T tK = ...;`` statements, sharing nodes across calls."""
 
@@ -325,9 +338,10 @@ class ExprRenderer:
         self.lines: list[str] = []
         self.done: dict[int, tuple[str, object]] = {}
 
-    def render(self, expr: Expr) -> tuple[str, DType]:
-        """The C name (or literal) of ``expr``'s value and its concrete dtype."""
-        for node in toposort(expr, stop=self.done):  # what is done was made with its operands
+    def render(self, expr: Expr, new: list[Expr] | None = None) -> tuple[str, DType]:
+        """The C name (or literal) of ``expr``'s value and its concrete dtype. ``new``: the nodes it adds, from
+        ``new_nodes`` (what a renderer that has rendered the same expressions before this one adds)."""
+        for node in toposort(expr, stop=self.done) if new is None else new:  # what is done was made with its operands
             if id(node) not in self.done:
                 self.done[id(node)] = self._node(node, len(self.done))
         code, t = self.done[id(expr)]

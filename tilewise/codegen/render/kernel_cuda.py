@@ -24,11 +24,19 @@ arg-reductions (``argmax``/``argmin``: a position ``pos<j>`` next to each accumu
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tilewise import strides as S
-from tilewise.codegen.kernel_ir import ARG_COMBINERS, Index, Kernel, Load, extent, known
-from tilewise.codegen.render.cstyle import ExprRenderer, Source, compute_of, literal, load_code, store_code
+from tilewise.codegen.kernel_ir import ARG_COMBINERS, Index, Kernel, Load, extent, known, structure
+from tilewise.codegen.render.cstyle import (
+    ExprRenderer,
+    Source,
+    compute_of,
+    literal,
+    load_code,
+    new_nodes,
+    store_code,
+)
 from tilewise.codegen.render.cuda import CUDA, identity
 from tilewise.codegen.render.kernel_c import LoopStyle, fold_helper, scalar_function, take_helper
 from tilewise.codegen.render.tiles_cuda import render_tiles
@@ -216,7 +224,8 @@ class _Nest:
         """Render ``exprs`` for every lane (loads first); per lane, the (code, type) of each expression.
         ``cached``: lane names of loads already made; ``loaded`` receives the lane names of each load."""
         lanes = self.vector
-        used = sorted({n.arg for e in exprs for n in toposort(e) if n.op == "input"})
+        new = new_nodes(exprs)
+        used = sorted({n.arg for nodes in new for n in nodes if n.op == "input"})
         per_lane = [{**self.arguments, **leaves} for _ in range(lanes)]
         for j in used:
             load = self.nest.loads[j]
@@ -231,7 +240,7 @@ class _Nest:
         results = []
         for v in range(lanes):
             renderer = ExprRenderer(self.source, per_lane[v], f"{suffix}_{v}")
-            results.append([renderer.render(e) for e in exprs])
+            results.append([renderer.render(e, nodes) for e, nodes in zip(exprs, new)])
             for line in renderer.lines:
                 self.w.line(line)
         return results
@@ -891,6 +900,19 @@ def _template(kernel: Kernel, ns: NestSchedule, k: int, source: Source, block: i
     return _Template(w.lines, nest.used, declarations, nest.idx)
 
 
+def _generic_key(kernel: Kernel, ns: NestSchedule, aliased: frozenset[int]) -> tuple[tuple, list[int]]:
+    """Everything a nest's generic body (``_template``) is made from in its kernel, its parameters numbered in the
+    order its loads and stores first name them, and those parameters in that order: two nests of one kernel with
+    equal keys have the same body, over their own parameters (``tw_q<j>`` is the same position in both lists)."""
+    number: dict[int, int] = {}
+    nest = ns.nest
+    loads = [replace(ld, param=number.setdefault(ld.param, len(number))) if ld.param >= 0 else ld for ld in nest.loads]
+    stores = [replace(st, param=number.setdefault(st.param, len(number))) for st in nest.stores]
+    params = tuple((kernel.params[q].dtype, kernel.params[q].read, kernel.params[q].written, q in aliased)
+                   for q in number)
+    return (structure(replace(ns, nest=replace(nest, loads=loads, stores=stores))), params), list(number)
+
+
 def _groups(sched: KernelSchedule, source: Source, aliased: frozenset[int]) -> list[list[tuple]]:
     """The kernel's nests in groups of (index, schedule, template): the elementwise nests whose generic bodies
     are the same text over the same buffer types form one group wherever they sit in the kernel, rendered
@@ -908,8 +930,9 @@ def _groups(sched: KernelSchedule, source: Source, aliased: frozenset[int]) -> l
     parameters alternate between a few shapes and dtypes, and each kind is one body, not one per run."""
     groups: list[list[tuple]] = []
     by_key: dict[tuple, list[tuple]] = {}
+    made: dict[tuple, tuple[_Template | None, list[int]]] = {}  # generic key -> a template, its nest's parameters
     for k, ns in enumerate(sched.nests):
-        template = _template(sched.kernel, ns, k, source, sched.block, aliased)
+        template = _known_template(sched.kernel, ns, k, source, sched.block, aliased, made)
         if template is None:
             groups.append([(k, ns, None)])
             continue
@@ -920,6 +943,28 @@ def _groups(sched: KernelSchedule, source: Source, aliased: frozenset[int]) -> l
             groups.append(group)
         group.append((k, ns, template))
     return [group if len(group) > 1 else [(group[0][0], group[0][1], None)] for group in groups]
+
+
+def _known_template(kernel: Kernel, ns: NestSchedule, k: int, source: Source, block: int, aliased: frozenset[int],
+                    made: dict[tuple, tuple[_Template | None, list[int]]]) -> _Template | None:
+    """``_template`` of the nest, or that of an earlier nest of the kernel with the same ``_generic_key`` over this
+    nest's parameters: an optimizer's kernel has a nest per parameter tensor, most of them alike, and rendering each
+    only to find the same text was most of rendering a GPT-2 step. (The earlier nest asked ``source`` for the
+    same helpers.)"""
+    if ns.cuda.strategy != "elements" or not known(*ns.nest.shape):
+        return None
+    key, params = _generic_key(kernel, ns, aliased)
+    found = made.get(key)
+    if found is None:
+        template = _template(kernel, ns, k, source, block, aliased)
+        made[key] = (template, params)
+        return template
+    template, theirs = found
+    if template is None:
+        return None
+    position = {q: j for j, q in enumerate(theirs)}
+    return _Template(template.body, [params[position[q]] for q in template.used], template.declarations,
+                     template.count_type)
 
 
 def _render_group(kernel: Kernel, members: list[tuple], w: _Writer) -> None:

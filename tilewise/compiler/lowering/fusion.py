@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from tilewise import strides as S
 from tilewise.compiler.ir import Graph, Node, in_program_order, toposort
 from tilewise.compiler.lowering.orders import order_of
-from tilewise.compiler.lowering.views import geometry, view_chain
+from tilewise.compiler.lowering.views import buffer_of, geometry, view_chain
 from tilewise.config import log
 
 MAX_NESTS_PER_KERNEL = 32
@@ -78,7 +78,15 @@ PERMUTES = ("permute", "transpose", "t")
 def fusion_kind(node: Node) -> str:
     """"elementwise", "reduction", "cat" (a concatenation read in place by its readers' kernels, see [Note:
     concatenations in kernels]), "view", "constant" (a ``full`` or an integer ``arange``: a literal or the
-    position itself where read, see ``kernel_ir``) or "extern"."""
+    position itself where read, see ``kernel_ir``) or "extern". Found once per node (fusion asks tens of thousands
+    of times, and a reduction's answer works out its reduced dims)."""
+    kind = node.facts.get("fusion_kind")
+    if kind is None:
+        kind = node.facts["fusion_kind"] = _fusion_kind(node)
+    return kind
+
+
+def _fusion_kind(node: Node) -> str:
     kind = node.kind
     if node.op == "cat":
         return "cat" if fusable_cat(node) else "extern"
@@ -137,7 +145,7 @@ def _reduces_something(node: Node) -> bool:
 
 def is_inlined_constant(src: Node, group: Group) -> bool:
     """A ``full`` read by a group is a literal in its kernel, an ``arange`` the position: neither is a buffer."""
-    base = view_chain(src)[0]
+    base = buffer_of(src)
     return fusion_kind(base) == "constant" and base not in group.dims
 
 
@@ -193,7 +201,7 @@ class Group:
         return dims
 
     def owns_base(self, src: Node) -> bool:
-        return view_chain(src)[0] in self.dims
+        return buffer_of(src) in self.dims
 
 
 @dataclass(eq=False)
@@ -296,7 +304,7 @@ def _reads_agree(group: Group, made: list[Node]) -> bool:
     ``(i, j)`` must find ``z[j, i]`` there, which a ``z`` placed by position does not give it."""
     inside = set(made)
     for member in group.members:
-        if member in inside or not any(view_chain(s)[0] in inside for s in member.srcs):
+        if member in inside or not any(buffer_of(s) in inside for s in member.srcs):
             continue
         if fusion_kind(member) == "reduction":
             found = reduction_dims_in(member, group)
@@ -378,7 +386,7 @@ def _starves_phases(group: Group) -> bool:
     late: set[Node] = set()
     for member in group.members:
         for src in member.srcs:
-            base = view_chain(src)[0]
+            base = buffer_of(src)
             if base in group.dims and base is not member and (fusion_kind(base) == "reduction" or base in late):
                 late.add(member)
                 break
@@ -397,7 +405,7 @@ def _memory_order(group: Group) -> list[int] | None:
         if dims is None or fusion_kind(member) == "reduction":
             continue
         for src in member.srcs:
-            if view_chain(src)[0] in group.dims or src.type.shape != member.type.shape or src.type.numel <= best:
+            if buffer_of(src) in group.dims or src.type.shape != member.type.shape or src.type.numel <= best:
                 continue
             try:
                 src_shape, strides, _ = geometry(src)
@@ -542,7 +550,7 @@ class _Partition:
     def _candidates(self, node: Node) -> list[int]:
         out = []
         for src in node.srcs:
-            base = view_chain(src)[0]
+            base = buffer_of(src)
             if base in self.group_of:
                 gid = self.find(self.group_of[base])
                 if gid not in out:
@@ -588,7 +596,7 @@ class _Partition:
         if fusion_kind(node) == "cat":
             return  # a cat loads its inputs; made again in its nest they would be read at other positions
         for src in node.srcs:
-            base = view_chain(src)[0]
+            base = buffer_of(src)
             owner = self.group_of.get(base)
             if owner is None or self.find(owner) == gid or group.edge_dims(src) is not None:
                 continue
@@ -609,7 +617,7 @@ class _Partition:
             self.groups[gid] = group = trial
             for m in chain:
                 for operand in m.srcs:
-                    if view_chain(operand)[0] not in chain:
+                    if buffer_of(operand) not in chain:
                         self.add_deps(gid, self.frontier(operand) - {gid})
 
     def _worth_remaking(self, reader: Node, base: Node, width: int, loads: set[Node]) -> bool:
@@ -652,7 +660,7 @@ class _Partition:
         width = 0
         loads: set[Node] = set()
         for src in node.srcs:
-            base = view_chain(src)[0]
+            base = buffer_of(src)
             if base in self.group_of and fusion_kind(base) != "constant":
                 if base in self.groups[gid].dims:  # the group makes it already (owns or recomputes it)
                     continue
@@ -682,7 +690,7 @@ class _Partition:
     def _recomputable_cat(self, node: Node, gid: int) -> tuple[list[Node], int, set[Node]] | None:
         """A cat is made again by loading each element from its input (an element of one input per element: its
         width is theirs), never from values the group makes."""
-        bases = {view_chain(s)[0] for s in node.srcs}
+        bases = {buffer_of(s) for s in node.srcs}
         if bases & set(self.groups[gid].dims):
             return None
         loads = {b for b in bases if fusion_kind(b) != "constant"}
@@ -733,11 +741,11 @@ class _Partition:
             if node.kind == "view" or node in grouped:
                 continue
             for src in node.srcs:
-                base = view_chain(src)[0]
+                base = buffer_of(src)
                 if fusion_kind(base) == "constant" and base not in self.group_of:
                     self._own_group(base)
         for root in graph.roots():
-            base = view_chain(root)[0]
+            base = buffer_of(root)
             if fusion_kind(base) == "constant" and base not in self.group_of:
                 self._own_group(base)
 
@@ -755,14 +763,14 @@ def partition(graph: Graph) -> list[Group]:
     for k, node in enumerate(graph.body):
         if node.kind != "view":
             for src in node.srcs:
-                base = view_chain(src)[0]
+                base = buffer_of(src)
                 readers[base] = readers.get(base, 0) + 1
                 last_read[base] = k
     for root in graph.roots():
-        base = view_chain(root)[0]
+        base = buffer_of(root)
         readers[base] = readers.get(base, 0) + 1
         last_read[base] = len(graph.body)
-    roots = frozenset(view_chain(root)[0] for root in graph.roots())
+    roots = frozenset(buffer_of(root) for root in graph.roots())
     part = _Partition({n: k for k, n in enumerate(graph.body)}, readers, roots, last_read)
     calls = 0
     for node in graph.body:
@@ -786,13 +794,13 @@ def _mark_outputs(graph: Graph, groups: list[Group]) -> None:
     for g in groups:
         for m in g.members:
             makers.setdefault(m, []).append(g)
-    needed = {view_chain(r)[0] for r in graph.roots()}
+    needed = {buffer_of(r) for r in graph.roots()}
     for node in graph.body:
         if node.kind == "view":
             continue
         readers = makers[node] if node in owner else [None]
         for src in node.srcs:
-            base = view_chain(src)[0]
+            base = buffer_of(src)
             if base in owner and any(g is None or g.edge_dims(src) is None for g in readers):
                 needed.add(base)
     for g in groups:
@@ -846,7 +854,7 @@ def _levels(graph: Graph, groups: list[Group]) -> list[tuple[int, bool]]:
 
 
 def _external_bases(group: Group) -> set[Node]:
-    return {view_chain(s)[0] for m in group.members for s in m.srcs if group.edge_dims(s) is None}
+    return {buffer_of(s) for m in group.members for s in m.srcs if group.edge_dims(s) is None}
 
 
 def _worth_sharing(group: Group) -> set[Node]:

@@ -16,7 +16,7 @@ from tilewise.compiler.ir import Node, Ref, format_type
 from tilewise.compiler.lowering.fusion import FusedKernel, Group, cat_operands, fusion_kind
 from tilewise.compiler.lowering.views import buffer_of, geometry, view_chain  # noqa: F401 (re-exported)
 from tilewise.compiler.meta import Stand
-from tilewise.dtypes import bool_, float32, int32, int64
+from tilewise.dtypes import DType, bool_, float32, int32, int64
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, rebuild, toposort, unit_product_dropped, with_srcs
 
@@ -89,7 +89,7 @@ class _NestBuilder:
 
     def operand(self, member: Node, src: Node) -> Expr:
         """The expression for ``src`` as ``member`` reads it: an in-group value, a constant or a load."""
-        base = view_chain(src)[0]
+        base = buffer_of(src)
         if base in self.values and self.group.edge_dims(src) is not None:
             return self.values[base]
         if fusion_kind(base) == "constant" and base.op == "full":
@@ -120,39 +120,16 @@ class _NestBuilder:
             self.values[member] = self._pointwise(member)
 
     def _pointwise(self, member: Node) -> Expr:
-        op = member.opdef
-        stands = [Stand(s.type) for s in member.srcs]
-        args = member.bound_args(stands)
-        _, compute = op.dtype_rule(op, args)
-        builder = op.attrs.get("expr_builder")
-        template = builder(args, compute) if builder is not None else op.expr_on(member.type.device.type)
-        mapping: dict[int, Expr] = {}
-        tensor_params = [k for k, p in enumerate(op.schema.params) if p.type == "Tensor"]
-        common = R.common_half(op, args, tensor_params) if compute is float32 else None
-        # the parameters whose numbers torch rounds to the half on this device: see [Note: half operands]
-        rounded = R.half_rounded(op, member.type.device.type) if common is not None else frozenset()
-        params = op.schema.params
-        for position, k in enumerate(tensor_params):
-            a = member.args[k]
-            if a is None:
-                continue
-            leaf = Expr("input", (), position)
-            if type(a) is Ref:
-                src = member.srcs[a.i]
-                value = self.operand(member, src)
-                if params[k].name in rounded and src.type.dtype is not common:  # a 0-dim tensor of another dtype
-                    value = cast(cast(value, src.type.dtype), common)
-            elif params[k].name in rounded and type(a) in (int, float):  # 70000 becomes inf, as in torch
-                value = Expr("const", (), R.round_to_half(a, common))
-            else:
-                value = Expr("const", (), a)
+        compute, template, leaves, scalars = _pointwise_plan(member)
+        mapping = dict(scalars)
+        for leaf, src, common, constant in leaves:
+            if src is None:
+                value = constant
+            else:  # a 0-dim tensor of another dtype rounded to the half: see [Note: half operands]
+                value = self.operand(member, member.srcs[src])
+                if common is not None:
+                    value = cast(cast(value, member.srcs[src].type.dtype), common)
             mapping[id(leaf)] = cast(value, compute)
-        for k, p in enumerate(params):
-            if p.type != "Tensor":
-                value = member.args[k]
-                if p.name in rounded:
-                    value = R.rounded_scalar(op, value, common)
-                mapping[id(Expr("scalar", (), p.name))] = Expr("const", (), value)
         return cast(spliced(template, mapping), member.type.dtype)
 
     def _cat(self, member: Node) -> Expr:
@@ -167,7 +144,7 @@ class _NestBuilder:
         for src in tensors:
             end = start + src.type.shape[dim]
             if end > start:
-                base = view_chain(src)[0]
+                base = buffer_of(src)
                 if fusion_kind(base) == "constant" and base.op == "full":
                     value = Expr("const", (), base.args[1])
                     value = cast(value, base.type.dtype)
@@ -224,6 +201,59 @@ class _NestBuilder:
         full = self.varies_along_reduce(value) or bool(index.dims() & set(self.nest.reduce))
         phase = self._phase_of(value) if full else None
         self.nest.stores.append(Store(param, index, value, member.type.dtype, phase))
+
+
+_PLANS: dict[tuple, tuple] = {}  # see _pointwise_plan
+_MAX_PLANS = 4096
+
+
+def _pointwise_plan(member: Node) -> tuple[DType, Expr, list[tuple], dict[int, Expr]]:
+    """What a pointwise member's expression is made of, but for its operands' values: the compute dtype, the
+    operator's expression, for each of its tensor parameters (its leaf, the position of the operand it reads or
+    None, the half dtype a 0-dim operand is rounded to first or None, the constant it is otherwise) and the
+    constants of its scalar parameters. Worked out once per operator, arguments and operand types (a transformer's
+    layers repeat the same members: a third of lowering their nests)."""
+    key = (member.op, member.args_key, tuple(s.type for s in member.srcs), member.type)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan[:4]
+    op = member.opdef
+    args = member.bound_args([Stand(s.type) for s in member.srcs])
+    _, compute = op.dtype_rule(op, args)
+    builder = op.attrs.get("expr_builder")
+    template = builder(args, compute) if builder is not None else op.expr_on(member.type.device.type)
+    tensor_params = [k for k, p in enumerate(op.schema.params) if p.type == "Tensor"]
+    common = R.common_half(op, args, tensor_params) if compute is float32 else None
+    # the parameters whose numbers torch rounds to the half on this device: see [Note: half operands]
+    rounded = R.half_rounded(op, member.type.device.type) if common is not None else frozenset()
+    params = op.schema.params
+    leaves = []
+    for position, k in enumerate(tensor_params):
+        a = member.args[k]
+        if a is None:
+            continue
+        leaf = Expr("input", (), position)
+        if type(a) is Ref:
+            src = member.srcs[a.i]
+            leaves.append((leaf, a.i, common if params[k].name in rounded and src.type.dtype is not common else None,
+                           None))
+        elif params[k].name in rounded and type(a) in (int, float):  # 70000 becomes inf, as in torch
+            leaves.append((leaf, None, None, Expr("const", (), R.round_to_half(a, common))))
+        else:
+            leaves.append((leaf, None, None, Expr("const", (), a)))
+    scalars: dict[int, Expr] = {}
+    named = []  # the scalar leaves, kept alive while their ids key ``scalars``
+    for k, p in enumerate(params):
+        if p.type != "Tensor":
+            value = member.args[k]
+            if p.name in rounded:
+                value = R.rounded_scalar(op, value, common)
+            named.append(Expr("scalar", (), p.name))
+            scalars[id(named[-1])] = Expr("const", (), value)
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    plan = _PLANS[key] = (compute, template, leaves, scalars, named)
+    return plan[:4]
 
 
 class _KernelBuilder:

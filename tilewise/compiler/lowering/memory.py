@@ -51,7 +51,10 @@ back into, or returns, is never donated (its last use is the end of the call).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from tilewise import strides as S
 from tilewise.codegen.kernel_ir import Kernel
@@ -125,6 +128,7 @@ def plan_memory(graph: Graph, kernels: dict[Node, Kernel], donated: frozenset[in
     """``donated``: the positions of inputs whose memory the call may overwrite once it has read them for the last
     time (see [Note: donated inputs])."""
     plan = MemoryPlan()
+    accesses = {step: _Accesses(kernel) for step, kernel in kernels.items()}
     steps = steps_of(graph)
     position = {s: k for k, s in enumerate(steps)}
     produced = _produced_values(graph, steps)
@@ -132,10 +136,10 @@ def plan_memory(graph: Graph, kernels: dict[Node, Kernel], donated: frozenset[in
         plan.of[node] = _add(plan, Buffer("input", node.type, k))
     last_use = _last_uses(graph, steps, position)
     _assign_outputs(graph, plan, produced)
-    _assign_writes(graph, plan, produced, position, kernels, steps)
+    _assign_writes(graph, plan, produced, position, accesses, steps)
     shared = _cats_in_place(plan, produced, steps)
     _results_in_place(plan, produced, steps, position, _last_reads(graph, steps, position), shared)
-    reused = _reuse_in_place(plan, produced, position, last_use, kernels, shared)
+    reused = _reuse_in_place(plan, produced, position, last_use, accesses, shared)
     regions = [(graph.inputs[k], k) for k in sorted(donated)
                if not any(i is graph.inputs[k] for i, _ in graph.writes)]
     _assign_arena(plan, produced, position, last_use, shared, reused, regions)
@@ -147,8 +151,9 @@ def _largest_live_set(plan: MemoryPlan, produced: dict, position: dict, last_use
     """``plan.live_bytes`` and ``plan.live_step``: what the arena must hold at its fullest step (its size less
     what placement wastes): the union of the byte spans of the values live at a step, a value live from the step
     making it to its last reader. A sweep over the steps: the spans starting at a step join the live set, those
-    whose last reader came before it leave, and the union is measured where spans joined (it grows only there).
-    Spans of one buffer all begin at its slot, so the live set keeps, per start, how many spans end where."""
+    whose last reader came before it leave, and the union is measured where spans joined (it grows only there),
+    kept up to date by a ``_Coverage`` of the spans' ends (measured afresh at each such step, it was a tenth of a
+    GPT-2 step's lowering)."""
     joining: dict[int, list[tuple[int, int]]] = {}
     leaving: dict[int, list[tuple[int, int]]] = {}
     for value, step in produced.items():
@@ -159,28 +164,63 @@ def _largest_live_set(plan: MemoryPlan, produced: dict, position: dict, last_use
         span = (buffer.slot, buffer.slot + value.type.nbytes)
         joining.setdefault(start, []).append(span)
         leaving.setdefault(max(last_use.get(value, start), start) + 1, []).append(span)
-    live: dict[int, dict[int, int]] = {}  # span start -> {span end: how many live spans}
+    live = _Coverage(sorted({end for spans in joining.values() for span in spans for end in span}))
     for k in sorted(joining.keys() | leaving.keys()):
         for lo, hi in leaving.get(k, ()):
-            ends = live[lo]
-            ends[hi] -= 1
-            if not ends[hi]:
-                del ends[hi]
-                if not ends:
-                    del live[lo]
+            live.add(lo, hi, -1)
         if k not in joining:
             continue
         for lo, hi in joining[k]:
-            ends = live.setdefault(lo, {})
-            ends[hi] = ends.get(hi, 0) + 1
-        covered, end = 0, 0
-        for lo in sorted(live):
-            hi = max(live[lo])
-            covered += max(0, hi - max(lo, end))
-            end = max(end, hi)
-        if covered > plan.live_bytes:
-            plan.live_bytes = covered
+            live.add(lo, hi, 1)
+        if live.covered[1] > plan.live_bytes:
+            plan.live_bytes = live.covered[1]
             plan.live_step = f"{k} {steps[k].op}" if k < len(steps) else f"{k} (end)"
+
+
+class _Coverage:
+    """How many bytes a changing set of spans covers, their ends among fixed ``points`` (sorted, distinct): a segment
+    tree over the gaps between the points, each tree node counting the spans that cover its whole range and no
+    range of its parent's (a span is such a set of nodes, the same when it leaves as when it joined), and knowing how
+    many of its bytes some span covers. ``covered[1]`` is the union's size; adding or removing a span visits the
+    nodes on the paths from its two ends to the root."""
+
+    def __init__(self, points: list[int]):
+        self.index = {p: k for k, p in enumerate(points)}
+        self.leaves = 1
+        while self.leaves < len(points) - 1:
+            self.leaves *= 2
+        self.count = [0] * (2 * self.leaves)
+        self.covered = [0] * (2 * self.leaves)
+        self.length = [0] * (2 * self.leaves)  # the bytes of each node's range
+        for k in range(len(points) - 1):
+            self.length[self.leaves + k] = points[k + 1] - points[k]
+        for node in range(self.leaves - 1, 0, -1):
+            self.length[node] = self.length[2 * node] + self.length[2 * node + 1]
+
+    def add(self, lo: int, hi: int, delta: int) -> None:
+        """Add (``delta`` 1) or remove (-1) the span ``[lo, hi)``."""
+        first, end = self.index[lo] + self.leaves, self.index[hi] + self.leaves
+        left, right = first, end
+        while left < right:
+            if left & 1:
+                self.count[left] += delta
+                self._measure(left)
+                left += 1
+            if right & 1:
+                right -= 1
+                self.count[right] += delta
+                self._measure(right)
+            left, right = left // 2, right // 2
+        for node in (first // 2, (end - 1) // 2):  # the nodes above the ones counted: the ends' paths to the root
+            while node:
+                self._measure(node)
+                node //= 2
+
+    def _measure(self, node: int) -> None:
+        if self.count[node]:
+            self.covered[node] = self.length[node]
+        else:
+            self.covered[node] = 0 if node >= self.leaves else self.covered[2 * node] + self.covered[2 * node + 1]
 
 
 def order_for_reuse(graph: Graph, kernels: dict[Node, Kernel]) -> Graph:
@@ -195,7 +235,7 @@ def order_for_reuse(graph: Graph, kernels: dict[Node, Kernel]) -> Graph:
     position = {n: k for k, n in enumerate(body)}
     moved = False
     for step in [n for n in body if n in kernels]:
-        for operand in _replaceable_operands(kernels[step], step, readers):
+        for operand in _replaceable_operands(_Accesses(kernels[step]), step, readers):
             at = position[step]
             later = [r for r in readers[operand] if position[r] > at]
             hoisted = _hoistable(later, position, at, operand.type.nbytes)
@@ -207,14 +247,15 @@ def order_for_reuse(graph: Graph, kernels: dict[Node, Kernel]) -> Graph:
     return Graph(graph.inputs, body, graph.outputs, graph.writes) if moved else graph
 
 
-def _replaceable_operands(kernel: Kernel, step: Node, readers: dict[Node, list[Node]]) -> list[Node]:
+def _replaceable_operands(kernel: _Accesses, step: Node, readers: dict[Node, list[Node]]) -> list[Node]:
     """The operands of ``step``'s kernel, made by other steps and read after it, that one of its results could
     overwrite as the kernel goes."""
-    results = [v for v in kernel.values if v is step or (v.op == "getitem" and v.srcs[0] is step)]
+    results = {v: (v.type.nbytes, v.type.dtype.itemsize) for v in kernel.values
+               if v is step or (v.op == "getitem" and v.srcs[0] is step)}
     candidates = [v for v in kernel.values if v not in results and v.op != "input" and len(readers.get(v, ())) > 1]
     return [operand for operand in candidates if any(
-        operand.type.nbytes == v.type.nbytes and operand.type.dtype.itemsize == v.type.dtype.itemsize
-        and _reads_only_where_stored(kernel, operand, v) for v in results)]
+        (operand.type.nbytes, operand.type.dtype.itemsize) == size and _reads_only_where_stored(kernel, operand, v)
+        for v, size in results.items())]
 
 
 def _hoistable(readers: list[Node], position: dict[Node, int], at: int, limit: int) -> list[Node]:
@@ -310,9 +351,9 @@ def _assign_outputs(graph: Graph, plan: MemoryPlan, produced: dict) -> None:
             plan.outputs.append(dst)
 
 
-def _assign_writes(graph: Graph, plan: MemoryPlan, produced: dict, position: dict, kernels: dict,
+def _assign_writes(graph: Graph, plan: MemoryPlan, produced: dict, position: dict, accesses: dict,
                    steps: list[Node]) -> None:
-    targets = [v for _, v in graph.writes]
+    targets = Counter(v for _, v in graph.writes)
     # an input an end-of-call copy returns (``y = x.clone(); x.add_(1); return y``) keeps its old value until
     # then: its new value goes to a temporary and is copied back after the outputs are
     returned = {buffer_of(c.value) for c in plan.copies}
@@ -323,41 +364,36 @@ def _assign_writes(graph: Graph, plan: MemoryPlan, produced: dict, position: dic
     for inp, value in graph.writes:
         dst = plan.of[inp]
         step = produced.get(value)
-        if (step is not None and value not in plan.of and targets.count(value) == 1 and inp not in returned
-                and _in_place_ok(inp, value, step, position, kernels, last_reader)):
+        if (step is not None and value not in plan.of and targets[value] == 1 and inp not in returned
+                and _in_place_ok(inp, value, step, position, accesses, last_reader)):
             plan.of[value] = dst
         else:
             plan.copies.append(Copy(value, dst))
 
 
-def _in_place_ok(inp: Node, value: Node, step: Node, position: dict, kernels: dict, last_reader: dict) -> bool:
-    kernel = kernels.get(step)
+def _in_place_ok(inp: Node, value: Node, step: Node, position: dict, accesses: dict, last_reader: dict) -> bool:
+    kernel = accesses.get(step)
     if kernel is None:
         return False
     if last_reader.get(inp, -1) > position[step]:  # a later step still reads the input
         return False
-    if inp not in kernel.values:
+    if inp not in kernel.param:
         return True
-    read = kernel.values.index(inp)
-    written = kernel.values.index(value)
-    for nest in kernel.nests:
-        stores = [s for s in nest.stores if s.param == written]
-        loads = [ld for ld in nest.loads if ld.param == read]
-        if not loads:
-            continue
-        if not stores or nest.reduce or any(ld.index != stores[0].index for ld in loads):
+    stores = kernel.stores.get(kernel.param[value], {})
+    for k, loads in kernel.loads.get(kernel.param[inp], {}).items():
+        if k not in stores or kernel.nests[k].reduce or any(ld.index != stores[k][0].index for ld in loads):
             return False
     return True
 
 
-def _reuse_in_place(plan: MemoryPlan, produced: dict, position: dict, last_use: dict, kernels: dict,
+def _reuse_in_place(plan: MemoryPlan, produced: dict, position: dict, last_use: dict, accesses: dict,
                     cats: dict) -> dict[Node, Node]:
     """value -> the operand whose arena bytes it takes (see [Note: memory planning])."""
     in_cats = set(cats) | {v for placed in cats.values() for v, _ in placed}
     reused: dict[Node, Node] = {}
     taken: set[Node] = set()
     for value, step in produced.items():
-        kernel = kernels.get(step)
+        kernel = accesses.get(step)
         if kernel is None or value in plan.of or value in in_cats:
             continue
         for operand in kernel.values:
@@ -372,15 +408,29 @@ def _reuse_in_place(plan: MemoryPlan, produced: dict, position: dict, last_use: 
     return reused
 
 
-def _reads_only_where_stored(kernel: Kernel, operand: Node, value: Node) -> bool:
+class _Accesses:
+    """A kernel's loads and stores of each parameter, nest by nest: what the planner asks of a kernel for every
+    write-back and every operand a result might take the place of (an optimizer's kernel has a hundred nests, which
+    walked for each of them took a tenth of a GPT-2 step's memory plan)."""
+
+    def __init__(self, kernel: Kernel):
+        self.values, self.nests = kernel.values, kernel.nests
+        self.param = {v: k for k, v in reversed(list(enumerate(kernel.values)))}  # value -> its (first) parameter
+        self.loads: dict[int, dict[int, list]] = {}  # parameter -> {nest: its loads there}
+        self.stores: dict[int, dict[int, list]] = {}  # parameter -> {nest: its stores there}
+        for k, nest in enumerate(kernel.nests):
+            for load in nest.loads:
+                self.loads.setdefault(load.param, {}).setdefault(k, []).append(load)
+            for store in nest.stores:
+                self.stores.setdefault(store.param, {}).setdefault(k, []).append(store)
+
+
+def _reads_only_where_stored(kernel: _Accesses, operand: Node, value: Node) -> bool:
     """Whether every read of ``operand`` in ``kernel`` is of the element the same iteration stores of ``value``,
     after every other read of its row: so ``value`` may overwrite ``operand`` as it goes."""
-    read, written = kernel.values.index(operand), kernel.values.index(value)
-    for nest in kernel.nests:
-        loads = [ld for ld in nest.loads if ld.param == read]
-        stores = [st for st in nest.stores if st.param == written]
-        if not loads and not stores:
-            continue
+    reads, writes = kernel.loads.get(kernel.param[operand], {}), kernel.stores.get(kernel.param[value], {})
+    for k in reads.keys() | writes.keys():
+        nest, loads, stores = kernel.nests[k], reads.get(k), writes.get(k)
         if not loads or not stores or any(ld.index != stores[0].index for ld in loads):
             return False
         if any(st.index != stores[0].index for st in stores):
@@ -463,22 +513,25 @@ def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: di
         size = -(-value.type.nbytes // ALIGN) * ALIGN
         intervals.append((size, start, end, value))
     # donated inputs, smallest first: each holds its own bytes until its last reader, then what fits after it
-    donated = sorted(((inp.type.nbytes, k, [(0, inp.type.nbytes, -1, last_use.get(inp, len(position)))])
-                      for inp, k in regions), key=lambda r: r[:2])
-    placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
+    donated = []
+    for inp, k in sorted(regions, key=lambda r: (r[0].type.nbytes, r[1])):
+        taken, read = _Blocks(), last_use.get(inp, len(position))
+        taken.place(0, inp.type.nbytes, -1, read)
+        donated.append((inp.type.nbytes, k, read, taken))
+    placed = _Blocks()
     for size, start, end, value in sorted(intervals, key=lambda t: (-t[0], t[1])):
         plan.unshared_bytes += size
         kind, slot, offset = "arena", 0, None
-        for capacity, k, taken in donated:
-            if size <= capacity and start > taken[0][3]:
-                offset = _first_fit(taken, size, start, end)
+        for capacity, k, read, taken in donated:
+            if size <= capacity and start > read:
+                offset = taken.first_fit(size, start, end)
                 if offset + size <= capacity:
                     kind, slot = "donated", k
-                    taken.append((offset, size, start, end))
+                    taken.place(offset, size, start, end)
                     break
         if kind == "arena":
-            offset = _first_fit(placed, size, start, end)
-            placed.append((offset, size, start, end))
+            offset = placed.first_fit(size, start, end)
+            placed.place(offset, size, start, end)
             plan.arena_bytes = max(plan.arena_bytes, offset + size)
         plan.of[value] = _add(plan, _placed(kind, value.type, slot, offset))
         for v, byte in cats.get(value, ()):
@@ -487,14 +540,35 @@ def _assign_arena(plan: MemoryPlan, produced: dict, position: dict, last_use: di
             plan.of[v] = _add(plan, _placed(kind, v.type, slot, offset))
 
 
-def _first_fit(placed: list[tuple[int, int, int, int]], size: int, start: int, end: int) -> int:
-    """The lowest offset where ``size`` bytes are free from step ``start`` to ``end`` among ``placed``."""
-    offset = 0
-    for o, s, _, _ in sorted(p for p in placed if not (p[3] < start or end < p[2])):
-        if offset + size <= o:
-            break
-        offset = max(offset, o + s)
-    return offset
+class _Blocks:
+    """The blocks placed in one memory so far, each taken from one step to another: columns of (first byte, end
+    byte, first step, last step), so that finding room looks at every block in a few array operations (a loop over
+    them for each value placed was a third of a GPT-2 step's memory plan)."""
+
+    def __init__(self):
+        self.table = np.empty((4, 64), dtype=np.int64)
+        self.n = 0
+
+    def place(self, offset: int, size: int, start: int, end: int) -> None:
+        if self.n == self.table.shape[1]:
+            self.table = np.concatenate([self.table, np.empty_like(self.table)], axis=1)
+        self.table[:, self.n] = (offset, offset + size, start, end)
+        self.n += 1
+
+    def first_fit(self, size: int, start: int, end: int) -> int:
+        """The lowest offset where ``size`` bytes are free from step ``start`` to ``end``: past every block in use
+        then that begins below it (walked in the order of their first bytes, the offset moves past each block
+        until the room before the next is large enough)."""
+        lo, hi, first, last = self.table[:, :self.n]
+        in_use = (last >= start) & (first <= end)
+        lo, hi = lo[in_use], hi[in_use]
+        if not len(lo):
+            return 0
+        order = np.argsort(lo, kind="stable")
+        lo, reach = lo[order], np.maximum.accumulate(hi[order])
+        before = np.concatenate(([0], reach[:-1]))  # the offset reached before each block
+        fits = np.flatnonzero(before + size <= lo)
+        return int(before[fits[0]]) if len(fits) else int(reach[-1])
 
 
 def _placed(kind: str, ty, slot: int, offset: int) -> Buffer:

@@ -28,7 +28,8 @@ from __future__ import annotations
 from tilewise import strides as S
 from tilewise.compiler.capture import retrace
 from tilewise.compiler.ir import Graph, Node, TensorType, rewrite, toposort
-from tilewise.compiler.lowering.fusion import cat_operands, fusion_kind, view_chain
+from tilewise.compiler.lowering.fusion import cat_operands, fusion_kind
+from tilewise.compiler.lowering.views import buffer_of
 from tilewise.dtypes import int32, int64
 from tilewise.ops import public_function
 from tilewise.ops.creation import arange, zeros
@@ -58,9 +59,9 @@ def _readers(graph: Graph) -> tuple[dict[Node, int], set[Node]]:
     for node in graph.body:
         if node.kind != "view" and node in live:
             for src in node.srcs:
-                base = view_chain(src)[0]
+                base = buffer_of(src)
                 readers[base] = readers.get(base, 0) + 1
-    roots = {view_chain(r)[0] for r in graph.roots()}
+    roots = {buffer_of(r) for r in graph.roots()}
     for base in roots:
         readers[base] = readers.get(base, 0) + 1
     return readers, roots
@@ -138,7 +139,7 @@ def _movable(node: Node, tensors: list[Node], dim: int, readers: dict[Node, int]
         reached: dict[Node, int] = {}
         for reader in (node, *found):
             for src in reader.srcs:
-                base = view_chain(src)[0]
+                base = buffer_of(src)
                 reached[base] = reached.get(base, 0) + 1
         kept = {n for n in found if reached.get(n, 0) == readers.get(n, 0)}
         if kept == found:
@@ -158,7 +159,7 @@ class _Placer:
         sliced = _slice_along(x, dim, rank)
         if sliced is not None and sliced[0] in self.moved:
             return self.place(sliced[0], offset - sliced[1], lo, hi)
-        base = view_chain(x)[0]
+        base = buffer_of(x)
         if base.op == "full":  # the same everywhere: one element, broadcast
             return base.replace(args=((), *base.args[1:]), type=TensorType((), base.type.dtype, base.type.device))
         if x not in self.moved:
