@@ -120,7 +120,7 @@ def _cone(value: Node, free, written: set) -> tuple[list[Node], set[Node]] | Non
         for src in node.srcs:
             if src in written:
                 return False  # the backward would read it after the forward's write
-            if src is value or not free(src) and fusion_kind(src) in ("elementwise", "view"):
+            if not free(src) and fusion_kind(src) in ("elementwise", "view"):
                 if not visit(src):
                     return False
             else:
