@@ -140,6 +140,27 @@ def test_kept_dependency_closures_are_the_ones_a_fresh_walk_finds(monkeypatch):
     assert len(asked) > 20
 
 
+def test_decompositions_made_over_other_operands_are_the_ones_a_trace_makes(monkeypatch):
+    """[Note: decompositions made once]: each layer's composites after the first are rebuilt from the first's
+    decomposition, into the very nodes a trace of their own gives."""
+    import sys
+
+    from tilewise.compiler.capture import trace_decomposition
+
+    decompose = sys.modules["tilewise.compiler.passes.decompose"]  # (the package exports the pass by that name)
+    made, traced = decompose._decomposition, []
+
+    def checked(node, keep, kinds):
+        results = made(node, keep, kinds)
+        assert results == trace_decomposition(node, keep), node
+        traced.append(len(kinds))
+        return results
+
+    monkeypatch.setattr(decompose, "_decomposition", checked)
+    _training_step_for_cuda(layers=3, width=16)
+    assert len(traced) > 2 * traced[-1], "most composites are made, not traced"
+
+
 # ---------------------------------------------------------------------------- the pool
 
 def test_compile_threads_come_from_the_setting_or_the_cpus(threads):

@@ -223,7 +223,14 @@ def toposort(roots: list[Node], stop: frozenset | set = frozenset(), sources=Non
         if root in seen:
             continue
         seen.add(root)
-        path = [(root, iter(root.srcs if sources is None else sources(root)))]
+        deps = root.srcs if sources is None else sources(root)
+        for dep in deps:
+            if dep not in seen:
+                break
+        else:  # the usual root (a pass's body is mostly in order already): placed at once
+            order.append(root)
+            continue
+        path = [(root, iter(deps))]
         while path:
             node, deps = path[-1]
             for dep in deps:
