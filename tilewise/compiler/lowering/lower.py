@@ -211,13 +211,14 @@ def _pointwise_plan(member: Node) -> tuple[DType, Expr, list[tuple], dict[int, E
     """What a pointwise member's expression is made of, but for its operands' values: the compute dtype, the
     operator's expression, for each of its tensor parameters (its leaf, the position of the operand it reads or
     None, the half dtype a 0-dim operand is rounded to first or None, the constant it is otherwise) and the
-    constants of its scalar parameters. Worked out once per operator, arguments and operand types (a transformer's
-    layers repeat the same members: a third of lowering their nests)."""
-    key = (member.op, member.args_key, tuple(s.type for s in member.srcs), member.type)
+    constants of its scalar parameters. Worked out once per operator (its declaration: one registered again is
+    another), arguments and operand types (a transformer's layers repeat the same members: a third of lowering
+    their nests)."""
+    op = member.opdef
+    key = (op, member.args_key, tuple(s.type for s in member.srcs), member.type)
     plan = _PLANS.get(key)
     if plan is not None:
         return plan[:4]
-    op = member.opdef
     args = member.bound_args([Stand(s.type) for s in member.srcs])
     _, compute = op.dtype_rule(op, args)
     builder = op.attrs.get("expr_builder")
