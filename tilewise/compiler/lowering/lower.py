@@ -25,17 +25,25 @@ def _is_one(expr: Expr) -> bool:
     return expr.op == "const" and not isinstance(expr.arg, bool) and expr.arg == 1
 
 
-def spliced(template: Expr, mapping: dict[int, Expr]) -> Expr:
+def spliced(template: Expr, mapping: dict[int, Expr], order: list[Expr] | None = None) -> Expr:
     """``template`` with the nodes keyed (by id) in ``mapping`` replaced, and its products by a literal 1 of
     floating values (``alpha=1`` of add/sub: a multiply or a fused multiply-add), which change nothing, dropped
     (``unit_product_dropped``). The replacements are values built the same way already, so only the template's
-    own nodes are visited: a chain of n operators costs n steps, not n squared."""
-    def make(node: Expr, srcs: tuple[Expr, ...]) -> Expr:
-        if id(node) in mapping:
-            return mapping[id(node)]
-        return unit_product_dropped(with_srcs(node, srcs), _floating_times_one)
+    own nodes are visited: a chain of n operators costs n steps, not n squared. ``order``: ``toposort(template)``,
+    where ``mapping`` replaces leaves only (then the walk does not depend on it)."""
+    if order is None:
+        def make(node: Expr, srcs: tuple[Expr, ...]) -> Expr:
+            if id(node) in mapping:
+                return mapping[id(node)]
+            return unit_product_dropped(with_srcs(node, srcs), _floating_times_one)
 
-    return rebuild(template, make, stop=mapping)
+        return rebuild(template, make, stop=mapping)
+    out: dict[int, Expr] = {}
+    for node in order:
+        found = mapping.get(id(node))
+        out[id(node)] = found if found is not None else unit_product_dropped(
+            with_srcs(node, tuple([out[id(s)] for s in node.srcs])), _floating_times_one)
+    return out[id(template)]
 
 
 def _floating_times_one(operand: Expr, factor: Expr) -> bool:
@@ -120,7 +128,7 @@ class _NestBuilder:
             self.values[member] = self._pointwise(member)
 
     def _pointwise(self, member: Node) -> Expr:
-        compute, template, leaves, scalars = _pointwise_plan(member)
+        compute, template, order, leaves, scalars = _pointwise_plan(member)
         mapping = dict(scalars)
         for leaf, src, common, constant in leaves:
             if src is None:
@@ -130,7 +138,7 @@ class _NestBuilder:
                 if common is not None:
                     value = cast(cast(value, member.srcs[src].type.dtype), common)
             mapping[id(leaf)] = cast(value, compute)
-        return cast(spliced(template, mapping), member.type.dtype)
+        return cast(spliced(template, mapping, order), member.type.dtype)
 
     def _cat(self, member: Node) -> Expr:
         """A concatenation as its readers see it: at each position along the joined dim, the input that lies
@@ -207,17 +215,18 @@ _PLANS: dict[tuple, tuple] = {}  # see _pointwise_plan
 _MAX_PLANS = 4096
 
 
-def _pointwise_plan(member: Node) -> tuple[DType, Expr, list[tuple], dict[int, Expr]]:
+def _pointwise_plan(member: Node) -> tuple[DType, Expr, list[Expr], list[tuple], dict[int, Expr]]:
     """What a pointwise member's expression is made of, but for its operands' values: the compute dtype, the
-    operator's expression, for each of its tensor parameters (its leaf, the position of the operand it reads or
-    None, the half dtype a 0-dim operand is rounded to first or None, the constant it is otherwise) and the
-    constants of its scalar parameters. Worked out once per operator, arguments and operand types (a transformer's
-    layers repeat the same members: a third of lowering their nests)."""
-    key = (member.op, member.args_key, tuple(s.type for s in member.srcs), member.type)
+    operator's expression and its nodes in order (for ``spliced``), for each of its tensor parameters (its leaf,
+    the position of the operand it reads or None, the half dtype a 0-dim operand is rounded to first or None, the
+    constant it is otherwise) and the constants of its scalar parameters. Worked out once per operator (its
+    declaration: one registered again is another), arguments and operand types (a transformer's layers repeat the
+    same members: a third of lowering their nests)."""
+    op = member.opdef
+    key = (op, member.args_key, tuple(s.type for s in member.srcs), member.type)
     plan = _PLANS.get(key)
     if plan is not None:
-        return plan[:4]
-    op = member.opdef
+        return plan[:5]
     args = member.bound_args([Stand(s.type) for s in member.srcs])
     _, compute = op.dtype_rule(op, args)
     builder = op.attrs.get("expr_builder")
@@ -252,8 +261,8 @@ def _pointwise_plan(member: Node) -> tuple[DType, Expr, list[tuple], dict[int, E
             scalars[id(named[-1])] = Expr("const", (), value)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
-    plan = _PLANS[key] = (compute, template, leaves, scalars, named)
-    return plan[:4]
+    plan = _PLANS[key] = (compute, template, toposort(template), leaves, scalars, named)
+    return plan[:5]
 
 
 class _KernelBuilder:
