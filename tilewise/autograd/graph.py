@@ -469,7 +469,8 @@ def record(op, args: tuple):
                 if a._view_meta is not None:
                     check_view_history(a)
                 producer = a.grad_fn
-                edges.append((producer, a._output_nr) if producer is not None else leaf_edge(a))
+                edges.append((producer, a._output_nr) if producer is not None else  # a leaf: most are no views
+                             (accumulate_node(a), 0) if a._view_meta is None else leaf_edge(a))
                 metas.append((a._shape, a._dtype, a._device))
                 wanted |= bit
             else:
@@ -482,7 +483,8 @@ def record(op, args: tuple):
                 if diff and type(a) is Tensor and a._requires_grad:
                     if a._view_meta is not None:
                         check_view_history(a)
-                    edges.append((a.grad_fn, a._output_nr) if a.grad_fn is not None else leaf_edge(a))
+                    edges.append((a.grad_fn, a._output_nr) if a.grad_fn is not None else
+                                 (accumulate_node(a), 0) if a._view_meta is None else leaf_edge(a))
                     metas.append((a._shape, a._dtype, a._device))
                     wanted |= bit
                 else:
