@@ -6,6 +6,7 @@ name are rendered once, and fusion's kept dependency closures are the ones a fre
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -367,6 +368,84 @@ def test_a_training_step_on_the_gpu_built_serially_or_on_the_pool_is_the_same(tm
     assert serial_sources == pool_sources
     assert pool_losses == pytest.approx(serial_losses, rel=1e-6, abs=1e-7)
     assert abs(pool_weight - serial_weight).max() <= 1e-6
+
+
+def _gpu_step(model, optimizer):
+    @tw.compile
+    def step(x):
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+    return step
+
+
+@pytest.mark.cuda
+def test_the_first_run_waits_for_each_kernel_as_it_comes_up_and_for_all_before_an_input_is_written(tmp_path,
+                                                                                                    monkeypatch):
+    """[Note: the first run overlaps the compiles]: library calls and the kernels already compiled run while later
+    kernels compile; every compile is waited for before the first step that writes an input's memory (here
+    AdamW's update of the parameters)."""
+    import tilewise.codegen.toolchain.cache as cache_module
+    import tilewise.compiler.program_cuda as program_cuda
+
+    monkeypatch.setattr(cache_module, "_default_cache", KernelCache(tmp_path / "cache"))
+    events: list = []
+    for cls in (program_cuda.CudaKernelStep, program_cuda.CudaExternStep, program_cuda.CudaCopyStep):
+        def run(self, pointers, stream, original=cls.run):
+            events.append(self)
+            return original(self, pointers, stream)
+        monkeypatch.setattr(cls, "run", run)
+    original_all = program_cuda.PendingFunctions.all
+
+    def all_loaded(self):
+        events.append("all")
+        return original_all(self)
+    monkeypatch.setattr(program_cuda.PendingFunctions, "all", all_loaded)
+
+    tw.manual_seed(0)
+    model = tw.nn.Sequential(*(Block(64) for _ in range(3))).to("cuda")
+    step = _gpu_step(model, tw.optim.AdamW(model.parameters(), lr=1e-3))
+    x = tw.randn(16, 64).to("cuda")
+    step(x)
+    (program,) = step.programs()
+    outside = {k for k, b in enumerate(program.plan.buffers) if b.kind in ("input", "donated")}
+    first_all = events.index("all")
+    before = events[:first_all]
+    assert any(isinstance(s, program_cuda.CudaKernelStep) for s in before), "every compile was waited for first"
+    assert all(outside.isdisjoint(s.writes() or ()) and s.writes() is not None for s in before)
+    after = [s for s in events[first_all:] if s != "all"]
+    assert any(not outside.isdisjoint(s.writes() or ()) for s in after), "the update writes the parameters"
+    assert all(s.function is not None for s in program.steps if isinstance(s, program_cuda.CudaKernelStep))
+    assert program.runtime.compiling is None
+    # the second call runs (or captures) with every function in place
+    losses = [step(x).item() for _ in range(2)]
+    assert all(math.isfinite(v) for v in losses)
+
+
+@pytest.mark.cuda
+def test_a_kernel_that_fails_to_compile_fails_the_first_call_before_any_parameter_changes(tmp_path, monkeypatch):
+    import tilewise.codegen.toolchain.cache as cache_module
+    import tilewise.compiler.program_cuda as program_cuda
+
+    monkeypatch.setattr(cache_module, "_default_cache", KernelCache(tmp_path / "cache"))
+    original_load = program_cuda.PendingFunctions._load
+
+    def load(self, key):
+        if key == self.unique[-1]:
+            raise RuntimeError(f"NVRTC could not compile {key[0]}")
+        return original_load(self, key)
+    monkeypatch.setattr(program_cuda.PendingFunctions, "_load", load)
+
+    tw.manual_seed(0)
+    model = tw.nn.Sequential(*(Block(64) for _ in range(3))).to("cuda")
+    before = [p.detach().cpu().numpy().copy() for p in model.parameters()]
+    step = _gpu_step(model, tw.optim.AdamW(model.parameters(), lr=1e-3))
+    with pytest.raises(RuntimeError, match="NVRTC could not compile"):
+        step(tw.randn(16, 64).to("cuda"))
+    for p, old in zip(model.parameters(), before):
+        assert (p.detach().cpu().numpy() == old).all()
 
 
 @needs_nvrtc

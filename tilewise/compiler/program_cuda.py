@@ -124,8 +124,9 @@ class CudaKernelStep:
     capturable = True
 
     def __init__(self, kernel: Kernel, function, grid: int, block: int, buffers: list[int], scratch_bytes: int,
-                 device: Device):
+                 device: Device, pending: tuple | None = None):
         self.kernel, self.function, self.grid, self.block, self.buffers = kernel, function, grid, block, buffers
+        self.pending = pending  # (PendingFunctions, unit) while ``function`` is None: compiling
         self.scratch = None
         if scratch_bytes:  # split reductions' partials and counters: zero once, each launch leaves it zeroed
             stream = stream_handle(device.index)
@@ -141,6 +142,8 @@ class CudaKernelStep:
             return
         args = [pointers[b] for b in self.buffers] + self.extra
         if self.packer is None:  # a 1-D launch of addresses (False: the general path)
+            if self.function is None:
+                self.resolve()
             one_d = type(self.grid) is int and type(self.block) is int
             self.packer = (packer_for(self.function, args) if one_d else None) or False
         if self.packer is False:
@@ -148,8 +151,21 @@ class CudaKernelStep:
         else:
             launch_packed(self.function, self.grid, self.block, self.packer, args, stream)
 
+    def resolve(self) -> None:
+        """Wait for this step's kernel to be compiled and loaded (see [Note: the first run overlaps the compiles])."""
+        if self.function is None:
+            functions, unit = self.pending
+            self.function, self.pending = functions.function(unit), None
+
+    def writes(self) -> list[int]:
+        """The buffers this step writes."""
+        return [b for b, p in zip(self.buffers, self.kernel.params) if p.written]
+
     def describe(self) -> str:
-        shared = getattr(self.function, "name", self.kernel.name)
+        if self.pending is not None:  # still compiling: the name its function will have
+            shared = self.pending[0].keys[self.pending[1]][0]
+        else:
+            shared = getattr(self.function, "name", self.kernel.name)
         alias = f" as {shared}" if shared != self.kernel.name else ""  # one function for kernels of one text
         return (f"launch {self.kernel.name}{alias}<<<{self.grid}, {self.block}>>>"
                 f"({', '.join(f'b{b}' for b in self.buffers)})")
@@ -208,6 +224,12 @@ class CudaExternStep:
                 buffer, value = out
                 copy_into(device_tensor(pointers[buffer], value, geometry(value), self.device), produced)
 
+    def writes(self) -> list[int] | None:
+        """The buffers this step writes; None for a custom operator or one that writes its arguments."""
+        if self.custom or self.op.schema.is_inplace:
+            return None
+        return [o[0] for o in self.outputs if o is not None]
+
     def _dense(self, pointers: list, output) -> Tensor | None:
         if output is None:
             return None
@@ -236,6 +258,9 @@ class CudaCopyStep:
     def __init__(self, value: Node, src: int, dst: int, device: Device, offset: int = 0):
         self.value, self.src, self.dst, self.device, self.offset = value, src, dst, device, offset
         self.geometry = geometry(value)
+
+    def writes(self) -> list[int]:
+        return [self.dst]
 
     def run(self, pointers: list, stream: int) -> None:
         from tilewise.backends.cuda.kernels.copy import copy_into
@@ -274,6 +299,8 @@ class CudaRuntime:
         self.base_pointers: list = []
         self.order: StepOrder | None = None  # where collectives run and who waits for them; None: all in order
         self.comm: Stream | None = None  # the communication stream, made by the first overlapped walk
+        self.compiling: PendingFunctions | None = None  # the kernels' functions until every one is loaded
+        self.kernel_steps = [s for s in program.steps if isinstance(s, CudaKernelStep)]
 
     def _bind_arena(self) -> None:
         arena = self.program.arena
@@ -310,13 +337,42 @@ class CudaRuntime:
 
     def _walk_steps(self, pointers: list, stream: int) -> None:
         if self.program.tuner is not None:
+            self._loaded()
             self.program.tuner.walk(self.program, CudaBench(pointers, stream, self.program.plan, self.device))
             return
+        if self.compiling is not None:
+            if self.order is None and not is_current_stream_capturing():
+                self._first_walk(pointers, stream)
+                return
+            self._loaded()
         if self.order is not None:
             self._walk_overlapped(pointers, stream)
             return
         for step in self.program.steps:
             step.run(pointers, stream)
+
+    def _first_walk(self, pointers: list, stream: int) -> None:
+        """The steps, each kernel waiting for its own compile as it comes up ([Note: the first run overlaps the
+        compiles]), all of them waited for before the first step that writes an input's memory (a parameter an
+        optimizer updates, a donated buffer) or calls a custom operator (which may write its arguments)."""
+        buffers = self.program.plan.buffers
+        outside = {k for k, b in enumerate(buffers) if b.kind in ("input", "donated")}
+        for step in self.program.steps:
+            if self.compiling is not None:
+                writes = getattr(step, "writes", None)  # (a step wrapped by a profiler may not say: all first)
+                if writes is None or (written := writes()) is None or not outside.isdisjoint(written):
+                    self._loaded()
+            step.run(pointers, stream)
+        self._loaded()
+
+    def _loaded(self) -> None:
+        """Wait for every kernel's compile and give each step its function."""
+        if self.compiling is not None:
+            with stage("compile kernels (NVRTC) and load"):
+                self.compiling.all()
+            for step in self.kernel_steps:
+                step.resolve()
+            self.compiling = None
 
     def _walk_overlapped(self, pointers: list, stream: int, running: list | None = None) -> None:
         """The steps, each collective on the communication stream (see [Note: collectives on their own stream]).
@@ -532,26 +588,66 @@ def compile_units(units: list[tuple[str, str]], device: Device, compiles: Kernel
     then launch one function, and the kernel cache serves it to every program and process that makes it. The
     compiles not started yet start longest first, and each module is loaded as soon as its compile is done, while
     the others compile ([Note: parallel compiles])."""
-    from tilewise.backends.cuda.runtime.module import load_module
-    from tilewise.codegen.toolchain import default_cache
-    from tilewise.codegen.toolchain.pool import finished
+    return PendingFunctions(units, device, compiles).all()
 
-    compiles = compiles if compiles is not None else KernelCompiles(device)
-    keys = [shared_name(name, source) for name, source in units]
-    unique = list(dict.fromkeys(keys))
-    with stage("toolchain"):  # on a first compile, NVRTC's version and the CUDA headers are looked up
-        default_cache().toolchain()
-    for key in sorted(unique, key=lambda key: len(key[1]), reverse=True):
-        compiles.start_shared(key)
-    futures = [compiles.started[key] for key in unique]
-    loaded: dict[tuple[str, str], object] = {}
-    for k in finished(futures):
-        key = unique[k]
-        with stage("load modules"):
-            fn = loaded[key] = load_module(futures[k].result().cubin, device.index).get_function(key[0])
-        fn.source = key[1]
-    log("compile", lambda: _compile_summary(len(units), {key: f.result() for key, f in zip(unique, futures)}))
-    return [loaded[key] for key in keys]
+
+class PendingFunctions:
+    """The functions of a program's kernels while the compile pool works on them (see :func:`compile_units`):
+    ``function(k)`` waits for unit ``k``'s compile alone and loads its module, ``all()`` for every one.
+
+    [Note: the first run overlaps the compiles] A program's first run does not wait for all its kernels before it
+    starts: each kernel step waits for its own function as it comes up, so the library work of the first run —
+    cuBLASLt's timed algorithm choices, cuDNN's graph builds, which take seconds on a first compile — runs while
+    NVRTC still compiles later kernels. What a user could see of a failed compile stays as before: the run waits
+    for every compile before the first step that writes memory the program does not own (an input's, see
+    :meth:`CudaRuntime._first_walk`), so a compile error is raised before anything outside the run changed."""
+
+    def __init__(self, units: list[tuple[str, str]], device: Device, compiles: KernelCompiles | None = None):
+        from tilewise.codegen.toolchain import default_cache
+
+        self.device = device
+        compiles = compiles if compiles is not None else KernelCompiles(device)
+        self.keys = [shared_name(name, source) for name, source in units]
+        self.unique = list(dict.fromkeys(self.keys))
+        with stage("toolchain"):  # on a first compile, NVRTC's version and the CUDA headers are looked up
+            default_cache().toolchain()
+        for key in sorted(self.unique, key=lambda key: len(key[1]), reverse=True):
+            compiles.start_shared(key)
+        self.futures = {key: compiles.started[key] for key in self.unique}
+        self.loaded: dict[tuple[str, str], object] = {}
+
+    def _load(self, key: tuple[str, str]):
+        from tilewise.backends.cuda.runtime.module import load_module
+
+        fn = self.loaded.get(key)
+        if fn is None:
+            cubin = self.futures[key].result().cubin
+            with stage("load modules"):
+                fn = self.loaded[key] = load_module(cubin, self.device.index).get_function(key[0])
+            fn.source = key[1]
+        return fn
+
+    def function(self, k: int):
+        """Unit ``k``'s function, once its compile is done (waited for here)."""
+        key = self.keys[k]
+        found = self.loaded.get(key)
+        if found is not None:
+            return found
+        with stage("compile kernels (NVRTC) and load"):
+            return self._load(key)
+
+    def all(self) -> list:
+        """Every unit's function, each module loaded as its compile is done."""
+        from tilewise.codegen.toolchain.pool import finished
+
+        if len(self.loaded) < len(self.unique):
+            waiting = [key for key in self.unique if key not in self.loaded]
+            futures = [self.futures[key] for key in waiting]
+            for k in finished(futures):
+                self._load(waiting[k])
+            log("compile", lambda: _compile_summary(len(self.keys), {key: self.futures[key].result()
+                                                                     for key in self.unique}))
+        return [self.loaded[key] for key in self.keys]
 
 
 def _compile_summary(units: int, compiled: dict) -> str:
@@ -691,8 +787,9 @@ def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Pro
     """The CUDA target's program: compile and load each kernel (NVRTC), make the steps, and the runtime that
     launches them (or replays them as one CUDA graph)."""
     fused, plan = low.fused, low.plan
-    with stage("compile kernels (NVRTC) and load"):
-        functions = compile_kernels(low.sources, device, low.compiling)
+    with stage("compile kernels (NVRTC) and load"):  # the first run waits for each (see PendingFunctions)
+        functions = PendingFunctions(list(low.sources.items()), device, low.compiling)
+    unit = {name: k for k, name in enumerate(low.sources)}
     by_kernel = {s.kernel.name: s for s in low.schedules}
     steps: list = []
     made: list[list[int]] = []  # per step node, the steps it made
@@ -701,8 +798,8 @@ def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Pro
         if node.op == "fused":
             kernel = low.kernels[node]
             sched = by_kernel[kernel.name]
-            steps.append(CudaKernelStep(kernel, functions[kernel.name], sched.grid, sched.block,
-                                        [plan.of[v] for v in kernel.values], sched.scratch_bytes, device))
+            steps.append(CudaKernelStep(kernel, None, sched.grid, sched.block, [plan.of[v] for v in kernel.values],
+                                        sched.scratch_bytes, device, (functions, unit[kernel.name])))
         elif node in plan.cat_copies:  # a cat in place copies only the inputs not written into it
             steps += [CudaCopyStep(src, plan.of[buffer_of(src)], plan.of[node], device, byte)
                       for src, byte in plan.cat_copies[node]]
@@ -714,6 +811,7 @@ def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Pro
     program = Program(fused, plan, steps, list(low.kernels.values()), low.schedules, low.source, "cuda",
                       sources=low.sources)
     program.runtime = CudaRuntime(program, device, graphs)
+    program.runtime.compiling = functions
     if low.streams is not None and low.streams.overlapped:
         program.runtime.order = StepOrder.of(low.streams, made, len(steps))
     return program
