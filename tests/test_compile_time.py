@@ -382,15 +382,16 @@ def _gpu_step(model, optimizer):
 
 
 @pytest.mark.cuda
-def test_the_first_run_waits_for_each_kernel_as_it_comes_up_and_for_all_before_an_input_is_written(tmp_path,
-                                                                                                    monkeypatch):
+def test_the_first_run_waits_for_each_kernel_as_it_comes_up_and_for_all_before_it_writes_much_of_an_input(
+        tmp_path, monkeypatch):
     """[Note: the first run overlaps the compiles]: library calls and the kernels already compiled run while later
-    kernels compile; every compile is waited for before the first step that writes an input's memory (here
-    AdamW's update of the parameters)."""
+    kernels compile; every compile is waited for before a step would write more of the inputs' memory than the
+    first run copies aside (here AdamW's update of the parameters, past the step counts)."""
     import tilewise.codegen.toolchain.cache as cache_module
     import tilewise.compiler.program_cuda as program_cuda
 
     monkeypatch.setattr(cache_module, "_default_cache", KernelCache(tmp_path / "cache"))
+    monkeypatch.setattr(program_cuda, "SNAPSHOT_BYTES", 4096)
     events: list = []
     for cls in (program_cuda.CudaKernelStep, program_cuda.CudaExternStep, program_cuda.CudaCopyStep):
         def run(self, pointers, stream, original=cls.run):
@@ -410,26 +411,35 @@ def test_the_first_run_waits_for_each_kernel_as_it_comes_up_and_for_all_before_a
     x = tw.randn(16, 64).to("cuda")
     step(x)
     (program,) = step.programs()
-    outside = {k for k, b in enumerate(program.plan.buffers) if b.kind in ("input", "donated")}
+    buffers = program.plan.buffers
+    outside = {k for k, b in enumerate(buffers) if b.kind in ("input", "donated")}
     first_all = events.index("all")
     before = events[:first_all]
     assert any(isinstance(s, program_cuda.CudaKernelStep) for s in before), "every compile was waited for first"
-    assert all(outside.isdisjoint(s.writes() or ()) and s.writes() is not None for s in before)
+    assert all(s.writes() is not None for s in before)
+    written_before = {b for s in before for b in s.writes() if b in outside}
+    assert sum(buffers[b].ty.nbytes for b in written_before) <= 4096
     after = [s for s in events[first_all:] if s != "all"]
     assert any(not outside.isdisjoint(s.writes() or ()) for s in after), "the update writes the parameters"
     assert all(s.function is not None for s in program.steps if isinstance(s, program_cuda.CudaKernelStep))
     assert program.runtime.compiling is None
-    # the second call runs (or captures) with every function in place
+    # later calls run (or capture) with every function in place
     losses = [step(x).item() for _ in range(2)]
     assert all(math.isfinite(v) for v in losses)
 
 
 @pytest.mark.cuda
-def test_a_kernel_that_fails_to_compile_fails_the_first_call_before_any_parameter_changes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("snapshot", [0, None])
+def test_a_kernel_that_fails_to_compile_fails_the_first_call_with_the_arguments_as_they_were(tmp_path, monkeypatch,
+                                                                                            snapshot):
+    """With nothing copied aside, the run waits for every compile before its first write of an input; with the
+    inputs written so far copied aside (the default), it writes them back when a compile fails."""
     import tilewise.codegen.toolchain.cache as cache_module
     import tilewise.compiler.program_cuda as program_cuda
 
     monkeypatch.setattr(cache_module, "_default_cache", KernelCache(tmp_path / "cache"))
+    if snapshot is not None:
+        monkeypatch.setattr(program_cuda, "SNAPSHOT_BYTES", snapshot)
     original_load = program_cuda.PendingFunctions._load
 
     def load(self, key):
@@ -441,11 +451,15 @@ def test_a_kernel_that_fails_to_compile_fails_the_first_call_before_any_paramete
     tw.manual_seed(0)
     model = tw.nn.Sequential(*(Block(64) for _ in range(3))).to("cuda")
     before = [p.detach().cpu().numpy().copy() for p in model.parameters()]
-    step = _gpu_step(model, tw.optim.AdamW(model.parameters(), lr=1e-3))
+    optimizer = tw.optim.AdamW(model.parameters(), lr=1e-3)
+    step = _gpu_step(model, optimizer)
     with pytest.raises(RuntimeError, match="NVRTC could not compile"):
         step(tw.randn(16, 64).to("cuda"))
     for p, old in zip(model.parameters(), before):
         assert (p.detach().cpu().numpy() == old).all()
+    for state in optimizer.state.values():
+        assert state["step"].item() == 0
+        assert not state["exp_avg"].cpu().numpy().any()
 
 
 @needs_nvrtc

@@ -281,6 +281,9 @@ class _Graph:
         self.graph, self.outputs = graph, outputs
 
 
+SNAPSHOT_BYTES = 16 << 20  # inputs' memory a first run may write, copied, before its kernels are all compiled
+
+
 class CudaRuntime:
     """The CUDA half of a ``Program``: the module, the device arena, running the steps, graphs."""
 
@@ -353,17 +356,37 @@ class CudaRuntime:
 
     def _first_walk(self, pointers: list, stream: int) -> None:
         """The steps, each kernel waiting for its own compile as it comes up ([Note: the first run overlaps the
-        compiles]), all of them waited for before the first step that writes an input's memory (a parameter an
-        optimizer updates, a donated buffer) or calls a custom operator (which may write its arguments)."""
+        compiles]). Inputs' memory a step writes while compiles are pending (an optimizer's step counts, at the
+        start of a training step) is copied first, up to ``SNAPSHOT_BYTES`` in all, and written back should the
+        run fail before every compile is done; before a step that would write more (a parameter's update), or
+        calls a custom operator or one that writes its arguments, every compile is waited for."""
         buffers = self.program.plan.buffers
         outside = {k for k, b in enumerate(buffers) if b.kind in ("input", "donated")}
-        for step in self.program.steps:
-            if self.compiling is not None:
-                writes = getattr(step, "writes", None)  # (a step wrapped by a profiler may not say: all first)
-                if writes is None or (written := writes()) is None or not outside.isdisjoint(written):
-                    self._loaded()
-            step.run(pointers, stream)
-        self._loaded()
+        saved: list[tuple[int, DeviceBuffer]] = []
+        left = SNAPSHOT_BYTES
+        try:
+            for step in self.program.steps:
+                if self.compiling is not None:
+                    writes = getattr(step, "writes", None)  # (a step wrapped by a profiler may not say: all first)
+                    written = writes() if writes is not None else None
+                    touched = [] if written is None else \
+                        [b for b in dict.fromkeys(written) if b in outside and all(b != k for k, _ in saved)]
+                    need = sum(buffers[b].ty.nbytes for b in touched)
+                    if written is None or need > left:
+                        self._loaded()
+                        saved = []  # compiled: the run goes on as any run does
+                    else:
+                        for b in touched:
+                            copy = DeviceBuffer(buffers[b].ty.nbytes, self.device.index, stream)
+                            copy_dtod(copy.ptr, pointers[b], buffers[b].ty.nbytes, stream)
+                            saved.append((b, copy))
+                        left -= need
+                step.run(pointers, stream)
+            self._loaded()
+        except BaseException:
+            for b, copy in reversed(saved):  # as they were before the call
+                copy_dtod(pointers[b], copy.ptr, buffers[b].ty.nbytes, stream)
+            raise
 
     def _loaded(self) -> None:
         """Wait for every kernel's compile and give each step its function."""
@@ -403,6 +426,10 @@ class CudaRuntime:
         ensure_context(self.device.index)  # see [Note: the operation's device]
         stream = stream_handle(self.device.index)
         self.calls += 1
+        if self.program.warming is not None:  # see [Note: libraries warmed while compiling]
+            with stage("waiting for the libraries warmed"):
+                self.program.warming.join()
+            self.program.warming = None
         if self.calls == 1 and self.program.arena.transient and self.use_graphs and not self.why_not:
             self.why_not = "its intermediates are allocated for each run (a transient arena)"
         self._bind_arena()
@@ -598,9 +625,10 @@ class PendingFunctions:
     [Note: the first run overlaps the compiles] A program's first run does not wait for all its kernels before it
     starts: each kernel step waits for its own function as it comes up, so the library work of the first run —
     cuBLASLt's timed algorithm choices, cuDNN's graph builds, which take seconds on a first compile — runs while
-    NVRTC still compiles later kernels. What a user could see of a failed compile stays as before: the run waits
-    for every compile before the first step that writes memory the program does not own (an input's, see
-    :meth:`CudaRuntime._first_walk`), so a compile error is raised before anything outside the run changed."""
+    NVRTC still compiles later kernels. What a user could see of a failed compile stays as before (an error, and
+    the arguments as they were): an input's memory written while compiles are pending is copied first and written
+    back if the run fails, and the run waits for every compile before a step that would write more than a little
+    of it (see :meth:`CudaRuntime._first_walk`)."""
 
     def __init__(self, units: list[tuple[str, str]], device: Device, compiles: KernelCompiles | None = None):
         from tilewise.codegen.toolchain import default_cache

@@ -126,6 +126,23 @@ def _numerics(dtype) -> tuple:
 
 def _build(kind: str, tensors: list[Tensor], params: tuple, numerics: tuple, key: tuple) -> cudnn.Graph:
     """The ``kind`` graph over ``tensors`` (its two inputs, then its output) with their strides."""
+    device = tensors[0]._device.index
+    timed = numerics[2]
+    with stage("cuDNN graph build"):
+        graph, operands = _planned(kind, tensors, params, numerics)
+        remembered = _remembered(key, graph)
+        if remembered is not None:
+            graph.select_plan(remembered)
+        graph.build_plans()
+    built = cudnn.Graph(graph, operands, device, kind)
+    if timed and remembered is None:
+        _choose(built, tensors, key)
+    return built
+
+
+def _planned(kind: str, tensors: list, params: tuple, numerics: tuple) -> tuple:
+    """(the frontend graph with its execution plans listed and filtered by ``numerics``, not built; its operands)
+    for operands standing for anything with ``_shape``, ``_strides``, ``_dtype`` and ``_device``."""
     frontend = cudnn.library()
     device = tensors[0]._device.index
     io = getattr(frontend.data_type, _IO_TYPES[tensors[0]._dtype.name])
@@ -145,24 +162,36 @@ def _build(kind: str, tensors: list[Tensor], params: tuple, numerics: tuple, key
         y = graph.conv_wgrad(image=a, loss=b, **geometry)
     result = tensors[2]
     y.set_output(True).set_dim(list(result._shape)).set_stride(list(result._strides)).set_data_type(io)
-    tf32, deterministic, timed = numerics
-    with stage("cuDNN graph build"):
-        graph.validate()
-        graph.build_operation_graph()
-        graph.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
-        if tensors[0]._dtype.name == "float32" and not tf32:
-            graph.deselect_numeric_notes([frontend.numerical_note.TENSOR_CORE])
-        if deterministic:
-            graph.deselect_numeric_notes([frontend.numerical_note.NONDETERMINISTIC])
-        graph.check_support()
-        remembered = _remembered(key, graph)
-        if remembered is not None:
-            graph.select_plan(remembered)
+    tf32, deterministic, _ = numerics
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
+    if tensors[0]._dtype.name == "float32" and not tf32:
+        graph.deselect_numeric_notes([frontend.numerical_note.TENSOR_CORE])
+    if deterministic:
+        graph.deselect_numeric_notes([frontend.numerical_note.NONDETERMINISTIC])
+    graph.check_support()
+    return graph, [a, b, y]
+
+
+def warm(dtype, spatial: int, device: int) -> None:
+    """Build (and drop) the three graphs of a small channels-last convolution of ``dtype`` with ``spatial``
+    dims: the first graph of a kind in a process costs more than the next (see [Note: libraries warmed while
+    compiling])."""
+    from types import SimpleNamespace
+
+    where = SimpleNamespace(index=device)
+    image, weight, out = (8, 16, *[8] * spatial), (16, 16, *[3] * spatial), (8, 16, *[8] * spatial)
+
+    def operand(shape):
+        return SimpleNamespace(_shape=shape, _strides=_layout(shape, True), _dtype=dtype, _device=where)
+
+    params = _params([1] * spatial, [1] * (2 * spatial), [1] * spatial)
+    numerics = _numerics(dtype)
+    for kind, tensors in ((FPROP, (image, weight, out)), (DGRAD, (out, weight, image)),
+                          (WGRAD, (image, out, weight))):
+        graph, _ = _planned(kind, [operand(t) for t in tensors], params, numerics)
         graph.build_plans()
-    built = cudnn.Graph(graph, [a, b, y], device, kind)
-    if timed and remembered is None:
-        _choose(built, tensors, key)
-    return built
 
 
 def _run(kind: str, tensors: list[Tensor], params: tuple) -> bool:
