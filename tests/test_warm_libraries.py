@@ -56,7 +56,7 @@ def test_a_transformer_steps_gemms_and_its_attention_kind_are_warmed(model, cudn
     assert len(items) == len(set(items)) == 2
 
 
-def test_a_convolution_nets_convolutions_are_warmed_by_dtype_and_spatial_dims(cudnn_usable):
+def test_a_convolution_nets_gemms_are_warmed_and_its_convolutions_are_not(cudnn_usable):
     net = tw.nn.Sequential(tw.nn.Conv2d(3, 8, 3, padding=1), tw.nn.ReLU(), tw.nn.Flatten(), tw.nn.Linear(8 * 8 * 8, 4))
 
     def step(x):
@@ -65,10 +65,7 @@ def test_a_convolution_nets_convolutions_are_warmed_by_dtype_and_spatial_dims(cu
         loss.backward()
         return loss.detach()
 
-    items = warmup.wanted(_graphs(step, tw.randn(2, 3, 8, 8)))
-    assert ("convolution", tw.bfloat16, 2) in items
-    assert ("gemm", tw.bfloat16) in items
-    assert not any(i[0] == "attention" for i in items)
+    assert warmup.wanted(_graphs(step, tw.randn(2, 3, 8, 8))) == [("gemm", tw.bfloat16)]
 
 
 def test_an_attention_cudnn_does_not_take_is_not_warmed(cudnn_usable):
@@ -79,19 +76,22 @@ def test_an_attention_cudnn_does_not_take_is_not_warmed(cudnn_usable):
     assert not any(i[0] == "attention" for i in items)  # (its decomposition's products are GEMMs)
 
 
-def test_each_kind_is_warmed_once_per_process_and_device_on_a_thread(monkeypatch):
+def test_each_kind_is_warmed_once_per_process_and_device_on_a_thread_per_library(monkeypatch):
     warmed = []
     monkeypatch.setattr(warmup, "_done", set())
-    monkeypatch.setattr(warmup, "wanted", lambda graph: list(graph))
+    monkeypatch.setattr(warmup, "wanted", lambda graphs: list(graphs))  # (a list of items stands for the graphs)
     monkeypatch.setattr(warmup, "_warm", lambda items, device: warmed.append((threading.current_thread().name,
                                                                                device.index, items)))
     gpu = Device("cuda", 0)
-    first = warmup.start(gpu, [("gemm", tw.bfloat16)])  # (``wanted`` stands in: a list of items)
-    first.join()
-    assert warmed == [("tilewise-warm-libraries", 0, [("gemm", tw.bfloat16)])]
+    bf16_causal = ("attention", tw.bfloat16, 12, 12, 64, True)
+    warmup.start(gpu, [("gemm", tw.bfloat16), bf16_causal]).join()
+    assert sorted(warmed, key=str) == sorted([("tilewise-warm-libraries", 0, [("gemm", tw.bfloat16)]),
+                                              ("tilewise-warm-libraries", 0, [bf16_causal])], key=str)
     assert warmup.start(gpu, [("gemm", tw.bfloat16)]) is None
-    warmup.start(gpu, [("gemm", tw.bfloat16), ("gemm", tw.float16)]).join()
-    assert warmed[-1][2] == [("gemm", tw.float16)]
+    warmed.clear()
+    fp16 = ("attention", tw.float16, 12, 4, 64, False)
+    warmup.start(gpu, [("gemm", tw.bfloat16), bf16_causal, fp16, ("attention", tw.float16, 8, 8, 128, True)]).join()
+    assert warmed == [("tilewise-warm-libraries", 0, [fp16, ("attention", tw.float16, 8, 8, 128, True)])]
     warmup.start(Device("cuda", 1), [("gemm", tw.bfloat16)]).join()
     assert warmed[-1][1:] == (1, [("gemm", tw.bfloat16)])
     assert warmup.start(Device("cpu"), [("gemm", tw.float32)]) is None
@@ -108,7 +108,7 @@ def test_a_warm_up_that_fails_is_only_logged(monkeypatch, capsys):
     monkeypatch.setattr(warmup, "_done", set())
     monkeypatch.setattr(settings, "log", {"compile"})
     monkeypatch.setattr("tilewise.backends.cuda.runtime.ensure_context", lambda index: None)
-    warmup._warm([("gemm", tw.bfloat16)], Device("cuda", 0))
+    warmup._warm([("gemm", tw.bfloat16)], Device("cuda", 0))  # (the thread's body, run here)
     assert "no library here" in capsys.readouterr().err
 
 
@@ -135,8 +135,8 @@ def test_a_compiled_step_warms_its_libraries_and_joins_them_before_its_first_run
         return loss.detach()
 
     step(tw.randn(32, 64, device="cuda"))
-    (thread,) = started
-    assert thread is not None and not thread.is_alive()
+    (warming,) = started
+    assert warming is not None and not any(t.is_alive() for t in warming.threads)
     (program,) = step.programs()
     assert program.warming is None
     assert cudnn._handles.get(0) is not None

@@ -174,26 +174,6 @@ def _planned(kind: str, tensors: list, params: tuple, numerics: tuple) -> tuple:
     return graph, [a, b, y]
 
 
-def warm(dtype, spatial: int, device: int) -> None:
-    """Build (and drop) the three graphs of a small channels-last convolution of ``dtype`` with ``spatial``
-    dims: the first graph of a kind in a process costs more than the next (see [Note: libraries warmed while
-    compiling])."""
-    from types import SimpleNamespace
-
-    where = SimpleNamespace(index=device)
-    image, weight, out = (8, 16, *[8] * spatial), (16, 16, *[3] * spatial), (8, 16, *[8] * spatial)
-
-    def operand(shape):
-        return SimpleNamespace(_shape=shape, _strides=_layout(shape, True), _dtype=dtype, _device=where)
-
-    params = _params([1] * spatial, [1] * (2 * spatial), [1] * spatial)
-    numerics = _numerics(dtype)
-    for kind, tensors in ((FPROP, (image, weight, out)), (DGRAD, (out, weight, image)),
-                          (WGRAD, (image, out, weight))):
-        graph, _ = _planned(kind, [operand(t) for t in tensors], params, numerics)
-        graph.build_plans()
-
-
 def _run(kind: str, tensors: list[Tensor], params: tuple) -> bool:
     """Run the ``kind`` operation over ``tensors`` (inputs, then output); False when cuDNN cannot build it
     (remembered)."""
