@@ -11,6 +11,12 @@ compiler's passes, fusion, code generation and NVRTC run. The program's first ru
 (``CudaRuntime.run``) before it calls any library, so a handle is never used from two of tilewise's threads at
 once. Nothing warmed is kept but the handles: the small graphs are dropped. A warm-up that fails costs nothing
 but its time: the first call then builds as it would have (``TILEWISE_LOG=compile`` says so).
+
+What it buys is bounded by the interpreter's lock: importing cuBLASLt's bindings is Python work (nvmath imports
+its whole package), and cuDNN's frontend holds the lock for part of a build, so the compile's own host stages run
+slower meanwhile (by 0.5-1 s for GPT-2's step). Measured on GPT-2's first compiled step (H200 host, two runs
+each, RESULTS.md): 6.17 / 4.74 s without, 4.95 / 5.03 s with; the first cuDNN attention graph, which cost 0.47 to
+1.5 s inside the first run, costs 0.1 s there.
 ``TILEWISE_WARM_LIBRARIES=0`` turns it off."""
 
 from __future__ import annotations
