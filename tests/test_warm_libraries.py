@@ -1,5 +1,6 @@
-"""[Note: libraries warmed while compiling]: a compile for CUDA works out from its trace which GPU libraries the
-program will call, and loads them on a thread of its own, once per process, joined before the program's first run."""
+"""[Note: libraries warmed while compiling]: a compile for CUDA works out from its graphs which kinds of cuDNN
+attention its programs will call, and builds small graphs of those kinds on a thread of its own, once per process,
+joined before the programs' first run."""
 
 from __future__ import annotations
 
@@ -43,20 +44,18 @@ def cudnn_usable(monkeypatch):
 
 
 @pytest.mark.parametrize("model", ["gpt2", "llama"])
-def test_a_transformer_steps_gemms_and_its_attention_kind_are_warmed(model, cudnn_usable):
+def test_a_transformer_steps_attention_kind_is_warmed(model, cudnn_usable):
     case = tm.Case(model, "tiny", 2, 32, "bf16", "cpu")
     weights, _ = tm.initial_weights(case)
     x, y = tm.on_device(tw, case, tm.sample_batches(case, 1)[0])
     items = warmup.wanted(_graphs(tm.raw_tilewise_step(case, weights), x, y))
-    assert ("gemm", tw.bfloat16) in items
-    (kind,) = [i for i in items if i[0] == "attention"]
+    (kind,) = items
     _, dtype, heads, kv_heads, head_dim, causal = kind
     assert (dtype, causal, head_dim) == (tw.bfloat16, True, 16)
     assert heads == 4 and (kv_heads < heads if model == "llama" else kv_heads == heads)
-    assert len(items) == len(set(items)) == 2
 
 
-def test_a_convolution_nets_gemms_are_warmed_and_its_convolutions_are_not(cudnn_usable):
+def test_a_convolution_net_warms_nothing(cudnn_usable):
     net = tw.nn.Sequential(tw.nn.Conv2d(3, 8, 3, padding=1), tw.nn.ReLU(), tw.nn.Flatten(), tw.nn.Linear(8 * 8 * 8, 4))
 
     def step(x):
@@ -65,51 +64,45 @@ def test_a_convolution_nets_gemms_are_warmed_and_its_convolutions_are_not(cudnn_
         loss.backward()
         return loss.detach()
 
-    assert warmup.wanted(_graphs(step, tw.randn(2, 3, 8, 8))) == [("gemm", tw.bfloat16)]
+    assert warmup.wanted(_graphs(step, tw.randn(2, 3, 8, 8))) == []
 
 
 def test_an_attention_cudnn_does_not_take_is_not_warmed(cudnn_usable):
     def f(q):
         return tw.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
 
-    items = warmup.wanted(_graphs(f, tw.randn(1, 2, 8, 12, dtype=tw.bfloat16)))  # head dim 12: not cuDNN's
-    assert not any(i[0] == "attention" for i in items)  # (its decomposition's products are GEMMs)
+    assert warmup.wanted(_graphs(f, tw.randn(1, 2, 8, 12, dtype=tw.bfloat16))) == []  # head dim 12: not cuDNN's
 
 
-def test_each_kind_is_warmed_once_per_process_and_device_on_a_thread_per_library(monkeypatch):
+def test_each_kind_is_warmed_once_per_process_and_device_on_a_thread(monkeypatch):
     warmed = []
     monkeypatch.setattr(warmup, "_done", set())
     monkeypatch.setattr(warmup, "wanted", lambda graphs: list(graphs))  # (a list of items stands for the graphs)
     monkeypatch.setattr(warmup, "_warm", lambda items, device: warmed.append((threading.current_thread().name,
                                                                                device.index, items)))
     gpu = Device("cuda", 0)
-    bf16_causal = ("attention", tw.bfloat16, 12, 12, 64, True)
-    warmup.start(gpu, [("gemm", tw.bfloat16), bf16_causal]).join()
-    assert sorted(warmed, key=str) == sorted([("tilewise-warm-libraries", 0, [("gemm", tw.bfloat16)]),
-                                              ("tilewise-warm-libraries", 0, [bf16_causal])], key=str)
-    assert warmup.start(gpu, [("gemm", tw.bfloat16)]) is None
-    warmed.clear()
-    fp16 = ("attention", tw.float16, 12, 4, 64, False)
-    warmup.start(gpu, [("gemm", tw.bfloat16), bf16_causal, fp16, ("attention", tw.float16, 8, 8, 128, True)]).join()
-    assert warmed == [("tilewise-warm-libraries", 0, [fp16, ("attention", tw.float16, 8, 8, 128, True)])]
-    warmup.start(Device("cuda", 1), [("gemm", tw.bfloat16)]).join()
-    assert warmed[-1][1:] == (1, [("gemm", tw.bfloat16)])
-    assert warmup.start(Device("cpu"), [("gemm", tw.float32)]) is None
+    causal = ("attention", tw.bfloat16, 12, 12, 64, True)
+    gqa = ("attention", tw.float16, 12, 4, 64, False)
+    warmup.start(gpu, [causal]).join()
+    assert warmed == [("tilewise-warm-libraries", 0, [causal])]
+    assert warmup.start(gpu, [causal]) is None
+    warmup.start(gpu, [causal, gqa]).join()
+    assert warmed[-1] == ("tilewise-warm-libraries", 0, [gqa])
+    warmup.start(Device("cuda", 1), [causal]).join()
+    assert warmed[-1][1:] == (1, [causal])
+    assert warmup.start(Device("cpu"), [causal]) is None
     monkeypatch.setattr(settings, "warm_libraries", False)
-    assert warmup.start(gpu, [("gemm", tw.float64)]) is None
+    assert warmup.start(gpu, [("attention", tw.bfloat16, 8, 8, 128, False)]) is None
 
 
 def test_a_warm_up_that_fails_is_only_logged(monkeypatch, capsys):
-    from tilewise.backends.cuda import matmul
-
-    def broken(dtype, device):
-        raise RuntimeError("no library here")
-    monkeypatch.setattr(matmul, "warm", broken)
-    monkeypatch.setattr(warmup, "_done", set())
+    def broken(*args):
+        raise RuntimeError("no engine here")
+    monkeypatch.setattr(attention, "warm", broken)
     monkeypatch.setattr(settings, "log", {"compile"})
     monkeypatch.setattr("tilewise.backends.cuda.runtime.ensure_context", lambda index: None)
-    warmup._warm([("gemm", tw.bfloat16)], Device("cuda", 0))  # (the thread's body, run here)
-    assert "no library here" in capsys.readouterr().err
+    warmup._warm([("attention", tw.bfloat16, 12, 12, 64, True)], Device("cuda", 0))  # (the thread's body, here)
+    assert "no engine here" in capsys.readouterr().err
 
 
 @pytest.mark.cuda
@@ -135,8 +128,8 @@ def test_a_compiled_step_warms_its_libraries_and_joins_them_before_its_first_run
         return loss.detach()
 
     step(tw.randn(32, 64, device="cuda"))
-    (warming,) = started
-    assert warming is not None and not any(t.is_alive() for t in warming.threads)
+    (thread,) = started
+    assert thread is not None and not thread.is_alive()
     (program,) = step.programs()
     assert program.warming is None
     assert cudnn._handles.get(0) is not None

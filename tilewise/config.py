@@ -48,10 +48,9 @@ variable                  meaning
 ``TILEWISE_COMPILE_``     how many kernels NVRTC compiles at once, on a pool of threads ([Note: parallel compiles] in
 ``THREADS``               ``codegen/toolchain/pool.py``); ``0`` (default): one per CPU the process may run on, up to
                           32; ``1``: one after another in the compiling thread (the serial fallback, same kernels)
-``TILEWISE_WARM_``        ``1`` (default): a compile for CUDA loads the GPU libraries its program calls (cuBLASLt,
-``LIBRARIES``             cuDNN's attention and convolution engines) on a thread of its own while it works on the
-                          host ([Note: libraries warmed while compiling] in ``backends/cuda/warmup.py``); ``0``:
-                          each loads at its first call
+``TILEWISE_WARM_``        ``1`` (default): a compile for CUDA whose program calls cuDNN's attention loads its engines
+``LIBRARIES``             on a thread of its own while it works on the host ([Note: libraries warmed while
+                          compiling] in ``backends/cuda/warmup.py``); ``0``: they load at the first call
 ========================  =====================================================================================
 """
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import sys
-import threading
 import time
 import types
 from collections.abc import Callable
@@ -77,7 +76,6 @@ class _Context:
 
 
 _contexts: dict[int, _Context] = {}
-_making = threading.Lock()
 
 
 def _context(device: Device) -> _Context:
@@ -85,12 +83,8 @@ def _context(device: Device) -> _Context:
     if ctx is None:
         from tilewise.backends.cuda.runtime import ensure_context
 
-        with _making:  # one handle per device, whichever thread asks first (the libraries are warmed on a thread)
-            ctx = _contexts.get(device.index)
-            if ctx is None:
-                ensure_context(device.index)
-                ctx = _contexts[device.index] = _Context(_lt().create(),
-                                                         empty((WORKSPACE_BYTES,), dtypes.uint8, device))
+        ensure_context(device.index)
+        ctx = _contexts[device.index] = _Context(_lt().create(), empty((WORKSPACE_BYTES,), dtypes.uint8, device))
     return ctx
 
 
@@ -429,15 +423,6 @@ def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor
     _run(call.plan, ctx.handle, a_ptr, b_ptr, data_ptr(out), data_ptr(bias) if bias is not None else 0,
          data_ptr(ctx.workspace), stream, data_ptr(aux) if aux is not None else 0)
     return out, copied
-
-
-def warm(dtype: DType, device: Device) -> None:
-    """Make the device's cuBLASLt handle and run one small GEMM of ``dtype``: a process's first GEMM costs far
-    more than the next (the library's own start), paid here on the calling thread (see [Note: libraries warmed
-    while compiling])."""
-    _context(device)
-    a, b, out = (empty((64, 64), dtype, device) for _ in range(3))
-    pointer_gemm(a, b, out, 256)(data_ptr(a), data_ptr(b), data_ptr(out), stream_handle(device.index))
 
 
 def pointer_gemm(a: Tensor, b: Tensor, out: Tensor, alignment: int):
