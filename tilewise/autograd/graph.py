@@ -410,6 +410,16 @@ def base_edge(t: Tensor) -> tuple:
     return _NO_EDGE
 
 
+def refresh_view_history(view: Tensor) -> None:
+    """Make ``view`` afresh from its base now if autograd would when it next takes it as an input (``edge``): a
+    view that requires grad through its base alone whose base was given history since, or a watched view of kind
+    ``REGENERATE`` whose memory was written since it was made."""
+    meta = view._view_meta
+    if meta is None and requires_grad_through_base_alone(view) or \
+            meta is not None and meta[1] == REGENERATE and view.requires_grad:
+        edge(view)
+
+
 def check_view_history(view: Tensor) -> None:
     """Before autograd takes a watched view as an input (see [Note: watched views] in ops/inplace.py): when its memory
     was written since it was made, an output of split or unbind is refused, as torch refuses it, and an output of

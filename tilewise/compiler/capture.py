@@ -42,12 +42,13 @@ import weakref
 from dataclasses import dataclass, field
 
 from tilewise import strides as S
+from tilewise.autograd.graph import refresh_view_history
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, data_dependent_error, user_frame
 from tilewise.compiler.formats import CONTIGUOUS, format_of, result_strides, to_channels_last
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer, suspended
 from tilewise.dispatch import STATE, register_tracer
-from tilewise.ops.inplace import watch_view
+from tilewise.ops.inplace import requires_grad_through_base_alone, watch_view
 from tilewise.tensor import TRACE_HOOKS, Tensor
 
 
@@ -85,8 +86,22 @@ class Source:
 
 
 LAYOUT_FIELDS = ("_shape", "_strides", "_offset", "_dtype", "_device", "_requires_grad")
-# signature(t): everything about a tensor that a compiled program is specialised on, in one C-level call
-signature = operator.attrgetter(*LAYOUT_FIELDS, "_storage.size")
+_LAYOUT_AND_SIZE = operator.attrgetter(*LAYOUT_FIELDS, "_storage.size")
+
+
+THROUGH_BASE = "through its base"  # a signature's requires_grad for a tensor that requires grad through its base alone
+
+
+def signature(t: Tensor) -> tuple:
+    """Everything about a tensor that a compiled program is specialised on, read in one C-level call. Its
+    requires_grad is True, False, or ``THROUGH_BASE`` for a view that requires grad through its base alone
+    (``ops.inplace.requires_grad_through_base_alone``): its outputs require grad, but no gradient reaches it;
+    unless its base has history, which autograd makes it afresh from (``autograd.graph.base_edge``): True."""
+    found = _LAYOUT_AND_SIZE(t)
+    base = t._base
+    if base is None or found[5] or not base._requires_grad:
+        return found
+    return (*found[:5], THROUGH_BASE if base.grad_fn is None else True, found[6])
 
 
 @dataclass(eq=False)
@@ -154,6 +169,9 @@ class BackwardSpec:
     outputs: list[int]  # graph output index of each differentiable output (aligned with tangents)
     inputs: list[Source]  # the tensors the gradients are for
     n_forward: int
+    # tensors read that require grad through their base alone (``ops.inplace.requires_grad_through_base_alone``): no
+    # gradient reaches them, but the outputs computed from them require grad, as eager's do
+    through_base: list[Source] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -291,6 +309,8 @@ class Capture:
         self.sourced: set[int] = set()  # ids of the real tensors already in tensor_sources
         self.owners: list[tuple[Tensor, Source]] = []  # real tensors whose .grad may be read or set
         self.owner_sources: dict[int, Source] = {}  # id of an owner -> its source (the owners' first)
+        # real tensors read that require grad through their base alone: id -> (it, its source) (see BackwardSpec)
+        self.through_base: dict[int, tuple[Tensor, Source]] = {}
         self.saved_grads: dict[int, tuple[Tensor, object]] = {}
         self.histories: list[Tensor] = []  # real tensors read with autograd history made before the call
         # ids of the autograd nodes backward passes in the trace reached (a history's node lives as long as its
@@ -371,6 +391,8 @@ class Capture:
             described = self.origin_of(t)
             source = self.arg_sources.get(id(described)) or self._owner_source(described) or \
                 self._source_for(described)
+        if t._base is not None and (entry is None or entry.current is entry.input):
+            _refresh_history(t)
         if entry is None:
             st = t._storage
             dense = t._offset == 0 and t.numel() == st.size and S.is_contiguous(t._shape, t._strides)
@@ -396,6 +418,8 @@ class Capture:
             self.owners.append((t, source))
             self.owner_sources[id(t)] = source
             self.saved_grads.setdefault(id(t), (t, t._grad))
+        elif requires_grad_through_base_alone(t):
+            self.through_base.setdefault(id(t), (t, source))
 
     def _unique_label(self, label: str) -> str:
         taken = self.labels
@@ -774,7 +798,7 @@ class Capture:
         base = entry.source.fetch(flat_args)
         # a view that needs grad where its base does not was written in place by a differentiable value: the
         # program's output carries that history, a view of the base would not
-        if leaf._requires_grad and not (base._requires_grad and base.grad_fn is None):
+        if leaf._requires_grad and not (base.requires_grad and base.grad_fn is None):
             return None
         return OutputView(entry.source, alias.geometry, leaf._requires_grad)
 
@@ -825,13 +849,14 @@ class Capture:
         from tilewise.autograd import grad
 
         holders = list(self.owners)
-        if not differentiable or not holders:
+        through_base = [source for _, source in self.through_base.values()]
+        if not differentiable or not (holders or through_base):
             return None
         tangents = [Node("input", (), (), self.value_of(leaf).type, tag=f"d_out{k}") for k, leaf in differentiable]
         recorded = len(self.body)
         try:
             grads = grad([leaf for _, leaf in differentiable], [h for h, _ in holders],
-                         [trace_tensor(t) for t in tangents], retain_graph=True, allow_unused=True)
+                         [trace_tensor(t) for t in tangents], retain_graph=True, allow_unused=True) if holders else []
         except RuntimeError:  # the function already ran backward through its outputs: they stay detached
             self.defined.difference_update(self.body[recorded:])
             del self.body[recorded:]
@@ -842,7 +867,7 @@ class Capture:
             if g is not None:
                 outputs.append(self.value_of(g))
                 sources.append(src)
-        return BackwardSpec(tangents, [k for k, _ in differentiable], sources, n_forward)
+        return BackwardSpec(tangents, [k for k, _ in differentiable], sources, n_forward, through_base)
 
     def _grad_effects(self, outputs: list, requires: list, returned: dict[int, int]):
         """How ``.grad`` of each owner changed, and for those that did, whether it was set when traced (a
@@ -887,6 +912,22 @@ class Capture:
             for owner, entry in before.items():
                 state[owner].clear()
                 state[owner].update(entry)
+
+
+def _refresh_history(view: Tensor) -> None:
+    """A real view lifted while its memory holds what it held before the call: if autograd will make it afresh from
+    its base when it next takes it (its base was written since it was made), that is done now, eagerly, as eager
+    would on its first use, so that the trace reads the view's current history (made afresh inside the trace, its
+    history would be the trace's)."""
+    grad_mode = STATE.grad_enabled
+    if grad_mode is False:  # (``None`` while autograd records the operator that reads it: grad mode is on)
+        return
+    STATE.grad_enabled = True
+    try:
+        with suspended():
+            refresh_view_history(view)
+    finally:
+        STATE.grad_enabled = grad_mode
 
 
 def _default_generator():

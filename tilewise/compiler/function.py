@@ -143,7 +143,9 @@ class Variant:
     def run(self, flat: list):
         traced = self.traced
         if self.backward is not None and STATE.grad_enabled:
-            inputs = [source.fetch(flat) for source in traced.backward.inputs]
+            spec = traced.backward
+            inputs = [source.fetch(flat) for source in spec.inputs] + [source.fetch(flat) for source in
+                                                                        spec.through_base]
             outputs = CompiledCall.apply(self, flat, *inputs)
         else:
             outputs, _ = self.run_forward(flat)
@@ -270,7 +272,8 @@ class CompiledCall(Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, None, *ctx.variant.run_backward(ctx.residuals, list(grads)))
+        through_base = [None] * len(ctx.variant.traced.backward.through_base)  # no gradient reaches those
+        return (None, None, *ctx.variant.run_backward(ctx.residuals, list(grads)), *through_base)
 
 
 def _entry_sources(traced: Traced) -> list[Source]:
@@ -308,7 +311,7 @@ def _slices_rebased(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict | None
     windows: dict = {}
 
     def window(a):
-        if type(a) is not Tensor or a._requires_grad or a._trace is not None or a._vmap is not None \
+        if type(a) is not Tensor or a.requires_grad or a._trace is not None or a._vmap is not None \
                 or a._offset == 0 and a._storage.size == S.numel(a._shape) or a._device.type not in ("cpu", "cuda") \
                 or a._storage.data is None or sum(s is a._storage for s in storages) > 1:
             return a
