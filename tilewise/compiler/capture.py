@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from tilewise import strides as S
 from tilewise.autograd.graph import refresh_view_history
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, data_dependent_error, user_frame
-from tilewise.compiler.formats import CONTIGUOUS, format_of, result_strides, to_channels_last
+from tilewise.compiler.formats import result_strides
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer, suspended
 from tilewise.dispatch import STATE, register_tracer
@@ -207,9 +207,9 @@ class Traced:
     output_requires_grad: list[bool]
     backward: BackwardSpec | None = None
     state_effects: list[StateEffect] = field(default_factory=list)
-    # graph output -> the memory format it is handed back in: the output holds its (N, *S, C) permutation
-    # (see [Note: eager strides of traced values] in compiler/formats.py)
-    output_formats: dict[int, str] = field(default_factory=dict)
+    # graph output -> (shape, strides) it is handed back with, eager's: the output holds the value in the memory order
+    # of those strides (see [Note: eager strides of traced values] in compiler/formats.py)
+    output_layouts: dict[int, tuple] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- pytrees
@@ -320,7 +320,7 @@ class Capture:
         self.arg_sources: dict[int, Source] = {}  # id of an argument tensor -> its Source
         self.arg_index: dict[int, int] = {}  # id of an argument tensor -> its position among the flat arguments
         self.detached: dict[int, tuple[Tensor, Tensor]] = {}  # id of a real tensor detached here -> (it, origin)
-        self.output_formats: dict[int, str] = {}  # see ``Traced.output_formats``
+        self.output_layouts: dict[int, tuple] = {}  # see ``Traced.output_layouts``
         self.states: list[tuple[dict, dict]] = []  # optimizer state tables and what they held before the trace
         self.live: list[weakref.ref] = []  # every trace tensor made since the last sync (see segments.py)
         # what a data-dependent read does: None raises DataDependentError; a callable(capture, what) runs what
@@ -771,22 +771,24 @@ class Capture:
         inputs = [e.input for e in self.entries.values()] + (backward.tangents if backward else [])
         graph = Graph(inputs, list(self.body), outputs, writes)
         return Traced(graph, self.tensor_sources, presence, effects, spec, out_leaves, requires, backward,
-                      state_effects, dict(self.output_formats))
+                      state_effects, dict(self.output_layouts))
 
     def _in_eager_format(self, leaf: Tensor, k: int, is_base: bool) -> Node:
-        """The value of returned tensor ``k``; one that eager returns channels-last is computed in its (N, *S, C)
-        order and handed back through the inverse permutation (its gradient, differentiated from the traced value,
-        comes in in the logical order; see [Note: eager strides of traced values] in ``compiler/formats.py``)."""
+        """The value of returned tensor ``k``; one that eager lays out densely in another order than row-major
+        (channels-last, a transposed operand's order) is computed in that memory order and handed back with eager's
+        strides (its gradient, differentiated from the traced value, comes in in the logical order; see [Note: eager
+        strides of traced values] in ``compiler/formats.py``)."""
         value = self.value_of(leaf)
-        fmt = format_of(leaf)
-        rank = len(value.type.shape)
-        if fmt == CONTIGUOUS or rank not in (4, 5) or is_base:
+        strides = leaf._strides
+        order = S.dense_order(leaf._shape, strides)
+        if order is None or is_base or strides == S.contiguous_strides(leaf._shape):
             return value
-        dims = to_channels_last(rank)
-        ty = TensorType(tuple(value.type.shape[d] for d in dims), value.type.dtype, value.type.device)
-        last = self.emit("permute", (value,), (Ref(0), dims), ty)
-        self.output_formats[k] = fmt
-        return self.emit("clone", (last,), (Ref(0), None), ty)
+        self.output_layouts[k] = (leaf._shape, strides)
+        if not order or leaf.numel() == 0:  # row-major but for the strides of size-1 dims, or no element to place
+            return value
+        ty = TensorType(S.permuted(leaf._shape, order), value.type.dtype, value.type.device)
+        in_memory_order = self.emit("permute", (value,), (Ref(0), order), ty)
+        return self.emit("clone", (in_memory_order,), (Ref(0), None), ty)
 
     def _input_view(self, leaf: Tensor, flat_args: list) -> OutputView | None:
         """A returned trace tensor that is a view of the memory of a tensor the function was given or holds (see

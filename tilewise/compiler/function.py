@@ -73,7 +73,6 @@ from tilewise.autograd.function import Function
 from tilewise.autograd.grad_mode import no_grad
 from tilewise.compiler.capture import OutputView, Source, Traced, capturing, flatten, leaf_labels, start, unflatten
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, user_frame
-from tilewise.compiler.formats import from_channels_last
 from tilewise.compiler.guards import Guards, Recorder, make_guards
 from tilewise.compiler.lowering.partition import partition
 from tilewise.compiler.meta import suspended
@@ -170,8 +169,8 @@ class Variant:
         inputs = list(map(_STORAGE_DATA, tensors))
         arrays = self.forward.run(inputs, self.staged)
         outputs = [_tensor(a, node) for a, node in zip(arrays, graph.outputs)]
-        for k in traced.output_formats:
-            outputs[k] = _from_channels_last(outputs[k])
+        for k, (shape, strides) in traced.output_layouts.items():
+            outputs[k] = _with_eager_strides(outputs[k], shape, strides)
         for t in written:  # a program's input is a tensor with storage: its version is its storage's
             t._storage.version += 1
             t._array = None
@@ -251,12 +250,11 @@ def _tensor(data, node) -> Tensor:
     return Tensor._make(storage, shape, S.contiguous_strides(shape), 0, dtype, device)
 
 
-def _from_channels_last(t: Tensor) -> Tensor:
-    """A program output holding an (N, *S, C) value, handed back as the (N, C, *S) tensor it stands for: the same
-    memory, channels-last strides, no view of anything (see [Note: eager strides of traced values] in formats.py)."""
-    order = from_channels_last(len(t._shape))
-    return Tensor._make(t._storage, tuple(t._shape[d] for d in order), tuple(t._strides[d] for d in order), 0,
-                        t._dtype, t._device)
+def _with_eager_strides(t: Tensor, shape: tuple, strides: tuple) -> Tensor:
+    """A program output holding a value in the memory order of eager's ``strides``, handed back as the tensor of
+    ``shape`` it stands for: the same memory, those strides, no view of anything (see [Note: eager strides of traced
+    values] in formats.py)."""
+    return Tensor._make(t._storage, shape, strides, 0, t._dtype, t._device)
 
 
 class CompiledCall(Function):
