@@ -226,6 +226,46 @@ def test_a_compiled_function_returns_tensors_in_the_memory_format_eager_gives_th
         np.testing.assert_allclose(xg.grad.numpy(), ref_x.grad.numpy(), rtol=1e-5, atol=1e-5)
 
 
+def _results_in_other_orders(lib, x, y):
+    t = x.transpose(1, 2)
+    return (x.t() + 1 if x.dim() == 2 else t * 2, y.permute(2, 0, 1).exp(), y.transpose(0, 2).sin() + y.transpose(0, 2),
+            y.permute(1, 2, 0)[:, :1] * 3, lib.where(t > 0, t, 0.0), t.clone(), t.contiguous(), (t * 2)[:, 1:])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 4), (3, 1)])
+def test_a_compiled_function_returns_results_in_the_dense_order_eager_gives_them(shape, device):
+    """An element-wise result of a transposed or permuted operand is laid out in that operand's order in eager (as in
+    torch): a transposed matrix's is column-major. A compiled function returns it with the same strides (a slice of an
+    intermediate, which has no dense layout, comes back row-major), and gradients as eager's."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal(shape).astype(np.float32)
+    xs3 = xs if len(shape) == 3 else xs.reshape(1, *shape)
+    ys = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    want = [t.stride() for t in _results_in_other_orders(torch, torch.from_numpy(xs3), torch.from_numpy(ys))]
+    x, y = tw.from_numpy(xs3).to(device), tw.from_numpy(ys).to(device)
+    eager = _results_in_other_orders(tw, x, y)
+    assert [t.stride() for t in eager] == want
+    compiled = tw.compile(lambda x, y: _results_in_other_orders(tw, x, y))
+    for _ in range(2):  # the first call and the variant's replay
+        got = compiled(x, y)
+        assert [t.stride() for t in got[:-1]] == want[:-1]
+        assert got[-1].is_contiguous()
+        for g, e in zip(got, eager):
+            np.testing.assert_allclose(g.cpu().numpy(), e.cpu().numpy(), rtol=1e-6, atol=1e-6)
+    g = rng.standard_normal(shape[::-1]).astype(np.float32)
+    f = tw.compile(lambda x: (x.transpose(0, -1) * 2).sin())
+    for _ in range(2):
+        xg, ref_x = (tw.from_numpy(xs).to(device).requires_grad_() for _ in range(2))
+        out, ref = f(xg), (ref_x.transpose(0, -1) * 2).sin()
+        assert out.stride() == ref.stride() == torch.from_numpy(xs).transpose(0, -1).sin().stride()
+        out.backward(tw.from_numpy(g).to(device))
+        ref.backward(tw.from_numpy(g).to(device))
+        np.testing.assert_allclose(xg.grad.cpu().numpy(), ref_x.grad.cpu().numpy(), rtol=1e-6, atol=1e-6)
+
+
 def _layouts(lib, x, w, z):
     """What ``stride()``, ``storage_offset()`` and ``is_contiguous()`` say of intermediate results: transposes and
     element-wise operators on them, a channels-last convolution, batch norm and ReLU, and views of those."""

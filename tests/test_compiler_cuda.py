@@ -269,10 +269,11 @@ def _tile_host_cases():
         ("fp8 copy", lambda x: x.t().contiguous(), dict(x=(randn(96, 40) * 100).to(tw.float8_e4m3fn))),
         ("bias", lambda x, b: (x + b).t().contiguous(), dict(x=randn(64, 96), b=randn(96))),
         ("row scale", lambda x, b: (x * b).t().contiguous(), dict(x=randn(64, 96), b=randn(64, 1))),
-        ("positions", lambda x: x.t() + tw.arange(64, device=x.device), dict(x=randn(64, 96))),
-        ("strided", lambda x, y: x.t() + y[:, ::2], dict(x=randn(64, 96), y=randn(96, 128))),
+        ("positions", lambda x: (x.t() + tw.arange(64, device=x.device)).contiguous(), dict(x=randn(64, 96))),
+        ("strided", lambda x, y: (x.t() + y[:, ::2]).contiguous(), dict(x=randn(64, 96), y=randn(96, 128))),
         ("int64", lambda x: x.t().contiguous(), dict(x=tw.arange(64 * 96).reshape(64, 96))),
-        ("mixed dtypes", lambda x, y: (x.t().float() + y, (x.t().float() + y).to(tw.float8_e4m3fn)),
+        ("mixed dtypes", lambda x, y: ((x.t().float() + y).contiguous(),
+                                       (x.t().float() + y).to(tw.float8_e4m3fn).contiguous()),
          dict(x=randn(64, 96).bfloat16(), y=randn(96, 64))),
     ]
     bf16_nans = np.full((64, 48), 0x3F80, np.uint16)  # NaNs with payloads: a copy keeps them, as eager's does

@@ -292,6 +292,36 @@ def _layouts_of(lib, functional, info, sample):
     return run, tensors
 
 
+# operators whose eager results are laid out as torch's on inputs in other orders (channels-last, transposed): torch
+# lays out their results row-major (scans, reductions, index_select, scatter_reduce) or keeps the input's order
+# (gather's index, scatter's self); a slice of a sorted tensor (kthvalue) is a fresh tensor there
+STRIDES_AS_TORCHS = ("gather", "index_select", "take", "take_along_dim", "scatter", "scatter_add", "scatter_reduce",
+                     "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "kthvalue", "median", "prod", "sum",
+                     "mean", "amax", "var", "logsumexp", "linalg.vector_norm", "linalg.norm")
+
+
+@pytest.mark.parametrize("info", [i for i in OPINFOS if i.name in STRIDES_AS_TORCHS], ids=lambda i: i.name)
+def test_eager_strides_are_torchs(info):
+    """``stride()`` and ``storage_offset()`` of eager results answer what torch's do, on inputs laid out channels-last
+    or transposed."""
+    import torch
+    import torch.nn.functional as TF
+
+    compared = 0
+    for sample in info.samples():
+        run, tensors = _layouts_of(tw, F, info, sample)
+        theirs, their_tensors = _layouts_of(torch, TF, info, sample)
+        try:
+            torch.manual_seed(0)
+            want = theirs(*their_tensors)
+        except Exception:  # a sample of an error: nothing to compare
+            continue
+        tw.manual_seed(0)
+        assert run(*tensors) == want, f"{info.name}[{sample.name or sample.args}]"
+        compared += 1
+    assert compared
+
+
 @pytest.mark.parametrize("info", [i for i in OPINFOS if id(i) not in EAGER_ONLY and i.reference is None],
                          ids=lambda i: i.name)
 def test_compiled_strides_are_eagers(info):

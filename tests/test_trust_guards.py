@@ -551,3 +551,99 @@ def test_fresh_arguments_of_the_same_layout_do_not_recompile():
     x, y = tw.randn(4, 8), tw.randn(4, 8)
     _same(fn(x, y), (x @ w + y).relu())
     assert len(fn.variants) == 2
+
+
+# A view without a grad_fn of a tensor that requires grad (made under no_grad or in inference mode, or before its base
+# required grad) requires grad through its base: what is computed from it requires grad and has a grad_fn, though no
+# gradient reaches the view or its base. A compiled function gives its outputs the same flags, follows the base's
+# flag from call to call, and tells such a view from a tensor that requires grad itself.
+
+def _autograd_of(lib, y, *tensors) -> list:
+    """What eager autograd makes of ``y``: its flags, and the gradients its backward leaves in ``tensors``."""
+    seen = [y.detach().clone(), float(y.requires_grad), float(y.grad_fn is None)]
+    if y.requires_grad:
+        y.sum().backward()
+    return seen + [t.grad.clone() if t.grad is not None else lib.tensor(-1.0) for t in tensors]
+
+
+@pytest.mark.parametrize("made_under", ["no_grad", "inference_mode"])
+def test_a_view_that_requires_grad_through_its_base_as_an_argument(made_under):
+    def scenario(lib, compile_):
+        f = compile_(lambda a: a * 2 + 1)
+        out = []
+        for k in range(3):
+            x = lib.tensor([1.0, -2.0, 3.0 + k], requires_grad=True)
+            with lib.no_grad() if made_under == "no_grad" else lib.inference_mode():
+                v = x[:2]
+            out += _autograd_of(lib, f(v), x, v)
+        return out
+
+    check(scenario)
+
+
+def test_a_held_view_follows_its_bases_requires_grad_from_call_to_call():
+    def scenario(lib, compile_):
+        x = lib.tensor([1.0, -2.0, 3.0])
+        with lib.no_grad():
+            w = x[:2]
+        f = compile_(lambda a: a * w)
+        out = []
+        for flag in (False, False, True, True, False, True):
+            x.requires_grad_(flag)
+            out += _autograd_of(lib, f(lib.ones(2)), x, w)
+        return out
+
+    check(scenario)
+
+
+def test_an_argument_view_follows_its_bases_requires_grad_from_call_to_call():
+    def scenario(lib, compile_):
+        f = compile_(lambda a: a.exp())
+        x = lib.tensor([1.0, -2.0, 3.0], requires_grad=True)
+        with lib.no_grad():
+            v = x[1:]
+        out = []
+        for flag in (True, False, True):
+            x.requires_grad_(flag)
+            out += _autograd_of(lib, f(v), x, v)
+        return out
+
+    check(scenario)
+
+
+def test_a_view_requiring_grad_through_its_base_or_by_its_own_flag_or_not_at_all():
+    def scenario(lib, compile_):
+        f = compile_(lambda a: a * 3)
+        out = []
+        for kind in ("plain", "through its base", "its own flag", "through its base", "plain"):
+            x = lib.tensor([1.0, -2.0, 3.0], requires_grad=kind != "plain")
+            with lib.no_grad():
+                v = x[:2]
+            if kind == "its own flag":
+                v.requires_grad_(True)
+            out += _autograd_of(lib, f(v), x, v)
+        return out
+
+    check(scenario)
+
+
+def test_a_view_made_afresh_from_a_base_written_with_history():
+    """The view is taken before its base is written in place (by a value that requires grad): autograd makes it
+    afresh from the base's new history, so the gradient reaches what was written."""
+    def scenario(lib, compile_):
+        f = compile_(lambda a: a * 2)
+        out = []
+        for k in range(3):
+            w = lib.tensor(3.0 + k, requires_grad=True)
+            b = lib.tensor([1.0, -2.0, 3.0])
+            v = b[:2]
+            b.mul_(w)
+            out += _autograd_of(lib, f(v), w)
+            x = lib.tensor([1.0, -2.0, 3.0], requires_grad=True)
+            c = x * 1
+            u = c[:2]  # a view with history of its own, written after it was made
+            c.add_(k)
+            out += _autograd_of(lib, f(u), x)
+        return out
+
+    check(scenario)

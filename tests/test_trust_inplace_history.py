@@ -288,7 +288,9 @@ def test_in_place_gradients_on_cuda_match_torchs(scenario):
 # Views made under no_grad (or inference mode) of a tensor that requires grad: torch's answer is that they require
 # grad, through their base, with no grad_fn and no gradient accumulator of their own (a gradient that reaches them goes
 # nowhere), and that an in-place write into them under grad mode, or a use by autograd after their memory was written,
-# is refused. Each scenario returns what it observed; an error is observed as its type and message.
+# is refused. Their requires_grad follows their base's, whenever it changes; requires_grad_ changes only a flag of their
+# own (set, it gives them an accumulator). Each scenario returns what it observed; an error is observed as its type and
+# message.
 
 def _leaf(lib):
     return lib.tensor([1.0, -2.0, 3.0], requires_grad=True)
@@ -392,9 +394,52 @@ def _through_a_custom_function(lib, mode):
     return y.requires_grad, x.grad, v.grad
 
 
+def _its_flag_set_false(lib, mode):
+    x = _leaf(lib)
+    with _made_under(lib, mode):
+        v = x[:2]
+    v.requires_grad_(False)  # its own flag: it still requires grad through its base
+    v.requires_grad = False
+    y = v * 2
+    y.sum().backward()
+    return v.requires_grad, v.is_leaf, y.requires_grad, y.grad_fn is None, x.grad, v.grad
+
+
+def _its_flag_set_true(lib, mode):
+    x = _leaf(lib)
+    with _made_under(lib, mode):
+        v = x[:2]
+    v.requires_grad_(True)  # a flag of its own: a gradient accumulator of its own
+    (v * 2).sum().backward()
+    return v.requires_grad, x.grad, v.grad
+
+
+def _its_base_stops_requiring_grad(lib, mode):
+    x = _leaf(lib)
+    with _made_under(lib, mode):
+        v = x[:2]
+    w = v[1:]  # recorded: it has a grad_fn, and so requires grad whatever the base does
+    x.requires_grad_(False)
+    seen = v.requires_grad, w.requires_grad, (v * 2).requires_grad
+    x.requires_grad_(True)
+    return (*seen, v.requires_grad)
+
+
+def _its_base_requires_grad_later(lib, mode):
+    x = lib.tensor([1.0, -2.0, 3.0])
+    with _made_under(lib, mode):
+        v = x[:2]
+    before = v.requires_grad
+    x.requires_grad_(True)
+    y = (v * 2).sum()
+    y.backward()
+    return before, v.requires_grad, v.is_leaf, y.requires_grad, x.grad, v.grad
+
+
 UNDER_NO_GRAD = [_view_flags, _used_in_grad_mode, _differentiated_with_respect_to_it, _backward_from_it,
                  _written_in_place_under_grad_mode, _a_view_of_it_written_in_place,
-                 _written_where_nothing_records_then_used, _base_written_then_used, _through_a_custom_function]
+                 _written_where_nothing_records_then_used, _base_written_then_used, _through_a_custom_function,
+                 _its_flag_set_false, _its_flag_set_true, _its_base_stops_requiring_grad, _its_base_requires_grad_later]
 
 
 def _message(exc: RuntimeError) -> str:
@@ -417,3 +462,46 @@ def _observe(lib, scenario, mode):
 @pytest.mark.parametrize("scenario", UNDER_NO_GRAD, ids=lambda f: f.__name__.strip("_"))
 def test_views_made_under_no_grad_require_grad_through_their_base_as_in_torch(scenario, mode):
     assert _observe(tw, scenario, mode) == _observe(torch, scenario, mode)
+
+
+# A view made under grad mode of a tensor that did not require grad has no grad_fn: like a view made under no_grad,
+# it requires grad whenever its base does (torch's differentiable views), with no gradient accumulator of its own;
+# once its base was given history by an in-place write, it is made afresh from its base, as torch regenerates it.
+
+def _grad_mode_view_of_a_base_that_later_requires_grad(lib):
+    x = lib.tensor([1.0, -2.0, 3.0])
+    v = x[:2]
+    w = v.unsqueeze(0)
+    x.requires_grad_(True)
+    y = (v * 2).sum()
+    y.backward()
+    seen = v.requires_grad, w.requires_grad, v.is_leaf, y.requires_grad, x.grad
+    x.requires_grad_(False)
+    return (*seen, v.requires_grad, w.requires_grad)
+
+
+def _grad_mode_view_of_a_base_written_with_history(lib):
+    b = lib.tensor([1.0, -2.0, 3.0])
+    v = b[:2]
+    w = lib.tensor(3.0, requires_grad=True)
+    b.mul_(w)
+    y = (v * 2).sum()
+    y.backward()
+    return v.requires_grad, y.requires_grad, w.grad
+
+
+def _its_flag_changed(lib):
+    x = lib.tensor([1.0, -2.0, 3.0])
+    v = x[:2]
+    v.requires_grad_(True)  # its own accumulator
+    (v * 2).sum().backward()
+    seen = v.requires_grad, x.requires_grad, v.grad
+    v.requires_grad_(False)
+    return (*seen, v.requires_grad)
+
+
+@pytest.mark.parametrize("scenario", [_grad_mode_view_of_a_base_that_later_requires_grad,
+                                      _grad_mode_view_of_a_base_written_with_history, _its_flag_changed],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_a_view_without_grad_fn_follows_its_base_as_in_torch(scenario):
+    assert _observe(tw, lambda lib, _: scenario(lib), None) == _observe(torch, lambda lib, _: scenario(lib), None)

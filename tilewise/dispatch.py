@@ -290,13 +290,14 @@ def _is_argument_storage(storage, op, args: tuple) -> bool:
 
 
 def _requires_grad(op, args: tuple) -> bool:
+    """Whether a tensor argument requires grad (``Tensor.requires_grad``, spelled out: a view follows its base)."""
     for k in op.tensor_idx:
         a = args[k]
-        if type(a) is Tensor and a._requires_grad:
+        if type(a) is Tensor and (a._requires_grad or a._base is not None and a._base._requires_grad):
             return True
     for k in op.list_idx:
         for a in args[k]:
-            if type(a) is Tensor and a._requires_grad:
+            if type(a) is Tensor and (a._requires_grad or a._base is not None and a._base._requires_grad):
                 return True
     return False
 

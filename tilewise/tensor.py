@@ -458,7 +458,21 @@ class Tensor:
     # ------------------------------------------------------------------ autograd attributes
     @property
     def requires_grad(self) -> bool:
-        return self._requires_grad
+        """Whether autograd records what reads this tensor: it was asked to (``requires_grad_``), it has a grad_fn,
+        or it is a view whose base requires grad now (torch's differentiable views: a view made under no_grad
+        follows its base's flag, and ``requires_grad_(False)`` on it changes only its own).
+
+        >>> import tilewise as tw
+        >>> x = tw.ones(3, requires_grad=True)
+        >>> with tw.no_grad():
+        ...     v = x[:2]
+        >>> v.requires_grad, v.requires_grad_(False).requires_grad, x.requires_grad_(False) is x, v.requires_grad
+        (True, True, True, False)
+        """
+        if self._requires_grad:
+            return True
+        base = self._base
+        return base is not None and base._requires_grad
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:

@@ -163,7 +163,7 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
     input_edges = []
     for k, x in enumerate(inputs or ()):
         e = edge(x)
-        if e[0] is None and type(x) is Tensor and x._requires_grad:  # through its base alone: no edge leads to it,
+        if e[0] is None and type(x) is Tensor and x.requires_grad:  # through its base alone: no edge leads to it,
             e = (accumulate_node(x), 0)  # so it is unused, as in torch
         elif e[0] is None:
             raise RuntimeError(f"One of the differentiated Tensors (input {k}) does not require grad")

@@ -388,17 +388,36 @@ def edge(t) -> tuple:
     if t.grad_fn is not None:
         return (t.grad_fn, t._output_nr)
     if t._requires_grad:
-        return leaf_edge(t)
+        return (accumulate_node(t), 0)
+    if requires_grad_through_base_alone(t):
+        return base_edge(t)
     return (None, 0)
 
 
-def leaf_edge(t: Tensor) -> tuple:
-    """The edge to a tensor that requires grad and has no grad_fn: its AccumulateGrad, or none for one that requires
-    grad through its base alone (a view made under no_grad or in inference mode): a gradient that reaches it goes
-    nowhere, as in torch, where such a view has no grad accumulator."""
-    if t._view_meta is not None and requires_grad_through_base_alone(t):
-        return _NO_EDGE
-    return (accumulate_node(t), 0)
+def base_edge(t: Tensor) -> tuple:
+    """The edge to a view that requires grad through its base alone (``ops.inplace.requires_grad_through_base_alone``):
+    none, as in torch, where such a view has no grad accumulator: a gradient that reaches it goes nowhere. Unless
+    its base was given history by an in-place write since the view was made (the view was made before the base
+    required grad): then it is made afresh from its base first, as torch regenerates a view whose base was
+    written, and the edge is that view's."""
+    if t._view_meta is not None:
+        check_view_history(t)
+    elif t._base.grad_fn is not None:
+        regenerate(t, f"a view of shape {list(t._shape)}")
+        watch_view(t, REGENERATE)  # current now: made afresh again only after another write
+    if t.grad_fn is not None:
+        return (t.grad_fn, t._output_nr)
+    return _NO_EDGE
+
+
+def refresh_view_history(view: Tensor) -> None:
+    """Make ``view`` afresh from its base now if autograd would when it next takes it as an input (``edge``): a
+    view that requires grad through its base alone whose base was given history since, or a watched view of kind
+    ``REGENERATE`` whose memory was written since it was made."""
+    meta = view._view_meta
+    if meta is None and requires_grad_through_base_alone(view) or \
+            meta is not None and meta[1] == REGENERATE and view.requires_grad:
+        edge(view)
 
 
 def check_view_history(view: Tensor) -> None:
@@ -410,15 +429,20 @@ def check_view_history(view: Tensor) -> None:
         return
     if kind != REGENERATE:
         raise stale_view_error(view)
+    regenerate(view, f"a view of shape {list(view._shape)} (output {view._output_nr} of "
+                     f"{short_node_name(view.grad_fn.name())})")
+    watch_view(view, kind)
+
+
+def regenerate(view: Tensor, described: str) -> None:
+    """Give ``view`` the history of a fresh strided view of its base, which holds the base's in-place writes."""
     base = view._base
     if base is None or not base._requires_grad or memory_order(base) is None:
-        raise RuntimeError(f"a view of shape {list(view._shape)} (output {view._output_nr} of "
-                           f"{short_node_name(view.grad_fn.name())}) is used by autograd after its memory was modified "
-                           "in place, and its base is not a dense tensor that requires grad, from which it could "
-                           "be made afresh; take the view again after the in-place write")
+        raise RuntimeError(f"{described} is used by autograd after its memory was modified in place, and its base is "
+                           "not a dense tensor that requires grad, from which it could be made afresh; take the view "
+                           "again after the in-place write")
     fresh = OPS["as_strided"](row_major(base)[0], view._shape, view._strides, view._offset)
-    view.grad_fn, view._output_nr = fresh.grad_fn, fresh._output_nr
-    watch_view(view, kind)
+    view.grad_fn, view._output_nr, view._requires_grad = fresh.grad_fn, fresh._output_nr, True
 
 
 class _Recipe:
@@ -469,8 +493,11 @@ def record(op, args: tuple):
                 if a._view_meta is not None:
                     check_view_history(a)
                 producer = a.grad_fn
-                edges.append((producer, a._output_nr) if producer is not None else  # a leaf: most are no views
-                             (accumulate_node(a), 0) if a._view_meta is None else leaf_edge(a))
+                edges.append((producer, a._output_nr) if producer is not None else (accumulate_node(a), 0))
+                metas.append((a._shape, a._dtype, a._device))
+                wanted |= bit
+            elif diff and type(a) is Tensor and a._base is not None and a._base._requires_grad:
+                edges.append(base_edge(a))
                 metas.append((a._shape, a._dtype, a._device))
                 wanted |= bit
             else:
@@ -483,8 +510,11 @@ def record(op, args: tuple):
                 if diff and type(a) is Tensor and a._requires_grad:
                     if a._view_meta is not None:
                         check_view_history(a)
-                    edges.append((a.grad_fn, a._output_nr) if a.grad_fn is not None else
-                                 (accumulate_node(a), 0) if a._view_meta is None else leaf_edge(a))
+                    edges.append((a.grad_fn, a._output_nr) if a.grad_fn is not None else (accumulate_node(a), 0))
+                    metas.append((a._shape, a._dtype, a._device))
+                    wanted |= bit
+                elif diff and type(a) is Tensor and a._base is not None and a._base._requires_grad:
+                    edges.append(base_edge(a))
                     metas.append((a._shape, a._dtype, a._device))
                     wanted |= bit
                 else:
@@ -586,7 +616,7 @@ def _save(node: OpNode, args: tuple, out, saves: tuple) -> None:
 # ---------------------------------------------------------------------------- tensor hooks
 
 def register_tensor_hook(t: Tensor, hook):
-    if not t._requires_grad:
+    if not t.requires_grad:
         raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
     if t.grad_fn is None:
         if t._hooks is None:
@@ -599,7 +629,7 @@ def register_tensor_hook(t: Tensor, hook):
 
 
 def retain_grad(t: Tensor) -> None:
-    if not t._requires_grad:
+    if not t.requires_grad:
         raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
     if t.grad_fn is None:
         return

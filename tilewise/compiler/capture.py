@@ -42,12 +42,13 @@ import weakref
 from dataclasses import dataclass, field
 
 from tilewise import strides as S
+from tilewise.autograd.graph import refresh_view_history
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, data_dependent_error, user_frame
-from tilewise.compiler.formats import CONTIGUOUS, format_of, result_strides, to_channels_last
+from tilewise.compiler.formats import result_strides
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer, suspended
 from tilewise.dispatch import STATE, register_tracer
-from tilewise.ops.inplace import watch_view
+from tilewise.ops.inplace import requires_grad_through_base_alone, watch_view
 from tilewise.tensor import TRACE_HOOKS, Tensor
 
 
@@ -85,8 +86,22 @@ class Source:
 
 
 LAYOUT_FIELDS = ("_shape", "_strides", "_offset", "_dtype", "_device", "_requires_grad")
-# signature(t): everything about a tensor that a compiled program is specialised on, in one C-level call
-signature = operator.attrgetter(*LAYOUT_FIELDS, "_storage.size")
+_LAYOUT_AND_SIZE = operator.attrgetter(*LAYOUT_FIELDS, "_storage.size")
+
+
+THROUGH_BASE = "through its base"  # a signature's requires_grad for a tensor that requires grad through its base alone
+
+
+def signature(t: Tensor) -> tuple:
+    """Everything about a tensor that a compiled program is specialised on, read in one C-level call. Its
+    requires_grad is True, False, or ``THROUGH_BASE`` for a view that requires grad through its base alone
+    (``ops.inplace.requires_grad_through_base_alone``): its outputs require grad, but no gradient reaches it;
+    unless its base has history, which autograd makes it afresh from (``autograd.graph.base_edge``): True."""
+    found = _LAYOUT_AND_SIZE(t)
+    base = t._base
+    if base is None or found[5] or not base._requires_grad:
+        return found
+    return (*found[:5], THROUGH_BASE if base.grad_fn is None else True, found[6])
 
 
 @dataclass(eq=False)
@@ -154,6 +169,9 @@ class BackwardSpec:
     outputs: list[int]  # graph output index of each differentiable output (aligned with tangents)
     inputs: list[Source]  # the tensors the gradients are for
     n_forward: int
+    # tensors read that require grad through their base alone (``ops.inplace.requires_grad_through_base_alone``): no
+    # gradient reaches them, but the outputs computed from them require grad, as eager's do
+    through_base: list[Source] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -189,9 +207,9 @@ class Traced:
     output_requires_grad: list[bool]
     backward: BackwardSpec | None = None
     state_effects: list[StateEffect] = field(default_factory=list)
-    # graph output -> the memory format it is handed back in: the output holds its (N, *S, C) permutation
-    # (see [Note: eager strides of traced values] in compiler/formats.py)
-    output_formats: dict[int, str] = field(default_factory=dict)
+    # graph output -> (shape, strides) it is handed back with, eager's: the output holds the value in the memory order
+    # of those strides (see [Note: eager strides of traced values] in compiler/formats.py)
+    output_layouts: dict[int, tuple] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- pytrees
@@ -291,6 +309,8 @@ class Capture:
         self.sourced: set[int] = set()  # ids of the real tensors already in tensor_sources
         self.owners: list[tuple[Tensor, Source]] = []  # real tensors whose .grad may be read or set
         self.owner_sources: dict[int, Source] = {}  # id of an owner -> its source (the owners' first)
+        # real tensors read that require grad through their base alone: id -> (it, its source) (see BackwardSpec)
+        self.through_base: dict[int, tuple[Tensor, Source]] = {}
         self.saved_grads: dict[int, tuple[Tensor, object]] = {}
         self.histories: list[Tensor] = []  # real tensors read with autograd history made before the call
         # ids of the autograd nodes backward passes in the trace reached (a history's node lives as long as its
@@ -300,7 +320,7 @@ class Capture:
         self.arg_sources: dict[int, Source] = {}  # id of an argument tensor -> its Source
         self.arg_index: dict[int, int] = {}  # id of an argument tensor -> its position among the flat arguments
         self.detached: dict[int, tuple[Tensor, Tensor]] = {}  # id of a real tensor detached here -> (it, origin)
-        self.output_formats: dict[int, str] = {}  # see ``Traced.output_formats``
+        self.output_layouts: dict[int, tuple] = {}  # see ``Traced.output_layouts``
         self.states: list[tuple[dict, dict]] = []  # optimizer state tables and what they held before the trace
         self.live: list[weakref.ref] = []  # every trace tensor made since the last sync (see segments.py)
         # what a data-dependent read does: None raises DataDependentError; a callable(capture, what) runs what
@@ -371,6 +391,8 @@ class Capture:
             described = self.origin_of(t)
             source = self.arg_sources.get(id(described)) or self._owner_source(described) or \
                 self._source_for(described)
+        if t._base is not None and (entry is None or entry.current is entry.input):
+            _refresh_history(t)
         if entry is None:
             st = t._storage
             dense = t._offset == 0 and t.numel() == st.size and S.is_contiguous(t._shape, t._strides)
@@ -396,6 +418,8 @@ class Capture:
             self.owners.append((t, source))
             self.owner_sources[id(t)] = source
             self.saved_grads.setdefault(id(t), (t, t._grad))
+        elif requires_grad_through_base_alone(t):
+            self.through_base.setdefault(id(t), (t, source))
 
     def _unique_label(self, label: str) -> str:
         taken = self.labels
@@ -747,22 +771,24 @@ class Capture:
         inputs = [e.input for e in self.entries.values()] + (backward.tangents if backward else [])
         graph = Graph(inputs, list(self.body), outputs, writes)
         return Traced(graph, self.tensor_sources, presence, effects, spec, out_leaves, requires, backward,
-                      state_effects, dict(self.output_formats))
+                      state_effects, dict(self.output_layouts))
 
     def _in_eager_format(self, leaf: Tensor, k: int, is_base: bool) -> Node:
-        """The value of returned tensor ``k``; one that eager returns channels-last is computed in its (N, *S, C)
-        order and handed back through the inverse permutation (its gradient, differentiated from the traced value,
-        comes in in the logical order; see [Note: eager strides of traced values] in ``compiler/formats.py``)."""
+        """The value of returned tensor ``k``; one that eager lays out densely in another order than row-major
+        (channels-last, a transposed operand's order) is computed in that memory order and handed back with eager's
+        strides (its gradient, differentiated from the traced value, comes in in the logical order; see [Note: eager
+        strides of traced values] in ``compiler/formats.py``)."""
         value = self.value_of(leaf)
-        fmt = format_of(leaf)
-        rank = len(value.type.shape)
-        if fmt == CONTIGUOUS or rank not in (4, 5) or is_base:
+        strides = leaf._strides
+        order = S.dense_order(leaf._shape, strides)
+        if order is None or is_base or strides == S.contiguous_strides(leaf._shape):
             return value
-        dims = to_channels_last(rank)
-        ty = TensorType(tuple(value.type.shape[d] for d in dims), value.type.dtype, value.type.device)
-        last = self.emit("permute", (value,), (Ref(0), dims), ty)
-        self.output_formats[k] = fmt
-        return self.emit("clone", (last,), (Ref(0), None), ty)
+        self.output_layouts[k] = (leaf._shape, strides)
+        if not order or leaf.numel() == 0:  # row-major but for the strides of size-1 dims, or no element to place
+            return value
+        ty = TensorType(S.permuted(leaf._shape, order), value.type.dtype, value.type.device)
+        in_memory_order = self.emit("permute", (value,), (Ref(0), order), ty)
+        return self.emit("clone", (in_memory_order,), (Ref(0), None), ty)
 
     def _input_view(self, leaf: Tensor, flat_args: list) -> OutputView | None:
         """A returned trace tensor that is a view of the memory of a tensor the function was given or holds (see
@@ -774,7 +800,7 @@ class Capture:
         base = entry.source.fetch(flat_args)
         # a view that needs grad where its base does not was written in place by a differentiable value: the
         # program's output carries that history, a view of the base would not
-        if leaf._requires_grad and not (base._requires_grad and base.grad_fn is None):
+        if leaf._requires_grad and not (base.requires_grad and base.grad_fn is None):
             return None
         return OutputView(entry.source, alias.geometry, leaf._requires_grad)
 
@@ -825,13 +851,14 @@ class Capture:
         from tilewise.autograd import grad
 
         holders = list(self.owners)
-        if not differentiable or not holders:
+        through_base = [source for _, source in self.through_base.values()]
+        if not differentiable or not (holders or through_base):
             return None
         tangents = [Node("input", (), (), self.value_of(leaf).type, tag=f"d_out{k}") for k, leaf in differentiable]
         recorded = len(self.body)
         try:
             grads = grad([leaf for _, leaf in differentiable], [h for h, _ in holders],
-                         [trace_tensor(t) for t in tangents], retain_graph=True, allow_unused=True)
+                         [trace_tensor(t) for t in tangents], retain_graph=True, allow_unused=True) if holders else []
         except RuntimeError:  # the function already ran backward through its outputs: they stay detached
             self.defined.difference_update(self.body[recorded:])
             del self.body[recorded:]
@@ -842,7 +869,7 @@ class Capture:
             if g is not None:
                 outputs.append(self.value_of(g))
                 sources.append(src)
-        return BackwardSpec(tangents, [k for k, _ in differentiable], sources, n_forward)
+        return BackwardSpec(tangents, [k for k, _ in differentiable], sources, n_forward, through_base)
 
     def _grad_effects(self, outputs: list, requires: list, returned: dict[int, int]):
         """How ``.grad`` of each owner changed, and for those that did, whether it was set when traced (a
@@ -887,6 +914,22 @@ class Capture:
             for owner, entry in before.items():
                 state[owner].clear()
                 state[owner].update(entry)
+
+
+def _refresh_history(view: Tensor) -> None:
+    """A real view lifted while its memory holds what it held before the call: if autograd will make it afresh from
+    its base when it next takes it (its base was written since it was made), that is done now, eagerly, as eager
+    would on its first use, so that the trace reads the view's current history (made afresh inside the trace, its
+    history would be the trace's)."""
+    grad_mode = STATE.grad_enabled
+    if grad_mode is False:  # (``None`` while autograd records the operator that reads it: grad mode is on)
+        return
+    STATE.grad_enabled = True
+    try:
+        with suspended():
+            refresh_view_history(view)
+    finally:
+        STATE.grad_enabled = grad_mode
 
 
 def _default_generator():

@@ -14,12 +14,13 @@ applied to those strides), ``view``'s refusals, ``reshape``'s choice between a v
 over the memory answer as in eager. A composite's result takes the strides its decomposition gave (capture runs it
 anyway); a primitive's come from the rules here; an operator they do not know returns row-major, as most do.
 
-A returned tensor that eager lays out channels-last leaves the program as its (N, *S, C) permutation (``permute``,
-``clone``), handed back as the (N, C, *S) tensor with channels-last strides (its gradient, if it needs one, is the
-traced value's, taken in the logical order). The CUDA target's channels-last lowering writes such a value where it
-lies instead of the transposing copy it made before (``lowering/channels_last.py``). A returned tensor in another
-order than row-major or channels-last (a transposed matrix's element-wise result) comes back row-major, with the
-same values.
+A returned tensor that eager lays out densely in another order than row-major (channels-last, a transposed matrix's
+element-wise result) leaves the program as the permutation that is its memory order (``permute``, ``clone``; for
+channels-last its (N, *S, C) permutation), handed back as the tensor of its logical shape with eager's strides (its
+gradient, if it needs one, is the traced value's, taken in the logical order). The CUDA target's channels-last
+lowering writes such a value where it lies instead of the transposing copy it made before
+(``lowering/channels_last.py``). A returned tensor with no dense layout in eager (a slice of an intermediate) comes
+back row-major, with the same values.
 """
 
 from __future__ import annotations

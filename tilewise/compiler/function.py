@@ -73,7 +73,6 @@ from tilewise.autograd.function import Function
 from tilewise.autograd.grad_mode import no_grad
 from tilewise.compiler.capture import OutputView, Source, Traced, capturing, flatten, leaf_labels, start, unflatten
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, user_frame
-from tilewise.compiler.formats import from_channels_last
 from tilewise.compiler.guards import Guards, Recorder, make_guards
 from tilewise.compiler.lowering.partition import partition
 from tilewise.compiler.meta import suspended
@@ -143,7 +142,9 @@ class Variant:
     def run(self, flat: list):
         traced = self.traced
         if self.backward is not None and STATE.grad_enabled:
-            inputs = [source.fetch(flat) for source in traced.backward.inputs]
+            spec = traced.backward
+            inputs = [source.fetch(flat) for source in spec.inputs] + [source.fetch(flat) for source in
+                                                                        spec.through_base]
             outputs = CompiledCall.apply(self, flat, *inputs)
         else:
             outputs, _ = self.run_forward(flat)
@@ -168,8 +169,8 @@ class Variant:
         inputs = list(map(_STORAGE_DATA, tensors))
         arrays = self.forward.run(inputs, self.staged)
         outputs = [_tensor(a, node) for a, node in zip(arrays, graph.outputs)]
-        for k in traced.output_formats:
-            outputs[k] = _from_channels_last(outputs[k])
+        for k, (shape, strides) in traced.output_layouts.items():
+            outputs[k] = _with_eager_strides(outputs[k], shape, strides)
         for t in written:  # a program's input is a tensor with storage: its version is its storage's
             t._storage.version += 1
             t._array = None
@@ -249,12 +250,11 @@ def _tensor(data, node) -> Tensor:
     return Tensor._make(storage, shape, S.contiguous_strides(shape), 0, dtype, device)
 
 
-def _from_channels_last(t: Tensor) -> Tensor:
-    """A program output holding an (N, *S, C) value, handed back as the (N, C, *S) tensor it stands for: the same
-    memory, channels-last strides, no view of anything (see [Note: eager strides of traced values] in formats.py)."""
-    order = from_channels_last(len(t._shape))
-    return Tensor._make(t._storage, tuple(t._shape[d] for d in order), tuple(t._strides[d] for d in order), 0,
-                        t._dtype, t._device)
+def _with_eager_strides(t: Tensor, shape: tuple, strides: tuple) -> Tensor:
+    """A program output holding a value in the memory order of eager's ``strides``, handed back as the tensor of
+    ``shape`` it stands for: the same memory, those strides, no view of anything (see [Note: eager strides of traced
+    values] in formats.py)."""
+    return Tensor._make(t._storage, shape, strides, 0, t._dtype, t._device)
 
 
 class CompiledCall(Function):
@@ -270,7 +270,8 @@ class CompiledCall(Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, None, *ctx.variant.run_backward(ctx.residuals, list(grads)))
+        through_base = [None] * len(ctx.variant.traced.backward.through_base)  # no gradient reaches those
+        return (None, None, *ctx.variant.run_backward(ctx.residuals, list(grads)), *through_base)
 
 
 def _entry_sources(traced: Traced) -> list[Source]:
@@ -308,7 +309,7 @@ def _slices_rebased(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict | None
     windows: dict = {}
 
     def window(a):
-        if type(a) is not Tensor or a._requires_grad or a._trace is not None or a._vmap is not None \
+        if type(a) is not Tensor or a.requires_grad or a._trace is not None or a._vmap is not None \
                 or a._offset == 0 and a._storage.size == S.numel(a._shape) or a._device.type not in ("cpu", "cuda") \
                 or a._storage.data is None or sum(s is a._storage for s in storages) > 1:
             return a

@@ -805,9 +805,12 @@ class Guards:
         others = [k for k, (source, _) in enumerate(self.tensors) if source.kind != "object"]
         self._order = objects + others
         self._objects = [self.tensors[k][0].obj for k in objects]
+        # a held view's requires_grad may follow its base's (``capture.signature``), which its layout does not show
+        self._held_views = [t for t in self._objects if t._base is not None]
         self._others = [self.tensors[k][0] for k in others]
         self._expected = [self.tensors[k][1] for k in self._order]
-        self._passed: tuple | None = None  # (held layouts, other storages) of the last call that passed
+        self._passed: tuple | None = None  # (held layouts, other storages, held views' signatures) of the last call
+        # that passed
         self._held_storages: frozenset = frozenset()  # ids of the held tensors' storages at that call
         # the storage group (the pattern's first position) of each argument tensor, and of the held tensors
         self._other_groups = [self.aliasing[k] if k < len(self.aliasing) else k for k in others]
@@ -819,8 +822,9 @@ class Guards:
         other_signatures = [signature(t) if type(t) is Tensor else None for t in others]
         other_storages = [id(t._storage) if type(t) is Tensor else 0 for t in others]
         held = list(map(_LAYOUT, self._objects))
+        views = list(map(signature, self._held_views))
         passed = self._passed
-        if passed is not None and passed[0] == held:
+        if passed is not None and passed[0] == held and passed[2] == views:
             # the held tensors are as at the last call that passed, their storages the same objects: only the
             # arguments' signatures, and their storages' sharing, are left to check
             if other_signatures != self._expected[len(held):]:
@@ -829,7 +833,7 @@ class Guards:
                 return None
             if not self._arguments_share_as_compiled(other_storages):
                 return "tensors that shared storage when compiled no longer do (or the reverse)"
-            self._passed = (held, other_storages)
+            self._passed = (held, other_storages, views)
             return None
         if list(map(signature, self._objects)) + other_signatures != self._expected:
             return self._explain(flat)
@@ -842,7 +846,7 @@ class Guards:
         # one assignment, so that a thread checking at the same time sees one call's pair; holding the layouts
         # holds the storages: no other storage can take their ids while compared
         self._held_groups = {in_order[k]: self.aliasing[k] for k in self._order[:len(held)]}
-        self._passed = (held, other_storages)
+        self._passed = (held, other_storages, views)
         self._held_storages = frozenset(id(t._storage) for t in self._objects)
         return None
 

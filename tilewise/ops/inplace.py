@@ -24,8 +24,8 @@ when made, and a kind), because what an in-place write means for them depends on
                  of the values before the write);
   ``NO_GRAD``    views made under no_grad of a tensor that requires grad: they require grad through their base alone
                  (no grad_fn and no gradient accumulator of their own: a gradient reaching them goes nowhere, as
-                 torch's), and take no in-place write under grad mode, nor, once their memory was written, any use
-                 by autograd;
+                 torch's; ``requires_grad`` follows the base's flag, as any view's without a grad_fn does), and take
+                 no in-place write under grad mode, nor, once their memory was written, any use by autograd;
   ``INFERENCE``  the same, made in inference mode (of a tensor that is no inference tensor), in torch's words.
 A view of a watched view is watched alike (under no_grad it becomes ``NO_GRAD``, in inference mode ``INFERENCE``,
 as torch propagates the meta). Autograd checks the version whenever it takes such a view as an input
@@ -45,9 +45,9 @@ from tilewise.tensor import INFERENCE_INPLACE, Tensor, tensor
 
 def _any_requires_grad(args, kwargs) -> bool:
     for a in (*args, *kwargs.values()):
-        if type(a) is Tensor and a._requires_grad:
+        if type(a) is Tensor and a.requires_grad:
             return True
-        if isinstance(a, (list, tuple)) and any(type(b) is Tensor and b._requires_grad for b in a):
+        if isinstance(a, (list, tuple)) and any(type(b) is Tensor and b.requires_grad for b in a):
             return True
     return False
 
@@ -89,10 +89,11 @@ def watch_view(view: Tensor, kind: str) -> None:
 
 
 def requires_grad_through_base_alone(t: Tensor) -> bool:
-    """Whether ``t`` requires grad as a view made under no_grad or in inference mode does: through its base, with no
-    grad_fn and no gradient accumulator of its own (torch's views of creation meta NO_GRAD_MODE / INFERENCE_MODE)."""
-    meta = t._view_meta
-    return meta is not None and meta[1] in _MADE_WHERE and t.grad_fn is None
+    """Whether ``t`` requires grad through its base alone: a view with no grad_fn and no flag of its own whose base
+    requires grad now (made under no_grad or in inference mode of a tensor that requires grad, or of one that came
+    to require grad later). It has no gradient accumulator: a gradient that reaches it goes nowhere, as in torch."""
+    base = t._base
+    return base is not None and base._requires_grad and not t._requires_grad
 
 
 def check_view_write(self: Tensor, name: str) -> None:
@@ -200,7 +201,7 @@ def make_inplace(fn, name: str):
         check_no_internal_overlap(self, f"{name}_")
         if self._view_meta is not None and STATE.grad_enabled:
             check_view_write(self, f"{name}_")
-        recording = STATE.grad_enabled and (self._requires_grad or _any_requires_grad(args, kwargs))
+        recording = STATE.grad_enabled and (self.requires_grad or _any_requires_grad(args, kwargs))
         if recording:
             check_inplace_allowed(self, f"{name}_")
         dual = bool(dispatch.dual_levels)  # a tangent rule may read ``self`` after the write: give it the value
@@ -257,11 +258,11 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
                                f"{self._dtype.name}")
         result = result.to(self._dtype)
     if STATE.grad_enabled:
-        if result._requires_grad or self._requires_grad:
+        if result._requires_grad or self.requires_grad:
             check_inplace_allowed(self, name)
         elif self._view_meta is not None:
             check_view_write(self, name)
-        if self._requires_grad and not result._requires_grad:
+        if self.requires_grad and not result._requires_grad:
             # values that need no gradient written over a tensor that does (``fill_``, ``zero_``, ``copy_`` of a
             # constant): the write is recorded, so no gradient reaches what ``self`` held before
             result = OPS["_overwrite"](self, result)

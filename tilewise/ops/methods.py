@@ -37,7 +37,7 @@ def broadcast_shapes(*shapes) -> Size:
 def _inplace_view(name: str, view_name: str):
     def method(self, *args, **kwargs):
         check_inference_write(self)
-        recording = self._requires_grad and STATE.grad_enabled is not False
+        recording = self.requires_grad and STATE.grad_enabled is not False
         if recording and self.grad_fn is None and self._base is None:
             raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an in-place operation.")
         # under grad mode the shape change is recorded as the view it makes (torch's UnsqueezeBackward1 and the

@@ -526,7 +526,7 @@ def _index_select(self, dim, index):
     x, d, key = _along(self, dim, index, "index_select")
     check_index_range(key[-1], x.shape[d], d, "index_select")
     with _index_errors_named("index_select", negative_wraps=False):
-        out = OPS["index.Tensor"](x, key)
+        out = OPS["index.Tensor"](x, key).contiguous()  # row-major, as torch's (indexing keeps x's order)
     return out.reshape(()) if self.ndim == 0 else out
 
 
@@ -560,7 +560,7 @@ def _take(self, index):
     check_index_dtype(index, "take")
     check_flat_range(index, self.numel(), "take")
     with _index_errors_named("take"):
-        return OPS["index.Tensor"](self.reshape(-1), (index,))
+        return OPS["index.Tensor"](self.reshape(-1), (index,)).contiguous()  # row-major, as torch's
 
 
 def _take_along_dim(self, indices, dim=None):

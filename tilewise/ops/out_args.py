@@ -30,9 +30,9 @@ def _requires_grad(values) -> bool:
     # ops.inplace has the same test over args and kwargs; importing it from here would close an import cycle
     # (registry -> out_args -> inplace -> registry)
     for a in values:
-        if type(a) is Tensor and a._requires_grad:
+        if type(a) is Tensor and a.requires_grad:
             return True
-        if isinstance(a, (list, tuple)) and any(type(b) is Tensor and b._requires_grad for b in a):
+        if isinstance(a, (list, tuple)) and any(type(b) is Tensor and b.requires_grad for b in a):
             return True
     return False
 

@@ -14,6 +14,7 @@ forms every product explicitly, so second derivatives at zeros are exact too.
 from __future__ import annotations
 
 from tilewise import strides as S
+from tilewise.layouts import contiguous_format
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import shift_dims
 from tilewise.ops.batching_rules import searchsorted_rule
@@ -186,7 +187,8 @@ def _kthvalue(self, k, dim=-1, keepdim=False):
     values, indices = self.sort(d, stable=True)
     if self.ndim == 0:
         return values, indices
-    values, indices = values.select(d, k - 1), indices.select(d, k - 1)
+    # fresh and row-major, as torch's (a slice of the sorted values would be a view of them)
+    values, indices = (t.select(d, k - 1).clone(memory_format=contiguous_format) for t in (values, indices))
     if keepdim:
         return values.unsqueeze(d), indices.unsqueeze(d)
     return values, indices

@@ -63,30 +63,29 @@ def make_view(x: Tensor, shape: tuple, strides: tuple, offset: int, dtype) -> Te
     """A view of ``x`` with this geometry, tracked as a view of ``x``'s base."""
     storage = x._storage
     out = Tensor._make(storage, shape, strides, offset, dtype, x._device)
+    base = x._base
     # an inference tensor's views are not tracked as views, as in torch (nothing can record through them)
     if storage is None or not storage.inference:
-        base = x._base
         out._base = x if base is None else base
     out._trace = x._trace
     if x._untracked:
         out.__dict__["_untracked"] = True
     meta = x._view_meta
-    if meta is not None or x._requires_grad:
+    if meta is not None or x._requires_grad or base is not None and base._requires_grad:
         _watch_view_of(x, out, meta)
     return out
 
 
 def _watch_view_of(x: Tensor, out: Tensor, meta: tuple | None) -> None:
-    """A view of a watched view is watched alike; one made under no_grad or inference mode is watched as such, and
-    requires grad where ``x`` does, through its base alone (no grad_fn, no gradient of its own); any other view of a
-    tensor that requires grad is made afresh from its base if its memory is written before autograd takes it
-    (torch's view regeneration; see [Note: watched views] in ops/inplace.py)."""
+    """A view of a watched view is watched alike; one made under no_grad or inference mode is watched as such (it
+    requires grad through its base alone: no grad_fn, no gradient of its own; see ``Tensor.requires_grad``); any
+    other view of a tensor that requires grad is made afresh from its base if its memory is written before autograd
+    takes it (torch's view regeneration; see [Note: watched views] in ops/inplace.py)."""
     if STATE.grad_enabled is False:
         if out._base is None:  # a view of an inference tensor is no view, as in torch
             return
         made_in_inference = STATE.inference or (meta is not None and meta[1] == INFERENCE)
         watch_view(out, INFERENCE if made_in_inference else NO_GRAD)
-        out._requires_grad = x._requires_grad
     elif meta is not None:
         watch_view(out, meta[1])
     elif STATE.grad_enabled is not False:  # on, or recording this view (``dispatch.GRAD_OFF_FOR_RECORDING``)

@@ -446,7 +446,7 @@ def run_reduction(op, args: tuple):
         return from_contiguous_array(res, out_dtype)
     if res.dtype != out_dtype.np:
         res = cast_array(res, out_dtype.np)
-    return from_array(res, out_dtype)
+    return from_array(np.asarray(res, order="C"), out_dtype)  # row-major whatever the input's order, as torch's
 
 
 def _reduction_plan(op, args: tuple) -> tuple:

@@ -155,7 +155,7 @@ def logcumsumexp(self, dim):
     d = dim % a.ndim
     with np.errstate(all="ignore"):
         out = np.logaddexp.accumulate(work, axis=d) if a.size else work
-    return from_array(np.asarray(out).astype(self.dtype.np), self.dtype)
+    return from_array(np.asarray(out).astype(self.dtype.np, order="C"), self.dtype)  # row-major, as torch's
 
 
 # ---------------------------------------------------------------- reductions into indexed positions (ops/indexed.py)
@@ -195,7 +195,7 @@ def scatter_reduce(self, dim, index, src, reduce, include_self=True):
         np.add.at(counts, where, 1)
         counts = np.maximum(counts, 1)
         out = out / counts if out.dtype.kind == "f" else np.floor_divide(out, counts)
-    return from_array(np.asarray(out).astype(dtype.np).reshape(self.shape), dtype)
+    return from_array(np.asarray(out).astype(dtype.np, order="C").reshape(self.shape), dtype)  # row-major, as torch's
 
 
 def _identity(reduce: str, dtype: np.dtype):

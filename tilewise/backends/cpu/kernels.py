@@ -578,7 +578,8 @@ def gather(self, dim, index, sparse_grad=False):
     src = _at_least_1d(self)
     slices = tuple(slice(0, n) for n in idx.shape)
     src = src[tuple(slices[k] if k != d else slice(None) for k in range(src.ndim))]
-    return _out(np.take_along_axis(src, idx, axis=d).reshape(index.shape), self.dtype)
+    # row-major whatever the index's order, as torch's
+    return _out(np.asarray(np.take_along_axis(src, idx, axis=d).reshape(index.shape), order="C"), self.dtype)
 
 
 def _scatter(self, dim, index, src, accumulate, op):

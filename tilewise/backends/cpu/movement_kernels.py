@@ -21,6 +21,12 @@ def _out(array, dtype) -> Tensor:
     return from_array(array, dtype)
 
 
+def _row_major(array, dtype) -> Tensor:
+    """A scan's result, row-major whatever its input's order, as torch's scans lay theirs out (numpy's keep the
+    input's order)."""
+    return from_array(np.asarray(array, order="C"), dtype)
+
+
 def _keys(t: Tensor) -> np.ndarray:
     """The values to compare or accumulate: half precision widened to float32."""
     a = t._np()
@@ -46,7 +52,7 @@ def _accumulate(self, dim, dtype, fn, name):
     if a.ndim == 0:
         return _out(a.copy(), out_dtype)
     with np.errstate(over="ignore", invalid="ignore"):  # widening first: numpy's dtype= casts element by element
-        return _out(cast_array(fn(a.astype(carry, copy=False), axis=d), out_dtype.np), out_dtype)
+        return _row_major(cast_array(fn(a.astype(carry, copy=False), axis=d), out_dtype.np), out_dtype)
 
 
 @kernel("cumsum")
@@ -70,7 +76,7 @@ def _running_extreme(self, dim, ufunc, name):
     positions = np.arange(a.shape[d]).reshape((-1,) + (1,) * (a.ndim - d - 1))
     candidates = np.where(attained, positions, 0)
     indices = np.maximum.accumulate(candidates, axis=d) if a.shape[d] else candidates
-    return _out(values, self.dtype), _out(indices, dtypes.int64)
+    return _row_major(values, self.dtype), _row_major(indices, dtypes.int64)
 
 
 @kernel("cummax")
