@@ -298,6 +298,38 @@ def test_detach_in_place():
     assert y.grad_fn is None and not y.requires_grad and y.is_leaf
 
 
+@pytest.mark.parametrize("make", ["plain", "of_history", "no_grad"])
+def test_detach_in_place_refuses_a_view_as_torch(make):
+    def view(lib):
+        base = lib.ones(4, requires_grad=make != "plain")
+        if make == "no_grad":
+            with lib.no_grad():
+                return base[:2]
+        return base[:2]
+    with pytest.raises(RuntimeError, match="Can't detach views in-place") as expected:
+        view(torch).detach_()
+    with pytest.raises(RuntimeError, match=r"Can't detach views in-place. Use detach\(\) instead."):
+        view(tw).detach_()
+    assert str(expected.value).startswith("Can't detach views in-place. Use detach() instead.")
+
+
+@pytest.mark.parametrize("owner", ["module", "optimizer"])
+def test_zero_grad_in_place_keeps_gradients_that_are_views_as_torch(owner):
+    """Gradients that are views of one flat buffer (as DDP's bucket views) are zeroed in place, not detached."""
+    results = []
+    for lib in (torch, tw):
+        model = lib.nn.Linear(3, 2)
+        flat = lib.arange(8, dtype=lib.float32)
+        model.weight.grad, model.bias.grad = flat[:6].view(2, 3), flat[6:]
+        if owner == "module":
+            model.zero_grad(set_to_none=False)
+        else:
+            lib.optim.SGD(model.parameters(), lr=0.1).zero_grad(set_to_none=False)
+        assert model.weight.grad._base is flat
+        results.append(flat.numpy().copy())
+    np.testing.assert_array_equal(*results)
+
+
 # ---------------------------------------------------------------------------- hooks and retain_grad
 
 def test_tensor_hooks_match_torch():

@@ -540,6 +540,13 @@ class Tensor:
         return out
 
     def detach_(self) -> Tensor:
+        """Detach this tensor from the graph that made it, in place; refused for a view, as torch refuses it."""
+        if self._base is not None:
+            raise RuntimeError(
+                "Can't detach views in-place. Use detach() instead. If you are using DistributedDataParallel (DDP) "
+                "for training, and gradient_as_bucket_view is set as True, gradients are views of DDP buckets, and "
+                "hence detach_() cannot be called on these gradients. To fix this error, please refer to the "
+                "Optimizer.zero_grad() function in tilewise/optim/optimizer.py as the solution.")
         self.grad_fn = None
         self._requires_grad = False
         return self

@@ -440,8 +440,11 @@ class Module:
                 continue
             if set_to_none:
                 p.grad = None
-            else:
-                p.grad.detach_()
+            else:  # as torch's: a gradient with history is detached, one without only stops requiring grad
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
+                else:
+                    p.grad.requires_grad_(False)
                 zeros_(p.grad)
 
     def apply(self, fn: Callable[[Module], None]) -> Module:
