@@ -17,6 +17,13 @@ their root in ``_tw_alias``; everything else about them is an ordinary Tensor. A
 another order than row-major (channels-last, a transposed operand's order) is such a view too, with eager's
 strides, of a root holding it in that memory order (see [Note: eager strides of traced values] in formats.py).
 
+A composite operator (softmax, layer_norm, linear) is recorded as one node, which the decompose pass expands
+later; capture runs its decomposition on the trace tensors only to learn its results' types and strides, and that
+it neither writes in place, reads values nor returns an argument. A later call that looks the same to the
+decomposition (``_call_key``: the operator, the modes, the arguments' geometry and dtypes, its numbers) takes what
+the first call found: a model's layers and an optimizer's per-parameter updates decompose once per shape, not once
+per call (decomposing them again took over a quarter of tracing a transformer's training step).
+
 Real tensors a function reads without receiving them as arguments (module parameters, closure
 variables, gradients) are lifted to inputs the first time an operator sees them, with a ``Source`` that
 says how to fetch them again on the next call. Python code that needs a traced value (``.item()``,
@@ -41,12 +48,14 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
+from tilewise import dispatch
 from tilewise import strides as S
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, data_dependent_error, user_frame
 from tilewise.compiler.formats import CONTIGUOUS, format_of, result_strides, to_channels_last
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer, suspended
 from tilewise.dispatch import STATE, register_tracer
+from tilewise.dtypes import get_default_dtype
 from tilewise.ops.inplace import watch_view
 from tilewise.tensor import TRACE_HOOKS, Tensor
 
@@ -277,6 +286,34 @@ def _aliases_an_input(out, args: tuple) -> bool:
     return False
 
 
+def _call_key(op, args: tuple) -> tuple | None:
+    """What a composite's decomposition can learn of a call without reading values: the operator, the modes it runs
+    under, and per argument a tensor's geometry, dtype, device, grad flag, whether it is real or traced and a view or
+    not, and which earlier argument it is again, if it is; any other argument by type and value (a float by its repr,
+    which tells -0.0 from 0.0). None where the call cannot be told apart so (an unhashable argument; forward AD or
+    vmap, whose rules run inside it)."""
+    if dispatch.dual_levels or STATE.vmap or STATE.autocast is not None:
+        return None
+    seen: dict[int, int] = {}
+
+    def part(a):
+        if type(a) is Tensor:
+            return (a._shape, a._strides, a._offset, a._dtype, a._device, a._requires_grad, a._trace is None,
+                    a._base is None, seen.setdefault(id(a), len(seen)))
+        if isinstance(a, float):
+            return (type(a), repr(a))
+        if isinstance(a, (tuple, list)):
+            return (type(a), tuple([part(x) for x in a]))
+        return (type(a), a)
+
+    key = (op, STATE.grad_enabled, STATE.inference, get_default_dtype(), tuple([part(a) for a in args]))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 class Capture:
     def __init__(self, names: dict[int, str] | None = None, inline_composites: bool = False, keep=None,
                  rng_origin: int = 0):
@@ -307,6 +344,11 @@ class Capture:
         # was recorded so far and makes every live trace tensor real (a graph break, see segments.py)
         self.breaks = None
         self.on_operator = None  # called as each operator is recorded (the recorder reads the user code on the stack)
+
+        # a composite call's key (``_call_key``) -> the result types and strides its decomposition gave, for calls
+        # it recorded as one node: the same call again (every layer of a model, every parameter of an update) is
+        # not decomposed again
+        self.composite_results: dict[tuple, tuple] = {}
 
         self.rng_origin = rng_origin  # the position the first draw of the default generator is named after
         self.rng_start: dict[object, int] = {}  # generator -> the offset its positions count from
@@ -556,6 +598,10 @@ class Capture:
                 self.inline_composites and not (self.keep is not None and self.keep(op.full_name, args))):
             return op.decomposition(*args)
         srcs, frozen = self.operands(op, args)
+        key = _call_key(op, args)
+        known = self.composite_results.get(key) if key is not None else None
+        if known is not None:  # the same call as one before: its decomposition would find what that one found
+            return self._composite_node(op, srcs, frozen, *known)
         state = self._snapshot(args)
         position = self.rng_position()
         entries = len(self.entries)
@@ -584,13 +630,21 @@ class Capture:
             ty = tuple(TensorType(o._shape, o._dtype, o._device) if o is not None else None for o in out)
         else:
             ty = TensorType(out._shape, out._dtype, out._device)
-        drew = self.rng_position() != position  # a random composite (dropout): named by its draws' position
-        result = self.wrap(self.emit(op.full_name, srcs, frozen, ty, position if drew else None))
-        decomposed = out if isinstance(out, (tuple, list)) else (out,)
-        for r, o in zip(result if isinstance(result, tuple) else (result,), decomposed):
-            if type(r) is Tensor:  # the strides eager gives it are those its decomposition gave
-                self.lay_out(r, o._strides if type(o) is Tensor and o._offset == 0 else
-                             result_strides(op, args, r._shape))
+        # the strides eager gives each result are those its decomposition gave
+        strides = [None if o is None else o._strides if type(o) is Tensor and o._offset == 0 else
+                   result_strides(op, args, o._shape) for o in (out if isinstance(out, (tuple, list)) else (out,))]
+        if self.rng_position() != position:  # a random composite (dropout): named by its draws' position
+            return self._composite_node(op, srcs, frozen, ty, strides, position)
+        if key is not None:
+            self.composite_results[key] = (ty, strides)
+        return self._composite_node(op, srcs, frozen, ty, strides)
+
+    def _composite_node(self, op, srcs: tuple, frozen: tuple, ty, strides: list, tag=None):
+        """The traced result(s) of a composite recorded whole: its node, laid out as its decomposition laid it out."""
+        result = self.wrap(self.emit(op.full_name, srcs, frozen, ty, tag))
+        for r, s in zip(result if isinstance(result, tuple) else (result,), strides):
+            if type(r) is Tensor:
+                self.lay_out(r, s)
         return result
 
     def _snapshot(self, args: tuple) -> tuple:
