@@ -41,11 +41,34 @@ class GraphError(RuntimeError):
     """A graph that breaks an IR invariant (raised by ``verify``, naming the node and the pass)."""
 
 
-@dataclass(frozen=True)
 class TensorType:
-    shape: tuple[int, ...]
-    dtype: DType
-    device: Device
+    """A graph value's type: its logical shape, dtype and device; equal and hashed by value, and never changed once
+    made (as a node). A plain class rather than a frozen dataclass: a compile makes one for nearly every node and
+    hashes it into the node's key, and the dataclass's ``__init__`` (a call per field) and ``__hash__`` (a tuple
+    per call) cost three times as much."""
+
+    __slots__ = ("shape", "dtype", "device", "_hash")
+
+    def __init__(self, shape: tuple[int, ...], dtype: DType, device: Device):
+        self.shape, self.dtype, self.device, self._hash = shape, dtype, device, None
+
+    def __eq__(self, other) -> bool:
+        if other.__class__ is not TensorType:
+            return NotImplemented
+        return self is other or (self.shape == other.shape and self.dtype == other.dtype and
+                                 self.device == other.device)
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            h = self._hash = hash((self.shape, self.dtype, self.device))
+        return h
+
+    def __reduce__(self):
+        return (TensorType, (self.shape, self.dtype, self.device))
+
+    def __repr__(self) -> str:
+        return f"TensorType(shape={self.shape!r}, dtype={self.dtype!r}, device={self.device!r})"
 
     @property
     def numel(self) -> int:
