@@ -61,13 +61,19 @@ from tilewise.tensor import TRACE_HOOKS, Tensor
 
 
 def _complex_operands(args: tuple) -> bool:
-    return any((type(a) is Tensor and a._dtype.is_complex)
-               or (isinstance(a, tuple) and any(type(x) is Tensor and x._dtype.is_complex for x in a)) for a in args)
+    for a in args:
+        if type(a) is Tensor:
+            if a._dtype.is_complex:
+                return True
+        elif isinstance(a, tuple) and any(type(x) is Tensor and x._dtype.is_complex for x in a):
+            return True
+    return False
 
 
 def _complex_type(ty) -> bool:
-    types = ty if isinstance(ty, tuple) else (ty,)
-    return any(t is not None and t.dtype.is_complex for t in types)
+    if not isinstance(ty, tuple):
+        return ty is not None and ty.dtype.is_complex
+    return any(t is not None and t.dtype.is_complex for t in ty)
 
 
 # ---------------------------------------------------------------------------- where tensors come from
@@ -246,8 +252,7 @@ def trace_tensor(node: Node, strides: tuple | None = None, offset: int = 0) -> T
     return t
 
 
-def _contiguous_geometry(shape: tuple) -> tuple:
-    return (tuple(shape), S.contiguous_strides(shape), 0)
+_REFS = tuple(Ref(i) for i in range(16))  # the Refs of a call's first tensor arguments, made once
 
 
 def _permutation(geometry: tuple, root_shape: tuple) -> tuple | None:
@@ -269,6 +274,10 @@ def _permutation(geometry: tuple, root_shape: tuple) -> tuple | None:
 
 def _inverse(dims: tuple) -> tuple:
     return tuple(sorted(range(len(dims)), key=dims.__getitem__))
+
+
+def _value_dependent(op) -> str:
+    return f"{op.name}() (its result's shape depends on tensor values)"
 
 
 def _aliases_an_input(out, args: tuple) -> bool:
@@ -479,10 +488,10 @@ class Capture:
         return root.current if isinstance(root, StorageEntry) else root._trace
 
     def read(self, root, geometry: tuple) -> Node:
-        value = self.root_value(root)
-        if geometry == _contiguous_geometry(value.type.shape):
-            return value
+        value = root.current if type(root) is StorageEntry else root._trace
         shape, strides, offset = geometry
+        if offset == 0 and shape == value.type.shape and strides == S.contiguous_strides(shape):
+            return value
         ty = TensorType(tuple(shape), value.type.dtype, value.type.device)
         dims = _permutation(geometry, value.type.shape)
         if dims is not None and dims == tuple(range(len(dims))):  # row-major but for the strides of size-1 dims
@@ -499,7 +508,9 @@ class Capture:
         return t.__dict__.get("_tw_alias")
 
     def value_of(self, t: Tensor) -> Node:
-        alias = self.alias_of(t)
+        if t._trace is None:  # a real tensor: a read of its storage's current value
+            return self.read(self.entry_for(t), (t._shape, t._strides, t._offset))
+        alias = t.__dict__.get("_tw_alias")
         if alias is None:
             return t._trace
         current = self.root_value(alias.root)
@@ -542,18 +553,23 @@ class Capture:
 
     # ------------------------------------------------------------------ operators
     def operands(self, op, args: tuple) -> tuple[tuple, tuple]:
+        """The values of a call's tensor arguments (``srcs``) and its arguments with each tensor a ``Ref`` to its
+        value."""
         srcs: list[Node] = []
         frozen = []
-
-        def ref(t):
-            srcs.append(self.value_of(t))
-            return Ref(len(srcs) - 1)
-
         for a in args:
             if type(a) is Tensor:
-                frozen.append(ref(a))
+                frozen.append(_REFS[len(srcs)] if len(srcs) < len(_REFS) else Ref(len(srcs)))
+                srcs.append(self.value_of(a))
             elif isinstance(a, tuple) and any(type(x) is Tensor for x in a):
-                frozen.append(tuple(ref(x) if type(x) is Tensor else x for x in a))
+                items = []
+                for x in a:
+                    if type(x) is Tensor:
+                        items.append(_REFS[len(srcs)] if len(srcs) < len(_REFS) else Ref(len(srcs)))
+                        srcs.append(self.value_of(x))
+                    else:
+                        items.append(x)
+                frozen.append(tuple(items))
             else:
                 frozen.append(a)
         return tuple(srcs), tuple(frozen)
@@ -672,20 +688,22 @@ class Capture:
         if op.kind == "custom" and op.schema.is_inplace:
             return self.run_uncompiled(op, args, "mutates its arguments", "the graph holds custom operators that "
                                        "return new tensors only")
-        what = f"{op.name}() (its result's shape depends on tensor values)"
         if op.full_name in DATA_DEPENDENT_OPS or op.attrs.get("data_dependent"):
-            return self.run_real(op, args, device, what)
+            return self.run_real(op, args, device, _value_dependent(op))
         try:
             ty = infer(op, args, device)
         except DataDependentError:
-            return self.run_real(op, args, device, what)
+            return self.run_real(op, args, device, _value_dependent(op))
         if _complex_operands(args) or _complex_type(ty):
             return self.run_uncompiled(op, args, "on complex tensors", "the C and CUDA targets generate no code for "
                                        "complex dtypes")
         srcs, frozen = self.operands(op, args)
         tag = self.draw(_generator_argument(op, args)) if op.kind == "random" else None
         out = self.wrap(self.emit(op.full_name, srcs, frozen, ty, tag))
-        for t in out if isinstance(out, tuple) else (out,):
+        if type(out) is Tensor:
+            self.lay_out(out, result_strides(op, args, out._shape))
+            return out
+        for t in out:
             if type(t) is Tensor:
                 self.lay_out(t, result_strides(op, args, t._shape))
         return out
@@ -1035,9 +1053,10 @@ TRACE_HOOKS.bump_version = _bump_version
 def _grad_assigned(t: Tensor) -> None:
     """``t.grad = ...`` while this thread traces: what ``.grad`` held before the call is what it holds now, if
     the trace has not seen ``t`` yet (a step that starts with ``p.grad = None`` must not be guarded on None)."""
-    if STATE.trace_depth and t._trace is None:
+    if STATE.trace_depth and t._trace is None and t._requires_grad:
         cap = STATE.captures[-1]
-        cap.add_owner(t, cap.arg_sources.get(id(t)) or cap._source_for(t))
+        if id(t) not in cap.owner_sources:  # (an owner already: its source is found; a training step's zero_grad)
+            cap.add_owner(t, cap.arg_sources.get(id(t)) or cap._source_for(t))
 
 
 TRACE_HOOKS.grad_assigned = _grad_assigned
