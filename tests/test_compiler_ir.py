@@ -127,6 +127,31 @@ def test_a_composite_called_again_alike_is_decomposed_once(monkeypatch):
     assert strides == [(6, 1), (1, 6), (1, 6), (6, 1), (6, 1), (6, 1)]
 
 
+def test_a_composite_recorded_op_by_op_is_decomposed_once_more_for_each_call_alike(monkeypatch):
+    """A decomposition that returns an argument (a layer norm's backward gives its gradient as the bias's) is recorded
+    op by op: tried once to learn that, then run for the record; a later call alike is only run for the record."""
+    op = OPS["_layer_norm_backward"]
+    calls = []
+
+    def counted(*args):
+        calls.append(args[1].shape)
+        return decomposition(*args)
+
+    decomposition = op.decomposition
+    monkeypatch.setattr(op, "decomposition", counted)
+    norms = [tw.nn.LayerNorm(8) for _ in range(3)]
+
+    def fn(x):
+        x = x * 2  # every norm's input and gradient alike: traced values that require grad, row-major
+        for norm in norms:
+            x = norm(x)
+        (x * x).sum().backward()
+
+    g = graph_of(fn, tw.ones(2, 8, requires_grad=True))
+    assert len(calls) == 4
+    assert "_layer_norm_backward" not in ops(g)
+
+
 def test_simplify_identities_and_constant_folding():
     def f(x):
         one = tw.ones(4, 4)

@@ -253,6 +253,7 @@ def trace_tensor(node: Node, strides: tuple | None = None, offset: int = 0) -> T
 
 
 _REFS = tuple(Ref(i) for i in range(16))  # the Refs of a call's first tensor arguments, made once
+_RECORDED_INLINE = "inline"  # what ``Capture.composite_results`` holds for a call recorded op by op
 
 
 def _permutation(geometry: tuple, root_shape: tuple) -> tuple | None:
@@ -355,8 +356,8 @@ class Capture:
         self.on_operator = None  # called as each operator is recorded (the recorder reads the user code on the stack)
 
         # a composite call's key (``_call_key``) -> the result types and strides its decomposition gave, for calls
-        # it recorded as one node: the same call again (every layer of a model, every parameter of an update) is
-        # not decomposed again
+        # it recorded as one node, or _RECORDED_INLINE for calls recorded op by op: the same call again (every layer
+        # of a model, every parameter of an update) is not decomposed again, or only to be recorded
         self.composite_results: dict[tuple, tuple] = {}
 
         self.rng_origin = rng_origin  # the position the first draw of the default generator is named after
@@ -616,10 +617,13 @@ class Capture:
         srcs, frozen = self.operands(op, args)
         key = _call_key(op, args)
         known = self.composite_results.get(key) if key is not None else None
+        if known is _RECORDED_INLINE:  # the same call as one whose decomposition wrote in place or returned an argument
+            return op.decomposition(*args)
         if known is not None:  # the same call as one before: its decomposition would find what that one found
             return self._composite_node(op, srcs, frozen, *known)
         state = self._snapshot(args)
         position = self.rng_position()
+        offsets = [gen.offset for gen in self.rng_found]
         entries = len(self.entries)
         body, defined, breaks = self.body, self.defined, self.breaks
         self.body, self.defined, self.breaks = [], set(defined), None  # no graph break inside a node's body
@@ -632,11 +636,17 @@ class Capture:
             needs_values = True
         finally:
             self.body, self.defined, self.breaks = body, defined, breaks
-        if needs_values or self._changed(state) or _aliases_an_input(out, args) or len(self.entries) != entries:
+        grew = len(self.entries) != entries
+        if needs_values or grew or self._changed(state) or _aliases_an_input(out, args):
             # the decomposition writes in place, reads values (a graph break), returns an argument or a view of one
             # (as eager does: the result shares its memory and strides), or makes a tensor from host values (pdist's
             # row pairs, an input of this graph that a later re-trace of the op alone could not bind): record what
-            # it does, not the op
+            # it does, not the op. Writing in place and returning an argument follow from what the key holds: a call
+            # alike is recorded so again without this attempt (a layer norm's backward returns its gradient as the
+            # bias's)
+            drew = len(self.rng_found) != len(offsets) or any(g.offset != o for g, o in zip(self.rng_found, offsets))
+            if key is not None and not (needs_values or grew or drew):
+                self.composite_results[key] = _RECORDED_INLINE
             self._restore(args, state)
             _default_generator().offset -= self.rng_position() - position
             return op.decomposition(*args)
