@@ -334,6 +334,7 @@ class Capture:
         self.defined: set[Node] = set()
         self.entries: dict[int, StorageEntry] = {}
         self.labels: set[str] = set()  # the entries' input tags (a training step has hundreds of entries)
+        self.suffixes: dict[str, int] = {}  # label -> the first ``#k`` suffix that may be free for it
         self.tensor_sources: list[TensorSource] = []
         self.sourced: set[int] = set()  # ids of the real tensors already in tensor_sources
         self.owners: list[tuple[Tensor, Source]] = []  # real tensors whose .grad may be read or set
@@ -453,9 +454,10 @@ class Capture:
         taken = self.labels
         if label not in taken:
             return label
-        k = 1
+        k = self.suffixes.get(label, 1)  # those before it are taken: labels are never given back
         while f"{label}#{k}" in taken:
             k += 1
+        self.suffixes[label] = k + 1
         return f"{label}#{k}"
 
     def origin_of(self, t: Tensor) -> Tensor:
