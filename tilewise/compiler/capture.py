@@ -527,19 +527,23 @@ class Capture:
     def write(self, dst: Tensor, src: Tensor) -> Tensor:
         """``_write_(dst, src)``: the new value of dst is src; its root (if it is a view) is updated too."""
         old = self.value_of(dst)
-        new = self.emit("_write_", (old, self.value_of(src)), (Ref(0), Ref(1)), old.type)
+        new = self.emit("_write_", (old, self.value_of(src)), (_REFS[0], _REFS[1]), old.type)
         alias = self.alias_of(dst)
         if alias is None:
             dst._trace = new
             return dst
         root_value = self.root_value(alias.root)
-        dims = _permutation(alias.geometry, root_value.type.shape)
+        shape, strides, offset = alias.geometry
+        root_shape = root_value.type.shape
+        if offset == 0 and shape == root_shape and strides == S.contiguous_strides(shape):
+            dims = ()  # the whole root, row-major (a parameter or optimizer state updated in place): its new value
+        else:
+            dims = _permutation(alias.geometry, root_shape)
         if dims is not None and dims == tuple(range(len(dims))):  # all of the root, in its order
             updated = new
         elif dims is not None:  # all of the root, in another order: the new root is the value in its order
             updated = self.emit("permute", (new,), (Ref(0), _inverse(dims)), root_value.type)
         else:
-            shape, strides, offset = alias.geometry
             updated = self.emit("view_scatter", (root_value, new),
                                 (Ref(0), Ref(1), tuple(shape), tuple(strides), offset), root_value.type)
         self._set_root(alias.root, updated)
