@@ -44,8 +44,8 @@ class GraphError(RuntimeError):
 class TensorType:
     """A graph value's type: its logical shape, dtype and device; equal and hashed by value, and never changed once
     made (as a node). A plain class rather than a frozen dataclass: a compile makes one for nearly every node and
-    hashes it into the node's key, and the dataclass's ``__init__`` (a call per field) and ``__hash__`` (a tuple
-    per call) cost three times as much."""
+    hashes it into the node's key, and the dataclass's ``__init__`` (a call per field) cost three times as much,
+    its ``__hash__`` (a tuple per call) twice."""
 
     __slots__ = ("shape", "dtype", "device", "_hash")
 
