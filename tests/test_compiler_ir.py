@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tilewise as tw
+import tilewise.nn.functional as F
 from tilewise.compiler.capture import trace
 from tilewise.compiler.errors import DataDependentError
 from tilewise.compiler.ir import Graph, GraphError, Node, Ref, TensorType, format_graph, verify
@@ -17,6 +18,7 @@ from tilewise.compiler.program import lower_program
 from tilewise.compiler.targets import CUDA_TARGET
 from tilewise.config import settings
 from tilewise.device import cpu
+from tilewise.ops.registry import OPS
 
 F32 = TensorType((4, 4), tw.float32, cpu)
 
@@ -98,6 +100,56 @@ def test_decompose_expands_composites_to_primitives():
     assert ops(g) == ["softmax"]
     g = dce(decompose(g))
     assert ops(g) == ["amax", "sub", "exp", "sum", "div"]
+
+
+def test_a_composite_called_again_alike_is_decomposed_once(monkeypatch):
+    """Capture runs a composite's decomposition only to learn its results' types and strides: a later call that
+    looks alike (every layer of a model) reuses them, one that differs in strides or in a number is decomposed."""
+    op = OPS["normalize"]
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].stride())
+        return decomposition(*args)
+
+    decomposition = op.decomposition
+    monkeypatch.setattr(op, "decomposition", counted)
+    strides = []
+
+    def fn(x, y):
+        for a in (x, y.t(), x.t(), y, x):
+            strides.append(F.normalize(a).stride())
+        strides.append(F.normalize(x, eps=1e-3).stride())
+
+    g = graph_of(fn, tw.ones(4, 6), tw.ones(4, 6))
+    assert ops(g).count("normalize") == 5  # normalize(x) twice is one node
+    assert calls == [(6, 1), (1, 6), (6, 1)]
+    assert strides == [(6, 1), (1, 6), (1, 6), (6, 1), (6, 1), (6, 1)]
+
+
+def test_a_composite_recorded_op_by_op_is_decomposed_once_more_for_each_call_alike(monkeypatch):
+    """A decomposition that returns an argument (a layer norm's backward gives its gradient as the bias's) is recorded
+    op by op: tried once to learn that, then run for the record; a later call alike is only run for the record."""
+    op = OPS["_layer_norm_backward"]
+    calls = []
+
+    def counted(*args):
+        calls.append(args[1].shape)
+        return decomposition(*args)
+
+    decomposition = op.decomposition
+    monkeypatch.setattr(op, "decomposition", counted)
+    norms = [tw.nn.LayerNorm(8) for _ in range(3)]
+
+    def fn(x):
+        x = x * 2  # every norm's input and gradient alike: traced values that require grad, row-major
+        for norm in norms:
+            x = norm(x)
+        (x * x).sum().backward()
+
+    g = graph_of(fn, tw.ones(2, 8, requires_grad=True))
+    assert len(calls) == 4
+    assert "_layer_norm_backward" not in ops(g)
 
 
 def test_simplify_identities_and_constant_folding():

@@ -47,15 +47,13 @@ class DType:
     # torch: they are created, copied, viewed, compared for equality and cast (e8m0 only). The dispatcher reads
     # this for every tensor argument of every arithmetic call.
     is_storage_only: bool = field(init=False)
+    is_complex: bool = field(init=False)  # the compiler's capture asks it of every operand of every operator
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "itemsize", self.np.itemsize)
         object.__setattr__(self, "is_floating_point", self.category == FLOAT)
         object.__setattr__(self, "is_storage_only", self.name in _STORAGE_ONLY_NAMES)
-
-    @property
-    def is_complex(self) -> bool:
-        return self.category == COMPLEX
+        object.__setattr__(self, "is_complex", self.category == COMPLEX)
 
     def to_real(self) -> DType:
         """The dtype of a complex dtype's parts (complex64 -> float32); other dtypes are their own."""

@@ -17,6 +17,13 @@ their root in ``_tw_alias``; everything else about them is an ordinary Tensor. A
 another order than row-major (channels-last, a transposed operand's order) is such a view too, with eager's
 strides, of a root holding it in that memory order (see [Note: eager strides of traced values] in formats.py).
 
+A composite operator (softmax, layer_norm, linear) is recorded as one node, which the decompose pass expands
+later; capture runs its decomposition on the trace tensors only to learn its results' types and strides, and that
+it neither writes in place, reads values nor returns an argument. A later call that looks the same to the
+decomposition (``_call_key``: the operator, the modes, the arguments' geometry and dtypes, its numbers) takes what
+the first call found: a model's layers and an optimizer's per-parameter updates decompose once per shape, not once
+per call (decomposing them again took over a quarter of tracing a transformer's training step).
+
 Real tensors a function reads without receiving them as arguments (module parameters, closure
 variables, gradients) are lifted to inputs the first time an operator sees them, with a ``Source`` that
 says how to fetch them again on the next call. Python code that needs a traced value (``.item()``,
@@ -41,6 +48,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
+from tilewise import dispatch
 from tilewise import strides as S
 from tilewise.autograd.graph import refresh_view_history
 from tilewise.compiler.errors import DataDependentError, UnsupportedTargetError, data_dependent_error, user_frame
@@ -48,18 +56,25 @@ from tilewise.compiler.formats import result_strides
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType
 from tilewise.compiler.meta import DATA_DEPENDENT_OPS, infer, suspended
 from tilewise.dispatch import STATE, register_tracer
+from tilewise.dtypes import get_default_dtype
 from tilewise.ops.inplace import requires_grad_through_base_alone, watch_view
 from tilewise.tensor import TRACE_HOOKS, Tensor
 
 
 def _complex_operands(args: tuple) -> bool:
-    return any((type(a) is Tensor and a._dtype.is_complex)
-               or (isinstance(a, tuple) and any(type(x) is Tensor and x._dtype.is_complex for x in a)) for a in args)
+    for a in args:
+        if type(a) is Tensor:
+            if a._dtype.is_complex:
+                return True
+        elif isinstance(a, tuple) and any(type(x) is Tensor and x._dtype.is_complex for x in a):
+            return True
+    return False
 
 
 def _complex_type(ty) -> bool:
-    types = ty if isinstance(ty, tuple) else (ty,)
-    return any(t is not None and t.dtype.is_complex for t in types)
+    if not isinstance(ty, tuple):
+        return ty is not None and ty.dtype.is_complex
+    return any(t is not None and t.dtype.is_complex for t in ty)
 
 
 # ---------------------------------------------------------------------------- where tensors come from
@@ -255,8 +270,8 @@ def trace_tensor(node: Node, strides: tuple | None = None, offset: int = 0) -> T
     return t
 
 
-def _contiguous_geometry(shape: tuple) -> tuple:
-    return (tuple(shape), S.contiguous_strides(shape), 0)
+_REFS = tuple(Ref(i) for i in range(16))  # the Refs of a call's first tensor arguments, made once
+_RECORDED_INLINE = "inline"  # what ``Capture.composite_results`` holds for a call recorded op by op
 
 
 def _permutation(geometry: tuple, root_shape: tuple) -> tuple | None:
@@ -280,6 +295,10 @@ def _inverse(dims: tuple) -> tuple:
     return tuple(sorted(range(len(dims)), key=dims.__getitem__))
 
 
+def _value_dependent(op) -> str:
+    return f"{op.name}() (its result's shape depends on tensor values)"
+
+
 def _aliases_an_input(out, args: tuple) -> bool:
     """Whether a decomposition returned one of its tensor arguments, or a view of one's memory."""
     inputs = set()
@@ -295,6 +314,34 @@ def _aliases_an_input(out, args: tuple) -> bool:
     return False
 
 
+def _call_key(op, args: tuple) -> tuple | None:
+    """What a composite's decomposition can learn of a call without reading values: the operator, the modes it runs
+    under, and per argument a tensor's geometry, dtype, device, grad flag, whether it is real or traced and a view or
+    not, and which earlier argument it is again, if it is; any other argument by type and value (a float by its repr,
+    which tells -0.0 from 0.0). None where the call cannot be told apart so (an unhashable argument; forward AD or
+    vmap, whose rules run inside it)."""
+    if dispatch.dual_levels or STATE.vmap or STATE.autocast is not None:
+        return None
+    seen: dict[int, int] = {}
+
+    def part(a):
+        if type(a) is Tensor:
+            return (a._shape, a._strides, a._offset, a._dtype, a._device, a._requires_grad, a._trace is None,
+                    a._base is None, seen.setdefault(id(a), len(seen)))
+        if isinstance(a, float):
+            return (type(a), repr(a))
+        if isinstance(a, (tuple, list)):
+            return (type(a), tuple([part(x) for x in a]))
+        return (type(a), a)
+
+    key = (op, STATE.grad_enabled, STATE.inference, get_default_dtype(), tuple([part(a) for a in args]))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 class Capture:
     def __init__(self, names: dict[int, str] | None = None, inline_composites: bool = False, keep=None,
                  rng_origin: int = 0):
@@ -305,6 +352,7 @@ class Capture:
         self.defined: set[Node] = set()
         self.entries: dict[int, StorageEntry] = {}
         self.labels: set[str] = set()  # the entries' input tags (a training step has hundreds of entries)
+        self.suffixes: dict[str, int] = {}  # label -> the first ``#k`` suffix that may be free for it
         self.tensor_sources: list[TensorSource] = []
         self.sourced: set[int] = set()  # ids of the real tensors already in tensor_sources
         self.owners: list[tuple[Tensor, Source]] = []  # real tensors whose .grad may be read or set
@@ -327,6 +375,11 @@ class Capture:
         # was recorded so far and makes every live trace tensor real (a graph break, see segments.py)
         self.breaks = None
         self.on_operator = None  # called as each operator is recorded (the recorder reads the user code on the stack)
+
+        # a composite call's key (``_call_key``) -> the result types and strides its decomposition gave, for calls
+        # it recorded as one node, or _RECORDED_INLINE for calls recorded op by op: the same call again (every layer
+        # of a model, every parameter of an update) is not decomposed again, or only to be recorded
+        self.composite_results: dict[tuple, tuple] = {}
 
         self.rng_origin = rng_origin  # the position the first draw of the default generator is named after
         self.rng_start: dict[object, int] = {}  # generator -> the offset its positions count from
@@ -425,9 +478,10 @@ class Capture:
         taken = self.labels
         if label not in taken:
             return label
-        k = 1
+        k = self.suffixes.get(label, 1)  # those before it are taken: labels are never given back
         while f"{label}#{k}" in taken:
             k += 1
+        self.suffixes[label] = k + 1
         return f"{label}#{k}"
 
     def origin_of(self, t: Tensor) -> Tensor:
@@ -461,10 +515,10 @@ class Capture:
         return root.current if isinstance(root, StorageEntry) else root._trace
 
     def read(self, root, geometry: tuple) -> Node:
-        value = self.root_value(root)
-        if geometry == _contiguous_geometry(value.type.shape):
-            return value
+        value = root.current if type(root) is StorageEntry else root._trace
         shape, strides, offset = geometry
+        if offset == 0 and shape == value.type.shape and strides == S.contiguous_strides(shape):
+            return value
         ty = TensorType(tuple(shape), value.type.dtype, value.type.device)
         dims = _permutation(geometry, value.type.shape)
         if dims is not None and dims == tuple(range(len(dims))):  # row-major but for the strides of size-1 dims
@@ -481,7 +535,9 @@ class Capture:
         return t.__dict__.get("_tw_alias")
 
     def value_of(self, t: Tensor) -> Node:
-        alias = self.alias_of(t)
+        if t._trace is None:  # a real tensor: a read of its storage's current value
+            return self.read(self.entry_for(t), (t._shape, t._strides, t._offset))
+        alias = t.__dict__.get("_tw_alias")
         if alias is None:
             return t._trace
         current = self.root_value(alias.root)
@@ -495,19 +551,23 @@ class Capture:
     def write(self, dst: Tensor, src: Tensor) -> Tensor:
         """``_write_(dst, src)``: the new value of dst is src; its root (if it is a view) is updated too."""
         old = self.value_of(dst)
-        new = self.emit("_write_", (old, self.value_of(src)), (Ref(0), Ref(1)), old.type)
+        new = self.emit("_write_", (old, self.value_of(src)), (_REFS[0], _REFS[1]), old.type)
         alias = self.alias_of(dst)
         if alias is None:
             dst._trace = new
             return dst
         root_value = self.root_value(alias.root)
-        dims = _permutation(alias.geometry, root_value.type.shape)
+        shape, strides, offset = alias.geometry
+        root_shape = root_value.type.shape
+        if offset == 0 and shape == root_shape and strides == S.contiguous_strides(shape):
+            dims = ()  # the whole root, row-major (a parameter or optimizer state updated in place): its new value
+        else:
+            dims = _permutation(alias.geometry, root_shape)
         if dims is not None and dims == tuple(range(len(dims))):  # all of the root, in its order
             updated = new
         elif dims is not None:  # all of the root, in another order: the new root is the value in its order
             updated = self.emit("permute", (new,), (Ref(0), _inverse(dims)), root_value.type)
         else:
-            shape, strides, offset = alias.geometry
             updated = self.emit("view_scatter", (root_value, new),
                                 (Ref(0), Ref(1), tuple(shape), tuple(strides), offset), root_value.type)
         self._set_root(alias.root, updated)
@@ -524,18 +584,23 @@ class Capture:
 
     # ------------------------------------------------------------------ operators
     def operands(self, op, args: tuple) -> tuple[tuple, tuple]:
+        """The values of a call's tensor arguments (``srcs``) and its arguments with each tensor a ``Ref`` to its
+        value."""
         srcs: list[Node] = []
         frozen = []
-
-        def ref(t):
-            srcs.append(self.value_of(t))
-            return Ref(len(srcs) - 1)
-
         for a in args:
             if type(a) is Tensor:
-                frozen.append(ref(a))
+                frozen.append(_REFS[len(srcs)] if len(srcs) < len(_REFS) else Ref(len(srcs)))
+                srcs.append(self.value_of(a))
             elif isinstance(a, tuple) and any(type(x) is Tensor for x in a):
-                frozen.append(tuple(ref(x) if type(x) is Tensor else x for x in a))
+                items = []
+                for x in a:
+                    if type(x) is Tensor:
+                        items.append(_REFS[len(srcs)] if len(srcs) < len(_REFS) else Ref(len(srcs)))
+                        srcs.append(self.value_of(x))
+                    else:
+                        items.append(x)
+                frozen.append(tuple(items))
             else:
                 frozen.append(a)
         return tuple(srcs), tuple(frozen)
@@ -580,8 +645,15 @@ class Capture:
                 self.inline_composites and not (self.keep is not None and self.keep(op.full_name, args))):
             return op.decomposition(*args)
         srcs, frozen = self.operands(op, args)
+        key = _call_key(op, args)
+        known = self.composite_results.get(key) if key is not None else None
+        if known is _RECORDED_INLINE:  # the same call as one whose decomposition wrote in place or returned an argument
+            return op.decomposition(*args)
+        if known is not None:  # the same call as one before: its decomposition would find what that one found
+            return self._composite_node(op, srcs, frozen, *known)
         state = self._snapshot(args)
         position = self.rng_position()
+        offsets = [gen.offset for gen in self.rng_found]
         entries = len(self.entries)
         body, defined, breaks = self.body, self.defined, self.breaks
         self.body, self.defined, self.breaks = [], set(defined), None  # no graph break inside a node's body
@@ -594,11 +666,17 @@ class Capture:
             needs_values = True
         finally:
             self.body, self.defined, self.breaks = body, defined, breaks
-        if needs_values or self._changed(state) or _aliases_an_input(out, args) or len(self.entries) != entries:
+        grew = len(self.entries) != entries
+        if needs_values or grew or self._changed(state) or _aliases_an_input(out, args):
             # the decomposition writes in place, reads values (a graph break), returns an argument or a view of one
             # (as eager does: the result shares its memory and strides), or makes a tensor from host values (pdist's
             # row pairs, an input of this graph that a later re-trace of the op alone could not bind): record what
-            # it does, not the op
+            # it does, not the op. Writing in place and returning an argument follow from what the key holds: a call
+            # alike is recorded so again without this attempt (a layer norm's backward returns its gradient as the
+            # bias's)
+            drew = len(self.rng_found) != len(offsets) or any(g.offset != o for g, o in zip(self.rng_found, offsets))
+            if key is not None and not (needs_values or grew or drew):
+                self.composite_results[key] = _RECORDED_INLINE
             self._restore(args, state)
             _default_generator().offset -= self.rng_position() - position
             return op.decomposition(*args)
@@ -608,13 +686,21 @@ class Capture:
             ty = tuple(TensorType(o._shape, o._dtype, o._device) if o is not None else None for o in out)
         else:
             ty = TensorType(out._shape, out._dtype, out._device)
-        drew = self.rng_position() != position  # a random composite (dropout): named by its draws' position
-        result = self.wrap(self.emit(op.full_name, srcs, frozen, ty, position if drew else None))
-        decomposed = out if isinstance(out, (tuple, list)) else (out,)
-        for r, o in zip(result if isinstance(result, tuple) else (result,), decomposed):
-            if type(r) is Tensor:  # the strides eager gives it are those its decomposition gave
-                self.lay_out(r, o._strides if type(o) is Tensor and o._offset == 0 else
-                             result_strides(op, args, r._shape))
+        # the strides eager gives each result are those its decomposition gave
+        strides = [None if o is None else o._strides if type(o) is Tensor and o._offset == 0 else
+                   result_strides(op, args, o._shape) for o in (out if isinstance(out, (tuple, list)) else (out,))]
+        if self.rng_position() != position:  # a random composite (dropout): named by its draws' position
+            return self._composite_node(op, srcs, frozen, ty, strides, position)
+        if key is not None:
+            self.composite_results[key] = (ty, strides)
+        return self._composite_node(op, srcs, frozen, ty, strides)
+
+    def _composite_node(self, op, srcs: tuple, frozen: tuple, ty, strides: list, tag=None):
+        """The traced result(s) of a composite recorded whole: its node, laid out as its decomposition laid it out."""
+        result = self.wrap(self.emit(op.full_name, srcs, frozen, ty, tag))
+        for r, s in zip(result if isinstance(result, tuple) else (result,), strides):
+            if type(r) is Tensor:
+                self.lay_out(r, s)
         return result
 
     def _snapshot(self, args: tuple) -> tuple:
@@ -642,20 +728,22 @@ class Capture:
         if op.kind == "custom" and op.schema.is_inplace:
             return self.run_uncompiled(op, args, "mutates its arguments", "the graph holds custom operators that "
                                        "return new tensors only")
-        what = f"{op.name}() (its result's shape depends on tensor values)"
         if op.full_name in DATA_DEPENDENT_OPS or op.attrs.get("data_dependent"):
-            return self.run_real(op, args, device, what)
+            return self.run_real(op, args, device, _value_dependent(op))
         try:
             ty = infer(op, args, device)
         except DataDependentError:
-            return self.run_real(op, args, device, what)
+            return self.run_real(op, args, device, _value_dependent(op))
         if _complex_operands(args) or _complex_type(ty):
             return self.run_uncompiled(op, args, "on complex tensors", "the C and CUDA targets generate no code for "
                                        "complex dtypes")
         srcs, frozen = self.operands(op, args)
         tag = self.draw(_generator_argument(op, args)) if op.kind == "random" else None
         out = self.wrap(self.emit(op.full_name, srcs, frozen, ty, tag))
-        for t in out if isinstance(out, tuple) else (out,):
+        if type(out) is Tensor:
+            self.lay_out(out, result_strides(op, args, out._shape))
+            return out
+        for t in out:
             if type(t) is Tensor:
                 self.lay_out(t, result_strides(op, args, t._shape))
         return out
@@ -1024,9 +1112,10 @@ TRACE_HOOKS.bump_version = _bump_version
 def _grad_assigned(t: Tensor) -> None:
     """``t.grad = ...`` while this thread traces: what ``.grad`` held before the call is what it holds now, if
     the trace has not seen ``t`` yet (a step that starts with ``p.grad = None`` must not be guarded on None)."""
-    if STATE.trace_depth and t._trace is None:
+    if STATE.trace_depth and t._trace is None and t._requires_grad:
         cap = STATE.captures[-1]
-        cap.add_owner(t, cap.arg_sources.get(id(t)) or cap._source_for(t))
+        if id(t) not in cap.owner_sources:  # (an owner already: its source is found; a training step's zero_grad)
+            cap.add_owner(t, cap.arg_sources.get(id(t)) or cap._source_for(t))
 
 
 TRACE_HOOKS.grad_assigned = _grad_assigned

@@ -62,13 +62,18 @@ def format_of(t: Tensor) -> str:
     return S.suggest_memory_format(t._shape, t._strides) if len(t._shape) in (4, 5) else CONTIGUOUS
 
 
+_FORMAT_PARAM: dict = {}  # operator -> the position of its ``memory_format`` parameter, or -1 (asked per call)
+
+
 def _asked_format(op, args: tuple) -> str | None:
     """The format a ``memory_format`` argument asks for; None where there is none or it preserves."""
-    for k, p in enumerate(op.schema.params):
-        if p.name == "memory_format" and k < len(args) and args[k] is not None:
-            fmt = getattr(args[k], "name", CONTIGUOUS)
-            return fmt if fmt != "preserve_format" else None
-    return None
+    k = _FORMAT_PARAM.get(op)
+    if k is None:
+        k = _FORMAT_PARAM[op] = next((k for k, p in enumerate(op.schema.params) if p.name == "memory_format"), -1)
+    if k < 0 or k >= len(args) or args[k] is None:
+        return None
+    fmt = getattr(args[k], "name", CONTIGUOUS)
+    return fmt if fmt != "preserve_format" else None
 
 
 def _pointwise_strides(op, args: tuple, shape: tuple) -> tuple | None:

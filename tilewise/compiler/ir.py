@@ -22,7 +22,9 @@ functionalization). ``verify`` checks the invariants; the pipeline runs it after
 from __future__ import annotations
 
 import weakref
+from _weakref import _remove_dead_weakref
 from dataclasses import dataclass, field
+from functools import partial
 from numbers import Number
 
 from tilewise import strides as S
@@ -39,11 +41,34 @@ class GraphError(RuntimeError):
     """A graph that breaks an IR invariant (raised by ``verify``, naming the node and the pass)."""
 
 
-@dataclass(frozen=True)
 class TensorType:
-    shape: tuple[int, ...]
-    dtype: DType
-    device: Device
+    """A graph value's type: its logical shape, dtype and device; equal and hashed by value, and never changed once
+    made (as a node). A plain class rather than a frozen dataclass: a compile makes one for nearly every node and
+    hashes it into the node's key, and the dataclass's ``__init__`` (a call per field) cost three times as much,
+    its ``__hash__`` (a tuple per call) twice."""
+
+    __slots__ = ("shape", "dtype", "device", "_hash")
+
+    def __init__(self, shape: tuple[int, ...], dtype: DType, device: Device):
+        self.shape, self.dtype, self.device, self._hash = shape, dtype, device, None
+
+    def __eq__(self, other) -> bool:
+        if other.__class__ is not TensorType:
+            return NotImplemented
+        return self is other or (self.shape == other.shape and self.dtype == other.dtype and
+                                 self.device == other.device)
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            h = self._hash = hash((self.shape, self.dtype, self.device))
+        return h
+
+    def __reduce__(self):
+        return (TensorType, (self.shape, self.dtype, self.device))
+
+    def __repr__(self) -> str:
+        return f"TensorType(shape={self.shape!r}, dtype={self.dtype!r}, device={self.device!r})"
 
     @property
     def numel(self) -> int:
@@ -85,8 +110,10 @@ def _freeze(value):
         return (kind, value)
     if type(value) is Ref:
         return ("Ref", value.i)  # hashed in C, not by Ref.__hash__
+    if type(value) is tuple:
+        return ("tuple", _freeze_items(value))
     if isinstance(value, (tuple, list)):
-        return (type(value).__name__, tuple([_freeze(v) for v in value]))
+        return (type(value).__name__, _freeze_items(value))
     if isinstance(value, float):
         return ("float", repr(value))
     if isinstance(value, (bool, int, str, type(None), Ref, Number)):
@@ -94,6 +121,20 @@ def _freeze(value):
     if isinstance(value, (DType, Device)):
         return (type(value).__name__, value)
     return ("object", id(value), value)
+
+
+def _freeze_items(values) -> tuple:
+    """``_freeze`` of each item, the common kinds without a call (every node's arguments are such a tuple)."""
+    out = []
+    for v in values:
+        kind = _ATOMS.get(type(v))
+        if kind is not None:
+            out.append((kind, v))
+        elif type(v) is Ref:
+            out.append(("Ref", v.i))
+        else:
+            out.append(_freeze(v))
+    return tuple(out)
 
 
 _KINDS: dict[str, str] = {}  # operator name -> kind: passes ask for a node's kind millions of times a compile
@@ -132,7 +173,6 @@ class Node:
     times a compile."""
 
     __slots__ = ("op", "srcs", "args", "type", "tag", "args_key", "facts", "kind", "__weakref__")
-    _cache: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
 
     def __new__(cls, op: str, srcs: tuple = (), args: tuple = (), type=None, tag=None):
         if args.__class__ is tuple:
@@ -143,15 +183,16 @@ class Node:
     def _made(cls, op: str, srcs: tuple, args: tuple, args_key: tuple, type, tag, kept_key=None) -> Node:
         """The node of these parts, ``args_key`` being ``_freeze``'s key of the arguments as given (a list of them
         keys apart from the same tuple, as it always has); ``kept_key``, that of ``args`` as the node keeps them."""
-        key = (op, tuple(map(id, srcs)), args_key, type, _freeze(tag))
-        node = cls._cache.get(key)
+        key = (op, tuple(map(id, srcs)), args_key, type, None if tag is None else _freeze(tag))
+        ref = _NODES.get(key)
+        node = ref() if ref is not None else None
         if node is None:
             node = object.__new__(cls)
             node.op, node.srcs, node.args, node.type, node.tag = op, srcs, args, type, tag
             node.args_key = args_key if kept_key is None else kept_key
             node.facts = {}
             node.kind = _KINDS.get(op) or _kind_of(op)
-            cls._cache[key] = node
+            _NODES[key] = weakref.ref(node, partial(_forget, key))
         return node
 
     @property
@@ -175,6 +216,18 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.op} : {format_type(self.type)}>"
+
+
+# the nodes alive, by their parts (``Node._made``'s key, which holds its sources by id: a node keeps its sources
+# alive, so no other object takes their ids while it is here): weak references in a plain dict, which C reads and
+# writes (a WeakValueDictionary's get and set are Python calls, and a compile makes a node for every operator)
+_NODES: dict[tuple, weakref.ref] = {}
+
+
+def _forget(key: tuple, ref: weakref.ref) -> None:
+    """A node died: its key leaves ``_NODES``, unless a node made since holds it (checked and removed in one C call,
+    as WeakValueDictionary does, so that a thread making that node meanwhile keeps it)."""
+    _remove_dead_weakref(_NODES, key)
 
 
 def _substitute(arg, values):

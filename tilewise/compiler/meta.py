@@ -70,7 +70,12 @@ def infer(op, args: tuple, device) -> TensorType | tuple:
 def _pointwise(op, args, device):
     out_dtype, _ = op.dtype_rule(op, args)
     shapes = [args[k]._shape for k in op.tensor_idx if type(args[k]) is Tensor]
-    return TensorType(S.broadcast_shapes(*shapes, op=op.name) if shapes else (), out_dtype, device)
+    if not shapes:
+        return TensorType((), out_dtype, device)
+    shape = shapes[0]
+    if type(shape) is not tuple or shapes.count(shape) != len(shapes):  # else the operands' one shape, the usual
+        shape = S.broadcast_shapes(*shapes, op=op.name)
+    return TensorType(shape, out_dtype, device)
 
 
 def _reduction(op, args, device):

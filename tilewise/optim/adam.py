@@ -66,12 +66,14 @@ def _adam_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, l
     """One Adam(W) step of each parameter, torch's single-tensor algorithm op for op; ``lr`` a number or a
     0-dim tensor. ``differentiable`` copies what autograd saves before the state is written over."""
     beta1, beta2 = betas
+    decay = None  # ``1 - lr * weight_decay``, made at the first parameter's update (see _shared_decay)
     for k, p in enumerate(params):
         grad = -grads[k] if maximize else grads[k]
         steps[k].add_(1)
         if weight_decay != 0:
             if decoupled:
-                p.mul_(1 - lr * weight_decay)
+                decay = _shared_decay(lr, weight_decay) if decay is None else decay
+                p.mul_(1 - lr * weight_decay if decay is _UNSHARED else decay)
             else:
                 grad = grad.add(p, alpha=weight_decay)
         exp_avg, exp_avg_sq = exp_avgs[k], exp_avg_sqs[k]
@@ -84,6 +86,18 @@ def _adam_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, l
             exp_avg_sq = max_exp_avg_sqs[k]
         denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
         add_scaled_ratio(p, exp_avg.clone() if differentiable else exp_avg, denom, -step_size)
+
+
+_UNSHARED = object()
+
+
+def _shared_decay(lr: float | Tensor, weight_decay: float):
+    """``1 - lr * weight_decay``, the same for every parameter of a group: made once (a tensor ``lr`` would make it
+    with two operators per parameter, which a compiled step traces), unless ``lr`` requires grad (``_UNSHARED``),
+    where each parameter's product keeps its own autograd node, as torch's loop makes it."""
+    if isinstance(lr, Tensor) and lr.requires_grad:
+        return _UNSHARED
+    return 1 - lr * weight_decay
 
 
 def _bias_corrections(step: Tensor, lr: float | Tensor, beta1: float, beta2: float) -> tuple[Tensor, Tensor]:
