@@ -48,9 +48,6 @@ variable                  meaning
 ``TILEWISE_COMPILE_``     how many kernels NVRTC compiles at once, on a pool of threads ([Note: parallel compiles] in
 ``THREADS``               ``codegen/toolchain/pool.py``); ``0`` (default): one per CPU the process may run on, up to
                           32; ``1``: one after another in the compiling thread (the serial fallback, same kernels)
-``TILEWISE_WARM_``        ``1`` (default): a compile for CUDA whose program calls cuDNN's attention loads its engines
-``LIBRARIES``             on a thread of its own while it works on the host ([Note: libraries warmed while
-                          compiling] in ``backends/cuda/warmup.py``); ``0``: they load at the first call
 ========================  =====================================================================================
 """
 
@@ -87,7 +84,6 @@ class Settings:
     compiled_backward: bool = field(default_factory=lambda: os.environ.get("TILEWISE_COMPILED_BACKWARD", "0") == "1")
     donate_saved: bool = field(default_factory=lambda: os.environ.get("TILEWISE_DONATE_SAVED", "1") != "0")
     compile_threads: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_COMPILE_THREADS", "0")))
-    warm_libraries: bool = field(default_factory=lambda: os.environ.get("TILEWISE_WARM_LIBRARIES", "1") != "0")
 
     def logs(self, channel: str) -> bool:
         return channel in self.log

@@ -646,7 +646,6 @@ class CompiledFunction:
         guards = make_guards(traced, flat, spec, self.module, optimizers, recorder, numbers)
         history: list = []
         graphs, saved = program_graphs(traced, target, history)
-        warming = target.warm(device, graphs) if target.warm is not None else None
         arena = self._arena(target, device)
         # a differentiable call's programs exchange activations that are fresh on every call: no CUDA graphs
         donated = frozenset()
@@ -656,7 +655,7 @@ class CompiledFunction:
         programs = [build_program(g, target, device, traced.backward is None, arena, self.mode == "max-autotune",
                                   self.graph_bytes, donated) for g in graphs]
         for program in programs:
-            program.passes, program.warming = history, warming
+            program.passes = history
         forward, *backward = programs
         return Variant(guards, traced, forward, backward[0] if backward else None, saved)
 

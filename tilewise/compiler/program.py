@@ -127,7 +127,6 @@ class Program:
     graph_bytes: int | None = None  # the most its CUDA graphs may copy in and out (and so hold); None: by cost
     sources: dict[str, str] = field(default_factory=dict)  # CUDA: kernel name -> its translation unit
     passes: list = field(default_factory=list)  # (stage, graph): captured, then after each pass (``explain``)
-    warming: object = None  # CUDA: the thread loading the libraries it calls, joined before its first run
 
     def run(self, inputs: list, staged: frozenset[int] = frozenset()) -> list:
         """Run on the inputs' storage data (flat arrays; device buffers on CUDA); return the outputs' data.

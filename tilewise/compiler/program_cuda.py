@@ -426,10 +426,6 @@ class CudaRuntime:
         ensure_context(self.device.index)  # see [Note: the operation's device]
         stream = stream_handle(self.device.index)
         self.calls += 1
-        if self.program.warming is not None:  # see [Note: libraries warmed while compiling]
-            with stage("waiting for the libraries warmed"):
-                self.program.warming.join()
-            self.program.warming = None
         if self.calls == 1 and self.program.arena.transient and self.use_graphs and not self.why_not:
             self.why_not = "its intermediates are allocated for each run (a transient arena)"
         self._bind_arena()

@@ -73,9 +73,6 @@ class Target:
     # (lowered or built program, arch or None) -> (title, text) sections
     machine_code: Callable[[Lowered | Program, str | None], Iterator[tuple[str, str]]] | None = field(
         default=None, compare=False)
-    # (device, the programs' graphs after the passes) -> something with ``join()`` that loads the libraries they
-    # will call while the compile goes on, or None (see [Note: libraries warmed while compiling])
-    warm: Callable[[Device | None, list[Graph]], object] | None = field(default=None, compare=False)
 
     def schedule(self, kernel: Kernel, knobs: Knobs = HEURISTIC) -> KernelSchedule:
         return self.scheduler(kernel, knobs)
@@ -196,12 +193,6 @@ C_TARGET = register_target(Target(
     lowering=(("bias_into_product", bias_into_product),),
 ))
 
-def _warm_cuda_libraries(device, graphs: list[Graph]):
-    from tilewise.backends.cuda import warmup
-
-    return warmup.start(device, graphs)
-
-
 CUDA_TARGET = register_target(Target(
     name="cuda", device_type="cuda", language=CUDA, source_name="CUDA C",
     passes=_cuda_passes(), scheduler=schedule_cuda, variants=variants_cuda,
@@ -211,5 +202,5 @@ CUDA_TARGET = register_target(Target(
     tuning=lambda device, low: program_cuda.CudaTuning(CUDA_TARGET, device, aliased_kernels(low.kernels, low.plan)),
     lowering=(("recompute_activations", recompute_activations), ("gemm_epilogues", gemm_epilogues),
               ("channels_last", channels_last)),
-    machine_code=program_cuda.machine_code, warm=_warm_cuda_libraries,
+    machine_code=program_cuda.machine_code,
 ))

@@ -30,7 +30,6 @@ see [Note: kernels into a given output]) declines.
 from __future__ import annotations
 
 from tilewise import dtypes
-from tilewise import strides as S
 from tilewise._stages import stage
 from tilewise.backends import flags
 from tilewise.backends.cuda import cudnn
@@ -121,15 +120,6 @@ def _fits_stats(t: Tensor) -> bool:
 def _build(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> cudnn.Graph:
     """The forward (q, k, v, o[, stats]) or backward (q, k, v, o, dO, stats, dq, dk, dv) graph for these
     operands' geometry."""
-    with stage("cuDNN graph build"):
-        graph, operands = _planned(backward, tensors, scale, causal)
-        graph.build_plans()
-    return cudnn.Graph(graph, operands, tensors[0]._device.index, "attention")
-
-
-def _planned(backward: bool, tensors: list, scale: float, causal: bool) -> tuple:
-    """(the frontend graph with its execution plans chosen, not built; its operands in ``tensors``' order) for
-    operands standing for anything with ``_shape``, ``_strides``, ``_dtype`` and ``_device``."""
     frontend = cudnn.library()
     device = tensors[0]._device.index
     io = getattr(frontend.data_type, _IO_TYPES[tensors[0]._dtype.name])
@@ -157,35 +147,13 @@ def _planned(backward: bool, tensors: list, scale: float, causal: bool) -> tuple
         o, stats = graph.sdpa(name="sdpa", q=q, k=k, v=v, generate_stats=with_stats, attn_scale=scale,
                               use_causal_mask=causal)
         operands = [q, k, v, output(o, 3)] + ([output(stats, 4, fp32)] if with_stats else [])
-    graph.validate()
-    graph.build_operation_graph()
-    graph.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
-    graph.check_support()
-    return graph, operands
-
-
-def warm(dtype, heads: int, kv_heads: int, head_dim: int, causal: bool, device: int) -> None:
-    """Build (and drop) the forward and backward graphs of a small attention of this kind: what a process's first
-    graph of it costs beyond the next one's (cuDNN loading its engines, compiling their kernels) is then paid here,
-    on the thread that calls this, rather than at the first call (see [Note: libraries warmed while compiling])."""
-    from types import SimpleNamespace
-
-    where = SimpleNamespace(index=device)
-
-    def operand(shape, of=None):
-        shape = tuple(shape)
-        return SimpleNamespace(_shape=shape, _strides=S.contiguous_strides(shape), _dtype=of or dtype, _device=where)
-
-    length = 128
-    q, o = operand((1, heads, length, head_dim)), operand((1, heads, length, head_dim))
-    k, v = operand((1, kv_heads, length, head_dim)), operand((1, kv_heads, length, head_dim))
-    stats = operand((1, heads, length, 1), dtypes.float32)
-    scale = head_dim ** -0.5
-    forward, _ = _planned(False, [q, k, v, o, stats], scale, causal)
-    forward.build_plans()
-    backward, _ = _planned(True, [q, k, v, o, operand(o._shape), stats, operand(q._shape), operand(k._shape),
-                                  operand(v._shape)], scale, causal)
-    backward.build_plans()
+    with stage("cuDNN graph build"):
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
+        graph.check_support()
+        graph.build_plans()
+    return cudnn.Graph(graph, operands, device, "attention")
 
 
 def _run(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> bool:

@@ -126,23 +126,6 @@ def _numerics(dtype) -> tuple:
 
 def _build(kind: str, tensors: list[Tensor], params: tuple, numerics: tuple, key: tuple) -> cudnn.Graph:
     """The ``kind`` graph over ``tensors`` (its two inputs, then its output) with their strides."""
-    device = tensors[0]._device.index
-    timed = numerics[2]
-    with stage("cuDNN graph build"):
-        graph, operands = _planned(kind, tensors, params, numerics)
-        remembered = _remembered(key, graph)
-        if remembered is not None:
-            graph.select_plan(remembered)
-        graph.build_plans()
-    built = cudnn.Graph(graph, operands, device, kind)
-    if timed and remembered is None:
-        _choose(built, tensors, key)
-    return built
-
-
-def _planned(kind: str, tensors: list, params: tuple, numerics: tuple) -> tuple:
-    """(the frontend graph with its execution plans listed and filtered by ``numerics``, not built; its operands)
-    for operands standing for anything with ``_shape``, ``_strides``, ``_dtype`` and ``_device``."""
     frontend = cudnn.library()
     device = tensors[0]._device.index
     io = getattr(frontend.data_type, _IO_TYPES[tensors[0]._dtype.name])
@@ -162,16 +145,24 @@ def _planned(kind: str, tensors: list, params: tuple, numerics: tuple) -> tuple:
         y = graph.conv_wgrad(image=a, loss=b, **geometry)
     result = tensors[2]
     y.set_output(True).set_dim(list(result._shape)).set_stride(list(result._strides)).set_data_type(io)
-    tf32, deterministic, _ = numerics
-    graph.validate()
-    graph.build_operation_graph()
-    graph.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
-    if tensors[0]._dtype.name == "float32" and not tf32:
-        graph.deselect_numeric_notes([frontend.numerical_note.TENSOR_CORE])
-    if deterministic:
-        graph.deselect_numeric_notes([frontend.numerical_note.NONDETERMINISTIC])
-    graph.check_support()
-    return graph, [a, b, y]
+    tf32, deterministic, timed = numerics
+    with stage("cuDNN graph build"):
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
+        if tensors[0]._dtype.name == "float32" and not tf32:
+            graph.deselect_numeric_notes([frontend.numerical_note.TENSOR_CORE])
+        if deterministic:
+            graph.deselect_numeric_notes([frontend.numerical_note.NONDETERMINISTIC])
+        graph.check_support()
+        remembered = _remembered(key, graph)
+        if remembered is not None:
+            graph.select_plan(remembered)
+        graph.build_plans()
+    built = cudnn.Graph(graph, [a, b, y], device, kind)
+    if timed and remembered is None:
+        _choose(built, tensors, key)
+    return built
 
 
 def _run(kind: str, tensors: list[Tensor], params: tuple) -> bool:

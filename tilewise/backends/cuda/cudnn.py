@@ -15,13 +15,10 @@ no capture saw goes back to the allocator when a larger one replaces it, or when
 
 from __future__ import annotations
 
-import threading
-
 from tilewise.backends.cuda.device_memory import DeviceBuffer, stream_handle
 
 _module: list = []  # [module] once imported, [None, reason] when it cannot be
 _handles: dict[int, object] = {}
-_making = threading.Lock()  # a handle is made by one thread (the libraries are warmed on a thread of their own)
 _workspaces: dict[int, list[DeviceBuffer]] = {}  # per device: the current workspace last, before it those captured
 _captures = [0]  # CUDA graph captures begun in this process
 _current_since: dict[int, int] = {}  # device -> the capture count when its current workspace became current
@@ -45,16 +42,13 @@ def unavailable() -> str | None:
 
 
 def handle(device: int):
-    """The device's cuDNN handle, shared by every graph on it (made once, whichever thread asks first)."""
+    """The device's cuDNN handle, shared by every graph on it."""
     found = _handles.get(device)
     if found is None:
         from tilewise.backends.cuda.runtime import ensure_context
 
-        with _making:
-            found = _handles.get(device)
-            if found is None:
-                ensure_context(device)
-                found = _handles[device] = library().create_handle()
+        ensure_context(device)
+        found = _handles[device] = library().create_handle()
     return found
 
 
