@@ -639,6 +639,7 @@ class PendingFunctions:
             compiles.start_shared(key)
         self.futures = {key: compiles.started[key] for key in self.unique}
         self.loaded: dict[tuple[str, str], object] = {}
+        self.summarised = False  # every module loaded and the compile log written
 
     def _load(self, key: tuple[str, str]):
         from tilewise.backends.cuda.runtime.module import load_module
@@ -664,11 +665,12 @@ class PendingFunctions:
         """Every unit's function, each module loaded as its compile is done."""
         from tilewise.codegen.toolchain.pool import finished
 
-        if len(self.loaded) < len(self.unique):
+        if not self.summarised:
             waiting = [key for key in self.unique if key not in self.loaded]
             futures = [self.futures[key] for key in waiting]
             for k in finished(futures):
                 self._load(waiting[k])
+            self.summarised = True
             log("compile", lambda: _compile_summary(len(self.keys), {key: self.futures[key].result()
                                                                      for key in self.unique}))
         return [self.loaded[key] for key in self.keys]
