@@ -333,11 +333,8 @@ def test_a_forked_child_compiles_on_a_pool_of_its_own():
 
 # ---------------------------------------------------------------------------- on a GPU
 
-def _three_gpu_steps() -> tuple[list[float], dict[str, str], object]:
-    tw.manual_seed(0)
-    model = tw.nn.Sequential(*(Block(64) for _ in range(3))).to("cuda")
-    optimizer = tw.optim.AdamW(model.parameters(), lr=1e-3)
-
+def _gpu_step(model, optimizer):
+    """The residual MLP's training step, compiled."""
     @tw.compile
     def step(x):
         loss = model(x).square().mean()
@@ -345,7 +342,13 @@ def _three_gpu_steps() -> tuple[list[float], dict[str, str], object]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+    return step
 
+
+def _three_gpu_steps() -> tuple[list[float], dict[str, str], object]:
+    tw.manual_seed(0)
+    model = tw.nn.Sequential(*(Block(64) for _ in range(3))).to("cuda")
+    step = _gpu_step(model, tw.optim.AdamW(model.parameters(), lr=1e-3))
     x = tw.randn(16, 64).to("cuda")
     losses = [step(x).item() for _ in range(3)]
     (program,) = step.programs()
@@ -368,17 +371,6 @@ def test_a_training_step_on_the_gpu_built_serially_or_on_the_pool_is_the_same(tm
     assert serial_sources == pool_sources
     assert pool_losses == pytest.approx(serial_losses, rel=1e-6, abs=1e-7)
     assert abs(pool_weight - serial_weight).max() <= 1e-6
-
-
-def _gpu_step(model, optimizer):
-    @tw.compile
-    def step(x):
-        loss = model(x).square().mean()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
-    return step
 
 
 @pytest.mark.cuda
