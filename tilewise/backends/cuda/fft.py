@@ -32,8 +32,10 @@ _plans: dict[tuple, tuple[int, int]] = {}  # (device, type, sizes, batch) -> (pl
 def _cufft():
     """nvmath's cuFFT bindings, imported at first use (the GPU extra), or None where they are not installed."""
     if not _bindings:
+        from tilewise.backends.cuda.nvmath_bindings import binding
+
         try:
-            from nvmath.bindings import cufft
+            cufft = binding("cufft")
         except ImportError:
             cufft = None
         _bindings.append(cufft)

@@ -43,9 +43,9 @@ _handles: dict[tuple[str, int], int] = {}
 def _library(name: str):
     found = _modules.get(name)
     if found is None:
-        import importlib
+        from tilewise.backends.cuda.nvmath_bindings import binding
 
-        found = _modules[name] = importlib.import_module(f"nvmath.bindings.{name}")
+        found = _modules[name] = binding(name)
     return found
 
 

@@ -63,9 +63,9 @@ _bindings: list = []
 def _lt():
     """nvmath's cuBLASLt bindings, imported at first use (the GPU extra)."""
     if not _bindings:
-        from nvmath.bindings import cublasLt
+        from tilewise.backends.cuda.nvmath_bindings import binding
 
-        _bindings.append(cublasLt)
+        _bindings.append(binding("cublasLt"))
     return _bindings[0]
 
 
