@@ -1030,6 +1030,14 @@ def test_choose_fastest_times_every_candidate_and_keeps_the_fastest(monkeypatch)
     monkeypatch.setattr(runtime, "get_device_properties", lambda device: SimpleNamespace(clock_rate_khz=1_980_000))
     monkeypatch.setattr(matmul, "_clocks_up_until", 0.0)
     big = 1 << 30
+    monkeypatch.setattr(settings, "gemm_tune", None)  # the default: timed only under max-autotune
+    assert matmul.choose_fastest(0, "test", [11, 22, 33], big, run, 0) == 11 and runs == []
+    from tilewise.backends.cuda.tuning import tuning
+
+    with tuning():
+        assert matmul.choose_fastest(0, "test", [11, 22, 33], big, run, 0) == 22
+    runs.clear()
+    monkeypatch.setattr(settings, "gemm_tune", True)
     assert matmul.choose_fastest(0, "test", [11, 22, 33], big, run, 0) == 22
     assert {11, 22, 33} <= set(runs) and runs.count(22) >= matmul._ROUNDS * matmul._RUNS_PER_ROUND
     runs.clear()
@@ -1040,3 +1048,39 @@ def test_choose_fastest_times_every_candidate_and_keeps_the_fastest(monkeypatch)
     monkeypatch.setattr(settings, "gemm_tune", False)
     assert matmul.choose_fastest(0, "test", [11, 22, 33], big, run, 0) == 11
     assert runs == []
+
+
+def test_a_timed_gemm_choice_is_remembered_on_disk(monkeypatch, tmp_path):
+    """A GEMM whose candidates were timed (max-autotune's first run) keeps the winner on disk: a later process,
+    not timing, takes it; ``TILEWISE_GEMM_TUNE=0`` takes the first candidate whatever is remembered; another
+    candidate list (another cuBLASLt) is not matched."""
+    from types import SimpleNamespace
+
+    import tilewise.backends.cuda.runtime as runtime
+    from tilewise.backends.cuda import matmul
+    from tilewise.backends.cuda.tuning import tuning
+    from tilewise.codegen.toolchain.disk import DiskCache
+    from tilewise.config import settings
+
+    timed: list[list[int]] = []
+
+    def fastest(device, label, algos, work, run, stream):
+        timed.append(list(algos))
+        return algos[2] if matmul.tuning_wanted() else algos[0]
+
+    monkeypatch.setattr(matmul, "choose_fastest", fastest)
+    monkeypatch.setattr(matmul, "_disk", [DiskCache(tmp_path / "cublaslt", "test")])
+    monkeypatch.setattr(matmul, "_lt", lambda: SimpleNamespace(get_version=lambda: 130000))
+    monkeypatch.setattr(runtime, "get_device_properties", lambda device: SimpleNamespace(name="NVIDIA H200"))
+    monkeypatch.setattr(settings, "gemm_tune", None)
+    key = (0, "bfloat16", 8192, 768, 3072)
+    big = 1 << 36
+    assert matmul._choose(key, None, [11, 22, 33, 44], big, (0,) * 8) == 11  # not timing: the first
+    with tuning():
+        assert matmul._choose(key, None, [11, 22, 33, 44], big, (0,) * 8) == 33
+    timed.clear()
+    assert matmul._choose(key, None, [11, 22, 33, 44], big, (0,) * 8) == 33 and timed == []  # remembered
+    assert matmul._choose((1, *key[1:]), None, [11, 22, 33, 44], big, (0,) * 8) == 33  # the same GPU model
+    assert matmul._choose(key, None, [11, 22, 33], big, (0,) * 8) == 11  # another candidate list
+    monkeypatch.setattr(settings, "gemm_tune", False)
+    assert matmul._choose(key, None, [11, 22, 33, 44], big, (0,) * 8) == 11

@@ -35,8 +35,11 @@ variable                  meaning
                           (softmax, layer_norm, cross_entropy, gelu, their backwards) runs as one compiled C kernel
                           ([Note: fused composites] in ``compiler/composites.py``); default 16384, ``0``: always,
                           ``-1``: never
-``TILEWISE_GEMM_TUNE``    ``1`` (default) times the few best cuBLASLt heuristic candidates once per GEMM shape
-                          and keeps the fastest; ``0`` takes cuBLASLt's first choice
+``TILEWISE_GEMM_TUNE``    ``1`` times cuBLASLt's heuristic candidates once per GEMM shape, keeps the fastest and
+                          remembers it on disk; ``0`` always takes cuBLASLt's first choice; unset (default): the
+                          first choice, or one remembered on disk, timed only in a ``mode="max-autotune"``
+                          compiled function's first run ([Note: library algorithm choice] in
+                          ``backends/cuda/tuning.py``)
 ``TILEWISE_COMPILED_``    ``1`` runs each eager ``backward()`` whose graph was seen before as one compiled program
 ``BACKWARD``              ([Note: compiled backward] in ``compiler/backward.py``); ``0`` (default): node by node.
                           ``tilewise.autograd.compiled_backward()`` turns it on for a block of code
@@ -74,7 +77,8 @@ def _channels(text: str) -> set[str]:
 @dataclass
 class Settings:
     log: set[str] = field(default_factory=lambda: _channels(os.environ.get("TILEWISE_LOG", "")))
-    gemm_tune: bool = field(default_factory=lambda: os.environ.get("TILEWISE_GEMM_TUNE", "1") != "0")
+    gemm_tune: bool | None = field(default_factory=lambda: {"1": True, "0": False}.get(
+        os.environ.get("TILEWISE_GEMM_TUNE", "")))
     cuda_graphs: bool = field(default_factory=lambda: os.environ.get("TILEWISE_CUDA_GRAPHS", "1") != "0")
     recompile_limit: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_RECOMPILES", "8")))
     cc: str = field(default_factory=lambda: os.environ.get("TILEWISE_CC", "cc"))

@@ -331,9 +331,9 @@ class CudaRuntime:
 
     def _walk(self, pointers: list, stream: int) -> None:
         if self.program.autotune and self.calls == 1:
-            from tilewise.backends.cuda.convolution import tuning
+            from tilewise.backends.cuda.tuning import tuning
 
-            with tuning():  # cuDNN times its candidate plans too (remembered on disk)
+            with tuning():  # cuDNN and cuBLASLt time their candidates too (remembered on disk)
                 self._walk_steps(pointers, stream)
             return
         self._walk_steps(pointers, stream)

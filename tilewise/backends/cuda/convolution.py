@@ -18,7 +18,8 @@ Plans: a graph is built once per (operation, dtype, geometry, format, numerics f
 the heuristics' first that builds (mode A, then the fallback list); with ``tilewise.backends.cudnn.benchmark``
 set, or while a ``mode="max-autotune"`` compiled function runs for the first time, every candidate is built
 and timed on the real operands and the fastest kept — remembered on disk (``$TILEWISE_CACHE_DIR/cudnn``) by
-the plan's name, so a later process builds only that one. Float32 convolutions may use TF32 tensor cores
+the plan's name, so a later process builds only that one ([Note: library algorithm choice] in
+``tuning.py``). Float32 convolutions may use TF32 tensor cores
 where the conv precision allows (``tilewise.backends.cudnn.allow_tf32``, True by default as in torch);
 otherwise the plans cuDNN marks TENSOR_CORE are left out, as are those marked NONDETERMINISTIC in
 deterministic mode. Anything cuDNN declines (a dtype, an empty tensor, a configuration no engine supports)
@@ -29,14 +30,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import time
-from contextlib import contextmanager
 
 from tilewise import strides as S
 from tilewise._stages import stage
 from tilewise.backends import flags
-from tilewise.backends.cuda import cudnn
+from tilewise.backends.cuda import cudnn, tuning
 from tilewise.backends.cuda.device_memory import data_ptr, empty, empty_fast, stream_handle
 from tilewise.backends.cuda.kernels import kernel, kernel_into
 from tilewise.config import log
@@ -50,24 +49,12 @@ FPROP, DGRAD, WGRAD = "fprop", "dgrad", "wgrad"
 
 _graphs: dict[tuple, cudnn.Graph | None] = {}
 _reported: set[str] = set()
-_tuning = threading.local()
 
 
 def _report(reason: str) -> None:
     if reason not in _reported:
         _reported.add(reason)
         log("convolution", f"convolution runs its decomposition (im2col and a GEMM): {reason}")
-
-
-@contextmanager
-def tuning():
-    """Time cuDNN's candidate plans of every new convolution inside (``mode="max-autotune"``'s first run)."""
-    previous = getattr(_tuning, "on", False)
-    _tuning.on = True
-    try:
-        yield
-    finally:
-        _tuning.on = previous
 
 
 # ---------------------------------------------------------------------------------------------- layouts
@@ -119,7 +106,7 @@ def unsupported(dtype, shapes: tuple) -> str | None:
 def _numerics(dtype) -> tuple:
     """(TF32, deterministic, timed choice) for a convolution of ``dtype``."""
     _, tf32, deterministic, benchmark = flags.conv_numerics()
-    return (dtype.name == "float32" and tf32, deterministic, benchmark or getattr(_tuning, "on", False))
+    return (dtype.name == "float32" and tf32, deterministic, benchmark or tuning.active())
 
 
 # ---------------------------------------------------------------------------------------------- graphs

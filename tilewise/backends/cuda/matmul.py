@@ -9,8 +9,10 @@ transposed views need no copy; only an operand with neither stride 1 is copied f
 (``bmm`` reads ``stride[0]``, 0 for a broadcast batch). Bias (per output column), bias+ReLU and bias+GELU
 (tanh) are cuBLASLt epilogues, used by ``linear`` when its backward is not being recorded.
 
-Per shape, the descriptors, the layouts and the algorithm are made once and cached: the few best
-heuristic candidates are timed once (``TILEWISE_GEMM_TUNE``) and the fastest kept. The global flags decide the
+Per shape, the descriptors, the layouts and the algorithm are made once and cached: the heuristic's first
+candidate, or the fastest of the few best where they are timed (a ``mode="max-autotune"`` first run,
+``TILEWISE_GEMM_TUNE=1``) or were timed by an earlier process (see [Note: library algorithm choice] in
+``backends/cuda/tuning.py``). The global flags decide the
 numerics (see [Note: backend flags] in ``backends/flags.py``), and are part of every cache key: float32 GEMMs run in
 full float32 (CUBLAS_COMPUTE_32F) unless TF32 is allowed (``tilewise.backends.cuda.matmul.allow_tf32``, or
 ``set_float32_matmul_precision("high")``: CUBLAS_COMPUTE_32F_FAST_TF32); float16/bfloat16 GEMMs may sum split-K
@@ -24,6 +26,8 @@ heuristic's first algorithm is taken (a timed choice may differ from one process
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import sys
 import time
 import types
@@ -231,20 +235,80 @@ def _heuristics(handle: int, desc: int, layouts, aligns, schemes: int = _SCHEME_
 
 
 def _choose(key: tuple, plan: _Plan, algos: list[int], work: int, args: tuple) -> int:
-    """The fastest of the heuristic's candidates on this GEMM, timed on its real operands (see
-    :func:`choose_fastest`)."""
+    """The heuristic's candidate for this GEMM: one an earlier timed choice remembered on disk, else the fastest
+    timed on its real operands where timing is asked for (see :func:`choose_fastest`), else the first ([Note:
+    library algorithm choice] in ``backends/cuda/tuning.py``)."""
+    if len(algos) == 1 or settings.gemm_tune is False:
+        return algos[0]
+    entry = _entry_name(key, len(algos))
+    remembered = _remembered(entry, len(algos))
+    if remembered is not None:
+        return algos[remembered]
+
     def run(algo: int) -> None:
         plan.algo = algo
         _run(plan, *args)
 
-    return choose_fastest(key[0], f"GEMM {key[1:]}", algos, work, run, args[6])
+    chosen = choose_fastest(key[0], f"GEMM {key[1:]}", algos, work, run, args[6])
+    if tuning_wanted() and work * 2 >= _TUNE_MIN_FLOPS:
+        _remember(entry, algos.index(chosen), len(algos))
+    return chosen
+
+
+def tuning_wanted() -> bool:
+    """Whether a new GEMM shape's candidates are timed: ``TILEWISE_GEMM_TUNE=1``, or inside
+    :func:`tilewise.backends.cuda.tuning.tuning` (a ``mode="max-autotune"`` first run) where it is unset."""
+    from tilewise.backends.cuda import tuning
+
+    return settings.gemm_tune is True or (settings.gemm_tune is None and tuning.active())
+
+
+_disk: list = []
+
+
+def _store():
+    if not _disk:
+        from tilewise.codegen.toolchain.cache import default_cache_dir
+        from tilewise.codegen.toolchain.disk import DiskCache
+
+        _disk.append(DiskCache(default_cache_dir() / "cublaslt", "cuBLASLt algorithm choice cache"))
+    return _disk[0]
+
+
+def _entry_name(key: tuple, count: int) -> str:
+    """The disk entry of a GEMM's timed choice: its plan key (without the device's index) on this GPU model,
+    with this cuBLASLt and this many candidates."""
+    from tilewise.backends.cuda.runtime import get_device_properties
+
+    name = get_device_properties(key[0]).name
+    identity = repr((key[1:], name, _lt().get_version(), count, "gemm-choice-v1"))
+    return hashlib.sha256(identity.encode()).hexdigest()[:32] + ".json"
+
+
+def _remembered(entry: str, count: int) -> int | None:
+    """The candidate index an earlier process's timed choice picked, if any."""
+    try:
+        payload = _store().read(entry)
+        if payload is None:
+            return None
+        index = json.loads(payload)["index"]
+        return index if isinstance(index, int) and 0 <= index < count else None
+    except Exception:  # noqa: BLE001 — a remembered choice is only an optimisation
+        return None
+
+
+def _remember(entry: str, index: int, count: int) -> None:
+    try:
+        _store().write(entry, json.dumps({"index": index, "candidates": count, "at": time.time()}).encode())
+    except Exception:  # noqa: BLE001, S110 — a choice not remembered is timed again in the next process
+        pass
 
 
 def choose_fastest(device: int, label: str, algos: list[int], work: int, run: Callable[[int], None],
                    stream: int) -> int:
     """The fastest of cuBLASLt's heuristic candidates ``algos``, where ``run(algo)`` queues the GEMM once with
-    that algorithm on ``stream`` (its result the same whichever runs); the first where there is one, tuning is
-    off (``TILEWISE_GEMM_TUNE=0``) or the GEMM is too small to time.
+    that algorithm on ``stream`` (its result the same whichever runs); the first where there is one, no timing
+    is asked for (:func:`tuning_wanted`) or the GEMM is too small to time.
 
     The GPU is first kept busy long enough to leave its idle clocks (unless a GEMM was timed a moment ago),
     and the candidates are then timed in interleaved rounds, each round queued whole before the host waits:
@@ -260,7 +324,7 @@ def choose_fastest(device: int, label: str, algos: list[int], work: int, run: Ca
     candidate is kept."""
     from tilewise.backends.cuda.runtime.capturing import is_current_stream_capturing
 
-    if len(algos) == 1 or not settings.gemm_tune or work * 2 < _TUNE_MIN_FLOPS or is_current_stream_capturing():
+    if len(algos) == 1 or not tuning_wanted() or work * 2 < _TUNE_MIN_FLOPS or is_current_stream_capturing():
         return algos[0]
     from tilewise.backends.cuda.kernels import spin
     from tilewise.backends.cuda.runtime import get_device_properties
