@@ -56,7 +56,11 @@ os.environ.setdefault("TILEWISE_CACHE_DIR", tempfile.mkdtemp(prefix="tilewise-be
 import numpy as np  # noqa: E402
 
 import tilewise as tw  # noqa: E402
-from tilewise.float8 import convert_to_float8_training  # noqa: E402
+from tilewise.float8 import (  # noqa: E402
+    Float8LinearConfig,
+    convert_to_float8_training,
+    sync_float8_amax_and_scale_history,
+)
 from tilewise.models.gpt import GPT, GPTConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -182,9 +186,10 @@ def not_lm_head(module, fqn: str) -> bool:
     return "lm_head" not in fqn  # tied to the token embedding; torchao's recipes keep the output layer too
 
 
-def compiled_step(model, lr: float = 3e-4, loss_of=None):
+def compiled_step(model, lr: float = 3e-4, loss_of=None, delayed: bool = False):
     """The whole step (forward, backward, AdamW) as one ``tw.compile``; ``loss_of(model, x, y)`` gives the loss
-    (default: the model's own, ``model(x, y)``)."""
+    (default: the model's own, ``model(x, y)``); ``delayed``: the delayed-scaling histories and scales are
+    updated after the backward, inside the step."""
     opt = tw.optim.AdamW(model.parameters(), lr=lr)
     loss_of = loss_of or (lambda m, x, y: m(x, y))
 
@@ -192,6 +197,8 @@ def compiled_step(model, lr: float = 3e-4, loss_of=None):
         loss = loss_of(model, x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if delayed:
+            sync_float8_amax_and_scale_history(model)
         opt.step()
         return loss
 
@@ -210,11 +217,14 @@ def time_steps(step, batches, warmup: int, sync) -> tuple[float, list[float]]:
     return statistics.median(times) * 1e3, losses
 
 
-def tilewise_side(size: str, fp8: bool, batches, warmup: int) -> tuple[float, list[float]]:
+def tilewise_side(size: str, recipe: str | None, batches, warmup: int) -> tuple[float, list[float]]:
+    """Our compiled step in bf16 (``recipe`` None) or with FP8 Linear layers of a recipe ("tensorwise": current
+    scaling, "delayed": delayed scaling)."""
     model = gpt2(tw, size)
-    if fp8:
-        convert_to_float8_training(model, module_filter_fn=not_lm_head)
-    return time_steps(compiled_step(model), batches, warmup, tw.cuda.synchronize)
+    if recipe is not None:
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                                   module_filter_fn=not_lm_head)
+    return time_steps(compiled_step(model, delayed=recipe == "delayed"), batches, warmup, tw.cuda.synchronize)
 
 
 def torchao_side(size: str, batches, warmup: int):
@@ -253,8 +263,9 @@ def step_section(sizes: list[str], steps: int, warmup: int, batch: int) -> list[
             x = tw.randint(0, VOCAB, (batch, 1024), device="cuda", generator=gen)
             batches.append((x, x.roll(-1, 1)))
         results = {}
-        for side, run in (("tw bf16", functools.partial(tilewise_side, size, False, batches, warmup)),
-                          ("tw fp8", functools.partial(tilewise_side, size, True, batches, warmup)),
+        for side, run in (("tw bf16", functools.partial(tilewise_side, size, None, batches, warmup)),
+                          ("tw fp8", functools.partial(tilewise_side, size, "tensorwise", batches, warmup)),
+                          ("tw fp8 delayed", functools.partial(tilewise_side, size, "delayed", batches, warmup)),
                           ("torchao fp8", functools.partial(torchao_side, size, batches, warmup))):
             try:
                 results[side] = run()
