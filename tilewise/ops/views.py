@@ -289,7 +289,7 @@ view("select(Tensor(a) self, int dim, int index) -> Tensor(a)", _select,
 view("slice(Tensor(a) self, int dim=0, int? start=None, int? end=None, int step=1) -> Tensor(a)", _slice,
      "view_backward(grad, 'slice', self_shape, dim, start, end, step)", method=False)
 view("as_strided(Tensor(a) self, int[] size, int[] stride, int? storage_offset=None) -> Tensor(a)", _as_strided,
-     "view_backward(grad, 'as_strided', self_shape, size, stride, storage_offset)", geometry_cached=False)
+     "as_strided_backward(grad, self_geometry, size, stride, storage_offset)", geometry_cached=False)
 view("diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)", _diagonal,
      "view_backward(grad, 'diagonal', self_shape, offset, dim1, dim2)")
 view("unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)", _unfold,
