@@ -399,8 +399,9 @@ def base_edge(t: Tensor) -> tuple:
     """The edge to a view that requires grad through its base alone (``ops.inplace.requires_grad_through_base_alone``):
     none, as in torch, where such a view has no grad accumulator: a gradient that reaches it goes nowhere. Unless
     its base was given history by an in-place write since the view was made (the view was made before the base
-    required grad): then it is made afresh from its base first, as torch regenerates a view whose base was
-    written, and the edge is that view's."""
+    required grad): then a view made under grad mode is made afresh from its base first, as torch regenerates a
+    view whose base was written, and the edge is that view's; one made under no_grad or in inference mode is
+    refused, as torch refuses it (``check_view_history``)."""
     if t._view_meta is not None:
         check_view_history(t)
     elif t._base.grad_fn is not None:
@@ -426,8 +427,9 @@ def check_view_history(view: Tensor) -> None:
     was written since it was made, an output of split or unbind is refused, as torch refuses it, and an output of
     tensor_split becomes a fresh strided view of its base, whose history holds the write."""
     version, kind = view._view_meta
-    if view._write_count() == version:
-        return
+    base = view._base
+    if view._write_count() == version or view.grad_fn is None and (base is None or not base._requires_grad):
+        return  # as torch's, which checks a view only while it or its base has history
     if kind != REGENERATE:
         raise stale_view_error(view)
     regenerate(view, f"a view of shape {list(view._shape)} (output {view._output_nr} of "
