@@ -119,6 +119,60 @@ def test_views_of_one_intermediate_share_its_memory(returned):
     check(scenario)
 
 
+VIEWS_OF_INTERMEDIATES = {
+    "slice": lambda y: y[:, 1:3],
+    "step": lambda y: y[::2],
+    "row": lambda y: y[1],
+    "transpose": lambda y: y.t(),
+    "diagonal": lambda y: y.diagonal(),
+    "expand": lambda y: y[:1].expand(3, -1),
+}
+
+
+def _layout(lib, t) -> list:
+    """What eager says of a tensor's memory: its strides, storage offset and storage size."""
+    return [lib.tensor(list(t.stride()) or [0]), lib.tensor(float(t.storage_offset())),
+            lib.tensor(float(t.untyped_storage().nbytes()))]
+
+
+@pytest.mark.parametrize("operand", ["row-major", "transposed"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("view", sorted(VIEWS_OF_INTERMEDIATES))
+def test_a_returned_view_of_an_intermediate_is_eagers_view(view, requires_grad, operand):
+    # eager returns a view over all of the intermediate's memory (a small slice keeps it all alive, as in torch)
+    take = VIEWS_OF_INTERMEDIATES[view]
+
+    def scenario(lib, compile_):
+        w = lib.arange(1.0, 13.0).reshape(3, 4).requires_grad_(requires_grad)
+        f = compile_(lambda x: take(x.t() * w.t() if operand == "transposed" else x * w))
+        out = []
+        for k in range(3):
+            if requires_grad:
+                w.grad = None
+            r = f(lib.arange(12.0).reshape(3, 4) + k)
+            out += [r.detach().clone(), *_layout(lib, r), _flag(lib, r.requires_grad)]
+            if requires_grad:
+                (r * lib.arange(float(r.numel())).reshape(r.shape)).sum().backward()
+                out.append(w.grad.clone())
+        return out
+
+    check(scenario)
+
+
+def test_two_views_of_one_intermediate_are_views_of_one_storage():
+    def scenario(lib, compile_):
+        f = compile_(lambda x: (lambda y: (y[:, :2], y[1:].t()))(x * 2))
+        out = []
+        for k in range(3):
+            a, b = f(lib.arange(12.0).reshape(3, 4) + k)
+            a[1, 1] = -1.0  # eager: b's element (1, 0) too
+            out += [a.clone(), b.clone(), *_layout(lib, a), *_layout(lib, b),
+                    _flag(lib, a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())]
+        return out
+
+    check(scenario)
+
+
 def test_gradients_through_outputs_that_alias():
     weights = np.arange(4, dtype=np.float32)
 

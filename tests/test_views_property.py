@@ -260,6 +260,30 @@ def test_view_gradients_scatter_back_like_torch(shape, data):
     np.testing.assert_array_equal(ours.grad.numpy(), theirs.grad.numpy(), err_msg=name)
 
 
+# as_strided's geometry counts from the start of the storage: over an input that is itself a transpose, a slice or an
+# expansion, its gradient lands where the input reads those storage elements (an expanded input's shared among them)
+AS_STRIDED_INPUTS = {
+    "transposed": (lambda w: (w * 1).t(), ((3, 3), (1, 4), 1)),
+    "transposed_all": (lambda w: (w * 1).t(), ((3, 4), (1, 3), 0)),
+    "sliced": (lambda w: (w * 1)[1:], ((2, 3), (3, 1), 6)),
+    "column": (lambda w: (w * 1)[:, 1], ((2,), (3,), 4)),
+    "stepped_default_offset": (lambda w: (w * 1)[::2, ::2], ((2, 2), (1, 1), None)),
+    "expanded": (lambda w: (w * 1)[:1].expand(3, 3), ((2, 2), (1, 1), 0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AS_STRIDED_INPUTS))
+def test_as_strided_gradient_over_a_strided_input_matches_torch(name):
+    make, (size, stride, offset) = AS_STRIDED_INPUTS[name]
+    grads = []
+    for lib in (torch, tw):
+        w = lib.arange(12.0).reshape(4, 3).requires_grad_()
+        out = make(w).as_strided(size, stride, offset)
+        (out * lib.arange(float(out.numel())).reshape(out.shape)).sum().backward()
+        grads.append(w.grad.numpy())
+    np.testing.assert_array_equal(grads[1], grads[0])
+
+
 def test_flatten_of_one_dim_returns_self():
     x = tw.ones(1).as_strided((1, 1), (0, 1))
     assert x.flatten(0, 0).stride() == torch.ones(1).as_strided((1, 1), (0, 1)).flatten(0, 0).stride() == (0, 1)

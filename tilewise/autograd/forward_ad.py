@@ -364,6 +364,7 @@ def formula_env(op, args: tuple, out) -> dict:
         env[p.name] = value
         if type(value) is Tensor:
             env[f"{p.name}_shape"] = value._shape
+            env[f"{p.name}_geometry"] = (value._shape, value._strides, value._offset)
         elif p.is_tensor_list:
             env[f"{p.name}_shape"] = tuple(a._shape if type(a) is Tensor else () for a in value)
     return env

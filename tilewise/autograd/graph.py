@@ -264,7 +264,8 @@ _NODE_NAMES: dict = {}  # op -> torch-style node name, e.g. MulBackward0
 class OpNode(Node):
     """Backward of one operator call, driven by the operator's derivative formulas."""
 
-    shapes: Mapping[str, tuple] = MappingProxyType({})  # "<input>_shape" -> shape, for the formulas that read one
+    # "<input>_shape" -> shape, "<input>_geometry" -> (shape, strides, storage offset), for the formulas that read one
+    shapes: Mapping[str, tuple] = MappingProxyType({})
     # what the derivative formulas read, only that (holding ``args`` would keep every input alive): a node that saves
     # nothing (add's, a view's) shares this empty default, and ``_save`` gives the others a dict of their own
     saved: Mapping[str, object] = MappingProxyType({})
@@ -398,8 +399,9 @@ def base_edge(t: Tensor) -> tuple:
     """The edge to a view that requires grad through its base alone (``ops.inplace.requires_grad_through_base_alone``):
     none, as in torch, where such a view has no grad accumulator: a gradient that reaches it goes nowhere. Unless
     its base was given history by an in-place write since the view was made (the view was made before the base
-    required grad): then it is made afresh from its base first, as torch regenerates a view whose base was
-    written, and the edge is that view's."""
+    required grad): then a view made under grad mode is made afresh from its base first, as torch regenerates a
+    view whose base was written, and the edge is that view's; one made under no_grad or in inference mode is
+    refused, as torch refuses it (``check_view_history``)."""
     if t._view_meta is not None:
         check_view_history(t)
     elif t._base.grad_fn is not None:
@@ -425,8 +427,9 @@ def check_view_history(view: Tensor) -> None:
     was written since it was made, an output of split or unbind is refused, as torch refuses it, and an output of
     tensor_split becomes a fresh strided view of its base, whose history holds the write."""
     version, kind = view._view_meta
-    if view._write_count() == version:
-        return
+    base = view._base
+    if view._write_count() == version or view.grad_fn is None and (base is None or not base._requires_grad):
+        return  # as torch's, which checks a view only while it or its base has history
     if kind != REGENERATE:
         raise stale_view_error(view)
     regenerate(view, f"a view of shape {list(view._shape)} (output {view._output_nr} of "
@@ -458,8 +461,8 @@ class _Recipe:
         lists = any(p.is_list for _, p in tensor_params)
         self.slots = None if lists else tuple((k, None) for k, _ in tensor_params)  # with lists: _list_slots
         read = frozenset().union(*(f.uses for f in op.derivatives.values() if f is not None))
-        self.shape_params = tuple((k, f"{p.name}_shape", p.is_list) for k, p in tensor_params
-                                  if f"{p.name}_shape" in read)
+        self.shape_params = tuple((k, key, p.is_list) for k, p in tensor_params
+                                  for key in (f"{p.name}_shape", f"{p.name}_geometry") if key in read)
         self.saves: dict[int, tuple] = {}  # ``wanted`` mask -> _saves(op, mask)
         # how many outputs' missing gradients the formulas read, so many get zeros (OpNode._env): all of them
         # through ``grads``, the first through ``grad``; the others (a layer norm's mean and rstd) need none
@@ -555,11 +558,20 @@ def _input_shapes(recipe: _Recipe, args: tuple) -> dict[str, tuple]:
     shapes = {}
     for k, key, is_list in recipe.shape_params:
         value = args[k]
+        described = _geometry if key.endswith("_geometry") else _shape
         if type(value) is Tensor:
-            shapes[key] = value._shape
+            shapes[key] = described(value)
         elif is_list:  # a list's shapes, so a formula like cat's need not save the tensors themselves
-            shapes[key] = tuple(a._shape if type(a) is Tensor else () for a in value)
+            shapes[key] = tuple(described(a) if type(a) is Tensor else () for a in value)
     return shapes
+
+
+def _shape(t: Tensor) -> tuple:
+    return t._shape
+
+
+def _geometry(t: Tensor) -> tuple:
+    return t._shape, t._strides, t._offset
 
 
 def _list_slots(recipe: _Recipe, args: tuple) -> tuple:

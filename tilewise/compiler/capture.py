@@ -291,6 +291,14 @@ def _permutation(geometry: tuple, root_shape: tuple) -> tuple | None:
     return tuple(dims)
 
 
+def _dense_over(geometry: tuple, root: Tensor) -> bool:
+    """Whether a view of ``geometry`` is all of ``root``'s memory, densely from its start (a transpose, a reshape,
+    a channels-last result over its memory-order value): returned alone, an output of its own laid out in that
+    order holds what eager's would."""
+    shape, strides, offset = geometry
+    return offset == 0 and S.numel(shape) == S.numel(root._shape) and S.dense_order(shape, strides) is not None
+
+
 def _inverse(dims: tuple) -> tuple:
     return tuple(sorted(range(len(dims)), key=dims.__getitem__))
 
@@ -771,6 +779,7 @@ class Capture:
         if reinterpret:
             t._trace = self.read(memory, geometry)
         t.__dict__["_tw_alias"] = Alias(memory, geometry, memory._trace)
+        memory.__dict__["_tw_laid_out"] = weakref.ref(t)
 
     def run_real(self, op, args: tuple, device, what: str):
         """An operator the graph cannot hold (its result's shape depends on values): a graph break runs what
@@ -824,26 +833,8 @@ class Capture:
                 out_leaves.append(("grad", self._grad_of(leaf)))  # the gradient the owner holds after each call
             elif type(leaf) is Tensor and leaf._trace is not None:
                 view = self._input_view(leaf, flat_args)
-                if view is not None:
-                    out_leaves.append(("view", view))
-                    continue
-                alias = leaf.__dict__.get("_tw_alias")
-                base = alias.root if alias is not None else None
-                if id(base) in bases and base is not leaf and (base._requires_grad or not leaf._requires_grad):
-                    if bases[id(base)] is None:
-                        bases[id(base)] = len(outputs)  # the base itself is an output, returned or not
-                        outputs.append(self.value_of(base))
-                        traced.append(base)
-                    out_leaves.append(("view_out", OutputView(bases[id(base)], alias.geometry, leaf._requires_grad)))
-                    continue
-                if id(leaf) in bases:
-                    if bases[id(leaf)] is not None:  # already an output as an earlier leaf's base
-                        out_leaves.append(("out", bases[id(leaf)]))
-                        continue
-                    bases[id(leaf)] = len(outputs)
-                out_leaves.append(("out", len(outputs)))
-                outputs.append(self._in_eager_format(leaf, len(outputs), id(leaf) in bases))
-                traced.append(leaf)
+                out_leaves.append(("view", view) if view is not None else
+                                  self._traced_output(leaf, bases, outputs, traced))
             else:
                 out_leaves.append(("const", leaf))
         requires = [leaf._requires_grad for leaf in traced]
@@ -860,6 +851,42 @@ class Capture:
         graph = Graph(inputs, list(self.body), outputs, writes)
         return Traced(graph, self.tensor_sources, presence, effects, spec, out_leaves, requires, backward,
                       state_effects, dict(self.output_layouts))
+
+    def _traced_output(self, leaf: Tensor, bases: dict, outputs: list, traced: list) -> tuple:
+        """How returned trace tensor ``leaf`` comes back: ("out", its graph output), or ("view_out", its view over
+        the output that holds its root's memory) where that root is one returned views are made over (``bases``)."""
+        alias = leaf.__dict__.get("_tw_alias")
+        root = alias.root if alias is not None else leaf
+        if id(root) in bases:
+            holder = self._holder(root)
+            # a view that needs grad over memory that does not was written in place by a differentiable value: its
+            # own output carries that history, a view of the memory would not
+            if holder is leaf or holder._requires_grad or not leaf._requires_grad:
+                k = bases[id(root)]
+                if k is None:  # the memory is an output, returned or not
+                    k = bases[id(root)] = len(outputs)
+                    outputs.append(self._in_eager_format(holder, k, holder is root))
+                    traced.append(holder)
+                if holder is leaf:
+                    return ("out", k)
+                return ("view_out", OutputView(k, alias.geometry, leaf._requires_grad))
+        k = len(outputs)
+        outputs.append(self._in_eager_format(leaf, k, False))
+        traced.append(leaf)
+        return ("out", k)
+
+    @staticmethod
+    def _holder(root: Tensor) -> Tensor:
+        """The tensor whose output holds ``root``'s memory: the root; or, for the memory-order value of a result eager
+        lays out in another order (``lay_out``), that result where only it carries autograd history (its output
+        holds the same memory, handed back with eager's strides)."""
+        ref = root.__dict__.get("_tw_laid_out")
+        laid_out = ref() if ref is not None else None
+        if root._requires_grad or laid_out is None or not laid_out._requires_grad:
+            return root
+        alias = laid_out.__dict__.get("_tw_alias")
+        dense = alias is not None and alias.root is root and _dense_over(alias.geometry, root)
+        return laid_out if dense else root
 
     def _in_eager_format(self, leaf: Tensor, k: int, is_base: bool) -> Node:
         """The value of returned tensor ``k``; one that eager lays out densely in another order than row-major
@@ -893,8 +920,10 @@ class Capture:
         return OutputView(entry.source, alias.geometry, leaf._requires_grad)
 
     def _shared_bases(self, leaves: list) -> dict[int, None]:
-        """The root trace tensors that two returned tensors share (one returned with its view, or two views of
-        one): each is an output, and those views are made over it."""
+        """The root trace tensors that returned views are made over (see [Note: outputs that alias] in function.py):
+        one two returned tensors share (one returned with its view, or two views of one), and one a returned view
+        covers only part of, or not densely (a slice, a strided or expanded view), which eager returns with the
+        root's strides, storage offset and storage. Each is an output, and those views are made over it."""
         count: dict[int, int] = {}
         seen: set[int] = set()
         for leaf in leaves:
@@ -904,7 +933,8 @@ class Capture:
             alias = leaf.__dict__.get("_tw_alias")
             root = alias.root if alias is not None else leaf
             if type(root) is Tensor and root._trace is not None:
-                count[id(root)] = count.get(id(root), 0) + 1
+                whole = alias is None or _dense_over(alias.geometry, root)
+                count[id(root)] = count.get(id(root), 0) + (1 if whole else 2)
         return {root: None for root, n in count.items() if n > 1}
 
     def _detached_output(self, leaf: Tensor) -> Detached:

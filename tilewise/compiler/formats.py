@@ -19,8 +19,10 @@ element-wise result) leaves the program as the permutation that is its memory or
 channels-last its (N, *S, C) permutation), handed back as the tensor of its logical shape with eager's strides (its
 gradient, if it needs one, is the traced value's, taken in the logical order). The CUDA target's channels-last
 lowering writes such a value where it lies instead of the transposing copy it made before
-(``lowering/channels_last.py``). A returned tensor with no dense layout in eager (a slice of an intermediate) comes
-back row-major, with the same values.
+(``lowering/channels_last.py``). A returned tensor with no dense layout in eager (a slice of an intermediate) is a
+view over the program output that holds the memory it views, as eager's is (see [Note: outputs that alias] in
+function.py); where that memory is a result's memory-order value, the output is that result, handed back as above,
+so that its autograd history carries on.
 """
 
 from __future__ import annotations

@@ -51,9 +51,13 @@ returned twice, a tensor returned with a view of it. A write through such a resu
 other tensor in eager (and in what the next call reads). So these outputs are made again after each run: a view of
 an argument's or a held tensor's memory is taken over that tensor once the program has written it back
 (``as_strided``, recording autograd where the view needs grad); a tensor returned twice is one object; an
-intermediate returned with its views, or two views of one, is one program output and the views are taken over it.
-A view of an intermediate returned alone stays a fresh contiguous output (taking it over the whole intermediate
-would make the program store all of it).
+intermediate returned with its views, two views of one, or one view that is not all of it densely (a slice, a
+strided, diagonal or expanded view) is one program output and the views are taken over it, so they have eager's
+strides, storage offset and storage. The program then stores all of that intermediate, as eager keeps it alive
+behind a small slice; a view that is all of it densely (a transpose, a reshape) is an output of its own laid out in
+eager's order (``output_layouts``), which is the same memory. The one exception is a view that needs grad over
+memory that does not (written in place by a differentiable value after the memory was made): it comes back as an
+output of its own, row-major, with its values and gradients.
 """
 
 from __future__ import annotations

@@ -146,6 +146,42 @@ def view_backward(grad, op_name: str, input_shape, *args):
     return OPS["view_scatter_add"](grad, tuple(input_shape), tuple(shape), tuple(strides), offset)
 
 
+def as_strided_backward(grad, input_geometry, size, stride, storage_offset=None):
+    """torch's: as_strided's geometry counts from the start of the storage, whatever the input's own geometry. The
+    gradient is added into a zero storage as the result reads it, then read back as the input reads that storage
+    (each element divided by the number of the input's elements that share it, where the input overlaps itself)."""
+    shape, strides, offset = input_geometry
+    storage_offset = offset if storage_offset is None else storage_offset
+    if offset == 0 and tuple(strides) == S.contiguous_strides(shape):  # the usual input: the view's own backward
+        return OPS["view_scatter_add"](grad, tuple(shape), tuple(size), tuple(stride), storage_offset)
+    start = min(offset, storage_offset)
+    extent = max(_storage_extent(shape, strides, offset - start), _storage_extent(size, stride, storage_offset - start))
+    storage = OPS["view_scatter_add"](grad, (extent,), tuple(size), tuple(stride), storage_offset - start)
+    if _overlaps(shape, strides):
+        ones = zeros(tuple(shape), dtype=grad.dtype, device=grad.device) + 1
+        count = OPS["view_scatter_add"](ones, (extent,), tuple(shape), tuple(strides), offset - start)
+        storage = storage / count  # nan where the input reads nothing: never read back
+    return storage.as_strided(tuple(shape), tuple(strides), offset - start)
+
+
+def _storage_extent(shape, strides, offset: int) -> int:
+    """The elements of storage a geometry reaches, from the start: torch's ``_min_storage_size``."""
+    if S.numel(shape) == 0:
+        return offset
+    return offset + 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+
+
+def _overlaps(shape, strides) -> bool:
+    """Whether two elements of a geometry share memory (dims of one element aside)."""
+    dims = sorted((s, n) for n, s in zip(shape, strides) if n > 1)
+    reach = 0  # how far the dims with smaller strides reach
+    for s, n in dims:
+        if s <= reach:
+            return True
+        reach += (n - 1) * s
+    return False
+
+
 def slices_backward(grads, input_shape, dim: int, starts, ends):
     """The gradient of the slices ``input[..., start:end, ...]`` along ``dim`` (tensor_split's outputs) from theirs:
     those in a row when the slices tile the dim, as split's backward, else each added at its place."""

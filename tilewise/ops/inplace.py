@@ -22,10 +22,13 @@ when made, and a kind), because what an in-place write means for them depends on
                  under no_grad), they become a fresh strided view of their base first, whose history holds the
                  write (torch's view regeneration; without it ``v = b[:2]; b.mul_(3)`` gave ``v`` the gradient
                  of the values before the write);
-  ``NO_GRAD``    views made under no_grad of a tensor that requires grad: they require grad through their base alone
-                 (no grad_fn and no gradient accumulator of their own: a gradient reaching them goes nowhere, as
-                 torch's; ``requires_grad`` follows the base's flag, as any view's without a grad_fn does), and take
-                 no in-place write under grad mode, nor, once their memory was written, any use by autograd;
+  ``NO_GRAD``    views made under no_grad: they require grad through their base alone (no grad_fn and no gradient
+                 accumulator of their own: a gradient reaching them goes nowhere, as torch's; ``requires_grad``
+                 follows the base's flag, as any view's without a grad_fn does), and, while their base requires grad
+                 (from the start, or given history by an in-place write later), take no in-place write that records,
+                 nor, once their memory was written since they were made, any use by autograd: torch refuses
+                 ``with no_grad(): v = b[:2]`` then ``b.mul_(w)`` then ``v * 2``, where regenerating ``v`` from ``b``
+                 would silently record a write made outside the block that made ``v``;
   ``INFERENCE``  the same, made in inference mode (of a tensor that is no inference tensor), in torch's words.
 A view of a watched view is watched alike (under no_grad it becomes ``NO_GRAD``, in inference mode ``INFERENCE``,
 as torch propagates the meta). Autograd checks the version whenever it takes such a view as an input
@@ -199,8 +202,6 @@ def make_inplace(fn, name: str):
 
     def inplace(self, *args, **kwargs):
         check_no_internal_overlap(self, f"{name}_")
-        if self._view_meta is not None and STATE.grad_enabled:
-            check_view_write(self, f"{name}_")
         recording = STATE.grad_enabled and (self.requires_grad or _any_requires_grad(args, kwargs))
         if recording:
             check_inplace_allowed(self, f"{name}_")
@@ -258,10 +259,8 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
                                f"{self._dtype.name}")
         result = result.to(self._dtype)
     if STATE.grad_enabled:
-        if result._requires_grad or self.requires_grad:
+        if result._requires_grad or self.requires_grad:  # a write that records: torch's refusals (none otherwise)
             check_inplace_allowed(self, name)
-        elif self._view_meta is not None:
-            check_view_write(self, name)
         if self.requires_grad and not result._requires_grad:
             # values that need no gradient written over a tensor that does (``fill_``, ``zero_``, ``copy_`` of a
             # constant): the write is recorded, so no gradient reaches what ``self`` held before

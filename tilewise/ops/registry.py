@@ -73,7 +73,8 @@ def outputs_read(tree: ast.AST) -> frozenset[int] | None:
 def compile_formula(text: str, param_names: tuple[str, ...]) -> Formula:
     code = compile(text, f"<derivative {text}>", "eval")
     names = set(code.co_names)
-    env_names = ("grad", "grads", "output_grads", "result", *param_names, *(f"{p}_shape" for p in param_names))
+    env_names = ("grad", "grads", "output_grads", "result", *param_names, *(f"{p}_shape" for p in param_names),
+                 *(f"{p}_geometry" for p in param_names))
     uses = frozenset(n for n in names if n in env_names)
     outputs = outputs_read(ast.parse(text, mode="eval")) if "result" in uses else frozenset()
     unpack = "".join(f"    {n} = env[{n!r}]\n" for n in sorted(uses))

@@ -71,16 +71,17 @@ def make_view(x: Tensor, shape: tuple, strides: tuple, offset: int, dtype) -> Te
     if x._untracked:
         out.__dict__["_untracked"] = True
     meta = x._view_meta
-    if meta is not None or x._requires_grad or base is not None and base._requires_grad:
+    if meta is not None or STATE.grad_enabled is False or x._requires_grad or base is not None and base._requires_grad:
         _watch_view_of(x, out, meta)
     return out
 
 
 def _watch_view_of(x: Tensor, out: Tensor, meta: tuple | None) -> None:
-    """A view of a watched view is watched alike; one made under no_grad or inference mode is watched as such (it
-    requires grad through its base alone: no grad_fn, no gradient of its own; see ``Tensor.requires_grad``); any
-    other view of a tensor that requires grad is made afresh from its base if its memory is written before autograd
-    takes it (torch's view regeneration; see [Note: watched views] in ops/inplace.py)."""
+    """A view of a watched view is watched alike; one made under no_grad or inference mode is watched as such, whether
+    or not its base requires grad now (it requires grad through its base alone: no grad_fn, no gradient of its own;
+    see ``Tensor.requires_grad``); any other view of a tensor that requires grad is made afresh from its base if its
+    memory is written before autograd takes it (torch's view regeneration; see [Note: watched views] in
+    ops/inplace.py)."""
     if STATE.grad_enabled is False:
         if out._base is None:  # a view of an inference tensor is no view, as in torch
             return
@@ -289,7 +290,7 @@ view("select(Tensor(a) self, int dim, int index) -> Tensor(a)", _select,
 view("slice(Tensor(a) self, int dim=0, int? start=None, int? end=None, int step=1) -> Tensor(a)", _slice,
      "view_backward(grad, 'slice', self_shape, dim, start, end, step)", method=False)
 view("as_strided(Tensor(a) self, int[] size, int[] stride, int? storage_offset=None) -> Tensor(a)", _as_strided,
-     "view_backward(grad, 'as_strided', self_shape, size, stride, storage_offset)", geometry_cached=False)
+     "as_strided_backward(grad, self_geometry, size, stride, storage_offset)", geometry_cached=False)
 view("diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)", _diagonal,
      "view_backward(grad, 'diagonal', self_shape, offset, dim1, dim2)")
 view("unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)", _unfold,
