@@ -37,7 +37,12 @@ POINTWISE_UNARY = {
     "sinh": unary(), "cosh": unary(), "tanh": unary(), "sigmoid": unary(), "erf": unary(),
     "erfinv": unary("float", -0.9, 0.9), "frac": unary(), "relu": unary(), "sign": unary(), "sgn": unary(),
 }
-NO_GRAD_UNARY = {"floor": unary(), "ceil": unary(), "round": unary(), "trunc": unary(), "fix": unary(),
+def round_decimals():
+    return [*unary("float", -200, 200)(), Sample((T((3, 4), "float", -200, 200),), {"decimals": 2}, name="decimals"),
+            Sample((T((3, 4), "float", -200, 200),), {"decimals": -1}, name="negative-decimals")]
+
+
+NO_GRAD_UNARY = {"floor": unary(), "ceil": unary(), "round": round_decimals, "trunc": unary(), "fix": unary(),
                  "isnan": unary(), "isinf": unary(), "isfinite": unary(), "signbit": unary(), "isposinf": unary(),
                  "isneginf": unary(), "logical_not": unary()}
 ACTIVATIONS = {
