@@ -560,7 +560,8 @@ def test_init_distributions():
     tw.nn.init.constant_(w, 0.25)
     assert set(np.unique(w.numpy()).tolist()) == {0.25}
     for nonlinearity in ("linear", "relu", "tanh", "selu", "sigmoid"):
-        assert tw.nn.init.calculate_gain(nonlinearity) == torch.nn.init.calculate_gain(nonlinearity)
+        ours, theirs = tw.nn.init.calculate_gain(nonlinearity), torch.nn.init.calculate_gain(nonlinearity)
+        assert ours == theirs and type(ours) is type(theirs)  # torch's linear gains are the int 1
     assert tw.nn.init.calculate_gain("leaky_relu", 0.2) == torch.nn.init.calculate_gain("leaky_relu", 0.2)
 
 
