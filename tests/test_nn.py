@@ -458,6 +458,38 @@ def test_forward_hooks():
     kw.remove()
 
 
+def test_always_call_forward_hooks_run_when_forward_raises_as_in_torch():
+    def outcome(lib):
+        log = []
+
+        class Boom(lib.nn.Module):
+            def forward(self, x):
+                if x.sum() > 10:
+                    raise ValueError("too big")
+                return x * 2
+
+        def failing(module, args, out):
+            raise KeyError("hook")
+
+        model = Boom()
+        first = model.register_forward_hook(lambda m, a, out: log.append(("always", out is None)), always_call=True)
+        model.register_forward_hook(lambda m, a, out: log.append(("plain", out is None)))
+        model.register_forward_hook(lambda m, a, kw, out: log.append(("kwargs", out is None)), always_call=True,
+                                    with_kwargs=True)
+        model(lib.ones(2))
+        for remove_first in (False, True):
+            if remove_first:
+                first.remove()
+            with pytest.raises(ValueError, match="too big"):
+                model(lib.full((2,), 10.0))
+        model.register_forward_hook(failing, always_call=True)
+        with pytest.warns(UserWarning, match="always_call=True.*silenced.*'hook'"), pytest.raises(ValueError):
+            model(lib.full((2,), 10.0))
+        return log
+
+    assert outcome(tw) == outcome(torch)
+
+
 def test_train_eval_apply_and_zero_grad():
     model = tw.nn.Sequential(tw.nn.Linear(2, 2), tw.nn.Dropout(0.5))
     assert model.training and model[1].training
