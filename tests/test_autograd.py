@@ -461,6 +461,39 @@ def test_custom_function_backward_may_return_trailing_nones_beyond_its_inputs_as
     assert outcome(tw) == outcome(torch)
 
 
+def test_custom_function_with_separate_setup_context_matches_torch():
+    """torch 2's style: forward takes no ctx; setup_context(ctx, inputs, output) sees every input, keywords and
+    defaults included, positionally."""
+    def outcome(lib):
+        seen = []
+
+        class Scale(lib.autograd.Function):
+            @staticmethod
+            def forward(x, w, k=2.0):
+                return x * w * k, x.argmax()
+
+            @staticmethod
+            def setup_context(ctx, inputs, output):
+                x, w, k = inputs
+                seen.append((len(inputs), k, isinstance(output, tuple)))
+                ctx.save_for_backward(x, w)
+                ctx.k = k
+                ctx.mark_non_differentiable(output[1])
+
+            @staticmethod
+            def backward(ctx, grad, grad_index):
+                x, w = ctx.saved_tensors
+                return grad * w * ctx.k, grad * x * ctx.k, None
+
+        x = lib.tensor([1.0, 3.0, 2.0], requires_grad=True)
+        w = lib.tensor([0.5, 1.0, 2.0], requires_grad=True)
+        out, index = Scale.apply(x, w=w)
+        out.sum().backward()
+        return seen, out.tolist(), index.requires_grad, x.grad.tolist(), w.grad.tolist()
+
+    assert outcome(tw) == outcome(torch)
+
+
 def test_custom_function_without_grad_is_plain_call():
     out, _ = ScaledProduct.apply(tw.ones(2), tw.ones(2), 3.0)
     assert out.grad_fn is None and not out.requires_grad

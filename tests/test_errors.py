@@ -161,6 +161,14 @@ def test_bool_arithmetic_errors_name_the_op_the_dtypes_and_the_fix():
         mask % True
 
 
+def test_round_with_decimals_needs_a_floating_tensor_as_torch():
+    with pytest.raises(NotImplementedError, match="round_cpu"):
+        torch.round(torch.tensor([1, 2]), decimals=1)
+    with raises(NotImplementedError, '"round"', "decimals=1", "'Long'", ".float()"):
+        tw.round(tw.tensor([1, 2]), decimals=1)
+    assert tw.round(tw.tensor([1, 2])).dtype == tw.int64
+
+
 # ---------------------------------------------------------------------------- devices
 
 def fake_cuda(t: Tensor) -> Tensor:

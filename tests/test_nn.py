@@ -458,6 +458,38 @@ def test_forward_hooks():
     kw.remove()
 
 
+def test_always_call_forward_hooks_run_when_forward_raises_as_in_torch():
+    def outcome(lib):
+        log = []
+
+        class Boom(lib.nn.Module):
+            def forward(self, x):
+                if x.sum() > 10:
+                    raise ValueError("too big")
+                return x * 2
+
+        def failing(module, args, out):
+            raise KeyError("hook")
+
+        model = Boom()
+        first = model.register_forward_hook(lambda m, a, out: log.append(("always", out is None)), always_call=True)
+        model.register_forward_hook(lambda m, a, out: log.append(("plain", out is None)))
+        model.register_forward_hook(lambda m, a, kw, out: log.append(("kwargs", out is None)), always_call=True,
+                                    with_kwargs=True)
+        model(lib.ones(2))
+        for remove_first in (False, True):
+            if remove_first:
+                first.remove()
+            with pytest.raises(ValueError, match="too big"):
+                model(lib.full((2,), 10.0))
+        model.register_forward_hook(failing, always_call=True)
+        with pytest.warns(UserWarning, match="always_call=True.*silenced.*'hook'"), pytest.raises(ValueError):
+            model(lib.full((2,), 10.0))
+        return log
+
+    assert outcome(tw) == outcome(torch)
+
+
 def test_train_eval_apply_and_zero_grad():
     model = tw.nn.Sequential(tw.nn.Linear(2, 2), tw.nn.Dropout(0.5))
     assert model.training and model[1].training
@@ -560,7 +592,8 @@ def test_init_distributions():
     tw.nn.init.constant_(w, 0.25)
     assert set(np.unique(w.numpy()).tolist()) == {0.25}
     for nonlinearity in ("linear", "relu", "tanh", "selu", "sigmoid"):
-        assert tw.nn.init.calculate_gain(nonlinearity) == torch.nn.init.calculate_gain(nonlinearity)
+        ours, theirs = tw.nn.init.calculate_gain(nonlinearity), torch.nn.init.calculate_gain(nonlinearity)
+        assert ours == theirs and type(ours) is type(theirs)  # torch's linear gains are the int 1
     assert tw.nn.init.calculate_gain("leaky_relu", 0.2) == torch.nn.init.calculate_gain("leaky_relu", 0.2)
 
 
@@ -634,6 +667,68 @@ def test_multihead_attention_refuses_masks_of_the_wrong_shape_like_torch(case):
         tw.nn.MultiheadAttention(8, 2)(x, x, x, **call(tw))
 
 
+@pytest.mark.parametrize("case", ["self", "cross", "float-mask", "odd-heads", "training", "fastpath-off"])
+def test_multihead_attention_output_layout_follows_torchs_path(case):
+    """torch's fused inference path returns a batch-major contiguous output, its general path a transposed view
+    of a sequence-major one: code that views the output works in one and fails in the other."""
+    def layout(lib):
+        torch.manual_seed(0)
+        heads = 3 if case == "odd-heads" else 2
+        module = lib.nn.MultiheadAttention(6, heads, batch_first=True).train(case == "training")
+        x = lib.tensor(_float_input((2, 5, 6)))
+        mask = lib.zeros(5, 5) if case == "float-mask" else lib.zeros(5, 5, dtype=lib.bool)
+        lib.backends.mha.set_fastpath_enabled(case != "fastpath-off")
+        try:
+            with lib.no_grad():
+                return module(x, x.clone() if case == "cross" else x, x, attn_mask=mask)[0].stride()
+        finally:
+            lib.backends.mha.set_fastpath_enabled(True)
+
+    assert layout(tw) == layout(torch)
+
+
+def test_multihead_attention_refuses_an_integer_padding_mask_like_torch():
+    for m in (torch, tw):
+        x = m.zeros(2, 5, 8)
+        with pytest.raises(AssertionError, match="only bool and floating types of key_padding_mask are supported"):
+            m.nn.MultiheadAttention(8, 2, batch_first=True)(x, x, x, key_padding_mask=m.zeros(2, 5, dtype=m.int64))
+
+
+@pytest.mark.parametrize("case", ["bool-mask", "float-mask", "not-left-aligned", "no-mask-check", "training",
+                                  "grad", "sequence-first", "odd-heads", "norm-first", "nested-off"])
+def test_transformer_encoder_inference_zeroes_padding_as_torchs_nested_path(case):
+    """In inference with a padding mask torch's encoder runs on nested tensors and pads the output back with
+    zeros; the warning at construction says when it will not."""
+    padding = np.array([[False] * 5, [False, False, False, True, True], [False, True, True, True, True]])
+    if case == "not-left-aligned":
+        padding[1] = [True, False, False, False, True]
+
+    def run(lib):
+        torch.manual_seed(0)
+        layer = lib.nn.TransformerEncoderLayer(8, 1 if case == "odd-heads" else 2, 16, 0.0,
+                                               batch_first=case != "sequence-first", norm_first=case == "norm-first")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            encoder = lib.nn.TransformerEncoder(layer, 2, enable_nested_tensor=case != "nested-off",
+                                                mask_check=case != "no-mask-check")
+        encoder.train(case == "training")
+        with lib.no_grad():
+            for p in encoder.parameters():
+                p.copy_(lib.tensor(_float_input(tuple(p.shape), seed=p.numel(), low=-0.3, high=0.3)))
+        x = lib.tensor(_float_input((3, 5, 8)))
+        x = x if case != "sequence-first" else x.transpose(0, 1)
+        mask = lib.tensor(padding)
+        if case == "float-mask":
+            mask = lib.zeros(3, 5).masked_fill(mask, float("-inf"))
+        with lib.set_grad_enabled(case == "grad"):
+            out = encoder(x, src_key_padding_mask=mask)
+        return out, [str(w.message) for w in caught], encoder.use_nested_tensor
+
+    (out, warned, nested), (ref, ref_warned, ref_nested) = run(tw), run(torch)
+    _close(out, ref, what="output")
+    assert (warned, nested) == (ref_warned, ref_nested)
+
+
 def test_multihead_attention_embed_dim_not_divisible_by_heads_is_torch_assertion():
     for m in (torch, tw):
         with pytest.raises(AssertionError, match="embed_dim must be divisible by num_heads"):
@@ -642,16 +737,22 @@ def test_multihead_attention_embed_dim_not_divisible_by_heads_is_torch_assertion
 
 @pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
 @pytest.mark.parametrize("variant", ["masks-weights", "masks-no-weights", "per-head-weights", "kdim-vdim",
-                                     "unbatched", "causal-encoder"])
+                                     "unbatched", "causal-encoder", "bias-kv-zero-attn", "sequence-first"])
 def test_multihead_attention_variants_match_torch(variant):
     torch.manual_seed(0)
     kwargs = {"kdim": 6, "vdim": 3} if variant == "kdim-vdim" else {}
-    ref = torch.nn.MultiheadAttention(8, 2, batch_first=True, **kwargs)
-    attn = tw.nn.MultiheadAttention(8, 2, batch_first=True, **kwargs)
+    if variant == "bias-kv-zero-attn":
+        kwargs = {"add_bias_kv": True, "add_zero_attn": True}
+    batch_first = variant != "sequence-first"
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first, **kwargs)
+    attn = tw.nn.MultiheadAttention(8, 2, batch_first=batch_first, **kwargs)
+    assert [n for n, _ in attn.named_parameters()] == [n for n, _ in ref.named_parameters()]
     _copy_weights(attn, ref)
     q = _float_input((2, 4, 8) if variant != "unbatched" else (4, 8))
     k = _float_input((2, 5, kwargs.get("kdim", 8)) if variant != "unbatched" else (5, 8), seed=1)
     v = _float_input((2, 5, kwargs.get("vdim", 8)) if variant != "unbatched" else (5, 8), seed=2)
+    if not batch_first:
+        q, k, v = (a.transpose(1, 0, 2).copy() for a in (q, k, v))
     padding = np.array([[False, False, False, True, True], [False, False, False, False, True]])
     additive = _float_input((4, 5), seed=3, low=-1, high=0)
     call = {
@@ -661,6 +762,8 @@ def test_multihead_attention_variants_match_torch(variant):
         "kdim-vdim": dict(key_padding_mask=padding),
         "unbatched": dict(attn_mask=additive),
         "causal-encoder": dict(attn_mask=np.triu(np.ones((4, 5), dtype=bool), 1), need_weights=False),
+        "bias-kv-zero-attn": dict(key_padding_mask=padding, attn_mask=additive > -0.2),
+        "sequence-first": dict(key_padding_mask=padding),
     }[variant]
 
     def run(lib, module):
@@ -673,6 +776,7 @@ def test_multihead_attention_variants_match_torch(variant):
     out, weights, args = run(tw, attn)
     ref_out, ref_weights, ref_args = run(torch, ref)
     _close(out, ref_out, what="output")
+    assert out.stride() == ref_out.stride()  # torch's general path: a sequence-major output (.view works as there)
     assert (weights is None) == (ref_weights is None)
     if weights is not None:
         _close(weights, ref_weights, what="weights")

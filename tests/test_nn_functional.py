@@ -196,6 +196,50 @@ def test_attention_fully_masked_rows_give_zeros_like_torch():
         close(a.grad, b.grad)
 
 
+ATTENTION_LAYOUTS = {  # name: (query layout, keyword arguments); "heads-last": (B, L, H, E) storage, transposed
+    "contiguous": ("contiguous", {}),
+    "heads-last": ("heads-last", {}),
+    "heads-last-causal": ("heads-last", {"is_causal": True}),
+    "heads-last-bool-mask": ("heads-last", {"attn_mask": np.tril(np.ones((5, 5), dtype=bool))}),
+    "heads-last-padding-mask": ("heads-last", {"attn_mask": np.ones((3, 1, 1, 5), dtype=bool)}),
+    "heads-last-3d-mask": ("heads-last", {"attn_mask": np.ones((1, 5, 5), dtype=bool)}),
+    "heads-last-dropout": ("heads-last", {"dropout_p": 0.5}),
+    "fused-qkv": ("fused-qkv", {"is_causal": True}),
+    "last-dim-strided": ("last-dim-strided", {}),
+    "three-dims": ("three-dims", {}),
+}
+
+
+def _attention_query(lib, layout: str):
+    rng = np.random.default_rng(6)
+    if layout == "contiguous":
+        return lib.tensor(rng.standard_normal((3, 2, 5, 4), dtype=np.float32))
+    if layout == "heads-last":
+        return lib.tensor(rng.standard_normal((3, 5, 2, 4), dtype=np.float32)).transpose(1, 2)
+    if layout == "fused-qkv":  # nanoGPT's: a third of a (B, T, 3C) projection, split into heads
+        return lib.tensor(rng.standard_normal((3, 5, 24), dtype=np.float32))[..., :8].view(3, 5, 2, 4).transpose(1, 2)
+    if layout == "last-dim-strided":
+        return lib.tensor(rng.standard_normal((3, 2, 4, 5), dtype=np.float32)).transpose(-1, -2)
+    return lib.tensor(rng.standard_normal((2, 5, 4), dtype=np.float32))
+
+
+@pytest.mark.parametrize("name", ATTENTION_LAYOUTS)
+def test_attention_output_is_laid_out_as_torchs_cpu_kernels_lay_it(name):
+    """torch's CPU flash kernel lays its output out as the query, its math kernel contiguously: after a head
+    split of (B, T, C), ``out.transpose(1, 2).view(B, T, C)`` works exactly where torch's does."""
+    layout, kwargs = ATTENTION_LAYOUTS[name]
+
+    def run(lib, functional):
+        q = _attention_query(lib, layout)
+        extra = {k: lib.tensor(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
+        return functional.scaled_dot_product_attention(q, q, q, **extra)
+
+    out, expected = run(tw, F), run(torch, TF)
+    assert out.stride() == expected.stride()
+    if "dropout_p" not in kwargs:
+        close(out, expected, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["layer_norm", "attention", "cross_entropy", "conv2d"])
 def test_half_precision_computes_in_float32_like_torch(name):
     rng = np.random.default_rng(5)

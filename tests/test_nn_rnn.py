@@ -457,6 +457,8 @@ def test_pack_sequence_unpack_and_unpad_match_torch(enforce_sorted):
     assert p_tw.batch_sizes.tolist() == p_t.batch_sizes.tolist()
     for a, b in zip(u_tw + d_tw + g_tw, u_t + d_t + g_t):
         _close(a, b)
+    for a, b in zip(u_tw + d_tw, u_t + d_t):  # torch picks each by a mask: a new contiguous tensor
+        assert a.stride() == b.stride()
 
 
 def test_unpad_sequence_time_major():
@@ -465,6 +467,7 @@ def test_unpad_sequence_time_major():
     theirs = torch.nn.utils.rnn.unpad_sequence(torch.tensor(x), torch.tensor([4, 2, 1]))
     for a, b in zip(ours, theirs):
         _close(a, b)
+        assert a.stride() == b.stride()
 
 
 def test_packed_sequence_is_a_named_tuple_with_to_and_invert_permutation():

@@ -52,6 +52,56 @@ def test_advanced_indexing_copies():
     assert m.tolist() == theirs[theirs > 5].tolist() and m._base is None
 
 
+ADVANCED_INDEXES = {  # name: (base layout, index built with the framework module m)
+    "column pick": ("matrix", lambda m: (slice(None), [0, 2])),
+    "row pick": ("matrix", lambda m: ([0, 2],)),
+    "middle dim": ("3d", lambda m: (slice(None), [0, 2])),
+    "last dim": ("3d", lambda m: (Ellipsis, [0, 3])),
+    "two adjacent": ("3d", lambda m: (slice(None), m.tensor([0, 2]), m.tensor([1, 3]))),
+    "two apart": ("3d", lambda m: (m.tensor([1]), slice(None), m.tensor([0, 2]))),
+    "broadcast pair": ("3d", lambda m: (slice(None), m.tensor([[1], [0]]), m.tensor([0, 2]))),
+    "transposed index": ("3d", lambda m: (slice(None), m.tensor([[0, 1], [2, 0]]).t())),
+    "sliced around": ("3d", lambda m: (slice(1, None), [0, 2], slice(1, None))),
+    "stepped": ("3d", lambda m: (slice(None), slice(None, None, 2), [1, 3])),
+    "mask": ("3d", lambda m: (slice(None), m.tensor([True, False, True]))),
+    "channels-last channel": ("channels_last", lambda m: (slice(None), [0, 1])),
+    "channels-last height": ("channels_last", lambda m: (slice(None), slice(None), [0, 2])),
+    "channels-last width": ("channels_last", lambda m: (Ellipsis, [1, 2])),
+    "0-d True": ("matrix", lambda m: (m.tensor(True),)),
+    "0-d False": ("matrix", lambda m: (m.tensor(False),)),
+    "0-d True and int": ("matrix", lambda m: (m.tensor(True), 1)),
+    "None and 0-d True": ("matrix", lambda m: (None, m.tensor(True))),
+    "0-d True twice": ("matrix", lambda m: (m.tensor(True), m.tensor(True))),
+    "0-d True, ellipsis, int": ("3d", lambda m: (m.tensor(True), Ellipsis, 0)),
+    "0-d True and list": ("matrix", lambda m: (m.tensor(True), [0, 2])),
+    "mask and 0-d True": ("matrix", lambda m: (m.tensor([True, False, True]), m.tensor(True))),
+}
+
+
+def _indexed_base(m, layout: str):
+    if layout == "channels_last":
+        return m.arange(120.0).reshape(2, 4, 5, 3).permute(0, 3, 1, 2)
+    return m.arange(12.0).reshape(3, 4) if layout == "matrix" else m.arange(24.0).reshape(2, 3, 4)
+
+
+@pytest.mark.parametrize("name", ADVANCED_INDEXES)
+def test_advanced_indexing_reads_and_writes_like_torch(name):
+    """Values, shapes and strides of ``x[index]`` (a result ``.view(-1)`` accepts in torch is one it accepts here),
+    and what ``x[index] = -1`` writes; a 0-d bool index adds a dim of size 1 (True) or 0 (False) as ``True`` does."""
+    layout, make = ADVANCED_INDEXES[name]
+    results = []
+    for m in (tw, torch):
+        x = _indexed_base(m, layout)
+        got = x[make(m)]
+        written = x.clone()
+        written[make(m)] = -1
+        results.append((got, written))
+    (got, written), (expected, expected_written) = results
+    assert tuple(got.shape) == tuple(expected.shape) and got.stride() == expected.stride()
+    np.testing.assert_array_equal(got.numpy(), expected.numpy())
+    np.testing.assert_array_equal(written.numpy(), expected_written.numpy())
+
+
 def test_writes_through_views_reach_the_base():
     x = tw.zeros(3, 4)
     x[1] = 5.0

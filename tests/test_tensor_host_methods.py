@@ -4,6 +4,7 @@ the random fills log_normal_, cauchy_ and geometric_ (their distributions, since
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -241,3 +242,17 @@ def test_share_memory_is_refused_on_the_cpu():
     with pytest.raises(NotImplementedError, match="cannot move to shared memory"):
         tw.ones(2).share_memory_()
     assert not tw.ones(2).is_shared()
+
+
+@pytest.mark.parametrize("spec", [".2f", "", ">8"])
+@pytest.mark.parametrize("values", [2.5, [2.5], [[1.0, 2.0]]])
+def test_format_spec_like_torch(values, spec):
+    """A format spec formats a 0-d tensor's number; on a tensor of more dims it is object.__format__'s TypeError."""
+    ours, theirs = _both(values)
+    try:
+        expected = format(theirs, spec)
+    except TypeError as exc:
+        with pytest.raises(TypeError, match=re.escape(str(exc))):
+            format(ours, spec)
+    else:
+        assert format(ours, spec) == expected.replace("torch.", "tilewise.")

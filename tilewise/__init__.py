@@ -173,6 +173,7 @@ from tilewise.serialization import load, save  # noqa: E402
 from tilewise import accelerator, cpu  # noqa: E402
 from tilewise.accelerator import get_device_module  # noqa: E402
 from tilewise.backends import cudnn as _cudnn  # noqa: E402
+from tilewise.backends import mha as _mha  # noqa: E402
 from tilewise.backends import mkldnn as _mkldnn  # noqa: E402
 from tilewise.backends import mps as _mps  # noqa: E402
 from tilewise.backends.cpu.threads import (  # noqa: E402

@@ -291,6 +291,27 @@ def advanced_index_dims(ndim: int, dims: Sequence[int], index_shapes: Sequence[S
     return before, joined, [d for d in rest if d not in before]
 
 
+def index_result_strides(shape: Sequence[int], strides: Sequence[int], dims: Sequence[int],
+                         indices: Sequence[tuple[Shape, Shape]]) -> Shape:
+    """Strides of ``x[indices]`` (x of ``shape`` and ``strides``, index tensors of (shape, strides) at ``dims``) as
+    torch's TensorIterator lays it out: dims ordered by x's strides where they tell them apart, the index block
+    (where x walks with stride 0) by the index tensors', row-major where nothing decides, as for a column pick of
+    a contiguous matrix.
+
+    >>> index_result_strides((3, 4), (4, 1), [1], [((2,), (1,))])
+    (2, 1)
+    >>> index_result_strides((2, 3, 4, 5), (60, 1, 15, 3), [2], [((2,), (1,))])
+    (30, 1, 3, 6)
+    """
+    before, joined, after = advanced_index_dims(len(shape), dims, [s for s, _ in indices])
+    out_shape = (*(shape[d] for d in before), *joined, *(shape[d] for d in after))
+    lead, trail = (0,) * len(before), (0,) * len(after)
+    source = (*(strides[d] for d in before), *(0,) * len(joined), *(strides[d] for d in after))
+    walks = [lead + expand_strides(s, st, joined) + trail for s, st in indices]
+    return strides_in_order(out_shape, iteration_order(out_shape, [(out_shape, source)] + [(out_shape, w)
+                                                                                          for w in walks]))
+
+
 def broadcast_shapes(*shapes: Sequence[int], op: str = "broadcast") -> Shape:
     ndim = max((len(s) for s in shapes), default=0)
     out = [1] * ndim

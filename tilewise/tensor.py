@@ -410,6 +410,8 @@ class Tensor:
     def __format__(self, spec: str) -> str:
         if self.ndim == 0 and (self._trace is None or TRACE_HOOKS.value_needed is not None):
             return format(self.item(), spec)
+        if spec and self.ndim != 0:  # object.__format__, as torch: a format spec is for one number
+            raise TypeError(f"unsupported format string passed to {type(self).__name__}.__format__")
         return repr(self)
 
     def _attributes(self) -> dict:

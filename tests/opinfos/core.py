@@ -23,6 +23,12 @@ def integer_division():
             Sample((T((3, 4), "int", -9, 9), -3), name="int-scalar")]
 
 
+def implicit_softmax_dim():
+    """torch.nn.functional's deprecated call without ``dim``: dim 0 of a 1- or 3-D input, dim 1 of a 2- or 4-D."""
+    shapes = ((5,), (3, 4), (2, 3, 4), (2, 3, 2, 2))
+    return [Sample((T(shape),), name=f"implicit-dim-{len(shape)}d") for shape in shapes]
+
+
 def unary(kind="float", low=-2.0, high=2.0):
     return lambda: [Sample((T((3, 4), kind, low, high),)), Sample((T((), kind, low, high),), name="0-dim"),
                     Sample((T((2, 3, 5), kind, low, high),), name="3d")]
@@ -37,7 +43,12 @@ POINTWISE_UNARY = {
     "sinh": unary(), "cosh": unary(), "tanh": unary(), "sigmoid": unary(), "erf": unary(),
     "erfinv": unary("float", -0.9, 0.9), "frac": unary(), "relu": unary(), "sign": unary(), "sgn": unary(),
 }
-NO_GRAD_UNARY = {"floor": unary(), "ceil": unary(), "round": unary(), "trunc": unary(), "fix": unary(),
+def round_decimals():
+    return [*unary("float", -200, 200)(), Sample((T((3, 4), "float", -200, 200),), {"decimals": 2}, name="decimals"),
+            Sample((T((3, 4), "float", -200, 200),), {"decimals": -1}, name="negative-decimals")]
+
+
+NO_GRAD_UNARY = {"floor": unary(), "ceil": unary(), "round": round_decimals, "trunc": unary(), "fix": unary(),
                  "isnan": unary(), "isinf": unary(), "isfinite": unary(), "signbit": unary(), "isposinf": unary(),
                  "isneginf": unary(), "logical_not": unary()}
 ACTIVATIONS = {
@@ -216,8 +227,8 @@ OPINFOS += [
     OpInfo("inner", lambda: [Sample((T((4,)), T((4,)))), Sample((T((2, 4)), T((3, 4)))),
                              Sample((T((2, 1, 4)), T((4,)))), Sample((T((3,)), T(()))),
                              Sample((T((2, 0)), T((3, 0))))]),
-    OpInfo("softmax", lambda: [Sample((T((3, 4)), 1)), Sample((T((2, 3, 4)), 0))], call="F",
-           covers=("_softmax_backward_data",)),
-    OpInfo("log_softmax", lambda: [Sample((T((3, 4)), 1)), Sample((T((2, 3, 4)), -1))], call="F",
-           covers=("_log_softmax_backward_data",)),
+    OpInfo("softmax", lambda: [Sample((T((3, 4)), 1)), Sample((T((2, 3, 4)), 0)), *implicit_softmax_dim()],
+           call="F", covers=("_softmax_backward_data",)),
+    OpInfo("log_softmax", lambda: [Sample((T((3, 4)), 1)), Sample((T((2, 3, 4)), -1)), *implicit_softmax_dim()],
+           call="F", covers=("_log_softmax_backward_data",)),
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 
 from tilewise.autograd.graph import Node, SavedTensor, accumulate_node, edge
 from tilewise.dispatch import STATE
@@ -113,17 +114,36 @@ class Function:
         raise NotImplementedError("autograd.Function subclasses must implement forward(ctx, ...)")
 
     @staticmethod
+    def setup_context(ctx, inputs: tuple, output):
+        """Overridden, it fills ``ctx`` after a ``forward(*args)`` that takes no ctx (torch 2's separate style)."""
+        raise NotImplementedError("setup_context is not implemented.")
+
+    @staticmethod
     def backward(ctx, *grad_outputs):
         raise NotImplementedError("autograd.Function subclasses must implement backward(ctx, ...)")
 
     @classmethod
+    def _separate_setup(cls) -> bool:
+        return getattr(cls.setup_context, "__func__", cls.setup_context) is not Function.__dict__[
+            "setup_context"].__func__
+
+    @classmethod
     def apply(cls, *args, **kwargs):
+        separate = cls._separate_setup()
+        if separate:  # as torch, keywords and defaults become positional inputs, which setup_context receives
+            bound = inspect.signature(cls.forward).bind(*args, **kwargs)
+            bound.apply_defaults()
+            args, kwargs = tuple(bound.args), {}
         ctx = FunctionCtx()
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         prev = STATE.grad_enabled
         STATE.grad_enabled = False
         try:
-            out = cls.forward(ctx, *args, **kwargs)
+            if separate:
+                out = cls.forward(*args)
+                cls.setup_context(ctx, args, out)
+            else:
+                out = cls.forward(ctx, *args, **kwargs)
         finally:
             STATE.grad_enabled = prev
         if not (prev and any(ctx.needs_input_grad)):

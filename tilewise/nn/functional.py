@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tilewise import ops as _ops  # noqa: F401 — loads every declaration before the names are gathered
 from tilewise.ops.inplace import make_inplace
+from tilewise.ops.nn_activations import implicit_softmax_dim
 from tilewise.ops.nn_linear_cross_entropy import linear_cross_entropy  # noqa: F401 — takes an options object
 from tilewise.ops.nn_margin_losses import triplet_margin_with_distance_loss  # noqa: F401 — takes a callable
 from tilewise.ops.nn_multi_head_attention import multi_head_attention_forward  # noqa: F401 — returns optional weights
@@ -62,5 +63,25 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace: bool = False):
 
 
 hardtanh.__doc__ = _hardtanh_of_aten.__doc__
+_softmax_of_aten, _log_softmax_of_aten = softmax, log_softmax  # noqa: F821 — exported above
+
+
+def softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
+    """torch.nn.functional.softmax: without ``dim``, torch's deprecated implicit choice (dim 0 of a 0-, 1- or 3-D
+    input, else dim 1), with its warning."""
+    if dim is None:
+        dim = implicit_softmax_dim("softmax", input.dim(), stacklevel=3)
+    return _softmax_of_aten(input, dim, dtype=dtype)
+
+
+def log_softmax(input, dim=None, _stacklevel: int = 3, dtype=None):
+    """torch.nn.functional.log_softmax, ``dim`` optional as in :func:`softmax`."""
+    if dim is None:
+        dim = implicit_softmax_dim("log_softmax", input.dim(), stacklevel=3)
+    return _log_softmax_of_aten(input, dim, dtype=dtype)
+
+
+softmax.__doc__ += "\n\n" + (_softmax_of_aten.__doc__ or "")
+log_softmax.__doc__ += "\n\n" + (_log_softmax_of_aten.__doc__ or "")
 unfold = public_function("im2col")  # torch.nn.functional's names for its im2col and col2im
 fold = public_function("col2im")

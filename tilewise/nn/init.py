@@ -30,7 +30,7 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
     1.4142
     """
     if nonlinearity in _LINEAR_GAINS:
-        return 1.0
+        return 1
     if nonlinearity == "tanh":
         return 5.0 / 3
     if nonlinearity == "relu":

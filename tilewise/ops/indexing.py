@@ -187,10 +187,18 @@ def _is_advanced(item) -> bool:
     return isinstance(item, (Tensor, list, tuple)) or (hasattr(item, "__array__") and not isinstance(item, Number))
 
 
+def _dims_consumed(item) -> int:
+    """How many dims of the tensor an index item uses up: a mask its own number (none for a 0-d one, which adds a
+    dim as ``True`` does), None, ``...`` and a bool none, anything else one."""
+    if item is None or item is Ellipsis or isinstance(item, bool):
+        return 0
+    if isinstance(item, Tensor) and item.dtype.name in ("bool", "uint8"):
+        return item.ndim
+    return 1
+
+
 def _expand_ellipsis(items: tuple, ndim: int) -> tuple:
-    consumed = sum(1 for it in items if it is not None and it is not Ellipsis and not isinstance(it, bool)
-                   and not (isinstance(it, Tensor) and it.dtype.name == "bool" and it.ndim > 1))
-    consumed += sum(it.ndim - 1 for it in items if isinstance(it, Tensor) and it.dtype.name == "bool" and it.ndim > 1)
+    consumed = sum(_dims_consumed(it) for it in items)
     if sum(it is Ellipsis for it in items) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     if consumed > ndim:
@@ -229,7 +237,8 @@ def parse_index(x: Tensor, item):
     src = 0  # the dimension of x that the current item indexes (for error messages)
     advanced: list = []
     for it in items:
-        src += 0 if it is None or isinstance(it, bool) else 1
+        src += _dims_consumed(it) if isinstance(it, Tensor) and it.dtype.name in ("bool", "uint8") else (
+            0 if it is None or isinstance(it, bool) else 1)
         if it is None:
             out = out.unsqueeze(dim)
             advanced.append(None)
@@ -247,7 +256,8 @@ def parse_index(x: Tensor, item):
                 out = _slice(out, dim, _int(it.start), _int(it.stop), _int(it.step) or 1)
             advanced.append(None)
             dim += 1
-        elif isinstance(it, Tensor) and it.ndim == 0 and not it.dtype.is_floating_point and it.dtype.name != "bool":
+        elif isinstance(it, Tensor) and it.ndim == 0 and not it.dtype.is_floating_point and it.dtype.name not in (
+                "bool", "uint8"):
             out = _select(out, dim, int(it.item()), x, src - 1)
         elif isinstance(it, int) or (hasattr(it, "__index__") and not _is_advanced(it)):
             out = _select(out, dim, it.__index__(), x, src - 1)
@@ -257,7 +267,7 @@ def parse_index(x: Tensor, item):
                 error = mask_error(t, out, dim)
                 if error is not None:
                     raise error
-                for nz in t.nonzero().unbind(1) if t.ndim else (t.long().nonzero().reshape(-1),):
+                for nz in t.nonzero().unbind(1) if t.ndim else (t.reshape(1).nonzero().reshape(-1),):
                     advanced.append(nz)
                 dim += max(t.ndim, 1)
                 if t.ndim == 0:

@@ -70,9 +70,9 @@ def _glu(input, dim=-1):
     return first * second.sigmoid()
 
 
-def implicit_softmax_dim(op: str, ndim: int) -> int:
+def implicit_softmax_dim(op: str, ndim: int, stacklevel: int = 5) -> int:
     warnings.warn(f"Implicit dimension choice for {op} has been deprecated. Change the call to include dim=X as an "
-                  "argument.", stacklevel=5)
+                  "argument.", stacklevel=stacklevel)
     return 0 if ndim in (0, 1, 3) else 1
 
 

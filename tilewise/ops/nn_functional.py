@@ -655,7 +655,51 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     if is_causal and attn_mask is not None:
         raise RuntimeError("scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     bias = _attention_bias(attn_mask, False, query.shape[-2], key.shape[-2], work, query.device)
-    return OPS["_scaled_dot_product_attention_math"](query, key, value, bias, scale, is_causal, enable_gqa)[0]
+    out = OPS["_scaled_dot_product_attention_math"](query, key, value, bias, scale, is_causal, enable_gqa)[0]
+    if _runs_cpu_flash_kernel(query, key, value, attn_mask, enable_gqa):
+        return _laid_out_like(out, query)
+    return out
+
+
+def _runs_cpu_flash_kernel(query, key, value, attn_mask, enable_gqa: bool) -> bool:
+    """[Note: attention's output layout] torch's CPU flash kernel writes its output laid out as the query is (a
+    query of (B, L, H, E) storage, transposed to (B, H, L, E), gives an output that ``.transpose(1, 2).view(B, L,
+    H * E)`` accepts); its math kernel (dropout, other ranks, differing head dims or batch sizes, empty sequences,
+    a last dim of stride other than 1, a 3-D mask or one that requires grad, a switched-off flash kernel) writes
+    a contiguous one. These are torch's conditions (sdp_utils_cpp.cpp, use_flash_attention_cpp), dropout
+    checked by the caller."""
+    if query.device.type != "cpu" or not (query.ndim == key.ndim == value.ndim == 4):
+        return False
+    if query.dtype.name not in ("float32", "float64", "bfloat16", "float16"):
+        return False
+    enabled = ATTENTION_HOOKS.sdp_enabled
+    if enabled is not None and not enabled("flash"):
+        return False
+    (b, h, length, e), (kb, kh, source, ke), (vb, vh, _, ve) = query.shape, key.shape, value.shape
+    heads_fit = h == kh == vh or (enable_gqa and kh == vh and kh and not h % kh)
+    if not (b == kb == vb and heads_fit and e == ke == ve and length and source):
+        return False
+    if attn_mask is not None and not _flash_mask_fits(attn_mask, b, h, length, source):
+        return False
+    return all(t.stride(-1) == 1 for t in (query, key, value))
+
+
+def _flash_mask_fits(mask, batch: int, heads: int, target: int, source: int) -> bool:
+    shape = tuple(mask.shape)
+    if mask.requires_grad or len(shape) not in (2, 4) or shape[-2] not in (1, target) or shape[-1] not in (1, source):
+        return False
+    return len(shape) == 2 or (shape[0] in (1, batch) and shape[1] in (1, heads))
+
+
+def _laid_out_like(out, query):
+    """``out`` (of the query's shape) with its dims in memory in the query's order (see [Note: attention's output
+    layout]); a contiguous query costs nothing."""
+    strides = query.stride()
+    order = sorted(range(query.ndim), key=lambda d: -strides[d])  # outermost first; ties keep the logical order
+    if order == list(range(query.ndim)):
+        return out
+    inverse = [order.index(d) for d in range(query.ndim)]
+    return out.permute(order).contiguous().permute(inverse)
 
 
 private("_scaled_dot_product_attention_math(Tensor query, Tensor key, Tensor value, Tensor? bias, float scale, "

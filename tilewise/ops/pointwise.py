@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from tilewise.dtypes import c10_name
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, fma, lift, where
 from tilewise.ops.registry import declare
@@ -100,6 +101,23 @@ def _clamp(args, dtype):
     keeps_input = all(isinstance(b, (int, float)) for b in bounds) or (
         len(bounds) == 2 and all(_one_element(b) for b in bounds))
     return clamp_expr(_in(0), None if args[1] is None else _in(1), None if args[2] is None else _in(2), keeps_input)
+
+
+def _round(args, dtype):
+    """``round(x, decimals=d)`` is torch's ``nearbyint(x * 10**d) / 10**d``, and ``nearbyint(x / 10**-d) * 10**-d``
+    for a negative ``d`` (round_decimals_kernel)."""
+    decimals = args[1]
+    if decimals == 0:
+        return _in(0).round()
+    scale = float(10 ** abs(decimals))
+    return (_in(0) * scale).round() / scale if decimals > 0 else (_in(0) / scale).round() * scale
+
+
+def _round_decimals_need_floats(op, args) -> None:
+    dtype = getattr(args[0], "dtype", None)
+    if args[1] != 0 and dtype is not None and not dtype.is_floating_point:
+        raise NotImplementedError(f"\"round\" with decimals={args[1]} not implemented for '{c10_name(dtype)}': it "
+                                  "needs a floating-point tensor, e.g. .float()")
 
 
 def _on_cuda(args) -> bool:
@@ -326,8 +344,10 @@ unary("erfinv", lambda x: x.erfinv(), f"grad * {math.sqrt(math.pi) / 2} * exp(er
       autocast={"cuda": "fp32"})
 
 # ---------------------------------------------------------------- rounding (zero gradient, like torch)
-for _name in ("floor", "ceil", "round", "trunc"):
+for _name in ("floor", "ceil", "trunc"):
     unary(_name, lambda x, _n=_name: getattr(x, _n)(), "zeros_like(grad)", dtype=R.promote)
+pointwise("round(Tensor self, *, int decimals=0) -> Tensor", None, {"self": "zeros_like(grad)"}, R.promote,
+          expr_builder=_round, check=_round_decimals_need_floats)
 unary("fix", lambda x: x.trunc(), "zeros_like(grad)", dtype=R.promote)
 unary("frac", lambda x: x - x.trunc(), "grad", dtype=R.promote)
 

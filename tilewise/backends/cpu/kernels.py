@@ -513,7 +513,17 @@ def _np_indices(self: Tensor, indices, op: str) -> tuple:
 
 @kernel("index.Tensor")
 def index(self, indices):
-    return _out(self._np()[_np_indices(self, indices, "index")], self.dtype)
+    picked = self._np()[_np_indices(self, indices, "index")]
+    if picked.ndim > 1:  # numpy lays the index block out first; torch as TensorIterator does
+        given = [(d, t) for d, t in enumerate(indices) if t is not None]
+        strides = S.index_result_strides(self.shape, self.stride(), [d for d, _ in given],
+                                         [(t.shape, t.stride()) for _, t in given])
+        if tuple(s * picked.itemsize for s in strides) != picked.strides:
+            laid_out = np.lib.stride_tricks.as_strided(np.empty(picked.size, picked.dtype), picked.shape,
+                                                       tuple(s * picked.itemsize for s in strides))
+            laid_out[...] = picked
+            picked = laid_out
+    return _out(picked, self.dtype)
 
 
 @kernel("index_put")

@@ -109,6 +109,7 @@ class Module:
     # its own dict with its first backward hook
     _backward_hooks: Mapping[int, Callable] = MappingProxyType({})
     _backward_pre_hook_ids: frozenset = frozenset()
+    _forward_hooks_always_called: frozenset = frozenset()
 
     def __init__(self, *args, **kwargs) -> None:
         if args or kwargs:
@@ -145,6 +146,31 @@ class Module:
         return self._call_with_hooks(args, kwargs)
 
     def _call_with_hooks(self, args: tuple, kwargs: dict):
+        if not self._forward_hooks_always_called:
+            return self._run_with_hooks(args, kwargs, set())
+        called: set[int] = set()
+        try:
+            return self._run_with_hooks(args, kwargs, called)
+        except Exception:
+            self._run_always_called_hooks(args, kwargs, called)
+            raise
+
+    def _run_always_called_hooks(self, args: tuple, kwargs: dict, called: set[int]) -> None:
+        """After a forward (or a hook) raised, the ``always_call`` forward hooks that have not run see a None
+        output, as torch's; what one of them raises is a warning, the first error being the one raised."""
+        for hook_id, hook in list(self._forward_hooks.items()):
+            if hook_id not in self._forward_hooks_always_called or hook_id in called:
+                continue
+            try:
+                if hook_id in self._forward_hooks_with_kwargs:
+                    hook(self, args, kwargs, None)
+                else:
+                    hook(self, args, None)
+            except Exception as exc:
+                warnings.warn("module forward hook with ``always_call=True`` raised an exception that was silenced as "
+                              f"another error was raised in forward: {exc}", stacklevel=3)
+
+    def _run_with_hooks(self, args: tuple, kwargs: dict, called: set[int]):
         for hook_id, hook in list(self._forward_pre_hooks.items()):
             if hook_id in self._forward_pre_hooks_with_kwargs:
                 result = hook(self, args, kwargs)
@@ -162,6 +188,8 @@ class Module:
             args = hooked_inputs(run, args)
         output = self.forward(*args, **kwargs)
         for hook_id, hook in list(self._forward_hooks.items()):
+            if hook_id in self._forward_hooks_always_called:
+                called.add(hook_id)
             if hook_id in self._forward_hooks_with_kwargs:
                 result = hook(self, args, kwargs, output)
             else:
@@ -208,13 +236,21 @@ class Module:
             self._forward_pre_hooks.move_to_end(handle.id, last=False)
         return handle
 
-    def register_forward_hook(self, hook: Callable, *, prepend: bool = False,
-                              with_kwargs: bool = False) -> RemovableHandle:
-        """``hook(module, args, output)`` runs after forward and may replace the output."""
-        handle = RemovableHandle(self._forward_hooks, self._forward_hooks_with_kwargs)
+    def register_forward_hook(self, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False,
+                              always_call: bool = False) -> RemovableHandle:
+        """``hook(module, args, output)`` runs after forward and may replace the output; with ``always_call`` it
+        also runs, with a None output, when forward raises."""
+        if always_call and "_forward_hooks_always_called" not in self.__dict__:
+            object.__setattr__(self, "_forward_hooks_always_called", set())
+        markers = [self._forward_hooks_with_kwargs]
+        if always_call:
+            markers.append(self._forward_hooks_always_called)
+        handle = RemovableHandle(self._forward_hooks, *markers)
         self._forward_hooks[handle.id] = hook
         if with_kwargs:
             self._forward_hooks_with_kwargs.add(handle.id)
+        if always_call:
+            self._forward_hooks_always_called.add(handle.id)
         if prepend:
             self._forward_hooks.move_to_end(handle.id, last=False)
         return handle

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Callable
 
+from tilewise.amp.autocast_mode import is_autocast_enabled
+from tilewise.backends import mha as _mha_backend
+from tilewise.dispatch import STATE
 from tilewise.nn import functional as F  # noqa: N812 — torch's spelling
 from tilewise.nn import init
+from tilewise.nn.modules.activation import GELU, ReLU
 from tilewise.nn.modules.container import ModuleList
 from tilewise.nn.modules.dropout import Dropout
 from tilewise.nn.modules.linear import Linear, NonDynamicallyQuantizableLinear
@@ -48,8 +53,8 @@ class MultiheadAttention(Module):
     """Multi-head attention with torch's parameters (``in_proj_weight``, ``in_proj_bias``, ``out_proj``)."""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 kdim: int | None = None, vdim: int | None = None, batch_first: bool = False, device=None,
-                 dtype=None) -> None:
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
+                 vdim: int | None = None, batch_first: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         if embed_dim % num_heads:  # torch asserts this
             raise AssertionError(f"embed_dim must be divisible by num_heads (MultiheadAttention: embed_dim "
@@ -75,6 +80,12 @@ class MultiheadAttention(Module):
         else:
             self.register_parameter("in_proj_bias", None)
         self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **factory)
+        if add_bias_kv:
+            self.bias_k = Parameter(empty(1, 1, embed_dim, **factory))
+            self.bias_v = Parameter(empty(1, 1, embed_dim, **factory))
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
@@ -87,6 +98,10 @@ class MultiheadAttention(Module):
         if self.in_proj_bias is not None:
             init.zeros_(self.in_proj_bias)
             init.zeros_(self.out_proj.bias)
+        if self.bias_k is not None:
+            init.xavier_normal_(self.bias_k)
+        if self.bias_v is not None:
+            init.xavier_normal_(self.bias_v)
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         e = self.embed_dim
@@ -106,6 +121,10 @@ class MultiheadAttention(Module):
     def _check_mask_shapes(self, attn_mask, key_padding_mask, n: int, tgt: int, src: int, unbatched: bool) -> None:
         """torch's checks, with its exception types: a mask of the wrong shape would otherwise broadcast or fail
         deep inside the attention with a message about some other operation."""
+        for name, mask in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
+            if mask is not None and mask.dtype.name != "bool" and not mask.dtype.is_floating_point:
+                raise AssertionError(f"only bool and floating types of {name} are supported (MultiheadAttention: "
+                                     f"got {mask.dtype})")
         if attn_mask is not None:
             if attn_mask.dim() not in (2, 3):
                 kind = "unbatched (2-D)" if unbatched else "batched (3-D)"
@@ -135,41 +154,73 @@ class MultiheadAttention(Module):
             mask = padding if mask is None else mask + padding
         return mask
 
+    def _takes_fast_path(self, query: Tensor, key: Tensor, value: Tensor, attn_mask, key_padding_mask) -> bool:
+        """[Note: MultiheadAttention's two paths] torch runs batch-first self-attention in inference through one
+        fused kernel (torch._native_multi_head_attention), whose output is batch-major and contiguous, and
+        everything else through F.multi_head_attention_forward, sequence-major, whose batch-first output is a
+        transposed view: code that calls ``.view`` on the output works on one and not the other, so the choice
+        is torch's, condition for condition (float masks, odd head counts, extra key/value rows, autocast and
+        gradients all take the general path)."""
+        if any(m is not None and m.dtype.is_floating_point for m in (attn_mask, key_padding_mask)):
+            return False
+        if not (_mha_backend.get_fastpath_enabled() and query.dim() == 3 and query is key and key is value):
+            return False
+        if self.in_proj_weight is None or query.dtype is not self.in_proj_weight.dtype or (
+                self.in_proj_bias is not None and query.dtype is not self.in_proj_bias.dtype):
+            return False
+        if self.training or self.num_heads % 2 or not self.batch_first or self.bias_k is not None:
+            return False
+        if self.bias_v is not None or self.add_zero_attn or is_autocast_enabled():
+            return False
+        tensors = (query, self.in_proj_weight, self.in_proj_bias, self.out_proj.weight, self.out_proj.bias)
+        return not (STATE.grad_enabled and any(t is not None and t.requires_grad for t in tensors))
+
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
                 need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
                 is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
         unbatched = query.dim() == 2
-        if unbatched:
-            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
-            if key_padding_mask is not None:
-                key_padding_mask = key_padding_mask.unsqueeze(0)
-        if not self.batch_first or unbatched:
-            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        if query.dim() in (2, 3) and key.dim() == query.dim():
+            n = 1 if unbatched else query.shape[0 if self.batch_first else 1]
+            seq = 0 if unbatched or not self.batch_first else 1
+            self._check_mask_shapes(attn_mask, None if key_padding_mask is None else (
+                key_padding_mask.unsqueeze(0) if unbatched else key_padding_mask), n, query.shape[seq],
+                key.shape[seq], unbatched)
+        if self._takes_fast_path(query, key, value, attn_mask, key_padding_mask):
+            return self._fused_forward(query, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                                       is_causal)
+        batch_first = self.batch_first and query.dim() == 3
+        if batch_first:
+            query, key, value = (x.transpose(1, 0) for x in (query, key, value))
+        separate = not self._qkv_same_embed_dim
+        out, weights = F.multi_head_attention_forward(
+            query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight, self.in_proj_bias, self.bias_k,
+            self.bias_v, self.add_zero_attn, self.dropout, self.out_proj.weight, self.out_proj.bias,
+            training=self.training, key_padding_mask=key_padding_mask, need_weights=need_weights,
+            attn_mask=attn_mask, use_separate_proj_weight=separate, q_proj_weight=self.q_proj_weight,
+            k_proj_weight=self.k_proj_weight, v_proj_weight=self.v_proj_weight,
+            average_attn_weights=average_attn_weights, is_causal=is_causal)
+        return (out.transpose(1, 0) if batch_first else out), weights
+
+    def _fused_forward(self, query: Tensor, key_padding_mask, need_weights: bool, attn_mask,
+                       average_attn_weights: bool, is_causal: bool) -> tuple[Tensor, Tensor | None]:
+        """Batch-first self-attention, batch-major throughout (see [Note: MultiheadAttention's two paths])."""
         n, tgt, _ = query.shape
-        src = key.shape[1]
-        self._check_mask_shapes(attn_mask, key_padding_mask, n, tgt, src, unbatched)
-        q, k, v = (self._split_heads(t) for t in self._project(query, key, value))
-        mask = self._merged_mask(attn_mask, key_padding_mask, is_causal, n, tgt, src, q.dtype)
-        dropout_p = self.dropout if self.training else 0.0
+        q, k, v = (self._split_heads(t) for t in self._project(query, query, query))
+        mask = self._merged_mask(attn_mask, key_padding_mask, is_causal, n, tgt, tgt, q.dtype)
         weights = None
         if need_weights:
             scores = q.matmul(k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
             if mask is not None:
                 scores = scores + mask
             weights = F.softmax(scores, -1)
-            heads = F.dropout(weights, dropout_p, self.training).matmul(v)
+            heads = weights.matmul(v)
             if average_attn_weights:
                 weights = weights.mean(1)
         else:
-            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         # the projection's weight and bias, not its module (as torch's): its hooks and a swap of its class
         # (convert_to_float8_training) leave attention as it is
         out = F.linear(heads.transpose(1, 2).reshape(n, tgt, self.embed_dim), self.out_proj.weight, self.out_proj.bias)
-        if not self.batch_first or unbatched:
-            out = out.transpose(0, 1)
-        if unbatched:
-            out = out.squeeze(1)
-            weights = weights.squeeze(0) if weights is not None else None
         return out, weights
 
 
@@ -181,6 +232,15 @@ def _activation(activation: str | Callable) -> Callable:
     if activation == "gelu":
         return F.gelu
     raise RuntimeError(f"activation should be relu/gelu or a callable, not {activation!r}")
+
+
+def _relu_or_gelu(activation: Callable) -> int:
+    """torch's ``activation_relu_or_gelu``: 1 for relu, 2 for gelu, 0 for anything else."""
+    if activation is F.relu or isinstance(activation, ReLU):
+        return 1
+    if activation is F.gelu or isinstance(activation, GELU):
+        return 2
+    return 0
 
 
 class TransformerEncoderLayer(Module):
@@ -203,6 +263,7 @@ class TransformerEncoderLayer(Module):
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
         self.activation = _activation(activation)
+        self.activation_relu_or_gelu = _relu_or_gelu(self.activation)
 
     def _self_attention(self, x: Tensor, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
         out, _ = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
@@ -225,8 +286,10 @@ class TransformerEncoderLayer(Module):
 class TransformerEncoder(Module):
     """``num_layers`` independent copies of ``encoder_layer``, applied in order, then an optional norm.
 
-    ``enable_nested_tensor`` and ``mask_check`` are accepted so torch code runs unchanged; they select fast
-    paths of torch's and change no result.
+    [Note: the encoder's nested-tensor path] In inference with a key padding mask, torch packs the batch into a
+    nested tensor of the unpadded sequences and pads the result back with zeros, when ``enable_nested_tensor`` and
+    its conditions hold (``use_nested_tensor``, decided here as torch decides it, with its warning). The values
+    at the kept positions are those of the padded computation, so tilewise computes that and writes the zeros.
     """
 
     def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: Module | None = None,
@@ -235,14 +298,68 @@ class TransformerEncoder(Module):
         self.layers = ModuleList([copy.deepcopy(encoder_layer) for _ in range(num_layers)])
         self.num_layers = num_layers
         self.norm = norm
+        self.enable_nested_tensor = self.use_nested_tensor = enable_nested_tensor
+        self.mask_check = mask_check
+        why_not = _why_not_nested(encoder_layer)
+        if enable_nested_tensor and why_not:
+            warnings.warn(f"enable_nested_tensor is True, but self.use_nested_tensor is False because {why_not}",
+                          stacklevel=2)
+            self.use_nested_tensor = False
 
     def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
         x = src
         for layer in self.layers:
             x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=is_causal)
+        if self._pads_with_zeros(src, mask, src_key_padding_mask):
+            padded = src_key_padding_mask if src_key_padding_mask.dtype.name == "bool" else src_key_padding_mask != 0
+            x = x.masked_fill(padded.unsqueeze(-1), 0.0)
         return self.norm(x) if self.norm is not None else x
 
+    def _pads_with_zeros(self, src: Tensor, mask, padding) -> bool:
+        """Whether torch takes its nested-tensor path (see [Note: the encoder's nested-tensor path])."""
+        if not (_mha_backend.get_fastpath_enabled() and getattr(self, "use_nested_tensor", False)):
+            return False
+        first = self.layers[0]
+        if first.training or src.dim() != 3 or padding is None or mask is not None or is_autocast_enabled():
+            return False
+        if padding.dtype.name != "bool" and not padding.dtype.is_floating_point:
+            return False
+        kept = padding.logical_not() if padding.dtype.name == "bool" else padding == 0
+        if getattr(self, "mask_check", True) and not _left_aligned(kept):
+            return False
+        attn = first.self_attn
+        tensors = (src, attn.in_proj_weight, attn.in_proj_bias, attn.out_proj.weight, attn.out_proj.bias,
+                   first.norm1.weight, first.norm1.bias, first.norm2.weight, first.norm2.bias, first.linear1.weight,
+                   first.linear1.bias, first.linear2.weight, first.linear2.bias)
+        return not (STATE.grad_enabled and any(t is not None and t.requires_grad for t in tensors))
+
+
+def _left_aligned(kept: Tensor) -> bool:
+    """Every row's kept positions come first (torch._nested_tensor_from_mask_left_aligned)."""
+    return bool((kept[:, 1:] <= kept[:, :-1]).all()) if kept.shape[-1] > 1 else True
+
+
+def _why_not_nested(layer) -> str:
+    """torch's reason for not using nested tensors with ``layer``, or "" (TransformerEncoder.__init__)."""
+    name = "encoder_layer"
+    if not isinstance(layer, TransformerEncoderLayer):
+        return f"{name} was not TransformerEncoderLayer"
+    if layer.norm_first:
+        return f"{name}.norm_first was True"
+    if not layer.self_attn.batch_first:
+        return f"{name}.self_attn.batch_first was not True(use batch_first for better inference performance)"
+    if not layer.self_attn._qkv_same_embed_dim:
+        return f"{name}.self_attn._qkv_same_embed_dim was not True"
+    if layer.self_attn.in_proj_bias is None:
+        return f"{name}.self_attn was passed bias=False"
+    if not layer.activation_relu_or_gelu:
+        return f"{name}.activation_relu_or_gelu was not True"
+    if layer.norm1.eps != layer.norm2.eps:
+        return f"{name}.norm1.eps was not equal to {name}.norm2.eps"
+    if layer.self_attn.num_heads % 2 == 1:
+        return f"{name}.self_attn.num_heads is odd"
+    return ""
 
 
 class TransformerDecoderLayer(Module):

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from tilewise.dtypes import int64
+from tilewise.layouts import contiguous_format
 from tilewise.ops.creation import arange, full, zeros_like
 from tilewise.ops.registry import public_function
 from tilewise.tensor import Tensor, as_tensor, tensor
@@ -253,7 +254,9 @@ def _padded(seq: Tensor, longest: int, trailing: tuple, padding_value, side: str
 def unpad_sequence(padded_sequences: Tensor, lengths: Tensor, batch_first: bool = False) -> list[Tensor]:
     """The sequences of a padded batch, each cut to its length."""
     batch_major = padded_sequences if batch_first else padded_sequences.transpose(0, 1)
-    return [seq[:int(length)].clone() for seq, length in zip(batch_major, lengths.tolist(), strict=True)]
+    # a new contiguous tensor each, as torch's mask indexing gives
+    return [seq[:int(length)].clone(memory_format=contiguous_format)
+            for seq, length in zip(batch_major, lengths.tolist(), strict=True)]
 
 
 def pack_sequence(sequences: list[Tensor], enforce_sorted: bool = True) -> PackedSequence:
