@@ -54,6 +54,7 @@ LAYOUTS = [  # (shape, order of dims in memory, slice step of the last dim)
     ((2, 0, 4, 5), (0, 2, 3, 1), None), ((2, 3, 4, 6), (0, 2, 3, 1), 2), ((2, 3, 4, 6), None, 2),
     ((2, 3, 4, 5, 6), (0, 2, 3, 4, 1), None), ((2, 3, 4, 5, 6), None, None), ((2, 3, 4, 5, 6), (0, 2, 3, 4, 1), 2),
     ((4, 5), (1, 0), None), ((3,), None, None), ((), None, None), ((2, 3, 4), (0, 2, 1), None),
+    ((4, 6), (1, 0), 2), ((2, 3, 4, 6), (0, 3, 1, 2), 2),
 ]
 LAYOUT_IDS = [f"{s}-{o}-{k}" for s, o, k in LAYOUTS]
 

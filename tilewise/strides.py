@@ -121,11 +121,29 @@ def _strides_follow(order: Sequence[int], shape: Sequence[int], strides: Sequenc
 
 
 def preserved_strides(shape: Sequence[int], strides: Sequence[int]) -> Shape:
-    """The strides ``clone``, ``empty_like`` and casts give a copy under ``preserve_format``: the same strides
-    for a dense tensor, else those of the format it suggests."""
+    """The strides ``clone``, ``empty_like`` and casts give a copy under ``preserve_format`` (and sort, flip and
+    the out-of-place indexed writes their result): the same strides for a dense tensor, else dense ones in its
+    order (``infer_dense_strides``).
+
+    >>> preserved_strides((6, 4), (2, 12))  # a transposed matrix's every other row
+    (1, 6)
+    """
     if is_non_overlapping_and_dense(shape, strides):
         return tuple(strides)
-    return format_strides(suggest_memory_format(shape, strides), shape)
+    return infer_dense_strides(shape, strides)
+
+
+def infer_dense_strides(shape: Sequence[int], strides: Sequence[int]) -> Shape:
+    """torch's ``infer_dense_strides``: dense strides with the dims in the order ``strides`` give them
+    (TensorIterator's order for one operand); empty and size-1 dims add nothing to the strides after them."""
+    if len(shape) < 2:
+        return (1,) * len(shape)
+    dense = [0] * len(shape)
+    acc = 1
+    for d in iteration_order(shape, [(tuple(shape), tuple(strides))]):
+        dense[d] = acc
+        acc *= max(shape[d], 1)
+    return tuple(dense)
 
 
 def dense_order(shape: Sequence[int], strides: Sequence[int]) -> Shape | None:
