@@ -292,15 +292,102 @@ def _layouts_of(lib, functional, info, sample):
     return run, tensors
 
 
-# operators whose eager results are laid out as torch's on inputs in other orders (channels-last, transposed): torch
-# lays out their results row-major (scans, reductions, index_select, scatter_reduce) or keeps the input's order
-# (gather's index, scatter's self); a slice of a sorted tensor (kthvalue) is a fresh tensor there
-STRIDES_AS_TORCHS = ("gather", "index_select", "take", "take_along_dim", "scatter", "scatter_add", "scatter_reduce",
-                     "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "kthvalue", "median", "prod", "sum",
-                     "mean", "amax", "var", "logsumexp", "linalg.vector_norm", "linalg.norm")
+# operators whose eager results are not yet laid out as torch's on inputs in other orders (channels-last, transposed),
+# each with what torch does that tilewise does not
+STRIDES_NOT_TORCHS = {
+    "logsigmoid": "TODO",
+    "masked_fill": "TODO",
+    "index_put": "TODO",
+    "nonzero": "TODO",
+    "addmm": "TODO",
+    "_addmm_activation": "TODO",
+    "baddbmm": "TODO",
+    "conj": "TODO",
+    "conj_physical": "TODO",
+    "angle": "TODO",
+    "complex": "TODO",
+    "polar": "TODO",
+    "fft.fft": "TODO",
+    "fft.ifft": "TODO",
+    "fft.rfft": "TODO",
+    "fft.ihfft": "TODO",
+    "fft.irfft": "TODO",
+    "fft.hfft": "TODO",
+    "fft.fftn": "TODO",
+    "fft.ifftn": "TODO",
+    "fft.rfftn": "TODO",
+    "fft.irfftn": "TODO",
+    "fft.fft2": "TODO",
+    "fft.ifft2": "TODO",
+    "fft.rfft2": "TODO",
+    "fft.irfft2": "TODO",
+    "linalg.solve": "TODO",
+    "linalg.solve_ex": "TODO",
+    "linalg.inv": "TODO",
+    "linalg.inv_ex": "TODO",
+    "inverse": "TODO",
+    "linalg.cholesky": "TODO",
+    "linalg.cholesky_ex": "TODO",
+    "cholesky": "TODO",
+    "cholesky_solve": "TODO",
+    "cholesky_inverse": "TODO",
+    "linalg.qr": "TODO",
+    "qr": "TODO",
+    "linalg.svd": "TODO",
+    "svd": "TODO",
+    "linalg.eigh": "TODO",
+    "linalg.solve_triangular": "TODO",
+    "triangular_solve": "TODO",
+    "linalg.lstsq": "TODO",
+    "linalg.matrix_power": "TODO",
+    "linalg.householder_product": "TODO",
+    "orgqr": "TODO",
+    "linalg.tensorinv": "TODO",
+    "sort": "TODO",
+    "argsort": "TODO",
+    "flip": "TODO",
+    "fliplr": "TODO",
+    "flipud": "TODO",
+    "roll": "TODO",
+    "pad": "TODO",
+    "repeat_interleave": "TODO",
+    "index_fill": "TODO",
+    "tril": "TODO",
+    "triu": "TODO",
+    "one_hot": "TODO",
+    "einsum": "TODO",
+    "rms_norm": "TODO",
+    "batch_norm": "TODO",
+    "cross_entropy": "TODO",
+    "max_pool2d": "TODO",
+    "pixel_shuffle": "TODO",
+    "pixel_unshuffle": "TODO",
+    "rrelu": "TODO",
+    "channel_shuffle": "TODO",
+    "native_channel_shuffle": "TODO",
+    "max_pool1d": "TODO",
+    "adaptive_avg_pool3d": "TODO",
+    "max_unpool2d": "TODO",
+    "fold": "TODO",
+    "mvlgamma": "TODO",
+    "unique": "TODO",
+    "isin": "TODO",
+    "msort": "TODO",
+    "atleast_3d": "TODO",
+    "rot90": "TODO",
+    "narrow_copy": "TODO",
+    "put": "TODO",
+    "addbmm": "TODO",
+    "unravel_index": "TODO",
+    "nanquantile": "TODO",
+    "renorm": "TODO",
+    "nonzero_static": "TODO",
+    "norm_except_dim": "TODO",
+    "gru_cell": "TODO",
+}
 
 
-@pytest.mark.parametrize("info", [i for i in OPINFOS if i.name in STRIDES_AS_TORCHS], ids=lambda i: i.name)
+@pytest.mark.parametrize("info", [i for i in OPINFOS if i.name not in STRIDES_NOT_TORCHS], ids=lambda i: i.name)
 def test_eager_strides_are_torchs(info):
     """``stride()`` and ``storage_offset()`` of eager results answer what torch's do, on inputs laid out channels-last
     or transposed."""
@@ -319,7 +406,8 @@ def test_eager_strides_are_torchs(info):
         tw.manual_seed(0)
         assert run(*tensors) == want, f"{info.name}[{sample.name or sample.args}]"
         compared += 1
-    assert compared
+    if not compared:  # view, view_as_complex, conv_tbc: torch reads these through views their strides refuse
+        pytest.skip(f"torch refuses every sample of {info.name} on inputs in these orders")
 
 
 @pytest.mark.parametrize("info", [i for i in OPINFOS if id(i) not in EAGER_ONLY and i.reference is None],
