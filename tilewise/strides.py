@@ -133,6 +133,16 @@ def preserved_strides(shape: Sequence[int], strides: Sequence[int]) -> Shape:
     return infer_dense_strides(shape, strides)
 
 
+def memory_order(shape: Sequence[int], strides: Sequence[int]) -> Shape:
+    """The dims from the slowest-moving in memory to the fastest, as ``infer_dense_strides`` orders them: a
+    kernel that writes row-major through this permutation of its input writes a result in the input's order.
+
+    >>> memory_order((2, 3, 4, 5), (60, 1, 15, 3))
+    (0, 2, 3, 1)
+    """
+    return tuple(reversed(iteration_order(shape, [(tuple(shape), tuple(strides))])))
+
+
 def infer_dense_strides(shape: Sequence[int], strides: Sequence[int]) -> Shape:
     """torch's ``infer_dense_strides``: dense strides with the dims in the order ``strides`` give them
     (TensorIterator's order for one operand); empty and size-1 dims add nothing to the strides after them."""

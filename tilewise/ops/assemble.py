@@ -12,6 +12,7 @@ import itertools
 
 from tilewise import dtypes
 from tilewise import strides as S
+from tilewise.layouts import contiguous_format
 from tilewise.ops.batching import batched_then_decompose
 from tilewise.ops.registry import call, declare
 from tilewise.tensor import Tensor
@@ -112,7 +113,7 @@ def _rot90(self, k=1, dims=(0, 1)):
         return self.flip([d0, d1])
     if k == 3:
         return self.flip([d0]).transpose(d0, d1)
-    return self.clone()
+    return self.clone(memory_format=contiguous_format)  # torch's rot90 by 0 is a row-major copy
 
 
 def _diff(self, n=1, dim=-1, prepend=None, append=None):
