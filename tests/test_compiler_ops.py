@@ -297,7 +297,6 @@ def _layouts_of(lib, functional, info, sample):
 STRIDES_NOT_TORCHS = {
     "logsigmoid": "TODO",
     "masked_fill": "TODO",
-    "index_put": "TODO",
     "nonzero": "TODO",
     "addmm": "TODO",
     "_addmm_activation": "TODO",
@@ -346,7 +345,6 @@ STRIDES_NOT_TORCHS = {
     "roll": "TODO",
     "pad": "TODO",
     "repeat_interleave": "TODO",
-    "index_fill": "TODO",
     "tril": "TODO",
     "triu": "TODO",
     "one_hot": "TODO",
@@ -369,7 +367,6 @@ STRIDES_NOT_TORCHS = {
     "isin": "TODO",
     "atleast_3d": "TODO",
     "narrow_copy": "TODO",
-    "put": "TODO",
     "addbmm": "TODO",
     "unravel_index": "TODO",
     "nanquantile": "TODO",

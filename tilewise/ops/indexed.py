@@ -15,6 +15,7 @@ import warnings
 from tilewise import dtypes
 from tilewise import strides as S
 from tilewise.dtypes import c10_name
+from tilewise.layouts import in_order_of
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import shift_dims
 from tilewise.ops.formulas import HELPERS
@@ -154,7 +155,7 @@ def _put(self, index, source, accumulate=False):
     flat = self.reshape(-1)
     with _index_errors_named("put"):
         out = flat.index_put((index.reshape(-1),), source.reshape(-1).to(self.dtype), accumulate)
-    return out.reshape(self.shape)
+    return in_order_of(out.reshape(self.shape), self)  # torch puts into a clone of self under preserve_format
 
 
 declare("index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, *, bool include_self=True)"

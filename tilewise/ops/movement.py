@@ -534,8 +534,8 @@ def _index_update(self, dim, index, source, accumulate: bool, op: str):
     x, d, key = _along(self, dim, index, op)
     src = _check_source(x, d, key[-1], source, op, self.ndim)
     check_index_range(key[-1], x.shape[d], d, op)
-    with _index_errors_named(op, negative_wraps=False):
-        return OPS["index_put"](x, key, src, accumulate).reshape(self.shape)
+    with _index_errors_named(op, negative_wraps=False):  # row-major, as torch's (index_put keeps x's order)
+        return OPS["index_put"](x, key, src, accumulate).reshape(self.shape).contiguous()
 
 
 def _index_add(self, dim, index, source, alpha=1):

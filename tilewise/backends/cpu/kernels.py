@@ -519,7 +519,7 @@ def index(self, indices):
 @kernel("index_put")
 def index_put(self, indices, values, accumulate=False):
     indices = mask_positions(self, indices)
-    out = self._np().copy()
+    out = self._np().copy(order="K")  # in self's order: torch's result is a clone under preserve_format
     idx = _np_indices(self, indices, "index_put")
     v = values._np() if isinstance(values, Tensor) else values
     v = np.asarray(v).astype(out.dtype)
@@ -533,7 +533,7 @@ def index_put(self, indices, values, accumulate=False):
         _add_at_rows(out, idx, v)
     else:
         out[idx] = v
-    return _out(out, self.dtype)
+    return from_array_strided(out, S.preserved_strides(self._shape, self._strides), self.dtype)
 
 
 def _add_at_rows(out: np.ndarray, idx: tuple, values: np.ndarray) -> None:
