@@ -349,8 +349,6 @@ STRIDES_NOT_TORCHS = {
     "triu": "TODO",
     "one_hot": "TODO",
     "einsum": "TODO",
-    "rms_norm": "TODO",
-    "batch_norm": "TODO",
     "cross_entropy": "TODO",
     "pixel_shuffle": "TODO",
     "pixel_unshuffle": "TODO",
