@@ -297,7 +297,6 @@ def _layouts_of(lib, functional, info, sample):
 STRIDES_NOT_TORCHS = {
     "logsigmoid": "TODO",
     "masked_fill": "TODO",
-    "nonzero": "TODO",
     "addmm": "TODO",
     "_addmm_activation": "TODO",
     "baddbmm": "TODO",

@@ -632,4 +632,5 @@ def scatter_add(self, dim, index, src):
 def nonzero(self):
     from tilewise import dtypes
 
-    return _out(np.argwhere(self._np() != 0), dtypes.int64)  # (count, ndim), also for a 0-dim input
+    found = np.argwhere(self._np() != 0)  # (count, ndim), also for a 0-dim input
+    return from_array_strided(found, (1, found.shape[0]), dtypes.int64)  # column-major, as torch's (gh-46224)
