@@ -350,7 +350,7 @@ composite("as_strided_scatter(Tensor self, Tensor src, int[] size, int[] stride,
           _replacing_view(lambda t, size, stride, storage_offset=None: t.as_strided(size, stride, storage_offset)),
           batch=batched_then_decompose, out=False)
 composite("narrow_copy(Tensor self, int dim, int start, int length) -> Tensor",
-          lambda self, dim, start, length: self.narrow(dim, start, length).clone())
+          lambda self, dim, start, length: self.narrow(dim, start, length).clone(memory_format=contiguous_format))
 
 
 # ---------------------------------------------------------------- broadcasting, index arithmetic, log-spaced values

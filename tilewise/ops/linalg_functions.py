@@ -15,6 +15,7 @@ import math
 import warnings
 
 from tilewise import strides as S
+from tilewise.layouts import contiguous_format
 from tilewise.ops.linalg import chain_autocast_on_cpu
 from tilewise.ops.linalg_solvers import (
     LinAlgError,
@@ -533,7 +534,7 @@ def _matrix_power(A, n):
         n >>= 1
         if n:
             base = base.matmul(base)
-    return result if result is not A else A.clone()
+    return result if result is not A else A.clone(memory_format=contiguous_format)  # torch's: a row-major copy
 
 
 linalg("linalg_matrix_power(Tensor A, int n) -> Tensor", _matrix_power)

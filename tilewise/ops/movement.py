@@ -21,7 +21,7 @@ from numbers import Number
 from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import c10_name, checked_scalar, int64, result_type
-from tilewise.layouts import suggest_memory_format
+from tilewise.layouts import contiguous_format, suggest_memory_format
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import dynamic_shape, shift_dims
 from tilewise.ops.batching_rules import cat_rule, index_select_rule, stack_rule
@@ -201,7 +201,7 @@ def _roll(self, shifts, dims=()):
         if n and shift % n:
             k = shift % n
             out = OPS["cat"]([out.narrow(d, n - k, k), out.narrow(d, 0, n - k)], d)
-    return self.clone() if out is self else out
+    return self.clone(memory_format=contiguous_format) if out is self else out  # torch's: a row-major copy
 
 
 declare("flip(Tensor self, int[] dims) -> Tensor", "copy", dtype=R.first_input,
@@ -387,7 +387,8 @@ def _repeat_interleave_tensor(self, repeats, dim=None, output_size=None):
     if repeats.ndim != 1 or repeats.shape[0] != x.shape[d]:
         raise RuntimeError(f"repeat_interleave(): repeats must be 1-D with one entry per element along dim {d} "
                            f"(size {x.shape[d]}), got repeats of shape {list(repeats.shape)}")
-    return OPS["index.Tensor"](x, (None,) * d + (OPS["repeat_interleave.Tensor"](repeats, output_size=output_size),))
+    positions = OPS["repeat_interleave.Tensor"](repeats, output_size=output_size)
+    return OPS["index.Tensor"](x, (None,) * d + (positions,)).contiguous()  # row-major, as torch's index_select
 
 
 composite("repeat(Tensor self, int[] repeats) -> Tensor", _repeat, function=False,

@@ -118,7 +118,7 @@ def _rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
 
         slope = rand(tuple(input.shape), dtype=input.dtype, device=input.device) * (upper - lower) + lower
         out = where(input <= 0, input * slope, input)
-    return input.copy_(out) if inplace else out
+    return input.copy_(out) if inplace else out.contiguous()  # row-major, as torch's
 
 
 functional("rrelu(Tensor input, float lower=0.125, float upper=0.3333333333333333, bool training=False, "

@@ -697,7 +697,7 @@ def _one_hot(self, num_classes=-1):
             num_classes = high + 1
         elif high >= num_classes:
             raise RuntimeError(f"one_hot(): class values must be smaller than num_classes ({num_classes}), got {high}")
-    return (self.unsqueeze(-1) == arange(num_classes, device=self.device)).long()
+    return (self.unsqueeze(-1) == arange(num_classes, device=self.device)).long().contiguous()  # row-major, as torch's
 
 
 declare("one_hot(Tensor self, int num_classes=-1) -> Tensor", "composite", decomposition=_one_hot, functional=True,
