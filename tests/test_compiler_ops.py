@@ -296,9 +296,6 @@ def _layouts_of(lib, functional, info, sample):
 # each with what torch does that tilewise does not
 STRIDES_NOT_TORCHS = {
     "logsigmoid": "TODO",
-    "addmm": "TODO",
-    "_addmm_activation": "TODO",
-    "baddbmm": "TODO",
     "conj": "TODO",
     "conj_physical": "TODO",
     "angle": "TODO",
@@ -350,7 +347,6 @@ STRIDES_NOT_TORCHS = {
     "fold": "TODO",
     "unique": "TODO",
     "atleast_3d": "TODO",
-    "addbmm": "TODO",
     "unravel_index": "TODO",
     "nanquantile": "TODO",
     "norm_except_dim": "TODO",
