@@ -81,6 +81,8 @@ def _asked_format(op, args: tuple) -> str | None:
 def _pointwise_strides(op, args: tuple, shape: tuple) -> tuple | None:
     """As the eager kernels lay out an element-wise result: row-major from row-major operands, else by
     ``strides.pointwise_strides`` over the tensor operands (a Python number counting as a 0-dim one)."""
+    if op.attrs.get("row_major"):  # torch's own kernel for the operator writes row-major
+        return None
     operands, row_major = [], True
     for k in op.tensor_idx:
         a = args[k] if k < len(args) else None
