@@ -83,6 +83,13 @@ def copy_strides(src, memory_format) -> tuple:
     return S.format_strides(memory_format.name, src._shape)
 
 
+def in_format_of(t, like):
+    """``t`` laid out as torch's kernels that write "in the input's suggested memory format" lay theirs out
+    (normalisations, pixel and channel shuffles, unpooling): in the format tensor ``like`` suggests, so channels-last
+    when it is, else row-major whatever its order."""
+    return t.contiguous(memory_format=suggest_memory_format(like))
+
+
 def in_order_of(t, like):
     """``t`` (of ``like``'s shape) laid out as a copy of ``like`` under ``preserve_format`` is: ``t`` itself when it
     already is, else copied through the permutation that lays ``like``'s dims out row-major (a view, a copy and

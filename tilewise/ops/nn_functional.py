@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import compute_dtype, finfo
-from tilewise.layouts import suggest_memory_format
+from tilewise.layouts import in_format_of, suggest_memory_format
 from tilewise.ops.batching_rules import attention_rule, batch_norm_rule, leading_batch_first_only
 from tilewise.ops.movement import _index_errors_named, check_index_range
 from tilewise.ops.registry import OPS, declare, public_function
@@ -84,12 +84,6 @@ def _trailing_dims(x, count: int) -> tuple[int, ...]:
     return tuple(range(x.ndim - count, x.ndim))
 
 
-def _in_suggested_format(input, out):
-    """``out`` laid out as torch's normalisation kernels lay theirs out: in the memory format ``input`` suggests
-    (channels-last kept), else row-major whatever the input's order."""
-    return out.contiguous(memory_format=suggest_memory_format(input))
-
-
 def _affine(xhat, weight, bias, dtype):
     out = xhat * weight if weight is not None else xhat
     out = out + bias if bias is not None else out
@@ -122,7 +116,7 @@ def _fused_rms_norm(input, normalized_shape, weight, eps):
     _check_normalized_shape("rms_norm", input, normalized_shape, weight)
     x = in_compute_dtype(input)
     _, rstd = _statistics(x, _trailing_dims(input, len(normalized_shape)), eps, False)
-    return _in_suggested_format(input, _affine(x * rstd, weight, None, input.dtype)), rstd
+    return in_format_of(_affine(x * rstd, weight, None, input.dtype), input), rstd
 
 
 def _normalized_input_grad(grad_xhat, xhat, rstd, dims, centered: bool):
@@ -221,7 +215,7 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
     invstd = (var + eps).rsqrt()
     w = weight.reshape(stat_shape) if weight is not None else None
     b = bias.reshape(stat_shape) if bias is not None else None
-    return _in_suggested_format(input, _affine(centered * invstd, w, b, input.dtype)), mean, invstd
+    return in_format_of(_affine(centered * invstd, w, b, input.dtype), input), mean, invstd
 
 
 def _batch_norm_backward(grad, input, weight, running_mean, running_var, save_mean, save_invstd, training, eps):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from tilewise.dtypes import iinfo, int64
-from tilewise.layouts import channels_last_3d, contiguous_format, suggest_memory_format
+from tilewise.layouts import channels_last_3d, contiguous_format, in_format_of, suggest_memory_format
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.nn_functional import functional, int_tuple, private
 from tilewise.ops.nn_spatial import _constant_pad, _windows, _windows_adjoint
@@ -657,7 +657,8 @@ def _max_unpool(spatial: int):
         lead = tuple(input.shape[:-spatial])
         flat_input = input.reshape(*lead, -1)
         plane = zeros((*lead, math.prod(sizes)), dtype=input.dtype, device=input.device)
-        return plane.scatter(-1, indices.reshape(*lead, -1), flat_input).reshape(*lead, *sizes)
+        out = plane.scatter(-1, indices.reshape(*lead, -1), flat_input).reshape(*lead, *sizes)
+        return in_format_of(out, input) if spatial == 2 else out  # torch's 2-D unpooling keeps channels-last
 
     return max_unpool
 
