@@ -295,11 +295,6 @@ def _layouts_of(lib, functional, info, sample):
 # operators whose eager results are not yet laid out as torch's on inputs in other orders (channels-last, transposed),
 # each with what torch does that tilewise does not
 STRIDES_NOT_TORCHS = {
-    "conj": "TODO",
-    "conj_physical": "TODO",
-    "angle": "TODO",
-    "complex": "TODO",
-    "polar": "TODO",
     "fft.fft": "TODO",
     "fft.ifft": "TODO",
     "fft.rfft": "TODO",
