@@ -335,10 +335,7 @@ STRIDES_NOT_TORCHS = {
     "cross_entropy": "TODO",
     "fold": "TODO",
     "unique": "TODO",
-    "atleast_3d": "TODO",
-    "unravel_index": "TODO",
     "nanquantile": "TODO",
-    "norm_except_dim": "TODO",
     "gru_cell": "TODO",
 }
 
