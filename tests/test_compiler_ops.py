@@ -332,11 +332,7 @@ STRIDES_NOT_TORCHS = {
     "linalg.tensorinv": "TODO",
     "pad": "TODO",
     "einsum": "TODO",
-    "cross_entropy": "TODO",
-    "fold": "TODO",
-    "unique": "TODO",
     "nanquantile": "TODO",
-    "gru_cell": "TODO",
 }
 
 

@@ -357,6 +357,7 @@ def _col2im(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
     batch, channels = x.shape[0], x.shape[1] // per_block
     windows = x.reshape(batch, channels, *kernel, *blocks).permute(0, 1, 4, 5, 2, 3)
     out = _windows_adjoint(windows, (batch, channels, *sizes), [(p, p) for p in padding], stride, dilation)
+    out = out.contiguous()  # torch writes a fresh row-major result (the adjoint's is a window of a padded one)
     return out.squeeze(0) if unbatched else out
 
 
