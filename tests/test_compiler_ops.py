@@ -330,7 +330,6 @@ STRIDES_NOT_TORCHS = {
     "linalg.householder_product": "TODO",
     "orgqr": "TODO",
     "linalg.tensorinv": "TODO",
-    "pad": "TODO",
     "einsum": "TODO",
     "nanquantile": "TODO",
 }

@@ -254,6 +254,8 @@ def _constant_pad(x: Tensor, pairs, value) -> Tensor:
 
     for d, before, after in pairs:
         x = _cropped(x, d, before, after)
+    if all(before <= 0 and after <= 0 for _, before, after in pairs):
+        return x.clone()  # torch's: a copy of the cropped input in its order (clone under preserve_format)
     shape = list(x.shape)
     for d, before, after in pairs:
         shape[d] += max(before, 0) + max(after, 0)
@@ -314,7 +316,11 @@ def _pad(input, pad, mode="constant", value=None):
         out = OPS["cat"](parts, d) if len(parts) > 1 else out
         if not crop_first:
             out = _cropped(out, d, before, after)
-    return input.clone() if out is input else out
+    # torch writes a fresh result: in the format the input suggests (reflect, replicate), or row-major (circular)
+    memory_format = contiguous_format if mode == "circular" else suggest_memory_format(input)
+    if out is input or out._base is not None:  # the input itself, or a view of it or of the joined parts
+        return out.clone(memory_format=memory_format)
+    return out.contiguous(memory_format=memory_format)
 
 
 def _pad_autocast_on_cpu(op, args) -> str | None:
