@@ -133,6 +133,19 @@ def preserved_strides(shape: Sequence[int], strides: Sequence[int]) -> Shape:
     return infer_dense_strides(shape, strides)
 
 
+def column_major_strides(shape: Sequence[int]) -> Shape:
+    """Row-major strides but for the last two dims, a column-major matrix (torch's
+    ``batched_matrix_contiguous_strides``): how torch lays out what LAPACK and cuSOLVER return.
+
+    >>> column_major_strides((2, 3, 4))
+    (12, 1, 3)
+    """
+    strides = contiguous_strides(shape)
+    if len(shape) < 2:
+        return strides
+    return (*strides[:-2], 1, max(shape[-2], 1))
+
+
 def memory_order(shape: Sequence[int], strides: Sequence[int]) -> Shape:
     """The dims from the slowest-moving in memory to the fastest, as ``infer_dense_strides`` orders them: a
     kernel that writes row-major through this permutation of its input writes a result in the input's order.
