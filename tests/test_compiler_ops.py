@@ -295,20 +295,6 @@ def _layouts_of(lib, functional, info, sample):
 # operators whose eager results are not yet laid out as torch's on inputs in other orders (channels-last, transposed),
 # each with what torch does that tilewise does not
 STRIDES_NOT_TORCHS = {
-    "fft.fft": "TODO",
-    "fft.ifft": "TODO",
-    "fft.rfft": "TODO",
-    "fft.ihfft": "TODO",
-    "fft.irfft": "TODO",
-    "fft.hfft": "TODO",
-    "fft.fftn": "TODO",
-    "fft.ifftn": "TODO",
-    "fft.rfftn": "TODO",
-    "fft.irfftn": "TODO",
-    "fft.fft2": "TODO",
-    "fft.ifft2": "TODO",
-    "fft.rfft2": "TODO",
-    "fft.irfft2": "TODO",
     "einsum": "TODO",
     "nanquantile": "TODO",
 }
