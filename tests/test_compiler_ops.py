@@ -292,11 +292,13 @@ def _layouts_of(lib, functional, info, sample):
     return run, tensors
 
 
-# operators whose eager results are not yet laid out as torch's on inputs in other orders (channels-last, transposed),
-# each with what torch does that tilewise does not
+# operators whose eager results are not laid out as torch's on inputs in other orders (channels-last, transposed): what
+# torch does that tilewise does not
 STRIDES_NOT_TORCHS = {
-    "einsum": "TODO",
-    "nanquantile": "TODO",
+    "einsum": "torch lays its result out by its own contraction path (operands permuted to its label order, a pair "
+              "with nothing to sum multiplied element-wise in its operands' order); tilewise's is row-major",
+    "nanquantile": "torch keeps a kept reduced dim (keepdim) as a size-1 dim of its sorted, transposed view through "
+                   "its final transposes, which give that size-1 dim another stride",
 }
 
 
