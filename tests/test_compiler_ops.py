@@ -292,15 +292,17 @@ def _layouts_of(lib, functional, info, sample):
     return run, tensors
 
 
-# operators whose eager results are laid out as torch's on inputs in other orders (channels-last, transposed): torch
-# lays out their results row-major (scans, reductions, index_select, scatter_reduce) or keeps the input's order
-# (gather's index, scatter's self); a slice of a sorted tensor (kthvalue) is a fresh tensor there
-STRIDES_AS_TORCHS = ("gather", "index_select", "take", "take_along_dim", "scatter", "scatter_add", "scatter_reduce",
-                     "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "kthvalue", "median", "prod", "sum",
-                     "mean", "amax", "var", "logsumexp", "linalg.vector_norm", "linalg.norm")
+# operators whose eager results are not laid out as torch's on inputs in other orders (channels-last, transposed): what
+# torch does that tilewise does not
+STRIDES_NOT_TORCHS = {
+    "einsum": "torch lays its result out by its own contraction path (operands permuted to its label order, a pair "
+              "with nothing to sum multiplied element-wise in its operands' order); tilewise's is row-major",
+    "nanquantile": "torch keeps a kept reduced dim (keepdim) as a size-1 dim of its sorted, transposed view through "
+                   "its final transposes, which give that size-1 dim another stride",
+}
 
 
-@pytest.mark.parametrize("info", [i for i in OPINFOS if i.name in STRIDES_AS_TORCHS], ids=lambda i: i.name)
+@pytest.mark.parametrize("info", [i for i in OPINFOS if i.name not in STRIDES_NOT_TORCHS], ids=lambda i: i.name)
 def test_eager_strides_are_torchs(info):
     """``stride()`` and ``storage_offset()`` of eager results answer what torch's do, on inputs laid out channels-last
     or transposed."""
@@ -319,7 +321,8 @@ def test_eager_strides_are_torchs(info):
         tw.manual_seed(0)
         assert run(*tensors) == want, f"{info.name}[{sample.name or sample.args}]"
         compared += 1
-    assert compared
+    if not compared:  # view, view_as_complex, conv_tbc: torch reads these through views their strides refuse
+        pytest.skip(f"torch refuses every sample of {info.name} on inputs in these orders")
 
 
 @pytest.mark.parametrize("info", [i for i in OPINFOS if id(i) not in EAGER_ONLY and i.reference is None],

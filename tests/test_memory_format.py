@@ -54,6 +54,7 @@ LAYOUTS = [  # (shape, order of dims in memory, slice step of the last dim)
     ((2, 0, 4, 5), (0, 2, 3, 1), None), ((2, 3, 4, 6), (0, 2, 3, 1), 2), ((2, 3, 4, 6), None, 2),
     ((2, 3, 4, 5, 6), (0, 2, 3, 4, 1), None), ((2, 3, 4, 5, 6), None, None), ((2, 3, 4, 5, 6), (0, 2, 3, 4, 1), 2),
     ((4, 5), (1, 0), None), ((3,), None, None), ((), None, None), ((2, 3, 4), (0, 2, 1), None),
+    ((4, 6), (1, 0), 2), ((2, 3, 4, 6), (0, 3, 1, 2), 2),
 ]
 LAYOUT_IDS = [f"{s}-{o}-{k}" for s, o, k in LAYOUTS]
 
@@ -344,6 +345,25 @@ def test_operator_result_and_input_gradient_layouts_like_torch(name, order):
         results.append((y, x.grad))
     same_layout(results[0][0], results[1][0])
     same_layout(results[0][1], results[1][1])
+
+
+POOLINGS = {  # torch keeps a batched channels-last input's format, but not channels_last_3d in 3-D averages
+    "max_pool2d": lambda nnf, x: nnf.max_pool2d(x, 2), "max_pool3d": lambda nnf, x: nnf.max_pool3d(x, 2),
+    "avg_pool3d": lambda nnf, x: nnf.avg_pool3d(x, 2), "max_pool1d": lambda nnf, x: nnf.max_pool1d(x, 2),
+    "adaptive_avg_pool3d": lambda nnf, x: nnf.adaptive_avg_pool3d(x, 2),
+    "adaptive_max_pool3d": lambda nnf, x: nnf.adaptive_max_pool3d(x, 2),
+    "adaptive_avg_pool3d 1x1x1": lambda nnf, x: nnf.adaptive_avg_pool3d(x, 1),
+}
+POOLING_INPUTS = {1: [((3, 6), (1, 0)), ((2, 3, 6), (2, 1, 0))],
+                  2: [((2, 3, 6, 6), (0, 2, 3, 1)), ((3, 6, 6), (2, 1, 0))],
+                  3: [((2, 3, 6, 6, 6), (0, 2, 3, 4, 1)), ((3, 6, 6, 6), (3, 2, 1, 0))]}
+
+
+@pytest.mark.parametrize("name", list(POOLINGS))
+def test_pooling_layouts_of_batched_and_unbatched_inputs_like_torch(name):
+    for shape, order in POOLING_INPUTS[int(name.split("_pool")[1][0])]:
+        ours = POOLINGS[name](tw_F, varied(tw, shape, order))
+        same_layout(ours, POOLINGS[name](torch_F, varied(torch, shape, order)))
 
 
 # ---------------------------------------------------------------------------- convolution

@@ -201,6 +201,13 @@ def test_from_numpy_and_numpy_share_memory():
     assert strided.stride() == (3, 2) and np.shares_memory(strided.numpy(), a)
 
 
+@pytest.mark.parametrize("array", [np.zeros((0, 3), np.float32), np.zeros((3, 0, 2)), np.zeros((3, 0)).T,
+                                   np.zeros((4, 0))[::-1], np.zeros(0, np.int64)],
+                         ids=lambda a: f"{a.shape}-{a.strides}")
+def test_from_numpy_takes_an_empty_arrays_strides_as_torch(array):
+    assert tw.from_numpy(array).stride() == torch.from_numpy(array).stride()
+
+
 def test_tensor_copies_its_data():
     a = np.arange(3.0)
     t = tw.tensor(a)

@@ -81,3 +81,21 @@ def copy_strides(src, memory_format) -> tuple:
     if memory_format is None or memory_format is preserve_format:
         return S.preserved_strides(src._shape, src._strides)
     return S.format_strides(memory_format.name, src._shape)
+
+
+def in_format_of(t, like):
+    """``t`` laid out as torch's kernels that write "in the input's suggested memory format" lay theirs out
+    (normalisations, pixel and channel shuffles, unpooling): in the format tensor ``like`` suggests, so channels-last
+    when it is, else row-major whatever its order."""
+    return t.contiguous(memory_format=suggest_memory_format(like))
+
+
+def in_order_of(t, like):
+    """``t`` (of ``like``'s shape) laid out as a copy of ``like`` under ``preserve_format`` is: ``t`` itself when it
+    already is, else copied through the permutation that lays ``like``'s dims out row-major (a view, a copy and
+    the inverse view, so autograd and compiled functions see operators they know)."""
+    strides = S.preserved_strides(like._shape, like._strides)
+    if all(a == b or n == 1 for a, b, n in zip(t._strides, strides, t._shape)):
+        return t
+    order = S.memory_order(like._shape, like._strides)
+    return t.permute(order).contiguous().permute(sorted(range(len(order)), key=order.__getitem__))

@@ -121,11 +121,115 @@ def _strides_follow(order: Sequence[int], shape: Sequence[int], strides: Sequenc
 
 
 def preserved_strides(shape: Sequence[int], strides: Sequence[int]) -> Shape:
-    """The strides ``clone``, ``empty_like`` and casts give a copy under ``preserve_format``: the same strides
-    for a dense tensor, else those of the format it suggests."""
+    """The strides ``clone``, ``empty_like`` and casts give a copy under ``preserve_format`` (and sort, flip and
+    the out-of-place indexed writes their result): the same strides for a dense tensor, else dense ones in its
+    order (``infer_dense_strides``).
+
+    >>> preserved_strides((6, 4), (2, 12))  # a transposed matrix's every other row
+    (1, 6)
+    """
     if is_non_overlapping_and_dense(shape, strides):
         return tuple(strides)
-    return format_strides(suggest_memory_format(shape, strides), shape)
+    return infer_dense_strides(shape, strides)
+
+
+def column_major_strides(shape: Sequence[int]) -> Shape:
+    """Row-major strides but for the last two dims, a column-major matrix (torch's
+    ``batched_matrix_contiguous_strides``): how torch lays out what LAPACK and cuSOLVER return.
+
+    >>> column_major_strides((2, 3, 4))
+    (12, 1, 3)
+    """
+    strides = contiguous_strides(shape)
+    if len(shape) < 2:
+        return strides
+    return (*strides[:-2], 1, max(shape[-2], 1))
+
+
+# [Note: fft result strides] torch's CPU transforms (MKL's, through ``_exec_fft``) permute their input so that the
+# dims they do not transform come first, ordered by the input's strides (largest first), and the transformed dims
+# last, in the order they are given (for ``_fft_c2c`` and ``_fft_r2c`` sorted the same way, a one-sided
+# transform's last dim kept last); the result is written contiguous in that order and handed back through the
+# inverse permutation. The batch dims are split off with ``std::partition``, whose order the sort then keeps
+# among dims of equal stride.
+
+def fft_dims_in_order(strides: Sequence[int], dims: Sequence[int], keep_last: bool = False) -> list[int]:
+    """torch's ``_sort_dims``: the transformed dims by the input's strides, largest first (the last one kept
+    last for a one-sided real-to-complex transform)."""
+    head = list(dims[:-1]) if keep_last else list(dims)
+    head = sorted(head, key=lambda d: -strides[d])
+    return head + [dims[-1]] if keep_last else head
+
+
+def fft_result_strides(shape: Sequence[int], strides: Sequence[int], out_shape: Sequence[int],
+                       dims: Sequence[int]) -> Shape:
+    """The strides torch's CPU transform of a tensor of ``shape`` and ``strides`` over ``dims`` (in the order it
+    transforms them: ``fft_dims_in_order``) gives its result of ``out_shape`` (see [Note: fft result strides]).
+
+    >>> fft_result_strides((4, 6), (6, 1), (4, 6), [0])
+    (1, 4)
+    """
+    batch = sorted(_batch_dims(len(shape), set(dims)), key=lambda d: -strides[d])
+    signal = contiguous_strides([1] + [out_shape[d] for d in dims])  # (batch, *signal sizes) row-major
+    result = [0] * len(shape)
+    for k, d in enumerate(dims):
+        result[d] = signal[k + 1]
+    numel = 1
+    for d in reversed(batch):
+        result[d] = numel * signal[0]
+        numel *= out_shape[d]
+    return tuple(result)
+
+
+def _batch_dims(ndim: int, transformed: set) -> list[int]:
+    """The dims not in ``transformed``, in the order ``std::partition`` of 0..ndim-1 leaves them (libstdc++'s
+    swaps from both ends)."""
+    order = list(range(ndim))
+    first, last = 0, ndim
+    while True:
+        while first != last and order[first] not in transformed:
+            first += 1
+        if first == last:
+            return order[:first]
+        last -= 1
+        while first != last and order[last] in transformed:
+            last -= 1
+        if first == last:
+            return order[:first]
+        order[first], order[last] = order[last], order[first]
+        first += 1
+
+
+def fft_c2r_result_strides(shape: Sequence[int], strides: Sequence[int], out_shape: Sequence[int],
+                           dims: Sequence[int]) -> Shape:
+    """``fft_result_strides`` of torch's complex-to-real transform over several dims: a complex transform of all
+    but the last, then a one-dimensional complex-to-real one of its result, which lays out the result."""
+    if len(dims) > 1:
+        strides = fft_result_strides(shape, strides, shape, fft_dims_in_order(strides, dims[:-1]))
+    return fft_result_strides(shape, strides, out_shape, [dims[-1]])
+
+
+def memory_order(shape: Sequence[int], strides: Sequence[int]) -> Shape:
+    """The dims from the slowest-moving in memory to the fastest, as ``infer_dense_strides`` orders them: a
+    kernel that writes row-major through this permutation of its input writes a result in the input's order.
+
+    >>> memory_order((2, 3, 4, 5), (60, 1, 15, 3))
+    (0, 2, 3, 1)
+    """
+    return tuple(reversed(iteration_order(shape, [(tuple(shape), tuple(strides))])))
+
+
+def infer_dense_strides(shape: Sequence[int], strides: Sequence[int]) -> Shape:
+    """torch's ``infer_dense_strides``: dense strides with the dims in the order ``strides`` give them
+    (TensorIterator's order for one operand); empty and size-1 dims add nothing to the strides after them."""
+    if len(shape) < 2:
+        return (1,) * len(shape)
+    dense = [0] * len(shape)
+    acc = 1
+    for d in iteration_order(shape, [(tuple(shape), tuple(strides))]):
+        dense[d] = acc
+        acc *= max(shape[d], 1)
+    return tuple(dense)
 
 
 def dense_order(shape: Sequence[int], strides: Sequence[int]) -> Shape | None:

@@ -999,6 +999,8 @@ def from_numpy(array: np.ndarray) -> Tensor:
     t = from_array(_supported(array, "from_numpy"))
     if not np.shares_memory(t._np(), array) and array.size:
         raise ValueError("from_numpy(): arrays with negative strides are not supported; use array.copy() first")
+    if not array.size and min(array.strides, default=-1) >= 0:  # an empty array's strides, in elements, as torch's
+        t._strides = tuple(s // array.itemsize for s in array.strides)
     return made_here(t)
 
 

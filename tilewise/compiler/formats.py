@@ -1,18 +1,18 @@
 """The strides eager gives an operator's result, so that a traced value answers as eager's does and a compiled
 function returns its tensors in eager's memory format.
 
-[Note: eager strides of traced values] Graph values are laid out row-major in their logical shape, but eager lays
-out some results otherwise: element-wise operators in the order of their operands (torch's TensorIterator rule,
+[Note: eager strides of traced values] Graph values are laid out row-major in their logical shape, but eager lays out
+some results otherwise: element-wise operators in the order of their operands (torch's TensorIterator rule,
 ``strides.pointwise_strides``: a transposed or channels-last operand gives a result in its order), copies under
-``preserve_format`` as their source, convolutions (either operand channels-last), batch and group normalisation,
-pooling, interpolation and concatenation in a channels-last input's format; a softmax or a layer norm returns
-row-major. While a function is traced, each result is given the strides eager would give it: a result eager lays
-out in another order becomes a view, with eager's strides, of a value holding it in that memory order (its
+``preserve_format``, sort, flip and index_put as their source, convolutions (either operand channels-last), batch and
+group normalisation, pooling, interpolation and concatenation in a channels-last input's format; a softmax or a layer
+norm returns row-major. While a function is traced, each result is given the strides eager would give it: a result eager
+lays out in another order becomes a view, with eager's strides, of a value holding it in that memory order (its
 ``permute``, which the graph drops when nothing reads through it; ``Capture.lay_out``). So ``stride()``,
-``storage_offset()``, ``is_contiguous()``, ``suggest_memory_format()``, views (a view's geometry is its rule
-applied to those strides), ``view``'s refusals, ``reshape``'s choice between a view and a copy, and ``as_strided``
-over the memory answer as in eager. A composite's result takes the strides its decomposition gave (capture runs it
-anyway); a primitive's come from the rules here; an operator they do not know returns row-major, as most do.
+``storage_offset()``, ``is_contiguous()``, ``suggest_memory_format()``, views (a view's geometry is its rule applied to
+those strides), ``view``'s refusals, ``reshape``'s choice between a view and a copy, and ``as_strided`` over the memory
+answer as in eager. A composite's result takes the strides its decomposition gave (capture runs it anyway); a
+primitive's come from the rules here; an operator they do not know returns row-major, as most do.
 
 A returned tensor that eager lays out densely in another order than row-major (channels-last, a transposed matrix's
 element-wise result) leaves the program as the permutation that is its memory order (``permute``, ``clone``; for
@@ -56,6 +56,8 @@ PRESERVE_FIRST = frozenset({
     "dropout", "alpha_dropout", "feature_alpha_dropout",
 })
 COPIES = frozenset({"clone", "_to_copy", "to", "type_as"})  # a copy of their source, in its layout unless told
+# results laid out as their first tensor argument, as copies under preserve_format are
+AS_INPUT = frozenset({"sort", "flip", "index_put"})
 ELEMENTWISE = frozenset({"frexp", "gcd", "lcm"})  # element-wise operators with kernels of their own
 
 
@@ -81,6 +83,8 @@ def _asked_format(op, args: tuple) -> str | None:
 def _pointwise_strides(op, args: tuple, shape: tuple) -> tuple | None:
     """As the eager kernels lay out an element-wise result: row-major from row-major operands, else by
     ``strides.pointwise_strides`` over the tensor operands (a Python number counting as a 0-dim one)."""
+    if op.attrs.get("row_major"):  # torch's own kernel for the operator writes row-major
+        return None
     operands, row_major = [], True
     for k in op.tensor_idx:
         a = args[k] if k < len(args) else None
@@ -110,7 +114,7 @@ def result_strides(op, args: tuple, shape: tuple) -> tuple | None:
     name = op.name
     if op.kind == "pointwise" or name in ELEMENTWISE:
         return _pointwise_strides(op, args, shape)
-    if name in COPIES:
+    if name in COPIES or name in AS_INPUT:
         source = tensors[0]
         return S.preserved_strides(source._shape, source._strides) if tuple(source._shape) == tuple(shape) else None
     if len(shape) not in (4, 5):

@@ -12,6 +12,7 @@ import itertools
 
 from tilewise import dtypes
 from tilewise import strides as S
+from tilewise.layouts import contiguous_format
 from tilewise.ops.batching import batched_then_decompose
 from tilewise.ops.registry import call, declare
 from tilewise.tensor import Tensor
@@ -22,16 +23,21 @@ def composite(schema: str, decomposition, **attrs):
 
 
 # ---------------------------------------------------------------- at least N dims, stacking
-_ATLEAST_SHAPES = {
-    1: lambda s: (1,) if len(s) == 0 else s,
-    2: lambda s: (1, 1) if len(s) == 0 else (1, *s) if len(s) == 1 else s,
-    3: lambda s: (1, 1, 1) if len(s) == 0 else (1, *s, 1) if len(s) == 1 else (*s, 1) if len(s) == 2 else s,
-}
+def _at_least(t, n: int):
+    """``t`` viewed with at least ``n`` dims as torch's atleast_nd views it (a 0-dim tensor reshaped; otherwise
+    ``unsqueeze``, whose strides for the new size-1 dims are torch's)."""
+    if t.ndim >= n:
+        return t
+    if t.ndim == 0:
+        return t.reshape((1,) * n)
+    if n == 3 and t.ndim == 1:
+        return t.unsqueeze(0).unsqueeze(-1)
+    return t.unsqueeze(-1) if n == 3 else t.unsqueeze(0)
 
 
 def _atleast(n: int):
     def one(self):
-        return self if self.ndim >= n else self.reshape(_ATLEAST_SHAPES[n](tuple(self.shape)))
+        return _at_least(self, n)
 
     def many(tensors):
         return tuple(one(t) for t in tensors)
@@ -61,7 +67,7 @@ def _check_nonempty(tensors, op: str) -> None:
 
 
 def _ATLEAST_3D(t):  # noqa: N802 — the atleast_3d of one tensor
-    return t if t.ndim >= 3 else t.reshape(_ATLEAST_SHAPES[3](tuple(t.shape)))
+    return _at_least(t, 3)
 
 
 composite("dstack(Tensor[] tensors) -> Tensor", _dstack, method=False)
@@ -112,7 +118,7 @@ def _rot90(self, k=1, dims=(0, 1)):
         return self.flip([d0, d1])
     if k == 3:
         return self.flip([d0]).transpose(d0, d1)
-    return self.clone()
+    return self.clone(memory_format=contiguous_format)  # torch's rot90 by 0 is a row-major copy
 
 
 def _diff(self, n=1, dim=-1, prepend=None, append=None):
@@ -349,7 +355,7 @@ composite("as_strided_scatter(Tensor self, Tensor src, int[] size, int[] stride,
           _replacing_view(lambda t, size, stride, storage_offset=None: t.as_strided(size, stride, storage_offset)),
           batch=batched_then_decompose, out=False)
 composite("narrow_copy(Tensor self, int dim, int start, int length) -> Tensor",
-          lambda self, dim, start, length: self.narrow(dim, start, length).clone())
+          lambda self, dim, start, length: self.narrow(dim, start, length).clone(memory_format=contiguous_format))
 
 
 # ---------------------------------------------------------------- broadcasting, index arithmetic, log-spaced values
@@ -373,7 +379,13 @@ def _unravel_index(indices, shape):
     for n in reversed(shape):
         coords.append(flat % n)
         flat = flat.div(n, rounding_mode="floor")
-    return tuple(reversed(coords))
+    if not coords:
+        return ()
+    # torch's coordinates are views of one (*indices.shape, len(shape)) tensor, its last dim innermost and the others
+    # in the indices' order: stacked here through the permutation that lays the indices out row-major
+    order = S.memory_order(tuple(indices.shape), indices.stride())
+    stacked = call("stack", [c.permute(order) for c in reversed(coords)], -1)
+    return stacked.permute(*sorted(range(len(order)), key=order.__getitem__), len(order)).unbind(-1)
 
 
 def _logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None,

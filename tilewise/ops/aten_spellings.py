@@ -120,8 +120,12 @@ def norm_except_dim(v, pow: float = 2, dim: int = 0):  # noqa: A002 — ATen's n
         raise IndexError(f"Dimension out of range (expected to be in range of [{-v.ndim}, {v.ndim - 1}], but got "
                          f"{dim})")
     dim %= v.ndim
-    kept = tuple(n if d == dim else 1 for d, n in enumerate(v.shape))
-    return v.movedim(dim, 0).reshape(v.shape[dim], -1).norm(pow, 1).view(kept)
+    # torch's steps, whose views give the size-1 dims torch's strides
+    if dim == 0:
+        return v.contiguous().view(v.shape[0], -1).norm(pow, 1).view(v.shape[0], *(1,) * (v.ndim - 1))
+    if dim == v.ndim - 1:
+        return v.contiguous().view(-1, v.shape[-1]).norm(pow, 0).view(*(1,) * (v.ndim - 1), v.shape[-1])
+    return norm_except_dim(v.transpose(0, dim), pow, 0).transpose(0, dim)
 
 
 # ---------------------------------------------------------------------------- losses

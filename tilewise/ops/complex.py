@@ -94,18 +94,28 @@ def _imag(x):
     return OPS["view_as_real"](x).select(-1, 1)
 
 
-def _pair(re, im):
-    """The complex tensor with parts ``re`` and ``im`` (real tensors of one shape and dtype)."""
-    return OPS["view_as_complex"](OPS["stack"]([re, im], -1))
+def _pair(re, im, strides: tuple | None = None):
+    """The complex tensor with parts ``re`` and ``im`` (real tensors of one shape and dtype), laid out densely with
+    its dims in the order of ``strides`` (an element-wise result's, ``strides.pointwise_strides``), else row-major."""
+    order = None if strides is None else S.memory_order(re.shape, strides)
+    if order is None or order == tuple(range(re.ndim)):
+        return OPS["view_as_complex"](OPS["stack"]([re, im], -1))
+    pairs = OPS["view_as_complex"](OPS["stack"]([re.permute(order), im.permute(order)], -1))
+    return pairs.permute(sorted(range(len(order)), key=order.__getitem__))
+
+
+def _elementwise_strides(shape, *operands) -> tuple:
+    """The strides torch's TensorIterator gives an element-wise result of ``shape`` from tensor ``operands``."""
+    return S.pointwise_strides(tuple(shape), [(t._shape, t._strides) for t in operands])
 
 
 def _conj(x):
-    return _pair(_real(x), -_imag(x)) if x.dtype.is_complex else x
+    return _pair(_real(x), -_imag(x), _elementwise_strides(x.shape, x)) if x.dtype.is_complex else x
 
 
 def _angle(x):
-    if x.dtype.is_complex:
-        return OPS["atan2"](_imag(x), _real(x))
+    if x.dtype.is_complex:  # torch computes it complex to complex, then copies the real part into a row-major result
+        return OPS["atan2"](_imag(x), _real(x)).contiguous()
     if not x.dtype.is_floating_point:
         x = x.to(dtypes.get_default_dtype())
     return OPS["where.self"](x.isnan(), x, (x < 0).to(x.dtype) * math.pi)
@@ -126,7 +136,8 @@ def _check_parts(real, imag, op: str) -> None:
 def _complex(real, imag):
     _check_parts(real, imag, "complex")
     shape = S.broadcast_shapes(real.shape, imag.shape, op="complex")
-    return _pair(real.expand(shape).contiguous(), imag.expand(shape).contiguous())
+    return _pair(real.expand(shape).contiguous(), imag.expand(shape).contiguous(),
+                 _elementwise_strides(shape, real, imag))
 
 
 def _polar(abs, angle):  # noqa: A002 — torch's argument name
@@ -234,7 +245,7 @@ def run_real_form(op, args: tuple, out_dtype, device):
     real_dtype = out_dtype.to_real()
     shape = S.broadcast_shapes(*(t.shape for t in (re, im) if type(t) is Tensor), op=op.name)
     re, im = (_filled(p, shape, real_dtype, device) for p in (re, im))
-    return _pair(re, im)
+    return _pair(re, im, _elementwise_strides(shape, *(a for a in args if type(a) is Tensor)))
 
 
 def _filled(part, shape, dtype, device) -> Tensor:

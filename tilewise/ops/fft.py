@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from tilewise import dtypes
 from tilewise import strides as S
+from tilewise.layouts import in_format_of
 from tilewise.ops.batching import shift_dims
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.registry import OPS, declare
@@ -109,13 +110,20 @@ def _pad_or_slice(x: Tensor, dims: tuple, sizes: tuple) -> Tensor:
 
 
 def resized(x: Tensor, dims: tuple, sizes: tuple) -> Tensor:
-    """torch's resize_fft_input: the transformed dims cut or zero-padded at the end to ``sizes``."""
+    """torch's resize_fft_input: the transformed dims cut (a view) or zero-padded (a copy in the format the input
+    suggests, as torch's constant pad writes it) at the end to ``sizes``."""
     if all(x.shape[d] == n for d, n in zip(dims, sizes)):
         return x
     if not x.dtype.is_complex:
         return _pad_or_slice(x, dims, sizes)
-    parts = OPS["view_as_real"](x)
-    return OPS["view_as_complex"](_pad_or_slice(parts, dims, sizes).contiguous())
+    parts = _pad_or_slice(OPS["view_as_real"](x), dims, sizes)
+    if all(x.shape[d] >= n for d, n in zip(dims, sizes)):
+        return OPS["view_as_complex"](parts)  # cut only: the parts' view keeps the pairs view_as_complex reads
+    source = x  # what torch pads: the input with its cuts made
+    for d, n in zip(dims, sizes):
+        if x.shape[d] > n:
+            source = source.narrow(d, 0, n)
+    return in_format_of(OPS["view_as_complex"](parts.contiguous()), source)
 
 
 def norm_code(norm: str | None, forward: bool) -> int:

@@ -15,6 +15,7 @@ import warnings
 from tilewise import dtypes
 from tilewise import strides as S
 from tilewise.dtypes import c10_name
+from tilewise.layouts import in_order_of
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import shift_dims
 from tilewise.ops.formulas import HELPERS
@@ -154,7 +155,7 @@ def _put(self, index, source, accumulate=False):
     flat = self.reshape(-1)
     with _index_errors_named("put"):
         out = flat.index_put((index.reshape(-1),), source.reshape(-1).to(self.dtype), accumulate)
-    return out.reshape(self.shape)
+    return in_order_of(out.reshape(self.shape), self)  # torch puts into a clone of self under preserve_format
 
 
 declare("index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, *, bool include_self=True)"
@@ -164,12 +165,14 @@ declare("put(Tensor self, Tensor index, Tensor source, bool accumulate=False) ->
 
 
 # ---------------------------------------------------------------- products with an added term
-def _scaled_sum(self, product, beta, alpha):
-    """beta * self + alpha * product; with beta == 0, ``self`` is ignored (its NaN too), as torch does."""
+def _scaled_sum(self, product, beta, alpha, row_major: bool = False):
+    """beta * self + alpha * product; with beta == 0, ``self`` is ignored (its NaN too), as torch does. The sum is
+    laid out in self's order (torch's addr), or with ``row_major`` in the product's (torch's addbmm)."""
     scaled = product if alpha == 1 else product * alpha
     if beta == 0:  # a zero that still connects self to the graph (torch gives it a zero gradient)
         return scaled + call("where", self.new_ones((), dtype=dtypes.bool_), self.new_zeros(()), self)
-    return (self if beta == 1 else self * beta) + scaled
+    term = self if beta == 1 else self * beta
+    return scaled + term if row_major else term + scaled
 
 
 def _addmv(self, mat, vec, beta=1, alpha=1):
@@ -198,7 +201,7 @@ def _addr(self, vec1, vec2, beta=1, alpha=1):
 def _addbmm(self, batch1, batch2, beta=1, alpha=1):
     if batch1.ndim != 3 or batch2.ndim != 3:
         raise RuntimeError(f"batch1 must be a 3D tensor (got {batch1.ndim}-D and {batch2.ndim}-D)")
-    return _scaled_sum(self, batch1.bmm(batch2).sum(0), beta, alpha)
+    return _scaled_sum(self, batch1.bmm(batch2).sum(0), beta, alpha, row_major=True)
 
 
 declare("addmv(Tensor self, Tensor mat, Tensor vec, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",

@@ -12,6 +12,7 @@ from numbers import Number
 
 from tilewise import strides as S
 from tilewise.dtypes import c10_name, checked_scalar
+from tilewise.layouts import contiguous_format
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import dynamic_shape, shift_dims
 from tilewise.ops.batching_rules import index_put_rule, index_rule
@@ -62,9 +63,9 @@ def _nonzero_static(self, size, fill_value=-1):
         raise RuntimeError("nonzero_static: 'size' must be an non-negative integer")
     found = self.nonzero()
     if found.shape[0] >= size:
-        return found[:size]
+        return found[:size].clone(memory_format=contiguous_format)  # row-major, as torch's (nonzero's is not)
     padding = full((size - found.shape[0], self.ndim), fill_value, dtype=found.dtype, device=found.device)
-    return call("cat", [found, padding])
+    return call("cat", [found, padding]).contiguous()
 
 
 declare("nonzero_static(Tensor self, *, int size, int fill_value=-1) -> Tensor", "composite",
@@ -87,7 +88,8 @@ def _masked_fill(self, mask, value):
         value = checked_scalar(value, self.dtype, "masked_fill")
     where = OVERLOADS["where"][0]
     out = where(mask, value, self)
-    return out if out.dtype is self.dtype else out.to(self.dtype)
+    out = out if out.dtype is self.dtype else out.to(self.dtype)
+    return out.contiguous()  # torch fills a row-major clone of self, whatever self's and the mask's orders
 
 
 GATHER_INDEX_DTYPES = ("int32", "int64")

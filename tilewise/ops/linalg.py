@@ -116,12 +116,13 @@ declare("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", "com
         grad={"input": "linear_input_grad(grad, weight)", "weight": "linear_weight_grad(grad, input, weight_shape)",
               "bias": "grad"}, fwd="linear(input_t, weight) + linear(input, weight_t, bias_t)", method=False,
         autocast="lower", batch=leading_batch_first_only)
+# the product is the sum's first operand, so that the result is row-major whatever self's order (torch's is)
 declare("addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
-        decomposition=lambda s, m1, m2, beta=1, alpha=1: s * beta + m1.mm(m2) * alpha, autocast="lower")
+        decomposition=lambda s, m1, m2, beta=1, alpha=1: m1.mm(m2) * alpha + s * beta, autocast="lower")
 
 
 def _addmm_activation(s, m1, m2, beta=1, alpha=1, use_gelu=False):
-    out = s * beta + m1.mm(m2) * alpha
+    out = m1.mm(m2) * alpha + s * beta
     return OPS["gelu"](out, approximate="tanh") if use_gelu else out.relu()
 
 
@@ -152,7 +153,7 @@ declare("_addmm_gelu(Tensor self, Tensor mat1, Tensor mat2) -> (Tensor output, T
 declare("_mm_gelu_backward(Tensor mat1, Tensor mat2, Tensor preactivation) -> Tensor",
         "composite", decomposition=_mm_gelu_backward, method=False)
 declare("baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
-        decomposition=lambda s, b1, b2, beta=1, alpha=1: s * beta + b1.bmm(b2) * alpha, autocast="lower")
+        decomposition=lambda s, b1, b2, beta=1, alpha=1: b1.bmm(b2) * alpha + s * beta, autocast="lower")
 def _outer(a, b):
     if a.ndim != 1 or b.ndim != 1:
         which, other = ("self", a) if a.ndim != 1 else ("vec2", b)

@@ -15,6 +15,7 @@ import math
 import warnings
 
 from tilewise import strides as S
+from tilewise.layouts import contiguous_format
 from tilewise.ops.linalg import chain_autocast_on_cpu
 from tilewise.ops.linalg_solvers import (
     LinAlgError,
@@ -22,6 +23,7 @@ from tilewise.ops.linalg_solvers import (
     check_matrix,
     check_same_dtype,
     check_square,
+    column_major,
     raise_from_info,
     type_name,
 )
@@ -132,7 +134,8 @@ def _solve_ex(A, B, left=True, check_errors=False):
                         lambda code: "The solver failed because the input matrix is singular.")
     if vector:
         X = X.squeeze(-1) if left else X.squeeze(-2)
-    return X, info
+    # torch's result: column-major for A X = B (a batch of vectors counted as one matrix), row-major for X A = B
+    return column_major(X) if left else X.contiguous(), info
 
 
 linalg("linalg_solve_ex(Tensor A, Tensor B, *, bool left=True, bool check_errors=False) -> "
@@ -155,7 +158,7 @@ def _inv_ex(A, check_errors=False):
     inverse, info = OPS["_linalg_inv_ex"](A)
     if check_errors:
         raise_from_info("linalg.inv", info, _singular_inverse)
-    return inverse, info
+    return column_major(inverse), info
 
 
 linalg("linalg_inv_ex(Tensor A, *, bool check_errors=False) -> (Tensor inverse, Tensor info)", _inv_ex)
@@ -203,7 +206,7 @@ def _cholesky_ex(A, upper=False, check_errors=False):
     L, info = OPS["_linalg_cholesky_ex"](A, upper)
     if check_errors:
         raise_from_info("linalg.cholesky", info, _not_positive_definite)
-    return L, info
+    return column_major(L), info
 
 
 def _cholesky_old(A, upper=False):
@@ -228,9 +231,9 @@ def _cholesky_solve(B, L, upper=False):
     L_, B_, _ = _broadcast_solve_operands("cholesky_solve", L, B, True)
     if upper:  # A = U^H U
         Y = OPS["_linalg_solve_triangular"](L_.mT, B_, upper=False)
-        return OPS["_linalg_solve_triangular"](L_, Y, upper=True)
+        return column_major(OPS["_linalg_solve_triangular"](L_, Y, upper=True))
     Y = OPS["_linalg_solve_triangular"](L_, B_, upper=False)
-    return OPS["_linalg_solve_triangular"](L_.mT, Y, upper=True)
+    return column_major(OPS["_linalg_solve_triangular"](L_.mT, Y, upper=True))
 
 
 torch_form("cholesky_solve(Tensor self, Tensor input2, bool upper=False) -> Tensor", _cholesky_solve,
@@ -267,7 +270,7 @@ def _solve_triangular(A, B, upper, left=True, unitriangular=False):
     batch = S.broadcast_shapes(tuple(A.shape[:-2]), tuple(B.shape[:-2]))
     A_ = A.expand(batch + tuple(A.shape[-2:]))
     B_ = B.expand(batch + tuple(B.shape[-2:]))
-    return OPS["_linalg_solve_triangular"](A_, B_, upper=upper, left=left, unitriangular=unitriangular)
+    return column_major(OPS["_linalg_solve_triangular"](A_, B_, upper=upper, left=left, unitriangular=unitriangular))
 
 
 linalg("linalg_solve_triangular(Tensor A, Tensor B, *, bool upper, bool left=True, bool unitriangular=False) "
@@ -279,7 +282,7 @@ def _triangular_solve(b, A, upper=True, transpose=False, unitriangular=False):
                   "removed in a future PyTorch release.", UserWarning, stacklevel=3)
     coefficient = A.mT if transpose else A
     solution = _solve_triangular(coefficient, b, upper=upper != transpose, unitriangular=unitriangular)
-    return solution, A.clone()
+    return solution, column_major(A.clone())
 
 
 # its own node, as in torch: it saves b, A and the solution (changing b in place before backward is an error)
@@ -297,7 +300,8 @@ def _qr(A, mode="reduced"):
                            "'complete'")
     check_matrix("linalg.qr", A)
     check_floating("linalg.qr", A)
-    return OPS["_linalg_qr"](A, mode)
+    Q, R = OPS["_linalg_qr"](A, mode)
+    return column_major(Q), column_major(R)
 
 
 def _qr_old(A, some=True):
@@ -340,12 +344,12 @@ def _householder_product(A, tau):
     if tau.shape[-1] == 0:  # as torch, the identity stays in A's graph (with a zero gradient)
         from tilewise.ops.creation import ones
 
-        return A.masked_fill(ones(A.shape, dtype=bool_dtype(), device=A.device), 0) + unit
+        return column_major(A.masked_fill(ones(A.shape, dtype=bool_dtype(), device=A.device), 0) + unit)
     Q = unit.expand(*A.shape[:-2], m, n)
     for i in reversed(range(tau.shape[-1])):
         v = V[..., :, i:i + 1]
         Q = Q - tau[..., i:i + 1].unsqueeze(-1) * (v @ (v.mH @ Q))
-    return Q
+    return column_major(Q)
 
 
 linalg("linalg_householder_product(Tensor input, Tensor tau) -> Tensor", _householder_product)
@@ -355,7 +359,8 @@ torch_form("orgqr(Tensor self, Tensor input2) -> Tensor", _householder_product)
 def _svd(A, full_matrices=True):
     check_matrix("linalg.svd", A)
     check_floating("linalg.svd", A)
-    return OPS["_linalg_svd"](A, full_matrices, True)
+    U, S_, Vh = OPS["_linalg_svd"](A, full_matrices, True)
+    return column_major(U), S_, column_major(Vh)
 
 
 def _svdvals(A):
@@ -374,7 +379,7 @@ def _svd_old(A, some=True, compute_uv=True):
     S_ = _svdvals(A)
     batch, m, n = tuple(A.shape[:-2]), A.shape[-2], A.shape[-1]
     return (zeros(batch + (m, m), dtype=A.dtype, device=A.device), S_,
-            zeros(batch + (n, n), dtype=A.dtype, device=A.device))
+            zeros(batch + (n, n), dtype=A.dtype, device=A.device).mT)  # torch's V is a zero Vh's adjoint
 
 
 linalg("linalg_svd(Tensor A, bool full_matrices=True) -> (Tensor U, Tensor S, Tensor Vh)", _svd)
@@ -393,7 +398,8 @@ def _eigh(A, UPLO="L"):  # noqa: N803
     check_matrix("linalg.eigh", A)
     check_floating("linalg.eigh", A)
     check_square("linalg.eigh", A)
-    return OPS["_linalg_eigh"](A, UPLO, True)
+    eigenvalues, eigenvectors = OPS["_linalg_eigh"](A, UPLO, True)
+    return eigenvalues, column_major(eigenvectors)
 
 
 def _eigvalsh(A, UPLO="L"):  # noqa: N803
@@ -432,9 +438,22 @@ def _lstsq(A, B, rcond=None, driver=None):
     A_ = A.expand(batch + tuple(A.shape[-2:]))
     B_ = Bm.expand(batch + tuple(Bm.shape[-2:]))
     solution, residuals, rank, singular_values = OPS["_linalg_lstsq"](A_, B_, rcond, driver)
+    solution = _in_right_hand_side(solution, A.shape[-2])
     if vector:  # the residuals keep their column (torch's shape [..., 1])
         solution = solution.squeeze(-1)
     return solution, residuals, rank, singular_values
+
+
+def _in_right_hand_side(X, m: int):
+    """torch's lstsq solves in place in a column-major copy of B padded to max(m, n) rows, and returns the first n
+    rows of it: the solution has the strides of that buffer (as the kernels return it; else laid out so here)."""
+    *batch, n, k = X.shape
+    if m <= n:
+        return column_major(X)
+    if X.stride() == S.column_major_strides((*batch, m, k)):
+        return X
+    padded = OPS["cat"]([X, X.new_zeros((*batch, m - n, k))], -2)
+    return column_major(padded).narrow(-2, 0, n)
 
 
 linalg("linalg_lstsq(Tensor A, Tensor B, float? rcond=None, *, str? driver=None) -> (Tensor solution, "
@@ -525,6 +544,8 @@ def _matrix_power(A, n):
     if n < 0:
         check_floating("linalg.inv", A)
         A = _inv_ex(A, True)[0]
+        if n == -1:
+            return A  # torch's: the inverse as linalg.inv lays it out
         n = -n
     result, base = None, A
     while n:
@@ -533,7 +554,7 @@ def _matrix_power(A, n):
         n >>= 1
         if n:
             base = base.matmul(base)
-    return result if result is not A else A.clone()
+    return result if result is not A else A.clone(memory_format=contiguous_format)  # torch's: a row-major copy
 
 
 linalg("linalg_matrix_power(Tensor A, int n) -> Tensor", _matrix_power)

@@ -15,7 +15,9 @@ Everything users call (``linalg.solve``, ``linalg.norm``, ``torch.svd``'s old AP
 
 from __future__ import annotations
 
+from tilewise import strides as S
 from tilewise.dtypes import c10_name
+from tilewise.layouts import contiguous_format
 from tilewise.ops import linalg_grads  # noqa: F401 — registers the derivative helpers the formulas below name
 from tilewise.ops.batching import apply_batched
 from tilewise.ops.registry import OPS, declare
@@ -58,6 +60,17 @@ def check_same_dtype(op: str, A, B) -> None:
     if A.dtype is not B.dtype:
         raise RuntimeError(f"{op}: Expected A and B to have the same dtype, but found A of type {type_name(A.dtype)} "
                            f"and B of type {type_name(B.dtype)} instead")
+
+
+def column_major(t):
+    """``t`` laid out as torch lays out the results of its LAPACK and cuSOLVER routines: each matrix of the last
+    two dims column-major, the batch dims row-major around them (``strides.column_major_strides``); ``t`` itself
+    when it already is, as the primitives' kernels return those results (so the tensor autograd saved is the one
+    returned). The public composites (``linalg_functions.py``) call it on each such result; it copies only what a
+    composite reshaped (a batch of vectors, which torch lays out as one matrix). A 1-D ``t`` is left as it is."""
+    if t.ndim < 2 or t.stride() == S.column_major_strides(tuple(t.shape)):
+        return t
+    return t.mT.clone(memory_format=contiguous_format).mT
 
 
 def raise_from_info(op: str, info, message) -> None:

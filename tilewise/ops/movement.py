@@ -21,7 +21,7 @@ from numbers import Number
 from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import c10_name, checked_scalar, int64, result_type
-from tilewise.layouts import suggest_memory_format
+from tilewise.layouts import contiguous_format, suggest_memory_format
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import dynamic_shape, shift_dims
 from tilewise.ops.batching_rules import cat_rule, index_select_rule, stack_rule
@@ -201,7 +201,7 @@ def _roll(self, shifts, dims=()):
         if n and shift % n:
             k = shift % n
             out = OPS["cat"]([out.narrow(d, n - k, k), out.narrow(d, 0, n - k)], d)
-    return self.clone() if out is self else out
+    return self.clone(memory_format=contiguous_format) if out is self else out  # torch's: a row-major copy
 
 
 declare("flip(Tensor self, int[] dims) -> Tensor", "copy", dtype=R.first_input,
@@ -254,6 +254,8 @@ def _constant_pad(x: Tensor, pairs, value) -> Tensor:
 
     for d, before, after in pairs:
         x = _cropped(x, d, before, after)
+    if all(before <= 0 and after <= 0 for _, before, after in pairs):
+        return x.clone()  # torch's: a copy of the cropped input in its order (clone under preserve_format)
     shape = list(x.shape)
     for d, before, after in pairs:
         shape[d] += max(before, 0) + max(after, 0)
@@ -314,7 +316,11 @@ def _pad(input, pad, mode="constant", value=None):
         out = OPS["cat"](parts, d) if len(parts) > 1 else out
         if not crop_first:
             out = _cropped(out, d, before, after)
-    return input.clone() if out is input else out
+    # torch writes a fresh result: in the format the input suggests (reflect, replicate), or row-major (circular)
+    memory_format = contiguous_format if mode == "circular" else suggest_memory_format(input)
+    if out is input or out._base is not None:  # the input itself, or a view of it or of the joined parts
+        return out.clone(memory_format=memory_format)
+    return out.contiguous(memory_format=memory_format)
 
 
 def _pad_autocast_on_cpu(op, args) -> str | None:
@@ -387,7 +393,8 @@ def _repeat_interleave_tensor(self, repeats, dim=None, output_size=None):
     if repeats.ndim != 1 or repeats.shape[0] != x.shape[d]:
         raise RuntimeError(f"repeat_interleave(): repeats must be 1-D with one entry per element along dim {d} "
                            f"(size {x.shape[d]}), got repeats of shape {list(repeats.shape)}")
-    return OPS["index.Tensor"](x, (None,) * d + (OPS["repeat_interleave.Tensor"](repeats, output_size=output_size),))
+    positions = OPS["repeat_interleave.Tensor"](repeats, output_size=output_size)
+    return OPS["index.Tensor"](x, (None,) * d + (positions,)).contiguous()  # row-major, as torch's index_select
 
 
 composite("repeat(Tensor self, int[] repeats) -> Tensor", _repeat, function=False,
@@ -534,8 +541,8 @@ def _index_update(self, dim, index, source, accumulate: bool, op: str):
     x, d, key = _along(self, dim, index, op)
     src = _check_source(x, d, key[-1], source, op, self.ndim)
     check_index_range(key[-1], x.shape[d], d, op)
-    with _index_errors_named(op, negative_wraps=False):
-        return OPS["index_put"](x, key, src, accumulate).reshape(self.shape)
+    with _index_errors_named(op, negative_wraps=False):  # row-major, as torch's (index_put keeps x's order)
+        return OPS["index_put"](x, key, src, accumulate).reshape(self.shape).contiguous()
 
 
 def _index_add(self, dim, index, source, alpha=1):

@@ -15,6 +15,7 @@ import warnings
 
 from tilewise import strides as S
 from tilewise.dtypes import c10_name, finfo, float32
+from tilewise.layouts import in_format_of
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import where as expr_where
 from tilewise.ops.nn_functional import call_public, check_dropout_p, functional, private, where
@@ -118,7 +119,7 @@ def _rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
 
         slope = rand(tuple(input.shape), dtype=input.dtype, device=input.device) * (upper - lower) + lower
         out = where(input <= 0, input * slope, input)
-    return input.copy_(out) if inplace else out
+    return input.copy_(out) if inplace else out.contiguous()  # row-major, as torch's
 
 
 functional("rrelu(Tensor input, float lower=0.125, float upper=0.3333333333333333, bool training=False, "
@@ -323,7 +324,7 @@ def _channel_shuffle(input, groups):
                            "groups.")
     batch, rest = input.shape[0], tuple(input.shape[2:])
     grouped = input.reshape((batch, groups, channels // groups) + rest)
-    return grouped.transpose(1, 2).reshape(tuple(input.shape))
+    return in_format_of(grouped.transpose(1, 2).reshape(tuple(input.shape)), input)
 
 
 functional("channel_shuffle(Tensor input, int groups) -> Tensor", _channel_shuffle)

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from tilewise import strides as S
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import compute_dtype, finfo
-from tilewise.layouts import suggest_memory_format
+from tilewise.layouts import in_format_of, suggest_memory_format
 from tilewise.ops.batching_rules import attention_rule, batch_norm_rule, leading_batch_first_only
 from tilewise.ops.movement import _index_errors_named, check_index_range
 from tilewise.ops.registry import OPS, declare, public_function
@@ -116,7 +116,7 @@ def _fused_rms_norm(input, normalized_shape, weight, eps):
     _check_normalized_shape("rms_norm", input, normalized_shape, weight)
     x = in_compute_dtype(input)
     _, rstd = _statistics(x, _trailing_dims(input, len(normalized_shape)), eps, False)
-    return _affine(x * rstd, weight, None, input.dtype), rstd
+    return in_format_of(_affine(x * rstd, weight, None, input.dtype), input), rstd
 
 
 def _normalized_input_grad(grad_xhat, xhat, rstd, dims, centered: bool):
@@ -215,7 +215,7 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
     invstd = (var + eps).rsqrt()
     w = weight.reshape(stat_shape) if weight is not None else None
     b = bias.reshape(stat_shape) if bias is not None else None
-    return _affine(centered * invstd, w, b, input.dtype), mean, invstd
+    return in_format_of(_affine(centered * invstd, w, b, input.dtype), input), mean, invstd
 
 
 def _batch_norm_backward(grad, input, weight, running_mean, running_var, save_mean, save_invstd, training, eps):
@@ -735,7 +735,7 @@ def _one_hot(self, num_classes=-1):
             num_classes = high + 1
         elif high >= num_classes:
             raise RuntimeError(f"one_hot(): class values must be smaller than num_classes ({num_classes}), got {high}")
-    return (self.unsqueeze(-1) == arange(num_classes, device=self.device)).long()
+    return (self.unsqueeze(-1) == arange(num_classes, device=self.device)).long().contiguous()  # row-major, as torch's
 
 
 declare("one_hot(Tensor self, int num_classes=-1) -> Tensor", "composite", decomposition=_one_hot, functional=True,

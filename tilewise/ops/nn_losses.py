@@ -225,7 +225,7 @@ def _nll_terms(logp, target, weight, ignore_index):
 def _class_loss_reduction(loss, w, reduction: str):
     if reduction == "mean":
         return loss.sum() / w.sum()
-    return loss.sum() if reduction == "sum" else loss
+    return loss.sum() if reduction == "sum" else loss.contiguous()  # torch's kernels write 'none' row-major
 
 
 def _nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from tilewise.dtypes import iinfo, int64
-from tilewise.layouts import channels_last, suggest_memory_format
+from tilewise.layouts import channels_last_3d, contiguous_format, in_format_of, suggest_memory_format
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.nn_functional import functional, int_tuple, private
 from tilewise.ops.nn_spatial import _constant_pad, _windows, _windows_adjoint
@@ -201,15 +201,22 @@ def _max_pool_with_indices(spatial: int):
             values = flat.gather(-1, position.unsqueeze(-1)).squeeze(-1)
         indices = _window_argmax_to_input_index(position, kernel, stride, padding, dilation, x.shape[2:])
         if unbatched:
-            return values.squeeze(0), indices.squeeze(0)
-        return _in_format_of(input, values), _in_format_of(input, indices)
+            values, indices = values.squeeze(0), indices.squeeze(0)
+        return _in_format_of(input, values, spatial), _in_format_of(input, indices, spatial)
 
     return max_pool_with_indices
 
 
-def _in_format_of(input, pooled):
-    """torch's pooling kernels write a channels-last result for a channels-last input."""
-    return pooled.contiguous(memory_format=suggest_memory_format(input))
+def _in_format_of(input, pooled, spatial: int, keeps_3d: bool = True):
+    """torch's pooling kernels write a channels-last result for a batched channels-last input (but for
+    ``channels_last_3d`` where not ``keeps_3d``: its 3-D average and adaptive ones), and a row-major one for any
+    other."""
+    if input.ndim != spatial + 2:
+        return pooled.contiguous()
+    memory_format = suggest_memory_format(input)
+    if memory_format is channels_last_3d and not keeps_3d:
+        return pooled.contiguous()
+    return pooled.contiguous(memory_format=memory_format)
 
 
 def max_pool_backward(grad, input, indices, spatial: int = 2):
@@ -291,7 +298,7 @@ def _avg_pool(spatial: int):
         divisors = _window_divisors(total, x.shape[2:], kernel, stride, padding, count_include_pad, divisor_override)
         # int64 windows average in integer arithmetic, rounded toward zero as in torch's CPU kernel
         out = total / divisors if x.dtype.is_floating_point else total.div(divisors, rounding_mode="trunc")
-        return out.squeeze(0) if unbatched else _in_format_of(input, out)
+        return _in_format_of(input, out.squeeze(0) if unbatched else out, spatial, keeps_3d=spatial != 3)
 
     return avg_pool
 
@@ -309,7 +316,7 @@ def avg_pool_backward(grad, input, kernel_size, stride, padding, ceil_mode, coun
     per_element = g / _window_divisors(g, shape[2:], kernel, stride, padding, count_include_pad, divisor_override)
     windows = per_element.reshape(*g.shape, *(1,) * spatial).expand(*g.shape, *kernel)
     grad_input = _windows_adjoint(windows, shape, pads, stride, dilation)
-    return grad_input.squeeze(0) if unbatched else _in_format_of(input, grad_input)
+    return grad_input.squeeze(0) if unbatched else _in_format_of(input, grad_input, spatial)
 
 
 HELPERS.update(max_pool_backward=max_pool_backward, avg_pool_backward=avg_pool_backward)
@@ -434,11 +441,13 @@ def adaptive_avg_pool_backward(grad, self, spatial: int = 2):
 
 
 def _global_mean(input, spatial: int):
-    """The mean over the spatial dims; torch gives a channels-last input's (N, C, 1, 1) mean channels-last
-    strides (C, 1, C, C), which the mean of the (N, H, W, C) view has when permuted back."""
-    if input.ndim != 4 or suggest_memory_format(input) is not channels_last:
+    """The mean over the spatial dims; torch gives a batched channels-last input's (N, C, 1, 1) mean channels-last
+    strides (C, 1, C, C), which the mean of the (N, H, W, C) view has when permuted back (and likewise in 3-D)."""
+    rank = input.ndim
+    if rank != spatial + 2 or suggest_memory_format(input) is contiguous_format:
         return input.mean(tuple(range(-spatial, 0)), keepdim=True)
-    out = input.permute(0, 2, 3, 1).mean((1, 2), keepdim=True).permute(0, 3, 1, 2)
+    out = input.permute(0, *range(2, rank), 1).mean(tuple(range(1, rank - 1)), keepdim=True)
+    out = out.permute(0, rank - 1, *range(1, rank - 1))
     out._base = None  # the mean is private: like torch's result, this is no view of anything
     return out
 
@@ -460,7 +469,8 @@ def _adaptive_avg_pool(spatial: int):
             return OPS["adaptive_avg_pool2d"](input.unsqueeze(-2), (1, sizes[0])).squeeze(-2)
         if sizes == (1,) * spatial:
             return _global_mean(input, spatial)
-        return _in_format_of(input, OPS[f"_adaptive_avg_pool{spatial}d"](input, sizes))
+        return _in_format_of(input, OPS[f"_adaptive_avg_pool{spatial}d"](input, sizes), spatial,
+                             keeps_3d=False)
 
     return adaptive_avg_pool
 
@@ -537,8 +547,9 @@ def _adaptive_max_pool_with_indices(spatial: int):
         positions = [_adaptive_window_indices(n, o, x.device) for n, o in zip(x.shape[2:], sizes)]
         values, indices = _windows_maximum(x, positions)
         if unbatched:
-            return values.squeeze(0), indices.squeeze(0)
-        return _in_format_of(input, values), _in_format_of(input, indices)
+            values, indices = values.squeeze(0), indices.squeeze(0)
+        return (_in_format_of(input, values, spatial, keeps_3d=spatial != 3),
+                _in_format_of(input, indices, spatial, keeps_3d=spatial != 3))
 
     return adaptive_max_pool_with_indices
 
@@ -646,7 +657,8 @@ def _max_unpool(spatial: int):
         lead = tuple(input.shape[:-spatial])
         flat_input = input.reshape(*lead, -1)
         plane = zeros((*lead, math.prod(sizes)), dtype=input.dtype, device=input.device)
-        return plane.scatter(-1, indices.reshape(*lead, -1), flat_input).reshape(*lead, *sizes)
+        out = plane.scatter(-1, indices.reshape(*lead, -1), flat_input).reshape(*lead, *sizes)
+        return in_format_of(out, input) if spatial == 2 else out  # torch's 2-D unpooling keeps channels-last
 
     return max_unpool
 

@@ -107,7 +107,7 @@ def _gru_gates(input_gates, hidden_gates, hx, slots: int = 0):
 def _gru_cell(input_gates, hidden_gates, hx):
     _check_gates("_gru_cell", input_gates, hidden_gates, hx, 3)
     _, z, n, _, h = _gru_gates(input_gates, hidden_gates, hx)
-    return (n + z * (h - n)).to(hx.dtype)
+    return ((h - n) * z + n).to(hx.dtype)  # torch's order of operands: the result is laid out as hx
 
 
 def _gru_cell_backward(grad, input_gates, hidden_gates, hx):

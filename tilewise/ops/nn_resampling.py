@@ -19,7 +19,7 @@ import math
 import warnings
 
 from tilewise.dtypes import float32
-from tilewise.layouts import suggest_memory_format
+from tilewise.layouts import in_format_of, suggest_memory_format
 from tilewise.ops.nn_functional import functional, int_tuple
 from tilewise.ops.nn_spatial import _constant_pad, _window_count, _windows, _windows_adjoint
 from tilewise.ops.registry import OPS
@@ -272,8 +272,8 @@ def _pixel_shuffle(input, upscale_factor):
     *lead, channels, height, width = input.shape
     n = len(lead)
     x = input.reshape(*lead, channels // (r * r), r, r, height, width)
-    return x.permute(*range(n), n, n + 3, n + 1, n + 4, n + 2).reshape(*lead, channels // (r * r), height * r,
-                                                                       width * r)
+    shuffled = x.permute(*range(n), n, n + 3, n + 1, n + 4, n + 2)
+    return in_format_of(shuffled.reshape(*lead, channels // (r * r), height * r, width * r), input)
 
 
 def _pixel_unshuffle(input, downscale_factor):
@@ -289,8 +289,8 @@ def _pixel_unshuffle(input, downscale_factor):
     *lead, channels, height, width = input.shape
     n = len(lead)
     x = input.reshape(*lead, channels, height // r, r, width // r, r)
-    return x.permute(*range(n), n, n + 2, n + 4, n + 1, n + 3).reshape(*lead, channels * r * r, height // r,
-                                                                       width // r)
+    shuffled = x.permute(*range(n), n, n + 2, n + 4, n + 1, n + 3)
+    return in_format_of(shuffled.reshape(*lead, channels * r * r, height // r, width // r), input)
 
 
 functional("pixel_shuffle(Tensor input, int upscale_factor) -> Tensor", _pixel_shuffle)
@@ -357,6 +357,7 @@ def _col2im(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
     batch, channels = x.shape[0], x.shape[1] // per_block
     windows = x.reshape(batch, channels, *kernel, *blocks).permute(0, 1, 4, 5, 2, 3)
     out = _windows_adjoint(windows, (batch, channels, *sizes), [(p, p) for p in padding], stride, dilation)
+    out = out.contiguous()  # torch writes a fresh row-major result (the adjoint's is a window of a padded one)
     return out.squeeze(0) if unbatched else out
 
 

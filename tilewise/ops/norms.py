@@ -63,7 +63,7 @@ def _renorm(self, p, dim, maxnorm):
     others = tuple(d for d in range(self.ndim) if d != dim)
     norm = _vector_norm(self, p, others, True)
     factor = OPS["where.self"](norm > maxnorm, maxnorm / (norm + 1e-7), 1.0)
-    return self * factor.to(self.dtype)
+    return (self * factor.to(self.dtype)).contiguous()  # row-major, as torch's
 
 
 declare("renorm(Tensor self, Scalar p, int dim, Scalar maxnorm) -> Tensor", "composite", decomposition=_renorm,

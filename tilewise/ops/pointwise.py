@@ -447,8 +447,9 @@ pointwise("celu(Tensor self, Scalar alpha=1.0) -> Tensor", None,
           expr_builder=_celu, out=False)
 pointwise("softsign(Tensor self) -> Tensor", lambda x: x / (1 + x.abs()),
           {"self": "grad / ((1 + abs(self)) * (1 + abs(self)))"}, R.floating_only, method=False)
+# row_major: torch's kernel (log_sigmoid_forward) writes a row-major result, not one in TensorIterator's order
 pointwise("logsigmoid(Tensor self) -> Tensor", lambda x: x.minimum(0) - (-x.abs()).exp().log1p(),
-          {"self": "grad * sigmoid(-self)"}, R.floating_only, method=False)
+          {"self": "grad * sigmoid(-self)"}, R.floating_only, method=False, row_major=True)
 pointwise("gelu_backward(Tensor grad_output, Tensor self, str approximate='none') -> Tensor", None,
           {"grad_output": "gelu_backward(grad, self, approximate)",
            "self": "grad * grad_output * gelu_second_derivative(self, approximate)"},

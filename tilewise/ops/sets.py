@@ -108,7 +108,7 @@ composite("unique_consecutive(Tensor self, bool return_inverse=False, bool retur
 def _isin(elements, test_elements, assume_unique=False, invert=False):
     if isinstance(elements, Tensor) and not isinstance(test_elements, Tensor):  # one value: a comparison, and no
         found = elements == test_elements  # tensor made from it (a constant the compiler's passes cannot hold)
-        return found.logical_not() if invert else found
+        return (found.logical_not() if invert else found).contiguous()  # row-major, as torch's
     elements = _as_tensor(elements, test_elements if isinstance(test_elements, Tensor) else None)
     test = _as_tensor(test_elements, elements).reshape(-1)
     common = dtypes.result_type(elements, test)

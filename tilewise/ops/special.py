@@ -266,7 +266,7 @@ def _mvlgamma(self, p):
     total = self.lgamma()
     for j in range(1, p):  # p is small: one lgamma per term keeps the sum free of constant tensors
         total = total + (self - j / 2).lgamma()
-    return total + p * (p - 1) / 4 * math.log(math.pi)
+    return (total + p * (p - 1) / 4 * math.log(math.pi)).contiguous()  # row-major: torch's is a sum over terms
 
 
 def mvlgamma_backward(grad, self, p):

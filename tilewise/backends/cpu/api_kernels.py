@@ -102,8 +102,8 @@ def unique_dim(self, sorted=True, return_inverse=False, return_counts=False, dim
         inverse = inverse.reshape(a.shape)
     else:
         kept = tuple(n for k, n in enumerate(a.shape) if k != dim)
-        values = np.moveaxis(firsts.reshape((firsts.shape[0], *kept)), 0, dim)
-    return (from_array(np.ascontiguousarray(values), self.dtype), from_array(inverse, dtypes.int64),
+        values = np.moveaxis(firsts.reshape((firsts.shape[0], *kept)), 0, dim)  # torch's layout: dim outermost
+    return (from_array(values, self.dtype), from_array(inverse, dtypes.int64),
             from_array(counts, dtypes.int64))
 
 

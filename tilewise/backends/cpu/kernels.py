@@ -529,7 +529,7 @@ def index(self, indices):
 @kernel("index_put")
 def index_put(self, indices, values, accumulate=False):
     indices = mask_positions(self, indices)
-    out = self._np().copy()
+    out = self._np().copy(order="K")  # in self's order: torch's result is a clone under preserve_format
     idx = _np_indices(self, indices, "index_put")
     v = values._np() if isinstance(values, Tensor) else values
     v = np.asarray(v).astype(out.dtype)
@@ -543,7 +543,7 @@ def index_put(self, indices, values, accumulate=False):
         _add_at_rows(out, idx, v)
     else:
         out[idx] = v
-    return _out(out, self.dtype)
+    return from_array_strided(out, S.preserved_strides(self._shape, self._strides), self.dtype)
 
 
 def _add_at_rows(out: np.ndarray, idx: tuple, values: np.ndarray) -> None:
@@ -642,4 +642,5 @@ def scatter_add(self, dim, index, src):
 def nonzero(self):
     from tilewise import dtypes
 
-    return _out(np.argwhere(self._np() != 0), dtypes.int64)  # (count, ndim), also for a 0-dim input
+    found = np.argwhere(self._np() != 0)  # (count, ndim), also for a 0-dim input
+    return from_array_strided(found, (1, found.shape[0]), dtypes.int64)  # column-major, as torch's (gh-46224)

@@ -13,13 +13,32 @@ from __future__ import annotations
 import numpy as np
 
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise.backends.cpu.registry import kernel
+from tilewise.device import cpu
 from tilewise.ops.linalg_solvers import LinAlgError
-from tilewise.tensor import from_array
+from tilewise.tensor import Tensor, from_array, strided_copy
 
 
 def _out(array, dtype) -> object:
     return from_array(np.array(array, dtype=dtype.np, order="C"), dtype)  # a copy: never a view of an input
+
+
+def _matrices(array, dtype) -> object:
+    """A result torch returns as LAPACK writes it, each matrix column-major (``strides.column_major_strides``): a
+    copy so laid out."""
+    a = np.asarray(array, dtype=dtype.np)
+    return _out(a, dtype) if a.ndim < 2 else strided_copy(a, S.column_major_strides(a.shape), dtype)
+
+
+def _rows_of_right_hand_side(x: np.ndarray, m: int, dtype) -> object:
+    """lstsq's solution as torch returns it: the first n rows of the column-major copy of B, padded to max(m, n)
+    rows, that LAPACK solves in place."""
+    *batch, n, k = x.shape
+    padded = np.zeros((*batch, max(m, n), k), dtype.np)
+    padded[..., :n, :] = x
+    buffer = _matrices(padded, dtype)
+    return Tensor._make(buffer._storage, tuple(x.shape), buffer._strides, 0, dtype, cpu)
 
 
 def _info(array) -> object:
@@ -80,13 +99,13 @@ def solve(A, B):
     a, b = A._np(), B._np()
     info = np.zeros(_batch(a), np.int32)
     if a.size == 0 or b.size == 0:
-        return _out(np.zeros(b.shape), B.dtype), _info(info)
+        return _matrices(np.zeros(b.shape), B.dtype), _info(info)
     try:
         x = np.linalg.solve(a, b)
     except np.linalg.LinAlgError:
         info = _lu_info(a)
         x = _each_matrix(np.linalg.solve, a, info, np.empty(b.shape, b.dtype), b)
-    return _out(_nan_where_nan(a, x), B.dtype), _info(info)
+    return _matrices(_nan_where_nan(a, x), B.dtype), _info(info)
 
 
 @kernel("_linalg_inv_ex")
@@ -94,13 +113,13 @@ def inv_ex(A):
     a = A._np()
     info = np.zeros(_batch(a), np.int32)
     if a.size == 0:
-        return _out(np.zeros(a.shape), A.dtype), _info(info)
+        return _matrices(np.zeros(a.shape), A.dtype), _info(info)
     try:
         x = np.linalg.inv(a)
     except np.linalg.LinAlgError:
         info = _lu_info(a)
         x = _each_matrix(np.linalg.inv, a, info, np.empty(a.shape, a.dtype))
-    return _out(_nan_where_nan(a, x), A.dtype), _info(info)
+    return _matrices(_nan_where_nan(a, x), A.dtype), _info(info)
 
 
 def _nan_where_nan(a: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -135,7 +154,7 @@ def cholesky_ex(A, upper=False):
     a = A._np()
     info = np.zeros(_batch(a), np.int32)
     if a.size == 0:
-        return _out(np.zeros(a.shape), A.dtype), _info(info)
+        return _matrices(np.zeros(a.shape), A.dtype), _info(info)
     try:
         L = np.linalg.cholesky(a)
         if not np.isfinite(L).all():  # LAPACK stops at a NaN pivot; numpy carries on
@@ -143,7 +162,7 @@ def cholesky_ex(A, upper=False):
     except np.linalg.LinAlgError:
         info = _cholesky_info(a)
         L = _each_matrix(np.linalg.cholesky, a, info, np.empty(a.shape, a.dtype))
-    return _out(np.swapaxes(L, -1, -2) if upper else L, A.dtype), _info(info)
+    return _matrices(np.swapaxes(L, -1, -2) if upper else L, A.dtype), _info(info)
 
 
 @kernel("_linalg_qr")
@@ -155,11 +174,11 @@ def qr(A, mode="reduced"):
         q_cols = m if mode == "complete" else k
         q = np.zeros((0,)) if mode == "r" else np.broadcast_to(np.eye(m, q_cols), (*_batch(a), m, q_cols))
         r_rows = m if mode == "complete" else k
-        return _out(q, A.dtype), _out(np.zeros((*_batch(a), r_rows, n)), A.dtype)
+        return _matrices(q, A.dtype), _matrices(np.zeros((*_batch(a), r_rows, n)), A.dtype)
     if mode == "r":
-        return _out(np.zeros((0,)), A.dtype), _out(np.linalg.qr(a, mode="r"), A.dtype)
+        return _out(np.zeros((0,)), A.dtype), _matrices(np.linalg.qr(a, mode="r"), A.dtype)
     q, r = np.linalg.qr(a, mode=mode)
-    return _out(q, A.dtype), _out(r, A.dtype)
+    return _matrices(q, A.dtype), _matrices(r, A.dtype)
 
 
 @kernel("_linalg_svd")
@@ -175,7 +194,7 @@ def svd(A, full_matrices=False, compute_uv=True):
         u_cols, v_rows = (m, n) if full_matrices else (k, k)
         u = np.broadcast_to(np.eye(m, u_cols), (*batch, m, u_cols))
         vh = np.broadcast_to(np.eye(v_rows, n), (*batch, v_rows, n))
-        return _out(u, A.dtype), _out(s, A.dtype), _out(vh, A.dtype)
+        return _matrices(u, A.dtype), _out(s, A.dtype), _matrices(vh, A.dtype)
     _require_finite("linalg.svd", a)
     try:
         if not compute_uv:
@@ -185,7 +204,7 @@ def svd(A, full_matrices=False, compute_uv=True):
     except np.linalg.LinAlgError:
         raise LinAlgError("linalg.svd: The algorithm failed to converge because the input matrix is ill-conditioned "
                           "or has too many repeated singular values") from None
-    return _out(u, A.dtype), _out(s, A.dtype), _out(vh, A.dtype)
+    return _matrices(u, A.dtype), _out(s, A.dtype), _matrices(vh, A.dtype)
 
 
 def _require_finite(op: str, a: np.ndarray) -> None:
@@ -199,7 +218,7 @@ def eigh(A, UPLO="L", compute_v=True):  # noqa: N803 — torch's argument name
     a = A._np()
     if a.size == 0:
         vectors = np.zeros(a.shape) if compute_v else np.zeros((0,))
-        return _out(np.zeros(a.shape[:-1]), A.dtype), _out(vectors, A.dtype)
+        return _out(np.zeros(a.shape[:-1]), A.dtype), _matrices(vectors, A.dtype)
     try:
         if not compute_v:
             return _out(np.linalg.eigvalsh(a, UPLO=UPLO), A.dtype), _out(np.zeros((0,)), A.dtype)
@@ -207,7 +226,7 @@ def eigh(A, UPLO="L", compute_v=True):  # noqa: N803 — torch's argument name
     except np.linalg.LinAlgError:
         raise LinAlgError("linalg.eigh: The algorithm failed to converge because the input matrix is ill-conditioned "
                           "or has too many repeated eigenvalues.") from None
-    return _out(w, A.dtype), _out(v, A.dtype)
+    return _out(w, A.dtype), _matrices(v, A.dtype)
 
 
 @kernel("_linalg_solve_triangular")
@@ -228,7 +247,7 @@ def solve_triangular(A, B, upper, left=True, unitriangular=False):
             x[..., i, :] = rhs if unitriangular else rhs / a[..., i, i, None]
     if not left:
         x = np.swapaxes(x, -1, -2)
-    return _out(x, B.dtype)
+    return _matrices(x, B.dtype)
 
 
 @kernel("_linalg_lstsq")
@@ -262,7 +281,8 @@ def lstsq(A, B, rcond=None, driver="gelsy"):
         residuals = np.zeros((0,))
     rank = ranks.reshape(batch) if driver != "gels" else np.zeros((0,), np.int64)
     singular = svals.reshape(*batch, min(m, n)) if driver in ("gelsd", "gelss") else np.zeros((0,))
-    return (_out(solution, A.dtype), _out(residuals, A.dtype), from_array(np.array(rank, order="C"), dtypes.int64),
+    return (_rows_of_right_hand_side(solution, m, A.dtype), _out(residuals, A.dtype),
+            from_array(np.array(rank, order="C"), dtypes.int64),
             _out(singular, A.dtype))
 
 

@@ -27,6 +27,12 @@ def _row_major(array, dtype) -> Tensor:
     return from_array(np.asarray(array, order="C"), dtype)
 
 
+def _in_order_of(array, t: Tensor, dtype) -> Tensor:
+    """A result of ``t``'s shape laid out as torch lays out sort's and flip's: with ``t``'s strides when it is
+    dense, else densely in its order (``strides.preserved_strides``)."""
+    return from_array_strided(np.asarray(array), S.preserved_strides(t._shape, t._strides), dtype)
+
+
 def _keys(t: Tensor) -> np.ndarray:
     """The values to compare or accumulate: half precision widened to float32."""
     a = t._np()
@@ -105,7 +111,7 @@ def sort(self, dim=-1, descending=False, stable=False):
     if a.ndim == 0:
         return _out(a.copy(), self.dtype), _out(np.zeros((), np.int64), dtypes.int64)
     order = stable_argsort(_keys(self), d, descending)
-    return _out(np.take_along_axis(a, order, d), self.dtype), _out(order, dtypes.int64)
+    return _in_order_of(np.take_along_axis(a, order, d), self, self.dtype), _in_order_of(order, self, dtypes.int64)
 
 
 @kernel("topk")
@@ -187,7 +193,7 @@ def cat(tensors, dim=0):
 def flip(self, dims):
     axes = S.normalize_dims(dims, self.ndim, "flip")
     a = self._np()
-    return _out(np.flip(a, axes).copy() if a.ndim else a.copy(), self.dtype)
+    return _in_order_of(np.flip(a, axes) if a.ndim else a.copy(), self, self.dtype)
 
 
 @kernel("repeat_interleave.Tensor")

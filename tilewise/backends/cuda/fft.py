@@ -145,6 +145,16 @@ def _c2c_steps(x: Tensor, dims: tuple, direction: int) -> Tensor:
     return x
 
 
+def _laid_out(out: Tensor, strides: tuple) -> Tensor:
+    """``out`` with the strides torch's CPU transforms give their results (see [Note: fft result strides] in
+    ``strides.py``): a copy unless it already has them."""
+    if out._strides == strides:
+        return out
+    from tilewise.backends.cuda.kernels.copy import copy_into
+
+    return copy_into(empty(out._shape, out._dtype, out._device, strides), out)
+
+
 def _empty_result(shape: tuple, dtype: dtypes.DType, device: Device) -> Tensor:
     from tilewise.backends.cuda.kernels.creation import fill
 
@@ -156,12 +166,15 @@ def fft_c2c(device: Device, self: Tensor, dim, normalization: int, forward: bool
     if _cufft() is None:
         return _on_host("_fft_c2c", device, self, dim, normalization, forward)
     dims = tuple(dim)
+    order = S.fft_dims_in_order(self._strides, dims)
+    strides = S.fft_result_strides(self._shape, self._strides, self._shape, order) if dims else \
+        S.preserved_strides(self._shape, self._strides)  # no dim: torch's clone
     if not self.numel() or not dims:
         from tilewise.backends.cuda.kernels.copy import cast
 
-        return cast(self, self._dtype)
+        return _laid_out(cast(self, self._dtype), strides)
     out = _c2c_steps(self, dims, FORWARD if forward else INVERSE)
-    return _normalized(out, normalization, math.prod(self._shape[d] for d in dims))
+    return _laid_out(_normalized(out, normalization, math.prod(self._shape[d] for d in dims)), strides)
 
 
 @kernel("_fft_r2c")
@@ -170,14 +183,17 @@ def fft_r2c(device: Device, self: Tensor, dim, normalization: int, onesided: boo
         return _on_host("_fft_r2c", device, self, dim, normalization, onesided)
     dims = tuple(dim)
     out_shape = list(self._shape)
-    out_shape[dims[-1]] = self._shape[dims[-1]] // 2 + 1
+    if onesided:
+        out_shape[dims[-1]] = self._shape[dims[-1]] // 2 + 1
+    strides = S.fft_result_strides(self._shape, self._strides, out_shape,
+                                   S.fft_dims_in_order(self._strides, dims, keep_last=True))
     complex_dtype = self._dtype.to_complex()
     if not onesided:  # the full spectrum: the complex transform of the signal with a zero imaginary part
         from tilewise.backends.cuda.kernels.copy import cast
 
-        return fft_c2c(device, cast(self, complex_dtype), dims, normalization, True)
+        return _laid_out(fft_c2c(device, cast(self, complex_dtype), dims, normalization, True), strides)
     if not self.numel():
-        return _empty_result(tuple(out_shape), complex_dtype, device)
+        return _laid_out(_empty_result(tuple(out_shape), complex_dtype, device), strides)
     last = dims[-MAX_RANK:]
     x, inverse = _dims_last(self, last)
     half = empty(x._shape[:-1] + (x._shape[-1] // 2 + 1,), complex_dtype, device)
@@ -185,7 +201,7 @@ def fft_r2c(device: Device, self: Tensor, dim, normalization: int, onesided: boo
     out = _restored(half, inverse)
     if len(dims) > MAX_RANK:
         out = _c2c_steps(out, dims[:-MAX_RANK], FORWARD)
-    return _normalized(out, normalization, math.prod(self._shape[d] for d in dims))
+    return _laid_out(_normalized(out, normalization, math.prod(self._shape[d] for d in dims)), strides)
 
 
 @kernel("_fft_c2r")
@@ -195,9 +211,10 @@ def fft_c2r(device: Device, self: Tensor, dim, normalization: int, last_dim_size
     dims = tuple(dim)
     out_shape = list(self._shape)
     out_shape[dims[-1]] = last_dim_size
+    strides = S.fft_c2r_result_strides(self._shape, self._strides, out_shape, dims)
     real_dtype = self._dtype.to_real()
     if not self.numel() or not math.prod(out_shape):
-        return _empty_result(tuple(out_shape), real_dtype, device)
+        return _laid_out(_empty_result(tuple(out_shape), real_dtype, device), strides)
     x = self
     if len(dims) > MAX_RANK:
         x = _c2c_steps(x, dims[:-MAX_RANK], INVERSE)
@@ -206,4 +223,5 @@ def fft_c2r(device: Device, self: Tensor, dim, normalization: int, last_dim_size
     sizes = tuple(x._shape[-len(last):-1]) + (last_dim_size,)
     out = empty(x._shape[:-1] + (last_dim_size,), real_dtype, device)
     _execute("c2r", x, out, sizes, INVERSE)
-    return _normalized(_restored(out, inverse), normalization, math.prod(out_shape[d] for d in dims))
+    return _laid_out(_normalized(_restored(out, inverse), normalization, math.prod(out_shape[d] for d in dims)),
+                     strides)

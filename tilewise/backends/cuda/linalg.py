@@ -3,12 +3,15 @@ solves), through nvmath-python's raw bindings, imported at first use (the GPU ex
 
 [Note: cuSOLVER layouts] cuSOLVER is column-major; a contiguous row-major matrix A is, to it, A^T. LU factors A
 itself (from a transposed copy), because the pivots decide which diagonal element ``info`` names, as LAPACK's do
-on the CPU (torch's CUDA path factors A too): getrs with TRANS=N then solves A X = B, and with TRANS=T against the
-identity gives inv(A)^T in column-major order, which read row-major is inv(A). A symmetric matrix is its own
-transpose, so potrf and syevd read it as it is with the triangle flag swapped ("L" row-major is "U"
-column-major), and the column-major upper factor read row-major is the lower one. gesvd needs rows >= columns,
-so a wide A is factored as A^T = U' S V'^T (then U = V', Vh = U'^T, both already row-major in cuSOLVER's
-buffers) and a tall one from a transposed copy. Every routine writes in place, so inputs are copied first.
+on the CPU (torch's CUDA path factors A too): getrs with TRANS=N then solves A X = B, and against the identity
+gives inv(A), both in column-major order. A symmetric matrix is its own transpose, so potrf and syevd read it as
+it is with the triangle flag swapped ("L" row-major is "U" column-major), and the column-major upper factor read
+row-major is the lower one. gesvd needs rows >= columns, so a wide A is factored as A^T = U' S V'^T (then U = V',
+Vh = U'^T, both row-major in cuSOLVER's buffers) and a tall one from a transposed copy. Every routine writes in
+place, so inputs are copied first. torch returns these matrices column-major (``strides.column_major_strides``),
+as the routines write them: a result cuSOLVER left column-major is handed back as it lies (``_as_columns``), one
+it did not (the triangular factors after masking, a wide SVD's, the triangular solves') is copied into that
+layout.
 Batches loop over matrices on the current stream (one handle per device, bound to the stream at each call);
 ``info`` stays on the device and is read only where the caller checks errors.
 ``_linalg_lstsq`` and ``_linalg_matrix_exp`` have no kernel here: they run on the host (LAPACK) and copy back,
@@ -27,6 +30,7 @@ from tilewise import dtypes
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import kernel
 from tilewise.device import Device
+from tilewise.strides import column_major_strides
 from tilewise.tensor import Tensor
 
 _PREFIX = {"float32": "s", "float64": "d"}
@@ -72,6 +76,21 @@ def _fresh(x: Tensor) -> Tensor:
     from tilewise.backends.cuda.kernels.copy import cast
 
     return cast(x, x._dtype)
+
+
+def _as_columns(buffer: Tensor) -> Tensor:
+    """The matrices of a contiguous batch read column-major, as cuSOLVER wrote them: the buffer's transpose, as a
+    tensor of its own (torch's layout for these results, ``strides.column_major_strides``)."""
+    shape = (*buffer._shape[:-2], buffer._shape[-1], buffer._shape[-2])
+    strides = (*buffer._strides[:-2], buffer._strides[-1], buffer._strides[-2])
+    return Tensor._make(buffer._storage, shape, strides, buffer._offset, buffer._dtype, buffer._device)
+
+
+def _column_major(x: Tensor) -> Tensor:
+    """A copy of ``x`` with each matrix column-major, as torch returns the results of its solvers."""
+    from tilewise.backends.cuda.kernels.copy import copy_into
+
+    return copy_into(empty(x._shape, x._dtype, x._device, column_major_strides(x._shape)), x)
 
 
 def _contiguous(x: Tensor) -> Tensor:
@@ -139,7 +158,7 @@ def solve(device: Device, A: Tensor, B: Tensor):
     lu, pivots, info = _lu(A, device)
     rhs = _fresh(B.mT)  # row-major [k, n]: column-major n x k, as getrs wants B
     _getrs(lu, pivots, rhs, _OP_N, device)
-    return _contiguous(rhs.mT), info
+    return _as_columns(rhs), info
 
 
 @kernel("_linalg_inv_ex")
@@ -149,8 +168,8 @@ def inv_ex(device: Device, A: Tensor):
     lu, pivots, info = _lu(A, device)
     n = A._shape[-1]
     inverse = _fresh(eye(n, dtype=A._dtype, device=device).expand(A._shape))
-    _getrs(lu, pivots, inverse, _OP_T, device)  # inv(A^T) = inv(A)^T column-major: inv(A) row-major
-    return inverse, info
+    _getrs(lu, pivots, inverse, _OP_N, device)  # inv(A), column-major
+    return _as_columns(inverse), info
 
 
 def _permutation_sign(pivots: Tensor, dtype) -> Tensor:
@@ -191,7 +210,7 @@ def cholesky_ex(device: Device, A: Tensor, upper: bool = False):
         work = _work(lwork, A._dtype, device)
         for a, i in zip(matrices, _pointers(info, count)):
             _routine("potrf", A._dtype)(handle, fill, n, a, n, data_ptr(work), max(lwork, 1), i)
-    return (factor.triu() if upper else factor.tril()), info
+    return _column_major(factor.triu() if upper else factor.tril()), info
 
 
 @kernel("_linalg_qr")
@@ -204,9 +223,9 @@ def qr(device: Device, A: Tensor, mode: str = "reduced"):
     if count == 0 or k == 0:
         from tilewise.ops.creation import eye
 
-        r = _zeros(batch + ((m if mode == "complete" else k), n), A._dtype, device)
+        r = _column_major(_zeros(batch + ((m if mode == "complete" else k), n), A._dtype, device))
         q = _zeros((0,), A._dtype, device) if mode == "r" else \
-            _fresh(eye(m, q_cols, dtype=A._dtype, device=device).expand(batch + (m, q_cols)))
+            _column_major(eye(m, q_cols, dtype=A._dtype, device=device).expand(batch + (m, q_cols)))
         return q, r
     handle = _handle("cusolverDn", device)
     factored = _fresh(A.mT)  # row-major [n, m]: column-major A (m x n, lda m)
@@ -218,7 +237,7 @@ def qr(device: Device, A: Tensor, mode: str = "reduced"):
     for a, t in zip(matrices, _pointers(tau, count)):
         _routine("geqrf", A._dtype)(handle, m, n, a, m, t, data_ptr(work), max(lwork, 1), data_ptr(info))
     M = factored.mT  # the column-major result, as the row-major m x n matrix it is
-    R = _contiguous((M if mode == "complete" else M.narrow(-2, 0, k)).triu())
+    R = _column_major((M if mode == "complete" else M.narrow(-2, 0, k)).triu())
     if mode == "r":
         return _zeros((0,), A._dtype, device), R
     if q_cols > n:  # complete with m > n: orgqr needs m columns, the first n holding the reflectors
@@ -230,7 +249,7 @@ def qr(device: Device, A: Tensor, mode: str = "reduced"):
     work = _work(lwork, A._dtype, device)
     for a, t in zip(matrices, _pointers(tau, count)):
         _routine("orgqr", A._dtype)(handle, m, q_cols, k, a, m, t, data_ptr(work), max(lwork, 1), data_ptr(info))
-    return _contiguous(reflectors.mT), R
+    return _as_columns(reflectors), R
 
 
 # ---------------------------------------------------------------- SVD, symmetric eigensolver
@@ -247,8 +266,8 @@ def svd(device: Device, A: Tensor, full_matrices: bool = False, compute_uv: bool
         if not compute_uv:
             return nothing, S, nothing
         u_cols, v_rows = (m, n) if full_matrices else (k, k)
-        return (_fresh(eye(m, u_cols, dtype=A._dtype, device=device).expand(batch + (m, u_cols))), S,
-                _fresh(eye(v_rows, n, dtype=A._dtype, device=device).expand(batch + (v_rows, n))))
+        return (_column_major(eye(m, u_cols, dtype=A._dtype, device=device).expand(batch + (m, u_cols))), S,
+                _column_major(eye(v_rows, n, dtype=A._dtype, device=device).expand(batch + (v_rows, n))))
     wide = m <= n
     rows, cols = (n, m) if wide else (m, n)  # the column-major matrix factored: A^T if wide, else A
     factored = _fresh(A) if wide else _fresh(A.mT)
@@ -271,8 +290,8 @@ def svd(device: Device, A: Tensor, full_matrices: bool = False, compute_uv: bool
     if not compute_uv:
         return nothing, S, nothing
     if wide:  # A = V' S U'^T: U = V' (VT's buffer read row-major), Vh = U'^T (U's buffer read row-major)
-        return VT, S, U
-    return _contiguous(U.mT), S, _contiguous(VT.mT)
+        return _column_major(VT), S, _column_major(U)
+    return _as_columns(U), S, _as_columns(VT)
 
 
 @kernel("_linalg_eigh")
@@ -294,7 +313,7 @@ def eigh(device: Device, A: Tensor, UPLO: str = "L", compute_v: bool = True):  #
                                         data_ptr(info))
     if not compute_v:
         return values, _zeros((0,), A._dtype, device)
-    return values, _contiguous(vectors.mT)  # eigenvectors are cuSOLVER's columns: our buffer's rows
+    return values, _as_columns(vectors)  # eigenvectors are cuSOLVER's columns
 
 
 # ---------------------------------------------------------------- triangular solves (cuBLAS trsm)
@@ -309,7 +328,7 @@ def solve_triangular(device: Device, A: Tensor, B: Tensor, upper: bool, left: bo
     coefficients = _contiguous(A)
     X = _fresh(B)
     if count == 0 or X.numel() == 0:
-        return X
+        return _column_major(X)
     rows, cols = B._shape[-2], B._shape[-1]
     side = _SIDE_RIGHT if left else _SIDE_LEFT
     m_cm, n_cm = cols, rows  # X^T, column-major, in both cases
@@ -321,4 +340,4 @@ def solve_triangular(device: Device, A: Tensor, B: Tensor, upper: bool, left: bo
     handle = _handle("cublas", device)
     for a, b in zip(_pointers(coefficients, count), _pointers(X, count)):
         trsm(handle, side, fill, _OP_N, diag, m_cm, n_cm, alpha.ctypes.data, a, n, b, m_cm)
-    return X
+    return _column_major(X)

@@ -149,4 +149,6 @@ def flip(device: Device, self: Tensor, dims) -> Tensor:
         offset += (self._shape[d] - 1) * strides[d] if self._shape[d] else 0
         strides[d] = -strides[d]
     reversed_view = Tensor._make(self._storage, self._shape, tuple(strides), offset, self._dtype, self._device)
-    return copy_into(empty(self._shape, self._dtype, device), reversed_view)
+    # laid out as ``self``, as torch's flip (``strides.preserved_strides``)
+    return copy_into(empty(self._shape, self._dtype, device, S.preserved_strides(self._shape, self._strides)),
+                     reversed_view)

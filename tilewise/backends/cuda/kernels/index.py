@@ -285,7 +285,8 @@ def index_put(device: Device, self: Tensor, indices, values, accumulate: bool = 
     values = values if values._dtype is self._dtype else cast(values, self._dtype)
     if values._device.type == "cpu":
         values = values.to(device)
-    return _index_put(empty(self._shape, self._dtype, device), self, indices, values, accumulate)
+    out = empty(self._shape, self._dtype, device, S.preserved_strides(self._shape, self._strides))  # a clone's layout
+    return _index_put(out, self, indices, values, accumulate)
 
 
 @kernel_into("index_put")

@@ -427,7 +427,10 @@ def _half_numbers_rounded(op, args: tuple, expr: Expr, compute: DType) -> Expr:
 
 
 def _result_strides(op, args: tuple, shape: tuple) -> tuple:
-    """torch's stride order for the result (``strides.pointwise_strides``); Python numbers count as 0-dim."""
+    """torch's stride order for the result (``strides.pointwise_strides``); Python numbers count as 0-dim. An
+    operator declared ``row_major`` (torch's own kernel writes that) is row-major."""
+    if op.attrs.get("row_major"):
+        return S.contiguous_strides(shape)
     operands = []
     for k in op.tensor_idx:
         a = args[k]

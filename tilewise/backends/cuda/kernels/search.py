@@ -38,7 +38,7 @@ from tilewise import dtypes
 from tilewise import strides as S
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
 from tilewise.backends.cuda.kernels import ceil_div, kernel, launch, load_rendered
-from tilewise.backends.cuda.kernels.copy import cast, contiguous
+from tilewise.backends.cuda.kernels.copy import cast, contiguous, copy_into
 from tilewise.backends.cuda.kernels.creation import fill
 from tilewise.backends.cuda.runtime.bounds import REPORT_C, note_site, record_pointer
 from tilewise.backends.cuda.runtime.device import ensure_context
@@ -297,12 +297,20 @@ def render_nonzero_write(dtype: DType, rank: int) -> tuple[str, str]:
     return name, source.text(_kernel_text(name, BLOCK, params, lines))
 
 
+def _column_major(rows: Tensor) -> Tensor:
+    """nonzero's (count, ndim) positions laid out column-major, strides (1, count), as torch returns them."""
+    count, ndim = rows._shape
+    storage = empty((ndim, count), dtypes.int64, rows._device)._storage
+    out = Tensor._make(storage, rows._shape, (1, count), 0, dtypes.int64, rows._device)
+    return copy_into(out, rows) if count and ndim else out
+
+
 @kernel("nonzero")
 def nonzero(device: Device, self: Tensor) -> Tensor:
     x = contiguous(self)
     n = x.numel()
     if n == 0:
-        return empty((0, self.ndim), dtypes.int64, device)
+        return _column_major(empty((0, self.ndim), dtypes.int64, device))
     tiles = empty((ceil_div(n, TILE),), dtypes.int64, device)
     results = empty((1,), dtypes.int64, device)
     stream = stream_handle(device.index)
@@ -314,7 +322,7 @@ def nonzero(device: Device, self: Tensor) -> Tensor:
     if total and self.ndim:
         fn = load_rendered(render_nonzero_write, x._dtype, self.ndim, device=device.index)
         launch(fn, tiles.numel(), BLOCK, [data_ptr(out), data_ptr(x), n, data_ptr(tiles), *self._shape], stream)
-    return out
+    return _column_major(out)
 
 
 # ---------------------------------------------------------------------------------------------- repeat_interleave

@@ -402,8 +402,17 @@ def _select(plan: _Launches, outputs: list[int], run: int) -> None:
 
 @kernel("sort")
 def sort(device: Device, self: Tensor, dim: int = -1, descending: bool = False, stable=False):
+    """Sorted in ``self``'s memory order, as torch lays out sort's results (``strides.preserved_strides``): the rows
+    are sorted through the permutation that makes ``self`` row-major, and the results seen back through it."""
     d = S.normalize_dim(dim, max(self.ndim, 1), "sort")
-    return sorted_prefix("sort", self, d, self._shape[d] if self.ndim else 1, descending)
+    order = S.memory_order(self._shape, self._strides)
+    if order == tuple(range(self.ndim)):
+        return sorted_prefix("sort", self, d, self._shape[d] if self.ndim else 1, descending)
+    seen = Tensor._make(self._storage, S.permuted(self._shape, order), S.permuted(self._strides, order), self._offset,
+                        self._dtype, self._device)
+    values, indices = sorted_prefix("sort", seen, order.index(d), self._shape[d], descending)
+    strides = S.preserved_strides(self._shape, self._strides)  # the same memory: only size-1 dims' strides differ
+    return tuple(Tensor._make(t._storage, self._shape, strides, 0, t._dtype, t._device) for t in (values, indices))
 
 
 @kernel("topk")
