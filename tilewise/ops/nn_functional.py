@@ -445,7 +445,8 @@ def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sc
     if max_norm is not None:
         _renorm_rows_(weight, input, max_norm, norm_type)
     with _index_errors_named("embedding", negative_wraps=False):
-        return weight[input]
+        # torch's embedding selects rows by the flattened indices: its result is row-major whatever their order
+        return weight[input if input.is_contiguous() else input.contiguous()]
 
 
 def _embedding_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
