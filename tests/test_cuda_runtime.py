@@ -1084,3 +1084,22 @@ def test_a_timed_gemm_choice_is_remembered_on_disk(monkeypatch, tmp_path):
     assert matmul._choose(key, None, [11, 22, 33], big, (0,) * 8) == 11  # another candidate list
     monkeypatch.setattr(settings, "gemm_tune", False)
     assert matmul._choose(key, None, [11, 22, 33, 44], big, (0,) * 8) == 11
+
+
+def test_device_bounds_errors_say_torchs_words_only_for_the_index_family():
+    """A device-side bounds error of the index family says torch's "index out of range in self"; searchsorted's
+    sorter, which torch words otherwise, does not."""
+    import numpy as np
+
+    from tilewise.backends.cuda.runtime import bounds
+
+    def message(site: int) -> str:
+        fields = np.zeros(5, np.int64)
+        fields[[bounds.SITE, bounds.WHICH, bounds.VALUE, bounds.SIZE]] = site, 0, 9, 4
+        return bounds.describe(fields)
+
+    family = bounds.note_site("index_select()", (0,), (4,), False)
+    sorter = bounds.note_site("searchsorted(): sorter", (0,), (4,), False, in_self=False)
+    assert message(family).startswith("index_select(): index out of range in self: index 9 is out of bounds")
+    assert message(sorter).startswith("searchsorted(): sorter: index 9 is out of bounds for dimension 0 with size "
+                                      "4; valid indices are 0..3")

@@ -204,7 +204,7 @@ def searchsorted(device: Device, sorted_sequence: Tensor, self, out_int32: bool 
     for d in range(rank):
         args += [sizes[d], value_strides[d], seq_strides[d], *((sorter_strides[d],) if order is not None else ())]
     if order is not None:
-        site = note_site("searchsorted(): sorter", (seq.ndim - 1,), seq._shape, False)
+        site = note_site("searchsorted(): sorter", (seq.ndim - 1,), seq._shape, False, in_self=False)
         args += [record_pointer(ensure_context(device.index)), site]
     fn = load_rendered(render_searchsorted, common, out_dtype, rank, order is not None, device=device.index)
     launch(fn, ceil_div(max(count, sorter_count), BLOCK), BLOCK, args, stream_handle(device.index))

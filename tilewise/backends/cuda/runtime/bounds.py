@@ -87,12 +87,13 @@ def record_pointer(device: int) -> int:
 
 
 def note_site(op: str, dims: tuple[int, ...], shape: tuple[int, ...], negative_wraps: bool,
-              error: type[Exception] = IndexError) -> int:
+              error: type[Exception] = IndexError, in_self: bool = True) -> int:
     """Remember one indexing launch (``op`` as it prefixes its errors, e.g. ``"gather()"``; ``dims[k]``: the
-    dim index tensor ``k`` indexes in a tensor of ``shape``; ``error``: the exception a bad index raises);
-    return the number its kernel reports."""
+    dim index tensor ``k`` indexes in a tensor of ``shape``; ``error``: the exception a bad index raises;
+    ``in_self``: an IndexError that does not wrap negative indices says torch's "index out of range in self", as
+    the index family's do); return the number its kernel reports."""
     site = next(_site_numbers)
-    _sites[site % SITES] = entry = (site, op, dims, shape, negative_wraps, error)
+    _sites[site % SITES] = entry = (site, op, dims, shape, negative_wraps, error, in_self)
     if _keeping[0]:
         _kept[site] = entry
     return site
@@ -142,9 +143,9 @@ def describe(fields: np.ndarray) -> str:
             "synchronisation)"
     if entry is None:
         return f"an indexing kernel: index {value} is out of bounds for a dimension with size {size}{found}"
-    _, op, dims, shape, negative_wraps, error = entry
+    _, op, dims, shape, negative_wraps, error, in_self = entry
     dim = dims[which] if which < len(dims) else which
-    torch_words = "index out of range in self: " if error is IndexError and not negative_wraps else ""
+    torch_words = "index out of range in self: " if in_self and error is IndexError and not negative_wraps else ""
     return (f"{op}: {torch_words}index {value} is out of bounds for dimension {dim} with size {size}; valid indices "
             f"are {valid_range(size, negative_wraps)}; the indexed tensor has shape {list(shape)}{found}")
 
