@@ -96,3 +96,12 @@ def test_without_nvmath(tmp_path):
             print("ImportError", "nvmath" in sys.modules)
     """)
     assert out == "ImportError False"
+
+
+def test_a_second_binding_is_imported_alone_too(tmp_path):
+    out = _run(tmp_path, """
+        lt = binding("cublasLt")
+        blas = binding("cublas")
+        print(lt.NAME, blas.NAME, os.environ.get("RAN", "none"))
+    """)
+    assert out == "cublasLt cublas none"

@@ -93,11 +93,11 @@ def binding(name: str) -> types.ModuleType:
     if found is not None:
         return found
     with _lock:
-        registered = _register()
+        unfinished = _register() or type(sys.modules.get(PACKAGES[0])) is _Unfinished
         try:
             return importlib.import_module(full)
         except Exception:
-            if not registered:
+            if not unfinished:
                 raise
         # the binding would not import alone: finish the packages, as an ordinary import would have, and retry
         _finish()
