@@ -1076,6 +1076,11 @@ def test_a_timed_gemm_choice_is_remembered_on_disk(monkeypatch, tmp_path):
     key = (0, "bfloat16", 8192, 768, 3072)
     big = 1 << 36
     assert matmul._choose(key, None, [11, 22, 33, 44], big, (0,) * 8) == 11  # not timing: the first
+    from tilewise.backends.cuda.runtime.capturing import capture_scope
+
+    with tuning(), capture_scope(0x1234):  # nothing is timed under a capture: nothing remembered
+        assert matmul._choose(key, None, [11, 22, 33, 44], big, (0,) * 8) in (11, 33)
+    assert matmul._choose(key, None, [11, 22, 33, 44], big, (0,) * 8) == 11
     with tuning():
         assert matmul._choose(key, None, [11, 22, 33, 44], big, (0,) * 8) == 33
     timed.clear()

@@ -249,8 +249,11 @@ def _choose(key: tuple, plan: _Plan, algos: list[int], work: int, args: tuple) -
         plan.algo = algo
         _run(plan, *args)
 
+    from tilewise.backends.cuda.runtime.capturing import is_current_stream_capturing
+
+    timed = tuning_wanted() and work * 2 >= _TUNE_MIN_FLOPS and not is_current_stream_capturing()
     chosen = choose_fastest(key[0], f"GEMM {key[1:]}", algos, work, run, args[6])
-    if tuning_wanted() and work * 2 >= _TUNE_MIN_FLOPS:
+    if timed:  # (under a capture, or too small to time, the first was taken untimed: nothing to remember)
         _remember(entry, algos.index(chosen), len(algos))
     return chosen
 
