@@ -249,13 +249,19 @@ def _choose(key: tuple, plan: _Plan, algos: list[int], work: int, args: tuple) -
         plan.algo = algo
         _run(plan, *args)
 
-    from tilewise.backends.cuda.runtime.capturing import is_current_stream_capturing
-
-    timed = tuning_wanted() and work * 2 >= _TUNE_MIN_FLOPS and not is_current_stream_capturing()
+    timed = _timed_here(algos, work)
     chosen = choose_fastest(key[0], f"GEMM {key[1:]}", algos, work, run, args[6])
     if timed:  # (under a capture, or too small to time, the first was taken untimed: nothing to remember)
         _remember(entry, algos.index(chosen), len(algos))
     return chosen
+
+
+def _timed_here(algos: list[int], work: int) -> bool:
+    """Whether :func:`choose_fastest` times these candidates: more than one, timing asked for, a GEMM large
+    enough to time, and no CUDA graph capture under way (nothing can be waited for there)."""
+    from tilewise.backends.cuda.runtime.capturing import is_current_stream_capturing
+
+    return len(algos) > 1 and tuning_wanted() and work * 2 >= _TUNE_MIN_FLOPS and not is_current_stream_capturing()
 
 
 def tuning_wanted() -> bool:
@@ -325,9 +331,7 @@ def choose_fastest(device: int, label: str, algos: list[int], work: int, run: Ca
 
     Under a CUDA graph capture nothing can be timed (the host cannot wait for work that has not run): the first
     candidate is kept."""
-    from tilewise.backends.cuda.runtime.capturing import is_current_stream_capturing
-
-    if len(algos) == 1 or not tuning_wanted() or work * 2 < _TUNE_MIN_FLOPS or is_current_stream_capturing():
+    if not _timed_here(algos, work):
         return algos[0]
     from tilewise.backends.cuda.kernels import spin
     from tilewise.backends.cuda.runtime import get_device_properties
