@@ -86,10 +86,12 @@ def test_explain_runs_the_pipeline_compile_runs():
     """explain shows the programs compile built (``compiled.programs()``), or for another target what
     ``CompiledFunction.lowered`` lowers with that target's passes and lowering stages (on CUDA: decompose
     keeping cuDNN attention, then recomputing large activations in the backward, GEMM epilogues, then the
-    channels-last layout of convolutions); it runs no pipeline of its own."""
+    channels-last layout of convolutions and the order cuDNN writes attention results in); it runs no pipeline of
+    its own."""
     from tilewise.compiler.targets import CUDA_TARGET
 
     source = (g.PACKAGE / "profiler" / "explain.py").read_text()
     assert ".programs()" in source and ".lowered(chosen" in source
     assert "PIPELINE" not in source and "run_pipeline" not in source and "lower_program" not in source
-    assert [name for name, _ in CUDA_TARGET.lowering] == ["recompute_activations", "gemm_epilogues", "channels_last"]
+    assert [name for name, _ in CUDA_TARGET.lowering] == ["recompute_activations", "gemm_epilogues", "channels_last",
+                                                           "attention_layouts"]

@@ -785,3 +785,37 @@ def test_multihead_attention_variants_match_torch(variant):
     ours = dict(attn.named_parameters())
     for name, p in ref.named_parameters():
         _close(ours[name].grad, p.grad, rtol=1e-4, what=name)
+
+
+@pytest.mark.parametrize("form", ["self", "shared-key-value", "separate"])
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_packed_projections_match_torch(form, need_weights, batch_first):
+    """Query, key and value that are one tensor take one in-projection (torch's ``_in_projection_packed``), a
+    shared key and value one for both; results and every gradient as torch's, whichever the form."""
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first)
+    attn = tw.nn.MultiheadAttention(8, 2, batch_first=batch_first)
+    _copy_weights(attn, ref)
+    shape = (2, 4, 8) if batch_first else (4, 2, 8)
+    arrays = [_float_input(shape, seed=s) for s in range(3)]
+
+    def run(lib, module):
+        inputs = [lib.tensor(a, requires_grad=True) for a in arrays]
+        q, k, v = {"self": (inputs[0],) * 3, "shared-key-value": (inputs[0], inputs[1], inputs[1]),
+                   "separate": tuple(inputs)}[form]
+        out, _ = module(q, k, v, need_weights=need_weights)
+        (out * lib.tensor(_float_input(tuple(out.shape), seed=9))).sum().backward()
+        return out, inputs
+
+    out, inputs = run(tw, attn)
+    ref_out, ref_inputs = run(torch, ref)
+    _close(out, ref_out, what="output")
+    assert out.stride() == ref_out.stride()
+    for a, b in zip(inputs, ref_inputs):
+        assert (a.grad is None) == (b.grad is None)
+        if a.grad is not None:
+            _close(a.grad, b.grad, rtol=1e-4, what="input grad")
+    ours = dict(attn.named_parameters())
+    for name, p in ref.named_parameters():
+        _close(ours[name].grad, p.grad, rtol=1e-4, what=name)

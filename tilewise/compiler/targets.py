@@ -7,8 +7,9 @@ select in ``if target == ...`` branches across the compiler:
   composites the backend runs as one library call: cuDNN attention and convolution, an LSTM layer's time loop,
   and ``grouped_query_attention`` then hands a kept attention the key/value heads a model repeated for it);
 - ``lowering``: stages run on the optimised graph before fusion (on CUDA, pointwise values the backward reads
-  again recomputed there rather than kept (``lowering/recompute.py``), GEMM epilogues for cuBLASLt and
-  channels-last convolutions; on C, a float16/bfloat16 product's bias added before it is rounded);
+  again recomputed there rather than kept (``lowering/recompute.py``), GEMM epilogues for cuBLASLt,
+  channels-last convolutions, and cuDNN attention writing its results in the order their readers permute them
+  to; on C, a float16/bfloat16 product's bias added before it is rounded);
 - ``scheduler`` and ``variants``: a kernel's heuristic schedule and the knobs ``mode="max-autotune"``
   tries (``codegen.schedule``), with ``policy``, how long candidates are timed;
 - ``render``: the program's source from its schedules (one C translation unit; one CUDA unit per kernel), and
@@ -42,6 +43,7 @@ from tilewise.compiler import program_c, program_cuda
 from tilewise.compiler.autotune import Policy
 from tilewise.compiler.errors import UnsupportedTargetError
 from tilewise.compiler.ir import Graph
+from tilewise.compiler.lowering.attention_layouts import attention_layouts
 from tilewise.compiler.lowering.channels_last import channels_last
 from tilewise.compiler.lowering.epilogues import bias_into_product, gemm_epilogues
 from tilewise.compiler.lowering.recompute import recompute_activations
@@ -201,6 +203,6 @@ CUDA_TARGET = register_target(Target(
     compiles=program_cuda.KernelCompiles,
     tuning=lambda device, low: program_cuda.CudaTuning(CUDA_TARGET, device, aliased_kernels(low.kernels, low.plan)),
     lowering=(("recompute_activations", recompute_activations), ("gemm_epilogues", gemm_epilogues),
-              ("channels_last", channels_last)),
+              ("channels_last", channels_last), ("attention_layouts", attention_layouts)),
     machine_code=program_cuda.machine_code,
 ))

@@ -714,6 +714,37 @@ private("_scaled_dot_product_attention_backward(Tensor grad, Tensor query, Tenso
         "float scale, bool is_causal, Tensor out, Tensor logsumexp, bool enable_gqa=False) -> (Tensor, Tensor, "
         "Tensor, Tensor)",
         _scaled_dot_product_attention_backward)
+# [Note: attention written in a given order] The CUDA target lets cuDNN write an attention's output, and its
+# backward's gradients, in the memory order their readers permute them to (``compiler/lowering/
+# attention_layouts.py``), so that MultiheadAttention's (L, N, E) output or a head-split projection's gradient
+# needs no transposing copy. These variants carry that: each result is the operator's permuted to its order and
+# laid out row-major; anywhere else the variant is the operator and a transposing copy.
+def _ordered(result, order):
+    return result if result is None or list(order) == list(range(result.ndim)) else \
+        result.permute(*order).contiguous()
+
+
+def _attention_ordered(query, key, value, bias, scale, is_causal, enable_gqa, out_order):
+    out, logsumexp = OPS["_scaled_dot_product_attention_math"](query, key, value, bias, scale, is_causal, enable_gqa)
+    return _ordered(out, out_order), logsumexp
+
+
+def _attention_backward_ordered(grad, query, key, value, bias, scale, is_causal, out, logsumexp, enable_gqa,
+                                query_order, key_order, value_order):
+    dq, dk, dv, dbias = OPS["_scaled_dot_product_attention_backward"](grad, query, key, value, bias, scale,
+                                                                      is_causal, out, logsumexp, enable_gqa)
+    return _ordered(dq, query_order), _ordered(dk, key_order), _ordered(dv, value_order), dbias
+
+
+private("_scaled_dot_product_attention_math_ordered(Tensor query, Tensor key, Tensor value, Tensor? bias, "
+        "float scale, bool is_causal, bool enable_gqa, int[] out_order) -> (Tensor output, Tensor logsumexp)",
+        _attention_ordered, differentiable=False)
+private("_scaled_dot_product_attention_backward_ordered(Tensor grad, Tensor query, Tensor key, Tensor value, "
+        "Tensor? bias, float scale, bool is_causal, Tensor out, Tensor logsumexp, bool enable_gqa, int[] query_order, "
+        "int[] key_order, int[] value_order) -> (Tensor, Tensor, Tensor, Tensor)",
+        _attention_backward_ordered, differentiable=False)
+
+
 functional("scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
            "float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor",
            _scaled_dot_product_attention, function=False, autocast="lower", batch=attention_rule)

@@ -72,17 +72,36 @@ def _pad_last(t):
 
 
 def _project(query, key, value, in_proj_weight, in_proj_bias, separate):
-    if separate is None:
-        if in_proj_weight is None:
-            raise AssertionError("use_separate_proj_weight is False but in_proj_weight is None")
-        weights = in_proj_weight.chunk(3)
-    else:
+    """The in-projections of query, key and value, as torch's ``_in_projection_packed`` makes them: self-attention
+    (query, key and value one tensor) as one linear whose (L, N, 3E) result is split into three contiguous (L, N, E)
+    blocks, a shared key and value as one linear of the last 2E rows, anything else as three."""
+    if separate is not None:
         for name, w in zip(("q_proj_weight", "k_proj_weight", "v_proj_weight"), separate):
             if w is None:
                 raise AssertionError(f"use_separate_proj_weight is True but {name} is None")
-        weights = separate
+        biases = (None, None, None) if in_proj_bias is None else in_proj_bias.chunk(3)
+        return tuple(call_public("linear", x, w, b) for x, w, b in zip((query, key, value), separate, biases))
+    if in_proj_weight is None:
+        raise AssertionError("use_separate_proj_weight is False but in_proj_weight is None")
+    embed = query.shape[-1]
+    if key is value and query is key:
+        return _split_packed(call_public("linear", query, in_proj_weight, in_proj_bias), 3, embed)
+    if key is value:
+        w_q, w_kv = in_proj_weight.split([embed, 2 * embed])
+        b_q, b_kv = (None, None) if in_proj_bias is None else in_proj_bias.split([embed, 2 * embed])
+        k, v = _split_packed(call_public("linear", key, w_kv, b_kv), 2, embed)
+        return call_public("linear", query, w_q, b_q), k, v
+    weights = in_proj_weight.chunk(3)
     biases = (None, None, None) if in_proj_bias is None else in_proj_bias.chunk(3)
     return tuple(call_public("linear", x, w, b) for x, w, b in zip((query, key, value), weights, biases))
+
+
+def _split_packed(proj, parts: int, embed: int):
+    """(..., parts * E) -> ``parts`` (..., E) views. torch copies them into one buffer of (parts, ..., E) first, for
+    the reshapes that follow; the attention below takes each as it lies, and the other paths' reshapes copy where
+    they must (the same values either way: these tensors are never handed out)."""
+    proj = proj.unflatten(-1, (parts, embed))
+    return tuple(proj.select(-2, k) for k in range(parts))
 
 
 def _check_attn_mask(attn_mask, bsz, num_heads, tgt_len, src_len):
@@ -166,15 +185,21 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check: int, num
     elif bias_v is not None:
         raise AssertionError("bias_v is set but bias_k is None")
 
-    q = q.reshape(tgt_len, bsz * num_heads, head_dim).transpose(0, 1)
-    k = _static(static_k, k, bsz, num_heads, head_dim, "static_k")
-    v = _static(static_v, v, bsz, num_heads, head_dim, "static_v")
-    if add_zero_attn:
-        zero = zeros((bsz * num_heads, 1, head_dim), dtype=k.dtype, device=k.device)
-        k, v = call("cat", [k, zero], 1), call("cat", [v, zero], 1)
-        attn_mask = None if attn_mask is None else _pad_last(attn_mask)
-        key_padding_mask = None if key_padding_mask is None else _pad_last(key_padding_mask)
-    src_len = k.shape[1]
+    # without static keys/values, extra zero rows or weights, the heads go to the attention as views of the
+    # (L, N, E) projections, however those lie; otherwise as torch has them, (N * heads, L, head dim)
+    as_views = static_k is None and static_v is None and not add_zero_attn and not need_weights
+    if as_views:
+        src_len = k.shape[0]
+    else:
+        q = q.reshape(tgt_len, bsz * num_heads, head_dim).transpose(0, 1)
+        k = _static(static_k, k, bsz, num_heads, head_dim, "static_k")
+        v = _static(static_v, v, bsz, num_heads, head_dim, "static_v")
+        if add_zero_attn:
+            zero = zeros((bsz * num_heads, 1, head_dim), dtype=k.dtype, device=k.device)
+            k, v = call("cat", [k, zero], 1), call("cat", [v, zero], 1)
+            attn_mask = None if attn_mask is None else _pad_last(attn_mask)
+            key_padding_mask = None if key_padding_mask is None else _pad_last(key_padding_mask)
+        src_len = k.shape[1]
 
     if key_padding_mask is not None:
         for dim, size in enumerate((bsz, src_len)):
@@ -204,9 +229,12 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check: int, num
     if attn_mask is not None:
         attn_mask = attn_mask.unsqueeze(0) if attn_mask.shape[0] == 1 and attn_mask.ndim == 3 else \
             attn_mask.reshape(bsz, num_heads, -1, src_len)
-    q = q.reshape(bsz, num_heads, tgt_len, head_dim)
-    k = k.reshape(bsz, num_heads, src_len, head_dim)
-    v = v.reshape(bsz, num_heads, src_len, head_dim)
+    if as_views:  # (L, N, E) -> (N, heads, L, head dim)
+        q, k, v = (t.unflatten(-1, (num_heads, head_dim)).permute(1, 2, 0, 3) for t in (q, k, v))
+    else:
+        q = q.reshape(bsz, num_heads, tgt_len, head_dim)
+        k = k.reshape(bsz, num_heads, src_len, head_dim)
+        v = v.reshape(bsz, num_heads, src_len, head_dim)
     out = call_public("scaled_dot_product_attention", q, k, v, attn_mask, dropout_p, is_causal)
     out = out.permute(2, 0, 1, 3).reshape(bsz * tgt_len, embed_dim)
     out = call_public("linear", out, out_proj_weight, out_proj_bias).reshape(tgt_len, bsz, -1)

@@ -263,6 +263,37 @@ def attention_backward_into(outs: tuple, grad: Tensor, query: Tensor, key: Tenso
     return _backward_into(outs[:3], grad, query, key, value, out, logsumexp, scale, is_causal)
 
 
+# ---------------------------------------------------------------------------------------------- ordered results
+
+def _seen_unordered(out: Tensor | None, order) -> Tensor | None:
+    """A result written in ``order`` (the permuted value, row-major) seen as the operator's own result: the view
+    through the inverse permute (see [Note: attention written in a given order])."""
+    if out is None:
+        return None
+    order = tuple(order)
+    inverse = [order.index(d) for d in range(len(order))]
+    return Tensor._make(out._storage, tuple(out._shape[d] for d in inverse), tuple(out._strides[d] for d in inverse),
+                        out._offset, out._dtype, out._device)
+
+
+@kernel_into(FORWARD + "_ordered")
+def attention_into_ordered(outs: tuple, query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None,
+                           scale: float, is_causal: bool, enable_gqa: bool, out_order) -> bool:
+    out, stats = outs
+    return attention_into((_seen_unordered(out, out_order), stats), query, key, value, bias, scale, is_causal,
+                          enable_gqa)
+
+
+@kernel_into(BACKWARD + "_ordered")
+def attention_backward_into_ordered(outs: tuple, grad: Tensor, query: Tensor, key: Tensor, value: Tensor,
+                                    bias: Tensor | None, scale: float, is_causal: bool, out: Tensor,
+                                    logsumexp: Tensor, enable_gqa: bool, query_order, key_order,
+                                    value_order) -> bool:
+    grads = tuple(_seen_unordered(g, order) for g, order in zip(outs[:3], (query_order, key_order, value_order)))
+    return attention_backward_into((*grads, *outs[3:]), grad, query, key, value, bias, scale, is_causal, out,
+                                   logsumexp, enable_gqa)
+
+
 # ---------------------------------------------------------------------------------------------- compiler
 
 def keeps(op_name: str, args: tuple) -> bool:

@@ -189,8 +189,14 @@ class MultiheadAttention(Module):
             return self._fused_forward(query, key_padding_mask, need_weights, attn_mask, average_attn_weights,
                                        is_causal)
         batch_first = self.batch_first and query.dim() == 3
-        if batch_first:
-            query, key, value = (x.transpose(1, 0) for x in (query, key, value))
+        if batch_first:  # transposed so that query, key and value that were one tensor still are (torch's way)
+            if key is value and query is key:
+                query = key = value = query.transpose(1, 0)
+            elif key is value:
+                query, key = query.transpose(1, 0), key.transpose(1, 0)
+                value = key
+            else:
+                query, key, value = (x.transpose(1, 0) for x in (query, key, value))
         separate = not self._qkv_same_embed_dim
         out, weights = F.multi_head_attention_forward(
             query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight, self.in_proj_bias, self.bias_k,
