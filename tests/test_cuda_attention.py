@@ -23,7 +23,7 @@ pytestmark = pytest.mark.cuda
 
 torch = pytest.importorskip("torch")
 
-TOL = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 2e-5}
+TOL = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 2e-5, "float64": 1e-5}
 
 
 def _tw(t: torch.Tensor, requires_grad: bool = False) -> tw.Tensor:
@@ -266,3 +266,45 @@ def test_attention_benchmark_shape_runs_fused():
     q, k, v = _qkv((8, 12, 1024, 64), (8, 12, 1024, 64), "bfloat16", seed=9)
     _compare(q, k, v, "bfloat16", is_causal=True)
     assert _built((8, 12, 1024, 64), False) and _built((8, 12, 1024, 64), True)
+
+
+def _layouts(shape, dtype: str):
+    """Queries of ``shape`` (B, H, L, E) in the memory orders models make: contiguous, (B, L, H, E) storage, (L, B,
+    H, E) storage, and head-split slices of packed (B, L, 3E) and (L, B, 3, E) projections."""
+    b, h, length, e = shape
+    dt = getattr(torch, dtype)
+    yield "contiguous", torch.randn(b, h, length, e, dtype=dt, device="cuda")
+    yield "BLHD", torch.randn(b, length, h, e, dtype=dt, device="cuda").transpose(1, 2)
+    yield "LBHD", torch.randn(length, b, h, e, dtype=dt, device="cuda").permute(1, 2, 0, 3)
+    packed = torch.randn(b, length, 3 * h * e, dtype=dt, device="cuda")
+    yield "packed-BL3E", packed[..., : h * e].unflatten(-1, (h, e)).transpose(1, 2)
+    packed = torch.randn(length, b, 3, h * e, dtype=dt, device="cuda")
+    yield "packed-LB3E", packed.select(2, 1).unflatten(-1, (h, e)).permute(1, 2, 0, 3)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
+@pytest.mark.parametrize("head_dim", [64, 20, 256])
+@pytest.mark.parametrize("extra", ["none", "causal", "bool-mask", "dropout"])
+def test_output_is_laid_out_as_torch_lays_it_out(dtype, head_dim, extra):
+    """[Note: attention's output layout] on CUDA: the output's strides are torch's for every memory order of
+    the query, so ``.transpose(1, 2).view(B, L, H * E)`` works (and fails) where it does in torch."""
+    length = 16
+    kwargs = {"none": {}, "causal": {"is_causal": True}, "dropout": {"dropout_p": 0.25},
+              "bool-mask": {"attn_mask": torch.ones(length, length, dtype=torch.bool, device="cuda").tril()}}[extra]
+    for name, q in _layouts((2, 3, length, head_dim), dtype):
+        expected = torch.nn.functional.scaled_dot_product_attention(q, q, q, **kwargs)
+        ours = _tw_strided(q)
+        ours_kwargs = {k: _tw(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        out = F.scaled_dot_product_attention(ours, ours, ours, **ours_kwargs)
+        assert out.stride() == expected.stride(), (name, ours.stride(), out.stride(), expected.stride())
+        if extra != "dropout":
+            _close(out, expected, dtype, name)
+
+
+def _tw_strided(t: torch.Tensor) -> tw.Tensor:
+    """``t`` on the GPU with its strides: the same storage layout, copied through the storage it views."""
+    base = t
+    while base._base is not None:
+        base = base._base
+    storage = _tw(base.contiguous())
+    return storage.as_strided(tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset())

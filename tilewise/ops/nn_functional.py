@@ -647,27 +647,57 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     _check_backend_enabled(query.device)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     work = compute_dtype(query.dtype)
+    layout = _output_layout(query, key, value, attn_mask, dropout_p, enable_gqa)
     if dropout_p > 0:
         key, value = _grouped_key_value(query, key, value, enable_gqa)
         q, k, v = query.to(work), key.to(work), value.to(work)
         bias = _attention_bias(attn_mask, is_causal, q.shape[-2], k.shape[-2], work, query.device)
         probs, _ = _softmax_with_logsumexp(_attention_scores(q, k, bias, scale))
-        return _dropout(probs, dropout_p, True).matmul(v).to(query.dtype)
+        return _laid_out(_dropout(probs, dropout_p, True).matmul(v).to(query.dtype), query, layout)
     if is_causal and attn_mask is not None:
         raise RuntimeError("scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     bias = _attention_bias(attn_mask, False, query.shape[-2], key.shape[-2], work, query.device)
     out = OPS["_scaled_dot_product_attention_math"](query, key, value, bias, scale, is_causal, enable_gqa)[0]
-    if _runs_cpu_flash_kernel(query, key, value, attn_mask, enable_gqa):
+    return _laid_out(out, query, layout)
+
+
+def _output_layout(query, key, value, attn_mask, dropout_p: float, enable_gqa: bool) -> str | None:
+    """[Note: attention's output layout] The memory order torch's kernel writes the output in, which code that
+    calls ``.view`` on it depends on: "query" (laid out as the query is: a query of (B, L, H, E) storage,
+    transposed to (B, H, L, E), gives an output that ``.transpose(1, 2).view(B, L, H * E)`` accepts; dense in the
+    query's order where the query is not dense), "BLHD" ((B, L, H, E) storage whatever the query's), or None
+    (contiguous). On the CPU the flash kernel lays it out as the query, the math kernel contiguous. On CUDA,
+    cuDNN's and flash attention (torch's choice for float16/bfloat16, masks and dropout included) lay it out as
+    the query, the memory-efficient kernel (float32) as BLHD, the math kernel contiguous."""
+    if query.device.type == "cpu":
+        return "query" if not dropout_p and _runs_cpu_flash_kernel(query, key, value, attn_mask, enable_gqa) else None
+    if query.device.type != "cuda" or not (query.ndim == key.ndim == value.ndim == 4):
+        return None
+    if any(t.stride(-1) != 1 for t in (query, key, value)) or 0 in query.shape or 0 in key.shape:
+        return None
+    head_dim, dtype = query.shape[-1], query.dtype.name
+    if head_dim != key.shape[-1]:
+        return None
+    if dtype in ("bfloat16", "float16"):
+        return "query" if head_dim % 8 == 0 and head_dim <= 256 and value.shape[-1] % 8 == 0 else None
+    if dtype == "float32":
+        return "BLHD" if head_dim % 4 == 0 and value.shape[-1] % 4 == 0 else None
+    return None
+
+
+def _laid_out(out, query, layout: str | None):
+    """``out`` in the memory order ``layout`` names (see [Note: attention's output layout])."""
+    if layout == "query":
         return _laid_out_like(out, query)
-    return out
+    if layout == "BLHD":
+        return out.transpose(1, 2).contiguous().transpose(1, 2)
+    return out.contiguous()
 
 
 def _runs_cpu_flash_kernel(query, key, value, attn_mask, enable_gqa: bool) -> bool:
-    """[Note: attention's output layout] torch's CPU flash kernel writes its output laid out as the query is (a
-    query of (B, L, H, E) storage, transposed to (B, H, L, E), gives an output that ``.transpose(1, 2).view(B, L,
-    H * E)`` accepts); its math kernel (dropout, other ranks, differing head dims or batch sizes, empty sequences,
-    a last dim of stride other than 1, a 3-D mask or one that requires grad, a switched-off flash kernel) writes
-    a contiguous one. These are torch's conditions (sdp_utils_cpp.cpp, use_flash_attention_cpp), dropout
+    """Whether torch runs its CPU flash kernel rather than its math kernel (dropout, other ranks, differing head
+    dims or batch sizes, empty sequences, a last dim of stride other than 1, a 3-D mask or one that requires
+    grad, a switched-off flash kernel): torch's conditions (sdp_utils_cpp.cpp, use_flash_attention_cpp), dropout
     checked by the caller."""
     if query.device.type != "cpu" or not (query.ndim == key.ndim == value.ndim == 4):
         return False

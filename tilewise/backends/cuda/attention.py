@@ -30,6 +30,7 @@ see [Note: kernels into a given output]) declines.
 from __future__ import annotations
 
 from tilewise import dtypes
+from tilewise import strides as S
 from tilewise._stages import stage
 from tilewise.backends import flags
 from tilewise.backends.cuda import cudnn
@@ -196,13 +197,21 @@ def _forward_into(out: Tensor, stats: Tensor | None, query: Tensor, key: Tensor,
     return _run(False, [query, key, value, out, stats], float(scale), bool(is_causal))
 
 
+def _empty_like_query(shape: tuple, query: Tensor, device: Device) -> Tensor:
+    """The output, dense in the query's memory order: what ``scaled_dot_product_attention`` returns (see [Note:
+    attention's output layout] in ``ops/nn_functional.py``), so that laying it out costs no copy."""
+    strides = query._strides
+    order = sorted(range(len(shape)), key=lambda d: -strides[d])  # outermost first; ties keep the logical order
+    return empty(shape, query._dtype, device, S.strides_in_order(shape, order[::-1]))
+
+
 @kernel(FORWARD)
 def attention(device: Device, query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scale: float,
               is_causal: bool = False, enable_gqa: bool = False):
     reason = _checked(query, key, value, bias, enable_gqa)
     if reason is None:
         q, k, v = (t if _fits(t) else t.contiguous() for t in (query, key, value))
-        out = empty((*query._shape[:-1], value._shape[-1]), query._dtype, device)
+        out = _empty_like_query((*query._shape[:-1], value._shape[-1]), query, device)
         stats = empty((*query._shape[:-1], 1), dtypes.float32, device)
         if _forward_into(out, stats, q, k, v, scale, is_causal):
             return out, stats
