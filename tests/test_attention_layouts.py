@@ -1,7 +1,7 @@
 """Attention written in the order its readers permute to (see [Note: attention written in a given order]): the CUDA
 lowering (made here without a GPU) of MultiheadAttention and of a GPT-style block has no transposing copy around
-cuDNN's attention, and a self-attention's in-projection is one GEMM; on a GPU, compiled steps that take this path
-give eager's results."""
+cuDNN's attention and no kernel joining the three gradients of the packed projection, and a self-attention's
+in-projection is one GEMM; on a GPU, compiled steps that take this path give eager's results."""
 
 from __future__ import annotations
 
@@ -78,11 +78,8 @@ def _cuda_steps(step, x):
 
 
 def _copies(steps):
-    """Kernels that only copy: a transposing copy; or a concatenation, but for the one that joins the three
-    gradients into the packed projection's."""
-    copies = [s for s in steps if isinstance(s, str) and re.fullmatch(r"k\d+_(clone|cat)(_clone|_cat)*", s)]
-    joins = [s for s in copies if s.endswith("_cat")]
-    return [s for s in copies if s not in joins[:1]]
+    """Kernels that only copy: a transposing copy, a concatenation."""
+    return [s for s in steps if isinstance(s, str) and re.fullmatch(r"k\d+_(clone|cat)(_clone|_cat)*", s)]
 
 
 def _calls(steps, name):
@@ -91,11 +88,11 @@ def _calls(steps, name):
 
 def test_multihead_attention_lowers_with_no_copy_around_cudnn(cudnn_importable):
     steps = _cuda_steps(_mha_step(), tw.randn(BATCH, LENGTH, WIDTH))
-    forward, backward = _calls(steps, FORWARD + "_ordered"), _calls(steps, BACKWARD + "_ordered")
+    forward, backward = _calls(steps, FORWARD + "_ordered"), _calls(steps, BACKWARD + "_packed")
     assert len(forward) == 1 and len(backward) == 1, steps
-    # the output as the out-projection reads it, (L, N, heads, dim); the gradients as the projection's
+    # the output as the out-projection reads it, (L, N, heads, dim); the gradients joined as the projection's
     assert forward[0][1] == (LENGTH, BATCH, HEADS, DIM), forward
-    assert backward[0][1:4] == ((LENGTH, BATCH, HEADS, DIM),) * 3, backward
+    assert backward[0][1:] == ((LENGTH, BATCH, 3, WIDTH),), backward
     assert not _copies(steps), steps
     assert not _calls(steps, "cat"), steps
     # one in-projection of the (L * N, E) tokens into 3E, as torch's packed projection
@@ -105,10 +102,10 @@ def test_multihead_attention_lowers_with_no_copy_around_cudnn(cudnn_importable):
 
 def test_gpt_block_lowers_with_no_copy_around_cudnn(cudnn_importable):
     steps = _cuda_steps(_gpt_step(), tw.randn(BATCH, LENGTH, WIDTH))
-    forward, backward = _calls(steps, FORWARD + "_ordered"), _calls(steps, BACKWARD + "_ordered")
+    forward, backward = _calls(steps, FORWARD + "_ordered"), _calls(steps, BACKWARD + "_packed")
     assert len(forward) == 1 and len(backward) == 1, steps
     assert forward[0][1] == (BATCH, LENGTH, HEADS, DIM)
-    assert backward[0][1:4] == ((BATCH, LENGTH, HEADS, DIM),) * 3
+    assert backward[0][1:] == ((BATCH, LENGTH, 3 * WIDTH),)
     assert not _copies(steps), steps
 
 
@@ -140,6 +137,19 @@ def test_ordered_variants_are_the_operator_permuted(op):
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
 
+def test_packed_variant_is_the_gradients_joined():
+    rng = np.random.default_rng(1)
+    q, k, v, g = (tw.tensor(rng.standard_normal((2, 3, 5, 8)).astype(np.float32)) for _ in range(4))
+    out, lse = OPS[FORWARD](q, k, v, None, 0.3, True, False)
+    dq, dk, dv, _ = OPS[BACKWARD](g, q, k, v, None, 0.3, True, out, lse, False)
+    order = [0, 2, 1, 3]
+    got = OPS[BACKWARD + "_packed"](g, q, k, v, None, 0.3, True, out, lse, False, order, order, order, [2, 5, 24],
+                                    [2, 5, 24], [2, 5, 24], 2)
+    expected = tw.cat([t.transpose(1, 2).reshape(2, 5, 24) for t in (dq, dk, dv)], 2)
+    assert tuple(got.shape) == (2, 5, 72) and got.is_contiguous()
+    np.testing.assert_array_equal(got.numpy(), expected.numpy())
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("model", ["mha", "gpt", "gpt-returned"])
 def test_compiled_steps_through_ordered_attention_match_eager(model):
@@ -161,5 +171,5 @@ def test_compiled_steps_through_ordered_attention_match_eager(model):
     (program,) = compiled.programs()
     calls = [s.describe() for s in program.steps if "call" in s.describe()]
     assert any(f"{FORWARD}_ordered [into its buffer]" in c for c in calls), calls
-    assert any(f"{BACKWARD}_ordered [into its buffer]" in c for c in calls), calls
+    assert any(f"{BACKWARD}_packed [into its buffer]" in c for c in calls), calls
     assert len(program.runtime.graphs) == 1 and not program.runtime.why_not

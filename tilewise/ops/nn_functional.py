@@ -748,7 +748,9 @@ private("_scaled_dot_product_attention_backward(Tensor grad, Tensor query, Tenso
 # backward's gradients, in the memory order their readers permute them to (``compiler/lowering/
 # attention_layouts.py``), so that MultiheadAttention's (L, N, E) output or a head-split projection's gradient
 # needs no transposing copy. These variants carry that: each result is the operator's permuted to its order and
-# laid out row-major; anywhere else the variant is the operator and a transposing copy.
+# laid out row-major; anywhere else the variant is the operator and a transposing copy. The ``_packed`` backward
+# returns the three gradients joined by one ``cat`` (each reshaped to its piece), which cuDNN writes in place: the
+# gradient of a packed (query, key, value) projection.
 def _ordered(result, order):
     return result if result is None or list(order) == list(range(result.ndim)) else \
         result.permute(*order).contiguous()
@@ -766,6 +768,14 @@ def _attention_backward_ordered(grad, query, key, value, bias, scale, is_causal,
     return _ordered(dq, query_order), _ordered(dk, key_order), _ordered(dv, value_order), dbias
 
 
+def _attention_backward_packed(grad, query, key, value, bias, scale, is_causal, out, logsumexp, enable_gqa,
+                               query_order, key_order, value_order, query_piece, key_piece, value_piece, dim):
+    grads = _attention_backward_ordered(grad, query, key, value, bias, scale, is_causal, out, logsumexp, enable_gqa,
+                                        query_order, key_order, value_order)[:3]
+    pieces = (query_piece, key_piece, value_piece)
+    return OPS["cat"]([g.reshape(tuple(shape)) for g, shape in zip(grads, pieces)], dim)
+
+
 private("_scaled_dot_product_attention_math_ordered(Tensor query, Tensor key, Tensor value, Tensor? bias, "
         "float scale, bool is_causal, bool enable_gqa, int[] out_order) -> (Tensor output, Tensor logsumexp)",
         _attention_ordered, differentiable=False)
@@ -773,6 +783,10 @@ private("_scaled_dot_product_attention_backward_ordered(Tensor grad, Tensor quer
         "Tensor? bias, float scale, bool is_causal, Tensor out, Tensor logsumexp, bool enable_gqa, int[] query_order, "
         "int[] key_order, int[] value_order) -> (Tensor, Tensor, Tensor, Tensor)",
         _attention_backward_ordered, differentiable=False)
+private("_scaled_dot_product_attention_backward_packed(Tensor grad, Tensor query, Tensor key, Tensor value, "
+        "Tensor? bias, float scale, bool is_causal, Tensor out, Tensor logsumexp, bool enable_gqa, int[] query_order, "
+        "int[] key_order, int[] value_order, int[] query_piece, int[] key_piece, int[] value_piece, int dim) -> Tensor",
+        _attention_backward_packed, differentiable=False)
 
 
 functional("scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "

@@ -303,6 +303,28 @@ def attention_backward_into_ordered(outs: tuple, grad: Tensor, query: Tensor, ke
                                    logsumexp, enable_gqa)
 
 
+@kernel_into(BACKWARD + "_packed")
+def attention_backward_into_packed(out: Tensor, grad: Tensor, query: Tensor, key: Tensor, value: Tensor,
+                                   bias: Tensor | None, scale: float, is_causal: bool, attn_out: Tensor,
+                                   logsumexp: Tensor, enable_gqa: bool, query_order, key_order, value_order,
+                                   query_piece, key_piece, value_piece, dim: int) -> bool:
+    """The three gradients written into their slices of ``out`` (their ``cat`` along ``dim``, each reshaped to
+    its piece): each slice seen as the gradient in its order, then through the inverse permute."""
+    strides, offset, grads = S.contiguous_strides(out._shape), out._offset, []
+    for operand, order, piece in zip((query, key, value), (query_order, key_order, value_order),
+                                     (query_piece, key_piece, value_piece)):
+        memory_shape = tuple(operand._shape[d] for d in order)
+        viewed = S.view_strides(tuple(piece), strides, memory_shape)
+        if viewed is None or any(st % 8 for st in viewed[:-1]) or viewed[-1] != 1 or \
+                (offset * out._dtype.itemsize) % 16:
+            return False
+        grads.append(_seen_unordered(Tensor._make(out._storage, memory_shape, viewed, offset, out._dtype,
+                                                  out._device), order))
+        offset += piece[dim] * strides[dim]
+    return attention_backward_into((*grads, None), grad, query, key, value, bias, scale, is_causal, attn_out,
+                                   logsumexp, enable_gqa)
+
+
 # ---------------------------------------------------------------------------------------------- compiler
 
 def keeps(op_name: str, args: tuple) -> bool:

@@ -9,16 +9,19 @@ permuted order instead: the attention becomes its ``_ordered`` variant (``ops/nn
 is the permuted value, row-major, and whose other readers see it through the inverse permute (a view). An order
 is taken from a reader that permutes a result and keeps its last dim innermost (cuDNN reads and writes the head
 dim contiguously). The attention's statistics and a forward's output read by its backward need nothing: cuDNN
-reads operands through their strides.
+reads operands through their strides. Where the three gradients are then joined (a packed query/key/value
+projection's gradient: ``cat`` of the three, each only reshaped), the backward becomes its ``_packed`` variant,
+whose result is the joined tensor: cuDNN writes each gradient into its slice.
 """
 
 from __future__ import annotations
 
 from tilewise.compiler.ir import Graph, Node, Ref, TensorType, rewrite
+from tilewise.compiler.passes.cleanup import dce
 from tilewise.layouts import contiguous_format as CONTIGUOUS
 
 FORWARD, BACKWARD = "_scaled_dot_product_attention_math", "_scaled_dot_product_attention_backward"
-ORDERED = "_ordered"
+ORDERED, PACKED = "_ordered", "_packed"
 _RESULTS = {FORWARD: (0,), BACKWARD: (0, 1, 2)}  # the results that may be written in another order
 
 
@@ -103,4 +106,51 @@ def attention_layouts(graph: Graph) -> Graph:
             return node.srcs[0]  # the row-major copy a merge of the permuted dims asked for: the value itself
         return None
 
-    return rewrite(graph, replace, rebuilt)
+    return _packed_gradients(dce(rewrite(graph, replace, rebuilt)))
+
+
+_RESHAPES = frozenset({"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze"})
+
+
+def _piece(value: Node, users: dict) -> tuple[Node, int] | None:
+    """(the ordered backward, which gradient) where ``value`` is one of its gradients only reshaped (each node
+    read once on the way), else None."""
+    while value.op in _RESHAPES and len(users[value]) == 1:
+        value = value.srcs[0]
+    call = value.srcs[0] if value.op == "getitem" else None
+    if call is None or call.op != BACKWARD + ORDERED or len(users[value]) != 1:
+        return None
+    return call, value.args[0]
+
+
+def _packed_gradients(graph: Graph) -> Graph:
+    """A ``cat`` of an ordered backward's three gradients, in order and only reshaped on the way (the gradient of
+    a packed query/key/value projection), becomes the ``_packed`` backward: cuDNN writes each gradient into its
+    slice of the joined result, and no kernel joins them."""
+    users = graph.users()
+    joins: set[Node] = set()
+    for node in graph.body:
+        if node.op != "cat" or len(node.args[0]) != 3 or any(len(users[s]) != 1 for s in node.srcs):
+            continue
+        pieces = [_piece(node.srcs[ref.i], users) for ref in node.args[0]]
+        if None in pieces or len({call for call, _ in pieces}) != 1 or [k for _, k in pieces] != [0, 1, 2]:
+            continue
+        call = pieces[0][0]
+        if all(u.op == "getitem" for u in users[call]) and node.type.dtype is call.type[0].dtype:
+            joins.add(node)
+    if not joins:
+        return graph
+    original: dict[Node, Node] = {}
+
+    def replace(node: Node) -> Node | None:
+        if original.get(node, node) not in joins:
+            return None
+        first = node.srcs[node.args[0][0].i]
+        while first.op != "getitem":
+            first = first.srcs[0]
+        call = first.srcs[0]  # as rebuilt: its operands may be values rebuilt below a join replaced earlier
+        shapes = tuple(tuple(node.srcs[ref.i].type.shape) for ref in node.args[0])
+        dim = node.args[1] % len(node.type.shape)
+        return Node(BACKWARD + PACKED, call.srcs, tuple(call.args) + (*shapes, dim), node.type, call.tag)
+
+    return dce(rewrite(graph, replace, lambda old, new: original.__setitem__(new, original.get(old, old))))
