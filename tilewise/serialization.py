@@ -18,7 +18,8 @@ dtypes — is written as JSON into the file's ``__metadata__`` under ``"tilewise
 marked ``"numpy"`` so it comes back as numpy gave it, with ``weights_only=False`` as torch.load's). No
 pickle is involved, so loading a checkpoint never runs code. A safetensors file written by another library
 (torch's ``save_file``, say) has no such entry and loads as a plain ``{name: tensor}`` dict.
-``__metadata__`` is the one name the format reserves: a tensor at that path is stored under ``__metadata___`` and put back where it was by the JSON.
+``__metadata__`` is the one name the format reserves: a tensor at that path is stored under
+``__metadata___`` and put back where it was by the JSON.
 
 Shared storage is kept as ``torch.save`` keeps it. A tensor object that appears twice comes back as one
 object; distinct tensors on one storage (tied weights: ``state_dict`` detaches each name separately; a
