@@ -7,6 +7,10 @@ predicates (``is_nonzero``, ``is_same_size``, ``is_signed``) and shape arithmeti
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+
 from tilewise import strides as S
 from tilewise.dispatch import STATE
 from tilewise.ops.creation import empty_strided
@@ -159,6 +163,79 @@ def _where_with_one_argument(where, nonzero) -> dict:
     return {"where": where_or_indices}
 
 
+# ---------------------------------------------------------------------------- clamp's bounds
+
+_BOUND_SIGNATURES = ("Tensor min = None, Tensor max = None", "Number min = None, Number max = None")
+
+
+def _parser_number(value) -> bool:
+    """What torch's argument parser takes for a Number: a Python or numpy number, or a 0-dim tensor that needs no
+    grad."""
+    if isinstance(value, Tensor):
+        return value.ndim == 0 and not value.requires_grad
+    return isinstance(value, (int, float, complex, np.number, np.bool_))
+
+
+def _mixed_bounds(lo, hi) -> bool:
+    """A tensor bound (not one the parser reads as a number) beside a bound that is not a tensor: torch's clamp has
+    a signature of two tensors and one of two numbers, and such a call matches neither."""
+    return any(isinstance(a, Tensor) and not _parser_number(a) and b is not None and not isinstance(b, Tensor)
+               for a, b in ((lo, hi), (hi, lo)))
+
+
+def _parser_type_name(value) -> str:
+    """A value's type as torch's argument parser names it in an error: ``Tensor``, ``int``, ``numpy.float32``."""
+    cls = type(value)
+    if isinstance(value, Tensor) or cls.__module__ == "builtins":
+        return "Tensor" if cls is Tensor else cls.__name__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _invalid_bounds(name: str, form: str, args: tuple, kwargs: dict, bounds: list) -> TypeError:
+    """torch's argument parser's error for a call of clamp's two signatures that matches neither, word for word.
+    ``form``: "function" (``torch.clamp``, which takes ``out=``), "inplace_function" (``torch.clamp_``) or
+    "method"."""
+    shown = [_parser_type_name(a) for a in (args[1:] if form == "method" else args)]
+    keywords = [f"{k}={_parser_type_name(v)}" for k, v in reversed(kwargs.items())]
+    given = f"({', '.join(shown + keywords)})" if shown else f"({''.join(k + ', ' for k in keywords)})"
+    lines = [f"{name}() received an invalid combination of arguments - got {given}, but expected one of:"]
+    for signature in _BOUND_SIGNATURES:
+        lines.append(f" * ({'' if form == 'method' else 'Tensor input, '}{signature}"
+                     f"{', *, Tensor out = None' if form == 'function' else ''})")
+        if form == "function":
+            continue
+        if kwargs:
+            lines.append(f"      didn't match because some of the keywords were incorrect: {', '.join(reversed(kwargs))}")
+        else:
+            marks = (["Tensor"] if form == "inplace_function" else []) + [f"!{_parser_type_name(b)}!" for b in bounds]
+            lines.append(f"      didn't match because some of the arguments have invalid types: ({', '.join(marks)})")
+    return TypeError("\n".join(lines) + "\n")
+
+
+def _checking_bounds(fn, name: str, form: str):
+    """``fn`` (a spelling of clamp) refusing a tensor bound beside a number bound as torch's parser does."""
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        rest = args if form != "method" and "input" in kwargs else args[1:]
+        lo = rest[0] if len(rest) > 0 else kwargs.get("min")
+        hi = rest[1] if len(rest) > 1 else kwargs.get("max")
+        if _mixed_bounds(lo, hi):
+            raise _invalid_bounds(name, form, args, kwargs, list(rest[:2]))
+        return fn(*args, **kwargs)
+
+    checked.__name__ = checked.__qualname__ = name
+    return checked
+
+
+def _attach_clamp_bounds(functions: dict, exported: dict) -> None:
+    for name in ("clamp", "clip"):
+        exported[name] = _checking_bounds(functions[name], name, "function")
+        setattr(Tensor, name, _checking_bounds(getattr(Tensor, name), name, "method"))
+        inplace = getattr(Tensor, f"{name}_")
+        exported[f"{name}_"] = _checking_bounds(inplace, f"{name}_", "inplace_function")
+        setattr(Tensor, f"{name}_", _checking_bounds(inplace, f"{name}_", "method"))
+
+
 def attach(functions: dict) -> dict:
     """Give Tensor the methods above; return the torch-level functions to export, by name."""
     exported = {}
@@ -179,6 +256,7 @@ def attach(functions: dict) -> dict:
         exported[fn.__name__] = fn
     for name in TORCH_INPLACE_FUNCTIONS:
         exported[name] = getattr(Tensor, name)
+    _attach_clamp_bounds(functions, exported)
     exported.update(broadcast_shapes=broadcast_shapes, fill=fill, asarray=asarray, empty_strided=empty_strided)
     return exported
 
