@@ -205,10 +205,12 @@ def _invalid_bounds(name: str, form: str, args: tuple, kwargs: dict, bounds: lis
         if form == "function":
             continue
         if kwargs:
-            lines.append(f"      didn't match because some of the keywords were incorrect: {', '.join(reversed(kwargs))}")
+            incorrect = ", ".join(reversed(kwargs))
+            lines.append(f"      didn't match because some of the keywords were incorrect: {incorrect}")
         else:
             marks = (["Tensor"] if form == "inplace_function" else []) + [f"!{_parser_type_name(b)}!" for b in bounds]
-            lines.append(f"      didn't match because some of the arguments have invalid types: ({', '.join(marks)})")
+            invalid = ", ".join(marks)
+            lines.append(f"      didn't match because some of the arguments have invalid types: ({invalid})")
     return TypeError("\n".join(lines) + "\n")
 
 
