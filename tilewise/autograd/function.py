@@ -155,7 +155,7 @@ class Function:
             if isinstance(o, Tensor) and id(o) not in ctx.non_differentiable and o.dtype.is_floating_point:
                 if any(o is a for a in args) and o not in ctx.dirty:
                     o = o.view_as(o)
-                o.grad_fn, o._output_nr, o._requires_grad = node, i, True
+                o._grad_fn, o._output_nr, o._requires_grad = node, i, True
             fixed.append(o)
         return tuple(fixed) if isinstance(out, tuple) else fixed[0]
 
@@ -201,7 +201,7 @@ def once_differentiable(fn):
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, Tensor):
                 leaf = leaf.view_as(leaf).detach()
-                leaf.grad_fn, leaf._output_nr, leaf._requires_grad = node, i, True
+                leaf._grad_fn, leaf._output_nr, leaf._requires_grad = node, i, True
             aliased.append(leaf)
         return tuple(aliased) if several else aliased[0]
 

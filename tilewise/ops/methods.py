@@ -42,14 +42,14 @@ def _inplace_view(name: str, view_name: str):
     def method(self, *args, **kwargs):
         check_inference_write(self)
         recording = self.requires_grad and STATE.grad_enabled is not False
-        if recording and self.grad_fn is None and self._base is None:
+        if recording and self._grad_fn is None and self._base is None:
             raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an in-place operation.")
         # under grad mode the shape change is recorded as the view it makes (torch's UnsqueezeBackward1 and the
         # like), and the version moves on, so that a node that saved the tensor in its old shape refuses at backward
         view = getattr(Tensor, view_name)(self if recording else self.detach(), *args, **kwargs)
         self._shape, self._strides, self._offset, self._array = view._shape, view._strides, view._offset, None
         if recording:
-            self.grad_fn, self._output_nr = view.grad_fn, view._output_nr
+            self._grad_fn, self._output_nr = view._grad_fn, view._output_nr
             self._bump_version()
             if self._view_meta is not None:  # its history now holds the change: current again
                 watch_view(self, self._view_meta[1])
