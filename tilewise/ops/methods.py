@@ -238,6 +238,24 @@ def _attach_clamp_bounds(functions: dict, exported: dict) -> None:
         setattr(Tensor, f"{name}_", _checking_bounds(inplace, f"{name}_", "method"))
 
 
+def _taking_zero_dim_masks(fn):
+    """``fn`` (a spelling of index_put) taking a 0-dim mask among its indices as ``x[mask] = v`` takes it (see
+    ``ops.indexing.zero_dim_mask_positions``)."""
+    from tilewise.ops.indexing import has_zero_dim_mask, zero_dim_mask_positions
+
+    @functools.wraps(fn)
+    def index_put(*args, **kwargs):
+        if not has_zero_dim_mask(args[1] if len(args) > 1 else kwargs.get("indices")):
+            return fn(*args, **kwargs)
+        self, rest = (args[0], args[1:]) if args else (kwargs.pop("input", None) or kwargs.pop("self"), ())
+        given = {**dict(zip(("indices", "values", "accumulate"), rest)), **kwargs}
+        given["indices"], given["values"] = zero_dim_mask_positions(self, given["indices"], given["values"],
+                                                                    given.get("accumulate", False))
+        return fn(self, **given)
+
+    return index_put
+
+
 def attach(functions: dict) -> dict:
     """Give Tensor the methods above; return the torch-level functions to export, by name."""
     exported = {}
@@ -259,6 +277,10 @@ def attach(functions: dict) -> dict:
     for name in TORCH_INPLACE_FUNCTIONS:
         exported[name] = getattr(Tensor, name)
     _attach_clamp_bounds(functions, exported)
+    exported["index_put"] = _taking_zero_dim_masks(functions["index_put"])
+    for name in ("index_put", "index_put_"):
+        setattr(Tensor, name, _taking_zero_dim_masks(getattr(Tensor, name)))
+    exported["index_put_"] = Tensor.index_put_
     exported.update(broadcast_shapes=broadcast_shapes, fill=fill, asarray=asarray, empty_strided=empty_strided)
     return exported
 
