@@ -873,3 +873,33 @@ def test_copying_a_tensor_into_another_leaves_its_saved_result_alone():
         y.sum().backward()
         grads.append(x.grad.tolist())
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-6)
+
+
+def test_a_custom_functions_node_is_of_its_own_backward_class_as_in_torch():
+    """torch makes a class ``<Name>Backward`` (a BackwardCFunction) for each Function subclass, its
+    ``_backward_cls``: a node's type, name and repr say which function made it."""
+    import re
+
+    def run(lib):
+        class MyFn(lib.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 2
+
+        class Other(MyFn):
+            pass
+
+        x = lib.ones(2, requires_grad=True)
+        node, other = MyFn.apply(x).grad_fn, Other.apply(x).grad_fn
+        cls = type(node)
+        return (cls.__name__, cls.__qualname__, node.name(), type(other).__name__, cls is type(MyFn.apply(x).grad_fn),
+                cls is MyFn._backward_cls, cls._forward_cls is MyFn, cls is not type(other),
+                isinstance(node, lib.autograd.function.BackwardCFunction), isinstance(node, lib.autograd.graph.Node),
+                re.sub(r"0x[0-9a-f]+", "ADDRESS", repr(node)).replace("tilewise", "torch"),
+                repr(MyFn.apply(x)).replace("tilewise", "torch"))
+
+    assert run(tw) == run(torch)

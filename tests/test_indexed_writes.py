@@ -9,6 +9,7 @@ masks as the positions they select.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -152,3 +153,66 @@ def test_index_put_accumulate_of_rows_is_faster_than_numpys_add_at_of_rows():
                 fn()
             best[fn] = min(best[fn], time.perf_counter() - start)
     assert best[ours] < 0.6 * best[numpys], best
+
+
+# A 0-dim bool mask: ``x[mask] = v`` indexes ``x`` with a new leading dim of size 1 (True) or 0 (False), and
+# index_put takes it so too. torch's own index_put_ reaches that only through its masked_fill path (one mask, a
+# one-element value, no accumulation, nothing that records); its other calls fail an internal assert in its CPU
+# kernel, so those are compared with torch's ``x[mask] = v``, which means the same.
+
+ZERO_DIM_MASK_VALUES = {"0-dim": (), "one element": (1,), "one element, 2-d": (1, 1), "a row": (3,),
+                        "the whole": (2, 3), "with a unit dim": (1, 2, 3)}
+
+
+def _zero_dim_mask_write(lib, mask: bool, shape, form: str, accumulate=False, grad=False):
+    x = lib.arange(6.0).reshape(2, 3).requires_grad_(grad)
+    v = (lib.arange(float(np.prod(shape, dtype=int))) + 10).reshape(shape).requires_grad_(grad)
+    y = x * 1
+    index = lib.tensor(mask)
+    if form == "setitem":
+        if accumulate:
+            y[index] += v
+        else:
+            y[index] = v
+    elif form == "index_put_":
+        y.index_put_((index,), v, accumulate=accumulate)
+    else:
+        y = lib.index_put(y, (index,), v, accumulate=accumulate) if form == "torch.index_put" else \
+            y.index_put((index,), v, accumulate)
+    out = [y.tolist()]
+    if grad:
+        (y * lib.arange(6.0).reshape(2, 3)).sum().backward()
+        out += [x.grad.tolist(), v.grad.tolist()]
+    return out
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["values", "gradients"])
+@pytest.mark.parametrize("accumulate", [False, True], ids=["put", "accumulate"])
+@pytest.mark.parametrize("shape", list(ZERO_DIM_MASK_VALUES.values()), ids=list(ZERO_DIM_MASK_VALUES))
+@pytest.mark.parametrize("mask", [True, False])
+@pytest.mark.parametrize("form", ["index_put_", "index_put", "torch.index_put"])
+def test_index_put_with_a_zero_dim_mask_writes_as_torch(form, mask, shape, accumulate, grad):
+    ours = _zero_dim_mask_write(tw, mask, shape, form, accumulate, grad)
+    assert ours == _zero_dim_mask_write(torch, mask, shape, "setitem", accumulate, grad)
+    if not accumulate and not grad and np.prod(shape, dtype=int) == 1:  # torch's masked_fill path works as well
+        assert ours == _zero_dim_mask_write(torch, mask, shape, form)
+
+
+@pytest.mark.parametrize("mask", [True, False])
+def test_index_put_with_a_zero_dim_mask_and_values_that_do_not_broadcast_raises_as_torch(mask):
+    for lib in (tw, torch):
+        with pytest.raises(RuntimeError, match=r"shape mismatch: value tensor of shape \[2\] cannot be broadcast to "
+                                               r"indexing result of shape \["):
+            lib.zeros(2, 3).index_put_((lib.tensor(mask),), lib.arange(2.0))
+
+
+def test_index_put_with_a_zero_dim_mask_beside_an_index_and_a_byte_mask_as_torch():
+    def run(lib):
+        x = lib.zeros(2, 3).index_put_((lib.tensor([1]), lib.tensor(True)), lib.tensor(5.0))
+        try:
+            lib.zeros(2).index_put_((lib.tensor(1, dtype=lib.uint8),), lib.tensor(5.0))
+        except RuntimeError as exc:
+            return x.tolist(), str(exc)
+        return x.tolist(), None
+
+    assert run(tw) == run(torch)

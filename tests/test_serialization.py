@@ -103,3 +103,35 @@ def _bytes(obj) -> bytes:
     buf = io.BytesIO()
     tw.save(obj, buf)
     return buf.getvalue()
+
+
+def test_numpy_values_round_trip_as_torch_save_and_load_give_them():
+    """torch.save pickles numpy arrays and scalars; torch.load returns them with weights_only=False and refuses
+    them (pickle.UnpicklingError) by default. A safetensors checkpoint does the same: values as tensors, marked
+    to come back as numpy had them."""
+    import pickle
+
+    grid = np.arange(6, dtype=np.float32).reshape(2, 3)
+    values = {"grid": grid, "again": grid, "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+              "big_endian": np.arange(3, dtype=">i4"), "bools": np.array([True, False]), "zero_dim": np.array(2.5),
+              "f32": np.float32(1.5), "i64": np.int64(3), "empty": np.zeros((0, 2), np.int16)}
+    buf = io.BytesIO()
+    torch.save(values, buf)
+    buf.seek(0)
+    theirs = torch.load(buf, weights_only=False)
+    ours = tw.load(io.BytesIO(_bytes({"t": tw.ones(2), **values})), weights_only=False)
+    for key, value in theirs.items():
+        got = ours[key]
+        assert type(got) is type(value) and got.dtype == value.dtype and np.shape(got) == np.shape(value), key
+        assert np.array_equal(got, value) and np.asarray(got).strides == np.asarray(value).strides, key
+    assert ours["again"] is ours["grid"] and ours["t"].tolist() == [1.0, 1.0]
+    for weights_only in (None, True):
+        buf.seek(0)
+        with pytest.raises(pickle.UnpicklingError) as reference:
+            torch.load(buf, weights_only=weights_only)
+        reason = str(reference.value).split("WeightsUnpickler error: ")[1].split(" Please use")[0]
+        with pytest.raises(pickle.UnpicklingError) as refused:
+            tw.load(io.BytesIO(_bytes(values)), weights_only=weights_only)
+        assert reason in str(refused.value)
+    with pytest.raises(TypeError, match="numpy ndarray at 'names' has dtype <U1.*format='torch'"):
+        tw.save({"names": np.array(["a"])}, io.BytesIO())

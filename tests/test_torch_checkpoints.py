@@ -355,3 +355,77 @@ def test_an_optimizer_state_saved_here_resumes_in_torch_and_back(tmp_path):
     run(tw, resumed, again, 2)
     run(torch, theirs, torch_opt, 2)
     np.testing.assert_allclose(resumed.detach().numpy(), theirs.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- numpy values
+
+def _numpy_values() -> dict:
+    grid = np.arange(6, dtype=np.float32).reshape(2, 3)
+    return {"grid": grid, "again": grid, "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+            "ints": np.arange(4), "big_endian": np.arange(3, dtype=">i4"), "empty": np.zeros((0, 2), np.int16),
+            "strings": np.array(["a", "bc"]), "objects": np.array([1, "x", None], dtype=object),
+            "bools": np.array([True, False]), "zero_dim": np.array(2.5), "f32": np.float32(1.5), "i64": np.int64(3),
+            "flag": np.bool_(True), "dtype": np.dtype("float16"), "record": np.zeros(2, [("a", "<i4"), ("b", "<f8")]),
+            "in_list": [np.ones(2, np.uint8)]}
+
+
+def _assert_same_numpy(ours: dict, theirs: dict) -> None:
+    assert set(ours) == set(theirs)
+    for key, value in theirs.items():
+        got = ours[key]
+        assert type(got) is type(value), key
+        if isinstance(value, np.ndarray):
+            assert got.dtype == value.dtype and got.shape == value.shape, key
+            assert got.flags.f_contiguous == value.flags.f_contiguous and got.flags.c_contiguous == \
+                value.flags.c_contiguous, key
+            assert got.tolist() == value.tolist(), key
+        elif isinstance(value, list):
+            _assert_same_numpy(dict(enumerate(got)), dict(enumerate(value)))
+        else:
+            assert got == value and getattr(got, "dtype", None) == getattr(value, "dtype", None), key
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_numpy_values_load_with_weights_only_false_as_torch_gives_them(legacy):
+    """torch.save pickles numpy arrays, scalars and dtypes as numpy's own pickle; torch.load(weights_only=False)
+    returns them, and so does tilewise.load, from either library's file (without running code from it)."""
+    theirs = torch.load(torch_bytes(_numpy_values(), _use_new_zipfile_serialization=not legacy), weights_only=False)
+    ours = tw.load(torch_bytes(_numpy_values(), _use_new_zipfile_serialization=not legacy), weights_only=False)
+    _assert_same_numpy(ours, theirs)
+    assert ours["again"] is ours["grid"]
+
+
+def test_numpy_values_saved_here_load_as_torch_saved_them():
+    saved = {"w": tw.ones(2), **_numpy_values()}
+    ours = tw.load(tw_bytes(saved), weights_only=False)
+    theirs = torch.load(tw_bytes(saved), weights_only=False)
+    reference = torch.load(torch_bytes({"w": torch.ones(2), **_numpy_values()}), weights_only=False)
+    for out in (ours, theirs):
+        _assert_same_numpy({k: v for k, v in out.items() if k != "w"},
+                           {k: v for k, v in reference.items() if k != "w"})
+        assert out["again"] is out["grid"]
+    assert ours["w"].tolist() == theirs["w"].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("weights_only", [None, True])
+@pytest.mark.parametrize("value", [np.arange(3), np.float32(1.5), np.dtype("float16")],
+                         ids=["array", "scalar", "dtype"])
+def test_numpy_values_are_refused_by_a_weights_only_load_as_torch_refuses_them(value, weights_only):
+    with pytest.raises(pickle.UnpicklingError) as theirs:
+        torch.load(torch_bytes({"v": value}), weights_only=weights_only)
+    reason = str(theirs.value).split("WeightsUnpickler error: ")[1].split(" Please use")[0]
+    assert reason.startswith("Unsupported global: GLOBAL numpy")
+    for buf in (torch_bytes({"v": value}), tw_bytes({"v": value})):
+        with pytest.raises(pickle.UnpicklingError) as ours:
+            tw.load(buf, weights_only=weights_only)
+        assert reason in str(ours.value) and "weights_only=False" in str(ours.value)
+
+
+def test_numpy_object_arrays_hold_only_what_a_checkpoint_may_hold(tmp_path):
+    marker = tmp_path / "ran"
+    buf = torch_bytes({"a": np.array([_RunsCode(str(marker))], dtype=object)})
+    with pytest.raises(pickle.UnpicklingError, match=r"GLOBAL (posix|os)\.system is not allowed"):
+        tw.load(buf, weights_only=False)
+    assert not marker.exists()
+    with pytest.raises(TypeError, match="cannot store a _RunsCode at .a"):
+        tw.save({"a": np.array([_RunsCode(str(marker))], dtype=object)}, io.BytesIO(), format="torch")

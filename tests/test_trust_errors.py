@@ -240,6 +240,56 @@ def test_bad_indices_shapes_and_arguments_raise_like_torch(call, fragments):
     raises_like_torch(call, *fragments)
 
 
+MIXED_BOUNDS = {  # a tensor bound beside a number: torch's argument parser matches neither of clamp's signatures
+    "function-keywords": lambda m, x, t: m.clamp(x, min=t, max=1),
+    "function-keywords-reversed": lambda m, x, t: m.clamp(x, max=1, min=t),
+    "function-positional": lambda m, x, t: m.clamp(x, t, 1.5),
+    "function-number-first": lambda m, x, t: m.clamp(x, 0, t),
+    "function-mixed": lambda m, x, t: m.clamp(x, t, max=True),
+    "function-input-keyword": lambda m, x, t: m.clamp(input=x, min=t, max=1),
+    "function-out": lambda m, x, t: m.clamp(x, t, 1, out=m.empty(3)),
+    "function-out-keywords": lambda m, x, t: m.clamp(x, min=t, max=1, out=None),
+    "function-numpy-number": lambda m, x, t: m.clamp(x, t, np.float32(1)),
+    "clip": lambda m, x, t: m.clip(x, t, 1),
+    "method": lambda m, x, t: x.clamp(t, 1),
+    "method-number-first": lambda m, x, t: x.clamp(0, t),
+    "method-keywords": lambda m, x, t: x.clamp(min=t, max=1),
+    "method-mixed": lambda m, x, t: x.clamp(t, max=1),
+    "method-clip": lambda m, x, t: x.clip(t, 1),
+    "inplace": lambda m, x, t: x.clone().clamp_(t, 1),
+    "inplace-keywords": lambda m, x, t: x.clone().clamp_(min=0, max=t),
+    "inplace-mixed": lambda m, x, t: x.clone().clamp_(0, max=t),
+    "inplace-clip": lambda m, x, t: x.clone().clip_(min=t, max=1),
+    "inplace-function": lambda m, x, t: m.clamp_(x.clone(), t, 1),
+    "inplace-function-clip": lambda m, x, t: m.clip_(x.clone(), min=t, max=1),
+    "zero-dim-bound-requiring-grad": lambda m, x, t: m.clamp(x, t[0].clone().requires_grad_(), 1),
+}
+
+
+@pytest.mark.parametrize("name", MIXED_BOUNDS)
+def test_clamp_with_a_tensor_and_a_number_bound_is_refused_as_torch_refuses_it(name):
+    call = MIXED_BOUNDS[name]
+    with pytest.raises(TypeError) as theirs:
+        call(torch, torch.linspace(-2, 2, 3), torch.zeros(3))
+    with pytest.raises(TypeError) as ours:
+        call(tw, tw.linspace(-2, 2, 3), tw.zeros(3))
+    assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("call", [
+    lambda m, x, t: m.clamp(x, t[0], 1),  # a 0-dim tensor that needs no grad is a number to the parser
+    lambda m, x, t: x.clamp(0, t[1]),
+    lambda m, x, t: x.clamp(t, None),
+    lambda m, x, t: x.clamp(None, 1),
+    lambda m, x, t: m.clamp(x, min=t, max=t + 1),
+    lambda m, x, t: x.clone().clamp_(max=t),
+], ids=["zero-dim-min", "zero-dim-max", "tensor-and-none", "none-and-number", "two-tensors", "one-tensor"])
+def test_clamp_bounds_torch_accepts_are_accepted(call):
+    theirs = call(torch, torch.linspace(-2, 2, 3), torch.zeros(3))
+    ours = call(tw, tw.linspace(-2, 2, 3), tw.zeros(3))
+    assert ours.tolist() == theirs.tolist() and ours.dtype.name == str(theirs.dtype).removeprefix("torch.")
+
+
 def test_new_factories_follow_self_dtype_and_device_like_torch():
     calls = (("new_zeros", (2, 3)), ("new_ones", ((2,),)), ("new_full", ((2,), 5)), ("new_tensor", ([1, 2],)))
     for name, args in calls:

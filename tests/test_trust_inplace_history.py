@@ -634,3 +634,66 @@ def _its_flag_changed(lib):
                          ids=lambda f: f.__name__.strip("_"))
 def test_a_view_without_grad_fn_follows_its_base_as_in_torch(scenario):
     assert _observe(tw, lambda lib, _: scenario(lib), None) == _observe(torch, lambda lib, _: scenario(lib), None)
+
+
+# A view torch refuses to let autograd take (made under no_grad or in inference mode, or an output of split or unbind,
+# whose memory was written since it was made while it or its base has history): reading its grad_fn or is_leaf, or
+# registering a hook on it, raises torch's refusal too; its repr says grad_fn=<Invalid>. A fresh one reads as ever.
+
+def _refused_view(lib, kind):
+    if kind in ("no_grad", "inference_mode"):
+        b = _leaf(lib) * 1
+        with _made_under(lib, kind):
+            v = b[:2]
+        b.mul_(2)
+    elif kind == "plain base given history":
+        b = _plain_base(lib)
+        with lib.no_grad():
+            v = b[:2]
+        b.mul_(_weight(lib))
+    elif kind == "written where nothing records":
+        b = _leaf(lib) * 1
+        with lib.no_grad():
+            v = b[:2]
+            b.mul_(2)
+    elif kind == "through another view":
+        b = _leaf(lib) * 1
+        with lib.no_grad():
+            v = b[:2]
+        b[2:].mul_(2)
+    else:
+        b = _leaf(lib) * 1
+        v = b.split(2)[0] if kind == "split" else b.unbind()[0]
+        b[2:].mul_(2)
+    return v
+
+
+READS = {"grad_fn": lambda v: v.grad_fn is None, "is_leaf": lambda v: v.is_leaf,
+         "register_hook": lambda v: v.register_hook(lambda g: g) is None, "repr": lambda v: repr(v).split("grad_fn")[1],
+         "requires_grad": lambda v: v.requires_grad, "retain_grad": lambda v: v.retain_grad(),
+         "output_nr": lambda v: v.output_nr, "grad": lambda v: v.grad, "detach": lambda v: v.detach().tolist()}
+
+
+@pytest.mark.parametrize("read", READS)
+@pytest.mark.parametrize("kind", ["no_grad", "inference_mode", "plain base given history",
+                                  "written where nothing records", "through another view", "split", "unbind"])
+def test_reading_the_history_of_a_refused_view_raises_as_in_torch(kind, read):
+    def observe(lib):
+        v = _refused_view(lib, kind)
+        try:
+            return "ok", READS[read](v)
+        except RuntimeError as exc:
+            return "error", _message(exc)
+
+    assert observe(tw) == observe(torch)
+
+
+def test_a_view_read_before_its_base_is_written_reads_as_a_leaf_as_in_torch():
+    for lib in (tw, torch):
+        b = _leaf(lib) * 1
+        with lib.no_grad():
+            v = b[:2]
+        assert v.grad_fn is None and v.is_leaf and v.requires_grad
+        b.mul_(2)
+        with pytest.raises(RuntimeError, match="A view was created in no_grad mode and its base"):
+            v.grad_fn  # noqa: B018 — reading it is what raises

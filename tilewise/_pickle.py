@@ -28,6 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+import numpy as np
+from numpy._core import multiarray as _np_multiarray
+
 UnpicklingError = pickle.UnpicklingError
 
 
@@ -40,10 +43,56 @@ def _encode_bytes(text: str, encoding: str = "utf-8") -> bytes:
     return codecs.encode(text, encoding)
 
 
+def _empty_bytes(*args: Any) -> bytes:
+    """``bytes()``, as protocol 2 spells an empty bytes object (an empty array's data): nothing else."""
+    if args:
+        raise UnpicklingError("builtins.bytes with arguments is not allowed; protocol 2 calls it only for b''")
+    return b""
+
+
 BUILTIN_GLOBALS: dict[str, Any] = {
     "collections.OrderedDict": OrderedDict, "collections.Counter": Counter, "builtins.set": set,
     "builtins.frozenset": frozenset, "builtins.bytearray": bytearray, "builtins.complex": complex,
-    "builtins.slice": slice, "_codecs.encode": _encode_bytes,
+    "builtins.slice": slice, "_codecs.encode": _encode_bytes, "builtins.bytes": _empty_bytes,
+}
+
+
+class _NumpyArrayType:
+    """What ``numpy.ndarray`` names in a pickle: the type ``_reconstruct`` makes, never a callable."""
+
+    def __repr__(self) -> str:
+        return "numpy.ndarray"
+
+
+_NDARRAY = _NumpyArrayType()
+
+
+def _np_reconstruct(subtype: Any, shape: Any, typecode: Any) -> np.ndarray:
+    """numpy's ``_reconstruct``: an empty ndarray (never a subclass) that BUILD then fills from its state."""
+    if subtype is not _NDARRAY or not isinstance(typecode, bytes) or not isinstance(shape, tuple):
+        raise UnpicklingError(f"_reconstruct of {subtype!r}: only plain numpy arrays are loaded")
+    return _np_multiarray._reconstruct(np.ndarray, shape, typecode)
+
+
+def _np_dtype(spec: Any, align: Any = False, copy: Any = True) -> np.dtype:
+    """``numpy.dtype(spec, align, copy)``: always a fresh dtype, so BUILD never changes numpy's own ones."""
+    if not isinstance(spec, str):
+        raise UnpicklingError(f"numpy.dtype of a {type(spec).__name__}: only dtypes named by a string are loaded")
+    return np.dtype(spec, bool(align), True)
+
+
+def _np_scalar(dtype: Any, data: Any = None) -> np.generic:
+    if not isinstance(dtype, np.dtype):
+        raise UnpicklingError(f"numpy scalar of {type(dtype).__name__}: a numpy scalar needs a dtype")
+    return _np_multiarray.scalar(dtype, data) if data is not None else _np_multiarray.scalar(dtype)
+
+
+# numpy's pickles of arrays, scalars and dtypes, under numpy 2's names and numpy 1's; allowed only by a load with
+# weights_only=False, as torch.load allows them (see RestrictedUnpickler)
+NUMPY_GLOBALS: dict[str, Any] = {
+    "numpy.ndarray": _NDARRAY, "numpy.dtype": _np_dtype,
+    "numpy._core.multiarray._reconstruct": _np_reconstruct, "numpy.core.multiarray._reconstruct": _np_reconstruct,
+    "numpy._core.multiarray.scalar": _np_scalar, "numpy.core.multiarray.scalar": _np_scalar,
 }
 
 
@@ -92,6 +141,11 @@ class RestrictedUnpickler:
         elif module in _compat_pickle.IMPORT_MAPPING:
             module = _compat_pickle.IMPORT_MAPPING[module]
         full = f"{module}.{name}"
+        if full in NUMPY_GLOBALS and full not in self.allowed:
+            raise UnpicklingError(
+                f"{self.what}: Weights only load failed. Unsupported global: GLOBAL {full} was not an allowed global "
+                "by default. numpy arrays, scalars and dtypes load with weights_only=False, as with torch.load "
+                "(tilewise reads them without importing or running anything from the file)")
         if full not in self.allowed:
             raise UnpicklingError(
                 f"{self.what}: Unsupported global: GLOBAL {full} is not allowed. Checkpoints may hold only tensors, "
@@ -149,6 +203,14 @@ def _op_newobj(u: RestrictedUnpickler) -> None:
 def _op_build(u: RestrictedUnpickler) -> None:
     state = u.stack.pop()
     inst = u.stack[-1]
+    if type(inst) is np.ndarray or isinstance(inst, np.dtype):  # made only by NUMPY_GLOBALS: numpy's own state
+        if not isinstance(state, tuple):
+            raise UnpicklingError(f"{u.what}: BUILD of a numpy {type(inst).__name__} needs a tuple state")
+        try:
+            inst.__setstate__(state)
+        except (TypeError, ValueError) as exc:
+            raise UnpicklingError(f"{u.what}: a numpy {type(inst).__name__} with a malformed state ({exc})") from None
+        return
     if type(inst) is not OrderedDict or not isinstance(state, dict):
         raise UnpicklingError(f"{u.what}: BUILD (setting an object's state) is allowed only with a dict on an "
                               f"OrderedDict, not on a {type(inst).__name__}")
@@ -321,7 +383,7 @@ class Call:
     """``func(*args)`` written as GLOBAL, the arguments' tuple, REDUCE; ``state`` (a dict) is then BUILD."""
     func: Global
     args: tuple
-    state: dict | None = None
+    state: Any = None
 
 
 @dataclass(frozen=True)
@@ -360,6 +422,8 @@ class PickleWriter:
             self._get(self.memo[key])
             return
         node = obj if isinstance(obj, (Global, Call, Persistent)) else self.reduce(obj)
+        if node is None:
+            node = _numpy_reduce(obj)
         if node is not None:
             self._save_node(node, path)
             self._memoize(key, obj)
@@ -495,6 +559,24 @@ class PickleWriter:
 
     def _get(self, index: int) -> None:
         self.out.write(pickle.BINGET + bytes([index]) if index < 256 else pickle.LONG_BINGET + struct.pack("<I", index))
+
+
+_NUMPY_NAMES = {id(np.ndarray): Global("numpy", "ndarray"), id(np.dtype): Global("numpy", "dtype"),
+                id(_np_multiarray._reconstruct): Global(_np_multiarray.__name__, "_reconstruct"),
+                id(_np_multiarray.scalar): Global(_np_multiarray.__name__, "scalar")}
+
+
+def _numpy_reduce(obj: Any) -> Call | None:
+    """A numpy array, scalar or dtype as numpy pickles itself (and so as torch.save writes it); None for
+    anything else. An array of objects holds its objects as a list, each then saved by the usual rules."""
+    if not (type(obj) is np.ndarray or isinstance(obj, (np.generic, np.dtype))):
+        return None
+    func, args, *state = obj.__reduce__()
+    names = [_NUMPY_NAMES.get(id(func))] + [_NUMPY_NAMES.get(id(a)) for a in args if isinstance(a, type)]
+    if None in names:
+        raise TypeError(f"cannot store {obj!r}: numpy pickles it with {func!r}, which checkpoints do not hold")
+    args = tuple(_NUMPY_NAMES[id(a)] if isinstance(a, type) else a for a in args)
+    return Call(names[0], args, state[0] if state else None)
 
 
 def refuse_named_tuple(obj: tuple, what: str, path: str) -> None:

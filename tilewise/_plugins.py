@@ -63,6 +63,8 @@ PLUG_INS: tuple[PlugIn, ...] = (
            "whether inference mode is on, for the refusals of inference tensors and the factories that mark them"),
     PlugIn("tilewise.ops.nn_functional:ATTENTION_HOOKS.sdp_enabled", "tilewise.backends.flags",
            "scaled_dot_product_attention refuses as torch when the attention switches leave no kernel"),
+    PlugIn("tilewise.tensor:AUTOGRAD_HOOKS.refuse_stale_view", "tilewise.autograd.graph",
+           "reading grad_fn of a view autograd would refuse (made under no_grad, then its base written) raises"),
     PlugIn("tilewise.tensor:VMAP_HOOKS.detach", "tilewise.ops.batching",
            "detach() of a batched tensor of vmap detaches its physical tensor and keeps the batch"),
     PlugIn("tilewise.tensor:TRACE_HOOKS.value_needed", "tilewise.compiler.capture",

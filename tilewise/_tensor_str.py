@@ -36,6 +36,15 @@ PRINT_OPTS = PrintOptions()
 _PROFILES = {"default": (4, 1000, 3, 80), "short": (2, 1000, 2, 80), "full": (4, math.inf, 3, 80)}
 
 
+class _Invalid:
+    @staticmethod
+    def name() -> str:
+        return "Invalid"
+
+
+_INVALID = _Invalid()
+
+
 def set_printoptions(precision=None, threshold=None, edgeitems=None, linewidth=None, profile=None,
                      sci_mode=None) -> None:
     """Set how tensors print (torch.set_printoptions); ``profile`` ("default", "short", "full") first sets all
@@ -232,8 +241,12 @@ def tensor_repr(t) -> str:
         if t.dtype not in default and t.dtype.name not in ("int64", "bool"):
             suffixes.append(f"dtype=tilewise.{t.dtype.name}")
         body = _values_str(t, indent)
-    if t.grad_fn is not None:
-        suffixes.append(f"grad_fn=<{t.grad_fn.name()}>")
+    try:
+        node = t.grad_fn
+    except RuntimeError:  # a view autograd would refuse: torch prints its history as invalid
+        node = _INVALID
+    if node is not None:
+        suffixes.append(f"grad_fn=<{node.name()}>")
     elif t.requires_grad:
         suffixes.append("requires_grad=True")
     text = _add_suffixes(prefix + body, suffixes, indent)

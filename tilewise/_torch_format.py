@@ -33,7 +33,7 @@ import numpy as np
 
 from tilewise import dtypes
 from tilewise import strides as _strides
-from tilewise._pickle import Call, Global, Persistent, PickleWriter, RestrictedUnpickler, UnpicklingError
+from tilewise._pickle import NUMPY_GLOBALS, Call, Global, Persistent, PickleWriter, RestrictedUnpickler, UnpicklingError
 from tilewise.device import Device, cpu
 from tilewise.nn.parameter import Parameter
 from tilewise.storage import Storage
@@ -138,7 +138,9 @@ class _Loader:
             loaded = self.storages[key] = _LoadedStorage(raw, storage_type.dtype, location, self.big_endian)
         return loaded
 
-    def allowed(self) -> dict[str, Any]:
+    def allowed(self, weights_only: bool = True) -> dict[str, Any]:
+        """The names a checkpoint may use; numpy's arrays, scalars and dtypes too when not ``weights_only``
+        (as torch.load's full unpickler reads them; tilewise still reads them as data, calling nothing else)."""
         names: dict[str, Any] = {
             "torch._utils._rebuild_tensor": self.rebuild_tensor,
             "torch._utils._rebuild_tensor_v2": self.rebuild_tensor_v2,
@@ -157,6 +159,8 @@ class _Loader:
             names[f"torch.{storage_name}"] = storage_type
         for dtype in dtypes.ALL:
             names[f"torch.{dtype.name}"] = dtype
+        if not weights_only:
+            names.update(NUMPY_GLOBALS)
         return names
 
     def rebuild_tensor(self, storage, storage_offset, size, stride) -> Tensor:
@@ -266,7 +270,7 @@ def _refuse_unsupported(value) -> None:
                               f"support; supported: {', '.join(d.name for d in dtypes.ALL)}")
 
 
-def load_zip(file: BinaryIO, where: str, map_location, mmap_path: str | None) -> Any:
+def load_zip(file: BinaryIO, where: str, map_location, mmap_path: str | None, weights_only: bool = True) -> Any:
     try:
         archive = zipfile.ZipFile(file)
     except zipfile.BadZipFile as exc:
@@ -279,7 +283,7 @@ def load_zip(file: BinaryIO, where: str, map_location, mmap_path: str | None) ->
         byteorder = _small_record(archive, records, f"{prefix}/byteorder", b"little")
         reader = _RecordReader(file, archive, records, prefix, where, mmap_path)
         loader = _Loader("tilewise.load", reader.read, big_endian=byteorder == b"big")
-        names = loader.allowed()
+        names = loader.allowed(weights_only)
         _allow_unsupported_dtypes(names)
         pickled = archive.read(f"{prefix}/data.pkl")
         result = RestrictedUnpickler(io.BytesIO(pickled), names, loader.persistent_load).load()
@@ -335,7 +339,7 @@ def _read_into(file: BinaryIO, target: memoryview) -> int:
     return done
 
 
-def load_legacy(file: BinaryIO, where: str, map_location) -> Any:
+def load_legacy(file: BinaryIO, where: str, map_location, weights_only: bool = True) -> Any:
     """torch's format before 1.6 (``_use_new_zipfile_serialization=False``): four pickles, then the storages'
     bytes in the order the fourth lists their keys, each after its element count."""
     def plain(what: str) -> Any:
@@ -352,7 +356,7 @@ def load_legacy(file: BinaryIO, where: str, map_location) -> Any:
         return pending[key]
 
     loader = _Loader("tilewise.load", allocate, big_endian)
-    names = loader.allowed()
+    names = loader.allowed(weights_only)
     _allow_unsupported_dtypes(names)
     result = RestrictedUnpickler(file, names, loader.persistent_load).load()
     keys = plain("storage keys")

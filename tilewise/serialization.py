@@ -14,10 +14,12 @@ path at which they sit in the saved object (``fc.weight`` for a state dict, ``st
 optimizer's), so any safetensors reader sees meaningful names. The rest of the object — dicts (with any
 key type; an OrderedDict stays one, with a state dict's ``_metadata``), lists, tuples, numbers, strings,
 dtypes — is written as JSON into the file's ``__metadata__`` under ``"tilewise"``, with
-``{"__tensor__": name}`` where a tensor stood. No pickle is involved, so loading
-a checkpoint never runs code. A safetensors file written by another library (torch's ``save_file``, say)
-has no such entry and loads as a plain ``{name: tensor}`` dict. ``__metadata__`` is the one name the format
-reserves: a tensor at that path is stored under ``__metadata___`` and put back where it was by the JSON.
+``{"__tensor__": name}`` where a tensor stood (a numpy array or scalar is stored as a tensor too, its node
+marked ``"numpy"`` so it comes back as numpy gave it, with ``weights_only=False`` as torch.load's). No
+pickle is involved, so loading a checkpoint never runs code. A safetensors file written by another library
+(torch's ``save_file``, say) has no such entry and loads as a plain ``{name: tensor}`` dict.
+``__metadata__`` is the one name the format reserves: a tensor at that path is stored under
+``__metadata___`` and put back where it was by the JSON.
 
 Shared storage is kept as ``torch.save`` keeps it. A tensor object that appears twice comes back as one
 object; distinct tensors on one storage (tied weights: ``state_dict`` detaches each name separately; a
@@ -47,7 +49,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from tilewise import _torch_format, dtypes
+from tilewise import _pickle, _torch_format, dtypes
 from tilewise import strides as _strides
 from tilewise._pickle import refuse_named_tuple, state_dict_hint
 from tilewise.fileio import atomic_writer
@@ -81,10 +83,13 @@ class _Encoder:
         self.stored: list[tuple[str, Tensor]] = []  # what the file holds, by name
         self.seen: dict[int, dict] = {}  # id(tensor) -> its JSON node (a tensor object met twice)
         self.met: list[tuple[Tensor, dict]] = []  # every tensor object and its node, in the order met
+        self.keep: list[Any] = []  # numpy values met: ``seen`` keys on their ids
 
     def encode(self, obj: Any, path: str) -> Any:
         if isinstance(obj, Tensor):
             return self._tensor(obj, path)
+        if type(obj) is np.ndarray or isinstance(obj, np.generic) and not isinstance(obj, (bool, int, float, str)):
+            return self._numpy(obj, path)
         if obj is None or isinstance(obj, (bool, int, float, str)):
             return obj
         if isinstance(obj, dtypes.DType):
@@ -104,6 +109,31 @@ class _Encoder:
         raise TypeError(f"tilewise.save: cannot store a {type(obj).__name__} at {path or 'the top level'!r}; "
                         "checkpoints hold tensors, numbers, strings, None, dtypes, lists, tuples and dicts"
                         f"{state_dict_hint(obj)}")
+
+    def _numpy(self, obj: np.ndarray | np.generic, path: str) -> dict:
+        """A numpy array or scalar: its values stored as a tensor, marked to come back as numpy gave them (its
+        dtype and memory order), as torch.save's pickle of it loads with weights_only=False."""
+        node = self.seen.get(id(obj))
+        if node is not None:
+            return node
+        where = path or "the top level"
+        try:
+            dtype = dtypes.from_numpy(obj.dtype.newbyteorder("="))
+        except TypeError:
+            dtype = None
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise TypeError(f"tilewise.save: the numpy {type(obj).__name__} at {where!r} has dtype {obj.dtype}, which "
+                            "a safetensors file cannot hold; save it in torch's format (a .pt file, or "
+                            "format='torch'), which holds any numpy array")
+        array = np.asarray(obj)
+        fortran = array.ndim > 1 and array.flags.f_contiguous and not array.flags.c_contiguous
+        node = self._tensor(from_array(np.asarray(array, dtype.np, order="C"), dtype), path)
+        # in native byte order: numpy's pickle (so torch.save's) loads a big-endian array in native order too
+        node["numpy"] = {"dtype": obj.dtype.newbyteorder("=").str, "fortran": fortran,
+                         "scalar": isinstance(obj, np.generic)}
+        self.seen[id(obj)] = node
+        self.keep.append(obj)
+        return node
 
     def _ordered(self, obj: OrderedDict, node: Any, path: str) -> dict:
         """An OrderedDict comes back one, with a state dict's ``_metadata`` (module versions), as torch.load
@@ -339,7 +369,9 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module: Any 
     (``{"cuda:1": "cuda:0"}``); a callable ``(storage, location)`` returns the storage to use, or None for
     the default (the device it was saved from). Loading never runs code from the file, whatever
     ``weights_only`` says: a torch pickle may hold only tensors, storages, parameters, dtypes, devices, sizes
-    and plain containers and values, and anything else raises ``pickle.UnpicklingError`` naming it.
+    and plain containers and values, and anything else raises ``pickle.UnpicklingError`` naming it. numpy
+    arrays, scalars and dtypes are refused as ``torch.load`` refuses them by default, and read (as data, by
+    numpy's own unpickling of their state) with ``weights_only=False``, as torch.load reads them.
     ``mmap=True`` maps a torch zip checkpoint's tensors from the file (copy-on-write) instead of reading them.
     """
     if pickle_module is not None:
@@ -351,24 +383,24 @@ def load(f: str | os.PathLike | BinaryIO, map_location=None, pickle_module: Any 
         raise ValueError("tilewise.load: f must be a file path in order to use the mmap argument")
     if isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as file:
-            return _load(file, str(f), map_location, os.fspath(f) if mmap else None)
-    return _load(f, "the stream", map_location, None)
+            return _load(file, str(f), map_location, os.fspath(f) if mmap else None, weights_only is not False)
+    return _load(f, "the stream", map_location, None, weights_only is not False)
 
 
-def _load(file: BinaryIO, where: str, map_location, mmap_path: str | None) -> Any:
+def _load(file: BinaryIO, where: str, map_location, mmap_path: str | None, weights_only: bool) -> Any:
     start = file.tell()
     head = file.read(len(_torch_format.LEGACY_MAGIC))
     file.seek(start)
     if _torch_format.is_torch_zip(head):
-        return _torch_format.load_zip(file, where, map_location, mmap_path)
+        return _torch_format.load_zip(file, where, map_location, mmap_path, weights_only)
     if mmap_path is not None:
         raise RuntimeError(f"tilewise.load: mmap can only be used with torch's zip format, and {where} is not one")
     if head == _torch_format.LEGACY_MAGIC:
-        return _torch_format.load_legacy(file, where, map_location)
-    return _load_safetensors(file, where, map_location)
+        return _torch_format.load_legacy(file, where, map_location, weights_only)
+    return _load_safetensors(file, where, map_location, weights_only)
 
 
-def _load_safetensors(file: BinaryIO, where: str, map_location) -> Any:
+def _load_safetensors(file: BinaryIO, where: str, map_location, weights_only: bool = True) -> Any:
     entries, metadata, data_start = _read_header(file, where)
     tensors = {}
     for name, entry in sorted(entries.items(), key=lambda item: item[1]["data_offsets"][0]):
@@ -377,7 +409,7 @@ def _load_safetensors(file: BinaryIO, where: str, map_location) -> Any:
         return tensors
     for name, strides in json.loads(metadata.get(_ORDERS_KEY, "{}")).items():
         tensors[name] = _laid_out(tensors.get(name), strides, where)
-    return _decode(json.loads(metadata[_METADATA_KEY]), tensors, {})
+    return _decode(json.loads(metadata[_METADATA_KEY]), tensors, {}, weights_only)
 
 
 def _laid_out(t: Tensor | None, strides: list, where: str) -> Tensor:
@@ -467,25 +499,50 @@ def _read_into(file: BinaryIO, target: memoryview) -> int:
     return done
 
 
-def _decode(node: Any, tensors: dict[str, Tensor], made: dict[str, Tensor]) -> Any:
+def _decode(node: Any, tensors: dict[str, Tensor], made: dict[str, Any], weights_only: bool) -> Any:
+    def decode(value: Any) -> Any:
+        return _decode(value, tensors, made, weights_only)
+
     if isinstance(node, list):
-        return [_decode(v, tensors, made) for v in node]
+        return [decode(v) for v in node]
     if not isinstance(node, dict):
         return node
     if "__tensor__" in node:
-        return _load_tensor(node, tensors, made)
+        return _load_numpy(node, tensors, made, weights_only) if "numpy" in node else _load_tensor(node, tensors, made)
     if "__dtype__" in node:
         return dtypes.from_name(node["__dtype__"])
     if "__tuple__" in node:
-        return tuple(_decode(v, tensors, made) for v in node["__tuple__"])
+        return tuple(decode(v) for v in node["__tuple__"])
     if "__items__" in node:
-        return {_decode(k, tensors, made): _decode(v, tensors, made) for k, v in node["__items__"]}
+        return {decode(k): decode(v) for k, v in node["__items__"]}
     if "__ordered__" in node:
-        ordered = OrderedDict(_decode(node["__ordered__"], tensors, made))
+        ordered = OrderedDict(decode(node["__ordered__"]))
         if "_metadata" in node:
-            ordered._metadata = _decode(node["_metadata"], tensors, made)
+            ordered._metadata = decode(node["_metadata"])
         return ordered
-    return {k: _decode(v, tensors, made) for k, v in node.items()}
+    return {k: decode(v) for k, v in node.items()}
+
+
+def _load_numpy(node: dict, tensors: dict[str, Tensor], made: dict[str, Any], weights_only: bool) -> Any:
+    """A numpy array or scalar saved by ``_Encoder._numpy``: refused unless ``weights_only=False``, as torch.load
+    refuses torch.save's pickle of one (its global is named as torch names it)."""
+    spec = node["numpy"]
+    key = "numpy:" + (node["view"][0] if node.get("view") else node["__tensor__"])
+    if key in made:
+        return made[key]
+    if weights_only:
+        name = "scalar" if spec.get("scalar") else "_reconstruct"
+        raise _pickle.UnpicklingError(
+            f"tilewise.load: Weights only load failed. Unsupported global: GLOBAL numpy._core.multiarray.{name} was "
+            "not an allowed global by default. numpy arrays, scalars and dtypes load with weights_only=False, as "
+            "with torch.load")
+    t = _load_tensor(node, tensors, {})
+    values = np.asarray(t.detach().cpu().numpy(), np.dtype(spec["dtype"]))
+    fortran = bool(spec.get("fortran"))
+    array = np.ndarray((0,), values.dtype)  # filled as numpy's unpickling fills it (an empty one's strides too)
+    array.__setstate__((1, values.shape, values.dtype, fortran, values.tobytes("F" if fortran else "C")))
+    made[key] = array[()] if spec.get("scalar") else array
+    return made[key]
 
 
 def _load_tensor(node: dict, tensors: dict[str, Tensor], made: dict[str, Tensor]) -> Tensor:

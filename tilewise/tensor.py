@@ -76,6 +76,19 @@ class _VmapHooks:
 VMAP_HOOKS = _VmapHooks()
 
 
+class _AutogradHooks:
+    """Where autograd plugs into tensors (filled when ``tilewise.autograd.graph`` loads): ``refuse_stale_view(t)``
+    raises torch's refusal for a watched view autograd would refuse to take (see [Note: watched views] in
+    ``ops/inplace.py``), when ``t.grad_fn`` is read."""
+
+    @staticmethod
+    def refuse_stale_view(t) -> None:
+        return None
+
+
+AUTOGRAD_HOOKS = _AutogradHooks()
+
+
 def grad_enabled() -> bool:
     """Whether grad mode is on, for the few tensor methods whose meaning depends on it (``numpy()``): the grad
     modes sit above tensors, so ``tilewise._grad_mode`` installs its reader (``register_grad_mode``) on load."""
@@ -146,7 +159,7 @@ class Size(tuple):
 
 class Tensor:
     __slots__ = ("_storage", "_shape", "_strides", "_offset", "_dtype", "_device", "_array", "_requires_grad",
-                 "_grad", "grad_fn", "_output_nr", "_base", "_hooks", "_retains_grad", "_trace", "_wrapped",
+                 "_grad", "_grad_fn", "_output_nr", "_base", "_hooks", "_retains_grad", "_trace", "_wrapped",
                  "__weakref__", "__dict__")
 
     # A batched tensor of vmap (see [Note: batched tensors] in ops/batching.py) holds ``(level, physical)`` here,
@@ -182,7 +195,7 @@ class Tensor:
         t._offset = offset
         t._dtype = dtype
         t._device = device
-        t._array = t._grad = t.grad_fn = t._base = t._hooks = t._trace = None
+        t._array = t._grad = t._grad_fn = t._base = t._hooks = t._trace = None
         t._requires_grad = t._retains_grad = t._wrapped = False
         t._output_nr = 0
         return t
@@ -234,6 +247,20 @@ class Tensor:
     @property
     def is_cpu(self) -> bool:
         return self._device.type == "cpu"
+
+    @property
+    def grad_fn(self):
+        """The node that made this tensor (None for a leaf). A watched view that autograd would refuse to take
+        (made under no_grad or in inference mode, or an output of split or unbind, whose memory was written since)
+        raises torch's refusal here too, as torch's regenerating getter does; tilewise's own code reads
+        ``_grad_fn``."""
+        if self._view_meta is not None:
+            AUTOGRAD_HOOKS.refuse_stale_view(self)
+        return self._grad_fn
+
+    @grad_fn.setter
+    def grad_fn(self, node) -> None:
+        self._grad_fn = node
 
     @property
     def is_leaf(self) -> bool:
@@ -427,7 +454,7 @@ class Tensor:
         """torch's deepcopy: only of a leaf; a parameter becomes a fresh parameter (no grad, no attributes); any
         other tensor keeps its grad, its attributes and its place on its storage, the storage copied once per
         deepcopy, so views copied together stay views of one another."""
-        if self.grad_fn is not None:
+        if self._grad_fn is not None:
             raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
                                "protocol at the moment.  If you were attempting to deepcopy a module, this may be "
                                "because of a tilewise.nn.utils.weight_norm usage, see "
@@ -481,7 +508,7 @@ class Tensor:
         self.requires_grad_(value)
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
-        if self.grad_fn is not None and not requires_grad:
+        if self._grad_fn is not None and not requires_grad:
             raise RuntimeError("you can only change requires_grad flags of leaf variables. If you want to use a "
                                "computed variable in a subgraph that doesn't require differentiation use "
                                "var_no_grad = var.detach().")
@@ -549,7 +576,7 @@ class Tensor:
                 "for training, and gradient_as_bucket_view is set as True, gradients are views of DDP buckets, and "
                 "hence detach_() cannot be called on these gradients. To fix this error, please refer to the "
                 "Optimizer.zero_grad() function in tilewise/optim/optimizer.py as the solution.")
-        self.grad_fn = None
+        self._grad_fn = None
         self._requires_grad = False
         return self
 
@@ -752,7 +779,7 @@ def from_contiguous_array(a: np.ndarray, dtype: DType) -> Tensor:
     t._dtype = dtype
     t._device = cpu
     t._array = a
-    t._grad = t.grad_fn = t._base = t._hooks = t._trace = None
+    t._grad = t._grad_fn = t._base = t._hooks = t._trace = None
     t._requires_grad = t._retains_grad = t._wrapped = False
     t._output_nr = 0
     return t

@@ -221,7 +221,7 @@ def cast_to(t: Tensor, dtype: DType) -> Tensor:
     """``t.to(dtype)``, reusing this region's cast of a weight (a float32 leaf that requires grad)."""
     if t._dtype is dtype:
         return t
-    if not (_REGIONS.depth and _REGIONS.cache_enabled and t._requires_grad and t.grad_fn is None and t._base is None
+    if not (_REGIONS.depth and _REGIONS.cache_enabled and t._requires_grad and t._grad_fn is None and t._base is None
             and t._dtype is float32 and not STATE.trace_depth):
         return t._to_dtype(dtype)
     key = (id(t), dtype, STATE.grad_enabled)

@@ -49,6 +49,9 @@ class FunctionNode(Node):
     def name(self) -> str:
         return f"{self.cls.__name__}Backward"
 
+    def __repr__(self) -> str:
+        return f"<{type(self).__module__}.{type(self).__qualname__} object at {id(self):#x}>"
+
     @property
     def n_outputs(self) -> int:
         return len(self.output_meta)
@@ -90,6 +93,16 @@ class FunctionNode(Node):
                 s.release()
 
 
+BackwardCFunction = FunctionNode  # torch's name for the base of every custom function's node class
+
+
+def _backward_class(cls) -> type:
+    """torch's ``<Name>Backward``: the class of the nodes ``cls.apply`` records (``cls._backward_cls``), made once
+    per Function subclass, so that a node's type names the function that made it."""
+    return type(f"{cls.__name__}Backward", (FunctionNode,), {"_forward_cls": cls, "__module__": __name__,
+                                                             "__qualname__": f"{cls.__name__}Backward"})
+
+
 class Function:
     """Subclass with ``forward(ctx, *args)`` and ``backward(ctx, *grad_outputs)`` static methods.
 
@@ -108,6 +121,10 @@ class Function:
     >>> x.grad.tolist()
     [6.0]
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._backward_cls = _backward_class(cls)
 
     @staticmethod
     def forward(ctx, *args, **kwargs):
@@ -149,13 +166,13 @@ class Function:
         if not (prev and any(ctx.needs_input_grad)):
             return out
         outputs = out if isinstance(out, tuple) else (out,)
-        node = FunctionNode(cls, ctx, list(args), outputs)
+        node = cls.__dict__.get("_backward_cls", FunctionNode)(cls, ctx, list(args), outputs)
         fixed = []
         for i, o in enumerate(outputs):
             if isinstance(o, Tensor) and id(o) not in ctx.non_differentiable and o.dtype.is_floating_point:
                 if any(o is a for a in args) and o not in ctx.dirty:
                     o = o.view_as(o)
-                o.grad_fn, o._output_nr, o._requires_grad = node, i, True
+                o._grad_fn, o._output_nr, o._requires_grad = node, i, True
             fixed.append(o)
         return tuple(fixed) if isinstance(out, tuple) else fixed[0]
 
@@ -201,7 +218,7 @@ def once_differentiable(fn):
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, Tensor):
                 leaf = leaf.view_as(leaf).detach()
-                leaf.grad_fn, leaf._output_nr, leaf._requires_grad = node, i, True
+                leaf._grad_fn, leaf._output_nr, leaf._requires_grad = node, i, True
             aliased.append(leaf)
         return tuple(aliased) if several else aliased[0]
 

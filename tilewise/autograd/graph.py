@@ -34,7 +34,7 @@ from tilewise.ops.inplace import (
     watch_view,
 )
 from tilewise.ops.registry import OPS
-from tilewise.tensor import INFERENCE_SAVED, TRACE_HOOKS, Tensor
+from tilewise.tensor import AUTOGRAD_HOOKS, INFERENCE_SAVED, TRACE_HOOKS, Tensor
 
 
 class Node:
@@ -142,7 +142,7 @@ def _owned(grad: Tensor, variable: Tensor) -> bool:
     parameter's shape, strides and dtype, dense from offset 0; and not while a function is being compiled,
     whose trace records the copy."""
     storage = grad._storage  # referenced by grad, by this local name and by getrefcount's argument
-    return (not STATE.trace_depth and grad._base is None and grad.grad_fn is None and storage is not None
+    return (not STATE.trace_depth and grad._base is None and grad._grad_fn is None and storage is not None
             and sys.getrefcount(storage) <= _ENGINE_REFS and grad._offset == 0 and grad._strides == variable._strides
             and grad._dtype is variable._dtype and grad._device is variable._device
             and storage.dtype is grad._dtype and storage.size == math.prod(grad._shape))
@@ -224,7 +224,7 @@ class SavedTensor:
             node = self.node_ref()
             if node is not None and STATE.grad_enabled:
                 out = _share_tangents(t, t.detach())
-                out.grad_fn, out._output_nr, out._requires_grad = node, self.output_nr, True
+                out._grad_fn, out._output_nr, out._requires_grad = node, self.output_nr, True
                 return out
         return t
 
@@ -232,7 +232,7 @@ class SavedTensor:
         """torch's words: the tensor, the node it is an output of (an output names the node that saved it, an
         input the node that produced it last, as torch's SavedVariable does), and the versions."""
         kind = f"tilewise.{'' if t.device.type == 'cpu' else t.device.type + '.'}{t.dtype.name}"
-        node = self.op_name if self.is_output else (t.grad_fn.name() if t.grad_fn is not None else None)
+        node = self.op_name if self.is_output else (t._grad_fn.name() if t._grad_fn is not None else None)
         produced_by = f", which is output {self.output_nr} of {short_node_name(node)}," if node else ""
         return ("one of the variables needed for gradient computation has been modified by an inplace operation: "
                 f"[{kind} {list(t.shape)}]{produced_by} is at version {t._version}; expected version {self.version} "
@@ -386,8 +386,8 @@ def edge(t) -> tuple:
         return (None, 0)
     if t._view_meta is not None and t._requires_grad:
         check_view_history(t)
-    if t.grad_fn is not None:
-        return (t.grad_fn, t._output_nr)
+    if t._grad_fn is not None:
+        return (t._grad_fn, t._output_nr)
     if t._requires_grad:
         return (accumulate_node(t), 0)
     if requires_grad_through_base_alone(t):
@@ -404,11 +404,11 @@ def base_edge(t: Tensor) -> tuple:
     refused, as torch refuses it (``check_view_history``)."""
     if t._view_meta is not None:
         check_view_history(t)
-    elif t._base.grad_fn is not None:
+    elif t._base._grad_fn is not None:
         regenerate(t, f"a view of shape {list(t._shape)}")
         watch_view(t, REGENERATE)  # current now: made afresh again only after another write
-    if t.grad_fn is not None:
-        return (t.grad_fn, t._output_nr)
+    if t._grad_fn is not None:
+        return (t._grad_fn, t._output_nr)
     return _NO_EDGE
 
 
@@ -428,13 +428,28 @@ def check_view_history(view: Tensor) -> None:
     tensor_split becomes a fresh strided view of its base, whose history holds the write."""
     version, kind = view._view_meta
     base = view._base
-    if view._write_count() == version or view.grad_fn is None and (base is None or not base._requires_grad):
+    if view._write_count() == version or view._grad_fn is None and (base is None or not base._requires_grad):
         return  # as torch's, which checks a view only while it or its base has history
     if kind != REGENERATE:
         raise stale_view_error(view)
     regenerate(view, f"a view of shape {list(view._shape)} (output {view._output_nr} of "
-                     f"{short_node_name(view.grad_fn.name())})")
+                     f"{short_node_name(view._grad_fn.name())})")
     watch_view(view, kind)
+
+
+def refuse_stale_view(view: Tensor) -> None:
+    """Reading ``grad_fn`` (or ``is_leaf``) of a watched view that autograd would refuse to take raises that
+    refusal, as torch's getter, which regenerates a view's grad_fn once its memory was written, does. A view of
+    kind ``REGENERATE`` is made afresh only when autograd takes it (``edge``)."""
+    version, kind = view._view_meta
+    base = view._base
+    if kind == REGENERATE or view._write_count() == version or \
+            view._grad_fn is None and (base is None or not base._requires_grad):
+        return
+    raise stale_view_error(view)
+
+
+AUTOGRAD_HOOKS.refuse_stale_view = refuse_stale_view
 
 
 def regenerate(view: Tensor, described: str) -> None:
@@ -445,7 +460,7 @@ def regenerate(view: Tensor, described: str) -> None:
                            "not a dense tensor that requires grad, from which it could be made afresh; take the view "
                            "again after the in-place write")
     fresh = OPS["as_strided"](row_major(base)[0], view._shape, view._strides, view._offset)
-    view.grad_fn, view._output_nr, view._requires_grad = fresh.grad_fn, fresh._output_nr, True
+    view._grad_fn, view._output_nr, view._requires_grad = fresh._grad_fn, fresh._output_nr, True
 
 
 class _Recipe:
@@ -495,7 +510,7 @@ def record(op, args: tuple):
             if diff and type(a) is Tensor and a._requires_grad:
                 if a._view_meta is not None:
                     check_view_history(a)
-                producer = a.grad_fn
+                producer = a._grad_fn
                 edges.append((producer, a._output_nr) if producer is not None else (accumulate_node(a), 0))
                 metas.append((a._shape, a._dtype, a._device))
                 wanted |= bit
@@ -513,7 +528,7 @@ def record(op, args: tuple):
                 if diff and type(a) is Tensor and a._requires_grad:
                     if a._view_meta is not None:
                         check_view_history(a)
-                    edges.append((a.grad_fn, a._output_nr) if a.grad_fn is not None else (accumulate_node(a), 0))
+                    edges.append((a._grad_fn, a._output_nr) if a._grad_fn is not None else (accumulate_node(a), 0))
                     metas.append((a._shape, a._dtype, a._device))
                     wanted |= bit
                 elif diff and type(a) is Tensor and a._base is not None and a._base._requires_grad:
@@ -529,7 +544,7 @@ def record(op, args: tuple):
     if type(out) is Tensor and not op.nondiff_outputs:  # one output, the common case
         if out._dtype.category >= FLOATING:
             node = OpNode(op, slots, tuple(edges), metas, [(out._shape, out._dtype, out._device)])
-            out.grad_fn, out._output_nr, out._requires_grad = node, 0, True
+            out._grad_fn, out._output_nr, out._requires_grad = node, 0, True
         else:
             node = OpNode(op, slots, tuple(edges), metas, [None])
     else:
@@ -541,7 +556,7 @@ def record(op, args: tuple):
             differentiable = i not in op.nondiff_outputs and type(o) is Tensor and o._dtype.category >= FLOATING
             output_meta.append((o._shape, o._dtype, o._device) if differentiable else None)
             if differentiable:
-                o.grad_fn, o._output_nr, o._requires_grad = node, i, True
+                o._grad_fn, o._output_nr, o._requires_grad = node, i, True
                 if group is not None:
                     watch_view(o, group)
     if recipe.shape_params:
@@ -601,7 +616,7 @@ def _saves(op, recipe: _Recipe, wanted: int) -> tuple[tuple[tuple[str, int], ...
 def _saved_output(o, node: OpNode, i: int, name: str):
     if type(o) is not Tensor:
         return o
-    if o.grad_fn is not node:  # an output autograd does not track (indices): saved as any other tensor
+    if o._grad_fn is not node:  # an output autograd does not track (indices): saved as any other tensor
         return SavedTensor(o)
     return SavedTensor(o, True, node, i, name)
 
@@ -630,12 +645,13 @@ def _save(node: OpNode, args: tuple, out, saves: tuple) -> None:
 def register_tensor_hook(t: Tensor, hook):
     if not t.requires_grad:
         raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
-    if t.grad_fn is None:
+    node = t.grad_fn  # torch's getter: a view autograd would refuse raises here
+    if node is None:
         if t._hooks is None:
             t._hooks = []
         hooks = t._hooks
     else:
-        hooks = t.grad_fn._own("pre_hooks").setdefault(t._output_nr, [])
+        hooks = node._own("pre_hooks").setdefault(t._output_nr, [])
     hooks.append(hook)
     return _Handle(hooks, hook)
 
@@ -643,7 +659,7 @@ def register_tensor_hook(t: Tensor, hook):
 def retain_grad(t: Tensor) -> None:
     if not t.requires_grad:
         raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
-    if t.grad_fn is None:
+    if t._grad_fn is None:  # a leaf, as torch reads it here (no view's history is made afresh)
         return
     t.grad_fn._own("retained")[t._output_nr] = weakref.ref(t)
     t._retains_grad = True
@@ -670,7 +686,7 @@ def register_post_accumulate_grad_hook(self: Tensor, hook):
     """``hook(tensor)`` runs after backward has accumulated this leaf's gradient into ``.grad``."""
     if not self.requires_grad:
         raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
-    if self.grad_fn is not None:
+    if self._grad_fn is not None:
         raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
     hooks = self.__dict__.setdefault("_post_accumulate_grad_hooks", [])
     hooks.append(hook)

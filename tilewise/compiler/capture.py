@@ -116,7 +116,7 @@ def signature(t: Tensor) -> tuple:
     base = t._base
     if base is None or found[5] or not base._requires_grad:
         return found
-    return (*found[:5], THROUGH_BASE if base.grad_fn is None else True, found[6])
+    return (*found[:5], THROUGH_BASE if base._grad_fn is None else True, found[6])
 
 
 @dataclass(eq=False)
@@ -463,7 +463,7 @@ class Capture:
             self.entries[key] = entry
             self.labels.add(node.tag)
         self.sourced.add(id(t))
-        if t.grad_fn is not None and not any(h is t for h in self.histories):
+        if t._grad_fn is not None and not any(h is t for h in self.histories):
             self.histories.append(t)
         self.tensor_sources.append(TensorSource(source, signature(described), entry.position))
         self.add_owner(t, source)
@@ -472,7 +472,7 @@ class Capture:
     def backward_through_history(self) -> bool:
         """Whether a backward in the trace ran autograd nodes recorded before the call: their structure and
         saved values belong to that one call's history, which no guard sees, so a replay would reuse them."""
-        return self.backward_from_history or any(id(t.grad_fn) in self.backward_nodes for t in self.histories)
+        return self.backward_from_history or any(id(t._grad_fn) in self.backward_nodes for t in self.histories)
 
     def add_owner(self, t: Tensor, source: Source) -> None:
         if t._requires_grad and id(t) not in self.owner_sources:  # (``owners`` keeps ``t``, and so its id)
@@ -915,7 +915,7 @@ class Capture:
         base = entry.source.fetch(flat_args)
         # a view that needs grad where its base does not was written in place by a differentiable value: the
         # program's output carries that history, a view of the base would not
-        if leaf._requires_grad and not (base.requires_grad and base.grad_fn is None):
+        if leaf._requires_grad and not (base.requires_grad and base._grad_fn is None):
             return None
         return OutputView(entry.source, alias.geometry, leaf._requires_grad)
 
@@ -1165,7 +1165,7 @@ def _backward_started(roots, nodes) -> None:
     cap.backward_nodes.update(map(id, nodes))
     # a root the call was given (a loss passed in) or read with its history; not a real tensor made during the call
     # (a function transform's wrapper of traced values, whose history is the call's own)
-    if any(type(t) is Tensor and t._trace is None and t.grad_fn is not None
+    if any(type(t) is Tensor and t._trace is None and t._grad_fn is not None
            and (id(t) in cap.arg_sources or any(t is h for h in cap.histories)) for t in roots):
         cap.backward_from_history = True
 

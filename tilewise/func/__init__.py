@@ -98,7 +98,7 @@ def _fresh_input(x: Tensor) -> Tensor:
 
 def _reaches_outside(t: Tensor, own: set) -> bool:
     """Whether ``t``'s graph reaches a tensor that is not one of this call's inputs (``own``: their nodes)."""
-    seen, stack = set(), [t.grad_fn]
+    seen, stack = set(), [t._grad_fn]
     while stack:
         node = stack.pop()
         if node is None or node in own or id(node) in seen:
@@ -114,7 +114,7 @@ def _own_nodes(fresh: list) -> set:
     """The leaves this call made: an alias of a caller's tensor is not one (what reaches it reaches the caller's)."""
     from tilewise.autograd.graph import accumulate_node
 
-    return {accumulate_node(x) for x in fresh if x.grad_fn is None}
+    return {accumulate_node(x) for x in fresh if x._grad_fn is None}
 
 
 def _hand_back(value, own: set):
@@ -125,7 +125,7 @@ def _hand_back(value, own: set):
     if tangents and any(t._requires_grad for t in tangents.values()):  # tangents computed from this call's inputs
         value = _keep_tangents(value, value.view_as(value) if value._requires_grad else value.detach())
         value.__dict__["_tangents"] = {level: _hand_back(t, own) for level, t in tangents.items()}
-    if not value._requires_grad or (value.grad_fn is not None and _reaches_outside(value, own)):
+    if not value._requires_grad or (value._grad_fn is not None and _reaches_outside(value, own)):
         return value
     return _keep_tangents(value, value.detach())
 

@@ -206,7 +206,7 @@ def dim_order(self: Tensor, *, ambiguity_check: bool = False) -> tuple[int, ...]
 
 def output_nr(self: Tensor) -> int:
     """Which output of its grad_fn this tensor is (0 for a leaf)."""
-    return self._output_nr if self.grad_fn is not None else 0
+    return self._output_nr if self._grad_fn is not None else 0
 
 
 def is_shared(self: Tensor) -> bool:
@@ -265,7 +265,7 @@ def set_(self: Tensor, source=None, storage_offset: int = 0, size=None, stride=N
     from tilewise.storage import Storage
 
     check_inference_write(self)
-    if self.requires_grad and self.grad_fn is None and is_grad_enabled():
+    if self.requires_grad and self._grad_fn is None and is_grad_enabled():
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
     if source is None:
         source = empty(0, dtype=self.dtype, device=self.device)

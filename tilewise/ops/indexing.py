@@ -182,6 +182,28 @@ def check_index_put_dtypes(self: Tensor, indices, values, accumulate: bool = Fal
                            f"{c10_name(self.dtype)} for the destination and {c10_name(values.dtype)} for the source.")
 
 
+def _zero_dim_mask(t) -> bool:
+    return isinstance(t, Tensor) and t.ndim == 0 and t.dtype.name in ("bool", "uint8")
+
+
+def has_zero_dim_mask(indices) -> bool:
+    return isinstance(indices, (tuple, list)) and any(_zero_dim_mask(t) for t in indices)
+
+
+def zero_dim_mask_positions(self: Tensor, indices, values, accumulate: bool) -> tuple:
+    """index_put's ``(indices, values)`` for indices holding a 0-dim mask, which indexes as it does in ``x[mask]``:
+    a new dim of size 1 (True) or 0 (False) that consumes none of ``self``'s. The indices become the coordinates of
+    the elements so indexed (as ``x[mask] = v`` writes), which no kernel sees a 0-dim mask in. torch's
+    ``masked_fill`` path (one mask, a one-element value, no accumulation) converts the value's dtype and refuses
+    a byte mask."""
+    if not accumulate and len(indices) == 1 and isinstance(values, Tensor) and values.numel() == 1:
+        if indices[0].dtype.name == "uint8":
+            raise RuntimeError("masked_fill_ only supports boolean masks, but got mask with dtype unsigned char")
+        if values.dtype is not self.dtype:
+            values = values.to(self.dtype)
+    return _full_indices(self, tuple(slice(None) if t is None else t for t in indices)), values
+
+
 # ---------------------------------------------------------------------------- __getitem__ / __setitem__
 
 def _is_advanced(item) -> bool:

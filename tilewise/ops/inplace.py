@@ -104,13 +104,13 @@ def check_view_write(self: Tensor, name: str) -> None:
     kind = self._view_meta[1]
     if kind in _MADE_WHERE:
         made, refused_in, block = _MADE_WHERE[kind]
-        node = self.grad_fn
+        node = self._grad_fn
         which = "A view was" if node is None else \
             f"Output {self._output_nr} of {short_node_name(node.name())} is a view of a view which was"
         raise RuntimeError(f"{name}: {which} created in {made} and is being modified inplace {refused_in}. "
                            f"{_ambiguous(block)}")
-    if kind == MULTIPLE and self.grad_fn is not None:
-        raise RuntimeError(f"{name}: Output {self._output_nr} of {short_node_name(self.grad_fn.name())} is a view and "
+    if kind == MULTIPLE and self._grad_fn is not None:
+        raise RuntimeError(f"{name}: Output {self._output_nr} of {short_node_name(self._grad_fn.name())} is a view and "
                            f"is being modified inplace. {_MULTIPLE_VIEWS}")
 
 
@@ -120,7 +120,7 @@ def stale_view_error(view: Tensor) -> RuntimeError:
         made, refused_in, block = _MADE_WHERE[view._view_meta[1]]
         return RuntimeError(f"A view was created in {made} and its base or another view of its base has been modified "
                             f"inplace {refused_in}. {_ambiguous(block)}")
-    node = short_node_name(view.grad_fn.name()) if view.grad_fn is not None else "a function"
+    node = short_node_name(view._grad_fn.name()) if view._grad_fn is not None else "a function"
     return RuntimeError(f"Output {view._output_nr} of {node} is a view and its base or another view of its base has "
                         f"been modified inplace. {_MULTIPLE_VIEWS}")
 
@@ -141,11 +141,11 @@ def check_inference_write(self: Tensor) -> None:
 def check_inplace_allowed(self: Tensor, name: str) -> None:
     if self._view_meta is not None:
         check_view_write(self, name)
-    if self.grad_fn is None and self._requires_grad and self._base is None:
+    if self._grad_fn is None and self._requires_grad and self._base is None:
         raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an in-place operation; "
                            "wrap it in `with tilewise.no_grad():` or use the out-of-place form")
     base = self._base
-    if base is not None and base.grad_fn is None and base._requires_grad:
+    if base is not None and base._grad_fn is None and base._requires_grad:
         raise RuntimeError(f"{name}: a view of a leaf Variable that requires grad is being used in an in-place "
                            "operation; wrap it in `with tilewise.no_grad():` or clone() the leaf first")
     if base is not None and memory_order(base) is None:
@@ -188,9 +188,9 @@ def _rebase_view_history(view: Tensor, result: Tensor) -> None:
         new_base = OPS["permute"](new_dense, inverse)
     else:
         new_base = new_dense
-    base.grad_fn, base._output_nr, base._requires_grad = new_base.grad_fn, new_base._output_nr, True
+    base._grad_fn, base._output_nr, base._requires_grad = new_base._grad_fn, new_base._output_nr, True
     new_view = OPS["as_strided"](row_major(base)[0], *geometry)
-    view.grad_fn, view._output_nr, view._requires_grad = new_view.grad_fn, new_view._output_nr, True
+    view._grad_fn, view._output_nr, view._requires_grad = new_view._grad_fn, new_view._output_nr, True
 
 
 def make_inplace(fn, name: str):
@@ -280,7 +280,7 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
         if self._base is not None:
             _rebase_view_history(self, result)
         else:
-            self.grad_fn, self._output_nr, self._requires_grad = result.grad_fn, result._output_nr, True
+            self._grad_fn, self._output_nr, self._requires_grad = result._grad_fn, result._output_nr, True
     self._bump_version()
     if recorded and self._view_meta is not None:  # its history now holds this write: it is current again
         watch_view(self, self._view_meta[1])
@@ -296,7 +296,7 @@ def _save_written(self: Tensor, result: Tensor) -> None:
     a tensor the caller holds leaves that tensor's node as it is."""
     if self._storage is None or result._storage is None or dispatch.dual_levels:  # traced or batched tensors, or
         return  # forward AD (the saved value carries tangents)
-    node = result.grad_fn
+    node = result._grad_fn
     saved = getattr(node, "saved", None)
     entry = saved.get("result") if saved else None
     if (entry is None or isinstance(entry, tuple) or not entry.is_output or entry.unpack_hook is not None

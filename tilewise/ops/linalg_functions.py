@@ -105,9 +105,7 @@ def _is_vector_rhs(A, B) -> bool:
 def _broadcast_solve_operands(op: str, A, B, left: bool):
     """A [..., n, n] and B as matrices of one batch shape, and whether B was a vector."""
     vector = _is_vector_rhs(A, B)
-    Bm = B.unsqueeze(-1) if vector else B
-    if not left and vector:
-        Bm = B.unsqueeze(-2)
+    Bm = B.unsqueeze(-1) if vector else B  # a column either side, as torch's: X A = b refuses a vector of n > 1
     n = A.shape[-1]
     k = -2 if left else -1
     if Bm.shape[k] != n:

@@ -7,6 +7,10 @@ predicates (``is_nonzero``, ``is_same_size``, ``is_signed``) and shape arithmeti
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+
 from tilewise import strides as S
 from tilewise.dispatch import STATE
 from tilewise.ops.creation import empty_strided
@@ -38,14 +42,14 @@ def _inplace_view(name: str, view_name: str):
     def method(self, *args, **kwargs):
         check_inference_write(self)
         recording = self.requires_grad and STATE.grad_enabled is not False
-        if recording and self.grad_fn is None and self._base is None:
+        if recording and self._grad_fn is None and self._base is None:
             raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an in-place operation.")
         # under grad mode the shape change is recorded as the view it makes (torch's UnsqueezeBackward1 and the
         # like), and the version moves on, so that a node that saved the tensor in its old shape refuses at backward
         view = getattr(Tensor, view_name)(self if recording else self.detach(), *args, **kwargs)
         self._shape, self._strides, self._offset, self._array = view._shape, view._strides, view._offset, None
         if recording:
-            self.grad_fn, self._output_nr = view.grad_fn, view._output_nr
+            self._grad_fn, self._output_nr = view._grad_fn, view._output_nr
             self._bump_version()
             if self._view_meta is not None:  # its history now holds the change: current again
                 watch_view(self, self._view_meta[1])
@@ -159,6 +163,99 @@ def _where_with_one_argument(where, nonzero) -> dict:
     return {"where": where_or_indices}
 
 
+# ---------------------------------------------------------------------------- clamp's bounds
+
+_BOUND_SIGNATURES = ("Tensor min = None, Tensor max = None", "Number min = None, Number max = None")
+
+
+def _parser_number(value) -> bool:
+    """What torch's argument parser takes for a Number: a Python or numpy number, or a 0-dim tensor that needs no
+    grad."""
+    if isinstance(value, Tensor):
+        return value.ndim == 0 and not value.requires_grad
+    return isinstance(value, (int, float, complex, np.number, np.bool_))
+
+
+def _mixed_bounds(lo, hi) -> bool:
+    """A tensor bound (not one the parser reads as a number) beside a bound that is not a tensor: torch's clamp has
+    a signature of two tensors and one of two numbers, and such a call matches neither."""
+    return any(isinstance(a, Tensor) and not _parser_number(a) and b is not None and not isinstance(b, Tensor)
+               for a, b in ((lo, hi), (hi, lo)))
+
+
+def _parser_type_name(value) -> str:
+    """A value's type as torch's argument parser names it in an error: ``Tensor``, ``int``, ``numpy.float32``."""
+    cls = type(value)
+    if isinstance(value, Tensor) or cls.__module__ == "builtins":
+        return "Tensor" if cls is Tensor else cls.__name__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _invalid_bounds(name: str, form: str, args: tuple, kwargs: dict, bounds: list) -> TypeError:
+    """torch's argument parser's error for a call of clamp's two signatures that matches neither, word for word.
+    ``form``: "function" (``torch.clamp``, which takes ``out=``), "inplace_function" (``torch.clamp_``) or
+    "method"."""
+    shown = [_parser_type_name(a) for a in (args[1:] if form == "method" else args)]
+    keywords = [f"{k}={_parser_type_name(v)}" for k, v in reversed(kwargs.items())]
+    given = f"({', '.join(shown + keywords)})" if shown else f"({''.join(k + ', ' for k in keywords)})"
+    lines = [f"{name}() received an invalid combination of arguments - got {given}, but expected one of:"]
+    for signature in _BOUND_SIGNATURES:
+        lines.append(f" * ({'' if form == 'method' else 'Tensor input, '}{signature}"
+                     f"{', *, Tensor out = None' if form == 'function' else ''})")
+        if form == "function":
+            continue
+        if kwargs:
+            incorrect = ", ".join(reversed(kwargs))
+            lines.append(f"      didn't match because some of the keywords were incorrect: {incorrect}")
+        else:
+            marks = (["Tensor"] if form == "inplace_function" else []) + [f"!{_parser_type_name(b)}!" for b in bounds]
+            invalid = ", ".join(marks)
+            lines.append(f"      didn't match because some of the arguments have invalid types: ({invalid})")
+    return TypeError("\n".join(lines) + "\n")
+
+
+def _checking_bounds(fn, name: str, form: str):
+    """``fn`` (a spelling of clamp) refusing a tensor bound beside a number bound as torch's parser does."""
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        rest = args if form != "method" and "input" in kwargs else args[1:]
+        lo = rest[0] if len(rest) > 0 else kwargs.get("min")
+        hi = rest[1] if len(rest) > 1 else kwargs.get("max")
+        if _mixed_bounds(lo, hi):
+            raise _invalid_bounds(name, form, args, kwargs, list(rest[:2]))
+        return fn(*args, **kwargs)
+
+    checked.__name__ = checked.__qualname__ = name
+    return checked
+
+
+def _attach_clamp_bounds(functions: dict, exported: dict) -> None:
+    for name in ("clamp", "clip"):
+        exported[name] = _checking_bounds(functions[name], name, "function")
+        setattr(Tensor, name, _checking_bounds(getattr(Tensor, name), name, "method"))
+        inplace = getattr(Tensor, f"{name}_")
+        exported[f"{name}_"] = _checking_bounds(inplace, f"{name}_", "inplace_function")
+        setattr(Tensor, f"{name}_", _checking_bounds(inplace, f"{name}_", "method"))
+
+
+def _taking_zero_dim_masks(fn):
+    """``fn`` (a spelling of index_put) taking a 0-dim mask among its indices as ``x[mask] = v`` takes it (see
+    ``ops.indexing.zero_dim_mask_positions``)."""
+    from tilewise.ops.indexing import has_zero_dim_mask, zero_dim_mask_positions
+
+    @functools.wraps(fn)
+    def index_put(*args, **kwargs):
+        if not has_zero_dim_mask(args[1] if len(args) > 1 else kwargs.get("indices")):
+            return fn(*args, **kwargs)
+        self, rest = (args[0], args[1:]) if args else (kwargs.pop("input", None) or kwargs.pop("self"), ())
+        given = {**dict(zip(("indices", "values", "accumulate"), rest)), **kwargs}
+        given["indices"], given["values"] = zero_dim_mask_positions(self, given["indices"], given["values"],
+                                                                    given.get("accumulate", False))
+        return fn(self, **given)
+
+    return index_put
+
+
 def attach(functions: dict) -> dict:
     """Give Tensor the methods above; return the torch-level functions to export, by name."""
     exported = {}
@@ -179,6 +276,11 @@ def attach(functions: dict) -> dict:
         exported[fn.__name__] = fn
     for name in TORCH_INPLACE_FUNCTIONS:
         exported[name] = getattr(Tensor, name)
+    _attach_clamp_bounds(functions, exported)
+    exported["index_put"] = _taking_zero_dim_masks(functions["index_put"])
+    for name in ("index_put", "index_put_"):
+        setattr(Tensor, name, _taking_zero_dim_masks(getattr(Tensor, name)))
+    exported["index_put_"] = Tensor.index_put_
     exported.update(broadcast_shapes=broadcast_shapes, fill=fill, asarray=asarray, empty_strided=empty_strided)
     return exported
 

@@ -263,7 +263,7 @@ class Module:
         if param is not None and not isinstance(param, Parameter):
             raise TypeError(f"cannot assign '{type(param).__name__}' object to parameter '{name}' "
                             "(tilewise.nn.Parameter or None required)")
-        if param is not None and param.grad_fn is not None:
+        if param is not None and param._grad_fn is not None:
             raise ValueError(f"Cannot assign non-leaf Tensor to parameter '{name}'. Model parameters must be created "
                              f"explicitly; to express '{name}' as a function of another Tensor, compute the value in "
                              "the forward() method.")
@@ -477,7 +477,7 @@ class Module:
             if set_to_none:
                 p.grad = None
             else:  # as torch's: a gradient with history is detached, one without only stops requiring grad
-                if p.grad.grad_fn is not None:
+                if p.grad._grad_fn is not None:
                     p.grad.detach_()
                 else:
                     p.grad.requires_grad_(False)

@@ -111,9 +111,9 @@ def _saved_state(h: Tensor) -> SavedTensor:
     """A state the loop read, saved for W_hh's gradient as its producer's output (holding the node weakly, as
     autograd saves outputs): no reference cycle through the graph, and a backward with ``create_graph`` still
     differentiates through it."""
-    if h.grad_fn is None:
+    if h._grad_fn is None:
         return SavedTensor(h)
-    return SavedTensor(h, is_output=True, node=h.grad_fn, output_nr=h._output_nr, op_name=h.grad_fn.name())
+    return SavedTensor(h, is_output=True, node=h._grad_fn, output_nr=h._output_nr, op_name=h._grad_fn.name())
 
 
 def _one_product_for_w_hh(mode: str, w_hh: Tensor) -> bool:

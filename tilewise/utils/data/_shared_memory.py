@@ -126,7 +126,7 @@ def _check_sendable(t: Tensor) -> None:
         raise RuntimeError(f"a DataLoader worker can only send CPU tensors, and this batch holds one on {t.device}; "
                            "load to the CPU in the worker and move batches to the device in the main process "
                            "(pin_memory=True makes that copy asynchronous)")
-    if t.requires_grad and t.grad_fn is not None:
+    if t.requires_grad and t._grad_fn is not None:
         raise RuntimeError("Cowardly refusing to serialize non-leaf tensor which requires_grad, since autograd does "
                            "not support crossing process boundaries.  If you just want to transfer the data, call "
                            "detach() on the tensor before serializing (e.g., putting it on the queue).")
