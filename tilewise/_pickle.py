@@ -29,7 +29,11 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
-from numpy._core import multiarray as _np_multiarray
+
+try:
+    from numpy._core import multiarray as _np_multiarray
+except ImportError:  # numpy 1: the same module under its old name
+    from numpy.core import multiarray as _np_multiarray
 
 UnpicklingError = pickle.UnpicklingError
 
