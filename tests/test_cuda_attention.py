@@ -202,12 +202,13 @@ def test_compiled_head_repeat_runs_grouped_cudnn_attention(how):
                                        atol=3e-2 * scale)
     (program,) = compiled.programs()
     calls = [s.describe() for s in program.steps if "call" in s.describe()]
-    assert any("_scaled_dot_product_attention_math [into its buffer]" in c for c in calls), calls
+    assert any(re.search(r"_scaled_dot_product_attention_math(_ordered)? \[into its buffer\]", c) for c in calls), calls
     assert any("_scaled_dot_product_attention_backward_ordered [into its buffer]" in c for c in calls), calls
     assert _built_grouped((batch, heads, length, dim), (batch, kv_heads, length, dim), (batch, kv_heads, length, dim))
     final = program.passes[-1][1]  # the graph fusion started from
     assert not [n for n in final.body if n.op == "expand" and len(n.type.shape) == 5]
-    gqa = {"_scaled_dot_product_attention_math": -1, "_scaled_dot_product_attention_backward_ordered": -4}
+    gqa = {"_scaled_dot_product_attention_math": -1, "_scaled_dot_product_attention_math_ordered": -2,
+           "_scaled_dot_product_attention_backward_ordered": -4}
     assert all(n.args[gqa[n.op]] is True for n in final.body if n.op.startswith("_scaled_dot_product_attention"))
 
 

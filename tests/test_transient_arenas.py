@@ -93,13 +93,15 @@ def test_empty_cache_gives_the_cudnn_workspace_back():
 
     if cudnn.unavailable():
         pytest.skip(cudnn.unavailable())
+    # workspaces a CUDA graph captured earlier in this process stay (see [Note: cuDNN graphs]); the rest goes
+    before = cudnn.workspace_bytes(tw.cuda.current_device())
     conv = tw.nn.Conv2d(64, 64, 3, padding=1).cuda()
     x = tw.randn(32, 64, 56, 56, device="cuda", requires_grad=True)
     conv(x).sum().backward()
     tw.cuda.synchronize()
     del x, conv
     tw.cuda.empty_cache()
-    assert cudnn.workspace_bytes(tw.cuda.current_device()) == 0
+    assert cudnn.workspace_bytes(tw.cuda.current_device()) == before
     conv = tw.nn.Conv2d(8, 8, 3).cuda()  # a later call allocates one again
     x = tw.randn(2, 8, 9, 9)
     out = conv(x.cuda())

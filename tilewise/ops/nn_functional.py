@@ -668,7 +668,9 @@ def _output_layout(query, key, value, attn_mask, dropout_p: float, enable_gqa: b
     query's order where the query is not dense), "BLHD" ((B, L, H, E) storage whatever the query's), or None
     (contiguous). On the CPU the flash kernel lays it out as the query, the math kernel contiguous. On CUDA,
     cuDNN's and flash attention (torch's choice for float16/bfloat16, masks and dropout included) lay it out as
-    the query, the memory-efficient kernel (float32) as BLHD, the math kernel contiguous."""
+    the query, the memory-efficient kernel (float32) as BLHD, the math kernel contiguous; a float16/bfloat16 head
+    dim that is no multiple of 8 is "padded": torch pads it to one, and the output is the contiguous padded
+    result with the padding sliced off."""
     if query.device.type == "cpu":
         return "query" if not dropout_p and _runs_cpu_flash_kernel(query, key, value, attn_mask, enable_gqa) else None
     if query.device.type != "cuda" or not (query.ndim == key.ndim == value.ndim == 4):
@@ -679,7 +681,9 @@ def _output_layout(query, key, value, attn_mask, dropout_p: float, enable_gqa: b
     if head_dim != key.shape[-1]:
         return None
     if dtype in ("bfloat16", "float16"):
-        return "query" if head_dim % 8 == 0 and head_dim <= 256 and value.shape[-1] % 8 == 0 else None
+        if head_dim > 256 or value.shape[-1] != head_dim:
+            return None
+        return "query" if head_dim % 8 == 0 else "padded"
     if dtype == "float32":
         return "BLHD" if head_dim % 4 == 0 and value.shape[-1] % 4 == 0 else None
     return None
@@ -691,6 +695,9 @@ def _laid_out(out, query, layout: str | None):
         return _laid_out_like(out, query)
     if layout == "BLHD":
         return out.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout == "padded":  # run on the head dim padded to a multiple of 8, the padding sliced off after
+        size = out.shape[-1]
+        return call_public("pad", out, (0, -size % 8)).narrow(-1, 0, size)
     return out.contiguous()
 
 

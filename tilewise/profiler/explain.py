@@ -552,11 +552,14 @@ def _cuda_clock(device: int, run, args, host: float):
 
 
 def _shown_programs(compiled) -> list[_Shown]:
-    shown = []
+    """Each program once: a variant whose program another variant already has (its graph compiled to the same
+    program) adds none, so that no step's time is counted twice."""
+    shown, seen = [], set()
     for k, variant in enumerate(compiled.variants):
         built = [p for p in (variant.forward, variant.backward) if p is not None]
         labels = _labels(len(built), k + 1 if len(compiled.variants) > 1 else None)
-        shown += [_from_program(label, p) for label, p in zip(labels, built)]
+        shown += [_from_program(label, p) for label, p in zip(labels, built) if id(p) not in seen]
+        seen.update(id(p) for p in built)
     for k, program in enumerate(compiled.segments.programs.values()):
         shown.append(_from_program(f"segment {k + 1}", program))
     return shown
