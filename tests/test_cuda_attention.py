@@ -208,7 +208,7 @@ def test_compiled_head_repeat_runs_grouped_cudnn_attention(how):
     final = program.passes[-1][1]  # the graph fusion started from
     assert not [n for n in final.body if n.op == "expand" and len(n.type.shape) == 5]
     gqa = {"_scaled_dot_product_attention_math": -1, "_scaled_dot_product_attention_math_ordered": -2,
-           "_scaled_dot_product_attention_backward_ordered": -4}
+           "_scaled_dot_product_attention_backward": -1, "_scaled_dot_product_attention_backward_ordered": -4}
     assert all(n.args[gqa[n.op]] is True for n in final.body if n.op.startswith("_scaled_dot_product_attention"))
 
 

@@ -110,6 +110,8 @@ class FakeCupti:
             record = types.SimpleNamespace(kind=self.ActivityKind.MEMCPY, copy_kind=1, src_kind=1, dst_kind=3,
                                            bytes=4096, **common)
         self.pending.append(record)
+        if kind == "kernel" and self.ActivityKind.KERNEL in self.enabled:  # another profiler left KERNEL on
+            self.pending.append(types.SimpleNamespace(**{**vars(record), "kind": self.ActivityKind.KERNEL}))
         if self.stack():
             self.pending.append(types.SimpleNamespace(kind=self.ActivityKind.EXTERNAL_CORRELATION,
                                                       correlation_id=correlation, external_id=self.stack()[-1],
@@ -167,6 +169,18 @@ def test_records_hang_on_the_range_that_launched_them(fake_cupti):
                                           "outside_any_range"])
     assert "before_profiling" not in device_rows  # CUPTI was not recording then
     assert fake_cupti.enabled == set() and fake_cupti.stack() == []  # stopped, every push popped
+
+
+def test_a_kernel_kind_another_profiler_left_on_counts_no_kernel_twice(fake_cupti):
+    """torch's profiler enables CUPTI's KERNEL records beside CONCURRENT_KERNEL and may leave them on: each kernel
+    then comes twice, once of each kind; the recording takes the kind it enabled only."""
+    fake_cupti.enabled.add(int(fake_cupti.ActivityKind.KERNEL))
+    with twp.profile(activities=ACTIVITIES) as prof:
+        with twp.record_function("outer"):
+            fake_cupti.launch("gemm_kernel", duration_ns=6000)
+    assert [e.name for e in prof.events() if e.device_type.name == "CUDA"] == ["gemm_kernel"]
+    outer = next(e for e in prof.events() if e.name == "outer")
+    assert [k.name for k in outer.kernels] == ["gemm_kernel"]
 
 
 def test_compiled_programs_and_autograd_run_unchanged_under_cupti(fake_cupti):

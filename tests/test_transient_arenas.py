@@ -94,6 +94,7 @@ def test_empty_cache_gives_the_cudnn_workspace_back():
     if cudnn.unavailable():
         pytest.skip(cudnn.unavailable())
     # workspaces a CUDA graph captured earlier in this process stay (see [Note: cuDNN graphs]); the rest goes
+    tw.cuda.empty_cache()
     before = cudnn.workspace_bytes(tw.cuda.current_device())
     conv = tw.nn.Conv2d(64, 64, 3, padding=1).cuda()
     x = tw.randn(32, 64, 56, 56, device="cuda", requires_grad=True)

@@ -669,8 +669,8 @@ def _output_layout(query, key, value, attn_mask, dropout_p: float, enable_gqa: b
     (contiguous). On the CPU the flash kernel lays it out as the query, the math kernel contiguous. On CUDA,
     cuDNN's and flash attention (torch's choice for float16/bfloat16, masks and dropout included) lay it out as
     the query, the memory-efficient kernel (float32) as BLHD, the math kernel contiguous; a float16/bfloat16 head
-    dim that is no multiple of 8 is "padded": torch pads it to one, and the output is the contiguous padded
-    result with the padding sliced off."""
+    dim that is no multiple of 8 is "padded" without an attention mask (torch pads it to one, and the output is
+    the contiguous padded result with the padding sliced off) and contiguous with one."""
     if query.device.type == "cpu":
         return "query" if not dropout_p and _runs_cpu_flash_kernel(query, key, value, attn_mask, enable_gqa) else None
     if query.device.type != "cuda" or not (query.ndim == key.ndim == value.ndim == 4):
@@ -683,7 +683,9 @@ def _output_layout(query, key, value, attn_mask, dropout_p: float, enable_gqa: b
     if dtype in ("bfloat16", "float16"):
         if head_dim > 256 or value.shape[-1] != head_dim:
             return None
-        return "query" if head_dim % 8 == 0 else "padded"
+        if head_dim % 8 == 0:
+            return "query"
+        return "padded" if attn_mask is None else None
     if dtype == "float32":
         return "BLHD" if head_dim % 4 == 0 and value.shape[-1] % 4 == 0 else None
     return None

@@ -205,6 +205,9 @@ class CuptiTracer:
             kind = activity.kind
             if kind == kinds.EXTERNAL_CORRELATION:
                 correlations[activity.correlation_id] = activity.external_id
+            elif kind == kinds.KERNEL:
+                continue  # never enabled here; another profiler (torch's) may have left it on: the same kernels
+                # again, which CONCURRENT_KERNEL records already
             elif kind == kinds.RUNTIME or kind == kinds.DRIVER:
                 calls.append(ApiCall("runtime" if kind == kinds.RUNTIME else "driver", activity.cbid,
                                      activity.correlation_id, activity.start, activity.end, activity.thread_id))
