@@ -24,7 +24,7 @@ def unary(name: str, expr, grad: str | None, dtype=R.promote_float, **attrs):
     return pointwise(f"{name}(Tensor self) -> Tensor", expr, {"self": grad} if grad else None, dtype, **attrs)
 
 
-SQRT_2 = math.sqrt(2.0)
+SQRT1_2 = math.sqrt(0.5)  # torch's kAlpha (M_SQRT1_2): its GELU multiplies by it, which also spares a division
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
@@ -40,7 +40,7 @@ def softplus_expr(x):
 def gelu_expr(x, approximate: str):
     if approximate == "tanh":
         return 0.5 * x * (1 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
-    return 0.5 * x * (1 + (x / SQRT_2).erf())
+    return 0.5 * x * (1 + (x * SQRT1_2).erf())
 
 
 def gelu_backward_expr(g, x, approximate: str):
@@ -49,7 +49,7 @@ def gelu_backward_expr(g, x, approximate: str):
         t = inner.tanh()
         d_inner = SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
         return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * d_inner)
-    cdf = 0.5 * (1 + (x / SQRT_2).erf())
+    cdf = 0.5 * (1 + (x * SQRT1_2).erf())
     pdf = INV_SQRT_2PI * (-0.5 * x * x).exp()
     return g * (cdf + x * pdf)
 

@@ -448,11 +448,24 @@ _KEPT = frozenset(name for n in (2, 3) for name in (
     f"_conv_transpose{n}d_backward_input", f"_conv_transpose{n}d_backward_weight"))
 
 
+def _patches(op_name: str, args: tuple) -> bool:
+    """Whether a convolution (or its gradient) cuts its input into non-overlapping patches: a stride equal to the
+    kernel, no padding or dilation, one group (a ViT's patch embedding). Its decomposition is then a transposing
+    copy and one GEMM, which beat cuDNN's kernels for it (few input channels, a large kernel)."""
+    if not op_name.startswith("_conv") or op_name.startswith("_conv_transpose"):
+        return False
+    weight = args[2] if "backward" in op_name else args[1]
+    stride, pads, dilation, groups = args[-4:]
+    kernel = tuple(weight.shape[2:])
+    return (groups == 1 and tuple(stride) == kernel and all(d == 1 for d in dilation)
+            and not any(p for pair in pads for p in (pair if isinstance(pair, (tuple, list)) else (pair,))))
+
+
 def keeps(op_name: str, args: tuple) -> bool:
     """Whether the compiler should keep a convolution operator whole, as one cuDNN call, rather than decompose
     it into im2col and a GEMM (the CUDA target's passes, ``compiler.targets``). ``args`` are its bound
     arguments, tensors standing for anything with ``shape``, ``dtype`` and ``device``."""
-    if op_name not in _KEPT:
+    if op_name not in _KEPT or _patches(op_name, args):
         return False
     tensors = [a for a in args if hasattr(a, "shape") and hasattr(a, "dtype")]
     dtype = tensors[0].dtype
