@@ -219,6 +219,610 @@ def test_timm_style_vit_with_layer_scale_drop_path_and_warmup_cosine_trains_like
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# A torchvision-style ResNet: BasicBlock with an nn.Sequential downsample, kaiming_normal_(mode="fan_out") through
+# model.apply, zero-initialised last BatchNorm of each block, a custom Dataset with a collate_fn through
+# DataLoader(num_workers=0), SGD with Nesterov momentum and decay, LinearLR warmup then MultiStepLR (SequentialLR), a
+# GradScaler enabled on the CPU with accumulation and clipping, top-k accuracy with AverageMeter-style running sums,
+# and a checkpoint round trip through an in-memory buffer into a model loaded with strict=False.
+
+def resnet(torch, init, images, labels, accumulate=2):
+    import io
+
+    nn = torch.nn
+
+    def conv3x3(in_planes, out_planes, stride=1):
+        return nn.Conv2d(in_planes, out_planes, kernel_size=3, stride=stride, padding=1, bias=False)
+
+    class BasicBlock(nn.Module):
+        expansion = 1
+
+        def __init__(self, inplanes, planes, stride=1, downsample=None):
+            super().__init__()
+            self.conv1 = conv3x3(inplanes, planes, stride)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.relu = nn.ReLU(inplace=True)
+            self.conv2 = conv3x3(planes, planes)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.downsample = downsample
+            self.stride = stride
+
+        def forward(self, x):
+            identity = x
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            if self.downsample is not None:
+                identity = self.downsample(x)
+            out += identity
+            return self.relu(out)
+
+    class ResNet(nn.Module):
+        def __init__(self, layers=(1, 1), num_classes=4, zero_init_residual=True):
+            super().__init__()
+            self.inplanes = 4
+            self.conv1 = nn.Conv2d(3, self.inplanes, kernel_size=3, stride=1, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(self.inplanes)
+            self.relu = nn.ReLU(inplace=True)
+            self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+            self.layer1 = self._make_layer(BasicBlock, 4, layers[0])
+            self.layer2 = self._make_layer(BasicBlock, 8, layers[1], stride=2)
+            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+            self.fc = nn.Linear(8 * BasicBlock.expansion, num_classes)
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
+                    nn.init.constant_(m.weight, 1)
+                    nn.init.constant_(m.bias, 0)
+            if zero_init_residual:
+                for m in self.modules():
+                    if isinstance(m, BasicBlock) and m.bn2.weight is not None:
+                        nn.init.constant_(m.bn2.weight, 0)
+
+        def _make_layer(self, block, planes, blocks, stride=1):
+            downsample = None
+            if stride != 1 or self.inplanes != planes * block.expansion:
+                downsample = nn.Sequential(
+                    nn.Conv2d(self.inplanes, planes * block.expansion, kernel_size=1, stride=stride, bias=False),
+                    nn.BatchNorm2d(planes * block.expansion))
+            layers = [block(self.inplanes, planes, stride, downsample)]
+            self.inplanes = planes * block.expansion
+            layers.extend(block(self.inplanes, planes) for _ in range(1, blocks))
+            return nn.Sequential(*layers)
+
+        def forward(self, x):
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layer2(self.layer1(x))
+            x = torch.flatten(self.avgpool(x), 1)
+            return self.fc(x)
+
+    class ImageSet(torch.utils.data.Dataset):
+        def __init__(self, images, labels, transform=None):
+            self.images, self.labels, self.transform = images, labels, transform
+
+        def __len__(self):
+            return len(self.labels)
+
+        def __getitem__(self, idx):
+            if torch.is_tensor(idx):
+                idx = idx.tolist()
+            image = torch.from_numpy(self.images[idx])
+            if self.transform:
+                image = self.transform(image)
+            return {"image": image, "label": int(self.labels[idx]), "index": idx}
+
+    def normalize(image, mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3)):
+        mean = torch.as_tensor(mean, dtype=image.dtype).view(-1, 1, 1)
+        std = torch.as_tensor(std, dtype=image.dtype).view(-1, 1, 1)
+        return image.sub(mean).div_(std)
+
+    def collate(samples):
+        images = torch.stack([s["image"] for s in samples])
+        labels = torch.tensor([s["label"] for s in samples], dtype=torch.long)
+        return images, labels, [s["index"] for s in samples]
+
+    class AverageMeter:
+        def __init__(self):
+            self.sum, self.count = 0.0, 0
+
+        def update(self, val, n=1):
+            self.sum += val * n
+            self.count += n
+
+        @property
+        def avg(self):
+            return self.sum / self.count
+
+    def accuracy(output, target, topk=(1,)):
+        with torch.no_grad():
+            maxk = max(topk)
+            batch_size = target.size(0)
+            _, pred = output.topk(maxk, 1, True, True)
+            pred = pred.t()
+            correct = pred.eq(target.view(1, -1).expand_as(pred))
+            res = []
+            for k in topk:
+                correct_k = correct[:k].reshape(-1).float().sum(0, keepdim=True)
+                res.append(correct_k.mul_(100.0 / batch_size))
+            return res
+
+    model = ResNet()
+    model = model.to(memory_format=torch.channels_last)
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "lr": [], "scale": [], "acc": []}
+    dataset = ImageSet(images, labels, transform=normalize)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=False, num_workers=0, collate_fn=collate,
+                                         drop_last=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True)
+    warm = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.25, total_iters=2)
+    steps = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[1, 2], gamma=0.5)
+    scheduler = torch.optim.lr_scheduler.SequentialLR(optimizer, schedulers=[warm, steps], milestones=[2])
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2)
+    criterion = nn.CrossEntropyLoss()
+    loss_meter, top1 = AverageMeter(), AverageMeter()
+    for _epoch in range(2):
+        model.train()
+        for i, (x, y, index) in enumerate(loader):
+            x = x.contiguous(memory_format=torch.channels_last)
+            with torch.autocast("cpu", enabled=False):
+                output = model(x)
+                loss = criterion(output, y) / accumulate
+            scaler.scale(loss).backward()
+            loss_meter.update(loss.item() * accumulate, x.size(0))
+            if (i + 1) % accumulate == 0:
+                scaler.unscale_(optimizer)
+                nn.utils.clip_grad_norm_(model.parameters(), 2.0)
+                record["grads"].append(gradients(model))
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+            record["loss"].append(loss.item())
+            record["scale"].append(scaler.get_scale())
+            record["index"] = index
+        scheduler.step()
+        record["lr"].append(scheduler.get_last_lr())
+        model.eval()
+        with torch.no_grad():
+            for x, y, _ in loader:
+                acc1, acc2 = accuracy(model(x), y, topk=(1, 2))
+                top1.update(acc1[0], x.size(0))
+                record["acc"].append([acc1.item(), acc2.item()])
+    record["avg"] = [loss_meter.avg, float(top1.avg)]
+    buffer = io.BytesIO()
+    torch.save({"epoch": 2, "state_dict": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict()}, buffer)
+    buffer.seek(0)
+    checkpoint = torch.load(buffer, map_location="cpu", weights_only=True)
+    state = {f"module.{k}": v for k, v in checkpoint["state_dict"].items()}
+    state = {k.removeprefix("module."): v for k, v in state.items() if not k.startswith("module.fc.")}
+    fresh = ResNet(num_classes=4)
+    result = fresh.load_state_dict(state, strict=False)
+    record["missing"] = sorted(result.missing_keys)
+    record["unexpected"] = sorted(result.unexpected_keys)
+    record["scaler_state"] = {k: v for k, v in checkpoint["scaler"].items() if k != "_growth_tracker"}
+    record["momentum"] = numpy_of(checkpoint["optimizer"]["state"][0]["momentum_buffer"])
+    record["final"] = {k: numpy_of(v) for k, v in fresh.state_dict().items() if not k.startswith("fc.")}
+    record["strides"] = list(model.conv1.weight.stride())
+    return record
+
+
+def resnet_data(rng, n=12):
+    return rng.random((n, 3, 8, 8)).astype(np.float32), rng.integers(0, 4, n)
+
+
+def test_torchvision_style_resnet_with_dataset_collate_grad_scaler_and_checkpoint_round_trip_trains_like_torch():
+    ours, theirs = run_both(resnet, *resnet_data(np.random.default_rng(2)))
+    assert ours.pop("missing") == theirs.pop("missing") and ours.pop("unexpected") == theirs.pop("unexpected")
+    assert ours.pop("index") == theirs.pop("index")
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A CLIP-style pair of towers: mean-pooled token embeddings with an attention mask, a small conv image tower,
+# projections normalised with F.normalize, a learnable logit scale (log(1/0.07)) clamped in place after each step, the
+# symmetric cross-entropy over the similarity matrix with torch.arange labels, retrieval recall@k by topk, and Adam with
+# a linear three-phase OneCycleLR cycling the momentum.
+
+def clip(torch, init, batches):
+    nn, F = torch.nn, torch.nn.functional
+
+    class TextTower(nn.Module):
+        def __init__(self, vocab=20, dim=12, out=8):
+            super().__init__()
+            self.tok = nn.Embedding(vocab, dim, padding_idx=0)
+            self.pos = nn.Parameter(torch.empty(6, dim).normal_(std=0.01))
+            self.ln = nn.LayerNorm(dim)
+            self.proj = nn.Linear(dim, out, bias=False)
+
+        def forward(self, ids, mask):
+            x = self.ln(self.tok(ids) + self.pos[: ids.size(1)])
+            m = mask.unsqueeze(-1).to(x.dtype)
+            pooled = (x * m).sum(1) / m.sum(1).clamp(min=1e-6)
+            return self.proj(pooled)
+
+    class ImageTower(nn.Module):
+        def __init__(self, out=8):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 6, 3, stride=2, padding=1, bias=False)  # a bias before BatchNorm gets noise
+            self.bn = nn.BatchNorm2d(6)
+            self.proj = nn.Linear(6, out)
+
+        def forward(self, x):
+            x = F.relu(self.bn(self.conv(x)))
+            return self.proj(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+    class CLIP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.text, self.image = TextTower(), ImageTower()
+            self.logit_scale = nn.Parameter(torch.ones([]) * np.log(1 / 0.07))
+
+        def forward(self, images, ids, mask):
+            image_features = F.normalize(self.image(images), dim=-1)
+            text_features = F.normalize(self.text(ids, mask), dim=1, p=2.0, eps=1e-12)
+            logit_scale = self.logit_scale.exp()
+            logits_per_image = logit_scale * image_features @ text_features.t()
+            return logits_per_image, logits_per_image.T
+
+    model = CLIP()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "lr": [], "scale": [], "recall": []}
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=2e-2, total_steps=len(batches),
+                                                    pct_start=0.3, anneal_strategy="linear", three_phase=True,
+                                                    cycle_momentum=True, base_momentum=0.8, max_momentum=0.9)
+    for images, ids, mask in batches:
+        images, ids, mask = torch.from_numpy(images), torch.from_numpy(ids), torch.from_numpy(mask)
+        logits_per_image, logits_per_text = model(images, ids, mask)
+        labels = torch.arange(images.shape[0], device=images.device, dtype=torch.long)
+        loss = (F.cross_entropy(logits_per_image, labels) + F.cross_entropy(logits_per_text, labels)) / 2
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        with torch.no_grad():
+            model.logit_scale.clamp_(0, math.log(100))
+            torch.clamp_(model.logit_scale.data, max=2.5)
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+        record["lr"].append([optimizer.param_groups[0]["lr"], optimizer.param_groups[0]["betas"][0]])
+        record["scale"].append(model.logit_scale.item())
+        model.eval()
+        with torch.no_grad():
+            sims, _ = model(images, ids, mask)
+            ranking = sims.topk(2, dim=1).indices
+            targets = torch.arange(len(sims)).view(-1, 1)
+            record["recall"].append([(ranking[:, :k] == targets).any(dim=1).float().mean().item() for k in (1, 2)])
+            record["argsort"] = numpy_of(torch.argsort(sims, dim=1, descending=True))
+        model.train()
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def clip_batches(rng, steps=5, batch=5):
+    out = []
+    for _ in range(steps):
+        lengths = rng.integers(2, 7, batch)
+        ids = np.zeros((batch, 6), np.int64)
+        for i, n in enumerate(lengths):
+            ids[i, :n] = rng.integers(1, 20, n)
+        out.append((rng.standard_normal((batch, 1, 8, 8)).astype(np.float32), ids, ids != 0))
+    return out
+
+
+def test_clip_style_contrastive_towers_with_logit_scale_and_one_cycle_train_like_torch():
+    ours, theirs = run_both(clip, clip_batches(np.random.default_rng(3)))
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The seq2seq tutorial: an EncoderRNN (Embedding, GRU), an AttnDecoderRNN with Bahdanau attention (Linear Wa, Ua, Va,
+# torch.bmm), a decoder loop step by step with teacher forcing on some batches and its own topk(1) on the others,
+# log_softmax with NLLLoss, two optimizers, and greedy evaluation under no_grad.
+
+def seq2seq(torch, init, batches, SOS=1, max_length=6):
+    nn, F = torch.nn, torch.nn.functional
+
+    class EncoderRNN(nn.Module):
+        def __init__(self, input_size, hidden_size):
+            super().__init__()
+            self.embedding = nn.Embedding(input_size, hidden_size)
+            self.gru = nn.GRU(hidden_size, hidden_size, batch_first=True)
+            self.dropout = nn.Dropout(0.0)
+
+        def forward(self, input):
+            embedded = self.dropout(self.embedding(input))
+            return self.gru(embedded)
+
+    class BahdanauAttention(nn.Module):
+        def __init__(self, hidden_size):
+            super().__init__()
+            self.Wa = nn.Linear(hidden_size, hidden_size)
+            self.Ua = nn.Linear(hidden_size, hidden_size)
+            self.Va = nn.Linear(hidden_size, 1, bias=False)  # softmax cancels a bias: Adam would scale noise alone
+
+        def forward(self, query, keys):
+            scores = self.Va(torch.tanh(self.Wa(query) + self.Ua(keys)))
+            scores = scores.squeeze(2).unsqueeze(1)
+            weights = F.softmax(scores, dim=-1)
+            context = torch.bmm(weights, keys)
+            return context, weights
+
+    class AttnDecoderRNN(nn.Module):
+        def __init__(self, hidden_size, output_size):
+            super().__init__()
+            self.embedding = nn.Embedding(output_size, hidden_size)
+            self.attention = BahdanauAttention(hidden_size)
+            self.gru = nn.GRU(2 * hidden_size, hidden_size, batch_first=True)
+            self.out = nn.Linear(hidden_size, output_size)
+
+        def forward(self, encoder_outputs, encoder_hidden, target_tensor=None):
+            batch_size = encoder_outputs.size(0)
+            decoder_input = torch.empty(batch_size, 1, dtype=torch.long).fill_(SOS)
+            decoder_hidden = encoder_hidden
+            decoder_outputs, attentions = [], []
+            for i in range(max_length):
+                decoder_output, decoder_hidden, attn_weights = self.forward_step(
+                    decoder_input, decoder_hidden, encoder_outputs)
+                decoder_outputs.append(decoder_output)
+                attentions.append(attn_weights)
+                if target_tensor is not None:
+                    decoder_input = target_tensor[:, i].unsqueeze(1)
+                else:
+                    _, topi = decoder_output.topk(1)
+                    decoder_input = topi.squeeze(-1).detach()
+            decoder_outputs = torch.cat(decoder_outputs, dim=1)
+            decoder_outputs = F.log_softmax(decoder_outputs, dim=-1)
+            attentions = torch.cat(attentions, dim=1)
+            return decoder_outputs, decoder_hidden, attentions
+
+        def forward_step(self, input, hidden, encoder_outputs):
+            embedded = self.embedding(input)
+            query = hidden.permute(1, 0, 2)
+            context, attn_weights = self.attention(query, encoder_outputs)
+            input_gru = torch.cat((embedded, context), dim=2)
+            output, hidden = self.gru(input_gru, hidden)
+            return self.out(output), hidden, attn_weights
+
+    encoder, decoder = EncoderRNN(10, 8), AttnDecoderRNN(8, 9)
+    both = nn.ModuleDict({"encoder": encoder, "decoder": decoder})
+    record = {"init": initial_state(torch, both, init), "loss": [], "grads": []}
+    encoder_optimizer = torch.optim.Adam(encoder.parameters(), lr=1e-2)
+    decoder_optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-2)
+    criterion = nn.NLLLoss()
+    for step, (input_tensor, target_tensor) in enumerate(batches):
+        input_tensor, target_tensor = torch.from_numpy(input_tensor), torch.from_numpy(target_tensor)
+        encoder_optimizer.zero_grad()
+        decoder_optimizer.zero_grad()
+        encoder_outputs, encoder_hidden = encoder(input_tensor)
+        teacher = target_tensor if step % 2 == 0 else None
+        decoder_outputs, _, _ = decoder(encoder_outputs, encoder_hidden, teacher)
+        loss = criterion(decoder_outputs.view(-1, decoder_outputs.size(-1)), target_tensor.view(-1))
+        loss.backward()
+        encoder_optimizer.step()
+        decoder_optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(both))
+    with torch.no_grad():
+        encoder_outputs, encoder_hidden = encoder(torch.from_numpy(batches[0][0]))
+        decoder_outputs, decoder_hidden, attentions = decoder(encoder_outputs, encoder_hidden)
+        _, topi = decoder_outputs.topk(1)
+        record["decoded"] = numpy_of(topi.squeeze())
+        record["attentions"] = numpy_of(attentions)
+        record["hidden"] = numpy_of(decoder_hidden)
+    record["final"] = {k: numpy_of(v) for k, v in both.state_dict().items()}
+    return record
+
+
+def seq2seq_batches(rng, steps=4, batch=3):
+    return [(rng.integers(0, 10, (batch, 5)), rng.integers(0, 9, (batch, 6))) for _ in range(steps)]
+
+
+def test_seq2seq_gru_with_bahdanau_attention_and_teacher_forcing_trains_like_torch():
+    ours, theirs = run_both(seq2seq, seq2seq_batches(np.random.default_rng(4)))
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A small U-Net for segmentation: DoubleConv blocks, MaxPool2d down, bilinear F.interpolate up (align_corners=True) and
+# ConvTranspose2d up, skip connections by torch.cat after F.pad to the skip's size, a cross-entropy over (N, C, H, W)
+# with ignore_index=255 and class weights plus a soft dice loss on one_hot(...).permute, mean IoU from a confusion
+# matrix by bincount, RMSprop with ReduceLROnPlateau(mode="max"), and a predicted mask by argmax.
+
+def unet(torch, init, batches, n_classes=3):
+    nn, F = torch.nn, torch.nn.functional
+
+    class DoubleConv(nn.Module):
+        def __init__(self, in_channels, out_channels, mid_channels=None):
+            super().__init__()
+            mid_channels = mid_channels or out_channels
+            self.double_conv = nn.Sequential(
+                nn.Conv2d(in_channels, mid_channels, kernel_size=3, padding=1, bias=False),
+                nn.BatchNorm2d(mid_channels), nn.ReLU(inplace=True),
+                nn.Conv2d(mid_channels, out_channels, kernel_size=3, padding=1, bias=False),
+                nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True))
+
+        def forward(self, x):
+            return self.double_conv(x)
+
+    class Up(nn.Module):
+        def __init__(self, in_channels, out_channels, bilinear=True):
+            super().__init__()
+            self.bilinear = bilinear
+            if bilinear:
+                self.conv = DoubleConv(in_channels, out_channels, in_channels // 2)
+            else:
+                self.up = nn.ConvTranspose2d(in_channels, in_channels // 2, kernel_size=2, stride=2)
+                self.conv = DoubleConv(in_channels, out_channels)
+
+        def forward(self, x1, x2):
+            if self.bilinear:
+                x1 = F.interpolate(x1, scale_factor=2, mode="bilinear", align_corners=True)
+            else:
+                x1 = self.up(x1)
+            diffY = x2.size()[2] - x1.size()[2]
+            diffX = x2.size()[3] - x1.size()[3]
+            x1 = F.pad(x1, [diffX // 2, diffX - diffX // 2, diffY // 2, diffY - diffY // 2])
+            return self.conv(torch.cat([x2, x1], dim=1))
+
+    class UNet(nn.Module):
+        def __init__(self, n_channels=1):
+            super().__init__()
+            self.inc = DoubleConv(n_channels, 4)
+            self.down1 = nn.Sequential(nn.MaxPool2d(2), DoubleConv(4, 8))
+            self.down2 = nn.Sequential(nn.MaxPool2d(2), DoubleConv(8, 8))
+            self.up1 = Up(16, 8, bilinear=True)
+            self.up2 = Up(8, 4, bilinear=False)
+            self.outc = nn.Conv2d(4, n_classes, kernel_size=1)
+
+        def forward(self, x):
+            x1 = self.inc(x)
+            x2 = self.down1(x1)
+            x3 = self.down2(x2)
+            x = self.up1(x3, x2)
+            x = self.up2(x, x1)
+            return self.outc(x)
+
+    def dice_loss(logits, target, epsilon=1e-6):
+        valid = (target != 255)
+        probs = F.softmax(logits, dim=1).float() * valid.unsqueeze(1)
+        onehot = F.one_hot(target.clamp(max=n_classes - 1) * valid, n_classes).permute(0, 3, 1, 2).float()
+        onehot = onehot * valid.unsqueeze(1)
+        inter = 2 * (probs * onehot).sum(dim=(-1, -2))
+        sets_sum = probs.sum(dim=(-1, -2)) + onehot.sum(dim=(-1, -2))
+        sets_sum = torch.where(sets_sum == 0, inter, sets_sum)
+        dice = (inter + epsilon) / (sets_sum + epsilon)
+        return 1 - dice.mean()
+
+    def confusion(pred, target):
+        k = (target >= 0) & (target < n_classes)
+        inds = n_classes * target[k].to(torch.int64) + pred[k]
+        return torch.bincount(inds, minlength=n_classes ** 2).reshape(n_classes, n_classes)
+
+    model = UNet()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "lr": [], "iou": []}
+    optimizer = torch.optim.RMSprop(model.parameters(), lr=1e-3, weight_decay=1e-8, momentum=0.9, foreach=True)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, "max", patience=0, factor=0.5)
+    criterion = nn.CrossEntropyLoss(weight=torch.tensor([0.5, 1.0, 2.0]), ignore_index=255)
+    for images, masks in batches:
+        images, masks = torch.from_numpy(images), torch.from_numpy(masks)
+        model.train()
+        masks_pred = model(images)
+        loss = criterion(masks_pred, masks) + dice_loss(masks_pred, masks)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            pred = model(images).argmax(dim=1)
+            mat = confusion(pred.flatten(), masks.flatten()).double()
+            iu = torch.diag(mat) / (mat.sum(1) + mat.sum(0) - torch.diag(mat))
+            miou = torch.nanmean(iu)
+        scheduler.step(miou.item())
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+        record["lr"].append(optimizer.param_groups[0]["lr"])
+        record["iou"].append([numpy_of(mat), numpy_of(iu), miou.item()])
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def unet_batches(rng, steps=4, batch=2):
+    out = []
+    for _ in range(steps):
+        masks = rng.integers(0, 3, (batch, 8, 8))
+        masks[:, 0, :3] = 255
+        out.append((rng.standard_normal((batch, 1, 8, 8)).astype(np.float32), masks))
+    return out
+
+
+def test_unet_segmentation_with_ignore_index_dice_and_confusion_matrix_iou_trains_like_torch():
+    ours, theirs = run_both(unet, unet_batches(np.random.default_rng(5)))
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Knowledge distillation into an LSTMCell forecaster: a frozen teacher (requires_grad_(False), eval) over windows made
+# by Tensor.unfold, a student stepping an LSTMCell over time, KL divergence of temperature-softened log_softmax with
+# reduction="batchmean" times T**2, a Huber regression term, Adamax with a PolynomialLR, and an EMA of the student kept
+# with torch._foreach_mul_ / _foreach_add_ under no_grad, buffers copied by lerp_ (weight 1).
+
+def distill(torch, init, series, T=2.0, alpha=0.7):
+    nn, F = torch.nn, torch.nn.functional
+
+    class Teacher(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(6, 16), nn.Mish(), nn.BatchNorm1d(16), nn.Linear(16, 4 + 1))
+
+        def forward(self, x):
+            out = self.net(x)
+            return out[:, :4], out[:, 4]
+
+    class Student(nn.Module):
+        def __init__(self, hidden=8):
+            super().__init__()
+            self.cell = nn.LSTMCell(1, hidden)
+            self.cls = nn.Linear(hidden, 4)
+            self.reg = nn.Linear(hidden, 1)
+
+        def forward(self, x):
+            h = x.new_zeros(x.size(0), self.cell.hidden_size)
+            c = torch.zeros_like(h)
+            for t in range(x.size(1)):
+                h, c = self.cell(x[:, t].unsqueeze(-1), (h, c))
+            return self.cls(h), self.reg(h).squeeze(-1)
+
+    teacher, student = Teacher(), Student()
+    both = nn.ModuleDict({"teacher": teacher, "student": student})
+    record = {"init": initial_state(torch, both, init), "loss": [], "grads": [], "lr": []}
+    teacher.eval().requires_grad_(False)
+    ema = Student()
+    ema.load_state_dict(student.state_dict())
+    optimizer = torch.optim.Adamax(student.parameters(), lr=2e-2)
+    scheduler = torch.optim.lr_scheduler.PolynomialLR(optimizer, total_iters=4, power=2.0)
+    windows = torch.from_numpy(series).unfold(0, 7, 2)
+    x_all, y_all = windows[:, :6], windows[:, 6]
+    labels_all = torch.bucketize(y_all, torch.tensor([-0.5, 0.0, 0.5]))
+    record["windows"] = [list(windows.shape), list(windows.stride()), numpy_of(labels_all)]
+    for start in range(0, len(x_all) - 3, 4):
+        x, y, labels = x_all[start:start + 4], y_all[start:start + 4], labels_all[start:start + 4]
+        with torch.no_grad():
+            t_logits, t_reg = teacher(x)
+        s_logits, s_reg = student(x)
+        soft = F.kl_div(F.log_softmax(s_logits / T, dim=-1), F.softmax(t_logits / T, dim=-1),
+                        reduction="batchmean") * T * T
+        hard = F.cross_entropy(s_logits, labels)
+        loss = alpha * soft + (1 - alpha) * hard + F.huber_loss(s_reg, y, delta=0.5) + 0.1 * F.mse_loss(s_reg, t_reg)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        with torch.no_grad():
+            ema_params, params = list(ema.parameters()), list(student.parameters())
+            torch._foreach_mul_(ema_params, 0.9)
+            torch._foreach_add_(ema_params, params, alpha=0.1)
+            for e, b in zip(ema.buffers(), student.buffers()):
+                e.lerp_(b, 1.0)
+        record["loss"].append([loss.item(), soft.item(), hard.item()])
+        record["grads"].append(gradients(student))
+        record["lr"].append(scheduler.get_last_lr()[0])
+    with torch.no_grad():
+        logits, _ = ema(x_all)
+        probs = logits.softmax(-1)
+        values, indices = probs.topk(2, dim=-1)
+        record["ema_eval"] = [numpy_of(values), numpy_of(indices), numpy_of(probs.argmax(-1))]
+    record["ema"] = {k: numpy_of(v) for k, v in ema.state_dict().items()}
+    record["final"] = {k: numpy_of(v) for k, v in student.state_dict().items()}
+    return record
+
+
+def test_distillation_into_an_lstm_cell_student_with_ema_by_foreach_trains_like_torch():
+    series = np.sin(np.linspace(0, 12, 41)).astype(np.float32) + np.random.default_rng(6).normal(0, 0.1, 41).astype(
+        np.float32)
+    ours, theirs = run_both(distill, series)
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # What the programs met, reduced.
 
 def jit_decorated_module(torch):
