@@ -881,3 +881,45 @@ def test_torch_jit_decorators_and_queries_leave_model_code_running_as_python():
 def test_torch_jit_ignore_of_a_non_bool_raises_as_torch(torch):
     with pytest.raises(RuntimeError, match="Argument to @torch.jit.ignore must be a bool or a function but got 3"):
         torch.jit.ignore(3)
+
+
+def causal_attention_with_a_mask(torch, mask_kind, shape=(1, 2, 3, 4), source=3, dtype="float32"):
+    rng = np.random.default_rng(7)
+    q = torch.tensor(rng.standard_normal(shape), dtype=getattr(torch, dtype), requires_grad=True)
+    kv_shape = shape[:-2] + (source, shape[-1])
+    k = torch.tensor(rng.standard_normal(kv_shape), dtype=getattr(torch, dtype), requires_grad=True)
+    v = torch.tensor(rng.standard_normal(kv_shape), dtype=getattr(torch, dtype), requires_grad=True)
+    keep = rng.random((shape[-2], source)) > 0.3
+    keep[1:, 0] = True
+    keep[0] = [False] + [True] * (source - 1)  # the first row: causal leaves key 0 alone, the mask removes it
+    mask = {"bool": torch.tensor(keep), "float": torch.tensor(np.where(keep, 0.5, -2.0).astype(dtype)),
+            "broadcast": torch.tensor(keep[:, :1])}[mask_kind]
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+    out.backward(torch.ones_like(out))
+    return [numpy_of(out.float()), numpy_of(q.grad.float()), numpy_of(k.grad.float()), numpy_of(v.grad.float()),
+            list(out.stride())]
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float", "broadcast"])
+@pytest.mark.parametrize(("shape", "source"), [((1, 2, 3, 4), 3), ((2, 1, 2, 4), 4), ((1, 2, 4, 8), 2)])
+def test_attention_on_the_cpu_with_a_mask_and_is_causal_masks_by_both_as_torch(mask_kind, shape, source):
+    """On the CPU torch's flash kernel (4-D inputs, a 2-D or 4-D mask that needs no gradient) takes an attention
+    mask together with is_causal: a key is seen where both allow it, a float mask is added where causal allows."""
+    assert_same(causal_attention_with_a_mask(tilewise, mask_kind, shape, source),
+                causal_attention_with_a_mask(real_torch, mask_kind, shape, source))
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize("call", [
+    lambda F, t: F.scaled_dot_product_attention(t.ones(2, 3, 4), t.ones(2, 3, 4), t.ones(2, 3, 4),
+                                                attn_mask=t.ones(3, 3, dtype=t.bool), is_causal=True),
+    lambda F, t: F.scaled_dot_product_attention(t.ones(1, 2, 3, 4), t.ones(1, 2, 3, 4), t.ones(1, 2, 3, 4),
+                                                attn_mask=t.ones(1, 3, 3, dtype=t.bool), is_causal=True),
+    lambda F, t: F.scaled_dot_product_attention(t.ones(1, 2, 3, 4), t.ones(1, 2, 3, 4), t.ones(1, 2, 3, 4),
+                                                attn_mask=t.ones(3, 3, requires_grad=True), is_causal=True),
+    lambda F, t: F.scaled_dot_product_attention(t.ones(1, 2, 3, 4), t.ones(1, 2, 3, 4), t.ones(1, 2, 3, 4),
+                                                attn_mask=t.ones(3, 3, dtype=t.bool), is_causal=True, dropout_p=0.5),
+], ids=["3d-inputs", "3d-mask", "mask-requiring-grad", "dropout"])
+def test_attention_with_a_mask_and_is_causal_off_the_cpu_flash_kernel_raises_as_torch(torch, call):
+    with pytest.raises(RuntimeError, match="Explicit attn_mask should not be set when is_causal=True"):
+        call(torch.nn.functional, torch)
