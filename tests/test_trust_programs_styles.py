@@ -923,3 +923,23 @@ def test_attention_on_the_cpu_with_a_mask_and_is_causal_masks_by_both_as_torch(m
 def test_attention_with_a_mask_and_is_causal_off_the_cpu_flash_kernel_raises_as_torch(torch, call):
     with pytest.raises(RuntimeError, match="Explicit attn_mask should not be set when is_causal=True"):
         call(torch.nn.functional, torch)
+
+
+def autocast_with_an_unsupported_cpu_dtype(torch, dtype):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+            inside = [torch.is_autocast_enabled("cpu"), str(torch.get_autocast_dtype("cpu")).split(".")[-1],
+                      str((torch.ones(2, 2) @ torch.ones(2, 2)).dtype).split(".")[-1]]
+    messages = [str(w.message).replace("tilewise.", "torch.") for w in caught if w.category is UserWarning]
+    return inside, messages, torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
+def test_cpu_autocast_with_an_unsupported_dtype_warns_and_turns_itself_off_as_torch(dtype):
+    """A training script that passes ``dtype=torch.float32`` (or float64) to CPU autocast runs in full precision
+    under torch, with a warning, rather than failing."""
+    assert autocast_with_an_unsupported_cpu_dtype(tilewise, dtype) == \
+        autocast_with_an_unsupported_cpu_dtype(real_torch, dtype)
