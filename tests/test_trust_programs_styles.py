@@ -8,6 +8,7 @@ torch and under tilewise (``import tilewise as torch``) from the same initial we
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -820,6 +821,123 @@ def test_distillation_into_an_lstm_cell_student_with_ema_by_foreach_trains_like_
         np.float32)
     ours, theirs = run_both(distill, series)
     assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# LoRA fine-tuning as peft-style scripts do it: a pretrained MLP-mixer-like model frozen with requires_grad_(False),
+# its target Linear layers found by named_modules and swapped for a LoRALinear wrapper with set_submodule, the A matrix
+# kaiming_uniform_(a=sqrt(5)) and B zeros, only trainable parameters handed to AdamW (filter on requires_grad), the
+# trainable count by numel, a state dict of the adapters alone, and the adapters merged into the base weights with
+# addmm_ under no_grad, the merged model's output compared with the adapted one's.
+
+def lora(torch, init, batches, rank=2, alpha=4):
+    nn, F = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self, dim=8):
+            super().__init__()
+            self.norm = nn.LayerNorm(dim)
+            self.fc1, self.fc2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+
+        def forward(self, x):
+            return x + self.fc2(F.silu(self.fc1(self.norm(x))))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(4, 8)
+            self.blocks = nn.ModuleList([Block(), Block()])
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            x = self.embed(x)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x.mean(1))
+
+    class LoRALinear(nn.Module):
+        def __init__(self, base, r, lora_alpha):
+            super().__init__()
+            self.base = base
+            self.lora_A = nn.Parameter(base.weight.new_zeros((r, base.in_features)))
+            self.lora_B = nn.Parameter(base.weight.new_zeros((base.out_features, r)))
+            self.scaling = lora_alpha / r
+            nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+            nn.init.zeros_(self.lora_B)
+
+        def forward(self, x):
+            return self.base(x) + (x @ self.lora_A.T @ self.lora_B.T) * self.scaling
+
+        @torch.no_grad()
+        def merged(self):
+            merged = nn.Linear(self.base.in_features, self.base.out_features)
+            merged.weight.copy_(self.base.weight).addmm_(self.lora_B, self.lora_A, alpha=self.scaling)
+            merged.bias.copy_(self.base.bias)
+            return merged
+
+    model = Net()
+    model.requires_grad_(False)
+    targets = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and "fc" in name]
+    for name in targets:
+        model.set_submodule(name, LoRALinear(model.get_submodule(name), rank, alpha))
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": []}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    record["counts"] = [sum(p.numel() for p in trainable), sum(p.numel() for p in model.parameters())]
+    optimizer = torch.optim.AdamW(filter(lambda p: p.requires_grad, model.parameters()), lr=5e-2, weight_decay=0.0)
+    for x, y in batches:
+        x, y = torch.from_numpy(x), torch.from_numpy(y)
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+    adapters = {k: numpy_of(v) for k, v in model.state_dict().items() if "lora_" in k}
+    record["adapters"] = adapters
+    model.eval()
+    x = torch.from_numpy(batches[0][0])
+    with torch.no_grad():
+        adapted = model(x)
+        for name in targets:
+            model.set_submodule(name, model.get_submodule(name).merged(), strict=True)
+        merged = model(x)
+    record["outputs"] = [numpy_of(adapted), numpy_of(merged)]
+    record["merged_keys"] = sorted(model.state_dict().keys())
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def lora_batches(rng, steps=4, batch=3):
+    return [(rng.standard_normal((batch, 5, 4)).astype(np.float32), rng.integers(0, 3, batch)) for _ in range(steps)]
+
+
+def test_lora_adapters_swapped_in_by_set_submodule_train_and_merge_like_torch():
+    ours, theirs = run_both(lora, lora_batches(np.random.default_rng(8)))
+    assert ours.pop("merged_keys") == theirs.pop("merged_keys")
+    assert_same(ours, theirs)
+    np.testing.assert_allclose(*theirs["outputs"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize(("target", "module", "strict", "error", "message"), [
+    ("", "linear", False, ValueError, "Cannot set the submodule without a target name!"),
+    ("0", "tensor", False, ValueError, "`module` is not an nn.Module, found"),
+    ("2.x", "linear", False, AttributeError, "Sequential has no attribute `2`"),
+    ("1.new", "linear", True, AttributeError, "Linear has no attribute `new`"),
+    ("1.weight", "linear", False, AttributeError, "`weight` is not an nn.Module"),
+])
+def test_set_submodule_refuses_as_torch(torch, target, module, strict, error, message):
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.ReLU()), torch.nn.Linear(2, 2))
+    module = torch.nn.Linear(1, 1) if module == "linear" else torch.ones(1)
+    with pytest.raises(error, match=re.escape(message)):
+        model.set_submodule(target, module, strict=strict)
+
+
+def test_set_submodule_adds_a_new_child_unless_strict():
+    for torch in LIBRARIES:
+        model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.ReLU()))
+        model.set_submodule("0.extra", torch.nn.Tanh())
+        assert [name for name, _ in model.named_modules()] == ["", "0", "0.0", "0.extra"]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
