@@ -941,6 +941,82 @@ def test_set_submodule_adds_a_new_child_unless_strict():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Model ensembling as torch's tutorial writes it: several models' states stacked by torch.func.stack_module_state, one
+# functional_call of a base copy vmapped over them (the same minibatch for all, and a minibatch each), then the stacked
+# parameters trained directly: a loss over the vmapped output, backward into the stacked leaves, Adam over them.
+
+def ensemble(torch, init, batches, num_models=3):
+    import copy
+
+    nn, F = torch.nn, torch.nn.functional
+    functional_call, stack_module_state, vmap = torch.func.functional_call, torch.func.stack_module_state, torch.vmap
+
+    class SimpleMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(6, 8), nn.Linear(8, 3)
+            self.norm = nn.LayerNorm(8)
+
+        def forward(self, x):
+            return self.fc2(F.relu(self.norm(self.fc1(x))))
+
+    models = nn.ModuleList([SimpleMLP() for _ in range(num_models)])
+    record = {"init": initial_state(torch, models, init), "loss": [], "grads": []}
+    params, buffers = stack_module_state(models)
+    record["stacked"] = [sorted(params), [list(p.shape) for p in params.values()],
+                         [p.requires_grad and p.is_leaf for p in params.values()], sorted(buffers)]
+    base_model = copy.deepcopy(models[0])
+
+    def fmodel(params, buffers, x):
+        return functional_call(base_model, (params, buffers), (x,))
+
+    x0 = torch.from_numpy(batches[0][0])
+    same = vmap(fmodel, in_dims=(0, 0, None))(params, buffers, x0)
+    record["same_minibatch"] = numpy_of(same)
+    record["one_by_one"] = [numpy_of(model(x0)) for model in models]
+    optimizer = torch.optim.Adam(list(params.values()), lr=1e-2)
+    for x, y in batches:
+        x, y = torch.from_numpy(x), torch.from_numpy(y)
+        minibatches = x.expand(num_models, *x.shape) + torch.arange(num_models, dtype=x.dtype).view(-1, 1, 1) * 0.1
+        logits = vmap(fmodel)(params, buffers, minibatches)
+        loss = F.cross_entropy(logits.reshape(-1, 3), y.repeat(num_models))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append({k: numpy_of(p.grad) for k, p in params.items()})
+    record["final"] = {k: numpy_of(v) for k, v in params.items()}
+    return record
+
+
+def ensemble_batches(rng, steps=4, batch=5):
+    return [(rng.standard_normal((batch, 6)).astype(np.float32), rng.integers(0, 3, batch)) for _ in range(steps)]
+
+
+def test_model_ensembling_by_stack_module_state_and_vmapped_functional_call_trains_like_torch():
+    ours, theirs = run_both(ensemble, ensemble_batches(np.random.default_rng(9)))
+    assert ours.pop("stacked") == theirs.pop("stacked")
+    assert_same(ours, theirs)
+    np.testing.assert_allclose(theirs["same_minibatch"], np.stack(theirs["one_by_one"]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize("case", ["none", "modes", "classes", "requires_grad"])
+def test_stack_module_state_refuses_as_torch(torch, case):
+    nn = torch.nn
+    models = {"none": [], "modes": [nn.Linear(2, 2), nn.Linear(2, 2).eval()],
+              "classes": [nn.Linear(2, 2), nn.Sequential()], "requires_grad": [nn.Linear(2, 2), nn.Linear(2, 2)]}[case]
+    if case == "requires_grad":
+        models[1].bias.requires_grad_(False)
+    message = {"none": "stack_module_state: Expected at least one model, got 0.",
+               "modes": "stack_module_state: Expected all models to have the same training/eval mode.",
+               "classes": "stack_module_state: Expected all models to be of the same class.",
+               "requires_grad": "Expected bias from each model to have the same .requires_grad"}[case]
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        torch.func.stack_module_state(models)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # What the programs met, reduced.
 
 def jit_decorated_module(torch):
