@@ -1137,3 +1137,31 @@ def test_cpu_autocast_with_an_unsupported_dtype_warns_and_turns_itself_off_as_to
     under torch, with a warning, rather than failing."""
     assert autocast_with_an_unsupported_cpu_dtype(tilewise, dtype) == \
         autocast_with_an_unsupported_cpu_dtype(real_torch, dtype)
+
+
+def encoder_with_mismatched_masks(torch, layer_only, training):
+    import warnings
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    module = layer if layer_only else torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    x = torch.tensor(np.linspace(-1, 1, 2 * 5 * 8, dtype=np.float32).reshape(2, 5, 8))
+    padding = torch.tensor([[False, False, False, True, True], [False] * 5])
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(5)
+    module.train(training)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if layer_only:
+            module(x, src_mask=causal, src_key_padding_mask=padding)
+        else:
+            module(x, mask=causal, src_key_padding_mask=padding)
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("layer_only", [False, True], ids=["encoder", "layer"])
+def test_transformer_encoder_with_a_bool_padding_mask_and_a_float_mask_warns_once_as_torch(layer_only, training):
+    """torch's encoder (and each encoder layer) turns a bool key padding mask into the float mask's type before its
+    layers run: one deprecation warning naming the encoder's arguments, none from the attention inside."""
+    assert encoder_with_mismatched_masks(tilewise, layer_only, training) == \
+        encoder_with_mismatched_masks(real_torch, layer_only, training)
