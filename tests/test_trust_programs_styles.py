@@ -1165,3 +1165,70 @@ def test_transformer_encoder_with_a_bool_padding_mask_and_a_float_mask_warns_onc
     layers run: one deprecation warning naming the encoder's arguments, none from the attention inside."""
     assert encoder_with_mismatched_masks(tilewise, layer_only, training) == \
         encoder_with_mismatched_masks(real_torch, layer_only, training)
+
+
+def checkpoint_with_args(path):
+    """What many training scripts save: the weights beside their argparse arguments and a small record class."""
+    import argparse
+
+    args = argparse.Namespace(lr=0.1, epochs=3, arch="resnet", layers=[1, 2])
+    real_torch.save({"args": args, "epoch": 3, "state_dict": {"w": real_torch.arange(4.0).reshape(2, 2)}}, path)
+
+
+def load_trusting(torch, path, how):
+    import argparse
+
+    if how == "none":
+        return torch.load(path)
+    if how == "context":
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            loaded = torch.load(path, weights_only=True)
+            declared = argparse.Namespace in torch.serialization.get_safe_globals()
+        return loaded, [declared, argparse.Namespace in torch.serialization.get_safe_globals()]
+    entry = (argparse.Namespace, "argparse.Namespace") if how == "named" else argparse.Namespace
+    before = torch.serialization.get_safe_globals()  # torch declares some of its own classes
+    torch.serialization.add_safe_globals([entry])
+    try:
+        return torch.load(path), [entry in torch.serialization.get_safe_globals()]
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)
+
+
+@pytest.mark.parametrize("how", ["add", "named", "context"])
+def test_a_checkpoint_holding_argparse_arguments_loads_once_its_class_is_declared_safe_as_in_torch(tmp_path, how):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint_with_args(path)
+    (ours, our_safe), (theirs, their_safe) = load_trusting(tilewise, path, how), load_trusting(real_torch, path, how)
+    assert our_safe == their_safe
+    assert vars(ours["args"]) == vars(theirs["args"]) and type(ours["args"]) is type(theirs["args"])
+    assert ours["epoch"] == theirs["epoch"]
+    assert_same(numpy_of(ours["state_dict"]["w"]), numpy_of(theirs["state_dict"]["w"]))
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+def test_a_checkpoint_holding_an_undeclared_class_names_it_and_add_safe_globals(torch, tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint_with_args(path)
+    with pytest.raises(real_torch.serialization.pickle.UnpicklingError,
+                       match=r"(?s)argparse\.Namespace.*add_safe_globals\(\[argparse\.Namespace\]\)"):
+        load_trusting(torch, path, "none")
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize(("entry", "error", "message"), [
+    ((dict, "builtins.dict", 3), ValueError, "Expected tuple of length 2 (global, str of callable full path), but got "
+                                             "tuple of length: 3"),
+    ((dict, 3), TypeError, "Expected second item in tuple to be str of callable full path, but got: <class 'int'>"),
+])
+def test_a_malformed_safe_global_is_refused_at_load_as_in_torch(torch, tmp_path, entry, error, message):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint_with_args(path)
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals([entry])
+    try:
+        with pytest.raises(error, match=re.escape(message)):
+            torch.load(path)
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)
