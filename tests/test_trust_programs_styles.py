@@ -1232,3 +1232,139 @@ def test_a_malformed_safe_global_is_refused_at_load_as_in_torch(torch, tmp_path,
     finally:
         torch.serialization.clear_safe_globals()
         torch.serialization.add_safe_globals(before)
+
+
+# A log-magnitude spectrogram front end as audio models write it (torch.stft of a batch of waveforms with a Hann
+# window, the magnitude by .abs(), log1p, then a convolution); the gradient flows back to the waveform.
+
+STFT_CASES = {
+    "hann": dict(n_fft=8, hop_length=2, window="hann"),
+    "default-hop-centered-constant": dict(n_fft=8, window="hann", pad_mode="constant"),
+    "short-window-normalized": dict(n_fft=8, hop_length=3, win_length=5, window="hann5", normalized=True),
+    "not-centered-twosided": dict(n_fft=6, hop_length=4, center=False, window="hann6", onesided=False),
+    "float64-window": dict(n_fft=8, hop_length=2, window="hann64"),
+    "real-pairs": dict(n_fft=8, hop_length=4, window="hann", return_complex=False),
+    "method-1d": dict(n_fft=8, hop_length=2, window="hann", batch=False),
+}
+
+
+def spectrogram(torch, options):
+    options = dict(options)
+    batch = options.pop("batch", True)
+    window = options.pop("window")
+    size = {"hann": 8, "hann5": 5, "hann6": 6, "hann64": 8}[window]
+    dtype = torch.float64 if window == "hann64" else torch.float32
+    options["window"] = torch.hann_window(size, dtype=dtype)
+    options.setdefault("return_complex", True)
+    wave = np.sin(np.linspace(0, 20, 2 * 30)).astype(np.float32).reshape(2, 30) + np.linspace(-1, 1, 60).reshape(
+        2, 30).astype(np.float32)
+    x = torch.tensor(wave if batch else wave[0], requires_grad=True)
+    spec = x.stft(**options) if not batch else torch.stft(x, **options)
+    magnitude = spec.abs() if options["return_complex"] else spec.pow(2).sum(-1).sqrt()
+    features = torch.log1p(magnitude)
+    conv = torch.nn.Conv1d(features.shape[-2], 3, 3).to(features.dtype)
+    with torch.no_grad():
+        conv.weight.copy_(torch.tensor(np.cos(np.arange(conv.weight.numel())).reshape(tuple(conv.weight.shape))))
+        conv.bias.zero_()
+    out = conv(features)
+    out.square().mean().backward()
+    record = [numpy_of(magnitude), list(spec.shape), str(spec.dtype).split(".")[-1], list(spec.stride()),
+              numpy_of(out), numpy_of(x.grad)]
+    if options["return_complex"]:
+        record.append(numpy_of(torch.view_as_real(spec)))
+    return record
+
+
+@pytest.mark.parametrize("case", STFT_CASES)
+def test_stft_spectrogram_front_end_matches_torch(case):
+    ours, theirs = spectrogram(tilewise, STFT_CASES[case]), spectrogram(real_torch, STFT_CASES[case])
+    assert ours[1:4] == theirs[1:4]
+    assert_same(ours[:1] + ours[4:], theirs[:1] + theirs[4:], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize(("call", "error", "fragment"), [
+    (lambda t: t.stft(t.ones(16), 8), RuntimeError, "stft requires the return_complex parameter be given for real "
+                                                    "inputs"),
+    (lambda t: t.stft(t.ones(16), 32, center=False, return_complex=True), RuntimeError,
+     "expected 0 < n_fft < 16, but got n_fft=32"),
+    (lambda t: t.stft(t.ones(16), 0, return_complex=True), RuntimeError, "but got n_fft=0"),
+    (lambda t: t.stft(t.ones(16), 8, hop_length=0, return_complex=True), RuntimeError,
+     "expected hop_length > 0, but got hop_length=0"),
+    (lambda t: t.stft(t.ones(16), 8, win_length=10, return_complex=True), RuntimeError,
+     "expected 0 < win_length <= n_fft, but got win_length=10"),
+    (lambda t: t.stft(t.ones(16), 8, window=t.ones(5), return_complex=True), RuntimeError,
+     "expected a 1D window tensor of size equal to win_length=8, but got window with size [5]"),
+    (lambda t: t.stft(t.ones(2, 2, 8), 4, return_complex=True), RuntimeError, "expected a 1D or 2D tensor"),
+    (lambda t: t.stft(t.ones(16, dtype=t.int64), 4, return_complex=True), RuntimeError,
+     "expected a tensor of floating point or complex values"),
+    (lambda t: t.stft(t.ones(16, dtype=t.complex64), 8, onesided=True, return_complex=True), RuntimeError,
+     "Cannot have onesided output if window or input is complex"),
+], ids=["no-return-complex", "n_fft-too-long", "n_fft-zero", "hop-zero", "win-too-long", "window-size", "3d",
+        "integers", "complex-onesided"])
+def test_stft_refuses_as_torch(torch, call, error, fragment):
+    with pytest.raises(error, match=re.escape(fragment)):
+        call(torch)
+
+
+STFT_WARNINGS = """
+import warnings, {library} as torch
+for _ in range(2):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.stft(torch.ones(16), 8, return_complex=False)
+    print(sorted(str(w.message).split(".")[0] for w in caught))
+"""
+
+
+def test_stft_without_a_window_and_with_real_pairs_warns_once_in_a_process_as_torch():
+    import os
+    import subprocess
+    import sys
+
+    from childenv import python_path
+
+    def warned(library):
+        env = {**os.environ, "PYTHONPATH": python_path()}
+        return subprocess.run([sys.executable, "-c", STFT_WARNINGS.format(library=library)], env=env,
+                              capture_output=True, text=True, check=True, timeout=120).stdout
+
+    assert warned("tilewise") == warned("torch")
+
+
+def written_real_view_of_a_spectrum(torch, transposed, source):
+    a = torch.tensor(np.arange(12.0).reshape(3, 4), requires_grad=True)
+    if source == "view_as_complex":  # the other way round: a complex view of real pairs, written in place
+        pairs = (a * 1).reshape(3, 2, 2)
+        values = torch.view_as_complex(pairs.transpose(0, 1).contiguous() if transposed else pairs)
+        values.mul_(torch.tensor(1.5 - 0.5j, dtype=values.dtype))
+        parts = torch.view_as_real(values)
+    else:
+        spectrum = torch.fft.rfft(a, dim=-1) if source == "rfft" else torch.complex(a, a * 2)
+        if transposed:
+            spectrum = spectrum.transpose(0, 1)
+        parts = torch.view_as_real(spectrum)
+        parts.mul_(2)
+    weights = torch.arange(float(parts.numel())).reshape(parts.shape)
+    total = (parts * weights).sum()
+    total.backward()
+    return [numpy_of(parts), total.item(), numpy_of(a.grad)]
+
+
+@pytest.mark.parametrize("source", ["rfft", "complex", "view_as_complex"])
+@pytest.mark.parametrize("transposed", [False, True], ids=["as-is", "transposed"])
+def test_a_view_reading_its_base_as_another_dtype_written_in_place_differentiates_as_torch(transposed, source):
+    """A view of a complex result's parts (or a complex view of real pairs) written in place is recorded on its base
+    and made afresh from it in the view's dtype: before, the write was scattered into the complex base with the real
+    view's geometry, past the end of its memory."""
+    assert_same(written_real_view_of_a_spectrum(tilewise, transposed, source),
+                written_real_view_of_a_spectrum(real_torch, transposed, source))
+
+
+@pytest.mark.parametrize(("shape", "strides", "offset"), [((3, 3, 2), (6, 2, 1), 0), ((2,), (1,), 8), ((2,), (-1,), 0)])
+def test_view_scatter_refuses_a_view_reaching_outside_its_base(shape, strides, offset):
+    """The record of an in-place write through a view never writes past its base's memory."""
+    from tilewise.ops.registry import OPS
+
+    with pytest.raises(RuntimeError, match="reaches outside the 9 elements of self"):
+        OPS["view_scatter"](tilewise.zeros(9), tilewise.ones(shape), shape, strides, offset)
