@@ -429,4 +429,5 @@ def _stft(x, n_fft, hop_length=None, win_length=None, window=None, center=True, 
 
 declare("stft(Tensor self, int n_fft, int? hop_length=None, int? win_length=None, Tensor? window=None, "
         "bool center=True, str pad_mode=\"reflect\", bool normalized=False, bool? onesided=None, "
-        "bool? return_complex=None) -> Tensor", "composite", decomposition=_stft, out=False, compiles=False)
+        "bool? return_complex=None) -> Tensor", "composite", decomposition=_stft, out=False, compiles=False,
+        autocast={"cpu": "fp32"})
