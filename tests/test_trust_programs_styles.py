@@ -1368,3 +1368,23 @@ def test_view_scatter_refuses_a_view_reaching_outside_its_base(shape, strides, o
 
     with pytest.raises(RuntimeError, match="reaches outside the 9 elements of self"):
         OPS["view_scatter"](tilewise.zeros(9), tilewise.ones(shape), shape, strides, offset)
+
+
+def cuda_autocast_on_a_machine_without_cuda(torch):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast("cuda"):
+            inside = [torch.is_autocast_enabled(), torch.is_autocast_enabled("cuda"),
+                      str((torch.ones(2, 2) @ torch.ones(2, 2)).dtype).split(".")[-1]]
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=False):
+            inside.append(torch.is_autocast_enabled("cuda"))
+    return inside, [str(w.message) for w in caught]
+
+
+@pytest.mark.skipif(real_torch.cuda.is_available() or tilewise.cuda.is_available(), reason="a machine without CUDA")
+def test_cuda_autocast_without_cuda_warns_and_turns_itself_off_as_torch():
+    """The common ``with torch.autocast("cuda"):`` run on a machine without a GPU: torch warns once per region and
+    leaves autocast off."""
+    assert cuda_autocast_on_a_machine_without_cuda(tilewise) == cuda_autocast_on_a_machine_without_cuda(real_torch)

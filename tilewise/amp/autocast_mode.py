@@ -259,6 +259,12 @@ def _check_dtype(dtype, device_type: str) -> DType:
     return resolved
 
 
+def _cuda_available() -> bool:
+    from tilewise._cuda_api import is_available
+
+    return is_available()
+
+
 class autocast:  # noqa: N801 — torch's name
     """Run the ops of a region in mixed precision: matrix products and convolutions in ``dtype`` (float16 on
     "cuda", bfloat16 on "cpu" unless given), precision-sensitive ops in float32, after torch's lists for the
@@ -283,6 +289,9 @@ class autocast:  # noqa: N801 — torch's name
                  cache_enabled: bool | None = None) -> None:
         self.device = _check_device_type(device_type, "autocast")
         self.fast_dtype = _check_dtype(dtype, device_type) if dtype is not None else _REGIONS.dtypes[device_type]
+        if enabled and device_type == "cuda" and not _cuda_available():
+            warnings.warn("CUDA is not available or torch_xla is imported. Disabling autocast.", stacklevel=2)
+            enabled = False
         if enabled and self.fast_dtype not in SUPPORTED_DTYPES:  # on "cpu": torch warns and turns autocast off
             warnings.warn("In CPU autocast, but the target dtype is not supported. Disabling autocast.\nCPU Autocast "
                           f"only supports dtypes of {bfloat16}, {float16} currently.",
