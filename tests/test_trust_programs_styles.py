@@ -1388,3 +1388,31 @@ def test_cuda_autocast_without_cuda_warns_and_turns_itself_off_as_torch():
     """The common ``with torch.autocast("cuda"):`` run on a machine without a GPU: torch warns once per region and
     leaves autocast off."""
     assert cuda_autocast_on_a_machine_without_cuda(tilewise) == cuda_autocast_on_a_machine_without_cuda(real_torch)
+
+
+SPECIAL_CALLS = {
+    "expit": lambda s, x: s.expit(x), "logit": lambda s, x: s.logit(x.sigmoid(), eps=1e-6),
+    "gammaln": lambda s, x: s.gammaln(x.abs() + 0.5), "digamma": lambda s, x: s.digamma(x.abs() + 0.5),
+    "psi": lambda s, x: s.psi(x.abs() + 0.5), "polygamma": lambda s, x: s.polygamma(1, x.abs() + 0.5),
+    "multigammaln": lambda s, x: s.multigammaln(x.abs() + 2.0, 2), "erf": lambda s, x: s.erf(x),
+    "erfc": lambda s, x: s.erfc(x), "erfinv": lambda s, x: s.erfinv(x.tanh() * 0.9), "exp2": lambda s, x: s.exp2(x),
+    "expm1": lambda s, x: s.expm1(x), "log1p": lambda s, x: s.log1p(x.abs()), "i0": lambda s, x: s.i0(x),
+    "i1": lambda s, x: s.i1(x), "sinc": lambda s, x: s.sinc(x), "round": lambda s, x: s.round(x * 10, decimals=1),
+    "xlogy": lambda s, x: s.xlogy(x, x.abs() + 0.1), "softmax": lambda s, x: s.softmax(x, 1),
+    "log_softmax": lambda s, x: s.log_softmax(x, dim=-1, dtype=None), "logsumexp": lambda s, x: s.logsumexp(x, 1),
+}
+
+
+@pytest.mark.parametrize("name", SPECIAL_CALLS)
+def test_torch_special_functions_match_torch(name):
+    """``torch.special``, where scripts take expit, gammaln, xlogy and the like from: values and gradients."""
+    def run(torch):
+        x = torch.tensor(np.linspace(-1.5, 1.3, 12).reshape(3, 4), requires_grad=True)
+        y = SPECIAL_CALLS[name](torch.special, x)
+        if y.requires_grad:
+            y.sum().backward()
+        return [numpy_of(y), str(y.dtype).split(".")[-1], numpy_of(x.grad) if x.grad is not None else None]
+
+    ours, theirs = run(tilewise), run(real_torch)
+    assert ours[1] == theirs[1]
+    assert_same([ours[0]] + ours[2:], [theirs[0]] + theirs[2:], rtol=1e-6, atol=1e-8)
