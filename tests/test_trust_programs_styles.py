@@ -1416,3 +1416,54 @@ def test_torch_special_functions_match_torch(name):
     ours, theirs = run(tilewise), run(real_torch)
     assert ours[1] == theirs[1]
     assert_same([ours[0]] + ours[2:], [theirs[0]] + theirs[2:], rtol=1e-6, atol=1e-8)
+
+
+def custom_conv_layer_and_ddp_checkpoint(torch):
+    """A custom layer written as published ones are (``from torch.nn.modules.utils import _pair``), and a checkpoint
+    saved from a DistributedDataParallel model loaded into a plain one with consume_prefix_in_state_dict_if_present."""
+    import importlib
+
+    utils = importlib.import_module(f"{torch.__name__}.nn.modules.utils")
+
+    class StdConv2d(torch.nn.Module):
+        def __init__(self, cin, cout, kernel_size, stride=1, padding=0):
+            super().__init__()
+            self.kernel_size, self.stride, self.padding = utils._pair(kernel_size), utils._pair(stride), \
+                utils._pair(padding)
+            weight = torch.linspace(-1, 1, cout * cin * 9).reshape(cout, cin, *self.kernel_size)
+            self.weight = torch.nn.Parameter(weight)
+
+        def forward(self, x):
+            w = self.weight
+            w = (w - w.mean(dim=(1, 2, 3), keepdim=True)) / torch.sqrt(w.var(dim=(1, 2, 3), keepdim=True) + 1e-5)
+            padding = utils._reverse_repeat_tuple(self.padding, 2)
+            return torch.nn.functional.conv2d(torch.nn.functional.pad(x, padding), w, None, self.stride)
+
+    layer = torch.nn.Sequential(StdConv2d(2, 3, 3, padding=1))
+    x = torch.linspace(-1, 1, 2 * 2 * 5 * 5).reshape(2, 2, 5, 5)
+    state = layer.state_dict()
+    wrapped = type(state)()
+    wrapped.update({f"module.{k}": v for k, v in state.items()})
+    wrapped._metadata = type(state._metadata)({f"module.{k}" if k else k: v for k, v in state._metadata.items()})
+    wrapped._metadata["module"] = {"version": 1}
+    utils.consume_prefix_in_state_dict_if_present(wrapped, "module.")
+    fresh = torch.nn.Sequential(StdConv2d(2, 3, 3, padding=1))
+    fresh.load_state_dict(wrapped)
+    return [numpy_of(fresh(x)), list(wrapped), sorted(wrapped._metadata),
+            [utils._single(3), utils._triple((1, 2, 3)), utils._quadruple(0), utils._ntuple(2)(4),
+             utils._reverse_repeat_tuple((1, 2), 2), utils._list_with_default([None, 4], [1, 2, 7, 8])]]
+
+
+def test_nn_modules_utils_as_custom_layers_and_ddp_checkpoint_loading_use_them():
+    ours, theirs = custom_conv_layer_and_ddp_checkpoint(tilewise), custom_conv_layer_and_ddp_checkpoint(real_torch)
+    assert ours[1:] == theirs[1:]
+    assert_same(ours[0], theirs[0])
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+def test_list_with_default_refuses_a_size_longer_than_the_input_as_torch(torch):
+    import importlib
+
+    utils = importlib.import_module(f"{torch.__name__}.nn.modules.utils")
+    with pytest.raises(ValueError, match="Input dimension should be at least 3"):
+        utils._list_with_default([None, 4], [7, 8])
