@@ -333,6 +333,7 @@ def test_regions_nest_and_restore():
     assert tw.get_autocast_dtype("cpu") is tw.bfloat16 and tw.get_autocast_dtype("cuda") is tw.float16
 
 
+@pytest.mark.cuda  # without CUDA, CUDA autocast warns and stays off, as torch's does
 def test_device_types_are_independent():
     with tw.autocast("cuda"):
         assert tw.is_autocast_enabled() and tw.is_autocast_enabled("cuda")
@@ -544,7 +545,6 @@ def test_custom_fwd_casts_inputs_and_custom_bwd_restores_the_forward_state():
     ({"device_type": "tpu"}, RuntimeError, ["'tpu'", "'cuda'", "'cpu'"]),
     ({"device_type": "cuda:0"}, RuntimeError, ["'cuda:0'", "without an index"]),
     ({"device_type": 0}, ValueError, ["device_type", "str", "int"]),
-    ({"device_type": "cpu", "dtype": tw.float64}, RuntimeError, ["float64", "float16", "bfloat16"]),
     ({"device_type": "cuda", "dtype": tw.int32}, RuntimeError, ["int32", "not a floating-point dtype", "bfloat16"]),
     ({"device_type": "cpu", "dtype": "half-ish"}, TypeError, ["'half-ish'", "float16", "bfloat16"]),
 ])

@@ -37,6 +37,29 @@ except ImportError:  # numpy 1: the same module under its old name
 
 UnpicklingError = pickle.UnpicklingError
 
+# [Note: safe globals] torch.serialization.add_safe_globals: the classes and functions a user declares trusted
+# (each as the object, or as (object, "module.name")), which a checkpoint may then name: NEWOBJ creates instances of
+# such a class, REDUCE calls it, and BUILD gives its instances their state (``__setstate__``, else the attributes).
+# The set is the process's, as torch's is; anything not in it is still refused before a call is made.
+SAFE_GLOBALS: set = set()
+
+
+def user_allowed_globals() -> dict[str, Any]:
+    """The declared safe globals by their full names (torch's ``_get_user_allowed_globals``, its errors too)."""
+    names: dict[str, Any] = {}
+    for entry in SAFE_GLOBALS:
+        if isinstance(entry, tuple):
+            if len(entry) != 2:
+                raise ValueError(f"Expected tuple of length 2 (global, str of callable full path), but got tuple of "
+                                 f"length: {len(entry)}")
+            if type(entry[1]) is not str:
+                raise TypeError(f"Expected second item in tuple to be str of callable full path, but got: "
+                                f"{type(entry[1])}")
+            names[entry[1]] = entry[0]
+        else:
+            names[f"{entry.__module__}.{entry.__qualname__}"] = entry
+    return names
+
 
 # ---------------------------------------------------------------------------- reading
 
@@ -114,6 +137,7 @@ class RestrictedUnpickler:
         self.readline = file.readline
         self.allowed = {**BUILTIN_GLOBALS, **allowed}
         self.callable_ids = {id(v) for v in self.allowed.values()}
+        self.user_types: set[int] = set()  # ids of the declared safe globals a GLOBAL named (see [Note: safe globals])
         self.persistent_load = persistent_load
         self.what = what
         self.memo: dict[int, Any] = {}
@@ -145,6 +169,12 @@ class RestrictedUnpickler:
         elif module in _compat_pickle.IMPORT_MAPPING:
             module = _compat_pickle.IMPORT_MAPPING[module]
         full = f"{module}.{name}"
+        if full not in self.allowed and SAFE_GLOBALS:
+            user = user_allowed_globals()
+            if full in user:
+                self.user_types.update(id(v) for v in user.values())
+                self.callable_ids.update(id(v) for v in user.values())
+                return user[full]
         if full in NUMPY_GLOBALS and full not in self.allowed:
             raise UnpicklingError(
                 f"{self.what}: Weights only load failed. Unsupported global: GLOBAL {full} was not an allowed global "
@@ -154,7 +184,9 @@ class RestrictedUnpickler:
             raise UnpicklingError(
                 f"{self.what}: Unsupported global: GLOBAL {full} is not allowed. Checkpoints may hold only tensors, "
                 "storages, parameters, dtypes, devices, sizes and plain containers and values; loading never "
-                "imports or calls anything else (as torch.load(weights_only=True))")
+                "imports or calls anything else (as torch.load(weights_only=True)). If you trust this class or "
+                f"function, allow it with `torch.serialization.add_safe_globals([{full}])` or the "
+                f"`torch.serialization.safe_globals([{full}])` context manager")
         return self.allowed[full]
 
     def _check_callable(self, func: Any, opcode: str) -> None:
@@ -214,6 +246,18 @@ def _op_build(u: RestrictedUnpickler) -> None:
             inst.__setstate__(state)
         except (TypeError, ValueError) as exc:
             raise UnpicklingError(f"{u.what}: a numpy {type(inst).__name__} with a malformed state ({exc})") from None
+        return
+    if id(type(inst)) in u.user_types:  # a declared safe class: its state as pickle's load_build sets it
+        if hasattr(inst, "__setstate__"):
+            inst.__setstate__(state)
+            return
+        slotstate = None
+        if isinstance(state, tuple) and len(state) == 2:
+            state, slotstate = state
+        if state:
+            inst.__dict__.update(state)
+        for key, value in (slotstate or {}).items():
+            setattr(inst, key, value)
         return
     if type(inst) is not OrderedDict or not isinstance(state, dict):
         raise UnpicklingError(f"{u.what}: BUILD (setting an object's state) is allowed only with a dict on an "

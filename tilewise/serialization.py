@@ -575,4 +575,32 @@ def _view_of(base: Tensor, view: list) -> Tensor:
                            "edited or damaged") from None
 
 
-__all__ = ["save", "load"]
+def add_safe_globals(safe_globals: list) -> None:
+    """Declare classes and functions a checkpoint may name (each the object, or ``(object, "module.name")``), as
+    torch.serialization.add_safe_globals: loading creates, calls and fills in only these beyond its own allowlist
+    (see [Note: safe globals])."""
+    _pickle.SAFE_GLOBALS.update(safe_globals)
+
+
+def get_safe_globals() -> list:
+    return list(_pickle.SAFE_GLOBALS)
+
+
+def clear_safe_globals() -> None:
+    _pickle.SAFE_GLOBALS.clear()
+
+
+class safe_globals:  # noqa: N801 — torch's name
+    """The globals declared safe for the duration of a ``with`` block."""
+
+    def __init__(self, safe_globals: list) -> None:
+        self.safe_globals = safe_globals
+
+    def __enter__(self) -> None:
+        add_safe_globals(self.safe_globals)
+
+    def __exit__(self, *exc) -> None:
+        _pickle.SAFE_GLOBALS.difference_update(self.safe_globals)
+
+
+__all__ = ["save", "load", "add_safe_globals", "get_safe_globals", "clear_safe_globals", "safe_globals"]

@@ -74,4 +74,13 @@ OPINFOS = [
     transform("irfft2", n_dim(two=True)),
     transform("fftshift", lambda: [*_real_and_complex((4, 7)), Sample((T((4, 7)),), {"dim": 0}, name="dim")]),
     transform("ifftshift", lambda: [*_real_and_complex((4, 7)), Sample((T((4, 7)),), {"dim": (1,)}, name="dim")]),
+    OpInfo("stft", lambda: [
+        Sample((T((2, 20)), 8), {"hop_length": 2, "window": T((8,), "positive"), "return_complex": True}),
+        Sample((T((20,)), 8), {"hop_length": 3, "win_length": 5, "window": T((5,), "positive"), "normalized": True,
+                               "pad_mode": "constant", "return_complex": True}, name="1d-short-window-normalized"),
+        Sample((T((2, 20)), 6), {"hop_length": 4, "window": T((6,), "positive"), "center": False,
+                                 "onesided": False, "return_complex": True}, name="not-centered-twosided"),
+        Sample((T((2, 20), "complex"), 8), {"hop_length": 2, "window": T((8,), "positive")}, name="complex"),
+        Sample((T((2, 20)), 8), {"hop_length": 4, "window": T((8,), "positive"), "return_complex": False},
+               name="real-pairs")], atol=1e-4),
 ]

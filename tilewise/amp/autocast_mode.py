@@ -252,11 +252,17 @@ def _check_dtype(dtype, device_type: str) -> DType:
         resolved = as_dtype(dtype)
     except (TypeError, ValueError, KeyError):
         raise TypeError(f"autocast(device_type={device_type!r}): dtype must be one of {valid}, got {dtype!r}") from None
-    if resolved not in SUPPORTED_DTYPES:
+    if resolved not in SUPPORTED_DTYPES and device_type != "cpu":
         kind = "" if resolved.is_floating_point else " (not a floating-point dtype)"
         raise RuntimeError(f"autocast(device_type={device_type!r}): unsupported dtype tilewise.{resolved.name}{kind}; "
                            f"autocast runs ops in one of {valid}")
     return resolved
+
+
+def _cuda_available() -> bool:
+    from tilewise._cuda_api import is_available
+
+    return is_available()
 
 
 class autocast:  # noqa: N801 — torch's name
@@ -283,6 +289,14 @@ class autocast:  # noqa: N801 — torch's name
                  cache_enabled: bool | None = None) -> None:
         self.device = _check_device_type(device_type, "autocast")
         self.fast_dtype = _check_dtype(dtype, device_type) if dtype is not None else _REGIONS.dtypes[device_type]
+        if enabled and device_type == "cuda" and not _cuda_available():
+            warnings.warn("CUDA is not available or torch_xla is imported. Disabling autocast.", stacklevel=2)
+            enabled = False
+        if enabled and self.fast_dtype not in SUPPORTED_DTYPES:  # on "cpu": torch warns and turns autocast off
+            warnings.warn("In CPU autocast, but the target dtype is not supported. Disabling autocast.\nCPU Autocast "
+                          f"only supports dtypes of {bfloat16}, {float16} currently.",
+                          stacklevel=2)
+            enabled = False
         self._enabled = bool(enabled)
         self._cache_enabled = cache_enabled
         self._saved: list[tuple] = []  # one entry per entered, not yet exited, use (the object may be re-entered)

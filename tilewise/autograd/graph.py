@@ -31,9 +31,9 @@ from tilewise.ops.inplace import (
     row_major,
     short_node_name,
     stale_view_error,
+    strided_view,
     watch_view,
 )
-from tilewise.ops.registry import OPS
 from tilewise.tensor import AUTOGRAD_HOOKS, INFERENCE_SAVED, TRACE_HOOKS, Tensor
 
 
@@ -459,7 +459,7 @@ def regenerate(view: Tensor, described: str) -> None:
         raise RuntimeError(f"{described} is used by autograd after its memory was modified in place, and its base is "
                            "not a dense tensor that requires grad, from which it could be made afresh; take the view "
                            "again after the in-place write")
-    fresh = OPS["as_strided"](row_major(base)[0], view._shape, view._strides, view._offset)
+    fresh = strided_view(row_major(base)[0], view)
     view._grad_fn, view._output_nr, view._requires_grad = fresh._grad_fn, fresh._output_nr, True
 
 

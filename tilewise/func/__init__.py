@@ -27,7 +27,8 @@ from tilewise.dispatch import STATE
 from tilewise.func._pytree import tree_flatten, tree_unflatten
 from tilewise.tensor import Tensor
 
-__all__ = ["grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "functional_call", "vmap"]
+__all__ = ["grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "functional_call",
+           "stack_module_state", "vmap"]
 
 
 def __getattr__(name: str):
@@ -476,3 +477,31 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
         args = (args,)
     with reparametrized(module, values, tie_weights=tie_weights, strict=strict):
         return module(*args, **(kwargs or {}))
+
+
+def stack_module_state(models) -> tuple[dict, dict]:
+    """The parameters and buffers of several models of one class, each name's tensors stacked along a new first
+    dim (torch.func.stack_module_state): what ``vmap`` over ``functional_call`` of one base model takes to run
+    them all as an ensemble. Stacked parameters are fresh leaves that require grad where the models' did."""
+    if len(models) == 0:
+        raise RuntimeError("stack_module_state: Expected at least one model, got 0.")
+    if not (all(m.training for m in models) or all(not m.training for m in models)):
+        raise RuntimeError("stack_module_state: Expected all models to have the same training/eval mode.")
+    first = type(models[0])
+    if not all(type(m) is first for m in models):
+        raise RuntimeError("stack_module_state: Expected all models to be of the same class.")
+    all_params = [dict(model.named_parameters()) for model in models]
+    params = {k: _stacked_leaf([p[k] for p in all_params], k) for k in all_params[0]}
+    all_buffers = [dict(model.named_buffers()) for model in models]
+    buffers = {k: _stacked_leaf([b[k] for b in all_buffers], k) for k in all_buffers[0]}
+    return params, buffers
+
+
+def _stacked_leaf(tensors: list, name: str) -> Tensor:
+    from tilewise.ops.nn_functional import call_public
+
+    requiring = [t.requires_grad for t in tensors]
+    if any(requiring) and not all(requiring):
+        raise RuntimeError(f"Expected {name} from each model to have the same .requires_grad")
+    result = call_public("stack", tensors)
+    return result.detach().requires_grad_() if all(requiring) else result

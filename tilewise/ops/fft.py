@@ -341,3 +341,93 @@ _SHIFTS = ("fftshift", "ifftshift")  # torch's CPU autocast lists every transfor
 for _name, (_signature, _decomposition) in TRANSFORMS.items():
     declare(f"fft_{_name}{_signature}", "composite", decomposition=_decomposition, method=False, function=False,
             autocast=None if _name in _SHIFTS else {"cpu": "fp32"}, out=_name not in _SHIFTS)
+
+
+# ---------------------------------------------------------------- short-time Fourier transform
+
+_WARNED_ONCE: set[str] = set()  # torch's TORCH_WARN_ONCE: each of stft's warnings once per process
+
+_NO_WINDOW = ("A window was not provided. A rectangular window will be applied,which is known to cause spectral "
+              "leakage. Other windows such as torch.hann_window or torch.hamming_window are recommended to reduce "
+              "spectral leakage.To suppress this warning and use a rectangular window, explicitly set "
+              "`window=torch.ones(n_fft, device=<device>)`.")
+_REAL_PAIRS = ("stft with return_complex=False is deprecated. In a future pytorch release, stft will return complex "
+               "tensors for all inputs, and return_complex=False will raise an error.\nNote: you can still call "
+               "torch.view_as_real on the complex output to recover the old return format.")
+
+
+def _warn_once(message: str) -> None:
+    import warnings
+
+    if message not in _WARNED_ONCE:
+        _WARNED_ONCE.add(message)
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+
+def _stft(x, n_fft, hop_length=None, win_length=None, window=None, center=True, pad_mode="reflect",
+          normalized=False, onesided=None, return_complex=None):
+    """torch.stft: frames of ``n_fft`` samples every ``hop_length`` (the signal first padded by ``n_fft // 2`` on
+    each side with ``pad_mode`` when ``center``), each multiplied by the window (zero-padded to ``n_fft`` in the
+    middle) and transformed; (batch,) freq, frames. Composed of pad, unfold, mul and the fft primitives, whose
+    derivatives give its gradient."""
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        raise RuntimeError("stft: expected a tensor of floating point or complex values")
+    if center:
+        signal_dim = x.ndim
+        extended = x.reshape((1,) * (3 - signal_dim) + tuple(x.shape))
+        x = OPS["pad"](extended, [n_fft // 2, n_fft // 2], pad_mode)
+        x = x.reshape(tuple(x.shape[-signal_dim:]))
+    if window is None:
+        _warn_once(_NO_WINDOW)
+    if return_complex is None:
+        if not (x.dtype.is_complex or (window is not None and window.dtype.is_complex)):
+            raise RuntimeError("stft requires the return_complex parameter be given for real inputs, and will further "
+                               "require that return_complex=True in a future PyTorch release.")
+        return_complex = True
+    if not return_complex:
+        _warn_once(_REAL_PAIRS)
+    if x.ndim not in (1, 2):
+        raise RuntimeError(f"stft: expected a 1D or 2D tensor, got shape {list(x.shape)}")
+    signal = x.unsqueeze(0) if x.ndim == 1 else x
+    length = signal.shape[1]
+    hop_length = n_fft // 4 if hop_length is None else hop_length
+    win_length = n_fft if win_length is None else win_length
+    if n_fft <= 0 or n_fft > length:
+        raise RuntimeError(f"stft: expected 0 < n_fft < {length}, but got n_fft={n_fft}")
+    if hop_length <= 0:
+        raise RuntimeError(f"stft: expected hop_length > 0, but got hop_length={hop_length}")
+    if win_length <= 0 or win_length > n_fft:
+        raise RuntimeError(f"stft: expected 0 < win_length <= n_fft, but got win_length={win_length}")
+    if window is not None and (window.ndim != 1 or window.shape[0] != win_length):
+        raise RuntimeError(f"stft: expected a 1D window tensor of size equal to win_length={win_length}, but got "
+                           f"window with size {list(window.shape)}")
+    if win_length < n_fft:
+        if window is None:
+            from tilewise.ops.creation import ones
+
+            window = ones(win_length, dtype=signal.dtype.to_real() if signal.dtype.is_complex else signal.dtype,
+                          device=signal.device)
+        left = (n_fft - win_length) // 2
+        window = OPS["pad"](window, [left, n_fft - win_length - left])
+    frames = signal.unfold(-1, n_fft, hop_length)
+    if window is not None:
+        frames = frames * window
+    complex_fft = frames.dtype.is_complex
+    onesided = (not complex_fft) if onesided is None else onesided
+    if complex_fft and onesided:
+        raise RuntimeError("Cannot have onesided output if window or input is complex")
+    normalization = BY_ROOT_N if normalized else NONE
+    if complex_fft:
+        out = OPS["_fft_c2c"](frames, (2,), normalization, True)
+    else:
+        out = OPS["_fft_r2c"](promoted(frames, False, "stft"), (2,), normalization, onesided)
+    out = out.transpose(1, 2)
+    if x.ndim == 1:
+        out = out.squeeze(0)
+    return out if return_complex else OPS["view_as_real"](out)
+
+
+declare("stft(Tensor self, int n_fft, int? hop_length=None, int? win_length=None, Tensor? window=None, "
+        "bool center=True, str pad_mode=\"reflect\", bool normalized=False, bool? onesided=None, "
+        "bool? return_complex=None) -> Tensor", "composite", decomposition=_stft, out=False, compiles=False,
+        autocast={"cpu": "fp32"})

@@ -182,15 +182,43 @@ def _rebase_view_history(view: Tensor, result: Tensor) -> None:
     base = view._base
     geometry = (view._shape, view._strides, view._offset)
     dense, order = row_major(base)
-    new_dense = OPS["view_scatter"](dense, result, *geometry)
+    if view._dtype is dense._dtype:
+        new_dense = OPS["view_scatter"](dense, result, *geometry)
+    elif dense._dtype.is_complex:  # the real parts of a complex base (view_as_real): scattered into its parts
+        new_dense = OPS["view_as_complex"](OPS["view_scatter"](OPS["view_as_real"](dense), result, *geometry))
+    else:  # a complex view of a real base (view_as_complex): its parts scattered into the base
+        new_dense = OPS["view_scatter"](dense, OPS["view_as_real"](result), *_parts_geometry(*geometry))
     if order:
         inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
         new_base = OPS["permute"](new_dense, inverse)
     else:
         new_base = new_dense
     base._grad_fn, base._output_nr, base._requires_grad = new_base._grad_fn, new_base._output_nr, True
-    new_view = OPS["as_strided"](row_major(base)[0], *geometry)
+    new_view = strided_view(row_major(base)[0], view)
     view._grad_fn, view._output_nr, view._requires_grad = new_view._grad_fn, new_view._output_nr, True
+
+
+def _parts_geometry(shape, strides, offset) -> tuple:
+    """A complex view's geometry over the real parts of its storage (view_as_real's)."""
+    return tuple(shape) + (2,), tuple(2 * s for s in strides) + (1,), 2 * offset
+
+
+def strided_view(source: Tensor, view: Tensor) -> Tensor:
+    """``view``'s geometry taken afresh from ``source`` (its base, row-major), as a recorded ``as_strided``: in the
+    view's dtype, which may read the base's bytes as their real parts (view_as_real of a complex base) or as
+    complex pairs (view_as_complex of a real base)."""
+    from tilewise.ops.registry import OPS
+
+    if view._dtype is source._dtype:
+        return OPS["as_strided"](source, view._shape, view._strides, view._offset)
+    if source._dtype.is_complex and view._dtype is source._dtype.to_real():
+        return OPS["as_strided"](OPS["view_as_real"](source), view._shape, view._strides, view._offset)
+    if view._dtype.is_complex and source._dtype is view._dtype.to_real():
+        parts = OPS["as_strided"](source, *_parts_geometry(view._shape, view._strides, view._offset))
+        return OPS["view_as_complex"](parts)
+    raise RuntimeError(f"a view that reads its base's bytes as {view._dtype.name} (the base is "
+                       f"{source._dtype.name}) cannot be made afresh from its base after an in-place write; take "
+                       "the view again after the write")
 
 
 def make_inplace(fn, name: str):

@@ -530,6 +530,15 @@ def _attention_bias(attn_mask, is_causal, target_len, source_len, dtype, device)
     return attn_mask.to(dtype)
 
 
+def _masked_causal_bias(attn_mask, target_len, source_len, dtype, device):
+    """The additive mask of an attention mask and ``is_causal`` together: the mask's (a bool mask's 0 or -inf, a
+    float mask's values) where the causal triangle allows the key, -inf where it does not."""
+    from tilewise.ops.creation import arange
+
+    causal = arange(target_len, device=device).unsqueeze(1) >= arange(source_len, device=device).unsqueeze(0)
+    return where(causal, _attention_bias(attn_mask, False, target_len, source_len, dtype, device), float("-inf"))
+
+
 def _repeat_heads(x, groups: int):
     """(..., H, S, E) -> (..., H * groups, S, E), each head repeated ``groups`` times in a row."""
     if groups == 1:
@@ -655,8 +664,14 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
         probs, _ = _softmax_with_logsumexp(_attention_scores(q, k, bias, scale))
         return _laid_out(_dropout(probs, dropout_p, True).matmul(v).to(query.dtype), query, layout)
     if is_causal and attn_mask is not None:
-        raise RuntimeError("scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
-    bias = _attention_bias(attn_mask, False, query.shape[-2], key.shape[-2], work, query.device)
+        if not _runs_cpu_flash_kernel(query, key, value, attn_mask, enable_gqa):
+            raise RuntimeError("scaled_dot_product_attention: Explicit attn_mask should not be set when "
+                               "is_causal=True")
+        # torch's CPU flash kernel takes both: a key is seen where the mask and the causal triangle both allow it
+        bias = _masked_causal_bias(attn_mask, query.shape[-2], key.shape[-2], work, query.device)
+        is_causal = False
+    else:
+        bias = _attention_bias(attn_mask, False, query.shape[-2], key.shape[-2], work, query.device)
     out = OPS["_scaled_dot_product_attention_math"](query, key, value, bias, scale, is_causal, enable_gqa)[0]
     return _laid_out(out, query, layout)
 

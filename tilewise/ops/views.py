@@ -310,10 +310,24 @@ declare("view_scatter_add(Tensor grad, int[] input_shape, int[] view_shape, int[
         grad={"grad": "strided_read(grad, view_shape, view_strides, view_offset)"}, fwd="auto_linear", method=False,
         doc="Zeros of input_shape, with ``grad`` added at the elements a (view_shape, view_strides, view_offset) "
             "view of a contiguous tensor would read: the backward of every strided view.", batch=view_scatter_add_rule)
+def _view_inside(op, args) -> None:
+    """view_scatter writes through the view's geometry into a copy of ``self``: every element it addresses must be
+    one of ``self``'s (a view that reads the bytes as another dtype is scattered into its base seen in that dtype)."""
+    self, _, shape, strides, offset = args[:5]
+    if not S.numel(shape):
+        return
+    lowest = offset + sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+    highest = offset + sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
+    if lowest < 0 or highest >= S.numel(self.shape):
+        raise RuntimeError(f"view_scatter: a view of shape {list(shape)}, strides {list(strides)} and offset "
+                           f"{offset} reaches outside the {S.numel(self.shape)} elements of self")
+
+
 declare("view_scatter(Tensor self, Tensor src, int[] view_shape, int[] view_strides, int view_offset) -> Tensor",
-        "index", grad={"self": "view_scatter(grad, zeros(src_shape, dtype=grad.dtype, device=grad.device), view_shape, "
-                               "view_strides, view_offset)",
-                       "src": "strided_read(grad, view_shape, view_strides, view_offset)"},
+        "index", check=_view_inside,
+        grad={"self": "view_scatter(grad, zeros(src_shape, dtype=grad.dtype, device=grad.device), view_shape, "
+                      "view_strides, view_offset)",
+              "src": "strided_read(grad, view_shape, view_strides, view_offset)"},
         fwd="auto_linear", method=False,
         doc="A copy of contiguous ``self`` with the elements a strided view selects replaced by "
             "``src``: how an in-place write through a view is recorded on its base.", batch=view_scatter_rule)

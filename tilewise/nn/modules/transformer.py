@@ -281,6 +281,8 @@ class TransformerEncoderLayer(Module):
 
     def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
+        src_mask, src_key_padding_mask = _canonical_masks(src, src_mask, src_key_padding_mask, "src_mask",
+                                                          "src_key_padding_mask")
         x = src
         if self.norm_first:
             x = x + self._self_attention(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
@@ -314,6 +316,7 @@ class TransformerEncoder(Module):
 
     def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
+        mask, src_key_padding_mask = _canonical_masks(src, mask, src_key_padding_mask, "mask", "src_key_padding_mask")
         x = src
         for layer in self.layers:
             x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=is_causal)
@@ -339,6 +342,17 @@ class TransformerEncoder(Module):
                    first.norm1.weight, first.norm1.bias, first.norm2.weight, first.norm2.bias, first.linear1.weight,
                    first.linear1.bias, first.linear2.weight, first.linear2.bias)
         return not (STATE.grad_enabled and any(t is not None and t.requires_grad for t in tensors))
+
+
+def _canonical_masks(src: Tensor, mask, padding, mask_name: str, padding_name: str):
+    """The attention mask and the key padding mask as torch's encoder and encoder layer take them before running
+    (``F._canonical_mask``): a bool mask made the additive float mask of ``src``'s dtype, with torch's deprecation
+    warning where the padding mask's type differs from the mask's; the layers and attention inside then see masks of
+    one type."""
+    from tilewise.ops.nn_multi_head_attention import _additive_mask
+
+    padding = _additive_mask(padding, padding_name, mask, mask_name, src.dtype)
+    return _additive_mask(mask, mask_name, None, "", src.dtype), padding
 
 
 def _left_aligned(kept: Tensor) -> bool:

@@ -1,0 +1,64 @@
+"""``tilewise.special``: torch.special's names for the special functions the operator library has.
+
+Each is the operator of the same meaning under its top-level name (``expit`` is ``sigmoid``, ``gammaln`` is
+``lgamma``, ``psi`` is ``digamma``, ``multigammaln`` is ``mvlgamma``), with torch.special's arguments.
+
+>>> import tilewise as tw
+>>> tw.special.expit(tw.tensor([0.0]))
+tensor([0.5000])
+"""
+
+from __future__ import annotations
+
+from tilewise.ops.registry import public_function
+
+__all__ = ["digamma", "erf", "erfc", "erfinv", "exp2", "expit", "expm1", "gammaln", "i0", "i1", "log1p",
+           "log_softmax", "logit", "logsumexp", "multigammaln", "polygamma", "psi", "round", "sinc", "softmax",
+           "xlogy"]
+
+
+def _unary(name: str, public: str | None = None):
+    def special(input, *, out=None):  # noqa: A002 — torch's argument name
+        return public_function(public or name)(input, out=out)
+
+    special.__name__ = special.__qualname__ = name
+    special.__doc__ = f"torch.special.{name}: ``tilewise.{public or name}``."
+    return special
+
+
+digamma, erf, erfc, erfinv, exp2, expm1, i0, log1p, sinc = (
+    _unary(n) for n in ("digamma", "erf", "erfc", "erfinv", "exp2", "expm1", "i0", "log1p", "sinc"))
+expit, gammaln, psi, i1 = _unary("expit", "sigmoid"), _unary("gammaln", "lgamma"), _unary("psi", "digamma"), \
+    _unary("i1", "special_i1")
+
+
+def logit(input, eps=None, *, out=None):  # noqa: A002
+    return public_function("logit")(input, eps, out=out)
+
+
+def multigammaln(input, p, *, out=None):  # noqa: A002
+    return public_function("mvlgamma")(input, p, out=out)
+
+
+def polygamma(n, input, *, out=None):  # noqa: A002
+    return public_function("polygamma")(n, input, out=out)
+
+
+def round(input, *, decimals=0, out=None):  # noqa: A001, A002 — torch's names
+    return public_function("round")(input, decimals=decimals, out=out)
+
+
+def xlogy(input, other, *, out=None):  # noqa: A002
+    return public_function("xlogy")(input, other, out=out)
+
+
+def softmax(input, dim, *, dtype=None):  # noqa: A002
+    return public_function("softmax")(input, dim, dtype=dtype)
+
+
+def log_softmax(input, dim, *, dtype=None):  # noqa: A002
+    return public_function("log_softmax")(input, dim, dtype=dtype)
+
+
+def logsumexp(input, dim, keepdim=False, *, out=None):  # noqa: A002
+    return public_function("logsumexp")(input, dim, keepdim, out=out)
