@@ -25,20 +25,21 @@ class _Shape:
         self.shape, self.dtype = shape, tw.bfloat16
 
 
-@pytest.mark.parametrize(("kernel", "stride", "pads", "dilation", "groups", "patches"), [
-    ((16, 16), (16, 16), ((0, 0), (0, 0)), (1, 1), 1, True),
-    ((4, 2), (4, 2), ((0, 0), (0, 0)), (1, 1), 1, True),
-    ((16, 16), (8, 8), ((0, 0), (0, 0)), (1, 1), 1, False),
-    ((3, 3), (3, 3), ((1, 1), (1, 1)), (1, 1), 1, False),
-    ((2, 2), (2, 2), ((0, 0), (0, 0)), (2, 2), 1, False),
-    ((2, 2), (2, 2), ((0, 0), (0, 0)), (1, 1), 2, False),
+@pytest.mark.parametrize(("channels", "kernel", "stride", "pads", "dilation", "groups", "patches"), [
+    (3, (16, 16), (16, 16), ((0, 0), (0, 0)), (1, 1), 1, True),
+    (4, (4, 2), (4, 2), ((0, 0), (0, 0)), (1, 1), 1, True),
+    (64, (2, 2), (2, 2), ((0, 0), (0, 0)), (1, 1), 1, False),  # a ConvNeXt's downsampling: cuDNN's
+    (3, (16, 16), (8, 8), ((0, 0), (0, 0)), (1, 1), 1, False),
+    (3, (3, 3), (3, 3), ((1, 1), (1, 1)), (1, 1), 1, False),
+    (3, (2, 2), (2, 2), ((0, 0), (0, 0)), (2, 2), 1, False),
+    (4, (2, 2), (2, 2), ((0, 0), (0, 0)), (1, 1), 2, False),
 ])
-def test_patch_convolutions_are_recognised(kernel, stride, pads, dilation, groups, patches):
-    x, w, g = _Shape(2, 4, 32, 32), _Shape(8, 4 // groups, *kernel), _Shape(2, 8, 8, 8)
+def test_patch_convolutions_are_recognised(channels, kernel, stride, pads, dilation, groups, patches):
+    x, w, g = _Shape(2, channels, 32, 32), _Shape(8, channels // groups, *kernel), _Shape(2, 8, 8, 8)
     params = (stride, pads, dilation, groups)
     assert convolution._patches("_conv2d", (x, w, *params)) is patches
     assert convolution._patches("_conv2d_backward_weight", (g, x, w, *params)) is patches
-    assert convolution._patches("_conv2d_backward_input", (g, x, w, *params)) is patches
+    assert not convolution._patches("_conv2d_backward_input", (g, x, w, *params))  # cuDNN's, always
     assert not convolution._patches("_conv_transpose2d", (x, w, *params, (0, 0)))
 
 
