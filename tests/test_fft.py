@@ -345,3 +345,76 @@ def test_real_forms_of_complex_pointwise_operators_match_their_complex_kernels(n
         actual = run_real_form(op, args, op.dtype_rule(op, args)[0], tw.device("cpu"))
         assert actual.dtype is expected.dtype and actual.shape == expected.shape
         np.testing.assert_allclose(actual.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- istft
+
+ISTFT_CASES = [dict(n_fft=8), dict(n_fft=16, hop=4), dict(n_fft=16, hop=3, win=10), dict(n_fft=8, normalized=True),
+               dict(n_fft=8, onesided=False), dict(n_fft=8, length=30), dict(n_fft=8, length=70),
+               dict(n_fft=8, onesided=False, rc=True), dict(n_fft=8, wkind=None), dict(n_fft=8, dtype="float32"),
+               dict(n_fft=12, hop=5, center=False, length=40, wkind=None), dict(n_fft=8, center=False, wkind=None),
+               dict(n_fft=8, onesided=False, rc=True, cplx=True)]
+
+
+def _istft_round_trip(lib, sig, n_fft, hop=None, win=None, wkind="hann", center=True, normalized=False,
+                      onesided=None, length=None, rc=False, cplx=False, dtype="float64"):
+    import warnings
+
+    x = lib.tensor(sig.astype(dtype))
+    if cplx:
+        x = lib.complex(x, x.flip(-1))
+    w = lib.hann_window(win or n_fft, dtype=getattr(lib, dtype)) if wkind == "hann" else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = lib.stft(x, n_fft, hop, win, w, center=center, normalized=normalized, return_complex=True,
+                        onesided=False if cplx else onesided).detach().requires_grad_()
+        y = lib.istft(spec, n_fft, hop, win, w, center=center, normalized=normalized, onesided=onesided,
+                      length=length, return_complex=rc)
+    g = lib.tensor(np.linspace(-1, 1, y.numel() * (2 if y.dtype.is_complex else 1)).astype(dtype))
+    g = lib.view_as_complex(g.reshape(*y.shape, 2)) if y.dtype.is_complex else g.reshape(y.shape)
+    y.backward(g)
+    return y.detach(), spec.grad
+
+
+@pytest.mark.parametrize("shape", [(50,), (3, 50)])
+@pytest.mark.parametrize("case", range(len(ISTFT_CASES)))
+def test_istft_round_trip_and_gradient_match_torch(case, shape):
+    """stft then istft gives the signal back (cut or zero-padded to ``length``); values, dtype, shape, strides and
+    the spectrum's gradient are torch's."""
+    sig = np.random.default_rng(case).standard_normal(shape)
+    (y0, g0), (y1, g1) = (_istft_round_trip(lib, sig, **ISTFT_CASES[case]) for lib in (torch, tw))
+    assert str(y1.dtype).split(".")[-1] == str(y0.dtype).split(".")[-1]
+    assert tuple(y1.shape) == tuple(y0.shape) and y1.stride() == y0.stride()
+    np.testing.assert_allclose(y1.numpy(), y0.numpy(), atol=1e-5)
+    np.testing.assert_allclose(g1.numpy(), g0.numpy(), atol=1e-5)
+    kept = min(shape[-1], y0.shape[-1])
+    if ISTFT_CASES[case].get("center", True) and not ISTFT_CASES[case].get("cplx"):
+        np.testing.assert_allclose(y1.numpy()[..., :kept].real, sig[..., :kept], atol=1e-5)
+
+
+def _istft_errors(lib):
+    import warnings
+
+    x = lib.stft(lib.tensor(np.linspace(-1, 1, 20).astype("float32")), 8, window=lib.hann_window(8),
+                 return_complex=True)
+    calls = [(x, {"onesided": False}), (x, {"hop_length": 9}), (x, {"win_length": 9}), (x, {"window": lib.ones(3)}),
+             (x, {"window": lib.zeros(8)}), (x, {"return_complex": True}), (x.real, {}), (x[:0], {}), (x[0], {}),
+             (x[None, None], {}), (x, {"window": lib.ones(8, dtype=lib.complex64)}),
+             (x, {"window": lib.hann_window(8), "center": False})]
+    out = []
+    for spec, kwargs in calls:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                lib.istft(spec, 8, **kwargs)
+                out.append("ok")
+            except Exception as e:  # noqa: BLE001 — the error's type and message are what is compared
+                out.append(f"{type(e).__name__}: {e}")
+    return out
+
+
+def test_istft_errors_match_torch():
+    """torch's checks, in its order and words: the complex input, emptiness, dims, the frequency size for the
+    sidedness, hop and window lengths, the window's shape, the NOLA check (a zero window envelope), complex output
+    from a one-sided spectrum, complex windows for a real output."""
+    assert _istft_errors(tw) == _istft_errors(torch)

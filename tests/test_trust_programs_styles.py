@@ -1400,6 +1400,9 @@ SPECIAL_CALLS = {
     "i1": lambda s, x: s.i1(x), "sinc": lambda s, x: s.sinc(x), "round": lambda s, x: s.round(x * 10, decimals=1),
     "xlogy": lambda s, x: s.xlogy(x, x.abs() + 0.1), "softmax": lambda s, x: s.softmax(x, 1),
     "log_softmax": lambda s, x: s.log_softmax(x, dim=-1, dtype=None), "logsumexp": lambda s, x: s.logsumexp(x, 1),
+    "ndtr": lambda s, x: s.ndtr(x), "ndtri": lambda s, x: s.ndtri(x.sigmoid()), "log_ndtr": lambda s, x: s.log_ndtr(x),
+    "erfcx": lambda s, x: s.erfcx(x), "entr": lambda s, x: s.entr(x.abs() + 0.1), "i0e": lambda s, x: s.i0e(x),
+    "i1e": lambda s, x: s.i1e(x), "xlog1py": lambda s, x: s.xlog1py(x, x.abs()),
 }
 
 

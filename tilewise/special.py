@@ -1,7 +1,8 @@
 """``tilewise.special``: torch.special's names for the special functions the operator library has.
 
 Each is the operator of the same meaning under its top-level name (``expit`` is ``sigmoid``, ``gammaln`` is
-``lgamma``, ``psi`` is ``digamma``, ``multigammaln`` is ``mvlgamma``), with torch.special's arguments.
+``lgamma``, ``psi`` is ``digamma``, ``multigammaln`` is ``mvlgamma``), with torch.special's arguments; those torch
+has only here are its ``special_`` operators (``ndtr`` is ``special_ndtr``, see ``ops/special.py``).
 
 >>> import tilewise as tw
 >>> tw.special.expit(tw.tensor([0.0]))
@@ -12,9 +13,9 @@ from __future__ import annotations
 
 from tilewise.ops.registry import public_function
 
-__all__ = ["digamma", "erf", "erfc", "erfinv", "exp2", "expit", "expm1", "gammaln", "i0", "i1", "log1p",
-           "log_softmax", "logit", "logsumexp", "multigammaln", "polygamma", "psi", "round", "sinc", "softmax",
-           "xlogy"]
+__all__ = ["digamma", "entr", "erf", "erfc", "erfcx", "erfinv", "exp2", "expit", "expm1", "gammaln", "i0", "i0e",
+           "i1", "i1e", "log1p", "log_ndtr", "log_softmax", "logit", "logsumexp", "multigammaln", "ndtr", "ndtri",
+           "polygamma", "psi", "round", "sinc", "softmax", "xlog1py", "xlogy"]
 
 
 def _unary(name: str, public: str | None = None):
@@ -28,8 +29,9 @@ def _unary(name: str, public: str | None = None):
 
 digamma, erf, erfc, erfinv, exp2, expm1, i0, log1p, sinc = (
     _unary(n) for n in ("digamma", "erf", "erfc", "erfinv", "exp2", "expm1", "i0", "log1p", "sinc"))
-expit, gammaln, psi, i1 = _unary("expit", "sigmoid"), _unary("gammaln", "lgamma"), _unary("psi", "digamma"), \
-    _unary("i1", "special_i1")
+expit, gammaln, psi = _unary("expit", "sigmoid"), _unary("gammaln", "lgamma"), _unary("psi", "digamma")
+entr, erfcx, i0e, i1, i1e, log_ndtr, ndtr, ndtri = (
+    _unary(n, f"special_{n}") for n in ("entr", "erfcx", "i0e", "i1", "i1e", "log_ndtr", "ndtr", "ndtri"))
 
 
 def logit(input, eps=None, *, out=None):  # noqa: A002
@@ -50,6 +52,10 @@ def round(input, *, decimals=0, out=None):  # noqa: A001, A002 — torch's names
 
 def xlogy(input, other, *, out=None):  # noqa: A002
     return public_function("xlogy")(input, other, out=out)
+
+
+def xlog1py(input, other, *, out=None):  # noqa: A002
+    return public_function("special_xlog1py")(input, other, out=out)
 
 
 def softmax(input, dim, *, dtype=None):  # noqa: A002

@@ -83,4 +83,13 @@ OPINFOS = [
         Sample((T((2, 20), "complex"), 8), {"hop_length": 2, "window": T((8,), "positive")}, name="complex"),
         Sample((T((2, 20)), 8), {"hop_length": 4, "window": T((8,), "positive"), "return_complex": False},
                name="real-pairs")], atol=1e-4),
+    OpInfo("istft", lambda: [
+        Sample((T((2, 5, 11), "complex"), 8), {"hop_length": 2, "window": T((8,), "positive")}),
+        Sample((T((5, 11), "complex"), 8), {"hop_length": 3, "win_length": 5, "window": T((5,), "positive"),
+                                            "normalized": True, "length": 30}, name="1d-short-window-normalized"),
+        Sample((T((2, 6, 9), "complex"), 6), {"hop_length": 4, "window": T((6,), "positive"), "center": False,
+                                              "onesided": False, "return_complex": True},
+               name="not-centered-twosided-complex"),
+        Sample((T((2, 5, 11), "complex"), 8), {"window": T((8,), "positive"), "length": 60}, name="padded")],
+           atol=1e-4),
 ]

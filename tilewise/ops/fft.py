@@ -431,3 +431,119 @@ declare("stft(Tensor self, int n_fft, int? hop_length=None, int? win_length=None
         "bool center=True, str pad_mode=\"reflect\", bool normalized=False, bool? onesided=None, "
         "bool? return_complex=None) -> Tensor", "composite", decomposition=_stft, out=False, compiles=False,
         autocast={"cpu": "fp32"})
+
+
+# ---------------------------------------------------------------- inverse short-time Fourier transform
+
+_ISTFT_NO_WINDOW = ("A window was not provided. A rectangular window will be applied.Please provide the same window "
+                    "used by stft to make the inversion lossless.To suppress this warning and use a rectangular "
+                    "window, explicitly set `window=torch.ones(n_fft, device=<device>)`.")
+_ISTFT_PADDED = ("The length of signal is shorter than the length parameter. Result is being padded with zeros in the "
+                 "tail. Please check your center and hop_length settings.")
+_LEGACY_TYPE = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
+                "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
+
+
+def _overlap_add(frames: Tensor, hop_length: int, length: int) -> Tensor:
+    """torch's unfold_backward of (batch, n_frames, n_fft) frames every ``hop_length`` samples: each frame summed
+    into the ``length`` samples it covers; fold (col2im) over a height of 1, on the parts of a complex one."""
+    batch, n_frames, n_fft = frames.shape
+    if frames.dtype.is_complex:
+        parts = OPS["view_as_real"](frames).permute(0, 3, 2, 1).reshape(batch, 2 * n_fft, n_frames)
+        out = OPS["col2im"](parts, (1, length), (1, n_fft), 1, 0, (1, hop_length))
+        return OPS["view_as_complex"](out.reshape(batch, 2, length).transpose(1, 2).contiguous())
+    out = OPS["col2im"](frames.transpose(1, 2), (1, length), (1, n_fft), 1, 0, (1, hop_length))
+    return out.reshape(batch, length)
+
+
+def _istft(x, n_fft, hop_length=None, win_length=None, window=None, center=True, normalized=False, onesided=None,
+           length=None, return_complex=False):
+    """torch.istft: the inverse of stft by overlap-add. Each frame's inverse transform (one-sided c2r or c2c),
+    times the window, is summed into the signal (fold), which is divided by the summed squared window (the
+    envelope; torch's NOLA check refuses an envelope below 1e-11 anywhere in the kept samples), trimmed by
+    ``n_fft // 2`` at each end when ``center`` (or to ``length``, zero-padded past the frames' end)."""
+    hop_length = n_fft >> 2 if hop_length is None else hop_length
+    win_length = n_fft if win_length is None else win_length
+    if not x.dtype.is_complex:
+        raise RuntimeError("istft requires a complex-valued input tensor matching the output from stft with "
+                           "return_complex=True.")
+    if window is None:
+        _warn_once(_ISTFT_NO_WINDOW)
+    given_onesided = onesided  # torch's messages show the arguments as given
+
+    def fail(message: str, sep: str = " : "):
+        shown = "None" if window is None else \
+            f"torch.{'cuda.' if window.device.type == 'cuda' else ''}{_LEGACY_TYPE.get(window.dtype.name, '')}Tensor" \
+            f"{{{list(window.shape)}}}"
+        flag = lambda v: "None" if v is None else str(int(v))  # noqa: E731
+        device = "CUDA" if x.device.type == "cuda" else "CPU"
+        raise RuntimeError(f"istft({device}{_LEGACY_TYPE[x.dtype.name]}Type{list(x.shape)}, n_fft={n_fft}, "
+                           f"hop_length={hop_length}, win_length={win_length}, window={shown}, center={int(center)}, "
+                           f"normalized={int(normalized)}, onesided={flag(given_onesided)}, length="
+                           f"{'None' if length is None else length}, return_complex={int(return_complex)}){sep}"
+                           f"{message}")
+
+    real_dims = x.ndim + 1  # torch checks the view_as_real of the input
+    if real_dims < 3:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-real_dims}, {real_dims - 1}], but "
+                         "got -3)")
+    n_frames, fft_size = x.shape[-1], x.shape[-2]
+    expected_len = n_fft + hop_length * (n_frames - 1)
+    if x.numel() == 0:
+        fail("input tensor cannot be empty.")
+    if real_dims not in (3, 4):
+        fail(f"expected a tensor with 3 or 4 dimensions, but got {real_dims}")
+    onesided = fft_size != n_fft if onesided is None else onesided
+    if onesided and n_fft // 2 + 1 != fft_size:
+        fail("expected the frequency dimension (3rd to the last) of the input tensor to match n_fft / 2 + 1 when "
+             f"onesided=True, but got {fft_size}")
+    if not onesided and n_fft != fft_size:
+        fail("expected the frequency dimension (3rd to the last) of the input tensor to match n_fft when "
+             f"onesided=False, but got {fft_size}")
+    if not 0 < hop_length <= win_length:
+        fail("expected 0 < hop_length <= win_length")
+    if not 0 < win_length <= n_fft:
+        fail("expected 0 < win_length <= n_fft")
+    if window is not None and (window.ndim != 1 or window.shape[0] != win_length):
+        fail("Invalid window shape. window has to be 1D and length of `win_length`")
+    if window is None:
+        from tilewise.ops.creation import ones
+
+        window = ones(win_length, dtype=x.dtype.to_real(), device=x.device)
+    if win_length != n_fft:
+        left = (n_fft - win_length) // 2
+        window = OPS["pad"](window, [left, n_fft - win_length - left])
+    signal = x.resolve_conj()
+    signal = (signal.unsqueeze(0) if x.ndim == 2 else signal).transpose(1, 2)  # (channel, n_frames, fft_size)
+    normalization = BY_ROOT_N if normalized else BY_N
+    if return_complex:
+        if onesided:
+            raise RuntimeError("Cannot have onesided output if window or input is complex")
+        frames = OPS["_fft_c2c"](signal, (2,), normalization, False)
+    else:
+        if window.dtype.is_complex:
+            raise RuntimeError("Complex windows are incompatible with return_complex=False")
+        if not onesided:
+            signal = signal.narrow(-1, 0, n_fft // 2 + 1)
+        frames = OPS["_fft_c2r"](signal, (2,), normalization, n_fft)
+    y = _overlap_add(frames * window.view(1, 1, n_fft), hop_length, expected_len)
+    squares = (window * window).view(1, 1, n_fft).expand(1, n_frames, n_fft)
+    envelope = _overlap_add(squares, hop_length, expected_len)
+    start = n_fft // 2 if center else 0
+    end = start + length if length is not None else (expected_len - n_fft // 2 if center else expected_len)
+    y, envelope = y[:, start:end], envelope[:, start:end]
+    if bool((envelope.abs().min() < 1e-11).item()):
+        fail(f"1\n[ {'CUDA' if x.device.type == 'cuda' else 'CPU'}BoolType{{}} ]", sep=" window overlap add min: ")
+    y = y / envelope
+    if x.ndim == 2:
+        y = y.squeeze(0)
+    if end > expected_len:
+        _warn_once(_ISTFT_PADDED)
+        y = OPS["pad"](y, [0, end - expected_len])
+    return y
+
+
+declare("istft(Tensor self, int n_fft, int? hop_length=None, int? win_length=None, Tensor? window=None, "
+        "bool center=True, bool normalized=False, bool? onesided=None, int? length=None, "
+        "bool return_complex=False) -> Tensor", "composite", decomposition=_istft, out=False, compiles=False,
+        autocast={"cpu": "fp32"})

@@ -18,7 +18,7 @@ from tilewise import dtypes
 from tilewise.dtypes import DType, c10_name, compute_dtype, result_type, to_float
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import broadcast
-from tilewise.ops.expr import Expr, where
+from tilewise.ops.expr import Expr, fma, where
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.pointwise import pointwise, unary
 from tilewise.ops.registry import declare
@@ -115,13 +115,14 @@ def polygamma_expr(n: int, x: Expr) -> Expr:
 
 
 _I_SERIES_TERMS = 48
-_I_ASYMPTOTIC_TERMS = 18
+_I_ASYMPTOTIC_TERMS = 30
 _I_SWITCH = 15.0  # |x| above it: the asymptotic series is exact to double precision
 
 
-def bessel_i_expr(nu: int, x: Expr) -> Expr:
+def bessel_i_expr(nu: int, x: Expr, scaled: bool = False) -> Expr:
     """Modified Bessel function I_nu (nu = 0, 1): its power series for |x| <= 15, else
-    e^|x| / sqrt(2 pi |x|) times the asymptotic series; odd in x for nu = 1."""
+    e^|x| / sqrt(2 pi |x|) times the asymptotic series; odd in x for nu = 1. ``scaled``: e^-|x| I_nu(x) (i0e, i1e),
+    the series times e^-|x| and the asymptotic series without its exponential, so nothing overflows."""
     ax = x.abs()
     t = (ax * 0.5) * (ax * 0.5)
     term, series = Expr("const", (), 1.0), Expr("const", (), 1.0)
@@ -136,7 +137,11 @@ def bessel_i_expr(nu: int, x: Expr) -> Expr:
         term = term * (((2 * j - 1) ** 2 - 4 * nu * nu) / j) * inv
         asym = asym + term
     big = ax.maximum(_I_SWITCH)
-    asym = asym * (big * 0.5).exp() * ((big * 0.5).exp() / (2 * math.pi * big).sqrt())
+    if scaled:
+        series = series * (-ax.minimum(_I_SWITCH)).exp()
+        asym = asym / (2 * math.pi * big).sqrt()
+    else:
+        asym = asym * (big * 0.5).exp() * ((big * 0.5).exp() / (2 * math.pi * big).sqrt())
     out = where(ax.le(_I_SWITCH), series, asym)
     return out if nu == 0 else out.copysign(x)
 
@@ -162,8 +167,177 @@ unary("digamma", digamma_expr, "grad * polygamma(1, self)")
 pointwise("polygamma(int n, Tensor self) -> Tensor", None, {"self": "grad * polygamma(n + 1, self)"},
           R.promote_float, expr_builder=_polygamma, method=False, inplace=False)
 unary("i0", lambda x: bessel_i_expr(0, x), "grad * special_i1(self)")
+
+
+# ---------------------------------------------------------------- torch.special: normal distribution, entropy, scaled
+# [Note: torch.special's functions] Each is torch's aten operator (``special_ndtr``, ...), called as
+# ``tilewise.special.ndtr``. Their meanings are torch's kernels' (ATen's Math.h): ndtr is (1 + erf(x / sqrt 2)) / 2,
+# as torch's vectorised kernel computes it (so it is 0 below about -38, where erf is -1); ndtri is Cephes' three
+# rational approximations; log_ndtr is log1p(-erfc(t) / 2) for x >= -1, else log(erfcx(-t) / 2) - t^2 (t = x /
+# sqrt 2), exact far into the lower tail. erfcx = e^(x^2) erfc(x) is, for 0 <= x < 5, erfc(x) times e^(x^2) with
+# x^2 split into its rounded value h and the exact remainder fma(x, x, -h), so that the exponential does not
+# amplify the rounding of x^2; for x >= 5 the continued fraction 1 / sqrt(pi) / (x + (1/2) / (x + 1 / (x + ...)))
+# (16 levels: double precision from 5 on, and no underflow of erfc); for x < 0, 2 e^(x^2) - erfcx(-x).
+_SQRT1_2 = math.sqrt(0.5)
+# the name torch's dispatch reports a dtype it has no kernel for under
+_KERNELS = {"special_ndtr": "erf_vml", "special_ndtri": "ndtri", "special_log_ndtr": "log_ndtr",
+            "special_erfcx": "erfcx", "special_entr": "entr", "special_i0e": "i0e", "special_i1e": "i1e",
+            "special_xlog1py": "xlog1py", "special_i1": "i1"}
+
+
+def _no_kernel(op, args, dtype: DType) -> NotImplementedError:
+    device = next((v.device.type for v in args if hasattr(v, "device")), "cpu")
+    return NotImplementedError(f'"{_KERNELS[op.name]}_{device}" not implemented for \'{c10_name(dtype)}\'')
+
+
+def real_kernel(op, args) -> tuple[DType, DType]:
+    """ndtr, entr, i0e, i1e, xlog1py: torch's floating kernels (float16 and bfloat16 too; integers and bools give
+    the default float dtype); complex refused."""
+    given = result_type(*_operands(op, args))
+    if given.is_complex:
+        raise _no_kernel(op, args, given)
+    return R.promote_float(op, args)
+
+
+def float_double_kernel(op, args) -> tuple[DType, DType]:
+    """ndtri, log_ndtr and erfcx: torch has float32 and float64 kernels only (float16 and bfloat16 are refused)."""
+    out, compute = real_kernel(op, args)
+    if out in (dtypes.float16, dtypes.bfloat16):
+        raise _no_kernel(op, args, out)
+    return out, compute
+
+
+def _step_rounding(args, dtype):
+    """Where torch's CPU kernel computes a float16/bfloat16 result in that type (c10's Half and BFloat16 round
+    every arithmetic step, as its vectorised kernels do), a function rounding an intermediate value to it; else
+    the identity (CUDA computes in float32 throughout)."""
+    values = [v for v in args if v is not None and (hasattr(v, "dtype") or isinstance(v, (int, float)))]
+    out = to_float(result_type(*values))
+    on_cuda = any(getattr(getattr(v, "device", None), "type", None) == "cuda" for v in values)
+    if out is not dtype and out in (dtypes.float16, dtypes.bfloat16) and not on_cuda:
+        return lambda e: e.cast(out).cast(dtype)
+    return lambda e: e
+
+
+def _ndtr(args, dtype):
+    r = _step_rounding(args[:1], dtype)
+    return r(r(1 + r(r(_in(0) * _SQRT1_2).erf())) * 0.5)
+
+
+def _horner(x: Expr, coefficients) -> Expr:
+    out = Expr("const", (), coefficients[0])
+    for c in coefficients[1:]:
+        out = out * x + c
+    return out
+
+
+_NDTRI_P0 = (-5.99633501014107895267E1, 9.80010754185999661536E1, -5.66762857469070293439E1,
+             1.39312609387279679503E1, -1.23916583867381258016E0)
+_NDTRI_Q0 = (1.0, 1.95448858338141759834E0, 4.67627912898881538453E0, 8.63602421390890590575E1,
+             -2.25462687854119370527E2, 2.00260212380060660359E2, -8.20372256168333339912E1,
+             1.59056225126211695515E1, -1.18331621121330003142E0)
+_NDTRI_P1 = (4.05544892305962419923E0, 3.15251094599893866154E1, 5.71628192246421288162E1,
+             4.40805073893200834700E1, 1.46849561928858024014E1, 2.18663306850790267539E0,
+             -1.40256079171354495875E-1, -3.50424626827848203418E-2, -8.57456785154685413611E-4)
+_NDTRI_Q1 = (1.0, 1.57799883256466749731E1, 4.53907635128879210584E1, 4.13172038254672030440E1,
+             1.50425385692907503408E1, 2.50464946208309415979E0, -1.42182922854787788574E-1,
+             -3.80806407691578277194E-2, -9.33259480895457427372E-4)
+_NDTRI_P2 = (3.23774891776946035970E0, 6.91522889068984211695E0, 3.93881025292474443415E0,
+             1.33303460815807542389E0, 2.01485389549179081538E-1, 1.23716634817820021358E-2,
+             3.01581553508235416007E-4, 2.65806974686737550832E-6, 6.23974539184983293730E-9)
+_NDTRI_Q2 = (1.0, 6.02427039364742014255E0, 3.67983563856160859403E0, 1.37702099489081330271E0,
+             2.16236993594496635890E-1, 1.34204006088543189037E-2, 3.28014464682127739104E-4,
+             2.89247864745380683936E-6, 6.79019408009981274425E-9)
+_EXP_M2 = 0.13533528323661269189  # e^-2
+
+
+def ndtri_expr(y0: Expr) -> Expr:
+    """The inverse of ndtr (Cephes): for |y - 1/2| <= 1/2 - e^-2 a rational function of (y - 1/2)^2; in the tails,
+    with z = sqrt(-2 log y) (y the smaller of y0 and 1 - y0), z - log(z) / z minus a rational function of 1 / z
+    (one for z < 8, another above). 0 and 1 give -inf and inf, outside [0, 1] nan."""
+    upper = y0.gt(1 - _EXP_M2)
+    y = where(upper, 1 - y0, y0)
+    central = y.gt(_EXP_M2)
+    c = y - 0.5
+    c2 = c * c
+    middle = (c + c * (c2 * _horner(c2, _NDTRI_P0) / _horner(c2, _NDTRI_Q0))) * 2.50662827463100050242
+    t = where(central, _EXP_M2, y)  # the tail branch on a value it is defined at where the middle one is taken
+    z = (-2 * t.log()).sqrt()
+    x0 = z - z.log() / z
+    w = 1 / z
+    x1 = where(z.lt(8), w * _horner(w, _NDTRI_P1) / _horner(w, _NDTRI_Q1),
+               w * _horner(w, _NDTRI_P2) / _horner(w, _NDTRI_Q2))
+    tail = where(upper, x0 - x1, x1 - x0)
+    out = where(central, middle, tail)
+    return where(y0.eq(0), -math.inf, where(y0.eq(1), math.inf,
+                                             where(y0.lt(0).logical_or(y0.gt(1)), math.nan, out)))
+
+
+_ERFCX_SWITCH = 5.0
+_ERFCX_LEVELS = 16
+_INV_SQRT_PI = 1 / math.sqrt(math.pi)
+
+
+def _exp_square(x: Expr) -> Expr:
+    """e^(x^2) without the rounding of x^2 magnified: e^h (1 + l) with h = x * x rounded and l = x * x - h exact
+    (inf once e^h overflows)."""
+    h = x * x
+    e = h.exp()
+    return where(e.isinf(), e, fma(e, fma(x, x, -h), e))
+
+
+def erfcx_expr(x: Expr) -> Expr:
+    ax = x.abs()
+    near = ax.erfc() * _exp_square(ax)
+    far_x = ax.maximum(_ERFCX_SWITCH)
+    f = far_x
+    for k in range(_ERFCX_LEVELS, 0, -1):
+        f = far_x + (k / 2) / f
+    far = _INV_SQRT_PI / f
+    positive = where(ax.lt(_ERFCX_SWITCH), near, far)
+    return where(x.lt(0), 2 * _exp_square(x) - positive, positive)
+
+
+def log_ndtr_expr(x: Expr) -> Expr:
+    t = x * _SQRT1_2
+    return where(x.lt(-1), (erfcx_expr(-t) / 2).log() - t * t, (-(t.erfc() / 2)).log1p())
+
+
+def _entr(args, dtype):
+    x = _in(0)
+    r = _step_rounding(args[:1], dtype)
+    return where(x.isnan(), x, where(x.gt(0), -x * r(x.log()), where(x.eq(0), 0.0, -math.inf)))
+
+
+def _xlog1py(args, dtype):
+    """As xlogy (see ``_xlogy``), with log1p(other)."""
+    a, b = _in(0), _in(1)
+    r = _step_rounding(args[:2], dtype)
+    return where(b.isnan(), b, where(a.eq(0), 0, a * r(b.log1p())))
+
+
+pointwise("special_ndtr(Tensor self) -> Tensor", None,
+          {"self": f"grad * exp(-0.5 * self * self) * {1 / math.sqrt(2 * math.pi)}"}, real_kernel,
+          expr_builder=_ndtr, method=False, inplace=False)
+unary("special_ndtri", ndtri_expr, f"grad * {math.sqrt(2 * math.pi)} * exp(result * result / 2)",
+      float_double_kernel, method=False, inplace=False)
+unary("special_log_ndtr", log_ndtr_expr,
+      f"grad / {math.sqrt(2 * math.pi)} * exp(-(result + self * self / 2))", float_double_kernel, method=False,
+      inplace=False)
+unary("special_erfcx", erfcx_expr, f"(2 * self * result - {2 / math.sqrt(math.pi)}) * grad", float_double_kernel,
+      method=False, inplace=False)
+pointwise("special_entr(Tensor self) -> Tensor", None, {"self": "grad * -(1 + log(self))"}, real_kernel,
+          expr_builder=_entr, method=False, inplace=False)
 unary("special_i1", lambda x: bessel_i_expr(1, x), "grad * (i0(self) - where(self == 0, 0.5 * ones_like(self), "
-      "special_i1(self) / where(self == 0, ones_like(self), self)))", method=False, inplace=False)
+      "special_i1(self) / where(self == 0, ones_like(self), self)))", real_kernel, method=False, inplace=False)
+unary("special_i0e", lambda x: bessel_i_expr(0, x, scaled=True), "grad * (special_i1e(self) - sign(self) * result)",
+      real_kernel, method=False, inplace=False)
+unary("special_i1e", lambda x: bessel_i_expr(1, x, scaled=True),
+      "grad * where(self == 0, 0.5 * ones_like(self), special_i0e(self) - result * (sign(self) + 1 / "
+      "where(self == 0, ones_like(self), self)))", real_kernel, method=False, inplace=False)
+pointwise("special_xlog1py(Tensor self, Tensor other) -> Tensor", None,
+          {"self": "where((self == 0) & (other <= -1), zeros_like(grad), grad * log1p(other))",
+           "other": "grad * self / (other + 1)"}, real_kernel, expr_builder=_xlog1py, method=False, inplace=False)
 
 # ---------------------------------------------------------------- exponentials and logs of pairs
 pointwise("logaddexp(Tensor self, Tensor other) -> Tensor",
