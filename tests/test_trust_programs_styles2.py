@@ -12,6 +12,7 @@ import math
 from collections import Counter
 
 import numpy as np
+import pytest
 import torch as real_torch
 from test_trust_programs import assert_same, gradients, initial_state, numpy_of, run_both
 
@@ -656,3 +657,103 @@ def test_message_passing_gnn_with_scatter_reduce_trains_like_torch():
     ours, theirs = run_both(gnn, small_graphs(np.random.default_rng(3)))
     assert_same(ours, theirs)
 
+
+# ----------------------------------------------------------------------------------------------------------------------
+# What the programs, and the bad inputs tried on them, met, reduced.
+
+def raised(call, torch):
+    try:
+        call(torch)
+    except Exception as exc:  # noqa: BLE001 — the exception itself is what is compared
+        return exc
+    return None
+
+
+REFUSALS = {
+    # embedding_bag: an index outside the table is a RuntimeError (embedding's IndexError is not what torch raises)
+    "embedding_bag index past the end": (
+        lambda t: t.nn.functional.embedding_bag(t.tensor([1, 7]), t.ones(5, 3), t.tensor([0]), mode="max"),
+        RuntimeError, "embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be 7"),
+    "embedding_bag negative index": (
+        lambda t: t.nn.functional.embedding_bag(t.tensor([1, -1]), t.ones(5, 3, dtype=t.float64), t.tensor([0])),
+        RuntimeError, "embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be -1"),
+    "embedding_bag float offsets": (
+        lambda t: t.nn.functional.embedding_bag(t.tensor([1, 2]), t.ones(5, 3), t.tensor([0.0])),
+        RuntimeError, "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int"),
+    "embedding_bag int16 indices": (
+        lambda t: t.nn.functional.embedding_bag(t.tensor([1, 2], dtype=t.int16), t.ones(5, 3),
+                                                t.tensor([0], dtype=t.int16)),
+        RuntimeError, "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int"),
+    # index_add: an index out of range in a tensor of 2 dims or more is torch's RuntimeError (of 1 dim, an IndexError)
+    "index_add index past the end": (
+        lambda t: t.zeros(3, 2).index_add_(0, t.tensor([0, 3]), t.ones(2, 2)),
+        RuntimeError, "index 3 is out of bounds for dimension 0 with size 3"),
+    "index_add negative index": (
+        lambda t: t.zeros(3, 2).index_add(1, t.tensor([-1]), t.ones(3, 1)),
+        RuntimeError, "index -1 is out of bounds for dimension 1 with size 2"),
+    "index_add into 1 dim": (lambda t: t.zeros(3).index_add(0, t.tensor([3]), t.ones(1)), IndexError, "out of range"),
+    # activations torch has floating kernels only for
+    "leaky_relu of integers": (lambda t: t.nn.functional.leaky_relu(t.tensor([-1, 2])),
+                               NotImplementedError, "\"leaky_relu_cpu\" not implemented for 'Long'"),
+    "leaky_relu_ of int8": (lambda t: t.nn.functional.leaky_relu_(t.tensor([-1, 2], dtype=t.int8)),
+                            NotImplementedError, "\"leaky_relu_cpu\" not implemented for 'Char'"),
+    "LeakyReLU of bools": (lambda t: t.nn.LeakyReLU(0.2)(t.tensor([True, False])),
+                           NotImplementedError, "\"leaky_relu_cpu\" not implemented for 'Bool'"),
+    "rrelu of integers": (lambda t: t.nn.functional.rrelu(t.tensor([-1, 2])),
+                          NotImplementedError, "\"leaky_relu_cpu\" not implemented for 'Long'"),
+    "prelu of integers": (lambda t: t.nn.functional.prelu(t.tensor([-1, 2]), t.tensor([1])),
+                          NotImplementedError, "\"prelu_cpu\" not implemented for 'Long'"),
+    "glu of integers": (lambda t: t.nn.functional.glu(t.tensor([-1, 2])),
+                        NotImplementedError, "\"glu_cpu\" not implemented for 'Long'"),
+    # cdist takes two tensors of one dtype
+    "cdist of float64 and float32": (lambda t: t.cdist(t.ones(3, 4, dtype=t.float64), t.ones(2, 4)),
+                                     RuntimeError, "expected scalar type Double but found Float"),
+    "cdist of float32 and float64": (lambda t: t.cdist(t.ones(3, 4), t.ones(2, 4, dtype=t.float64)),
+                                     RuntimeError, "expected scalar type Float but found Double"),
+    # a size or dims list spelled as varargs must have at least one entry
+    "repeat()": (lambda t: t.arange(3).repeat(), TypeError,
+                 'repeat() missing 1 required positional arguments: "repeats"'),
+    "0-d repeat()": (lambda t: t.tensor(3).repeat(), TypeError, "repeat() missing 1 required positional argument"),
+    "0-d permute()": (lambda t: t.tensor(3).permute(), TypeError, "permute() missing 1 required positional argument"),
+    "0-d reshape()": (lambda t: t.tensor(3).reshape(), TypeError, "reshape() missing 1 required positional argument"),
+    "0-d expand()": (lambda t: t.tensor(3).expand(), TypeError, "expand() missing 1 required positional argument"),
+    "0-d flip()": (lambda t: t.tensor(3).flip(), TypeError, "flip() missing 1 required positional argument"),
+    "0-d tile()": (lambda t: t.tensor(3).tile(), TypeError, "tile() missing 1 required positional argument"),
+    "0-d view()": (lambda t: t.tensor(3).view(), TypeError, "view()"),
+}
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize("case", REFUSALS)
+def test_bad_inputs_met_by_the_programs_are_refused_as_torch(torch, case):
+    call, error, message = REFUSALS[case]
+    exc = raised(call, torch)
+    assert type(exc) is error or (error is NotImplementedError and isinstance(exc, error)), repr(exc)
+    assert message in str(exc)
+
+
+ACCEPTED = {
+    # indices promoted with their offsets: bool or uint8 indices next to int64 offsets are int64 indices
+    "embedding_bag bool indices, long offsets": lambda t: t.nn.functional.embedding_bag(
+        t.tensor([True, False]), t.arange(15.0).reshape(5, 3), t.tensor([0])),
+    "embedding_bag uint8 indices, long offsets": lambda t: t.nn.functional.embedding_bag(
+        t.tensor([1, 4], dtype=t.uint8), t.arange(15.0).reshape(5, 3), t.tensor([0, 1]), mode="sum"),
+    # index_add into integers takes a float alpha as its integer part
+    "index_add int64, alpha=1.5": lambda t: t.zeros(3, dtype=t.int64).index_add(
+        0, t.arange(3), t.full((3,), 3, dtype=t.int64), alpha=1.5),
+    "index_add int64, alpha=-2.7": lambda t: t.zeros(3, dtype=t.int64).index_add_(
+        0, t.tensor([2, 0, 2]), t.tensor([1, 2, 3]), alpha=-2.7),
+    "index_add int32, alpha=2.0": lambda t: t.ones(2, 2, dtype=t.int32).index_add(
+        1, t.tensor([1]), t.ones(2, 1, dtype=t.int32), alpha=2.0),
+    "repeat(()) of a 0-d tensor": lambda t: t.tensor(3).repeat(()),
+    "view(()) of a 0-d tensor": lambda t: t.tensor(3).view(()),
+}
+
+
+@pytest.mark.parametrize("case", ACCEPTED)
+def test_inputs_torch_accepts_give_its_values(case):
+    call = ACCEPTED[case]
+    expected, ours = call(real_torch), call(tilewise)
+    assert str(ours.dtype).split(".")[-1] == str(expected.dtype).split(".")[-1]
+    assert tuple(ours.shape) == tuple(expected.shape)
+    np.testing.assert_array_equal(ours.numpy(), expected.numpy())
