@@ -1,8 +1,8 @@
 """More programs in styles people publish, run eagerly under torch and under tilewise (``import tilewise as torch``)
 from the same initial weights and batches, as in ``test_trust_programs.py``, whose helpers these use: a WGAN with
 weight clipping and an R1 penalty, a RealNVP flow with slogdet, a batch-hard triplet embedding with checkpointed
-blocks, an EmbeddingBag text classifier over a Counter vocabulary, a time-series nn.Transformer forecaster, a message
-passing GNN, and REINFORCE returns. Below the programs, the failures they met, each reduced to a test.
+blocks, an EmbeddingBag text classifier over a Counter vocabulary, a time-series nn.Transformer forecaster and a message
+passing GNN. Below the programs, the failures they met, each reduced to a test.
 """
 # ruff: noqa: N803, N806 — the programs keep the scripts' names (netG, netD)
 
