@@ -134,6 +134,17 @@ def integral(op, args) -> tuple[DType, DType]:
     return out, out
 
 
+def floating_kernel(op, args) -> tuple[DType, DType]:
+    """Operators torch has floating kernels only for (leaky_relu, hypot, logaddexp, ...): it refuses integers and
+    bools with NotImplementedError, naming its kernel."""
+    out = result_type(*_operands(op, args))
+    if not out.is_floating_point:
+        kernel = f"{op.name}_{'cuda' if device_type_of(op, args) == 'cuda' else 'cpu'}"
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{dtypes.c10_name(out)}\' (got a {out.name} '
+                                  "input)")
+    return out, compute_dtype(out)
+
+
 def floating_only(op, args) -> tuple[DType, DType]:
     out = result_type(*_operands(op, args))
     if not out.is_floating_point:

@@ -484,10 +484,11 @@ def _index_bounds(index: Tensor) -> tuple[int, int] | None:
     return int(index.amin()), int(index.amax())
 
 
-def check_index_range(index: Tensor, size: int, dim: int, op: str) -> None:
+def check_index_range(index: Tensor, size: int, dim: int, op: str, error: type[Exception] = IndexError) -> None:
     """Indices must lie in [0, size): unlike ``x[index]``, these operators do not wrap negative indices (torch
-    refuses them with IndexError, "index out of range in self"). Checked here where the values can be read;
-    elsewhere the indexing kernel refuses them when the composite runs it under
+    refuses them with IndexError, "index out of range in self"; index_add of 2-D or more with RuntimeError,
+    ``error``). Checked
+    here where the values can be read; elsewhere the indexing kernel refuses them when the composite runs it under
     ``_index_errors_named(op, negative_wraps=False)`` (a CUDA kernel reports them at the next synchronisation)."""
     bounds = _index_bounds(index)
     if bounds is None:
@@ -495,7 +496,7 @@ def check_index_range(index: Tensor, size: int, dim: int, op: str) -> None:
     low, high = bounds
     if low < 0 or high >= size:
         valid = f"0..{size - 1}" if size else "none (the dimension is empty)"
-        raise IndexError(f"{op}(): index out of range in self: index {low if low < 0 else high} is out of bounds "
+        raise error(f"{op}(): index out of range in self: index {low if low < 0 else high} is out of bounds "
                          f"for dimension {dim} with size {size}; valid indices are {valid} (negative indices are "
                          "not counted from the end)")
 
@@ -540,12 +541,16 @@ def _index_select(self, dim, index):
 def _index_update(self, dim, index, source, accumulate: bool, op: str):
     x, d, key = _along(self, dim, index, op)
     src = _check_source(x, d, key[-1], source, op, self.ndim)
-    check_index_range(key[-1], x.shape[d], d, op)
+    # torch's index_add refuses a bad index into a tensor of two or more dims with RuntimeError
+    check_index_range(key[-1], x.shape[d], d, op, RuntimeError if op == "index_add" and x.ndim > 1 else IndexError)
     with _index_errors_named(op, negative_wraps=False):  # row-major, as torch's (index_put keeps x's order)
         return OPS["index_put"](x, key, src, accumulate).reshape(self.shape).contiguous()
 
 
 def _index_add(self, dim, index, source, alpha=1):
+    if isinstance(alpha, float) and isinstance(self, Tensor) and not (self.dtype.is_floating_point or
+                                                                       self.dtype.is_complex):
+        alpha = int(alpha)  # torch's integer kernels take alpha's integer part (alpha.to<int64_t>())
     return _index_update(self, dim, index, source if alpha == 1 else source * alpha, True, "index_add")
 
 

@@ -61,7 +61,16 @@ functional("tanhshrink(Tensor input) -> Tensor", lambda input: input - input.tan
 
 # ---------------------------------------------------------------------------- gating, softmin, prelu
 
+def _integers_refused(kernel: str, input) -> None:
+    """torch has floating kernels only for these: integers and bools are NotImplementedError, its kernel named."""
+    if not (input.dtype.is_floating_point or input.dtype.is_complex):
+        device = "cuda" if input.device.type == "cuda" else "cpu"
+        raise NotImplementedError(f'"{kernel}_{device}" not implemented for \'{c10_name(input.dtype)}\' (got a '
+                                  f"{input.dtype.name} input)")
+
+
 def _glu(input, dim=-1):
+    _integers_refused("glu", input)
     if input.ndim == 0:
         raise RuntimeError("glu does not support scalars because halving size must be even")
     d = S.normalize_dim(dim, input.ndim, "glu")
@@ -86,6 +95,7 @@ def _softmin(input, dim=None, _stacklevel=3, dtype=None):
 
 
 def _prelu(input, weight):
+    _integers_refused("prelu", input)
     if weight.ndim > 1:
         raise RuntimeError(f"prelu: Expected `weight` to be a scalar or 1D tensor, but got: ndim = {weight.ndim}")
     channels = input.shape[1] if input.ndim >= 2 else 1

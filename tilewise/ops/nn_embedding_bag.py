@@ -12,6 +12,7 @@ and bounded by the input's length inside a trace.
 from __future__ import annotations
 
 from tilewise.dispatch import values_readable
+from tilewise.dtypes import promote_types
 from tilewise.ops.nn_functional import _renorm_rows_, call_public, concrete_cpu, functional, where
 
 _MODES = ("sum", "mean", "max")
@@ -43,9 +44,12 @@ def _check_embedding_bag(input, weight, offsets, mode, scale_grad_by_freq, spars
         raise NotImplementedError(f"embedding_bag: per_sample_weights was not None. per_sample_weights is only "
                                   f"supported for mode='sum' (got mode='{mode}'). Please open a feature request on "
                                   "GitHub.")
-    if input.dtype.is_floating_point or input.dtype.name == "bool":
+    # torch promotes the indices with the offsets (bool or uint8 indices next to int64 offsets are int64), then
+    # takes int64 or int32 indices only
+    index_dtype = input.dtype if offsets is None else promote_types(input.dtype, offsets.dtype)
+    if index_dtype.name not in ("int64", "int32"):
         raise RuntimeError(f"Expected tensor for argument #1 'indices' to have one of the following scalar types: "
-                           f"Long, Int; but got {input.dtype} instead (while checking arguments for embedding_bag)")
+                           f"Long, Int; but got {index_dtype} instead (while checking arguments for embedding_bag)")
     if per_sample_weights is not None and per_sample_weights.dtype is not weight.dtype:
         raise RuntimeError(f"Expected tensor for argument #1 'weight' to have the same type as tensor for argument #1 "
                            f"'per_sample_weights'; but type {weight.dtype} does not equal {per_sample_weights.dtype} "
@@ -66,6 +70,16 @@ def _check_offsets(offsets, length: int, include_last_offset: bool) -> None:
                            f"{values[-1]}")
     if any(b < a for a, b in zip(values, values[1:])):
         raise RuntimeError(f"embedding_bag: offsets must be non-decreasing, got {values}")
+
+
+def _check_index_range(input, rows: int) -> None:
+    """An index outside the table is torch's RuntimeError (not embedding's IndexError), read where it can be."""
+    if not concrete_cpu(input) or input.numel() == 0:
+        return
+    low, high = int(input.amin()), int(input.amax())
+    if low < 0 or high >= rows:
+        raise RuntimeError(f"embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be "
+                           f"{low if low < 0 else high} (valid indices are 0..{rows - 1})")
 
 
 def _padding_index(padding_idx, rows: int):
@@ -150,6 +164,9 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
     padding_idx = _padding_index(padding_idx, weight.shape[0])
     if input.ndim == 1:
         _check_offsets(offsets, input.shape[0], include_last_offset)
+    _check_index_range(input, weight.shape[0])
+    if offsets is not None and input.dtype is not offsets.dtype:
+        input = input.to(promote_types(input.dtype, offsets.dtype))
     if max_norm is not None:
         _renorm_rows_(weight, input, max_norm, norm_type)
     rows = call_public("embedding", input, weight, padding_idx, None, 2.0, scale_grad_by_freq)

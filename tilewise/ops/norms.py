@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 
 from tilewise import strides as S
+from tilewise.dtypes import c10_name
 from tilewise.ops.registry import OPS, declare
 
 
@@ -39,6 +40,8 @@ def _cdist(x1, x2, p=2.0, compute_mode=None):
             raise RuntimeError(f"cdist only supports at least 2D tensors, {name} got: {x.ndim}D")
         if not x.dtype.is_floating_point:
             raise RuntimeError(f"cdist only supports floating-point dtypes, {name} got: {x.dtype.name}")
+    if x1.dtype is not x2.dtype:
+        raise RuntimeError(f"expected scalar type {c10_name(x1.dtype)} but found {c10_name(x2.dtype)}")
     if x1.shape[-1] != x2.shape[-1]:
         raise RuntimeError(f"X1 and X2 must have the same number of columns. X1: {x1.shape[-1]} X2: {x2.shape[-1]}")
     if p < 0:

@@ -407,7 +407,7 @@ pointwise("relu6(Tensor self) -> Tensor", lambda x: clamp_expr(x, 0, 6, True),
           {"self": "hardtanh_backward(grad, self, 0, 6)"}, method=False)
 pointwise("leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor",
           lambda x, s: where(x.gt(0), x, x * s), {"self": "where(self > 0, grad, grad * negative_slope)"},
-          method=False)
+          R.floating_kernel, method=False)
 pointwise("threshold(Tensor self, Scalar threshold, Scalar value) -> Tensor",
           lambda x, t, v: where(x.gt(t), x, v), {"self": "threshold_backward(grad, self, threshold)"}, method=False,
           half_rounded={"cpu": ("self", "value"), "cuda": ("self", "threshold", "value")}, check=R.half_scalars_fit)

@@ -472,6 +472,9 @@ def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool
             star_done = True
             packed = f"isinstance({p.name}[0], (list, tuple))" if p.is_list and p.type == "Tensor" else \
                 f"not isinstance({p.name}[0], int)"
+            if not tensor_varargs:  # x.view(), x.permute(): torch's parser wants the list, even for a 0-d tensor
+                body.append(f"    if not {p.name}: raise TypeError('{op_name.rpartition('::')[2]}() missing 1 "
+                            f"required positional arguments: \"{p.name}\"')")
             body.append(f"    {p.name} = {p.name}[0] if len({p.name}) == 1 and {packed} else {p.name}")
         elif p.kwarg_only and not star_done:
             sig.append("*")
