@@ -235,6 +235,7 @@ CPU_POLICIES_OF_COMPOSITES = sorted({
     "fractional_max_pool3d_with_indices",  # torch's operators of these names return the indices too
     "grid_sample",  # grid_sampler
     "local_response_norm",  # avg_pool3d, for inputs of 4 or more dims
+    "istft",  # fft_irfft / fft_ifft
 })
 
 

@@ -90,7 +90,8 @@ TORCH_VMAP_BUGS = {
 
 # operators that vmap runs one example at a time, with torch's performance warning: not differentiable, and their
 # output's shape or bins come from the values (tests/test_op_rules.py lists those without any rule)
-LOOPING = {"bincount", "histc", "histogram", "nonzero_static", "unravel_index"}
+LOOPING = {"bincount", "histc", "histogram", "nonzero_static", "unravel_index",
+           "istft"}  # its window-overlap check (NOLA) reads the envelope's minimum in Python, as torch's does
 
 
 def _torch_loop(fn, inputs, in_dims):
