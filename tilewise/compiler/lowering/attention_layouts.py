@@ -136,7 +136,8 @@ def _packed_gradients(graph: Graph) -> Graph:
         if None in pieces or len({call for call, _ in pieces}) != 1 or [k for _, k in pieces] != [0, 1, 2]:
             continue
         call = pieces[0][0]
-        if all(u.op == "getitem" for u in users[call]) and node.type.dtype is call.type[0].dtype:
+        # its three gradients read there alone (a fourth result, a mask's gradient, would keep the call alive)
+        if len(users[call]) == 3 and node.type.dtype is call.type[0].dtype:
             joins.add(node)
     if not joins:
         return graph
