@@ -219,6 +219,16 @@ def memory_order(shape: Sequence[int], strides: Sequence[int]) -> Shape:
     return tuple(reversed(iteration_order(shape, [(tuple(shape), tuple(strides))])))
 
 
+def order_by_strides(strides: Sequence[int]) -> list[int]:
+    """The dims outermost first by their strides, ties in logical order: the order torch's fused attention kernels
+    lay their output out in after the query's (cuDNN's ``alloc_with_matching_layout``).
+
+    >>> order_by_strides((24, 8, 48, 1))
+    [2, 0, 1, 3]
+    """
+    return sorted(range(len(strides)), key=lambda d: -strides[d])
+
+
 def infer_dense_strides(shape: Sequence[int], strides: Sequence[int]) -> Shape:
     """torch's ``infer_dense_strides``: dense strides with the dims in the order ``strides`` give them
     (TensorIterator's order for one operand); empty and size-1 dims add nothing to the strides after them."""

@@ -749,8 +749,7 @@ def _flash_mask_fits(mask, batch: int, heads: int, target: int, source: int) -> 
 def _laid_out_like(out, query):
     """``out`` (of the query's shape) with its dims in memory in the query's order (see [Note: attention's output
     layout]); a contiguous query costs nothing."""
-    strides = query.stride()
-    order = sorted(range(query.ndim), key=lambda d: -strides[d])  # outermost first; ties keep the logical order
+    order = S.order_by_strides(query.stride())
     if order == list(range(query.ndim)):
         return out
     inverse = [order.index(d) for d in range(query.ndim)]

@@ -190,7 +190,6 @@ class CuptiTracer:
         self.records: list[ActivityRecord] = []
         self.calls: list[ApiCall] = []
         self.correlations: dict[int, int] = {}
-        self.seen: set[tuple] = set()
         self.names: dict[tuple[str, int], str] = {}
         self.first: ClockPair | None = None
         self.owner = None
@@ -201,16 +200,9 @@ class CuptiTracer:
 
     def _buffer_completed(self, activities: list) -> None:
         kinds = self.cupti.ActivityKind
-        correlations, records, calls, seen = self.correlations, self.records, self.calls, self.seen
+        correlations, records, calls = self.correlations, self.records, self.calls
         for activity in activities:
             kind = activity.kind
-            if kind != kinds.EXTERNAL_CORRELATION:
-                # a record handed over twice (callbacks registered again after another profiler replaced them)
-                # counts once: no two records of one kind share a correlation and both ends
-                key = (int(kind), activity.correlation_id, activity.start, activity.end)
-                if key in seen:
-                    continue
-                seen.add(key)
             if kind == kinds.EXTERNAL_CORRELATION:
                 correlations[activity.correlation_id] = activity.external_id
             elif kind == kinds.KERNEL:
@@ -233,7 +225,7 @@ class CuptiTracer:
         # registered at every start: CUPTI keeps one pair of callbacks per process, and another profiler in the
         # process (torch's Kineto, say) may have put its own there since
         self.cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-        self.records, self.calls, self.correlations, self.seen = [], [], {}, set()
+        self.records, self.calls, self.correlations = [], [], {}
         for kind in self.kinds:
             self.cupti.activity_enable(kind)
         self.first = self.clock_pair(host_now)
@@ -273,7 +265,7 @@ class CuptiTracer:
         for kind in self.kinds:
             self.cupti.activity_disable(kind)
         activity = Activity(self.records, self.calls, self.correlations, self.first, last)
-        self.records, self.calls, self.correlations, self.seen = [], [], {}, set()
+        self.records, self.calls, self.correlations = [], [], {}
         return activity
 
 

@@ -200,9 +200,7 @@ def _forward_into(out: Tensor, stats: Tensor | None, query: Tensor, key: Tensor,
 def _empty_like_query(shape: tuple, query: Tensor, device: Device) -> Tensor:
     """The output, dense in the query's memory order: what ``scaled_dot_product_attention`` returns (see [Note:
     attention's output layout] in ``ops/nn_functional.py``), so that laying it out costs no copy."""
-    strides = query._strides
-    order = sorted(range(len(shape)), key=lambda d: -strides[d])  # outermost first; ties keep the logical order
-    return empty(shape, query._dtype, device, S.strides_in_order(shape, order[::-1]))
+    return empty(shape, query._dtype, device, S.strides_in_order(shape, S.order_by_strides(query._strides)[::-1]))
 
 
 @kernel(FORWARD)
