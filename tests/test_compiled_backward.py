@@ -470,3 +470,49 @@ def test_cuda_donated_replay_matches_the_engine_and_keeps_held_tensors():
     for grads in replayed:
         for a, b in zip(grads, engine):
             np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-3)
+
+
+# ------------------------------------------------------------------ CUDA graphs in place
+
+def replay_runtimes():
+    return [p.runtime for key, entry in B._seen.items() if entry[1] for p in entry[1][0].programs()]
+
+
+@pytest.mark.cuda
+def test_cuda_replays_launch_one_graph_where_the_addresses_repeat_and_walk_where_they_move():
+    """[Note: graphs in place]: the saved activations are read where they lie, never copied; a step whose memory
+    lies where an earlier one's did replays the graph captured there, and memory that keeps moving is never
+    captured."""
+    if not tw.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from tilewise.compiler.program_cuda import MAX_GRAPHS
+
+    rng = np.random.default_rng(7)
+    model = deep_mlp(tw, width=256).to("cuda")
+    x = tw.tensor(rng.standard_normal((512, 256), dtype=np.float32), device="cuda")
+    y = tw.tensor(rng.integers(0, 5, 512), device="cuda")
+    kept: list = []
+
+    def run(keep=False):
+        for p in model.parameters():
+            p.grad = None
+        with tw.autocast("cuda", dtype=tw.bfloat16):
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+        if keep:  # a user holding every step's logits: the next step's memory lies elsewhere
+            kept.append(out)
+        loss.backward()
+        return [p.grad.cpu().numpy() for p in model.parameters()]
+
+    engine = run()
+    with tw.autograd.compiled_backward():
+        steady = [run() for _ in range(7)]  # compiled on the second, its addresses seen on the third, captured on
+        [runtime] = replay_runtimes()       # the fourth, then replayed
+        assert runtime.replays >= 4 and len(runtime.graphs) == 1, (runtime.replays, len(runtime.graphs))
+        assert runtime.staging == {}  # nothing copied in
+        replays = runtime.replays
+        moved = [run(keep=True) for _ in range(MAX_GRAPHS + 2)]
+    assert runtime.replays == replays and len(runtime.graphs) == 1, "addresses never seen twice: no capture"
+    for grads in steady + moved:
+        for a, b in zip(grads, engine):
+            np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-3)

@@ -1108,3 +1108,34 @@ def test_device_bounds_errors_say_torchs_words_only_for_the_index_family():
     assert message(family).startswith("index_select(): index out of range in self: index 9 is out of bounds")
     assert message(sorter).startswith("searchsorted(): sorter: index 9 is out of bounds for dimension 0 with size "
                                       "4; valid indices are 0..3")
+
+
+def test_a_repeated_steps_blocks_come_back_to_the_same_tensors(monkeypatch):
+    """[Note: small-block fast path]: the free lists hand out a size's lowest address first, so a loop that takes
+    and gives back the same sizes in the same order finds its memory where the last iteration's was (last in,
+    first out, the order in which a backward frees what a forward made moved the blocks from step to step)."""
+    from tilewise.backends.cuda import device_memory as dm
+
+    allocator, _, _ = make_allocator()
+    memory = dm.DeviceMemory.__new__(dm.DeviceMemory)
+    memory.device, memory.allocator, memory.free_lists, memory.cached, memory.allocated, memory.peak = (
+        97, allocator, {}, 0, 0, 0)
+    memory.cache_limit = dm.SMALL_CACHE_LIMIT
+    monkeypatch.setitem(dm._memories, 97, memory)
+
+    def step() -> list[int]:
+        activations = [dm.DeviceBuffer(8192, 97, 0) for _ in range(4)]  # a forward's, all of one size
+        temporary = dm.DeviceBuffer(8192, 97, 0)
+        addresses = [b.ptr for b in activations] + [temporary.ptr]
+        del temporary
+        grads = []
+        while activations:  # a backward: each layer's gradient made, then its activation freed, last layer first
+            grads.append(dm.DeviceBuffer(8192, 97, 0))
+            addresses.append(grads[-1].ptr)
+            activations.pop()
+        del grads  # the optimizer's step, then zero_grad(set_to_none=True)
+        return addresses
+
+    first, second, *rest = [step() for _ in range(6)]
+    assert all(addresses == second for addresses in rest)
+    memory.release_free_lists()

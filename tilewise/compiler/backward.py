@@ -35,6 +35,12 @@ exactly, so a user's reference, a view, a ``.numpy()`` array or a DLPack export 
 arguments are donated is part of the description, so each set compiles its own plan. ``retain_graph`` donates
 nothing; ``TILEWISE_DONATE_SAVED=0`` (``settings.donate_saved``) turns donation off. A replay that fails after a
 program wrote into donated memory cannot fall back to the engine (the saved tensors may be overwritten): it raises.
+
+On CUDA a replay launches one CUDA graph where a step's memory lies where an earlier step's did: its programs are
+built ``graphs_in_place`` (see [Note: graphs in place] in ``compiler/program_cuda.py``), keyed by the addresses of
+the saved activations, the gradients and the arena, never copying them. Channels-last saved activations enter the
+programs as their (N, H, W, C) values (``compiler/capture.py``), so a batch norm's backward over them reduces down
+the channels where they lie in memory.
 """
 
 from __future__ import annotations
@@ -55,7 +61,6 @@ from tilewise.tensor import Tensor
 
 SEEN_LIMIT = 64  # descriptions remembered (compiled or counted); the least recently used is forgotten
 ARENA_KEEP = {"cuda": 16 << 20}  # intermediates above this are allocated per call (see [Note: transient arenas])
-GRAPH_BYTES = 1 << 20  # a backward's arguments are its saved activations: never worth staging for a CUDA graph
 
 _lock = threading.Lock()
 _seen: OrderedDict = OrderedDict()  # description -> [sightings, compiled function or None (given up)]
@@ -266,7 +271,7 @@ def _compiled(key: tuple):
     produced: list = []
     fn = compile_fn(_replay_function(description, produced))
     fn.arena_keep = ARENA_KEEP
-    fn.graph_bytes = GRAPH_BYTES
+    fn.graphs_in_place = True  # its arguments are the saved activations: read where they lie, never copied
     fn.donated = donated
     return fn, produced
 

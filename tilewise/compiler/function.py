@@ -400,6 +400,10 @@ class CompiledFunction:
         self.variants: list[Variant] = []
         self.arenas: dict = {}  # (target, device) -> the Arena its programs share
         self.graph_bytes: int | None = None  # the most a program's CUDA graph may copy and hold (None: by cost)
+        # CUDA graphs that read the arguments in place and write fresh outputs, one per set of addresses (see
+        # [Note: graphs in place] in program_cuda.py): for arguments too large to copy into a graph (a backward's
+        # saved activations) whose addresses repeat from call to call
+        self.graphs_in_place = False
         # flattened argument positions whose storage the caller gives up to the call: its programs may write
         # their intermediates there once the argument has been read for the last time (see [Note: donated inputs])
         self.donated: frozenset[int] = frozenset()
@@ -657,11 +661,14 @@ class CompiledFunction:
             donated = frozenset(k for k, source in enumerate(_entry_sources(traced))
                                 if source.kind == "arg" and source.index in self.donated)
         programs = [build_program(g, target, device, traced.backward is None, arena, self.mode == "max-autotune",
-                                  self.graph_bytes, donated) for g in graphs]
+                                  self.graph_bytes, donated, self.graphs_in_place) for g in graphs]
         for program in programs:
             program.passes = history
         forward, *backward = programs
-        return Variant(guards, traced, forward, backward[0] if backward else None, saved)
+        variant = Variant(guards, traced, forward, backward[0] if backward else None, saved)
+        if self.graphs_in_place:
+            variant.staged = frozenset()  # nothing is copied into a graph: its addresses are part of its key
+        return variant
 
     def lowered(self, target: Target, *args, **kwargs) -> tuple[Traced, list[Lowered], list]:
         """What a call would compile to for ``target``, without building or running anything (so CUDA code can

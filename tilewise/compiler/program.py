@@ -125,6 +125,8 @@ class Program:
     tuner: Tuner | None = None  # max-autotune: kernels whose candidates the first run times
     autotune: bool = False  # max-autotune: the first run also times library calls' candidates (cuDNN plans)
     graph_bytes: int | None = None  # the most its CUDA graphs may copy in and out (and so hold); None: by cost
+    graphs_in_place: bool = False  # CUDA graphs read and write the run's own memory, one per address set (see
+    # [Note: graphs in place] in program_cuda.py)
     sources: dict[str, str] = field(default_factory=dict)  # CUDA: kernel name -> its translation unit
     passes: list = field(default_factory=list)  # (stage, graph): captured, then after each pass (``explain``)
 
@@ -263,14 +265,16 @@ def _overlapping(spans: list[tuple[str, int, int]]) -> frozenset[int]:
 
 def build_program(graph: Graph, target: Target, device=None, graphs: bool = True,
                   arena: Arena | None = None, autotune: bool = False, graph_bytes: int | None = None,
-                  donated: frozenset[int] = frozenset()) -> Program:
+                  donated: frozenset[int] = frozenset(), graphs_in_place: bool = False) -> Program:
     """Lower, schedule, render, compile and plan memory for an optimised graph, for ``target``.
 
     ``arena``: shared with the other programs of the same function (the target's own when None).
     ``graphs``: let the program replay its steps as one captured graph where the target can; ``graph_bytes``: the
     most such a graph may copy in and out, and so hold (None: where copying costs less than launching).
     ``autotune``: choose each kernel's schedule by timing its candidates (``mode="max-autotune"``).
-    ``donated``: the inputs whose memory it may reuse once read for the last time (see [Note: donated inputs])."""
+    ``donated``: the inputs whose memory it may reuse once read for the last time (see [Note: donated inputs]).
+    ``graphs_in_place``: its graphs read the arguments where they lie and write fresh outputs, keyed by every
+    address (see [Note: graphs in place] in ``program_cuda.py``)."""
     # autotuning renders its choices again: compiles start once they are made
     compiling = target.compiles(device) if target.compiles is not None and not autotune else None
     low = lower_program(graph, target, donated, compiling)
@@ -286,6 +290,7 @@ def build_program(graph: Graph, target: Target, device=None, graphs: bool = True
     program.tuner = tuner
     program.autotune = autotune
     program.graph_bytes = graph_bytes
+    program.graphs_in_place = graphs_in_place
     if tuner is None:  # else once the first run has chosen
         log_program(program)
     return program

@@ -26,6 +26,20 @@ where its FP8 step's 700 launches took 11-25 ms of host time a step (the step ra
 of device work); a small composite's few kernels over a large activation stay uncaptured. ``TILEWISE_LOG=graphs``
 reports captures and why a program is not captured.
 
+[Note: graphs in place] A compiled backward (``compiler/backward.py``) takes the step's saved activations as
+arguments, gigabytes of them, and returns the gradients: staging those into a graph would cost more than the
+launches it saves. Yet an eager training loop allocates the same sizes in the same order on every step, so the
+caching allocator hands back the same blocks: the activations, the gradients' buffers and a transient arena lie
+at the same addresses from one step to the next. A program built with ``graphs_in_place`` therefore copies
+nothing: from its second call on it binds its memory as an uncaptured run would (the arguments where they lie,
+fresh output buffers from the allocator, the arena, donated memory) and looks the whole set of addresses up: a
+graph captured at exactly those addresses is replayed; addresses seen in one of the last ``SIGHTINGS`` runs get a
+graph captured there (up to ``MAX_GRAPHS`` sets; past that the program walks its steps, as it does when a capture
+fails); addresses never seen before are walked, so memory that never lies in the same place twice costs no
+capture. The allocator's part is to hand blocks out deterministically ([Note: small-block fast path]). A graph
+is used only where every address it baked in belongs to this run's memory, so it reads and writes nothing else;
+it holds no memory of its own beyond what its library calls allocate while captured.
+
 [Note: custom operators in CUDA graphs] A custom operator (``tilewise.library``) is captured as torch captures
 one: its Python kernel runs once under capture, and what it launches on the current stream (the capture
 stream: a ``load_inline`` kernel, a Triton kernel behind ``triton_op``, tilewise's own operators) becomes part of
@@ -86,6 +100,7 @@ from tilewise.storage import Storage
 from tilewise.tensor import Tensor
 
 MAX_GRAPHS = 4
+SIGHTINGS = 16  # address sets a program in place remembers having run at (see [Note: graphs in place])
 GRAPH_COPY_BYTES = 1 << 20
 COPY_BYTES_PER_US = 2_000_000  # a device-to-device copy, read and written, on an H100/H200 (about 2 TB/s each way)
 LAUNCH_US, CALL_US = 4.0, 20.0  # host time of a kernel launch, and of a library call, from a compiled program
@@ -293,6 +308,7 @@ class CudaRuntime:
         self.graphs: dict[tuple, _Graph] = {}
         self.staging: dict[int, DeviceBuffer] = {}
         self.slots: tuple | None = None  # (staged, input buffer slots, the slots read in place) of the last replay
+        self.sightings: dict[tuple, None] = {}  # in place: the address sets of recent runs, oldest first
         self.calls = 0
         self.replays = 0  # calls served by launching a captured graph
         self.why_not = "" if use_graphs else "CUDA graphs off"
@@ -310,7 +326,8 @@ class CudaRuntime:
         if arena.generation != self.generation:
             base = arena.buffer.ptr
             self.base_pointers = [base + b.slot if b.kind == "arena" else 0 for b in self.program.plan.buffers]
-            self.graphs.clear()  # they read and write the old arena
+            if not (arena.transient and self.program.graphs_in_place):  # (keyed by the arena's address too)
+                self.graphs.clear()  # they read and write the old arena
             self.generation = arena.generation
 
     # ------------------------------------------------------------------ eager walk
@@ -426,7 +443,8 @@ class CudaRuntime:
         ensure_context(self.device.index)  # see [Note: the operation's device]
         stream = stream_handle(self.device.index)
         self.calls += 1
-        if self.calls == 1 and self.program.arena.transient and self.use_graphs and not self.why_not:
+        if (self.calls == 1 and self.program.arena.transient and self.use_graphs and not self.why_not
+                and not self.program.graphs_in_place):  # (in place, the arena's address is part of a graph's key)
             self.why_not = "its intermediates are allocated for each run (a transient arena)"
         self._bind_arena()
         self._after_last_use(stream)
@@ -449,6 +467,8 @@ class CudaRuntime:
         # under a capture of the caller's own (``tilewise.cuda.graph``), the steps are launched and so join that
         # graph: a graph of the program's own can be neither captured nor launched inside it
         if self.use_graphs and self.calls > 1 and not self.why_not and not is_current_stream_capturing():
+            if self.program.graphs_in_place:
+                return self._run_in_place(inputs, stream)
             replayed = self._replay(inputs, staged, stream)
             if replayed is not None:
                 return replayed
@@ -509,13 +529,44 @@ class CudaRuntime:
             results.append(out)
         return results
 
+    def _run_in_place(self, inputs: list, stream: int) -> list:
+        """A run replaying the graph captured at this run's addresses, capturing one there first if need be (see
+        [Note: graphs in place]); the steps walked where no graph can be had."""
+        pointers, outputs = self._bind(inputs, stream)
+        key = tuple(pointers)
+        graph = self.graphs.get(key)
+        if graph is not None and graph.graph.released:  # its communicator was destroyed: capture again
+            del self.graphs[key]
+            graph = None
+        if graph is None:
+            if key not in self.sightings:  # addresses seen once may never come back: not worth a capture yet
+                self.sightings[key] = None
+                if len(self.sightings) > SIGHTINGS:
+                    del self.sightings[next(iter(self.sightings))]
+                self._walk(pointers, stream)
+                return outputs
+            if len(self.graphs) >= MAX_GRAPHS:
+                self.why_not = f"more than {MAX_GRAPHS} sets of addresses that repeat"
+                log("graphs", f"program stops using CUDA graphs: {self.why_not}")
+                self.graphs.clear()
+                self._walk(pointers, stream)
+                return outputs
+            try:
+                graph = _Graph(self._captured(pointers), [])
+            except _CaptureFailedError as failed:
+                self.why_not = str(failed)
+                log("graphs", f"program not captured into a CUDA graph, its steps run uncaptured: {self.why_not}")
+                self._walk(pointers, stream)  # nothing that was captured ran
+                return outputs
+            self.graphs[key] = graph
+        graph.graph.replay(stream)
+        self.replays += 1
+        return outputs
+
     def _output_buffers(self) -> list:
         return [b for b in self.program.plan.buffers if b.kind == "output"]
 
     def _capture(self, inputs: list, staged: frozenset[int], input_slots: list, stream: int) -> _Graph:
-        from tilewise.backends.cuda import cudnn
-        from tilewise.backends.cuda.runtime.bounds import keeping_sites
-
         plan = self.program.plan
         index = self.device.index
         for k, slot in input_slots:
@@ -532,6 +583,14 @@ class CudaRuntime:
                 pointers[k] = out.ptr
             elif buf.kind == "donated":  # in the memory the input is read from: its staging buffer if staged
                 pointers[k] = (self.staging[buf.slot].ptr if buf.slot in staged else inputs[buf.slot].ptr) + buf.offset
+        return _Graph(self._captured(pointers), outputs)
+
+    def _captured(self, pointers: list):
+        """The program's steps over ``pointers`` captured into a CUDA graph (not run)."""
+        from tilewise.backends.cuda import cudnn
+        from tilewise.backends.cuda.runtime.bounds import keeping_sites
+
+        index = self.device.index
         cudnn.note_capture()  # the cuDNN calls captured keep their workspace's address
         running: list = [None]  # the step being captured, for the report of a capture that fails
 
@@ -553,7 +612,7 @@ class CudaRuntime:
         log("graphs", f"captured a CUDA graph of {len(self.program.steps)} step(s)"
                       f"{f', {custom} custom operator call(s) among them' if custom else ''} "
                       f"({len(self.graphs) + 1} graph(s) for this program)")
-        return _Graph(graph, outputs)
+        return graph
 
     def _failure(self, exc: GraphCaptureError, step) -> str:
         """Why a capture failed: the step that raised, or, where the driver ended it, its custom operators."""
