@@ -38,9 +38,7 @@ program wrote into donated memory cannot fall back to the engine (the saved tens
 
 On CUDA a replay launches one CUDA graph where a step's memory lies where an earlier step's did: its programs are
 built ``graphs_in_place`` (see [Note: graphs in place] in ``compiler/program_cuda.py``), keyed by the addresses of
-the saved activations, the gradients and the arena, never copying them. Channels-last saved activations enter the
-programs as their (N, H, W, C) values (``compiler/capture.py``), so a batch norm's backward over them reduces down
-the channels where they lie in memory.
+the saved activations, the gradients and the arena, never copying them.
 """
 
 from __future__ import annotations

@@ -456,14 +456,8 @@ class Capture:
             _refresh_history(t)
         if entry is None:
             st = t._storage
-            whole = t._offset == 0 and t.numel() == st.size
-            order = S.dense_order(t._shape, t._strides) if whole and t.ndim in (4, 5) else None
-            # a channels-last image or activation is its memory-order value (N, *S, C), read through a permute:
-            # the CUDA target keeps such values channels-last ([Note: channels-last programs]); other layouts are
-            # views of the flat storage
-            shape = t._shape if whole and S.is_contiguous(t._shape, t._strides) else \
-                S.permuted(t._shape, order) if order else (st.size,)
-            root = TensorType(shape, t._dtype, t._device)
+            dense = t._offset == 0 and t.numel() == st.size and S.is_contiguous(t._shape, t._strides)
+            root = TensorType(t._shape if dense else (st.size,), t._dtype, t._device)
             node = Node("input", (), (), root, tag=self._unique_label(source.label))
             entry = StorageEntry(st, source, node, node, st.version, len(self.entries))
             self.entries[key] = entry

@@ -36,7 +36,10 @@ fresh output buffers from the allocator, the arena, donated memory) and looks th
 graph captured at exactly those addresses is replayed; addresses seen in one of the last ``SIGHTINGS`` runs get a
 graph captured there (up to ``MAX_GRAPHS`` sets; past that the program walks its steps, as it does when a capture
 fails); addresses never seen before are walked, so memory that never lies in the same place twice costs no
-capture. The allocator's part is to hand blocks out deterministically ([Note: small-block fast path]). A graph
+capture. An input that moved since the last run is staged from then on (copied into a buffer of the graphs'
+before each replay) while the staged inputs come to at most ``STAGED_BYTES``: a batch that a loop takes from a
+list of batches already on the device is at another address every step, and its tokens or image are small beside
+the activations. The allocator's part is to hand blocks out deterministically ([Note: small-block fast path]). A graph
 is used only where every address it baked in belongs to this run's memory, so it reads and writes nothing else;
 it holds no memory of its own beyond what its library calls allocate while captured.
 
@@ -101,6 +104,7 @@ from tilewise.tensor import Tensor
 
 MAX_GRAPHS = 4
 SIGHTINGS = 16  # address sets a program in place remembers having run at (see [Note: graphs in place])
+STAGED_BYTES = 64 << 20  # the most a program in place copies into its graphs: arguments that move from run to run
 GRAPH_COPY_BYTES = 1 << 20
 COPY_BYTES_PER_US = 2_000_000  # a device-to-device copy, read and written, on an H100/H200 (about 2 TB/s each way)
 LAUNCH_US, CALL_US = 4.0, 20.0  # host time of a kernel launch, and of a library call, from a compiled program
@@ -309,6 +313,9 @@ class CudaRuntime:
         self.staging: dict[int, DeviceBuffer] = {}
         self.slots: tuple | None = None  # (staged, input buffer slots, the slots read in place) of the last replay
         self.sightings: dict[tuple, None] = {}  # in place: the address sets of recent runs, oldest first
+        self.last_pointers: list | None = None  # in place: the last run's addresses
+        self.staged_in_place: dict[int, tuple[int, DeviceBuffer]] = {}  # in place: slot -> (buffer, its staging)
+        self.staged_bytes = 0
         self.calls = 0
         self.replays = 0  # calls served by launching a captured graph
         self.why_not = "" if use_graphs else "CUDA graphs off"
@@ -533,7 +540,7 @@ class CudaRuntime:
         """A run replaying the graph captured at this run's addresses, capturing one there first if need be (see
         [Note: graphs in place]); the steps walked where no graph can be had."""
         pointers, outputs = self._bind(inputs, stream)
-        key = tuple(pointers)
+        key = self._in_place_key(inputs, pointers)
         graph = self.graphs.get(key)
         if graph is not None and graph.graph.released:  # its communicator was destroyed: capture again
             del self.graphs[key]
@@ -552,16 +559,44 @@ class CudaRuntime:
                 self._walk(pointers, stream)
                 return outputs
             try:
-                graph = _Graph(self._captured(pointers), [])
+                graph = _Graph(self._captured(list(key)), [])
             except _CaptureFailedError as failed:
                 self.why_not = str(failed)
                 log("graphs", f"program not captured into a CUDA graph, its steps run uncaptured: {self.why_not}")
                 self._walk(pointers, stream)  # nothing that was captured ran
                 return outputs
             self.graphs[key] = graph
+        plan = self.program.plan
+        for slot, (k, staging) in self.staged_in_place.items():
+            copy_dtod(staging.ptr, inputs[slot].ptr, plan.buffers[k].ty.nbytes, stream)
         graph.graph.replay(stream)
         self.replays += 1
         return outputs
+
+    def _in_place_key(self, inputs: list, pointers: list) -> tuple:
+        """The addresses a graph of this run would bake in: the run's own, but for the arguments copied into
+        staging buffers. Small arguments that moved since the last run (a batch's tokens, a new image) are staged
+        from then on, up to ``STAGED_BYTES`` in all, so that the large ones alone key the graphs."""
+        plan = self.program.plan
+        last, self.last_pointers = self.last_pointers, pointers
+        if last is not None:
+            moved = {plan.buffers[k].slot: k for k, (a, b) in enumerate(zip(last, pointers))
+                     if a != b and plan.buffers[k].kind == "input" and plan.buffers[k].slot not in self.staged_in_place}
+            more = sum(plan.buffers[k].ty.nbytes for k in moved.values())
+            if moved and self.staged_bytes + more <= STAGED_BYTES:
+                for slot, k in moved.items():
+                    self.staged_in_place[slot] = (k, DeviceBuffer(plan.buffers[k].ty.nbytes, self.device.index,
+                                                                  stream_handle(self.device.index)))
+                self.staged_bytes += more
+                self.graphs.clear()  # keyed by the addresses these arguments had
+                self.sightings.clear()
+        if not self.staged_in_place:
+            return tuple(pointers)
+        key = list(pointers)
+        for k, buf in enumerate(plan.buffers):
+            if buf.kind in ("input", "donated") and buf.slot in self.staged_in_place:
+                key[k] = self.staged_in_place[buf.slot][1].ptr + (buf.offset if buf.kind == "donated" else 0)
+        return tuple(key)
 
     def _output_buffers(self) -> list:
         return [b for b in self.program.plan.buffers if b.kind == "output"]
