@@ -1139,3 +1139,24 @@ def test_a_repeated_steps_blocks_come_back_to_the_same_tensors(monkeypatch):
     first, second, *rest = [step() for _ in range(6)]
     assert all(addresses == second for addresses in rest)
     memory.release_free_lists()
+
+
+def test_the_free_lists_go_back_to_the_allocator_before_it_reserves_more_memory(monkeypatch):
+    """[Note: small-block fast path]: the lists hold any number of bytes, but a request that neither they nor the
+    allocator's cache can serve first gives them back (merged), so they never make the reserved memory grow."""
+    from tilewise.backends.cuda import device_memory as dm
+
+    allocator, backend, _ = make_allocator()
+    memory = dm.DeviceMemory.__new__(dm.DeviceMemory)
+    memory.device, memory.allocator, memory.free_lists, memory.cached, memory.allocated, memory.peak = (
+        95, allocator, {}, 0, 0, 0)
+    memory.cache_limit = dm.SMALL_CACHE_LIMIT
+    monkeypatch.setitem(dm._memories, 95, memory)
+    blocks = [dm.DeviceBuffer(4 << 20, 95, 0) for _ in range(8)]  # two 20 MiB segments of the allocator
+    segments = len(backend.live)
+    del blocks
+    assert memory.cached == 32 << 20  # kept on the lists, each block a size of its own
+    large = dm.DeviceBuffer(16 << 20, 95, 0)  # served by a segment of merged blocks: no new one
+    assert memory.cached == 0 and len(backend.live) == segments
+    del large
+    memory.release_free_lists()

@@ -20,7 +20,7 @@ from tilewise.storage import Storage
 from tilewise.tensor import Tensor
 
 SMALL_BLOCK = 64 << 20  # blocks up to this size are recycled by the backend's own free lists
-SMALL_CACHE_LIMIT = 1 << 30  # most bytes those free lists hold per device
+SMALL_CACHE_LIMIT = 1 << 62  # most bytes those free lists hold per device: no limit (see the note below)
 
 
 class DeviceMemory:
@@ -40,8 +40,12 @@ class DeviceMemory:
     step, so a step's memory lies where the last one's did (a CUDA graph keyed by its addresses replays: [Note:
     graphs in place] in ``compiler/program_cuda.py``). Last in, first out, the blocks of a size moved from tensor
     to tensor from one step to the next and did not come back (a GPT-2 step's 50 MB activations, measured over 13
-    steps). A block on these lists cannot be merged with its neighbours, so they hold at most
-    :data:`SMALL_CACHE_LIMIT` bytes. ``allocated`` counts what tensors
+    steps). A block on these lists cannot be merged with its neighbours, so before the allocator reserves memory
+    for a request it cannot serve from its cache, the lists go back to it, merged where they can be: what they
+    hold never makes the device's reserved memory grow. They hold any number of bytes until then; a limit (1 GiB,
+    once) sent the blocks freed past it to the allocator in an order that differed from step to step, and a GPT-2
+    step's memory never lay in the same place twice (its recorded requests, replayed: with the limit no two of 14
+    steps alike, without it every step alike from the third). ``allocated`` counts what tensors
     hold, so the figures of ``tilewise.cuda.memory_allocated`` stay exact; the free lists are returned to
     the allocator by ``empty_cache`` and before an out-of-memory error is allowed to escape. While the
     allocator records its memory history, ``cache_limit`` is -1: the free lists stay empty and every malloc and
@@ -65,6 +69,8 @@ class DeviceMemory:
         """A block from the allocator; on out-of-memory, the free lists go back to it and it tries again."""
         from tilewise.backends.cuda.runtime import OutOfMemoryError
 
+        if self.cached and not self.allocator.routes and not self.allocator.can_serve(size, stream):
+            self.release_free_lists()  # before the allocator reserves more memory, it gets back what is cached here
         try:
             return self.allocator.malloc(size, stream)
         except OutOfMemoryError:

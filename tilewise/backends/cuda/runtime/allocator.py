@@ -330,6 +330,16 @@ class CachingAllocator:
                 self.history.record("alloc", block.ptr, nbytes, stream)
             return block.ptr
 
+    def can_serve(self, nbytes: int, stream: int = 0) -> bool:
+        """Whether a :meth:`malloc` of ``nbytes`` for ``stream`` would be served from the cache, without reserving
+        a new segment (blocks waiting for other streams do not count)."""
+        stream = int(stream)
+        with self._lock:
+            size = round_size(nbytes)
+            owner = self.routes.get(stream, self) if self.routes else self
+            pool = owner._small if size <= SMALL_SIZE else owner._large
+            return pool.best_fit(stream, size) is not None
+
     def free(self, ptr: int) -> None:
         """Give back a pointer from :meth:`malloc`; the memory stays cached for reuse."""
         if self._lock.held_here():  # a finalizer inside one of our operations: [Note: frees from finalizers]
