@@ -396,26 +396,32 @@ def _starves_phases(group: Group) -> bool:
 
 
 def _memory_order(group: Group) -> list[int] | None:
-    """The domain dims of more than one element, outermost first, in the memory order of the group's largest
-    operand read whole from outside it (None if there is none): a channels-last tensor's (N, H, W, C) for its
-    (N, C, H, W) shape."""
-    best, found = 0, None
+    """The domain dims of more than one element, outermost first, in the memory order that most of the bytes the
+    group reads whole from outside it follow (None if it reads none so): a channels-last tensor's (N, H, W, C)
+    for its (N, C, H, W) shape. A broadcast operand (a stride of 0 along a dim of the domain) has no say: a
+    scalar's gradient expanded over the batch norm's input once decided alone, for the (N, C, H, W) order, while
+    the saved activations the scheduler then read down columns lay channels-last. Bytes decide where operands
+    disagree, as they do for the scheduler (``codegen.schedule._prefer_columns``)."""
+    votes: dict[tuple[int, ...], int] = {}
+    seen: set[int] = set()
     for member in group.members:
         dims = group.dims.get(member)
         if dims is None or fusion_kind(member) == "reduction":
             continue
         for src in member.srcs:
-            if buffer_of(src) in group.dims or src.type.shape != member.type.shape or src.type.numel <= best:
+            if buffer_of(src) in group.dims or src.type.shape != member.type.shape or id(src) in seen:
                 continue
+            seen.add(id(src))
             try:
                 src_shape, strides, _ = geometry(src)
             except Exception:  # noqa: BLE001 — a view the lowering cannot place: no opinion
                 continue
-            axes = sorted((a for a, n in enumerate(src_shape) if n != 1 and dims[a] is not None),
-                          key=lambda a: -strides[a])
-            if axes:
-                best, found = src.type.numel, [dims[a] for a in axes]
-    return found
+            axes = [a for a, n in enumerate(src_shape) if n != 1 and dims[a] is not None]
+            if not axes or any(strides[a] == 0 for a in axes):
+                continue
+            order = tuple(dims[a] for a in sorted(axes, key=lambda a: -strides[a]))
+            votes[order] = votes.get(order, 0) + src.type.numel * src.type.dtype.itemsize
+    return list(max(votes, key=lambda order: votes[order])) if votes else None
 
 
 def _device(group: Group):
