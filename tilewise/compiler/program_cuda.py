@@ -316,6 +316,7 @@ class CudaRuntime:
         self.last_pointers: list | None = None  # in place: the last run's addresses
         self.staged_in_place: dict[int, tuple[int, DeviceBuffer]] = {}  # in place: slot -> (buffer, its staging)
         self.staged_bytes = 0
+        self.written_inputs: frozenset[int] | None = None  # in place: input buffers a step writes (None: unknown)
         self.calls = 0
         self.replays = 0  # calls served by launching a captured graph
         self.why_not = "" if use_graphs else "CUDA graphs off"
@@ -579,9 +580,14 @@ class CudaRuntime:
         from then on, up to ``STAGED_BYTES`` in all, so that the large ones alone key the graphs."""
         plan = self.program.plan
         last, self.last_pointers = self.last_pointers, pointers
-        if last is not None:
+        if self.written_inputs is None:  # a copy of an input the program writes would take the write: never staged
+            writes = [step.writes() if hasattr(step, "writes") else None for step in self.program.steps]
+            self.written_inputs = (None if any(w is None for w in writes)
+                                   else frozenset(k for w in writes for k in w if plan.buffers[k].kind == "input"))
+        if last is not None and self.written_inputs is not None:
             moved = {plan.buffers[k].slot: k for k, (a, b) in enumerate(zip(last, pointers))
-                     if a != b and plan.buffers[k].kind == "input" and plan.buffers[k].slot not in self.staged_in_place}
+                     if a != b and plan.buffers[k].kind == "input" and k not in self.written_inputs
+                     and plan.buffers[k].slot not in self.staged_in_place}
             more = sum(plan.buffers[k].ty.nbytes for k in moved.values())
             if moved and self.staged_bytes + more <= STAGED_BYTES:
                 for slot, k in moved.items():
