@@ -97,3 +97,24 @@ def test_vision_step_on_cuda_trains_like_torch_in_every_format_and_precision(tmp
     for fmt, _, cells in rows:
         if not (no_channels_last and fmt == "channels_last"):
             assert "n/a" not in cells, cells
+
+
+def test_eager_steps_time_each_phase_beside_torch_eager(tmp_path):
+    """``benchmarks/eager_steps.py`` at tiny sizes on the CPU: every side of every model times its four phases, and
+    tilewise's eager losses, with and without the compiled backward, are torch eager's to bf16 autocast's
+    tolerance."""
+    env = dict(os.environ, TILEWISE_CACHE_DIR=os.environ.get("TILEWISE_CACHE_DIR", str(tmp_path / "cache")),
+               PYTHONPATH=python_path(), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "eager_steps.py"), "--tiny", "--device", "cpu",
+                           "--models", "gpt2,resnet50", "--steps", "4", "--warmup", "2"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sections = done.stdout.split("\n### ")[1:]
+    assert len(sections) == 2, done.stdout
+    for section in sections:
+        rows = re.findall(r"^\| (torch-eager|tilewise-eager|tilewise-eager-cb) \| ([0-9.]+) \| [0-9.]+x \| "
+                          r"([0-9.]+) / ([0-9.]+) / ([0-9.]+) / ([0-9.]+) \| .* \| ([0-9.e+-]+|—) \| .*\|$",
+                          section, flags=re.M)
+        assert [r[0] for r in rows] == ["torch-eager", "tilewise-eager", "tilewise-eager-cb"], section
+        if section.startswith("gpt2"):
+            assert all(float(r[6]) < 2e-2 for r in rows[1:]), section
