@@ -296,12 +296,14 @@ def _check_tensor(op: str, p: Param, value):
         return value
     from tilewise.tensor import Tensor
 
-    if isinstance(value, (Tensor, Number)):
+    if isinstance(value, Tensor):
         return value
     import numpy as np
 
-    if isinstance(value, np.generic):
+    if isinstance(value, np.generic):  # before Number: np.float64 is a float, yet formulas must not see its dtype
         return value.item()
+    if isinstance(value, Number):
+        return value
     raise bad_argument(op, p.name, "Tensor" if not p.optional else "Tensor or None", value)
 
 

@@ -1,0 +1,372 @@
+"""Programs that lean on torch's utilities, in styles people publish, run eagerly under torch and under tilewise
+(``import tilewise as torch``) from the same initial weights and batches, as in ``test_trust_programs.py``, whose
+helpers these use: a categorical VAE with a straight-through Gumbel-softmax, a training loop of schedulers, clipping,
+weight averaging, gradient accumulation and an optimizer checkpoint, and a tabular classifier with embeddings,
+class-weighted smoothed cross entropy, jacobians, hessians and per-sample gradients by vmap. Noise is drawn with numpy
+and passed in. Below the programs, the failures they met, each reduced to a test.
+"""
+# ruff: noqa: N803, N806 — the programs keep the scripts' names (ANNEAL_RATE, T_0)
+
+from __future__ import annotations
+
+import copy
+import io
+
+import numpy as np
+import pytest
+import torch as real_torch
+from test_trust_programs import assert_same, gradients, initial_state, numpy_of, run_both
+
+import tilewise
+
+LIBRARIES = [real_torch, tilewise]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A categorical VAE: Gumbel noise from uniforms added to the logits by hand, a softmax at an annealed temperature and
+# the straight-through hard sample (a one-hot scattered at the argmax, y_hard - y.detach() + y), binary cross entropy
+# summed over the batch, KL to a uniform prior with torch.log, OneHotCategorical log-probs of fixed one-hot samples as
+# an auxiliary term, Adam with amsgrad.
+
+def gumbel_vae(torch, init, batches, latent_dim=3, categorical_dim=4, temp_min=0.5, ANNEAL_RATE=0.1):
+    nn, F = torch.nn, torch.nn.functional
+
+    def sample_gumbel(u, eps=1e-20):
+        return -torch.log(-torch.log(u + eps) + eps)
+
+    def gumbel_softmax_sample(logits, u, temperature):
+        y = logits + sample_gumbel(u)
+        return F.softmax(y / temperature, dim=-1)
+
+    def gumbel_softmax(logits, u, temperature, hard=False):
+        y = gumbel_softmax_sample(logits, u, temperature)
+        if not hard:
+            return y.view(-1, latent_dim * categorical_dim)
+        shape = y.size()
+        _, ind = y.max(dim=-1)
+        y_hard = torch.zeros_like(y).view(-1, shape[-1])
+        y_hard.scatter_(1, ind.view(-1, 1), 1)
+        y_hard = y_hard.view(*shape)
+        y_hard = y_hard - y.detach() + y
+        return y_hard.view(-1, latent_dim * categorical_dim)
+
+    class VAE_gumbel(nn.Module):
+        def __init__(self, dim=12, hidden=16):
+            super().__init__()
+            self.fc1 = nn.Linear(dim, hidden)
+            self.fc2 = nn.Linear(hidden, latent_dim * categorical_dim)
+            self.fc3 = nn.Linear(latent_dim * categorical_dim, hidden)
+            self.fc4 = nn.Linear(hidden, dim)
+            self.relu = nn.ReLU()
+            self.sigmoid = nn.Sigmoid()
+
+        def encode(self, x):
+            return self.fc2(self.relu(self.fc1(x)))
+
+        def decode(self, z):
+            return self.sigmoid(self.fc4(self.relu(self.fc3(z))))
+
+        def forward(self, x, u, temp, hard):
+            q = self.encode(x.view(x.size(0), -1))
+            q_y = q.view(q.size(0), latent_dim, categorical_dim)
+            z = gumbel_softmax(q_y, u, temp, hard)
+            return self.decode(z), F.softmax(q_y, dim=-1).reshape(*q.size()), q_y
+
+    def loss_function(recon_x, x, qy):
+        BCE = F.binary_cross_entropy(recon_x, x.view(x.size(0), -1), reduction="sum") / x.shape[0]
+        qy = qy.view(qy.size(0), latent_dim, categorical_dim)
+        log_ratio = torch.log(qy * categorical_dim + 1e-20)
+        KLD = torch.sum(qy * log_ratio, dim=-1).mean()
+        return BCE + KLD
+
+    model = VAE_gumbel()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "temp": [], "log_prob": [],
+              "hard": []}
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, amsgrad=True)
+    temp = 1.0
+    for batch_idx, (data, u, samples) in enumerate(batches):
+        data, u, samples = torch.from_numpy(data), torch.from_numpy(u), torch.from_numpy(samples)
+        hard = batch_idx % 2 == 1
+        optimizer.zero_grad()
+        recon_batch, qy, q_y = model(data, u, temp, hard)
+        loss = loss_function(recon_batch, data, qy)
+        posterior = torch.distributions.OneHotCategorical(logits=q_y)
+        log_prob = posterior.log_prob(samples)
+        loss = loss - 0.01 * log_prob.mean()
+        loss.backward()
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+        record["log_prob"].append(numpy_of(log_prob))
+        record["temp"].append(temp)
+        if batch_idx % 2 == 1:
+            temp = np.maximum(temp * np.exp(-ANNEAL_RATE * batch_idx), temp_min)
+    model.eval()
+    with torch.no_grad():
+        data, u, samples = (torch.from_numpy(a) for a in batches[0])
+        q_y = model.encode(data).view(-1, latent_dim, categorical_dim)
+        z = gumbel_softmax(q_y, u, temp, hard=True)
+        record["hard"] = numpy_of(z)
+        assert bool((z.view(-1, latent_dim, categorical_dim).sum(-1) == 1).all())
+        posterior = torch.distributions.OneHotCategorical(logits=q_y)
+        record["entropy"] = numpy_of(posterior.entropy())
+        record["probs"] = numpy_of(posterior.probs)
+        record["mean"] = numpy_of(posterior.mean)
+        record["mode"] = numpy_of(posterior.mode)
+        record["support"] = numpy_of(posterior.enumerate_support())
+        drawn = posterior.sample((2,))
+        assert tuple(drawn.shape) == (2, data.shape[0], latent_dim, categorical_dim)
+        assert bool((drawn.sum(-1) == 1).all())
+        soft = F.gumbel_softmax(q_y, tau=0.5, hard=True)
+        assert bool((soft.sum(-1) == 1).all()) and tuple(soft.shape) == tuple(q_y.shape)
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def vae_batches(rng, steps=6, batch=5, dim=12, latent_dim=3, categorical_dim=4):
+    out = []
+    for _ in range(steps):
+        data = (rng.random((batch, dim)) < 0.4).astype(np.float32)
+        u = rng.random((batch, latent_dim, categorical_dim)).astype(np.float32)
+        samples = np.eye(categorical_dim, dtype=np.float32)[rng.integers(0, categorical_dim, (batch, latent_dim))]
+        out.append((data, u, samples))
+    return out
+
+
+def test_categorical_vae_with_straight_through_gumbel_softmax_trains_like_torch():
+    ours, theirs = run_both(gumbel_vae, vae_batches(np.random.default_rng(0)))
+    assert theirs["temp"][-1] < 1.0
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A training loop of utilities: LinearLR warmup then CosineAnnealingWarmRestarts under SequentialLR, Nesterov SGD,
+# gradient accumulation over micro-batches (loss / accum), clip_grad_value_, an EMA of the weights by AveragedModel
+# with get_ema_multi_avg_fn and its batch-norm statistics recomputed by update_bn; the optimizer's and scheduler's
+# state saved with torch.save to a BytesIO mid-run and loaded into a fresh optimizer and scheduler that continue as
+# the first would have. A second run steps ReduceLROnPlateau on a validation loss.
+
+def scheduled_training(torch, init, batches, val, accum=2, resume_at=None):
+    nn, F = torch.nn, torch.nn.functional
+    LinearLR, SequentialLR = torch.optim.lr_scheduler.LinearLR, torch.optim.lr_scheduler.SequentialLR
+    CosineAnnealingWarmRestarts = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts
+    AveragedModel, update_bn = torch.optim.swa_utils.AveragedModel, torch.optim.swa_utils.update_bn
+    get_ema_multi_avg_fn = torch.optim.swa_utils.get_ema_multi_avg_fn
+
+    model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    record = {"init": initial_state(torch, model, init), "loss": [], "lr": [], "grads": []}
+
+    def make_optimizer():
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+        warmup = LinearLR(optimizer, start_factor=0.1, total_iters=3)
+        restarts = CosineAnnealingWarmRestarts(optimizer, T_0=2, T_mult=2, eta_min=1e-3)
+        return optimizer, SequentialLR(optimizer, schedulers=[warmup, restarts], milestones=[3])
+
+    optimizer, scheduler = make_optimizer()
+    ema_model = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    criterion = nn.CrossEntropyLoss()
+    for step, micro_batches in enumerate(batches):
+        if step == resume_at:
+            buffer = io.BytesIO()
+            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, buffer)
+            buffer.seek(0)
+            checkpoint = torch.load(buffer)
+            optimizer, scheduler = make_optimizer()
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            scheduler.load_state_dict(checkpoint["scheduler"])
+        model.train()
+        total = 0.0
+        for x, y in micro_batches:
+            loss = criterion(model(torch.from_numpy(x)), torch.from_numpy(y)) / accum
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_value_(model.parameters(), clip_value=0.2)
+        record["grads"].append(gradients(model))
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        ema_model.update_parameters(model)
+        record["loss"].append(total)
+        record["lr"].append(scheduler.get_last_lr()[0])
+    loader = [torch.from_numpy(x) for micro_batches in batches for x, _ in micro_batches]
+    update_bn(loader, ema_model)
+    ema_model.eval()
+    model.eval()
+    with torch.no_grad():
+        record["val"] = numpy_of(model(torch.from_numpy(val[0])))
+        record["val_ema"] = numpy_of(ema_model(torch.from_numpy(val[0])))
+    record["n_averaged"] = int(ema_model.n_averaged)
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    record["ema"] = {k: numpy_of(v) for k, v in ema_model.state_dict().items()}
+    record["optimizer"] = {k: v for k, v in optimizer.state_dict()["param_groups"][0].items() if k != "params"}
+    return record
+
+
+def plateau_training(torch, init, batches, val, epochs=8):
+    nn, F = torch.nn, torch.nn.functional
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    record = {"init": initial_state(torch, model, init), "val": [], "lr": [], "bad": []}
+    optimizer = torch.optim.Adam([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 3e-2}],
+                                 lr=5e-2)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="min", factor=0.5, patience=1,
+                                                           threshold=1e-3, cooldown=1, min_lr=[1e-3, 5e-3])
+    x_val, y_val = (torch.from_numpy(a) for a in val)
+    for epoch in range(epochs):
+        model.train()
+        for x, y in batches[epoch % len(batches)]:
+            optimizer.zero_grad()
+            F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            val_loss = F.cross_entropy(model(x_val), y_val).item() + (0.5 if epoch < 2 else 0.0) + 0.05 * epoch
+        scheduler.step(val_loss)
+        record["val"].append(val_loss)
+        record["lr"].append([group["lr"] for group in optimizer.param_groups])
+        record["bad"].append([scheduler.num_bad_epochs, scheduler.cooldown_counter, scheduler.best])
+    record["last_lr"] = scheduler.get_last_lr()
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def utility_batches(rng, steps=8, accum=2, batch=4):
+    batches = [[(rng.standard_normal((batch, 6)).astype(np.float32), rng.integers(0, 3, batch)) for _ in range(accum)]
+               for _ in range(steps)]
+    return batches, (rng.standard_normal((6, 6)).astype(np.float32), rng.integers(0, 3, 6))
+
+
+def test_warmup_restarts_clipping_accumulation_and_weight_averaging_train_like_torch_and_resume_from_bytes():
+    batches, val = utility_batches(np.random.default_rng(1))
+    ours, theirs = run_both(scheduled_training, batches, val)
+    assert len(set(np.round(theirs["lr"], 6))) > 4  # the warmup and the restarts each moved the rate
+    assert_same(ours, theirs)
+    for torch, straight in ((real_torch, theirs), (tilewise, ours)):
+        resumed = scheduled_training(torch, theirs["init"], batches, val, resume_at=4)
+        assert_same(resumed, straight, rtol=0, atol=0)  # a fresh optimizer from the saved state continues as the first
+
+
+def test_reduce_lr_on_plateau_on_a_validation_loss_steps_like_torch():
+    batches, val = utility_batches(np.random.default_rng(2), steps=3)
+    ours, theirs = run_both(plateau_training, batches, val)
+    assert theirs["lr"][-1][0] < 5e-2  # the plateau cut the rate
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A tabular classifier: an nn.Embedding per categorical column (sizes by a rule of thumb) concatenated with numeric
+# columns normalised by the training set's statistics, BatchNorm1d, dropout trained at p=0 and raised for an eval-mode
+# comparison, CrossEntropyLoss with inverse-frequency class weights and label smoothing, AdamW with a StepLR; then
+# autograd.functional.jacobian and hessian of the loss with respect to a small numeric input, and per-sample gradients
+# by torch.func.vmap(grad(...)) over functional_call.
+
+def tabular(torch, init, batches, cardinalities=(5, 3, 7), n_num=4, n_classes=3):
+    nn, F = torch.nn, torch.nn.functional
+    functional_call, grad, vmap = torch.func.functional_call, torch.func.grad, torch.func.vmap
+
+    class TabularModel(nn.Module):
+        def __init__(self, emb_szs, n_cont, out_sz, layers=(16, 8), p=0.0):
+            super().__init__()
+            self.embeds = nn.ModuleList([nn.Embedding(ni, nf) for ni, nf in emb_szs])
+            self.emb_drop = nn.Dropout(p)
+            self.bn_cont = nn.BatchNorm1d(n_cont)
+            layerlist, n_in = [], sum(nf for _, nf in emb_szs) + n_cont
+            for i in layers:
+                layerlist += [nn.Linear(n_in, i), nn.ReLU(inplace=True), nn.BatchNorm1d(i), nn.Dropout(p)]
+                n_in = i
+            layerlist.append(nn.Linear(layers[-1], out_sz))
+            self.layers = nn.Sequential(*layerlist)
+
+        def forward(self, x_cat, x_cont):
+            embeddings = [e(x_cat[:, i]) for i, e in enumerate(self.embeds)]
+            x = self.emb_drop(torch.cat(embeddings, 1))
+            x_cont = self.bn_cont(x_cont)
+            return self.layers(torch.cat([x, x_cont], 1))
+
+    emb_szs = [(size, min(50, (size + 1) // 2)) for size in cardinalities]
+    model = TabularModel(emb_szs, n_num, n_classes)
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "lr": []}
+    all_num = torch.from_numpy(np.concatenate([b[1] for b in batches]))
+    all_y = torch.from_numpy(np.concatenate([b[2] for b in batches]))
+    mean, std = all_num.mean(dim=0), all_num.std(dim=0, keepdim=True)
+    counts = torch.bincount(all_y, minlength=n_classes)
+    weights = (counts.sum() / (n_classes * counts.clamp(min=1))).float()
+    record["weights"] = numpy_of(weights)
+    criterion = nn.CrossEntropyLoss(weight=weights, label_smoothing=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    for x_cat, x_num, y in batches:
+        x_cat, y = torch.from_numpy(x_cat), torch.from_numpy(y)
+        x_num = (torch.from_numpy(x_num) - mean) / std
+        model.train()
+        optimizer.zero_grad()
+        loss = criterion(model(x_cat, x_num), y)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+        record["lr"].append(scheduler.get_last_lr()[0])
+
+    x_cat, x_num, y = batches[0]
+    x_cat, y = torch.from_numpy(x_cat), torch.from_numpy(y)
+    x_num = (torch.from_numpy(x_num) - mean) / std
+    model.eval()
+    with torch.no_grad():
+        before = model(x_cat, x_num)
+        for m in model.modules():
+            if isinstance(m, nn.Dropout):
+                m.p = 0.5
+        after = model(x_cat, x_num)
+    assert torch.equal(before, after)  # dropout is the identity in eval mode
+    record["eval"] = numpy_of(after)
+    record["eval_loss"] = criterion(after, y).item()
+    record["unweighted"] = F.cross_entropy(after, y, label_smoothing=0.1, reduction="none").tolist()
+
+    small_cat, small_num, small_y = x_cat[:2], x_num[:2].clone(), y[:2]
+
+    def loss_of_numbers(numbers):
+        return criterion(model(small_cat, numbers), small_y)
+
+    def probabilities(numbers):
+        return F.softmax(model(small_cat, numbers), dim=-1)
+
+    record["jacobian"] = numpy_of(torch.autograd.functional.jacobian(probabilities, small_num))
+    record["jacobian_loss"] = numpy_of(torch.autograd.functional.jacobian(loss_of_numbers, small_num))
+    record["hessian"] = numpy_of(torch.autograd.functional.hessian(loss_of_numbers, small_num))
+    record["hessian_vectorized"] = numpy_of(torch.autograd.functional.hessian(loss_of_numbers, small_num,
+                                                                              vectorize=True))
+
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+
+    def compute_loss(params, buffers, cat, num, target):
+        out = functional_call(model, (params, buffers), (cat.unsqueeze(0), num.unsqueeze(0)))
+        return F.cross_entropy(out, target.unsqueeze(0))
+
+    per_sample = vmap(grad(compute_loss), in_dims=(None, None, 0, 0, 0))(params, buffers, x_cat, x_num, y)
+    record["per_sample"] = {k: numpy_of(v) for k, v in per_sample.items()}
+    model.zero_grad()
+    F.cross_entropy(model(x_cat, x_num), y, reduction="sum").backward()
+    for name, p in model.named_parameters():  # the per-sample gradients add up to the batch's
+        np.testing.assert_allclose(numpy_of(per_sample[name].sum(0)), numpy_of(p.grad), rtol=1e-4, atol=1e-5)
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def tabular_batches(rng, steps=5, batch=8, cardinalities=(5, 3, 7), n_num=4, n_classes=3):
+    out = []
+    for _ in range(steps):
+        x_cat = np.stack([rng.integers(0, c, batch) for c in cardinalities], axis=1)
+        x_num = (rng.standard_normal((batch, n_num)) * [1.0, 10.0, 0.1, 3.0] + [0.0, 50.0, -1.0, 2.0])
+        y = rng.choice(n_classes, batch, p=[0.6, 0.3, 0.1])
+        out.append((x_cat, x_num.astype(np.float32), y))
+    return out
+
+
+def test_tabular_classifier_with_embeddings_weighted_smoothed_loss_jacobians_and_per_sample_grads_like_torch():
+    ours, theirs = run_both(tabular, tabular_batches(np.random.default_rng(3)))
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# What the programs met, reduced.
