@@ -9,7 +9,6 @@ and passed in. Below the programs, the failures they met, each reduced to a test
 
 from __future__ import annotations
 
-import copy
 import io
 
 import numpy as np
@@ -50,7 +49,7 @@ def gumbel_vae(torch, init, batches, latent_dim=3, categorical_dim=4, temp_min=0
         y_hard = y_hard - y.detach() + y
         return y_hard.view(-1, latent_dim * categorical_dim)
 
-    class VAE_gumbel(nn.Module):
+    class VAEGumbel(nn.Module):
         def __init__(self, dim=12, hidden=16):
             super().__init__()
             self.fc1 = nn.Linear(dim, hidden)
@@ -79,7 +78,7 @@ def gumbel_vae(torch, init, batches, latent_dim=3, categorical_dim=4, temp_min=0
         KLD = torch.sum(qy * log_ratio, dim=-1).mean()
         return BCE + KLD
 
-    model = VAE_gumbel()
+    model = VAEGumbel()
     record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "temp": [], "log_prob": [],
               "hard": []}
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, amsgrad=True)
@@ -92,7 +91,9 @@ def gumbel_vae(torch, init, batches, latent_dim=3, categorical_dim=4, temp_min=0
         loss = loss_function(recon_batch, data, qy)
         posterior = torch.distributions.OneHotCategorical(logits=q_y)
         log_prob = posterior.log_prob(samples)
-        loss = loss - 0.01 * log_prob.mean()
+        relaxed = torch.distributions.RelaxedOneHotCategorical(torch.tensor(float(temp)), logits=q_y)
+        soft = gumbel_softmax_sample(q_y, u, temp)
+        loss = loss - 0.01 * log_prob.mean() - 0.001 * relaxed.log_prob(soft.detach()).mean()
         loss.backward()
         optimizer.step()
         record["loss"].append(loss.item())
@@ -114,6 +115,8 @@ def gumbel_vae(torch, init, batches, latent_dim=3, categorical_dim=4, temp_min=0
         record["mean"] = numpy_of(posterior.mean)
         record["mode"] = numpy_of(posterior.mode)
         record["support"] = numpy_of(posterior.enumerate_support())
+        straight = torch.distributions.OneHotCategoricalStraightThrough(logits=q_y)
+        record["straight_through"] = numpy_of(straight.log_prob(torch.from_numpy(batches[0][2])))
         drawn = posterior.sample((2,))
         assert tuple(drawn.shape) == (2, data.shape[0], latent_dim, categorical_dim)
         assert bool((drawn.sum(-1) == 1).all())
@@ -147,7 +150,7 @@ def test_categorical_vae_with_straight_through_gumbel_softmax_trains_like_torch(
 # the first would have. A second run steps ReduceLROnPlateau on a validation loss.
 
 def scheduled_training(torch, init, batches, val, accum=2, resume_at=None):
-    nn, F = torch.nn, torch.nn.functional
+    nn = torch.nn
     LinearLR, SequentialLR = torch.optim.lr_scheduler.LinearLR, torch.optim.lr_scheduler.SequentialLR
     CosineAnnealingWarmRestarts = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts
     AveragedModel, update_bn = torch.optim.swa_utils.AveragedModel, torch.optim.swa_utils.update_bn
@@ -370,3 +373,98 @@ def test_tabular_classifier_with_embeddings_weighted_smoothed_loss_jacobians_and
 
 # ----------------------------------------------------------------------------------------------------------------------
 # What the programs met, reduced.
+
+def test_a_numpy_scalar_given_for_a_tensor_argument_is_a_python_number_to_autograd():
+    # the annealed temperature, np.maximum of floats, is an np.float64: div's derivative divided by it as a number
+    for torch in LIBRARIES:
+        x = torch.ones(3, requires_grad=True)
+        (x / np.float64(0.5) + x * np.float32(2.0) - np.int64(1) * x).sum().backward()
+        np.testing.assert_array_equal(x.grad.numpy(), [3.0, 3.0, 3.0])
+
+
+@pytest.mark.parametrize("expression", ["s * x", "s - x", "s / x", "s ** x", "s + x", "s % x"])
+def test_a_numpy_scalar_on_the_left_of_a_tensor_gives_a_tensor_on_the_graph(expression):
+    # numpy defers to the tensor's reflected operator (array priority), as it does for torch's tensors
+    for torch in LIBRARIES:
+        x = torch.tensor([0.5, 2.0], requires_grad=True)
+        out = eval(expression, {"s": np.float64(2.0), "x": x})
+        assert isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.grad_fn is not None
+        expected = eval(expression, {"s": 2.0, "x": x})
+        np.testing.assert_allclose(out.detach().numpy(), expected.detach().numpy())
+
+
+@pytest.mark.filterwarnings("ignore:__array_wrap__ must accept context:DeprecationWarning")  # torch's own wrap
+def test_numpy_functions_of_tensors_give_tensors_as_in_torch():
+    for torch in LIBRARIES:
+        x = torch.tensor([0.0, 1.0])
+        assert isinstance(np.sin(x), torch.Tensor) and np.sin(torch.tensor(1.0)).shape == ()
+        plus = x + np.ones(2)  # numpy's sum of the two, wrapped back
+        assert isinstance(plus, torch.Tensor) and plus.dtype == torch.float64
+        assert np.greater(x, 0.5).dtype == torch.uint8
+        assert (3 << torch.tensor([1])).tolist() == [6] and (64 >> torch.tensor([2])).tolist() == [16]
+        with pytest.raises(TypeError, match="unsupported operand"):
+            np.ones(2) * x
+
+
+LOGITS = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
+
+
+def relaxed_record(torch, name, probs=False):
+    logits = torch.tensor(LOGITS, requires_grad=True)
+    temperature = torch.tensor(0.7, requires_grad=True)
+    params = {"probs": torch.softmax(logits, -1) if name == "RelaxedOneHotCategorical" else torch.sigmoid(logits)} \
+        if probs else {"logits": logits}
+    dist = getattr(torch.distributions, name)(temperature, **params)
+    value = torch.softmax(torch.tensor(LOGITS) * 2, -1) if name == "RelaxedOneHotCategorical" \
+        else torch.sigmoid(torch.tensor(LOGITS) * 2)
+    log_prob = dist.log_prob(value)
+    draw = dist.rsample((2,))
+    expanded = dist.expand((5,) + tuple(dist.batch_shape))
+    return {"log_prob": numpy_of(log_prob), "grads": [numpy_of(g) for g in torch.autograd.grad(log_prob.sum(),
+                                                                                              [logits, temperature])],
+            "shapes": [list(dist.batch_shape), list(dist.event_shape), list(draw.shape), list(expanded.batch_shape)],
+            "probs": numpy_of(dist.probs), "logits": numpy_of(dist.logits),
+            "expanded": numpy_of(expanded.log_prob(value)),
+            "rsample": [draw.requires_grad, dist.has_rsample]}
+
+
+@pytest.mark.parametrize("probs", [False, True], ids=["logits", "probs"])
+@pytest.mark.parametrize("name", ["RelaxedOneHotCategorical", "RelaxedBernoulli"])
+def test_relaxed_distributions_of_gumbel_softmax_give_torch_log_probs_and_gradients(name, probs):
+    assert_same(relaxed_record(tilewise, name, probs), relaxed_record(real_torch, name, probs))
+
+
+@pytest.mark.parametrize("name", ["Bernoulli", "Categorical", "OneHotCategorical", "OneHotCategoricalStraightThrough"])
+def test_probabilities_first_read_while_sampling_keep_their_gradient(name):
+    # probs computed from logits on first use, inside sample's no_grad, are computed with grad as torch's lazy_property
+    records = []
+    for torch in LIBRARIES:
+        logits = torch.tensor(LOGITS, requires_grad=True)
+        dist = getattr(torch.distributions, name)(logits=logits)
+        dist.sample()
+        records.append(numpy_of(torch.autograd.grad(dist.probs.sum() + dist.entropy().sum(), logits)[0]))
+    assert_same(records[1], records[0])
+
+
+def test_straight_through_one_hot_draws_carry_the_gradient_of_the_probabilities():
+    records = []
+    for torch in LIBRARIES:
+        logits = torch.tensor(LOGITS, requires_grad=True)
+        dist = torch.distributions.OneHotCategoricalStraightThrough(logits=logits)
+        draw = dist.rsample((2,))
+        assert bool((draw.detach().sum(-1) == 1).all()) and dist.has_rsample
+        weights = torch.arange(4.0)
+        grad, = torch.autograd.grad((draw * weights).sum(), logits)
+        records.append([numpy_of(grad), list(dist.param_shape), numpy_of(dist.log_prob(torch.eye(4)[[0, 2, 3]]))])
+    assert_same(records[1], records[0])
+
+
+def test_a_transformed_distribution_sums_an_elementwise_log_det_over_its_event():
+    records = []
+    for torch in LIBRARIES:
+        D = torch.distributions
+        base = D.Independent(D.Normal(torch.zeros(2, 3), torch.ones(2, 3)), 1)
+        dist = D.TransformedDistribution(base, [D.ExpTransform(), D.AffineTransform(0.5, 2.0)])
+        records.append(numpy_of(dist.log_prob(torch.full((2, 3), 1.5))))
+    assert records[0].shape == (2,)
+    assert_same(records[1], records[0])

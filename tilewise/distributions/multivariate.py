@@ -243,6 +243,27 @@ class ExpTransform(Transform):
         return "ExpTransform()"
 
 
+class SigmoidTransform(Transform):
+    codomain = constraints.unit_interval
+
+    def _call(self, x):
+        info = finfo(x.dtype)
+        return x.sigmoid().clamp(min=info.tiny, max=1.0 - info.eps)
+
+    def _inverse(self, y):
+        info = finfo(y.dtype)
+        y = y.clamp(min=info.tiny, max=1.0 - info.eps)
+        return y.log() - (-y).log1p()
+
+    def log_abs_det_jacobian(self, x, y):
+        from tilewise.nn.functional import softplus
+
+        return -softplus(-x) - softplus(x)
+
+    def __repr__(self) -> str:
+        return "SigmoidTransform()"
+
+
 class AffineTransform(Transform):
     def __init__(self, loc, scale, event_dim: int = 0) -> None:
         self.loc, self.scale, self.event_dim = loc, scale, event_dim
@@ -267,6 +288,10 @@ class AffineTransform(Transform):
 
     def __repr__(self) -> str:
         return "AffineTransform()"
+
+
+def _sum_rightmost(value, dim: int):
+    return value.reshape(value.shape[:value.dim() - dim] + (-1,)).sum(-1) if dim > 0 else value
 
 
 class TransformedDistribution(Distribution):
@@ -303,12 +328,15 @@ class TransformedDistribution(Distribution):
     def log_prob(self, value):
         if self._validate_args:
             self._validate_sample(value)
-        log_prob, y = 0.0, value
+        # each term summed over the event dims its transform does not already reduce (an elementwise transform of
+        # a distribution over vectors adds its log-det over the vector)
+        event_dim, log_prob, y = len(self._event_shape), 0.0, value
         for t in reversed(self.transforms):
             x = t.inv(y)
-            log_prob = log_prob - t.log_abs_det_jacobian(x, y)
+            event_dim += t.domain.event_dim - t.codomain.event_dim
+            log_prob = log_prob - _sum_rightmost(t.log_abs_det_jacobian(x, y), event_dim - t.domain.event_dim)
             y = x
-        return log_prob + self.base_dist.log_prob(y)
+        return log_prob + _sum_rightmost(self.base_dist.log_prob(y), event_dim - len(self.base_dist.event_shape))
 
     def cdf(self, value):
         for t in reversed(self.transforms):
