@@ -468,3 +468,70 @@ def test_a_transformed_distribution_sums_an_elementwise_log_det_over_its_event()
         records.append(numpy_of(dist.log_prob(torch.full((2, 3), 1.5))))
     assert records[0].shape == (2,)
     assert_same(records[1], records[0])
+
+
+def test_a_dense_tensor_answers_torch_s_layout_and_kind_flags():
+    # a hand-written update asks p.grad.is_sparse before its dense arithmetic
+    for torch in LIBRARIES:
+        grad = torch.ones(2)
+        flags = [grad.is_sparse, grad.is_sparse_csr, grad.is_quantized, grad.is_mkldnn, grad.is_nested]
+        assert flags == [False] * 5
+        with pytest.raises(AttributeError):
+            grad.is_sparse = True
+
+
+@pytest.mark.parametrize("call", [
+    lambda t: t.nn.functional.cross_entropy(t.zeros(2, 3), t.tensor([0, 2]), weight=t.ones(3, dtype=t.float64)),
+    lambda t: t.nn.CrossEntropyLoss(weight=t.ones(3, dtype=t.float64), label_smoothing=0.1)(t.zeros(2, 3),
+                                                                                            t.tensor([0, 2])),
+    lambda t: t.nn.functional.nll_loss(t.zeros(2, 3, dtype=t.float64), t.tensor([0, 2]), weight=t.ones(3)),
+    lambda t: t.nn.functional.cross_entropy(t.zeros(2, 3), t.tensor([0, 2]), weight=t.ones(3, dtype=t.int64)),
+], ids=["double weight", "double weight smoothed", "float weight of double input", "long weight"])
+def test_class_weights_of_another_dtype_than_the_input_are_refused_as_torch(call):
+    # inverse-frequency weights computed in float64 (counts.sum() / counts) must be cast to the logits' dtype
+    messages = []
+    for torch in LIBRARIES:
+        with pytest.raises(RuntimeError, match="expected scalar type") as info:
+            call(torch)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+
+
+STRICT_REFUSALS = {
+    "jacobian of a constant": lambda t, x: t.autograd.functional.jacobian(lambda a: t.ones(2), x, strict=True),
+    "jacobian, an unused input": lambda t, x: t.autograd.functional.jacobian(lambda a, b: a * 2, (x, x), strict=True),
+    "jacobian of a linear map, create_graph": lambda t, x: t.autograd.functional.jacobian(
+        lambda a: a * 2, x, strict=True, create_graph=True),
+    "jacobian, strict and vectorize": lambda t, x: t.autograd.functional.jacobian(lambda a: a * 2, x, strict=True,
+                                                                                  vectorize=True),
+    "hessian of a linear function": lambda t, x: t.autograd.functional.hessian(lambda a: a.sum(), x, strict=True),
+    "hessian, an input only linear": lambda t, x: t.autograd.functional.hessian(lambda a, b: (a * a + b).sum(),
+                                                                                (x, x), strict=True),
+    "hessian of a vector": lambda t, x: t.autograd.functional.hessian(lambda a: a.pow(3), x),
+    "hessian of a tuple": lambda t, x: t.autograd.functional.hessian(lambda a: (a.sum(), a.sum()), x),
+    "vjp of a constant": lambda t, x: t.autograd.functional.vjp(lambda a: t.ones(2), x, t.ones(2), strict=True),
+    "vjp, an unused input": lambda t, x: t.autograd.functional.vjp(lambda a, b: a * 2, (x, x), t.ones(2, 3),
+                                                                   strict=True),
+}
+
+
+@pytest.mark.parametrize("case", STRICT_REFUSALS)
+def test_autograd_functional_strict_mode_refuses_as_torch(case):
+    # strict=True was taken and ignored: a function independent of an input gave zeros instead of torch's error
+    messages = []
+    for torch in LIBRARIES:
+        with pytest.raises(RuntimeError) as info:
+            STRICT_REFUSALS[case](torch, torch.ones(2, 3))
+        messages.append(str(info.value))
+    assert messages[1] == messages[0]
+
+
+def test_autograd_functional_strict_mode_accepts_what_torch_accepts():
+    records = []
+    for torch in LIBRARIES:
+        F = torch.autograd.functional
+        x = torch.tensor([[0.5, 1.0, 2.0], [1.5, -1.0, 0.25]])
+        records.append([numpy_of(F.jacobian(lambda a: a.pow(2), x, strict=True, create_graph=True)),
+                        numpy_of(F.hessian(lambda a: a.pow(3).sum(), x, strict=True)),
+                        numpy_of(F.vjp(lambda a: a.sin(), x, torch.ones(2, 3), strict=True)[1])])
+    assert_same(records[1], records[0])

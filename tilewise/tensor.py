@@ -295,6 +295,11 @@ class Tensor:
         """The tensor's layout: always ``tilewise.strided``."""
         return strided
 
+    # dense, unquantized and on a CPU or CUDA device: torch's flags for its other layouts, kinds and devices are
+    # False (code asks ``p.grad.is_sparse`` before a dense update)
+    is_sparse = is_sparse_csr = is_quantized = is_mkldnn = is_nested = property(lambda self: False)
+    is_vulkan = is_ipu = is_mtia = is_xla = property(lambda self: False)
+
     def untyped_storage(self) -> Storage:
         return self._storage
 
