@@ -535,3 +535,28 @@ def test_autograd_functional_strict_mode_accepts_what_torch_accepts():
                         numpy_of(F.hessian(lambda a: a.pow(3).sum(), x, strict=True)),
                         numpy_of(F.vjp(lambda a: a.sin(), x, torch.ones(2, 3), strict=True)[1])])
     assert_same(records[1], records[0])
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch's constant folding of the traced jvp warns
+def test_func_linearize_gives_the_value_and_a_jvp_function_as_torch():
+    records = []
+    for torch in LIBRARIES:
+        x, y = torch.tensor([0.5, 1.0]), torch.tensor([[1.0, 2.0]])
+        out, jvp_fn = torch.func.linearize(lambda a, b: (a.sin() * b, {"s": a.exp().sum()}), x, y)
+        tangent, aux = jvp_fn(torch.tensor([1.0, -1.0]), torch.ones(1, 2))
+        with pytest.raises(RuntimeError, match="tangent:0 with shape"):
+            jvp_fn(torch.ones(3), torch.ones(1, 2))
+        with pytest.raises(RuntimeError, match="to have the same argspec as the primals"):
+            jvp_fn(torch.ones(2))
+        records.append([numpy_of(out[0]), numpy_of(tangent), numpy_of(aux["s"])])
+    assert_same(records[1], records[0])
+
+
+def test_nn_utils_stateless_functional_call_is_the_deprecated_spelling_of_func_functional_call():
+    records = []
+    for torch in LIBRARIES:
+        params = {"weight": torch.ones(2, 3), "bias": torch.tensor([0.5, -0.5])}
+        with pytest.warns(FutureWarning, match="stateless.functional_call` is deprecated"):
+            records.append(numpy_of(torch.nn.utils.stateless.functional_call(torch.nn.Linear(3, 2), params,
+                                                                             (torch.ones(4, 3),))))
+    assert_same(records[1], records[0])

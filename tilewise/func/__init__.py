@@ -27,7 +27,7 @@ from tilewise.dispatch import STATE
 from tilewise.func._pytree import tree_flatten, tree_unflatten
 from tilewise.tensor import Tensor
 
-__all__ = ["grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "functional_call",
+__all__ = ["grad", "grad_and_value", "vjp", "jvp", "linearize", "jacrev", "jacfwd", "hessian", "functional_call",
            "stack_module_state", "vmap"]
 
 
@@ -300,6 +300,35 @@ def jvp(func: Callable, primals, tangents, *, strict: bool = False, has_aux: boo
         forward_ad.close_level(level)
     result = (tree_unflatten(primal_out, out_spec), tree_unflatten(tangent_out, out_spec))
     return (*result, aux) if has_aux else result
+
+
+def linearize(func: Callable, *primals):
+    """``(func(*primals), jvp_fn)``: ``jvp_fn(*tangents)`` is ``J tangents`` at ``primals``, each call a forward-mode
+    pass of ``func`` (the tangents checked against the primals' structure, shapes, devices and dtypes, as torch's).
+
+    >>> import tilewise as tw
+    >>> out, jvp_fn = tw.func.linearize(lambda x: x.sin(), tw.zeros(2))
+    >>> jvp_fn(tw.ones(2)).tolist()
+    [1.0, 1.0]
+    """
+    output = func(*primals)
+    flat_primals, primals_spec = tree_flatten(primals)
+    # the primals as they are now: the jvps are taken where the function was linearised
+    frozen = tree_unflatten([p.detach().clone() for p in flat_primals], primals_spec)
+
+    def jvp_fn(*tangents):
+        flat_tangents, tangents_spec = tree_flatten(tangents)
+        if tangents_spec != primals_spec:
+            raise RuntimeError(f"Expected the tangents {tangents_spec} to have the same argspec as the primals "
+                               f"{primals_spec}")
+        for idx, (t, p) in enumerate(zip(flat_tangents, flat_primals)):
+            for what in ("shape", "device", "dtype"):
+                if getattr(t, what) != getattr(p, what):
+                    raise RuntimeError(f"tangent:{idx} with {what} {getattr(t, what)} in flattened pytree doesn't "
+                                       f"match the {what} {getattr(p, what)} of the corresponding primal.")
+        return jvp(func, frozen, tangents)[1]
+
+    return output, jvp_fn
 
 
 def _zeros_like(t: Tensor) -> Tensor:
