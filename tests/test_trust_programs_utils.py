@@ -537,7 +537,7 @@ def test_autograd_functional_strict_mode_accepts_what_torch_accepts():
     assert_same(records[1], records[0])
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")  # torch's constant folding of the traced jvp warns
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")  # torch's tracing of the jvp warns
 def test_func_linearize_gives_the_value_and_a_jvp_function_as_torch():
     records = []
     for torch in LIBRARIES:
