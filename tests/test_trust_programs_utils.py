@@ -560,3 +560,19 @@ def test_nn_utils_stateless_functional_call_is_the_deprecated_spelling_of_func_f
             records.append(numpy_of(torch.nn.utils.stateless.functional_call(torch.nn.Linear(3, 2), params,
                                                                              (torch.ones(4, 3),))))
     assert_same(records[1], records[0])
+
+
+@pytest.mark.parametrize("groups", [[[2]], [[1, 1]]], ids=["a larger group", "another group"])
+def test_an_optimizer_state_of_other_groups_is_refused_with_torch_s_message(groups):
+    # a fresh optimizer built for the resumed run must have the saved run's groups
+    messages = []
+    for torch in LIBRARIES:
+        p = torch.nn.Parameter(torch.ones(2))
+        saved = torch.optim.Adam([p], amsgrad=True).state_dict()
+        fresh = torch.optim.Adam([{"params": ([p] if i == 0 else []) + [torch.nn.Parameter(torch.ones(1))
+                                                                         for _ in range(n - (i == 0))]}
+                                  for i, n in enumerate(groups[0])], amsgrad=True)
+        with pytest.raises(ValueError) as info:
+            fresh.load_state_dict(saved)
+        messages.append(str(info.value))
+    assert messages[0] in messages[1]
