@@ -576,3 +576,17 @@ def test_an_optimizer_state_of_other_groups_is_refused_with_torch_s_message(grou
             fresh.load_state_dict(saved)
         messages.append(str(info.value))
     assert messages[0] in messages[1]
+
+
+def test_gumbel_softmax_copied_from_torch_s_source_runs_with_its_legacy_memory_format():
+    # torch's F.gumbel_softmax builds its one-hot by zeros_like(logits, memory_format=torch.legacy_contiguous_format)
+    records = []
+    for torch in LIBRARIES:
+        logits = torch.tensor(LOGITS, requires_grad=True)
+        y_soft = torch.softmax(logits / 0.5, -1)
+        index = y_soft.max(-1, keepdim=True)[1]
+        y_hard = torch.zeros_like(logits, memory_format=torch.legacy_contiguous_format).scatter_(-1, index, 1.0)
+        ret = y_hard - y_soft.detach() + y_soft
+        records.append([numpy_of(ret), numpy_of(torch.autograd.grad((ret * torch.arange(4.0)).sum(), logits)[0])])
+        assert torch.legacy_contiguous_format is torch.contiguous_format
+    assert_same(records[1], records[0])
