@@ -590,3 +590,36 @@ def test_gumbel_softmax_copied_from_torch_s_source_runs_with_its_legacy_memory_f
         records.append([numpy_of(ret), numpy_of(torch.autograd.grad((ret * torch.arange(4.0)).sum(), logits)[0])])
         assert torch.legacy_contiguous_format is torch.contiguous_format
     assert_same(records[1], records[0])
+
+
+NUMPY_INTEGERS = {
+    # sizes, dims and counts read off numpy arrays (a column's cardinality, np.max of lengths) are numpy integers
+    "zeros(np.int64)": lambda t: t.zeros(np.int64(2)),
+    "zeros((np.int64, np.int32))": lambda t: t.zeros((np.int64(2), np.int32(3))),
+    "randn(np.int64, 3).shape": lambda t: t.tensor(list(t.randn(np.int64(2), 3).shape)),
+    "eye(np.int64)": lambda t: t.eye(np.int64(3)),
+    "sum(np.int64)": lambda t: t.arange(6.0).reshape(2, 3).sum(np.int64(1)),
+    "x.mean(dim=np.int64)": lambda t: t.arange(6.0).reshape(2, 3).mean(dim=np.int64(0)),
+    "clamp(np.float64)": lambda t: t.arange(4.0).clamp(np.float64(0.5), np.float64(2.5)),
+    "add(alpha=np.float64)": lambda t: t.arange(3.0).add(t.ones(3), alpha=np.float64(0.5)),
+    # the factories take their size by keyword too
+    "zeros(size=)": lambda t: t.zeros(size=(2, 3)),
+    "ones(size=)": lambda t: t.ones(size=[2]),
+    "empty(size=).shape": lambda t: t.tensor(list(t.empty(size=(1, 2)).shape)),
+    "rand(size=).shape": lambda t: t.tensor(list(t.rand(size=(3,)).shape)),
+    "randn(size=).shape": lambda t: t.tensor(list(t.randn(size=(3,), dtype=t.float64).shape)),
+    "randint(high, size=).shape": lambda t: t.tensor(list(t.randint(5, size=(2, 2)).shape)),
+}
+
+
+@pytest.mark.parametrize("case", NUMPY_INTEGERS)
+def test_numpy_integers_and_keyword_sizes_are_taken_as_torch_takes_them(case):
+    expected, ours = NUMPY_INTEGERS[case](real_torch), NUMPY_INTEGERS[case](tilewise)
+    assert str(ours.dtype).split(".")[-1] == str(expected.dtype).split(".")[-1]
+    np.testing.assert_array_equal(ours.numpy(), expected.numpy())
+
+
+def test_a_size_given_twice_is_refused_as_torch():
+    for torch in LIBRARIES:
+        with pytest.raises(TypeError, match="zeros\\(\\) got multiple values for argument 'size'"):
+            torch.zeros((2,), size=(2,))

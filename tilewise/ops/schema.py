@@ -210,6 +210,8 @@ def _as_int_list(op: str, p: Param, value) -> tuple[int, ...]:
         else:
             return value  # the common case, already normalised
     value = _value_of(value)
+    if _is_int_like(value):  # a numpy integer (``x.sum(np.int64(1))``) is the int it holds
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,) * p.list_len if p.list_len and p.list_len > 1 else (value,)
     from tilewise.tensor import Tensor
@@ -270,7 +272,10 @@ def _check_scalar(op: str, p: Param, value):
         return value
     value = _value_of(value)
     if isinstance(value, Number):
-        return value
+        import numpy as np
+
+        # a numpy number is the Python number it holds (np.float64 is a float, yet formulas must not see its dtype)
+        return value.item() if isinstance(value, np.generic) else value
     from tilewise.tensor import Tensor
 
     if isinstance(value, Tensor) and value.ndim == 0:
