@@ -623,3 +623,29 @@ def test_a_size_given_twice_is_refused_as_torch():
     for torch in LIBRARIES:
         with pytest.raises(TypeError, match="zeros\\(\\) got multiple values for argument 'size'"):
             torch.zeros((2,), size=(2,))
+
+
+def batch_norm_ensemble(torch):
+    F = torch.func
+    x = torch.from_numpy(np.random.default_rng(6).standard_normal((6, 3)).astype(np.float32))
+    models = []
+    for i in range(3):
+        m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        with torch.no_grad():
+            for j, p in enumerate(m.parameters()):
+                p.copy_(torch.linspace(-1, 1, p.numel()).reshape(p.shape) * (i + 1) * (j + 1) / 3)
+        assert F.replace_all_batch_norm_modules_(m) is m
+        models.append(m)
+    assert models[0][1].running_mean is None and not models[0][1].track_running_stats
+    params, buffers = F.stack_module_state(models)
+
+    def loss(p, b, x):
+        return F.functional_call(models[0], (p, b), (x,)).pow(2).mean()
+
+    grads = F.vmap(F.grad(loss), in_dims=(0, 0, None))(params, buffers, x)
+    return {"buffers": sorted(buffers), "loss": numpy_of(F.vmap(loss, in_dims=(0, 0, None))(params, buffers, x)),
+            "grads": {k: numpy_of(v) for k, v in grads.items() if k != "0.bias"}}  # 0.bias: a batch norm follows
+
+
+def test_an_ensemble_of_batch_norm_models_vmapped_after_replace_all_batch_norm_modules_as_torch():
+    assert_same(batch_norm_ensemble(tilewise), batch_norm_ensemble(real_torch), atol=1e-5)

@@ -28,7 +28,7 @@ from tilewise.func._pytree import tree_flatten, tree_unflatten
 from tilewise.tensor import Tensor
 
 __all__ = ["grad", "grad_and_value", "vjp", "jvp", "linearize", "jacrev", "jacfwd", "hessian", "functional_call",
-           "stack_module_state", "vmap"]
+           "stack_module_state", "replace_all_batch_norm_modules_", "vmap"]
 
 
 def __getattr__(name: str):
@@ -506,6 +506,18 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
         args = (args,)
     with reparametrized(module, values, tie_weights=tie_weights, strict=strict):
         return module(*args, **(kwargs or {}))
+
+
+def replace_all_batch_norm_modules_(root):
+    """Every batch norm of ``root`` (``root`` included) made to normalise by its batch's statistics alone, in
+    place: no running statistics to update (which a vmapped call could not write), as torch.func's."""
+    from tilewise.nn.modules.normalization import _BatchNorm
+
+    for module in root.modules():
+        if isinstance(module, _BatchNorm) and module.track_running_stats:
+            module.running_mean = module.running_var = module.num_batches_tracked = None
+            module.track_running_stats = False
+    return root
 
 
 def stack_module_state(models) -> tuple[dict, dict]:
