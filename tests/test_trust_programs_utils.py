@@ -649,3 +649,28 @@ def batch_norm_ensemble(torch):
 
 def test_an_ensemble_of_batch_norm_models_vmapped_after_replace_all_batch_norm_modules_as_torch():
     assert_same(batch_norm_ensemble(tilewise), batch_norm_ensemble(real_torch), atol=1e-5)
+
+
+def gumbel_record(torch, loc, scale):
+    loc = torch.tensor(loc, requires_grad=True) if isinstance(loc, list) else loc
+    scale = torch.tensor(scale, requires_grad=True) if isinstance(scale, list) else scale
+    dist = torch.distributions.Gumbel(loc, scale)
+    value = torch.tensor([0.5, -1.0])
+    log_prob = dist.log_prob(value)
+    record = {"log_prob": numpy_of(log_prob), "moments": [numpy_of(dist.mean), numpy_of(dist.mode),
+                                                          numpy_of(dist.stddev), numpy_of(dist.entropy())],
+              "cdf": numpy_of(dist.cdf(value)), "icdf": numpy_of(dist.icdf(torch.tensor([0.2, 0.7]))),
+              "shapes": [list(dist.batch_shape), list(dist.sample((3,)).shape)]}
+    if isinstance(scale, torch.Tensor):
+        record["grad"] = numpy_of(torch.autograd.grad(log_prob.sum() + dist.cdf(value).sum(), scale)[0])
+    return record
+
+
+@pytest.mark.parametrize("loc, scale", [(0.0, 1.0), ([0.0, 1.0], [1.0, 2.0])], ids=["numbers", "tensors"])
+def test_the_gumbel_distribution_of_the_noise_gives_torch_values(loc, scale):
+    # the Gumbel noise of a Gumbel-softmax, drawn from torch.distributions.Gumbel(0, 1) in many scripts; its
+    # transforms invert through Transform.inv (an inverse transform, as torch's)
+    assert_same(gumbel_record(tilewise, loc, scale), gumbel_record(real_torch, loc, scale))
+    for torch in LIBRARIES:
+        inverse = torch.distributions.ExpTransform().inv
+        assert repr(inverse) == "_InverseTransform(ExpTransform())" and repr(inverse.inv) == "ExpTransform()"

@@ -17,6 +17,7 @@ from tilewise.distributions.multivariate import (
     AffineTransform,
     Dirichlet,
     ExpTransform,
+    Gumbel,
     Independent,
     LogNormal,
     MultivariateNormal,
@@ -28,5 +29,5 @@ from tilewise.distributions.relaxed import RelaxedBernoulli, RelaxedOneHotCatego
 __all__ = ["Distribution", "ExponentialFamily", "Normal", "Uniform", "Exponential", "Laplace", "Gamma", "Beta",
            "Bernoulli", "Categorical", "OneHotCategorical", "OneHotCategoricalStraightThrough", "Poisson", "Binomial",
            "MultivariateNormal", "Dirichlet", "Independent", "TransformedDistribution", "LogNormal", "ExpTransform",
-           "AffineTransform", "SigmoidTransform", "RelaxedOneHotCategorical", "RelaxedBernoulli",
+           "AffineTransform", "SigmoidTransform", "Gumbel", "RelaxedOneHotCategorical", "RelaxedBernoulli",
            "kl_divergence", "register_kl", "constraints"]
