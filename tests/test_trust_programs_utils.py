@@ -674,3 +674,37 @@ def test_the_gumbel_distribution_of_the_noise_gives_torch_values(loc, scale):
     for torch in LIBRARIES:
         inverse = torch.distributions.ExpTransform().inv
         assert repr(inverse) == "_InverseTransform(ExpTransform())" and repr(inverse.inv) == "ExpTransform()"
+
+
+BITWISE_REFUSALS = {
+    # a mask combined with a numpy bool (np.bool_ reads as the number 1.0 to torch) and bitwise operators of floats
+    "bool tensor | np.bool_": (lambda t: t.tensor([True]) | np.bool_(False), NotImplementedError,
+                               "\"bitwise_or_cpu\" not implemented for 'Float'"),
+    "int tensor & 1.5": (lambda t: t.tensor([1]) & 1.5, NotImplementedError,
+                         "\"bitwise_and_cpu\" not implemented for 'Float'"),
+    "float ^ float": (lambda t: t.tensor([1.5]) ^ t.tensor([1.0]), NotImplementedError,
+                      "\"bitwise_xor_cpu\" not implemented for 'Float'"),
+    "half << 1": (lambda t: t.tensor([1.5], dtype=t.float16) << 1, NotImplementedError,
+                  "\"lshift_cpu\" not implemented for 'Half'"),
+    "bitwise_not(float)": (lambda t: t.bitwise_not(t.tensor([1.5])), NotImplementedError,
+                           "\"bitwise_not_cpu\" not implemented for 'Float'"),
+    "~float": (lambda t: ~t.tensor([1.5]), TypeError,
+               "~ (operator.invert) is only implemented on integer and Boolean-type tensors"),
+}
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize("case", BITWISE_REFUSALS)
+def test_bitwise_operators_refuse_floating_operands_as_torch(torch, case):
+    call, error, message = BITWISE_REFUSALS[case]
+    with pytest.raises(error) as info:
+        call(torch)
+    assert type(info.value) is error and message in str(info.value)
+
+
+def test_a_numpy_bool_beside_a_tensor_is_the_number_torch_reads():
+    for torch in LIBRARIES:
+        plus = torch.tensor([1, 2]) + np.bool_(True)
+        assert plus.dtype == torch.float32 and plus.tolist() == [2.0, 3.0]
+        times = np.bool_(True) * torch.tensor([1.0, 2.0])
+        assert isinstance(times, torch.Tensor) and times.tolist() == [1.0, 2.0]

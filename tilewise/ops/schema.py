@@ -306,7 +306,8 @@ def _check_tensor(op: str, p: Param, value):
     import numpy as np
 
     if isinstance(value, np.generic):  # before Number: np.float64 is a float, yet formulas must not see its dtype
-        return value.item()
+        # torch reads a numpy bool as the number 1.0 or 0.0 (``tensor([1, 2]) + np.bool_(True)`` is float)
+        return float(value) if isinstance(value, np.bool_) else value.item()
     if isinstance(value, Number):
         return value
     raise bad_argument(op, p.name, "Tensor" if not p.optional else "Tensor or None", value)
