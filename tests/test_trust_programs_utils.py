@@ -708,3 +708,39 @@ def test_a_numpy_bool_beside_a_tensor_is_the_number_torch_reads():
         assert plus.dtype == torch.float32 and plus.tolist() == [2.0, 3.0]
         times = np.bool_(True) * torch.tensor([1.0, 2.0])
         assert isinstance(times, torch.Tensor) and times.tolist() == [1.0, 2.0]
+
+
+def jacobians_of_a_parameter_dict(torch):
+    x = torch.from_numpy(np.random.default_rng(7).standard_normal((2, 3)).astype(np.float32))
+    m = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        m.weight.copy_(torch.linspace(-1, 1, 6).reshape(2, 3))
+        m.bias.copy_(torch.tensor([0.5, -0.5]))
+    params = {k: v.detach() for k, v in m.named_parameters()}
+
+    def loss(p, x):
+        return torch.func.functional_call(m, p, (x,)).tanh().pow(2).sum()
+
+    jac = torch.func.jacrev(loss)(params, x)
+    assert isinstance(jac, dict)  # the argument's structure, as the per-parameter gradients torch.func gives
+    return {"jacrev": {k: numpy_of(v) for k, v in jac.items()},
+            "jacfwd": {k: numpy_of(v) for k, v in torch.func.jacfwd(loss)(params, x).items()},
+            "hessian": {k: {j: numpy_of(w) for j, w in row.items()}
+                        for k, row in torch.func.hessian(loss)(params, x).items()},
+            "hessian_x": numpy_of(torch.func.hessian(loss, argnums=1)(params, x))}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch's forward-mode AD scripts a helper on first use
+def test_func_jacobians_with_respect_to_a_dict_of_parameters_keep_its_keys():
+    # jacrev of a function of a parameter dict gave one tensor (the first parameter's) in place of the dict
+    assert_same(jacobians_of_a_parameter_dict(tilewise), jacobians_of_a_parameter_dict(real_torch))
+
+
+def test_a_forward_mode_jacobian_with_create_graph_is_refused_as_torch():
+    messages = []
+    for torch in LIBRARIES:
+        with pytest.raises(NotImplementedError) as info:
+            torch.autograd.functional.jacobian(lambda a: a.sin(), torch.ones(2), create_graph=True, vectorize=True,
+                                               strategy="forward-mode")
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]

@@ -129,9 +129,13 @@ def jacobian(func, inputs, create_graph: bool = False, strict: bool = False, vec
         raise ValueError('Expected strategy to be either "forward-mode" or "reverse-mode". Hint: If your function '
                          'has more outputs than inputs, "forward-mode" tends to be more performant. Otherwise, prefer '
                          'to use "reverse-mode".')
-    if strategy == "forward-mode" and not vectorize:  # torch's restriction, kept so that code moves over unchanged
+    if strategy == "forward-mode" and not vectorize:  # torch's restrictions, kept so that code moves over unchanged
         raise NotImplementedError("Computing Jacobian using forward-AD or forward-over-reverse Hessian isonly "
                                   "implemented for `vectorize=True`.")
+    if strategy == "forward-mode" and create_graph:
+        raise NotImplementedError("torch.autograd.functional.jacobian: `create_graph=True` and "
+                                  '`strategy="forward-mode"` are not supported together (yet). Please either set '
+                                  '`create_graph=False` or `strategy="reverse-mode"`.')
     if strict and vectorize:
         raise RuntimeError("torch.autograd.functional.jacobian: `strict=True` and `vectorized=True` are not supported "
                            "together. Please either set `strict=False` or `vectorize=False`.")

@@ -384,8 +384,8 @@ def jacrev(func: Callable, argnums=0, *, has_aux: bool = False, chunk_size: int 
                 pulled, _ = tree_flatten(pull(tree_unflatten(cot, out_spec)))
                 for r, g in zip(rows, pulled):
                     r.append(_flat(g))
-            jac = [_stack_rows(r, o, x) for r, x in zip(rows, in_leaves)]
-            per_output.append(tree_unflatten(jac, in_spec) if many else jac[0])
+            jac = tree_unflatten([_stack_rows(r, o, x) for r, x in zip(rows, in_leaves)], in_spec)
+            per_output.append(jac if many else jac[0])  # an argument that is a dict of tensors keeps its keys
         result = tree_unflatten(per_output, out_spec)
         return (result, found[2]) if has_aux else result
 
