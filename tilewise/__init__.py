@@ -51,6 +51,7 @@ from tilewise.layouts import (
     channels_last_3d,
     contiguous_format,
     layout,
+    legacy_contiguous_format,
     memory_format,
     preserve_format,
     strided,

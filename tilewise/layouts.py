@@ -47,6 +47,7 @@ class memory_format(_Enumeration):  # noqa: N801 — torch's name
 
 strided = layout._make("strided")
 contiguous_format = memory_format._make("contiguous_format")
+legacy_contiguous_format = contiguous_format  # torch's other name of it (F.gumbel_softmax's zeros_like spells it so)
 preserve_format = memory_format._make("preserve_format")
 channels_last = memory_format._make("channels_last")
 channels_last_3d = memory_format._make("channels_last_3d")

@@ -295,6 +295,11 @@ class Tensor:
         """The tensor's layout: always ``tilewise.strided``."""
         return strided
 
+    # dense, unquantized and on a CPU or CUDA device: torch's flags for its other layouts, kinds and devices are
+    # False (code asks ``p.grad.is_sparse`` before a dense update)
+    is_sparse = is_sparse_csr = is_quantized = is_mkldnn = is_nested = property(lambda self: False)
+    is_vulkan = is_ipu = is_mtia = is_xla = property(lambda self: False)
+
     def untyped_storage(self) -> Storage:
         return self._storage
 
@@ -378,10 +383,21 @@ class Tensor:
         with TRACE_HOOKS.untraced():
             return self.detach().cpu()._np()
 
+    # numpy's binary operators defer to an operand of higher priority: ``np.float64(0.5) * x`` is x's __rmul__, a
+    # tensor on the graph (numpy's own product would return an array), and ``np.ones(2) * x`` is refused, as in torch
+    __array_priority__ = 1000
+
     def __array__(self, dtype=None, copy=None):
         self._require_real("numpy conversion (np.asarray / __array__)")
         a = self._host()
         return a.astype(dtype) if dtype is not None else a
+
+    def __array_wrap__(self, array, context=None, return_scalar=False):
+        """A numpy function's result on a tensor is a tensor again (``np.sin(x)``, ``x + np.ones(2)``); booleans come
+        back as uint8, as in torch."""
+        if array.dtype == bool:
+            array = array.astype(np.uint8)
+        return from_numpy(array)
 
     def item(self):
         self._require_real("item()")

@@ -44,13 +44,44 @@ def _outputs(func, fresh: tuple, fn: str) -> tuple[bool, tuple]:
     return _as_tuple(func(*fresh), "outputs of the user-provided function", fn)
 
 
+_STRICT = {
+    "outputs": "Output {i} of the user-provided function does not require gradients. The outputs must be computed in "
+               "a differentiable manner from the input when running in strict mode.",
+    "jacobian": "While computing the hessian, found that the jacobian of the user-provided function with respect to "
+                "input {i} is independent of the input. This is not allowed in strict mode. You should ensure that "
+                "your function is twice differentiable and that the jacobian depends on the inputs (this would be "
+                "violated by a linear function for example).",
+    "back": "The output of the user-provided function is independent of input {i}. This is not allowed in strict mode.",
+}
+
+
+def _check_requires_grad(values: tuple, stage: str, strict: bool) -> None:
+    """In strict mode, every value must be on the graph of the inputs (torch's messages per stage)."""
+    if strict:
+        for i, value in enumerate(values):
+            if value is None or not value.requires_grad:
+                raise RuntimeError(_STRICT[stage].format(i=i))
+
+
 def vjp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
     """``(func(inputs), v^T J)``."""
-
     many_in, inputs = _as_tuple(inputs, "inputs", "vjp")
+    many_out, outputs, found = _pull(func, inputs, v, create_graph, strict)
+    if strict:
+        for i, g in enumerate(found):
+            if g is None:
+                raise RuntimeError(_STRICT["back"].format(i=i))
+    result = _done(_zeros_where_unused(found, inputs), create_graph)
+    outputs = _done(outputs, create_graph)
+    return (outputs if many_out else outputs[0]), (result if many_in else result[0])
+
+
+def _pull(func, inputs: tuple, v, create_graph: bool, strict: bool):
+    """(whether func returned a tuple, its outputs, v^T J per input: None for an input no output depends on)."""
     with enable_grad():
         fresh = _fresh(inputs, create_graph)
         many_out, outputs = _outputs(func, fresh, "vjp")
+        _check_requires_grad(outputs, "outputs", strict)
         if v is None:
             if len(outputs) != 1 or outputs[0].numel() != 1:
                 raise RuntimeError("The vector v can only be None if the user-provided function returns a single "
@@ -61,9 +92,7 @@ def vjp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
         live = [k for k, o in enumerate(outputs) if o.requires_grad]
         found = gradients([outputs[k] for k in live], fresh, None if cotangents is None else
                           [cotangents[k] for k in live], create_graph=create_graph) if live else (None,) * len(fresh)
-    result = _done(_zeros_where_unused(found, inputs), create_graph)
-    outputs = _done(outputs, create_graph)
-    return (outputs if many_out else outputs[0]), (result if many_in else result[0])
+    return many_out, outputs, tuple(found)
 
 
 def jvp(func, inputs, v=None, create_graph: bool = False, strict: bool = False):
@@ -100,13 +129,26 @@ def jacobian(func, inputs, create_graph: bool = False, strict: bool = False, vec
         raise ValueError('Expected strategy to be either "forward-mode" or "reverse-mode". Hint: If your function '
                          'has more outputs than inputs, "forward-mode" tends to be more performant. Otherwise, prefer '
                          'to use "reverse-mode".')
-    if strategy == "forward-mode" and not vectorize:  # torch's restriction, kept so that code moves over unchanged
+    if strategy == "forward-mode" and not vectorize:  # torch's restrictions, kept so that code moves over unchanged
         raise NotImplementedError("Computing Jacobian using forward-AD or forward-over-reverse Hessian isonly "
                                   "implemented for `vectorize=True`.")
+    if strategy == "forward-mode" and create_graph:
+        raise NotImplementedError("torch.autograd.functional.jacobian: `create_graph=True` and "
+                                  '`strategy="forward-mode"` are not supported together (yet). Please either set '
+                                  '`create_graph=False` or `strategy="reverse-mode"`.')
+    if strict and vectorize:
+        raise RuntimeError("torch.autograd.functional.jacobian: `strict=True` and `vectorized=True` are not supported "
+                           "together. Please either set `strict=False` or `vectorize=False`.")
     many_in, inputs = _as_tuple(inputs, "inputs", "jacobian")
-    many_out, outputs = _as_tuple(func(*(x.detach() for x in inputs)), "outputs of the user-provided function",
-                                  "jacobian")
-    blocks = _jacobian_blocks(func, inputs, outputs, create_graph, strategy)
+    if strict:
+        with enable_grad():
+            many_out, outputs = _outputs(func, _fresh(inputs, False), "jacobian")
+        _check_requires_grad(outputs, "outputs", strict)
+        outputs = tuple(o.detach() for o in outputs)
+    else:
+        many_out, outputs = _as_tuple(func(*(x.detach() for x in inputs)), "outputs of the user-provided function",
+                                      "jacobian")
+    blocks = _jacobian_blocks(func, inputs, outputs, create_graph, strategy, strict)
     rows = [tuple(row) if many_in else row[0] for row in blocks]
     return tuple(rows) if many_out else rows[0]
 
@@ -117,7 +159,8 @@ def _one_hot(like: Tensor, i: int) -> Tensor:
     return flat.view(like.shape)
 
 
-def _jacobian_blocks(func, inputs: tuple, outputs: tuple, create_graph: bool, strategy: str) -> list[list[Tensor]]:
+def _jacobian_blocks(func, inputs: tuple, outputs: tuple, create_graph: bool, strategy: str,
+                     strict: bool = False) -> list[list[Tensor]]:
     from tilewise.ops.registry import OPS
 
     blocks = []
@@ -127,8 +170,15 @@ def _jacobian_blocks(func, inputs: tuple, outputs: tuple, create_graph: bool, st
             pulled = []
             for i in range(out.numel()):
                 cot = tuple(_one_hot(o, i) if j == k else o.new_zeros(o.shape) for j, o in enumerate(outputs))
-                pulled.append(vjp(func, inputs, cot, create_graph)[1])
-            pulled = [p if isinstance(p, tuple) else (p,) for p in pulled]
+                found = _pull(func, inputs, cot, create_graph, False)[2]
+                for j, g in enumerate(found if strict else ()):
+                    if g is None:
+                        raise RuntimeError(f"Output {k} of the user-provided function is independent of input {j}. "
+                                           "This is not allowed in strict mode.")
+                    if create_graph and not g.requires_grad:
+                        raise RuntimeError(f"The jacobian of the user-provided function is independent of input {j}. "
+                                           "This is not allowed in strict mode when create_graph=True.")
+                pulled.append(_done(_zeros_where_unused(found, inputs), create_graph))
             for j, x in enumerate(inputs):
                 parts = [p[j].reshape(-1) for p in pulled]
                 stacked = OPS["stack"](parts, 0) if parts else x.new_zeros((0, x.numel()))
@@ -154,14 +204,21 @@ def hessian(func, inputs, create_graph: bool = False, strict: bool = False, vect
     def gradient(*xs):
         if outer_jacobian_strategy == "forward-mode":  # so that the inner vjp views the dual inputs, not detaches
             xs = tuple(x.requires_grad_(True) for x in xs)
-        out = func(*xs)
-        if not isinstance(out, Tensor) or out.numel() != 1:
-            raise RuntimeError("The function given to hessian should return a single Tensor containing a single "
-                               "element.")
+        with enable_grad():
+            out = func(*xs)
+        many_out, outs = _as_tuple(out, "outputs of the user-provided function", "hessian")
+        if strict:
+            with enable_grad():
+                _check_requires_grad(_outputs(func, _fresh(xs, False), "hessian")[1], "outputs", strict)
+        if many_out or not isinstance(out, Tensor):
+            raise RuntimeError("The function given to hessian should return a single Tensor")
+        if out.numel() != 1:
+            raise RuntimeError("The Tensor returned by the function given to hessian should contain a single element")
         grads = vjp(func, xs, None, create_graph=True)[1]
+        _check_requires_grad(grads, "jacobian", strict)
         return grads if many_in else grads[0]
 
-    found = jacobian(gradient, inputs if many_in else inputs[0], create_graph, vectorize=vectorize,
+    found = jacobian(gradient, inputs if many_in else inputs[0], create_graph, strict=strict, vectorize=vectorize,
                      strategy=outer_jacobian_strategy)
     return found
 

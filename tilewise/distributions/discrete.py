@@ -32,20 +32,27 @@ def _one_of(probs, logits):
 
 
 class _ProbsOrLogits:
-    """``probs`` and ``logits`` computed from whichever was given, once (as torch's lazy_property)."""
+    """``probs`` and ``logits`` computed from whichever was given, once (as torch's lazy_property): under
+    enable_grad, so that one first read inside ``sample``'s no_grad still carries the parameters' gradient."""
 
     is_binary = False
 
     @property
     def probs(self):
         if "probs" not in self.__dict__:
-            self.__dict__["probs"] = logits_to_probs(self.__dict__["logits"], self.is_binary)
+            from tilewise.autograd import enable_grad
+
+            with enable_grad():
+                self.__dict__["probs"] = logits_to_probs(self.__dict__["logits"], self.is_binary)
         return self.__dict__["probs"]
 
     @property
     def logits(self):
         if "logits" not in self.__dict__:
-            self.__dict__["logits"] = probs_to_logits(self.__dict__["probs"], self.is_binary)
+            from tilewise.autograd import enable_grad
+
+            with enable_grad():
+                self.__dict__["logits"] = probs_to_logits(self.__dict__["probs"], self.is_binary)
         return self.__dict__["logits"]
 
     @property
@@ -194,6 +201,7 @@ class OneHotCategorical(Distribution):
 
     probs = property(lambda self: self._categorical.probs)
     logits = property(lambda self: self._categorical.logits)
+    param_shape = property(lambda self: self._categorical.param_shape)
     mean = property(lambda self: self._categorical.probs)
     variance = property(lambda self: self._categorical.probs * (1 - self._categorical.probs))
 
@@ -226,6 +234,17 @@ class OneHotCategorical(Distribution):
         values = eye(n, dtype=self.probs.dtype, device=self.probs.device)
         values = values.reshape((n,) + (1,) * len(self._batch_shape) + (n,))
         return values.expand((n,) + tuple(self._batch_shape) + (n,)) if expand else values
+
+
+class OneHotCategoricalStraightThrough(OneHotCategorical):
+    """One-hot draws whose gradient is that of the probabilities (the straight-through estimator)."""
+
+    has_rsample = True
+
+    def rsample(self, sample_shape=()):
+        samples = self.sample(sample_shape)
+        probs = self._categorical.probs
+        return samples + (probs - probs.detach())
 
 
 class Poisson(ExponentialFamily):

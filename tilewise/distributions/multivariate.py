@@ -223,8 +223,32 @@ class Transform:
     def __call__(self, x):
         return self._call(x)
 
-    def inv(self, y):
-        return self._inverse(y)
+    @property
+    def inv(self):
+        """The inverse transform (``t.inv(y)`` inverts ``y``), as torch's."""
+        return _InverseTransform(self)
+
+
+class _InverseTransform(Transform):
+    def __init__(self, transform: Transform) -> None:
+        self._inv = transform
+
+    domain = property(lambda self: self._inv.codomain)
+    codomain = property(lambda self: self._inv.domain)
+    sign = property(lambda self: self._inv.sign)
+    inv = property(lambda self: self._inv)
+
+    def _call(self, x):
+        return self._inv._inverse(x)
+
+    def _inverse(self, y):
+        return self._inv._call(y)
+
+    def log_abs_det_jacobian(self, x, y):
+        return -self._inv.log_abs_det_jacobian(y, x)
+
+    def __repr__(self) -> str:
+        return f"_InverseTransform({self._inv!r})"
 
 
 class ExpTransform(Transform):
@@ -241,6 +265,27 @@ class ExpTransform(Transform):
 
     def __repr__(self) -> str:
         return "ExpTransform()"
+
+
+class SigmoidTransform(Transform):
+    codomain = constraints.unit_interval
+
+    def _call(self, x):
+        info = finfo(x.dtype)
+        return x.sigmoid().clamp(min=info.tiny, max=1.0 - info.eps)
+
+    def _inverse(self, y):
+        info = finfo(y.dtype)
+        y = y.clamp(min=info.tiny, max=1.0 - info.eps)
+        return y.log() - (-y).log1p()
+
+    def log_abs_det_jacobian(self, x, y):
+        from tilewise.nn.functional import softplus
+
+        return -softplus(-x) - softplus(x)
+
+    def __repr__(self) -> str:
+        return "SigmoidTransform()"
 
 
 class AffineTransform(Transform):
@@ -267,6 +312,10 @@ class AffineTransform(Transform):
 
     def __repr__(self) -> str:
         return "AffineTransform()"
+
+
+def _sum_rightmost(value, dim: int):
+    return value.reshape(value.shape[:value.dim() - dim] + (-1,)).sum(-1) if dim > 0 else value
 
 
 class TransformedDistribution(Distribution):
@@ -303,12 +352,15 @@ class TransformedDistribution(Distribution):
     def log_prob(self, value):
         if self._validate_args:
             self._validate_sample(value)
-        log_prob, y = 0.0, value
+        # each term summed over the event dims its transform does not already reduce (an elementwise transform of
+        # a distribution over vectors adds its log-det over the vector)
+        event_dim, log_prob, y = len(self._event_shape), 0.0, value
         for t in reversed(self.transforms):
             x = t.inv(y)
-            log_prob = log_prob - t.log_abs_det_jacobian(x, y)
+            event_dim += t.domain.event_dim - t.codomain.event_dim
+            log_prob = log_prob - _sum_rightmost(t.log_abs_det_jacobian(x, y), event_dim - t.domain.event_dim)
             y = x
-        return log_prob + self.base_dist.log_prob(y)
+        return log_prob + _sum_rightmost(self.base_dist.log_prob(y), event_dim - len(self.base_dist.event_shape))
 
     def cdf(self, value):
         for t in reversed(self.transforms):
@@ -349,3 +401,47 @@ class LogNormal(TransformedDistribution):
     def __repr__(self) -> str:
         return f"LogNormal(loc: {self.loc.size() if self.loc.numel() > 1 else self.loc}, " \
                f"scale: {self.scale.size() if self.scale.numel() > 1 else self.scale})"
+
+
+class Gumbel(TransformedDistribution):
+    """Gumbel(loc, scale): ``loc - scale * log(-log(u))`` of a uniform ``u``."""
+
+    arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
+    support = constraints.real
+
+    def __init__(self, loc, scale, validate_args=None) -> None:
+        from numbers import Number
+
+        from tilewise.distributions.continuous import Uniform
+        from tilewise.distributions.distribution import broadcast_all
+
+        self.loc, self.scale = broadcast_all(loc, scale)
+        info = finfo(self.loc.dtype)
+        if isinstance(loc, Number) and isinstance(scale, Number):
+            base_dist = Uniform(info.tiny, 1 - info.eps, validate_args=validate_args)
+        else:
+            base_dist = Uniform(full_like(self.loc, info.tiny), full_like(self.loc, 1 - info.eps),
+                                validate_args=validate_args)
+        transforms = [ExpTransform().inv, AffineTransform(loc=0, scale=-self.scale.new_ones(self.scale.shape)),
+                      ExpTransform().inv, AffineTransform(loc=loc, scale=-self.scale)]
+        super().__init__(base_dist, transforms, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        return Gumbel(self.loc.expand(batch_shape), self.scale.expand(batch_shape), validate_args=False)
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        y = (self.loc - value) / self.scale
+        return (y - y.exp()) - self.scale.log()
+
+    mean = property(lambda self: self.loc + self.scale * _EULER)
+    mode = property(lambda self: self.loc)
+    stddev = property(lambda self: (math.pi / math.sqrt(6)) * self.scale)
+    variance = property(lambda self: self.stddev.pow(2))
+
+    def entropy(self):
+        return self.scale.log() + (1 + _EULER)
+
+
+_EULER = 0.57721566490153286060  # the Euler-Mascheroni constant

@@ -27,8 +27,8 @@ from tilewise.dispatch import STATE
 from tilewise.func._pytree import tree_flatten, tree_unflatten
 from tilewise.tensor import Tensor
 
-__all__ = ["grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "functional_call",
-           "stack_module_state", "vmap"]
+__all__ = ["grad", "grad_and_value", "vjp", "jvp", "linearize", "jacrev", "jacfwd", "hessian", "functional_call",
+           "stack_module_state", "replace_all_batch_norm_modules_", "vmap"]
 
 
 def __getattr__(name: str):
@@ -302,6 +302,35 @@ def jvp(func: Callable, primals, tangents, *, strict: bool = False, has_aux: boo
     return (*result, aux) if has_aux else result
 
 
+def linearize(func: Callable, *primals):
+    """``(func(*primals), jvp_fn)``: ``jvp_fn(*tangents)`` is ``J tangents`` at ``primals``, each call a forward-mode
+    pass of ``func`` (the tangents checked against the primals' structure, shapes, devices and dtypes, as torch's).
+
+    >>> import tilewise as tw
+    >>> out, jvp_fn = tw.func.linearize(lambda x: x.sin(), tw.zeros(2))
+    >>> jvp_fn(tw.ones(2)).tolist()
+    [1.0, 1.0]
+    """
+    output = func(*primals)
+    flat_primals, primals_spec = tree_flatten(primals)
+    # the primals as they are now: the jvps are taken where the function was linearised
+    frozen = tree_unflatten([p.detach().clone() for p in flat_primals], primals_spec)
+
+    def jvp_fn(*tangents):
+        flat_tangents, tangents_spec = tree_flatten(tangents)
+        if tangents_spec != primals_spec:
+            raise RuntimeError(f"Expected the tangents {tangents_spec} to have the same argspec as the primals "
+                               f"{primals_spec}")
+        for idx, (t, p) in enumerate(zip(flat_tangents, flat_primals)):
+            for what in ("shape", "device", "dtype"):
+                if getattr(t, what) != getattr(p, what):
+                    raise RuntimeError(f"tangent:{idx} with {what} {getattr(t, what)} in flattened pytree doesn't "
+                                       f"match the {what} {getattr(p, what)} of the corresponding primal.")
+        return jvp(func, frozen, tangents)[1]
+
+    return output, jvp_fn
+
+
 def _zeros_like(t: Tensor) -> Tensor:
     from tilewise.ops.creation import zeros_like
 
@@ -355,8 +384,8 @@ def jacrev(func: Callable, argnums=0, *, has_aux: bool = False, chunk_size: int 
                 pulled, _ = tree_flatten(pull(tree_unflatten(cot, out_spec)))
                 for r, g in zip(rows, pulled):
                     r.append(_flat(g))
-            jac = [_stack_rows(r, o, x) for r, x in zip(rows, in_leaves)]
-            per_output.append(tree_unflatten(jac, in_spec) if many else jac[0])
+            jac = tree_unflatten([_stack_rows(r, o, x) for r, x in zip(rows, in_leaves)], in_spec)
+            per_output.append(jac if many else jac[0])  # an argument that is a dict of tensors keeps its keys
         result = tree_unflatten(per_output, out_spec)
         return (result, found[2]) if has_aux else result
 
@@ -477,6 +506,18 @@ def functional_call(module, parameter_and_buffer_dicts, args=None, kwargs=None, 
         args = (args,)
     with reparametrized(module, values, tie_weights=tie_weights, strict=strict):
         return module(*args, **(kwargs or {}))
+
+
+def replace_all_batch_norm_modules_(root):
+    """Every batch norm of ``root`` (``root`` included) made to normalise by its batch's statistics alone, in
+    place: no running statistics to update (which a vmapped call could not write), as torch.func's."""
+    from tilewise.nn.modules.normalization import _BatchNorm
+
+    for module in root.modules():
+        if isinstance(module, _BatchNorm) and module.track_running_stats:
+            module.running_mean = module.running_var = module.num_batches_tracked = None
+            module.track_running_stats = False
+    return root
 
 
 def stack_module_state(models) -> tuple[dict, dict]:

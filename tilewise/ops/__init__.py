@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from numbers import Number
 
+import numpy as np
+
 from tilewise.ops import (  # noqa: F401 — each module declares its operators on import
     assemble,
     aten_spellings,
@@ -80,7 +82,7 @@ def _swapped(fn):
 def _binary_dunder(fn):
     """Python operators return NotImplemented for operands no schema accepts (so ``x == None`` is False)."""
     def dunder(self, other):
-        if not isinstance(other, (Tensor, Number)):
+        if not isinstance(other, (Tensor, Number, np.bool_)):  # a numpy bool is a number to torch's operators
             return NotImplemented
         return fn(self, other)
 
@@ -146,6 +148,15 @@ def _attach_special_methods(functions: dict) -> None:
     Tensor.mH = Tensor.mT
     Tensor.H = property(lambda self: self.t())
     Tensor.copy_ = make_copy_()
+    bitwise_not = functions["bitwise_not"]
+
+    def __invert__(self):  # noqa: N807 — the operator's method
+        """``~x``: torch's Python operator refuses floating and complex tensors before its kernel would."""
+        if self.dtype.is_floating_point or self.dtype.is_complex:
+            raise TypeError("~ (operator.invert) is only implemented on integer and Boolean-type tensors")
+        return bitwise_not(self)
+
+    Tensor.__invert__ = __invert__
     for method in creation.INPLACE_FILLS + creation.NEW_LIKE:
         setattr(Tensor, method.__name__, method)
     functions.update(methods.attach(functions))

@@ -276,10 +276,22 @@ def _size(size: tuple, name: str) -> tuple[int, ...]:
         size = tuple(size[0])
     for s in size:
         if not isinstance(s, int) or isinstance(s, bool):
+            if isinstance(s, np.integer):  # numpy integers are the ints they hold (a size read off an array)
+                return _size(tuple(int(v) if isinstance(v, np.integer) else v for v in size), name)
             raise TypeError(f"{name}(): size must be a sequence of ints, got {list(size)}")
         if s < 0:
             raise RuntimeError(f"{name}(): trying to create tensor with negative dimension {s}: {list(size)}")
     return tuple(size)
+
+
+def _sizes(sizes: tuple, size, name: str) -> tuple[int, ...]:
+    """A factory's size given as ints (``zeros(2, 3)``), one sequence (``zeros((2, 3))``) or by keyword
+    (``zeros(size=(2, 3))``), as torch's factories take it."""
+    if size is not None:
+        if sizes:
+            raise TypeError(f"{name}() got multiple values for argument 'size'")
+        sizes = (size,)
+    return _size(sizes, name)
 
 
 _MAX_BYTES = (1 << 63) - 1
@@ -315,19 +327,23 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = Fal
 
 
 @factory_out("zeros")
-def zeros(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
-    return _full("zeros", _size(size, "zeros"), 0, dtype or get_default_dtype(), device, requires_grad, pin_memory)
+def zeros(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False,
+          pin_memory: bool = False) -> Tensor:
+    return _full("zeros", _sizes(sizes, size, "zeros"), 0, dtype or get_default_dtype(), device, requires_grad,
+                 pin_memory)
 
 
 @factory_out("ones")
-def ones(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
-    return _full("ones", _size(size, "ones"), 1, dtype or get_default_dtype(), device, requires_grad, pin_memory)
+def ones(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False,
+         pin_memory: bool = False) -> Tensor:
+    return _full("ones", _sizes(sizes, size, "ones"), 1, dtype or get_default_dtype(), device, requires_grad,
+                 pin_memory)
 
 
 @factory_out("empty")
-def empty(*size, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False,
+def empty(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False,
           memory_format=None) -> Tensor:
-    size = _size(size, "empty")
+    size = _sizes(sizes, size, "empty")
     return _empty("empty", size, dtype, device, requires_grad, pin_memory, _new_strides(size, memory_format, "empty"))
 
 
@@ -473,6 +489,7 @@ def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: 
 
 @factory_out("eye")
 def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    n, m = (int(v) if isinstance(v, np.integer) else v for v in (n, m))  # numpy integers are the ints they hold
     for name, value in (("n", n), ("m", m)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise TypeError(f"eye(): {name} must be an int, got {type(value).__name__} {value!r}")
@@ -493,8 +510,8 @@ def _require_non_negative_std(factory: str, std) -> None:
 
 
 @factory_out("rand")
-def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    size, dtype = _size(size, "rand"), as_dtype(dtype or get_default_dtype())
+def rand(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    size, dtype = _sizes(sizes, size, "rand"), as_dtype(dtype or get_default_dtype())
     _require_floating("rand", dtype)
     out = _allocate("rand", size, dtype, lambda: _call("uniform", size, 0.0, 1.0, dtype=dtype, device=device,
                                                         generator=generator))
@@ -502,8 +519,8 @@ def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = F
 
 
 @factory_out("randn")
-def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    size, dtype = _size(size, "randn"), as_dtype(dtype or get_default_dtype())
+def randn(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    size, dtype = _sizes(sizes, size, "randn"), as_dtype(dtype or get_default_dtype())
     _require_floating("randn", dtype)
     out = _allocate("randn", size, dtype, lambda: _call("normal_sample", size, dtype=dtype, device=device,
                                                          generator=generator))
@@ -527,6 +544,8 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
             requires_grad: bool = False) -> Tensor:
     if size is None:  # randint(high, size)
         low, high, size = 0, low, high
+    elif high is None:  # randint(high, size=size)
+        low, high = 0, low
     if high is None or size is None:
         raise TypeError("randint(): expected randint(high, size) or randint(low, high, size)")
     if low >= high:

@@ -126,11 +126,18 @@ def logical(op, args) -> tuple[DType, DType]:
     return dtypes.bool_, dtypes.bool_
 
 
+_KERNEL_NAMES = {"bitwise_left_shift": "lshift", "bitwise_right_shift": "rshift"}
+
+
 def integral(op, args) -> tuple[DType, DType]:
+    """Bitwise operators: integers and bools; torch refuses the other dtypes of the promoted operands (a float
+    number beside an integer tensor included) with NotImplementedError, naming its kernel."""
     out = result_type(*_operands(op, args))
     if out.category >= dtypes.FLOAT:
         described = ", ".join(getattr(a, "dtype", type(a).__name__).__str__() for a in _operands(op, args))
-        raise TypeError(f"{op.name}: only integer and bool tensors are supported, got {described}")
+        raise NotImplementedError(f"\"{_KERNEL_NAMES.get(op.name, op.name)}_cpu\" not implemented for "
+                                  f"'{dtypes.c10_name(out)}' (only integer and bool tensors are supported, got "
+                                  f"{described})")
     return out, out
 
 

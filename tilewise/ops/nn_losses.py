@@ -197,10 +197,14 @@ def _class_layout(op: str, input, target):
     return input, target.long(), False
 
 
-def _check_class_weight(op: str, weight, classes: int) -> None:
+def _check_class_weight(op: str, weight, classes: int, dtype=None) -> None:
+    """The weight holds one number per class; beside a target of class indices (``dtype``, the input's), of the
+    input's dtype, as torch's nll kernels take it (class probabilities promote with the weight instead)."""
     if weight is not None and (weight.ndim != 1 or weight.shape[0] != classes):
         raise RuntimeError(f"{op}: weight tensor should be defined either for all {classes} classes or no classes "
                            f"but got weight tensor of shape: {list(weight.shape)}")
+    if weight is not None and dtype is not None and weight.dtype != dtype:
+        raise RuntimeError(f"expected scalar type {dtypes.c10_name(dtype)} but found {dtypes.c10_name(weight.dtype)}")
 
 
 def _check_class_range(op: str, target, classes: int, ignore_index: int) -> None:
@@ -231,7 +235,7 @@ def _class_loss_reduction(loss, w, reduction: str):
 def _nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
     reduction = _reduction_mode("nll_loss", reduction, size_average, reduce)
     input, target, unbatched = _class_layout("nll_loss", input, target)
-    _check_class_weight("nll_loss", weight, input.shape[1])
+    _check_class_weight("nll_loss", weight, input.shape[1], input.dtype)
     _check_class_range("nll_loss", target, input.shape[1], ignore_index)
     loss = OPS["_nll_loss"](input, target, weight, reduction, ignore_index)[0]
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
@@ -350,7 +354,7 @@ def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-
     else:
         input, target, unbatched = _class_layout(op, input, target)
         _check_class_range(op, target, input.shape[1], ignore_index)
-    _check_class_weight(op, weight, input.shape[1])
+    _check_class_weight(op, weight, input.shape[1], None if target.dtype.is_floating_point else input.dtype)
     loss = OPS["_cross_entropy_loss"](input, target, weight, reduction, ignore_index, label_smoothing)[0]
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
 

@@ -366,9 +366,9 @@ for _name, _dunder in (("bitwise_and", ("and", "rand")), ("bitwise_or", ("or", "
 pointwise("bitwise_not(Tensor self) -> Tensor", lambda x: x.bitwise_not(), None, R.integral, dunder=("invert",),
           differentiable=False)
 pointwise("bitwise_left_shift(Tensor self, Tensor other) -> Tensor", lambda a, b: a.lshift(b), None, R.integral,
-          dunder=("lshift",), differentiable=False)
+          dunder=("lshift", "rlshift"), differentiable=False)
 pointwise("bitwise_right_shift(Tensor self, Tensor other) -> Tensor", lambda a, b: a.rshift(b), None, R.integral,
-          dunder=("rshift",), differentiable=False)
+          dunder=("rshift", "rrshift"), differentiable=False)
 pointwise("isnan(Tensor self) -> Tensor", lambda x: x.isnan(), None, R.logical_from_input, differentiable=False,
           out=False)
 pointwise("isinf(Tensor self) -> Tensor", lambda x: x.isinf(), None, R.logical_from_input, differentiable=False,

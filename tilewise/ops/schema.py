@@ -210,6 +210,8 @@ def _as_int_list(op: str, p: Param, value) -> tuple[int, ...]:
         else:
             return value  # the common case, already normalised
     value = _value_of(value)
+    if _is_int_like(value):  # a numpy integer (``x.sum(np.int64(1))``) is the int it holds
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,) * p.list_len if p.list_len and p.list_len > 1 else (value,)
     from tilewise.tensor import Tensor
@@ -270,7 +272,10 @@ def _check_scalar(op: str, p: Param, value):
         return value
     value = _value_of(value)
     if isinstance(value, Number):
-        return value
+        import numpy as np
+
+        # a numpy number is the Python number it holds (np.float64 is a float, yet formulas must not see its dtype)
+        return value.item() if isinstance(value, np.generic) else value
     from tilewise.tensor import Tensor
 
     if isinstance(value, Tensor) and value.ndim == 0:
@@ -296,12 +301,15 @@ def _check_tensor(op: str, p: Param, value):
         return value
     from tilewise.tensor import Tensor
 
-    if isinstance(value, (Tensor, Number)):
+    if isinstance(value, Tensor):
         return value
     import numpy as np
 
-    if isinstance(value, np.generic):
-        return value.item()
+    if isinstance(value, np.generic):  # before Number: np.float64 is a float, yet formulas must not see its dtype
+        # torch reads a numpy bool as the number 1.0 or 0.0 (``tensor([1, 2]) + np.bool_(True)`` is float)
+        return float(value) if isinstance(value, np.bool_) else value.item()
+    if isinstance(value, Number):
+        return value
     raise bad_argument(op, p.name, "Tensor" if not p.optional else "Tensor or None", value)
 
 

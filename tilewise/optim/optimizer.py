@@ -415,13 +415,13 @@ class Optimizer:
                 state_dict = result
         saved_groups = copy.deepcopy(state_dict["param_groups"])
         if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"loaded state dict has a different number of parameter groups ({len(saved_groups)}) "
-                             f"than the optimizer ({len(self.param_groups)})")
+            raise ValueError(f"loaded state dict has a different number of parameter groups ({len(saved_groups)} "
+                             f"saved, {len(self.param_groups)} in the optimizer)")
         for k, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
             if len(group["params"]) != len(saved["params"]):
-                raise ValueError(f"loaded state dict contains a parameter group {k} with {len(saved['params'])} "
-                                 "parameters, which doesn't match the size of optimizer's group "
-                                 f"({len(group['params'])})")
+                raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
+                                 f"optimizer's group (group {k}: {len(saved['params'])} parameters saved, "
+                                 f"{len(group['params'])} in the optimizer)")
         by_index = dict(zip(chain.from_iterable(g["params"] for g in saved_groups),
                             chain.from_iterable(g["params"] for g in self.param_groups)))
         device_step = {p: bool(g.get("capturable") or g.get("fused")) for g in saved_groups for p in g["params"]}

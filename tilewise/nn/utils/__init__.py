@@ -1,9 +1,9 @@
 """tilewise.nn.utils: gradient clipping, flattening parameters to one vector, weight and spectral normalisation,
 folding batch norms into the layer before them, module construction helpers, (``rnn``) padded and packed
-sequences, (``parametrize``, ``parametrizations``) tensors of a module computed from others at every read, and
-(``prune``) pruning of module tensors by masks."""
+sequences, (``parametrize``, ``parametrizations``) tensors of a module computed from others at every read,
+(``prune``) pruning of module tensors by masks, and (``stateless``) the older spelling of func.functional_call."""
 
-from tilewise.nn.utils import parametrizations, parametrize, prune, rnn
+from tilewise.nn.utils import parametrizations, parametrize, prune, rnn, stateless
 from tilewise.nn.utils.clip_grad import (
     clip_grad_norm,
     clip_grad_norm_,
@@ -29,4 +29,4 @@ __all__ = ["clip_grad_norm", "clip_grad_norm_", "clip_grad_value_", "clip_grads_
            "parameters_to_vector", "vector_to_parameters", "weight_norm", "remove_weight_norm", "spectral_norm",
            "remove_spectral_norm", "fuse_conv_bn_eval", "fuse_conv_bn_weights", "fuse_linear_bn_eval",
            "fuse_linear_bn_weights", "skip_init", "convert_conv2d_weight_memory_format",
-           "convert_conv3d_weight_memory_format", "rnn", "parametrize", "parametrizations", "prune"]
+           "convert_conv3d_weight_memory_format", "rnn", "parametrize", "parametrizations", "prune", "stateless"]
