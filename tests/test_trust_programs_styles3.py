@@ -1,0 +1,464 @@
+"""Sequence and continuous-depth programs in styles people publish, run under torch and under tilewise
+(``import tilewise as torch``) from the same initial weights and batches, as in ``test_trust_programs.py``, whose
+helpers these use: a Mamba-style selective state-space language model (its scan as a loop over time and in
+parallel), an RWKV-style model with its numerically stable WKV recurrence, and a neural ODE classifier integrated by
+a hand-written RK4, eager and compiled. Below the programs, the failures they met, each reduced to a test.
+"""
+# ruff: noqa: N803, N806, E741 — the programs keep the scripts' names (A_log, B, C, D, T, l)
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch as real_torch
+from test_trust_programs import assert_same, gradients, initial_state, numpy_of, run_both
+
+import tilewise
+
+LIBRARIES = [real_torch, tilewise]
+
+
+def token_batches(rng, steps=3, batch=2, length=6, vocab=13):
+    return [rng.integers(0, vocab, (batch, length + 1)).astype(np.int64) for _ in range(steps)]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A Mamba-style selective state-space language model, as the minimal re-implementations write it: the input projection
+# split into x and a gate, a depthwise causal Conv1d (padded by kernel - 1, then sliced), SiLU, a data-dependent step
+# delta through softplus, A = -exp(A_log), the selective scan either as a Python loop over time with einsum or in
+# parallel through a cumulative sum of log decays (a masked segment sum, exponentiated); RMSNorm, an embedding tied to
+# the head, AdamW decaying matrices only, clip_grad_norm_.
+
+def mamba_lm(torch, init, batches, scan="loop", vocab=13, d_model=8, n_layers=2):
+    nn, F = torch.nn, torch.nn.functional
+
+    class RMSNorm(nn.Module):
+        def __init__(self, d_model, eps=1e-5):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.ones(d_model))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+    class MambaBlock(nn.Module):
+        def __init__(self, d_model, d_state=4, d_conv=3, expand=2):
+            super().__init__()
+            self.d_inner = expand * d_model
+            self.dt_rank = math.ceil(d_model / 16)
+            self.in_proj = nn.Linear(d_model, self.d_inner * 2, bias=False)
+            self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, kernel_size=d_conv, groups=self.d_inner,
+                                    padding=d_conv - 1, bias=True)
+            self.x_proj = nn.Linear(self.d_inner, self.dt_rank + d_state * 2, bias=False)
+            self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
+            A = torch.arange(1, d_state + 1, dtype=torch.float32).repeat(self.d_inner, 1)
+            self.A_log = nn.Parameter(torch.log(A))
+            self.D = nn.Parameter(torch.ones(self.d_inner))
+            self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
+
+        def forward(self, x):
+            b, l, d = x.shape
+            x_and_res = self.in_proj(x)
+            x, res = x_and_res.split(split_size=[self.d_inner, self.d_inner], dim=-1)
+            x = x.transpose(1, 2)
+            x = self.conv1d(x)[:, :, :l]
+            x = x.transpose(1, 2)
+            x = F.silu(x)
+            y = self.ssm(x)
+            y = y * F.silu(res)
+            return self.out_proj(y)
+
+        def ssm(self, x):
+            d_in, n = self.A_log.shape
+            A = -torch.exp(self.A_log.float())
+            D = self.D.float()
+            x_dbl = self.x_proj(x)
+            delta, B, C = x_dbl.split(split_size=[self.dt_rank, n, n], dim=-1)
+            delta = F.softplus(self.dt_proj(delta))
+            if scan == "loop":
+                return self.selective_scan(x, delta, A, B, C, D)
+            return self.selective_scan_parallel(x, delta, A, B, C, D)
+
+        @staticmethod
+        def selective_scan(u, delta, A, B, C, D):
+            b, l, d_in = u.shape
+            n = A.shape[1]
+            deltaA = torch.exp(torch.einsum("bld,dn->bldn", delta, A))
+            deltaB_u = torch.einsum("bld,bln,bld->bldn", delta, B, u)
+            x = torch.zeros((b, d_in, n), device=deltaA.device)
+            ys = []
+            for i in range(l):
+                x = deltaA[:, i] * x + deltaB_u[:, i]
+                y = torch.einsum("bdn,bn->bd", x, C[:, i, :])
+                ys.append(y)
+            y = torch.stack(ys, dim=1)
+            return y + u * D
+
+        @staticmethod
+        def segsum(x):
+            T = x.size(-1)
+            x_cumsum = torch.cumsum(x, dim=-1)
+            x_segsum = x_cumsum[..., :, None] - x_cumsum[..., None, :]
+            mask = torch.tril(torch.ones(T, T, device=x.device, dtype=torch.bool), diagonal=0)
+            return x_segsum.masked_fill(~mask, -torch.inf)
+
+        @classmethod
+        def selective_scan_parallel(cls, u, delta, A, B, C, D):
+            dA = torch.einsum("bld,dn->bdnl", delta, A)
+            L = torch.exp(cls.segsum(dA))  # (b, d, n, t, s): the decay from s to t
+            deltaB_u = torch.einsum("bld,bln,bld->bdnl", delta, B, u)
+            h = torch.einsum("bdnts,bdns->btdn", L, deltaB_u)
+            y = torch.einsum("btdn,btn->btd", h, C)
+            return y + u * D
+
+    class ResidualBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mixer = MambaBlock(d_model)
+            self.norm = RMSNorm(d_model)
+
+        def forward(self, x):
+            return self.mixer(self.norm(x)) + x
+
+    class Mamba(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(vocab, d_model)
+            self.layers = nn.ModuleList([ResidualBlock() for _ in range(n_layers)])
+            self.norm_f = RMSNorm(d_model)
+            self.lm_head = nn.Linear(d_model, vocab, bias=False)
+            self.lm_head.weight = self.embedding.weight  # tied
+
+        def forward(self, input_ids):
+            x = self.embedding(input_ids)
+            for layer in self.layers:
+                x = layer(x)
+            return self.lm_head(self.norm_f(x))
+
+    model = Mamba()
+    record = {"init": initial_state(torch, model, init), "loss": [], "norm": [], "grads": []}
+    record["tied"] = model.lm_head.weight is model.embedding.weight
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    for tokens in batches:
+        tokens = torch.from_numpy(tokens)
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["norm"].append(norm.item())
+        record["grads"].append(gradients(model))
+    model.eval()
+    with torch.no_grad():
+        record["eval"] = numpy_of(model(torch.from_numpy(batches[0][:, :-1])).log_softmax(-1))
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+@pytest.mark.parametrize("scan", ["loop", "parallel"])
+def test_mamba_language_model_with_a_selective_scan_trains_like_torch(scan):
+    ours, theirs = run_both(mamba_lm, token_batches(np.random.default_rng(0)), scan=scan)
+    assert theirs["tied"] and ours["tied"]
+    assert_same(ours, theirs)
+
+
+def test_mamba_scan_in_parallel_agrees_with_the_loop():
+    batches = token_batches(np.random.default_rng(1), steps=2)
+    loop = run_both(mamba_lm, batches, scan="loop")
+    real_torch.manual_seed(0)
+    parallel_theirs = mamba_lm(real_torch, None, batches, scan="parallel")
+    parallel_ours = mamba_lm(tilewise, parallel_theirs["init"], batches, scan="parallel")
+    assert_same(parallel_ours["loss"], loop[0]["loss"], rtol=1e-4, atol=1e-5)
+    assert_same(parallel_theirs["loss"], loop[1]["loss"], rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# An RWKV-style language model (the v4 formulation): token shift through nn.ZeroPad2d((0, 0, 1, -1)) or F.pad with a
+# negative pad, time-mix interpolations, a learned per-channel decay in the WKV recurrence kept stable with
+# torch.maximum and exp of differences, channel-mix with squared ReLU, LayerNorm, Adam under a cosine schedule with
+# linear warmup through LambdaLR.
+
+def rwkv_lm(torch, init, batches, shift="zeropad", vocab=13, n_embd=8, n_layer=2, warmup=2, total=6):
+    nn, F = torch.nn, torch.nn.functional
+
+    class TokenShift(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pad = nn.ZeroPad2d((0, 0, 1, -1))
+
+        def forward(self, x):
+            return self.pad(x) if shift == "zeropad" else F.pad(x, (0, 0, 1, -1))
+
+    class TimeMix(nn.Module):
+        def __init__(self, layer_id):
+            super().__init__()
+            ratio_0_to_1 = layer_id / max(n_layer - 1, 1)
+            ratio_1_to_almost0 = 1.0 - layer_id / n_layer
+            decay_speed = torch.ones(n_embd)
+            for h in range(n_embd):
+                decay_speed[h] = -5 + 8 * (h / (n_embd - 1)) ** (0.7 + 1.3 * ratio_0_to_1)
+            self.time_decay = nn.Parameter(decay_speed)
+            zigzag = torch.tensor([(i + 1) % 3 - 1 for i in range(n_embd)]) * 0.5
+            self.time_first = nn.Parameter(torch.ones(n_embd) * math.log(0.3) + zigzag)
+            x = torch.ones(1, 1, n_embd)
+            for i in range(n_embd):
+                x[0, 0, i] = i / n_embd
+            self.time_mix_k = nn.Parameter(torch.pow(x, ratio_1_to_almost0))
+            self.time_mix_v = nn.Parameter(torch.pow(x, ratio_1_to_almost0) + 0.3 * ratio_0_to_1)
+            self.time_mix_r = nn.Parameter(torch.pow(x, 0.5 * ratio_1_to_almost0))
+            self.time_shift = TokenShift()
+            self.key = nn.Linear(n_embd, n_embd, bias=False)
+            self.value = nn.Linear(n_embd, n_embd, bias=False)
+            self.receptance = nn.Linear(n_embd, n_embd, bias=False)
+            self.output = nn.Linear(n_embd, n_embd, bias=False)
+
+        def wkv(self, k, v):
+            B, T, C = k.size()
+            w = -torch.exp(self.time_decay)
+            u = self.time_first
+            aa = torch.zeros(B, C, dtype=k.dtype)
+            bb = torch.zeros(B, C, dtype=k.dtype)
+            pp = torch.full((B, C), -1e38, dtype=k.dtype)
+            out = []
+            for t in range(T):
+                kk, vv = k[:, t], v[:, t]
+                ww = u + kk
+                p = torch.maximum(pp, ww)
+                e1 = torch.exp(pp - p)
+                e2 = torch.exp(ww - p)
+                out.append((e1 * aa + e2 * vv) / (e1 * bb + e2))
+                ww = w + pp
+                p = torch.maximum(ww, kk)
+                e1 = torch.exp(ww - p)
+                e2 = torch.exp(kk - p)
+                aa = e1 * aa + e2 * vv
+                bb = e1 * bb + e2
+                pp = p
+            return torch.stack(out, dim=1)
+
+        def forward(self, x):
+            xx = self.time_shift(x)
+            xk = x * self.time_mix_k + xx * (1 - self.time_mix_k)
+            xv = x * self.time_mix_v + xx * (1 - self.time_mix_v)
+            xr = x * self.time_mix_r + xx * (1 - self.time_mix_r)
+            k, v = self.key(xk), self.value(xv)
+            sr = torch.sigmoid(self.receptance(xr))
+            return self.output(sr * self.wkv(k, v))
+
+    class ChannelMix(nn.Module):
+        def __init__(self, layer_id):
+            super().__init__()
+            self.time_shift = TokenShift()
+            ratio_1_to_almost0 = 1.0 - layer_id / n_layer
+            x = torch.arange(n_embd, dtype=torch.float32).view(1, 1, n_embd) / n_embd
+            self.time_mix_k = nn.Parameter(torch.pow(x, ratio_1_to_almost0))
+            self.time_mix_r = nn.Parameter(torch.pow(x, ratio_1_to_almost0))
+            self.key = nn.Linear(n_embd, 4 * n_embd, bias=False)
+            self.receptance = nn.Linear(n_embd, n_embd, bias=False)
+            self.value = nn.Linear(4 * n_embd, n_embd, bias=False)
+
+        def forward(self, x):
+            xx = self.time_shift(x)
+            xk = x * self.time_mix_k + xx * (1 - self.time_mix_k)
+            xr = x * self.time_mix_r + xx * (1 - self.time_mix_r)
+            k = torch.square(torch.relu(self.key(xk)))
+            kv = self.value(k)
+            return torch.sigmoid(self.receptance(xr)) * kv
+
+    class Block(nn.Module):
+        def __init__(self, layer_id):
+            super().__init__()
+            self.ln0 = nn.LayerNorm(n_embd) if layer_id == 0 else None
+            self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+            self.att, self.ffn = TimeMix(layer_id), ChannelMix(layer_id)
+
+        def forward(self, x):
+            if self.ln0 is not None:
+                x = self.ln0(x)
+            x = x + self.att(self.ln1(x))
+            return x + self.ffn(self.ln2(x))
+
+    class RWKV(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, n_embd)
+            self.blocks = nn.Sequential(*[Block(i) for i in range(n_layer)])
+            self.ln_out = nn.LayerNorm(n_embd)
+            self.head = nn.Linear(n_embd, vocab, bias=False)
+
+        def forward(self, idx):
+            return self.head(self.ln_out(self.blocks(self.emb(idx))))
+
+    model = RWKV()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "lr": []}
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.99), eps=1e-8)
+
+    def lr_lambda(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+    for tokens in batches:
+        tokens = torch.from_numpy(tokens)
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        record["lr"].append(scheduler.get_last_lr()[0])
+        scheduler.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+    with torch.no_grad():
+        record["eval"] = numpy_of(model(torch.from_numpy(batches[0][:, :-1])))
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+@pytest.mark.parametrize("shift", ["zeropad", "negative_pad"])
+def test_rwkv_language_model_with_a_stable_wkv_recurrence_trains_like_torch(shift):
+    ours, theirs = run_both(rwkv_lm, token_batches(np.random.default_rng(2), steps=4), shift=shift)
+    assert theirs["lr"][0] < theirs["lr"][1]  # warmup
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A neural ODE classifier: an encoder, a tanh MLP vector field taking time as an extra input (a 0-d time expanded over
+# the batch and concatenated), integrated from 0 to 1 by a fixed-step RK4 written in Python, a linear head; SGD with
+# Nesterov momentum and weight decay. The same program runs with the model compiled (torch.compile on torch's side,
+# tilewise.compile on tilewise's).
+
+def neural_ode(torch, init, batches, compiled=False, steps=4, dim=4, hidden=16):
+    nn, F = torch.nn, torch.nn.functional
+
+    class ODEFunc(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(dim + 1, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+                                     nn.Linear(hidden, dim))
+            self.nfe = 0
+
+        def forward(self, t, y):
+            self.nfe += 1
+            tt = t.expand(y.shape[0], 1)
+            return self.net(torch.cat([y, tt], dim=1))
+
+    def rk4(func, y0, t0=0.0, t1=1.0, n=steps):
+        h = (t1 - t0) / n
+        y = y0
+        for i in range(n):
+            t = torch.tensor([[t0 + i * h]], dtype=y.dtype)
+            k1 = func(t, y)
+            k2 = func(t + h / 2, y + h / 2 * k1)
+            k3 = func(t + h / 2, y + h / 2 * k2)
+            k4 = func(t + h, y + h * k3)
+            y = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        return y
+
+    class ODEBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.odefunc = ODEFunc()
+
+        def forward(self, x):
+            return rk4(self.odefunc, x)
+
+    class ODENet(nn.Module):
+        def __init__(self, in_features=2, num_classes=3):
+            super().__init__()
+            self.encoder = nn.Linear(in_features, dim)
+            self.ode = ODEBlock()
+            self.fc = nn.Linear(dim, num_classes)
+
+        def forward(self, x):
+            return self.fc(self.ode(torch.tanh(self.encoder(x))))
+
+    model = ODENet()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": []}
+    run = torch.compile(model) if compiled else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    for x, y in batches:
+        x, y = torch.from_numpy(x), torch.from_numpy(y)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(run(x), y)
+        loss.backward()
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+    model.eval()
+    with torch.no_grad():
+        logits = run(torch.from_numpy(batches[0][0]))
+        record["accuracy"] = (logits.argmax(1) == torch.from_numpy(batches[0][1])).float().mean().item()
+        record["eval"] = numpy_of(logits)
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def spirals(rng, steps=4, batch=12):
+    batches = []
+    for _ in range(steps):
+        y = rng.integers(0, 3, batch)
+        r = rng.uniform(0.2, 1.0, batch)
+        theta = 2.5 * r + y * 2 * np.pi / 3 + rng.normal(0, 0.1, batch)
+        x = np.stack([r * np.cos(theta), r * np.sin(theta)], 1).astype(np.float32)
+        batches.append((x, y.astype(np.int64)))
+    return batches
+
+
+def test_neural_ode_classifier_with_rk4_and_nesterov_sgd_trains_like_torch():
+    ours, theirs = run_both(neural_ode, spirals(np.random.default_rng(4)))
+    assert_same(ours, theirs)
+
+
+def test_neural_ode_classifier_compiled_trains_as_it_does_eagerly():
+    batches = spirals(np.random.default_rng(5), steps=3)
+    eager_ours, eager_theirs = run_both(neural_ode, batches)
+    compiled_ours = neural_ode(tilewise, eager_theirs["init"], batches, compiled=True)
+    real_torch.manual_seed(0)
+    compiled_theirs = neural_ode(real_torch, None, batches, compiled=True)
+    assert_same(compiled_ours["loss"], eager_ours["loss"])
+    assert_same(compiled_ours, compiled_theirs)
+    assert_same(eager_ours, eager_theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# What the programs met, reduced.
+
+def raised(call, torch):
+    try:
+        call(torch)
+    except Exception as exc:  # noqa: BLE001 — the exception itself is what is compared
+        return exc
+    return None
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+def test_tensor_split_names_its_sizes_split_size_as_torch(torch):
+    # x.split(split_size=[...]) as Mamba's reference code calls it; torch.split's keyword is split_size_or_sections
+    x = torch.arange(6.0)
+    assert [t.tolist() for t in x.split(split_size=[2, 4], dim=-1)] == [[0.0, 1.0], [2.0, 3.0, 4.0, 5.0]]
+    assert [t.tolist() for t in x.split(split_size=4)] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0]]
+    assert [t.tolist() for t in torch.split(x, split_size_or_sections=[5, 1])] == [[0.0, 1.0, 2.0, 3.0, 4.0], [5.0]]
+    exc = raised(lambda t: x.split(split_size_or_sections=2), torch)
+    assert type(exc) is TypeError and "got an unexpected keyword argument 'split_size_or_sections'" in str(exc)
+    exc = raised(lambda t: t.split(x, split_size=2), torch)
+    assert type(exc) is TypeError and "got an unexpected keyword argument 'split_size'" in str(exc)
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+def test_the_module_exports_torchs_constants(torch):
+    # x.masked_fill(~mask, -torch.inf), as Mamba-2's segment sum writes it
+    assert torch.inf == math.inf and math.isnan(torch.nan) and torch.pi == math.pi and torch.e == math.e
+    assert torch.newaxis is None
+    x = torch.zeros(2, 2).masked_fill(~torch.tril(torch.ones(2, 2, dtype=torch.bool)), -torch.inf)
+    assert x.tolist() == [[0.0, -math.inf], [0.0, 0.0]]
