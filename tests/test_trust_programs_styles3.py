@@ -432,6 +432,331 @@ def test_neural_ode_classifier_compiled_trains_as_it_does_eagerly():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Mamba's reference initialisation and its recurrent inference: dt_proj's bias set to softplus^-1 of a log-uniform
+# step (expm1, clamp, copy_ under no_grad, a _no_reinit flag on the Parameter), A_log and D flagged _no_weight_decay and
+# grouped by that flag; then step-by-step decoding with a rolling conv state written in place and an SSM state,
+# against the full sequence's logits, and a greedy generation loop.
+
+def mamba_inference(torch, init, batches, rolls, d_model=8, d_state=4, d_conv=4, vocab=11, dt_min=1e-3, dt_max=0.1):
+    nn, F = torch.nn, torch.nn.functional
+    d_inner, dt_rank = 2 * d_model, math.ceil(d_model / 16)
+
+    class Mixer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.in_proj = nn.Linear(d_model, d_inner * 2, bias=False)
+            self.conv1d = nn.Conv1d(d_inner, d_inner, d_conv, groups=d_inner, padding=d_conv - 1)
+            self.x_proj = nn.Linear(d_inner, dt_rank + 2 * d_state, bias=False)
+            self.dt_proj = nn.Linear(dt_rank, d_inner, bias=True)
+            dt_init_std = dt_rank ** -0.5
+            nn.init.uniform_(self.dt_proj.weight, -dt_init_std, dt_init_std)
+            dt = torch.exp(torch.from_numpy(rolls) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+            dt = dt.clamp(min=1e-4)
+            inv_dt = dt + torch.log(-torch.expm1(-dt))
+            with torch.no_grad():
+                self.dt_proj.bias.copy_(inv_dt)
+            self.dt_proj.bias._no_reinit = True
+            A = torch.arange(1, d_state + 1, dtype=torch.float32)[None, :].expand(d_inner, -1).contiguous()
+            self.A_log = nn.Parameter(torch.log(A))
+            self.A_log._no_weight_decay = True
+            self.D = nn.Parameter(torch.ones(d_inner))
+            self.D._no_weight_decay = True
+            self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+
+        def forward(self, hidden):
+            L = hidden.shape[1]
+            xz = self.in_proj(hidden).transpose(1, 2)  # (b, 2 * d_inner, l)
+            x, z = xz.chunk(2, dim=1)
+            x = F.silu(self.conv1d(x)[..., :L])
+            x_dbl = self.x_proj(x.transpose(1, 2))
+            dt, B, C = torch.split(x_dbl, [dt_rank, d_state, d_state], dim=-1)
+            dt = F.softplus(self.dt_proj(dt))  # (b, l, d_inner)
+            A = -torch.exp(self.A_log.float())
+            state = x.new_zeros(x.shape[0], d_inner, d_state)
+            ys = []
+            for t in range(L):
+                dA = torch.exp(dt[:, t, :, None] * A)
+                dBx = dt[:, t, :, None] * B[:, t, None, :] * x[:, :, t, None]
+                state = state * dA + dBx
+                ys.append((state @ C[:, t, :, None]).squeeze(-1))
+            y = torch.stack(ys, dim=-1) + x * self.D[:, None]
+            y = y * F.silu(z)
+            return self.out_proj(y.transpose(1, 2))
+
+        def step(self, hidden, conv_state, ssm_state):
+            xz = self.in_proj(hidden.squeeze(1))
+            x, z = xz.chunk(2, dim=-1)
+            conv_state.copy_(torch.roll(conv_state, shifts=-1, dims=-1))
+            conv_state[:, :, -1] = x
+            x = torch.sum(conv_state * self.conv1d.weight.squeeze(1), dim=-1)
+            x = F.silu(x + self.conv1d.bias)
+            dt, B, C = torch.split(self.x_proj(x), [dt_rank, d_state, d_state], dim=-1)
+            dt = F.softplus(F.linear(dt, self.dt_proj.weight, self.dt_proj.bias))
+            A = -torch.exp(self.A_log.float())
+            dA = torch.exp(torch.einsum("bd,dn->bdn", dt, A))
+            dB = torch.einsum("bd,bn->bdn", dt, B)
+            ssm_state.copy_(ssm_state * dA + x.unsqueeze(-1) * dB)
+            y = torch.einsum("bdn,bn->bd", ssm_state.to(x.dtype), C)
+            y = y + self.D.to(x.dtype) * x
+            y = y * F.silu(z)
+            return self.out_proj(y).unsqueeze(1)
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(vocab, d_model)
+            self.mixer = Mixer()
+            self.norm = nn.LayerNorm(d_model)
+            self.lm_head = nn.Linear(d_model, vocab, bias=False)
+            self.lm_head.weight = self.embedding.weight
+
+        def forward(self, ids):
+            h = self.embedding(ids)
+            return self.lm_head(self.norm(h + self.mixer(h)))
+
+        def step(self, ids, conv_state, ssm_state):
+            h = self.embedding(ids)
+            return self.lm_head(self.norm(h + self.mixer.step(h, conv_state, ssm_state)))
+
+    model = LM()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": []}
+    record["flags"] = {n: float(getattr(p, "_no_weight_decay", False)) for n, p in model.named_parameters()}
+    no_wd = [p for p in model.parameters() if getattr(p, "_no_weight_decay", False)]
+    wd = [p for p in model.parameters() if not getattr(p, "_no_weight_decay", False)]
+    optimizer = torch.optim.AdamW([{"params": wd}, {"params": no_wd, "weight_decay": 0.0}], lr=1e-2,
+                                  weight_decay=0.1)
+    for tokens in batches:
+        tokens = torch.from_numpy(tokens)
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+    model.eval()
+    with torch.inference_mode():
+        ids = torch.from_numpy(batches[0][:, :-1])
+        full = model(ids)
+        b = ids.shape[0]
+        conv_state = torch.zeros(b, d_inner, d_conv)
+        ssm_state = torch.zeros(b, d_inner, d_state)
+        steps = [model.step(ids[:, t:t + 1], conv_state, ssm_state) for t in range(ids.shape[1])]
+        record["full"], record["stepped"] = numpy_of(full), numpy_of(torch.cat(steps, dim=1))
+        generated = ids[:, -1:]
+        out = []
+        for _ in range(4):
+            nxt = model.step(generated, conv_state, ssm_state)[:, -1].argmax(-1, keepdim=True)
+            out.append(nxt)
+            generated = nxt
+        record["generated"] = numpy_of(torch.cat(out, dim=1))
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def test_mamba_initialisation_and_recurrent_decoding_match_torch():
+    rng = np.random.default_rng(6)
+    ours, theirs = run_both(mamba_inference, token_batches(rng, steps=2, vocab=11), rng.random(16).astype(np.float32))
+    assert [n for n, flag in theirs["flags"].items() if flag] == ["mixer.A_log", "mixer.D"]
+    np.testing.assert_allclose(theirs["stepped"], theirs["full"], rtol=1e-4, atol=1e-5)
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# RWKV run as an RNN: the same time-mix and channel-mix weights applied one token at a time with a state of five
+# vectors per layer (the previous inputs, and the WKV numerator, denominator and running maximum), F.layer_norm with
+# explicit weights, against the parallel formulation over the whole sequence.
+
+def rwkv_rnn(torch, init, tokens, n_embd=8, vocab=11):
+    nn, F = torch.nn, torch.nn.functional
+
+    class RWKV(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, n_embd)
+            self.ln1, self.ln2, self.ln_out = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+            self.time_decay = nn.Parameter(torch.linspace(-2, 1, n_embd))
+            self.time_first = nn.Parameter(torch.full((n_embd,), math.log(0.3)))
+            self.att_mix = nn.Parameter(torch.rand(3, n_embd))
+            self.ffn_mix = nn.Parameter(torch.rand(2, n_embd))
+            self.att = nn.ModuleDict({k: nn.Linear(n_embd, n_embd, bias=False) for k in ("key", "value", "recept",
+                                                                                          "output")})
+            self.ffn_key = nn.Linear(n_embd, 4 * n_embd, bias=False)
+            self.ffn_value = nn.Linear(4 * n_embd, n_embd, bias=False)
+            self.ffn_recept = nn.Linear(n_embd, n_embd, bias=False)
+            self.head = nn.Linear(n_embd, vocab, bias=False)
+
+        def layer_norm(self, x, ln):
+            return F.layer_norm(x, (n_embd,), weight=ln.weight, bias=ln.bias)
+
+        def channel_mixing(self, x, last_x):
+            k = self.ffn_key(x * self.ffn_mix[0] + last_x * (1 - self.ffn_mix[0]))
+            r = self.ffn_recept(x * self.ffn_mix[1] + last_x * (1 - self.ffn_mix[1]))
+            return torch.sigmoid(r) * self.ffn_value(torch.square(torch.relu(k)))
+
+        def time_mixing(self, x, last_x, num, den, pmax):
+            mk, mv, mr = self.att_mix.unbind(0)
+            k = self.att["key"](x * mk + last_x * (1 - mk))
+            v = self.att["value"](x * mv + last_x * (1 - mv))
+            r = self.att["recept"](x * mr + last_x * (1 - mr))
+            ww = self.time_first + k
+            q = torch.maximum(pmax, ww)
+            e1, e2 = torch.exp(pmax - q), torch.exp(ww - q)
+            wkv = (e1 * num + e2 * v) / (e1 * den + e2)
+            ww = pmax - torch.exp(self.time_decay)
+            q = torch.maximum(ww, k)
+            e1, e2 = torch.exp(ww - q), torch.exp(k - q)
+            return self.att["output"](torch.sigmoid(r) * wkv), (e1 * num + e2 * v, e1 * den + e2, q)
+
+        def forward(self, token, state):
+            x = self.emb(token)
+            xa = self.layer_norm(x, self.ln1)
+            dx, (num, den, pmax) = self.time_mixing(xa, state[0], state[1], state[2], state[3])
+            x = x + dx
+            xf = self.layer_norm(x, self.ln2)
+            x = x + self.channel_mixing(xf, state[4])
+            state = torch.stack([xa, num, den, pmax, xf])
+            return self.head(self.layer_norm(x, self.ln_out)), state
+
+    model = RWKV()
+    record = {"init": initial_state(torch, model, init), "loss": []}
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for seq in tokens:
+        seq = torch.from_numpy(seq)
+        state = torch.zeros(5, seq.shape[0], n_embd)
+        state[3] = -1e30
+        losses = []
+        for t in range(seq.shape[1] - 1):
+            logits, state = model(seq[:, t], state)
+            losses.append(F.cross_entropy(logits, seq[:, t + 1], reduction="none"))
+        loss = torch.stack(losses, dim=1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        record["loss"].append(loss.item())
+    record["grads"] = gradients(model)
+    with torch.no_grad():
+        state = torch.zeros(5, 1, n_embd)
+        state[3].fill_(-1e30)
+        probs = []
+        for token in tokens[0][0]:
+            logits, state = model(torch.tensor([int(token)]), state)
+            probs.append(F.softmax(logits, dim=-1))
+        record["probs"] = numpy_of(torch.cat(probs))
+        record["state"] = numpy_of(state)
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def test_rwkv_as_an_rnn_with_a_stacked_state_trains_like_torch():
+    ours, theirs = run_both(rwkv_rnn, token_batches(np.random.default_rng(7), steps=3, vocab=11))
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A continuous normalizing flow (FFJORD-style) on 2-d points: the dynamics and the log-density change integrated
+# together by an odeint over a torch.linspace grid (RK4, the 3/8 rule), the divergence by Hutchinson's estimator
+# (a vector-Jacobian product of the dynamics with autograd.grad(create_graph=True), with numpy-drawn Rademacher
+# noise) and exactly (one autograd.grad per coordinate); Adam, with clipping by value.
+
+def cnf(torch, init, batches, exact=False, hidden=16, dim=2):
+    nn = torch.nn
+
+    class ConcatSquash(nn.Module):
+        def __init__(self, d_in, d_out):
+            super().__init__()
+            self.layer = nn.Linear(d_in, d_out)
+            self.hyper_gate = nn.Linear(1, d_out)
+            self.hyper_bias = nn.Linear(1, d_out, bias=False)
+
+        def forward(self, t, x):
+            t = t.view(1, 1)
+            return self.layer(x) * torch.sigmoid(self.hyper_gate(t)) + self.hyper_bias(t)
+
+    class ODEnet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([ConcatSquash(dim, hidden), ConcatSquash(hidden, hidden),
+                                         ConcatSquash(hidden, dim)])
+
+        def forward(self, t, x):
+            for i, layer in enumerate(self.layers):
+                x = layer(t, x)
+                if i < len(self.layers) - 1:
+                    x = nn.functional.softplus(x)
+            return x
+
+    class CNFFunc(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = ODEnet()
+            self.noise = None
+
+        def forward(self, t, states):
+            z = states[0]
+            with torch.set_grad_enabled(True):
+                if not z.requires_grad:
+                    z.requires_grad_(True)
+                dz = self.net(t, z)
+                if exact:
+                    div = 0.0
+                    for i in range(z.shape[1]):
+                        div += torch.autograd.grad(dz[:, i].sum(), z, create_graph=True)[0][:, i]
+                    div = div.view(-1, 1)
+                else:
+                    e_dzdx = torch.autograd.grad(dz, z, self.noise, create_graph=True)[0]
+                    div = (e_dzdx * self.noise).view(z.shape[0], -1).sum(dim=1, keepdim=True)
+            return dz, -div
+
+    def odeint(func, y0, t):
+        ys = y0
+        for t0, t1 in zip(t[:-1], t[1:]):
+            dt = t1 - t0
+            k1 = func(t0, ys)
+            k2 = func(t0 + dt / 3, tuple(y + dt * a / 3 for y, a in zip(ys, k1)))
+            k3 = func(t0 + dt * 2 / 3, tuple(y + dt * (b - a / 3) for y, a, b in zip(ys, k1, k2)))
+            k4 = func(t1, tuple(y + dt * (a - b + c) for y, a, b, c in zip(ys, k1, k2, k3)))
+            ys = tuple(y + (a + 3 * (b + c) + d) * dt * 0.125 for y, a, b, c, d in zip(ys, k1, k2, k3, k4))
+        return ys
+
+    func = CNFFunc()
+    record = {"init": initial_state(torch, func, init), "loss": [], "grads": []}
+    optimizer = torch.optim.Adam(func.parameters(), lr=5e-3, weight_decay=1e-5)
+    times = torch.linspace(0.0, 1.0, 3)
+    for x, noise in batches:
+        x, func.noise = torch.from_numpy(x), torch.from_numpy(noise)
+        logp_diff_t0 = torch.zeros(x.shape[0], 1, dtype=torch.float32)
+        z_t1, logp_diff_t1 = odeint(func, (x, logp_diff_t0), times)
+        logp_x = (-0.5 * z_t1.pow(2).sum(1, keepdim=True) - math.log(2 * math.pi)) - logp_diff_t1
+        loss = -logp_x.mean(0)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_value_(func.parameters(), 1.0)
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(func))
+    record["final"] = {k: numpy_of(v) for k, v in func.state_dict().items()}
+    return record
+
+
+def two_moons(rng, steps=3, batch=8):
+    batches = []
+    for _ in range(steps):
+        theta = rng.uniform(0, np.pi, batch)
+        side = rng.integers(0, 2, batch)
+        x = np.stack([np.cos(theta) + side, np.sin(theta) * (1 - 2 * side) + 0.5 * side], 1)
+        noise = rng.choice([-1.0, 1.0], (batch, 2))
+        batches.append(((x + 0.05 * rng.standard_normal(x.shape)).astype(np.float32), noise.astype(np.float32)))
+    return batches
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["hutchinson", "exact"])
+def test_continuous_normalizing_flow_with_a_trace_estimator_trains_like_torch(exact):
+    ours, theirs = run_both(cnf, two_moons(np.random.default_rng(8)), exact=exact)
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # What the programs met, reduced.
 
 def raised(call, torch):
