@@ -31,7 +31,7 @@ def token_batches(rng, steps=3, batch=2, length=6, vocab=13):
 # parallel through a cumulative sum of log decays (a masked segment sum, exponentiated); RMSNorm, an embedding tied to
 # the head, AdamW decaying matrices only, clip_grad_norm_.
 
-def mamba_lm(torch, init, batches, scan="loop", vocab=13, d_model=8, n_layers=2):
+def mamba_lm(torch, init, batches, scan="loop", vocab=13, d_model=8, n_layers=2, compiled=False):
     nn, F = torch.nn, torch.nn.functional
 
     class RMSNorm(nn.Module):
@@ -139,6 +139,7 @@ def mamba_lm(torch, init, batches, scan="loop", vocab=13, d_model=8, n_layers=2)
 
     model = Mamba()
     record = {"init": initial_state(torch, model, init), "loss": [], "norm": [], "grads": []}
+    run = torch.compile(model) if compiled else model
     record["tied"] = model.lm_head.weight is model.embedding.weight
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -147,7 +148,7 @@ def mamba_lm(torch, init, batches, scan="loop", vocab=13, d_model=8, n_layers=2)
     for tokens in batches:
         tokens = torch.from_numpy(tokens)
         x, y = tokens[:, :-1], tokens[:, 1:]
-        logits = model(x)
+        logits = run(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -180,13 +181,26 @@ def test_mamba_scan_in_parallel_agrees_with_the_loop():
     assert_same(parallel_theirs["loss"], loop[1]["loss"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("program", ["mamba loop", "mamba parallel", "rwkv"])
+def test_sequence_models_compiled_by_tilewise_train_as_they_do_eagerly(program):
+    # tilewise.compile over the Python loops over time: one graph per step's shapes, the same numbers as eagerly
+    prog, kwargs = {"mamba loop": (mamba_lm, {"scan": "loop"}), "mamba parallel": (mamba_lm, {"scan": "parallel"}),
+                    "rwkv": (rwkv_lm, {})}[program]
+    batches = token_batches(np.random.default_rng(3), steps=2)
+    eager, theirs = run_both(prog, batches, **kwargs)
+    compiled = prog(tilewise, theirs["init"], batches, compiled=True, **kwargs)
+    assert_same(compiled, eager, rtol=1e-4, atol=1e-5)
+    assert_same(compiled, theirs)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # An RWKV-style language model (the v4 formulation): token shift through nn.ZeroPad2d((0, 0, 1, -1)) or F.pad with a
 # negative pad, time-mix interpolations, a learned per-channel decay in the WKV recurrence kept stable with
 # torch.maximum and exp of differences, channel-mix with squared ReLU, LayerNorm, Adam under a cosine schedule with
 # linear warmup through LambdaLR.
 
-def rwkv_lm(torch, init, batches, shift="zeropad", vocab=13, n_embd=8, n_layer=2, warmup=2, total=6):
+def rwkv_lm(torch, init, batches, shift="zeropad", vocab=13, n_embd=8, n_layer=2, warmup=2, total=6,
+            compiled=False):
     nn, F = torch.nn, torch.nn.functional
 
     class TokenShift(nn.Module):
@@ -299,6 +313,7 @@ def rwkv_lm(torch, init, batches, shift="zeropad", vocab=13, n_embd=8, n_layer=2
 
     model = RWKV()
     record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "lr": []}
+    run = torch.compile(model) if compiled else model
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.99), eps=1e-8)
 
     def lr_lambda(step):
@@ -310,7 +325,7 @@ def rwkv_lm(torch, init, batches, shift="zeropad", vocab=13, n_embd=8, n_layer=2
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
     for tokens in batches:
         tokens = torch.from_numpy(tokens)
-        logits = model(tokens[:, :-1])
+        logits = run(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad()
         loss.backward()
@@ -787,3 +802,176 @@ def test_the_module_exports_torchs_constants(torch):
     assert torch.newaxis is None
     x = torch.zeros(2, 2).masked_fill(~torch.tril(torch.ones(2, 2, dtype=torch.bool)), -torch.inf)
     assert x.tolist() == [[0.0, -math.inf], [0.0, 0.0]]
+
+
+# Heinsen's parallel scan, as log-space linear recurrences (minGRU, Mamba-like) publish it: log of negative or complex
+# values, logcumsumexp over complex numbers, its gradient; and the complex gradients it leads to (a complex number
+# operand's conjugate, pow's, prod's and cumprod's)
+
+def heinsen_scan(torch, log_coeffs, log_values):
+    a_star = torch.cumsum(log_coeffs, dim=1)
+    log_h0_plus_b_star = torch.logcumsumexp(log_values - a_star, dim=1)
+    return torch.exp(a_star + log_h0_plus_b_star)
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_logcumsumexp_of_complex_numbers_and_its_gradient_match_torch(dtype):
+    rng = np.random.default_rng(9)
+    coeffs = rng.uniform(0.5, 0.99, (2, 5, 3))
+    values = rng.standard_normal((2, 5, 3))  # negative values: their logs are complex
+    seen = []
+    for torch in LIBRARIES:
+        dt = getattr(torch, dtype)
+        c = torch.tensor(coeffs, dtype=dt, requires_grad=True)
+        v = torch.tensor(values, dtype=dt, requires_grad=True)
+        h = heinsen_scan(torch, torch.log(c), torch.log(v))
+        (h.real * torch.linspace(-1, 1, 3)).sum().backward()
+        seen.append([numpy_of(h), numpy_of(c.grad), numpy_of(v.grad)])
+    assert_same(seen[1], seen[0], rtol=1e-4, atol=1e-5)
+    recurrence, h = [], np.zeros((2, 3))
+    for t in range(5):
+        h = coeffs[:, t] * h + values[:, t]
+        recurrence.append(h)
+    np.testing.assert_allclose(seen[1][0].real, np.stack(recurrence, 1), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+def test_logcumsumexp_at_infinities_and_of_integers_as_torch(torch):
+    inf, nan = math.inf, math.nan
+    x = torch.tensor([[complex(-inf, 0), 1 + 1j, complex(inf, 0.5), 2], [complex(-inf, 0), complex(-inf, 1), 1j, nan]])
+    out = torch.logcumsumexp(x, 1)
+    assert out[0].tolist()[:2] == [complex(-inf, 0), 1 + 1j] and out[0, 2].real == inf and out[0, 3].real == inf
+    assert out[1].tolist()[:3] == [complex(-inf, 0), complex(-inf, 0), 1j] and math.isnan(out[1, 3].real)
+    for dtype, name in ((torch.int64, "Long"), (torch.bool, "Bool"), (torch.int8, "Char")):
+        exc = raised(lambda t, dtype=dtype: t.logcumsumexp(t.tensor([1, 0], dtype=dtype), 0), torch)
+        assert type(exc) is NotImplementedError and f'"logcumsumexp_out_cpu" not implemented for \'{name}\'' in str(exc)
+
+
+COMPLEX_GRADIENTS = {
+    "x * complex": lambda t, x: x * (1 + 1j),
+    "complex * x": lambda t, x: (1 - 2j) * x,
+    "x / complex": lambda t, x: x / (1 + 1j),
+    "x.mul(complex)": lambda t, x: x.mul(0.5j),
+    "x ** complex": lambda t, x: x ** (1 + 1j),
+    "complex ** x": lambda t, x: (1 + 1j) ** x,
+    "x ** complex tensor": lambda t, x: x ** t.tensor([2 + 1j, 0.5j, 1.0]),
+    "complex tensor ** x": lambda t, x: t.tensor([2 + 1j, 0.5j, 1.0]) ** x,
+    "x ** x": lambda t, x: t.pow(x, x),
+    "prod": lambda t, x: x.prod() * (1 + 1j),
+    "prod(dim)": lambda t, x: x.reshape(1, 3).prod(1),
+    "cumsum": lambda t, x: x.cumsum(0) * t.tensor([1j, 2.0, -1.0]),
+    "cumprod": lambda t, x: x.cumprod(0) * t.tensor([1 + 1j, 2.0, -1j]),
+    "cumprod with a zero": lambda t, x: (x * t.tensor([1.0, 0.0, 1.0])).cumprod(0) * (1 - 1j),
+}
+
+
+@pytest.mark.parametrize("case", COMPLEX_GRADIENTS)
+def test_gradients_of_complex_arithmetic_match_torch(case):
+    seen = []
+    for torch in LIBRARIES:
+        x = torch.tensor([1 + 2j, -3 + 0.5j, 0.1 - 1j], requires_grad=True)
+        y = COMPLEX_GRADIENTS[case](torch, x)
+        (g,) = torch.autograd.grad((y.real + 0.5 * y.imag).sum(), x, create_graph=True)
+        record = [numpy_of(y), numpy_of(g), float(g.requires_grad)]
+        if g.requires_grad:  # not where y is linear in x
+            record.append(numpy_of(torch.autograd.grad(g.abs().sum(), x)[0]))
+        seen.append(record)
+    assert_same(seen[1], seen[0], rtol=1e-4, atol=1e-5)
+
+
+# S4D-style kernels (a complex diagonal state matrix, its Vandermonde product by einsum, an FFT convolution) and
+# complex parameters trained by torch's optimizers
+
+def s4d_kernel(torch, params, u, L):
+    dt = torch.exp(params["log_dt"])
+    C = torch.view_as_complex(params["C"])
+    A = -torch.exp(params["log_A_real"]) + 1j * params["A_imag"]
+    dtA = A * dt.unsqueeze(-1)
+    K = dtA.unsqueeze(-1) * torch.arange(L)
+    C = C * (torch.exp(dtA) - 1.0) / A
+    K = 2 * torch.einsum("hn, hnl -> hl", C, torch.exp(K)).real
+    y = torch.fft.irfft(torch.fft.rfft(u, n=2 * L) * torch.fft.rfft(K, n=2 * L), n=2 * L)[..., :L]
+    return y + u * params["D"].unsqueeze(-1)
+
+
+def test_s4d_convolution_kernel_and_its_gradients_match_torch():
+    rng = np.random.default_rng(10)
+    H, N, L = 3, 4, 8
+    values = {"log_dt": rng.uniform(-3, -1, H), "C": rng.standard_normal((H, N, 2)),
+              "log_A_real": np.log(0.5 * np.ones((H, N))), "A_imag": math.pi * np.tile(np.arange(N), (H, 1)),
+              "D": rng.standard_normal(H)}
+    u = rng.standard_normal((2, H, L)).astype(np.float32)
+    seen = []
+    for torch in LIBRARIES:
+        params = {k: torch.tensor(v, dtype=torch.float32, requires_grad=True) for k, v in values.items()}
+        y = s4d_kernel(torch, params, torch.from_numpy(u), L)
+        torch.nn.functional.gelu(y).pow(2).mean().backward()
+        seen.append([numpy_of(y), {k: numpy_of(p.grad) for k, p in params.items()}])
+    assert_same(seen[1], seen[0], rtol=1e-4, atol=1e-5)
+
+
+MATRIX_GRADIENTS = {
+    "mm": lambda t, a, b: a @ b,
+    "bmm": lambda t, a, b: a.expand(2, 3, 4).bmm(b.expand(2, 4, 5)),
+    "einsum": lambda t, a, b: t.einsum("ij,jk->ik", a, b),
+    "linear": lambda t, a, b: t.nn.functional.linear(a, b.T, b[0]),
+    "addmm": lambda t, a, b: t.addmm(b[0, :5], a, b, beta=0.5, alpha=2.0),
+    "mv": lambda t, a, b: t.mv(a, b[:, 0]),
+}
+
+
+@pytest.mark.parametrize("case", MATRIX_GRADIENTS)
+def test_gradients_of_complex_matrix_products_match_torch(case):
+    rng = np.random.default_rng(11)
+    a = (rng.standard_normal((3, 4)) + 1j * rng.standard_normal((3, 4))).astype(np.complex64)
+    b = (rng.standard_normal((4, 5)) + 1j * rng.standard_normal((4, 5))).astype(np.complex64)
+    seen = []
+    for torch in LIBRARIES:
+        x, w = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+        y = MATRIX_GRADIENTS[case](torch, x, w)
+        gx, gw = torch.autograd.grad((y.real - 0.5 * y.imag).sum(), (x, w), create_graph=True)
+        seen.append([numpy_of(y), numpy_of(gx.resolve_conj()), numpy_of(gw.resolve_conj()),
+                     [numpy_of(g.resolve_conj()) for g in torch.autograd.grad(gx.abs().sum() + gw.abs().sum(),
+                                                                               (x, w))]])
+    assert_same(seen[1], seen[0], rtol=1e-4, atol=1e-5)
+
+
+OPTIMIZERS = {
+    "SGD nesterov": ("SGD", {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.1}),
+    "Adam": ("Adam", {"lr": 0.1}), "AdamW amsgrad": ("AdamW", {"lr": 0.1, "amsgrad": True}),
+    "Adam foreach": ("Adam", {"lr": 0.1, "foreach": True}), "RMSprop centered": ("RMSprop", {"lr": 0.01,
+                                                                                          "centered": True}),
+    "Adagrad": ("Adagrad", {"lr": 0.1}), "Adamax": ("Adamax", {"lr": 0.1}), "NAdam": ("NAdam", {"lr": 0.1}),
+    "RAdam": ("RAdam", {"lr": 0.1}), "Adadelta": ("Adadelta", {"lr": 0.5}), "ASGD": ("ASGD", {"lr": 0.1}),
+    "Rprop": ("Rprop", {"lr": 0.1}),
+}
+
+
+@pytest.mark.parametrize("case", OPTIMIZERS)
+def test_complex_parameters_are_updated_as_torch_updates_them(case):
+    # torch updates a complex parameter as its real view: Adam's second moment of each part, not a complex square
+    name, kwargs = OPTIMIZERS[case]
+    start = np.random.default_rng(12).standard_normal((4, 2)).astype(np.float32)
+    seen = []
+    for torch in LIBRARIES:
+        w = torch.nn.Parameter(torch.view_as_complex(torch.tensor(start)).clone())
+        optimizer = getattr(torch.optim, name)([w], **kwargs)
+        for _ in range(3):
+            optimizer.zero_grad()
+            ((w * w).real.sum() + w.abs().sum()).backward()
+            optimizer.step()
+        state = {k: numpy_of(v) for k, v in optimizer.state[w].items() if isinstance(v, (real_torch.Tensor,
+                                                                                          tilewise.Tensor))}
+        seen.append([numpy_of(w), state])
+    assert_same(seen[1], seen[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+def test_complex_tensors_take_a_float_alpha_and_adafactor_refuses_them_as_torch(torch):
+    z = torch.tensor([1 + 1j, 2 - 1j])
+    assert z.add(torch.ones(2, dtype=torch.complex64), alpha=-0.5).tolist() == [0.5 + 1j, 1.5 - 1j]
+    assert z.sub(z, alpha=0.25).tolist() == [0.75 + 0.75j, 1.5 - 0.75j]
+    w = torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))
+    w.grad = torch.ones(2, dtype=torch.complex64)
+    exc = raised(lambda t: t.optim.Adafactor([w]).step(), torch)
+    assert type(exc) is RuntimeError and str(exc) == "Adafactor does not support complex parameters"

@@ -267,12 +267,13 @@ pointwise("remainder(Tensor self, Tensor other) -> Tensor", lambda a, b: a.mod(b
 pointwise("fmod(Tensor self, Tensor other) -> Tensor", lambda a, b: a.fmod(b),
           {"self": "grad", "other": "-grad * trunc(self / other)"}, R.numeric, half_rounded=R.BOTH_ROUNDED)
 pointwise("pow(Tensor self, Tensor exponent) -> Tensor", None,
-          {"self": "grad * exponent * where(exponent == 0, ones_like(self), self ** (exponent - 1))",
-           "exponent": "grad * where((self == 0) & (exponent >= 0), zeros_like(result), result * log(self))"},
+          {"self": "grad * conj_if_complex(exponent * where(exponent == 0, ones_like(self), self ** (exponent - 1)))",
+           "exponent": "pow_backward_exponent(grad, self, exponent, result)"},
           R.power, dunder=("pow",), autocast={"cuda": "fp32"}, check=R.power_check, expr_builder=_pow,
           expr_variant=_pow_special_exponent, half_rounded={"cuda": ("exponent",)})
 pointwise("rpow(Tensor self, Tensor other) -> Tensor", lambda a, b: b ** a,
-          {"self": "grad * result * log(other)", "other": "grad * self * other ** (self - 1)"}, R.numeric,
+          {"self": "grad * conj_if_complex(result * log(other))",
+           "other": "grad * conj_if_complex(self * other ** (self - 1))"}, R.numeric,
           method=False, inplace=False, dunder=("rpow",), autocast={"cuda": "fp32"}, half_rounded=R.BOTH_ROUNDED)
 pointwise("neg(Tensor self) -> Tensor", lambda x: -x, {"self": "-grad"}, R.negation, dunder=("neg",),
           aliases=("negative",))
