@@ -862,6 +862,13 @@ COMPLEX_GRADIENTS = {
     "cumsum": lambda t, x: x.cumsum(0) * t.tensor([1j, 2.0, -1.0]),
     "cumprod": lambda t, x: x.cumprod(0) * t.tensor([1 + 1j, 2.0, -1j]),
     "cumprod with a zero": lambda t, x: (x * t.tensor([1.0, 0.0, 1.0])).cumprod(0) * (1 - 1j),
+    **{f"x.{name}()": (lambda t, x, name=name: getattr(x * 0.3, name)()) for name in (
+        "exp2", "expm1", "log2", "log10", "log1p", "rsqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+        "tanh", "sigmoid", "sgn")},
+    "addcmul": lambda t, x, y=(0.5 - 1j): t.addcmul(x, x, x.flip(0), value=y),
+    "addcdiv": lambda t, x: t.addcdiv(x, x.flip(0), x, value=0.5),
+    "lerp": lambda t, x: t.lerp(x, x.flip(0) * 1j, x),
+    "lerp by a number": lambda t, x: t.lerp(x, x.flip(0) * 1j, 0.3),
 }
 
 
@@ -975,3 +982,23 @@ def test_complex_tensors_take_a_float_alpha_and_adafactor_refuses_them_as_torch(
     w.grad = torch.ones(2, dtype=torch.complex64)
     exc = raised(lambda t: t.optim.Adafactor([w]).step(), torch)
     assert type(exc) is RuntimeError and str(exc) == "Adafactor does not support complex parameters"
+
+
+TANGENTS = {
+    "tanh": lambda t, x: t.tanh(x), "sigmoid": lambda t, x: t.sigmoid(x), "sin": lambda t, x: t.sin(x),
+    "x * complex": lambda t, x: x * (1 + 1j), "x ** 2.5": lambda t, x: x ** 2.5, "sgn": lambda t, x: x.sgn(),
+    "prod": lambda t, x: x.prod(), "cumprod": lambda t, x: x.cumprod(0), "cumprod with a zero": lambda t, x:
+    (x * t.tensor([1.0, 0.0, 1.0, 1.0])).cumprod(0), "logcumsumexp": lambda t, x: x.logcumsumexp(0),
+    "mm": lambda t, x: x.view(2, 2) @ x.view(2, 2).flip(0),
+}
+
+
+@pytest.mark.parametrize("case", TANGENTS)
+def test_forward_mode_tangents_of_complex_functions_match_torch(case):
+    seen = []
+    for torch in LIBRARIES:
+        fa = torch.autograd.forward_ad
+        with fa.dual_level():
+            x = fa.make_dual(torch.tensor([1 + 2j, -0.3 + 0.5j, 0.7, 2j]), torch.tensor([1 + 0j, 0.5j, 1, -1j]))
+            seen.append(numpy_of(fa.unpack_dual(TANGENTS[case](torch, x)).tangent))
+    assert_same(seen[1], seen[0], rtol=1e-4, atol=1e-5)

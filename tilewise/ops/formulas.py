@@ -256,10 +256,11 @@ def pow_backward_exponent(grad, self, exponent, result):
 
 
 def sgn_backward(grad, self, result):
-    """torch's sgn_backward for real tensors: zero, but computed from the input and the result it saves (so
-    changing either in place before backward is the error it is in torch); NaN where the gradient is."""
+    """torch's sgn_backward, ``(grad - sgn^2 conj(grad)) / (2 |x|)``: for real tensors zero, but computed from the
+    input and the result it saves (so changing either in place before backward is the error it is in torch); NaN
+    where the gradient is."""
     magnitude = self.abs()
-    return ((grad - result * result * grad) / (2 * magnitude)).masked_fill(magnitude == 0, 0.0)
+    return ((grad - result * result * conj_if_complex(grad)) / (2 * magnitude)).masked_fill(magnitude == 0, 0.0)
 
 
 def cross_entropy_input_grad(grad, output_grads, logp, target, weight, reduction, ignore_index, label_smoothing):

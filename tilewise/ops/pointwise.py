@@ -280,21 +280,25 @@ pointwise("neg(Tensor self) -> Tensor", lambda x: -x, {"self": "-grad"}, R.negat
 pointwise("abs(Tensor self) -> Tensor", lambda x: x.abs(), {"self": "grad * sgn(self)"}, R.magnitude, dunder=("abs",),
           aliases=("absolute",))
 pointwise("sign(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_like(grad)"})
-pointwise("sgn(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "sgn_backward(grad, self, result)"})
+pointwise("sgn(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "sgn_backward(grad, self, result)"},
+          fwd="sgn_backward(self_t, self, result)")  # not holomorphic: torch's tangent is its gradient's formula
 pointwise("lerp(Tensor self, Tensor end, Tensor weight) -> Tensor",
           lambda a, b, w: where(w.abs().lt(0.5), fma(w, b - a, a), fma(w - 1, b - a, b)),
-          {"self": "grad * (1 - weight)", "end": "grad * weight", "weight": "grad * (end - self)"},
+          {"self": "grad * conj_if_complex(1 - weight)", "end": "grad * conj_if_complex(weight)",
+           "weight": "grad * conj_if_complex(end - self)"},
           half_rounded={"cpu": ("self", "end")},
           # ``end - (end - self) * (1 - weight)`` contracted: the same value but for the sign of a zero
           expr_on={"cuda": lambda a, b, w: where(w.abs().lt(0.5), fma(w, b - a, a), fma(-(b - a), 1 - w, b))})
 pointwise("addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
           lambda a, t1, t2, value: fma(value * t1, t2, a),
-          {"self": "grad", "tensor1": "grad * value * tensor2", "tensor2": "grad * value * tensor1"},
+          {"self": "grad", "tensor1": "grad * conj_if_complex(value * tensor2)",
+           "tensor2": "grad * conj_if_complex(value * tensor1)"},
           autocast={"cuda": "promote"}, expr_on={"cuda": _addcmul_cuda})
 pointwise("addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
           lambda a, t1, t2, value: a + value * t1 / t2,
-          {"self": "grad", "tensor1": "grad * value / tensor2",
-           "tensor2": "-grad * value * tensor1 / (tensor2 * tensor2)"}, R.promote_float, autocast={"cuda": "promote"},
+          {"self": "grad", "tensor1": "grad * conj_if_complex(value / tensor2)",
+           "tensor2": "-grad * conj_if_complex(value * tensor1 / (tensor2 * tensor2))"}, R.promote_float,
+          autocast={"cuda": "promote"},
           expr_on={"cuda": lambda a, t1, t2, value: fma(value, t1 / t2, a)})
 pointwise("atan2(Tensor self, Tensor other) -> Tensor", lambda a, b: a.atan2(b),
           {"self": "grad * other / (self * self + other * other)",
@@ -318,28 +322,31 @@ pointwise("copysign(Tensor self, Tensor other) -> Tensor", lambda a, b: a.copysi
 
 # ---------------------------------------------------------------- exponentials, logs, powers
 unary("exp", lambda x: x.exp(), "grad * conj_if_complex(result)", autocast={"cuda": "fp32"})
-unary("exp2", lambda x: x.exp2(), f"grad * result * {math.log(2.0)}")
-unary("expm1", lambda x: x.expm1(), "grad * (result + 1)", autocast={"cuda": "fp32"})
+unary("exp2", lambda x: x.exp2(), f"grad * conj_if_complex(result) * {math.log(2.0)}")
+unary("expm1", lambda x: x.expm1(), "grad * conj_if_complex(result + 1)", autocast={"cuda": "fp32"})
 unary("log", lambda x: x.log(), "grad / conj_if_complex(self)", autocast={"cuda": "fp32"})
-unary("log2", lambda x: x.log2(), f"grad / (self * {math.log(2.0)})", autocast={"cuda": "fp32"})
-unary("log10", lambda x: x.log10(), f"grad / (self * {math.log(10.0)})", autocast={"cuda": "fp32"})
-unary("log1p", lambda x: x.log1p(), "grad / (self + 1)", autocast={"cuda": "fp32"})
+unary("log2", lambda x: x.log2(), f"grad / (conj_if_complex(self) * {math.log(2.0)})", autocast={"cuda": "fp32"})
+unary("log10", lambda x: x.log10(), f"grad / (conj_if_complex(self) * {math.log(10.0)})", autocast={"cuda": "fp32"})
+unary("log1p", lambda x: x.log1p(), "grad / conj_if_complex(self + 1)", autocast={"cuda": "fp32"})
 unary("sqrt", lambda x: x.sqrt(), "grad / (2 * conj_if_complex(result))")
-unary("rsqrt", lambda x: x.rsqrt(), "-0.5 * grad * result * result * result", autocast={"cuda": "fp32"})
+unary("rsqrt", lambda x: x.rsqrt(), "-0.5 * grad * conj_if_complex(result * result * result)",
+      autocast={"cuda": "fp32"})
 unary("reciprocal", lambda x: x.reciprocal(), "-grad * conj_if_complex(result * result)", autocast={"cuda": "fp32"})
 unary("square", lambda x: x * x, "2 * grad * conj_if_complex(self)", dtype=R.promote)
 
 # ---------------------------------------------------------------- trigonometric and hyperbolic
-unary("sin", lambda x: x.sin(), "grad * cos(self)")
-unary("cos", lambda x: x.cos(), "-grad * sin(self)")
-unary("tan", lambda x: x.tan(), "grad * (1 + result * result)", autocast={"cuda": "fp32"})
-unary("asin", lambda x: x.asin(), "grad * rsqrt(1 - self * self)", aliases=("arcsin",), autocast={"cuda": "fp32"})
-unary("acos", lambda x: x.acos(), "-grad * rsqrt(1 - self * self)", aliases=("arccos",), autocast={"cuda": "fp32"})
-unary("atan", lambda x: x.atan(), "grad / (1 + self * self)", aliases=("arctan",))
-unary("sinh", lambda x: x.sinh(), "grad * cosh(self)", autocast={"cuda": "fp32"})
-unary("cosh", lambda x: x.cosh(), "grad * sinh(self)", autocast={"cuda": "fp32"})
-unary("tanh", lambda x: x.tanh(), "grad * (1 - result * result)")
-unary("sigmoid", lambda x: 1 / (1 + (-x).exp()), "grad * result * (1 - result)")
+unary("sin", lambda x: x.sin(), "grad * conj_if_complex(cos(self))")
+unary("cos", lambda x: x.cos(), "-grad * conj_if_complex(sin(self))")
+unary("tan", lambda x: x.tan(), "grad * conj_if_complex(1 + result * result)", autocast={"cuda": "fp32"})
+unary("asin", lambda x: x.asin(), "grad * conj_if_complex(rsqrt(1 - self * self))", aliases=("arcsin",),
+      autocast={"cuda": "fp32"})
+unary("acos", lambda x: x.acos(), "-grad * conj_if_complex(rsqrt(1 - self * self))", aliases=("arccos",),
+      autocast={"cuda": "fp32"})
+unary("atan", lambda x: x.atan(), "grad / conj_if_complex(1 + self * self)", aliases=("arctan",))
+unary("sinh", lambda x: x.sinh(), "grad * conj_if_complex(cosh(self))", autocast={"cuda": "fp32"})
+unary("cosh", lambda x: x.cosh(), "grad * conj_if_complex(sinh(self))", autocast={"cuda": "fp32"})
+unary("tanh", lambda x: x.tanh(), "grad * conj_if_complex(1 - result * result)")
+unary("sigmoid", lambda x: 1 / (1 + (-x).exp()), "grad * conj_if_complex(result * (1 - result))")
 unary("erf", lambda x: x.erf(), f"grad * {2 / math.sqrt(math.pi)} * exp(-self * self)")
 unary("erfinv", lambda x: x.erfinv(), f"grad * {math.sqrt(math.pi) / 2} * exp(erfinv(self) ** 2)",
       autocast={"cuda": "fp32"})
