@@ -1002,3 +1002,41 @@ def test_forward_mode_tangents_of_complex_functions_match_torch(case):
             x = fa.make_dual(torch.tensor([1 + 2j, -0.3 + 0.5j, 0.7, 2j]), torch.tensor([1 + 0j, 0.5j, 1, -1j]))
             seen.append(numpy_of(fa.unpack_dual(TANGENTS[case](torch, x)).tangent))
     assert_same(seen[1], seen[0], rtol=1e-4, atol=1e-5)
+
+
+LERP_REFUSALS = {
+    "end of another dtype": (lambda t: t.lerp(t.ones(2), t.zeros(2, dtype=t.float64), 0.3), RuntimeError,
+                             "expected dtype float for `end` but got dtype double"),
+    "0-dim end of another dtype": (lambda t: t.lerp(t.ones(2), t.tensor(0.0, dtype=t.float64), 0.3), RuntimeError,
+                                   "expected dtype float for `end` but got dtype double"),
+    "lerp_ with end of another dtype": (lambda t: t.ones(2, dtype=t.float64).lerp_(t.zeros(2), 0.5), RuntimeError,
+                                        "expected dtype double for `end` but got dtype float"),
+    "weight of another dtype": (lambda t: t.lerp(t.ones(2), t.zeros(2), t.tensor([0.3], dtype=t.float64)),
+                                RuntimeError, "expected dtype float for `weight` but got dtype double"),
+    "real weight of a complex lerp": (
+        lambda t: t.lerp(t.ones(2, dtype=t.complex64), t.zeros(2, dtype=t.complex64), t.full((2,), 0.3)),
+        RuntimeError, "expected dtype c10::complex<float> for `weight` but got dtype float"),
+    "integer weight": (lambda t: t.lerp(t.ones(2), t.zeros(2), t.zeros(2, dtype=t.int64)), RuntimeError,
+                       "expected dtype float for `weight` but got dtype long int"),
+    "integers, a number weight": (lambda t: t.lerp(t.ones(2, dtype=t.int64), t.zeros(2, dtype=t.int64), 0.5),
+                                  NotImplementedError, "\"lerp_kernel_scalar\" not implemented for 'Long'"),
+    "integers, a tensor weight": (lambda t: t.ones(2, dtype=t.int32).lerp(t.zeros(2, dtype=t.int32),
+                                                                        t.zeros(2, dtype=t.int32)),
+                                  NotImplementedError, "\"lerp_kernel_tensor\" not implemented for 'Int'"),
+}
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize("case", LERP_REFUSALS)
+def test_lerp_refuses_mixed_dtypes_and_integers_as_torch(torch, case):
+    # met writing lerp(x, end, weight) with a complex state and a real weight, as S4-style EMAs do
+    call, error, message = LERP_REFUSALS[case]
+    exc = raised(call, torch)
+    assert type(exc) is error, repr(exc)
+    assert message in str(exc)
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+def test_lerp_takes_a_0_dim_weight_of_another_dtype_as_torch(torch):
+    out = torch.lerp(torch.ones(2, dtype=torch.float16), torch.zeros(2, dtype=torch.float16), torch.tensor(0.25))
+    assert out.dtype == torch.float16 and out.tolist() == [0.75, 0.75]

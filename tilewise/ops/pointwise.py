@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from tilewise.dtypes import c10_name
+from tilewise.dtypes import FLOAT, c10_name, type_meta_name
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, fma, lift, where
 from tilewise.ops.registry import declare
@@ -282,11 +282,26 @@ pointwise("abs(Tensor self) -> Tensor", lambda x: x.abs(), {"self": "grad * sgn(
 pointwise("sign(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_like(grad)"})
 pointwise("sgn(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "sgn_backward(grad, self, result)"},
           fwd="sgn_backward(self_t, self, result)")  # not holomorphic: torch's tangent is its gradient's formula
+def _lerp_check(op, args) -> None:
+    """torch's lerp takes ``end`` of ``self``'s dtype, and a ``weight`` tensor of it unless 0-dim; and floating or
+    complex inputs only."""
+    self, end, weight = args[0], args[1], args[2]
+    if getattr(end, "dtype", self.dtype) is not self.dtype:
+        raise RuntimeError(f"expected dtype {type_meta_name(self.dtype)} for `end` but got dtype "
+                           f"{type_meta_name(end.dtype)}")
+    if getattr(weight, "ndim", 0) > 0 and weight.dtype is not self.dtype:
+        raise RuntimeError(f"expected dtype {type_meta_name(self.dtype)} for `weight` but got dtype "
+                           f"{type_meta_name(weight.dtype)}")
+    if self.dtype.category < FLOAT:
+        kernel = "lerp_kernel_tensor" if hasattr(weight, "dtype") else "lerp_kernel_scalar"
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{c10_name(self.dtype)}\'')
+
+
 pointwise("lerp(Tensor self, Tensor end, Tensor weight) -> Tensor",
           lambda a, b, w: where(w.abs().lt(0.5), fma(w, b - a, a), fma(w - 1, b - a, b)),
           {"self": "grad * conj_if_complex(1 - weight)", "end": "grad * conj_if_complex(weight)",
            "weight": "grad * conj_if_complex(end - self)"},
-          half_rounded={"cpu": ("self", "end")},
+          half_rounded={"cpu": ("self", "end")}, check=_lerp_check,
           # ``end - (end - self) * (1 - weight)`` contracted: the same value but for the sign of a zero
           expr_on={"cuda": lambda a, b, w: where(w.abs().lt(0.5), fma(w, b - a, a), fma(-(b - a), 1 - w, b))})
 pointwise("addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
