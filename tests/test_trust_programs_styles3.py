@@ -400,7 +400,9 @@ def neural_ode(torch, init, batches, compiled=False, steps=4, dim=4, hidden=16):
 
     model = ODENet()
     record = {"init": initial_state(torch, model, init), "loss": [], "grads": []}
-    run = torch.compile(model) if compiled else model
+    run = torch.compile(model) if compiled is True else model
+    if compiled == "method":  # nn.Module.compile(): the module itself runs compiled
+        model.compile()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
     for x, y in batches:
         x, y = torch.from_numpy(x), torch.from_numpy(y)
@@ -444,6 +446,8 @@ def test_neural_ode_classifier_compiled_trains_as_it_does_eagerly():
     assert_same(compiled_ours["loss"], eager_ours["loss"])
     assert_same(compiled_ours, compiled_theirs)
     assert_same(eager_ours, eager_theirs)
+    method_ours = neural_ode(tilewise, eager_theirs["init"], batches, compiled="method")
+    assert_same(method_ours, eager_theirs)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1040,3 +1044,26 @@ def test_lerp_refuses_mixed_dtypes_and_integers_as_torch(torch, case):
 def test_lerp_takes_a_0_dim_weight_of_another_dtype_as_torch(torch):
     out = torch.lerp(torch.ones(2, dtype=torch.float16), torch.zeros(2, dtype=torch.float16), torch.tensor(0.25))
     assert out.dtype == torch.float16 and out.tolist() == [0.75, 0.75]
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+def test_compile_takes_torchs_arguments(torch):
+    # torch.compile(model, backend=..., disable=...), Module.compile() and torch.compiler.is_compiling(), as
+    # published training scripts call them
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    x = torch.from_numpy(np.linspace(-1, 1, 15, dtype=np.float32).reshape(5, 3))
+    expected = numpy_of(model(x))
+    assert torch.compile(model, disable=True) is model
+    np.testing.assert_allclose(numpy_of(torch.compile(model, backend="eager")(x)), expected, rtol=1e-6)
+    np.testing.assert_allclose(numpy_of(torch.compile(backend="inductor", mode=None, dynamic=None)(model)(x)),
+                               expected, rtol=1e-5, atol=1e-6)
+    exc = raised(lambda t: t.compile(model, backend="no such backend")(x), torch)
+    assert "Invalid backend: 'no such backend'" in str(exc)
+    assert torch.compiler.is_compiling() is False
+    model.compile()
+    assert type(model) is torch.nn.Sequential and list(model.state_dict()) == ["0.weight", "0.bias", "2.weight",
+                                                                               "2.bias"]
+    out = model(x)
+    np.testing.assert_allclose(numpy_of(out), expected, rtol=1e-5, atol=1e-6)
+    out.square().sum().backward()
+    assert model[0].weight.grad.shape == (4, 3)
