@@ -868,7 +868,7 @@ COMPLEX_GRADIENTS = {
     "cumprod with a zero": lambda t, x: (x * t.tensor([1.0, 0.0, 1.0])).cumprod(0) * (1 - 1j),
     **{f"x.{name}()": (lambda t, x, name=name: getattr(x * 0.3, name)()) for name in (
         "exp2", "expm1", "log2", "log10", "log1p", "rsqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
-        "tanh", "sigmoid", "sgn")},
+        "tanh", "sigmoid", "sgn", "sinc")},
     "addcmul": lambda t, x, y=(0.5 - 1j): t.addcmul(x, x, x.flip(0), value=y),
     "addcdiv": lambda t, x: t.addcdiv(x, x.flip(0), x, value=0.5),
     "lerp": lambda t, x: t.lerp(x, x.flip(0) * 1j, x),

@@ -17,7 +17,7 @@ COMPLEX_OPERATORS = frozenset({
     "add", "sub", "rsub", "mul", "div", "rdiv", "neg", "abs", "sgn", "exp", "log", "sqrt", "rsqrt", "reciprocal",
     "square", "sin", "cos", "tan", "sinh", "cosh", "tanh", "sigmoid", "pow", "rpow", "eq", "ne", "isnan", "isinf",
     "isfinite", "where", "sum", "prod", "mean", "addcmul", "addcdiv", "lerp", "expm1", "log1p", "log2", "log10",
-    "asin", "acos", "atan", "exp2", "cumsum", "cumprod",
+    "asin", "acos", "atan", "exp2", "cumsum", "cumprod", "sinc",
 })
 
 
