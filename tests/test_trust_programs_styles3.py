@@ -8,6 +8,7 @@ a hand-written RK4, eager and compiled. Below the programs, the failures they me
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -1067,3 +1068,8 @@ def test_compile_takes_torchs_arguments(torch):
     np.testing.assert_allclose(numpy_of(out), expected, rtol=1e-5, atol=1e-6)
     out.square().sum().backward()
     assert model[0].weight.grad.shape == (4, 3)
+    ema = copy.deepcopy(model)  # an EMA copy of a compiled model runs its own weights
+    with torch.no_grad():
+        ema[2].bias.add_(1.0)
+    np.testing.assert_allclose(numpy_of(ema(x)), expected + 1.0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(numpy_of(model(x)), expected, rtol=1e-5, atol=1e-6)

@@ -158,7 +158,20 @@ class Module:
         ``tilewise.compile(..., *args, **kwargs)``; the module, its class and its state dict stay as they are."""
         from tilewise.compiler import compile as compile_fn
 
+        object.__setattr__(self, "_compile_args", (args, kwargs))
         object.__setattr__(self, "_compiled_call", compile_fn(self._eager_call, *args, **kwargs))
+
+    def __getstate__(self):
+        # a copy (deepcopy, pickle) leaves the compiled call behind and compiles its own (__setstate__)
+        state = self.__dict__.copy()
+        state.pop("_compiled_call", None)
+        return state
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+        if "_compile_args" in state:
+            args, kwargs = state["_compile_args"]
+            self.compile(*args, **kwargs)
 
     def _call_unranged(self, args: tuple, kwargs: dict):
         if not self._forward_pre_hooks and not self._forward_hooks and not self._backward_hooks:
