@@ -1073,3 +1073,16 @@ def test_compile_takes_torchs_arguments(torch):
         ema[2].bias.add_(1.0)
     np.testing.assert_allclose(numpy_of(ema(x)), expected + 1.0, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(numpy_of(model(x)), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_pow_of_a_number_by_a_tensor_differentiates_as_torch():
+    # pow's exponent gradient with the base a Python number (torch.pow(2.0, x), torch.pow(1j, z)), met while its
+    # formula learned complex exponents
+    seen = []
+    for torch in LIBRARIES:
+        x = torch.tensor([0.0, 1.5, 2.0], requires_grad=True)
+        z = torch.tensor([0.5 + 1j, 2.0], requires_grad=True)
+        y = torch.pow(2.0, x) + torch.pow(0.0, x) + torch.pow(torch.tensor([0.0, 2.0, 0.0]), x)
+        (y.sum() + (torch.pow(2.0, z) + torch.pow(1j, z)).real.sum()).backward()
+        seen.append([numpy_of(y), numpy_of(x.grad), numpy_of(z.grad)])
+    assert_same(seen[1], seen[0])

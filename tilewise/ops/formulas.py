@@ -252,7 +252,8 @@ def pow_backward_exponent(grad, self, exponent, result):
         nonnegative = (exponent.imag == 0) & (exponent.real >= 0)
     else:
         nonnegative = exponent >= 0
-    return grad * conj_if_complex((result * self.log()).masked_fill((self == 0) & nonnegative, 0))
+    base = self if hasattr(self, "log") else ones_like(result) * self  # pow(number, tensor): the number as a tensor
+    return grad * conj_if_complex((result * base.log()).masked_fill((base == 0) & nonnegative, 0))
 
 
 def sgn_backward(grad, self, result):
