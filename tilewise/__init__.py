@@ -64,6 +64,9 @@ from tilewise.tensortypes import set_default_tensor_type, typename
 globals().update({cls.__name__: cls for cls in _CPU_TYPES.values()})  # LongTensor, FloatTensor, ...
 bool = bool_  # noqa: A001 — tilewise.bool, like torch.bool
 dtype = DType
+# the constants torch exports (torch.inf, torch.pi, ...): Python floats, as torch's are
+from math import e, inf, nan, pi  # noqa: E402, I001
+newaxis = None
 
 from tilewise import backends as _backends  # noqa: E402
 

@@ -118,6 +118,18 @@ def c10_name(dtype: DType) -> str:
     """torch's name of ``dtype`` in its messages: ``c10_name(float32) == "Float"``."""
     return _C10_NAMES[dtype.name]
 
+
+# the C++ type names torch's checks print where they format a TypeMeta ("expected dtype float ... got dtype double")
+_TYPE_META_NAMES = {"bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short int",
+                    "int32": "int", "int64": "long int", "float16": "c10::Half", "bfloat16": "c10::BFloat16",
+                    "float32": "float", "float64": "double", "complex64": "c10::complex<float>",
+                    "complex128": "c10::complex<double>"}
+
+
+def type_meta_name(dtype: DType) -> str:
+    """torch's C++ name of ``dtype`` in messages that print a TypeMeta: ``type_meta_name(int64) == "long int"``."""
+    return _TYPE_META_NAMES.get(dtype.name, dtype.name)
+
 _ALIASES = {"half": float16, "float": float32, "double": float64, "long": int64, "int": int32, "short": int16,
             "cfloat": complex64, "cdouble": complex128}
 _REAL_OF = {complex64: float32, complex128: float64}

@@ -25,4 +25,12 @@ from tilewise.compiler import backward, composites  # noqa: F401, E402 — regis
 from tilewise.compiler.errors import DataDependentError
 from tilewise.compiler.function import CompiledFunction, UnsupportedTargetError, compile
 
-__all__ = ["CompiledFunction", "DataDependentError", "UnsupportedTargetError", "compile"]
+
+def is_compiling() -> bool:
+    """Whether the caller runs inside a function ``tilewise.compile`` is tracing (torch.compiler.is_compiling)."""
+    from tilewise.dispatch import STATE
+
+    return bool(STATE.trace_depth)
+
+
+__all__ = ["CompiledFunction", "DataDependentError", "UnsupportedTargetError", "compile", "is_compiling"]

@@ -769,8 +769,17 @@ def _module_tensors(module) -> tuple[dict[int, str], list[Tensor]]:
     return {id(t): name for name, t in named}, [t for _, t in named if type(t) is Tensor]
 
 
-def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = False, dynamic: bool = False):  # noqa: A001
+# torch.compile's backends that run the captured program operator by operator: the function's own eager run
+EAGER_BACKENDS = ("eager", "aot_eager")
+
+
+def compile(fn_or_module=None, *, fullgraph: bool = False, dynamic: bool | None = None,  # noqa: A001
+            backend: str = "inductor", mode: str | None = None, options: dict | None = None, disable: bool = False):
     """Compile a function (or a module's forward) into fused kernels; returns a callable (a module stays one).
+
+    torch.compile's signature: ``backend="inductor"`` (the default) is this compiler, the eager backends
+    (``"eager"``, ``"aot_eager"``) give the function to run as it is, ``disable=True`` returns it unchanged;
+    ``dynamic=None`` is ``False``; ``options`` (inductor's settings) are refused but for an empty dict.
 
     Tensors on the CPU compile to C (OpenMP), tensors on one CUDA device to CUDA C (NVRTC), replayed as a
     CUDA graph from the second call where every step can be captured. "default" and "reduce-overhead" build
@@ -783,8 +792,19 @@ def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = False
     >>> f(tw.tensor([-1.0, 2.0])).tolist()
     [1.0, 2.0]
     """
+    if not isinstance(backend, str) or backend not in ("inductor", *EAGER_BACKENDS):
+        raise RuntimeError(f"Invalid backend: {backend!r}; tilewise.compile has 'inductor' (its compiler) and the "
+                           f"eager backends {EAGER_BACKENDS}")
+    if options:
+        raise RuntimeError(f"tilewise.compile takes no backend options (got {sorted(options)}); its settings are "
+                           "mode= and the TILEWISE_* environment variables")
+    mode = "default" if mode is None else mode
+    dynamic = bool(dynamic)
     if fn_or_module is None:
-        return lambda fn: compile(fn, mode=mode, fullgraph=fullgraph, dynamic=dynamic)
+        return lambda fn: compile(fn, mode=mode, fullgraph=fullgraph, dynamic=dynamic, backend=backend,
+                                  disable=disable)
+    if disable or backend in EAGER_BACKENDS:
+        return fn_or_module
     if hasattr(fn_or_module, "named_parameters") and hasattr(type(fn_or_module), "forward"):
         return compiled_module(fn_or_module, CompiledFunction(type(fn_or_module).forward.__get__(fn_or_module), mode,
                                                               fullgraph, dynamic, module=fn_or_module))

@@ -17,7 +17,7 @@ COMPLEX_OPERATORS = frozenset({
     "add", "sub", "rsub", "mul", "div", "rdiv", "neg", "abs", "sgn", "exp", "log", "sqrt", "rsqrt", "reciprocal",
     "square", "sin", "cos", "tan", "sinh", "cosh", "tanh", "sigmoid", "pow", "rpow", "eq", "ne", "isnan", "isinf",
     "isfinite", "where", "sum", "prod", "mean", "addcmul", "addcdiv", "lerp", "expm1", "log1p", "log2", "log10",
-    "asin", "acos", "atan", "exp2",
+    "asin", "acos", "atan", "exp2", "cumsum", "cumprod", "sinc",
 })
 
 
@@ -252,7 +252,7 @@ def checked_scalar_argument(op, name: str, value, out: DType):
     (see [Note: scalar overflow])."""
     if type(value) not in (int, float, bool):
         return value
-    if name == "alpha" and not out.is_floating_point:
+    if name == "alpha" and out.category < dtypes.FLOAT:  # integers and bool; complex results take any alpha
         if isinstance(value, float):
             raise RuntimeError(f"{op.name}: For integral input tensors, argument alpha must not be a floating point "
                                f"number (got alpha={value}, result dtype {out.name})")

@@ -93,7 +93,10 @@ def nuclear_norm_backward(grad, self, dim, keepdim):
 
 
 def prod_backward(grad, self, result, dim, keepdim):
-    """d prod / d x_i = product of the other elements; computed without dividing, so zeros are handled."""
+    """d prod / d x_i = product of the other elements; computed without dividing, so zeros are handled. Complex
+    inputs take the conjugate of the derivative, as every holomorphic function's gradient does."""
+    if self.is_complex():
+        self = self.conj()
     if dim in (None, (), []):
         flat = self.reshape(-1)
         others = _exclusive_products(flat, 0).reshape(self.shape)
@@ -235,15 +238,30 @@ def clamp_max_backward(grad, self, lo, hi):
 
 def conj_if_complex(x):
     """The conjugate of a complex tensor, anything else as it is: formulas for operators that take complex operands
-    multiply by conjugates, as torch's derivatives.yaml does (see [Note: complex tensors] in ops/complex.py)."""
+    multiply by conjugates, as torch's derivatives.yaml does (see [Note: complex tensors] in ops/complex.py); a
+    complex number operand (``x * 1j``) is conjugated as a tensor of it would be."""
+    if isinstance(x, complex):
+        return x.conjugate()
     return x.conj() if getattr(x, "dtype", None) is not None and x.dtype.is_complex else x
 
 
+def pow_backward_exponent(grad, self, exponent, result):
+    """torch's: ``grad * conj(result * log(self))``, 0 where ``self`` is 0 and the exponent a real number >= 0 (a
+    complex exponent's imaginary part 0)."""
+    if getattr(exponent, "dtype", None) is not None and exponent.dtype.is_complex:
+        nonnegative = (exponent.imag == 0) & (exponent.real >= 0)
+    else:
+        nonnegative = exponent >= 0
+    base = self if hasattr(self, "log") else ones_like(result) * self  # pow(number, tensor): the number as a tensor
+    return grad * conj_if_complex((result * base.log()).masked_fill((base == 0) & nonnegative, 0))
+
+
 def sgn_backward(grad, self, result):
-    """torch's sgn_backward for real tensors: zero, but computed from the input and the result it saves (so
-    changing either in place before backward is the error it is in torch); NaN where the gradient is."""
+    """torch's sgn_backward, ``(grad - sgn^2 conj(grad)) / (2 |x|)``: for real tensors zero, but computed from the
+    input and the result it saves (so changing either in place before backward is the error it is in torch); NaN
+    where the gradient is."""
     magnitude = self.abs()
-    return ((grad - result * result * grad) / (2 * magnitude)).masked_fill(magnitude == 0, 0.0)
+    return ((grad - result * result * conj_if_complex(grad)) / (2 * magnitude)).masked_fill(magnitude == 0, 0.0)
 
 
 def cross_entropy_input_grad(grad, output_grads, logp, target, weight, reduction, ignore_index, label_smoothing):
@@ -271,7 +289,9 @@ def gelu_second_derivative(x, approximate: str):
 
 
 def linear_input_grad(grad, weight):
-    """``linear``'s gradient for its input: ``grad @ weight`` (a 1-D weight made the output one dim shorter)."""
+    """``linear``'s gradient for its input: ``grad @ weight`` (a 1-D weight made the output one dim shorter), of
+    the weight's conjugate where complex."""
+    weight = conj_if_complex(weight)
     if weight.ndim == 1:
         return grad.unsqueeze(-1) * weight
     return grad.mm(weight) if grad.ndim == 2 else rows_times_matrix(grad, weight)
@@ -280,7 +300,8 @@ def linear_input_grad(grad, weight):
 def linear_weight_grad(grad, input, weight_shape):
     """``linear``'s gradient for its weight: ``grad^T @ input`` over every leading dim of input, one GEMM. It reads
     the weight's shape only, so the weight is not saved for it (as torch saves none: the weight may be an
-    inference tensor, which cannot be saved)."""
+    inference tensor, which cannot be saved); of the input's conjugate where complex."""
+    input = conj_if_complex(input)  # noqa: A001 — torch's name for it
     if len(weight_shape) == 1:
         return (grad.unsqueeze(-1) * input).reshape(-1, input.shape[-1]).sum(0)
     return grad.reshape(-1, grad.shape[-1]).t().mm(input.reshape(-1, input.shape[-1]))

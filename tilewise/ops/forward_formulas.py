@@ -75,7 +75,7 @@ def cumprod_jvp(self, self_t, result, dim):
     gradient = (t / x).cumsum(dim) * result
     zeros = x == 0
     first_zero = zeros & (zeros.to(int64).cumsum(dim) == 1)
-    after_zero = first_zero.to(result.dtype).cumsum(dim) > 0
+    after_zero = first_zero.to(int64).cumsum(dim) > 0
     replaced = t.where(first_zero, x).cumprod(dim)
     return replaced.where(after_zero, gradient)
 

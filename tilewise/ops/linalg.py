@@ -39,10 +39,12 @@ def matmul_operands(op, args):
 
 
 declare("mm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operands, autocast="lower",
-        grad={"self": "grad.mm(mat2.t())", "mat2": "self.t().mm(grad)"}, fwd="self_t.mm(mat2) + self.mm(mat2_t)",
+        grad={"self": "grad.mm(conj_if_complex(mat2.t()))", "mat2": "conj_if_complex(self.t()).mm(grad)"},
+        fwd="self_t.mm(mat2) + self.mm(mat2_t)",
         batch=matrix_product)
 declare("bmm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operands, autocast="lower",
-        grad={"self": "grad.bmm(mat2.transpose(1, 2))", "mat2": "self.transpose(1, 2).bmm(grad)"},
+        grad={"self": "grad.bmm(conj_if_complex(mat2.transpose(1, 2)))",
+              "mat2": "conj_if_complex(self.transpose(1, 2)).bmm(grad)"},
         fwd="self_t.bmm(mat2) + self.bmm(mat2_t)", batch=matrix_product)
 
 

@@ -256,6 +256,18 @@ def _taking_zero_dim_masks(fn):
     return index_put
 
 
+def _attach_split(functions: dict) -> None:
+    """``x.split(split_size, dim)``: torch's method names its sizes ``split_size`` where ``torch.split`` names them
+    ``split_size_or_sections``; each spelling refuses the other's keyword."""
+    split = functions["split"]
+
+    def method(self, split_size, dim=0):
+        return split(self, split_size, dim)
+
+    method.__name__, method.__qualname__ = "split", "Tensor.split"
+    Tensor.split = method
+
+
 def attach(functions: dict) -> dict:
     """Give Tensor the methods above; return the torch-level functions to export, by name."""
     exported = {}
@@ -268,6 +280,7 @@ def attach(functions: dict) -> dict:
     for name, view_name in INPLACE_VIEWS.items():
         setattr(Tensor, name, _inplace_view(name, view_name))
     _attach_polygamma(functions)
+    _attach_split(functions)
     exported.update(_attach_nonzero(functions))
     exported.update(_where_with_one_argument(functions["where"], exported["nonzero"]))
     Tensor.fill_diagonal_ = fill_diagonal_

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from tilewise.dtypes import c10_name
+from tilewise.dtypes import FLOAT, c10_name, type_meta_name
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, fma, lift, where
 from tilewise.ops.registry import declare
@@ -267,33 +267,53 @@ pointwise("remainder(Tensor self, Tensor other) -> Tensor", lambda a, b: a.mod(b
 pointwise("fmod(Tensor self, Tensor other) -> Tensor", lambda a, b: a.fmod(b),
           {"self": "grad", "other": "-grad * trunc(self / other)"}, R.numeric, half_rounded=R.BOTH_ROUNDED)
 pointwise("pow(Tensor self, Tensor exponent) -> Tensor", None,
-          {"self": "grad * exponent * where(exponent == 0, ones_like(self), self ** (exponent - 1))",
-           "exponent": "grad * where((self == 0) & (exponent >= 0), zeros_like(result), result * log(self))"},
+          {"self": "grad * conj_if_complex(exponent * where(exponent == 0, ones_like(self), self ** (exponent - 1)))",
+           "exponent": "pow_backward_exponent(grad, self, exponent, result)"},
           R.power, dunder=("pow",), autocast={"cuda": "fp32"}, check=R.power_check, expr_builder=_pow,
           expr_variant=_pow_special_exponent, half_rounded={"cuda": ("exponent",)})
 pointwise("rpow(Tensor self, Tensor other) -> Tensor", lambda a, b: b ** a,
-          {"self": "grad * result * log(other)", "other": "grad * self * other ** (self - 1)"}, R.numeric,
+          {"self": "grad * conj_if_complex(result * log(other))",
+           "other": "grad * conj_if_complex(self * other ** (self - 1))"}, R.numeric,
           method=False, inplace=False, dunder=("rpow",), autocast={"cuda": "fp32"}, half_rounded=R.BOTH_ROUNDED)
 pointwise("neg(Tensor self) -> Tensor", lambda x: -x, {"self": "-grad"}, R.negation, dunder=("neg",),
           aliases=("negative",))
 pointwise("abs(Tensor self) -> Tensor", lambda x: x.abs(), {"self": "grad * sgn(self)"}, R.magnitude, dunder=("abs",),
           aliases=("absolute",))
 pointwise("sign(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "zeros_like(grad)"})
-pointwise("sgn(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "sgn_backward(grad, self, result)"})
+pointwise("sgn(Tensor self) -> Tensor", lambda x: x.sign(), {"self": "sgn_backward(grad, self, result)"},
+          fwd="sgn_backward(self_t, self, result)")  # not holomorphic: torch's tangent is its gradient's formula
+def _lerp_check(op, args) -> None:
+    """torch's lerp takes ``end`` of ``self``'s dtype, and a ``weight`` tensor of it unless 0-dim; and floating or
+    complex inputs only."""
+    self, end, weight = args[0], args[1], args[2]
+    if getattr(end, "dtype", self.dtype) is not self.dtype:
+        raise RuntimeError(f"expected dtype {type_meta_name(self.dtype)} for `end` but got dtype "
+                           f"{type_meta_name(end.dtype)}")
+    if getattr(weight, "ndim", 0) > 0 and weight.dtype is not self.dtype:
+        raise RuntimeError(f"expected dtype {type_meta_name(self.dtype)} for `weight` but got dtype "
+                           f"{type_meta_name(weight.dtype)}")
+    if self.dtype.category < FLOAT:
+        kernel = "lerp_kernel_tensor" if hasattr(weight, "dtype") else "lerp_kernel_scalar"
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{c10_name(self.dtype)}\'')
+
+
 pointwise("lerp(Tensor self, Tensor end, Tensor weight) -> Tensor",
           lambda a, b, w: where(w.abs().lt(0.5), fma(w, b - a, a), fma(w - 1, b - a, b)),
-          {"self": "grad * (1 - weight)", "end": "grad * weight", "weight": "grad * (end - self)"},
-          half_rounded={"cpu": ("self", "end")},
+          {"self": "grad * conj_if_complex(1 - weight)", "end": "grad * conj_if_complex(weight)",
+           "weight": "grad * conj_if_complex(end - self)"},
+          half_rounded={"cpu": ("self", "end")}, check=_lerp_check,
           # ``end - (end - self) * (1 - weight)`` contracted: the same value but for the sign of a zero
           expr_on={"cuda": lambda a, b, w: where(w.abs().lt(0.5), fma(w, b - a, a), fma(-(b - a), 1 - w, b))})
 pointwise("addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
           lambda a, t1, t2, value: fma(value * t1, t2, a),
-          {"self": "grad", "tensor1": "grad * value * tensor2", "tensor2": "grad * value * tensor1"},
+          {"self": "grad", "tensor1": "grad * conj_if_complex(value * tensor2)",
+           "tensor2": "grad * conj_if_complex(value * tensor1)"},
           autocast={"cuda": "promote"}, expr_on={"cuda": _addcmul_cuda})
 pointwise("addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
           lambda a, t1, t2, value: a + value * t1 / t2,
-          {"self": "grad", "tensor1": "grad * value / tensor2",
-           "tensor2": "-grad * value * tensor1 / (tensor2 * tensor2)"}, R.promote_float, autocast={"cuda": "promote"},
+          {"self": "grad", "tensor1": "grad * conj_if_complex(value / tensor2)",
+           "tensor2": "-grad * conj_if_complex(value * tensor1 / (tensor2 * tensor2))"}, R.promote_float,
+          autocast={"cuda": "promote"},
           expr_on={"cuda": lambda a, t1, t2, value: fma(value, t1 / t2, a)})
 pointwise("atan2(Tensor self, Tensor other) -> Tensor", lambda a, b: a.atan2(b),
           {"self": "grad * other / (self * self + other * other)",
@@ -317,28 +337,31 @@ pointwise("copysign(Tensor self, Tensor other) -> Tensor", lambda a, b: a.copysi
 
 # ---------------------------------------------------------------- exponentials, logs, powers
 unary("exp", lambda x: x.exp(), "grad * conj_if_complex(result)", autocast={"cuda": "fp32"})
-unary("exp2", lambda x: x.exp2(), f"grad * result * {math.log(2.0)}")
-unary("expm1", lambda x: x.expm1(), "grad * (result + 1)", autocast={"cuda": "fp32"})
+unary("exp2", lambda x: x.exp2(), f"grad * conj_if_complex(result) * {math.log(2.0)}")
+unary("expm1", lambda x: x.expm1(), "grad * conj_if_complex(result + 1)", autocast={"cuda": "fp32"})
 unary("log", lambda x: x.log(), "grad / conj_if_complex(self)", autocast={"cuda": "fp32"})
-unary("log2", lambda x: x.log2(), f"grad / (self * {math.log(2.0)})", autocast={"cuda": "fp32"})
-unary("log10", lambda x: x.log10(), f"grad / (self * {math.log(10.0)})", autocast={"cuda": "fp32"})
-unary("log1p", lambda x: x.log1p(), "grad / (self + 1)", autocast={"cuda": "fp32"})
+unary("log2", lambda x: x.log2(), f"grad / (conj_if_complex(self) * {math.log(2.0)})", autocast={"cuda": "fp32"})
+unary("log10", lambda x: x.log10(), f"grad / (conj_if_complex(self) * {math.log(10.0)})", autocast={"cuda": "fp32"})
+unary("log1p", lambda x: x.log1p(), "grad / conj_if_complex(self + 1)", autocast={"cuda": "fp32"})
 unary("sqrt", lambda x: x.sqrt(), "grad / (2 * conj_if_complex(result))")
-unary("rsqrt", lambda x: x.rsqrt(), "-0.5 * grad * result * result * result", autocast={"cuda": "fp32"})
+unary("rsqrt", lambda x: x.rsqrt(), "-0.5 * grad * conj_if_complex(result * result * result)",
+      autocast={"cuda": "fp32"})
 unary("reciprocal", lambda x: x.reciprocal(), "-grad * conj_if_complex(result * result)", autocast={"cuda": "fp32"})
 unary("square", lambda x: x * x, "2 * grad * conj_if_complex(self)", dtype=R.promote)
 
 # ---------------------------------------------------------------- trigonometric and hyperbolic
-unary("sin", lambda x: x.sin(), "grad * cos(self)")
-unary("cos", lambda x: x.cos(), "-grad * sin(self)")
-unary("tan", lambda x: x.tan(), "grad * (1 + result * result)", autocast={"cuda": "fp32"})
-unary("asin", lambda x: x.asin(), "grad * rsqrt(1 - self * self)", aliases=("arcsin",), autocast={"cuda": "fp32"})
-unary("acos", lambda x: x.acos(), "-grad * rsqrt(1 - self * self)", aliases=("arccos",), autocast={"cuda": "fp32"})
-unary("atan", lambda x: x.atan(), "grad / (1 + self * self)", aliases=("arctan",))
-unary("sinh", lambda x: x.sinh(), "grad * cosh(self)", autocast={"cuda": "fp32"})
-unary("cosh", lambda x: x.cosh(), "grad * sinh(self)", autocast={"cuda": "fp32"})
-unary("tanh", lambda x: x.tanh(), "grad * (1 - result * result)")
-unary("sigmoid", lambda x: 1 / (1 + (-x).exp()), "grad * result * (1 - result)")
+unary("sin", lambda x: x.sin(), "grad * conj_if_complex(cos(self))")
+unary("cos", lambda x: x.cos(), "-grad * conj_if_complex(sin(self))")
+unary("tan", lambda x: x.tan(), "grad * conj_if_complex(1 + result * result)", autocast={"cuda": "fp32"})
+unary("asin", lambda x: x.asin(), "grad * conj_if_complex(rsqrt(1 - self * self))", aliases=("arcsin",),
+      autocast={"cuda": "fp32"})
+unary("acos", lambda x: x.acos(), "-grad * conj_if_complex(rsqrt(1 - self * self))", aliases=("arccos",),
+      autocast={"cuda": "fp32"})
+unary("atan", lambda x: x.atan(), "grad / conj_if_complex(1 + self * self)", aliases=("arctan",))
+unary("sinh", lambda x: x.sinh(), "grad * conj_if_complex(cosh(self))", autocast={"cuda": "fp32"})
+unary("cosh", lambda x: x.cosh(), "grad * conj_if_complex(sinh(self))", autocast={"cuda": "fp32"})
+unary("tanh", lambda x: x.tanh(), "grad * conj_if_complex(1 - result * result)")
+unary("sigmoid", lambda x: 1 / (1 + (-x).exp()), "grad * conj_if_complex(result * (1 - result))")
 unary("erf", lambda x: x.erf(), f"grad * {2 / math.sqrt(math.pi)} * exp(-self * self)")
 unary("erfinv", lambda x: x.erfinv(), f"grad * {math.sqrt(math.pi) / 2} * exp(erfinv(self) ** 2)",
       autocast={"cuda": "fp32"})

@@ -52,12 +52,15 @@ def cumprod_backward(grad, self, result, dim: int):
     Without grad mode (a plain backward) this is O(n) and divides only where it is exact: before the first zero
     of a slice, ``result_i / x_k``; at the first zero, a cumprod that skips it; after it, every product holds
     the zero. Under grad mode (``create_graph=True``) the gradient must stay a polynomial in ``self`` so its own
-    derivative is right at zeros too, so every product is formed explicitly, in O(n^2), as torch does.
+    derivative is right at zeros too, so every product is formed explicitly, in O(n^2), as torch does. Complex
+    inputs take the conjugate of the derivative, as every holomorphic function's gradient does.
     """
     from tilewise.dispatch import STATE
 
     if self.ndim == 0 or self.numel() == 0:
         return grad
+    if self.is_complex():
+        self, result = self.conj(), result.conj()
     if STATE.grad_enabled:
         return _cumprod_backward_by_products(grad, self, dim)
     is_zero = self == 0

@@ -185,10 +185,16 @@ composite("aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor
 
 def logcumsumexp_backward(grad, self, result, dim):
     """torch's formula in log space: the positive and negative parts of ``grad`` each summed from the end by
-    logcumsumexp, so that no exp of a large value is ever formed."""
+    logcumsumexp, so that no exp of a large value is ever formed; a complex ``grad`` (its conjugate's log) needs no
+    split."""
     if grad.numel() == 0:
         return grad
     dim = dim % max(self.ndim, 1)
+    if grad.is_complex():
+        log_grad = grad.conj().log()
+        if self.ndim == 0:
+            return (log_grad - result + self).exp().conj()
+        return ((log_grad - result).flip(dim).logcumsumexp(dim).flip(dim) + self).exp().conj()
     minus_inf = grad.new_full((), -math.inf)
     log_pos = call("where", grad > 0, grad.abs().log(), minus_inf)
     log_neg = call("where", grad < 0, grad.abs().log(), minus_inf)
@@ -206,6 +212,9 @@ def logcumsumexp_jvp(self, self_t, result, dim):
     overflows; 0 where the result is -inf (no element yet contributes)."""
     if self.numel() == 0:
         return self_t
+    if self.is_complex():  # no maximum to scale by: torch's formula as it is for complex inputs
+        exp = self.exp()
+        return (exp * self_t).cumsum(dim) / exp.cumsum(dim)
     peak = self.amax(dim, keepdim=True)
     peak = peak.masked_fill(~peak.isfinite(), 0)
     scaled = (self_t * (self - peak).exp()).cumsum(dim)
@@ -213,7 +222,23 @@ def logcumsumexp_jvp(self, self_t, result, dim):
 
 
 HELPERS.update(logcumsumexp_backward=logcumsumexp_backward, logcumsumexp_jvp=logcumsumexp_jvp)
-declare("logcumsumexp(Tensor self, int dim) -> Tensor", "other", dtype=R.floating_only,
+def _floating_or_complex(op, args) -> None:
+    """torch has floating and complex kernels only for logcumsumexp: integers and bools are NotImplementedError,
+    its kernel named."""
+    dtype = args[0].dtype
+    if dtype.category < dtypes.FLOAT:
+        kernel = "logcumsumexp_cuda" if args[0].device.type == "cuda" else "logcumsumexp_out_cpu"
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{dtypes.c10_name(dtype)}\' (got a {dtype.name} '
+                                  "input)")
+
+
+def _floating_or_complex_dtype(op, args) -> tuple:
+    dtype = args[0].dtype
+    return dtype, dtypes.compute_dtype(dtype)
+
+
+declare("logcumsumexp(Tensor self, int dim) -> Tensor", "other", dtype=_floating_or_complex_dtype,
+        check=_floating_or_complex,
         grad={"self": "logcumsumexp_backward(grad, self, result, dim)"},
         fwd="logcumsumexp_jvp(self, self_t, result, dim)", batch=shift_dims)
 

@@ -363,8 +363,8 @@ pointwise("xlogy(Tensor self, Tensor other) -> Tensor", None,
           {"self": "where((self == 0) & (other <= 0), zeros_like(grad), grad * log(other))",
            "other": "grad * self / other"}, R.promote_float, expr_builder=_xlogy)
 unary("sinc", lambda x: where(x.eq(0), 1.0, (x * math.pi).sin() / (x * math.pi)),
-      f"where(self == 0, zeros_like(grad), grad * ({math.pi} * self * cos({math.pi} * self) - sin({math.pi} * self))"
-      f" / ({math.pi} * self * self))")
+      f"where(self == 0, zeros_like(grad), grad * conj_if_complex(({math.pi} * self * cos({math.pi} * self) - "
+      f"sin({math.pi} * self)) / ({math.pi} * self * self)))")
 unary("deg2rad", lambda x: x * (math.pi / 180), f"grad * {math.pi / 180}")
 unary("rad2deg", lambda x: x * (180 / math.pi), f"grad * {180 / math.pi}")
 

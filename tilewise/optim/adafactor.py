@@ -57,6 +57,9 @@ class Adafactor(Optimizer):
 
     @grad_mode_of_differentiable
     def step(self, closure=None):
+        for group in self.param_groups:
+            if any(p.grad is not None and p.is_complex() for p in group["params"]):
+                raise RuntimeError("Adafactor does not support complex parameters")
         return self._step_groups(closure, _adafactor_update)
 
 

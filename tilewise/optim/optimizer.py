@@ -251,12 +251,20 @@ class Optimizer:
         return zeros((), dtype=dtype, device=p.device)
 
     # ------------------------------------------------------------------ running an update over a group
+    # torch's elementwise optimizers update a complex parameter, its gradient and its state as their real views
+    # (view_as_real): a pair of real numbers each, so Adam's second moment is |re|^2 and |im|^2, not a complex square
+    _complex_as_real = True
+
     def _update_group(self, k: int, group: dict, update: Callable, tensors: tuple, hyper: tuple) -> None:
         """``update(*tensors, lr, *hyper)`` over the parameters of group ``k`` that have gradients: compiled over
         the whole list where ``foreach``/``fused`` ask for it (see [Note: foreach updates]), else torch's
         per-parameter loop. ``tensors[0]`` is the list of parameters."""
         params = tensors[0]
         if not params:
+            return
+        if self._complex_as_real and any(p.is_complex() for p in params):
+            # the loop, over the real views: a compiled multi-tensor program takes no view of another dtype's storage
+            update(*(_as_real(ts) for ts in tensors), self._traced_lr(k, group, params[0].device), *hyper)
             return
         if group.get("fused"):
             _check_fused(params)
@@ -545,3 +553,11 @@ def _match(param: Tensor, key, value, device_step: bool = False):
     if not param.is_floating_point():
         return value.to(param.device)
     return value.to(device=param.device, dtype=param.dtype)
+
+
+def _as_real(tensors):
+    """A list of a group's tensors with each complex one as its real view (``view_as_real``); None and lists of
+    None (a state a parameter lacks) as they are."""
+    if tensors is None:
+        return None
+    return [OPS["view_as_real"](t) if t is not None and t.is_complex() else t for t in tensors]

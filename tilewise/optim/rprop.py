@@ -27,8 +27,10 @@ class Rprop(Optimizer):
 
     def _more_state(self, state: dict, p, group: dict) -> None:
         lr = group["lr"]
+        lr = lr.item() if isinstance(lr, Tensor) else lr
         state["prev"] = zeros_like(p)
-        state["step_size"] = full_like(p, lr.item() if isinstance(lr, Tensor) else lr)
+        # a complex parameter's real and imaginary parts each start at the rate (its real view's two numbers)
+        state["step_size"] = full_like(p, complex(lr, lr) if p.is_complex() else lr)
 
     def _init_param_state(self, p, group: dict) -> None:
         self._buffered_state(p, group)

@@ -146,6 +146,26 @@ def histc(self, bins=100, min=0, max=0):
     return from_array(np.bincount(position, minlength=bins).astype(self.dtype.np), self.dtype)
 
 
+def _complex_log_add_exp(x, y):
+    """log(exp(x) + exp(y)) of complex values as torch forms it: the larger real part taken out and log1p of the
+    exp of the difference; two equal infinite real parts give x where -inf (the angle is lost in exp's 0) and the
+    plain formula where +inf; a nan real part, nan."""
+    larger = x.real >= y.real
+    hi, lo = np.where(larger, x, y), np.where(larger, y, x)
+    out = hi + np.log1p(np.exp(lo - hi))
+    same_inf = ~np.isfinite(lo.real) & (lo.real == hi.real)
+    out = np.where(same_inf & (lo.real < 0), x, out)
+    out = np.where(same_inf & (lo.real > 0), np.log(np.exp(x) + np.exp(y)), out)
+    return np.where(np.isnan(x.real) | np.isnan(y.real), np.complex128(complex(np.nan, np.nan)), out).astype(x.dtype)
+
+
+def _complex_logcumsumexp(a, dim):
+    work = np.moveaxis(a, dim, 0).copy()
+    for i in range(1, work.shape[0]):
+        work[i] = _complex_log_add_exp(work[i - 1], work[i])
+    return np.moveaxis(work, 0, dim)
+
+
 @kernel("logcumsumexp")
 def logcumsumexp(self, dim):
     a = self._np()
@@ -154,7 +174,10 @@ def logcumsumexp(self, dim):
         return from_array(a.copy(), self.dtype)
     d = dim % a.ndim
     with np.errstate(all="ignore"):
-        out = np.logaddexp.accumulate(work, axis=d) if a.size else work
+        if np.iscomplexobj(a):
+            out = _complex_logcumsumexp(work, d)
+        else:
+            out = np.logaddexp.accumulate(work, axis=d) if a.size else work
     return from_array(np.asarray(out).astype(self.dtype.np, order="C"), self.dtype)  # row-major, as torch's
 
 

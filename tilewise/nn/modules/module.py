@@ -132,13 +132,46 @@ class Module:
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
 
     # ------------------------------------------------------------------ calling
+    _compiled_call = None  # set by compile(): the module's calls, compiled
+
     def __call__(self, *args, **kwargs):
+        if self._compiled_call is not None and not STATE.trace_depth:
+            return self._compiled_call(*args, **kwargs)
         if forward_range is not None:  # emit_nvtx: the forward inside a range of its own
             with forward_range(self):
                 return self._call_unranged(args, kwargs)
         if not self._forward_pre_hooks and not self._forward_hooks and not self._backward_hooks:
             return self.forward(*args, **kwargs)
         return self._call_with_hooks(args, kwargs)
+
+    def _eager_call(self, *args, **kwargs):
+        """A call as it runs uncompiled (what ``compile()`` compiles)."""
+        if forward_range is not None:  # emit_nvtx: the forward inside a range of its own
+            with forward_range(self):
+                return self._call_unranged(args, kwargs)
+        if not self._forward_pre_hooks and not self._forward_hooks and not self._backward_hooks:
+            return self.forward(*args, **kwargs)
+        return self._call_with_hooks(args, kwargs)
+
+    def compile(self, *args, **kwargs) -> None:
+        """torch's ``Module.compile``: from now on a call of this module (its forward and hooks) runs compiled by
+        ``tilewise.compile(..., *args, **kwargs)``; the module, its class and its state dict stay as they are."""
+        from tilewise.compiler import compile as compile_fn
+
+        object.__setattr__(self, "_compile_args", (args, kwargs))
+        object.__setattr__(self, "_compiled_call", compile_fn(self._eager_call, *args, **kwargs))
+
+    def __getstate__(self):
+        # a copy (deepcopy, pickle) leaves the compiled call behind and compiles its own (__setstate__)
+        state = self.__dict__.copy()
+        state.pop("_compiled_call", None)
+        return state
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+        if "_compile_args" in state:
+            args, kwargs = state["_compile_args"]
+            self.compile(*args, **kwargs)
 
     def _call_unranged(self, args: tuple, kwargs: dict):
         if not self._forward_pre_hooks and not self._forward_hooks and not self._backward_hooks:
