@@ -113,3 +113,35 @@ def test_on_the_gpu_slices_of_a_tensor_share_a_variant_and_its_graph():
         piece = data[start:start + (1 << 14)].view(128, 128)
         np.testing.assert_array_equal(f(piece).cpu().numpy(), (piece * 2 + 1).sum(0).cpu().numpy())
     assert len(f.variants) == 1
+
+
+def test_an_argument_viewing_another_dtypes_storage_is_read_and_written_within_its_memory():
+    """A compiled function given real views of complex tensors (``view_as_real``: an optimizer's parameters and
+    moments) or a ``view(dtype)`` of a float tensor: the argument's memory is counted in its own elements. Counted in
+    the storage's, a program writing two such views overran the heap (``double free or corruption``, a compiled
+    multi-tensor Adam over complex parameters)."""
+
+    def update(ps, gs, ms, bits):
+        for p, g, m in zip(ps, gs, ms):
+            m.mul_(0.9).add_(g)
+            p.add_(m, alpha=-0.1)
+        return bits ^ 0x55
+
+    def make():
+        tw.manual_seed(0)
+        complexes = [tw.complex(tw.randn(n, 3), tw.randn(n, 3)) for n in (64, 5, 200)]
+        grads = [tw.randn(n, 3, 2) for n in (64, 5, 200)]
+        moments = [tw.zeros_like(c) for c in complexes]
+        return complexes, grads, moments, tw.randn(33).view(tw.int32)
+
+    eager, compiled = make(), make()
+    f = tw.compile(update)
+    for _ in range(4):
+        want = update([tw.view_as_real(c) for c in eager[0]], eager[1], [tw.view_as_real(m) for m in eager[2]],
+                      eager[3])
+        got = f([tw.view_as_real(c) for c in compiled[0]], compiled[1], [tw.view_as_real(m) for m in compiled[2]],
+                compiled[3])
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert f.variants, "compiled, not run eagerly"
+    for a, b in zip(compiled[0] + compiled[2], eager[0] + eager[2]):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)

@@ -456,8 +456,12 @@ class Capture:
             _refresh_history(t)
         if entry is None:
             st = t._storage
-            dense = t._offset == 0 and t.numel() == st.size and S.is_contiguous(t._shape, t._strides)
-            root = TensorType(t._shape if dense else (st.size,), t._dtype, t._device)
+            # counted in the tensor's own elements: a view of another dtype's storage (``view_as_real`` of a complex
+            # tensor, ``view(dtype)``) spans more or fewer of them than the storage holds of its own, and a root of
+            # the storage's count overran its memory (a compiled optimizer over real views of complex parameters)
+            size = st.size if st.dtype is t._dtype else st.size * st.dtype.itemsize // t._dtype.itemsize
+            dense = t._offset == 0 and t.numel() == size and S.is_contiguous(t._shape, t._strides)
+            root = TensorType(t._shape if dense else (size,), t._dtype, t._device)
             node = Node("input", (), (), root, tag=self._unique_label(source.label))
             entry = StorageEntry(st, source, node, node, st.version, len(self.entries))
             self.entries[key] = entry
