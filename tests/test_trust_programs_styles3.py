@@ -1086,3 +1086,20 @@ def test_pow_of_a_number_by_a_tensor_differentiates_as_torch():
         (y.sum() + (torch.pow(2.0, z) + torch.pow(1j, z)).real.sum()).backward()
         seen.append([numpy_of(y), numpy_of(x.grad), numpy_of(z.grad)])
     assert_same(seen[1], seen[0])
+
+
+def test_random_factories_draw_complex_tensors_as_torch_does():
+    """``randn``/``rand`` with a complex dtype (an S4D kernel's random initialisation): real and imaginary parts each
+    normal of variance 1/2, or uniform in [0, 1), in a tensor of its own; ``randn_like`` of a complex tensor too."""
+    x = tilewise.randn(200_000, dtype=tilewise.complex64)
+    assert x.dtype == tilewise.complex64 and x._base is None and x.is_leaf
+    for part in (x.real, x.imag):
+        assert abs(float(part.var()) - 0.5) < 0.01 and abs(float(part.mean())) < 0.01
+    y = tilewise.rand(50, 3, dtype=tilewise.complex128, requires_grad=True)
+    assert y.dtype == tilewise.complex128 and y.requires_grad and y.is_leaf
+    assert float(y.real.min()) >= 0 and float(y.imag.max()) < 1
+    assert tilewise.randn_like(y).dtype == tilewise.complex128
+    g = tilewise.Generator().manual_seed(3)
+    first = tilewise.randn(8, dtype=tilewise.complex64, generator=g)
+    g.manual_seed(3)
+    assert bool((tilewise.randn(8, dtype=tilewise.complex64, generator=g) == first).all())

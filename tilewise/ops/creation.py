@@ -509,9 +509,20 @@ def _require_non_negative_std(factory: str, std) -> None:
         raise RuntimeError(f"{factory}: normal expects std >= 0.0, but found std {std}")
 
 
+def _complex_draws(size: tuple, dtype: DType, draw) -> Tensor:
+    """A complex tensor whose real and imaginary parts are ``draw(shape, real dtype)`` of (*size, 2) values, as
+    torch fills a complex tensor's parts."""
+    from tilewise.ops.registry import OPS
+
+    return OPS["view_as_complex"](draw((*size, 2), dtype.to_real())).clone()  # its own storage, no view's base
+
+
 @factory_out("rand")
 def rand(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     size, dtype = _sizes(sizes, size, "rand"), as_dtype(dtype or get_default_dtype())
+    if dtype.is_complex:  # real and imaginary parts each uniform in [0, 1), as torch's
+        return _finish(_complex_draws(size, dtype, lambda shape, real: rand(shape, generator=generator, dtype=real,
+                                                                              device=device)), requires_grad)
     _require_floating("rand", dtype)
     out = _allocate("rand", size, dtype, lambda: _call("uniform", size, 0.0, 1.0, dtype=dtype, device=device,
                                                         generator=generator))
@@ -521,6 +532,10 @@ def rand(*sizes, size=None, generator=None, dtype=None, device=None, requires_gr
 @factory_out("randn")
 def randn(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     size, dtype = _sizes(sizes, size, "randn"), as_dtype(dtype or get_default_dtype())
+    if dtype.is_complex:  # real and imaginary parts each normal of variance 1/2 (the whole of variance 1), as torch's
+        return _finish(_complex_draws(size, dtype, lambda shape, real: randn(shape, generator=generator, dtype=real,
+                                                                               device=device) * 0.5 ** 0.5),
+                       requires_grad)
     _require_floating("randn", dtype)
     out = _allocate("randn", size, dtype, lambda: _call("normal_sample", size, dtype=dtype, device=device,
                                                          generator=generator))
