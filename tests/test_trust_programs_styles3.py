@@ -438,6 +438,7 @@ def test_neural_ode_classifier_with_rk4_and_nesterov_sgd_trains_like_torch():
     assert_same(ours, theirs)
 
 
+@pytest.mark.slow  # torch.compile's side compiles for about 20 s on two cores
 def test_neural_ode_classifier_compiled_trains_as_it_does_eagerly():
     batches = spirals(np.random.default_rng(5), steps=3)
     eager_ours, eager_theirs = run_both(neural_ode, batches)
