@@ -191,9 +191,21 @@ def table(model: Model, rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def parse_model(name: str) -> str:
+    """``name`` if this benchmark runs it (a ResNet-50 or a transformer matrix model), else an argparse error."""
+    if name in ("resnet50", "resnet50-contiguous"):
+        return name
+    try:
+        return tm.parse_model(name)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, resnet50 or resnet50-contiguous") from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", type=vs.comma_list(MODELS), default=list(MODELS))
+    parser.add_argument("--models", type=lambda text: [parse_model(m.strip()) for m in text.split(",") if m.strip()],
+                        default=list(MODELS), help="gpt2 (and its variants, gpt2-nobias-erf-tied), llama, vit, "
+                        "resnet50 (channels-last), resnet50-contiguous")
     parser.add_argument("--sides", type=vs.comma_list(SIDES), default=list(SIDES))
     parser.add_argument("--steps", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=4)
