@@ -101,6 +101,19 @@ def make_allocator(capacity: int = 1 << 40) -> tuple[CachingAllocator, FakeBacke
     return CachingAllocator(backend, events, name="fake"), backend, events
 
 
+def fake_device_memory(monkeypatch, device: int):
+    """The CUDA backend's memory of a made-up device, over an allocator of fake memory: (memory, allocator, backend)."""
+    from tilewise.backends.cuda import device_memory as dm
+
+    allocator, backend, _ = make_allocator()
+    memory = dm.DeviceMemory.__new__(dm.DeviceMemory)
+    memory.device, memory.allocator, memory.free_lists, memory.cached, memory.allocated, memory.peak = (
+        device, allocator, {}, 0, 0, 0)
+    memory.cache_limit = dm.SMALL_CACHE_LIMIT
+    monkeypatch.setitem(dm._memories, device, memory)
+    return memory, allocator, backend
+
+
 def check_invariants(allocator: CachingAllocator, backend: FakeBackend) -> None:
     segments = allocator.segments()
     assert {s.ptr: s.size for s in segments} == backend.live
@@ -522,12 +535,7 @@ def test_the_backends_free_lists_are_emptied_even_when_finalizers_add_to_them_me
     allocator, where the collector may run a buffer's finalizer that puts a block on the lists being emptied."""
     from tilewise.backends.cuda import device_memory as dm
 
-    allocator, backend, _ = make_allocator()
-    memory = dm.DeviceMemory.__new__(dm.DeviceMemory)
-    memory.device, memory.allocator, memory.free_lists, memory.cached, memory.allocated, memory.peak = (
-        98, allocator, {}, 0, 0, 0)
-    memory.cache_limit = dm.SMALL_CACHE_LIMIT
-    monkeypatch.setitem(dm._memories, 98, memory)
+    memory, allocator, backend = fake_device_memory(monkeypatch, 98)
     buffers = [dm.DeviceBuffer(4096 * (k + 1), 98, k % 2) for k in range(6)]
     late = [dm.DeviceBuffer(512, 98, 1), dm.DeviceBuffer(1024, 98, 1)]  # freed by "finalizers" during the emptying
     del buffers
@@ -1116,12 +1124,7 @@ def test_a_repeated_steps_blocks_come_back_to_the_same_tensors(monkeypatch):
     first out, the order in which a backward frees what a forward made moved the blocks from step to step)."""
     from tilewise.backends.cuda import device_memory as dm
 
-    allocator, _, _ = make_allocator()
-    memory = dm.DeviceMemory.__new__(dm.DeviceMemory)
-    memory.device, memory.allocator, memory.free_lists, memory.cached, memory.allocated, memory.peak = (
-        97, allocator, {}, 0, 0, 0)
-    memory.cache_limit = dm.SMALL_CACHE_LIMIT
-    monkeypatch.setitem(dm._memories, 97, memory)
+    memory, allocator, _ = fake_device_memory(monkeypatch, 97)
 
     def step() -> list[int]:
         activations = [dm.DeviceBuffer(8192, 97, 0) for _ in range(4)]  # a forward's, all of one size
@@ -1146,12 +1149,7 @@ def test_the_free_lists_go_back_to_the_allocator_before_it_reserves_more_memory(
     allocator's cache can serve first gives them back (merged), so they never make the reserved memory grow."""
     from tilewise.backends.cuda import device_memory as dm
 
-    allocator, backend, _ = make_allocator()
-    memory = dm.DeviceMemory.__new__(dm.DeviceMemory)
-    memory.device, memory.allocator, memory.free_lists, memory.cached, memory.allocated, memory.peak = (
-        95, allocator, {}, 0, 0, 0)
-    memory.cache_limit = dm.SMALL_CACHE_LIMIT
-    monkeypatch.setitem(dm._memories, 95, memory)
+    memory, allocator, backend = fake_device_memory(monkeypatch, 95)
     blocks = [dm.DeviceBuffer(4 << 20, 95, 0) for _ in range(8)]  # two 20 MiB segments of the allocator
     segments = len(backend.live)
     del blocks

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch as real_torch
 from test_trust_programs import assert_same, gradients, initial_state, numpy_of, run_both
+from test_trust_programs_styles2 import raised
 
 import tilewise
 
@@ -779,13 +780,6 @@ def test_continuous_normalizing_flow_with_a_trace_estimator_trains_like_torch(ex
 
 # ----------------------------------------------------------------------------------------------------------------------
 # What the programs met, reduced.
-
-def raised(call, torch):
-    try:
-        call(torch)
-    except Exception as exc:  # noqa: BLE001 — the exception itself is what is compared
-        return exc
-    return None
 
 
 @pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])

@@ -54,24 +54,29 @@ class ExpRelaxedCategorical(Distribution):
         return score + log_scale
 
 
-class RelaxedOneHotCategorical(TransformedDistribution):
-    """A point of the simplex that approaches a one-hot draw of ``Categorical(probs)`` as the temperature falls."""
+class _Relaxed(TransformedDistribution):
+    """A relaxed distribution: its base (of scores or logits) transformed, whose parameters are the base's."""
 
-    arg_constraints = {"probs": constraints.simplex, "logits": constraints.real_vector}
-    support = constraints.simplex
     has_rsample = True
-
-    def __init__(self, temperature, probs=None, logits=None, validate_args=None) -> None:
-        base_dist = ExpRelaxedCategorical(temperature, probs, logits, validate_args=validate_args)
-        super().__init__(base_dist, ExpTransform(), validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
         base = self.base_dist.expand(batch_shape)
-        return RelaxedOneHotCategorical(base.temperature, logits=base.logits, validate_args=False)
+        return type(self)(base.temperature, logits=base.logits, validate_args=False)
 
     temperature = property(lambda self: self.base_dist.temperature)
     logits = property(lambda self: self.base_dist.logits)
     probs = property(lambda self: self.base_dist.probs)
+
+
+class RelaxedOneHotCategorical(_Relaxed):
+    """A point of the simplex that approaches a one-hot draw of ``Categorical(probs)`` as the temperature falls."""
+
+    arg_constraints = {"probs": constraints.simplex, "logits": constraints.real_vector}
+    support = constraints.simplex
+
+    def __init__(self, temperature, probs=None, logits=None, validate_args=None) -> None:
+        base_dist = ExpRelaxedCategorical(temperature, probs, logits, validate_args=validate_args)
+        super().__init__(base_dist, ExpTransform(), validate_args=validate_args)
 
 
 class LogitRelaxedBernoulli(_ProbsOrLogits, Distribution):
@@ -108,21 +113,12 @@ class LogitRelaxedBernoulli(_ProbsOrLogits, Distribution):
         return self.temperature.log() + diff - 2 * diff.exp().log1p()
 
 
-class RelaxedBernoulli(TransformedDistribution):
+class RelaxedBernoulli(_Relaxed):
     """A point of (0, 1) that approaches a ``Bernoulli(probs)`` draw as the temperature falls."""
 
     arg_constraints = {"probs": constraints.unit_interval, "logits": constraints.real}
     support = constraints.unit_interval
-    has_rsample = True
 
     def __init__(self, temperature, probs=None, logits=None, validate_args=None) -> None:
         base_dist = LogitRelaxedBernoulli(temperature, probs, logits)
         super().__init__(base_dist, SigmoidTransform(), validate_args=validate_args)
-
-    def expand(self, batch_shape, _instance=None):
-        base = self.base_dist.expand(batch_shape)
-        return RelaxedBernoulli(base.temperature, logits=base.logits, validate_args=False)
-
-    temperature = property(lambda self: self.base_dist.temperature)
-    logits = property(lambda self: self.base_dist.logits)
-    probs = property(lambda self: self.base_dist.probs)

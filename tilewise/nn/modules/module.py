@@ -137,12 +137,7 @@ class Module:
     def __call__(self, *args, **kwargs):
         if self._compiled_call is not None and not STATE.trace_depth:
             return self._compiled_call(*args, **kwargs)
-        if forward_range is not None:  # emit_nvtx: the forward inside a range of its own
-            with forward_range(self):
-                return self._call_unranged(args, kwargs)
-        if not self._forward_pre_hooks and not self._forward_hooks and not self._backward_hooks:
-            return self.forward(*args, **kwargs)
-        return self._call_with_hooks(args, kwargs)
+        return self._eager_call(*args, **kwargs)
 
     def _eager_call(self, *args, **kwargs):
         """A call as it runs uncompiled (what ``compile()`` compiles)."""
