@@ -621,22 +621,6 @@ def gnn(torch, init, graphs):
     record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
     return record
 
-def graphs(rng, steps=3):
-    out = []
-    for _ in range(steps):
-        sizes = [4, 5]
-        x = rng.standard_normal((sum(sizes), 3)).astype(np.float32)
-        edges, batch, start = [], [], 0
-        for g, n in enumerate(sizes):
-            for i in range(n - 1):
-                edges += [(start + i, start + i + 1), (start + i + 1, start + i)]
-            edges.append((start, start + n - 1))
-            batch += [g] * n
-            start += n
-        out.append((x, np.array(edges).T.copy(), np.array(batch), rng.integers(0, 2, len(sizes))))
-    return out
-
-
 def small_graphs(rng, steps=3):
     out = []
     for _ in range(steps):
