@@ -621,6 +621,7 @@ def gnn(torch, init, graphs):
     record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
     return record
 
+
 def small_graphs(rng, steps=3):
     out = []
     for _ in range(steps):
