@@ -393,6 +393,23 @@ def test_in_place_ops_write_into_their_target():
     assert float(x[123].item()) == 4.0 and x._version == 3
 
 
+def test_recorded_in_place_activations_write_into_their_target():
+    """An in-place activation that autograd records (a ResNet's ``ReLU(inplace=True)``) writes its target directly
+    too: no temporary of its size, and the gradient through the written target is right."""
+    w = tw.full((1 << 24,), -1.0, device="cuda").requires_grad_()
+    y = w * 2  # 64 MiB
+    tw.cuda.synchronize()
+    before = tw.cuda.memory_allocated()
+    tw.cuda.reset_peak_memory_stats()
+    storage = y._storage
+    y.relu_()
+    tw.cuda.synchronize()
+    assert tw.cuda.max_memory_allocated() - before < 1 << 20
+    assert y._storage is storage and y._version == 1 and y.grad_fn is not None
+    (y + w).sum().backward()
+    assert float(w.grad[7].item()) == 1.0  # relu's gradient is 0 at -2: only the sum's path remains
+
+
 @pytest.mark.parametrize("case", ["self", "transpose", "overlap", "offset", "broadcast", "cast", "expanded",
                                   "requires_grad", "alpha"])
 def test_in_place_ops_match_their_out_of_place_form(case):

@@ -394,10 +394,25 @@ def llama_program(torch, init, attention="matmul", kv_repeat="expand", temperatu
             "inference": np.array(inference)}
 
 
-@pytest.mark.parametrize(("attention", "kv_repeat"), [
-    ("matmul", "expand"), ("sdpa_causal", "repeat_interleave"), ("sdpa_bool", "expand"),
-    ("sdpa_float", "repeat_interleave")])
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+ATTENTIONS = [("matmul", "expand"), ("sdpa_causal", "repeat_interleave"), ("sdpa_bool", "expand"),
+              ("sdpa_float", "repeat_interleave")]
+
+
+def _compiled_slow_for(cases: list, quick: set) -> list:
+    """``cases`` eager and compiled, the compiled run of those not in ``quick`` marked slow (a compiled generation
+    takes 10-20 s on 2 cores; the quick ones cover every attention path the compiler meets)."""
+    out = []
+    for case in cases:
+        values = case if isinstance(case, tuple) else (case,)
+        name = "-".join(values)
+        out.append(pytest.param(*values, False, id=f"eager-{name}"))
+        marks = () if case in quick else (pytest.mark.slow,)
+        out.append(pytest.param(*values, True, id=f"compiled-{name}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize(("attention", "kv_repeat", "compiled"),
+                         _compiled_slow_for(ATTENTIONS, {("matmul", "expand"), ("sdpa_causal", "repeat_interleave")}))
 def test_llama_reference_generation_greedy_matches_torch(attention, kv_repeat, compiled):
     ours, theirs = run_both(llama_program, attention=attention, kv_repeat=kv_repeat, compiled=compiled)
     assert_same(ours, theirs)
@@ -707,16 +722,15 @@ def hf_program(torch, init, attn_implementation="eager", do_sample=False, temper
             "dtypes": [dtype_name(t) for t in (logits, past_key_values[0][0], model.rotary_emb.inv_freq)]}
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa", "sdpa_bool"])
+@pytest.mark.parametrize(("attn_implementation", "compiled"),
+                         _compiled_slow_for(["eager", "sdpa", "sdpa_bool"], {"sdpa_bool"}))
 def test_hf_style_greedy_generation_with_left_padding_matches_torch(attn_implementation, compiled):
     ours, theirs = run_both(hf_program, attn_implementation=attn_implementation, repetition_penalty=1.3,
                             compiled=compiled)
     assert_same(ours, theirs)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize(("attn_implementation", "compiled"), _compiled_slow_for(["eager", "sdpa"], {"sdpa"}))
 def test_hf_style_generation_in_bfloat16_matches_torch(attn_implementation, compiled):
     # masks from torch.finfo(torch.bfloat16).min; sampled over the whole vocabulary so that both runs follow torch
     ours, theirs = run_both(hf_program, draws_tolerance=(BF16_RTOL, 1e-3), attn_implementation=attn_implementation,

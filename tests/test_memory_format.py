@@ -366,6 +366,32 @@ def test_pooling_layouts_of_batched_and_unbatched_inputs_like_torch(name):
         same_layout(ours, POOLINGS[name](torch_F, varied(torch, shape, order)))
 
 
+POOLING_GRADIENTS = {  # the gradient an intermediate channels-last activation receives (a leaf's takes its own)
+    "max_pool2d": lambda lib, nnf, x: nnf.max_pool2d(x, 3, 2, 1),
+    "max_pool3d": lambda lib, nnf, x: nnf.max_pool3d(x, 3, 2, 1),
+    "adaptive_max_pool2d": lambda lib, nnf, x: nnf.adaptive_max_pool2d(x, 3),
+    "adaptive_max_pool3d": lambda lib, nnf, x: nnf.adaptive_max_pool3d(x, 3),  # row-major in torch
+    "fractional_max_pool2d": lambda lib, nnf, x: nnf.fractional_max_pool2d(  # row-major in torch
+        x, 2, output_size=3, _random_samples=lib.full((2, 3, 2), 0.3)),
+}
+
+
+@pytest.mark.parametrize("name", list(POOLING_GRADIENTS))
+def test_max_pooling_input_gradient_layouts_like_torch(name):
+    spatial = int(name.split("_pool")[1][0])
+    results = []
+    for lib, nnf in ((tw, tw_F), (torch, torch_F)):
+        x = varied(lib, (2, 3) + (7,) * spatial, (0, *range(2, spatial + 2), 1)).requires_grad_()
+        h = x * 1
+        seen = {}
+        h.register_hook(lambda g, seen=seen: seen.setdefault("grad", g))
+        y = POOLING_GRADIENTS[name](lib, nnf, h)
+        y.backward(varied(lib, tuple(y.shape)))
+        results.append(seen["grad"])
+    same_layout(results[0], results[1])
+    np.testing.assert_allclose(results[0].numpy(), results[1].numpy(), rtol=1e-5, atol=1e-6)  # overlapping windows
+
+
 # ---------------------------------------------------------------------------- convolution
 
 CONVOLUTIONS = [  # (function, input shape, weight shape, groups, input layout, weight layout, bias)

@@ -141,22 +141,31 @@ def autocast_call(op, args: tuple):
 
 
 def call_into(op, args: tuple):
-    """The first call under an in-place op with nothing to record (see [Note: in-place writes] in
+    """The first call under an in-place op offered its target (see [Note: in-place writes] in
     ``ops/inplace.py``): when it is that op's pointwise form reading the target as its first tensor, and the
-    backend can write the result straight into the target, it does, and the target is the result; any other
-    call (a decomposition's first step, a conversion) runs as usual."""
+    backend can write the result straight into the target, it does, and the target is the result (recorded by
+    autograd as the op's output where the op records); any other call (a decomposition's first step, a
+    conversion) runs as usual."""
     out, name = STATE.into
     STATE.into = None
     if op.name == name and op.kind == "pointwise" and op.tensor_idx and args[op.tensor_idx[0]] is out \
             and not STATE.trace_depth and STATE.autocast is None:
-        backend = BACKENDS.get(out._device.type)
-        if backend is not None and device_of(op, args) is out._device:
-            if op.check is not None:  # as run does: the operator's own argument check, before any kernel
-                op.check(op, args)
-            result = backend.run_into(op, args, out._device, out)
-            if result is not None:
-                return result
+        if STATE.grad_enabled and op.differentiable and _requires_grad(op, args):
+            return record(op, args, out)
+        result = run_written(op, args, out)
+        if result is not None:
+            return result
     return call_below_profiler(op, args)
+
+
+def run_written(op, args: tuple, out: Tensor) -> Tensor | None:
+    """``op(*args)`` written into ``out`` by its backend (``out`` returned), or None where the backend cannot."""
+    backend = BACKENDS.get(out._device.type)
+    if backend is None or device_of(op, args) is not out._device:
+        return None
+    if op.check is not None:  # as run does: the operator's own argument check, before any kernel
+        op.check(op, args)
+    return backend.run_into(op, args, out._device, out)
 
 
 # ------------------------------------------------------------ plug-ins (see [Note: dispatcher plug-ins])
@@ -187,7 +196,8 @@ numbers_in_flight = 0  # traces with dynamic numbers in progress, in any thread:
 
 
 def register_recorder(fn) -> None:
-    """The Autograd key: ``fn(op, args)`` runs ``op`` below autograd and records its node."""
+    """The Autograd key: ``fn(op, args, into=None)`` runs ``op`` below autograd and records its node (its result
+    written into ``into`` where the backend can: see ``call_into``)."""
     global record
     record = fn
 

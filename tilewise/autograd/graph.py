@@ -488,15 +488,18 @@ _RECIPES: dict = {}  # op -> _Recipe
 _NO_EDGE = (None, 0)
 
 
-def record(op, args: tuple):
-    """Run ``op`` below autograd and attach a backward node to its outputs."""
+def record(op, args: tuple, into: Tensor | None = None):
+    """Run ``op`` below autograd and attach a backward node to its outputs. ``into``: an in-place operator's
+    target, which the backend may write the result into (it is then the output; see [Note: in-place writes])."""
     if op.kind == "composite" and not op.derivatives:
         return op.decomposition(*args)  # autograd flows through the primitives it calls
     if op.kind == "custom":  # a custom operator records itself, as an autograd.Function (tilewise.library)
         return op.attrs["record"](args)
     STATE.grad_enabled = GRAD_OFF_FOR_RECORDING
     try:
-        out = run(op, args)
+        out = None if into is None else dispatch.run_written(op, args, into)
+        if out is None:
+            out = run(op, args)
     finally:
         STATE.grad_enabled = True
     recipe = _RECIPES.get(op)

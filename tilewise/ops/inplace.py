@@ -239,8 +239,9 @@ def make_inplace(fn, name: str):
         # in-place operators keep ``original_self``
         source = self.clone() if (recording or dual) and saves_self else self
         autocast, STATE.autocast = STATE.autocast, None  # torch's autocast lists no in-place op
-        if not recording and not STATE.trace_depth and not STATE.vmap and not dual \
-                and not written_outside_inference(self):  # commit refuses it, after torch's shape checks
+        if not STATE.trace_depth and not STATE.vmap and not dual and not written_outside_inference(self) \
+                and (not recording or source is self and self._base is None and self._view_meta is None
+                     and not STATE.saved_tensor_hooks):  # (commit refuses an inference write, after torch's checks)
             STATE.into = (self, name)
         try:
             result = fn(source, *args, **kwargs)
@@ -248,7 +249,9 @@ def make_inplace(fn, name: str):
             STATE.autocast = autocast
             STATE.into = None
         commit(self, result, f"{name}_")
-        if (recording and result is not self and result._dtype is self._dtype and result._requires_grad
+        if recording and result is self:
+            _saved_after_write(self)
+        elif (recording and result._dtype is self._dtype and result._requires_grad
                 and all(result is not a for a in args)):
             _save_written(self, result)
         return self
@@ -332,6 +335,17 @@ def _save_written(self: Tensor, result: Tensor) -> None:
         return
     entry.tensor = self.detach()
     entry.version = self._storage.version - self._storage.untracked
+
+
+def _saved_after_write(self: Tensor) -> None:
+    """After an in-place operator recorded its node with ``self`` as the output it wrote directly: the node's saved
+    output (``relu_``'s) holds the value written, so it takes the version the write gave ``self``."""
+    node = self._grad_fn
+    saved = getattr(node, "saved", None)
+    entry = saved.get("result") if saved else None
+    if (entry is not None and not isinstance(entry, tuple) and entry.is_output and entry.unpack_hook is None
+            and entry.tensor is not None and entry.tensor._storage is self._storage):
+        entry.version = self._storage.version - self._storage.untracked
 
 
 def _take_tangents(self: Tensor, result: Tensor) -> None:

@@ -219,12 +219,26 @@ def _in_format_of(input, pooled, spatial: int, keeps_3d: bool = True):
     return pooled.contiguous(memory_format=memory_format)
 
 
-def max_pool_backward(grad, input, indices, spatial: int = 2):
+def max_pool_backward(grad, input, indices, spatial: int = 2, keeps: bool = True, keeps_3d: bool = True):
     """torch's max_pool*d_with_indices_backward: each window's gradient added at the input element its returned
     index names (where windows overlap, their gradients add up). It reads the input for its shape only, but
-    torch saves the input and the indices, so changing either in place before backward is an error in both."""
+    torch saves the input and the indices, so changing either in place before backward is an error in both.
+
+    The gradient is laid out as torch's kernels lay it out: channels-last for a batched channels-last input (of
+    max pooling, and of 2-D adaptive max pooling: ``keeps``, ``keeps_3d`` as ``_in_format_of``), where the
+    windows' gradients are added along the (N, H*W, C) planes such an input is; row-major otherwise. A row-major
+    gradient of a channels-last activation left a compiled backward's batch-norm gradient reading two layouts."""
     from tilewise.ops.creation import zeros
 
+    if keeps and input.ndim == spatial + 2 and spatial in (2, 3) and (keeps_3d or spatial == 2) \
+            and suggest_memory_format(input) is not contiguous_format:
+        n, c = input.shape[:2]
+        plane, windows = math.prod(input.shape[2:]), math.prod(indices.shape[2:])
+        flat_indices = indices.reshape(n, c, windows).transpose(1, 2)
+        flat_grad = grad.reshape(n, c, windows).transpose(1, 2)
+        grad_input = zeros((n, plane, c), dtype=grad.dtype, device=grad.device).scatter_add(1, flat_indices,
+                                                                                            flat_grad)
+        return grad_input.view(n, *input.shape[2:], c).permute(0, spatial + 1, *range(1, spatial + 1))
     plane = (*input.shape[:-spatial], math.prod(input.shape[-spatial:]))
     # sizes spelled out, not -1: an empty batch has no size to infer
     flat_indices = indices.reshape(*indices.shape[:-spatial], math.prod(indices.shape[-spatial:]))
@@ -564,7 +578,8 @@ def _adaptive_max_pool(spatial: int):
 
 for _n in (1, 2, 3):
     functional(f"adaptive_max_pool{_n}d_with_indices(Tensor input, Scalar[{_n}] output_size) -> (Tensor, Tensor)",
-               _adaptive_max_pool_with_indices(_n), {"input": f"max_pool_backward(grad, input, result[1], {_n})"},
+               _adaptive_max_pool_with_indices(_n),
+               {"input": f"max_pool_backward(grad, input, result[1], {_n}, True, False)"},
                function=False, nondiff_outputs=(1,),
                fwd=f"max_pool_jvp(input_t, result[1], {_n})", autocast=_in_3d(_n))
     functional(f"adaptive_max_pool{_n}d(Tensor input, Scalar[{_n}] output_size, bool return_indices=False) -> Tensor",
@@ -766,7 +781,8 @@ for _n in (2, 3):
     functional(f"fractional_max_pool{_n}d_with_indices(Tensor input, int[{_n}] kernel_size, int[{_n}]? "
                f"output_size=None, float[{_n}]? output_ratio=None, Tensor? _random_samples=None) -> (Tensor, Tensor)",
                _fractional_max_pool_with_indices(_n),
-               {"input": f"max_pool_backward(grad, input, result[1], {_n})", "_random_samples": None}, function=False,
+               {"input": f"max_pool_backward(grad, input, result[1], {_n}, False)", "_random_samples": None},
+               function=False,
                nondiff_outputs=(1,),
                fwd=f"max_pool_jvp(input_t, result[1], {_n})", autocast=ON_CPU_IN_FLOAT32)
     functional(f"fractional_max_pool{_n}d(Tensor input, int[{_n}] kernel_size, int[{_n}]? output_size=None, "

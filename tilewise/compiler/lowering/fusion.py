@@ -362,10 +362,13 @@ def _starves_phases(group: Group) -> bool:
     if not group.reduce:
         return False
     shape = group.shape
-    order = _memory_order(group) or [d for d, n in enumerate(shape) if n != 1]
+    votes = _memory_votes(group)
+    order = list(max(votes, key=lambda o: votes[o])) if votes else [d for d, n in enumerate(shape) if n != 1]
     if not order:
         return False
-    innermost = order[-1]
+    # operands in two layouts (a channels-last activation and a row-major gradient): the scheduler weighs their
+    # accesses its own way and may run down the columns the bytes here would run along, so either way is judged
+    innermost = {o[-1] for o in votes} or {order[-1]}
     kept = 1
     for d, n in enumerate(shape):
         if d not in group.reduce:
@@ -377,11 +380,9 @@ def _starves_phases(group: Group) -> bool:
     # split as columns, a contiguous bf16 batch norm's forward and backward took 1.1-2.1x as long as in phases
     # on an H200 for ResNet-50's shapes (0.117 against 0.056 ms at [64, 2048, 7, 7]), faster only at
     # [64, 64, 112, 112] (0.218 against 0.295 ms)
-    rows = innermost in group.reduce
-    if rows:  # a block per row, so few long rows leave the GPU idle
-        if kept >= FEW_ROWS or reduced < LONG_ROWS:
-            return False
-    elif kept >= FEW_COLUMNS or reduced < LONG_COLUMNS:
+    rows = any(d in group.reduce for d in innermost) and kept < FEW_ROWS and reduced >= LONG_ROWS
+    columns = any(d not in group.reduce for d in innermost) and kept < FEW_COLUMNS and reduced >= LONG_COLUMNS
+    if not (rows or columns):  # a block per row (per 32 columns) and enough of them, or short ones
         return False
     late: set[Node] = set()
     for member in group.members:
@@ -390,9 +391,10 @@ def _starves_phases(group: Group) -> bool:
             if base in group.dims and base is not member and (fusion_kind(base) == "reduction" or base in late):
                 late.add(member)
                 break
-    if rows:  # a later phase over the row itself; a scalar epilogue (the sqrt of a norm) runs once anyway
-        return any(d in group.reduce for member in late for d in group.dims[member] if d is not None)
-    return bool(late)
+    if columns:
+        return bool(late)
+    # rows: a later phase over the row itself; a scalar epilogue (the sqrt of a norm) runs once anyway
+    return any(d in group.reduce for member in late for d in group.dims[member] if d is not None)
 
 
 def _memory_order(group: Group) -> list[int] | None:
@@ -402,6 +404,13 @@ def _memory_order(group: Group) -> list[int] | None:
     scalar's gradient expanded over the batch norm's input once decided alone, for the (N, C, H, W) order, while
     the saved activations the scheduler then read down columns lay channels-last. Bytes decide where operands
     disagree, as they do for the scheduler (``codegen.schedule._prefer_columns``)."""
+    votes = _memory_votes(group)
+    return list(max(votes, key=lambda order: votes[order])) if votes else None
+
+
+def _memory_votes(group: Group) -> dict[tuple[int, ...], int]:
+    """``_memory_order``'s ballot: each memory order of the domain dims the group's whole operands from outside
+    follow, with the bytes that follow it."""
     votes: dict[tuple[int, ...], int] = {}
     seen: set[int] = set()
     for member in group.members:
@@ -421,7 +430,7 @@ def _memory_order(group: Group) -> list[int] | None:
                 continue
             order = tuple(dims[a] for a in sorted(axes, key=lambda a: -strides[a]))
             votes[order] = votes.get(order, 0) + src.type.numel * src.type.dtype.itemsize
-    return list(max(votes, key=lambda order: votes[order])) if votes else None
+    return votes
 
 
 def _device(group: Group):
