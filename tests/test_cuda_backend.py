@@ -493,3 +493,12 @@ def test_kernel_log_shows_source_and_launch():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "[tilewise:kernels]" in out.stderr and "grid=" in out.stderr and "__global__" in out.stderr
+
+
+def test_numpy_conversion_of_a_device_tensor_is_refused_as_torch_refuses_it():
+    t = tw.ones(2, device="cuda")
+    with pytest.raises(TypeError, match="can't convert cuda:0 tensor to numpy"):
+        np.asarray(t)
+    np.testing.assert_array_equal(np.asarray(t.cpu()), [1.0, 1.0])
+    scalars = [tw.tensor(1.5, device="cuda"), tw.tensor(2.0, device="cuda")]
+    assert tw.tensor(scalars).tolist() == [1.5, 2.0]  # numbers read from each, as torch reads them

@@ -256,3 +256,22 @@ def test_format_spec_like_torch(values, spec):
             format(ours, spec)
     else:
         assert format(ours, spec) == expected.replace("torch.", "tilewise.")
+
+
+@pytest.mark.parametrize("convert", [np.asarray, np.array, np.exp, lambda t: np.asarray(t, dtype=np.float64)],
+                         ids=["asarray", "array", "ufunc", "asarray-dtype"])
+def test_numpy_conversion_of_a_tensor_that_requires_grad_is_refused_as_torch_refuses_it(convert):
+    for lib in (tw, torch):
+        t = lib.ones(2, requires_grad=True)
+        with pytest.raises(RuntimeError, match=re.escape("Can't call numpy() on Tensor that requires grad")):
+            convert(t)
+        with lib.no_grad():  # grad mode off: the values are handed out
+            np.testing.assert_allclose(np.asarray(convert(t)), convert(np.ones(2)), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(convert(t.detach())), convert(np.ones(2)), rtol=1e-6)
+
+
+def test_numpy_array_with_copy_owns_its_memory():
+    t = tw.arange(3.0)
+    shared, owned = np.asarray(t), np.array(t, copy=True)
+    t.add_(1)
+    assert shared.tolist() == [1.0, 2.0, 3.0] and owned.tolist() == [0.0, 1.0, 2.0]

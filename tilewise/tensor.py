@@ -388,9 +388,12 @@ class Tensor:
     __array_priority__ = 1000
 
     def __array__(self, dtype=None, copy=None):
+        """``np.asarray(t)``: ``t.numpy()``, with its refusals (a tensor that requires grad while grad mode is on, a
+        device tensor), as torch's ``__array__``; ``copy=True`` hands out memory of the array's own."""
         self._require_real("numpy conversion (np.asarray / __array__)")
-        a = self._host()
-        return a.astype(dtype) if dtype is not None else a
+        a = self.numpy()
+        b = a.astype(dtype, copy=False) if dtype is not None else a
+        return b.copy() if copy and b is a else b
 
     def __array_wrap__(self, array, context=None, return_scalar=False):
         """A numpy function's result on a tensor is a tensor again (``np.sin(x)``, ``x + np.ones(2)``); booleans come
