@@ -141,3 +141,17 @@ def test_a_leaf_that_requires_grad_is_still_refused(written):
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
         a.relu_()
     assert not written
+
+
+def test_a_result_written_in_place_is_recorded_only_when_it_becomes_a_new_nodes_output():
+    """Where no input with a derivative requires grad (or the result is not floating), the target would keep its
+    old history under the new values: the op then computes a temporary and the write is recorded as before."""
+    from tilewise.autograd.graph import _RECIPES, _Recipe, _takes_a_node
+    from tilewise.ops.registry import OVERLOADS
+
+    op = OVERLOADS["where"][0]
+    recipe = _RECIPES.get(op) or _Recipe(op)
+    cond, x = tw.tensor([True, False]), tw.ones(2)
+    assert not _takes_a_node(recipe, (cond, x, tw.zeros(2)), x)
+    assert _takes_a_node(recipe, (cond, x, tw.zeros(2, requires_grad=True)), x)
+    assert not _takes_a_node(recipe, (cond, x, tw.zeros(2, requires_grad=True)), tw.ones(2, dtype=tw.int64))

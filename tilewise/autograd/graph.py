@@ -488,6 +488,20 @@ _RECIPES: dict = {}  # op -> _Recipe
 _NO_EDGE = (None, 0)
 
 
+def _takes_a_node(recipe: _Recipe, args: tuple, into: Tensor) -> bool:
+    """Whether a call recorded with its result written into ``into`` makes ``into`` the output of a new node: an
+    input with a derivative requires grad, and the result is floating. (Otherwise ``into`` would keep its old
+    history under values that no longer follow from it.)"""
+    if into._dtype.category < FLOATING:
+        return False
+    for _, k, is_list, diff in recipe.inputs:
+        a = args[k]
+        if diff and not is_list and type(a) is Tensor and (a._requires_grad or a._base is not None
+                                                            and a._base._requires_grad):
+            return True
+    return False
+
+
 def record(op, args: tuple, into: Tensor | None = None):
     """Run ``op`` below autograd and attach a backward node to its outputs. ``into``: an in-place operator's
     target, which the backend may write the result into (it is then the output; see [Note: in-place writes])."""
@@ -495,6 +509,11 @@ def record(op, args: tuple, into: Tensor | None = None):
         return op.decomposition(*args)  # autograd flows through the primitives it calls
     if op.kind == "custom":  # a custom operator records itself, as an autograd.Function (tilewise.library)
         return op.attrs["record"](args)
+    recipe = _RECIPES.get(op)
+    if recipe is None:
+        recipe = _RECIPES[op] = _Recipe(op)
+    if into is not None and not _takes_a_node(recipe, args, into):
+        into = None  # the write would need recording as an overwrite (commit's): computed apart, as before
     STATE.grad_enabled = GRAD_OFF_FOR_RECORDING
     try:
         out = None if into is None else dispatch.run_written(op, args, into)
@@ -502,9 +521,6 @@ def record(op, args: tuple, into: Tensor | None = None):
             out = run(op, args)
     finally:
         STATE.grad_enabled = True
-    recipe = _RECIPES.get(op)
-    if recipe is None:
-        recipe = _RECIPES[op] = _Recipe(op)
     edges, metas, wanted = [], [], 0  # wanted: the bits of the inputs that need a gradient
     slots = recipe.slots
     if slots is not None:  # no tensor lists, the common case: one input per tensor parameter
