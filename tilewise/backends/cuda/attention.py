@@ -165,7 +165,9 @@ def _run(backward: bool, tensors: list[Tensor | None], scale: float, causal: boo
     graph = _graphs.get(key, False)
     if graph is False:
         try:
-            graph = _graphs[key] = _build(backward, tensors, scale, causal)
+            identity = ("attention", key[0], key[1].name, *key[3:])
+            graph = _graphs[key] = cudnn.cached_graph(identity, query._device.index, "attention",
+                                                      lambda: _build(backward, tensors, scale, causal))
         except Exception as e:  # noqa: BLE001 — cuDNN declines this configuration: the decomposition runs
             _report(f"cuDNN could not build the graph for {'backward' if backward else 'forward'} "
                     f"{[tuple(t._shape) for t in tensors if t is not None]}: {e}")

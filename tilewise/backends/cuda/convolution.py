@@ -162,7 +162,9 @@ def _run(kind: str, tensors: list[Tensor], params: tuple) -> bool:
     graph = _graphs.get(key, False)
     if graph is False:
         try:
-            graph = _graphs[key] = _build(kind, tensors, params, numerics, key)
+            graph = _graphs[key] = cudnn.cached_graph(("convolution", *key[:2], *key[3:], numerics[2]),
+                                                      first._device.index, kind,
+                                                      lambda: _build(kind, tensors, params, numerics, key))
         except Exception as e:  # noqa: BLE001 — cuDNN declines this configuration: the decomposition runs
             _report(f"cuDNN could not build the {kind} graph for {[tuple(t._shape) for t in tensors]} "
                     f"({first._dtype}, stride/padding/dilation {params}): {e}")
