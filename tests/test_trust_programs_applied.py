@@ -417,3 +417,31 @@ def test_triangle_indices_refuse_a_dtype_other_than_int32_or_int64_as_torch(name
     assert type(ours) is type(theirs) is NotImplementedError and str(ours) == str(theirs)
     for wide in ("int32", "int64"):
         assert getattr(tilewise, name)(3, 4, 1, dtype=getattr(tilewise, wide)).dtype == getattr(tilewise, wide)
+
+
+@pytest.mark.parametrize("op", ["sign", "sgn", "square"])
+def test_sign_and_square_of_a_bool_tensor_as_torch(op):
+    # mu-law companding takes torch.sign of whatever it is given; sign of a bool is itself, square (pow(x, 2)) int64
+    theirs, ours = (getattr(t, op)(t.tensor([True, False])) for t in LIBRARIES)
+    assert str(ours.dtype).split(".")[-1] == str(theirs.dtype).split(".")[-1]
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+def test_embedding_bag_scales_the_gradient_by_each_rows_frequency_as_embedding_does():
+    # A bag of sums is embedding's rows summed per bag, so scale_grad_by_freq divides each row's gradient by how often
+    # that row was looked up, as embedding does (and torch's CUDA kernel). torch's CPU kernel reads the count of the
+    # k-th sorted index for the k-th distinct row instead, which agrees only while no row before it repeats; tilewise
+    # keeps the rule, not the slip.
+    indices, offsets, rows = [1, 2, 4, 5, 4, 3, 2, 9], [0, 4], np.arange(30, dtype=np.float32).reshape(10, 3)
+
+    def bag_gradient(torch):
+        weight = torch.tensor(rows, requires_grad=True)
+        out = torch.nn.functional.embedding_bag(torch.tensor(indices), weight, torch.tensor(offsets), mode="sum",
+                                                scale_grad_by_freq=True)
+        (out * torch.tensor([[1.0], [2.0]])).sum().backward()
+        return weight.grad.numpy()
+
+    weight = real_torch.tensor(rows, requires_grad=True)
+    looked_up = real_torch.nn.functional.embedding(real_torch.tensor(indices), weight, scale_grad_by_freq=True)
+    (looked_up * real_torch.tensor([1.0] * 4 + [2.0] * 4)[:, None]).sum().backward()
+    np.testing.assert_allclose(bag_gradient(tilewise), weight.grad.numpy())
