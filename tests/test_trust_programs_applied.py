@@ -29,28 +29,40 @@ LIBRARIES = [real_torch, tilewise]
 # nn.Embedding, the dot products of every pair of feature vectors through bmm of the stacked vectors, the upper
 # triangle taken with triu_indices, a top MLP to one logit, BCE with logits, SGD.
 
-def dlrm(torch, init, batches, dense_in=4, d=4, bag_rows=(10, 7), rows=6, sparse=False):
+def dlrm(torch, init, batches, dense_in=4, d=4, bag_rows=(10, 7), rows=6, sparse=False, style="reference"):
+    # style "reference": sum bags, dot products without self-interaction, logits to BCEWithLogitsLoss, SGD;
+    # "variant": mean bags with include_last_offset, self-interaction (the diagonal too), a sigmoid clamped into
+    # BCELoss as the reference script's loss_threshold does, Adagrad
     nn = torch.nn
+    reference = style == "reference"
 
     class DLRM(nn.Module):
         def __init__(self):
             super().__init__()
             self.bot_l = nn.Sequential(nn.Linear(dense_in, 8), nn.ReLU(), nn.Linear(8, d), nn.ReLU())
-            self.emb_l = nn.ModuleList([nn.EmbeddingBag(n, d, mode="sum", sparse=sparse) for n in bag_rows])
+            self.emb_l = nn.ModuleList([nn.EmbeddingBag(n, d, mode="sum" if reference else "mean", sparse=sparse,
+                                                        include_last_offset=not reference) for n in bag_rows])
             self.emb_c = nn.Embedding(rows, d, sparse=sparse)
             n_features = 2 + len(bag_rows)
-            self.top_l = nn.Sequential(nn.Linear(d + n_features * (n_features - 1) // 2, 8), nn.ReLU(),
-                                       nn.Linear(8, 1))
+            pairs = n_features * (n_features - 1) // 2 if reference else n_features * (n_features + 1) // 2
+            self.top_l = nn.Sequential(nn.Linear(d + pairs, 8), nn.ReLU(), nn.Linear(8, 1))
 
         def apply_emb(self, lS_o, lS_i, lS_w):
-            return [bag(lS_i[k], lS_o[k], per_sample_weights=lS_w[k]) for k, bag in enumerate(self.emb_l)]
+            if reference:
+                return [bag(lS_i[k], lS_o[k], per_sample_weights=lS_w[k]) for k, bag in enumerate(self.emb_l)]
+            last_offsets = [torch.cat([offsets, torch.tensor([len(indices)])]) for offsets, indices in zip(lS_o, lS_i)]
+            return [bag(lS_i[k], last_offsets[k]) for k, bag in enumerate(self.emb_l)]
 
         def interact_features(self, x, ly):
             (batch_size, d) = x.shape
             T = torch.cat([x] + ly, dim=1).view((batch_size, -1, d))
             Z = torch.bmm(T, torch.transpose(T, 1, 2))
             _, ni, nj = Z.shape
-            li, lj = torch.triu_indices(ni, nj, offset=1)
+            if reference:
+                li, lj = torch.triu_indices(ni, nj, offset=1)
+            else:  # the reference script's lists: the lower triangle with its diagonal (interaction with itself)
+                li = torch.tensor([i for i in range(ni) for j in range(i + 1)])
+                lj = torch.tensor([j for i in range(nj) for j in range(i + 1)])
             Zflat = Z[:, li, lj]
             return torch.cat([x, Zflat], dim=1)
 
@@ -59,7 +71,8 @@ def dlrm(torch, init, batches, dense_in=4, d=4, bag_rows=(10, 7), rows=6, sparse
             ly = self.apply_emb(lS_o, lS_i, lS_w)
             ly.append(self.emb_c(cat))
             z = self.interact_features(x, ly)
-            return self.top_l(z).squeeze(-1)
+            p = self.top_l(z).squeeze(-1)
+            return p if reference else torch.clamp(torch.sigmoid(p), min=0.01, max=0.99)
 
     model = DLRM()
     record = {"init": initial_state(torch, model, init), "loss": [], "grads": []}
@@ -67,9 +80,11 @@ def dlrm(torch, init, batches, dense_in=4, d=4, bag_rows=(10, 7), rows=6, sparse
         embeddings = [p for n, p in model.named_parameters() if n.startswith("emb")]
         dense = [p for n, p in model.named_parameters() if not n.startswith("emb")]
         optimizers = [torch.optim.SparseAdam(embeddings, lr=1e-2), torch.optim.Adam(dense, lr=1e-2)]
-    else:
+    elif reference:
         optimizers = [torch.optim.SGD(model.parameters(), lr=0.1)]
-    loss_fn = nn.BCEWithLogitsLoss(reduction="mean")
+    else:
+        optimizers = [torch.optim.Adagrad(model.parameters(), lr=0.05, initial_accumulator_value=0.1)]
+    loss_fn = nn.BCEWithLogitsLoss(reduction="mean") if reference else nn.BCELoss(reduction="mean")
 
     def tensors(batch):
         bags = [tuple(torch.from_numpy(a) for a in bag) for bag in batch["bags"]]
@@ -88,7 +103,8 @@ def dlrm(torch, init, batches, dense_in=4, d=4, bag_rows=(10, 7), rows=6, sparse
         record["grads"].append({n: numpy_of(g.to_dense() if g.is_sparse else g) for n, g in
                                 ((n, p.grad) for n, p in model.named_parameters()) if g is not None})
     with torch.no_grad():
-        record["eval"] = numpy_of(torch.sigmoid(model(*tensors(batches[0]))))
+        z = model(*tensors(batches[0]))
+        record["eval"] = numpy_of(torch.sigmoid(z) if reference else z)
     record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
     return record
 
@@ -109,8 +125,9 @@ def recommender_batches(rng, steps=4, batch=5, dense_in=4, bag_rows=(10, 7), row
     return batches
 
 
-def test_dlrm_with_weighted_embedding_bags_and_pairwise_interactions_trains_like_torch():
-    ours, theirs = run_both(dlrm, recommender_batches(np.random.default_rng(0)))
+@pytest.mark.parametrize("style", ["reference", "variant"])
+def test_dlrm_with_weighted_embedding_bags_and_pairwise_interactions_trains_like_torch(style):
+    ours, theirs = run_both(dlrm, recommender_batches(np.random.default_rng(0)), style=style)
     assert_same(ours, theirs)
 
 
