@@ -462,3 +462,21 @@ def test_embedding_bag_scales_the_gradient_by_each_rows_frequency_as_embedding_d
     looked_up = real_torch.nn.functional.embedding(real_torch.tensor(indices), weight, scale_grad_by_freq=True)
     (looked_up * real_torch.tensor([1.0] * 4 + [2.0] * 4)[:, None]).sum().backward()
     np.testing.assert_allclose(bag_gradient(tilewise), weight.grad.numpy())
+
+
+@pytest.mark.parametrize("build", [
+    lambda t: t.nn.Embedding(10, 3, padding_idx=10),
+    lambda t: t.nn.Embedding(10, 3, padding_idx=-11),
+    lambda t: t.nn.Embedding(3, 2, _weight=t.ones(2, 2)),
+    lambda t: t.nn.functional.embedding(t.tensor([1]), t.ones(4, 2), padding_idx=4),
+], ids=["padding past the end", "padding before the start", "weight of another shape", "functional padding"])
+def test_embedding_refuses_a_padding_row_or_weight_outside_the_table_as_torch(build):
+    theirs, ours = (raised(build, t) for t in LIBRARIES)
+    assert type(ours) is type(theirs) is AssertionError and str(ours) == str(theirs)
+
+
+def test_embedding_repr_names_every_option_that_differs_from_its_default_as_torch():
+    def build(t):
+        return t.nn.Embedding(3, 2, padding_idx=1, max_norm=2.0, norm_type=1.0, scale_grad_by_freq=True, sparse=True)
+
+    assert repr(build(tilewise)) == repr(build(real_torch))
