@@ -679,7 +679,7 @@ def test_a_compiled_training_step_under_a_scheduler_compiles_once_with_a_tensor_
 @pytest.mark.parametrize("module", ["tilewise.optim.optimizer", "tilewise.optim.adadelta", "tilewise.optim.lbfgs",
                                     "tilewise.optim.lr_scheduler.base", "tilewise.optim.lr_scheduler.schedules",
                                     "tilewise.optim.lr_scheduler.combined", "tilewise.optim.lr_scheduler.plateau",
-                                    "tilewise.optim.swa_utils"])
+                                    "tilewise.optim.swa_utils", "tilewise.optim.sparse_adam"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib

@@ -182,7 +182,11 @@ def _combinations(self, r=2, with_replacement=False):
 
 
 def _triangle_indices(lower: bool):
+    name = "tril_indices" if lower else "triu_indices"
+
     def indices(row, col, offset=0, dtype=None, layout=None, device=None, pin_memory=None):
+        if dtype is not None and dtype not in (dtypes.int32, dtypes.int64):
+            raise NotImplementedError(f"\"{name}\" not implemented for '{dtypes.c10_name(dtype)}'")
         if row < 0 or col < 0:
             raise RuntimeError(f"row must be non-negative, got {row}" if row < 0 else
                                f"col must be non-negative, got {col}")

@@ -73,6 +73,13 @@ def negation(op, args) -> tuple[DType, DType]:
     return promote(op, args)
 
 
+def squared(op, args) -> tuple[DType, DType]:
+    """square is ``pow(self, 2)``: a bool promotes with the integer exponent to int64."""
+    if _is_bool(args[0]):
+        return dtypes.int64, dtypes.int64
+    return promote(op, args)
+
+
 def numeric(op, args) -> tuple[DType, DType]:
     """floor_divide, remainder, fmod, rounding div: torch has no bool kernel for them."""
     out = result_type(*_operands(op, args))

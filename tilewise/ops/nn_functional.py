@@ -426,7 +426,7 @@ def _embedding_padding_index(padding_idx, num_weights: int):
     if padding_idx is None:
         return None
     if not -num_weights <= padding_idx < num_weights:
-        raise ValueError(f"embedding: padding_idx must be within num_embeddings ({num_weights}), got {padding_idx}")
+        raise AssertionError("Padding_idx must be within num_embeddings")
     return padding_idx % num_weights
 
 

@@ -347,7 +347,7 @@ unary("sqrt", lambda x: x.sqrt(), "grad / (2 * conj_if_complex(result))")
 unary("rsqrt", lambda x: x.rsqrt(), "-0.5 * grad * conj_if_complex(result * result * result)",
       autocast={"cuda": "fp32"})
 unary("reciprocal", lambda x: x.reciprocal(), "-grad * conj_if_complex(result * result)", autocast={"cuda": "fp32"})
-unary("square", lambda x: x * x, "2 * grad * conj_if_complex(self)", dtype=R.promote)
+unary("square", lambda x: x * x, "2 * grad * conj_if_complex(self)", dtype=R.squared)
 
 # ---------------------------------------------------------------- trigonometric and hyperbolic
 unary("sin", lambda x: x.sin(), "grad * conj_if_complex(cos(self))")

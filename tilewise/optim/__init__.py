@@ -15,7 +15,8 @@ from tilewise.optim.radam import RAdam
 from tilewise.optim.rmsprop import RMSprop
 from tilewise.optim.rprop import Rprop
 from tilewise.optim.sgd import SGD
+from tilewise.optim.sparse_adam import SparseAdam
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "Adadelta", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop",
            "LBFGS", "lr_scheduler", "register_optimizer_step_pre_hook", "register_optimizer_step_post_hook", "ASGD",
-           "Rprop", "Adafactor", "Muon", "swa_utils"]
+           "Rprop", "Adafactor", "Muon", "SparseAdam", "swa_utils"]

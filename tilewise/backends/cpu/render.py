@@ -39,7 +39,9 @@ _BINARY = {
 
 
 def _sign(x):
-    """torch's sign: 0 at NaN (``(0 < x) - (x < 0)``), where numpy's is NaN."""
+    """torch's sign: 0 at NaN (``(0 < x) - (x < 0)``), where numpy's is NaN; a bool is its own sign."""
+    if np.asarray(x).dtype == np.bool_:
+        return np.array(x, copy=True)
     out = np.sign(x)
     if out.dtype.kind == "f":
         out = np.where(np.isnan(out), out.dtype.type(0), out)

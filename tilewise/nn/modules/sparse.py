@@ -27,8 +27,7 @@ class Embedding(Module):
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         if padding_idx is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ValueError(f"Embedding: padding_idx {padding_idx} must be within num_embeddings "
-                                 f"({num_embeddings})")
+                raise AssertionError("Padding_idx must be within num_embeddings")
             padding_idx %= num_embeddings
         self.padding_idx, self.max_norm, self.norm_type = padding_idx, max_norm, norm_type
         self.scale_grad_by_freq, self.sparse = scale_grad_by_freq, sparse
@@ -38,8 +37,7 @@ class Embedding(Module):
             self.reset_parameters()
         else:
             if tuple(_weight.shape) != (num_embeddings, embedding_dim):
-                raise ValueError(f"Embedding: _weight has shape {list(_weight.shape)}, expected "
-                                 f"[{num_embeddings}, {embedding_dim}]")
+                raise AssertionError("Shape of weight does not match num_embeddings and embedding_dim")
             self.weight = Parameter(_weight, requires_grad=not _freeze)
 
     def reset_parameters(self) -> None:
@@ -58,6 +56,12 @@ class Embedding(Module):
             text += f", padding_idx={self.padding_idx}"
         if self.max_norm is not None:
             text += f", max_norm={self.max_norm}"
+        if self.norm_type != 2:
+            text += f", norm_type={self.norm_type}"
+        if self.scale_grad_by_freq:
+            text += f", scale_grad_by_freq={self.scale_grad_by_freq}"
+        if self.sparse:
+            text += ", sparse=True"
         return text
 
     @classmethod
