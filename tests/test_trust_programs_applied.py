@@ -472,7 +472,7 @@ def test_embedding_bag_scales_the_gradient_by_each_rows_frequency_as_embedding_d
 ], ids=["padding past the end", "padding before the start", "weight of another shape", "functional padding"])
 def test_embedding_refuses_a_padding_row_or_weight_outside_the_table_as_torch(build):
     theirs, ours = (raised(build, t) for t in LIBRARIES)
-    assert type(ours) is type(theirs) is AssertionError and str(ours) == str(theirs)
+    assert type(ours) is type(theirs) is AssertionError and str(ours).startswith(str(theirs))  # (with the values)
 
 
 def test_embedding_repr_names_every_option_that_differs_from_its_default_as_torch():

@@ -426,7 +426,8 @@ def _embedding_padding_index(padding_idx, num_weights: int):
     if padding_idx is None:
         return None
     if not -num_weights <= padding_idx < num_weights:
-        raise AssertionError("Padding_idx must be within num_embeddings")
+        raise AssertionError(f"Padding_idx must be within num_embeddings (embedding: a weight of {num_weights} rows "
+                             f"got padding_idx={padding_idx}; valid: {-num_weights} to {num_weights - 1})")
     return padding_idx % num_weights
 
 

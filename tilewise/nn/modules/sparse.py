@@ -27,7 +27,9 @@ class Embedding(Module):
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         if padding_idx is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
-                raise AssertionError("Padding_idx must be within num_embeddings")
+                raise AssertionError(f"Padding_idx must be within num_embeddings (Embedding({num_embeddings}, "
+                                     f"{embedding_dim}) got padding_idx={padding_idx}; valid: {-num_embeddings} to "
+                                     f"{num_embeddings - 1})")
             padding_idx %= num_embeddings
         self.padding_idx, self.max_norm, self.norm_type = padding_idx, max_norm, norm_type
         self.scale_grad_by_freq, self.sparse = scale_grad_by_freq, sparse
@@ -37,7 +39,8 @@ class Embedding(Module):
             self.reset_parameters()
         else:
             if tuple(_weight.shape) != (num_embeddings, embedding_dim):
-                raise AssertionError("Shape of weight does not match num_embeddings and embedding_dim")
+                raise AssertionError(f"Shape of weight does not match num_embeddings and embedding_dim (_weight "
+                                     f"of shape {list(_weight.shape)}, expected [{num_embeddings}, {embedding_dim}])")
             self.weight = Parameter(_weight, requires_grad=not _freeze)
 
     def reset_parameters(self) -> None:
@@ -104,7 +107,8 @@ class EmbeddingBag(Module):
             self.reset_parameters()
         else:
             if tuple(_weight.shape) != (num_embeddings, embedding_dim):
-                raise AssertionError("Shape of weight does not match num_embeddings and embedding_dim")
+                raise AssertionError(f"Shape of weight does not match num_embeddings and embedding_dim (_weight "
+                                     f"of shape {list(_weight.shape)}, expected [{num_embeddings}, {embedding_dim}])")
             self.weight = Parameter(_weight)
         self.mode, self.sparse, self.include_last_offset = mode, sparse, include_last_offset
 
