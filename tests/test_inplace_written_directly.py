@@ -155,3 +155,18 @@ def test_a_result_written_in_place_is_recorded_only_when_it_becomes_a_new_nodes_
     assert not _takes_a_node(recipe, (cond, x, tw.zeros(2)), x)
     assert _takes_a_node(recipe, (cond, x, tw.zeros(2, requires_grad=True)), x)
     assert not _takes_a_node(recipe, (cond, x, tw.zeros(2, requires_grad=True)), tw.ones(2, dtype=tw.int64))
+
+
+def test_a_call_refused_while_recording_leaves_the_target_unwritten_as_torch(written):
+    """An inference tensor the node would save is refused when recording: the target keeps its values."""
+    def run(lib):
+        with lib.inference_mode():
+            frozen = lib.tensor([2.0, 3.0])
+        w = lib.tensor([1.0, 1.0], requires_grad=True)
+        x = w * 1
+        with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+            x.addcmul_(frozen, w)
+        return x.detach().numpy().copy()
+
+    np.testing.assert_array_equal(run(tw), run(torch))
+    assert not written

@@ -490,16 +490,23 @@ _NO_EDGE = (None, 0)
 
 def _takes_a_node(recipe: _Recipe, args: tuple, into: Tensor) -> bool:
     """Whether a call recorded with its result written into ``into`` makes ``into`` the output of a new node: an
-    input with a derivative requires grad, and the result is floating. (Otherwise ``into`` would keep its old
-    history under values that no longer follow from it.)"""
+    input with a derivative requires grad, and the result is floating (otherwise ``into`` would keep its old
+    history under values that no longer follow from it); and nothing recording checks after the run can refuse
+    the call (a watched view's history, a view through its base, an inference tensor to save), which would leave
+    ``into`` written by a call that raised."""
     if into._dtype.category < FLOATING:
         return False
+    found = False
     for _, k, is_list, diff in recipe.inputs:
         a = args[k]
-        if diff and not is_list and type(a) is Tensor and (a._requires_grad or a._base is not None
-                                                            and a._base._requires_grad):
-            return True
-    return False
+        if is_list:
+            return False
+        if type(a) is not Tensor:
+            continue
+        if a._view_meta is not None or a._base is not None or a._storage is None or a._storage.inference:
+            return False
+        found = found or diff and a._requires_grad
+    return found
 
 
 def record(op, args: tuple, into: Tensor | None = None):
