@@ -219,6 +219,159 @@ def test_fourier_neural_operator_trains_like_torch(dims):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Neural style transfer, as the tutorials write it: a small VGG-like feature extractor, frozen (requires_grad_(False),
+# eval()), rebuilt as an nn.Sequential with a normalisation first and content/style loss modules inserted after chosen
+# layers (the ReLUs replaced by out-of-place ones), then cut after the last loss; Gram matrices from mm of the flattened
+# features (the PyTorch tutorial) or bmm of a batch (fast-neural-style's gram_matrix); the input image itself optimised
+# by L-BFGS with a closure, clamped to [0, 1] between steps with img.data.clamp_ or clamp_ under no_grad.
+
+def style_transfer(torch, init, images, gram="mm", clamp="no_grad", line_search=None, steps=3):
+    nn, F = torch.nn, torch.nn.functional
+
+    def gram_matrix(input):
+        if gram == "bmm":
+            b, ch, h, w = input.size()
+            features = input.view(b, ch, w * h)
+            features_t = features.transpose(1, 2)
+            return features.bmm(features_t) / (ch * h * w)
+        a, b, c, d = input.size()
+        features = input.view(a * b, c * d)
+        G = torch.mm(features, features.t())
+        return G.div(a * b * c * d)
+
+    class ContentLoss(nn.Module):
+        def __init__(self, target):
+            super().__init__()
+            self.target = target.detach()
+
+        def forward(self, input):
+            self.loss = F.mse_loss(input, self.target)
+            return input
+
+    class StyleLoss(nn.Module):
+        def __init__(self, target_feature):
+            super().__init__()
+            self.target = gram_matrix(target_feature).detach()
+
+        def forward(self, input):
+            G = gram_matrix(input)
+            self.loss = F.mse_loss(G, self.target)
+            return input
+
+    class Normalization(nn.Module):
+        def __init__(self, mean, std):
+            super().__init__()
+            self.mean = torch.tensor(mean).view(-1, 1, 1)
+            self.std = torch.tensor(std).view(-1, 1, 1)
+
+        def forward(self, img):
+            return (img - self.mean) / self.std
+
+    cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.Conv2d(8, 8, 3, padding=1),
+                        nn.ReLU(inplace=True), nn.MaxPool2d(2, 2), nn.Conv2d(8, 16, 3, padding=1),
+                        nn.ReLU(inplace=True), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(inplace=True),
+                        nn.MaxPool2d(2, 2), nn.Conv2d(16, 16, 3, padding=1))
+    record = {"init": initial_state(torch, cnn, init)}
+    cnn.eval()
+    cnn.requires_grad_(False)
+    content_layers, style_layers = ["conv_3"], ["conv_1", "conv_2", "conv_3", "conv_4"]
+    content_img, style_img = torch.from_numpy(images["content"]), torch.from_numpy(images["style"])
+
+    normalization = Normalization([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    content_losses, style_losses = [], []
+    model = nn.Sequential(normalization)
+    i = 0
+    for layer in cnn.children():
+        if isinstance(layer, nn.Conv2d):
+            i += 1
+            name = f"conv_{i}"
+        elif isinstance(layer, nn.ReLU):
+            name = f"relu_{i}"
+            layer = nn.ReLU(inplace=False)
+        elif isinstance(layer, nn.MaxPool2d):
+            name = f"pool_{i}"
+        else:
+            raise RuntimeError(f"Unrecognized layer: {layer.__class__.__name__}")
+        model.add_module(name, layer)
+        if name in content_layers:
+            target = model(content_img).detach()
+            content_loss = ContentLoss(target)
+            model.add_module(f"content_loss_{i}", content_loss)
+            content_losses.append(content_loss)
+        if name in style_layers:
+            target_feature = model(style_img).detach()
+            style_loss = StyleLoss(target_feature)
+            model.add_module(f"style_loss_{i}", style_loss)
+            style_losses.append(style_loss)
+    for i in range(len(model) - 1, -1, -1):
+        if isinstance(model[i], (ContentLoss, StyleLoss)):
+            break
+    model = model[:(i + 1)]
+    record["layers"] = [name for name, _ in model.named_children()]
+
+    input_img = content_img.clone()
+    input_img.requires_grad_(True)
+    model.eval()
+    model.requires_grad_(False)
+    # lr=0.5: at the tutorial's 1 a step overshoots to a loss of 1e7, where float32 rounding decides the rest
+    optimizer = torch.optim.LBFGS([input_img], lr=0.5, max_iter=5, history_size=4, line_search_fn=line_search)
+    style_weight, content_weight = 1e4, 1
+    record["losses"], record["images"] = [], []
+    run = [0]
+    for _ in range(steps):
+        def closure():
+            if clamp == "no_grad":
+                with torch.no_grad():
+                    input_img.clamp_(0, 1)
+            optimizer.zero_grad()
+            model(input_img)
+            style_score = 0
+            content_score = 0
+            for sl in style_losses:
+                style_score += sl.loss
+            for cl in content_losses:
+                content_score += cl.loss
+            style_score *= style_weight
+            content_score *= content_weight
+            loss = style_score + content_score
+            loss.backward()
+            run[0] += 1
+            record["losses"].append([style_score.item(), content_score.item()])
+            return style_score + content_score
+
+        optimizer.step(closure)
+        if clamp == "data":
+            input_img.data.clamp_(0, 1)
+        record["images"].append(numpy_of(input_img))
+    with torch.no_grad():
+        input_img.clamp_(0, 1)
+    record["final"] = numpy_of(input_img)
+    record["evaluations"] = run[0]
+    record["frozen"] = [p.requires_grad for p in cnn.parameters()] + [cnn.training]
+    state = optimizer.state[optimizer.param_groups[0]["params"][0]]
+    record["lbfgs"] = {"func_evals": state["func_evals"], "n_iter": state["n_iter"], "d": numpy_of(state["d"]),
+                       "t": float(state["t"])}
+    return record
+
+
+def style_images(rng, size=12):
+    content = rng.uniform(0, 1, (1, 3, size, size)).astype(np.float32)
+    stripes = 0.5 + 0.5 * np.sin(np.arange(size)[None, :] * 1.3 + np.arange(3)[:, None, None] * 2.0)
+    style = np.clip(stripes + 0.1 * rng.normal(size=(3, size, size)), 0, 1)[None].astype(np.float32)
+    return {"content": content, "style": style}
+
+
+@pytest.mark.parametrize(("gram", "clamp", "line_search"), [("mm", "no_grad", None), ("bmm", "data", None),
+                                                             ("mm", "no_grad", "strong_wolfe")])
+def test_neural_style_transfer_optimising_the_image_with_lbfgs_matches_torch(gram, clamp, line_search):
+    ours, theirs = run_both(style_transfer, style_images(np.random.default_rng(5)), gram=gram, clamp=clamp,
+                            line_search=line_search)
+    layers = theirs.pop("layers")
+    assert ours.pop("layers") == layers and layers[-1] == "style_loss_4" and not any(theirs["frozen"])
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # The failures the programs met, each reduced.
 
 EINSUM_PROMOTIONS = {
