@@ -8,6 +8,8 @@ in tensors. Below the programs, the failures they met, each reduced to a test.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch as real_torch
@@ -372,6 +374,198 @@ def test_neural_style_transfer_optimising_the_image_with_lbfgs_matches_torch(gra
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# A DQN agent, as the tutorials write it, on a deterministic grid world written in tensors (moves clamped to the grid, a
+# goal, a step penalty, a time limit). A replay memory of transitions (a list whose samples are stacked with torch.stack
+# and a terminal's next state None, masked as the PyTorch tutorial masks it; or preallocated tensors written in place
+# and indexed), epsilon-greedy on an exponential schedule, the Q-value of each action taken through gather, targets
+# under no_grad from a target network synced by load_state_dict(state_dict()) every few steps (or softly, key by key),
+# plain or double DQN, the Huber loss, clip_grad_norm_, RMSprop or AdamW with amsgrad. The exploration draws and the
+# replay indices are numpy's, fixed in advance: both runs take them.
+
+def dqn(torch, init, draws, buffer="list", double=False, sync="hard", size=3, hidden=16, batch_size=8, gamma=0.9,
+        max_steps=8):
+    nn, F = torch.nn, torch.nn.functional
+    n_obs, n_actions = size * size, 4
+
+    class GridWorld:
+        moves = torch.tensor([[-1, 0], [1, 0], [0, -1], [0, 1]])
+
+        def __init__(self):
+            self.goal = torch.tensor([size - 1, size - 1])
+
+        def observe(self):
+            obs = torch.zeros(n_obs)
+            obs[self.pos[0] * size + self.pos[1]] = 1.0
+            return obs
+
+        def reset(self, start):
+            self.pos, self.t = torch.tensor(start), 0
+            return self.observe()
+
+        def step(self, action):
+            self.pos = (self.pos + self.moves[action]).clamp(0, size - 1)
+            self.t += 1
+            reached = bool(torch.equal(self.pos, self.goal))
+            reward = 1.0 if reached else -0.05
+            return self.observe(), reward, reached, self.t >= max_steps
+
+    class DQN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer1 = nn.Linear(n_obs, hidden)
+            self.layer2 = nn.Linear(hidden, hidden)
+            self.layer3 = nn.Linear(hidden, n_actions)
+
+        def forward(self, x):
+            x = F.relu(self.layer1(x))
+            x = F.relu(self.layer2(x))
+            return self.layer3(x)
+
+    class ListMemory:
+        def __init__(self, capacity):
+            self.memory, self.capacity = [], capacity
+
+        def push(self, state, action, next_state, reward):
+            if len(self.memory) == self.capacity:
+                self.memory.pop(0)
+            self.memory.append((state, action, next_state, reward))
+
+        def sample(self, idx):
+            batch = [self.memory[i] for i in idx.tolist()]
+            states, actions, next_states, rewards = zip(*batch)
+            return torch.stack(states), torch.stack(actions), next_states, torch.stack(rewards)
+
+        def __len__(self):
+            return len(self.memory)
+
+    class TensorMemory:
+        def __init__(self, capacity):
+            self.states = torch.zeros(capacity, n_obs)
+            self.next_states = torch.zeros(capacity, n_obs)
+            self.actions = torch.zeros(capacity, 1, dtype=torch.long)
+            self.rewards = torch.zeros(capacity)
+            self.dones = torch.zeros(capacity, dtype=torch.bool)
+            self.capacity, self.ptr, self.size = capacity, 0, 0
+
+        def push(self, state, action, next_state, reward):
+            self.states[self.ptr] = state
+            self.actions[self.ptr] = action
+            self.next_states[self.ptr] = next_state if next_state is not None else torch.zeros(n_obs)
+            self.dones[self.ptr] = next_state is None
+            self.rewards[self.ptr] = reward
+            self.ptr = (self.ptr + 1) % self.capacity
+            self.size = min(self.size + 1, self.capacity)
+
+        def sample(self, idx):
+            return (self.states[idx], self.actions[idx], self.next_states[idx], self.rewards[idx],
+                    self.dones[idx].float())
+
+        def __len__(self):
+            return self.size
+
+    policy_net = DQN()
+    record = {"init": initial_state(torch, policy_net, init), "loss": [], "actions": [], "returns": [], "grads": []}
+    target_net = DQN()
+    target_net.load_state_dict(policy_net.state_dict())
+    target_net.eval()
+    if buffer == "list":
+        optimizer = torch.optim.RMSprop(policy_net.parameters(), lr=1e-2, alpha=0.95, eps=0.01)
+    else:
+        optimizer = torch.optim.AdamW(policy_net.parameters(), lr=1e-2, amsgrad=True)
+    memory = ListMemory(32) if buffer == "list" else TensorMemory(32)
+    env = GridWorld()
+
+    def select_action(state, steps_done):
+        eps_threshold = 0.05 + (0.9 - 0.05) * math.exp(-1.0 * steps_done / 20)
+        if draws["explore"][steps_done] > eps_threshold:
+            with torch.no_grad():
+                return policy_net(state.unsqueeze(0)).max(1).indices.view(1)
+        return torch.tensor([draws["actions"][steps_done]], dtype=torch.long)
+
+    def optimize_model(step):
+        if len(memory) < batch_size:
+            return
+        idx = torch.from_numpy(draws["replay"][step] % len(memory))
+        if buffer == "list":
+            state_batch, action_batch, next_states, reward_batch = memory.sample(idx)
+            non_final_mask = torch.tensor(tuple(s is not None for s in next_states), dtype=torch.bool)
+            non_final_next_states = torch.stack([s for s in next_states if s is not None])
+        else:
+            state_batch, action_batch, next_state_batch, reward_batch, done_batch = memory.sample(idx)
+        state_action_values = policy_net(state_batch).gather(1, action_batch)
+        with torch.no_grad():
+            if buffer == "list":
+                next_state_values = torch.zeros(batch_size)
+                if double:
+                    best = policy_net(non_final_next_states).argmax(1, keepdim=True)
+                    next_state_values[non_final_mask] = target_net(non_final_next_states).gather(1, best).squeeze(1)
+                else:
+                    next_state_values[non_final_mask] = target_net(non_final_next_states).max(1).values
+            else:
+                if double:
+                    best = policy_net(next_state_batch).argmax(dim=1, keepdim=True)
+                    next_q = target_net(next_state_batch).gather(1, best).squeeze(1)
+                else:
+                    next_q = target_net(next_state_batch).max(1)[0]
+                next_state_values = next_q * (1 - done_batch)
+            expected_state_action_values = (next_state_values * gamma) + reward_batch
+        loss = F.smooth_l1_loss(state_action_values, expected_state_action_values.unsqueeze(1))
+        optimizer.zero_grad()
+        loss.backward()
+        record["norm"] = torch.nn.utils.clip_grad_norm_(policy_net.parameters(), 1.0).item()
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(policy_net))
+
+    steps_done = 0
+    for start in draws["starts"]:
+        state = env.reset(start)
+        episode_return = 0.0
+        while True:
+            action = select_action(state, steps_done)
+            observation, reward, terminated, truncated = env.step(action.item())
+            episode_return += reward
+            reward = torch.tensor([reward]).squeeze(0)
+            next_state = None if terminated else observation
+            memory.push(state, action, next_state, reward)
+            state = observation
+            optimize_model(steps_done)
+            steps_done += 1
+            record["actions"].append(action.item())
+            if sync == "hard" and steps_done % 5 == 0:
+                target_net.load_state_dict(policy_net.state_dict())
+            elif sync == "soft":
+                target_net_state_dict = target_net.state_dict()
+                policy_net_state_dict = policy_net.state_dict()
+                for key in policy_net_state_dict:
+                    target_net_state_dict[key] = policy_net_state_dict[key] * 0.1 + target_net_state_dict[key] * 0.9
+                target_net.load_state_dict(target_net_state_dict)
+            if terminated or truncated:
+                record["returns"].append(episode_return)
+                break
+    with torch.no_grad():
+        record["q"] = numpy_of(policy_net(torch.eye(n_obs)))
+        record["target_q"] = numpy_of(target_net(torch.eye(n_obs)))
+    record["final"] = {k: numpy_of(v) for k, v in policy_net.state_dict().items()}
+    return record
+
+
+def exploration(rng, episodes=5, steps=40, batch_size=8):
+    return {"explore": rng.uniform(size=steps + 1), "actions": rng.integers(0, 4, steps + 1),
+            "replay": rng.integers(0, 1 << 30, (steps + 1, batch_size)),
+            "starts": [list(rng.integers(0, 2, 2)) for _ in range(episodes)]}
+
+
+@pytest.mark.parametrize(("buffer", "double", "sync"), [("list", False, "hard"), ("list", True, "hard"),
+                                                         ("tensor", False, "soft"), ("tensor", True, "hard")])
+def test_dqn_with_replay_and_a_target_network_trains_like_torch(buffer, double, sync):
+    ours, theirs = run_both(dqn, exploration(np.random.default_rng(0)), buffer=buffer, double=double, sync=sync)
+    assert ours["actions"] == theirs["actions"] and len(theirs["loss"]) > 10
+    assert ours.pop("returns") == theirs.pop("returns")
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # The failures the programs met, each reduced.
 
 EINSUM_PROMOTIONS = {
@@ -441,3 +635,33 @@ def test_products_and_transforms_of_mixed_dtypes_refuse_in_torchs_words(torch, c
     exc = raised(call, torch)
     assert type(exc) is RuntimeError, repr(exc)
     assert str(exc).startswith(message), str(exc)
+
+
+REPLAY_REFUSALS = {
+    # a replay batch's actions gathered from Q-values, and transitions stacked, with the mistakes that are easy to make
+    "gather, an index taller than the Q-values": (
+        lambda t: t.ones(4, 3).gather(1, t.zeros(5, 1, dtype=t.long)),
+        "Size does not match at dimension 0 expected index [5, 1] to be no larger than self [4, 3] apart from "
+        "dimension 1"),
+    "gather, wider in a later dim": (
+        lambda t: t.ones(4, 3, 2).gather(1, t.zeros(4, 1, 5, dtype=t.long)),
+        "Size does not match at dimension 2 expected index [4, 1, 5] to be no larger than self [4, 3, 2] apart from "
+        "dimension 1"),
+    "gather, an action out of range": (lambda t: t.ones(4, 3).gather(1, t.full((4, 1), 3)),
+                                       "index 3 is out of bounds for dimension 1 with size 3"),
+    "stack of no transitions": (lambda t: t.stack([]), "stack expects a non-empty TensorList"),
+    "hstack of nothing": (lambda t: t.hstack([]), "hstack expects a non-empty TensorList"),
+    "vstack of nothing": (lambda t: t.vstack([]), "vstack expects a non-empty TensorList"),
+    "stack of observations of two sizes": (
+        lambda t: t.stack([t.ones(2), t.ones(3)]),
+        "stack expects each tensor to be equal size, but got [2] at entry 0 and [3] at entry 1"),
+}
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize("case", REPLAY_REFUSALS)
+def test_gather_and_stack_refuse_in_torchs_words(torch, case):
+    call, message = REPLAY_REFUSALS[case]
+    exc = raised(call, torch)
+    assert type(exc) is RuntimeError, repr(exc)
+    assert message in str(exc), str(exc)
