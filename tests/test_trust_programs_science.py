@@ -665,3 +665,45 @@ def test_gather_and_stack_refuse_in_torchs_words(torch, case):
     exc = raised(call, torch)
     assert type(exc) is RuntimeError, repr(exc)
     assert message in str(exc), str(exc)
+
+
+@pytest.mark.parametrize("line_search", [None, "strong_wolfe"])
+def test_lbfgs_optimises_a_complex_parameter_as_its_real_and_imaginary_parts(line_search):
+    # met optimising a spectral layer's complex weights by L-BFGS, as style transfer optimises its image
+    rng = np.random.default_rng(0)
+    w0 = (rng.normal(size=(3, 2)) + 1j * rng.normal(size=(3, 2))).astype(np.complex64)
+    target = (rng.normal(size=(3, 2)) + 1j * rng.normal(size=(3, 2))).astype(np.complex64)
+    seen = []
+    for torch in LIBRARIES:
+        w = torch.nn.Parameter(torch.tensor(w0))
+        optimizer = torch.optim.LBFGS([w], max_iter=4, line_search_fn=line_search)
+        goal = torch.tensor(target)
+
+        def closure(w=w, optimizer=optimizer, goal=goal):
+            optimizer.zero_grad()
+            loss = (w - goal).abs().pow(3).sum()
+            loss.backward()
+            return loss
+
+        first = optimizer.step(closure).item()
+        state = optimizer.state[w]
+        seen.append([first, numpy_of(w), numpy_of(state["d"]), state["func_evals"]])
+    assert seen[1][2].dtype == np.float32 and seen[1][2].shape == (12,)
+    assert_same(seen[1], seen[0])
+
+
+def test_variance_and_standard_deviation_of_complex_tensors_are_real_as_torchs():
+    # met normalising a spectrum by its standard deviation: the mean modulus of the deviations, squared
+    rng = np.random.default_rng(1)
+    z0 = (rng.normal(size=(4, 3)) + 1j * rng.normal(size=(4, 3))).astype(np.complex64)
+    seen = []
+    for torch in LIBRARIES:
+        z = torch.tensor(z0, requires_grad=True)
+        var, std = z.var(0), z.std(1, keepdim=True)
+        var_mean, std_mean = torch.var_mean(z, 0), torch.std_mean(z.to(torch.complex128), correction=0)
+        (var.sum() + std.sum() + var_mean[0].sum() + var_mean[1].abs().sum() + std_mean[0] +
+         std_mean[1].abs()).backward()
+        dtypes = [str(t.dtype).split(".")[-1] for t in (var, std, *var_mean, *std_mean)]
+        seen.append([dtypes, [numpy_of(t) for t in (var, std, *var_mean, *std_mean)], numpy_of(z.grad)])
+    assert seen[1][0] == seen[0][0] == ["float32", "float32", "float32", "complex64", "float64", "complex128"]
+    assert_same(seen[1][1:], seen[0][1:])
