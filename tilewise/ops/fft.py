@@ -146,8 +146,8 @@ def promoted(x: Tensor, require_complex: bool, op: str) -> Tensor:
     if dtype.category < dtypes.FLOAT:
         dtype = dtypes.get_default_dtype()
     if dtype not in (dtypes.float32, dtypes.float64):
-        raise RuntimeError(f"{op}: Unsupported dtype {dtype.name}; transforms take float32, float64, complex64 or "
-                           "complex128 (convert with .float())")
+        raise RuntimeError(f"Unsupported dtype {dtypes.c10_name(dtype)} ({op}: transforms take float32, float64, "
+                           "complex64 or complex128; convert with .float())")
     if require_complex:
         dtype = dtype.to_complex()
     return x if dtype is x.dtype else x.to(dtype)
@@ -195,7 +195,7 @@ def shape_and_dims(x: Tensor, s, dim) -> tuple[list[int], list[int]]:
 
 def _c2c(x, n, dim, norm, forward: bool, op: str):
     if not x.dtype.is_complex:
-        raise RuntimeError(f"{op} expects a complex input tensor, but got {x.dtype.name}")
+        raise RuntimeError(f"{op} expects a complex input tensor, but got {dtypes.c10_name(x.dtype)}")
     d = _wrapped_dim(dim, x.ndim)
     n = x.shape[d] if n is None else n
     _check_points(n)
@@ -205,7 +205,7 @@ def _c2c(x, n, dim, norm, forward: bool, op: str):
 
 def _r2c(x, n, dim, norm, forward: bool, onesided: bool, op: str):
     if x.dtype.is_complex:
-        raise RuntimeError(f"{op} expects a real input tensor, but got {x.dtype.name}")
+        raise RuntimeError(f"{op} expects a real input tensor, but got {dtypes.c10_name(x.dtype)}")
     x = promoted(x, False, op)
     d = _wrapped_dim(dim, x.ndim)
     n = x.shape[d] if n is None else n
@@ -272,7 +272,7 @@ def _ifftn(x, s=None, dim=None, norm=None):
 
 def _rfftn(x, s=None, dim=None, norm=None):
     if x.dtype.is_complex:
-        raise RuntimeError(f"rfftn expects a real-valued input tensor, but got {x.dtype.name}")
+        raise RuntimeError(f"rfftn expects a real-valued input tensor, but got {dtypes.c10_name(x.dtype)}")
     shape, dims = shape_and_dims(x, s, dim)
     if not dims:
         raise RuntimeError("rfftn must transform at least one axis")

@@ -117,6 +117,10 @@ def check_gather_shapes(self, dim, index, op, src=None) -> int:
                            f"({index.ndim} vs {self.ndim})")
     too_large = any(n > m for k, (n, m) in enumerate(zip(index_shape, self_shape)) if k != d)
     src_shape = getattr(src, "shape", None)
+    if too_large and op == "gather":
+        k = next(k for k, (n, m) in enumerate(zip(index_shape, self_shape)) if k != d and n > m)
+        raise RuntimeError(f"{op}(): Size does not match at dimension {k} expected index {list(index.shape)} to be "
+                           f"no larger than self {list(self.shape)} apart from dimension {d}")
     if src_shape is not None:
         too_large = too_large or any(n > m for n, m in zip(index_shape, nonempty_shape(src_shape)))
         if len(nonempty_shape(src_shape)) != len(index_shape):

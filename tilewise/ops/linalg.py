@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tilewise import strides as S
-from tilewise.dtypes import c10_name, compute_dtype
+from tilewise.dtypes import c10_name, compute_dtype, type_meta_name
 from tilewise.ops.batching_rules import leading_batch_first_only, matrix_product
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
@@ -33,9 +33,18 @@ def matmul_operands(op, args):
     a, b = args[0], args[1]
     check_mm_shapes(op.name, a, b)
     if a.dtype is not b.dtype:
-        raise RuntimeError(f"{op.name}: expected both operands to have the same dtype, but got {a.dtype.name} for "
-                           f"self and {b.dtype.name} for mat2; convert one with .to()")
+        raise RuntimeError(f"{_DTYPE_MISMATCH[op.name](a.dtype, b.dtype)} ({op.name}: expected both operands to have "
+                           f"the same dtype, but got {a.dtype.name} for self and {b.dtype.name} for mat2; convert one "
+                           "with .to())")
     return a.dtype, compute_dtype(a.dtype)
+
+
+# torch's own words for operands of two dtypes, which differ between its mm and bmm kernels
+_DTYPE_MISMATCH = {
+    "mm": lambda a, b: ("expected m1 and m2 to have the same dtype, but got: "
+                        f"{type_meta_name(a)} != {type_meta_name(b)}"),
+    "bmm": lambda a, b: f"expected scalar type {c10_name(a)} but found {c10_name(b)}",
+}
 
 
 declare("mm(Tensor self, Tensor mat2) -> Tensor", "matmul", dtype=matmul_operands, autocast="lower",
@@ -82,10 +91,11 @@ def _matmul(a, b):
     if ra == 2 and rb == 2:
         return a.mm(b)
     if ra == 1 and rb == 1:
-        return (a * b).sum()
+        return _dot(a, b)
     if ra == 1:
         return private(_matmul(a.unsqueeze(0), b).squeeze(-2))
     if rb == 1:
+        check_matrix_vector_dtypes("matmul", a, b)
         return private(_matmul(a, b.unsqueeze(-1)).squeeze(-1))
     if rb == 2:  # fold the batch dims of a into rows: one GEMM
         return rows_times_matrix(a, b)
@@ -185,9 +195,6 @@ declare("dot(Tensor self, Tensor tensor) -> Tensor", "composite", decomposition=
 
 def _vdot(a, b):
     """The dot product with the first vector conjugated (a plain dot product for real vectors)."""
-    if a.dtype is not b.dtype:
-        raise RuntimeError(f"vdot: expected both vectors to have same dtype, but found {a.dtype.name} and "
-                           f"{b.dtype.name}")
     return _dot(a.conj() if a.dtype.is_complex else a, b)
 
 
@@ -202,10 +209,16 @@ def _mv(matrix, vec):
     if matrix.shape[1] != vec.shape[0]:
         raise RuntimeError(f"mv: size mismatch, got input ({matrix.shape[0]}), mat ({matrix.shape[0]}x"
                            f"{matrix.shape[1]}), vec ({vec.shape[0]})")
-    if matrix.dtype is not vec.dtype:
-        raise RuntimeError(f"mv: expected both operands to have the same dtype, but got {matrix.dtype.name} for the "
-                           f"matrix and {vec.dtype.name} for the vector; convert one with .to()")
+    check_matrix_vector_dtypes("mv", matrix, vec)
     return matrix.matmul(vec)
+
+
+def check_matrix_vector_dtypes(op: str, matrix: Tensor, vec: Tensor) -> None:
+    """torch's addmv check, which names its output (of the vector's dtype), the matrix and the vector."""
+    if matrix.dtype is not vec.dtype:
+        raise RuntimeError(f"addmv input tensors must have the same dtype, but got {c10_name(vec.dtype)}, "
+                           f"{c10_name(matrix.dtype)}, and {c10_name(vec.dtype)} ({op}: got {matrix.dtype.name} for "
+                           f"the matrix and {vec.dtype.name} for the vector; convert one with .to())")
 
 
 declare("mv(Tensor self, Tensor vec) -> Tensor", "composite", decomposition=_mv, autocast={"cuda": "lower"})

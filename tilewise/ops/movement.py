@@ -36,8 +36,10 @@ def composite(schema: str, decomposition, **attrs):
 
 
 def _check_tensors(tensors, op: str) -> tuple:
-    if not tensors:  # torch: cat raises ValueError, stack RuntimeError
-        raise (ValueError if op == "cat" else RuntimeError)(f"{op}(): expected a non-empty list of Tensors")
+    if not tensors:  # torch: cat raises ValueError, the stacks RuntimeError, each in its own words
+        if op == "cat":
+            raise ValueError("cat(): expected a non-empty list of Tensors")
+        raise RuntimeError(f"{op} expects a non-empty TensorList")
     for k, t in enumerate(tensors):
         if not isinstance(t, Tensor):
             raise TypeError(f"{op}(): expected a sequence of Tensors, but element {k} is {type(t).__name__} {t!r}")
@@ -139,7 +141,7 @@ def _stack(tensors, dim=0):
     first = tensors[0].shape
     for k, t in enumerate(tensors):
         if t.shape != first:
-            raise RuntimeError(f"stack(): expects each tensor to be equal size, but got {list(first)} at entry 0 and "
+            raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(first)} at entry 0 and "
                                f"{list(t.shape)} at entry {k}")
     d = S.normalize_dim(dim, len(first) + 1, "stack")
     return OPS["cat"]([t.unsqueeze(d) for t in tensors], d)

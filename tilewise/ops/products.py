@@ -148,6 +148,15 @@ def _sum_out(t: Tensor, labels: list, keep: set) -> tuple[Tensor, list]:
     return t.sum(dims), [label for label in labels if label in keep]
 
 
+def _aligned(t: Tensor, labels: list, order: list) -> Tensor:
+    """``t`` with its dims in ``order``'s order and a size-1 dim for each label of ``order`` it lacks."""
+    t = t.permute([labels.index(label) for label in order if label in labels])
+    for k, label in enumerate(order):
+        if label not in labels:
+            t = t.unsqueeze(k)
+    return t
+
+
 def _contract(a: Tensor, la: list, b: Tensor, lb: list, later: set) -> tuple[Tensor, list]:
     """Multiply two operands and sum the labels they share that nothing later needs, as one bmm."""
     a, la = _sum_out(a, la, later | set(lb))
@@ -162,6 +171,9 @@ def _contract(a: Tensor, la: list, b: Tensor, lb: list, later: set) -> tuple[Ten
     batch = [label for label in la if label in lb and label in later]
     a_only = [label for label in la if label not in lb]
     b_only = [label for label in lb if label not in la]
+    if not summed:  # torch multiplies (promoting the dtypes) where nothing is summed, and calls bmm otherwise
+        order = batch + a_only + b_only
+        return _aligned(a, la, order) * _aligned(b, lb, order), order
 
     def size(label):
         return max(a.shape[la.index(label)] if label in la else 1, b.shape[lb.index(label)] if label in lb else 1)

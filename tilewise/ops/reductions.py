@@ -150,10 +150,12 @@ def _moments(op, self, dim, unbiased, correction) -> tuple:
     ``std`` takes the square root before rounding back, so a standard deviation of 2e20 stays finite although
     its variance does not fit a float32. Fused, the widening costs no memory traffic: it happens in registers.
     """
-    from tilewise.dtypes import float64
+    from tilewise.dtypes import complex128, float64
 
-    R.reduction_float(op, (self,))
-    x = self if self.dtype.itemsize >= 8 else self.to(float64)
+    if not self.dtype.is_complex:
+        R.reduction_float(op, (self,))
+    wide = complex128 if self.dtype.is_complex else float64  # a complex variance: the mean squared modulus
+    x = self if self.dtype.itemsize >= wide.itemsize else self.to(wide)
     dims = _reduced_dims(self.shape, dim)
     mean = x.mean(dims, keepdim=True)
     centered = x - mean
@@ -161,13 +163,15 @@ def _moments(op, self, dim, unbiased, correction) -> tuple:
     if dof <= 0:
         warnings.warn(f"{op.name}(): degrees of freedom is <= 0. Correction should be strictly less than the "
                       "reduction factor (input numel divided by output numel).", UserWarning, stacklevel=2)
-    return (centered * centered).sum(dims, keepdim=True) / max(dof, 0), mean
+    squares = centered.real.square() + centered.imag.square() if centered.dtype.is_complex else centered.square()
+    return squares.sum(dims, keepdim=True) / max(dof, 0), mean
 
 
 def _narrowed(value, like, dim, keepdim):
     """A kept-dims reduction result in ``like``'s dtype, its reduced dims dropped unless ``keepdim``."""
     shape = S.reduced_shape(tuple(like.shape), _reduced_dims(like.shape, dim), keepdim)
-    return value.to(like.dtype).reshape(shape)
+    dtype = like.dtype.to_real() if like.dtype.is_complex and not value.dtype.is_complex else like.dtype
+    return value.to(dtype).reshape(shape)
 
 
 def _var(self, dim=None, unbiased=None, keepdim=False, correction=None):

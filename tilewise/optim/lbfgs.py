@@ -61,15 +61,18 @@ class LBFGS(Optimizer):
         self._params = self.param_groups[0]["params"]
 
     # ------------------------------------------------------------------ flat views of the parameters
+    # a complex parameter takes part as its real and imaginary parts, interleaved (torch's view_as_real)
     def _gather_flat_grad(self) -> Tensor:
         views = [zeros(p.numel(), dtype=p.dtype, device=p.device) if p.grad is None else p.grad.reshape(-1)
                  for p in self._params]
-        return call("cat", views, 0)
+        return call("cat", [call("view_as_real", v).view(-1) if v.dtype.is_complex else v for v in views], 0)
 
     def _add_grad(self, step_size, update: Tensor) -> None:
         step_size = float(step_size)  # a 0-dim tensor is read as torch reads a Scalar argument
         offset = 0
         for p in self._params:
+            if p.dtype.is_complex:
+                p = call("view_as_real", p)
             numel = p.numel()
             p.add_(update[offset:offset + numel].view_as(p), alpha=step_size)
             offset += numel
