@@ -5,10 +5,14 @@ the result fits ``x`` (shape and dtype, with torch's messages), writes it into `
 storage version, and makes the node the new ``grad_fn`` of ``x``. When the node will save ``x`` itself,
 the op is given a clone, because the write would otherwise invalidate the saved value.
 
-[Note: in-place writes] With nothing to record, a backend may skip the write-back: the op's first call is
-offered the target (``STATE.into``), and a backend with ``run_into`` (CUDA's pointwise kernels) writes the
-result straight into it when the result would have the target's shape, strides and dtype and no other input
-shares the target's memory; one kernel instead of two, and no temporary. ``commit`` then only bumps the version.
+[Note: in-place writes] A backend may skip the write-back: the op's first call is offered the target
+(``STATE.into``), and a backend with ``run_into`` (CUDA's pointwise kernels) writes the result straight into it
+when the result would have the target's shape, strides and dtype and no other input shares the target's memory;
+one kernel instead of two, and no temporary. ``commit`` then only bumps the version. Where autograd records the
+op, the target is offered only when the node will not keep what it held (the op saves no ``self``: ``relu_``,
+``add_``, not ``mul_``), the target is no view and no saved-tensor hooks are active; the recorded node then takes
+the target as its output (``autograd.graph.record``, which also declines when the call would make no new node or
+could be refused after the write), and its saved result takes the version the write gave it.
 
 [Note: watched views] Some views carry torch's creation meta (``Tensor._view_meta``: the version of their memory
 when made, and a kind), because what an in-place write means for them depends on how they were made:
