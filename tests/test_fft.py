@@ -11,8 +11,9 @@ import torch
 import tilewise as tw
 
 TRANSFORMS_1D = ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft")
-TRANSFORMS_ND = ("fft2", "ifft2", "rfft2", "irfft2", "fftn", "ifftn", "rfftn", "irfftn")
-REAL_ONLY = ("rfft", "ihfft", "rfft2", "rfftn")
+TRANSFORMS_ND = ("fft2", "ifft2", "rfft2", "irfft2", "fftn", "ifftn", "rfftn", "irfftn", "hfft2", "hfftn", "ihfft2",
+                 "ihfftn")
+REAL_ONLY = ("rfft", "ihfft", "rfft2", "rfftn")  # (torch's ihfft2 and ihfftn refuse complex input in other words)
 
 
 def _signal(shape, complex_: bool, dtype=np.float32, seed=0):

@@ -24,8 +24,10 @@ def _transform(name: str):
 
 
 fft, ifft, rfft, irfft, hfft, ihfft = (_transform(n) for n in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft"))
-fft2, ifft2, rfft2, irfft2 = (_transform(n) for n in ("fft2", "ifft2", "rfft2", "irfft2"))
-fftn, ifftn, rfftn, irfftn = (_transform(n) for n in ("fftn", "ifftn", "rfftn", "irfftn"))
+fft2, ifft2, rfft2, irfft2, hfft2, ihfft2 = (_transform(n) for n in ("fft2", "ifft2", "rfft2", "irfft2", "hfft2",
+                                                                      "ihfft2"))
+fftn, ifftn, rfftn, irfftn, hfftn, ihfftn = (_transform(n) for n in ("fftn", "ifftn", "rfftn", "irfftn", "hfftn",
+                                                                      "ihfftn"))
 fftshift, ifftshift = _transform("fftshift"), _transform("ifftshift")
 
 

@@ -72,6 +72,9 @@ OPINFOS = [
     transform("fft2", n_dim(two=True)), transform("ifft2", n_dim(two=True)),
     transform("rfft2", lambda: [s for s in n_dim(two=True)() if s.name.startswith("float")]),
     transform("irfft2", n_dim(two=True)),
+    transform("hfftn", n_dim()), transform("hfft2", n_dim(two=True)),
+    transform("ihfftn", lambda: [s for s in n_dim()() if s.name.startswith("float")]),
+    transform("ihfft2", lambda: [s for s in n_dim(two=True)() if s.name.startswith("float")]),
     transform("fftshift", lambda: [*_real_and_complex((4, 7)), Sample((T((4, 7)),), {"dim": 0}, name="dim")]),
     transform("ifftshift", lambda: [*_real_and_complex((4, 7)), Sample((T((4, 7)),), {"dim": (1,)}, name="dim")]),
     OpInfo("stft", lambda: [

@@ -291,6 +291,31 @@ def _irfftn(x, s=None, dim=None, norm=None):
     return OPS["_fft_c2r"](x, tuple(dims), norm_code(norm, False), last_dim_size)
 
 
+def _hfftn(x, s=None, dim=None, norm=None):
+    """The Hermitian transform of a half spectrum over ``dim`` (the last one halved): ``irfftn`` of the conjugate,
+    scaled as a forward transform (torch's c2c over the other dims, then c2r of the conjugate, is the same sum)."""
+    shape, dims = shape_and_dims(x, s, dim)
+    if not dims:
+        raise RuntimeError("hfftn must transform at least one axis")
+    last_dim_size = 2 * (x.shape[dims[-1]] - 1) if s is None or list(s)[-1] == -1 else shape[-1]
+    _check_points(last_dim_size)
+    shape[-1] = last_dim_size // 2 + 1
+    x = resized(promoted(x, True, "hfftn"), dims, shape)
+    return OPS["_fft_c2r"](x.conj(), tuple(dims), norm_code(norm, True), last_dim_size)
+
+
+def _ihfftn(x, s=None, dim=None, norm=None):
+    """The inverse of :func:`_hfftn`: the one-sided inverse transform of a real signal, conjugated."""
+    shape, dims = shape_and_dims(x, s, dim)
+    if not dims:
+        raise RuntimeError("ihfftn must transform at least one axis")
+    if x.dtype.is_complex:
+        raise RuntimeError(f"Only supports floating-point dtypes, but found: {dtypes.c10_name(x.dtype)} (ihfftn "
+                           "transforms a real signal)")
+    x = resized(promoted(x, False, "ihfftn"), dims, shape)
+    return OPS["_fft_r2c"](x, tuple(dims), norm_code(norm, False), True).conj()
+
+
 def _fft2(x, s=None, dim=(-2, -1), norm=None):
     return _fftn(x, s, dim, norm)
 
@@ -305,6 +330,14 @@ def _rfft2(x, s=None, dim=(-2, -1), norm=None):
 
 def _irfft2(x, s=None, dim=(-2, -1), norm=None):
     return _irfftn(x, s, dim, norm)
+
+
+def _hfft2(x, s=None, dim=(-2, -1), norm=None):
+    return _hfftn(x, s, dim, norm)
+
+
+def _ihfft2(x, s=None, dim=(-2, -1), norm=None):
+    return _ihfftn(x, s, dim, norm)
 
 
 # ---------------------------------------------------------------- shifts
@@ -334,7 +367,9 @@ TRANSFORMS = {
     "fft": (_ONE_DIM, _fft), "ifft": (_ONE_DIM, _ifft), "rfft": (_ONE_DIM, _rfft), "irfft": (_ONE_DIM, _irfft),
     "hfft": (_ONE_DIM, _hfft), "ihfft": (_ONE_DIM, _ihfft), "fftn": (_N_DIM, _fftn), "ifftn": (_N_DIM, _ifftn),
     "rfftn": (_N_DIM, _rfftn), "irfftn": (_N_DIM, _irfftn), "fft2": (_TWO_DIM, _fft2), "ifft2": (_TWO_DIM, _ifft2),
-    "rfft2": (_TWO_DIM, _rfft2), "irfft2": (_TWO_DIM, _irfft2), "fftshift": (_SHIFT, _fftshift),
+    "rfft2": (_TWO_DIM, _rfft2), "irfft2": (_TWO_DIM, _irfft2), "hfftn": (_N_DIM, _hfftn),
+    "ihfftn": (_N_DIM, _ihfftn), "hfft2": (_TWO_DIM, _hfft2), "ihfft2": (_TWO_DIM, _ihfft2),
+    "fftshift": (_SHIFT, _fftshift),
     "ifftshift": (_SHIFT, _ifftshift),
 }
 _SHIFTS = ("fftshift", "ifftshift")  # torch's CPU autocast lists every transform above, no shift; nor out= for shifts
