@@ -710,6 +710,24 @@ def _vecdot(x, y, dim=-1):
 
 
 linalg("linalg_vecdot(Tensor x, Tensor y, *, int dim=-1) -> Tensor", _vecdot)
+
+
+def _vander(x, N=None):
+    """The Vandermonde matrix of ``x`` along its last dim: the powers ``x**0 ... x**(N-1)``, as torch's (a cumulative
+    product of ``x`` after a column of ones, so integers stay integers and the gradient is the product's)."""
+    if x.dtype.name == "bool":
+        raise RuntimeError("linalg.vander supports floating point, complex, and integer tensors, but got Bool")
+    n = x.shape[-1] if x.ndim else 1
+    N = n if N is None else N
+    if N <= 1:
+        raise RuntimeError(f"N must be greater than 1. (linalg.vander: got N={N} for x of shape {list(x.shape)})")
+    powers = x.unsqueeze(-1).expand(*x.shape, N - 1)
+    from tilewise.ops.creation import ones_like
+
+    return OPS["cat"]([ones_like(x.unsqueeze(-1)), powers], -1).cumprod(-1)
+
+
+linalg("linalg_vander(Tensor x, *, int? N=None) -> Tensor", _vander, out=False)
 linalg("linalg_diagonal(Tensor A, *, int offset=0, int dim1=-2, int dim2=-1) -> Tensor",
        lambda A, offset=0, dim1=-2, dim2=-1: A.diagonal(offset, dim1, dim2), out=False)
 
