@@ -63,6 +63,7 @@ OPINFOS = [
     OpInfo("sum", lambda: [Sample((T((3, 4), "complex"),), name="complex"),
                            Sample((T((3, 4), "complex"), 1), name="complex-dim")]),
     OpInfo("mean", lambda: [Sample((T((3, 4), "complex"),), name="complex")]),
+    OpInfo("linalg.vander", lambda: [Sample((T((3,), "complex"),), {"N": 4}, name="complex")]),
     transform("fft", one_dim()), transform("ifft", one_dim()),
     transform("rfft", one_dim(complex_=False)), transform("ihfft", one_dim(complex_=False)),
     transform("irfft", one_dim()), transform("hfft", one_dim()),
