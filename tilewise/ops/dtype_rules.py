@@ -40,8 +40,12 @@ def promote(op, args) -> tuple[DType, DType]:
 
 
 def magnitude(op, args) -> tuple[DType, DType]:
-    """abs: a complex input gives its real dtype, computed from the complex values."""
+    """abs: a complex input gives its real dtype, computed from the complex values; torch has no bool kernel."""
     out, compute = promote(op, args)
+    if out is dtypes.bool_:
+        kernel = f"abs_{'cuda' if device_type_of(op, args) == 'cuda' else 'cpu'}"
+        raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\' (abs of a bool tensor: convert it to an '
+                                  "integer dtype first, e.g. .long(), or use it as it is: it is its own magnitude)")
     return out.to_real(), compute
 
 
