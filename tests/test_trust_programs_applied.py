@@ -484,5 +484,5 @@ def test_embedding_repr_names_every_option_that_differs_from_its_default_as_torc
 
 def test_abs_of_a_bool_tensor_is_refused_as_torch():
     for spell in (lambda t, x: t.abs(x), lambda t, x: abs(x), lambda t, x: x.abs_(), lambda t, x: t.absolute(x)):
-        theirs, ours = (raised(lambda t: spell(t, t.tensor([True, False])), t) for t in LIBRARIES)
+        theirs, ours = (raised(lambda t, spell=spell: spell(t, t.tensor([True, False])), t) for t in LIBRARIES)
         assert type(ours) is type(theirs) is NotImplementedError and str(ours).startswith(str(theirs))
