@@ -375,3 +375,61 @@ def test_solve_refuses_a_vector_right_hand_side_with_left_false_as_torch(a_shape
         with pytest.raises(RuntimeError, match=re.escape("linalg.solve: Incompatible shapes of A and B for the "
                                                          "equation XA = B (3x3 and 3x1)")):
             lib.linalg.solve(lib.eye(3).expand(a_shape) * 2, lib.ones(b_shape), left=False)
+
+
+# ---------------------------------------------------------------------------------------------- LU factorisations
+
+def _lu_refusals(lib):
+    A = lib.tensor([[1.0, 2.0], [3.0, 4.0]])
+    LU, pivots = lib.linalg.lu_factor(A)
+    B = lib.ones(2, 1)
+    singular = lib.tensor([[1.0, 2.0], [2.0, 4.0]])
+    return {
+        "a vector": lambda: lib.linalg.lu_factor(lib.ones(3)),
+        "integers": lambda: lib.linalg.lu_factor(lib.ones(3, 3, dtype=lib.long)),
+        "half": lambda: lib.linalg.lu_factor(lib.ones(3, 3, dtype=lib.half)),
+        "singular": lambda: lib.linalg.lu_factor(singular),
+        "singular, checked": lambda: lib.linalg.lu_factor_ex(singular, check_errors=True),
+        "no pivoting on the CPU": lambda: lib.linalg.lu_factor(A, pivot=False),
+        "solve, B of another size": lambda: lib.linalg.lu_solve(LU, pivots, lib.ones(3, 1)),
+        "solve, int64 pivots": lambda: lib.linalg.lu_solve(LU, pivots.long(), B),
+        "solve, B of another dtype": lambda: lib.linalg.lu_solve(LU, pivots, B.double()),
+        "solve, LU not square": lambda: lib.linalg.lu_solve(lib.ones(2, 3), pivots, B),
+        "solve, too few pivots": lambda: lib.linalg.lu_solve(LU, pivots[:1], B),
+        "solve, a vector B": lambda: lib.linalg.lu_solve(LU, pivots, lib.ones(2)),
+        "unpack, int64 pivots": lambda: lib.lu_unpack(LU, pivots.long()),
+    }
+
+
+@pytest.mark.parametrize("case", list(_lu_refusals(torch)))
+def test_lu_factorisations_refuse_as_torch(case):
+    found = []
+    for lib in (torch, tw):
+        with pytest.raises(Exception) as raised:  # noqa: PT011 — the type is compared with torch's below
+            _lu_refusals(lib)[case]()
+        found.append(raised.value)
+    theirs, ours = found
+    assert type(ours) is type(theirs), (ours, theirs)
+    assert str(ours).startswith(str(theirs)), (str(ours), str(theirs))
+
+
+def test_lu_factor_ex_reports_a_zero_pivot_and_unpacking_rebuilds_the_matrix_as_torch():
+    singular = [[1.0, 2.0], [2.0, 4.0]]
+    ours, theirs = tw.linalg.lu_factor_ex(tw.tensor(singular)), torch.linalg.lu_factor_ex(torch.tensor(singular))
+    for a, b in zip(ours, theirs):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    A = tw.tensor(np.random.default_rng(0).standard_normal((2, 3, 5)))
+    P, L, U = tw.lu_unpack(*tw.linalg.lu_factor(A))
+    np.testing.assert_allclose((P @ L @ U).numpy(), A.numpy(), atol=1e-12)
+    assert [tuple(t.shape) for t in tw.lu_unpack(*tw.linalg.lu_factor(A), unpack_data=False)] == [(2, 3, 3), (0,), (0,)]
+    assert [tuple(t.shape) for t in tw.linalg.lu(tw.ones(2, 0, 3))] == [(2, 0, 0), (2, 0, 0), (2, 0, 3)]
+
+
+def test_the_old_lu_api_warns_as_torch_and_gives_linalg_s_results():
+    A = tw.tensor([[1.0, 2.0], [3.0, 4.0]])
+    with pytest.warns(UserWarning, match="torch.lu is deprecated in favor of torch.linalg.lu_factor"):
+        LU, pivots, info = tw.lu(A, get_infos=True)
+    with pytest.warns(UserWarning, match="torch.lu_solve is deprecated in favor of torch.linalg.lu_solve"):
+        X = tw.ones(2, 1).lu_solve(LU, pivots)
+    np.testing.assert_allclose((A @ X).numpy(), np.ones((2, 1)), atol=1e-6)
+    assert info.item() == 0 and pivots.dtype == tw.int32

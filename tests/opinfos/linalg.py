@@ -96,6 +96,20 @@ SQUARE = [Sample((T((3, 3)),), name="3x3"), Sample((T((2, 4, 4)),), name="batch"
 RECTANGULAR = [Sample((T((4, 3)),), name="tall"), Sample((T((3, 4)),), name="wide"),
                Sample((T((2, 3, 3)),), name="batch-square")]
 
+def factored(arg=0):
+    """``linalg.lu_factor`` of a shifted (well-conditioned) matrix in place of argument ``arg``: the LU and pivots
+    that ``lu_unpack`` and ``lu_solve`` take, differentiated through the factorization."""
+    def wrap(fn, module):
+        def call(*args, **kwargs):
+            args = list(args)
+            LU, pivots = module.linalg.lu_factor(_shifted_rectangular(args[arg], module))
+            return fn(*args[:arg], LU, pivots, *args[arg + 1:], **kwargs)
+
+        return call
+
+    return wrap
+
+
 OPINFOS = [
     OpInfo("linalg.solve", lambda: [
         Sample((T((3, 3)), T((3, 2))), name="matrix"),
@@ -117,6 +131,20 @@ OPINFOS = [
     OpInfo("linalg.cholesky", lambda: SQUARE + [Sample((T((3, 3)),), {"upper": True}, name="upper")],
            wrap=positive_definite(), covers=("_linalg_cholesky_ex",)),
     OpInfo("linalg.cholesky_ex", lambda: SQUARE, wrap=positive_definite()),
+    OpInfo("linalg.lu_factor", lambda: SQUARE + RECTANGULAR, wrap=full_rank(), covers=("_linalg_lu_factor_ex",)),
+    OpInfo("linalg.lu_factor_ex", lambda: SQUARE + RECTANGULAR, wrap=full_rank()),
+    OpInfo("linalg.lu", lambda: SQUARE + RECTANGULAR, wrap=full_rank()),
+    OpInfo("lu", lambda: [Sample((T((3, 3)),)), Sample((T((2, 3, 4)),), {"get_infos": True}, name="infos")],
+           wrap=full_rank()),
+    OpInfo("lu_unpack", lambda: SQUARE + RECTANGULAR, wrap=factored()),
+    OpInfo("linalg.lu_solve", lambda: [
+        Sample((T((3, 3)), T((3, 2))), name="left"),
+        Sample((T((3, 3)), T((3, 2))), {"adjoint": True}, name="left-adjoint"),
+        Sample((T((3, 3)), T((2, 3))), {"left": False}, name="right"),
+        Sample((T((3, 3)), T((2, 3))), {"left": False, "adjoint": True}, name="right-adjoint"),
+        Sample((T((2, 3, 3)), T((3, 1))), name="broadcast-B"),
+    ], wrap=factored()),
+    OpInfo("lu_solve", lambda: [Sample((T((3, 2)), T((3, 3))))], wrap=factored(1)),
     OpInfo("cholesky", lambda: [Sample((T((3, 3)),)), Sample((T((3, 3)),), {"upper": True}, name="upper")],
            wrap=positive_definite()),
     OpInfo("cholesky_solve", lambda: [

@@ -220,6 +220,153 @@ linalg("linalg_cholesky(Tensor A, *, bool upper=False) -> Tensor",
 torch_form("cholesky(Tensor self, bool upper=False) -> Tensor", _cholesky_old)
 
 
+# ---------------------------------------------------------------- LU: factor, unpack, solve
+
+def _zero_pivot(code: int) -> str:
+    return (f"U[{code},{code}] is zero and using it on lu_solve would result in a division by zero. If you still "
+            "want to perform the factorization, consider calling linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)")
+
+
+def _check_lu_input(op: str, A) -> None:
+    if A.ndim < 2:
+        raise RuntimeError(f"torch.lu_factor: Expected tensor with 2 or more dimensions. Got size: {list(A.shape)} "
+                           f"instead ({op})")
+    if not (A.dtype.is_floating_point or A.dtype.is_complex) or A.dtype.name not in ("float32", "float64"):
+        raise NotImplementedError(f'"lu_{A.device.type}" not implemented for \'{type_name(A.dtype)}\' ({op}: '
+                                  "float32 and float64 matrices are factored)")
+
+
+def _lu_factor_ex(A, pivot=True, check_errors=False):
+    _check_lu_input("linalg.lu_factor_ex", A)
+    LU, pivots, info = OPS["_linalg_lu_factor_ex"](A, pivot)
+    if check_errors:
+        raise_from_info("torch.linalg.lu_factor_ex", info, _zero_pivot, RuntimeError)  # (torch's: no LinAlgError)
+    return LU, pivots, info
+
+
+def _lu_factor(A, pivot=True):
+    _check_lu_input("linalg.lu_factor", A)
+    LU, pivots, info = OPS["_linalg_lu_factor_ex"](A, pivot)
+    raise_from_info("torch.linalg.lu_factor", info, _zero_pivot, RuntimeError)
+    return LU, pivots
+
+
+def _permutation(pivots, m: int, dtype, device):
+    """The permutation matrices [..., m, m] of LAPACK's row swaps (1-based, applied in order): A = P L U. The swaps
+    are read on the host (a device's pivots are copied there once)."""
+    import numpy as np
+
+    from tilewise.tensor import tensor
+
+    count = math.prod(pivots.shape[:-1])
+    swaps = np.asarray(pivots.detach().cpu().numpy(), dtype=np.int64).reshape(count, pivots.shape[-1]) - 1
+    order = np.tile(np.arange(m), (count, 1))
+    rows = np.arange(swaps.shape[0])
+    for j in range(swaps.shape[1]):
+        p = swaps[:, j]
+        top = order[rows, j].copy()
+        order[rows, j] = order[rows, p]
+        order[rows, p] = top
+    P = np.zeros((swaps.shape[0], m, m), dtype=dtype.np)
+    P[rows[:, None], order, np.arange(m)[None, :]] = 1
+    return tensor(P.reshape(*pivots.shape[:-1], m, m), dtype=dtype, device=device)
+
+
+def _lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
+    if LU_pivots.dtype.name != "int32":
+        raise RuntimeError("torch.lu_unpack: LU_pivots is expected to be a contiguous tensor of torch.int32 dtype.\n"
+                           "Note: this function is intended to be used with the output produced by "
+                           f"torch.linalg.lu_factor (got {LU_pivots.dtype.name})")
+    m, n = LU_data.shape[-2], LU_data.shape[-1]
+    k = min(m, n)
+    empty = LU_data.new_empty((0,))
+    if unpack_data:
+        from tilewise.ops.creation import eye
+
+        L = LU_data[..., :k].tril(-1) + eye(m, k, dtype=LU_data.dtype, device=LU_data.device)
+        U = LU_data[..., :k, :].triu()
+    else:
+        L = U = empty
+    P = _permutation(LU_pivots, m, LU_data.dtype, LU_data.device) if unpack_pivots else empty
+    return P, L, U
+
+
+def _lu(A, pivot=True):
+    _check_lu_input("linalg.lu", A)
+    LU, pivots, _ = OPS["_linalg_lu_factor_ex"](A, pivot)
+    return _lu_unpack(LU, pivots, True, pivot)
+
+
+def _lu_solve(LU, pivots, B, left=True, adjoint=False):
+    op = "linalg.lu_solve"
+    check_floating(op, LU)
+    if LU.ndim < 2:
+        raise RuntimeError(f"{op}: The input tensor A must have at least 2 dimensions.")
+    if B.ndim < 2:
+        raise RuntimeError(f"{op}: The input tensor B must have at least 2 dimensions.")
+    if LU.shape[-1] != LU.shape[-2]:
+        raise RuntimeError(f"torch.{op}: A must be batches of square matrices, but they are {LU.shape[-2]} by "
+                           f"{LU.shape[-1]} matrices")
+    n = LU.shape[-1]
+    if (B.shape[-2] if left else B.shape[-1]) != n:
+        b = f"{B.shape[-2]}x{B.shape[-1]}"
+        raise RuntimeError(f"{op}: Incompatible shapes of A and B for the equation {'AX = B' if left else 'XA = B'} "
+                           f"({n}x{n} and {b})")
+    if LU.dtype is not B.dtype:
+        raise RuntimeError(f"{op}: Expected LU and B to have the same dtype, but found LU of type "
+                           f"{type_name(LU.dtype)} and B of type {type_name(B.dtype)} instead")
+    if pivots.dtype.name != "int32":
+        raise RuntimeError(f"{op}: pivots should be a Tensor of scalar type torch.int32 (got {pivots.dtype.name})")
+    if pivots.shape[-1] != n:
+        raise RuntimeError(f"{op}: Number of pivots per batch should be same as the dimension of the matrix")
+    batch = S.broadcast_shapes(tuple(LU.shape[:-2]), tuple(B.shape[:-2]), tuple(pivots.shape[:-1]))
+    LU = LU.expand(batch + (n, n))
+    B = B.expand(batch + tuple(B.shape[-2:]))
+    P, L, U = _lu_unpack(LU, pivots.expand(batch + (n,)))
+    solve = OPS["_linalg_solve_triangular"]
+    if left and not adjoint:  # P L U X = B
+        X = solve(U, solve(L, P.mT.matmul(B), upper=False, unitriangular=True), upper=True)
+    elif left:  # U^H L^H P^H X = B
+        X = P.matmul(solve(L.mH, solve(U.mH, B, upper=False), upper=True, unitriangular=True))
+    elif not adjoint:  # X P L U = B
+        X = solve(L, solve(U, B, upper=True, left=False), upper=False, left=False, unitriangular=True).matmul(P.mT)
+    else:  # X U^H L^H P^H = B
+        X = solve(U.mH, solve(L.mH, B.matmul(P), upper=True, left=False, unitriangular=True), upper=False, left=False)
+    return column_major(X) if left else column_major(X.mT).mT
+
+
+def _lu_old(A, pivot=True, get_infos=False):
+    warnings.warn(_LU_DEPRECATED, UserWarning, stacklevel=3)
+    LU, pivots, info = _lu_factor_ex(A, pivot, not get_infos)
+    return (LU, pivots, info) if get_infos else (LU, pivots)
+
+
+def _lu_solve_old(b, LU_data, LU_pivots):
+    warnings.warn("torch.lu_solve is deprecated in favor of torch.linalg.lu_solveand will be removed in a future "
+                  "PyTorch release.\nNote that torch.linalg.lu_solve has its arguments reversed.\nX = "
+                  "torch.lu_solve(B, LU, pivots)\nshould be replaced with\nX = torch.linalg.lu_solve(LU, pivots, B)",
+                  UserWarning, stacklevel=3)
+    return _lu_solve(LU_data, LU_pivots, b)
+
+
+_LU_DEPRECATED = ("torch.lu is deprecated in favor of torch.linalg.lu_factor / torch.linalg.lu_factor_ex and will be "
+                  "removed in a future PyTorch release.\nLU, pivots = torch.lu(A, compute_pivots)\nshould be replaced "
+                  "with\nLU, pivots = torch.linalg.lu_factor(A, compute_pivots)\nand\nLU, pivots, info = torch.lu(A, "
+                  "compute_pivots, get_infos=True)\nshould be replaced with\nLU, pivots, info = "
+                  "torch.linalg.lu_factor_ex(A, compute_pivots)")
+
+linalg("linalg_lu_factor_ex(Tensor A, *, bool pivot=True, bool check_errors=False) -> (Tensor LU, Tensor pivots, "
+       "Tensor info)", _lu_factor_ex)
+linalg("linalg_lu_factor(Tensor A, *, bool pivot=True) -> (Tensor LU, Tensor pivots)", _lu_factor)
+linalg("linalg_lu(Tensor A, *, bool pivot=True) -> (Tensor P, Tensor L, Tensor U)", _lu)
+linalg("linalg_lu_solve(Tensor LU, Tensor pivots, Tensor B, *, bool left=True, bool adjoint=False) -> Tensor",
+       _lu_solve)
+torch_form("lu_unpack(Tensor LU_data, Tensor LU_pivots, bool unpack_data=True, bool unpack_pivots=True) -> "
+           "(Tensor P, Tensor L, Tensor U)", _lu_unpack)
+torch_form("lu_solve(Tensor self, Tensor LU_data, Tensor LU_pivots) -> Tensor", _lu_solve_old)
+torch_form("lu(Tensor self, bool pivot=True, bool get_infos=False) -> Tensor[]", _lu_old, out=False)
+
+
 def _cholesky_solve(B, L, upper=False):
     check_floating("cholesky_solve", L)
     check_same_dtype("cholesky_solve", L, B)

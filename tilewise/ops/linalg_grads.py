@@ -296,7 +296,45 @@ def triangular_solve_jvp(b_t, A, A_t, X, upper: bool, transpose: bool, unitriang
     return OPS["triangular_solve"](rhs, A, upper, transpose, unitriangular)[0], A_t
 
 
-HELPERS.update(cholesky_inverse_jvp=cholesky_inverse_jvp, triangular_solve_jvp=triangular_solve_jvp)
+def lu_unpacked(LU, pivots):
+    """(P, L, U) of a factorization (``lu_unpack``'s), for the derivative below."""
+    return _op("lu_unpack")(LU, pivots)
+
+
+def linalg_lu_backward(L_grad, U_grad, P, L, U, pivot: bool):
+    """A = P L U, with L (m x k) unit lower and U (k x n) upper: torch's formula in its three shapes. Square:
+    A_grad = P L^{-H} [L^H L_grad o 1_L + U_grad U^H o 1_U] U^{-H}; wide and tall add the part of U (of L)
+    beyond the square block, which L (U) maps directly."""
+    m, n = L.shape[-2], U.shape[-1]
+    k = min(m, n)
+    if m == n:
+        A_grad = L.mH.matmul(L_grad).tril(-1) + U_grad.matmul(U.mH).triu()
+        A_grad = _solve_triangular(U.mH, A_grad, upper=False, left=False)
+        A_grad = _solve_triangular(L.mH, A_grad, upper=True, unitriangular=True)
+    elif m < n:  # wide: U = [U1 U2]
+        U1, U1_grad, U2_grad = U[..., :k], U_grad[..., :k], U_grad[..., k:]
+        A_grad = L.mH.matmul(L_grad) - U_grad.triu().matmul(U.mH)
+        A_grad = _solve_triangular(U1.mH, A_grad.tril(-1), upper=False, left=False)
+        A_grad = _op("cat")([A_grad + U1_grad.triu(), U2_grad], -1)
+        A_grad = _solve_triangular(L.mH, A_grad, upper=True, unitriangular=True)
+    else:  # tall: L = [L1; L2]
+        L1, L1_grad, L2_grad = L[..., :k, :], L_grad[..., :k, :], L_grad[..., k:, :]
+        A_grad = U_grad.matmul(U.mH) - L.mH.matmul(L_grad.tril(-1))
+        A_grad = _solve_triangular(L1.mH, A_grad.triu(), upper=True, unitriangular=True)
+        A_grad = _op("cat")([A_grad + L1_grad.tril(-1), L2_grad], -2)
+        A_grad = _solve_triangular(U.mH, A_grad, upper=False, left=False)
+    return P.matmul(A_grad) if pivot else A_grad
+
+
+def lu_factor_ex_backward(grad, LU, pivots, pivot: bool):
+    """The gradient reaching the packed factors: its strictly lower part is L's, its upper part U's."""
+    P, L, U = lu_unpacked(LU, pivots)
+    k = min(LU.shape[-2], LU.shape[-1])
+    return linalg_lu_backward(grad[..., :k].tril(-1), grad[..., :k, :].triu(), P, L, U, pivot)
+
+
+HELPERS.update(cholesky_inverse_jvp=cholesky_inverse_jvp, triangular_solve_jvp=triangular_solve_jvp,
+               lu_factor_ex_backward=lu_factor_ex_backward)
 HELPERS.update(linalg_solve_backward=linalg_solve_backward, linalg_inv_backward=linalg_inv_backward,
                linalg_det_backward=linalg_det_backward, slogdet_backward=slogdet_backward,
                cholesky_backward=cholesky_backward, linalg_qr_backward=linalg_qr_backward, svd_backward=svd_backward,

@@ -3,9 +3,10 @@
 [Note: linalg primitives] A handful of primitives carry the numerical work, each a LAPACK routine on the CPU
 (through numpy) and a cuSOLVER/cuBLAS routine on CUDA: ``_linalg_solve`` (getrf+getrs), ``_linalg_inv_ex``,
 ``_linalg_det`` and ``_linalg_slogdet`` (getrf), ``_linalg_cholesky_ex`` (potrf), ``_linalg_qr`` (geqrf+orgqr),
-``_linalg_svd`` (gesvd), ``_linalg_eigh`` (syevd), ``_linalg_solve_triangular`` (trsm), ``_linalg_lstsq`` and
-``_linalg_matrix_exp``. They take batches of matrices already checked and broadcast, and report failures as
-LAPACK does, through an ``info`` output, so that one kernel serves the checking and the ``_ex`` forms alike.
+``_linalg_svd`` (gesvd), ``_linalg_eigh`` (syevd), ``_linalg_solve_triangular`` (trsm), ``_linalg_lstsq``,
+``_linalg_matrix_exp`` and ``_linalg_lu_factor_ex`` (getrf). They take batches of matrices already checked and
+broadcast, and report failures as LAPACK does, through an ``info`` output, so that one kernel serves the checking
+and the ``_ex`` forms alike.
 Everything users call (``linalg.solve``, ``linalg.norm``, ``torch.svd``'s old API, ...) is a composite in
 ``linalg_functions.py`` that checks its arguments with torch's messages, broadcasts, calls these and raises
 :class:`LinAlgError` from ``info``. Derivatives are torch's formulas (``linalg_grads.py``).
@@ -73,10 +74,10 @@ def column_major(t):
     return t.mT.clone(memory_format=contiguous_format).mT
 
 
-def raise_from_info(op: str, info, message) -> None:
-    """Raise ``LinAlgError(message(code))`` for the first failed matrix of a batch, as torch's
-    ``_linalg_check_errors`` does (``info`` of the batch shape; 0 means success). Not while tracing, where
-    values cannot be read."""
+def raise_from_info(op: str, info, message, error: type = LinAlgError) -> None:
+    """Raise ``error(message(code))`` (``LinAlgError`` unless torch raises another) for the first failed matrix of a
+    batch, as torch's ``_linalg_check_errors`` does (``info`` of the batch shape; 0 means success). Not while
+    tracing, where values cannot be read."""
     from tilewise.dispatch import values_readable
 
     if info.numel() == 0 or not values_readable(info):
@@ -85,7 +86,7 @@ def raise_from_info(op: str, info, message) -> None:
     for k, code in enumerate(codes):
         if code > 0:
             batch = f"(Batch element {k}): " if info.ndim > 0 else ""
-            raise LinAlgError(f"{op}: {batch}{message(code)}")
+            raise error(f"{op}: {batch}{message(code)}")
 
 
 # ---------------------------------------------------------------- primitives (a kernel per backend)
@@ -133,9 +134,14 @@ declare("_linalg_lstsq(Tensor A, Tensor B, float? rcond=None, str driver='gelsy'
 declare("_linalg_matrix_exp(Tensor A) -> Tensor", "other", grad={"A": "matrix_exp_backward(A, grad)"}, public=False,
         batch=apply_batched,
         fwd="matrix_exp_jvp(A, A_t)")
+declare("_linalg_lu_factor_ex(Tensor A, bool pivot=True) -> (Tensor LU, Tensor pivots, Tensor info)", "other",
+        grad={"A": "lu_factor_ex_backward(grad, result[0], result[1], pivot)"}, nondiff_outputs=(1, 2), public=False,
+        doc="getrf of A [..., m, n]: the packed factors (L's strict lower part, U), 1-based int32 row swaps, info.",
+        batch=apply_batched)
 
 # The solvers read their info codes on the host (LinAlgError) and call LAPACK/cuSOLVER: a function that uses them
 # runs eagerly under tilewise.compile (with a warning), where the codes are read and the errors raised.
 for _name in ("_linalg_solve", "_linalg_inv_ex", "_linalg_det", "_linalg_slogdet", "_linalg_cholesky_ex", "_linalg_qr",
-              "_linalg_svd", "_linalg_eigh", "_linalg_solve_triangular", "_linalg_lstsq", "_linalg_matrix_exp"):
+              "_linalg_svd", "_linalg_eigh", "_linalg_solve_triangular", "_linalg_lstsq", "_linalg_matrix_exp",
+              "_linalg_lu_factor_ex"):
     OPS[_name].attrs["compiled"] = False

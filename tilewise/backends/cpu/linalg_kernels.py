@@ -68,6 +68,39 @@ def _lu_info(a: np.ndarray) -> np.ndarray:
     return info.reshape(_batch(a))
 
 
+def _getrf(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LAPACK getrf of each matrix [..., m, n] by partial pivoting: (the packed factors, 1-based row swaps, info)."""
+    *batch, m, n = a.shape
+    k = min(m, n)
+    work = a.reshape(int(np.prod(batch, dtype=np.int64)), m, n).copy()
+    rows = np.arange(work.shape[0])
+    pivots = np.zeros((work.shape[0], k), np.int32)
+    info = np.zeros(work.shape[0], np.int32)
+    for j in range(k):
+        p = np.argmax(np.abs(work[:, j:, j]), axis=1) + j
+        pivots[:, j] = p + 1
+        top = work[rows, j].copy()
+        work[rows, j] = work[rows, p]
+        work[rows, p] = top
+        pivot = work[:, j, j]
+        zero = pivot == 0
+        info = np.where(zero & (info == 0), j + 1, info)
+        with np.errstate(invalid="ignore"):
+            scaled = work[:, j + 1:, j] / np.where(zero, 1, pivot)[:, None]
+            factors = np.where(zero[:, None], work[:, j + 1:, j], scaled)
+        work[:, j + 1:, j] = factors
+        work[:, j + 1:, j + 1:] -= factors[:, :, None] * work[:, None, j, j + 1:]
+    return work.reshape(a.shape), pivots.reshape(*batch, k), info.reshape(batch)
+
+
+@kernel("_linalg_lu_factor_ex")
+def lu_factor_ex(A, pivot=True):
+    if not pivot:
+        raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
+    lu, pivots, info = _getrf(A._np())
+    return _matrices(lu, A.dtype), _out(pivots, dtypes.int32), _info(info)
+
+
 def _cholesky_info(a: np.ndarray) -> np.ndarray:
     """LAPACK potrf's info per matrix: the order of the first leading minor that is not positive-definite."""
     n = a.shape[-1]

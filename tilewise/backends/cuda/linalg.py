@@ -123,21 +123,31 @@ def _zeros(shape: tuple, dtype, device: Device) -> Tensor:
 # ---------------------------------------------------------------- LU: solve, inv, det, slogdet
 
 def _lu(A: Tensor, device: Device):
-    """getrf of each matrix, copied to column-major order: (LU, 1-based pivots, info)."""
-    batch, n = tuple(A._shape[:-2]), A._shape[-1]
+    """getrf of each matrix [..., m, n], copied to column-major order: (LU as the buffer of its transpose, 1-based
+    pivots [..., min(m, n)], info)."""
+    batch, m, n = tuple(A._shape[:-2]), A._shape[-2], A._shape[-1]
     count = _count(batch)
     lu = _fresh(A.mT)
-    pivots = empty(batch + (n,), dtypes.int32, device)
+    pivots = empty(batch + (min(m, n),), dtypes.int32, device)
     info = _zeros(batch, dtypes.int32, device)
-    if count == 0 or n == 0:
+    if count == 0 or m == 0 or n == 0:
         return lu, pivots, info
     handle = _handle("cusolverDn", device)
     matrices = _pointers(lu, count)
-    lwork = _routine("getrf_buffer_size", A._dtype)(handle, n, n, matrices[0], n)
+    lwork = _routine("getrf_buffer_size", A._dtype)(handle, m, n, matrices[0], m)
     work = _work(lwork, A._dtype, device)
     for a, p, i in zip(matrices, _pointers(pivots, count), _pointers(info, count)):
-        _routine("getrf", A._dtype)(handle, n, n, a, n, data_ptr(work), p, i)
+        _routine("getrf", A._dtype)(handle, m, n, a, m, data_ptr(work), p, i)
     return lu, pivots, info
+
+
+@kernel("_linalg_lu_factor_ex")
+def lu_factor_ex(device: Device, A: Tensor, pivot: bool = True):
+    if not pivot:
+        raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on CUDA in tilewise; factor "
+                           "with pivot=True (the default)")
+    lu, pivots, info = _lu(A, device)
+    return _as_columns(lu), pivots, info
 
 
 def _getrs(lu: Tensor, pivots: Tensor, rhs: Tensor, trans: int, device: Device) -> None:
