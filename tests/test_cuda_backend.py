@@ -502,3 +502,23 @@ def test_numpy_conversion_of_a_device_tensor_is_refused_as_torch_refuses_it():
     np.testing.assert_array_equal(np.asarray(t.cpu()), [1.0, 1.0])
     scalars = [tw.tensor(1.5, device="cuda"), tw.tensor(2.0, device="cuda")]
     assert tw.tensor(scalars).tolist() == [1.5, 2.0]  # numbers read from each, as torch reads them
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: tw.ones(3, 2, dtype=tw.complex64, device=d),
+    lambda d: tw.zeros(3, dtype=tw.complex128, device=d),
+    lambda d: tw.full((2, 3), 2 + 1j, device=d),
+    lambda d: tw.full((4,), -1.5, dtype=tw.complex64, device=d),
+    lambda d: tw.ones_like(tw.zeros(3, 1, dtype=tw.complex64, device=d)),
+    lambda d: tw.full_like(tw.zeros(3, dtype=tw.complex64, device=d), 1j),
+    lambda d: tw.zeros(3, dtype=tw.complex64, device=d).fill_(3 - 2j),
+    lambda d: tw.zeros(2, 3, dtype=tw.complex64, device=d).t().fill_(1 + 1j),
+    lambda d: tw.linalg.vander(tw.tensor([1 + 1j, 2 - 1j, 0.5j], device=d), N=4),
+], ids=["ones", "zeros", "full-complex-value", "full-real-value", "ones_like", "full_like", "fill_", "fill_-strided",
+        "vander"])
+def test_complex_factories_and_fills_match_the_cpu(make):
+    """A complex factory on CUDA returned its imaginary parts as a real tensor (``fill`` handed back the last part's
+    view): dtype and values must be the CPU's."""
+    got, want = make("cuda"), make("cpu")
+    assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+    np.testing.assert_array_equal(got.cpu().numpy(), want.numpy())

@@ -29,7 +29,8 @@ def fill(out: Tensor, value) -> Tensor:
         from tilewise.ops.complex import part_view
 
         fill(part_view(out, 0), complex(value).real)
-        return fill(part_view(out, 1), complex(value).imag)
+        fill(part_view(out, 1), complex(value).imag)
+        return out  # (not the last part's view: a complex factory returned its imaginary parts as a real tensor)
     if numel and out.is_contiguous() and value == 0 and math.copysign(1.0, value) > 0:
         from tilewise._cuda_api import check, driver_api
 
