@@ -521,3 +521,82 @@ def test_foreach_functions_refuse_a_misnamed_operand_as_torchs_parser(case):
     theirs, ours = (raised(lambda t: FOREACH_MISNAMED[case](t, [t.ones(2), t.ones(3)]), t) for t in LIBRARIES)
     assert type(ours) is type(theirs) is TypeError
     assert str(ours).splitlines()[0].startswith(str(theirs).splitlines()[0])
+
+
+@pytest.mark.parametrize("name", ["hardsigmoid", "hardswish", "silu", "gelu", "mish", "softplus", "elu", "celu", "selu",
+                                  "logsigmoid", "hardshrink", "softshrink"])
+@pytest.mark.parametrize("dtype", ["int64", "int32", "uint8", "bool"])
+def test_activations_refuse_integer_input_with_torchs_not_implemented_error(name, dtype):
+    # met gating squeeze-and-excitation with an integer tensor: torch names its kernel, tilewise too
+    def call(t):
+        return getattr(t.nn.functional, name)(t.ones(2, dtype=getattr(t, dtype)))
+
+    theirs, ours = (raised(call, t) for t in LIBRARIES)
+    assert type(ours) is type(theirs) is NotImplementedError and str(ours).startswith(str(theirs)), (ours, theirs)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "uint8", "bool"])
+def test_softsign_of_integers_is_a_float_as_its_division_in_torch(dtype):
+    def call(t):
+        return t.nn.functional.softsign(t.tensor([-3, 0, 2], dtype=getattr(t, dtype)))
+
+    theirs, ours = (raised(call, t) for t in LIBRARIES)
+    assert type(ours) is type(theirs)
+    if theirs is not None:
+        assert str(ours).startswith(str(theirs))
+        return
+    assert ours is None and call(tilewise).dtype == tilewise.float32
+    np.testing.assert_allclose(call(tilewise).numpy(), call(real_torch).numpy())
+
+
+INITIALISER_REFUSALS = {
+    "gelu, an unknown approximation": lambda t: t.nn.functional.gelu(t.ones(2), approximate="fast"),
+    "GELU, an unknown approximation": lambda t: t.nn.GELU(approximate="Tanh")(t.ones(2)),
+    "trunc_normal_, bounds out of order": lambda t: t.nn.init.trunc_normal_(t.empty(3), a=2, b=-2),
+    "trunc_normal_, float bounds out of order": lambda t: t.nn.init.trunc_normal_(t.empty(3), a=0.5, b=0.25),
+    "init.uniform_, bounds out of order": lambda t: t.nn.init.uniform_(t.empty(3), 2.0, -2.0),
+    "Tensor.uniform_, bounds out of order": lambda t: t.empty(3).uniform_(1.0, 0.5),
+}
+
+
+@pytest.mark.parametrize("case", INITIALISER_REFUSALS)
+def test_gelu_and_initialisers_refuse_what_torch_refuses_in_its_words(case):
+    theirs, ours = (raised(INITIALISER_REFUSALS[case], t) for t in LIBRARIES)
+    assert type(ours) is type(theirs) is RuntimeError and str(ours).startswith(str(theirs)), (ours, theirs)
+
+
+def test_trunc_normal_warns_of_a_mean_far_outside_its_bounds_as_torch():
+    for torch in LIBRARIES:
+        with pytest.warns(UserWarning, match=r"^mean is more than 2 std from \[a, b\] in nn.init.trunc_normal_"):
+            values = torch.nn.init.trunc_normal_(torch.empty(50), mean=5.0, std=1.0)
+        assert float(values.min()) >= -2 and float(values.max()) <= 2
+
+
+ADAPTIVE_POOLS = {
+    "an output of zeros": lambda t: t.nn.functional.adaptive_avg_pool2d(t.ones(2, 3, 4, 4), 0),
+    "an output of zero rows": lambda t: t.nn.functional.adaptive_avg_pool2d(t.ones(2, 3, 4, 4), (0, 2)),
+    "unbatched, zero rows": lambda t: t.nn.functional.adaptive_avg_pool2d(t.ones(3, 4, 4), (0, 3)),
+    "1-D, zero": lambda t: t.nn.functional.adaptive_avg_pool1d(t.ones(2, 3, 4), 0),
+    "3-D, zero": lambda t: t.nn.functional.adaptive_avg_pool3d(t.ones(2, 3, 4, 4, 4), 0),
+    "max, zero rows": lambda t: t.nn.functional.adaptive_max_pool2d(t.ones(2, 3, 4, 4), (0, 1)),
+    "max's indices, zero": lambda t: t.nn.functional.adaptive_max_pool2d(t.ones(2, 3, 4, 4), 0, True)[1],
+    "the mean of an empty image (NaN)": lambda t: t.nn.functional.adaptive_avg_pool2d(t.ones(2, 3, 0, 4), 1),
+    "no channels": lambda t: t.nn.functional.adaptive_avg_pool2d(t.ones(2, 0, 4, 4), 2),
+    "refused: an empty image pooled to 2": lambda t: t.nn.functional.adaptive_avg_pool2d(t.ones(2, 3, 0, 4), 2),
+    "refused: an empty width": lambda t: t.nn.functional.adaptive_avg_pool2d(t.ones(2, 3, 4, 0), (2, 0)),
+    "refused: a 2-D input": lambda t: t.nn.functional.adaptive_avg_pool2d(t.ones(4, 4), 2),
+    "refused: a negative size": lambda t: t.nn.functional.adaptive_avg_pool2d(t.ones(2, 3, 4, 4), -1),
+}
+
+
+@pytest.mark.parametrize("case", ADAPTIVE_POOLS)
+def test_adaptive_pooling_to_empty_or_from_empty_as_torch(case):
+    # met squeezing an excitation block's features with the wrong size
+    theirs, ours = (raised(ADAPTIVE_POOLS[case], t) for t in LIBRARIES)
+    assert type(ours) is type(theirs)
+    if theirs is not None:
+        assert str(ours).startswith(str(theirs)), (ours, theirs)
+        return
+    a, b = ADAPTIVE_POOLS[case](real_torch), ADAPTIVE_POOLS[case](tilewise)
+    assert list(b.shape) == list(a.shape) and b.stride() == a.stride() and str(b.dtype)[9:] == str(a.dtype)[6:]
+    np.testing.assert_array_equal(b.numpy(), a.numpy())
