@@ -600,3 +600,17 @@ def test_adaptive_pooling_to_empty_or_from_empty_as_torch(case):
     a, b = ADAPTIVE_POOLS[case](real_torch), ADAPTIVE_POOLS[case](tilewise)
     assert list(b.shape) == list(a.shape) and b.stride() == a.stride() and str(b.dtype)[9:] == str(a.dtype)[6:]
     np.testing.assert_array_equal(b.numpy(), a.numpy())
+
+
+NORM_RANK_REFUSALS = {
+    "BatchNorm2d of a 3-D input": lambda t: t.nn.BatchNorm2d(4, momentum=0.01, eps=1e-3)(t.ones(2, 4, 4)),
+    "BatchNorm1d of a 4-D input": lambda t: t.nn.BatchNorm1d(4)(t.ones(2, 4, 4, 4)),
+    "BatchNorm3d of a 3-D input": lambda t: t.nn.BatchNorm3d(4)(t.ones(2, 4, 4)),
+    "InstanceNorm2d of a 1-D input": lambda t: t.nn.InstanceNorm2d(4)(t.ones(4)),
+}
+
+
+@pytest.mark.parametrize("case", NORM_RANK_REFUSALS)
+def test_norm_layers_refuse_an_input_of_the_wrong_rank_in_torchs_words(case):
+    theirs, ours = (raised(NORM_RANK_REFUSALS[case], t) for t in LIBRARIES)
+    assert type(ours) is type(theirs) is ValueError and str(ours).startswith(str(theirs)), (ours, theirs)
