@@ -15,7 +15,7 @@ import numpy as np
 
 from tilewise import dtypes
 from tilewise.autograd.grad_mode import no_grad
-from tilewise.ops.creation import full, rand, randn, randperm
+from tilewise.ops.creation import check_uniform_range, full, rand, randn, randperm
 from tilewise.tensor import Tensor, from_numpy
 
 _LINEAR_GAINS = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
@@ -92,6 +92,7 @@ def _normal(tensor: Tensor, generator) -> Tensor:
 
 
 def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator=None) -> Tensor:
+    check_uniform_range(a, b)
     return _fill(tensor, _uniform(tensor, generator) * (b - a) + a)
 
 
@@ -101,7 +102,12 @@ def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator=None)
 
 def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
                   generator=None) -> Tensor:
-    """Normal(mean, std) restricted to [a, b], by inverting the normal CDF on a uniform draw (torch's method)."""
+    """Normal(mean, std) restricted to [a, b], by inverting the normal CDF on a uniform draw. Bounds out of order
+    are refused, and a mean far outside them warned of, as torch does."""
+    if mean < a - 2 * std or mean > b + 2 * std:
+        warnings.warn("mean is more than 2 std from [a, b] in nn.init.trunc_normal_. The distribution of values may "
+                      "be incorrect.", stacklevel=2)
+    check_uniform_range(a, b)
     def cdf(x: float) -> float:
         return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
 

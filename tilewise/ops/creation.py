@@ -622,10 +622,16 @@ def zero_(self: Tensor) -> Tensor:
     return fill_(self, 0)
 
 
+def check_uniform_range(a: float, b: float) -> None:
+    """uniform_'s bounds in order (torch prints them as C++ streams a double: 2.0 as 2)."""
+    if a > b:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={float(a):g} > "
+                           f"to={float(b):g}")
+
+
 def uniform_(self: Tensor, a: float = 0.0, b: float = 1.0, *, generator=None) -> Tensor:
     _require_floating("uniform_", self.dtype)
-    if a > b:
-        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={a} > to={b}")
+    check_uniform_range(a, b)
     return _fill_from(self, _call("uniform", self.shape, float(a), float(b), dtype=self.dtype, device=self.device,
                                   generator=generator))
 

@@ -163,11 +163,36 @@ def floating_kernel(op, args) -> tuple[DType, DType]:
     return out, compute_dtype(out)
 
 
+# the kernels torch names when it refuses an activation's integer or bool input: "{name}_{device}", or one
+# name for every device
+_ACTIVATION_KERNELS = {"_softshrink": "softshrink_check", "elu": "elu_{device}", "celu": "elu_{device}",
+                       "selu": "elu_{device}", "logsigmoid": "log_sigmoid_{device}"}
+_GELU_KERNELS = {"cpu": "GeluKernelImpl", "cuda": "GeluCUDAKernelImpl"}
+
+
 def floating_only(op, args) -> tuple[DType, DType]:
+    """Activations torch has floating kernels only for (gelu, silu, hardsigmoid, elu, ...): it refuses integers
+    and bools with NotImplementedError, naming its kernel."""
     out = result_type(*_operands(op, args))
     if not out.is_floating_point:
-        raise TypeError(f"{op.name}: expected a floating point input, got {out}; convert with .float() first")
+        device = "cuda" if device_type_of(op, args) == "cuda" else "cpu"
+        name = op.name.removesuffix("_backward")
+        kernel = _GELU_KERNELS[device] if name == "gelu" else \
+            _ACTIVATION_KERNELS.get(name, "{name}_{device}").format(name=name, device=device)
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{dtypes.c10_name(out)}\' (got a {out.name} '
+                                  "input; convert it with .float())")
     return out, compute_dtype(out)
+
+
+def softsign_rule(op, args) -> tuple[DType, DType]:
+    """softsign is ``x / (1 + x.abs())``: integers give the default float dtype, as true division does; bools are
+    refused by abs."""
+    out = result_type(*_operands(op, args))
+    if out == dtypes.bool_:
+        device = "cuda" if device_type_of(op, args) == "cuda" else "cpu"
+        raise NotImplementedError(f'"abs_{device}" not implemented for \'Bool\' (softsign takes the absolute value '
+                                  "of its input)")
+    return promote_float(op, args)
 
 
 def where_rule(op, args) -> tuple[DType, DType]:
@@ -294,7 +319,7 @@ def checked_scalar_argument(op, name: str, value, out: DType):
 _HALVES = (dtypes.float16, dtypes.bfloat16)
 # the rules of operators whose operands torch casts
 _COMMON_DTYPE_RULES = frozenset({promote, promote_float, compare, first_input, negation, subtraction, numeric, power,
-                                 floating_only, clamp_rule, where_rule})
+                                 floating_only, softsign_rule, clamp_rule, where_rule})
 # declarations shared by several operators
 ADD_HALF_ROUNDED = {"cpu": ("self", "other", "alpha")}  # add, sub, rsub: the number and alpha are cast on the CPU
 OTHER_AT_OPMATH = {"cpu": ("self",)}  # mul, div, floor_divide: the second operand is read at float32 on the CPU

@@ -88,22 +88,68 @@ def _make_unary(name: str, inplace: bool):
     return foreach
 
 
+def _parser_type(value) -> str:
+    """A value's type as torch's argument parser names it in an error (``list``, ``float``, ``Tensor``)."""
+    return type(value).__name__
+
+
+def _keyword_fits(keyword: str, value) -> bool:
+    """Whether torch's overload that names its operand ``keyword`` takes ``value``: ``scalar`` a number (or a 0-dim
+    tensor), ``scalars`` a list of numbers, ``other`` a tensor or a list of tensors; ``exponent`` any of these."""
+    is_list = isinstance(value, (list, tuple))
+    if keyword == "scalar":
+        return isinstance(value, Number) or isinstance(value, Tensor) and value.ndim == 0
+    if keyword == "scalars":
+        return is_list and all(isinstance(v, Number) for v in value)
+    if keyword == "other":
+        return isinstance(value, Tensor) or is_list and all(isinstance(v, Tensor) for v in value)
+    return keyword == "exponent"
+
+
+def _takes_alpha(name: str, operand) -> bool:
+    """Whether torch has an overload of ``_foreach_{name}`` taking ``alpha=`` with this operand: add's and sub's
+    with tensors (a list of them, or one), not with numbers."""
+    is_list = isinstance(operand, (list, tuple))
+    return name in _WITH_ALPHA and (isinstance(operand, Tensor) or is_list and bool(operand) and
+                                    all(isinstance(o, Tensor) for o in operand))
+
+
+def _binary_operand(what: str, name: str, self, args: tuple, named: dict, alpha):
+    """The one operand of a binary ``_foreach_*`` call, given by position or by the name of torch's overload that
+    takes it (``scalar=``, ``scalars=``, ``other=``; pow's ``exponent=``), with ``alpha`` only where an overload takes
+    it; any other combination is refused with the first line of torch's argument parser's error."""
+    keywords = ("exponent",) if name == "pow" else ("scalar", "scalars", "other")
+    operand, found = None, False
+    if len(args) == 1 and not named:
+        operand, found = args[0], True
+    elif not args and len(named) == 1:
+        (keyword, operand), = named.items()
+        found = keyword in keywords and _keyword_fits(keyword, operand)
+    if found and (alpha is None or _takes_alpha(name, operand)):
+        return operand
+    shown = [_parser_type(a) for a in (self, *args)]
+    given = {**named, **({} if alpha is None else {"alpha": alpha})}
+    shown += [f"{k}={_parser_type(v)}" for k, v in reversed(given.items())]
+    raise TypeError(f"{what}() received an invalid combination of arguments - got ({', '.join(shown)}), but "
+                    f"expected one of: (tuple of Tensors self, {' | '.join(keywords)}"
+                    f"{', *, Number alpha = 1' if name in _WITH_ALPHA else ''})")
+
+
 def _make_binary(name: str, inplace: bool):
     what = f"_foreach_{name}{'_' if inplace else ''}"
 
-    def foreach(self, other, *, alpha=None):
+    def foreach(self, *args, alpha=None, **named):
         tensors = _tensors(what, self)
+        other = _binary_operand(what, name, self, args, named, alpha)
         others = _per_tensor(what, tensors, other)
-        if alpha is not None and (name not in _WITH_ALPHA or isinstance(other, Number)
-                                  or not isinstance(others[0], Tensor)):
-            raise TypeError(f"{what}(): alpha is accepted only with a list of Tensors or a Tensor as other")
         kwargs = {} if alpha is None else {"alpha": alpha}
         results = tuple(getattr(t, _binary_method(name, o, inplace))(o, **kwargs) for t, o in zip(tensors, others))
         return self if inplace else results
 
     foreach.__name__ = foreach.__qualname__ = what
     foreach.__doc__ = f"``{name}`` of each tensor of ``self`` with ``other`` (a number, one number or tensor per " \
-                      "tensor, or a 0-dim tensor)."
+                      "tensor, or a 0-dim tensor), given by position or as torch names it (``scalar=``, " \
+                      "``scalars=``, ``other=``; pow's ``exponent=``)."
     return foreach
 
 
@@ -118,7 +164,11 @@ def _foreach_pow(self, exponent):
 def _make_lerp(inplace: bool):
     what = f"_foreach_lerp{'_' if inplace else ''}"
 
-    def foreach(self, tensors1, weight):
+    def foreach(self, tensors1, weight=None, *, weights=None):
+        if (weight is None) == (weights is None):
+            raise TypeError(f"{what}() received an invalid combination of arguments: give weight (a number or a "
+                            "list of numbers) or weights (a list of Tensors)")
+        weight = weight if weights is None else weights
         tensors = _tensors(what, self)
         ends = _tensors(what, tensors1, "tensors1")
         _same_length(what, tensors, ends)

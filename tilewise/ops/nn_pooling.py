@@ -383,7 +383,7 @@ def _adaptive_output_size(op, input, output_size, spatial: int) -> tuple[int, ..
     sizes = tuple(n if o is None else int(o) for n, o in zip(input.shape[-spatial:], sizes))
     if min(sizes) < 0:
         raise RuntimeError(f"{op}: elements of output_size must be greater than or equal to 0 but received "
-                           f"{list(sizes)}")
+                           f"{{{', '.join(map(str, sizes))}}}")
     return sizes
 
 
@@ -400,6 +400,28 @@ def _check_adaptive_input(op, input, spatial: int) -> None:
         if input.shape[d] == 0:
             raise RuntimeError(f"{op}(): Expected input to have non-zero size for non-batch dimensions, but input "
                                f"has sizes {list(input.shape)} with dimension {d} being empty")
+
+
+def _check_spatial_sizes(op, input, spatial: int) -> None:
+    """torch's 2-D adaptive pooling kernels refuse an empty spatial dim (not an empty batch or channel dim)."""
+    for d in range(input.ndim - spatial, input.ndim):
+        if input.shape[d] == 0:
+            raise RuntimeError(f"{op}(): Expected input to have non-zero size for non-batch dimensions, but input "
+                               f"has sizes {list(input.shape)} with dimension {d} being empty")
+
+
+def _empty_pooled(input, sizes):
+    """An adaptive pooling's result for an output size with a zero in it: empty, (*batch, channels, *sizes), with
+    contiguous strides, still a function of the input for autograd (its gradient is zeros)."""
+    from tilewise.ops.creation import zeros
+
+    spatial = len(sizes)
+    shape = (*input.shape[:-spatial], *sizes)
+    out = input.sum(tuple(range(-spatial, 0)), keepdim=True)
+    for k, size in enumerate(sizes):
+        if size == 0:
+            out = out.narrow(input.ndim - spatial + k, 0, 0)
+    return zeros(shape, dtype=input.dtype, device=input.device) + out.expand(shape)
 
 
 def _adaptive_windows(size: int, out: int, like):
@@ -473,16 +495,18 @@ def _adaptive_avg_pool(spatial: int):
         """torch's: a mean over the spatial dims for an output of ones (which saves nothing for backward), else the
         pooling op proper, which saves its input; 1-D pooling is 2-D pooling over a height of one."""
         _check_none_sizes(input, output_size)
-        if spatial == 2 and (input.ndim not in (3, 4) or 0 in input.shape[-2:]):
-            raise RuntimeError(f"{op}: Expected 3D or 4D input with non-zero spatial sizes, but got "
-                               f"{list(input.shape)}")
+        if spatial == 2 and input.ndim not in (3, 4):
+            raise RuntimeError(f"{op}(): Expected 3D or 4D tensor, but got {list(input.shape)}")
         if spatial != 2:
             _check_adaptive_input(op, input, spatial)
         sizes = _adaptive_output_size(op, input, output_size, spatial)
         if spatial == 1:
             return OPS["adaptive_avg_pool2d"](input.unsqueeze(-2), (1, sizes[0])).squeeze(-2)
-        if sizes == (1,) * spatial:
+        if sizes == (1,) * spatial:  # the mean of an empty window is NaN, as torch's
             return _global_mean(input, spatial)
+        _check_spatial_sizes(op, input, spatial)
+        if 0 in sizes:
+            return _empty_pooled(input, sizes)
         return _in_format_of(input, OPS[f"_adaptive_avg_pool{spatial}d"](input, sizes), spatial,
                              keeps_3d=False)
 
@@ -556,6 +580,8 @@ def _adaptive_max_pool_with_indices(spatial: int):
         if not input.dtype.is_floating_point:
             raise NotImplementedError(f'"{op}" not implemented for {input.dtype}: it takes floating-point input')
         sizes = _adaptive_output_size(op, input, output_size, spatial)
+        if 0 in sizes:
+            return _empty_pooled(input, sizes), _empty_pooled(input, sizes).to(int64)
         unbatched = input.ndim == spatial + 1
         x = input.unsqueeze(0) if unbatched else input
         positions = [_adaptive_window_indices(n, o, x.device) for n, o in zip(x.shape[2:], sizes)]

@@ -120,6 +120,13 @@ def _round_decimals_need_floats(op, args) -> None:
                                   "needs a floating-point tensor, e.g. .float()")
 
 
+def _gelu_approximation_known(op, args) -> None:
+    approximate = args[-1]
+    if approximate not in ("none", "tanh"):
+        raise RuntimeError(f"approximate argument must be either none or tanh. ({op.name} got approximate="
+                           f"{approximate!r})")
+
+
 def _on_cuda(args) -> bool:
     return any(getattr(getattr(a, "device", None), "type", None) == "cuda" for a in args)
 
@@ -438,7 +445,8 @@ pointwise("hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor"
           lambda x, lo, hi: clamp_expr(x, lo, hi, True), {"self": "hardtanh_backward(grad, self, min_val, max_val)"},
           method=False, half_rounded={"cpu": ("self", "min_val", "max_val")})
 pointwise("gelu(Tensor self, *, str approximate='none') -> Tensor", None,
-          {"self": "gelu_backward(grad, self, approximate)"}, R.floating_only, expr_builder=_gelu, method=False)
+          {"self": "gelu_backward(grad, self, approximate)"}, R.floating_only, expr_builder=_gelu, method=False,
+          check=_gelu_approximation_known)
 pointwise("silu(Tensor self) -> Tensor", lambda x: x / (1 + (-x).exp()),
           {"self": "grad * sigmoid(self) * (1 + self * (1 - sigmoid(self)))"}, R.floating_only, method=False)
 pointwise("mish(Tensor self) -> Tensor", lambda x: x * softplus_expr(x).tanh(),
@@ -469,13 +477,13 @@ pointwise("celu(Tensor self, Scalar alpha=1.0) -> Tensor", None,
           {"self": "where(self > 0, grad, grad * exp(self / alpha))"}, R.floating_only, method=False,
           expr_builder=_celu, out=False)
 pointwise("softsign(Tensor self) -> Tensor", lambda x: x / (1 + x.abs()),
-          {"self": "grad / ((1 + abs(self)) * (1 + abs(self)))"}, R.floating_only, method=False)
+          {"self": "grad / ((1 + abs(self)) * (1 + abs(self)))"}, R.softsign_rule, method=False)
 # row_major: torch's kernel (log_sigmoid_forward) writes a row-major result, not one in TensorIterator's order
 pointwise("logsigmoid(Tensor self) -> Tensor", lambda x: x.minimum(0) - (-x.abs()).exp().log1p(),
           {"self": "grad * sigmoid(-self)"}, R.floating_only, method=False, row_major=True)
 pointwise("gelu_backward(Tensor grad_output, Tensor self, str approximate='none') -> Tensor", None,
           {"grad_output": "gelu_backward(grad, self, approximate)",
            "self": "grad * grad_output * gelu_second_derivative(self, approximate)"},
-          R.floating_only, expr_builder=_gelu_backward, method=False)
+          R.floating_only, expr_builder=_gelu_backward, method=False, check=_gelu_approximation_known)
 
 

@@ -164,8 +164,8 @@ class _BatchNorm(Module):
 
     def _check_input_dim(self, input: Tensor) -> None:
         if input.dim() not in self._expected_dims:
-            raise ValueError(f"{type(self).__name__}: expected {' or '.join(f'{d}D' for d in self._expected_dims)} "
-                             f"input, got {input.dim()}D input of shape {list(input.shape)}")
+            raise ValueError(f"expected {' or '.join(f'{d}D' for d in self._expected_dims)} input (got {input.dim()}D "
+                             f"input) ({type(self).__name__}, input of shape {list(input.shape)})")
 
     def forward(self, input: Tensor) -> Tensor:
         self._check_input_dim(input)
@@ -289,8 +289,9 @@ class _InstanceNorm(_BatchNorm):
     def _check_input_dim(self, input: Tensor) -> None:
         batched = self._expected_dims[-1]
         if input.dim() not in (batched - 1, batched):
-            raise ValueError(f"{type(self).__name__}: expected {batched - 1}D (unbatched) or {batched}D (batched) "
-                             f"input, got {input.dim()}D input of shape {list(input.shape)}")
+            raise ValueError(f"expected {batched - 1}D or {batched}D input (got {input.dim()}D input) "
+                             f"({type(self).__name__}: {batched - 1}D unbatched or {batched}D batched, input of shape "
+                             f"{list(input.shape)})")
 
     def _check_features(self, input: Tensor) -> None:
         """The weight needs input's channels to be num_features; without one, torch only warns."""
