@@ -492,3 +492,46 @@ def test_cholesky_ex_partial_factor_of_a_large_matrix_matches_torchs():
     seen = [[numpy_of(t) for t in torch.linalg.cholesky_ex(torch.tensor(K))] for torch in LIBRARIES]
     assert seen[0][1] == 51
     assert_same(seen[1], seen[0], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("p", [0.5, 1.5, -1.0, 2.0, 3.0])
+@pytest.mark.parametrize("rows", ["a zero entry", "all zero"])
+def test_vector_norm_and_cdist_gradients_where_an_entry_or_the_distance_is_zero_are_torchs(p, rows):
+    # met in a kernel's cdist of the training points with themselves, p < 2: torch's gradient is zero at a zero entry
+    # (p < 1) or a zero norm, where |x| ** (p - 2) made NaN
+    values = [[0.0, 1.0, -2.0], [0.0, 0.5, 0.0]] if rows == "a zero entry" else [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    points = np.random.default_rng(0).normal(size=(4, 3))
+    seen = []
+    for torch in LIBRARIES:
+        x = torch.tensor(values, requires_grad=True)
+        torch.linalg.vector_norm(x, p, dim=-1).sum().backward()
+        a = torch.tensor(points, requires_grad=True)
+        distances = torch.cdist(a, a, p=abs(p))  # cdist refuses p < 0
+        (distances * torch.arange(16.0, dtype=torch.float64).view(4, 4)).sum().backward()
+        seen.append([numpy_of(x.grad), numpy_of(distances), numpy_of(a.grad)])
+    assert np.isfinite(seen[0][2]).all()
+    assert_same(seen[1], seen[0])
+
+
+CHOLESKY_REFUSALS = {
+    "cholesky_ex, check_errors": (lambda t: t.linalg.cholesky_ex(-t.eye(2), check_errors=True), (
+        "linalg.cholesky_ex: The factorization could not be completed because the input is not positive-definite "
+        "(the leading minor of order 1 is not positive-definite).")),
+    "cholesky, a batch": (lambda t: t.linalg.cholesky(t.stack([t.eye(2), -t.eye(2)])),
+                          "linalg.cholesky: (Batch element 1): The factorization could not be completed"),
+    "the deprecated cholesky": (lambda t: t.cholesky(-t.eye(2)), "cholesky: The factorization could not be completed"),
+    "cholesky_solve, dtypes": (
+        lambda t: t.cholesky_solve(t.ones(2, 1, dtype=t.float64), t.eye(2)),
+        "Expected b and A to have the same dtype, but found b of type Double and A of type Float instead."),
+    "cdist of integers": (lambda t: t.cdist(t.ones(3, 2, dtype=t.long), t.ones(3, 2, dtype=t.long)),
+                          "cdist only supports floating-point dtypes, X1 got: Long"),
+}
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize("case", CHOLESKY_REFUSALS)
+def test_cholesky_solves_and_distances_refuse_in_torchs_words(torch, case):
+    call, message = CHOLESKY_REFUSALS[case]
+    exc = raised(call, torch)
+    assert isinstance(exc, RuntimeError) and str(exc).startswith(message), repr(exc)
+    assert isinstance(exc, torch.linalg.LinAlgError) == ("factorization" in message)
