@@ -535,3 +535,36 @@ def test_cholesky_solves_and_distances_refuse_in_torchs_words(torch, case):
     exc = raised(call, torch)
     assert isinstance(exc, RuntimeError) and str(exc).startswith(message), repr(exc)
     assert isinstance(exc, torch.linalg.LinAlgError) == ("factorization" in message)
+
+
+SAMPLING_REFUSALS = {
+    # a mismatch of shapes in pointwise arithmetic, as met writing a kernel's or a renderer's broadcasts
+    "broadcast": (lambda t: t.ones(4) * t.ones(5, 3),
+                  "The size of tensor a (4) must match the size of tensor b (3) at non-singleton dimension 1"),
+    "broadcast, the innermost mismatch": (
+        lambda t: t.ones(2, 3) + t.ones(3, 2),
+        "The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 1"),
+    "searchsorted, batch dims differ": (
+        lambda t: t.searchsorted(t.ones(3, 5), t.ones(2, 4)),
+        "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions of boundaries "
+        "tensor and input value tensor must match, but we got boundaries tensor [3, 5] and input value tensor [2, 4]"),
+    "searchsorted, a scalar into rows": (
+        lambda t: t.searchsorted(t.ones(3, 5), 0.5),
+        "torch.searchsorted(): input value can be a scalar only when boundaries tensor dimension is 1, but we got "
+        "boundaries tensor dim(2) and input value's dim(0) numel(1)"),
+    "searchsorted, side against right": (
+        lambda t: t.searchsorted(t.ones(5), t.ones(3), right=True, side="left"),
+        "torch.searchsorted(): side and right can't be set to opposites, got side of left while right was True"),
+    "searchsorted, no such side": (lambda t: t.searchsorted(t.ones(5), t.ones(3), side="rght"),
+                                   "torch.searchsorted(): side can only be 'left' or 'right' but got rght"),
+    "meshgrid, no such indexing": (lambda t: t.meshgrid(t.arange(3), t.arange(4), indexing="yx"),
+                                   'torch.meshgrid: indexing must be one of "xy" or "ij", but received: yx'),
+}
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize("case", SAMPLING_REFUSALS)
+def test_broadcasts_searchsorted_and_meshgrid_refuse_in_torchs_words(torch, case):
+    call, message = SAMPLING_REFUSALS[case]
+    exc = raised(call, torch)
+    assert type(exc) is RuntimeError and str(exc).startswith(message), repr(exc)
