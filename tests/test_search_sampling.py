@@ -71,11 +71,13 @@ def test_searchsorted_promotes_scalars_and_mixed_dtypes_as_torch():
      r"searchsorted\(\): sorter must be an int64 tensor, got dtype int32"),
     (lambda: tw.searchsorted(tw.tensor([1.0, 2.0]), tw.tensor([1.0]), sorter=tw.tensor([0])),
      r"sorter shape \[1\] must equal sorted_sequence shape \[2\]"),
-    (lambda: tw.searchsorted(tw.ones(2, 3), 1.0), r"must be 1-D or match the input .* got sorted_sequence of shape "
-                                                  r"\[2, 3\] and a scalar"),
-    (lambda: tw.searchsorted(tw.ones(2, 3), tw.ones(3, 1)), r"shape \[2, 3\] and input of shape \[3, 1\]"),
+    (lambda: tw.searchsorted(tw.ones(2, 3), 1.0), r"input value can be a scalar only when boundaries tensor dimension "
+                                                  r"is 1, but we got boundaries tensor dim\(2\)"),
+    (lambda: tw.searchsorted(tw.ones(2, 3), tw.ones(3, 1)), r"but we got boundaries tensor \[2, 3\] and input value "
+                                                            r"tensor \[3, 1\]"),
     (lambda: tw.searchsorted(tw.tensor(1.0), tw.ones(2)), r"at least one dimension"),
-    (lambda: tw.searchsorted(tw.ones(3), tw.ones(2), side="middle"), r"side must be 'left' or 'right'"),
+    (lambda: tw.searchsorted(tw.ones(3), tw.ones(2), side="middle"),
+     r"side can only be 'left' or 'right' but got middle"),
     (lambda: tw.searchsorted(tw.zeros(1).expand(2**31), tw.ones(2), out_int32=True),
      r"out_int32=True holds positions up to 2\*\*31 - 2"),
 ])

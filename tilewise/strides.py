@@ -427,19 +427,29 @@ def index_result_strides(shape: Sequence[int], strides: Sequence[int], dims: Seq
 
 
 def broadcast_shapes(*shapes: Sequence[int], op: str = "broadcast") -> Shape:
-    ndim = max((len(s) for s in shapes), default=0)
-    out = [1] * ndim
+    """The shape ``shapes`` broadcast to, each folded into the shapes before it as torch's TensorIterator does, so
+    that a mismatch is reported as torch reports it: the innermost mismatching dimension of the first pair that
+    fails (the shapes so far as tensor a), then the operator and every shape."""
+    out: Shape = ()
     for shape in shapes:
-        for k, size in enumerate(shape, start=ndim - len(shape)):
-            if size == out[k] or size == 1:
-                continue
-            if out[k] == 1:
-                out[k] = size
-                continue
+        out = _broadcast_pair(out, tuple(shape), shapes, op)
+    return out
+
+
+def _broadcast_pair(a: Shape, b: Shape, shapes: Sequence[Sequence[int]], op: str) -> Shape:
+    ndim = max(len(a), len(b))
+    out = [1] * ndim
+    for i in range(ndim - 1, -1, -1):
+        offset = ndim - 1 - i
+        size_a = a[len(a) - 1 - offset] if offset < len(a) else 1
+        size_b = b[len(b) - 1 - offset] if offset < len(b) else 1
+        if size_a != size_b and size_a != 1 and size_b != 1:
             listed = ", ".join(str(list(s)) for s in shapes)
             raise RuntimeError(
-                f"{op}: shapes {listed} cannot be broadcast together: size {size} does not match size {out[k]} "
-                f"at non-singleton dimension {k - ndim}; each dimension must be equal or 1")
+                f"The size of tensor a ({size_a}) must match the size of tensor b ({size_b}) at non-singleton "
+                f"dimension {i} ({op}: shapes {listed} cannot be broadcast together; each dimension must be equal "
+                f"or 1)")
+        out[i] = size_b if size_a == 1 else size_a
     return tuple(out)
 
 

@@ -74,8 +74,11 @@ def norm_backward(grad, self, result, p, dim, keepdim):
         return g * 0
     if p in (float("inf"), float("-inf")):
         return minmax_backward(grad, self.abs(), result, dim, keepdim) * self.sgn()
-    scaled = self * self.abs() ** (p - 2) / n.masked_fill(zero, 1.0) ** (p - 1)
-    return g * scaled * ~zero
+    if p < 1:  # |x|^(p-1) is infinite at a zero entry, whose gradient torch sets to zero
+        scaled = self.sgn() * (self.abs() ** (p - 1)).masked_fill(self == 0, 0.0)
+        return g * scaled * n ** (1 - p)
+    scaled = self.sgn() * self.abs() ** (p - 1) if p < 2 else self * self.abs() ** (p - 2)
+    return g * scaled / n.masked_fill(zero, 1.0) ** (p - 1) * ~zero
 
 
 def nuclear_norm_backward(grad, self, dim, keepdim):

@@ -197,26 +197,26 @@ def _not_positive_definite(code: int) -> str:
             f"minor of order {code} is not positive-definite).")
 
 
-def _cholesky_ex(A, upper=False, check_errors=False):
+def _cholesky_ex(A, upper=False, check_errors=False, op="linalg.cholesky_ex"):
     check_matrix("linalg.cholesky", A)
     check_floating("linalg.cholesky", A)
     check_square("linalg.cholesky", A)
     L, info = OPS["_linalg_cholesky_ex"](A, upper)
     if check_errors:
-        raise_from_info("linalg.cholesky", info, _not_positive_definite)
+        raise_from_info(op, info, _not_positive_definite)
     return column_major(L), info
 
 
 def _cholesky_old(A, upper=False):
     warnings.warn("torch.cholesky is deprecated in favor of torch.linalg.cholesky and will be removed in a future "
                   "PyTorch release.", UserWarning, stacklevel=3)
-    return _cholesky_ex(A, upper, True)[0]
+    return _cholesky_ex(A, upper, True, "cholesky")[0]
 
 
 linalg("linalg_cholesky_ex(Tensor A, *, bool upper=False, bool check_errors=False) -> (Tensor L, Tensor info)",
        _cholesky_ex)
 linalg("linalg_cholesky(Tensor A, *, bool upper=False) -> Tensor",
-       lambda A, upper=False: _cholesky_ex(A, upper, True)[0])
+       lambda A, upper=False: _cholesky_ex(A, upper, True, "linalg.cholesky")[0])
 torch_form("cholesky(Tensor self, bool upper=False) -> Tensor", _cholesky_old)
 
 
@@ -369,7 +369,9 @@ torch_form("lu(Tensor self, bool pivot=True, bool get_infos=False) -> Tensor[]",
 
 def _cholesky_solve(B, L, upper=False):
     check_floating("cholesky_solve", L)
-    check_same_dtype("cholesky_solve", L, B)
+    if B.dtype is not L.dtype:
+        raise RuntimeError(f"Expected b and A to have the same dtype, but found b of type {type_name(B.dtype)} and A "
+                           f"of type {type_name(L.dtype)} instead.")
     check_square("cholesky_solve", L)
     if B.ndim < 2:
         raise RuntimeError(f"cholesky_solve: b should have at least 2 dimensions, but has {B.ndim} dimensions instead")

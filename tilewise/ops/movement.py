@@ -758,7 +758,7 @@ def _meshgrid(tensors, indexing=None):
     tensors = _check_tensors(tensors, "meshgrid")
     indexing = indexing or "ij"
     if indexing not in ("ij", "xy"):
-        raise RuntimeError(f"meshgrid(): indexing must be 'ij' or 'xy', got {indexing!r}")
+        raise RuntimeError(f'torch.meshgrid: indexing must be one of "xy" or "ij", but received: {indexing}')
     for k, t in enumerate(tensors):
         if t.ndim > 1:
             raise RuntimeError(f"meshgrid(): expects all tensors to have 0 or 1 dimensions, but tensor {k} has shape "

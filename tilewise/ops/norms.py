@@ -39,7 +39,7 @@ def _cdist(x1, x2, p=2.0, compute_mode=None):
         if x.ndim < 2:
             raise RuntimeError(f"cdist only supports at least 2D tensors, {name} got: {x.ndim}D")
         if not x.dtype.is_floating_point:
-            raise RuntimeError(f"cdist only supports floating-point dtypes, {name} got: {x.dtype.name}")
+            raise RuntimeError(f"cdist only supports floating-point dtypes, {name} got: {c10_name(x.dtype)}")
     if x1.dtype is not x2.dtype:
         raise RuntimeError(f"expected scalar type {c10_name(x1.dtype)} but found {c10_name(x2.dtype)}")
     if x1.shape[-1] != x2.shape[-1]:

@@ -142,17 +142,21 @@ def check_searchsorted(sorted_sequence, self, out_int32: bool, right: bool, side
     from tilewise.tensor import Tensor
 
     if side is not None and side not in ("left", "right"):
-        raise RuntimeError(f"searchsorted(): side must be 'left' or 'right', got {side!r}")
+        raise RuntimeError(f"torch.searchsorted(): side can only be 'left' or 'right' but got {side}")
     if side == "left" and right:
-        raise RuntimeError("searchsorted(): side='left' and right=True contradict each other; pass one of them")
+        raise RuntimeError("torch.searchsorted(): side and right can't be set to opposites, got side of left while "
+                           "right was True")
     shape = tuple(sorted_sequence.shape)
     if not shape:
         raise RuntimeError("searchsorted(): sorted_sequence must have at least one dimension, got a 0-dim tensor")
     scalar = not isinstance(self, Tensor) or self.ndim == 0
-    if len(shape) > 1 and (scalar or tuple(self.shape[:-1]) != shape[:-1]):
-        got = "a scalar" if not isinstance(self, Tensor) else f"input of shape {list(self.shape)}"
-        raise RuntimeError(f"searchsorted(): sorted_sequence must be 1-D or match the input in every dim but the "
-                           f"last, got sorted_sequence of shape {list(shape)} and {got}")
+    if len(shape) > 1 and scalar:
+        raise RuntimeError(f"torch.searchsorted(): input value can be a scalar only when boundaries tensor dimension "
+                           f"is 1, but we got boundaries tensor dim({len(shape)}) and input value's dim(0) numel(1)")
+    if len(shape) > 1 and tuple(self.shape[:-1]) != shape[:-1]:
+        raise RuntimeError(f"torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions "
+                           f"of boundaries tensor and input value tensor must match, but we got boundaries tensor "
+                           f"{list(shape)} and input value tensor {list(self.shape)}")
     if sorter is not None:
         if sorter.dtype is not dtypes.int64:
             raise RuntimeError(f"searchsorted(): sorter must be an int64 tensor, got dtype {sorter.dtype.name}")

@@ -182,19 +182,46 @@ def slogdet(A):
     return _out(sign, A.dtype), _out(logabs, A.dtype)
 
 
+def _partial_cholesky(a: np.ndarray, info: int) -> np.ndarray:
+    """What LAPACK's (left-looking) potrf leaves in the lower triangle of a matrix whose leading minor of order
+    ``info`` is not positive-definite, and torch returns: the columns before it factored, the failing pivot's
+    reduced value on the diagonal, the rest of the lower triangle as it was; the upper triangle zero."""
+    j = info - 1
+    out = np.tril(a)
+    if j > 0:
+        head = np.linalg.cholesky(a[:j, :j])
+        below = np.linalg.solve(head, a[j:, :j].T).T
+        out[:j, :j], out[j:, :j] = head, below
+        out[j, j] = a[j, j] - below[0] @ below[0]
+    return out
+
+
+def _with_partial_factors(a: np.ndarray, info: np.ndarray, L: np.ndarray) -> np.ndarray:
+    flat_a, flat_l = a.reshape(-1, *a.shape[-2:]), np.array(L).reshape(-1, *a.shape[-2:])
+    for k, code in enumerate(info.reshape(-1)):
+        if code:
+            flat_l[k] = _partial_cholesky(flat_a[k], int(code))
+    return flat_l.reshape(a.shape)
+
+
 @kernel("_linalg_cholesky_ex")
 def cholesky_ex(A, upper=False):
     a = A._np()
+    if upper:  # potrf with uplo="U" reads the upper triangle: the lower one of the transpose
+        a = np.swapaxes(a, -1, -2)
     info = np.zeros(_batch(a), np.int32)
     if a.size == 0:
         return _matrices(np.zeros(a.shape), A.dtype), _info(info)
     try:
-        L = np.linalg.cholesky(a)
+        with np.errstate(invalid="ignore"):
+            L = np.linalg.cholesky(a)
         if not np.isfinite(L).all():  # LAPACK stops at a NaN pivot; numpy carries on
             info = _cholesky_info(a)
     except np.linalg.LinAlgError:
         info = _cholesky_info(a)
         L = _each_matrix(np.linalg.cholesky, a, info, np.empty(a.shape, a.dtype))
+    if info.any():
+        L = _with_partial_factors(a, info, L)
     return _matrices(np.swapaxes(L, -1, -2) if upper else L, A.dtype), _info(info)
 
 
