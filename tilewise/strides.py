@@ -427,13 +427,22 @@ def index_result_strides(shape: Sequence[int], strides: Sequence[int], dims: Seq
 
 
 def broadcast_shapes(*shapes: Sequence[int], op: str = "broadcast") -> Shape:
-    """The shape ``shapes`` broadcast to, each folded into the shapes before it as torch's TensorIterator does, so
-    that a mismatch is reported as torch reports it: the innermost mismatching dimension of the first pair that
-    fails (the shapes so far as tensor a), then the operator and every shape."""
-    out: Shape = ()
+    """The shape ``shapes`` broadcast to. A mismatch is reported as torch reports it: each shape folded into the
+    shapes before it, as its TensorIterator does, the innermost mismatching dimension of the first pair that fails
+    (the shapes so far as tensor a), then the operator and every shape. (The fold runs only then: this is on every
+    element-wise operator's path.)"""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
     for shape in shapes:
-        out = _broadcast_pair(out, tuple(shape), shapes, op)
-    return out
+        for k, size in enumerate(shape, start=ndim - len(shape)):
+            if size == out[k] or size == 1:
+                continue
+            if out[k] != 1:
+                folded: Shape = ()
+                for each in shapes:
+                    folded = _broadcast_pair(folded, tuple(each), shapes, op)
+            out[k] = size
+    return tuple(out)
 
 
 def _broadcast_pair(a: Shape, b: Shape, shapes: Sequence[Sequence[int]], op: str) -> Shape:
