@@ -433,3 +433,13 @@ def test_the_old_lu_api_warns_as_torch_and_gives_linalg_s_results():
         X = tw.ones(2, 1).lu_solve(LU, pivots)
     np.testing.assert_allclose((A @ X).numpy(), np.ones((2, 1)), atol=1e-6)
     assert info.item() == 0 and pivots.dtype == tw.int32
+
+
+@pytest.mark.parametrize("dtype", ["bool", "float16", "bfloat16"])
+def test_vander_refuses_bool_and_half_types_as_torch(dtype):
+    found = []
+    for lib in (torch, tw):
+        with pytest.raises(RuntimeError) as raised:
+            lib.linalg.vander(lib.ones(3).to(getattr(lib, dtype)))
+        found.append(str(raised.value))
+    assert found[1] == found[0]

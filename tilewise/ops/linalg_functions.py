@@ -864,8 +864,9 @@ linalg("linalg_vecdot(Tensor x, Tensor y, *, int dim=-1) -> Tensor", _vecdot)
 def _vander(x, N=None):
     """The Vandermonde matrix of ``x`` along its last dim: the powers ``x**0 ... x**(N-1)``, as torch's (a cumulative
     product of ``x`` after a column of ones, so integers stay integers and the gradient is the product's)."""
-    if x.dtype.name == "bool":
-        raise RuntimeError("linalg.vander supports floating point, complex, and integer tensors, but got Bool")
+    if x.dtype.name in ("bool", "float16", "bfloat16"):
+        raise RuntimeError("linalg.vander supports floating point, complex, and integer tensors, but got "
+                           f"{type_name(x.dtype)}")
     n = x.shape[-1] if x.ndim else 1
     N = n if N is None else N
     if N <= 1:
