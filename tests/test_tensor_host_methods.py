@@ -275,3 +275,28 @@ def test_numpy_array_with_copy_owns_its_memory():
     shared, owned = np.asarray(t), np.array(t, copy=True)
     t.add_(1)
     assert shared.tolist() == [1.0, 2.0, 3.0] and owned.tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("attr", ["mT", "mH", "H", "adjoint"])
+@pytest.mark.parametrize("shape", [(), (3,), (2, 3), (2, 3, 4)], ids=["0d", "1d", "2d", "3d"])
+def test_matrix_transposes_conjugate_and_refuse_as_torch(attr, shape):
+    """``mH``, ``H`` and ``adjoint()`` conjugate complex matrices (they were plain transposes); each refuses, or warns
+    on a 0-dim tensor, with torch's words."""
+    a = (np.arange(np.prod(shape)) + 1j * np.arange(np.prod(shape))[::-1]).reshape(shape).astype(np.complex64)
+    found = []
+    for lib in (torch, tw):
+        t = lib.tensor(a)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                out = t.adjoint() if attr == "adjoint" else getattr(t, attr)
+                found.append(("value", out.resolve_conj().numpy() if lib is torch else out.numpy()))
+            except RuntimeError as exc:
+                found.append(("error", str(exc)))
+        found.append(("warnings", [str(w.message).split(" (Triggered")[0] for w in caught]))
+    (kind, theirs), (_, their_warnings), (our_kind, ours), (_, our_warnings) = found
+    assert kind == our_kind and our_warnings == their_warnings
+    if kind == "error":
+        assert ours == theirs
+    else:
+        np.testing.assert_array_equal(ours, theirs)

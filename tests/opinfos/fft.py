@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from opinfo import OpInfo, Sample, T
 
+from opinfos.linalg import well_conditioned
+
 
 def _real_and_complex(shape=(4, 6), **kwargs):
     return [Sample((T(shape),), dict(kwargs), name="real"),
@@ -64,6 +66,16 @@ OPINFOS = [
                            Sample((T((3, 4), "complex"), 1), name="complex-dim")]),
     OpInfo("mean", lambda: [Sample((T((3, 4), "complex"),), name="complex")]),
     OpInfo("linalg.vander", lambda: [Sample((T((3,), "complex"),), {"N": 4}, name="complex")]),
+    # complex matrices: the CPU's solvers (the CUDA ones refuse them)
+    OpInfo("linalg.det", lambda: [Sample((T((3, 3), "complex"),), name="complex"),
+                                  Sample((T((2, 3, 3), "complex"),), name="complex-batch")], wrap=well_conditioned()),
+    OpInfo("linalg.slogdet", lambda: [Sample((T((3, 3), "complex"),), name="complex")], wrap=well_conditioned()),
+    OpInfo("logdet", lambda: [Sample((T((3, 3), "complex"),), name="complex")], wrap=well_conditioned()),
+    OpInfo("linalg.inv", lambda: [Sample((T((3, 3), "complex"),), name="complex")], wrap=well_conditioned()),
+    OpInfo("linalg.solve", lambda: [Sample((T((3, 3), "complex"), T((3, 2), "complex")), name="complex"),
+                                    Sample((T((3, 3), "complex"), T((2, 3), "complex")), {"left": False},
+                                           name="complex-right")], wrap=well_conditioned()),
+    OpInfo("adjoint", lambda: [Sample((T((2, 3, 4), "complex"),), name="complex")]),
     transform("fft", one_dim()), transform("ifft", one_dim()),
     transform("rfft", one_dim(complex_=False)), transform("ihfft", one_dim(complex_=False)),
     transform("irfft", one_dim()), transform("hfft", one_dim()),

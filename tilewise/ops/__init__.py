@@ -136,6 +136,45 @@ def build_api() -> dict:
     return functions
 
 
+def _matrices_only(self, name: str, zero_dim: str) -> bool:
+    """torch's check of ``mT``, ``mH`` and ``adjoint()``: at least two dims; a 0-dim tensor warns and is taken
+    (True: the caller returns it, conjugated where the name says so)."""
+    if self.ndim >= 2:
+        return False
+    if self.ndim == 0:
+        import warnings
+
+        warnings.warn(zero_dim, UserWarning, stacklevel=3)
+        return True
+    raise RuntimeError(f"tensor.{name} is only supported on matrices or batches of matrices. Got {self.ndim}-D tensor.")
+
+
+def _matrix_transpose(self):
+    if _matrices_only(self, "mT", "Tensor.mT is deprecated on 0-D tensors. This function is the identity in these "
+                                  "cases."):
+        return self
+    return self.transpose(-2, -1)
+
+
+def _matrix_adjoint(self):
+    """The conjugate transpose of the last two dims (torch's ``mH``; a plain transpose of real tensors)."""
+    if _matrices_only(self, "mH", "Tensor.mH is deprecated on 0-D tensors. Consider using x.conj()."):
+        return self.conj()
+    return self.transpose(-2, -1).conj()
+
+
+def _adjoint_2d(self):
+    if self.ndim == 0:
+        import warnings
+
+        warnings.warn("Tensor.H is deprecated on 0-D tensors. Consider using x.conj().", UserWarning, stacklevel=2)
+        return self.conj()
+    if self.ndim != 2:
+        hint = " For batches of matrices, consider using tensor.mH" if self.ndim > 2 else ""
+        raise RuntimeError(f"tensor.H is only supported on matrices (2-D tensors). Got {self.ndim}-D tensor.{hint}")
+    return self.t().conj()
+
+
 def _attach_special_methods(functions: dict) -> None:
     from tilewise.ops.indexing import getitem, setitem
 
@@ -144,9 +183,9 @@ def _attach_special_methods(functions: dict) -> None:
     where = functions["where"]
     Tensor.where = lambda self, condition, other: where(condition, self, other)
     Tensor.T = property(lambda self: self.permute(tuple(range(self.ndim - 1, -1, -1))))
-    Tensor.mT = property(lambda self: self.transpose(-2, -1))
-    Tensor.mH = Tensor.mT
-    Tensor.H = property(lambda self: self.t())
+    Tensor.mT = property(_matrix_transpose)
+    Tensor.mH = property(_matrix_adjoint)
+    Tensor.H = property(_adjoint_2d)
     Tensor.copy_ = make_copy_()
     bitwise_not = functions["bitwise_not"]
 

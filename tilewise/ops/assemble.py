@@ -258,7 +258,19 @@ def _vander(x, N=None, increasing=False):  # noqa: N803 — torch's keyword
 composite("kron(Tensor self, Tensor other) -> Tensor", _kron)
 composite("block_diag(Tensor[] tensors) -> Tensor", _block_diag, method=False, varargs=True, out=False)
 composite("vander(Tensor x, int? N=None, bool increasing=False) -> Tensor", _vander, method=False, out=False)
-composite("adjoint(Tensor(a) self) -> Tensor(a)", lambda self: self.transpose(-2, -1))
+def _adjoint(self):
+    if self.ndim < 2:
+        if self.ndim == 0:
+            import warnings
+
+            warnings.warn("adjoint() is deprecated on 0-D tensors. Consider using x.conj().", UserWarning, stacklevel=3)
+            return self.conj()
+        raise RuntimeError(f"tensor.adjoint() is only supported on matrices or batches of matrices. Got "
+                           f"{self.ndim}-D tensor.")
+    return self.transpose(-2, -1).conj()
+
+
+composite("adjoint(Tensor(a) self) -> Tensor(a)", _adjoint)
 composite("diagflat(Tensor self, int offset=0) -> Tensor", lambda self, offset=0: self.reshape(-1).diag(offset),
           out=False)
 

@@ -118,7 +118,7 @@ def _broadcast_solve_operands(op: str, A, B, left: bool):
 
 def _solve_ex(A, B, left=True, check_errors=False):
     op = "linalg.solve"
-    check_floating(op, A)
+    check_floating(op, A, complex_on_cpu=True)
     check_square(op, A)
     check_same_dtype(op, A, B)
     A_, B_, vector = _broadcast_solve_operands(op, A, B, left)
@@ -151,7 +151,7 @@ def _singular_inverse(code: int) -> str:
 
 def _inv_ex(A, check_errors=False):
     check_matrix("linalg.inv", A)
-    check_floating("linalg.inv", A)
+    check_floating("linalg.inv", A, complex_on_cpu=True)
     check_square("linalg.inv", A)
     inverse, info = OPS["_linalg_inv_ex"](A)
     if check_errors:
@@ -166,20 +166,22 @@ torch_form("inverse(Tensor self) -> Tensor", lambda A: _inv_ex(A, True)[0])
 
 def _det(A):
     check_matrix("linalg.det", A)
-    check_floating("linalg.det", A)
+    check_floating("linalg.det", A, complex_on_cpu=True)
     check_square("linalg.det", A)
     return OPS["_linalg_det"](A)
 
 
 def _slogdet(A):
     check_matrix("linalg.slogdet", A)
-    check_floating("linalg.slogdet", A)
+    check_floating("linalg.slogdet", A, complex_on_cpu=True)
     check_square("linalg.slogdet", A)
     return OPS["_linalg_slogdet"](A)
 
 
 def _logdet(A):
     sign, logabs = _slogdet(A)
+    if sign.dtype.is_complex:  # the determinant's complex logarithm: log|det| + i arg(det)
+        return logabs.to(sign.dtype) + sign.log()
     return logabs + (sign * 0).masked_fill(sign < 0, float("nan"))
 
 
@@ -689,7 +691,7 @@ def _matrix_power(A, n):
         everywhere = ones(A.shape, dtype=bool_dtype(), device=A.device)
         return A.masked_fill(everywhere, 0) + _eye(A.shape[-1], A)
     if n < 0:
-        check_floating("linalg.inv", A)
+        check_floating("linalg.inv", A, complex_on_cpu=True)
         A = _inv_ex(A, True)[0]
         if n == -1:
             return A  # torch's: the inverse as linalg.inv lays it out

@@ -4,8 +4,10 @@
 differentiable and runs on any device. The formulas are torch's: where a derivative is a convention rather
 than the only answer (Cholesky's gradient is symmetrised, eigh's is not; a triangular solve's gradient keeps
 the triangle the solver read), torch's convention is the one followed, so gradients match torch elementwise,
-not only up to the part that affects a loss. Only real inputs reach these helpers, so torch's checks that a
-complex loss does not depend on the phase of singular vectors have nothing to check here.
+not only up to the part that affects a loss. Complex matrices reach the solvers' helpers (solve, inv, det,
+slogdet, on the CPU), which conjugate-transpose (``mH``) as torch's do; the decompositions take real inputs
+only, so torch's checks that a complex loss does not depend on the phase of singular vectors have nothing to
+check here.
 """
 
 # ruff: noqa: N803, N806 — matrices are named as in torch's linalg and the literature (A, B, L, U, S, Vh)
@@ -42,12 +44,12 @@ def _solve(A, B):
 
 def linalg_solve_backward(grad, A, X):
     """X = A^{-1} B: gB = A^{-H} g, gA = -gB X^H."""
-    gB = _solve(A.mT, grad)
-    return -gB.matmul(X.mT), gB
+    gB = _solve(A.mH, grad)
+    return -gB.matmul(X.mH), gB
 
 
 def linalg_inv_backward(grad, inverse):
-    inv_h = inverse.mT
+    inv_h = inverse.mH
     return -inv_h.matmul(grad.matmul(inv_h))
 
 
@@ -57,16 +59,26 @@ def linalg_det_backward(grad, det, A):
     singular = (det == 0).unsqueeze(-1).unsqueeze(-1)
     eye = _eye_like(A).expand(A.shape)
     safe = A.where(~singular, eye)
-    scaled = (grad * det).unsqueeze(-1).unsqueeze(-1)
-    return _solve(safe.mT, scaled * eye)
+    scaled = (grad * det.conj()).unsqueeze(-1).unsqueeze(-1)
+    return _solve(safe.mH, scaled * eye)
 
 
-def slogdet_backward(grad_logabsdet, A, sign):
-    """torch saves the sign too (it reads it for complex inputs), so changing it in place is an error here too."""
-    if grad_logabsdet is None:
+def slogdet_backward(output_grads, A, sign):
+    """A^H G = g I with g the logarithm's gradient; for a complex matrix the sign's gradient adds
+    -i Im(conj(g_sign) sign) to g (the determinant is holomorphic), as torch's. torch saves the sign too, so
+    changing it in place is an error here too."""
+    grad_sign, grad_logabsdet = output_grads
+    if A.dtype.is_complex:
+        g = grad_logabsdet.to(A.dtype) if grad_logabsdet is not None else None
+        if grad_sign is not None:
+            turn = (grad_sign.conj() * sign).imag * -1j
+            g = turn if g is None else g + turn
+    else:
+        g = grad_logabsdet
+    if g is None:
         return None
-    scaled = grad_logabsdet.unsqueeze(-1).unsqueeze(-1) * _eye_like(A).expand(A.shape)
-    return _solve(A.mT, scaled)
+    scaled = g.unsqueeze(-1).unsqueeze(-1) * _eye_like(A).expand(A.shape)
+    return _solve(A.mH, scaled)
 
 
 def cholesky_backward(grad, upper: bool, L):

@@ -33,14 +33,18 @@ LinAlgError.__module__ = "tilewise.linalg"
 type_name = c10_name  # torch's names of scalar types, as its linalg messages print them
 
 
-def check_floating(op: str, A, low_precision: bool = False) -> None:
+def check_floating(op: str, A, low_precision: bool = False, complex_on_cpu: bool = False) -> None:
     """LAPACK and cuSOLVER work in float32 and float64: integers are refused, as are half types (torch refuses
-    them too, with one message or another)."""
+    them too, with one message or another). Complex matrices are taken where ``complex_on_cpu`` says the operator
+    handles them, on the CPU (LAPACK's complex routines through numpy)."""
     dtype = A.dtype
     if not dtype.is_floating_point and not dtype.is_complex:
         raise RuntimeError(f"{op}: Expected a floating point or complex tensor as input. Got {type_name(dtype)}")
     if dtype.is_complex:
-        raise NotImplementedError(f"{op}: complex inputs are not supported yet (got {dtype.name})")
+        if complex_on_cpu and A.device.type == "cpu":
+            return
+        where = " on CUDA (the CPU takes them)" if complex_on_cpu else ""
+        raise NotImplementedError(f"{op}: complex inputs are not supported yet{where} (got {dtype.name})")
     if dtype.name not in ("float32", "float64") and not low_precision:
         raise RuntimeError(f"{op}: Low precision dtypes not supported. Got {type_name(dtype)}")
 
@@ -104,7 +108,7 @@ declare("_linalg_det(Tensor A) -> Tensor", "other", grad={"A": "linalg_det_backw
         batch=apply_batched,
         fwd="linalg_det_jvp(A, A_t, result)")
 declare("_linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet)", "other",
-        grad={"A": "slogdet_backward(output_grads[1], A, result[0])"}, public=False,
+        grad={"A": "slogdet_backward(output_grads, A, result[0])"}, public=False,
         batch=apply_batched,
         fwd="slogdet_jvp(A, A_t)")
 declare("_linalg_cholesky_ex(Tensor A, bool upper=False) -> (Tensor L, Tensor info)", "other",

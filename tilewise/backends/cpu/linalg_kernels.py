@@ -52,7 +52,8 @@ def _batch(a: np.ndarray) -> tuple:
 def _lu_info(a: np.ndarray) -> np.ndarray:
     """LAPACK getrf's info per matrix: 1 + the first column whose pivot (partial pivoting) is exactly zero."""
     n = a.shape[-1]
-    work = a.reshape(-1, n, n).astype(np.float64 if a.dtype == np.float64 else np.float32, copy=True)
+    work = a.reshape(-1, n, n).astype(a.dtype if a.dtype.kind == "c" or a.dtype == np.float64 else np.float32,
+                                      copy=True)
     rows = np.arange(work.shape[0])
     info = np.zeros(work.shape[0], np.int32)
     for k in range(n):
@@ -175,11 +176,11 @@ def det(A):
 def slogdet(A):
     a = A._np()
     if a.shape[-1] == 0:
-        return _out(np.ones(_batch(a)), A.dtype), _out(np.zeros(_batch(a)), A.dtype)
+        return _out(np.ones(_batch(a)), A.dtype), _out(np.zeros(_batch(a)), A.dtype.to_real())
     with np.errstate(invalid="ignore"):
         sign, logabs = np.linalg.slogdet(a)
     sign = np.where(np.isnan(logabs), 0.0, sign)  # torch multiplies the pivots' signs: sign(NaN) is 0
-    return _out(sign, A.dtype), _out(logabs, A.dtype)
+    return _out(sign, A.dtype), _out(logabs, A.dtype.to_real())  # (a complex matrix: a complex sign)
 
 
 def _partial_cholesky(a: np.ndarray, info: int) -> np.ndarray:
