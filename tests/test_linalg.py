@@ -443,3 +443,57 @@ def test_vander_refuses_bool_and_half_types_as_torch(dtype):
             lib.linalg.vander(lib.ones(3).to(getattr(lib, dtype)))
         found.append(str(raised.value))
     assert found[1] == found[0]
+
+
+# ---------------------------------------------------------------------------------------------- eig
+
+def _eig_pair(a, loss):
+    found = []
+    for lib in (torch, tw):
+        A = lib.tensor(a, requires_grad=True)
+        L, V = lib.linalg.eig(A)
+        try:
+            loss(lib, L, V).backward()
+            grad = A.grad.resolve_conj().numpy() if lib is torch else A.grad.numpy()
+        except RuntimeError as exc:
+            grad = str(exc)
+        values = L.detach().resolve_conj().numpy() if lib is torch else L.detach().numpy()
+        vectors = V.detach().resolve_conj().numpy() if lib is torch else V.detach().numpy()
+        found.append((values, vectors, grad, V.stride(), L.dtype))
+    return found
+
+
+@pytest.mark.parametrize("complex_", [False, True], ids=["real", "complex"])
+@pytest.mark.parametrize("shape", [(3, 3), (2, 4, 4)])
+def test_eig_matches_torch_up_to_each_eigenvectors_phase(shape, complex_):
+    """Eigenvalues as torch's; eigenvectors of unit norm, equal to torch's up to a unit factor each (LAPACK builds
+    differ in the sign they give a complex pair's vectors); the gradient of a loss that does not depend on those
+    phases as torch's, and a loss that does refused in torch's words."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal(shape) + (1j * rng.standard_normal(shape) if complex_ else 0)
+
+    def invariant(lib, L, V):
+        return (V.abs() ** 2 * lib.arange(V.shape[-1])).sum() + (L.real * 2 + L.imag).sum()
+
+    (tv, tV, tg, ts, tdt), (ov, oV, og, os_, odt) = _eig_pair(a, invariant)
+    assert str(odt).split(".")[-1] == str(tdt).split(".")[-1] and os_ == ts
+    np.testing.assert_allclose(ov, tv, atol=1e-10)
+    top = np.abs(tV).argmax(axis=-2)[..., None, :]
+    phase = np.take_along_axis(oV, top, -2) / np.take_along_axis(tV, top, -2)
+    np.testing.assert_allclose(np.abs(phase), 1, atol=1e-10)
+    np.testing.assert_allclose(oV, tV * phase, atol=1e-10)
+    np.testing.assert_allclose(og, tg, atol=1e-8)
+    (_, _, theirs, _, _), (_, _, ours, _, _) = _eig_pair(a, lambda lib, L, V: (V * (1 + 0.5j)).real.sum())
+    assert isinstance(ours, str) and ours == theirs
+
+
+def test_eig_refuses_as_torch():
+    for make in (lambda lib: lib.ones(3), lambda lib: lib.ones(2, 3)):
+        messages = []
+        for lib in (torch, tw):
+            with pytest.raises(RuntimeError) as raised:
+                lib.linalg.eig(make(lib))
+            messages.append(str(raised.value))
+        assert messages[1].startswith(messages[0])
+    with pytest.raises(NotImplementedError, match='"linalg_eig_out_cpu" not implemented for \'Half\''):
+        tw.linalg.eig(tw.ones(2, 2).half())

@@ -16,7 +16,8 @@ from tilewise.ops.registry import public_function
 _NAMES = ("solve", "solve_ex", "inv", "inv_ex", "det", "slogdet", "cholesky", "cholesky_ex", "qr", "svd", "svdvals",
           "eigh", "eigvalsh", "solve_triangular", "lstsq", "pinv", "matrix_rank", "matrix_power", "matrix_exp",
           "vector_norm", "matrix_norm", "norm", "cross", "multi_dot", "vecdot", "diagonal", "tensorinv", "tensorsolve",
-          "householder_product", "vander", "lu_factor", "lu_factor_ex", "lu", "lu_solve")
+          "householder_product", "vander", "lu_factor", "lu_factor_ex", "lu", "lu_solve",
+          "eig", "eigvals")
 
 
 def _named(name: str):

@@ -76,6 +76,7 @@ OPINFOS = [
                                     Sample((T((3, 3), "complex"), T((2, 3), "complex")), {"left": False},
                                            name="complex-right")], wrap=well_conditioned()),
     OpInfo("adjoint", lambda: [Sample((T((2, 3, 4), "complex"),), name="complex")]),
+    OpInfo("linalg.eigvals", lambda: [Sample((T((3, 3), "complex"),), name="complex")]),
     transform("fft", one_dim()), transform("ifft", one_dim()),
     transform("rfft", one_dim(complex_=False)), transform("ihfft", one_dim(complex_=False)),
     transform("irfft", one_dim()), transform("hfft", one_dim()),

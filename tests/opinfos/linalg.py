@@ -131,6 +131,7 @@ OPINFOS = [
     OpInfo("linalg.cholesky", lambda: SQUARE + [Sample((T((3, 3)),), {"upper": True}, name="upper")],
            wrap=positive_definite(), covers=("_linalg_cholesky_ex",)),
     OpInfo("linalg.cholesky_ex", lambda: SQUARE, wrap=positive_definite()),
+    OpInfo("linalg.eigvals", lambda: SQUARE, covers=("_linalg_eig",)),
     OpInfo("linalg.lu_factor", lambda: SQUARE + RECTANGULAR, wrap=full_rank(), covers=("_linalg_lu_factor_ex",)),
     OpInfo("linalg.lu_factor_ex", lambda: SQUARE + RECTANGULAR, wrap=full_rank()),
     OpInfo("linalg.lu", lambda: SQUARE + RECTANGULAR, wrap=full_rank()),

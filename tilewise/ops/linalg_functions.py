@@ -222,6 +222,28 @@ linalg("linalg_cholesky(Tensor A, *, bool upper=False) -> Tensor",
 torch_form("cholesky(Tensor self, bool upper=False) -> Tensor", _cholesky_old)
 
 
+# ---------------------------------------------------------------- eig (general, non-symmetric)
+
+def _eig(A):
+    check_matrix("linalg.eig", A)
+    if A.dtype.name in ("float16", "bfloat16"):
+        raise NotImplementedError(f'"linalg_eig_out_{A.device.type}" not implemented for \'{type_name(A.dtype)}\' '
+                                  "(linalg.eig: float32, float64, complex64 and complex128 matrices are decomposed)")
+    if not (A.dtype.is_floating_point or A.dtype.is_complex):
+        raise RuntimeError(f"linalg.eig: Expected a floating point or complex tensor as input. Got "
+                           f"{type_name(A.dtype)}")
+    check_square("linalg.eig", A)
+    if A.device.type == "cpu":
+        return OPS["_linalg_eig"](A)
+    # the device's results come from the host's geev, as torch's CUDA eig runs on the host too (MAGMA's geev)
+    values, vectors = OPS["_linalg_eig"](A.cpu())
+    return values.to(A.device), column_major(vectors.to(A.device))
+
+
+linalg("linalg_eig(Tensor A) -> (Tensor eigenvalues, Tensor eigenvectors)", _eig)
+linalg("linalg_eigvals(Tensor A) -> Tensor", lambda A: _eig(A)[0])
+
+
 # ---------------------------------------------------------------- LU: factor, unpack, solve
 
 def _zero_pivot(code: int) -> str:

@@ -308,6 +308,37 @@ def triangular_solve_jvp(b_t, A, A_t, X, upper: bool, transpose: bool, unitriang
     return OPS["triangular_solve"](rhs, A, upper, transpose, unitriangular)[0], A_t
 
 
+_EIG_PHASE = ("linalg_eig_backward: The eigenvectors in the complex case are specified up to multiplication by "
+              "e^{i phi}. The specified loss function depends on this quantity, so it is ill-defined.")
+
+
+def linalg_eig_backward(output_grads, A, L, V):
+    """torch's: gA = V^{-H} (diag(gL) + (V^H gV - V^H V diag(Re(V^H gV))) / conj(E)) V^H with E_ij = L_j - L_i off the
+    diagonal; a loss that depends on the eigenvectors' phases is refused, as torch refuses it; a real A takes the real
+    part."""
+    from tilewise.dispatch import values_readable
+
+    gL, gV = output_grads
+    if gL is None and gV is None:
+        return None
+    if gV is not None:
+        VhgV = V.mH.matmul(gV)
+        diagonal = VhgV.diagonal(0, -2, -1)
+        if values_readable(diagonal) and not bool((diagonal.imag.abs() <= 1e-2).all()):  # torch's allclose to 0
+            raise RuntimeError(_EIG_PHASE)
+        gA = VhgV - V.mH.matmul(V * diagonal.real.unsqueeze(-2))
+        Lc = L.conj()
+        E = Lc.unsqueeze(-2) - Lc.unsqueeze(-1)
+        eye = _eye_like(E).to(E.dtype).expand(E.shape)
+        gA = gA / (E + eye) * (1 - eye)
+        if gL is not None:
+            gA = gA + gL.diag_embed()
+    else:
+        gA = gL.diag_embed()
+    gA = _solve(V.mH, gA.matmul(V.mH))
+    return gA if A.dtype.is_complex else gA.real
+
+
 def lu_unpacked(LU, pivots):
     """(P, L, U) of a factorization (``lu_unpack``'s), for the derivative below."""
     return _op("lu_unpack")(LU, pivots)
@@ -346,7 +377,7 @@ def lu_factor_ex_backward(grad, LU, pivots, pivot: bool):
 
 
 HELPERS.update(cholesky_inverse_jvp=cholesky_inverse_jvp, triangular_solve_jvp=triangular_solve_jvp,
-               lu_factor_ex_backward=lu_factor_ex_backward)
+               lu_factor_ex_backward=lu_factor_ex_backward, linalg_eig_backward=linalg_eig_backward)
 HELPERS.update(linalg_solve_backward=linalg_solve_backward, linalg_inv_backward=linalg_inv_backward,
                linalg_det_backward=linalg_det_backward, slogdet_backward=slogdet_backward,
                cholesky_backward=cholesky_backward, linalg_qr_backward=linalg_qr_backward, svd_backward=svd_backward,

@@ -4,9 +4,9 @@
 (through numpy) and a cuSOLVER/cuBLAS routine on CUDA: ``_linalg_solve`` (getrf+getrs), ``_linalg_inv_ex``,
 ``_linalg_det`` and ``_linalg_slogdet`` (getrf), ``_linalg_cholesky_ex`` (potrf), ``_linalg_qr`` (geqrf+orgqr),
 ``_linalg_svd`` (gesvd), ``_linalg_eigh`` (syevd), ``_linalg_solve_triangular`` (trsm), ``_linalg_lstsq``,
-``_linalg_matrix_exp`` and ``_linalg_lu_factor_ex`` (getrf). They take batches of matrices already checked and
-broadcast, and report failures as LAPACK does, through an ``info`` output, so that one kernel serves the checking
-and the ``_ex`` forms alike.
+``_linalg_matrix_exp``, ``_linalg_lu_factor_ex`` (getrf) and ``_linalg_eig`` (geev, on the CPU). They take
+batches of matrices already checked and broadcast, and report failures as LAPACK does, through an ``info``
+output, so that one kernel serves the checking and the ``_ex`` forms alike.
 Everything users call (``linalg.solve``, ``linalg.norm``, ``torch.svd``'s old API, ...) is a composite in
 ``linalg_functions.py`` that checks its arguments with torch's messages, broadcasts, calls these and raises
 :class:`LinAlgError` from ``info``. Derivatives are torch's formulas (``linalg_grads.py``).
@@ -138,6 +138,10 @@ declare("_linalg_lstsq(Tensor A, Tensor B, float? rcond=None, str driver='gelsy'
 declare("_linalg_matrix_exp(Tensor A) -> Tensor", "other", grad={"A": "matrix_exp_backward(A, grad)"}, public=False,
         batch=apply_batched,
         fwd="matrix_exp_jvp(A, A_t)")
+declare("_linalg_eig(Tensor A) -> (Tensor eigenvalues, Tensor eigenvectors)", "other",
+        grad={"A": "linalg_eig_backward(output_grads, A, result[0], result[1])"}, public=False,
+        doc="geev of A [..., n, n] on the CPU: complex eigenvalues and unit-norm eigenvectors (columns).",
+        batch=apply_batched)
 declare("_linalg_lu_factor_ex(Tensor A, bool pivot=True) -> (Tensor LU, Tensor pivots, Tensor info)", "other",
         grad={"A": "lu_factor_ex_backward(grad, result[0], result[1], pivot)"}, nondiff_outputs=(1, 2), public=False,
         doc="getrf of A [..., m, n]: the packed factors (L's strict lower part, U), 1-based int32 row swaps, info.",
@@ -147,5 +151,5 @@ declare("_linalg_lu_factor_ex(Tensor A, bool pivot=True) -> (Tensor LU, Tensor p
 # runs eagerly under tilewise.compile (with a warning), where the codes are read and the errors raised.
 for _name in ("_linalg_solve", "_linalg_inv_ex", "_linalg_det", "_linalg_slogdet", "_linalg_cholesky_ex", "_linalg_qr",
               "_linalg_svd", "_linalg_eigh", "_linalg_solve_triangular", "_linalg_lstsq", "_linalg_matrix_exp",
-              "_linalg_lu_factor_ex"):
+              "_linalg_lu_factor_ex", "_linalg_eig"):
     OPS[_name].attrs["compiled"] = False

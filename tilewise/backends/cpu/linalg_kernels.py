@@ -94,6 +94,17 @@ def _getrf(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return work.reshape(a.shape), pivots.reshape(*batch, k), info.reshape(batch)
 
 
+@kernel("_linalg_eig")
+def eig(A):
+    a = A._np()
+    out = A.dtype if A.dtype.is_complex else A.dtype.to_complex()
+    if a.size == 0:
+        return _out(np.zeros(a.shape[:-1]), out), _matrices(np.zeros(a.shape), out)
+    with np.errstate(invalid="ignore"):
+        values, vectors = np.linalg.eig(a)
+    return _out(values, out), _matrices(vectors, out)
+
+
 @kernel("_linalg_lu_factor_ex")
 def lu_factor_ex(A, pivot=True):
     if not pivot:
