@@ -388,7 +388,7 @@ linalg("linalg_lu_solve(Tensor LU, Tensor pivots, Tensor B, *, bool left=True, b
 torch_form("lu_unpack(Tensor LU_data, Tensor LU_pivots, bool unpack_data=True, bool unpack_pivots=True) -> "
            "(Tensor P, Tensor L, Tensor U)", _lu_unpack)
 torch_form("lu_solve(Tensor self, Tensor LU_data, Tensor LU_pivots) -> Tensor", _lu_solve_old)
-torch_form("lu(Tensor self, bool pivot=True, bool get_infos=False) -> Tensor[]", _lu_old, out=False)
+torch_form("lu(Tensor self, bool pivot=True, bool get_infos=False) -> Tensor[]", _lu_old)
 
 
 def _cholesky_solve(B, L, upper=False):
