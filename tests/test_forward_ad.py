@@ -86,7 +86,10 @@ def _torch_is_self_adjoint(info, args, kwargs, arrays, wanted, tangents, rng) ->
 
     try:
         out, made = _call(info, torch, TF, args, kwargs, arrays, leaf)
-        outs = [o for o in _outputs(out, info) if isinstance(o, torch.Tensor) and o.requires_grad]
+        # the outputs reverse mode differentiates (a permutation matrix of lu, a float, requires no grad), and the
+        # same outputs' tangents below, so that each cotangent meets its own output's tangent
+        keep = [k for k, o in enumerate(_outputs(out, info)) if isinstance(o, torch.Tensor) and o.requires_grad]
+        outs = [_outputs(out, info)[k] for k in keep]
         cotangents = [torch.from_numpy(_random_values(rng, o.shape, o.is_complex())) for o in outs]
         inputs = [made[k] for k in wanted if k in made]
         grads = torch.autograd.grad(outs, inputs, cotangents, allow_unused=True)
@@ -96,8 +99,7 @@ def _torch_is_self_adjoint(info, args, kwargs, arrays, wanted, tangents, rng) ->
                 return torch_fwad.make_dual(t, torch.from_numpy(tangents[k].copy())) if k in tangents else t
 
             out_t, _ = _call(info, torch, TF, args, kwargs, arrays, dual)
-            jvps = [torch_fwad.unpack_dual(o).tangent for o in _outputs(out_t, info)
-                    if isinstance(o, torch.Tensor) and (o.is_floating_point() or o.is_complex())]
+            jvps = [torch_fwad.unpack_dual(_outputs(out_t, info)[k]).tangent for k in keep]
     except (RuntimeError, NotImplementedError):
         return True
     forward = sum(_pairing(u.numpy(), t.detach().resolve_conj().numpy()) for u, t in zip(cotangents, jvps)
@@ -113,13 +115,14 @@ def _tilewise_vjp(info, args, kwargs, arrays, wanted, rng):
         return t.requires_grad_() if k in wanted else t
 
     out, made = _call(info, tw, F, args, kwargs, arrays, make)
-    outs = [o for o in _outputs(out, info) if _differentiable(o) and o.requires_grad]
+    keep = [k for k, o in enumerate(_outputs(out, info)) if _differentiable(o) and o.requires_grad]
+    outs = [_outputs(out, info)[k] for k in keep]
     inputs = [made[k] for k in wanted if k in made]
     if not outs or not inputs:
         return [], {}
     cotangents = [tw.from_numpy(_random_values(rng, o.shape, o.dtype.is_complex)) for o in outs]
     grads = tw.autograd.grad(outs, inputs, cotangents, allow_unused=True)
-    return list(zip(outs, cotangents)), dict(zip([k for k in wanted if k in made], grads))
+    return list(zip(keep, cotangents)), dict(zip([k for k in wanted if k in made], grads))
 
 
 def _pairing(a, b) -> float:
@@ -138,9 +141,9 @@ def test_jvp_agrees_with_vjp(info):
         if not pairs:
             continue
         jvp_outs, _ = _tilewise_jvp(info, args, kwargs, arrays, tangents)
-        diff_outs = [(o, t) for o, t in jvp_outs if _differentiable(o)]
         forward = 0.0
-        for (_, u), (_, t) in zip(pairs, diff_outs):
+        for k, u in pairs:  # each cotangent with its own output's tangent (outputs requiring no grad have none)
+            t = jvp_outs[k][1]
             if t is not None:
                 forward += _pairing(u.numpy(), t.detach().numpy())
         reverse = sum(_pairing(g.detach().numpy(), tangents[k]) for k, g in grads.items() if g is not None)

@@ -313,7 +313,12 @@ def _ihfftn(x, s=None, dim=None, norm=None):
         raise RuntimeError(f"Only supports floating-point dtypes, but found: {dtypes.c10_name(x.dtype)} (ihfftn "
                            "transforms a real signal)")
     x = resized(promoted(x, False, "ihfftn"), dims, shape)
-    return OPS["_fft_r2c"](x, tuple(dims), norm_code(norm, False), True).conj()
+    # as torch's: the last dim's one-sided transform, conjugated, then the others' inverse transform (the same
+    # sum as one r2c over every dim, conjugated; this order gives torch's memory layout)
+    half = OPS["_fft_r2c"](x, (dims[-1],), norm_code(norm, False), True).conj()
+    if len(dims) == 1:
+        return half
+    return OPS["_fft_c2c"](half, tuple(dims[:-1]), norm_code(norm, False), False)
 
 
 def _fft2(x, s=None, dim=(-2, -1), norm=None):
@@ -373,9 +378,10 @@ TRANSFORMS = {
     "ifftshift": (_SHIFT, _ifftshift),
 }
 _SHIFTS = ("fftshift", "ifftshift")  # torch's CPU autocast lists every transform above, no shift; nor out= for shifts
+_NOT_AUTOCAST = (*_SHIFTS, "hfftn", "ihfftn", "hfft2", "ihfft2")  # nor the Hermitian n-d transforms
 for _name, (_signature, _decomposition) in TRANSFORMS.items():
     declare(f"fft_{_name}{_signature}", "composite", decomposition=_decomposition, method=False, function=False,
-            autocast=None if _name in _SHIFTS else {"cpu": "fp32"}, out=_name not in _SHIFTS)
+            autocast=None if _name in _NOT_AUTOCAST else {"cpu": "fp32"}, out=_name not in _SHIFTS)
 
 
 # ---------------------------------------------------------------- short-time Fourier transform

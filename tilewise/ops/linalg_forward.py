@@ -2,7 +2,8 @@
 
 [Note: linalg tangents] The companions of ``linalg_grads``: each is torch's forward rule in tilewise operators,
 so that a tangent agrees with torch's elementwise where the rule is a convention (Cholesky's and eigh's read the
-whole tangent, not only the triangle the factorization reads). Only real inputs reach these helpers, as there.
+whole tangent, not only the triangle the factorization reads). Complex inputs reach the solvers' helpers (solve,
+inv, det, slogdet), as there.
 Each returns one tangent per output of its operator (None for outputs without one: info codes, ranks).
 """
 
@@ -40,9 +41,13 @@ def linalg_det_jvp(A, A_t, det):
     return det * _trace(_solve(A.where(~singular, eye), A_t))
 
 
-def slogdet_jvp(A, A_t):
-    """The sign of a real determinant is locally constant; d log|det| = tr(A^-1 dA)."""
-    return None, _trace(_solve(A, A_t))
+def slogdet_jvp(A, A_t, sign):
+    """d log|det| = Re tr(A^-1 dA); the sign of a real determinant is locally constant, a complex one turns by
+    i Im tr(A^-1 dA)."""
+    trace = _trace(_solve(A, A_t))
+    if A.dtype.is_complex:
+        return sign * (trace.imag * 1j), trace.real
+    return None, trace
 
 
 def _eye(A):
@@ -176,6 +181,44 @@ def cholesky_solve_jvp(X, L, L_t, B_t, upper: bool):
     dK = L_t.mT.matmul(L) if upper else L_t.matmul(L.mT)
     dA = dK + dK.mT
     return _op("cholesky_solve")(B_t - dA.matmul(X), L, upper)
+
+
+def lu_factor_ex_jvp(A_t, LU, pivots, pivot: bool):
+    """torch's: with dK = L^{-1} P^T dA U^{-1}, dL = L (dK)_strictly-lower and dU = (dK)_upper U, packed as the
+    factors are; the part of a wide U (of a tall L) beyond the square block follows from its own rows (columns)."""
+    from tilewise.ops.linalg_grads import lu_unpacked
+
+    P, L, U = lu_unpacked(LU, pivots)
+    m, n = LU.shape[-2], LU.shape[-1]
+    k = min(m, n)
+    PdA = P.mT.matmul(A_t) if pivot else A_t
+    if m == n:
+        dK = _solve_triangular(U, _solve_triangular(L, PdA, upper=False, unitriangular=True), upper=True, left=False)
+        return L.matmul(dK.tril(-1)) + dK.triu().matmul(U), None, None
+    if m < n:
+        U1, U2 = U[..., :k], U[..., k:]
+        dK = _solve_triangular(U1, _solve_triangular(L, PdA[..., :k], upper=False, unitriangular=True), upper=True,
+                               left=False)
+        dU2 = _solve_triangular(L, PdA[..., k:], upper=False, unitriangular=True) - dK.tril(-1).matmul(U2)
+        return _op("cat")([L.matmul(dK.tril(-1)) + dK.triu().matmul(U1), dU2], -1), None, None
+    L1, L2 = L[..., :k, :], L[..., k:, :]
+    dK = _solve_triangular(U, _solve_triangular(L1, PdA[..., :k, :], upper=False, unitriangular=True), upper=True,
+                           left=False)
+    dL2 = _solve_triangular(U, PdA[..., k:, :], upper=True, left=False) - L2.matmul(dK.triu())
+    return _op("cat")([L1.matmul(dK.tril(-1)) + dK.triu().matmul(U), dL2], -2), None, None
+
+
+def linalg_eig_jvp(A_t, L, V):
+    """torch's: with dK = V^{-1} dA V, dL = diag(dK) and dV = V (dK / E off the diagonal), less V times the real
+    part of the diagonal of V^H dV, which keeps each eigenvector of unit norm."""
+    dA = A_t.to(V.dtype)
+    dK = _solve(V, dA.matmul(V))
+    dL = dK.diagonal(0, -2, -1)
+    E = L.unsqueeze(-2) - L.unsqueeze(-1)
+    eye = _op("eye")(L.shape[-1], dtype=V.dtype, device=V.device).expand(E.shape)
+    dV = V.matmul(dK / (E + eye) * (1 - eye))
+    dV = dV - V * V.mH.matmul(dV).diagonal(0, -2, -1).real.unsqueeze(-2)
+    return dL, dV
 
 
 HELPERS.update({name: obj for name, obj in globals().items() if name.endswith("_jvp") and callable(obj)})

@@ -55,6 +55,9 @@ _AUTOCAST_OTHER = {
     "linalg_matrix_norm": {"cuda": "fp32"},
     "linalg_matrix_power": {"cpu": _matrix_power_on_cpu},
     "matrix_power": {"cpu": _matrix_power_on_cpu},
+    "lu_solve": {"cpu": "fp32"},  # torch's CPU list has the deprecated form, not linalg's
+    "linalg_eig": {"cpu": "fp32"},
+    "linalg_eigvals": {"cpu": "fp32"},
 }
 
 
@@ -280,8 +283,13 @@ def _permutation(pivots, m: int, dtype, device):
     are read on the host (a device's pivots are copied there once)."""
     import numpy as np
 
+    from tilewise.dispatch import values_readable
     from tilewise.tensor import tensor
 
+    if not values_readable(pivots) or pivots._storage is None:
+        raise RuntimeError("lu_unpack: the row swaps (pivots) are read on the host to build the permutation, which "
+                           "vmap and traced functions cannot do; unpack the factors outside vmap (linalg.lu_factor "
+                           "itself batches)")
     count = math.prod(pivots.shape[:-1])
     swaps = np.asarray(pivots.detach().cpu().numpy(), dtype=np.int64).reshape(count, pivots.shape[-1]) - 1
     order = np.tile(np.arange(m), (count, 1))

@@ -110,7 +110,7 @@ declare("_linalg_det(Tensor A) -> Tensor", "other", grad={"A": "linalg_det_backw
 declare("_linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet)", "other",
         grad={"A": "slogdet_backward(output_grads, A, result[0])"}, public=False,
         batch=apply_batched,
-        fwd="slogdet_jvp(A, A_t)")
+        fwd="slogdet_jvp(A, A_t, result[0])")
 declare("_linalg_cholesky_ex(Tensor A, bool upper=False) -> (Tensor L, Tensor info)", "other",
         grad={"A": "cholesky_backward(grad, upper, result[0])"}, nondiff_outputs=(1,), public=False,
         batch=apply_batched,
@@ -141,11 +141,11 @@ declare("_linalg_matrix_exp(Tensor A) -> Tensor", "other", grad={"A": "matrix_ex
 declare("_linalg_eig(Tensor A) -> (Tensor eigenvalues, Tensor eigenvectors)", "other",
         grad={"A": "linalg_eig_backward(output_grads, A, result[0], result[1])"}, public=False,
         doc="geev of A [..., n, n] on the CPU: complex eigenvalues and unit-norm eigenvectors (columns).",
-        batch=apply_batched)
+        batch=apply_batched, fwd="linalg_eig_jvp(A_t, result[0], result[1])")
 declare("_linalg_lu_factor_ex(Tensor A, bool pivot=True) -> (Tensor LU, Tensor pivots, Tensor info)", "other",
         grad={"A": "lu_factor_ex_backward(grad, result[0], result[1], pivot)"}, nondiff_outputs=(1, 2), public=False,
         doc="getrf of A [..., m, n]: the packed factors (L's strict lower part, U), 1-based int32 row swaps, info.",
-        batch=apply_batched)
+        batch=apply_batched, fwd="lu_factor_ex_jvp(A_t, result[0], result[1], pivot)")
 
 # The solvers read their info codes on the host (LinAlgError) and call LAPACK/cuSOLVER: a function that uses them
 # runs eagerly under tilewise.compile (with a warning), where the codes are read and the errors raised.
