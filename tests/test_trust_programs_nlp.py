@@ -6,7 +6,7 @@ a learning rate decayed by hand, nearest neighbours by cosine similarity), a Kim
 gradient clipping) and a BiLSTM-CRF tagger (packed bidirectional LSTM, a CRF's forward algorithm and gold path score,
 Viterbi decoding). Below the programs, the failures they met, each reduced to a test.
 """
-# ruff: noqa: N803, N806 — the programs keep the scripts' names (B, K, D, L)
+# ruff: noqa: N801, N803, N806 — the programs keep the scripts' names (B, K, D, L, BiLSTM_CRF)
 
 from __future__ import annotations
 
@@ -472,3 +472,98 @@ def test_the_tutorials_bilstm_crf_one_sentence_at_a_time_trains_and_decodes_like
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The failures the programs met, each reduced.
+
+REFUSALS = {
+    # skip-gram's bmm of the negatives against the centre words, given tensors of the wrong ranks or sizes
+    "bmm, a matrix": (lambda t: t.bmm(t.ones(2, 5, 3), t.ones(3, 1)), RuntimeError, "batch2 must be a 3D tensor"),
+    "bmm, inner sizes": (lambda t: t.bmm(t.ones(2, 5, 3), t.ones(2, 4, 1)), RuntimeError,
+                         "Expected size for first two dimensions of batch2 tensor to be: [2, 3] but got: [2, 4]."),
+    "bmm, batch sizes": (lambda t: t.ones(2, 5, 3).bmm(t.ones(3, 3, 1)), RuntimeError,
+                         "Expected size for first two dimensions of batch2 tensor to be: [2, 3] but got: [3, 3]."),
+    "mm, a batch": (lambda t: t.mm(t.ones(2, 3, 1), t.ones(3, 1)), RuntimeError, "self must be a matrix"),
+    "mm, inner sizes": (lambda t: t.mm(t.ones(2, 3), t.ones(4, 1)), RuntimeError,
+                        "mat1 and mat2 shapes cannot be multiplied (2x3 and 4x1)"),
+    "matmul, a linear layer's": (lambda t: t.nn.Linear(5, 2)(t.ones(2, 4, 3)), RuntimeError,
+                                 "mat1 and mat2 shapes cannot be multiplied (8x3 and 5x2)"),
+    "matmul, matrix and vector": (lambda t: t.ones(2, 3) @ t.ones(5), RuntimeError,
+                                  "size mismatch, got input (2), mat (2x3), vec (5)"),
+    "matmul, two vectors": (lambda t: t.ones(3) @ t.ones(5), RuntimeError,
+                            "inconsistent tensor size, expected tensor [3] and src [5] to have the same number of "
+                            "elements, but got 3 and 5 elements respectively"),
+    "matmul, batches": (lambda t: t.ones(2, 1, 2, 3) @ t.ones(3, 5, 4), RuntimeError,
+                        "Expected size for first two dimensions of batch2 tensor to be: [6, 3] but got: [6, 5]."),
+    "matmul, batches that do not broadcast": (
+        lambda t: t.ones(3, 2, 3) @ t.ones(2, 5, 4), RuntimeError,
+        "The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 0"),
+    # the neighbours' topk asking for more words than the vocabulary holds
+    "topk, k past the size": (lambda t: t.ones(2, 3).topk(4), RuntimeError, "selected index k out of range"),
+    "kthvalue, k of zero": (lambda t: t.ones(2, 3).kthvalue(0), RuntimeError,
+                            "kthvalue(): selected number k out of range for dimension 1"),
+    # the text CNN's pooled features joined, and its max over time of a text shorter than the widest filter
+    "cat, sizes": (lambda t: t.cat([t.ones(2, 3), t.ones(2, 4), t.ones(3, 3)]), RuntimeError,
+                   "Sizes of tensors must match except in dimension 0. Expected size 3 but got size 4 for tensor "
+                   "number 1 in the list."),
+    "cat, an empty one left out": (lambda t: t.cat([t.ones(0), t.ones(2, 3), t.ones(2, 4)]), RuntimeError,
+                                   "Sizes of tensors must match except in dimension 0. Expected size 3 but got size 4 "
+                                   "for tensor number 2 in the list."),
+    "cat, ranks": (lambda t: t.cat([t.ones(2, 3), t.ones(3)], 1), RuntimeError,
+                   "Tensors must have same number of dimensions: got 2 and 1"),
+    "cat, a zero-dim tensor": (lambda t: t.cat([t.ones(2, 3), t.ones(3), t.ones(())]), RuntimeError,
+                               "zero-dimensional tensor (at position 2) cannot be concatenated"),
+    "cat, nothing": (lambda t: t.cat([]), ValueError, "torch.cat(): expected a non-empty list of Tensors"),
+    "cat, a number": (lambda t: t.cat([t.ones(2), 3]), TypeError,
+                      "expected Tensor as element 1 in argument 0, but got int"),
+    "max_pool1d, the window past the text": (lambda t: t.nn.functional.max_pool1d(t.ones(1, 2, 3), 4), RuntimeError,
+                                            "max_pool1d() Invalid computed output size: 0"),
+    "max_pool1d, the window past the text, training": (
+        lambda t: t.nn.functional.max_pool1d(t.ones(1, 2, 3, requires_grad=True), 2, dilation=3), RuntimeError,
+        "max_pool1d() Invalid computed output size: 0"),
+    "max_pool1d, an empty text": (lambda t: t.nn.functional.max_pool1d(t.ones(1, 2, 0), 1), RuntimeError,
+                                  "max_pool1d: Expected 2D or 3D (batch mode) tensor with optional 0 dim batch size "
+                                  "for input, but got:[1, 2, 0]"),
+    "max_pool1d, a zero window": (lambda t: t.nn.functional.max_pool1d(t.ones(1, 2, 3), 0), RuntimeError,
+                                  "max_pool1d() kernel_size must be greater than zero, but got 0"),
+    "max_pool1d, a zero stride": (lambda t: t.nn.functional.max_pool1d(t.ones(1, 2, 3), 2, 0), RuntimeError,
+                                  "max_pool1d() stride must be greater than zero, but got 0"),
+    "max_pool1d, padding": (lambda t: t.nn.functional.max_pool1d(t.ones(1, 2, 3), 2, padding=2), RuntimeError,
+                            "max_pool1d() padding should be at most half of kernel size, but got padding=2 and "
+                            "kernel_size=2"),
+    "max_pool1d, two strides": (lambda t: t.nn.functional.max_pool1d(t.ones(1, 2, 3), 2, (1, 1)), RuntimeError,
+                                "max_pool1d() stride must be None, an int, list of ints, or tuple of ints of size 1 "
+                                "but got size 2"),
+    "avg_pool1d, the window past the text": (lambda t: t.nn.functional.avg_pool1d(t.ones(2, 3), 4), RuntimeError,
+                                            "Given input size: (2x1x3). Calculated output size: (2x1x0). Output size "
+                                            "is too small"),
+    # a label past the classifier's classes
+    "cross_entropy, a class past the end": (
+        lambda t: t.nn.functional.cross_entropy(t.ones(2, 3), t.tensor([0, 3]), weight=t.ones(3)), IndexError,
+        "Target 3 is out of bounds."),
+    "nll_loss of sequences, a negative class": (
+        lambda t: t.nn.functional.nll_loss(t.ones(2, 3, 4), t.tensor([[0, -3, 1, 1], [0, 0, 0, 0]])), IndexError,
+        "Target -3 is out of bounds."),
+    # pretrained vectors of the wrong rank
+    "from_pretrained, a vector": (lambda t: t.nn.Embedding.from_pretrained(t.ones(3)), AssertionError,
+                                  "Embeddings parameter is expected to be 2-dimensional"),
+    # a CRF mask of integers
+    "where, a long condition": (lambda t: t.where(t.tensor([1, 0]), t.ones(2), t.zeros(2)), RuntimeError,
+                                "where expected condition to be a boolean tensor, but got a tensor with dtype Long"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_the_programs_mistakes_are_refused_in_torchs_words(case):
+    call, error, message = REFUSALS[case]
+    theirs, ours = (raised(call, t) for t in LIBRARIES)
+    assert type(theirs) is error and str(theirs) == message, repr(theirs)
+    assert type(ours) is error and str(ours).startswith(message), repr(ours)
+    assert str(ours) == message or str(ours)[len(message):].startswith(" ("), repr(ours)  # details in parentheses
+
+
+def test_where_of_a_uint8_mask_warns_as_torch_and_selects_as_a_bool_one():
+    # older CRF code builds its mask with .byte(); torch still takes it, with a deprecation warning at the caller's line
+    for torch in LIBRARIES:
+        with pytest.warns(UserWarning, match="^where received a uint8 condition tensor. This behavior is deprecated") \
+                as caught:
+            out = torch.where(torch.tensor([1, 0, 2], dtype=torch.uint8), torch.ones(3), torch.zeros(3))
+        assert caught[0].filename == __file__
+        np.testing.assert_array_equal(out.numpy(), [1.0, 0.0, 1.0])
