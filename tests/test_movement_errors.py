@@ -42,8 +42,9 @@ def test_flip_repeated_dim():
 # ---------------------------------------------------------------------------- cat and stack
 
 def test_cat_mismatched_shapes_names_shapes_and_dim():
-    with pytest.raises(RuntimeError, match=r"except in dimension 1, but tensor 0 has shape \[2, 3\] and tensor 1 "
-                                           r"has shape \[4, 5\]"):
+    with pytest.raises(RuntimeError, match=r"^Sizes of tensors must match except in dimension 1\. Expected size 2 but "
+                                           r"got size 4 for tensor number 1 in the list\. \(cat\(\): tensor 0 has "
+                                           r"shape \[2, 3\] and tensor 1 has shape \[4, 5\]\)$"):
         tw.cat([tw.zeros(2, 3), tw.zeros(4, 5)], 1)
 
 
@@ -133,7 +134,8 @@ def test_pad_errors():
 def test_topk_and_kthvalue_k_out_of_range():
     with pytest.raises(RuntimeError, match=r"topk\(\): k \(6\) is out of range for dimension 1 of size 5"):
         tw.zeros(2, 5).topk(6)
-    with pytest.raises(RuntimeError, match=r"kthvalue\(\): k \(0\) is out of range .* k must be in \[1, 5\]"):
+    with pytest.raises(RuntimeError, match=r"^kthvalue\(\): selected number k out of range for dimension 1 \(k is 0.* "
+                                           r"k must be in \[1, 5\]\)$"):
         tw.zeros(2, 5).kthvalue(0)
 
 

@@ -6,6 +6,10 @@ result and the dtype its arithmetic runs in (half types compute in float32, like
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 import numpy as np
 
 from tilewise import dtypes
@@ -195,11 +199,39 @@ def softsign_rule(op, args) -> tuple[DType, DType]:
     return promote_float(op, args)
 
 
+def _levels_to_the_caller() -> int:
+    """The ``stacklevel`` that points a warning raised by the function calling this one at the first frame outside
+    tilewise: the user's line."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and _inside_tilewise(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _inside_tilewise(filename: str) -> bool:
+    """A frame of tilewise's own code: one of its files, or the argument binders it generates."""
+    return filename.startswith(_PACKAGE) or filename.startswith("<binder ")
+
+
+def _check_where_condition(op, dtype) -> None:
+    """torch takes a uint8 condition with a deprecation warning, and refuses any other dtype but bool."""
+    if dtype is dtypes.uint8:
+        warnings.warn(f"{op.name} received a uint8 condition tensor. This behavior is deprecated and will be removed "
+                      "in a future version of PyTorch. Use a boolean condition instead.", UserWarning,
+                      stacklevel=_levels_to_the_caller())
+        return
+    raise RuntimeError(f"{op.name} expected condition to be a boolean tensor, but got a tensor with dtype "
+                       f"{dtypes.c10_name(dtype)} (the condition is {dtype.name}; compare it, e.g. condition != 0, to "
+                       "make a mask)")
+
+
 def where_rule(op, args) -> tuple[DType, DType]:
     condition = args[op.tensor_idx[0]]
-    if getattr(condition, "dtype", dtypes.bool_) not in (dtypes.bool_, dtypes.uint8):
-        raise RuntimeError(f"{op.name} expected condition to be a boolean tensor, but got a tensor with dtype "
-                           f"{condition.dtype.name}; compare it (e.g. condition != 0) to make a mask")
+    if getattr(condition, "dtype", dtypes.bool_) is not dtypes.bool_:
+        _check_where_condition(op, condition.dtype)
     values = _operands(op, args)[1:]
     out = result_type(*values)
     if out not in _HALVES or device_type_of(op, args) == "cuda":  # torch's CPU kernel casts a number past a

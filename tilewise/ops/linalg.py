@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from tilewise import strides as S
 from tilewise.dtypes import c10_name, compute_dtype, type_meta_name
 from tilewise.ops.batching_rules import leading_batch_first_only, matrix_product
@@ -10,22 +12,35 @@ from tilewise.tensor import Tensor
 
 
 def check_mm_shapes(op: str, a, b) -> None:
-    """mm multiplies matrices [n, m] @ [m, p]; bmm multiplies batches of them, [b, n, m] @ [b, m, p]."""
+    """mm multiplies matrices [n, m] @ [m, p]; bmm multiplies batches of them, [b, n, m] @ [b, m, p]. The
+    messages are torch's (which name bmm's operands batch1 and batch2), with the shapes each needs after them."""
     sa, sb = a._shape, b._shape
     rank = 2 if op == "mm" else 3
     if len(sa) == rank == len(sb) and sa[-1] == sb[-2] and (rank == 2 or sa[0] == sb[0]):
         return  # the common case, checked without building the messages
     form = "[n, m] @ [m, p]" if op == "mm" else "[b, n, m] @ [b, m, p]"
     if a.ndim != rank or b.ndim != rank:
+        names = ("self", "mat2") if op == "mm" else ("batch1", "batch2")
+        wrong = names[0] if a.ndim != rank else names[1]
+        torch_text = f"{wrong} must be a matrix" if op == "mm" else f"{wrong} must be a 3D tensor"
         other = "bmm for batches of matrices" if op == "mm" else "mm for single matrices"
-        raise RuntimeError(f"{op}: expected {rank}-D tensors of shapes {form}, got {a.ndim}-D {list(a.shape)} and "
-                           f"{b.ndim}-D {list(b.shape)}; use {other}, or matmul (@) for any rank")
-    if op == "bmm" and a.shape[0] != b.shape[0]:
-        raise RuntimeError(f"bmm: batch sizes differ: {a.shape[0]} and {b.shape[0]} (shapes {list(a.shape)} and "
-                           f"{list(b.shape)}); bmm needs {form} with one batch size b")
-    if a.shape[-1] != b.shape[-2]:
-        raise RuntimeError(f"{op}: mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, a.shape))} and "
-                           f"{'x'.join(map(str, b.shape))}); {op} needs {form}")
+        raise RuntimeError(f"{torch_text} ({op}: expected {rank}-D tensors of shapes {form}, got {a.ndim}-D "
+                           f"{list(a.shape)} and {b.ndim}-D {list(b.shape)}; use {other}, or matmul (@) for any rank)")
+    if op == "bmm":
+        raise RuntimeError(f"{bmm_mismatch_text(a.shape[0], a.shape[-1], b.shape[:2])} (bmm: shapes {list(a.shape)} "
+                           f"and {list(b.shape)}; bmm needs {form} with one batch size b)")
+    raise RuntimeError(f"{mm_mismatch_text(a.shape, b.shape)} (mm needs {form})")
+
+
+def mm_mismatch_text(sa, sb) -> str:
+    """torch's words for matrices whose inner sizes differ."""
+    return f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, sa))} and {'x'.join(map(str, sb))})"
+
+
+def bmm_mismatch_text(batch: int, inner: int, got) -> str:
+    """torch's words for batches of matrices whose batch or inner sizes differ."""
+    return (f"Expected size for first two dimensions of batch2 tensor to be: [{batch}, {inner}] but got: "
+            f"[{got[0]}, {got[1]}].")
 
 
 def matmul_operands(op, args):
@@ -71,10 +86,24 @@ def _check_matmul(a, b):
     ka = a.shape[-1]
     kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
     if ka != kb:
-        left = "x".join(map(str, a.shape if a.ndim > 1 else (1,) + a.shape))
-        right = "x".join(map(str, b.shape if b.ndim > 1 else b.shape + (1,)))
-        raise RuntimeError(f"matmul: mat1 and mat2 shapes cannot be multiplied ({left} and {right}); the last dim of "
-                           "the first must equal the second-to-last dim of the second")
+        torch_text = _matmul_mismatch_text(a, b)  # batch dims that do not broadcast raise in it first, as in torch
+        raise RuntimeError(f"{torch_text} (matmul: the last dim of the first must equal the second-to-last dim of the "
+                           "second)")
+
+
+def _matmul_mismatch_text(a, b) -> str:
+    """torch's words for operands whose inner sizes differ, which follow the kernel its matmul picks by rank."""
+    sa, sb = a.shape, b.shape
+    if b.ndim == 1:
+        if a.ndim == 1:
+            return (f"inconsistent tensor size, expected tensor [{sa[0]}] and src [{sb[0]}] to have the same number "
+                    f"of elements, but got {sa[0]} and {sb[0]} elements respectively")
+        rows = math.prod(sa[:-1])
+        return f"size mismatch, got input ({rows}), mat ({rows}x{sa[-1]}), vec ({sb[0]})"
+    if b.ndim == 2:
+        return mm_mismatch_text((math.prod(sa[:-1]), sa[-1]), sb)
+    batch = math.prod(S.broadcast_shapes(sa[:-2], sb[:-2], op="matmul"))
+    return bmm_mismatch_text(batch, sa[-1], (batch, sb[-2]))
 
 
 def private(view: Tensor) -> Tensor:

@@ -38,11 +38,12 @@ def composite(schema: str, decomposition, **attrs):
 def _check_tensors(tensors, op: str) -> tuple:
     if not tensors:  # torch: cat raises ValueError, the stacks RuntimeError, each in its own words
         if op == "cat":
-            raise ValueError("cat(): expected a non-empty list of Tensors")
+            raise ValueError("torch.cat(): expected a non-empty list of Tensors")
         raise RuntimeError(f"{op} expects a non-empty TensorList")
     for k, t in enumerate(tensors):
         if not isinstance(t, Tensor):
-            raise TypeError(f"{op}(): expected a sequence of Tensors, but element {k} is {type(t).__name__} {t!r}")
+            raise TypeError(f"expected Tensor as element {k} in argument 0, but got {type(t).__name__} ({op}(): "
+                            f"expected a sequence of Tensors, but element {k} is {type(t).__name__} {t!r})")
     return tuple(tensors)
 
 
@@ -87,16 +88,21 @@ def check_cat(tensors, dim: int) -> tuple[tuple, int, object]:
     """The tensors cat really joins, the normalised dim and the result dtype; raises for mismatched shapes.
     torch's legacy rule: 1-D empty tensors are left out of any cat."""
     tensors = _check_tensors(tensors, "cat")
+    for k, t in enumerate(tensors):
+        if not t._shape:
+            raise RuntimeError(f"zero-dimensional tensor (at position {k}) cannot be concatenated")
     joined = [(k, t) for k, t in enumerate(tensors) if t.shape != (0,)] or [(0, tensors[0])]
     first, ref = joined[0]
     d = S.normalize_dim(dim, ref.ndim, "cat")
     for k, t in joined:
         if t.ndim != ref.ndim:
-            raise RuntimeError(f"cat(): tensors must have the same number of dimensions, but tensor {first} has shape "
-                               f"{list(ref.shape)} and tensor {k} has shape {list(t.shape)}")
+            raise RuntimeError(f"Tensors must have same number of dimensions: got {ref.ndim} and {t.ndim} (cat(): "
+                               f"tensor {first} has shape {list(ref.shape)} and tensor {k} has shape {list(t.shape)})")
         if t.shape[:d] != ref.shape[:d] or t.shape[d + 1:] != ref.shape[d + 1:]:
-            raise RuntimeError(f"cat(): expected all tensors to have the same shape except in dimension {d}, but "
-                               f"tensor {first} has shape {list(ref.shape)} and tensor {k} has shape {list(t.shape)}")
+            i = next(i for i in range(ref.ndim) if i != d and t.shape[i] != ref.shape[i])
+            raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected size {ref.shape[i]} but "
+                               f"got size {t.shape[i]} for tensor number {k} in the list. (cat(): tensor {first} has "
+                               f"shape {list(ref.shape)} and tensor {k} has shape {list(t.shape)})")
     return tuple(t for _, t in joined), d, result_type(*tensors)
 
 

@@ -213,8 +213,9 @@ def _check_class_range(op: str, target, classes: int, ignore_index: int) -> None
     bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
     if bad.any():
         value = int(target[bad].reshape(-1)[0].item())
-        raise IndexError(f"{op}: target class index {value} is out of bounds for input with C={classes} classes "
-                         f"(valid class indices are 0..{classes - 1}, or ignore_index={ignore_index})")
+        raise IndexError(f"Target {value} is out of bounds. ({op}: target class index {value} is out of bounds for "
+                         f"input with C={classes} classes; valid class indices are 0..{classes - 1}, or "
+                         f"ignore_index={ignore_index})")
 
 
 def _nll_terms(logp, target, weight, ignore_index):

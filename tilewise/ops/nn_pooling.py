@@ -76,10 +76,11 @@ def _pooling_geometry(op, shape, kernel, stride, padding, dilation, ceil_mode):
     sizes = tuple(_pooled_size(n, k, s, p, d, ceil_mode)
                   for n, k, s, p, d in zip(shape[-spatial:], kernel, stride, padding, dilation))
     if min(sizes) < 1:
-        given = "x".join(map(str, shape[-spatial - 1:]))
-        made = "x".join(map(str, (shape[-spatial - 1], *sizes)))
-        raise RuntimeError(f"{op}: Given input size: ({given}). Calculated output size: ({made}). Output size is too "
-                           "small")
+        # torch pools one spatial dim as two, the first of size 1, and says so
+        given = "x".join(map(str, (shape[-spatial - 1], *(1,) * (spatial == 1), *shape[-spatial:])))
+        made = "x".join(map(str, (shape[-spatial - 1], *(1,) * (spatial == 1), *sizes)))
+        raise RuntimeError(f"Given input size: ({given}). Calculated output size: ({made}). Output size is too small "
+                           f"(in {op})")
     pads = [(p, max((o - 1) * s + d * (k - 1) + 1 - n - p, 0))
             for n, o, k, s, p, d in zip(shape[-spatial:], sizes, kernel, stride, padding, dilation)]
     return sizes, pads
@@ -247,8 +248,42 @@ def max_pool_backward(grad, input, indices, spatial: int = 2, keeps: bool = True
     return grad_input.reshape(input.shape)
 
 
+def _check_max_pool1d(input, kernel_size, stride, padding, dilation, ceil_mode) -> None:
+    """torch's max_pool1d (without indices) checks its arguments itself, in its own words, before it picks a kernel;
+    with indices it is max_pool2d's checks that speak."""
+    sizes = list(input.shape)
+    if not ((input.ndim == 2 and sizes[0] and sizes[1]) or (input.ndim == 3 and sizes[1] and sizes[2])):
+        raise RuntimeError("max_pool1d: Expected 2D or 3D (batch mode) tensor with optional 0 dim batch size for "
+                           f"input, but got:{sizes}")
+    given = {"kernel_size": kernel_size, "stride": stride, "padding": padding, "dilation": dilation}
+    values = {}
+    for name, value in given.items():
+        value = [] if value is None else list(value) if isinstance(value, (tuple, list)) else [value]
+        if len(value) != 1 and not (name == "stride" and not value):
+            kinds = "None, an int, list of ints, or tuple of ints" if name == "stride" else \
+                "an int, list of ints or tuple of ints"
+            raise RuntimeError(f"max_pool1d() {name} must be {kinds} of size 1 but got size {len(value)}")
+        values[name] = int(value[0]) if value else None
+    k, p, d = values["kernel_size"], values["padding"], values["dilation"]
+    s = k if values["stride"] is None else values["stride"]
+    for name, value, least in (("kernel_size", k, 1), ("stride", s, 1), ("padding", p, 0)):
+        if value < least:
+            bound = "be greater than zero" if least else "be non-negative"
+            raise RuntimeError(f"max_pool1d() {name} must {bound}, but got {value}")
+    if p > k // 2:
+        raise RuntimeError(f"max_pool1d() padding should be at most half of kernel size, but got padding={p} and "
+                           f"kernel_size={k}")
+    if d < 1:
+        raise RuntimeError(f"max_pool1d() dilation must be greater than zero, but got {d}")
+    length = _pooled_size(sizes[-1], k, s, p, d, ceil_mode)
+    if length < 1:
+        raise RuntimeError(f"max_pool1d() Invalid computed output size: {length}")
+
+
 def _max_pool(spatial: int):
     def max_pool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+        if spatial == 1 and not return_indices:
+            _check_max_pool1d(input, kernel_size, stride, padding, dilation, ceil_mode)
         values, indices = OPS[f"max_pool{spatial}d_with_indices"](input, kernel_size, stride, padding, dilation,
                                                                   ceil_mode)
         return (values, indices) if return_indices else values

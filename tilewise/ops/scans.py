@@ -180,8 +180,8 @@ def check_topk(self, k: int, dim: int) -> int:
     d = S.normalize_dim(dim, self.ndim, "topk")
     n = self.shape[d] if self.ndim else 1
     if not 0 <= k <= n:
-        raise RuntimeError(f"topk(): k ({k}) is out of range for dimension {d} of size {n} (input shape "
-                           f"{list(self.shape)}); k must be in [0, {n}]")
+        raise RuntimeError(f"selected index k out of range (topk(): k ({k}) is out of range for dimension {d} of size "
+                           f"{n}, input shape {list(self.shape)}; k must be in [0, {n}])")
     return d
 
 
@@ -189,8 +189,8 @@ def _kthvalue(self, k, dim=-1, keepdim=False):
     d = S.normalize_dim(dim, self.ndim, "kthvalue")
     n = self.shape[d] if self.ndim else 1
     if not 1 <= k <= n:
-        raise RuntimeError(f"kthvalue(): k ({k}) is out of range for dimension {d} of size {n} (input shape "
-                           f"{list(self.shape)}); k must be in [1, {n}]")
+        raise RuntimeError(f"kthvalue(): selected number k out of range for dimension {d} (k is {k}, the dimension's "
+                           f"size {n}, input shape {list(self.shape)}; k must be in [1, {n}])")
     values, indices = self.sort(d, stable=True)
     if self.ndim == 0:
         return values, indices

@@ -72,8 +72,8 @@ class Embedding(Module):
                         max_norm: float | None = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
                         sparse: bool = False) -> Embedding:
         if embeddings.dim() != 2:
-            raise ValueError(f"Embeddings parameter is expected to be 2-dimensional, got shape "
-                             f"{list(embeddings.shape)}")
+            raise AssertionError(f"Embeddings parameter is expected to be 2-dimensional (got shape "
+                                 f"{list(embeddings.shape)})")
         rows, cols = embeddings.shape
         return cls(rows, cols, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse, _weight=embeddings,
                    _freeze=freeze)
