@@ -168,7 +168,7 @@ def test_embedding_and_loss_argument_errors():
         F.embedding(tw.tensor([0, 1]), tw.randn(4, 2), padding_idx=4)
     with pytest.raises(RuntimeError, match=r"binary_cross_entropy: all elements of input should be between 0 and 1"):
         F.binary_cross_entropy(tw.tensor([0.5, 1.5]), tw.tensor([0.0, 1.0]))
-    with pytest.raises(ValueError, match=r"'avg' is not a valid value for reduction"):
+    with pytest.raises(ValueError, match=r"^avg is not a valid value for reduction"):
         F.mse_loss(tw.randn(3), tw.randn(3), reduction="avg")
 
 

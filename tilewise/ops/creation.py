@@ -701,19 +701,19 @@ INPLACE_FILLS = (fill_, zero_, uniform_, normal_, bernoulli_, exponential_, rand
 
 # ---------------------------------------------------------------- new tensors like self (Tensor methods)
 
-def new_zeros(self: Tensor, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def new_zeros(self: Tensor, *sizes, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A zero tensor of ``size`` with ``self``'s dtype and device unless given.
 
     >>> tw.ones(2, dtype=tw.int8).new_zeros(3)
     tensor([0, 0, 0], dtype=tilewise.int8)
     """
     dt, dev = _like(self, dtype, device)
-    return _full("new_zeros", _size(size, "new_zeros"), 0, dt, dev, requires_grad, False)
+    return _full("new_zeros", _sizes(sizes, size, "new_zeros"), 0, dt, dev, requires_grad, False)
 
 
-def new_ones(self: Tensor, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def new_ones(self: Tensor, *sizes, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     dt, dev = _like(self, dtype, device)
-    return _full("new_ones", _size(size, "new_ones"), 1, dt, dev, requires_grad, False)
+    return _full("new_ones", _sizes(sizes, size, "new_ones"), 1, dt, dev, requires_grad, False)
 
 
 def new_full(self: Tensor, size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -721,9 +721,9 @@ def new_full(self: Tensor, size, fill_value, *, dtype=None, device=None, require
     return _full("new_full", _size((size,), "new_full"), fill_value, dt, dev, requires_grad, False)
 
 
-def new_empty(self: Tensor, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def new_empty(self: Tensor, *sizes, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     dt, dev = _like(self, dtype, device)
-    return _empty("new_empty", _size(size, "new_empty"), dt, dev, requires_grad, False)
+    return _empty("new_empty", _sizes(sizes, size, "new_empty"), dt, dev, requires_grad, False)
 
 
 def new_tensor(self: Tensor, data, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:

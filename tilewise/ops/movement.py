@@ -231,10 +231,11 @@ _PAD_MODES = ("constant", "reflect", "replicate", "circular")
 def _pad_pairs(pad, ndim: int) -> list[tuple[int, int, int]]:
     """``(dim, before, after)`` per padded dim; ``pad`` lists pairs from the last dim backwards."""
     if len(pad) % 2:
-        raise RuntimeError(f"pad(): padding length must be divisible by 2, got {len(pad)} values {list(pad)}")
+        raise RuntimeError(f"Padding length must be divisible by 2 (pad(): got {len(pad)} values {list(pad)})")
     if len(pad) // 2 > ndim:
-        raise RuntimeError(f"pad(): padding length {len(pad)} pads {len(pad) // 2} dims, but the input has only "
-                           f"{ndim}; it must be at most two times the input's number of dims")
+        raise RuntimeError(f"Padding length should be less than or equal to two times the input dimension but got "
+                           f"padding length {len(pad)} and input of dimension {ndim} (pad(): padding length "
+                           f"{len(pad)} pads {len(pad) // 2} dims, but the input has only {ndim})")
     return [(ndim - 1 - k, pad[2 * k], pad[2 * k + 1]) for k in range(len(pad) // 2)]
 
 
@@ -242,8 +243,15 @@ def _check_nonconstant_pad(x: Tensor, pad, mode: str) -> None:
     padded = len(pad) // 2
     if padded not in (1, 2, 3) or x.ndim not in (padded + 1, padded + 2):
         raise NotImplementedError(
-            f"pad(): mode {mode!r} with {len(pad)} padding values is not supported for a {x.ndim}-D input of shape "
-            f"{list(x.shape)}; supported: 2 values for 2-D or 3-D inputs, 4 for 3-D or 4-D, 6 for 4-D or 5-D")
+            f"Padding size {len(pad)} is not supported for {x.ndim}D input tensor.\n"
+            "Supported combinations for non-constant padding:\n"
+            "  - 2D or 3D input: padding size = 2 (pads last dimension)\n"
+            "  - 3D or 4D input: padding size = 4 (pads last 2 dimensions)\n"
+            f"  - 4D or 5D input: padding size = 6 (pads last 3 dimensions)\n(pad(): mode {mode!r}, input of shape "
+            f"{list(x.shape)})")
+    if mode != "circular" and 0 in x.shape[-padded - 1:]:  # torch's reflection and replication kernels refuse it
+        raise RuntimeError(f"Expected {padded + 1}D or {padded + 2}D (batch mode) tensor with possibly 0 batch size "
+                           f"and other non-zero dimensions for input, but got: {list(x.shape)}")
 
 
 def _cropped(x: Tensor, d: int, before: int, after: int) -> Tensor:
@@ -251,8 +259,9 @@ def _cropped(x: Tensor, d: int, before: int, after: int) -> Tensor:
     cut_before, cut_after = max(-before, 0), max(-after, 0)
     n = x.shape[d]
     if n - cut_before - cut_after < 0:
-        raise RuntimeError(f"pad(): the input size {n} plus negative padding ({before}, {after}) gives a negative "
-                           f"output size at dimension {d} of input {list(x.shape)}")
+        raise RuntimeError(f"narrow(): length must be non-negative. (pad(): the input size {n} plus negative padding "
+                           f"({before}, {after}) gives a negative output size at dimension {d} of input "
+                           f"{list(x.shape)})")
     return x.narrow(d, cut_before, n - cut_before - cut_after) if cut_before or cut_after else x
 
 
@@ -274,18 +283,22 @@ def _constant_pad(x: Tensor, pairs, value) -> Tensor:
     return padded.contiguous(memory_format=suggest_memory_format(x))  # torch keeps a channels-last input's format
 
 
+def _check_reflect_pad(x: Tensor, pairs) -> None:
+    for d, before, after in pairs:
+        if before >= x.shape[d] or after >= x.shape[d]:
+            argument = 4 + 2 * (x.ndim - 1 - d)  # torch's reflection_pad kernels number the pads from the last dim's
+            raise RuntimeError(f"Argument #{argument}: Padding size should be less than the corresponding input "
+                               f"dimension, but got: padding ({before}, {after}) at dimension {d} of input "
+                               f"{list(x.shape)}")
+
+
 def _reflect(x: Tensor, d: int, before: int, after: int) -> list[Tensor]:
     n = x.shape[d]
-    if before >= n or after >= n:
-        raise RuntimeError(f"pad(): reflect padding must be less than the input size, but got padding "
-                           f"({before}, {after}) at dimension {d} of input {list(x.shape)}")
     return [x.narrow(d, 1, before).flip([d]), x, x.narrow(d, n - 1 - after, after).flip([d])]
 
 
 def _replicate(x: Tensor, d: int, before: int, after: int) -> list[Tensor]:
     n = x.shape[d]
-    if n == 0 and (before or after):
-        raise RuntimeError(f"pad(): replicate padding needs a non-empty dimension {d}, input shape {list(x.shape)}")
 
     def edge(start, count):
         shape = list(x.shape)
@@ -298,8 +311,8 @@ def _replicate(x: Tensor, d: int, before: int, after: int) -> list[Tensor]:
 def _circular(x: Tensor, d: int, before: int, after: int) -> list[Tensor]:
     n = x.shape[d]
     if before > n or after > n:
-        raise RuntimeError(f"pad(): circular padding ({before}, {after}) at dimension {d} wraps around more than "
-                           f"once: the input {list(x.shape)} has only {n} elements there")
+        raise RuntimeError(f"Padding value causes wrapping around more than once. (pad(): circular padding "
+                           f"({before}, {after}) at dimension {d}, where the input {list(x.shape)} has {n} elements)")
     return [x.narrow(d, n - before, before), x, x.narrow(d, 0, after)]
 
 
@@ -308,13 +321,15 @@ _PADDERS = {"reflect": _reflect, "replicate": _replicate, "circular": _circular}
 
 def _pad(input, pad, mode="constant", value=None):
     if mode not in _PAD_MODES:
-        raise NotImplementedError(f"pad(): unknown padding mode {mode!r}; expected one of {list(_PAD_MODES)}")
+        raise NotImplementedError(f"Unrecognised padding mode {mode} (pad(): expected one of {list(_PAD_MODES)})")
     pairs = _pad_pairs(pad, input.ndim)
     if mode == "constant":
         return _constant_pad(input, pairs, 0 if value is None else value)
     if value is not None and value != 0:
-        raise RuntimeError(f"pad(): padding mode {mode!r} doesn't take a value argument (got {value})")
+        raise RuntimeError(f"Padding mode \"{mode}\" doesn't take in value argument (pad(): got value={value})")
     _check_nonconstant_pad(input, pad, mode)
+    if mode == "reflect":
+        _check_reflect_pad(input, pairs)
     out = input
     crop_first = mode == "circular"  # torch wraps around the cropped input, but reflects the whole one
     for d, before, after in pairs:

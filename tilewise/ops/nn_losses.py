@@ -29,7 +29,7 @@ def _reduction_mode(op: str, reduction: str, size_average=None, reduce=None) -> 
         warnings.warn(f"{op}: size_average and reduce args will be deprecated, please use reduction='{reduction}' "
                       "instead.", stacklevel=4)
     if reduction not in _REDUCTIONS:
-        raise ValueError(f"{op}: {reduction!r} is not a valid value for reduction; expected 'none', 'mean' or 'sum'")
+        raise ValueError(f"{reduction} is not a valid value for reduction ({op}: expected 'none', 'mean' or 'sum')")
     return reduction
 
 
@@ -41,9 +41,9 @@ def _reduce(loss, reduction: str):
 
 def _broadcast_pair(op: str, input, target):
     if tuple(target.shape) != tuple(input.shape):
-        warnings.warn(f"{op}: Using a target size ({list(target.shape)}) that is different to the input size "
-                      f"({list(input.shape)}). This will likely lead to incorrect results due to broadcasting. "
-                      "Please ensure they have the same size.", stacklevel=4)
+        warnings.warn(f"Using a target size ({target.shape!r}) that is different to the input size "
+                      f"({input.shape!r}). This will likely lead to incorrect results due to broadcasting. "
+                      f"Please ensure they have the same size. ({op})", stacklevel=4)
     shape = S.broadcast_shapes(input.shape, target.shape, op=op)
     return input.expand(shape), target.expand(shape)
 
@@ -58,8 +58,8 @@ def _elementwise_loss(op: str, loss_of_difference, mean_over_weight: bool):
         if weight is None:
             return _reduce(loss, reduction)
         if tuple(weight.shape) != tuple(input.shape):
-            raise ValueError(f"{op}: Weights and input must have the same size, got weight {list(weight.shape)} and "
-                             f"input {list(input.shape)}")
+            raise ValueError(f"Weights and input must have the same size. ({op}: got weight {list(weight.shape)} "
+                             f"and input {list(input.shape)})")
         loss = loss * weight
         if reduction == "mean" and mean_over_weight:
             return loss.sum() / weight.sum()
@@ -72,13 +72,16 @@ def _saving_input_and_target(kind: str, parameter: float = 0.0):
     """The per-element loss of (input - target) by ``_pointwise_loss``, which saves input and target as torch's
     mse_loss, huber_loss and smooth_l1_loss do (changing either in place before backward is an error there).
     Their kernels compute in the promoted dtype, so a bool target (or input) counts as 0 and 1 rather than failing
-    as bool subtraction does; huber's result has input's dtype, as torch writes it into a tensor like input."""
+    as bool subtraction does (a promoted dtype that is not floating point, integers or two bools, is refused as
+    torch's kernels refuse it); huber's result has input's dtype, as torch writes it into a tensor like input."""
     def loss(a, b):
         common = dtypes.promote_types(a.dtype, b.dtype)
         if kind == "huber" and common != a.dtype and not a.dtype.is_floating_point:
-            raise RuntimeError(f"huber_loss: result type {dtypes.c10_name(common)} can't be cast to the desired "
-                               f"output type {dtypes.c10_name(a.dtype)}: the result takes input's dtype, so input "
-                               f"must be floating point, but it is {a.dtype}")
+            raise RuntimeError(f"result type {dtypes.c10_name(common)} can't be cast to the desired output type "
+                               f"{dtypes.c10_name(a.dtype)} (huber_loss: the result takes input's dtype, so input "
+                               f"must be floating point, but it is {a.dtype})")
+        if not common.is_floating_point:  # torch's mse, huber and smooth_l1 kernels are floating-point only
+            raise NotImplementedError(f"\"{kind}_{a.device.type}\" not implemented for '{dtypes.c10_name(common)}'")
         out = OPS["_pointwise_loss"](a.to(common) if a.dtype == dtypes.bool_ else a,
                                      b.to(common) if b.dtype == dtypes.bool_ else b, kind, parameter)
         return out.to(a.dtype) if kind == "huber" and a.dtype.is_floating_point else out
@@ -138,7 +141,7 @@ def _l1_loss(input, target, size_average=None, reduce=None, reduction="mean", we
 def _smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
     reduction = _reduction_mode("smooth_l1_loss", reduction, size_average, reduce)
     if beta < 0:
-        raise RuntimeError(f"smooth_l1_loss does not support negative values for beta, got beta={beta}")
+        raise RuntimeError(f"smooth_l1_loss does not support negative values for beta. (got beta={beta})")
     if beta == 0.0:
         return _l1(input, target, reduction, None)
     return _elementwise_loss("smooth_l1_loss", _saving_input_and_target("smooth_l1", beta), True)(
@@ -148,7 +151,7 @@ def _smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="me
 def _huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     reduction = _reduction_mode("huber_loss", reduction)
     if delta <= 0:
-        raise RuntimeError(f"huber_loss does not support non-positive values for delta, got delta={delta}")
+        raise RuntimeError(f"huber_loss does not support non-positive values for delta. (got delta={delta})")
     return _elementwise_loss("huber_loss", _saving_input_and_target("huber", delta), False)(input, target, reduction,
                                                                                             weight)
 
@@ -399,8 +402,8 @@ def _binary_cross_entropy(input, target, weight=None, size_average=None, reduce=
     op = "binary_cross_entropy"
     reduction = _reduction_mode(op, reduction, size_average, reduce)
     if tuple(target.shape) != tuple(input.shape):
-        raise ValueError(f"{op}: Using a target size ({list(target.shape)}) that is different to the input size "
-                         f"({list(input.shape)}) is deprecated. Please ensure they have the same size.")
+        raise ValueError(f"Using a target size ({target.shape!r}) that is different to the input size "
+                         f"({input.shape!r}) is deprecated. Please ensure they have the same size. ({op})")
     if target.dtype != input.dtype:  # torch.full((n,), 1) as a label is int64: DCGAN passes dtype= for this
         raise RuntimeError(f"{op}: Found dtype {dtypes.c10_name(target.dtype)} but expected "
                            f"{dtypes.c10_name(input.dtype)}: target must have input's dtype ({input.dtype}), but "

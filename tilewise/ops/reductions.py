@@ -152,8 +152,13 @@ def _moments(op, self, dim, unbiased, correction) -> tuple:
     """
     from tilewise.dtypes import complex128, float64
 
-    if not self.dtype.is_complex:
-        R.reduction_float(op, (self,))
+    if not (self.dtype.is_complex or self.dtype.is_floating_point):
+        which = "std and var" if op.name in ("std", "var") else op.name
+        raise RuntimeError(f"{which} only support floating point and complex dtypes ({op.name}(): got {self.dtype}; "
+                           "convert with .float())")
+    if unbiased is not None and correction is not None:
+        raise TypeError(f"{op.name}() received an invalid combination of arguments ({op.name}() takes unbiased or "
+                        "correction, not both: correction=1 is unbiased=True, correction=0 is unbiased=False)")
     wide = complex128 if self.dtype.is_complex else float64  # a complex variance: the mean squared modulus
     x = self if self.dtype.itemsize >= wide.itemsize else self.to(wide)
     dims = _reduced_dims(self.shape, dim)

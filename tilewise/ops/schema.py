@@ -475,15 +475,22 @@ def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool
             # a parameter after a now-optional one needs a default too: MISSING, checked in the body
             body += _alias_lines(op_name, p.name, aliased.get(k, ()), f"_d{k}" if p.has_default else None,
                                  out_needs_it=k == needed)
-        if k == varargs:
+        if k == varargs and tensor_varargs:  # meshgrid(x, y), einsum(eq, a, b): no keyword spelling
             sig.append(f"*{p.name}")
             star_done = True
             packed = f"isinstance({p.name}[0], (list, tuple))" if p.is_list and p.type == "Tensor" else \
                 f"not isinstance({p.name}[0], int)"
-            if not tensor_varargs:  # x.view(), x.permute(): torch's parser wants the list, even for a 0-d tensor
-                body.append(f"    if not {p.name}: raise TypeError('{op_name.rpartition('::')[2]}() missing 1 "
-                            f"required positional arguments: \"{p.name}\"')")
             body.append(f"    {p.name} = {p.name}[0] if len({p.name}) == 1 and {packed} else {p.name}")
+        elif k == varargs:  # x.flip(1), x.flip([1]) or x.flip(dims=[1]); the list is required, even for a 0-d tensor
+            sig += [f"*_v{k}", f"{p.name}=_MISSING"]
+            star_done = True
+            short_name = op_name.rpartition("::")[2]
+            body += [f"    if _v{k}:",
+                     f"        if {p.name} is not _MISSING:",
+                     f"            raise TypeError(\"{short_name}() got multiple values for argument '{p.name}'\")",
+                     f"        {p.name} = _v{k}[0] if len(_v{k}) == 1 and not isinstance(_v{k}[0], int) else _v{k}",
+                     f"    elif {p.name} is _MISSING:",
+                     f"        raise TypeError('{short_name}() missing 1 required positional arguments: \"{p.name}\"')"]
         elif p.kwarg_only and not star_done:
             sig.append("*")
             star_done = True

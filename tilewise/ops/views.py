@@ -232,12 +232,16 @@ def _diagonal(shape, strides, offset, diag_offset=0, dim1=0, dim2=1):
 
 def _unfold(shape, strides, offset, dimension, size, step):
     d = S.normalize_dim(dimension, max(len(shape), 1), "unfold")
+    max_size = shape[d] if shape else 1  # a 0-d tensor unfolds as one element
+    if size > max_size:
+        raise RuntimeError(f"maximum size for tensor at dimension {d} is {max_size} but size is {size} "
+                           f"(unfold of a tensor of shape {list(shape)})")
+    if size < 0:
+        raise RuntimeError(f"size is {size} but must be >= 0 (unfold)")
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0 (unfold)")
     if not shape:
         return (size,), (1,), offset
-    if size > shape[d]:
-        raise RuntimeError(f"unfold: maximum size for tensor at dimension {d} is {shape[d]} but size is {size}")
-    if step <= 0:
-        raise RuntimeError(f"unfold: step is {step} but must be > 0")
     count = (shape[d] - size) // step + 1
     return (shape[:d] + (count,) + shape[d + 1:] + (size,), strides[:d] + (strides[d] * step,) + strides[d + 1:] +
             (strides[d],), offset)
