@@ -44,8 +44,67 @@ def torch_on_one_thread():
 # reals every d_reg_every steps, path-length regularisation every g_reg_every steps, Adam with betas (0, 0.99) and the
 # lazy-regularisation ratio applied to lr and betas, and an EMA generator updated by lerp_ under no_grad.
 
-def stylegan2(torch, init, batches, style_dim=8, channels=4, path_reg=True):
+def stylegan2(torch, init, batches, style_dim=8, channels=4, path_reg=True, resample="bilinear"):
+    # resample "bilinear": F.interpolate up, avg_pool2d down; "upfirdn": the official FIR filtering written natively
+    # (a grouped conv_transpose2d to upsample, then a [1, 3, 3, 1] blur; blur then a strided conv to downsample)
     nn, F = torch.nn, torch.nn.functional
+    official = resample == "upfirdn"
+
+    def make_kernel(k):
+        k = torch.tensor(k, dtype=torch.float32)
+        if k.ndim == 1:
+            k = k[None, :] * k[:, None]
+        k /= k.sum()
+        return k
+
+    def upfirdn2d(input, kernel, up=1, down=1, pad=(0, 0)):
+        up_x = up_y = up
+        down_x = down_y = down
+        pad_x0, pad_x1, pad_y0, pad_y1 = pad[0], pad[1], pad[0], pad[1]
+        _, channel, in_h, in_w = input.shape
+        input = input.reshape(-1, in_h, in_w, 1)
+        _, in_h, in_w, minor = input.shape
+        kernel_h, kernel_w = kernel.shape
+        out = input.view(-1, in_h, 1, in_w, 1, minor)
+        out = F.pad(out, [0, 0, 0, up_x - 1, 0, 0, 0, up_y - 1])
+        out = out.view(-1, in_h * up_y, in_w * up_x, minor)
+        out = F.pad(out, [0, 0, max(pad_x0, 0), max(pad_x1, 0), max(pad_y0, 0), max(pad_y1, 0)])
+        out = out[:, max(-pad_y0, 0): out.shape[1] - max(-pad_y1, 0),
+                  max(-pad_x0, 0): out.shape[2] - max(-pad_x1, 0), :]
+        out = out.permute(0, 3, 1, 2)
+        out = out.reshape([-1, 1, in_h * up_y + pad_y0 + pad_y1, in_w * up_x + pad_x0 + pad_x1])
+        w = torch.flip(kernel, [0, 1]).view(1, 1, kernel_h, kernel_w)
+        out = F.conv2d(out, w)
+        out = out.reshape(-1, minor, in_h * up_y + pad_y0 + pad_y1 - kernel_h + 1,
+                          in_w * up_x + pad_x0 + pad_x1 - kernel_w + 1)
+        out = out.permute(0, 2, 3, 1)
+        out = out[:, ::down_y, ::down_x, :]
+        out_h = (in_h * up_y + pad_y0 + pad_y1 - kernel_h + down_y) // down_y
+        out_w = (in_w * up_x + pad_x0 + pad_x1 - kernel_w + down_x) // down_x
+        return out.view(-1, channel, out_h, out_w)
+
+    class Blur(nn.Module):
+        def __init__(self, kernel, pad, upsample_factor=1):
+            super().__init__()
+            kernel = make_kernel(kernel)
+            if upsample_factor > 1:
+                kernel = kernel * (upsample_factor**2)
+            self.register_buffer("kernel", kernel)
+            self.pad = pad
+
+        def forward(self, input):
+            return upfirdn2d(input, self.kernel, pad=self.pad)
+
+    class Upsample(nn.Module):
+        def __init__(self, kernel, factor=2):
+            super().__init__()
+            self.factor = factor
+            self.register_buffer("kernel", make_kernel(kernel) * (factor**2))
+            p = self.kernel.shape[0] - factor
+            self.pad = ((p + 1) // 2 + factor - 1, p // 2)
+
+        def forward(self, input):
+            return upfirdn2d(input, self.kernel, up=self.factor, down=1, pad=self.pad)
 
     class PixelNorm(nn.Module):
         def forward(self, x):
@@ -67,15 +126,15 @@ def stylegan2(torch, init, batches, style_dim=8, channels=4, path_reg=True):
             return F.linear(x, self.weight * self.scale, bias=self.bias * self.lr_mul)
 
     class EqualConv2d(nn.Module):
-        def __init__(self, in_channel, out_channel, kernel_size, padding=0, bias=True):
+        def __init__(self, in_channel, out_channel, kernel_size, stride=1, padding=0, bias=True):
             super().__init__()
             self.weight = nn.Parameter(torch.randn(out_channel, in_channel, kernel_size, kernel_size))
             self.scale = 1 / math.sqrt(in_channel * kernel_size**2)
-            self.padding = padding
+            self.stride, self.padding = stride, padding
             self.bias = nn.Parameter(torch.zeros(out_channel)) if bias else None
 
         def forward(self, x):
-            return F.conv2d(x, self.weight * self.scale, bias=self.bias, padding=self.padding)
+            return F.conv2d(x, self.weight * self.scale, bias=self.bias, stride=self.stride, padding=self.padding)
 
     class FusedLeakyReLU(nn.Module):
         def __init__(self, channel):
@@ -95,6 +154,9 @@ def stylegan2(torch, init, batches, style_dim=8, channels=4, path_reg=True):
             self.padding = kernel_size // 2
             self.weight = nn.Parameter(torch.randn(1, out_channel, in_channel, kernel_size, kernel_size))
             self.modulation = EqualLinear(style_dim, in_channel, bias_init=1)
+            if upsample and official:
+                p = (4 - 2) - (kernel_size - 1)
+                self.blur = Blur([1, 3, 3, 1], pad=((p + 1) // 2 + 1, p // 2 + 1), upsample_factor=2)
 
         def forward(self, input, style):
             batch, in_channel, height, width = input.shape
@@ -103,6 +165,14 @@ def stylegan2(torch, init, batches, style_dim=8, channels=4, path_reg=True):
             if self.demodulate:
                 demod = torch.rsqrt(weight.pow(2).sum([2, 3, 4]) + 1e-8)
                 weight = weight * demod.view(batch, self.out_channel, 1, 1, 1)
+            if self.upsample and official:
+                input = input.view(1, batch * in_channel, height, width)
+                weight = weight.view(batch, self.out_channel, in_channel, self.kernel_size, self.kernel_size)
+                weight = weight.transpose(1, 2).reshape(batch * in_channel, self.out_channel, self.kernel_size,
+                                                        self.kernel_size)
+                out = F.conv_transpose2d(input, weight, padding=0, stride=2, groups=batch)
+                _, _, height, width = out.shape
+                return self.blur(out.view(batch, self.out_channel, height, width))
             weight = weight.view(batch * self.out_channel, in_channel, self.kernel_size, self.kernel_size)
             if self.upsample:
                 input = F.interpolate(input, scale_factor=2, mode="bilinear", align_corners=False)
@@ -136,10 +206,14 @@ def stylegan2(torch, init, batches, style_dim=8, channels=4, path_reg=True):
             self.upsample = upsample
             self.conv = ModulatedConv2d(in_channel, 3, 1, style_dim, demodulate=False)
             self.bias = nn.Parameter(torch.zeros(1, 3, 1, 1))
+            if upsample and official:
+                self.upsample = Upsample([1, 3, 3, 1])
 
         def forward(self, input, style, skip=None):
             out = self.conv(input, style) + self.bias
-            if skip is not None:
+            if skip is not None and official:
+                out = out + self.upsample(skip)
+            elif skip is not None:
                 out = out + F.interpolate(skip, scale_factor=2, mode="bilinear", align_corners=False)
             return out
 
@@ -172,12 +246,20 @@ def stylegan2(torch, init, batches, style_dim=8, channels=4, path_reg=True):
             super().__init__()
             self.conv1 = EqualConv2d(in_channel, in_channel, 3, padding=1)
             self.act1 = FusedLeakyReLU(in_channel)
-            self.conv2 = EqualConv2d(in_channel, out_channel, 3, padding=1)
+            if official:
+                self.conv2 = nn.Sequential(Blur([1, 3, 3, 1], pad=(2, 2)),
+                                           EqualConv2d(in_channel, out_channel, 3, stride=2))
+                self.skip = nn.Sequential(Blur([1, 3, 3, 1], pad=(1, 1)),
+                                          EqualConv2d(in_channel, out_channel, 1, stride=2, bias=False))
+            else:
+                self.conv2 = EqualConv2d(in_channel, out_channel, 3, padding=1)
+                self.skip = EqualConv2d(in_channel, out_channel, 1, bias=False)
             self.act2 = FusedLeakyReLU(out_channel)
-            self.skip = EqualConv2d(in_channel, out_channel, 1, bias=False)
 
         def forward(self, input):
             out = self.act1(self.conv1(input))
+            if official:
+                return (self.act2(self.conv2(out)) + self.skip(input)) / math.sqrt(2)
             out = self.act2(F.avg_pool2d(self.conv2(out), 2))
             skip = self.skip(F.avg_pool2d(input, 2))
             return (out + skip) / math.sqrt(2)
@@ -302,9 +384,10 @@ def stylegan2_batches(rng, steps=4, batch=4, style_dim=8, size=8):
              "path_noise": rng.standard_normal((batch, 3, size, size)).astype(np.float32)} for _ in range(steps)]
 
 
-@pytest.mark.parametrize("path_reg", [True, False])
-def test_stylegan2_with_modulated_convolutions_r1_path_length_and_ema_trains_like_torch(path_reg):
-    ours, theirs = run_both(stylegan2, stylegan2_batches(np.random.default_rng(0)), path_reg=path_reg)
+@pytest.mark.parametrize(("path_reg", "resample"), [(True, "bilinear"), (False, "bilinear"), (True, "upfirdn")])
+def test_stylegan2_with_modulated_convolutions_r1_path_length_and_ema_trains_like_torch(path_reg, resample):
+    ours, theirs = run_both(stylegan2, stylegan2_batches(np.random.default_rng(0)), path_reg=path_reg,
+                            resample=resample)
     assert_same(ours, theirs)
 
 
@@ -312,11 +395,13 @@ def test_stylegan2_with_modulated_convolutions_r1_path_length_and_ema_trains_lik
 # An SN-GAN with the hinge loss, as the SN-GAN / BigGAN-style scripts write it: a generator of Linear to 4x4, then
 # ConvTranspose2d + BatchNorm2d + ReLU, a 3x3 conv and tanh; a discriminator whose layers are wrapped in
 # nn.utils.spectral_norm (the hook API) or nn.utils.parametrizations.spectral_norm (the parametrization API), each
-# power-iteration vector set from numpy (so the two runs start from the same u), LeakyReLU(0.1), global sum pooling.
+# power-iteration vector set from numpy (so the two runs start from the same u), LeakyReLU(0.1), global sum pooling
+# and a class projection through a spectrally normalised nn.Embedding (the cGAN projection discriminator).
 # Training: hinge losses, Adam betas (0, 0.9), requires_grad_(False) on the discriminator for the generator's step and
-# zero_grad(set_to_none=True); an eval-mode sample afterwards (no power iteration in eval).
+# zero_grad(set_to_none=True); an eval-mode sample afterwards (no power iteration in eval), then the normalisation
+# removed (remove_spectral_norm, remove_parametrizations) and the plain weights compared.
 
-def sngan(torch, init, batches, nz=6, ngf=8, ndf=4, parametrizations=False, n_dis=2):
+def sngan(torch, init, batches, nz=6, ngf=8, ndf=4, parametrizations=False, n_classes=3):
     nn, F = torch.nn, torch.nn.functional
     SN = nn.utils.parametrizations.spectral_norm if parametrizations else nn.utils.spectral_norm
 
@@ -342,13 +427,14 @@ def sngan(torch, init, batches, nz=6, ngf=8, ndf=4, parametrizations=False, n_di
                 SN(nn.Conv2d(ndf, ndf * 2, 4, 2, 1)), nn.LeakyReLU(0.1, inplace=True),
                 SN(nn.Conv2d(ndf * 2, ndf * 2, 3, 1, 1)), nn.LeakyReLU(0.1, inplace=True))
             self.linear = SN(nn.Linear(ndf * 2, 1))
+            self.embed = SN(nn.Embedding(n_classes, ndf * 2))
 
-        def forward(self, x):
-            h = self.main(x)
-            return self.linear(torch.sum(h, dim=[2, 3]))
+        def forward(self, x, y):
+            h = torch.sum(self.main(x), dim=[2, 3])
+            return self.linear(h) + torch.sum(self.embed(y) * h, dim=1, keepdim=True)
 
     def spectral_layers(model):
-        return [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+        return [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.Embedding))]
 
     net_G, net_D = Generator(), Discriminator()
     u_rng = np.random.default_rng(5)
@@ -366,13 +452,13 @@ def sngan(torch, init, batches, nz=6, ngf=8, ndf=4, parametrizations=False, n_di
               "keys": list(models.state_dict().keys())}
     optim_G = torch.optim.Adam(net_G.parameters(), lr=2e-3, betas=(0.0, 0.9))
     optim_D = torch.optim.Adam(net_D.parameters(), lr=2e-3, betas=(0.0, 0.9))
-    for real, z_d, z_g in batches:
-        real, z_g = torch.from_numpy(real), torch.from_numpy(z_g)
+    for real, z_d, z_g, label in batches:
+        real, z_g, y = torch.from_numpy(real), torch.from_numpy(z_g), torch.from_numpy(label)
         net_D.requires_grad_(True)
         for z in z_d:
             with torch.no_grad():
                 fake = net_G(torch.from_numpy(z)).detach()
-            net_D_real, net_D_fake = net_D(real), net_D(fake)
+            net_D_real, net_D_fake = net_D(real, y), net_D(fake, y)
             loss_D = F.relu(1 - net_D_real).mean() + F.relu(1 + net_D_fake).mean()
             optim_D.zero_grad(set_to_none=True)
             loss_D.backward()
@@ -380,7 +466,7 @@ def sngan(torch, init, batches, nz=6, ngf=8, ndf=4, parametrizations=False, n_di
             record["d"].append([loss_D.item(), net_D_real.mean().item(), net_D_fake.mean().item()])
         record["grads"].append(gradients(net_D))
         net_D.requires_grad_(False)
-        loss_G = -net_D(net_G(z_g)).mean()
+        loss_G = -net_D(net_G(z_g), y).mean()
         optim_G.zero_grad(set_to_none=True)
         loss_G.backward()
         optim_G.step()
@@ -393,21 +479,31 @@ def sngan(torch, init, batches, nz=6, ngf=8, ndf=4, parametrizations=False, n_di
     with torch.no_grad():
         sample = net_G(torch.from_numpy(batches[0][2]))
         record["sample"] = numpy_of(sample)
-        record["eval"] = [numpy_of(net_D(sample)), numpy_of(net_D(sample))]
+        y = torch.from_numpy(batches[0][3])
+        record["eval"] = [numpy_of(net_D(sample, y)), numpy_of(net_D(sample, y))]
     record["final"] = {k: numpy_of(v) for k, v in models.state_dict().items()}
+    for layer in spectral_layers(net_D):
+        if parametrizations:
+            nn.utils.parametrize.remove_parametrizations(layer, "weight")
+        else:
+            nn.utils.remove_spectral_norm(layer)
+    record["keys_removed"] = list(net_D.state_dict().keys())
+    record["removed"] = {k: numpy_of(v) for k, v in net_D.state_dict().items()}
     return record
 
 
-def sngan_batches(rng, steps=3, batch=4, nz=6, n_dis=2):
+def sngan_batches(rng, steps=3, batch=4, nz=6, n_dis=2, n_classes=3):
     return [(rng.uniform(-1, 1, (batch, 3, 8, 8)).astype(np.float32),
              [rng.standard_normal((batch, nz)).astype(np.float32) for _ in range(n_dis)],
-             rng.standard_normal((batch, nz)).astype(np.float32)) for _ in range(steps)]
+             rng.standard_normal((batch, nz)).astype(np.float32),
+             rng.integers(0, n_classes, batch)) for _ in range(steps)]
 
 
 @pytest.mark.parametrize("parametrizations", [False, True], ids=["hooks", "parametrizations"])
 def test_sngan_with_spectral_norm_hinge_loss_and_frozen_discriminator_trains_like_torch(parametrizations):
     ours, theirs = run_both(sngan, sngan_batches(np.random.default_rng(1)), parametrizations=parametrizations)
     assert ours.pop("keys") == theirs.pop("keys")
+    assert ours.pop("keys_removed") == theirs.pop("keys_removed")
     assert ours.pop("d_grads_are_none") == theirs.pop("d_grads_are_none")
     assert_same(ours, theirs)
 
@@ -569,3 +665,31 @@ def test_autograd_grad_refuses_bad_arguments_as_torch(case):
     theirs, ours = raised(call, real_torch), raised(call, tilewise)
     assert type(ours) is type(theirs)
     assert str(ours).split(":")[0] == str(theirs).split(":")[0]
+
+
+@pytest.mark.parametrize("betas", [(0, 0.99), (0.0, 1 - 1e-2), (np.float32(0.5), 0.9), (True, 0.9)])
+def test_adam_takes_betas_only_as_two_floats_or_two_tensors_as_torch(betas):
+    # met writing StyleGAN2's betas=(0, 0.99), which torch refuses (its scripts write 0 ** ratio, a float)
+    def call(torch):
+        return torch.optim.Adam([torch.nn.Parameter(torch.ones(2))], betas=betas).defaults["betas"]
+
+    theirs, ours = raised(call, real_torch), raised(call, tilewise)
+    assert type(ours) is type(theirs)
+    if theirs is not None:
+        assert str(ours).startswith(str(theirs))
+
+
+def test_legacy_variable_with_volatile_warns_and_is_ignored_as_torch():
+    # met in the original WGAN-GP script, which samples through Variable(noise, volatile=True)
+    for torch in LIBRARIES:
+        with pytest.warns(UserWarning, match="volatile was removed and now has no effect"):
+            v = torch.autograd.Variable(torch.ones(2), volatile=True)
+        assert not v.requires_grad
+
+
+def test_autograd_grad_with_no_inputs_raises_as_torch():
+    def call(torch):
+        return torch.autograd.grad((torch.ones(2, requires_grad=True) * 2).sum(), [])
+
+    theirs, ours = raised(call, real_torch), raised(call, tilewise)
+    assert type(ours) is type(theirs) and str(ours) == str(theirs)

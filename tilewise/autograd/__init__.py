@@ -130,6 +130,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, c
                          "allow_unused=False.")
     outputs = _as_tuple(outputs)
     inputs_t = _as_tuple(inputs)
+    if not inputs_t:
+        raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
     if retain_graph is None:
         retain_graph = create_graph
     if is_grads_batched:
