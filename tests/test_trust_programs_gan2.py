@@ -693,3 +693,11 @@ def test_autograd_grad_with_no_inputs_raises_as_torch():
 
     theirs, ours = raised(call, real_torch), raised(call, tilewise)
     assert type(ours) is type(theirs) and str(ours) == str(theirs)
+
+
+def test_spectral_norm_hook_of_a_missing_parameter_raises_key_error_as_torch():
+    def call(torch):
+        return torch.nn.utils.spectral_norm(torch.nn.Linear(2, 2), name="kernel")
+
+    theirs, ours = raised(call, real_torch), raised(call, tilewise)
+    assert type(ours) is type(theirs) and str(ours) == str(theirs)
