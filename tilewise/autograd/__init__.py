@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from tilewise.autograd import (
     forward_ad,  # noqa: F401 — fills the dispatcher's ForwardAD key
     functional,  # noqa: F401 — torch.autograd.functional
@@ -102,21 +104,70 @@ def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, creat
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, create_graph: bool = False,
-         allow_unused: bool | None = None, materialize_grads: bool = False) -> tuple:
-    """Gradients of outputs with respect to inputs, returned rather than accumulated into ``.grad``."""
+         only_inputs: bool = True, allow_unused: bool | None = None, is_grads_batched: bool = False,
+         materialize_grads: bool = False) -> tuple | dict:
+    """Gradients of outputs with respect to inputs, returned rather than accumulated into ``.grad``.
+
+    ``inputs`` may be a dict (``dict(model.named_parameters())``); the gradients then come back under its keys.
+    ``is_grads_batched=True`` reads the first dimension of every grad_output as a batch of vectors and returns one
+    vector-Jacobian product per vector, stacked.
+
+    >>> import tilewise as tw
+    >>> x = tw.tensor([1.0, 2.0], requires_grad=True)
+    >>> tw.autograd.grad((x * x).sum(), {"x": x})["x"].tolist()
+    [2.0, 4.0]
+    """
+    if type(inputs) is dict:
+        result = grad(outputs, tuple(inputs.values()), grad_outputs, retain_graph, create_graph, only_inputs,
+                      allow_unused, is_grads_batched, materialize_grads)
+        return dict(zip(inputs.keys(), result))
+    if not only_inputs:
+        warnings.warn("only_inputs argument is deprecated and is ignored now (defaults to True). To accumulate "
+                      "gradient for other parts of the graph, please use torch.autograd.backward.", FutureWarning,
+                      stacklevel=2)
+    if materialize_grads and allow_unused is False:
+        raise ValueError("Expected allow_unused to be True or not passed when materialize_grads=True, but got: "
+                         "allow_unused=False.")
     outputs = _as_tuple(outputs)
     inputs_t = _as_tuple(inputs)
-    grads = _default_grads(outputs, grad_outputs)
+    if not inputs_t:
+        raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
     if retain_graph is None:
         retain_graph = create_graph
-    result = run_backward(outputs, grads, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs_t,
-                          allow_unused=bool(allow_unused) or materialize_grads, accumulate=False)
+    if is_grads_batched:
+        result = _batched_vjps(outputs, inputs_t, grad_outputs, create_graph,
+                               bool(allow_unused) or materialize_grads)
+    else:
+        result = run_backward(outputs, _default_grads(outputs, grad_outputs), retain_graph=retain_graph,
+                              create_graph=create_graph, inputs=inputs_t,
+                              allow_unused=bool(allow_unused) or materialize_grads, accumulate=False)
     if materialize_grads:
         from tilewise.ops.creation import zeros_like
 
         result = [g if g is not None else zeros_like(x) for g, x in zip(result, inputs_t)]
     return tuple(result)
 
+
+def _batched_vjps(outputs: tuple, inputs: tuple, grad_outputs, create_graph: bool, allow_unused: bool) -> list:
+    """torch maps the vector-Jacobian product over the grad_outputs' first dimension with vmap; one backward per
+    vector, stacked, gives the same gradients."""
+    from tilewise.ops.registry import call
+
+    batched = list(_as_tuple(grad_outputs))
+    if len(batched) != len(outputs):
+        raise RuntimeError(f"got {len(batched)} gradients for {len(outputs)} tensors")
+    for i, (out, g) in enumerate(zip(outputs, batched)):
+        if g.shape[1:] != out.shape:
+            raise RuntimeError(
+                "If `is_grads_batched=True`, we interpret the first dimension of each grad_output as the batch "
+                "dimension. The sizes of the remaining dimensions are expected to match the shape of corresponding "
+                f"output, but a mismatch was detected: grad_output[{i}] has a shape of {list(g.shape[1:])} and "
+                f"output[{i}] has a shape of {list(out.shape)}. If you only want some tensors in `grad_output` to be "
+                "considered batched, consider using vmap.")
+    per_vector = [run_backward(outputs, [g[b] for g in batched], retain_graph=True, create_graph=create_graph,
+                               inputs=inputs, allow_unused=allow_unused, accumulate=False)
+                  for b in range(batched[0].shape[0])]
+    return [None if column[0] is None else call("stack", list(column)) for column in zip(*per_vector)]
 
 
 def _tensor_backward(self: Tensor, gradient: Tensor | None = None, retain_graph: bool | None = None,

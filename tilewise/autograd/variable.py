@@ -7,6 +7,8 @@ queues its end-of-backward callback there), and old code still calls ``Variable(
 
 from __future__ import annotations
 
+import warnings
+
 from tilewise.autograd.engine import ExecutionEngine
 from tilewise.tensor import Tensor
 
@@ -19,5 +21,8 @@ class _VariableMeta(type):
 class Variable(metaclass=_VariableMeta):
     _execution_engine = ExecutionEngine()
 
-    def __new__(cls, data: Tensor, requires_grad: bool = False) -> Tensor:
+    def __new__(cls, data: Tensor, requires_grad: bool = False, volatile: bool | None = None) -> Tensor:
+        if volatile is not None:
+            warnings.warn("volatile was removed and now has no effect. Use `with tilewise.no_grad():` instead.",
+                          UserWarning, stacklevel=2)
         return data.detach().requires_grad_(requires_grad)

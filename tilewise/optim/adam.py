@@ -27,6 +27,9 @@ class Adam(Optimizer):
         check_non_negative(epsilon=eps)
         check_betas(betas)
         check_non_negative(weight_decay=weight_decay)
+        if not (all(isinstance(b, float) for b in betas[:2]) or all(isinstance(b, Tensor) for b in betas[:2])):
+            raise ValueError(f"betas must be either both floats or both Tensors (got {type(betas[0]).__name__} and "
+                             f"{type(betas[1]).__name__}: write (0.0, 0.99), not (0, 0.99))")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize, foreach=foreach, capturable=capturable,
                                       differentiable=differentiable, fused=fused,
