@@ -153,12 +153,12 @@ EVERY_SAMPLE = [info for info in OPINFOS if info.name not in RANDOM and info.nam
 
 
 def test_lu_functions_refuse_vmap_by_name():
-    A = tw.tensor(np.random.default_rng(0).standard_normal((3, 4, 4)) + 3 * np.eye(4))
+    a = tw.tensor(np.random.default_rng(0).standard_normal((3, 4, 4)) + 3 * np.eye(4))
     with pytest.raises(RuntimeError, match="lu_unpack: the row swaps .* are read on the host"):
-        vmap(tw.linalg.lu)(A)
-    LU, pivots = tw.linalg.lu_factor(A)  # the factorization itself batches
-    P, L, U = tw.lu_unpack(LU, pivots)
-    np.testing.assert_allclose((P @ L @ U).numpy(), A.numpy(), atol=1e-12)
+        vmap(tw.linalg.lu)(a)
+    factors, pivots = tw.linalg.lu_factor(a)  # the factorization itself batches
+    p, lower, upper = tw.lu_unpack(factors, pivots)
+    np.testing.assert_allclose((p @ lower @ upper).numpy(), a.numpy(), atol=1e-12)
 
 
 @pytest.mark.slow
