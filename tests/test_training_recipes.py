@@ -523,12 +523,17 @@ def translate(torch, model, inputs, targets, epochs=3):
 
 
 def test_seq2seq_translation_with_bahdanau_attention_matches_torch():
-    inputs, targets = translation_pairs()
-    theirs, ours = _run_both(lambda fw, model: translate(fw, model, inputs, targets), seq2seq_models)
-    # the programs' shared rtol: Adam rescales the attention weights' smallest gradients, so float32 rounding that
-    # follows the process's state (which kernels and thread counts earlier work left) moved one weight of Wa by
-    # 2.4e-4 relative in full runs of the suite, never alone
-    _assert_runs_agree(theirs, ours, rtol=2e-4, atol=ADAM_ATOL)
+    # torch on one thread: its GRU's float32 rounding followed whatever thread setting earlier tests in the process
+    # had left (a set_num_threads and its restoring), and Adam rescales the attention weights' smallest gradients,
+    # so one weight of Wa moved by up to 7.6e-4 relative in full runs of the suite, never alone
+    before = real_torch.get_num_threads()
+    real_torch.set_num_threads(1)
+    try:
+        inputs, targets = translation_pairs()
+        theirs, ours = _run_both(lambda fw, model: translate(fw, model, inputs, targets), seq2seq_models)
+    finally:
+        real_torch.set_num_threads(before)
+    _assert_runs_agree(theirs, ours, rtol=5e-5, atol=ADAM_ATOL)
 
 
 # --- 5. a small graph network ----------------------------------------------------------------------------------
