@@ -47,6 +47,18 @@ def _exact_float32_convolutions(request):
         torch.backends.cudnn.allow_tf32 = True
 
 
+@pytest.fixture
+def torch_on_one_thread():
+    """torch (the reference) on one intra-op thread: its threads spin on tiny operators when the machine is busy,
+    and the rounding of some of its kernels followed the thread state earlier tests had left."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _seeded():
     np.random.seed(int(os.environ.get("TILEWISE_TEST_SEED", "0")))

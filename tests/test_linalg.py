@@ -497,3 +497,15 @@ def test_eig_refuses_as_torch():
         assert messages[1].startswith(messages[0])
     with pytest.raises(NotImplementedError, match='"linalg_eig_out_cpu" not implemented for \'Half\''):
         tw.linalg.eig(tw.ones(2, 2).half())
+
+
+def test_vander_of_a_zero_dim_tensor_is_one_row_as_torch():
+    ours, theirs = tw.linalg.vander(tw.tensor(2.0), N=3), torch.linalg.vander(torch.tensor(2.0), N=3)
+    assert tuple(ours.shape) == tuple(theirs.shape) == (1, 3)
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+def test_eig_of_a_matrix_with_nan_is_refused_by_name():
+    """torch's CPU kernel ends the process (its LAPACK rejects the argument); tilewise says what is wrong."""
+    with pytest.raises(tw.linalg.LinAlgError, match="linalg.eig: the input has NaN or infinite entries"):
+        tw.linalg.eig(tw.tensor([[float("nan"), 1.0], [1.0, 2.0]]))

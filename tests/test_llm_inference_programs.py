@@ -27,13 +27,7 @@ RTOL, ATOL = 2e-5, 2e-5
 BF16_RTOL, BF16_ATOL = 5e-2, 5e-2
 
 
-@pytest.fixture(autouse=True)
-def torch_on_one_thread():
-    """torch's intra-op threads spin on these tiny operators and take seconds where one thread takes milliseconds."""
-    before = real_torch.get_num_threads()
-    real_torch.set_num_threads(1)
-    yield
-    real_torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_on_one_thread")  # (tests/conftest.py)
 
 
 def as_numpy(value):

@@ -25,13 +25,7 @@ import tilewise
 LIBRARIES = [real_torch, tilewise]
 
 
-@pytest.fixture(autouse=True)
-def torch_on_one_thread():
-    """torch's tiny convolutions wait on their second thread when the machine is busy; one keeps these tests fast."""
-    before = real_torch.get_num_threads()
-    real_torch.set_num_threads(1)
-    yield
-    real_torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_on_one_thread")  # (tests/conftest.py)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

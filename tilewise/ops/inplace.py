@@ -331,25 +331,28 @@ def _save_written(self: Tensor, result: Tensor) -> None:
     a tensor the caller holds leaves that tensor's node as it is."""
     if self._storage is None or result._storage is None or dispatch.dual_levels:  # traced or batched tensors, or
         return  # forward AD (the saved value carries tangents)
-    node = result._grad_fn
-    saved = getattr(node, "saved", None)
-    entry = saved.get("result") if saved else None
-    if (entry is None or isinstance(entry, tuple) or not entry.is_output or entry.unpack_hook is not None
-            or entry.tensor is None or entry.tensor._storage is not result._storage):
-        return
-    entry.tensor = self.detach()
-    entry.version = self._storage.version - self._storage.untracked
+    entry = _saved_result(result._grad_fn, result._storage)
+    if entry is not None:
+        entry.tensor = self.detach()
+        entry.version = self._storage.version - self._storage.untracked
 
 
 def _saved_after_write(self: Tensor) -> None:
     """After an in-place operator recorded its node with ``self`` as the output it wrote directly: the node's saved
     output (``relu_``'s) holds the value written, so it takes the version the write gave ``self``."""
-    node = self._grad_fn
+    entry = _saved_result(self._grad_fn, self._storage)
+    if entry is not None:
+        entry.version = self._storage.version - self._storage.untracked
+
+
+def _saved_result(node, storage):
+    """The node's saved output held as it is (no pack hook) in ``storage``, if it saved one."""
     saved = getattr(node, "saved", None)
     entry = saved.get("result") if saved else None
-    if (entry is not None and not isinstance(entry, tuple) and entry.is_output and entry.unpack_hook is None
-            and entry.tensor is not None and entry.tensor._storage is self._storage):
-        entry.version = self._storage.version - self._storage.untracked
+    if (entry is None or isinstance(entry, tuple) or not entry.is_output or entry.unpack_hook is not None
+            or entry.tensor is None or entry.tensor._storage is not storage):
+        return None
+    return entry
 
 
 def _take_tangents(self: Tensor, result: Tensor) -> None:

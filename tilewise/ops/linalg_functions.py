@@ -899,8 +899,9 @@ def _vander(x, N=None):
     if x.dtype.name in ("bool", "float16", "bfloat16"):
         raise RuntimeError("linalg.vander supports floating point, complex, and integer tensors, but got "
                            f"{type_name(x.dtype)}")
-    n = x.shape[-1] if x.ndim else 1
-    N = n if N is None else N
+    if x.ndim == 0:  # one point, as torch reads it: a row of powers
+        x = x.unsqueeze(0)
+    N = x.shape[-1] if N is None else N
     if N <= 1:
         raise RuntimeError(f"N must be greater than 1. (linalg.vander: got N={N} for x of shape {list(x.shape)})")
     powers = x.unsqueeze(-1).expand(*x.shape, N - 1)

@@ -51,22 +51,7 @@ def _batch(a: np.ndarray) -> tuple:
 
 def _lu_info(a: np.ndarray) -> np.ndarray:
     """LAPACK getrf's info per matrix: 1 + the first column whose pivot (partial pivoting) is exactly zero."""
-    n = a.shape[-1]
-    work = a.reshape(-1, n, n).astype(a.dtype if a.dtype.kind == "c" or a.dtype == np.float64 else np.float32,
-                                      copy=True)
-    rows = np.arange(work.shape[0])
-    info = np.zeros(work.shape[0], np.int32)
-    for k in range(n):
-        p = np.argmax(np.abs(work[:, k:, k]), axis=1) + k
-        top = work[rows, k].copy()
-        work[rows, k] = work[rows, p]
-        work[rows, p] = top
-        pivot = work[:, k, k]
-        zero = pivot == 0
-        info = np.where(zero & (info == 0), k + 1, info)
-        factors = work[:, k + 1:, k] / np.where(zero, 1, pivot)[:, None]
-        work[:, k + 1:, k + 1:] -= factors[:, :, None] * work[:, None, k, k + 1:]
-    return info.reshape(_batch(a))
+    return _getrf(a)[2]
 
 
 def _getrf(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -100,8 +85,9 @@ def eig(A):
     out = A.dtype if A.dtype.is_complex else A.dtype.to_complex()
     if a.size == 0:
         return _out(np.zeros(a.shape[:-1]), out), _matrices(np.zeros(a.shape), out)
-    with np.errstate(invalid="ignore"):
-        values, vectors = np.linalg.eig(a)
+    if not np.isfinite(a).all():  # LAPACK's geev takes finite matrices (torch's CPU kernel crashes the process)
+        raise LinAlgError("linalg.eig: the input has NaN or infinite entries; geev decomposes finite matrices only")
+    values, vectors = np.linalg.eig(a)
     return _out(values, out), _matrices(vectors, out)
 
 
