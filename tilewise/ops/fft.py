@@ -310,8 +310,7 @@ def _ihfftn(x, s=None, dim=None, norm=None):
     if not dims:
         raise RuntimeError("ihfftn must transform at least one axis")
     if x.dtype.is_complex:
-        raise RuntimeError(f"Only supports floating-point dtypes, but found: {dtypes.c10_name(x.dtype)} (ihfftn "
-                           "transforms a real signal)")
+        raise RuntimeError(f"Only supports floating-point dtypes, but found: {dtypes.c10_name(x.dtype)}")
     x = resized(promoted(x, False, "ihfftn"), dims, shape)
     # as torch's: the last dim's one-sided transform, conjugated, then the others' inverse transform (the same
     # sum as one r2c over every dim, conjugated; this order gives torch's memory layout)
