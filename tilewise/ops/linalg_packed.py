@@ -3,8 +3,8 @@ and Householder QR (``geqrf``, and ``ormqr``, the product with its reflectors).
 
 Four primitives carry the work (see [Note: LAPACK's packed factors] in ``backends/cpu/linalg_householder_kernels.py``):
 ``_linalg_ldl_factor_ex`` (sytrf / hetrf), ``_linalg_ldl_solve`` (sytrs / hetrs), ``geqrf`` and ``ormqr``. torch
-differentiates ``ormqr`` only; the others raise torch's errors when a backward or a tangent reaches them, not
-when they run (their results require grad as torch's do). ``householder_product`` (orgqr), the third of the QR
+differentiates ``ormqr`` only (backward; tilewise gives it a tangent too); the others raise torch's errors when a
+backward or a tangent reaches them, not when they run (their results require grad as torch's do). ``householder_product`` (orgqr), the third of the QR
 routines, is a composite in ``linalg_functions.py``.
 """
 
@@ -36,11 +36,6 @@ def geqrf_backward():
 
 def geqrf_jvp():
     raise NotImplementedError("Trying to use forward AD with geqrf that does not support it because it has not been "
-                              "implemented yet.")
-
-
-def ormqr_jvp():
-    raise NotImplementedError("Trying to use forward AD with ormqr that does not support it because it has not been "
                               "implemented yet.")
 
 
@@ -86,6 +81,25 @@ def ormqr_backward(grad, input, tau, other, left: bool, transpose: bool):
         columns = OPS["cat"](v_grads, -1).tril(-1)
         input_grad = OPS["cat"]([columns, input_grad[..., k:]], -1)
     return input_grad, tau_grad.reshape(tau.shape), other_grad
+
+
+def ormqr_jvp(input, tau, other, input_t, tau_t, other_t, left: bool, transpose: bool):
+    """The tangent of op(Q) C (torch has no forward rule for ormqr): the product rule through each reflector,
+    Y' = Y - t v w with w = v^H Y, for the left product that a right one is the adjoint of (as in ``ormqr_backward``)."""
+    k = tau.shape[-1]
+    V, V_t = _reflector_columns(input, k), input_t[..., :k].tril(-1)
+    Y, Y_t = (other, other_t) if left else (other.mH, other_t.mH)
+    adjoint = transpose if left else not transpose
+    for i in (range(k) if adjoint else reversed(range(k))):
+        v, v_t = V[..., i:i + 1], V_t[..., i:i + 1]
+        t, t_t = tau[..., i:i + 1].unsqueeze(-1), tau_t[..., i:i + 1].unsqueeze(-1)
+        if adjoint:
+            t, t_t = t.conj(), t_t.conj()
+        w = v.mH @ Y
+        w_t = v_t.mH @ Y + v.mH @ Y_t
+        Y_t = Y_t - t_t * (v @ w) - t * (v_t @ w) - t * (v @ w_t)
+        Y = Y - t * (v @ w)
+    return Y_t if left else Y_t.mH
 
 
 HELPERS.update(derivative_not_implemented=derivative_not_implemented, tangent_not_implemented=tangent_not_implemented,
@@ -165,7 +179,10 @@ def _ldl_solve(LD, pivots, B, hermitian=False):
                            f"{list(pivots.shape)} instead")
     if pivots.dtype.is_floating_point or pivots.dtype.is_complex or pivots.dtype.name == "bool":
         raise RuntimeError(f"{op}: Expected pivots to be integers. Got {type_name(pivots.dtype)}")
-    check_floating(op, LD, low_precision=True, complex_on_cpu=True)
+    if LD.dtype.name not in ("float32", "float64", "complex64", "complex128"):
+        raise NotImplementedError(f'"ldl_solve_kernel_{LD.device.type}" not implemented for '
+                                  f"'{type_name(LD.dtype)}'")
+    check_floating(op, LD, complex_on_cpu=True)
     batch = S.broadcast_shapes(tuple(LD.shape[:-2]), tuple(B.shape[:-2]))
     LD_ = LD.expand(batch + (n, n))
     pivots_ = pivots.expand(batch + (n,))
@@ -200,7 +217,9 @@ def _check_ormqr(op, args) -> None:
     side = -2 if left else -1
     if other.shape[side] != input.shape[-2]:
         raise RuntimeError(f"{name}: other.shape[{side}] must be equal to input.shape[-2]")
-    if tau.ndim == 0 or tau.shape[-1] != min(other.shape[side], input.shape[-1]):
+    if tau.ndim == 0:
+        raise IndexError("Dimension specified as -1 but tensor has no dimensions")
+    if tau.shape[-1] != min(other.shape[side], input.shape[-1]):
         raise RuntimeError(f"{name}: tau.shape[-1] must be equal to min(other.shape[{side}], input.shape[-1])")
     if input.ndim - tau.ndim != 1:
         raise RuntimeError(f"{name}: Expected tau to have one dimension less than input, but got tau.ndim equal to "
@@ -232,7 +251,7 @@ declare("geqrf(Tensor self) -> (Tensor a, Tensor tau)", "other", grad={"self": "
             "(each under an implicit unit diagonal), and their scalars tau [..., min(m, n)].")
 declare("ormqr(Tensor self, Tensor input2, Tensor input3, bool left=True, bool transpose=False) -> Tensor", "other",
         grad={"self, input2, input3": "ormqr_backward(grad, self, input2, input3, left, transpose)"},
-        fwd="ormqr_jvp()", batch=apply_batched, check=_check_ormqr, autocast={"cpu": "fp32", "cuda": "fp32"},
+        fwd="ormqr_jvp(self, input2, input3, self_t, input2_t, input3_t, left, transpose)", batch=apply_batched, check=_check_ormqr, autocast={"cpu": "fp32", "cuda": "fp32"},
         doc="op(Q) input3 (left) or input3 op(Q), with Q = H_1 ... H_k the product of geqrf's reflectors in self and "
             "input2 (tau) and op(Q) = Q^H where transpose is set (LAPACK's ormqr / unmqr).")
 

@@ -216,10 +216,11 @@ def ldl_factor_ex(A, hermitian=False):
     ld = np.zeros(a.shape, a.dtype)
     pivots = np.zeros((*batch, n), np.int32)
     info = np.zeros(batch, np.int32)
-    flat_ld, flat_pivots, flat_info = _flat_matrices(ld), pivots.reshape(-1, n), info.reshape(-1)
     hermitian = hermitian and np.iscomplexobj(a)  # a real matrix is its own adjoint's transpose: sytrf either way
-    for k, matrix in enumerate(_flat_matrices(a) if a.size else ()):
-        flat_ld[k], flat_pivots[k], flat_info[k] = _sytf2(matrix, hermitian)
+    if a.size:
+        flat_ld, flat_pivots, flat_info = _flat_matrices(ld), pivots.reshape(-1, n), info.reshape(-1)
+        for k, matrix in enumerate(_flat_matrices(a)):
+            flat_ld[k], flat_pivots[k], flat_info[k] = _sytf2(matrix, hermitian)
     return _column_major(ld, A.dtype), _contiguous(pivots, dtypes.int32), _contiguous(info, dtypes.int32)
 
 
