@@ -4,8 +4,8 @@ and Householder QR (``geqrf``, and ``ormqr``, the product with its reflectors).
 Four primitives carry the work (see [Note: LAPACK's packed factors] in ``backends/cpu/linalg_householder_kernels.py``):
 ``_linalg_ldl_factor_ex`` (sytrf / hetrf), ``_linalg_ldl_solve`` (sytrs / hetrs), ``geqrf`` and ``ormqr``. torch
 differentiates ``ormqr`` only (backward; tilewise gives it a tangent too); the others raise torch's errors when a
-backward or a tangent reaches them, not when they run (their results require grad as torch's do). ``householder_product`` (orgqr), the third of the QR
-routines, is a composite in ``linalg_functions.py``.
+backward or a tangent reaches them, not when they run (their results require grad as torch's do).
+``householder_product`` (orgqr), the third of the QR routines, is a composite in ``linalg_functions.py``.
 """
 
 # ruff: noqa: N803, N806 — matrices are named as in torch's linalg and the literature (A, B, LD)
@@ -85,7 +85,8 @@ def ormqr_backward(grad, input, tau, other, left: bool, transpose: bool):
 
 def ormqr_jvp(input, tau, other, input_t, tau_t, other_t, left: bool, transpose: bool):
     """The tangent of op(Q) C (torch has no forward rule for ormqr): the product rule through each reflector,
-    Y' = Y - t v w with w = v^H Y, for the left product that a right one is the adjoint of (as in ``ormqr_backward``)."""
+    Y' = Y - t v w with w = v^H Y, for the left product that a right one is the adjoint of (see
+    ``ormqr_backward``)."""
     k = tau.shape[-1]
     V, V_t = _reflector_columns(input, k), input_t[..., :k].tril(-1)
     Y, Y_t = (other, other_t) if left else (other.mH, other_t.mH)
@@ -251,7 +252,8 @@ declare("geqrf(Tensor self) -> (Tensor a, Tensor tau)", "other", grad={"self": "
             "(each under an implicit unit diagonal), and their scalars tau [..., min(m, n)].")
 declare("ormqr(Tensor self, Tensor input2, Tensor input3, bool left=True, bool transpose=False) -> Tensor", "other",
         grad={"self, input2, input3": "ormqr_backward(grad, self, input2, input3, left, transpose)"},
-        fwd="ormqr_jvp(self, input2, input3, self_t, input2_t, input3_t, left, transpose)", batch=apply_batched, check=_check_ormqr, autocast={"cpu": "fp32", "cuda": "fp32"},
+        fwd="ormqr_jvp(self, input2, input3, self_t, input2_t, input3_t, left, transpose)", batch=apply_batched,
+        check=_check_ormqr, autocast={"cpu": "fp32", "cuda": "fp32"},
         doc="op(Q) input3 (left) or input3 op(Q), with Q = H_1 ... H_k the product of geqrf's reflectors in self and "
             "input2 (tau) and op(Q) = Q^H where transpose is set (LAPACK's ormqr / unmqr).")
 
