@@ -227,7 +227,7 @@ def ldl_factor_ex(A, hermitian=False):
 @kernel("_linalg_ldl_solve")
 def ldl_solve(LD, pivots, B, hermitian=False):
     ld, piv, b = LD._np(), pivots._np().astype(np.int64), B._np()
-    x = np.array(b, dtype=b.dtype)
+    x = np.array(b, order="C")  # C order: the matrices below are views of it, solved in place
     hermitian = hermitian and np.iscomplexobj(ld)
     if x.size and ld.shape[-1]:
         flat_x = _flat_matrices(x)
