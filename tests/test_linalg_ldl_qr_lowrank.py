@@ -391,3 +391,15 @@ def test_ldl_geqrf_and_ormqr_on_cuda_agree_with_the_cpu():
     np.testing.assert_allclose(left_product.cpu().numpy(),
                                tw.ormqr(h_reflectors, h_tau, tw.from_numpy(c.swapaxes(-1, -2)), True, True).numpy(),
                                atol=1e-10)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4)])
+def test_orthogonal_householder_without_trivialization_starts_from_geqrf_as_torch(shape):
+    weights = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    results = []
+    for lib in (tw, torch):
+        layer = lib.nn.Linear(shape[1], shape[0], bias=False)
+        layer.weight.data = lib.from_numpy(weights.copy())
+        lib.nn.utils.parametrizations.orthogonal(layer, orthogonal_map="householder", use_trivialization=False)
+        results.append(layer.weight.detach().numpy())
+    np.testing.assert_allclose(results[0], results[1], atol=1e-6)
