@@ -132,6 +132,8 @@ from tilewise import (  # noqa: E402
     utils,
 )
 from tilewise._dlpack import from_dlpack, to_dlpack  # noqa: E402 — also gives Tensor its __dlpack__ methods
+from tilewise._lobpcg import lobpcg  # noqa: E402
+from tilewise._lowrank import pca_lowrank, svd_lowrank  # noqa: E402
 from tilewise.amp import (  # noqa: E402
     GradScaler,
     autocast,

@@ -17,7 +17,7 @@ _NAMES = ("solve", "solve_ex", "inv", "inv_ex", "det", "slogdet", "cholesky", "c
           "eigh", "eigvalsh", "solve_triangular", "lstsq", "pinv", "matrix_rank", "matrix_power", "matrix_exp",
           "vector_norm", "matrix_norm", "norm", "cross", "multi_dot", "vecdot", "diagonal", "tensorinv", "tensorsolve",
           "householder_product", "vander", "lu_factor", "lu_factor_ex", "lu", "lu_solve",
-          "eig", "eigvals")
+          "eig", "eigvals", "ldl_factor", "ldl_factor_ex", "ldl_solve")
 
 
 def _named(name: str):

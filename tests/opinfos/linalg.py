@@ -110,7 +110,50 @@ def factored(arg=0):
     return wrap
 
 
+def ldl_factored(arg=0, hermitian=False):
+    """``linalg.ldl_factor`` of argument ``arg`` in its place: the LD and pivots that ``ldl_solve`` takes."""
+    def wrap(fn, module):
+        def call(*args, **kwargs):
+            args = list(args)
+            LD, pivots = module.linalg.ldl_factor(args[arg], hermitian=hermitian)
+            return fn(*args[:arg], LD, pivots, *args[arg + 1:], **kwargs)
+
+        return call
+
+    return wrap
+
+
+# LDL: torch has no derivative (tests/test_linalg_ldl_qr_lowrank.py checks its error); complex matrices, symmetric
+# and Hermitian, on the CPU
+LDL_SAMPLES = [*SQUARE, Sample((T((5, 5)),), {"hermitian": True}, name="hermitian-real"),
+               Sample((T((2, 4, 4), "complex"),), name="complex-symmetric"),
+               Sample((T((4, 4), "complex"),), {"hermitian": True}, name="hermitian")]
+
 OPINFOS = [
+    OpInfo("linalg.ldl_factor", lambda: LDL_SAMPLES, grad=False, covers=("_linalg_ldl_factor_ex",)),
+    OpInfo("linalg.ldl_factor_ex", lambda: LDL_SAMPLES, grad=False),
+    OpInfo("linalg.ldl_solve", lambda: [
+        Sample((T((3, 3)), T((3, 2))), name="3x3"),
+        Sample((T((2, 4, 4)), T((2, 4, 3))), name="batch"),
+        Sample((T((4, 4)), T((2, 4, 1))), name="broadcast-B"),
+        Sample((T((4, 4), "complex"), T((4, 2), "complex")), name="complex"),
+    ], wrap=ldl_factored(), grad=False, covers=("_linalg_ldl_solve",)),
+    OpInfo("linalg.ldl_solve", lambda: [Sample((T((4, 4), "complex"), T((4, 2), "complex")), {"hermitian": True})],
+           wrap=ldl_factored(hermitian=True), grad=False),
+    OpInfo("geqrf", lambda: SQUARE + RECTANGULAR + [Sample((T((3, 4), "complex"),), name="complex")], grad=False),
+    OpInfo("geqrf", lambda: [Sample((T((2, 4, 3)),))], call="method", grad=False),
+    # any columns below the diagonal are Householder vectors and any tau their scalars: ormqr takes them as drawn
+    OpInfo("ormqr", lambda: [
+        Sample((T((4, 3)), T((3,)), T((4, 2))), name="left"),
+        Sample((T((4, 3)), T((3,)), T((4, 2))), {"transpose": True}, name="left-transpose"),
+        Sample((T((4, 3)), T((3,)), T((2, 4)), False), name="right"),
+        Sample((T((4, 3)), T((3,)), T((2, 4)), False, True), name="right-transpose"),
+        Sample((T((3, 5)), T((3,)), T((3, 2))), name="wide"),
+        Sample((T((2, 4, 4)), T((2, 4)), T((2, 2, 4))), {"left": False}, name="batch-right"),
+        Sample((T((4, 3), "complex"), T((3,), "complex"), T((4, 2), "complex")), {"transpose": True},
+               name="complex"),
+    ]),
+    OpInfo("ormqr", lambda: [Sample((T((4, 3)), T((3,)), T((4, 2))))], call="method"),
     OpInfo("linalg.solve", lambda: [
         Sample((T((3, 3)), T((3, 2))), name="matrix"),
         Sample((T((3, 3)), T((3,))), name="vector"),

@@ -29,6 +29,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     linalg,
     linalg_forward,
     linalg_functions,
+    linalg_packed,
     linalg_solvers,
     methods,
     movement,

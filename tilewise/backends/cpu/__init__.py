@@ -501,6 +501,7 @@ def _load_kernels() -> None:
         conv_kernels,
         fft_kernels,
         kernels,
+        linalg_householder_kernels,
         linalg_kernels,  # noqa: F401
         movement_kernels,
         scaled_mm_kernels,

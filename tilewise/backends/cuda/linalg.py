@@ -14,8 +14,12 @@ it did not (the triangular factors after masking, a wide SVD's, the triangular s
 layout.
 Batches loop over matrices on the current stream (one handle per device, bound to the stream at each call);
 ``info`` stays on the device and is read only where the caller checks errors.
-``_linalg_lstsq`` and ``_linalg_matrix_exp`` have no kernel here: they run on the host (LAPACK) and copy back,
-logged under ``TILEWISE_LOG=fallback`` (see ``kernels/fallback.py``); both are rare in training code.
+``geqrf`` and ``ormqr`` hand out and take geqrf's column-major reflectors as they are; ``_linalg_ldl_factor_ex``
+is sytrf on a column-major copy of A's lower triangle (uplo "L": the factorization torch returns, not the
+U D U^T one the row-major buffer would give).
+``_linalg_lstsq``, ``_linalg_matrix_exp`` and ``_linalg_ldl_solve`` have no kernel here: they run on the host
+(LAPACK, and ldl_solve's pivot loop) and copy back, logged under ``TILEWISE_LOG=fallback`` (see
+``kernels/fallback.py``); all are rare in training code.
 """
 
 # ruff: noqa: N803, N806 — matrices are named as in torch's linalg and the literature (A, B, L, U, S, Vh)
@@ -260,6 +264,70 @@ def qr(device: Device, A: Tensor, mode: str = "reduced"):
     for a, t in zip(matrices, _pointers(tau, count)):
         _routine("orgqr", A._dtype)(handle, m, q_cols, k, a, m, t, data_ptr(work), max(lwork, 1), data_ptr(info))
     return _as_columns(reflectors), R
+
+
+@kernel("geqrf")
+def geqrf(device: Device, A: Tensor):
+    batch, (m, n) = tuple(A._shape[:-2]), tuple(A._shape[-2:])
+    k, count = min(m, n), _count(batch)
+    factored = _fresh(A.mT)  # row-major [n, m]: column-major A (m x n, lda m), overwritten with R and reflectors
+    tau = empty(batch + (k,), A._dtype, device)
+    if count and k:
+        handle = _handle("cusolverDn", device)
+        info = _zeros((1,), dtypes.int32, device)
+        matrices = _pointers(factored, count)
+        lwork = _routine("geqrf_buffer_size", A._dtype)(handle, m, n, matrices[0], m)
+        work = _work(lwork, A._dtype, device)
+        for a, t in zip(matrices, _pointers(tau, count)):
+            _routine("geqrf", A._dtype)(handle, m, n, a, m, t, data_ptr(work), max(lwork, 1), data_ptr(info))
+    return _as_columns(factored), tau
+
+
+@kernel("ormqr")
+def ormqr(device: Device, input: Tensor, input2: Tensor, input3: Tensor, left: bool = True,  # noqa: A002
+          transpose: bool = False):
+    """op(Q) C or C op(Q) in place in a column-major copy of C (m x n); the reflectors are input's columns (lda:
+    its rows, which are C's m on the left and n on the right)."""
+    batch = tuple(input3._shape[:-2])
+    m, n = input3._shape[-2], input3._shape[-1]
+    k, count = input2._shape[-1], _count(batch)
+    product = _fresh(input3.mT)  # row-major [n, m]: column-major C, ldc m
+    if count == 0 or m == 0 or n == 0 or k == 0:
+        return _as_columns(product)
+    reflectors = _fresh(input.mT)  # column-major, lda = input's rows
+    lda = input._shape[-2]
+    tau = _contiguous(input2)
+    side = _SIDE_LEFT if left else _SIDE_RIGHT
+    trans = _OP_T if transpose else _OP_N
+    handle = _handle("cusolverDn", device)
+    info = _zeros((1,), dtypes.int32, device)
+    a_ptrs, t_ptrs, c_ptrs = _pointers(reflectors, count), _pointers(tau, count), _pointers(product, count)
+    lwork = _routine("ormqr_buffer_size", input._dtype)(handle, side, trans, m, n, k, a_ptrs[0], lda, t_ptrs[0],
+                                                        c_ptrs[0], m)
+    work = _work(lwork, input._dtype, device)
+    for a, t, c in zip(a_ptrs, t_ptrs, c_ptrs):
+        _routine("ormqr", input._dtype)(handle, side, trans, m, n, k, a, lda, t, c, m, data_ptr(work), max(lwork, 1),
+                                        data_ptr(info))
+    return _as_columns(product)
+
+
+@kernel("_linalg_ldl_factor_ex")
+def ldl_factor_ex(device: Device, A: Tensor, hermitian: bool = False):
+    """sytrf (Bunch-Kaufman, LAPACK's pivots) of the lower triangle; real matrices only reach here, for which
+    ``hermitian`` changes nothing."""
+    batch, n = tuple(A._shape[:-2]), A._shape[-1]
+    count = _count(batch)
+    factored = _fresh(A.tril().mT)  # column-major lower triangle; the upper one stays zero, as torch's tril_ leaves it
+    pivots = _zeros(batch + (n,), dtypes.int32, device)
+    info = _zeros(batch, dtypes.int32, device)
+    if count and n:
+        handle = _handle("cusolverDn", device)
+        matrices = _pointers(factored, count)
+        lwork = _routine("sytrf_buffer_size", A._dtype)(handle, n, matrices[0], n)
+        work = _work(lwork, A._dtype, device)
+        for a, p, i in zip(matrices, _pointers(pivots, count), _pointers(info, count)):
+            _routine("sytrf", A._dtype)(handle, _FILL_LOWER, n, a, n, p, data_ptr(work), max(lwork, 1), i)
+    return _as_columns(factored), pivots, info
 
 
 # ---------------------------------------------------------------- SVD, symmetric eigensolver

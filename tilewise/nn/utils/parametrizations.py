@@ -25,7 +25,7 @@ from tilewise.nn.utils import parametrize
 from tilewise.nn.utils.reparametrize import _weight_norm as weight_norm_of
 from tilewise.nn.utils.reparametrize import norm_except_dim
 from tilewise.ops.creation import eye, randn, zeros_like
-from tilewise.ops.functions import cat
+from tilewise.ops.functions import cat, geqrf
 from tilewise.ops.registry import public_function
 from tilewise.tensor import Tensor
 
@@ -110,10 +110,12 @@ class _Orthogonal(Module):
             if self.orthogonal_map in (_OrthMaps.cayley, _OrthMaps.matrix_exp):
                 raise NotImplementedError("It is not possible to assign to the matrix exponential or the Cayley "
                                           "parametrizations when use_trivialization=False.")
-            # not NotImplementedError: registration would take that as "keep the tensor as it is"
-            raise RuntimeError("orthogonal: the householder map with use_trivialization=False starts from geqrf's "
-                               "reflectors, and tilewise has no geqrf yet; keep use_trivialization=True (the "
-                               "default) or choose orthogonal_map='matrix_exp' or 'cayley'")
+            # the householder map: geqrf's reflectors of Q, with R's diagonal (stored on A's) made positive; a
+            # reflector LAPACK skipped (tau exactly zero) flips that sign back
+            A, tau = geqrf(Q)
+            A.diagonal(dim1=-2, dim2=-1).sign_()
+            A.diagonal(dim1=-2, dim2=-1)[tau == 0.0] *= -1
+            return A.mT if transpose else A
         if n == k:
             Q = _make_orthogonal(Q) if not _is_orthogonal(Q) else Q.clone()
         else:  # complete Q to a square orthogonal base with random columns, as torch
