@@ -449,3 +449,514 @@ def transport_batches(rng, steps=5, n=12, lists=3, length=5):
 def test_sinkhorn_transport_and_differentiable_sorting_losses_train_like_torch():
     ours, theirs = run_both(transport_and_sorting, transport_batches(np.random.default_rng(3)))
     assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Quantisation-aware training as the eager-mode tutorials write it without torch.ao: observers by hand (running min and
+# max with momentum in buffers, torch.aminmax, the affine qparams of a uint8 range with torch.round), activations fake
+# quantised per tensor (the tensor-qparams overload in the layers, the float/int one on the logits), weights per output
+# channel with symmetric int8 scales (torch.fake_quantize_per_channel_affine, int32 zero points), straight-through
+# gradients, SGD with momentum; then int8 inference emulated with round/clamp to uint8 and int8 tensors and an int32
+# matmul with the zero point subtracted, compared with the fake-quantised float model.
+
+def quantisation_aware(torch, init, batches, momentum=0.1):
+    nn, F = torch.nn, torch.nn.functional
+
+    class MovingAverageMinMax(nn.Module):
+        def __init__(self, quant_min=0, quant_max=255):
+            super().__init__()
+            self.momentum, self.quant_min, self.quant_max = momentum, quant_min, quant_max
+            self.register_buffer("min_val", torch.tensor(float("inf")))
+            self.register_buffer("max_val", torch.tensor(float("-inf")))
+
+        def forward(self, x):
+            if self.training:
+                min_now, max_now = torch.aminmax(x.detach())
+                if torch.isinf(self.min_val):
+                    self.min_val.copy_(min_now)
+                    self.max_val.copy_(max_now)
+                else:
+                    self.min_val.mul_(1 - self.momentum).add_(min_now, alpha=self.momentum)
+                    self.max_val.mul_(1 - self.momentum).add_(max_now, alpha=self.momentum)
+            return x
+
+        def calculate_qparams(self):
+            min_neg = torch.min(self.min_val, torch.zeros_like(self.min_val))
+            max_pos = torch.max(self.max_val, torch.zeros_like(self.max_val))
+            scale = (max_pos - min_neg) / float(self.quant_max - self.quant_min)
+            scale = torch.max(scale, torch.tensor(torch.finfo(torch.float32).eps))
+            zero_point = self.quant_min - torch.round(min_neg / scale).to(torch.int)
+            return scale, torch.clamp(zero_point, self.quant_min, self.quant_max).to(torch.int32)
+
+    def weight_qparams(weight):
+        scale = weight.detach().abs().amax(dim=1).clamp(min=1e-8) / 127.0
+        return scale, torch.zeros(weight.shape[0], dtype=torch.int32)
+
+    class QATLinear(nn.Linear):
+        def __init__(self, in_features, out_features):
+            super().__init__(in_features, out_features)
+            self.activation_post_process = MovingAverageMinMax()
+
+        def forward(self, x):
+            x = self.activation_post_process(x)
+            scale, zero_point = self.activation_post_process.calculate_qparams()
+            x = torch.fake_quantize_per_tensor_affine(x, scale, zero_point, 0, 255)
+            w_scale, w_zero_point = weight_qparams(self.weight)
+            weight = torch.fake_quantize_per_channel_affine(self.weight, w_scale, w_zero_point, 0, -127, 127)
+            return F.linear(x, weight, self.bias)
+
+    model = nn.Sequential(QATLinear(6, 12), nn.ReLU(), QATLinear(12, 4))
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "qparams": []}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        x, y = torch.from_numpy(x), torch.from_numpy(y)
+        optimizer.zero_grad()
+        logits = model(x)
+        logits = torch.fake_quantize_per_tensor_affine(logits, 0.05, 10, -128, 127)
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+        record["qparams"].append([numpy_of(t) for t in model[0].activation_post_process.calculate_qparams()])
+
+    x = torch.from_numpy(batches[0][0]).requires_grad_()
+    straight = torch.fake_quantize_per_tensor_affine(x, 0.01, 0, -50, 50)
+    straight.backward(torch.ones_like(straight))
+    record["straight_through"] = [numpy_of(straight), numpy_of(x.grad)]
+    assert torch.equal(x.grad, ((x / 0.01).round() >= -50).float() * ((x / 0.01).round() <= 50).float())
+
+    model.eval()
+    x = torch.from_numpy(batches[-1][0])
+    with torch.no_grad():
+        record["fake_quantised"] = numpy_of(model(x))
+        h = x
+        for layer in (model[0], model[2]):
+            s_x, zp_x = layer.activation_post_process.calculate_qparams()
+            x_q = torch.clamp(torch.round(h * (1.0 / s_x)) + zp_x, 0, 255).to(torch.uint8)
+            w_scale, _ = weight_qparams(layer.weight)
+            w_q = torch.clamp(torch.round(layer.weight * (1.0 / w_scale[:, None])), -127, 127).to(torch.int8)
+            acc = torch.matmul(x_q.to(torch.int32) - zp_x, w_q.to(torch.int32).t())
+            assert acc.dtype == torch.int32
+            h = acc.to(torch.float32) * (s_x * w_scale) + layer.bias
+            if layer is model[0]:
+                h = torch.relu(h)
+        record["int8"] = numpy_of(h)
+        assert torch.allclose(h, model(x), atol=1e-4)
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def qat_batches(rng, steps=6, batch=8):
+    out = []
+    for _ in range(steps):
+        x = rng.standard_normal((batch, 6)).astype(np.float32)
+        out.append((x, (x[:, 0] > 0).astype(np.int64) + 2 * (x[:, 1] > 0).astype(np.int64)))
+    return out
+
+
+def test_quantisation_aware_training_with_fake_quantisation_and_int8_inference_runs_like_torch():
+    ours, theirs = run_both(quantisation_aware, qat_batches(np.random.default_rng(4)))
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A Transformer-XL language model as the reference implementation writes it: sinusoidal relative positions from
+# torch.ger of a descending arange, relative multi-head attention with the learned biases r_w_bias and r_r_bias, the
+# scores by einsum over an operand tuple, the rel-shift trick (a zero column, a view to (klen + 1, qlen), the first row
+# dropped, view_as), a causal mask of torch.triu shifted by the memory length, a memory of detached hidden states
+# concatenated across segments and cut to mem_len, targets by torch.roll of the token stream, and an adaptive softmax
+# (nn.AdaptiveLogSoftmaxWithLoss with two cutoffs) for the loss, log_prob and predict.
+
+def transformer_xl(torch, init, stream, vocab=20, d=16, n_head=2, d_head=8, layers=2, tgt_len=4, mem_len=4):
+    nn, F = torch.nn, torch.nn.functional
+
+    class PositionalEmbedding(nn.Module):
+        def __init__(self, demb):
+            super().__init__()
+            inv_freq = 1 / (10000 ** (torch.arange(0.0, demb, 2.0) / demb))
+            self.register_buffer("inv_freq", inv_freq)
+
+        def forward(self, pos_seq, bsz):
+            sinusoid_inp = torch.ger(pos_seq, self.inv_freq)
+            pos_emb = torch.cat([sinusoid_inp.sin(), sinusoid_inp.cos()], dim=-1)
+            return pos_emb[:, None, :].expand(-1, bsz, -1)
+
+    def rel_shift(x):
+        zero_pad = torch.zeros((x.size(0), 1, *x.size()[2:]), device=x.device, dtype=x.dtype)
+        x_padded = torch.cat([zero_pad, x], dim=1)
+        x_padded = x_padded.view(x.size(1) + 1, x.size(0), *x.size()[2:])
+        return x_padded[1:].view_as(x)
+
+    class RelPartialLearnableMultiHeadAttn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv_net = nn.Linear(d, 3 * n_head * d_head, bias=False)
+            self.r_net = nn.Linear(d, n_head * d_head, bias=False)
+            self.o_net = nn.Linear(n_head * d_head, d, bias=False)
+            self.layer_norm = nn.LayerNorm(d)
+            self.scale = 1 / (d_head ** 0.5)
+
+        def forward(self, w, r, r_w_bias, r_r_bias, attn_mask, mems):
+            qlen, rlen, bsz = w.size(0), r.size(0), w.size(1)
+            cat = torch.cat([mems, w], 0) if mems is not None else w
+            w_heads, r_head_k = self.qkv_net(cat), self.r_net(r)
+            w_head_q, w_head_k, w_head_v = torch.chunk(w_heads, 3, dim=-1)
+            w_head_q = w_head_q[-qlen:]
+            klen = w_head_k.size(0)
+            w_head_q = w_head_q.view(qlen, bsz, n_head, d_head)
+            w_head_k = w_head_k.view(klen, bsz, n_head, d_head)
+            w_head_v = w_head_v.view(klen, bsz, n_head, d_head)
+            r_head_k = r_head_k.view(rlen, n_head, d_head)
+            AC = torch.einsum("ibnd,jbnd->ijbn", (w_head_q + r_w_bias, w_head_k))
+            BD = rel_shift(torch.einsum("ibnd,jnd->ijbn", (w_head_q + r_r_bias, r_head_k)))
+            attn_score = AC + BD
+            attn_score.mul_(self.scale)
+            attn_score = attn_score.float().masked_fill(attn_mask[:, :, :, None], -float("inf")).type_as(attn_score)
+            attn_prob = F.softmax(attn_score, dim=1)
+            attn_vec = torch.einsum("ijbn,jbnd->ibnd", (attn_prob, w_head_v))
+            attn_vec = attn_vec.contiguous().view(attn_vec.size(0), attn_vec.size(1), n_head * d_head)
+            return self.layer_norm(w + self.o_net(attn_vec))
+
+    class DecoderLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dec_attn = RelPartialLearnableMultiHeadAttn()
+            self.pos_ff = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(inplace=True), nn.Linear(2 * d, d))
+            self.ff_norm = nn.LayerNorm(d)
+
+        def forward(self, dec_inp, r, r_w_bias, r_r_bias, dec_attn_mask, mems):
+            output = self.dec_attn(dec_inp, r, r_w_bias, r_r_bias, dec_attn_mask, mems)
+            return self.ff_norm(output + self.pos_ff(output))
+
+    class MemTransformerLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.word_emb = nn.Embedding(vocab, d)
+            self.pos_emb = PositionalEmbedding(d)
+            self.r_w_bias = nn.Parameter(torch.Tensor(n_head, d_head).normal_(0.0, 0.02))
+            self.r_r_bias = nn.Parameter(torch.Tensor(n_head, d_head).normal_(0.0, 0.02))
+            self.layers = nn.ModuleList([DecoderLayer() for _ in range(layers)])
+            self.crit = nn.AdaptiveLogSoftmaxWithLoss(d, vocab, cutoffs=[6, 12], div_value=2.0)
+
+        def init_mems(self):
+            return [torch.empty(0) for _ in range(layers + 1)]
+
+        def _update_mems(self, hids, mems, qlen, mlen):
+            with torch.no_grad():
+                end_idx = mlen + max(0, qlen)
+                beg_idx = max(0, end_idx - mem_len)
+                return [torch.cat([mems[i], hids[i]], dim=0)[beg_idx:end_idx].detach() for i in range(len(hids))]
+
+        def _forward(self, dec_inp, mems):
+            qlen, bsz = dec_inp.size()
+            word_emb = self.word_emb(dec_inp)
+            mlen = mems[0].size(0) if mems[0].numel() else 0
+            klen = mlen + qlen
+            dec_attn_mask = torch.triu(word_emb.new_ones(qlen, klen), diagonal=1 + mlen).bool()[:, :, None]
+            pos_seq = torch.arange(klen - 1, -1, -1.0, device=word_emb.device, dtype=word_emb.dtype)
+            pos_emb = self.pos_emb(pos_seq, bsz)[:, 0]
+            core_out = word_emb
+            hids = [core_out]
+            for i, layer in enumerate(self.layers):
+                mems_i = mems[i] if mems[i].numel() else None
+                core_out = layer(core_out, pos_emb, self.r_w_bias, self.r_r_bias, dec_attn_mask, mems_i)
+                hids.append(core_out)
+            return core_out, self._update_mems(hids, mems, qlen, mlen)
+
+        def forward(self, data, target, *mems):
+            if not mems:
+                mems = self.init_mems()
+            hidden, new_mems = self._forward(data, mems)
+            out = self.crit(hidden.reshape(-1, d), target.reshape(-1))
+            return [out.loss, out.output, hidden] + new_mems
+
+    model = MemTransformerLM()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "mem_sizes": []}
+    # eps above the ~1e-9 rounding noise of r_net's columns under the slowest sinusoids (near-constant over klen, so
+    # the softmax cancels their gradient): Adam's default would scale that noise up to full steps
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, eps=1e-6)
+    tokens = torch.from_numpy(stream)  # (T + 1, batch)
+    targets = torch.roll(tokens, shifts=-1, dims=0)[:-1]
+    tokens = tokens[:-1]
+    mems = tuple()
+    for i in range(0, tokens.size(0), tgt_len):
+        data, target = tokens[i:i + tgt_len], targets[i:i + tgt_len]
+        optimizer.zero_grad()
+        ret = model(data, target, *mems)
+        loss, mems = ret[0], ret[3:]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+        record["mem_sizes"].append([m.size(0) for m in mems])
+        assert not any(m.requires_grad for m in mems)
+    model.eval()
+    with torch.no_grad():
+        ret = model(tokens[:tgt_len], targets[:tgt_len], *mems)
+        hidden = ret[2].reshape(-1, d)
+        record["eval"] = [ret[0].item(), numpy_of(ret[1]), numpy_of(model.crit.log_prob(hidden)),
+                          numpy_of(model.crit.predict(hidden))]
+        x = torch.arange(24.0).view(4, 6)
+        record["rel_shift"] = numpy_of(rel_shift(x))
+        rolled = torch.stack([torch.roll(x[i], shifts=i + 1 - x.size(0), dims=0) for i in range(x.size(0))])
+        assert torch.equal(rel_shift(x).tril(x.size(1) - x.size(0)), rolled.tril(x.size(1) - x.size(0)))
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def test_transformer_xl_with_segment_memory_rel_shift_and_adaptive_softmax_trains_like_torch():
+    stream = np.random.default_rng(5).integers(0, 20, (17, 3)).astype(np.int64)
+    ours, theirs = run_both(transformer_xl, stream)
+    assert theirs["mem_sizes"][-1] == [4, 4, 4]
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A mixture density network as the tutorials write it: a tanh body, heads for the mixture logits, the means and the
+# scales (softplus plus a floor), torch.distributions.MixtureSameFamily of a Categorical over Independent Normals (and
+# of univariate Normals), the negative log-likelihood as the loss, clip_grad_value_, Adam; then the mixture's mean,
+# variance, cdf, samples under a reseeded global generator, and a hand-written ancestral sample of torch.multinomial
+# and torch.randn under a fixed torch.Generator (compared for shape and reproducibility) and of numpy draws (compared).
+
+def mixture_density(torch, init, batches, draws, k=3, d_out=2, hidden=16):
+    nn, F, D = torch.nn, torch.nn.functional, torch.distributions
+
+    class MDN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(1, hidden), nn.Tanh())
+            self.pi = nn.Linear(hidden, k)
+            self.mu = nn.Linear(hidden, k * d_out)
+            self.sigma = nn.Linear(hidden, k * d_out)
+
+        def forward(self, x):
+            h = self.body(x)
+            mix = D.Categorical(logits=self.pi(h))
+            mu = self.mu(h).view(-1, k, d_out)
+            sigma = F.softplus(self.sigma(h)).view(-1, k, d_out) + 1e-3
+            return D.MixtureSameFamily(mix, D.Independent(D.Normal(mu, sigma), 1))
+
+    model = MDN()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": []}
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for x, y in batches:
+        x, y = torch.from_numpy(x), torch.from_numpy(y)
+        optimizer.zero_grad()
+        loss = -model(x).log_prob(y).mean()
+        loss.backward()
+        nn.utils.clip_grad_value_(model.parameters(), clip_value=0.5)
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+
+    x = torch.from_numpy(batches[0][0])
+    with torch.no_grad():
+        dist = model(x)
+        assert tuple(dist.batch_shape) == (x.shape[0],) and tuple(dist.event_shape) == (d_out,)
+        record["moments"] = [numpy_of(dist.mean), numpy_of(dist.variance), numpy_of(dist.stddev)]
+        record["log_prob"] = numpy_of(dist.log_prob(torch.from_numpy(batches[0][1])))
+        univariate = D.MixtureSameFamily(dist.mixture_distribution,
+                                         D.Normal(dist.component_distribution.base_dist.loc[..., 0],
+                                                  dist.component_distribution.base_dist.scale[..., 0]))
+        y0 = torch.from_numpy(batches[0][1][:, 0])
+        record["univariate"] = [numpy_of(univariate.log_prob(y0)), numpy_of(univariate.cdf(y0)),
+                                numpy_of(univariate.mean), numpy_of(univariate.variance)]
+        torch.manual_seed(0)
+        first = dist.sample((5,))
+        torch.manual_seed(0)
+        assert tuple(first.shape) == (5, x.shape[0], d_out) and torch.equal(first, dist.sample((5,)))
+
+        pi = dist.mixture_distribution.probs
+        mu, sigma = dist.component_distribution.base_dist.loc, dist.component_distribution.base_dist.scale
+
+        def ancestral(generator):
+            component = torch.multinomial(pi, 1, generator=generator).squeeze(-1)
+            noise = torch.randn(x.shape[0], d_out, generator=generator)
+            rows = torch.arange(x.shape[0])
+            return mu[rows, component] + sigma[rows, component] * noise
+
+        drawn = ancestral(torch.Generator().manual_seed(7))
+        assert tuple(drawn.shape) == (x.shape[0], d_out)
+        assert torch.equal(drawn, ancestral(torch.Generator().manual_seed(7)))
+        uniform, noise = (torch.from_numpy(a) for a in draws)
+        component = torch.searchsorted(torch.cumsum(pi, dim=-1), uniform.unsqueeze(-1)).squeeze(-1).clamp(max=k - 1)
+        gathered = torch.gather(mu, 1, component[:, None, None].expand(-1, 1, d_out)).squeeze(1)
+        scale = torch.gather(sigma, 1, component[:, None, None].expand(-1, 1, d_out)).squeeze(1)
+        record["ancestral"] = [numpy_of(component), numpy_of(gathered + scale * noise)]
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def mdn_batches(rng, steps=6, batch=16):
+    out = []
+    for _ in range(steps):
+        x = rng.uniform(-1, 1, (batch, 1)).astype(np.float32)
+        branch = rng.integers(0, 2, (batch, 1))
+        y = np.concatenate([np.sin(3 * x) + branch, np.cos(2 * x) - branch], axis=1)
+        out.append((x, (y + 0.05 * rng.standard_normal((batch, 2))).astype(np.float32)))
+    return out, (rng.random(batch).astype(np.float32), rng.standard_normal((batch, 2)).astype(np.float32))
+
+
+def test_mixture_density_network_with_mixture_same_family_trains_like_torch():
+    batches, draws = mdn_batches(np.random.default_rng(6))
+    ours, theirs = run_both(mixture_density, batches, draws)
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The failures the programs met, each reduced to a test.
+
+def fake_quantised(torch, dtype, call):
+    values = np.array([0.26, -3.0, 40.0, 0.05, 0.15, -0.25, 12.649, -1e-3, 2.5e-3, float("nan")], np.float32)
+    x = torch.tensor(values).reshape(5, 2).to(getattr(torch, dtype)).requires_grad_()
+    y = call(torch, x)
+    y.backward(torch.ones_like(y))
+    assert y.dtype == x.dtype
+    return [numpy_of(y.float()), numpy_of(x.grad.float())]
+
+
+FAKE_QUANTIZE = {
+    "per tensor": lambda t, x: t.fake_quantize_per_tensor_affine(x, 0.1, 3, -128, 127),
+    "per tensor, scale 0.3": lambda t, x: t.fake_quantize_per_tensor_affine(x, 0.3, 0, -20, 20),
+    "per tensor, tensor qparams": lambda t, x: t.fake_quantize_per_tensor_affine(
+        x, t.tensor(0.05), t.tensor(-2, dtype=t.int32), 0, 255),
+    "per tensor, a float zero point tensor truncated": lambda t, x: t.fake_quantize_per_tensor_affine(
+        x, t.tensor([0.1], dtype=t.float64), t.tensor([-3.7]), -128, 127),
+    "per tensor, a zero point tensor past the range": lambda t, x: t.fake_quantize_per_tensor_affine(
+        x, t.tensor(0.1), t.tensor(300), -128, 127),
+    "per channel, int32 zero points": lambda t, x: t.fake_quantize_per_channel_affine(
+        x, t.tensor([0.1, 0.07]), t.tensor([0, 5], dtype=t.int32), 1, -128, 127),
+    "per channel, axis 0": lambda t, x: t.fake_quantize_per_channel_affine(
+        x, t.tensor([0.1, 0.2, 0.3, 0.4, 0.5]), t.tensor([0, 1, 2, 3, 4], dtype=t.int32), 0, -10, 10),
+    "per channel, float zero points": lambda t, x: t.fake_quantize_per_channel_affine(
+        x, t.tensor([0.1, 0.07]), t.tensor([3.7, -2.5]), 1, -128, 127),
+    "per channel, half zero points": lambda t, x: t.fake_quantize_per_channel_affine(
+        x, t.tensor([0.1, 0.07]), t.tensor([3.7, -2.5], dtype=t.float16), 1, -128, 127),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", FAKE_QUANTIZE)
+def test_fake_quantisation_gives_torch_values_and_straight_through_gradients(case, dtype):
+    # missing: torch.fake_quantize_per_tensor_affine and torch.fake_quantize_per_channel_affine
+    ours, theirs = (fake_quantised(torch, dtype, FAKE_QUANTIZE[case]) for torch in (tilewise, real_torch))
+    assert_same(ours, theirs, rtol=0, atol=0)
+
+
+def test_fake_quantisation_names_torchs_backward_nodes():
+    for torch in LIBRARIES:
+        x = torch.ones(3, requires_grad=True)
+        names = [torch.fake_quantize_per_tensor_affine(x, 0.1, 0, -128, 127).grad_fn.name(),
+                 torch.fake_quantize_per_tensor_affine(x, torch.tensor(0.1), torch.tensor(0), -128, 127).grad_fn.name(),
+                 torch.fake_quantize_per_channel_affine(x, torch.ones(3), torch.zeros(3, dtype=torch.int32), 0, -128,
+                                                        127).grad_fn.name()]
+        assert names == ["FakeQuantizePerTensorAffineCachemaskBackward0",
+                         "FakeQuantizePerTensorAffineCachemaskTensorQparamsBackward0",
+                         "FakeQuantizePerChannelAffineCachemaskBackward0"]
+
+
+def test_fake_quantisation_under_cpu_autocast_gives_torch_dtypes():
+    for torch in LIBRARIES:
+        x = torch.ones(3, dtype=torch.bfloat16)
+        with torch.autocast("cpu"):
+            numbers = torch.fake_quantize_per_tensor_affine(x, 0.1, 0, -128, 127)
+            tensors = torch.fake_quantize_per_tensor_affine(x, torch.tensor(0.1), torch.tensor(0), -128, 127)
+        assert (numbers.dtype, tensors.dtype) == (torch.float32, torch.bfloat16)
+
+
+def _channel(t, x=None, scale=None, zero_point=None, axis=1, quant_min=-128, quant_max=127):
+    x = t.ones(5, 3) if x is None else x
+    scale = t.ones(3) if scale is None else scale
+    zero_point = t.zeros(3, dtype=t.int32) if zero_point is None else zero_point
+    return t.fake_quantize_per_channel_affine(x, scale, zero_point, axis, quant_min, quant_max)
+
+
+RANGE = "`quant_min` should be less than or         equal to `quant_max`."
+FAKE_QUANTIZE_REFUSALS = {
+    "quant_min > quant_max": (lambda t: t.fake_quantize_per_tensor_affine(t.ones(2), 0.1, 3, 5, 4), RuntimeError,
+                              RANGE),
+    "zero point past the range": (lambda t: t.fake_quantize_per_tensor_affine(t.ones(2), 0.1, 300, -128, 127),
+                                  RuntimeError, "`zero_point` must be between `quant_min` and `quant_max`."),
+    "int input": (lambda t: t.fake_quantize_per_tensor_affine(t.ones(2, dtype=t.int32), 0.1, 0, -128, 127),
+                  NotImplementedError, "\"fake_quantize_tensor_cachemask_kernel_type_handling\" not implemented for "
+                                       "'Int'"),
+    "tensor qparams, quant_min > quant_max": (
+        lambda t: t.fake_quantize_per_tensor_affine(t.ones(2), t.tensor(0.1), t.tensor(0), 5, 4), RuntimeError, RANGE),
+    "tensor qparams, two scales": (
+        lambda t: t.fake_quantize_per_tensor_affine(t.ones(2), t.tensor([0.1, 0.2]), t.tensor(0), -128, 127),
+        RuntimeError, "a Tensor with 2 elements cannot be converted to Scalar"),
+    "tensor qparams, a scale requiring grad": (
+        lambda t: t.fake_quantize_per_tensor_affine(t.ones(2), t.tensor(0.1, requires_grad=True), t.tensor(0), -128,
+                                                    127),
+        RuntimeError, "The function '_fake_quantize_per_tensor_affine_cachemask_tensor_qparams' is not differentiable "
+                      "with respect to argument 'scale'. This input cannot have requires_grad True."),
+    "per channel, double scale": (lambda t: _channel(t, scale=t.ones(3, dtype=t.float64)), RuntimeError,
+                                  "Scale must be Float or BFloat16, found Double"),
+    "per channel, int64 zero point": (lambda t: _channel(t, zero_point=t.zeros(3, dtype=t.int64)), RuntimeError,
+                                      "Zero-point must be Int32, Float or Half, found Long"),
+    "per channel, 2-d scale": (lambda t: _channel(t, scale=t.ones(3, 1)), RuntimeError,
+                               "scale should be a 1-D tensor"),
+    "per channel, 2-d zero point": (lambda t: _channel(t, zero_point=t.zeros(3, 1, dtype=t.int32)), RuntimeError,
+                                    "zero point should be a 1-D tensor"),
+    "per channel, sizes differ": (lambda t: _channel(t, scale=t.ones(2)), RuntimeError,
+                                  "scale and zero-point need to have the same dimensions"),
+    "per channel, the wrong axis": (lambda t: _channel(t, axis=0), RuntimeError,
+                                    "dimensions of scale and zero-point are not consistent with input tensor"),
+    "per channel, an axis past the end": (lambda t: _channel(t, axis=2), IndexError,
+                                          "Dimension out of range (expected to be in range of [-2, 1], but got 2)"),
+    "per channel, a negative axis": (lambda t: _channel(t, axis=-1), RuntimeError,
+                                     "`axis` must be between 0 and number of dimensions of input"),
+    "per channel, quant_min > quant_max": (lambda t: _channel(t, quant_min=5, quant_max=4), RuntimeError, RANGE),
+    "per channel, zero point past the range": (
+        lambda t: _channel(t, zero_point=t.tensor([0, 200, 0], dtype=t.int32)), RuntimeError,
+        "`zero_point` must be between `quant_min` and `quant_max`."),
+    "per channel, int input": (lambda t: _channel(t, x=t.ones(5, 3, dtype=t.int32)), NotImplementedError,
+                               "\"fake_quantize_channel_cachemask_cpu_type_handling\" not implemented for 'Int'"),
+    "per channel, a scale requiring grad": (
+        lambda t: _channel(t, scale=t.ones(3, requires_grad=True)), RuntimeError,
+        "The function 'fake_quantize_per_channel_affine_cachemask' is not differentiable with respect to argument "
+        "'scale'. This input cannot have requires_grad True."),
+}
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize("case", FAKE_QUANTIZE_REFUSALS)
+def test_fake_quantisation_refuses_bad_arguments_as_torch(torch, case):
+    call, error, message = FAKE_QUANTIZE_REFUSALS[case]
+    with pytest.raises(error) as info:
+        call(torch)
+    assert type(info.value) is error and str(info.value).startswith(message)
+
+
+def test_a_float_zero_point_past_the_range_is_taken_per_channel_as_torch_takes_it():
+    for torch in LIBRARIES:
+        y = _channel(torch, x=torch.tensor([[100.0, 100.0, 100.0], [-100.0, -100.0, -100.0]]),
+                     scale=torch.full((3,), 0.1), zero_point=torch.tensor([1000.0, -1000.0, 2.5]))
+        np.testing.assert_allclose(y.tolist(), [[-87.3, 100.0, 12.45], [-100.0, 87.2, -13.05]], rtol=1e-6)
+
+
+SIZE_REFUSALS = {
+    "size(2) of a matrix": (lambda t: t.ones(5, 3).size(2),
+                            "Dimension out of range (expected to be in range of [-2, 1], but got 2)"),
+    "stride(-3) of a matrix": (lambda t: t.ones(5, 3).stride(-3),
+                               "Dimension out of range (expected to be in range of [-2, 1], but got -3)"),
+    "size(0) of a 0-dim tensor": (lambda t: t.tensor(1.0).size(0), "Dimension specified as 0 but tensor has no "
+                                                                     "dimensions"),
+    "size(-1) of a 0-dim tensor": (lambda t: t.tensor(1.0).size(-1), "Dimension specified as -1 but tensor has no "
+                                                                       "dimensions"),
+    "stride(0) of a 0-dim tensor": (lambda t: t.tensor(1.0).stride(0), "Dimension specified as 0 but tensor has "
+                                                                         "no dimensions"),
+}
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize("case", SIZE_REFUSALS)
+def test_size_and_stride_of_a_missing_dim_are_refused_in_torchs_words(torch, case):
+    # per-channel fake quantisation asks size(axis) first; a 0-dim tensor gave "tuple index out of range", a matrix
+    # "size: Dimension out of range ..."
+    call, message = SIZE_REFUSALS[case]
+    with pytest.raises(IndexError) as info:
+        call(torch)
+    assert str(info.value) == message

@@ -123,6 +123,14 @@ INFERENCE_SAVED = ("Inference tensors cannot be saved for backward. Please do no
                    "`tilewise.inference_mode()`.")
 
 
+def _existing_dim(dim: int, shape: tuple) -> int:
+    """``dim`` of a tensor of ``shape`` made non-negative for ``size(dim)`` and ``stride(dim)``, or torch's
+    IndexError where the tensor has no such dim (a 0-dim tensor has none)."""
+    if not shape:
+        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+    return _strides.normalize_dim(dim, len(shape))
+
+
 def vmap_value_error(what: str) -> str:
     """torch's vmap errors for Python reading a batched tensor's values: ``item()`` and the scalar conversions
     built on it have their own, every other read is data-dependent control flow."""
@@ -208,12 +216,12 @@ class Tensor:
     def size(self, dim: int | None = None):
         if dim is None:
             return Size(self._shape)
-        return self._shape[_strides.normalize_dim(dim, len(self._shape), "size")]
+        return self._shape[_existing_dim(dim, self._shape)]
 
     def stride(self, dim: int | None = None):
         if dim is None:
             return self._strides
-        return self._strides[_strides.normalize_dim(dim, len(self._shape), "stride")]
+        return self._strides[_existing_dim(dim, self._shape)]
 
     def storage_offset(self) -> int:
         return self._offset
