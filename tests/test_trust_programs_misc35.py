@@ -9,7 +9,7 @@ libraries' own draws (``torch.randint``, ``sample``) are checked for shape, rang
 programs, the failures they met, each reduced to a test.
 """
 
-# ruff: noqa: N806 — the programs keep the scripts' names (F, A_s, P_hat)
+# ruff: noqa: N803, N806 — the programs keep the scripts' names (F, D, A_s, P_hat)
 
 from __future__ import annotations
 
@@ -960,3 +960,63 @@ def test_size_and_stride_of_a_missing_dim_are_refused_in_torchs_words(torch, cas
     with pytest.raises(IndexError) as info:
         call(torch)
     assert str(info.value) == message
+
+
+def mixtures(torch):
+    D = torch.distributions
+    rng = np.random.default_rng(8)
+    logits = torch.tensor(rng.standard_normal((4, 3)).astype(np.float32), requires_grad=True)
+    loc = torch.tensor(rng.standard_normal((4, 3, 2)).astype(np.float32), requires_grad=True)
+    scale = torch.tensor(rng.uniform(0.5, 1.5, (4, 3, 2)).astype(np.float32))
+    value = torch.tensor(rng.standard_normal((5, 4, 2)).astype(np.float32))
+    gmm = D.MixtureSameFamily(D.Categorical(logits=logits), D.Independent(D.Normal(loc, scale), 1))
+    log_prob = gmm.log_prob(value)
+    grads = torch.autograd.grad(log_prob.sum(), [logits, loc])
+    shared = D.MixtureSameFamily(D.Categorical(probs=torch.tensor([0.2, 0.5, 0.3])),
+                                 D.Normal(loc[..., 0], scale[..., 0]))
+    expanded = D.MixtureSameFamily(D.Categorical(logits=logits[0]),
+                                   D.Normal(loc[0, :, 0], scale[0, :, 0])).expand((2, 4))
+    record = {"log_prob": numpy_of(log_prob), "grads": [numpy_of(g) for g in grads],
+              "moments": [numpy_of(gmm.mean), numpy_of(gmm.variance), numpy_of(gmm.stddev)],
+              "shared": [numpy_of(shared.log_prob(value[..., 0])), numpy_of(shared.cdf(value[..., 0])),
+                         numpy_of(shared.mean), numpy_of(shared.variance)],
+              "expanded": [list(expanded.batch_shape), numpy_of(expanded.log_prob(value[:2, :, 0])),
+                           numpy_of(expanded.mean)],
+              "support": [numpy_of(gmm.support.check(value)), repr(gmm.support)],
+              "shapes": [list(gmm.batch_shape), list(gmm.event_shape), list(gmm.sample().shape),
+                         list(gmm.sample((3, 2)).shape), list(expanded.sample((5,)).shape)]}
+    assert not gmm.has_rsample and not gmm.sample().requires_grad
+    record["repr"] = repr(gmm).replace(torch.__name__ + ".Size", "Size")
+    return record
+
+
+def test_mixture_same_family_gives_torch_values_shapes_and_gradients():
+    # missing: torch.distributions.MixtureSameFamily (and Independent.expand, which its expand calls)
+    ours, theirs = mixtures(tilewise), mixtures(real_torch)
+    assert ours["support"].pop() == theirs["support"].pop() == "MixtureSameFamilyConstraint(IndependentConstraint(" \
+                                                                "Real(), 1))"
+    assert ours.pop("repr") == theirs.pop("repr")
+    assert_same(ours, theirs)
+
+
+MIXTURE_REFUSALS = {
+    "not a Categorical": (lambda D, t: D.MixtureSameFamily(D.Normal(t.zeros(3), 1.0), D.Normal(t.zeros(3), 1.0)),
+                          " The Mixture distribution needs to be an  instance of torch.distributions.Categorical"),
+    "not a Distribution": (lambda D, t: D.MixtureSameFamily(D.Categorical(t.ones(3)), t.zeros(3)),
+                           "The Component distribution needs to be an instance of torch.distributions.Distribution"),
+    "batch shapes differ": (lambda D, t: D.MixtureSameFamily(D.Categorical(t.ones(2, 3)), D.Normal(t.zeros(4, 3), 1.0)),
+                            "`mixture_distribution.batch_shape` (torch.Size([2])) is not compatible with "
+                            "`component_distribution.batch_shape`(torch.Size([4]))"),
+    "component counts differ": (lambda D, t: D.MixtureSameFamily(D.Categorical(t.ones(2)), D.Normal(t.zeros(3), 1.0)),
+                                "`mixture_distribution component` (2) does not equal "
+                                "`component_distribution.batch_shape[-1]` (3)"),
+}
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize("case", MIXTURE_REFUSALS)
+def test_mixture_same_family_refuses_mismatched_parts_as_torch(torch, case):
+    call, message = MIXTURE_REFUSALS[case]
+    with pytest.raises(ValueError) as info:
+        call(torch.distributions, torch)
+    assert str(info.value) == message.replace("torch.Size", "torch.Size" if torch is real_torch else "tilewise.Size")
