@@ -1020,3 +1020,55 @@ def test_mixture_same_family_refuses_mismatched_parts_as_torch(torch, case):
     with pytest.raises(ValueError) as info:
         call(torch.distributions, torch)
     assert str(info.value) == message.replace("torch.Size", "torch.Size" if torch is real_torch else "tilewise.Size")
+
+
+EINSUM_SUBLISTS = {
+    # Transformer-XL ports and opt_einsum users write einsum in its sublist format as well as with an equation
+    "matmul with output": lambda t, a, b, v: t.einsum(a, [0, 1], b, [1, 2], [0, 2]),
+    "implicit output": lambda t, a, b, v: t.einsum(a, [0, 1], b, [1, 2]),
+    "ellipsis": lambda t, a, b, v: t.einsum(a.reshape(1, 2, 3), [Ellipsis, 30], v, [30], [Ellipsis]),
+    "upper and lower case": lambda t, a, b, v: t.einsum(a, [25, 26], [26, 25]),
+    "trace": lambda t, a, b, v: t.einsum(a[:, :2], [0, 0]),
+}
+
+
+@pytest.mark.parametrize("case", EINSUM_SUBLISTS)
+def test_einsum_in_the_sublist_format_gives_torch_values_and_gradients(case):
+    def run(torch):
+        rng = np.random.default_rng(9)
+        a, b, v = (torch.tensor(rng.standard_normal(s).astype(np.float32), requires_grad=True)
+                   for s in ((2, 3), (3, 4), (3,)))
+        out = EINSUM_SUBLISTS[case](torch, a, b, v)
+        grads = torch.autograd.grad(out.sum(), [a, b, v], allow_unused=True)
+        return [numpy_of(out)] + [numpy_of(g) for g in grads if g is not None]
+
+    assert_same(run(tilewise), run(real_torch))
+
+
+SHAPE_REFUSALS = {
+    "einsum subscript past 52": (lambda t: t.einsum(t.ones(2), [52]), ValueError,
+                                 "einsum(): subscript in subscript list is not within the valid range [0, 52)"),
+    "einsum of one operand alone": (lambda t: t.einsum(t.ones(2)), ValueError,
+                                    "einsum(): must specify the equation string and at least one operand, or at "
+                                    "least one operand and its subscripts list"),
+    "roll, two shifts without dims": (lambda t: t.roll(t.ones(2, 3), (1, 2)), RuntimeError,
+                                      "shifts and dimensions must align. shifts: 2, dims:0"),
+    "roll, two shifts and one dim": (lambda t: t.roll(t.ones(2, 3), (1, 2), (0,)), RuntimeError,
+                                     "shifts and dimensions must align. shifts: 2, dims:1"),
+    "roll, one shift and two dims": (lambda t: t.roll(t.ones(2, 3), 1, (0, 1)), RuntimeError,
+                                     "shifts and dimensions must align. shifts: 1, dims:2"),
+    "roll, no shifts": (lambda t: t.roll(t.ones(2, 3), (), ()), RuntimeError, "`shifts` required"),
+    "aminmax of an empty tensor": (lambda t: t.aminmax(t.ones(0, 3)), RuntimeError,
+                                   "aminmax(): cannot compute aminmax over an empty dimension as the operation has no "
+                                   "identity."),
+}
+
+
+@pytest.mark.parametrize("torch", LIBRARIES, ids=["torch", "tilewise"])
+@pytest.mark.parametrize("case", SHAPE_REFUSALS)
+def test_einsum_roll_and_aminmax_refuse_as_torch(torch, case):
+    # the observer's torch.aminmax and the relative shifts' torch.roll met with torch's other wordings
+    call, error, message = SHAPE_REFUSALS[case]
+    with pytest.raises(error) as info:
+        call(torch)
+    assert type(info.value) is error and str(info.value) == message
