@@ -100,7 +100,7 @@ def gcn(torch, init, data, adjacency="sparse", hidden=8, p=0.5, epochs=10, patie
     idx_train, idx_val = torch.from_numpy(idx_train), torch.from_numpy(idx_val)
     model = GCN(features.shape[1], hidden, classes, p)
     record.update({"init": initial_state(torch, model, init), "loss": [], "val_acc": [], "grads": []})
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.05, weight_decay=5e-4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.2, weight_decay=5e-4)
 
     def accuracy(output, labels):
         preds = output.max(1)[1].type_as(labels)
@@ -151,8 +151,8 @@ def citation_graph(rng, n=14, feats=6, classes=3, edges=22, hidden=8, epochs=10)
 
 
 def test_gcn_on_a_dense_normalised_adjacency_with_early_stopping_trains_like_torch():
-    ours, theirs = run_both(gcn, citation_graph(np.random.default_rng(0)), adjacency="dense")
-    assert len(theirs["loss"]) >= 4
+    ours, theirs = run_both(gcn, citation_graph(np.random.default_rng(2)), adjacency="dense")
+    assert theirs["stopped_at"] == 6 and np.argmax(theirs["val_acc"]) == 3  # the best state is not the last
     assert_same(ours, theirs)
 
 
@@ -160,8 +160,8 @@ def test_gcn_on_a_dense_normalised_adjacency_with_early_stopping_trains_like_tor
                    reason="tilewise has no sparse tensors (torch.sparse_coo_tensor, coalesce, torch.sparse.mm, "
                           "torch.spmm): its tensors are strided views only")
 def test_gcn_on_a_sparse_coo_adjacency_trains_like_torch():
-    ours, theirs = run_both(gcn, citation_graph(np.random.default_rng(0)), adjacency="sparse")
-    assert theirs["duplicates"] == 3
+    ours, theirs = run_both(gcn, citation_graph(np.random.default_rng(2)), adjacency="sparse")
+    assert theirs["duplicates"] >= 3  # the three edges listed twice, and any the draws repeated
     assert_same(ours, theirs)
 
 
