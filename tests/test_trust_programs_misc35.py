@@ -1072,3 +1072,54 @@ def test_einsum_roll_and_aminmax_refuse_as_torch(torch, case):
     with pytest.raises(error) as info:
         call(torch)
     assert type(info.value) is error and str(info.value) == message
+
+
+def adaptive_softmax_with_a_zero_width_cluster(torch):
+    # in_features // div_value ** 2 is 0 for 8 features and the default div_value 4: the second tail cluster projects
+    # to no features at all, a Linear(8, 0) then a Linear(0, 4), as torch builds it
+    with pytest.warns(UserWarning, match="Initializing zero-element tensors is a no-op"):
+        crit = torch.nn.AdaptiveLogSoftmaxWithLoss(8, 12, cutoffs=[4, 8])
+    with torch.no_grad():
+        for i, p in enumerate(crit.parameters()):
+            p.copy_(torch.linspace(-1, 1, p.numel()).reshape(p.shape) * (0.3 + 0.1 * i))
+    hidden = torch.tensor(np.random.default_rng(10).standard_normal((6, 8)).astype(np.float32), requires_grad=True)
+    out = crit(hidden, torch.tensor([0, 3, 4, 7, 8, 11]))
+    grads = torch.autograd.grad(out.loss, [hidden, *crit.parameters()])
+    return {"output": numpy_of(out.output), "loss": numpy_of(out.loss), "log_prob": numpy_of(crit.log_prob(hidden)),
+            "predict": numpy_of(crit.predict(hidden)), "grads": [numpy_of(g) for g in grads],
+            "shapes": [list(p.shape) for p in crit.parameters()]}
+
+
+def test_an_adaptive_softmax_whose_last_cluster_has_zero_width_trains_as_torch():
+    # Linear with 0 in_features failed in the CPU kernel (numpy's reshape(-1, 0)) and its weight gradient likewise
+    assert_same(adaptive_softmax_with_a_zero_width_cluster(tilewise),
+                adaptive_softmax_with_a_zero_width_cluster(real_torch))
+
+
+def zero_width_products(torch):
+    def product(f, *shapes):
+        operands = [torch.linspace(-1, 1, math.prod(s)).reshape(s).requires_grad_() for s in shapes]
+        out = f(*operands)
+        return [numpy_of(out)] + [numpy_of(g) for g in torch.autograd.grad((out * 1.5).sum(), operands)]
+
+    linear = torch.nn.functional.linear
+    return {"linear 0 -> 4": product(linear, (2, 0), (4, 0), (4,)),
+            "linear 8 -> 0": product(linear, (2, 8), (0, 8), (0,)),
+            "linear 0 -> 4 of a 3-d input": product(linear, (2, 3, 0), (4, 0)),
+            "linear 0 -> 4 of a vector": product(linear, (0,), (4, 0), (4,)),
+            "linear of no rows": product(linear, (0, 5, 3), (2, 3), (2,)),
+            "matmul of a batch by a matrix, k = 0": product(torch.matmul, (4, 2, 0), (0, 3)),
+            "matmul of batches, k = 0": product(torch.matmul, (2, 2, 0), (2, 0, 3)),
+            "matmul broadcast, k = 0": product(torch.matmul, (1, 2, 0), (3, 0, 2)),
+            "matmul of a batch by a vector, k = 0": product(torch.matmul, (3, 2, 0), (0,))}
+
+
+def test_products_over_zero_features_give_torch_values_and_gradients():
+    assert_same(zero_width_products(tilewise), zero_width_products(real_torch))
+
+
+@pytest.mark.parametrize("init", ["kaiming_uniform_", "kaiming_normal_"])
+def test_kaiming_init_of_a_zero_element_tensor_warns_as_torch(init):
+    for torch in LIBRARIES:
+        with pytest.warns(UserWarning, match="Initializing zero-element tensors is a no-op"):
+            getattr(torch.nn.init, init)(torch.empty(0, 3))
