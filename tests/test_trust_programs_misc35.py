@@ -1123,3 +1123,25 @@ def test_kaiming_init_of_a_zero_element_tensor_warns_as_torch(init):
     for torch in LIBRARIES:
         with pytest.warns(UserWarning, match="Initializing zero-element tensors is a no-op"):
             getattr(torch.nn.init, init)(torch.empty(0, 3))
+
+
+def test_sizes_joined_or_repeated_stay_sizes_as_torchs():
+    # the mixture's batch_shape + event_shape printed as a tuple in log_prob's refusal
+    for torch in LIBRARIES:
+        s = torch.ones(2, 3).shape
+        for joined in (s + (1,), (1,) + s, s + s, s * 2, 2 * s):
+            assert type(joined) is torch.Size
+        assert repr(s + (4,)) == f"{torch.__name__}.Size([2, 3, 4])"
+        with pytest.raises(TypeError, match=f"can only concatenate tuple \\(not list\\) to {torch.__name__}.Size"):
+            s + [1]
+
+
+def test_log_prob_of_a_value_of_the_wrong_event_shape_is_refused_in_torchs_words():
+    for torch in LIBRARIES:
+        D = torch.distributions
+        gmm = D.MixtureSameFamily(D.Categorical(torch.ones(2)),
+                                  D.Independent(D.Normal(torch.zeros(2, 3), torch.ones(2, 3)), 1))
+        with pytest.raises(ValueError) as info:
+            gmm.log_prob(torch.ones(2))
+        size = f"{torch.__name__}.Size"
+        assert str(info.value) == f"The right-most size of value must match event_shape: {size}([2]) vs {size}([3])."

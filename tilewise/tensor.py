@@ -164,6 +164,21 @@ class Size(tuple):
     def numel(self) -> int:
         return _strides.numel(self)
 
+    # sizes joined or repeated stay sizes, as torch's (``x.shape[:-1] + (n,)`` prints as one); indexing is
+    # tuple's own, kept fast
+    def __add__(self, other):
+        if not isinstance(other, tuple):
+            raise TypeError(f"can only concatenate tuple (not {type(other).__name__}) to tilewise.Size")
+        return Size(tuple.__add__(self, other))
+
+    def __radd__(self, other):
+        return Size(tuple.__add__(other, self))
+
+    def __mul__(self, times):
+        return Size(tuple.__mul__(self, times))
+
+    __rmul__ = __mul__
+
 
 class Tensor:
     __slots__ = ("_storage", "_shape", "_strides", "_offset", "_dtype", "_device", "_array", "_requires_grad",
