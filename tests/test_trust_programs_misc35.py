@@ -1145,3 +1145,28 @@ def test_log_prob_of_a_value_of_the_wrong_event_shape_is_refused_in_torchs_words
             gmm.log_prob(torch.ones(2))
         size = f"{torch.__name__}.Size"
         assert str(info.value) == f"The right-most size of value must match event_shape: {size}([2]) vs {size}([3])."
+
+
+MASK_DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64",
+               "float8_e4m3fn", "float8_e5m2"]
+
+
+@pytest.mark.parametrize("dtype", MASK_DTYPES)
+@pytest.mark.parametrize("inplace", [False, True], ids=["masked_fill", "masked_fill_"])
+def test_masked_fill_refuses_a_mask_that_is_not_bool_in_torchs_words(dtype, inplace):
+    # Transformer-XL's reference code builds its attention masks with .byte()
+    messages = []
+    for torch in LIBRARIES:
+        scores, mask = torch.ones(2, 3), torch.zeros(2, 3).to(getattr(torch, dtype))
+        with pytest.raises(RuntimeError) as info:
+            (scores.masked_fill_ if inplace else scores.masked_fill)(mask, -float("inf"))
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+
+
+def test_masked_fill_refuses_a_value_of_one_dim_in_torchs_words():
+    for torch in LIBRARIES:
+        with pytest.raises(RuntimeError) as info:
+            torch.ones(2).masked_fill(torch.ones(2).bool(), torch.ones(2, 3))
+        assert str(info.value) == ("masked_fill_ only supports a 0-dimensional value tensor, but got tensor with 2 "
+                                   "dimension(s).")
