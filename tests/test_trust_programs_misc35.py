@@ -982,6 +982,7 @@ def mixtures(torch):
                          numpy_of(shared.mean), numpy_of(shared.variance)],
               "expanded": [list(expanded.batch_shape), numpy_of(expanded.log_prob(value[:2, :, 0])),
                            numpy_of(expanded.mean)],
+              "expanded_components": numpy_of(gmm.expand((2, 4)).log_prob(value[:2])),  # Independent.expand's
               "support": [numpy_of(gmm.support.check(value)), repr(gmm.support)],
               "shapes": [list(gmm.batch_shape), list(gmm.event_shape), list(gmm.sample().shape),
                          list(gmm.sample((3, 2)).shape), list(expanded.sample((5,)).shape)]}
