@@ -43,6 +43,9 @@ CONVENTIONAL_GRADIENTS["put"] = {""}
 # and finite differences part where a probe step reorders the sources of one position
 CONVENTIONAL_GRADIENTS["scatter_reduce"] = {"amax-False", "amin-False"}
 CONVENTIONAL_GRADIENTS["index_reduce"] = {"amax-False", "amin-False"}
+# fake quantisation rounds (finite differences see steps and flats); its gradient is the straight-through estimator
+CONVENTIONAL_GRADIENTS["fake_quantize_per_tensor_affine"] = {"", "narrow-range", "tensor-qparams"}
+CONVENTIONAL_GRADIENTS["fake_quantize_per_channel_affine"] = {"", "float-zero-point"}
 # Inputs where every gradient is torch's convention: NaN and inf (no derivative), ties and constants (a kink).
 CONVENTIONAL_KINDS = frozenset({"nan", "one_nan", "ties"})
 

@@ -123,7 +123,9 @@ def c10_name(dtype: DType) -> str:
 _TYPE_META_NAMES = {"bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short int",
                     "int32": "int", "int64": "long int", "float16": "c10::Half", "bfloat16": "c10::BFloat16",
                     "float32": "float", "float64": "double", "complex64": "c10::complex<float>",
-                    "complex128": "c10::complex<double>"}
+                    "complex128": "c10::complex<double>", "float8_e4m3fn": "c10::Float8_e4m3fn",
+                    "float8_e5m2": "c10::Float8_e5m2", "float8_e8m0fnu": "c10::Float8_e8m0fnu",
+                    "float4_e2m1fn_x2": "c10::Float4_e2m1fn_x2"}
 
 
 def type_meta_name(dtype: DType) -> str:

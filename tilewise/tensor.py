@@ -123,6 +123,14 @@ INFERENCE_SAVED = ("Inference tensors cannot be saved for backward. Please do no
                    "`tilewise.inference_mode()`.")
 
 
+def _existing_dim(dim: int, shape: tuple) -> int:
+    """``dim`` of a tensor of ``shape`` made non-negative for ``size(dim)`` and ``stride(dim)``, or torch's
+    IndexError where the tensor has no such dim (a 0-dim tensor has none)."""
+    if not shape:
+        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+    return _strides.normalize_dim(dim, len(shape))
+
+
 def vmap_value_error(what: str) -> str:
     """torch's vmap errors for Python reading a batched tensor's values: ``item()`` and the scalar conversions
     built on it have their own, every other read is data-dependent control flow."""
@@ -155,6 +163,21 @@ class Size(tuple):
 
     def numel(self) -> int:
         return _strides.numel(self)
+
+    # sizes joined or repeated stay sizes, as torch's (``x.shape[:-1] + (n,)`` prints as one); indexing is
+    # tuple's own, kept fast
+    def __add__(self, other):
+        if not isinstance(other, tuple):
+            raise TypeError(f"can only concatenate tuple (not {type(other).__name__}) to tilewise.Size")
+        return Size(tuple.__add__(self, other))
+
+    def __radd__(self, other):
+        return Size(tuple.__add__(other, self))
+
+    def __mul__(self, times):
+        return Size(tuple.__mul__(self, times))
+
+    __rmul__ = __mul__
 
 
 class Tensor:
@@ -208,12 +231,12 @@ class Tensor:
     def size(self, dim: int | None = None):
         if dim is None:
             return Size(self._shape)
-        return self._shape[_strides.normalize_dim(dim, len(self._shape), "size")]
+        return self._shape[_existing_dim(dim, self._shape)]
 
     def stride(self, dim: int | None = None):
         if dim is None:
             return self._strides
-        return self._strides[_strides.normalize_dim(dim, len(self._shape), "stride")]
+        return self._strides[_existing_dim(dim, self._shape)]
 
     def storage_offset(self) -> int:
         return self._offset

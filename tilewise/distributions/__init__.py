@@ -13,6 +13,7 @@ from tilewise.distributions.discrete import (
 )
 from tilewise.distributions.distribution import Distribution, ExponentialFamily
 from tilewise.distributions.kl import kl_divergence, register_kl
+from tilewise.distributions.mixture import MixtureSameFamily
 from tilewise.distributions.multivariate import (
     AffineTransform,
     Dirichlet,
@@ -28,6 +29,7 @@ from tilewise.distributions.relaxed import RelaxedBernoulli, RelaxedOneHotCatego
 
 __all__ = ["Distribution", "ExponentialFamily", "Normal", "Uniform", "Exponential", "Laplace", "Gamma", "Beta",
            "Bernoulli", "Categorical", "OneHotCategorical", "OneHotCategoricalStraightThrough", "Poisson", "Binomial",
-           "MultivariateNormal", "Dirichlet", "Independent", "TransformedDistribution", "LogNormal", "ExpTransform",
-           "AffineTransform", "SigmoidTransform", "Gumbel", "RelaxedOneHotCategorical", "RelaxedBernoulli",
+           "MultivariateNormal", "Dirichlet", "Independent", "MixtureSameFamily", "TransformedDistribution",
+           "LogNormal", "ExpTransform", "AffineTransform", "SigmoidTransform", "Gumbel", "RelaxedOneHotCategorical",
+           "RelaxedBernoulli",
            "kl_divergence", "register_kl", "constraints"]

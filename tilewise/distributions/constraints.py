@@ -135,6 +135,25 @@ class _IndependentConstraint(Constraint):
         return f"IndependentConstraint({self.base_constraint!r}, {self.reinterpreted_batch_ndims})"
 
 
+class _MixtureSameFamilyConstraint(Constraint):
+    """A mixture's support: a value is in it where it is in the components' support (checked against one component
+    slot, then reduced over the event dims)."""
+
+    def __init__(self, base: Constraint) -> None:
+        self.base_constraint = base
+        self.event_dim, self.is_discrete = base.event_dim, base.is_discrete
+
+    def check(self, value):
+        result = self.base_constraint.check(value.unsqueeze(-1 - self.event_dim))
+        if value.dim() < self.event_dim:
+            return result
+        keep = value.dim() - self.event_dim
+        return result.reshape(tuple(result.shape[:keep]) + (-1,)).all(-1)
+
+    def __repr__(self) -> str:
+        return f"MixtureSameFamilyConstraint({self.base_constraint!r})"
+
+
 real = _Real()
 boolean = _Boolean()
 positive = _GreaterThan(0.0)
@@ -148,6 +167,7 @@ lower_cholesky = _LowerCholesky()
 positive_definite = _PositiveDefinite()
 real_vector = _IndependentConstraint(real, 1)
 independent = _IndependentConstraint
+mixture_same_family = _MixtureSameFamilyConstraint
 greater_than = _GreaterThan
 greater_than_eq = _GreaterThanEq
 interval = _Interval

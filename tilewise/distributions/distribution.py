@@ -152,9 +152,9 @@ class Distribution:
             raise ValueError("The value argument to log_prob must be a Tensor")
         event_dim = len(self._event_shape)
         if tuple(value.shape[value.dim() - event_dim:]) != tuple(self._event_shape):
-            raise ValueError(f"The right-most size of value must match event_shape: {tuple(value.shape)} vs "
-                             f"{tuple(self._event_shape)}.")
-        actual, expected = tuple(value.shape), tuple(self._batch_shape) + tuple(self._event_shape)
+            raise ValueError(f"The right-most size of value must match event_shape: {value.shape} vs "
+                             f"{self._event_shape}.")
+        actual, expected = value.shape, self._batch_shape + self._event_shape
         for i, j in zip(reversed(actual), reversed(expected)):
             if i != 1 and j != 1 and i != j:
                 raise ValueError(f"Value is not broadcastable with batch_shape+event_shape: {actual} vs {expected}.")

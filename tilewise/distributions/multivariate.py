@@ -181,6 +181,10 @@ class Independent(Distribution):
         self.base_dist, self.reinterpreted_batch_ndims = base_distribution, reinterpreted_batch_ndims
         super().__init__(shape[:len(shape) - event_dim], shape[len(shape) - event_dim:], validate_args)
 
+    def expand(self, batch_shape, _instance=None):
+        base_shape = tuple(batch_shape) + tuple(self.event_shape[:self.reinterpreted_batch_ndims])
+        return Independent(self.base_dist.expand(base_shape), self.reinterpreted_batch_ndims, validate_args=False)
+
     @property
     def has_rsample(self):
         return self.base_dist.has_rsample
@@ -325,6 +329,10 @@ class TransformedDistribution(Distribution):
         self.base_dist = base_distribution
         self.transforms = list(transforms) if isinstance(transforms, list | tuple) else [transforms]
         super().__init__(base_distribution.batch_shape, base_distribution.event_shape, validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        base_shape = tuple(batch_shape) + tuple(self.event_shape[:self.reinterpreted_batch_ndims])
+        return Independent(self.base_dist.expand(base_shape), self.reinterpreted_batch_ndims, validate_args=False)
 
     @property
     def has_rsample(self):

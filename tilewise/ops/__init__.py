@@ -20,6 +20,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     complex,
     conversions,
     creation,
+    fake_quantize,
     fft,
     foreach,
     forward_formulas,

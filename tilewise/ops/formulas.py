@@ -5,6 +5,8 @@ Each helper is written in terms of tilewise operators, so gradients stay differe
 
 from __future__ import annotations
 
+from math import prod
+
 from tilewise import strides as S
 from tilewise.ops.creation import ones_like, zeros
 from tilewise.ops.linalg import rows_times_matrix
@@ -306,8 +308,13 @@ def linear_weight_grad(grad, input, weight_shape):
     inference tensor, which cannot be saved); of the input's conjugate where complex."""
     input = conj_if_complex(input)  # noqa: A001 — torch's name for it
     if len(weight_shape) == 1:
-        return (grad.unsqueeze(-1) * input).reshape(-1, input.shape[-1]).sum(0)
-    return grad.reshape(-1, grad.shape[-1]).t().mm(input.reshape(-1, input.shape[-1]))
+        return _rows(grad.unsqueeze(-1) * input).sum(0)
+    return _rows(grad).t().mm(_rows(input))
+
+
+def _rows(t):
+    """t as a matrix of its last dim's rows (a reshape to (-1, n) is ambiguous where n is 0)."""
+    return t.reshape(prod(t.shape[:-1]), t.shape[-1])
 
 
 HELPERS = {name: obj for name, obj in globals().items() if callable(obj) and not name.startswith("_")

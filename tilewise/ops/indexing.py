@@ -11,7 +11,7 @@ from __future__ import annotations
 from numbers import Number
 
 from tilewise import strides as S
-from tilewise.dtypes import c10_name, checked_scalar
+from tilewise.dtypes import c10_name, checked_scalar, type_meta_name
 from tilewise.layouts import contiguous_format
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import dynamic_shape, shift_dims
@@ -77,11 +77,14 @@ declare("masked_fill(Tensor self, Tensor mask, Tensor value) -> Tensor", "compos
 def _masked_fill(self, mask, value):
     from tilewise.ops.registry import OVERLOADS
 
-    if type(mask) is not Tensor or mask.dtype.name != "bool":
-        raise RuntimeError(f"masked_fill: expected a bool mask tensor, got {getattr(mask, 'dtype', type(mask))}")
+    if type(mask) is not Tensor:
+        raise RuntimeError(f"masked_fill: expected a bool mask tensor, got {type(mask)}")
+    if mask.dtype.name != "bool":  # a byte mask too (Transformer-XL's): torch's words, its dtype as C++ names it
+        raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype "
+                           f"{type_meta_name(mask.dtype)}")
     if isinstance(value, Tensor) and value.ndim != 0:
-        raise RuntimeError(f"masked_fill only supports a 0-dimensional value tensor, but got tensor with "
-                           f"{value.ndim} dimension(s)")
+        raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                           f"{value.ndim} dimension(s).")
     if isinstance(value, Tensor):
         value = value.to(self.dtype)
     elif isinstance(value, Number):

@@ -129,15 +129,16 @@ def _matmul(a, b):
     if rb == 2:  # fold the batch dims of a into rows: one GEMM
         return rows_times_matrix(a, b)
     batch = tuple(S.broadcast_shapes(sa[:-2], sb[:-2], op="matmul"))
-    a3 = a.expand(batch + sa[-2:]).reshape(-1, *sa[-2:])
-    b3 = b.expand(batch + sb[-2:]).reshape(-1, *sb[-2:])
+    count = math.prod(batch)  # not -1 in the reshapes: ambiguous where a matrix dim is 0
+    a3 = a.expand(batch + sa[-2:]).reshape(count, *sa[-2:])
+    b3 = b.expand(batch + sb[-2:]).reshape(count, *sb[-2:])
     return private(a3.bmm(b3).view(batch + (sa[-2], sb[-1])))
 
 
 def rows_times_matrix(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b`` for a matrix ``b``, every leading dim of ``a`` folded into the rows of one GEMM."""
     sa = a._shape
-    return private(a.reshape(-1, sa[-1]).mm(b).view(sa[:-1] + (b._shape[-1],)))
+    return private(a.reshape(math.prod(sa[:-1]), sa[-1]).mm(b).view(sa[:-1] + (b._shape[-1],)))
 
 
 declare("matmul(Tensor self, Tensor other) -> Tensor", "composite", decomposition=_matmul, dunder=("matmul",),

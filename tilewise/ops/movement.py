@@ -194,14 +194,12 @@ def _flipud(self):
 
 
 def _roll(self, shifts, dims=()):
-    if not dims:
-        if len(shifts) != 1:
-            raise RuntimeError(f"roll(): without dims, shifts must be a single int (the flattened tensor is rolled), "
-                               f"got shifts={list(shifts)}")
+    if not shifts:
+        raise RuntimeError("`shifts` required")
+    if not dims and len(shifts) == 1:  # the flattened tensor rolled
         return _roll(self.reshape(-1), shifts, (0,)).view(self.shape)
     if len(shifts) != len(dims):
-        raise RuntimeError(f"roll(): shifts and dims must have the same number of entries, got shifts={list(shifts)} "
-                           f"and dims={list(dims)}")
+        raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
     out = self
     for shift, dim in zip(shifts, dims):
         d = S.normalize_dim(dim, self.ndim, "roll")

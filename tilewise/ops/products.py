@@ -227,8 +227,32 @@ def _einsum_autocast_on_cpu(op, args) -> str | None:
     return "lower" if any(n > 1 for n in wide.values()) else None
 
 
+def _sublist_subscript(n) -> str:
+    if n is Ellipsis:
+        return "..."
+    if 0 <= n < 26:
+        return chr(ord("A") + n)
+    if 26 <= n < 52:
+        return chr(ord("a") + n - 26)
+    raise ValueError("einsum(): subscript in subscript list is not within the valid range [0, 52)")
+
+
+def _einsum_sublists(args: tuple) -> tuple:
+    """torch.einsum's sublist format, ``einsum(a, [0, 1], b, [1, 2], [0, 2])`` (operands, each followed by its
+    subscripts as ints in [0, 52) or Ellipsis, then optionally the output's), as the equation string format."""
+    if not args or not isinstance(args[0], Tensor):
+        return args
+    if len(args) < 2:
+        raise ValueError("einsum(): must specify the equation string and at least one operand, or at least one "
+                         "operand and its subscripts list")
+    equation = ",".join("".join(_sublist_subscript(s) for s in sub) for sub in args[1::2])
+    if len(args) % 2 == 1:
+        return (equation + "->" + "".join(_sublist_subscript(s) for s in args[-1]), *args[:-1:2])
+    return (equation, *args[::2])
+
+
 composite("einsum(str equation, Tensor[] tensors, *, int[]? path=None) -> Tensor", _einsum, method=False,
-          varargs=True, autocast={"cuda": "lower", "cpu": _einsum_autocast_on_cpu},
+          varargs=True, python_spelling=_einsum_sublists, autocast={"cuda": "lower", "cpu": _einsum_autocast_on_cpu},
           doc="Einstein summation: ``einsum('bij,bjk->bik', a, b)``. Supports ``...``, repeated subscripts "
               "(diagonals), implicit output and broadcasting of size-1 dims.\n\n"
               ">>> tw.einsum('ij,j->i', tw.ones(2, 3), tw.ones(3))\ntensor([3., 3.])", out=False)

@@ -364,11 +364,22 @@ def public_function(name: str, out: bool = True) -> Callable:
             result = dispatch_call(op, bound)
             return cls(*result) if cls is not None else result
 
+    spelled = overloads[0].attrs.get("python_spelling")
+    if spelled is not None:  # another way torch's Python function takes the arguments (einsum's sublists)
+        fn = _respelled(fn, spelled)
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = "\n".join(o.schema.text for o in overloads) + ("\n\n" + overloads[0].doc if overloads[0].doc else "")
     fn.__module__ = "tilewise"
     _PUBLIC[key] = fn
     return fn
+
+
+def _respelled(fn: Callable, spelling: Callable) -> Callable:
+    """A public function that takes its positional arguments as ``spelling`` rewrites them to the schema's."""
+    def respelled(*args, **kwargs):
+        return fn(*spelling(args), **kwargs)
+
+    return respelled
 
 
 def set_formula_namespace(namespace: dict) -> None:

@@ -179,8 +179,16 @@ composite("nansum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarTy
           fwd="nansum_jvp(self, self_t, dim, keepdim)")
 composite("nanmean(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
           _nanmean)
+def _check_aminmax(op, args: tuple) -> None:
+    if args[1] is None and 0 in args[0]._shape:  # torch's words for aminmax over the whole of an empty tensor
+        raise RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the operation has no "
+                           "identity.")
+    _nonempty_along_dim(op, args)
+
+
+_nonempty_along_dim = nonempty_reduction()
 composite("aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor min, Tensor max)", _aminmax,
-          check=nonempty_reduction())
+          check=_check_aminmax)
 
 
 def logcumsumexp_backward(grad, self, result, dim):

@@ -373,7 +373,7 @@ def _one_wide_float(input, weight, bias) -> bool:
 def _product_plus_bias(input, weight, bias, shape: tuple) -> Tensor:
     """``linear`` in float32 or float64 as its decomposition computes it (the product of the rows of every leading
     dim, then the bias added), in two numpy calls rather than the decomposition's five operators."""
-    rows = input._np().reshape(-1, input._shape[-1])
+    rows = input._np().reshape(math.prod(input._shape[:-1]), input._shape[-1])  # -1 is ambiguous for 0 features
     use_blas_threads(gemm_threads(2 * rows.shape[0] * weight._shape[0] * weight._shape[1]))
     out = np.matmul(rows, weight._np().T)
     if bias is not None:
