@@ -1,12 +1,14 @@
 """Creation operators on CUDA: full (a fill kernel, or a memset for zeros), empty, arange, linspace, eye.
 
-arange and linspace compute each element from its index in float64 (int64 for integer arange), the same
-arithmetic as the CPU kernels, then convert once to the requested dtype.
+arange computes each element from its index in float64 (int64 for integer arange), the same arithmetic as the
+CPU kernel, then converts once to the requested dtype; linspace follows torch's formula (see its kernel).
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from tilewise import dtypes
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
@@ -92,12 +94,27 @@ def arange_into(out: Tensor, start, end, step=1, dtype=None, target=None) -> boo
 
 @kernel("linspace")
 def linspace(device: Device, start, end, steps, dtype=None, target=None) -> Tensor:
+    """torch's formula (the CPU kernel's, ``backends/cpu/kernels.py``): the first half up from the start, the
+    second down from the end, each a fused multiply-add; float32 computes in float32 (the ends and the step rounded
+    to it here, so the float64 parameters hold them exactly), float16 and bfloat16 too, rounded once by the store
+    (torch's rounds the product to them first, so their last bit may differ), integers in float64, truncated by the
+    store."""
     out = empty((steps,), dtype, device)
-    step = (end - start) / (steps - 1) if steps > 1 else 0.0
-    formula = "i == n - 1 && n > 1 ? end : start + (double)i * step"
-    fn = _index_kernel(f"tw_linspace_{SUFFIX[dtype.name]}", dtype, formula, ", double start, double step, double end",
-                       dtypes.float64, device.index)
-    return _launch_index_kernel(fn, out, float(start), float(step), float(end))
+    if steps < 2:
+        return fill(out, start)
+    single = dtype is dtypes.float32 or (dtype.is_floating_point and dtype.itemsize < 4)
+    if single:
+        start, end = float(np.float32(start)), float(np.float32(end))
+        step = float(np.float32(np.float32(end) - np.float32(start)) / np.float32(steps - 1))
+        formula = "i < half ? fmaf((float)step, (float)i, (float)start) : fmaf(-(float)step, (float)(n - 1 - i), " \
+                  "(float)end)"
+    else:
+        step = (float(end) - float(start)) / (steps - 1)
+        formula = "i < half ? fma(step, (double)i, start) : fma(-step, (double)(n - 1 - i), end)"
+    fn = _index_kernel(f"tw_linspace_{SUFFIX[dtype.name]}", dtype, formula,
+                       ", double start, double step, double end, long long half",
+                       dtypes.float32 if single else dtypes.float64, device.index)
+    return _launch_index_kernel(fn, out, float(start), step, float(end), steps // 2)
 
 
 @kernel("eye")
