@@ -903,12 +903,16 @@ def test_capsule_network_with_routing_by_agreement_margin_loss_and_a_masked_deco
 # classifier. A VoxelMorph-style registration: a small encoder-decoder predicts a displacement field, a
 # SpatialTransformer module adds it to an identity grid (a buffer from meshgrid), normalises to [-1, 1], flips the
 # coordinate order and resamples with grid_sample (align_corners=True); the loss is an MSE similarity plus the
-# gradient (smoothness) loss of the field by finite differences ('l2', or 'l1' by abs). A 3D affine registration of a
+# gradient (smoothness) loss of the field by finite differences ('l2', or 'l1' by abs), or a local normalised cross
+# correlation through convolutions with ones; a diffeomorphic variant integrates a half-resolution velocity field by
+# scaling and squaring (the field resampling itself) and resizes it by interpolate; the Jacobian determinant of the
+# field counts foldings. A 3D affine registration of a
 # small volume: parameters of a 3x4 matrix, affine_grid and 5-D grid_sample (bilinear, i.e. trilinear), an
 # inverse-consistency term through torch.linalg.inv of the 4x4 homogeneous matrices, and a 3D displacement refinement
 # with its own smoothness loss. Adam for all three.
 
-def spatial_transformers(torch, init, batches, penalty="l2", align_corners=False, mode="bilinear"):
+def spatial_transformers(torch, init, batches, penalty="l2", align_corners=False, mode="bilinear", padding="zeros",
+                         int_steps=0, similarity="mse"):
     nn, F = torch.nn, torch.nn.functional
 
     class STN(nn.Module):
@@ -928,7 +932,7 @@ def spatial_transformers(torch, init, batches, penalty="l2", align_corners=False
             theta = self.fc_loc(xs)
             theta = theta.view(-1, 2, 3)
             grid = F.affine_grid(theta, x.size(), align_corners=align_corners)
-            return F.grid_sample(x, grid, mode=mode, align_corners=align_corners), theta
+            return F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=align_corners), theta
 
         def forward(self, x):
             x, theta = self.stn(x)
@@ -960,6 +964,35 @@ def spatial_transformers(torch, init, batches, penalty="l2", align_corners=False
                 new_locs = new_locs[..., [2, 1, 0]]
             return F.grid_sample(src, new_locs, align_corners=True, mode=self.mode)
 
+    class VecInt(nn.Module):
+        # VoxelMorph's integration of a stationary velocity field by scaling and squaring
+        def __init__(self, inshape, nsteps):
+            super().__init__()
+            self.nsteps = nsteps
+            self.scale = 1.0 / (2**self.nsteps)
+            self.transformer = SpatialTransformer(inshape)
+
+        def forward(self, vec):
+            vec = vec * self.scale
+            for _ in range(self.nsteps):
+                vec = vec + self.transformer(vec, vec)
+            return vec
+
+    class ResizeTransform(nn.Module):
+        def __init__(self, vel_resize, ndims):
+            super().__init__()
+            self.factor = 1.0 / vel_resize
+            self.mode = "linear" if ndims == 1 else ("bilinear" if ndims == 2 else "trilinear")
+
+        def forward(self, x):
+            if self.factor < 1:
+                x = F.interpolate(x, align_corners=True, scale_factor=self.factor, mode=self.mode)
+                x = self.factor * x
+            elif self.factor > 1:
+                x = self.factor * x
+                x = F.interpolate(x, align_corners=True, scale_factor=self.factor, mode=self.mode)
+            return x
+
     class RegNet(nn.Module):
         def __init__(self, size, ndim=2, features=8):
             super().__init__()
@@ -971,6 +1004,10 @@ def spatial_transformers(torch, init, batches, penalty="l2", align_corners=False
             self.flow = Conv(features, ndim, 3, padding=1)
             self.flow.weight = nn.Parameter(torch.distributions.Normal(0, 1e-2).sample(self.flow.weight.shape))
             self.flow.bias = nn.Parameter(torch.zeros(self.flow.bias.shape))
+            if int_steps:
+                self.resize = ResizeTransform(2, ndim)
+                self.fullsize = ResizeTransform(0.5, ndim)
+                self.integrate = VecInt([s // 2 for s in size], int_steps)
             self.transformer = SpatialTransformer(size)
 
         def forward(self, source, target):
@@ -979,7 +1016,38 @@ def spatial_transformers(torch, init, batches, penalty="l2", align_corners=False
             x2 = F.leaky_relu(self.enc2(x1), 0.2)
             x = F.leaky_relu(self.dec(torch.cat([self.upsample(x2), x1], dim=1)), 0.2)
             flow_field = self.flow(x)
+            if int_steps:
+                pos_flow = self.integrate(self.resize(flow_field))
+                flow_field = self.fullsize(pos_flow)
             return self.transformer(source, flow_field), flow_field
+
+    def ncc_loss(y_true, y_pred, win=5):
+        # VoxelMorph's local normalised cross correlation, window sums by a convolution with ones
+        Ii, Ji = y_true, y_pred
+        ndims = len(list(Ii.size())) - 2
+        sum_filt = torch.ones([1, 1, *[win] * ndims])
+        pad_no = math.floor(win / 2)
+        stride, padding = (1,) * ndims, (pad_no,) * ndims
+        conv_fn = getattr(F, f"conv{ndims}d")
+        I2, J2, IJ = Ii * Ii, Ji * Ji, Ii * Ji
+        I_sum = conv_fn(Ii, sum_filt, stride=stride, padding=padding)
+        J_sum = conv_fn(Ji, sum_filt, stride=stride, padding=padding)
+        I2_sum = conv_fn(I2, sum_filt, stride=stride, padding=padding)
+        J2_sum = conv_fn(J2, sum_filt, stride=stride, padding=padding)
+        IJ_sum = conv_fn(IJ, sum_filt, stride=stride, padding=padding)
+        win_size = np.prod([win] * ndims)
+        u_I, u_J = I_sum / win_size, J_sum / win_size
+        cross = IJ_sum - u_J * I_sum - u_I * J_sum + u_I * u_J * win_size
+        I_var = I2_sum - 2 * u_I * I_sum + u_I * u_I * win_size
+        J_var = J2_sum - 2 * u_J * J_sum + u_J * u_J * win_size
+        cc = cross * cross / (I_var * J_var + 1e-5)
+        return -torch.mean(cc)
+
+    def jacobian_determinant(flow):
+        # of the map x + u(x), by forward differences on the (N, 2, H, W) displacement field
+        du_dy = flow[:, :, 1:, :-1] - flow[:, :, :-1, :-1]
+        du_dx = flow[:, :, :-1, 1:] - flow[:, :, :-1, :-1]
+        return (1 + du_dy[:, 0]) * (1 + du_dx[:, 1]) - du_dx[:, 0] * du_dy[:, 1]
 
     def grad_loss(y_pred):
         if y_pred.dim() == 4:
@@ -1012,7 +1080,8 @@ def spatial_transformers(torch, init, batches, penalty="l2", align_corners=False
         def forward(self, moving, fixed):
             theta = self.theta.unsqueeze(0).expand(moving.shape[0], 3, 4)
             grid = F.affine_grid(theta, list(moving.shape), align_corners=align_corners)
-            warped = F.grid_sample(moving, grid, mode=mode, padding_mode="border", align_corners=align_corners)
+            mode_3d = "bilinear" if mode == "bicubic" else mode  # (bicubic is for 2D only)
+            warped = F.grid_sample(moving, grid, mode=mode_3d, padding_mode="border", align_corners=align_corners)
             inverse = torch.linalg.inv(self.homogeneous(theta))[:, :3, :]
             back_grid = F.affine_grid(inverse, list(moving.shape), align_corners=align_corners)
             back = F.grid_sample(warped, back_grid, padding_mode="border", align_corners=align_corners)
@@ -1021,7 +1090,8 @@ def spatial_transformers(torch, init, batches, penalty="l2", align_corners=False
 
     stn, reg2d, reg3d = STN(), RegNet((8, 8)), Affine3d((6, 6, 6))
     models = nn.ModuleDict({"stn": stn, "reg2d": reg2d, "reg3d": reg3d})
-    record = {"init": initial_state(torch, models, init), "loss": [], "grads": [], "theta": [], "inverse": []}
+    record = {"init": initial_state(torch, models, init), "loss": [], "grads": [], "theta": [], "inverse": [],
+              "folding": []}
     optimizer = torch.optim.Adam(models.parameters(), lr=1e-2)
     for (digits, labels), (moving, fixed), (moving3, fixed3) in batches:
         digits, labels = torch.from_numpy(digits), torch.from_numpy(labels)
@@ -1029,7 +1099,8 @@ def spatial_transformers(torch, init, batches, penalty="l2", align_corners=False
         loss_stn = F.nll_loss(output, labels)
         moving, fixed = torch.from_numpy(moving), torch.from_numpy(fixed)
         moved, flow = reg2d(moving, fixed)
-        loss_reg = F.mse_loss(moved, fixed) + 0.1 * grad_loss(flow)
+        sim = ncc_loss(fixed, moved) if similarity == "ncc" else F.mse_loss(moved, fixed)
+        loss_reg = sim + 0.1 * grad_loss(flow)
         moving3, fixed3 = torch.from_numpy(moving3), torch.from_numpy(fixed3)
         moved3, flow3, back3, inverse = reg3d(moving3, fixed3)
         loss_3d = F.mse_loss(moved3, fixed3) + 0.1 * grad_loss(flow3) + 0.1 * F.mse_loss(back3, moving3)
@@ -1041,6 +1112,9 @@ def spatial_transformers(torch, init, batches, penalty="l2", align_corners=False
         record["grads"].append(gradients(models))
         record["theta"].append(numpy_of(theta))
         record["inverse"].append(numpy_of(inverse))
+        with torch.no_grad():
+            det = jacobian_determinant(flow)
+            record["folding"].append([(det <= 0).sum().item(), det.min().item(), det.std().item()])
     models.eval()
     with torch.no_grad():
         (digits, _), (moving, fixed), (moving3, fixed3) = batches[0]
@@ -1065,11 +1139,15 @@ def registration_batches(rng, steps=4, batch=2):
     return out
 
 
-@pytest.mark.parametrize("penalty,align_corners,mode", [("l2", False, "bilinear"), ("l1", True, "bilinear"),
-                                                        ("l2", False, "nearest")])
-def test_spatial_transformers_and_registration_in_2d_and_3d_train_like_torch(penalty, align_corners, mode):
+@pytest.mark.parametrize("penalty,align_corners,mode,padding,int_steps,similarity", [
+    ("l2", False, "bilinear", "zeros", 0, "mse"), ("l1", True, "bilinear", "border", 0, "ncc"),
+    ("l2", False, "nearest", "zeros", 0, "mse"), ("l2", True, "bicubic", "reflection", 3, "ncc"),
+    ("l1", False, "bilinear", "reflection", 2, "mse")])
+def test_spatial_transformers_and_registration_in_2d_and_3d_train_like_torch(penalty, align_corners, mode, padding,
+                                                                             int_steps, similarity):
     ours, theirs = run_both(spatial_transformers, registration_batches(np.random.default_rng(5)), penalty=penalty,
-                            align_corners=align_corners, mode=mode)
+                            align_corners=align_corners, mode=mode, padding=padding, int_steps=int_steps,
+                            similarity=similarity)
     assert_same(ours, theirs)
 
 
@@ -1136,21 +1214,24 @@ def test_linspace_on_cuda_gives_torch_values_to_the_bit(dtype):
         np.testing.assert_array_equal(bits(ours), bits(theirs), err_msg=f"linspace({start}, {end}, {steps})")
 
 
-def identity_transformer(torch, align_corners, mode="bilinear", size=8):
+def identity_transformer(torch, align_corners, padding_mode, size=8):
     x = torch.from_numpy(np.random.default_rng(7).random((2, 1, size, size)).astype(np.float32))
     theta = torch.tensor([[1.0, 0, 0], [0, 1.0, 0]]).repeat(2, 1, 1).requires_grad_()
     grid = torch.nn.functional.affine_grid(theta, list(x.shape), align_corners=align_corners)
-    out = torch.nn.functional.grid_sample(x, grid, mode=mode, align_corners=align_corners)
+    out = torch.nn.functional.grid_sample(x, grid, padding_mode=padding_mode, align_corners=align_corners)
     weights = torch.from_numpy(np.random.default_rng(8).standard_normal(tuple(out.shape)).astype(np.float32))
     (out * weights).sum().backward()
     return {"grid": numpy_of(grid), "out": numpy_of(out), "grad": numpy_of(theta.grad)}
 
 
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [True, False])
-def test_a_spatial_transformer_at_the_identity_has_torch_grid_and_gradient(align_corners):
+def test_a_spatial_transformer_at_the_identity_has_torch_grid_and_gradient(align_corners, padding_mode):
     # at the identity every grid point lands on a pixel centre, where bilinear sampling has a kink: the gradient
-    # is the one of the cell the rounded coordinate floors into, so it follows the grid's last bit
-    ours, theirs = identity_transformer(tilewise, align_corners), identity_transformer(real_torch, align_corners)
+    # is the one of the cell the rounded coordinate floors into, so it follows the grid's last bit; and the edge
+    # points lie on the border, where torch's border and reflection padding pass no gradient (clamp's would)
+    ours = identity_transformer(tilewise, align_corners, padding_mode)
+    theirs = identity_transformer(real_torch, align_corners, padding_mode)
     np.testing.assert_array_equal(ours["grid"], theirs["grid"])
     assert_same(ours, theirs, atol=1e-5)
 

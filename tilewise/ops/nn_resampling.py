@@ -439,8 +439,12 @@ def _reflect(coordinate, twice_low: int, twice_high: int):
 
 
 def _clip(coordinate, size: int):
-    """torch's clip_coordinates: into [0, size - 1], a NaN (a NaN grid value, or an infinite one reflected) to 0."""
+    """torch's clip_coordinates: into [0, size - 1], a NaN (a NaN grid value, or an infinite one reflected) to 0.
+    The gradient passes strictly inside only: torch's clip_coordinates_set_grad counts the borders as outside (a
+    point on one, as every edge point of an identity grid is, gets none, where clamp's derivative would pass)."""
     clipped = coordinate.clamp(0, size - 1)
+    if coordinate.requires_grad:
+        clipped = clipped.where((coordinate > 0) & (coordinate < size - 1), clipped.detach())
     return clipped.where(clipped == clipped, 0)
 
 
