@@ -1262,3 +1262,49 @@ def test_torch_is_reachable_through_the_sparse_namespace():
         assert target.tolist() == [[0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
     with pytest.raises(AttributeError, match="tilewise has no sparse tensors"):
         tilewise.sparse.mm  # noqa: B018 — the attribute access is what is tested
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_linspace_cuda_kernel_compiled_on_the_host_gives_torch_values(dtype, tmp_path):
+    # the CUDA kernel's own text, built by g++ beside a shim of CUDA's names (tests/cuda_on_host.py), run one
+    # thread after another: its formula and arguments are checked without a GPU
+    import ctypes
+    import subprocess
+    from unittest import mock
+
+    from cuda_on_host import COMPILER, SHIM
+
+    from tilewise.backends.cuda.kernels import creation
+
+    if COMPILER is None:
+        pytest.skip("no C++ compiler")
+    tw_dtype = getattr(tilewise, dtype)
+    formula, wide, _ = creation.linspace_plan(0, 1, 2, tw_dtype)  # one kernel for every start, end and size
+    with mock.patch.object(creation, "load", lambda text, name, device: text):
+        text = creation._index_kernel("tw_linspace", tw_dtype, formula, creation.LINSPACE_PARAMS, wide, 0)
+    c_out = {"float32": "float", "float64": "double", "int64": "long long"}[dtype]
+    driver = f"""
+static tw_dim3 blockDim = {{256, 1, 1}};
+{text}
+extern "C" void tw_run({c_out}* out, long long n, double start, double step, double end, long long halfway) {{
+    for (long long i = 0; i < n; ++i) {{
+        blockIdx.x = (unsigned)(i / 256);
+        threadIdx.x = (unsigned)(i % 256);
+        tw_linspace(out, n, start, step, end, halfway);
+    }}
+}}"""
+    cpp, lib = tmp_path / "linspace.cpp", tmp_path / "linspace.so"
+    cpp.write_text(SHIM + driver)
+    subprocess.run([COMPILER, "-O1", "-std=c++17", "-shared", "-fPIC", "-w", str(cpp), "-o", str(lib)], check=True,
+                   capture_output=True)
+    run = ctypes.CDLL(str(lib)).tw_run
+    run.argtypes = [ctypes.c_void_p, ctypes.c_longlong] + [ctypes.c_double] * 3 + [ctypes.c_longlong]
+    for start, end, steps in LINSPACES + [(-1, 1, 100_003)]:
+        if steps < 2:
+            continue
+        formula_here, _, args = creation.linspace_plan(start, end, steps, tw_dtype)
+        assert formula_here == formula
+        out = np.empty(steps, {"float32": np.float32, "float64": np.float64, "int64": np.int64}[dtype])
+        run(out.ctypes.data, steps, *args)
+        theirs = real_torch.linspace(start, end, steps, dtype=getattr(real_torch, dtype))
+        np.testing.assert_array_equal(out, theirs.numpy(), err_msg=f"linspace({start}, {end}, {steps})")

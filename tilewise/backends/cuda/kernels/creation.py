@@ -94,27 +94,35 @@ def arange_into(out: Tensor, start, end, step=1, dtype=None, target=None) -> boo
 
 @kernel("linspace")
 def linspace(device: Device, start, end, steps, dtype=None, target=None) -> Tensor:
-    """torch's formula (the CPU kernel's, ``backends/cpu/kernels.py``): the first half up from the start, the
-    second down from the end, each a fused multiply-add; float32 computes in float32 (the ends and the step rounded
-    to it here, so the float64 parameters hold them exactly), float16 and bfloat16 too, rounded once by the store
-    (torch's rounds the product to them first, so their last bit may differ), integers in float64, truncated by the
-    store."""
     out = empty((steps,), dtype, device)
     if steps < 2:
         return fill(out, start)
-    single = dtype is dtypes.float32 or (dtype.is_floating_point and dtype.itemsize < 4)
-    if single:
-        start, end = float(np.float32(start)), float(np.float32(end))
-        step = float(np.float32(np.float32(end) - np.float32(start)) / np.float32(steps - 1))
-        formula = "i < half ? fmaf((float)step, (float)i, (float)start) : fmaf(-(float)step, (float)(n - 1 - i), " \
-                  "(float)end)"
-    else:
-        step = (float(end) - float(start)) / (steps - 1)
-        formula = "i < half ? fma(step, (double)i, start) : fma(-step, (double)(n - 1 - i), end)"
-    fn = _index_kernel(f"tw_linspace_{SUFFIX[dtype.name]}", dtype, formula,
-                       ", double start, double step, double end, long long half",
-                       dtypes.float32 if single else dtypes.float64, device.index)
-    return _launch_index_kernel(fn, out, float(start), step, float(end), steps // 2)
+    formula, wide, args = linspace_plan(start, end, steps, dtype)
+    fn = _index_kernel(f"tw_linspace_{SUFFIX[dtype.name]}", dtype, formula, LINSPACE_PARAMS, wide, device.index)
+    return _launch_index_kernel(fn, out, *args)
+
+
+LINSPACE_PARAMS = ", double start, double step, double end, long long halfway"
+
+
+def linspace_plan(start, end, steps: int, dtype: DType) -> tuple[str, DType, tuple]:
+    """linspace's kernel for ``steps`` >= 2: its formula, compute dtype and arguments. torch's formula (the CPU
+    kernel's, ``backends/cpu/kernels.py``): the first half up from the start, the second down from the end, each a
+    fused multiply-add; float32 computes in float32 (the ends and the step rounded to it here, so the float64
+    parameters hold them exactly), float16 and bfloat16 too, rounded once by the store (torch's rounds the product
+    to them first, so their last bit may differ), integers in float64, truncated by the store, as torch's CPU kernel
+    does (its CUDA kernel steps in float32)."""
+    if dtype is dtypes.float32 or (dtype.is_floating_point and dtype.itemsize < 4):
+        low, high = np.float32(start), np.float32(end)
+        step = float(np.float32(high - low) / np.float32(steps - 1))
+        formula = ("i < halfway ? fmaf((float)step, (float)i, (float)start) "
+                   ": fmaf(-(float)step, (float)(n - 1 - i), (float)end)")
+        return formula, dtypes.float32, (float(low), step, float(high), steps // 2)
+    if not dtype.is_floating_point:  # torch's start.to<int64_t>(), as the operator's check gives them
+        start, end = int(start), int(end)
+    step = (float(end) - float(start)) / (steps - 1)
+    formula = "i < halfway ? fma(step, (double)i, start) : fma(-step, (double)(n - 1 - i), end)"
+    return formula, dtypes.float64, (float(start), step, float(end), steps // 2)
 
 
 @kernel("eye")
