@@ -118,7 +118,7 @@ def linspace_plan(start, end, steps: int, dtype: DType) -> tuple[str, DType, tup
         formula = ("i < halfway ? fmaf((float)step, (float)i, (float)start) "
                    ": fmaf(-(float)step, (float)(n - 1 - i), (float)end)")
         return formula, dtypes.float32, (float(low), step, float(high), steps // 2)
-    if not dtype.is_floating_point:  # torch's start.to<int64_t>(), as the operator's check gives them
+    if not (dtype.is_floating_point or dtype.is_complex):  # torch's start.to<int64_t>()
         start, end = int(start), int(end)
     step = (float(end) - float(start)) / (steps - 1)
     formula = "i < halfway ? fma(step, (double)i, start) : fma(-step, (double)(n - 1 - i), end)"
