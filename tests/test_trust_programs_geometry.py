@@ -32,12 +32,18 @@ pytestmark = pytest.mark.usefixtures("torch_on_one_thread")  # (tests/conftest.p
 # look-ups around the current coordinates by grid_sample of a delta grid from meshgrid (align_corners=True, as RAFT's
 # bilinear_sampler normalises by W - 1), a motion encoder, a ConvGRU update and a flow head, iterations with the
 # coordinates detached between them, convex upsampling (a softmax over a learned mask of 9 neighbours of F.unfold),
-# the sequence loss with exponentially growing weights, and a photometric loss that warps the second image back by the
+# or RAFT-small's bilinear upsampling by interpolate, the sequence loss with exponentially growing weights, and a
+# photometric loss that warps the second image back by the
 # flow through grid_sample (align_corners=False, border or zeros padding). AdamW, OneCycleLR and clip_grad_norm_.
 
 def raft(torch, init, batches, iters=3, radius=1, levels=2, factor=4, gamma=0.8, padding_mode="border",
-         corr_form="matmul"):
+         corr_form="matmul", upsample="convex"):
     nn, F = torch.nn, torch.nn.functional
+
+    def upflow(flow, mode="bilinear"):
+        # RAFT-small's upflow8, at this model's factor
+        new_size = (factor * flow.shape[2], factor * flow.shape[3])
+        return factor * F.interpolate(flow, size=new_size, mode=mode, align_corners=True)
 
     def coords_grid(batch, ht, wd):
         coords = torch.meshgrid(torch.arange(ht), torch.arange(wd), indexing="ij")
@@ -208,7 +214,10 @@ def raft(torch, init, batches, iters=3, radius=1, levels=2, factor=4, gamma=0.8,
                 flow = coords1 - coords0
                 net, up_mask, delta_flow = self.update_block(net, inp, corr, flow)
                 coords1 = coords1 + delta_flow
-                flow_up = self.upsample_flow(coords1 - coords0, up_mask)
+                if upsample == "convex":
+                    flow_up = self.upsample_flow(coords1 - coords0, up_mask)
+                else:
+                    flow_up = upflow(coords1 - coords0)
                 flow_predictions.append(flow_up)
             return flow_predictions
 
@@ -282,11 +291,14 @@ def flow_batches(rng, steps=3, batch=2, size=16):
     return out
 
 
-@pytest.mark.parametrize("padding_mode,corr_form", [("border", "matmul"), ("zeros", "einsum")])
+@pytest.mark.parametrize("padding_mode,corr_form,upsample", [("border", "matmul", "convex"),
+                                                              ("zeros", "einsum", "convex"),
+                                                              ("zeros", "matmul", "bilinear")])
 def test_raft_with_a_correlation_pyramid_grid_sample_lookups_and_convex_upsampling_trains_like_torch(padding_mode,
-                                                                                                      corr_form):
+                                                                                                      corr_form,
+                                                                                                      upsample):
     ours, theirs = run_both(raft, flow_batches(np.random.default_rng(0)), padding_mode=padding_mode,
-                            corr_form=corr_form)
+                            corr_form=corr_form, upsample=upsample)
     assert_same(ours, theirs)
 
 
@@ -297,10 +309,12 @@ def test_raft_with_a_correlation_pyramid_grid_sample_lookups_and_convex_upsampli
 # coordinates concatenated with features, shared MLPs as 1x1 Conv2d + BatchNorm2d, max pooling over the neighbours, a
 # group-all layer with Conv1d; k nearest neighbours by torch.cdist + topk and gather for a second branch. The head is
 # Linear + LayerNorm + Dropout with log_softmax, trained with label smoothing written out (one-hot by scatter) or by
-# cross_entropy's label_smoothing. Adam with StepLR. The farthest-point starts come from the batches (the script draws
-# them with torch.randint).
+# cross_entropy's label_smoothing; a part-segmentation head propagates features back to every point (inverse-distance
+# weights of the 3 nearest sampled points, found by sort) for an nll_loss with ignore_index. Adam with StepLR. The
+# farthest-point starts come from the batches (the script draws them with torch.randint).
 
-def pointnet2(torch, init, batches, npoint=8, radius=0.6, nsample=6, k=4, classes=4, smoothing="written"):
+def pointnet2(torch, init, batches, npoint=8, radius=0.6, nsample=6, k=4, classes=4, smoothing="written",
+              part_classes=3):
     nn, F = torch.nn, torch.nn.functional
 
     def square_distance(src, dst):
@@ -414,9 +428,39 @@ def pointnet2(torch, init, batches, npoint=8, radius=0.6, nsample=6, k=4, classe
             edge = torch.cat([neighbours - centre, centre], dim=-1).permute(0, 3, 1, 2)
             return F.leaky_relu(self.bn(self.conv(edge)), negative_slope=0.2).max(dim=-1)[0], idx
 
+    class FeaturePropagation(nn.Module):
+        # inverse-distance weighted interpolation from the 3 nearest sampled points, then a shared MLP
+        def __init__(self, in_channel, mlp):
+            super().__init__()
+            self.mlp_convs = nn.ModuleList()
+            self.mlp_bns = nn.ModuleList()
+            last_channel = in_channel
+            for out_channel in mlp:
+                self.mlp_convs.append(nn.Conv1d(last_channel, out_channel, 1, bias=False))
+                self.mlp_bns.append(nn.BatchNorm1d(out_channel))
+                last_channel = out_channel
+
+        def forward(self, xyz1, xyz2, points1, points2):
+            xyz1, xyz2 = xyz1.permute(0, 2, 1), xyz2.permute(0, 2, 1)
+            points2 = points2.permute(0, 2, 1)
+            B, N, C = xyz1.shape
+            dists = square_distance(xyz1, xyz2)
+            dists, idx = dists.sort(dim=-1)
+            dists, idx = dists[:, :, :3], idx[:, :, :3]
+            dist_recip = 1.0 / (dists + 1e-8)
+            norm = torch.sum(dist_recip, dim=2, keepdim=True)
+            weight = dist_recip / norm
+            interpolated_points = torch.sum(index_points(points2, idx) * weight.view(B, N, 3, 1), dim=2)
+            new_points = torch.cat([points1.permute(0, 2, 1), interpolated_points], dim=-1).permute(0, 2, 1)
+            for i, conv in enumerate(self.mlp_convs):
+                new_points = F.relu(self.mlp_bns[i](conv(new_points)))
+            return new_points
+
     class PointNet2(nn.Module):
         def __init__(self):
             super().__init__()
+            self.fp1 = FeaturePropagation(3 + 24, [12])
+            self.seg = nn.Conv1d(12, part_classes, 1)
             self.sa1 = SetAbstraction(npoint, radius, nsample, 3 + 3, [8, 16], False)
             self.knn = KnnBranch(3, 8)
             self.sa3 = SetAbstraction(None, None, None, 16 + 8 + 3, [16, 24], True)
@@ -436,7 +480,8 @@ def pointnet2(torch, init, batches, npoint=8, radius=0.6, nsample=6, k=4, classe
             x = l3_points.view(B, 24)
             x = self.drop1(F.relu(self.bn1(self.fc1(x))))
             x = self.fc3(x)
-            return F.log_softmax(x, -1), fps_idx, knn_idx
+            parts = self.seg(self.fp1(xyz, l1_xyz, norm, l1_points + l3_points))  # local and global features
+            return F.log_softmax(x, -1), fps_idx, knn_idx, F.log_softmax(parts, dim=1)
 
     def smooth_loss(pred, gold, eps=0.2):
         n_class = pred.size(1)
@@ -450,15 +495,16 @@ def pointnet2(torch, init, batches, npoint=8, radius=0.6, nsample=6, k=4, classe
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, betas=(0.9, 0.999), eps=1e-08, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.7)
     model.train()
-    for points, target, farthest in batches:
+    for points, target, farthest, parts in batches:
         points, target = torch.from_numpy(points), torch.from_numpy(target)
         points = points.transpose(2, 1)
         optimizer.zero_grad()
-        pred, fps_idx, knn_idx = model(points, torch.from_numpy(farthest))
+        pred, fps_idx, knn_idx, part_pred = model(points, torch.from_numpy(farthest))
         if smoothing == "written":
             loss = smooth_loss(pred, target.long())
         else:
             loss = F.cross_entropy(pred, target.long(), label_smoothing=0.2)
+        loss = loss + F.nll_loss(part_pred, torch.from_numpy(parts), ignore_index=-1)
         loss.backward()
         optimizer.step()
         scheduler.step()
@@ -472,7 +518,8 @@ def pointnet2(torch, init, batches, npoint=8, radius=0.6, nsample=6, k=4, classe
     model.eval()
     with torch.no_grad():
         points = torch.from_numpy(batches[0][0]).transpose(2, 1)
-        record["eval"] = numpy_of(model(points, torch.from_numpy(batches[0][2]))[0])
+        pred, _, _, part_pred = model(points, torch.from_numpy(batches[0][2]))
+        record["eval"] = [numpy_of(pred), numpy_of(part_pred)]
     record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
     return record
 
@@ -483,8 +530,10 @@ def point_batches(rng, steps=4, batch=4, n=24, classes=4):
         xyz = rng.standard_normal((batch, n, 3)).astype(np.float32) * 0.5
         normals = rng.standard_normal((batch, n, 3)).astype(np.float32)
         normals /= np.linalg.norm(normals, axis=-1, keepdims=True)
+        parts = (xyz[..., 0] > 0).astype(np.int64) + (xyz[..., 2] > 0.3)
+        parts[rng.random((batch, n)) < 0.1] = -1  # unlabelled points
         out.append((np.concatenate([xyz, normals], -1), rng.integers(0, classes, batch).astype(np.int32),
-                    rng.integers(0, n, batch).astype(np.int64)))
+                    rng.integers(0, n, batch).astype(np.int64), parts))
     return out
 
 
@@ -696,6 +745,8 @@ def cellular_automaton(torch, init, batches, channel_n=8, hidden=16, fire_rate=0
 
         def forward(self, x, fires):
             for fire in fires:
+                if fire is None:  # the script's own draw
+                    fire = torch.rand(x[:, :1, :, :].transpose(1, 3).shape).transpose(1, 3)
                 x = self.update(x, fire)
             return x
 
@@ -720,7 +771,7 @@ def cellular_automaton(torch, init, batches, channel_n=8, hidden=16, fire_rate=0
         x0 = x0[loss_rank]
         batch_idx = batch_idx[loss_rank]
         x0[:1] = make_seed()
-        x = ca(x0, [torch.from_numpy(f) for f in fires])
+        x = ca(x0, [None if f is None else torch.from_numpy(f) for f in fires])
         loss = F.mse_loss(x[:, :4, :, :], target.expand_as(x[:, :4]))
         optimizer.zero_grad()
         loss.backward()
@@ -749,6 +800,21 @@ def test_neural_cellular_automaton_with_sobel_perception_alive_masks_and_a_sampl
     ours, theirs = run_both(cellular_automaton, automaton_batches(np.random.default_rng(3)), padding=padding)
     assert theirs["loss"][0] != theirs["loss"][-1]
     assert_same(ours, theirs)
+
+
+def test_neural_cellular_automaton_with_its_own_torch_rand_masks_trains_reproducibly():
+    # the script's torch.rand draws: not comparable across libraries (their generators differ), but each library's
+    # run is the same from the same seed, and the stochastic masks move the training as the given ones do
+    batches = [(idx, [None] * len(fires)) for idx, fires in automaton_batches(np.random.default_rng(3))]
+    real_torch.manual_seed(0)
+    init = cellular_automaton(real_torch, None, batches)["init"]
+    for torch in LIBRARIES:
+        runs = []
+        for _ in range(2):
+            torch.manual_seed(5)
+            runs.append(cellular_automaton(torch, init, batches))
+        assert_same(runs[0], runs[1], rtol=0, atol=0)
+        assert np.isfinite(runs[0]["loss"]).all() and runs[0]["loss"][0] != runs[0]["loss"][-1]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
