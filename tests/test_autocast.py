@@ -95,8 +95,6 @@ KNOWN_DIVERGENCES = {
     **dict.fromkeys([("cov[int]", m) for m in INPUTS],
                     "an integer input: torch's cov makes it float32 and its mm runs in the autocast dtype; autocast "
                     "casts no integer input"),
-    ("grid_sample", "low", "bfloat16"): "reflection padding's gradient for a grid point exactly on the border (where "
-                                        "bfloat16 grids land) differs from torch's",
 }
 
 

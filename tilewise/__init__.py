@@ -230,7 +230,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     """``tilewise.distributed`` on first use, as ``torch.distributed`` is there after ``import torch`` (importing
     it with every ``import tilewise`` would cost its sockets, stores and transports where nothing uses them)."""
-    if name in ("distributed", "func", "testing"):  # tilewise.func and .testing, too, only where a program uses them
+    if name in ("distributed", "func", "testing", "sparse"):  # these, too, only where a program uses them
         import importlib
 
         return importlib.import_module(f"tilewise.{name}")

@@ -21,6 +21,7 @@ from tilewise.device import Device, as_device, default_device, pinning_backend
 from tilewise.dtypes import (
     DType,
     as_dtype,
+    bool_,
     c10_name,
     checked_scalar,
     default_complex_dtype,
@@ -483,8 +484,15 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: b
 def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     if steps < 0:
         raise RuntimeError(f"linspace(): number of steps must be non-negative, got {steps}")
-    return _finish(_call("linspace", start, end, steps, dtype=as_dtype(dtype or get_default_dtype()),
-                         device=device), requires_grad)
+    dtype = as_dtype(dtype or get_default_dtype())
+    if dtype is bool_:
+        place = as_device(device) if device is not None else default_device()
+        raise NotImplementedError(f"\"linspace_{place.type}\" not implemented for 'Bool'")
+    if steps >= 1:  # torch converts the ends it reads: none for no steps, the start alone for one
+        start = checked_scalar(start, dtype, "linspace")
+    if steps >= 2:
+        end = checked_scalar(end, dtype, "linspace")
+    return _finish(_call("linspace", start, end, steps, dtype=dtype, device=device), requires_grad)
 
 
 @factory_out("eye")

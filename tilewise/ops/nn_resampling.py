@@ -439,8 +439,12 @@ def _reflect(coordinate, twice_low: int, twice_high: int):
 
 
 def _clip(coordinate, size: int):
-    """torch's clip_coordinates: into [0, size - 1], a NaN (a NaN grid value, or an infinite one reflected) to 0."""
+    """torch's clip_coordinates: into [0, size - 1], a NaN (a NaN grid value, or an infinite one reflected) to 0.
+    The gradient passes strictly inside only: torch's clip_coordinates_set_grad counts the borders as outside (a
+    point on one, as every edge point of an identity grid is, gets none, where clamp's derivative would pass)."""
     clipped = coordinate.clamp(0, size - 1)
+    if coordinate.requires_grad:
+        clipped = clipped.where((coordinate > 0) & (coordinate < size - 1), clipped.detach())
     return clipped.where(clipped == clipped, 0)
 
 
@@ -520,7 +524,8 @@ def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corne
         return _grid_bicubic(plane, raw, sizes, padding_mode, align)
     coordinates = [_padded_coordinate(c, n, padding_mode, align) for c, n in zip(raw, sizes)]
     if mode == "nearest":
-        return _gather_taps(plane, [c.round().long() for c in coordinates], sizes)
+        out = _gather_taps(plane, [c.round().long() for c in coordinates], sizes)
+        return out + _zero_gradient_path(grid) if grid.requires_grad else out
     lows = [c.floor() for c in coordinates]
     out = None
     for corner in range(2 ** spatial):
@@ -534,6 +539,13 @@ def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corne
         term = _gather_taps(plane, taps, sizes) * weight.unsqueeze(1)
         out = term if out is None else out + term
     return out
+
+
+def _zero_gradient_path(grid):
+    """Zeros of the output's shape but for channels, (N, 1, *O), whose gradient reaches ``grid`` as zeros: torch's
+    nearest sampling gives the grid a zero gradient, where the integer taps alone would give it none (sign's
+    derivative is zero, and nan_to_num keeps a NaN or infinite grid value from the sum)."""
+    return grid[..., 0].sign().nan_to_num().mul(0).unsqueeze(1)
 
 
 def _grid_bicubic(plane, raw, sizes, padding_mode, align):

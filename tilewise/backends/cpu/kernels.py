@@ -8,6 +8,7 @@ import numpy as np
 
 from tilewise import _philox
 from tilewise import strides as S
+from tilewise.backends.cpu.fma import fma
 from tilewise.backends.cpu.registry import kernel
 from tilewise.backends.cpu.render import run_quietly
 from tilewise.backends.cpu.threads import gemm_threads, use_blas_threads
@@ -72,7 +73,44 @@ def arange(start, end, step=1, dtype=None, device=None):
 
 @kernel("linspace")
 def linspace(start, end, steps, dtype=None, device=None):
-    return _out(np.linspace(start, end, steps, dtype=np.float64), dtype)
+    if steps < 2:  # torch fills the start, whatever the end
+        return _out(np.full(steps, start), dtype)
+    if dtype.is_complex:
+        return _out(np.linspace(start, end, steps, dtype=np.complex128), dtype)
+    return _out(_torch_linspace(start, end, steps, dtype.np), dtype)
+
+
+def _torch_linspace(start, end, steps: int, np_dtype) -> np.ndarray:
+    """torch's linspace, to the bit: the first half counts up from ``start`` (``start + step * i``), the second down
+    from ``end`` (``end - step * (steps - 1 - i)``), so both ends are exact. float32 and float64 compute in their
+    own dtype with one rounding (torch's kernel is contracted to a fused multiply-add); float16 and bfloat16 round
+    the product and the sum to the dtype each (their arithmetic goes through float32 an operation at a time);
+    integers compute in float64 and truncate toward zero."""
+    index = np.arange(steps)
+    first_half = index < steps // 2
+    with np.errstate(all="ignore"):  # an infinite or NaN end gives NaN where torch's does
+        if np_dtype.kind in "iu":
+            low, high = np_dtype.type(start), np_dtype.type(end)  # (checked to fit by the operator)
+            step = (np.float64(high) - np.float64(low)) / (steps - 1)
+            up = fma(np.float64(step), index.astype(np.float64), np.float64(low))
+            down = fma(np.float64(-step), (steps - 1 - index).astype(np.float64), np.float64(high))
+            return np.trunc(np.where(first_half, up, down)).astype(np.int64).astype(np_dtype)
+        low, high = np_dtype.type(start), np_dtype.type(end)
+        if np_dtype.itemsize >= 4:
+            step = (high - low) / np_dtype.type(steps - 1)
+            up = fma(step, index.astype(np_dtype), low)
+            down = fma(-step, (steps - 1 - index).astype(np_dtype), high)
+            return np.where(first_half, up, down)
+        low, high = _in_dtype(low, np_dtype), _in_dtype(high, np_dtype)
+        step = _in_dtype(_in_dtype(high - low, np_dtype) / _in_dtype(steps - 1, np_dtype), np_dtype)
+        up = low + _in_dtype(step * _in_dtype(index, np_dtype), np_dtype)
+        down = high - _in_dtype(step * _in_dtype(steps - 1 - index, np_dtype), np_dtype)
+        return np.where(first_half, up, down).astype(np_dtype)
+
+
+def _in_dtype(value, np_dtype) -> np.ndarray:
+    """``value`` rounded to a 16-bit float dtype and held in float32, where that dtype's arithmetic happens."""
+    return np.asarray(value).astype(np_dtype).astype(np.float32)
 
 
 @kernel("eye")

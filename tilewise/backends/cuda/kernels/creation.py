@@ -1,12 +1,14 @@
 """Creation operators on CUDA: full (a fill kernel, or a memset for zeros), empty, arange, linspace, eye.
 
-arange and linspace compute each element from its index in float64 (int64 for integer arange), the same
-arithmetic as the CPU kernels, then convert once to the requested dtype.
+arange computes each element from its index in float64 (int64 for integer arange), the same arithmetic as the
+CPU kernel, then converts once to the requested dtype; linspace follows torch's formula (see its kernel).
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from tilewise import dtypes
 from tilewise.backends.cuda.device_memory import data_ptr, empty, stream_handle
@@ -93,11 +95,34 @@ def arange_into(out: Tensor, start, end, step=1, dtype=None, target=None) -> boo
 @kernel("linspace")
 def linspace(device: Device, start, end, steps, dtype=None, target=None) -> Tensor:
     out = empty((steps,), dtype, device)
-    step = (end - start) / (steps - 1) if steps > 1 else 0.0
-    formula = "i == n - 1 && n > 1 ? end : start + (double)i * step"
-    fn = _index_kernel(f"tw_linspace_{SUFFIX[dtype.name]}", dtype, formula, ", double start, double step, double end",
-                       dtypes.float64, device.index)
-    return _launch_index_kernel(fn, out, float(start), float(step), float(end))
+    if steps < 2:
+        return fill(out, start)
+    formula, wide, args = linspace_plan(start, end, steps, dtype)
+    fn = _index_kernel(f"tw_linspace_{SUFFIX[dtype.name]}", dtype, formula, LINSPACE_PARAMS, wide, device.index)
+    return _launch_index_kernel(fn, out, *args)
+
+
+LINSPACE_PARAMS = ", double start, double step, double end, long long halfway"
+
+
+def linspace_plan(start, end, steps: int, dtype: DType) -> tuple[str, DType, tuple]:
+    """linspace's kernel for ``steps`` >= 2: its formula, compute dtype and arguments. torch's formula (the CPU
+    kernel's, ``backends/cpu/kernels.py``): the first half up from the start, the second down from the end, each a
+    fused multiply-add; float32 computes in float32 (the ends and the step rounded to it here, so the float64
+    parameters hold them exactly), float16 and bfloat16 too, rounded once by the store (torch's rounds the product
+    to them first, so their last bit may differ), integers in float64, truncated by the store, as torch's CPU kernel
+    does (its CUDA kernel steps in float32)."""
+    if dtype is dtypes.float32 or (dtype.is_floating_point and dtype.itemsize < 4):
+        low, high = np.float32(start), np.float32(end)
+        step = float(np.float32(high - low) / np.float32(steps - 1))
+        formula = ("i < halfway ? fmaf((float)step, (float)i, (float)start) "
+                   ": fmaf(-(float)step, (float)(n - 1 - i), (float)end)")
+        return formula, dtypes.float32, (float(low), step, float(high), steps // 2)
+    if not (dtype.is_floating_point or dtype.is_complex):  # torch's start.to<int64_t>()
+        start, end = int(start), int(end)
+    step = (float(end) - float(start)) / (steps - 1)
+    formula = "i < halfway ? fma(step, (double)i, start) : fma(-step, (double)(n - 1 - i), end)"
+    return formula, dtypes.float64, (float(start), step, float(end), steps // 2)
 
 
 @kernel("eye")
