@@ -500,6 +500,7 @@ def _load_kernels() -> None:
         api_kernels,
         conv_kernels,
         fft_kernels,
+        gamma_kernels,
         kernels,
         linalg_kernels,  # noqa: F401
         movement_kernels,
