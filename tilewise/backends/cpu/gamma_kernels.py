@@ -19,9 +19,9 @@ import math
 
 import numpy as np
 
+from tilewise import strides as S
 from tilewise.backends.cpu.registry import kernel
 from tilewise.ops.registry import OPS
-from tilewise import strides as S
 from tilewise.tensor import Tensor, from_array_strided
 
 _EPS = np.finfo(np.float64).eps
