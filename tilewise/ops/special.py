@@ -343,11 +343,6 @@ pointwise("special_xlog1py(Tensor self, Tensor other) -> Tensor", None,
 # torch.special.gammainc and gammaincc are these operators (``tilewise/special.py``). Their meaning is a series and
 # a continued fraction run to convergence, so their kernels are numpy loops (``backends/cpu/gamma_kernels.py``; on
 # CUDA on host copies). torch differentiates them in ``other`` only: a gradient for ``self`` raises at backward.
-def derivative_not_implemented(what: str):
-    raise NotImplementedError(f"the derivative for '{what}' is not implemented.")
-
-
-HELPERS.update(derivative_not_implemented=derivative_not_implemented)
 _IGAMMA_DENSITY = "exp((self - 1) * log(other) - other - lgamma(self))"
 declare("igamma(Tensor self, Tensor other) -> Tensor", "other", dtype=R.floating_kernel,
         grad={"self": "derivative_not_implemented('igamma: input')", "other": f"grad * {_IGAMMA_DENSITY}"},

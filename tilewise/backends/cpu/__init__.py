@@ -504,6 +504,7 @@ def _load_kernels() -> None:
         kernels,
         linalg_kernels,  # noqa: F401
         movement_kernels,
+        sampling_kernels,
         scaled_mm_kernels,
     )
 
