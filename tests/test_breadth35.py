@@ -271,3 +271,93 @@ def test_embedding_bag_index_dtypes_are_the_promoted_ones():
                                          lib.tensor([0, 1], dtype=getattr(lib, offsets)), False, mode)
 
             assert [str(t.dtype).split(".")[-1] for t in run(tw)] == [str(t.dtype).split(".")[-1] for t in run(torch)]
+
+
+# ---------------------------------------------------------------- torch.lstm, gru, rnn_tanh, rnn_relu
+
+
+def _as_tilewise(t):
+    return tw.from_numpy(t.detach().numpy().copy()).requires_grad_(t.requires_grad)
+
+
+def _layers(kind: str, **options):
+    if kind == "lstm":
+        return torch.nn.LSTM(3, 4, **options)
+    if kind == "gru":
+        return torch.nn.GRU(3, 4, **options)
+    return torch.nn.RNN(3, 4, nonlinearity=kind.removeprefix("rnn_"), **options)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
+@pytest.mark.parametrize("bias, bidirectional, batch_first", [(True, False, False), (False, True, False),
+                                                              (True, True, True)])
+def test_recurrent_functions_match_torch(kind, bias, bidirectional, batch_first):
+    torch.manual_seed(0)
+    layers = _layers(kind, num_layers=2, bias=bias, bidirectional=bidirectional, batch_first=batch_first)
+    params = [p.detach().clone().requires_grad_() for p in layers._flat_weights]
+    x = torch.randn(5, 2, 3, requires_grad=True)
+    states, batch = 2 * (2 if bidirectional else 1), 5 if batch_first else 2
+    hx = (torch.randn(states, batch, 4), torch.randn(states, batch, 4)) if kind == "lstm" else torch.randn(states,
+                                                                                                          batch, 4)
+    ours_params, ours_x = [_as_tilewise(p) for p in params], _as_tilewise(x)
+    ours_hx = tuple(_as_tilewise(h) for h in hx) if kind == "lstm" else _as_tilewise(hx)
+    expected = getattr(torch, kind)(x, hx, params, bias, 2, 0.0, False, bidirectional, batch_first)
+    got = getattr(tw, kind)(ours_x, ours_hx, ours_params, bias, 2, 0.0, False, bidirectional, batch_first)
+    assert len(got) == len(expected) == (3 if kind == "lstm" else 2)
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
+    sum(t.sum() for t in expected).backward()
+    sum(t.sum() for t in got).backward()
+    for a, b in zip([*ours_params, ours_x], [*params, x]):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-5, atol=1e-6)
+    if batch_first:
+        return
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x.detach(), [5, 3])
+    expected = getattr(torch, kind)(packed.data, packed.batch_sizes, hx, params, bias, 2, 0.0, False, bidirectional)
+    got = getattr(tw, kind)(_as_tilewise(packed.data), tw.from_numpy(packed.batch_sizes.numpy()), ours_hx,
+                            ours_params, bias, 2, 0.0, False, bidirectional)
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_lstm_function_with_projections():
+    torch.manual_seed(1)
+    layers = torch.nn.LSTM(3, 6, proj_size=2)
+    x, hx = torch.randn(5, 2, 3), (torch.randn(1, 2, 2), torch.randn(1, 2, 6))
+    expected = torch.lstm(x, hx, layers._flat_weights, True, 1, 0.0, False, False, False)
+    got = tw.lstm(_as_tilewise(x), tuple(_as_tilewise(h) for h in hx), [_as_tilewise(p) for p in layers._flat_weights],
+                  True, 1, 0.0, False, False, False)
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("params, num_layers, states", [(3, 1, 1), (4, 2, 1), (4, 1, 2)],
+                         ids=["parameters", "layers", "states"])
+def test_recurrent_function_refusals_are_torchs(params, num_layers, states):
+    torch.manual_seed(2)
+    weights = torch.nn.GRU(3, 4)._flat_weights[:params]
+    x, h = torch.randn(5, 2, 3), torch.zeros(states, 2, 4)
+    with pytest.raises(RuntimeError) as theirs:
+        torch.gru(x, h, weights, True, num_layers, 0.0, False, False, False)
+    with pytest.raises(RuntimeError, match=str(theirs.value)):
+        tw.gru(_as_tilewise(x), _as_tilewise(h), [_as_tilewise(w) for w in weights], True, num_layers, 0.0, False,
+               False, False)
+
+
+def test_recurrent_function_refuses_states_of_another_batch():
+    """torch's kernel reads past states of a smaller batch (it can crash); tilewise refuses them."""
+    weights = [_as_tilewise(w) for w in torch.nn.LSTM(3, 4)._flat_weights]
+    with pytest.raises(RuntimeError, match=r"Expected hidden size \(1, 5, 4\), got \[1, 2, 4\]"):
+        tw.lstm(tw.randn(5, 2, 3), (tw.zeros(1, 2, 4), tw.zeros(1, 2, 4)), weights, True, 1, 0.0, False, False, True)
+
+
+# ---------------------------------------------------------------- chalf
+
+
+def test_chalf_names_the_missing_dtype():
+    with pytest.raises(TypeError, match="no complex32"):
+        tw.ones(2).chalf()
+    with pytest.raises(AttributeError, match="no complex32"):
+        tw.chalf  # noqa: B018 — the attribute's refusal is what is tested
+    with pytest.raises(TypeError, match="no complex32"):
+        tw.ones(2, dtype="complex32")

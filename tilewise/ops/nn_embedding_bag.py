@@ -11,6 +11,7 @@ and bounded by the input's length inside a trace.
 
 from __future__ import annotations
 
+from tilewise._grad_mode import no_grad
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import promote_types
 from tilewise.ops.nn_functional import _renorm_rows_, call_public, concrete_cpu, functional, where
@@ -217,7 +218,6 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     torch's CPU kernel returns for its backward: each index's bag (empty for sums it adds up directly), each bag's
     count of indices that are not ``padding_idx`` (zeros for sums), and for max each bag's and column's chosen index
     (for means the counts again, for sums zeros), all in the indices' and offsets' promoted integer dtype."""
-    from tilewise.autograd.grad_mode import no_grad
     from tilewise.ops.creation import empty, zeros
 
     if type(mode) is not int:
