@@ -27,7 +27,7 @@ CASES = {
     "Exponential": ((POS,), {}, POS2, ("mean", "variance", "entropy", "cdf", "icdf")),
     "Laplace": ((REAL, POS), {}, REAL * 2, ("mean", "variance", "entropy", "cdf", "icdf")),
     "LogNormal": ((REAL, POS), {}, POS2, ("mean", "variance", "entropy")),
-    "Gamma": ((POS, POS2), {}, POS2, ("mean", "variance", "entropy")),
+    "Gamma": ((POS, POS2), {}, POS2, ("mean", "variance", "entropy", "cdf")),
     "Beta": ((POS, POS2), {}, PROBS, ("mean", "variance", "entropy")),
     "Bernoulli": ((), {"probs": PROBS}, np.round(PROBS), ("mean", "variance", "entropy")),
     "Bernoulli-logits": ((), {"logits": REAL}, np.round(PROBS), ("mean", "variance", "entropy")),

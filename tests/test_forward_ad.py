@@ -26,7 +26,8 @@ TORCH_FORWARD_INEXACT = {
 
 
 # Samples where torch's backward is by design not the derivative, and torch has no forward rule to follow instead.
-NOT_ADJOINT = {("embedding_bag", "freq"): "scale_grad_by_freq scales the gradient, not the derivative"}
+NOT_ADJOINT = dict.fromkeys([("embedding_bag", "freq"), ("embedding_bag", "mode1-freq")],
+                            "scale_grad_by_freq scales the gradient, not the derivative")
 
 
 def _random_values(rng, shape, is_complex: bool) -> np.ndarray:

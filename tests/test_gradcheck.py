@@ -33,7 +33,7 @@ CONVENTIONAL_GRADIENTS = {"embedding": {"padding_idx", "freq", "max_norm"}, "ind
                           "gaussian_nll_loss": {"clamped"},
                           "ctc_loss": {"padded-mean", "padded-sum", "padded-none", "concatenated", "infeasible",
                                        "zero-infinity", "unbatched"},
-                          "embedding_bag": {"freq"}}
+                          "embedding_bag": {"freq", "mode1-freq"}}
 # cholesky_solve and cholesky_inverse differentiate the factor as a full matrix (torch's formulas), though only its
 # triangle is read.
 CONVENTIONAL_GRADIENTS.update({"cholesky_solve": {"lower", "upper-broadcast"}, "cholesky_inverse": {"", "upper"}})

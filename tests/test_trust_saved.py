@@ -51,10 +51,16 @@ DIFFERENCES = {
     **dict.fromkeys([
         "multi_margin_loss input 2: weight", "pdist input 0: 0,p1,p3,one-row",
         "ctc_loss input 1: padded-mean,padded-sum,padded-none", "rrelu input 0: training-fixed-slope",
-        "bilinear input 2: 0,no-bias-3d,unbatched", "embedding_bag input 0: per-sample-weights"],
+        "bilinear input 2: 0,no-bias-3d,unbatched",
+        "embedding_bag input 0: per-sample-weights,mode0-per-sample-weights"],
         "torch's kernel keeps this input; tilewise's composite keeps what it derived from it (rows it gathered, "
         "a copy laid out for a matmul, or the slopes alone), so the gradient is right and the change is not an "
         "error"),
+    **dict.fromkeys([f"embedding_bag output {k}: mode0,mode0-padding-last-offset,mode1,mode1-padding-last-offset,mode2,"
+                     "mode2-padding-last-offset,mode0-per-sample-weights,mode1-freq" for k in (1, 2)],
+                    "torch's kernel keeps offset2bag and bag_size for its backward; tilewise's output is "
+                    "nn.functional.embedding_bag's, whose backward reads neither, so the gradient is right and the "
+                    "change is not an error"),
     "ctc_loss output 0: padded-none,infeasible": "torch's backward reads its loss; tilewise's reads the "
                                                  "recursion's values",
     **dict.fromkeys(["combinations input 0: 0,1,2", "put input 2: 0,accumulate"],

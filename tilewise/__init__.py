@@ -168,6 +168,7 @@ from tilewise.autograd.anomaly_mode import (  # noqa: E402
 )
 from tilewise.backends import get_default_device, set_default_device  # noqa: E402
 from tilewise.compiler import compile  # noqa: E402, A004 — tilewise.compile, like torch.compile
+from tilewise.nn.modules.rnn_functions import gru, lstm, rnn_relu, rnn_tanh  # noqa: E402 — torch.lstm, ...
 from tilewise.ops.tags import Tag  # noqa: E402 — torch.Tag: operator tags (custom_op(..., tags=...))
 from tilewise.profiler.explain import explain  # noqa: E402 — every layer of one compiled call, timed
 from tilewise.profiler.report import report  # noqa: E402 — the same call as one self-contained HTML page
@@ -238,4 +239,6 @@ def __getattr__(name: str):
         from tilewise.func import vmap
 
         return vmap
+    if name in ("chalf", "complex32"):
+        raise AttributeError(f"module 'tilewise' has no attribute {name!r}: {_dtypes.NO_COMPLEX32}")
     raise AttributeError(f"module 'tilewise' has no attribute {name!r}")

@@ -302,6 +302,30 @@ def randint(seed: int, offset: int, n: int, low: int, high: int, dtype: DTypeLik
     return (in_range + np.uint64(low % _U64_LIMIT)).view(np.int64).astype(dtype)
 
 
+def attempt_uniforms(seed: int, offset: int, elements: np.ndarray, attempt: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two float64 uniforms in [0, 1) for each of ``elements`` (indices) at rejection-sampling ``attempt``.
+
+    [Note: draws per element] A sampler that loops until it accepts (Poisson, binomial) takes a variable number of
+    draws per element, which no fixed stretch of the stream can hold. Such a draw claims one counter per element,
+    as a draw of 4n words would, and element i's attempt j reads the block of counter (c & 0xffffffff, c >> 32, j, 0)
+    with c = offset + i: attempt 0 is the claimed block itself, later attempts use the reserved third counter word
+    and so meet no other draw's blocks. The block's words (w0, w1) and (w2, w3) give the two values as a float64
+    uniform's (top 53 bits of hi << 32 | lo). Every element's values depend only on (seed, offset, i, j), so a GPU
+    thread per element computes the same ones.
+
+    >>> u, v = attempt_uniforms(1, 0, np.arange(3), 0)
+    >>> bool(np.array_equal(np.stack([u, v], 1).reshape(-1), uniform(1, 0, 6, np.float64)))
+    True
+    """
+    counter = np.asarray(elements, dtype=np.uint64) + np.uint64(offset)
+    lanes = [counter & _MASK32, counter >> _SHIFT32, np.full(counter.shape, attempt, np.uint64),
+             np.zeros(counter.shape, np.uint64)]
+    words = _philox_lanes(lanes, np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)).astype(np.uint64)
+    first = ((words[:, 0] << _SHIFT32) | words[:, 1]) >> np.uint64(11)
+    second = ((words[:, 2] << _SHIFT32) | words[:, 3]) >> np.uint64(11)
+    return first.astype(np.float64) * _FLOAT64.ulp, second.astype(np.float64) * _FLOAT64.ulp
+
+
 # --- the same math as CUDA C ---------------------------------------------------------------------------
 
 _CUDA_PRELUDE = r"""

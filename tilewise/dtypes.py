@@ -144,10 +144,15 @@ cfloat, cdouble = complex64, complex128
 bool = bool_  # noqa: A001
 
 
+NO_COMPLEX32 = ("tilewise has no complex32 (ComplexHalf, torch.chalf) dtype: its complex dtypes are complex64 "
+                "(cfloat) and complex128 (cdouble); use .cfloat() for a complex tensor of float32 parts")
+
+
 def from_name(name: str) -> DType:
     found = _BY_NAME.get(name) or _ALIASES.get(name)
     if found is None:
-        raise TypeError(f"unknown dtype {name!r}; valid dtypes: {', '.join(_BY_NAME)}")
+        missing = f" ({NO_COMPLEX32})" if name in ("complex32", "chalf") else ""
+        raise TypeError(f"unknown dtype {name!r}; valid dtypes: {', '.join(_BY_NAME)}{missing}")
     return found
 
 

@@ -1,8 +1,9 @@
 """``tilewise.special``: torch.special's names for the special functions the operator library has.
 
 Each is the operator of the same meaning under its top-level name (``expit`` is ``sigmoid``, ``gammaln`` is
-``lgamma``, ``psi`` is ``digamma``, ``multigammaln`` is ``mvlgamma``), with torch.special's arguments; those torch
-has only here are its ``special_`` operators (``ndtr`` is ``special_ndtr``, see ``ops/special.py``).
+``lgamma``, ``psi`` is ``digamma``, ``multigammaln`` is ``mvlgamma``, ``gammainc`` and ``gammaincc`` are ``igamma``
+and ``igammac``), with torch.special's arguments; those torch has only here are its ``special_`` operators (``ndtr``
+is ``special_ndtr``, see ``ops/special.py``).
 
 >>> import tilewise as tw
 >>> tw.special.expit(tw.tensor([0.0]))
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 from tilewise.ops.registry import public_function
 
-__all__ = ["digamma", "entr", "erf", "erfc", "erfcx", "erfinv", "exp2", "expit", "expm1", "gammaln", "i0", "i0e",
-           "i1", "i1e", "log1p", "log_ndtr", "log_softmax", "logit", "logsumexp", "multigammaln", "ndtr", "ndtri",
-           "polygamma", "psi", "round", "sinc", "softmax", "xlog1py", "xlogy"]
+__all__ = ["digamma", "entr", "erf", "erfc", "erfcx", "erfinv", "exp2", "expit", "expm1", "gammainc", "gammaincc",
+           "gammaln", "i0", "i0e", "i1", "i1e", "log1p", "log_ndtr", "log_softmax", "logit", "logsumexp",
+           "multigammaln", "ndtr", "ndtri", "polygamma", "psi", "round", "sinc", "softmax", "xlog1py", "xlogy"]
 
 
 def _unary(name: str, public: str | None = None):
@@ -48,6 +49,16 @@ def polygamma(n, input, *, out=None):  # noqa: A002
 
 def round(input, *, decimals=0, out=None):  # noqa: A001, A002 — torch's names
     return public_function("round")(input, decimals=decimals, out=out)
+
+
+def gammainc(input, other, *, out=None):  # noqa: A002
+    """torch.special.gammainc: ``tilewise.igamma``, the regularized lower incomplete gamma function."""
+    return public_function("igamma")(input, other, out=out)
+
+
+def gammaincc(input, other, *, out=None):  # noqa: A002
+    """torch.special.gammaincc: ``tilewise.igammac``, the regularized upper incomplete gamma function."""
+    return public_function("igammac")(input, other, out=out)
 
 
 def xlogy(input, other, *, out=None):  # noqa: A002

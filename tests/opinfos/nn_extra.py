@@ -217,13 +217,29 @@ def _embedding_bag():
     return samples
 
 
+def _aten_embedding_bag():
+    """torch.embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+    include_last_offset, padding_idx): its four results (output, offset2bag, bag_size, max_indices)."""
+    rows = T((7, 3))
+    offsets = Fixed([0, 3, 3, 6])
+    bag_input = Fixed([1, 2, 4, 4, 3, 0, 6, 6])
+    samples = []
+    for mode in range(3):
+        samples += [Sample((rows, bag_input, offsets, False, mode), name=f"mode{mode}"),
+                    Sample((rows, bag_input, Fixed([0, 3, 3, 6, 8]), False, mode, False, None, True, 4),
+                           name=f"mode{mode}-padding-last-offset")]
+    samples += [Sample((rows, bag_input, offsets, False, 0, False, T((8,))), name="mode0-per-sample-weights"),
+                Sample((rows, bag_input, offsets, True, 1), name="mode1-freq")]
+    return samples
+
+
 @dataclass
 class FixedTargetsOpInfo(OpInfo):
-    """An operator of nn.functional whose samples hold ``Fixed`` integer tensors: each framework receives them as
-    its own int64 tensor."""
+    """An operator of nn.functional (or of the top level, ``call="function"``) whose samples hold ``Fixed`` integer
+    tensors: each framework receives them as its own int64 tensor."""
 
     def resolve(self, module, functional):
-        fn = getattr(functional, self.name)
+        fn = getattr(functional if self.call == "F" else module, self.name)
 
         def call(*args, **kwargs):
             device = next((a.device for a in (*args, *kwargs.values()) if isinstance(a, module.Tensor)), None)
@@ -266,4 +282,5 @@ OPINFOS = [
     OpInfo("channel_shuffle", _channel_shuffle, call="F"),
     OpInfo("native_channel_shuffle", _channel_shuffle, call="F", grad=False),  # torch has no derivative for it
     FixedTargetsOpInfo("embedding_bag", _embedding_bag, call="F"),
+    FixedTargetsOpInfo("embedding_bag", _aten_embedding_bag, call="function"),
 ]

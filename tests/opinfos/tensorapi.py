@@ -57,6 +57,20 @@ OPINFOS += [
                                               name="zeros"),
                                        Sample((2.0, T((3, 4), "positive", 0.1, 3)), name="scalar-self")],
            covers=("special_xlog1py",)),
+    # torch differentiates igamma/igammac in ``other`` only (a gradient for ``self`` raises: test_breadth35.py)
+    *(OpInfo(name, lambda: [Sample((T((3, 4), "positive", 0.2, 8, grad=False), T((3, 4), "positive", 0.1, 10))),
+                            Sample((T((3, 4), "positive", 0.5, 3, grad=False), T((4,), "positive", 0.1, 4)),
+                                   name="broadcast"),
+                            Sample((T((4,), "positive", 20, 60, grad=False), T((4,), "positive", 15, 70)),
+                                   name="large")])
+      for name in ("igamma", "igammac")),
+    *(OpInfo(f"special.{name}", lambda: [Sample((T((3, 4), "positive", 0.2, 8, grad=False),
+                                                 T((3, 4), "positive", 0.1, 10)))], covers=(op,))
+      for name, op in (("gammainc", "igamma"), ("gammaincc", "igammac"))),
+    *(OpInfo(name, lambda: [Sample((T((3, 4), "positive", 0.2, 8, grad=False), T((4,), "positive", 0.1, 10)))],
+             call="method") for name in ("igamma", "igammac")),
+    *(OpInfo(name, lambda: [Sample((T((3, 4), "positive", 0.2, 8), T((4,), "positive", 0.1, 10)))], call="method",
+             grad=False) for name in ("igamma_", "igammac_")),
     OpInfo("polygamma", lambda: [Sample((1, T((3, 4), "positive", 0.2, 8))), Sample((2, T((3, 4), "positive", 0.2, 8))),
                                  Sample((0, T((3, 4), "positive", 0.2, 8))), Sample((3, T((4,), "positive", 3, 40)))],
            rtol=1e-4),

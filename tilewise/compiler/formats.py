@@ -58,7 +58,8 @@ PRESERVE_FIRST = frozenset({
 COPIES = frozenset({"clone", "_to_copy", "to", "type_as"})  # a copy of their source, in its layout unless told
 # results laid out as their first tensor argument, as copies under preserve_format are
 AS_INPUT = frozenset({"sort", "flip", "index_put"})
-ELEMENTWISE = frozenset({"frexp", "gcd", "lcm"})  # element-wise operators with kernels of their own
+# element-wise operators with kernels of their own
+ELEMENTWISE = frozenset({"frexp", "gcd", "lcm", "igamma", "igammac"})
 
 
 def format_of(t: Tensor) -> str:

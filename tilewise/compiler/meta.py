@@ -138,8 +138,11 @@ def _creation(op, args, device):
 
 
 def _random(op, args, device):
-    if op.name == "bernoulli":
+    if op.name in ("bernoulli", "poisson"):
         return TensorType(args[0]._shape, args[0]._dtype, device)
+    if op.name == "binomial":
+        op.dtype_rule(op, args)
+        return TensorType(S.broadcast_shapes(args[0]._shape, args[1]._shape, op="binomial"), args[0]._dtype, device)
     if op.name == "multinomial":
         return TensorType(args[0]._shape[:-1] + (args[1],), int64, device)
     return _creation(op, args, device)

@@ -8,7 +8,7 @@ from tilewise.distributions import constraints
 from tilewise.distributions.distribution import Distribution, ExponentialFamily, broadcast_all, host_generator
 from tilewise.dtypes import finfo
 from tilewise.ops.creation import rand, randn
-from tilewise.ops.functions import xlogy
+from tilewise.ops.functions import igamma, xlogy
 from tilewise.tensor import as_tensor, from_numpy
 
 
@@ -232,8 +232,7 @@ class Gamma(ExponentialFamily):
     def cdf(self, value):
         if self._validate_args:
             self._validate_sample(value)
-        raise NotImplementedError("Gamma.cdf needs the regularized lower incomplete gamma function "
-                                  "(special.gammainc), which tilewise does not have")
+        return igamma(self.concentration, self.rate * value)
 
     def entropy(self):
         c = self.concentration

@@ -283,6 +283,8 @@ SPELLINGS = (
 
 def spellings() -> dict:
     """The functions to export at the top level, by name (called once every operator is declared)."""
-    found = {fn.__name__: fn for fn in SPELLINGS}
+    from tilewise.ops.nn_embedding_bag import embedding_bag  # ATen's signature and 4 results
+
+    found = {fn.__name__: fn for fn in (*SPELLINGS, embedding_bag)}
     found.update({f"{name}_": _inplace_activation(name) for name in ("relu", "selu", "celu", "threshold")})
     return found

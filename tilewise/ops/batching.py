@@ -446,8 +446,10 @@ def random_rule(op, args, batched, size, *, level: Level):
         k = names.index("size")
         args[k] = (size, *args[k])
         return call(op, args)
-    if op.name == "bernoulli":
-        args[0] = batched_everywhere(args[0], batched[0], size)
+    if op.name in ("bernoulli", "poisson", "binomial"):  # one independent draw per element
+        rank = max(args[k]._shape.__len__() - (1 if batched[k] is True else 0) for k in op.tensor_idx)
+        for k in op.tensor_idx:
+            args[k] = pad_to_rank(batched_everywhere(args[k], batched[k] is True, size), rank)
         return call(op, args)
     if op.name == "multinomial":
         p = batched_everywhere(args[0], batched[0], size)

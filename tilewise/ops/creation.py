@@ -95,6 +95,30 @@ declare("randint(int low, int high, int[] size, *, ScalarType? dtype=None, Devic
         "Generator? generator=None) -> Tensor", "random", differentiable=False, public=False)
 declare("bernoulli(Tensor self, *, Generator? generator=None) -> Tensor", "random", dtype=R.first_input,
         differentiable=False)
+def _binomial_dtype(op, args) -> tuple:
+    """torch's checks, in its order: floating count and prob, of one dtype, float32 or float64."""
+    count, prob = args[0], args[1]
+    for name, t in (("count", count), ("prob", prob)):
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"binomial only supports floating-point dtypes for {name}, got: {c10_name(t.dtype)}")
+    if prob.dtype is not count.dtype:
+        raise RuntimeError(f"Found dtype {c10_name(prob.dtype)} but expected {c10_name(count.dtype)}")
+    if count.dtype.itemsize < 4:
+        raise NotImplementedError(f'"binomial_{count.device.type}" not implemented for \'{c10_name(count.dtype)}\'')
+    return count.dtype, count.dtype
+
+
+# See [Note: Poisson and binomial samples] in backends/cpu/sampling_kernels.py.
+declare("poisson(Tensor self, Generator? generator=None) -> Tensor", "random", dtype=R.floating_kernel,
+        grad={"self": "zeros_like(grad)"}, fwd="zeros_like(self_t)", method=False, out=False,
+        doc="One Poisson sample per element of the rates ``self`` (torch's samplers, Philox's uniforms).\n\n"
+            ">>> tw.poisson(tw.zeros(2))\ntensor([0., 0.])")
+declare("binomial(Tensor count, Tensor prob, Generator? generator=None) -> Tensor", "random", dtype=_binomial_dtype,
+        grad={"count": "aten_derivative_not_implemented('binomial')",
+              "prob": "aten_derivative_not_implemented('binomial')"},
+        fwd="forward_not_implemented('aten::binomial')", method=False, out=False,
+        doc="One binomial sample per element of ``count`` trials of success probability ``prob`` (broadcast).\n\n"
+            ">>> tw.binomial(tw.tensor([3.0]), tw.tensor([1.0]))\ntensor([3.])")
 declare("randperm(int n, *, ScalarType? dtype=None, Device? device=None, Generator? generator=None) -> Tensor",
         "random", differentiable=False, public=False)
 declare("multinomial(Tensor self, int num_samples, bool replacement=False, *, Generator? generator=None) -> Tensor",

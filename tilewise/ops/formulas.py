@@ -317,5 +317,20 @@ def _rows(t):
     return t.reshape(prod(t.shape[:-1]), t.shape[-1])
 
 
+def derivative_not_implemented(what: str):
+    """A derivative torch does not have, as torch refuses it at backward (``what``: "igamma: input")."""
+    raise NotImplementedError(f"the derivative for '{what}' is not implemented.")
+
+
+def aten_derivative_not_implemented(name: str):
+    """The backward of an operator torch records with a NotImplemented node (binomial)."""
+    raise RuntimeError(f"derivative for aten::{name} is not implemented")
+
+
+def forward_not_implemented(name: str):
+    """A tangent rule torch does not have."""
+    raise NotImplementedError(f"Trying to use forward AD with {name} that does not support it.")
+
+
 HELPERS = {name: obj for name, obj in globals().items() if callable(obj) and not name.startswith("_")
            and getattr(obj, "__module__", "") == __name__}

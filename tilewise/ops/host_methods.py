@@ -306,6 +306,14 @@ def attach() -> None:
         setattr(Tensor, predicate, property(lambda self: False))
     Tensor.cfloat = lambda self: self.to(dtype=_dtype("complex64"))
     Tensor.cdouble = lambda self: self.to(dtype=_dtype("complex128"))
+    Tensor.chalf = chalf
+
+
+def chalf(self: Tensor, memory_format=None) -> Tensor:
+    """torch's ``self.to(torch.complex32)``: refused, since tilewise has no complex32 dtype."""
+    from tilewise.dtypes import NO_COMPLEX32
+
+    raise TypeError(f"Tensor.chalf(): {NO_COMPLEX32}")
 
 
 def _dtype(name: str):

@@ -11,6 +11,7 @@ and bounded by the input's length inside a trace.
 
 from __future__ import annotations
 
+from tilewise._grad_mode import no_grad
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import promote_types
 from tilewise.ops.nn_functional import _renorm_rows_, call_public, concrete_cpu, functional, where
@@ -183,3 +184,71 @@ functional("embedding_bag(Tensor input, Tensor weight, Tensor? offsets=None, flo
            "float norm_type=2.0, bool scale_grad_by_freq=False, str mode='mean', bool sparse=False, "
            "Tensor? per_sample_weights=None, bool include_last_offset=False, int? padding_idx=None) -> Tensor",
            _embedding_bag, function=False)
+
+
+# ---------------------------------------------------------------- torch.embedding_bag (ATen's signature)
+def _max_indices(weight, indices, counted, starts, ends, sizes):
+    """For each bag and column, the index (from ``indices``) of the first counted row holding the bag's maximum;
+    0 for a bag with no counted row."""
+    from tilewise.ops.creation import arange, zeros
+
+    length, dim, bags = indices.shape[0], weight.shape[1], starts.shape[0]
+    if length == 0 or bags == 0:
+        return zeros((bags, dim), dtype=indices.dtype, device=indices.device)
+    longest = _longest_bag(starts, ends, length)
+    positions = starts.unsqueeze(1) + arange(longest, device=indices.device)
+    safe = positions.clamp(0, length - 1)
+    listed = (positions < ends.unsqueeze(1)) & counted[safe]
+    rows = where(listed.unsqueeze(2), weight[indices][safe], float("-inf"))
+    first = rows.argmax(1) if longest else zeros((bags, dim), dtype=indices.dtype, device=indices.device)
+    found = indices[safe.gather(1, first)]
+    return where((sizes > 0).unsqueeze(1), found, 0).to(indices.dtype)
+
+
+def _summed_directly(weight, padding) -> bool:
+    """Where torch's CPU kernel sums rows straight into the output and leaves ``offset2bag`` empty: no padding
+    index and a float32, float16 or bfloat16 table (torch also asks for dense rows; the layout is not read here)."""
+    return padding is None and weight.dtype.name in ("float32", "float16", "bfloat16")
+
+
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
+                  include_last_offset=False, padding_idx=None):
+    """torch.embedding_bag: ``(output, offset2bag, bag_size, max_indices)``, with ``mode`` an int (0 sum, 1 mean,
+    2 max). ``output`` is nn.functional.embedding_bag's (one declaration: its gradient too); the other three are what
+    torch's CPU kernel returns for its backward: each index's bag (empty for sums it adds up directly), each bag's
+    count of indices that are not ``padding_idx`` (zeros for sums), and for max each bag's and column's chosen index
+    (for means the counts again, for sums zeros), all in the indices' and offsets' promoted integer dtype."""
+    from tilewise.ops.creation import empty, zeros
+
+    if type(mode) is not int:
+        raise TypeError(f"embedding_bag(): argument 'mode' (position 5) must be int, not {type(mode).__name__}")
+    if not 0 <= mode < len(_MODES):
+        raise RuntimeError("`mode` must be sum, mean, or max.")
+    name = _MODES[mode]
+    if per_sample_weights is not None and name != "sum":
+        raise RuntimeError("embedding_bag: per_sample_weights only supported with mode='sum'")
+    if offsets is None:
+        raise TypeError("embedding_bag(): argument 'offsets' (position 3) must be Tensor, not NoneType")
+    if indices.ndim != 1:
+        raise RuntimeError(f"embedding_bag: expected 1-D indices with offsets (a batch of equal bags goes through "
+                           f"nn.functional.embedding_bag), got indices of shape {list(indices.shape)}")
+    output = call_public("embedding_bag", indices, weight, offsets, None, 2.0, scale_grad_by_freq, name, sparse,
+                         per_sample_weights, include_last_offset, padding_idx)
+    padding = _padding_index(padding_idx, weight.shape[0])
+    with no_grad():
+        index_dtype = promote_types(indices.dtype, offsets.dtype)
+        indices = indices.to(index_dtype)
+        length = indices.shape[0]
+        starts, ends = _bag_bounds(offsets, length, include_last_offset)
+        bags = starts.shape[0]
+        counted = indices != (padding if padding is not None else -1)
+        bag = _bag_of_each_element(starts, length).to(index_dtype)
+        no_bags = zeros((bags,), dtype=index_dtype, device=indices.device)
+        if name == "sum":
+            direct = _summed_directly(weight, padding)
+            offset2bag = empty((0,), dtype=index_dtype, device=indices.device) if direct else bag
+            return output, offset2bag, no_bags, no_bags.clone()
+        sizes = no_bags.index_put((bag,), counted.to(index_dtype), True) if length else no_bags
+        if name == "mean":
+            return output, bag, sizes, sizes.clone()
+        return output, bag, sizes, _max_indices(weight.detach(), indices, counted, starts, ends, sizes)

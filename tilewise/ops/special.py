@@ -339,6 +339,23 @@ pointwise("special_xlog1py(Tensor self, Tensor other) -> Tensor", None,
           {"self": "where((self == 0) & (other <= -1), zeros_like(grad), grad * log1p(other))",
            "other": "grad * self / (other + 1)"}, real_kernel, expr_builder=_xlog1py, method=False, inplace=False)
 
+# ---------------------------------------------------------------- regularized incomplete gamma functions
+# torch.special.gammainc and gammaincc are these operators (``tilewise/special.py``). Their meaning is a series and
+# a continued fraction run to convergence, so their kernels are numpy loops (``backends/cpu/gamma_kernels.py``; on
+# CUDA on host copies). torch differentiates them in ``other`` only: a gradient for ``self`` raises at backward.
+_IGAMMA_DENSITY = "exp((self - 1) * log(other) - other - lgamma(self))"
+declare("igamma(Tensor self, Tensor other) -> Tensor", "other", dtype=R.floating_kernel,
+        grad={"self": "derivative_not_implemented('igamma: input')", "other": f"grad * {_IGAMMA_DENSITY}"},
+        fwd="auto_element_wise", inplace=True, batch=broadcast,
+        doc="The regularized lower incomplete gamma function P(self, other) (torch.special.gammainc).\n\n"
+            ">>> tw.igamma(tw.tensor([1.0]), tw.tensor([2.0]))\ntensor([0.8647])")
+declare("igammac(Tensor self, Tensor other) -> Tensor", "other", dtype=R.floating_kernel,
+        grad={"self": "derivative_not_implemented('igammac: input')", "other": f"-grad * {_IGAMMA_DENSITY}"},
+        fwd="auto_element_wise", inplace=True, batch=broadcast,
+        doc="The regularized upper incomplete gamma function Q(self, other) = 1 - P (torch.special.gammaincc).\n\n"
+            ">>> tw.igammac(tw.tensor([1.0]), tw.tensor([2.0]))\ntensor([0.1353])")
+
+
 # ---------------------------------------------------------------- exponentials and logs of pairs
 pointwise("logaddexp(Tensor self, Tensor other) -> Tensor",
           lambda a, b: where(a.eq(b).logical_and(a.isinf()), a, a.maximum(b) + (-(a - b).abs()).exp().log1p()),

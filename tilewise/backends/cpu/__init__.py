@@ -500,10 +500,12 @@ def _load_kernels() -> None:
         api_kernels,
         conv_kernels,
         fft_kernels,
+        gamma_kernels,
         kernels,
         linalg_householder_kernels,
         linalg_kernels,  # noqa: F401
         movement_kernels,
+        sampling_kernels,
         scaled_mm_kernels,
     )
 

@@ -183,7 +183,9 @@ def _grow(state, initial, n: int):
 
 
 def _run_layers(module: RNNBase, data: Tensor, sizes: list[int], hx: Tensor, cx) -> tuple:
-    """Every layer and direction; returns (output rows, h_n, c_n or None)."""
+    """Every layer and direction; returns (output rows, h_n, c_n or None). ``module`` is read for its ``mode``,
+    ``num_layers``, ``bidirectional``, ``dropout``, ``training`` and ``_direction_weights`` alone (torch.lstm and its
+    kin pass those of a flat weight list: ``rnn_functions.py``)."""
     directions = 2 if module.bidirectional else 1
     layer_input, final_h, final_c = data, [], []
     for layer in range(module.num_layers):

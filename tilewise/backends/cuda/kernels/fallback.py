@@ -3,7 +3,8 @@
 This keeps every operator usable on the GPU (autograd, nn and optim included) while kernels are written;
 each use is logged once per operator under ``TILEWISE_LOG=fallback``, so a slow path is never silent to
 someone looking. Copies, casts, pointwise, reductions, creation, random draws, indexing and matmul never
-come here.
+come here, except the rejection samplers ``poisson`` and ``binomial``: they draw from the generator shared by CPU
+and CUDA, so their samples here are the CPU's for the same seed.
 """
 
 from __future__ import annotations
