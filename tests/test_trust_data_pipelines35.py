@@ -136,6 +136,10 @@ SAMPLINGS = {
         list(sampler) for sampler in [data.RandomSampler(range(13), generator=seeded(lib, 3))] for _ in range(3)],
     "random_from_manual_seed": lambda lib, data: [
         lib.manual_seed(4), [list(data.RandomSampler(range(9))) for _ in range(2)]][1],
+    "shuffled_loader_from_manual_seed": lambda lib, data: [
+        lib.manual_seed(6), [[b.tolist() for b in loader] for loader in [data.DataLoader(range(10), batch_size=4,
+                                                                                          shuffle=True)]
+                             for _ in range(2)]][1],
     "weighted": lambda lib, data: list(
         data.WeightedRandomSampler([0.5, 2.0, 0.0, 1.0, 3.0, 0.25], 40, generator=seeded(lib, 5))),
     "weighted_one_sample": lambda lib, data: [
