@@ -282,13 +282,13 @@ def test_iterable_dataset_length_warning_matches_torch():
 
 def test_worker_seeds_follow_torchs_rule():
     """torch seeds worker i with base_seed + i (its own generator and Python's random) and numpy with
-    _generate_state(base_seed, i); tilewise does the same with tilewise's generator."""
+    _generate_state(base_seed, i); tilewise does the same with tilewise's generator, and draws the base seed
+    torch draws from the loader's generator (see [Note: sampler streams])."""
     from torch.utils.data._utils.worker import _generate_state
 
+    base_seed = torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(3)).item()
     for lib, loader_module, generator in ((tw, data, tw.Generator().manual_seed(3)),
                                           (torch, torch.utils.data, torch.Generator().manual_seed(3))):
-        base_seed = lib.empty((), dtype=lib.int64).random_(generator=generator).item()
-        generator.manual_seed(3)
         rows = [row for batch in loader_module.DataLoader(Seeds(lib), batch_size=3, num_workers=2,
                                                           generator=generator) for row in zip(*batch)]
         for worker_id, num_workers, seed, py, npy, own in ([v.item() if hasattr(v, "item") else v for v in row]

@@ -49,6 +49,7 @@ class Storage:
     __slots__ = ("data", "device", "dtype", "size", "version", "__weakref__", "__dict__")
 
     inference = False  # set, in the instance, on the memory of inference tensors (see [Note: inference tensors])
+    shared = False  # set, in the instance, on memory shared between processes (a DataLoader worker's batches)
     # writes through ``Tensor.data`` (and its views), counted in ``version`` too: autograd's version of the memory is
     # ``version - untracked``, so such writes stay invisible to it, as torch's ``.data`` has a version counter of its
     # own, while caches keyed on ``version`` still see every write

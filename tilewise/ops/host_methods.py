@@ -210,13 +210,15 @@ def output_nr(self: Tensor) -> int:
 
 
 def is_shared(self: Tensor) -> bool:
-    """Whether the storage is in memory shared between processes: tilewise's storages are private."""
-    return False
+    """Whether the storage is in memory shared between processes: a device's memory (as torch counts it), and on
+    the CPU the batches DataLoader workers send; other CPU storages are private."""
+    return self.device.type not in ("cpu", "meta") or (self._storage is not None and self._storage.shared)
 
 
 def share_memory_(self: Tensor) -> Tensor:
-    """Move the storage to shared memory: a no-op here for CUDA tensors, as in torch; CPU storages stay private."""
-    if self.device.type == "cpu":
+    """Move the storage to shared memory: a no-op here for CUDA tensors and storages already shared, as in torch;
+    other CPU storages stay private."""
+    if self.device.type == "cpu" and not self._storage.shared:
         raise NotImplementedError("share_memory_(): tilewise's CPU storages cannot move to shared memory; pass tensors "
                                   "between processes with tilewise.save/load or numpy arrays")
     return self

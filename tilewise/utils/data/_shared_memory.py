@@ -77,7 +77,13 @@ def _shared_storage(numel: int, dtype: DType) -> Storage:
     if numel == 0:
         return Storage(np.empty(0, dtype.np), cpu, dtype, 0)
     mapping = _map(_anonymous_file(numel * dtype.itemsize), numel * dtype.itemsize, keep_fd=True)
-    return Storage(np.frombuffer(mapping, dtype.np, numel), cpu, dtype, numel)
+    return _mapped_storage(mapping, dtype, numel)
+
+
+def _mapped_storage(mapping: SharedMapping, dtype: DType, numel: int) -> Storage:
+    storage = Storage(np.frombuffer(mapping, dtype.np, numel), cpu, dtype, numel)
+    storage.shared = True  # what ``Tensor.is_shared()`` reads
+    return storage
 
 
 def shared_fd(storage: Storage) -> int | None:
@@ -164,8 +170,7 @@ class _BatchUnpickler(pickle.Unpickler):
 
 
 def _storage_from_fd(fd: int, dtype: DType, numel: int) -> Storage:
-    mapping = _map(fd, numel * dtype.itemsize, keep_fd=False)
-    return Storage(np.frombuffer(mapping, dtype.np, numel), cpu, dtype, numel)
+    return _mapped_storage(_map(fd, numel * dtype.itemsize, keep_fd=False), dtype, numel)
 
 
 # ------------------------------------------------------------------------------------------- the socket

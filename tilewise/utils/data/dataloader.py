@@ -6,7 +6,8 @@ batches, ``drop_last`` dropping a short final one) and a collate function (sampl
 default start method of the platform, or ``multiprocessing_context``) and keeps ``prefetch_factor`` tasks in
 flight per worker, handed out round robin; results come back over one Unix socket per worker, tensors through
 shared memory (see ``_shared_memory``), and are returned in task order (or as they come, with
-``in_order=False``). The protocol is torch's, so its behaviour is too: the same per-worker seeds, an
+``in_order=False``). The protocol is torch's, so its behaviour is too: the same per-worker seeds (the base seed
+is the number torch draws from the loader's generator, see [Note: sampler streams]), an
 IterableDataset copied whole into every worker (each worker batches its own stream, so ``drop_last`` and short
 batches apply per worker), a worker's exception raised again in the main process with its traceback text, a
 worker that dies reported with its pid and signal or exit code, ``timeout``, ``persistent_workers`` (the same
@@ -35,7 +36,7 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import wait
 from typing import Any, Generic, TypeVar
 
-from tilewise.utils.data import _shared_memory
+from tilewise.utils.data import _shared_memory, _torch_stream
 from tilewise.utils.data._fetch import DatasetKind, create_fetcher
 from tilewise.utils.data._pin_memory import pin_memory, pin_memory_loop
 from tilewise.utils.data._worker import (
@@ -261,8 +262,6 @@ def _pinning_available() -> bool:
 
 class _BaseDataLoaderIter:
     def __init__(self, loader: DataLoader) -> None:
-        from tilewise.tensor import tensor
-
         self._dataset = loader.dataset
         self._dataset_kind = loader._dataset_kind
         self._IterableDataset_len_called = loader._IterableDataset_len_called
@@ -281,7 +280,7 @@ class _BaseDataLoaderIter:
         self._timeout = loader.timeout
         self._collate_fn = loader.collate_fn
         self._sampler_iter = iter(self._index_sampler)
-        self._base_seed = tensor(0).random_(generator=loader.generator).item()
+        self._base_seed = _torch_stream.random_seed(loader.generator)
         self._persistent_workers = loader.persistent_workers
         self._num_yielded = 0
 

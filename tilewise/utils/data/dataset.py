@@ -12,11 +12,13 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Generic, TypeVar
 
 from tilewise.tensor import Tensor
+from tilewise.utils.data import _torch_stream
 
 T_co = TypeVar("T_co", covariant=True)
 T = TypeVar("T")
@@ -217,7 +219,8 @@ class Subset(Dataset[T_co]):
 def random_split(dataset: Dataset[T], lengths: Sequence[int | float], generator=None) -> list[Subset[T]]:
     """Split ``dataset`` into random, non-overlapping subsets of the given lengths, or of the given fractions
     (``floor(fraction * len(dataset))`` each, the remainder handed out one by one, round robin). The permutation
-    comes from ``generator`` (tilewise's default generator when None).
+    is the one torch draws from ``generator`` seeded alike (tilewise's default generator when None; see [Note:
+    sampler streams]).
 
     >>> import tilewise as tw
     >>> from tilewise.utils.data import random_split
@@ -225,13 +228,11 @@ def random_split(dataset: Dataset[T], lengths: Sequence[int | float], generator=
     >>> len(train), len(val), sorted(train.indices + val.indices) == list(range(10))
     (7, 3, True)
     """
-    from tilewise.ops.creation import randperm
-
     if math.isclose(sum(lengths), 1) and sum(lengths) <= 1:
         lengths = _lengths_of_fractions(len(dataset), lengths)
     if sum(lengths) != len(dataset):
         raise ValueError("Sum of input lengths does not equal the length of the input dataset!")
-    indices = randperm(sum(lengths), generator=generator).tolist()
+    indices = _torch_stream.randperm(operator.index(sum(lengths)), generator)
     return [Subset(dataset, indices[offset - length:offset])
             for offset, length in zip(itertools.accumulate(lengths), lengths)]
 

@@ -7,9 +7,9 @@ by repeating its start until it divides evenly (or, with ``drop_last``, cuts the
 [Note: torch's permutation] Replicas and resumed runs must agree with torch on which sample each rank reads, so
 the shuffled order is torch's own: ``torch.randperm(n, generator=torch.Generator().manual_seed(s))`` on the CPU is
 a Fisher-Yates pass whose ``i``-th swap partner is ``i + x_i % (n - i)``, ``x_i`` the ``i``-th 32-bit output of
-a Mersenne Twister seeded by the low 32 bits of ``s``; numpy's legacy ``RandomState(s)`` is that same twister
-with the same seeding. tilewise's own ``randperm`` draws from Philox (the same numbers on CPU and GPU) and gives
-a different permutation.
+a Mersenne Twister seeded by the low 32 bits of ``s`` (``_torch_stream``, see [Note: sampler streams]).
+tilewise's own ``randperm`` draws from Philox (the same numbers on CPU and GPU) and gives a different
+permutation.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import math
 from collections.abc import Iterator
 from typing import TypeVar
 
-import numpy as np
-
+from tilewise.utils.data import _torch_stream
 from tilewise.utils.data.dataset import Dataset
 from tilewise.utils.data.sampler import Sampler
 
@@ -84,21 +83,14 @@ class DistributedSampler(Sampler[T_co]):
         self.epoch = epoch
 
 
-_SMALL_PERMUTATION = 2**32 // 20  # torch swaps by 32-bit draws below this length, by 64-bit draws above
-
-
 def torch_cpu_randperm(n: int, seed: int) -> list[int]:
     """The permutation torch's CPU ``randperm(n)`` gives under a generator seeded with ``seed`` (see [Note:
     torch's permutation])."""
-    if n >= _SMALL_PERMUTATION:
+    if n >= _torch_stream.SMALL_PERMUTATION:
         raise NotImplementedError(f"DistributedSampler: shuffling {n} samples (torch draws 64-bit numbers for "
-                                  f"{_SMALL_PERMUTATION} or more); use shuffle=False or a smaller dataset")
-    draws = np.random.RandomState(seed & 0xFFFFFFFF).randint(0, 2**32, size=max(n - 1, 0), dtype=np.uint32)
-    partners = (np.arange(n - 1) + draws.astype(np.int64) % np.arange(n, 1, -1)).tolist()
-    order = list(range(n))
-    for i, j in enumerate(partners):
-        order[i], order[j] = order[j], order[i]
-    return order
+                                  f"{_torch_stream.SMALL_PERMUTATION} or more); use shuffle=False or a smaller "
+                                  "dataset")
+    return _torch_stream.TwisterStream(seed).permutation(n)
 
 
 def _process_group():

@@ -5,8 +5,8 @@ epoch reproducible) and draws lazily: ``RandomSampler(replacement=True)`` draws 
 does, so ``num_samples=10**10`` costs nothing until it is iterated; without replacement it draws one permutation
 per pass over the dataset. Without a generator, ``RandomSampler`` seeds a fresh one from the default generator at
 the start of each epoch (torch's rule, so an epoch's order does not depend on what else drew random numbers
-during it). The numbers differ from torch's (Philox, not Mersenne Twister); the structure and the errors are
-torch's.
+during it). The draws are torch's CPU draws for the same seed (see [Note: sampler streams]), so a seeded
+sampler gives the indices torch gives; the structure and the errors are torch's too.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Generic, TypeVar
+
+from tilewise.utils.data import _torch_stream
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -68,19 +70,16 @@ class RandomSampler(Sampler[int]):
         return len(self.data_source) if self._num_samples is None else self._num_samples
 
     def __iter__(self) -> Iterator[int]:
-        from tilewise.ops.creation import randint, randperm
-
         n = len(self.data_source)
         generator = self.generator if self.generator is not None else _fresh_generator()
         if self.replacement:
             for _ in range(self.num_samples // _CHUNK):
-                yield from randint(0, n, (_CHUNK,), generator=generator).tolist()
-            if self.num_samples % _CHUNK:
-                yield from randint(0, n, (self.num_samples % _CHUNK,), generator=generator).tolist()
+                yield from _torch_stream.randint(n, _CHUNK, generator)
+            yield from _torch_stream.randint(n, self.num_samples % _CHUNK, generator)
             return
         for _ in range(self.num_samples // n):
-            yield from randperm(n, generator=generator).tolist()
-        yield from randperm(n, generator=generator).tolist()[:self.num_samples % n]
+            yield from _torch_stream.randperm(n, generator)
+        yield from _torch_stream.randperm(n, generator)[:self.num_samples % n]
 
     def __len__(self) -> int:
         return self.num_samples
@@ -89,10 +88,8 @@ class RandomSampler(Sampler[int]):
 def _fresh_generator():
     """A generator seeded from the default generator (what torch's samplers do when given none)."""
     from tilewise.ops.creation import Generator
-    from tilewise.tensor import tensor
 
-    seed = tensor(0).random_().item()
-    return Generator().manual_seed(seed)
+    return Generator().manual_seed(_torch_stream.random_seed())
 
 
 class SubsetRandomSampler(Sampler[int]):
@@ -102,9 +99,7 @@ class SubsetRandomSampler(Sampler[int]):
         self.indices, self.generator = indices, generator
 
     def __iter__(self) -> Iterator[int]:
-        from tilewise.ops.creation import randperm
-
-        for i in randperm(len(self.indices), generator=self.generator).tolist():
+        for i in _torch_stream.randperm(len(self.indices), self.generator):
             yield self.indices[i]
 
     def __len__(self) -> int:
@@ -139,9 +134,13 @@ class WeightedRandomSampler(Sampler[int]):
         self.generator = generator
 
     def __iter__(self) -> Iterator[int]:
-        from tilewise.ops.functions import multinomial
+        if self.weights.device.type != "cpu":  # torch draws these from the device's own generator
+            from tilewise.ops.functions import multinomial
 
-        yield from multinomial(self.weights, self.num_samples, self.replacement, generator=self.generator).tolist()
+            yield from multinomial(self.weights, self.num_samples, self.replacement,
+                                   generator=self.generator).tolist()
+            return
+        yield from _torch_stream.multinomial(self.weights, self.num_samples, self.replacement, self.generator)
 
     def __len__(self) -> int:
         return self.num_samples
