@@ -95,3 +95,16 @@ def test_explain_runs_the_pipeline_compile_runs():
     assert "PIPELINE" not in source and "run_pipeline" not in source and "lower_program" not in source
     assert [name for name, _ in CUDA_TARGET.lowering] == ["recompute_activations", "gemm_epilogues", "channels_last",
                                                            "attention_layouts"]
+
+
+def test_a_formula_helper_name_is_bound_once():
+    """Derivative formulas are strings naming helpers: a second module binding a name to another function would
+    silently change every formula that calls it, so the registry refuses it."""
+    from tilewise.ops.formulas import HELPERS
+
+    def cat_backward(*args):  # not the helper of that name
+        return args
+
+    with pytest.raises(RuntimeError, match="'cat_backward' is declared twice"):
+        HELPERS.update(cat_backward=cat_backward)
+    HELPERS.update(cat_backward=HELPERS["cat_backward"])  # the same function again is no conflict

@@ -332,5 +332,19 @@ def forward_not_implemented(name: str):
     raise NotImplementedError(f"Trying to use forward AD with {name} that does not support it.")
 
 
-HELPERS = {name: obj for name, obj in globals().items() if callable(obj) and not name.startswith("_")
-           and getattr(obj, "__module__", "") == __name__}
+class _Helpers(dict):
+    """The names derivative formulas may call: each bound once. Modules add theirs with ``update``; a name another
+    module already gave a different function is refused (formulas are strings, so a silent rebinding would change
+    which function every formula of that name calls)."""
+
+    def update(self, other=(), **more):
+        for name, obj in dict(other, **more).items():
+            present = self.get(name)
+            if present is not None and present is not obj:
+                raise RuntimeError(f"the formula helper {name!r} is declared twice: in "
+                                   f"{getattr(present, '__module__', '?')} and {getattr(obj, '__module__', '?')}")
+            self[name] = obj
+
+
+HELPERS = _Helpers({name: obj for name, obj in globals().items() if callable(obj) and not name.startswith("_")
+                    and getattr(obj, "__module__", "") == __name__})

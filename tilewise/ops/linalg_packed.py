@@ -20,16 +20,6 @@ from tilewise.ops.linalg_solvers import check_floating, column_major, raise_from
 from tilewise.ops.registry import OPS, declare
 
 
-def derivative_not_implemented(op_name: str):
-    """The backward of an operator torch does not differentiate, in torch's words."""
-    raise RuntimeError(f"derivative for {op_name} is not implemented")
-
-
-def tangent_not_implemented(op_name: str):
-    """The tangent (forward AD) of an operator torch does not differentiate, in torch's words."""
-    raise NotImplementedError(f"Trying to use forward AD with {op_name} that does not support it.")
-
-
 def geqrf_backward():
     raise NotImplementedError("the derivative for 'geqrf' is not implemented.")
 
@@ -103,21 +93,20 @@ def ormqr_jvp(input, tau, other, input_t, tau_t, other_t, left: bool, transpose:
     return Y_t if left else Y_t.mH
 
 
-HELPERS.update(derivative_not_implemented=derivative_not_implemented, tangent_not_implemented=tangent_not_implemented,
-               geqrf_backward=geqrf_backward, geqrf_jvp=geqrf_jvp, ormqr_jvp=ormqr_jvp, ormqr_backward=ormqr_backward)
+HELPERS.update(geqrf_backward=geqrf_backward, geqrf_jvp=geqrf_jvp, ormqr_jvp=ormqr_jvp, ormqr_backward=ormqr_backward)
 
 
 # ---------------------------------------------------------------- LDL: Bunch-Kaufman factorization and solve
 
 declare("_linalg_ldl_factor_ex(Tensor A, bool hermitian=False) -> (Tensor LD, Tensor pivots, Tensor info)", "other",
-        grad={"A": "derivative_not_implemented('aten::linalg_ldl_factor_ex')"}, nondiff_outputs=(1, 2),
-        fwd="tangent_not_implemented('aten::linalg_ldl_factor_ex')", public=False, batch=apply_batched,
+        grad={"A": "aten_derivative_not_implemented('linalg_ldl_factor_ex')"}, nondiff_outputs=(1, 2),
+        fwd="forward_not_implemented('aten::linalg_ldl_factor_ex')", public=False, batch=apply_batched,
         doc="sytrf (hetrf where hermitian) of the lower triangle of A [..., n, n]: L and D packed in one lower "
             "triangle, LAPACK's 1-based pivots (negative for the two rows of a 2x2 block of D), info.")
 declare("_linalg_ldl_solve(Tensor LD, Tensor pivots, Tensor B, bool hermitian=False) -> Tensor", "other",
-        grad={"LD": "derivative_not_implemented('aten::linalg_ldl_solve')", "pivots": None,
-              "B": "derivative_not_implemented('aten::linalg_ldl_solve')"},
-        fwd="tangent_not_implemented('aten::linalg_ldl_solve')", public=False, batch=apply_batched,
+        grad={"LD": "aten_derivative_not_implemented('linalg_ldl_solve')", "pivots": None,
+              "B": "aten_derivative_not_implemented('linalg_ldl_solve')"},
+        fwd="forward_not_implemented('aten::linalg_ldl_solve')", public=False, batch=apply_batched,
         doc="sytrs (hetrs) with the factors of _linalg_ldl_factor_ex, LD, pivots and B of one batch shape.")
 
 
