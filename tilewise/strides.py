@@ -380,6 +380,14 @@ def normalize_dim(dim: int, ndim: int, op: str = "") -> int:
     return dim + bound if dim < 0 else dim
 
 
+def normalize_dim_of_dims(dim: int, ndim: int, op: str = "") -> int:
+    """``normalize_dim`` for operators that take no dim of a 0-dim tensor (torch's ``wrap_scalar=false``: roll,
+    unbind, cross): there any dim is refused in torch's words."""
+    if ndim == 0:
+        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+    return normalize_dim(dim, ndim, op)
+
+
 def normalize_dims(dims, ndim: int, op: str = "") -> Shape:
     """An int, a sequence of ints or None (all dims) → a sorted tuple of distinct non-negative dims. A 0-dim
     tensor has none: torch accepts dim 0 and -1 for it and reduces over nothing."""

@@ -294,38 +294,61 @@ def _check_trapezoid_x(y, x, d):
                            f"{y.shape[d]} samples along dim {d})")
 
 
+def _trapezoid_dim(y, dim) -> int:
+    """The dim of a trapezoid, and torch's refusal of bool samples (an empty dim gives zeros of any dtype first)."""
+    d = S.normalize_dim_of_dims(dim, y.ndim, "trapezoid")
+    if y.dtype is dtypes.bool_ and y.shape[d]:
+        raise RuntimeError("trapezoid: received a bool input for `y`, but bool is not supported")
+    return d
+
+
+def _no_samples(y, d):
+    """torch's integral over an empty dim: zeros of ``y``'s own dtype."""
+    return y.new_zeros(y.shape[:d] + y.shape[d + 1:])
+
+
+def _cumulative_trapezoid_dim(y, dim, operands: str) -> int:
+    if y.dtype is dtypes.bool_:
+        raise RuntimeError(f"cumulative_trapezoid: received a bool input for {operands}, but bool is not supported")
+    if y.ndim == 0:
+        raise IndexError("slice() cannot be applied to a 0-dim tensor.")
+    return S.normalize_dim(dim, y.ndim, "cumulative_trapezoid")
+
+
+def _adjacent_sums(y, d):
+    """``y[k] + y[k + 1]`` along ``d`` (nothing for fewer than two samples), as floats."""
+    n = y.shape[d]
+    return _float_y(y.narrow(d, min(n, 1), max(n - 1, 0)) + y.narrow(d, 0, max(n - 1, 0)))
+
+
 def _trapezoid_x(y, x, dim=-1):
-    d = S.normalize_dim(dim, y.ndim, "trapezoid")
+    d = _trapezoid_dim(y, dim)
     _check_trapezoid_x(y, x, d)
     n = y.shape[d]
     if n == 0:
-        return _float_y(y).sum(d)
+        return _no_samples(y, d)
     pairs = y.narrow(d, 1, n - 1) + y.narrow(d, 0, n - 1)
     return (_float_y(pairs) * _spacing(y, x, d)).sum(d) / 2
 
 
 def _trapezoid_dx(y, dx=1, dim=-1):
-    d = S.normalize_dim(dim, y.ndim, "trapezoid")
+    d = _trapezoid_dim(y, dim)
     n = y.shape[d]
-    y = _float_y(y)
     if n == 0:
-        return y.sum(d)
+        return _no_samples(y, d)
+    y = _float_y(y)
     return (y.sum(d) - (y.select(d, 0) + y.select(d, n - 1)) * 0.5) * dx
 
 
 def _cumulative_trapezoid_x(y, x, dim=-1):
-    d = S.normalize_dim(dim, y.ndim, "cumulative_trapezoid")
+    d = _cumulative_trapezoid_dim(y, dim, "`x` or `y`")
     _check_trapezoid_x(y, x, d)
-    n = y.shape[d]
-    pairs = _float_y(y.narrow(d, 1, max(n - 1, 0)) + y.narrow(d, 0, max(n - 1, 0)))
-    return (pairs * _spacing(y, x, d) / 2).cumsum(d)
+    return (_adjacent_sums(y, d) * _spacing(y, x, d) / 2).cumsum(d)
 
 
 def _cumulative_trapezoid_dx(y, dx=1, dim=-1):
-    d = S.normalize_dim(dim, y.ndim, "cumulative_trapezoid")
-    n = y.shape[d]
-    pairs = _float_y(y.narrow(d, 1, max(n - 1, 0)) + y.narrow(d, 0, max(n - 1, 0)))
-    return (pairs * (dx / 2)).cumsum(d)
+    d = _cumulative_trapezoid_dim(y, dim, "`y`")
+    return (_adjacent_sums(y, d) * (dx / 2)).cumsum(d)
 
 
 for _name in ("trapezoid", "trapz"):

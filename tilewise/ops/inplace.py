@@ -46,7 +46,7 @@ import re
 from tilewise import dispatch
 from tilewise import strides as S
 from tilewise.dispatch import STATE
-from tilewise.dtypes import castable
+from tilewise.dtypes import c10_name, castable
 from tilewise.tensor import INFERENCE_INPLACE, Tensor, tensor
 
 
@@ -290,8 +290,9 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
     _take_tangents(self, result)
     if result._dtype is not self._dtype:
         if not allow_any_cast and not castable(result._dtype, self._dtype):
-            raise RuntimeError(f"{name}: result type {result._dtype.name} can't be cast to the desired output type "
-                               f"{self._dtype.name}")
+            raise RuntimeError(f"result type {c10_name(result._dtype)} can't be cast to the desired output type "
+                               f"{c10_name(self._dtype)} ({name}: its {result._dtype.name} result cannot be written "
+                               f"into a tensor of dtype {self._dtype.name})")
         result = result.to(self._dtype)
     if STATE.grad_enabled:
         if result._requires_grad or self.requires_grad:  # a write that records: torch's refusals (none otherwise)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from tilewise import dtypes
 from tilewise import strides as S
 from tilewise.dtypes import c10_name, compute_dtype, type_meta_name
 from tilewise.ops.batching_rules import leading_batch_first_only, matrix_product
@@ -47,6 +48,10 @@ def matmul_operands(op, args):
     """Shapes, then one dtype for both operands: library GEMMs take one dtype."""
     a, b = args[0], args[1]
     check_mm_shapes(op.name, a, b)
+    if a.dtype is dtypes.bool_ and b.dtype is dtypes.bool_:
+        kernel = _BOOL_KERNELS[op.name][a.device.type == "cuda"]
+        raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\' ({op.name} of bool tensors: convert them '
+                                  "to a number dtype first)")
     if a.dtype is not b.dtype:
         raise RuntimeError(f"{_DTYPE_MISMATCH[op.name](a.dtype, b.dtype)} ({op.name}: expected both operands to have "
                            f"the same dtype, but got {a.dtype.name} for self and {b.dtype.name} for mat2; convert one "
@@ -54,6 +59,8 @@ def matmul_operands(op, args):
     return a.dtype, compute_dtype(a.dtype)
 
 
+# the kernels torch names when it refuses bool operands, on the CPU and on CUDA
+_BOOL_KERNELS = {"mm": ("addmm_impl_cpu_", "addmm_cuda"), "bmm": ("bmm", "bmm_cuda")}
 # torch's own words for operands of two dtypes, which differ between its mm and bmm kernels
 _DTYPE_MISMATCH = {
     "mm": lambda a, b: ("expected m1 and m2 to have the same dtype, but got: "
@@ -216,7 +223,10 @@ def _dot(a, b):
     if a.shape != b.shape:
         raise RuntimeError(f"dot: inconsistent tensor size, expected tensor [{a.shape[0]}] and src [{b.shape[0]}] to "
                            "have the same number of elements")
-    return (a * b).sum()
+    if a.dtype is dtypes.bool_:
+        raise NotImplementedError('"dot" not implemented for \'Bool\'')
+    # an integer dot product keeps its dtype (and wraps), as torch's: sum alone would widen it to int64
+    return (a * b).sum(dtype=a.dtype)
 
 
 declare("dot(Tensor self, Tensor tensor) -> Tensor", "composite", decomposition=_dot,

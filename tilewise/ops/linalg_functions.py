@@ -767,9 +767,6 @@ def _vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A002 â
     _check_norm_dtype("linalg.vector_norm", x, dtype)
     if isinstance(ord, bool) or not isinstance(ord, (int, float)):
         raise TypeError(f"linalg.vector_norm: ord must be a number, got {type(ord).__name__} {ord!r}")
-    if ord < 0 and x.numel() == 0:
-        raise RuntimeError(f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor because the "
-                           "operation does not have an identity")
     if dim is not None and not isinstance(dim, (list, tuple)):
         dim = [dim]
     return OPS["norm"](x, ord, dim, keepdim, dtype=dtype)
@@ -834,6 +831,7 @@ linalg("linalg_norm(Tensor A, Any? ord=None, int[1]? dim=None, bool keepdim=Fals
 
 def _linalg_cross(a, b, dim=-1):
     shape = S.broadcast_shapes(tuple(a.shape), tuple(b.shape), op="linalg.cross")
+    S.normalize_dim_of_dims(dim, len(shape))  # 0-dim inputs: torch's words for any dim
     d = S.normalize_dim(dim, len(shape), "linalg.cross")
     sizes = (_size_at(a, d, shape), _size_at(b, d, shape))
     if sizes != (3, 3):

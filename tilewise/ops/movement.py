@@ -202,7 +202,7 @@ def _roll(self, shifts, dims=()):
         raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
     out = self
     for shift, dim in zip(shifts, dims):
-        d = S.normalize_dim(dim, self.ndim, "roll")
+        d = S.normalize_dim_of_dims(dim, self.ndim, "roll")
         n = out.shape[d] if out.ndim else 1
         if n and shift % n:
             k = shift % n
@@ -389,8 +389,10 @@ def _tile(self, dims):
 def _interleave_input(self, dim):
     if dim is None:
         return self.reshape(-1), 0
-    x = self.reshape(1) if self.ndim == 0 else self
-    return x, S.normalize_dim(dim, x.ndim, "repeat_interleave")
+    if self.ndim == 0:  # torch repeats along a new dim after ``dim``, which a 0-dim tensor has no room for
+        d = S.normalize_dim(dim, 0)
+        raise IndexError(f"Dimension out of range (expected to be in range of [-1, 0], but got {d + 1})")
+    return self, S.normalize_dim(dim, self.ndim, "repeat_interleave")
 
 
 def _repeat_interleave_int(self, repeats, dim=None, output_size=None):

@@ -4,7 +4,7 @@ derivatives where the composed backward would be slower or less stable."""
 from __future__ import annotations
 
 from tilewise import strides as S
-from tilewise.dtypes import compute_dtype
+from tilewise.dtypes import c10_name, compute_dtype
 from tilewise.ops.batching import shift_dims
 from tilewise.ops.registry import declare
 
@@ -19,23 +19,37 @@ def _row_major(x):
     return x.contiguous()
 
 
+def _floating_softmax_input(x, dim, kernel: str) -> bool:
+    """torch's softmax kernels take floating inputs only (ask for ``dtype=`` to convert); an empty tensor is
+    returned before the kernel runs. Whether there is nothing to compute."""
+    d = S.normalize_dim(dim, max(x.ndim, 1), kernel)
+    if x.numel() == 0:
+        return True
+    if not x.dtype.is_floating_point:
+        last = "_lastdim" if d == max(x.ndim, 1) - 1 else ""
+        raise NotImplementedError(f'"{kernel}{last}_kernel_impl" not implemented for \'{c10_name(x.dtype)}\'')
+    return False
+
+
 def _softmax(self, dim, dtype=None):
     x = self.to(dtype) if dtype is not None else self
-    work = _row_major(x.to(compute_dtype(x.dtype)) if x.dtype.is_floating_point else x.float())
-    S.normalize_dim(dim, max(self.ndim, 1), "softmax")
+    if _floating_softmax_input(x, dim, "softmax"):
+        return x.clone()
+    work = _row_major(x.to(compute_dtype(x.dtype)))
     shifted = work - work.amax(dim, keepdim=True)
     e = shifted.exp()
     out = e / e.sum(dim, keepdim=True)
-    return out.to(x.dtype) if x.dtype.is_floating_point else out
+    return out.to(x.dtype)
 
 
 def _log_softmax(self, dim, dtype=None):
     x = self.to(dtype) if dtype is not None else self
-    work = _row_major(x.to(compute_dtype(x.dtype)) if x.dtype.is_floating_point else x.float())
-    S.normalize_dim(dim, max(self.ndim, 1), "log_softmax")
+    if _floating_softmax_input(x, dim, "log_softmax"):
+        return x.clone()
+    work = _row_major(x.to(compute_dtype(x.dtype)))
     shifted = work - work.amax(dim, keepdim=True)
     out = shifted - shifted.exp().sum(dim, keepdim=True).log()
-    return out.to(x.dtype) if x.dtype.is_floating_point else out
+    return out.to(x.dtype)
 
 
 def _in_compute_dtype(*tensors):

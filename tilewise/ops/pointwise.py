@@ -316,11 +316,22 @@ pointwise("addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=
           {"self": "grad", "tensor1": "grad * conj_if_complex(value * tensor2)",
            "tensor2": "grad * conj_if_complex(value * tensor1)"},
           autocast={"cuda": "promote"}, expr_on={"cuda": _addcmul_cuda})
+def _addcdiv_check(op, args) -> None:
+    """torch refuses integer (and bool) ``tensor1`` and ``tensor2`` together: they once divided as integers."""
+    if all(getattr(t, "dtype", None) is not None and t.dtype.category < FLOAT for t in args[1:3]):
+        raise RuntimeError("Integer division with addcdiv is no longer supported, and in a future  release addcdiv "
+                           "will perform a true division of tensor1 and tensor2. The historic addcdiv behavior can be "
+                           "implemented as (input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for "
+                           "integer inputs and as (input + value * tensor1 / tensor2) for float inputs. The future "
+                           "addcdiv behavior is just the latter implementation: (input + value * tensor1 / tensor2), "
+                           "for all dtypes.")
+
+
 pointwise("addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
           lambda a, t1, t2, value: a + value * t1 / t2,
           {"self": "grad", "tensor1": "grad * conj_if_complex(value / tensor2)",
            "tensor2": "-grad * conj_if_complex(value * tensor1 / (tensor2 * tensor2))"}, R.promote_float,
-          autocast={"cuda": "promote"},
+          autocast={"cuda": "promote"}, check=_addcdiv_check,
           expr_on={"cuda": lambda a, t1, t2, value: fma(value, t1 / t2, a)})
 pointwise("atan2(Tensor self, Tensor other) -> Tensor", lambda a, b: a.atan2(b),
           {"self": "grad * other / (self * self + other * other)",
@@ -379,7 +390,7 @@ for _name in ("floor", "ceil", "trunc"):
 pointwise("round(Tensor self, *, int decimals=0) -> Tensor", None, {"self": "zeros_like(grad)"}, R.promote,
           expr_builder=_round, check=_round_decimals_need_floats)
 unary("fix", lambda x: x.trunc(), "zeros_like(grad)", dtype=R.promote)
-unary("frac", lambda x: x - x.trunc(), "grad", dtype=R.promote)
+unary("frac", lambda x: x - x.trunc(), "grad", dtype=R.floating_kernel)  # torch's frac_cpu: floats only
 
 # ---------------------------------------------------------------- comparisons and logic
 for _name, _dunder in (("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge")):
@@ -438,8 +449,9 @@ pointwise("relu6(Tensor self) -> Tensor", lambda x: clamp_expr(x, 0, 6, True),
 pointwise("leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor",
           lambda x, s: where(x.gt(0), x, x * s), {"self": "where(self > 0, grad, grad * negative_slope)"},
           R.floating_kernel, method=False)
+# threshold replaces where ``self <= threshold``, as torch's kernel tests: a NaN input (or threshold) stays the input
 pointwise("threshold(Tensor self, Scalar threshold, Scalar value) -> Tensor",
-          lambda x, t, v: where(x.gt(t), x, v), {"self": "threshold_backward(grad, self, threshold)"}, method=False,
+          lambda x, t, v: where(x.le(t), v, x), {"self": "threshold_backward(grad, self, threshold)"}, method=False,
           half_rounded={"cpu": ("self", "value"), "cuda": ("self", "threshold", "value")}, check=R.half_scalars_fit)
 pointwise("hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor",
           lambda x, lo, hi: clamp_expr(x, lo, hi, True), {"self": "hardtanh_backward(grad, self, min_val, max_val)"},

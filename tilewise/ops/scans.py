@@ -13,6 +13,7 @@ forms every product explicitly, so second derivatives at zeros are exact too.
 
 from __future__ import annotations
 
+from tilewise import dtypes
 from tilewise import strides as S
 from tilewise.layouts import contiguous_format
 from tilewise.ops import dtype_rules as R
@@ -175,6 +176,12 @@ def _argsort(self, dim=-1, descending=False, stable=False):
     return self.sort(dim, descending, stable=stable)[1]
 
 
+def refuse_bool(self, kernel: str) -> None:
+    """torch's CPU selection kernels (kthvalue, median, nanmedian) have no bool instance."""
+    if self.dtype is dtypes.bool_:
+        raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
+
+
 def check_topk(self, k: int, dim: int) -> int:
     """The normalised dim, after checking ``k`` fits it (shared by every backend's topk kernel)."""
     d = S.normalize_dim(dim, self.ndim, "topk")
@@ -182,10 +189,14 @@ def check_topk(self, k: int, dim: int) -> int:
     if not 0 <= k <= n:
         raise RuntimeError(f"selected index k out of range (topk(): k ({k}) is out of range for dimension {d} of size "
                            f"{n}, input shape {list(self.shape)}; k must be in [0, {n}])")
+    if self.dtype is dtypes.bool_ and self.device.type == "cpu":
+        raise RuntimeError("topk does not support bool dtypes on CPU")
     return d
 
 
 def _kthvalue(self, k, dim=-1, keepdim=False):
+    if self.ndim:  # torch answers a 0-dim tensor before its kernel
+        refuse_bool(self, "kthvalue_cpu")
     d = S.normalize_dim(dim, self.ndim, "kthvalue")
     n = self.shape[d] if self.ndim else 1
     if not 1 <= k <= n:
@@ -204,6 +215,7 @@ def _kthvalue(self, k, dim=-1, keepdim=False):
 def _median_dim(self, dim, keepdim=False):
     """The lower median; a slice holding NaN has median NaN, found at its first NaN (torch's rule). The value is
     read back at the index, where the derivative sends the gradient, NaN or not."""
+    refuse_bool(self, "median_out")
     d = S.normalize_dim(dim, self.ndim, "median")
     n = self.shape[d] if self.ndim else 1
     k = (n - 1) // 2 + 1
@@ -218,6 +230,8 @@ def _median_dim(self, dim, keepdim=False):
 
 def _median(self):
     flat = self.reshape(-1)
+    if flat.numel():  # torch answers an empty tensor before its kernel
+        refuse_bool(self, "median_cpu")
     if flat.numel() == 0:
         return OPS["full"]((), float("nan"), dtype=self.dtype, device=self.device)
     return _median_dim(flat, 0)[0]

@@ -18,6 +18,7 @@ from tilewise.ops.batching import dynamic_shape, loop, shift_dims
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.reductions import nonempty_reduction
 from tilewise.ops.registry import call, declare
+from tilewise.ops.scans import refuse_bool
 from tilewise.tensor import Tensor
 
 
@@ -232,7 +233,10 @@ def logcumsumexp_jvp(self, self_t, result, dim):
 HELPERS.update(logcumsumexp_backward=logcumsumexp_backward, logcumsumexp_jvp=logcumsumexp_jvp)
 def _floating_or_complex(op, args) -> None:
     """torch has floating and complex kernels only for logcumsumexp: integers and bools are NotImplementedError,
-    its kernel named."""
+    its kernel named; a dim out of range is refused first, as torch's."""
+    from tilewise import strides as S
+
+    S.normalize_dim(args[1], args[0].ndim)
     dtype = args[0].dtype
     if dtype.category < dtypes.FLOAT:
         kernel = "logcumsumexp_cuda" if args[0].device.type == "cuda" else "logcumsumexp_out_cpu"
@@ -263,32 +267,38 @@ composite("msort(Tensor self) -> Tensor", lambda self: self.sort(0).values)
 _INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
 
 
-def _quantile_checks(self, q, interpolation, op):
-    if not self.dtype.is_floating_point or self.dtype.itemsize < 4:
-        raise RuntimeError(f"{op}() input tensor must be either float or double dtype (got {self.dtype.name})")
+def _quantile_checks(self, q, dim, interpolation, op):
+    """torch's checks in torch's order (a number q's range, the interpolation, a non-empty input, q's rank, the
+    dtypes, the dim, q's values), each worded as torch words it: ``quantile()`` for nanquantile too."""
+    if not isinstance(q, Tensor) and not 0 <= q <= 1:  # a number is checked as a number: no tensor values read
+        raise RuntimeError(f"{op}() q must be in the range [0, 1] but got {q}")
     if interpolation not in _INTERPOLATIONS:
-        raise RuntimeError(f"{op}() interpolation must be one of linear, lower, higher, midpoint or nearest. Got "
-                           f"{interpolation}")
+        raise RuntimeError("quantile() interpolation must be one of linear, lower, higher, midpoint or nearest, "
+                           f"but got {interpolation}")
+    if self.numel() == 0:
+        raise RuntimeError("quantile() input tensor must be non-empty")
+    if isinstance(q, Tensor) and q.ndim > 1:
+        raise RuntimeError(f"quantile() q must be a scalar or 1D tensor (got {q.ndim} dims)")
+    if self.dtype not in (dtypes.float32, dtypes.float64):
+        raise RuntimeError(f"quantile() input tensor must be either float or double dtype (got {self.dtype.name})")
     if isinstance(q, Tensor) and q.dtype is not self.dtype:
-        raise RuntimeError(f"{op}() q tensor must be same dtype as the input tensor (got {q.dtype.name} and "
+        raise RuntimeError(f"quantile() q tensor must be same dtype as the input tensor (got {q.dtype.name} and "
                            f"{self.dtype.name})")
-    if not isinstance(q, Tensor):  # a number is checked as a number: no tensor values read under compile
-        if not 0 <= q <= 1:
-            raise RuntimeError(f"{op}() q must be in the range [0, 1] but got {q}")
+    if dim is not None:
+        from tilewise import strides as S
+
+        S.normalize_dim(dim, self.ndim)
+    if not isinstance(q, Tensor):
         from tilewise.tensor import tensor
 
-        q = tensor(q, dtype=self.dtype, device=self.device)
-    elif q.ndim > 1:
-        raise RuntimeError(f"{op}() q must be a scalar or 1D tensor (got {q.ndim} dims)")
-    elif q.numel() and values_readable(q) and (bool((q < 0).any()) or bool((q > 1).any())):
-        raise RuntimeError(f"{op}() q values must be in the range [0, 1]")
-    if self.numel() == 0:
-        raise RuntimeError(f"{op}() input tensor must be non-empty")
+        return tensor(q, dtype=self.dtype, device=self.device)
+    if q.numel() and values_readable(q) and (bool((q < 0).any()) or bool((q > 1).any())):
+        raise RuntimeError("quantile() q values must be in the range [0, 1]")
     return q
 
 
 def _quantile(self, q, dim=None, keepdim=False, interpolation="linear", ignore_nan=False, op="quantile"):
-    q = _quantile_checks(self, q, interpolation, op)
+    q = _quantile_checks(self, q, dim, interpolation, op)
     x = self.reshape(-1) if dim is None else self
     d = 0 if dim is None else dim % max(self.ndim, 1)
     rows = x.sort(d).values.movedim(d, -1) if x.ndim else x.reshape(1)  # NaN sorts last
@@ -331,6 +341,7 @@ def _nanmedian_dim(self, dim, keepdim=False):
     NaN sorts last, so the median of the ``c`` numbers of a slice is its sorted element ``(c - 1) // 2``."""
     from tilewise import strides as S
 
+    refuse_bool(self, "median_out")
     d = S.normalize_dim(dim, self.ndim, "nanmedian")
     if self.ndim == 0:
         return self.clone(), self.new_zeros((), dtype=dtypes.int64)
@@ -348,6 +359,8 @@ def _nanmedian_dim(self, dim, keepdim=False):
 
 def _nanmedian(self):
     flat = self.reshape(-1)
+    if flat.numel():  # torch answers an empty tensor before its kernel
+        refuse_bool(self, "median_cpu")
     if flat.numel() == 0:  # NaN, cast to an integer dtype as torch casts it (int64's minimum, uint8's 0)
         return self.new_full((), float("nan"), dtype=dtypes.float64).to(self.dtype)
     return _nanmedian_dim(flat, 0)[0]

@@ -3,6 +3,8 @@ when strides forbid a view, as torch's reshape does)."""
 
 from __future__ import annotations
 
+import operator
+
 from tilewise import dispatch
 from tilewise import strides as S
 from tilewise.layouts import contiguous_format, preserve_format
@@ -59,11 +61,12 @@ def _contiguous(self, memory_format=None):
 
 
 def _flatten(self, start_dim=0, end_dim=-1):
-    if self.ndim == 0:
-        return self.reshape(1)
     s, e = S.normalize_dim(start_dim, self.ndim, "flatten"), S.normalize_dim(end_dim, self.ndim, "flatten")
+    if self.ndim == 0:  # torch wraps the dims first: a 0-dim tensor takes 0 and -1 only
+        return self.reshape(1)
     if s > e:
-        raise RuntimeError(f"flatten() has invalid args: start_dim {start_dim} cannot come after end_dim {end_dim}")
+        raise RuntimeError(f"flatten() has invalid args: start_dim cannot come after end_dim (got start_dim "
+                           f"{start_dim} and end_dim {end_dim})")
     if s == e:
         return self
     shape = self.shape
@@ -82,6 +85,8 @@ def _movedim(self, source, destination):
     if len(src) != len(dst):
         raise RuntimeError(f"movedim: Invalid source or destination dims: source ({list(source)} dims) should "
                            f"contain the same number of dims as destination ({list(destination)} dims)")
+    if self.ndim == 0:  # dims 0 and -1 name the one place a 0-dim tensor has
+        return self.permute(())
     order = [None] * self.ndim
     for s, d in zip(src, dst):
         order[d] = s
@@ -140,18 +145,28 @@ def _split_sizes(n: int, step: int) -> list[int]:
     return [min(step, n - start) for start in range(0, n, step)] if n else [0]
 
 
+def _at_least_1d(self, what: str) -> None:
+    if self.ndim == 0:
+        raise RuntimeError(f"{what} expects at least a 1-dimensional tensor")
+
+
 def _split_size(self, split_size, dim=0):
+    _at_least_1d(self, "split")
     d = S.normalize_dim(dim, self.ndim, "split")
     return _sized_slices(self, d, _split_sizes(self._shape[d], split_size))
 
 
 def _split(self, split_size_or_sections, dim=0):
-    if len(split_size_or_sections) == 1:
-        return dispatch.call(_SPLIT_SIZE, (self, split_size_or_sections[0], dim))
-    return dispatch.call(_SPLIT_WITH_SIZES, (self, split_size_or_sections, dim))
+    """An int splits into pieces of that size; a list (even of one size) gives the sizes, which must add up to
+    the dim's size, as torch's split_with_sizes."""
+    if isinstance(split_size_or_sections, (list, tuple)):
+        return dispatch.call(_SPLIT_WITH_SIZES, (self, tuple(split_size_or_sections), dim))
+    size = split_size_or_sections if type(split_size_or_sections) is int else operator.index(split_size_or_sections)
+    return dispatch.call(_SPLIT_SIZE, (self, size, dim))
 
 
 def _split_with_sizes(self, split_sizes, dim=0):
+    _at_least_1d(self, "split")
     d = S.normalize_dim(dim, self.ndim, "split_with_sizes")
     sizes, n = list(split_sizes), self._shape[d]
     if any(size < 0 for size in sizes):
@@ -166,12 +181,15 @@ def _split_with_sizes(self, split_sizes, dim=0):
 def _chunk(self, chunks, dim=0):
     if chunks <= 0:
         raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    _at_least_1d(self, "chunk")
     n = self.shape[S.normalize_dim(dim, self.ndim, "chunk")]
     return dispatch.call(_SPLIT_SIZE, (self, max(-(-n // chunks), 1), dim))  # torch's chunk is this split
 
 
 def _unbind(self, dim=0):
-    return _selections(self, S.normalize_dim(dim, self.ndim, "unbind"))
+    d = S.normalize_dim(dim, self.ndim, "unbind")
+    S.normalize_dim_of_dims(dim, self.ndim)  # a 0-dim tensor: torch's words for its dim 0 and -1
+    return _selections(self, d)
 
 
 def _tensor_split(self, starts, ends, dim):
@@ -193,6 +211,8 @@ def tensor_split_at(self, d: int, bounds) -> tuple:
 
 
 def _narrow(self, dim, start, length):
+    if self.ndim == 0:
+        raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
     d = S.normalize_dim(dim, self.ndim, "narrow")
     n = self.shape[d]
     start = start + n if start < 0 else start
@@ -211,7 +231,7 @@ composite("contiguous(Tensor(a) self, *, MemoryFormat? memory_format=None) -> Te
 composite("flatten(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)", _flatten)
 composite("unflatten(Tensor(a) self, int dim, int[] sizes) -> Tensor(a)", _unflatten)
 composite("movedim(Tensor(a) self, int[] source, int[] destination) -> Tensor(a)", _movedim, aliases=("moveaxis",))
-composite("split(Tensor(a) self, int[] split_size_or_sections, int dim=0) -> Tensor[]", _split, out=False)
+composite("split(Tensor(a) self, Any split_size_or_sections, int dim=0) -> Tensor[]", _split, out=False)
 composite("chunk(Tensor(a) self, int chunks, int dim=0) -> Tensor[]", _chunk, out=False)
 composite("narrow(Tensor(a) self, int dim, int start, int length) -> Tensor(a)", _narrow)
 # the view groups (see [Note: view groups]): one node each, named as torch's (``_split`` is SplitBackward0)

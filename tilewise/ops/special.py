@@ -73,7 +73,8 @@ _DIGAMMA_SHIFT = 6
 
 def digamma_expr(x: Expr) -> Expr:
     """psi(x): reflection below 1/2, then psi(y) = psi(y + 6) - sum 1/(y + k) and the asymptotic series at
-    y + 6 (its error there is below 1e-12). torch gives -inf at 0 and nan at the negative integers."""
+    y + 6 (its error there is below 1e-12). torch gives -inf at 0, +inf at -0 (``copysign(inf, -x)``) and nan at
+    the negative integers."""
     reflect = x.lt(0.5)
     y = where(reflect, 1 - x, x)
     shift = 1 / y
@@ -86,7 +87,7 @@ def digamma_expr(x: Expr) -> Expr:
     reflected = value - math.pi / (x * math.pi).tan()
     out = where(reflect, reflected, value)
     pole = reflect.logical_and(x.eq(x.floor()))
-    return where(x.eq(0), -math.inf, where(pole, math.nan, out))
+    return where(x.eq(0), where(x.signbit(), math.inf, -math.inf), where(pole, math.nan, out))
 
 
 _BERNOULLI = (1 / 6, -1 / 30, 1 / 42, -1 / 30, 5 / 66, -691 / 2730, 7 / 6)
@@ -447,7 +448,7 @@ composite("ldexp(Tensor self, Tensor other) -> Tensor", _ldexp, inplace=True,
           fwd="self_t * exp2(other) + other_t * result * 0.6931471805599453")
 composite("float_power(Tensor self, Tensor exponent) -> Tensor", _float_power, inplace=True)
 composite("logit(Tensor self, float? eps=None) -> Tensor", _logit, inplace=True)
-composite("positive(Tensor(a) self) -> Tensor(a)", _positive)
+composite("positive(Tensor(a) self) -> Tensor(a)", _positive, dunder=("pos",))
 composite("clamp_min(Tensor self, Tensor min) -> Tensor", lambda self, min: self.clamp(min=min), inplace=True)
 composite("clamp_max(Tensor self, Tensor max) -> Tensor", lambda self, max: self.clamp(max=max), inplace=True)
 

@@ -147,6 +147,8 @@ def _permute(shape, strides, offset, dims):
 def _transpose(shape, strides, offset, dim0, dim1):
     n = len(shape)
     d0, d1 = S.normalize_dim(dim0, n, "transpose"), S.normalize_dim(dim1, n, "transpose")
+    if n == 0:  # dims 0 and -1 name the one place of a 0-dim tensor
+        return shape, strides, offset
     order = list(range(n))
     order[d0], order[d1] = order[d1], order[d0]
     return S.permuted(shape, order), S.permuted(strides, order), offset

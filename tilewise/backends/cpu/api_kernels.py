@@ -29,7 +29,15 @@ def _integer_pair(name: str, fn):
 
 
 kernel("gcd")(_integer_pair("gcd", np.gcd))
-kernel("lcm")(_integer_pair("lcm", lambda a, b: np.abs(np.lcm(a, b))))
+def _lcm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """torch's ``abs(a / gcd * b)``: for 8- and 16-bit integers C++ computes it in int (so the absolute value is
+    taken before the result wraps to the dtype); for wider ones in the dtype itself."""
+    if a.dtype.itemsize < 4:
+        return np.abs(np.lcm(a.astype(np.int32), b.astype(np.int32)))
+    return np.abs(np.lcm(a, b))
+
+
+kernel("lcm")(_integer_pair("lcm", _lcm))
 
 
 @kernel("frexp.Tensor")

@@ -246,6 +246,8 @@ def _lgamma_scalar(v: float) -> float:
         return math.lgamma(v)
     except ValueError:  # a pole (0, -1, -2, ...): torch gives +inf
         return math.inf
+    except OverflowError:  # |v| near the float64 maximum: the C library's lgamma is +inf there
+        return math.inf
 
 
 def _elementwise(fn):
