@@ -1,0 +1,236 @@
+"""Calls where tilewise and torch were seen to differ, each compared with torch directly: numbers given for operands
+torch takes only as tensors, clamping bool tensors, loss targets of small integer dtypes, stable sorts, the
+gradient of the 0-norm, and torch's words in common shape and dtype errors.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import tilewise as tw
+import tilewise.nn.functional as F
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def torch_error(call) -> BaseException:
+    """What ``call(torch)`` raises (it must raise)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            call(torch)
+        except Exception as exc:  # noqa: BLE001 — whatever torch raises is the expectation
+            return exc
+    raise AssertionError("torch accepted the call")
+
+
+def _argument_lines(message: str) -> list[str]:
+    """torch's message without the lines that say why each of several signatures did not match (tilewise lists the
+    signatures only)."""
+    return [line for line in message.splitlines() if not line.startswith("      didn't match")]
+
+
+def raises_as_torch(call) -> None:
+    """``call(tw)`` raises what ``call(torch)`` raises: its type and its words."""
+    expected = torch_error(call)
+    with pytest.raises(type(expected)) as info:
+        call(tw)
+    assert _argument_lines(str(info.value)) == _argument_lines(str(expected))
+
+
+def pair(shape=(3, 4), dtype="float32", seed=0, low=-2.0, high=2.0):
+    values = np.random.default_rng(seed).uniform(low, high, shape).astype(dtype)
+    return torch.tensor(values), tw.tensor(values)
+
+
+def lib_tensor(m, values, **kwargs):
+    return m.tensor(values, **kwargs)
+
+
+# ---------------------------------------------------------------------------- numbers for tensor-only operands
+
+ONE_SIGNATURE = ("maximum", "minimum", "fmax", "fmin", "atan2", "arctan2", "hypot", "heaviside", "logaddexp",
+                 "logaddexp2", "nextafter", "logical_and", "logical_or", "logical_xor")
+
+
+def _operands(m):
+    return m.tensor([0.5, -1.0, 3.0])
+
+
+@pytest.mark.parametrize("number", [2.0, 2, True, np.float64(2.0)], ids=["float", "int", "bool", "numpy"])
+@pytest.mark.parametrize("name", ONE_SIGNATURE)
+def test_a_number_for_a_tensor_only_operand_is_refused_as_torch_refuses_it(name, number):
+    raises_as_torch(lambda m: getattr(m, name)(_operands(m), number))
+    raises_as_torch(lambda m: getattr(m, name)(number, _operands(m)))
+    raises_as_torch(lambda m: getattr(_operands(m), name)(number))
+
+
+@pytest.mark.parametrize("name", ["atan2", "hypot", "logical_and", "nextafter"])
+def test_an_in_place_method_refuses_a_number_as_torch(name):
+    raises_as_torch(lambda m: getattr(_operands(m), f"{name}_")(2.0))
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: m.maximum(_operands(m), other=2.0), lambda m: m.maximum(input=2.0, other=_operands(m)),
+    lambda m: _operands(m).maximum(other=2.0), lambda m: m.maximum(_operands(m), None),
+    lambda m: m.maximum(_operands(m), [1.0, 2.0, 3.0]),
+    lambda m: m.addcmul(_operands(m), _operands(m), 2.0), lambda m: m.addcdiv(2.0, _operands(m), _operands(m)),
+    lambda m: _operands(m).addcmul(_operands(m), 2.0), lambda m: _operands(m).addcmul_(_operands(m), 2.0),
+    lambda m: _operands(m).addcmul(tensor1=2.0, tensor2=_operands(m)),
+], ids=["other=", "input=", "method-other=", "None", "list", "addcmul", "addcdiv-input", "addcmul-method",
+        "addcmul_", "addcmul-tensor1="])
+def test_the_refusal_names_the_argument_and_its_position_as_torch(call):
+    raises_as_torch(call)
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: m.max(_operands(m), 2.0), lambda m: m.min(_operands(m), 2.0), lambda m: m.max(_operands(m), True),
+    lambda m: m.max(_operands(m), np.float32(1)), lambda m: m.max(2.0, _operands(m)),
+    lambda m: m.max(_operands(m), other=2.0), lambda m: _operands(m).max(2.0), lambda m: _operands(m).min(True),
+    lambda m: m.eq(2.0, _operands(m)), lambda m: m.greater(2.0, _operands(m)), lambda m: m.fmod(2.0, _operands(m)),
+    lambda m: m.fmod(2.0, other=_operands(m)), lambda m: m.copysign(2.0, _operands(m)),
+    lambda m: m.eq(input=2.0, other=_operands(m)), lambda m: m.rsub(2.0, _operands(m)),
+    lambda m: m.clamp(2.0, _operands(m), _operands(m)), lambda m: m.clip(2.0, 0.0, 1.0),
+    lambda m: m.lerp(_operands(m), 2.0, _operands(m)), lambda m: m.lerp(_operands(m), end=2.0, weight=0.5),
+    lambda m: _operands(m).lerp(2.0, _operands(m)), lambda m: _operands(m).lerp_(2.0, 0.5),
+    lambda m: m.where(True, _operands(m), _operands(m)), lambda m: m.where(1.0),
+    lambda m: _operands(m).where(True, _operands(m)),
+], ids=["max", "min", "max-bool", "max-numpy", "max-input", "max-other=", "max-method", "min-method", "eq-input",
+        "greater-input", "fmod-input", "fmod-other=", "copysign-input", "eq-input=", "rsub-input", "clamp-input",
+        "clip-numbers", "lerp-end", "lerp-end=", "lerp-method", "lerp_", "where-condition", "where-alone",
+        "where-method"])
+def test_a_number_that_no_signature_takes_is_refused_as_torch(call):
+    raises_as_torch(call)
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: m.max(_operands(m), 0), lambda m: m.max(_operands(m), np.int64(0)), lambda m: _operands(m).max(0),
+    lambda m: m.max(_operands(m), m.tensor(1.0)), lambda m: m.min(_operands(m), dim=0, keepdim=True),
+    lambda m: m.eq(_operands(m), 2.0), lambda m: m.fmod(_operands(m), 2), lambda m: m.copysign(_operands(m), -1.0),
+    lambda m: _operands(m).copysign(-1.0), lambda m: m.lerp(_operands(m), _operands(m) * 2, 0.25),
+    lambda m: m.where(_operands(m) > 0, 2.0, _operands(m)), lambda m: _operands(m).where(_operands(m) > 0, 1.0),
+    lambda m: m.clamp(_operands(m), 0.0, 1.0), lambda m: m.rsub(_operands(m), 2.0),
+    lambda m: m.maximum(_operands(m), m.tensor(2.0)), lambda m: m.logical_and(_operands(m), m.tensor(True)),
+    lambda m: m.add(2.0, _operands(m)), lambda m: m.mul(_operands(m), 2),
+], ids=["max-dim", "max-numpy-dim", "max-method-dim", "max-0-dim", "min-dim=", "eq-other", "fmod-other",
+        "copysign-other", "copysign-method", "lerp-weight", "where-self", "where-method-other", "clamp",
+        "rsub-other", "maximum-0-dim", "logical_and-0-dim", "add-number-first", "mul"])
+def test_the_numbers_torch_takes_are_still_taken(call):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected, got = call(torch), call(tw)
+    expected = expected.values if hasattr(expected, "values") and not isinstance(expected, torch.Tensor) else expected
+    got = got.values if hasattr(got, "values") and not isinstance(got, tw.Tensor) else got
+    assert got.dtype.name == str(expected.dtype).removeprefix("torch.") or str(got.dtype) == str(expected.dtype)
+    np.testing.assert_allclose(np.asarray(got.tolist(), dtype=float), np.asarray(expected.tolist(), dtype=float))
+
+
+# ---------------------------------------------------------------------------- hardtanh and relu6 of unusual dtypes
+
+HARDTANH_SPELLINGS = {
+    "F.hardtanh": lambda m, f, x: f.hardtanh(x), "F.hardtanh(0,1)": lambda m, f, x: f.hardtanh(x, 0.0, 1.0),
+    "F.hardtanh_": lambda m, f, x: f.hardtanh_(x), "F.hardtanh(inplace)": lambda m, f, x: f.hardtanh(x, inplace=True),
+    "F.relu6": lambda m, f, x: f.relu6(x), "F.relu6(inplace)": lambda m, f, x: f.relu6(x, inplace=True),
+    "nn.Hardtanh": lambda m, f, x: m.nn.Hardtanh()(x), "nn.Hardtanh(inplace)": lambda m, f, x: m.nn.Hardtanh(
+        inplace=True)(x), "nn.ReLU6": lambda m, f, x: m.nn.ReLU6()(x),
+    "nn.ReLU6(inplace)": lambda m, f, x: m.nn.ReLU6(inplace=True)(x),
+}
+
+
+def _functional(m):
+    return TF if m is torch else F
+
+
+@pytest.mark.parametrize("spelling", HARDTANH_SPELLINGS)
+@pytest.mark.parametrize("values", [[True, False, True], [1 + 1j, -2j]], ids=["bool", "complex"])
+def test_hardtanh_and_relu6_refuse_what_torch_refuses(spelling, values):
+    call = HARDTANH_SPELLINGS[spelling]
+    raises_as_torch(lambda m: call(m, _functional(m), m.tensor(values)))
+
+
+@pytest.mark.parametrize("bounds", [(-1.5, 1.5), (-0.5, 0.5), (0.5, 2.7), (1, 1), (-1, 0)])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int32", "int64"])
+def test_hardtanh_of_integers_bounds_by_the_truncated_bounds_as_torch(dtype, bounds):
+    values = [0, 1, 2, 3, 200] if dtype == "uint8" else [-3, -1, 0, 1, 2, 3]
+    for call in (lambda m, x: _functional(m).hardtanh(x, *bounds), lambda m, x: _functional(m).hardtanh_(x, *bounds),
+                 lambda m, x: m.nn.Hardtanh(*bounds)(x)):
+        try:
+            expected = call(torch, torch.tensor(values, dtype=getattr(torch, dtype)))
+        except (RuntimeError, AssertionError):
+            raises_as_torch(lambda m, c=call: c(m, m.tensor(values, dtype=getattr(m, dtype))))
+            continue
+        got = call(tw, tw.tensor(values, dtype=getattr(tw, dtype)))
+        assert got.dtype.name == dtype and got.tolist() == expected.tolist()
+
+
+# ---------------------------------------------------------------------------- class-index targets of small dtypes
+
+CLASS_LOSSES = {
+    "cross_entropy": lambda f, x, t: f.cross_entropy(x, t),
+    "cross_entropy-none": lambda f, x, t: f.cross_entropy(x, t, reduction="none"),
+    "cross_entropy-sum": lambda f, x, t: f.cross_entropy(x, t, reduction="sum"),
+    "cross_entropy-ignore": lambda f, x, t: f.cross_entropy(x, t, ignore_index=1),
+    "cross_entropy-smoothing": lambda f, x, t: f.cross_entropy(x, t, label_smoothing=0.2),
+    "cross_entropy-weight": lambda f, x, t: f.cross_entropy(x, t, weight=x.new_ones(x.shape[1]) * 0.5),
+    "nll_loss": lambda f, x, t: f.nll_loss(x, t),
+    "nll_loss-none": lambda f, x, t: f.nll_loss(x, t, reduction="none"),
+    "CrossEntropyLoss": lambda f, x, t: (torch if f is TF else tw).nn.CrossEntropyLoss()(x, t),
+    "NLLLoss": lambda f, x, t: (torch if f is TF else tw).nn.NLLLoss()(x, t),
+}
+
+
+@pytest.mark.parametrize("shape", [(3,), (4, 3), (2, 3, 4), (2, 3, 2, 2), (2, 3, 1, 2, 2), (0, 3, 4)],
+                         ids=["unbatched", "2d", "3d", "4d", "5d", "empty-3d"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "int64", "bool", "float32"])
+@pytest.mark.parametrize("loss", CLASS_LOSSES)
+def test_class_index_targets_of_every_integer_dtype_as_torch(loss, dtype, shape):
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal(shape).astype("float32")
+    target = rng.integers(0, 3, (shape[0], *shape[2:]) if len(shape) > 1 else ())
+    if dtype == "bool":
+        target = target > 0
+
+    def call(m):
+        return CLASS_LOSSES[loss](_functional(m), m.tensor(logits), m.tensor(target, dtype=getattr(m, dtype)))
+
+    try:
+        expected = call(torch)
+    except Exception:  # noqa: BLE001 — torch's refusal is the expectation
+        raises_as_torch(call)
+        return
+    got = call(tw)
+    assert tuple(got.shape) == tuple(expected.shape) and str(got.dtype) == str(expected.dtype).replace("torch", "tilewise")
+    np.testing.assert_allclose(np.asarray(got.tolist()), np.asarray(expected.tolist()), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("input_shape, target_shape", [
+    ((), ()), ((3,), (1,)), ((3,), (2,)), ((4, 3), (5,)), ((2, 3, 4), (2, 5)), ((2, 3, 4), (3, 4)), ((2, 3), (2, 1)),
+    ((3,), (1, 1)),
+], ids=["0-dim", "1d-target-of-one", "1d-target-of-two", "batch", "3d-target", "3d-batch", "multi-target",
+        "unbatched-2d-target"])
+@pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss"])
+def test_class_index_target_shapes_as_torch(loss, input_shape, target_shape):
+    def call(m):
+        return getattr(_functional(m), loss)(m.zeros(input_shape), m.zeros(target_shape, dtype=m.int64))
+
+    try:
+        expected = call(torch)
+    except Exception:  # noqa: BLE001 — torch's refusal is the expectation
+        raises_as_torch(call)
+        return
+    got = call(tw)
+    assert tuple(got.shape) == tuple(expected.shape) and got.item() == pytest.approx(expected.item())
+
+
+def test_class_probability_targets_of_integers_are_refused_in_torch_words():
+    raises_as_torch(lambda m: _functional(m).cross_entropy(m.zeros(2, 3), m.zeros(2, 3, dtype=m.int32)))
+    raises_as_torch(lambda m: _functional(m).cross_entropy(m.zeros(2, 3), m.zeros(2, 3), ignore_index=1))
+    raises_as_torch(lambda m: _functional(m).cross_entropy(m.tensor(1.0), m.tensor(0.0)))
+    raises_as_torch(lambda m: _functional(m).cross_entropy(m.zeros(2, 3), m.zeros(2, dtype=m.int64),
+                                                           label_smoothing=1.5))
