@@ -5,7 +5,6 @@ gradient of the 0-norm, and torch's words in common shape and dtype errors.
 
 from __future__ import annotations
 
-import re
 import warnings
 
 import numpy as np
@@ -205,7 +204,8 @@ def test_class_index_targets_of_every_integer_dtype_as_torch(loss, dtype, shape)
         raises_as_torch(call)
         return
     got = call(tw)
-    assert tuple(got.shape) == tuple(expected.shape) and str(got.dtype) == str(expected.dtype).replace("torch", "tilewise")
+    assert tuple(got.shape) == tuple(expected.shape)
+    assert str(got.dtype) == str(expected.dtype).replace("torch", "tilewise")
     np.testing.assert_allclose(np.asarray(got.tolist()), np.asarray(expected.tolist()), rtol=1e-5, atol=1e-6)
 
 
@@ -234,3 +234,80 @@ def test_class_probability_targets_of_integers_are_refused_in_torch_words():
     raises_as_torch(lambda m: _functional(m).cross_entropy(m.tensor(1.0), m.tensor(0.0)))
     raises_as_torch(lambda m: _functional(m).cross_entropy(m.zeros(2, 3), m.zeros(2, dtype=m.int64),
                                                            label_smoothing=1.5))
+
+
+# ---------------------------------------------------------------------------- stable sorts
+
+SORT_FORMS = {
+    "sort(x, stable=True)": lambda m, x: m.sort(x, stable=True),
+    "sort(x, stable=True, dim=0, descending=True)": lambda m, x: m.sort(x, stable=True, dim=0, descending=True),
+    "sort(x, dim=0, stable=True)": lambda m, x: m.sort(x, dim=0, stable=True),
+    "sort(input=x, stable=True, descending=True)": lambda m, x: m.sort(input=x, stable=True, descending=True),
+    "sort(x, stable=None)": lambda m, x: m.sort(x, stable=None),
+    "sort(x, stable=False, descending=True)": lambda m, x: m.sort(x, stable=False, descending=True),
+    "sort(x, 0, True)": lambda m, x: m.sort(x, 0, True),
+    "x.sort(stable=True)": lambda m, x: x.sort(stable=True),
+    "x.sort(stable=True, dim=0)": lambda m, x: x.sort(stable=True, dim=0),
+    "x.sort(descending=True, stable=True)": lambda m, x: x.sort(descending=True, stable=True),
+    "x.sort(-1, True)": lambda m, x: x.sort(-1, True),
+    "argsort(x, stable=True)": lambda m, x: m.argsort(x, stable=True),
+    "argsort(x, dim=0, descending=True, stable=True)": lambda m, x: m.argsort(x, dim=0, descending=True, stable=True),
+    "argsort(x, 0, True)": lambda m, x: m.argsort(x, 0, True),
+    "x.argsort(stable=True)": lambda m, x: x.argsort(stable=True),
+    "x.argsort(stable=False, descending=True)": lambda m, x: x.argsort(stable=False, descending=True),
+    "sort-out": lambda m, x: m.sort(x, stable=True, dim=0, descending=True,
+                                    out=(m.empty(0, dtype=x.dtype), m.empty(0, dtype=m.int64))),
+    "argsort-out": lambda m, x: m.argsort(x, stable=True, out=m.empty(0, dtype=m.int64)),
+}
+
+
+def _ties(dtype: str) -> np.ndarray:
+    rng = np.random.default_rng(5)
+    values = rng.integers(0, 3, (6, 40))
+    if dtype == "bool":
+        return values > 0
+    if dtype.startswith("float"):
+        values = values.astype(dtype)
+        values[values == 2] = -0.0  # -0.0 ties with 0.0
+        values[0, ::7] = np.nan  # NaNs tie with one another
+        return values
+    return values.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "int32", "uint8", "bool"])
+@pytest.mark.parametrize("form", SORT_FORMS)
+def test_every_sort_spelling_torch_takes_gives_its_stable_order(form, dtype):
+    """With ``stable=True`` the order of ties is torch's (its stable order); elsewhere torch leaves the order of ties
+    unspecified (-0.0 and 0.0 may come out either way), and the values are compared."""
+    values = _ties(dtype)
+    expected, got = SORT_FORMS[form](torch, torch.tensor(values)), SORT_FORMS[form](tw, tw.tensor(values))
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    got = got if isinstance(got, tuple) else (got,)
+    if "stable=True" not in form and "-out" not in form:
+        expected, got = expected[:1], got[:1]
+        if form.startswith(("argsort", "x.argsort")):
+            return  # positions of ties only
+    for e, g in zip(expected, got, strict=True):
+        assert str(g.dtype) == str(e.dtype).replace("torch", "tilewise")
+        np.testing.assert_array_equal(np.asarray(g.tolist()), np.asarray(e.tolist()))
+        if "stable=True" in form or "-out" in form:
+            assert np.signbit(np.asarray(g.tolist(), dtype=float)).tolist() == \
+                np.signbit(np.asarray(e.tolist(), dtype=float)).tolist()
+
+
+@pytest.mark.parametrize("call", [
+    lambda m, x: m.sort(x, -1, stable=True), lambda m, x: m.sort(x, 0, True, stable=True),
+    lambda m, x: m.sort(x, -1, True, True), lambda m, x: m.sort(x, True), lambda m, x: m.sort(x, stable=1),
+    lambda m, x: m.sort(x, 0, descending=True, stable=True), lambda m, x: x.sort(-1, True, stable=True),
+    lambda m, x: x.sort(-1, True, True), lambda m, x: x.sort(0, stable=True), lambda m, x: x.sort(True),
+    lambda m, x: m.argsort(x, -1, True, stable=True), lambda m, x: m.argsort(x, -1, True, True),
+    lambda m, x: x.argsort(0, True, stable=True), lambda m, x: m.argsort(x, stable=None),
+    lambda m, x: x.argsort(stable=None), lambda m, x: m.argsort(x, stable=1), lambda m, x: m.argsort(x, True),
+    lambda m, x: m.argsort(x, out=m.empty(0, dtype=m.int64)),
+], ids=["sort-dim-stable", "sort-dim-descending-stable", "sort-4-positional", "sort-bool-dim", "sort-stable-int",
+        "sort-dim-descending=-stable", "method-dim-descending-stable", "method-3-positional", "method-dim-stable",
+        "method-bool-dim", "argsort-dim-descending-stable", "argsort-4-positional", "argsort-method-positional",
+        "argsort-stable-None", "argsort-method-stable-None", "argsort-stable-int", "argsort-bool-dim",
+        "argsort-out-without-stable"])
+def test_the_sort_spellings_torch_refuses_are_refused_in_its_words(call):
+    raises_as_torch(lambda m: call(m, m.tensor([[3.0, 1.0, 1.0], [0.0, 2.0, 0.0]])))

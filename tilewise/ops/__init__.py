@@ -44,6 +44,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     nn_resampling,
     nn_spatial,
     norms,
+    parser_signatures,
     pointwise,
     products,
     reductions,
@@ -54,7 +55,6 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     shape,
     special,
     statistics,
-    tensor_operands,
     views,
 )
 from tilewise.ops.formulas import HELPERS
@@ -134,7 +134,7 @@ def build_api() -> dict:
     _attach_special_methods(functions)
     factories = {name: getattr(creation, name) for name in creation.__all__}
     set_formula_namespace({**functions, **factories, **HELPERS, "OPS": OPS})
-    tensor_operands.attach(functions)  # after the formulas' namespace: operators take numbers from one another
+    parser_signatures.attach(functions)  # after the formulas' namespace: operators take numbers from one another
     return functions
 
 

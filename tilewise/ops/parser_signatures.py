@@ -1,14 +1,22 @@
-"""Operands that torch's Python functions and methods take only as tensors.
+"""Calls that torch's argument parser refuses although one schema here would bind them.
 
-[Note: tensor-only operands] Every ``Tensor`` parameter of a schema here also takes a Python number (a "wrapped
-number", see [Note: schemas]): operators call one another so, and torch's ``add``, ``sub``, ``mul``, ``div`` and
-the operators with a ``Scalar`` overload (``eq``, ``pow``, ``remainder``, ``where``, ...) take one from users too.
-torch's argument parser takes a number for a tensor in no other operator: ``torch.maximum(x, 2.0)``,
-``torch.max(x, 2.0)`` and ``torch.eq(2.0, x)`` are ``TypeError``s there, with its words. So the public spellings
-of those operators (``tilewise.<name>`` and ``Tensor.<name>``, not the operators that other operators call) check
-the operands listed below before binding. An operator of one signature in torch refuses by argument
-("maximum(): argument 'other' (position 2) must be Tensor, not float"); one of several lists them
-("eq() received an invalid combination of arguments - got (float, Tensor), but expected one of: ...").
+[Note: parser signatures] torch's Python functions and methods are bound by its argument parser against a list of
+signatures per name; an operator here has one schema. Two differences reach users:
+
+* Tensor-only operands. Every ``Tensor`` parameter of a schema here also takes a Python number (a "wrapped
+  number", see [Note: schemas]): operators call one another so, and torch's ``add``, ``sub``, ``mul``, ``div`` and
+  the operators with a ``Scalar`` overload (``eq``, ``pow``, ``remainder``, ``where``, ...) take one from users
+  too. torch's parser takes a number for a tensor in no other operator: ``torch.maximum(x, 2.0)``,
+  ``torch.max(x, 2.0)`` and ``torch.eq(2.0, x)`` are ``TypeError``s there.
+* ``sort`` and ``argsort`` with ``stable=``: torch's signature that takes ``stable`` takes ``dim`` and
+  ``descending`` by keyword only (``torch.sort(x, -1, stable=True)`` is refused), where the schema here has one
+  parameter list for both.
+
+So the public spellings of those operators (``tilewise.<name>`` and ``Tensor.<name>``, not the operators that
+other operators call) check their arguments first, and refuse in torch's words: an operator of one signature in
+torch by argument ("maximum(): argument 'other' (position 2) must be Tensor, not float"), one of several by the
+list of them ("eq() received an invalid combination of arguments - got (float, Tensor), but expected one of:
+..."), without the line torch adds under each on why it did not match.
 """
 
 from __future__ import annotations
@@ -45,7 +53,8 @@ SEVERAL_SIGNATURES = {
               "Tensor input, Tensor end, Number weight, *, Tensor out = None")),
     **{name: (("input", "min", "max"), ("input",),
               ("Tensor input, Tensor min = None, Tensor max = None, *, Tensor out = None",
-               "Tensor input, Number min = None, Number max = None, *, Tensor out = None")) for name in ("clamp", "clip")},
+               "Tensor input, Number min = None, Number max = None, *, Tensor out = None"))
+       for name in ("clamp", "clip")},
     "where": (("condition", "input", "other"), ("condition",),
               ("Tensor condition", "Tensor condition, Tensor input, Tensor other, *, Tensor out = None",
                "Tensor condition, Number self, Tensor other", "Tensor condition, Tensor input, Number other",
@@ -148,8 +157,66 @@ def extremum(fn, name: str, method: bool = False):
     return checked
 
 
+# ---------------------------------------------------------------------------- sort's and argsort's stable=
+
+# spelling -> (signature taking stable, signature without it), (minimum arguments, most arguments, most positional
+# arguments) of each as torch's parser counts them, and the keywords either takes
+_STABLE_FIRST = "*, bool stable, int dim = -1, bool descending = False"
+_SORTS = {
+    ("sort", False): ((f"Tensor input, {_STABLE_FIRST}, tuple of Tensors out = None",
+                       "Tensor input, int dim = -1, bool descending = False, *, tuple of Tensors out = None"),
+                      (2, 5, 1), (1, 4, 3), ("input", "stable", "dim", "descending", "out")),
+    ("argsort", False): ((f"Tensor input, {_STABLE_FIRST}, Tensor out = None",
+                          "Tensor input, int dim = -1, bool descending = False"),
+                         (2, 5, 1), (1, 3, 3), ("input", "stable", "dim", "descending", "out")),
+    **{(name, True): ((_STABLE_FIRST, "int dim = -1, bool descending = False"),
+                      (1, 3, 0), (0, 2, 2), ("stable", "dim", "descending")) for name in ("sort", "argsort")},
+}
+
+
+def _sort_refusal(name: str, method: bool, given: tuple, kwargs: dict) -> TypeError | None:
+    """torch's error for a call of sort or argsort that neither of its signatures binds, or None where one does."""
+    signatures, (min_a, max_a, positional_a), (min_b, max_b, positional_b), keywords = _SORTS[name, method]
+    stable = kwargs.get("stable", False)
+    stable_fits = isinstance(stable, bool) or (stable is None and name == "sort")
+    dim_fits = len(given) < 2 - method or not isinstance(given[1 - method], bool)
+    known = all(k in keywords or (k == "self" and not method) for k in kwargs)
+    if "stable" in kwargs:
+        fits = len(given) <= positional_a and stable_fits and known
+    else:
+        fits = len(given) <= positional_b and dim_fits and known and (name == "sort" or "out" not in kwargs)
+    if fits:
+        return None
+    count = len(given) + len(kwargs)
+    plausible = [fit for fit in (min_a <= count <= max_a, min_b <= count <= max_b)]
+    if plausible == [True, False] and len(given) > positional_a:
+        return TypeError(f"{name}() takes from {min_a} to {positional_a} positional arguments but {len(given)} were "
+                         "given")
+    if plausible == [True, False] and not stable_fits:
+        return TypeError(f"{name}(): argument 'stable' must be bool, not {parser_type_name(stable)}")
+    return invalid_combination(name, given, kwargs, signatures)
+
+
+def sort_signatures(fn, name: str, method: bool = False):
+    """``fn`` (a spelling of sort or argsort) refusing what torch's two signatures of it refuse."""
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        given = args[1:] if method else args
+        if kwargs or len(given) > 1 - method:
+            refusal = _sort_refusal(name, method, given, kwargs)
+            if refusal is not None:
+                raise refusal
+        return fn(*args, **kwargs)
+
+    checked.__name__ = checked.__qualname__ = name
+    return checked
+
+
 def attach(exported: dict) -> None:
     """Give the public functions in ``exported`` and Tensor's methods these checks."""
+    for name in ("sort", "argsort"):
+        exported[name] = sort_signatures(exported[name], name)
+        setattr(Tensor, name, sort_signatures(getattr(Tensor, name), name, method=True))
     for name, params in ONE_SIGNATURE.items():
         exported[name] = one_signature(exported[name], name, params)
         setattr(Tensor, name, one_signature(getattr(Tensor, name), name, ("self", *params[1:])))
