@@ -311,3 +311,50 @@ def test_every_sort_spelling_torch_takes_gives_its_stable_order(form, dtype):
         "argsort-out-without-stable"])
 def test_the_sort_spellings_torch_refuses_are_refused_in_its_words(call):
     raises_as_torch(lambda m: call(m, m.tensor([[3.0, 1.0, 1.0], [0.0, 2.0, 0.0]])))
+
+
+# ---------------------------------------------------------------------------- the 0-norm has no gradient
+
+ZERO_NORMS = {
+    "vector_norm": lambda m, x: m.linalg.vector_norm(x, ord=0),
+    "vector_norm-dim": lambda m, x: m.linalg.vector_norm(x, ord=0, dim=1),
+    "vector_norm-0.0-keepdim": lambda m, x: m.linalg.vector_norm(x, ord=0.0, dim=0, keepdim=True),
+    "norm": lambda m, x: m.norm(x, p=0), "norm-dim": lambda m, x: m.norm(x, p=0, dim=1),
+    "method": lambda m, x: x.norm(0), "linalg.norm": lambda m, x: m.linalg.norm(x.reshape(-1), ord=0),
+}
+_ZERO_NORM_INPUT = np.array([[0.5, 0.0, -2.0], [0.0, 0.0, 3.0]], dtype=np.float32)
+
+
+def _leaf(m):
+    return m.tensor(_ZERO_NORM_INPUT, requires_grad=True)
+
+
+@pytest.mark.parametrize("norm", ZERO_NORMS)
+def test_the_zero_norm_leaves_no_gradient_as_torch(norm):
+    call = ZERO_NORMS[norm]
+    for m in (torch, tw):
+        x = _leaf(m)
+        y = call(m, x)
+        assert y.requires_grad and y.grad_fn is not None
+        (y.sum() * 2).backward()
+        assert x.grad is None, m.__name__
+        x = _leaf(m)
+        assert m.autograd.grad(call(m, x).sum(), x, allow_unused=True) == (None,)
+        x = _leaf(m)
+        zeros = m.autograd.grad(call(m, x).sum(), x, materialize_grads=True)[0]
+        assert zeros.tolist() == [[0.0] * 3] * 2
+        x = _leaf(m)
+        beside = m.autograd.grad((call(m, x).sum() * x).sum() + x.sum(), x)[0]
+        assert beside.tolist() == [[4.0] * 3] * 2
+    raises_as_torch(lambda m: (lambda x: m.autograd.grad(call(m, x).sum(), x))(_leaf(m)))
+
+
+@pytest.mark.parametrize("norm", ["vector_norm-dim", "norm", "method"])
+def test_the_zero_norm_in_forward_mode_and_functorch_as_torch(norm):
+    call = ZERO_NORMS[norm]
+    for m in (torch, tw):
+        fw = m.autograd.forward_ad
+        with fw.dual_level():
+            primal, tangent = fw.unpack_dual(call(m, fw.make_dual(m.tensor(_ZERO_NORM_INPUT), m.ones(2, 3))))
+        assert tangent is not None and tangent.tolist() == m.zeros_like(primal).tolist()
+        assert m.func.grad(lambda t, m=m: call(m, t).sum())(m.tensor(_ZERO_NORM_INPUT)).tolist() == [[0.0] * 3] * 2
