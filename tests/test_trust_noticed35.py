@@ -5,6 +5,7 @@ gradient of the 0-norm, and torch's words in common shape and dtype errors.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -358,3 +359,102 @@ def test_the_zero_norm_in_forward_mode_and_functorch_as_torch(norm):
             primal, tangent = fw.unpack_dual(call(m, fw.make_dual(m.tensor(_ZERO_NORM_INPUT), m.ones(2, 3))))
         assert tangent is not None and tangent.tolist() == m.zeros_like(primal).tolist()
         assert m.func.grad(lambda t, m=m: call(m, t).sum())(m.tensor(_ZERO_NORM_INPUT)).tolist() == [[0.0] * 3] * 2
+
+
+# ---------------------------------------------------------------------------- torch's words in common errors
+
+def _z(m, *shape, dtype=None):
+    return m.zeros(*shape, dtype=getattr(m, dtype) if dtype else None)
+
+
+TORCH_WORDS = {
+    "Linear": lambda m: m.nn.Linear(4, 3)(_z(m, 2, 5)),
+    "Linear-3d": lambda m: m.nn.Linear(4, 3)(_z(m, 2, 6, 5)),
+    "Linear-1d": lambda m: m.nn.Linear(4, 3, bias=False)(_z(m, 5)),
+    "F.linear-1d-weight": lambda m: m.nn.functional.linear(_z(m, 2, 5), _z(m, 4)),
+    "mean-repeated-dim": lambda m: _z(m, 2, 3).mean((0, 0)),
+    "sum-repeated-dim": lambda m: _z(m, 2, 3).sum((1, -1)),
+    "sum-repeated-dim-3": lambda m: m.sum(_z(m, 2, 3), dim=[1, 0, 1]),
+    "amax-repeated-dim": lambda m: _z(m, 2, 3).amax((0, -2)),
+    "bilinear-2d-weight": lambda m: m.nn.functional.bilinear(_z(m, 2, 4), _z(m, 2, 5), _z(m, 4, 5)),
+    "bilinear-2d-weight-read": lambda m: m.nn.functional.bilinear(_z(m, 2, 4), _z(m, 2, 5), _z(m, 3, 4)),
+    "bilinear-4d-weight": lambda m: m.nn.functional.bilinear(_z(m, 2, 4), _z(m, 2, 5), _z(m, 3, 4, 5, 1)),
+    "bilinear-in2": lambda m: m.nn.functional.bilinear(_z(m, 2, 4), _z(m, 2, 5), _z(m, 3, 4, 6)),
+    "bilinear-bias": lambda m: m.nn.functional.bilinear(_z(m, 2, 4), _z(m, 2, 5), _z(m, 3, 4, 5), _z(m, 1, 3)),
+    "Bilinear": lambda m: m.nn.Bilinear(4, 5, 3)(_z(m, 2, 4), _z(m, 2, 6)),
+    "tensordot-int": lambda m: m.tensordot(_z(m, 2, 3), _z(m, 4, 5), dims=1),
+    "tensordot-int-2": lambda m: m.tensordot(_z(m, 2, 3, 4), _z(m, 3, 5, 6), dims=2),
+    "tensordot-lists": lambda m: m.tensordot(_z(m, 2, 3), _z(m, 4, 5), dims=([-1], [0])),
+    "tensordot-lengths": lambda m: m.tensordot(_z(m, 2, 3), _z(m, 3, 5), dims=([1, 0], [0])),
+    "tensordot-dtypes": lambda m: m.tensordot(_z(m, 2, 3), _z(m, 3, 5, dtype="float64"), dims=1),
+    "addmm-bias-dtype": lambda m: m.addmm(_z(m, 2, 3, dtype="float64"), _z(m, 2, 4), _z(m, 4, 3)),
+    "addmm-1d-bias-dtype": lambda m: m.addmm(_z(m, 3, dtype="int64"), _z(m, 2, 4), _z(m, 4, 3)),
+    "addmm-mat1-dtype": lambda m: m.addmm(_z(m, 2, 3), _z(m, 2, 4, dtype="float64"), _z(m, 4, 3)),
+    "addmm-mat2-dtype": lambda m: m.addmm(_z(m, 2, 3), _z(m, 2, 4), _z(m, 4, 3, dtype="float64")),
+    "addmm-shapes": lambda m: m.addmm(_z(m, 2, 3), _z(m, 2, 4), _z(m, 5, 3)),
+    "addmm-bias-shape": lambda m: m.addmm(_z(m, 5, 3), _z(m, 2, 4), _z(m, 4, 3)),
+    "addmm-bias-rank": lambda m: m.addmm(_z(m, 2, 3, 1), _z(m, 2, 4), _z(m, 4, 3)),
+    "addmm-3d-mat1": lambda m: m.addmm(_z(m, 2, 3), _z(m, 2, 4, 1), _z(m, 4, 3)),
+    "matmul": lambda m: m.matmul(_z(m, 2, 3), _z(m, 4, 5)),
+    "matmul-0d": lambda m: m.matmul(m.zeros(()), _z(m, 3)),
+    "matmul-batch": lambda m: m.matmul(_z(m, 2, 2, 3), _z(m, 3, 3, 5)),
+    "matmul-batch-inner": lambda m: m.matmul(_z(m, 2, 2, 3), _z(m, 3, 4, 5)),
+    "matmul-dtype": lambda m: m.matmul(_z(m, 2, 3), _z(m, 3, 4, dtype="float64")),
+    "mm-3d": lambda m: m.mm(_z(m, 2, 3, 1), _z(m, 4, 5)),
+    "mm": lambda m: m.mm(_z(m, 2, 3), _z(m, 4, 5)),
+    "bmm": lambda m: m.bmm(_z(m, 2, 2, 3), _z(m, 2, 4, 5)),
+    "bmm-2d": lambda m: m.bmm(_z(m, 2, 3), _z(m, 3, 5)),
+    "bmm-dtype": lambda m: m.bmm(_z(m, 2, 2, 3), _z(m, 2, 3, 5, dtype="float64")),
+    "mv": lambda m: m.mv(_z(m, 2, 3), _z(m, 4)),
+    "dot": lambda m: m.dot(_z(m, 3), _z(m, 4)),
+    "dot-2d": lambda m: m.dot(_z(m, 3, 1), _z(m, 3)),
+    "dot-dtype": lambda m: m.dot(_z(m, 3), _z(m, 3, dtype="float64")),
+    "cat-sizes": lambda m: m.cat([_z(m, 2, 3), _z(m, 2, 4)]),
+    "cat-ranks": lambda m: m.cat([_z(m, 2, 3), _z(m, 2)]),
+    "cat-dim": lambda m: m.cat([_z(m, 2, 3), _z(m, 2, 3)], dim=2),
+    "stack-dim": lambda m: m.stack([_z(m, 2, 3), _z(m, 2, 3)], dim=4),
+    "view": lambda m: _z(m, 2, 3).view(4, 2),
+    "view-two-inferred": lambda m: _z(m, 2, 3).view(-1, -1),
+    "view-strides": lambda m: _z(m, 2, 3).t().view(6),
+    "view-inferred": lambda m: _z(m, 2, 3).view(-1, 4),
+    "reshape": lambda m: _z(m, 2, 3).reshape(4, 2),
+    "reshape-negative": lambda m: _z(m, 2, 3).reshape(-2, 3),
+    "expand": lambda m: _z(m, 2, 3).expand(4, 3),
+    "expand-leading-minus-one": lambda m: _z(m, 2, 3).expand(-1, 2, 3),
+    "expand-minus-two": lambda m: _z(m, 2, 3).expand(2, -2),
+    "broadcast_to": lambda m: m.broadcast_to(_z(m, 2, 3), (4, 3)),
+    "squeeze-dim": lambda m: _z(m, 2, 3).squeeze(3),
+    "transpose-dim": lambda m: _z(m, 2, 3).transpose(0, 2),
+    "softmax-dim": lambda m: _z(m, 2, 3).softmax(2),
+    "index": lambda m: _z(m, 2, 3)[m.tensor([0, 5])],
+    "gather-ranks": lambda m: m.gather(_z(m, 2, 3), 1, _z(m, 2, dtype="int64")),
+    "gather-bounds": lambda m: m.gather(_z(m, 2, 3), 1, m.full((2, 3), 5, dtype=m.int64)),
+    "gather-sizes": lambda m: m.gather(_z(m, 2, 3), 1, _z(m, 3, 3, dtype="int64")),
+    "scatter-bounds": lambda m: _z(m, 2, 3).scatter(1, m.full((2, 3), 5, dtype=m.int64), m.ones(2, 3)),
+    "scatter-ranks": lambda m: _z(m, 2, 3).scatter(1, _z(m, 2, dtype="int64"), m.ones(2, 3)),
+    "scatter-sizes": lambda m: _z(m, 2, 3).scatter(1, _z(m, 3, 3, dtype="int64"), m.ones(2, 3)),
+    "scatter_add-ranks": lambda m: _z(m, 2, 3).scatter_add(1, _z(m, 2, dtype="int64"), m.ones(2, 3)),
+    "conv2d-channels": lambda m: m.nn.functional.conv2d(_z(m, 1, 3, 5, 5), _z(m, 2, 4, 3, 3)),
+    "Conv2d-channels": lambda m: m.nn.Conv2d(3, 2, 3)(_z(m, 1, 4, 5, 5)),
+    "conv1d-channels": lambda m: m.nn.functional.conv1d(_z(m, 1, 3, 5), _z(m, 2, 4, 3)),
+    "conv2d-kernel": lambda m: m.nn.functional.conv2d(_z(m, 1, 3, 2, 2), _z(m, 2, 3, 3, 3)),
+    "conv2d-bias": lambda m: m.nn.functional.conv2d(_z(m, 1, 3, 5, 5), _z(m, 2, 3, 3, 3), _z(m, 3)),
+    "conv2d-groups": lambda m: m.nn.functional.conv2d(_z(m, 1, 4, 5, 5), _z(m, 2, 2, 3, 3), groups=3),
+    "conv2d-groups-divisible": lambda m: m.nn.functional.conv2d(_z(m, 1, 4, 5, 5), _z(m, 4, 2, 3, 3), groups=3),
+}
+
+
+@pytest.mark.parametrize("case", TORCH_WORDS)
+def test_common_errors_are_torch_words_exactly(case):
+    call = TORCH_WORDS[case]
+    expected = torch_error(call)
+    with pytest.raises(type(expected)) as info:
+        call(tw)
+    assert str(info.value) == str(expected).replace("torch.", "tilewise.")
+
+
+def test_expand_of_too_few_sizes_names_the_legacy_type_as_torch():
+    with pytest.raises(RuntimeError, match=re.escape("expand(tilewise.FloatTensor{[2, 3]}, size=[3]): the number of "
+                                                     "sizes provided (1) must be greater or equal to the number of "
+                                                     "dimensions in the tensor (2)")):
+        tw.zeros(2, 3).expand(3)
