@@ -38,41 +38,42 @@ def test_broadcast_mismatch_with_autograd_and_operator_syntax():
 
 
 def test_matmul_shape_mismatch():
-    with raises(RuntimeError, "mm", "2x3", "2x3", "cannot be multiplied"):
+    with raises(RuntimeError, "mat1 and mat2 shapes cannot be multiplied (2x3 and 2x3)"):
         tw.mm(X, tw.ones(2, 3))
-    with raises(RuntimeError, "matmul", "2x3", "5x4", "last dim of the first must equal"):
+    with raises(RuntimeError, "mat1 and mat2 shapes cannot be multiplied (2x3 and 5x4)"):
         X @ tw.ones(5, 4)
-    with raises(RuntimeError, "matmul", "0D", "at least 1D"):
+    with raises(RuntimeError, "both arguments to matmul need to be at least 1D, but they are 0D and 2D"):
         tw.matmul(tw.tensor(1.0), X)
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])
-def test_mm_and_bmm_name_themselves_and_the_ranks_they_need(requires_grad):
+def test_mm_and_bmm_name_the_operand_of_the_wrong_rank_in_torch_words(requires_grad):
     matrix = tw.ones(2, 3, requires_grad=requires_grad)
-    with raises(RuntimeError, "bmm:", "3-D tensors", "[b, n, m] @ [b, m, p]", "2-D [2, 3]", "2-D [3, 2]"):
+    with raises(RuntimeError, "batch1 must be a 3D tensor"):
         tw.bmm(matrix, tw.ones(3, 2))
-    with raises(RuntimeError, "bmm:", "3-D tensors", "2-D [3, 2]"):
+    with raises(RuntimeError, "batch2 must be a 3D tensor"):
         tw.ones(4, 2, 3).bmm(tw.ones(3, 2))
-    with raises(RuntimeError, "mm:", "2-D tensors", "[n, m] @ [m, p]", "3-D [1, 2, 3]", "use bmm"):
+    with raises(RuntimeError, "self must be a matrix"):
         tw.mm(matrix.unsqueeze(0), tw.ones(1, 3, 2))
-    with raises(RuntimeError, "bmm:", "[2, 2, 3] and [3, 3, 2]", "[b, n, m] @ [b, m, p] with one batch size b"):
+    with raises(RuntimeError, "Expected size for first two dimensions of batch2 tensor to be: [2, 3] but got: [3, 3]."):
         tw.bmm(tw.ones(2, 2, 3), tw.ones(3, 3, 2))
-    with raises(RuntimeError, "bmm:", "[2, 2, 3] and [2, 2, 2]"):
+    with raises(RuntimeError, "Expected size for first two dimensions of batch2 tensor to be: [2, 3] but got: [2, 2]."):
         tw.bmm(tw.ones(2, 2, 3), tw.ones(2, 2, 2))
 
 
 @pytest.mark.parametrize("call,fragments", [
-    (lambda: X.view(4), ("view", "[4]", "size 6")),
-    (lambda: X.reshape(5), ("reshape", "[5]", "size 6")),
-    (lambda: X.view(-1, -1), ("view", "only one dimension can be inferred", "[-1, -1]")),
-    (lambda: X.t().view(6), ("view size is not compatible", "[3, 2]", "Use .reshape")),
-    (lambda: X.expand(4, 3, 3), ("expand", "(3)", "(2)", "[4, 3, 3]", "[2, 3]")),
-    (lambda: X.expand(-1, -1, 3), ("expand", "-1", "leading, non-existing dimension")),
+    (lambda: X.view(4), ("shape '[4]' is invalid for input of size 6",)),
+    (lambda: X.reshape(5), ("shape '[5]' is invalid for input of size 6",)),
+    (lambda: X.view(-1, -1), ("only one dimension can be inferred",)),
+    (lambda: X.t().view(6), ("view size is not compatible", "Use .reshape")),
+    (lambda: X.expand(4, 3, 3), ("expanded size of the tensor (3)", "existing size (2)", "[4, 3, 3]", "[2, 3]")),
+    (lambda: X.expand(-1, -1, 3), ("(-1)", "leading, non-existing dimension 0")),
     (lambda: X.unfold(1, 4, 1), ("unfold", "dimension 1 is 3", "size is 4")),
     (lambda: X.narrow(1, 2, 3), ("narrow()", "start (2)", "length (3)", "size (3)")),
     (lambda: X.chunk(0), ("chunk", "greater than 0", "0")),
     (lambda: X.split([1, 2], 0), ("split_with_sizes", "sum exactly to 2", "[1, 2]")),
-    (lambda: tw.cat([X, tw.ones(3, 3)], 1), ("cat()", "dimension 1", "[2, 3]", "[3, 3]")),
+    (lambda: tw.cat([X, tw.ones(3, 3)], 1), ("Sizes of tensors must match except in dimension 1", "Expected size 2 "
+                                              "but got size 3 for tensor number 1")),
     (lambda: X.as_strided((4, 4), (3, 1)), ("as_strided", "[4, 4]", "[3, 1]", "13 elements", "has 6")),
 ])
 def test_bad_shapes(call, fragments):
@@ -83,11 +84,11 @@ def test_bad_shapes(call, fragments):
 # ---------------------------------------------------------------------------- dtypes
 
 def test_mm_dtype_mismatch():
-    with raises(RuntimeError, "mm", "same dtype", "float32", "float64", ".to()"):
+    with raises(RuntimeError, "expected m1 and m2 to have the same dtype, but got: float != double"):
         tw.mm(X, tw.ones(3, 2, dtype=tw.float64))
-    with raises(RuntimeError, "same dtype", "float32", "float64"):
+    with raises(RuntimeError, "expected m1 and m2 to have the same dtype, but got: float != double"):
         X @ tw.ones(3, 2, dtype=tw.float64)
-    with raises(RuntimeError, "bmm", "same dtype", "bfloat16", "float32"):
+    with raises(RuntimeError, "expected scalar type BFloat16 but found Float"):
         tw.bmm(tw.ones(1, 2, 3, dtype=tw.bfloat16), tw.ones(1, 3, 2))
 
 
@@ -225,7 +226,7 @@ def test_bad_device_strings(spec, fragments):
     (lambda: X.size(-3), "size", "-3"),
 ])
 def test_dim_out_of_range(call, op, bad):
-    with raises(IndexError, f"{op}", "Dimension out of range", "[-2, 1]" if op != "unsqueeze" else "[-3, 2]",
+    with raises(IndexError, "Dimension out of range", "[-2, 1]" if op != "unsqueeze" else "[-3, 2]",
                 f"got {bad}"):
         call()
 
@@ -233,7 +234,7 @@ def test_dim_out_of_range(call, op, bad):
 @pytest.mark.parametrize("call,fragments", [
     (lambda: X.permute(0, 0), ("permute", "repeated dim", "[0, 0]")),
     (lambda: X.permute(0), ("permute", "1 dims", "2-d tensor")),
-    (lambda: X.sum((0, 0)), ("sum", "(0, 0)", "multiple times")),
+    (lambda: X.sum((0, 0)), ("dim 0 appears multiple times in the list of dims",)),
     (lambda: X.diagonal(0, 1, 1), ("diagonal", "cannot be identical", "1, 1")),
     (lambda: X.flatten(1, 0), ("flatten()", "start_dim 1", "end_dim 0")),
 ])
@@ -253,7 +254,7 @@ def test_bad_dim_combinations(call, fragments):
     (lambda: X[1.5], ("valid indices", "float")),
     (lambda: X.select(1, 3), ("index 3", "out of bounds", "dimension 1", "size 3")),
     (lambda: X.index_select(1, tw.tensor([0, 3])), ("index_select()", "index 3", "dimension 1", "size 3")),
-    (lambda: tw.zeros(2, 3).index_put_((tw.tensor([5]),), tw.tensor(1.0)), ("index_put", "index 5", "size 2")),
+    (lambda: tw.zeros(2, 3).index_put_((tw.tensor([5]),), tw.tensor(1.0)), ("index 5", "size 2")),
     (lambda: F.cross_entropy(tw.ones(3, 4), tw.tensor([0, 1, 9])), ("cross_entropy", "9", "C=4", "0..3")),
     (lambda: F.embedding(tw.tensor([0, 7]), tw.ones(5, 2)), ("index 7", "out of bounds", "size 5")),
 ])
@@ -263,9 +264,9 @@ def test_out_of_range_indices_are_checked(call, fragments):
 
 
 @pytest.mark.parametrize("call,fragments", [
-    (lambda: X.gather(1, tw.tensor([[0, 5], [1, 2]])), ("gather()", "index 5", "dimension 1", "size 3")),
-    (lambda: X.gather(1, tw.tensor([[0, -5], [1, 2]])), ("gather()", "index -5", "size 3")),
-    (lambda: tw.zeros(2, 3).scatter(1, tw.tensor([[0, 9]]), 1.0), ("scatter()", "index 9", "size 3")),
+    (lambda: X.gather(1, tw.tensor([[0, 5], [1, 2]])), ("index 5", "dimension 1", "size 3")),
+    (lambda: X.gather(1, tw.tensor([[0, -5], [1, 2]])), ("index -5", "size 3")),
+    (lambda: tw.zeros(2, 3).scatter(1, tw.tensor([[0, 9]]), 1.0), ("index 9", "size 3")),
 ])
 def test_out_of_range_gather_and_scatter_indices_raise_runtime_error(call, fragments):
     """torch's gather and scatter refuse a bad index with RuntimeError, not IndexError."""

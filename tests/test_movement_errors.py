@@ -41,15 +41,14 @@ def test_flip_repeated_dim():
 
 # ---------------------------------------------------------------------------- cat and stack
 
-def test_cat_mismatched_shapes_names_shapes_and_dim():
+def test_cat_mismatched_shapes_in_torch_words():
     with pytest.raises(RuntimeError, match=r"^Sizes of tensors must match except in dimension 1\. Expected size 2 but "
-                                           r"got size 4 for tensor number 1 in the list\. \(cat\(\): tensor 0 has "
-                                           r"shape \[2, 3\] and tensor 1 has shape \[4, 5\]\)$"):
+                                           r"got size 4 for tensor number 1 in the list\.$"):
         tw.cat([tw.zeros(2, 3), tw.zeros(4, 5)], 1)
 
 
 def test_cat_mismatched_ranks_and_empty_list():
-    with pytest.raises(RuntimeError, match=r"same number of dimensions.*\[2, 3\].*\[2, 3, 1\]"):
+    with pytest.raises(RuntimeError, match=r"^Tensors must have same number of dimensions: got 2 and 3$"):
         tw.cat([tw.zeros(2, 3), tw.zeros(2, 3, 1)])
     with pytest.raises(ValueError, match="non-empty list"):  # torch's type for cat (stack: RuntimeError)
         tw.cat([])

@@ -48,9 +48,9 @@ def test_cross_entropy_bad_weight_and_target_dtype():
         F.cross_entropy(tw.randn(3, 5), tw.rand(3, 5), ignore_index=1)
 
 
-def test_conv2d_channel_mismatch_names_in_channels_groups_and_weight():
-    with pytest.raises(RuntimeError, match=r"conv2d: Given groups=1, weight of size \[8, 4, 3, 3\], expected "
-                                           r"input\[2, 3, 5, 5\] to have 4 channels, but got 3 channels.*in_channels"):
+def test_conv2d_channel_mismatch_names_groups_and_weight_in_torch_words():
+    with pytest.raises(RuntimeError, match=r"^Given groups=1, weight of size \[8, 4, 3, 3\], expected "
+                                           r"input\[2, 3, 5, 5\] to have 4 channels, but got 3 channels instead$"):
         F.conv2d(tw.randn(2, 3, 5, 5), tw.randn(8, 4, 3, 3))
     with pytest.raises(RuntimeError, match=r"groups=2, .* expected input\[1, 6, 5, 5\] to have 4 channels"):
         F.conv2d(tw.randn(1, 6, 5, 5), tw.randn(4, 2, 3, 3), groups=2)
@@ -106,7 +106,8 @@ def test_sdpa_enable_gqa_head_counts_fail_as_in_torch(query, key, value):
 
     ours, theirs = attempt(tw), attempt(torch)
     assert type(ours) is type(theirs)
-    assert str(theirs).strip() in str(ours) and "scaled_dot_product_attention" in str(ours)
+    assert str(theirs).strip() in str(ours)
+    assert "scaled_dot_product_attention" in str(ours) or isinstance(ours, IndexError)  # a dim out of range: torch's
     if isinstance(ours, RuntimeError):
         assert f"query {list(query)} ({query[-3]} heads)" in str(ours) and f"key {list(key)}" in str(ours)
 

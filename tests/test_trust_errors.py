@@ -207,11 +207,11 @@ def test_bad_sizes_raise_like_torch(call, fragments):
 
 @pytest.mark.parametrize("call,fragments", [
     (lambda m: m.gather(m.ones(3, 4), 1, m.zeros(5, 2, dtype=m.int64)),
-     ("gather()", "index [5, 2]", "self [3, 4]", "apart from dimension 1")),
+     ("index [5, 2]", "self [3, 4]", "apart from dimension 1")),
     (lambda m: m.zeros(3, 4).scatter(1, m.zeros(2, 2, dtype=m.int64), m.ones(1, 3)),
-     ("scatter()", "index [2, 2]", "src [1, 3]")),
+     ("index [2, 2]", "src [1, 3]")),
     (lambda m: m.zeros(3, 4).scatter_add(1, m.zeros(5, 2, dtype=m.int64), m.ones(5, 2)),
-     ("scatter_add()", "index [5, 2]", "self [3, 4]")),
+     ("index [5, 2]", "self [3, 4]")),
     (lambda m: m.ones(3).index_put_((m.tensor([0.0]),), m.tensor(1.0)),
      ("index_put", "tensors used as indices must be long, int, byte or bool tensors", "float32")),
     (lambda m: m.ones(3, 3)[m.tensor([0, 1]), m.tensor([0, 1, 2])],

@@ -373,10 +373,8 @@ def strides_in_order(shape: Sequence[int], perm: Sequence[int]) -> Shape:
 
 def normalize_dim(dim: int, ndim: int, op: str = "") -> int:
     bound = max(ndim, 1)
-    if not -bound <= dim < bound:
-        where = f"{op}: " if op else ""
-        raise IndexError(
-            f"{where}Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], but got {dim})")
+    if not -bound <= dim < bound:  # torch's words alone (``op`` names the caller for a reader of the code)
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], but got {dim})")
     return dim + bound if dim < 0 else dim
 
 
@@ -397,7 +395,8 @@ def normalize_dims(dims, ndim: int, op: str = "") -> Shape:
         dims = (dims,)
     out = tuple(normalize_dim(d, ndim, op) for d in dims)
     if len(set(out)) != len(out):
-        raise RuntimeError(f"{op}: dim {tuple(dims)} appears multiple times in the list of dims")
+        repeated = next(d for k, d in enumerate(out) if d in out[:k])
+        raise RuntimeError(f"dim {repeated} appears multiple times in the list of dims")
     return tuple(sorted(out)) if ndim else ()
 
 
@@ -462,10 +461,10 @@ def _broadcast_pair(a: Shape, b: Shape, shapes: Sequence[Sequence[int]], op: str
         size_b = b[len(b) - 1 - offset] if offset < len(b) else 1
         if size_a != size_b and size_a != 1 and size_b != 1:
             listed = ", ".join(str(list(s)) for s in shapes)
-            raise RuntimeError(
-                f"The size of tensor a ({size_a}) must match the size of tensor b ({size_b}) at non-singleton "
-                f"dimension {i} ({op}: shapes {listed} cannot be broadcast together; each dimension must be equal "
-                f"or 1)")
+            why = f" ({op}: shapes {listed} cannot be broadcast together; each dimension must be equal or 1)" if op \
+                else ""  # torch's words alone
+            raise RuntimeError(f"The size of tensor a ({size_a}) must match the size of tensor b ({size_b}) at "
+                               f"non-singleton dimension {i}{why}")
         out[i] = size_b if size_a == 1 else size_a
     return tuple(out)
 
@@ -491,8 +490,8 @@ def expand_strides(shape: Sequence[int], strides: Sequence[int], target: Sequenc
             out[k] = 0
         else:
             raise RuntimeError(
-                f"{op}: the expanded size of the tensor ({want}) must match the existing size ({have}) at "
-                f"non-singleton dimension {k}. Target sizes: {list(target)}. Tensor sizes: {list(shape)}")
+                f"The expanded size of the tensor ({want}) must match the existing size ({have}) at non-singleton "
+                f"dimension {k}.  Target sizes: {list(target)}.  Tensor sizes: {list(shape)}")
     sizes = expanded_shape(shape, target)
     for k in range(lead - 1, -1, -1):  # a new size-1 dim gets the stride it would have if contiguous, as in torch
         out[k] = sizes[k + 1] * out[k + 1] if sizes[k] == 1 and k + 1 < len(target) else 0
@@ -509,19 +508,20 @@ def infer_size(shape: Sequence[int], total: int, op: str = "view") -> Shape:
     shape = tuple(int(s) for s in shape)
     if -1 not in shape and prod(shape) == total and (not shape or min(shape) >= 0):
         return shape
-    unknown = [k for k, s in enumerate(shape) if s == -1]
-    if len(unknown) > 1:
-        raise RuntimeError(f"{op}: only one dimension can be inferred, got shape {list(shape)}")
-    if any(s < -1 for s in shape):
-        raise RuntimeError(f"{op}: invalid shape dimension in {list(shape)}")
+    unknown = [k for k, s in enumerate(shape) if s == -1]  # torch's words alone below, as its infer_size's
+    for k, s in enumerate(shape):
+        if s == -1 and k != unknown[0]:
+            raise RuntimeError("only one dimension can be inferred")
+        if s < -1:
+            raise RuntimeError(f"invalid shape dimension {s} at index {k} of shape {list(shape)}")
     known = prod(s for s in shape if s != -1)
     if unknown:
         if known == 0 or total % known:
-            raise RuntimeError(f"{op}: shape '{list(shape)}' is invalid for input of size {total}")
+            raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {total}")
         k = unknown[0]
         return shape[:k] + (total // known,) + shape[k + 1:]
     if known != total:
-        raise RuntimeError(f"{op}: shape '{list(shape)}' is invalid for input of size {total}")
+        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {total}")
     return shape
 
 

@@ -8,6 +8,8 @@ Tensor methods' in-place forms are. torch's functions here take no ``out=`` but 
 
 from __future__ import annotations
 
+import math
+
 from tilewise import ops as _ops  # noqa: F401 — loads every declaration before the names are gathered
 from tilewise.ops.inplace import make_inplace
 from tilewise.ops.nn_activations import implicit_softmax_dim
@@ -55,14 +57,28 @@ for _name, _options in _INPLACE_OPTION.items():
 _hardtanh_of_aten = hardtanh  # noqa: F821 — defined by the loop above
 
 
+_hardtanh_in_place_of_aten = hardtanh_  # noqa: F821 — defined by the loop above
+
+
+def _integral_bounds(input, min_val, max_val) -> tuple:
+    """torch's hardtanh bounds an integer tensor by its bounds cast to integers (toward zero)."""
+    if getattr(input, "dtype", None) is None or input.dtype.is_floating_point or input.dtype.is_complex:
+        return min_val, max_val
+    return tuple(int(v) if isinstance(v, float) and math.isfinite(v) else v for v in (min_val, max_val))
+
+
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace: bool = False):
     """torch.nn.functional.hardtanh: its own check of the bounds first (aten's kernel and ``hardtanh_`` have none)."""
     if min_val > max_val:
         raise ValueError(f"min_val cannot be greater than max_val (hardtanh: min_val={min_val!r}, max_val={max_val!r})")
-    return _hardtanh_of_aten(input, min_val, max_val, inplace=inplace)
+    return _hardtanh_of_aten(input, *_integral_bounds(input, min_val, max_val), inplace=inplace)
 
 
-hardtanh.__doc__ = _hardtanh_of_aten.__doc__
+def hardtanh_(input, min_val=-1.0, max_val=1.0):
+    return _hardtanh_in_place_of_aten(input, *_integral_bounds(input, min_val, max_val))
+
+
+hardtanh.__doc__ = hardtanh_.__doc__ = _hardtanh_of_aten.__doc__
 _softmax_of_aten, _log_softmax_of_aten = softmax, log_softmax  # noqa: F821 — exported above
 
 

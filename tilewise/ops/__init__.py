@@ -46,6 +46,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     nn_resampling,
     nn_spatial,
     norms,
+    parser_signatures,
     pointwise,
     products,
     reductions,
@@ -135,6 +136,7 @@ def build_api() -> dict:
     _attach_special_methods(functions)
     factories = {name: getattr(creation, name) for name in creation.__all__}
     set_formula_namespace({**functions, **factories, **HELPERS, "OPS": OPS})
+    parser_signatures.attach(functions)  # after the formulas' namespace: operators take numbers from one another
     return functions
 
 

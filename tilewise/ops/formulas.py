@@ -62,7 +62,10 @@ def extremum_pair_jvp(self_t, other_t, self, other, result):
 
 
 def norm_backward(grad, self, result, p, dim, keepdim):
-    """torch's norm_backward: finite (zero) gradient where the norm is zero, for every p."""
+    """torch's norm_backward: finite (zero) gradient where the norm is zero, for every p; none at all (undefined,
+    as torch's: ``x.grad`` stays None) for p = 0, whose value does not change with ``self``'s."""
+    if p == 0:
+        return None
     if p == "nuc":
         return nuclear_norm_backward(grad, self, dim, keepdim)
     g = grad_expanded(grad, self.shape, dim, keepdim)
@@ -72,8 +75,6 @@ def norm_backward(grad, self, result, p, dim, keepdim):
         return g * self / n.masked_fill(zero, 1.0) * ~zero
     if p == 1:
         return g * self.sgn()
-    if p == 0:
-        return g * 0
     if p in (float("inf"), float("-inf")):
         return minmax_backward(grad, self.abs(), result, dim, keepdim) * self.sgn()
     if p < 1:  # |x|^(p-1) is infinite at a zero entry, whose gradient torch sets to zero

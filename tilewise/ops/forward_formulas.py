@@ -18,7 +18,7 @@ import math
 
 from tilewise import strides as S
 from tilewise.dtypes import int64
-from tilewise.ops.creation import ones_like
+from tilewise.ops.creation import ones_like, zeros_like
 from tilewise.ops.formulas import HELPERS, conj_if_complex, minmax_backward, norm_backward, prod_backward
 from tilewise.ops.registry import OPS
 
@@ -55,6 +55,8 @@ def logsumexp_jvp(self, self_t, result, dim, keepdim):
 
 def norm_jvp(self, self_t, result, p, dim, keepdim):
     """torch's norm_jvp for every p: the tangent against ``d ||x|| / dx`` (zero where the norm is zero)."""
+    if p == 0:
+        return zeros_like(result)
     if p == "nuc" and dim is None:
         dim = (-2, -1)
     partial = norm_backward(ones_like(result), self, result, p, dim, keepdim)

@@ -116,22 +116,20 @@ def check_gather_shapes(self, dim, index, op, src=None) -> int:
     self_shape, index_shape = nonempty_shape(self.shape), nonempty_shape(index.shape)
     if len(index_shape) != len(self_shape):
         noun = "input" if op == "gather" else "self"
-        raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as {noun} tensor "
-                           f"({index.ndim} vs {self.ndim})")
+        raise RuntimeError(f"Index tensor must have the same number of dimensions as {noun} tensor")
     too_large = any(n > m for k, (n, m) in enumerate(zip(index_shape, self_shape)) if k != d)
     src_shape = getattr(src, "shape", None)
     if too_large and op == "gather":
         k = next(k for k, (n, m) in enumerate(zip(index_shape, self_shape)) if k != d and n > m)
-        raise RuntimeError(f"{op}(): Size does not match at dimension {k} expected index {list(index.shape)} to be "
+        raise RuntimeError(f"Size does not match at dimension {k} expected index {list(index.shape)} to be "
                            f"no larger than self {list(self.shape)} apart from dimension {d}")
     if src_shape is not None:
         too_large = too_large or any(n > m for n, m in zip(index_shape, nonempty_shape(src_shape)))
         if len(nonempty_shape(src_shape)) != len(index_shape):
-            raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as src tensor "
-                               f"({index.ndim} vs {len(src_shape)})")
+            raise RuntimeError("Index tensor must have the same number of dimensions as src tensor")
     if too_large:
         also = f" and to be no larger size than src {list(src_shape)}" if src_shape is not None else ""
-        raise RuntimeError(f"{op}(): Expected index {list(index.shape)} to be no larger than self {list(self.shape)} "
+        raise RuntimeError(f"Expected index {list(index.shape)} to be no larger than self {list(self.shape)} "
                            f"apart from dimension {d}{also}")
     return d
 

@@ -14,23 +14,18 @@ from tilewise.tensor import Tensor
 
 def check_mm_shapes(op: str, a, b) -> None:
     """mm multiplies matrices [n, m] @ [m, p]; bmm multiplies batches of them, [b, n, m] @ [b, m, p]. The
-    messages are torch's (which name bmm's operands batch1 and batch2), with the shapes each needs after them."""
+    messages are torch's, word for word (which name bmm's operands batch1 and batch2, and show the shapes)."""
     sa, sb = a._shape, b._shape
     rank = 2 if op == "mm" else 3
     if len(sa) == rank == len(sb) and sa[-1] == sb[-2] and (rank == 2 or sa[0] == sb[0]):
         return  # the common case, checked without building the messages
-    form = "[n, m] @ [m, p]" if op == "mm" else "[b, n, m] @ [b, m, p]"
     if a.ndim != rank or b.ndim != rank:
         names = ("self", "mat2") if op == "mm" else ("batch1", "batch2")
         wrong = names[0] if a.ndim != rank else names[1]
-        torch_text = f"{wrong} must be a matrix" if op == "mm" else f"{wrong} must be a 3D tensor"
-        other = "bmm for batches of matrices" if op == "mm" else "mm for single matrices"
-        raise RuntimeError(f"{torch_text} ({op}: expected {rank}-D tensors of shapes {form}, got {a.ndim}-D "
-                           f"{list(a.shape)} and {b.ndim}-D {list(b.shape)}; use {other}, or matmul (@) for any rank)")
+        raise RuntimeError(f"{wrong} must be a matrix" if op == "mm" else f"{wrong} must be a 3D tensor")
     if op == "bmm":
-        raise RuntimeError(f"{bmm_mismatch_text(a.shape[0], a.shape[-1], b.shape[:2])} (bmm: shapes {list(a.shape)} "
-                           f"and {list(b.shape)}; bmm needs {form} with one batch size b)")
-    raise RuntimeError(f"{mm_mismatch_text(a.shape, b.shape)} (mm needs {form})")
+        raise RuntimeError(bmm_mismatch_text(a.shape[0], a.shape[-1], b.shape[:2]))
+    raise RuntimeError(mm_mismatch_text(a.shape, b.shape))
 
 
 def mm_mismatch_text(sa, sb) -> str:
@@ -50,12 +45,9 @@ def matmul_operands(op, args):
     check_mm_shapes(op.name, a, b)
     if a.dtype is dtypes.bool_ and b.dtype is dtypes.bool_:
         kernel = _BOOL_KERNELS[op.name][a.device.type == "cuda"]
-        raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\' ({op.name} of bool tensors: convert them '
-                                  "to a number dtype first)")
+        raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
     if a.dtype is not b.dtype:
-        raise RuntimeError(f"{_DTYPE_MISMATCH[op.name](a.dtype, b.dtype)} ({op.name}: expected both operands to have "
-                           f"the same dtype, but got {a.dtype.name} for self and {b.dtype.name} for mat2; convert one "
-                           "with .to())")
+        raise RuntimeError(_DTYPE_MISMATCH[op.name](a.dtype, b.dtype))
     return a.dtype, compute_dtype(a.dtype)
 
 
@@ -88,14 +80,11 @@ def _check_matmul(a, b):
     if len(sa) >= 2 and len(sb) >= 2 and sa[-1] == sb[-2]:
         return  # the common case
     if a.ndim == 0 or b.ndim == 0:
-        raise RuntimeError(f"matmul: both arguments to matmul need to be at least 1D, but they are {a.ndim}D and "
-                           f"{b.ndim}D")
+        raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {a.ndim}D and {b.ndim}D")
     ka = a.shape[-1]
     kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
     if ka != kb:
-        torch_text = _matmul_mismatch_text(a, b)  # batch dims that do not broadcast raise in it first, as in torch
-        raise RuntimeError(f"{torch_text} (matmul: the last dim of the first must equal the second-to-last dim of the "
-                           "second)")
+        raise RuntimeError(_matmul_mismatch_text(a, b))  # batch dims that do not broadcast raise in it first
 
 
 def _matmul_mismatch_text(a, b) -> str:
@@ -109,7 +98,7 @@ def _matmul_mismatch_text(a, b) -> str:
         return f"size mismatch, got input ({rows}), mat ({rows}x{sa[-1]}), vec ({sb[0]})"
     if b.ndim == 2:
         return mm_mismatch_text((math.prod(sa[:-1]), sa[-1]), sb)
-    batch = math.prod(S.broadcast_shapes(sa[:-2], sb[:-2], op="matmul"))
+    batch = math.prod(S.broadcast_shapes(sa[:-2], sb[:-2], op=""))
     return bmm_mismatch_text(batch, sa[-1], (batch, sb[-2]))
 
 
@@ -135,7 +124,7 @@ def _matmul(a, b):
         return private(_matmul(a, b.unsqueeze(-1)).squeeze(-1))
     if rb == 2:  # fold the batch dims of a into rows: one GEMM
         return rows_times_matrix(a, b)
-    batch = tuple(S.broadcast_shapes(sa[:-2], sb[:-2], op="matmul"))
+    batch = tuple(S.broadcast_shapes(sa[:-2], sb[:-2], op=""))
     count = math.prod(batch)  # not -1 in the reshapes: ambiguous where a matrix dim is 0
     a3 = a.expand(batch + sa[-2:]).reshape(count, *sa[-2:])
     b3 = b.expand(batch + sb[-2:]).reshape(count, *sb[-2:])
@@ -166,8 +155,25 @@ declare("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", "com
               "bias": "grad"}, fwd="linear(input_t, weight) + linear(input, weight_t, bias_t)", method=False,
         autocast="lower", batch=leading_batch_first_only)
 # the product is the sum's first operand, so that the result is row-major whatever self's order (torch's is)
+def _addmm(s, m1, m2, beta=1, alpha=1):
+    """torch's checks in its order and words (the matrices, their product's shape, the dtypes, then ``self``
+    expanded to the product's shape), then the product and the sum."""
+    for name, m in (("mat1", m1), ("mat2", m2)):
+        if m.ndim != 2:
+            raise RuntimeError(f"{name} must be a matrix, got {m.ndim}-D tensor")
+    if m1.shape[1] != m2.shape[0]:
+        raise RuntimeError(mm_mismatch_text(m1.shape, m2.shape))
+    if s.dtype is not m2.dtype:
+        raise RuntimeError(f"self and mat2 must have the same dtype, but got {c10_name(s.dtype)} and "
+                           f"{c10_name(m2.dtype)}")
+    if m1.dtype is not m2.dtype:
+        raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {c10_name(m1.dtype)} and "
+                           f"{c10_name(m2.dtype)}")
+    return m1.mm(m2) * alpha + s.expand(m1.shape[0], m2.shape[1]) * beta
+
+
 declare("addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor", "composite",
-        decomposition=lambda s, m1, m2, beta=1, alpha=1: m1.mm(m2) * alpha + s * beta, autocast="lower")
+        decomposition=_addmm, autocast="lower")
 
 
 def _addmm_activation(s, m1, m2, beta=1, alpha=1, use_gelu=False):
@@ -216,13 +222,14 @@ declare("outer(Tensor self, Tensor vec2) -> Tensor", "composite", decomposition=
 
 def _dot(a, b):
     if a.ndim != 1 or b.ndim != 1:
-        raise RuntimeError(f"dot: 1D tensors expected, but got {a.ndim}D and {b.ndim}D tensors")
+        raise RuntimeError(f"1D tensors expected, but got {a.ndim}D and {b.ndim}D tensors")
     if a.dtype is not b.dtype:  # torch converts neither (under autocast, its promote policy made them one)
         raise RuntimeError(f"dot : expected both vectors to have same dtype, but found {c10_name(a.dtype)} and "
-                           f"{c10_name(b.dtype)}; convert one with .to()")
+                           f"{c10_name(b.dtype)}")
     if a.shape != b.shape:
-        raise RuntimeError(f"dot: inconsistent tensor size, expected tensor [{a.shape[0]}] and src [{b.shape[0]}] to "
-                           "have the same number of elements")
+        raise RuntimeError(f"inconsistent tensor size, expected tensor [{a.shape[0]}] and src [{b.shape[0]}] to "
+                           f"have the same number of elements, but got {a.shape[0]} and {b.shape[0]} elements "
+                           "respectively")
     if a.dtype is dtypes.bool_:
         raise NotImplementedError('"dot" not implemented for \'Bool\'')
     # an integer dot product keeps its dtype (and wraps), as torch's: sum alone would widen it to int64
@@ -247,7 +254,7 @@ def _mv(matrix, vec):
                            f"{list(matrix.shape)} and {list(vec.shape)}): mv multiplies an [n, m] matrix by an [m] "
                            "vector")
     if matrix.shape[1] != vec.shape[0]:
-        raise RuntimeError(f"mv: size mismatch, got input ({matrix.shape[0]}), mat ({matrix.shape[0]}x"
+        raise RuntimeError(f"size mismatch, got input ({matrix.shape[0]}), mat ({matrix.shape[0]}x"
                            f"{matrix.shape[1]}), vec ({vec.shape[0]})")
     check_matrix_vector_dtypes("mv", matrix, vec)
     return matrix.matmul(vec)
@@ -273,27 +280,27 @@ def _tensordot_dims(a, b, dims) -> tuple[list[int], list[int]]:
             raise RuntimeError(f"tensordot expects dims >= 0, but got dims={dims}")
         if dims > min(a.ndim, b.ndim):
             raise RuntimeError(f"tensordot expects dims < ndim_a or ndim_b, but got dims={dims}")
-        return list(range(a.ndim - dims, a.ndim)), list(range(dims))
+        return list(range(-dims, 0)), list(range(dims))  # torch's (its errors name a's dims from the end)
     if not isinstance(dims, (list, tuple)) or len(dims) != 2:
         raise RuntimeError(f"tensordot expects dims to be an int, or a pair of lists of dims, got {dims!r}")
     dims_a, dims_b = ([d] if isinstance(d, int) else list(d) for d in dims)
     if len(dims_a) != len(dims_b):
-        raise RuntimeError(f"both dimension lists should have same length, got {len(dims_a)} and {len(dims_b)}")
+        raise RuntimeError("both dimension lists should have same length")
     return dims_a, dims_b
 
 
 def _tensordot(a, b, dims=2):
     """Contract dims of a with dims of b: both are permuted so the contracted dims meet, then one matrix product."""
     if a.dtype is not b.dtype:
-        raise RuntimeError(f"both inputs should have same dtype (tensordot: got {a.dtype.name} and {b.dtype.name}; "
-                           "convert one with .to())")
+        raise RuntimeError("both inputs should have same dtype")
     dims_a, dims_b = _tensordot_dims(a, b, dims)
+    for da, db in zip(dims_a, dims_b):  # the dims as given in the message, as torch's
+        size_a, size_b = a.shape[S.normalize_dim(da, a.ndim)], b.shape[S.normalize_dim(db, b.ndim)]
+        if size_a != size_b:
+            raise RuntimeError(f"contracted dimensions need to match, but first has size {size_a} in dim {da} "
+                               f"and second has size {size_b} in dim {db}")
     dims_a = [S.normalize_dim(d, a.ndim, "tensordot") for d in dims_a]
     dims_b = [S.normalize_dim(d, b.ndim, "tensordot") for d in dims_b]
-    for da, db in zip(dims_a, dims_b):
-        if a.shape[da] != b.shape[db]:
-            raise RuntimeError(f"contracted dimensions need to match, but first has size {a.shape[da]} in dim {da} "
-                               f"and second has size {b.shape[db]} in dim {db}")
     free_a = [d for d in range(a.ndim) if d not in dims_a]
     free_b = [d for d in range(b.ndim) if d not in dims_b]
     size = S.numel(tuple(a.shape[d] for d in dims_a))  # sizes spelled out: -1 cannot be inferred beside a 0

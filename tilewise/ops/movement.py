@@ -96,13 +96,11 @@ def check_cat(tensors, dim: int) -> tuple[tuple, int, object]:
     d = S.normalize_dim(dim, ref.ndim, "cat")
     for k, t in joined:
         if t.ndim != ref.ndim:
-            raise RuntimeError(f"Tensors must have same number of dimensions: got {ref.ndim} and {t.ndim} (cat(): "
-                               f"tensor {first} has shape {list(ref.shape)} and tensor {k} has shape {list(t.shape)})")
+            raise RuntimeError(f"Tensors must have same number of dimensions: got {ref.ndim} and {t.ndim}")
         if t.shape[:d] != ref.shape[:d] or t.shape[d + 1:] != ref.shape[d + 1:]:
             i = next(i for i in range(ref.ndim) if i != d and t.shape[i] != ref.shape[i])
             raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected size {ref.shape[i]} but "
-                               f"got size {t.shape[i]} for tensor number {k} in the list. (cat(): tensor {first} has "
-                               f"shape {list(ref.shape)} and tensor {k} has shape {list(t.shape)})")
+                               f"got size {t.shape[i]} for tensor number {k} in the list.")
     return tuple(t for _, t in joined), d, result_type(*tensors)
 
 

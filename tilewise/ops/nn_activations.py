@@ -217,18 +217,26 @@ def _check_bilinear(input1, input2, weight, bias) -> None:
         if input1.shape[d] != input2.shape[d]:
             raise RuntimeError(f"bilinear(): input batch dimensions do not match at dim {d}: got "
                                f"{input1.shape[d]} and {input2.shape[d]}")
-    if weight.ndim != 3:
-        raise RuntimeError(f"bilinear(): weight must be 3-D (out_features, in1_features, in2_features), got "
-                           f"{list(weight.shape)}")
-    if input1.shape[-1] != weight.shape[1]:
+    # torch reads the weight's (out_features, in1_features, in2_features) by position, so a weight of another
+    # rank fails where its first missing size is read, or past the checks (its words in each case)
+    if input1.shape[-1] != _size(weight, 1):
         raise RuntimeError(f"bilinear(): input1 size does not match weight size: got {input1.shape[-1]} but "
                            f"expected {weight.shape[1]}")
-    if input2.shape[-1] != weight.shape[2]:
+    if input2.shape[-1] != _size(weight, 2):
         raise RuntimeError(f"bilinear(): input2 size does not match weight size: got {input2.shape[-1]} but "
                            f"expected {weight.shape[2]}")
-    if bias is not None and bias.numel() != weight.shape[0]:
-        raise RuntimeError(f"bilinear(): bias size does not match weight size: got {bias.numel()} but expected "
+    if bias is not None and _size(bias, 0) != weight.shape[0]:
+        raise RuntimeError(f"bilinear(): bias size does not match weight size: got {bias.shape[0]} but expected "
                            f"{weight.shape[0]}")
+    if weight.ndim != 3:
+        raise RuntimeError("number of dimensions must match")
+
+
+def _size(t, dim: int) -> int:
+    """``t.size(dim)`` with torch's refusal of a dim ``t`` lacks."""
+    if t.ndim == 0:
+        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+    return t.shape[S.normalize_dim(dim, t.ndim)]
 
 
 def _bilinear(input1, input2, weight, bias=None):

@@ -176,27 +176,26 @@ functional("huber_loss(Tensor input, Tensor target, str reduction='mean', float 
 
 # ---------------------------------------------------------------------------- class losses
 
-def _class_layout(op: str, input, target):
-    """Class-index targets: (input with classes at dim 1 and a batch dim, int64 target, whether unbatched)."""
-    if target.dtype not in (dtypes.int64, dtypes.uint8):
-        raise RuntimeError(f"{op}: expected target dtype to be Long or Byte, but got {dtypes.c10_name(target.dtype)}"
-                           f": a target of class indices is int64 (or uint8), got {target.dtype}; convert it with "
-                           f"target.long(); class probabilities need a floating target of the input's shape "
-                           f"{list(input.shape)}")
+def _class_layout(input, target, reduction: str):
+    """Class-index targets: (input with classes at dim 1 and a batch dim, int64 target, whether unbatched), with
+    torch's checks in torch's order (``nll_loss_nd``'s, then its kernels')."""
     if input.ndim == 0:
-        raise ValueError(f"{op}: input must have a class dimension, got a 0-dimensional input")
-    if input.ndim == 1:
-        if target.ndim != 0:
-            raise ValueError(f"{op}: a 1-dimensional (unbatched) input {list(input.shape)} needs a 0-dimensional "
-                             f"target (one class index), got target of shape {list(target.shape)}")
-        return input.unsqueeze(0), target.long().unsqueeze(0), True
-    expected = (input.shape[0],) + tuple(input.shape[2:])
-    if target.ndim == 0 or target.shape[0] != input.shape[0]:
+        raise ValueError("Expected 1 or more dimensions (got 0)")
+    if input.ndim != 1 and (target.shape[0] if target.ndim else 0) != input.shape[0]:
         got = target.shape[0] if target.ndim else "a 0-dimensional target"
-        raise ValueError(f"{op}: Expected input batch_size ({input.shape[0]}) to match target batch_size ({got}).")
-    if tuple(target.shape) != expected:
-        raise RuntimeError(f"{op}: expected target of shape {list(expected)} for input of shape {list(input.shape)} "
-                           f"(classes at dim 1), got target of shape {list(target.shape)}")
+        raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({got}).")
+    if input.ndim <= 2 and target.ndim > 1:
+        raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
+    if input.ndim == 1 and target.ndim == 1 and target.shape[0] != 1:
+        raise ValueError(f"For 1D input, 1D target must have size 1, but got target size: {target.shape[0]}")
+    if input.ndim > 2 and tuple(target.shape[1:]) != tuple(input.shape[2:]):
+        raise RuntimeError(f"Expected target size {[input.shape[0], *input.shape[2:]]}, got {list(target.shape)}")
+    if target.dtype not in (dtypes.int64, dtypes.uint8):
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {dtypes.c10_name(target.dtype)}")
+    if target.dtype is dtypes.uint8 and input.ndim > 2 and (reduction == "none" or target.numel() > 0):
+        raise RuntimeError("expected scalar type Long but found Byte")  # torch's 2-d kernel, which takes int64 only
+    if input.ndim == 1:
+        return input.unsqueeze(0), target.long().reshape(1), True
     return input, target.long(), False
 
 
@@ -238,7 +237,7 @@ def _class_loss_reduction(loss, w, reduction: str):
 
 def _nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
     reduction = _reduction_mode("nll_loss", reduction, size_average, reduce)
-    input, target, unbatched = _class_layout("nll_loss", input, target)
+    input, target, unbatched = _class_layout(input, target, reduction)
     _check_class_weight("nll_loss", weight, input.shape[1], input.dtype)
     _check_class_range("nll_loss", target, input.shape[1], ignore_index)
     loss = OPS["_nll_loss"](input, target, weight, reduction, ignore_index)[0]
@@ -343,20 +342,22 @@ def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-
     op = "cross_entropy"
     reduction = _reduction_mode(op, reduction, size_average, reduce)
     if not 0.0 <= label_smoothing <= 1.0:
-        raise RuntimeError(f"{op}: label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
-    if tuple(target.shape) == tuple(input.shape) and input.ndim > 0:
+        raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if tuple(target.shape) == tuple(input.shape):
         if not target.dtype.is_floating_point:
-            raise RuntimeError(f"{op}: Expected floating point type for target with class probabilities, got "
-                               f"{target.dtype}")
+            raise RuntimeError(f"Expected floating point type for target with class probabilities, got "
+                               f"{dtypes.c10_name(target.dtype)}")
         if ignore_index >= 0:
-            raise RuntimeError(f"{op}: ignore_index is not supported for floating point target")
+            raise RuntimeError("ignore_index is not supported for floating point target")
+        if input.ndim == 0:
+            raise IndexError("Dimension specified as 1 but tensor has no dimensions")
         unbatched = input.ndim == 1
         if unbatched:
             input, target = input.unsqueeze(0), target.unsqueeze(0)
         if label_smoothing > 0:  # smoothed before the loss, as torch does: the loss keeps the smoothed copy
             target, label_smoothing = _smoothed(target, label_smoothing, input.shape[1]), 0.0
     else:
-        input, target, unbatched = _class_layout(op, input, target)
+        input, target, unbatched = _class_layout(input, target, reduction)
         _check_class_range(op, target, input.shape[1], ignore_index)
     _check_class_weight(op, weight, input.shape[1], None if target.dtype.is_floating_point else input.dtype)
     loss = OPS["_cross_entropy_loss"](input, target, weight, reduction, ignore_index, label_smoothing)[0]

@@ -97,18 +97,17 @@ def _check_conv(op, input, weight, bias, stride, padding, dilation, groups, spat
     channels = input.shape[-spatial - 1]
     out_channels, group_channels = weight.shape[0], weight.shape[1]
     if out_channels < groups:
-        raise RuntimeError(f"{op}: Given groups={groups}, expected weight to be at least {groups} at dimension 0, but "
+        raise RuntimeError(f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but "
                            f"got weight of size {list(weight.shape)} instead")
     if out_channels % groups:
-        raise RuntimeError(f"{op}: Given groups={groups}, expected weight to be divisible by {groups} at dimension 0 "
-                           f"(out_channels), but got weight of size {list(weight.shape)} instead")
+        raise RuntimeError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, but "
+                           f"got weight of size [{list(weight.shape)}] instead")  # torch's doubled brackets
     if channels != group_channels * groups:
-        raise RuntimeError(f"{op}: Given groups={groups}, weight of size {list(weight.shape)}, expected "
+        raise RuntimeError(f"Given groups={groups}, weight of size {list(weight.shape)}, expected "
                            f"input{_batched_shape(input, spatial)} to have {group_channels * groups} channels, but got "
-                           f"{channels} channels instead (in_channels = weight.shape[1] * groups = {group_channels} * "
-                           f"{groups})")
+                           f"{channels} channels instead")
     if bias is not None and tuple(bias.shape) != (out_channels,):
-        raise RuntimeError(f"{op}: Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
+        raise RuntimeError(f"Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
                            f"{out_channels} elements, but got bias of size {list(bias.shape)} instead")
     _check_same_dtypes(op, input, weight, bias)
 
@@ -139,7 +138,7 @@ def _check_output_size(op, padded_shape, weight, stride, dilation) -> None:
     sizes = padded_shape[2:]
     spans = [d * (k - 1) + 1 for k, d in zip(weight.shape[2:], dilation)]
     if any(_window_count(n, k, s, d) <= 0 for n, k, s, d in zip(sizes, weight.shape[2:], stride, dilation)):
-        raise RuntimeError(f"{op}: Calculated padded input size per channel: ({' x '.join(map(str, sizes))}). Kernel "
+        raise RuntimeError(f"Calculated padded input size per channel: ({' x '.join(map(str, sizes))}). Kernel "
                            f"size: ({' x '.join(map(str, spans))}). Kernel size can't be greater than actual input "
                            "size")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from tilewise import dtypes
 from tilewise.dtypes import FLOAT, c10_name, type_meta_name
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.expr import Expr, fma, lift, where
@@ -444,8 +445,20 @@ pointwise("hardtanh_backward(Tensor grad_output, Tensor self, Scalar min_val, Sc
           method=False)
 pointwise("relu(Tensor self) -> Tensor", lambda x: clamp_expr(x, 0, None, True),
           {"self": "threshold_backward(grad, result, 0)"}, out=False)
+def _hardtanh_check(op, args) -> None:
+    """torch's hardtanh (and relu6, which is hardtanh(0, 6)) refuses bool and complex inputs, and an unsigned
+    input's negative bounds (as integers: ``hardtanh(uint8, -0.5, 1)`` is taken)."""
+    dtype = args[0].dtype
+    if dtype is dtypes.bool_:
+        raise RuntimeError("Bool inputs not supported for hardtanh")
+    if dtype.is_complex:
+        raise NotImplementedError("clamp is not supported for complex types")
+    if dtype is dtypes.uint8 and any(int(bound) < 0 for bound in args[1:3] if math.isfinite(bound)):
+        raise RuntimeError("cannot do hardtanh on an unsigned type with negative limits")
+
+
 pointwise("relu6(Tensor self) -> Tensor", lambda x: clamp_expr(x, 0, 6, True),
-          {"self": "hardtanh_backward(grad, self, 0, 6)"}, method=False)
+          {"self": "hardtanh_backward(grad, self, 0, 6)"}, method=False, check=_hardtanh_check)
 pointwise("leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor",
           lambda x, s: where(x.gt(0), x, x * s), {"self": "where(self > 0, grad, grad * negative_slope)"},
           R.floating_kernel, method=False)
@@ -455,7 +468,7 @@ pointwise("threshold(Tensor self, Scalar threshold, Scalar value) -> Tensor",
           half_rounded={"cpu": ("self", "value"), "cuda": ("self", "threshold", "value")}, check=R.half_scalars_fit)
 pointwise("hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor",
           lambda x, lo, hi: clamp_expr(x, lo, hi, True), {"self": "hardtanh_backward(grad, self, min_val, max_val)"},
-          method=False, half_rounded={"cpu": ("self", "min_val", "max_val")})
+          method=False, half_rounded={"cpu": ("self", "min_val", "max_val")}, check=_hardtanh_check)
 pointwise("gelu(Tensor self, *, str approximate='none') -> Tensor", None,
           {"self": "gelu_backward(grad, self, approximate)"}, R.floating_only, expr_builder=_gelu, method=False,
           check=_gelu_approximation_known)

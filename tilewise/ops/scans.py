@@ -173,7 +173,7 @@ def check_searchsorted(sorted_sequence, self, out_int32: bool, right: bool, side
 # ---------------------------------------------------------------- composites over sort
 
 def _argsort(self, dim=-1, descending=False, stable=False):
-    return self.sort(dim, descending, stable=stable)[1]
+    return self.sort(dim=dim, descending=descending, stable=stable)[1]
 
 
 def refuse_bool(self, kernel: str) -> None:
@@ -202,7 +202,7 @@ def _kthvalue(self, k, dim=-1, keepdim=False):
     if not 1 <= k <= n:
         raise RuntimeError(f"kthvalue(): selected number k out of range for dimension {d} (k is {k}, the dimension's "
                            f"size {n}, input shape {list(self.shape)}; k must be in [1, {n}])")
-    values, indices = self.sort(d, stable=True)
+    values, indices = self.sort(dim=d, stable=True)
     if self.ndim == 0:
         return values, indices
     # fresh and row-major, as torch's (a slice of the sorted values would be a view of them)

@@ -113,7 +113,7 @@ def _mode(self, dim=-1, keepdim=False):
             tuple(1 if d == dim else n for d, n in enumerate(self.shape))
         return self.new_empty(shape), zeros(shape, dtype=int64, device=self.device)
     x = self.movedim(dim, -1)
-    ordered, order = x.sort(-1, stable=True)
+    ordered, order = x.sort(dim=-1, stable=True)
     first = zeros(ordered.shape[:-1] + (1,), dtype=int64, device=self.device)
     new_run = (ordered[..., 1:] != ordered[..., :-1]).to(int64)
     run = OPS["cat"]([first, new_run], -1).cumsum(-1)  # each element's run, numbered from 0 along the dim

@@ -25,6 +25,7 @@ from tilewise.ops.formulas import HELPERS
 from tilewise.ops.inplace import INFERENCE, NO_GRAD, REGENERATE, watch_view
 from tilewise.ops.registry import OPS, declare
 from tilewise.tensor import Tensor
+from tilewise.tensortypes import type_name
 
 _GEOMETRY: dict[tuple, tuple] = {}  # (op, shape, strides, arguments) -> (shape, strides, offset delta)
 GEOMETRY_LIMIT = 4096  # answers kept before the table is cleared (see [Note: view geometry cache])
@@ -133,9 +134,8 @@ def _view(shape, strides, offset, size):
     new_shape = S.infer_size(size, S.numel(shape), "view")
     new_strides = S.view_strides(shape, strides, new_shape)
     if new_strides is None:
-        raise RuntimeError(f"view size is not compatible with input tensor's size and stride (at least one dimension "
-                           f"spans across two contiguous subspaces): input shape {list(shape)}, strides "
-                           f"{list(strides)}, requested {list(size)}. Use .reshape(...) instead.")
+        raise RuntimeError("view size is not compatible with input tensor's size and stride (at least one dimension "
+                           "spans across two contiguous subspaces). Use .reshape(...) instead.")
     return new_shape, new_strides, offset
 
 
@@ -163,11 +163,14 @@ def _t(shape, strides, offset):
 def _expand(shape, strides, offset, size, implicit=False):
     lead = len(size) - len(shape)
     for k, w in enumerate(size):
-        if w < -1 or (w == -1 and k < lead):
-            where = "a leading, non-existing dimension" if k < lead else "dimension"
-            raise RuntimeError(f"expand: the expanded size of the tensor ({w}) isn't allowed in {where} {k}: sizes "
-                               f"must be non-negative, or -1 to keep an existing dim (shape {list(shape)}, requested "
-                               f"{list(size)})")
+        if w == -1 and k < lead:
+            raise RuntimeError(f"The expanded size of the tensor (-1) isn't allowed in a leading, non-existing "
+                               f"dimension {k}")
+        if w < -1:  # torch's words for a size that is neither kept nor matched
+            have = shape[k - lead] if k >= lead else 1
+            raise RuntimeError(f"The expanded size of the tensor ({w}) must match the existing size ({have}) at "
+                               f"non-singleton dimension {k}.  Target sizes: {list(size)}.  Tensor sizes: "
+                               f"{list(shape)}")
     target = S.expanded_shape(shape, size)
     return target, S.expand_strides(shape, strides, size), offset
 
@@ -287,8 +290,17 @@ view("permute(Tensor(a) self, int[] dims) -> Tensor(a)", _permute, "grad.permute
 view("transpose(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", _transpose, "grad.transpose(dim0, dim1)",
      aliases=("swapaxes", "swapdims"))
 view("t(Tensor(a) self) -> Tensor(a)", _t, "grad.t()")
+def _expand_check(op, args) -> None:
+    """torch's refusal of fewer sizes than dims, which names the tensor's legacy type."""
+    self, size = args[0], args[1]
+    if len(size) < self.ndim:
+        raise RuntimeError(f"expand({type_name(self.dtype, self.device.type)}{{{list(self.shape)}}}, size="
+                           f"{list(size)}): the number of sizes provided ({len(size)}) must be greater or equal to the "
+                           f"number of dimensions in the tensor ({self.ndim})")
+
+
 view("expand(Tensor(a) self, int[] size, *, bool implicit=False) -> Tensor(a)", _expand,
-     "grad.sum_to_size(self_shape)")
+     "grad.sum_to_size(self_shape)", check=_expand_check)
 view("squeeze(Tensor(a) self, int[]? dim=None) -> Tensor(a)", _squeeze, "grad.reshape(self_shape)")
 view("unsqueeze(Tensor(a) self, int dim) -> Tensor(a)", _unsqueeze, "grad.squeeze(dim)")
 view("select(Tensor(a) self, int dim, int index) -> Tensor(a)", _select,

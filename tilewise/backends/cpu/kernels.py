@@ -536,7 +536,7 @@ def _np_indices(self: Tensor, indices, op: str) -> tuple:
         size = self.shape[dim] if dim < self.ndim else 0
         if a.size and (a.max() >= size or a.min() < -size):
             bad = int(a.max()) if a.max() >= size else int(a.min())
-            raise IndexError(f"{op}: index {bad} is out of bounds for dimension {dim} with size {size}")
+            raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
         out.append(a)
     if len(out) > self.ndim:
         raise IndexError(f"{op}: too many indices for tensor of dimension {self.ndim}")
@@ -609,8 +609,7 @@ def _check_gather_index(self, dim, index, op, src=None):
     size = nonempty_shape(self.shape)[d]
     if a.size and (a.min() < 0 or a.max() >= size):
         bad = int(a.min()) if a.min() < 0 else int(a.max())
-        raise RuntimeError(f"{op}(): index {bad} is out of bounds for dimension {d} with size {size}; valid indices "
-                           f"are {f'0..{size - 1}' if size else 'none (the dimension is empty)'}")
+        raise RuntimeError(f"index {bad} is out of bounds for dimension {d} with size {size}")
     return d, a
 
 
