@@ -105,8 +105,13 @@ def _first_non_tensor(params: tuple[str, ...], refused: tuple[str, ...], args: t
 
 def one_signature(fn, name: str, params: tuple[str, ...]):
     """``fn`` (a spelling of an operator of one signature in torch) refusing a non-tensor for any operand."""
+    count = len(params)
+
     @functools.wraps(fn)
     def checked(*args, **kwargs):
+        if not kwargs and len(args) == count and type(args[0]) is Tensor and type(args[1]) is Tensor and (
+                count == 2 or type(args[2]) is Tensor):
+            return fn(*args)  # the common call: every operand a tensor, by position
         found = _first_non_tensor(params, params, args, kwargs)
         if found is not None:
             param, position, value = found
@@ -122,8 +127,13 @@ def several_signatures(fn, name: str, params: tuple[str, ...], refused: tuple[st
                        method: bool = False):
     """``fn`` (a spelling of an operator of several signatures in torch) refusing a non-tensor for an operand that
     every signature takes as a tensor. A method's ``self`` is bound first and is not among ``params``."""
+    positions = tuple(k + method for k, p in enumerate(params) if p in refused)
+    first = positions[0] if len(positions) == 1 else None  # each operator here refuses numbers for one operand
+
     @functools.wraps(fn)
     def checked(*args, **kwargs):
+        if first is not None and len(args) > first and type(args[first]) is Tensor:
+            return fn(*args, **kwargs)  # the common call: the operand no signature takes a number for, by position
         given = args[1:] if method else args
         if _first_non_tensor(params, refused, given, kwargs) is not None:
             if name == "where" and not method and len(args) + len(kwargs) == 1:  # torch.where(condition) alone
@@ -140,12 +150,22 @@ def _is_dim(value) -> bool:
     return (isinstance(value, int) and not isinstance(value, bool)) or isinstance(value, np.integer)
 
 
+_DIM_KEYS = frozenset(("dim", "keepdim"))
+_SORT_KEYS = frozenset(("dim", "descending"))
+
+
 def extremum(fn, name: str, method: bool = False):
     """``fn`` (max or min) refusing a second operand that is neither a tensor nor a dim (``torch.max(x, 2.0)``)."""
     signatures = _EXTREMA_METHODS if method else _EXTREMA
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
+        if not kwargs and len(args) == 1 and type(args[0]) is Tensor:
+            return fn(*args)  # x.max(), torch.max(x)
+        if len(args) == 2 and type(args[0]) is Tensor and (type(args[1]) is Tensor or type(args[1]) is int):
+            return fn(*args, **kwargs)  # x.max(dim), torch.max(x, dim), torch.max(x, y)
+        if len(args) == 1 and type(args[0]) is Tensor and type(kwargs.get("dim")) is int and kwargs.keys() <= _DIM_KEYS:
+            return fn(*args, **kwargs)  # x.max(dim=1, keepdim=True)
         given = args[1:] if method else args
         other = given[1 - method] if len(given) > 1 - method else kwargs.get("other", kwargs.get("dim", 0))
         first = given[0] if given and not method else kwargs.get("input", kwargs.get("self", other if method else 0))
@@ -201,6 +221,8 @@ def sort_signatures(fn, name: str, method: bool = False):
     """``fn`` (a spelling of sort or argsort) refusing what torch's two signatures of it refuse."""
     @functools.wraps(fn)
     def checked(*args, **kwargs):
+        if kwargs and len(args) == 1 and kwargs.keys() <= _SORT_KEYS and type(kwargs.get("dim", 0)) is int:
+            return fn(*args, **kwargs)  # x.sort(dim=0, descending=True): torch's signature without stable
         given = args[1:] if method else args
         if kwargs or len(given) > 1 - method:
             refusal = _sort_refusal(name, method, given, kwargs)
