@@ -73,7 +73,7 @@ def _default_grads(tensors: tuple, grad_tensors) -> list:
     if len(grads) != len(tensors):
         raise RuntimeError(f"got {len(grads)} gradients for {len(tensors)} tensors")
     out = []
-    for t, g in zip(tensors, grads):
+    for k, (t, g) in enumerate(zip(tensors, grads)):
         if g is None:
             if t.numel() != 1:
                 raise RuntimeError(f"grad can be implicitly created only for scalar outputs; got a tensor of shape "
@@ -87,8 +87,8 @@ def _default_grads(tensors: tuple, grad_tensors) -> list:
 
             g = tensor(g, dtype=t.dtype, device=t.device)
         elif g.shape != t.shape:
-            raise RuntimeError(f"Mismatch in shape: grad_output has a shape of {list(g.shape)} and output has a "
-                               f"shape of {list(t.shape)}")
+            raise RuntimeError(f"Mismatch in shape: grad_output[{k}] has a shape of {g.shape} and output[{k}] has a "
+                               f"shape of {t.shape}.")
         out.append(g)
     return out
 
