@@ -10,6 +10,8 @@ their public name, as in torch.
 from __future__ import annotations
 
 import functools
+import inspect
+import sys
 
 from tilewise.dispatch import STATE
 from tilewise.tensor import register_grad_mode
@@ -42,6 +44,8 @@ class _GradModeContext:
 
     def __call__(self, fn):
         enabled = self.enabled
+        if inspect.isgeneratorfunction(fn):
+            return _generator_in_mode(fn, lambda: _GradMode(enabled))
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
@@ -53,6 +57,40 @@ class _GradModeContext:
                 _set_grad_mode(prev)
 
         return wrapper
+
+
+class _GradMode(_GradModeContext):
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+
+def _generator_in_mode(fn, mode):
+    """A decorated generator function runs every step of its body in the mode (``mode()`` makes a fresh context),
+    while the code that drives it keeps its own, as torch's ``_wrap_generator``."""
+
+    @functools.wraps(fn)
+    def generator(*args, **kwargs):
+        gen = fn(*args, **kwargs)
+        try:
+            with mode():
+                response = gen.send(None)
+            while True:
+                try:
+                    request = yield response
+                except GeneratorExit:
+                    with mode():
+                        gen.close()
+                    raise
+                except BaseException:
+                    with mode():
+                        response = gen.throw(*sys.exc_info()[1:2])
+                else:
+                    with mode():
+                        response = gen.send(request)
+        except StopIteration as stop:
+            return stop.value
+
+    return generator
 
 
 class _NoParameterDecorator(_GradModeContext):
@@ -117,6 +155,8 @@ class inference_mode:  # noqa: N801
 
     def __call__(self, fn):
         mode = self.mode
+        if inspect.isgeneratorfunction(fn):
+            return _generator_in_mode(fn, lambda: inference_mode(mode))
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
@@ -128,7 +168,10 @@ class inference_mode:  # noqa: N801
 
 class set_grad_enabled(_GradModeContext):  # noqa: N801
     def __init__(self, mode: bool):
-        self.enabled = bool(mode)
+        if type(mode) is not bool:
+            raise TypeError(f"set_grad_enabled(): argument 'enabled' (position 1) must be bool, not "
+                            f"{type(mode).__name__}")
+        self.enabled = mode
         self._prev = _grad_mode()
         _set_grad_mode(self.enabled)  # takes effect as a plain function call too, like torch
 

@@ -66,6 +66,7 @@ class _State(threading.local):
     trace_depth = 0
     captures = ()  # the compiler's active captures, innermost last (see compiler/capture.py)
     saved_tensor_hooks = ()  # active (pack_hook, unpack_hook) pairs, innermost last
+    saved_tensor_hooks_refused = None  # inside disable_saved_tensors_hooks: its error message
     into = None  # (tensor, op name): an in-place op's target, for the next call (see call_into)
     vmap = ()  # the active vmap levels, innermost last (see ops/batching.py); empty outside vmap
     dual_masked = ()  # forward-AD levels whose tangents this thread's calls ignore (see autograd/forward_ad.py)

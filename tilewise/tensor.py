@@ -131,6 +131,12 @@ def _existing_dim(dim: int, shape: tuple) -> int:
     return _strides.normalize_dim(dim, len(shape))
 
 
+NON_LEAF_GRAD = ("The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad attribute "
+                 "won't be populated during autograd.backward(). If you indeed want the .grad field to be populated "
+                 "for a non-leaf Tensor, use .retain_grad() on the non-leaf Tensor. If you access the non-leaf Tensor "
+                 "by mistake, make sure you access the leaf Tensor instead.")
+
+
 def vmap_value_error(what: str) -> str:
     """torch's vmap errors for Python reading a batched tensor's values: ``item()`` and the scalar conversions
     built on it have their own, every other read is data-dependent control flow."""
@@ -567,7 +573,10 @@ class Tensor:
         hook = TRACE_HOOKS.grad_read
         if hook is not None:
             hook(self)
-        return self._grad
+        grad = self._grad
+        if grad is None and self._grad_fn is not None and not self._retains_grad:  # a non-leaf
+            warnings.warn(NON_LEAF_GRAD, UserWarning, stacklevel=2)
+        return grad
 
     @grad.setter
     def grad(self, value: Tensor | None) -> None:

@@ -73,7 +73,7 @@ def _default_grads(tensors: tuple, grad_tensors) -> list:
     if len(grads) != len(tensors):
         raise RuntimeError(f"got {len(grads)} gradients for {len(tensors)} tensors")
     out = []
-    for t, g in zip(tensors, grads):
+    for k, (t, g) in enumerate(zip(tensors, grads)):
         if g is None:
             if t.numel() != 1:
                 raise RuntimeError(f"grad can be implicitly created only for scalar outputs; got a tensor of shape "
@@ -87,20 +87,43 @@ def _default_grads(tensors: tuple, grad_tensors) -> list:
 
             g = tensor(g, dtype=t.dtype, device=t.device)
         elif g.shape != t.shape:
-            raise RuntimeError(f"Mismatch in shape: grad_output has a shape of {list(g.shape)} and output has a "
-                               f"shape of {list(t.shape)}")
+            raise RuntimeError(f"Mismatch in shape: grad_output[{k}] has a shape of {g.shape} and output[{k}] has a "
+                               f"shape of {t.shape}.")
         out.append(g)
     return out
+
+
+class _Once:
+    create_graph_warned = False
+
+
+def _warn_create_graph_cycle() -> None:
+    """torch warns once per process that ``backward(create_graph=True)`` ties each ``.grad`` to its parameter."""
+    if not _Once.create_graph_warned:
+        _Once.create_graph_warned = True
+        warnings.warn("Using backward() with create_graph=True will create a reference cycle between the parameter "
+                      "and its gradient which can cause a memory leak. We recommend using autograd.grad when "
+                      "creating the graph to avoid this. If you have to use this function, make sure to reset the "
+                      ".grad fields of your parameters to None after use to break the cycle and avoid the leak.",
+                      UserWarning, stacklevel=4)
 
 
 def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, create_graph: bool = False,
              inputs=None) -> None:
     tensors = _as_tuple(tensors)
+    if inputs is not None:
+        inputs = tuple(inputs.values()) if type(inputs) is dict else _as_tuple(inputs)
+        if not inputs:
+            raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
+        for t in inputs:  # as torch: a non-leaf input gets its gradient in .grad, like a leaf
+            t.retain_grad()
     grads = _default_grads(tensors, grad_tensors)
     if retain_graph is None:
         retain_graph = create_graph
-    run_backward(tensors, grads, retain_graph=retain_graph, create_graph=create_graph,
-                 inputs=_as_tuple(inputs) if inputs is not None else None, accumulate=True)
+    if create_graph:
+        _warn_create_graph_cycle()
+    run_backward(tensors, grads, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs,
+                 accumulate=True)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, create_graph: bool = False,

@@ -2,14 +2,19 @@
 
 [Note: anomaly mode] torch's anomaly mode has two parts: it records the forward stack of every node (for the
 error message of a failing backward) and, with ``check_nan``, makes backward raise where a node returns NaN
-gradients. tilewise keeps the flags with torch's semantics and implements the NaN check (the engine calls
-:func:`check_node_outputs` after each node while it is on); forward stacks are not recorded. The flags are
+gradients. tilewise keeps the flags with torch's semantics and implements both: while the mode is on, autograd records
+with a recorder that keeps each node's forward stack (``graph.record_forward_stacks``; nothing is paid while it is
+off), the engine calls :func:`check_node_outputs` after each node, and a node that fails in backward gets torch's
+"Error detected in ..." warning with its forward traceback before the error propagates. The flags are
 process-wide, as torch's.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
+
+from tilewise.autograd.graph import record_forward_stacks
 
 
 class _Anomaly:
@@ -31,6 +36,7 @@ def set_anomaly_enabled(enabled: bool, check_nan: bool = True) -> None:
     """Turn anomaly detection on or off for the process (``torch.set_anomaly_enabled``)."""
     ANOMALY.enabled = _check_bool(enabled, "enabled", 1, "set_anomaly_enabled")
     ANOMALY.check_nan = _check_bool(check_nan, "check_nan", 2, "set_anomaly_enabled")
+    record_forward_stacks(enabled)
 
 
 def is_anomaly_enabled() -> bool:
@@ -54,6 +60,8 @@ class detect_anomaly:  # noqa: N801 — torch's name
     def __init__(self, check_nan: bool = True) -> None:
         self.check_nan = check_nan
         self._saved: list[tuple[bool, bool]] = []
+        warnings.warn("Anomaly Detection has been enabled. This mode will increase the runtime and should only be "
+                      "enabled for debugging.", UserWarning, stacklevel=2)
 
     def __enter__(self):
         self._saved.append((ANOMALY.enabled, ANOMALY.check_nan))
@@ -67,7 +75,7 @@ class detect_anomaly:  # noqa: N801 — torch's name
     def __call__(self, fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with detect_anomaly(self.check_nan):
+            with self:
                 return fn(*args, **kwargs)
 
         return wrapper

@@ -13,11 +13,19 @@ callback may queue more. DistributedDataParallel waits for its gradient all-redu
 
 from __future__ import annotations
 
-import threading
-
 from tilewise import dispatch
 from tilewise.autograd.anomaly_mode import ANOMALY, check_node_outputs
-from tilewise.autograd.graph import AccumulateGrad, Node, accumulate_node, edge
+from tilewise.autograd.graph import (
+    GRAPH_TASKS,
+    NODE_POST,
+    NODE_PRE,
+    AccumulateGrad,
+    GraphTask,
+    Node,
+    accumulate_node,
+    edge,
+    forward_stack_warning,
+)
 from tilewise.config import settings
 from tilewise.dispatch import STATE
 from tilewise.tensor import TRACE_HOOKS, Tensor
@@ -42,24 +50,14 @@ def register_graph_runner(fn) -> None:
     graph_runner = fn
 
 
-class _FinalCallbacks(threading.local):
-    """Per thread, one list per running backward (innermost last): the callbacks it runs at its end."""
-
-    def __init__(self) -> None:
-        self.passes: list[list] = []
-
-
-_final_callbacks = _FinalCallbacks()
-
-
 class ExecutionEngine:
     """torch's ``Variable._execution_engine``: the hook into the running backward pass."""
 
     def queue_callback(self, callback) -> None:
         """Run ``callback()`` once the innermost running backward pass has finished every node."""
-        if not _final_callbacks.passes:
+        if not GRAPH_TASKS.running:
             raise RuntimeError("Final callbacks can only be installed during backward pass.")
-        _final_callbacks.passes[-1].append(callback)
+        GRAPH_TASKS.running[-1].callbacks.append(callback)
 
 
 def _run_final_callbacks(callbacks: list) -> None:
@@ -114,8 +112,8 @@ def _hook_result(hook, grad: Tensor, new):
     """A tensor hook's replacement gradient, which must be a tensor like the one it was given (torch's rule)."""
     name = getattr(hook, "__name__", type(hook).__name__)
     if not isinstance(new, Tensor):
-        raise TypeError(f"hook '{name}' returned {type(new).__name__}; a tensor hook must return None or a tensor of "
-                        f"the gradient's shape {list(grad.shape)} and dtype {grad.dtype.name}")
+        raise TypeError(f"expected Variable, but hook returned '{type(new).__name__}' (hook '{name}' must return None "
+                        f"or a tensor of the gradient's shape {list(grad.shape)} and dtype {grad.dtype.name})")
     if new.shape != grad.shape:
         raise RuntimeError(f"hook '{name}' has changed the size of value: the gradient of shape {list(grad.shape)} "
                            f"was replaced by one of shape {list(new.shape)}")
@@ -128,10 +126,12 @@ def _hook_result(hook, grad: Tensor, new):
 
 
 def _run_hooks(node: Node, grads: list) -> list:
+    """torch's order before a node runs: the tensor hooks of each output, retain_grad, then the node's pre-hooks
+    (an AccumulateGrad's pre-hooks run after its leaf's hooks, in the engine's accumulate step)."""
     for nr, hooks in node.pre_hooks.items():
+        if type(nr) is not int or grads[nr] is None:
+            continue
         for hook in list(hooks):
-            if grads[nr] is None:
-                continue
             new = hook(grads[nr])
             if new is not None:
                 grads[nr] = _hook_result(hook, grads[nr], new)
@@ -140,6 +140,26 @@ def _run_hooks(node: Node, grads: list) -> list:
         if t is not None and grads[nr] is not None:
             g = grads[nr].detach()
             t._grad = g.clone() if t._grad is None else t._grad + g
+    node_hooks = node.pre_hooks.get(NODE_PRE)
+    if node_hooks and not isinstance(node, AccumulateGrad):
+        grads = _node_hook_grads(node_hooks, (tuple(grads),), list(grads))
+    return grads
+
+
+def _node_hook_grads(hooks: list, args: tuple, grads: list) -> list:
+    """Run a node's own hooks on ``args``; what one returns (a tuple, one gradient or None per entry) replaces the
+    gradients it was given, which the next hook then sees, as in torch."""
+    for hook in list(hooks):
+        new = hook(*args)
+        if new is None:
+            continue
+        if not isinstance(new, (tuple, list)):
+            raise TypeError(f"expected tuple, but hook returned '{type(new).__name__}'")
+        if len(new) != len(grads):
+            raise RuntimeError(f"hook '{getattr(hook, '__name__', type(hook).__name__)}' has returned an incorrect "
+                               f"number of values (got {len(new)}, but expected {len(grads)})")
+        grads = [n if n is None or g is None else _hook_result(hook, g, n) for g, n in zip(grads, new)]
+        args = (tuple(grads), *args[1:])
     return grads
 
 
@@ -190,12 +210,14 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
     prev_mode, prev_autocast = STATE.grad_enabled, STATE.autocast
     STATE.grad_enabled = create_graph
     STATE.autocast = None  # the casts recorded in forward already fix every dtype backward sees, as in torch
-    _final_callbacks.passes.append([])
+    GRAPH_TASKS.running.append(GraphTask(deps, roots, needed, captures, accumulate))
+    node = None  # the node running, for anomaly mode's warning if it fails
     try:
         while ready:
             node = ready.pop()
             grads = buffers.pop(node, None) or [None] * node.n_outputs
-            if node.pre_hooks or node.retained:
+            hooked = node.pre_hooks or node.retained  # one test for every kind of hook (see Node.pre_hooks)
+            if hooked:
                 grads = _run_hooks(node, grads)
             if captures:
                 for nr, g in enumerate(grads):
@@ -206,6 +228,8 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                     g, grads[0] = grads[0], None  # held by ``g`` alone: accumulate may take it as .grad
                     if g is not None:
                         g = _leaf_hooks(node.variable, g)
+                        if hooked and NODE_PRE in node.pre_hooks:
+                            g = _node_hook_grads(node.pre_hooks[NODE_PRE], ((g,),), [g])[0]
                         if (node, 0) in captures:
                             for k in captures[(node, 0)]:
                                 captured[k] = g
@@ -216,6 +240,8 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                         node.accumulate(g, create_graph)
                     for hook in node.variable.__dict__.get("_post_accumulate_grad_hooks", ()):
                         hook(node.variable)
+                    if hooked and NODE_POST in node.pre_hooks:
+                        _node_hook_grads(node.pre_hooks[NODE_POST], ((), (g,)), [])
                 elif grads[0] is not None and node.variable._hooks:
                     g = _leaf_hooks(node.variable, grads[0])
                     for k in captures.get((node, 0), ()):
@@ -225,8 +251,9 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
             in_grads = _apply(node, grads) if run_it else [None] * len(node.next_functions)
             if ANOMALY.enabled and ANOMALY.check_nan and run_it:
                 check_node_outputs(node, in_grads)
-            for hook in node.__dict__.get("post_hooks", ()):
-                hook(in_grads, grads)
+            if hooked and NODE_POST in node.pre_hooks:
+                in_grads = _node_hook_grads(node.pre_hooks[NODE_POST], (tuple(in_grads), tuple(grads)),
+                                            list(in_grads))
             if not retain_graph and run_it:
                 node.release()
             for (nxt, nr), g in zip(node.next_functions, in_grads):
@@ -239,11 +266,16 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                 if deps[nxt] == 0:
                     ready.append(nxt)
             in_grads = g = buf = None  # the buffers alone hold the gradients now (see AccumulateGrad.accumulate)
+        node = None
         STATE.grad_enabled, STATE.autocast = prev_mode, prev_autocast
-        _run_final_callbacks(_final_callbacks.passes[-1])
+        _run_final_callbacks(GRAPH_TASKS.running[-1].callbacks)
+    except BaseException:
+        if ANOMALY.enabled and node is not None:
+            forward_stack_warning(node)
+        raise
     finally:
         STATE.grad_enabled, STATE.autocast = prev_mode, prev_autocast
-        _final_callbacks.passes.pop()
+        GRAPH_TASKS.running.pop()
     if inputs is not None and not allow_unused:
         for k, g in enumerate(captured):
             if g is None and accumulate is False:

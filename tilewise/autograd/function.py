@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 
-from tilewise.autograd.graph import Node, SavedTensor, accumulate_node, edge
+from tilewise.autograd.anomaly_mode import ANOMALY
+from tilewise.autograd.graph import Node, SavedTensor, accumulate_node, edge, keep_forward_stack
 from tilewise.dispatch import STATE
+from tilewise.ops.inplace import CUSTOM_FUNCTION, rebase_view_history, watch_view
 from tilewise.tensor import Tensor
 
 
@@ -17,9 +20,12 @@ class FunctionCtx:
         self.non_differentiable: set[int] = set()
         self.materialize_grads = True
         self.dirty: tuple = ()
+        self._to_save: tuple | None = None
 
     def save_for_backward(self, *tensors) -> None:
-        self._saved = tuple(SavedTensor(t) if isinstance(t, Tensor) else t for t in tensors)
+        """Keep ``tensors`` (or None) for backward. As in torch they are packed once forward has returned (``apply``),
+        so an input that forward then writes in place and marks dirty is saved as the output it became."""
+        self._saved = self._to_save = tensors
 
     @property
     def saved_tensors(self) -> tuple:
@@ -49,6 +55,20 @@ class FunctionNode(Node):
     def name(self) -> str:
         return f"{self.cls.__name__}Backward"
 
+    @property
+    def saved_tensors(self) -> tuple:
+        """What forward saved, as in torch, where the node is the ctx (freed after backward: torch's error then)."""
+        return self.ctx.saved_tensors
+
+    def __getattr__(self, name: str):
+        # torch's node *is* the ctx: what forward stored on ctx (``ctx.scale``) reads from ``y.grad_fn`` too
+        if name == "ctx" or name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return getattr(self.ctx, name)
+        except AttributeError:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'") from None
+
     def __repr__(self) -> str:
         return f"<{type(self).__module__}.{type(self).__qualname__} object at {id(self):#x}>"
 
@@ -70,6 +90,15 @@ class FunctionNode(Node):
             raise RuntimeError(f"function {self.name()} returned an incorrect number of gradients (expected "
                                f"{self.n_args}, got {len(out)}): backward returns one per forward input, None for "
                                "non-tensors")
+        for k, g in enumerate(out):
+            if g is not None and not isinstance(g, Tensor):
+                raise RuntimeError(f"expected Variable or None (got {type(g).__name__}) as gradient {k} of "
+                                   f"{self.name()}")
+        if len(self.tensor_positions) != self.n_args:
+            for k, g in enumerate(out):
+                if g is not None and k not in self.tensor_positions:
+                    raise RuntimeError(f"function {self.name()} returned a gradient different than None at position "
+                                       f"{k + 1}, but the corresponding forward input was not a Variable")
         return [self._fit(k, out[k], *meta) for k, meta in zip(self.tensor_positions, self.arg_meta)]
 
     def _fit(self, k: int, grad, shape, dtype):
@@ -84,7 +113,7 @@ class FunctionNode(Node):
         try:
             return grad.sum_to_size(shape)
         except RuntimeError:
-            raise RuntimeError(f"function {self.name()} returned an invalid gradient at index {k} - got "
+            raise RuntimeError(f"Function {self.name()} returned an invalid gradient at index {k} - got "
                                f"{list(grad.shape)} but expected shape compatible with {list(shape)}") from None
 
     def release(self) -> None:
@@ -126,6 +155,15 @@ class Function:
         super().__init_subclass__(**kwargs)
         cls._backward_cls = _backward_class(cls)
 
+    def __init__(self, *args, **kwargs) -> None:
+        warnings.warn(f"{self.__class__} should not be instantiated. Methods on autograd functions are all static, so "
+                      "you should invoke them on the class itself. Instantiating an autograd function will raise an "
+                      "error in a future version.", DeprecationWarning, stacklevel=2)
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("Legacy autograd function with non-static forward method is deprecated. Please use "
+                           "new-style autograd function with static forward method: call Function.apply.")
+
     @staticmethod
     def forward(ctx, *args, **kwargs):
         raise NotImplementedError("autograd.Function subclasses must implement forward(ctx, ...)")
@@ -163,18 +201,68 @@ class Function:
                 out = cls.forward(ctx, *args, **kwargs)
         finally:
             STATE.grad_enabled = prev
+        outputs = out if isinstance(out, tuple) else (out,)
+        if ctx.dirty:
+            _check_dirty(ctx.dirty, outputs)
         if not (prev and any(ctx.needs_input_grad)):
             return out
-        outputs = out if isinstance(out, tuple) else (out,)
         node = cls.__dict__.get("_backward_cls", FunctionNode)(cls, ctx, list(args), outputs)
+        if ANOMALY.enabled:
+            keep_forward_stack(node)
         fixed = []
         for i, o in enumerate(outputs):
             if isinstance(o, Tensor) and id(o) not in ctx.non_differentiable and o.dtype.is_floating_point:
-                if any(o is a for a in args) and o not in ctx.dirty:
-                    o = o.view_as(o)
-                o._grad_fn, o._output_nr, o._requires_grad = node, i, True
+                dirty = any(o is d for d in ctx.dirty)
+                if dirty and o._base is not None:
+                    _rebase_dirty_view(o, node, i)
+                else:
+                    if not dirty and any(o is a for a in args):
+                        o = o.view_as(o)
+                    o._grad_fn, o._output_nr, o._requires_grad = node, i, True
+                if o._base is not None and not dirty:  # made in forward, or an input returned as-is
+                    watch_view(o, CUSTOM_FUNCTION)
             fixed.append(o)
+        if ctx._to_save is not None:
+            ctx._saved = _pack_saved(ctx._to_save, fixed, node)
         return tuple(fixed) if isinstance(out, tuple) else fixed[0]
+
+
+def _check_dirty(dirty: tuple, outputs: tuple) -> None:
+    """torch's rules for ``ctx.mark_dirty``: every tensor marked is returned, and is no leaf (nor view of one) that
+    requires grad; each gets a new version, as an in-place operator's output does."""
+    for t in dirty:
+        if not any(t is o for o in outputs):
+            raise RuntimeError("Some elements marked as dirty during the forward method were not returned as output. "
+                               "The inputs that are modified inplace must all be outputs of the Function.")
+    for t in dirty:
+        base = t._base
+        if STATE.grad_enabled and t._grad_fn is None and t._requires_grad and base is None:
+            raise RuntimeError("a leaf Variable that requires grad has been used in an in-place operation.")
+        if STATE.grad_enabled and base is not None and base._grad_fn is None and base._requires_grad:
+            raise RuntimeError("a view of a leaf Variable that requires grad is being used in an in-place operation.")
+        t._bump_version()
+
+
+def _rebase_dirty_view(view: Tensor, node: FunctionNode, i: int) -> None:
+    """A view that forward wrote in place: its base takes the write into its history (torch's CopySlices around the
+    function's node), as an in-place operator's write through a view does."""
+    written = view.detach()
+    written._grad_fn, written._output_nr, written._requires_grad = node, i, True
+    rebase_view_history(view, written)
+
+
+def _pack_saved(tensors: tuple, outputs: list, node: FunctionNode) -> tuple:
+    packed = []
+    for k, t in enumerate(tensors):
+        if t is None:
+            packed.append(None)
+        elif not isinstance(t, Tensor):
+            raise TypeError(f"save_for_backward can only save variables, but argument {k} is of type "
+                            f"{type(t).__name__}")
+        else:
+            nr = next((i for i, o in enumerate(outputs) if o is t and t._grad_fn is node), None)
+            packed.append(SavedTensor(t) if nr is None else SavedTensor(t, True, node, nr, node.name()))
+    return tuple(packed)
 
 
 class DelayedError(Node):

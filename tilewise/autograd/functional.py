@@ -226,13 +226,22 @@ def hessian(func, inputs, create_graph: bool = False, strict: bool = False, vect
 def _second_order(func, inputs, v, create_graph: bool, name: str, transpose: bool):
 
     many_in, inputs = _as_tuple(inputs, "inputs", name)
-    vectors = _as_tuple(v, "v", name)[1]
+    if v is None:  # torch's rule: only for one input of one element
+        if len(inputs) != 1 or inputs[0].numel() != 1:
+            raise RuntimeError("The vector v can only be None if the input to the user-provided function is a single "
+                               "Tensor with a single element.")
+        vectors = (inputs[0].new_ones(inputs[0].shape),)
+    else:
+        vectors = _as_tuple(v, "v", name)[1]
     with enable_grad():
         fresh = _fresh(inputs, True)
         out = func(*fresh)
-        if not isinstance(out, Tensor) or out.numel() != 1:
-            raise RuntimeError(f"The function given to {name} should return a single Tensor containing a single "
-                               "element.")
+        if isinstance(out, tuple) and len(out) == 1:
+            out = out[0]
+        if not isinstance(out, Tensor):
+            raise RuntimeError(f"The function given to {name} should return a single Tensor")
+        if out.numel() != 1:
+            raise RuntimeError(f"The Tensor returned by the function given to {name} should contain a single element")
         first = _zeros_where_unused(gradients([out], fresh, None, create_graph=True), fresh)
         pairing = sum((g * w).sum() for g, w in zip(first, vectors))
         second = gradients([pairing], fresh, None, create_graph=create_graph) if pairing.requires_grad \

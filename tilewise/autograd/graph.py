@@ -15,15 +15,20 @@ from __future__ import annotations
 import math
 import re
 import sys
+import threading
+import traceback
+import warnings
 import weakref
 from collections.abc import Mapping
 from types import MappingProxyType
 
 from tilewise import dispatch
 from tilewise import strides as S
+from tilewise.device import BACKENDS
 from tilewise.dispatch import GRAD_OFF_FOR_RECORDING, STATE, run
 from tilewise.dtypes import FLOAT as FLOATING
 from tilewise.layouts import contiguous_format
+from tilewise.ops.creation import empty
 from tilewise.ops.inplace import (
     REGENERATE,
     memory_order,
@@ -43,8 +48,10 @@ class Node:
     next_functions: tuple = ()
     n_outputs: int = 1
     # output_nr -> tensor hooks, and output_nr -> retained output: few nodes have any, so these empty read-only
-    # defaults are shared and a node gets dicts of its own on the first registration (``_own``)
-    pre_hooks: Mapping[int, list] = MappingProxyType({})
+    # defaults are shared and a node gets dicts of its own on the first registration (``_own``). The node's own
+    # hooks (``register_prehook``, ``register_hook``) live in ``pre_hooks`` too, under the keys NODE_PRE and
+    # NODE_POST, so that the engine's one test of a node for hooks covers every kind.
+    pre_hooks: Mapping[int | str, list] = MappingProxyType({})
     retained: Mapping[int, weakref.ref] = MappingProxyType({})
 
     def _own(self, name: str) -> dict:
@@ -63,7 +70,16 @@ class Node:
         pass
 
     def register_hook(self, hook):
-        hooks = self.__dict__.setdefault("post_hooks", [])
+        """``hook(grad_inputs, grad_outputs)`` runs after this node has computed the gradients of its inputs and may
+        return replacements for them (torch's ``Node.register_hook``)."""
+        hooks = self._own("pre_hooks").setdefault(NODE_POST, [])
+        hooks.append(hook)
+        return _Handle(hooks, hook)
+
+    def register_prehook(self, hook):
+        """``hook(grad_outputs)`` runs before this node, after the tensor hooks of its outputs, and may return
+        replacements for the gradients (torch's ``Node.register_prehook``)."""
+        hooks = self._own("pre_hooks").setdefault(NODE_PRE, [])
         hooks.append(hook)
         return _Handle(hooks, hook)
 
@@ -74,13 +90,26 @@ class Node:
         return self.apply(list(grads))
 
 
+NODE_PRE, NODE_POST = "node_pre", "node_post"  # keys of a node's own hooks in ``Node.pre_hooks``
+
+
 class _Handle:
+    """torch's ``RemovableHandle`` for a hook: ``remove()``, also as a context manager that removes on exit."""
+
     def __init__(self, hooks: list, hook):
         self._hooks, self._hook = hooks, hook
 
     def remove(self) -> None:
-        if self._hook in self._hooks:
-            self._hooks.remove(self._hook)
+        for k, h in enumerate(self._hooks):
+            if h is self._hook:  # by identity: the same function registered twice is two hooks
+                del self._hooks[k]
+                return
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
 
 
 class AccumulateGrad(Node):
@@ -165,6 +194,116 @@ def _copy_in_layout_of(grad: Tensor, variable: Tensor) -> Tensor:
     return grad.new_empty_strided(variable._shape, variable._strides).copy_(grad)
 
 
+class GraphTask:
+    """One running backward pass, as the hooks inside it see it (torch's graph task): the nodes it will run, and the
+    callbacks queued to run at its end."""
+
+    __slots__ = ("id", "deps", "roots", "needed", "captures", "accumulate", "callbacks")
+    _ids = iter(range(1 << 62))
+
+    def __init__(self, deps: dict, roots: list, needed, captures: dict, accumulate: bool) -> None:
+        self.id = next(GraphTask._ids)
+        self.deps, self.roots, self.needed = deps, roots, needed  # the engine's own, read only when a hook asks
+        self.captures, self.accumulate = captures, accumulate
+        self.callbacks: list = []
+
+    def will_execute(self, node: Node) -> bool:
+        """torch's ``_will_engine_execute_node``."""
+        if self.needed is None:
+            return node in self.deps or node in self.roots
+        if isinstance(node, AccumulateGrad):
+            if not self.accumulate:
+                raise RuntimeError("A leaf node was passed to _will_engine_execute_node but we are currently running "
+                                   "autograd.grad(). This is currently not supported.")
+            return (node, 0) in self.captures
+        return node in self.needed
+
+
+class _GraphTasks(threading.local):
+    """Per thread, the running backward passes, innermost last (a hook may run a backward of its own)."""
+
+    def __init__(self) -> None:
+        self.running: list[GraphTask] = []
+
+
+GRAPH_TASKS = _GraphTasks()
+
+
+def _current_task(what: str) -> GraphTask:
+    if not GRAPH_TASKS.running:
+        raise RuntimeError(f"{what} should only be called during the backward pass")
+    return GRAPH_TASKS.running[-1]
+
+
+class _MultiHandle:
+    """The handle of a multi-grad hook: removes the tensor hook it put on each tensor."""
+
+    def __init__(self, handles: tuple) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def register_multi_grad_hook(tensors, fn, *, mode: str = "all"):
+    """torch.autograd.graph's multi-grad hook. ``mode="all"``: ``fn(grads)`` runs once per backward pass, when the
+    gradients of every tensor of ``tensors`` that the pass reaches are computed, with None for the others.
+    ``mode="any"``: ``fn(grad)`` runs once per pass, on the first of their gradients computed.
+
+    >>> import tilewise as tw
+    >>> a, b = tw.ones(2, requires_grad=True), tw.ones(2, requires_grad=True)
+    >>> seen = []
+    >>> _ = tw.autograd.graph.register_multi_grad_hook((a, b), lambda grads: seen.append(grads[1] is None))
+    >>> (a * 2).sum().backward()
+    >>> seen
+    [True]
+    """
+    supported = ("all", "any")
+    if mode not in supported:
+        raise ValueError(f"Expects mode to be one of {supported} but got {mode}")
+    lock = threading.Lock()
+    if mode == "any":
+        ran: set[int] = set()
+
+        def first_only(grad) -> None:
+            task = _current_task("a multi-grad hook")
+            with lock:
+                if task.id in ran:
+                    return
+                ran.add(task.id)
+            fn(grad)
+
+        return _MultiHandle(tuple(t.register_hook(first_only) for t in tensors if t.requires_grad))
+    nodes = [t.grad_fn if t.grad_fn is not None else accumulate_node(t) for t in tensors]
+    pending: dict[int, list] = {}  # per backward pass: [gradients so far, how many are left]
+
+    def collecting(k: int):
+        def hook(grad) -> None:
+            task = _current_task("a multi-grad hook")
+            with lock:
+                state = pending.get(task.id)
+                if state is None:
+                    state = pending[task.id] = [[None] * len(nodes), sum(map(task.will_execute, nodes))]
+                state[0][k] = grad
+                state[1] -= 1
+                done = state[1] == 0
+                if done:
+                    del pending[task.id]
+            if done:
+                fn(state[0])
+
+        return hook
+
+    return _MultiHandle(tuple(t.register_hook(collecting(k)) for k, t in enumerate(tensors)))
+
+
 class saved_tensors_hooks:  # noqa: N801 — torch's name
     """While active, each tensor saved for backward is stored as ``pack_hook(tensor)`` and given back to its
     formula as ``unpack_hook(packed)``, as in torch.autograd.graph; activation checkpointing is built on it."""
@@ -173,11 +312,57 @@ class saved_tensors_hooks:  # noqa: N801 — torch's name
         self.hooks = (pack_hook, unpack_hook)
 
     def __enter__(self):
+        if STATE.saved_tensor_hooks_refused is not None:
+            raise RuntimeError(STATE.saved_tensor_hooks_refused)
         STATE.saved_tensor_hooks = (*STATE.saved_tensor_hooks, self.hooks)  # per thread, as torch's
         return self
 
     def __exit__(self, *exc):
         STATE.saved_tensor_hooks = STATE.saved_tensor_hooks[:-1]
+        return False
+
+
+class save_on_cpu(saved_tensors_hooks):  # noqa: N801 — torch's name
+    """Tensors saved for backward inside it are kept on the CPU (in pinned memory with ``pin_memory=True`` where a
+    GPU is present) and copied back to their device when backward needs them, as torch.autograd.graph's.
+
+    >>> import tilewise as tw
+    >>> x = tw.ones(2, requires_grad=True)
+    >>> with tw.autograd.graph.save_on_cpu():
+    ...     y = (x * x).sum()
+    >>> y.backward(); x.grad.tolist()
+    [2.0, 2.0]
+    """
+
+    def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
+        def pack_to_cpu(t: Tensor):
+            if not pin_memory:
+                return t.device, t.cpu()
+            packed = empty(t.size(), dtype=t.dtype, pin_memory=any(b.pins_host_memory for b in BACKENDS.values()))
+            packed.copy_(t)
+            return t.device, packed
+
+        def unpack_from_cpu(packed) -> Tensor:
+            device, t = packed
+            return t.to(device, non_blocking=pin_memory)
+
+        super().__init__(pack_to_cpu, unpack_from_cpu)
+
+
+class disable_saved_tensors_hooks:  # noqa: N801 — torch's name
+    """Inside it, entering ``saved_tensors_hooks`` (or ``save_on_cpu``) raises ``RuntimeError(error_message)``: for
+    a feature that cannot work with them."""
+
+    def __init__(self, error_message: str) -> None:
+        self.error_message = error_message
+
+    def __enter__(self):
+        self._prev = STATE.saved_tensor_hooks_refused
+        STATE.saved_tensor_hooks_refused = self.error_message
+        return self
+
+    def __exit__(self, *exc):
+        STATE.saved_tensor_hooks_refused = self._prev
         return False
 
 
@@ -200,6 +385,11 @@ class SavedTensor:
         if hooks:
             pack_hook, self.unpack_hook = hooks[-1]
             self.tensor = pack_hook(t)
+            if t._version != self.version:
+                raise RuntimeError("A saved tensor pack hook is modifying its input in place. Tensors provided as "
+                                   "input to pack hook cannot be modified by in-place operations as this can lead to "
+                                   "unexpected side-effects. Please open an issue if you need to perform in-place "
+                                   "operations on the input to a pack hook.")
             self.node_ref = weakref.ref(node) if is_output else None
         elif is_output:
             # keep the data, not the Python object: an output saved by its own grad_fn would be a cycle
@@ -215,9 +405,13 @@ class SavedTensor:
             raise RuntimeError("Trying to backward through the graph a second time (or directly access saved tensors "
                                "after they have already been freed). Saved intermediate values of the graph are "
                                "freed when you call .backward() or autograd.grad(). Specify retain_graph=True if you "
-                               "need to backward through the graph a second time.")
+                               "need to backward through the graph a second time or if you need to access saved "
+                               "tensors after calling backward.")
         if self.unpack_hook is not None:
             t = self.unpack_hook(t)
+            if not isinstance(t, Tensor):
+                raise TypeError("Output of saved tensor unpack_hook expected to be a Tensor but got result of type "
+                                f"{type(t).__name__}")
         elif t._version != self.version:
             raise RuntimeError(self._modified_message(t))
         if self.is_output:
@@ -692,6 +886,39 @@ def retain_grad(t: Tensor) -> None:
 
 
 dispatch.register_recorder(record)
+
+
+def _record_with_forward_stack(op, args: tuple, into: Tensor | None = None):
+    """``record`` while anomaly mode is on: the node made keeps the Python stack of the forward call, which the
+    engine shows in torch's warning when that node fails in backward. Swapped in for ``record`` by
+    ``record_forward_stacks``, so that operators pay nothing for it while the mode is off."""
+    out = record(op, args, into)
+    first = out[0] if isinstance(out, (tuple, list)) and out else out
+    node = first._grad_fn if type(first) is Tensor else None
+    if node is not None and "forward_stack" not in node.__dict__:  # a composite's primitives made it: theirs
+        keep_forward_stack(node)
+    return out
+
+
+def keep_forward_stack(node: Node) -> None:
+    node.__dict__["forward_stack"] = traceback.extract_stack()[:-2]
+
+
+def record_forward_stacks(enabled: bool) -> None:
+    dispatch.register_recorder(_record_with_forward_stack if enabled else record)
+
+
+def forward_stack_warning(node: Node) -> None:
+    """torch's anomaly-mode warning when a node fails in backward: the forward call that made it, as a traceback
+    of the user's frames."""
+    stack = node.__dict__.get("forward_stack")
+    if stack is None:
+        return
+    package = __file__.rsplit("/autograd/", 1)[0]
+    while stack and (stack[-1].filename.startswith(package) or stack[-1].filename.startswith("<")):  # generated
+        stack = stack[:-1]
+    warnings.warn(f"Error detected in {node.name()}. Traceback of forward call that caused the error:\n"
+                  + "".join(traceback.format_list(stack)), UserWarning, stacklevel=3)
 
 
 def _retain_grad(self: Tensor) -> None:

@@ -117,7 +117,7 @@ def describe(root_edges: list, grad_tensors) -> tuple:
     parts = []
     accumulators, op_nodes = [], []
     for node in order:
-        if node.pre_hooks or node.retained or node.__dict__.get("post_hooks"):
+        if node.pre_hooks or node.retained:
             raise _Unsupported
         kind = type(node)
         if kind is AccumulateGrad:

@@ -20,6 +20,8 @@ when made, and a kind), because what an in-place write means for them depends on
                  concatenates their gradients (and views of them): no in-place write under grad mode ("is a view
                  and is being modified inplace. This view is the output of a function that returns multiple
                  views"), and, once their memory was written by anything else, no use by autograd either;
+  ``CUSTOM_FUNCTION`` the same, with torch's reason, for the outputs of an autograd.Function that are views (made
+                 in its forward, or an input it returned as-is): a write through them would bypass its backward;
   ``REGENERATE`` every other view made under grad mode of a tensor that requires grad, and the outputs of
                  tensor_split (one node for the group, as split's, but torch's are separate slices that may be
                  written): used by autograd after their memory was written (through the base, another view, or
@@ -71,9 +73,18 @@ def check_no_internal_overlap(self: Tensor, name: str) -> None:
 
 # kinds of watched views (see the note)
 MULTIPLE, REGENERATE, NO_GRAD, INFERENCE = "multiple", "regenerate", "no_grad", "inference"
+CUSTOM_FUNCTION = "custom_function"
 _MULTIPLE_VIEWS = ("This view is the output of a function that returns multiple views. Such functions do not allow the "
                    "output views to be modified inplace. You should replace the inplace operation by an out-of-place "
                    "one.")
+# the views no in-place write may change, and why (torch's words)
+_WRITE_REFUSED = {
+    MULTIPLE: _MULTIPLE_VIEWS,
+    CUSTOM_FUNCTION: "This view was created inside a custom Function (or because an input was returned as-is) and the "
+                     "autograd logic to handle view+inplace would override the custom backward associated with the "
+                     "custom Function, leading to incorrect gradients. This behavior is forbidden. You can fix this by "
+                     "cloning the output of the custom Function.",
+}
 # a view made under no_grad or in inference mode: (where it was made, the mode a write is refused in, the block)
 _MADE_WHERE = {NO_GRAD: ("no_grad mode", "with grad mode enabled", "no_grad"),
                INFERENCE: ("inference mode", "in normal mode", "inference_mode")}
@@ -87,7 +98,7 @@ def _ambiguous(block: str) -> str:
 
 def short_node_name(name: str) -> str:
     """A node's name as torch's errors give it: ``MulBackward0`` -> ``Mul``, ``PowBackward1`` -> ``Pow1``."""
-    return re.sub(r"Backward0?$", "", name).replace("Backward", "")
+    return re.sub(r"Backward(\d*)$", lambda m: "" if m[1] == "0" else m[1], name)
 
 
 def watch_view(view: Tensor, kind: str) -> None:
@@ -113,9 +124,9 @@ def check_view_write(self: Tensor, name: str) -> None:
             f"Output {self._output_nr} of {short_node_name(node.name())} is a view of a view which was"
         raise RuntimeError(f"{name}: {which} created in {made} and is being modified inplace {refused_in}. "
                            f"{_ambiguous(block)}")
-    if kind == MULTIPLE and self._grad_fn is not None:
+    if kind in _WRITE_REFUSED and self._grad_fn is not None:
         raise RuntimeError(f"{name}: Output {self._output_nr} of {short_node_name(self._grad_fn.name())} is a view and "
-                           f"is being modified inplace. {_MULTIPLE_VIEWS}")
+                           f"is being modified inplace. {_WRITE_REFUSED[kind]}")
 
 
 def stale_view_error(view: Tensor) -> RuntimeError:
@@ -126,7 +137,7 @@ def stale_view_error(view: Tensor) -> RuntimeError:
                             f"inplace {refused_in}. {_ambiguous(block)}")
     node = short_node_name(view._grad_fn.name()) if view._grad_fn is not None else "a function"
     return RuntimeError(f"Output {view._output_nr} of {node} is a view and its base or another view of its base has "
-                        f"been modified inplace. {_MULTIPLE_VIEWS}")
+                        f"been modified inplace. {_WRITE_REFUSED[view._view_meta[1]]}")
 
 
 def written_outside_inference(self: Tensor) -> bool:
@@ -177,7 +188,7 @@ def row_major(base: Tensor) -> tuple[Tensor, tuple]:
     return (base if not order else OPS["permute"](base, order)), order
 
 
-def _rebase_view_history(view: Tensor, result: Tensor) -> None:
+def rebase_view_history(view: Tensor, result: Tensor) -> None:
     """An in-place write through a view changes its base: record it as ``base = view_scatter(base, result)``
     and make the view a fresh strided view of the new base (torch's CopySlices, in two ordinary ops). A base
     that is not row-major (channels-last) is scattered into through its row-major permutation."""
@@ -314,7 +325,7 @@ def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False
     recorded = prev and result._requires_grad
     if recorded:
         if self._base is not None:
-            _rebase_view_history(self, result)
+            rebase_view_history(self, result)
         else:
             self._grad_fn, self._output_nr, self._requires_grad = result._grad_fn, result._output_nr, True
     self._bump_version()

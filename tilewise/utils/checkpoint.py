@@ -174,14 +174,20 @@ class _ReentrantCheckpoint(Function):
     @staticmethod
     def forward(ctx, function, preserve_rng_state, *args):
         ctx.function, ctx.rng = function, _ForwardState(preserve_rng_state)
-        ctx.save_for_backward(*args)
+        # the tensors saved, the other arguments kept as they are (save_for_backward takes tensors only, as torch's)
+        ctx.tensor_positions = [k for k, a in enumerate(args) if isinstance(a, Tensor)]
+        ctx.arguments = [None if isinstance(a, Tensor) else a for a in args]
+        ctx.save_for_backward(*(args[k] for k in ctx.tensor_positions))
         return function(*args)
 
     @staticmethod
     def backward(ctx, *grads):
         from tilewise.autograd import backward
 
-        inputs = tuple(_detached_like(a) for a in ctx.saved_tensors)
+        arguments = list(ctx.arguments)
+        for k, t in zip(ctx.tensor_positions, ctx.saved_tensors):
+            arguments[k] = t
+        inputs = tuple(_detached_like(a) for a in arguments)
         with enable_grad():
             outputs = ctx.rng.replay(lambda: ctx.function(*inputs))
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)

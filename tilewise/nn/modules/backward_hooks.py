@@ -1,17 +1,24 @@
 """Module backward hooks: ``register_full_backward_hook`` and ``register_full_backward_pre_hook``, as in torch.
 
 [Note: module backward hooks] A module with backward hooks runs its forward between two identity autograd
-Functions: one over the input tensors that require grad, one over the output tensors. In backward the output
-identity receives the gradients of the outputs (``grad_output``): the pre-hooks run on them and may replace
-them. The input identity then receives the gradients of the inputs (``grad_input``, None for inputs that need
-none): the hooks run with ``(module, grad_input, grad_output)`` and may replace ``grad_input``. A replacement
-must keep the count of gradients and each one's shape and dtype; otherwise the error says which hook broke
-which. When no input requires grad, the hooks run from the output identity with ``grad_input`` all None.
+Functions (``BackwardHookFunction``, as torch names it): one over its input tensors, one over its output tensors,
+each applied only where one of them requires grad. In backward the output identity receives the gradients of the
+outputs: ``grad_output`` has one entry per output (a tuple's items; None for a non-tensor, for a tensor that needs
+no gradient and for one no gradient reached); the pre-hooks run on it and may replace it. The input identity then
+receives the gradients of the inputs: ``grad_input`` has one entry per positional argument (None for a
+non-tensor); the hooks run with ``(module, grad_input, grad_output)`` and may replace ``grad_input``. A replacement
+must keep the count of gradients and each one's shape and dtype; otherwise the error says which hook broke which.
+When no input requires grad, the hooks run from the output identity with ``grad_input`` all None, after torch's
+warning; when the output is neither a tensor nor a tuple, they never run, after torch's warning. The outputs
+are views of what forward returned, refused for in-place writes as every autograd.Function's are.
 """
 
 from __future__ import annotations
 
+import warnings
+
 from tilewise.autograd.function import Function
+from tilewise.autograd.grad_mode import is_grad_enabled
 from tilewise.tensor import Tensor
 
 
@@ -20,8 +27,9 @@ class BackwardHookRun:
 
     def __init__(self, module, hooks: list, pre_hooks: list, n_inputs: int):
         self.module, self.hooks, self.pre_hooks, self.n_inputs = module, hooks, pre_hooks, n_inputs
-        self.grad_output: tuple = ()
-        self.inputs_need_grad = False
+        self.grad_output: tuple | None = None
+        self.input_positions: tuple | None = None  # of the input tensors, when one of them requires grad
+        self.n_outputs = 0
 
     def run_pre_hooks(self, grad_output: tuple) -> tuple:
         for hook in self.pre_hooks:
@@ -37,14 +45,25 @@ class BackwardHookRun:
                 grad_input = _replacement(hook, self.module, "hook", "grad_input", grad_input, new)
         return grad_input
 
+    def run_hooks_without_inputs(self) -> None:
+        warnings.warn("Full backward hook is firing when gradients are computed with respect to module outputs since "
+                      "no inputs require gradients. See the documentation of "
+                      "tilewise.nn.Module.register_full_backward_hook for more details.", UserWarning, stacklevel=2)
+        grad_input = (None,) * self.n_inputs
+        for hook in self.hooks:
+            new = hook(self.module, grad_input, self.grad_output)
+            if new is not None and not (isinstance(new, tuple) and all(g is None for g in new)):
+                raise RuntimeError("Backward hook for Modules where no input requires gradient should always return "
+                                   "None or None for all gradients.")
+
 
 def _replacement(hook, module, kind: str, what: str, old: tuple, new) -> tuple:
     """A hook's replacement gradients, which must match the ones it was given in count, shape and dtype."""
     name = getattr(hook, "__name__", type(hook).__name__)
     new = tuple(new) if isinstance(new, (tuple, list)) else (new,)
     if len(new) != len(old):
-        raise RuntimeError(f"Backward {kind} '{name}' of {type(module).__name__} returned an invalid number of "
-                           f"{what}, got {len(new)}, but expected {len(old)}")
+        raise RuntimeError(f"Backward {kind} returned an invalid number of {what}, got {len(new)}, but expected "
+                           f"{len(old)} (hook '{name}' of {type(module).__name__})")
     for k, (g, n) in enumerate(zip(old, new)):
         if n is None or g is None:
             continue
@@ -60,56 +79,72 @@ def _replacement(hook, module, kind: str, what: str, old: tuple, new) -> tuple:
     return new
 
 
-class _OutputIdentity(Function):
+class BackwardHookFunction(Function):
+    """The identity around a hooked module's inputs (``ctx.run`` set, ``ctx.outputs`` False) or outputs."""
+
     @staticmethod
-    def forward(ctx, run, *tensors):
-        ctx.run = run
+    def forward(ctx, run, outputs, positions, *tensors):
+        ctx.run, ctx.outputs, ctx.positions = run, outputs, positions
+        ctx.mark_non_differentiable(*(t for t in tensors if not t.requires_grad))
+        if outputs:
+            ctx.set_materialize_grads(False)  # an output no gradient reached is None in grad_output, as in torch
         return tensors
 
     @staticmethod
     def backward(ctx, *grads):
         run = ctx.run
-        run.grad_output = run.run_pre_hooks(grads)
-        if not run.inputs_need_grad:
-            run.run_hooks((None,) * run.n_inputs)
-        return (None, *run.grad_output)
+        if ctx.outputs:
+            grad_output = run.run_pre_hooks(_with_nones(ctx.positions, grads, run.n_outputs))
+            run.grad_output = grad_output
+            if run.input_positions is None:
+                run.run_hooks_without_inputs()
+                run.grad_output = None
+            return (None, None, None, *(grad_output[k] for k in ctx.positions))
+        if run.grad_output is None:  # the gradient reached the inputs without passing the outputs (double backward)
+            return (None, None, None, *grads)
+        grad_input = run.run_hooks(_with_nones(ctx.positions, grads, run.n_inputs))
+        run.grad_output = None
+        return (None, None, None, *(grad_input[k] for k in ctx.positions))
 
 
-class _InputIdentity(Function):
-    @staticmethod
-    def forward(ctx, run, positions, *tensors):
-        ctx.run, ctx.positions = run, positions
-        return tensors
+def _with_nones(positions: tuple, values: tuple, size: int) -> tuple:
+    packed = [None] * size
+    for k, v in zip(positions, values):
+        packed[k] = v
+    return tuple(packed)
 
-    @staticmethod
-    def backward(ctx, *grads):
-        run = ctx.run
-        grad_input = [None] * run.n_inputs
-        for k, g in zip(ctx.positions, grads):
-            grad_input[k] = g
-        grad_input = run.run_hooks(tuple(grad_input))
-        return (None, None, *(grad_input[k] for k in ctx.positions))
+
+def _through_identity(run: BackwardHookRun, items: tuple, outputs: bool) -> tuple | None:
+    """``items`` with its tensors passed through the identity, or None when none of them requires grad."""
+    positions = tuple(k for k, a in enumerate(items) if isinstance(a, Tensor))
+    if not any(items[k].requires_grad for k in positions) or not is_grad_enabled():
+        return None
+    wrapped = BackwardHookFunction.apply(run, outputs, positions, *(items[k] for k in positions))
+    out = list(items)
+    for k, t in zip(positions, wrapped):
+        out[k] = t
+    if outputs:
+        run.n_outputs = len(items)
+    else:
+        run.input_positions = positions
+    return tuple(out)
 
 
 def hooked_inputs(run: BackwardHookRun, args: tuple) -> tuple:
-    """``args`` with the tensors that require grad passed through the input identity."""
-    tensors = [a for a in args if isinstance(a, Tensor)]
-    positions = tuple(k for k, t in enumerate(tensors) if t.requires_grad)
-    if not positions:
-        return args
-    run.inputs_need_grad = True
-    wrapped = iter(_InputIdentity.apply(run, positions, *(tensors[k] for k in positions)))
-    needing = {id(tensors[k]) for k in positions}
-    return tuple(next(wrapped) if isinstance(a, Tensor) and id(a) in needing else a for a in args)
+    """``args`` with their tensors passed through the input identity (where one of them requires grad)."""
+    wrapped = _through_identity(run, args, False)
+    return args if wrapped is None else wrapped
 
 
 def hooked_output(run: BackwardHookRun, output):
-    """``output`` (a tensor, or a tuple or list of them) passed through the output identity."""
-    single = isinstance(output, Tensor)
-    items = (output,) if single else output
-    if not isinstance(items, (tuple, list)) or not any(isinstance(o, Tensor) and o.requires_grad for o in items):
+    """``output`` (a tensor or a tuple) with its tensors passed through the output identity."""
+    if not isinstance(output, (Tensor, tuple)):
+        warnings.warn("For backward hooks to be called, module output should be a Tensor or a tuple of Tensors but "
+                      f"received {type(output)}", UserWarning, stacklevel=4)
+    single = not isinstance(output, tuple)
+    wrapped = _through_identity(run, (output,) if single else output, True)
+    if wrapped is None:
         return output
-    positions = [k for k, o in enumerate(items) if isinstance(o, Tensor) and o.requires_grad]
-    wrapped = iter(_OutputIdentity.apply(run, *(items[k] for k in positions)))
-    out = [next(wrapped) if k in positions else o for k, o in enumerate(items)]
-    return out[0] if single else type(items)(out)
+    if single:
+        return wrapped[0]
+    return wrapped if type(output) is tuple else type(output)(*wrapped)

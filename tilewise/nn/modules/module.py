@@ -20,7 +20,14 @@ from typing import Any
 from tilewise.autograd.grad_mode import no_grad
 from tilewise.dispatch import STATE
 from tilewise.nn.init import zeros_
+from tilewise.nn.modules import global_hooks as _global
 from tilewise.nn.modules.backward_hooks import BackwardHookRun, hooked_inputs, hooked_output
+from tilewise.nn.modules.global_hooks import (  # noqa: F401 — torch's names in this module
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+    register_module_full_backward_hook,
+    register_module_full_backward_pre_hook,
+)
 from tilewise.nn.parameter import Buffer, Parameter
 from tilewise.tensor import Tensor
 from tilewise.utils.hooks import RemovableHandle
@@ -144,7 +151,8 @@ class Module:
         if forward_range is not None:  # emit_nvtx: the forward inside a range of its own
             with forward_range(self):
                 return self._call_unranged(args, kwargs)
-        if not self._forward_pre_hooks and not self._forward_hooks and not self._backward_hooks:
+        if not self._forward_pre_hooks and not self._forward_hooks and not self._backward_hooks \
+                and not _global.any_global_hooks():
             return self.forward(*args, **kwargs)
         return self._call_with_hooks(args, kwargs)
 
@@ -169,12 +177,13 @@ class Module:
             self.compile(*args, **kwargs)
 
     def _call_unranged(self, args: tuple, kwargs: dict):
-        if not self._forward_pre_hooks and not self._forward_hooks and not self._backward_hooks:
+        if not self._forward_pre_hooks and not self._forward_hooks and not self._backward_hooks \
+                and not _global.any_global_hooks():
             return self.forward(*args, **kwargs)
         return self._call_with_hooks(args, kwargs)
 
     def _call_with_hooks(self, args: tuple, kwargs: dict):
-        if not self._forward_hooks_always_called:
+        if not self._forward_hooks_always_called and not _global.forward_hooks_always_called:
             return self._run_with_hooks(args, kwargs, set())
         called: set[int] = set()
         try:
@@ -186,11 +195,12 @@ class Module:
     def _run_always_called_hooks(self, args: tuple, kwargs: dict, called: set[int]) -> None:
         """After a forward (or a hook) raised, the ``always_call`` forward hooks that have not run see a None
         output, as torch's; what one of them raises is a warning, the first error being the one raised."""
-        for hook_id, hook in list(self._forward_hooks.items()):
-            if hook_id not in self._forward_hooks_always_called or hook_id in called:
+        for hook_id, hook in (*_global.forward_hooks.items(), *self._forward_hooks.items()):
+            if hook_id not in self._forward_hooks_always_called and hook_id not in _global.forward_hooks_always_called \
+                    or hook_id in called:
                 continue
             try:
-                if hook_id in self._forward_hooks_with_kwargs:
+                if hook_id in self._forward_hooks_with_kwargs or hook_id in _global.forward_hooks_with_kwargs:
                     hook(self, args, kwargs, None)
                 else:
                     hook(self, args, None)
@@ -199,26 +209,27 @@ class Module:
                               f"another error was raised in forward: {exc}", stacklevel=3)
 
     def _run_with_hooks(self, args: tuple, kwargs: dict, called: set[int]):
-        for hook_id, hook in list(self._forward_pre_hooks.items()):
+        for hook_id, hook in (*_global.forward_pre_hooks.items(), *self._forward_pre_hooks.items()):
             if hook_id in self._forward_pre_hooks_with_kwargs:
                 result = hook(self, args, kwargs)
                 if result is not None:
                     if not (isinstance(result, tuple) and len(result) == 2):
-                        raise RuntimeError(f"forward pre-hook with kwargs must return None or a tuple of "
-                                           f"(new_args, new_kwargs), but got {result!r}")
+                        raise RuntimeError(f"forward pre-hook must return None or a tuple of (new_args, new_kwargs), "
+                                           f"but got {result!r}.")
                     args, kwargs = result
             else:
                 result = hook(self, args)
                 if result is not None:
                     args = result if isinstance(result, tuple) else (result,)
-        run = self._backward_hook_run(args) if self._backward_hooks and STATE.grad_enabled else None
+        run = self._backward_hook_run(args) if (self._backward_hooks or _global.backward_hooks
+                                                or _global.backward_pre_hooks) and STATE.grad_enabled else None
         if run is not None:
             args = hooked_inputs(run, args)
         output = self.forward(*args, **kwargs)
-        for hook_id, hook in list(self._forward_hooks.items()):
-            if hook_id in self._forward_hooks_always_called:
+        for hook_id, hook in (*_global.forward_hooks.items(), *self._forward_hooks.items()):
+            if hook_id in self._forward_hooks_always_called or hook_id in _global.forward_hooks_always_called:
                 called.add(hook_id)
-            if hook_id in self._forward_hooks_with_kwargs:
+            if hook_id in self._forward_hooks_with_kwargs or hook_id in _global.forward_hooks_with_kwargs:
                 result = hook(self, args, kwargs, output)
             else:
                 result = hook(self, args, output)
@@ -227,9 +238,11 @@ class Module:
         return hooked_output(run, output) if run is not None else output
 
     def _backward_hook_run(self, args: tuple) -> BackwardHookRun:
-        hooks = [h for k, h in self._backward_hooks.items() if k not in self._backward_pre_hook_ids]
-        pre_hooks = [h for k, h in self._backward_hooks.items() if k in self._backward_pre_hook_ids]
-        return BackwardHookRun(self, hooks, pre_hooks, sum(isinstance(a, Tensor) for a in args))
+        hooks = [*_global.backward_hooks.values(),
+                 *(h for k, h in self._backward_hooks.items() if k not in self._backward_pre_hook_ids)]
+        pre_hooks = [*_global.backward_pre_hooks.values(),
+                     *(h for k, h in self._backward_hooks.items() if k in self._backward_pre_hook_ids)]
+        return BackwardHookRun(self, hooks, pre_hooks, len(args))
 
     def register_full_backward_hook(self, hook: Callable, *, prepend: bool = False) -> RemovableHandle:
         """``hook(module, grad_input, grad_output)`` runs once the gradients of the module's inputs are computed
