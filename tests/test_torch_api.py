@@ -196,8 +196,11 @@ def test_made_inplace_index_put_addmm_baddbmm():
     same(tw.zeros(3).index_put_((tw.tensor([0, 2]),), tw.tensor(5.0), accumulate=True),
          torch.zeros(3).index_put_((torch.tensor([0, 2]),), torch.tensor(5.0), accumulate=True))
     a, b = np.ones((2, 3)), np.arange(12.0).reshape(3, 4)
-    same(tw.zeros(2, 4).addmm_(tw.tensor(a), tw.tensor(b), alpha=2), torch.zeros(2, 4, dtype=torch.float64).addmm_(
-        torch.tensor(a), torch.tensor(b), alpha=2).float())
+    same(tw.zeros(2, 4, dtype=tw.float64).addmm_(tw.tensor(a), tw.tensor(b), alpha=2),
+         torch.zeros(2, 4, dtype=torch.float64).addmm_(torch.tensor(a), torch.tensor(b), alpha=2))
+    for lib in (torch, tw):  # a float32 self with float64 matrices is refused, as torch refuses it
+        with pytest.raises(RuntimeError, match="self and mat2 must have the same dtype, but got Float and Double"):
+            lib.zeros(2, 4).addmm_(lib.tensor(a), lib.tensor(b), alpha=2)
     same(tw.zeros(2, 2, 4).baddbmm_(tw.ones(2, 2, 3), tw.ones(2, 3, 4)),
          torch.zeros(2, 2, 4).baddbmm_(torch.ones(2, 2, 3), torch.ones(2, 3, 4)))
 

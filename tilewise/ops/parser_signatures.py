@@ -221,6 +221,8 @@ def sort_signatures(fn, name: str, method: bool = False):
     """``fn`` (a spelling of sort or argsort) refusing what torch's two signatures of it refuse."""
     @functools.wraps(fn)
     def checked(*args, **kwargs):
+        if "axis" in kwargs and "dim" not in kwargs:  # numpy's spelling, which torch's parser takes for dim
+            kwargs["dim"] = kwargs.pop("axis")
         if kwargs and len(args) == 1 and kwargs.keys() <= _SORT_KEYS and type(kwargs.get("dim", 0)) is int:
             return fn(*args, **kwargs)  # x.sort(dim=0, descending=True): torch's signature without stable
         given = args[1:] if method else args
