@@ -97,9 +97,9 @@ class Storage:
             return self.data.ctypes.data
         return int(self.data.ptr)
 
-    def get_device(self) -> int:
-        """The CUDA device's index, -1 on the CPU."""
-        return self.device.index if self.device.type == "cuda" else -1
+    def get_device(self) -> int | None:
+        """The CUDA device's index, None on the CPU (as torch's storages answer)."""
+        return self.device.index if self.device.type == "cuda" else None
 
     @property
     def is_cuda(self) -> bool:

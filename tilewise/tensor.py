@@ -1088,6 +1088,7 @@ def from_numpy(array: np.ndarray) -> Tensor:
         raise ValueError("from_numpy(): arrays with negative strides are not supported; use array.copy() first")
     if not array.size and min(array.strides, default=-1) >= 0:  # an empty array's strides, in elements, as torch's
         t._strides = tuple(s // array.itemsize for s in array.strides)
+    t._storage.resizable_memory = False  # the array's memory: resize_ is refused, as torch's
     return made_here(t)
 
 

@@ -314,10 +314,9 @@ def _from_sequence(values: list, device: Device) -> Storage:
 def from_buffer(buffer, byte_order: str | None = None, dtype=None, count: int = -1, offset: int = 0) -> Storage:
     """A new storage holding a copy of ``buffer``'s bytes; with ``dtype`` the elements are read in ``byte_order``
     ('little', 'big' or 'native') and stored in the machine's order."""
-    raw = np.frombuffer(buffer, dtype=np.uint8)
     if dtype is None:
-        data = raw[offset:] if count < 0 else raw[offset:offset + count]
-        return from_array(data.copy(), dtypes.uint8)._storage
+        raise RuntimeError("argument 'dtype' cannot be None")
+    raw = np.frombuffer(buffer, dtype=np.uint8)
     if byte_order is None:
         raise RuntimeError("function missing required argument 'byte_order' (pos 2)")
     if byte_order not in ("big", "little", "native"):
@@ -466,7 +465,7 @@ class TypedStorage:
     def data_ptr(self) -> int:
         return self._untyped_storage.data_ptr()
 
-    def get_device(self) -> int:
+    def get_device(self) -> int | None:
         return self._untyped_storage.get_device()
 
     def untyped(self) -> Storage:
