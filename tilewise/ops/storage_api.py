@@ -197,6 +197,8 @@ def cpu(self: Storage) -> Storage:
 
 
 def cuda(self: Storage, device=None, non_blocking: bool = False) -> Storage:
+    if device is None and self.device.type == "cuda":
+        return self
     target = Device("cuda", device) if device is None or isinstance(device, int) else as_device(device)
     return to(self, device=target, non_blocking=non_blocking)
 
