@@ -33,7 +33,7 @@ def test_from_contiguous_array_sets_every_slot_as_make_does(shape):
                            fast._device)
     made._array = a
     assert _slot_values(fast) == _slot_values(made)
-    assert fast._storage.size == a.size and fast._storage.version == 0 and fast._storage.dtype is tw.float32
+    assert fast._storage.numel == a.size and fast._storage.version == 0 and fast._storage.dtype is tw.float32
     assert a.size == 0 or np.shares_memory(fast._storage.data, a)
     general = _slot_values(from_array(a, tw.float32))
     assert {k: v for k, v in general.items() if k != "_storage"} == \

@@ -105,6 +105,11 @@ from tilewise.ops.creation import (  # noqa: E402
     zeros_like,
 )
 from tilewise.ops.creation import deprecated_range as range  # noqa: E402, A004 — torch.range, end included
+from tilewise.ops.storage_api import LEGACY_CPU as _LEGACY_STORAGES  # noqa: E402
+from tilewise.ops.storage_api import TypedStorage, UntypedStorage, from_file  # noqa: E402
+
+globals().update(_LEGACY_STORAGES)  # FloatStorage, LongStorage, ...
+Storage = _LEGACY_STORAGES["FloatStorage"]  # torch.Storage is torch.FloatStorage
 from tilewise.ops.windows import (  # noqa: E402
     bartlett_window,
     blackman_window,

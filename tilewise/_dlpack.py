@@ -328,11 +328,11 @@ def from_dlpack(ext) -> Tensor:
         memory = ForeignMemory(start, nbytes)
         weakref.finalize(memory, _release, address, managed)
         device = Device("cuda", dl.device.device_id)
-        return made_here(Tensor._make(Storage(memory, device, dtype, span), shape, strides, 0, dtype, device))
+        return made_here(_foreign(Tensor._make(Storage(memory, device, dtype, span), shape, strides, 0, dtype, device)))
     buffer = (ctypes.c_uint8 * nbytes).from_address(start) if nbytes else (ctypes.c_uint8 * 0)()
     weakref.finalize(buffer, _release, address, managed)
     flat = np.frombuffer(buffer, dtype=dtype.np, count=span)
-    return made_here(Tensor._make(Storage(flat, cpu, dtype, span), shape, strides, 0, dtype, cpu))
+    return made_here(_foreign(Tensor._make(Storage(flat, cpu, dtype, span), shape, strides, 0, dtype, cpu)))
 
 
 def _layout(dl: _DLTensor) -> tuple:
@@ -390,7 +390,7 @@ def _from_cuda_array_interface(obj) -> Tensor:
         _wait(_current_stream(device.index), _driver_stream(stream), device.index)
     span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
     memory = ForeignMemory(ptr, span * itemsize, obj)
-    return made_here(Tensor._make(Storage(memory, device, dtype, span), shape, strides, 0, dtype, device))
+    return made_here(_foreign(Tensor._make(Storage(memory, device, dtype, span), shape, strides, 0, dtype, device)))
 
 
 def _device_of_pointer(ptr: int) -> int:
@@ -400,3 +400,9 @@ def _device_of_pointer(ptr: int) -> int:
     cu = driver_api()
     return int(check(cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr),
                      "cuPointerGetAttribute"))
+
+
+def _foreign(t: Tensor) -> Tensor:
+    """A tensor over memory another library owns: ``resize_`` of its storage is refused, as torch's."""
+    t._storage.resizable_memory = False
+    return t

@@ -225,9 +225,9 @@ class _Loader:
         typed = storage.as_dtype(dtype, self.what)
         shape, strides = _ints(size, self.what), _ints(stride, self.what)
         if (len(shape) != len(strides) or not isinstance(offset, int) or offset < 0 or min(strides, default=0) < 0
-                or _strides.numel(shape) and offset + _strides.storage_span(shape, strides, 0) > typed.size):
+                or _strides.numel(shape) and offset + _strides.storage_span(shape, strides, 0) > typed.numel):
             raise UnpicklingError(f"{self.what}: a tensor of size {shape}, stride {strides} and offset {offset} does "
-                                  f"not fit its storage of {typed.size} elements; the file is damaged")
+                                  f"not fit its storage of {typed.numel} elements; the file is damaged")
         t = Tensor._make(typed, shape, strides, offset, dtype, cpu)
         if requires_grad:
             t.requires_grad_(True)
@@ -454,7 +454,7 @@ def _device(value) -> Device:
 
 
 def _moved(storage: Storage, device: Device) -> Storage:
-    flat = Tensor._make(storage, (storage.size,), (1,), 0, storage.dtype, storage.device)
+    flat = Tensor._make(storage, (storage.numel,), (1,), 0, storage.dtype, storage.device)
     return flat.to(device)._storage
 
 
@@ -506,7 +506,7 @@ class _Saver:
         location = "cpu" if storage.device.type == "cpu" else str(storage.device)
         typed = _TYPED_STORAGES.get(storage.dtype.name)
         if typed:
-            return Persistent(("storage", Global("torch", typed), key, location, storage.size))
+            return Persistent(("storage", Global("torch", typed), key, location, storage.numel))
         return Persistent(("storage", Global("torch.storage", "UntypedStorage"), key, location, storage.nbytes()))
 
 
@@ -544,8 +544,8 @@ def _storage_pieces(storage: Storage):
     piece)."""
     itemsize = storage.dtype.itemsize
     step = max(1, _CHUNK_BYTES // itemsize)
-    for start in range(0, storage.size, step):
-        count = min(step, storage.size - start)
+    for start in range(0, storage.numel, step):
+        count = min(step, storage.numel - start)
         if storage.device.type == "cpu":
             flat = storage.data[start:start + count]
         else:

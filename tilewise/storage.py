@@ -46,7 +46,13 @@ def out_of_host_memory(what: str, nbytes: int, detail: str) -> HostOutOfMemoryEr
 
 
 class Storage:
-    __slots__ = ("data", "device", "dtype", "size", "version", "__weakref__", "__dict__")
+    """The memory of one or more tensors, and what ``Tensor.untyped_storage()`` returns: torch's ``UntypedStorage``
+    (``tilewise.UntypedStorage``), counted in bytes by its public methods (``size()``, ``nbytes()``, ``len``).
+    ``numel`` counts elements of ``dtype``, the type the buffer was made with; a tensor over it may read the
+    bytes as another dtype (``view(dtype)``, ``view_as_real``, ``set_`` of an untyped storage). The methods that
+    need operators (``copy_``, ``fill_``, ``resize_``, ...) are installed by ``tilewise.ops.storage_api``."""
+
+    __slots__ = ("data", "device", "dtype", "numel", "version", "__weakref__", "__dict__")
 
     inference = False  # set, in the instance, on the memory of inference tensors (see [Note: inference tensors])
     shared = False  # set, in the instance, on memory shared between processes (a DataLoader worker's batches)
@@ -54,12 +60,16 @@ class Storage:
     # ``version - untracked``, so such writes stay invisible to it, as torch's ``.data`` has a version counter of its
     # own, while caches keyed on ``version`` still see every write
     untracked = 0
+    # False, in the instance, on memory the storage does not own (numpy arrays, buffers, files, DLPack capsules),
+    # which ``resize_`` refuses as torch does
+    resizable_memory = True
+    filename = None  # the file a storage of ``from_file`` maps
 
     def __init__(self, data, device: Device, dtype: DType, size: int):
         self.data = data
         self.device = device
         self.dtype = dtype
-        self.size = size  # in elements
+        self.numel = size  # in elements of ``dtype``
         self.version = 0
 
     @classmethod
@@ -68,19 +78,38 @@ class Storage:
 
     def nbytes(self) -> int:
         """The storage's size in bytes (``UntypedStorage.nbytes()``)."""
-        return self.size * self.dtype.itemsize
+        return self.numel * self.dtype.itemsize
+
+    def size(self) -> int:
+        """The storage's size in bytes, as an untyped storage counts it."""
+        return self.numel * self.dtype.itemsize
+
+    __len__ = size
 
     def element_size(self) -> int:
         """1, as an untyped storage's: ``Tensor.untyped_storage()`` counts bytes."""
         return 1
 
     def data_ptr(self) -> int:
+        if not self.numel:
+            return 0  # torch: an empty storage points at nothing
         if self.device.type == "cpu":
-            return self.data.ctypes.data if self.size else 0
+            return self.data.ctypes.data
         return int(self.data.ptr)
 
-    def __repr__(self) -> str:
-        return f"Storage(size={self.size}, dtype={self.dtype.name}, device={self.device})"
+    def get_device(self) -> int | None:
+        """The CUDA device's index, None on the CPU (as torch's storages answer)."""
+        return self.device.index if self.device.type == "cuda" else None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    is_sparse = is_sparse_csr = False
+
+    def resizable(self) -> bool:
+        """Whether ``resize_`` may reallocate the memory (False for memory the storage does not own)."""
+        return self.resizable_memory and not self.shared
 
 
 def is_storage(obj, /) -> bool:

@@ -390,8 +390,11 @@ class Tensor:
             if 0 in self._shape:  # an empty view may point anywhere, even past the end of its storage
                 a = np.empty(self._shape, self._dtype.np)
             else:
-                a = np.ndarray(self._shape, self._dtype.np, self._storage.data, self._offset * size,
-                               tuple(s * size for s in self._strides))
+                try:
+                    a = np.ndarray(self._shape, self._dtype.np, self._storage.data, self._offset * size,
+                                   tuple(s * size for s in self._strides))
+                except (TypeError, ValueError):
+                    raise RuntimeError(_outgrown_storage(self)) from None
             self._array = a
         return a
 
@@ -527,7 +530,7 @@ class Tensor:
             return self.detach().clone()
         storage = memo.get(id(self._storage))
         if storage is None:
-            flat = Tensor._make(self._storage, (self._storage.size,), (1,), 0, self._storage.dtype, self._device)
+            flat = Tensor._make(self._storage, (self._storage.numel,), (1,), 0, self._storage.dtype, self._device)
             storage = memo[id(self._storage)] = flat.clone()._storage
             memo.setdefault(id(memo), []).append(self._storage)  # keeps the id above from being reused
         return Tensor._make(storage, self._shape, self._strides, self._offset, self._dtype, self._device)
@@ -756,6 +759,12 @@ def _astype_quietly(a: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
         return a.astype(np_dtype)
     finally:
         _numpy_errors.reset(token)
+
+
+def _outgrown_storage(t: Tensor) -> str:
+    return (f"a tensor of sizes {list(t._shape)}, strides {list(t._strides)}, storage offset {t._offset} and itemsize "
+            f"{t._dtype.itemsize} needs more memory than its storage's {t._storage.nbytes()} bytes (was the storage "
+            "resized with untyped_storage().resize_()?)")
 
 
 def cast_array(a: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
@@ -1079,6 +1088,7 @@ def from_numpy(array: np.ndarray) -> Tensor:
         raise ValueError("from_numpy(): arrays with negative strides are not supported; use array.copy() first")
     if not array.size and min(array.strides, default=-1) >= 0:  # an empty array's strides, in elements, as torch's
         t._strides = tuple(s // array.itemsize for s in array.strides)
+    t._storage.resizable_memory = False  # the array's memory: resize_ is refused, as torch's
     return made_here(t)
 
 

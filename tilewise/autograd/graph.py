@@ -174,7 +174,7 @@ def _owned(grad: Tensor, variable: Tensor) -> bool:
     return (not STATE.trace_depth and grad._base is None and grad._grad_fn is None and storage is not None
             and sys.getrefcount(storage) <= _ENGINE_REFS and grad._offset == 0 and grad._strides == variable._strides
             and grad._dtype is variable._dtype and grad._device is variable._device
-            and storage.dtype is grad._dtype and storage.size == math.prod(grad._shape))
+            and storage.dtype is grad._dtype and storage.numel == math.prod(grad._shape))
 
 
 def _obeys_layout(grad: Tensor, variable: Tensor) -> bool:

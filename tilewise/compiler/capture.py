@@ -101,7 +101,7 @@ class Source:
 
 
 LAYOUT_FIELDS = ("_shape", "_strides", "_offset", "_dtype", "_device", "_requires_grad")
-_LAYOUT_AND_SIZE = operator.attrgetter(*LAYOUT_FIELDS, "_storage.size")
+_LAYOUT_AND_SIZE = operator.attrgetter(*LAYOUT_FIELDS, "_storage.numel")
 
 
 THROUGH_BASE = "through its base"  # a signature's requires_grad for a tensor that requires grad through its base alone
@@ -459,7 +459,7 @@ class Capture:
             # counted in the tensor's own elements: a view of another dtype's storage (``view_as_real`` of a complex
             # tensor, ``view(dtype)``) spans more or fewer of them than the storage holds of its own, and a root of
             # the storage's count overran its memory (a compiled optimizer over real views of complex parameters)
-            size = st.size if st.dtype is t._dtype else st.size * st.dtype.itemsize // t._dtype.itemsize
+            size = st.numel if st.dtype is t._dtype else st.numel * st.dtype.itemsize // t._dtype.itemsize
             dense = t._offset == 0 and t.numel() == size and S.is_contiguous(t._shape, t._strides)
             root = TensorType(t._shape if dense else (size,), t._dtype, t._device)
             node = Node("input", (), (), root, tag=self._unique_label(source.label))

@@ -314,7 +314,7 @@ def _slices_rebased(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict | None
 
     def window(a):
         if type(a) is not Tensor or a.requires_grad or a._trace is not None or a._vmap is not None \
-                or a._offset == 0 and a._storage.size == S.numel(a._shape) or a._device.type not in ("cpu", "cuda") \
+                or a._offset == 0 and a._storage.numel == S.numel(a._shape) or a._device.type not in ("cpu", "cuda") \
                 or a._storage.data is None or sum(s is a._storage for s in storages) > 1:
             return a
         out = rebased(a)

@@ -174,10 +174,10 @@ def _storage(data, node) -> Storage:
 
 def _storage_copy(storage: Storage) -> Storage:
     if storage.device.type == "cpu":
-        return Storage(storage.data.copy(), storage.device, storage.dtype, storage.size)
+        return Storage(storage.data.copy(), storage.device, storage.dtype, storage.numel)
     from tilewise.tensor import Tensor as _Tensor
 
-    flat = _Tensor._make(storage, (storage.size,), (1,), 0, storage.dtype, storage.device)
+    flat = _Tensor._make(storage, (storage.numel,), (1,), 0, storage.dtype, storage.device)
     return flat.clone()._storage
 
 

@@ -35,7 +35,7 @@ def rebased(t: Tensor) -> Tensor:
     its last (see the note)."""
     itemsize = t._dtype.itemsize
     span = 1 + sum((n - 1) * s for n, s in zip(t._shape, t._strides)) if S.numel(t._shape) else 0
-    if (t._offset == 0 and span == t._storage.size) or any(s < 0 for s in t._strides) or 16 % itemsize:
+    if (t._offset == 0 and span == t._storage.numel) or any(s < 0 for s in t._strides) or 16 % itemsize:
         return t
     lead = t._offset % (16 // itemsize)  # elements between the boundary and the first element
     start, size = t._offset - lead, lead + span

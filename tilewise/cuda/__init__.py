@@ -215,6 +215,9 @@ manual_seed_all = manual_seed
 
 
 globals().update({cls.__name__: cls for cls in _CUDA_TYPES.values()})  # tilewise.cuda.FloatTensor, ...
+from tilewise.ops.storage_api import LEGACY_CUDA as _LEGACY_STORAGES  # noqa: E402
+
+globals().update(_LEGACY_STORAGES)  # tilewise.cuda.FloatStorage, ...
 
 from tilewise.cuda import graphs, memory, nvtx  # noqa: E402, F401 — torch.cuda.graphs, .memory and .nvtx
 from tilewise.cuda._more import (  # noqa: E402 — the rest of torch.cuda's contexts, random state and spellings

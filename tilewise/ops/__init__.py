@@ -57,6 +57,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
     shape,
     special,
     statistics,
+    storage_api,
     views,
 )
 from tilewise.ops.formulas import HELPERS
@@ -205,6 +206,7 @@ def _attach_special_methods(functions: dict) -> None:
     functions.update(methods.attach(functions))
     functions.update(aten_spellings.spellings())
     host_methods.attach()
+    storage_api.attach()
     functions.update(removed.attach())
     functions.update(statistics.FUNCTIONS)
     functions.update(foreach.FUNCTIONS)

@@ -865,7 +865,9 @@ def frombuffer(buffer, *, dtype, count: int = -1, offset: int = 0, requires_grad
         raise ValueError(f"requested buffer length ({count} * {size} bytes) after offset ({offset} bytes) must not "
                          f"be greater than actual buffer length ({length} bytes)")
     array = np.frombuffer(buffer, dtype=dtype.np, count=count, offset=offset)
-    return _finish(from_array(array, dtype), requires_grad)
+    out = from_array(array, dtype)
+    out._storage.resizable_memory = False  # the buffer's memory: resize_ is refused, as torch's
+    return _finish(out, requires_grad)
 
 
 FACTORIES.empty = empty  # Tensor(2, 3) and the legacy types' constructors (see [Note: methods from above])

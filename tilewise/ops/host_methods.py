@@ -16,7 +16,7 @@ import warnings
 from numbers import Number
 
 from tilewise import strides as S
-from tilewise._grad_mode import is_grad_enabled, no_grad
+from tilewise._grad_mode import no_grad
 from tilewise.layouts import format_name, preserve_format, suggest_memory_format
 from tilewise.ops.inplace import check_inference_write
 from tilewise.tensor import Size, Tensor
@@ -91,7 +91,7 @@ def resize_(self: Tensor, *sizes, memory_format=None) -> Tensor:
     if shape == tuple(self.shape) and memory_format is None:
         return self
     needed = self.storage_offset() + S.numel(shape)
-    if needed > self._storage.size:
+    if needed > self._storage.numel:
         _move_to_larger_storage(self, needed)
     self._shape, self._strides, self._array = Size(shape), strides, None
     self._storage.version += 1
@@ -115,9 +115,9 @@ def _move_to_larger_storage(self: Tensor, size: int) -> None:
     old = self._storage
     with no_grad():
         flat = empty(size, dtype=self.dtype, device=self.device)
-        if old.size:
-            whole = self.as_strided((old.size,), (1,), 0)
-            flat[:old.size].copy_(whole)
+        if old.numel:
+            whole = self.as_strided((old.numel,), (1,), 0)
+            flat[:old.numel].copy_(whole)
     self._storage = flat._storage
 
 
@@ -254,42 +254,6 @@ def reinforce(self: Tensor, reward):
                        "times the reward, as the loss).")
 
 
-def is_set_to(self: Tensor, tensor: Tensor) -> bool:
-    """Whether both tensors view the same storage at the same offset, sizes and strides."""
-    return (self._storage is tensor._storage and self.storage_offset() == tensor.storage_offset()
-            and tuple(self.shape) == tuple(tensor.shape) and self.stride() == tensor.stride())
-
-
-def set_(self: Tensor, source=None, storage_offset: int = 0, size=None, stride=None) -> Tensor:
-    """Make ``self`` view ``source``'s storage (a tensor's, or a storage), at ``storage_offset`` with ``size`` and
-    ``stride`` (the source tensor's own view when only it is given); with no source, an empty storage."""
-    from tilewise.ops.creation import empty
-    from tilewise.storage import Storage
-
-    check_inference_write(self)
-    if self.requires_grad and self._grad_fn is None and is_grad_enabled():
-        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
-    if source is None:
-        source = empty(0, dtype=self.dtype, device=self.device)
-    if isinstance(source, Tensor):
-        if source.dtype is not self.dtype:
-            raise RuntimeError(f"Could not set tensor of type {source.dtype.name} to a tensor of type "
-                               f"{self.dtype.name}")
-        storage = source._storage
-        if size is None:
-            storage_offset, size, stride = source.storage_offset(), tuple(source.shape), source.stride()
-    elif isinstance(source, Storage):
-        storage, size = source, (source.size,) if size is None else size
-    else:
-        raise TypeError(f"set_(): expected a tensor or a storage as source, got {type(source).__name__}")
-    size = tuple(size)
-    stride = S.contiguous_strides(size) if stride is None else tuple(stride)
-    self._storage, self._shape, self._strides, self._offset = storage, Size(size), stride, storage_offset
-    self._array = None
-    storage.version += 1
-    return self
-
-
 def module_load(self: Tensor, other: Tensor, assign: bool = False) -> Tensor:
     """How ``other`` is loaded into ``self`` by ``load_state_dict`` when parameters are swapped: copied into
     ``self``, or taken as it is with ``assign``."""
@@ -298,7 +262,7 @@ def module_load(self: Tensor, other: Tensor, assign: bool = False) -> Tensor:
 
 def attach() -> None:
     for fn in (apply_, map_, map2_, resize_, resize_as_, resize, resize_as, dim_order, is_shared, share_memory_,
-               const_data_ptr, new, reinforce, is_set_to, set_, module_load):
+               const_data_ptr, new, reinforce, module_load):
         setattr(Tensor, fn.__name__, fn)
     Tensor.volatile = property(_volatile)
     Tensor.output_nr = property(output_nr)

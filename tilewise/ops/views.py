@@ -110,9 +110,9 @@ def _check_in_storage(shape, strides, offset, x: Tensor) -> None:
     """as_strided is the one view whose geometry is chosen by the caller: it must stay inside the storage."""
     needed = S.storage_span(shape, strides, offset)
     storage = x._storage
-    if needed * x._dtype.itemsize > storage.size * storage.dtype.itemsize:  # a real view of complex storage: bytes
+    if needed * x._dtype.itemsize > storage.numel * storage.dtype.itemsize:  # a real view of complex storage: bytes
         raise RuntimeError(f"as_strided: sizes {list(shape)}, strides {list(strides)}, storage offset {offset} need a "
-                           f"storage of {needed} elements, but the storage has {x._storage.size}; valid views stay "
+                           f"storage of {needed} elements, but the storage has {x._storage.numel}; valid views stay "
                            "inside the storage")
 
 

@@ -124,7 +124,7 @@ class _BatchPickler(pickle.Pickler):
             index = self._fd_index[id(storage)] = len(self.fds)
             self.fds.append(shared_fd(storage))
         return ("tensor", index, obj.dtype.name, tuple(obj.shape), tuple(obj.stride()), obj.storage_offset(),
-                storage.size, requires_grad)
+                storage.numel, requires_grad)
 
 
 def _check_sendable(t: Tensor) -> None:

@@ -101,7 +101,7 @@ def indexed(mode: str, x: Tensor, v: Tensor, shape: tuple, a: tuple, v_strides: 
     def padded(strides) -> tuple:
         return tuple(strides) if strides else (0,) * rank
 
-    small = max(n, x._storage.size, v._storage.size, *(t._storage.size for t, _, _, _ in indices)) < 2**31 - 1
+    small = max(n, x._storage.numel, v._storage.numel, *(t._storage.numel for t, _, _, _ in indices)) < 2**31 - 1
     fn = load_rendered(render_indexed, mode, x._dtype, len(indices), rank, "int" if small else "long long",
                        device=x._device.index)
     args = [data_ptr(x), data_ptr(v), *(data_ptr(t) for t, _, _, _ in indices), n, *(tuple(shape) or (1,)),
