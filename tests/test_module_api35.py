@@ -874,10 +874,15 @@ def _parameters_to_vector_and_back(lib):
         for i, p in enumerate(layer.parameters()):
             p.copy_(lib.arange(p.numel(), dtype=lib.float32).reshape(p.shape) + i)
     vector = lib.nn.utils.parameters_to_vector(layer.parameters())
-    lib.nn.utils.vector_to_parameters(vector * 2, layer.parameters())
+    longer = lib.cat([vector.detach() * 2, lib.zeros(3)])
+    lib.nn.utils.vector_to_parameters(longer, layer.parameters())  # the parameters become views of it
+    longer[0] = 100.0
     return (vector.tolist(), vector.requires_grad, [p.tolist() for p in layer.parameters()],
-            isinstance(layer.weight, lib.nn.Parameter),
-            _outcome(lib, lambda lib: lib.nn.utils.vector_to_parameters([1.0], lib.nn.Linear(1, 1).parameters())))
+            isinstance(layer.weight, lib.nn.Parameter), layer.weight.requires_grad, layer.weight.is_leaf,
+            _outcome(lib, lambda lib: lib.nn.utils.vector_to_parameters([1.0], lib.nn.Linear(1, 1).parameters())),
+            _outcome(lib, lambda lib: lib.nn.utils.vector_to_parameters(lib.zeros(1),
+                                                                        lib.nn.Linear(2, 1).parameters())),
+            _outcome(lib, lambda lib: lib.nn.utils.parameters_to_vector([lib.nn.Linear(2, 3).weight.t()])))
 
 
 def _call_passes_keywords_to_forward(lib):
