@@ -923,3 +923,14 @@ def test_whole_module_checkpoints_are_refused_with_the_state_dict_route():
     twin = tw.nn.Sequential(tw.nn.Linear(2, 2), tw.nn.ReLU())
     assert repr(twin.load_state_dict(tw.load(buffer, weights_only=False))) == "<All keys matched successfully>"
     assert all(bool((a == b).all()) for a, b in zip(twin.state_dict().values(), model.state_dict().values()))
+
+
+def test_module_has_torchs_public_methods_and_flags():
+    """All of torch.nn.Module's public names but the deprecated non-full ``register_backward_hook`` and the
+    ipu/mtia/xpu device moves; ``share_memory`` reaches the tensors' own (refused on tilewise's storages)."""
+    missing = {n for n in dir(torch.nn.Module) if not n.startswith("_") and not hasattr(tw.nn.Module, n)}
+    assert missing <= {"T_destination", "register_backward_hook", "ipu", "mtia", "xpu"}
+    assert tw.nn.Module.call_super_init is torch.nn.Module.call_super_init is False
+    assert tw.nn.Module.dump_patches is torch.nn.Module.dump_patches is False
+    with pytest.raises(NotImplementedError, match="share_memory_"):
+        tw.nn.Linear(2, 2).share_memory()

@@ -111,6 +111,8 @@ class Module:
     """
 
     training: bool
+    call_super_init: bool = False  # torch's flags, kept for code that reads them
+    dump_patches: bool = False
     _version: int = 1  # of the state-dict layout; recorded in ``state_dict()._metadata`` (see load_state_dict)
     _tw_version = _STATE_VERSION  # the compiler's guards: one counter every module mutation bumps
     # backward hooks and pre-hooks by handle id (the pre-hooks' ids in _backward_pre_hook_ids); an instance gets
@@ -614,6 +616,10 @@ class Module:
         from tilewise.ops.creation import empty_like
 
         return self._apply(lambda t: empty_like(t, device=device), recurse=recurse)
+
+    def share_memory(self) -> Module:
+        """Each parameter and buffer's ``share_memory_()`` (which says what tilewise's storages allow)."""
+        return self._apply(lambda t: t.share_memory_())
 
     def cpu(self) -> Module:
         return self._apply(lambda t: t.cpu())
