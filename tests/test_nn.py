@@ -421,7 +421,7 @@ def test_attribute_registration_rules():
     module.plain = tw.zeros(1)
     assert [n for n, _ in module.named_parameters()] == ["w", "child.weight", "child.bias"]
     assert "plain" not in module.state_dict()
-    with pytest.raises(TypeError, match="cannot assign 'Tensor' as parameter 'w'"):
+    with pytest.raises(TypeError, match="cannot assign 'tilewise.FloatTensor' as parameter 'w'"):
         module.w = tw.zeros(2)
     module.w = None
     assert module.w is None and [n for n, _ in module.named_parameters()] == ["child.weight", "child.bias"]

@@ -23,9 +23,14 @@ _LEGACY_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bf
                  "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool"}
 
 
+# in type strings only: torch names complex tensors so but has no classes of those names
+_COMPLEX_NAMES = {"complex64": "ComplexFloat", "complex128": "ComplexDouble", "complex32": "ComplexHalf"}
+
+
 def type_name(dtype: DType, device_type: str) -> str:
-    """``t.type()``'s string: 'tilewise.FloatTensor', 'tilewise.cuda.LongTensor', ..."""
-    stem = _LEGACY_NAMES.get(dtype.name) or dtype.name.capitalize()
+    """``t.type()``'s string: 'tilewise.FloatTensor', 'tilewise.cuda.LongTensor', 'tilewise.ComplexFloatTensor',
+    ..."""
+    stem = _LEGACY_NAMES.get(dtype.name) or _COMPLEX_NAMES.get(dtype.name) or dtype.name.capitalize()
     return f"tilewise.{'cuda.' if device_type == 'cuda' else ''}{stem}Tensor"
 
 

@@ -46,9 +46,15 @@ class Mish(_Elementwise):
 class Hardswish(_Elementwise):
     fn = "hardswish"
 
+    def extra_repr(self) -> str:  # torch's prints no options for these two
+        return ""
+
 
 class Hardsigmoid(_Elementwise):
     fn = "hardsigmoid"
+
+    def extra_repr(self) -> str:
+        return ""
 
 
 class SELU(_Elementwise):

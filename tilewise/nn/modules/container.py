@@ -6,7 +6,7 @@ import operator
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 
-from tilewise.nn.modules.module import Module
+from tilewise.nn.modules.module import Module, _addindent
 from tilewise.nn.parameter import Parameter
 from tilewise.tensor import Tensor
 
@@ -146,6 +146,21 @@ class ModuleList(Module):
 
     def __add__(self, other: Iterable[Module]) -> ModuleList:
         return ModuleList([*self, *other])
+
+    def __repr__(self) -> str:
+        """torch's: a run of children that print alike is one line, ``(first-last): n x child``."""
+        if not self._modules:
+            return self._get_name() + "()"
+        runs: list[list] = []  # [first index, last index, text]
+        for k, module in enumerate(self):
+            text = repr(module)
+            if runs and runs[-1][2] == text:
+                runs[-1][1] = k
+            else:
+                runs.append([k, k, text])
+        lines = [_addindent(f"({first}): {text}" if first == last else f"({first}-{last}): {last - first + 1} x {text}",
+                            2) for first, last, text in runs]
+        return self._get_name() + "(\n  " + "\n  ".join(lines) + "\n)"
 
     def append(self, module: Module) -> ModuleList:
         self.add_module(str(len(self)), module)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tilewise.nn import functional as F  # noqa: N812 — torch's spelling
+from tilewise.nn.modules.distance import PairwiseDistance
 from tilewise.nn.modules.module import Module
 from tilewise.tensor import Tensor
 
@@ -238,7 +239,9 @@ class TripletMarginWithDistanceLoss(_Loss):
         if margin <= 0:
             raise ValueError(f"TripletMarginWithDistanceLoss: expected margin to be greater than 0, got {margin} "
                              "instead")
-        self.distance_function, self.margin, self.swap = distance_function, margin, swap
+        # torch's default is a PairwiseDistance child (it prints, and counts among the modules)
+        self.distance_function = distance_function if distance_function is not None else PairwiseDistance()
+        self.margin, self.swap = margin, swap
 
     def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
         return F.triplet_margin_with_distance_loss(anchor, positive, negative,

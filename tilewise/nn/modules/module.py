@@ -30,6 +30,7 @@ from tilewise.nn.modules.global_hooks import (  # noqa: F401 — torch's names i
 )
 from tilewise.nn.parameter import Buffer, Parameter
 from tilewise.tensor import Tensor
+from tilewise.tensortypes import typename
 from tilewise.utils.hooks import RemovableHandle
 
 # (module) -> a context manager around its forward, set by tilewise.profiler.nvtx_ranges while emit_nvtx is entered
@@ -110,6 +111,8 @@ class Module:
     """
 
     training: bool
+    call_super_init: bool = False  # torch's flags, kept for code that reads them
+    dump_patches: bool = False
     _version: int = 1  # of the state-dict layout; recorded in ``state_dict()._metadata`` (see load_state_dict)
     _tw_version = _STATE_VERSION  # the compiler's guards: one counter every module mutation bumps
     # backward hooks and pre-hooks by handle id (the pre-hooks' ids in _backward_pre_hook_ids); an instance gets
@@ -117,6 +120,7 @@ class Module:
     _backward_hooks: Mapping[int, Callable] = MappingProxyType({})
     _backward_pre_hook_ids: frozenset = frozenset()
     _forward_hooks_always_called: frozenset = frozenset()
+    _state_dict_pre_hooks: Mapping[int, Callable] = MappingProxyType({})  # an instance's own with its first one
 
     def __init__(self, *args, **kwargs) -> None:
         if args or kwargs:
@@ -298,11 +302,13 @@ class Module:
 
     # ------------------------------------------------------------------ registration
     def register_parameter(self, name: str, param: Tensor | None) -> None:
+        if "_parameters" not in self.__dict__:
+            raise AttributeError("cannot assign parameter before Module.__init__() call")
         self._check_name(name, "parameter")
         if hasattr(self, name) and name not in self._parameters:
             raise KeyError(f"attribute '{name}' already exists")
         if param is not None and not isinstance(param, Parameter):
-            raise TypeError(f"cannot assign '{type(param).__name__}' object to parameter '{name}' "
+            raise TypeError(f"cannot assign '{typename(param)}' object to parameter '{name}' "
                             "(tilewise.nn.Parameter or None required)")
         if param is not None and param._grad_fn is not None:
             raise ValueError(f"Cannot assign non-leaf Tensor to parameter '{name}'. Model parameters must be created "
@@ -311,11 +317,13 @@ class Module:
         self._parameters[name] = param
 
     def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
+        if "_buffers" not in self.__dict__:
+            raise AttributeError("cannot assign buffer before Module.__init__() call")
         self._check_name(name, "buffer")
         if hasattr(self, name) and name not in self._buffers:
             raise KeyError(f"attribute '{name}' already exists")
         if tensor is not None and not isinstance(tensor, Tensor):
-            raise TypeError(f"cannot assign '{type(tensor).__name__}' object to buffer '{name}' (Tensor or None "
+            raise TypeError(f"cannot assign '{typename(tensor)}' object to buffer '{name}' (tilewise Tensor or None "
                             "required)")
         self._buffers[name] = tensor
         if persistent:
@@ -325,10 +333,15 @@ class Module:
 
     def add_module(self, name: str, module: Module | None) -> None:
         if module is not None and not isinstance(module, Module):
-            raise TypeError(f"{type(module).__name__} is not a Module subclass")
-        self._check_name(name, "module")
+            raise TypeError(f"{typename(module)} is not a Module subclass")
+        if not isinstance(name, str):
+            raise TypeError(f"module name should be a string. Got {typename(name)}")
         if hasattr(self, name) and name not in self._modules:
             raise KeyError(f"attribute '{name}' already exists")
+        if "." in name:
+            raise KeyError(f'module name can\'t contain ".", got: {name}')
+        if name == "":
+            raise KeyError('module name can\'t be empty string ""')
         self._modules[name] = module
 
     register_module = add_module
@@ -336,9 +349,9 @@ class Module:
     @staticmethod
     def _check_name(name: str, what: str) -> None:
         if not isinstance(name, str):
-            raise TypeError(f"{what} name should be a string. Got {type(name).__name__}")
+            raise TypeError(f"{what} name should be a string. Got {typename(name)}")
         if "." in name:
-            raise KeyError(f'{what} name can\'t contain ".", got {name!r}')
+            raise KeyError(f'{what} name can\'t contain "."')
         if name == "":
             raise KeyError(f'{what} name can\'t be empty string ""')
 
@@ -354,7 +367,7 @@ class Module:
             return
         if params is not None and name in params:
             if value is not None:
-                raise TypeError(f"cannot assign '{type(value).__name__}' as parameter '{name}' "
+                raise TypeError(f"cannot assign '{typename(value)}' as parameter '{name}' "
                                 "(tilewise.nn.Parameter or None expected)")
             params[name] = None
             return
@@ -368,7 +381,7 @@ class Module:
             return
         if modules is not None and name in modules:
             if value is not None:
-                raise TypeError(f"cannot assign '{type(value).__name__}' as child module '{name}' "
+                raise TypeError(f"cannot assign '{typename(value)}' as child module '{name}' "
                                 "(tilewise.nn.Module or None expected)")
             modules[name] = None
             return
@@ -380,8 +393,8 @@ class Module:
             return
         if buffers is not None and name in buffers:
             if value is not None and not isinstance(value, Tensor):
-                raise TypeError(f"cannot assign '{type(value).__name__}' as buffer '{name}' (tilewise.nn.Buffer, "
-                                "Tensor or None expected)")
+                raise TypeError(f"cannot assign '{typename(value)}' as buffer '{name}' (tilewise.nn.Buffer, "
+                                "tilewise.Tensor or None expected)")
             buffers[name] = value
             return
         object.__setattr__(self, name, value)
@@ -473,11 +486,14 @@ class Module:
             yield buf
 
     def get_submodule(self, target: str) -> Module:
+        """The submodule at the dotted path ``target`` ("" is this module)."""
         module = self
         for item in target.split(".") if target else ():
-            if item not in module._modules:
-                raise AttributeError(f"{type(module).__name__} has no attribute `{item}` (looking up {target!r})")
-            module = module._modules[item]
+            if not hasattr(module, item):
+                raise AttributeError(f"{module._get_name()} has no attribute `{item}`")
+            module = getattr(module, item)
+            if not isinstance(module, Module):
+                raise AttributeError(f"`{item}` is not an nn.Module")
         return module
 
     def set_submodule(self, target: str, module: Module, strict: bool = False) -> None:
@@ -498,15 +514,20 @@ class Module:
     def get_parameter(self, target: str) -> Tensor:
         module_path, _, name = target.rpartition(".")
         module = self.get_submodule(module_path)
-        if name not in module._parameters:
-            raise AttributeError(f"{type(module).__name__} has no parameter `{name}` (looking up {target!r})")
-        return module._parameters[name]
+        if not hasattr(module, name):
+            raise AttributeError(f"{module._get_name()} has no attribute `{name}`")
+        param = getattr(module, name)
+        if not isinstance(param, Parameter):
+            raise AttributeError(f"`{name}` is not an nn.Parameter")
+        return param
 
     def get_buffer(self, target: str) -> Tensor:
         module_path, _, name = target.rpartition(".")
         module = self.get_submodule(module_path)
+        if not hasattr(module, name):
+            raise AttributeError(f"{module._get_name()} has no attribute `{name}`")
         if name not in module._buffers:
-            raise AttributeError(f"{type(module).__name__} has no buffer `{name}` (looking up {target!r})")
+            raise AttributeError(f"`{name}` is not a buffer")
         return module._buffers[name]
 
     # ------------------------------------------------------------------ modes and gradients
@@ -546,9 +567,10 @@ class Module:
         return self
 
     # ------------------------------------------------------------------ device and dtype
-    def _apply(self, fn: Callable[[Tensor], Tensor]) -> Module:
-        for module in self.children():
-            module._apply(fn)
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Module:
+        if recurse:
+            for module in self.children():
+                module._apply(fn)
         with no_grad():
             for param in self._parameters.values():
                 if param is None:
@@ -587,6 +609,17 @@ class Module:
             return t.to(device=device, dtype=cast, non_blocking=non_blocking, **layout)
 
         return self._apply(convert)
+
+    def to_empty(self, *, device, recurse: bool = True) -> Module:
+        """Move parameters and buffers to ``device`` as uninitialised tensors of the same shapes and dtypes (for
+        a module built on the meta device, say), keeping the parameter objects."""
+        from tilewise.ops.creation import empty_like
+
+        return self._apply(lambda t: empty_like(t, device=device), recurse=recurse)
+
+    def share_memory(self) -> Module:
+        """Each parameter and buffer's ``share_memory_()`` (which says what tilewise's storages allow)."""
+        return self._apply(lambda t: t.share_memory_())
 
     def cpu(self) -> Module:
         return self._apply(lambda t: t.cpu())
@@ -642,25 +675,38 @@ class Module:
         raise RuntimeError("Reached a code path in Module.set_extra_state() that should never be called. Please file "
                            "an issue to report this bug.")
 
-    def state_dict(self, *, destination: dict | None = None, prefix: str = "",
+    def state_dict(self, *args, destination: dict | None = None, prefix: str = "",
                    keep_vars: bool = False) -> OrderedDict[str, Tensor]:
         """Parameters and persistent buffers by dotted name, sharing storage with the module's tensors. Its
         ``_metadata`` records each module's ``_version`` by prefix, which ``load_state_dict`` hands to the
-        module that loads (BatchNorm reads it to accept checkpoints older than ``num_batches_tracked``)."""
+        module that loads (BatchNorm reads it to accept checkpoints older than ``num_batches_tracked``).
+        ``(destination, prefix, keep_vars)`` given by position still work, with torch's FutureWarning."""
+        if args:
+            warnings.warn("Positional args are being deprecated, use kwargs instead. Refer to "
+                          "https://pytorch.org/docs/main/generated/torch.nn.Module.html#torch.nn.Module.state_dict"
+                          " for details.", FutureWarning, stacklevel=2)
+            destination = args[0] if destination is None else destination
+            prefix = args[1] if len(args) > 1 and prefix == "" else prefix
+            keep_vars = args[2] if len(args) > 2 and keep_vars is False else keep_vars
         if destination is None:
             destination = OrderedDict()
             destination._metadata = OrderedDict()
         local_metadata = {"version": self._version}
         if hasattr(destination, "_metadata"):
             destination._metadata[prefix[:-1]] = local_metadata
+        for hook in self._state_dict_pre_hooks.values():
+            hook(self, prefix, keep_vars)
         self._save_to_state_dict(destination, prefix, keep_vars)
         for name, module in self._modules.items():
             if module is not None:
                 module.state_dict(destination=destination, prefix=f"{prefix}{name}.", keep_vars=keep_vars)
         for hook in self._state_dict_hooks.values():
             result = hook(self, destination, prefix, local_metadata)
-            if result is not None:
-                destination = result
+            if result is None:
+                continue
+            if getattr(hook, "_from_public_api", False):
+                raise RuntimeError("state_dict post-hook must return None")
+            destination = result  # a hook of _register_state_dict_hook may replace the dict, as in torch
         return destination
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
@@ -773,7 +819,29 @@ class Module:
                                                                                   "\n\t".join(errors)))
         return _IncompatibleKeys(missing, unexpected)
 
+    def register_state_dict_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """``hook(module, prefix, keep_vars)`` runs before ``state_dict`` saves this module's entries."""
+        if "_state_dict_pre_hooks" not in self.__dict__:
+            object.__setattr__(self, "_state_dict_pre_hooks", _Members())
+        handle = RemovableHandle(self._state_dict_pre_hooks)
+        self._state_dict_pre_hooks[handle.id] = hook
+        return handle
+
     def register_state_dict_post_hook(self, hook: Callable) -> RemovableHandle:
+        """``hook(module, state_dict, prefix, local_metadata)`` runs after ``state_dict`` saved this module and its
+        submodules, and may edit the dict in place; it must return None. As torch's, it marks ``hook`` (its
+        ``_from_public_api``), which ``_register_state_dict_hook`` then refuses."""
+        hook._from_public_api = True
+        handle = RemovableHandle(self._state_dict_hooks)
+        self._state_dict_hooks[handle.id] = hook
+        return handle
+
+    def _register_state_dict_hook(self, hook: Callable) -> RemovableHandle:
+        """The older post-hook: ``hook(module, state_dict, prefix, local_metadata)`` may return a dict that
+        replaces the one being built."""
+        if getattr(hook, "_from_public_api", False):
+            raise RuntimeError("Cannot register the same function as the state dict post hook that was previously "
+                               "registered via register_state_dict_post_hook")
         handle = RemovableHandle(self._state_dict_hooks)
         self._state_dict_hooks[handle.id] = hook
         return handle
