@@ -184,6 +184,7 @@ NO_OUT = {
 @pytest.mark.parametrize("name", sorted(NO_OUT))
 def test_out_is_refused_where_torch_has_no_out_form(name):
     call = NO_OUT[name]
+    messages = []
     for lib in (torch, tw):
         a, b = lib.tensor(A), lib.tensor(B)
         with warnings.catch_warnings():
@@ -191,9 +192,11 @@ def test_out_is_refused_where_torch_has_no_out_form(name):
             call(lib, a, b)  # the call itself is valid
         with pytest.raises(TypeError) as refused:
             call(lib, a, b, out=lib.empty(0))
-        if lib is tw:
-            assert name.rpartition(".")[2] in str(refused.value)
-            assert "unexpected keyword argument 'out'" in str(refused.value)
+        messages.append(str(refused.value))
+    ours = messages[1]
+    assert name.rpartition(".")[2] in ours
+    # torch's parser lists the signatures of sort and argsort, which tilewise's refusal repeats (first lines)
+    assert "unexpected keyword argument 'out'" in ours or ours.splitlines()[0] == messages[0].splitlines()[0]
 
 
 @pytest.mark.parametrize("lib", [torch, tw], ids=["torch", "tilewise"])

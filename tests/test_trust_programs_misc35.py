@@ -1140,8 +1140,9 @@ def test_sizes_joined_or_repeated_stay_sizes_as_torchs():
 def test_log_prob_of_a_value_of_the_wrong_event_shape_is_refused_in_torchs_words():
     for torch in LIBRARIES:
         D = torch.distributions
+        # validation asked for, not taken from the process's default (another test may have turned it off)
         gmm = D.MixtureSameFamily(D.Categorical(torch.ones(2)),
-                                  D.Independent(D.Normal(torch.zeros(2, 3), torch.ones(2, 3)), 1))
+                                  D.Independent(D.Normal(torch.zeros(2, 3), torch.ones(2, 3)), 1), validate_args=True)
         with pytest.raises(ValueError) as info:
             gmm.log_prob(torch.ones(2))
         size = f"{torch.__name__}.Size"
