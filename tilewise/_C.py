@@ -1,3 +1,4 @@
+# ruff: noqa: N999 — torch's module name, for code that spells torch._C.DisableTorchFunctionSubclass
 """torch._C's spellings of the ``__torch_function__`` switches, for code written against torch
 (``torch._C.DisableTorchFunctionSubclass()``); they live in ``tilewise.overrides``."""
 

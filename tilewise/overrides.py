@@ -28,7 +28,7 @@ import threading
 from tilewise.tensor import Tensor
 
 
-class TorchFunctionRequest(Exception):
+class TorchFunctionRequest(Exception):  # noqa: N818 — a request to the binder, no error
     """Raised by an argument checker that met a subclass instance or an object with ``__torch_function__``; the
     public function that bound the arguments catches it (see [Note: subclasses and __torch_function__])."""
 
@@ -128,17 +128,37 @@ def _func_name(func) -> str:
     return f"{getattr(func, '__module__', None) or 'tilewise'}.{name}"
 
 
-def handle_torch_function(public_api, relevant_args, *args, **kwargs):
-    """Call the ``__torch_function__`` of the overloaded arguments among ``relevant_args`` (subclasses first),
-    until one returns something other than ``NotImplemented``."""
-    overloaded = _get_overloaded_args(relevant_args)
+def _call_overrides(public_api, overloaded: list, args: tuple, kwargs: dict):
     types = tuple(type(a) for a in overloaded)
     for a in overloaded:
         result = a.__torch_function__(public_api, types, args, kwargs)  # a classmethod, or a duck's own method
         if result is not NotImplemented:
             return result
-    raise TypeError(f"no implementation found for '{_func_name(public_api)}' on types that implement "
-                    f"__torch_function__: {[type(a) for a in overloaded]}")
+    return NotImplemented
+
+
+def handle_torch_function(public_api, relevant_args, *args, **kwargs):
+    """Call the ``__torch_function__`` of the overloaded arguments among ``relevant_args`` (subclasses first),
+    until one returns something other than ``NotImplemented``."""
+    overloaded = _get_overloaded_args(relevant_args)
+    result = _call_overrides(public_api, overloaded, args, kwargs)
+    if result is NotImplemented:
+        raise TypeError(f"no implementation found for '{_func_name(public_api)}' on types that implement "
+                        f"__torch_function__: {[type(a) for a in overloaded]}")
+    return result
+
+
+def _dispatch_overrides(public_api, overloaded: list, args: tuple, kwargs: dict):
+    """The overrides of a public function or method's call, refused as torch's argument parser refuses when every
+    one returns ``NotImplemented``."""
+    result = _call_overrides(public_api, overloaded, args, kwargs)
+    if result is NotImplemented:
+        kinds = "".join(f"  - {'tensor subclass' if isinstance(a, Tensor) else 'object of'} {type(a)}\n"
+                        for a in overloaded)
+        raise TypeError(f"Multiple dispatch failed for '{_func_name(public_api)}'; all __torch_function__ handlers "
+                        f"returned NotImplemented:\n\n{kinds}\nFor more information, try re-running with "
+                        "TORCH_LOGS=not_implemented")
+    return result
 
 
 def get_default_nowrap_functions() -> set:
@@ -195,13 +215,19 @@ def lowered_call(fn, args: tuple, kwargs: dict):
         return fn(*args, **kwargs)
 
 
+def routed_to_overrides(x) -> bool:
+    """For a function written by hand, whose first argument is not a plain tensor: whether it is one that
+    ``overridden_call`` takes (a subclass instance, or with overrides on, a ``__torch_function__`` object)."""
+    return isinstance(x, Tensor) or STATE.disabled == ENABLED and hasattr(type(x), "__torch_function__")
+
+
 def overridden_call(entry, args: tuple, kwargs: dict):
     """A public function's arguments hold a subclass instance or a ``__torch_function__`` object: run the
     overrides, or with them off, the function on the lowered arguments."""
     if STATE.disabled == ENABLED:
         overloaded = _get_overloaded_args((*args, *kwargs.values()))
         if overloaded:
-            return handle_torch_function(entry, overloaded, *args, **kwargs)
+            return _dispatch_overrides(entry, overloaded, args, kwargs)
     return lowered_call(entry, args, kwargs)
 
 
@@ -239,9 +265,10 @@ def _retyped(t: Tensor, cls: type) -> Tensor:
     return t
 
 
-def _check_subclass(cls, what: str) -> None:
+def _check_subclass(cls) -> None:
     if not (isinstance(cls, type) and issubclass(cls, Tensor)):
-        raise TypeError(f"{what}: cls must be a subclass of tilewise.Tensor, got {cls!r}")
+        raise TypeError("Creating a Tensor subclass from a class that does not inherit from Tensor is not possible. "
+                        "Make sure your class inherits from Tensor.")
 
 
 def as_subclass(self, cls):
@@ -252,14 +279,14 @@ def as_subclass(self, cls):
     >>> type(tw.ones(2).as_subclass(Tagged) + 1).__name__
     'Tagged'
     """
-    _check_subclass(cls, "as_subclass()")
+    _check_subclass(cls)
     with DisableTorchFunctionSubclass():
         return _retyped(lowered_call(Tensor.view_as, (self, self), {}), cls)
 
 
 def _make_subclass(cls, data, require_grad: bool = False):
     """torch.Tensor._make_subclass: a new leaf of type ``cls`` on ``data``'s memory."""
-    _check_subclass(cls, "_make_subclass()")
+    _check_subclass(cls)
     if not isinstance(data, Tensor):
         raise TypeError(f"_make_subclass(): argument 'data' (position 2) must be Tensor, not {type(data).__name__}")
     with DisableTorchFunctionSubclass():
@@ -301,7 +328,7 @@ def _method_wrapper(name: str, original):
         if STATE.disabled == ENABLED:
             overloaded = _get_overloaded_args((self, *args, *kwargs.values()))
             if overloaded:
-                return handle_torch_function(original, overloaded, self, *args, **kwargs)
+                return _dispatch_overrides(original, overloaded, (self, *args), kwargs)
         return lowered_call(original, (self, *args), kwargs)
 
     method.__name__ = method.__qualname__ = name
@@ -314,12 +341,12 @@ def _property_wrapper(prop: property) -> property:
 
     def getter(self):
         if STATE.disabled == ENABLED and _overloading(self):
-            return handle_torch_function(get, (self,), self)
+            return _dispatch_overrides(get, [self], (self,), {})
         return get(self)
 
     def setter(self, value):
         if STATE.disabled == ENABLED and _overloading(self):
-            return handle_torch_function(put, (self, value), self, value)
+            return _dispatch_overrides(put, _get_overloaded_args((self, value)), (self, value), {})
         return put(self, value)
 
     return property(getter, setter if prop.fset is not None else None, prop.fdel, prop.__doc__)

@@ -553,7 +553,7 @@ def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool
         body = ["    try:", *(f"    {line}" for line in body), "    except _TorchFunctionRequest:",
                 "        _given = _raw_call(_spec, locals())",  # handled past the except: no exception chained
                 "    return _overridden(_entry, *_given)"]
-        ns["_TorchFunctionRequest"], ns["_overridden"], ns["_raw_call"] = TorchFunctionRequest, overridden_call, raw_call
+        ns.update(_TorchFunctionRequest=TorchFunctionRequest, _overridden=overridden_call, _raw_call=raw_call)
         ns["_spec"] = _call_spec(schema, varargs, tensor_varargs, aliased, bool(out_arg), ns)
     src = f"def {fn_name}({', '.join(sig)}):\n" + "".join(f"{line}\n" for line in body)
     from tilewise.tensor import Tensor
