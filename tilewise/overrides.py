@@ -315,6 +315,9 @@ def _wrapped_originals() -> dict:
                 continue
             if callable(attr) and not isinstance(attr, (staticmethod, classmethod, type)) or isinstance(attr, property):
                 _ORIGINALS[name] = attr
+                own = getattr(attr, "__name__", name)
+                if name.startswith("__") and not hasattr(Tensor, own):  # getitem as __getitem__ (x + y keeps "add")
+                    attr.__name__ = name
         _UNLOWERED["__repr__"] = _ORIGINALS["__repr__"]
     return _ORIGINALS
 
