@@ -78,7 +78,8 @@ def test_making_subclass_instances():
         alias = tagged(x)
         alias[0] = 5.0  # T(tensor) is an alias of its memory
         return {"as_subclass": type(x.as_subclass(tagged)), "T(list)": type(tagged([1.0, 2.0])),
-                "T()": [type(tagged()), list(tagged().shape)], "T(2, 3)": [type(tagged(2, 3)), list(tagged(2, 3).shape)],
+                "T()": [type(tagged()), list(tagged().shape)],
+                "T(2, 3)": [type(tagged(2, 3)), list(tagged(2, 3).shape)],
                 "_make_subclass": [type(made), made.requires_grad, made.is_leaf], "x after T(x) write": x.tolist(),
                 "isinstance": [isinstance(made, lib.Tensor), isinstance(x, tagged), issubclass(tagged, lib.Tensor)],
                 "unwrapped": type(x.as_subclass(tagged).as_subclass(lib.Tensor)), "repr": repr(x.as_subclass(tagged))}
@@ -88,9 +89,9 @@ def test_making_subclass_instances():
 
 def test_making_subclass_instances_refuses_as_torch():
     for lib in LIBS.values():
-        with pytest.raises(TypeError, match="Creating a Tensor subclass from a class that does not inherit from Tensor"):
+        with pytest.raises(TypeError, match="Creating a Tensor subclass from a class that does not inherit from"):
             lib.ones(2).as_subclass(int)
-        with pytest.raises(TypeError, match=r"_make_subclass\(\): argument 'data' \(position 2\) must be Tensor, not list"):
+        with pytest.raises(TypeError, match=r"argument 'data' \(position 2\) must be Tensor, not list"):
             lib.Tensor._make_subclass(_subclasses(lib)[0], [1.0])
 
 
@@ -123,12 +124,14 @@ def test_override_is_told_the_public_callable():
         _, logged, _ = _subclasses(lib)
         x = lib.tensor([1.0, 2.0])
         s = x.as_subclass(logged)
-        F = lib.nn.functional
+        fn = lib.nn.functional
         calls = {"function": lambda: lib.add(s, 1), "method": lambda: s.add(1), "operator": lambda: s + 1,
                  "reflected": lambda: 1 + s, "plain operand first": lambda: x + s, "getitem": lambda: s[0],
-                 "relu": lambda: F.relu(s), "linear": lambda: F.linear(s, lib.ones(3, 2)), "cat": lambda: lib.cat([x, s]),
+                 "relu": lambda: fn.relu(s), "linear": lambda: fn.linear(s, lib.ones(3, 2)),
+                 "cat": lambda: lib.cat([x, s]),
                  "sum": lambda: s.sum(dim=0), "detach": lambda: s.detach(), "size": lambda: s.size(),
-                 "dim": lambda: s.dim(), "neg": lambda: -s, "transpose": lambda: s.transpose(0, 0), "len": lambda: len(s)}
+                 "dim": lambda: s.dim(), "neg": lambda: -s, "transpose": lambda: s.transpose(0, 0),
+                 "len": lambda: len(s)}
         seen = {}
         for name, call in calls.items():
             logged.calls.clear()
@@ -143,12 +146,12 @@ def test_override_is_told_function_and_method_identities():
     for lib in LIBS.values():
         _, logged, _ = _subclasses(lib)
         s = lib.ones(2).as_subclass(logged)
-        told = []
-
         class Watching(lib.Tensor):
+            told: list = []
+
             @classmethod
             def __torch_function__(cls, func, types, args=(), kwargs=None):
-                told.append(func)
+                cls.told.append(func)
                 return super().__torch_function__(func, types, args, kwargs)
 
         w = s.as_subclass(Watching)
@@ -156,6 +159,7 @@ def test_override_is_told_function_and_method_identities():
         w.add(1)
         w.shape  # noqa: B018 — a property read goes through the override too
         w.size()
+        told = Watching.told
         assert told[0] is lib.add and told[1] is lib.Tensor.add and told[3] is lib.Tensor.size
         assert told[2] == lib.Tensor.shape.__get__
 

@@ -148,8 +148,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, c
                       allow_unused, is_grads_batched, materialize_grads)
         return dict(zip(inputs.keys(), result))
     if has_subclass_instances((outputs, inputs, grad_outputs)):  # their overrides; the engine reads plain tensors
-        return overridden_call(grad, (outputs, inputs, grad_outputs, retain_graph, create_graph, only_inputs, allow_unused,
-                                   is_grads_batched, materialize_grads), {})
+        return overridden_call(grad, (outputs, inputs, grad_outputs, retain_graph, create_graph, only_inputs,
+                                      allow_unused, is_grads_batched, materialize_grads), {})
     if not only_inputs:
         warnings.warn("only_inputs argument is deprecated and is ignored now (defaults to True). To accumulate "
                       "gradient for other parts of the graph, please use torch.autograd.backward.", FutureWarning,
