@@ -373,3 +373,33 @@ def test_plain_tensors_never_reach_the_protocol():
     for call in (lambda: x + x, lambda: tw.add(x, 1), lambda: x.sum(), lambda: tw.cat([x, x])):
         assert type(call()) is tw.Tensor
     assert "__torch_function__" not in type(x + x).__dict__ or type(x + x) is tw.Tensor
+
+
+def test_subclass_of_a_subclass_and_its_own_methods():
+    def scenario(lib):
+        class Base(lib.Tensor):
+            def describe(self):
+                return "base"
+
+        class Child(Base):
+            def add(self, other):  # a subclass's own method is its own: no override runs for it
+                return "own add"
+
+        c = lib.tensor([1.0, 2.0]).as_subclass(Child)
+        b = lib.tensor([1.0, 2.0]).as_subclass(Base)
+        return [type(c + 1), c.add(1), c.describe(), type(lib.cat([b, c])), type(b + c), type(c * b)]
+
+    _assert_same(scenario)
+
+
+def test_top_level_switch_names():
+    assert tw.DisableTorchFunctionSubclass is tw._C.DisableTorchFunctionSubclass
+    assert tw.DisableTorchFunction is tw._C.DisableTorchFunction
+
+
+def test_a_subclass_adding_slots_is_refused_clearly():
+    class Slotted(tw.Tensor):
+        __slots__ = ("unit",)
+
+    with pytest.raises(TypeError, match="Slotted: a Tensor subclass that adds __slots__ is not supported"):
+        tw.ones(2).as_subclass(Slotted)

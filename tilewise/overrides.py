@@ -190,15 +190,21 @@ def has_subclass_instances(args: tuple) -> bool:
     return bool(_subclass_instances(args, {}))
 
 
+def _set_class(t: Tensor, cls: type) -> None:
+    try:
+        object.__setattr__(t, "__class__", cls)
+    except TypeError:
+        slotted = cls if cls is not Tensor else type(t)
+        raise TypeError(f"{slotted.__name__}: a Tensor subclass that adds __slots__ is not supported by tilewise (its "
+                        "instances must have Tensor's layout; keep attributes in the instance's __dict__)") from None
+
+
 @contextlib.contextmanager
 def _lowered(instances: list):
+    instances = list({id(t): t for t in instances}.values())
     classes = [type(t) for t in instances]
     for t in instances:
-        try:
-            object.__setattr__(t, "__class__", Tensor)
-        except TypeError:
-            raise TypeError(f"{type(t).__name__}: a Tensor subclass that adds __slots__ cannot be run by tilewise's "
-                            "operators (its instances must have Tensor's layout)") from None
+        _set_class(t, Tensor)
     try:
         yield
     finally:
@@ -261,7 +267,7 @@ def _default_torch_function(cls, func, types, args=(), kwargs=None):
 def _retyped(t: Tensor, cls: type) -> Tensor:
     """``t`` (a fresh plain tensor) as an instance of ``cls``."""
     if cls is not Tensor:
-        object.__setattr__(t, "__class__", cls)
+        _set_class(t, cls)
     return t
 
 
