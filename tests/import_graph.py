@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "tilewise.fileio", "tilewise._stages", "tilewise._cuda_api", "tilewise.data", "tilewise._plugins",
         "tilewise.layouts",
     )),
-    ("tensor", ("tilewise.storage", "tilewise.tensor", "tilewise.tensortypes", "tilewise._tensor_str")),
+    ("tensor", ("tilewise.storage", "tilewise.tensor", "tilewise.tensortypes", "tilewise._tensor_str",
+                "tilewise.overrides", "tilewise._C")),
     # grad modes only switch the dispatcher's Autograd key, so the operator library may use them
     ("dispatch", ("tilewise.dispatch", "tilewise._grad_mode")),
     ("ops", ("tilewise.ops",)),

@@ -28,7 +28,7 @@ OUT_OF_SCOPE = re.compile(
     r"|const_data_ptr|dim_order|hash_tensor|layout|memory_format|classproperty|thread_safe|compiled_with"
     r"|prepare_multiprocessing|profiler_|get_file_path|get_device_module|from_file|is_storage|typename"
     r"|^symeig$|^eig$|^lstsq$|^solve$|^matrix_rank$|^chain_matmul$|^range$|^map2?_$|^apply_$|^new$|^resize"
-    r"|segment_reduce|slice_inverse|nonzero_static|empty_quantized|^unsafe_|^split_with_sizes|^as_subclass$"
+    r"|segment_reduce|slice_inverse|nonzero_static|empty_quantized|^unsafe_|^split_with_sizes"
     r"|^[A-Z](?!.*Tensor$)|^parse_schema$|^choose_qparams|^to_dlpack$|^is_inference_mode_enabled$|^get_default_device$|^can_cast$|^native_|^norm_except_dim$"
     r"|^frobenius_norm$|^nuclear_norm$|^alias_copy$|^sspaddmm$)")
 OTHER_AREA = re.compile(

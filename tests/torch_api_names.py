@@ -34,7 +34,7 @@ EXCLUDE = [  # (reason, pattern on the name)
     ("named tensors", r"rename|refine_names|align_to|align_as|^names$|has_names"),
     ("nested tensors", r"nested"),
     ("TorchScript, FX and symbolic shapes", r"ir_module|parse_ir|parse_schema|type_comment|unify_type_list|^Sym|"
-                                            r"^sym_|^fork$|^wait$|Script|JIT|^Disable|classproperty|"
+                                            r"^sym_|^fork$|^wait$|Script|JIT|classproperty|"
                                             r"^compiled_with_cxx11_abi$|^get_file_path$|while_loop|^cond$"),
     ("backend internals", r"mkldnn|miopen|cudnn_|^native_|^batch_norm_(stats|elemt|gather|backward|update)|"
                           r"xla|ipu|vulkan|mtia|hpu|^prepare_multiprocessing_environment$|profiler_allow|"

@@ -182,7 +182,7 @@ from tilewise.serialization import load, save  # noqa: E402
 # isort: split
 # torch's global settings and device modules: tilewise.backends.cuda.matmul.allow_tf32, tilewise.backends.cudnn,
 # tilewise.cuda.amp, tilewise.cpu, tilewise.accelerator, tilewise.use_deterministic_algorithms, ...
-from tilewise import accelerator, cpu, jit, special  # noqa: E402
+from tilewise import _C, accelerator, cpu, jit, overrides, special  # noqa: E402 — _C: torch._C's __torch_function__ switches
 from tilewise.accelerator import get_device_module  # noqa: E402
 from tilewise.backends import cudnn as _cudnn  # noqa: E402
 from tilewise.backends import mha as _mha  # noqa: E402
@@ -211,6 +211,7 @@ from tilewise.backends.flags import (  # noqa: E402
 from tilewise.cpu import amp as _cpu_amp  # noqa: E402
 from tilewise.cuda import OutOfMemoryError  # noqa: E402 — torch.OutOfMemoryError is torch.cuda's
 from tilewise.cuda import amp as _cuda_amp  # noqa: E402
+from tilewise.overrides import DisableTorchFunction, DisableTorchFunctionSubclass  # noqa: E402
 from tilewise.quant.tensor import QuantizedTensor, dequantize, quantize  # noqa: E402
 
 

@@ -223,7 +223,7 @@ def tensor_repr(t) -> str:
         hook(t, "printing a tensor", False)  # inside a traced function: a graph break gives it values, if allowed
     if t._trace is not None:
         return f"TraceTensor({t._trace}, shape={list(t.shape)}, dtype={t.dtype.name}, device={t.device})"
-    prefix = "tensor("
+    prefix = "tensor(" if type(t) is Tensor else f"{type(t).__name__}("  # a subclass's instance: its class's name
     indent = len(prefix)
     suffixes = []
     if t.device.type != "cpu":

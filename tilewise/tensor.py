@@ -206,7 +206,13 @@ class Tensor:
 
     # ------------------------------------------------------------------ construction
     def __new__(cls, *args, **kwargs):
-        if cls is Tensor and not args and not kwargs:
+        if cls is not Tensor:  # a subclass's ``T(data)``, ``T(2, 3)``, ``T()``: the tensor Tensor(...) makes, as a T
+            # (of a tensor, an alias of its memory, as torch's)
+            alias = len(args) == 1 and not kwargs and isinstance(args[0], Tensor)
+            made = args[0].detach() if alias else Tensor.__new__(Tensor, *args, **kwargs)
+            object.__setattr__(made, "__class__", cls)
+            return made
+        if not args and not kwargs:
             return _empty_tensor(Size((0,)))
         if args and all(isinstance(a, int) for a in args):
             return FACTORIES.empty(*args, dtype=kwargs.get("dtype", get_default_dtype()), device=kwargs.get("device"))

@@ -30,6 +30,7 @@ from tilewise.autograd.grad_mode import (
 from tilewise.autograd.gradcheck import gradcheck, gradgradcheck
 from tilewise.autograd.graph import Node
 from tilewise.autograd.variable import Variable
+from tilewise.overrides import has_subclass_instances, overridden_call
 from tilewise.tensor import Tensor
 
 __all__ = ["backward", "grad", "Function", "FunctionCtx", "no_grad", "enable_grad", "set_grad_enabled",
@@ -110,6 +111,8 @@ def _warn_create_graph_cycle() -> None:
 
 def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, create_graph: bool = False,
              inputs=None) -> None:
+    if has_subclass_instances((tensors, grad_tensors, inputs)):  # their overrides; the engine reads plain tensors
+        return overridden_call(backward, (tensors, grad_tensors, retain_graph, create_graph, inputs), {})
     tensors = _as_tuple(tensors)
     if inputs is not None:
         inputs = tuple(inputs.values()) if type(inputs) is dict else _as_tuple(inputs)
@@ -144,6 +147,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, c
         result = grad(outputs, tuple(inputs.values()), grad_outputs, retain_graph, create_graph, only_inputs,
                       allow_unused, is_grads_batched, materialize_grads)
         return dict(zip(inputs.keys(), result))
+    if has_subclass_instances((outputs, inputs, grad_outputs)):  # their overrides; the engine reads plain tensors
+        return overridden_call(grad, (outputs, inputs, grad_outputs, retain_graph, create_graph, only_inputs,
+                                      allow_unused, is_grads_batched, materialize_grads), {})
     if not only_inputs:
         warnings.warn("only_inputs argument is deprecated and is ignored now (defaults to True). To accumulate "
                       "gradient for other parts of the graph, please use torch.autograd.backward.", FutureWarning,

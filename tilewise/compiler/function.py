@@ -304,6 +304,16 @@ def _flatten_call(args: tuple, kwargs: dict) -> tuple[list, object]:
     return flatten((list(args), kwargs))
 
 
+def _refuse_subclass_instances(name: str, flat: list) -> None:
+    """A Tensor subclass's instance cannot be traced (its ``__torch_function__`` would run on trace tensors):
+    refused by name, before the trace."""
+    for a in flat:
+        if type(a) is not Tensor and isinstance(a, Tensor):
+            raise TypeError(f"tilewise.compile({name}): an argument is an instance of {type(a).__qualname__}, a "
+                            "Tensor subclass, which the compiler cannot trace; pass a plain tensor "
+                            f"(x.as_subclass(tilewise.Tensor)) or call {name} uncompiled")
+
+
 def _slices_rebased(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict | None]:
     """The arguments with each top-level slice rebased onto a window of its memory (see [Note: sliced arguments]),
     and ``{id(window storage): (window tensor, the argument as given)}``; None when nothing was rebased."""
@@ -470,6 +480,7 @@ class CompiledFunction:
                 given: tuple | None = None):
         """``_record_once``, with the call's dynamic numbers if it has some; where that trace fails, once more with
         them as given (see [Note: dynamic numbers])."""
+        _refuse_subclass_instances(self.__name__, flat)
         numbers = self._number_trace(args, kwargs, flat)
         if numbers is None:
             return self._record_once(args, kwargs, flat, spec, windows, given)

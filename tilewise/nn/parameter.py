@@ -15,8 +15,8 @@ from tilewise.tensor import Tensor
 
 
 class _ParameterMeta(type):
-    def __instancecheck__(cls, obj) -> bool:
-        return type(obj) is Tensor and obj.__dict__.get("_is_param", False)
+    def __instancecheck__(cls, obj) -> bool:  # a Tensor subclass's instance made a parameter keeps its class
+        return (type(obj) is Tensor or isinstance(obj, Tensor)) and obj.__dict__.get("_is_param", False)
 
 
 class Parameter(metaclass=_ParameterMeta):

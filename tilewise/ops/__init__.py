@@ -63,6 +63,7 @@ from tilewise.ops import (  # noqa: F401 — each module declares its operators 
 from tilewise.ops.formulas import HELPERS
 from tilewise.ops.inplace import check_no_internal_overlap, copy_into, make_inplace
 from tilewise.ops.registry import OPS, OVERLOADS, public_function, set_formula_namespace
+from tilewise.overrides import has_torch_function_unary
 from tilewise.tensor import Tensor
 
 _INPLACE_DUNDERS = {"add": "iadd", "sub": "isub", "mul": "imul", "div": "itruediv", "floor_divide": "ifloordiv",
@@ -84,9 +85,11 @@ def _swapped(fn):
 
 
 def _binary_dunder(fn):
-    """Python operators return NotImplemented for operands no schema accepts (so ``x == None`` is False)."""
+    """Python operators return NotImplemented for operands no schema accepts (so ``x == None`` is False), save an
+    object with ``__torch_function__``, which the operator hands to it, as torch's does."""
     def dunder(self, other):
-        if not isinstance(other, (Tensor, Number, np.bool_)):  # a numpy bool is a number to torch's operators
+        # a numpy bool is a number to torch's operators
+        if not isinstance(other, (Tensor, Number, np.bool_)) and not has_torch_function_unary(other):
             return NotImplemented
         return fn(self, other)
 
@@ -130,7 +133,8 @@ def build_api() -> dict:
                 setattr(Tensor, f"__{_INPLACE_DUNDERS[name]}__", method)
     for op in OPS.values():
         for dunder in op.attrs.get("dunder", ()):
-            fn = public_function(op.name)
+            # the method's binder: torch's overrides are told ``Tensor.add`` for ``x + y``
+            fn = public_function(op.name, out=False) if op.attrs.get("method", True) else public_function(op.name)
             reflected = dunder.startswith("r") and not _reverses_operands(op) and dunder not in _UNSWAPPED
             method = _swapped(fn) if reflected else fn
             setattr(Tensor, f"__{dunder}__", _binary_dunder(method) if len(op.tensor_idx) >= 2 else method)

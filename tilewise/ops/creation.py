@@ -35,6 +35,7 @@ from tilewise.ops.batching_rules import write_into
 from tilewise.ops.inplace import copy_into
 from tilewise.ops.registry import declare
 from tilewise.ops.schema import register_generator_class
+from tilewise.overrides import overridden_call, routed_to_overrides
 from tilewise.storage import HostOutOfMemoryError, out_of_host_memory
 from tilewise.tensor import FACTORIES, TRACE_HOOKS, Tensor, check_pinnable
 
@@ -446,6 +447,10 @@ def _like(x: Tensor, dtype, device) -> tuple[DType, Device]:
 
 def zeros_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None,
                pin_memory: bool = False) -> Tensor:
+    if type(x) is not Tensor and routed_to_overrides(x):  # a subclass instance or __torch_function__ object
+        return overridden_call(zeros_like, (x,), dict(
+            dtype=dtype, device=device, requires_grad=requires_grad, memory_format=memory_format,
+            pin_memory=pin_memory))
     dt, dev = _like(x, dtype, device)
     return _full("zeros_like", x.shape, 0, dt, dev, requires_grad, pin_memory,
                  _like_strides(x, memory_format, "zeros_like"))
@@ -453,6 +458,10 @@ def zeros_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = Fals
 
 def ones_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None,
               pin_memory: bool = False) -> Tensor:
+    if type(x) is not Tensor and routed_to_overrides(x):  # a subclass instance or __torch_function__ object
+        return overridden_call(ones_like, (x,), dict(
+            dtype=dtype, device=device, requires_grad=requires_grad, memory_format=memory_format,
+            pin_memory=pin_memory))
     dt, dev = _like(x, dtype, device)
     return _full("ones_like", x.shape, 1, dt, dev, requires_grad, pin_memory,
                  _like_strides(x, memory_format, "ones_like"))
@@ -460,6 +469,10 @@ def ones_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False
 
 def full_like(x: Tensor, fill_value, *, dtype=None, device=None, requires_grad: bool = False,
               memory_format=None, pin_memory: bool = False) -> Tensor:
+    if type(x) is not Tensor and routed_to_overrides(x):  # a subclass instance or __torch_function__ object
+        return overridden_call(full_like, (x, fill_value), dict(
+            dtype=dtype, device=device, requires_grad=requires_grad, memory_format=memory_format,
+            pin_memory=pin_memory))
     dt, dev = _like(x, dtype, device)
     return _full("full_like", x.shape, fill_value, dt, dev, requires_grad, pin_memory,
                  _like_strides(x, memory_format, "full_like"))
@@ -467,6 +480,10 @@ def full_like(x: Tensor, fill_value, *, dtype=None, device=None, requires_grad: 
 
 def empty_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None,
                pin_memory: bool = False) -> Tensor:
+    if type(x) is not Tensor and routed_to_overrides(x):  # a subclass instance or __torch_function__ object
+        return overridden_call(empty_like, (x,), dict(
+            dtype=dtype, device=device, requires_grad=requires_grad, memory_format=memory_format,
+            pin_memory=pin_memory))
     dt, dev = _like(x, dtype, device)
     strides = _like_strides(x, memory_format, "empty_like")
     return _empty("empty_like", x.shape, dt, dev, requires_grad, pin_memory, strides)
@@ -575,12 +592,18 @@ def randn(*sizes, size=None, generator=None, dtype=None, device=None, requires_g
 
 
 def rand_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None) -> Tensor:
+    if type(x) is not Tensor and routed_to_overrides(x):  # a subclass instance or __torch_function__ object
+        return overridden_call(rand_like, (x,), dict(
+            dtype=dtype, device=device, requires_grad=requires_grad, memory_format=memory_format))
     dt, dev = _like(x, dtype, device)
     strides = _like_strides(x, memory_format, "rand_like")
     return _finish(_restrided(rand(x.shape, dtype=dt, device=dev), strides), requires_grad)
 
 
 def randn_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, memory_format=None) -> Tensor:
+    if type(x) is not Tensor and routed_to_overrides(x):  # a subclass instance or __torch_function__ object
+        return overridden_call(randn_like, (x,), dict(
+            dtype=dtype, device=device, requires_grad=requires_grad, memory_format=memory_format))
     dt, dev = _like(x, dtype, device)
     strides = _like_strides(x, memory_format, "randn_like")
     return _finish(_restrided(randn(x.shape, dtype=dt, device=dev), strides), requires_grad)
@@ -604,6 +627,9 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
 
 
 def randint_like(x: Tensor, low, high=None, *, dtype=None, device=None, memory_format=None) -> Tensor:
+    if type(x) is not Tensor and routed_to_overrides(x):  # a subclass instance or __torch_function__ object
+        return overridden_call(randint_like, (x, low, high),
+                               dict(dtype=dtype, device=device, memory_format=memory_format))
     if high is None:  # randint_like(x, high)
         low, high = 0, low
     dt, dev = _like(x, dtype, device)

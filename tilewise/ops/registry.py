@@ -30,6 +30,7 @@ from functools import cached_property
 from tilewise.dispatch import call as dispatch_call
 from tilewise.ops.expr import Expr
 from tilewise.ops.schema import Schema, make_binder, parse_schema
+from tilewise.overrides import TorchFunctionRequest, overridden_call
 
 FORWARD_AUTO = ("auto_linear", "auto_element_wise")
 KINDS = ("pointwise", "reduction", "view", "composite", "creation", "random", "index", "matmul", "scan", "sort",
@@ -354,7 +355,12 @@ def public_function(name: str, out: bool = True) -> Callable:
         with_out = {op for op in overloads if out and takes_out(op)}
 
         def fn(*args, out=None, **kwargs):
-            op, bound = resolve(name, args, kwargs)
+            try:
+                op, bound = resolve(name, args, kwargs)
+            except TorchFunctionRequest:  # see [Note: subclasses and __torch_function__] in overrides.py
+                op = None
+            if op is None:
+                return overridden_call(fn, args, kwargs if out is None else {**kwargs, "out": out})
             cls = named.get(op)
             if out is not None:
                 if op not in with_out:

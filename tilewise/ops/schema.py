@@ -15,6 +15,9 @@ import re
 from dataclasses import dataclass
 from numbers import Number
 
+from tilewise.overrides import STATE as _TORCH_FUNCTION_STATE
+from tilewise.overrides import TorchFunctionRequest, overridden_call
+
 _ARG_RE = re.compile(r"^(?P<type>[A-Za-z]+(?:\[\d*\])?(?:\([a-z]\d*!?\))?\??(?:\[\])?\??)"
                      r"\s+(?P<name>\w+)(?:=(?P<default>.+))?$")
 
@@ -278,9 +281,22 @@ def _check_scalar(op: str, p: Param, value):
         return value.item() if isinstance(value, np.generic) else value
     from tilewise.tensor import Tensor
 
+    _refer_overloaded(value)
     if isinstance(value, Tensor) and value.ndim == 0:
         return value.item()
     raise bad_argument(op, p.name, "a number", value)
+
+
+def _refer_overloaded(value) -> None:
+    """A Tensor subclass instance, or with ``__torch_function__`` on, an object of a type that has one: the public
+    function's own handler takes the call (see [Note: subclasses and __torch_function__] in overrides.py)."""
+    from tilewise.tensor import Tensor
+
+    if isinstance(value, Tensor):
+        if type(value) is not Tensor:
+            raise TorchFunctionRequest
+    elif _TORCH_FUNCTION_STATE.disabled == 0 and hasattr(type(value), "__torch_function__"):
+        raise TorchFunctionRequest
 
 
 def _check_bool(op: str, p: Param, value):
@@ -301,8 +317,9 @@ def _check_tensor(op: str, p: Param, value):
         return value
     from tilewise.tensor import Tensor
 
-    if isinstance(value, Tensor):
+    if type(value) is Tensor:
         return value
+    _refer_overloaded(value)
     import numpy as np
 
     if isinstance(value, np.generic):  # before Number: np.float64 is a float, yet formulas must not see its dtype
@@ -317,9 +334,13 @@ def _check_tensor_list(op: str, p: Param, value):
     from tilewise.tensor import Tensor
 
     if isinstance(value, Tensor) or not isinstance(value, (list, tuple)):
+        _refer_overloaded(value)
         raise bad_argument(op, p.name, "a sequence of Tensors", value)
     for v in value:
-        if not (isinstance(v, (Tensor, Number)) or (p.optional and v is None)):
+        if type(v) is Tensor:
+            continue
+        if isinstance(v, Tensor) or not (isinstance(v, Number) or (p.optional and v is None)):
+            _refer_overloaded(v)
             raise bad_argument(op, p.name, "a sequence of Tensors", value)
     return tuple(value)
 
@@ -527,11 +548,67 @@ def make_binder(schema: Schema, op_name: str | None = None, tensor_varargs: bool
         bound = f"_call(_op, {bound})"
     fn_name = op_name.rpartition("::")[2]  # a custom operator's own name, without its namespace
     fn_name = fn_name if fn_name.isidentifier() else "op"
-    src = f"def {fn_name}({', '.join(sig)}):\n" + "".join(f"{line}\n" for line in body) + f"    return {bound}\n"
+    body.append(f"    return {bound}")
+    if dispatch:  # a public function: it takes the calls that hold a subclass instance or a __torch_function__ object
+        body = ["    try:", *(f"    {line}" for line in body), "    except _TorchFunctionRequest:",
+                "        _given = _raw_call(_spec, locals())",  # handled past the except: no exception chained
+                "    return _overridden(_entry, *_given)"]
+        ns.update(_TorchFunctionRequest=TorchFunctionRequest, _overridden=overridden_call, _raw_call=raw_call)
+        ns["_spec"] = _call_spec(schema, varargs, tensor_varargs, aliased, bool(out_arg), ns)
+    src = f"def {fn_name}({', '.join(sig)}):\n" + "".join(f"{line}\n" for line in body)
     from tilewise.tensor import Tensor
 
     ns["_Tensor"], ns["_PYTHON_NUMBERS"] = Tensor, _PYTHON_NUMBERS
     exec(compile(src, f"<binder {schema.full_name}>", "exec"), ns)
     binder = ns[fn_name]
     binder.__source__ = src
+    ns["_entry"] = binder  # what __torch_function__ is given as ``func``: the binder, or what the API wraps it in
     return binder
+
+
+def set_torch_function_entry(binder, entry) -> None:
+    """The public callable a binder's overrides are told of (``Tensor.add`` for the method's binder)."""
+    binder.__globals__["_entry"] = entry
+
+
+def _call_spec(schema: Schema, varargs: int | None, tensor_varargs: bool, aliased: dict, takes_out: bool,
+               ns: dict) -> tuple:
+    """How ``raw_call`` reads a binder's locals back into the call it was given: (name, how, default) per
+    parameter, ``how`` one of positional, int varargs, tensor varargs, keyword; then the aliases and out=."""
+    params = []
+    for k, p in enumerate(schema.params):
+        default = ns.get(f"_d{k}", MISSING) if p.has_default or k in aliased else MISSING
+        how = ("tensor varargs" if tensor_varargs else "int varargs") if k == varargs else \
+            "keyword" if p.kwarg_only else "positional"
+        params.append((p.name, how, default, f"_v{k}", aliased.get(k, ())))
+    return tuple(params), takes_out
+
+
+def raw_call(spec: tuple, local: dict) -> tuple[tuple, dict]:
+    """(args, kwargs) of the call a binder was given, read from its locals where a checker sent the call on (the
+    values checked so far normalised, the rest as given; trailing defaults left out, as the caller most likely did)."""
+    params, takes_out = spec
+    given, kwargs, positional = [], {}, True  # given: (value, default) of the positional arguments
+    for name, how, default, var, aliases in params:
+        value = local.get(name, MISSING)
+        for alias in aliases:
+            if value is MISSING and local.get(alias, MISSING) is not MISSING:
+                kwargs[alias] = local[alias]
+        if how == "tensor varargs":
+            given += [(v, MISSING) for v in value]
+        elif how == "int varargs":
+            if value is MISSING and local.get(var):
+                given += [(v, MISSING) for v in local[var]]
+            elif value is not MISSING:
+                kwargs[name] = value
+        elif how == "positional" and positional and value is not MISSING:
+            given.append((value, default))
+        else:
+            positional = positional and how != "positional"
+            if value is not MISSING and value is not default:
+                kwargs[name] = value
+    while given and given[-1][1] is not MISSING and given[-1][0] is given[-1][1]:
+        given.pop()
+    if takes_out and local.get("out") is not None:
+        kwargs["out"] = local["out"]
+    return tuple(v for v, _ in given), kwargs
