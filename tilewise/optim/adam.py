@@ -82,13 +82,25 @@ def _adam_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, l
         exp_avg, exp_avg_sq = exp_avgs[k], exp_avg_sqs[k]
         exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step_size, bias_correction2_sqrt = _bias_corrections(steps[k], lr, beta1, beta2)
         if max_exp_avg_sqs is not None:
             highest = max_exp_avg_sqs[k].clone() if differentiable else max_exp_avg_sqs[k]
             max_exp_avg_sqs[k].copy_(highest.maximum(exp_avg_sq))
             exp_avg_sq = max_exp_avg_sqs[k]
+        if differentiable:
+            _differentiable_adam_update(p, exp_avg, exp_avg_sq, steps[k], lr, beta1, beta2, eps)
+            continue
+        step_size, bias_correction2_sqrt = _bias_corrections(steps[k], lr, beta1, beta2)
         denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-        add_scaled_ratio(p, exp_avg.clone() if differentiable else exp_avg, denom, -step_size)
+        add_scaled_ratio(p, exp_avg, denom, -step_size)
+
+
+def _differentiable_adam_update(p, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps) -> None:
+    """The last part of a differentiable Adam step as torch writes it: the bias corrections from the step tensor in
+    its own dtype (float32), folded into the denominator, and the first moment copied before autograd saves it."""
+    step_size_neg = -(lr / (1 - beta1**step))
+    bias_correction2_sqrt = (1 - beta2**step).sqrt()
+    denom = (exp_avg_sq.sqrt() / (bias_correction2_sqrt * step_size_neg)).add_(eps / step_size_neg)
+    p.addcdiv_(exp_avg.clone(), denom)
 
 
 _UNSHARED = object()

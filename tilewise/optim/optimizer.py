@@ -135,7 +135,7 @@ class Optimizer:
         self._init_hooks()
         if isinstance(params, Tensor):
             raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, but "
-                            "got a Tensor; wrap it in a list")
+                            f"got {params.type()}")
         self.state: defaultdict[Tensor, dict] = defaultdict(dict)
         self.param_groups: list[dict] = []
         groups = list(params)

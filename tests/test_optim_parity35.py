@@ -1,0 +1,386 @@
+"""Every option of every tilewise optimizer against torch.optim over 15 steps of a model with four kinds of
+parameter group (one trained, one whose gradients are always zero, one whose gradients are None at some steps, one
+frozen), comparing the parameters and every state entry (names, dtypes, shapes, values); the state dicts of the two
+libraries entry by entry; tilewise's state dict loaded into a fresh optimizer; ``add_param_group`` mid-training;
+``zero_grad(set_to_none=False)``; torch's errors for invalid options. The LR schedulers with their non-default options
+are at the end. What test_optim_breadth.py and test_optim_schedulers.py cover is not repeated here.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import tilewise as tw
+
+STEPS = 15
+SHAPES = [[(4, 3), (4,)], [(3,)], [(2, 2)], [(5,)]]  # trained, zero gradients, gradients None at times, frozen
+ZERO, SOMETIMES, FROZEN = 1, 2, 3
+
+
+def _data(steps: int = STEPS, dtype: str = "float32"):
+    rng = np.random.default_rng(35)
+    init = [[rng.standard_normal(s).astype(dtype) for s in group] for group in SHAPES]
+    target = [[rng.standard_normal(s).astype(dtype) for s in group] for group in SHAPES]
+    noise = [[[rng.standard_normal(s).astype(dtype) * 0.3 for s in group] for group in SHAPES] for _ in range(steps)]
+    return init, target, noise
+
+
+def _value(lib, v):
+    """Option values that are tensors in both libraries: ``("tensor", x)`` becomes a 0-dim tensor of each."""
+    if isinstance(v, tuple) and v and v[0] == "tensor":
+        return lib.tensor(v[1])
+    if isinstance(v, tuple):
+        return tuple(_value(lib, x) for x in v)
+    return v
+
+
+def _kwargs(lib, kwargs):
+    return {k: _value(lib, v) for k, v in kwargs.items()}
+
+
+def _make(lib, name, kwargs, group_options=None, dtype="float32", steps=STEPS):
+    init, target, noise = _data(steps, dtype)
+    params = [[lib.nn.Parameter(lib.tensor(a.copy())) for a in group] for group in init]
+    if kwargs.get("differentiable"):  # a differentiable step updates tensors inside a graph, not leaves
+        params = [[p.clone() for p in group] for group in params]
+    for k, p in enumerate(params[FROZEN]):
+        params[FROZEN][k] = p.detach().requires_grad_(False)
+    group_options = group_options or [{}, {"lr": 0.03}, {}, {}]
+    groups = [{"params": ps, **_kwargs(lib, o)} for ps, o in zip(params, group_options)]
+    opt = getattr(lib.optim, name)(groups, **_kwargs(lib, kwargs))
+    return params, opt, target, noise
+
+
+def _set_grads(lib, params, target, noise, t):
+    for g, group in enumerate(params):
+        for k, p in enumerate(group):
+            if g == FROZEN:
+                continue
+            if g == ZERO:
+                p.grad = lib.zeros_like(p)
+            elif g == SOMETIMES and t % 3 == 1:
+                p.grad = None
+            else:
+                p.grad = ((p.detach() - lib.tensor(target[g][k])) * 2 + lib.tensor(noise[t][g][k])).to(p.dtype)
+
+
+def _run(lib, name, kwargs, group_options=None, dtype="float32", steps=STEPS, start=0, made=None):
+    params, opt, target, noise = made or _make(lib, name, kwargs, group_options, dtype, max(steps, STEPS))
+    for t in range(start, steps):
+        _set_grads(lib, params, target, noise, t)
+        opt.step()
+    return params, opt
+
+
+def _np(x):
+    return x.detach().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+def _assert_state_equal(ours: dict, theirs: dict, rtol=2e-6, atol=1e-7):
+    """``state`` of two state dicts: the same parameters, entry names in the same order, and each entry's type,
+    dtype, shape and value."""
+    assert sorted(ours) == sorted(theirs)
+    for index in theirs:
+        a, b = ours[index], theirs[index]
+        assert list(a) == list(b), f"state {index}: entries {list(a)} != torch's {list(b)}"
+        for key in b:
+            x, y = a[key], b[key]
+            if isinstance(y, list):  # LBFGS's histories
+                assert isinstance(x, list) and len(x) == len(y), f"state {index}[{key}]: {x!r} != {y!r}"
+                _assert_state_equal({0: dict(enumerate(x))}, {0: dict(enumerate(y))}, rtol, atol)
+            elif isinstance(y, torch.Tensor):
+                assert isinstance(x, tw.Tensor), f"state {index}[{key}] is {type(x).__name__}, torch's a tensor"
+                assert _dtype(x) == _dtype(y), f"state {index}[{key}]: {x.dtype} != {y.dtype}"
+                assert tuple(x.shape) == tuple(y.shape), f"state {index}[{key}]: {tuple(x.shape)} != {y.shape}"
+                np.testing.assert_allclose(_np(x), _np(y), rtol=rtol, atol=atol, err_msg=f"state {index}[{key}]")
+            else:
+                assert type(x) is type(y), f"state {index}[{key}]: {type(x).__name__} != {type(y).__name__}"
+                if y is not None:
+                    np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=f"state {index}[{key}]")
+
+
+def _dtype(t) -> str:
+    return str(t.dtype).rsplit(".", 1)[-1]
+
+
+def _plain(v):
+    """A param_groups entry as comparable data: tensors as ("tensor", dtype, shape, value)."""
+    if isinstance(v, (tw.Tensor, torch.Tensor)):
+        return ("tensor", _dtype(v), tuple(v.shape), float(_np(v).reshape(-1)[0]) if v.numel() else None)
+    if isinstance(v, (list, tuple)):
+        return type(v).__name__, [_plain(x) for x in v]
+    return v
+
+
+def _assert_groups_equal(ours: list, theirs: list):
+    assert len(ours) == len(theirs)
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        assert list(a) == list(b), f"group {k}: keys {list(a)} != torch's {list(b)}"
+        for key in b:
+            assert _plain(a[key]) == _plain(b[key]), f"group {k}[{key!r}]: {a[key]!r} != torch's {b[key]!r}"
+
+
+def _assert_params_close(ours, theirs, rtol=2e-6, atol=1e-7):
+    for g, (ga, gb) in enumerate(zip(ours, theirs)):
+        for k, (a, b) in enumerate(zip(ga, gb)):
+            np.testing.assert_allclose(_np(a), _np(b), rtol=rtol, atol=atol, err_msg=f"group {g} param {k}")
+
+
+# name -> option sets, each run with foreach=False and foreach=True (compiled) unless it says otherwise
+OPTIONS = {
+    "SGD": [dict(lr=0.05), dict(lr=0.05, momentum=0.9, dampening=0.5, weight_decay=0.05, maximize=True),
+            dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.1), dict(lr=("tensor", 0.05), momentum=0.9),
+            dict(lr=0.05, momentum=0.9, differentiable=True)],
+    "Adam": [dict(lr=0.05, amsgrad=True, weight_decay=0.1), dict(lr=("tensor", 0.05), amsgrad=True, maximize=True),
+             dict(lr=0.05, betas=(("tensor", 0.8), ("tensor", 0.95)), eps=1e-3),
+             dict(lr=0.05, capturable=True, weight_decay=0.1, decoupled_weight_decay=True, amsgrad=True),
+             dict(lr=0.05, differentiable=True, amsgrad=True, weight_decay=0.1)],
+    "AdamW": [dict(lr=0.05, amsgrad=True, maximize=True), dict(lr=("tensor", 0.05), weight_decay=0.3, eps=1e-4),
+              dict(lr=0.05, capturable=True, betas=(0.5, 0.7)), dict(lr=0.05, differentiable=True, weight_decay=0.3)],
+    "Adamax": [dict(lr=0.05, weight_decay=0.1, eps=1e-3), dict(lr=("tensor", 0.05), maximize=True),
+               dict(lr=0.05, capturable=True, betas=(0.6, 0.7)), dict(lr=0.05, differentiable=True)],
+    "Adagrad": [dict(lr=0.1, lr_decay=0.05, eps=1e-3), dict(lr=("tensor", 0.1), initial_accumulator_value=0.5),
+                dict(lr=0.1, weight_decay=0.2, maximize=True, differentiable=True)],
+    "Adadelta": [dict(lr=0.5, rho=0.5, weight_decay=0.1), dict(lr=("tensor", 0.5), maximize=True, eps=1e-3),
+                 dict(lr=0.5, capturable=True), dict(lr=0.5, differentiable=True, weight_decay=0.1)],
+    "RMSprop": [dict(lr=0.01, centered=True, momentum=0.5, weight_decay=0.1),
+                dict(lr=("tensor", 0.01), centered=True, maximize=True, alpha=0.5),
+                dict(lr=0.01, capturable=True, momentum=0.3), dict(lr=0.01, differentiable=True, centered=True),
+                dict(lr=0.01, eps=0.1, momentum=0.9)],
+    "Rprop": [dict(lr=0.05, etas=(0.4, 1.5), step_sizes=(1e-4, 1.0)), dict(lr=("tensor", 0.05), maximize=True),
+              dict(lr=0.05, capturable=True), dict(lr=0.05, differentiable=True)],
+    "NAdam": [dict(lr=0.05, momentum_decay=0.1, weight_decay=0.1), dict(lr=("tensor", 0.05), maximize=True),
+              dict(lr=0.05, decoupled_weight_decay=True, weight_decay=0.2, capturable=True),
+              dict(lr=0.05, differentiable=True, weight_decay=0.1), dict(lr=0.05, eps=1e-2, betas=(0.5, 0.6))],
+    "RAdam": [dict(lr=0.05, weight_decay=0.1, betas=(0.5, 0.6)), dict(lr=("tensor", 0.05), maximize=True),
+              dict(lr=0.05, decoupled_weight_decay=True, weight_decay=0.2, capturable=True),
+              dict(lr=0.05, differentiable=True, eps=1e-3)],
+    "ASGD": [dict(lr=0.05, t0=3, lambd=0.01, alpha=0.6, weight_decay=0.1), dict(lr=("tensor", 0.05), maximize=True),
+             dict(lr=0.05, capturable=True, t0=5), dict(lr=0.05, differentiable=True, t0=2)],
+    "Adafactor": [dict(lr=0.05), dict(lr=("tensor", 0.05), maximize=True, weight_decay=0.1),
+                  dict(lr=0.05, eps=(1e-4, 1e-2), beta2_decay=-0.5, d=2.0)],
+}
+CASES = [(name, kwargs) for name, options in OPTIONS.items() for kwargs in options]
+CASE_IDS = [f"{name}-{k}" for name, options in OPTIONS.items() for k in range(len(options))]
+
+
+def _torch_equivalent(kwargs: dict) -> tuple[dict, dict]:
+    """(torch's options for the same run, the param_groups entries that then differ from tilewise's). tilewise
+    accepts ``capturable=True`` on the CPU (its step counts and step-dependent factors are device tensors anyway,
+    see [Note: optimizers]) where torch refuses a CPU parameter; and a tensor ``lr`` or ``betas`` with
+    ``foreach=True`` (the compiled update reads them as run-time values) where torch refuses them without
+    ``capturable``: torch runs those as its loop, which computes the same values."""
+    theirs, differ = dict(kwargs), {}
+    if kwargs.get("capturable"):
+        theirs["capturable"], differ["capturable"] = False, True
+    tensor_options = any(isinstance(v, tuple) and "tensor" in str(v) for v in kwargs.values())
+    if kwargs.get("foreach") and tensor_options:
+        theirs["foreach"], differ["foreach"] = False, True
+    return theirs, differ
+
+
+def _assert_same_run(ours: list, opt, theirs: list, topt, differ: dict, rtol=2e-6, atol=1e-7):
+    _assert_params_close(ours, theirs, rtol, atol)
+    _assert_state_equal(opt.state_dict()["state"], topt.state_dict()["state"], rtol, atol)
+    their_groups = [{**g, **{k: v for k, v in differ.items() if k in g}} for g in topt.state_dict()["param_groups"]]
+    _assert_groups_equal(opt.state_dict()["param_groups"], their_groups)
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["loop", "foreach"])
+@pytest.mark.parametrize("name,kwargs", CASES, ids=CASE_IDS)
+def test_parameters_and_every_state_entry_match_torch(name, kwargs, foreach):
+    if foreach and kwargs.get("differentiable"):
+        pytest.skip("foreach with differentiable is refused (test_optim_breadth.py)")
+    kwargs = {**kwargs, "foreach": foreach}
+    their_kwargs, differ = _torch_equivalent(kwargs)
+    ours, opt = _run(tw, name, kwargs)
+    theirs, topt = _run(torch, name, their_kwargs)
+    _assert_same_run(ours, opt, theirs, topt, differ)
+
+
+FUSED = [("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.1, maximize=True)),
+         ("SGD", dict(lr=("tensor", 0.05))),
+         ("Adam", dict(lr=0.05, amsgrad=True, maximize=True, weight_decay=0.1)),
+         ("Adam", dict(lr=("tensor", 0.05), weight_decay=0.1, decoupled_weight_decay=True)),
+         ("AdamW", dict(lr=0.05, amsgrad=True, capturable=True)),
+         ("Adagrad", dict(lr=0.1, lr_decay=0.05, weight_decay=0.1, initial_accumulator_value=0.2, maximize=True))]
+
+
+@pytest.mark.parametrize("name,kwargs", FUSED, ids=[f"{n}-{k}" for k, (n, _) in enumerate(FUSED)])
+def test_fused_on_the_cpu_matches_torchs_fused(name, kwargs):
+    kwargs = {**kwargs, "fused": True}
+    their_kwargs, differ = _torch_equivalent(kwargs)
+    ours, opt = _run(tw, name, kwargs)
+    theirs, topt = _run(torch, name, their_kwargs)
+    _assert_same_run(ours, opt, theirs, topt, differ, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,kwargs", CASES, ids=CASE_IDS)
+def test_a_state_dict_loaded_into_a_new_optimizer_continues_as_torch(name, kwargs):
+    """8 steps, the state dict into a fresh optimizer over copies of the parameters, 7 more steps: the same as
+    torch's 15 uninterrupted steps."""
+    ours, opt = _run(tw, name, kwargs, steps=8)
+    saved = opt.state_dict()
+    made = _make(tw, name, kwargs)
+    for group, trained in zip(made[0], ours):
+        for p, q in zip(group, trained):
+            with tw.no_grad():
+                p.copy_(q)
+    made[1].load_state_dict(saved)
+    resumed, opt2 = _run(tw, name, kwargs, start=8, made=made)
+    their_kwargs, differ = _torch_equivalent(kwargs)
+    theirs, topt = _run(torch, name, their_kwargs)
+    _assert_same_run(resumed, opt2, theirs, topt, differ)
+
+
+DEFAULTS = ["SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "Rprop", "NAdam", "RAdam", "ASGD",
+            "Adafactor", "LBFGS", "SparseAdam", "Muon"]
+
+
+@pytest.mark.parametrize("name", DEFAULTS)
+def test_param_groups_and_defaults_hold_torchs_entries(name):
+    """A new optimizer's ``defaults`` and state dict: the same keys, in the same order, with the same values
+    (``foreach: None``, ``differentiable: False``, ``fused: None`` and the rest)."""
+    shape = (3, 3) if name == "Muon" else (3,)
+    ours = getattr(tw.optim, name)([tw.nn.Parameter(tw.zeros(shape))])
+    theirs = getattr(torch.optim, name)([torch.nn.Parameter(torch.zeros(shape))])
+    _assert_groups_equal([ours.defaults], [theirs.defaults])
+    _assert_groups_equal(ours.state_dict()["param_groups"], theirs.state_dict()["param_groups"])
+
+
+@pytest.mark.parametrize("name,kwargs", [("SGD", dict(lr=0.05, momentum=0.9)), ("Adam", dict(lr=0.05, amsgrad=True)),
+                                         ("RMSprop", dict(lr=0.01, centered=True)), ("Rprop", dict(lr=0.05)),
+                                         ("ASGD", dict(lr=0.05, t0=2)), ("Adafactor", dict(lr=0.05))])
+def test_add_param_group_and_zero_grad_keeping_zeros_mid_training(name, kwargs):
+    def train(lib):
+        params, opt, target, noise = _make(lib, name, kwargs)
+        late = lib.nn.Parameter(lib.tensor(np.linspace(-1, 1, 6, dtype="float32").reshape(2, 3)))
+        for t in range(STEPS):
+            if t == 6:
+                opt.add_param_group({"params": [late], "lr": 0.02})
+            _set_grads(lib, params, target, noise, t)
+            if t >= 6:
+                late.grad = late.detach() * 0.5 + 0.1 * t
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        return params + [[late]], opt
+
+    ours, opt = train(tw)
+    theirs, topt = train(torch)
+    _assert_params_close(ours, theirs)
+    _assert_state_equal(opt.state_dict()["state"], topt.state_dict()["state"])
+    _assert_groups_equal(opt.state_dict()["param_groups"], topt.state_dict()["param_groups"])
+    for group, tgroup in zip(ours, theirs):
+        for p, q in zip(group, tgroup):
+            assert (p.grad is None) == (q.grad is None)
+            if q.grad is not None:
+                assert not _np(p.grad).any()
+
+
+LBFGS_OPTIONS = [dict(lr=0.5, line_search_fn="strong_wolfe", history_size=3, tolerance_change=1e-4),
+                 dict(lr=0.2, max_iter=5, max_eval=7, history_size=2, tolerance_grad=1e-3),
+                 dict(lr=("tensor", 0.3), max_iter=4), dict(line_search_fn="strong_wolfe", max_iter=3)]
+
+
+@pytest.mark.parametrize("kwargs", LBFGS_OPTIONS, ids=[str(k) for k in range(len(LBFGS_OPTIONS))])
+def test_lbfgs_with_a_frozen_and_a_gradientless_parameter_matches_torch(kwargs):
+    """Four steps of up to 20 iterations each, in float64 (in float32 the two libraries' dot products round
+    differently, and 80 iterations carry that to the third digit of a small loss)."""
+
+    def train(lib):
+        init, target, _ = _data(dtype="float64")
+        trained = [lib.nn.Parameter(lib.tensor(a)) for a in init[0]]
+        unused = lib.nn.Parameter(lib.tensor(init[ZERO][0]))  # no gradient ever: LBFGS reads zeros
+        frozen = lib.nn.Parameter(lib.tensor(init[FROZEN][0]), requires_grad=False)
+        opt = lib.optim.LBFGS(trained + [unused, frozen], **_kwargs(lib, kwargs))
+        x = lib.tensor(np.linspace(-1, 1, 3))
+
+        def closure():
+            opt.zero_grad()
+            out = trained[0] @ x + trained[1]
+            loss = ((out - lib.tensor(target[0][1])) ** 2).sum() + (trained[0] ** 4).sum() * 0.1
+            loss.backward()
+            return loss
+
+        losses = [float(opt.step(closure).detach()) for _ in range(4)]
+        return trained + [unused, frozen], opt, losses
+
+    ours, opt, losses = train(tw)
+    theirs, topt, tlosses = train(torch)
+    np.testing.assert_allclose(losses, tlosses, rtol=1e-9)
+    _assert_params_close([ours], [theirs], rtol=1e-9, atol=1e-12)
+    _assert_state_equal(opt.state_dict()["state"], topt.state_dict()["state"], rtol=1e-7, atol=1e-10)
+    _assert_groups_equal(opt.state_dict()["param_groups"], topt.state_dict()["param_groups"])
+
+
+# ---------------------------------------------------------------------------------------------- errors
+def _raises_like_torch(make):
+    """``make(lib)`` raises in tilewise what it raises in torch: the same type and message."""
+    with pytest.raises(Exception) as expected:
+        make(torch)
+    with pytest.raises(type(expected.value)) as got:
+        make(tw)
+    assert str(got.value) == str(expected.value).replace("torch.", "tilewise.")
+
+
+def _p(lib, shape=(3,)):
+    return lib.nn.Parameter(lib.zeros(shape))
+
+
+ERRORS = {
+    "SGD-negative-lr": lambda lib: lib.optim.SGD([_p(lib)], lr=-0.1),
+    "SGD-negative-momentum": lambda lib: lib.optim.SGD([_p(lib)], momentum=-0.5),
+    "SGD-negative-weight-decay": lambda lib: lib.optim.SGD([_p(lib)], weight_decay=-1.0),
+    "SGD-nesterov-without-momentum": lambda lib: lib.optim.SGD([_p(lib)], nesterov=True),
+    "SGD-nesterov-with-dampening": lambda lib: lib.optim.SGD([_p(lib)], momentum=0.9, dampening=0.1, nesterov=True),
+    "SGD-tensor-lr-of-two": lambda lib: lib.optim.SGD([_p(lib)], lr=lib.tensor([0.1, 0.2])),
+    "Adam-beta1": lambda lib: lib.optim.Adam([_p(lib)], betas=(1.0, 0.9)),
+    "Adam-beta2": lambda lib: lib.optim.Adam([_p(lib)], betas=(0.9, -0.1)),
+    "Adam-eps": lambda lib: lib.optim.Adam([_p(lib)], eps=-1e-8),
+    "Adam-negative-lr-tensor": lambda lib: lib.optim.Adam([_p(lib)], lr=lib.tensor(-0.1)),
+    "Adam-fused-foreach": lambda lib: lib.optim.Adam([_p(lib)], fused=True, foreach=True),
+    "Adam-fused-differentiable": lambda lib: lib.optim.Adam([_p(lib)], fused=True, differentiable=True),
+    "AdamW-weight-decay": lambda lib: lib.optim.AdamW([_p(lib)], weight_decay=-0.1),
+    "Adamax-beta": lambda lib: lib.optim.Adamax([_p(lib)], betas=(0.9, 1.0)),
+    "Adagrad-lr-decay": lambda lib: lib.optim.Adagrad([_p(lib)], lr_decay=-1.0),
+    "Adagrad-accumulator": lambda lib: lib.optim.Adagrad([_p(lib)], initial_accumulator_value=-1.0),
+    "Adadelta-rho": lambda lib: lib.optim.Adadelta([_p(lib)], rho=1.5),
+    "RMSprop-alpha": lambda lib: lib.optim.RMSprop([_p(lib)], alpha=-0.1),
+    "RMSprop-momentum": lambda lib: lib.optim.RMSprop([_p(lib)], momentum=-0.1),
+    "Rprop-etas": lambda lib: lib.optim.Rprop([_p(lib)], etas=(1.5, 1.2)),
+    "NAdam-momentum-decay": lambda lib: lib.optim.NAdam([_p(lib)], momentum_decay=-0.1),
+    "RAdam-beta": lambda lib: lib.optim.RAdam([_p(lib)], betas=(0.9, 1.5)),
+    "ASGD-weight-decay": lambda lib: lib.optim.ASGD([_p(lib)], weight_decay=-0.1),
+    "Adafactor-beta2-decay": lambda lib: lib.optim.Adafactor([_p(lib)], beta2_decay=0.5),
+    "Adafactor-d": lambda lib: lib.optim.Adafactor([_p(lib)], d=-1.0),
+    "LBFGS-two-groups": lambda lib: lib.optim.LBFGS([{"params": [_p(lib)]}, {"params": [_p(lib)]}]),
+    "LBFGS-max-iter": lambda lib: lib.optim.LBFGS([_p(lib)], lr=-1.0),
+    "SparseAdam-lr": lambda lib: lib.optim.SparseAdam([_p(lib)], lr=0.0),
+    "SparseAdam-eps": lambda lib: lib.optim.SparseAdam([_p(lib)], eps=0.0),
+    "empty": lambda lib: lib.optim.Adam([]),
+    "a-tensor-not-a-list": lambda lib: lib.optim.Adam(_p(lib)),
+    "a-set-in-a-group": lambda lib: lib.optim.Adam([{"params": {_p(lib)}}]),
+    "param-in-two-groups": lambda lib: (lambda p: lib.optim.Adam([{"params": [p]}, {"params": [p]}]))(_p(lib)),
+}
+
+
+@pytest.mark.parametrize("case", ERRORS)
+def test_invalid_options_raise_torchs_error(case):
+    _raises_like_torch(ERRORS[case])
+
+
+def test_duplicate_parameters_warn_as_torch():
+    for lib in (torch, tw):
+        p = _p(lib)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lib.optim.SGD([p, p], lr=0.1)
+        messages = [str(w.message) for w in caught]
+        if lib is torch:
+            expected = messages
+        else:
+            assert messages == expected
