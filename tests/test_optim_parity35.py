@@ -384,3 +384,252 @@ def test_duplicate_parameters_warn_as_torch():
             expected = messages
         else:
             assert messages == expected
+
+
+# ---------------------------------------------------------------------------------------------- LR schedulers
+class Halving:
+    """A callable object: LambdaLR and MultiplicativeLR keep its attributes in their state dicts."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+
+    def __call__(self, epoch: int) -> float:
+        return self.rate ** (epoch // 3)
+
+
+SCHEDULERS = {
+    "LambdaLR-objects": ("SGD", lambda o, s: s.LambdaLR(o, [Halving(0.5), lambda e: 1.0 / (e + 1)], last_epoch=-1)),
+    "MultiplicativeLR-object": ("Adam", lambda o, s: s.MultiplicativeLR(o, Halving(0.9))),
+    "StepLR-gamma-above-one": ("SGD", lambda o, s: s.StepLR(o, step_size=1, gamma=1.05)),
+    "MultiStepLR-unsorted": ("Adam", lambda o, s: s.MultiStepLR(o, milestones=[9, 2, 5, 5], gamma=0.3)),
+    "ConstantLR-zero-iters": ("SGD", lambda o, s: s.ConstantLR(o, factor=0.5, total_iters=0)),
+    "ConstantLR-factor-one": ("SGD", lambda o, s: s.ConstantLR(o, factor=1.0, total_iters=4)),
+    "LinearLR-decay": ("Adam", lambda o, s: s.LinearLR(o, start_factor=1.0, end_factor=0.05, total_iters=7)),
+    "ExponentialLR": ("RMSprop", lambda o, s: s.ExponentialLR(o, gamma=0.8)),
+    "PolynomialLR-power": ("SGD", lambda o, s: s.PolynomialLR(o, total_iters=9, power=0.5)),
+    "CosineAnnealingLR-short": ("SGD", lambda o, s: s.CosineAnnealingLR(o, T_max=3, eta_min=0.02)),
+    "CosineAnnealingWarmRestarts-T_mult": ("Adam", lambda o, s: s.CosineAnnealingWarmRestarts(o, 2, T_mult=3,
+                                                                                              eta_min=1e-3)),
+    "ChainedScheduler-with-optimizer": ("SGD", lambda o, s: s.ChainedScheduler(
+        [s.LinearLR(o, 0.2, total_iters=4), s.CosineAnnealingLR(o, 6), s.StepLR(o, 5, 0.5)], optimizer=o)),
+    "SequentialLR-warmup-cosine": ("AdamW", lambda o, s: s.SequentialLR(
+        o, [s.LinearLR(o, 0.01, 1.0, 5), s.CosineAnnealingWarmRestarts(o, 4, 2)], milestones=[5])),
+    "CyclicLR-triangular-Adam": ("Adam", lambda o, s: s.CyclicLR(o, [0.001, 0.002], [0.01, 0.03], step_size_up=3,
+                                                                  base_momentum=[0.7, 0.75], max_momentum=0.95)),
+    "CyclicLR-triangular2-SGD": ("SGD", lambda o, s: s.CyclicLR(o, 0.01, 0.1, 2, 5, mode="triangular2",
+                                                                base_momentum=0.5, max_momentum=0.9)),
+    "CyclicLR-exp_range-RMSprop": ("RMSprop", lambda o, s: s.CyclicLR(o, 0.01, 0.1, 4, mode="exp_range", gamma=0.9,
+                                                                      base_momentum=0.6, max_momentum=0.8)),
+    "CyclicLR-scale_fn-cycle": ("SGD", lambda o, s: s.CyclicLR(o, 0.01, 0.1, 3, scale_fn=Halving(0.7),
+                                                               scale_mode="cycle", cycle_momentum=False)),
+    "OneCycleLR-three-phase-linear": ("SGD", lambda o, s: s.OneCycleLR(
+        o, [0.5, 1.0], total_steps=30, pct_start=0.25, anneal_strategy="linear", three_phase=True,
+        base_momentum=[0.8, 0.7], max_momentum=0.9, div_factor=10, final_div_factor=100)),
+    "OneCycleLR-Adam-cos": ("Adam", lambda o, s: s.OneCycleLR(o, 0.1, epochs=3, steps_per_epoch=10, pct_start=0.5,
+                                                              three_phase=True)),
+    "OneCycleLR-no-momentum": ("AdamW", lambda o, s: s.OneCycleLR(o, 0.1, total_steps=31, cycle_momentum=False,
+                                                                  anneal_strategy="linear")),
+}
+SCHEDULERS.update({
+    "StepLR-tensor-lr": ("Adam-tensor-lr", lambda o, s: s.StepLR(o, 3, 0.5)),
+    "OneCycleLR-tensor-lr": ("SGD-tensor-lr", lambda o, s: s.OneCycleLR(o, 0.1, total_steps=31)),
+    "CyclicLR-tensor-lr": ("Adam-tensor-lr", lambda o, s: s.CyclicLR(o, 0.01, 0.1, 3)),
+    "SequentialLR-tensor-lr": ("SGD-tensor-lr", lambda o, s: s.SequentialLR(
+        o, [s.ConstantLR(o, 0.5, 3), s.ExponentialLR(o, 0.9)], milestones=[4])),
+})
+SCHEDULER_STEPS = 30
+
+
+def _scheduler_optimizer(lib, name):
+    params = [lib.nn.Parameter(lib.zeros(2)) for _ in range(2)]
+    tensor_lr = name.endswith("-tensor-lr")
+    name = name.removesuffix("-tensor-lr")
+    groups = [{"params": [params[0]], "lr": lib.tensor(0.05) if tensor_lr else 0.05},
+              {"params": [params[1]], "lr": lib.tensor(0.1) if tensor_lr else 0.1}]
+    options = {"SGD": {"momentum": 0.9}, "RMSprop": {"momentum": 0.5}}.get(name, {})
+    return getattr(lib.optim, name)(groups, **options)
+
+
+def _scheduler_record(opt, sched):
+    """What a scheduler shows after a step: its last rates, the groups' rates and momenta, its state dict."""
+    momenta = tuple(g["betas"][0] if "betas" in g else g.get("momentum") for g in opt.param_groups)
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    return (tuple(_plain_state(lr) for lr in sched.get_last_lr()), tuple(_plain_state(g["lr"]) for g in groups),
+            momenta, _plain_state(sched.state_dict()), _plain_state(groups))
+
+
+def _plain_state(value):
+    """A scheduler's state dict as comparable data: functions as a marker (torch keeps them out), scheduler
+    objects by class name, numbers as they are."""
+    if isinstance(value, dict):
+        return {k: _plain_state(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__, [_plain_state(v) for v in value]
+    if callable(value):
+        return "callable"
+    if isinstance(value, (tw.Tensor, torch.Tensor)):
+        return "tensor", float(_np(value))
+    return value
+
+
+def _scheduled(lib, name, steps=SCHEDULER_STEPS, resume_at=None):
+    optimizer, make = SCHEDULERS[name]
+    opt = _scheduler_optimizer(lib, optimizer)
+    sched = make(opt, lib.optim.lr_scheduler)
+    out = [_scheduler_record(opt, sched)]
+    for t in range(steps):
+        if t == resume_at:  # a fresh optimizer and scheduler from the two state dicts
+            saved = opt.state_dict(), sched.state_dict()
+            opt = _scheduler_optimizer(lib, optimizer)
+            sched = make(opt, lib.optim.lr_scheduler)
+            opt.load_state_dict(saved[0])
+            sched.load_state_dict(saved[1])
+        opt.step()
+        sched.step()
+        out.append(_scheduler_record(opt, sched))
+    return out
+
+
+def _assert_records_equal(ours, theirs):
+    for t, (a, b) in enumerate(zip(ours, theirs)):
+        assert a[0] == _approx(b[0]), f"get_last_lr() after {t} steps"
+        assert a[1] == _approx(b[1]), f"group lrs after {t} steps"
+        assert a[2] == pytest.approx(b[2], rel=1e-13), f"momenta after {t} steps"
+        assert list(a[3]) == list(b[3]), f"state dict keys after {t} steps"
+        assert a[3] == _approx(b[3]), f"state dict after {t} steps"
+        assert [list(g) for g in a[4][1]] == [list(g) for g in b[4][1]], f"param_groups keys after {t} steps"
+        assert a[4] == _approx(b[4]), f"param_groups after {t} steps"
+    assert len(ours) == len(theirs)
+
+
+def _approx(value):
+    if isinstance(value, dict):
+        return {k: _approx(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_approx(v) for v in value)
+    if isinstance(value, float):
+        return pytest.approx(value, rel=1e-13)
+    return value
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_scheduler_rates_momenta_and_state_dict_at_every_step_match_torch(name):
+    _assert_records_equal(_scheduled(tw, name), _scheduled(torch, name))
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_scheduler_state_dict_loaded_into_a_new_scheduler_continues_as_torch(name):
+    _assert_records_equal(_scheduled(tw, name, resume_at=11), _scheduled(torch, name))
+
+
+def _plateau_run(lib, kwargs, metrics, optimizer="SGD"):
+    opt = _scheduler_optimizer(lib, optimizer)
+    sched = lib.optim.lr_scheduler.ReduceLROnPlateau(opt, **kwargs)
+    out = []
+    for m in metrics:
+        opt.step()
+        sched.step(m)
+        state = {k: v for k, v in sched.state_dict().items() if k != "optimizer"}
+        out.append((tuple(sched.get_last_lr()), tuple(g["lr"] for g in opt.param_groups), state))
+    return out
+
+
+PLATEAU = [dict(mode="max", threshold_mode="rel", threshold=0.1, cooldown=2, patience=1, min_lr=[0.01, 0.02]),
+           dict(mode="min", threshold_mode="abs", threshold=0.05, cooldown=1, patience=0, factor=0.5,
+                min_lr=[0.0, 0.03], eps=1e-3),
+           dict(mode="max", threshold_mode="abs", threshold=0.0, patience=2, factor=0.2)]
+
+
+@pytest.mark.parametrize("kwargs", PLATEAU, ids=["max-rel-cooldown", "min-abs-min_lr-list", "max-abs"])
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
+def test_reduce_on_plateau_options_match_torch(kwargs, optimizer):
+    metrics = [1.0, 1.0, 0.98, 1.2, 1.21, 1.19, 1.3, 0.4, 0.4, 0.41, 0.39, 2.0, 2.0, 2.0, 2.0, 0.1, 0.1, 0.1]
+    assert _plateau_run(tw, kwargs, metrics, optimizer) == _plateau_run(torch, kwargs, metrics, optimizer)
+
+
+def _fractional(lib, t_mult, iters, epochs):
+    opt = _scheduler_optimizer(lib, "SGD")
+    sched = lib.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=2, T_mult=t_mult, eta_min=0.001)
+    out = []
+    for epoch in range(epochs):
+        for i in range(iters):
+            opt.step()
+            sched.step(epoch + i / iters)
+            out.append((tuple(sched.get_last_lr()), sched.T_cur, sched.T_i, sched.last_epoch))
+    opt.step()
+    sched.step()  # without an epoch, after fractional ones
+    out.append((tuple(sched.get_last_lr()), sched.T_cur, sched.T_i, sched.last_epoch))
+    return out
+
+
+@pytest.mark.parametrize("t_mult,iters", [(2, 5), (1, 3), (4, 4)])
+def test_cosine_warm_restarts_per_batch_then_without_epoch_matches_torch(t_mult, iters):
+    ours, theirs = _fractional(tw, t_mult, iters, 9), _fractional(torch, t_mult, iters, 9)
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert a[0] == pytest.approx(b[0], rel=1e-13)
+        assert a[1:] == pytest.approx(b[1:], rel=1e-13)
+
+
+def _caught(lib, actions):
+    """The warnings ``actions`` emit, and the error that ends them, if any."""
+    opt = _scheduler_optimizer(lib, "SGD")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            actions(lib, opt)
+        except Exception as error:  # noqa: BLE001 - compared with torch's below
+            caught.append(warnings.WarningMessage(str(error), type(error), "", 0))
+    return [(w.category.__name__, str(w.message)) for w in caught]
+
+
+def _without_torch_references(message: str) -> str:
+    """torch's message less its sentences about PyTorch itself (its version history, its issue tracker, its
+    documentation), which tilewise's leaves out or puts in its own words."""
+    sentences = [s for s in message.split(". ") if "pytorch" not in s.lower()]
+    return ". ".join(sentences).rstrip(".")
+
+
+WARNING_CASES = {
+    "scheduler-before-optimizer": lambda lib, o: (lambda s: (s.step(), o.step(), s.step()))(
+        lib.optim.lr_scheduler.ExponentialLR(o, 0.9)),
+    "epoch-argument": lambda lib, o: (lambda s: (o.step(), s.step(2)))(lib.optim.lr_scheduler.StepLR(o, 2)),
+    "plateau-epoch-argument": lambda lib, o: (lambda s: (o.step(), s.step(1.0, 3)))(
+        lib.optim.lr_scheduler.ReduceLROnPlateau(o)),
+    "sequential-epoch-refused": lambda lib, o: (lambda s: (o.step(), s.step(1)))(
+        lib.optim.lr_scheduler.SequentialLR(o, [lib.optim.lr_scheduler.ConstantLR(o),
+                                                lib.optim.lr_scheduler.StepLR(o, 2)], [3])),
+    "cosine-restarts-epoch-before-step": lambda lib, o: lib.optim.lr_scheduler.CosineAnnealingWarmRestarts(
+        o, 3).step(0.5),
+    "one-cycle-no-warning": lambda lib, o: (lambda s: (o.step(), s.step()))(
+        lib.optim.lr_scheduler.OneCycleLR(o, 0.1, total_steps=5)),
+}
+
+
+@pytest.mark.parametrize("case", WARNING_CASES)
+def test_scheduler_warnings_are_torchs_word_for_word(case):
+    ours = _caught(tw, WARNING_CASES[case])
+    theirs = _caught(torch, WARNING_CASES[case])
+    assert [c for c, _ in ours] == [c for c, _ in theirs]
+    for (_, mine), (_, torchs) in zip(ours, theirs):
+        assert mine.startswith(_without_torch_references(torchs).replace("torch.", "tilewise."))
+
+
+def test_last_epoch_resume_needs_initial_lr_and_continues_as_torch():
+    def run(lib):
+        opt = _scheduler_optimizer(lib, "Adam")
+        s = lib.optim.lr_scheduler
+        first = s.OneCycleLR(opt, 0.1, total_steps=20)
+        for _ in range(6):
+            opt.step()
+            first.step()
+        # a new scheduler resuming at the epoch the first reached, on the optimizer it left (initial_lr in place)
+        resumed = s.CosineAnnealingLR(opt, T_max=10, eta_min=0.001, last_epoch=first.last_epoch)
+        out = [tuple(resumed.get_last_lr()), resumed.last_epoch]
+        for _ in range(5):
+            opt.step()
+            resumed.step()
+            out.append((tuple(resumed.get_last_lr()), resumed.last_epoch))
+        return out
+
+    assert run(tw) == run(torch)
