@@ -281,6 +281,41 @@ def test_add_param_group_and_zero_grad_keeping_zeros_mid_training(name, kwargs):
                 assert not _np(p.grad).any()
 
 
+_NEWER = ("foreach", "maximize", "differentiable")
+OLDER_KEYS = {  # the options each torch optimizer's __setstate__ fills in when a checkpoint lacks them
+    "SGD": _NEWER + ("nesterov", "fused"),
+    "Adam": _NEWER + ("amsgrad", "capturable", "decoupled_weight_decay", "fused"),
+    "AdamW": _NEWER + ("amsgrad", "capturable", "decoupled_weight_decay", "fused"), "Adamax": _NEWER + ("capturable",),
+    "Adagrad": _NEWER + ("fused",), "Adadelta": _NEWER + ("capturable",),
+    "RMSprop": _NEWER + ("capturable", "momentum", "centered"), "Rprop": _NEWER + ("capturable",),
+    "NAdam": _NEWER + ("capturable", "decoupled_weight_decay"),
+    "RAdam": _NEWER + ("capturable", "decoupled_weight_decay"),
+    "ASGD": _NEWER + ("capturable",), "Adafactor": ("foreach",),
+}
+
+
+@pytest.mark.parametrize("name,kwargs", [c for c in CASES if not c[1].get("differentiable")],
+                         ids=[i for i, c in zip(CASE_IDS, CASES) if not c[1].get("differentiable")])
+def test_a_checkpoint_of_an_older_torch_loads_as_in_torch(name, kwargs):
+    """A state dict written before the newer options existed (no ``foreach``, ``maximize``, ``differentiable``,
+    ``decoupled_weight_decay`` ...; step counts and NAdam's and ASGD's scalars as Python numbers): each optimizer
+    fills in what torch's ``__setstate__`` fills in, in the same order, and continues as torch's does."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in OLDER_KEYS[name] and "tensor" not in str(v)}
+    _, topt = _run(torch, name, kwargs, steps=8)
+    old = topt.state_dict()
+    old = {"state": {i: {k: (v.item() if isinstance(v, torch.Tensor) and v.dim() == 0 else v) for k, v in s.items()}
+                     for i, s in old["state"].items()},
+           "param_groups": [{k: v for k, v in g.items() if k not in OLDER_KEYS[name]} for g in old["param_groups"]]}
+    runs = []
+    for lib in (tw, torch):
+        made = _make(lib, name, kwargs)
+        made[1].load_state_dict(old)
+        assert all("foreach" in g for g in made[1].param_groups)
+        runs.append(_run(lib, name, kwargs, start=8, made=made))
+    (ours, opt), (theirs, topt) = runs
+    _assert_same_run(ours, opt, theirs, topt, {})
+
+
 LBFGS_OPTIONS = [dict(lr=0.5, line_search_fn="strong_wolfe", history_size=3, tolerance_change=1e-4),
                  dict(lr=0.2, max_iter=5, max_eval=7, history_size=2, tolerance_grad=1e-3),
                  dict(lr=("tensor", 0.3), max_iter=4), dict(line_search_fn="strong_wolfe", max_iter=3)]

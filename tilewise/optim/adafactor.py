@@ -19,6 +19,9 @@ class Adafactor(Optimizer):
     state_args = ("row_var", "col_var", "variance", "step")
     hyper_args = ("beta2_decay", "eps", "d", "weight_decay", "maximize")
 
+    backfilled_options = (("foreach", None),)
+    number_state = ("step",)
+
     def __init__(self, params, lr: float | Tensor = 1e-2, beta2_decay: float = -0.8,
                  eps: tuple[float | None, float] = (None, 1e-3), d: float = 1.0, weight_decay: float = 0.0, *,
                  foreach: bool | None = None, maximize: bool = False) -> None:

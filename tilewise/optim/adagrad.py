@@ -18,6 +18,9 @@ class Adagrad(Optimizer):
     """torch.optim.Adagrad: ``sum += g * g``; ``p -= lr / (1 + (step - 1) * lr_decay) * g / (sqrt(sum) + eps)``.
     Its state exists from construction (``sum`` starts at ``initial_accumulator_value``), as in torch."""
 
+    backfilled_options = (("foreach", None), ("maximize", False), ("differentiable", False), ("fused", None))
+    number_state = ("step",)
+
     def __init__(self, params, lr: float | Tensor = 1e-2, lr_decay: float = 0, weight_decay: float = 0,
                  initial_accumulator_value: float = 0, eps: float = 1e-10, foreach: bool | None = None, *,
                  maximize: bool = False, differentiable: bool = False, fused: bool | None = None) -> None:

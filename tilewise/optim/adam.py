@@ -19,6 +19,10 @@ class Adam(Optimizer):
     """torch.optim.Adam: moment estimates with bias correction; ``weight_decay`` is added to the gradient
     (L2), or, with ``decoupled_weight_decay=True`` (AdamW), applied to the parameter directly."""
 
+    backfilled_options = (("amsgrad", False), ("maximize", False), ("foreach", None), ("capturable", False),
+                          ("differentiable", False), ("decoupled_weight_decay", False), ("fused", None))
+    number_state = ("step",)
+
     def __init__(self, params, lr: float | Tensor = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *, foreach: bool | None = None,
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False,
@@ -132,6 +136,8 @@ class AdamW(Adam):
     >>> model(tw.ones(4, 3)).sum().backward(); opt.step(); opt.state_dict()["state"][0]["step"].item()
     1.0
     """
+
+    forced_options = (("decoupled_weight_decay", True),)
 
     def __init__(self, params, lr: float | Tensor = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,

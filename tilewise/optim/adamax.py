@@ -22,6 +22,9 @@ class Adamax(Optimizer):
     state_args = ("exp_avg", "exp_inf", "step")
     hyper_args = ("betas", "eps", "weight_decay", "maximize", "differentiable")
 
+    backfilled_options = (("foreach", None), ("maximize", False), ("differentiable", False), ("capturable", False))
+    number_state = ("step",)
+
     def __init__(self, params, lr: float | Tensor = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, foreach: bool | None = None, *, maximize: bool = False,
                  differentiable: bool = False, capturable: bool = False) -> None:

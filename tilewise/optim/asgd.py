@@ -17,6 +17,9 @@ class ASGD(Optimizer):
     state_args = ("ax", "mu", "eta", "step")
     hyper_args = ("lambd", "alpha", "t0", "weight_decay", "maximize")
 
+    backfilled_options = (("foreach", None), ("maximize", False), ("differentiable", False), ("capturable", False))
+    number_state = ("step", "eta", "mu")
+
     def __init__(self, params, lr: float | Tensor = 1e-2, lambd: float = 1e-4, alpha: float = 0.75, t0: float = 1e6,
                  weight_decay: float = 0, foreach: bool | None = None, maximize: bool = False,
                  differentiable: bool = False, capturable: bool = False) -> None:

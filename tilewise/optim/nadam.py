@@ -24,6 +24,10 @@ class NAdam(Optimizer):
     hyper_args = ("betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize",
                   "differentiable")
 
+    backfilled_options = (("maximize", False), ("foreach", None), ("capturable", False), ("differentiable", False),
+                          ("decoupled_weight_decay", False))
+    number_state = ("step", "mu_product")
+
     def __init__(self, params, lr: float | Tensor = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, momentum_decay: float = 4e-3,
                  decoupled_weight_decay: bool = False, *, foreach: bool | None = None, maximize: bool = False,

@@ -452,11 +452,29 @@ class Optimizer:
     def __getstate__(self) -> dict:
         return {"defaults": self.defaults, "state": self.state, "param_groups": self.param_groups}
 
+    # what torch's per-optimizer __setstate__ fills in for a checkpoint written before newer options existed: the
+    # group entries it lacks (name, value; in torch's order), entries set whatever the checkpoint says (AdamW's
+    # decoupled weight decay), and the state entries older versions kept as Python numbers (now 0-dim tensors)
+    backfilled_options: tuple[tuple[str, Any], ...] = ()
+    forced_options: tuple[tuple[str, Any], ...] = ()
+    number_state: tuple[str, ...] = ()
+
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._init_hooks()
         self.defaults.setdefault("differentiable", False)
         self.__dict__.pop("_programs", None)  # compiled for the tensors held before
+        for group in self.param_groups:
+            for name, value in self.backfilled_options:
+                group.setdefault(name, value)
+            group.update(self.forced_options)
+            for p in group["params"]:
+                self._numbers_to_tensors(self.state.get(p), p)
+
+    def _numbers_to_tensors(self, state: dict | None, p: Tensor) -> None:
+        for name in self.number_state if state else ():
+            if name in state and not isinstance(state[name], Tensor):
+                state[name] = self._step_tensor(p).fill_(float(state[name]))
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]

@@ -26,6 +26,9 @@ class SGD(Optimizer):
 
     _loops_when_differentiable = True
 
+    backfilled_options = (("nesterov", False), ("maximize", False), ("foreach", None), ("differentiable", False),
+                          ("fused", False))
+
     def __init__(self, params, lr: float | Tensor = 1e-3, momentum: float = 0, dampening: float = 0,
                  weight_decay: float = 0, nesterov: bool = False, *, maximize: bool = False,
                  foreach: bool | None = None, differentiable: bool = False, fused: bool | None = None) -> None:
