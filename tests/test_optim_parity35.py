@@ -134,11 +134,13 @@ def _assert_params_close(ours, theirs, rtol=2e-6, atol=1e-7):
 OPTIONS = {
     "SGD": [dict(lr=0.05), dict(lr=0.05, momentum=0.9, dampening=0.5, weight_decay=0.05, maximize=True),
             dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.1), dict(lr=("tensor", 0.05), momentum=0.9),
-            dict(lr=0.05, momentum=0.9, differentiable=True)],
+            dict(lr=0.05, momentum=0.9, differentiable=True),
+            dict(lr=0.05, momentum=0.5, weight_decay=("tensor", 0.1), dampening=0.3)],
     "Adam": [dict(lr=0.05, amsgrad=True, weight_decay=0.1), dict(lr=("tensor", 0.05), amsgrad=True, maximize=True),
              dict(lr=0.05, betas=(("tensor", 0.8), ("tensor", 0.95)), eps=1e-3),
              dict(lr=0.05, capturable=True, weight_decay=0.1, decoupled_weight_decay=True, amsgrad=True),
-             dict(lr=0.05, differentiable=True, amsgrad=True, weight_decay=0.1)],
+             dict(lr=0.05, differentiable=True, amsgrad=True, weight_decay=0.1),
+             dict(lr=0.05, differentiable=True, betas=(("tensor", 0.8), ("tensor", 0.95)), maximize=True)],
     "AdamW": [dict(lr=0.05, amsgrad=True, maximize=True), dict(lr=("tensor", 0.05), weight_decay=0.3, eps=1e-4),
               dict(lr=0.05, capturable=True, betas=(0.5, 0.7)), dict(lr=0.05, differentiable=True, weight_decay=0.3)],
     "Adamax": [dict(lr=0.05, weight_decay=0.1, eps=1e-3), dict(lr=("tensor", 0.05), maximize=True),
@@ -200,6 +202,36 @@ def test_parameters_and_every_state_entry_match_torch(name, kwargs, foreach):
     ours, opt = _run(tw, name, kwargs)
     theirs, topt = _run(torch, name, their_kwargs)
     _assert_same_run(ours, opt, theirs, topt, differ)
+
+
+@pytest.mark.parametrize("name,kwargs", CASES, ids=CASE_IDS)
+def test_in_float64_parameters_and_state_match_torch_to_the_last_bits(name, kwargs):
+    their_kwargs, differ = _torch_equivalent(kwargs)
+    ours, opt = _run(tw, name, kwargs, dtype="float64")
+    theirs, topt = _run(torch, name, their_kwargs, dtype="float64")
+    _assert_same_run(ours, opt, theirs, topt, differ, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("name,kwargs", [("SGD", dict()), ("SGD", dict(weight_decay=0.1, maximize=True)),
+                                         ("Adam", dict(amsgrad=True)), ("Adam", dict(weight_decay=0.1)),
+                                         ("AdamW", dict()), ("RAdam", dict()), ("RAdam", dict(betas=(0.5, 0.5)))])
+def test_a_learning_rate_that_requires_grad_gets_torchs_hypergradient(name, kwargs):
+    """``differentiable=True`` with a tensor ``lr`` that requires grad: the gradient of a loss of the updated
+    parameters with respect to the learning rate (for the optimizers whose update torch can differentiate with
+    respect to it)."""
+    grads = []
+    for lib in (tw, torch):
+        lr = lib.tensor(0.05, dtype=lib.float64, requires_grad=True)
+        start = lib.tensor([0.5, -1.0, 2.0], dtype=lib.float64, requires_grad=True)
+        p = start.clone()
+        opt = getattr(lib.optim, name)([p], lr=lr, differentiable=True, **kwargs)
+        for t in range(3):
+            p.grad = ((p * 0.5).exp() * (t + 1) - 1.0).detach()
+            opt.step()
+        (p * p).sum().backward()
+        grads.append((float(lr.grad), start.grad.numpy()))
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-12)
+    np.testing.assert_allclose(grads[0][1], grads[1][1], rtol=1e-12)
 
 
 FUSED = [("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.1, maximize=True)),

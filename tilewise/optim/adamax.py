@@ -10,6 +10,7 @@ from tilewise.optim.optimizer import (
     check_lr,
     check_non_negative,
     grad_mode_of_differentiable,
+    in_dtype_of_lr,
 )
 from tilewise.tensor import Tensor
 
@@ -59,5 +60,5 @@ def _adamax_update(params, grads, exp_avgs, exp_infs, steps, lr, betas, eps, wei
             exp_inf.copy_(call("stack", [exp_inf.mul_(beta2), grad.abs().add_(eps)]).amax(0))
         else:
             exp_inf.copy_(exp_inf.mul_(beta2).maximum(grad.abs().add_(eps)))
-        clr = lr / (1 - beta1 ** steps[k].double())
+        clr = lr / in_dtype_of_lr(lr, 1 - beta1 ** steps[k].double())
         add_scaled_ratio(p, exp_avg, exp_inf, -clr)

@@ -10,6 +10,7 @@ from tilewise.optim.optimizer import (
     check_lr,
     check_non_negative,
     grad_mode_of_differentiable,
+    in_dtype_of_lr,
 )
 from tilewise.tensor import Tensor
 
@@ -81,8 +82,9 @@ def _nadam_update(params, grads, exp_avgs, exp_avg_sqs, mu_products, steps, lr, 
             continue
         denom.add_(eps)
         product = mu_product.double()
-        add_scaled_ratio(p, grad, denom, -lr * (1.0 - mu) / (1.0 - product))
-        add_scaled_ratio(p, exp_avg, denom, (-lr * mu_next) / (1.0 - product * mu_next))
+        add_scaled_ratio(p, grad, denom, -lr * in_dtype_of_lr(lr, 1.0 - mu) / in_dtype_of_lr(lr, 1.0 - product))
+        add_scaled_ratio(p, exp_avg, denom,
+                         (-lr * in_dtype_of_lr(lr, mu_next)) / in_dtype_of_lr(lr, 1.0 - product * mu_next))
 
 
 def _differentiable_nadam_update(p, grad, exp_avg, denom, mu_product, mu, mu_next, lr) -> None:

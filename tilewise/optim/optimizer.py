@@ -529,6 +529,23 @@ def check_betas(betas) -> None:
             raise ValueError(f"Invalid beta parameter at index {k}: {beta}")
 
 
+def in_dtype_of_lr(lr, value):
+    """``value``, a float64 factor that torch computes as a Python number, as torch meets it with a tensor ``lr``:
+    rounded to ``lr``'s dtype (a Python number meets a float32 tensor in float32), so that the step size, read
+    back as a number by torch, is the float32 one; unchanged with a number ``lr``."""
+    return value.to(lr.dtype) if isinstance(lr, Tensor) and isinstance(value, Tensor) else value
+
+
+def rounded_power(base, exponent: Tensor, dtype=None) -> Tensor:
+    """``base ** exponent`` in ``dtype`` (the dtype of a tensor ``base``, else of ``exponent``) as torch's 0-dim pow
+    gives it: the base rounded to that dtype, the power taken in float64 and rounded once. (numpy's float32 power
+    rounds differently from torch's in about a fifth of cases, enough to move a step size in its last bit.)"""
+    dtype = dtype or (base.dtype if isinstance(base, Tensor) else exponent.dtype)
+    if not isinstance(base, Tensor):
+        base = OPS["full"]((), base, dtype=dtype, device=exponent.device)
+    return (base.double() ** exponent.double()).to(dtype)
+
+
 def add_scaled(p: Tensor, t: Tensor, scale) -> None:
     """``p += scale * t``: torch's ``p.add_(t, alpha=scale)``; a tensor ``scale`` (a learning rate or a step-size
     expression, see [Note: optimizers]) rounds to ``p``'s dtype as the Python number would."""
