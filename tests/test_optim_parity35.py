@@ -435,6 +435,26 @@ ERRORS = {
 }
 
 
+FUSED_REFUSALS = [("SGD", {}), ("SGD", {"momentum": 0.9}), ("Adam", {}), ("AdamW", {"amsgrad": True}),
+                  ("Adagrad", {})]
+
+
+@pytest.mark.parametrize("name,kwargs", FUSED_REFUSALS, ids=[f"{n}-{k}" for k, (n, _) in enumerate(FUSED_REFUSALS)])
+def test_fused_refuses_a_complex_parameter_at_the_first_step_as_torch(name, kwargs):
+    messages = []
+    for lib in (torch, tw):
+        p = lib.nn.Parameter(lib.zeros(3, dtype=lib.complex64))
+        p.grad = lib.ones(3, dtype=lib.complex64)
+        opt = getattr(lib.optim, name)([p], lr=0.1, fused=True, **kwargs)
+        with pytest.raises(RuntimeError) as info:
+            opt.step()
+        messages.append(str(info.value))
+        assert not _np(p).any()
+    head = "`fused=True` requires all the params to be floating point Tensors of supported devices: "
+    assert messages[0].startswith(head) and messages[1].startswith(head)
+    assert messages[1].endswith(messages[0].split("]")[-1].replace("torch.", "tilewise."))
+
+
 @pytest.mark.parametrize("case", ERRORS)
 def test_invalid_options_raise_torchs_error(case):
     _raises_like_torch(ERRORS[case])

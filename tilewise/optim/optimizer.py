@@ -262,12 +262,12 @@ class Optimizer:
         params = tensors[0]
         if not params:
             return
+        if group.get("fused"):
+            check_fused(params)
         if self._complex_as_real and any(p.is_complex() for p in params):
             # the loop, over the real views: a compiled multi-tensor program takes no view of another dtype's storage
             update(*(_as_real(ts) for ts in tensors), self._traced_lr(k, group, params[0].device), *hyper)
             return
-        if group.get("fused"):
-            _check_fused(params)
         if use_compiled(self._multi_tensor_choice(group), params):
             lr = group["lr"]  # a number becomes a 0-dim tensor the program reads; a tensor is read as it is
             lr = lr if isinstance(lr, Tensor) else self._scalar(f"lr{k}", lr, params[0].device)
@@ -502,7 +502,8 @@ def check_implementation_flags(fused: bool | None, foreach: bool | None, differe
             raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 
-def _check_fused(params: list[Tensor]) -> None:
+def check_fused(params: list[Tensor]) -> None:
+    """torch's refusal, at the first step, of ``fused=True`` for a parameter that is not floating point."""
     for p in params:
         if p.device.type not in FUSED_DEVICES or not p.is_floating_point():
             raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tilewise.optim.optimizer import (
     Optimizer,
     add_scaled,
+    check_fused,
     check_implementation_flags,
     check_lr,
     check_non_negative,
@@ -54,6 +55,8 @@ class SGD(Optimizer):
                 continue
             buffers = [self.state[p].get("momentum_buffer") for p in params]
             if any(buf is None for buf in buffers):  # the first step makes the buffers: the loop does it
+                if group["fused"]:
+                    check_fused(params)
                 _sgd_update(params, grads, buffers, group["lr"], *hyper)
                 for p, buf in zip(params, buffers):
                     self.state[p]["momentum_buffer"] = buf
