@@ -720,3 +720,42 @@ def test_last_epoch_resume_needs_initial_lr_and_continues_as_torch():
         return out
 
     assert run(tw) == run(torch)
+
+
+@pytest.mark.parametrize("kwargs", PLATEAU, ids=["max-rel-cooldown", "min-abs-min_lr-list", "max-abs"])
+def test_reduce_on_plateau_with_negative_metrics_matches_torch(kwargs):
+    """The relative threshold of a negative best: torch scales by ``best * (1 +- threshold)`` whatever its sign."""
+    metrics = [-1.0, -1.05, -0.98, -1.2, -1.21, -1.19, -1.3, -0.4, -0.4, -0.41, -0.39, -2.0, -2.0, -2.0, -0.1]
+    assert _plateau_run(tw, kwargs, metrics) == _plateau_run(torch, kwargs, metrics)
+
+
+RESUMED = {
+    "OneCycleLR": lambda o, s, e: s.OneCycleLR(o, [0.5, 1.0], total_steps=20, three_phase=True, last_epoch=e),
+    "CyclicLR": lambda o, s, e: s.CyclicLR(o, 0.01, 0.1, 3, mode="triangular2", last_epoch=e),
+    "CosineAnnealingWarmRestarts": lambda o, s, e: s.CosineAnnealingWarmRestarts(o, 3, 2, last_epoch=e),
+    "PolynomialLR": lambda o, s, e: s.PolynomialLR(o, 9, 2.0, last_epoch=e),
+    "LinearLR": lambda o, s, e: s.LinearLR(o, 0.2, 0.9, 8, last_epoch=e),
+    "MultiStepLR": lambda o, s, e: s.MultiStepLR(o, [2, 6, 9], 0.5, last_epoch=e),
+}
+
+
+@pytest.mark.parametrize("name", RESUMED)
+def test_a_scheduler_made_with_last_epoch_resumes_as_torch(name):
+    """Six steps of a scheduler, then a new one of the same kind made with ``last_epoch`` on the same optimizer (its
+    ``initial_lr`` and any ``max_lr``/``min_lr``/momenta entries in place): torch's rates and state after each step."""
+    def run(lib):
+        opt = _scheduler_optimizer(lib, "SGD")
+        s = lib.optim.lr_scheduler
+        first = RESUMED[name](opt, s, -1)
+        for _ in range(6):
+            opt.step()
+            first.step()
+        resumed = RESUMED[name](opt, s, first.last_epoch)
+        out = [_scheduler_record(opt, resumed)]
+        for _ in range(8):
+            opt.step()
+            resumed.step()
+            out.append(_scheduler_record(opt, resumed))
+        return out
+
+    _assert_records_equal(run(tw), run(torch))
