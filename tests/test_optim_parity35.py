@@ -146,7 +146,8 @@ OPTIONS = {
     "Adamax": [dict(lr=0.05, weight_decay=0.1, eps=1e-3), dict(lr=("tensor", 0.05), maximize=True),
                dict(lr=0.05, capturable=True, betas=(0.6, 0.7)), dict(lr=0.05, differentiable=True)],
     "Adagrad": [dict(lr=0.1, lr_decay=0.05, eps=1e-3), dict(lr=("tensor", 0.1), initial_accumulator_value=0.5),
-                dict(lr=0.1, weight_decay=0.2, maximize=True, differentiable=True)],
+                dict(lr=0.1, weight_decay=0.2, maximize=True, differentiable=True),
+                dict(lr=("tensor", 0.1), lr_decay=0.3, weight_decay=0.1)],
     "Adadelta": [dict(lr=0.5, rho=0.5, weight_decay=0.1), dict(lr=("tensor", 0.5), maximize=True, eps=1e-3),
                  dict(lr=0.5, capturable=True), dict(lr=0.5, differentiable=True, weight_decay=0.1)],
     "RMSprop": [dict(lr=0.01, centered=True, momentum=0.5, weight_decay=0.1),
@@ -239,16 +240,19 @@ FUSED = [("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.1, ma
          ("Adam", dict(lr=0.05, amsgrad=True, maximize=True, weight_decay=0.1)),
          ("Adam", dict(lr=("tensor", 0.05), weight_decay=0.1, decoupled_weight_decay=True)),
          ("AdamW", dict(lr=0.05, amsgrad=True, capturable=True)),
-         ("Adagrad", dict(lr=0.1, lr_decay=0.05, weight_decay=0.1, initial_accumulator_value=0.2, maximize=True))]
+         ("Adagrad", dict(lr=0.1, lr_decay=0.05, weight_decay=0.1, initial_accumulator_value=0.2, maximize=True)),
+         ("Adagrad", dict(lr=("tensor", 0.1), lr_decay=0.3))]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("name,kwargs", FUSED, ids=[f"{n}-{k}" for k, (n, _) in enumerate(FUSED)])
-def test_fused_on_the_cpu_matches_torchs_fused(name, kwargs):
+def test_fused_on_the_cpu_matches_torchs_fused(name, kwargs, dtype):
     kwargs = {**kwargs, "fused": True}
     their_kwargs, differ = _torch_equivalent(kwargs)
-    ours, opt = _run(tw, name, kwargs)
-    theirs, topt = _run(torch, name, their_kwargs)
-    _assert_same_run(ours, opt, theirs, topt, differ, rtol=1e-5, atol=1e-6)
+    ours, opt = _run(tw, name, kwargs, dtype=dtype)
+    theirs, topt = _run(torch, name, their_kwargs, dtype=dtype)
+    tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-14)
+    _assert_same_run(ours, opt, theirs, topt, differ, **tolerance)
 
 
 @pytest.mark.parametrize("name,kwargs", CASES, ids=CASE_IDS)

@@ -10,6 +10,7 @@ from tilewise.optim.optimizer import (
     check_lr,
     check_non_negative,
     grad_mode_of_differentiable,
+    in_dtype_of_lr,
 )
 from tilewise.tensor import Tensor
 
@@ -65,7 +66,7 @@ def _adagrad_update(params, grads, sums, steps, lr, lr_decay, weight_decay, eps,
         grad = -grads[k] if maximize else grads[k]
         if weight_decay != 0:
             grad = grad.add(p, alpha=weight_decay)
-        clr = lr / (1 + (steps[k].double() - 1) * lr_decay)
+        clr = lr / in_dtype_of_lr(lr, 1 + (steps[k].double() - 1) * lr_decay)
         sums[k].addcmul_(grad, grad, value=1)
         std = sums[k].sqrt().add(eps) if differentiable else sums[k].sqrt().add_(eps)
         add_scaled_ratio(p, grad, std, -clr)

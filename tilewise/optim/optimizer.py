@@ -271,9 +271,9 @@ class Optimizer:
         if use_compiled(self._multi_tensor_choice(group), params):
             lr = group["lr"]  # a number becomes a 0-dim tensor the program reads; a tensor is read as it is
             lr = lr if isinstance(lr, Tensor) else self._scalar(f"lr{k}", lr, params[0].device)
-            self._compiled(k, update)(*tensors, lr, *hyper)
+            self._compiled(k, update)(*tensors, _as_fused_reads_it(group, lr), *hyper)
         else:
-            update(*tensors, self._traced_lr(k, group, params[0].device), *hyper)
+            update(*tensors, _as_fused_reads_it(group, self._traced_lr(k, group, params[0].device)), *hyper)
 
     def _traced_lr(self, k: int, group: dict, device):
         """The learning rate a (looped) update of group ``k`` reads: inside a function being compiled, the group's
@@ -483,6 +483,14 @@ class Optimizer:
             lines += [f"    {key}: {group[key]}" for key in sorted(group) if key != "params"]
         lines.append(")")
         return "\n".join(lines)
+
+
+def _as_fused_reads_it(group: dict, lr):
+    """The learning rate as the update reads it: torch's fused kernels read a tensor ``lr`` as a double, so with
+    ``fused=True`` the step sizes made from a float32 ``lr`` are float64 (its loop keeps them in float32)."""
+    if group.get("fused") and isinstance(lr, Tensor) and lr.dtype is not dtypes.float64:
+        return lr.double()
+    return lr
 
 
 def _register(hooks: OrderedDict, hook: Callable, prepend: bool = False) -> RemovableHandle:
