@@ -388,6 +388,30 @@ def test_lbfgs_with_a_frozen_and_a_gradientless_parameter_matches_torch(kwargs):
     _assert_groups_equal(opt.state_dict()["param_groups"], topt.state_dict()["param_groups"])
 
 
+MUON = [dict(), dict(adjust_lr_fn="match_rms_adamw", lr=0.02),
+        dict(nesterov=False, ns_steps=3, weight_decay=0.0, momentum=0.8),
+        dict(adjust_lr_fn="original", eps=1e-3, lr=("tensor", 0.05))]
+
+
+@pytest.mark.parametrize("kwargs", MUON, ids=[str(k) for k in range(len(MUON))])
+def test_muon_with_groups_and_missing_gradients_matches_torch(kwargs):
+    """Muon takes matrices only: two groups of them, one whose gradient is None at every third step."""
+    rng = np.random.default_rng(3)
+    init = [rng.standard_normal(s).astype("float32") for s in [(4, 3), (3, 5), (2, 2)]]
+
+    def train(lib):
+        params = [lib.nn.Parameter(lib.tensor(a.copy())) for a in init]
+        opt = lib.optim.Muon([{"params": params[:2]}, {"params": params[2:], "lr": 0.01}], **_kwargs(lib, kwargs))
+        for t in range(STEPS):
+            for k, p in enumerate(params):
+                p.grad = None if k == 2 and t % 3 == 1 else p.detach() * 2 + 0.1 * t
+            opt.step()
+        return params, opt
+
+    (ours, opt), (theirs, topt) = train(tw), train(torch)
+    _assert_same_run([ours], opt, [theirs], topt, {})
+
+
 # ---------------------------------------------------------------------------------------------- errors
 def _raises_like_torch(make):
     """``make(lib)`` raises in tilewise what it raises in torch: the same type and message."""
