@@ -362,12 +362,21 @@ def test_lbfgs_with_a_frozen_and_a_gradientless_parameter_matches_torch(kwargs):
     """Four steps of up to 20 iterations each, in float64 (in float32 the two libraries' dot products round
     differently, and 80 iterations carry that to the third digit of a small loss)."""
 
-    def train(lib):
+    def train(lib, steps=4, start=None):
         init, target, _ = _data(dtype="float64")
-        trained = [lib.nn.Parameter(lib.tensor(a)) for a in init[0]]
-        unused = lib.nn.Parameter(lib.tensor(init[ZERO][0]))  # no gradient ever: LBFGS reads zeros
-        frozen = lib.nn.Parameter(lib.tensor(init[FROZEN][0]), requires_grad=False)
-        opt = lib.optim.LBFGS(trained + [unused, frozen], **_kwargs(lib, kwargs))
+        if start is not None and lib is torch:  # torch's optimizer goes on as it is
+            (*trained, unused, frozen), opt = start
+        else:
+            trained = [lib.nn.Parameter(lib.tensor(a)) for a in init[0]]
+            unused = lib.nn.Parameter(lib.tensor(init[ZERO][0]))  # no gradient ever: LBFGS reads zeros
+            frozen = lib.nn.Parameter(lib.tensor(init[FROZEN][0]), requires_grad=False)
+            if start is not None:
+                with lib.no_grad():
+                    for p, q in zip(trained + [unused, frozen], start[0]):
+                        p.copy_(q)
+            opt = lib.optim.LBFGS(trained + [unused, frozen], **_kwargs(lib, kwargs))
+            if start is not None:
+                opt.load_state_dict(start[1])
         x = lib.tensor(np.linspace(-1, 1, 3))
 
         def closure():
@@ -377,7 +386,7 @@ def test_lbfgs_with_a_frozen_and_a_gradientless_parameter_matches_torch(kwargs):
             loss.backward()
             return loss
 
-        losses = [float(opt.step(closure).detach()) for _ in range(4)]
+        losses = [float(opt.step(closure).detach()) for _ in range(steps)]
         return trained + [unused, frozen], opt, losses
 
     ours, opt, losses = train(tw)
@@ -386,6 +395,13 @@ def test_lbfgs_with_a_frozen_and_a_gradientless_parameter_matches_torch(kwargs):
     _assert_params_close([ours], [theirs], rtol=1e-9, atol=1e-12)
     _assert_state_equal(opt.state_dict()["state"], topt.state_dict()["state"], rtol=1e-7, atol=1e-10)
     _assert_groups_equal(opt.state_dict()["param_groups"], topt.state_dict()["param_groups"])
+
+    # two more steps of a new optimizer loaded from the state dict, and of torch's own
+    resumed, ropt, rlosses = train(tw, steps=2, start=(ours, opt.state_dict()))
+    theirs, topt, tlosses = train(torch, steps=2, start=(theirs, topt))
+    np.testing.assert_allclose(rlosses, tlosses, rtol=1e-9)
+    _assert_params_close([resumed], [theirs], rtol=1e-9, atol=1e-12)
+    _assert_state_equal(ropt.state_dict()["state"], topt.state_dict()["state"], rtol=1e-7, atol=1e-10)
 
 
 MUON = [dict(), dict(adjust_lr_fn="match_rms_adamw", lr=0.02),
