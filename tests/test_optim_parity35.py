@@ -2,8 +2,10 @@
 parameter group (one trained, one whose gradients are always zero, one whose gradients are None at some steps, one
 frozen), comparing the parameters and every state entry (names, dtypes, shapes, values); the state dicts of the two
 libraries entry by entry; tilewise's state dict loaded into a fresh optimizer; ``add_param_group`` mid-training;
-``zero_grad(set_to_none=False)``; torch's errors for invalid options. The LR schedulers with their non-default options
-are at the end. What test_optim_breadth.py and test_optim_schedulers.py cover is not repeated here.
+``zero_grad(set_to_none=False)``; checkpoints of older torch versions; float64 to the last bits, ``fused`` on the CPU,
+hypergradients of a tensor ``lr``, LBFGS and Muon; torch's errors for invalid options. The LR schedulers with their
+non-default options are at the end (rates, momenta, state dicts and param groups after every step, resume, warnings).
+What test_optim_breadth.py and test_optim_schedulers.py cover is not repeated here.
 """
 
 from __future__ import annotations

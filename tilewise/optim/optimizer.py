@@ -9,7 +9,9 @@ matches torch's. ``foreach``/``fused`` run that same function compiled over the 
 [Note: foreach updates] in ``optim/_foreach.py``). Whatever depends on the step count (bias corrections,
 decayed learning rates) is a float64 tensor expression of a step tensor on the parameter's device, computed
 as torch computes it from the step's Python value: no value is read back to the host, so ``tilewise.compile``
-captures a whole training step, and ``capturable`` needs nothing more. State dicts follow torch's layout:
+captures a whole training step, and ``capturable`` needs nothing more. Where torch's arithmetic meets a tensor
+instead (a tensor ``lr`` or betas, differentiable Adam's float32 step), it stays in that tensor's dtype, and so does
+ours (``in_dtype_of_lr``, ``rounded_power``). State dicts follow torch's layout:
 ``{"state": {index: {...}}, "param_groups": [{..., "params": [index, ...]}]}``, with parameters numbered in
 group order, so they round-trip through ``tilewise.save``/``load`` and a torch optimizer's state dict loads.
 
