@@ -805,3 +805,41 @@ def test_a_scheduler_made_with_last_epoch_resumes_as_torch(name):
         return out
 
     _assert_records_equal(run(tw), run(torch))
+
+
+def _momentum_sgd(lib):
+    return lib.optim.SGD([lib.nn.Parameter(lib.zeros(1))], lr=0.1, momentum=0.9)
+
+
+def _adagrad(lib):
+    return lib.optim.Adagrad([lib.nn.Parameter(lib.zeros(1))])
+
+
+SCHEDULER_ERRORS = {
+    "sequential-of-another-optimizer": lambda s, o, lib: s.SequentialLR(
+        o, [s.StepLR(o, 2), s.StepLR(_momentum_sgd(lib), 2)], [3]),
+    "sequential-milestones": lambda s, o, lib: s.SequentialLR(o, [s.StepLR(o, 2), s.StepLR(o, 2)], [3, 4]),
+    "chained-of-two-optimizers": lambda s, o, lib: s.ChainedScheduler([s.StepLR(o, 2),
+                                                                      s.StepLR(_momentum_sgd(lib), 2)]),
+    "chained-optimizer-argument": lambda s, o, lib: s.ChainedScheduler([s.StepLR(o, 2)], optimizer=_momentum_sgd(lib)),
+    "cyclic-base-lr-list": lambda s, o, lib: s.CyclicLR(o, [0.1, 0.2], 1.0),
+    "cyclic-without-momentum": lambda s, o, lib: s.CyclicLR(_adagrad(lib), 0.1, 1.0),
+    "one-cycle-anneal-strategy": lambda s, o, lib: s.OneCycleLR(o, 1.0, total_steps=10, anneal_strategy="exp"),
+    "one-cycle-total-steps": lambda s, o, lib: s.OneCycleLR(o, 1.0, total_steps=-1),
+    "one-cycle-epochs": lambda s, o, lib: s.OneCycleLR(o, 1.0, epochs=0, steps_per_epoch=3),
+    "one-cycle-max-lr-list": lambda s, o, lib: s.OneCycleLR(o, [1.0, 2.0], total_steps=10),
+    "one-cycle-without-momentum": lambda s, o, lib: s.OneCycleLR(_adagrad(lib), 0.1, total_steps=5),
+    "linear-end-factor": lambda s, o, lib: s.LinearLR(o, end_factor=1.5),
+    "multiplicative-list": lambda s, o, lib: s.MultiplicativeLR(o, [lambda e: 1.0, lambda e: 1.0]),
+    "constant-factor": lambda s, o, lib: s.ConstantLR(o, factor=-0.1),
+    "warm-restarts-T_mult": lambda s, o, lib: s.CosineAnnealingWarmRestarts(o, 2, T_mult=1.5),
+    "warm-restarts-T_0": lambda s, o, lib: s.CosineAnnealingWarmRestarts(o, 2.0),
+    "warm-restarts-eta_min": lambda s, o, lib: s.CosineAnnealingWarmRestarts(o, 2, eta_min="a"),
+    "warm-restarts-negative-epoch": lambda s, o, lib: s.CosineAnnealingWarmRestarts(o, 2).step(-1),
+    "not-an-optimizer": lambda s, o, lib: s.ExponentialLR(None, 0.9),
+}
+
+
+@pytest.mark.parametrize("case", SCHEDULER_ERRORS)
+def test_scheduler_errors_are_torchs(case):
+    _raises_like_torch(lambda lib: SCHEDULER_ERRORS[case](lib.optim.lr_scheduler, _momentum_sgd(lib), lib))
