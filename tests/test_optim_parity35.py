@@ -241,6 +241,7 @@ FUSED = [("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.1, ma
          ("SGD", dict(lr=("tensor", 0.05))),
          ("Adam", dict(lr=0.05, amsgrad=True, maximize=True, weight_decay=0.1)),
          ("Adam", dict(lr=("tensor", 0.05), weight_decay=0.1, decoupled_weight_decay=True)),
+         ("Adam", dict(lr=0.05, betas=(("tensor", 0.8), ("tensor", 0.9)), amsgrad=True)),
          ("AdamW", dict(lr=0.05, amsgrad=True, capturable=True)),
          ("Adagrad", dict(lr=0.1, lr_decay=0.05, weight_decay=0.1, initial_accumulator_value=0.2, maximize=True)),
          ("Adagrad", dict(lr=("tensor", 0.1), lr_decay=0.3))]

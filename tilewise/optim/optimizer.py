@@ -266,6 +266,7 @@ class Optimizer:
             return
         if group.get("fused"):
             check_fused(params)
+            hyper = tuple(_as_fused_reads_it(group, value) for value in hyper)
         if self._complex_as_real and any(p.is_complex() for p in params):
             # the loop, over the real views: a compiled multi-tensor program takes no view of another dtype's storage
             update(*(_as_real(ts) for ts in tensors), self._traced_lr(k, group, params[0].device), *hyper)
@@ -487,12 +488,17 @@ class Optimizer:
         return "\n".join(lines)
 
 
-def _as_fused_reads_it(group: dict, lr):
-    """The learning rate as the update reads it: torch's fused kernels read a tensor ``lr`` as a double, so with
-    ``fused=True`` the step sizes made from a float32 ``lr`` are float64 (its loop keeps them in float32)."""
-    if group.get("fused") and isinstance(lr, Tensor) and lr.dtype is not dtypes.float64:
-        return lr.double()
-    return lr
+def _as_fused_reads_it(group: dict, value):
+    """A learning rate or hyperparameter as the update reads it: torch's fused kernels read a tensor ``lr`` (or
+    tensor betas) as a double, so with ``fused=True`` the step sizes made from a float32 one are float64 (its loop
+    keeps them in float32). Tuples (betas) are walked."""
+    if not group.get("fused"):
+        return value
+    if isinstance(value, tuple):
+        return tuple(_as_fused_reads_it(group, v) for v in value)
+    if isinstance(value, Tensor) and value.dtype is not dtypes.float64:
+        return value.double()
+    return value
 
 
 def _register(hooks: OrderedDict, hook: Callable, prepend: bool = False) -> RemovableHandle:
