@@ -247,15 +247,23 @@ FUSED = [("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.1, ma
          ("Adagrad", dict(lr=("tensor", 0.1), lr_decay=0.3))]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+FUSED_TOLERANCES = {"float16": dict(rtol=2e-3, atol=2e-3), "float32": dict(rtol=1e-5, atol=1e-6),
+                    "float64": dict(rtol=1e-12, atol=1e-14)}
+
+
+@pytest.mark.parametrize("dtype", FUSED_TOLERANCES)
 @pytest.mark.parametrize("name,kwargs", FUSED, ids=[f"{n}-{k}" for k, (n, _) in enumerate(FUSED)])
 def test_fused_on_the_cpu_matches_torchs_fused(name, kwargs, dtype):
+    """In float16 torch's fused kernels compute each update in float32 and round once; the loop rounds at every
+    operation, so 15 steps of it drift by several half-precision units where the fused ones agree."""
     kwargs = {**kwargs, "fused": True}
     their_kwargs, differ = _torch_equivalent(kwargs)
     ours, opt = _run(tw, name, kwargs, dtype=dtype)
     theirs, topt = _run(torch, name, their_kwargs, dtype=dtype)
-    tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-14)
-    _assert_same_run(ours, opt, theirs, topt, differ, **tolerance)
+    _assert_same_run(ours, opt, theirs, topt, differ, **FUSED_TOLERANCES[dtype])
+    if dtype == "float16":
+        mismatched = sum(int((_np(p) != _np(q)).sum()) for g, h in zip(ours, theirs) for p, q in zip(g, h))
+        assert mismatched <= 1, f"{mismatched} float16 parameter elements differ from torch's fused update"
 
 
 @pytest.mark.parametrize("name,kwargs", CASES, ids=CASE_IDS)

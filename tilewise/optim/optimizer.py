@@ -267,6 +267,7 @@ class Optimizer:
         if group.get("fused"):
             check_fused(params)
             hyper = tuple(_as_fused_reads_it(group, value) for value in hyper)
+            update = as_fused_runs_it(group, update, params, len(tensors))
         if self._complex_as_real and any(p.is_complex() for p in params):
             # the loop, over the real views: a compiled multi-tensor program takes no view of another dtype's storage
             update(*(_as_real(ts) for ts in tensors), self._traced_lr(k, group, params[0].device), *hyper)
@@ -274,7 +275,7 @@ class Optimizer:
         if use_compiled(self._multi_tensor_choice(group), params):
             lr = group["lr"]  # a number becomes a 0-dim tensor the program reads; a tensor is read as it is
             lr = lr if isinstance(lr, Tensor) else self._scalar(f"lr{k}", lr, params[0].device)
-            self._compiled(k, update)(*tensors, _as_fused_reads_it(group, lr), *hyper)
+            self._compiled((k, update), update)(*tensors, _as_fused_reads_it(group, lr), *hyper)
         else:
             update(*tensors, _as_fused_reads_it(group, self._traced_lr(k, group, params[0].device)), *hyper)
 
@@ -499,6 +500,41 @@ def _as_fused_reads_it(group: dict, value):
     if isinstance(value, Tensor) and value.dtype is not dtypes.float64:
         return value.double()
     return value
+
+
+_HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
+
+
+def as_fused_runs_it(group: dict, update: Callable, params: list[Tensor], lists: int) -> Callable:
+    """``update`` (over ``lists`` lists of tensors) as torch runs it for ``group``: with ``fused=True`` over half
+    precision parameters, in float32 (see _in_float32); else as it is."""
+    if group.get("fused") and any(p.dtype in _HALF_DTYPES for p in params):
+        return _in_float32(update, lists)
+    return update
+
+
+@functools.cache
+def _in_float32(update: Callable, lists: int) -> Callable:
+    """``update`` as torch's fused kernels run it on half-precision tensors: every one of its ``lists`` of tensors
+    read as float32, the whole update computed there, and each tensor it wrote rounded back once (the loop rounds
+    after every operation). One function per ``update``, so a compiled program made from it is kept."""
+
+    def run(*args):
+        narrow = args[:lists]
+        wide = [None if ts is None else [_widened(t) for t in ts] for ts in narrow]
+        update(*wide, *args[lists:])
+        for ts, ws in zip(narrow, wide):
+            for i, w in enumerate(ws or ()):
+                if ts[i] is None:  # made by the update (SGD's first momentum buffer): in its parameter's dtype
+                    ts[i] = None if w is None else w.to(narrow[0][i].dtype)
+                elif w is not ts[i]:
+                    ts[i].copy_(w)
+
+    return run
+
+
+def _widened(t):
+    return t.float() if t is not None and t.dtype in _HALF_DTYPES else t
 
 
 def _register(hooks: OrderedDict, hook: Callable, prepend: bool = False) -> RemovableHandle:

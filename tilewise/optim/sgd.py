@@ -5,6 +5,7 @@ from __future__ import annotations
 from tilewise.optim.optimizer import (
     Optimizer,
     add_scaled,
+    as_fused_runs_it,
     check_fused,
     check_implementation_flags,
     check_lr,
@@ -57,7 +58,7 @@ class SGD(Optimizer):
             if any(buf is None for buf in buffers):  # the first step makes the buffers: the loop does it
                 if group["fused"]:
                     check_fused(params)
-                _sgd_update(params, grads, buffers, group["lr"], *hyper)
+                as_fused_runs_it(group, _sgd_update, params, 3)(params, grads, buffers, group["lr"], *hyper)
                 for p, buf in zip(params, buffers):
                     self.state[p]["momentum_buffer"] = buf
             else:
