@@ -20,6 +20,9 @@ class Adadelta(Optimizer):
     state_args = ("square_avg", "acc_delta", "step")
     hyper_args = ("rho", "eps", "weight_decay", "maximize", "differentiable")
 
+    backfilled_options = (("foreach", None), ("maximize", False), ("differentiable", False), ("capturable", False))
+    number_state = ("step",)
+
     def __init__(self, params, lr: float | Tensor = 1.0, rho: float = 0.9, eps: float = 1e-6,
                  weight_decay: float = 0, foreach: bool | None = None, *, capturable: bool = False,
                  maximize: bool = False, differentiable: bool = False) -> None:

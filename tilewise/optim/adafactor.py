@@ -6,6 +6,7 @@ import math
 
 from tilewise import dtypes
 from tilewise.ops.creation import zeros, zeros_like
+from tilewise.ops.registry import call
 from tilewise.optim.optimizer import Optimizer, add_scaled, grad_mode_of_differentiable
 from tilewise.tensor import Tensor
 
@@ -18,6 +19,9 @@ class Adafactor(Optimizer):
 
     state_args = ("row_var", "col_var", "variance", "step")
     hyper_args = ("beta2_decay", "eps", "d", "weight_decay", "maximize")
+
+    backfilled_options = (("foreach", None),)
+    number_state = ("step",)
 
     def __init__(self, params, lr: float | Tensor = 1e-2, beta2_decay: float = -0.8,
                  eps: tuple[float | None, float] = (None, 1e-3), d: float = 1.0, weight_decay: float = 0.0, *,
@@ -75,8 +79,7 @@ def _adafactor_update(params, grads, row_vars, col_vars, variances, steps, lr, b
         steps[k].add_(1)
         step = steps[k].double()
         one_minus_beta2_t = step ** beta2_decay
-        rho_t = (1 / step ** 0.5).clamp(max=lr) if not isinstance(lr, Tensor) else (1 / step ** 0.5).minimum(lr)
-        alpha = (p.norm(2).double() / math.sqrt(p.numel())).clamp(min=eps2) * rho_t
+        scale = (p.norm(2).double() / math.sqrt(p.numel())).clamp(min=eps2)  # before the weight decay
         if weight_decay != 0:
             p.mul_(1 - lr * weight_decay)
         if grad.dim() > 1:
@@ -92,4 +95,14 @@ def _adafactor_update(params, grads, row_vars, col_vars, variances, steps, lr, b
         update = var_estimate.clamp_(min=eps1_k * eps1_k).rsqrt_()
         update.mul_(grad)
         denom = (update.norm(2).double() / (math.sqrt(update.numel()) * d)).clamp(min=1.0)
-        add_scaled(p, update, -alpha / denom)
+        add_scaled(p, update, _step_size(scale, step, lr, denom))
+
+
+def _step_size(scale: Tensor, step: Tensor, lr, denom: Tensor) -> Tensor:
+    """``-alpha / denom`` with ``alpha = scale * min(lr, 1 / sqrt(step))``, float64 as torch's Python numbers; where a
+    tensor ``lr`` is the smaller, torch's arithmetic with it stays in its dtype."""
+    rho = 1 / step ** 0.5
+    if not isinstance(lr, Tensor):
+        return -(scale * rho.clamp(max=lr)) / denom
+    with_lr = -(scale.to(lr.dtype) * lr) / denom.to(lr.dtype)
+    return call("where", rho < lr, -(scale * rho) / denom, with_lr.double())

@@ -10,6 +10,7 @@ from tilewise.optim.optimizer import (
     check_lr,
     check_non_negative,
     grad_mode_of_differentiable,
+    in_dtype_of_lr,
 )
 from tilewise.tensor import Tensor
 
@@ -17,6 +18,9 @@ from tilewise.tensor import Tensor
 class Adagrad(Optimizer):
     """torch.optim.Adagrad: ``sum += g * g``; ``p -= lr / (1 + (step - 1) * lr_decay) * g / (sqrt(sum) + eps)``.
     Its state exists from construction (``sum`` starts at ``initial_accumulator_value``), as in torch."""
+
+    backfilled_options = (("foreach", None), ("maximize", False), ("differentiable", False), ("fused", None))
+    number_state = ("step",)
 
     def __init__(self, params, lr: float | Tensor = 1e-2, lr_decay: float = 0, weight_decay: float = 0,
                  initial_accumulator_value: float = 0, eps: float = 1e-10, foreach: bool | None = None, *,
@@ -62,7 +66,7 @@ def _adagrad_update(params, grads, sums, steps, lr, lr_decay, weight_decay, eps,
         grad = -grads[k] if maximize else grads[k]
         if weight_decay != 0:
             grad = grad.add(p, alpha=weight_decay)
-        clr = lr / (1 + (steps[k].double() - 1) * lr_decay)
+        clr = lr / in_dtype_of_lr(lr, 1 + (steps[k].double() - 1) * lr_decay)
         sums[k].addcmul_(grad, grad, value=1)
         std = sums[k].sqrt().add(eps) if differentiable else sums[k].sqrt().add_(eps)
         add_scaled_ratio(p, grad, std, -clr)

@@ -11,6 +11,8 @@ from tilewise.optim.optimizer import (
     check_lr,
     check_non_negative,
     grad_mode_of_differentiable,
+    in_dtype_of_lr,
+    rounded_power,
 )
 from tilewise.tensor import Tensor
 
@@ -18,6 +20,10 @@ from tilewise.tensor import Tensor
 class Adam(Optimizer):
     """torch.optim.Adam: moment estimates with bias correction; ``weight_decay`` is added to the gradient
     (L2), or, with ``decoupled_weight_decay=True`` (AdamW), applied to the parameter directly."""
+
+    backfilled_options = (("amsgrad", False), ("maximize", False), ("foreach", None), ("capturable", False),
+                          ("differentiable", False), ("decoupled_weight_decay", False), ("fused", None))
+    number_state = ("step",)
 
     def __init__(self, params, lr: float | Tensor = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *, foreach: bool | None = None,
@@ -82,13 +88,25 @@ def _adam_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, l
         exp_avg, exp_avg_sq = exp_avgs[k], exp_avg_sqs[k]
         exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step_size, bias_correction2_sqrt = _bias_corrections(steps[k], lr, beta1, beta2)
         if max_exp_avg_sqs is not None:
             highest = max_exp_avg_sqs[k].clone() if differentiable else max_exp_avg_sqs[k]
             max_exp_avg_sqs[k].copy_(highest.maximum(exp_avg_sq))
             exp_avg_sq = max_exp_avg_sqs[k]
+        if differentiable:
+            _differentiable_adam_update(p, exp_avg, exp_avg_sq, steps[k], lr, beta1, beta2, eps)
+            continue
+        step_size, bias_correction2_sqrt = _bias_corrections(steps[k], lr, beta1, beta2)
         denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-        add_scaled_ratio(p, exp_avg.clone() if differentiable else exp_avg, denom, -step_size)
+        add_scaled_ratio(p, exp_avg, denom, -step_size)
+
+
+def _differentiable_adam_update(p, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps) -> None:
+    """The last part of a differentiable Adam step as torch writes it: the bias corrections from the step tensor in
+    its own dtype (float32), folded into the denominator, and the first moment copied before autograd saves it."""
+    step_size_neg = -(lr / (1 - rounded_power(beta1, step)))
+    bias_correction2_sqrt = (1 - rounded_power(beta2, step)).sqrt()
+    denom = (exp_avg_sq.sqrt() / (bias_correction2_sqrt * step_size_neg)).add_(eps / step_size_neg)
+    p.addcdiv_(exp_avg.clone(), denom)
 
 
 _UNSHARED = object()
@@ -103,12 +121,16 @@ def _shared_decay(lr: float | Tensor, weight_decay: float):
     return 1 - lr * weight_decay
 
 
-def _bias_corrections(step: Tensor, lr: float | Tensor, beta1: float, beta2: float) -> tuple[Tensor, Tensor]:
+def _bias_corrections(step: Tensor, lr: float | Tensor, beta1: float | Tensor,
+                      beta2: float | Tensor) -> tuple[Tensor, Tensor]:
     """``lr / (1 - beta1**step)`` and ``sqrt(1 - beta2**step)`` as 0-dim tensors, so that a compiled training
     step reads no value on the host. They are computed in float64, as torch computes them from the step's
-    Python value, and round to the parameters' dtype where they meet them."""
+    Python value, and round to the parameters' dtype where they meet them; where a beta or ``lr`` is a tensor,
+    in its dtype, as torch's arithmetic with it is."""
     step = step.double()
-    return lr / (1 - beta1**step), (1 - beta2**step).sqrt()
+    bias_correction1 = 1 - (rounded_power(beta1, step) if isinstance(beta1, Tensor) else beta1**step)
+    bias_correction2 = 1 - (rounded_power(beta2, step) if isinstance(beta2, Tensor) else beta2**step)
+    return lr / in_dtype_of_lr(lr, bias_correction1), bias_correction2.sqrt()
 
 
 class AdamW(Adam):
@@ -120,6 +142,8 @@ class AdamW(Adam):
     >>> model(tw.ones(4, 3)).sum().backward(); opt.step(); opt.state_dict()["state"][0]["step"].item()
     1.0
     """
+
+    forced_options = (("decoupled_weight_decay", True),)
 
     def __init__(self, params, lr: float | Tensor = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,

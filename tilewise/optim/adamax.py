@@ -10,6 +10,7 @@ from tilewise.optim.optimizer import (
     check_lr,
     check_non_negative,
     grad_mode_of_differentiable,
+    in_dtype_of_lr,
 )
 from tilewise.tensor import Tensor
 
@@ -21,6 +22,9 @@ class Adamax(Optimizer):
     buffers = ("exp_avg", "exp_inf")
     state_args = ("exp_avg", "exp_inf", "step")
     hyper_args = ("betas", "eps", "weight_decay", "maximize", "differentiable")
+
+    backfilled_options = (("foreach", None), ("maximize", False), ("differentiable", False), ("capturable", False))
+    number_state = ("step",)
 
     def __init__(self, params, lr: float | Tensor = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, foreach: bool | None = None, *, maximize: bool = False,
@@ -56,5 +60,5 @@ def _adamax_update(params, grads, exp_avgs, exp_infs, steps, lr, betas, eps, wei
             exp_inf.copy_(call("stack", [exp_inf.mul_(beta2), grad.abs().add_(eps)]).amax(0))
         else:
             exp_inf.copy_(exp_inf.mul_(beta2).maximum(grad.abs().add_(eps)))
-        clr = lr / (1 - beta1 ** steps[k].double())
+        clr = lr / in_dtype_of_lr(lr, 1 - beta1 ** steps[k].double())
         add_scaled_ratio(p, exp_avg, exp_inf, -clr)

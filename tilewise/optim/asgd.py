@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from tilewise.ops.creation import full, ones
 from tilewise.ops.registry import call
-from tilewise.optim.optimizer import Optimizer, add_scaled, check_lr, check_non_negative, grad_mode_of_differentiable
+from tilewise.optim.optimizer import (
+    Optimizer,
+    add_scaled,
+    check_lr,
+    check_non_negative,
+    grad_mode_of_differentiable,
+    rounded_power,
+)
 from tilewise.tensor import Tensor
 
 
@@ -16,6 +23,9 @@ class ASGD(Optimizer):
     buffers = ("ax",)
     state_args = ("ax", "mu", "eta", "step")
     hyper_args = ("lambd", "alpha", "t0", "weight_decay", "maximize")
+
+    backfilled_options = (("foreach", None), ("maximize", False), ("differentiable", False), ("capturable", False))
+    number_state = ("step", "eta", "mu")
 
     def __init__(self, params, lr: float | Tensor = 1e-2, lambd: float = 1e-4, alpha: float = 0.75, t0: float = 1e6,
                  weight_decay: float = 0, foreach: bool | None = None, maximize: bool = False,
@@ -56,5 +66,9 @@ def _asgd_update(params, grads, axs, mus, etas, steps, lr, lambd, alpha, t0, wei
         ax, mu = axs[k], mus[k]
         ax.copy_(call("where", mu == 1, p, ax + (p - ax) * mu))
         step = steps[k].double()
-        etas[k].copy_(lr / (1 + lambd * lr * step) ** alpha)
+        if isinstance(lr, Tensor):  # torch's arithmetic with a tensor lr stays in its dtype
+            decay = 1 + lambd * lr * step.to(lr.dtype)
+            etas[k].copy_(lr / rounded_power(decay, full((), alpha, dtype=lr.dtype, device=lr.device)))
+        else:
+            etas[k].copy_(lr / (1 + lambd * lr * step) ** alpha)
         mus[k].copy_(1 / (step - t0).clamp(min=1))

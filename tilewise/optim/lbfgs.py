@@ -100,8 +100,7 @@ class LBFGS(Optimizer):
             raise RuntimeError("LBFGS.step() needs a closure that re-evaluates the model and returns the loss")
         closure = enable_grad()(closure)
         group = self.param_groups[0]
-        lr = group["lr"]
-        lr = lr.item() if isinstance(lr, Tensor) else lr
+        lr = group["lr"]  # a tensor stays one, as in torch: then so are the step lengths ``t`` it scales
         max_iter, max_eval = group["max_iter"], group["max_eval"]
         tolerance_grad, tolerance_change = group["tolerance_grad"], group["tolerance_change"]
         line_search_fn, history_size = group["line_search_fn"], group["history_size"]

@@ -10,6 +10,7 @@ from tilewise.optim.optimizer import (
     check_lr,
     check_non_negative,
     grad_mode_of_differentiable,
+    in_dtype_of_lr,
 )
 from tilewise.tensor import Tensor
 
@@ -23,6 +24,10 @@ class NAdam(Optimizer):
     state_args = ("exp_avg", "exp_avg_sq", "mu_product", "step")
     hyper_args = ("betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize",
                   "differentiable")
+
+    backfilled_options = (("maximize", False), ("foreach", None), ("capturable", False), ("differentiable", False),
+                          ("decoupled_weight_decay", False))
+    number_state = ("step", "mu_product")
 
     def __init__(self, params, lr: float | Tensor = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, momentum_decay: float = 4e-3,
@@ -72,8 +77,22 @@ def _nadam_update(params, grads, exp_avgs, exp_avg_sqs, mu_products, steps, lr, 
         exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         denom = exp_avg_sq.div(bias_correction2).sqrt()
-        denom = denom.add(eps) if differentiable else denom.add_(eps)
+        if differentiable:
+            _differentiable_nadam_update(p, grad, exp_avg, denom.add(eps), mu_product, mu, mu_next, lr)
+            continue
+        denom.add_(eps)
         product = mu_product.double()
-        add_scaled_ratio(p, grad, denom, -lr * (1.0 - mu) / (1.0 - product))
-        add_scaled_ratio(p, exp_avg.clone() if differentiable else exp_avg, denom,
-                         (-lr * mu_next) / (1.0 - product * mu_next))
+        add_scaled_ratio(p, grad, denom, -lr * in_dtype_of_lr(lr, 1.0 - mu) / in_dtype_of_lr(lr, 1.0 - product))
+        add_scaled_ratio(p, exp_avg, denom,
+                         (-lr * in_dtype_of_lr(lr, mu_next)) / in_dtype_of_lr(lr, 1.0 - product * mu_next))
+
+
+def _differentiable_nadam_update(p, grad, exp_avg, denom, mu_product, mu, mu_next, lr) -> None:
+    """The last part of a differentiable NAdam step as torch writes it, so that autograd records it: the step sizes
+    are tensors of the momentum product's dtype (torch's Python numbers meet the float32 product there) that scale
+    the gradient and the first moment out of place."""
+    dtype = mu_product.dtype
+    mu_product_next = mu_product * mu_next.to(dtype)
+    # torch's ``number / tensor`` is ``tensor.reciprocal() * number``
+    p.addcdiv_(grad * ((1.0 - mu_product).reciprocal() * (-lr * (1.0 - mu)).to(dtype)), denom)
+    p.addcdiv_(exp_avg * ((1.0 - mu_product_next).reciprocal() * (-lr * mu_next).to(dtype)), denom)

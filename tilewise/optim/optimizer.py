@@ -9,7 +9,9 @@ matches torch's. ``foreach``/``fused`` run that same function compiled over the 
 [Note: foreach updates] in ``optim/_foreach.py``). Whatever depends on the step count (bias corrections,
 decayed learning rates) is a float64 tensor expression of a step tensor on the parameter's device, computed
 as torch computes it from the step's Python value: no value is read back to the host, so ``tilewise.compile``
-captures a whole training step, and ``capturable`` needs nothing more. State dicts follow torch's layout:
+captures a whole training step, and ``capturable`` needs nothing more. Where torch's arithmetic meets a tensor
+instead (a tensor ``lr`` or betas, differentiable Adam's float32 step), it stays in that tensor's dtype, and so does
+ours (``in_dtype_of_lr``, ``rounded_power``). State dicts follow torch's layout:
 ``{"state": {index: {...}}, "param_groups": [{..., "params": [index, ...]}]}``, with parameters numbered in
 group order, so they round-trip through ``tilewise.save``/``load`` and a torch optimizer's state dict loads.
 
@@ -135,7 +137,7 @@ class Optimizer:
         self._init_hooks()
         if isinstance(params, Tensor):
             raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, but "
-                            "got a Tensor; wrap it in a list")
+                            f"got {params.type()}")
         self.state: defaultdict[Tensor, dict] = defaultdict(dict)
         self.param_groups: list[dict] = []
         groups = list(params)
@@ -262,18 +264,20 @@ class Optimizer:
         params = tensors[0]
         if not params:
             return
+        if group.get("fused"):
+            check_fused(params)
+            hyper = tuple(_as_fused_reads_it(group, value) for value in hyper)
+            update = as_fused_runs_it(group, update, params, len(tensors))
         if self._complex_as_real and any(p.is_complex() for p in params):
             # the loop, over the real views: a compiled multi-tensor program takes no view of another dtype's storage
             update(*(_as_real(ts) for ts in tensors), self._traced_lr(k, group, params[0].device), *hyper)
             return
-        if group.get("fused"):
-            _check_fused(params)
         if use_compiled(self._multi_tensor_choice(group), params):
             lr = group["lr"]  # a number becomes a 0-dim tensor the program reads; a tensor is read as it is
             lr = lr if isinstance(lr, Tensor) else self._scalar(f"lr{k}", lr, params[0].device)
-            self._compiled(k, update)(*tensors, lr, *hyper)
+            self._compiled((k, update), update)(*tensors, _as_fused_reads_it(group, lr), *hyper)
         else:
-            update(*tensors, self._traced_lr(k, group, params[0].device), *hyper)
+            update(*tensors, _as_fused_reads_it(group, self._traced_lr(k, group, params[0].device)), *hyper)
 
     def _traced_lr(self, k: int, group: dict, device):
         """The learning rate a (looped) update of group ``k`` reads: inside a function being compiled, the group's
@@ -452,11 +456,29 @@ class Optimizer:
     def __getstate__(self) -> dict:
         return {"defaults": self.defaults, "state": self.state, "param_groups": self.param_groups}
 
+    # what torch's per-optimizer __setstate__ fills in for a checkpoint written before newer options existed: the
+    # group entries it lacks (name, value; in torch's order), entries set whatever the checkpoint says (AdamW's
+    # decoupled weight decay), and the state entries older versions kept as Python numbers (now 0-dim tensors)
+    backfilled_options: tuple[tuple[str, Any], ...] = ()
+    forced_options: tuple[tuple[str, Any], ...] = ()
+    number_state: tuple[str, ...] = ()
+
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._init_hooks()
         self.defaults.setdefault("differentiable", False)
         self.__dict__.pop("_programs", None)  # compiled for the tensors held before
+        for group in self.param_groups:
+            for name, value in self.backfilled_options:
+                group.setdefault(name, value)
+            group.update(self.forced_options)
+            for p in group["params"]:
+                self._numbers_to_tensors(self.state.get(p), p)
+
+    def _numbers_to_tensors(self, state: dict | None, p: Tensor) -> None:
+        for name in self.number_state if state else ():
+            if name in state and not isinstance(state[name], Tensor):
+                state[name] = self._step_tensor(p).fill_(float(state[name]))
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]
@@ -465,6 +487,54 @@ class Optimizer:
             lines += [f"    {key}: {group[key]}" for key in sorted(group) if key != "params"]
         lines.append(")")
         return "\n".join(lines)
+
+
+def _as_fused_reads_it(group: dict, value):
+    """A learning rate or hyperparameter as the update reads it: torch's fused kernels read a tensor ``lr`` (or
+    tensor betas) as a double, so with ``fused=True`` the step sizes made from a float32 one are float64 (its loop
+    keeps them in float32). Tuples (betas) are walked."""
+    if not group.get("fused"):
+        return value
+    if isinstance(value, tuple):
+        return tuple(_as_fused_reads_it(group, v) for v in value)
+    if isinstance(value, Tensor) and value.dtype is not dtypes.float64:
+        return value.double()
+    return value
+
+
+_HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
+
+
+def as_fused_runs_it(group: dict, update: Callable, params: list[Tensor], lists: int) -> Callable:
+    """``update`` (over ``lists`` lists of tensors) as torch runs it for ``group``: with ``fused=True`` over half
+    precision parameters, in float32 (see _in_float32); else as it is."""
+    if group.get("fused") and any(p.dtype in _HALF_DTYPES for p in params):
+        return _in_float32(update, lists)
+    return update
+
+
+@functools.cache
+def _in_float32(update: Callable, lists: int) -> Callable:
+    """``update`` as torch's fused kernels run it on half-precision tensors: every one of its ``lists`` of tensors
+    read as float32, the whole update computed there, and each tensor it wrote rounded back once (the loop rounds
+    after every operation). One function per ``update``, so a compiled program made from it is kept."""
+
+    def run(*args):
+        narrow = args[:lists]
+        wide = [None if ts is None else [_widened(t) for t in ts] for ts in narrow]
+        update(*wide, *args[lists:])
+        for ts, ws in zip(narrow, wide):
+            for i, w in enumerate(ws or ()):
+                if ts[i] is None:  # made by the update (SGD's first momentum buffer): in its parameter's dtype
+                    ts[i] = None if w is None else w.to(narrow[0][i].dtype)
+                elif w is not ts[i]:
+                    ts[i].copy_(w)
+
+    return run
+
+
+def _widened(t):
+    return t.float() if t is not None and t.dtype in _HALF_DTYPES else t
 
 
 def _register(hooks: OrderedDict, hook: Callable, prepend: bool = False) -> RemovableHandle:
@@ -484,7 +554,8 @@ def check_implementation_flags(fused: bool | None, foreach: bool | None, differe
             raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 
-def _check_fused(params: list[Tensor]) -> None:
+def check_fused(params: list[Tensor]) -> None:
+    """torch's refusal, at the first step, of ``fused=True`` for a parameter that is not floating point."""
     for p in params:
         if p.device.type not in FUSED_DEVICES or not p.is_floating_point():
             raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported "
@@ -509,6 +580,23 @@ def check_betas(betas) -> None:
     for k, beta in enumerate(betas[:2]):
         if not 0.0 <= beta < 1.0:
             raise ValueError(f"Invalid beta parameter at index {k}: {beta}")
+
+
+def in_dtype_of_lr(lr, value):
+    """``value``, a float64 factor that torch computes as a Python number, as torch meets it with a tensor ``lr``:
+    rounded to ``lr``'s dtype (a Python number meets a float32 tensor in float32), so that the step size, read
+    back as a number by torch, is the float32 one; unchanged with a number ``lr``."""
+    return value.to(lr.dtype) if isinstance(lr, Tensor) and isinstance(value, Tensor) else value
+
+
+def rounded_power(base, exponent: Tensor, dtype=None) -> Tensor:
+    """``base ** exponent`` in ``dtype`` (the dtype of a tensor ``base``, else of ``exponent``) as torch's 0-dim pow
+    gives it: the base rounded to that dtype, the power taken in float64 and rounded once. (numpy's float32 power
+    rounds differently from torch's in about a fifth of cases, enough to move a step size in its last bit.)"""
+    dtype = dtype or (base.dtype if isinstance(base, Tensor) else exponent.dtype)
+    if not isinstance(base, Tensor):
+        base = OPS["full"]((), base, dtype=dtype, device=exponent.device)
+    return (base.double() ** exponent.double()).to(dtype)
 
 
 def add_scaled(p: Tensor, t: Tensor, scale) -> None:

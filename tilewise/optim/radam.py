@@ -23,6 +23,10 @@ class RAdam(Optimizer):
     state_args = ("exp_avg", "exp_avg_sq", "step")
     hyper_args = ("betas", "eps", "weight_decay", "decoupled_weight_decay", "maximize", "differentiable")
 
+    backfilled_options = (("foreach", None), ("maximize", False), ("differentiable", False),
+                          ("decoupled_weight_decay", False), ("capturable", False))
+    number_state = ("step",)
+
     def __init__(self, params, lr: float | Tensor = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, decoupled_weight_decay: bool = False, *,
                  foreach: bool | None = None, maximize: bool = False, capturable: bool = False,

@@ -18,6 +18,10 @@ class RMSprop(Optimizer):
     """torch.optim.RMSprop: divide the gradient by a running RMS of recent gradients (less its running mean
     when ``centered``), with optional momentum on the result."""
 
+    backfilled_options = (("momentum", 0), ("centered", False), ("foreach", None), ("maximize", False),
+                          ("differentiable", False), ("capturable", False))
+    number_state = ("step",)
+
     def __init__(self, params, lr: float | Tensor = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
                  weight_decay: float = 0, momentum: float = 0, centered: bool = False, capturable: bool = False,
                  foreach: bool | None = None, maximize: bool = False, differentiable: bool = False) -> None:

@@ -16,6 +16,9 @@ class Rprop(Optimizer):
     state_args = ("prev", "step_size", "step")
     hyper_args = ("etas", "step_sizes", "maximize", "differentiable")
 
+    backfilled_options = (("foreach", None), ("maximize", False), ("differentiable", False), ("capturable", False))
+    number_state = ("step",)
+
     def __init__(self, params, lr: float | Tensor = 1e-2, etas: tuple[float, float] = (0.5, 1.2),
                  step_sizes: tuple[float, float] = (1e-6, 50), *, capturable: bool = False,
                  foreach: bool | None = None, maximize: bool = False, differentiable: bool = False) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from tilewise.optim.optimizer import (
     Optimizer,
     add_scaled,
+    as_fused_runs_it,
+    check_fused,
     check_implementation_flags,
     check_lr,
     check_non_negative,
@@ -25,6 +27,9 @@ class SGD(Optimizer):
     """
 
     _loops_when_differentiable = True
+
+    backfilled_options = (("nesterov", False), ("maximize", False), ("foreach", None), ("differentiable", False),
+                          ("fused", False))
 
     def __init__(self, params, lr: float | Tensor = 1e-3, momentum: float = 0, dampening: float = 0,
                  weight_decay: float = 0, nesterov: bool = False, *, maximize: bool = False,
@@ -51,7 +56,9 @@ class SGD(Optimizer):
                 continue
             buffers = [self.state[p].get("momentum_buffer") for p in params]
             if any(buf is None for buf in buffers):  # the first step makes the buffers: the loop does it
-                _sgd_update(params, grads, buffers, group["lr"], *hyper)
+                if group["fused"]:
+                    check_fused(params)
+                as_fused_runs_it(group, _sgd_update, params, 3)(params, grads, buffers, group["lr"], *hyper)
                 for p, buf in zip(params, buffers):
                     self.state[p]["momentum_buffer"] = buf
             else:
