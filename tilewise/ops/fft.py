@@ -405,11 +405,14 @@ def _warn_once(message: str) -> None:
 
 
 def _stft(x, n_fft, hop_length=None, win_length=None, window=None, center=True, pad_mode="reflect",
-          normalized=False, onesided=None, return_complex=None):
+          normalized=False, onesided=None, return_complex=None, align_to_window=None):
     """torch.stft: frames of ``n_fft`` samples every ``hop_length`` (the signal first padded by ``n_fft // 2`` on
     each side with ``pad_mode`` when ``center``), each multiplied by the window (zero-padded to ``n_fft`` in the
-    middle) and transformed; (batch,) freq, frames. Composed of pad, unfold, mul and the fft primitives, whose
-    derivatives give its gradient."""
+    middle) and transformed; (batch,) freq, frames. With ``align_to_window`` (``center=False`` only) a window shorter
+    than ``n_fft`` starts at each hop rather than the frame: the signal is zero-padded as the window is. Composed of
+    pad, unfold, mul and the fft primitives, whose derivatives give its gradient."""
+    if center and align_to_window is not None:
+        raise RuntimeError("stft align_to_window should only be set when center = false")
     if not (x.dtype.is_floating_point or x.dtype.is_complex):
         raise RuntimeError("stft: expected a tensor of floating point or complex values")
     if center:
@@ -449,6 +452,8 @@ def _stft(x, n_fft, hop_length=None, win_length=None, window=None, center=True, 
                           device=signal.device)
         left = (n_fft - win_length) // 2
         window = OPS["pad"](window, [left, n_fft - win_length - left])
+        if align_to_window:
+            signal = OPS["pad"](signal, [left, n_fft - win_length - left])
     frames = signal.unfold(-1, n_fft, hop_length)
     if window is not None:
         frames = frames * window
@@ -469,8 +474,8 @@ def _stft(x, n_fft, hop_length=None, win_length=None, window=None, center=True, 
 
 declare("stft(Tensor self, int n_fft, int? hop_length=None, int? win_length=None, Tensor? window=None, "
         "bool center=True, str pad_mode=\"reflect\", bool normalized=False, bool? onesided=None, "
-        "bool? return_complex=None) -> Tensor", "composite", decomposition=_stft, out=False, compiles=False,
-        autocast={"cpu": "fp32"})
+        "bool? return_complex=None, bool? align_to_window=None) -> Tensor", "composite", decomposition=_stft,
+        out=False, compiles=False, autocast={"cpu": "fp32"})
 
 
 # ---------------------------------------------------------------- inverse short-time Fourier transform
