@@ -906,3 +906,62 @@ def test_stft_takes_align_to_window_as_torch():
         with pytest.raises(RuntimeError, match="stft align_to_window should only be set when center = false"):
             torch.stft(torch.ones(40), 16, 4, window=torch.hann_window(16), align_to_window=False,
                        return_complex=True)
+
+
+WINDOW_ARGUMENTS = {
+    "bartlett": {}, "blackman": {}, "cosine": {}, "exponential": {"tau": 3.0}, "gaussian": {"std": 2.5},
+    "general_cosine": {"a": [0.5, 0.3, 0.2]}, "general_hamming": {"alpha": 0.6}, "hamming": {}, "hann": {},
+    "kaiser": {"beta": 5.0}, "nuttall": {},
+}
+
+
+@pytest.mark.parametrize("name", WINDOW_ARGUMENTS)
+def test_signal_windows_match_torch(name):
+    for M, sym, dtype in itertools.product((0, 1, 2, 5, 8), (True, False), ("float32", "float64")):
+        made = [getattr(t.signal.windows, name)(M, sym=sym, dtype=getattr(t, dtype), **WINDOW_ARGUMENTS[name])
+                for t in LIBRARIES]
+        assert str(made[0].dtype)[len("torch."):] == str(made[1].dtype)[len("tilewise."):] == dtype
+        np.testing.assert_allclose(numpy_of(made[1]), numpy_of(made[0]), rtol=1e-6, atol=1e-7, err_msg=f"{M} {sym}")
+    made = [getattr(t.signal.windows, name)(6, requires_grad=True, **WINDOW_ARGUMENTS[name]) for t in LIBRARIES]
+    assert [w.requires_grad for w in made] == [True, True] and made[1].dtype is tilewise.float32
+
+
+WINDOW_REFUSALS = {
+    "a non-positive std": (lambda t: t.signal.windows.gaussian(5, std=0), ValueError,
+                           "Standard deviation must be positive, got: 0 instead."),
+    "a symmetric window's center": (lambda t: t.signal.windows.exponential(5, center=1.0), ValueError,
+                                    "Center must be None for symmetric windows"),
+    "a negative length": (lambda t: t.signal.windows.kaiser(-1), ValueError,
+                          "kaiser requires non-negative window length, got M=-1"),
+    "a negative beta": (lambda t: t.signal.windows.kaiser(4, beta=-1.0), ValueError,
+                        "beta must be non-negative, got: -1.0 instead."),
+    "no coefficients": (lambda t: t.signal.windows.general_cosine(5, a=[]), ValueError,
+                        "Coefficients cannot be empty"),
+    "a number of coefficients": (lambda t: t.signal.windows.general_cosine(5, a=3), TypeError,
+                                 "Coefficients must be a list/tuple"),
+    "an integer dtype": (lambda t: t.signal.windows.hann(5, dtype=t.int64), ValueError,
+                         "general_cosine expects float32 or float64 dtypes, got: "),  # torch names the helper
+}
+
+
+@pytest.mark.parametrize("case", WINDOW_REFUSALS)
+def test_signal_windows_refuse_what_torch_refuses_in_its_words(case):
+    call, error, message = WINDOW_REFUSALS[case]
+    for torch in LIBRARIES:
+        with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+            call(torch)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int64"])
+def test_ctc_loss_refuses_the_dtypes_torchs_kernels_lack(dtype):
+    name = {"float16": "Half", "bfloat16": "BFloat16", "int64": "Long"}[dtype]
+    for torch in LIBRARIES:
+        log_probs = torch.zeros(5, 2, 3, dtype=getattr(torch, dtype))
+        with pytest.raises(NotImplementedError, match=f"\"ctc_loss_cpu\" not implemented for '{name}'"):
+            torch.nn.functional.ctc_loss(log_probs, torch.tensor([[1, 2], [1, 1]]), torch.tensor([5, 5]),
+                                         torch.tensor([2, 2]))
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast computes it in float32
+            loss = torch.nn.functional.ctc_loss(torch.zeros(5, 2, 3, dtype=torch.bfloat16),
+                                                torch.tensor([[1, 2], [1, 1]]), torch.tensor([5, 5]),
+                                                torch.tensor([2, 2]))
+        assert loss.dtype == torch.float32

@@ -20,7 +20,7 @@ The log-sum-exp is written so that states no path reaches (-inf) pass a zero gra
 from __future__ import annotations
 
 from tilewise.dispatch import values_readable
-from tilewise.dtypes import int64
+from tilewise.dtypes import c10_name, int64
 from tilewise.ops.nn_functional import functional, where
 from tilewise.ops.nn_losses import _reduction_mode
 
@@ -72,9 +72,9 @@ def _known_values(lengths):
 def _check_ctc(log_probs, targets, input_lengths, target_lengths, blank: int) -> None:
     from tilewise.tensor import Tensor
 
-    if not log_probs.dtype.is_floating_point:
-        raise NotImplementedError(f"\"ctc_loss\" not implemented for '{log_probs.dtype}': log_probs must be a "
-                                  "floating tensor of shape (T, N, C) or (T, C)")
+    if log_probs.dtype.name not in ("float32", "float64"):  # torch's kernels: float and double (autocast casts)
+        raise NotImplementedError(f"\"ctc_loss_{log_probs.device.type}\" not implemented for "
+                                  f"'{c10_name(log_probs.dtype)}'")
     if log_probs.ndim not in (2, 3):
         raise RuntimeError(f"ctc_loss: expected log_probs of shape (T, N, C) or (T, C) (unbatched), got "
                            f"{list(log_probs.shape)}")
