@@ -5,7 +5,9 @@ by hand, log-mel, MFCC by a DCT matrix, delta features, Griffin-Lim), a Conforme
 attention with rel-shift, depthwise convolutions, SpecAugment masks, CTC loss and greedy decoding), HiFi-GAN vocoder
 pieces (weight-normed transposed convolutions, period and scale discriminators, a multi-resolution STFT loss, feature
 matching), an ECAPA-style speaker embedding (masked statistics pooling, squeeze-and-excitation, AAM-softmax, cosine
-scoring) and a Conv-TasNet separator trained by SI-SNR with permutation-invariant training.
+scoring), a Conv-TasNet separator trained by SI-SNR with permutation-invariant training, a mu-law WaveNet, a
+speech enhancer with complex parameters, and torchaudio.functional's Python signal processing (emphasis filters, an
+IIR filter loop, FFT convolution, the phase vocoder, sinc resampling).
 
 Adam divides each gradient by its own running magnitude, so a parameter whose true gradient is zero (a bias before a
 batch norm or before a softmax over time, a key bias under softmax attention) moves by its normalised rounding noise in
@@ -841,6 +843,260 @@ def test_conv_tasnet_with_si_snr_and_permutation_invariant_training_trains_like_
     ours, theirs = run_both(conv_tasnet, separation_batches(np.random.default_rng(0)), pit=pit)
     assert {tuple(b) for b in theirs["best"]} != {(0, 0, 0)}  # both orders are chosen
     assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# WaveNet, as its popular PyTorch ports write it: mu-law companding by sign / log1p / abs and back by exp, an embedding
+# of the 16 quantised levels, causal dilated convolutions (a Conv1d subclass padding on the left by F.pad), gated
+# activations of chunk()'s halves, residual and skip 1x1 convolutions, a 16-way F.cross_entropy over (N, C, T) logits
+# and its nll_loss / log_softmax twin; greedy sample-by-sample generation with torch.cat, the generated codes decoded,
+# and a Categorical's entropy of the last logits.
+
+def wavenet(torch, init, batches, Q=16, R=8, S=8, dilations=(1, 2, 4, 1, 2)):
+    nn, F = torch.nn, torch.nn.functional
+
+    def mu_law_encoding(x, quantization_channels=Q):
+        mu = torch.tensor(quantization_channels - 1, dtype=x.dtype)
+        x_mu = torch.sign(x) * torch.log1p(mu * torch.abs(x)) / torch.log1p(mu)
+        return ((x_mu + 1) / 2 * mu + 0.5).to(torch.int64)
+
+    def mu_law_decoding(x_mu, quantization_channels=Q):
+        mu = torch.tensor(quantization_channels - 1, dtype=torch.float32)
+        x = (x_mu.float() / mu) * 2 - 1.0
+        return torch.sign(x) * (torch.exp(torch.abs(x) * torch.log1p(mu)) - 1.0) / mu
+
+    class CausalConv1d(nn.Conv1d):
+        def __init__(self, in_channels, out_channels, kernel_size, dilation=1):
+            super().__init__(in_channels, out_channels, kernel_size, dilation=dilation, padding=0)
+            self.left_padding = (kernel_size - 1) * dilation
+
+        def forward(self, x):
+            return super().forward(F.pad(x, (self.left_padding, 0)))
+
+    class ResidualBlock(nn.Module):
+        def __init__(self, dilation):
+            super().__init__()
+            self.dilated = CausalConv1d(R, 2 * R, 2, dilation=dilation)
+            self.residual = nn.Conv1d(R, R, 1)
+            self.skip = nn.Conv1d(R, S, 1)
+
+        def forward(self, x):
+            filter_, gate = self.dilated(x).chunk(2, dim=1)
+            z = torch.tanh(filter_) * torch.sigmoid(gate)
+            return (x + self.residual(z)) * math.sqrt(0.5), self.skip(z)
+
+    class WaveNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(Q, R)
+            self.causal = CausalConv1d(R, R, 2)
+            self.blocks = nn.ModuleList([ResidualBlock(d) for d in dilations])
+            self.post = nn.Sequential(nn.ReLU(), nn.Conv1d(S, S, 1), nn.ReLU(), nn.Conv1d(S, Q, 1))
+
+        def forward(self, codes):
+            x = self.causal(self.embed(codes).transpose(1, 2))
+            skips = 0
+            for block in self.blocks:
+                x, skip = block(x)
+                skips = skips + skip
+            return self.post(skips)
+
+    model = WaveNet()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": [], "codes": []}
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for wave in batches:
+        codes = mu_law_encoding(torch.from_numpy(wave))
+        record["codes"].append(codes.tolist())
+        logits = model(codes[:, :-1])
+        loss = F.cross_entropy(logits, codes[:, 1:])
+        twin = F.nll_loss(F.log_softmax(logits, dim=1), codes[:, 1:], reduction="sum") / codes[:, 1:].numel()
+        optimizer.zero_grad()
+        (0.5 * loss + 0.5 * twin).backward()
+        optimizer.step()
+        record["loss"].append([loss.item(), twin.item()])
+        record["grads"].append(gradients(model))
+    model.eval()
+    with torch.no_grad():
+        generated = torch.full((1, 1), Q // 2, dtype=torch.long)
+        for _ in range(12):
+            logits = model(generated)[:, :, -1]
+            generated = torch.cat([generated, logits.argmax(dim=1, keepdim=True)], dim=1)
+        record["generated"] = generated.tolist()
+        record["decoded"] = numpy_of(mu_law_decoding(generated))
+        record["entropy"] = numpy_of(torch.distributions.Categorical(logits=logits).entropy())
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def sine_batches(rng, steps=4, batch=2, T=24):
+    t = np.arange(T)
+    return [(0.8 * np.sin(t * rng.uniform(0.2, 0.6, (batch, 1)) + rng.uniform(0, 3, (batch, 1)))).astype(np.float32)
+            for _ in range(steps)]
+
+
+def test_wavenet_with_mu_law_causal_dilated_convolutions_trains_and_generates_like_torch():
+    ours, theirs = run_both(wavenet, sine_batches(np.random.default_rng(0)))
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Speech enhancement with complex parameters, as complex-mask models write it: a complex64 weight and bias applied to
+# the noisy STFT by einsum, real and imaginary parts concatenated into a GRU, a complex ratio mask by torch.complex of
+# tanh'd halves and its polar twin (abs, atan2, torch.polar), the masked STFT inverted by istft; a loss of the complex
+# error's squared magnitude, an l1_loss on waveforms and an mse_loss on view_as_real; each optimizer on the complex
+# parameters (torch steps them as their real views).
+
+def complex_mask_enhancer(torch, init, batches, n_fft=16, hop=4, optimizer_name="Adam"):
+    nn, F = torch.nn, torch.nn.functional
+
+    class ComplexMask(nn.Module):
+        def __init__(self, bins=n_fft // 2 + 1):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(bins, bins, dtype=torch.cfloat) * 0.1)
+            self.bias = nn.Parameter(torch.zeros(bins, dtype=torch.cfloat))
+            self.gru = nn.GRU(2 * bins, 8, batch_first=True)
+            self.out = nn.Linear(8, 2 * bins)
+
+        def forward(self, spec):  # (B, F, T), complex
+            z = torch.einsum("gf,bft->bgt", self.weight, spec) + self.bias[None, :, None]
+            hidden, _ = self.gru(torch.cat([z.real, z.imag], dim=1).transpose(1, 2))
+            mask_real, mask_imag = self.out(hidden).transpose(1, 2).chunk(2, dim=1)
+            mask = torch.complex(torch.tanh(mask_real), torch.tanh(mask_imag))
+            polar_mask = torch.polar(torch.tanh(torch.abs(mask)), torch.atan2(mask_imag, mask_real))
+            return spec * mask, spec * polar_mask
+
+    model = ComplexMask()
+    record = {"init": initial_state(torch, model, init), "loss": [], "grads": []}
+    options = {"Adam": {"lr": 1e-2}, "AdamW": {"lr": 1e-2}, "SGD": {"lr": 1e-2, "momentum": 0.9},
+               "RMSprop": {"lr": 1e-3}}
+    optimizer = getattr(torch.optim, optimizer_name)(model.parameters(), **options[optimizer_name])
+    window = torch.hann_window(n_fft)
+    for noisy, clean in batches:
+        noisy, clean = torch.from_numpy(noisy), torch.from_numpy(clean)
+        spec = torch.stft(noisy, n_fft, hop, window=window, return_complex=True)
+        target = torch.stft(clean, n_fft, hop, window=window, return_complex=True)
+        masked, polar_masked = model(spec)
+        wave = torch.istft(masked, n_fft, hop, window=window, length=noisy.shape[-1])
+        loss = ((masked - target).abs().pow(2).mean() + F.l1_loss(wave, clean)
+                + F.mse_loss(torch.view_as_real(polar_masked), torch.view_as_real(target)))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(model))
+    record["final"] = {k: numpy_of(v) for k, v in model.state_dict().items()}
+    return record
+
+
+def noisy_batches(rng, steps=3, batch=2, T=40):
+    out = []
+    for _ in range(steps):
+        clean = np.sin(np.arange(T) * rng.uniform(0.2, 0.5, (batch, 1))).astype(np.float32)
+        out.append(((clean + 0.3 * rng.standard_normal((batch, T))).astype(np.float32), clean))
+    return out
+
+
+@pytest.mark.parametrize("optimizer_name", ["Adam", "AdamW", "SGD", "RMSprop"])
+def test_complex_mask_enhancer_with_complex_parameters_trains_like_torch(optimizer_name):
+    ours, theirs = run_both(complex_mask_enhancer, noisy_batches(np.random.default_rng(0)),
+                            optimizer_name=optimizer_name)
+    assert_same(ours, theirs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Signal processing as torchaudio.functional writes it in Python: pre-emphasis by in-place slice arithmetic,
+# de-emphasis by lfilter's sample loop over unfold()'s windows, FFT convolution by rfft / irfft against the direct
+# conv1d, roll, the phase vocoder (arange with a fractional step, index_select of a padded complex STFT, angle, round,
+# cumsum, polar), the resampler's windowed-sinc kernels in float64 and its strided conv1d; a learnable STFT window's
+# gradient through stft and istft; an STFT of a non-contiguous float64 signal.
+
+def signal_processing(torch, wave):
+    F = torch.nn.functional
+    record = {}
+    x = torch.from_numpy(wave).requires_grad_()
+    emphasised = x.clone()
+    emphasised[..., 1:] -= 0.97 * x[..., :-1]
+    record["pre-emphasis"] = numpy_of(emphasised.detach())
+
+    a_coeffs, b_coeffs = torch.tensor([1.0, -0.97]), torch.tensor([1.0, 0.0])
+    n_order = a_coeffs.size(0)
+    windows = F.pad(emphasised, [n_order - 1, 0]).unfold(-1, n_order, 1)
+    fir = (windows * torch.flip(b_coeffs, [0])).sum(-1)
+    a_flipped = torch.flip(a_coeffs, [0])
+    previous, samples = [torch.zeros(x.shape[0]) for _ in range(n_order - 1)], []
+    for i in range(x.shape[-1]):
+        sample = fir[:, i] - sum(a_flipped[j] * previous[j] for j in range(n_order - 1))
+        samples.append(sample)
+        previous = [*previous[1:], sample]
+    de_emphasised = torch.stack(samples, dim=-1)
+    record["de-emphasis"] = numpy_of(de_emphasised.detach())
+
+    kernel = torch.hann_window(7, periodic=False)
+    n = x.shape[-1] + kernel.shape[-1] - 1
+    by_fft = torch.fft.irfft(torch.fft.rfft(x, n=n) * torch.fft.rfft(kernel, n=n), n=n)
+    direct = F.conv1d(F.pad(x.unsqueeze(1), (6, 6)), kernel.flip(0).view(1, 1, -1)).squeeze(1)
+    record["fft convolution"], record["direct"] = numpy_of(by_fft.detach()), numpy_of(direct.detach())
+    record["rolled"] = [numpy_of(torch.roll(x, shifts=3, dims=-1).detach()),
+                        numpy_of(torch.roll(x, shifts=(1, -2), dims=(0, 1)).detach())]
+
+    spec = torch.stft(x, 16, 4, window=torch.hann_window(16), return_complex=True)
+    rate = 1.3
+    phase_advance = torch.linspace(0, math.pi * 4, spec.size(-2))[..., None]
+    time_steps = torch.arange(0, spec.size(-1), rate, device=spec.device, dtype=phase_advance.dtype)
+    alphas = time_steps % 1.0
+    phase_0 = spec[..., :1].angle()
+    spec = F.pad(spec, [0, 2])
+    spec_0 = spec.index_select(-1, time_steps.long())
+    spec_1 = spec.index_select(-1, (time_steps + 1).long())
+    phase = spec_1.angle() - spec_0.angle() - phase_advance
+    phase = phase - 2 * math.pi * torch.round(phase / (2 * math.pi))
+    phase = torch.cat([phase_0, (phase + phase_advance)[..., :-1]], dim=-1)
+    phase_acc = torch.cumsum(phase, -1)
+    mag = alphas * spec_1.abs() + (1 - alphas) * spec_0.abs()
+    stretched = torch.polar(mag, phase_acc)
+    record["time steps"], record["stretched"] = numpy_of(time_steps), numpy_of(stretched.abs().detach())
+    record["stretched, real"] = numpy_of(stretched.real.detach())
+    loss = de_emphasised.pow(2).mean() + by_fft.abs().mean() + mag.mean() + stretched.real.pow(2).mean()
+    (grad,) = torch.autograd.grad(loss, x)
+    record["grad"] = numpy_of(grad)
+
+    # torchaudio's _get_sinc_resample_kernel and _apply_sinc_resample_kernel, 5 -> 3
+    orig, new, lowpass_filter_width, rolloff = 5, 3, 6, 0.99
+    base_freq = min(orig, new) * rolloff
+    width = math.ceil(lowpass_filter_width * orig / base_freq)
+    idx = torch.arange(-width, width + orig, dtype=torch.float64)[None, None] / orig
+    t = torch.arange(0, -new, -1, dtype=torch.float64)[:, None, None] / new + idx
+    t *= base_freq
+    t = t.clamp_(-lowpass_filter_width, lowpass_filter_width)
+    window = torch.cos(t * math.pi / lowpass_filter_width / 2) ** 2
+    t *= math.pi
+    kernels = torch.where(t == 0, torch.tensor(1.0).to(t), t.sin() / t)
+    kernels *= window * (base_freq / orig)
+    kernels = kernels.to(dtype=torch.float32)
+    resampled = F.conv1d(F.pad(x, (width, width + orig))[:, None], kernels, stride=orig)
+    resampled = resampled.transpose(1, 2).reshape(x.shape[0], -1)
+    resampled = resampled[..., : torch.ceil(torch.as_tensor(new * x.shape[-1] / orig)).long()]
+    (grad,) = torch.autograd.grad(resampled.pow(2).sum(), x)
+    record["kernels"], record["resampled"] = numpy_of(kernels), numpy_of(resampled.detach())
+    record["resampled grad"] = numpy_of(grad)
+
+    window = torch.hann_window(16).requires_grad_()
+    spec = torch.stft(x.detach(), 16, 4, window=window, return_complex=True)
+    back = torch.istft(spec, 16, 4, window=window, length=x.shape[-1])
+    (grad,) = torch.autograd.grad(spec.abs().sum() + back.pow(3).sum(), window)
+    record["window grad"] = numpy_of(grad)
+
+    strided = torch.from_numpy(np.ascontiguousarray(wave.T)).double().t().requires_grad_()
+    spec = torch.stft(strided, 16, 4, window=torch.hann_window(16, dtype=torch.float64), return_complex=True)
+    assert spec.dtype == torch.complex128
+    (grad,) = torch.autograd.grad(spec.abs().sum(), strided)
+    record["non-contiguous"], record["non-contiguous grad"] = numpy_of(spec.detach()), numpy_of(grad)
+    return record
+
+
+def test_emphasis_iir_filter_fft_convolution_phase_vocoder_and_resampling_match_torch():
+    wave = np.random.default_rng(0).standard_normal((2, 40)).astype(np.float32)
+    assert_same(signal_processing(tilewise, wave), signal_processing(real_torch, wave))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
