@@ -1221,3 +1221,25 @@ def test_ctc_loss_refuses_the_dtypes_torchs_kernels_lack(dtype):
                                                 torch.tensor([[1, 2], [1, 1]]), torch.tensor([5, 5]),
                                                 torch.tensor([2, 2]))
         assert loss.dtype == torch.float32
+
+
+KAISER_CALLS = {
+    "the defaults": lambda t: t.kaiser_window(8),
+    "periodic": lambda t: t.kaiser_window(8, False),
+    "periodic and beta": lambda t: t.kaiser_window(8, False, 5.0),
+    "both by keyword": lambda t: t.kaiser_window(8, periodic=False, beta=5.0),
+    "beta by keyword": lambda t: t.kaiser_window(8, True, beta=5.0),
+}
+
+
+@pytest.mark.parametrize("case", KAISER_CALLS)
+def test_kaiser_window_takes_torchs_overloads(case):
+    ours, theirs = (numpy_of(KAISER_CALLS[case](t)) for t in (tilewise, real_torch))
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_kaiser_window_refuses_beta_without_periodic_as_torchs_overloads():
+    for torch in LIBRARIES:
+        with pytest.raises(TypeError, match=r"kaiser_window\(\) received an invalid combination of arguments - got "
+                                            r"\(int, beta=float\), but expected one of:"):
+            torch.kaiser_window(8, beta=5.0)
