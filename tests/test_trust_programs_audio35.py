@@ -1243,3 +1243,55 @@ def test_kaiser_window_refuses_beta_without_periodic_as_torchs_overloads():
         with pytest.raises(TypeError, match=r"kaiser_window\(\) received an invalid combination of arguments - got "
                                             r"\(int, beta=float\), but expected one of:"):
             torch.kaiser_window(8, beta=5.0)
+
+
+BOOL_PADDING = {
+    "reflect, 1-D": ("reflect", (1, 4), (1, 1), "\"reflection_pad1d\" not implemented for 'Bool'"),
+    "reflect, 2-D": ("reflect", (1, 4, 4), (1, 1, 1, 1), "\"reflection_pad2d\" not implemented for 'Bool'"),
+    "reflect, 3-D": ("reflect", (1, 1, 4, 4, 4), (1,) * 6, "\"reflection_pad3d\" not implemented for 'Bool'"),
+    "replicate, 1-D": ("replicate", (1, 1, 4), (5, 5), "\"replication_pad1d\" not implemented for 'Bool'"),
+    "replicate, 3-D": ("replicate", (1, 1, 4, 4), (1,) * 6, "\"replication_pad3d\" not implemented for 'Bool'"),
+}
+
+
+@pytest.mark.parametrize("case", BOOL_PADDING)
+def test_reflect_and_replicate_padding_refuse_bool_as_torchs_kernels(case):
+    mode, shape, pad, message = BOOL_PADDING[case]
+    for torch in LIBRARIES:
+        with pytest.raises(NotImplementedError, match=message):
+            torch.nn.functional.pad(torch.ones(*shape, dtype=torch.bool), pad, mode=mode)
+        circular = torch.nn.functional.pad(torch.ones(1, 1, 4, dtype=torch.bool), (1, 1), mode="circular")
+        assert circular.dtype == torch.bool and tuple(circular.shape) == (1, 1, 6)
+
+
+STFT_REFUSALS = {
+    "a 3-D signal": lambda t: t.stft(t.ones(2, 2, 40), 16, return_complex=True),
+    "integers, padded first": lambda t: t.stft(t.ones(40, dtype=t.int64), 16, return_complex=True),
+    "bool, padded first": lambda t: t.stft(t.ones(40, dtype=t.bool), 16, return_complex=True),
+    "int8 with its window": lambda t: t.stft(t.ones(40, dtype=t.int8), 16, center=False,
+                                             window=t.ones(16, dtype=t.int8), return_complex=True),
+    "a 2-D window": lambda t: t.stft(t.ones(40), 16, window=t.ones(2, 8), return_complex=True),
+    "n_fft of 0": lambda t: t.stft(t.ones(16), 0, return_complex=True),
+    "n_fft past a complex signal": lambda t: t.stft(t.ones(16, dtype=t.complex64), 32, center=False,
+                                                    return_complex=True),
+    "n_fft past a half signal": lambda t: t.stft(t.ones(16, dtype=t.float16), 32, center=False, return_complex=True),
+    "hop_length 0 with every flag": lambda t: t.stft(t.ones(16), 8, hop_length=0, center=False, onesided=False,
+                                                     normalized=True, align_to_window=True, return_complex=True),
+    "a complex window of the wrong size": lambda t: t.stft(t.ones(16, dtype=t.float64), 8,
+                                                           window=t.ones(5, dtype=t.complex128), return_complex=True),
+    "return_complex=False": lambda t: t.stft(t.ones(16), 8, hop_length=0, return_complex=False),
+    "istft with a complex window": lambda t: t.istft(t.ones(5, 3, dtype=t.complex64), 8,
+                                                     window=t.ones(5, dtype=t.complex64)),
+}
+
+
+@pytest.mark.parametrize("case", STFT_REFUSALS)
+def test_stft_refuses_in_torchs_words_naming_the_call_as_torch(case):
+    seen = []
+    for torch in LIBRARIES:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises((RuntimeError, NotImplementedError)) as info:
+                STFT_REFUSALS[case](torch)
+        seen.append((info.type, str(info.value)))
+    assert seen[1] == seen[0]
