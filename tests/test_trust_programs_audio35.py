@@ -1295,3 +1295,13 @@ def test_stft_refuses_in_torchs_words_naming_the_call_as_torch(case):
                 STFT_REFUSALS[case](torch)
         seen.append((info.type, str(info.value)))
     assert seen[1] == seen[0]
+
+
+def test_log10_of_float32_is_exact_at_powers_of_ten_and_rounds_as_torch():
+    # 10 * log10(power) in decibels: numpy's float32 log10 gives 2.0000002 for 100
+    powers = [1e-3, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0, 1e4, 1e5, 1e6]
+    assert tilewise.log10(tilewise.tensor(powers)).tolist() == real_torch.log10(real_torch.tensor(powers)).tolist()
+    assert tilewise.log10(tilewise.tensor([10, 100, 1000])).tolist() == [1.0, 2.0, 3.0]
+    x = np.random.default_rng(0).random(4096).astype(np.float32) * 1000
+    ours, theirs = tilewise.log10(tilewise.from_numpy(x)).numpy(), real_torch.log10(real_torch.from_numpy(x)).numpy()
+    assert (ours != theirs).mean() < 1e-3  # torch's is correctly rounded all but one time in 10^5
