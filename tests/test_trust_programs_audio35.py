@@ -1305,3 +1305,43 @@ def test_log10_of_float32_is_exact_at_powers_of_ten_and_rounds_as_torch():
     x = np.random.default_rng(0).random(4096).astype(np.float32) * 1000
     ours, theirs = tilewise.log10(tilewise.from_numpy(x)).numpy(), real_torch.log10(real_torch.from_numpy(x)).numpy()
     assert (ours != theirs).mean() < 1e-3  # torch's is correctly rounded all but one time in 10^5
+
+
+def unbatched_ctc(torch, targets, lengths=(12, 2)):
+    log_probs = torch.from_numpy(np.log(np.full((12, 5), 0.2, np.float32))).requires_grad_()
+    loss = torch.nn.functional.ctc_loss(log_probs, targets(torch), torch.tensor(lengths[0]), torch.tensor(lengths[1]))
+    return [numpy_of(loss.detach()), numpy_of(torch.autograd.grad(loss, log_probs)[0])]
+
+
+@pytest.mark.parametrize("targets", [lambda t: t.tensor([1, 2]), lambda t: t.tensor([[1, 2, 3]])],
+                         ids=["concatenated", "padded"])
+def test_unbatched_ctc_loss_takes_concatenated_or_padded_targets_as_torch(targets):
+    assert_same(unbatched_ctc(tilewise, targets), unbatched_ctc(real_torch, targets))
+
+
+CTC_SHAPE_REFUSALS = {
+    "1-D log_probs": (lambda t: t.zeros(12), lambda t: t.tensor([1]), (12,), (1,),
+                      "Expected 3-dimensional tensor, but got 2-dimensional tensor for argument #1 'log_probs'"),
+    "4-D log_probs": (lambda t: t.zeros(1, 12, 2, 5), lambda t: t.tensor([[1]]), (12,), (1,),
+                      "Expected 3-dimensional tensor, but got 5-dimensional tensor for argument #1 'log_probs'"),
+    "3-D targets": (lambda t: t.zeros(12, 2, 5), lambda t: t.ones(2, 2, 1, dtype=t.long), (12, 9), (2, 2),
+                    "Expected 1 to 2 dimensions, but got 3-dimensional tensor for argument #2 'targets'"),
+    "0-D unbatched targets": (lambda t: t.zeros(12, 5), lambda t: t.tensor(1), 12, 1,
+                              "Expected 1 to 2 dimensions, but got 0-dimensional tensor for argument #2 'targets'"),
+    "unbatched targets of two rows": (lambda t: t.zeros(12, 5), lambda t: t.ones(2, 2, dtype=t.long), 12, 2,
+                                      "Expected tensor to have size 1 at dimension 0, but got size 2 for argument "
+                                      "#2 'targets'"),
+    "unbatched concatenated targets too long": (lambda t: t.zeros(12, 5), lambda t: t.tensor([1, 2, 3]), 12, 2,
+                                                "Expected tensor to have size 2 at dimension 0, but got size 3 for "
+                                                "argument #2 'targets'"),
+}
+
+
+@pytest.mark.parametrize("case", CTC_SHAPE_REFUSALS)
+def test_ctc_loss_refuses_misshapen_inputs_in_torchs_words(case):
+    log_probs, targets, input_lengths, target_lengths, message = CTC_SHAPE_REFUSALS[case]
+    message += r" \(while checking arguments for ctc_loss_allocate_outputs\)"
+    for torch in LIBRARIES:
+        with pytest.raises(RuntimeError, match=message):
+            torch.nn.functional.ctc_loss(log_probs(torch), targets(torch), torch.tensor(input_lengths),
+                                         torch.tensor(target_lengths))
