@@ -1345,3 +1345,51 @@ def test_ctc_loss_refuses_misshapen_inputs_in_torchs_words(case):
         with pytest.raises(RuntimeError, match=message):
             torch.nn.functional.ctc_loss(log_probs(torch), targets(torch), torch.tensor(input_lengths),
                                          torch.tensor(target_lengths))
+
+
+RANDINT_FORMS = {
+    "high, size": lambda t: t.randint(5, (3,)),
+    "high, size by name": lambda t: t.randint(5, size=(3,)),
+    "everything by name": lambda t: t.randint(low=1, high=5, size=(3,)),
+    "high and size by name": lambda t: t.randint(high=5, size=(3,)),
+    "low, then by name": lambda t: t.randint(1, high=5, size=(3,)),
+    "a list size": lambda t: t.randint(1, 5, [3]),
+    "a 0-dim tensor bound": lambda t: t.randint(t.tensor(5), (3,)),
+    "float, requiring grad": lambda t: t.randint(5, (3,), dtype=t.float32, requires_grad=True),
+}
+
+
+@pytest.mark.parametrize("case", RANDINT_FORMS)
+def test_randint_takes_torchs_overloads_by_position_and_name(case):
+    made = [RANDINT_FORMS[case](t) for t in LIBRARIES]
+    assert [tuple(m.shape) for m in made] == [(3,), (3,)]
+    assert [str(m.dtype).split(".")[1] for m in made][0] == str(made[1].dtype).split(".")[1]
+    assert made[0].requires_grad == made[1].requires_grad
+
+
+RANDINT_REFUSALS = {
+    "a number for size": (lambda t: t.randint(5, 3), TypeError,
+                          "randint(): argument 'size' (position 2) must be tuple of ints, not int"),
+    "a number for size by name": (lambda t: t.randint(5, size=3), TypeError,
+                                  "randint(): argument 'size' must be tuple of ints, not int"),
+    "three numbers": (lambda t: t.randint(2, 5, 3), TypeError,
+                      "randint() received an invalid combination of arguments - got (int, int, int), but expected"),
+    "a high alone": (lambda t: t.randint(5), TypeError,
+                     "randint() received an invalid combination of arguments - got (int), but expected one of:"),
+    "a float high": (lambda t: t.randint(5.5, (2,)), TypeError,
+                     "randint(): argument 'high' (position 1) must be int, not float"),
+    "a bool high": (lambda t: t.randint(True, (2,)), TypeError,
+                    "randint(): argument 'high' (position 1) must be int, not bool"),
+    "low by name after high": (lambda t: t.randint(5, (2,), low=1), TypeError,
+                               "got (int, tuple, low=int), but expected one of:"),
+    "integers requiring grad": (lambda t: t.randint(5, (2,), requires_grad=True), RuntimeError,
+                                "Only Tensors of floating point and complex dtype can require gradients"),
+}
+
+
+@pytest.mark.parametrize("case", RANDINT_REFUSALS)
+def test_randint_refuses_what_torchs_parser_refuses_in_its_words(case):
+    call, error, message = RANDINT_REFUSALS[case]
+    for torch in LIBRARIES:
+        with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+            call(torch)
