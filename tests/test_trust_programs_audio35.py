@@ -1393,3 +1393,14 @@ def test_randint_refuses_what_torchs_parser_refuses_in_its_words(case):
     for torch in LIBRARIES:
         with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
             call(torch)
+
+
+@pytest.mark.parametrize("split_size, message", [
+    (0, "split_size can only be 0 if dimension size is 0, but got dimension size of 3"),
+    (-1, "split expects split_size be non-negative, but got split_size=-1"),
+])
+def test_split_refuses_a_split_size_below_one_in_torchs_words(split_size, message):
+    for torch in LIBRARIES:  # Res2Net's torch.split(x, width, 1) with a width of 0 for too few channels
+        with pytest.raises(RuntimeError, match=message):
+            torch.split(torch.ones(4, 3), split_size, 1)
+        assert [tuple(p.shape) for p in torch.ones(4, 0).split(0, 1)] == [(4, 0)]
