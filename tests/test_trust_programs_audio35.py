@@ -19,6 +19,7 @@ reduced to a test.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import warnings
@@ -1097,6 +1098,65 @@ def signal_processing(torch, wave):
 def test_emphasis_iir_filter_fft_convolution_phase_vocoder_and_resampling_match_torch():
     wave = np.random.default_rng(0).standard_normal((2, 40)).astype(np.float32)
     assert_same(signal_processing(tilewise, wave), signal_processing(real_torch, wave))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# A MelGAN discriminator block, as its repository writes it: spectral-normed Conv1d layers (nn.utils.spectral_norm's
+# hooks, or nn.utils.parametrizations.spectral_norm), ReflectionPad1d, in-place LeakyReLU, grouped strided
+# convolutions, a hinge loss, Adam with betas (0.5, 0.9), AvgPool1d without the padding counted; the power iteration's
+# vectors are in the state both runs start from, so its steps are compared too; eval mode and a deepcopy at the end.
+
+def melgan_discriminator(torch, init, batches, form="hooks"):
+    nn, F = torch.nn, torch.nn.functional
+    spectral_norm = nn.utils.spectral_norm if form == "hooks" else nn.utils.parametrizations.spectral_norm
+
+    class NLayerDiscriminator(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = nn.ModuleList([
+                nn.Sequential(nn.ReflectionPad1d(3), spectral_norm(nn.Conv1d(1, 4, 7)), nn.LeakyReLU(0.2, True)),
+                nn.Sequential(spectral_norm(nn.Conv1d(4, 8, 5, stride=2, padding=2, groups=2)),
+                              nn.LeakyReLU(0.2, True)),
+                spectral_norm(nn.Conv1d(8, 1, 3, padding=1)),
+            ])
+
+        def forward(self, x):
+            results = []
+            for layer in self.model:
+                x = layer(x)
+                results.append(x)
+            return results
+
+    discriminator = NLayerDiscriminator()
+    downsample = nn.AvgPool1d(4, stride=2, padding=1, count_include_pad=False)
+    record = {"init": initial_state(torch, discriminator, init), "loss": [], "grads": [], "downsampled": []}
+    optimizer = torch.optim.Adam(discriminator.parameters(), lr=1e-3, betas=(0.5, 0.9))
+    for real, fake in batches:
+        real, fake = torch.from_numpy(real), torch.from_numpy(fake)
+        loss = F.relu(1 - discriminator(real)[-1]).mean() + F.relu(1 + discriminator(fake)[-1]).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        record["loss"].append(loss.item())
+        record["grads"].append(gradients(discriminator))
+        record["downsampled"].append(numpy_of(downsample(real)))
+    discriminator.eval()
+    with torch.no_grad():
+        record["eval"] = numpy_of(discriminator(torch.from_numpy(batches[0][0]))[-1])
+        record["copy"] = numpy_of(copy.deepcopy(discriminator)(torch.from_numpy(batches[0][0]))[-1])
+    record["final"] = {k: numpy_of(v) for k, v in discriminator.state_dict().items()}
+    return record
+
+
+def waveform_pairs(rng, steps=3, batch=2, T=32):
+    return [(rng.standard_normal((batch, 1, T)).astype(np.float32),
+             rng.standard_normal((batch, 1, T)).astype(np.float32)) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("form", ["hooks", "parametrizations"])
+def test_melgan_discriminator_with_spectral_norm_trains_like_torch(form):
+    ours, theirs = run_both(melgan_discriminator, waveform_pairs(np.random.default_rng(0)), form=form)
+    assert_same(ours, theirs)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
