@@ -22,6 +22,8 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -1464,3 +1466,18 @@ def test_split_refuses_a_split_size_below_one_in_torchs_words(split_size, messag
         with pytest.raises(RuntimeError, match=message):
             torch.split(torch.ones(4, 3), split_size, 1)
         assert [tuple(p.shape) for p in torch.ones(4, 0).split(0, 1)] == [(4, 0)]
+
+
+def test_istft_warns_of_a_missing_window_before_refusing_a_real_input_as_torch():
+    # in a fresh process each: both libraries warn once per process
+    code = ("import warnings, {lib} as torch\n"
+            "with warnings.catch_warnings(record=True) as seen:\n"
+            "    warnings.simplefilter('always')\n"
+            "    try:\n"
+            "        torch.istft(torch.ones(9, 5), 16)\n"
+            "    except RuntimeError as exc:\n"
+            "        print(type(exc).__name__, str(exc))\n"
+            "print([str(w.message)[:40] for w in seen])\n")
+    outputs = [subprocess.run([sys.executable, "-c", code.format(lib=lib)], capture_output=True, text=True,
+                              check=True).stdout for lib in ("torch", "tilewise")]
+    assert "A window was not provided" in outputs[0] and outputs[1] == outputs[0]

@@ -530,11 +530,11 @@ def _istft(x, n_fft, hop_length=None, win_length=None, window=None, center=True,
     ``n_fft // 2`` at each end when ``center`` (or to ``length``, zero-padded past the frames' end)."""
     hop_length = n_fft >> 2 if hop_length is None else hop_length
     win_length = n_fft if win_length is None else win_length
+    if window is None:  # before any refusal, as torch warns
+        _warn_once(_ISTFT_NO_WINDOW)
     if not x.dtype.is_complex:
         raise RuntimeError("istft requires a complex-valued input tensor matching the output from stft with "
                            "return_complex=True.")
-    if window is None:
-        _warn_once(_ISTFT_NO_WINDOW)
     given_onesided = onesided  # torch's messages show the arguments as given
 
     def fail(message: str, sep: str = " : "):
