@@ -182,7 +182,7 @@ from tilewise.serialization import load, save  # noqa: E402
 # isort: split
 # torch's global settings and device modules: tilewise.backends.cuda.matmul.allow_tf32, tilewise.backends.cudnn,
 # tilewise.cuda.amp, tilewise.cpu, tilewise.accelerator, tilewise.use_deterministic_algorithms, ...
-from tilewise import _C, accelerator, cpu, jit, overrides, special  # noqa: E402 — _C: torch._C's __torch_function__ switches
+from tilewise import _C, accelerator, cpu, jit, overrides, signal, special  # noqa: E402 — _C: torch._C's __torch_function__ switches
 from tilewise.accelerator import get_device_module  # noqa: E402
 from tilewise.backends import cudnn as _cudnn  # noqa: E402
 from tilewise.backends import mha as _mha  # noqa: E402

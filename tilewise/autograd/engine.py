@@ -91,14 +91,16 @@ def _dependencies(roots: list[Node]) -> dict[Node, int]:
 
 
 def _reaching(roots: list[Node], targets: set[Node]) -> set[Node]:
-    """Nodes from which some target node is reachable (targets included), by iterative post-order DFS."""
+    """Nodes with an edge on a path to some target node, by iterative post-order DFS: the nodes ``autograd.grad`` must
+    run. A target is captured where its gradient arrives, so it runs only when another target lies beyond it (as in
+    torch; its own graph may be freed already)."""
     reaches: dict[Node, bool] = {}
     stack = [(n, False) for n in roots]
     while stack:
         node, children_done = stack.pop()
         if children_done:
-            reaches[node] = node in targets or any(reaches.get(n, False) for n, _ in node.next_functions
-                                                   if n is not None)
+            reaches[node] = any(n in targets or reaches.get(n, False) for n, _ in node.next_functions
+                                if n is not None)
             continue
         if node in reaches:
             continue
@@ -125,9 +127,11 @@ def _hook_result(hook, grad: Tensor, new):
     return new
 
 
-def _run_hooks(node: Node, grads: list) -> list:
+def _run_hooks(node: Node, grads: list, runs: bool) -> list:
     """torch's order before a node runs: the tensor hooks of each output, retain_grad, then the node's pre-hooks
-    (an AccumulateGrad's pre-hooks run after its leaf's hooks, in the engine's accumulate step)."""
+    (an AccumulateGrad's pre-hooks run after its leaf's hooks, in the engine's accumulate step). A node that
+    ``autograd.grad`` does not run (``runs`` false: its gradient is captured, nothing it leads to is asked for) has
+    its tensors' hooks run but not its own, as in torch."""
     for nr, hooks in node.pre_hooks.items():
         if type(nr) is not int or grads[nr] is None:
             continue
@@ -141,7 +145,7 @@ def _run_hooks(node: Node, grads: list) -> list:
             g = grads[nr].detach()
             t._grad = g.clone() if t._grad is None else t._grad + g
     node_hooks = node.pre_hooks.get(NODE_PRE)
-    if node_hooks and not isinstance(node, AccumulateGrad):
+    if node_hooks and runs and not isinstance(node, AccumulateGrad):
         grads = _node_hook_grads(node_hooks, (tuple(grads),), list(grads))
     return grads
 
@@ -217,8 +221,9 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
             node = ready.pop()
             grads = buffers.pop(node, None) or [None] * node.n_outputs
             hooked = node.pre_hooks or node.retained  # one test for every kind of hook (see Node.pre_hooks)
+            run_it = needed is None or node in needed
             if hooked:
-                grads = _run_hooks(node, grads)
+                grads = _run_hooks(node, grads, run_it)
             if captures:
                 for nr, g in enumerate(grads):
                     for k in captures.get((node, nr), ()):
@@ -247,11 +252,10 @@ def run_backward(tensors, grad_tensors, *, retain_graph: bool, create_graph: boo
                     for k in captures.get((node, 0), ()):
                         captured[k] = g
                 continue
-            run_it = needed is None or node in needed
             in_grads = _apply(node, grads) if run_it else [None] * len(node.next_functions)
             if ANOMALY.enabled and ANOMALY.check_nan and run_it:
                 check_node_outputs(node, in_grads)
-            if hooked and NODE_POST in node.pre_hooks:
+            if hooked and run_it and NODE_POST in node.pre_hooks:
                 in_grads = _node_hook_grads(node.pre_hooks[NODE_POST], (tuple(in_grads), tuple(grads)),
                                             list(in_grads))
             if not retain_graph and run_it:

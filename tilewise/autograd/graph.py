@@ -216,7 +216,7 @@ class GraphTask:
                 raise RuntimeError("A leaf node was passed to _will_engine_execute_node but we are currently running "
                                    "autograd.grad(). This is currently not supported.")
             return (node, 0) in self.captures
-        return node in self.needed
+        return node in self.needed or any(captured is node for captured, _ in self.captures)
 
 
 class _GraphTasks(threading.local):

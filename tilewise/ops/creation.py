@@ -609,21 +609,55 @@ def randn_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = Fals
     return _finish(_restrided(randn(x.shape, dtype=dt, device=dev), strides), requires_grad)
 
 
+_RANDINT_OVERLOADS = ("randint() received an invalid combination of arguments - got ({given}), but expected one of:\n"
+                      " * (int high, tuple of ints size, *, Generator generator = None, dtype dtype = None, "
+                      "Device device = None, bool requires_grad = False)\n"
+                      " * (int low, int high, tuple of ints size, *, Generator generator = None, dtype dtype = None, "
+                      "Device device = None, bool requires_grad = False)\n")
+
+
+def _randint_bounds_and_size(args: tuple, named: dict):
+    """torch's two overloads, ``randint(high, size)`` and ``randint(low, high, size)``, each argument by position or
+    by name, with its parser's refusals."""
+    def refuse():
+        shown = [type(a).__name__ for a in args] + [f"{k}={type(v).__name__}" for k, v in named.items()]
+        raise TypeError(_RANDINT_OVERLOADS.format(given=", ".join(shown)))
+
+    names = ("low", "high", "size") if len(args) + len(named) == 3 or "low" in named else ("high", "size")
+    if len(args) > len(names) or any(k in dict(zip(names, args)) or k not in names for k in named):
+        refuse()
+    given = {**dict(zip(names, args)), **named}
+    if len(given) != len(names):
+        refuse()
+    for position, name in enumerate(names, 1):
+        value = given[name]
+        where = f"(position {position}) " if position <= len(args) else ""
+        if name == "size":
+            if isinstance(value, (int, float)) and len(names) == 3:
+                refuse()  # a third number matches neither overload
+            if not isinstance(value, (tuple, list)) and type(value).__name__ != "Size":
+                raise TypeError(f"randint(): argument 'size' {where}must be tuple of ints, not {type(value).__name__}")
+        elif isinstance(value, Tensor) and value.ndim == 0 and not value.dtype.is_floating_point:
+            given[name] = int(value.item())
+        elif not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            if name == "high" and len(names) == 3:
+                refuse()
+            raise TypeError(f"randint(): argument '{name}' {where}must be int, not {type(value).__name__}")
+    return int(given.get("low", 0)), int(given["high"]), given["size"]
+
+
 @factory_out("randint")
-def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None,
-            requires_grad: bool = False) -> Tensor:
-    if size is None:  # randint(high, size)
-        low, high, size = 0, low, high
-    elif high is None:  # randint(high, size=size)
-        low, high = 0, low
-    if high is None or size is None:
-        raise TypeError("randint(): expected randint(high, size) or randint(low, high, size)")
+def randint(*args, generator=None, dtype=None, device=None, requires_grad: bool = False, **named) -> Tensor:
+    low, high, size = _randint_bounds_and_size(args, named)
+    if requires_grad and not (dtype is not None and (as_dtype(dtype).is_floating_point or as_dtype(dtype).is_complex)):
+        raise RuntimeError("Only Tensors of floating point and complex dtype can require gradients")
     if low >= high:
         raise RuntimeError(f"randint(): random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
     from tilewise import dtypes
 
-    return _call("randint", int(low), int(high), _size((size,), "randint"), dtype=as_dtype(dtype or dtypes.int64),
-                 device=device, generator=generator)
+    result = _call("randint", low, high, _size((size,), "randint"), dtype=as_dtype(dtype or dtypes.int64),
+                   device=device, generator=generator)
+    return _finish(result, requires_grad)
 
 
 def randint_like(x: Tensor, low, high=None, *, dtype=None, device=None, memory_format=None) -> Tensor:

@@ -396,6 +396,20 @@ _REAL_PAIRS = ("stft with return_complex=False is deprecated. In a future pytorc
                "torch.view_as_real on the complex output to recover the old return format.")
 
 
+_LEGACY_TENSOR = {"uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long", "float16": "Half",
+                  "float32": "Float", "float64": "Double"}
+
+
+def _torch_type_string(t: Tensor) -> str:
+    """How torch's messages name a tensor's type: ``torch.FloatTensor`` where a legacy tensor type has the dtype,
+    ``CPUComplexFloatType`` otherwise."""
+    cuda = t.device.type == "cuda"
+    legacy = _LEGACY_TENSOR.get(t.dtype.name)
+    if legacy is not None:
+        return f"torch.{'cuda.' if cuda else ''}{legacy}Tensor"
+    return f"{'CUDA' if cuda else 'CPU'}{dtypes.c10_name(t.dtype)}Type"
+
+
 def _warn_once(message: str) -> None:
     import warnings
 
@@ -405,13 +419,14 @@ def _warn_once(message: str) -> None:
 
 
 def _stft(x, n_fft, hop_length=None, win_length=None, window=None, center=True, pad_mode="reflect",
-          normalized=False, onesided=None, return_complex=None):
+          normalized=False, onesided=None, return_complex=None, align_to_window=None):
     """torch.stft: frames of ``n_fft`` samples every ``hop_length`` (the signal first padded by ``n_fft // 2`` on
     each side with ``pad_mode`` when ``center``), each multiplied by the window (zero-padded to ``n_fft`` in the
-    middle) and transformed; (batch,) freq, frames. Composed of pad, unfold, mul and the fft primitives, whose
-    derivatives give its gradient."""
-    if not (x.dtype.is_floating_point or x.dtype.is_complex):
-        raise RuntimeError("stft: expected a tensor of floating point or complex values")
+    middle) and transformed; (batch,) freq, frames. With ``align_to_window`` (``center=False`` only) a window shorter
+    than ``n_fft`` starts at each hop rather than the frame: the signal is zero-padded as the window is. Composed of
+    pad, unfold, mul and the fft primitives, whose derivatives give its gradient."""
+    if center and align_to_window is not None:
+        raise RuntimeError("stft align_to_window should only be set when center = false")
     if center:
         signal_dim = x.ndim
         extended = x.reshape((1,) * (3 - signal_dim) + tuple(x.shape))
@@ -426,21 +441,32 @@ def _stft(x, n_fft, hop_length=None, win_length=None, window=None, center=True, 
         return_complex = True
     if not return_complex:
         _warn_once(_REAL_PAIRS)
-    if x.ndim not in (1, 2):
-        raise RuntimeError(f"stft: expected a 1D or 2D tensor, got shape {list(x.shape)}")
-    signal = x.unsqueeze(0) if x.ndim == 1 else x
-    length = signal.shape[1]
     hop_length = n_fft // 4 if hop_length is None else hop_length
     win_length = n_fft if win_length is None else win_length
+
+    def fail(message: str):
+        shown = "None" if window is None else f"{_torch_type_string(window)}{{{list(window.shape)}}}"
+        flag = lambda v: "None" if v is None else str(int(v))  # noqa: E731
+        raise RuntimeError(f"stft({_torch_type_string(x)}{list(x.shape)}, n_fft={n_fft}, hop_length={hop_length}, "
+                           f"win_length={win_length}, window={shown}, normalized={int(normalized)}, "
+                           f"onesided={flag(onesided)}, return_complex={flag(return_complex)}, "
+                           f"align_to_window={flag(align_to_window)}) : {message}")
+
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        fail("expected a tensor of floating point or complex values")
+    if x.ndim not in (1, 2):
+        fail("expected a 1D or 2D tensor")
+    signal = x.unsqueeze(0) if x.ndim == 1 else x
+    length = signal.shape[1]
     if n_fft <= 0 or n_fft > length:
-        raise RuntimeError(f"stft: expected 0 < n_fft < {length}, but got n_fft={n_fft}")
+        fail(f"expected 0 < n_fft < {length}, but got n_fft={n_fft}")
     if hop_length <= 0:
-        raise RuntimeError(f"stft: expected hop_length > 0, but got hop_length={hop_length}")
+        fail(f"expected hop_length > 0, but got hop_length={hop_length}")
     if win_length <= 0 or win_length > n_fft:
-        raise RuntimeError(f"stft: expected 0 < win_length <= n_fft, but got win_length={win_length}")
+        fail(f"expected 0 < win_length <= n_fft, but got win_length={win_length}")
     if window is not None and (window.ndim != 1 or window.shape[0] != win_length):
-        raise RuntimeError(f"stft: expected a 1D window tensor of size equal to win_length={win_length}, but got "
-                           f"window with size {list(window.shape)}")
+        fail(f"expected a 1D window tensor of size equal to win_length={win_length}, but got window with size "
+             f"{list(window.shape)}")
     if win_length < n_fft:
         if window is None:
             from tilewise.ops.creation import ones
@@ -449,6 +475,8 @@ def _stft(x, n_fft, hop_length=None, win_length=None, window=None, center=True, 
                           device=signal.device)
         left = (n_fft - win_length) // 2
         window = OPS["pad"](window, [left, n_fft - win_length - left])
+        if align_to_window:
+            signal = OPS["pad"](signal, [left, n_fft - win_length - left])
     frames = signal.unfold(-1, n_fft, hop_length)
     if window is not None:
         frames = frames * window
@@ -469,8 +497,8 @@ def _stft(x, n_fft, hop_length=None, win_length=None, window=None, center=True, 
 
 declare("stft(Tensor self, int n_fft, int? hop_length=None, int? win_length=None, Tensor? window=None, "
         "bool center=True, str pad_mode=\"reflect\", bool normalized=False, bool? onesided=None, "
-        "bool? return_complex=None) -> Tensor", "composite", decomposition=_stft, out=False, compiles=False,
-        autocast={"cpu": "fp32"})
+        "bool? return_complex=None, bool? align_to_window=None) -> Tensor", "composite", decomposition=_stft,
+        out=False, compiles=False, autocast={"cpu": "fp32"})
 
 
 # ---------------------------------------------------------------- inverse short-time Fourier transform
@@ -480,8 +508,6 @@ _ISTFT_NO_WINDOW = ("A window was not provided. A rectangular window will be app
                     "window, explicitly set `window=torch.ones(n_fft, device=<device>)`.")
 _ISTFT_PADDED = ("The length of signal is shorter than the length parameter. Result is being padded with zeros in the "
                  "tail. Please check your center and hop_length settings.")
-_LEGACY_TYPE = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
-                "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
 
 
 def _overlap_add(frames: Tensor, hop_length: int, length: int) -> Tensor:
@@ -504,20 +530,17 @@ def _istft(x, n_fft, hop_length=None, win_length=None, window=None, center=True,
     ``n_fft // 2`` at each end when ``center`` (or to ``length``, zero-padded past the frames' end)."""
     hop_length = n_fft >> 2 if hop_length is None else hop_length
     win_length = n_fft if win_length is None else win_length
+    if window is None:  # before any refusal, as torch warns
+        _warn_once(_ISTFT_NO_WINDOW)
     if not x.dtype.is_complex:
         raise RuntimeError("istft requires a complex-valued input tensor matching the output from stft with "
                            "return_complex=True.")
-    if window is None:
-        _warn_once(_ISTFT_NO_WINDOW)
     given_onesided = onesided  # torch's messages show the arguments as given
 
     def fail(message: str, sep: str = " : "):
-        shown = "None" if window is None else \
-            f"torch.{'cuda.' if window.device.type == 'cuda' else ''}{_LEGACY_TYPE.get(window.dtype.name, '')}Tensor" \
-            f"{{{list(window.shape)}}}"
+        shown = "None" if window is None else f"{_torch_type_string(window)}{{{list(window.shape)}}}"
         flag = lambda v: "None" if v is None else str(int(v))  # noqa: E731
-        device = "CUDA" if x.device.type == "cuda" else "CPU"
-        raise RuntimeError(f"istft({device}{_LEGACY_TYPE[x.dtype.name]}Type{list(x.shape)}, n_fft={n_fft}, "
+        raise RuntimeError(f"istft({_torch_type_string(x)}{list(x.shape)}, n_fft={n_fft}, "
                            f"hop_length={hop_length}, win_length={win_length}, window={shown}, center={int(center)}, "
                            f"normalized={int(normalized)}, onesided={flag(given_onesided)}, length="
                            f"{'None' if length is None else length}, return_complex={int(return_complex)}){sep}"

@@ -20,7 +20,7 @@ from numbers import Number
 
 from tilewise import strides as S
 from tilewise.dispatch import values_readable
-from tilewise.dtypes import c10_name, checked_scalar, int64, result_type
+from tilewise.dtypes import bool_, c10_name, checked_scalar, int64, result_type
 from tilewise.layouts import contiguous_format, suggest_memory_format
 from tilewise.ops import dtype_rules as R
 from tilewise.ops.batching import dynamic_shape, shift_dims
@@ -326,6 +326,9 @@ def _pad(input, pad, mode="constant", value=None):
     _check_nonconstant_pad(input, pad, mode)
     if mode == "reflect":
         _check_reflect_pad(input, pairs)
+    if input.dtype is bool_ and mode != "circular":  # torch's reflection and replication kernels have no bool
+        kernel = "reflection" if mode == "reflect" else "replication"
+        raise NotImplementedError(f"\"{kernel}_pad{len(pad) // 2}d\" not implemented for 'Bool'")
     out = input
     crop_first = mode == "circular"  # torch wraps around the cropped input, but reflects the whole one
     for d, before, after in pairs:

@@ -20,7 +20,7 @@ The log-sum-exp is written so that states no path reaches (-inf) pass a zero gra
 from __future__ import annotations
 
 from tilewise.dispatch import values_readable
-from tilewise.dtypes import int64
+from tilewise.dtypes import c10_name, int64
 from tilewise.ops.nn_functional import functional, where
 from tilewise.ops.nn_losses import _reduction_mode
 
@@ -72,12 +72,16 @@ def _known_values(lengths):
 def _check_ctc(log_probs, targets, input_lengths, target_lengths, blank: int) -> None:
     from tilewise.tensor import Tensor
 
-    if not log_probs.dtype.is_floating_point:
-        raise NotImplementedError(f"\"ctc_loss\" not implemented for '{log_probs.dtype}': log_probs must be a "
-                                  "floating tensor of shape (T, N, C) or (T, C)")
-    if log_probs.ndim not in (2, 3):
-        raise RuntimeError(f"ctc_loss: expected log_probs of shape (T, N, C) or (T, C) (unbatched), got "
-                           f"{list(log_probs.shape)}")
+    if log_probs.dtype.name not in ("float32", "float64"):  # torch's kernels: float and double (autocast casts)
+        raise NotImplementedError(f"\"ctc_loss_{log_probs.device.type}\" not implemented for "
+                                  f"'{c10_name(log_probs.dtype)}'")
+    where_ = "(while checking arguments for ctc_loss_allocate_outputs)"
+    if log_probs.ndim not in (2, 3):  # torch unsqueezes all but a 3-D log_probs as unbatched, then checks
+        raise RuntimeError(f"Expected 3-dimensional tensor, but got {log_probs.ndim + 1}-dimensional tensor for "
+                           f"argument #1 'log_probs' {where_}")
+    if not 1 <= targets.ndim <= 2:
+        raise RuntimeError(f"Expected 1 to 2 dimensions, but got {targets.ndim}-dimensional tensor for argument #2 "
+                           f"'targets' {where_}")
     for name, lengths in (("input_lengths", input_lengths), ("target_lengths", target_lengths)):
         if isinstance(lengths, Tensor) and (lengths.dtype.is_floating_point or lengths.dtype.name == "bool"):
             raise RuntimeError(f"{name} must be integral")
@@ -208,8 +212,8 @@ def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduct
     reduction = _reduction_mode("ctc_loss", reduction)
     _check_ctc(log_probs, targets, input_lengths, target_lengths, blank)
     batched = log_probs.ndim == 3
-    if not batched:
-        log_probs, targets = log_probs.unsqueeze(1), targets.unsqueeze(0)
+    if not batched:  # the targets as given: 1-D concatenated (of the one sample) or 2-D padded, as torch
+        log_probs = log_probs.unsqueeze(1)
     _check_lengths(log_probs, targets, input_lengths, target_lengths)
     device = log_probs.device
     known_target_lengths = _known_values(target_lengths)

@@ -140,8 +140,10 @@ def _sized_slices(self, d: int, sizes) -> tuple:
 
 
 def _split_sizes(n: int, step: int) -> list[int]:
-    if step <= 0 and n:
-        raise RuntimeError(f"split expects split_size be positive, but got split_size={step}")
+    if step < 0:
+        raise RuntimeError(f"split expects split_size be non-negative, but got split_size={step}")
+    if step == 0 and n:
+        raise RuntimeError(f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
     return [min(step, n - start) for start in range(0, n, step)] if n else [0]
 
 

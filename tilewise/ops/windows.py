@@ -79,9 +79,25 @@ def bartlett_window(window_length: int, periodic: bool = True, *, dtype=None, la
     return _window("bartlett_window", window_length, periodic, dtype, device, requires_grad, body)
 
 
-def kaiser_window(window_length: int, periodic: bool = True, beta: float = 12.0, *, dtype=None, layout=None,
-                  device=None, requires_grad: bool = False) -> Tensor:
-    """``I0(beta sqrt(1 - ((n - alpha) / alpha)^2)) / I0(beta)`` with ``alpha = (N - 1) / 2``."""
+_KAISER_SIGNATURES = (
+    "kaiser_window() received an invalid combination of arguments - got ({given}), but expected one of:\n"
+    " * (int window_length, *, dtype dtype = None, layout layout = None, Device device = None, "
+    "bool requires_grad = False)\n"
+    " * (int window_length, bool periodic, *, dtype dtype = None, layout layout = None, Device device = None, "
+    "bool requires_grad = False)\n"
+    " * (int window_length, bool periodic, float beta, *, dtype dtype = None, layout layout = None, "
+    "Device device = None, bool requires_grad = False)\n")
+
+
+def kaiser_window(window_length: int, periodic: bool | None = None, beta: float | None = None, *, dtype=None,
+                  layout=None, device=None, requires_grad: bool = False) -> Tensor:
+    """``I0(beta sqrt(1 - ((n - alpha) / alpha)^2)) / I0(beta)`` with ``alpha = (N - 1) / 2``; ``periodic`` defaults
+    to True and ``beta`` to 12, and, as torch's overloads have it, ``beta`` is given only after ``periodic``."""
+    if periodic is None and beta is not None:
+        given = f"{type(window_length).__name__}, beta={type(beta).__name__}"
+        raise TypeError(_KAISER_SIGNATURES.format(given=given))
+    periodic = True if periodic is None else periodic
+    beta = 12.0 if beta is None else beta
     def body(n, length):
         alpha = (length - 1) / 2.0
         ratio = (n - alpha) / alpha
