@@ -324,9 +324,9 @@ def test_sort_puts_nan_above_every_number(shape, dtype, device):
         for dim in range(-1, len(shape)):
             for descending in (False, True):
                 expected = theirs.sort(dim=dim, descending=descending, stable=True)
-                assert_same(tuple(ours.sort(dim, descending, stable=True)), tuple(expected),
+                assert_same(tuple(ours.sort(dim=dim, descending=descending, stable=True)), tuple(expected),
                             f"sort({dim}, {descending}) seed={seed}")
-                assert_same(ours.argsort(dim, descending, stable=True),
+                assert_same(ours.argsort(dim=dim, descending=descending, stable=True),
                             theirs.argsort(dim=dim, descending=descending, stable=True), f"argsort seed={seed}")
 
 
