@@ -20,6 +20,8 @@ two different groups cannot be gathered by both, and is refused when the second 
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 from tilewise.autograd.engine import ExecutionEngine
@@ -370,6 +372,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward: bool | int | None =
     object.__setattr__(module, "_fsdp_state", state)
     module.register_forward_pre_hook(state.pre_forward, prepend=True, with_kwargs=True)
     module.register_forward_hook(state.post_forward)
-    module.register_state_dict_post_hook(state.mark_state_dict)
+    # a function of its own: the public registration marks the hook it is given, which a bound method cannot take
+    module.register_state_dict_post_hook(functools.partial(FSDPState.mark_state_dict, state))
     module.__class__ = _fsdp_class(type(module))
     return module
