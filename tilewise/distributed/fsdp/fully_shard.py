@@ -21,7 +21,6 @@ two different groups cannot be gathered by both, and is refused when the second 
 from __future__ import annotations
 
 import functools
-
 from typing import Any
 
 from tilewise.autograd.engine import ExecutionEngine
