@@ -6,6 +6,7 @@ Everything here is marked ``cuda`` and skipped where no GPU is found (tests/conf
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -41,11 +42,27 @@ NEEDS_TORCH_2_13 = {"lp_pool1d", "lp_pool2d", "lp_pool3d", "aminmax"}
 
 # ---------------------------------------------------------------------------------------------- op table
 
+# operators whose complex samples tilewise refuses on CUDA by name (NotImplementedError: "complex inputs are not
+# supported yet on CUDA"), where torch's cuSOLVER path takes them; their real samples are compared
+CUDA_REFUSES_COMPLEX = {"geqrf", "ormqr"}
+# torch.embedding_bag's auxiliary outputs: torch's CUDA kernel fills offset2bag and bag_size in every mode, its CPU
+# kernel (which tilewise follows on every device) leaves them empty in sum mode; the bags themselves are compared
+CUDA_FIRST_OUTPUT_ONLY = {"embedding_bag"}
+
+
+def _has_complex(sample) -> bool:
+    return any(isinstance(a, np.ndarray) and np.iscomplexobj(a) for a in sample.args)
+
+
 @pytest.mark.parametrize("info,dtype", CASES, ids=[f"{i.name}-{d}" for i, d in CASES])
 def test_op_matches_torch_on_cuda(info, dtype):
     if info.name in NEEDS_TORCH_2_13 and not TORCH_2_13:
         pytest.skip(f"torch {torch.__version__} predates the behaviour tilewise follows (torch 2.13's)")
+    if info.name in CUDA_FIRST_OUTPUT_ONLY and info.output_index is None:
+        info = dataclasses.replace(info, output_index=0)
     for sample in info.samples():
+        if info.name in CUDA_REFUSES_COMPLEX and _has_complex(sample):
+            continue
         for seed in (0, 1):
             check_op(info, sample, dtype, seed, noncontiguous=False, device="cuda")
         if info.noncontiguous:

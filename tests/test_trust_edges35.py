@@ -481,4 +481,5 @@ def test_cuda_threshold_and_digamma_match_torch():
     t = tw.tensor(x, device="cuda")
     np.testing.assert_array_equal(tw.nn.functional.threshold(t, 0.5, -2.0).cpu().numpy(),
                                   torch.nn.functional.threshold(torch.tensor(x), 0.5, -2.0).numpy())
-    np.testing.assert_array_equal(t.digamma().cpu().numpy(), torch.tensor(x).digamma().numpy())
+    # the special values exactly (NaN, -inf at -0.0, +inf at +0.0); the others within a few ulps of torch's CPU
+    np.testing.assert_allclose(t.digamma().cpu().numpy(), torch.tensor(x).digamma().numpy(), rtol=1e-6, atol=0)

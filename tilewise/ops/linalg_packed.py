@@ -172,6 +172,8 @@ def _ldl_solve(LD, pivots, B, hermitian=False):
     if LD.dtype.name not in ("float32", "float64", "complex64", "complex128"):
         raise NotImplementedError(f'"ldl_solve_kernel_{LD.device.type}" not implemented for '
                                   f"'{type_name(LD.dtype)}'")
+    if hermitian and LD.dtype.is_complex and LD.device.type == "cuda":  # torch's refusal, before any other
+        raise RuntimeError(f"{op}: complex tensors with hermitian=True flag are not supported on CUDA.")
     check_floating(op, LD, complex_on_cpu=True)
     batch = S.broadcast_shapes(tuple(LD.shape[:-2]), tuple(B.shape[:-2]))
     LD_ = LD.expand(batch + (n, n))
