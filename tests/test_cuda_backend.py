@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from opinfo import check_op
+from opinfo import T, check_op
 from test_ops import OPINFOS
 
 import tilewise as tw
@@ -44,14 +44,15 @@ NEEDS_TORCH_2_13 = {"lp_pool1d", "lp_pool2d", "lp_pool3d", "aminmax"}
 
 # operators whose complex samples tilewise refuses on CUDA by name (NotImplementedError: "complex inputs are not
 # supported yet on CUDA"), where torch's cuSOLVER path takes them; their real samples are compared
-CUDA_REFUSES_COMPLEX = {"geqrf", "ormqr"}
+CUDA_REFUSES_COMPLEX = {"geqrf", "ormqr", "linalg.ldl_solve"}  # ldl_solve's samples are factored on the device
 # torch.embedding_bag's auxiliary outputs: torch's CUDA kernel fills offset2bag and bag_size in every mode, its CPU
 # kernel (which tilewise follows on every device) leaves them empty in sum mode; the bags themselves are compared
 CUDA_FIRST_OUTPUT_ONLY = {"embedding_bag"}
 
 
 def _has_complex(sample) -> bool:
-    return any(isinstance(a, np.ndarray) and np.iscomplexobj(a) for a in sample.args)
+    return any((isinstance(a, T) and a.kind == "complex") or (isinstance(a, np.ndarray) and np.iscomplexobj(a))
+               for a in sample.args)
 
 
 @pytest.mark.parametrize("info,dtype", CASES, ids=[f"{i.name}-{d}" for i, d in CASES])
