@@ -169,6 +169,15 @@ def check_probabilities(invalid: bool, weightless: bool) -> None:
         raise RuntimeError("multinomial: invalid multinomial distribution (sum of probabilities <= 0)")
 
 
+def refuse_entry_drawn_with_replacement(rows: np.ndarray) -> None:
+    """torch's CPU sampler with replacement (more than one sample) names the first bad entry it meets, row by row:
+    a negative or NaN one, or an infinite one, in words of its own."""
+    flat = rows.reshape(-1)
+    first = flat[np.flatnonzero(~(flat >= 0) | ~np.isfinite(flat))[0]]
+    entry = "= infinity or NaN" if np.isinf(first) and first > 0 else "< 0"
+    raise RuntimeError(f"multinomial: invalid multinomial distribution (encountering probability entry {entry})")
+
+
 def _as_count(n):
     """``n`` as a Python int where torch reads it as one (a numpy integer, a one-element integer tensor such as
     ``sum`` of a tensor of lengths gives); anything else as given, for the argument parser to refuse."""

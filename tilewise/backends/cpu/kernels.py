@@ -211,26 +211,18 @@ def randperm(n, dtype=None, device=None, generator=None):
     return _out(np.argsort(bits, kind="stable"), dtype)
 
 
-def _refuse_entry_drawn_with_replacement(rows: np.ndarray) -> None:
-    """torch's CPU sampler with replacement (more than one sample) names the first bad entry it meets, row by row:
-    a negative or NaN one, or an infinite one, in words of its own."""
-    first = rows.reshape(-1)[np.flatnonzero(~(rows.reshape(-1) >= 0) | ~np.isfinite(rows.reshape(-1)))[0]]
-    entry = "= infinity or NaN" if np.isinf(first) and first > 0 else "< 0"
-    raise RuntimeError(f"multinomial: invalid multinomial distribution (encountering probability entry {entry})")
-
-
 @kernel("multinomial")
 def multinomial(self, num_samples, replacement=False, generator=None):
     """See [Note: multinomial draws]; the CUDA kernels compute the same sums in the same order."""
     from tilewise import dtypes
-    from tilewise.ops.creation import check_multinomial, check_probabilities
+    from tilewise.ops.creation import check_multinomial, check_probabilities, refuse_entry_drawn_with_replacement
 
     check_multinomial(self, num_samples, replacement)
     probs = self._np().astype(np.float64)
     rows = probs.reshape(int(np.prod(probs.shape[:-1])), probs.shape[-1])
     invalid = bool((rows < 0).any() or not np.isfinite(rows).all())
     if invalid and replacement and num_samples > 1:
-        _refuse_entry_drawn_with_replacement(rows)
+        refuse_entry_drawn_with_replacement(rows)
     check_probabilities(invalid, not invalid and bool((rows.sum(-1) <= 0).any()))
     u = _draw(generator, rows.shape[0] * num_samples, np.float64,
               lambda s, o, k: _philox.uniform(s, o, k, np.float64)).reshape(rows.shape[0], num_samples)

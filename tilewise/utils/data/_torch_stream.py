@@ -130,14 +130,13 @@ def random_seed(generator=None) -> int:
 def multinomial(weights, num_samples: int, replacement: bool, generator=None) -> list[int]:
     """``torch.multinomial(weights, num_samples, replacement, generator=generator).tolist()`` for a 1-d float64
     tensor of weights on the CPU, refused as tilewise's ``multinomial`` refuses it."""
-    from tilewise.backends.cpu.kernels import _refuse_entry_drawn_with_replacement
-    from tilewise.ops.creation import check_multinomial, check_probabilities
+    from tilewise.ops.creation import check_multinomial, check_probabilities, refuse_entry_drawn_with_replacement
 
     check_multinomial(weights, num_samples, replacement)
     weights = weights._np()
     invalid = bool((weights < 0).any() or not np.isfinite(weights).all())
     if invalid and replacement and num_samples > 1:
-        _refuse_entry_drawn_with_replacement(weights)
+        refuse_entry_drawn_with_replacement(weights)
     check_probabilities(invalid, not invalid and not weights.sum() > 0)
     if replacement and num_samples > 1:
         cumulative = np.cumsum(weights)
