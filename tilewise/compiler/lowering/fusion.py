@@ -49,8 +49,8 @@ only its own column: its dims map comes from the reduction's through element-wis
 kept dims joins no such nest. What it reads from other groups is made again in it when cheap (the recompute rule
 above: ``running_mean * 0.9`` instead of a sibling nest storing it); a value whose operands are all outside the nest
 is then placed where its reader reads it (``_placements``), since a channel vector beside an (N, C, H, W) domain has
-no position of its own there. An epilogue waiting for a collective the rest of the nest does not wait for stays out
-(``_waits_longer``): the reduction would wait for it too.
+no position of its own there. An epilogue made after a library call that follows the reduction, or waiting for a
+collective the rest of the nest does not wait for, stays out (``_delays``): the reduction would wait for it too.
 
 [Note: concatenations in kernels] A ``cat`` whose dims before the joined one have more than one element (RoPE's
 ``cat((-x2, x1), -1)``, a q/k/v split's gradient along the heads) cannot be laid out in place by memory planning:
@@ -660,7 +660,7 @@ class _Partition:
             if not _try_join(node, trial):
                 continue
             external = self._external(trial, node)
-            if any(self.reaches(src, gid) for src in external) or self._waits_longer(node, trial, external):
+            if any(self.reaches(src, gid) for src in external) or self._delays(node, trial, external):
                 continue
             self.groups[gid] = trial
             self._join(node, gid, external)
@@ -697,11 +697,19 @@ class _Partition:
         made = self._recomputable(base, gid)
         return made is not None and self._worth_remaking(reader, base, made[1], made[2])
 
-    def _waits_longer(self, node: Node, group: Group, external: list[Node]) -> bool:
-        """Whether ``node``, an epilogue of ``group``'s reductions, waits for a collective that the rest of the group
-        does not: joined, the reduction would wait for it too (see [Note: reduction epilogues])."""
+    def _delays(self, node: Node, group: Group, external: list[Node]) -> bool:
+        """Whether ``node``, joined to ``group`` (a trial copy holding it) as an epilogue of its reductions, would
+        hold the reduction back (see [Note: reduction epilogues]): it comes after a library call that follows the
+        group's reductions (the reduction would run after the call, its operands kept alive across it: a bias
+        gradient's column sum made with the optimizer's update of the bias kept the layer's output gradient through
+        the rest of backward), or it waits for a collective that the rest of the group does not."""
+        if not group.reduce or not _epilogue_only(group, group.dims[node]):
+            return False
+        calls = self.calls_before.get(node, 0)
+        if any(calls > self.calls_before.get(m, 0) for m in group.members if fusion_kind(m) == "reduction"):
+            return True
         after = self.after_collective
-        if not after or not group.reduce or after.isdisjoint(external) or not _epilogue_only(group, group.dims[node]):
+        if not after or after.isdisjoint(external):
             return False
         return not any(m is not node and not after.isdisjoint(self._external(group, m)) for m in group.members)
 
