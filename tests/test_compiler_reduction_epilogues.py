@@ -236,3 +236,20 @@ def test_an_epilogue_waiting_for_a_collective_stays_out_of_the_reduction(one_pro
     assert low.streams.waits[0] == () and low.streams.waits[2] == (1,)
     assert any(ns.nest.reduce for ns in low.schedules[0].nests)  # the sum runs before the collective
     np.testing.assert_allclose(tw.compile(f)(x, v).numpy(), f(x, v).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_an_epilogue_after_a_library_call_stays_out_of_the_reduction():
+    """An optimizer's update of a bias after the rest of backward, made with its gradient's column sum, would run
+    that sum after the GEMMs between them and keep its operand alive across them."""
+    from tilewise.compiler.lowering.memory import steps_of
+
+    def f(g, w, bias):
+        grad = g.sum(0)
+        h = g @ w
+        return h, bias - 0.1 * grad
+
+    g, w, bias = tw.randn(4096, 64), tw.randn(64, 64), tw.randn(64)
+    _, (low,), _ = tw.compile(f).lowered(get_target("cuda"), g, w, bias)
+    assert [n.op for n in steps_of(low.fused)] == ["fused", "mm", "fused"], low.fused
+    got = tw.compile(f)(g, w, bias)
+    np.testing.assert_allclose(got[1].numpy(), (bias - 0.1 * g.sum(0)).numpy(), rtol=1e-5, atol=1e-4)
