@@ -206,6 +206,13 @@ class Group:
         self.outputs = list(dict.fromkeys(self.outputs + other.outputs))
         self.recomputed = (self.recomputed | other.recomputed) - owned
 
+    def agrees(self, other: Group) -> bool:
+        """Whether every value both groups make lies at the same domain point in both: a value made again is
+        placed where its reader reads it (``_placements``), which two nests over one domain may do differently
+        (a correlation's ``c / std.view(-1, 1)`` and ``c / std.view(1, -1)``); such nests cannot be one."""
+        small, big = (self.dims, other.dims) if len(self.dims) <= len(other.dims) else (other.dims, self.dims)
+        return all(big.get(m, dims) == dims for m, dims in small.items())
+
     def edge_dims(self, src: Node) -> tuple | None:
         """The dims map under which a member reads ``src`` inside this group, or None if it is external."""
         base, chain = view_chain(src)
@@ -849,6 +856,11 @@ class _Partition:
         # groups of a later layer still merge without it
         closures = {g: self.deps_closure(g) for g in same}
         same = [g for g in same if not any(g in closures[h] for h in same if h != g)]
+        agreeing: list[int] = []
+        for g in same:
+            if all(self.groups[g].agrees(self.groups[h]) for h in agreeing):
+                agreeing.append(g)
+        same = agreeing
         if len(same) < 2:
             return None
         reduce = next((self.groups[g].reduce for g in same if self.groups[g].reduce), ())
@@ -1005,7 +1017,7 @@ def _merge_siblings(batch: list[Group], order: dict[Node, int]) -> list[Group]:
         reads = _worth_sharing(group)
         for other, other_reads in out:
             if (other.shape == group.shape and other.reduce == group.reduce and _device(other) == _device(group)
-                    and other.order == group.order and other_reads & reads):
+                    and other.order == group.order and other_reads & reads and other.agrees(group)):
                 other.absorb(group)
                 other.members.sort(key=order.__getitem__)  # a value one of them made again, before its readers
                 other_reads |= reads
