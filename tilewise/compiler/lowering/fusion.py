@@ -49,8 +49,11 @@ only its own column: its dims map comes from the reduction's through element-wis
 kept dims joins no such nest. What it reads from other groups is made again in it when cheap (the recompute rule
 above: ``running_mean * 0.9`` instead of a sibling nest storing it); a value whose operands are all outside the nest
 is then placed where its reader reads it (``_placements``), since a channel vector beside an (N, C, H, W) domain has
-no position of its own there. An epilogue made after a library call that follows the reduction, or waiting for a
-collective the rest of the nest does not wait for, stays out (``_delays``): the reduction would wait for it too.
+no position of its own there; two nests that place one value differently do not merge (``Group.agrees``). A value
+smaller than a reduction's domain tries that group first where what its other operands' groups make for it can be
+made again there (``_epilogue_first``). An epilogue made after a library call that follows the reduction, or
+waiting for a collective the rest of the nest does not wait for, stays out (``_delays``): the reduction would wait
+for it too. The values are those of separate kernels: the same expressions, from the same total.
 
 [Note: concatenations in kernels] A ``cat`` whose dims before the joined one have more than one element (RoPE's
 ``cat((-x2, x1), -1)``, a q/k/v split's gradient along the heads) cannot be laid out in place by memory planning:
@@ -210,8 +213,9 @@ class Group:
         """Whether every value both groups make lies at the same domain point in both: a value made again is
         placed where its reader reads it (``_placements``), which two nests over one domain may do differently
         (a correlation's ``c / std.view(-1, 1)`` and ``c / std.view(1, -1)``); such nests cannot be one."""
-        small, big = (self.dims, other.dims) if len(self.dims) <= len(other.dims) else (other.dims, self.dims)
-        return all(big.get(m, dims) == dims for m, dims in small.items())
+        # a value two groups make is made again by one of them at least (each member has one owner)
+        return (all(other.dims.get(m, self.dims[m]) == self.dims[m] for m in self.recomputed)
+                and all(self.dims.get(m, other.dims[m]) == other.dims[m] for m in other.recomputed))
 
     def edge_dims(self, src: Node) -> tuple | None:
         """The dims map under which a member reads ``src`` inside this group, or None if it is external."""
@@ -436,13 +440,6 @@ def _starves_phases(group: Group) -> bool:
     if not group.reduce:
         return False
     shape = group.shape
-    votes = _memory_votes(group)
-    order = list(max(votes, key=lambda o: votes[o])) if votes else [d for d, n in enumerate(shape) if n != 1]
-    if not order:
-        return False
-    # operands in two layouts (a channels-last activation and a row-major gradient): the scheduler weighs their
-    # accesses its own way and may run down the columns the bytes here would run along, so either way is judged
-    innermost = {o[-1] for o in votes} or {order[-1]}
     kept = 1
     for d, n in enumerate(shape):
         if d not in group.reduce:
@@ -450,14 +447,30 @@ def _starves_phases(group: Group) -> bool:
     reduced = 1
     for d in group.reduce:
         reduced *= shape[d]
+    few_rows = kept < FEW_ROWS and reduced >= LONG_ROWS
+    few_columns = kept < FEW_COLUMNS and reduced >= LONG_COLUMNS
+    if not (few_rows or few_columns) or not _later_phase(group):  # (the memory order below costs the most)
+        return False
+    votes = _memory_votes(group)
+    order = list(max(votes, key=lambda o: votes[o])) if votes else [d for d, n in enumerate(shape) if n != 1]
+    if not order:
+        return False
+    # operands in two layouts (a channels-last activation and a row-major gradient): the scheduler weighs their
+    # accesses its own way and may run down the columns the bytes here would run along, so either way is judged
+    innermost = {o[-1] for o in votes} or {order[-1]}
     # reduced dims on both sides of a kept one in memory (N and H, W of an (N, C, H, W) batch norm) stay rows:
     # split as columns, a contiguous bf16 batch norm's forward and backward took 1.1-2.1x as long as in phases
     # on an H200 for ResNet-50's shapes (0.117 against 0.056 ms at [64, 2048, 7, 7]), faster only at
     # [64, 64, 112, 112] (0.218 against 0.295 ms)
-    rows = any(d in group.reduce for d in innermost) and kept < FEW_ROWS and reduced >= LONG_ROWS
-    columns = any(d not in group.reduce for d in innermost) and kept < FEW_COLUMNS and reduced >= LONG_COLUMNS
-    if not (rows or columns):  # a block per row (per 32 columns) and enough of them, or short ones
-        return False
+    rows = few_rows and any(d in group.reduce for d in innermost)
+    columns = few_columns and any(d not in group.reduce for d in innermost)
+    return rows or columns  # else a block per row (per 32 columns) and enough of them, or short ones
+
+
+def _later_phase(group: Group) -> bool:
+    """Whether a member of ``group`` runs along the reduced dims after one of its reductions. An epilogue over the
+    kept dims (a norm's sqrt, a batch norm's mean and running statistics) is none: it runs once per row or column,
+    in the last block of a split (see [Note: reduction epilogues])."""
     late: set[Node] = set()
     for member in group.members:
         for src in member.srcs:
@@ -465,9 +478,6 @@ def _starves_phases(group: Group) -> bool:
             if base in group.dims and base is not member and (fusion_kind(base) == "reduction" or base in late):
                 late.add(member)
                 break
-    # only a later phase over the reduced dims starves: an epilogue over the kept dims (a norm's sqrt, a batch
-    # norm's mean and running statistics) runs once per row or column, in the last block of a split (see [Note:
-    # reduction epilogues])
     return any(d in group.reduce for member in late for d in group.dims[member] if d is not None)
 
 
@@ -656,8 +666,13 @@ class _Partition:
         return out
 
     def _place(self, node: Node) -> None:
-        merged = self._merged_candidate(self._candidates(node))
-        options = ([merged] if merged is not None else []) + self._epilogue_first(node, self._candidates(node))
+        candidates = self._candidates(node)
+        merged = self._merged_candidate(candidates)
+        if merged is not None:  # the groups merged: their ids changed
+            candidates = self._candidates(node)
+        if len(candidates) > 1:
+            candidates = self._epilogue_first(node, candidates)
+        options = ([merged] if merged is not None else []) + candidates
         for gid in dict.fromkeys(options):
             group = self.groups[gid]
             if self._distant(group.members[-1], node):
@@ -667,7 +682,9 @@ class _Partition:
             if not _try_join(node, trial):
                 continue
             external = self._external(trial, node)
-            if any(self.reaches(src, gid) for src in external) or self._delays(node, trial, external):
+            if any(self.reaches(src, gid) for src in external):
+                continue
+            if trial.reduce and self._delays(node, trial, external):
                 continue
             self.groups[gid] = trial
             self._join(node, gid, external)
@@ -687,11 +704,10 @@ class _Partition:
         operand the function wrote first): the others then store nothing for it, and may be left with nothing
         to do. Otherwise the operands' order (a value that another group would have to go on storing is better
         joined to that group, where the values after it may follow)."""
-        if len(candidates) < 2:
-            return candidates
-        for gid in candidates:
-            group = self.groups[gid]
-            if not group.reduce or node.type.numel >= S.numel(group.shape):
+        if self._smaller_than_reduction(node, candidates[0]):
+            return candidates  # already first
+        for gid in candidates[1:]:
+            if not self._smaller_than_reduction(node, gid):
                 continue
             others = [src for src in node.srcs if buffer_of(src) in self.group_of
                       and self.find(self.group_of[buffer_of(src)]) != gid]
@@ -699,26 +715,31 @@ class _Partition:
                 return [gid] + [g for g in candidates if g != gid]
         return candidates
 
+    def _smaller_than_reduction(self, node: Node, gid: int) -> bool:
+        group = self.groups[gid]
+        return bool(group.reduce) and node.type.numel < S.numel(group.shape)
+
     def _remade_in(self, reader: Node, base: Node, gid: int) -> bool:
         """Whether ``reader`` joining group ``gid`` would make ``base`` there again (see ``_recompute_operands``)."""
         made = self._recomputable(base, gid)
         return made is not None and self._worth_remaking(reader, base, made[1], made[2])
 
     def _delays(self, node: Node, group: Group, external: list[Node]) -> bool:
-        """Whether ``node``, joined to ``group`` (a trial copy holding it) as an epilogue of its reductions, would
+        """Whether ``node``, joined to ``group`` (a trial copy holding it, with reductions) as their epilogue, would
         hold the reduction back (see [Note: reduction epilogues]): it comes after a library call that follows the
         group's reductions (the reduction would run after the call, its operands kept alive across it: a bias
         gradient's column sum made with the optimizer's update of the bias kept the layer's output gradient through
         the rest of backward), or it waits for a collective that the rest of the group does not."""
-        if not group.reduce or not _epilogue_only(group, group.dims[node]):
+        calls, after = self.calls_before.get(node, 0), self.after_collective
+        # no call after the group's first member, no collective to wait for: nothing to delay
+        called = calls > self.calls_before.get(group.members[0], 0)
+        waits = bool(after) and not after.isdisjoint(external)
+        if not (called or waits) or not _epilogue_only(group, group.dims[node]):
             return False
-        calls = self.calls_before.get(node, 0)
-        if any(calls > self.calls_before.get(m, 0) for m in group.members if fusion_kind(m) == "reduction"):
+        if called and any(calls > self.calls_before.get(m, 0) for m in group.members if fusion_kind(m) == "reduction"):
             return True
-        after = self.after_collective
-        if not after or after.isdisjoint(external):
-            return False
-        return not any(m is not node and not after.isdisjoint(self._external(group, m)) for m in group.members)
+        return waits and not any(m is not node and not after.isdisjoint(self._external(group, m))
+                                 for m in group.members)
 
     def _distant(self, member: Node, node: Node) -> bool:
         """Whether ``node`` comes too long after ``member`` to join its group (see DISTANT)."""
@@ -743,10 +764,10 @@ class _Partition:
             chain, width, loads = made
             if not self._worth_remaking(node, base, width, loads):
                 continue
-            trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims),
-                          recomputed=set(group.recomputed), order=group.order)
-            placed = _placements(node, src, group, chain)
-            if not all(_try_join(m, trial, placed.get(m)) for m in chain):
+            trial = self._joined(group, chain)
+            if trial is None:  # some value of the chain has no position of its own there: where it is read
+                trial = self._joined(group, chain, _placements(node, src, group, chain))
+            if trial is None:
                 continue
             trial.members.sort(key=self.order.__getitem__)
             if trial.edge_dims(src) is None or not _reads_agree(trial, chain):
@@ -757,6 +778,15 @@ class _Partition:
                 for operand in m.srcs:
                     if buffer_of(operand) not in chain:
                         self.add_deps(gid, self.frontier(operand) - {gid})
+
+    @staticmethod
+    def _joined(group: Group, chain: list[Node], placed: dict[Node, tuple] | None = None) -> Group | None:
+        """A trial copy of ``group`` with ``chain`` joined (each value at ``placed``'s map where derived from
+        nothing in the group), or None."""
+        trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims),
+                      recomputed=set(group.recomputed), order=group.order)
+        placed = placed or {}
+        return trial if all(_try_join(m, trial, placed.get(m)) for m in chain) else None
 
     def _worth_remaking(self, reader: Node, base: Node, width: int, loads: set[Node]) -> bool:
         """Whether ``reader``'s group should make ``base`` again from ``loads`` (``width`` bytes an element) rather
@@ -919,8 +949,9 @@ def partition(graph: Graph) -> list[Group]:
     after = part.after_collective
     for node in graph.body:
         part.calls_before[node] = calls
-        calls += fusion_kind(node) == "extern"
-        if is_collective(node) or (after and not after.isdisjoint(node.srcs)):
+        extern = fusion_kind(node) == "extern"
+        calls += extern
+        if (extern and is_collective(node)) or (after and not after.isdisjoint(node.srcs)):
             after.add(node)
     part.live = frozenset(graph.inputs)
     for node in graph.body:
