@@ -51,9 +51,9 @@ above: ``running_mean * 0.9`` instead of a sibling nest storing it); a value who
 is then placed where its reader reads it (``_placements``), since a channel vector beside an (N, C, H, W) domain has
 no position of its own there; two nests that place one value differently do not merge (``Group.agrees``). A value
 smaller than a reduction's domain tries that group first where what its other operands' groups make for it can be
-made again there (``_epilogue_first``). An epilogue made after a library call that follows the reduction, or
-waiting for a collective the rest of the nest does not wait for, stays out (``_delays``): the reduction would wait
-for it too. The values are those of separate kernels: the same expressions, from the same total.
+made again there (``_epilogue_first``). An epilogue made after a library call that follows reductions with no
+later phase, or waiting for a collective the rest of the nest does not wait for, stays out (``_delays``): the
+reduction would wait for it too. The values are those of separate kernels: the same expressions, from the same total.
 
 [Note: concatenations in kernels] A ``cat`` whose dims before the joined one have more than one element (RoPE's
 ``cat((-x2, x1), -1)``, a q/k/v split's gradient along the heads) cannot be laid out in place by memory planning:
@@ -700,10 +700,10 @@ class _Partition:
 
     def _epilogue_first(self, node: Node, candidates: list[int]) -> list[int]:
         """``candidates`` in the order ``node`` tries them: the group of a reduction it would be an epilogue of
-        first when what the others make for it can all be made again there (``running_mean * 0.9``, whichever
-        operand the function wrote first): the others then store nothing for it, and may be left with nothing
-        to do. Otherwise the operands' order (a value that another group would have to go on storing is better
-        joined to that group, where the values after it may follow)."""
+        first when what the others make for it can all be made again there from the program's inputs
+        (``running_mean * 0.9``, whichever operand the function wrote first): the others then store nothing for
+        it, and may be left with nothing to do. Otherwise the operands' order (a value that another group would
+        have to go on storing is better joined to that group, where the values after it may follow)."""
         if self._smaller_than_reduction(node, candidates[0]):
             return candidates  # already first
         for gid in candidates[1:]:
@@ -720,23 +720,28 @@ class _Partition:
         return bool(group.reduce) and node.type.numel < S.numel(group.shape)
 
     def _remade_in(self, reader: Node, base: Node, gid: int) -> bool:
-        """Whether ``reader`` joining group ``gid`` would make ``base`` there again (see ``_recompute_operands``)."""
+        """Whether ``reader`` joining group ``gid`` would make ``base`` there again (see ``_recompute_operands``)
+        from the program's inputs only (a running statistic, a parameter): what it reads is there from the start."""
         made = self._recomputable(base, gid)
-        return made is not None and self._worth_remaking(reader, base, made[1], made[2])
+        return made is not None and made[2] <= self.live and self._worth_remaking(reader, base, made[1], made[2])
 
     def _delays(self, node: Node, group: Group, external: list[Node]) -> bool:
         """Whether ``node``, joined to ``group`` (a trial copy holding it, with reductions) as their epilogue, would
         hold the reduction back (see [Note: reduction epilogues]): it comes after a library call that follows the
-        group's reductions (the reduction would run after the call, its operands kept alive across it: a bias
-        gradient's column sum made with the optimizer's update of the bias kept the layer's output gradient through
-        the rest of backward), or it waits for a collective that the rest of the group does not."""
+        group's reductions while the group has no later phase (a kernel runs where the program first needs what it
+        stores: a norm's output, read by the next GEMM, keeps it before the call, and the epilogue's values are
+        made there for the backward; reductions alone may store nothing else, and would run after the call, their
+        operands kept alive across it: a bias gradient's column sum made with the optimizer's update of the bias
+        kept the layer's output gradient through the rest of backward), or it waits for a collective that the rest
+        of the group does not."""
         calls, after = self.calls_before.get(node, 0), self.after_collective
         # no call after the group's first member, no collective to wait for: nothing to delay
         called = calls > self.calls_before.get(group.members[0], 0)
         waits = bool(after) and not after.isdisjoint(external)
         if not (called or waits) or not _epilogue_only(group, group.dims[node]):
             return False
-        if called and any(calls > self.calls_before.get(m, 0) for m in group.members if fusion_kind(m) == "reduction"):
+        if called and not _later_phase(group) and any(
+                calls > self.calls_before.get(m, 0) for m in group.members if fusion_kind(m) == "reduction"):
             return True
         return waits and not any(m is not node and not after.isdisjoint(self._external(group, m))
                                  for m in group.members)
