@@ -595,6 +595,13 @@ def _prefer_columns(nest: Nest) -> bool:
     return sum(dt.itemsize for ix, dt in streamed if _stride(ix, last_kept) == 1) > along_reduced
 
 
+def _loads_in_phases(nest: Nest) -> list[int]:
+    """The loads that the loops over the reduced dims read (for a reduction or a store of a phase); the others
+    are read once per row, by the stores after the phases."""
+    exprs = [r.value for r in nest.reductions] + [st.value for st in nest.stores if st.phase is not None]
+    return sorted({n.arg for e in exprs for n in toposort(e) if n.op == "input"})
+
+
 def _capped(width: int, knobs: Knobs) -> int:
     """A narrower vector stays legal: every alignment that holds for ``width`` holds for its divisors."""
     return min(width, knobs.vector) if knobs.vector else width
@@ -614,8 +621,11 @@ def _cuda_strategy(nest: Nest, knobs: Knobs) -> tuple[str, int, int | None, int]
     if knobs.columns and _prefer_columns(nest):
         warps = COLUMN_WARPS if nest.phases == 1 and knobs.split else 32  # one phase: blocks split the columns
         dim = nest.outer[-1]
-        in_loop = [(ld.index, ld.dtype) for ld in nest.loads if ld.iota is None]  # a column's total is stored
-        in_loop += [(st.index, st.dtype) for st in nest.stores if st.phase is not None]  # by one thread, alone
+        # a column's total is stored by one thread, alone, and so are the values made from it and what they load
+        # (a batch norm's running statistics, read and written back per channel)
+        in_loop = [(nest.loads[j].index, nest.loads[j].dtype) for j in _loads_in_phases(nest)
+                   if nest.loads[j].iota is None]
+        in_loop += [(st.index, st.dtype) for st in nest.stores if st.phase is not None]
         vector = _capped(vector_width(nest, dim, in_loop), knobs) if nest.phases == 1 else 1  # see ``_cuda_plan``
         return "columns", vector, dim if vector > 1 else None, 32 * min(warps, _pow2_at_least(-(-row // 8)))
     dim = nest.reduce[-1]

@@ -36,6 +36,25 @@ operand costs to make is shared by the elements it is broadcast to: a layer norm
 is made again by its backward from ``h`` (4 bytes an element; the row statistics come almost free) rather than
 stored by the forward as float32, with ``h - mean`` beside it, and read back.
 
+[Note: reduction epilogues] A member over a reduction's kept dims only, made from its result (a batch norm's mean
+``sum / count``, its ``rsqrt(var + eps)``, its running statistics ``mean * 0.1 + running_mean * 0.9`` written back in
+place), is an *epilogue*, not a later phase: the kernel makes it once per row or column from that row's (column's)
+own total, after the loops over the reduced dims (a store of ``phase`` None in the kernel IR), by the team that
+folded it, or, for a reduction split across blocks, by the last block, which holds the total combined in a fixed
+order. So ``_starves_phases`` counts only members that run along the reduced dims again, and only what the loops
+over the domain read votes on the order they read it in (``_memory_votes``): a channels-last batch norm's forward,
+two split column sums each followed by a one-block kernel over its 64 channels and the normalisation, is three
+kernels, and a contiguous one a single kernel in phases (its running statistics were a second). An epilogue reads
+only its own column: its dims map comes from the reduction's through element-wise members, and a reduction over the
+kept dims joins no such nest. What it reads from other groups is made again in it when cheap (the recompute rule
+above: ``running_mean * 0.9`` instead of a sibling nest storing it); a value whose operands are all outside the nest
+is then placed where its reader reads it (``_placements``), since a channel vector beside an (N, C, H, W) domain has
+no position of its own there; two nests that place one value differently do not merge (``Group.agrees``). A value
+smaller than a reduction's domain tries that group first where what its other operands' groups make for it can be
+made again there (``_epilogue_first``). An epilogue made after a library call that follows reductions with no
+later phase, or waiting for a collective the rest of the nest does not wait for, stays out (``_delays``): the
+reduction would wait for it too. The values are those of separate kernels: the same expressions, from the same total.
+
 [Note: concatenations in kernels] A ``cat`` whose dims before the joined one have more than one element (RoPE's
 ``cat((-x2, x1), -1)``, a q/k/v split's gradient along the heads) cannot be laid out in place by memory planning:
 its inputs are not contiguous slabs of the result, so it used to be a copy of its own. Such a cat (``fusable_cat``)
@@ -190,6 +209,14 @@ class Group:
         self.outputs = list(dict.fromkeys(self.outputs + other.outputs))
         self.recomputed = (self.recomputed | other.recomputed) - owned
 
+    def agrees(self, other: Group) -> bool:
+        """Whether every value both groups make lies at the same domain point in both: a value made again is
+        placed where its reader reads it (``_placements``), which two nests over one domain may do differently
+        (a correlation's ``c / std.view(-1, 1)`` and ``c / std.view(1, -1)``); such nests cannot be one."""
+        # a value two groups make is made again by one of them at least (each member has one owner)
+        return (all(other.dims.get(m, self.dims[m]) == self.dims[m] for m in self.recomputed)
+                and all(self.dims.get(m, other.dims[m]) == other.dims[m] for m in other.recomputed))
+
     def edge_dims(self, src: Node) -> tuple | None:
         """The dims map under which a member reads ``src`` inside this group, or None if it is external."""
         base, chain = view_chain(src)
@@ -297,11 +324,54 @@ def reduction_dims_in(node: Node, group: Group) -> tuple[tuple, tuple] | None:
     return out, domain_reduced
 
 
+def _read_dims(reader_dims: tuple, reader: Node, src: Node, group: Group) -> tuple | None:
+    """The dims map of ``src``'s base as ``reader``, placed at ``reader_dims`` in ``group``, reads it: through
+    broadcasting and reshapes that only add or drop size-1 dims (None through other views). A reduction reads an
+    operand from outside at the nest's own positions (``reduction_dims_in``)."""
+    if fusion_kind(reader) == "reduction":
+        if src.type.shape != group.shape or order_of(src) != group.order:
+            return None
+        reader_dims = tuple(range(len(group.shape)))
+    lead = len(reader_dims) - len(src.type.shape)
+    if lead < 0:
+        return None
+    dims = tuple(None if size == 1 else reader_dims[k + lead] for k, size in enumerate(src.type.shape))
+    _, chain = view_chain(src)
+    for view in reversed(chain):
+        source, out = view.srcs[0].type.shape, view.type.shape
+        if view.op not in RESHAPES or [n for n in source if n != 1] != [n for n in out if n != 1]:
+            return None
+        kept = iter(d for d, n in zip(dims, out) if n != 1)
+        dims = tuple(next(kept) if n != 1 else None for n in source)
+    return dims
+
+
+def _placements(reader: Node, src: Node, group: Group, chain: list[Node]) -> dict[Node, tuple]:
+    """Where ``reader`` (a member of ``group``) and the members of ``chain`` (values made again for it, operands
+    first) read each value of ``chain``: the dims maps ``_try_join`` places them at when none of their own
+    operands is in the group."""
+    found: dict[Node, tuple] = {}
+    dims = _read_dims(group.dims[reader], reader, src, group)
+    if dims is not None:
+        found[buffer_of(src)] = dims
+    inside = set(chain)
+    for member in reversed(chain):
+        if member not in found:
+            continue
+        for operand in member.srcs:
+            base = buffer_of(operand)
+            if base in inside and base not in found:
+                dims = _read_dims(found[member], member, operand, group)
+                if dims is not None:
+                    found[base] = dims
+    return found
+
+
 def _reads_agree(group: Group, made: list[Node]) -> bool:
     """Whether the members of ``group`` placed before ``made`` joined it read each of ``made`` at the domain
-    point where they are computed. A value made again in its reader's nest is placed from its own operands (by
-    position, when they are all outside), its reader from its earlier operands: a reader of ``z.t()`` at
-    ``(i, j)`` must find ``z[j, i]`` there, which a ``z`` placed by position does not give it."""
+    point where they are computed. A value made again in its reader's nest is placed from its own operands (or
+    where its reader reads it, when they are all outside), its reader from its earlier operands: a reader of
+    ``z.t()`` at ``(i, j)`` must find ``z[j, i]`` there, which a ``z`` placed by position does not give it."""
     inside = set(made)
     for member in group.members:
         if member in inside or not any(buffer_of(s) in inside for s in member.srcs):
@@ -315,7 +385,12 @@ def _reads_agree(group: Group, made: list[Node]) -> bool:
     return True
 
 
-def _try_join(node: Node, group: Group) -> bool:
+def _try_join(node: Node, group: Group, placed: tuple | None = None) -> bool:
+    """Add ``node`` to ``group`` (a trial copy) if its dims map is derivable and the nest keeps its phases.
+    ``placed``: where a reader in the group reads ``node`` (``_read_dims``), for a value made again there; it
+    places the value when none of its operands is in the group and its position does not (a running mean's
+    ``running_mean * 0.9`` made in a batch norm statistics' epilogue, over the channel dim of an (N, C, H, W)
+    domain)."""
     if node.type.device != _device(group):
         return False
     if fusion_kind(node) == "reduction":
@@ -325,6 +400,8 @@ def _try_join(node: Node, group: Group) -> bool:
         group.dims[node], group.reduce = found
     else:
         dims = member_dims(node, group)
+        if dims is None and placed is not None and not any(group.owns_base(s) for s in node.srcs):
+            dims = _checked(placed, node.type.shape, group.shape)
         if dims is None:
             return False
         group.dims[node] = dims
@@ -351,8 +428,9 @@ FEW_ROWS, LONG_ROWS = 2, 1 << 16
 
 
 def _starves_phases(group: Group) -> bool:
-    """Whether ``group`` has a member computed after one of its reductions (a later *phase*) while the reduction
-    runs down columns (it keeps the innermost dim) of too few of them: a nest of several phases cannot be split
+    """Whether ``group`` has a member running along the reduced dims after one of its reductions (a later *phase*;
+    an epilogue over the kept dims is none, see [Note: reduction epilogues]) while the reduction runs down columns
+    (it keeps the innermost dim) of too few of them: a nest of several phases cannot be split
     across blocks (every block would need every other block's result), so it runs one block per 32 columns. A
     channels-last batch norm's normalisation after its statistics over [64, 112, 112] per channel would run on
     2 blocks (one over [64, 14, 14] rows of 1024 channels on 32); apart, the statistics split across the GPU
@@ -362,13 +440,6 @@ def _starves_phases(group: Group) -> bool:
     if not group.reduce:
         return False
     shape = group.shape
-    votes = _memory_votes(group)
-    order = list(max(votes, key=lambda o: votes[o])) if votes else [d for d, n in enumerate(shape) if n != 1]
-    if not order:
-        return False
-    # operands in two layouts (a channels-last activation and a row-major gradient): the scheduler weighs their
-    # accesses its own way and may run down the columns the bytes here would run along, so either way is judged
-    innermost = {o[-1] for o in votes} or {order[-1]}
     kept = 1
     for d, n in enumerate(shape):
         if d not in group.reduce:
@@ -376,14 +447,30 @@ def _starves_phases(group: Group) -> bool:
     reduced = 1
     for d in group.reduce:
         reduced *= shape[d]
+    few_rows = kept < FEW_ROWS and reduced >= LONG_ROWS
+    few_columns = kept < FEW_COLUMNS and reduced >= LONG_COLUMNS
+    if not (few_rows or few_columns) or not _later_phase(group):  # (the memory order below costs the most)
+        return False
+    votes = _memory_votes(group)
+    order = list(max(votes, key=lambda o: votes[o])) if votes else [d for d, n in enumerate(shape) if n != 1]
+    if not order:
+        return False
+    # operands in two layouts (a channels-last activation and a row-major gradient): the scheduler weighs their
+    # accesses its own way and may run down the columns the bytes here would run along, so either way is judged
+    innermost = {o[-1] for o in votes} or {order[-1]}
     # reduced dims on both sides of a kept one in memory (N and H, W of an (N, C, H, W) batch norm) stay rows:
     # split as columns, a contiguous bf16 batch norm's forward and backward took 1.1-2.1x as long as in phases
     # on an H200 for ResNet-50's shapes (0.117 against 0.056 ms at [64, 2048, 7, 7]), faster only at
     # [64, 64, 112, 112] (0.218 against 0.295 ms)
-    rows = any(d in group.reduce for d in innermost) and kept < FEW_ROWS and reduced >= LONG_ROWS
-    columns = any(d not in group.reduce for d in innermost) and kept < FEW_COLUMNS and reduced >= LONG_COLUMNS
-    if not (rows or columns):  # a block per row (per 32 columns) and enough of them, or short ones
-        return False
+    rows = few_rows and any(d in group.reduce for d in innermost)
+    columns = few_columns and any(d not in group.reduce for d in innermost)
+    return rows or columns  # else a block per row (per 32 columns) and enough of them, or short ones
+
+
+def _later_phase(group: Group) -> bool:
+    """Whether a member of ``group`` runs along the reduced dims after one of its reductions. An epilogue over the
+    kept dims (a norm's sqrt, a batch norm's mean and running statistics) is none: it runs once per row or column,
+    in the last block of a split (see [Note: reduction epilogues])."""
     late: set[Node] = set()
     for member in group.members:
         for src in member.srcs:
@@ -391,9 +478,6 @@ def _starves_phases(group: Group) -> bool:
             if base in group.dims and base is not member and (fusion_kind(base) == "reduction" or base in late):
                 late.add(member)
                 break
-    if columns:
-        return bool(late)
-    # rows: a later phase over the row itself; a scalar epilogue (the sqrt of a norm) runs once anyway
     return any(d in group.reduce for member in late for d in group.dims[member] if d is not None)
 
 
@@ -410,12 +494,14 @@ def _memory_order(group: Group) -> list[int] | None:
 
 def _memory_votes(group: Group) -> dict[tuple[int, ...], int]:
     """``_memory_order``'s ballot: each memory order of the domain dims the group's whole operands from outside
-    follow, with the bytes that follow it."""
+    follow where the loops over the domain read them (an epilogue's do not vote), with the bytes that follow it."""
     votes: dict[tuple[int, ...], int] = {}
     seen: set[int] = set()
+    reduced = frozenset(group.reduce)
     for member in group.members:
         dims = group.dims.get(member)
-        if dims is None or fusion_kind(member) == "reduction":
+        # an epilogue (over the kept dims only) is made after the loops over the domain: it reads nothing in them
+        if dims is None or fusion_kind(member) == "reduction" or (reduced and reduced.isdisjoint(dims)):
             continue
         for src in member.srcs:
             if buffer_of(src) in group.dims or src.type.shape != member.type.shape or id(src) in seen:
@@ -431,6 +517,12 @@ def _memory_votes(group: Group) -> dict[tuple[int, ...], int]:
             order = tuple(dims[a] for a in sorted(axes, key=lambda a: -strides[a]))
             votes[order] = votes.get(order, 0) + src.type.numel * src.type.dtype.itemsize
     return votes
+
+
+def _epilogue_only(group: Group, dims: tuple) -> bool:
+    """Whether a member with dims map ``dims`` runs along none of ``group``'s reduced dims: it is made once per row
+    (column) of the reduction, not in the nest's loops over the domain."""
+    return bool(group.reduce) and not any(d in group.reduce for d in dims if d is not None)
 
 
 def _device(group: Group):
@@ -475,6 +567,7 @@ class _Partition:
         self.last_read = last_read or {}  # value -> program position of its last reader
         self.live: frozenset[Node] = frozenset()  # values that live throughout the program (its inputs)
         self.calls_before: dict[Node, int] = {}  # node -> how many library calls come before it in the program
+        self.after_collective: set[Node] = set()  # values made from a collective's result
         self.roots = roots  # values the program returns or writes back: stored, so never made twice
         self.groups: dict[int, Group] = {}
         self.parent: dict[int, int] = {}
@@ -573,8 +666,13 @@ class _Partition:
         return out
 
     def _place(self, node: Node) -> None:
-        merged = self._merged_candidate(self._candidates(node))
-        options = ([merged] if merged is not None else []) + self._candidates(node)
+        candidates = self._candidates(node)
+        merged = self._merged_candidate(candidates)
+        if merged is not None:  # the groups merged: their ids changed
+            candidates = self._candidates(node)
+        if len(candidates) > 1:
+            candidates = self._epilogue_first(node, candidates)
+        options = ([merged] if merged is not None else []) + candidates
         for gid in dict.fromkeys(options):
             group = self.groups[gid]
             if self._distant(group.members[-1], node):
@@ -585,6 +683,8 @@ class _Partition:
                 continue
             external = self._external(trial, node)
             if any(self.reaches(src, gid) for src in external):
+                continue
+            if trial.reduce and self._delays(node, trial, external):
                 continue
             self.groups[gid] = trial
             self._join(node, gid, external)
@@ -597,6 +697,54 @@ class _Partition:
         self.parent[gid], self.groups[gid], self.deps[gid] = gid, group, set()
         self._join(node, gid, list(node.srcs))
         self._recompute_operands(node, gid)
+
+    def _epilogue_first(self, node: Node, candidates: list[int]) -> list[int]:
+        """``candidates`` in the order ``node`` tries them: the group of a reduction it would be an epilogue of
+        first when what the others make for it can all be made again there from the program's inputs
+        (``running_mean * 0.9``, whichever operand the function wrote first): the others then store nothing for
+        it, and may be left with nothing to do. Otherwise the operands' order (a value that another group would
+        have to go on storing is better joined to that group, where the values after it may follow)."""
+        if self._smaller_than_reduction(node, candidates[0]):
+            return candidates  # already first
+        for gid in candidates[1:]:
+            if not self._smaller_than_reduction(node, gid):
+                continue
+            others = [src for src in node.srcs if buffer_of(src) in self.group_of
+                      and self.find(self.group_of[buffer_of(src)]) != gid]
+            if all(self._remade_in(node, buffer_of(src), gid) for src in others):
+                return [gid] + [g for g in candidates if g != gid]
+        return candidates
+
+    def _smaller_than_reduction(self, node: Node, gid: int) -> bool:
+        group = self.groups[gid]
+        return bool(group.reduce) and node.type.numel < S.numel(group.shape)
+
+    def _remade_in(self, reader: Node, base: Node, gid: int) -> bool:
+        """Whether ``reader`` joining group ``gid`` would make ``base`` there again (see ``_recompute_operands``)
+        from the program's inputs only (a running statistic, a parameter): what it reads is there from the start."""
+        made = self._recomputable(base, gid)
+        return made is not None and made[2] <= self.live and self._worth_remaking(reader, base, made[1], made[2])
+
+    def _delays(self, node: Node, group: Group, external: list[Node]) -> bool:
+        """Whether ``node``, joined to ``group`` (a trial copy holding it, with reductions) as their epilogue, would
+        hold the reduction back (see [Note: reduction epilogues]): it comes after a library call that follows the
+        group's reductions while the group has no later phase (a kernel runs where the program first needs what it
+        stores: a norm's output, read by the next GEMM, keeps it before the call, and the epilogue's values are
+        made there for the backward; reductions alone may store nothing else, and would run after the call, their
+        operands kept alive across it: a bias gradient's column sum made with the optimizer's update of the bias
+        kept the layer's output gradient through the rest of backward), or it waits for a collective that the rest
+        of the group does not."""
+        calls, after = self.calls_before.get(node, 0), self.after_collective
+        # no call after the group's first member, no collective to wait for: nothing to delay
+        called = calls > self.calls_before.get(group.members[0], 0)
+        waits = bool(after) and not after.isdisjoint(external)
+        if not (called or waits) or not _epilogue_only(group, group.dims[node]):
+            return False
+        if called and not _later_phase(group) and any(
+                calls > self.calls_before.get(m, 0) for m in group.members if fusion_kind(m) == "reduction"):
+            return True
+        return waits and not any(m is not node and not after.isdisjoint(self._external(group, m))
+                                 for m in group.members)
 
     def _distant(self, member: Node, node: Node) -> bool:
         """Whether ``node`` comes too long after ``member`` to join its group (see DISTANT)."""
@@ -621,9 +769,10 @@ class _Partition:
             chain, width, loads = made
             if not self._worth_remaking(node, base, width, loads):
                 continue
-            trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims),
-                          recomputed=set(group.recomputed), order=group.order)
-            if not all(_try_join(m, trial) for m in chain):
+            trial = self._joined(group, chain)
+            if trial is None:  # some value of the chain has no position of its own there: where it is read
+                trial = self._joined(group, chain, _placements(node, src, group, chain))
+            if trial is None:
                 continue
             trial.members.sort(key=self.order.__getitem__)
             if trial.edge_dims(src) is None or not _reads_agree(trial, chain):
@@ -634,6 +783,15 @@ class _Partition:
                 for operand in m.srcs:
                     if buffer_of(operand) not in chain:
                         self.add_deps(gid, self.frontier(operand) - {gid})
+
+    @staticmethod
+    def _joined(group: Group, chain: list[Node], placed: dict[Node, tuple] | None = None) -> Group | None:
+        """A trial copy of ``group`` with ``chain`` joined (each value at ``placed``'s map where derived from
+        nothing in the group), or None."""
+        trial = Group(group.shape, group.reduce, list(group.members), dict(group.dims),
+                      recomputed=set(group.recomputed), order=group.order)
+        placed = placed or {}
+        return trial if all(_try_join(m, trial, placed.get(m)) for m in chain) else None
 
     def _worth_remaking(self, reader: Node, base: Node, width: int, loads: set[Node]) -> bool:
         """Whether ``reader``'s group should make ``base`` again from ``loads`` (``width`` bytes an element) rather
@@ -733,6 +891,11 @@ class _Partition:
         # groups of a later layer still merge without it
         closures = {g: self.deps_closure(g) for g in same}
         same = [g for g in same if not any(g in closures[h] for h in same if h != g)]
+        agreeing: list[int] = []
+        for g in same:
+            if all(self.groups[g].agrees(self.groups[h]) for h in agreeing):
+                agreeing.append(g)
+        same = agreeing
         if len(same) < 2:
             return None
         reduce = next((self.groups[g].reduce for g in same if self.groups[g].reduce), ())
@@ -788,9 +951,13 @@ def partition(graph: Graph) -> list[Group]:
     roots = frozenset(buffer_of(root) for root in graph.roots())
     part = _Partition({n: k for k, n in enumerate(graph.body)}, readers, roots, last_read)
     calls = 0
+    after = part.after_collective
     for node in graph.body:
         part.calls_before[node] = calls
-        calls += fusion_kind(node) == "extern"
+        extern = fusion_kind(node) == "extern"
+        calls += extern
+        if (extern and is_collective(node)) or (after and not after.isdisjoint(node.srcs)):
+            after.add(node)
     part.live = frozenset(graph.inputs)
     for node in graph.body:
         part.add(node)
@@ -886,7 +1053,7 @@ def _merge_siblings(batch: list[Group], order: dict[Node, int]) -> list[Group]:
         reads = _worth_sharing(group)
         for other, other_reads in out:
             if (other.shape == group.shape and other.reduce == group.reduce and _device(other) == _device(group)
-                    and other.order == group.order and other_reads & reads):
+                    and other.order == group.order and other_reads & reads and other.agrees(group)):
                 other.absorb(group)
                 other.members.sort(key=order.__getitem__)  # a value one of them made again, before its readers
                 other_reads |= reads
