@@ -30,7 +30,8 @@ collective: those after a collective the program's stream has not yet waited for
 after it (one communication stream runs them in order, so a collective's end is the end of every one before
 it). A CUDA program plans its GEMM steps there for fewer SMs (cuBLASLt's SM count target: the device's SMs
 less ``settings.gemm_sm_carveout``, ``TILEWISE_GEMM_SM_CARVEOUT``; 0 turns it off), so that they leave room for
-the collective's CTAs instead of being stretched by them. It is decided once, when the program is built, and the
+the collective's CTAs instead of being stretched by them; not where every collective spans one rank (a DDP step on
+one GPU: the transport moves nothing). It is decided once, when the program is built, and the
 program's steps say it (``call mm [cuBLASLt for 108 SMs]``); the plan's key and its timed choice on disk
 carry the target, so GEMMs of one shape planned for the whole GPU (eager, or away from a collective) keep their
 own plans. Other steps, generated kernels included, are launched as they are.
