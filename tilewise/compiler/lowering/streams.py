@@ -23,8 +23,8 @@ steps in order on the host (its collectives are synchronous), the CUDA target as
 [Note: GEMMs beside collectives] A collective's kernel (NCCL's all-reduce: 24 CTAs on two H200s) takes SMs
 while the program's stream goes on with backward. cuBLASLt plans a GEMM for the whole GPU, and its Hopper
 kernels run in thread-block clusters that each need free SMs within one GPC: beside the all-reduce, a
-weight-gradient GEMM of GPT-2 124M planned for 120 CTAs in 2x4 clusters took 99 us instead of 54 us (the
-clusters that no longer fit ran as a second wave), which cost a DDP step 0.55 ms; every other kernel ran within
+weight-gradient GEMM of GPT-2 124M planned for 120 CTAs in 2x4 clusters took 99 us instead of 54 us (not
+all of its clusters find room at once), which cost a DDP step 0.55 ms; every other kernel ran within
 4% of its time alone, and fewer NCCL CTAs did not help. So the schedule also says which steps run *beside* a
 collective: those after a collective the program's stream has not yet waited for, or waited for one issued
 after it (one communication stream runs them in order, so a collective's end is the end of every one before
