@@ -1099,6 +1099,59 @@ def test_a_timed_gemm_choice_is_remembered_on_disk(monkeypatch, tmp_path):
     assert matmul._choose(key, None, [11, 22, 33, 44], big, (0,) * 8) == 11
 
 
+def test_a_gemm_planned_for_fewer_sms_has_its_own_plan_and_remembered_choice(monkeypatch):
+    """The SMs a GEMM is planned for (a compiled program's GEMM beside a collective) are part of its plan's key and
+    of its timed choice's name on disk; planned for every SM (0), the entry is named as before there was a
+    target, so choices already on disk stay found."""
+    import hashlib
+    from types import SimpleNamespace
+
+    import tilewise.backends.cuda.runtime as runtime
+    from tilewise import dtypes
+    from tilewise.backends.cuda import matmul
+
+    monkeypatch.setattr(matmul, "_lt", lambda: SimpleNamespace(get_version=lambda: 130000))
+    monkeypatch.setattr(runtime, "get_device_properties", lambda device: SimpleNamespace(name="NVIDIA H200"))
+    a_op, b_op = matmul.Operand(0, 768, 8192, 768), matmul.Operand(1, 3072, 8192, 3072)
+    geometry = (0, dtypes.bfloat16, a_op, b_op, 768, 3072, 8192, 1, (0, 0), "none", (256,) * 4)
+    whole, carved = matmul.plan_key(*geometry), matmul.plan_key(*geometry, sm_count=108)
+    assert whole != carved and whole[-1] == 0 and carved[-1] == 108 and whole[:-1] == carved[:-1]
+    assert matmul.plan_key(*geometry, 108) == carved
+    before = repr((whole[1:-1], "NVIDIA H200", 130000, 4, "gemm-choice-v1"))  # the name without a target
+    assert matmul._entry_name(whole, 4) == hashlib.sha256(before.encode()).hexdigest()[:32] + ".json"
+    assert matmul._entry_name(carved, 4) != matmul._entry_name(whole, 4)
+    assert matmul._entry_name(matmul.plan_key(*geometry, 100), 4) != matmul._entry_name(carved, 4)
+
+
+@pytest.mark.cuda
+def test_a_gemm_planned_for_fewer_sms_gives_the_same_values():
+    """cuBLASLt's SM count target changes how a GEMM is spread over the GPU, not what it computes."""
+    import tilewise as tw
+    from tilewise.backends.cuda import matmul
+    from tilewise.backends.cuda.runtime import get_device_properties
+
+    if not tw.cuda.is_available():
+        pytest.skip("needs a GPU")
+    sms = get_device_properties(0).multi_processor_count
+    tw.manual_seed(0)
+    tw.backends.cuda.matmul.allow_tf32 = False  # float32 in full (another test may have left TF32 on)
+    cases = (  # (products of 4096 terms are about 64 in size: split-K may sum partials in bfloat16)
+        (tw.bfloat16, ((2048, 4096), (4096, 768)), 2e-2, 1.0), (tw.float32, ((256, 96), (96, 80)), 1e-5, 1e-5))
+    for dtype, shapes, rtol, atol in cases:
+        a, b = (tw.randn(*shape, device="cuda", dtype=dtype) for shape in shapes)
+        expected = matmul.gemm(a, b)
+        for target in (sms // 2, sms - 24):
+            out = tw.empty(expected.shape, device="cuda", dtype=dtype)
+            assert not matmul.gemm_into(out, a, b, sm_count=target)
+            tw.testing.assert_close(out.float().cpu(), expected.float().cpu(), rtol=rtol, atol=atol)
+        bias = tw.randn(shapes[1][1], device="cuda", dtype=dtype)
+        out = tw.empty(expected.shape, device="cuda", dtype=dtype)
+        assert not matmul.gemm_into(out, a, b, bias, "relu_bias", sm_count=sms - 24)
+        tw.testing.assert_close(out.float().cpu(), (expected + bias).relu().float().cpu(), rtol=rtol,
+                                atol=atol)
+        assert any(key[-1] == sms - 24 for key in matmul._plans)
+
+
 def test_device_bounds_errors_say_torchs_words_only_for_the_index_family():
     """A device-side bounds error of the index family says torch's "index out of range in self"; searchsorted's
     sorter, which torch words otherwise, does not."""

@@ -514,6 +514,80 @@ def test_step_order_maps_the_schedule_onto_the_steps_nodes_made():
     assert with_copy.waits[5:] == [(1,), (4,)] and with_copy.at_end == ()
 
 
+@pytest.fixture
+def two_ranks(monkeypatch):
+    """The all-reduces of the one-process group taken for collectives over two ranks, where bytes move."""
+    from tilewise.distributed import _functional_collectives as fc
+
+    monkeypatch.setitem(fc._all_reduce.op.attrs, "ranks", lambda *args: 2)
+
+
+def test_the_gemms_beside_the_all_reduces_are_planned_for_fewer_sms(one_process):
+    """A GEMM the program's stream runs while a bucket's all-reduce may still be running on the communication
+    stream is planned for the device's SMs less the carveout; forward's GEMMs and backward's before the first
+    all-reduce are issued, and every step that is no GEMM, for all of them (see [Note: GEMMs beside
+    collectives]). Over one rank (a DDP step on one GPU) the all-reduces move nothing: every GEMM is whole."""
+    from tilewise.compiler.program import step_nodes
+    from tilewise.compiler.program_cuda import GEMM_CALLS, GEMM_EPILOGUE_CALLS, gemm_sm_counts
+    from tilewise.distributed import _functional_collectives as fc
+
+    low, _ = lowered_gpt_step(ddp=True)
+    nodes = [node for node, _ in step_nodes(low.fused)]
+    assert gemm_sm_counts(nodes, low.streams, 132, 24) == [0] * len(nodes)  # this group has one rank
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(fc._all_reduce.op.attrs, "ranks", lambda *args: 2)
+        counts = gemm_sm_counts(nodes, low.streams, 132, 24)
+        assert gemm_sm_counts(nodes, low.streams, 132, 0) == [0] * len(nodes)  # 0 turns it off
+        with pytest.raises(ValueError, match="leaves no SM of the device's 132"):
+            gemm_sm_counts(nodes, low.streams, 132, 132)
+    first = next(k for k, n in enumerate(nodes) if n.op == ALL_REDUCE)
+    gemm_ops = GEMM_CALLS + GEMM_EPILOGUE_CALLS
+    gemms = [k for k, n in enumerate(nodes) if n.op in gemm_ops]
+    carved = [k for k, c in enumerate(counts) if c]
+    assert set(counts) == {0, 108}
+    assert carved == [k for k in gemms if k > first]  # every GEMM after the first all-reduce: backward's rest
+    assert len(carved) >= 8 and len([k for k in gemms if k < first]) >= 8  # and forward's GEMMs are whole
+    assert all(low.streams.beside[k] for k in carved)
+    assert not any(low.streams.beside[:first + 1])
+    plain, _ = lowered_gpt_step(ddp=False)  # no collective: nothing runs beside one
+    plain_nodes = [node for node, _ in step_nodes(plain.fused)]
+    assert not any(plain.streams.beside) and gemm_sm_counts(plain_nodes, plain.streams, 132, 24) == [0] * len(
+        plain_nodes)
+
+
+def test_a_gemm_after_the_wait_for_its_collective_runs_on_the_whole_device(one_process, two_ranks):
+    """The step that reads a collective's result waits for it: from there on nothing runs beside it (nor beside
+    any collective issued before it, which the communication stream ran first); its step says its SM count."""
+    from tilewise.compiler.lowering.memory import steps_of
+    from tilewise.compiler.program import step_nodes
+    from tilewise.compiler.program_cuda import CudaExternStep, gemm_sm_counts
+    from tilewise.compiler.targets import get_target
+    from tilewise.device import Device
+    from tilewise.distributed import _functional_collectives as fc
+
+    def step(x, a, b):
+        first = fc.all_reduce(x.cumsum(0), "sum", None)
+        second = fc.all_reduce(x.cumprod(0), "sum", None)
+        beside = a @ b  # both all-reduces may run meanwhile
+        after = second @ b  # waits for the second, and so for the first
+        return beside, after, first @ a + after
+
+    x, a, b = tw.randn(16, 16), tw.randn(16, 16), tw.randn(16, 16)
+    _, (low,), _ = tw.compile(step).lowered(get_target("cuda"), x, a, b)
+    steps = steps_of(low.fused)
+    assert [n.op for n in steps] == ["cumsum", ALL_REDUCE, "cumprod", ALL_REDUCE, "mm", "mm", "mm", "fused"]
+    assert low.streams.beside == (False, False, True, False, True, False, False, False)
+    assert "4: mm on main beside a collective" in low.streams.describe(steps)
+    nodes = [node for node, _ in step_nodes(low.fused)]
+    counts = gemm_sm_counts(nodes, low.streams, 132, 32)
+    assert counts == [0, 0, 0, 0, 100, 0, 0, 0]  # the cumprod is beside the first, but no GEMM
+    (node, results), (whole, whole_results) = step_nodes(low.fused)[4:6]
+    assert CudaExternStep(node, low.plan, results, Device("cuda:0"), counts[4]).describe().startswith(
+        "call mm [cuBLASLt for 100 SMs](")
+    assert CudaExternStep(whole, low.plan, whole_results, Device("cuda:0")).describe().startswith(
+        "call mm [cuBLASLt](")
+
+
 # ---------------------------------------------------------------------------- on GPUs, over NCCL
 
 @pytest.fixture(scope="module")
@@ -585,6 +659,7 @@ def test_on_one_gpu_the_compiled_step_overlaps_its_all_reduces_inside_its_cuda_g
         program = run.programs()[-1]
         assert program.runtime.order is not None and len(program.runtime.order.done) == 4
         assert program.runtime.graphs and not program.runtime.why_not
+        assert " SMs](" not in program.describe()  # over one rank nothing runs beside backward's GEMMs
         close(results[1], results[0], rtol=1e-5, atol=1e-6)
     finally:
         dist.destroy_process_group()

@@ -92,11 +92,12 @@ from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.schedule import KernelSchedule
 from tilewise.compiler.autotune import Pending, Sampler, clobbered, renamed
 from tilewise.compiler.ir import Node
+from tilewise.compiler.lowering.fusion import is_collective
 from tilewise.compiler.lowering.lower import buffer_of, geometry
 from tilewise.compiler.lowering.memory import MemoryPlan
 from tilewise.compiler.lowering.streams import COMM, StreamSchedule
 from tilewise.compiler.program import Arena, Lowered, Program, log_program, step_nodes
-from tilewise.config import log
+from tilewise.config import log, settings
 from tilewise.device import Device
 from tilewise.ops.tags import Tag, tags_of
 from tilewise.storage import Storage
@@ -195,16 +196,20 @@ class CudaExternStep:
     output (see [Note: kernels into a given output]) straight into its planned buffer; else the eager CUDA
     backend, its result copied into the planned buffer."""
 
-    def __init__(self, node: Node, plan: MemoryPlan, results: list[Node | None], device: Device):
+    def __init__(self, node: Node, plan: MemoryPlan, results: list[Node | None], device: Device, sm_count: int = 0):
         self.node, self.op, self.device = node, node.opdef, device
         self.inputs = [(plan.of[buffer_of(s)], s, geometry(s)) for s in node.srcs]
         self.outputs = [(plan.of[r], r) if r is not None else None for r in results]
         from tilewise.backends.cuda.kernels import INTO
         from tilewise.backends.cuda.matmul import SUPPORTED
 
-        self.gemm = node.op in ("mm", "bmm", "addmm", "_addmm_activation") and node.type.dtype.name in SUPPORTED
+        self.gemm = node.op in GEMM_CALLS and node.type.dtype.name in SUPPORTED
         dense = node.is_tuple or (len(self.outputs) == 1 and self.outputs[0] is not None)
         self.into = INTO.get(self.op.full_name) if dense else None  # an op of several results takes a tuple
+        # the SMs its GEMM is planned for (0: all; see [Note: GEMMs beside collectives])
+        self.sm_count = sm_count
+        if sm_count and self.into is not None and node.op in GEMM_EPILOGUE_CALLS:
+            self.into = partial(self.into, sm_count=sm_count)
         self.custom = self.op.kind == "custom"
         self.unsafe = Tag.cudagraph_unsafe in tags_of(self.op)
         # a custom operator is captured as it runs ([Note: custom operators in CUDA graphs]); a GEMM, or a kernel
@@ -225,13 +230,14 @@ class CudaExternStep:
             buffer, value = self.outputs[0]
             out = device_tensor(pointers[buffer], value, geometry(value), self.device)
             if self.node.op in ("mm", "bmm"):
-                self.capturable = not gemm_into(out, tensors[0], tensors[1])
+                self.capturable = not gemm_into(out, tensors[0], tensors[1], sm_count=self.sm_count)
                 return
             args = self.node.bound_args(tensors)
             epilogue = bias_epilogue(self.node.op, *args)
             if epilogue is not None:
                 bias = args[0] if args[0].is_contiguous() else args[0].contiguous()
-                self.capturable = not gemm_into(out, args[1], args[2], bias, epilogue) and bias is args[0]
+                self.capturable = not gemm_into(out, args[1], args[2], bias, epilogue,
+                                                sm_count=self.sm_count) and bias is args[0]
                 return
         from tilewise.backends.cuda import run as cuda_run
         from tilewise.backends.cuda.kernels.copy import copy_into
@@ -260,6 +266,8 @@ class CudaExternStep:
         outs = ", ".join(f"b{o[0]}" for o in self.outputs if o is not None)
         what = ("cuBLASLt" if self.gemm else "into its buffer" if self.into is not None else
                 "custom operator" if self.custom else "eager")
+        if self.sm_count:
+            what += f" for {self.sm_count} SMs"
         return f"call {self.node.op} [{what}]({', '.join(f'b{b}' for b, _, _ in self.inputs)}) -> {outs}"
 
     def capture_blocker(self) -> str:
@@ -909,17 +917,50 @@ class StepOrder:
         return StepOrder(waits, collectives, tuple(carried))
 
 
+GEMM_CALLS = ("mm", "bmm", "addmm", "_addmm_activation")  # library calls a step runs through cuBLASLt
+GEMM_EPILOGUE_CALLS = ("_addmm_gelu", "_mm_gelu_backward")  # cuBLASLt with a second matrix: kernels into an output
+
+
+def gemm_sm_counts(nodes: list[Node], schedule: StreamSchedule | None, sm_total: int, carveout: int) -> list[int]:
+    """Per step node, the SMs its GEMM is planned for: the device's ``sm_total`` less ``carveout`` for a GEMM
+    call that runs beside a collective, 0 (all of them) for every other step (see [Note: GEMMs beside
+    collectives]). A carveout of 0 or less plans every GEMM for the whole device, as does a program whose
+    collectives each span one rank; a carveout that leaves no SM is refused."""
+    if schedule is None or not schedule.beside or carveout <= 0 or not any(map(_between_devices, nodes)):
+        return [0] * len(nodes)
+    if carveout >= sm_total:
+        raise ValueError(f"the GEMM SM carveout (settings.gemm_sm_carveout, TILEWISE_GEMM_SM_CARVEOUT) is "
+                         f"{carveout}, which leaves no SM of the device's {sm_total}; 0 turns it off")
+    gemms = GEMM_CALLS + GEMM_EPILOGUE_CALLS
+    return [sm_total - carveout if beside and node.op in gemms else 0 for node, beside in zip(nodes, schedule.beside)]
+
+
+def _between_devices(node: Node) -> bool:
+    """Whether a step is a collective that may run kernels beside the program: not one over a single rank (a DDP
+    step on one GPU), where the transport moves nothing."""
+    if not is_collective(node):
+        return False
+    ranks = node.opdef.attrs.get("ranks")
+    try:
+        return ranks is None or ranks(*node.args) > 1
+    except Exception:  # noqa: BLE001 — a group that cannot be told counts as several ranks
+        return True
+
+
 def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Program:
     """The CUDA target's program: compile and load each kernel (NVRTC), make the steps, and the runtime that
     launches them (or replays them as one CUDA graph)."""
     fused, plan = low.fused, low.plan
+    nodes = step_nodes(fused)
+    sm_total = get_device_properties(device.index).multi_processor_count
+    sm_counts = gemm_sm_counts([node for node, _ in nodes], low.streams, sm_total, settings.gemm_sm_carveout)
     with stage("compile kernels (NVRTC) and load"):  # the first run waits for each (see PendingFunctions)
         functions = PendingFunctions(list(low.sources.items()), device, low.compiling)
     unit = {name: k for k, name in enumerate(low.sources)}
     by_kernel = {s.kernel.name: s for s in low.schedules}
     steps: list = []
     made: list[list[int]] = []  # per step node, the steps it made
-    for node, results in step_nodes(fused):
+    for (node, results), sm_count in zip(nodes, sm_counts):
         made.append([len(steps)])
         if node.op == "fused":
             kernel = low.kernels[node]
@@ -930,7 +971,7 @@ def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Pro
             steps += [CudaCopyStep(src, plan.of[buffer_of(src)], plan.of[node], device, byte)
                       for src, byte in plan.cat_copies[node]]
         else:
-            steps.append(CudaExternStep(node, plan, results, device))
+            steps.append(CudaExternStep(node, plan, results, device, sm_count))
         made[-1] = list(range(made[-1][0], len(steps)))
     for copy in plan.copies:
         steps.append(CudaCopyStep(copy.value, plan.of[buffer_of(copy.value)], copy.dst, device))

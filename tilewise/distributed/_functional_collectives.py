@@ -46,8 +46,10 @@ def _all_reduce(input: Tensor, reduce_op: str, group_name: str) -> Tensor:  # no
 
 
 # the compiler may write the result over the input (NCCL reduces in place) and run the step on a communication
-# stream of its own, overlapped with the steps that do not touch its buffers (see ``compiler/lowering/streams``)
-_all_reduce.op.attrs.update(collective=True, in_place_of=0)
+# stream of its own, overlapped with the steps that do not touch its buffers (see ``compiler/lowering/streams``);
+# ``ranks``: how many ranks the call's arguments reduce over (one: no bytes move, nothing runs beside the program)
+_all_reduce.op.attrs.update(collective=True, in_place_of=0,
+                            ranks=lambda input, reduce_op, group_name: _group_named(group_name).size())
 
 
 @_all_reduce.register_fake

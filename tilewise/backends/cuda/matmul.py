@@ -18,7 +18,10 @@ full float32 (CUBLAS_COMPUTE_32F) unless TF32 is allowed (``tilewise.backends.cu
 ``set_float32_matmul_precision("high")``: CUBLAS_COMPUTE_32F_FAST_TF32); float16/bfloat16 GEMMs may sum split-K
 partials in their own dtype unless ``allow_fp16/bf16_reduced_precision_reduction`` is off; in deterministic mode the
 heuristic's first algorithm is taken (a timed choice may differ from one process to the next) and split-K in place
-(atomic accumulation into the output) is excluded. This module carries torch.backends.cuda.matmul's attributes
+(atomic accumulation into the output) is excluded. A GEMM may also be planned for fewer than all the GPU's SMs
+(cuBLASLt's SM count target, ``gemm_into(..., sm_count=)``), which a compiled program does beside a collective
+([Note: GEMMs beside collectives] in ``compiler/lowering/streams.py``): the target is part of the plan's key too,
+and of its timed choice's on disk where it is set. This module carries torch.backends.cuda.matmul's attributes
 (``tilewise.backends.cuda.matmul.allow_tf32 = True``). Enum values are those of ``library_types.h``,
 ``cublas_api.h`` and ``cublasLt.h``, a stable ABI.
 """
@@ -153,6 +156,14 @@ class _Plan:
 _plans: dict[tuple, _Plan] = {}
 
 
+def plan_key(device: int, dtype: DType, a_op: Operand, b_op: Operand, m: int, n: int, k: int, batch: int,
+             strides: tuple[int, int], epilogue: str, aligns: tuple[int, ...], sm_count: int = 0) -> tuple:
+    """A GEMM plan's key: its geometry, dtype, epilogue and alignments, the numerics the flags allow (see [Note:
+    backend flags]), and the SMs it is planned for (0: all); without the device's index, the key of its timed
+    choice on disk too (``_entry_name``)."""
+    return (device, dtype, a_op, b_op, m, n, k, batch, strides, epilogue, aligns, flags.gemm_numerics(), sm_count)
+
+
 def _layout(dtype: DType, op: Operand, batch: int, batch_stride: int) -> int:
     lt = _lt()
     layout = lt.matrix_layout_create(_DATA_TYPE[dtype.name], op.rows, op.cols, op.ld)
@@ -168,13 +179,16 @@ def _plan(key: tuple, dtype: DType, a_op: Operand, b_op: Operand, m: int, n: int
           strides: tuple[int, int], epilogue: str, aligns: tuple[int, ...], args: tuple) -> _Plan:
     lt = _lt()
     wide = dtype is dtypes.float64
-    tf32, _, _, deterministic = key[-1]
+    numerics, sm_count = key[-2:]
+    tf32, _, _, deterministic = numerics
     compute = _COMPUTE_64F if wide else (_COMPUTE_32F_FAST_TF32 if dtype is dtypes.float32 and tf32 else _COMPUTE_32F)
     scale = _DATA_TYPE["float64" if wide else "float32"]
     desc = lt.matmul_desc_create(compute, scale)
     setter, dtype_of = lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype
     _set(setter, dtype_of, desc, lt.MatmulDescAttribute.TRANSA, b_op.trans)
     _set(setter, dtype_of, desc, lt.MatmulDescAttribute.TRANSB, a_op.trans)
+    if sm_count:  # planned for that many SMs (see [Note: GEMMs beside collectives])
+        _set(setter, dtype_of, desc, lt.MatmulDescAttribute.SM_COUNT_TARGET, sm_count)
     if epilogue != "none":
         _set(setter, dtype_of, desc, lt.MatmulDescAttribute.EPILOGUE, EPILOGUES[epilogue])
     if epilogue in AUX_EPILOGUES:  # the pointers are set at each run; the heuristic wants them set already
@@ -191,7 +205,7 @@ def _plan(key: tuple, dtype: DType, a_op: Operand, b_op: Operand, m: int, n: int
     plan.alpha = np.array([1.0], np.float64 if wide else np.float32)
     plan.beta = np.array([0.0], np.float64 if wide else np.float32)
     plan.scalars = (plan.alpha.ctypes.data, plan.beta.ctypes.data)
-    algos, results = _heuristics(args[0], desc, layouts, aligns, _reduction_schemes(dtype, key[-1]))
+    algos, results = _heuristics(args[0], desc, layouts, aligns, _reduction_schemes(dtype, numerics))
     plan.keep.append(results)
     plan.algo = algos[0] if deterministic else _choose(key, plan, algos, m * n * k * batch, args)
     return plan
@@ -286,11 +300,12 @@ def _store():
 
 def _entry_name(key: tuple, count: int) -> str:
     """The disk entry of a GEMM's timed choice: its plan key (without the device's index) on this GPU model,
-    with this cuBLASLt and this many candidates."""
+    with this cuBLASLt and this many candidates. The key's last field, the SMs it was planned for, is part of the
+    name only where it is set: a GEMM planned for every SM keeps the entry it had before there was a target."""
     from tilewise.backends.cuda.runtime import get_device_properties
 
     name = get_device_properties(key[0]).name
-    identity = repr((key[1:], name, _lt().get_version(), count, "gemm-choice-v1"))
+    identity = repr((key[1:] if key[-1] else key[1:-1], name, _lt().get_version(), count, "gemm-choice-v1"))
     return hashlib.sha256(identity.encode()).hexdigest()[:32] + ".json"
 
 
@@ -437,14 +452,18 @@ def gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, epilogue: str = "none
 
 
 def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None, epilogue: str = "none",
-              aux: Tensor | None = None) -> bool:
+              aux: Tensor | None = None, sm_count: int = 0) -> bool:
     """:func:`gemm` writing into ``out`` (contiguous, of the product's shape and dtype); whether it had to
     copy an operand first (a layout cuBLASLt cannot read), which allocates memory.
 
     For 2-D products, two epilogues take ``aux``, a contiguous matrix of ``out``'s shape and dtype (see
     :func:`aux_epilogue_fits`): "gelu_aux_bias" writes ``pre = a @ b + bias`` into ``aux`` and ``gelu(pre)``
-    (tanh) into ``out``; "dgelu" (no bias) writes ``gelu_backward(a @ b, aux)`` (tanh) into ``out``."""
-    return _gemm(a, b, bias, epilogue, out, aux)[1]
+    (tanh) into ``out``; "dgelu" (no bias) writes ``gelu_backward(a @ b, aux)`` (tanh) into ``out``.
+
+    ``sm_count``: plan the GEMM for that many of the GPU's SMs (cuBLASLt's SM count target), leaving the others
+    to kernels running beside it on another stream (a compiled program's collectives, see [Note: GEMMs beside
+    collectives] in ``compiler/lowering/streams.py``); 0: for all of them."""
+    return _gemm(a, b, bias, epilogue, out, aux, sm_count)[1]
 
 
 def aux_epilogue_fits(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None, aux: Tensor) -> bool:
@@ -465,15 +484,15 @@ def aux_epilogue_fits(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None, au
 
 
 def _gemm(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, into: Tensor | None,
-          aux: Tensor | None = None) -> tuple[Tensor, bool]:
+          aux: Tensor | None = None, sm_count: int = 0) -> tuple[Tensor, bool]:
     device = a._device
     a_ptr, b_ptr = data_ptr(a), data_ptr(b)
     key = (device.index, a._dtype, a._shape, a._strides, b._shape, b._strides, epilogue, _alignment(a_ptr),
-           _alignment(b_ptr), flags.gemm_numerics())
+           _alignment(b_ptr), flags.gemm_numerics(), sm_count)
     call = _calls.get(key)
     stream = stream_handle(device.index)
     if call is None:
-        call = _calls[key] = _call(a, b, bias, epilogue, stream, aux, into)
+        call = _calls[key] = _call(a, b, bias, epilogue, stream, aux, into, sm_count)
     if into is None:
         out = empty_fast(call.out_shape, call.out_strides, call.numel, a._dtype, device, stream)
     elif into._shape != call.out_shape or into._strides != call.out_strides or into._dtype is not a._dtype:
@@ -512,7 +531,7 @@ def pointer_gemm(a: Tensor, b: Tensor, out: Tensor, alignment: int):
     ctx = _context(device)
     stream = stream_handle(device.index)
     aligns = (alignment,) * 4
-    key = (device.index, a._dtype, a_op, b_op, m, n, k, 1, (0, 0), "none", aligns, flags.gemm_numerics())
+    key = plan_key(device.index, a._dtype, a_op, b_op, m, n, k, 1, (0, 0), "none", aligns)
     plan = _plans.get(key)
     if plan is None:
         args = (ctx.handle, data_ptr(a), data_ptr(b), data_ptr(out), 0, data_ptr(ctx.workspace), stream, 0)
@@ -546,7 +565,7 @@ def _degenerate(out: Tensor, bias: Tensor | None, epilogue: str) -> Tensor:
 
 
 def _call(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, stream: int, aux: Tensor | None,
-          into: Tensor | None) -> _Call:
+          into: Tensor | None, sm_count: int = 0) -> _Call:
     device = a._device
     batched = a.ndim == 3
     m, k = a._shape[-2:]
@@ -573,7 +592,7 @@ def _call(a: Tensor, b: Tensor, bias: Tensor | None, epilogue: str, stream: int,
     ptrs = (data_ptr(a), data_ptr(b), data_ptr(out))
     aligns = tuple(_alignment(p) for p in (ptrs[1], ptrs[0], ptrs[2], ptrs[2]))
     strides = (b._strides[0] if batched else 0, a._strides[0] if batched else 0)
-    key = (device.index, a._dtype, a_op, b_op, m, n, k, batch, strides, epilogue, aligns, flags.gemm_numerics())
+    key = plan_key(device.index, a._dtype, a_op, b_op, m, n, k, batch, strides, epilogue, aligns, sm_count)
     args = (ctx.handle, ptrs[0], ptrs[1], ptrs[2], data_ptr(bias) if bias is not None else 0,
             data_ptr(ctx.workspace), stream, data_ptr(aux) if aux is not None else 0)
     plan = _plans.get(key)
@@ -665,7 +684,8 @@ def addmm_activation(device: Device, self: Tensor, mat1: Tensor, mat2: Tensor, b
 # operators (``compiler.passes.epilogues``); their kernels fall back to the declared decomposition whenever
 # cuBLASLt cannot take the operands where they lie. (DGELU_BGRAD would also sum the result's columns, a bias
 # gradient; on an H200 it took 221 us for 8192x768 @ 768x3072 in bf16, against 76 us for DGELU and 21 us for the
-# compiler's column sum, so the sum stays a generated kernel.)
+# compiler's column sum, so the sum stays a generated kernel.) Their kernels into an output take ``sm_count`` as
+# ``gemm_into`` does, for a compiled program's step beside a collective ([Note: GEMMs beside collectives]).
 
 @kernel("_addmm_gelu")
 def addmm_gelu(device: Device, self: Tensor, mat1: Tensor, mat2: Tensor):
@@ -678,11 +698,11 @@ def addmm_gelu(device: Device, self: Tensor, mat1: Tensor, mat2: Tensor):
 
 
 @kernel_into("_addmm_gelu")
-def addmm_gelu_into(outs: tuple, self: Tensor, mat1: Tensor, mat2: Tensor) -> bool:
+def addmm_gelu_into(outs: tuple, self: Tensor, mat1: Tensor, mat2: Tensor, sm_count: int = 0) -> bool:
     out, pre = outs
     if out is None or pre is None or not aux_epilogue_fits(out, mat1, mat2, self, pre):
         return False
-    return not gemm_into(out, mat1, mat2, self, "gelu_aux_bias", pre)
+    return not gemm_into(out, mat1, mat2, self, "gelu_aux_bias", pre, sm_count)
 
 
 @kernel("_mm_gelu_backward")
@@ -695,10 +715,10 @@ def mm_gelu_backward(device: Device, mat1: Tensor, mat2: Tensor, preactivation: 
 
 
 @kernel_into("_mm_gelu_backward")
-def mm_gelu_backward_into(out: Tensor, mat1: Tensor, mat2: Tensor, preactivation: Tensor) -> bool:
+def mm_gelu_backward_into(out: Tensor, mat1: Tensor, mat2: Tensor, preactivation: Tensor, sm_count: int = 0) -> bool:
     if out is None or not aux_epilogue_fits(out, mat1, mat2, None, preactivation):
         return False
-    return not gemm_into(out, mat1, mat2, None, "dgelu", preactivation)
+    return not gemm_into(out, mat1, mat2, None, "dgelu", preactivation, sm_count)
 
 
 def linear_activation(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:

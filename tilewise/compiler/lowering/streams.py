@@ -19,6 +19,22 @@ communication stream back before it ends (events and cross-stream waits are capt
 
 ``schedule_streams`` computes this from the fused graph and its plan, for every target; the C target runs its
 steps in order on the host (its collectives are synchronous), the CUDA target as the schedule says.
+
+[Note: GEMMs beside collectives] A collective's kernel (NCCL's all-reduce: 24 CTAs on two H200s) takes SMs
+while the program's stream goes on with backward. cuBLASLt plans a GEMM for the whole GPU, and its Hopper
+kernels run in thread-block clusters that each need free SMs within one GPC: beside the all-reduce, a
+weight-gradient GEMM of GPT-2 124M planned for 120 CTAs in 2x4 clusters took 99 us instead of 54 us (not
+all of its clusters find room at once), which cost a DDP step 0.55 ms; every other kernel ran within
+4% of its time alone, and fewer NCCL CTAs did not help. So the schedule also says which steps run *beside* a
+collective: those after a collective the program's stream has not yet waited for, or waited for one issued
+after it (one communication stream runs them in order, so a collective's end is the end of every one before
+it). A CUDA program plans its GEMM steps there for fewer SMs (cuBLASLt's SM count target: the device's SMs
+less ``settings.gemm_sm_carveout``, ``TILEWISE_GEMM_SM_CARVEOUT``; 0 turns it off), so that they leave room for
+the collective's CTAs instead of being stretched by them; not where every collective spans one rank (a DDP step on
+one GPU: the transport moves nothing). It is decided once, when the program is built, and the
+program's steps say it (``call mm [cuBLASLt for 108 SMs]``); the plan's key and its timed choice on disk
+carry the target, so GEMMs of one shape planned for the whole GPU (eager, or away from a collective) keep their
+own plans. Other steps, generated kernels included, are launched as they are.
 """
 
 from __future__ import annotations
@@ -36,11 +52,14 @@ MAIN, COMM = "main", "comm"
 @dataclass(frozen=True)
 class StreamSchedule:
     """Per step of ``steps_of(graph)``: its stream, and the positions of the collectives the program's stream
-    waits for before it; ``at_end``: the collectives waited for after the last step."""
+    waits for before it; ``at_end``: the collectives waited for after the last step; ``beside``: per step, whether
+    a collective may still be running on the communication stream while it runs (see [Note: GEMMs beside
+    collectives]; empty: none)."""
 
     streams: tuple[str, ...]
     waits: tuple[tuple[int, ...], ...]
     at_end: tuple[int, ...]
+    beside: tuple[bool, ...] = ()
 
     @property
     def overlapped(self) -> bool:
@@ -50,7 +69,8 @@ class StreamSchedule:
         lines = []
         for k, (node, stream, waits) in enumerate(zip(steps, self.streams, self.waits)):
             after = f" after collective(s) {', '.join(map(str, waits))}" if waits else ""
-            lines.append(f"  {k}: {node.op} on {stream}{after}")
+            beside = " beside a collective" if self.beside and self.beside[k] else ""
+            lines.append(f"  {k}: {node.op} on {stream}{after}{beside}")
         if self.at_end:
             lines.append(f"  end: after collective(s) {', '.join(map(str, self.at_end))}")
         return "\n".join(lines)
@@ -63,21 +83,26 @@ def schedule_streams(graph: Graph, plan: MemoryPlan) -> StreamSchedule:
     for value in plan.of:
         step = value.srcs[0] if value.op == "getitem" else value
         results.setdefault(step, []).append(value)
-    streams, waits = [], []
+    streams, waits, beside = [], [], []
     in_flight: dict[int, list[tuple]] = {}  # collective position -> the byte regions it reads and writes
+    last, ended = -1, -1  # the last collective issued; the last one the program's stream has waited for
     for k, node in enumerate(steps):
         if is_collective(node):
             streams.append(COMM)
             waits.append(())
+            beside.append(False)
             in_flight[k] = _regions(node, results.get(node, []), plan)
+            last = k
             continue
         regions = _regions(node, results.get(node, []), plan) if in_flight else []
         touched = tuple(c for c, theirs in in_flight.items() if _overlap(regions, theirs))
         for c in touched:
             del in_flight[c]
+        ended = max(ended, *touched) if touched else ended
         streams.append(MAIN)
         waits.append(touched)
-    return StreamSchedule(tuple(streams), tuple(waits), tuple(sorted(in_flight)))
+        beside.append(last > ended)
+    return StreamSchedule(tuple(streams), tuple(waits), tuple(sorted(in_flight)), tuple(beside))
 
 
 def _regions(node: Node, results: list[Node], plan: MemoryPlan) -> list[tuple]:
