@@ -43,7 +43,7 @@ variable                  meaning
 ``TILEWISE_GEMM_SM_``     SMs a compiled CUDA program's GEMMs leave to a collective running beside them on the
 ``CARVEOUT``              communication stream (a DDP bucket's all-reduce): they are planned by cuBLASLt for the
                           device's SMs less these ([Note: GEMMs beside collectives] in
-                          ``compiler/lowering/streams.py``), read when a program is built; default 24, ``0``: off
+                          ``compiler/lowering/streams.py``), read when a program is built; ``0`` (default): off
 ``TILEWISE_COMPILED_``    ``1`` runs each eager ``backward()`` whose graph was seen before as one compiled program
 ``BACKWARD``              ([Note: compiled backward] in ``compiler/backward.py``); ``0`` (default): node by node.
                           ``tilewise.autograd.compiled_backward()`` turns it on for a block of code
@@ -83,7 +83,7 @@ class Settings:
     log: set[str] = field(default_factory=lambda: _channels(os.environ.get("TILEWISE_LOG", "")))
     gemm_tune: bool | None = field(default_factory=lambda: {"1": True, "0": False}.get(
         os.environ.get("TILEWISE_GEMM_TUNE", "")))
-    gemm_sm_carveout: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_GEMM_SM_CARVEOUT", "24")))
+    gemm_sm_carveout: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_GEMM_SM_CARVEOUT", "0")))
     cuda_graphs: bool = field(default_factory=lambda: os.environ.get("TILEWISE_CUDA_GRAPHS", "1") != "0")
     recompile_limit: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_RECOMPILES", "8")))
     cc: str = field(default_factory=lambda: os.environ.get("TILEWISE_CC", "cc"))
