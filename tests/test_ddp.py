@@ -9,6 +9,8 @@ shares one after the other on one model, with rank 0's buffers at the start of e
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -529,9 +531,8 @@ def test_the_gemms_beside_the_all_reduces_are_planned_for_fewer_sms(one_process)
     collectives]). Over one rank (a DDP step on one GPU) the all-reduces move nothing: every GEMM is whole."""
     from tilewise.compiler.program import step_nodes
     from tilewise.compiler.program_cuda import GEMM_CALLS, GEMM_EPILOGUE_CALLS, gemm_sm_counts
-    from tilewise.distributed import _functional_collectives as fc
-
     from tilewise.config import Settings
+    from tilewise.distributed import _functional_collectives as fc
 
     if "TILEWISE_GEMM_SM_CARVEOUT" not in os.environ:  # off by default: measured slower (the note says why)
         assert Settings().gemm_sm_carveout == 0
