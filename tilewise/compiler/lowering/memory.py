@@ -3,10 +3,14 @@
 [Note: memory planning] After fusion the graph is a sequence of steps (kernels and library calls); views
 and ``getitem`` only name parts of other buffers. Each step's results get a buffer:
 
-* a value the function returns gets a fresh *output* buffer on every call (the caller keeps it);
+* a value the function returns gets a fresh *output* buffer on every call (the caller keeps it); so does the
+  value a returned view lays out row-major (a reshape, a permute moving only dims of size 1: a batch norm's
+  statistics leaving a channels-last program), which is then written there directly; other views of values
+  are copied into their output buffer at the end of the call;
 * a value written back into an input (an updated parameter, optimizer state) is stored straight into
   that input's memory when that is safe: every other reader of the input runs earlier, and inside the
-  producing kernel the input is read only at the element being written (the usual ``p = p - lr * g``);
+  producing kernel the input is read only at the element being written, before it is written (the usual
+  ``p = p - lr * g``; a running statistic read and stored once per row in a reduction's epilogue);
   otherwise it goes to a temporary and a copy at the end of the program writes it back;
 * everything else lives in one *arena*, allocated once per compiled program: a value occupies its
   bytes from the step that writes it to the last step that reads it, and values whose lifetimes do not
