@@ -77,7 +77,11 @@ from tilewise import strides as S
 from tilewise._cuda_api import driver_api, is_available
 from tilewise._stages import stage
 from tilewise.backends.cuda import DeviceBuffer, stream_handle
+from tilewise.backends.cuda import run as cuda_run
 from tilewise.backends.cuda.graphs import CudaGraph, GraphCaptureError, capture
+from tilewise.backends.cuda.kernels import INTO, launch, launch_packed, packer_for
+from tilewise.backends.cuda.kernels.copy import copy_into
+from tilewise.backends.cuda.matmul import SUPPORTED, bias_epilogue, gemm_into
 from tilewise.backends.cuda.runtime import (
     Event,
     Stream,
@@ -88,6 +92,8 @@ from tilewise.backends.cuda.runtime import (
     get_device_properties,
 )
 from tilewise.backends.cuda.runtime.capturing import is_current_stream_capturing
+from tilewise.backends.cuda.runtime.stream import stream as using
+from tilewise.backends.cuda.tuning import tuning
 from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.schedule import KernelSchedule
 from tilewise.compiler.autotune import Pending, Sampler, clobbered, renamed
@@ -155,8 +161,6 @@ class CudaKernelStep:
         self.packer = None  # the arguments' struct, made at the first launch (they are all addresses)
 
     def run(self, pointers: list, stream: int) -> None:
-        from tilewise.backends.cuda.kernels import launch, launch_packed, packer_for
-
         if not self.grid:  # every nest is empty
             return
         args = [pointers[b] for b in self.buffers] + self.extra
@@ -199,9 +203,6 @@ class CudaExternStep:
         self.node, self.op, self.device = node, node.opdef, device
         self.inputs = [(plan.of[buffer_of(s)], s, geometry(s)) for s in node.srcs]
         self.outputs = [(plan.of[r], r) if r is not None else None for r in results]
-        from tilewise.backends.cuda.kernels import INTO
-        from tilewise.backends.cuda.matmul import SUPPORTED
-
         self.gemm = node.op in ("mm", "bmm", "addmm", "_addmm_activation") and node.type.dtype.name in SUPPORTED
         dense = node.is_tuple or (len(self.outputs) == 1 and self.outputs[0] is not None)
         self.into = INTO.get(self.op.full_name) if dense else None  # an op of several results takes a tuple
@@ -220,8 +221,6 @@ class CudaExternStep:
             if done:
                 return
         if self.gemm:
-            from tilewise.backends.cuda.matmul import bias_epilogue, gemm_into
-
             buffer, value = self.outputs[0]
             out = device_tensor(pointers[buffer], value, geometry(value), self.device)
             if self.node.op in ("mm", "bmm"):
@@ -233,9 +232,6 @@ class CudaExternStep:
                 bias = args[0] if args[0].is_contiguous() else args[0].contiguous()
                 self.capturable = not gemm_into(out, args[1], args[2], bias, epilogue) and bias is args[0]
                 return
-        from tilewise.backends.cuda import run as cuda_run
-        from tilewise.backends.cuda.kernels.copy import copy_into
-
         result = cuda_run(self.op, self.node.bound_args(tensors), self.device)
         results = result if isinstance(result, (tuple, list)) else (result,)
         for out, produced in zip(self.outputs, results):
@@ -282,8 +278,6 @@ class CudaCopyStep:
         return [self.dst]
 
     def run(self, pointers: list, stream: int) -> None:
-        from tilewise.backends.cuda.kernels.copy import copy_into
-
         shape = self.value.type.shape
         dst = device_tensor(pointers[self.dst] + self.offset, self.value, (shape, S.contiguous_strides(shape), 0),
                             self.device)
@@ -356,8 +350,6 @@ class CudaRuntime:
 
     def _walk(self, pointers: list, stream: int) -> None:
         if self.program.autotune and self.calls == 1:
-            from tilewise.backends.cuda.tuning import tuning
-
             with tuning():  # cuDNN and cuBLASLt time their candidates too (remembered on disk)
                 self._walk_steps(pointers, stream)
             return
@@ -425,8 +417,6 @@ class CudaRuntime:
     def _walk_overlapped(self, pointers: list, stream: int, running: list | None = None) -> None:
         """The steps, each collective on the communication stream (see [Note: collectives on their own stream]).
         ``running[0]`` follows the step being run (for the report of a capture that fails)."""
-        from tilewise.backends.cuda.runtime.stream import stream as using
-
         order, cu = self.order, driver_api()
         if self.comm is None:
             self.comm = Stream(self.device.index)
