@@ -322,6 +322,7 @@ class CudaRuntime:
         self.comm: Stream | None = None  # the communication stream, made by the first overlapped walk
         self.compiling: PendingFunctions | None = None  # the kernels' functions until every one is loaded
         self.kernel_steps = [s for s in program.steps if isinstance(s, CudaKernelStep)]
+        self.bound: list | None = None  # the buffers ``_bind`` binds at each run, made at the first
 
     def _bind_arena(self) -> None:
         arena = self.program.arena
@@ -334,18 +335,19 @@ class CudaRuntime:
 
     # ------------------------------------------------------------------ eager walk
     def _bind(self, inputs: list, stream: int) -> tuple[list, list]:
-        plan = self.program.plan
+        if self.bound is None:  # per buffer bound at each run: (kind, position, its input or size, byte offset)
+            self.bound = [(b.kind, k, b.ty.nbytes if b.kind == "output" else b.slot, b.offset)
+                          for k, b in enumerate(self.program.plan.buffers) if b.kind != "arena"]
         pointers = list(self.base_pointers)
         outputs = []
-        for k, buf in enumerate(plan.buffers):
-            if buf.kind == "input":
-                pointers[k] = inputs[buf.slot].ptr
-            elif buf.kind == "output":
-                out = DeviceBuffer(buf.ty.nbytes, self.device.index, stream)
+        index = self.device.index
+        for kind, k, what, offset in self.bound:
+            if kind == "output":
+                out = DeviceBuffer(what, index, stream)
                 outputs.append(out)
                 pointers[k] = out.ptr
-            elif buf.kind == "donated":  # see [Note: donated inputs]
-                pointers[k] = inputs[buf.slot].ptr + buf.offset
+            else:  # an input; a donated one's memory (see [Note: donated inputs]) from a byte offset in it
+                pointers[k] = inputs[what].ptr + offset
         return pointers, outputs
 
     def _walk(self, pointers: list, stream: int) -> None:
