@@ -24,6 +24,7 @@ keep numpy's path, whose rounding the op tests pin.
 
 from __future__ import annotations
 
+import operator
 import warnings
 
 from tilewise import strides as S
@@ -60,6 +61,10 @@ _programs: dict = {}  # (grad mode, op, signature) -> compiled function, or None
 
 
 def _key(op, args: tuple):
+    return op, _parts(args)
+
+
+def _parts(args: tuple) -> tuple:
     parts = []
     for a in args:
         if type(a) is Tensor:
@@ -68,24 +73,27 @@ def _key(op, args: tuple):
             parts.append((type(a), tuple((type(x), x) for x in a)))
         else:
             parts.append((type(a), a))
-    return op, tuple(parts)
+    return tuple(parts)
 
 
 def run_fused(op, args: tuple):
     """``op(*args)`` by its compiled decomposition (see the note); None when it must run as declared."""
-    if any(isinstance(a, (list, tuple)) and any(type(x) is Tensor for x in a) for a in args):
-        return None  # tensors inside lists would be baked into the program
-    args = tuple(rebased(a) if type(a) is Tensor else a for a in args)
+    for a in args:
+        if isinstance(a, (list, tuple)) and any(type(x) is Tensor for x in a):
+            return None  # tensors inside lists would be baked into the program
+    args = tuple([rebased(a) if type(a) is Tensor else a for a in args])
     try:
-        key = (STATE.grad_enabled, *_key(op, args))
-        hash(key)
-    except TypeError:
+        key = (STATE.grad_enabled, op, _parts(args))
+        fast = _variants.get(key)
+    except TypeError:  # an unhashable argument
         return None
+    if fast is not None:  # see [Note: fused calls skip the guards]
+        variant, last = fast
+        tensors = [_permuted(a, True) if k in last else a for k, a in enumerate(args) if type(a) is Tensor]
+        if len({id(t._storage) for t in tensors}) == len(tensors):
+            return _restored(variant.run(tensors), last)
     last = _channels_last_positions(op, args)
     tensors = [_permuted(a, True) if k in last else a for k, a in enumerate(args) if type(a) is Tensor]
-    variant = _variants.get(key)
-    if variant is not None and len({id(t._storage) for t in tensors}) == len(tensors):
-        return _restored(variant.run(tensors), last)  # see [Note: fused calls skip the guards]
     fn = _programs.get(key, False)
     if fn is None:
         return None
@@ -99,7 +107,7 @@ def run_fused(op, args: tuple):
     if fn.eager_reason is not None:
         _programs[key] = None
     elif len(fn.variants) == 1 and len({id(t._storage) for t in tensors}) == len(tensors):
-        _variants[key] = fn.variants[0]
+        _variants[key] = (fn.variants[0], last)  # ``last`` follows from the strides in the key
     return _restored(out, last)
 
 
@@ -126,11 +134,14 @@ def _order(rank: int, to_last: bool) -> tuple:
     return to_channels_last(rank) if to_last else from_channels_last(rank)
 
 
+# (rank, to_last) -> the permutation picking a shape's or strides' entries, for ranks 4 and 5
+_PICK = {(rank, to_last): operator.itemgetter(*_order(rank, to_last)) for rank in (4, 5) for to_last in (True, False)}
+
+
 def _permuted(t: Tensor, to_last: bool) -> Tensor:
     """``t`` seen in (N, *S, C) order (``to_last``) or back in (N, C, *S) order: a view made below the dispatcher."""
-    order = _order(t.ndim, to_last)
-    return Tensor._make(t._storage, tuple(t._shape[d] for d in order), tuple(t._strides[d] for d in order),
-                        t._offset, t._dtype, t._device)
+    pick = _PICK[len(t._shape), to_last]
+    return Tensor._make(t._storage, pick(t._shape), pick(t._strides), t._offset, t._dtype, t._device)
 
 
 def _restored(out, last: frozenset):
@@ -138,8 +149,8 @@ def _restored(out, last: frozenset):
     if not last:
         return out
     if isinstance(out, (tuple, list)):
-        return type(out)(_permuted(o, False) if type(o) is Tensor and o.ndim in (4, 5) else o for o in out)
-    return _permuted(out, False) if type(out) is Tensor and out.ndim in (4, 5) else out
+        return type(out)([_permuted(o, False) if type(o) is Tensor and len(o._shape) in (4, 5) else o for o in out])
+    return _permuted(out, False) if type(out) is Tensor and len(out._shape) in (4, 5) else out
 
 
 # [Note: fused calls skip the guards]
@@ -149,7 +160,8 @@ def _restored(out, last: frozenset):
 # dispatcher's Autocast key, where backends run. So once a key's function has compiled its one variant for
 # arguments in distinct storages, a later call with that key and distinct storages runs the variant directly
 # (half of a fused call's host time was the guards); any other call goes through the function and its guards.
-_variants: dict = {}  # key -> the one variant of _programs[key], for calls whose tensors lie in distinct storages
+# key -> (the one variant of _programs[key], its channels-last positions), for calls in distinct storages
+_variants: dict = {}
 
 
 def _compile(op, args: tuple, last: frozenset = frozenset()):

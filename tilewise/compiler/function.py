@@ -91,7 +91,7 @@ from tilewise.device import default_device
 from tilewise.dispatch import STATE, numbers_traced
 from tilewise.ops.inplace import check_inference_write
 from tilewise.storage import Storage
-from tilewise.tensor import Tensor, from_array
+from tilewise.tensor import Tensor, from_array, from_contiguous_array
 
 MODES = ("default", "reduce-overhead", "max-autotune")
 
@@ -246,12 +246,14 @@ def _flat(t: Tensor):
 
 def _tensor(data, node) -> Tensor:
     """The tensor a program output is: a flat array on the CPU, a device buffer on CUDA."""
-    shape, dtype = node.type.shape, node.type.dtype
+    ty = node.type
+    shape, dtype = ty.shape, ty.dtype
     if isinstance(data, np.ndarray):
+        if data.dtype is dtype.np:  # a fresh output buffer: contiguous, of the value's dtype
+            return from_contiguous_array(data.reshape(shape), dtype)
         return from_array(data.reshape(shape), dtype)
-    device = node.type.device
-    storage = Storage(data, device, dtype, S.numel(shape))
-    return Tensor._make(storage, shape, S.contiguous_strides(shape), 0, dtype, device)
+    return Tensor._make(Storage(data, ty.device, dtype, ty.numel), shape, S.contiguous_strides(shape), 0, dtype,
+                        ty.device)
 
 
 def _with_eager_strides(t: Tensor, shape: tuple, strides: tuple) -> Tensor:

@@ -17,6 +17,7 @@ from functools import partial
 
 import numpy as np
 
+from tilewise.backends.cpu import run as cpu_run
 from tilewise.backends.cpu.render import zero_division_error
 from tilewise.backends.cpu.threads import gemm_threads, use_blas_threads
 from tilewise.codegen.kernel_ir import Kernel
@@ -101,8 +102,6 @@ class ExternStep:
             use_blas_threads(gemm_threads(2 * a.size * value.type.shape[-1]))
             np.matmul(a, tensors[1]._np(), out=arrays[buffer].reshape(value.type.shape))
             return
-        from tilewise.backends.cpu import run as cpu_run
-
         result = cpu_run(self.op, self.node.bound_args(tensors), cpu)
         results = result if isinstance(result, (tuple, list)) else (result,)
         for out, produced in zip(self.outputs, results):

@@ -77,7 +77,11 @@ from tilewise import strides as S
 from tilewise._cuda_api import driver_api, is_available
 from tilewise._stages import stage
 from tilewise.backends.cuda import DeviceBuffer, stream_handle
+from tilewise.backends.cuda import run as cuda_run
 from tilewise.backends.cuda.graphs import CudaGraph, GraphCaptureError, capture
+from tilewise.backends.cuda.kernels import INTO, launch, launch_packed, packer_for
+from tilewise.backends.cuda.kernels.copy import copy_into
+from tilewise.backends.cuda.matmul import SUPPORTED, bias_epilogue, gemm_into
 from tilewise.backends.cuda.runtime import (
     Event,
     Stream,
@@ -88,6 +92,8 @@ from tilewise.backends.cuda.runtime import (
     get_device_properties,
 )
 from tilewise.backends.cuda.runtime.capturing import is_current_stream_capturing
+from tilewise.backends.cuda.runtime.stream import stream as using
+from tilewise.backends.cuda.tuning import tuning
 from tilewise.codegen.kernel_ir import Kernel
 from tilewise.codegen.schedule import KernelSchedule
 from tilewise.compiler.autotune import Pending, Sampler, clobbered, renamed
@@ -156,8 +162,6 @@ class CudaKernelStep:
         self.packer = None  # the arguments' struct, made at the first launch (they are all addresses)
 
     def run(self, pointers: list, stream: int) -> None:
-        from tilewise.backends.cuda.kernels import launch, launch_packed, packer_for
-
         if not self.grid:  # every nest is empty
             return
         args = [pointers[b] for b in self.buffers] + self.extra
@@ -200,9 +204,6 @@ class CudaExternStep:
         self.node, self.op, self.device = node, node.opdef, device
         self.inputs = [(plan.of[buffer_of(s)], s, geometry(s)) for s in node.srcs]
         self.outputs = [(plan.of[r], r) if r is not None else None for r in results]
-        from tilewise.backends.cuda.kernels import INTO
-        from tilewise.backends.cuda.matmul import SUPPORTED
-
         self.gemm = node.op in GEMM_CALLS and node.type.dtype.name in SUPPORTED
         dense = node.is_tuple or (len(self.outputs) == 1 and self.outputs[0] is not None)
         self.into = INTO.get(self.op.full_name) if dense else None  # an op of several results takes a tuple
@@ -225,8 +226,6 @@ class CudaExternStep:
             if done:
                 return
         if self.gemm:
-            from tilewise.backends.cuda.matmul import bias_epilogue, gemm_into
-
             buffer, value = self.outputs[0]
             out = device_tensor(pointers[buffer], value, geometry(value), self.device)
             if self.node.op in ("mm", "bmm"):
@@ -239,9 +238,6 @@ class CudaExternStep:
                 self.capturable = not gemm_into(out, args[1], args[2], bias, epilogue,
                                                 sm_count=self.sm_count) and bias is args[0]
                 return
-        from tilewise.backends.cuda import run as cuda_run
-        from tilewise.backends.cuda.kernels.copy import copy_into
-
         result = cuda_run(self.op, self.node.bound_args(tensors), self.device)
         results = result if isinstance(result, (tuple, list)) else (result,)
         for out, produced in zip(self.outputs, results):
@@ -290,8 +286,6 @@ class CudaCopyStep:
         return [self.dst]
 
     def run(self, pointers: list, stream: int) -> None:
-        from tilewise.backends.cuda.kernels.copy import copy_into
-
         shape = self.value.type.shape
         dst = device_tensor(pointers[self.dst] + self.offset, self.value, (shape, S.contiguous_strides(shape), 0),
                             self.device)
@@ -336,6 +330,7 @@ class CudaRuntime:
         self.comm: Stream | None = None  # the communication stream, made by the first overlapped walk
         self.compiling: PendingFunctions | None = None  # the kernels' functions until every one is loaded
         self.kernel_steps = [s for s in program.steps if isinstance(s, CudaKernelStep)]
+        self.bound: list | None = None  # the buffers ``_bind`` binds at each run, made at the first
 
     def _bind_arena(self) -> None:
         arena = self.program.arena
@@ -348,24 +343,23 @@ class CudaRuntime:
 
     # ------------------------------------------------------------------ eager walk
     def _bind(self, inputs: list, stream: int) -> tuple[list, list]:
-        plan = self.program.plan
+        if self.bound is None:  # per buffer bound at each run: (kind, position, its input or size, byte offset)
+            self.bound = [(b.kind, k, b.ty.nbytes if b.kind == "output" else b.slot, b.offset)
+                          for k, b in enumerate(self.program.plan.buffers) if b.kind != "arena"]
         pointers = list(self.base_pointers)
         outputs = []
-        for k, buf in enumerate(plan.buffers):
-            if buf.kind == "input":
-                pointers[k] = inputs[buf.slot].ptr
-            elif buf.kind == "output":
-                out = DeviceBuffer(buf.ty.nbytes, self.device.index, stream)
+        index = self.device.index
+        for kind, k, what, offset in self.bound:
+            if kind == "output":
+                out = DeviceBuffer(what, index, stream)
                 outputs.append(out)
                 pointers[k] = out.ptr
-            elif buf.kind == "donated":  # see [Note: donated inputs]
-                pointers[k] = inputs[buf.slot].ptr + buf.offset
+            else:  # an input; a donated one's memory (see [Note: donated inputs]) from a byte offset in it
+                pointers[k] = inputs[what].ptr + offset
         return pointers, outputs
 
     def _walk(self, pointers: list, stream: int) -> None:
         if self.program.autotune and self.calls == 1:
-            from tilewise.backends.cuda.tuning import tuning
-
             with tuning():  # cuDNN and cuBLASLt time their candidates too (remembered on disk)
                 self._walk_steps(pointers, stream)
             return
@@ -433,8 +427,6 @@ class CudaRuntime:
     def _walk_overlapped(self, pointers: list, stream: int, running: list | None = None) -> None:
         """The steps, each collective on the communication stream (see [Note: collectives on their own stream]).
         ``running[0]`` follows the step being run (for the report of a capture that fails)."""
-        from tilewise.backends.cuda.runtime.stream import stream as using
-
         order, cu = self.order, driver_api()
         if self.comm is None:
             self.comm = Stream(self.device.index)

@@ -33,8 +33,11 @@ class Window:
 def rebased(t: Tensor) -> Tensor:
     """``t`` over a storage window that starts at the 16-byte boundary at or before its first element and ends at
     its last (see the note)."""
+    numel = S.numel(t._shape)
+    if t._offset == 0 and numel == t._storage.numel:  # all of its storage (the usual argument): nothing to cut
+        return t
     itemsize = t._dtype.itemsize
-    span = 1 + sum((n - 1) * s for n, s in zip(t._shape, t._strides)) if S.numel(t._shape) else 0
+    span = 1 + sum((n - 1) * s for n, s in zip(t._shape, t._strides)) if numel else 0
     if (t._offset == 0 and span == t._storage.numel) or any(s < 0 for s in t._strides) or 16 % itemsize:
         return t
     lead = t._offset % (16 // itemsize)  # elements between the boundary and the first element

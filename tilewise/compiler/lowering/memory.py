@@ -3,10 +3,14 @@
 [Note: memory planning] After fusion the graph is a sequence of steps (kernels and library calls); views
 and ``getitem`` only name parts of other buffers. Each step's results get a buffer:
 
-* a value the function returns gets a fresh *output* buffer on every call (the caller keeps it);
+* a value the function returns gets a fresh *output* buffer on every call (the caller keeps it); so does the
+  value a returned view lays out row-major (a reshape, a permute moving only dims of size 1: a batch norm's
+  statistics leaving a channels-last program), which is then written there directly; other views of values
+  are copied into their output buffer at the end of the call;
 * a value written back into an input (an updated parameter, optimizer state) is stored straight into
   that input's memory when that is safe: every other reader of the input runs earlier, and inside the
-  producing kernel the input is read only at the element being written (the usual ``p = p - lr * g``);
+  producing kernel the input is read only at the element being written, before it is written (the usual
+  ``p = p - lr * g``; a running statistic read and stored once per row in a reduction's epilogue);
   otherwise it goes to a temporary and a copy at the end of the program writes it back;
 * everything else lives in one *arena*, allocated once per compiled program: a value occupies its
   bytes from the step that writes it to the last step that reads it, and values whose lifetimes do not
@@ -342,13 +346,29 @@ def _first_reader(values: set[Node], later: list[Node], end: int) -> int:
 
 def _assign_outputs(graph: Graph, plan: MemoryPlan, produced: dict) -> None:
     for k, out in enumerate(graph.outputs):
+        dst = _add(plan, Buffer("output", out.type, k))
+        plan.outputs.append(dst)
         if out in produced and out not in plan.of:
-            plan.of[out] = _add(plan, Buffer("output", out.type, k))
-            plan.outputs.append(plan.of[out])
+            plan.of[out] = dst
+        elif _row_major_view(out, produced, plan):
+            plan.of[buffer_of(out)] = dst
         else:
-            dst = _add(plan, Buffer("output", out.type, k))
             plan.copies.append(Copy(out, dst))
-            plan.outputs.append(dst)
+
+
+def _row_major_view(out: Node, produced: dict, plan: MemoryPlan) -> bool:
+    """Whether ``out`` is a view of a value a step makes that lays out that value's elements as ``out``'s own
+    row-major order (a reshape; a permute that moves only dims of size 1, as a batch norm's per-channel
+    statistics leave a channels-last program): the value is then written straight into the output buffer."""
+    if out.kind != "view":
+        return False
+    base = buffer_of(out)
+    if base not in produced or base in plan.of or base.type.dtype is not out.type.dtype \
+            or base.type.numel != out.type.numel:
+        return False
+    shape, strides, offset = geometry(out)
+    row_major = S.contiguous_strides(shape)
+    return offset == 0 and all(s == r for n, s, r in zip(shape, strides, row_major) if n != 1)
 
 
 def _assign_writes(graph: Graph, plan: MemoryPlan, produced: dict, position: dict, accesses: dict,
@@ -377,12 +397,29 @@ def _in_place_ok(inp: Node, value: Node, step: Node, position: dict, accesses: d
         return False
     if last_reader.get(inp, -1) > position[step]:  # a later step still reads the input
         return False
-    if inp not in kernel.param:
-        return True
+    return inp not in kernel.param or _reads_before_storing(kernel, inp, value)
+
+
+def _reads_before_storing(kernel: _Accesses, inp: Node, value: Node) -> bool:
+    """Whether ``value`` may be stored over ``inp`` as ``kernel`` goes: every nest that reads ``inp`` stores
+    ``value``, each element it reads is the one it stores there, and it stores each element once, after every read of
+    it: element by element in a nest without reduction; in a reduction nest, in its last phase (earlier phases have
+    read the row) or once per row after the phases (a running statistic updated in the epilogue of the reduction
+    that reads it: split rows store it in the row's last block, once every block has read its part)."""
     stores = kernel.stores.get(kernel.param[value], {})
     for k, loads in kernel.loads.get(kernel.param[inp], {}).items():
-        if k not in stores or kernel.nests[k].reduce or any(ld.index != stores[k][0].index for ld in loads):
+        nest, written = kernel.nests[k], stores.get(k)
+        if not written:
             return False
+        index = written[0].index
+        if any(st.index != index for st in written) or any(ld.index != index for ld in loads):
+            return False
+        if nest.reduce and any(st.phase is not None and st.phase != nest.phases - 1 for st in written):
+            return False
+        per_row = nest.reduce and all(st.phase is None for st in written)
+        walked = nest.outer if per_row else range(len(nest.shape))
+        if any(nest.shape[d] != 1 and d not in index.dims() for d in walked):
+            return False  # several iterations would store one element, the later ones after reading it stored
     return True
 
 
