@@ -35,10 +35,10 @@ leave room for the collective's CTAs instead of being stretched by them; not whe
 tokens a rank) it is off by default: "beside" holds from a bucket's launch to the wait at the end of backward, so 95
 GEMMs a step were planned for fewer SMs while each all-reduce runs for a fraction of that time, and the step went
 from 21.06 ms (no carveout) to 23.05 / 22.92 / 22.72 ms with 16 / 24 / 32 SMs left free. It stays a setting for
-hosts whose collectives run longer beside the backward (slower links, more ranks). It is decided once, when the program is built, and the
-program's steps say it (``call mm [cuBLASLt for 108 SMs]``); the plan's key and its timed choice on disk
-carry the target, so GEMMs of one shape planned for the whole GPU (eager, or away from a collective) keep their
-own plans. Other steps, generated kernels included, are launched as they are.
+hosts whose collectives run longer beside the backward (slower links, more ranks). It is decided once, when the
+program is built, and the program's steps say it (``call mm [cuBLASLt for 108 SMs]``); the plan's key and its timed
+choice on disk carry the target, so GEMMs of one shape planned for the whole GPU (eager, or away from a collective)
+keep their own plans. Other steps, generated kernels included, are launched as they are.
 """
 
 from __future__ import annotations
