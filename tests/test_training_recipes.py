@@ -605,6 +605,6 @@ def test_message_passing_graph_network_matches_torch(aggr, include_self, compile
     x, edge_index, y = graph_data()
     theirs, ours = _run_both(lambda fw, model: train_graph(fw, model, x, edge_index, y, compiled=compiled),
                              lambda fw: graph_model(fw)(aggr, include_self))
-    # compiled: the CPU program's scatter-add and its gradient's sums split across OpenMP threads, whose count
-    # varies with the host's load, so float32 sums round in another order (one parameter of 64 was 3.2e-5 off)
+    # compiled: the CPU program's float32 sums are split across threads and fold in another order than torch's;
+    # in one run of the whole suite one parameter of 64 was 3.2e-5 off (it passes alone)
     _assert_runs_agree(theirs, ours, rtol=5e-5 if compiled else 2e-5)
