@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -160,6 +161,46 @@ def test_decompositions_made_over_other_operands_are_the_ones_a_trace_makes(monk
     monkeypatch.setattr(decompose, "_decomposition", checked)
     _training_step_for_cuda(layers=3, width=16)
     assert len(traced) > 2 * traced[-1], "most composites are made, not traced"
+
+
+def _two_norms(first, second):
+    return first.square().sum().sqrt(), second.square().sum().sqrt()
+
+
+def _nest_heads(text: str) -> list[str]:
+    return re.findall(r"/\* nests? [^*]*\*/", text)
+
+
+@needs_nvrtc
+def test_the_same_nests_met_in_either_order_make_one_kernel_text():
+    """Two independent whole-tensor reductions share a kernel as two nests ([Note: nest order]): met in either order
+    (a last layer's gradient norms before its other kernels' work) they make one text, the larger nest first, and
+    that text compiles."""
+    from tilewise.compiler.program_cuda import shared_name
+
+    small, large = tw.randn(48), tw.randn(64, 96)
+    texts = []
+    for args in ((small, large), (large, small)):
+        _, (low,), _ = tw.compile(_two_norms).lowered(get_target("cuda"), *args)
+        (name, text), = {shared_name(n, t) for n, t in low.sources.items()}
+        texts.append(text)
+    assert texts[0] == texts[1]
+    assert len(_nest_heads(texts[0])) == 2
+    assert "6144" in texts[0].split("nest 1:")[0] and "(int)48" in texts[0].split("nest 1:")[1]
+    KernelCache(use_disk=False).compile(texts[0], name, "sm_90")
+
+
+def test_nests_in_size_order_give_the_same_values_and_torchs_on_the_cpu():
+    """Each nest's value is its own whatever its place in the kernel: on the C target the norms met in either order
+    are the same bits, and torch's values."""
+    import torch
+
+    small, large = tw.randn(48), tw.randn(64, 96)
+    ahead = [t.item() for t in tw.compile(_two_norms)(small, large)]
+    behind = [t.item() for t in tw.compile(_two_norms)(large, small)]
+    assert ahead == behind[::-1]
+    expected = [t.item() for t in _two_norms(torch.from_numpy(small.numpy()), torch.from_numpy(large.numpy()))]
+    assert all(math.isclose(got, want, rel_tol=1e-6) for got, want in zip(ahead, expected))
 
 
 # ---------------------------------------------------------------------------- the pool
