@@ -175,7 +175,7 @@ def test_the_fused_batch_norm_on_cuda_matches_the_cpu(channels_last):
     for _ in range(2):
         want, got = cpu(x), gpu(xc)
     assert got.stride() == want.stride()
-    np.testing.assert_allclose(got.cpu().numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got.detach().cpu().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-4)
     for name in ("running_mean", "running_var"):
         np.testing.assert_allclose(getattr(gpu, name).cpu().numpy(), getattr(cpu, name).numpy(), rtol=1e-5,
                                    atol=1e-6)
