@@ -14,8 +14,8 @@ Sections (all but **lowering** by default; ``--only gemm|step|lowering|curve`` p
   float8 training beside them when torchao is importable (the table says when it is not). Median step time
   after ``--warmup`` steps, tokens/s, ratio, and each side's first and last loss.
 * **lowering**: the same compiled steps (bf16, FP8 with current and with delayed scaling, ``--models``) lowered
-  for the CUDA target on any machine, a GPU or not (generated, neither built nor run): each side's generated kernels and library calls, the bytes
-  each moves (every buffer it reads once, every one it writes once), the kernels grouped by the operators they
+  for the CUDA target on any machine, a GPU or not (generated, neither built nor run): each side's generated
+  kernels and library calls, the bytes each moves (every buffer it reads once, every one it writes once), the kernels grouped by the operators they
   fuse, and what FP8 adds (casts, reductions to a scale, the rest) per layer. ``--layers N`` lowers N layers of
   each model instead of all (the figures per layer hold; the LM head's and embedding's stay once). Where the
   cuDNN frontend does not import, attention is lowered as its decomposition (two batched GEMMs and a softmax),
