@@ -13,13 +13,14 @@ Sections (all but **lowering** by default; ``--only gemm|step|lowering|curve`` p
   ``tilewise.float8.convert_to_float8_training`` (current scaling) against the same step in bf16; torchao's
   float8 training beside them when torchao is importable (the table says when it is not). Median step time
   after ``--warmup`` steps, tokens/s, ratio, and each side's first and last loss.
-* **lowering**: the same compiled steps (bf16, FP8 with current and with delayed scaling, ``--models``) lowered
-  for the CUDA target on any machine, a GPU or not (generated, neither built nor run): each side's generated
-  kernels and library calls, the bytes each moves (every buffer it reads once, every one it writes once), the kernels grouped by the operators they
-  fuse, and what FP8 adds (casts, reductions to a scale, the rest) per layer. ``--layers N`` lowers N layers of
-  each model instead of all (the figures per layer hold; the LM head's and embedding's stay once). Where the
-  cuDNN frontend does not import, attention is lowered as its decomposition (two batched GEMMs and a softmax),
-  on both sides alike; ``--cudnn-attention`` keeps it whole as a GPU host does (one cuDNN call each way).
+* **lowering**: the same compiled steps (bf16, FP8 with current and with delayed scaling, ``--models``) lowered for
+  the CUDA target on any machine, a GPU or not (generated, neither built nor run): each side's generated kernels and
+  library calls, the bytes each moves (every buffer it reads once, every one it writes once), the kernels grouped by
+  the operators they fuse, and what FP8 adds (casts, reductions to a scale, the rest) per layer. ``--layers N``
+  lowers N layers of each model instead of all (the figures per layer hold; the LM head's and embedding's stay
+  once). Where the cuDNN frontend does not import, attention is lowered as its decomposition (two batched GEMMs and
+  a softmax), on both sides alike; ``--cudnn-attention`` keeps it whole as a GPU host does (one cuDNN call each
+  way).
 * **curve**: ``--curve N`` trains the demo's char-GPT (``--curve-size``, on the shipped text) N steps in FP8 and
   in bf16 from the same weights on the same batches and writes both loss curves (``lowprec_curve.json`` and a
   PNG beside it, ``--out``), with the final losses (mean of the last 10%) and their relative difference.
