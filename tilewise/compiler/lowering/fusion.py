@@ -430,12 +430,14 @@ def _try_join(node: Node, group: Group, placed: tuple | None = None) -> bool:
 
 def _transposing_copy(member: Node, group: Group) -> bool:
     """Whether ``member`` is a copy of a permuted member (``x.permute(...).contiguous()``) whose innermost dim
-    runs along another domain dim than the innermost: each thread of a reduction's nest would store its
-    elements a sector apart (see [Note: transposed copies stay out of reductions])."""
+    runs along another domain dim than the one innermost in memory (the order the nest's operands are read in: a
+    channels-last batch norm's output copied to its own layout runs along C, as its input does): each thread of a
+    reduction's nest would store its elements a sector apart (see [Note: transposed copies stay out of
+    reductions])."""
     if member.op != "clone":
         return False
     dims = [d for d, n in zip(group.dims[member], member.type.shape) if d is not None and n != 1]
-    inner = [d for d, n in enumerate(group.shape) if n != 1]
+    inner = _memory_order(group) or [d for d, n in enumerate(group.shape) if n != 1]
     return bool(dims) and bool(inner) and dims[-1] != inner[-1]
 
 
