@@ -338,7 +338,7 @@ LOWERED_SIDES = {"bf16": None, "fp8": "tensorwise", "fp8 delayed": "delayed"}  #
 
 def _fp8_role(name: str, writes_fp8: bool) -> str:
     if writes_fp8:
-        return "casts to float8 (both layouts where a GEMM reads it transposed)"
+        return "kernels that write float8 (casts, alone or in the kernel making the tensor, and transposed copies)"
     if name.startswith("amax_") or "_amax_" in name and "clamp_rdiv" in name:
         return "amax reductions that end in a scale"
     return ""
