@@ -13,13 +13,14 @@ Sections (all but **lowering** by default; ``--only gemm|step|lowering|curve`` p
   ``tilewise.float8.convert_to_float8_training`` (current scaling) against the same step in bf16; torchao's
   float8 training beside them when torchao is importable (the table says when it is not). Median step time
   after ``--warmup`` steps, tokens/s, ratio, and each side's first and last loss.
-* **lowering**: the same compiled steps (bf16 and FP8, ``--models``) lowered for the CUDA target on any machine,
-  a GPU or not (generated, neither built nor run): each side's generated kernels and library calls, the bytes
-  each moves (every buffer it reads once, every one it writes once), the kernels grouped by the operators they
-  fuse, and what FP8 adds (casts, reductions to a scale, the rest) per layer. ``--layers N`` lowers N layers of
-  each model instead of all (the figures per layer hold; the LM head's and embedding's stay once). Where the
-  cuDNN frontend does not import, attention is lowered as its decomposition (two batched GEMMs and a softmax),
-  on both sides alike; ``--cudnn-attention`` keeps it whole as a GPU host does (one cuDNN call each way).
+* **lowering**: the same compiled steps (bf16, FP8 with current and with delayed scaling, ``--models``) lowered for
+  the CUDA target on any machine, a GPU or not (generated, neither built nor run): each side's generated kernels and
+  library calls, the bytes each moves (every buffer it reads once, every one it writes once), the kernels grouped by
+  the operators they fuse, and what FP8 adds (casts, reductions to a scale, the rest) per layer. ``--layers N``
+  lowers N layers of each model instead of all (the figures per layer hold; the LM head's and embedding's stay
+  once). Where the cuDNN frontend does not import, attention is lowered as its decomposition (two batched GEMMs and
+  a softmax), on both sides alike; ``--cudnn-attention`` keeps it whole as a GPU host does (one cuDNN call each
+  way).
 * **curve**: ``--curve N`` trains the demo's char-GPT (``--curve-size``, on the shipped text) N steps in FP8 and
   in bf16 from the same weights on the same batches and writes both loss curves (``lowprec_curve.json`` and a
   PNG beside it, ``--out``), with the final losses (mean of the last 10%) and their relative difference.
@@ -304,17 +305,22 @@ def _call_bytes(node) -> int:
     return sum(s.type.nbytes for s in node.srcs if not s.is_tuple) + sum(t.nbytes for t in outputs if t is not None)
 
 
-def lowered_step(size: str, fp8: bool, batch: int, layers: int | None) -> LoweredStep:
-    """The compiled step of ``tilewise_side`` lowered for the CUDA target from CPU tensors (see the module note)."""
+def lowered_step(size: str, recipe: str | None, batch: int, layers: int | None) -> LoweredStep:
+    """The compiled step of ``tilewise_side`` (``recipe`` None: bf16) lowered for the CUDA target from CPU tensors
+    (see the module note); a delayed recipe's step as every step after the first sync runs (its casts take the
+    synced scales)."""
     from tilewise.compiler.lowering.memory import steps_of
     from tilewise.compiler.targets import get_target
     from tilewise.profiler.roofline import kernel_bytes
 
     model = gpt2(tw, size, device="cpu", layers=layers)
-    if fp8:
-        convert_to_float8_training(model, module_filter_fn=not_lm_head)
+    if recipe is not None:
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                                   module_filter_fn=not_lm_head)
+    if recipe == "delayed":
+        sync_float8_amax_and_scale_history(model)  # (the scales' values do not change the kernels)
     x = tw.randint(0, VOCAB, (batch, 1024), generator=tw.Generator().manual_seed(1))
-    _, programs, _ = compiled_step(model).lowered(get_target("cuda"), x, x.roll(-1, 1))
+    _, programs, _ = compiled_step(model, delayed=recipe == "delayed").lowered(get_target("cuda"), x, x.roll(-1, 1))
     out = LoweredStep()
     for low in programs:
         for node in steps_of(low.fused):
@@ -327,9 +333,12 @@ def lowered_step(size: str, fp8: bool, batch: int, layers: int | None) -> Lowere
     return out
 
 
+LOWERED_SIDES = {"bf16": None, "fp8": "tensorwise", "fp8 delayed": "delayed"}  # side: its FP8 recipe
+
+
 def _fp8_role(name: str, writes_fp8: bool) -> str:
     if writes_fp8:
-        return "casts to float8 (both layouts where a GEMM reads it transposed)"
+        return "kernels that write float8 (casts, alone or in the kernel making the tensor, and transposed copies)"
     if name.startswith("amax_") or "_amax_" in name and "clamp_rdiv" in name:
         return "amax reductions that end in a scale"
     return ""
@@ -360,9 +369,9 @@ def lowering_section(sizes: list[str], batch: int, layers: int | None, cudnn_att
           "library calls |\n|---|---|---|---|---|---|")
     rows, sides = [], {}
     for size in sizes:
-        for side, fp8 in (("bf16", False), ("fp8", True)):
+        for side, recipe in LOWERED_SIDES.items():
             with cudnn_assumed(cudnn_attention):
-                low = sides[size, side] = lowered_step(size, fp8, batch, layers)
+                low = sides[size, side] = lowered_step(size, recipe, batch, layers)
             calls = Counter(op for op, _ in low.calls)
             print(f"| {size} | {side} | {len(low.kernels)} | {len(low.calls)} ("
                   + ", ".join(f"{op} x{n}" for op, n in calls.most_common()) + f") | {low.kernel_bytes() * gb:.2f} | "
@@ -370,29 +379,31 @@ def lowering_section(sizes: list[str], batch: int, layers: int | None, cudnn_att
             rows.append({"model": size, "side": side, "kernels": len(low.kernels), "calls": dict(calls),
                          "kernel_bytes": low.kernel_bytes(), "call_bytes": sum(b for _, b in low.calls)})
     for size in sizes:
-        bf16, fp8 = sides[size, "bf16"], sides[size, "fp8"]
+        bf16 = sides[size, "bf16"]
         n_layers = layers or module_for(HERE / "models" / "gpt2.py", tw).SIZES[size][0]
-        extra_k, extra_b = len(fp8.kernels) - len(bf16.kernels), fp8.kernel_bytes() - bf16.kernel_bytes()
-        print(f"\n{size}: FP8 adds {extra_k} generated kernels ({extra_k / n_layers:.1f} a layer) moving "
-              f"{extra_b * gb:+.2f} GB ({extra_b * gb / n_layers:+.3f} GB a layer); among the FP8 step's kernels:")
-        roles: dict[str, list[int]] = {}
-        for name, nbytes, writes_fp8 in fp8.kernels:
-            role = _fp8_role(name, writes_fp8)
-            if role:
-                roles.setdefault(role, []).append(nbytes)
-        for role, sizes_ in roles.items():
-            print(f"- {role}: {len(sizes_)} kernels, {sum(sizes_) * gb:.2f} GB")
-        print(f"\n| kernel of {size} (the operators it fuses) | bf16 count | bf16 GB | fp8 count | fp8 GB |\n"
-              "|---|---:|---:|---:|---:|")
+        for side in list(LOWERED_SIDES)[1:]:
+            fp8 = sides[size, side]
+            extra_k, extra_b = len(fp8.kernels) - len(bf16.kernels), fp8.kernel_bytes() - bf16.kernel_bytes()
+            print(f"\n{size}, {side}: FP8 adds {extra_k} generated kernels ({extra_k / n_layers:.1f} a layer) moving "
+                  f"{extra_b * gb:+.2f} GB ({extra_b * gb / n_layers:+.3f} GB a layer); among its kernels:")
+            roles: dict[str, list[int]] = {}
+            for name, nbytes, writes_fp8 in fp8.kernels:
+                role = _fp8_role(name, writes_fp8)
+                if role:
+                    roles.setdefault(role, []).append(nbytes)
+            for role, sizes_ in roles.items():
+                print(f"- {role}: {len(sizes_)} kernels, {sum(sizes_) * gb:.2f} GB")
+        print(f"\n| kernel of {size} (the operators it fuses) | " + " | ".join(
+            f"{side} count | {side} GB" for side in LOWERED_SIDES) + " |\n|---|" + "---:|---:|" * len(LOWERED_SIDES))
         table: dict[str, list] = {}
-        for k, low in enumerate((bf16, fp8)):
-            for name, nbytes, _ in low.kernels:
-                entry = table.setdefault(name, [0, 0, 0, 0])
+        for k, side in enumerate(LOWERED_SIDES):
+            for name, nbytes, _ in sides[size, side].kernels:
+                entry = table.setdefault(name, [0, 0] * len(LOWERED_SIDES))
                 entry[2 * k] += 1
                 entry[2 * k + 1] += nbytes
-        for name, (n0, b0, n1, b1) in sorted(table.items(), key=lambda item: -max(item[1][1], item[1][3])):
-            print(f"| {name} | {n0 or ''} | {f'{b0 * gb:.3f}' if n0 else ''} | {n1 or ''} | "
-                  f"{f'{b1 * gb:.3f}' if n1 else ''} |")
+        for name, entry in sorted(table.items(), key=lambda item: -max(item[1][1::2])):
+            cells = [f"{n} | {b * gb:.3f}" if n else " | " for n, b in zip(entry[::2], entry[1::2])]
+            print(f"| {name} | " + " | ".join(cells) + " |")
     return rows
 
 

@@ -253,3 +253,27 @@ def test_an_epilogue_after_a_library_call_stays_out_of_the_reduction():
     assert [n.op for n in steps_of(low.fused)] == ["fused", "mm", "fused"], low.fused
     got = tw.compile(f)(g, w, bias)
     np.testing.assert_allclose(got[1].numpy(), (bias - 0.1 * g.sum(0)).numpy(), rtol=1e-5, atol=1e-4)
+
+
+def test_a_transposed_copy_stays_out_of_a_row_reductions_nest():
+    """[Note: transposed copies stay out of reductions]: a layer norm whose output is also stored transposed (an
+    FP8 cast's copy for Hopper's K-major GEMM operands) keeps the copy out of its rows nest, where each element
+    would be stored a sector apart; the copy is a tiled nest reading the norm's output."""
+    from tilewise.compiler.capture import trace
+    from tilewise.compiler.passes import run_pipeline
+    from tilewise.compiler.program import lower_program
+    from tilewise.compiler.targets import CUDA_TARGET
+
+    w, b = tw.randn(256), tw.randn(256)
+
+    def norm_both_ways(x):
+        h = tw.nn.functional.layer_norm(x, (256,), w, b).bfloat16()
+        return h, h.permute(2, 0, 1).contiguous()
+
+    x = tw.randn(4, 64, 256)
+    low = lower_program(run_pipeline(trace(norm_both_ways, (x,), {}).graph), CUDA_TARGET)
+    plans = [(ns.cuda.strategy, nest.reduce) for s in low.schedules for ns, nest in zip(s.nests, s.kernel.nests)]
+    assert sorted(strategy for strategy, _ in plans) == ["rows", "tiles"], plans
+    h, t = tw.compile(norm_both_ways)(x)
+    eager_h, eager_t = norm_both_ways(x)
+    assert (h.float() == eager_h.float()).all() and (t.float() == eager_t.float()).all()

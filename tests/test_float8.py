@@ -346,22 +346,27 @@ def test_lowering_current_scaling_splits_the_amax_across_the_gpu():
     assert cast and cast[0].strategy == "elements"
 
 
-def _gpt_step(layers: int, width: int, fp8: bool, tokens: tuple[int, int], dtype=tw.bfloat16, device="cpu"):
+def _gpt_step(layers: int, width: int, fp8: bool, tokens: tuple[int, int], dtype=tw.bfloat16, device="cpu",
+              recipe: str = "tensorwise"):
     """A GPT-2 training step (``tilewise.models.gpt``: layer norms, tanh GELU, biases, tied head) with AdamW, its
-    Linear layers but the head in FP8 when ``fp8``; returns the step, a batch and the model."""
+    Linear layers but the head in FP8 (``recipe``) when ``fp8``, a delayed recipe's scales synced after the
+    backward; returns the step, a batch and the model."""
     from tilewise.models.gpt import GPT, GPTConfig
 
     tw.manual_seed(0)
     config = GPTConfig(vocab_size=128, block_size=tokens[1], n_layer=layers, n_head=width // 64, n_embd=width)
     model = GPT(config).to(device, dtype)
     if fp8:
-        convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn != "head")
+        convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn != "head",
+                                   config=Float8LinearConfig.from_recipe_name(recipe))
     opt = tw.optim.AdamW(model.parameters(), lr=1e-3)
 
     def step(x, y):
         _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if recipe == "delayed":
+            sync_float8_amax_and_scale_history(model)
         opt.step()
         return loss
 
@@ -369,13 +374,16 @@ def _gpt_step(layers: int, width: int, fp8: bool, tokens: tuple[int, int], dtype
     return step, (x, x.roll(-1, 1)), model
 
 
-def _lowered_gpt_step(layers: int, fp8: bool):
+def _lowered_gpt_step(layers: int, fp8: bool, recipe: str = "tensorwise"):
     """The generated kernels of a compiled GPT-2 step at GPT-2 124M's width (4 x 256 tokens) lowered for the CUDA
-    target (neither built nor run), in program order, and the programs."""
+    target (neither built nor run), in program order, and the programs. A delayed recipe's step syncs the scales at
+    its end, lowered as every step after the first sync runs."""
     from tilewise.compiler.lowering.memory import steps_of
     from tilewise.compiler.targets import CUDA_TARGET
 
-    step, batch, _ = _gpt_step(layers, 768, fp8, (4, 256))
+    step, batch, model = _gpt_step(layers, 768, fp8, (4, 256), recipe=recipe)
+    if recipe == "delayed":
+        sync_float8_amax_and_scale_history(model)
     _, programs, _ = tw.compile(step).lowered(CUDA_TARGET, *batch)
     return [low.kernels[n] for low in programs for n in steps_of(low.fused) if n in low.kernels], programs
 
@@ -414,6 +422,36 @@ def test_lowered_fp8_gpt2_step_moves_few_bytes_beyond_the_bf16_step():
     assert not whole, whole
 
 
+def test_lowered_delayed_gpt2_step_casts_in_the_kernels_that_make_each_tensor():
+    """[Note: delayed casts]: in a delayed step (scales synced) each layer norm's kernel writes the e4m3 activation
+    instead of the bf16 one, each transposed copy is a tiled kernel of its own reading the FP8 tensor (none is
+    stored from a reduction's nest), and the step has fewer kernels moving fewer bytes than with current scaling."""
+    from tilewise.profiler.roofline import kernel_bytes
+
+    current, _ = _lowered_gpt_step(1, True)
+    kernels, _ = _lowered_gpt_step(1, True, "delayed")
+    assert len(kernels) < len(current)
+    assert sum(map(kernel_bytes, kernels)) < 0.9 * sum(map(kernel_bytes, current))
+
+    def written(k, dtype, shape):
+        return [i for i, p in enumerate(k.params) if p.written and p.dtype is dtype
+                and tuple(k.values[i].type.shape) == shape]
+
+    act = (4, 256, 768)
+    norms = [k for k in kernels if written(k, tw.float8_e4m3fn, act) and any(
+        nest.reduce and any(s.param in written(k, tw.float8_e4m3fn, act) for s in nest.stores) for nest in k.nests)]
+    assert len(norms) == 2, [k.name for k in norms]  # the block's two layer norms (the final one feeds the bf16 head)
+    assert all(len(written(k, tw.bfloat16, act)) <= 1 for k in norms)  # the residual sum only, not the norm's output
+    for k in kernels:
+        for nest in k.nests:
+            if nest.reduce:
+                assert not [s for s in nest.stores if k.params[s.param].dtype.is_float8
+                            and k.values[s.param].type.shape[-1] != nest.shape[-1]], k.name
+    transposed = [i for k in kernels for i in written(k, tw.float8_e4m3fn, (768, 4, 256))]
+    assert len(transposed) == 3  # the two norms' outputs and the attention's, each written once
+    assert not [k.name for k in kernels if written(k, tw.bfloat16, (4, 256, 3072))]  # no bf16 MLP activation
+
+
 @pytest.mark.skipif("not __import__('tilewise.codegen.toolchain', fromlist=['x']).nvrtc_available()",
                     reason="NVRTC is not installed")
 def test_every_kernel_of_the_lowered_fp8_gpt2_step_compiles():
@@ -440,6 +478,41 @@ def test_compiled_fp8_gpt_step_matches_eager(dtype):
     assert loss == eager_loss
     for got, want in zip(grads, eager_grads):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_compiled_delayed_gpt_step_matches_eager():
+    """[Note: delayed casts] on the C target: a GPT-2 step with delayed scaling synced inside it, five steps (the
+    first casts with the current amaxes and runs its Python, the next record the step the later ones replay,
+    its casts made by the kernels of the layer norms, the GELU and the gradients), against eager: losses, the
+    amax histories and the scales."""
+    def run(compiled):
+        step, batch, model = _gpt_step(2, 64, True, (2, 32), tw.float32, recipe="delayed")
+        fn = tw.compile(step) if compiled else step
+        losses = [fn(*batch).item() for _ in range(3)]
+        variants = len(getattr(fn, "variants", ()))
+        losses += [fn(*batch).item() for _ in range(2)]
+        assert len(getattr(fn, "variants", ())) == variants  # recorded once the scales were synced, replayed since
+        layers = [m for m in model.modules() if isinstance(m, Float8Linear)]
+        state = [getattr(m, f"fp8_{kind}_{name}").numpy().copy() for m in layers for name in Float8Linear.OPERANDS
+                 for kind in ("amax_history", "scale")]
+        return losses, state
+
+    (losses, state), (eager_losses, eager_state) = run(True), run(False)
+    np.testing.assert_allclose(losses, eager_losses, rtol=1e-5)
+    for got, want in zip(state, eager_state):
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_a_synced_delayed_layer_casts_with_its_stored_scale_alone():
+    layer = _layer(config=Float8LinearConfig.from_recipe_name("delayed"))
+    assert not layer.delayed_scales_synced
+    layer(tw.randn(16, 32)).sum().backward()
+    sync_float8_amax_and_scale_history(layer)
+    assert layer.delayed_scales_synced
+    scale = layer.fp8_scale_input.item()
+    x = tw.randn(16, 32) * 1000  # far beyond the synced amax: saturates at the stored scale
+    layer(x)
+    assert layer.scale_for("input", x).item() == scale and layer.fp8_amax_input.item() == x.abs().max().item()
 
 
 @pytest.mark.cuda
@@ -522,8 +595,9 @@ def test_lowprec_benchmark_lowering_runs_without_a_gpu():
                            "124M", "--layers", "1", "--batch", "1", "--cudnn-attention"], capture_output=True,
                           text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = dict(re.findall(r"^\| 124M \| (bf16|fp8) \| (\d+) \|", done.stdout, flags=re.M))
-    assert int(rows["fp8"]) > int(rows["bf16"]) and "casts to float8" in done.stdout
+    rows = dict(re.findall(r"^\| 124M \| (bf16|fp8|fp8 delayed) \| (\d+) \|", done.stdout, flags=re.M))
+    assert int(rows["fp8"]) > int(rows["bf16"]) and "kernels that write float8" in done.stdout
+    assert int(rows["fp8 delayed"]) < int(rows["fp8"])
 
 
 @pytest.mark.parametrize("module", ["tilewise.float8", "tilewise.float8.config", "tilewise.float8.linear"])

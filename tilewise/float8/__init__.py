@@ -66,6 +66,8 @@ def sync_float8_amax_and_scale_history(model: Module) -> None:
                 amax = history.amax() if reduce == "max" else history.mean()
                 dtype = dtypes.float8_e5m2 if name == "grad_output" else dtypes.float8_e4m3fn
                 getattr(mod, f"fp8_scale_{name}").copy_(amax_to_scale(amax, dtype).reshape(1))
+            if not mod.delayed_scales_synced:  # set once: a compiled step that sets it records again next call
+                mod.delayed_scales_synced = True
 
 
 __all__ = ["CastConfig", "DelayedScalingConfig", "Float8GemmConfig", "Float8Linear", "Float8LinearConfig",

@@ -38,6 +38,24 @@ attention's output: its heads are merged into features by a reshape, so its rows
 own. Lowered for CUDA at GPT-2 124M (8 x 1024 tokens, cuDNN attention), the kernels of the FP8 step move 6.1 GB
 more than the bf16 step's (11.1 GB when each amax read its tensor again and the backward copied ``x8`` to
 transpose it); ``benchmarks/lowprec.py --only lowering`` lists them.
+
+[Note: delayed casts] With delayed scaling the scale of a cast is known before the tensor is made, so the cast is
+one more output of the kernel that makes the tensor: a layer norm's kernel writes the e4m3 activation instead of
+the bf16 one (nothing else reads it: the norm's backward takes its input and statistics), a GELU's kernel its e4m3
+output from the GEMM's result, a gradient's producer (a layer norm's backward, the GELU's backward) the e5m2
+gradient; the amax recorded for the next step joins the same kernel as its first stage. That holds only where the
+cast waits for no amax of this tensor: the fallback to the current amax while no scale is synced (``where(scale >
+0, scale, current)``) would read the whole tensor's amax first. So ``sync_float8_amax_and_scale_history`` marks a
+module ``delayed_scales_synced`` (once: a Python attribute, which a compiled step's guards read), and a synced
+module casts with its stored scale alone, in eager mode and compiled alike, as torchao's ``is_amax_initialized``
+does; the first step of a compiled function that syncs runs its Python once (setting the flag is a side effect,
+see [Note: compiled functions]) and the next call records the step that every later one replays. The transposed
+copies stay kernels of their own, reading the FP8 tensor (``x8`` once more, 1 byte an element, instead of the bf16
+tensor): a reduction's nest would store them an element a sector apart (see [Note: transposed copies stay out of
+reductions] in ``compiler/lowering/fusion.py``). Hopper's FP8 GEMMs take only K-major operands, so the ``dW``
+GEMM needs ``x8`` and ``dy8`` with the tokens contiguous: the copies are required, only where they are written is
+a choice. A bias gradient's column sum is taken before the backward's GEMMs: it then joins the kernel that makes
+the gradient and takes its columns' maxima, and the bf16 gradient of a GELU is not stored (the GEMMs read ``dy8``).
 """
 
 from __future__ import annotations
@@ -154,14 +172,14 @@ class _Float8Matmul(Function):
         g_inv = g_scale.reciprocal()
         config = module.config
         grad_x = grad_w = grad_bias = None
+        if ctx.has_bias and ctx.needs_input_grad[6]:  # before the GEMMs: it joins the nest of the cast's amax
+            grad_bias = grad.sum(tuple(range(grad.ndim - 1)))
         if ctx.needs_input_grad[0]:
             w8_t = cast.fp8_t if cast.fp8_t is not None else transposed_matrix(cast.fp8)
             grad_x = _scaled_mm(_rows(g8), w8_t.t(), g_inv, cast.inv_scale, ctx.x_dtype, config, "grad_input")
             grad_x = grad_x.reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             grad_w = _scaled_mm(transposed_matrix(g8), x8_t.t(), g_inv, x_inv, ctx.w_dtype, config, "grad_weight")
-        if ctx.has_bias and ctx.needs_input_grad[6]:
-            grad_bias = grad.sum(tuple(range(grad.ndim - 1)))
         return grad_x, grad_w, None, None, None, None, grad_bias
 
 
@@ -190,6 +208,7 @@ class Float8Linear(Linear):
         check_float8_shape("in_features", in_features, "leave this layer out with module_filter_fn")
         check_float8_shape("out_features", out_features, "leave this layer out with module_filter_fn")
         self._weight_cache: tuple | None = None
+        self.delayed_scales_synced = False  # set by ``sync_float8_amax_and_scale_history``
         if self.config.uses_delayed_scaling:
             self._make_delayed_buffers(self.weight.device)
 
@@ -213,6 +232,7 @@ class Float8Linear(Linear):
         check_float8_shape("in_features", mod.in_features, "leave this layer out with module_filter_fn")
         check_float8_shape("out_features", mod.out_features, "leave this layer out with module_filter_fn")
         new._weight_cache = None
+        new.delayed_scales_synced = False
         if new.config.uses_delayed_scaling:
             new._make_delayed_buffers(mod.weight.device)
         new.train(mod.training)
@@ -222,8 +242,9 @@ class Float8Linear(Linear):
         return getattr(self.config, f"cast_config_{name}")
 
     def scale_for(self, name: str, x: Tensor) -> Tensor:
-        """The scale of ``x``, one of the operands: from its own amax (dynamic), or the synced delayed scale (the
-        current amax while none is synced), recording this amax for the next sync."""
+        """The scale of ``x``, one of the operands: from its own amax (dynamic), or the delayed scale, recording this
+        amax for the next sync: once the module is synced the stored scale alone, before that the stored one where
+        it is positive (loaded with a state dict), else the current amax's."""
         dtype = dtypes.float8_e5m2 if name == "grad_output" else dtypes.float8_e4m3fn
         amax = tensor_amax(x, first_amax_dims(name, x.ndim))
         current = amax_to_scale(amax, dtype)
@@ -232,6 +253,8 @@ class Float8Linear(Linear):
         stored = getattr(self, f"fp8_scale_{name}")
         with no_grad():
             getattr(self, f"fp8_amax_{name}").copy_(amax.reshape(1))
+        if self.delayed_scales_synced:  # the cast waits for no amax of its own: [Note: delayed casts]
+            return stored.reshape(())
         return where(stored > 0, stored, current).reshape(())
 
     def _cast_weight(self, transposed: bool) -> CastWeight:

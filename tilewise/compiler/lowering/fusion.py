@@ -55,6 +55,17 @@ made again there (``_epilogue_first``). An epilogue made after a library call th
 later phase, or waiting for a collective the rest of the nest does not wait for, stays out (``_delays``): the
 reduction would wait for it too. The values are those of separate kernels: the same expressions, from the same total.
 
+[Note: transposed copies stay out of reductions] A copy of a permuted member (``x.permute(...).contiguous()``, the
+FP8 cast's transposed copy that Hopper's FP8 GEMMs read) whose innermost dim runs along another domain dim than the
+nest's innermost joins no group with reductions (``_transposing_copy``). A row reduction's team walks its row along
+the innermost dim, a column reduction's lanes walk the innermost kept dim, so such a copy's elements would each be
+stored a sector apart: on an H200 a layer norm over [8192, 1024] that also wrote its e4m3 output transposed took
+152 us, against 14.6 us writing the e4m3 output alone and 12.3 us for a tiled copy of it (``tiles`` strategy, see
+[Note: transposing tiles] in ``codegen/render/tiles_cuda.py``). The copy then starts a group of its own (an
+element-wise nest that reads the stored member: tiled), which a reduction over the same domain does not absorb.
+A tiled store from a reduction's nest (a block of rows staged through shared memory) would save the copy's read
+and write; no schedule does that yet.
+
 [Note: concatenations in kernels] A ``cat`` whose dims before the joined one have more than one element (RoPE's
 ``cat((-x2, x1), -1)``, a q/k/v split's gradient along the heads) cannot be laid out in place by memory planning:
 its inputs are not contiguous slabs of the result, so it used to be a copy of its own. Such a cat (``fusable_cat``)
@@ -409,9 +420,25 @@ def _try_join(node: Node, group: Group, placed: tuple | None = None) -> bool:
         del group.dims[node]  # constant along a dim of its own (read through an expand): it could not be stored
         return False
     group.members.append(node)
+    if group.reduce and (_transposing_copy(node, group) or (fusion_kind(node) == "reduction" and any(
+            _transposing_copy(m, group) for m in group.members))):
+        return False  # see [Note: transposed copies stay out of reductions]
     if _starves_phases(group):
         return False  # the caller's trial copy is dropped
     return True
+
+
+def _transposing_copy(member: Node, group: Group) -> bool:
+    """Whether ``member`` is a copy of a permuted member (``x.permute(...).contiguous()``) whose innermost dim
+    runs along another domain dim than the one innermost in memory (the order the nest's operands are read in: a
+    channels-last batch norm's output copied to its own layout runs along C, as its input does): each thread of a
+    reduction's nest would store its elements a sector apart (see [Note: transposed copies stay out of
+    reductions])."""
+    if member.op != "clone":
+        return False
+    dims = [d for d, n in zip(group.dims[member], member.type.shape) if d is not None and n != 1]
+    inner = _memory_order(group) or [d for d, n in enumerate(group.shape) if n != 1]
+    return bool(dims) and bool(inner) and dims[-1] != inner[-1]
 
 
 FEW_COLUMNS = 1 << 15  # kept elements below which a columns nest cannot keep the GPU busy with several phases
@@ -885,7 +912,8 @@ class _Partition:
         first = self.groups[candidates[0]]
         reduce = next((self.groups[g].reduce for g in candidates if self.groups[g].reduce), first.reduce)
         same = [g for g in candidates if self.groups[g].shape == first.shape and self.groups[g].reduce in ((), reduce)
-                and _device(self.groups[g]) == _device(first) and self.groups[g].order == first.order]
+                and _device(self.groups[g]) == _device(first) and self.groups[g].order == first.order
+                and not (reduce and any(_transposing_copy(m, self.groups[g]) for m in self.groups[g].members))]
         # a group another one depends on stays apart (a path would join them outside); the rest merge. A constant
         # comparison that every layer shares (a cat's position test) belongs to the first layer's group: the
         # groups of a later layer still merge without it
