@@ -734,7 +734,8 @@ class PendingFunctions:
     [Note: the first run overlaps the compiles] A program's first run does not wait for all its kernels before it
     starts: each kernel step waits for its own function as it comes up, so the library work of the first run —
     cuBLASLt's timed algorithm choices, cuDNN's graph builds, which take seconds on a first compile — runs while
-    NVRTC still compiles later kernels. What a user could see of a failed compile stays as before (an error, and
+    NVRTC still compiles later kernels (cuDNN's attention graphs are built even before the run, as the program is:
+    [Note: library calls prepared at build]). What a user could see of a failed compile stays as before (an error, and
     the arguments as they were): an input's memory written while compiles are pending is copied first and written
     back if the run fails, and the run waits for every compile before a step that would write more than a little
     of it (see :meth:`CudaRuntime._first_walk`)."""

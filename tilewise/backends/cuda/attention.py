@@ -20,7 +20,10 @@ of a head repeat the model wrote itself (``compiler/passes/attention.py``).
 
 A graph is built once per (dtypes, shapes, strides, scale, causal, device) — validation, heuristics and
 kernel build take a while the first time — and kept, with a workspace that is never freed (see [Note: cuDNN
-graphs] in ``cudnn.py``), so that a CUDA graph of a compiled program that replays it finds it. Operands are
+graphs] in ``cudnn.py``), so that a CUDA graph of a compiled program that replays it finds it; a compiled
+program builds its attention steps' graphs when it is built, beside its kernels' compiles (see [Note: library
+calls prepared at build]), each kernel into planned buffers being one function giving the graph call, which
+the run executes and the preparation only builds, under the one key :func:`graph_key`. Operands are
 passed with their strides (the per-head views a fused QKV projection gives need no copy); the innermost
 stride must be 1 and the others multiples of 8 elements, with 16-byte aligned addresses, else the eager
 kernel copies the operand first and the kernel into a planned buffer (what compiled programs call,
