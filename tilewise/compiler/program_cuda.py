@@ -79,7 +79,7 @@ from tilewise._stages import stage
 from tilewise.backends.cuda import DeviceBuffer, stream_handle
 from tilewise.backends.cuda import run as cuda_run
 from tilewise.backends.cuda.graphs import CudaGraph, GraphCaptureError, capture
-from tilewise.backends.cuda.kernels import INTO, launch, launch_packed, packer_for
+from tilewise.backends.cuda.kernels import INTO, PREPARE, launch, launch_packed, packer_for
 from tilewise.backends.cuda.kernels.copy import copy_into
 from tilewise.backends.cuda.matmul import SUPPORTED, bias_epilogue, gemm_into
 from tilewise.backends.cuda.runtime import (
@@ -207,6 +207,8 @@ class CudaExternStep:
         self.gemm = node.op in GEMM_CALLS and node.type.dtype.name in SUPPORTED
         dense = node.is_tuple or (len(self.outputs) == 1 and self.outputs[0] is not None)
         self.into = INTO.get(self.op.full_name) if dense else None  # an op of several results takes a tuple
+        # what ``into`` will need, built when the program is (see [Note: library calls prepared at build])
+        self.prepare = PREPARE.get(self.op.full_name) if self.into is not None else None
         # the SMs its GEMM is planned for (0: all; see [Note: GEMMs beside collectives])
         self.sm_count = sm_count
         if sm_count and self.into is not None and node.op in GEMM_EPILOGUE_CALLS:
@@ -220,8 +222,7 @@ class CudaExternStep:
     def run(self, pointers: list, stream: int) -> None:
         tensors = [device_tensor(pointers[b], value, geom, self.device) for b, value, geom in self.inputs]
         if self.into is not None:
-            outs = tuple(self._dense(pointers, out) for out in self.outputs)
-            done = self.into(outs if self.node.is_tuple else outs[0], *self.node.bound_args(tensors))
+            done = self.into(*self._into_args(pointers, tensors))
             self.capturable = (done or self.custom) and not self.unsafe
             if done:
                 return
@@ -244,6 +245,18 @@ class CudaExternStep:
             if out is not None:
                 buffer, value = out
                 copy_into(device_tensor(pointers[buffer], value, geometry(value), self.device), produced)
+
+    def prepare_call(self, pointers: list) -> None:
+        """Build what the kernel into the planned buffers will need for this step, its operands standing at
+        ``pointers``, addresses where nothing is (see [Note: library calls prepared at build])."""
+        tensors = [device_tensor(pointers[b], value, geom, self.device) for b, value, geom in self.inputs]
+        self.prepare(*self._into_args(pointers, tensors))
+
+    def _into_args(self, pointers: list, tensors: list) -> tuple:
+        """The arguments of ``into``: the planned outputs (a tuple of an operator of several results), then the
+        bound arguments over ``tensors``."""
+        outs = tuple(self._dense(pointers, out) for out in self.outputs)
+        return (outs if self.node.is_tuple else outs[0], *self.node.bound_args(tensors))
 
     def writes(self) -> list[int] | None:
         """The buffers this step writes; None for a custom operator or one that writes its arguments."""
@@ -721,7 +734,8 @@ class PendingFunctions:
     [Note: the first run overlaps the compiles] A program's first run does not wait for all its kernels before it
     starts: each kernel step waits for its own function as it comes up, so the library work of the first run —
     cuBLASLt's timed algorithm choices, cuDNN's graph builds, which take seconds on a first compile — runs while
-    NVRTC still compiles later kernels. What a user could see of a failed compile stays as before (an error, and
+    NVRTC still compiles later kernels (cuDNN's attention graphs are built even before the run, as the program is:
+    [Note: library calls prepared at build]). What a user could see of a failed compile stays as before (an error, and
     the arguments as they were): an input's memory written while compiles are pending is copied first and written
     back if the run fails, and the run waits for every compile before a step that would write more than a little
     of it (see :meth:`CudaRuntime._first_walk`)."""
@@ -939,6 +953,41 @@ def _between_devices(node: Node) -> bool:
         return True
 
 
+STAND_IN_BASE = 1 << 40  # where a prepared step's operands stand: an address aligned as an allocation's is
+
+
+def stand_in_pointers(plan: MemoryPlan) -> list[int]:
+    """An address per planned buffer with the alignment its memory will have at a run (an arena buffer at its
+    slot from the arena's start, donated memory at its offset, an input or output at an allocation's start),
+    where nothing is: what preparing a step reads of its operands is their geometry."""
+    return [STAND_IN_BASE + (b.slot if b.kind == "arena" else b.offset) for b in plan.buffers]
+
+
+def prepare_library_calls(steps: list, plan: MemoryPlan) -> None:
+    """Call the preparation of every library step that has one, on stand-ins for its operands.
+
+    [Note: library calls prepared at build] Some library calls build something for their operands' geometry
+    the first time they run: cuDNN's attention graphs take 0.5-1 s each on a first compile (validation,
+    heuristics, the fused kernel's compile), and the frontend holds the GIL throughout. A program's first run
+    (see [Note: the first run overlaps the compiles]) would come to them only after waiting for the kernels
+    before them, so the builds would follow the NVRTC compiles instead of running beside them. The geometry is
+    known when the program is built, so an operator whose kernel into its planned buffers needs such a build
+    registers a ``prepare`` with it (``kernel_into``), called here, after the compile pool has been handed the
+    kernels, with tensors standing for the step's operands and outputs (their shape, strides, dtype and device,
+    at ``stand_in_pointers``, where nothing is). It builds and keeps what the run will look up, under the key
+    the run will compute: the same function computes the call from the operands in both (``attention.py``'s
+    ``_kernel_into``). A build that fails is remembered as the run would remember it, and the run then takes
+    its fallback; nothing runs on the device here. Only programs built to run on CUDA prepare (``lowered()``
+    builds none); ``TILEWISE_LOG=compile`` shows the time under "prepare library calls"."""
+    prepared = [step for step in steps if isinstance(step, CudaExternStep) and step.prepare is not None]
+    if not prepared:
+        return
+    pointers = stand_in_pointers(plan)
+    with stage("prepare library calls (cuDNN graphs)"):
+        for step in prepared:
+            step.prepare_call(pointers)
+
+
 def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Program:
     """The CUDA target's program: compile and load each kernel (NVRTC), make the steps, and the runtime that
     launches them (or replays them as one CUDA graph)."""
@@ -967,6 +1016,7 @@ def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Pro
         made[-1] = list(range(made[-1][0], len(steps)))
     for copy in plan.copies:
         steps.append(CudaCopyStep(copy.value, plan.of[buffer_of(copy.value)], copy.dst, device))
+    prepare_library_calls(steps, plan)  # beside the compiles just started
     program = Program(fused, plan, steps, list(low.kernels.values()), low.schedules, low.source, "cuda",
                       sources=low.sources)
     program.runtime = CudaRuntime(program, device, graphs)

@@ -20,7 +20,10 @@ of a head repeat the model wrote itself (``compiler/passes/attention.py``).
 
 A graph is built once per (dtypes, shapes, strides, scale, causal, device) — validation, heuristics and
 kernel build take a while the first time — and kept, with a workspace that is never freed (see [Note: cuDNN
-graphs] in ``cudnn.py``), so that a CUDA graph of a compiled program that replays it finds it. Operands are
+graphs] in ``cudnn.py``), so that a CUDA graph of a compiled program that replays it finds it; a compiled
+program builds its attention steps' graphs when it is built, beside its kernels' compiles (see [Note: library
+calls prepared at build]), each kernel into planned buffers being one function giving the graph call, which
+the run executes and the preparation only builds, under the one key :func:`graph_key`. Operands are
 passed with their strides (the per-head views a fused QKV projection gives need no copy); the innermost
 stride must be 1 and the others multiples of 8 elements, with 16-byte aligned addresses, else the eager
 kernel copies the operand first and the kernel into a planned buffer (what compiled programs call,
@@ -28,6 +31,8 @@ see [Note: kernels into a given output]) declines.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from tilewise import dtypes
 from tilewise import strides as S
@@ -157,25 +162,63 @@ def _build(backward: bool, tensors: list[Tensor | None], scale: float, causal: b
     return cudnn.Graph(graph, operands, device, "attention")
 
 
-def _run(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> bool:
-    """Run the forward or backward graph over ``tensors``; False when cuDNN cannot build it (remembered)."""
+def graph_key(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> tuple:
+    """What the graph over ``tensors`` is built for: its direction, dtype, device, scale, causal mask and each
+    operand's (shape, strides). A run and a compiled program's preparation ask :func:`_graph` for a graph by
+    this one key (see [Note: library calls prepared at build])."""
     query = tensors[0]
-    key = (backward, query._dtype, query._device.index, scale, causal,
-           tuple((t._shape, t._strides) if t is not None else None for t in tensors))
+    return (backward, query._dtype, query._device.index, scale, causal,
+            tuple((t._shape, t._strides) if t is not None else None for t in tensors))
+
+
+def _graph(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> cudnn.Graph | None:
+    """The forward or backward graph for ``tensors``' geometry, built (or loaded from the disk) the first time it
+    is asked for; None when cuDNN cannot build it (remembered). Only the operands' geometry is read."""
+    key = graph_key(backward, tensors, scale, causal)
     graph = _graphs.get(key, False)
     if graph is False:
         try:
             identity = ("attention", key[0], key[1].name, *key[3:])
-            graph = _graphs[key] = cudnn.cached_graph(identity, query._device.index, "attention",
+            graph = _graphs[key] = cudnn.cached_graph(identity, key[2], "attention",
                                                       lambda: _build(backward, tensors, scale, causal))
         except Exception as e:  # noqa: BLE001 — cuDNN declines this configuration: the decomposition runs
             _report(f"cuDNN could not build the graph for {'backward' if backward else 'forward'} "
                     f"{[tuple(t._shape) for t in tensors if t is not None]}: {e}")
             graph = _graphs[key] = None
+    return graph
+
+
+def _run(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> bool:
+    """Run the forward or backward graph over ``tensors``; False when cuDNN cannot build it (remembered)."""
+    graph = _graph(backward, tensors, scale, causal)
     if graph is None:
         return False
-    graph.run([data_ptr(t) for t in tensors if t is not None], stream_handle(query._device.index))
+    graph.run([data_ptr(t) for t in tensors if t is not None], stream_handle(tensors[0]._device.index))
     return True
+
+
+def _kernel_into(*names: str):
+    """Register ``call(outs, *bound_args)`` — the graph call ``(backward, operands, scale, causal)`` that writes
+    an operator's results into ``outs``, or None where cuDNN cannot write them there — as the operator's kernel
+    into its outputs, which runs that call, and as its preparation, which builds that call's graph (see [Note:
+    library calls prepared at build]): both find the graph under the key the one ``call`` gives."""
+
+    def register(call):
+        kernel_into(*names, prepare=partial(_prepare_call, call))(partial(_run_call, call))
+        return call
+
+    return register
+
+
+def _run_call(call, outs, *args) -> bool:
+    found = call(outs, *args)
+    return found is not None and _run(*found)
+
+
+def _prepare_call(call, outs, *args) -> None:
+    found = call(outs, *args)
+    if found is not None:
+        _graph(*found)
 
 
 _decisions: dict[tuple, str | None] = {}
@@ -220,15 +263,15 @@ def attention(device: Device, query: Tensor, key: Tensor, value: Tensor, bias: T
     return OPS[FORWARD].decomposition(query, key, value, bias, scale, is_causal, enable_gqa)
 
 
-@kernel_into(FORWARD)
-def attention_into(outs: tuple, query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scale: float,
-                   is_causal: bool = False, enable_gqa: bool = False) -> bool:
+@_kernel_into(FORWARD)
+def attention_call(outs: tuple, query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scale: float,
+                   is_causal: bool = False, enable_gqa: bool = False) -> tuple | None:
     out, stats = outs
     if out is None or _checked(query, key, value, bias, enable_gqa) is not None:
-        return False
+        return None
     if not all(map(_fits, (query, key, value))):
-        return False
-    return _forward_into(out, stats, query, key, value, scale, is_causal)
+        return None
+    return False, [query, key, value, out, stats], float(scale), bool(is_causal)
 
 
 # ---------------------------------------------------------------------------------------------- backward
@@ -260,16 +303,16 @@ def attention_backward(device: Device, grad: Tensor, query: Tensor, key: Tensor,
                                        enable_gqa)
 
 
-@kernel_into(BACKWARD)
-def attention_backward_into(outs: tuple, grad: Tensor, query: Tensor, key: Tensor, value: Tensor,
+@_kernel_into(BACKWARD)
+def attention_backward_call(outs: tuple, grad: Tensor, query: Tensor, key: Tensor, value: Tensor,
                             bias: Tensor | None, scale: float, is_causal: bool, out: Tensor,
-                            logsumexp: Tensor, enable_gqa: bool = False) -> bool:
+                            logsumexp: Tensor, enable_gqa: bool = False) -> tuple | None:
     if any(o is None for o in outs[:3]) or _backward_unsupported(grad, query, key, value, bias, out, logsumexp,
                                                                  enable_gqa):
-        return False
+        return None
     if not all(map(_fits, (grad, query, key, value, out))) or not _fits_stats(logsumexp):
-        return False
-    return _backward_into(outs[:3], grad, query, key, value, out, logsumexp, scale, is_causal)
+        return None
+    return True, [query, key, value, out, grad, logsumexp, *outs[:3]], float(scale), bool(is_causal)
 
 
 # ---------------------------------------------------------------------------------------------- ordered results
@@ -285,29 +328,29 @@ def _seen_unordered(out: Tensor | None, order) -> Tensor | None:
                         out._offset, out._dtype, out._device)
 
 
-@kernel_into(FORWARD + "_ordered")
-def attention_into_ordered(outs: tuple, query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None,
-                           scale: float, is_causal: bool, enable_gqa: bool, out_order) -> bool:
+@_kernel_into(FORWARD + "_ordered")
+def attention_call_ordered(outs: tuple, query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None,
+                           scale: float, is_causal: bool, enable_gqa: bool, out_order) -> tuple | None:
     out, stats = outs
-    return attention_into((_seen_unordered(out, out_order), stats), query, key, value, bias, scale, is_causal,
+    return attention_call((_seen_unordered(out, out_order), stats), query, key, value, bias, scale, is_causal,
                           enable_gqa)
 
 
-@kernel_into(BACKWARD + "_ordered")
-def attention_backward_into_ordered(outs: tuple, grad: Tensor, query: Tensor, key: Tensor, value: Tensor,
+@_kernel_into(BACKWARD + "_ordered")
+def attention_backward_call_ordered(outs: tuple, grad: Tensor, query: Tensor, key: Tensor, value: Tensor,
                                     bias: Tensor | None, scale: float, is_causal: bool, out: Tensor,
                                     logsumexp: Tensor, enable_gqa: bool, query_order, key_order,
-                                    value_order) -> bool:
+                                    value_order) -> tuple | None:
     grads = tuple(_seen_unordered(g, order) for g, order in zip(outs[:3], (query_order, key_order, value_order)))
-    return attention_backward_into((*grads, *outs[3:]), grad, query, key, value, bias, scale, is_causal, out,
+    return attention_backward_call((*grads, *outs[3:]), grad, query, key, value, bias, scale, is_causal, out,
                                    logsumexp, enable_gqa)
 
 
-@kernel_into(BACKWARD + "_packed")
-def attention_backward_into_packed(out: Tensor, grad: Tensor, query: Tensor, key: Tensor, value: Tensor,
+@_kernel_into(BACKWARD + "_packed")
+def attention_backward_call_packed(out: Tensor, grad: Tensor, query: Tensor, key: Tensor, value: Tensor,
                                    bias: Tensor | None, scale: float, is_causal: bool, attn_out: Tensor,
                                    logsumexp: Tensor, enable_gqa: bool, query_order, key_order, value_order,
-                                   query_piece, key_piece, value_piece, dim: int) -> bool:
+                                   query_piece, key_piece, value_piece, dim: int) -> tuple | None:
     """The three gradients written into their slices of ``out`` (their ``cat`` along ``dim``, each reshaped to
     its piece): each slice seen as the gradient in its order, then through the inverse permute."""
     strides, offset, grads = S.contiguous_strides(out._shape), out._offset, []
@@ -317,11 +360,11 @@ def attention_backward_into_packed(out: Tensor, grad: Tensor, query: Tensor, key
         viewed = S.view_strides(tuple(piece), strides, memory_shape)
         if viewed is None or any(st % 8 for st in viewed[:-1]) or viewed[-1] != 1 or \
                 (offset * out._dtype.itemsize) % 16:
-            return False
+            return None
         grads.append(_seen_unordered(Tensor._make(out._storage, memory_shape, viewed, offset, out._dtype,
                                                   out._device), order))
         offset += piece[dim] * strides[dim]
-    return attention_backward_into((*grads, None), grad, query, key, value, bias, scale, is_causal, attn_out,
+    return attention_backward_call((*grads, None), grad, query, key, value, bias, scale, is_causal, attn_out,
                                    logsumexp, enable_gqa)
 
 

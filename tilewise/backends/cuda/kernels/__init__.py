@@ -28,6 +28,7 @@ from tilewise.config import log, settings
 
 KERNELS: dict[str, Callable] = {}  # operator full name -> fn(device, *bound_args)
 INTO: dict[str, Callable] = {}  # operator full name -> fn(out, *bound_args) -> bool (see kernel_into)
+PREPARE: dict[str, Callable] = {}  # operator full name -> fn(out, *bound_args) -> None (kernel_into's prepare)
 
 _functions: dict[tuple[str, str, int], Any] = {}
 _launched: set[int] = set()
@@ -45,8 +46,11 @@ def kernel(*names: str):
     return register
 
 
-def kernel_into(*names: str):
-    """Register ``fn(out, *bound_args) -> bool``, which writes an operator's result into ``out``.
+def kernel_into(*names: str, prepare: Callable | None = None):
+    """Register ``fn(out, *bound_args) -> bool``, which writes an operator's result into ``out``, and with it
+    ``prepare(out, *bound_args) -> None``, which a compiled program calls once when it is built, on tensors that
+    stand for the step's operands and outputs (their geometry, dtype and device, at addresses where nothing is),
+    to build ahead what ``fn`` will need for them (see [Note: library calls prepared at build]).
 
     [Note: kernels into a given output]
     A compiled program gives every value a planned buffer, and replays its steps from a CUDA graph, which
@@ -65,6 +69,8 @@ def kernel_into(*names: str):
             if name in INTO:
                 raise ValueError(f"CUDA kernel into an output for {name} registered twice")
             INTO[name] = fn
+            if prepare is not None:
+                PREPARE[name] = prepare
         return fn
 
     return register
