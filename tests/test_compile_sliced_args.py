@@ -32,7 +32,7 @@ def test_a_loop_over_slices_of_a_loaded_dataset_compiles_once_and_trains_as_eage
         warnings.simplefilter("error", RuntimeWarning)  # the recompile limit's warning would fail the test
         compiled, f = _loop(True)
     np.testing.assert_allclose(compiled, eager, rtol=1e-5, atol=1e-6)
-    assert len(f.variants) == 2  # the first step (momentum buffers made) and the steady step, for every offset
+    assert len(f.variants) == 2  # the first step (no gradients to zero yet) and the steady step, for every offset
 
 
 def test_slices_at_offsets_of_every_alignment_give_the_values_of_eager():

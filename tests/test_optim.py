@@ -304,19 +304,23 @@ def test_one_cycle_rejects_stepping_past_total_steps():
         sched.step()
 
 
-@pytest.mark.parametrize("name", ["Adam", "AdamW", "RMSprop", "SGD"])
-def test_init_state_creates_what_a_first_step_would_and_changes_no_result(name):
+@pytest.mark.parametrize("name,extra", [("Adam", {}), ("AdamW", {}), ("RMSprop", {"momentum": 0.9}),
+                                        ("SGD", {"momentum": 0.9}), ("SGD", {"momentum": 0.9, "nesterov": True}),
+                                        ("SGD", {"momentum": 0.9, "dampening": 0.5}), ("SGD", {})])
+def test_init_state_creates_what_a_first_step_would_and_changes_no_result(name, extra):
     """``init_state`` (what tilewise.compile calls before tracing a training step) makes the zero state a first
-    step would make; later steps are the same as with the state made lazily. SGD's momentum buffer starts as
-    the first gradient, so it makes nothing."""
-    kwargs = {"lr": 0.1, "momentum": 0.9} if name in ("SGD", "RMSprop") else {"lr": 0.1}
+    step would make; later steps are the same, to the bit, as with the state made lazily. SGD's momentum buffer
+    starts as the first gradient: without dampening a zero buffer gives it (``0 * momentum + g``); with
+    dampening (``(1 - dampening) * g`` would follow) and without momentum nothing is made."""
+    kwargs = {"lr": 0.1, **extra}
     tw.manual_seed(0)
     params = [[tw.randn(3, 4).requires_grad_(), tw.randn(4).requires_grad_()] for _ in range(2)]
     for a, b in zip(*params):
         b.data.copy_(a.data)
     lazy, early = (getattr(tw.optim, name)(p, **kwargs) for p in params)
     early.init_state()
-    assert len(early.state) == (0 if name == "SGD" else 2)
+    made = 0 if name == "SGD" and (extra.get("dampening") or not extra.get("momentum")) else 2
+    assert len(early.state) == made
     for step in range(3):
         for p, opt in zip(params, (lazy, early)):
             loss = (p[0].sum(0) * p[1]).square().sum() + step
