@@ -185,3 +185,32 @@ def test_the_fused_batch_norm_on_cuda_matches_the_cpu(channels_last):
     for ours, theirs in zip(out, want):
         assert ours.shape == theirs.shape and ours.stride() == theirs.stride()
         np.testing.assert_allclose(ours.cpu().detach().numpy(), theirs.detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_fused_batch_norm_on_slices_of_one_buffer_updates_them_as_eager_and_torch():
+    """A fused composite's program runs on windows of sliced arguments ([Note: fused calls on slices]); batch
+    norm writes its running statistics, here slices of one larger buffer (rows 1 and 2: windows at offsets 8
+    and 16): the values land in the buffer as eager's do, and the version counters stay where torch leaves
+    them (its kernels update running statistics without bumping them)."""
+    import torch
+
+    from tilewise.compiler import composites
+
+    tw.manual_seed(0)
+    x = tw.randn(4, 8, 3, 3)
+    versions, results = [], []
+    for fused in (False, True):
+        stats = tw.zeros(3, 8)
+        stats[2] = 1.0
+        mean, var = stats[1], stats[2]
+        args = (x, None, None, mean, var, True, 0.1, 1e-5)
+        out = composites.run_fused(OPS["native_batch_norm"], args) if fused else OPS["native_batch_norm"](*args)
+        assert out is not None
+        versions.append((mean._version, stats._version))
+        results.append(stats.numpy().copy())
+    theirs = torch.zeros(3, 8)
+    theirs[2] = 1.0
+    torch.native_batch_norm(torch.from_numpy(x.numpy()), None, None, theirs[1], theirs[2], True, 0.1, 1e-5)
+    assert versions == [(theirs[1]._version, theirs._version)] * 2
+    np.testing.assert_allclose(results[0], theirs.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(results[1], theirs.numpy(), rtol=1e-6, atol=1e-7)

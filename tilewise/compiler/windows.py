@@ -8,8 +8,9 @@ its own: a storage window from the 16-byte boundary at or before its first eleme
 alive with the storage it lies in. Allocations start on such boundaries, so the window keeps the slice's
 alignment (a program's vector loads depend on it) and its offset is one of at most 16 / itemsize values:
 the slices of every step share one program, or a few. The first slice, at offset 0 of a larger storage, is
-windowed too, so that it looks like the others. (Fused composites only read their arguments; a program writing
-one would bump the window's version counter, not the storage's.)
+windowed too, so that it looks like the others. A fused batch norm writes its running statistics through their
+windows into the storage they lie in; the window's version counter moves, the storage's does not, as torch's
+kernels leave a running statistic's counter where it was.
 
 The same windows carry a compiled function's sliced arguments ([Note: sliced arguments] in ``function.py``).
 """
