@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from compiled_steps import qkv_attention_step
 
 import tilewise as tw
 import tilewise.nn.functional as F
@@ -245,14 +246,7 @@ def test_a_compiled_steps_first_run_finds_its_attention_graphs_built(monkeypatch
     monkeypatch.setattr(program_cuda, "prepare_library_calls", prepare_library_calls)
     monkeypatch.setattr(attention, "_graphs", {})
 
-    def step(x):
-        qkv = proj(x).view(batch, length, 3, heads, dim).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
-        loss = y.float().square().mean()
-        loss.backward()
-        grad = proj.weight.grad.clone()
-        proj.zero_grad()
-        return loss, grad
+    step = qkv_attention_step(tw, proj, batch, length, heads, dim)
 
     compiled = tw.compile(step)
     for seed in range(2):

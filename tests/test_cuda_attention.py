@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 import pytest
+from compiled_steps import qkv_attention_step
 
 import tilewise as tw
 import tilewise.nn.functional as F
@@ -235,14 +236,7 @@ def test_compiled_attention_step_is_one_cudnn_call_each_way_inside_a_cuda_graph(
     tw.manual_seed(0)
     proj = tw.nn.Linear(width, 3 * width).cuda().bfloat16()
 
-    def step(x):
-        qkv = proj(x).view(batch, length, 3, heads, dim).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
-        loss = y.float().square().mean()
-        loss.backward()
-        grad = proj.weight.grad.clone()
-        proj.zero_grad()
-        return loss, grad
+    step = qkv_attention_step(tw, proj, batch, length, heads, dim)
 
     compiled = tw.compile(step)
     for seed in range(3):
