@@ -255,3 +255,34 @@ def test_a_compiled_steps_first_run_finds_its_attention_graphs_built(monkeypatch
     tw.cuda.synchronize()
     assert len(builds) == 2 and all(during for _, during in builds), builds
     assert len(attention._graphs) == 2 and all(g is not None for g in attention._graphs.values())
+
+
+def test_a_preparation_that_raises_is_logged_and_the_program_is_still_built(capsys):
+    """Preparing is a head start only: a step whose preparation raises is passed over (the compile log says so),
+    and the steps after it are still prepared."""
+    from tilewise.config import settings
+
+    calls = []
+
+    def step(fails: bool):
+        s = object.__new__(program_cuda.CudaExternStep)
+        s.prepare = object()
+        s.describe = lambda: f"step {len(calls)}"
+
+        def prepare_call(pointers):
+            calls.append(fails)
+            if fails:
+                raise ValueError("no graph for this geometry")
+
+        s.prepare_call = prepare_call
+        return s
+
+    plan = SimpleNamespace(buffers=[])
+    settings.log.add("compile")
+    try:
+        program_cuda.prepare_library_calls([step(True), step(False)], plan)
+    finally:
+        settings.log.discard("compile")
+    assert calls == [True, False]
+    err = capsys.readouterr().err
+    assert "failed, the run will build it: ValueError: no graph for this geometry" in err

@@ -977,15 +977,21 @@ def prepare_library_calls(steps: list, plan: MemoryPlan) -> None:
     at ``stand_in_pointers``, where nothing is). It builds and keeps what the run will look up, under the key
     the run will compute: the same function computes the call from the operands in both (``attention.py``'s
     ``_kernel_into``). A build that fails is remembered as the run would remember it, and the run then takes
-    its fallback; nothing runs on the device here. Only programs built to run on CUDA prepare (``lowered()``
-    builds none); ``TILEWISE_LOG=compile`` shows the time under "prepare library calls"."""
+    its fallback; nothing runs on the device here. A preparation that raises is logged and passed over: the run
+    then builds what it needs itself, and any error is the run's, where the eager call would raise it. Only
+    programs built to run on CUDA prepare (``lowered()`` builds none); ``TILEWISE_LOG=compile`` shows the time
+    under "prepare library calls"."""
     prepared = [step for step in steps if isinstance(step, CudaExternStep) and step.prepare is not None]
     if not prepared:
         return
     pointers = stand_in_pointers(plan)
     with stage("prepare library calls (cuDNN graphs)"):
         for step in prepared:
-            step.prepare_call(pointers)
+            try:
+                step.prepare_call(pointers)
+            except Exception as exc:  # noqa: BLE001 — only a head start: the run builds what it needs, or says why
+                log("compile", f"preparing {step.describe()} failed, the run will build it: "
+                               f"{type(exc).__name__}: {exc}")
 
 
 def build_cuda_program(low: Lowered, device: Device, graphs: bool = True) -> Program:
