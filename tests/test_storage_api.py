@@ -308,3 +308,44 @@ def test_cuda_storage_methods():
     assert y[:2].tolist() == [0.0, 1.0]
     with pytest.raises(RuntimeError, match="the devices must match"):
         tw.empty(0).set_(c)
+
+
+def _storage_outcome(fn):
+    """A call's value, or its exception's type and message with the class names made library-neutral."""
+    import re
+
+    try:
+        return ("value", fn())
+    except Exception as exc:  # noqa: BLE001 — the outcome is what is compared
+        text = re.sub(r"<class '[\w.]*TypedStorage'>", "<TypedStorage>", str(exc))
+        return (type(exc).__name__, text.replace("torch.UntypedStorage", "UntypedStorage")
+                .replace("tilewise.UntypedStorage", "UntypedStorage"))
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["untyped", "typed"])
+@pytest.mark.parametrize("index", [1, -1, -4, -5, 4, 1.5, True, np.int64(1), slice(1, 3)],
+                         ids=["1", "-1", "-4", "-5", "4", "float", "bool", "np.int64", "slice"])
+def test_storage_indexing_edges_as_torch(typed, index):
+    """Reading and writing one element of a storage with an index out of range, negative, of another type: the
+    value or the error torch gives (type, and message but for the class names); a write's error may say more."""
+    import torch
+
+    def make(lib):
+        if typed:
+            return lib.TypedStorage([1.0, 2.0, 3.0, 4.0], dtype=lib.float32)
+        s = lib.UntypedStorage(4)
+        for k in range(4):
+            s[k] = 10 + k
+        return s
+
+    theirs, ours = make(torch), make(tw)
+    got, want = _storage_outcome(lambda: ours[index]), _storage_outcome(lambda: theirs[index])
+    if want[0] == "value" and isinstance(index, slice):
+        got, want = ("value", list(got[1])), ("value", list(want[1]))
+    assert got == want
+    value = 7.0 if typed else 7
+    got, want = _storage_outcome(lambda: ours.__setitem__(index, value)), \
+        _storage_outcome(lambda: theirs.__setitem__(index, value))
+    assert got[0] == want[0], (got, want)
+    assert got[0] == "value" or want[1] in got[1], (got, want)
+    assert list(ours) == list(theirs)

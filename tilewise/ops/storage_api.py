@@ -139,13 +139,22 @@ def tolist(self: Storage) -> list:
     return _bytes_of(self).tolist()
 
 
-def _byte_index(self: Storage, index) -> int:
+def _byte_index(self: Storage, index, setting: bool = False) -> int:
+    """The byte ``index`` names, with torch's errors: reading counts a negative index from the end (an index out
+    of range is reported counted from the start, as torch reports it); writing takes 0 <= index < size only."""
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
-        raise TypeError(f"can't index a {type(self).__name__} with {type(index).__name__}")
+        raise (RuntimeError if setting else TypeError)(
+            f"can't index a tilewise.UntypedStorage with {type(index).__name__}")
     n = self.nbytes()
-    if not -n <= index < n:
-        raise IndexError(f"index {index} out of range for storage of size {n}")
-    return int(index) % n
+    if setting:
+        if not 0 <= index < n:
+            raise RuntimeError(f"out of bounds: byte {index} of a storage of {n} bytes (writing takes an index "
+                               f"from 0 to {n - 1})")
+        return int(index)
+    wrapped = int(index) + n if index < 0 else int(index)
+    if not 0 <= wrapped < n:
+        raise IndexError(f"index {wrapped} out of range for storage of size {n}")
+    return wrapped
 
 
 def __getitem__(self: Storage, index):  # noqa: N807 — the protocol's method
@@ -167,7 +176,7 @@ def __getitem__(self: Storage, index):  # noqa: N807 — the protocol's method
 def __setitem__(self: Storage, index, value) -> None:  # noqa: N807
     value = _byte_value(value, "__setitem__")
     if not isinstance(index, slice):
-        index = _byte_index(self, index)
+        index = _byte_index(self, index, setting=True)
     with no_grad():
         _bytes_of(self)[index] = value
 
@@ -476,22 +485,24 @@ class TypedStorage:
     def tolist(self) -> list:
         return self._elements().tolist()
 
-    def _index(self, index) -> int:
+    def __getitem__(self, index):
+        # torch's errors: a slice, then anything but an int (a RuntimeError), then a bool (a TypeError)
         if isinstance(index, slice):
             raise RuntimeError("slices are only supported in UntypedStorage.__getitem__")
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
-            raise TypeError(f"can't index a TypedStorage with {type(index).__name__}")
+        if not isinstance(index, int) or type(index) is not int:
+            raise (TypeError if isinstance(index, int) else RuntimeError)(
+                f"can't index a {type(self)} with {type(index)}")
         n = self.size()
         if not -n <= index < n:
             raise IndexError(f"index {index} out of range for storage of size {n}")
-        return int(index) % n
-
-    def __getitem__(self, index):
-        return self._elements()[self._index(index)].item()
+        return self._elements()[index % n].item()
 
     def __setitem__(self, index, value) -> None:
+        # torch writes through a tensor of the elements: an int or a slice, with a tensor index's errors
+        if not isinstance(index, (int, slice)):
+            raise RuntimeError(f"can't index a {type(self)} with {type(index)}")
         with no_grad():
-            self._elements()[self._index(index)] = value
+            self._elements()[index] = value
 
     def fill_(self, value) -> TypedStorage:
         with no_grad():
