@@ -358,3 +358,24 @@ def test_loading_an_optimizers_live_state_shares_it_as_torchs_does():
         results.append((shared, same_step, first.state[p]["exp_avg"].tolist(), p.tolist(), q.tolist(),
                         str(cast.dtype).split(".")[-1], cast is first.state[p]["exp_avg"]))
     assert results[0] == results[1]
+
+
+def test_sgd_buffers_made_before_the_first_step_keep_a_gradients_signed_zeros_as_torch():
+    """torch's first momentum buffer is a copy of the gradient; the buffer ``init_state`` makes for a compiled step
+    must give the same bits from ``buf * momentum + g``, signed zeros and NaN included (a -0.0 gradient on a -0.0
+    parameter leaves it +0.0 in torch)."""
+    import torch
+
+    values = [-0.0, 0.0, -0.0, 1.5, float("nan"), float("-inf")]
+    grads = [-0.0, -0.0, 0.0, -2.0, 1.0, 3.0]
+    theirs = torch.nn.Parameter(torch.tensor(values))
+    theirs.grad = torch.tensor(grads)
+    torch.optim.SGD([theirs], lr=0.1, momentum=0.9).step()
+    ours = tw.nn.Parameter(tw.tensor(values))
+    opt = tw.optim.SGD([ours], lr=0.1, momentum=0.9)
+    opt.init_state()
+    ours.grad = tw.tensor(grads)
+    opt.step()
+    np.testing.assert_array_equal(np.signbit(ours.detach().numpy()), np.signbit(theirs.detach().numpy()))
+    np.testing.assert_array_equal(ours.detach().numpy(), theirs.detach().numpy())
+    np.testing.assert_array_equal(np.signbit(opt.state[ours]["momentum_buffer"].numpy()), np.signbit(grads))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tilewise.ops.creation import zeros_like
+from tilewise.ops.creation import full_like
 from tilewise.optim.optimizer import (
     Optimizer,
     add_scaled,
@@ -20,8 +20,9 @@ class SGD(Optimizer):
     """torch.optim.SGD: ``buf = momentum * buf + (1 - dampening) * g``; ``p -= lr * (g + momentum * buf if
     nesterov else buf)``, where ``g`` includes ``weight_decay * p``. The momentum buffer starts as the first
     gradient, so a first step with ``foreach``/``fused`` runs as the loop, which creates it. Without dampening
-    a zero buffer gives that first gradient too (``0 * momentum + 1 * g``), so ``init_state`` (what
-    ``tilewise.compile`` calls before tracing a training step) creates zero buffers then: a compiled step traces
+    a buffer of -0.0 gives that first gradient bit for bit too (``-0.0 * momentum + 1 * g`` is ``g``, signed zeros
+    and NaN included, where +0.0 would turn a -0.0 gradient into +0.0), so ``init_state`` (what
+    ``tilewise.compile`` calls before tracing a training step) creates such buffers then: a compiled step traces
     once, not once without buffers and again with them (a compiled ResNet-50's second step took 2-3.6 s more).
 
     >>> import tilewise as tw
@@ -50,7 +51,7 @@ class SGD(Optimizer):
     def _init_param_state(self, p: Tensor, group: dict) -> None:
         # with dampening the first step's buffer is the gradient itself, not (1 - dampening) * g: made lazily
         if group["momentum"] != 0 and group["dampening"] == 0:
-            self.state[p]["momentum_buffer"] = zeros_like(p)
+            self.state[p]["momentum_buffer"] = full_like(p, complex(-0.0, -0.0) if p.is_complex() else -0.0)
 
     @grad_mode_of_differentiable
     def step(self, closure=None):
