@@ -132,13 +132,3 @@ def test_one_build_per_identity_and_none_for_a_stored_plan(frontend):
     assert started == [1] and not cudnn._beside
     loaded = cudnn.cached_graph(("attention", 3), 0, "attention", _never_in_place)
     assert loaded.uids == [1]
-
-
-def test_no_builder_threads_builds_in_place(frontend, monkeypatch):
-    monkeypatch.setattr(settings, "cudnn_build_threads", 0)
-    cudnn.build_beside(("attention", 4), 0, lambda handle: pytest.fail("built beside"))
-    assert not cudnn._beside
-    in_place = []
-    cudnn.cached_graph(("attention", 4), 0, "attention",
-                       lambda: in_place.append(1) or cudnn.Graph(_FrontendGraph(frontend[0]), [5], 0))
-    assert in_place == [1]

@@ -94,7 +94,6 @@ class Settings:
     donate_saved: bool = field(default_factory=lambda: os.environ.get("TILEWISE_DONATE_SAVED", "1") != "0")
     compile_threads: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_COMPILE_THREADS", "0")))
     cudnn_plans_on_disk: bool = field(default_factory=lambda: os.environ.get("TILEWISE_CUDNN_PLANS", "1") != "0")
-    cudnn_build_threads: int = field(default_factory=lambda: int(os.environ.get("TILEWISE_CUDNN_BUILD_THREADS", "4")))
 
     def logs(self, channel: str) -> bool:
         return channel in self.log

@@ -31,8 +31,7 @@ and beside what the compiling thread does until its run needs them. The builder 
 every graph runs on, exactly as it loads a plan another process stored (which it also stores, as any build).
 A build that raises raises there, where the graph is asked for, as a build in place would; one that cannot be
 serialized is built again in place. Builders touch nothing but the frontend and the plan store: no device
-memory, no workspace, no stream. ``TILEWISE_CUDNN_BUILD_THREADS`` sets how many builders there are (4; 0 builds
-each graph in place, where the run asks for it).
+memory, no workspace, no stream.
 """
 
 from __future__ import annotations
@@ -119,6 +118,7 @@ def workspace_bytes(device: int) -> int:
 _plan_disk: list = []
 _plan_stats = {"loaded": 0, "built": 0, "stored": 0, "rejected": 0}  # what the tests and benchmarks read
 _stats_lock = threading.Lock()  # builders count too
+BUILDERS = 4  # threads building graphs beside the compiling one (see [Note: cuDNN graphs built beside])
 _builders: list[ThreadPoolExecutor] = []
 _beside: dict[str, Future] = {}  # plan entry -> the serialized graph a builder is making
 _builder_state = threading.local()  # a builder thread's handles, per device
@@ -152,14 +152,12 @@ def build_beside(identity: tuple, device: int, build_frontend: Callable) -> None
     """Start building, on a builder thread, the graph ``build_frontend(handle)`` makes for ``identity`` (it returns
     the frontend's built graph and its operands, in run order), unless one is being built or the plan store holds
     it: :func:`cached_graph` then takes it (see [Note: cuDNN graphs built beside])."""
-    if settings.cudnn_build_threads <= 0:
-        return
     entry = _plan_entry(identity, device)
     if entry in _beside or (settings.cudnn_plans_on_disk and _plan_store().path_for(entry).exists()):
         return
     handle(device)  # the process's first handle is made before any thread makes its own (cuDNN's advice)
     if not _builders:
-        _builders.append(ThreadPoolExecutor(settings.cudnn_build_threads, thread_name_prefix="tilewise-cudnn-build"))
+        _builders.append(ThreadPoolExecutor(BUILDERS, thread_name_prefix="tilewise-cudnn-build"))
     _beside[entry] = _builders[0].submit(_build_serialized, entry, device, build_frontend)
 
 
