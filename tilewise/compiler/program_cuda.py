@@ -968,18 +968,16 @@ def prepare_library_calls(steps: list, plan: MemoryPlan) -> None:
 
     [Note: library calls prepared at build] Some library calls build something for their operands' geometry
     the first time they run: cuDNN's attention graphs take 0.5-1 s each on a first compile (validation,
-    heuristics, the fused kernel's compile). A program's first run (see [Note: the first run overlaps the
-    compiles]) would come to them only after waiting for the kernels before them, so the builds would follow the
-    NVRTC compiles instead of running beside them. The geometry is known when the program is built, so an
-    operator whose kernel into its planned buffers needs such a build registers a ``prepare`` with it
-    (``kernel_into``), called here, after the compile pool has been handed the kernels, with tensors standing for
-    the step's operands and outputs (their shape, strides, dtype and device, at ``stand_in_pointers``, where
-    nothing is). It starts building what the run will look up, under the key the run will compute: the same
-    function computes the call from the operands in both (``attention.py``'s ``_kernel_into``). cuDNN's builds
-    run on builder threads, beside each other and beside this thread (see [Note: cuDNN graphs built beside] in
-    ``backends/cuda/cudnn.py``); the run waits for a graph only when it comes to it. A build that fails raises
-    where the run asks for its graph, is remembered as the run would remember it, and the run then takes its
-    fallback; nothing runs on the device here. A preparation that raises is logged and passed over: the run
+    heuristics, the fused kernel's compile), and the frontend holds the GIL throughout. A program's first run
+    (see [Note: the first run overlaps the compiles]) would come to them only after waiting for the kernels
+    before them, so the builds would follow the NVRTC compiles instead of running beside them. The geometry is
+    known when the program is built, so an operator whose kernel into its planned buffers needs such a build
+    registers a ``prepare`` with it (``kernel_into``), called here, after the compile pool has been handed the
+    kernels, with tensors standing for the step's operands and outputs (their shape, strides, dtype and device,
+    at ``stand_in_pointers``, where nothing is). It builds and keeps what the run will look up, under the key
+    the run will compute: the same function computes the call from the operands in both (``attention.py``'s
+    ``_kernel_into``). A build that fails is remembered as the run would remember it, and the run then takes
+    its fallback; nothing runs on the device here. A preparation that raises is logged and passed over: the run
     then builds what it needs itself, and any error is the run's, where the eager call would raise it. Only
     programs built to run on CUDA prepare (``lowered()`` builds none); ``TILEWISE_LOG=compile`` shows the time
     under "prepare library calls"."""

@@ -126,18 +126,12 @@ def _fits_stats(t: Tensor) -> bool:
 def _build(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> cudnn.Graph:
     """The forward (q, k, v, o[, stats]) or backward (q, k, v, o, dO, stats, dq, dk, dv) graph for these
     operands' geometry."""
-    device = tensors[0]._device.index
-    graph, operands = _frontend_graph(backward, tensors, scale, causal, cudnn.handle(device))
-    return cudnn.Graph(graph, operands, device, "attention")
-
-
-def _frontend_graph(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool, handle) -> tuple:
-    """The frontend's graph of :func:`_build`, built with ``handle``, and its operands in run order. Only the
-    operands' geometry is read: a builder thread may call this (see [Note: cuDNN graphs built beside])."""
     frontend = cudnn.library()
+    device = tensors[0]._device.index
     io = getattr(frontend.data_type, _IO_TYPES[tensors[0]._dtype.name])
     fp32 = frontend.data_type.FLOAT
-    graph = frontend.pygraph(io_data_type=io, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle)
+    graph = frontend.pygraph(io_data_type=io, intermediate_data_type=fp32, compute_data_type=fp32,
+                             handle=cudnn.handle(device))
 
     def operand(k: int, name: str, data_type=None):
         t = tensors[k]
@@ -165,7 +159,7 @@ def _frontend_graph(backward: bool, tensors: list[Tensor | None], scale: float, 
         graph.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
         graph.check_support()
         graph.build_plans()
-    return graph, operands
+    return cudnn.Graph(graph, operands, device, "attention")
 
 
 def graph_key(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> tuple:
@@ -177,20 +171,15 @@ def graph_key(backward: bool, tensors: list[Tensor | None], scale: float, causal
             tuple((t._shape, t._strides) if t is not None else None for t in tensors))
 
 
-def _identity(key: tuple) -> tuple:
-    """What a graph is built for, device aside (the plan store's and the builders' key)."""
-    return ("attention", key[0], key[1].name, *key[3:])
-
-
 def _graph(backward: bool, tensors: list[Tensor | None], scale: float, causal: bool) -> cudnn.Graph | None:
-    """The forward or backward graph for ``tensors``' geometry, built (or taken from a builder thread, or loaded
-    from the disk) the first time it is asked for; None when cuDNN cannot build it (remembered). Only the
-    operands' geometry is read."""
+    """The forward or backward graph for ``tensors``' geometry, built (or loaded from the disk) the first time it
+    is asked for; None when cuDNN cannot build it (remembered). Only the operands' geometry is read."""
     key = graph_key(backward, tensors, scale, causal)
     graph = _graphs.get(key, False)
     if graph is False:
         try:
-            graph = _graphs[key] = cudnn.cached_graph(_identity(key), key[2], "attention",
+            identity = ("attention", key[0], key[1].name, *key[3:])
+            graph = _graphs[key] = cudnn.cached_graph(identity, key[2], "attention",
                                                       lambda: _build(backward, tensors, scale, causal))
         except Exception as e:  # noqa: BLE001 — cuDNN declines this configuration: the decomposition runs
             _report(f"cuDNN could not build the graph for {'backward' if backward else 'forward'} "
@@ -227,13 +216,9 @@ def _run_call(call, outs, *args) -> bool:
 
 
 def _prepare_call(call, outs, *args) -> None:
-    """Start building the graph the run of ``call`` will ask for, on a builder thread (see [Note: cuDNN graphs
-    built beside]); the run's :func:`_graph` takes it, or what its build raised."""
     found = call(outs, *args)
     if found is not None:
-        key = graph_key(*found)
-        if key not in _graphs:
-            cudnn.build_beside(_identity(key), key[2], partial(_frontend_graph, *found))
+        _graph(*found)
 
 
 _decisions: dict[tuple, str | None] = {}

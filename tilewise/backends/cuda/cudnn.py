@@ -19,28 +19,13 @@ convolution graphs, a transformer's attention two per geometry. Each graph built
 was built for (operation, geometry, dtypes, numerics), the GPU's name and the cuDNN version; a later process
 deserializes it instead of building. An entry that fails to load or to run its first call is dropped and the
 graph built as before; ``TILEWISE_CUDNN_PLANS=0`` builds every graph afresh.
-
-[Note: cuDNN graphs built beside] A compiled program's attention graphs are known when it is built (see [Note:
-library calls prepared at build]), and building one is mostly the frontend's own work outside the interpreter's
-lock (heuristics, support checks, the fused kernel's compile: measured on an H200, a thread spinning in Python
-kept 73-80% of its pace during a first forward and backward attention call). :func:`build_beside` starts each
-such build on a builder thread, with that thread's own handle (a cuDNN handle must not be used by two threads at
-once; the documentation's model is a handle per thread), so the program's graphs build at once, beside each other
-and beside what the compiling thread does until its run needs them. The builder serializes what it built;
-:func:`cached_graph`, asked for that graph, waits for it and deserializes it onto the device's handle, the one
-every graph runs on, exactly as it loads a plan another process stored (which it also stores, as any build).
-A build that raises raises there, where the graph is asked for, as a build in place would; one that cannot be
-serialized is built again in place. Builders touch nothing but the frontend and the plan store: no device
-memory, no workspace, no stream.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from tilewise.backends.cuda.device_memory import DeviceBuffer, stream_handle
 from tilewise.config import settings
@@ -117,11 +102,6 @@ def workspace_bytes(device: int) -> int:
 
 _plan_disk: list = []
 _plan_stats = {"loaded": 0, "built": 0, "stored": 0, "rejected": 0}  # what the tests and benchmarks read
-_stats_lock = threading.Lock()  # builders count too
-BUILDERS = 4  # threads building graphs beside the compiling one (see [Note: cuDNN graphs built beside])
-_builders: list[ThreadPoolExecutor] = []
-_beside: dict[str, Future] = {}  # plan entry -> the serialized graph a builder is making
-_builder_state = threading.local()  # a builder thread's handles, per device
 
 
 def _plan_store():
@@ -143,74 +123,9 @@ def _plan_entry(identity: tuple, device: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:40] + ".plan"
 
 
-def _count(what: str) -> None:
-    with _stats_lock:
-        _plan_stats[what] += 1
-
-
-def build_beside(identity: tuple, device: int, build_frontend: Callable) -> None:
-    """Start building, on a builder thread, the graph ``build_frontend(handle)`` makes for ``identity`` (it returns
-    the frontend's built graph and its operands, in run order), unless one is being built or the plan store holds
-    it: :func:`cached_graph` then takes it (see [Note: cuDNN graphs built beside])."""
-    entry = _plan_entry(identity, device)
-    if entry in _beside or (settings.cudnn_plans_on_disk and _plan_store().path_for(entry).exists()):
-        return
-    handle(device)  # the process's first handle is made before any thread makes its own (cuDNN's advice)
-    if not _builders:
-        _builders.append(ThreadPoolExecutor(BUILDERS, thread_name_prefix="tilewise-cudnn-build"))
-    _beside[entry] = _builders[0].submit(_build_serialized, entry, device, build_frontend)
-
-
-def _build_serialized(entry: str, device: int, build_frontend: Callable) -> bytes | None:
-    """On a builder thread: the graph built with this thread's handle, serialized (and stored, as any build is);
-    None when it cannot be serialized."""
-    graph, operands = build_frontend(_builder_handle(device))
-    _count("built")
-    try:
-        uids = [t if isinstance(t, int) else t.get_uid() for t in operands]
-        payload = json.dumps({"uids": uids}).encode() + b"\n" + bytes(graph.serialize(as_bytes=True))
-    except Exception:  # noqa: BLE001 — the thread asking for it builds it in place
-        return None
-    if settings.cudnn_plans_on_disk and _plan_store().write(entry, payload) is not None:
-        _count("stored")
-    return payload
-
-
-def _builder_handle(device: int):
-    """This builder thread's own handle for ``device``."""
-    handles = _builder_state.__dict__.setdefault("handles", {})
-    if device not in handles:
-        from tilewise.backends.cuda.runtime import ensure_context
-
-        ensure_context(device)
-        handles[device] = library().create_handle()
-    return handles[device]
-
-
-def _built_beside(entry: str, device: int, name: str, build: Callable[[], Graph]) -> Graph | None:
-    """The graph a builder made for ``entry``, once it is done, on the device's handle; None when no builder made
-    it or it could not be carried over. What the build raised, raises here."""
-    pending = _beside.pop(entry, None)
-    if pending is None:
-        return None
-    from tilewise._stages import stage
-
-    with stage("wait for cuDNN graphs built beside"):
-        payload = pending.result()
-    graph = _deserialized(payload, device, name, entry) if payload is not None else None
-    if graph is not None:
-        graph.rebuild = build  # its first run failing, it is built in place (see Graph.run)
-    return graph
-
-
 def cached_graph(identity: tuple, device: int, name: str, build: Callable[[], Graph]) -> Graph:
-    """The graph ``build`` makes for ``identity`` (everything it depends on but the device): the one a builder made
-    (see [Note: cuDNN graphs built beside]), loaded from the disk when an earlier process stored it (see [Note:
-    cuDNN plans on disk]), or built now."""
-    if _beside:
-        beside = _built_beside(_plan_entry(identity, device), device, name, build)
-        if beside is not None:
-            return beside
+    """The graph ``build`` makes for ``identity`` (everything it depends on but the device), loaded from the disk
+    when an earlier process stored it (see [Note: cuDNN plans on disk])."""
     if not settings.cudnn_plans_on_disk:
         return build()
     entry = _plan_entry(identity, device)
@@ -222,12 +137,12 @@ def cached_graph(identity: tuple, device: int, name: str, build: Callable[[], Gr
             loaded.rebuild = build
             return loaded
     built = build()
-    _count("built")
+    _plan_stats["built"] += 1
     try:
         data = built.graph.serialize(as_bytes=True)
         header = json.dumps({"uids": built.uids}).encode()
         if _plan_store().write(entry, header + b"\n" + bytes(data)) is not None:
-            _count("stored")
+            _plan_stats["stored"] += 1
     except Exception:  # noqa: BLE001, S110 — a plan not stored is built again by the next process
         pass
     return built
