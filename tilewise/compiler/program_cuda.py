@@ -968,7 +968,7 @@ def prepare_library_calls(steps: list, plan: MemoryPlan) -> None:
 
     [Note: library calls prepared at build] Some library calls build something for their operands' geometry
     the first time they run: cuDNN's attention graphs take 0.5-1 s each on a first compile (validation,
-    heuristics, the fused kernel's compile), and the frontend holds the GIL throughout. A program's first run
+    heuristics, the fused kernel's compile). A program's first run
     (see [Note: the first run overlaps the compiles]) would come to them only after waiting for the kernels
     before them, so the builds would follow the NVRTC compiles instead of running beside them. The geometry is
     known when the program is built, so an operator whose kernel into its planned buffers needs such a build
@@ -978,7 +978,13 @@ def prepare_library_calls(steps: list, plan: MemoryPlan) -> None:
     the run will compute: the same function computes the call from the operands in both (``attention.py``'s
     ``_kernel_into``). A build that fails is remembered as the run would remember it, and the run then takes
     its fallback; nothing runs on the device here. A preparation that raises is logged and passed over: the run
-    then builds what it needs itself, and any error is the run's, where the eager call would raise it. Only
+    then builds what it needs itself, and any error is the run's, where the eager call would raise it. The
+    builds are mostly outside the interpreter's lock (a thread spinning in Python kept 73-80% of its pace beside
+    a first attention call on an H200), but they draw on the same cores as the NVRTC compiles: built here they
+    take 1.2-3.1 s for two graphs, built where the run meets them (the compiles mostly done) 0.4-0.7 s, and the
+    first step is the same either way within its spread between processes (ViT-B/16, GPT-2 and Llama, 2 runs each
+    way in one session). Builder threads of their own, each with its handle, were tried: no faster (the NVRTC
+    waits grew by what the builds took). Only
     programs built to run on CUDA prepare (``lowered()`` builds none); ``TILEWISE_LOG=compile`` shows the time
     under "prepare library calls"."""
     prepared = [step for step in steps if isinstance(step, CudaExternStep) and step.prepare is not None]
