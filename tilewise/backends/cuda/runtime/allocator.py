@@ -57,7 +57,7 @@ from __future__ import annotations
 import itertools
 import threading
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from threading import get_ident
 from typing import Any, Protocol
@@ -362,6 +362,16 @@ class CachingAllocator:
             return
         with self._lock:
             self._free(ptr)
+
+    def free_many(self, ptrs: Iterable[int]) -> None:
+        """:meth:`free` of each pointer, in order, under one taking of the lock (the backend's free lists going
+        back at once: see [Note: small-block fast path] in ``device_memory.py``)."""
+        if self._lock.held_here():  # see [Note: frees from finalizers]
+            self._lock.deferred.extend((self._free, ptr) for ptr in ptrs)
+            return
+        with self._lock:
+            for ptr in ptrs:
+                self._free(ptr)
 
     def _free(self, ptr: int) -> None:
         block = self._live.pop(ptr, None)
