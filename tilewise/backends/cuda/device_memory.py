@@ -68,7 +68,10 @@ class DeviceMemory:
 
     def malloc_uncached(self, size: int, stream: int) -> int:
         """A block from the allocator; on out-of-memory, the free lists go back to it and it tries again."""
-        if self.cached and not self.allocator.routes and not self.allocator.can_serve(size, stream):
+        if self.cached and not self.allocator.routes:
+            ptr = self.allocator.malloc_cached(size, stream)
+            if ptr is not None:
+                return ptr
             self.release_free_lists()  # before the allocator reserves more memory, it gets back what is cached here
         try:
             return self.allocator.malloc(size, stream)

@@ -332,18 +332,18 @@ class CachingAllocator:
         stream = int(stream)
         with self._lock:
             size = round_size(nbytes)
-            owner = self.routes.get(stream, self) if self.routes else self
-            pool = owner._small if size <= SMALL_SIZE else owner._large
-            if self._pending:
-                self._release_completed_pending()
-            block = pool.take_best_fit(stream, size)
-            if block is None:
-                block = self._new_segment_block(size, pool, stream, nbytes)
-            self._split(block, size, pool)
-            self._mark_allocated(block, nbytes)
-            if self.history is not None:
-                self.history.record("alloc", block.ptr, nbytes, stream)
-            return block.ptr
+            return self._serve(nbytes, size, self._pool_for(size, stream), stream)
+
+    def malloc_cached(self, nbytes: int, stream: int = 0) -> int | None:
+        """:meth:`malloc` where :meth:`can_serve` says it would be served from the cache, else None: the two under
+        one taking of the lock (what the backend asks before it gives its free lists back: ``device_memory.py``)."""
+        stream = int(stream)
+        with self._lock:
+            size = round_size(nbytes)
+            pool = self._pool_for(size, stream)
+            if pool.best_fit(stream, size) is None:
+                return None
+            return self._serve(nbytes, size, pool, stream)
 
     def can_serve(self, nbytes: int, stream: int = 0) -> bool:
         """Whether a :meth:`malloc` of ``nbytes`` for ``stream`` would be served from the cache, without reserving
@@ -351,9 +351,25 @@ class CachingAllocator:
         stream = int(stream)
         with self._lock:
             size = round_size(nbytes)
-            owner = self.routes.get(stream, self) if self.routes else self
-            pool = owner._small if size <= SMALL_SIZE else owner._large
-            return pool.best_fit(stream, size) is not None
+            return self._pool_for(size, stream).best_fit(stream, size) is not None
+
+    def _pool_for(self, size: int, stream: int) -> _Pool:
+        """The pool a block of ``size`` for ``stream`` comes from (a private one while a capture routes it)."""
+        owner = self.routes.get(stream, self) if self.routes else self
+        return owner._small if size <= SMALL_SIZE else owner._large
+
+    def _serve(self, nbytes: int, size: int, pool: _Pool, stream: int) -> int:
+        """:meth:`malloc` under the lock: the best-fit block of ``pool``, else a new segment's."""
+        if self._pending:
+            self._release_completed_pending()
+        block = pool.take_best_fit(stream, size)
+        if block is None:
+            block = self._new_segment_block(size, pool, stream, nbytes)
+        self._split(block, size, pool)
+        self._mark_allocated(block, nbytes)
+        if self.history is not None:
+            self.history.record("alloc", block.ptr, nbytes, stream)
+        return block.ptr
 
     def free(self, ptr: int) -> None:
         """Give back a pointer from :meth:`malloc`; the memory stays cached for reuse."""
