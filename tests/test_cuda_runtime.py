@@ -530,6 +530,45 @@ def test_a_graph_pool_released_by_a_finalizer_inside_malloc_is_released_after_it
     assert pool.released and 7 not in allocator.routes
 
 
+def test_malloc_cached_serves_what_can_serve_allows_and_reserves_nothing_else():
+    """``malloc_cached`` is ``malloc`` where ``can_serve`` says yes (the same block), else None, reserving nothing."""
+    allocator, backend, _ = make_allocator()
+    twin, _, _ = make_allocator()
+    for a in (allocator, twin):
+        a.malloc(3 * MiB)  # kept
+        a.free(a.malloc(12 * MiB))
+    assert allocator.malloc_cached(30 * MiB) is None and allocator.memory_reserved() == twin.memory_reserved()
+    assert allocator.malloc_cached(5 * MiB, stream=1) is None
+    assert allocator.can_serve(5 * MiB)
+    assert allocator.malloc_cached(5 * MiB) == twin.malloc(5 * MiB)
+    assert allocator.segments() == twin.segments() and allocator.memory_stats() == twin.memory_stats()
+    check_invariants(allocator, backend)
+
+
+def test_free_many_leaves_the_cache_as_frees_one_by_one_do():
+    """``free_many`` (the backend's free lists going back at once) is ``free`` of each pointer in order, under one
+    taking of the lock; called inside one of the allocator's operations (a finalizer), its frees wait as free's do."""
+    sizes = [300, 4096, 3 * MiB, 700 << 10, 12 * MiB, 512, 5 * MiB, 2 * MiB]
+    states = []
+    for bulk in (False, True):
+        allocator, backend, _ = make_allocator()
+        ptrs = [allocator.malloc(n, stream=k % 2) for k, n in enumerate(sizes)]
+        kept = ptrs[3]
+        freed = [p for p in ptrs if p != kept]
+        if bulk:
+            allocator.free_many(freed)
+        else:
+            for ptr in freed:
+                allocator.free(ptr)
+        check_invariants(allocator, backend)
+        states.append((allocator.segments(), allocator.memory_stats()))
+    assert states[0] == states[1]
+    with allocator._lock:  # as a finalizer inside malloc: deferred until the operation ends
+        allocator.free_many([kept])
+        assert allocator.memory_allocated() > 0
+    assert allocator.memory_allocated() == 0
+
+
 def test_the_backends_free_lists_are_emptied_even_when_finalizers_add_to_them_meanwhile(monkeypatch):
     """Giving the small-block free lists back (empty_cache, the out-of-memory retry, before a capture) frees into the
     allocator, where the collector may run a buffer's finalizer that puts a block on the lists being emptied."""

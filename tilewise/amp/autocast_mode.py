@@ -73,7 +73,8 @@ class AutocastState:
     def __init__(self, dtypes: dict[str, DType]) -> None:
         self.dtypes = dtypes
         self.key = tuple(sorted((device_type, dtype.name) for device_type, dtype in dtypes.items()))
-        self.regions = tuple((device_type, dtypes[device_type]) for device_type in DEVICE_ORDER
+        # one Region per device type, made here rather than at each cast call
+        self.regions = tuple((device_type, Region(device_type, dtypes[device_type])) for device_type in DEVICE_ORDER
                              if device_type in dtypes)
 
     def __repr__(self) -> str:
@@ -82,12 +83,12 @@ class AutocastState:
     def cast_args(self, op, args: tuple) -> tuple:
         """``args`` after each device type's policy for ``op`` (its declaration's ``autocast``) cast its tensors."""
         policies = op.autocast
-        for device_type, dtype in self.regions:
+        for device_type, region in self.regions:
             policy = policies.get(device_type)
             if policy is not None and not isinstance(policy, str):
                 policy = policy(op, args)
             if policy is not None:
-                args = POLICIES[policy](Region(device_type, dtype), op, args)
+                args = POLICIES[policy](region, op, args)
         return args
 
 
@@ -108,6 +109,11 @@ class Region:
         if not dtype.is_floating_point or dtype is float64:
             return None
         return self.dtype
+
+    def lowered(self, t):
+        """``t`` in the autocast dtype where autocast may cast it (the "lower" policy's cast)."""
+        dtype = self.target(t)
+        return t if dtype is None else cast_to(t, dtype)
 
 
 def describe(key: tuple) -> str:
@@ -139,11 +145,7 @@ def _map_tensors(op, args: tuple, cast: Callable) -> tuple:
 
 
 def _lower(state: Region, op, args: tuple) -> tuple:
-    def cast(t):
-        dtype = state.target(t)
-        return t if dtype is None else cast_to(t, dtype)
-
-    return _map_tensors(op, args, cast)
+    return _map_tensors(op, args, state.lowered)
 
 
 def _dtype_given(op, args: tuple) -> bool:
@@ -221,16 +223,18 @@ def cast_to(t: Tensor, dtype: DType) -> Tensor:
     """``t.to(dtype)``, reusing this region's cast of a weight (a float32 leaf that requires grad)."""
     if t._dtype is dtype:
         return t
-    if not (_REGIONS.depth and _REGIONS.cache_enabled and t._requires_grad and t._grad_fn is None and t._base is None
+    regions = _REGIONS  # (a thread-local: read once)
+    if not (regions.depth and regions.cache_enabled and t._requires_grad and t._grad_fn is None and t._base is None
             and t._dtype is float32 and not STATE.trace_depth):
         return t._to_dtype(dtype)
     key = (id(t), dtype, STATE.grad_enabled)
     version = t._write_count()  # an inference weight has no public _version, as in torch
-    hit = _REGIONS.cache.get(key)
+    cache = regions.cache
+    hit = cache.get(key)
     if hit is not None and hit[0] is t and hit[1] == version:
         return hit[2]
     out = t._to_dtype(dtype)
-    _REGIONS.cache[key] = (t, version, out)  # holding t keeps its id from being reused while the entry lives
+    cache[key] = (t, version, out)  # holding t keeps its id from being reused while the entry lives
     return out
 
 

@@ -560,7 +560,8 @@ def _fit_grad(g, meta, op_name: str, input_name: str):
     if g._dtype is not dtype:
         if g._dtype.is_complex and not dtype.is_complex:  # a real input of a complex result: torch's handle_r_to_c
             g = g.real
-        g = g.to(dtype)
+        if g._dtype is not dtype:
+            g = g._to_dtype(dtype)  # ``g.to(dtype)`` without parsing to()'s arguments (every autocast weight's grad)
     return g
 
 

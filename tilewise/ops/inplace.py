@@ -289,11 +289,11 @@ def read_only_error(name: str, t: Tensor) -> RuntimeError:
 
 def commit(self: Tensor, result: Tensor, name: str, allow_any_cast: bool = False) -> Tensor:
     """Write ``result`` into ``self`` and hand it ``result``'s autograd identity."""
-    from tilewise.ops.registry import OPS
-
     if result is self:  # written in place already (see [Note: in-place writes])
         self._bump_version()
         return self
+    from tilewise.ops.registry import OPS  # (below the common case above: an import is not free)
+
     if result._shape != self._shape:
         raise RuntimeError(f"{name}: output with shape {list(self._shape)} doesn't match the broadcast shape "
                            f"{list(result._shape)}")

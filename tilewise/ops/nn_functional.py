@@ -59,6 +59,12 @@ def concrete_cpu(t) -> bool:
 
 
 def int_tuple(value, n: int, name: str, op: str) -> tuple[int, ...]:
+    if type(value) is tuple and len(value) == n:  # the common case (a module's stride, padding, dilation): as it is
+        for v in value:  # (a loop rather than all(...): no generator to make)
+            if type(v) is not int:
+                break
+        else:
+            return value
     values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
     if len(values) == 1:
         values = values * n

@@ -13,6 +13,7 @@ from __future__ import annotations
 from heapq import heappop, heappush
 
 from tilewise import strides as S
+from tilewise.backends.cuda.runtime.allocator import OutOfMemoryError
 from tilewise.backends.cuda.runtime.stream import _thread_state as _stream_state
 from tilewise.device import Device
 from tilewise.dtypes import DType
@@ -67,9 +68,10 @@ class DeviceMemory:
 
     def malloc_uncached(self, size: int, stream: int) -> int:
         """A block from the allocator; on out-of-memory, the free lists go back to it and it tries again."""
-        from tilewise.backends.cuda.runtime import OutOfMemoryError
-
-        if self.cached and not self.allocator.routes and not self.allocator.can_serve(size, stream):
+        if self.cached and not self.allocator.routes:
+            ptr = self.allocator.malloc_cached(size, stream)
+            if ptr is not None:
+                return ptr
             self.release_free_lists()  # before the allocator reserves more memory, it gets back what is cached here
         try:
             return self.allocator.malloc(size, stream)
@@ -91,9 +93,8 @@ class DeviceMemory:
         # the lists are taken first: a finalizer run by the collector during a free below may add to new ones
         lists, self.free_lists = self.free_lists, {}
         for (_, size), ptrs in lists.items():
-            for ptr in ptrs:
-                self.cached -= size
-                self.allocator.free(ptr)
+            self.cached -= size * len(ptrs)
+        self.allocator.free_many([ptr for ptrs in lists.values() for ptr in ptrs])
 
     def release_free_list(self, stream: int) -> None:
         """Give the blocks cached for ``stream`` back to the allocator (before a capture on it: see

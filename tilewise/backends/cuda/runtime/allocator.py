@@ -54,11 +54,12 @@ plainly with ``CUDA_ERROR_OUT_OF_MEMORY``. Its cost, a device-wide sync on ``cuM
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import threading
-from collections.abc import Callable, Iterator
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from threading import get_ident
 from typing import Any, Protocol
 
 from tilewise.backends.cuda.runtime.memory_history import MemoryHistory
@@ -93,13 +94,14 @@ class _AllocatorLock:
         self.deferred: list[tuple[Callable[[Any], None], Any]] = []
 
     def held_here(self) -> bool:
-        return self.owner == threading.get_ident()
+        return self.owner == get_ident()
 
     def __enter__(self) -> None:
-        if self.owner == threading.get_ident():
+        ident = get_ident()
+        if self.owner == ident:
             raise RuntimeError("the caching allocator was re-entered on the thread that is inside it")
         self._lock.acquire()
-        self.owner = threading.get_ident()
+        self.owner = ident
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -194,20 +196,35 @@ class _Pool:
         self._blocks: dict[int, _Block] = {}
 
     def add(self, block: _Block) -> None:
-        bisect.insort(self._sorted.setdefault(block.stream, []), (block.size, block.ptr))
+        entries = self._sorted.get(block.stream)
+        if entries is None:
+            entries = self._sorted[block.stream] = []
+        insort(entries, (block.size, block.ptr))
         self._blocks[block.ptr] = block
 
     def remove(self, block: _Block) -> None:
         entries = self._sorted[block.stream]
-        del entries[bisect.bisect_left(entries, (block.size, block.ptr))]
+        del entries[bisect_left(entries, (block.size, block.ptr))]
         del self._blocks[block.ptr]
 
     def best_fit(self, stream: int, size: int) -> _Block | None:
-        entries = self._sorted.get(stream, [])
-        index = bisect.bisect_left(entries, (size, -1))
+        entries = self._sorted.get(stream)
+        if not entries:
+            return None
+        index = bisect_left(entries, (size, -1))
         if index == len(entries):
             return None
         return self._blocks[entries[index][1]]
+
+    def take_best_fit(self, stream: int, size: int) -> _Block | None:
+        """:meth:`best_fit`, removed from the pool: what ``malloc`` does with it (one search instead of two)."""
+        entries = self._sorted.get(stream)
+        if not entries:
+            return None
+        index = bisect_left(entries, (size, -1))
+        if index == len(entries):
+            return None
+        return self._blocks.pop(entries.pop(index)[1])
 
     def blocks(self) -> list[_Block]:
         return list(self._blocks.values())
@@ -250,8 +267,8 @@ class SegmentInfo:
 
 
 def round_size(nbytes: int) -> int:
-    """The block size a request of ``nbytes`` gets: a multiple of 512, at least 512."""
-    return max(MIN_BLOCK_SIZE, -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE)
+    """The block size a request of ``nbytes`` (not negative) gets: a multiple of 512, at least 512."""
+    return ((nbytes + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE * MIN_BLOCK_SIZE) or MIN_BLOCK_SIZE
 
 
 def segment_sizes(size: int) -> list[int]:
@@ -315,20 +332,18 @@ class CachingAllocator:
         stream = int(stream)
         with self._lock:
             size = round_size(nbytes)
-            owner = self.routes.get(stream, self) if self.routes else self
-            pool = owner._small if size <= SMALL_SIZE else owner._large
-            if self._pending:
-                self._release_completed_pending()
-            block = pool.best_fit(stream, size)
-            if block is None:
-                block = self._new_segment_block(size, pool, stream, nbytes)
-            else:
-                pool.remove(block)
-            self._split(block, size, pool)
-            self._mark_allocated(block, nbytes)
-            if self.history is not None:
-                self.history.record("alloc", block.ptr, nbytes, stream)
-            return block.ptr
+            return self._serve(nbytes, size, self._pool_for(size, stream), stream)
+
+    def malloc_cached(self, nbytes: int, stream: int = 0) -> int | None:
+        """:meth:`malloc` where :meth:`can_serve` says it would be served from the cache, else None: the two under
+        one taking of the lock (what the backend asks before it gives its free lists back: ``device_memory.py``)."""
+        stream = int(stream)
+        with self._lock:
+            size = round_size(nbytes)
+            pool = self._pool_for(size, stream)
+            if pool.best_fit(stream, size) is None:
+                return None
+            return self._serve(nbytes, size, pool, stream)
 
     def can_serve(self, nbytes: int, stream: int = 0) -> bool:
         """Whether a :meth:`malloc` of ``nbytes`` for ``stream`` would be served from the cache, without reserving
@@ -336,9 +351,25 @@ class CachingAllocator:
         stream = int(stream)
         with self._lock:
             size = round_size(nbytes)
-            owner = self.routes.get(stream, self) if self.routes else self
-            pool = owner._small if size <= SMALL_SIZE else owner._large
-            return pool.best_fit(stream, size) is not None
+            return self._pool_for(size, stream).best_fit(stream, size) is not None
+
+    def _pool_for(self, size: int, stream: int) -> _Pool:
+        """The pool a block of ``size`` for ``stream`` comes from (a private one while a capture routes it)."""
+        owner = self.routes.get(stream, self) if self.routes else self
+        return owner._small if size <= SMALL_SIZE else owner._large
+
+    def _serve(self, nbytes: int, size: int, pool: _Pool, stream: int) -> int:
+        """:meth:`malloc` under the lock: the best-fit block of ``pool``, else a new segment's."""
+        if self._pending:
+            self._release_completed_pending()
+        block = pool.take_best_fit(stream, size)
+        if block is None:
+            block = self._new_segment_block(size, pool, stream, nbytes)
+        self._split(block, size, pool)
+        self._mark_allocated(block, nbytes)
+        if self.history is not None:
+            self.history.record("alloc", block.ptr, nbytes, stream)
+        return block.ptr
 
     def free(self, ptr: int) -> None:
         """Give back a pointer from :meth:`malloc`; the memory stays cached for reuse."""
@@ -347,6 +378,16 @@ class CachingAllocator:
             return
         with self._lock:
             self._free(ptr)
+
+    def free_many(self, ptrs: Iterable[int]) -> None:
+        """:meth:`free` of each pointer, in order, under one taking of the lock (the backend's free lists going
+        back at once: see [Note: small-block fast path] in ``device_memory.py``)."""
+        if self._lock.held_here():  # see [Note: frees from finalizers]
+            self._lock.deferred.extend((self._free, ptr) for ptr in ptrs)
+            return
+        with self._lock:
+            for ptr in ptrs:
+                self._free(ptr)
 
     def _free(self, ptr: int) -> None:
         block = self._live.pop(ptr, None)
@@ -413,7 +454,8 @@ class CachingAllocator:
         self._counters["num_allocs"] += 1
         self._allocated += block.size
         self._requested += nbytes
-        self._peak_allocated = max(self._peak_allocated, self._allocated)
+        if self._allocated > self._peak_allocated:
+            self._peak_allocated = self._allocated
 
     def _split(self, block: _Block, size: int, pool: _Pool) -> None:
         remaining = block.size - size
