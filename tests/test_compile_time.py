@@ -246,10 +246,12 @@ def test_parallel_and_serial_compiles_give_the_same_bytes(step_low, threads):
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("count", [1, 4])
-def test_a_programs_kernels_load_once_per_text_from_the_compiles_started_as_rendered(step_low, threads, count,
-                                                                                      monkeypatch):
-    """``build_cuda_program``'s compile path without a GPU: the device's arch and the module loads stand in."""
+@pytest.mark.parametrize("count", [1, 2, 64])
+def test_a_programs_kernels_load_once_per_unit_from_the_compiles_noted_as_rendered(step_low, threads, count,
+                                                                                  monkeypatch, tmp_path):
+    """``build_cuda_program``'s compile path without a GPU: the device's arch and the module loads stand in. With
+    more texts than compile threads, they compile together in one unit per thread (see [Note: kernels compiled
+    together]), each unit loaded once; a text the kernel cache holds compiles alone."""
     import tilewise.backends.cuda.runtime.module as module
     import tilewise.compiler.program_cuda as program_cuda
 
@@ -264,17 +266,63 @@ def test_a_programs_kernels_load_once_per_text_from_the_compiles_started_as_rend
     monkeypatch.setattr(module, "load_module", load_module)
     device = SimpleNamespace(index=0)
     compiles = program_cuda.KernelCompiles(device)
+    compiles.cache = KernelCache(tmp_path / "kernels")
+    texts = list(dict.fromkeys(program_cuda.shared_name(name, text) for name, text in step_low.sources.items()))
+    held = texts[1]
+    compiles.cache.compile(held[1], held[0], "sm_90")  # compiled before: served alone
     for name, text in step_low.sources.items():  # as lower_program's render hands them over
         compiles.start(name, text)
-    started = dict(compiles.started)
+    assert not compiles.started and list(compiles.noted) == texts
     functions = program_cuda.compile_kernels(step_low.sources, device, compiles)
-    assert compiles.started == started, "every compile was started as its kernel was rendered"
-    texts = {program_cuda.shared_name(name, text) for name, text in step_low.sources.items()}
-    assert len(loads) == len(texts) < len(step_low.sources)
-    assert {(f.name, f.source) for f in functions.values()} == texts
+    started = compiles.started
+    assert set(started) == set(texts) and not compiles.noted
+    units = {id(future): future for future in started.values()}
+    if count == 1 or count >= len(texts):
+        assert len(units) == len(texts) and not compiles.together
+    else:
+        assert len(units) == count + 1 < len(texts)  # one unit per thread, and the text the cache held
+        assert not compiles.together.get(held) and len(compiles.together) == len(texts) - 1
+    assert len(loads) == len(units) < len(step_low.sources)
+    assert {(f.name, f.source) for f in functions.values()} == set(texts)
     for name, text in step_low.sources.items():
         assert functions[name].source == program_cuda.shared_name(name, text)[1]
         assert f".entry {functions[name].name}" in started[(functions[name].name, functions[name].source)].result().ptx
+        assert functions[name].cubin == started[(functions[name].name, functions[name].source)].result().cubin
+
+
+@needs_nvrtc
+def test_a_unit_that_fails_to_compile_is_compiled_text_by_text_and_the_error_is_the_kernels_own(threads,
+                                                                                                   monkeypatch):
+    """One text that NVRTC refuses makes its unit fail: each of the unit's kernels is then compiled alone, the
+    good ones load and the bad one raises its own compile error."""
+    import tilewise.backends.cuda.runtime.module as module
+    import tilewise.compiler.program_cuda as program_cuda
+    from tilewise.codegen.toolchain.nvrtc import KernelCompileError
+
+    threads(2)
+    monkeypatch.setattr(program_cuda, "get_device_properties", lambda index: SimpleNamespace(arch="sm_90"))
+    monkeypatch.setattr(module, "load_module", lambda cubin, device: SimpleNamespace(
+        get_function=lambda name: SimpleNamespace(name=name)))
+    good = {f"k{k}_fill": f'extern "C" __global__ void k{k}_fill(float* o) {{ o[{k}] = {k}.0f; }}' for k in range(4)}
+    bad = {"k9_broken": 'extern "C" __global__ void k9_broken(float* o) { o[0] = undeclared; }'}
+    pending = program_cuda.PendingFunctions(list({**good, **bad}.items()), SimpleNamespace(index=0),
+                                            _uncached_compiles(program_cuda))
+    assert any(pending.compiles.together.values())
+    for k in range(len(good)):
+        assert pending.function(k).name == pending.keys[k][0]
+    with pytest.raises(KernelCompileError, match="undeclared"):
+        pending.function(len(good))
+    again = program_cuda.PendingFunctions(list({**good, **bad}.items()), SimpleNamespace(index=0),
+                                          _uncached_compiles(program_cuda))
+    with pytest.raises(KernelCompileError, match="kernel 'broken_") as raised:
+        again.all()
+    assert "fill_" not in str(raised.value), "the error is the broken kernel's alone"
+
+
+def _uncached_compiles(program_cuda):
+    compiles = program_cuda.KernelCompiles(SimpleNamespace(index=0))
+    compiles.cache = KernelCache(use_disk=False)
+    return compiles
 
 
 @needs_nvrtc

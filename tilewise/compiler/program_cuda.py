@@ -687,26 +687,47 @@ def device_arena(device: Device) -> Arena:
 
 
 class KernelCompiles:
-    """The compiles of a program's kernels on the compile pool, each started as soon as its unit is rendered
-    (``start``, which ``lower_program`` calls), so that NVRTC works while the rest are rendered, the largest first;
-    ``compile_units`` then waits for them. Units that differ only in the kernel's name start one compile (see
-    :func:`compile_units`)."""
+    """The compiles of a program's kernels on the compile pool: each kernel is noted as its unit is rendered
+    (``start``, which ``lower_program`` calls), and :meth:`start_all` starts them, the texts no cache holds
+    compiled together in as many units as there are compile threads (see [Note: kernels compiled together] in
+    ``codegen/toolchain/pool.py``), the largest first; ``compile_units`` then waits for them. Units that differ
+    only in the kernel's name start one compile (see :func:`compile_units`)."""
 
     def __init__(self, device: Device):
         self.device = device
         self.arch = get_device_properties(device.index).arch
         self.cache = None  # the kernel cache compiled through (None: the process's)
         self.started: dict[tuple[str, str], object] = {}  # (shared name, its unit) -> the compile's future
+        self.together: dict[tuple[str, str], bool] = {}  # those compiled in a unit with others: True
+        self.noted: dict[tuple[str, str], None] = {}  # rendered, not started yet
 
     def start(self, name: str, source: str) -> None:
-        """Start compiling the kernel ``name`` of ``source`` (under its shared name)."""
-        self.start_shared(shared_name(name, source))
-
-    def start_shared(self, key: tuple[str, str]) -> None:
-        from tilewise.codegen.toolchain.pool import start_compile
-
+        """Note the kernel ``name`` of ``source`` (under its shared name) for :meth:`start_all`."""
+        key = shared_name(name, source)
         if key not in self.started:
-            self.started[key] = start_compile(key[1], key[0], self.arch, self.cache)
+            self.noted[key] = None
+
+    def start_all(self, keys: list[tuple[str, str]]) -> None:
+        """Start compiling every kernel noted and each of ``keys`` (shared names) not started yet."""
+        from tilewise.codegen.toolchain import default_cache
+        from tilewise.codegen.toolchain.pool import compile_groups, compile_threads, start_compile
+
+        waiting = [key for key in dict.fromkeys([*self.noted, *keys]) if key not in self.started]
+        self.noted.clear()
+        cache = self.cache if self.cache is not None else default_cache()
+        threads = compile_threads()
+        held = {key for key in waiting if threads > 1 and cache.holds(key[1], key[0], self.arch)}
+        fresh = [key for key in waiting if key not in held]
+        groups = [[k] for k in range(len(fresh))] if threads == 1 else compile_groups([k[1] for k in fresh], threads)
+        units = [[key] for key in waiting if key in held] + [[fresh[k] for k in group] for group in groups]
+        for unit in sorted(units, key=lambda unit: sum(len(key[1]) for key in unit), reverse=True):
+            if len(unit) == 1:
+                self.started[unit[0]] = start_compile(unit[0][1], unit[0][0], self.arch, self.cache)
+                continue
+            future = start_compile("\n".join(key[1] for key in unit), [key[0] for key in unit], self.arch, self.cache)
+            for key in unit:
+                self.started[key] = future
+                self.together[key] = True
 
 
 def compile_kernels(sources: dict[str, str], device: Device, compiles: KernelCompiles | None = None) -> dict:
@@ -749,10 +770,11 @@ class PendingFunctions:
         self.unique = list(dict.fromkeys(self.keys))
         with stage("toolchain"):  # on a first compile, NVRTC's version and the CUDA headers are looked up
             default_cache().toolchain()
-        for key in sorted(self.unique, key=lambda key: len(key[1]), reverse=True):
-            compiles.start_shared(key)
+        compiles.start_all(self.unique)
+        self.compiles = compiles
         self.futures = {key: compiles.started[key] for key in self.unique}
         self.loaded: dict[tuple[str, str], object] = {}
+        self.modules: dict[int, object] = {}  # id of a compiled unit -> its module (units of several kernels)
         self.summarised = False  # every module loaded and the compile log written
 
     def _load(self, key: tuple[str, str]):
@@ -760,11 +782,32 @@ class PendingFunctions:
 
         fn = self.loaded.get(key)
         if fn is None:
-            cubin = self.futures[key].result().cubin
+            compiled = self._compiled(key)
             with stage("load modules"):
-                fn = self.loaded[key] = load_module(cubin, self.device.index).get_function(key[0])
+                module = self.modules.get(id(compiled))
+                if module is None:
+                    module = self.modules[id(compiled)] = load_module(compiled.cubin, self.device.index)
+                fn = self.loaded[key] = module.get_function(key[0])
             fn.source = key[1]
         return fn
+
+    def _compiled(self, key: tuple[str, str]):
+        """The compiled unit holding ``key``'s kernel: a unit of several that failed is compiled text by text, so
+        that an error is the kernel's own (see [Note: kernels compiled together])."""
+        future = self.futures[key]
+        if not future.cancelled():  # (dropped after another kernel's compile failed: started again here)
+            if not self.compiles.together.get(key):
+                return future.result()
+            try:
+                return future.result()
+            except Exception:  # noqa: BLE001, S110 — this kernel alone: compiled, or its own error raised
+                pass
+        from tilewise.codegen.toolchain.pool import start_compile
+
+        self.futures[key] = self.compiles.started[key] = start_compile(key[1], key[0], self.compiles.arch,
+                                                                        self.compiles.cache)
+        self.compiles.together[key] = False
+        return self.futures[key].result()
 
     def function(self, k: int):
         """Unit ``k``'s function, once its compile is done (waited for here)."""
@@ -780,21 +823,35 @@ class PendingFunctions:
         from tilewise.codegen.toolchain.pool import finished
 
         if not self.summarised:
-            waiting = [key for key in self.unique if key not in self.loaded]
-            futures = [self.futures[key] for key in waiting]
-            for k in finished(futures):
-                self._load(waiting[k])
+            waiting: dict[int, list] = {}  # per compile (a unit may hold several kernels), its kernels
+            for key in self.unique:
+                if key not in self.loaded:
+                    waiting.setdefault(id(self.futures[key]), []).append(key)
+            units = list(waiting.values())
+            try:
+                for k in finished([self.futures[unit[0]] for unit in units]):
+                    for key in units[k]:
+                        self._load(key)
+            except Exception:  # noqa: BLE001 — a unit failed: each kernel in order, a failed unit's text by text
+                for key in self.unique:
+                    self._load(key)  # raises the first kernel's own error
             self.summarised = True
-            log("compile", lambda: _compile_summary(len(self.keys), {key: self.futures[key].result()
+            log("compile", lambda: _compile_summary(len(self.keys), {key: self._compiled(key)
                                                                      for key in self.unique}))
         return [self.loaded[key] for key in self.keys]
 
 
 def _compile_summary(units: int, compiled: dict) -> str:
-    fresh = sorted(((k.compile_seconds, key[0]) for key, k in compiled.items() if not k.from_cache), reverse=True)
-    slowest = ", ".join(f"{name} {seconds:.2f} s" for seconds, name in fresh[:3])
-    return (f"{units} kernels, {len(compiled)} different texts: {len(fresh)} compiled by NVRTC"
-            f"{f' (slowest: {slowest})' if fresh else ''}, the rest from the kernel cache")
+    by_unit: dict[int, list] = {}  # a compile of several texts (see [Note: kernels compiled together]) counts once
+    for key, k in compiled.items():
+        by_unit.setdefault(id(k), [k, []])[1].append(key[0])
+    fresh = sorted(((k.compile_seconds, names) for k, names in by_unit.values() if not k.from_cache),
+                   key=lambda item: item[0], reverse=True)
+    texts = sum(len(names) for _, names in fresh)
+    slowest = ", ".join(f"{names[0]}{f' and {len(names) - 1} more' if len(names) > 1 else ''} {seconds:.2f} s"
+                        for seconds, names in fresh[:3])
+    return (f"{units} kernels, {len(compiled)} different texts: {texts} compiled by NVRTC in {len(fresh)} "
+            f"compiles{f' (slowest: {slowest})' if fresh else ''}, the rest from the kernel cache")
 
 
 def shared_name(name: str, source: str) -> tuple[str, str]:

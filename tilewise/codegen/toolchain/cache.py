@@ -146,6 +146,17 @@ class KernelCache:
         mine.set_result(kernel)
         return kernel
 
+    def holds(self, source: str, names: str | Sequence[str], arch: str = "sm_90", options: Iterable[str] = ()) -> bool:
+        """Whether :meth:`compile` of these would be served without a compile: in memory, being compiled by another
+        thread, or on the disk (the entry is not read here)."""
+        names = (names,) if isinstance(names, str) else tuple(names)
+        version, dirs = self.toolchain()
+        key = cache_key(source, names, arch, build_options(arch, tuple(options), dirs), version, (), "kernel.cu")
+        with self._lock:
+            if key in self._memory or key in self._compiling:
+                return True
+        return self.use_disk and self.path_for(key).exists()
+
     def _compile_missing(self, key: str, source: str, names: tuple[str, ...], arch: str, options: tuple[str, ...],
                          version: tuple[int, int], dirs: tuple[str, ...], filename: str,
                          name_expressions: Sequence[str]) -> CompiledKernel:
