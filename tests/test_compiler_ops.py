@@ -31,6 +31,9 @@ EAGER_ONLY = [id(info) for info in COMPLEX_OPINFOS]
 HOST_CONSTANTS = {"combinations", "embedding_bag", "pdist", "multilabel_margin_loss", "ctc_loss", "isin", "quantile",
                   "nanquantile"}
 CASES = [(info, k) for info in OPINFOS if id(info) not in EAGER_ONLY for k in range(len(info.samples()))]
+QUICK_SAMPLES = 3  # the default run compiles each operator's first samples; `-m slow` the rest (a quarter of the time)
+CASES_QUICK_FIRST = [pytest.param(info, k, id=f"{info.name}-{k}", marks=() if k < QUICK_SAMPLES else pytest.mark.slow)
+                     for info, k in CASES]
 
 
 def _inputs(info, sample, seed: int, noncontiguous: bool):
@@ -82,7 +85,7 @@ def _compare(actual, expected, what: str, info) -> None:
                                    rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
 
 
-@pytest.mark.parametrize("info,k", CASES, ids=[f"{i.name}-{k}" for i, k in CASES])
+@pytest.mark.parametrize("info,k", CASES_QUICK_FIRST)
 def test_compiled_matches_eager(info, k):
     sample = info.samples()[k]
     for noncontiguous in (False, True):
@@ -146,7 +149,7 @@ def _eager_grads(outs, tensors, info):
     return [g for g in tw.autograd.grad(diff, inputs, gouts, allow_unused=True) if g is not None]
 
 
-@pytest.mark.parametrize("info,k", CASES, ids=[f"{i.name}-{k}" for i, k in CASES])
+@pytest.mark.parametrize("info,k", CASES_QUICK_FIRST)
 def test_compiled_forward_is_differentiable(info, k):
     """The compiled function's outputs carry autograd history: backward runs the compiled backward program."""
     sample = info.samples()[k]

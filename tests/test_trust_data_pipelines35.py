@@ -93,7 +93,10 @@ STREAM_LOADERS = [
 ]
 
 
-@pytest.mark.parametrize("kwargs", STREAM_LOADERS, ids=[",".join(k) or "plain" for k in STREAM_LOADERS])
+# the default run: 3 of 7 (each starts worker processes, seconds each)
+@pytest.mark.parametrize("kwargs", [pytest.param(k, id=",".join(k) or "plain",
+                                                 marks=() if n in (0, 5, 6) else pytest.mark.slow)
+                                    for n, k in enumerate(STREAM_LOADERS)])
 def test_a_stream_sharded_over_seeded_workers_gives_torch_s_batches_and_seeds(kwargs):
     """Two epochs over a stream sharded by ``get_worker_info()``: the rows, the order the batches come in (worker
     0, worker 1, ... while both have rows) and every draw of the workers' generators, seeded from the loader's
@@ -166,7 +169,9 @@ SAMPLINGS = {
 }
 
 
-@pytest.mark.parametrize("name", list(SAMPLINGS))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow if name in (
+    "random_three_epochs", "random_more_than_the_dataset", "weighted_one_sample", "split_by_fractions") else ())
+    for name in SAMPLINGS])
 def test_samplers_and_splits_draw_torch_s_indices_for_the_same_seed(name):
     """The index sequences torch's samplers draw from a seeded generator (randperm, randint and multinomial of
     torch's CPU generator), and the same structure and lengths where nothing is random."""
@@ -353,8 +358,9 @@ def torch_workers_stopped_at_once(monkeypatch):
     monkeypatch.setattr(torch.utils.data._utils, "MP_STATUS_CHECK_INTERVAL", 0.05)
 
 
-@pytest.mark.parametrize("how", ["two_arguments", "missing_file", "stop", "index"])
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("workers", "how"), [
+    *((0, how) for how in ("two_arguments", "missing_file", "stop", "index")), (2, "stop"), (2, "index"),
+    pytest.param(2, "two_arguments", marks=pytest.mark.slow), pytest.param(2, "missing_file", marks=pytest.mark.slow)])
 def test_a_failing_dataset_raises_what_torch_raises(how, workers, torch_workers_stopped_at_once):
     """The type, the first line (``Caught ... in DataLoader worker process 0``) and the last line (the original
     error) of what reaches the loop, also for exceptions that cannot be built from one message; a StopIteration
@@ -424,7 +430,8 @@ class TilewiseCounted(Counted, tw.utils.data.IterableDataset):
 LENGTHS = [dict(batch_size=2), dict(batch_size=2, drop_last=True), dict(batch_size=None), dict(batch_size=4)]
 
 
-@pytest.mark.parametrize("kwargs", LENGTHS, ids=[str(k) for k in LENGTHS])
+@pytest.mark.parametrize("kwargs", [pytest.param(k, id=str(k), marks=() if n in (1, 2) else pytest.mark.slow)
+                                    for n, k in enumerate(LENGTHS)])
 def test_len_of_a_loader_over_a_stream_and_the_warning_when_more_comes_are_torch_s(kwargs):
     """``len(loader)`` from the stream's ``__len__`` (rounded as the batches are), and torch's warning once a
     batch beyond it arrives (read from two workers, each of which reads the whole length)."""
