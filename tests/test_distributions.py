@@ -40,6 +40,19 @@ CASES = {
     "MultivariateNormal": ((REAL[:, :3],), {"covariance_matrix": COV}, REAL[:, 1:], ("mean", "variance", "entropy")),
     "MultivariateNormal-tril": ((REAL[:, :3],), {"scale_tril": np.linalg.cholesky(COV)}, REAL[:, 1:],
                                 ("entropy",)),
+    "Chi2": ((POS * 3,), {}, POS2, ("mean", "variance", "entropy", "cdf")),
+    "StudentT": ((POS * 3 + 2, REAL, POS2), {}, REAL * 2, ("mean", "variance", "entropy")),
+    "StudentT-heavy": ((POS * 2,), {}, REAL * 2, ("mean", "variance", "entropy", "mode")),
+    "Cauchy": ((REAL, POS), {}, REAL * 2, ("mean", "variance", "entropy", "cdf", "icdf")),
+    "HalfNormal": ((POS,), {}, POS2, ("mean", "variance", "entropy", "cdf", "icdf")),
+    "HalfCauchy": ((POS,), {}, POS2, ("mean", "variance", "entropy", "cdf", "icdf")),
+    "Weibull": ((POS, POS2 + 0.5), {}, POS2, ("mean", "variance", "entropy", "mode", "cdf", "icdf")),
+    "Pareto": ((POS, POS2 * 3), {}, POS + POS2, ("mean", "variance", "entropy", "mode", "cdf", "icdf")),
+    "Geometric": ((), {"probs": PROBS}, np.floor(POS2 * 4), ("mean", "variance", "entropy", "mode")),
+    "Geometric-logits": ((), {"logits": REAL}, np.floor(POS2 * 4), ("mean", "variance", "entropy")),
+    "Multinomial": ((), {"total_count": 4, "probs": SIMPLEX}, np.array([[1, 0, 2, 1, 0], [0, 0, 0, 4, 0],
+                                                                       [1, 1, 1, 0, 1]]),
+                    ("mean", "variance", "entropy")),
 }
 INTEGER_VALUES = {"Categorical", "Categorical-logits"}
 
@@ -132,7 +145,8 @@ def _shifted(lib, name):
 
 @pytest.mark.parametrize("name", ["Normal", "Uniform", "Exponential", "Laplace", "Gamma", "Beta", "Bernoulli",
                                   "Categorical", "Poisson", "Binomial", "Dirichlet", "MultivariateNormal",
-                                  "LogNormal", "OneHotCategorical"])
+                                  "LogNormal", "OneHotCategorical", "Chi2", "StudentT", "HalfNormal", "Weibull",
+                                  "Pareto", "Geometric", "Multinomial"])
 def test_draws_have_the_shape_and_moments_of_torchs(name):
     ours, _ = _build(tw, name, grad=False)
     theirs, _ = _build(torch, name, grad=False)

@@ -3,6 +3,17 @@ constraints, transforms and KL divergences. See [Note: distributions] in ``distr
 
 from tilewise.distributions import constraints, transforms
 from tilewise.distributions.continuous import Beta, Exponential, Gamma, Laplace, Normal, Uniform
+from tilewise.distributions.derived import (
+    Cauchy,
+    Chi2,
+    Geometric,
+    HalfCauchy,
+    HalfNormal,
+    Multinomial,
+    Pareto,
+    StudentT,
+    Weibull,
+)
 from tilewise.distributions.discrete import (
     Bernoulli,
     Binomial,
@@ -47,7 +58,8 @@ __all__ = ["Distribution", "ExponentialFamily", "Normal", "Uniform", "Exponentia
            "Bernoulli", "Categorical", "OneHotCategorical", "OneHotCategoricalStraightThrough", "Poisson", "Binomial",
            "MultivariateNormal", "Dirichlet", "Independent", "MixtureSameFamily", "TransformedDistribution",
            "LogNormal", "ExpTransform", "AffineTransform", "SigmoidTransform", "Gumbel", "RelaxedOneHotCategorical",
-           "RelaxedBernoulli",
+           "RelaxedBernoulli", "Chi2", "StudentT", "Cauchy", "HalfNormal", "HalfCauchy", "Weibull", "Pareto",
+           "Geometric", "Multinomial",
            "Transform", "ComposeTransform", "IndependentTransform", "ReshapeTransform", "PowerTransform",
            "SoftplusTransform", "TanhTransform", "AbsTransform", "SoftmaxTransform", "StickBreakingTransform",
            "LowerCholeskyTransform", "PositiveDefiniteTransform", "CumulativeDistributionTransform",
