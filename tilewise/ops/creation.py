@@ -17,6 +17,7 @@ from numbers import Number
 import numpy as np
 
 from tilewise import strides as S
+from tilewise._warnings import warn_at_caller
 from tilewise.device import Device, as_device, default_device, pinning_backend
 from tilewise.dtypes import (
     DType,
@@ -828,9 +829,12 @@ def new_empty(self: Tensor, *sizes, size=None, dtype=None, device=None, requires
 
 
 def new_tensor(self: Tensor, data, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    from tilewise.tensor import tensor
+    from tilewise.tensor import COPY_CONSTRUCT, copy_construct, tensor
 
     dt, dev = _like(self, dtype, device)
+    if isinstance(data, Tensor):
+        warn_at_caller(COPY_CONSTRUCT.format("tensor.new_tensor(sourceTensor)"))
+        return copy_construct(data, dt, dev, requires_grad)
     return tensor(data, dtype=dt, device=dev, requires_grad=requires_grad)
 
 
@@ -864,13 +868,12 @@ def scalar_tensor(value: Number, *, dtype=None, device=None) -> Tensor:
 @factory_out("range")
 def deprecated_range(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Deprecated in torch: ``[start, end]`` with ``end`` included, in the default floating dtype unless given."""
-    import warnings
 
     if end is None:
         raise TypeError('range() missing 1 required positional arguments: "end"')
-    warnings.warn("tilewise.range is deprecated and will be removed in a future release because its behavior is "
-                  "inconsistent with Python's range builtin. Instead, use tilewise.arange, which produces values in "
-                  "[start, end).", UserWarning, stacklevel=2)
+    warn_at_caller("tilewise.range is deprecated and will be removed in a future release because its behavior is "
+                   "inconsistent with Python's range builtin. Instead, use tilewise.arange, which produces values in "
+                   "[start, end).")
     start, end, step = (v.item() if isinstance(v, Tensor) else v for v in (start, end, step))
     if step == 0:
         raise RuntimeError(f"range(): step must be nonzero, got step={step}")
