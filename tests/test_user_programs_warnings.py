@@ -76,3 +76,38 @@ def test_once_only_warnings_are_given_once_at_the_caller_s_line(call, message, m
     assert caught(lambda: call(tilewise)) == [(UserWarning, message, __file__)]
     assert caught(lambda: call(tilewise)) == []
     assert caught(lambda: tilewise.ones(2, 2).T) == []
+
+
+@pytest.mark.parametrize("fn,shape,mask_dims", [
+    ("dropout2d", (6, 40, 5), 2),  # read as (N, C, L): one draw per (n, c), as torch
+    ("dropout2d", (6, 40), 2),  # deprecated: elementwise
+    ("dropout2d", (2, 20, 3, 2, 2), 2),
+    ("dropout3d", (20, 3, 2, 2), 1),  # unbatched (C, D, H, W): one draw per channel
+    ("dropout3d", (20, 3), 1),
+    ("dropout1d", (20, 7), 1),
+])
+def test_channel_dropouts_draw_per_torch_s_channels_and_warn_as_torch(fn, shape, mask_dims):
+    ours, theirs = (caught(lambda lib=torch: getattr(lib.nn.functional, fn)(lib.ones(shape), 0.5)) for torch in
+                    (tilewise, real_torch))
+    assert [(c, m) for c, m, _ in ours] == [(c, m) for c, m, _ in theirs]
+    assert all(filename == __file__ for _, _, filename in ours)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = getattr(tilewise.nn.functional, fn)(tilewise.ones(shape), 0.5).numpy()
+    rows = out.reshape(*shape[:mask_dims], -1)
+    assert ((rows == 0).all(-1) | (rows == 2).all(-1)).all() and 0 < (rows == 0).all(-1).mean() < 1
+
+
+@pytest.mark.parametrize("fn,shape", [("dropout2d", (6,)), ("dropout3d", ()), ("dropout1d", (3,)),
+                                      ("dropout1d", (2, 3, 4, 5))])
+def test_channel_dropouts_refuse_too_few_dims_as_torch(fn, shape):
+    def run(torch):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                getattr(torch.nn.functional, fn)(torch.ones(shape), 0.5)
+            except RuntimeError as error:
+                return str(error)
+        return None
+
+    assert run(tilewise) == run(real_torch) is not None
