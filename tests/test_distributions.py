@@ -108,7 +108,8 @@ def test_log_prob_moments_and_gradients_match_torch(name):
 
 
 KL_PAIRS = ["Normal", "Uniform", "Exponential", "Laplace", "Gamma", "Beta", "Bernoulli", "Categorical",
-            "OneHotCategorical", "Poisson", "Dirichlet", "MultivariateNormal", "LogNormal"]
+            "OneHotCategorical", "Poisson", "Dirichlet", "MultivariateNormal", "LogNormal", "Chi2", "Geometric",
+            "HalfNormal", "Pareto", "Cauchy"]
 
 
 @pytest.mark.parametrize("name", KL_PAIRS)
@@ -140,6 +141,11 @@ def _shifted(lib, name):
         "Dirichlet": lambda: dists.Dirichlet(t(SIMPLEX[::-1].astype(f) * 3)),
         "MultivariateNormal": lambda: dists.MultivariateNormal(t(REAL[:, 1:].astype(f)), t(COV + np.eye(3))),
         "LogNormal": lambda: dists.LogNormal(t(REAL[::-1].astype(f)), t(POS2)),
+        "Chi2": lambda: dists.Chi2(t(POS2)),
+        "Geometric": lambda: dists.Geometric(probs=t(PROBS[::-1].astype(f))),
+        "HalfNormal": lambda: dists.HalfNormal(t(POS2)),
+        "Pareto": lambda: dists.Pareto(t(POS[::-1].astype(f)), t(POS)),  # where p's scale is below q's: inf
+        "Cauchy": lambda: dists.Cauchy(t(REAL[::-1].astype(f)), t(POS2)),
     }[name]()
 
 

@@ -218,3 +218,21 @@ def test_transforms_are_the_ones_torch_names_and_compare_as_torch():
             D.TransformedDistribution(D.Normal(0.0, 1.0), (D.ExpTransform(),))
         with pytest.raises(ValueError, match="Please use either .domain.event_dim or .codomain.event_dim"):
             D.ReshapeTransform((4,), (2, 2)).event_dim  # noqa: B018
+
+
+def test_kl_of_transformed_distributions_compares_the_transforms_parameters_as_torch():
+    # transforms of one kind but other parameters were taken for equal: Weibulls of other scales had KL 0
+    for torch in LIBRARIES:
+        D = torch.distributions
+        with pytest.raises(NotImplementedError):
+            D.kl_divergence(D.Weibull(torch.tensor([1.0]), torch.tensor([2.0])),
+                            D.Weibull(torch.tensor([1.5]), torch.tensor([2.0])))
+    values = []
+    for torch in LIBRARIES:
+        D = torch.distributions
+        p = D.TransformedDistribution(D.Normal(0.0, 1.0), [D.AffineTransform(0.0, 2.0)])
+        q = D.TransformedDistribution(D.Normal(1.0, 1.5), [D.AffineTransform(0.0, 2.0)])
+        g = D.kl_divergence(D.Gumbel(torch.tensor([1.3]), torch.tensor([2.0])),
+                            D.Gumbel(torch.tensor([1.0]), torch.tensor([3.0])))
+        values.append((numpy_of(D.kl_divergence(p, q)), numpy_of(g)))
+    assert_same(values[1], values[0], rtol=1e-6)
