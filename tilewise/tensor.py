@@ -473,6 +473,12 @@ class Tensor:
             raise TypeError("only integer tensors of a single element can be converted to an index")
         return int(self.item())
 
+    def __contains__(self, element) -> bool:
+        """``x in t``: whether some element of ``t`` equals ``x`` (a number or a tensor, broadcast), as torch's."""
+        if isinstance(element, (Tensor, Number)):
+            return bool((element == self).any().item())
+        raise RuntimeError(f"Tensor.__contains__ only supports Tensor or scalar, but you passed in a {type(element)}.")
+
     def __bool__(self) -> bool:
         self._require_real("bool()")
         if self.numel() != 1:
