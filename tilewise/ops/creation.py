@@ -745,8 +745,19 @@ def normal_(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator=None
 
 
 def bernoulli_(self: Tensor, p=0.5, *, generator=None) -> Tensor:
+    if not isinstance(p, Tensor) and not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p:g}")
     probs = p if isinstance(p, Tensor) else full_like(self, p, dtype=get_default_dtype())
     return _fill_from(self, _call("bernoulli", probs.expand(self.shape), generator=generator))
+
+
+def _bernoulli_p(self: Tensor, p: float, generator=None) -> Tensor:
+    """``bernoulli(x, p)``: draws of probability ``p`` in ``x``'s shape and dtype (``x``'s values unread)."""
+    return bernoulli_(empty_like(self), p, generator=generator)
+
+
+declare("bernoulli.p(Tensor self, float p, *, Generator? generator=None) -> Tensor", "composite",
+        decomposition=_bernoulli_p, differentiable=False)
 
 
 def exponential_(self: Tensor, lambd: float = 1.0, *, generator=None) -> Tensor:
