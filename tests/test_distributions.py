@@ -53,6 +53,11 @@ CASES = {
     "Multinomial": ((), {"total_count": 4, "probs": SIMPLEX}, np.array([[1, 0, 2, 1, 0], [0, 0, 0, 4, 0],
                                                                        [1, 1, 1, 0, 1]]),
                     ("mean", "variance", "entropy")),
+    "NegativeBinomial": ((POS * 3,), {"probs": PROBS}, np.floor(POS2 * 4), ("mean", "variance", "mode")),
+    "NegativeBinomial-logits": ((POS * 3,), {"logits": REAL}, np.floor(POS2 * 4), ("mean", "variance")),
+    "ContinuousBernoulli": ((), {"probs": np.where(PROBS > 0.6, 0.5004, PROBS)}, PROBS[::-1].copy(),
+                            ("mean", "variance", "entropy", "cdf", "icdf")),
+    "ContinuousBernoulli-logits": ((), {"logits": REAL}, PROBS, ("mean", "variance", "entropy", "cdf", "icdf")),
 }
 INTEGER_VALUES = {"Categorical", "Categorical-logits"}
 
@@ -152,7 +157,7 @@ def _shifted(lib, name):
 @pytest.mark.parametrize("name", ["Normal", "Uniform", "Exponential", "Laplace", "Gamma", "Beta", "Bernoulli",
                                   "Categorical", "Poisson", "Binomial", "Dirichlet", "MultivariateNormal",
                                   "LogNormal", "OneHotCategorical", "Chi2", "StudentT", "HalfNormal", "Weibull",
-                                  "Pareto", "Geometric", "Multinomial"])
+                                  "Pareto", "Geometric", "Multinomial", "NegativeBinomial", "ContinuousBernoulli"])
 def test_draws_have_the_shape_and_moments_of_torchs(name):
     ours, _ = _build(tw, name, grad=False)
     theirs, _ = _build(torch, name, grad=False)

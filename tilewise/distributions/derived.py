@@ -1,8 +1,9 @@
 """Distributions derived from the basic ones, as torch's: Chi2 (a Gamma), StudentT (a Normal over a Chi2), Cauchy,
 the folded HalfNormal and HalfCauchy, Weibull and Pareto (transformed Exponentials), Geometric (Bernoulli trials
-until a success) and Multinomial (counts of Categorical draws). Where torch builds one as a transformed distribution
-(HalfNormal = |Normal|, Weibull = scale * Exp(1) ** (1 / k), Pareto = scale * exp(Exp(alpha))), so does this module,
-so that shapes, draws and supports follow the transforms'."""
+until a success), Multinomial (counts of Categorical draws), NegativeBinomial (a Gamma-Poisson mixture) and
+ContinuousBernoulli. Where torch builds one as a transformed distribution (HalfNormal = |Normal|, Weibull = scale *
+Exp(1) ** (1 / k), Pareto = scale * exp(Exp(alpha))), so does this module, so that shapes, draws and supports follow
+the transforms'."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from numbers import Number
 
 from tilewise.distributions import constraints
 from tilewise.distributions.continuous import Exponential, Gamma, Normal
-from tilewise.distributions.discrete import Binomial, Categorical, _one_of, _ProbsOrLogits
-from tilewise.distributions.distribution import Distribution, broadcast_all
+from tilewise.distributions.discrete import Binomial, Categorical, _one_of, _ProbsOrLogits, clamp_probs
+from tilewise.distributions.distribution import Distribution, ExponentialFamily, broadcast_all
 from tilewise.distributions.multivariate import _EULER, TransformedDistribution
 from tilewise.distributions.transforms import AbsTransform, AffineTransform, ExpTransform, PowerTransform
 from tilewise.dtypes import finfo
@@ -358,6 +359,148 @@ class Multinomial(Distribution):
         return log_factorial_n - log_factorial_xs + (logits * value).sum(-1)
 
 
-__all__ = ["Cauchy", "Chi2", "Geometric", "HalfCauchy", "HalfNormal", "Multinomial", "Pareto", "StudentT",
-           "Weibull"]
+class NegativeBinomial(_ProbsOrLogits, Distribution):
+    """The number of successes before ``total_count`` failures of Bernoulli(probs) trials: a Poisson whose rate is
+    Gamma(total_count, exp(-logits)) distributed."""
+
+    arg_constraints = {"total_count": constraints.greater_than_eq(0),
+                       "probs": constraints.half_open_interval(0.0, 1.0), "logits": constraints.real}
+    support = constraints.nonnegative_integer
+    is_binary = True
+
+    def __init__(self, total_count, probs=None, logits=None, validate_args=None) -> None:
+        _one_of(probs, logits)
+        key = "probs" if probs is not None else "logits"
+        self.total_count, self.__dict__[key] = broadcast_all(total_count, probs if probs is not None else logits)
+        self.total_count = self.total_count.type_as(self.__dict__[key])
+        super().__init__(self.param_shape, (), validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        key = "probs" if "probs" in self.__dict__ else "logits"
+        new = NegativeBinomial(self.total_count.expand(batch_shape), **{key: self.__dict__[key].expand(batch_shape)},
+                               validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    mean = property(lambda self: self.total_count * self.logits.exp())
+    mode = property(lambda self: ((self.total_count - 1) * self.logits.exp()).floor().clamp(min=0.0))
+    variance = property(lambda self: self.mean / (-self.logits).sigmoid())
+
+    def sample(self, sample_shape=()):
+        from tilewise.ops.functions import poisson
+
+        with _no_grad():
+            rate = Gamma(self.total_count, (-self.logits).exp(), validate_args=False).sample(sample_shape)
+            return poisson(rate)
+
+    def log_prob(self, value):
+        from tilewise.nn.functional import logsigmoid
+
+        if self._validate_args:
+            self._validate_sample(value)
+        log_unnormalized = self.total_count * logsigmoid(-self.logits) + value * logsigmoid(self.logits)
+        log_normalization = (-(self.total_count + value).lgamma() + (1.0 + value).lgamma()
+                             + self.total_count.lgamma())
+        log_normalization = log_normalization.masked_fill(self.total_count + value == 0.0, 0.0)
+        return log_unnormalized - log_normalization
+
+
+class ContinuousBernoulli(_ProbsOrLogits, ExponentialFamily):
+    """The continuous relaxation of a Bernoulli on [0, 1] (Loaiza-Ganem & Cunningham), normalised; near probs = 1/2
+    (inside ``lims``) its normaliser, moments and cdf switch to torch's Taylor expansions."""
+
+    arg_constraints = {"probs": constraints.unit_interval, "logits": constraints.real}
+    support = constraints.unit_interval
+    has_rsample = True
+    is_binary = True
+
+    def __init__(self, probs=None, logits=None, lims=(0.499, 0.501), validate_args=None) -> None:
+        _one_of(probs, logits)
+        given = probs if probs is not None else logits
+        (param,) = broadcast_all(given)
+        if probs is not None:
+            if validate_args is not None and not bool(constraints.unit_interval.check(param).all()):
+                raise ValueError("The parameter probs has invalid values")
+            param = clamp_probs(param)
+        self.__dict__["probs" if probs is not None else "logits"] = param
+        self._lims = lims
+        super().__init__(() if isinstance(given, Number) else param.shape, (), validate_args)
+
+    @property
+    def probs(self):
+        if "probs" not in self.__dict__:
+            self.__dict__["probs"] = clamp_probs(_ProbsOrLogits.probs.fget(self))
+        return self.__dict__["probs"]
+
+    def expand(self, batch_shape, _instance=None):
+        key = "probs" if "probs" in self.__dict__ else "logits"
+        new = ContinuousBernoulli(**{key: self.__dict__[key].expand(batch_shape)}, lims=self._lims,
+                                  validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    def _outside_unstable_region(self):
+        return (self.probs <= self._lims[0]) | (self.probs > self._lims[1])
+
+    def _cut_probs(self):
+        return where(self._outside_unstable_region(), self.probs, self._lims[0] * ones_like(self.probs))
+
+    def _cont_bern_log_norm(self):
+        cut = self._cut_probs()
+        below_half = where(cut <= 0.5, cut, zeros_like(cut))
+        above_half = where(cut >= 0.5, cut, ones_like(cut))
+        log_norm = ((-cut).log1p() - cut.log()).abs().log() - where(cut <= 0.5, (-2.0 * below_half).log1p(),
+                                                                       (2.0 * above_half - 1.0).log())
+        x = (self.probs - 0.5).pow(2)
+        taylor = math.log(2.0) + (4.0 / 3.0 + 104.0 / 45.0 * x) * x
+        return where(self._outside_unstable_region(), log_norm, taylor)
+
+    @property
+    def mean(self):
+        cut = self._cut_probs()
+        mus = cut / (2.0 * cut - 1.0) + 1.0 / ((-cut).log1p() - cut.log())
+        x = self.probs - 0.5
+        taylor = 0.5 + (1.0 / 3.0 + 16.0 / 45.0 * x.pow(2)) * x
+        return where(self._outside_unstable_region(), mus, taylor)
+
+    @property
+    def variance(self):
+        cut = self._cut_probs()
+        variances = cut * (cut - 1.0) / (1.0 - 2.0 * cut).pow(2) + 1.0 / ((-cut).log1p() - cut.log()).pow(2)
+        x = (self.probs - 0.5).pow(2)
+        taylor = 1.0 / 12.0 - (1.0 / 15.0 - 128.0 / 945.0 * x) * x
+        return where(self._outside_unstable_region(), variances, taylor)
+
+    def rsample(self, sample_shape=()):
+        u = rand(self._extended_shape(sample_shape), dtype=self.probs.dtype, device=self.probs.device)
+        return self.icdf(u)
+
+    def log_prob(self, value):
+        from tilewise.nn.functional import binary_cross_entropy_with_logits
+
+        if self._validate_args:
+            self._validate_sample(value)
+        logits, value = broadcast_all(self.logits, value)
+        return -binary_cross_entropy_with_logits(logits, value, reduction="none") + self._cont_bern_log_norm()
+
+    def cdf(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        cut = self._cut_probs()
+        cdfs = (cut.pow(value) * (1.0 - cut).pow(1.0 - value) + cut - 1.0) / (2.0 * cut - 1.0)
+        unbounded = where(self._outside_unstable_region(), cdfs, value)
+        return where(value <= 0.0, zeros_like(value), where(value >= 1.0, ones_like(value), unbounded))
+
+    def icdf(self, value):
+        cut = self._cut_probs()
+        inverted = ((-cut + value * (2.0 * cut - 1.0)).log1p() - (-cut).log1p()) / (cut.log() - (-cut).log1p())
+        return where(self._outside_unstable_region(), inverted, value)
+
+    def entropy(self):
+        log_probs0, log_probs1 = (-self.probs).log1p(), self.probs.log()
+        return self.mean * (log_probs0 - log_probs1) - self._cont_bern_log_norm() - log_probs0
+
+
+__all__ = ["Cauchy", "Chi2", "ContinuousBernoulli", "Geometric", "HalfCauchy", "HalfNormal", "Multinomial",
+           "NegativeBinomial", "Pareto", "StudentT", "Weibull"]
 
