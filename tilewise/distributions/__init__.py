@@ -2,6 +2,7 @@
 constraints, transforms and KL divergences. See [Note: distributions] in ``distribution.py``."""
 
 from tilewise.distributions import constraints, transforms
+from tilewise.distributions.constraint_registry import biject_to, transform_to
 from tilewise.distributions.continuous import Beta, Exponential, Gamma, Laplace, Normal, Uniform
 from tilewise.distributions.derived import (
     Cauchy,
@@ -65,5 +66,5 @@ __all__ = ["Distribution", "ExponentialFamily", "Normal", "Uniform", "Exponentia
            "Transform", "ComposeTransform", "IndependentTransform", "ReshapeTransform", "PowerTransform",
            "SoftplusTransform", "TanhTransform", "AbsTransform", "SoftmaxTransform", "StickBreakingTransform",
            "LowerCholeskyTransform", "PositiveDefiniteTransform", "CumulativeDistributionTransform",
-           "identity_transform", "transforms",
+           "identity_transform", "transforms", "biject_to", "transform_to",
            "kl_divergence", "register_kl", "constraints"]

@@ -291,17 +291,6 @@ class Geometric(_ProbsOrLogits, Distribution):
         return binary_cross_entropy_with_logits(self.logits, self.probs, reduction="none") / self.probs
 
 
-class _Multinomial(constraints.Constraint):
-    is_discrete = True
-    event_dim = 1
-
-    def __init__(self, upper_bound: int) -> None:
-        self.upper_bound = upper_bound
-
-    def check(self, x):
-        return (x >= 0).all(dim=-1) & (x.sum(dim=-1) <= self.upper_bound)
-
-
 class Multinomial(Distribution):
     """Counts of ``total_count`` draws from a Categorical(probs or logits), over its last dim."""
 
@@ -325,7 +314,7 @@ class Multinomial(Distribution):
 
     @property
     def support(self):
-        return _Multinomial(self.total_count)
+        return constraints.multinomial(self.total_count)
 
     logits = property(lambda self: self._categorical.logits)
     probs = property(lambda self: self._categorical.probs)
