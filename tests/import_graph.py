@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", (
         "tilewise.config", "tilewise.dtypes", "tilewise.device", "tilewise.strides", "tilewise._philox",
         "tilewise.fileio", "tilewise._stages", "tilewise._cuda_api", "tilewise.data", "tilewise._plugins",
-        "tilewise.layouts",
+        "tilewise.layouts", "tilewise._warnings",
     )),
     ("tensor", ("tilewise.storage", "tilewise.tensor", "tilewise.tensortypes", "tilewise._tensor_str",
                 "tilewise.overrides", "tilewise._C")),

@@ -40,6 +40,24 @@ CASES = {
     "MultivariateNormal": ((REAL[:, :3],), {"covariance_matrix": COV}, REAL[:, 1:], ("mean", "variance", "entropy")),
     "MultivariateNormal-tril": ((REAL[:, :3],), {"scale_tril": np.linalg.cholesky(COV)}, REAL[:, 1:],
                                 ("entropy",)),
+    "Chi2": ((POS * 3,), {}, POS2, ("mean", "variance", "entropy", "cdf")),
+    "StudentT": ((POS * 3 + 2, REAL, POS2), {}, REAL * 2, ("mean", "variance", "entropy")),
+    "StudentT-heavy": ((POS * 2,), {}, REAL * 2, ("mean", "variance", "entropy", "mode")),
+    "Cauchy": ((REAL, POS), {}, REAL * 2, ("mean", "variance", "entropy", "cdf", "icdf")),
+    "HalfNormal": ((POS,), {}, POS2, ("mean", "variance", "entropy", "cdf", "icdf")),
+    "HalfCauchy": ((POS,), {}, POS2, ("mean", "variance", "entropy", "cdf", "icdf")),
+    "Weibull": ((POS, POS2 + 0.5), {}, POS2, ("mean", "variance", "entropy", "mode", "cdf", "icdf")),
+    "Pareto": ((POS, POS2 * 3), {}, POS + POS2, ("mean", "variance", "entropy", "mode", "cdf", "icdf")),
+    "Geometric": ((), {"probs": PROBS}, np.floor(POS2 * 4), ("mean", "variance", "entropy", "mode")),
+    "Geometric-logits": ((), {"logits": REAL}, np.floor(POS2 * 4), ("mean", "variance", "entropy")),
+    "Multinomial": ((), {"total_count": 4, "probs": SIMPLEX}, np.array([[1, 0, 2, 1, 0], [0, 0, 0, 4, 0],
+                                                                       [1, 1, 1, 0, 1]]),
+                    ("mean", "variance", "entropy")),
+    "NegativeBinomial": ((POS * 3,), {"probs": PROBS}, np.floor(POS2 * 4), ("mean", "variance", "mode")),
+    "NegativeBinomial-logits": ((POS * 3,), {"logits": REAL}, np.floor(POS2 * 4), ("mean", "variance")),
+    "ContinuousBernoulli": ((), {"probs": np.where(PROBS > 0.6, 0.5004, PROBS)}, PROBS[::-1].copy(),
+                            ("mean", "variance", "entropy", "cdf", "icdf")),
+    "ContinuousBernoulli-logits": ((), {"logits": REAL}, PROBS, ("mean", "variance", "entropy", "cdf", "icdf")),
 }
 INTEGER_VALUES = {"Categorical", "Categorical-logits"}
 
@@ -95,7 +113,8 @@ def test_log_prob_moments_and_gradients_match_torch(name):
 
 
 KL_PAIRS = ["Normal", "Uniform", "Exponential", "Laplace", "Gamma", "Beta", "Bernoulli", "Categorical",
-            "OneHotCategorical", "Poisson", "Dirichlet", "MultivariateNormal", "LogNormal"]
+            "OneHotCategorical", "Poisson", "Dirichlet", "MultivariateNormal", "LogNormal", "Chi2", "Geometric",
+            "HalfNormal", "Pareto", "Cauchy"]
 
 
 @pytest.mark.parametrize("name", KL_PAIRS)
@@ -127,12 +146,18 @@ def _shifted(lib, name):
         "Dirichlet": lambda: dists.Dirichlet(t(SIMPLEX[::-1].astype(f) * 3)),
         "MultivariateNormal": lambda: dists.MultivariateNormal(t(REAL[:, 1:].astype(f)), t(COV + np.eye(3))),
         "LogNormal": lambda: dists.LogNormal(t(REAL[::-1].astype(f)), t(POS2)),
+        "Chi2": lambda: dists.Chi2(t(POS2)),
+        "Geometric": lambda: dists.Geometric(probs=t(PROBS[::-1].astype(f))),
+        "HalfNormal": lambda: dists.HalfNormal(t(POS2)),
+        "Pareto": lambda: dists.Pareto(t(POS[::-1].astype(f)), t(POS)),  # where p's scale is below q's: inf
+        "Cauchy": lambda: dists.Cauchy(t(REAL[::-1].astype(f)), t(POS2)),
     }[name]()
 
 
 @pytest.mark.parametrize("name", ["Normal", "Uniform", "Exponential", "Laplace", "Gamma", "Beta", "Bernoulli",
                                   "Categorical", "Poisson", "Binomial", "Dirichlet", "MultivariateNormal",
-                                  "LogNormal", "OneHotCategorical"])
+                                  "LogNormal", "OneHotCategorical", "Chi2", "StudentT", "HalfNormal", "Weibull",
+                                  "Pareto", "Geometric", "Multinomial", "NegativeBinomial", "ContinuousBernoulli"])
 def test_draws_have_the_shape_and_moments_of_torchs(name):
     ours, _ = _build(tw, name, grad=False)
     theirs, _ = _build(torch, name, grad=False)

@@ -14,8 +14,8 @@ from tilewise.ops.registry import _FORMULA_NAMESPACE, OPS, Formula
 
 # operators whose behaviour is random or creates tensors from sizes: tested in test_creation_random.py
 NOT_IN_TABLE = {"full", "empty", "arange", "linspace", "eye", "_to_copy", "_write_", "uniform", "normal_sample",
-                "randint", "bernoulli", "randperm", "multinomial", "view_scatter_add", "view_scatter", "rsub", "rdiv",
-                "rpow", "rmatmul", "gelu_backward", "dropout", "index.Tensor", "gumbel_softmax"}
+                "randint", "bernoulli", "bernoulli.p", "randperm", "multinomial", "view_scatter_add", "view_scatter",
+                "rsub", "rdiv", "rpow", "rmatmul", "gelu_backward", "dropout", "index.Tensor", "gumbel_softmax"}
 # operators on float8 operands, which the table's samples do not make: tested against torch in test_scaled_mm.py
 NOT_IN_TABLE |= {"_scaled_mm"}
 # samplers whose draws cannot equal torch's (another generator): tested by their distributions in test_breadth35.py

@@ -27,6 +27,7 @@ import numpy as np
 
 from tilewise import dtypes
 from tilewise import strides as _strides
+from tilewise._warnings import warn_at_caller
 from tilewise.device import Device, as_device, cpu, pinning_backend
 from tilewise.device import is_pinned as pinned_by_a_backend
 from tilewise.dtypes import (
@@ -471,6 +472,12 @@ class Tensor:
         if self._dtype.is_floating_point or self.numel() != 1:
             raise TypeError("only integer tensors of a single element can be converted to an index")
         return int(self.item())
+
+    def __contains__(self, element) -> bool:
+        """``x in t``: whether some element of ``t`` equals ``x`` (a number or a tensor, broadcast), as torch's."""
+        if isinstance(element, (Tensor, Number)):
+            return bool((element == self).any().item())
+        raise RuntimeError(f"Tensor.__contains__ only supports Tensor or scalar, but you passed in a {type(element)}.")
 
     def __bool__(self) -> bool:
         self._require_real("bool()")
@@ -976,6 +983,16 @@ def _fitted(arr: np.ndarray, dtype: DType, op: str) -> np.ndarray:
     return arr
 
 
+COPY_CONSTRUCT = ("To copy construct from a tensor, it is recommended to use sourceTensor.detach().clone() or "
+                  "sourceTensor.detach().clone().requires_grad_(True), rather than {}.")
+
+
+def copy_construct(data: Tensor, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A detached copy of ``data`` (of ``dtype`` on ``device`` where given), as ``tensor(data)`` makes."""
+    out = data.detach().to(dtype=as_dtype(dtype) if dtype else data.dtype, device=device, copy=True)
+    return out.requires_grad_(requires_grad) if requires_grad else out
+
+
 def tensor(data, *, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
     """Build a tensor by copying ``data`` (a number, nested sequence, numpy array or tensor); with ``pin_memory``
     the copy is a CPU tensor in page-locked memory, as :meth:`Tensor.pin_memory` makes (needs CUDA).
@@ -989,8 +1006,8 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False, pin_me
         out = tensor(data, dtype=dtype).pin_memory()
         return out.requires_grad_(True) if requires_grad else out
     if isinstance(data, Tensor):
-        out = data.detach().to(dtype=as_dtype(dtype) if dtype else data.dtype, device=device, copy=True)
-        return out.requires_grad_(requires_grad) if requires_grad else out
+        warn_at_caller(COPY_CONSTRUCT.format("torch.tensor(sourceTensor)"))
+        return copy_construct(data, dtype, device, requires_grad)
     if isinstance(data, np.ndarray):
         dt = as_dtype(dtype) if dtype is not None else dtype_from_numpy(_supported(data, "tensor").dtype)
         out = made_here(from_array(cast_array(data, dt.np), dt))  # a copy, converted as torch converts (quietly)

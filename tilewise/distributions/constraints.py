@@ -15,6 +15,49 @@ class Constraint:
         return type(self).__name__.lstrip("_") + "()"
 
 
+class _Dependent(Constraint):
+    """A placeholder for a constraint that depends on a distribution's parameters (torch's ``dependent``): its
+    ``check`` refuses, and ``is_discrete``/``event_dim`` are known only where given."""
+
+    def __init__(self, *, is_discrete=NotImplemented, event_dim=NotImplemented) -> None:
+        self._is_discrete, self._event_dim = is_discrete, event_dim
+
+    @property
+    def is_discrete(self) -> bool:
+        if self._is_discrete is NotImplemented:
+            raise NotImplementedError(".is_discrete cannot be determined statically")
+        return self._is_discrete
+
+    @property
+    def event_dim(self) -> int:
+        if self._event_dim is NotImplemented:
+            raise NotImplementedError(".event_dim cannot be determined statically")
+        return self._event_dim
+
+    def __call__(self, *, is_discrete=NotImplemented, event_dim=NotImplemented):
+        return _Dependent(is_discrete=self._is_discrete if is_discrete is NotImplemented else is_discrete,
+                          event_dim=self._event_dim if event_dim is NotImplemented else event_dim)
+
+    def check(self, x):
+        raise ValueError("Cannot determine validity of dependent constraint")
+
+
+class _DependentProperty(property, _Dependent):
+    """``@constraints.dependent_property`` on a distribution's ``support`` or an ``arg_constraints`` entry: a
+    property, and a dependent constraint when read from the class."""
+
+    def __init__(self, fn=None, *, is_discrete=NotImplemented, event_dim=NotImplemented) -> None:
+        property.__init__(self, fn)
+        self._is_discrete, self._event_dim = is_discrete, event_dim
+
+    def __call__(self, fn):
+        return _DependentProperty(fn, is_discrete=self._is_discrete, event_dim=self._event_dim)
+
+
+def is_dependent(constraint) -> bool:
+    return isinstance(constraint, _Dependent)
+
+
 class _Real(Constraint):
     def check(self, value):
         return value == value  # False only at NaN
@@ -44,6 +87,17 @@ class _GreaterThanEq(_GreaterThan):
 
     def __repr__(self) -> str:
         return f"GreaterThanEq(lower_bound={self.lower_bound})"
+
+
+class _LessThan(Constraint):
+    def __init__(self, upper_bound) -> None:
+        self.upper_bound = upper_bound
+
+    def check(self, value):
+        return value < self.upper_bound
+
+    def __repr__(self) -> str:
+        return f"LessThan(upper_bound={self.upper_bound})"
 
 
 class _Interval(Constraint):
@@ -100,6 +154,51 @@ class _OneHot(Constraint):
         return ((value == 0) | (value == 1)).all(-1) & (value.sum(-1) == 1)
 
 
+class _Multinomial(Constraint):
+    is_discrete = True
+    event_dim = 1
+
+    def __init__(self, upper_bound) -> None:
+        self.upper_bound = upper_bound
+
+    def check(self, x):
+        return (x >= 0).all(dim=-1) & (x.sum(dim=-1) <= self.upper_bound)
+
+
+class _LowerTriangular(Constraint):
+    event_dim = 2
+
+    def check(self, value):
+        return (value.tril() == value).reshape(tuple(value.shape[:-2]) + (-1,)).all(-1)
+
+
+class _Square(Constraint):
+    event_dim = 2
+
+    def check(self, value):
+        from tilewise.ops.creation import full
+
+        return full(tuple(value.shape[:-2]), value.shape[-2] == value.shape[-1], device=value.device)
+
+
+class _Symmetric(_Square):
+    def check(self, value):
+        square = super().check(value)
+        if not bool(square.all()):
+            return square
+        return value.isclose(value.mT, atol=1e-6).all(-2).all(-1)
+
+
+class _PositiveSemidefinite(_Symmetric):
+    def check(self, value):
+        from tilewise import linalg
+
+        symmetric = super().check(value)
+        if not bool(symmetric.all()):
+            return symmetric
+        return linalg.eigvalsh(value).ge(0).all(-1)
+
+
 class _LowerCholesky(Constraint):
     event_dim = 2
 
@@ -154,6 +253,8 @@ class _MixtureSameFamilyConstraint(Constraint):
         return f"MixtureSameFamilyConstraint({self.base_constraint!r})"
 
 
+dependent = _Dependent()
+dependent_property = _DependentProperty
 real = _Real()
 boolean = _Boolean()
 positive = _GreaterThan(0.0)
@@ -170,6 +271,12 @@ independent = _IndependentConstraint
 mixture_same_family = _MixtureSameFamilyConstraint
 greater_than = _GreaterThan
 greater_than_eq = _GreaterThanEq
+less_than = _LessThan
+multinomial = _Multinomial
+lower_triangular = _LowerTriangular()
+square = _Square()
+symmetric = _Symmetric()
+positive_semidefinite = _PositiveSemidefinite()
 interval = _Interval
 half_open_interval = _HalfOpenInterval
 integer_interval = _IntegerInterval

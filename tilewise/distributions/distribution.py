@@ -123,7 +123,7 @@ class Distribution:
         raise NotImplementedError
 
     def sample_n(self, n: int):
-        warnings.warn("sample_n will be deprecated. Use .sample((n,)) instead", UserWarning, stacklevel=2)
+        warnings.warn("`sample_n(n)` will be deprecated. Use `sample((n,))` instead.", FutureWarning, stacklevel=2)
         return self.sample((n,))
 
     def log_prob(self, value):

@@ -4,8 +4,16 @@ to add to it, as torch's: the most specific registered pair of base classes wins
 from __future__ import annotations
 
 from tilewise.distributions.continuous import Beta, Exponential, Gamma, Laplace, Normal, Uniform
+from tilewise.distributions.derived import Cauchy, Geometric, HalfNormal, Pareto
 from tilewise.distributions.discrete import Bernoulli, Binomial, Categorical, OneHotCategorical, Poisson
-from tilewise.distributions.multivariate import Dirichlet, Independent, MultivariateNormal, TransformedDistribution
+from tilewise.distributions.multivariate import (
+    _EULER,
+    Dirichlet,
+    Gumbel,
+    Independent,
+    MultivariateNormal,
+    TransformedDistribution,
+)
 
 _KL_REGISTRY: dict = {}
 _KL_MEMOIZE: dict = {}
@@ -186,9 +194,40 @@ def _kl_independent_independent(p, q):
 
 @register_kl(TransformedDistribution, TransformedDistribution)
 def _kl_transformed_transformed(p, q):
-    if [repr(t) for t in p.transforms] != [repr(t) for t in q.transforms]:
+    if p.transforms != q.transforms:  # the transforms' own equality: their parameters compared, as torch's
         raise NotImplementedError
     if p.event_shape != q.event_shape:
         raise NotImplementedError
     return kl_divergence(p.base_dist, q.base_dist)
 
+
+
+@register_kl(Gumbel, Gumbel)
+def _kl_gumbel_gumbel(p, q):
+    ct1, ct2, ct3 = p.scale / q.scale, q.loc / q.scale, p.loc / q.scale
+    t1 = -ct1.log() - ct2 + ct3
+    t3 = (ct2 + (1 + ct1).lgamma() - ct3).exp()
+    return t1 + ct1 * _EULER + t3 - (1 + _EULER)
+
+
+@register_kl(Geometric, Geometric)
+def _kl_geometric_geometric(p, q):
+    return -p.entropy() - (-q.probs).log1p() / p.probs - q.logits
+
+
+@register_kl(HalfNormal, HalfNormal)
+def _kl_halfnormal_halfnormal(p, q):
+    return _kl_normal_normal(p.base_dist, q.base_dist)
+
+
+@register_kl(Pareto, Pareto)
+def _kl_pareto_pareto(p, q):
+    scale_ratio, alpha_ratio = p.scale / q.scale, q.alpha / p.alpha
+    result = q.alpha * scale_ratio.log() - alpha_ratio.log() + alpha_ratio - 1
+    return _inf_where(p.scale < q.scale, result)  # p's support reaches below q's
+
+
+@register_kl(Cauchy, Cauchy)
+def _kl_cauchy_cauchy(p, q):
+    t1 = ((p.scale + q.scale).pow(2) + (p.loc - q.loc).pow(2)).log()
+    return t1 - (4 * p.scale * q.scale).log()

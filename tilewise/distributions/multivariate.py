@@ -8,9 +8,17 @@ import math
 from tilewise.distributions import constraints
 from tilewise.distributions.continuous import Normal, _no_concentration_gradient, _standard_gamma
 from tilewise.distributions.distribution import Distribution, ExponentialFamily
+from tilewise.distributions.transforms import (
+    AffineTransform,
+    ComposeTransform,
+    ExpTransform,
+    Transform,
+    _sum_rightmost,
+)
 from tilewise.dtypes import finfo
 from tilewise.ops.creation import eye, full_like, randn
 from tilewise.ops.functions import xlogy
+from tilewise.tensor import Size
 
 
 def _batch_mv(matrix, vector):
@@ -219,120 +227,50 @@ class Independent(Distribution):
         return f"Independent({self.base_dist!r}, {self.reinterpreted_batch_ndims})"
 
 
-class Transform:
-    bijective = True
-    sign = 1
-    domain = codomain = constraints.real
-
-    def __call__(self, x):
-        return self._call(x)
-
-    @property
-    def inv(self):
-        """The inverse transform (``t.inv(y)`` inverts ``y``), as torch's."""
-        return _InverseTransform(self)
-
-
-class _InverseTransform(Transform):
-    def __init__(self, transform: Transform) -> None:
-        self._inv = transform
-
-    domain = property(lambda self: self._inv.codomain)
-    codomain = property(lambda self: self._inv.domain)
-    sign = property(lambda self: self._inv.sign)
-    inv = property(lambda self: self._inv)
-
-    def _call(self, x):
-        return self._inv._inverse(x)
-
-    def _inverse(self, y):
-        return self._inv._call(y)
-
-    def log_abs_det_jacobian(self, x, y):
-        return -self._inv.log_abs_det_jacobian(y, x)
-
-    def __repr__(self) -> str:
-        return f"_InverseTransform({self._inv!r})"
-
-
-class ExpTransform(Transform):
-    codomain = constraints.positive
-
-    def _call(self, x):
-        return x.exp()
-
-    def _inverse(self, y):
-        return y.log()
-
-    def log_abs_det_jacobian(self, x, y):
-        return x
-
-    def __repr__(self) -> str:
-        return "ExpTransform()"
-
-
-class SigmoidTransform(Transform):
-    codomain = constraints.unit_interval
-
-    def _call(self, x):
-        info = finfo(x.dtype)
-        return x.sigmoid().clamp(min=info.tiny, max=1.0 - info.eps)
-
-    def _inverse(self, y):
-        info = finfo(y.dtype)
-        y = y.clamp(min=info.tiny, max=1.0 - info.eps)
-        return y.log() - (-y).log1p()
-
-    def log_abs_det_jacobian(self, x, y):
-        from tilewise.nn.functional import softplus
-
-        return -softplus(-x) - softplus(x)
-
-    def __repr__(self) -> str:
-        return "SigmoidTransform()"
-
-
-class AffineTransform(Transform):
-    def __init__(self, loc, scale, event_dim: int = 0) -> None:
-        self.loc, self.scale, self.event_dim = loc, scale, event_dim
-
-    def _call(self, x):
-        return self.loc + self.scale * x
-
-    def _inverse(self, y):
-        return (y - self.loc) / self.scale
-
-    def log_abs_det_jacobian(self, x, y):
-        from tilewise.tensor import Tensor
-
-        scale = self.scale
-        if isinstance(scale, Tensor):
-            result = scale.abs().log().expand(x.shape)
-        else:
-            result = full_like(x, math.log(abs(scale)))
-        for _ in range(self.event_dim):
-            result = result.sum(-1)
-        return result
-
-    def __repr__(self) -> str:
-        return "AffineTransform()"
-
-
-def _sum_rightmost(value, dim: int):
-    return value.reshape(value.shape[:value.dim() - dim] + (-1,)).sum(-1) if dim > 0 else value
-
-
 class TransformedDistribution(Distribution):
     arg_constraints: dict = {}
 
     def __init__(self, base_distribution, transforms, validate_args=None) -> None:
+        if isinstance(transforms, Transform):
+            self.transforms = [transforms]
+        elif isinstance(transforms, list):
+            if not all(isinstance(t, Transform) for t in transforms):
+                raise ValueError("transforms must be a Transform or a list of Transforms")
+            self.transforms = transforms
+        else:
+            raise ValueError(f"transforms must be a Transform or list, but was {transforms}")
+        # torch's shapes: the base expanded to what the transforms broadcast it to, its batch dims that a transform
+        # couples reinterpreted as event dims, and as many event dims as the transforms or the base couple
+        base_shape = tuple(base_distribution.batch_shape) + tuple(base_distribution.event_shape)
+        base_event_dim = len(base_distribution.event_shape)
+        transform = ComposeTransform(self.transforms)
+        if len(base_shape) < transform.domain.event_dim:
+            raise ValueError(f"base_distribution needs to have shape with size at least "
+                             f"{transform.domain.event_dim}, but got {Size(base_shape)}.")
+        forward_shape = tuple(transform.forward_shape(base_shape))
+        expanded_base_shape = tuple(transform.inverse_shape(forward_shape))
+        if base_shape != expanded_base_shape:
+            base_batch_ndim = len(expanded_base_shape) - base_event_dim
+            base_distribution = base_distribution.expand(expanded_base_shape[:base_batch_ndim])
+        reinterpreted_batch_ndims = transform.domain.event_dim - base_event_dim
+        if reinterpreted_batch_ndims > 0:
+            base_distribution = Independent(base_distribution, reinterpreted_batch_ndims)
         self.base_dist = base_distribution
-        self.transforms = list(transforms) if isinstance(transforms, list | tuple) else [transforms]
-        super().__init__(base_distribution.batch_shape, base_distribution.event_shape, validate_args)
+        change_in_event_dim = transform.codomain.event_dim - transform.domain.event_dim
+        event_dim = max(transform.codomain.event_dim, base_event_dim + change_in_event_dim)
+        cut = len(forward_shape) - event_dim
+        super().__init__(forward_shape[:cut], forward_shape[cut:], validate_args)
 
     def expand(self, batch_shape, _instance=None):
-        base_shape = tuple(batch_shape) + tuple(self.event_shape[:self.reinterpreted_batch_ndims])
-        return Independent(self.base_dist.expand(base_shape), self.reinterpreted_batch_ndims, validate_args=False)
+        shape = tuple(batch_shape) + tuple(self.event_shape)
+        for t in reversed(self.transforms):
+            shape = tuple(t.inverse_shape(shape))
+        new = TransformedDistribution.__new__(TransformedDistribution)
+        new.base_dist = self.base_dist.expand(shape[:len(shape) - len(self.base_dist.event_shape)])
+        new.transforms = self.transforms
+        Distribution.__init__(new, batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
 
     @property
     def has_rsample(self):
@@ -340,7 +278,12 @@ class TransformedDistribution(Distribution):
 
     @property
     def support(self):
-        return self.transforms[-1].codomain if self.transforms else self.base_dist.support
+        if not self.transforms:
+            return self.base_dist.support
+        support = self.transforms[-1].codomain
+        if len(self.event_shape) > support.event_dim:
+            support = constraints.independent(support, len(self.event_shape) - support.event_dim)
+        return support
 
     def sample(self, sample_shape=()):
         from tilewise.autograd import no_grad
@@ -370,13 +313,24 @@ class TransformedDistribution(Distribution):
             y = x
         return log_prob + _sum_rightmost(self.base_dist.log_prob(y), event_dim - len(self.base_dist.event_shape))
 
+    def _monotonize_cdf(self, value):
+        """``1 - value`` where the transforms reverse order, so that ``cdf`` increases."""
+        sign = 1
+        for t in self.transforms:
+            sign = sign * t.sign
+        if isinstance(sign, int) and sign == 1:
+            return value
+        return sign * (value - 0.5) + 0.5
+
     def cdf(self, value):
         for t in reversed(self.transforms):
             value = t.inv(value)
-        return self.base_dist.cdf(value)
+        if self._validate_args:
+            self.base_dist._validate_sample(value)
+        return self._monotonize_cdf(self.base_dist.cdf(value))
 
     def icdf(self, value):
-        value = self.base_dist.icdf(value)
+        value = self.base_dist.icdf(self._monotonize_cdf(value))
         for t in self.transforms:
             value = t(value)
         return value

@@ -9,7 +9,8 @@ from numbers import Number
 from tilewise.distributions import constraints
 from tilewise.distributions.discrete import Categorical, _ProbsOrLogits, clamp_probs
 from tilewise.distributions.distribution import Distribution, broadcast_all
-from tilewise.distributions.multivariate import ExpTransform, SigmoidTransform, TransformedDistribution
+from tilewise.distributions.multivariate import TransformedDistribution
+from tilewise.distributions.transforms import ExpTransform, SigmoidTransform
 from tilewise.ops.creation import full_like, rand
 
 

@@ -12,6 +12,7 @@ from numbers import Number
 
 import numpy as np
 
+from tilewise._warnings import warn_once
 from tilewise.ops import (  # noqa: F401 — each module declares its operators on import
     assemble,
     aten_spellings,
@@ -158,6 +159,19 @@ def _matrices_only(self, name: str, zero_dim: str) -> bool:
     raise RuntimeError(f"tensor.{name} is only supported on matrices or batches of matrices. Got {self.ndim}-D tensor.")
 
 
+_T_ON_A_SCALAR = "Tensor.T is deprecated on 0-D tensors. This function is the identity in these cases."
+_T_BEYOND_MATRICES = ("The use of `x.T` on tensors of dimension other than 2 to reverse their shape is deprecated and "
+                      "it will throw an error in a future release. Consider `x.mT` to transpose batches of matrices "
+                      "or `x.permute(*torch.arange(x.ndim - 1, -1, -1))` to reverse the dimensions of a tensor.")
+
+
+def _reversed_dims(self):
+    """``x.T``: the dims reversed, with torch's once-per-process deprecation for other than matrices."""
+    if self.ndim != 2:
+        warn_once(_T_ON_A_SCALAR if self.ndim == 0 else _T_BEYOND_MATRICES)
+    return self.permute(tuple(range(self.ndim - 1, -1, -1)))
+
+
 def _matrix_transpose(self):
     if _matrices_only(self, "mT", "Tensor.mT is deprecated on 0-D tensors. This function is the identity in these "
                                   "cases."):
@@ -191,7 +205,7 @@ def _attach_special_methods(functions: dict) -> None:
     Tensor.__setitem__ = setitem
     where = functions["where"]
     Tensor.where = lambda self, condition, other: where(condition, self, other)
-    Tensor.T = property(lambda self: self.permute(tuple(range(self.ndim - 1, -1, -1))))
+    Tensor.T = property(_reversed_dims)
     Tensor.mT = property(_matrix_transpose)
     Tensor.mH = property(_matrix_adjoint)
     Tensor.H = property(_adjoint_2d)

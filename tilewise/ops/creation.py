@@ -17,6 +17,7 @@ from numbers import Number
 import numpy as np
 
 from tilewise import strides as S
+from tilewise._warnings import warn_at_caller
 from tilewise.device import Device, as_device, default_device, pinning_backend
 from tilewise.dtypes import (
     DType,
@@ -744,8 +745,19 @@ def normal_(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator=None
 
 
 def bernoulli_(self: Tensor, p=0.5, *, generator=None) -> Tensor:
+    if not isinstance(p, Tensor) and not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p:g}")
     probs = p if isinstance(p, Tensor) else full_like(self, p, dtype=get_default_dtype())
     return _fill_from(self, _call("bernoulli", probs.expand(self.shape), generator=generator))
+
+
+def _bernoulli_p(self: Tensor, p: float, generator=None) -> Tensor:
+    """``bernoulli(x, p)``: draws of probability ``p`` in ``x``'s shape and dtype (``x``'s values unread)."""
+    return bernoulli_(empty_like(self), p, generator=generator)
+
+
+declare("bernoulli.p(Tensor self, float p, *, Generator? generator=None) -> Tensor", "composite",
+        decomposition=_bernoulli_p, differentiable=False)
 
 
 def exponential_(self: Tensor, lambd: float = 1.0, *, generator=None) -> Tensor:
@@ -828,9 +840,12 @@ def new_empty(self: Tensor, *sizes, size=None, dtype=None, device=None, requires
 
 
 def new_tensor(self: Tensor, data, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    from tilewise.tensor import tensor
+    from tilewise.tensor import COPY_CONSTRUCT, copy_construct, tensor
 
     dt, dev = _like(self, dtype, device)
+    if isinstance(data, Tensor):
+        warn_at_caller(COPY_CONSTRUCT.format("tensor.new_tensor(sourceTensor)"))
+        return copy_construct(data, dt, dev, requires_grad)
     return tensor(data, dtype=dt, device=dev, requires_grad=requires_grad)
 
 
@@ -864,13 +879,12 @@ def scalar_tensor(value: Number, *, dtype=None, device=None) -> Tensor:
 @factory_out("range")
 def deprecated_range(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Deprecated in torch: ``[start, end]`` with ``end`` included, in the default floating dtype unless given."""
-    import warnings
 
     if end is None:
         raise TypeError('range() missing 1 required positional arguments: "end"')
-    warnings.warn("tilewise.range is deprecated and will be removed in a future release because its behavior is "
-                  "inconsistent with Python's range builtin. Instead, use tilewise.arange, which produces values in "
-                  "[start, end).", UserWarning, stacklevel=2)
+    warn_at_caller("tilewise.range is deprecated and will be removed in a future release because its behavior is "
+                   "inconsistent with Python's range builtin. Instead, use tilewise.arange, which produces values in "
+                   "[start, end).")
     start, end, step = (v.item() if isinstance(v, Tensor) else v for v in (start, end, step))
     if step == 0:
         raise RuntimeError(f"range(): step must be nonzero, got step={step}")

@@ -6,13 +6,12 @@ result and the dtype its arithmetic runs in (half types compute in float32, like
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 
 import numpy as np
 
 from tilewise import dtypes
+from tilewise._warnings import levels_to_the_caller
 from tilewise.dtypes import COMPLEX, DType, compute_dtype, result_type, to_float
 
 # Operators that accept complex operands, as torch's kernels do (see [Note: complex tensors] in ops/complex.py);
@@ -199,29 +198,12 @@ def softsign_rule(op, args) -> tuple[DType, DType]:
     return promote_float(op, args)
 
 
-def _levels_to_the_caller() -> int:
-    """The ``stacklevel`` that points a warning raised by the function calling this one at the first frame outside
-    tilewise: the user's line."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and _inside_tilewise(frame.f_code.co_filename):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def _inside_tilewise(filename: str) -> bool:
-    """A frame of tilewise's own code: one of its files, or the argument binders it generates."""
-    return filename.startswith(_PACKAGE) or filename.startswith("<binder ")
-
-
 def _check_where_condition(op, dtype) -> None:
     """torch takes a uint8 condition with a deprecation warning, and refuses any other dtype but bool."""
     if dtype is dtypes.uint8:
         warnings.warn(f"{op.name} received a uint8 condition tensor. This behavior is deprecated and will be removed "
                       "in a future version of PyTorch. Use a boolean condition instead.", UserWarning,
-                      stacklevel=_levels_to_the_caller())
+                      stacklevel=levels_to_the_caller())
         return
     raise RuntimeError(f"{op.name} expected condition to be a boolean tensor, but got a tensor with dtype "
                        f"{dtypes.c10_name(dtype)} (the condition is {dtype.name}; compare it, e.g. condition != 0, to "

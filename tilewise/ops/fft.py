@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from tilewise import dtypes
 from tilewise import strides as S
+from tilewise._warnings import warn_at_caller
 from tilewise.layouts import in_format_of
 from tilewise.ops.batching import shift_dims
 from tilewise.ops.formulas import HELPERS
@@ -411,11 +412,9 @@ def _torch_type_string(t: Tensor) -> str:
 
 
 def _warn_once(message: str) -> None:
-    import warnings
-
     if message not in _WARNED_ONCE:
         _WARNED_ONCE.add(message)
-        warnings.warn(message, UserWarning, stacklevel=4)
+        warn_at_caller(message)
 
 
 def _stft(x, n_fft, hop_length=None, win_length=None, window=None, center=True, pad_mode="reflect",

@@ -29,10 +29,17 @@ _WITH_ALPHA = ("add", "sub")
 _ELEMENTWISE_WITH_SCALAR = {"maximum": "clamp_min", "minimum": "clamp_max"}  # torch.maximum takes no number
 
 
+_POSITIONS = {"self": 0, "tensors1": 1, "tensor1": 1, "exponent": 1, "tensor2": 2}  # in torch's schemas
+
+
 def _tensors(what: str, tensors, argument: str = "self") -> list:
-    if not isinstance(tensors, (list, tuple)) or not all(isinstance(t, Tensor) for t in tensors):
+    if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"{what}(): argument '{argument}' must be a list or tuple of Tensors, not "
                         f"{type(tensors).__name__}")
+    for k, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"expected Tensor as element {k} in argument {_POSITIONS[argument]}, but got "
+                            f"{type(t).__name__}")
     if not tensors:
         raise RuntimeError(f"{what}: Tensor list must have at least one tensor.")
     return list(tensors)
@@ -58,8 +65,8 @@ def _per_tensor(what: str, tensors: list, other) -> list:
             if len(other) != len(tensors):
                 raise RuntimeError(f"{what}: Tensor list must have same number of elements as scalar list.")
         else:
-            raise TypeError(f"{what}(): expected a list of Tensors or a list of numbers, got "
-                            f"[{', '.join(type(o).__name__ for o in other)}]")
+            k = next(k for k, o in enumerate(other) if not isinstance(o, Tensor))  # torch names the first
+            raise TypeError(f"expected Tensor as element {k} in argument 1, but got {type(other[k]).__name__}")
         return list(other)
     if isinstance(other, Number):
         return [other] * len(tensors)

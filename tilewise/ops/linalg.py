@@ -6,6 +6,7 @@ import math
 
 from tilewise import dtypes
 from tilewise import strides as S
+from tilewise._warnings import warn_at_caller
 from tilewise.dtypes import c10_name, compute_dtype, type_meta_name
 from tilewise.ops.batching_rules import leading_batch_first_only, matrix_product
 from tilewise.ops.registry import OPS, declare
@@ -337,11 +338,9 @@ declare("inner(Tensor self, Tensor other) -> Tensor", "composite", decomposition
 
 def _chain_matmul(matrices):
     """Deprecated in torch for linalg.multi_dot: the product of two-dimensional matrices, in the cheapest order."""
-    import warnings
-
-    warnings.warn("tilewise.chain_matmul is deprecated and will be removed in a future PyTorch release. Use "
-                  "tilewise.linalg.multi_dot instead, which accepts a list of two or more tensors rather than "
-                  "multiple parameters.", UserWarning, stacklevel=4)
+    warn_at_caller("tilewise.chain_matmul is deprecated and will be removed in a future PyTorch release. Use "
+                   "tilewise.linalg.multi_dot instead, which accepts a list of two or more tensors rather than "
+                   "multiple parameters.")
     if not matrices:
         raise RuntimeError("chain_matmul(): Expected one or more matrices")
     for t in matrices:

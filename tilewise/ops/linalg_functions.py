@@ -15,6 +15,7 @@ import math
 import warnings
 
 from tilewise import strides as S
+from tilewise._warnings import warn_at_caller
 from tilewise.layouts import contiguous_format
 from tilewise.ops.linalg import chain_autocast_on_cpu
 from tilewise.ops.linalg_solvers import (
@@ -368,7 +369,7 @@ def _lu_solve(LU, pivots, B, left=True, adjoint=False):
 
 
 def _lu_old(A, pivot=True, get_infos=False):
-    warnings.warn(_LU_DEPRECATED, UserWarning, stacklevel=3)
+    warn_at_caller(_LU_DEPRECATED)
     LU, pivots, info = _lu_factor_ex(A, pivot, not get_infos)
     return (LU, pivots, info) if get_infos else (LU, pivots)
 

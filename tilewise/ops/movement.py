@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from numbers import Number
 
 from tilewise import strides as S
+from tilewise._warnings import warn_once
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import bool_, c10_name, checked_scalar, int64, result_type
 from tilewise.layouts import contiguous_format, suggest_memory_format
@@ -778,6 +779,8 @@ def _tensor_split_indices(self, indices, dim=0):
 
 def _meshgrid(tensors, indexing=None):
     tensors = _check_tensors(tensors, "meshgrid")
+    if indexing is None:
+        warn_once("torch.meshgrid: in an upcoming release, it will be required to pass the indexing argument.")
     indexing = indexing or "ij"
     if indexing not in ("ij", "xy"):
         raise RuntimeError(f'torch.meshgrid: indexing must be one of "xy" or "ij", but received: {indexing}')

@@ -14,6 +14,7 @@ import math
 import warnings
 
 from tilewise import strides as S
+from tilewise._warnings import warn_at_caller
 from tilewise.dtypes import c10_name, finfo, float32
 from tilewise.layouts import in_format_of
 from tilewise.ops import dtype_rules as R
@@ -81,8 +82,9 @@ def _glu(input, dim=-1):
 
 
 def implicit_softmax_dim(op: str, ndim: int, stacklevel: int = 5) -> int:
-    warnings.warn(f"Implicit dimension choice for {op} has been deprecated. Change the call to include dim=X as an "
-                  "argument.", stacklevel=stacklevel)
+    """torch's choice of dim for softmax called without one (with its deprecation warning, at the user's line)."""
+    warn_at_caller(f"Implicit dimension choice for {op} has been deprecated. Change the call to include dim=X as an "
+                   "argument.")
     return 0 if ndim in (0, 1, 3) else 1
 
 

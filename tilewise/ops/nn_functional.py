@@ -19,6 +19,7 @@ import math
 from types import SimpleNamespace
 
 from tilewise import strides as S
+from tilewise._warnings import warn_at_caller
 from tilewise.dispatch import values_readable
 from tilewise.dtypes import compute_dtype, finfo
 from tilewise.layouts import in_format_of, suggest_memory_format
@@ -387,24 +388,59 @@ def _dropout(input, p=0.5, training=True, inplace=False):
     return _apply_dropout(input, p, inplace, input.shape)
 
 
-def _feature_dropout(op: str, spatial_dims: int):
-    def dropout(input, p=0.5, training=True, inplace=False):
-        check_dropout_p(p, op)
-        if input.ndim not in (spatial_dims + 1, spatial_dims + 2):
-            raise RuntimeError(f"{op}: expected a {spatial_dims + 1}D (unbatched) or {spatial_dims + 2}D (batched) "
-                               f"input, got {list(input.shape)}")
-        if not training or p == 0.0 or input.numel() == 0:
-            return input
-        channel_dims = input.ndim - spatial_dims
-        return _apply_dropout(input, p, inplace, input.shape[:channel_dims] + (1,) * spatial_dims)
+def _dropout1d(input, p=0.5, training=True, inplace=False):
+    check_dropout_p(p, "dropout1d")
+    if input.ndim not in (2, 3):
+        raise RuntimeError(f"dropout1d: Expected 2D or 3D input, but received a {input.ndim}D input. Note that "
+                           "dropout1d exists to provide channel-wise dropout on inputs with 1 spatial dimension, a "
+                           "channel dimension, and an optional batch dimension (i.e. 2D or 3D inputs).")
+    return _channel_dropout(input, p, training, inplace, batched=input.ndim == 3)
 
-    return dropout
+
+def _dropout2d(input, p=0.5, training=True, inplace=False):
+    """torch's dropout2d: a mask per (dim 0, dim 1) pair whatever the rank (a 3-D input is read as (N, C, L)), with
+    its deprecation warnings for other ranks than 4."""
+    check_dropout_p(p, "dropout2d")
+    if input.ndim not in (3, 4):
+        warn_at_caller(_FEATURE_DROPOUT_RANK.format(n=2, rank=input.ndim, kind="2 spatial dimensions",
+                                                    ranks="3D or 4D"))
+    if input.ndim == 3:
+        warn_at_caller("dropout2d: Received a 3D input to dropout2d and assuming that channel-wise 1D dropout "
+                       "behavior is desired - input is interpreted as shape (N, C, L), where C is the channel dim. "
+                       "This behavior will change in a future release to interpret the input as one without a batch "
+                       "dimension, i.e. shape (C, H, W). To maintain the 1D channel-wise dropout behavior, please "
+                       "switch to using dropout1d instead.")
+    return _channel_dropout(input, p, training, inplace, batched=True)
+
+
+def _dropout3d(input, p=0.5, training=True, inplace=False):
+    check_dropout_p(p, "dropout3d")
+    if input.ndim not in (4, 5):
+        warn_at_caller(_FEATURE_DROPOUT_RANK.format(n=3, rank=input.ndim, kind="3 spatial dimensions",
+                                                    ranks="4D or 5D"))
+    return _channel_dropout(input, p, training, inplace, batched=input.ndim == 5)
+
+
+_FEATURE_DROPOUT_RANK = ("dropout{n}d: Received a {rank}-D input to dropout{n}d, which is deprecated and will result "
+                         "in an error in a future release. To retain the behavior and silence this warning, please use "
+                         "dropout instead. Note that dropout{n}d exists to provide channel-wise dropout on inputs with "
+                         "{kind}, a channel dimension, and an optional batch dimension (i.e. {ranks} inputs).")
+
+
+def _channel_dropout(input, p, training, inplace, batched: bool):
+    """Dropout of whole channels: one draw per (batch, channel) pair, or per channel (dim 0) of an unbatched input."""
+    if not training or p == 0.0 or input.numel() == 0:
+        return input
+    lead = 2 if batched else 1
+    if input.ndim + (not batched) < 2:
+        raise RuntimeError("Feature dropout requires at least 2 dimensions in the input")
+    return _apply_dropout(input, p, inplace, input.shape[:lead] + (1,) * (input.ndim - lead))
 
 
 functional("dropout(Tensor input, float p=0.5, bool training=True, bool inplace=False) -> Tensor", _dropout)
-for _n in (1, 2, 3):
-    functional(f"dropout{_n}d(Tensor input, float p=0.5, bool training=True, bool inplace=False) -> Tensor",
-               _feature_dropout(f"dropout{_n}d", _n), function=False)
+for _n, _fn in ((1, _dropout1d), (2, _dropout2d), (3, _dropout3d)):
+    functional(f"dropout{_n}d(Tensor input, float p=0.5, bool training=True, bool inplace=False) -> Tensor", _fn,
+               function=False)
 
 
 # ============================================================================ embedding

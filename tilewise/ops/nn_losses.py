@@ -13,10 +13,9 @@ binary_cross_entropy, with torch's clamped closed form that stays finite at prob
 
 from __future__ import annotations
 
-import warnings
-
 from tilewise import dtypes
 from tilewise import strides as S
+from tilewise._warnings import warn_at_caller
 from tilewise.ops.nn_functional import call_public, concrete_cpu, functional, in_compute_dtype, private, where
 from tilewise.ops.registry import OPS
 
@@ -26,8 +25,8 @@ _REDUCTIONS = ("none", "mean", "sum")
 def _reduction_mode(op: str, reduction: str, size_average=None, reduce=None) -> str:
     if size_average is not None or reduce is not None:
         reduction = "none" if reduce is False else ("sum" if size_average is False else "mean")
-        warnings.warn(f"{op}: size_average and reduce args will be deprecated, please use reduction='{reduction}' "
-                      "instead.", stacklevel=4)
+        warn_at_caller(f"size_average and reduce args will be deprecated, please use reduction='{reduction}' "
+                       "instead.")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{reduction} is not a valid value for reduction ({op}: expected 'none', 'mean' or 'sum')")
     return reduction
@@ -41,9 +40,9 @@ def _reduce(loss, reduction: str):
 
 def _broadcast_pair(op: str, input, target):
     if tuple(target.shape) != tuple(input.shape):
-        warnings.warn(f"Using a target size ({target.shape!r}) that is different to the input size "
-                      f"({input.shape!r}). This will likely lead to incorrect results due to broadcasting. "
-                      f"Please ensure they have the same size. ({op})", stacklevel=4)
+        warn_at_caller(f"Using a target size ({target.shape!r}) that is different to the input size "
+                       f"({input.shape!r}). This will likely lead to incorrect results due to broadcasting. "
+                       "Please ensure they have the same size.")
     shape = S.broadcast_shapes(input.shape, target.shape, op=op)
     return input.expand(shape), target.expand(shape)
 
@@ -497,9 +496,9 @@ def _kl_div(input, target, size_average=None, reduce=None, reduction="mean", log
     else:
         mode = _reduction_mode("kl_div", reduction, size_average, reduce)
     if mode == "mean":
-        warnings.warn("kl_div: reduction='mean' divides the total loss by both the batch size and the support size; "
-                      "'batchmean' divides only by the batch size, and aligns with the KL divergence's definition.",
-                      stacklevel=3)
+        warn_at_caller("reduction: 'mean' divides the total loss by both the batch size and the support size."
+                       "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
+                       "'mean' will be changed to behave the same as 'batchmean' in the next major release.")
     if log_target:
         loss = target.exp() * (target - input)
     else:

@@ -10,8 +10,8 @@ scaled_dot_product_attention, otherwise the weights are computed explicitly and 
 from __future__ import annotations
 
 import math
-import warnings
 
+from tilewise._warnings import warn_at_caller
 from tilewise.ops.nn_functional import call_public
 
 
@@ -54,8 +54,8 @@ def _additive_mask(mask, name: str, other, other_name: str, dtype):
     if mask.dtype.name != "bool" and not mask.dtype.is_floating_point:
         raise AssertionError(f"only bool and floating types of {name} are supported")
     if other is not None and mask.dtype is not other.dtype:
-        warnings.warn(f"Support for mismatched {name} and {other_name} is deprecated. Use same type for both "
-                      "instead.", stacklevel=4)
+        warn_at_caller(f"Support for mismatched {name} and {other_name} is deprecated. Use same type for both "
+                       "instead.")
     if mask.dtype.is_floating_point:
         return mask
     from tilewise.ops.creation import zeros

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import warnings
 
+from tilewise._warnings import warn_at_caller
 from tilewise.dtypes import float32
 from tilewise.layouts import in_format_of, suggest_memory_format
 from tilewise.ops.nn_functional import functional, int_tuple
@@ -575,7 +576,7 @@ functional("grid_sample(Tensor input, Tensor grid, str mode='bilinear', str padd
 
 def _upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None):
     """torch's deprecated spelling of interpolate."""
-    warnings.warn("nn.functional.upsample is deprecated. Use nn.functional.interpolate instead.", stacklevel=3)
+    warn_at_caller("`nn.functional.upsample` is deprecated. Use `nn.functional.interpolate` instead.")
     return OPS["interpolate"](input, size, scale_factor, mode, align_corners)
 
 

@@ -33,6 +33,7 @@ class Param:
     default: object
     has_default: bool
     alias: str | None  # "a" for Tensor(a), "a!" for Tensor(a!)
+    position: int = 0  # its index in the schema, which torch's errors name ("in argument 1")
 
     @property
     def is_tensor(self) -> bool:
@@ -165,7 +166,7 @@ def parse_schema(text: str) -> Schema:
         if is_list and isinstance(default, int) and list_len:
             default = (default,) * list_len
         params.append(Param(pm.group("name"), type_name, is_list, list_len, optional or default_text == "None",
-                            kwarg_only, default, default_text is not None, alias))
+                            kwarg_only, default, default_text is not None, alias, len(params)))
     rets = rets.strip()
     if rets.startswith("(") and rets.endswith(")"):
         rets = rets[1:-1]
@@ -335,14 +336,26 @@ def _check_tensor_list(op: str, p: Param, value):
 
     if isinstance(value, Tensor) or not isinstance(value, (list, tuple)):
         _refer_overloaded(value)
-        raise bad_argument(op, p.name, "a sequence of Tensors", value)
-    for v in value:
+        raise ArgumentError(f"{op}(): argument '{p.name}' (position {p.position + 1}) must be tuple of Tensors, not "
+                            f"{_type_name(value)}")
+    for k, v in enumerate(value):
         if type(v) is Tensor:
             continue
         if isinstance(v, Tensor) or not (isinstance(v, Number) or (p.optional and v is None)):
             _refer_overloaded(v)
-            raise bad_argument(op, p.name, "a sequence of Tensors", value)
+            raise ArgumentError(f"expected Tensor as element {k} in argument {p.position}, but got "
+                                f"{_type_name(v)}")
     return tuple(value)
+
+
+def _type_name(value) -> str:
+    """A value's type as torch's argument errors name it: ``int``, ``list``, ``numpy.ndarray``."""
+    from tilewise.tensor import Tensor
+
+    kind = type(value)
+    if isinstance(value, Tensor) or kind.__module__ == "builtins":
+        return kind.__name__
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _check_dtype(op: str, p: Param, value):

@@ -481,12 +481,11 @@ class Optimizer:
                 state[name] = self._step_tensor(p).fill_(float(state[name]))
 
     def __repr__(self) -> str:
-        lines = [f"{type(self).__name__} ("]
-        for k, group in enumerate(self.param_groups):
-            lines.append(f"Parameter Group {k}")
-            lines += [f"    {key}: {group[key]}" for key in sorted(group) if key != "params"]
-        lines.append(")")
-        return "\n".join(lines)
+        text = f"{type(self).__name__} ("
+        for k, group in enumerate(self.param_groups):  # torch's layout: a blank line between groups
+            text += f"\nParameter Group {k}\n"
+            text += "".join(f"    {key}: {group[key]}\n" for key in sorted(group) if key != "params")
+        return text + ")"
 
 
 def _as_fused_reads_it(group: dict, value):

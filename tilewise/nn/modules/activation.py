@@ -214,8 +214,7 @@ class _WithDim(Module):
         self.dim = dim
 
     def forward(self, input: Tensor) -> Tensor:
-        dim = self.dim if self.dim is not None else (0 if input.ndim in (0, 1, 3) else 1)
-        return getattr(F, self.fn)(input, dim)
+        return getattr(F, self.fn)(input, self.dim)  # without a dim, the functional picks one and warns
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"

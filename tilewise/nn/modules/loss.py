@@ -10,6 +10,18 @@ from tilewise.tensor import Tensor
 _REDUCTIONS = ("none", "mean", "sum")
 
 
+def _legacy_reduction(size_average, reduce, reduction: str) -> str:
+    """torch's deprecated ``size_average``/``reduce`` pair as a reduction (with its warning), else ``reduction``."""
+    if size_average is None and reduce is None:
+        return reduction
+    import warnings
+
+    legacy = "none" if reduce is False else ("sum" if size_average is False else "mean")
+    warnings.warn(f"size_average and reduce args will be deprecated, please use reduction='{legacy}' instead.",
+                  stacklevel=3)
+    return legacy
+
+
 class _Loss(Module):
     def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
@@ -25,18 +37,24 @@ class _WeightedLoss(_Loss):
 
 
 class MSELoss(_Loss):
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean") -> None:
+        super().__init__(_legacy_reduction(size_average, reduce, reduction))
+
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.mse_loss(input, target, reduction=self.reduction)
 
 
 class L1Loss(_Loss):
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean") -> None:
+        super().__init__(_legacy_reduction(size_average, reduce, reduction))
+
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.l1_loss(input, target, reduction=self.reduction)
 
 
 class SmoothL1Loss(_Loss):
-    def __init__(self, reduction: str = "mean", beta: float = 1.0) -> None:
-        super().__init__(reduction)
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean", beta: float = 1.0) -> None:
+        super().__init__(_legacy_reduction(size_average, reduce, reduction))
         self.beta = beta
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
@@ -55,7 +73,8 @@ class HuberLoss(_Loss):
 class KLDivLoss(_Loss):
     """KL divergence with ``input`` given as log-probabilities (and ``target`` too, with ``log_target``)."""
 
-    def __init__(self, reduction: str = "mean", log_target: bool = False) -> None:
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean", log_target: bool = False) -> None:
+        reduction = _legacy_reduction(size_average, reduce, reduction)
         if reduction not in (*_REDUCTIONS, "batchmean"):
             raise ValueError(f"KLDivLoss: reduction={reduction!r} is not valid; use one of {_REDUCTIONS} or "
                              "'batchmean'")
@@ -67,8 +86,9 @@ class KLDivLoss(_Loss):
 
 
 class NLLLoss(_WeightedLoss):
-    def __init__(self, weight: Tensor | None = None, ignore_index: int = -100, reduction: str = "mean") -> None:
-        super().__init__(weight, reduction)
+    def __init__(self, weight: Tensor | None = None, size_average=None, ignore_index: int = -100, reduce=None,
+                 reduction: str = "mean") -> None:
+        super().__init__(weight, _legacy_reduction(size_average, reduce, reduction))
         self.ignore_index = ignore_index
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
@@ -84,9 +104,9 @@ class CrossEntropyLoss(_WeightedLoss):
     1.3863
     """
 
-    def __init__(self, weight: Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0) -> None:
-        super().__init__(weight, reduction)
+    def __init__(self, weight: Tensor | None = None, size_average=None, ignore_index: int = -100, reduce=None,
+                 reduction: str = "mean", label_smoothing: float = 0.0) -> None:
+        super().__init__(weight, _legacy_reduction(size_average, reduce, reduction))
         self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
@@ -95,30 +115,22 @@ class CrossEntropyLoss(_WeightedLoss):
 
 
 class BCELoss(_WeightedLoss):
+    def __init__(self, weight: Tensor | None = None, size_average=None, reduce=None, reduction: str = "mean") -> None:
+        super().__init__(weight, _legacy_reduction(size_average, reduce, reduction))
+
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.binary_cross_entropy(input, target, weight=self.weight, reduction=self.reduction)
 
 
 class BCEWithLogitsLoss(_WeightedLoss):
-    def __init__(self, weight: Tensor | None = None, reduction: str = "mean", pos_weight: Tensor | None = None) -> None:
-        super().__init__(weight, reduction)
+    def __init__(self, weight: Tensor | None = None, size_average=None, reduce=None, reduction: str = "mean",
+                 pos_weight: Tensor | None = None) -> None:
+        super().__init__(weight, _legacy_reduction(size_average, reduce, reduction))
         self.register_buffer("pos_weight", pos_weight)
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.binary_cross_entropy_with_logits(input, target, weight=self.weight, reduction=self.reduction,
                                                   pos_weight=self.pos_weight)
-
-
-def _legacy_reduction(size_average, reduce, reduction: str) -> str:
-    """torch's deprecated ``size_average``/``reduce`` pair as a reduction (with its warning), else ``reduction``."""
-    if size_average is None and reduce is None:
-        return reduction
-    import warnings
-
-    legacy = "none" if reduce is False else ("sum" if size_average is False else "mean")
-    warnings.warn(f"size_average and reduce args will be deprecated, please use reduction='{legacy}' instead.",
-                  stacklevel=3)
-    return legacy
 
 
 class NLLLoss2d(NLLLoss):
@@ -130,7 +142,7 @@ class NLLLoss2d(NLLLoss):
 
         warnings.warn("`NLLLoss2d` has been deprecated. Please use `NLLLoss` instead as a drop-in replacement.",
                       FutureWarning, stacklevel=2)
-        super().__init__(weight, ignore_index, _legacy_reduction(size_average, reduce, reduction))
+        super().__init__(weight, size_average, ignore_index, reduce, reduction)
 
 
 class _MarginLoss(_Loss):

@@ -3,18 +3,19 @@ spatial dims. ``padding`` is an int (every side) or the (left, right[, top, bott
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tilewise.nn import functional as F  # noqa: N812 — torch's spelling
 from tilewise.nn.modules.module import Module
 from tilewise.tensor import Tensor
 
 
 def _sides(padding, dims: int) -> tuple[int, ...]:
-    if isinstance(padding, int):
-        return (padding,) * (2 * dims)
-    padding = tuple(padding)
-    if len(padding) != 2 * dims:
-        raise ValueError(f"padding must be an int or a tuple of {2 * dims} ints, got {padding}")
-    return padding
+    """torch's reading: a sequence as given (F.pad checks its length against the input's rank where it pads, so
+    ``ConstantPad2d((1, 2), v)`` pads the last dim only, as in torch), anything else repeated for every side."""
+    if isinstance(padding, Iterable):
+        return tuple(padding)
+    return (padding,) * (2 * dims)
 
 
 class _PadNd(Module):
