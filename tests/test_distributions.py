@@ -61,6 +61,9 @@ CASES = {
     "InverseGamma": ((POS * 2 + 1.5, POS2), {}, POS2, ("mean", "variance", "entropy", "mode")),
     "LogisticNormal": ((REAL, POS), {}, SIMPLEX, ()),
     "Kumaraswamy": ((POS + 1, POS2 + 1), {}, PROBS, ("mean", "variance", "entropy", "mode", "cdf", "icdf")),
+    "LowRankMultivariateNormal": ((REAL, POS2[:, :, None] * REAL[::-1, :, None], POS + 0.5), {}, REAL * 2,
+                                  ("mean", "variance", "entropy", "covariance_matrix", "precision_matrix",
+                                   "scale_tril")),
 }
 INTEGER_VALUES = {"Categorical", "Categorical-logits"}
 
@@ -161,7 +164,7 @@ def _shifted(lib, name):
                                   "Categorical", "Poisson", "Binomial", "Dirichlet", "MultivariateNormal",
                                   "LogNormal", "OneHotCategorical", "Chi2", "StudentT", "HalfNormal", "Weibull",
                                   "Pareto", "Geometric", "Multinomial", "NegativeBinomial", "ContinuousBernoulli",
-                                  "Kumaraswamy"])
+                                  "Kumaraswamy", "LowRankMultivariateNormal"])
 def test_draws_have_the_shape_and_moments_of_torchs(name):
     ours, _ = _build(tw, name, grad=False)
     theirs, _ = _build(torch, name, grad=False)

@@ -36,6 +36,7 @@ from tilewise.distributions.multivariate import (
     Gumbel,
     Independent,
     LogNormal,
+    LowRankMultivariateNormal,
     MultivariateNormal,
     TransformedDistribution,
 )
@@ -66,7 +67,7 @@ __all__ = ["Distribution", "ExponentialFamily", "Normal", "Uniform", "Exponentia
            "LogNormal", "ExpTransform", "AffineTransform", "SigmoidTransform", "Gumbel", "RelaxedOneHotCategorical",
            "RelaxedBernoulli", "Chi2", "StudentT", "Cauchy", "HalfNormal", "HalfCauchy", "Weibull", "Pareto",
            "Geometric", "Multinomial", "NegativeBinomial", "ContinuousBernoulli",
-           "InverseGamma", "LogisticNormal", "Kumaraswamy",
+           "InverseGamma", "LogisticNormal", "Kumaraswamy", "LowRankMultivariateNormal",
            "Transform", "ComposeTransform", "IndependentTransform", "ReshapeTransform", "PowerTransform",
            "SoftplusTransform", "TanhTransform", "AbsTransform", "SoftmaxTransform", "StickBreakingTransform",
            "LowerCholeskyTransform", "PositiveDefiniteTransform", "CumulativeDistributionTransform",
