@@ -58,6 +58,12 @@ CASES = {
     "ContinuousBernoulli": ((), {"probs": np.where(PROBS > 0.6, 0.5004, PROBS)}, PROBS[::-1].copy(),
                             ("mean", "variance", "entropy", "cdf", "icdf")),
     "ContinuousBernoulli-logits": ((), {"logits": REAL}, PROBS, ("mean", "variance", "entropy", "cdf", "icdf")),
+    "InverseGamma": ((POS * 2 + 1.5, POS2), {}, POS2, ("mean", "variance", "entropy", "mode")),
+    "LogisticNormal": ((REAL, POS), {}, SIMPLEX, ()),
+    "Kumaraswamy": ((POS + 1, POS2 + 1), {}, PROBS, ("mean", "variance", "entropy", "mode", "cdf", "icdf")),
+    "LowRankMultivariateNormal": ((REAL, POS2[:, :, None] * REAL[::-1, :, None], POS + 0.5), {}, REAL * 2,
+                                  ("mean", "variance", "entropy", "covariance_matrix", "precision_matrix",
+                                   "scale_tril")),
 }
 INTEGER_VALUES = {"Categorical", "Categorical-logits"}
 
@@ -157,7 +163,8 @@ def _shifted(lib, name):
 @pytest.mark.parametrize("name", ["Normal", "Uniform", "Exponential", "Laplace", "Gamma", "Beta", "Bernoulli",
                                   "Categorical", "Poisson", "Binomial", "Dirichlet", "MultivariateNormal",
                                   "LogNormal", "OneHotCategorical", "Chi2", "StudentT", "HalfNormal", "Weibull",
-                                  "Pareto", "Geometric", "Multinomial", "NegativeBinomial", "ContinuousBernoulli"])
+                                  "Pareto", "Geometric", "Multinomial", "NegativeBinomial", "ContinuousBernoulli",
+                                  "Kumaraswamy", "LowRankMultivariateNormal"])
 def test_draws_have_the_shape_and_moments_of_torchs(name):
     ours, _ = _build(tw, name, grad=False)
     theirs, _ = _build(torch, name, grad=False)

@@ -1,9 +1,9 @@
 """Distributions derived from the basic ones, as torch's: Chi2 (a Gamma), StudentT (a Normal over a Chi2), Cauchy,
 the folded HalfNormal and HalfCauchy, Weibull and Pareto (transformed Exponentials), Geometric (Bernoulli trials
-until a success), Multinomial (counts of Categorical draws), NegativeBinomial (a Gamma-Poisson mixture) and
-ContinuousBernoulli. Where torch builds one as a transformed distribution (HalfNormal = |Normal|, Weibull = scale *
-Exp(1) ** (1 / k), Pareto = scale * exp(Exp(alpha))), so does this module, so that shapes, draws and supports follow
-the transforms'."""
+until a success), Multinomial (counts of Categorical draws), NegativeBinomial (a Gamma-Poisson mixture),
+ContinuousBernoulli, InverseGamma (1 / Gamma), LogisticNormal (a stick-broken Normal) and Kumaraswamy. Where torch
+builds one as a transformed distribution (HalfNormal = |Normal|, Weibull = scale * Exp(1) ** (1 / k), Pareto =
+scale * exp(Exp(alpha))), so does this module, so that shapes, draws and supports follow the transforms'."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from tilewise.distributions.continuous import Exponential, Gamma, Normal
 from tilewise.distributions.discrete import Binomial, Categorical, _one_of, _ProbsOrLogits, clamp_probs
 from tilewise.distributions.distribution import Distribution, ExponentialFamily, broadcast_all
 from tilewise.distributions.multivariate import _EULER, TransformedDistribution
-from tilewise.distributions.transforms import AbsTransform, AffineTransform, ExpTransform, PowerTransform
+from tilewise.distributions.transforms import (
+    AbsTransform,
+    AffineTransform,
+    ExpTransform,
+    PowerTransform,
+    StickBreakingTransform,
+)
 from tilewise.dtypes import finfo
 from tilewise.ops.creation import full, ones_like, rand, randn, zeros_like
 from tilewise.ops.functions import where
@@ -490,6 +496,107 @@ class ContinuousBernoulli(_ProbsOrLogits, ExponentialFamily):
         return self.mean * (log_probs0 - log_probs1) - self._cont_bern_log_norm() - log_probs0
 
 
-__all__ = ["Cauchy", "Chi2", "ContinuousBernoulli", "Geometric", "HalfCauchy", "HalfNormal", "Multinomial",
-           "NegativeBinomial", "Pareto", "StudentT", "Weibull"]
+class InverseGamma(TransformedDistribution):
+    """1 / X of a Gamma(concentration, rate) X."""
+
+    arg_constraints = {"concentration": constraints.positive, "rate": constraints.positive}
+    support = constraints.positive
+    has_rsample = True
+
+    def __init__(self, concentration, rate, validate_args=None) -> None:
+        base_dist = Gamma(concentration, rate, validate_args=validate_args)
+        super().__init__(base_dist, PowerTransform(-base_dist.rate.new_ones(())), validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = InverseGamma(self.concentration.expand(batch_shape), self.rate.expand(batch_shape), validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    concentration = property(lambda self: self.base_dist.concentration)
+    rate = property(lambda self: self.base_dist.rate)
+    mode = property(lambda self: self.rate / (self.concentration + 1))
+
+    @property
+    def mean(self):
+        return where(self.concentration > 1, self.rate / (self.concentration - 1), math.inf)
+
+    @property
+    def variance(self):
+        c = self.concentration
+        return where(c > 2, self.rate.square() / ((c - 1).square() * (c - 2)), math.inf)
+
+    def entropy(self):
+        c = self.concentration
+        return c + self.rate.log() + c.lgamma() - (1 + c) * c.digamma()
+
+
+class LogisticNormal(TransformedDistribution):
+    """A point of the simplex by stick breaking of a Normal's draw (of one coordinate fewer)."""
+
+    arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
+    support = constraints.simplex
+    has_rsample = True
+
+    def __init__(self, loc, scale, validate_args=None) -> None:
+        base_dist = Normal(loc, scale, validate_args=validate_args)
+        if not base_dist.batch_shape:
+            base_dist = base_dist.expand([1])
+        super().__init__(base_dist, StickBreakingTransform(), validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        shape = tuple(batch_shape) + (self.loc.shape[-1],)
+        new = LogisticNormal(self.loc.expand(shape), self.scale.expand(shape), validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    loc = property(lambda self: self.base_dist.base_dist.loc)
+    scale = property(lambda self: self.base_dist.base_dist.scale)
+
+
+def _kumaraswamy_moments(a, b, n):
+    arg1 = 1 + n / a
+    return b * (arg1.lgamma() + b.lgamma() - (arg1 + b).lgamma()).exp()
+
+
+class Kumaraswamy(TransformedDistribution):
+    """``(1 - U ** (1 / b)) ** (1 / a)`` of a uniform U: a Beta-like distribution on (0, 1) with a closed-form cdf."""
+
+    arg_constraints = {"concentration1": constraints.positive, "concentration0": constraints.positive}
+    support = constraints.unit_interval
+    has_rsample = True
+
+    def __init__(self, concentration1, concentration0, validate_args=None) -> None:
+        from tilewise.distributions.continuous import Uniform
+
+        self.concentration1, self.concentration0 = broadcast_all(concentration1, concentration0)
+        base_dist = Uniform(zeros_like(self.concentration0), ones_like(self.concentration0),
+                            validate_args=validate_args)
+        transforms = [PowerTransform(exponent=self.concentration0.reciprocal()), AffineTransform(loc=1.0, scale=-1.0),
+                      PowerTransform(exponent=self.concentration1.reciprocal())]
+        super().__init__(base_dist, transforms, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = Kumaraswamy(self.concentration1.expand(batch_shape), self.concentration0.expand(batch_shape),
+                          validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    mean = property(lambda self: _kumaraswamy_moments(self.concentration1, self.concentration0, 1))
+    variance = property(lambda self: _kumaraswamy_moments(self.concentration1, self.concentration0, 2)
+                        - self.mean.pow(2))
+
+    @property
+    def mode(self):
+        a, b = self.concentration1, self.concentration0
+        log_mode = b.reciprocal() * (-b).log1p() - (-b * a).log1p()  # torch's expression, kept as it is
+        return log_mode.masked_fill((b < 1) | (a < 1), math.nan).exp()
+
+    def entropy(self):
+        t1, t0 = 1 - self.concentration1.reciprocal(), 1 - self.concentration0.reciprocal()
+        h0 = (self.concentration0 + 1).digamma() + _EULER
+        return t0 + t1 * h0 - self.concentration1.log() - self.concentration0.log()
+
+
+__all__ = ["Cauchy", "Chi2", "ContinuousBernoulli", "Geometric", "HalfCauchy", "HalfNormal", "InverseGamma",
+           "Kumaraswamy", "LogisticNormal", "Multinomial", "NegativeBinomial", "Pareto", "StudentT", "Weibull"]
 

@@ -1,5 +1,5 @@
-"""Distributions over vectors and wrappers: MultivariateNormal, Dirichlet, Independent, TransformedDistribution
-and LogNormal with the Exp and Affine transforms (as torch's)."""
+"""Distributions over vectors and wrappers: MultivariateNormal, LowRankMultivariateNormal, Dirichlet, Independent,
+TransformedDistribution, LogNormal and Gumbel (as torch's)."""
 
 from __future__ import annotations
 
@@ -119,6 +119,122 @@ class MultivariateNormal(Distribution):
     def entropy(self):
         half_log_det = self._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
         h = 0.5 * self._event_shape[0] * (1.0 + math.log(2 * math.pi)) + half_log_det
+        return h if len(self._batch_shape) == 0 else h.expand(self._batch_shape)
+
+
+def _batch_capacitance_tril(factor, diag):
+    """The Cholesky factor of the capacitance ``I + W^T D^-1 W`` (m x m for a rank-m factor W, D = diag(diag))."""
+    from tilewise import linalg
+
+    wt_dinv = factor.mT / diag.unsqueeze(-2)
+    return linalg.cholesky(wt_dinv @ factor + eye(factor.shape[-1], dtype=factor.dtype, device=factor.device))
+
+
+def _batch_lowrank_logdet(diag, capacitance_tril):
+    """``log det(W W^T + D)`` by the matrix determinant lemma."""
+    return 2 * capacitance_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1) + diag.log().sum(-1)
+
+
+def _batch_lowrank_mahalanobis(factor, diag, x, capacitance_tril):
+    """``x^T (W W^T + D)^-1 x`` by the Woodbury identity."""
+    wt_dinv_x = _batch_mv(factor.mT / diag.unsqueeze(-2), x)
+    return (x.pow(2) / diag).sum(-1) - _batch_mahalanobis(capacitance_tril, wt_dinv_x)
+
+
+class LowRankMultivariateNormal(Distribution):
+    """A multivariate normal whose covariance is ``cov_factor @ cov_factor.mT + diag(cov_diag)``: log-densities
+    and draws in O(n m^2) through the m x m capacitance matrix, as torch's."""
+
+    arg_constraints = {"loc": constraints.real_vector, "cov_factor": constraints.independent(constraints.real, 2),
+                       "cov_diag": constraints.independent(constraints.positive, 1)}
+    support = constraints.real_vector
+    has_rsample = True
+
+    def __init__(self, loc, cov_factor, cov_diag, validate_args=None) -> None:
+        from tilewise.ops.functions import broadcast_tensors
+
+        if loc.dim() < 1:
+            raise ValueError("loc must be at least one-dimensional.")
+        event_shape = tuple(loc.shape[-1:])
+        if cov_factor.dim() < 2:
+            raise ValueError("cov_factor must be at least two-dimensional, with optional leading batch dimensions")
+        if tuple(cov_factor.shape[-2:-1]) != event_shape:
+            raise ValueError(f"cov_factor must be a batch of matrices with shape {event_shape[0]} x m")
+        if tuple(cov_diag.shape[-1:]) != event_shape:
+            raise ValueError(f"cov_diag must be a batch of vectors with shape {Size(event_shape)}")
+        try:
+            loc_, self.cov_factor, cov_diag_ = broadcast_tensors(loc.unsqueeze(-1), cov_factor, cov_diag.unsqueeze(-1))
+        except RuntimeError as e:
+            raise ValueError(f"Incompatible batch shapes: loc {loc.shape}, cov_factor {cov_factor.shape}, cov_diag "
+                             f"{cov_diag.shape}") from e
+        self.loc, self.cov_diag = loc_[..., 0], cov_diag_[..., 0]
+        self._unbroadcasted_cov_factor, self._unbroadcasted_cov_diag = cov_factor, cov_diag
+        self._capacitance_tril = _batch_capacitance_tril(cov_factor, cov_diag)
+        super().__init__(self.loc.shape[:-1], event_shape, validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        loc_shape = tuple(batch_shape) + tuple(self.event_shape)
+        new = LowRankMultivariateNormal.__new__(LowRankMultivariateNormal)
+        new.loc, new.cov_diag = self.loc.expand(loc_shape), self.cov_diag.expand(loc_shape)
+        new.cov_factor = self.cov_factor.expand(loc_shape + tuple(self.cov_factor.shape[-1:]))
+        new._unbroadcasted_cov_factor = self._unbroadcasted_cov_factor
+        new._unbroadcasted_cov_diag = self._unbroadcasted_cov_diag
+        new._capacitance_tril = self._capacitance_tril
+        Distribution.__init__(new, batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    mean = property(lambda self: self.loc)
+    mode = property(lambda self: self.loc)
+
+    @property
+    def variance(self):
+        return (self._unbroadcasted_cov_factor.pow(2).sum(-1) + self._unbroadcasted_cov_diag).expand(
+            self._batch_shape + self._event_shape)
+
+    @property
+    def scale_tril(self):
+        from tilewise import linalg
+
+        n = self._event_shape[0]
+        diag_sqrt = self._unbroadcasted_cov_diag.sqrt().unsqueeze(-1)
+        dinvsqrt_w = self._unbroadcasted_cov_factor / diag_sqrt
+        k = dinvsqrt_w @ dinvsqrt_w.mT + eye(n, dtype=dinvsqrt_w.dtype, device=dinvsqrt_w.device)
+        return (diag_sqrt * linalg.cholesky(k)).expand(self._batch_shape + self._event_shape + self._event_shape)
+
+    @property
+    def covariance_matrix(self):
+        w = self._unbroadcasted_cov_factor
+        return (w @ w.mT + self._unbroadcasted_cov_diag.diag_embed()).expand(
+            self._batch_shape + self._event_shape + self._event_shape)
+
+    @property
+    def precision_matrix(self):
+        from tilewise import linalg
+
+        wt_dinv = self._unbroadcasted_cov_factor.mT / self._unbroadcasted_cov_diag.unsqueeze(-2)
+        a = linalg.solve_triangular(self._capacitance_tril, wt_dinv, upper=False)
+        return (self._unbroadcasted_cov_diag.reciprocal().diag_embed() - a.mT @ a).expand(
+            self._batch_shape + self._event_shape + self._event_shape)
+
+    def rsample(self, sample_shape=()):
+        shape = tuple(self._extended_shape(sample_shape))
+        eps_w = randn(shape[:-1] + tuple(self.cov_factor.shape[-1:]), dtype=self.loc.dtype, device=self.loc.device)
+        eps_d = randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        return (self.loc + _batch_mv(self._unbroadcasted_cov_factor, eps_w)
+                + self._unbroadcasted_cov_diag.sqrt() * eps_d)
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        m = _batch_lowrank_mahalanobis(self._unbroadcasted_cov_factor, self._unbroadcasted_cov_diag,
+                                       value - self.loc, self._capacitance_tril)
+        log_det = _batch_lowrank_logdet(self._unbroadcasted_cov_diag, self._capacitance_tril)
+        return -0.5 * (self._event_shape[0] * math.log(2 * math.pi) + log_det + m)
+
+    def entropy(self):
+        log_det = _batch_lowrank_logdet(self._unbroadcasted_cov_diag, self._capacitance_tril)
+        h = 0.5 * (self._event_shape[0] * (1.0 + math.log(2 * math.pi)) + log_det)
         return h if len(self._batch_shape) == 0 else h.expand(self._batch_shape)
 
 
