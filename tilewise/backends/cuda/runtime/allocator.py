@@ -207,24 +207,18 @@ class _Pool:
         del entries[bisect_left(entries, (block.size, block.ptr))]
         del self._blocks[block.ptr]
 
-    def best_fit(self, stream: int, size: int) -> _Block | None:
+    def best_fit(self, stream: int, size: int, take: bool = False) -> _Block | None:
+        """The smallest block of ``stream`` of at least ``size`` bytes; ``take``: removed from the pool too (what
+        ``malloc`` does with it, one search instead of two)."""
         entries = self._sorted.get(stream)
         if not entries:
             return None
         index = bisect_left(entries, (size, -1))
         if index == len(entries):
             return None
+        if take:
+            return self._blocks.pop(entries.pop(index)[1])
         return self._blocks[entries[index][1]]
-
-    def take_best_fit(self, stream: int, size: int) -> _Block | None:
-        """:meth:`best_fit`, removed from the pool: what ``malloc`` does with it (one search instead of two)."""
-        entries = self._sorted.get(stream)
-        if not entries:
-            return None
-        index = bisect_left(entries, (size, -1))
-        if index == len(entries):
-            return None
-        return self._blocks.pop(entries.pop(index)[1])
 
     def blocks(self) -> list[_Block]:
         return list(self._blocks.values())
@@ -362,7 +356,7 @@ class CachingAllocator:
         """:meth:`malloc` under the lock: the best-fit block of ``pool``, else a new segment's."""
         if self._pending:
             self._release_completed_pending()
-        block = pool.take_best_fit(stream, size)
+        block = pool.best_fit(stream, size, take=True)
         if block is None:
             block = self._new_segment_block(size, pool, stream, nbytes)
         self._split(block, size, pool)
